@@ -1,0 +1,450 @@
+//go:build linux
+
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultPinDir is where the maps and links live, so that enforcement
+// outlives the process that loaded it.
+const DefaultPinDir = "/sys/fs/bpf/trialnet"
+
+const bpffsRoot = "/sys/fs/bpf"
+
+// Options says where to attach and where to pin.
+type Options struct {
+	// Cgroup is the parent cgroup2 directory; every Trial cgroup is its child.
+	Cgroup string
+	// PinDir is the bpffs directory for pins; empty means DefaultPinDir.
+	PinDir string
+}
+
+// Loader owns the loaded programs, their cgroup links and the maps.
+type Loader struct {
+	coll     *ebpf.Collection
+	policy   *ebpf.Map
+	counters *ebpf.Map
+	unix     *ebpf.Map
+	links    []link.Link
+	pinDir   string
+	unixHook bool
+}
+
+// hook ties a program to its cgroup attach type.
+type hook struct {
+	name   string
+	attach ebpf.AttachType
+	unix   bool // needs the Linux 6.7 unix sock_addr hooks
+}
+
+var hooks = []hook{
+	{trialnetProgTrialnetConnect4, ebpf.AttachCGroupInet4Connect, false},
+	{trialnetProgTrialnetConnect6, ebpf.AttachCGroupInet6Connect, false},
+	{trialnetProgTrialnetSendmsg4, ebpf.AttachCGroupUDP4Sendmsg, false},
+	{trialnetProgTrialnetSendmsg6, ebpf.AttachCGroupUDP6Sendmsg, false},
+	{trialnetProgTrialnetBind4, ebpf.AttachCGroupInet4Bind, false},
+	{trialnetProgTrialnetBind6, ebpf.AttachCGroupInet6Bind, false},
+	{trialnetProgTrialnetSockCreate, ebpf.AttachCGroupInetSockCreate, false},
+	{trialnetProgTrialnetEgress, ebpf.AttachCGroupInetEgress, false},
+	{trialnetProgTrialnetConnectUnix, ebpf.AttachCgroupUnixConnect, true},
+	{trialnetProgTrialnetSendmsgUnix, ebpf.AttachCgroupUnixSendmsg, true},
+}
+
+// Load loads the programs, adopts or creates the pinned maps, and attaches
+// every program to opts.Cgroup. A pinned link left by an earlier Load (or
+// by an agent that died) is updated in place to the new program, so there
+// is no moment without enforcement.
+func Load(opts Options) (_ *Loader, err error) {
+	pinDir := opts.PinDir
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	level, err := cgroupLevel(opts.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	parentID, err := CgroupID(opts.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	if err := ensurePinDir(pinDir); err != nil {
+		return nil, err
+	}
+
+	spec, err := loadTrialnet()
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Variables[trialnetVarTrialLevel].Set(uint32(level + 1)); err != nil {
+		return nil, fmt.Errorf("set trial_level: %w", err)
+	}
+	unixHook := HaveUnixHooks() == nil
+	if !unixHook {
+		for _, h := range hooks {
+			if h.unix {
+				delete(spec.Programs, h.name)
+			}
+		}
+	}
+
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+		Maps: ebpf.MapOptions{PinPath: pinDir},
+	})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load eBPF programs: the verifier refused them: %+v", ve)
+		}
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("load eBPF maps: the maps pinned in %s come from an incompatible trialnet version; run 'trialnet uninstall' and start again: %w", pinDir, err)
+		}
+		return nil, fmt.Errorf("load eBPF programs: %w", err)
+	}
+	l := &Loader{
+		coll:     coll,
+		policy:   coll.Maps[trialnetMapPolicyMap],
+		counters: coll.Maps[trialnetMapCountersMap],
+		unix:     coll.Maps[trialnetMapUnixPathsMap],
+		pinDir:   pinDir,
+		unixHook: unixHook,
+	}
+	defer func() {
+		if err != nil {
+			_ = l.Close()
+		}
+	}()
+
+	zero := uint64(0)
+	if err := l.counters.Update(&zero, make([]trialnetTrialCounters, ebpf.MustPossibleCPU()), ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return nil, fmt.Errorf("create the unattributed counters entry: %w", err)
+	}
+
+	for _, h := range hooks {
+		if h.unix && !unixHook {
+			continue
+		}
+		lk, err := attachOrAdopt(opts.Cgroup, parentID, filepath.Join(pinDir, "link_"+h.name), coll.Programs[h.name], h.attach)
+		if err != nil {
+			return nil, fmt.Errorf("attach %s to %s: %w", h.name, opts.Cgroup, err)
+		}
+		l.links = append(l.links, lk)
+	}
+	return l, nil
+}
+
+// attachOrAdopt reuses a pinned link on the same cgroup by swapping in the
+// new program atomically; otherwise it attaches and pins a new link.
+func attachOrAdopt(cgroup string, cgroupID uint64, pin string, prog *ebpf.Program, attach ebpf.AttachType) (link.Link, error) {
+	old, err := link.LoadPinnedLink(pin, nil)
+	switch {
+	case err == nil:
+		if sameCgroup(old, cgroupID) {
+			if err := old.Update(prog); err != nil {
+				_ = old.Close()
+				return nil, fmt.Errorf("update pinned link %s: %w", pin, err)
+			}
+			return old, nil
+		}
+		// The cgroup was recreated: the old link guards nothing any more.
+		_ = old.Unpin()
+		_ = old.Close()
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("open pinned link %s: %w", pin, err)
+	}
+	lk, err := link.AttachCgroup(link.CgroupOptions{Path: cgroup, Attach: attach, Program: prog})
+	if err != nil {
+		return nil, err
+	}
+	if err := lk.Pin(pin); err != nil {
+		_ = lk.Close()
+		return nil, fmt.Errorf("pin link %s: %w", pin, err)
+	}
+	return lk, nil
+}
+
+func sameCgroup(l link.Link, cgroupID uint64) bool {
+	info, err := l.Info()
+	if err != nil {
+		return false
+	}
+	cg := info.Cgroup()
+	return cg != nil && cg.CgroupId == cgroupID
+}
+
+// UnixHooks reports whether the unix socket hooks are attached.
+func (l *Loader) UnixHooks() bool { return l.unixHook }
+
+// PinDir is the bpffs directory holding this loader's pins.
+func (l *Loader) PinDir() string { return l.pinDir }
+
+// Close releases this process's handles. Pinned links and maps stay, and
+// with them enforcement.
+func (l *Loader) Close() error {
+	var errs []error
+	for _, lk := range l.links {
+		errs = append(errs, lk.Close())
+	}
+	l.links = nil
+	l.coll.Close()
+	return errors.Join(errs...)
+}
+
+// Uninstall removes every pin under pinDir (empty: DefaultPinDir). Links
+// no process holds any more detach, so this ends enforcement for all Trials.
+func Uninstall(pinDir string) error {
+	if pinDir == "" {
+		pinDir = DefaultPinDir
+	}
+	entries, err := os.ReadDir(pinDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("uninstall: read %s: %w", pinDir, err)
+	}
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(pinDir, e.Name())); err != nil {
+			return fmt.Errorf("uninstall: remove pin: %w", err)
+		}
+	}
+	if err := os.Remove(pinDir); err != nil {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	return nil
+}
+
+// Policy is what one Trial may reach.
+type Policy struct {
+	// NetnsCookie is the SO_NETNS_COOKIE of the Trial's own namespace; a
+	// socket in any other namespace gets nothing, not even loopback.
+	NetnsCookie uint64
+	// Strict allows only the Proxy endpoints instead of all of loopback.
+	Strict bool
+	// Proxy lists the proxy endpoints: at most one IPv4 and one IPv6
+	// loopback address, with the same port.
+	Proxy []netip.AddrPort
+	// UnixPaths are the pathname unix sockets the Trial may use.
+	UnixPaths []string
+	// UnixOpen opts out of unix socket confinement.
+	UnixOpen bool
+}
+
+const (
+	flagStrict   = 1 << 0
+	flagUnixOpen = 1 << 1
+)
+
+func (p Policy) encode() (trialnetTrialPolicy, error) {
+	v := trialnetTrialPolicy{NetnsCookie: p.NetnsCookie}
+	if p.NetnsCookie == 0 {
+		return v, errors.New("policy: netns cookie is 0; pass the SO_NETNS_COOKIE of the Trial's namespace")
+	}
+	var have4, have6 bool
+	for _, ap := range p.Proxy {
+		a := ap.Addr().Unmap()
+		if !a.IsLoopback() {
+			return v, fmt.Errorf("policy: proxy %s is not a loopback address; the proxy endpoint must live on the Trial's own loopback", ap)
+		}
+		if ap.Port() == 0 || (v.ProxyPort != 0 && v.ProxyPort != ap.Port()) {
+			return v, fmt.Errorf("policy: proxy %s: every proxy endpoint needs the same non-zero port", ap)
+		}
+		v.ProxyPort = ap.Port()
+		if a.Is4() {
+			if have4 {
+				return v, fmt.Errorf("policy: proxy %s: only one IPv4 proxy address is supported", ap)
+			}
+			have4 = true
+			b := a.As4()
+			v.ProxyIp4 = nativeU32(b[:])
+		} else {
+			if have6 {
+				return v, fmt.Errorf("policy: proxy %s: only one IPv6 proxy address is supported", ap)
+			}
+			have6 = true
+			b := a.As16()
+			for i := range v.ProxyIp6 {
+				v.ProxyIp6[i] = nativeU32(b[4*i : 4*i+4])
+			}
+		}
+	}
+	if p.Strict {
+		v.Flags |= flagStrict
+		if len(p.Proxy) == 0 {
+			return v, errors.New("policy: strict mode needs a proxy endpoint; without one it would allow nothing at all")
+		}
+	}
+	if p.UnixOpen {
+		v.Flags |= flagUnixOpen
+	}
+	return v, nil
+}
+
+// nativeU32 reads 4 bytes in network order the way the kernel's __u32
+// fields hold them on this little-endian machine.
+func nativeU32(b []byte) uint32 {
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
+
+func unixKey(cgroupID uint64, path string) (trialnetUnixKey, error) {
+	k := trialnetUnixKey{CgroupId: cgroupID}
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path || strings.ContainsRune(path, 0) {
+		return k, fmt.Errorf("policy: unix path %q must be absolute and clean", path)
+	}
+	if len(path) >= len(k.Path) {
+		return k, fmt.Errorf("policy: unix path %q is longer than the %d bytes a sockaddr_un holds", path, len(k.Path)-1)
+	}
+	for i := range len(path) {
+		k.Path[i] = int8(path[i])
+	}
+	return k, nil
+}
+
+// ErrUnixHookMissing means the kernel cannot confine unix sockets.
+var ErrUnixHookMissing = errors.New("this kernel has no cgroup/connect_unix hook (Linux 6.7+), so pathname unix sockets cannot be confined; opt out of unix confinement explicitly to run anyway")
+
+// AddTrial installs the policy of the Trial whose cgroup has cgroupID. Until
+// it returns, that cgroup is denied everything; on error nothing is left.
+func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
+	v, err := p.encode()
+	if err != nil {
+		return err
+	}
+	if !p.UnixOpen && !l.unixHook {
+		return ErrUnixHookMissing
+	}
+	var keys []trialnetUnixKey
+	for _, path := range p.UnixPaths {
+		k, err := unixKey(cgroupID, path)
+		if err != nil {
+			return err
+		}
+		keys = append(keys, k)
+	}
+	defer func() {
+		if err != nil {
+			_ = l.RemoveTrial(cgroupID)
+		}
+	}()
+	if err := l.counters.Update(&cgroupID, make([]trialnetTrialCounters, ebpf.MustPossibleCPU()), ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("add trial counters: %w", err)
+	}
+	one := uint8(1)
+	for i := range keys {
+		if err := l.unix.Update(&keys[i], &one, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("add trial unix path: %w", err)
+		}
+	}
+	// The policy entry goes last: it is what turns "deny all" into the policy.
+	if err := l.policy.Update(&cgroupID, &v, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("add trial policy: %w", err)
+	}
+	return nil
+}
+
+// RemoveTrial deletes the Trial's policy (denying it everything from then
+// on), its unix paths and its counters. Missing entries are not an error.
+func (l *Loader) RemoveTrial(cgroupID uint64) error {
+	var errs []error
+	if err := l.policy.Delete(&cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = append(errs, fmt.Errorf("remove trial policy: %w", err))
+	}
+	var k trialnetUnixKey
+	var stale []trialnetUnixKey
+	var v uint8
+	it := l.unix.Iterate()
+	for it.Next(&k, &v) {
+		if k.CgroupId == cgroupID {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("list trial unix paths: %w", err))
+	}
+	for i := range stale {
+		if err := l.unix.Delete(&stale[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("remove trial unix path: %w", err))
+		}
+	}
+	if err := l.counters.Delete(&cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = append(errs, fmt.Errorf("remove trial counters: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// HasTrial reports whether cgroupID has a policy entry.
+func (l *Loader) HasTrial(cgroupID uint64) bool {
+	var v trialnetTrialPolicy
+	return l.policy.Lookup(&cgroupID, &v) == nil
+}
+
+// Counters sums the per-CPU counters of cgroupID (0: the unattributed ones).
+func (l *Loader) Counters(cgroupID uint64) (Counters, error) {
+	var per []trialnetTrialCounters
+	if err := l.counters.Lookup(&cgroupID, &per); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return Counters{}, fmt.Errorf("counters: no Trial with cgroup id %d is known to the eBPF maps", cgroupID)
+		}
+		return Counters{}, fmt.Errorf("counters: %w", err)
+	}
+	return sumCounters(per), nil
+}
+
+// ensurePinDir mounts bpffs when it is absent and creates pinDir (0700: the
+// pins are the enforcement, nobody but root may unlink them).
+func ensurePinDir(pinDir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(bpffsRoot, &st); err != nil {
+		return fmt.Errorf("bpffs: stat %s: %w", bpffsRoot, err)
+	}
+	if st.Type != unix.BPF_FS_MAGIC {
+		if err := unix.Mount("bpf", bpffsRoot, "bpf", 0, "mode=0700"); err != nil {
+			return fmt.Errorf("bpffs is not mounted at %s and mounting it failed: %w", bpffsRoot, err)
+		}
+	}
+	if err := os.MkdirAll(pinDir, 0o700); err != nil {
+		return fmt.Errorf("create pin directory %s: %w", pinDir, err)
+	}
+	return nil
+}
+
+// CgroupID is the kernel's id of a cgroup2 directory: its inode number.
+func CgroupID(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("cgroup id of %s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// cgroupLevel counts how deep path is below its cgroup2 mount's root.
+func cgroupLevel(path string) (int, error) {
+	path = filepath.Clean(path)
+	level := -1
+	for p := path; ; p = filepath.Dir(p) {
+		var st unix.Statfs_t
+		if err := unix.Statfs(p, &st); err != nil {
+			return 0, fmt.Errorf("cgroup %s: %w", path, err)
+		}
+		if st.Type != unix.CGROUP2_SUPER_MAGIC {
+			break
+		}
+		level++
+		if p == "/" {
+			break
+		}
+	}
+	if level < 0 {
+		return 0, fmt.Errorf("cgroup %s is not on a cgroup2 file system", path)
+	}
+	return level, nil
+}

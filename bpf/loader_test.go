@@ -1,0 +1,101 @@
+//go:build linux
+
+package bpf
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf/btf"
+	"github.com/trialnet/trialnet/internal/privtest"
+)
+
+// testCgroup makes a throwaway parent cgroup on the cgroup2 mount.
+func testCgroup(t *testing.T) string {
+	t.Helper()
+	root := cgroup2Mount(t)
+	dir, err := os.MkdirTemp(root, "trialnet-bpftest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	return dir
+}
+
+func cgroup2Mount(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		l, r, ok := strings.Cut(line, " - ")
+		if ok && strings.HasPrefix(r, "cgroup2 ") {
+			return strings.Fields(l)[4]
+		}
+	}
+	t.Fatal("no cgroup2 mount")
+	return ""
+}
+
+func TestPrivilegedLoadAttachUninstall(t *testing.T) {
+	privtest.Require(t)
+	cg := testCgroup(t)
+	pins := filepath.Join(DefaultPinDir+"-test", filepath.Base(cg))
+	t.Cleanup(func() { _ = Uninstall(pins) })
+
+	l, err := Load(Options{Cgroup: cg, PinDir: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.AddTrial(42, Policy{NetnsCookie: 7, UnixOpen: true}); err != nil {
+		t.Fatal(err)
+	}
+	if !l.HasTrial(42) {
+		t.Fatal("policy entry missing after AddTrial")
+	}
+	if _, err := l.Counters(42); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Loading again adopts the pinned maps: the entry is still there.
+	l2, err := Load(Options{Cgroup: cg, PinDir: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if !l2.HasTrial(42) {
+		t.Fatal("re-load did not adopt the pinned policy map")
+	}
+	if err := l2.RemoveTrial(42); err != nil {
+		t.Fatal(err)
+	}
+	if l2.HasTrial(42) {
+		t.Fatal("policy entry left after RemoveTrial")
+	}
+}
+
+// The Go counter names must be the C names bpftool shows.
+func TestCounterNamesMatchBTF(t *testing.T) {
+	spec, err := loadTrialnet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st *btf.Struct
+	if err := spec.Types.TypeByName("trial_counters", &st); err != nil {
+		t.Fatal(err)
+	}
+	fields := Counters{}.Fields()
+	if len(fields) != len(st.Members) {
+		t.Fatalf("%d Go fields, %d C members", len(fields), len(st.Members))
+	}
+	for i, m := range st.Members {
+		if fields[i].Name != m.Name {
+			t.Errorf("field %d: Go name %q, C name %q", i, fields[i].Name, m.Name)
+		}
+	}
+}
