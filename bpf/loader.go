@@ -448,3 +448,29 @@ func cgroupLevel(path string) (int, error) {
 	}
 	return level, nil
 }
+
+// TrialCount is the number of Trials with a policy, unix path or counters
+// entry (the unattributed counters entry is not a Trial).
+func (l *Loader) TrialCount() int {
+	ids := map[uint64]bool{}
+	var id uint64
+	it := l.policy.Iterate()
+	var pv trialnetTrialPolicy
+	for it.Next(&id, &pv) {
+		ids[id] = true
+	}
+	var per []trialnetTrialCounters
+	it = l.counters.Iterate()
+	for it.Next(&id, &per) {
+		if id != 0 {
+			ids[id] = true
+		}
+	}
+	var k trialnetUnixKey
+	var v uint8
+	it = l.unix.Iterate()
+	for it.Next(&k, &v) {
+		ids[k.CgroupId] = true
+	}
+	return len(ids)
+}

@@ -1,0 +1,132 @@
+//go:build linux
+
+package netns
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+	"golang.org/x/sys/unix"
+)
+
+func TestValidID(t *testing.T) {
+	for _, id := range []string{"", "../x", "a/b", "A", "-x", "x y", "x\x00", string(make([]byte, 64))} {
+		if ValidID(id) == nil {
+			t.Errorf("ValidID(%q) accepted", id)
+		}
+	}
+	for _, id := range []string{"a", "trial-1", "run_0a"} {
+		if err := ValidID(id); err != nil {
+			t.Errorf("ValidID(%q): %v", id, err)
+		}
+	}
+}
+
+func TestPrivilegedCreateListenDelete(t *testing.T) {
+	privtest.Require(t)
+	dir := t.TempDir()
+	ns, err := Create(dir, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+
+	if _, err := Create(dir, "t1"); !errors.Is(err, ErrExists) {
+		t.Fatalf("second Create: got %v, want ErrExists", err)
+	}
+	host, err := currentCookieHere()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns.Cookie == 0 || ns.Cookie == host {
+		t.Fatalf("netns cookie %d, host cookie %d: want a distinct non-zero cookie", ns.Cookie, host)
+	}
+	opened, err := Open(dir, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opened.Cookie != ns.Cookie {
+		t.Fatalf("Open cookie %d != Create cookie %d", opened.Cookie, ns.Cookie)
+	}
+
+	// A listener inside the namespace is reachable from inside only.
+	ln, err := ns.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			_, _ = c.Write([]byte("hi"))
+			_ = c.Close()
+		}
+	}()
+	err = ns.Do(func() error {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		b := make([]byte, 2)
+		_, err = c.Read(b)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("dial the listener from inside its netns (lo must be up): %v", err)
+	}
+	if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		_ = c.Close()
+		t.Fatal("the in-netns listener was reachable from the host's namespace")
+	}
+
+	if err := ns.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "t1")); !os.IsNotExist(err) {
+		t.Fatalf("netns mount point left after Delete: %v", err)
+	}
+	if err := Delete(dir, "t1"); err != nil {
+		t.Fatalf("deleting twice must be harmless: %v", err)
+	}
+}
+
+func TestPrivilegedNoThreadLeftBehind(t *testing.T) {
+	privtest.Require(t)
+	dir := t.TempDir()
+	for i := range 50 {
+		ns, err := Create(dir, "leak")
+		if err != nil {
+			t.Fatalf("iteration %d: %v", i, err)
+		}
+		if err := ns.Delete(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every thread of this process must be in the host namespace again.
+	want, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		got, err := os.Readlink(filepath.Join("/proc/self/task", task.Name(), "ns/net"))
+		if err == nil && got != want {
+			t.Fatalf("thread %s is in %s, not %s", task.Name(), got, want)
+		}
+	}
+}
+
+func currentCookieHere() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+}

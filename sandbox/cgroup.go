@@ -1,0 +1,104 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Cgroup2Mount finds where the cgroup2 hierarchy is mounted, from
+// /proc/self/mountinfo (on hybrid hosts it is not /sys/fs/cgroup).
+func Cgroup2Mount() (string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", fmt.Errorf("read mountinfo: %w", err)
+	}
+	return parseCgroup2Mount(b)
+}
+
+func parseCgroup2Mount(mountinfo []byte) (string, error) {
+	sc := bufio.NewScanner(bytes.NewReader(mountinfo))
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(pre)
+		if len(fields) < 5 || !strings.HasPrefix(post, "cgroup2 ") {
+			continue
+		}
+		return unescapeMountPath(fields[4]), nil
+	}
+	return "", errors.New("no cgroup2 file system is mounted (trialnet needs the unified hierarchy; mount it with 'mount -t cgroup2 none /sys/fs/cgroup/unified')")
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// killCgroup kills every process in the cgroup and waits, bounded, until
+// it is empty.
+func killCgroup(dir string, wait time.Duration) error {
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("kill cgroup %s: %w", dir, err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		populated, err := cgroupPopulated(dir)
+		if err != nil || !populated {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s still has processes %v after cgroup.kill", dir, wait)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func cgroupPopulated(dir string) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read cgroup.events: %w", err)
+	}
+	return bytes.Contains(b, []byte("populated 1")), nil
+}
+
+// removeCgroup removes an empty cgroup directory; one already gone is fine.
+func removeCgroup(dir string) error {
+	err := unix.Rmdir(dir)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	return fmt.Errorf("remove cgroup %s: %w", dir, err)
+}

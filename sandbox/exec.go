@@ -1,0 +1,289 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// initArg0 marks a re-executed trialnet binary that must become the Trial
+// process: it finishes the confinement a fork cannot express and execs CMD.
+const initArg0 = "trialnet-init"
+
+// Exit codes of a command that could not be started, as shells use them.
+const (
+	ExitCannotExecute = 126
+	ExitNotFound      = 127
+)
+
+// Command is one process to run in a Trial.
+type Command struct {
+	// Args[0] is looked up in the PATH of Env, as the Trial's user.
+	Args []string
+	// Env is the process environment; proxy variables are added to it.
+	Env []string
+	Dir string
+	// ProxyURL, when set, becomes HTTPS_PROXY, HTTP_PROXY and their lower
+	// case forms, with NO_PROXY for loopback.
+	ProxyURL string
+	UID, GID uint32
+
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+}
+
+// proxyVars are replaced, never merged: a Trial must not inherit a proxy.
+var proxyVars = []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"}
+
+func (c Command) environ() []string {
+	env := make([]string, 0, len(c.Env)+len(proxyVars))
+	for _, kv := range c.Env {
+		name, _, _ := strings.Cut(kv, "=")
+		drop := false
+		for _, p := range proxyVars {
+			drop = drop || name == p
+		}
+		if !drop {
+			env = append(env, kv)
+		}
+	}
+	if c.ProxyURL != "" {
+		for _, p := range []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"} {
+			env = append(env, p+"="+c.ProxyURL)
+		}
+		env = append(env, "NO_PROXY=127.0.0.1,localhost,::1", "no_proxy=127.0.0.1,localhost,::1")
+	}
+	return env
+}
+
+// StartError means the command never ran; Code is 126 or 127.
+type StartError struct {
+	Code int
+	Msg  string
+}
+
+func (e *StartError) Error() string { return e.Msg }
+
+// Process is a command running in a Trial.
+type Process struct {
+	cmd *exec.Cmd
+}
+
+// Pid is the process id of the command.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Signal sends sig to the command.
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Wait waits for the command and returns its exit code; a command killed
+// by a signal exits 128+signal, as in a shell.
+func (p *Process) Wait() (int, error) {
+	err := p.cmd.Wait()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		return -1, err
+	}
+	ws := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if ws.Signaled() {
+		return 128 + int(ws.Signal()), nil
+	}
+	return ws.ExitStatus(), nil
+}
+
+// Start launches c inside the Trial: cloned straight into the Trial's
+// cgroup, forked from a thread in the Trial's network namespace, so the
+// process never exists outside either. The trialnet-init step then drops
+// every capability and execs the command.
+func (t *Trial) Start(c Command) (*Process, error) {
+	if len(c.Args) == 0 {
+		return nil, errors.New("start: no command given")
+	}
+	cg, err := os.Open(t.Cgroup)
+	if err != nil {
+		return nil, fmt.Errorf("start: open Trial cgroup: %w", err)
+	}
+	defer cg.Close()
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("start: %w", err)
+	}
+	defer errR.Close()
+
+	args := append([]string{initArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10), "--"}, c.Args...)
+	cmd := &exec.Cmd{
+		Path:       "/proc/self/exe",
+		Args:       args,
+		Env:        c.environ(),
+		Dir:        c.Dir,
+		Stdin:      c.Stdin,
+		Stdout:     c.Stdout,
+		Stderr:     c.Stderr,
+		ExtraFiles: []*os.File{errW},
+		SysProcAttr: &syscall.SysProcAttr{
+			UseCgroupFD: true,
+			CgroupFD:    int(cg.Fd()),
+		},
+	}
+	err = t.Netns.Do(cmd.Start)
+	_ = errW.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+	}
+	// The pipe closes on exec (close-on-exec) with nothing written, or
+	// carries why trialnet-init gave up.
+	msg, _ := io.ReadAll(errR)
+	p := &Process{cmd: cmd}
+	if len(msg) > 0 {
+		code, _ := p.Wait()
+		if code != ExitCannotExecute {
+			code = ExitNotFound
+		}
+		return nil, &StartError{Code: code, Msg: string(msg)}
+	}
+	return p, nil
+}
+
+// ErrTimeout means the Trial's deadline passed and its processes were killed.
+var ErrTimeout = errors.New("timed out; every process in the Trial was killed")
+
+// Run starts c, forwards each signal from sigs to it, kills everything in
+// the Trial when ctx ends, and once the command exits kills whatever it
+// left running. It returns the command's exit code.
+func (t *Trial) Run(ctx context.Context, c Command, sigs <-chan os.Signal) (int, error) {
+	p, err := t.Start(c)
+	if err != nil {
+		return -1, err
+	}
+	done := make(chan struct{})
+	var killErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case s := <-sigs:
+				_ = p.Signal(s)
+			case <-ctx.Done():
+				killErr = t.Kill()
+				return
+			case <-done:
+				return
+			}
+		}
+	})
+	code, err := p.Wait()
+	close(done)
+	wg.Wait()
+	if kerr := t.Kill(); kerr != nil {
+		err = errors.Join(err, kerr)
+	}
+	if ctx.Err() != nil {
+		cause := ctx.Err()
+		if errors.Is(cause, context.DeadlineExceeded) {
+			cause = ErrTimeout
+		}
+		err = errors.Join(cause, killErr, err)
+	}
+	return code, err
+}
+
+// Init turns this process into a Trial process when it was started by
+// Start. Call it first thing in main and in TestMain; otherwise it returns.
+func Init() {
+	if len(os.Args) == 0 || os.Args[0] != initArg0 {
+		return
+	}
+	// Bounding set, capabilities and no_new_privs are per thread: all of it
+	// must happen on the thread that calls execve.
+	runtime.LockOSThread()
+	code, err := trialInit(os.Args[1:])
+	report := os.NewFile(3, "trialnet-init-errors")
+	_, _ = fmt.Fprintf(report, "%v", err)
+	os.Exit(code)
+}
+
+func trialInit(args []string) (int, error) {
+	if len(args) < 4 || args[2] != "--" {
+		return ExitCannotExecute, errors.New("trialnet-init: bad arguments")
+	}
+	uid, err1 := strconv.ParseUint(args[0], 10, 32)
+	gid, err2 := strconv.ParseUint(args[1], 10, 32)
+	if err := errors.Join(err1, err2); err != nil {
+		return ExitCannotExecute, fmt.Errorf("trialnet-init: %w", err)
+	}
+	argv := args[3:]
+
+	// A cgroup namespace rooted at the Trial's cgroup: even a uid-0 Trial
+	// cannot move itself into a cgroup outside it.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return ExitCannotExecute, fmt.Errorf("trialnet-init: unshare cgroup namespace: %w", err)
+	}
+	// Only stdio survives exec: an inherited socket is a way out.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return ExitCannotExecute, fmt.Errorf("trialnet-init: close inherited descriptors: %w", err)
+	}
+	if err := dropPrivileges(int(uid), int(gid)); err != nil {
+		return ExitCannotExecute, fmt.Errorf("trialnet-init: %w", err)
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", argv[0], uid, err)
+	}
+	err = unix.Exec(path, argv, os.Environ())
+	return ExitCannotExecute, fmt.Errorf("exec %s: %w", path, err)
+}
+
+// dropPrivileges empties the bounding set (so not even a setuid binary can
+// regain net_admin, net_raw or sys_admin), switches to uid/gid, clears every
+// capability set and sets no_new_privs.
+func dropPrivileges(uid, gid int) error {
+	last, err := lastCap()
+	if err != nil {
+		return err
+	}
+	for c := 0; c <= last; c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
+			return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+		}
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	if err := syscall.Setgid(gid); err != nil {
+		return fmt.Errorf("setgid %d: %w", gid, err)
+	}
+	if err := syscall.Setuid(uid); err != nil {
+		return fmt.Errorf("setuid %d: %w", uid, err)
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("clear capabilities: %w", err)
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("set no_new_privs: %w", err)
+	}
+	return nil
+}
+
+func lastCap() (int, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		return 0, fmt.Errorf("read cap_last_cap: %w", err)
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}

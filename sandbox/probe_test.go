@@ -1,0 +1,170 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Exit codes of the probe that runs inside a Trial.
+const (
+	probeOK      = 0
+	probeRefused = 1 // EPERM: what the eBPF hooks answer
+	probeOther   = 2
+)
+
+// probe performs one network attempt from inside a Trial and reports the
+// errno, so tests can tell an eBPF refusal (EPERM) from anything else.
+func probe(args []string) int {
+	if len(args) < 1 {
+		fmt.Println("usage: probe ACTION [TARGET]")
+		return probeOther
+	}
+	target := ""
+	if len(args) > 1 {
+		target = args[1]
+	}
+	var err error
+	switch args[0] {
+	case "tcp", "udp-connect":
+		err = inetConnect(args[0], target)
+	case "udp-sendto":
+		err = inetSendto(target)
+	case "raw4":
+		err = socketOnly(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP)
+	case "raw6":
+		err = socketOnly(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_ICMPV6)
+	case "ping4":
+		err = socketOnly(unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_ICMP)
+	case "ping6":
+		err = socketOnly(unix.AF_INET6, unix.SOCK_DGRAM, unix.IPPROTO_ICMPV6)
+	case "unix":
+		err = unixConnect(unix.SOCK_STREAM, target)
+	case "unix-sendto":
+		err = unixSendto(target)
+	case "status":
+		return status()
+	default:
+		fmt.Println("unknown probe", args[0])
+		return probeOther
+	}
+	switch {
+	case err == nil:
+		fmt.Println("ok")
+		return probeOK
+	case errors.Is(err, unix.EPERM):
+		fmt.Println("EPERM")
+		return probeRefused
+	default:
+		fmt.Println(err)
+		return probeOther
+	}
+}
+
+func sockaddr(target string) (unix.Sockaddr, int, error) {
+	ap, err := netip.ParseAddrPort(target)
+	if err != nil {
+		return nil, 0, err
+	}
+	if ap.Addr().Is4() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, unix.AF_INET, nil
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}, unix.AF_INET6, nil
+}
+
+func inetConnect(kind, target string) error {
+	sa, family, err := sockaddr(target)
+	if err != nil {
+		return err
+	}
+	typ := unix.SOCK_STREAM
+	if kind == "udp-connect" {
+		typ = unix.SOCK_DGRAM
+	}
+	fd, err := unix.Socket(family, typ, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, sa); err != nil {
+		return err
+	}
+	if typ == unix.SOCK_DGRAM {
+		_, err = unix.Write(fd, []byte("probe"))
+	}
+	return err
+}
+
+func inetSendto(target string) error {
+	sa, family, err := sockaddr(target)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Sendto(fd, []byte("probe"), 0, sa)
+}
+
+func socketOnly(family, typ, proto int) error {
+	fd, err := unix.Socket(family, typ, proto)
+	if err == nil {
+		_ = unix.Close(fd)
+	}
+	return err
+}
+
+func unixConnect(typ int, path string) error {
+	fd, err := unix.Socket(unix.AF_UNIX, typ, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Connect(fd, &unix.SockaddrUnix{Name: path})
+}
+
+func unixSendto(path string) error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Sendto(fd, []byte("probe"), 0, &unix.SockaddrUnix{Name: path})
+}
+
+// status prints what confines this process: capabilities, no_new_privs,
+// ids, its cgroup as it sees it, and its open descriptors.
+func status() int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		fmt.Println(err)
+		return probeOther
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, k := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Uid", "Gid"} {
+			if strings.HasPrefix(line, k+":") {
+				fmt.Println(strings.Join(strings.Fields(line), " "))
+			}
+		}
+	}
+	cg, _ := os.ReadFile("/proc/self/cgroup")
+	for _, line := range strings.Split(strings.TrimSpace(string(cg)), "\n") {
+		if strings.HasPrefix(line, "0::") {
+			fmt.Println("cgroup " + line)
+		}
+	}
+	fds, _ := os.ReadDir("/proc/self/fd")
+	for _, fd := range fds {
+		target, _ := os.Readlink("/proc/self/fd/" + fd.Name())
+		fmt.Println("fd", fd.Name(), target)
+	}
+	return probeOK
+}

@@ -1,0 +1,533 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/netns"
+)
+
+func TestMain(m *testing.M) {
+	Init()
+	if os.Getenv("TRIALNET_PROBE") == "1" {
+		os.Exit(probe(os.Args[1:]))
+	}
+	if os.Getenv("TRIALNET_LOADER") != "" {
+		os.Exit(loaderHelper())
+	}
+	os.Exit(m.Run())
+}
+
+func randSuffix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// newHost loads the eBPF layer onto a parent cgroup of this test's own,
+// pinned in a pin directory of its own; cleanup removes all of it.
+func newHost(t testing.TB) *Host {
+	t.Helper()
+	privtest.Require(t)
+	root, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := randSuffix()
+	parent := filepath.Join(root, "trialnet-test-"+suffix)
+	if err := os.Mkdir(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = removeCgroup(parent) })
+	pins := bpf.DefaultPinDir + "-test-" + suffix
+	t.Cleanup(func() { _ = bpf.Uninstall(pins) })
+	l, err := bpf.Load(bpf.Options{Cgroup: parent, PinDir: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return &Host{Parent: parent, NetnsDir: t.TempDir(), BPF: l}
+}
+
+func newTrial(t testing.TB, h *Host, spec Spec) *Trial {
+	t.Helper()
+	if spec.ID == "" {
+		spec.ID = "t-" + randSuffix()
+	}
+	tr, err := h.Create(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return tr
+}
+
+// runProbe runs one probe inside tr as uid 0 with every capability dropped
+// (the strongest Trial user trialnet allows) and returns its exit code.
+func runProbe(t testing.TB, tr *Trial, args ...string) (int, string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	p, err := tr.Start(Command{
+		Args:   append([]string{exe}, args...),
+		Env:    []string{"TRIALNET_PROBE=1", "PATH=/usr/bin:/bin"},
+		Stdout: &out,
+		Stderr: &out,
+	})
+	if err != nil {
+		t.Fatalf("probe %v: %v", args, err)
+	}
+	code, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, strings.TrimSpace(out.String())
+}
+
+// listenIn opens a TCP listener inside ns that accepts and closes.
+func listenIn(t testing.TB, ns *netns.Namespace, network, addr string) netip.AddrPort {
+	t.Helper()
+	ln, err := ns.Listen(context.Background(), network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// listenUnix opens a pathname (or abstract, "@name") unix listener in the
+// caller's namespace; a dgram one when dgram is set.
+func listenUnix(t testing.TB, ns *netns.Namespace, name string, dgram bool) {
+	t.Helper()
+	var closer func() error
+	err := ns.Do(func() error {
+		if dgram {
+			pc, err := net.ListenPacket("unixgram", name)
+			if err == nil {
+				closer = pc.Close
+			}
+			return err
+		}
+		ln, err := net.Listen("unix", name)
+		if err == nil {
+			closer = ln.Close
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = closer() })
+}
+
+type attempt struct {
+	name    string
+	args    []string
+	want    int    // probe exit code
+	counter string // counter that must grow
+}
+
+func counterDelta(t testing.TB, tr *Trial, before bpf.Counters, name string) uint64 {
+	t.Helper()
+	after, err := tr.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return after.Map()[name] - before.Map()[name]
+}
+
+func checkAttempts(t *testing.T, tr *Trial, attempts []attempt) {
+	t.Helper()
+	for _, a := range attempts {
+		t.Run(a.name, func(t *testing.T) {
+			before, err := tr.Counters()
+			if err != nil {
+				t.Fatal(err)
+			}
+			code, out := runProbe(t, tr, a.args...)
+			if code != a.want {
+				t.Fatalf("probe %v: exit %d (%s), want %d", a.args, code, out, a.want)
+			}
+			if a.counter != "" {
+				if d := counterDelta(t, tr, before, a.counter); d == 0 {
+					t.Fatalf("probe %v: counter %s did not grow", a.args, a.counter)
+				}
+			}
+		})
+	}
+}
+
+func TestPrivilegedTrialRefusesEveryWayOut(t *testing.T) {
+	h := newHost(t)
+	th := testhost.New(t, 61)
+	dir := t.TempDir()
+	hostSock := filepath.Join(dir, "host.sock")
+	hostDgram := filepath.Join(dir, "host.dgram")
+	allowedSock := filepath.Join(dir, "allowed.sock")
+	self, err := netns.Open(filepath.Dir(selfNetns()), filepath.Base(selfNetns()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listenUnix(t, self, hostSock, false)
+	listenUnix(t, self, hostDgram, true)
+	listenUnix(t, self, allowedSock, false)
+
+	tr := newTrial(t, h, Spec{UnixPaths: []string{allowedSock}})
+	allowPing(t, tr.Netns)
+	lo4 := listenIn(t, tr.Netns, "tcp4", "127.0.0.1:0")
+	lo6 := listenIn(t, tr.Netns, "tcp6", "[::1]:0")
+	abstract := "@trialnet-test-" + randSuffix()
+	listenUnix(t, tr.Netns, abstract, false)
+
+	mapped := netip.AddrPortFrom(netip.AddrFrom16(th.Addr4.As16()), testhost.Port)
+	checkAttempts(t, tr, []attempt{
+		{"tcp4 test host", []string{"tcp", th.AddrPort4().String()}, probeRefused, "connect4_denied"},
+		{"udp4 connect test host", []string{"udp-connect", th.AddrPort4().String()}, probeRefused, "connect4_denied"},
+		{"udp4 sendto test host", []string{"udp-sendto", th.AddrPort4().String()}, probeRefused, "sendmsg4_denied"},
+		{"tcp6 test host", []string{"tcp", th.AddrPort6().String()}, probeRefused, "connect6_denied"},
+		{"udp6 sendto test host", []string{"udp-sendto", th.AddrPort6().String()}, probeRefused, "sendmsg6_denied"},
+		{"tcp6 ipv4-mapped test host", []string{"tcp", mapped.String()}, probeRefused, "connect6_denied"},
+		{"tcp4 host's own address", []string{"tcp", netip.AddrPortFrom(th.Local4, 22).String()}, probeRefused, "connect4_denied"},
+		{"tcp4 0.0.0.0", []string{"tcp", "0.0.0.0:22"}, probeRefused, "connect4_denied"},
+		// Without CAP_NET_RAW the kernel refuses raw sockets before the hook
+		// runs; the eBPF-alone test covers a Trial process that has it.
+		{"raw4 socket", []string{"raw4"}, probeRefused, ""},
+		{"raw6 socket", []string{"raw6"}, probeRefused, ""},
+		{"ping4 socket", []string{"ping4"}, probeRefused, "sock_create_denied"},
+		{"ping6 socket", []string{"ping6"}, probeRefused, "sock_create_denied"},
+		{"unix pathname socket on the host", []string{"unix", hostSock}, probeRefused, "unix_connect_denied"},
+		{"unix dgram sendto on the host", []string{"unix-sendto", hostDgram}, probeRefused, "unix_sendmsg_denied"},
+		{"loopback tcp4", []string{"tcp", lo4.String()}, probeOK, "connect4_allowed"},
+		{"loopback tcp6", []string{"tcp", lo6.String()}, probeOK, "connect6_allowed"},
+		{"loopback ipv4-mapped", []string{"tcp", netip.AddrPortFrom(netip.MustParseAddr("::ffff:127.0.0.1"), lo4.Port()).String()}, probeOK, "connect6_allowed"},
+		{"loopback udp sendto", []string{"udp-sendto", "127.0.0.1:9"}, probeOK, "sendmsg4_allowed"},
+		{"abstract unix socket in the Trial", []string{"unix", abstract}, probeOK, "unix_connect_allowed"},
+		{"allowed unix path", []string{"unix", allowedSock}, probeOK, "unix_connect_allowed"},
+	})
+	if n := th.Arrivals(); n != 0 {
+		t.Fatalf("the test host saw %d arrivals from the Trial", n)
+	}
+	c, err := tr.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.EgressOtherPackets != 0 {
+		t.Fatalf("direct egress packets = %d, want 0", c.EgressOtherPackets)
+	}
+	if c.EgressLoopbackPackets == 0 {
+		t.Fatal("egress hook counted no loopback packets")
+	}
+}
+
+func TestPrivilegedStrictModeOnlyProxy(t *testing.T) {
+	h := newHost(t)
+	// The "proxy" listens inside the Trial, as the agent's listener will.
+	tr := newTrial(t, h, Spec{Strict: true, UnixOpen: true, Proxy: []netip.AddrPort{
+		netip.MustParseAddrPort("127.0.0.1:3128"), netip.MustParseAddrPort("[::1]:3128"),
+	}})
+	listenIn(t, tr.Netns, "tcp4", "127.0.0.1:3128")
+	listenIn(t, tr.Netns, "tcp6", "[::1]:3128")
+	other := listenIn(t, tr.Netns, "tcp4", "127.0.0.1:0")
+	checkAttempts(t, tr, []attempt{
+		{"proxy v4", []string{"tcp", "127.0.0.1:3128"}, probeOK, "connect4_allowed"},
+		{"proxy v6", []string{"tcp", "[::1]:3128"}, probeOK, "connect6_allowed"},
+		{"proxy v4-mapped", []string{"tcp", "[::ffff:127.0.0.1]:3128"}, probeOK, "connect6_allowed"},
+		{"other loopback port", []string{"tcp", other.String()}, probeRefused, "connect4_denied"},
+		{"proxy port on another loopback address", []string{"tcp", "127.0.0.2:3128"}, probeRefused, "connect4_denied"},
+		{"udp to loopback", []string{"udp-sendto", "127.0.0.1:3128"}, probeRefused, "sendmsg4_denied"},
+	})
+}
+
+func selfNetns() string {
+	return fmt.Sprintf("/proc/%d/ns/net", os.Getpid())
+}
+
+// hostNetnsTrial is tr with its processes started in the test's own
+// (host) namespace: only the eBPF layer stands between them and the world.
+func hostNetnsTrial(tr *Trial) *Trial {
+	c := *tr
+	c.Netns = &netns.Namespace{ID: "host", Path: selfNetns()}
+	return &c
+}
+
+func TestPrivilegedEBPFAloneRefusesInHostNetns(t *testing.T) {
+	h := newHost(t)
+	th := testhost.New(t, 62)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	hostTrial := hostNetnsTrial(tr)
+	self := &netns.Namespace{ID: "host", Path: selfNetns()}
+	hostLo := listenIn(t, self, "tcp4", "127.0.0.1:0")
+
+	// Outside its own namespace a Trial cannot even create an inet socket.
+	checkAttempts(t, hostTrial, []attempt{
+		{"tcp4 test host", []string{"tcp", th.AddrPort4().String()}, probeRefused, "netns_mismatch"},
+		{"tcp6 test host", []string{"tcp", th.AddrPort6().String()}, probeRefused, "sock_create_denied"},
+		{"udp4 sendto test host", []string{"udp-sendto", th.AddrPort4().String()}, probeRefused, "sock_create_denied"},
+		{"host's own 127.0.0.1 listener", []string{"tcp", hostLo.String()}, probeRefused, "sock_create_denied"},
+	})
+	// A root process with every capability, in the Trial's cgroup and the
+	// host's namespace: raw sockets reach the hook and are refused there.
+	for _, kind := range []string{"raw4", "raw6"} {
+		before, _ := tr.Counters()
+		if code, out := runPrivilegedProbe(t, tr.Cgroup, kind); code != probeRefused {
+			t.Fatalf("%s as full root in the Trial cgroup: exit %d (%s), want refused", kind, code, out)
+		}
+		if counterDelta(t, tr, before, "sock_create_denied") == 0 {
+			t.Fatalf("%s: sock_create_denied did not grow", kind)
+		}
+	}
+	if code, out := runPrivilegedProbe(t, tr.Cgroup, "tcp", th.AddrPort4().String()); code != probeRefused {
+		t.Fatalf("tcp4 as full root in the Trial cgroup: exit %d (%s), want refused", code, out)
+	}
+	if n := th.Arrivals(); n != 0 {
+		t.Fatalf("the test host saw %d arrivals", n)
+	}
+
+	// The control: the same probe from a cgroup without the hooks, in the
+	// same namespace, does reach the test host, so the test above can fail.
+	root, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unhooked := filepath.Join(root, "trialnet-unhooked-"+randSuffix())
+	if err := os.Mkdir(unhooked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killCgroup(unhooked, killWait); _ = removeCgroup(unhooked) })
+	control := &Trial{ID: "control", Cgroup: unhooked, Netns: self, host: h}
+	if code, out := runProbe(t, control, "tcp", th.AddrPort4().String()); code != probeOK {
+		t.Fatalf("control probe without eBPF hooks could not reach the test host: %d %s", code, out)
+	}
+	if !th.WaitArrivals(1, 5*time.Second) {
+		t.Fatal("control probe succeeded but the test host saw nothing")
+	}
+}
+
+func TestPrivilegedNoPolicyDeniesEverything(t *testing.T) {
+	h := newHost(t)
+	cg := filepath.Join(h.Parent, "nopolicy")
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killCgroup(cg, killWait); _ = removeCgroup(cg) })
+	ns, err := netns.Create(t.TempDir(), "nopolicy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	tr := &Trial{ID: "nopolicy", Cgroup: cg, Netns: ns, host: h}
+	lo := listenIn(t, ns, "tcp4", "127.0.0.1:0")
+	before, err := h.BPF.Counters(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, out := runProbe(t, tr, "tcp", lo.String()); code != probeRefused {
+		t.Fatalf("loopback from a cgroup with no policy: exit %d (%s), want refused", code, out)
+	}
+	after, _ := h.BPF.Counters(0)
+	if after.NoPolicy <= before.NoPolicy {
+		t.Fatal("no_policy counter of the unattributed entry did not grow")
+	}
+}
+
+func TestPrivilegedProcessIsConfined(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	// An inherited descriptor without close-on-exec must not reach the Trial.
+	leak, err := os.Create(filepath.Join(t.TempDir(), "leak-canary"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leak.Close()
+	if err := clearCloexec(leak); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runProbe(t, tr, "status")
+	if code != probeOK {
+		t.Fatalf("status probe: %d %s", code, out)
+	}
+	for _, want := range []string{
+		"CapInh: 0000000000000000", "CapPrm: 0000000000000000", "CapEff: 0000000000000000",
+		"CapBnd: 0000000000000000", "CapAmb: 0000000000000000", "NoNewPrivs: 1",
+		"cgroup 0::/",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("Trial process status lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "leak-canary") {
+		t.Errorf("an inherited descriptor reached the Trial:\n%s", out)
+	}
+
+	var id bytes.Buffer
+	p, err := tr.Start(Command{Args: []string{"sh", "-c", "id -u; id -g"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534, Stdout: &id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, err := p.Wait(); err != nil || code != 0 {
+		t.Fatalf("id: %d %v", code, err)
+	}
+	if got := strings.Fields(id.String()); len(got) != 2 || got[0] != "65534" || got[1] != "65534" {
+		t.Fatalf("uid/gid inside the Trial: %q, want 65534 65534", id.String())
+	}
+}
+
+func TestPrivilegedStartFailures(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	_, err := tr.Start(Command{Args: []string{"no-such-command-trialnet"}, Env: []string{"PATH=/usr/bin:/bin"}})
+	var se *StartError
+	if !errors.As(err, &se) || se.Code != ExitNotFound {
+		t.Fatalf("missing command: got %v, want a StartError with code 127", err)
+	}
+	if populated, _ := cgroupPopulated(tr.Cgroup); populated {
+		t.Fatal("a failed start left a process in the Trial")
+	}
+}
+
+func TestPrivilegedRunKillsEverythingOnTimeout(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 300e6)
+	defer cancel()
+	// The shell backgrounds a sleeper that ignores SIGTERM and then waits.
+	code, err := tr.Run(ctx, Command{
+		Args: []string{"sh", "-c", "trap '' TERM; sleep 60 & sleep 60"},
+		Env:  []string{"PATH=/usr/bin:/bin"},
+	}, nil)
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("Run: code %d, err %v; want ErrTimeout", code, err)
+	}
+	if populated, _ := cgroupPopulated(tr.Cgroup); populated {
+		t.Fatal("processes survived the timeout")
+	}
+}
+
+func TestPrivilegedCreateIsAllOrNothing(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{ID: "dup", UnixOpen: true})
+	if _, err := h.Create(Spec{ID: "dup", UnixOpen: true}); err == nil {
+		t.Fatal("a second Trial with the same id was created")
+	}
+	if !h.BPF.HasTrial(tr.CgroupID) {
+		t.Fatal("the failed duplicate create removed the live Trial's policy")
+	}
+	// A bad policy fails after the cgroup and netns exist: both must go.
+	_, err := h.Create(Spec{ID: "badpolicy", Strict: true, UnixOpen: true})
+	if err == nil {
+		t.Fatal("strict mode without a proxy was accepted")
+	}
+	if _, err := os.Stat(filepath.Join(h.Parent, "badpolicy")); !os.IsNotExist(err) {
+		t.Fatal("failed create left its cgroup")
+	}
+	if ids, _ := netns.List(h.NetnsDir); len(ids) != 1 {
+		t.Fatalf("failed create left namespaces: %v", ids)
+	}
+	if _, err := h.Create(Spec{ID: "../escape", UnixOpen: true}); err == nil {
+		t.Fatal("a path-like id was accepted")
+	}
+}
+
+func TestPrivilegedNoLeaks(t *testing.T) {
+	h := newHost(t)
+	fdsBefore := countFDs(t)
+	for i := range 50 {
+		tr, err := h.Create(Spec{ID: fmt.Sprintf("leak-%d", i), UnixPaths: []string{"/run/x.sock"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tr.Close() })
+		if code, out := runProbe(t, tr, "udp-sendto", "127.0.0.1:9"); code != probeOK {
+			t.Fatalf("probe: %d %s", code, out)
+		}
+		if err := tr.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ids, _ := netns.List(h.NetnsDir); len(ids) != 0 {
+		t.Fatalf("namespaces left: %v", ids)
+	}
+	entries, _ := os.ReadDir(h.Parent)
+	for _, e := range entries {
+		if e.IsDir() {
+			t.Fatalf("cgroup left: %s", e.Name())
+		}
+	}
+	if n := h.BPF.TrialCount(); n != 0 {
+		t.Fatalf("%d map entries left", n)
+	}
+	if after := countFDs(t); after > fdsBefore {
+		t.Fatalf("fds grew from %d to %d", fdsBefore, after)
+	}
+}
+
+// allowPing lets every group open ping sockets in ns, as several
+// distributions do by default, so that only the eBPF hook stands in the way.
+func allowPing(t testing.TB, ns *netns.Namespace) {
+	t.Helper()
+	err := ns.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ping_group_range", []byte("0 2147483647"), 0)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runPrivilegedProbe runs a probe as full root (every capability) placed
+// in cgroup, in the test's own namespace, without trialnet-init.
+func runPrivilegedProbe(t testing.TB, cgroup string, args ...string) (int, string) {
+	t.Helper()
+	cg, err := os.Open(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe, args...)
+	cmd.Env = []string{"TRIALNET_PROBE=1"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	out, _ := cmd.CombinedOutput()
+	return cmd.ProcessState.ExitCode(), strings.TrimSpace(string(out))
+}
+
+func countFDs(t testing.TB) int {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
