@@ -5,10 +5,12 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -473,4 +475,39 @@ func (l *Loader) TrialCount() int {
 		ids[k.CgroupId] = true
 	}
 	return len(ids)
+}
+
+// ProgStats is how often a program ran and for how long in total; the
+// kernel only counts while stats are enabled (EnableRunStats).
+type ProgStats struct {
+	Name    string
+	Runs    uint64
+	Runtime time.Duration
+}
+
+// EnableRunStats turns on the kernel's per-program run time accounting
+// until the returned Closer is closed. It costs a little on every run.
+func EnableRunStats() (io.Closer, error) {
+	c, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enable BPF run time stats: %w", err)
+	}
+	return c, nil
+}
+
+// RunStats reports every loaded program's run count and run time.
+func (l *Loader) RunStats() ([]ProgStats, error) {
+	var out []ProgStats
+	for _, h := range hooks {
+		p := l.coll.Programs[h.name]
+		if p == nil {
+			continue
+		}
+		st, err := p.Stats()
+		if err != nil {
+			return nil, fmt.Errorf("program stats %s: %w", h.name, err)
+		}
+		out = append(out, ProgStats{Name: h.name, Runs: st.RunCount, Runtime: st.Runtime})
+	}
+	return out, nil
 }

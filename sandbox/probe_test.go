@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,6 +52,8 @@ func probe(args []string) int {
 		err = unixSendto(target)
 	case "status":
 		return status()
+	case "bench-connect":
+		return benchConnect(target, args[2])
 	default:
 		fmt.Println("unknown probe", args[0])
 		return probeOther
@@ -166,5 +170,39 @@ func status() int {
 		target, _ := os.Readlink("/proc/self/fd/" + fd.Name())
 		fmt.Println("fd", fd.Name(), target)
 	}
+	return probeOK
+}
+
+// benchConnect connects and closes n times and prints ns per connect.
+func benchConnect(target, count string) int {
+	n, err := strconv.Atoi(count)
+	if err != nil {
+		fmt.Println(err)
+		return probeOther
+	}
+	sa, family, err := sockaddr(target)
+	if err != nil {
+		fmt.Println(err)
+		return probeOther
+	}
+	// Only connect() itself is timed: it runs the connect hook and, for the
+	// SYN and SYN-ACK on loopback, the egress hook.
+	var spent time.Duration
+	for range n {
+		fd, err := unix.Socket(family, unix.SOCK_STREAM, 0)
+		if err == nil {
+			start := time.Now()
+			err = unix.Connect(fd, sa)
+			spent += time.Since(start)
+			// Reset on close: no TIME_WAIT, so ports never run out.
+			_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1})
+			_ = unix.Close(fd)
+		}
+		if err != nil {
+			fmt.Println(err)
+			return probeOther
+		}
+	}
+	fmt.Println(float64(spent.Nanoseconds()) / float64(n))
 	return probeOK
 }

@@ -1,0 +1,112 @@
+//go:build linux
+
+// Package agent joins the layers into what the CLI drives: it loads the
+// eBPF layer once, makes Trials, runs commands in them and reports.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+// Config says where the host's pieces live; zero values are the defaults.
+type Config struct {
+	PinDir   string // bpffs pin directory; empty: bpf.DefaultPinDir
+	NetnsDir string // netns bind mounts; empty: netns.DefaultDir
+	// Parent is the parent cgroup; empty: <cgroup2 mount>/trialnet.
+	Parent string
+}
+
+// Host is a loaded eBPF layer on the parent cgroup.
+type Host struct {
+	*sandbox.Host
+}
+
+// ErrNotRoot is returned when trialnet runs without the privileges it needs.
+var ErrNotRoot = errors.New("trialnet needs root: it creates network namespaces and cgroups and loads eBPF programs (try: sudo trialnet ...)")
+
+// OpenHost checks privileges, creates the parent cgroup and loads (or
+// adopts) the eBPF layer on it.
+func OpenHost(cfg Config) (*Host, error) {
+	if os.Geteuid() != 0 {
+		return nil, ErrNotRoot
+	}
+	if err := bpf.CanEnforce(bpf.Probe()); err != nil {
+		return nil, fmt.Errorf("this kernel cannot enforce a Trial (see 'trialnet doctor'): %w", err)
+	}
+	parent := cfg.Parent
+	if parent == "" {
+		var err error
+		if parent, err = sandbox.EnsureParent(); err != nil {
+			return nil, err
+		}
+	}
+	l, err := bpf.Load(bpf.Options{Cgroup: parent, PinDir: cfg.PinDir})
+	if err != nil {
+		return nil, err
+	}
+	return &Host{&sandbox.Host{Parent: parent, NetnsDir: cfg.NetnsDir, BPF: l}}, nil
+}
+
+// Close releases the loader; pinned enforcement stays.
+func (h *Host) Close() error { return h.BPF.Close() }
+
+// NewID makes an id for an ephemeral Trial.
+func NewID() string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return "run-" + hex.EncodeToString(b[:])
+}
+
+// RunResult is what an ephemeral Trial leaves behind.
+type RunResult struct {
+	Trial    string
+	CgroupID uint64
+	ExitCode int
+	Counters bpf.Counters
+}
+
+// RunEphemeral creates a Trial, runs c in it until it exits or ctx ends,
+// reads the counters and tears the Trial down completely.
+func (h *Host) RunEphemeral(ctx context.Context, spec sandbox.Spec, c sandbox.Command, sigs <-chan os.Signal) (res RunResult, err error) {
+	if spec.ID == "" {
+		spec.ID = NewID()
+	}
+	tr, err := h.Create(spec)
+	if err != nil {
+		return res, err
+	}
+	res.Trial, res.CgroupID = tr.ID, tr.CgroupID
+	defer func() {
+		if cerr := tr.Close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+	res.ExitCode, err = tr.Run(ctx, c, sigs)
+	counters, cerr := tr.Counters()
+	res.Counters = counters
+	return res, errors.Join(err, cerr)
+}
+
+// ProxyEndpoints are where a Trial's proxy listens on its own loopback;
+// strict mode allows exactly these.
+var ProxyEndpoints = []netip.AddrPort{
+	netip.MustParseAddrPort("127.0.0.1:3128"),
+	netip.MustParseAddrPort("[::1]:3128"),
+}
+
+// EgressVerdict is the one line that says whether direct egress happened.
+func EgressVerdict(c bpf.Counters) string {
+	if c.EgressOtherPackets == 0 {
+		return "verdict: direct egress packets = 0 (ok)"
+	}
+	return fmt.Sprintf("verdict: ALARM: %d direct egress packets (%d bytes) left a Trial socket and were dropped by the last wall", c.EgressOtherPackets, c.EgressOtherBytes)
+}

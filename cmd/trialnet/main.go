@@ -1,0 +1,314 @@
+//go:build linux
+
+// Command trialnet runs programs in Trials: network sandboxes whose only
+// way out is an allowlisting proxy, enforced by namespaces and eBPF.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// Exit codes of trialnet itself; a command run in a Trial passes its own.
+const (
+	exitOK      = 0
+	exitUsage   = 2   // bad flags or arguments
+	exitFailure = 125 // trialnet refused or failed before or around CMD
+	exitTimeout = 124 // --timeout expired; everything in the Trial was killed
+)
+
+func main() {
+	sandbox.Init()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+var commands = []struct {
+	name, summary string
+	fn            func(args []string, stdout, stderr io.Writer) int
+}{
+	{"doctor", "check what this kernel offers trialnet", cmdDoctor},
+	{"run", "run a command in an ephemeral Trial", cmdRun},
+	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall},
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		printHelp(stdout)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.fn(args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "trialnet: unknown command %q; 'trialnet help' lists the commands\n", args[0])
+	return exitUsage
+}
+
+func printHelp(w io.Writer) {
+	fmt.Fprintln(w, "trialnet: run untrusted programs in Trials whose only way out is an allowlisting proxy.")
+	fmt.Fprintln(w, "\nUsage: trialnet COMMAND [flags]\n\nCommands:")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, c := range commands {
+		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w, "\n'trialnet COMMAND -h' shows a command's flags and an example.")
+}
+
+func newFlags(name, usage, example string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: trialnet %s\n\n", usage)
+		fs.PrintDefaults()
+		fmt.Fprintf(stderr, "\nExample:\n  %s\n", example)
+	}
+	return fs
+}
+
+func jsonFlag(fs *flag.FlagSet) *bool {
+	j := new(bool)
+	fs.BoolVar(j, "j", false, "print JSON")
+	fs.BoolVar(j, "json", false, "print JSON")
+	return j
+}
+
+// fail reports err once, as JSON under -j (bpftool's convention) or as a
+// line on stderr, and returns the exit code.
+func fail(stdout, stderr io.Writer, asJSON bool, code int, err error) int {
+	if asJSON {
+		_ = json.NewEncoder(stdout).Encode(map[string]string{"error": err.Error()})
+	} else {
+		fmt.Fprintf(stderr, "trialnet: %v\n", err)
+	}
+	return code
+}
+
+func cmdDoctor(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("doctor", "doctor [-j]", "sudo trialnet doctor", stderr)
+	asJSON := jsonFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	checks := agent.Doctor()
+	bad := bpf.CanEnforce(checks)
+	if *asJSON {
+		type row struct {
+			Check    string `json:"check"`
+			OK       bool   `json:"ok"`
+			Required bool   `json:"required"`
+			Error    string `json:"error,omitempty"`
+		}
+		out := struct {
+			Checks     []row `json:"checks"`
+			CanEnforce bool  `json:"can_enforce"`
+		}{CanEnforce: bad == nil}
+		for _, c := range checks {
+			r := row{Check: c.Name, OK: c.Err == nil, Required: c.Required}
+			if c.Err != nil {
+				r.Error = c.Err.Error()
+			}
+			out.Checks = append(out.Checks, r)
+		}
+		_ = json.NewEncoder(stdout).Encode(out)
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		for _, c := range checks {
+			state, detail := "ok", ""
+			if c.Err != nil {
+				state, detail = "missing", c.Err.Error()
+				if !c.Required {
+					state = "missing (optional)"
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Name, state, detail)
+		}
+		_ = tw.Flush()
+		if bad != nil {
+			fmt.Fprintln(stdout, "trialnet cannot enforce a Trial on this machine.")
+		} else {
+			fmt.Fprintln(stdout, "trialnet can enforce Trials on this machine.")
+		}
+	}
+	if bad != nil {
+		return exitFailure
+	}
+	return exitOK
+}
+
+func cmdUninstall(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("uninstall", "uninstall", "sudo trialnet uninstall", stderr)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if err := bpf.Uninstall(""); err != nil {
+		return fail(stdout, stderr, false, exitFailure, err)
+	}
+	fmt.Fprintf(stdout, "removed trialnet's pins from %s; its eBPF programs are detached\n", bpf.DefaultPinDir)
+	return exitOK
+}
+
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+func cmdRun(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("run", "run [--strict] [--uid N] [--gid N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [-j] -- CMD [ARGS]",
+		"sudo trialnet run --timeout 10m -- curl -sS https://example.com   # fails: no way out", stderr)
+	strict := fs.Bool("strict", false, "allow only the Trial's proxy address and port on loopback, not all of loopback")
+	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo; required otherwise)")
+	gid := fs.Int("gid", -1, "run CMD with this group id (default: $SUDO_GID under sudo, else the uid)")
+	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long (0: no limit)")
+	var unixAllow stringList
+	fs.Var(&unixAllow, "unix-allow", "a pathname unix socket the Trial may connect to (repeatable)")
+	noUnix := fs.Bool("no-unix-confine", false, "do not confine pathname unix sockets (needed on kernels before 6.7)")
+	asJSON := jsonFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	argv := fs.Args()
+	if len(argv) == 0 {
+		fs.Usage()
+		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"run: no command given; put it after --"})
+	}
+	u, g, err := trialUser(*uid, *gid)
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, exitUsage, err)
+	}
+
+	host, err := agent.OpenHost(agent.Config{})
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, exitFailure, err)
+	}
+	defer host.Close()
+
+	ctx := context.Background()
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
+	}
+	sigs := forwardedSignals()
+	defer signal.Reset()
+
+	spec := sandbox.Spec{Strict: *strict, UnixPaths: unixAllow, UnixOpen: *noUnix}
+	if *strict {
+		spec.Proxy = agent.ProxyEndpoints
+	}
+	res, err := host.RunEphemeral(ctx, spec, sandbox.Command{
+		Args: argv, Env: os.Environ(), UID: u, GID: g,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+	}, sigs)
+	code := res.ExitCode
+	var se *sandbox.StartError
+	switch {
+	case errors.As(err, &se):
+		return fail(stdout, stderr, *asJSON, se.Code, err)
+	case errors.Is(err, sandbox.ErrTimeout):
+		code = exitTimeout
+		fmt.Fprintf(stderr, "trialnet: %s %v\n", argv[0], err)
+	case err != nil && res.Trial == "":
+		return fail(stdout, stderr, *asJSON, exitFailure, err)
+	case err != nil:
+		fmt.Fprintf(stderr, "trialnet: %v\n", err)
+		if code == 0 {
+			code = exitFailure
+		}
+	}
+	printRun(stdout, stderr, *asJSON, res, code)
+	return code
+}
+
+// trialUser decides who CMD runs as. A uid-0 Trial must be asked for: even
+// without capabilities, root owns the files that hold a Trial in place.
+func trialUser(uid, gid int) (uint32, uint32, error) {
+	if uid < 0 {
+		s := os.Getenv("SUDO_UID")
+		if s == "" {
+			return 0, 0, usageError{"run: who should CMD run as? Pass --uid N (and --gid N), or run trialnet under sudo to use your own user; --uid 0 runs CMD as root without capabilities"}
+		}
+		v, err := strconv.Atoi(s)
+		if err != nil {
+			return 0, 0, usageError{fmt.Sprintf("run: SUDO_UID=%q is not a number; pass --uid", s)}
+		}
+		uid = v
+		if gid < 0 {
+			if v, err := strconv.Atoi(os.Getenv("SUDO_GID")); err == nil {
+				gid = v
+			}
+		}
+	}
+	if gid < 0 {
+		gid = uid
+	}
+	if uid > 1<<32-2 || gid > 1<<32-2 {
+		return 0, 0, usageError{"run: --uid and --gid must be below 4294967295"}
+	}
+	return uint32(uid), uint32(gid), nil
+}
+
+// forwardedSignals relays SIGTERM and SIGHUP to CMD, and SIGINT too when
+// there is no terminal: on a terminal CMD shares trialnet's foreground
+// process group and already receives Ctrl-C itself.
+func forwardedSignals() <-chan os.Signal {
+	in := make(chan os.Signal, 4)
+	out := make(chan os.Signal, 4)
+	signal.Notify(in, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	_, ttyErr := unix.IoctlGetTermios(int(os.Stdin.Fd()), unix.TCGETS)
+	onTTY := ttyErr == nil
+	go func() {
+		for s := range in {
+			if s == syscall.SIGINT && onTTY {
+				continue
+			}
+			out <- s
+		}
+	}()
+	return out
+}
+
+func printRun(stdout, stderr io.Writer, asJSON bool, res agent.RunResult, code int) {
+	c := res.Counters
+	if asJSON {
+		_ = json.NewEncoder(stdout).Encode(map[string]any{
+			"trial":                 res.Trial,
+			"cgroup_id":             res.CgroupID,
+			"exit_code":             code,
+			"counters":              c.Map(),
+			"direct_egress_packets": c.EgressOtherPackets,
+		})
+		return
+	}
+	fmt.Fprintf(stderr, "trial %s  cgroup_id %d  exit_code %d\n", res.Trial, res.CgroupID, code)
+	tw := tabwriter.NewWriter(stderr, 0, 4, 2, ' ', 0)
+	for _, f := range c.Fields() {
+		fmt.Fprintf(tw, "\t%s\t%d\n", f.Name, f.Value)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(stderr, agent.EgressVerdict(c))
+}
+

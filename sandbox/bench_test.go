@@ -1,0 +1,152 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/bpf"
+)
+
+// reportLatency adds p50 and p99 of ds as custom metrics.
+func reportLatency(b *testing.B, ds []time.Duration) {
+	slices.Sort(ds)
+	if len(ds) == 0 {
+		return
+	}
+	b.ReportMetric(float64(ds[len(ds)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(ds[len(ds)*99/100].Microseconds()), "p99-µs")
+}
+
+// BenchmarkTrialCreateDestroy measures one Trial (cgroup, netns with lo up,
+// policy entry) made and torn down, with 0 and 1000 other Trials live.
+func BenchmarkTrialCreateDestroy(b *testing.B) {
+	for _, live := range []int{0, 1000} {
+		b.Run(fmt.Sprintf("live=%d", live), func(b *testing.B) {
+			h := newHost(b)
+			for i := range live {
+				newTrial(b, h, Spec{ID: fmt.Sprintf("live-%d", i), UnixOpen: true})
+			}
+			ds := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				start := time.Now()
+				tr, err := h.Create(Spec{ID: "bench-" + strconv.Itoa(i), UnixOpen: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := tr.Close(); err != nil {
+					b.Fatal(err)
+				}
+				ds = append(ds, time.Since(start))
+			}
+			reportLatency(b, ds)
+		})
+	}
+}
+
+// BenchmarkIPNetnsAddDel is the reference: what an ad-hoc script does with
+// iproute2 for a namespace with lo up (no cgroup, no eBPF).
+func BenchmarkIPNetnsAddDel(b *testing.B) {
+	newHost(b) // the same privilege check; the host itself is unused
+	if _, err := exec.LookPath("ip"); err != nil {
+		b.Fatal("iproute2's ip is needed for the reference benchmark")
+	}
+	ds := make([]time.Duration, 0, b.N)
+	name := "trialnet-bench-" + randSuffix()
+	b.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	for b.Loop() {
+		start := time.Now()
+		for _, args := range [][]string{{"netns", "add", name}, {"-n", name, "link", "set", "lo", "up"}, {"netns", "del", name}} {
+			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+				b.Fatalf("ip %v: %v %s", args, err, out)
+			}
+		}
+		ds = append(ds, time.Since(start))
+	}
+	reportLatency(b, ds)
+}
+
+// BenchmarkConnectHook measures connect()+close() to a loopback listener
+// from a process in a Trial (every hook runs) and from a process in the
+// same namespace but an unhooked cgroup; it reports the difference.
+func BenchmarkConnectHook(b *testing.B) {
+	h := newHost(b)
+	tr := newTrial(b, h, Spec{UnixOpen: true})
+	lo := listenIn(b, tr.Netns, "tcp4", "127.0.0.1:0")
+	root, err := Cgroup2Mount()
+	if err != nil {
+		b.Fatal(err)
+	}
+	unhooked := filepath.Join(root, "trialnet-unhooked-"+randSuffix())
+	if err := os.Mkdir(unhooked, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = killCgroup(unhooked, killWait); _ = removeCgroup(unhooked) })
+	control := &Trial{ID: "control", Cgroup: unhooked, Netns: tr.Netns, host: h}
+
+	const n = 5000
+	perConnect := func(t *Trial) float64 {
+		code, out := runProbe(b, t, "bench-connect", lo.String(), strconv.Itoa(n))
+		if code != probeOK {
+			b.Fatalf("bench-connect: %d %s", code, out)
+		}
+		ns, err := strconv.ParseFloat(strings.TrimSpace(out), 64)
+		if err != nil {
+			b.Fatalf("bench-connect output %q", out)
+		}
+		return ns
+	}
+	// The kernel's own accounting of the programs' run time says exactly
+	// what the hooks cost, which wall-clock differences on a noisy VM cannot.
+	stats, err := bpf.EnableRunStats()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer stats.Close()
+	// runtime sums every program's run time, and the connect4 hook's alone.
+	runtime := func() (all, connect time.Duration) {
+		ps, err := h.BPF.RunStats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, p := range ps {
+			all += p.Runtime
+			if p.Name == "trialnet_connect4" {
+				connect = p.Runtime
+			}
+		}
+		return all, connect
+	}
+	var hooked, plain []float64
+	var hookTime, connectHookTime time.Duration
+	connects := 0
+	for b.Loop() {
+		all0, c0 := runtime()
+		hooked = append(hooked, perConnect(tr))
+		all1, c1 := runtime()
+		hookTime += all1 - all0
+		connectHookTime += c1 - c0
+		connects += n
+		plain = append(plain, perConnect(control))
+	}
+	// All hooks: socket(), connect(), and egress for SYN, ACK and the RST.
+	b.ReportMetric(float64(hookTime.Nanoseconds())/float64(connects), "ns/connect-all-hooks")
+	b.ReportMetric(float64(connectHookTime.Nanoseconds())/float64(connects), "ns/connect4-hook")
+	slices.Sort(hooked)
+	slices.Sort(plain)
+	mh, mp := hooked[len(hooked)/2], plain[len(plain)/2]
+	b.ReportMetric(mh, "ns/connect-trial")
+	b.ReportMetric(mp, "ns/connect-unhooked")
+	b.ReportMetric(mh-mp, "ns/connect-added")
+	b.ReportMetric(mh/mp, "ratio")
+}
+
