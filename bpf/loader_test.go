@@ -43,7 +43,7 @@ func cgroup2Mount(t *testing.T) string {
 func TestPrivilegedLoadAttachUninstall(t *testing.T) {
 	privtest.Require(t)
 	cg := testCgroup(t)
-	pins := filepath.Join(DefaultPinDir+"-test", filepath.Base(cg))
+	pins := DefaultPinDir + "-test-" + filepath.Base(cg)
 	t.Cleanup(func() { _ = Uninstall(pins) })
 
 	l, err := Load(Options{Cgroup: cg, PinDir: pins})

@@ -149,4 +149,3 @@ func BenchmarkConnectHook(b *testing.B) {
 	b.ReportMetric(mh-mp, "ns/connect-added")
 	b.ReportMetric(mh/mp, "ratio")
 }
-

@@ -46,7 +46,7 @@ func loaderHelper() int {
 
 func TestPrivilegedLoaderKilledEnforcementStays(t *testing.T) {
 	privtest.Require(t)
-	th := testhost.New(t, 63)
+	th := testhost.NewT(t, 63)
 	root, err := Cgroup2Mount()
 	if err != nil {
 		t.Fatal(err)

@@ -193,7 +193,7 @@ func checkAttempts(t *testing.T, tr *Trial, attempts []attempt) {
 
 func TestPrivilegedTrialRefusesEveryWayOut(t *testing.T) {
 	h := newHost(t)
-	th := testhost.New(t, 61)
+	th := testhost.NewT(t, 61)
 	dir := t.TempDir()
 	hostSock := filepath.Join(dir, "host.sock")
 	hostDgram := filepath.Join(dir, "host.dgram")
@@ -286,7 +286,7 @@ func hostNetnsTrial(tr *Trial) *Trial {
 
 func TestPrivilegedEBPFAloneRefusesInHostNetns(t *testing.T) {
 	h := newHost(t)
-	th := testhost.New(t, 62)
+	th := testhost.NewT(t, 62)
 	tr := newTrial(t, h, Spec{UnixOpen: true})
 	hostTrial := hostNetnsTrial(tr)
 	self := &netns.Namespace{ID: "host", Path: selfNetns()}

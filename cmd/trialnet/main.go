@@ -311,4 +311,3 @@ func printRun(stdout, stderr io.Writer, asJSON bool, res agent.RunResult, code i
 	_ = tw.Flush()
 	fmt.Fprintln(stderr, agent.EgressVerdict(c))
 }
-

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,6 +36,9 @@ type Host struct {
 	Local4   netip.Addr // the caller's side of the veth
 	arrivals atomic.Int64
 	wg       sync.WaitGroup
+	closers  []func() error
+	veth     netlink.Link
+	nsDir    string
 }
 
 // Arrivals counts connections accepted and datagrams received so far.
@@ -58,11 +62,10 @@ func (h *Host) AddrPort4() netip.AddrPort { return netip.AddrPortFrom(h.Addr4, P
 // AddrPort6 is the IPv6 canary endpoint.
 func (h *Host) AddrPort6() netip.AddrPort { return netip.AddrPortFrom(h.Addr6, Port) }
 
-// New creates the test host; t.Cleanup removes the namespace and the veth.
+// New creates the test host; Close removes its namespace and veth.
 // subnet picks 198.18.<subnet>.0/24 and fd7a:7472:<subnet>::/64 so that
 // several hosts can coexist.
-func New(t testing.TB, subnet uint8) *Host {
-	t.Helper()
+func New(subnet uint8) (_ *Host, err error) {
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	suffix := hex.EncodeToString(b[:])
@@ -71,84 +74,112 @@ func New(t testing.TB, subnet uint8) *Host {
 		Local4: netip.AddrFrom4([4]byte{198, 18, subnet, 1}),
 		Addr6:  netip.MustParseAddr(fmt.Sprintf("fd7a:7472:%x::2", subnet)),
 	}
-	ns, err := netns.Create(t.TempDir(), "th-"+suffix)
+	defer func() {
+		if err != nil {
+			h.Close()
+		}
+	}()
+	h.nsDir, err = os.MkdirTemp("", "trialnet-testhost-")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	h.NS = ns
-	t.Cleanup(func() { _ = ns.Delete() })
-
+	if h.NS, err = netns.Create(h.nsDir, "th-"+suffix); err != nil {
+		return nil, err
+	}
 	hostSide, peerSide := "tnh"+suffix, "tnp"+suffix
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostSide}, PeerName: peerSide}
 	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatalf("create veth: %v", err)
+		return nil, fmt.Errorf("create veth: %w", err)
 	}
-	t.Cleanup(func() { _ = netlink.LinkDel(veth) })
+	h.veth = veth
 	peer, err := netlink.LinkByName(peerSide)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	nsh, err := vns.GetFromPath(ns.Path)
+	nsh, err := vns.GetFromPath(h.NS.Path)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer nsh.Close()
 	if err := netlink.LinkSetNsFd(peer, int(nsh)); err != nil {
-		t.Fatalf("move veth peer: %v", err)
+		return nil, fmt.Errorf("move veth peer: %w", err)
 	}
-	addAddr(t, nil, hostSide, fmt.Sprintf("198.18.%d.1/24", subnet))
-	addAddr(t, nil, hostSide, fmt.Sprintf("fd7a:7472:%x::1/64", subnet))
 	in, err := netlink.NewHandleAt(nsh)
+	if err != nil {
+		return nil, err
+	}
+	defer in.Close()
+	for _, a := range []struct {
+		hd         *netlink.Handle
+		link, cidr string
+	}{
+		{&netlink.Handle{}, hostSide, h.Local4.String() + "/24"},
+		{&netlink.Handle{}, hostSide, fmt.Sprintf("fd7a:7472:%x::1/64", subnet)},
+		{in, peerSide, h.Addr4.String() + "/24"},
+		{in, peerSide, h.Addr6.String() + "/64"},
+	} {
+		if err := addAddr(a.hd, a.link, a.cidr); err != nil {
+			return nil, err
+		}
+	}
+	return h, h.serve()
+}
+
+// NewT is New for a test, with t.Cleanup removing everything.
+func NewT(t testing.TB, subnet uint8) *Host {
+	t.Helper()
+	h, err := New(subnet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer in.Close()
-	addAddr(t, in, peerSide, h.Addr4.String()+"/24")
-	addAddr(t, in, peerSide, h.Addr6.String()+"/64")
-
-	h.serve(t)
+	t.Cleanup(h.Close)
 	return h
 }
 
-func addAddr(t testing.TB, hd *netlink.Handle, link, cidr string) {
-	t.Helper()
-	if hd == nil {
-		hd = &netlink.Handle{}
+// Close stops the canaries and removes the veth and the namespace.
+func (h *Host) Close() {
+	for _, c := range h.closers {
+		_ = c()
 	}
-	l, err := hd.LinkByName(link)
-	if err != nil {
-		t.Fatal(err)
+	h.closers = nil
+	h.wg.Wait()
+	if h.veth != nil {
+		_ = netlink.LinkDel(h.veth)
 	}
-	a, err := netlink.ParseAddr(cidr)
-	if err != nil {
-		t.Fatal(err)
+	if h.NS != nil {
+		_ = h.NS.Delete()
 	}
-	a.Flags = unix.IFA_F_NODAD // usable at once, no duplicate address detection wait
-	if err := hd.AddrAdd(l, a); err != nil {
-		t.Fatalf("add %s to %s: %v", cidr, link, err)
-	}
-	if err := hd.LinkSetUp(l); err != nil {
-		t.Fatal(err)
+	if h.nsDir != "" {
+		_ = os.Remove(h.nsDir)
 	}
 }
 
+func addAddr(hd *netlink.Handle, link, cidr string) error {
+	l, err := hd.LinkByName(link)
+	if err != nil {
+		return err
+	}
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		return err
+	}
+	a.Flags = unix.IFA_F_NODAD // usable at once, no duplicate address detection wait
+	if err := hd.AddrAdd(l, a); err != nil {
+		return fmt.Errorf("add %s to %s: %w", cidr, link, err)
+	}
+	return hd.LinkSetUp(l)
+}
+
 // serve starts the canaries inside the test host's namespace.
-func (h *Host) serve(t testing.TB) {
+func (h *Host) serve() error {
 	ctx := context.Background()
-	var closers []func() error
-	t.Cleanup(func() {
-		for _, c := range closers {
-			_ = c()
-		}
-		h.wg.Wait()
-	})
 	for _, addr := range []netip.Addr{h.Addr4, h.Addr6} {
 		ap := netip.AddrPortFrom(addr, Port).String()
 		ln, err := h.NS.Listen(ctx, "tcp", ap)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		closers = append(closers, ln.Close)
+		h.closers = append(h.closers, ln.Close)
 		var pc net.PacketConn
 		err = h.NS.Do(func() error {
 			var err error
@@ -156,9 +187,9 @@ func (h *Host) serve(t testing.TB) {
 			return err
 		})
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		closers = append(closers, pc.Close)
+		h.closers = append(h.closers, pc.Close)
 		h.wg.Add(2)
 		go func() {
 			defer h.wg.Done()
@@ -168,7 +199,7 @@ func (h *Host) serve(t testing.TB) {
 					return
 				}
 				h.arrivals.Add(1)
-				_, _ = c.Write([]byte("canary\n"))
+				_, _ = c.Write([]byte("canary: you reached the test host\n"))
 				_ = c.Close()
 			}
 		}()
@@ -183,4 +214,5 @@ func (h *Host) serve(t testing.TB) {
 			}
 		}()
 	}
+	return nil
 }

@@ -1,0 +1,44 @@
+# trialnet — every target has a "## help" comment; "make help" lists them.
+GO      ?= go
+BIN     := bin/trialnet
+PKGS    := ./...
+# Privileged tests need root; in CI (CI=true) they fail rather than skip.
+TESTFLAGS ?= -count=1 -timeout 30m
+
+.PHONY: help deps generate check-generate build test bench demo lint fuzz clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+deps: ## install the Debian packages a fresh machine lacks (clang, libbpf headers, iproute2, curl)
+	@missing=""; for p in clang llvm libbpf-dev iproute2 curl; do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update && apt-get install -y $$missing; fi
+
+generate: ## regenerate the eBPF objects and Go bindings with bpf2go (needs clang)
+	$(GO) generate ./bpf
+
+check-generate: generate ## regenerate and fail if the committed bpf2go output differs
+	git diff --exit-code -- 'bpf/*_bpfel.go' 'bpf/*_bpfel.o'
+	@test -z "$$(git status --porcelain -- 'bpf/*_bpfel.*')" || { git status --porcelain -- 'bpf/*_bpfel.*'; exit 1; }
+
+build: ## build bin/trialnet
+	$(GO) build -o $(BIN) ./cmd/trialnet
+
+lint: ## gofmt, go vet and staticcheck
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
+
+test: ## run every test, privileged ones included (as root)
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+bench: ## run the benchmarks side by side with their references
+	$(GO) test -run '^$$' -bench 'TrialCreateDestroy|IPNetnsAddDel' -benchtime 300x ./sandbox
+	$(GO) test -run '^$$' -bench 'ConnectHook' -benchtime 10x ./sandbox
+
+demo: build ## show a Trial refusing every way out to a test host, with its counters
+	$(GO) run ./cmd/trialnet-demo $(BIN)
+
+clean: ## remove build output
+	rm -rf bin

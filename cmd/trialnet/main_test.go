@@ -1,0 +1,142 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+func TestMain(m *testing.M) {
+	sandbox.Init()
+	os.Exit(m.Run())
+}
+
+func trialnet(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "Usage: trialnet COMMAND"},
+		{[]string{"frobnicate"}, "unknown command"},
+		{[]string{"run", "--bogus"}, "flag provided but not defined"},
+		{[]string{"run"}, "no command given"},
+	} {
+		code, out, errOut := trialnet(tc.args...)
+		if code != exitUsage {
+			t.Errorf("%v: exit %d, want %d", tc.args, code, exitUsage)
+		}
+		if !strings.Contains(out+errOut, tc.want) {
+			t.Errorf("%v: output lacks %q:\n%s%s", tc.args, tc.want, out, errOut)
+		}
+	}
+}
+
+func TestRunNeedsAUser(t *testing.T) {
+	t.Setenv("SUDO_UID", "")
+	code, _, errOut := trialnet("run", "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, "--uid") {
+		t.Fatalf("exit %d, %q: want a usage error naming --uid", code, errOut)
+	}
+}
+
+// installedByTest removes trialnet's default pins after the test when the
+// test was the one that created them.
+func installedByTest(t *testing.T) {
+	if _, err := os.Stat(bpf.DefaultPinDir); os.IsNotExist(err) {
+		t.Cleanup(func() { _ = bpf.Uninstall("") })
+	}
+}
+
+func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	before, _ := netns.List(netns.DefaultDir)
+
+	code, _, errOut := trialnet("run", "--uid", "65534", "--", "sh", "-c", "exit 7")
+	if code != 7 {
+		t.Fatalf("exit code %d, want CMD's 7; stderr:\n%s", code, errOut)
+	}
+	if !strings.Contains(errOut, "connect4_denied") || !strings.Contains(errOut, "direct egress packets = 0") {
+		t.Fatalf("counters missing from stderr:\n%s", errOut)
+	}
+
+	code, _, errOut = trialnet("run", "--uid", "65534", "--", "no-such-command-trialnet")
+	if code != 127 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("missing command: exit %d, %q", code, errOut)
+	}
+
+	code, out, _ := trialnet("run", "-j", "--uid", "65534", "--", "bash", "-c", ": </dev/tcp/127.0.0.1/1; true")
+	if code != 0 {
+		t.Fatalf("-j run: exit %d", code)
+	}
+	var res struct {
+		Trial    string            `json:"trial"`
+		ExitCode int               `json:"exit_code"`
+		Counters map[string]uint64 `json:"counters"`
+		Direct   uint64            `json:"direct_egress_packets"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("-j output is not one JSON object: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(res.Trial, "run-") || res.Direct != 0 {
+		t.Fatalf("bad -j result: %+v", res)
+	}
+	if _, ok := res.Counters["sock_create_denied"]; !ok {
+		t.Fatalf("counters lack sock_create_denied: %v", res.Counters)
+	}
+
+	code, _, errOut = trialnet("run", "--timeout", "200ms", "--uid", "65534", "--", "sleep", "30")
+	if code != exitTimeout || !strings.Contains(errOut, "timed out") {
+		t.Fatalf("timeout: exit %d, %q", code, errOut)
+	}
+
+	// Nothing of those Trials is left: no namespace, no cgroup.
+	after, _ := netns.List(netns.DefaultDir)
+	if len(after) != len(before) {
+		t.Fatalf("namespaces before %v, after %v", before, after)
+	}
+	parent, err := sandbox.EnsureParent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(parent)
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "run-") {
+			t.Fatalf("cgroup left behind: %s", filepath.Join(parent, e.Name()))
+		}
+	}
+}
+
+func TestPrivilegedDoctor(t *testing.T) {
+	privtest.Require(t)
+	code, out, _ := trialnet("doctor", "-j")
+	var res struct {
+		CanEnforce bool `json:"can_enforce"`
+		Checks     []struct {
+			Check string `json:"check"`
+			OK    bool   `json:"ok"`
+		} `json:"checks"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 || !res.CanEnforce || len(res.Checks) < 10 {
+		t.Fatalf("doctor: exit %d, %s", code, out)
+	}
+}
