@@ -5,6 +5,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -52,6 +53,8 @@ func probe(args []string) int {
 		err = unixSendto(target)
 	case "status":
 		return status()
+	case "listen":
+		return listenOnce(target)
 	case "bench-connect":
 		return benchConnect(target, args[2])
 	default:
@@ -204,5 +207,28 @@ func benchConnect(target, count string) int {
 		}
 	}
 	fmt.Println(float64(spent.Nanoseconds()) / float64(n))
+	return probeOK
+}
+
+// listenOnce listens on target and waits up to two seconds for one
+// inbound connection to complete.
+func listenOnce(target string) int {
+	ln, err := net.Listen("tcp", target)
+	if err != nil {
+		fmt.Println(err)
+		if errors.Is(err, unix.EPERM) {
+			return probeRefused
+		}
+		return probeOther
+	}
+	defer ln.Close()
+	fmt.Println("listening")
+	_ = ln.(*net.TCPListener).SetDeadline(time.Now().Add(2 * time.Second))
+	if c, err := ln.Accept(); err == nil {
+		_ = c.Close()
+		fmt.Println("accepted")
+	} else {
+		fmt.Println("no connection")
+	}
 	return probeOK
 }

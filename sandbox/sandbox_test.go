@@ -3,12 +3,14 @@
 package sandbox
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -334,6 +336,74 @@ func TestPrivilegedEBPFAloneRefusesInHostNetns(t *testing.T) {
 	}
 	if !th.WaitArrivals(1, 5*time.Second) {
 		t.Fatal("control probe succeeded but the test host saw nothing")
+	}
+}
+
+// TestPrivilegedEgressLastWall reaches the egress hook past every other
+// one: the Trial's policy names the host's namespace (as if the netns layer
+// had failed), so a Trial process may bind and listen there; a test host
+// connects in, and the listener's SYN-ACK must be dropped and counted.
+func TestPrivilegedEgressLastWall(t *testing.T) {
+	h := newHost(t)
+	th := testhost.NewT(t, 64)
+	host, err := netns.Open(filepath.Dir(selfNetns()), filepath.Base(selfNetns()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(h.Parent, "lastwall")
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killCgroup(cg, killWait); _ = removeCgroup(cg) })
+	cgid, err := bpf.CgroupID(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.BPF.AddTrial(cgid, bpf.Policy{NetnsCookie: host.Cookie, UnixOpen: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.BPF.RemoveTrial(cgid) })
+
+	addr := netip.AddrPortFrom(th.Local4, 18080).String()
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe, "listen", addr)
+	cmd.Env = []string{"TRIALNET_PROBE=1"}
+	cgf, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cgf.Close()
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgf.Fd())}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(stdout)
+	if line, _ := r.ReadString('\n'); strings.TrimSpace(line) != "listening" {
+		_ = cmd.Wait()
+		t.Fatalf("the Trial process could not listen: %q", line)
+	}
+	dialErr := th.NS.Do(func() error {
+		c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	})
+	rest, _ := io.ReadAll(r)
+	_ = cmd.Wait()
+	if dialErr == nil || strings.Contains(string(rest), "accepted") {
+		t.Fatalf("an inbound connection to a Trial listener completed; probe said %q", rest)
+	}
+	c, err := h.BPF.Counters(cgid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.EgressOtherPackets == 0 {
+		t.Fatal("the dropped SYN-ACK was not counted as direct egress")
 	}
 }
 
