@@ -3,6 +3,8 @@
 package bpf
 
 import (
+	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -98,4 +100,60 @@ func TestCounterNamesMatchBTF(t *testing.T) {
 			t.Errorf("field %d: Go name %q, C name %q", i, fields[i].Name, m.Name)
 		}
 	}
+}
+
+func TestPolicyRefusesWhatItCannotEnforce(t *testing.T) {
+	lo := netip.MustParseAddrPort("127.0.0.1:3128")
+	for _, tc := range []struct {
+		name string
+		p    Policy
+		want string
+	}{
+		{"no netns cookie", Policy{}, "netns cookie"},
+		{"non-loopback proxy", Policy{NetnsCookie: 1, Proxy: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:3128")}}, "not a loopback"},
+		{"proxy ports differ", Policy{NetnsCookie: 1, Proxy: []netip.AddrPort{lo, netip.MustParseAddrPort("[::1]:8080")}}, "same non-zero port"},
+		{"two IPv4 proxies", Policy{NetnsCookie: 1, Proxy: []netip.AddrPort{lo, netip.MustParseAddrPort("127.0.0.2:3128")}}, "only one IPv4"},
+		{"strict without proxy", Policy{NetnsCookie: 1, Strict: true}, "strict mode needs a proxy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.p.encode()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+	for _, path := range []string{"relative.sock", "/a/../b.sock", "/" + strings.Repeat("x", 120)} {
+		if _, err := unixKey(1, path); err == nil {
+			t.Errorf("unix path %q accepted", path)
+		}
+	}
+	v, err := Policy{NetnsCookie: 1, Strict: true, Proxy: []netip.AddrPort{lo}}.encode()
+	if err != nil || v.ProxyPort != 3128 || v.ProxyIp4 != 0x0100007f || v.Flags != flagStrict {
+		t.Fatalf("encode: %+v %v", v, err)
+	}
+}
+
+// Where the kernel lacks the unix hooks, a Trial that wants unix
+// confinement is refused and one that opts out is accepted.
+func TestPrivilegedMissingUnixHookFailsClosed(t *testing.T) {
+	privtest.Require(t)
+	cg := testCgroup(t)
+	pins := DefaultPinDir + "-test-" + filepath.Base(cg)
+	t.Cleanup(func() { _ = Uninstall(pins) })
+	l, err := Load(Options{Cgroup: cg, PinDir: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.unixHook = false // as on a kernel before 6.7
+	if err := l.AddTrial(5, Policy{NetnsCookie: 9}); !errors.Is(err, ErrUnixHookMissing) {
+		t.Fatalf("got %v, want ErrUnixHookMissing", err)
+	}
+	if l.HasTrial(5) || l.TrialCount() != 0 {
+		t.Fatal("a refused AddTrial left map entries")
+	}
+	if err := l.AddTrial(5, Policy{NetnsCookie: 9, UnixOpen: true}); err != nil {
+		t.Fatalf("opting out must work: %v", err)
+	}
+	_ = l.RemoveTrial(5)
 }

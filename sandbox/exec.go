@@ -102,6 +102,17 @@ func (p *Process) Wait() (int, error) {
 	return ws.ExitStatus(), nil
 }
 
+// waitExited blocks until the command has exited, leaving it unreaped.
+func (p *Process) waitExited() error {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, p.Pid(), &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
 // Start launches c inside the Trial: cloned straight into the Trial's
 // cgroup, forked from a thread in the Trial's network namespace, so the
 // process never exists outside either. The trialnet-init step then drops
@@ -182,12 +193,15 @@ func (t *Trial) Run(ctx context.Context, c Command, sigs <-chan os.Signal) (int,
 			}
 		}
 	})
-	code, err := p.Wait()
+	// Learn that the command exited without reaping it, kill what it left
+	// behind (a background child may hold its stdout open, which would
+	// keep Wait copying forever), then reap.
+	exitErr := p.waitExited()
 	close(done)
 	wg.Wait()
-	if kerr := t.Kill(); kerr != nil {
-		err = errors.Join(err, kerr)
-	}
+	kerr := t.Kill()
+	code, err := p.Wait()
+	err = errors.Join(exitErr, err, kerr)
 	if ctx.Err() != nil {
 		cause := ctx.Err()
 		if errors.Is(cause, context.DeadlineExceeded) {

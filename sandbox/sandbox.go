@@ -124,16 +124,18 @@ func (t *Trial) Counters() (bpf.Counters, error) {
 	return t.host.BPF.Counters(t.CgroupID)
 }
 
-// Kill ends every process in the Trial and waits until they are gone.
+// Kill ends every process in the Trial and waits until they are gone; the
+// Trial stays usable for further commands.
 func (t *Trial) Kill() error {
-	return killCgroup(t.Cgroup, killWait)
+	return stopCgroup(t.Cgroup, killWait)
 }
 
 // Close kills everything in the Trial and removes its cgroup, policy entry
 // and namespace. It tries every step even when one fails.
 func (t *Trial) Close() error {
 	var errs []error
-	if err := t.Kill(); err != nil {
+	// cgroup.kill is safe here: the cgroup is removed right after.
+	if err := killCgroup(t.Cgroup, killWait); err != nil {
 		errs = append(errs, err)
 	}
 	if err := removeCgroup(t.Cgroup); err != nil {

@@ -507,6 +507,45 @@ func TestPrivilegedRunKillsEverythingOnTimeout(t *testing.T) {
 	}
 }
 
+func TestPrivilegedRunForwardsSignalsAndReportsCrashes(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	env := []string{"PATH=/usr/bin:/bin"}
+	code, err := tr.Run(context.Background(), Command{Args: []string{"sh", "-c", "kill -SEGV $$"}, Env: env}, nil)
+	if err != nil || code != 128+int(syscall.SIGSEGV) {
+		t.Fatalf("crashing command: code %d, err %v; want 139", code, err)
+	}
+	// The signal is sent once the command says it has set its trap (a
+	// signal racing an execve is turned into SIGKILL by the kernel).
+	sigs := make(chan os.Signal, 1)
+	pr, pw := io.Pipe()
+	go func() {
+		line, _ := bufio.NewReader(pr).ReadString('\n')
+		if line == "ready\n" {
+			sigs <- syscall.SIGTERM
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	code, err = tr.Run(context.Background(), Command{Args: []string{"sh", "-c", "trap 'exit 143' TERM; echo ready; while :; do sleep 0.05; done"}, Env: env, Stdout: pw}, sigs)
+	_ = pw.Close()
+	if err != nil || code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("forwarded SIGTERM: code %d, err %v; want 143", code, err)
+	}
+	// A command that leaves a child behind: the child is killed, and the
+	// next command in the same Trial still runs (a cgroup once killed with
+	// cgroup.kill would SIGKILL it at birth on this kernel).
+	code, err = tr.Run(context.Background(), Command{Args: []string{"sh", "-c", "sleep 30 & exit 4"}, Env: env}, nil)
+	if err != nil || code != 4 {
+		t.Fatalf("leftover child: code %d, err %v; want 4", code, err)
+	}
+	if populated, _ := cgroupPopulated(tr.Cgroup); populated {
+		t.Fatal("processes left in the Trial")
+	}
+	if code, err = tr.Run(context.Background(), Command{Args: []string{"sh", "-c", "exit 5"}, Env: env}, nil); err != nil || code != 5 {
+		t.Fatalf("next command in the same Trial: code %d, err %v; want 5", code, err)
+	}
+}
+
 func TestPrivilegedCreateIsAllOrNothing(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{ID: "dup", UnixOpen: true})
