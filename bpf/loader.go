@@ -79,9 +79,19 @@ func Load(opts Options) (_ *Loader, err error) {
 	if err != nil {
 		return nil, err
 	}
+	before, err := pinsBefore(pinDir)
+	if err != nil {
+		return nil, err
+	}
 	if err := ensurePinDir(pinDir); err != nil {
 		return nil, err
 	}
+	// A failed Load leaves the pins as they were: whatever it pinned goes.
+	defer func() {
+		if err != nil {
+			rollbackPins(pinDir, before)
+		}
+	}()
 
 	spec, err := loadTrialnet()
 	if err != nil {
@@ -142,6 +152,37 @@ func Load(opts Options) (_ *Loader, err error) {
 		l.links = append(l.links, lk)
 	}
 	return l, nil
+}
+
+// pinsBefore lists the pins that exist before a Load; nil means that the
+// pin directory itself does not exist yet.
+func pinsBefore(pinDir string) (map[string]bool, error) {
+	entries, err := os.ReadDir(pinDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pin directory %s: %w", pinDir, err)
+	}
+	have := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		have[e.Name()] = true
+	}
+	return have, nil
+}
+
+// rollbackPins removes every pin that was not there before (its link
+// detaches once this process closes it) and the directory if Load made it.
+func rollbackPins(pinDir string, before map[string]bool) {
+	entries, _ := os.ReadDir(pinDir)
+	for _, e := range entries {
+		if !before[e.Name()] {
+			_ = os.Remove(filepath.Join(pinDir, e.Name()))
+		}
+	}
+	if before == nil {
+		_ = os.Remove(pinDir)
+	}
 }
 
 // attachOrAdopt reuses a pinned link on the same cgroup by swapping in the

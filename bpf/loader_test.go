@@ -10,7 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
 	"github.com/trialnet/trialnet/internal/privtest"
 )
 
@@ -42,16 +44,28 @@ func cgroup2Mount(t *testing.T) string {
 	return ""
 }
 
-func TestPrivilegedLoadAttachUninstall(t *testing.T) {
-	privtest.Require(t)
-	cg := testCgroup(t)
+// testPins is a pin directory of the test's own for cg, removed afterwards.
+func testPins(t *testing.T, cg string) string {
 	pins := DefaultPinDir + "-test-" + filepath.Base(cg)
 	t.Cleanup(func() { _ = Uninstall(pins) })
+	return pins
+}
 
-	l, err := Load(Options{Cgroup: cg, PinDir: pins})
+func loadTest(t *testing.T) (*Loader, Options) {
+	t.Helper()
+	privtest.Require(t)
+	cg := testCgroup(t)
+	opts := Options{Cgroup: cg, PinDir: testPins(t, cg)}
+	l, err := Load(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l, opts
+}
+
+func TestPrivilegedLoadAttachUninstall(t *testing.T) {
+	l, opts := loadTest(t)
+	cg, pins := opts.Cgroup, opts.PinDir
 	if err := l.AddTrial(42, Policy{NetnsCookie: 7, UnixOpen: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -136,14 +150,7 @@ func TestPolicyRefusesWhatItCannotEnforce(t *testing.T) {
 // Where the kernel lacks the unix hooks, a Trial that wants unix
 // confinement is refused and one that opts out is accepted.
 func TestPrivilegedMissingUnixHookFailsClosed(t *testing.T) {
-	privtest.Require(t)
-	cg := testCgroup(t)
-	pins := DefaultPinDir + "-test-" + filepath.Base(cg)
-	t.Cleanup(func() { _ = Uninstall(pins) })
-	l, err := Load(Options{Cgroup: cg, PinDir: pins})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, _ := loadTest(t)
 	defer l.Close()
 	l.unixHook = false // as on a kernel before 6.7
 	if err := l.AddTrial(5, Policy{NetnsCookie: 9}); !errors.Is(err, ErrUnixHookMissing) {
@@ -156,4 +163,44 @@ func TestPrivilegedMissingUnixHookFailsClosed(t *testing.T) {
 		t.Fatalf("opting out must work: %v", err)
 	}
 	_ = l.RemoveTrial(5)
+}
+
+// A Load that fails half-way leaves the pins as they were and no program
+// attached: here a foreign object sits where one link's pin belongs.
+func TestPrivilegedFailedLoadLeavesNothing(t *testing.T) {
+	privtest.Require(t)
+	cg := testCgroup(t)
+	pins := testPins(t, cg)
+	if err := os.MkdirAll(pins, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Pin(filepath.Join(pins, "link_"+trialnetProgTrialnetSockCreate)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(Options{Cgroup: cg, PinDir: pins}); err == nil {
+		t.Fatal("Load adopted a map as a link")
+	}
+	entries, _ := os.ReadDir(pins)
+	if len(entries) != 1 {
+		t.Fatalf("pins after a failed Load: %v; want only the foreign one", entries)
+	}
+	f, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, h := range hooks {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: h.attach})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Programs) != 0 {
+			t.Fatalf("%s still attached after a failed Load", h.name)
+		}
+	}
 }
