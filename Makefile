@@ -30,14 +30,14 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
 
-test: ## run every test, privileged ones included (as root)
+test: deps ## run every test, privileged ones included (as root)
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
 bench: ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'TrialCreateDestroy|IPNetnsAddDel' -benchtime 300x ./sandbox
 	$(GO) test -run '^$$' -bench 'ConnectHook' -benchtime 10x ./sandbox
 
-demo: build ## show a Trial refusing every way out to a test host, with its counters
+demo: deps build ## show a Trial refusing every way out to a test host, with its counters
 	$(GO) run ./cmd/trialnet-demo $(BIN)
 
 clean: ## remove build output

@@ -12,9 +12,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // Config says where the host's pieces live; zero values are the defaults.
@@ -39,9 +42,6 @@ func OpenHost(cfg Config) (*Host, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	if err := bpf.CanEnforce(bpf.Probe()); err != nil {
-		return nil, fmt.Errorf("this kernel cannot enforce a Trial (see 'trialnet doctor'): %w", err)
-	}
 	parent := cfg.Parent
 	if parent == "" {
 		var err error
@@ -51,6 +51,10 @@ func OpenHost(cfg Config) (*Host, error) {
 	}
 	l, err := bpf.Load(bpf.Options{Cgroup: parent, PinDir: cfg.PinDir})
 	if err != nil {
+		// Probing costs a few program loads: only spent to explain a failure.
+		if perr := bpf.CanEnforce(bpf.Probe()); perr != nil {
+			return nil, fmt.Errorf("this kernel cannot enforce a Trial (see 'trialnet doctor'): %w", perr)
+		}
 		return nil, err
 	}
 	return &Host{&sandbox.Host{Parent: parent, NetnsDir: cfg.NetnsDir, BPF: l}}, nil
@@ -109,4 +113,43 @@ func EgressVerdict(c bpf.Counters) string {
 		return "verdict: direct egress packets = 0 (ok)"
 	}
 	return fmt.Sprintf("verdict: ALARM: %d direct egress packets (%d bytes) left a Trial socket and were dropped by the last wall", c.EgressOtherPackets, c.EgressOtherBytes)
+}
+
+// Uninstall detaches trialnet: it removes the pins (so the programs
+// detach) and the parent cgroup. Live Trials would keep only their
+// namespace, so it refuses while any exists unless force is set.
+func Uninstall(cfg Config, force bool) error {
+	if os.Geteuid() != 0 {
+		return ErrNotRoot
+	}
+	parent := cfg.Parent
+	if parent == "" {
+		mount, err := sandbox.Cgroup2Mount()
+		if err != nil {
+			return err
+		}
+		parent = filepath.Join(mount, sandbox.ParentName)
+	}
+	entries, err := os.ReadDir(parent)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("uninstall: list Trials in %s: %w", parent, err)
+	}
+	var live []string
+	for _, e := range entries {
+		if e.IsDir() {
+			live = append(live, e.Name())
+		}
+	}
+	if len(live) > 0 && !force {
+		return fmt.Errorf("uninstall: %d Trial(s) still live (%s); without the eBPF layer they would keep only their namespace. Destroy them first, or pass --force", len(live), strings.Join(live, ", "))
+	}
+	if err := bpf.Uninstall(cfg.PinDir); err != nil {
+		return err
+	}
+	if len(live) == 0 {
+		if err := unix.Rmdir(parent); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("uninstall: remove parent cgroup %s: %w", parent, err)
+		}
+	}
+	return nil
 }

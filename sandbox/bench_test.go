@@ -4,9 +4,7 @@ package sandbox
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,16 +80,7 @@ func BenchmarkConnectHook(b *testing.B) {
 	h := newHost(b)
 	tr := newTrial(b, h, Spec{UnixOpen: true})
 	lo := listenIn(b, tr.Netns, "tcp4", "127.0.0.1:0")
-	root, err := Cgroup2Mount()
-	if err != nil {
-		b.Fatal(err)
-	}
-	unhooked := filepath.Join(root, "trialnet-unhooked-"+randSuffix())
-	if err := os.Mkdir(unhooked, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = killCgroup(unhooked, killWait); _ = removeCgroup(unhooked) })
-	control := &Trial{ID: "control", Cgroup: unhooked, Netns: tr.Netns, host: h}
+	control := unhookedTrial(b, h, tr.Netns)
 
 	const n = 5000
 	perConnect := func(t *Trial) float64 {

@@ -240,8 +240,8 @@ func TestPrivilegedTrialRefusesEveryWayOut(t *testing.T) {
 		{"abstract unix socket in the Trial", []string{"unix", abstract}, probeOK, "unix_connect_allowed"},
 		{"allowed unix path", []string{"unix", allowedSock}, probeOK, "unix_connect_allowed"},
 	})
-	if n := th.Arrivals(); n != 0 {
-		t.Fatalf("the test host saw %d arrivals from the Trial", n)
+	if th.WaitArrivals(1, 200*time.Millisecond) {
+		t.Fatalf("the test host saw %d arrivals from the Trial", th.Arrivals())
 	}
 	c, err := tr.Counters()
 	if err != nil {
@@ -315,22 +315,13 @@ func TestPrivilegedEBPFAloneRefusesInHostNetns(t *testing.T) {
 	if code, out := runPrivilegedProbe(t, tr.Cgroup, "tcp", th.AddrPort4().String()); code != probeRefused {
 		t.Fatalf("tcp4 as full root in the Trial cgroup: exit %d (%s), want refused", code, out)
 	}
-	if n := th.Arrivals(); n != 0 {
-		t.Fatalf("the test host saw %d arrivals", n)
+	if th.WaitArrivals(1, 200*time.Millisecond) {
+		t.Fatalf("the test host saw %d arrivals", th.Arrivals())
 	}
 
 	// The control: the same probe from a cgroup without the hooks, in the
 	// same namespace, does reach the test host, so the test above can fail.
-	root, err := Cgroup2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	unhooked := filepath.Join(root, "trialnet-unhooked-"+randSuffix())
-	if err := os.Mkdir(unhooked, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = killCgroup(unhooked, killWait); _ = removeCgroup(unhooked) })
-	control := &Trial{ID: "control", Cgroup: unhooked, Netns: self, host: h}
+	control := unhookedTrial(t, h, self)
 	if code, out := runProbe(t, control, "tcp", th.AddrPort4().String()); code != probeOK {
 		t.Fatalf("control probe without eBPF hooks could not reach the test host: %d %s", code, out)
 	}
@@ -631,6 +622,22 @@ func runPrivilegedProbe(t testing.TB, cgroup string, args ...string) (int, strin
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	out, _ := cmd.CombinedOutput()
 	return cmd.ProcessState.ExitCode(), strings.TrimSpace(string(out))
+}
+
+// unhookedTrial is a "Trial" whose cgroup sits outside the parent, so no
+// hook runs for it: the control that shows a test can fail.
+func unhookedTrial(t testing.TB, h *Host, ns *netns.Namespace) *Trial {
+	t.Helper()
+	root, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unhooked := filepath.Join(root, "trialnet-unhooked-"+randSuffix())
+	if err := os.Mkdir(unhooked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killCgroup(unhooked, killWait); _ = removeCgroup(unhooked) })
+	return &Trial{ID: "control", Cgroup: unhooked, Netns: ns, host: h}
 }
 
 func countFDs(t testing.TB) int {

@@ -160,11 +160,12 @@ func cmdDoctor(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdUninstall(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("uninstall", "uninstall", "sudo trialnet uninstall", stderr)
+	fs := newFlags("uninstall", "uninstall [--force]", "sudo trialnet uninstall", stderr)
+	force := fs.Bool("force", false, "uninstall even while Trials are live (they keep only their namespace)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	if err := bpf.Uninstall(""); err != nil {
+	if err := agent.Uninstall(agent.Config{}, *force); err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}
 	fmt.Fprintf(stdout, "removed trialnet's pins from %s; its eBPF programs are detached\n", bpf.DefaultPinDir)
@@ -212,8 +213,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
 	}
-	sigs := forwardedSignals()
-	defer signal.Reset()
+	sigs, stopSignals := forwardedSignals()
+	defer stopSignals()
 
 	spec := sandbox.Spec{Strict: *strict, UnixPaths: unixAllow, UnixOpen: *noUnix}
 	if *strict {
@@ -246,23 +247,27 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 // trialUser decides who CMD runs as. A uid-0 Trial must be asked for: even
 // without capabilities, root owns the files that hold a Trial in place.
 func trialUser(uid, gid int) (uint32, uint32, error) {
-	if uid < 0 {
+	// -1 is the flags' "not given"; any other negative id is a mistake.
+	if uid < -1 || gid < -1 {
+		return 0, 0, usageError{"run: --uid and --gid must not be negative"}
+	}
+	if uid == -1 {
 		s := os.Getenv("SUDO_UID")
 		if s == "" {
 			return 0, 0, usageError{"run: who should CMD run as? Pass --uid N (and --gid N), or run trialnet under sudo to use your own user; --uid 0 runs CMD as root without capabilities"}
 		}
 		v, err := strconv.Atoi(s)
-		if err != nil {
-			return 0, 0, usageError{fmt.Sprintf("run: SUDO_UID=%q is not a number; pass --uid", s)}
+		if err != nil || v < 0 {
+			return 0, 0, usageError{fmt.Sprintf("run: SUDO_UID=%q is not a user id; pass --uid", s)}
 		}
 		uid = v
-		if gid < 0 {
-			if v, err := strconv.Atoi(os.Getenv("SUDO_GID")); err == nil {
+		if gid == -1 {
+			if v, err := strconv.Atoi(os.Getenv("SUDO_GID")); err == nil && v >= 0 {
 				gid = v
 			}
 		}
 	}
-	if gid < 0 {
+	if gid == -1 {
 		gid = uid
 	}
 	if uid > 1<<32-2 || gid > 1<<32-2 {
@@ -273,22 +278,34 @@ func trialUser(uid, gid int) (uint32, uint32, error) {
 
 // forwardedSignals relays SIGTERM and SIGHUP to CMD, and SIGINT too when
 // there is no terminal: on a terminal CMD shares trialnet's foreground
-// process group and already receives Ctrl-C itself.
-func forwardedSignals() <-chan os.Signal {
+// process group and already receives Ctrl-C itself. stop ends the relay.
+func forwardedSignals() (_ <-chan os.Signal, stop func()) {
 	in := make(chan os.Signal, 4)
 	out := make(chan os.Signal, 4)
 	signal.Notify(in, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	_, ttyErr := unix.IoctlGetTermios(int(os.Stdin.Fd()), unix.TCGETS)
 	onTTY := ttyErr == nil
+	done := make(chan struct{})
 	go func() {
-		for s := range in {
-			if s == syscall.SIGINT && onTTY {
-				continue
+		for {
+			select {
+			case s := <-in:
+				if s == syscall.SIGINT && onTTY {
+					continue
+				}
+				select {
+				case out <- s:
+				default: // CMD already has signals queued; a burst is not lost work
+				}
+			case <-done:
+				return
 			}
-			out <- s
 		}
 	}()
-	return out
+	return out, func() {
+		signal.Stop(in)
+		close(done)
+	}
 }
 
 func printRun(stdout, stderr io.Writer, asJSON bool, res agent.RunResult, code int) {

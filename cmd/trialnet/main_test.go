@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/netns"
@@ -36,6 +37,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"frobnicate"}, "unknown command"},
 		{[]string{"run", "--bogus"}, "flag provided but not defined"},
 		{[]string{"run"}, "no command given"},
+		{[]string{"run", "--uid", "-5", "--", "true"}, "must not be negative"},
+		{[]string{"run", "--uid", "1", "--gid", "-2", "--", "true"}, "must not be negative"},
+		{[]string{"run", "--uid", "4294967295", "--", "true"}, "below 4294967295"},
 	} {
 		code, out, errOut := trialnet(tc.args...)
 		if code != exitUsage {
@@ -55,11 +59,15 @@ func TestRunNeedsAUser(t *testing.T) {
 	}
 }
 
-// installedByTest removes trialnet's default pins after the test when the
-// test was the one that created them.
+// installedByTest uninstalls trialnet (pins and parent cgroup) after the
+// test when the test was the one that installed it.
 func installedByTest(t *testing.T) {
 	if _, err := os.Stat(bpf.DefaultPinDir); os.IsNotExist(err) {
-		t.Cleanup(func() { _ = bpf.Uninstall("") })
+		t.Cleanup(func() {
+			if err := agent.Uninstall(agent.Config{}, false); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }
 

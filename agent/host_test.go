@@ -1,0 +1,62 @@
+//go:build linux
+
+package agent
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
+	privtest.Require(t)
+	mount, err := sandbox.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	suffix := hex.EncodeToString(b[:])
+	cfg := Config{
+		Parent:   filepath.Join(mount, "trialnet-agenttest-"+suffix),
+		PinDir:   bpf.DefaultPinDir + "-agenttest-" + suffix,
+		NetnsDir: t.TempDir(),
+	}
+	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Uninstall(cfg, true); _ = os.Remove(cfg.Parent) })
+	h, err := OpenHost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	tr, err := h.Create(sandbox.Spec{ID: "live", UnixOpen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Uninstall(cfg, false); err == nil || !strings.Contains(err.Error(), "live") {
+		t.Fatalf("uninstall with a live Trial: %v; want a refusal naming it", err)
+	}
+	if _, err := os.Stat(cfg.PinDir); err != nil {
+		t.Fatal("the refused uninstall removed the pins")
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := Uninstall(cfg, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{cfg.PinDir, cfg.Parent} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("%s left after uninstall", p)
+		}
+	}
+}
