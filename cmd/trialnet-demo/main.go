@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/testhost"
 )
 
@@ -33,6 +34,16 @@ func run() error {
 	bin := "bin/trialnet"
 	if len(os.Args) > 1 {
 		bin = os.Args[1]
+	}
+	// Leave the machine as found: uninstall trialnet afterwards if this
+	// demo is what installed it.
+	if _, err := os.Stat(bpf.DefaultPinDir); os.IsNotExist(err) {
+		defer func() {
+			step("uninstalling trialnet again (the demo installed it): trialnet uninstall")
+			cmd := exec.Command(bin, "uninstall")
+			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+			_ = cmd.Run()
+		}()
 	}
 	th, err := testhost.New(200)
 	if err != nil {
