@@ -1,0 +1,162 @@
+package proxy
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/net/idna"
+	"golang.org/x/net/publicsuffix"
+)
+
+// Entry is one allowlist entry: an exact name or a "*.suffix" wildcard,
+// and one port.
+type Entry struct {
+	Name       string // normalised; for a wildcard, the suffix without "*."
+	Wildcard   bool   // matches names with at least one more label, never Name itself
+	Port       uint16
+	RequireTLS bool // the first bytes through the tunnel must be a ClientHello
+}
+
+func (e Entry) String() string {
+	n := e.Name
+	if e.Wildcard {
+		n = "*." + n
+	}
+	return n + ":" + strconv.Itoa(int(e.Port))
+}
+
+// ParseEntry parses "host:port" or "*.suffix:port". Names are compared in
+// lower case, without one trailing dot, and in their ASCII (punycode)
+// form; a Unicode name in configuration is converted. Entries that are
+// too broad ("*", "*.com", "*.co.uk", "*.github.io": any public suffix)
+// or that name an IP address are refused.
+func ParseEntry(s string) (Entry, error) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return Entry{}, fmt.Errorf("allowlist entry %q: want host:port (for example api.anthropic.com:443)", s)
+	}
+	host, portStr := s[:i], s[i+1:]
+	port, err := parsePort(portStr)
+	if err != nil {
+		return Entry{}, fmt.Errorf("allowlist entry %q: %v", s, err)
+	}
+	e := Entry{Port: port}
+	if host == "*" {
+		return Entry{}, fmt.Errorf("allowlist entry %q is too broad: it would allow every name", s)
+	}
+	if rest, ok := strings.CutPrefix(host, "*."); ok {
+		e.Wildcard, host = true, rest
+	}
+	if strings.Contains(host, "*") {
+		return Entry{}, fmt.Errorf("allowlist entry %q: a wildcard is only allowed as a leading \"*.\"", s)
+	}
+	ascii, err := idna.Lookup.ToASCII(strings.TrimSuffix(host, "."))
+	if err != nil {
+		return Entry{}, fmt.Errorf("allowlist entry %q: invalid internationalised name: %v", s, err)
+	}
+	name, err := normaliseName(ascii)
+	if err != nil {
+		return Entry{}, fmt.Errorf("allowlist entry %q: %v", s, err)
+	}
+	if !strings.Contains(name, ".") {
+		return Entry{}, fmt.Errorf("allowlist entry %q: %q is not a fully qualified name", s, name)
+	}
+	if e.Wildcard {
+		if ps, _ := publicsuffix.PublicSuffix(name); ps == name {
+			return Entry{}, fmt.Errorf("allowlist entry %q is too broad: %q is a public suffix, so the wildcard would match names of unrelated owners", s, name)
+		}
+	}
+	e.Name = name
+	return e, nil
+}
+
+// Allowlist is an immutable set of entries, matched before any DNS.
+type Allowlist struct {
+	exact    map[string]Entry // "name:port"
+	wildcard []Entry
+}
+
+// NewAllowlist builds an allowlist from parsed entries. An empty allowlist
+// allows nothing.
+func NewAllowlist(entries ...Entry) *Allowlist {
+	a := &Allowlist{exact: make(map[string]Entry)}
+	for _, e := range entries {
+		if e.Wildcard {
+			if !slices.Contains(a.wildcard, e) {
+				a.wildcard = append(a.wildcard, e)
+			}
+			continue
+		}
+		k := e.String()
+		if old, ok := a.exact[k]; ok {
+			e.RequireTLS = e.RequireTLS || old.RequireTLS
+		}
+		a.exact[k] = e
+	}
+	return a
+}
+
+// ParseAllowlist parses entries with ParseEntry.
+func ParseAllowlist(entries []string, requireTLS bool) (*Allowlist, error) {
+	var es []Entry
+	for _, s := range entries {
+		e, err := ParseEntry(s)
+		if err != nil {
+			return nil, err
+		}
+		e.RequireTLS = requireTLS
+		es = append(es, e)
+	}
+	return NewAllowlist(es...), nil
+}
+
+// Match returns the entry allowing host:port. host must already be
+// normalised (Request.Host is). When an exact and a wildcard entry both
+// match, the one requiring TLS wins.
+func (a *Allowlist) Match(host string, port uint16) (Entry, bool) {
+	var found Entry
+	ok := false
+	if a == nil {
+		return found, false
+	}
+	if e, hit := a.exact[host+":"+strconv.Itoa(int(port))]; hit {
+		found, ok = e, true
+	}
+	for _, e := range a.wildcard {
+		if e.Port == port && strings.HasSuffix(host, "."+e.Name) && (!ok || e.RequireTLS) {
+			found, ok = e, true
+		}
+	}
+	return found, ok
+}
+
+// Entries lists the allowlist, exact entries first, each group sorted.
+func (a *Allowlist) Entries() []Entry {
+	if a == nil {
+		return nil
+	}
+	var out []Entry
+	for _, e := range a.exact {
+		out = append(out, e)
+	}
+	sortEntries(out)
+	w := slices.Clone(a.wildcard)
+	sortEntries(w)
+	return append(out, w...)
+}
+
+func sortEntries(es []Entry) {
+	slices.SortFunc(es, func(x, y Entry) int { return strings.Compare(x.String(), y.String()) })
+}
+
+// Union merges allowlists; a name needing TLS in any of them needs it in
+// the result.
+func Union(lists ...*Allowlist) *Allowlist {
+	var all []Entry
+	for _, l := range lists {
+		all = append(all, l.Entries()...)
+	}
+	return NewAllowlist(all...)
+}

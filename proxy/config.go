@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// File is the proxy part of trialnet's YAML configuration: named
+// allowlist profiles (one per Harness), resolvers, allowed CIDRs and
+// limits. See examples/trialnet.yaml.
+type File struct {
+	Profiles       map[string]Profile `yaml:"profiles"`
+	Resolvers      []string           `yaml:"resolvers"`
+	AllowCIDRs     []string           `yaml:"allow_cidrs"`
+	Limits         Limits             `yaml:"limits"`
+	MaxConnections int                `yaml:"max_connections"`
+
+	cidrs []netip.Prefix
+}
+
+// Profile is a named allowlist. In YAML it is either a list of
+// host:port entries or a mapping with "allow" and "require_tls".
+type Profile struct {
+	Allow      []string `yaml:"allow"`
+	RequireTLS bool     `yaml:"require_tls"`
+
+	list *Allowlist
+}
+
+// UnmarshalYAML accepts both profile forms, refusing unknown keys.
+func (p *Profile) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return n.Decode(&p.Allow)
+	case yaml.MappingNode:
+		for i := 0; i < len(n.Content); i += 2 {
+			if k := n.Content[i].Value; k != "allow" && k != "require_tls" {
+				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls)", n.Content[i].Line, k)
+			}
+		}
+		type plain Profile
+		return n.Decode((*plain)(p))
+	}
+	return fmt.Errorf("line %d: a profile is a list of host:port entries or a mapping with allow and require_tls", n.Line)
+}
+
+var profileName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+// LoadFile reads and validates a configuration file.
+func LoadFile(path string) (*File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	f, err := ParseFile(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// ParseFile parses and validates configuration. Unknown keys, malformed
+// or too broad entries, bad CIDRs and bad resolvers are errors: a
+// configuration is used whole or not at all.
+func ParseFile(data []byte) (*File, error) {
+	f := &File{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(f); err != nil && !errors.Is(err, io.EOF) /* empty file: empty configuration */ {
+		return nil, err
+	}
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *File) validate() error {
+	for name, p := range f.Profiles {
+		if !profileName.MatchString(name) {
+			return fmt.Errorf("profile name %q: use lower-case letters, digits, '-' and '_'", name)
+		}
+		if len(p.Allow) == 0 {
+			return fmt.Errorf("profile %q allows nothing; list its host:port entries", name)
+		}
+		l, err := ParseAllowlist(p.Allow, p.RequireTLS)
+		if err != nil {
+			return fmt.Errorf("profile %q: %w", name, err)
+		}
+		p.list = l
+		f.Profiles[name] = p
+	}
+	for _, s := range f.Resolvers {
+		if _, err := parseServer(s); err != nil {
+			return err
+		}
+	}
+	for _, s := range f.AllowCIDRs {
+		p, err := CheckAllowCIDR(s)
+		if err != nil {
+			return err
+		}
+		f.cidrs = append(f.cidrs, p)
+	}
+	if f.Limits.MaxTunnels < 0 || f.Limits.ConnectRate < 0 || f.Limits.ConnectBurst < 0 || f.MaxConnections < 0 {
+		return errors.New("limits cannot be negative (0 means the default)")
+	}
+	return nil
+}
+
+// CIDRs returns the validated allowed CIDRs.
+func (f *File) CIDRs() []netip.Prefix { return slices.Clone(f.cidrs) }
+
+// ProfileNames lists the profiles, sorted.
+func (f *File) ProfileNames() []string {
+	var out []string
+	for n := range f.Profiles {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Allowlist builds a Trial's allowlist from named profiles and explicit
+// entries. An unknown profile is an error, never an empty or open list.
+// f may be nil when no configuration file is used.
+func (f *File) Allowlist(profiles, entries []string, requireTLS bool) (*Allowlist, error) {
+	var lists []*Allowlist
+	for _, name := range profiles {
+		var p Profile
+		ok := false
+		if f != nil {
+			p, ok = f.Profiles[name]
+		}
+		if !ok {
+			known := "none are configured"
+			if f != nil && len(f.Profiles) > 0 {
+				known = "known: " + strings.Join(f.ProfileNames(), ", ")
+			}
+			return nil, fmt.Errorf("unknown profile %q (%s)", name, known)
+		}
+		lists = append(lists, p.list)
+	}
+	explicit, err := ParseAllowlist(entries, requireTLS)
+	if err != nil {
+		return nil, err
+	}
+	return Union(append(lists, explicit)...), nil
+}

@@ -1,0 +1,149 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+)
+
+// Dialer opens a TCP connection to one checked address. It is never
+// handed a name.
+type Dialer interface {
+	Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error)
+}
+
+// Keepalive settings for both ends of a tunnel: a dead peer is noticed in
+// about 2.5 minutes, while an idle but healthy tunnel (a long model call)
+// is never cut.
+var keepalive = net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, Interval: 10 * time.Second, Count: 9}
+
+// NetDialer is the production Dialer. Its Control hook checks the address
+// again with the guard right before connect(2), so even a caller that
+// skipped the check cannot reach a refused address through it.
+type NetDialer struct {
+	d net.Dialer
+}
+
+// NewNetDialer returns a dialer whose sockets are re-checked by g.
+func NewNetDialer(g *Guard) *NetDialer {
+	return &NetDialer{d: net.Dialer{
+		KeepAliveConfig: keepalive,
+		Control: func(network, address string, _ syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil {
+				return deny(ReasonAddressDenied, "refusing to dial %q: not an address", address)
+			}
+			return g.Check(ap.Addr())
+		},
+	}}
+}
+
+// Dial implements Dialer.
+func (n *NetDialer) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
+	network := "tcp4"
+	if addr.Addr().Is6() {
+		network = "tcp6"
+	}
+	return n.d.DialContext(ctx, network, addr.String())
+}
+
+// DefaultFallbackDelay is how long happy eyeballs waits on one address
+// before also trying the next (RFC 8305 recommends 250 ms).
+const DefaultFallbackDelay = 250 * time.Millisecond
+
+// dialAny connects to the first of addrs that answers, RFC 8305 style:
+// families interleaved (IPv6 first), a new attempt every fallback delay
+// or as soon as the previous one fails, the first success wins and every
+// other connection is closed.
+func dialAny(ctx context.Context, d Dialer, addrs []netip.AddrPort, fallback time.Duration) (net.Conn, netip.AddrPort, error) {
+	addrs = interleave(addrs)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		c   net.Conn
+		a   netip.AddrPort
+		err error
+	}
+	results := make(chan result, len(addrs))
+	next, pending := 0, 0
+	var errs []error
+	start := func() {
+		a := addrs[next]
+		next++
+		pending++
+		go func() {
+			c, err := d.Dial(ctx, a)
+			results <- result{c, a, err}
+		}()
+	}
+	start()
+	timer := time.NewTimer(fallback)
+	defer timer.Stop()
+	for pending > 0 {
+		select {
+		case r := <-results:
+			pending--
+			if r.err == nil {
+				cancel()
+				go func(n int) { // close the losers that still connect
+					for range n {
+						if l := <-results; l.c != nil {
+							_ = l.c.Close()
+						}
+					}
+				}(pending)
+				return r.c, r.a, nil
+			}
+			errs = append(errs, fmt.Errorf("%s: %w", r.a, r.err))
+			if next < len(addrs) {
+				start()
+				timer.Reset(fallback)
+			}
+		case <-timer.C:
+			if next < len(addrs) {
+				start()
+				timer.Reset(fallback)
+			}
+		}
+	}
+	return nil, netip.AddrPort{}, dialError(ctx, errs)
+}
+
+func dialError(ctx context.Context, errs []error) error {
+	err := errors.Join(errs...)
+	if d := (*Denial)(nil); errors.As(err, &d) {
+		return d // the Control hook refused: that is the reason, not "unreachable"
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &Denial{Reason: ReasonUpstreamTimeout, Detail: "no address answered in time: " + err.Error(), Err: err}
+	}
+	return &Denial{Reason: ReasonUpstreamUnreachable, Detail: err.Error(), Err: err}
+}
+
+// interleave orders addresses IPv6, IPv4, IPv6, ... keeping each family's
+// own order.
+func interleave(addrs []netip.AddrPort) []netip.AddrPort {
+	var v6, v4 []netip.AddrPort
+	for _, a := range addrs {
+		if a.Addr().Is4() {
+			v4 = append(v4, a)
+		} else {
+			v6 = append(v6, a)
+		}
+	}
+	out := make([]netip.AddrPort, 0, len(addrs))
+	for i := 0; i < len(v6) || i < len(v4); i++ {
+		if i < len(v6) {
+			out = append(out, v6[i])
+		}
+		if i < len(v4) {
+			out = append(out, v4[i])
+		}
+	}
+	return out
+}

@@ -1,0 +1,255 @@
+//go:build linux
+
+package proxy
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// hostAddr returns one non-loopback IPv4 address of this host and the
+// /24 around it, so a test can allow its class and see that the
+// own-address check alone refuses it.
+func hostAddr(t *testing.T) (netip.Addr, string) {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !p.Addr().IsLoopback() {
+			return p.Addr(), netip.PrefixFrom(p.Addr(), 24).Masked().String()
+		}
+	}
+	t.Fatal("this host has no non-loopback IPv4 address to test the own-address check with")
+	return netip.Addr{}, ""
+}
+
+func TestDNSAnswersGuarded(t *testing.T) {
+	own, ownNet := hostAddr(t)
+	names := map[string][]string{
+		"loopback.example.com":  {"127.0.0.1"},
+		"mixed.example.com":     {"93.184.216.34", "127.0.0.1"},
+		"mixed6.example.com":    {"93.184.216.34", "2606:2800:220:1::1", "::1"},
+		"mapped.example.com":    {"::ffff:127.0.0.1"},
+		"compat.example.com":    {"::127.0.0.1"},
+		"nat64.example.com":     {"64:ff9b::a9fe:a9fe"},
+		"own.example.com":       {own.String()},
+		"metadata.example.com":  {"169.254.169.254"},
+		"zero.example.com":      {"0.0.0.0"},
+		"private.example.com":   {"10.0.0.1"},
+		"cgnat.example.com":     {"100.64.1.1"},
+		"ula.example.com":       {"fd00::1"},
+		"linklocal.example.com": {"fe80::1"},
+	}
+	var allow []string
+	for n := range names {
+		allow = append(allow, n+":443")
+	}
+	allow = append(allow, "cname.example.com:443")
+	tp := newTestProxy(t, proxyOpts{allow: allow, cidrs: []string{ownNet}})
+	for n, addrs := range names {
+		tp.dns.set(n, 60, addrs...)
+	}
+	tp.dns.handle("cname.example.com", func(q dns.Question, _ string) (*dns.Msg, bool) {
+		m := new(dns.Msg)
+		m.Answer = append(m.Answer, &dns.CNAME{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 60}, Target: "loopback.example.com."})
+		m.Answer = append(m.Answer, addrRR(q, "loopback.example.com.", 60, "127.0.0.1")...)
+		return m, true
+	})
+	for _, n := range append(tp.dns.names(), "cname.example.com") {
+		t.Run(n, func(t *testing.T) {
+			resp, _, _ := tp.connect(t, connectHead(n+":443"))
+			if resp.StatusCode != 403 || Reason(resp.Header.Get("Trialnet-Reason")) != ReasonAddressDenied {
+				t.Fatalf("got %d %s: %s", resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"))
+			}
+			ev := tp.event(t)
+			if ev.Reason != ReasonAddressDenied || len(ev.Resolved) == 0 || ev.Dialed.IsValid() {
+				t.Fatalf("event %+v", ev)
+			}
+		})
+	}
+	if d := tp.dialer.addrs(); len(d) != 0 {
+		t.Fatalf("refused names were dialed: %v", d)
+	}
+}
+
+func (s *dnsServer) names() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for n := range s.answers {
+		out = append(out, n[:len(n)-1])
+	}
+	return out
+}
+
+// A name whose answer changes on every query (DNS rebinding) may only
+// ever be dialed at the address that was checked.
+func TestDNSRebinding(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"rebind.example.com:443"}})
+	var n atomic.Int64
+	tp.dns.handle("rebind.example.com", func(q dns.Question, _ string) (*dns.Msg, bool) {
+		m := new(dns.Msg)
+		a := "93.184.216.34"
+		if n.Add(1)%2 == 0 {
+			a = "127.0.0.1"
+		}
+		m.Answer = addrRR(q, q.Name, 0, a)
+		return m, true
+	})
+	ok := 0
+	for range 10 {
+		resp, c, _ := tp.connect(t, connectHead("rebind.example.com:443"))
+		_ = c.Close()
+		ev := tp.event(t)
+		switch resp.StatusCode {
+		case 200:
+			ok++
+			if ev.Dialed.Addr() != netip.MustParseAddr("93.184.216.34") || len(ev.Resolved) != 1 || ev.Resolved[0] != ev.Dialed.Addr() {
+				t.Fatalf("dialed %v after resolving %v", ev.Dialed, ev.Resolved)
+			}
+		case 403:
+			if ev.Reason != ReasonAddressDenied {
+				t.Fatalf("event %+v", ev)
+			}
+		default:
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	for _, a := range tp.dialer.addrs() {
+		if a.Addr() != netip.MustParseAddr("93.184.216.34") {
+			t.Fatalf("dialed unchecked %v", a)
+		}
+	}
+	if ok == 0 || tp.dns.count("rebind.example.com") < 10 {
+		t.Fatalf("%d tunnels, %d queries: the test did not exercise both answers", ok, tp.dns.count("rebind.example.com"))
+	}
+}
+
+func TestDNSFailures(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{
+		allow:     []string{"nx.example.com:443", "servfail.example.com:443", "silent.example.com:443", "empty.example.com:443"},
+		configure: func(c *Config) { c.DNSTimeout = 700 * time.Millisecond },
+	})
+	tp.dns.handle("servfail.example.com", func(dns.Question, string) (*dns.Msg, bool) {
+		m := new(dns.Msg)
+		m.Rcode = dns.RcodeServerFailure
+		return m, true
+	})
+	tp.dns.handle("silent.example.com", func(dns.Question, string) (*dns.Msg, bool) { return nil, false })
+	tp.dns.handle("empty.example.com", func(dns.Question, string) (*dns.Msg, bool) { return new(dns.Msg), true })
+	for name, want := range map[string]Reason{
+		"nx.example.com":       ReasonDNSNXDomain,
+		"servfail.example.com": ReasonDNSFailed,
+		"silent.example.com":   ReasonDNSFailed,
+		"empty.example.com":    ReasonDNSNoAddresses,
+	} {
+		resp, _, _ := tp.connect(t, connectHead(name+":443"))
+		if resp.StatusCode != 502 || Reason(resp.Header.Get("Trialnet-Reason")) != want {
+			t.Errorf("%s: got %d %s (%s), want 502 %s", name, resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"), want)
+		}
+		tp.event(t)
+	}
+}
+
+func newResolver(t *testing.T, s *dnsServer) *DNSResolver {
+	t.Helper()
+	r, err := NewDNSResolver([]string{s.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestResolverCNAMEs(t *testing.T) {
+	s := newDNSServer(t)
+	r := newResolver(t, s)
+	cname := func(owner, target string) dns.RR {
+		return &dns.CNAME{Hdr: dns.RR_Header{Name: dns.Fqdn(owner), Rrtype: dns.TypeCNAME, Class: dns.ClassINET, Ttl: 60}, Target: dns.Fqdn(target)}
+	}
+	// In-answer chain, with a stray record for another name that must be ignored.
+	s.handle("a.example.com", func(q dns.Question, _ string) (*dns.Msg, bool) {
+		m := new(dns.Msg)
+		m.Answer = append(m.Answer, cname("a.example.com", "b.example.com"), cname("b.example.com", "c.example.com"))
+		m.Answer = append(m.Answer, addrRR(q, "c.example.com.", 60, "93.184.216.34")...)
+		m.Answer = append(m.Answer, addrRR(q, "stray.example.com.", 60, "127.0.0.1")...)
+		return m, true
+	})
+	// A chain that needs a second query.
+	s.handle("x.example.com", func(dns.Question, string) (*dns.Msg, bool) {
+		m := new(dns.Msg)
+		m.Answer = []dns.RR{cname("x.example.com", "y.example.com")}
+		return m, true
+	})
+	s.set("y.example.com", 60, "93.184.216.35", "2606:2800:220:1::35")
+	// A loop.
+	s.handle("loop.example.com", func(dns.Question, string) (*dns.Msg, bool) {
+		m := new(dns.Msg)
+		m.Answer = []dns.RR{cname("loop.example.com", "loop.example.com")}
+		return m, true
+	})
+	ctx := context.Background()
+	ans, err := r.Resolve(ctx, "a.example.com")
+	if err != nil || len(ans.Addrs) != 1 || ans.Addrs[0] != netip.MustParseAddr("93.184.216.34") || len(ans.CNAMEs) != 2 {
+		t.Fatalf("a: %+v %v", ans, err)
+	}
+	ans, err = r.Resolve(ctx, "x.example.com")
+	if err != nil || len(ans.Addrs) != 2 {
+		t.Fatalf("x: %+v %v", ans, err)
+	}
+	if _, err = r.Resolve(ctx, "loop.example.com"); ReasonOf(err) != ReasonDNSFailed {
+		t.Fatalf("loop: %v", err)
+	}
+}
+
+// A truncated UDP answer is asked again over TCP.
+func TestResolverTCPFallback(t *testing.T) {
+	s := newDNSServer(t)
+	r := newResolver(t, s)
+	s.handle("big.example.com", func(q dns.Question, network string) (*dns.Msg, bool) {
+		m := new(dns.Msg)
+		if network == "udp" {
+			m.Truncated = true
+			return m, true
+		}
+		m.Answer = addrRR(q, q.Name, 60, "93.184.216.34")
+		return m, true
+	})
+	ans, err := r.Resolve(context.Background(), "big.example.com")
+	if err != nil || len(ans.Addrs) != 1 {
+		t.Fatalf("%+v %v", ans, err)
+	}
+}
+
+// Answers are cached for their TTL and asked again after it.
+func TestResolverCacheTTL(t *testing.T) {
+	s := newDNSServer(t)
+	r := newResolver(t, s)
+	s.set("ttl.example.com", 1, "93.184.216.34")
+	ctx := context.Background()
+	if _, err := r.Resolve(ctx, "ttl.example.com"); err != nil {
+		t.Fatal(err)
+	}
+	ans, err := r.Resolve(ctx, "TTL.example.com")
+	if err != nil || !ans.Cached || s.count("ttl.example.com") != 2 {
+		t.Fatalf("second lookup: cached=%v queries=%d err=%v", ans.Cached, s.count("ttl.example.com"), err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if ans, _ := r.Resolve(ctx, "ttl.example.com"); ans.Cached || s.count("ttl.example.com") != 4 {
+		t.Fatalf("after the TTL: cached=%v queries=%d", ans.Cached, s.count("ttl.example.com"))
+	}
+	// TTL 0 is never cached.
+	s.set("zero.example.com", 0, "93.184.216.34")
+	_, _ = r.Resolve(ctx, "zero.example.com")
+	_, _ = r.Resolve(ctx, "zero.example.com")
+	if s.count("zero.example.com") != 4 {
+		t.Fatalf("TTL 0 answer was cached: %d queries", s.count("zero.example.com"))
+	}
+}

@@ -1,0 +1,114 @@
+package proxy
+
+import (
+	"log/slog"
+	"net/netip"
+	"time"
+)
+
+// Decisions.
+const (
+	DecisionAllow = "allow"
+	DecisionDeny  = "deny"
+)
+
+// Event is the one decision record for one CONNECT. An allowed tunnel's
+// event is emitted when the tunnel closes, with its byte counts; a tunnel
+// refused after it opened (the TLS name check) is a deny.
+type Event struct {
+	Time      time.Time
+	Trial     string
+	Client    string // the client's address as the listener saw it
+	Target    string // the request-target as sent
+	Host      string // normalised name, if the target parsed
+	Port      uint16
+	Decision  string // DecisionAllow or DecisionDeny
+	Reason    Reason
+	Detail    string
+	Resolved  []netip.Addr
+	Dialed    netip.AddrPort
+	SNI       string
+	BytesUp   int64 // client to upstream
+	BytesDown int64 // upstream to client
+	Duration  time.Duration
+}
+
+// Event keys in the JSON log; constant so that log consumers can rely on them.
+const (
+	keyTrial     = "trial"
+	keyClient    = "client"
+	keyTarget    = "target"
+	keyHost      = "host"
+	keyPort      = "port"
+	keyDecision  = "decision"
+	keyReason    = "reason"
+	keyDetail    = "detail"
+	keyResolved  = "resolved"
+	keyDialed    = "dialed"
+	keySNI       = "sni"
+	keyBytesUp   = "bytes_up"
+	keyBytesDown = "bytes_down"
+	keyDuration  = "duration_us"
+	keyStart     = "start"
+)
+
+func (e *Event) level() slog.Level {
+	if e.Decision == DecisionAllow {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
+}
+
+func (e *Event) attrs() []slog.Attr {
+	resolved := make([]string, len(e.Resolved))
+	for i, a := range e.Resolved {
+		resolved[i] = a.String()
+	}
+	dialed := ""
+	if e.Dialed.IsValid() {
+		dialed = e.Dialed.String()
+	}
+	return []slog.Attr{
+		slog.Time(keyStart, e.Time),
+		slog.String(keyTrial, e.Trial),
+		slog.String(keyClient, e.Client),
+		slog.String(keyTarget, e.Target),
+		slog.String(keyHost, e.Host),
+		slog.Int(keyPort, int(e.Port)),
+		slog.String(keyDecision, e.Decision),
+		slog.String(keyReason, string(e.Reason)),
+		slog.String(keyDetail, e.Detail),
+		slog.Any(keyResolved, resolved),
+		slog.String(keyDialed, dialed),
+		slog.String(keySNI, e.SNI),
+		slog.Int64(keyBytesUp, e.BytesUp),
+		slog.Int64(keyBytesDown, e.BytesDown),
+		slog.Int64(keyDuration, e.Duration.Microseconds()),
+	}
+}
+
+// TrialStats are one Trial's proxy counters.
+type TrialStats struct {
+	Allowed   uint64            // tunnels opened and closed cleanly
+	Denied    uint64            // CONNECTs refused, for any reason
+	Decisions map[Reason]uint64 // every decision by reason ("allowed" included)
+	DNSFailed uint64            // refusals because DNS failed or had no answer
+	BytesUp   uint64
+	BytesDown uint64
+	Active    int64 // CONNECTs being served now
+}
+
+func (s *TrialStats) add(e *Event) {
+	if e.Decision == DecisionAllow {
+		s.Allowed++
+	} else {
+		s.Denied++
+	}
+	s.Decisions[e.Reason]++
+	switch e.Reason {
+	case ReasonDNSNXDomain, ReasonDNSFailed, ReasonDNSNoAddresses:
+		s.DNSFailed++
+	}
+	s.BytesUp += uint64(e.BytesUp)
+	s.BytesDown += uint64(e.BytesDown)
+}

@@ -1,0 +1,288 @@
+package proxy
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+)
+
+// AddrClass is what an address is, as far as the guard is concerned.
+type AddrClass uint8
+
+// Address classes. Only ClassPublic passes without configuration;
+// ClassPrivate, ClassCGNAT, ClassReserved and ClassLinkLocal pass when an
+// allowed CIDR covers them; the rest never pass.
+const (
+	ClassPublic AddrClass = iota
+	ClassLoopback
+	ClassUnspecified
+	ClassHost // one of this host's own addresses
+	ClassProxy
+	ClassMetadata // cloud metadata and similar link-local services
+	ClassLinkLocal
+	ClassMulticast
+	ClassBroadcast
+	ClassPrivate
+	ClassCGNAT
+	ClassReserved
+)
+
+var classNames = [...]string{
+	ClassPublic:      "public",
+	ClassLoopback:    "loopback",
+	ClassUnspecified: "unspecified",
+	ClassHost:        "this host's own address",
+	ClassProxy:       "the proxy's own listening address",
+	ClassMetadata:    "a cloud metadata address",
+	ClassLinkLocal:   "link-local",
+	ClassMulticast:   "multicast",
+	ClassBroadcast:   "broadcast",
+	ClassPrivate:     "private",
+	ClassCGNAT:       "carrier-grade NAT (100.64.0.0/10)",
+	ClassReserved:    "reserved or special-purpose",
+}
+
+func (c AddrClass) String() string {
+	if int(c) < len(classNames) {
+		return classNames[c]
+	}
+	return fmt.Sprintf("class(%d)", c)
+}
+
+// allowable reports whether an allowed CIDR may let this class through.
+func (c AddrClass) allowable() bool {
+	switch c {
+	case ClassPrivate, ClassCGNAT, ClassReserved, ClassLinkLocal:
+		return true
+	}
+	return false
+}
+
+type prefixClass struct {
+	p netip.Prefix
+	c AddrClass
+}
+
+func classes(c AddrClass, prefixes ...string) []prefixClass {
+	out := make([]prefixClass, len(prefixes))
+	for i, s := range prefixes {
+		out[i] = prefixClass{netip.MustParsePrefix(s), c}
+	}
+	return out
+}
+
+// metadata are well-known cloud metadata and platform service addresses;
+// they can never be allowed, whatever the configuration.
+var metadata = classes(ClassMetadata,
+	"169.254.169.254/32", "169.254.169.253/32", "169.254.169.123/32", // AWS/GCP/Azure/OCI metadata, AWS DNS and time
+	"169.254.170.2/32", "169.254.170.23/32", // ECS task credentials, EKS pod identity
+	"100.100.100.200/32",                                                              // Alibaba Cloud
+	"168.63.129.16/32",                                                                // Azure wireserver
+	"fd00:ec2::254/128", "fd00:ec2::253/128", "fd00:ec2::123/128", "fd00:ec2::23/128", // AWS IPv6 metadata, DNS, time, EKS
+)
+
+// special is the IANA special-purpose registry, most specific entries
+// first where they nest. Anything in it is refused unless allowed.
+var special = slicesConcat(
+	classes(ClassUnspecified, "0.0.0.0/8", "::/128"),
+	classes(ClassLoopback, "127.0.0.0/8", "::1/128"),
+	classes(ClassBroadcast, "255.255.255.255/32"),
+	classes(ClassMulticast, "224.0.0.0/4", "ff00::/8"),
+	classes(ClassLinkLocal, "169.254.0.0/16", "fe80::/10"),
+	classes(ClassPrivate, "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"),
+	classes(ClassCGNAT, "100.64.0.0/10"),
+	classes(ClassReserved,
+		"192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "198.18.0.0/15", "198.51.100.0/24",
+		"203.0.113.0/24", "240.0.0.0/4",
+		"100::/64", "2001::/23", "2001:db8::/32", "3fff::/20", "5f00::/16", "fec0::/10"),
+)
+
+func slicesConcat(parts ...[]prefixClass) []prefixClass {
+	var out []prefixClass
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+var (
+	globalUnicast6 = netip.MustParsePrefix("2000::/3")
+	nat64WKP       = netip.MustParsePrefix("64:ff9b::/96")
+	nat64Local     = netip.MustParsePrefix("64:ff9b:1::/48")
+	sixToFour      = netip.MustParsePrefix("2002::/16")
+	teredo         = netip.MustParsePrefix("2001::/32")
+	ipv4Compat     = netip.MustParsePrefix("::/96")
+	ipv4Translated = netip.MustParsePrefix("::ffff:0:0:0/96") // RFC 2765 ::ffff:0:a.b.c.d
+)
+
+// classify returns the class of a single address, without unwrapping.
+func classify(a netip.Addr) AddrClass {
+	for _, m := range metadata {
+		if m.p.Contains(a) {
+			return ClassMetadata
+		}
+	}
+	for _, s := range special {
+		if s.p.Contains(a) {
+			return s.c
+		}
+	}
+	if a.Is6() {
+		switch {
+		case nat64WKP.Contains(a), ipv4Translated.Contains(a):
+			return ClassPublic // judged by the IPv4 address it carries
+		case !globalUnicast6.Contains(a):
+			return ClassReserved // outside 2000::/3: unassigned, or IPv4-compatible ::a.b.c.d
+		}
+	}
+	return ClassPublic
+}
+
+// embedded4 returns the IPv4 addresses an IPv6 address carries in any of
+// the forms a router or the kernel may translate: IPv4-compatible,
+// IPv4-translated, NAT64 (well-known prefix; local-use in its /96 layout),
+// 6to4, Teredo (server and de-obfuscated client) and ISATAP.
+func embedded4(a netip.Addr) []netip.Addr {
+	if !a.Is6() || a.Is4In6() {
+		return nil
+	}
+	b := a.As16()
+	v4 := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{b[i], b[i+1], b[i+2], b[i+3]}) }
+	var out []netip.Addr
+	switch {
+	case ipv4Compat.Contains(a) && a != netip.IPv6Unspecified() && a != netip.IPv6Loopback():
+		out = append(out, v4(12))
+	case ipv4Translated.Contains(a), nat64WKP.Contains(a), nat64Local.Contains(a):
+		out = append(out, v4(12))
+	case sixToFour.Contains(a):
+		out = append(out, v4(2))
+	case teredo.Contains(a):
+		out = append(out, v4(4), netip.AddrFrom4([4]byte{^b[12], ^b[13], ^b[14], ^b[15]}))
+	}
+	// ISATAP interface identifier ::0:5efe:a.b.c.d or ::200:5efe:a.b.c.d.
+	if (b[8] == 0 || b[8] == 2) && b[9] == 0 && b[10] == 0x5e && b[11] == 0xfe {
+		out = append(out, v4(12))
+	}
+	return out
+}
+
+// AddrSet is a set of addresses that may change while the proxy runs,
+// such as the host's own addresses.
+type AddrSet interface {
+	// Contains reports whether a (unmapped, without zone) is in the set.
+	// A set that cannot answer (its source failed) returns an error, and
+	// the guard then refuses: it never guesses.
+	Contains(a netip.Addr) (bool, error)
+}
+
+// Guard decides whether an address may be dialed.
+type Guard struct {
+	allow []netip.Prefix
+	host  AddrSet
+
+	mu    sync.RWMutex
+	proxy map[netip.Addr]struct{} // the proxy's own listening addresses
+}
+
+// NewGuard returns a guard allowing the given CIDRs in addition to public
+// addresses. host is the host's own address set (nil: no host check,
+// for tests only; production passes WatchHostAddrs).
+func NewGuard(allow []netip.Prefix, host AddrSet) *Guard {
+	return &Guard{allow: allow, host: host, proxy: make(map[netip.Addr]struct{})}
+}
+
+// AddProxyAddr records an address the proxy listens on; it is never
+// dialed. Unspecified listen addresses are covered by the host check.
+func (g *Guard) AddProxyAddr(a netip.Addr) {
+	g.mu.Lock()
+	g.proxy[a.Unmap().WithZone("")] = struct{}{}
+	g.mu.Unlock()
+}
+
+// Check returns nil if a may be dialed, else a *Denial with reason
+// address_denied naming the address and why.
+func (g *Guard) Check(a netip.Addr) error {
+	if !a.IsValid() {
+		return deny(ReasonAddressDenied, "invalid address")
+	}
+	a = a.WithZone("").Unmap()
+	// The embedded IPv4 first: "embeds 127.0.0.1" says more than "reserved".
+	for _, e := range embedded4(a) {
+		if err := g.check1(e, a); err != nil {
+			return err
+		}
+	}
+	if nat64Local.Contains(a) {
+		// RFC 8215 leaves the IPv4 position inside 64:ff9b:1::/48 to the
+		// operator, so the IPv4 address cannot be known: never allowed.
+		return deny(ReasonAddressDenied, "%s is local-use NAT64 (64:ff9b:1::/48), whose embedded IPv4 address cannot be checked", a)
+	}
+	return g.check1(a, a)
+}
+
+func (g *Guard) check1(a, outer netip.Addr) error {
+	c := classify(a)
+	if c == ClassPublic || c.allowable() {
+		if g.isProxy(a) {
+			c = ClassProxy
+		} else if g.host != nil {
+			own, err := g.host.Contains(a)
+			if err != nil {
+				return &Denial{Reason: ReasonAddressDenied, Detail: fmt.Sprintf("%s: the host's own addresses are unknown, so nothing is dialed", outer), Err: err}
+			}
+			if own {
+				c = ClassHost
+			}
+		}
+	}
+	if c == ClassPublic || c.allowable() && g.allowed(a) {
+		return nil
+	}
+	what := a.String()
+	if a != outer {
+		what = fmt.Sprintf("%s embeds %s, which", outer, a)
+	}
+	hint := ""
+	if c.allowable() {
+		hint = "; allow it with an explicit CIDR if this is intended"
+	}
+	return deny(ReasonAddressDenied, "%s is %s%s", what, c, hint)
+}
+
+func (g *Guard) allowed(a netip.Addr) bool {
+	for _, p := range g.allow {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *Guard) isProxy(a netip.Addr) bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	_, ok := g.proxy[a]
+	return ok
+}
+
+// CheckAllowCIDR validates a CIDR for the allow list: it must be in
+// canonical form and must not reach loopback or unspecified addresses,
+// which can never be allowed (so "0.0.0.0/0" is refused, not widened).
+func CheckAllowCIDR(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("allowed CIDR %q: %v", s, err)
+	}
+	if p.Addr().Zone() != "" || p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("allowed CIDR %q: write IPv4 prefixes in IPv4 form, without a zone", s)
+	}
+	if p.Masked() != p {
+		return netip.Prefix{}, fmt.Errorf("allowed CIDR %q has host bits set; did you mean %s?", s, p.Masked())
+	}
+	for _, s2 := range special {
+		if (s2.c == ClassLoopback || s2.c == ClassUnspecified) && s2.p.Overlaps(p) {
+			return netip.Prefix{}, fmt.Errorf("allowed CIDR %q covers %s (%s), which can never be allowed; list narrower prefixes", s, s2.p, s2.c)
+		}
+	}
+	return p, nil
+}

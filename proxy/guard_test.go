@@ -1,0 +1,140 @@
+//go:build linux
+
+package proxy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+type fixedSet map[netip.Addr]bool
+
+func (f fixedSet) Contains(a netip.Addr) (bool, error) { return f[a], nil }
+
+func TestGuardClasses(t *testing.T) {
+	host := fixedSet{netip.MustParseAddr("203.0.114.7"): true, netip.MustParseAddr("2a01:4f8::7"): true}
+	g := NewGuard(nil, host)
+	g.AddProxyAddr(netip.MustParseAddr("198.51.99.1"))
+	cases := []struct {
+		addr string
+		ok   bool
+		why  string // substring of the refusal
+	}{
+		{"93.184.216.34", true, ""},
+		{"2606:2800:220:1:248:1893:25c8:1946", true, ""},
+		{"127.0.0.1", false, "loopback"},
+		{"127.255.255.254", false, "loopback"},
+		{"::1", false, "loopback"},
+		{"0.0.0.0", false, "unspecified"},
+		{"0.1.2.3", false, "unspecified"},
+		{"::", false, "unspecified"},
+		{"10.1.2.3", false, "private"},
+		{"172.16.0.1", false, "private"},
+		{"172.31.255.255", false, "private"},
+		{"192.168.1.1", false, "private"},
+		{"fc00::1", false, "private"},
+		{"fd12:3456::1", false, "private"},
+		{"100.64.0.1", false, "carrier-grade"},
+		{"100.127.255.255", false, "carrier-grade"},
+		{"169.254.169.254", false, "metadata"},
+		{"169.254.170.2", false, "metadata"},
+		{"169.254.1.1", false, "link-local"},
+		{"fe80::1", false, "link-local"},
+		{"fe80::1%eth0", false, "link-local"},
+		{"100.100.100.200", false, "metadata"},
+		{"168.63.129.16", false, "metadata"},
+		{"fd00:ec2::254", false, "metadata"},
+		{"224.0.0.1", false, "multicast"},
+		{"239.255.255.250", false, "multicast"},
+		{"ff02::1", false, "multicast"},
+		{"255.255.255.255", false, "broadcast"},
+		{"240.0.0.1", false, "reserved"},
+		{"192.0.2.1", false, "reserved"},
+		{"198.18.0.1", false, "reserved"},
+		{"2001:db8::1", false, "reserved"},
+		{"203.0.114.7", false, "own address"},
+		{"2a01:4f8::7", false, "own address"},
+		{"198.51.99.1", false, "proxy's own"},
+		// IPv6 forms that carry IPv4.
+		{"::ffff:127.0.0.1", false, "loopback"},
+		{"::ffff:169.254.169.254", false, "metadata"},
+		{"::ffff:93.184.216.34", true, ""},
+		{"::127.0.0.1", false, "embeds 127.0.0.1"},
+		{"::10.0.0.1", false, "embeds 10.0.0.1"},
+		{"::93.184.216.34", false, "reserved"}, // deprecated IPv4-compatible form
+		{"::ffff:0:127.0.0.1", false, "embeds 127.0.0.1"},
+		{"64:ff9b::127.0.0.1", false, "embeds 127.0.0.1"},
+		{"64:ff9b::169.254.169.254", false, "metadata"},
+		{"64:ff9b::93.184.216.34", true, ""},
+		{"64:ff9b:1:7f00:0:100::", false, "64:ff9b:1:7f00:0:100::"}, // /48 layout: never allowed
+		{"64:ff9b:1::7f00:1", false, "embeds 127.0.0.1"},
+		{"64:ff9b:1::5db8:d822", false, "local-use NAT64"},
+		{"2002:7f00:1::1", false, "embeds 127.0.0.1"},
+		{"2002:a9fe:a9fe::1", false, "metadata"},
+		{"2002:5db8:d822::1", true, ""},
+		{"2001:0:7f00:1::1", false, "embeds 127.0.0.1"},                 // Teredo server
+		{"2001:0:5db8:d822::80ff:fffe", false, "embeds 127.0.0.1"},      // Teredo client, obfuscated
+		{"2001:0:5db8:d822:8000:f227:a201:dde5", false, "reserved"},     // a clean Teredo address is still not global
+		{"2a00:1450:4001:800:0:5efe:7f00:1", false, "embeds 127.0.0.1"}, // ISATAP
+		{"2a00:1450:4001:800:200:5efe:a00:1", false, "embeds 10.0.0.1"},
+		{"2a00:1450:4001:800::200e", true, ""},
+		{"4000::1", false, "reserved"}, // outside 2000::/3
+	}
+	for _, tc := range cases {
+		err := g.Check(netip.MustParseAddr(tc.addr))
+		if tc.ok != (err == nil) {
+			t.Errorf("%s: got %v, want ok=%v", tc.addr, err, tc.ok)
+			continue
+		}
+		if err != nil {
+			if ReasonOf(err) != ReasonAddressDenied || !strings.Contains(err.Error(), tc.why) {
+				t.Errorf("%s: got %q, want address_denied mentioning %q", tc.addr, err, tc.why)
+			}
+		}
+	}
+}
+
+func TestGuardAllowCIDR(t *testing.T) {
+	p, err := CheckAllowCIDR("10.0.0.0/8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ll, _ := CheckAllowCIDR("169.254.0.0/16")
+	host := fixedSet{netip.MustParseAddr("10.9.9.9"): true}
+	g := NewGuard([]netip.Prefix{p, ll}, host)
+	for addr, ok := range map[string]bool{
+		"10.1.2.3":           true,
+		"::ffff:10.1.2.3":    true,
+		"2002:a01:203::1":    true,
+		"10.9.9.9":           false, // this host's own address: never
+		"169.254.1.1":        true,
+		"169.254.169.254":    false, // metadata: never
+		"192.168.1.1":        false,
+		"::ffff:127.0.0.1":   false,
+		"64:ff9b::127.0.0.1": false,
+	} {
+		if err := g.Check(netip.MustParseAddr(addr)); (err == nil) != ok {
+			t.Errorf("%s: got %v, want ok=%v", addr, err, ok)
+		}
+	}
+	for _, bad := range []string{"0.0.0.0/0", "::/0", "127.0.0.0/8", "126.0.0.0/7", "::/64", "10.1.2.3/8", "::ffff:10.0.0.0/104", "fe80::/10%eth0", "10.0.0.0"} {
+		if _, err := CheckAllowCIDR(bad); err == nil {
+			t.Errorf("CheckAllowCIDR(%q) accepted it", bad)
+		}
+	}
+}
+
+// A host address set that cannot answer makes the guard refuse.
+func TestGuardFailsClosedWithoutHostAddrs(t *testing.T) {
+	g := NewGuard(nil, brokenSet{})
+	if err := g.Check(netip.MustParseAddr("93.184.216.34")); ReasonOf(err) != ReasonAddressDenied {
+		t.Fatalf("got %v, want address_denied", err)
+	}
+}
+
+type brokenSet struct{}
+
+func (brokenSet) Contains(netip.Addr) (bool, error) { return false, errBroken }
+
+var errBroken = &Denial{Reason: ReasonAddressDenied, Detail: "test: host set unavailable"}

@@ -1,0 +1,296 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// dnsServer is an in-process DNS server on 127.0.0.1 (UDP and TCP) that
+// answers from a table and counts the questions it was asked.
+type dnsServer struct {
+	Addr string
+
+	mu      sync.Mutex
+	answers map[string]func(q dns.Question, network string) (*dns.Msg, bool) // by lower-case fqdn
+	queries map[string]int                                                   // by lower-case fqdn
+	total   int
+}
+
+func newDNSServer(t testing.TB) *dnsServer {
+	t.Helper()
+	s := &dnsServer{answers: map[string]func(dns.Question, string) (*dns.Msg, bool){}, queries: map[string]int{}}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Addr = pc.LocalAddr().String()
+	mux := dns.NewServeMux()
+	mux.HandleFunc(".", s.serve)
+	udp := &dns.Server{PacketConn: pc, Handler: mux}
+	tcp := &dns.Server{Listener: ln, Handler: mux}
+	go func() { _ = udp.ActivateAndServe() }()
+	go func() { _ = tcp.ActivateAndServe() }()
+	t.Cleanup(func() { _ = udp.Shutdown(); _ = tcp.Shutdown() })
+	return s
+}
+
+func (s *dnsServer) serve(w dns.ResponseWriter, r *dns.Msg) {
+	q := r.Question[0]
+	name := strings.ToLower(q.Name)
+	s.mu.Lock()
+	s.queries[name]++
+	s.total++
+	f := s.answers[name]
+	s.mu.Unlock()
+	m := new(dns.Msg)
+	m.SetReply(r)
+	if f == nil {
+		m.SetRcode(r, dns.RcodeNameError)
+		_ = w.WriteMsg(m)
+		return
+	}
+	ans, ok := f(q, w.RemoteAddr().Network())
+	if !ok {
+		return // no answer at all: the client times out
+	}
+	rcode, tc := ans.Rcode, ans.Truncated
+	ans.SetReply(r)
+	ans.Rcode, ans.Truncated = rcode, tc
+	_ = w.WriteMsg(ans)
+}
+
+// set makes name answer A/AAAA with addrs (TTL ttl).
+func (s *dnsServer) set(name string, ttl uint32, addrs ...string) {
+	s.handle(name, func(q dns.Question, _ string) (*dns.Msg, bool) {
+		m := new(dns.Msg)
+		for _, a := range addrs {
+			m.Answer = append(m.Answer, addrRR(q, q.Name, ttl, a)...)
+		}
+		if len(m.Answer) == 0 { // NODATA, negatively cacheable (RFC 2308)
+			m.Ns = []dns.RR{&dns.SOA{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: ttl},
+				Ns: "ns.example.com.", Mbox: "root.example.com.", Minttl: ttl}}
+		}
+		return m, true
+	})
+}
+
+func addrRR(q dns.Question, owner string, ttl uint32, a string) []dns.RR {
+	ip := netip.MustParseAddr(a)
+	hdr := dns.RR_Header{Name: owner, Class: dns.ClassINET, Ttl: ttl}
+	switch {
+	case q.Qtype == dns.TypeA && ip.Is4():
+		hdr.Rrtype = dns.TypeA
+		return []dns.RR{&dns.A{Hdr: hdr, A: ip.AsSlice()}}
+	case q.Qtype == dns.TypeAAAA && ip.Is6():
+		hdr.Rrtype = dns.TypeAAAA
+		return []dns.RR{&dns.AAAA{Hdr: hdr, AAAA: ip.AsSlice()}}
+	}
+	return nil
+}
+
+func (s *dnsServer) handle(name string, f func(q dns.Question, network string) (*dns.Msg, bool)) {
+	s.mu.Lock()
+	s.answers[dns.Fqdn(strings.ToLower(name))] = f
+	s.mu.Unlock()
+}
+
+func (s *dnsServer) count(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queries[dns.Fqdn(strings.ToLower(name))]
+}
+
+func (s *dnsServer) totalQueries() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.total
+}
+
+// mapDialer stands in for the network: every checked address it is asked
+// for is connected to one local upstream instead. It records what it was
+// asked to dial. The guard in front of it is the production guard.
+type mapDialer struct {
+	to     string
+	mu     sync.Mutex
+	dialed []netip.AddrPort
+}
+
+func (d *mapDialer) Dial(ctx context.Context, a netip.AddrPort) (net.Conn, error) {
+	d.mu.Lock()
+	d.dialed = append(d.dialed, a)
+	d.mu.Unlock()
+	var nd net.Dialer
+	return nd.DialContext(ctx, "tcp", d.to)
+}
+
+func (d *mapDialer) addrs() []netip.AddrPort {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]netip.AddrPort(nil), d.dialed...)
+}
+
+// upstream is a local TCP server standing in for a provider.
+type upstream struct {
+	ln net.Listener
+	wg sync.WaitGroup
+}
+
+// newUpstream serves every accepted connection with serve.
+func newUpstream(t testing.TB, serve func(c *net.TCPConn)) *upstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &upstream{ln: ln}
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.wg.Add(1)
+			go func() {
+				defer u.wg.Done()
+				defer c.Close()
+				serve(c.(*net.TCPConn))
+			}()
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close(); u.wg.Wait() })
+	return u
+}
+
+func echo(c *net.TCPConn) {
+	_, _ = io.Copy(c, c)
+	_ = c.CloseWrite()
+}
+
+type testProxy struct {
+	*Proxy
+	addr   string
+	dns    *dnsServer
+	dialer *mapDialer
+	events chan Event
+}
+
+type proxyOpts struct {
+	allow     []string
+	tls       bool
+	cidrs     []string
+	limits    *Limits
+	upstream  func(*net.TCPConn)
+	configure func(*Config)
+}
+
+// newTestProxy starts a Proxy for Trial "t1" on 127.0.0.1:0, resolving
+// with the production resolver against an in-process DNS server and
+// dialing through mapDialer to a local upstream.
+func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
+	t.Helper()
+	if o.upstream == nil {
+		o.upstream = echo
+	}
+	up := newUpstream(t, o.upstream)
+	ds := newDNSServer(t)
+	res, err := NewDNSResolver([]string{ds.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cidrs []netip.Prefix
+	for _, c := range o.cidrs {
+		p, err := CheckAllowCIDR(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cidrs = append(cidrs, p)
+	}
+	tp := &testProxy{dns: ds, dialer: &mapDialer{to: up.ln.Addr().String()}, events: make(chan Event, 1024)}
+	cfg := Config{
+		Resolver: res, Dialer: tp.dialer, AllowCIDRs: cidrs,
+		OnEvent: func(e Event) { tp.events <- e },
+	}
+	if o.configure != nil {
+		o.configure(&cfg)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp.Proxy = p
+	allow, err := ParseAllowlist(o.allow, o.tls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AddTrial(TrialPolicy{ID: "t1", Allow: allow, Limits: o.limits}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp.addr = ln.Addr().String()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = p.Serve(ln, "t1") }()
+	t.Cleanup(func() { _ = p.Close(); <-done })
+	return tp
+}
+
+// event waits for the next decision event.
+func (tp *testProxy) event(t testing.TB) Event {
+	t.Helper()
+	select {
+	case e := <-tp.events:
+		return e
+	case <-time.After(10 * time.Second):
+		t.Fatal("no decision event within 10s")
+		return Event{}
+	}
+}
+
+// connect sends a raw request head and returns the response and the
+// connection (with its reader) for tunnelling.
+func (tp *testProxy) connect(t testing.TB, head string) (*http.Response, net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", tp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, head); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatalf("read response to %q: %v", head, err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	return resp, c, br
+}
+
+func connectHead(target string) string {
+	return "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n"
+}
+
+func sum(b []byte) [32]byte { return sha256.Sum256(b) }

@@ -1,0 +1,463 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	vns "github.com/vishvananda/netns"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultHeaderTimeout  = 10 * time.Second // the whole request head must arrive within this
+	DefaultDNSTimeout     = 5 * time.Second  // all DNS for one CONNECT
+	DefaultDialTimeout    = 10 * time.Second // all connection attempts for one CONNECT
+	DefaultTLSTimeout     = 10 * time.Second // a started ClientHello must complete within this
+	DefaultMaxConnections = 8192             // proxy-wide, every Trial together
+)
+
+// Config configures a Proxy. Nil and zero fields take the defaults.
+type Config struct {
+	// AllowCIDRs lets private, CGNAT, reserved or link-local destinations
+	// through (never loopback, unspecified, this host's or metadata
+	// addresses). Validate them with CheckAllowCIDR.
+	AllowCIDRs []netip.Prefix
+	// HostAddrs is the host's own address set; nil watches this host's
+	// namespace with netlink for the life of the Proxy.
+	HostAddrs AddrSet
+	// Resolver resolves allowed names; nil: NewDNSResolver(nil), the
+	// host's resolv.conf servers.
+	Resolver Resolver
+	// Dialer connects to checked addresses; nil: a NetDialer whose
+	// Control hook re-checks every address with the guard.
+	Dialer Dialer
+	// Logger receives one record per CONNECT; nil discards.
+	Logger *slog.Logger
+	// OnEvent, if set, is called with every decision event.
+	OnEvent func(Event)
+	// Limits are the per-Trial defaults; a Trial may carry its own.
+	Limits         Limits
+	MaxConnections int // proxy-wide concurrent client connections
+
+	HeaderTimeout, DNSTimeout, DialTimeout, TLSTimeout, FallbackDelay time.Duration
+}
+
+// Proxy is an allowlisting CONNECT proxy serving many Trials.
+type Proxy struct {
+	cfg      Config
+	guard    *Guard
+	resolver Resolver
+	dialer   Dialer
+	log      *slog.Logger
+	stop     context.CancelFunc
+	hostAddr *HostAddrs
+
+	conns atomic.Int64 // live client connections, all Trials
+
+	mu     sync.Mutex
+	trials map[string]*trial
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// New returns a Proxy. It learns the host's addresses before returning.
+func New(cfg Config) (*Proxy, error) {
+	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = DefaultMaxConnections
+	}
+	for _, d := range []*time.Duration{&cfg.HeaderTimeout, &cfg.DNSTimeout, &cfg.DialTimeout, &cfg.TLSTimeout, &cfg.FallbackDelay} {
+		if *d <= 0 {
+			*d = map[*time.Duration]time.Duration{
+				&cfg.HeaderTimeout: DefaultHeaderTimeout, &cfg.DNSTimeout: DefaultDNSTimeout,
+				&cfg.DialTimeout: DefaultDialTimeout, &cfg.TLSTimeout: DefaultTLSTimeout,
+				&cfg.FallbackDelay: DefaultFallbackDelay,
+			}[d]
+		}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	p := &Proxy{cfg: cfg, stop: stop, trials: make(map[string]*trial), log: cfg.Logger}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	host := cfg.HostAddrs
+	if host == nil {
+		h, err := WatchHostAddrs(ctx, vns.None())
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		p.hostAddr, host = h, h
+	}
+	p.guard = NewGuard(cfg.AllowCIDRs, host)
+	p.resolver = cfg.Resolver
+	if p.resolver == nil {
+		r, err := NewDNSResolver(nil)
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		p.resolver = r
+	}
+	p.dialer = cfg.Dialer
+	if p.dialer == nil {
+		p.dialer = NewNetDialer(p.guard)
+	}
+	return p, nil
+}
+
+// Guard returns the proxy's address guard.
+func (p *Proxy) Guard() *Guard { return p.guard }
+
+// TrialPolicy is what the proxy enforces for one Trial.
+type TrialPolicy struct {
+	ID     string
+	Allow  *Allowlist
+	Limits *Limits // nil: the proxy's defaults
+}
+
+type trial struct {
+	id      string
+	allow   *Allowlist
+	limits  Limits
+	bucket  bucket
+	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[net.Conn]struct{}
+	stats     TrialStats
+	removed   bool
+}
+
+// AddTrial registers a Trial; its listeners are then served with Serve.
+func (p *Proxy) AddTrial(tp TrialPolicy) error {
+	if tp.ID == "" {
+		return errors.New("proxy: a Trial needs an id")
+	}
+	lim := p.cfg.Limits
+	if tp.Limits != nil {
+		lim = tp.Limits.withDefaults()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("proxy: closed")
+	}
+	if _, ok := p.trials[tp.ID]; ok {
+		return fmt.Errorf("proxy: Trial %q is already registered", tp.ID)
+	}
+	allow := tp.Allow
+	if allow == nil {
+		allow = NewAllowlist()
+	}
+	p.trials[tp.ID] = &trial{
+		id: tp.ID, allow: allow, limits: lim, bucket: newBucket(lim.ConnectRate, lim.ConnectBurst),
+		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
+		stats: TrialStats{Decisions: make(map[Reason]uint64)},
+	}
+	return nil
+}
+
+// RemoveTrial closes the Trial's listeners and every connection it has
+// open, and forgets it. Its final stats are returned.
+func (p *Proxy) RemoveTrial(id string) (TrialStats, bool) {
+	p.mu.Lock()
+	t, ok := p.trials[id]
+	delete(p.trials, id)
+	p.mu.Unlock()
+	if !ok {
+		return TrialStats{}, false
+	}
+	t.shutdown()
+	return t.snapshot(), true
+}
+
+func (t *trial) shutdown() {
+	t.mu.Lock()
+	t.removed = true
+	for ln := range t.listeners {
+		_ = ln.Close()
+	}
+	for c := range t.conns {
+		_ = c.Close()
+	}
+	t.mu.Unlock()
+}
+
+// Serve accepts CONNECT requests on ln for Trial id until ln is closed,
+// the Trial is removed or the proxy is closed; then it returns nil.
+func (p *Proxy) Serve(ln net.Listener, id string) error {
+	p.mu.Lock()
+	t, ok := p.trials[id]
+	if ok && !p.closed {
+		p.wg.Add(1)
+	}
+	closed := p.closed
+	p.mu.Unlock()
+	if !ok || closed {
+		_ = ln.Close()
+		return fmt.Errorf("proxy: Trial %q is not registered (or the proxy is closed)", id)
+	}
+	defer p.wg.Done()
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+		p.guard.AddProxyAddr(ap.Addr())
+	}
+	t.mu.Lock()
+	if t.removed {
+		t.mu.Unlock()
+		_ = ln.Close()
+		return nil
+	}
+	t.listeners[ln] = struct{}{}
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		delete(t.listeners, ln)
+		t.mu.Unlock()
+	}()
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			// EMFILE and friends: wait and retry rather than spin or die.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			p.log.Warn("accept failed; retrying", "trial", id, "error", err, "backoff", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		if !t.track(c) {
+			_ = c.Close()
+			continue
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer t.untrack(c)
+			p.handle(c, t)
+		}()
+	}
+}
+
+func (t *trial) track(c net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.removed {
+		return false
+	}
+	t.conns[c] = struct{}{}
+	return true
+}
+
+func (t *trial) untrack(c net.Conn) {
+	t.mu.Lock()
+	delete(t.conns, c)
+	t.mu.Unlock()
+}
+
+// Close stops every listener and connection and waits for them.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	trials := p.trials
+	p.trials = make(map[string]*trial)
+	p.mu.Unlock()
+	for _, t := range trials {
+		t.shutdown()
+	}
+	p.wg.Wait()
+	p.stop()
+	if p.hostAddr != nil {
+		p.hostAddr.Wait()
+	}
+	return nil
+}
+
+// handle serves one client connection: parse, decide, dial, tunnel.
+func (p *Proxy) handle(c net.Conn, t *trial) {
+	start := time.Now()
+	ev := Event{Time: start, Trial: t.id, Client: c.RemoteAddr().String()}
+	defer func() {
+		ev.Duration = time.Since(start)
+		p.emit(t, &ev)
+		if ev.Decision == DecisionDeny && ev.BytesUp == 0 && ev.BytesDown == 0 {
+			lingerClose(c) // refused before a tunnel: let the client read the answer
+		}
+	}()
+	if p.conns.Add(1) > int64(p.cfg.MaxConnections) {
+		defer p.conns.Add(-1)
+		p.refuse(c, &ev, deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", p.cfg.MaxConnections))
+		return
+	}
+	defer p.conns.Add(-1)
+
+	_ = c.SetReadDeadline(start.Add(p.cfg.HeaderTimeout))
+	br := bufio.NewReaderSize(c, 4096)
+	req, err := ReadRequest(br)
+	if req != nil {
+		ev.Target, ev.Host, ev.Port = req.Target, req.Host, req.Port
+	}
+	if err != nil {
+		p.refuse(c, &ev, err)
+		return
+	}
+	if !t.bucket.take(time.Now()) {
+		p.refuse(c, &ev, deny(ReasonRateLimited, "more than %g CONNECTs per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst))
+		return
+	}
+	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
+		t.tunnels.Add(-1)
+		p.refuse(c, &ev, deny(ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels))
+		return
+	}
+	defer t.tunnels.Add(-1)
+
+	entry, ok := t.allow.Match(req.Host, req.Port)
+	if !ok {
+		p.refuse(c, &ev, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort()))
+		return
+	}
+	up, err := p.connect(req, &ev)
+	if err != nil {
+		p.refuse(c, &ev, err)
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		_ = up.Close()
+		ev.Reason, ev.Detail = ReasonAllowed, "client went away before the tunnel opened"
+		ev.Decision = DecisionAllow
+		return
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetKeepAliveConfig(keepalive)
+	}
+	// Bytes pipelined after the head belong to the tunnel.
+	prefix, _ := br.Peek(br.Buffered())
+	p.tunnel(c, up, append([]byte(nil), prefix...), entry, req, &ev)
+}
+
+// connect resolves req's name, checks every address and dials the
+// checked ones.
+func (p *Proxy) connect(req *Request, ev *Event) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DNSTimeout)
+	ans, err := p.resolver.Resolve(ctx, req.Host)
+	cancel()
+	ev.Resolved = ans.Addrs
+	if err != nil {
+		if ReasonOf(err) == "" {
+			err = &Denial{Reason: ReasonDNSFailed, Detail: err.Error(), Err: err}
+		}
+		return nil, err
+	}
+	if len(ans.Addrs) == 0 {
+		return nil, deny(ReasonDNSNoAddresses, "%s has no addresses", req.Host)
+	}
+	// One bad answer refuses the name: a mixed set is an attack.
+	targets := make([]netip.AddrPort, 0, len(ans.Addrs))
+	for _, a := range ans.Addrs {
+		if err := p.guard.Check(a); err != nil {
+			var d *Denial
+			if errors.As(err, &d) {
+				d.Detail = req.Host + " resolves to " + d.Detail
+			}
+			return nil, err
+		}
+		targets = append(targets, netip.AddrPortFrom(a.Unmap(), req.Port))
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), p.cfg.DialTimeout)
+	defer cancel()
+	up, dialed, err := dialAny(ctx, p.dialer, targets, p.cfg.FallbackDelay)
+	if err != nil {
+		return nil, err
+	}
+	ev.Dialed = dialed
+	return up, nil
+}
+
+// refuse answers a refused request with its status and reason, then
+// closes without resetting, so the client reads the answer.
+func (p *Proxy) refuse(c net.Conn, ev *Event, err error) {
+	var d *Denial
+	if !errors.As(err, &d) {
+		d = &Denial{Reason: ReasonBadRequest, Detail: err.Error(), Err: err}
+	}
+	ev.Decision, ev.Reason, ev.Detail = DecisionDeny, d.Reason, d.Detail
+	status := d.Reason.status()
+	body := "trialnet: " + sanitize(d.Error()) + "\n"
+	resp := fmt.Sprintf("HTTP/1.1 %d %s\r\nTrialnet-Reason: %s\r\nTrialnet-Detail: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), d.Reason, sanitize(d.Detail), len(body), body)
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = io.WriteString(c, resp)
+}
+
+// lingerClose half-closes and drains briefly before closing: closing a
+// socket with unread input sends a reset, which can destroy the answer
+// before the client reads it.
+func lingerClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+		_ = tc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		_, _ = io.CopyN(io.Discard, tc, 64<<10)
+	}
+	_ = c.Close()
+}
+
+func sanitize(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c < 0x20 || c >= 0x7f {
+			b[i] = '?'
+		}
+	}
+	return string(b)
+}
+
+func (p *Proxy) emit(t *trial, ev *Event) {
+	t.mu.Lock()
+	t.stats.add(ev)
+	t.mu.Unlock()
+	p.log.LogAttrs(context.Background(), ev.level(), "connect", ev.attrs()...)
+	if p.cfg.OnEvent != nil {
+		p.cfg.OnEvent(*ev)
+	}
+}
+
+// Stats returns a snapshot of a Trial's proxy counters.
+func (p *Proxy) Stats(id string) (TrialStats, bool) {
+	p.mu.Lock()
+	t, ok := p.trials[id]
+	p.mu.Unlock()
+	if !ok {
+		return TrialStats{}, false
+	}
+	return t.snapshot(), true
+}
+
+func (t *trial) snapshot() TrialStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.stats
+	s.Decisions = make(map[Reason]uint64, len(t.stats.Decisions))
+	for k, v := range t.stats.Decisions {
+		s.Decisions[k] = v
+	}
+	s.Active = t.tunnels.Load()
+	return s
+}

@@ -1,0 +1,312 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"golang.org/x/net/idna"
+)
+
+// Fixed bounds on a request head. A CONNECT head is a request line and a
+// few headers; anything larger is a mistake or an attack.
+const (
+	MaxRequestLine = 1024    // bytes, CRLF included
+	MaxHeaderBytes = 8 << 10 // the whole head, request line included
+	MaxHeaders     = 32      // header fields
+	maxNameLength  = 253     // a DNS name in presentation form, no trailing dot
+	maxLabelLength = 63      // one DNS label
+)
+
+// Request is a parsed, validated CONNECT request.
+type Request struct {
+	Host    string // normalised: lower case, no trailing dot, ASCII (punycode)
+	Port    uint16
+	Target  string // the request-target exactly as sent
+	Version string // "HTTP/1.1" or "HTTP/1.0"
+}
+
+// HostPort is the normalised "host:port".
+func (r *Request) HostPort() string { return r.Host + ":" + strconv.Itoa(int(r.Port)) }
+
+// ReadRequest reads one request head from br and validates it as a
+// CONNECT to host:port. It consumes exactly the head; bytes the client
+// pipelined after it stay buffered in br. A refusal is a *Denial, and the
+// returned Request carries whatever was parsed so far (for the event).
+func ReadRequest(br *bufio.Reader) (*Request, error) {
+	budget := MaxHeaderBytes
+	line, err := readLine(br, MaxRequestLine, &budget)
+	if err != nil {
+		return nil, err
+	}
+	method, rest, ok1 := strings.Cut(line, " ")
+	target, version, ok2 := strings.Cut(rest, " ")
+	if !ok1 || !ok2 || method == "" || strings.Contains(version, " ") {
+		return nil, deny(ReasonBadRequest, "request line is not METHOD SP TARGET SP VERSION")
+	}
+	req := &Request{Target: target, Version: version}
+	host, headers := "", 0
+	for {
+		h, err := readLine(br, MaxRequestLine, &budget)
+		if err != nil {
+			return req, err
+		}
+		if h == "" {
+			break
+		}
+		if headers++; headers > MaxHeaders {
+			return req, deny(ReasonTooManyHeaders, "more than %d header fields", MaxHeaders)
+		}
+		name, value, err := parseHeader(h)
+		if err != nil {
+			return req, err
+		}
+		switch strings.ToLower(name) {
+		case "host":
+			if host != "" {
+				return req, deny(ReasonBadRequest, "more than one Host header")
+			}
+			host = value
+		case "content-length":
+			if value != "0" {
+				return req, deny(ReasonBadRequest, "a CONNECT request cannot carry a body (Content-Length: %q)", value)
+			}
+		case "transfer-encoding":
+			return req, deny(ReasonBadRequest, "a CONNECT request cannot carry a body (Transfer-Encoding)")
+		}
+	}
+	if method != "CONNECT" {
+		return req, deny(ReasonMethodNotAllowed, "method %q: this proxy only tunnels with CONNECT host:port", truncate(method))
+	}
+	if version != "HTTP/1.1" && version != "HTTP/1.0" {
+		return req, deny(ReasonBadVersion, "version %q: use HTTP/1.1", truncate(version))
+	}
+	if req.Host, req.Port, err = ParseTarget(target); err != nil {
+		return req, err
+	}
+	if host != "" {
+		hh, hp, err := splitHostHeader(host)
+		if err != nil || hh != req.Host || (hp != 0 && hp != req.Port) {
+			return req, deny(ReasonBadRequest, "Host header %q differs from the CONNECT target %q", truncate(host), req.HostPort())
+		}
+	}
+	return req, nil
+}
+
+// readLine reads one CRLF-terminated line of at most max bytes, charged to
+// *budget, and returns it without the CRLF.
+func readLine(br *bufio.Reader, max int, budget *int) (string, error) {
+	var line []byte
+	for {
+		frag, err := br.ReadSlice('\n')
+		line = append(line, frag...)
+		if len(line) > max || len(line) > *budget {
+			return "", deny(ReasonRequestTooLarge, "a request line or header field over %d bytes, or a head over %d bytes", max, MaxHeaderBytes)
+		}
+		if err == nil {
+			break
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return "", &Denial{Reason: ReasonHeaderTimeout, Detail: "the request head did not arrive in time", Err: err}
+		}
+		if errors.Is(err, io.EOF) {
+			return "", &Denial{Reason: ReasonBadRequest, Detail: "the connection closed before the request head ended", Err: err}
+		}
+		return "", &Denial{Reason: ReasonBadRequest, Detail: "reading the request head", Err: err}
+	}
+	*budget -= len(line)
+	if !bytes.HasSuffix(line, []byte("\r\n")) {
+		return "", deny(ReasonBadRequest, "line not terminated by CRLF")
+	}
+	line = line[:len(line)-2]
+	for _, c := range line {
+		if c < 0x20 && c != '\t' || c == 0x7f {
+			return "", deny(ReasonBadRequest, "control character 0x%02x in the request head", c)
+		}
+	}
+	return string(line), nil
+}
+
+func parseHeader(h string) (name, value string, err error) {
+	if h[0] == ' ' || h[0] == '\t' {
+		return "", "", deny(ReasonBadRequest, "obsolete header line folding")
+	}
+	name, value, ok := strings.Cut(h, ":")
+	if !ok || name == "" {
+		return "", "", deny(ReasonBadRequest, "header line without a name")
+	}
+	for i := 0; i < len(name); i++ {
+		if !isTokenChar(name[i]) {
+			return "", "", deny(ReasonBadRequest, "invalid character in header name %q", truncate(name))
+		}
+	}
+	return name, strings.Trim(value, " \t"), nil
+}
+
+func isTokenChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+		strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+func splitHostHeader(h string) (string, uint16, error) {
+	host, port := h, uint16(0)
+	if i := strings.LastIndexByte(h, ':'); i >= 0 {
+		p, err := parsePort(h[i+1:])
+		if err != nil {
+			return "", 0, err
+		}
+		host, port = h[:i], p
+	}
+	n, err := normaliseName(host)
+	return n, port, err
+}
+
+// ParseTarget validates a CONNECT request-target and returns the
+// normalised name and port. Only a DNS name and a decimal port pass: no
+// scheme, path, userinfo, query, fragment or percent-encoding, and no IP
+// address in any spelling (dotted, decimal, octal, hex, short, bracketed,
+// with a zone).
+func ParseTarget(target string) (string, uint16, error) {
+	if target == "" {
+		return "", 0, deny(ReasonBadTarget, "empty request target")
+	}
+	for i := 0; i < len(target); i++ {
+		switch c := target[i]; {
+		case c <= ' ' || c == 0x7f:
+			return "", 0, deny(ReasonBadTarget, "control character or space in the target")
+		case c >= 0x80:
+			return "", 0, deny(ReasonBadTarget, "non-ASCII target: send the name in its ASCII (punycode) form")
+		}
+	}
+	if target[0] == '[' {
+		return "", 0, deny(ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", truncate(target))
+	}
+	if h, _, ok := strings.Cut(target, "%"); ok && strings.Count(h, ":") >= 2 {
+		return "", 0, deny(ReasonIPLiteral, "target %q is an IPv6 literal with a zone; only names on the allowlist are tunnelled", truncate(target))
+	}
+	if strings.Contains(target, "://") || target[0] == '/' || target == "*" {
+		return "", 0, deny(ReasonBadTarget, "target %q is a URL; CONNECT takes host:port", truncate(target))
+	}
+	if i := strings.IndexAny(target, "@/?#%\\"); i >= 0 {
+		what := map[byte]string{'@': "userinfo", '/': "a path", '?': "a query", '#': "a fragment", '%': "percent-encoding", '\\': "a backslash"}[target[i]]
+		return "", 0, deny(ReasonBadTarget, "target %q contains %s; CONNECT takes host:port", truncate(target), what)
+	}
+	i := strings.LastIndexByte(target, ':')
+	if i < 0 {
+		return "", 0, deny(ReasonBadPort, "target %q has no port; use host:port", truncate(target))
+	}
+	host, portStr := target[:i], target[i+1:]
+	if strings.IndexByte(host, ':') >= 0 {
+		if _, err := netip.ParseAddr(host); err == nil || strings.Count(target, ":") > 2 {
+			return "", 0, deny(ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", truncate(target))
+		}
+		return "", 0, deny(ReasonBadTarget, "target %q has more than one ':'", truncate(target))
+	}
+	name, err := normaliseName(host)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := parsePort(portStr)
+	if err != nil {
+		return "", 0, err
+	}
+	return name, port, nil
+}
+
+func parsePort(s string) (uint16, error) {
+	if s == "" || len(s) > 5 || s[0] == '0' {
+		return 0, deny(ReasonBadPort, "port %q: want a decimal number in 1-65535 without leading zeros", truncate(s))
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, deny(ReasonBadPort, "port %q: want a decimal number in 1-65535", truncate(s))
+		}
+	}
+	n, _ := strconv.Atoi(s)
+	if n > 65535 {
+		return 0, deny(ReasonBadPort, "port %d is outside 1-65535", n)
+	}
+	return uint16(n), nil
+}
+
+// normaliseName lower-cases a DNS name, drops one trailing dot, and checks
+// it is a well-formed ASCII host name that is not an IP address in any
+// spelling the C library, browsers or Go would accept.
+func normaliseName(s string) (string, error) {
+	if s == "" {
+		return "", deny(ReasonBadTarget, "empty host name")
+	}
+	name := strings.ToLower(strings.TrimSuffix(s, "."))
+	if isIPLiteral(name) {
+		return "", deny(ReasonIPLiteral, "%q is an IP address; only names on the allowlist are tunnelled", truncate(s))
+	}
+	if name == "" || len(name) > maxNameLength {
+		return "", deny(ReasonBadTarget, "host name %q is empty or longer than %d bytes", truncate(s), maxNameLength)
+	}
+	for _, label := range strings.Split(name, ".") {
+		if err := checkLabel(label); err != nil {
+			return "", deny(ReasonBadTarget, "host name %q: %s", truncate(s), err)
+		}
+	}
+	return name, nil
+}
+
+func checkLabel(l string) error {
+	if l == "" {
+		return errors.New("empty label")
+	}
+	if len(l) > maxLabelLength {
+		return errors.New("label longer than 63 bytes")
+	}
+	for i := 0; i < len(l); i++ {
+		c := l[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return errors.New("labels hold only letters, digits and '-'")
+		}
+	}
+	if l[0] == '-' || l[len(l)-1] == '-' {
+		return errors.New("a label cannot start or end with '-'")
+	}
+	if strings.HasPrefix(l, "xn--") {
+		if _, err := idna.Lookup.ToUnicode(l); err != nil {
+			return errors.New("invalid punycode label")
+		}
+	}
+	return nil
+}
+
+// isIPLiteral reports whether a lower-cased host is an IP address in any
+// form: what netip parses, and every name whose last label is a number
+// (decimal, 0-prefixed octal or 0x hex), which inet_aton and the WHATWG URL
+// parser read as IPv4 ("127.1", "2130706433", "0x7f.1", "017700000001").
+func isIPLiteral(h string) bool {
+	h = strings.TrimSuffix(h, ".")
+	if _, err := netip.ParseAddr(h); err == nil {
+		return true
+	}
+	last := h[strings.LastIndexByte(h, '.')+1:]
+	if last == "" {
+		return false
+	}
+	if strings.HasPrefix(last, "0x") {
+		last = last[2:]
+		return strings.Trim(last, "0123456789abcdef") == ""
+	}
+	return strings.Trim(last, "0123456789") == ""
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}

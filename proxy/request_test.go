@@ -1,0 +1,168 @@
+//go:build linux
+
+package proxy
+
+import (
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRefusedRequests(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443", "*.wild.example.com:443"}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	long := strings.Repeat("a", 63)
+	cases := []struct {
+		name, head string
+		status     int
+		reason     Reason
+	}{
+		{"GET absolute-form", "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 405, ReasonMethodNotAllowed},
+		{"POST origin-form", "POST / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 405, ReasonMethodNotAllowed},
+		{"lower-case method", "connect api.example.com:443 HTTP/1.1\r\n\r\n", 405, ReasonMethodNotAllowed},
+		{"CONNECT absolute-URI", connectHeadNoHost("http://api.example.com:443"), 400, ReasonBadTarget},
+		{"CONNECT origin-form", connectHeadNoHost("/api.example.com:443"), 400, ReasonBadTarget},
+		{"CONNECT asterisk", connectHeadNoHost("*"), 400, ReasonBadTarget},
+		{"userinfo", connectHeadNoHost("user:pw@api.example.com:443"), 400, ReasonBadTarget},
+		{"path", connectHeadNoHost("api.example.com:443/v1"), 400, ReasonBadTarget},
+		{"query", connectHeadNoHost("api.example.com:443?x=1"), 400, ReasonBadTarget},
+		{"fragment", connectHeadNoHost("api.example.com:443#x"), 400, ReasonBadTarget},
+		{"percent-encoding", connectHeadNoHost("api%2eexample.com:443"), 400, ReasonBadTarget},
+		{"backslash", connectHeadNoHost("api.example.com\\:443"), 400, ReasonBadTarget},
+		{"dotted IPv4", connectHeadNoHost("127.0.0.1:443"), 403, ReasonIPLiteral},
+		{"dotted IPv4 trailing dot", connectHeadNoHost("127.0.0.1.:443"), 403, ReasonIPLiteral},
+		{"decimal IPv4", connectHeadNoHost("2130706433:443"), 403, ReasonIPLiteral},
+		{"hex IPv4", connectHeadNoHost("0x7f000001:443"), 403, ReasonIPLiteral},
+		{"octal IPv4", connectHeadNoHost("0177.0.0.1:443"), 403, ReasonIPLiteral},
+		{"short IPv4", connectHeadNoHost("127.1:443"), 403, ReasonIPLiteral},
+		{"mixed hex IPv4", connectHeadNoHost("0x7f.0.0.1:443"), 403, ReasonIPLiteral},
+		{"hex last label", connectHeadNoHost("foo.0x1f:443"), 403, ReasonIPLiteral},
+		{"zero", connectHeadNoHost("0:443"), 403, ReasonIPLiteral},
+		{"metadata IPv4", connectHeadNoHost("169.254.169.254:80"), 403, ReasonIPLiteral},
+		{"bracketed IPv6", connectHeadNoHost("[::1]:443"), 403, ReasonIPLiteral},
+		{"bracketed mapped", connectHeadNoHost("[::ffff:127.0.0.1]:443"), 403, ReasonIPLiteral},
+		{"bracketed zone", connectHeadNoHost("[fe80::1%25eth0]:443"), 403, ReasonIPLiteral},
+		{"bare IPv6", connectHeadNoHost("::1:443"), 403, ReasonIPLiteral},
+		{"bare IPv6 with zone", connectHeadNoHost("fe80::1%eth0:443"), 403, ReasonIPLiteral},
+		{"port zero", connectHeadNoHost("api.example.com:0"), 400, ReasonBadPort},
+		{"port too big", connectHeadNoHost("api.example.com:65536"), 400, ReasonBadPort},
+		{"port negative", connectHeadNoHost("api.example.com:-1"), 400, ReasonBadPort},
+		{"port leading zero", connectHeadNoHost("api.example.com:0443"), 400, ReasonBadPort},
+		{"port not numeric", connectHeadNoHost("api.example.com:https"), 400, ReasonBadPort},
+		{"port empty", connectHeadNoHost("api.example.com:"), 400, ReasonBadPort},
+		{"no port", connectHeadNoHost("api.example.com"), 400, ReasonBadPort},
+		{"port not allowlisted", connectHeadNoHost("api.example.com:80"), 403, ReasonPolicyDenied},
+		{"name not allowlisted", connectHeadNoHost("evil.example.net:443"), 403, ReasonPolicyDenied},
+		{"suffix of allowed name", connectHeadNoHost("example.com:443"), 403, ReasonPolicyDenied},
+		{"allowed name as prefix", connectHeadNoHost("api.example.com.evil.net:443"), 403, ReasonPolicyDenied},
+		{"wildcard bare suffix", connectHeadNoHost("wild.example.com:443"), 403, ReasonPolicyDenied},
+		{"empty name", connectHeadNoHost(":443"), 400, ReasonBadTarget},
+		{"only a dot", connectHeadNoHost(".:443"), 400, ReasonBadTarget},
+		{"two trailing dots", connectHeadNoHost("api.example.com..:443"), 400, ReasonBadTarget},
+		{"empty label", connectHeadNoHost("api..example.com:443"), 400, ReasonBadTarget},
+		{"leading hyphen", connectHeadNoHost("-api.example.com:443"), 400, ReasonBadTarget},
+		{"underscore", connectHeadNoHost("api_x.example.com:443"), 400, ReasonBadTarget},
+		{"label too long", connectHeadNoHost(long + "b.example.com:443"), 400, ReasonBadTarget},
+		{"name too long", connectHeadNoHost(strings.Repeat(long+".", 4) + "com:443"), 400, ReasonBadTarget},
+		{"bad punycode", connectHeadNoHost("xn--a.example.com:443"), 400, ReasonBadTarget},
+		{"non-ASCII name", connectHeadNoHost("bücher.example.com:443"), 400, ReasonBadTarget},
+		{"tab in target", "CONNECT api.example.com:443\t HTTP/1.1\r\n\r\n", 400, ReasonBadTarget},
+		{"NUL in request line", "CONNECT api.example.com:443\x00 HTTP/1.1\r\n\r\n", 400, ReasonBadRequest},
+		{"control char in header", "CONNECT api.example.com:443 HTTP/1.1\r\nX: a\x01b\r\n\r\n", 400, ReasonBadRequest},
+		{"bare LF", "CONNECT api.example.com:443 HTTP/1.1\nHost: api.example.com:443\n\n", 400, ReasonBadRequest},
+		{"obs-fold", "CONNECT api.example.com:443 HTTP/1.1\r\nX: a\r\n b\r\n\r\n", 400, ReasonBadRequest},
+		{"bad header name", "CONNECT api.example.com:443 HTTP/1.1\r\nX Y: a\r\n\r\n", 400, ReasonBadRequest},
+		{"two spaces", "CONNECT  api.example.com:443 HTTP/1.1\r\n\r\n", 400, ReasonBadRequest},
+		{"missing version", "CONNECT api.example.com:443\r\n\r\n", 400, ReasonBadRequest},
+		{"HTTP/2.0", "CONNECT api.example.com:443 HTTP/2.0\r\n\r\n", 505, ReasonBadVersion},
+		{"Host header differs", "CONNECT api.example.com:443 HTTP/1.1\r\nHost: evil.example.net:443\r\n\r\n", 400, ReasonBadRequest},
+		{"two Host headers", "CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com\r\nHost: api.example.com\r\n\r\n", 400, ReasonBadRequest},
+		{"Content-Length body", "CONNECT api.example.com:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 400, ReasonBadRequest},
+		{"Transfer-Encoding", "CONNECT api.example.com:443 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 400, ReasonBadRequest},
+		{"request line too long", connectHeadNoHost("a" + strings.Repeat(".a", MaxRequestLine) + ":443"), 431, ReasonRequestTooLarge},
+		{"header too long", "CONNECT api.example.com:443 HTTP/1.1\r\nX: " + strings.Repeat("a", MaxRequestLine) + "\r\n\r\n", 431, ReasonRequestTooLarge},
+		{"head too large", "CONNECT api.example.com:443 HTTP/1.1\r\n" + strings.Repeat("X: "+strings.Repeat("a", 900)+"\r\n", 10) + "\r\n", 431, ReasonRequestTooLarge},
+		{"too many headers", "CONNECT api.example.com:443 HTTP/1.1\r\n" + strings.Repeat("X: a\r\n", MaxHeaders+1) + "\r\n", 431, ReasonTooManyHeaders},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, _, _ := tp.connect(t, tc.head)
+			if resp.StatusCode != tc.status || Reason(resp.Header.Get("Trialnet-Reason")) != tc.reason {
+				t.Fatalf("got %d %q (%s), want %d %q", resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"), tc.status, tc.reason)
+			}
+			if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != tc.reason || ev.Trial != "t1" {
+				t.Fatalf("event %+v", ev)
+			}
+		})
+	}
+	if n := tp.dns.totalQueries(); n != 0 {
+		t.Fatalf("refused requests caused %d DNS queries; names must be checked before DNS", n)
+	}
+}
+
+func connectHeadNoHost(target string) string {
+	return "CONNECT " + target + " HTTP/1.1\r\n\r\n"
+}
+
+// Normalised spellings of an allowed name are allowed, and a wildcard
+// matches a deeper name.
+func TestAllowedSpellings(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443", "*.wild.example.com:443"}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	tp.dns.set("a.b.wild.example.com", 60, "93.184.216.35")
+	for _, target := range []string{"api.example.com:443", "API.Example.COM:443", "api.example.com.:443", "a.b.wild.example.com:443"} {
+		resp, c, _ := tp.connect(t, connectHead(target))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: got %d %s", target, resp.StatusCode, resp.Header.Get("Trialnet-Detail"))
+		}
+		_ = c.Close()
+		tp.event(t)
+	}
+}
+
+// A client that drips its head slower than the header deadline is cut
+// off with 408 header_timeout.
+func TestSlowloris(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, configure: func(c *Config) { c.HeaderTimeout = 300 * time.Millisecond }})
+	c, err := net.Dial("tcp", tp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	head := connectHead("api.example.com:443")
+	start := time.Now()
+	for i := 0; i < len(head)-2; i++ {
+		if _, err := c.Write([]byte{head[i]}); err != nil {
+			break // the proxy gave up on us: expected
+		}
+		time.Sleep(20 * time.Millisecond)
+		if time.Since(start) > 5*time.Second {
+			break
+		}
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, _ := io.ReadAll(c)
+	if !strings.HasPrefix(string(got), "HTTP/1.1 408 ") || !strings.Contains(string(got), "Trialnet-Reason: header_timeout") {
+		t.Fatalf("got %q", got)
+	}
+	if ev := tp.event(t); ev.Reason != ReasonHeaderTimeout {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestParseTargetNormalises(t *testing.T) {
+	for in, want := range map[string]string{
+		"API.example.com:443":      "api.example.com",
+		"api.example.com.:443":     "api.example.com",
+		"xn--bcher-kva.example:80": "xn--bcher-kva.example",
+		"1e100.net:443":            "1e100.net",
+		"127.0.0.1.nip.io:443":     "127.0.0.1.nip.io", // a name: DNS answers are guarded instead
+	} {
+		got, _, err := ParseTarget(in)
+		if err != nil || got != want {
+			t.Errorf("ParseTarget(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}

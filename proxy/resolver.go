@@ -1,0 +1,334 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Resolver turns an allowed name into addresses. Errors are *Denial with
+// reason dns_nxdomain, dns_failed or dns_no_addresses.
+type Resolver interface {
+	Resolve(ctx context.Context, name string) (Answer, error)
+}
+
+// Answer is a resolved name: every A and AAAA address, after CNAMEs.
+type Answer struct {
+	Addrs  []netip.Addr
+	CNAMEs []string // the chain followed, in order
+	Cached bool
+}
+
+// Resolver defaults.
+const (
+	DefaultQueryTimeout = 2 * time.Second // one query to one server
+	DefaultMaxCNAMEs    = 8               // chain length followed before giving up
+	DefaultCacheEntries = 4096
+	maxCacheTTL         = time.Hour
+	maxNegativeTTL      = time.Minute
+)
+
+// DNSResolver queries A and AAAA with github.com/miekg/dns: over UDP,
+// again over TCP when the answer is truncated, against each server in
+// turn, with a small cache that honours TTLs (positive and RFC 2308
+// negative). It never consults /etc/hosts: names are looked up in DNS.
+type DNSResolver struct {
+	servers []string
+	timeout time.Duration
+	mu      sync.Mutex
+	cache   map[cacheKey]cacheEntry
+}
+
+type cacheKey struct {
+	name  string
+	qtype uint16
+}
+
+type cacheEntry struct {
+	res     lookupResult
+	expires time.Time
+}
+
+// NewDNSResolver returns a resolver for the given servers ("host:port" or
+// a bare address, port 53). With no servers it reads /etc/resolv.conf.
+func NewDNSResolver(servers []string) (*DNSResolver, error) {
+	if len(servers) == 0 {
+		cc, err := dns.ClientConfigFromFile("/etc/resolv.conf")
+		if err != nil {
+			return nil, fmt.Errorf("read the host's resolvers from /etc/resolv.conf: %w (give resolvers explicitly)", err)
+		}
+		for _, s := range cc.Servers {
+			servers = append(servers, net.JoinHostPort(s, cc.Port))
+		}
+		if len(servers) == 0 {
+			return nil, errors.New("/etc/resolv.conf lists no nameserver; give resolvers explicitly")
+		}
+	}
+	r := &DNSResolver{timeout: DefaultQueryTimeout, cache: make(map[cacheKey]cacheEntry)}
+	for _, s := range servers {
+		ap, err := parseServer(s)
+		if err != nil {
+			return nil, err
+		}
+		r.servers = append(r.servers, ap.String())
+	}
+	return r, nil
+}
+
+func parseServer(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap, nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.AddrPortFrom(a, 53), nil
+	}
+	return netip.AddrPort{}, fmt.Errorf("resolver %q: want an IP address with an optional port (1.1.1.1, 127.0.0.53:53, [::1]:53)", s)
+}
+
+// Servers lists the servers queried, in order.
+func (r *DNSResolver) Servers() []string { return append([]string(nil), r.servers...) }
+
+type lookupKind uint8
+
+const (
+	lookupOK lookupKind = iota
+	lookupNXDomain
+	lookupNoData
+	lookupFailed
+)
+
+type lookupResult struct {
+	kind   lookupKind
+	addrs  []netip.Addr
+	cnames []string
+	detail string
+}
+
+// Resolve implements Resolver. A and AAAA are asked at once; the answer
+// is every address either returned.
+func (r *DNSResolver) Resolve(ctx context.Context, name string) (Answer, error) {
+	fqdn := dns.Fqdn(strings.ToLower(name))
+	var res [2]lookupResult
+	var cached [2]bool
+	var wg sync.WaitGroup
+	for i, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], cached[i] = r.lookup(ctx, fqdn, qt)
+		}()
+	}
+	wg.Wait()
+	ans := Answer{Cached: cached[0] && cached[1]}
+	for _, x := range res {
+		ans.Addrs = append(ans.Addrs, x.addrs...)
+		if len(x.cnames) > len(ans.CNAMEs) {
+			ans.CNAMEs = x.cnames
+		}
+	}
+	if len(ans.Addrs) > 0 {
+		return ans, nil
+	}
+	switch {
+	case res[0].kind == lookupNXDomain && res[1].kind == lookupNXDomain:
+		return ans, deny(ReasonDNSNXDomain, "%s does not exist (NXDOMAIN)", name)
+	case res[0].kind == lookupFailed || res[1].kind == lookupFailed:
+		d := res[0].detail
+		if res[0].kind != lookupFailed {
+			d = res[1].detail
+		}
+		return ans, deny(ReasonDNSFailed, "resolving %s: %s", name, d)
+	default:
+		return ans, deny(ReasonDNSNoAddresses, "%s has no A or AAAA records", name)
+	}
+}
+
+func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lookupResult, bool) {
+	key := cacheKey{fqdn, qtype}
+	r.mu.Lock()
+	e, ok := r.cache[key]
+	r.mu.Unlock()
+	if ok && time.Now().Before(e.expires) {
+		return e.res, true
+	}
+	res, ttl := r.follow(ctx, fqdn, qtype)
+	if ttl > 0 && res.kind != lookupFailed {
+		r.mu.Lock()
+		if len(r.cache) >= DefaultCacheEntries {
+			r.evict()
+		}
+		r.cache[key] = cacheEntry{res, time.Now().Add(ttl)}
+		r.mu.Unlock()
+	}
+	return res, false
+}
+
+// evict drops expired entries, or every entry if none has expired: a
+// small cache that is sometimes cold is better than an unbounded one.
+func (r *DNSResolver) evict() {
+	now := time.Now()
+	for k, e := range r.cache {
+		if now.After(e.expires) {
+			delete(r.cache, k)
+		}
+	}
+	if len(r.cache) >= DefaultCacheEntries {
+		clear(r.cache)
+	}
+}
+
+// follow asks for qtype at fqdn and follows CNAMEs, within the answer
+// and with new queries, up to DefaultMaxCNAMEs. It returns the result and
+// how long it may be cached.
+func (r *DNSResolver) follow(ctx context.Context, fqdn string, qtype uint16) (lookupResult, time.Duration) {
+	var res lookupResult
+	ttl := maxCacheTTL
+	target := fqdn
+	for range DefaultMaxCNAMEs + 1 {
+		msg, err := r.exchange(ctx, target, qtype)
+		if err != nil {
+			return lookupResult{kind: lookupFailed, detail: err.Error()}, 0
+		}
+		switch msg.Rcode {
+		case dns.RcodeSuccess:
+		case dns.RcodeNameError:
+			res.kind = lookupNXDomain
+			return res, min(ttl, negativeTTL(msg))
+		default:
+			return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("%s from the resolver", dns.RcodeToString[msg.Rcode])}, 0
+		}
+		addrs, next, t, err := walkAnswer(msg.Answer, target, qtype, &res.cnames)
+		if err != nil {
+			return lookupResult{kind: lookupFailed, detail: err.Error()}, 0
+		}
+		ttl = min(ttl, t)
+		if len(addrs) > 0 {
+			res.addrs = addrs
+			return res, ttl
+		}
+		if next == target {
+			res.kind = lookupNoData
+			return res, min(ttl, negativeTTL(msg))
+		}
+		target = next
+	}
+	return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("CNAME chain longer than %d", DefaultMaxCNAMEs)}, 0
+}
+
+// walkAnswer follows the CNAME chain from owner within one answer section
+// and returns the addresses of its end, the name it ends at, and the
+// smallest TTL used. Records for names not on the chain are ignored, so
+// an answer cannot smuggle in addresses for other names. A chain longer
+// than DefaultMaxCNAMEs (over all queries) or a loop is an error.
+func walkAnswer(rrs []dns.RR, owner string, qtype uint16, cnames *[]string) ([]netip.Addr, string, time.Duration, error) {
+	ttl := maxCacheTTL
+	for {
+		var addrs []netip.Addr
+		next := ""
+		for _, rr := range rrs {
+			h := rr.Header()
+			if !strings.EqualFold(h.Name, owner) {
+				continue
+			}
+			switch v := rr.(type) {
+			case *dns.A:
+				if qtype == dns.TypeA {
+					if a, ok := netip.AddrFromSlice(v.A.To4()); ok {
+						addrs = append(addrs, a)
+						ttl = min(ttl, time.Duration(h.Ttl)*time.Second)
+					}
+				}
+			case *dns.AAAA:
+				if qtype == dns.TypeAAAA {
+					if a, ok := netip.AddrFromSlice(v.AAAA); ok && len(v.AAAA) == net.IPv6len {
+						addrs = append(addrs, a)
+						ttl = min(ttl, time.Duration(h.Ttl)*time.Second)
+					}
+				}
+			case *dns.CNAME:
+				next = strings.ToLower(v.Target)
+				ttl = min(ttl, time.Duration(h.Ttl)*time.Second)
+			}
+		}
+		if len(addrs) > 0 || next == "" {
+			return addrs, owner, ttl, nil
+		}
+		name := strings.TrimSuffix(next, ".")
+		if slices.Contains(*cnames, name) || strings.EqualFold(next, owner) {
+			return nil, "", 0, fmt.Errorf("CNAME loop at %s", name)
+		}
+		*cnames = append(*cnames, name)
+		if len(*cnames) > DefaultMaxCNAMEs {
+			return nil, "", 0, fmt.Errorf("CNAME chain longer than %d", DefaultMaxCNAMEs)
+		}
+		owner = next
+	}
+}
+
+func negativeTTL(m *dns.Msg) time.Duration {
+	for _, rr := range m.Ns {
+		if soa, ok := rr.(*dns.SOA); ok {
+			return min(time.Duration(min(soa.Hdr.Ttl, soa.Minttl))*time.Second, maxNegativeTTL)
+		}
+	}
+	return 0 // no SOA: do not cache the negative answer
+}
+
+// exchange sends one query to each server in turn until one answers with
+// something other than SERVFAIL or REFUSED; truncated UDP answers are
+// asked again over TCP.
+func (r *DNSResolver) exchange(ctx context.Context, name string, qtype uint16) (*dns.Msg, error) {
+	q := new(dns.Msg)
+	q.SetQuestion(name, qtype)
+	q.SetEdns0(1232, false)
+	var last error
+	var lastMsg *dns.Msg
+	for _, server := range r.servers {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("timed out (%v)", err)
+		}
+		m, err := r.exchange1(ctx, q, server)
+		if err != nil {
+			last = err
+			continue
+		}
+		if m.Rcode == dns.RcodeServerFailure || m.Rcode == dns.RcodeRefused {
+			lastMsg = m
+			continue
+		}
+		return m, nil
+	}
+	if lastMsg != nil {
+		return lastMsg, nil
+	}
+	return nil, last
+}
+
+func (r *DNSResolver) exchange1(ctx context.Context, q *dns.Msg, server string) (*dns.Msg, error) {
+	for _, network := range []string{"udp", "tcp"} {
+		c := &dns.Client{Net: network, Timeout: r.timeout}
+		m, _, err := c.ExchangeContext(ctx, q, server)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
+				return nil, fmt.Errorf("no answer from %s over %s (timeout)", server, network)
+			}
+			return nil, fmt.Errorf("query %s over %s: %v", server, network, err)
+		}
+		if len(m.Question) != 1 || !strings.EqualFold(m.Question[0].Name, q.Question[0].Name) || m.Question[0].Qtype != q.Question[0].Qtype {
+			return nil, fmt.Errorf("%s answered a different question", server)
+		}
+		if !m.Truncated {
+			return m, nil
+		}
+	}
+	return nil, fmt.Errorf("%s sent a truncated answer over TCP", server)
+}

@@ -1,0 +1,236 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// TLS record and handshake constants (RFC 8446).
+const (
+	recordTypeHandshake  = 0x16
+	recordHeaderLen      = 5
+	maxRecordPayload     = 1<<14 + 256 // TLSPlaintext limit plus slack some stacks use
+	handshakeClientHello = 1
+	maxClientHello       = 64 << 10 // far above real ClientHellos, even with post-quantum key shares
+	extServerName        = 0
+	extECH               = 0xfe0d
+	sniHostName          = 0
+)
+
+// ClientHelloInfo is what the proxy needs from a ClientHello.
+type ClientHelloInfo struct {
+	ServerName string // the SNI host name as sent
+	ECH        bool   // an encrypted_client_hello extension is present
+}
+
+// errNeedMore means the ClientHello is not complete yet.
+var errNeedMore = errors.New("need more bytes")
+
+// looksLikeTLS reports whether the first byte starts a TLS handshake record.
+func looksLikeTLS(b []byte) bool { return len(b) > 0 && b[0] == recordTypeHandshake }
+
+// readClientHello reads from r, after the bytes already in buf, until buf
+// holds a whole ClientHello (possibly spread over several records and TCP
+// segments). It returns every byte read, for forwarding, and the parsed
+// hello.
+func readClientHello(r io.Reader, buf []byte) ([]byte, ClientHelloInfo, error) {
+	for {
+		msg, err := handshakeMessage(buf)
+		if err == nil {
+			info, err := ParseClientHello(msg)
+			return buf, info, err
+		}
+		if !errors.Is(err, errNeedMore) {
+			return buf, ClientHelloInfo{}, err
+		}
+		if len(buf) > 2*maxClientHello { // tiny records may double the size, no more
+			return buf, ClientHelloInfo{}, errors.New("ClientHello too large")
+		}
+		chunk := make([]byte, 4096)
+		n, rerr := r.Read(chunk)
+		buf = append(buf, chunk[:n]...)
+		if n == 0 && rerr != nil {
+			return buf, ClientHelloInfo{}, fmt.Errorf("connection ended inside the ClientHello: %w", rerr)
+		}
+	}
+}
+
+// handshakeMessage reassembles the first handshake message from the
+// handshake records at the start of b.
+func handshakeMessage(b []byte) ([]byte, error) {
+	var msg []byte
+	for {
+		if len(b) < recordHeaderLen {
+			return nil, errNeedMore
+		}
+		if b[0] != recordTypeHandshake {
+			return nil, fmt.Errorf("record type %d inside the ClientHello", b[0])
+		}
+		if b[1] != 3 {
+			return nil, fmt.Errorf("record version %d.%d is not TLS", b[1], b[2])
+		}
+		n := int(binary.BigEndian.Uint16(b[3:5]))
+		if n == 0 || n > maxRecordPayload {
+			return nil, fmt.Errorf("record length %d", n)
+		}
+		if len(b) < recordHeaderLen+n {
+			return nil, errNeedMore
+		}
+		msg = append(msg, b[recordHeaderLen:recordHeaderLen+n]...)
+		b = b[recordHeaderLen+n:]
+		if len(msg) >= 4 {
+			if msg[0] != handshakeClientHello {
+				return nil, fmt.Errorf("first handshake message is type %d, not ClientHello", msg[0])
+			}
+			l := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3])
+			if l > maxClientHello {
+				return nil, fmt.Errorf("ClientHello of %d bytes", l)
+			}
+			if len(msg) >= 4+l {
+				if len(msg) > 4+l {
+					return nil, errors.New("bytes after the ClientHello in its record")
+				}
+				return msg, nil
+			}
+		}
+	}
+}
+
+// ParseClientHello parses a ClientHello handshake message (type and
+// length header included) strictly: every length must agree, an
+// extension may appear once, and server_name must hold exactly one
+// host_name.
+func ParseClientHello(msg []byte) (ClientHelloInfo, error) {
+	var info ClientHelloInfo
+	if len(msg) < 4 || msg[0] != handshakeClientHello {
+		return info, errors.New("not a ClientHello")
+	}
+	s := cursor(msg[4:])
+	if int(msg[1])<<16|int(msg[2])<<8|int(msg[3]) != len(s) {
+		return info, errors.New("ClientHello length mismatch")
+	}
+	var suites, compression, exts cursor
+	if !s.skip(2+32) || !s.vec8(nil, 32) || !s.vec16(&suites) || len(suites) < 2 || len(suites)%2 != 0 ||
+		!s.vec8(&compression, 255) || len(compression) < 1 {
+		return info, errors.New("malformed ClientHello")
+	}
+	if len(s) == 0 {
+		return info, nil // no extensions: no SNI
+	}
+	if !s.vec16(&exts) || len(s) != 0 {
+		return info, errors.New("malformed ClientHello extensions")
+	}
+	seen := map[uint16]bool{}
+	for len(exts) > 0 {
+		var typ uint16
+		var data cursor
+		if !exts.u16(&typ) || !exts.vec16(&data) {
+			return info, errors.New("malformed extension")
+		}
+		if seen[typ] {
+			return info, fmt.Errorf("extension %d appears twice", typ)
+		}
+		seen[typ] = true
+		switch typ {
+		case extECH:
+			info.ECH = true
+		case extServerName:
+			name, err := parseSNI(data)
+			if err != nil {
+				return info, err
+			}
+			info.ServerName = name
+		}
+	}
+	return info, nil
+}
+
+func parseSNI(data cursor) (string, error) {
+	var list cursor
+	if !data.vec16(&list) || len(data) != 0 || len(list) == 0 {
+		return "", errors.New("malformed server_name extension")
+	}
+	name := ""
+	for len(list) > 0 {
+		var typ uint8
+		var n cursor
+		if !list.u8(&typ) || !list.vec16(&n) {
+			return "", errors.New("malformed server_name entry")
+		}
+		if typ != sniHostName || name != "" || len(n) == 0 {
+			return "", errors.New("server_name must hold exactly one host_name")
+		}
+		name = string(n)
+	}
+	return name, nil
+}
+
+// checkSNI compares the ClientHello's name with the CONNECT host.
+func checkSNI(info ClientHelloInfo, host string) error {
+	if info.ECH {
+		return deny(ReasonTLSECH, "the ClientHello is encrypted (ECH), so its real server name cannot be checked against %s", host)
+	}
+	if info.ServerName == "" {
+		return deny(ReasonSNIMissing, "the ClientHello names no server; it must name %s", host)
+	}
+	sni := strings.ToLower(strings.TrimSuffix(info.ServerName, "."))
+	if sni != host {
+		return deny(ReasonSNIMismatch, "the ClientHello names %q but the tunnel is to %s", truncate(info.ServerName), host)
+	}
+	return nil
+}
+
+// cursor is a minimal big-endian reader in the style of cryptobyte.
+type cursor []byte
+
+func (c *cursor) skip(n int) bool {
+	if len(*c) < n {
+		return false
+	}
+	*c = (*c)[n:]
+	return true
+}
+
+func (c *cursor) u8(v *uint8) bool {
+	if len(*c) < 1 {
+		return false
+	}
+	*v = (*c)[0]
+	*c = (*c)[1:]
+	return true
+}
+
+func (c *cursor) u16(v *uint16) bool {
+	if len(*c) < 2 {
+		return false
+	}
+	*v = binary.BigEndian.Uint16(*c)
+	*c = (*c)[2:]
+	return true
+}
+
+// vec8 reads a vector with a one-byte length of at most max bytes.
+func (c *cursor) vec8(out *cursor, max int) bool {
+	var n uint8
+	if !c.u8(&n) || int(n) > max || len(*c) < int(n) {
+		return false
+	}
+	if out != nil {
+		*out = (*c)[:n]
+	}
+	*c = (*c)[n:]
+	return true
+}
+
+func (c *cursor) vec16(out *cursor) bool {
+	var n uint16
+	if !c.u16(&n) || len(*c) < int(n) {
+		return false
+	}
+	*out = (*c)[:n]
+	*c = (*c)[n:]
+	return true
+}
