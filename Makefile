@@ -37,6 +37,11 @@ bench: ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'TrialCreateDestroy|IPNetnsAddDel' -benchtime 300x ./sandbox
 	$(GO) test -run '^$$' -bench 'ConnectHook' -benchtime 10x ./sandbox
 
+FUZZTIME ?= 10s
+fuzz: ## run each fuzz target for FUZZTIME (default 10s) from its committed seed corpus
+	for f in FuzzParseRequest FuzzClientHello FuzzGuard; do \
+		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) ./proxy || exit 1; done
+
 demo: deps build ## show a Trial refusing every way out to a test host, with its counters
 	$(GO) run ./cmd/trialnet-demo $(BIN)
 

@@ -44,6 +44,7 @@ func NewNetDialer(g *Guard) *NetDialer {
 
 // Dial implements Dialer.
 func (n *NetDialer) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
+	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
 	network := "tcp4"
 	if addr.Addr().Is6() {
 		network = "tcp6"

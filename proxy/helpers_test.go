@@ -5,7 +5,6 @@ package proxy
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"io"
 	"net"
 	"net/http"
@@ -292,5 +291,3 @@ func (tp *testProxy) connect(t testing.TB, head string) (*http.Response, net.Con
 func connectHead(target string) string {
 	return "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n"
 }
-
-func sum(b []byte) [32]byte { return sha256.Sum256(b) }

@@ -1,0 +1,107 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseEntry(t *testing.T) {
+	for in, want := range map[string]string{
+		"api.anthropic.com:443":   "api.anthropic.com:443",
+		"API.Anthropic.COM.:443":  "api.anthropic.com:443",
+		"*.example.com:443":       "*.example.com:443",
+		"bücher.example.com:443":  "xn--bcher-kva.example.com:443",
+		"*.corp.example.co.uk:80": "*.corp.example.co.uk:80",
+	} {
+		e, err := ParseEntry(in)
+		if err != nil || e.String() != want {
+			t.Errorf("ParseEntry(%q) = %v, %v; want %s", in, e, err, want)
+		}
+	}
+	for _, bad := range []string{
+		"", "api.anthropic.com", "api.anthropic.com:", "api.anthropic.com:0", "api.anthropic.com:65536", "api.anthropic.com:https",
+		"*:443", "*.com:443", "*.co.uk:443", "*.github.io:443", "*.internal:443", "**.example.com:443", "a.*.example.com:443",
+		"*example.com:443", "127.0.0.1:443", "[::1]:443", "2130706433:443", "localhost:443", "exa_mple.com:443",
+		"-bad.example.com:443", "http://api.anthropic.com:443", "api.anthropic.com:443/x", "user@api.anthropic.com:443",
+	} {
+		if e, err := ParseEntry(bad); err == nil {
+			t.Errorf("ParseEntry(%q) accepted it as %v", bad, e)
+		}
+	}
+}
+
+func TestAllowlistMatch(t *testing.T) {
+	a, err := ParseAllowlist([]string{"api.example.com:443", "*.svc.example.com:443"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for hp, want := range map[string]bool{
+		"api.example.com:443":         true,
+		"api.example.com:80":          false,
+		"x.svc.example.com:443":       true,
+		"x.y.svc.example.com:443":     true,
+		"svc.example.com:443":         false,
+		"xsvc.example.com:443":        false,
+		"api.example.com.evil.io:443": false,
+		"example.com:443":             false,
+	} {
+		host, port, _ := strings.Cut(hp, ":")
+		p, _ := parsePort(port)
+		if _, ok := a.Match(host, p); ok != want {
+			t.Errorf("Match(%s) = %v, want %v", hp, ok, want)
+		}
+	}
+	if _, ok := NewAllowlist().Match("api.example.com", 443); ok {
+		t.Fatal("an empty allowlist allowed something")
+	}
+}
+
+func TestExampleConfigAndProfiles(t *testing.T) {
+	f, err := LoadFile("../examples/trialnet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := f.Allowlist([]string{"claude"}, []string{"extra.example.com:443"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := a.Match("api.anthropic.com", 443); !ok || !e.RequireTLS {
+		t.Fatalf("claude profile: %v %v", e, ok)
+	}
+	if e, ok := a.Match("extra.example.com", 443); !ok || e.RequireTLS {
+		t.Fatalf("explicit entry: %v %v", e, ok)
+	}
+	if _, ok := a.Match("api.openai.com", 443); ok {
+		t.Fatal("another profile's host leaked in")
+	}
+	if _, err := f.Allowlist([]string{"nosuch"}, nil, false); err == nil || !strings.Contains(err.Error(), "claude") {
+		t.Fatalf("unknown profile: %v", err)
+	}
+	var none *File
+	if _, err := none.Allowlist([]string{"claude"}, nil, false); err == nil {
+		t.Fatal("a profile without a config file was accepted")
+	}
+}
+
+func TestParseFileRefusals(t *testing.T) {
+	for name, doc := range map[string]string{
+		"unknown key":         "profilez: {}\n",
+		"unknown profile key": "profiles:\n  x:\n    allow: [a.example.com:443]\n    requiretls: true\n",
+		"too broad":           "profiles:\n  x: ['*.com:443']\n",
+		"empty profile":       "profiles:\n  x: []\n",
+		"bad profile name":    "profiles:\n  X Y: [a.example.com:443]\n",
+		"scalar profile":      "profiles:\n  x: a.example.com:443\n",
+		"open CIDR":           "allow_cidrs: [0.0.0.0/0]\n",
+		"loopback CIDR":       "allow_cidrs: [127.0.0.0/8]\n",
+		"bad resolver":        "resolvers: [dns.google]\n",
+		"negative limit":      "limits: {max_tunnels: -1}\n",
+		"not yaml":            "profiles: [\n",
+	} {
+		if _, err := ParseFile([]byte(doc)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if f, err := ParseFile(nil); err != nil || len(f.Profiles) != 0 {
+		t.Fatalf("empty file: %v", err)
+	}
+}

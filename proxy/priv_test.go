@@ -1,0 +1,148 @@
+//go:build linux
+
+package proxy
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/netns"
+	"github.com/vishvananda/netlink"
+	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The host-address set follows addresses as they are added and removed.
+// It watches a namespace of the test's own, so the host is not touched.
+func TestPrivilegedHostAddrsFollowChanges(t *testing.T) {
+	privtest.Require(t)
+	dir := t.TempDir()
+	ns, err := netns.Create(dir, "proxyaddrs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	h, err := vns.GetFromPath(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	watch, err := WatchHostAddrs(ctx, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); watch.Wait() })
+	if ok, _ := watch.Contains(netip.MustParseAddr("127.0.0.1")); !ok {
+		t.Fatalf("initial list misses lo's 127.0.0.1: %v", watch.Addrs())
+	}
+	nh, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	lo, err := nh.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := NewGuard(nil, watch)
+	for _, s := range []string{"93.184.216.77/32", "2a00:1450::77/128"} {
+		a, _ := netlink.ParseAddr(s)
+		a.Flags = unix.IFA_F_NODAD
+		ip := netip.MustParsePrefix(s).Addr()
+		if g.Check(ip) != nil {
+			t.Fatalf("%s refused before it was added", ip)
+		}
+		if err := nh.AddrAdd(lo, a); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return ok }, ip.String()+" to appear")
+		if err := g.Check(ip); ReasonOf(err) != ReasonAddressDenied {
+			t.Fatalf("%s is now this host's own, got %v", ip, err)
+		}
+		if err := nh.AddrDel(lo, a); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return !ok }, ip.String()+" to disappear")
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The production dialer's Control hook refuses a guarded address even
+// when the caller skipped the check: nothing arrives at the listener.
+func TestNetDialerControlRechecks(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- struct{}{}
+			_ = c.Close()
+		}
+	}()
+	d := NewNetDialer(NewGuard(nil, nil))
+	ap := netip.MustParseAddrPort(ln.Addr().String())
+	for _, a := range []netip.AddrPort{ap, netip.AddrPortFrom(netip.MustParseAddr("::ffff:127.0.0.1"), ap.Port())} {
+		c, err := d.Dial(context.Background(), a)
+		if err == nil {
+			_ = c.Close()
+			t.Fatalf("dialed %s", a)
+		}
+		if ReasonOf(err) != ReasonAddressDenied {
+			t.Fatalf("%s: %v, want address_denied", a, err)
+		}
+	}
+	select {
+	case <-accepted:
+		t.Fatal("a connection arrived at the refused address")
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// Without an injected dialer or host set, a Proxy dials for real (here a
+// test host in its own namespace, allowed by CIDR) through the guarded
+// production dialer.
+func TestPrivilegedProductionDial(t *testing.T) {
+	privtest.Require(t)
+	th := testhost.NewT(t, 210)
+	ds := newDNSServer(t)
+	ds.set("host.example.com", 60, th.Addr4.String(), th.Addr6.String())
+	res, _ := NewDNSResolver([]string{ds.Addr})
+	p, err := New(Config{Resolver: res, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("fd7a:7472::/32")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow, _ := ParseAllowlist([]string{"host.example.com:8080"}, false)
+	if err := p.AddTrial(TrialPolicy{ID: "t", Allow: allow}); err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go func() { _ = p.Serve(ln, "t") }()
+	t.Cleanup(func() { _ = p.Close() })
+	tp := &testProxy{Proxy: p, addr: ln.Addr().String()}
+	resp, _, _ := tp.connect(t, connectHead("host.example.com:8080"))
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: %s", resp.Status, resp.Header.Get("Trialnet-Detail"))
+	}
+	if !th.WaitArrivals(1, 5*time.Second) {
+		t.Fatal("the test host saw no connection")
+	}
+}

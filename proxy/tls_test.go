@@ -1,0 +1,289 @@
+//go:build linux
+
+package proxy
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/binary"
+	"io"
+	"math/big"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// tlsUpstream is a TLS echo server with a certificate for every name,
+// counting the bytes it received before or without a handshake.
+func tlsUpstream(t *testing.T, received *atomic.Int64) func(*net.TCPConn) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
+		DNSNames: []string{"api.example.com", "other.example.com"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	return func(c *net.TCPConn) {
+		cc := &countConn{Conn: c, n: received}
+		s := tls.Server(cc, cfg)
+		if s.Handshake() != nil {
+			return
+		}
+		_, _ = io.Copy(s, s)
+	}
+}
+
+type countConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c *countConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+func tlsClientThrough(t *testing.T, tp *testProxy, target, sni string) (*tls.Conn, error) {
+	t.Helper()
+	resp, c, _ := tp.connect(t, connectHead(target))
+	if resp.StatusCode != 200 {
+		t.Fatalf("CONNECT %s: %s", target, resp.Status)
+	}
+	tc := tls.Client(c, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return tc, tc.Handshake()
+}
+
+func TestTLSNameCheck(t *testing.T) {
+	var received atomic.Int64
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: tlsUpstream(t, &received)})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+
+	t.Run("matching SNI", func(t *testing.T) {
+		tc, err := tlsClientThrough(t, tp, "api.example.com:443", "API.example.com")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tc.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 4)
+		if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
+			t.Fatalf("%q %v", b, err)
+		}
+		_ = tc.Close()
+		if ev := tp.event(t); ev.Reason != ReasonAllowed || ev.SNI != "API.example.com" {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("other SNI", func(t *testing.T) {
+		before := received.Load()
+		_, err := tlsClientThrough(t, tp, "api.example.com:443", "other.example.com")
+		if err == nil || !strings.Contains(err.Error(), "access denied") {
+			t.Fatalf("handshake: %v, want access denied", err)
+		}
+		if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != ReasonSNIMismatch || ev.SNI != "other.example.com" {
+			t.Fatalf("event %+v", ev)
+		}
+		if received.Load() != before {
+			t.Fatal("the refused ClientHello reached the upstream")
+		}
+	})
+	t.Run("no SNI", func(t *testing.T) {
+		// crypto/tls sends no SNI for an IP-address ServerName.
+		_, err := tlsClientThrough(t, tp, "api.example.com:443", "93.184.216.34")
+		if err == nil {
+			t.Fatal("handshake without SNI succeeded")
+		}
+		if ev := tp.event(t); ev.Reason != ReasonSNIMissing {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+}
+
+// clientHello captures the ClientHello crypto/tls sends for sni.
+func clientHello(t *testing.T, sni string) []byte {
+	t.Helper()
+	a, b := net.Pipe()
+	go func() {
+		_ = tls.Client(a, &tls.Config{ServerName: sni}).Handshake()
+	}()
+	hdr := make([]byte, 5)
+	if _, err := io.ReadFull(b, hdr); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, binary.BigEndian.Uint16(hdr[3:]))
+	if _, err := io.ReadFull(b, body); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Close()
+	_ = b.Close()
+	return append(hdr, body...)
+}
+
+// reRecord splits a single-record ClientHello into records of at most n
+// payload bytes each.
+func reRecord(rec []byte, n int) []byte {
+	var out []byte
+	payload := rec[5:]
+	for len(payload) > 0 {
+		k := min(n, len(payload))
+		out = append(out, rec[0], rec[1], rec[2], byte(k>>8), byte(k))
+		out = append(out, payload[:k]...)
+		payload = payload[k:]
+	}
+	return out
+}
+
+// sendInPieces opens a tunnel and writes data in pieces with pauses, so
+// the proxy sees several TCP segments; it returns what the client read
+// back before the tunnel closed.
+func sendInPieces(t *testing.T, tp *testProxy, data []byte, pieces int) []byte {
+	t.Helper()
+	resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	step := (len(data) + pieces - 1) / pieces
+	for i := 0; i < len(data); i += step {
+		_, _ = c.Write(data[i:min(i+step, len(data))])
+		time.Sleep(30 * time.Millisecond)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	got := make([]byte, 64)
+	n, _ := br.Read(got)
+	return got[:n]
+}
+
+func TestTLSSplitClientHello(t *testing.T) {
+	var received atomic.Int64
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: tlsUpstream(t, &received)})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	other := clientHello(t, "other.example.com")
+	for name, data := range map[string][]byte{
+		"segments":             other,
+		"records and segments": reRecord(other, 100),
+	} {
+		t.Run(name, func(t *testing.T) {
+			got := sendInPieces(t, tp, data, 7)
+			if string(got) != string(tlsAccessDenied) {
+				t.Fatalf("client got %x, want an access_denied alert", got)
+			}
+			if ev := tp.event(t); ev.Reason != ReasonSNIMismatch {
+				t.Fatalf("event %+v", ev)
+			}
+		})
+	}
+	if received.Load() != 0 {
+		t.Fatal("a refused ClientHello reached the upstream")
+	}
+	// The matching name, split the same way, passes whole.
+	got := sendInPieces(t, tp, reRecord(clientHello(t, "api.example.com"), 64), 9)
+	if len(got) < 5 || got[0] != 0x16 {
+		t.Fatalf("a split matching ClientHello got %x, want a ServerHello", got)
+	}
+}
+
+func TestTLSMalformedAndRequired(t *testing.T) {
+	var received atomic.Int64
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: tlsUpstream(t, &received), tls: true,
+		configure: func(c *Config) { c.TLSTimeout = 500 * time.Millisecond }})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	hello := clientHello(t, "api.example.com")
+	// The same hello with a handshake length one byte longer than its record.
+	long := append([]byte(nil), hello...)
+	long[8]++
+	truncated := hello[:len(hello)-10]
+	for _, c := range []struct {
+		name string
+		data []byte
+		want Reason
+	}{
+		{"garbage with require_tls", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), ReasonTLSRequired},
+		{"record header only", []byte{0x16, 0x03, 0x01, 0x00, 0x05}, ReasonTLSMalformed},
+		{"not a ClientHello", []byte{0x16, 0x03, 0x01, 0x00, 0x04, 0x02, 0x00, 0x00, 0x00}, ReasonTLSMalformed},
+		{"wrong record version", []byte{0x16, 0x09, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00}, ReasonTLSMalformed},
+		{"truncated ClientHello then silence", truncated, ReasonTLSMalformed},
+		{"handshake longer than its records", long, ReasonTLSMalformed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sendInPieces(t, tp, c.data, 1)
+			if ev := tp.event(t); ev.Reason != c.want {
+				t.Fatalf("event %+v, want %s", ev, c.want)
+			}
+		})
+	}
+	t.Run("silence with require_tls", func(t *testing.T) {
+		resp, _, _ := tp.connect(t, connectHead("api.example.com:443"))
+		if resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+		if ev := tp.event(t); ev.Reason != ReasonTLSRequired {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	if received.Load() != 0 {
+		t.Fatal("refused bytes reached the upstream")
+	}
+}
+
+// Without require_tls, a client that does not speak TLS is tunnelled.
+func TestTunnelNonTLSWithoutRequireTLS(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	if got := sendInPieces(t, tp, []byte("plain"), 1); string(got) != "plain" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestParseClientHello(t *testing.T) {
+	hello := clientHello(t, "api.example.com")[5:]
+	info, err := ParseClientHello(hello)
+	if err != nil || info.ServerName != "api.example.com" || info.ECH {
+		t.Fatalf("%+v %v", info, err)
+	}
+	// Append an ECH extension and a duplicate server_name.
+	withExt := func(ext ...byte) []byte {
+		m := append([]byte(nil), hello...)
+		m = append(m, ext...)
+		l := len(m) - 4
+		m[1], m[2], m[3] = byte(l>>16), byte(l>>8), byte(l)
+		// The extensions length sits just before the first extension;
+		// find it by re-walking the fixed fields.
+		off := 4 + 2 + 32
+		off += 1 + int(m[off])
+		off += 2 + int(binary.BigEndian.Uint16(m[off:]))
+		off += 1 + int(m[off])
+		el := int(binary.BigEndian.Uint16(m[off:])) + len(ext)
+		binary.BigEndian.PutUint16(m[off:], uint16(el))
+		return m
+	}
+	if info, err := ParseClientHello(withExt(0xfe, 0x0d, 0x00, 0x01, 0x00)); err != nil || !info.ECH {
+		t.Fatalf("ECH: %+v %v", info, err)
+	} else if checkSNI(info, "api.example.com") == nil || ReasonOf(checkSNI(info, "api.example.com")) != ReasonTLSECH {
+		t.Fatal("ECH ClientHello passed the name check")
+	}
+	sni := []byte{0x00, 0x00, 0x00, 0x08, 0x00, 0x06, 0x00, 0x00, 0x03, 'x', '.', 'y'}
+	if _, err := ParseClientHello(withExt(sni...)); err == nil {
+		t.Fatal("a duplicate server_name extension was accepted")
+	}
+	for _, cut := range []int{1, 10, 40, len(hello) / 2, len(hello) - 1} {
+		if _, err := ParseClientHello(hello[:cut]); err == nil {
+			t.Fatalf("truncated at %d accepted", cut)
+		}
+	}
+}

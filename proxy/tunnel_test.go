@@ -1,0 +1,301 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestTunnelRequestResponseAndPipelinedBytes(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	// The first request bytes travel in the same segment as the head.
+	resp, c, br := tp.connect(t, connectHead("api.example.com:443")+"early bytes;")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, resp.Header.Get("Trialnet-Detail"))
+	}
+	if _, err := io.WriteString(c, "later bytes"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(br)
+	if err != nil || string(got) != "early bytes;later bytes" {
+		t.Fatalf("echo %q, %v", got, err)
+	}
+	ev := tp.event(t)
+	if ev.Decision != DecisionAllow || ev.Reason != ReasonAllowed || ev.BytesUp != 23 || ev.BytesDown != 23 ||
+		ev.Dialed.String() != "93.184.216.34:443" || ev.Host != "api.example.com" || ev.Trial != "t1" {
+		t.Fatalf("event %+v", ev)
+	}
+	st, _ := tp.Stats("t1")
+	if st.Allowed != 1 || st.BytesUp != 23 || st.BytesDown != 23 || st.Decisions[ReasonAllowed] != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A tunnel idle for 20 s (a long model call) is still open both ways.
+func TestTunnelIdle(t *testing.T) {
+	t.Parallel()
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	for i, pause := range []time.Duration{0, 20 * time.Second} {
+		time.Sleep(pause)
+		msg := []byte{'p', byte('0' + i)}
+		if _, err := c.Write(msg); err != nil {
+			t.Fatalf("write after %v idle: %v", pause, err)
+		}
+		got := make([]byte, 2)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.ReadFull(br, got); err != nil || !bytes.Equal(got, msg) {
+			t.Fatalf("read after %v idle: %q %v", pause, got, err)
+		}
+	}
+}
+
+// The client's EOF reaches the upstream, and the upstream's final bytes,
+// sent after it saw that EOF, still reach the client.
+func TestTunnelHalfCloseFromClient(t *testing.T) {
+	sawEOF := make(chan bool, 1)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: func(c *net.TCPConn) {
+		req, err := io.ReadAll(c) // returns at the client's EOF
+		sawEOF <- err == nil
+		_, _ = io.WriteString(c, "final answer to "+string(req))
+		_ = c.CloseWrite()
+	}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	_, _ = io.WriteString(c, "question")
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ok := <-sawEOF:
+		if !ok {
+			t.Fatal("upstream read failed instead of seeing EOF")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client's EOF never reached the upstream")
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(br)
+	if err != nil || string(got) != "final answer to question" {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	if ev := tp.event(t); ev.BytesDown != int64(len(got)) || ev.BytesUp != 8 {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+// The upstream's EOF reaches the client while the client can still send.
+func TestTunnelHalfCloseFromUpstream(t *testing.T) {
+	got := make(chan string, 1)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: func(c *net.TCPConn) {
+		_, _ = io.WriteString(c, "banner")
+		_ = c.CloseWrite()
+		b, _ := io.ReadAll(c)
+		got <- string(b)
+	}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(br); err != nil || string(b) != "banner" {
+		t.Fatalf("client read %q, %v", b, err)
+	}
+	_, _ = io.WriteString(c, "after EOF")
+	_ = c.(*net.TCPConn).CloseWrite()
+	select {
+	case s := <-got:
+		if s != "after EOF" {
+			t.Fatalf("upstream got %q", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("upstream never got the client's bytes")
+	}
+}
+
+// 256 MiB each way at once, checksummed at both ends.
+func TestTunnelBulk(t *testing.T) {
+	const size = 256 << 20
+	upSum := make(chan [32]byte, 1)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: func(c *net.TCPConn) {
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := sha256.New()
+			_, _ = io.Copy(h, c)
+			upSum <- [32]byte(h.Sum(nil))
+		}()
+		_, _ = io.Copy(c, io.LimitReader(newPRNG(2), size))
+		_ = c.CloseWrite()
+		wg.Wait()
+	}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	go func() {
+		_, _ = io.Copy(c, io.LimitReader(newPRNG(1), size))
+		_ = c.(*net.TCPConn).CloseWrite()
+	}()
+	h := sha256.New()
+	n, err := io.Copy(h, br)
+	if err != nil || n != size {
+		t.Fatalf("downstream: %d bytes, %v", n, err)
+	}
+	if [32]byte(h.Sum(nil)) != prngSum(2, size) {
+		t.Fatal("downstream checksum differs")
+	}
+	if <-upSum != prngSum(1, size) {
+		t.Fatal("upstream checksum differs")
+	}
+	if ev := tp.event(t); ev.BytesUp != size || ev.BytesDown != size {
+		t.Fatalf("event bytes %d/%d", ev.BytesUp, ev.BytesDown)
+	}
+}
+
+// prng is a deterministic byte stream, cheap enough for gigabytes.
+type prng struct{ r *rand.ChaCha8 }
+
+func newPRNG(seed byte) io.Reader { return prng{rand.NewChaCha8([32]byte{seed})} }
+
+func (p prng) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+func prngSum(seed byte, n int64) [32]byte {
+	h := sha256.New()
+	_, _ = io.Copy(h, io.LimitReader(newPRNG(seed), n))
+	return [32]byte(h.Sum(nil))
+}
+
+func TestLimits(t *testing.T) {
+	t.Run("tunnels", func(t *testing.T) {
+		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{MaxTunnels: 2}})
+		tp.dns.set("api.example.com", 60, "93.184.216.34")
+		var open []net.Conn
+		for range 2 {
+			resp, c, _ := tp.connect(t, connectHead("api.example.com:443"))
+			if resp.StatusCode != 200 {
+				t.Fatal(resp.Status)
+			}
+			open = append(open, c)
+		}
+		resp, _, _ := tp.connect(t, connectHead("api.example.com:443"))
+		if resp.StatusCode != 429 || Reason(resp.Header.Get("Trialnet-Reason")) != ReasonTunnelLimit {
+			t.Fatalf("third tunnel: %d %s", resp.StatusCode, resp.Header.Get("Trialnet-Reason"))
+		}
+		if ev := tp.event(t); ev.Reason != ReasonTunnelLimit {
+			t.Fatalf("event %+v", ev)
+		}
+		_ = open[0].Close()
+		tp.event(t) // the closed tunnel's event: its slot is free again
+		if resp, _, _ := tp.connect(t, connectHead("api.example.com:443")); resp.StatusCode != 200 {
+			t.Fatalf("after one closed: %s", resp.Status)
+		}
+	})
+	t.Run("rate", func(t *testing.T) {
+		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{ConnectRate: 0.5, ConnectBurst: 3}})
+		tp.dns.set("api.example.com", 60, "93.184.216.34")
+		for i := range 4 {
+			resp, c, _ := tp.connect(t, connectHead("api.example.com:443"))
+			_ = c.Close()
+			want, reason := 200, ""
+			if i == 3 {
+				want, reason = 429, string(ReasonRateLimited)
+			}
+			if resp.StatusCode != want || resp.Header.Get("Trialnet-Reason") != reason {
+				t.Fatalf("CONNECT %d: %d %s", i, resp.StatusCode, resp.Header.Get("Trialnet-Reason"))
+			}
+		}
+	})
+	t.Run("global", func(t *testing.T) {
+		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, configure: func(c *Config) { c.MaxConnections = 1 }})
+		tp.dns.set("api.example.com", 60, "93.184.216.34")
+		if resp, _, _ := tp.connect(t, connectHead("api.example.com:443")); resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+		resp, _, _ := tp.connect(t, connectHead("api.example.com:443"))
+		if resp.StatusCode != 503 || Reason(resp.Header.Get("Trialnet-Reason")) != ReasonGlobalLimit {
+			t.Fatalf("second connection: %d %s", resp.StatusCode, resp.Header.Get("Trialnet-Reason"))
+		}
+	})
+}
+
+// Two Trials on one proxy: each gets only its own allowlist, and each
+// decision names its Trial. Removing a Trial closes its live tunnels.
+func TestTrialsAreSeparate(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"one.example.com:443"}})
+	tp.dns.set("one.example.com", 60, "93.184.216.34")
+	tp.dns.set("two.example.com", 60, "93.184.216.35")
+	allow, _ := ParseAllowlist([]string{"two.example.com:443"}, false)
+	if err := tp.AddTrial(TrialPolicy{ID: "t2", Allow: allow}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.AddTrial(TrialPolicy{ID: "t2"}); err == nil {
+		t.Fatal("a second Trial with the same id was accepted")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- tp.Serve(ln, "t2") }()
+	t2 := &testProxy{Proxy: tp.Proxy, addr: ln.Addr().String(), events: tp.events}
+
+	for _, c := range []struct {
+		p      *testProxy
+		target string
+		status int
+		trial  string
+	}{
+		{tp, "one.example.com:443", 200, "t1"},
+		{tp, "two.example.com:443", 403, "t1"},
+		{t2, "two.example.com:443", 200, "t2"},
+		{t2, "one.example.com:443", 403, "t2"},
+	} {
+		resp, conn, _ := c.p.connect(t, connectHead(c.target))
+		if resp.StatusCode != c.status {
+			t.Fatalf("%s via %s: %d", c.target, c.trial, resp.StatusCode)
+		}
+		_ = conn.Close()
+		if ev := tp.event(t); ev.Trial != c.trial || ev.Host != c.target[:len(c.target)-4] {
+			t.Fatalf("event %+v, want Trial %s", ev, c.trial)
+		}
+	}
+
+	resp, live, br := t2.connect(t, connectHead("two.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	if _, ok := tp.RemoveTrial("t2"); !ok {
+		t.Fatal("RemoveTrial: not found")
+	}
+	_ = live.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := bufio.NewReader(br).ReadByte(); err == nil {
+		t.Fatal("a removed Trial's tunnel stayed open")
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve after RemoveTrial: %v", err)
+	}
+	if _, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+		t.Fatal("a removed Trial's listener still accepts")
+	}
+}
