@@ -60,13 +60,13 @@ func ParseEntry(s string) (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("allowlist entry %q: %v", s, err)
 	}
-	if !strings.Contains(name, ".") {
-		return Entry{}, fmt.Errorf("allowlist entry %q: %q is not a fully qualified name", s, name)
-	}
 	if e.Wildcard {
 		if ps, _ := publicsuffix.PublicSuffix(name); ps == name {
 			return Entry{}, fmt.Errorf("allowlist entry %q is too broad: %q is a public suffix, so the wildcard would match names of unrelated owners", s, name)
 		}
+	}
+	if !strings.Contains(name, ".") {
+		return Entry{}, fmt.Errorf("allowlist entry %q: %q is not a fully qualified name", s, name)
 	}
 	e.Name = name
 	return e, nil

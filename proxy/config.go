@@ -142,7 +142,7 @@ func (f *File) Allowlist(profiles, entries []string, requireTLS bool) (*Allowlis
 			p, ok = f.Profiles[name]
 		}
 		if !ok {
-			known := "none are configured"
+			known := "no config file gives profiles; pass --config FILE"
 			if f != nil && len(f.Profiles) > 0 {
 				known = "known: " + strings.Join(f.ProfileNames(), ", ")
 			}

@@ -47,6 +47,7 @@ var commands = []struct {
 }{
 	{"doctor", "check what this kernel offers trialnet", cmdDoctor},
 	{"run", "run a command in an ephemeral Trial", cmdRun},
+	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall},
 }
 

@@ -1,0 +1,177 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testhost"
+)
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+// A bad flag or config stops the proxy before it listens.
+func TestProxyRefusesBadInputBeforeListening(t *testing.T) {
+	badConfig := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(badConfig, []byte("profiles:\n  x: ['*.co.uk:443']\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "nothing is allowed"},
+		{[]string{"--allow", "*.com:443"}, "too broad"},
+		{[]string{"--allow", "127.0.0.1:443"}, "IP address"},
+		{[]string{"--allow", "api.anthropic.com"}, "host:port"},
+		{[]string{"--profile", "claude"}, "--config"},
+		{[]string{"--profile", "nosuch", "--config", "../../examples/trialnet.yaml"}, "unknown profile"},
+		{[]string{"--config", badConfig, "--allow", "a.example.com:443"}, "too broad"},
+		{[]string{"--config", "/nonexistent.yaml", "--allow", "a.example.com:443"}, "no such file"},
+		{[]string{"--allow", "a.example.com:443", "--allow-cidr", "0.0.0.0/0"}, "never be allowed"},
+		{[]string{"--allow", "a.example.com:443", "--resolver", "dns.google"}, "want an IP address"},
+		{[]string{"--allow", "a.example.com:443", "--bogus"}, "not defined"},
+	} {
+		addr := freePort(t)
+		var out, errOut bytes.Buffer
+		code := serveProxy(context.Background(), append(tc.args, "--listen", addr), &out, &errOut, func([]net.Addr) {
+			t.Errorf("%v: the proxy started listening", tc.args)
+		})
+		if code != exitUsage || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("%v: exit %d, %q; want %d mentioning %q", tc.args, code, errOut.String(), exitUsage, tc.want)
+		}
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			_ = c.Close()
+			t.Errorf("%v: something listens on %s", tc.args, addr)
+		}
+	}
+}
+
+// The standalone proxy tunnels to an allowed name (a test host), refuses
+// others with a reason, and writes one JSON decision line per CONNECT.
+func TestPrivilegedProxyCommand(t *testing.T) {
+	privtest.Require(t)
+	th := testhost.NewT(t, 211)
+	dnsAddr := startDNS(t, map[string]string{"upstream.example.com.": th.Addr4.String()})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan []net.Addr, 1)
+	var out syncBuffer
+	var errOut bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- serveProxy(ctx, []string{"--listen", "127.0.0.1:0", "--allow", fmt.Sprintf("upstream.example.com:%d", testhost.Port),
+			"--resolver", dnsAddr, "--allow-cidr", "198.18.0.0/15", "--trial", "cli"}, &out, &errOut, func(a []net.Addr) { ready <- a })
+	}()
+	var addrs []net.Addr
+	select {
+	case addrs = <-ready:
+	case code := <-done:
+		t.Fatalf("proxy exited %d: %s", code, errOut.String())
+	}
+	for target, want := range map[string]int{
+		fmt.Sprintf("upstream.example.com:%d", testhost.Port): 200,
+		"other.example.com:443":                               403,
+		th.AddrPort4().String():                               403,
+	} {
+		c, err := net.Dial("tcp", addrs[0].String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		if err != nil || resp.StatusCode != want {
+			t.Fatalf("%s: %v %v, want %d", target, resp, err, want)
+		}
+		_ = c.Close()
+	}
+	if !th.WaitArrivals(1, 5*time.Second) {
+		t.Fatal("the allowed CONNECT did not reach the test host")
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	reasons := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("not a JSON line: %q", line)
+		}
+		if rec["trial"] != "cli" {
+			t.Fatalf("record without the Trial: %q", line)
+		}
+		reasons[rec["reason"].(string)] = true
+	}
+	for _, r := range []string{"allowed", "policy_denied", "ip_literal"} {
+		if !reasons[r] {
+			t.Errorf("no %s record in:\n%s", r, out.String())
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startDNS serves A records for names on 127.0.0.1 (UDP and TCP).
+func startDNS(t *testing.T, a map[string]string) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := dns.NewServeMux()
+	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		ip, ok := a[strings.ToLower(q.Name)]
+		if !ok {
+			m.Rcode = dns.RcodeNameError
+		} else if q.Qtype == dns.TypeA {
+			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.ParseIP(ip)}}
+		}
+		_ = w.WriteMsg(m)
+	})
+	srv := &dns.Server{PacketConn: pc, Handler: mux}
+	go func() { _ = srv.ActivateAndServe() }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
