@@ -338,6 +338,14 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		p.refuse(c, &ev, err)
 		return
 	}
+	// Tracked like the client side, so that removing the Trial also ends
+	// a tunnel whose client already half-closed.
+	if !t.track(up) {
+		_ = up.Close()
+		p.refuse(c, &ev, deny(ReasonShutdown, "the Trial is being removed"))
+		return
+	}
+	defer t.untrack(up)
 	_ = c.SetReadDeadline(time.Time{})
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		_ = up.Close()

@@ -299,3 +299,31 @@ func TestTrialsAreSeparate(t *testing.T) {
 		t.Fatal("a removed Trial's listener still accepts")
 	}
 }
+
+// Removing a Trial ends even a tunnel whose client has half-closed and
+// whose upstream stays silent: nothing is left waiting on the upstream.
+func TestRemoveTrialEndsHalfClosedTunnel(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: func(c *net.TCPConn) {
+		_, _ = io.ReadAll(c)
+		<-release // never answers
+	}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	time.Sleep(50 * time.Millisecond)
+	removed := make(chan struct{})
+	go func() { tp.RemoveTrial("t1"); close(removed) }()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadByte(); err == nil {
+		t.Fatal("read data from a removed Trial's tunnel")
+	}
+	if ev := tp.event(t); ev.Decision != DecisionAllow {
+		t.Fatalf("event %+v", ev)
+	}
+	<-removed
+}
