@@ -5,7 +5,7 @@ PKGS    := ./...
 # Privileged tests need root; in CI (CI=true) they fail rather than skip.
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: help deps generate check-generate build test bench demo lint fuzz clean
+.PHONY: help deps bench-deps generate check-generate build test bench demo lint fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -33,9 +33,15 @@ lint: ## gofmt, go vet and staticcheck
 test: deps ## run every test, privileged ones included (as root)
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
-bench: ## run the benchmarks side by side with their references
+bench-deps: ## install what the benchmarks compare against (tinyproxy)
+	@dpkg -s tinyproxy >/dev/null 2>&1 || { apt-get update && apt-get install -y tinyproxy; }
+
+bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'TrialCreateDestroy|IPNetnsAddDel' -benchtime 300x ./sandbox
 	$(GO) test -run '^$$' -bench 'ConnectHook' -benchtime 10x ./sandbox
+	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 10x ./test/proxybench
+	$(GO) test -run '^$$' -bench 'FirstByte|TunnelsPerSecond' -benchtime 3000x ./test/proxybench
+	$(GO) test -run '^$$' -bench 'IdleTunnelMemory' -benchtime 1x ./test/proxybench
 
 FUZZTIME ?= 10s
 fuzz: ## run each fuzz target for FUZZTIME (default 10s) from its committed seed corpus

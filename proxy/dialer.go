@@ -16,9 +16,10 @@ type Dialer interface {
 	Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error)
 }
 
-// Keepalive settings for both ends of a tunnel: a dead peer is noticed in
-// about 2.5 minutes, while an idle but healthy tunnel (a long model call)
-// is never cut.
+// Keepalive settings for the upstream side of a tunnel: a dead peer is
+// noticed in about 2.5 minutes, while an idle but healthy tunnel (a long
+// model call) is never cut. The client side is a local socket whose peer
+// cannot vanish without the kernel closing it, so it needs none.
 var keepalive = net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, Interval: 10 * time.Second, Count: 9}
 
 // NetDialer is the production Dialer. Its Control hook checks the address
@@ -61,6 +62,13 @@ const DefaultFallbackDelay = 250 * time.Millisecond
 // or as soon as the previous one fails, the first success wins and every
 // other connection is closed.
 func dialAny(ctx context.Context, d Dialer, addrs []netip.AddrPort, fallback time.Duration) (net.Conn, netip.AddrPort, error) {
+	if len(addrs) == 1 { // nothing to race: dial on this goroutine
+		c, err := d.Dial(ctx, addrs[0])
+		if err != nil {
+			return nil, netip.AddrPort{}, dialError(ctx, []error{fmt.Errorf("%s: %w", addrs[0], err)})
+		}
+		return c, addrs[0], nil
+	}
 	addrs = interleave(addrs)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

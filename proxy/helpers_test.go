@@ -31,13 +31,20 @@ type dnsServer struct {
 func newDNSServer(t testing.TB) *dnsServer {
 	t.Helper()
 	s := &dnsServer{answers: map[string]func(dns.Question, string) (*dns.Msg, bool){}, queries: map[string]int{}}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
+	// UDP and TCP on one port; retry when the TCP port happens to be taken.
+	var pc net.PacketConn
+	var ln net.Listener
+	for try := 0; ln == nil; try++ {
+		var err error
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err != nil {
+			_ = pc.Close()
+			if try == 20 {
+				t.Fatal(err)
+			}
+		}
 	}
 	s.Addr = pc.LocalAddr().String()
 	mux := dns.NewServeMux()

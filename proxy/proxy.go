@@ -3,7 +3,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -247,11 +246,7 @@ func (p *Proxy) Serve(ln net.Listener, id string) error {
 			continue
 		}
 		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			defer t.untrack(c)
-			p.handle(c, t)
-		}()
+		go p.handle(c, t)
 	}
 }
 
@@ -289,63 +284,93 @@ func (p *Proxy) Close() error {
 	return nil
 }
 
-// handle serves one client connection: parse, decide, dial, tunnel.
+// cleanups run in reverse order when a connection is done: by handle for
+// a refusal, or by the last of the two tunnel pumps.
+type cleanups []func()
+
+func (c *cleanups) add(f func()) { *c = append(*c, f) }
+
+func (c cleanups) run() {
+	for i := len(c) - 1; i >= 0; i-- {
+		c[i]()
+	}
+}
+
+// handle serves one client connection: parse, decide, dial, and hand an
+// allowed tunnel to two fresh goroutines. Handing off keeps an idle
+// tunnel's stacks small: the deep DNS and dial call chains stay on this
+// goroutine, which then exits.
 func (p *Proxy) handle(c net.Conn, t *trial) {
+	var fin cleanups
+	fin.add(p.wg.Done)
+	fin.add(func() { t.untrack(c) })
 	start := time.Now()
-	ev := Event{Time: start, Trial: t.id, Client: c.RemoteAddr().String()}
-	defer func() {
+	ev := &Event{Time: start, Trial: t.id, Client: c.RemoteAddr().String()}
+	fin.add(func() {
 		ev.Duration = time.Since(start)
-		p.emit(t, &ev)
+		p.emit(t, ev)
 		if ev.Decision == DecisionDeny && ev.BytesUp == 0 && ev.BytesDown == 0 {
 			lingerClose(c) // refused before a tunnel: let the client read the answer
 		}
+	})
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			fin.run()
+		}
 	}()
+	fin.add(func() { p.conns.Add(-1) })
 	if p.conns.Add(1) > int64(p.cfg.MaxConnections) {
-		defer p.conns.Add(-1)
-		p.refuse(c, &ev, deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", p.cfg.MaxConnections))
+		p.refuse(c, ev, deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", p.cfg.MaxConnections))
 		return
 	}
-	defer p.conns.Add(-1)
 
 	_ = c.SetReadDeadline(start.Add(p.cfg.HeaderTimeout))
-	br := bufio.NewReaderSize(c, 4096)
+	br := getReader(c)
 	req, err := ReadRequest(br)
 	if req != nil {
 		ev.Target, ev.Host, ev.Port = req.Target, req.Host, req.Port
 	}
 	if err != nil {
-		p.refuse(c, &ev, err)
+		putReader(br)
+		p.refuse(c, ev, err)
 		return
 	}
+	// From here br holds only bytes pipelined after the head: they belong
+	// to the tunnel, which returns br to the pool.
+	fin.add(func() {
+		if !handedOff {
+			putReader(br)
+		}
+	})
 	if !t.bucket.take(time.Now()) {
-		p.refuse(c, &ev, deny(ReasonRateLimited, "more than %g CONNECTs per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst))
+		p.refuse(c, ev, deny(ReasonRateLimited, "more than %g CONNECTs per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst))
 		return
 	}
+	fin.add(func() { t.tunnels.Add(-1) })
 	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
-		t.tunnels.Add(-1)
-		p.refuse(c, &ev, deny(ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels))
+		p.refuse(c, ev, deny(ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels))
 		return
 	}
-	defer t.tunnels.Add(-1)
 
 	entry, ok := t.allow.Match(req.Host, req.Port)
 	if !ok {
-		p.refuse(c, &ev, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort()))
+		p.refuse(c, ev, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort()))
 		return
 	}
-	up, err := p.connect(req, &ev)
+	up, err := p.connect(req, ev)
 	if err != nil {
-		p.refuse(c, &ev, err)
+		p.refuse(c, ev, err)
 		return
 	}
 	// Tracked like the client side, so that removing the Trial also ends
 	// a tunnel whose client already half-closed.
 	if !t.track(up) {
 		_ = up.Close()
-		p.refuse(c, &ev, deny(ReasonShutdown, "the Trial is being removed"))
+		p.refuse(c, ev, deny(ReasonShutdown, "the Trial is being removed"))
 		return
 	}
-	defer t.untrack(up)
+	fin.add(func() { t.untrack(up) })
 	_ = c.SetReadDeadline(time.Time{})
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		_ = up.Close()
@@ -353,12 +378,8 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		ev.Decision = DecisionAllow
 		return
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetKeepAliveConfig(keepalive)
-	}
-	// Bytes pipelined after the head belong to the tunnel.
-	prefix, _ := br.Peek(br.Buffered())
-	p.tunnel(c, up, append([]byte(nil), prefix...), entry, req, &ev)
+	handedOff = true
+	p.tunnel(c, up, br, entry, req, ev, fin)
 }
 
 // connect resolves req's name, checks every address and dials the

@@ -120,6 +120,10 @@ func (r *DNSResolver) Resolve(ctx context.Context, name string) (Answer, error) 
 	var cached [2]bool
 	var wg sync.WaitGroup
 	for i, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		// A cache hit is answered here; only misses pay for a goroutine.
+		if res[i], cached[i] = r.cached(fqdn, qt); cached[i] {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -151,14 +155,21 @@ func (r *DNSResolver) Resolve(ctx context.Context, name string) (Answer, error) 
 	}
 }
 
-func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lookupResult, bool) {
-	key := cacheKey{fqdn, qtype}
+func (r *DNSResolver) cached(fqdn string, qtype uint16) (lookupResult, bool) {
 	r.mu.Lock()
-	e, ok := r.cache[key]
+	e, ok := r.cache[cacheKey{fqdn, qtype}]
 	r.mu.Unlock()
 	if ok && time.Now().Before(e.expires) {
 		return e.res, true
 	}
+	return lookupResult{}, false
+}
+
+func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lookupResult, bool) {
+	if res, ok := r.cached(fqdn, qtype); ok {
+		return res, true
+	}
+	key := cacheKey{fqdn, qtype}
 	res, ttl := r.follow(ctx, fqdn, qtype)
 	if ttl > 0 && res.kind != lookupFailed {
 		r.mu.Lock()

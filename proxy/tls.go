@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -49,9 +50,9 @@ func readClientHello(r io.Reader, buf []byte) ([]byte, ClientHelloInfo, error) {
 		if len(buf) > 2*maxClientHello { // tiny records may double the size, no more
 			return buf, ClientHelloInfo{}, errors.New("ClientHello too large")
 		}
-		chunk := make([]byte, 4096)
-		n, rerr := r.Read(chunk)
-		buf = append(buf, chunk[:n]...)
+		buf = slices.Grow(buf, 2048)
+		n, rerr := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
 		if n == 0 && rerr != nil {
 			return buf, ClientHelloInfo{}, fmt.Errorf("connection ended inside the ClientHello: %w", rerr)
 		}

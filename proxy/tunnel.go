@@ -3,9 +3,12 @@
 package proxy
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,39 +28,51 @@ type closeWriter interface {
 // either direction aborts both. Copies between two TCP sockets use
 // splice(2) through io.Copy. There is no idle timeout: keepalives find
 // dead peers, a silent model call lives as long as it needs.
-func (p *Proxy) tunnel(client, up net.Conn, prefix []byte, entry Entry, req *Request, ev *Event) {
+func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event, fin cleanups) {
 	ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
-	down := make(chan struct{})
+	abort := func() { // unblocks the other direction
+		_ = client.Close()
+		_ = up.Close()
+	}
+	var left atomic.Int32
+	left.Store(2)
+	end := func() { // the second pump to end closes and finishes
+		if left.Add(-1) == 0 {
+			abort()
+			fin.run()
+		}
+	}
 	go func() {
-		defer close(down)
-		n, err := io.Copy(client, up)
+		defer end()
+		n, err := relay(client, up)
 		ev.BytesDown = n
 		if err == nil {
 			err = closeWrite(client)
 		}
-		if err != nil { // abort: unblocks the other direction too
-			_ = client.Close()
-			_ = up.Close()
+		if err != nil {
+			abort()
 		}
 	}()
-	if err := p.pumpUp(client, up, prefix, entry, req, ev); err != nil {
-		_ = client.Close()
-		_ = up.Close()
-	}
-	<-down
-	_ = client.Close()
-	_ = up.Close()
+	go func() {
+		defer end()
+		if err := p.pumpUp(client, up, br, entry, req, ev); err != nil {
+			abort()
+		}
+	}()
 }
 
 // pumpUp checks the client's first bytes (TLS name check), then copies
 // client to upstream and half-closes the upstream at the client's EOF.
-func (p *Proxy) pumpUp(client, up net.Conn, first []byte, entry Entry, req *Request, ev *Event) error {
-	var err error
-	if first, err = p.checkFirstBytes(client, first, entry, req, ev); err != nil {
+// br is the pooled reader that parsed the request head and may hold
+// pipelined bytes; it goes back to the pool once the first bytes passed.
+func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event) error {
+	first, err := p.checkFirstBytes(client, br, entry, req, ev)
+	if err != nil {
+		putReader(br)
 		var d *Denial
 		if errors.As(err, &d) {
 			ev.Decision, ev.Reason, ev.Detail = DecisionDeny, d.Reason, d.Detail
-			if d.Reason != ReasonTLSRequired && d.Reason != ReasonShutdown {
+			if d.Reason != ReasonTLSRequired {
 				_ = client.SetWriteDeadline(time.Now().Add(time.Second))
 				_, _ = client.Write(tlsAccessDenied)
 			}
@@ -68,10 +83,13 @@ func (p *Proxy) pumpUp(client, up net.Conn, first []byte, entry Entry, req *Requ
 		n, err := up.Write(first)
 		ev.BytesUp += int64(n)
 		if err != nil {
+			putReader(br)
 			return err
 		}
 	}
-	n, err := io.Copy(up, client)
+	_, _ = br.Discard(br.Buffered()) // what was still buffered was part of first
+	putReader(br)
+	n, err := relay(up, client)
 	ev.BytesUp += n
 	if err != nil {
 		return err
@@ -79,44 +97,71 @@ func (p *Proxy) pumpUp(client, up net.Conn, first []byte, entry Entry, req *Requ
 	return closeWrite(up)
 }
 
-// checkFirstBytes returns the bytes read so far once the first bytes of
-// the tunnel are acceptable. A ClientHello must name the CONNECT host;
-// with require_tls, the first bytes must be a ClientHello.
-func (p *Proxy) checkFirstBytes(client net.Conn, first []byte, entry Entry, req *Request, ev *Event) ([]byte, error) {
-	if len(first) == 0 {
+// checkFirstBytes returns the first bytes of the tunnel once they are
+// acceptable: a ClientHello must name the CONNECT host; with require_tls,
+// the first bytes must be a ClientHello. Waiting for them costs no
+// buffer beyond br; only a ClientHello is copied out.
+func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event) ([]byte, error) {
+	if br.Buffered() == 0 {
 		if entry.RequireTLS {
 			// A TLS client speaks first; one that does not within the
 			// timeout is not a TLS client.
 			_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
 		}
-		buf := make([]byte, 1024)
-		n, err := client.Read(buf)
+		_, err := br.Peek(1)
 		_ = client.SetReadDeadline(time.Time{})
-		first = buf[:n]
-		if n == 0 {
+		if err != nil {
 			if entry.RequireTLS {
 				return nil, deny(ReasonTLSRequired, "require_tls is set for %s and the client sent no ClientHello", entry)
 			}
 			if errors.Is(err, io.EOF) {
-				return nil, nil // the client half-closed without data: forwarded by the copy
+				return nil, nil // the client half-closed without data: forwarded by the relay
 			}
 			return nil, err
 		}
 	}
+	first, _ := br.Peek(br.Buffered())
 	if !looksLikeTLS(first) {
 		if entry.RequireTLS {
 			return nil, deny(ReasonTLSRequired, "require_tls is set for %s and the first bytes are not a TLS ClientHello", entry)
 		}
 		return first, nil
 	}
+	hello := append([]byte(nil), first...)
+	_, _ = br.Discard(len(first))
 	_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
-	first, info, err := readClientHello(client, first)
+	hello, info, err := readClientHello(br, hello)
 	_ = client.SetReadDeadline(time.Time{})
 	if err != nil {
 		return nil, &Denial{Reason: ReasonTLSMalformed, Detail: "the first bytes start a TLS record but are not a well-formed ClientHello: " + err.Error(), Err: err}
 	}
 	ev.SNI = info.ServerName
-	return first, checkSNI(info, req.Host)
+	return hello, checkSNI(info, req.Host)
+}
+
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) }}
+
+// getReader returns a pooled reader for a request head; lines are at
+// most MaxRequestLine, and ReadRequest joins longer fragments.
+func getReader(c net.Conn) *bufio.Reader {
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(c)
+	return br
+}
+
+func putReader(br *bufio.Reader) {
+	br.Reset(nil)
+	readerPool.Put(br)
+}
+
+// relay copies src to dst until EOF. Between two TCP sockets it calls
+// ReadFrom directly, which splices; io.Copy would first try src.WriteTo,
+// whose extra frames double an idle tunnel's goroutine stack.
+func relay(dst, src net.Conn) (int64, error) {
+	if rf, ok := dst.(io.ReaderFrom); ok {
+		return rf.ReadFrom(src)
+	}
+	return io.Copy(dst, src)
 }
 
 func closeWrite(c net.Conn) error {
