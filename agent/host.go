@@ -5,7 +5,6 @@
 package agent
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -68,36 +67,6 @@ func NewID() string {
 	var b [5]byte
 	_, _ = rand.Read(b[:])
 	return "run-" + hex.EncodeToString(b[:])
-}
-
-// RunResult is what an ephemeral Trial leaves behind.
-type RunResult struct {
-	Trial    string
-	CgroupID uint64
-	ExitCode int
-	Counters bpf.Counters
-}
-
-// RunEphemeral creates a Trial, runs c in it until it exits or ctx ends,
-// reads the counters and tears the Trial down completely.
-func (h *Host) RunEphemeral(ctx context.Context, spec sandbox.Spec, c sandbox.Command, sigs <-chan os.Signal) (res RunResult, err error) {
-	if spec.ID == "" {
-		spec.ID = NewID()
-	}
-	tr, err := h.Create(spec)
-	if err != nil {
-		return res, err
-	}
-	res.Trial, res.CgroupID = tr.ID, tr.CgroupID
-	defer func() {
-		if cerr := tr.Close(); cerr != nil {
-			err = errors.Join(err, cerr)
-		}
-	}()
-	res.ExitCode, err = tr.Run(ctx, c, sigs)
-	counters, cerr := tr.Counters()
-	res.Counters = counters
-	return res, errors.Join(err, cerr)
 }
 
 // ProxyEndpoints are where a Trial's proxy listens on its own loopback;

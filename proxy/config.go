@@ -23,8 +23,20 @@ type File struct {
 	AllowCIDRs     []string           `yaml:"allow_cidrs"`
 	Limits         Limits             `yaml:"limits"`
 	MaxConnections int                `yaml:"max_connections"`
+	// Paths are read by the agent; the proxy itself ignores them.
+	Paths Paths `yaml:"paths"`
 
 	cidrs []netip.Prefix
+}
+
+// Paths are where the agent keeps its pieces; empty means the default.
+type Paths struct {
+	Socket       string `yaml:"socket"`        // control API socket
+	StateDir     string `yaml:"state_dir"`     // live Trials, for re-adoption
+	DataDir      string `yaml:"data_dir"`      // final stats and decision logs
+	PinDir       string `yaml:"pin_dir"`       // bpffs pins
+	NetnsDir     string `yaml:"netns_dir"`     // namespace bind mounts
+	CgroupParent string `yaml:"cgroup_parent"` // the cgroup that holds every Trial
 }
 
 // Profile is a named allowlist. In YAML it is either a list of

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -85,6 +86,16 @@ func (e *Event) attrs() []slog.Attr {
 		slog.Int64(keyBytesDown, e.BytesDown),
 		slog.Int64(keyDuration, e.Duration.Microseconds()),
 	}
+}
+
+// MarshalJSON writes the event with the same keys as the log record, so
+// a decision log on disk reads like the proxy's JSON lines.
+func (e Event) MarshalJSON() ([]byte, error) {
+	m := make(map[string]any, 16)
+	for _, a := range e.attrs() {
+		m[a.Key] = a.Value.Any()
+	}
+	return json.Marshal(m)
 }
 
 // TrialStats are one Trial's proxy counters.

@@ -134,6 +134,8 @@ type trial struct {
 	bucket  bucket
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
 
+	handlers sync.WaitGroup // connections being handled; Add under mu, before removed is set
+
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
@@ -171,7 +173,8 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 }
 
 // RemoveTrial closes the Trial's listeners and every connection it has
-// open, and forgets it. Its final stats are returned.
+// open, waits until each has emitted its decision event, and forgets the
+// Trial. Its final stats are returned.
 func (p *Proxy) RemoveTrial(id string) (TrialStats, bool) {
 	p.mu.Lock()
 	t, ok := p.trials[id]
@@ -181,6 +184,7 @@ func (p *Proxy) RemoveTrial(id string) (TrialStats, bool) {
 		return TrialStats{}, false
 	}
 	t.shutdown()
+	t.handlers.Wait()
 	return t.snapshot(), true
 }
 
@@ -241,7 +245,7 @@ func (p *Proxy) Serve(ln net.Listener, id string) error {
 			continue
 		}
 		backoff = 0
-		if !t.track(c) {
+		if !t.trackClient(c) {
 			_ = c.Close()
 			continue
 		}
@@ -257,6 +261,19 @@ func (t *trial) track(c net.Conn) bool {
 		return false
 	}
 	t.conns[c] = struct{}{}
+	return true
+}
+
+// trackClient tracks a newly accepted connection and counts its handler,
+// so that RemoveTrial can wait for every handler of the Trial to end.
+func (t *trial) trackClient(c net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.removed {
+		return false
+	}
+	t.conns[c] = struct{}{}
+	t.handlers.Add(1)
 	return true
 }
 
@@ -303,6 +320,7 @@ func (c cleanups) run() {
 func (p *Proxy) handle(c net.Conn, t *trial) {
 	var fin cleanups
 	fin.add(p.wg.Done)
+	fin.add(t.handlers.Done)
 	fin.add(func() { t.untrack(c) })
 	start := time.Now()
 	ev := &Event{Time: start, Trial: t.id, Client: c.RemoteAddr().String()}

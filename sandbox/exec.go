@@ -212,6 +212,39 @@ func (t *Trial) Run(ctx context.Context, c Command, sigs <-chan os.Signal) (int,
 	return code, err
 }
 
+// Exec starts c in a long-lived Trial and waits for it, forwarding each
+// signal from sigs. Unlike Run it leaves the Trial's other processes
+// alone (several commands may share a Trial); when ctx ends only this
+// command is killed. It returns the command's exit code.
+func (t *Trial) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (int, error) {
+	p, err := t.Start(c)
+	if err != nil {
+		return -1, err
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case s := <-sigs:
+				_ = p.Signal(s)
+			case <-ctx.Done():
+				_ = p.Signal(syscall.SIGKILL)
+				return
+			case <-done:
+				return
+			}
+		}
+	})
+	code, err := p.Wait()
+	close(done)
+	wg.Wait()
+	if cerr := ctx.Err(); cerr != nil {
+		err = errors.Join(fmt.Errorf("the command was killed: %w", cerr), err)
+	}
+	return code, err
+}
+
 // Init turns this process into a Trial process when it was started by
 // Start. Call it first thing in main and in TestMain; otherwise it returns.
 func Init() {

@@ -149,3 +149,70 @@ func (t *Trial) Close() error {
 	}
 	return nil
 }
+
+// Open adopts a Trial that already exists (made by this or an earlier
+// process): its cgroup, namespace and policy entry must all be there.
+func (h *Host) Open(id string) (*Trial, error) {
+	if err := netns.ValidID(id); err != nil {
+		return nil, err
+	}
+	t := &Trial{ID: id, Cgroup: filepath.Join(h.Parent, id), host: h}
+	var err error
+	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
+		return nil, fmt.Errorf("open Trial %s: its cgroup is gone: %w", id, err)
+	}
+	if !h.BPF.HasTrial(t.CgroupID) {
+		return nil, fmt.Errorf("open Trial %s: its cgroup has no policy entry", id)
+	}
+	if t.Netns, err = netns.Open(h.netnsDir(), id); err != nil {
+		return nil, fmt.Errorf("open Trial %s: %w", id, err)
+	}
+	return t, nil
+}
+
+// Remove tears down whatever is left of Trial id (cgroup, policy entry,
+// namespace) when it cannot be opened whole, as after a crash mid-create.
+// What is already gone is not an error.
+func (h *Host) Remove(id string) error {
+	if err := netns.ValidID(id); err != nil {
+		return err
+	}
+	var errs []error
+	dir := filepath.Join(h.Parent, id)
+	if cgid, err := bpf.CgroupID(dir); err == nil {
+		if err := killCgroup(dir, killWait); err != nil {
+			errs = append(errs, err)
+		}
+		if err := removeCgroup(dir); err != nil {
+			errs = append(errs, err)
+		}
+		if err := h.BPF.RemoveTrial(cgid); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := netns.Delete(h.netnsDir(), id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("remove Trial %s: %w", id, err)
+	}
+	return nil
+}
+
+// Attach returns a handle for launching processes into an existing Trial
+// whose cgroup and namespace paths another process (the agent) reported.
+// It can Start and Exec, not read counters or close the Trial.
+func Attach(id, cgroup, netnsPath string) (*Trial, error) {
+	if err := netns.ValidID(id); err != nil {
+		return nil, err
+	}
+	ns, err := netns.Open(filepath.Dir(netnsPath), filepath.Base(netnsPath))
+	if err != nil {
+		return nil, err
+	}
+	cgid, err := bpf.CgroupID(cgroup)
+	if err != nil {
+		return nil, fmt.Errorf("attach to Trial %s: %w", id, err)
+	}
+	return &Trial{ID: id, Cgroup: cgroup, CgroupID: cgid, Netns: ns}, nil
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -46,7 +47,14 @@ var commands = []struct {
 	fn            func(args []string, stdout, stderr io.Writer) int
 }{
 	{"doctor", "check what this kernel offers trialnet", cmdDoctor},
-	{"run", "run a command in an ephemeral Trial", cmdRun},
+	{"run", "run a command in an ephemeral Trial (through the agent, or an embedded one)", cmdRun},
+	{"agent", "run the host agent (the daemon behind create, exec, stats, ...)", cmdAgent},
+	{"create", "create a long-lived Trial", cmdCreate},
+	{"exec", "run a command in a Trial", cmdExec},
+	{"list", "list live Trials", cmdList},
+	{"stats", "show a Trial's kernel and proxy counters and the egress verdict", cmdStats},
+	{"audit", "show a Trial's decision log", cmdAudit},
+	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall},
 }
@@ -179,15 +187,21 @@ func (s *stringList) String() string     { return strings.Join(*s, ",") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "run [--strict] [--uid N] [--gid N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [-j] -- CMD [ARGS]",
-		"sudo trialnet run --timeout 10m -- curl -sS https://example.com   # fails: no way out", stderr)
-	strict := fs.Bool("strict", false, "allow only the Trial's proxy address and port on loopback, not all of loopback")
+	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [-j] -- CMD [ARGS]",
+		"sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
+	var pf policyFlags
+	pf.register(fs)
+	configPath := fs.String("config", "", "YAML config for the embedded agent: profiles, resolvers, allowed CIDRs, limits")
+	var resolvers, cidrs stringList
+	fs.Var(&resolvers, "resolver", "DNS server for allowed names, embedded agent only (repeatable)")
+	fs.Var(&cidrs, "allow-cidr", "also allow this private or reserved CIDR, embedded agent only (repeatable)")
 	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo; required otherwise)")
 	gid := fs.Int("gid", -1, "run CMD with this group id (default: $SUDO_GID under sudo, else the uid)")
 	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long (0: no limit)")
 	var unixAllow stringList
 	fs.Var(&unixAllow, "unix-allow", "a pathname unix socket the Trial may connect to (repeatable)")
 	noUnix := fs.Bool("no-unix-confine", false, "do not confine pathname unix sockets (needed on kernels before 6.7)")
+	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
@@ -201,48 +215,105 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
+	req := agent.CreateRequest{ID: agent.NewID(), Allow: pf.allow, Profiles: pf.profiles, RequireTLS: pf.requireTLS,
+		Strict: pf.strict, UnixAllow: unixAllow, UnixOpen: *noUnix}
 
-	host, err := agent.OpenHost(agent.Config{})
-	if err != nil {
-		return fail(stdout, stderr, *asJSON, exitFailure, err)
+	// A running agent serves the Trial; without one, an agent is embedded
+	// for the life of this command, so a laptop needs no daemon.
+	var b runBackend
+	client := agent.NewClient(*socket)
+	if client.Running() {
+		if *configPath != "" || len(resolvers) > 0 || len(cidrs) > 0 {
+			return fail(stdout, stderr, *asJSON, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *socket + " with its own configuration; drop them or stop that agent"})
+		}
+		b = client
+	} else {
+		cfg := agent.AgentConfig{}
+		if *configPath != "" {
+			if cfg.File, err = proxy.LoadFile(*configPath); err != nil {
+				return fail(stdout, stderr, *asJSON, exitUsage, err)
+			}
+		}
+		cfg.Resolvers = resolvers
+		for _, c := range cidrs {
+			p, err := proxy.CheckAllowCIDR(c)
+			if err != nil {
+				return fail(stdout, stderr, *asJSON, exitUsage, err)
+			}
+			cfg.AllowCIDRs = append(cfg.AllowCIDRs, p)
+		}
+		a, err := agent.Start(cfg)
+		if err != nil {
+			return fail(stdout, stderr, *asJSON, exitFailure, err)
+		}
+		defer a.Close(true)
+		b = a
 	}
-	defer host.Close()
-
+	info, err := b.Create(req)
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+	}
 	ctx := context.Background()
 	if *timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
 	}
-	sigs, stopSignals := forwardedSignals()
-	defer stopSignals()
-
-	spec := sandbox.Spec{Strict: *strict, UnixPaths: unixAllow, UnixOpen: *noUnix}
-	if *strict {
-		spec.Proxy = agent.ProxyEndpoints
-	}
-	res, err := host.RunEphemeral(ctx, spec, sandbox.Command{
+	code, runErr := execIn(ctx, info, sandbox.Command{
 		Args: argv, Env: os.Environ(), UID: u, GID: g,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-	}, sigs)
-	code := res.ExitCode
+	})
+	st, derr := b.Destroy(info.ID)
 	var se *sandbox.StartError
 	switch {
-	case errors.As(err, &se):
-		return fail(stdout, stderr, *asJSON, se.Code, err)
-	case errors.Is(err, sandbox.ErrTimeout):
+	case errors.As(runErr, &se):
+		return fail(stdout, stderr, *asJSON, se.Code, errors.Join(runErr, derr))
+	case ctx.Err() != nil:
 		code = exitTimeout
-		fmt.Fprintf(stderr, "trialnet: %s %v\n", argv[0], err)
-	case err != nil && res.Trial == "":
-		return fail(stdout, stderr, *asJSON, exitFailure, err)
-	case err != nil:
-		fmt.Fprintf(stderr, "trialnet: %v\n", err)
+		fmt.Fprintf(stderr, "trialnet: %s timed out after %v; every process in the Trial was killed\n", argv[0], *timeout)
+	case runErr != nil:
+		fmt.Fprintf(stderr, "trialnet: %v\n", runErr)
 		if code == 0 {
 			code = exitFailure
 		}
 	}
-	printRun(stdout, stderr, *asJSON, res, code)
+	if derr != nil {
+		fmt.Fprintf(stderr, "trialnet: %v\n", derr)
+		if code == 0 {
+			code = exitFailure
+		}
+	}
+	if *asJSON {
+		_ = json.NewEncoder(stdout).Encode(map[string]any{
+			"trial":                 info.ID,
+			"exit_code":             code,
+			"counters":              st.Kernel,
+			"proxy":                 st.Proxy,
+			"direct_egress_packets": st.Egress,
+		})
+	} else {
+		fmt.Fprintf(stderr, "exit_code %d\n", code)
+		printStats(stderr, st)
+	}
 	return code
+}
+
+// runBackend is what run needs from an agent, running or embedded.
+type runBackend interface {
+	Create(agent.CreateRequest) (agent.TrialInfo, error)
+	Destroy(id string) (agent.Stats, error)
+}
+
+// execIn runs c in the Trial info describes, with its proxy variables.
+func execIn(ctx context.Context, info agent.TrialInfo, c sandbox.Command) (int, error) {
+	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+	if err != nil {
+		return -1, err
+	}
+	sigs, stopSignals := forwardedSignals()
+	defer stopSignals()
+	c.ProxyURL = info.ProxyURL
+	return tr.Exec(ctx, c, sigs)
 }
 
 // trialUser decides who CMD runs as. A uid-0 Trial must be asked for: even
@@ -307,25 +378,4 @@ func forwardedSignals() (_ <-chan os.Signal, stop func()) {
 		signal.Stop(in)
 		close(done)
 	}
-}
-
-func printRun(stdout, stderr io.Writer, asJSON bool, res agent.RunResult, code int) {
-	c := res.Counters
-	if asJSON {
-		_ = json.NewEncoder(stdout).Encode(map[string]any{
-			"trial":                 res.Trial,
-			"cgroup_id":             res.CgroupID,
-			"exit_code":             code,
-			"counters":              c.Map(),
-			"direct_egress_packets": c.EgressOtherPackets,
-		})
-		return
-	}
-	fmt.Fprintf(stderr, "trial %s  cgroup_id %d  exit_code %d\n", res.Trial, res.CgroupID, code)
-	tw := tabwriter.NewWriter(stderr, 0, 4, 2, ' ', 0)
-	for _, f := range c.Fields() {
-		fmt.Fprintf(tw, "\t%s\t%d\n", f.Name, f.Value)
-	}
-	_ = tw.Flush()
-	fmt.Fprintln(stderr, agent.EgressVerdict(c))
 }

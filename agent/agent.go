@@ -1,0 +1,595 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+// Default places of the daemon's state.
+const (
+	DefaultStateDir = "/run/trialnet/trials"     // live Trials, for re-adoption after a restart
+	DefaultDataDir  = "/var/lib/trialnet/trials" // final stats and decision logs, kept after destroy
+	DefaultSocket   = "/run/trialnet/agent.sock"
+)
+
+// AgentConfig configures an Agent. Zero values are defaults, except that
+// an empty StateDir means an embedded agent that persists nothing.
+type AgentConfig struct {
+	Host     Config
+	StateDir string
+	DataDir  string
+	// File holds profiles, resolvers, allowed CIDRs and limits; nil: none.
+	File *proxy.File
+	// Resolvers override File's; AllowCIDRs add to File's.
+	Resolvers  []string
+	AllowCIDRs []netip.Prefix
+	Logger     *slog.Logger
+	// Resolver, if set, replaces the DNS resolver (tests point it at an
+	// in-process server through Resolvers instead; this is for embedding).
+	Resolver proxy.Resolver
+}
+
+// Agent owns the eBPF layer, the proxy and the registry of Trials.
+type Agent struct {
+	cfg   AgentConfig
+	host  *Host
+	proxy *proxy.Proxy
+	log   *slog.Logger
+
+	mu     sync.Mutex
+	trials map[string]*liveTrial // nil value: being created
+}
+
+type liveTrial struct {
+	info       TrialInfo
+	tr         *sandbox.Trial
+	destroying bool       // guarded by Agent.mu
+	mu         sync.Mutex // guards audit
+	audit      *os.File   // decisions.jsonl; nil without a DataDir
+}
+
+// TrialInfo describes a live Trial.
+type TrialInfo struct {
+	ID       string        `json:"id"`
+	Netns    string        `json:"netns"`
+	Cgroup   string        `json:"cgroup"`
+	ProxyURL string        `json:"proxy_url"`
+	Strict   bool          `json:"strict"`
+	Allow    []AllowEntry  `json:"allow"`
+	Profiles []string      `json:"profiles,omitempty"`
+	Limits   *proxy.Limits `json:"limits,omitempty"`
+	Created  time.Time     `json:"created"`
+}
+
+// AllowEntry is one allowlist entry as resolved at create time.
+type AllowEntry struct {
+	Entry      string `json:"entry"`
+	RequireTLS bool   `json:"require_tls,omitempty"`
+}
+
+// CreateRequest asks for a Trial.
+type CreateRequest struct {
+	ID         string        `json:"id,omitempty"`
+	Allow      []string      `json:"allow,omitempty"`
+	Profiles   []string      `json:"profiles,omitempty"`
+	RequireTLS bool          `json:"require_tls,omitempty"`
+	Strict     bool          `json:"strict,omitempty"`
+	Limits     *proxy.Limits `json:"limits,omitempty"`
+	UnixAllow  []string      `json:"unix_allow,omitempty"` // pathname unix sockets the Trial may use
+	UnixOpen   bool          `json:"unix_open,omitempty"`  // no unix socket confinement (kernels before 6.7)
+}
+
+// Error is an error with a stable code, as the control API returns it.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Error codes.
+const (
+	CodeBadRequest     = "bad_request"
+	CodeBadID          = "bad_id"
+	CodeUnknownProfile = "unknown_profile"
+	CodeBadAllowlist   = "bad_allowlist"
+	CodeDuplicateID    = "duplicate_id"
+	CodeUnknownTrial   = "unknown_trial"
+	CodeInternal       = "internal"
+)
+
+func errf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// ProxyURL is what a Trial's processes get as HTTPS_PROXY.
+var ProxyURL = "http://" + ProxyEndpoints[0].String()
+
+// Start loads (or adopts) the eBPF layer, starts the proxy and re-adopts
+// every Trial recorded in the state directory.
+func Start(cfg AgentConfig) (*Agent, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	host, err := OpenHost(cfg.Host)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*liveTrial)}
+	pcfg := proxy.Config{Logger: log, OnEvent: a.onEvent, AllowCIDRs: cfg.AllowCIDRs, Resolver: cfg.Resolver}
+	resolvers := cfg.Resolvers
+	if cfg.File != nil {
+		pcfg.AllowCIDRs = append(cfg.File.CIDRs(), cfg.AllowCIDRs...)
+		pcfg.Limits, pcfg.MaxConnections = cfg.File.Limits, cfg.File.MaxConnections
+		if len(resolvers) == 0 {
+			resolvers = cfg.File.Resolvers
+		}
+	}
+	if pcfg.Resolver == nil {
+		r, err := proxy.NewDNSResolver(resolvers)
+		if err != nil {
+			_ = host.Close()
+			return nil, err
+		}
+		pcfg.Resolver = r
+	}
+	if a.proxy, err = proxy.New(pcfg); err != nil {
+		_ = host.Close()
+		return nil, err
+	}
+	for _, d := range []string{cfg.StateDir, cfg.DataDir} {
+		if d == "" {
+			continue
+		}
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			a.Close(false)
+			return nil, fmt.Errorf("agent: create %s: %w", d, err)
+		}
+	}
+	a.readopt()
+	return a, nil
+}
+
+// Close stops serving. With teardown it destroys every Trial; without,
+// the Trials stay enforced (pinned eBPF, namespaces, cgroups) and a new
+// agent re-adopts them; their proxy endpoint answers nothing meanwhile.
+func (a *Agent) Close(teardown bool) {
+	if teardown {
+		for _, info := range a.List() {
+			if _, err := a.Destroy(info.ID); err != nil {
+				a.log.Error("destroy on shutdown", "trial", info.ID, "error", err)
+			}
+		}
+	}
+	_ = a.proxy.Close()
+	a.mu.Lock()
+	for _, lt := range a.trials {
+		if lt != nil && lt.audit != nil {
+			_ = lt.audit.Close()
+		}
+	}
+	a.mu.Unlock()
+	_ = a.host.Close()
+}
+
+// Create makes a Trial: cgroup, namespace with lo up, policy entry, and
+// the proxy endpoint listening inside the namespace, served with the
+// Trial's allowlist. It is all-or-nothing.
+func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
+	if req.ID == "" {
+		req.ID = NewID()
+	}
+	if err := netns.ValidID(req.ID); err != nil {
+		return TrialInfo{}, errf(CodeBadID, "%v", err)
+	}
+	allow, err := a.allowlist(req)
+	if err != nil {
+		return TrialInfo{}, err
+	}
+	a.mu.Lock()
+	if _, ok := a.trials[req.ID]; ok {
+		a.mu.Unlock()
+		return TrialInfo{}, errf(CodeDuplicateID, "a Trial with id %q already exists; pick another id or destroy it first", req.ID)
+	}
+	a.trials[req.ID] = nil // reserved while it is made
+	a.mu.Unlock()
+	defer func() {
+		if err != nil {
+			a.mu.Lock()
+			delete(a.trials, req.ID)
+			a.mu.Unlock()
+		}
+	}()
+
+	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC()}
+	for _, e := range allow.Entries() {
+		info.Allow = append(info.Allow, AllowEntry{e.String(), e.RequireTLS})
+	}
+	// Write-ahead: a crash from here on leaves a record that says which
+	// half-made Trial to remove.
+	if err := a.saveState(info, phaseCreating); err != nil {
+		return TrialInfo{}, errf(CodeInternal, "%v", err)
+	}
+	spec := sandbox.Spec{ID: req.ID, Strict: req.Strict, Proxy: ProxyEndpoints, UnixPaths: req.UnixAllow, UnixOpen: req.UnixOpen}
+	tr, err := a.host.Create(spec)
+	if err != nil {
+		a.removeState(req.ID)
+		if strings.Contains(err.Error(), "already exists") {
+			return TrialInfo{}, errf(CodeDuplicateID, "%v", err)
+		}
+		return TrialInfo{}, errf(CodeInternal, "%v", err)
+	}
+	info.Netns, info.Cgroup = tr.Netns.Path, tr.Cgroup
+	lt := &liveTrial{info: info, tr: tr}
+	if err := a.serve(lt, allow, req.Limits); err != nil {
+		_ = tr.Close()
+		a.removeState(req.ID)
+		return TrialInfo{}, errf(CodeInternal, "%v", err)
+	}
+	if err := a.saveState(info, phaseLive); err != nil {
+		a.proxy.RemoveTrial(req.ID)
+		_ = tr.Close()
+		a.removeState(req.ID)
+		return TrialInfo{}, errf(CodeInternal, "%v", err)
+	}
+	a.mu.Lock()
+	a.trials[req.ID] = lt
+	a.mu.Unlock()
+	a.log.Info("trial created", "trial", req.ID, "allow", len(info.Allow), "strict", req.Strict)
+	return info, nil
+}
+
+func (a *Agent) allowlist(req CreateRequest) (*proxy.Allowlist, error) {
+	for _, p := range req.Profiles {
+		if a.cfg.File == nil || a.cfg.File.Profiles[p].Allow == nil {
+			_, err := a.cfg.File.Allowlist([]string{p}, nil, false)
+			return nil, errf(CodeUnknownProfile, "%v", err)
+		}
+	}
+	allow, err := a.cfg.File.Allowlist(req.Profiles, req.Allow, req.RequireTLS)
+	if err != nil {
+		return nil, errf(CodeBadAllowlist, "%v", err)
+	}
+	return allow, nil
+}
+
+// serve opens the Trial's proxy endpoint inside its namespace and serves
+// it. The listening sockets live in the Trial's namespace but belong to
+// the agent: no relay process, and the listener is the Trial's identity.
+func (a *Agent) serve(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limits) (err error) {
+	if err := a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Limits: limits}); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			a.proxy.RemoveTrial(lt.info.ID)
+		}
+	}()
+	var lns []net.Listener
+	for i, ep := range ProxyEndpoints {
+		ln, err := lt.tr.Netns.Listen(context.Background(), "tcp", ep.String())
+		if err != nil {
+			if i > 0 && ep.Addr().Is6() {
+				// No IPv6 on this kernel's loopback: the IPv4 endpoint,
+				// which HTTPS_PROXY names, is enough.
+				a.log.Warn("no IPv6 proxy endpoint", "trial", lt.info.ID, "error", err)
+				continue
+			}
+			for _, l := range lns {
+				_ = l.Close()
+			}
+			return fmt.Errorf("listen on %s in Trial %s: %w", ep, lt.info.ID, err)
+		}
+		lns = append(lns, ln)
+	}
+	for _, ln := range lns {
+		go func() {
+			if err := a.proxy.Serve(ln, lt.info.ID); err != nil {
+				a.log.Error("proxy serve", "trial", lt.info.ID, "error", err)
+			}
+		}()
+	}
+	if a.cfg.DataDir != "" {
+		dir := filepath.Join(a.cfg.DataDir, lt.info.ID)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		if lt.audit, err = os.OpenFile(filepath.Join(dir, "decisions.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *Agent) onEvent(ev proxy.Event) {
+	a.mu.Lock()
+	lt := a.trials[ev.Trial]
+	a.mu.Unlock()
+	if lt == nil {
+		return
+	}
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	if lt.audit == nil {
+		return
+	}
+	b, err := json.Marshal(ev)
+	if err == nil {
+		_, err = lt.audit.Write(append(b, '\n'))
+	}
+	if err != nil {
+		a.log.Error("write decision log", "trial", ev.Trial, "error", err)
+	}
+}
+
+// Get returns a live Trial's description.
+func (a *Agent) Get(id string) (TrialInfo, error) {
+	lt, err := a.lookup(id)
+	if err != nil {
+		return TrialInfo{}, err
+	}
+	return lt.info, nil
+}
+
+func (a *Agent) lookup(id string) (*liveTrial, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	lt := a.trials[id]
+	if lt == nil || lt.destroying {
+		return nil, errf(CodeUnknownTrial, "no live Trial %q ('trialnet list' shows the live ones)", id)
+	}
+	return lt, nil
+}
+
+// List returns the live Trials, sorted by id.
+func (a *Agent) List() []TrialInfo {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []TrialInfo
+	for _, lt := range a.trials {
+		if lt != nil && !lt.destroying {
+			out = append(out, lt.info)
+		}
+	}
+	slices.SortFunc(out, func(x, y TrialInfo) int { return strings.Compare(x.ID, y.ID) })
+	return out
+}
+
+// Stats are a Trial's kernel and proxy counters with the egress verdict.
+type Stats struct {
+	Trial   string            `json:"trial"`
+	Kernel  map[string]uint64 `json:"kernel"`
+	Proxy   ProxyStats        `json:"proxy"`
+	Egress  uint64            `json:"direct_egress_packets"`
+	Verdict string            `json:"verdict"`
+	At      time.Time         `json:"at"`
+}
+
+// ProxyStats are the proxy's counters for one Trial.
+type ProxyStats struct {
+	Allowed     uint64            `json:"tunnels_allowed"`
+	Denied      uint64            `json:"tunnels_denied"`
+	ByReason    map[string]uint64 `json:"by_reason"`
+	DNSFailures uint64            `json:"dns_failures"`
+	BytesUp     uint64            `json:"bytes_up"`
+	BytesDown   uint64            `json:"bytes_down"`
+	Active      int64             `json:"tunnels_active"`
+}
+
+func makeStats(id string, k bpf.Counters, p proxy.TrialStats) Stats {
+	ps := ProxyStats{Allowed: p.Allowed, Denied: p.Denied, ByReason: map[string]uint64{}, DNSFailures: p.DNSFailed,
+		BytesUp: p.BytesUp, BytesDown: p.BytesDown, Active: p.Active}
+	for r, n := range p.Decisions {
+		ps.ByReason[string(r)] = n
+	}
+	return Stats{Trial: id, Kernel: k.Map(), Proxy: ps, Egress: k.EgressOtherPackets, Verdict: EgressVerdict(k), At: time.Now().UTC()}
+}
+
+// Stats reads a live Trial's counters.
+func (a *Agent) Stats(id string) (Stats, error) {
+	lt, err := a.lookup(id)
+	if err != nil {
+		return Stats{}, err
+	}
+	k, err := lt.tr.Counters()
+	if err != nil {
+		return Stats{}, errf(CodeInternal, "read counters of %s: %v", id, err)
+	}
+	p, _ := a.proxy.Stats(id)
+	return makeStats(id, k, p), nil
+}
+
+// Destroy kills everything in the Trial, closes its proxy endpoint and
+// removes its namespace, cgroup and policy entry. The final stats and the
+// decision log stay in the data directory.
+func (a *Agent) Destroy(id string) (Stats, error) {
+	a.mu.Lock()
+	lt := a.trials[id]
+	if lt != nil && lt.destroying {
+		lt = nil
+	}
+	if lt != nil {
+		lt.destroying = true // the id stays taken until done
+	}
+	a.mu.Unlock()
+	if lt == nil {
+		return Stats{}, errf(CodeUnknownTrial, "no live Trial %q ('trialnet list' shows the live ones)", id)
+	}
+	// Waits for the Trial's last decision events, which still reach its log.
+	pst, _ := a.proxy.RemoveTrial(id)
+	k, kerr := lt.tr.Counters()
+	st := makeStats(id, k, pst)
+	err := errors.Join(kerr, lt.tr.Close())
+	lt.mu.Lock()
+	if lt.audit != nil {
+		_ = lt.audit.Close()
+		lt.audit = nil
+	}
+	lt.mu.Unlock()
+	if a.cfg.DataDir != "" {
+		if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {
+			err = errors.Join(err, os.WriteFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))
+		}
+	}
+	a.removeState(id)
+	a.mu.Lock()
+	delete(a.trials, id)
+	a.mu.Unlock()
+	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
+	if err != nil {
+		return st, errf(CodeInternal, "destroy %s: %v", id, err)
+	}
+	return st, nil
+}
+
+// Audit returns a Trial's decision log (live or destroyed) as JSON lines.
+func (a *Agent) Audit(id string) ([]json.RawMessage, error) {
+	if err := netns.ValidID(id); err != nil {
+		return nil, errf(CodeBadID, "%v", err)
+	}
+	if a.cfg.DataDir == "" {
+		return nil, errf(CodeBadRequest, "this agent keeps no decision log (no data directory)")
+	}
+	data, err := os.ReadFile(filepath.Join(a.cfg.DataDir, id, "decisions.jsonl"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errf(CodeUnknownTrial, "no decision log for Trial %q", id)
+	}
+	if err != nil {
+		return nil, errf(CodeInternal, "%v", err)
+	}
+	var out []json.RawMessage
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if line != "" {
+			out = append(out, json.RawMessage(line))
+		}
+	}
+	return out, nil
+}
+
+// State files: one per Trial, written before anything is made.
+const (
+	phaseCreating = "creating"
+	phaseLive     = "live"
+)
+
+type stateFile struct {
+	Phase string `json:"phase"`
+	TrialInfo
+}
+
+func (a *Agent) saveState(info TrialInfo, phase string) error {
+	if a.cfg.StateDir == "" {
+		return nil
+	}
+	b, err := json.Marshal(stateFile{phase, info})
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(a.cfg.StateDir, info.ID+".json")
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	return os.Rename(tmp, path)
+}
+
+func (a *Agent) removeState(id string) {
+	if a.cfg.StateDir != "" {
+		_ = os.Remove(filepath.Join(a.cfg.StateDir, id+".json"))
+	}
+}
+
+// readopt takes over the Trials a previous agent left: live ones get
+// their proxy endpoint back (enforcement never lapsed: it is pinned);
+// half-made or broken ones are removed.
+func (a *Agent) readopt() {
+	if a.cfg.StateDir == "" {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(a.cfg.StateDir, "*.json"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		var st stateFile
+		if err == nil {
+			err = json.Unmarshal(data, &st)
+		}
+		id := strings.TrimSuffix(filepath.Base(f), ".json")
+		if err != nil || st.ID != id || netns.ValidID(id) != nil {
+			a.log.Error("unreadable state file; removing it", "file", f, "error", err)
+			_ = os.Remove(f)
+			continue
+		}
+		if err := a.adopt(st); err != nil {
+			a.log.Warn("trial not re-adopted; removing what is left of it", "trial", id, "phase", st.Phase, "reason", err)
+			if rerr := a.host.Remove(id); rerr != nil {
+				a.log.Error("remove leftover trial", "trial", id, "error", rerr)
+			}
+			a.removeState(id)
+			continue
+		}
+		a.log.Info("trial re-adopted", "trial", id)
+	}
+}
+
+func (a *Agent) adopt(st stateFile) error {
+	if st.Phase != phaseLive {
+		return errors.New("it was being created when the previous agent stopped")
+	}
+	tr, err := a.host.Open(st.ID)
+	if err != nil {
+		return err
+	}
+	var entries []proxy.Entry
+	for _, e := range st.Allow {
+		pe, err := proxy.ParseEntry(e.Entry)
+		if err != nil {
+			return err
+		}
+		pe.RequireTLS = e.RequireTLS
+		entries = append(entries, pe)
+	}
+	lt := &liveTrial{info: st.TrialInfo, tr: tr}
+	a.mu.Lock()
+	a.trials[st.ID] = nil
+	a.mu.Unlock()
+	if err := a.serve(lt, proxy.NewAllowlist(entries...), st.Limits); err != nil {
+		a.mu.Lock()
+		delete(a.trials, st.ID)
+		a.mu.Unlock()
+		return err
+	}
+	a.mu.Lock()
+	a.trials[st.ID] = lt
+	a.mu.Unlock()
+	return nil
+}
+
+// Exec runs a command in a live Trial with the proxy variables set, and
+// returns its exit code.
+func (a *Agent) Exec(ctx context.Context, id string, c sandbox.Command, sigs <-chan os.Signal) (int, error) {
+	lt, err := a.lookup(id)
+	if err != nil {
+		return -1, err
+	}
+	c.ProxyURL = lt.info.ProxyURL
+	return lt.tr.Exec(ctx, c, sigs)
+}

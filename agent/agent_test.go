@@ -1,0 +1,246 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+func TestMain(m *testing.M) {
+	sandbox.Init()
+	os.Exit(m.Run())
+}
+
+const upstreamPort = 8081
+
+// world is a test host serving HTTP on upstreamPort and an in-process DNS
+// server that names it.
+type world struct {
+	host     *testhost.Host
+	dnsAddr  string
+	requests atomic.Int64
+}
+
+func newWorld(t *testing.T, subnet uint8, names ...string) *world {
+	t.Helper()
+	w := &world{host: testhost.NewT(t, subnet)}
+	ln, err := w.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(w.host.Addr4, upstreamPort).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.requests.Add(1)
+		fmt.Fprintf(rw, "hello from %s", r.Host)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := dns.NewServeMux()
+	mux.HandleFunc(".", func(rw dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		known := false
+		for _, n := range names {
+			known = known || strings.EqualFold(q.Name, n+".")
+		}
+		switch {
+		case !known:
+			m.Rcode = dns.RcodeNameError
+		case q.Qtype == dns.TypeA:
+			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: w.host.Addr4.AsSlice()}}
+		}
+		_ = rw.WriteMsg(m)
+	})
+	ds := &dns.Server{PacketConn: pc, Handler: mux}
+	go func() { _ = ds.ActivateAndServe() }()
+	t.Cleanup(func() { _ = ds.Shutdown() })
+	w.dnsAddr = pc.LocalAddr().String()
+	return w
+}
+
+func (w *world) config(t *testing.T) AgentConfig {
+	return AgentConfig{
+		StateDir:   t.TempDir(),
+		DataDir:    t.TempDir(),
+		Resolvers:  []string{w.dnsAddr},
+		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
+	}
+}
+
+func startAgent(t *testing.T, cfg AgentConfig) *Agent {
+	t.Helper()
+	a, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(true) })
+	return a
+}
+
+// curl runs curl in the Trial as nobody and returns its exit code and output.
+func curl(t *testing.T, a *Agent, id string, args ...string) (int, string) {
+	t.Helper()
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	code, err := a.Exec(ctx, id, sandbox.Command{
+		Args: append([]string{"curl", "-sS", "--max-time", "5"}, args...),
+		Env:  []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534, Stdout: &out, Stderr: &out,
+	}, nil)
+	if err != nil && code < 0 {
+		t.Fatalf("exec curl: %v", err)
+	}
+	return code, out.String()
+}
+
+// through curls url through the Trial's proxy (CONNECT even for http).
+func through(t *testing.T, a *Agent, id, url string) (int, string) {
+	return curl(t, a, id, "--proxytunnel", "-x", ProxyURL, url)
+}
+
+func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 221, "upstream.example.test", "other.example.test")
+	a := startAgent(t, w.config(t))
+	info, err := a.Create(CreateRequest{ID: "agt-allow", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ProxyURL != "http://127.0.0.1:3128" || !strings.HasSuffix(info.Netns, "/agt-allow") || !strings.HasSuffix(info.Cgroup, "/agt-allow") {
+		t.Fatalf("info %+v", info)
+	}
+	ip := w.host.Addr4.String()
+	if code, out := through(t, a, info.ID, fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort)); code != 0 || !strings.Contains(out, "hello from upstream.example.test") {
+		t.Fatalf("allowed name: curl exit %d: %s", code, out)
+	}
+	// The proxy variables every Trial process gets lead to the proxy.
+	if code, out := curl(t, a, info.ID, "--proxytunnel", fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort)); code != 0 {
+		t.Fatalf("through http_proxy from the environment: curl exit %d: %s", code, out)
+	}
+	for _, c := range []struct{ what, url string }{
+		{"other name", fmt.Sprintf("http://other.example.test:%d/", upstreamPort)},
+		{"IP literal", fmt.Sprintf("http://%s:%d/", ip, upstreamPort)},
+	} {
+		if code, out := through(t, a, info.ID, c.url); code == 0 || !strings.Contains(out, "403") {
+			t.Fatalf("%s: curl exit %d: %s", c.what, code, out)
+		}
+	}
+	if code, out := curl(t, a, info.ID, "--noproxy", "*", fmt.Sprintf("http://%s:%d/", ip, upstreamPort)); code == 0 {
+		t.Fatalf("direct connection succeeded: %s", out)
+	}
+	if n := w.requests.Load(); n != 2 {
+		t.Fatalf("the test host saw %d requests, want exactly the two allowed ones", n)
+	}
+	st, err := a.Stats(info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Proxy.ByReason["allowed"] != 2 || st.Proxy.ByReason["policy_denied"] != 1 || st.Proxy.ByReason["ip_literal"] != 1 {
+		t.Fatalf("proxy decisions %v", st.Proxy.ByReason)
+	}
+	if st.Kernel["connect4_denied"] < 1 || st.Egress != 0 || !strings.Contains(st.Verdict, "= 0") {
+		t.Fatalf("kernel %v, egress %d, verdict %q", st.Kernel, st.Egress, st.Verdict)
+	}
+	final, err := a.Destroy(info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if final.Proxy.Allowed != 2 || final.Proxy.BytesDown == 0 {
+		t.Fatalf("final stats %+v", final.Proxy)
+	}
+	recs, err := a.Audit(info.ID)
+	if err != nil || len(recs) != 4 {
+		t.Fatalf("audit after destroy: %d records, %v", len(recs), err)
+	}
+	if _, err := os.Stat(filepath.Join(a.cfg.DataDir, info.ID, "stats.json")); err != nil {
+		t.Fatalf("final stats not kept: %v", err)
+	}
+	if _, err := a.Get(info.ID); err == nil {
+		t.Fatal("a destroyed Trial is still listed")
+	}
+}
+
+func TestPrivilegedTwoTrialsSeparateAllowlists(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 222, "a.example.test", "b.example.test")
+	a := startAgent(t, w.config(t))
+	for _, id := range []string{"agt-a", "agt-b"} {
+		name := id[len(id)-1:] + ".example.test"
+		if _, err := a.Create(CreateRequest{ID: id, Allow: []string{fmt.Sprintf("%s:%d", name, upstreamPort)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Create(CreateRequest{ID: "agt-a"}); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("duplicate id: %v", err)
+	}
+	for _, c := range []struct {
+		trial, name string
+		ok          bool
+	}{{"agt-a", "a", true}, {"agt-a", "b", false}, {"agt-b", "b", true}, {"agt-b", "a", false}} {
+		code, out := through(t, a, c.trial, fmt.Sprintf("http://%s.example.test:%d/", c.name, upstreamPort))
+		if (code == 0) != c.ok {
+			t.Fatalf("%s -> %s: curl exit %d: %s", c.trial, c.name, code, out)
+		}
+	}
+	for _, id := range []string{"agt-a", "agt-b"} {
+		recs, err := a.Audit(id)
+		if err != nil || len(recs) != 2 {
+			t.Fatalf("%s: %d records, %v", id, len(recs), err)
+		}
+		for _, r := range recs {
+			if !strings.Contains(string(r), `"trial":"`+id+`"`) {
+				t.Fatalf("%s's log has a record of another Trial: %s", id, r)
+			}
+		}
+	}
+}
+
+func TestPrivilegedCreateRefusals(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 223)
+	a := startAgent(t, w.config(t))
+	for _, c := range []struct {
+		req  CreateRequest
+		code string
+	}{
+		{CreateRequest{ID: "Bad/ID"}, CodeBadID},
+		{CreateRequest{ID: "agt-p", Profiles: []string{"nosuch"}}, CodeUnknownProfile},
+		{CreateRequest{ID: "agt-q", Allow: []string{"*.com:443"}}, CodeBadAllowlist},
+		{CreateRequest{ID: "agt-r", Allow: []string{"127.0.0.1:443"}}, CodeBadAllowlist},
+	} {
+		_, err := a.Create(c.req)
+		var e *Error
+		if !errors.As(err, &e) || e.Code != c.code {
+			t.Errorf("%+v: %v, want code %s", c.req, err, c.code)
+		}
+	}
+	if len(a.List()) != 0 {
+		t.Fatalf("refused creates left Trials: %v", a.List())
+	}
+	entries, _ := os.ReadDir(a.cfg.StateDir)
+	if len(entries) != 0 {
+		t.Fatalf("refused creates left state files: %v", entries)
+	}
+}

@@ -1,0 +1,226 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// The control API: HTTP+JSON on a Unix socket that only root can open.
+//
+//	POST   /v1/trials              CreateRequest -> TrialInfo
+//	GET    /v1/trials              -> []TrialInfo
+//	GET    /v1/trials/{id}         -> TrialInfo
+//	DELETE /v1/trials/{id}         -> Stats (final)
+//	GET    /v1/trials/{id}/stats   -> Stats
+//	GET    /v1/trials/{id}/audit   -> []decision event
+//
+// Errors are {"error": {"code": ..., "message": ...}} with a 4xx/5xx status.
+
+// Handler returns the control API's HTTP handler.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/trials", func(w http.ResponseWriter, r *http.Request) {
+		var req CreateRequest
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
+			return
+		}
+		reply(w, http.StatusCreated)(a.Create(req))
+	})
+	mux.HandleFunc("GET /v1/trials", func(w http.ResponseWriter, r *http.Request) {
+		list := a.List()
+		if list == nil {
+			list = []TrialInfo{}
+		}
+		reply(w, http.StatusOK)(list, nil)
+	})
+	mux.HandleFunc("GET /v1/trials/{id}", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, http.StatusOK)(a.Get(r.PathValue("id")))
+	})
+	mux.HandleFunc("DELETE /v1/trials/{id}", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, http.StatusOK)(a.Destroy(r.PathValue("id")))
+	})
+	mux.HandleFunc("GET /v1/trials/{id}/stats", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, http.StatusOK)(a.Stats(r.PathValue("id")))
+	})
+	mux.HandleFunc("GET /v1/trials/{id}/audit", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, http.StatusOK)(a.Audit(r.PathValue("id")))
+	})
+	return mux
+}
+
+func reply(w http.ResponseWriter, status int) func(v any, err error) {
+	return func(v any, err error) {
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(v)
+	}
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = &Error{Code: CodeInternal, Message: err.Error()}
+	}
+	status := http.StatusInternalServerError
+	switch e.Code {
+	case CodeBadRequest, CodeBadID, CodeUnknownProfile, CodeBadAllowlist:
+		status = http.StatusBadRequest
+	case CodeDuplicateID:
+		status = http.StatusConflict
+	case CodeUnknownTrial:
+		status = http.StatusNotFound
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]*Error{"error": e})
+}
+
+// ListenSocket creates the control socket, mode 0600 (root only). A stale
+// socket of a dead agent is replaced; a live agent's is not.
+func ListenSocket(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("another trialnet agent is already serving %s", path)
+	}
+	_ = os.Remove(path)
+	// The socket is created with the umask applied, so no other user can
+	// connect between bind and chmod.
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// ErrNoAgent means no agent answers on the control socket.
+var ErrNoAgent = errors.New("no trialnet agent is running")
+
+// Client talks to an agent over its control socket.
+type Client struct {
+	Socket string
+	hc     *http.Client
+}
+
+// NewClient returns a client for the agent at socket ("" : DefaultSocket).
+func NewClient(socket string) *Client {
+	if socket == "" {
+		socket = DefaultSocket
+	}
+	return &Client{Socket: socket, hc: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}}
+}
+
+// Running reports whether an agent answers on the socket.
+func (c *Client) Running() bool {
+	conn, err := net.DialTimeout("unix", c.Socket, time.Second)
+	if err != nil {
+		return false
+	}
+	_ = conn.Close()
+	return true
+}
+
+func (c *Client) do(method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, "http://trialnet"+path, rd)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("%w on %s (start one with 'sudo trialnet agent', or 'systemctl start trialnet')", ErrNoAgent, c.Socket)
+		}
+		if errors.Is(err, syscall.EACCES) {
+			return fmt.Errorf("cannot reach the trialnet agent on %s: permission denied (the control socket is root only; try sudo)", c.Socket)
+		}
+		return fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error *Error `json:"error"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&e) == nil && e.Error != nil {
+			return e.Error
+		}
+		return &Error{Code: CodeInternal, Message: "agent answered " + resp.Status}
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// Create asks for a Trial.
+func (c *Client) Create(req CreateRequest) (TrialInfo, error) {
+	var out TrialInfo
+	return out, c.do(http.MethodPost, "/v1/trials", req, &out)
+}
+
+// List returns the live Trials.
+func (c *Client) List() ([]TrialInfo, error) {
+	var out []TrialInfo
+	return out, c.do(http.MethodGet, "/v1/trials", nil, &out)
+}
+
+// Get describes one Trial.
+func (c *Client) Get(id string) (TrialInfo, error) {
+	var out TrialInfo
+	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id), nil, &out)
+}
+
+// Stats reads one Trial's counters.
+func (c *Client) Stats(id string) (Stats, error) {
+	var out Stats
+	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/stats", nil, &out)
+}
+
+// Destroy tears a Trial down and returns its final stats.
+func (c *Client) Destroy(id string) (Stats, error) {
+	var out Stats
+	return out, c.do(http.MethodDelete, "/v1/trials/"+url.PathEscape(id), nil, &out)
+}
+
+// Audit returns a Trial's decision log.
+func (c *Client) Audit(id string) ([]json.RawMessage, error) {
+	var out []json.RawMessage
+	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/audit", nil, &out)
+}

@@ -1,0 +1,383 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+// exitRefused: the agent refused the request (unknown Trial, duplicate id,
+// bad allowlist) as opposed to failing.
+const exitRefused = 3
+
+// agentCode maps an agent error to an exit code: refusals and failures
+// differ, as the issue asks.
+func agentCode(err error) int {
+	var e *agent.Error
+	if errors.As(err, &e) && e.Code != agent.CodeInternal {
+		return exitRefused
+	}
+	return exitFailure
+}
+
+func socketFlag(fs *flag.FlagSet) *string {
+	return fs.String("socket", agent.DefaultSocket, "the agent's control socket")
+}
+
+func cmdAgent(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("agent", "agent [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--metrics-addr ADDR] [--log-format text|json] [--teardown-on-exit]",
+		"sudo trialnet agent --config /etc/trialnet/trialnet.yaml --metrics-addr 127.0.0.1:9464", stderr)
+	configPath := fs.String("config", "", "YAML config: profiles, resolvers, allowed CIDRs, limits, paths")
+	var resolvers, cidrs stringList
+	fs.Var(&resolvers, "resolver", "DNS server for allowed names (repeatable; overrides the config)")
+	fs.Var(&cidrs, "allow-cidr", "also allow destinations in this private or reserved CIDR (repeatable; adds to the config)")
+	socket := fs.String("socket", "", "control socket (default: the config's paths.socket, else "+agent.DefaultSocket+")")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9464)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	teardown := fs.Bool("teardown-on-exit", false, "destroy every Trial on SIGTERM/SIGINT (default: leave them enforced for the next agent)")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	var handler slog.Handler = slog.NewTextHandler(stderr, nil)
+	switch *logFormat {
+	case "text":
+	case "json":
+		handler = slog.NewJSONHandler(stderr, nil)
+	default:
+		return fail(stdout, stderr, false, exitUsage, usageError{"agent: --log-format is text or json"})
+	}
+	log := slog.New(handler)
+	file := &proxy.File{}
+	if *configPath != "" {
+		f, err := proxy.LoadFile(*configPath)
+		if err != nil {
+			return fail(stdout, stderr, false, exitUsage, err)
+		}
+		file = f
+	}
+	cfg := agent.AgentConfig{
+		Host:      agent.Config{PinDir: file.Paths.PinDir, NetnsDir: file.Paths.NetnsDir, Parent: file.Paths.CgroupParent},
+		StateDir:  or(file.Paths.StateDir, agent.DefaultStateDir),
+		DataDir:   or(file.Paths.DataDir, agent.DefaultDataDir),
+		File:      file,
+		Resolvers: resolvers,
+		Logger:    log,
+	}
+	for _, c := range cidrs {
+		p, err := proxy.CheckAllowCIDR(c)
+		if err != nil {
+			return fail(stdout, stderr, false, exitUsage, err)
+		}
+		cfg.AllowCIDRs = append(cfg.AllowCIDRs, p)
+	}
+	sock := or(*socket, or(file.Paths.Socket, agent.DefaultSocket))
+	ln, err := agent.ListenSocket(sock)
+	if err != nil {
+		return fail(stdout, stderr, false, exitFailure, err)
+	}
+	defer os.Remove(sock)
+	a, err := agent.Start(cfg)
+	if err != nil {
+		_ = ln.Close()
+		return fail(stdout, stderr, false, exitFailure, err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	var msrv *http.Server
+	if *metricsAddr != "" {
+		mln, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			_ = srv.Close()
+			a.Close(false)
+			return fail(stdout, stderr, false, exitFailure, fmt.Errorf("agent: metrics: %w", err))
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry(), promhttp.HandlerOpts{}))
+		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(mln) }()
+	}
+	log.Info("trialnet agent ready", "socket", sock, "trials", len(a.List()), "metrics", *metricsAddr)
+	<-ctx.Done()
+	log.Info("trialnet agent stopping", "teardown", *teardown)
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdown)
+	if msrv != nil {
+		_ = msrv.Shutdown(shutdown)
+	}
+	a.Close(*teardown)
+	return exitOK
+}
+
+func or(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// policyFlags are the allowlist flags of create and run.
+type policyFlags struct {
+	allow, profiles stringList
+	requireTLS      bool
+	strict          bool
+}
+
+func (p *policyFlags) register(fs *flag.FlagSet) {
+	fs.Var(&p.allow, "allow", "allow CONNECT to HOST:PORT, exact or *.suffix (repeatable)")
+	fs.Var(&p.profiles, "profile", "allow the hosts of this profile from the agent's config (repeatable)")
+	fs.BoolVar(&p.requireTLS, "require-tls", false, "tunnels to --allow hosts must start with a TLS ClientHello naming the host")
+	fs.BoolVar(&p.strict, "strict", false, "allow only the proxy endpoint on loopback, not all of the Trial's loopback")
+}
+
+func cmdCreate(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--strict] [-j]",
+		"sudo trialnet create --id eval-42 --profile claude -j", stderr)
+	id := fs.String("id", "", "the Trial's id (default: generated)")
+	var pf policyFlags
+	pf.register(fs)
+	socket := socketFlag(fs)
+	asJSON := jsonFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	info, err := agent.NewClient(*socket).Create(agent.CreateRequest{ID: *id, Allow: pf.allow, Profiles: pf.profiles, RequireTLS: pf.requireTLS, Strict: pf.strict})
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+	}
+	if *asJSON {
+		_ = json.NewEncoder(stdout).Encode(info)
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "id\t%s\nnetns\t%s\ncgroup\t%s\nproxy_url\t%s\n", info.ID, info.Netns, info.Cgroup, info.ProxyURL)
+	_ = tw.Flush()
+	return exitOK
+}
+
+func cmdExec(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("exec", "exec --trial ID [--uid N] [--gid N] -- CMD [ARGS]",
+		"sudo trialnet exec --trial eval-42 -- claude -p 'fix the tests'", stderr)
+	id := fs.String("trial", "", "the Trial to run CMD in")
+	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo; required otherwise)")
+	gid := fs.Int("gid", -1, "run CMD with this group id (default: $SUDO_GID under sudo, else the uid)")
+	socket := socketFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if *id == "" || fs.NArg() == 0 {
+		fs.Usage()
+		return fail(stdout, stderr, false, exitUsage, usageError{"exec: give --trial ID and a command after --"})
+	}
+	u, g, err := trialUser(*uid, *gid)
+	if err != nil {
+		return fail(stdout, stderr, false, exitUsage, err)
+	}
+	info, err := agent.NewClient(*socket).Get(*id)
+	if err != nil {
+		return fail(stdout, stderr, false, agentCode(err), err)
+	}
+	code, err := execIn(context.Background(), info, sandbox.Command{
+		Args: fs.Args(), Env: os.Environ(), UID: u, GID: g,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+	})
+	var se *sandbox.StartError
+	if errors.As(err, &se) {
+		return fail(stdout, stderr, false, se.Code, err)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "trialnet: %v\n", err)
+	}
+	return code
+}
+
+func cmdList(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("list", "list [-j]", "sudo trialnet list", stderr)
+	socket := socketFlag(fs)
+	asJSON := jsonFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	list, err := agent.NewClient(*socket).List()
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+	}
+	if *asJSON {
+		_ = json.NewEncoder(stdout).Encode(list)
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTRICT\tALLOW\tCREATED")
+	for _, t := range list {
+		var allow []string
+		for _, e := range t.Allow {
+			allow = append(allow, e.Entry)
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\n", t.ID, t.Strict, strings.Join(allow, ","), t.Created.Format(time.RFC3339))
+	}
+	_ = tw.Flush()
+	return exitOK
+}
+
+func cmdStats(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("stats", "stats [--trial ID] [-j] [--watch]", "sudo trialnet stats --trial eval-42 --watch", stderr)
+	id := fs.String("trial", "", "one Trial (default: every live Trial)")
+	watch := fs.Bool("watch", false, "print again every second until interrupted")
+	socket := socketFlag(fs)
+	asJSON := jsonFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	c := agent.NewClient(*socket)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	for {
+		ids := []string{*id}
+		if *id == "" {
+			list, err := c.List()
+			if err != nil {
+				return fail(stdout, stderr, *asJSON, agentCode(err), err)
+			}
+			ids = ids[:0]
+			for _, t := range list {
+				ids = append(ids, t.ID)
+			}
+		}
+		var all []agent.Stats
+		for _, t := range ids {
+			st, err := c.Stats(t)
+			if err != nil {
+				return fail(stdout, stderr, *asJSON, agentCode(err), err)
+			}
+			all = append(all, st)
+		}
+		if *asJSON {
+			if *id != "" {
+				_ = json.NewEncoder(stdout).Encode(all[0])
+			} else {
+				_ = json.NewEncoder(stdout).Encode(all)
+			}
+		} else {
+			for _, st := range all {
+				printStats(stdout, st)
+			}
+		}
+		if !*watch {
+			return exitOK
+		}
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// printStats prints a Trial's counters in aligned columns, bpftool-style,
+// ending with the verdict line.
+func printStats(w io.Writer, st agent.Stats) {
+	fmt.Fprintf(w, "trial %s\n", st.Trial)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	names := make([]string, 0, len(st.Kernel))
+	for n := range st.Kernel {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		fmt.Fprintf(tw, "\tkernel\t%s\t%d\n", n, st.Kernel[n])
+	}
+	p := st.Proxy
+	fmt.Fprintf(tw, "\tproxy\ttunnels_allowed\t%d\n\tproxy\ttunnels_denied\t%d\n\tproxy\ttunnels_active\t%d\n\tproxy\tdns_failures\t%d\n\tproxy\tbytes_up\t%d\n\tproxy\tbytes_down\t%d\n",
+		p.Allowed, p.Denied, p.Active, p.DNSFailures, p.BytesUp, p.BytesDown)
+	reasons := make([]string, 0, len(p.ByReason))
+	for r := range p.ByReason {
+		reasons = append(reasons, r)
+	}
+	slices.Sort(reasons)
+	for _, r := range reasons {
+		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", r, p.ByReason[r])
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w, st.Verdict)
+}
+
+func cmdAudit(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("audit", "audit --trial ID [-j]", "sudo trialnet audit --trial eval-42", stderr)
+	id := fs.String("trial", "", "the Trial (live or destroyed)")
+	socket := socketFlag(fs)
+	asJSON := jsonFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if *id == "" {
+		fs.Usage()
+		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"audit: give --trial ID"})
+	}
+	recs, err := agent.NewClient(*socket).Audit(*id)
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+	}
+	if *asJSON {
+		if recs == nil {
+			recs = []json.RawMessage{}
+		}
+		_ = json.NewEncoder(stdout).Encode(recs)
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "START\tTARGET\tDECISION\tREASON\tDIALED\tUP\tDOWN\tDETAIL")
+	for _, r := range recs {
+		var e map[string]any
+		if json.Unmarshal(r, &e) != nil {
+			continue
+		}
+		fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\n", e["start"], e["target"], e["decision"], e["reason"], e["dialed"], e["bytes_up"], e["bytes_down"], e["detail"])
+	}
+	_ = tw.Flush()
+	return exitOK
+}
+
+func cmdDestroy(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("destroy", "destroy [-j] ID", "sudo trialnet destroy eval-42", stderr)
+	socket := socketFlag(fs)
+	asJSON := jsonFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"destroy: give exactly one Trial id"})
+	}
+	st, err := agent.NewClient(*socket).Destroy(fs.Arg(0))
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+	}
+	if *asJSON {
+		_ = json.NewEncoder(stdout).Encode(st)
+		return exitOK
+	}
+	printStats(stdout, st)
+	return exitOK
+}
