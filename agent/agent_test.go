@@ -82,6 +82,7 @@ func newWorld(t *testing.T, subnet uint8, names ...string) *world {
 
 func (w *world) config(t *testing.T) AgentConfig {
 	return AgentConfig{
+		Host:       isolatedHost(t),
 		StateDir:   t.TempDir(),
 		DataDir:    t.TempDir(),
 		Resolvers:  []string{w.dnsAddr},

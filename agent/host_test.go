@@ -17,22 +17,7 @@ import (
 
 func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 	privtest.Require(t)
-	mount, err := sandbox.Cgroup2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	suffix := hex.EncodeToString(b[:])
-	cfg := Config{
-		Parent:   filepath.Join(mount, "trialnet-agenttest-"+suffix),
-		PinDir:   bpf.DefaultPinDir + "-agenttest-" + suffix,
-		NetnsDir: t.TempDir(),
-	}
-	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = Uninstall(cfg, true); _ = os.Remove(cfg.Parent) })
+	cfg := isolatedHost(t)
 	h, err := OpenHost(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -59,4 +44,28 @@ func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 			t.Fatalf("%s left after uninstall", p)
 		}
 	}
+}
+
+// isolatedHost is a host configuration of the test's own: its own parent
+// cgroup, pins and namespace directory, so that tests running at the same
+// time (other packages too) never see each other's Trials.
+func isolatedHost(t *testing.T) Config {
+	t.Helper()
+	mount, err := sandbox.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	suffix := hex.EncodeToString(b[:])
+	cfg := Config{
+		Parent:   filepath.Join(mount, "trialnet-agenttest-"+suffix),
+		PinDir:   bpf.DefaultPinDir + "-agenttest-" + suffix,
+		NetnsDir: t.TempDir(),
+	}
+	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Uninstall(cfg, true); _ = os.Remove(cfg.Parent) })
+	return cfg
 }

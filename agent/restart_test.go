@@ -1,0 +1,161 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+// agentProc is a `trialnet agent` process of the test's own.
+type agentProc struct {
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
+}
+
+func buildTrialnet(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "trialnet")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/trialnet").CombinedOutput(); err != nil {
+		t.Fatalf("build trialnet: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func runAgent(t *testing.T, bin string, args ...string) *agentProc {
+	t.Helper()
+	p := &agentProc{cmd: exec.Command(bin, append([]string{"agent"}, args...)...)}
+	p.cmd.Stderr = &p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			_ = p.cmd.Wait()
+		}
+	})
+	return p
+}
+
+func waitReady(t *testing.T, c *Client, p *agentProc) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := c.List(); err == nil {
+			return
+		}
+	}
+	t.Fatalf("agent did not answer on %s:\n%s", c.Socket, p.stderr.String())
+}
+
+// curlIn runs curl in a Trial from this process (as `trialnet exec` does).
+func curlIn(t *testing.T, info TrialInfo, args ...string) int {
+	t.Helper()
+	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	code, _ := tr.Exec(ctx, sandbox.Command{
+		Args: append([]string{"curl", "-sS", "--max-time", "5"}, args...), Env: []string{"PATH=/usr/bin:/bin"},
+		UID: 65534, GID: 65534, ProxyURL: info.ProxyURL, Stdout: &out, Stderr: &out,
+	}, nil)
+	return code
+}
+
+// SIGKILL the agent with a Trial live: in the gap the Trial stays
+// enforced (direct connections fail) and its proxy port refuses; the
+// restarted agent re-adopts the Trial, which works again, and the kernel
+// counters continued.
+func TestPrivilegedAgentRestartReadopts(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 224, "upstream.example.test")
+	bin := buildTrialnet(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	host := isolatedHost(t)
+	cfg := filepath.Join(dir, "trialnet.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s/state\n  data_dir: %s/data\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
+		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}
+	c := NewClient(sock)
+	first := runAgent(t, bin, args...)
+	waitReady(t, c, first)
+	info, err := c.Create(CreateRequest{ID: "agt-restart", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if h, err := OpenHost(host); err == nil {
+			_ = h.Remove(info.ID)
+			_ = h.Close()
+		}
+	})
+	url := fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort)
+	direct := fmt.Sprintf("http://%s:%d/", w.host.Addr4, upstreamPort)
+	if code := curlIn(t, info, "--proxytunnel", url); code != 0 {
+		t.Fatalf("before the restart: curl exit %d", code)
+	}
+	before, err := c.Stats(info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.cmd.Wait()
+	if code := curlIn(t, info, "--noproxy", "*", direct); code == 0 {
+		t.Fatal("a direct connection succeeded while the agent was dead")
+	}
+	if code := curlIn(t, info, "--proxytunnel", url); code != 7 { // 7: could not connect to the proxy
+		t.Fatalf("through the dead agent's proxy port: curl exit %d, want 7 (refused)", code)
+	}
+	if _, err := c.List(); err == nil || !strings.Contains(err.Error(), "no trialnet agent is running") {
+		t.Fatalf("client with no agent: %v", err)
+	}
+
+	second := runAgent(t, bin, args...)
+	waitReady(t, c, second)
+	list, err := c.List()
+	if err != nil || len(list) != 1 || list[0].ID != info.ID {
+		t.Fatalf("after restart: %v %v\n%s", list, err, second.stderr.String())
+	}
+	if code := curlIn(t, info, "--proxytunnel", url); code != 0 {
+		t.Fatalf("after the restart: curl exit %d\n%s", code, second.stderr.String())
+	}
+	after, err := c.Stats(info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"connect4_allowed", "connect4_denied", "egress_loopback_packets"} {
+		if after.Kernel[k] <= before.Kernel[k] {
+			t.Errorf("kernel counter %s went %d -> %d: it should have continued and grown", k, before.Kernel[k], after.Kernel[k])
+		}
+	}
+	if after.Egress != 0 {
+		t.Fatalf("direct egress packets %d", after.Egress)
+	}
+	if _, err := c.Destroy(info.ID); err != nil {
+		t.Fatal(err)
+	}
+	_ = second.cmd.Process.Signal(syscall.SIGTERM)
+	if err := second.cmd.Wait(); err != nil {
+		t.Fatalf("agent exit: %v\n%s", err, second.stderr.String())
+	}
+}
