@@ -71,6 +71,7 @@ type TrialInfo struct {
 	ID       string        `json:"id"`
 	Netns    string        `json:"netns"`
 	Cgroup   string        `json:"cgroup"`
+	CgroupID uint64        `json:"cgroup_id"`
 	ProxyURL string        `json:"proxy_url"`
 	Strict   bool          `json:"strict"`
 	Allow    []AllowEntry  `json:"allow"`
@@ -238,7 +239,7 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 		}
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
-	info.Netns, info.Cgroup = tr.Netns.Path, tr.Cgroup
+	info.Netns, info.Cgroup, info.CgroupID = tr.Netns.Path, tr.Cgroup, tr.CgroupID
 	lt := &liveTrial{info: info, tr: tr}
 	if err := a.serve(lt, allow, req.Limits); err != nil {
 		_ = tr.Close()
@@ -542,6 +543,10 @@ func (a *Agent) readopt() {
 			a.log.Warn("trial not re-adopted; removing what is left of it", "trial", id, "phase", st.Phase, "reason", err)
 			if rerr := a.host.Remove(id); rerr != nil {
 				a.log.Error("remove leftover trial", "trial", id, "error", rerr)
+			}
+			if st.CgroupID != 0 {
+				// The cgroup may be gone already; its policy entry is not.
+				_ = a.host.BPF.RemoveTrial(st.CgroupID)
 			}
 			a.removeState(id)
 			continue

@@ -205,6 +205,35 @@ func TestPrivilegedTwoTrialsSeparateAllowlists(t *testing.T) {
 			t.Fatalf("%s -> %s: curl exit %d: %s", c.trial, c.name, code, out)
 		}
 	}
+	// The metrics carry each Trial's decisions under its own label.
+	mfs, err := a.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := ""
+			for _, l := range m.GetLabel() {
+				labels += l.GetName() + "=" + l.GetValue() + ","
+			}
+			seen[mf.GetName()+"{"+labels+"}"] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	for _, want := range []string{
+		"trialnet_trials_live{}",
+		"trialnet_proxy_decisions_total{decision=allow,reason=allowed,trial=agt-a,}",
+		"trialnet_proxy_decisions_total{decision=deny,reason=policy_denied,trial=agt-b,}",
+		"trialnet_direct_egress_packets{trial=agt-a,}",
+		"trialnet_kernel_connect4_allowed_total{trial=agt-b,}",
+	} {
+		if _, ok := seen[want]; !ok {
+			t.Errorf("metric %s missing", want)
+		}
+	}
+	if seen["trialnet_trials_live{}"] != 2 || seen["trialnet_proxy_decisions_total{decision=allow,reason=allowed,trial=agt-a,}"] != 1 {
+		t.Errorf("metric values: %v", seen)
+	}
 	for _, id := range []string{"agt-a", "agt-b"} {
 		recs, err := a.Audit(id)
 		if err != nil || len(recs) != 2 {

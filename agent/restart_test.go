@@ -159,3 +159,47 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 		t.Fatalf("agent exit: %v\n%s", err, second.stderr.String())
 	}
 }
+
+// A restarted agent re-adopts healthy Trials and removes the rest: one
+// whose cgroup disappeared and one that was still being created.
+func TestPrivilegedReadoptCleansUp(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 226)
+	cfg := w.config(t)
+	a, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"agt-keep", "agt-gone"} {
+		if _, err := a.Create(CreateRequest{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gone, _ := a.Get("agt-gone")
+	a.Close(false) // Trials stay enforced
+	if err := os.Remove(gone.Cgroup); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfg.StateDir, "agt-half.json"), []byte(`{"phase":"creating","id":"agt-half"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := startAgent(t, cfg)
+	list := b.List()
+	if len(list) != 1 || list[0].ID != "agt-keep" {
+		t.Fatalf("re-adopted %v, want only agt-keep", list)
+	}
+	if _, err := os.Stat(gone.Netns); !os.IsNotExist(err) {
+		t.Fatalf("the namespace of the Trial whose cgroup vanished is still there: %v", err)
+	}
+	if b.host.BPF.HasTrial(gone.CgroupID) {
+		t.Fatal("the vanished Trial's policy entry is still there")
+	}
+	for _, id := range []string{"agt-gone", "agt-half"} {
+		if _, err := os.Stat(filepath.Join(cfg.StateDir, id+".json")); !os.IsNotExist(err) {
+			t.Fatalf("state of %s left: %v", id, err)
+		}
+	}
+	if n := b.host.BPF.TrialCount(); n != 1 {
+		t.Fatalf("%d policy entries, want 1", n)
+	}
+}
