@@ -48,7 +48,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s) from its committed seed
 	for f in FuzzParseRequest FuzzClientHello FuzzGuard; do \
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./proxy || exit 1; done
 
-demo: deps build ## show a Trial refusing every way out to a test host, with its counters
+demo: deps build ## show a Trial reaching its allowed host through the proxy and every other way out refused, with its counters
 	$(GO) run ./cmd/trialnet-demo $(BIN)
 
 clean: ## remove build output

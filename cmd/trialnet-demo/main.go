@@ -1,22 +1,36 @@
 //go:build linux
 
-// Command trialnet-demo shows a Trial at work on this machine: it makes a
-// test host (its own network namespace behind a veth pair), shows that the
-// host can reach it, then runs commands in a Trial with 'trialnet run' and
-// shows every way out refused and counted. It removes all it made.
+// Command trialnet-demo shows a Trial at work on this machine. It makes a
+// test upstream (its own network namespace behind a veth pair, serving
+// HTTP) and a DNS server that names it, then runs a script in a Trial
+// with 'trialnet run --allow api.demo.test:8081': the allowed request goes
+// through the proxy; a direct connection, a DNS query, an IP-literal
+// CONNECT, a name not on the allowlist and the other ways out fail with
+// their reasons; the Trial's counters follow. It removes all it made.
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/testhost"
+)
+
+const (
+	allowedName = "api.demo.test"
+	otherName   = "evil.demo.test"
+	httpPort    = 8081
 )
 
 func main() {
@@ -50,37 +64,91 @@ func run() error {
 		return fmt.Errorf("make the test host: %w", err)
 	}
 	defer th.Close()
+	upstream := netip.AddrPortFrom(th.Addr4, httpPort)
+	var requests atomic.Int64
+	ln, err := th.NS.Listen(context.Background(), "tcp", upstream.String())
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		fmt.Fprintf(w, "hello from the provider at %s\n", r.Host)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	dnsAddr, stopDNS, err := serveDNS(th.Addr4)
+	if err != nil {
+		return err
+	}
+	defer stopDNS()
 
-	step("a test host at %s (its own netns + veth) answers the host directly", th.AddrPort4())
+	step("a test upstream at %s (its own netns + veth), named %s by a DNS server at %s", upstream, allowedName, dnsAddr)
 	c, err := net.DialTimeout("tcp", th.AddrPort4().String(), 2*time.Second)
 	if err != nil {
 		return fmt.Errorf("the test host is not reachable even without a Trial: %w", err)
 	}
 	b, _ := io.ReadAll(c)
 	_ = c.Close()
-	fmt.Print("    ", string(b))
+	fmt.Print("    the host reaches it directly: ", string(b))
 
-	target4 := th.AddrPort4().String()
+	ip := th.Addr4.String()
+	url := fmt.Sprintf("http://%s:%d/", allowedName, httpPort)
 	script := strings.Join([]string{
-		`echo "inside the Trial as $(id -un), network interfaces: $(awk -F: 'NR>2{printf "%s ", $1}' /proc/net/dev)"`,
+		`echo "inside the Trial as $(id -un); interfaces: $(awk -F: 'NR>2{printf "%s ", $1}' /proc/net/dev); HTTPS_PROXY=$HTTPS_PROXY"`,
+		// via: through the proxy with CONNECT, printing the proxy's reason on refusal.
+		`via() { out=$(curl -sS -m 5 --proxytunnel -D /tmp/h "$2" 2>&1); rc=$?; r=$(tr -d '\r' </tmp/h 2>/dev/null | sed -n 's/^Trialnet-Reason: //p' | head -n1); rm -f /tmp/h;` +
+			` if [ $rc = 0 ]; then echo "  allowed  $1: $out"; else echo "  refused  $1: ${r:-$(echo "$out" | tail -n1)}"; fi; }`,
 		`try() { name=$1; shift; if out=$("$@" 2>&1); then echo "  ESCAPED  $name"; else echo "  refused  $name: $(echo "$out" | tail -n1)"; fi; }`,
-		`try "TCP to the test host" curl -sS -m 3 http://` + target4 + `/`,
-		`try "TCP over IPv6 to the test host" curl -sS -m 3 http://[` + th.Addr6.String() + `]:8080/`,
-		`try "IPv4-mapped IPv6 to the test host" curl -sS -m 3 http://[::ffff:` + th.Addr4.String() + `]:8080/`,
-		`try "UDP to the test host" bash -c 'echo x > /dev/udp/` + strings.ReplaceAll(target4, ":", "/") + `'`,
-		`try "the host's own address" curl -sS -m 3 http://` + th.Local4.String() + `:22/`,
-		`try "the Docker socket path" curl -sS -m 3 --unix-socket /var/run/docker.sock http://x/`,
+		`via "` + allowedName + ` through the proxy" ` + url,
+		`via "` + otherName + ` (not on the allowlist)" http://` + otherName + fmt.Sprintf(":%d/", httpPort),
+		`via "CONNECT to an IP literal" http://` + ip + fmt.Sprintf(":%d/", httpPort),
+		`try "direct TCP to the upstream" curl -sS -m 3 --noproxy '*' http://` + ip + fmt.Sprintf(":%d/", httpPort),
+		`try "direct TCP over IPv6" curl -sS -m 3 --noproxy '*' http://[` + th.Addr6.String() + `]:8080/`,
+		`try "IPv4-mapped IPv6" curl -sS -m 3 --noproxy '*' http://[::ffff:` + ip + `]:8080/`,
+		`try "a DNS query (UDP to the upstream's port 53)" bash -c 'printf "\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03api\x04demo\x04test\x00\x00\x01\x00\x01" > /dev/udp/` + ip + `/53'`,
+		`try "a DNS query over TCP" bash -c ': </dev/tcp/` + ip + `/53'`,
+		`try "UDP to the upstream" bash -c 'echo x > /dev/udp/` + ip + `/8080'`,
+		`try "the host's own address" curl -sS -m 3 --noproxy '*' http://` + th.Local4.String() + `:22/`,
+		`try "the Docker socket" curl -sS -m 3 --unix-socket /var/run/docker.sock http://x/`,
 	}, "\n")
 
-	step("the same attempts from inside a Trial: sudo trialnet run --uid 65534 -- bash -c ...")
-	cmd := exec.Command(bin, "run", "--uid", "65534", "--", "bash", "-c", script)
+	step("the same from inside a Trial: sudo trialnet run --allow %s:%d --uid 65534 -- bash -c ...", allowedName, httpPort)
+	cmd := exec.Command(bin, "run", "--allow", fmt.Sprintf("%s:%d", allowedName, httpPort),
+		"--resolver", dnsAddr, "--allow-cidr", "198.18.200.0/24", "--uid", "65534", "--", "bash", "-c", script)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("trialnet run: %w", err)
 	}
-	if n := th.Arrivals(); n != 1 {
-		return fmt.Errorf("the test host saw %d connections; only the host's own (1) was expected", n)
+	if n := requests.Load(); n != 1 {
+		return fmt.Errorf("the upstream saw %d requests; only the allowed one was expected", n)
 	}
-	step("the test host saw only the host's own connection: nothing left the Trial")
+	if n := th.Arrivals(); n != 1 {
+		return fmt.Errorf("the test host's canaries saw %d arrivals; only the host's own (1) was expected", n)
+	}
+	step("the upstream saw exactly the one allowed request; nothing else left the Trial")
 	return nil
+}
+
+// serveDNS answers A queries for allowedName with a, on 127.0.0.1.
+func serveDNS(a netip.Addr) (string, func(), error) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	mux := dns.NewServeMux()
+	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		switch {
+		case !strings.EqualFold(q.Name, allowedName+"."):
+			m.Rcode = dns.RcodeNameError
+		case q.Qtype == dns.TypeA:
+			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: a.AsSlice()}}
+		}
+		_ = w.WriteMsg(m)
+	})
+	srv := &dns.Server{PacketConn: pc, Handler: mux}
+	go func() { _ = srv.ActivateAndServe() }()
+	return pc.LocalAddr().String(), func() { _ = srv.Shutdown() }, nil
 }
