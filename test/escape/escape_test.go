@@ -1,0 +1,469 @@
+//go:build linux
+
+// Package escape runs the escape suite: a static program (escapee) that
+// tries every way out it knows, run inside a Trial and with each layer
+// removed in turn, against canaries on a test host that record what
+// actually arrives. "Blocked" is confirmed at the receiving side.
+package escape
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+func TestMain(m *testing.M) {
+	sandbox.Init()
+	os.Exit(m.Run())
+}
+
+const (
+	dnsPort      = 53
+	inboundPort  = 18080 // where escapee listens for an inbound connection
+	loopbackPort = 9999  // a loopback port that is not the proxy's
+)
+
+// network attempts: each one's refusal must be counted by the kernel
+// when eBPF is in place.
+var network = map[string]bool{
+	"tcp4": true, "tcp6": true, "tcp-ipv4-mapped": true, "udp4-connected": true, "udp6-connected": true,
+	"udp4-sendto": true, "udp6-sendto": true, "udp-ipv4-mapped-sendto": true, "udp4-sendmsg": true,
+	"tcp4-fastopen": true, "tcp6-fastopen": true, "raw4-icmp": true, "raw6-icmp": true, "ping4": true, "ping6": true,
+	"dns-udp": true, "dns-tcp": true, "loopback-other-port": true, "io_uring-connect": true,
+}
+
+// Result is one line of escapee's output.
+type Result struct {
+	Name, Result, Reason string
+}
+
+// canaries counts what reaches the test host: TCP and UDP on the canary
+// port (testhost's own), DNS on port 53 over UDP and TCP, ICMP echo
+// requests, and connections to escapee's inbound listener.
+type canaries struct {
+	host    *testhost.Host
+	dns     atomic.Int64
+	icmp    atomic.Int64
+	inbound atomic.Int64
+}
+
+func (c *canaries) arrivals() int64 {
+	return c.host.Arrivals() + c.dns.Load() + c.icmp.Load()
+}
+
+func newCanaries(t *testing.T, subnet uint8) *canaries {
+	t.Helper()
+	c := &canaries{host: testhost.NewT(t, subnet)}
+	for _, a := range []netip.Addr{c.host.Addr4, c.host.Addr6} {
+		ap := netip.AddrPortFrom(a, dnsPort).String()
+		ln, err := c.host.NS.Listen(context.Background(), "tcp", ap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.dns.Add(1)
+				_ = conn.Close()
+			}
+		}()
+		var pc net.PacketConn
+		if err := c.host.NS.Do(func() (err error) { pc, err = net.ListenPacket("udp", ap); return }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pc.Close() })
+		go count(pc, &c.dns)
+	}
+	for _, l := range []struct{ network, addr string }{{"ip4:icmp", c.host.Addr4.String()}, {"ip6:ipv6-icmp", c.host.Addr6.String()}} {
+		var pc net.PacketConn
+		if err := c.host.NS.Do(func() (err error) { pc, err = net.ListenPacket(l.network, l.addr); return }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pc.Close() })
+		go func() {
+			buf := make([]byte, 1500)
+			for {
+				n, _, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				if n > 0 && (buf[0] == 8 || buf[0] == 128) { // echo requests only
+					c.icmp.Add(1)
+				}
+			}
+		}()
+	}
+	return c
+}
+
+func count(pc net.PacketConn, n *atomic.Int64) {
+	buf := make([]byte, 1500)
+	for {
+		if _, _, err := pc.ReadFrom(buf); err != nil {
+			return
+		}
+		n.Add(1)
+	}
+}
+
+// knock tries, from the test host, to connect to escapee's inbound
+// listener at addr until stop closes.
+func (c *canaries) knock(addr netip.Addr, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		_ = c.host.NS.Do(func() error {
+			conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, inboundPort).String(), 100*time.Millisecond)
+			if err == nil {
+				c.inbound.Add(1)
+				_ = conn.Close()
+			}
+			return nil
+		})
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+var (
+	buildOnce sync.Once
+	escBin    string
+	buildErr  error
+)
+
+// escapee builds the static escapee into a directory nobody can read.
+func escapee(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "trialnet-escapee-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		_ = os.Chmod(dir, 0o755)
+		escBin = filepath.Join(dir, "escapee")
+		cmd := exec.Command("go", "build", "-o", escBin, "./escapee")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build escapee: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	t.Cleanup(func() {}) // the binary is shared by the subtests; removed by the OS temp cleaner
+	return escBin
+}
+
+// runEscapee runs escapee in tr as nobody and returns its results by name.
+func runEscapee(t *testing.T, c *canaries, tr *sandbox.Trial, inboundAt netip.Addr, args ...string) map[string]Result {
+	t.Helper()
+	bin := escapee(t)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { c.knock(inboundAt, stop) })
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	all := append([]string{bin, "-v4", c.host.Addr4.String(), "-v6", c.host.Addr6.String(), "-port", strconv.Itoa(testhost.Port),
+		"-dns-port", strconv.Itoa(dnsPort)}, args...)
+	code, err := tr.Exec(ctx, sandbox.Command{Args: all, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534, Stdout: &out, Stderr: &errOut}, nil)
+	close(stop)
+	wg.Wait()
+	if err != nil || code != 0 {
+		t.Fatalf("escapee: exit %d, %v\n%s", code, err, errOut.String())
+	}
+	res := map[string]Result{}
+	sc := bufio.NewScanner(&out)
+	for sc.Scan() {
+		var r Result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("escapee output %q: %v", sc.Text(), err)
+		}
+		res[r.Name] = r
+		t.Logf("%-30s %-8s %s", r.Name, r.Result, r.Reason)
+	}
+	if len(res) < 25 {
+		t.Fatalf("escapee reported %d attempts, want 25", len(res))
+	}
+	return res
+}
+
+// requireAllBlocked fails on any escape, at the sender or the receiver.
+func requireAllBlocked(t *testing.T, c *canaries, res map[string]Result) int {
+	t.Helper()
+	blocked := 0
+	for _, r := range res {
+		switch r.Result {
+		case "escaped":
+			t.Errorf("ESCAPE: %s: %s", r.Name, r.Reason)
+		case "blocked":
+			// Raw and ping sockets refused at socket() by the kernel's own
+			// capability checks (no CAP_NET_RAW, not in ping_group_range)
+			// never reach a hook, so no counter can see them.
+			if network[r.Name] && !strings.HasPrefix(r.Reason, "socket: ") {
+				blocked++
+			}
+		case "skipped":
+			if r.Name != "io_uring-connect" && r.Name != "loopback-other-port" && r.Name != "connect-denied-name-via-proxy" {
+				t.Errorf("%s skipped: %s", r.Name, r.Reason)
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // let stray packets land before counting
+	if n := c.arrivals(); n != 0 {
+		t.Errorf("the canaries saw %d arrivals (tcp/udp %d, dns %d, icmp %d)", n, c.host.Arrivals(), c.dns.Load(), c.icmp.Load())
+	}
+	if n := c.inbound.Load(); n != 0 {
+		t.Errorf("the test host connected to the Trial's listener %d times", n)
+	}
+	return blocked
+}
+
+// isolatedHost is a parent cgroup and pins of the test's own.
+func isolatedHost(t *testing.T) agent.Config {
+	t.Helper()
+	mount, err := sandbox.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	suffix := hex.EncodeToString(b[:])
+	cfg := agent.Config{
+		Parent:   filepath.Join(mount, "trialnet-escape-"+suffix),
+		PinDir:   bpf.DefaultPinDir + "-escape-" + suffix,
+		NetnsDir: t.TempDir(),
+	}
+	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = agent.Uninstall(cfg, true); _ = os.Remove(cfg.Parent) })
+	return cfg
+}
+
+// plainCgroup is a cgroup outside any trialnet parent: no eBPF applies.
+func plainCgroup(t *testing.T) string {
+	t.Helper()
+	mount, err := sandbox.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	dir := filepath.Join(mount, "trialnet-escape-plain-"+hex.EncodeToString(b[:]))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killAndRemove(dir) })
+	return dir
+}
+
+func killAndRemove(dir string) error {
+	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+	for range 100 {
+		if err := unix.Rmdir(dir); err == nil || os.IsNotExist(err) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return unix.Rmdir(dir)
+}
+
+func hostNetns(t *testing.T) *netns.Namespace {
+	t.Helper()
+	ns, err := netns.Open("/proc/self/ns", "net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// listenLoopback is a canary on 127.0.0.1:loopbackPort in ns.
+func listenLoopback(t *testing.T, ns *netns.Namespace, n *atomic.Int64) {
+	t.Helper()
+	ln, err := ns.Listen(context.Background(), "tcp", fmt.Sprintf("127.0.0.1:%d", loopbackPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_ = c.Close()
+		}
+	}()
+}
+
+func deniedTotal(k map[string]uint64) uint64 {
+	var c bpf.Counters
+	c.Connect4Denied, c.Connect6Denied = k["connect4_denied"], k["connect6_denied"]
+	c.Sendmsg4Denied, c.Sendmsg6Denied = k["sendmsg4_denied"], k["sendmsg6_denied"]
+	c.SockCreateDenied, c.BindDenied, c.EgressOtherPackets = k["sock_create_denied"], k["bind_denied"], k["egress_other_packets"]
+	return c.Denied()
+}
+
+// In a Trial (namespace + eBPF + proxy, strict mode) everything is blocked,
+// and the kernel counted every network attempt.
+func TestPrivilegedEscapeTrial(t *testing.T) {
+	privtest.Require(t)
+	c := newCanaries(t, 231)
+	a, err := agent.Start(agent.AgentConfig{Host: isolatedHost(t), StateDir: t.TempDir(), DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(true) })
+	info, err := a.Create(agent.CreateRequest{ID: "escape", Strict: true, Allow: []string{"allowed.example.test:443"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loop atomic.Int64
+	listenLoopback(t, tr.Netns, &loop)
+	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", strconv.Itoa(loopbackPort), "-proxy", agent.ProxyEndpoints[0].String())
+	blocked := requireAllBlocked(t, c, res)
+	if loop.Load() != 0 {
+		t.Error("a loopback port other than the proxy's was reached in strict mode")
+	}
+	if r := res["connect-denied-name-via-proxy"]; r.Result != "blocked" || !strings.Contains(r.Reason, "policy_denied") {
+		t.Errorf("CONNECT to a denied name: %+v", r)
+	}
+	st, err := a.Stats(info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := deniedTotal(st.Kernel); d < uint64(blocked) || st.Egress != 0 {
+		t.Errorf("kernel counted %d refusals for %d blocked network attempts (egress %d): %v", d, blocked, st.Egress, st.Kernel)
+	}
+	if st.Proxy.ByReason["policy_denied"] != 1 {
+		t.Errorf("proxy decisions %v", st.Proxy.ByReason)
+	}
+}
+
+// With the namespace layer removed (the escapee in the host's namespace,
+// its policy naming that namespace), eBPF alone blocks everything.
+func TestPrivilegedEscapeEBPFOnly(t *testing.T) {
+	privtest.Require(t)
+	c := newCanaries(t, 232)
+	h, err := agent.OpenHost(isolatedHost(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	host := hostNetns(t)
+	dir := filepath.Join(h.Parent, "ebpfonly")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killAndRemove(dir) })
+	cgid, err := bpf.CgroupID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.BPF.AddTrial(cgid, bpf.Policy{NetnsCookie: host.Cookie, Strict: true, Proxy: agent.ProxyEndpoints, UnixOpen: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.BPF.RemoveTrial(cgid) })
+	tr, err := sandbox.Attach("ebpfonly", dir, host.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loop atomic.Int64
+	listenLoopback(t, host, &loop)
+	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", strconv.Itoa(loopbackPort))
+	blocked := requireAllBlocked(t, c, res)
+	if loop.Load() != 0 {
+		t.Error("eBPF let the host's loopback port through in strict mode")
+	}
+	k, err := h.BPF.Counters(cgid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := k.Denied(); d < uint64(blocked) {
+		t.Errorf("kernel counted %d refusals for %d blocked network attempts: %+v", d, blocked, k)
+	}
+}
+
+// With the eBPF layer removed (a cgroup outside trialnet's), the
+// namespace alone blocks everything.
+func TestPrivilegedEscapeNetnsOnly(t *testing.T) {
+	privtest.Require(t)
+	c := newCanaries(t, 233)
+	ns, err := netns.Create(t.TempDir(), "netnsonly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	tr, err := sandbox.Attach("netnsonly", plainCgroup(t), ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its own loopback is the namespace's to use: not an escape here.
+	res := runEscapee(t, c, tr, c.host.Local4)
+	requireAllBlocked(t, c, res)
+}
+
+// Unconfined, the same escapee gets out and the canaries see it: the
+// suite can tell an escape from a block.
+func TestPrivilegedEscapeUnconfinedIsSeen(t *testing.T) {
+	privtest.Require(t)
+	c := newCanaries(t, 234)
+	host := hostNetns(t)
+	tr, err := sandbox.Attach("unconfined", plainCgroup(t), host.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loop atomic.Int64
+	listenLoopback(t, host, &loop)
+	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", strconv.Itoa(loopbackPort))
+	for _, name := range []string{"tcp4", "tcp6", "tcp-ipv4-mapped", "udp4-connected", "udp6-connected", "udp4-sendto",
+		"udp6-sendto", "udp4-sendmsg", "tcp4-fastopen", "tcp6-fastopen", "dns-udp", "dns-tcp", "loopback-other-port", "inbound-listener"} {
+		if res[name].Result != "escaped" {
+			t.Errorf("unconfined %s: %+v, want escaped", name, res[name])
+		}
+	}
+	if r := res["io_uring-connect"]; r.Result != "escaped" && r.Result != "skipped" {
+		t.Errorf("unconfined io_uring: %+v", r)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if c.host.Arrivals() < 8 || c.dns.Load() < 2 || loop.Load() < 1 || c.inbound.Load() < 1 {
+		t.Errorf("canaries saw tcp/udp %d, dns %d, loopback %d, inbound %d: the suite cannot see escapes",
+			c.host.Arrivals(), c.dns.Load(), loop.Load(), c.inbound.Load())
+	}
+}
