@@ -67,10 +67,18 @@ func main() {
 		{"udp4-sendmsg", func() error { return sendmsg(t4) }},
 		{"tcp4-fastopen", func() error { return sendto(unix.AF_INET, unix.SOCK_STREAM, 0, t4, unix.MSG_FASTOPEN) }},
 		{"tcp6-fastopen", func() error { return sendto(unix.AF_INET6, unix.SOCK_STREAM, 0, t6, unix.MSG_FASTOPEN) }},
-		{"raw4-icmp", func() error { return sendto(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP, netip.AddrPortFrom(a4, 0), 0) }},
-		{"raw6-icmp", func() error { return sendto(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_ICMPV6, netip.AddrPortFrom(a6, 0), 0) }},
-		{"ping4", func() error { return sendto(unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_ICMP, netip.AddrPortFrom(a4, 0), 0) }},
-		{"ping6", func() error { return sendto(unix.AF_INET6, unix.SOCK_DGRAM, unix.IPPROTO_ICMPV6, netip.AddrPortFrom(a6, 0), 0) }},
+		{"raw4-icmp", func() error {
+			return sendto(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP, netip.AddrPortFrom(a4, 0), 0)
+		}},
+		{"raw6-icmp", func() error {
+			return sendto(unix.AF_INET6, unix.SOCK_RAW, unix.IPPROTO_ICMPV6, netip.AddrPortFrom(a6, 0), 0)
+		}},
+		{"ping4", func() error {
+			return sendto(unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_ICMP, netip.AddrPortFrom(a4, 0), 0)
+		}},
+		{"ping6", func() error {
+			return sendto(unix.AF_INET6, unix.SOCK_DGRAM, unix.IPPROTO_ICMPV6, netip.AddrPortFrom(a6, 0), 0)
+		}},
 		{"af-packet", packet},
 		{"netlink-add-address", func() error { return netlinkRequest(unix.RTM_NEWADDR) }},
 		{"netlink-add-route", func() error { return netlinkRequest(unix.RTM_NEWROUTE) }},

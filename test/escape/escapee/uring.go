@@ -34,9 +34,9 @@ type cqringOffsets struct {
 
 type uringParams struct {
 	SQEntries, CQEntries, Flags, SQThreadCPU, SQThreadIdle, Features, WQFd uint32
-	Resv                                                                  [3]uint32
-	SQOff                                                                 sqringOffsets
-	CQOff                                                                 cqringOffsets
+	Resv                                                                   [3]uint32
+	SQOff                                                                  sqringOffsets
+	CQOff                                                                  cqringOffsets
 }
 
 type sqe struct {
