@@ -33,8 +33,10 @@ lint: ## gofmt, go vet and staticcheck
 test: deps ## run every test, privileged ones included (as root)
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
-bench-deps: ## install what the benchmarks compare against (tinyproxy)
-	@dpkg -s tinyproxy >/dev/null 2>&1 || { apt-get update && apt-get install -y tinyproxy; }
+bench-deps: ## install what the benchmarks compare against (tinyproxy, bubblewrap, socat)
+	@missing=""; for p in tinyproxy bubblewrap socat; do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update && apt-get install -y $$missing; fi
 
 bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'TrialCreateDestroy|IPNetnsAddDel' -benchtime 300x ./sandbox
@@ -42,6 +44,8 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 10x ./test/proxybench
 	$(GO) test -run '^$$' -bench 'FirstByte|TunnelsPerSecond' -benchtime 3000x ./test/proxybench
 	$(GO) test -run '^$$' -bench 'IdleTunnelMemory' -benchtime 1x ./test/proxybench
+	$(GO) test -run '^$$' -bench 'TrialLifecycle|SandboxWithProcess|RequestLatency' -benchtime 200x ./test/systembench
+	$(GO) test -run '^$$' -bench 'IdleTrialMemory' -benchtime 1x ./test/systembench
 
 FUZZTIME ?= 10s
 fuzz: ## run each fuzz target for FUZZTIME (default 10s) from its committed seed corpus (minimizing large inputs stalls the fuzzer: bounded to 1s)

@@ -10,8 +10,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -29,10 +27,10 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
-	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -249,56 +247,6 @@ func requireAllBlocked(t *testing.T, c *canaries, res map[string]Result) int {
 	return blocked
 }
 
-// isolatedHost is a parent cgroup and pins of the test's own.
-func isolatedHost(t *testing.T) agent.Config {
-	t.Helper()
-	mount, err := sandbox.Cgroup2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	suffix := hex.EncodeToString(b[:])
-	cfg := agent.Config{
-		Parent:   filepath.Join(mount, "trialnet-escape-"+suffix),
-		PinDir:   bpf.DefaultPinDir + "-escape-" + suffix,
-		NetnsDir: t.TempDir(),
-	}
-	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = agent.Uninstall(cfg, true); _ = os.Remove(cfg.Parent) })
-	return cfg
-}
-
-// plainCgroup is a cgroup outside any trialnet parent: no eBPF applies.
-func plainCgroup(t *testing.T) string {
-	t.Helper()
-	mount, err := sandbox.Cgroup2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	dir := filepath.Join(mount, "trialnet-escape-plain-"+hex.EncodeToString(b[:]))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = killAndRemove(dir) })
-	return dir
-}
-
-func killAndRemove(dir string) error {
-	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
-	for range 100 {
-		if err := unix.Rmdir(dir); err == nil || os.IsNotExist(err) {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return unix.Rmdir(dir)
-}
-
 func hostNetns(t *testing.T) *netns.Namespace {
 	t.Helper()
 	ns, err := netns.Open("/proc/self/ns", "net")
@@ -341,7 +289,7 @@ func deniedTotal(k map[string]uint64) uint64 {
 func TestPrivilegedEscapeTrial(t *testing.T) {
 	privtest.Require(t)
 	c := newCanaries(t, 231)
-	a, err := agent.Start(agent.AgentConfig{Host: isolatedHost(t), StateDir: t.TempDir(), DataDir: t.TempDir()})
+	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "escape"), StateDir: t.TempDir(), DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +329,7 @@ func TestPrivilegedEscapeTrial(t *testing.T) {
 func TestPrivilegedEscapeEBPFOnly(t *testing.T) {
 	privtest.Require(t)
 	c := newCanaries(t, 232)
-	h, err := agent.OpenHost(isolatedHost(t))
+	h, err := agent.OpenHost(testenv.IsolatedHost(t, "escape"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +339,7 @@ func TestPrivilegedEscapeEBPFOnly(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = killAndRemove(dir) })
+	t.Cleanup(func() { _ = testenv.KillAndRemove(dir) })
 	cgid, err := bpf.CgroupID(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -430,7 +378,7 @@ func TestPrivilegedEscapeNetnsOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ns.Delete() })
-	tr, err := sandbox.Attach("netnsonly", plainCgroup(t), ns.Path)
+	tr, err := sandbox.Attach("netnsonly", testenv.PlainCgroup(t, "escape"), ns.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +393,7 @@ func TestPrivilegedEscapeUnconfinedIsSeen(t *testing.T) {
 	privtest.Require(t)
 	c := newCanaries(t, 234)
 	host := hostNetns(t)
-	tr, err := sandbox.Attach("unconfined", plainCgroup(t), host.Path)
+	tr, err := sandbox.Attach("unconfined", testenv.PlainCgroup(t, "escape"), host.Path)
 	if err != nil {
 		t.Fatal(err)
 	}

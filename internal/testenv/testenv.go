@@ -1,0 +1,74 @@
+//go:build linux
+
+// Package testenv gives system tests and benchmarks a trialnet host of
+// their own: a parent cgroup, bpffs pins and a namespace directory that
+// nothing else uses, removed when the test ends.
+package testenv
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+func suffix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// IsolatedHost is a host configuration of the test's own, so that tests
+// running at the same time never see each other's Trials.
+func IsolatedHost(t testing.TB, name string) agent.Config {
+	t.Helper()
+	mount, err := sandbox.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := suffix()
+	cfg := agent.Config{
+		Parent:   filepath.Join(mount, "trialnet-"+name+"-"+s),
+		PinDir:   bpf.DefaultPinDir + "-" + name + "-" + s,
+		NetnsDir: t.TempDir(),
+	}
+	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = agent.Uninstall(cfg, true); _ = os.Remove(cfg.Parent) })
+	return cfg
+}
+
+// PlainCgroup is a cgroup outside any trialnet parent: no eBPF applies.
+func PlainCgroup(t testing.TB, name string) string {
+	t.Helper()
+	mount, err := sandbox.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(mount, "trialnet-"+name+"-plain-"+suffix())
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = KillAndRemove(dir) })
+	return dir
+}
+
+// KillAndRemove kills everything in a cgroup and removes it.
+func KillAndRemove(dir string) error {
+	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+	for range 100 {
+		if err := unix.Rmdir(dir); err == nil || os.IsNotExist(err) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return unix.Rmdir(dir)
+}

@@ -1,0 +1,392 @@
+//go:build linux
+
+// Package systembench measures whole Trials, side by side in one run:
+// create -> first proxied byte -> destroy at 1, 100 and 1,000 live Trials;
+// the same with a process in the Trial against `bwrap --unshare-net` with
+// a socat relay (how an ad-hoc sandbox does it); agent memory per idle
+// Trial; and request latency through a Trial against a direct request.
+//
+//	make bench   # or: go test -run '^$' -bench . -benchtime 200x ./test/systembench
+package systembench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+func TestMain(m *testing.M) {
+	sandbox.Init()
+	os.Exit(m.Run())
+}
+
+const (
+	upstreamName = "upstream.bench.test"
+	echoPort     = 9000 // TCP echo on the test host
+	httpPort     = 9001 // HTTP on the test host
+)
+
+var target = fmt.Sprintf("%s:%d", upstreamName, echoPort)
+
+type env struct {
+	host *testhost.Host
+	a    *agent.Agent
+	dns  string
+	bin  string // firstbyte, static, readable by everyone
+}
+
+func setup(b *testing.B) *env {
+	b.Helper()
+	privtest.Require(b)
+	e := &env{host: testhost.NewT(b, 240)}
+	for _, s := range []struct {
+		port  int
+		serve func(net.Listener)
+	}{{echoPort, serveEcho}, {httpPort, serveHTTP}} {
+		ln, err := e.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(e.host.Addr4, uint16(s.port)).String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = ln.Close() })
+		go s.serve(ln)
+	}
+	e.dns = serveDNS(b, e.host.Addr4)
+	a, err := agent.Start(agent.AgentConfig{
+		Host: testenv.IsolatedHost(b, "sysbench"), StateDir: b.TempDir(), DataDir: b.TempDir(),
+		Resolvers: []string{e.dns}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
+		File: &proxy.File{Limits: proxy.Limits{ConnectRate: 1e6, ConnectBurst: 1 << 20}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close(true) })
+	e.a = a
+	dir, err := os.MkdirTemp("", "trialnet-firstbyte-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = os.Chmod(dir, 0o755)
+	b.Cleanup(func() { _ = os.RemoveAll(dir) })
+	e.bin = filepath.Join(dir, "firstbyte")
+	cmd := exec.Command("go", "build", "-o", e.bin, "./firstbyte")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("build firstbyte: %v\n%s", err, out)
+	}
+	return e
+}
+
+func serveEcho(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+	}
+}
+
+func serveHTTP(ln net.Listener) {
+	_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+}
+
+func serveDNS(b *testing.B, a netip.Addr) string {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	mux := dns.NewServeMux()
+	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		if q.Qtype == dns.TypeA {
+			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 3600}, A: a.AsSlice()}}
+		} else {
+			m.Ns = []dns.RR{&dns.SOA{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: 3600}, Ns: "ns.", Mbox: "r.", Minttl: 3600}}
+		}
+		_ = w.WriteMsg(m)
+	})
+	srv := &dns.Server{PacketConn: pc, Handler: mux}
+	go func() { _ = srv.ActivateAndServe() }()
+	b.Cleanup(func() { _ = srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
+// firstByte sends a byte through the Trial's proxy from inside its
+// namespace and waits for the echo.
+func firstByte(info agent.TrialInfo) error {
+	ns, err := netns.Open(filepath.Dir(info.Netns), filepath.Base(info.Netns))
+	if err != nil {
+		return err
+	}
+	var c net.Conn
+	if err := ns.Do(func() (err error) { c, err = net.Dial("tcp", agent.ProxyEndpoints[0].String()); return }); err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != 200 {
+		return fmt.Errorf("CONNECT: %v %v", resp, err)
+	}
+	_, _ = c.Write([]byte{'x'})
+	_, err = br.ReadByte()
+	return err
+}
+
+func report(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	p := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(p(0.5), "p50-ms")
+	b.ReportMetric(p(0.99), "p99-ms")
+}
+
+// BenchmarkTrialLifecycle: create, first byte through the Trial's proxy
+// to the upstream, destroy, with 0, 99 and 999 other Trials live.
+func BenchmarkTrialLifecycle(b *testing.B) {
+	e := setup(b)
+	for _, live := range []int{1, 100, 1000} {
+		b.Run("live="+strconv.Itoa(live), func(b *testing.B) {
+			for i := range live - 1 {
+				id := fmt.Sprintf("idle-%d", i)
+				if _, err := e.a.Create(agent.CreateRequest{ID: id, Allow: []string{target}}); err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { _, _ = e.a.Destroy(id) })
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := range b.N {
+				t0 := time.Now()
+				info, err := e.a.Create(agent.CreateRequest{ID: "bench-" + strconv.Itoa(i), Allow: []string{target}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := firstByte(info); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := e.a.Destroy(info.ID); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			report(b, lat)
+		})
+	}
+}
+
+// BenchmarkSandboxWithProcess: the same, with the first byte sent by a
+// process started in the sandbox (firstbyte), for trialnet and for the
+// ad-hoc setup: bwrap --unshare-net with socat relaying 127.0.0.1:3128
+// inside to a Unix socket that a socat on the host relays to the proxy.
+func BenchmarkSandboxWithProcess(b *testing.B) {
+	e := setup(b)
+	b.Run("trialnet", func(b *testing.B) {
+		lat := make([]time.Duration, 0, b.N)
+		for i := range b.N {
+			t0 := time.Now()
+			info, err := e.a.Create(agent.CreateRequest{ID: "proc-" + strconv.Itoa(i), Allow: []string{target}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+			if err != nil {
+				b.Fatal(err)
+			}
+			code, err := tr.Exec(context.Background(), sandbox.Command{Args: []string{e.bin, agent.ProxyEndpoints[0].String(), target},
+				UID: 65534, GID: 65534, Stderr: os.Stderr}, nil)
+			if err != nil || code != 0 {
+				b.Fatalf("firstbyte: %d %v", code, err)
+			}
+			if _, err := e.a.Destroy(info.ID); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		report(b, lat)
+	})
+	b.Run("bwrap+socat", func(b *testing.B) {
+		for _, tool := range []string{"bwrap", "socat"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				b.Fatalf("%s is not installed (make bench installs bubblewrap and socat)", tool)
+			}
+		}
+		// The ad-hoc setup's proxy: trialnet's, on a host loopback port.
+		p, err := proxy.New(proxy.Config{Resolver: mustResolver(b, e.dns), AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
+			Limits: proxy.Limits{ConnectRate: 1e6, ConnectBurst: 1 << 20}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = p.Close() })
+		allow, _ := proxy.ParseAllowlist([]string{target}, false)
+		_ = p.AddTrial(proxy.TrialPolicy{ID: "adhoc", Allow: allow})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() { _ = p.Serve(ln, "adhoc") }()
+		dir := b.TempDir()
+		lat := make([]time.Duration, 0, b.N)
+		for i := range b.N {
+			sock := filepath.Join(dir, strconv.Itoa(i)+".sock")
+			t0 := time.Now()
+			relay := exec.Command("socat", "UNIX-LISTEN:"+sock+",fork", "TCP:"+ln.Addr().String())
+			if err := relay.Start(); err != nil {
+				b.Fatal(err)
+			}
+			for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
+				if _, err := os.Stat(sock); err == nil {
+					break
+				}
+			}
+			out, err := exec.Command("bwrap", "--unshare-net", "--bind", "/", "/", "--dev", "/dev", "--die-with-parent", "--",
+				"sh", "-c", "socat TCP-LISTEN:3128,bind=127.0.0.1,reuseaddr,fork UNIX-CONNECT:"+sock+" & "+e.bin+" 127.0.0.1:3128 "+target+"; s=$?; kill $!; exit $s").CombinedOutput()
+			_ = relay.Process.Kill()
+			_ = relay.Wait()
+			if err != nil {
+				b.Fatalf("bwrap: %v\n%s", err, out)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		report(b, lat)
+	})
+}
+
+func mustResolver(b *testing.B, addr string) proxy.Resolver {
+	r, err := proxy.NewDNSResolver([]string{addr})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
+func rss() int64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	data, _ := os.ReadFile("/proc/self/status")
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
+
+// BenchmarkIdleTrialMemory: the agent's resident memory per idle Trial
+// (its registry entry, proxy state and two listening sockets), over 1,000.
+func BenchmarkIdleTrialMemory(b *testing.B) {
+	e := setup(b)
+	const n = 1000
+	for range b.N {
+		before := rss()
+		for i := range n {
+			if _, err := e.a.Create(agent.CreateRequest{ID: "mem-" + strconv.Itoa(i), Allow: []string{target}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		after := rss()
+		for i := range n {
+			_, _ = e.a.Destroy("mem-" + strconv.Itoa(i))
+		}
+		b.ReportMetric(float64(after-before)/n, "KiB/Trial")
+	}
+}
+
+// BenchmarkRequestLatency: one HTTP request on a new connection, from
+// inside a Trial through its proxy (CONNECT, then the request), against
+// the same request made directly from the host.
+func BenchmarkRequestLatency(b *testing.B) {
+	e := setup(b)
+	info, err := e.a.Create(agent.CreateRequest{ID: "latency", Allow: []string{fmt.Sprintf("%s:%d", upstreamName, httpPort)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ns, err := netns.Open(filepath.Dir(info.Netns), filepath.Base(info.Netns))
+	if err != nil {
+		b.Fatal(err)
+	}
+	upstream := netip.AddrPortFrom(e.host.Addr4, httpPort).String()
+	named := fmt.Sprintf("%s:%d", upstreamName, httpPort)
+	for _, c := range []struct {
+		name string
+		get  func() error
+	}{
+		{"direct", func() error {
+			conn, err := net.Dial("tcp", upstream)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			return get(conn, bufio.NewReader(conn), upstream)
+		}},
+		{"through-trial", func() error {
+			var conn net.Conn
+			if err := ns.Do(func() (err error) { conn, err = net.Dial("tcp", agent.ProxyEndpoints[0].String()); return }); err != nil {
+				return err
+			}
+			defer conn.Close()
+			fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", named, named)
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+			if err != nil || resp.StatusCode != 200 {
+				return fmt.Errorf("CONNECT: %v %v", resp, err)
+			}
+			return get(conn, br, named)
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			lat := make([]time.Duration, 0, b.N)
+			for range b.N {
+				t0 := time.Now()
+				if err := c.get(); err != nil {
+					b.Fatal(err)
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+		})
+	}
+}
+
+// get sends GET / on conn and reads the whole answer.
+func get(conn net.Conn, br *bufio.Reader, host string) error {
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("GET: %s", resp.Status)
+	}
+	return nil
+}
