@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -326,4 +327,32 @@ func TestRemoveTrialEndsHalfClosedTunnel(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 	<-removed
+}
+
+// An upstream that resets mid-tunnel: the client gets the bytes sent
+// before the reset, then the tunnel ends (it never hangs), and the
+// decision event records the bytes.
+func TestTunnelUpstreamReset(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: func(c *net.TCPConn) {
+		_, _ = io.WriteString(c, "partial")
+		time.Sleep(50 * time.Millisecond)
+		_ = c.SetLinger(0) // close with a reset
+	}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(br)
+	if string(got) != "partial" {
+		t.Fatalf("got %q before the reset", got)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatal("the tunnel hung after the upstream reset")
+	}
+	if ev := tp.event(t); ev.BytesDown != 7 {
+		t.Fatalf("event %+v", ev)
+	}
 }

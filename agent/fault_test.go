@@ -1,0 +1,212 @@
+//go:build linux
+
+package agent
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+// tunnelFrom opens a CONNECT tunnel through a Trial's proxy from inside
+// its namespace (the test plays the Trial's process).
+func tunnelFrom(t *testing.T, info TrialInfo, target string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	ns, err := netns.Open(filepath.Dir(info.Netns), filepath.Base(info.Netns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c net.Conn
+	if err := ns.Do(func() (err error) { c, err = net.Dial("tcp", ProxyEndpoints[0].String()); return }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT %s: %v %v", target, resp, err)
+	}
+	return c, br
+}
+
+// SIGKILL mid-tunnel: the Trial's tunnel ends (it is never left open to
+// anything else), and after a restart new tunnels work.
+func TestPrivilegedFaultAgentKilledMidTunnel(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 227, "upstream.example.test")
+	bin := buildTrialnet(t)
+	dir := t.TempDir()
+	host := isolatedHost(t)
+	sock := filepath.Join(dir, "agent.sock")
+	cfg := filepath.Join(dir, "trialnet.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s/state\n  data_dir: %s/data\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
+		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}
+	c := NewClient(sock)
+	first := runAgent(t, bin, args...)
+	waitReady(t, c, first)
+	info, err := c.Create(CreateRequest{ID: "agt-midtunnel", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if h, err := OpenHost(host); err == nil {
+			_ = h.Remove(info.ID)
+			_ = h.Close()
+		}
+	})
+	conn, br := tunnelFrom(t, info, fmt.Sprintf("upstream.example.test:%d", upstreamPort))
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: upstream.example.test\r\n\r\n")
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("request through the tunnel: %v %v", resp, err)
+	}
+	_ = first.cmd.Process.Signal(syscall.SIGKILL)
+	_ = first.cmd.Wait()
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: upstream.example.test\r\n\r\n")
+	if _, err := io.ReadAll(br); err != nil && strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("the tunnel hung after the agent died: %v", err)
+	}
+	second := runAgent(t, bin, args...)
+	waitReady(t, c, second)
+	conn2, br2 := tunnelFrom(t, info, fmt.Sprintf("upstream.example.test:%d", upstreamPort))
+	fmt.Fprintf(conn2, "GET / HTTP/1.1\r\nHost: upstream.example.test\r\n\r\n")
+	if resp, err := http.ReadResponse(br2, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after the restart: %v %v", resp, err)
+	}
+	if _, err := c.Destroy(info.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// SIGKILL mid-create leaves a "creating" record and whatever was made
+// (here a cgroup and a namespace); the next agent removes all of it.
+func TestPrivilegedFaultKilledMidCreate(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 228)
+	cfg := w.config(t)
+	h, err := OpenHost(cfg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(h.Parent, "agt-mid")
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := netns.Create(cfg.Host.NetnsDir, "agt-mid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = h.Close()
+	if err := os.WriteFile(filepath.Join(cfg.StateDir, "agt-mid.json"), []byte(`{"phase":"creating","id":"agt-mid"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, cfg)
+	if len(a.List()) != 0 {
+		t.Fatalf("a half-made Trial was adopted: %v", a.List())
+	}
+	if _, err := os.Stat(cg); !os.IsNotExist(err) {
+		t.Fatalf("its cgroup is still there: %v", err)
+	}
+	if _, err := os.Stat(ns.Path); !os.IsNotExist(err) {
+		t.Fatalf("its namespace is still there: %v", err)
+	}
+	// The id is free again.
+	if _, err := a.Create(CreateRequest{ID: "agt-mid"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A Trial process that forks 1,000 children ignoring SIGTERM: destroy
+// still ends every one of them and removes the cgroup.
+func TestPrivilegedFaultForkBombIgnoringTERM(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 229)
+	a := startAgent(t, w.config(t))
+	info, err := a.Create(CreateRequest{ID: "agt-forks"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	go func() {
+		close(started)
+		_, _ = a.Exec(context.Background(), info.ID, sandbox.Command{
+			Args: []string{"sh", "-c", `trap "" TERM; i=0; while [ $i -lt 1000 ]; do sleep 600 & i=$((i+1)); done; wait`},
+			Env:  []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534,
+		}, nil)
+	}()
+	<-started
+	deadline := time.Now().Add(30 * time.Second)
+	for n := 0; n < 1000; n = procs(t, info.Cgroup) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d processes in the Trial after 30s", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t0 := time.Now()
+	if _, err := a.Destroy(info.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(info.Cgroup); !os.IsNotExist(err) {
+		t.Fatalf("the cgroup is still there after destroy: %v", err)
+	}
+	t.Logf("destroyed a Trial with 1,000 processes ignoring SIGTERM in %v", time.Since(t0))
+}
+
+func procs(t *testing.T, cgroup string) int {
+	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "\n")
+}
+
+// A pin deleted under a running agent: the links still hold the programs,
+// so enforcement and the agent go on.
+func TestPrivilegedFaultPinDeleted(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 230, "upstream.example.test")
+	cfg := w.config(t)
+	a := startAgent(t, cfg)
+	info, err := a.Create(CreateRequest{ID: "agt-pin", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pins, _ := filepath.Glob(filepath.Join(cfg.Host.PinDir, "*"))
+	if len(pins) == 0 {
+		t.Fatal("no pins")
+	}
+	for _, p := range pins {
+		if !strings.HasSuffix(p, "_map") {
+			if err := os.Remove(p); err != nil { // a link's pin
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if code, out := curl(t, a, info.ID, "--noproxy", "*", fmt.Sprintf("http://%s:%d/", w.host.Addr4, upstreamPort)); code == 0 {
+		t.Fatalf("a direct connection succeeded after a pin was deleted: %s", out)
+	}
+	if code, out := through(t, a, info.ID, fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort)); code != 0 {
+		t.Fatalf("the proxy stopped working after a pin was deleted: %d %s", code, out)
+	}
+	if _, err := a.Create(CreateRequest{ID: "agt-pin2"}); err != nil {
+		t.Fatalf("create after a pin was deleted: %v", err)
+	}
+}
