@@ -12,9 +12,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/trialnet/trialnet/bpf"
@@ -56,6 +58,8 @@ type Agent struct {
 
 	mu     sync.Mutex
 	trials map[string]*liveTrial // nil value: being created
+
+	gcPending atomic.Bool
 }
 
 type liveTrial struct {
@@ -342,6 +346,21 @@ func (a *Agent) onEvent(ev proxy.Event) {
 	}
 }
 
+// releaseSoon runs two garbage collections a second after the last
+// destroy: Go keeps the pipes its splice used in a pool that only a GC
+// empties (through finalizers), so after a busy Trial ends an idle agent
+// would otherwise hold thousands of pipe descriptors until the next GC.
+func (a *Agent) releaseSoon() {
+	if a.gcPending.Swap(true) {
+		return
+	}
+	time.AfterFunc(time.Second, func() {
+		a.gcPending.Store(false)
+		runtime.GC()
+		runtime.GC()
+	})
+}
+
 // Get returns a live Trial's description.
 func (a *Agent) Get(id string) (TrialInfo, error) {
 	lt, err := a.lookup(id)
@@ -456,6 +475,7 @@ func (a *Agent) Destroy(id string) (Stats, error) {
 	delete(a.trials, id)
 	a.mu.Unlock()
 	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
+	a.releaseSoon()
 	if err != nil {
 		return st, errf(CodeInternal, "destroy %s: %v", id, err)
 	}

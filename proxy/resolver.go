@@ -41,10 +41,17 @@ const (
 // turn, with a small cache that honours TTLs (positive and RFC 2308
 // negative). It never consults /etc/hosts: names are looked up in DNS.
 type DNSResolver struct {
-	servers []string
-	timeout time.Duration
-	mu      sync.Mutex
-	cache   map[cacheKey]cacheEntry
+	servers  []string
+	timeout  time.Duration
+	mu       sync.Mutex
+	cache    map[cacheKey]cacheEntry
+	inflight map[cacheKey]*flight // one query per name and type at a time
+}
+
+// flight is a lookup in progress that later askers wait for.
+type flight struct {
+	done chan struct{}
+	res  lookupResult
 }
 
 type cacheKey struct {
@@ -72,7 +79,7 @@ func NewDNSResolver(servers []string) (*DNSResolver, error) {
 			return nil, errors.New("/etc/resolv.conf lists no nameserver; give resolvers explicitly")
 		}
 	}
-	r := &DNSResolver{timeout: DefaultQueryTimeout, cache: make(map[cacheKey]cacheEntry)}
+	r := &DNSResolver{timeout: DefaultQueryTimeout, cache: make(map[cacheKey]cacheEntry), inflight: make(map[cacheKey]*flight)}
 	for _, s := range servers {
 		ap, err := parseServer(s)
 		if err != nil {
@@ -165,20 +172,41 @@ func (r *DNSResolver) cached(fqdn string, qtype uint16) (lookupResult, bool) {
 	return lookupResult{}, false
 }
 
+// lookup answers from the cache, joins a query already in flight for the
+// same name and type (a burst of CONNECTs to a cold name asks once), or
+// asks.
 func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lookupResult, bool) {
-	if res, ok := r.cached(fqdn, qtype); ok {
-		return res, true
-	}
 	key := cacheKey{fqdn, qtype}
+	r.mu.Lock()
+	if e, ok := r.cache[key]; ok && time.Now().Before(e.expires) {
+		r.mu.Unlock()
+		return e.res, true
+	}
+	if f, ok := r.inflight[key]; ok {
+		r.mu.Unlock()
+		select {
+		case <-f.done:
+			return f.res, false
+		case <-ctx.Done():
+			return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("timed out (%v)", ctx.Err())}, false
+		}
+	}
+	f := &flight{done: make(chan struct{})}
+	r.inflight[key] = f
+	r.mu.Unlock()
+
 	res, ttl := r.follow(ctx, fqdn, qtype)
+	r.mu.Lock()
 	if ttl > 0 && res.kind != lookupFailed {
-		r.mu.Lock()
 		if len(r.cache) >= DefaultCacheEntries {
 			r.evict()
 		}
 		r.cache[key] = cacheEntry{res, time.Now().Add(ttl)}
-		r.mu.Unlock()
 	}
+	delete(r.inflight, key)
+	r.mu.Unlock()
+	f.res = res
+	close(f.done)
 	return res, false
 }
 

@@ -30,7 +30,13 @@ type closeWriter interface {
 // dead peers, a silent model call lives as long as it needs.
 func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event, fin cleanups) {
 	ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
-	abort := func() { // unblocks the other direction
+	var aborted atomic.Bool
+	var first atomic.Pointer[string]       // why the tunnel was cut, if it was
+	abort := func(why string, err error) { // unblocks the other direction
+		if err != nil && !aborted.Swap(true) {
+			msg := why + ": " + err.Error()
+			first.Store(&msg)
+		}
 		_ = client.Close()
 		_ = up.Close()
 	}
@@ -38,7 +44,10 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 	left.Store(2)
 	end := func() { // the second pump to end closes and finishes
 		if left.Add(-1) == 0 {
-			abort()
+			abort("", nil)
+			if m := first.Load(); m != nil && ev.Decision == DecisionAllow {
+				ev.Detail = "tunnel cut: " + *m
+			}
 			fin.run()
 		}
 	}
@@ -50,13 +59,13 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 			err = closeWrite(client)
 		}
 		if err != nil {
-			abort()
+			abort("upstream to client", err)
 		}
 	}()
 	go func() {
 		defer end()
 		if err := p.pumpUp(client, up, br, entry, req, ev); err != nil {
-			abort()
+			abort("client to upstream", err)
 		}
 	}()
 }

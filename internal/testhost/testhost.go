@@ -144,7 +144,12 @@ func (h *Host) Close() {
 	h.closers = nil
 	h.wg.Wait()
 	if h.veth != nil {
-		_ = netlink.LinkDel(h.veth)
+		// By name: the struct given to LinkAdd carries no index. Deleting
+		// one end removes the pair even while sockets keep the test
+		// host's namespace alive.
+		if l, err := netlink.LinkByName(h.veth.Attrs().Name); err == nil {
+			_ = netlink.LinkDel(l)
+		}
 	}
 	if h.NS != nil {
 		_ = h.NS.Delete()

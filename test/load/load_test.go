@@ -1,0 +1,269 @@
+//go:build linux
+
+// Package load runs trialnet under load, bounded in time: 100 Trials,
+// each with 20 concurrent tunnels moving checksummed data for 30 s, then
+// all destroyed, with nothing left behind.
+package load
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/netns"
+)
+
+const (
+	trials   = 100
+	tunnels  = 20 // per Trial
+	duration = 30 * time.Second
+	echoPort = 9100
+	name     = "upstream.load.test"
+)
+
+// rss is a process's resident memory in KiB.
+func rss(pid int) int64 {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
+
+func fds(pid int) int {
+	e, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	return len(e)
+}
+
+func TestPrivilegedLoad(t *testing.T) {
+	privtest.Require(t)
+	th := testhost.NewT(t, 241)
+	ln, err := th.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(th.Addr4, echoPort).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upWG sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); upWG.Wait() })
+	upWG.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			upWG.Go(func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+				_ = c.(*net.TCPConn).CloseWrite()
+			})
+		}
+	})
+	dnsAddr := serveDNS(t, th.Addr4)
+	// The agent runs as its own process, as in production: its
+	// descriptors (six per tunnel) and memory are its own to measure.
+	host := testenv.IsolatedHost(t, "load")
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "trialnet")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/trialnet").CombinedOutput(); err != nil {
+		t.Fatalf("build trialnet: %v\n%s", err, out)
+	}
+	sock := filepath.Join(dir, "agent.sock")
+	cfgFile := filepath.Join(dir, "trialnet.yaml")
+	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s/state\n  data_dir: %s/data\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
+		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var agentErr strings.Builder
+	proc := exec.Command(bin, "agent", "--config", cfgFile, "--resolver", dnsAddr, "--allow-cidr", "198.18.0.0/15")
+	proc.Stderr = &agentErr
+	if err := proc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proc.Process.Signal(syscall.SIGTERM); _ = proc.Wait() })
+	a := agent.NewClient(sock)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := a.List(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent did not start: %s", agentErr.String())
+		}
+	}
+	pid := proc.Process.Pid
+
+	fd0, mem0 := fds(pid), rss(pid)
+	target := fmt.Sprintf("%s:%d", name, echoPort)
+	var infos []agent.TrialInfo
+	for i := range trials {
+		info, err := a.Create(agent.CreateRequest{ID: "load-" + strconv.Itoa(i), Allow: []string{target}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		infos = append(infos, info)
+	}
+	deadline := time.Now().Add(duration)
+	var moved atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, trials*tunnels)
+	for i, info := range infos {
+		ns, err := netns.Open(filepath.Dir(info.Netns), filepath.Base(info.Netns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range tunnels {
+			wg.Go(func() {
+				n, err := tunnel(ns, target, uint64(i*tunnels+j), deadline)
+				moved.Add(n)
+				if err != nil {
+					errs <- fmt.Errorf("Trial %s tunnel %d: %w", info.ID, j, err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	memPeak := rss(pid)
+	for _, info := range infos {
+		st, err := a.Destroy(info.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if recs, _ := a.Audit(info.ID); len(recs) > 0 { // kept after destroy
+			for _, r := range recs {
+				if strings.Contains(string(r), "tunnel cut") || strings.Contains(string(r), `"decision":"deny"`) {
+					t.Errorf("%s: %s", info.ID, r)
+				}
+			}
+		}
+		if st.Egress != 0 || st.Proxy.Allowed != tunnels {
+			t.Errorf("%s: direct egress %d, tunnels allowed %d", info.ID, st.Egress, st.Proxy.Allowed)
+		}
+	}
+	t.Logf("%d Trials x %d tunnels for %v: %d MiB checksummed each way; agent RSS %d MiB before, %d MiB under load",
+		trials, tunnels, duration, moved.Load()>>20, mem0>>10, memPeak>>10)
+
+	if n, _ := netns.List(host.NetnsDir); len(n) != 0 {
+		t.Errorf("namespaces left: %v", n)
+	}
+	entries, _ := os.ReadDir(host.Parent)
+	for _, e := range entries {
+		if e.IsDir() {
+			t.Errorf("cgroup left: %s", e.Name())
+		}
+	}
+	settle := time.Now().Add(10 * time.Second)
+	for (fds(pid) > fd0 || rss(pid) > mem0+16<<10) && time.Now().Before(settle) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := fds(pid); n > fd0 {
+		t.Errorf("agent file descriptors: %d before, %d after", fd0, n)
+	}
+	if mem := rss(pid); mem > mem0+16<<10 {
+		t.Errorf("agent RSS %d MiB after, %d MiB before: not back near the start", mem>>10, mem0>>10)
+	} else {
+		t.Logf("agent RSS back to %d MiB", mem>>10)
+	}
+	if n := strings.Count(agentErr.String(), "level=ERROR"); n > 0 {
+		t.Errorf("agent logged %d errors:\n%s", n, agentErr.String())
+	}
+}
+
+// tunnel opens a CONNECT from inside ns, then until deadline writes
+// pseudo-random chunks and reads them echoed, checksumming both ways.
+func tunnel(ns *netns.Namespace, target string, seed uint64, deadline time.Time) (int64, error) {
+	var c net.Conn
+	// Each ns.Do runs on an OS thread of its own that Go keeps afterwards:
+	// a few at a time, so the test's threads do not swamp the agent's RSS.
+	dialSem <- struct{}{}
+	err := ns.Do(func() (err error) { c, err = net.Dial("tcp", agent.ProxyEndpoints[0].String()); return })
+	<-dialSem
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != 200 {
+		return 0, fmt.Errorf("CONNECT: %v %v", resp, err)
+	}
+	sent, recv := sha256.New(), sha256.New()
+	r := rand.New(rand.NewPCG(seed, seed))
+	buf := make([]byte, 16<<10)
+	back := make([]byte, len(buf))
+	var n int64
+	for first := true; time.Now().Before(deadline); first = false {
+		for i := range buf {
+			buf[i] = byte(r.Uint32())
+		}
+		if first {
+			buf[0] = 'L' // a first byte of 0x16 would announce TLS, and the proxy would check it
+		}
+		if _, err := c.Write(buf); err != nil {
+			return n, err
+		}
+		sent.Write(buf)
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if _, err := io.ReadFull(br, back); err != nil {
+			return n, err
+		}
+		recv.Write(back)
+		n += int64(len(buf))
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		return n, fmt.Errorf("after half-close: %d stray bytes, %v", len(rest), err)
+	}
+	if string(sent.Sum(nil)) != string(recv.Sum(nil)) {
+		return n, fmt.Errorf("checksum mismatch after %d bytes", n)
+	}
+	return n, nil
+}
+
+var dialSem = make(chan struct{}, 8)
+
+func serveDNS(t *testing.T, a netip.Addr) string {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := dns.NewServeMux()
+	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if q := r.Question[0]; q.Qtype == dns.TypeA {
+			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 3600}, A: a.AsSlice()}}
+		}
+		_ = w.WriteMsg(m)
+	})
+	srv := &dns.Server{PacketConn: pc, Handler: mux}
+	go func() { _ = srv.ActivateAndServe() }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
