@@ -18,6 +18,7 @@ import (
 
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -208,5 +209,81 @@ func TestPrivilegedFaultPinDeleted(t *testing.T) {
 	}
 	if _, err := a.Create(CreateRequest{ID: "agt-pin2"}); err != nil {
 		t.Fatalf("create after a pin was deleted: %v", err)
+	}
+}
+
+// A Trial that exhausts its tunnel limit gets a classified refusal.
+func TestPrivilegedFaultTunnelLimit(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 231, "upstream.example.test")
+	a := startAgent(t, w.config(t))
+	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
+	info, err := a.Create(CreateRequest{ID: "agt-limit", Allow: []string{target}, Limits: &proxy.Limits{MaxTunnels: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tunnelFrom(t, info, target)
+	tunnelFrom(t, info, target)
+	if code, out := through(t, a, info.ID, "http://"+target+"/"); code == 0 || !strings.Contains(out, "429") {
+		t.Fatalf("third tunnel: curl exit %d: %s", code, out)
+	}
+	st, _ := a.Stats(info.ID)
+	if st.Proxy.ByReason["tunnel_limit"] != 1 {
+		t.Fatalf("decisions %v", st.Proxy.ByReason)
+	}
+}
+
+// bpffs unmounted under a running agent: the programs stay attached (the
+// agent holds them) and the agent goes on. A new agent that cannot pin
+// refuses to start, and once bpffs is back it starts, finds the old
+// Trial's policy gone and removes the Trial rather than adopt it open.
+func TestPrivilegedFaultBPFFSUnmounted(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 232, "upstream.example.test")
+	cfg := w.config(t)
+	mnt := t.TempDir()
+	if err := syscall.Mount("bpf", mnt, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	cfg.Host.PinDir = filepath.Join(mnt, "pins")
+	a, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
+	info, err := a.Create(CreateRequest{ID: "agt-bpffs", Allow: []string{target}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Unmount(mnt, syscall.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := curl(t, a, info.ID, "--noproxy", "*", fmt.Sprintf("http://%s:%d/", w.host.Addr4, upstreamPort)); code == 0 {
+		t.Fatal("a direct connection succeeded with bpffs unmounted")
+	}
+	if code, out := through(t, a, info.ID, "http://"+target+"/"); code != 0 {
+		t.Fatalf("the proxy stopped with bpffs unmounted: %d %s", code, out)
+	}
+	if _, err := a.Create(CreateRequest{ID: "agt-bpffs2"}); err != nil {
+		t.Fatalf("create with bpffs unmounted: %v", err)
+	}
+	a.Close(false)
+
+	if b, err := Start(cfg); err == nil {
+		b.Close(true)
+		t.Fatal("an agent started without bpffs under its pin directory")
+	} else {
+		t.Logf("without bpffs: %v", err)
+	}
+	if err := syscall.Mount("bpf", mnt, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	b := startAgent(t, cfg)
+	if l := b.List(); len(l) != 0 {
+		t.Fatalf("Trials adopted without their policy: %v", l)
+	}
+	if _, err := os.Stat(info.Netns); !os.IsNotExist(err) {
+		t.Fatalf("the unadoptable Trial's namespace is still there: %v", err)
 	}
 }

@@ -54,6 +54,9 @@ func OpenHost(cfg Config) (*Host, error) {
 		if perr := bpf.CanEnforce(bpf.Probe()); perr != nil {
 			return nil, fmt.Errorf("this kernel cannot enforce a Trial (see 'trialnet doctor'): %w", perr)
 		}
+		if strings.Contains(err.Error(), "not on a bpf filesystem") {
+			return nil, fmt.Errorf("%w (the pin directory must be on bpffs: mount it with 'mount -t bpf bpf /sys/fs/bpf', or point paths.pin_dir there)", err)
+		}
 		return nil, err
 	}
 	return &Host{&sandbox.Host{Parent: parent, NetnsDir: cfg.NetnsDir, BPF: l}}, nil
