@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -17,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/sandbox"
@@ -52,31 +50,12 @@ func newWorld(t *testing.T, subnet uint8, names ...string) *world {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	addr, stop, err := testhost.ServeDNS(w.host.Addr4, names...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mux := dns.NewServeMux()
-	mux.HandleFunc(".", func(rw dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		known := false
-		for _, n := range names {
-			known = known || strings.EqualFold(q.Name, n+".")
-		}
-		switch {
-		case !known:
-			m.Rcode = dns.RcodeNameError
-		case q.Qtype == dns.TypeA:
-			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: w.host.Addr4.AsSlice()}}
-		}
-		_ = rw.WriteMsg(m)
-	})
-	ds := &dns.Server{PacketConn: pc, Handler: mux}
-	go func() { _ = ds.ActivateAndServe() }()
-	t.Cleanup(func() { _ = ds.Shutdown() })
-	w.dnsAddr = pc.LocalAddr().String()
+	t.Cleanup(stop)
+	w.dnsAddr = addr
 	return w
 }
 

@@ -49,17 +49,7 @@ func tunnelFrom(t *testing.T, info TrialInfo, target string) (net.Conn, *bufio.R
 func TestPrivilegedFaultAgentKilledMidTunnel(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 227, "upstream.example.test")
-	bin := buildTrialnet(t)
-	dir := t.TempDir()
-	host := isolatedHost(t)
-	sock := filepath.Join(dir, "agent.sock")
-	cfg := filepath.Join(dir, "trialnet.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s/state\n  data_dir: %s/data\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
-		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}
-	c := NewClient(sock)
+	bin, args, c, host := agentProcessSetup(t, w)
 	first := runAgent(t, bin, args...)
 	waitReady(t, c, first)
 	info, err := c.Create(CreateRequest{ID: "agt-midtunnel", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})

@@ -59,6 +59,23 @@ func waitReady(t *testing.T, c *Client, p *agentProc) {
 	t.Fatalf("agent did not answer on %s:\n%s", c.Socket, p.stderr.String())
 }
 
+// agentProcessSetup builds trialnet and writes a config with isolated
+// paths; it returns the binary, the agent's arguments, a client for its
+// socket and the host configuration.
+func agentProcessSetup(t *testing.T, w *world) (string, []string, *Client, Config) {
+	t.Helper()
+	bin := buildTrialnet(t)
+	dir := t.TempDir()
+	host := isolatedHost(t)
+	sock := filepath.Join(dir, "agent.sock")
+	cfg := filepath.Join(dir, "trialnet.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s/state\n  data_dir: %s/data\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
+		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return bin, []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}, NewClient(sock), host
+}
+
 // curlIn runs curl in a Trial from this process (as `trialnet exec` does).
 func curlIn(t *testing.T, info TrialInfo, args ...string) int {
 	t.Helper()
@@ -83,17 +100,7 @@ func curlIn(t *testing.T, info TrialInfo, args ...string) int {
 func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 224, "upstream.example.test")
-	bin := buildTrialnet(t)
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "agent.sock")
-	host := isolatedHost(t)
-	cfg := filepath.Join(dir, "trialnet.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s/state\n  data_dir: %s/data\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
-		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}
-	c := NewClient(sock)
+	bin, args, c, host := agentProcessSetup(t, w)
 	first := runAgent(t, bin, args...)
 	waitReady(t, c, first)
 	info, err := c.Create(CreateRequest{ID: "agt-restart", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})

@@ -22,7 +22,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/testhost"
 )
@@ -76,7 +75,7 @@ func run() error {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
-	dnsAddr, stopDNS, err := serveDNS(th.Addr4)
+	dnsAddr, stopDNS, err := testhost.ServeDNS(th.Addr4, allowedName)
 	if err != nil {
 		return err
 	}
@@ -127,28 +126,4 @@ func run() error {
 	}
 	step("the upstream saw exactly the one allowed request; nothing else left the Trial")
 	return nil
-}
-
-// serveDNS answers A queries for allowedName with a, on 127.0.0.1.
-func serveDNS(a netip.Addr) (string, func(), error) {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	mux := dns.NewServeMux()
-	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		switch {
-		case !strings.EqualFold(q.Name, allowedName+"."):
-			m.Rcode = dns.RcodeNameError
-		case q.Qtype == dns.TypeA:
-			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: a.AsSlice()}}
-		}
-		_ = w.WriteMsg(m)
-	})
-	srv := &dns.Server{PacketConn: pc, Handler: mux}
-	go func() { _ = srv.ActivateAndServe() }()
-	return pc.LocalAddr().String(), func() { _ = srv.Shutdown() }, nil
 }

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 )
@@ -75,7 +74,11 @@ func TestProxyRefusesBadInputBeforeListening(t *testing.T) {
 func TestPrivilegedProxyCommand(t *testing.T) {
 	privtest.Require(t)
 	th := testhost.NewT(t, 211)
-	dnsAddr := startDNS(t, map[string]string{"upstream.example.com.": th.Addr4.String()})
+	dnsAddr, stopDNS, err := testhost.ServeDNS(th.Addr4, "upstream.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopDNS)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan []net.Addr, 1)
@@ -148,30 +151,4 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-// startDNS serves A records for names on 127.0.0.1 (UDP and TCP).
-func startDNS(t *testing.T, a map[string]string) string {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := dns.NewServeMux()
-	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		ip, ok := a[strings.ToLower(q.Name)]
-		if !ok {
-			m.Rcode = dns.RcodeNameError
-		} else if q.Qtype == dns.TypeA {
-			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: net.ParseIP(ip)}}
-		}
-		_ = w.WriteMsg(m)
-	})
-	srv := &dns.Server{PacketConn: pc, Handler: mux}
-	go func() { _ = srv.ActivateAndServe() }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return pc.LocalAddr().String()
 }

@@ -26,7 +26,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
@@ -81,7 +80,11 @@ func TestPrivilegedLoad(t *testing.T) {
 			})
 		}
 	})
-	dnsAddr := serveDNS(t, th.Addr4)
+	dnsAddr, stopDNS, err := testhost.ServeDNS(th.Addr4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopDNS)
 	// The agent runs as its own process, as in production: its
 	// descriptors (six per tunnel) and memory are its own to measure.
 	host := testenv.IsolatedHost(t, "load")
@@ -247,23 +250,3 @@ func tunnel(ns *netns.Namespace, target string, seed uint64, deadline time.Time)
 }
 
 var dialSem = make(chan struct{}, 8)
-
-func serveDNS(t *testing.T, a netip.Addr) string {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := dns.NewServeMux()
-	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		if q := r.Question[0]; q.Qtype == dns.TypeA {
-			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 3600}, A: a.AsSlice()}}
-		}
-		_ = w.WriteMsg(m)
-	})
-	srv := &dns.Server{PacketConn: pc, Handler: mux}
-	go func() { _ = srv.ActivateAndServe() }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return pc.LocalAddr().String()
-}

@@ -28,7 +28,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 )
@@ -104,7 +103,7 @@ func newEnv() (_ *env, err error) {
 	e.cleanup = append(e.cleanup, func() { _ = ln.Close() })
 	go serveUpstream(ln)
 
-	dnsAddr, stopDNS, err := startDNS(e.host.Addr4)
+	dnsAddr, stopDNS, err := testhost.ServeDNS(e.host.Addr4, upstreamName)
 	if err != nil {
 		return nil, err
 	}
@@ -200,28 +199,6 @@ func freeAddr() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
-}
-
-func startDNS(a netip.Addr) (string, func(), error) {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	mux := dns.NewServeMux()
-	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		if q.Qtype == dns.TypeA && strings.EqualFold(q.Name, upstreamName+".") {
-			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 3600}, A: a.AsSlice()}}
-		} else if q.Qtype == dns.TypeAAAA {
-			m.Ns = []dns.RR{&dns.SOA{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: 3600}, Ns: "ns.", Mbox: "r.", Minttl: 3600}}
-		}
-		_ = w.WriteMsg(m)
-	})
-	srv := &dns.Server{PacketConn: pc, Handler: mux}
-	go func() { _ = srv.ActivateAndServe() }()
-	return pc.LocalAddr().String(), func() { _ = srv.Shutdown() }, nil
 }
 
 // serveUpstream: the first byte picks the service. 'U' then an 8-byte

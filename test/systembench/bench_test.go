@@ -28,7 +28,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
@@ -73,7 +72,12 @@ func setup(b *testing.B) *env {
 		b.Cleanup(func() { _ = ln.Close() })
 		go s.serve(ln)
 	}
-	e.dns = serveDNS(b, e.host.Addr4)
+	dnsAddr, stopDNS, err := testhost.ServeDNS(e.host.Addr4)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(stopDNS)
+	e.dns = dnsAddr
 	a, err := agent.Start(agent.AgentConfig{
 		Host: testenv.IsolatedHost(b, "sysbench"), StateDir: b.TempDir(), DataDir: b.TempDir(),
 		Resolvers: []string{e.dns}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
@@ -111,29 +115,6 @@ func serveEcho(ln net.Listener) {
 
 func serveHTTP(ln net.Listener) {
 	_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
-}
-
-func serveDNS(b *testing.B, a netip.Addr) string {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	mux := dns.NewServeMux()
-	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		if q.Qtype == dns.TypeA {
-			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 3600}, A: a.AsSlice()}}
-		} else {
-			m.Ns = []dns.RR{&dns.SOA{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: 3600}, Ns: "ns.", Mbox: "r.", Minttl: 3600}}
-		}
-		_ = w.WriteMsg(m)
-	})
-	srv := &dns.Server{PacketConn: pc, Handler: mux}
-	go func() { _ = srv.ActivateAndServe() }()
-	b.Cleanup(func() { _ = srv.Shutdown() })
-	return pc.LocalAddr().String()
 }
 
 // firstByte sends a byte through the Trial's proxy from inside its
