@@ -15,6 +15,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -42,8 +43,27 @@ func IsolatedHost(t testing.TB, name string) agent.Config {
 	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = agent.Uninstall(cfg, true); _ = os.Remove(cfg.Parent) })
+	t.Cleanup(func() { Sweep(cfg) })
 	return cfg
+}
+
+// Sweep removes everything under an isolated host, even what a failed
+// test left: Trial cgroups (their processes killed), namespace mounts,
+// pins and the parent cgroup.
+func Sweep(cfg agent.Config) {
+	entries, _ := os.ReadDir(cfg.Parent)
+	for _, e := range entries {
+		if e.IsDir() {
+			_ = KillAndRemove(filepath.Join(cfg.Parent, e.Name()))
+		}
+	}
+	if ids, err := netns.List(cfg.NetnsDir); err == nil {
+		for _, id := range ids {
+			_ = netns.Delete(cfg.NetnsDir, id)
+		}
+	}
+	_ = agent.Uninstall(cfg, true)
+	_ = os.Remove(cfg.Parent)
 }
 
 // PlainCgroup is a cgroup outside any trialnet parent: no eBPF applies.

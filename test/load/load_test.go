@@ -100,11 +100,12 @@ func TestPrivilegedLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	var agentErr strings.Builder
-	proc := exec.Command(bin, "agent", "--config", cfgFile, "--resolver", dnsAddr, "--allow-cidr", "198.18.0.0/15")
+	proc := exec.Command(bin, "agent", "--config", cfgFile, "--resolver", dnsAddr, "--allow-cidr", "198.18.0.0/15", "--teardown-on-exit")
 	proc.Stderr = &agentErr
 	if err := proc.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// --teardown-on-exit: a test that fails half-way still leaves no Trial.
 	t.Cleanup(func() { _ = proc.Process.Signal(syscall.SIGTERM); _ = proc.Wait() })
 	a := agent.NewClient(sock)
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
