@@ -89,7 +89,8 @@ func EgressVerdict(c bpf.Counters) string {
 
 // Uninstall detaches trialnet: it removes the pins (so the programs
 // detach) and the parent cgroup. Live Trials would keep only their
-// namespace, so it refuses while any exists unless force is set.
+// namespace, so it refuses while any exists unless force is set, in
+// which case it destroys them first.
 func Uninstall(cfg Config, force bool) error {
 	if os.Geteuid() != 0 {
 		return ErrNotRoot
@@ -113,15 +114,22 @@ func Uninstall(cfg Config, force bool) error {
 		}
 	}
 	if len(live) > 0 && !force {
-		return fmt.Errorf("uninstall: %d Trial(s) still live (%s); without the eBPF layer they would keep only their namespace. Destroy them first, or pass --force", len(live), strings.Join(live, ", "))
+		return fmt.Errorf("uninstall: %d Trial(s) still live (%s); without the eBPF layer they would keep only their namespace. Destroy them first, or pass --force to destroy them too", len(live), strings.Join(live, ", "))
+	}
+	// --force: the live Trials go first (processes killed, cgroups and
+	// namespaces removed), so that none is left with one layer only.
+	var errs []error
+	for _, id := range live {
+		errs = append(errs, sandbox.Teardown(parent, cfg.NetnsDir, id))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("uninstall: %w", err)
 	}
 	if err := bpf.Uninstall(cfg.PinDir); err != nil {
 		return err
 	}
-	if len(live) == 0 {
-		if err := unix.Rmdir(parent); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("uninstall: remove parent cgroup %s: %w", parent, err)
-		}
+	if err := unix.Rmdir(parent); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("uninstall: remove parent cgroup %s: %w", parent, err)
 	}
 	return nil
 }

@@ -46,6 +46,37 @@ func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 	}
 }
 
+// --force destroys live Trials first: their processes, cgroups and
+// namespaces go with the eBPF layer, none is left half-confined.
+func TestPrivilegedUninstallForceDestroysTrials(t *testing.T) {
+	privtest.Require(t)
+	cfg := isolatedHost(t)
+	h, err := OpenHost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := h.Create(sandbox.Spec{ID: "forced", UnixOpen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tr.Start(sandbox.Command{Args: []string{"sleep", "600"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = h.Close()
+	if err := Uninstall(cfg, true); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := p.Wait(); code != 128+9 && code != -1 {
+		t.Fatalf("the Trial's process exited %d, want killed", code)
+	}
+	for _, path := range []string{cfg.PinDir, cfg.Parent, tr.Cgroup, tr.Netns.Path} {
+		if _, err := os.Stat(path); !os.IsNotExist(err) {
+			t.Fatalf("%s left after uninstall --force", path)
+		}
+	}
+}
+
 // isolatedHost is a host configuration of the test's own: its own parent
 // cgroup, pins and namespace directory, so that tests running at the same
 // time (other packages too) never see each other's Trials.

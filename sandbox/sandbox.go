@@ -216,3 +216,25 @@ func Attach(id, cgroup, netnsPath string) (*Trial, error) {
 	}
 	return &Trial{ID: id, Cgroup: cgroup, CgroupID: cgid, Netns: ns}, nil
 }
+
+// Teardown kills everything in Trial id's cgroup below parent, removes
+// the cgroup and deletes its namespace from netnsDir ("" : the default),
+// without touching eBPF: for when the eBPF layer itself is being removed.
+func Teardown(parent, netnsDir, id string) error {
+	if err := netns.ValidID(id); err != nil {
+		return err
+	}
+	if netnsDir == "" {
+		netnsDir = netns.DefaultDir
+	}
+	dir := filepath.Join(parent, id)
+	var errs []error
+	if _, err := os.Stat(dir); err == nil {
+		errs = append(errs, killCgroup(dir, killWait), removeCgroup(dir))
+	}
+	errs = append(errs, netns.Delete(netnsDir, id))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("tear down Trial %s: %w", id, err)
+	}
+	return nil
+}

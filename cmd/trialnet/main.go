@@ -170,7 +170,7 @@ func cmdDoctor(args []string, stdout, stderr io.Writer) int {
 
 func cmdUninstall(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("uninstall", "uninstall [--force]", "sudo trialnet uninstall", stderr)
-	force := fs.Bool("force", false, "uninstall even while Trials are live (they keep only their namespace)")
+	force := fs.Bool("force", false, "uninstall even while Trials are live, destroying them first (their processes are killed)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}

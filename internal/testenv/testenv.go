@@ -15,7 +15,6 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
-	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -48,20 +47,8 @@ func IsolatedHost(t testing.TB, name string) agent.Config {
 }
 
 // Sweep removes everything under an isolated host, even what a failed
-// test left: Trial cgroups (their processes killed), namespace mounts,
-// pins and the parent cgroup.
+// test left: Trials (processes, cgroups, namespaces), pins and the parent.
 func Sweep(cfg agent.Config) {
-	entries, _ := os.ReadDir(cfg.Parent)
-	for _, e := range entries {
-		if e.IsDir() {
-			_ = KillAndRemove(filepath.Join(cfg.Parent, e.Name()))
-		}
-	}
-	if ids, err := netns.List(cfg.NetnsDir); err == nil {
-		for _, id := range ids {
-			_ = netns.Delete(cfg.NetnsDir, id)
-		}
-	}
 	_ = agent.Uninstall(cfg, true)
 	_ = os.Remove(cfg.Parent)
 }
