@@ -1,0 +1,91 @@
+//go:build linux
+
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testenv"
+)
+
+func TestNoAgentSaysHowToStartOne(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	for _, args := range [][]string{{"list", "--socket", sock}, {"stats", "--socket", sock}, {"destroy", "--socket", sock, "x"}, {"create", "--socket", sock, "-j"}} {
+		code, out, errOut := trialnet(args...)
+		if code != exitFailure || !strings.Contains(out+errOut, "no trialnet agent is running") || !strings.Contains(out+errOut, "trialnet agent") {
+			t.Errorf("%v: exit %d, %q %q", args, code, out, errOut)
+		}
+	}
+}
+
+// The CLI against a running agent: create -j, list, exec, stats, audit,
+// destroy; refusals exit 3 with the agent's message; run uses the running
+// agent instead of embedding one.
+func TestPrivilegedCLIWithAgent(t *testing.T) {
+	privtest.Require(t)
+	dir := t.TempDir()
+	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "cli"), StateDir: filepath.Join(dir, "state"), DataDir: filepath.Join(dir, "data"), Resolvers: []string{"127.0.0.1:9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(true) })
+	sock := filepath.Join(dir, "agent.sock")
+	ln, err := agent.ListenSocket(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: a.Handler()}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	code, out, errOut := trialnet("create", "--socket", sock, "--id", "cli-1", "--allow", "api.example.test:443", "-j")
+	var info agent.TrialInfo
+	if code != 0 || json.Unmarshal([]byte(out), &info) != nil || info.ID != "cli-1" || info.ProxyURL == "" || info.Netns == "" || info.Cgroup == "" {
+		t.Fatalf("create -j: exit %d, %q %q", code, out, errOut)
+	}
+	if code, _, errOut := trialnet("create", "--socket", sock, "--id", "cli-1"); code != exitRefused || !strings.Contains(errOut, "already exists") {
+		t.Fatalf("duplicate: exit %d, %q", code, errOut)
+	}
+	if code, out, _ := trialnet("list", "--socket", sock); code != 0 || !strings.Contains(out, "cli-1") || !strings.Contains(out, "api.example.test:443") {
+		t.Fatalf("list: exit %d, %q", code, out)
+	}
+	if code, _, errOut := trialnet("exec", "--socket", sock, "--trial", "cli-1", "--uid", "65534", "--", "sh", "-c", `test "$HTTPS_PROXY" = http://127.0.0.1:3128 && exit 9`); code != 9 {
+		t.Fatalf("exec: exit %d, want CMD's 9; %q", code, errOut)
+	}
+	if code, _, _ := trialnet("exec", "--socket", sock, "--trial", "cli-1", "--uid", "65534", "--", "no-such-command-trialnet"); code != 127 {
+		t.Fatalf("exec of a missing command: exit %d, want 127", code)
+	}
+	if code, _, _ := trialnet("exec", "--socket", sock, "--trial", "nosuch", "--uid", "65534", "--", "true"); code != exitRefused {
+		t.Fatalf("exec in an unknown Trial: exit %d, want %d", code, exitRefused)
+	}
+	if code, out, _ := trialnet("stats", "--socket", sock, "--trial", "cli-1"); code != 0 || !strings.Contains(out, "connect4_denied") || !strings.Contains(out, "direct egress packets = 0") {
+		t.Fatalf("stats: exit %d, %q", code, out)
+	}
+	if code, out, _ := trialnet("audit", "--socket", sock, "--trial", "cli-1", "-j"); code != 0 || strings.TrimSpace(out) != "[]" {
+		t.Fatalf("audit -j: exit %d, %q", code, out)
+	}
+	// run goes through the running agent: the Trial appears there while
+	// CMD runs.
+	code, _, errOut = trialnet("run", "--socket", sock, "--uid", "65534", "--", "sh", "-c", "exit 0")
+	if code != 0 {
+		t.Fatalf("run through the agent: exit %d, %q", code, errOut)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "data", "run-*", "stats.json")); len(m) != 1 {
+		t.Fatalf("run did not go through the agent: final stats %v", m)
+	}
+	if code, _, errOut := trialnet("run", "--socket", sock, "--config", "x.yaml", "--uid", "65534", "--", "true"); code != exitUsage || !strings.Contains(errOut, "own configuration") {
+		t.Fatalf("run --config with an agent running: exit %d, %q", code, errOut)
+	}
+	if code, out, _ := trialnet("destroy", "--socket", sock, "cli-1"); code != 0 || !strings.Contains(out, "verdict") {
+		t.Fatalf("destroy: exit %d, %q", code, out)
+	}
+	if code, _, errOut := trialnet("destroy", "--socket", sock, "cli-1"); code != exitRefused || !strings.Contains(errOut, "no live Trial") {
+		t.Fatalf("destroy twice: exit %d, %q", code, errOut)
+	}
+}
