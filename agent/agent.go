@@ -245,7 +245,7 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	}
 	info.Netns, info.Cgroup, info.CgroupID = tr.Netns.Path, tr.Cgroup, tr.CgroupID
 	lt := &liveTrial{info: info, tr: tr}
-	if err := a.serve(lt, allow, req.Limits); err != nil {
+	if err := a.serve(lt, allow, req.Limits, nil); err != nil {
 		_ = tr.Close()
 		a.removeState(req.ID)
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
@@ -280,8 +280,8 @@ func (a *Agent) allowlist(req CreateRequest) (*proxy.Allowlist, error) {
 // serve opens the Trial's proxy endpoint inside its namespace and serves
 // it. The listening sockets live in the Trial's namespace but belong to
 // the agent: no relay process, and the listener is the Trial's identity.
-func (a *Agent) serve(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limits) (err error) {
-	if err := a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Limits: limits}); err != nil {
+func (a *Agent) serve(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limits, stats *proxy.TrialStats) (err error) {
+	if err := a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Limits: limits, Stats: stats}); err != nil {
 		return err
 	}
 	defer func() {
@@ -596,7 +596,7 @@ func (a *Agent) adopt(st stateFile) error {
 	a.mu.Lock()
 	a.trials[st.ID] = nil
 	a.mu.Unlock()
-	if err := a.serve(lt, proxy.NewAllowlist(entries...), st.Limits); err != nil {
+	if err := a.serve(lt, proxy.NewAllowlist(entries...), st.Limits, a.replayStats(st.ID)); err != nil {
 		a.mu.Lock()
 		delete(a.trials, st.ID)
 		a.mu.Unlock()
@@ -606,6 +606,29 @@ func (a *Agent) adopt(st stateFile) error {
 	a.trials[st.ID] = lt
 	a.mu.Unlock()
 	return nil
+}
+
+// replayStats rebuilds a re-adopted Trial's proxy counters from its
+// decision log, so that they continue across an agent restart as the
+// kernel's do.
+func (a *Agent) replayStats(id string) *proxy.TrialStats {
+	recs, err := a.Audit(id)
+	if err != nil {
+		return nil
+	}
+	st := &proxy.TrialStats{}
+	for _, r := range recs {
+		var e struct {
+			Decision  string `json:"decision"`
+			Reason    string `json:"reason"`
+			BytesUp   int64  `json:"bytes_up"`
+			BytesDown int64  `json:"bytes_down"`
+		}
+		if json.Unmarshal(r, &e) == nil {
+			st.Add(&proxy.Event{Decision: e.Decision, Reason: proxy.Reason(e.Reason), BytesUp: e.BytesUp, BytesDown: e.BytesDown})
+		}
+	}
+	return st
 }
 
 // Exec runs a command in a live Trial with the proxy variables set, and

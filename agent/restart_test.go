@@ -59,6 +59,25 @@ func waitReady(t *testing.T, c *Client, p *agentProc) {
 	t.Fatalf("agent did not answer on %s:\n%s", c.Socket, p.stderr.String())
 }
 
+// waitAllowed waits until the Trial's proxy counted n allowed tunnels.
+func waitAllowed(t *testing.T, c *Client, id string, n uint64) Stats {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := c.Stats(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Proxy.Allowed == n {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy counted %d allowed tunnels, want %d", st.Proxy.Allowed, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // agentProcessSetup builds trialnet and writes a config with isolated
 // paths; it returns the binary, the agent's arguments, a client for its
 // socket and the host configuration.
@@ -118,10 +137,7 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	if code := curlIn(t, info, "--proxytunnel", url); code != 0 {
 		t.Fatalf("before the restart: curl exit %d", code)
 	}
-	before, err := c.Stats(info.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := waitAllowed(t, c, info.ID, 1) // the tunnel's event is written when it closes
 
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -146,10 +162,7 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	if code := curlIn(t, info, "--proxytunnel", url); code != 0 {
 		t.Fatalf("after the restart: curl exit %d\n%s", code, second.stderr.String())
 	}
-	after, err := c.Stats(info.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := waitAllowed(t, c, info.ID, 2)
 	for _, k := range []string{"connect4_allowed", "connect4_denied", "egress_loopback_packets"} {
 		if after.Kernel[k] <= before.Kernel[k] {
 			t.Errorf("kernel counter %s went %d -> %d: it should have continued and grown", k, before.Kernel[k], after.Kernel[k])
@@ -157,6 +170,10 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	}
 	if after.Egress != 0 {
 		t.Fatalf("direct egress packets %d", after.Egress)
+	}
+	// The proxy's counters continued too (rebuilt from the decision log).
+	if after.Proxy.BytesDown <= before.Proxy.BytesDown {
+		t.Errorf("proxy bytes went %d -> %d: they should have continued", before.Proxy.BytesDown, after.Proxy.BytesDown)
 	}
 	if _, err := c.Destroy(info.ID); err != nil {
 		t.Fatal(err)

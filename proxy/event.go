@@ -109,7 +109,11 @@ type TrialStats struct {
 	Active    int64 // CONNECTs being served now
 }
 
-func (s *TrialStats) add(e *Event) {
+// Add counts one decision event.
+func (s *TrialStats) Add(e *Event) {
+	if s.Decisions == nil {
+		s.Decisions = make(map[Reason]uint64)
+	}
 	if e.Decision == DecisionAllow {
 		s.Allowed++
 	} else {

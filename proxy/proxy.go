@@ -125,6 +125,9 @@ type TrialPolicy struct {
 	ID     string
 	Allow  *Allowlist
 	Limits *Limits // nil: the proxy's defaults
+	// Stats, if set, are where the Trial's counters start: a restarted
+	// agent continues them from the decision log.
+	Stats *TrialStats
 }
 
 type trial struct {
@@ -168,6 +171,15 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		id: tp.ID, allow: allow, limits: lim, bucket: newBucket(lim.ConnectRate, lim.ConnectBurst),
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		stats: TrialStats{Decisions: make(map[Reason]uint64)},
+	}
+	if st := tp.Stats; st != nil {
+		t := p.trials[tp.ID]
+		t.stats = *st
+		t.stats.Active = 0
+		t.stats.Decisions = make(map[Reason]uint64, len(st.Decisions))
+		for r, n := range st.Decisions {
+			t.stats.Decisions[r] = n
+		}
 	}
 	return nil
 }
@@ -478,7 +490,7 @@ func sanitize(s string) string {
 
 func (p *Proxy) emit(t *trial, ev *Event) {
 	t.mu.Lock()
-	t.stats.add(ev)
+	t.stats.Add(ev)
 	t.mu.Unlock()
 	p.log.LogAttrs(context.Background(), ev.level(), "connect", ev.attrs()...)
 	if p.cfg.OnEvent != nil {
