@@ -142,6 +142,10 @@ func (f *File) ProfileNames() []string {
 	return out
 }
 
+// ErrUnknownProfile is wrapped by Allowlist for a profile that the
+// configuration does not define.
+var ErrUnknownProfile = errors.New("unknown profile")
+
 // Allowlist builds a Trial's allowlist from named profiles and explicit
 // entries. An unknown profile is an error, never an empty or open list.
 // f may be nil when no configuration file is used.
@@ -158,7 +162,7 @@ func (f *File) Allowlist(profiles, entries []string, requireTLS bool) (*Allowlis
 			if f != nil && len(f.Profiles) > 0 {
 				known = "known: " + strings.Join(f.ProfileNames(), ", ")
 			}
-			return nil, fmt.Errorf("unknown profile %q (%s)", name, known)
+			return nil, fmt.Errorf("%w %q (%s)", ErrUnknownProfile, name, known)
 		}
 		lists = append(lists, p.list)
 	}

@@ -253,3 +253,33 @@ func TestResolverCacheTTL(t *testing.T) {
 		t.Fatalf("TTL 0 answer was cached: %d queries", s.count("zero.example.com"))
 	}
 }
+
+// Lookups of one name in flight are shared, but a leader that gives up
+// (its Trial removed) does not fail the others: they ask again.
+func TestResolverSharedLookupSurvivesLeaderCancel(t *testing.T) {
+	s := newDNSServer(t)
+	r := newResolver(t, s)
+	s.handle("slow.example.com", func(q dns.Question, _ string) (*dns.Msg, bool) {
+		time.Sleep(300 * time.Millisecond)
+		m := new(dns.Msg)
+		m.Answer = addrRR(q, q.Name, 60, "93.184.216.34")
+		return m, true
+	})
+	leader, cancel := context.WithCancel(context.Background())
+	go func() { _, _ = r.Resolve(leader, "slow.example.com") }()
+	for deadline := time.Now().Add(5 * time.Second); s.count("slow.example.com") == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no query")
+		}
+	}
+	done := make(chan struct{})
+	var ans Answer
+	var err error
+	go func() { defer close(done); ans, err = r.Resolve(context.Background(), "slow.example.com") }()
+	time.Sleep(50 * time.Millisecond) // the follower has joined
+	cancel()
+	<-done
+	if err != nil || len(ans.Addrs) != 1 {
+		t.Fatalf("a follower got %+v, %v after its leader gave up", ans, err)
+	}
+}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"time"
 )
@@ -107,6 +108,14 @@ type TrialStats struct {
 	BytesUp   uint64
 	BytesDown uint64
 	Active    int64 // CONNECTs being served now
+}
+
+func (s TrialStats) clone() TrialStats {
+	s.Decisions = maps.Clone(s.Decisions)
+	if s.Decisions == nil {
+		s.Decisions = make(map[Reason]uint64)
+	}
+	return s
 }
 
 // Add counts one decision event.

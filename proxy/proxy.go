@@ -138,6 +138,10 @@ type trial struct {
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
 
 	handlers sync.WaitGroup // connections being handled; Add under mu, before removed is set
+	// ctx ends when the Trial is removed, cutting its DNS and dials short
+	// so that RemoveTrial does not wait out their timeouts.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -167,19 +171,16 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	if allow == nil {
 		allow = NewAllowlist()
 	}
+	stats := TrialStats{Decisions: make(map[Reason]uint64)}
+	if tp.Stats != nil {
+		stats = tp.Stats.clone()
+		stats.Active = 0
+	}
+	ctx, cancel := context.WithCancel(context.Background())
 	p.trials[tp.ID] = &trial{
 		id: tp.ID, allow: allow, limits: lim, bucket: newBucket(lim.ConnectRate, lim.ConnectBurst),
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
-		stats: TrialStats{Decisions: make(map[Reason]uint64)},
-	}
-	if st := tp.Stats; st != nil {
-		t := p.trials[tp.ID]
-		t.stats = *st
-		t.stats.Active = 0
-		t.stats.Decisions = make(map[Reason]uint64, len(st.Decisions))
-		for r, n := range st.Decisions {
-			t.stats.Decisions[r] = n
-		}
+		stats: stats, ctx: ctx, cancel: cancel,
 	}
 	return nil
 }
@@ -201,6 +202,7 @@ func (p *Proxy) RemoveTrial(id string) (TrialStats, bool) {
 }
 
 func (t *trial) shutdown() {
+	t.cancel()
 	t.mu.Lock()
 	t.removed = true
 	for ln := range t.listeners {
@@ -336,14 +338,14 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 	fin.add(func() { t.untrack(c) })
 	start := time.Now()
 	ev := &Event{Time: start, Trial: t.id, Client: c.RemoteAddr().String()}
+	handedOff := false
 	fin.add(func() {
 		ev.Duration = time.Since(start)
 		p.emit(t, ev)
-		if ev.Decision == DecisionDeny && ev.BytesUp == 0 && ev.BytesDown == 0 {
-			lingerClose(c) // refused before a tunnel: let the client read the answer
+		if !handedOff && ev.Decision == DecisionDeny {
+			lingerClose(c) // refused with an HTTP answer: let the client read it
 		}
 	})
-	handedOff := false
 	defer func() {
 		if !handedOff {
 			fin.run()
@@ -388,8 +390,11 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		p.refuse(c, ev, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort()))
 		return
 	}
-	up, err := p.connect(req, ev)
+	up, err := p.connect(t.ctx, req, ev)
 	if err != nil {
+		if t.ctx.Err() != nil {
+			err = &Denial{Reason: ReasonShutdown, Detail: "the Trial is being removed", Err: err}
+		}
 		p.refuse(c, ev, err)
 		return
 	}
@@ -414,8 +419,8 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 
 // connect resolves req's name, checks every address and dials the
 // checked ones.
-func (p *Proxy) connect(req *Request, ev *Event) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.DNSTimeout)
+func (p *Proxy) connect(trialCtx context.Context, req *Request, ev *Event) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(trialCtx, p.cfg.DNSTimeout)
 	ans, err := p.resolver.Resolve(ctx, req.Host)
 	cancel()
 	ev.Resolved = ans.Addrs
@@ -440,7 +445,7 @@ func (p *Proxy) connect(req *Request, ev *Event) (net.Conn, error) {
 		}
 		targets = append(targets, netip.AddrPortFrom(a.Unmap(), req.Port))
 	}
-	ctx, cancel = context.WithTimeout(context.Background(), p.cfg.DialTimeout)
+	ctx, cancel = context.WithTimeout(trialCtx, p.cfg.DialTimeout)
 	defer cancel()
 	up, dialed, err := dialAny(ctx, p.dialer, targets, p.cfg.FallbackDelay)
 	if err != nil {
@@ -492,7 +497,9 @@ func (p *Proxy) emit(t *trial, ev *Event) {
 	t.mu.Lock()
 	t.stats.Add(ev)
 	t.mu.Unlock()
-	p.log.LogAttrs(context.Background(), ev.level(), "connect", ev.attrs()...)
+	if ctx := context.Background(); p.log.Enabled(ctx, ev.level()) {
+		p.log.LogAttrs(ctx, ev.level(), "connect", ev.attrs()...)
+	}
 	if p.cfg.OnEvent != nil {
 		p.cfg.OnEvent(*ev)
 	}
@@ -512,11 +519,7 @@ func (p *Proxy) Stats(id string) (TrialStats, bool) {
 func (t *trial) snapshot() TrialStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := t.stats
-	s.Decisions = make(map[Reason]uint64, len(t.stats.Decisions))
-	for k, v := range t.stats.Decisions {
-		s.Decisions[k] = v
-	}
+	s := t.stats.clone()
 	s.Active = t.tunnels.Load()
 	return s
 }

@@ -50,8 +50,9 @@ type DNSResolver struct {
 
 // flight is a lookup in progress that later askers wait for.
 type flight struct {
-	done chan struct{}
-	res  lookupResult
+	done      chan struct{}
+	res       lookupResult
+	abandoned bool // the leader's context ended: the result is not the name's
 }
 
 type cacheKey struct {
@@ -177,25 +178,37 @@ func (r *DNSResolver) cached(fqdn string, qtype uint16) (lookupResult, bool) {
 // asks.
 func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lookupResult, bool) {
 	key := cacheKey{fqdn, qtype}
-	r.mu.Lock()
-	if e, ok := r.cache[key]; ok && time.Now().Before(e.expires) {
+	for {
+		r.mu.Lock()
+		if e, ok := r.cache[key]; ok && time.Now().Before(e.expires) {
+			r.mu.Unlock()
+			return e.res, true
+		}
+		f, joined := r.inflight[key]
+		if !joined {
+			f = &flight{done: make(chan struct{})}
+			r.inflight[key] = f
+		}
 		r.mu.Unlock()
-		return e.res, true
-	}
-	if f, ok := r.inflight[key]; ok {
-		r.mu.Unlock()
+		if !joined {
+			return r.lead(ctx, key, f), false
+		}
 		select {
 		case <-f.done:
-			return f.res, false
+			// A leader whose own caller gave up (its Trial removed, its
+			// deadline passed) says nothing about the name: ask again.
+			if !f.abandoned {
+				return f.res, false
+			}
 		case <-ctx.Done():
 			return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("timed out (%v)", ctx.Err())}, false
 		}
 	}
-	f := &flight{done: make(chan struct{})}
-	r.inflight[key] = f
-	r.mu.Unlock()
+}
 
-	res, ttl := r.follow(ctx, fqdn, qtype)
+// lead asks for key on behalf of everyone waiting on f.
+func (r *DNSResolver) lead(ctx context.Context, key cacheKey, f *flight) lookupResult {
+	res, ttl := r.follow(ctx, key.name, key.qtype)
 	r.mu.Lock()
 	if ttl > 0 && res.kind != lookupFailed {
 		if len(r.cache) >= DefaultCacheEntries {
@@ -205,9 +218,9 @@ func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lo
 	}
 	delete(r.inflight, key)
 	r.mu.Unlock()
-	f.res = res
+	f.res, f.abandoned = res, ctx.Err() != nil
 	close(f.done)
-	return res, false
+	return res
 }
 
 // evict drops expired entries, or every entry if none has expired: a
@@ -351,13 +364,30 @@ func (r *DNSResolver) exchange(ctx context.Context, name string, qtype uint16) (
 	return nil, last
 }
 
+// query sends q over one connection that is closed as soon as ctx ends:
+// miekg/dns only applies ctx's deadline, and a lookup whose Trial is
+// removed must stop waiting at once.
+func query(ctx context.Context, c *dns.Client, q *dns.Msg, server string) (*dns.Msg, error) {
+	conn, err := c.DialContext(ctx, server)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	m, _, err := c.ExchangeWithConnContext(ctx, q, conn)
+	return m, err
+}
+
 func (r *DNSResolver) exchange1(ctx context.Context, q *dns.Msg, server string) (*dns.Msg, error) {
 	for _, network := range []string{"udp", "tcp"} {
-		c := &dns.Client{Net: network, Timeout: r.timeout}
-		m, _, err := c.ExchangeContext(ctx, q, server)
+		m, err := query(ctx, &dns.Client{Net: network, Timeout: r.timeout}, q, server)
 		if err != nil {
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("query %s over %s: %w", server, network, context.Cause(ctx))
+			}
+			if errors.As(err, &ne) && ne.Timeout() {
 				return nil, fmt.Errorf("no answer from %s over %s (timeout)", server, network)
 			}
 			return nil, fmt.Errorf("query %s over %s: %v", server, network, err)

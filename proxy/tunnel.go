@@ -25,9 +25,9 @@ type closeWriter interface {
 // tunnel relays between client and upstream until both directions have
 // ended. Each direction half-closes its destination when its source
 // ends, so EOF travels like it does on one TCP connection; an error in
-// either direction aborts both. Copies between two TCP sockets use
-// splice(2) through io.Copy. There is no idle timeout: keepalives find
-// dead peers, a silent model call lives as long as it needs.
+// either direction aborts both. Copies between two TCP sockets splice(2)
+// (see relay). There is no idle timeout: keepalives find dead peers, a
+// silent model call lives as long as it needs.
 func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event, fin cleanups) {
 	ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
 	var aborted atomic.Bool

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 func TestTunnelRequestResponseAndPipelinedBytes(t *testing.T) {
@@ -354,5 +356,31 @@ func TestTunnelUpstreamReset(t *testing.T) {
 	}
 	if ev := tp.event(t); ev.BytesDown != 7 {
 		t.Fatalf("event %+v", ev)
+	}
+}
+
+// Removing a Trial cuts its CONNECTs that are still resolving or dialing:
+// it does not wait out their timeouts.
+func TestRemoveTrialCutsPendingConnect(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"slow.example.com:443"}})
+	tp.dns.handle("slow.example.com", func(dns.Question, string) (*dns.Msg, bool) { return nil, false })
+	c, err := net.Dial("tcp", tp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, connectHead("slow.example.com:443"))
+	for deadline := time.Now().Add(5 * time.Second); tp.dns.count("slow.example.com") == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the CONNECT never reached DNS")
+		}
+	}
+	start := time.Now()
+	tp.RemoveTrial("t1")
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("RemoveTrial waited %v for a CONNECT stuck in DNS (the DNS timeout is %v)", d, DefaultDNSTimeout)
+	}
+	if ev := tp.event(t); ev.Reason != ReasonShutdown {
+		t.Fatalf("event %+v, want %s", ev, ReasonShutdown)
 	}
 }
