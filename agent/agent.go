@@ -57,18 +57,28 @@ type Agent struct {
 	log   *slog.Logger
 
 	mu     sync.Mutex
-	trials map[string]*liveTrial // nil value: being created
+	trials map[string]*liveTrial // every id in use, in any state
 
 	gcPending atomic.Bool
 }
 
 type liveTrial struct {
-	info       TrialInfo
-	tr         *sandbox.Trial
-	destroying bool       // guarded by Agent.mu
-	mu         sync.Mutex // guards audit
-	audit      *os.File   // decisions.jsonl; nil without a DataDir
+	info  TrialInfo
+	tr    *sandbox.Trial
+	state trialState // guarded by Agent.mu
+	mu    sync.Mutex // guards audit
+	audit *os.File   // decisions.jsonl; nil without a DataDir
 }
+
+// trialState: only live Trials are listed and served to API calls; the
+// others hold their id. A Trial's decisions are logged in every state.
+type trialState uint8
+
+const (
+	stateCreating   trialState = iota // being made, or re-adopted
+	stateLive                         // ready
+	stateDestroying                   // being torn down
+)
 
 // TrialInfo describes a live Trial.
 type TrialInfo struct {
@@ -188,9 +198,7 @@ func (a *Agent) Close(teardown bool) {
 	_ = a.proxy.Close()
 	a.mu.Lock()
 	for _, lt := range a.trials {
-		if lt != nil && lt.audit != nil {
-			_ = lt.audit.Close()
-		}
+		lt.closeAudit()
 	}
 	a.mu.Unlock()
 	_ = a.host.Close()
@@ -210,22 +218,16 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	if err != nil {
 		return TrialInfo{}, err
 	}
-	a.mu.Lock()
-	if _, ok := a.trials[req.ID]; ok {
-		a.mu.Unlock()
-		return TrialInfo{}, errf(CodeDuplicateID, "a Trial with id %q already exists; pick another id or destroy it first", req.ID)
+	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC()}
+	lt := &liveTrial{}
+	if err := a.register(req.ID, lt); err != nil {
+		return TrialInfo{}, err
 	}
-	a.trials[req.ID] = nil // reserved while it is made
-	a.mu.Unlock()
 	defer func() {
 		if err != nil {
-			a.mu.Lock()
-			delete(a.trials, req.ID)
-			a.mu.Unlock()
+			a.unregister(req.ID)
 		}
 	}()
-
-	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC()}
 	for _, e := range allow.Entries() {
 		info.Allow = append(info.Allow, AllowEntry{e.String(), e.RequireTLS})
 	}
@@ -238,13 +240,18 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	tr, err := a.host.Create(spec)
 	if err != nil {
 		a.removeState(req.ID)
-		if strings.Contains(err.Error(), "already exists") {
+		if errors.Is(err, sandbox.ErrExists) {
 			return TrialInfo{}, errf(CodeDuplicateID, "%v", err)
 		}
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
 	info.Netns, info.Cgroup, info.CgroupID = tr.Netns.Path, tr.Cgroup, tr.CgroupID
-	lt := &liveTrial{info: info, tr: tr}
+	lt.info, lt.tr = info, tr
+	if err := a.keepOldData(req.ID); err != nil {
+		_ = tr.Close()
+		a.removeState(req.ID)
+		return TrialInfo{}, errf(CodeInternal, "%v", err)
+	}
 	if err := a.serve(lt, allow, req.Limits, nil); err != nil {
 		_ = tr.Close()
 		a.removeState(req.ID)
@@ -256,31 +263,83 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 		a.removeState(req.ID)
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
-	a.mu.Lock()
-	a.trials[req.ID] = lt
-	a.mu.Unlock()
+	a.setState(lt, stateLive)
 	a.log.Info("trial created", "trial", req.ID, "allow", len(info.Allow), "strict", req.Strict)
 	return info, nil
 }
 
 func (a *Agent) allowlist(req CreateRequest) (*proxy.Allowlist, error) {
-	for _, p := range req.Profiles {
-		if a.cfg.File == nil || a.cfg.File.Profiles[p].Allow == nil {
-			_, err := a.cfg.File.Allowlist([]string{p}, nil, false)
-			return nil, errf(CodeUnknownProfile, "%v", err)
-		}
-	}
 	allow, err := a.cfg.File.Allowlist(req.Profiles, req.Allow, req.RequireTLS)
-	if err != nil {
+	switch {
+	case errors.Is(err, proxy.ErrUnknownProfile):
+		return nil, errf(CodeUnknownProfile, "%v", err)
+	case err != nil:
 		return nil, errf(CodeBadAllowlist, "%v", err)
 	}
 	return allow, nil
+}
+
+// register takes id for lt, which starts in stateCreating.
+func (a *Agent) register(id string, lt *liveTrial) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.trials[id]; ok {
+		return errf(CodeDuplicateID, "a Trial with id %q already exists; pick another id or destroy it first", id)
+	}
+	a.trials[id] = lt
+	return nil
+}
+
+func (a *Agent) unregister(id string) {
+	a.mu.Lock()
+	delete(a.trials, id)
+	a.mu.Unlock()
+}
+
+func (a *Agent) setState(lt *liveTrial, s trialState) {
+	a.mu.Lock()
+	lt.state = s
+	a.mu.Unlock()
+}
+
+// keepOldData moves aside what a destroyed Trial with the same id left
+// in the data directory, so that a new Trial's log starts empty and the
+// old one stays on disk.
+func (a *Agent) keepOldData(id string) error {
+	if a.cfg.DataDir == "" {
+		return nil
+	}
+	dir := filepath.Join(a.cfg.DataDir, id)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return os.Rename(dir, fmt.Sprintf("%s.%d", dir, time.Now().UnixNano()))
 }
 
 // serve opens the Trial's proxy endpoint inside its namespace and serves
 // it. The listening sockets live in the Trial's namespace but belong to
 // the agent: no relay process, and the listener is the Trial's identity.
 func (a *Agent) serve(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limits, stats *proxy.TrialStats) (err error) {
+	// The decision log first: the Trial's processes may connect as soon
+	// as the endpoint listens (at once, for a re-adopted Trial).
+	if a.cfg.DataDir != "" {
+		dir := filepath.Join(a.cfg.DataDir, lt.info.ID)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		f, err := os.OpenFile(filepath.Join(dir, "decisions.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return err
+		}
+		lt.mu.Lock()
+		lt.audit = f
+		lt.mu.Unlock()
+		defer func() {
+			if err != nil {
+				lt.closeAudit()
+			}
+		}()
+	}
 	if err := a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Limits: limits, Stats: stats}); err != nil {
 		return err
 	}
@@ -313,16 +372,16 @@ func (a *Agent) serve(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limit
 			}
 		}()
 	}
-	if a.cfg.DataDir != "" {
-		dir := filepath.Join(a.cfg.DataDir, lt.info.ID)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
-		}
-		if lt.audit, err = os.OpenFile(filepath.Join(dir, "decisions.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {
-			return err
-		}
-	}
 	return nil
+}
+
+func (lt *liveTrial) closeAudit() {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	if lt.audit != nil {
+		_ = lt.audit.Close()
+		lt.audit = nil
+	}
 }
 
 func (a *Agent) onEvent(ev proxy.Event) {
@@ -374,7 +433,7 @@ func (a *Agent) lookup(id string) (*liveTrial, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	lt := a.trials[id]
-	if lt == nil || lt.destroying {
+	if lt == nil || lt.state != stateLive {
 		return nil, errf(CodeUnknownTrial, "no live Trial %q ('trialnet list' shows the live ones)", id)
 	}
 	return lt, nil
@@ -386,7 +445,7 @@ func (a *Agent) List() []TrialInfo {
 	defer a.mu.Unlock()
 	var out []TrialInfo
 	for _, lt := range a.trials {
-		if lt != nil && !lt.destroying {
+		if lt.state == stateLive {
 			out = append(out, lt.info)
 		}
 	}
@@ -442,38 +501,30 @@ func (a *Agent) Stats(id string) (Stats, error) {
 // removes its namespace, cgroup and policy entry. The final stats and the
 // decision log stay in the data directory.
 func (a *Agent) Destroy(id string) (Stats, error) {
+	lt, err := a.lookup(id)
+	if err != nil {
+		return Stats{}, err
+	}
 	a.mu.Lock()
-	lt := a.trials[id]
-	if lt != nil && lt.destroying {
-		lt = nil
-	}
-	if lt != nil {
-		lt.destroying = true // the id stays taken until done
-	}
-	a.mu.Unlock()
-	if lt == nil {
+	if lt.state != stateLive { // another destroy got here first
+		a.mu.Unlock()
 		return Stats{}, errf(CodeUnknownTrial, "no live Trial %q ('trialnet list' shows the live ones)", id)
 	}
+	lt.state = stateDestroying // the id stays taken until done
+	a.mu.Unlock()
 	// Waits for the Trial's last decision events, which still reach its log.
 	pst, _ := a.proxy.RemoveTrial(id)
 	k, kerr := lt.tr.Counters()
 	st := makeStats(id, k, pst)
-	err := errors.Join(kerr, lt.tr.Close())
-	lt.mu.Lock()
-	if lt.audit != nil {
-		_ = lt.audit.Close()
-		lt.audit = nil
-	}
-	lt.mu.Unlock()
+	err = errors.Join(kerr, lt.tr.Close())
+	lt.closeAudit()
 	if a.cfg.DataDir != "" {
 		if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {
 			err = errors.Join(err, os.WriteFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))
 		}
 	}
 	a.removeState(id)
-	a.mu.Lock()
-	delete(a.trials, id)
-	a.mu.Unlock()
+	a.unregister(id)
 	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
 	a.releaseSoon()
 	if err != nil {
@@ -593,18 +644,14 @@ func (a *Agent) adopt(st stateFile) error {
 		entries = append(entries, pe)
 	}
 	lt := &liveTrial{info: st.TrialInfo, tr: tr}
-	a.mu.Lock()
-	a.trials[st.ID] = nil
-	a.mu.Unlock()
-	if err := a.serve(lt, proxy.NewAllowlist(entries...), st.Limits, a.replayStats(st.ID)); err != nil {
-		a.mu.Lock()
-		delete(a.trials, st.ID)
-		a.mu.Unlock()
+	if err := a.register(st.ID, lt); err != nil {
 		return err
 	}
-	a.mu.Lock()
-	a.trials[st.ID] = lt
-	a.mu.Unlock()
+	if err := a.serve(lt, proxy.NewAllowlist(entries...), st.Limits, a.replayStats(st.ID)); err != nil {
+		a.unregister(st.ID)
+		return err
+	}
+	a.setState(lt, stateLive)
 	return nil
 }
 
@@ -629,15 +676,4 @@ func (a *Agent) replayStats(id string) *proxy.TrialStats {
 		}
 	}
 	return st
-}
-
-// Exec runs a command in a live Trial with the proxy variables set, and
-// returns its exit code.
-func (a *Agent) Exec(ctx context.Context, id string, c sandbox.Command, sigs <-chan os.Signal) (int, error) {
-	lt, err := a.lookup(id)
-	if err != nil {
-		return -1, err
-	}
-	c.ProxyURL = lt.info.ProxyURL
-	return lt.tr.Exec(ctx, c, sigs)
 }

@@ -82,12 +82,27 @@ func startAgent(t *testing.T, cfg AgentConfig) *Agent {
 // curl runs curl in the Trial as nobody and returns its exit code and output.
 func curl(t *testing.T, a *Agent, id string, args ...string) (int, string) {
 	t.Helper()
-	var out bytes.Buffer
+	info, err := a.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return curlIn(t, info, args...)
+}
+
+// curlIn runs curl in a Trial as nobody, from this process, the way
+// `trialnet exec` does: attached by the paths the agent reports.
+func curlIn(t *testing.T, info TrialInfo, args ...string) (int, string) {
+	t.Helper()
+	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	code, err := a.Exec(ctx, id, sandbox.Command{
-		Args: append([]string{"curl", "-sS", "--max-time", "5"}, args...),
-		Env:  []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534, Stdout: &out, Stderr: &out,
+	var out bytes.Buffer
+	code, err := tr.Exec(ctx, sandbox.Command{
+		Args: append([]string{"curl", "-sS", "--max-time", "5"}, args...), Env: []string{"PATH=/usr/bin:/bin"},
+		UID: 65534, GID: 65534, ProxyURL: info.ProxyURL, Stdout: &out, Stderr: &out,
 	}, nil)
 	if err != nil && code < 0 {
 		t.Fatalf("exec curl: %v", err)
@@ -251,5 +266,32 @@ func TestPrivilegedCreateRefusals(t *testing.T) {
 	entries, _ := os.ReadDir(a.cfg.StateDir)
 	if len(entries) != 0 {
 		t.Fatalf("refused creates left state files: %v", entries)
+	}
+}
+
+// An id used again starts a fresh decision log; the earlier Trial's log
+// and final stats stay on disk beside it.
+func TestPrivilegedReusedIDStartsAFreshLog(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 233)
+	a := startAgent(t, w.config(t))
+	if _, err := a.Create(CreateRequest{ID: "agt-reuse"}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := through(t, a, "agt-reuse", "http://denied.example.test:443/"); code == 0 {
+		t.Fatal("a CONNECT with an empty allowlist succeeded")
+	}
+	if _, err := a.Destroy("agt-reuse"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Create(CreateRequest{ID: "agt-reuse"}); err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := a.Audit("agt-reuse"); err != nil || len(recs) != 0 {
+		t.Fatalf("the new Trial's log has %d records (%v): the old Trial's leaked in", len(recs), err)
+	}
+	old, _ := filepath.Glob(filepath.Join(a.cfg.DataDir, "agt-reuse.*", "decisions.jsonl"))
+	if len(old) != 1 {
+		t.Fatalf("the earlier Trial's log was not kept: %v", old)
 	}
 }

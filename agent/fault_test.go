@@ -49,19 +49,8 @@ func tunnelFrom(t *testing.T, info TrialInfo, target string) (net.Conn, *bufio.R
 func TestPrivilegedFaultAgentKilledMidTunnel(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 227, "upstream.example.test")
-	bin, args, c, host := agentProcessSetup(t, w)
-	first := runAgent(t, bin, args...)
-	waitReady(t, c, first)
-	info, err := c.Create(CreateRequest{ID: "agt-midtunnel", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if h, err := OpenHost(host); err == nil {
-			_ = h.Remove(info.ID)
-			_ = h.Close()
-		}
-	})
+	p := startAgentWithTrial(t, w, "agt-midtunnel")
+	bin, args, c, first, info := p.bin, p.args, p.c, p.first, p.info
 	conn, br := tunnelFrom(t, info, fmt.Sprintf("upstream.example.test:%d", upstreamPort))
 	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: upstream.example.test\r\n\r\n")
 	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
@@ -137,7 +126,12 @@ func TestPrivilegedFaultForkBombIgnoringTERM(t *testing.T) {
 	started := make(chan struct{})
 	go func() {
 		close(started)
-		_, _ = a.Exec(context.Background(), info.ID, sandbox.Command{
+		tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_, _ = tr.Exec(context.Background(), sandbox.Command{
 			Args: []string{"sh", "-c", `trap "" TERM; i=0; while [ $i -lt 1000 ]; do sleep 600 & i=$((i+1)); done; wait`},
 			Env:  []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534,
 		}, nil)

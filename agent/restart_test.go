@@ -4,7 +4,6 @@ package agent
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,7 +14,6 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/sandbox"
 )
 
 // agentProc is a `trialnet agent` process of the test's own.
@@ -78,10 +76,19 @@ func waitAllowed(t *testing.T, c *Client, id string, n uint64) Stats {
 	}
 }
 
-// agentProcessSetup builds trialnet and writes a config with isolated
-// paths; it returns the binary, the agent's arguments, a client for its
-// socket and the host configuration.
-func agentProcessSetup(t *testing.T, w *world) (string, []string, *Client, Config) {
+// agentWithTrial is a trialnet agent process with one Trial, allowed
+// to reach upstream.example.test.
+type agentWithTrial struct {
+	bin   string
+	args  []string // the agent's arguments, to start it again
+	c     *Client
+	first *agentProc
+	info  TrialInfo
+}
+
+// startAgentWithTrial builds trialnet, starts its agent with isolated
+// paths and creates Trial id through it.
+func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
 	t.Helper()
 	bin := buildTrialnet(t)
 	dir := t.TempDir()
@@ -92,24 +99,14 @@ func agentProcessSetup(t *testing.T, w *world) (string, []string, *Client, Confi
 		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return bin, []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}, NewClient(sock), host
-}
-
-// curlIn runs curl in a Trial from this process (as `trialnet exec` does).
-func curlIn(t *testing.T, info TrialInfo, args ...string) int {
-	t.Helper()
-	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
-	if err != nil {
+	p := agentWithTrial{bin: bin, args: []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}, c: NewClient(sock)}
+	p.first = runAgent(t, bin, p.args...)
+	waitReady(t, p.c, p.first)
+	var err error
+	if p.info, err = p.c.Create(CreateRequest{ID: id, Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var out bytes.Buffer
-	code, _ := tr.Exec(ctx, sandbox.Command{
-		Args: append([]string{"curl", "-sS", "--max-time", "5"}, args...), Env: []string{"PATH=/usr/bin:/bin"},
-		UID: 65534, GID: 65534, ProxyURL: info.ProxyURL, Stdout: &out, Stderr: &out,
-	}, nil)
-	return code
+	return p // the isolated host's cleanup (uninstall --force) removes the Trial
 }
 
 // SIGKILL the agent with a Trial live: in the gap the Trial stays
@@ -119,22 +116,11 @@ func curlIn(t *testing.T, info TrialInfo, args ...string) int {
 func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 224, "upstream.example.test")
-	bin, args, c, host := agentProcessSetup(t, w)
-	first := runAgent(t, bin, args...)
-	waitReady(t, c, first)
-	info, err := c.Create(CreateRequest{ID: "agt-restart", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if h, err := OpenHost(host); err == nil {
-			_ = h.Remove(info.ID)
-			_ = h.Close()
-		}
-	})
+	p := startAgentWithTrial(t, w, "agt-restart")
+	bin, args, c, first, info := p.bin, p.args, p.c, p.first, p.info
 	url := fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort)
 	direct := fmt.Sprintf("http://%s:%d/", w.host.Addr4, upstreamPort)
-	if code := curlIn(t, info, "--proxytunnel", url); code != 0 {
+	if code, _ := curlIn(t, info, "--proxytunnel", url); code != 0 {
 		t.Fatalf("before the restart: curl exit %d", code)
 	}
 	before := waitAllowed(t, c, info.ID, 1) // the tunnel's event is written when it closes
@@ -143,10 +129,10 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = first.cmd.Wait()
-	if code := curlIn(t, info, "--noproxy", "*", direct); code == 0 {
+	if code, _ := curlIn(t, info, "--noproxy", "*", direct); code == 0 {
 		t.Fatal("a direct connection succeeded while the agent was dead")
 	}
-	if code := curlIn(t, info, "--proxytunnel", url); code != 7 { // 7: could not connect to the proxy
+	if code, _ := curlIn(t, info, "--proxytunnel", url); code != 7 { // 7: could not connect to the proxy
 		t.Fatalf("through the dead agent's proxy port: curl exit %d, want 7 (refused)", code)
 	}
 	if _, err := c.List(); err == nil || !strings.Contains(err.Error(), "no trialnet agent is running") {
@@ -159,7 +145,7 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].ID != info.ID {
 		t.Fatalf("after restart: %v %v\n%s", list, err, second.stderr.String())
 	}
-	if code := curlIn(t, info, "--proxytunnel", url); code != 0 {
+	if code, _ := curlIn(t, info, "--proxytunnel", url); code != 0 {
 		t.Fatalf("after the restart: curl exit %d\n%s", code, second.stderr.String())
 	}
 	after := waitAllowed(t, c, info.ID, 2)

@@ -74,6 +74,9 @@ type Trial struct {
 	host     *Host
 }
 
+// ErrExists is wrapped by Create when a Trial's cgroup already exists.
+var ErrExists = errors.New("already exists")
+
 // Create makes the Trial's cgroup, network namespace and policy entry. It
 // is all-or-nothing: on error nothing is left behind.
 func (h *Host) Create(spec Spec) (_ *Trial, err error) {
@@ -83,7 +86,7 @@ func (h *Host) Create(spec Spec) (_ *Trial, err error) {
 	t := &Trial{ID: spec.ID, Cgroup: filepath.Join(h.Parent, spec.ID), host: h}
 	if err := os.Mkdir(t.Cgroup, 0o755); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("create Trial %s: cgroup %s already exists (a live Trial has this id, or a crashed one left it)", spec.ID, t.Cgroup)
+			return nil, fmt.Errorf("create Trial %s: cgroup %s %w (a live Trial has this id, or a crashed one left it)", spec.ID, t.Cgroup, ErrExists)
 		}
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
