@@ -22,7 +22,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/trialnet/trialnet/agent"
-	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -47,10 +46,8 @@ func socketFlag(fs *flag.FlagSet) *string {
 func cmdAgent(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("agent", "agent [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--metrics-addr ADDR] [--log-format text|json] [--teardown-on-exit]",
 		"sudo trialnet agent --config /etc/trialnet/trialnet.yaml --metrics-addr 127.0.0.1:9464", stderr)
-	configPath := fs.String("config", "", "YAML config: profiles, resolvers, allowed CIDRs, limits, paths")
-	var resolvers, cidrs stringList
-	fs.Var(&resolvers, "resolver", "DNS server for allowed names (repeatable; overrides the config)")
-	fs.Var(&cidrs, "allow-cidr", "also allow destinations in this private or reserved CIDR (repeatable; adds to the config)")
+	var cf configFlags
+	cf.register(fs, "profiles, resolvers, allowed CIDRs, limits, paths")
 	socket := fs.String("socket", "", "control socket (default: the config's paths.socket, else "+agent.DefaultSocket+")")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9464)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
@@ -67,28 +64,18 @@ func cmdAgent(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, false, exitUsage, usageError{"agent: --log-format is text or json"})
 	}
 	log := slog.New(handler)
-	file := &proxy.File{}
-	if *configPath != "" {
-		f, err := proxy.LoadFile(*configPath)
-		if err != nil {
-			return fail(stdout, stderr, false, exitUsage, err)
-		}
-		file = f
+	file, cidrs, err := cf.load()
+	if err != nil {
+		return fail(stdout, stderr, false, exitUsage, err)
 	}
 	cfg := agent.AgentConfig{
-		Host:      agent.Config{PinDir: file.Paths.PinDir, NetnsDir: file.Paths.NetnsDir, Parent: file.Paths.CgroupParent},
-		StateDir:  or(file.Paths.StateDir, agent.DefaultStateDir),
-		DataDir:   or(file.Paths.DataDir, agent.DefaultDataDir),
-		File:      file,
-		Resolvers: resolvers,
-		Logger:    log,
-	}
-	for _, c := range cidrs {
-		p, err := proxy.CheckAllowCIDR(c)
-		if err != nil {
-			return fail(stdout, stderr, false, exitUsage, err)
-		}
-		cfg.AllowCIDRs = append(cfg.AllowCIDRs, p)
+		Host:       agent.Config{PinDir: file.Paths.PinDir, NetnsDir: file.Paths.NetnsDir, Parent: file.Paths.CgroupParent},
+		StateDir:   or(file.Paths.StateDir, agent.DefaultStateDir),
+		DataDir:    or(file.Paths.DataDir, agent.DefaultDataDir),
+		File:       file,
+		Resolvers:  cf.resolvers,
+		AllowCIDRs: cidrs,
+		Logger:     log,
 	}
 	sock := or(*socket, or(file.Paths.Socket, agent.DefaultSocket))
 	ln, err := agent.ListenSocket(sock)
@@ -138,32 +125,26 @@ func or(a, b string) string {
 	return b
 }
 
-// policyFlags are the allowlist flags of create and run.
-type policyFlags struct {
-	allow, profiles stringList
-	requireTLS      bool
-	strict          bool
-}
-
-func (p *policyFlags) register(fs *flag.FlagSet) {
-	fs.Var(&p.allow, "allow", "allow CONNECT to HOST:PORT, exact or *.suffix (repeatable)")
-	fs.Var(&p.profiles, "profile", "allow the hosts of this profile from the agent's config (repeatable)")
-	fs.BoolVar(&p.requireTLS, "require-tls", false, "tunnels to --allow hosts must start with a TLS ClientHello naming the host")
-	fs.BoolVar(&p.strict, "strict", false, "allow only the proxy endpoint on loopback, not all of the Trial's loopback")
+func strictFlag(fs *flag.FlagSet) *bool {
+	return fs.Bool("strict", false, "allow only the proxy endpoint on loopback, not all of the Trial's loopback")
 }
 
 func cmdCreate(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--strict] [-j]",
 		"sudo trialnet create --id eval-42 --profile claude -j", stderr)
 	id := fs.String("id", "", "the Trial's id (default: generated)")
-	var pf policyFlags
-	pf.register(fs)
+	var af allowFlags
+	af.register(fs, "the agent's config")
+	strict := strictFlag(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	info, err := agent.NewClient(*socket).Create(agent.CreateRequest{ID: *id, Allow: pf.allow, Profiles: pf.profiles, RequireTLS: pf.requireTLS, Strict: pf.strict})
+	if err := af.check(); err != nil {
+		return fail(stdout, stderr, *asJSON, exitUsage, err)
+	}
+	info, err := agent.NewClient(*socket).Create(agent.CreateRequest{ID: *id, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}

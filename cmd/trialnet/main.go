@@ -14,13 +14,11 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"strings"
 	"syscall"
 	"text/tabwriter"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
-	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -181,20 +179,14 @@ func cmdUninstall(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
 func cmdRun(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [-j] -- CMD [ARGS]",
 		"sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
-	var pf policyFlags
-	pf.register(fs)
-	configPath := fs.String("config", "", "YAML config for the embedded agent: profiles, resolvers, allowed CIDRs, limits")
-	var resolvers, cidrs stringList
-	fs.Var(&resolvers, "resolver", "DNS server for allowed names, embedded agent only (repeatable)")
-	fs.Var(&cidrs, "allow-cidr", "also allow this private or reserved CIDR, embedded agent only (repeatable)")
+	var af allowFlags
+	af.register(fs, "the config")
+	strict := strictFlag(fs)
+	var cf configFlags
+	cf.register(fs, "profiles, resolvers, allowed CIDRs and limits (for the agent run embeds when none is running)")
 	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo; required otherwise)")
 	gid := fs.Int("gid", -1, "run CMD with this group id (default: $SUDO_GID under sudo, else the uid)")
 	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long (0: no limit)")
@@ -212,37 +204,30 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"run: no command given; put it after --"})
 	}
 	u, g, err := trialUser(*uid, *gid)
+	if err == nil {
+		err = af.check()
+	}
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
-	req := agent.CreateRequest{ID: agent.NewID(), Allow: pf.allow, Profiles: pf.profiles, RequireTLS: pf.requireTLS,
-		Strict: pf.strict, UnixAllow: unixAllow, UnixOpen: *noUnix}
+	req := agent.CreateRequest{ID: agent.NewID(), Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS,
+		Strict: *strict, UnixAllow: unixAllow, UnixOpen: *noUnix}
 
 	// A running agent serves the Trial; without one, an agent is embedded
 	// for the life of this command, so a laptop needs no daemon.
 	var b runBackend
 	client := agent.NewClient(*socket)
 	if client.Running() {
-		if *configPath != "" || len(resolvers) > 0 || len(cidrs) > 0 {
+		if cf.given() {
 			return fail(stdout, stderr, *asJSON, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *socket + " with its own configuration; drop them or stop that agent"})
 		}
 		b = client
 	} else {
-		cfg := agent.AgentConfig{}
-		if *configPath != "" {
-			if cfg.File, err = proxy.LoadFile(*configPath); err != nil {
-				return fail(stdout, stderr, *asJSON, exitUsage, err)
-			}
+		file, cidrs, err := cf.load()
+		if err != nil {
+			return fail(stdout, stderr, *asJSON, exitUsage, err)
 		}
-		cfg.Resolvers = resolvers
-		for _, c := range cidrs {
-			p, err := proxy.CheckAllowCIDR(c)
-			if err != nil {
-				return fail(stdout, stderr, *asJSON, exitUsage, err)
-			}
-			cfg.AllowCIDRs = append(cfg.AllowCIDRs, p)
-		}
-		a, err := agent.Start(cfg)
+		a, err := agent.Start(agent.AgentConfig{File: file, Resolvers: cf.resolvers, AllowCIDRs: cidrs})
 		if err != nil {
 			return fail(stdout, stderr, *asJSON, exitFailure, err)
 		}

@@ -40,6 +40,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"run", "--uid", "-5", "--", "true"}, "must not be negative"},
 		{[]string{"run", "--uid", "1", "--gid", "-2", "--", "true"}, "must not be negative"},
 		{[]string{"run", "--uid", "4294967295", "--", "true"}, "below 4294967295"},
+		{[]string{"run", "--uid", "1", "--allow", "*.com:443", "--", "true"}, "too broad"},
+		{[]string{"create", "--allow", "127.0.0.1:443"}, "IP address"},
+		{[]string{"create", "--allow", "api.anthropic.com"}, "host:port"},
 	} {
 		code, out, errOut := trialnet(tc.args...)
 		if code != exitUsage {

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,67 +24,26 @@ func cmdProxy(args []string, stdout, stderr io.Writer) int {
 	return serveProxy(ctx, args, stdout, stderr, nil)
 }
 
-// proxyFlags are the flags shared by every command that builds a proxy
-// policy: the allowlist, the config file, resolvers and allowed CIDRs.
-type proxyFlags struct {
-	allow, profiles, resolvers, cidrs stringList
-	config                            string
-	requireTLS                        bool
-}
-
-func (p *proxyFlags) register(fs *flag.FlagSet) {
-	fs.Var(&p.allow, "allow", "allow CONNECT to HOST:PORT, exact or *.suffix (repeatable)")
-	fs.Var(&p.profiles, "profile", "allow the hosts of this profile from the config file (repeatable)")
-	fs.StringVar(&p.config, "config", "", "YAML config file with profiles, resolvers, allowed CIDRs and limits")
-	fs.Var(&p.resolvers, "resolver", "DNS server ADDR[:PORT] for allowed names (repeatable; default: the config's, else /etc/resolv.conf)")
-	fs.Var(&p.cidrs, "allow-cidr", "also allow destinations in this private or reserved CIDR (repeatable; never loopback, host or metadata)")
-	fs.BoolVar(&p.requireTLS, "require-tls", false, "the first bytes through tunnels to --allow hosts must be a TLS ClientHello naming the host")
-}
-
-// proxyPolicy is what the flags and config file resolve to.
-type proxyPolicy struct {
-	allow  *proxy.Allowlist
-	config proxy.Config
-}
-
-// build validates everything before anything listens: a bad flag or config
-// is a usage error.
-func (p *proxyFlags) build() (*proxyPolicy, error) {
-	var file *proxy.File
-	if p.config != "" {
-		f, err := proxy.LoadFile(p.config)
-		if err != nil {
-			return nil, err
-		}
-		file = f
-	}
-	allow, err := file.Allowlist(p.profiles, p.allow, p.requireTLS)
+// proxyConfig validates the flags and config file into the proxy's
+// configuration and the Trial's allowlist, before anything listens.
+func proxyConfig(af *allowFlags, cf *configFlags) (*proxy.Allowlist, proxy.Config, error) {
+	file, cidrs, err := cf.load()
 	if err != nil {
-		return nil, err
+		return nil, proxy.Config{}, err
 	}
-	cfg := proxy.Config{}
-	resolvers := []string(p.resolvers)
-	if file != nil {
-		cfg.AllowCIDRs = file.CIDRs()
-		cfg.Limits = file.Limits
-		cfg.MaxConnections = file.MaxConnections
-		if len(resolvers) == 0 {
-			resolvers = file.Resolvers
-		}
-	}
-	for _, c := range p.cidrs {
-		pfx, err := proxy.CheckAllowCIDR(c)
-		if err != nil {
-			return nil, err
-		}
-		cfg.AllowCIDRs = append(cfg.AllowCIDRs, pfx)
-	}
-	res, err := proxy.NewDNSResolver(resolvers)
+	allow, err := file.Allowlist(af.profiles, af.allow, af.requireTLS)
 	if err != nil {
-		return nil, err
+		return nil, proxy.Config{}, err
 	}
-	cfg.Resolver = res
-	return &proxyPolicy{allow: allow, config: cfg}, nil
+	cfg := proxy.Config{AllowCIDRs: append(file.CIDRs(), cidrs...), Limits: file.Limits, MaxConnections: file.MaxConnections}
+	resolvers := []string(cf.resolvers)
+	if len(resolvers) == 0 {
+		resolvers = file.Resolvers
+	}
+	if cfg.Resolver, err = proxy.NewDNSResolver(resolvers); err != nil {
+		return nil, proxy.Config{}, err
+	}
+	return allow, cfg, nil
 }
 
 // serveProxy runs the standalone proxy until ctx ends. ready, if set, is
@@ -96,19 +54,21 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	var listen stringList
 	fs.Var(&listen, "listen", "listen on ADDR:PORT (repeatable; default 127.0.0.1:3128)")
 	trial := fs.String("trial", "proxy", "the Trial id written in every decision record")
-	var pf proxyFlags
-	pf.register(fs)
+	var af allowFlags
+	af.register(fs, "the config file")
+	var cf configFlags
+	cf.register(fs, "profiles, resolvers, allowed CIDRs and limits")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
 	if fs.NArg() > 0 {
 		return fail(stdout, stderr, false, exitUsage, usageError{fmt.Sprintf("proxy: unexpected argument %q", fs.Arg(0))})
 	}
-	pol, err := pf.build()
+	allow, cfg, err := proxyConfig(&af, &cf)
 	if err != nil {
 		return fail(stdout, stderr, false, exitUsage, fmt.Errorf("proxy: %w", err))
 	}
-	if len(pol.allow.Entries()) == 0 {
+	if len(allow.Entries()) == 0 {
 		return fail(stdout, stderr, false, exitUsage, usageError{"proxy: nothing is allowed; give --allow HOST:PORT or --profile NAME --config FILE"})
 	}
 	if len(listen) == 0 {
@@ -120,14 +80,13 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 		}
 	}
 
-	cfg := pol.config
 	cfg.Logger = slog.New(slog.NewJSONHandler(stdout, nil))
 	p, err := proxy.New(cfg)
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("proxy: %w", err))
 	}
 	defer p.Close()
-	if err := p.AddTrial(proxy.TrialPolicy{ID: *trial, Allow: pol.allow}); err != nil {
+	if err := p.AddTrial(proxy.TrialPolicy{ID: *trial, Allow: allow}); err != nil {
 		return fail(stdout, stderr, false, exitUsage, err)
 	}
 	var lns []net.Listener
@@ -155,7 +114,7 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 		}()
 	}
 	var entries []string
-	for _, e := range pol.allow.Entries() {
+	for _, e := range allow.Entries() {
 		entries = append(entries, e.String())
 	}
 	fmt.Fprintf(stderr, "trialnet proxy: listening on %v for Trial %q; allowing %s\n", addrs, *trial, strings.Join(entries, ", "))
