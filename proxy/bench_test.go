@@ -8,11 +8,9 @@ import (
 	"testing"
 )
 
-// BenchmarkConnectFirstByte is the in-process CONNECT path (parse, policy,
-// cached DNS, guard, dial, first byte) against a loopback echo upstream;
-// BenchmarkDirectFirstByte is the same upstream without the proxy. The
-// system comparison with tinyproxy is in test/proxybench.
-func BenchmarkConnectFirstByte(b *testing.B) {
+// benchProxy is a test proxy without limits that matter, its events
+// drained, and the CONNECT head for its one allowed name.
+func benchProxy(b *testing.B) (*testProxy, []byte) {
 	tp := newTestProxy(b, proxyOpts{allow: []string{"api.example.com:443"},
 		limits: &Limits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20}})
 	go func() {
@@ -20,7 +18,15 @@ func BenchmarkConnectFirstByte(b *testing.B) {
 		}
 	}()
 	tp.dns.set("api.example.com", 3600, "93.184.216.34")
-	head := []byte(connectHead("api.example.com:443"))
+	return tp, []byte(connectHead("api.example.com:443"))
+}
+
+// BenchmarkConnectFirstByte is the in-process CONNECT path (parse, policy,
+// cached DNS, guard, dial, first byte) against a loopback echo upstream;
+// BenchmarkDirectFirstByte is the same upstream without the proxy. The
+// system comparison with tinyproxy is in test/proxybench.
+func BenchmarkConnectFirstByte(b *testing.B) {
+	tp, head := benchProxy(b)
 	b.ResetTimer()
 	for range b.N {
 		c, err := net.Dial("tcp", tp.addr)
@@ -59,14 +65,7 @@ func BenchmarkDirectFirstByte(b *testing.B) {
 
 // BenchmarkConnectParallel opens tunnels from 64 concurrent clients.
 func BenchmarkConnectParallel(b *testing.B) {
-	tp := newTestProxy(b, proxyOpts{allow: []string{"api.example.com:443"},
-		limits: &Limits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20}})
-	go func() {
-		for range tp.events {
-		}
-	}()
-	tp.dns.set("api.example.com", 3600, "93.184.216.34")
-	head := []byte(connectHead("api.example.com:443"))
+	tp, head := benchProxy(b)
 	b.SetParallelism(32)
 	b.RunParallel(func(pb *testing.PB) {
 		buf := make([]byte, 39)

@@ -119,15 +119,7 @@ func listenIn(t testing.TB, ns *netns.Namespace, network, addr string) netip.Add
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.Close()
-		}
-	}()
+	go testhost.CountAccepts(ln, nil)
 	return netip.MustParseAddrPort(ln.Addr().String())
 }
 

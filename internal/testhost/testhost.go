@@ -221,3 +221,18 @@ func (h *Host) serve() error {
 	}
 	return nil
 }
+
+// CountAccepts accepts on ln until it is closed, counting each
+// connection in n (if not nil) and closing it at once.
+func CountAccepts(ln net.Listener, n *atomic.Int64) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		if n != nil {
+			n.Add(1)
+		}
+		_ = c.Close()
+	}
+}

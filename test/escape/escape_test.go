@@ -82,16 +82,7 @@ func newCanaries(t *testing.T, subnet uint8) *canaries {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = ln.Close() })
-		go func() {
-			for {
-				conn, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.dns.Add(1)
-				_ = conn.Close()
-			}
-		}()
+		go testhost.CountAccepts(ln, &c.dns)
 		var pc net.PacketConn
 		if err := c.host.NS.Do(func() (err error) { pc, err = net.ListenPacket("udp", ap); return }); err != nil {
 			t.Fatal(err)
@@ -264,16 +255,7 @@ func listenLoopback(t *testing.T, ns *netns.Namespace, n *atomic.Int64) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			n.Add(1)
-			_ = c.Close()
-		}
-	}()
+	go testhost.CountAccepts(ln, n)
 }
 
 func deniedTotal(k map[string]uint64) uint64 {

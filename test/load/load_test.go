@@ -41,18 +41,6 @@ const (
 	name     = "upstream.load.test"
 )
 
-// rss is a process's resident memory in KiB.
-func rss(pid int) int64 {
-	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb
-		}
-	}
-	return 0
-}
-
 func fds(pid int) int {
 	e, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	return len(e)
@@ -118,7 +106,7 @@ func TestPrivilegedLoad(t *testing.T) {
 	}
 	pid := proc.Process.Pid
 
-	fd0, mem0 := fds(pid), rss(pid)
+	fd0, mem0 := fds(pid), testenv.RSS(pid)
 	target := fmt.Sprintf("%s:%d", name, echoPort)
 	var infos []agent.TrialInfo
 	for i := range trials {
@@ -152,7 +140,7 @@ func TestPrivilegedLoad(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	memPeak := rss(pid)
+	memPeak := testenv.RSS(pid)
 	for _, info := range infos {
 		st, err := a.Destroy(info.ID)
 		if err != nil {
@@ -182,13 +170,13 @@ func TestPrivilegedLoad(t *testing.T) {
 		}
 	}
 	settle := time.Now().Add(10 * time.Second)
-	for (fds(pid) > fd0 || rss(pid) > mem0+16<<10) && time.Now().Before(settle) {
+	for (fds(pid) > fd0 || testenv.RSS(pid) > mem0+16<<10) && time.Now().Before(settle) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if n := fds(pid); n > fd0 {
 		t.Errorf("agent file descriptors: %d before, %d after", fd0, n)
 	}
-	if mem := rss(pid); mem > mem0+16<<10 {
+	if mem := testenv.RSS(pid); mem > mem0+16<<10 {
 		t.Errorf("agent RSS %d MiB after, %d MiB before: not back near the start", mem>>10, mem0>>10)
 	} else {
 		t.Logf("agent RSS back to %d MiB", mem>>10)

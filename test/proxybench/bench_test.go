@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 )
 
@@ -463,16 +464,7 @@ func BenchmarkIdleTunnelMemory(b *testing.B) {
 func treeRSS(pid int) int64 {
 	total := int64(0)
 	for _, p := range append([]int{pid}, descendants(pid)...) {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				total += kb
-			}
-		}
+		total += testenv.RSS(p)
 	}
 	return total
 }

@@ -24,7 +24,6 @@ import (
 	"runtime/debug"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -266,17 +265,11 @@ func mustResolver(b *testing.B, addr string) proxy.Resolver {
 	return r
 }
 
+// rss is this process's resident memory in KiB after a full collection.
 func rss() int64 {
 	runtime.GC()
 	debug.FreeOSMemory()
-	data, _ := os.ReadFile("/proc/self/status")
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb
-		}
-	}
-	return 0
+	return testenv.RSS(os.Getpid())
 }
 
 // BenchmarkIdleTrialMemory: the agent's resident memory per idle Trial
