@@ -35,6 +35,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv("TRIALNET_LOADER") != "" {
 		os.Exit(loaderHelper())
 	}
+	var err error
+	if hostNS, err = os.Open("/proc/thread-self/ns/net"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	os.Exit(m.Run())
 }
 
@@ -266,8 +271,14 @@ func TestPrivilegedStrictModeOnlyProxy(t *testing.T) {
 	})
 }
 
+// hostNS holds the test's own (host) network namespace open from before
+// any thread switched. /proc/<pid>/ns/net would not do: it is the main
+// thread's, which the runtime may lend to a goroutine that is inside a
+// test host's namespace at that moment.
+var hostNS *os.File
+
 func selfNetns() string {
-	return fmt.Sprintf("/proc/%d/ns/net", os.Getpid())
+	return fmt.Sprintf("/proc/self/fd/%d", hostNS.Fd())
 }
 
 // hostNetnsTrial is tr with its processes started in the test's own
@@ -347,7 +358,12 @@ func TestPrivilegedEgressLastWall(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = h.BPF.RemoveTrial(cgid) })
 
-	addr := netip.AddrPortFrom(th.Local4, 18080).String()
+	free, err := net.Listen("tcp", netip.AddrPortFrom(th.Local4, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := free.Addr().String() // a port nobody else on this host uses
+	_ = free.Close()
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe, "listen", addr)
 	cmd.Env = []string{"TRIALNET_PROBE=1"}

@@ -33,16 +33,23 @@ import (
 	"github.com/trialnet/trialnet/sandbox"
 )
 
+// hostNS holds the host's network namespace open from before any test
+// switches a thread. /proc/self/ns/net would not do: it is the namespace
+// of the main thread, which the runtime may lend to a goroutine that is
+// inside a test host's namespace at that very moment.
+var hostNS *os.File
+
 func TestMain(m *testing.M) {
 	sandbox.Init()
+	var err error
+	if hostNS, err = os.Open("/proc/thread-self/ns/net"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	os.Exit(m.Run())
 }
 
-const (
-	dnsPort      = 53
-	inboundPort  = 18080 // where escapee listens for an inbound connection
-	loopbackPort = 9999  // a loopback port that is not the proxy's
-)
+const dnsPort = 53
 
 // network attempts: each one's refusal must be counted by the kernel
 // when eBPF is in place.
@@ -124,7 +131,7 @@ func count(pc net.PacketConn, n *atomic.Int64) {
 
 // knock tries, from the test host, to connect to escapee's inbound
 // listener at addr until stop closes.
-func (c *canaries) knock(addr netip.Addr, stop <-chan struct{}) {
+func (c *canaries) knock(at netip.AddrPort, stop <-chan struct{}) {
 	for {
 		select {
 		case <-stop:
@@ -132,7 +139,7 @@ func (c *canaries) knock(addr netip.Addr, stop <-chan struct{}) {
 		default:
 		}
 		_ = c.host.NS.Do(func() error {
-			conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, inboundPort).String(), 100*time.Millisecond)
+			conn, err := net.DialTimeout("tcp", at.String(), 100*time.Millisecond)
 			if err == nil {
 				c.inbound.Add(1)
 				_ = conn.Close()
@@ -177,14 +184,17 @@ func escapee(t *testing.T) string {
 func runEscapee(t *testing.T, c *canaries, tr *sandbox.Trial, inboundAt netip.Addr, args ...string) map[string]Result {
 	t.Helper()
 	bin := escapee(t)
+	// A port free on this host: in two of the runs escapee listens in the
+	// host's namespace, where other tests' listeners live too.
+	port := freePort(t)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() { c.knock(inboundAt, stop) })
+	wg.Go(func() { c.knock(netip.AddrPortFrom(inboundAt, port), stop) })
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	all := append([]string{bin, "-v4", c.host.Addr4.String(), "-v6", c.host.Addr6.String(), "-port", strconv.Itoa(testhost.Port),
-		"-dns-port", strconv.Itoa(dnsPort)}, args...)
+		"-dns-port", strconv.Itoa(dnsPort), "-inbound-port", strconv.Itoa(int(port))}, args...)
 	code, err := tr.Exec(ctx, sandbox.Command{Args: all, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534, Stdout: &out, Stderr: &errOut}, nil)
 	close(stop)
 	wg.Wait()
@@ -240,22 +250,34 @@ func requireAllBlocked(t *testing.T, c *canaries, res map[string]Result) int {
 
 func hostNetns(t *testing.T) *netns.Namespace {
 	t.Helper()
-	ns, err := netns.Open("/proc/self/ns", "net")
+	ns, err := netns.Open("/proc/self/fd", strconv.Itoa(int(hostNS.Fd())))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return ns
 }
 
-// listenLoopback is a canary on 127.0.0.1:loopbackPort in ns.
-func listenLoopback(t *testing.T, ns *netns.Namespace, n *atomic.Int64) {
+// listenLoopback is a canary on a free port of 127.0.0.1 in ns (not the
+// proxy's); it returns the port.
+func listenLoopback(t *testing.T, ns *netns.Namespace, n *atomic.Int64) string {
 	t.Helper()
-	ln, err := ns.Listen(context.Background(), "tcp", fmt.Sprintf("127.0.0.1:%d", loopbackPort))
+	ln, err := ns.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
 	go testhost.CountAccepts(ln, n)
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func freePort(t *testing.T) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
 }
 
 func deniedTotal(k map[string]uint64) uint64 {
@@ -285,8 +307,8 @@ func TestPrivilegedEscapeTrial(t *testing.T) {
 		t.Fatal(err)
 	}
 	var loop atomic.Int64
-	listenLoopback(t, tr.Netns, &loop)
-	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", strconv.Itoa(loopbackPort), "-proxy", agent.ProxyEndpoints[0].String())
+	loopPort := listenLoopback(t, tr.Netns, &loop)
+	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", loopPort, "-proxy", agent.ProxyEndpoints[0].String())
 	blocked := requireAllBlocked(t, c, res)
 	if loop.Load() != 0 {
 		t.Error("a loopback port other than the proxy's was reached in strict mode")
@@ -335,8 +357,8 @@ func TestPrivilegedEscapeEBPFOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	var loop atomic.Int64
-	listenLoopback(t, host, &loop)
-	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", strconv.Itoa(loopbackPort))
+	loopPort := listenLoopback(t, host, &loop)
+	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", loopPort)
 	blocked := requireAllBlocked(t, c, res)
 	if loop.Load() != 0 {
 		t.Error("eBPF let the host's loopback port through in strict mode")
@@ -380,8 +402,8 @@ func TestPrivilegedEscapeUnconfinedIsSeen(t *testing.T) {
 		t.Fatal(err)
 	}
 	var loop atomic.Int64
-	listenLoopback(t, host, &loop)
-	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", strconv.Itoa(loopbackPort))
+	loopPort := listenLoopback(t, host, &loop)
+	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", loopPort)
 	for _, name := range []string{"tcp4", "tcp6", "tcp-ipv4-mapped", "udp4-connected", "udp6-connected", "udp4-sendto",
 		"udp6-sendto", "udp4-sendmsg", "tcp4-fastopen", "tcp6-fastopen", "dns-udp", "dns-tcp", "loopback-other-port", "inbound-listener"} {
 		if res[name].Result != "escaped" {

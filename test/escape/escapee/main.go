@@ -44,6 +44,7 @@ var (
 	proxyAddr  = flag.String("proxy", "", "the Trial's proxy host:port (empty: skip the CONNECT attempt)")
 	deniedName = flag.String("denied-name", "evil.example.test", "a name not on the allowlist")
 	listenFor  = flag.Duration("listen-for", time.Second, "how long the inbound listener waits")
+	inPort     = flag.Int("inbound-port", 18080, "the port the inbound listener listens on, every address")
 )
 
 func main() {
@@ -245,7 +246,7 @@ func dnsUDP(ap netip.AddrPort) error {
 
 // inbound listens on every address and waits for anyone to connect.
 func inbound() error {
-	ln, err := net.Listen("tcp", ":18080")
+	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", *inPort))
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
