@@ -306,16 +306,16 @@ func execIn(ctx context.Context, info agent.TrialInfo, c sandbox.Command) (int, 
 func trialUser(uid, gid int) (uint32, uint32, error) {
 	// -1 is the flags' "not given"; any other negative id is a mistake.
 	if uid < -1 || gid < -1 {
-		return 0, 0, usageError{"run: --uid and --gid must not be negative"}
+		return 0, 0, usageError{"--uid and --gid must not be negative"}
 	}
 	if uid == -1 {
 		s := os.Getenv("SUDO_UID")
 		if s == "" {
-			return 0, 0, usageError{"run: who should CMD run as? Pass --uid N (and --gid N), or run trialnet under sudo to use your own user; --uid 0 runs CMD as root without capabilities"}
+			return 0, 0, usageError{"who should CMD run as? Pass --uid N (and --gid N), or run trialnet under sudo to use your own user; --uid 0 runs CMD as root without capabilities"}
 		}
 		v, err := strconv.Atoi(s)
 		if err != nil || v < 0 {
-			return 0, 0, usageError{fmt.Sprintf("run: SUDO_UID=%q is not a user id; pass --uid", s)}
+			return 0, 0, usageError{fmt.Sprintf("SUDO_UID=%q is not a user id; pass --uid", s)}
 		}
 		uid = v
 		if gid == -1 {
@@ -328,7 +328,7 @@ func trialUser(uid, gid int) (uint32, uint32, error) {
 		gid = uid
 	}
 	if uid > 1<<32-2 || gid > 1<<32-2 {
-		return 0, 0, usageError{"run: --uid and --gid must be below 4294967295"}
+		return 0, 0, usageError{"--uid and --gid must be below 4294967295"}
 	}
 	return uint32(uid), uint32(gid), nil
 }
