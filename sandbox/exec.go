@@ -215,7 +215,9 @@ func (t *Trial) Run(ctx context.Context, c Command, sigs <-chan os.Signal) (int,
 // Exec starts c in a long-lived Trial and waits for it, forwarding each
 // signal from sigs. Unlike Run it leaves the Trial's other processes
 // alone (several commands may share a Trial); when ctx ends only this
-// command is killed. It returns the command's exit code.
+// command is killed. It returns the command's exit code. Give it *os.File
+// stdio when the command may leave children behind: with other writers
+// Wait copies until every holder of the pipe has closed it.
 func (t *Trial) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (int, error) {
 	p, err := t.Start(c)
 	if err != nil {
