@@ -177,28 +177,13 @@ func (t *Trial) Run(ctx context.Context, c Command, sigs <-chan os.Signal) (int,
 	if err != nil {
 		return -1, err
 	}
-	done := make(chan struct{})
 	var killErr error
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case s := <-sigs:
-				_ = p.Signal(s)
-			case <-ctx.Done():
-				killErr = t.Kill()
-				return
-			case <-done:
-				return
-			}
-		}
-	})
+	stop := relaySignals(ctx, p, sigs, func() { killErr = t.Kill() })
 	// Learn that the command exited without reaping it, kill what it left
 	// behind (a background child may hold its stdout open, which would
 	// keep Wait copying forever), then reap.
 	exitErr := p.waitExited()
-	close(done)
-	wg.Wait()
+	stop()
 	kerr := t.Kill()
 	code, err := p.Wait()
 	err = errors.Join(exitErr, err, kerr)
@@ -223,6 +208,18 @@ func (t *Trial) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (int
 	if err != nil {
 		return -1, err
 	}
+	stop := relaySignals(ctx, p, sigs, func() { _ = p.Signal(syscall.SIGKILL) })
+	code, err := p.Wait()
+	stop()
+	if cerr := ctx.Err(); cerr != nil {
+		err = errors.Join(fmt.Errorf("the command was killed: %w", cerr), err)
+	}
+	return code, err
+}
+
+// relaySignals forwards each signal from sigs to p, and calls cancel once
+// if ctx ends first, until stop is called; stop waits for the relay.
+func relaySignals(ctx context.Context, p *Process, sigs <-chan os.Signal, cancel func()) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -231,20 +228,17 @@ func (t *Trial) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (int
 			case s := <-sigs:
 				_ = p.Signal(s)
 			case <-ctx.Done():
-				_ = p.Signal(syscall.SIGKILL)
+				cancel()
 				return
 			case <-done:
 				return
 			}
 		}
 	})
-	code, err := p.Wait()
-	close(done)
-	wg.Wait()
-	if cerr := ctx.Err(); cerr != nil {
-		err = errors.Join(fmt.Errorf("the command was killed: %w", cerr), err)
+	return func() {
+		close(done)
+		wg.Wait()
 	}
-	return code, err
 }
 
 // Init turns this process into a Trial process when it was started by
