@@ -261,3 +261,38 @@ func (n *Namespace) Listen(ctx context.Context, network, addr string) (net.Liste
 	}
 	return ln, nil
 }
+
+// EnterProcess runs fn on an OS thread that has joined the mount and PID
+// namespaces of the process pidfd refers to and the network namespace
+// mounted at netnsPath: processes fn starts are born in all three (the PID
+// namespace applies to children only). The thread's mount namespace and fs
+// state cannot be given back, so the thread is never unlocked and dies
+// with its goroutine.
+func EnterProcess(pidfd int, netnsPath string, fn func() error) error {
+	// Opened first: the path may not exist in the mount namespace joined.
+	target, err := netns.GetFromPath(netnsPath)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", netnsPath, err)
+	}
+	defer target.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread is discarded
+		// setns(CLONE_NEWNS) refuses a thread that shares its fs state
+		// with the rest of the process, as every Go thread does.
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- fmt.Errorf("unshare fs state: %w", err)
+			return
+		}
+		if err := unix.Setns(pidfd, unix.CLONE_NEWNS|unix.CLONE_NEWPID); err != nil {
+			errc <- fmt.Errorf("enter the namespaces of the Trial's init: %w", err)
+			return
+		}
+		if err := netns.Set(target); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", netnsPath, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

@@ -15,12 +15,13 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/trialnet/trialnet/netns"
 	"golang.org/x/sys/unix"
 )
 
-// initArg0 marks a re-executed trialnet binary that must become the Trial
-// process: it finishes the confinement a fork cannot express and execs CMD.
-const initArg0 = "trialnet-init"
+// execArg0 marks a re-executed trialnet binary that must become a Trial
+// command: it finishes the confinement a fork cannot express and execs CMD.
+const execArg0 = "trialnet-exec"
 
 // Exit codes of a command that could not be started, as shells use them.
 const (
@@ -79,18 +80,32 @@ func (e *StartError) Error() string { return e.Msg }
 // Process is a command running in a Trial.
 type Process struct {
 	cmd *exec.Cmd
+	tty *terminal // nil unless the caller's stdio is a terminal
 }
 
-// Pid is the process id of the command.
+// Pid is the process id of the command, as the caller's namespace sees it.
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
-// Signal sends sig to the command.
-func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+// Signal sends sig to the command's process group: the command is the
+// leader of its own session and group, so its children get it too, as
+// they would from a terminal.
+func (p *Process) Signal(sig os.Signal) error {
+	s, ok := sig.(syscall.Signal)
+	if !ok {
+		return p.cmd.Process.Signal(sig)
+	}
+	if err := unix.Kill(-p.Pid(), s); err != nil {
+		// The group is gone, or the command left it: the command itself.
+		return p.cmd.Process.Signal(sig)
+	}
+	return nil
+}
 
 // Wait waits for the command and returns its exit code; a command killed
 // by a signal exits 128+signal, as in a shell.
 func (p *Process) Wait() (int, error) {
 	err := p.cmd.Wait()
+	p.tty.close()
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
 		return -1, err
@@ -114,10 +129,13 @@ func (p *Process) waitExited() error {
 }
 
 // Start launches c inside the Trial: cloned straight into the Trial's
-// cgroup, forked from a thread in the Trial's network namespace, so the
-// process never exists outside either. The trialnet-init step then drops
-// every capability and execs the command.
-func (t *Trial) Start(c Command) (*Process, error) {
+// cgroup, forked from a thread that joined the network, PID and mount
+// namespaces of the Trial's init, in a session of its own, so the process
+// never exists outside any of them. The trialnet-exec step then drops
+// every capability, installs the seccomp filter and execs the command.
+// When the caller's stdio is a terminal, the command gets a
+// pseudo-terminal relayed to it instead (see terminal).
+func (t *Trial) Start(c Command) (_ *Process, err error) {
 	if len(c.Args) == 0 {
 		return nil, errors.New("start: no command given")
 	}
@@ -126,13 +144,18 @@ func (t *Trial) Start(c Command) (*Process, error) {
 		return nil, fmt.Errorf("start: open Trial cgroup: %w", err)
 	}
 	defer cg.Close()
+	init, err := t.init(cg)
+	if err != nil {
+		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+	}
+	defer unix.Close(init.pidfd)
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("start: %w", err)
 	}
 	defer errR.Close()
 
-	args := append([]string{initArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10), "--"}, c.Args...)
+	args := append([]string{execArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10), "--"}, c.Args...)
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       args,
@@ -143,19 +166,27 @@ func (t *Trial) Start(c Command) (*Process, error) {
 		Stderr:     c.Stderr,
 		ExtraFiles: []*os.File{errW},
 		SysProcAttr: &syscall.SysProcAttr{
+			Setsid:      true,
 			UseCgroupFD: true,
 			CgroupFD:    int(cg.Fd()),
 		},
 	}
-	err = t.Netns.Do(cmd.Start)
-	_ = errW.Close()
+	tty, err := newTerminal(cmd, init, c.UID, c.GID)
 	if err != nil {
+		_ = errW.Close()
+		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+	}
+	err = netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
+	_ = errW.Close()
+	tty.started()
+	if err != nil {
+		tty.close()
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
 	}
 	// The pipe closes on exec (close-on-exec) with nothing written, or
-	// carries why trialnet-init gave up.
+	// carries why trialnet-exec gave up.
 	msg, _ := io.ReadAll(errR)
-	p := &Process{cmd: cmd}
+	p := &Process{cmd: cmd, tty: tty}
 	if len(msg) > 0 {
 		code, _ := p.Wait()
 		if code != ExitCannotExecute {
@@ -163,6 +194,7 @@ func (t *Trial) Start(c Command) (*Process, error) {
 		}
 		return nil, &StartError{Code: code, Msg: string(msg)}
 	}
+	tty.relay(p)
 	return p, nil
 }
 
@@ -241,55 +273,72 @@ func relaySignals(ctx context.Context, p *Process, sigs <-chan os.Signal, cancel
 	}
 }
 
-// Init turns this process into a Trial process when it was started by
-// Start. Call it first thing in main and in TestMain; otherwise it returns.
+// Init turns this process into a Trial's init or a Trial command when it
+// was started as one. Call it first thing in main and in TestMain;
+// otherwise it returns.
 func Init() {
-	if len(os.Args) == 0 || os.Args[0] != initArg0 {
+	if len(os.Args) == 0 {
 		return
 	}
-	// Bounding set, capabilities and no_new_privs are per thread: all of it
-	// must happen on the thread that calls execve.
-	runtime.LockOSThread()
-	code, err := trialInit(os.Args[1:])
-	report := os.NewFile(3, "trialnet-init-errors")
-	_, _ = fmt.Fprintf(report, "%v", err)
-	os.Exit(code)
+	switch os.Args[0] {
+	case initArg0:
+		runInit()
+		os.Exit(0)
+	case execArg0:
+		// Bounding set, capabilities, no_new_privs and the seccomp filter
+		// are per thread: all of it must happen on the thread that execs.
+		runtime.LockOSThread()
+		code, err := trialExec(os.Args[1:])
+		report := os.NewFile(3, "trialnet-exec-errors")
+		_, _ = fmt.Fprintf(report, "%v", err)
+		os.Exit(code)
+	}
 }
 
-func trialInit(args []string) (int, error) {
+func trialExec(args []string) (int, error) {
 	if len(args) < 4 || args[2] != "--" {
-		return ExitCannotExecute, errors.New("trialnet-init: bad arguments")
+		return ExitCannotExecute, errors.New("trialnet-exec: bad arguments")
 	}
 	uid, err1 := strconv.ParseUint(args[0], 10, 32)
 	gid, err2 := strconv.ParseUint(args[1], 10, 32)
 	if err := errors.Join(err1, err2); err != nil {
-		return ExitCannotExecute, fmt.Errorf("trialnet-init: %w", err)
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
 	argv := args[3:]
 
 	// A cgroup namespace rooted at the Trial's cgroup: even a uid-0 Trial
 	// cannot move itself into a cgroup outside it.
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-		return ExitCannotExecute, fmt.Errorf("trialnet-init: unshare cgroup namespace: %w", err)
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: unshare cgroup namespace: %w", err)
 	}
 	// Only stdio survives exec: an inherited socket is a way out.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
-		return ExitCannotExecute, fmt.Errorf("trialnet-init: close inherited descriptors: %w", err)
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: close inherited descriptors: %w", err)
 	}
 	if err := dropPrivileges(int(uid), int(gid)); err != nil {
-		return ExitCannotExecute, fmt.Errorf("trialnet-init: %w", err)
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", argv[0], uid, err)
 	}
+	// Last before exec: from here on the Go runtime must not need a
+	// refused call, and the filter is inherited by everything CMD starts.
+	if err := installSeccomp(); err != nil {
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
+	}
 	err = unix.Exec(path, argv, os.Environ())
 	return ExitCannotExecute, fmt.Errorf("exec %s: %w", path, err)
 }
 
+// dropCapabilities is dropPrivileges without changing user: for the
+// Trial's init, which stays uid 0 so that no Trial user may signal or
+// trace it, and holds no capability.
+func dropCapabilities() error { return dropPrivileges(-1, -1) }
+
 // dropPrivileges empties the bounding set (so not even a setuid binary can
-// regain net_admin, net_raw or sys_admin), switches to uid/gid, clears every
-// capability set and sets no_new_privs.
+// regain net_admin, net_raw or sys_admin), switches to uid/gid unless they
+// are negative, clears every capability set and sets no_new_privs.
 func dropPrivileges(uid, gid int) error {
 	last, err := lastCap()
 	if err != nil {
@@ -300,14 +349,16 @@ func dropPrivileges(uid, gid int) error {
 			return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
 		}
 	}
-	if err := syscall.Setgroups(nil); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
-	}
-	if err := syscall.Setgid(gid); err != nil {
-		return fmt.Errorf("setgid %d: %w", gid, err)
-	}
-	if err := syscall.Setuid(uid); err != nil {
-		return fmt.Errorf("setuid %d: %w", uid, err)
+	if uid >= 0 {
+		if err := syscall.Setgroups(nil); err != nil {
+			return fmt.Errorf("setgroups: %w", err)
+		}
+		if err := syscall.Setgid(gid); err != nil {
+			return fmt.Errorf("setgid %d: %w", gid, err)
+		}
+		if err := syscall.Setuid(uid); err != nil {
+			return fmt.Errorf("setuid %d: %w", uid, err)
+		}
 	}
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("clear ambient capabilities: %w", err)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -57,10 +58,21 @@ func probe(args []string) int {
 		return listenOnce(target)
 	case "bench-connect":
 		return benchConnect(target, args[2])
+	case "socket":
+		err = rawSocket(target)
+	case "ioctl0":
+		err = ioctlStdin(target)
+	case "io_uring":
+		err = ioUringSetup()
+	case "kill0", "pidfd-getfd", "ptrace", "procmem":
+		err = reach(args[0], target)
+	case "procs":
+		return procs()
 	default:
 		fmt.Println("unknown probe", args[0])
 		return probeOther
 	}
+	var errno unix.Errno
 	switch {
 	case err == nil:
 		fmt.Println("ok")
@@ -68,6 +80,9 @@ func probe(args []string) int {
 	case errors.Is(err, unix.EPERM):
 		fmt.Println("EPERM")
 		return probeRefused
+	case errors.As(err, &errno):
+		fmt.Println(unix.ErrnoName(errno))
+		return probeOther
 	default:
 		fmt.Println(err)
 		return probeOther
@@ -230,5 +245,94 @@ func listenOnce(target string) int {
 	} else {
 		fmt.Println("no connection")
 	}
+	return probeOK
+}
+
+// rawSocket calls socket(2) with a family given as a 64-bit number, so
+// that high bits the kernel ignores reach the seccomp filter.
+func rawSocket(family string) error {
+	f, err := strconv.ParseUint(family, 0, 64)
+	if err != nil {
+		return err
+	}
+	fd, _, errno := unix.RawSyscall(unix.SYS_SOCKET, uintptr(f), unix.SOCK_STREAM, 0)
+	if errno != 0 {
+		return fmt.Errorf("socket: %w", errno)
+	}
+	return unix.Close(int(fd))
+}
+
+// ioctlStdin sends a terminal ioctl (given as a 64-bit number) with one
+// byte to stdin: TIOCSTI would type it into the terminal.
+func ioctlStdin(cmd string) error {
+	c, err := strconv.ParseUint(cmd, 0, 64)
+	if err != nil {
+		return err
+	}
+	b := byte('#')
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, 0, uintptr(c), uintptr(unsafe.Pointer(&b))); errno != 0 {
+		return fmt.Errorf("ioctl: %w", errno)
+	}
+	return nil
+}
+
+func ioUringSetup() error {
+	var params [120]byte // struct io_uring_params
+	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, 4, uintptr(unsafe.Pointer(&params[0])), 0)
+	if errno != 0 {
+		return fmt.Errorf("io_uring_setup: %w", errno)
+	}
+	return unix.Close(int(fd))
+}
+
+// reach tries to get at process pid (a process outside the Trial, as the
+// test passes it) the ways a Trial could steal its sockets or memory.
+func reach(how, pid string) error {
+	p, err := strconv.Atoi(pid)
+	if err != nil {
+		return err
+	}
+	switch how {
+	case "kill0":
+		err = unix.Kill(p, 0)
+	case "pidfd-getfd":
+		var fd int
+		if fd, err = unix.PidfdOpen(p, 0); err == nil {
+			var got int
+			got, err = unix.PidfdGetfd(fd, 0, 0)
+			if err == nil {
+				_ = unix.Close(got)
+			}
+			_ = unix.Close(fd)
+		}
+	case "ptrace":
+		if _, _, errno := unix.RawSyscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(p), 0, 0, 0, 0); errno != 0 {
+			err = errno
+		} else {
+			_, _, _ = unix.RawSyscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(p), 0, 0, 0, 0)
+		}
+	case "procmem":
+		var f *os.File
+		if f, err = os.Open(fmt.Sprintf("/proc/%d/mem", p)); err == nil {
+			_ = f.Close()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%s %d: %w", how, p, err)
+	}
+	return nil
+}
+
+// procs prints how many processes this process can see and what PID 1 is.
+func procs() int {
+	entries, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err == nil {
+			n++
+		}
+	}
+	cmdline, _ := os.ReadFile("/proc/1/cmdline")
+	fmt.Printf("procs %d pid1 %s self %d\n", n, strings.SplitN(string(cmdline), "\x00", 2)[0], os.Getpid())
 	return probeOK
 }

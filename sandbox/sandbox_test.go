@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -40,8 +41,15 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	for _, f := range cleanups {
+		f()
+	}
+	os.Exit(code)
 }
+
+// cleanups run once every test has ended.
+var cleanups []func()
 
 func randSuffix() string {
 	var b [4]byte
@@ -483,8 +491,8 @@ func TestPrivilegedStartFailures(t *testing.T) {
 	if !errors.As(err, &se) || se.Code != ExitNotFound {
 		t.Fatalf("missing command: got %v, want a StartError with code 127", err)
 	}
-	if populated, _ := cgroupPopulated(tr.Cgroup); populated {
-		t.Fatal("a failed start left a process in the Trial")
+	if procs := trialProcs(t, tr); len(procs) != 0 {
+		t.Fatalf("a failed start left processes in the Trial besides its init: %v", procs)
 	}
 }
 
@@ -580,7 +588,7 @@ func TestPrivilegedNoLeaks(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = tr.Close() })
 		if code, out := runProbe(t, tr, "udp-sendto", "127.0.0.1:9"); code != probeOK {
-			t.Fatalf("probe: %d %s", code, out)
+			t.Fatalf("probe %d: %d %s", i, code, out)
 		}
 		if err := tr.Close(); err != nil {
 			t.Fatal(err)
@@ -654,4 +662,20 @@ func countFDs(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return len(entries)
+}
+
+// trialProcs lists the Trial's processes other than its init.
+func trialProcs(t testing.TB, tr *Trial) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(tr.Cgroup, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range strings.Fields(string(b)) {
+		if pid, _ := strconv.Atoi(p); !isChildNSInit(pid) {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -1,0 +1,318 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// nobody is the uid the boundary tests run both sides as: same-uid access
+// (ptrace, pidfd_getfd, /proc/PID/mem) is what the PID namespace must stop.
+const nobody = 65534
+
+// runProbeAs runs one probe inside tr as uid with stdio c gives, and
+// returns its exit code and output.
+func runProbeAs(t testing.TB, tr *Trial, uid uint32, c Command, args ...string) (int, string) {
+	t.Helper()
+	exe := probeExe(t)
+	var out bytes.Buffer
+	c.Args = append([]string{exe}, args...)
+	c.Env = []string{"TRIALNET_PROBE=1", "PATH=/usr/bin:/bin"}
+	c.UID, c.GID = uid, uid
+	if c.Stdout == nil {
+		c.Stdout, c.Stderr = &out, &out
+	}
+	p, err := tr.Start(c)
+	if err != nil {
+		t.Fatalf("probe %v: %v", args, err)
+	}
+	code, err := p.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, strings.TrimSpace(out.String())
+}
+
+// victim starts a process outside any Trial, as uid nobody, that a Trial
+// process of the same uid will try to reach; it is killed at cleanup.
+func victim(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd.Process.Pid
+}
+
+func TestPrivilegedPIDNamespaceHidesTheHost(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	pid := strconv.Itoa(victim(t))
+	// The same attempts from a process of the same uid outside any Trial
+	// succeed: that is what makes them attacks.
+	for _, how := range []string{"kill0", "pidfd-getfd", "ptrace", "procmem"} {
+		if code, out := unconfinedProbe(t, nobody, how, pid); code != probeOK {
+			t.Fatalf("unconfined %s of a same-uid process: %d %s (the test cannot tell)", how, code, out)
+		}
+		code, out := runProbeAs(t, tr, nobody, Command{}, how, pid)
+		if code == probeOK || !strings.Contains(out, "ESRCH") && !strings.Contains(out, "ENOENT") {
+			t.Errorf("%s of a process outside the Trial: %d %q, want ESRCH or ENOENT (it must not exist for the Trial)", how, code, out)
+		}
+	}
+	code, out := runProbeAs(t, tr, nobody, Command{}, "procs")
+	var n, self int
+	var pid1 string
+	if _, err := fmt.Sscanf(out, "procs %d pid1 %s self %d", &n, &pid1, &self); err != nil || code != probeOK {
+		t.Fatalf("procs: %d %q %v", code, out, err)
+	}
+	if pid1 != initArg0 || n > 2 || self == 0 {
+		t.Errorf("inside the Trial: %d processes, PID 1 is %q, own pid %d; want only the Trial's own (trialnet-init and the probe)", n, pid1, self)
+	}
+}
+
+// unconfinedProbe runs the probe as uid outside any Trial.
+func unconfinedProbe(t testing.TB, uid uint32, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(probeExe(t), args...)
+	cmd.Env = []string{"TRIALNET_PROBE=1"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	out, err := cmd.CombinedOutput()
+	if err != nil && cmd.ProcessState == nil {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), strings.TrimSpace(string(out))
+}
+
+func TestPrivilegedCommandsShareTheTrialPIDNamespace(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	env := []string{"PATH=/usr/bin:/bin"}
+	first, err := tr.Start(Command{Args: []string{"sleep", "30"}, Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = first.Signal(syscall.SIGKILL)
+		_, _ = first.Wait()
+	}()
+	var out bytes.Buffer
+	p, err := tr.Start(Command{Args: []string{"sh", "-c", "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"}, Env: env, Stdout: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, err := p.Wait(); err != nil || code != 0 {
+		t.Fatalf("list: %d %v", code, err)
+	}
+	if !strings.Contains(out.String(), "sleep 30") || !strings.Contains(out.String(), initArg0) {
+		t.Errorf("a second command does not see the first one and the Trial's init:\n%s", out.String())
+	}
+}
+
+func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // the errno name, or "ok"
+	}{
+		{"unix", []string{"socket", "1"}, "ok"},
+		{"inet", []string{"socket", "2"}, "ok"},
+		{"inet6", []string{"socket", "10"}, "ok"},
+		{"vsock", []string{"socket", "40"}, "EAFNOSUPPORT"},
+		{"vsock with high bits the kernel drops", []string{"socket", "0x100000028"}, "EAFNOSUPPORT"},
+		{"packet", []string{"socket", "17"}, "EAFNOSUPPORT"},
+		{"bluetooth", []string{"socket", "31"}, "EAFNOSUPPORT"},
+		{"alg", []string{"socket", "38"}, "EAFNOSUPPORT"},
+		{"a family no kernel has yet", []string{"socket", "50"}, "EAFNOSUPPORT"},
+		{"io_uring (IORING_OP_SOCKET takes any family)", []string{"io_uring"}, "ENOSYS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, out := runProbeAs(t, tr, 0, Command{}, tc.args...)
+			if out != tc.want {
+				t.Errorf("%v: %q, want %q", tc.args, out, tc.want)
+			}
+		})
+	}
+	// TIOCSTI and TIOCLINUX on the command's own terminal: the kernel
+	// would allow TIOCSTI there; the filter does not.
+	user := openPTY(t, 24, 80)
+	for _, cmd := range []string{"0x5412", "0x100005412", "0x541c"} {
+		_, out := runProbeAs(t, tr, nobody, Command{Stdin: user.slave}, "ioctl0", cmd)
+		if out != "EPERM" {
+			t.Errorf("ioctl %s on the Trial's terminal: %q, want EPERM", cmd, out)
+		}
+	}
+}
+
+// pty is a terminal standing in for the operator's: the test holds the
+// master (the terminal emulator) and hands the slave to trialnet.
+type pty struct {
+	master, slave *os.File
+}
+
+func openPTY(t *testing.T, rows, cols uint16) pty {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetWinsize(int(s.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.Close()
+		_ = m.Close()
+	})
+	return pty{master: m, slave: s}
+}
+
+func TestPrivilegedTerminalIsRelayed(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	user := openPTY(t, 33, 111)
+	userName, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", user.slave.Fd()))
+	script := `stty size; tty; trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 0.05; done`
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(user.master)
+		for sc.Scan() {
+			lines <- strings.TrimSpace(sc.Text())
+		}
+		close(lines)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		code, err := tr.Exec(ctx, Command{Args: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"},
+			UID: nobody, GID: nobody, Stdin: user.slave, Stdout: user.slave, Stderr: user.slave}, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- code
+	}()
+	var seen []string
+	for l := range lines {
+		seen = append(seen, l)
+		if l == "ready" {
+			break
+		}
+	}
+	if len(seen) < 3 || seen[0] != "33 111" {
+		t.Errorf("window size inside the Trial: %q, want 33 111", seen)
+	}
+	if len(seen) >= 2 && !strings.HasPrefix(seen[1], "/dev/pts/") {
+		t.Errorf("inside the Trial, tty says %q: the command's terminal must have a name there", seen[1])
+	}
+	// Whatever its name, it is not the caller's terminal: another devpts
+	// instance (st_dev) or another device.
+	var mine unix.Stat_t
+	if err := unix.Fstat(int(user.slave.Fd()), &mine); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range trialProcs(t, tr) {
+		var st unix.Stat_t
+		if err := unix.Stat("/proc/"+pid+"/fd/0", &st); err == nil && st.Dev == mine.Dev && st.Rdev == mine.Rdev {
+			t.Errorf("Trial process %s holds the caller's terminal (%s) as stdin", pid, userName)
+		}
+	}
+	// ^C typed on the caller's terminal reaches the command as SIGINT.
+	if _, err := user.master.Write([]byte{3}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != 7 {
+			t.Errorf("after ^C: exit %d, want 7 (the INT trap)", code)
+		}
+	case <-ctx.Done():
+		t.Fatal("^C did not reach the command")
+	}
+	var rest []string
+	for {
+		select {
+		case l := <-lines:
+			rest = append(rest, l)
+			continue
+		case <-time.After(300 * time.Millisecond):
+		}
+		break
+	}
+	if !strings.Contains(strings.Join(rest, "\n"), "got-int") {
+		t.Errorf("the command's last output did not reach the caller's terminal: %q", rest)
+	}
+	// The caller's terminal is back in its own mode.
+	tio, err := unix.IoctlGetTermios(int(user.slave.Fd()), unix.TCGETS)
+	if err != nil || tio.Lflag&unix.ICANON == 0 || tio.Lflag&unix.ECHO == 0 {
+		t.Errorf("the caller's terminal was left raw: %+v %v", tio, err)
+	}
+}
+
+var probeCopy struct {
+	sync.Once
+	path string
+	err  error
+}
+
+// probeExe is a copy of the test binary that any uid can run (the build
+// directory is private to root), removed when the tests end.
+func probeExe(t testing.TB) string {
+	t.Helper()
+	probeCopy.Do(func() {
+		exe, err := os.Executable()
+		if err != nil {
+			probeCopy.err = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "trialnet-probe-")
+		if err == nil {
+			err = os.Chmod(dir, 0o755)
+		}
+		if err != nil {
+			probeCopy.err = err
+			return
+		}
+		cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
+		probeCopy.path = filepath.Join(dir, "probe")
+		b, err := os.ReadFile(exe)
+		if err == nil {
+			err = os.WriteFile(probeCopy.path, b, 0o755)
+		}
+		probeCopy.err = err
+	})
+	if probeCopy.err != nil {
+		t.Fatal(probeCopy.err)
+	}
+	return probeCopy.path
+}

@@ -1,0 +1,245 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// initArg0 marks a re-executed trialnet binary that becomes a Trial's
+// PID 1: it owns the Trial's PID and mount namespaces, reaps orphans, and
+// keeps the namespaces alive so that every command launched into the Trial
+// (run, exec, concurrently) sees the others and nothing outside.
+const initArg0 = "trialnet-init"
+
+// initProc is a Trial's PID 1: pidfd pins it, pid is its number in the
+// caller's PID namespace.
+type initProc struct {
+	pidfd, pid int
+}
+
+// alive reports whether the process pidfd pins still runs: then whatever
+// was opened through /proc/<pid> before was this process's.
+func (p initProc) alive() bool {
+	return unix.PidfdSendSignal(p.pidfd, 0, nil, 0) == nil
+}
+
+// init returns the Trial's PID 1, starting it first if the Trial has none
+// yet (its first launch, or after Run killed everything). A flock on the
+// cgroup directory keeps two launchers from starting two.
+func (t *Trial) init(cg *os.File) (initProc, error) {
+	if err := unix.Flock(int(cg.Fd()), unix.LOCK_EX); err != nil {
+		return initProc{}, fmt.Errorf("lock Trial cgroup: %w", err)
+	}
+	defer unix.Flock(int(cg.Fd()), unix.LOCK_UN)
+	if p, err := findInit(t.Cgroup); err != nil || p.pidfd >= 0 {
+		return p, err
+	}
+	return t.startInit(cg)
+}
+
+// findInit looks in the cgroup for the process that is PID 1 of a PID
+// namespace one level below ours. A nested namespace a Trial made itself
+// is two levels down, so it is never taken for the Trial's init. It
+// returns a pidfd of -1 when there is none.
+func findInit(cgroup string) (initProc, error) {
+	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	if err != nil {
+		return initProc{-1, 0}, fmt.Errorf("list Trial processes: %w", err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil || !isChildNSInit(pid) {
+			continue
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// The pid may have been reused between the check and the open:
+		// check again now that fd pins the process we mean.
+		if isChildNSInit(pid) && inCgroup(pid, cgroup) {
+			return initProc{fd, pid}, nil
+		}
+		_ = unix.Close(fd)
+	}
+	return initProc{-1, 0}, nil
+}
+
+func isChildNSInit(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) > 0 && f[0] == "NSpid:" {
+			return len(f) == 3 && f[2] == "1"
+		}
+	}
+	return false
+}
+
+func inCgroup(pid int, cgroup string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return false
+	}
+	mount, err := Cgroup2Mount()
+	if err != nil {
+		return false
+	}
+	want := "0::" + strings.TrimPrefix(cgroup, mount)
+	// Hybrid hosts list their v1 hierarchies too: only the v2 line counts.
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == want {
+			return true
+		}
+	}
+	return false
+}
+
+// startInit clones the Trial's PID 1 into its cgroup and network
+// namespace, with new PID and mount namespaces, and waits until it has
+// mounted its own /proc and /dev/pts.
+func (t *Trial) startInit(cg *os.File) (initProc, error) {
+	fail := initProc{-1, 0}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return fail, err
+	}
+	defer readyR.Close()
+	// Its stderr is read only if it fails: a Go runtime crash lands there.
+	stderrR, stderrW, err := os.Pipe()
+	if err != nil {
+		_ = readyW.Close()
+		return fail, err
+	}
+	defer stderrR.Close()
+	pidfd := -1
+	cmd := &exec.Cmd{
+		Path:       "/proc/self/exe",
+		Args:       []string{initArg0},
+		Stderr:     stderrW,
+		ExtraFiles: []*os.File{readyW},
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS,
+			Setsid:      true,
+			UseCgroupFD: true,
+			CgroupFD:    int(cg.Fd()),
+			PidFD:       &pidfd,
+		},
+	}
+	err = t.Netns.Do(cmd.Start)
+	_ = readyW.Close()
+	_ = stderrW.Close()
+	if err != nil {
+		return fail, fmt.Errorf("start the Trial's init: %w", err)
+	}
+	// Reaped by whoever started it; an init outliving this process is
+	// reaped by the host's init.
+	go func() { _ = cmd.Wait() }()
+	msg, _ := io.ReadAll(readyR)
+	if len(msg) != 1 || msg[0] != 0 {
+		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+		_ = unix.Close(pidfd)
+		if len(msg) == 0 {
+			crash, _ := io.ReadAll(io.LimitReader(stderrR, 4096))
+			msg = fmt.Appendf(nil, "it exited before it was ready: %s", bytes.TrimSpace(crash))
+		}
+		return fail, fmt.Errorf("start the Trial's init: %s", msg)
+	}
+	return initProc{pidfd, cmd.Process.Pid}, nil
+}
+
+// runInit is the Trial's PID 1. fd 3 reports readiness (one NUL byte) or
+// why setting up failed.
+func runInit() {
+	ready := os.NewFile(3, "trialnet-init-ready")
+	// PID 1 ignores what it does not handle; a Go program handles every
+	// signal, and exiting would kill the whole Trial.
+	signal.Ignore(syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGUSR1,
+		syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
+	children := make(chan os.Signal, 1)
+	signal.Notify(children, syscall.SIGCHLD)
+	if err := setupInit(); err != nil {
+		_, _ = fmt.Fprintf(ready, "trialnet-init: %v", err)
+		os.Exit(1)
+	}
+	_, _ = ready.Write([]byte{0})
+	_ = ready.Close()
+	for range children {
+		for {
+			pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
+
+// setupInit gives the Trial its own view of processes and terminals, and
+// then drops every capability: PID 1 needs none to reap.
+func setupInit() error {
+	// Mount events from the host still arrive (a destroyed Trial's netns
+	// unmount among them); nothing made here leaks out.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make mounts slave: %w", err)
+	}
+	if err := dropNsMounts(); err != nil {
+		return err
+	}
+	// A /proc of this PID namespace: the Trial cannot name, read or open
+	// /proc/PID/mem of any process outside it.
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount the Trial's /proc: %w", err)
+	}
+	// A devpts instance of its own: no path in the Trial leads to the
+	// host's terminals (the operator's among them).
+	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return fmt.Errorf("mount the Trial's /dev/pts: %w", err)
+	}
+	if err := unix.Mount("/dev/pts/ptmx", "/dev/ptmx", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind the Trial's /dev/ptmx: %w", err)
+	}
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("unshare cgroup namespace: %w", err)
+	}
+	return dropCapabilities()
+}
+
+// dropNsMounts detaches the namespace files bind-mounted on the host (every
+// Trial's netns among them): a copy here would keep a destroyed Trial's
+// namespace alive for as long as this one lives.
+func dropNsMounts() error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("read mountinfo: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		fields := strings.Fields(pre)
+		if !ok || len(fields) < 5 || !strings.HasPrefix(post, "nsfs ") {
+			continue
+		}
+		path := unescapeMountPath(fields[4])
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("detach %s: %w", path, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// The seccomp filter every Trial command runs under. It is short and
+// assembled here with golang.org/x/net/bpf rather than through a seccomp
+// library, because the libraries at hand get two things wrong for this
+// filter:
+//   - they compare all 64 bits of an argument, while the kernel truncates
+//     int and unsigned int arguments to 32 bits: ioctl(fd, 0x1_00005412)
+//     is TIOCSTI to the kernel but not to an Equal rule, and
+//     socket(0x1_00000028) is AF_VSOCK;
+//   - a system call made through another ABI (int 0x80 on x86_64 reaches
+//     the i386 table, where socketcall(2) hides the family behind a
+//     pointer) falls to the default action, which for this filter is allow.
+// So: every foreign ABI and x32 gets ENOSYS, arguments are judged on their
+// low 32 bits as the kernel reads them, and families are an allowlist.
+
+// Seccomp data offsets (struct seccomp_data, little-endian).
+const (
+	seccompNR   = 0
+	seccompArch = 4
+	seccompArg0 = 16 // low 32 bits of args[0]
+	seccompArg1 = 24 // low 32 bits of args[1]
+)
+
+const (
+	retAllow = 0x7fff0000 // SECCOMP_RET_ALLOW
+	retErrno = 0x00050000 // SECCOMP_RET_ERRNO | errno
+	x32Bit   = 0x40000000 // __X32_SYSCALL_BIT
+)
+
+// AllowedFamilies are the only socket families a Trial command can create:
+// everything else fails with EAFNOSUPPORT, families the kernel adds later
+// included.
+var allowedFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+
+// refusedIoctls would let a Trial type into a terminal or read its screen.
+var refusedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX}
+
+func auditArch() (uint32, error) {
+	switch runtime.GOARCH {
+	case "amd64":
+		return unix.AUDIT_ARCH_X86_64, nil
+	case "arm64":
+		return unix.AUDIT_ARCH_AARCH64, nil
+	}
+	return 0, fmt.Errorf("seccomp: no filter for %s; trialnet supports amd64 and arm64", runtime.GOARCH)
+}
+
+// seccompProgram assembles the filter. Jumps are written to labels and
+// resolved at the end, so that the program reads top to bottom.
+func seccompProgram() ([]bpf.RawInstruction, error) {
+	arch, err := auditArch()
+	if err != nil {
+		return nil, err
+	}
+	var a asm
+	a.ins(bpf.LoadAbsolute{Off: seccompArch, Size: 4})
+	a.jumpIfNot(arch, "enosys")
+	a.ins(bpf.LoadAbsolute{Off: seccompNR, Size: 4})
+	if runtime.GOARCH == "amd64" {
+		a.jumpIf(bpf.JumpGreaterOrEqual, x32Bit, "enosys")
+	}
+	a.jumpIf(bpf.JumpEqual, unix.SYS_SOCKET, "family")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_SOCKETPAIR, "family")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_IOCTL, "ioctl")
+	// io_uring can create a socket of any family (IORING_OP_SOCKET)
+	// without calling socket(2): no ring, no way around the allowlist.
+	a.jumpIf(bpf.JumpEqual, unix.SYS_IO_URING_SETUP, "enosys")
+	a.ret(retAllow)
+
+	a.label("family")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg0, Size: 4})
+	for _, f := range allowedFamilies {
+		a.jumpIf(bpf.JumpEqual, f, "allow")
+	}
+	a.ret(retErrno | uint32(unix.EAFNOSUPPORT))
+
+	a.label("ioctl")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg1, Size: 4})
+	for _, c := range refusedIoctls {
+		a.jumpIf(bpf.JumpEqual, c, "eperm")
+	}
+	a.ret(retAllow)
+
+	a.label("eperm")
+	a.ret(retErrno | uint32(unix.EPERM))
+	a.label("enosys")
+	a.ret(retErrno | uint32(unix.ENOSYS))
+	a.label("allow")
+	a.ret(retAllow)
+	return a.assemble()
+}
+
+// installSeccomp loads the filter on the calling thread, which must then
+// exec: the filter is kept across execve and inherited by every child.
+// no_new_privs must already be set (dropPrivileges does).
+func installSeccomp() error {
+	prog, err := seccompProgram()
+	if err != nil {
+		return err
+	}
+	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: (*unix.SockFilter)(unsafe.Pointer(&prog[0]))}
+	if _, _, errno := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog))); errno != 0 {
+		return fmt.Errorf("install seccomp filter: %w", errno)
+	}
+	runtime.KeepAlive(prog)
+	return nil
+}
+
+// asm is a tiny label-resolving assembler for classic BPF.
+type asm struct {
+	prog   []bpf.Instruction
+	labels map[string]int
+	fixups []fixup
+}
+
+type fixup struct {
+	at    int
+	label string
+	false bool // the label is the false branch (jumpIfNot)
+}
+
+func (a *asm) ins(i bpf.Instruction) { a.prog = append(a.prog, i) }
+
+func (a *asm) ret(v uint32) { a.ins(bpf.RetConstant{Val: v}) }
+
+func (a *asm) label(name string) {
+	if a.labels == nil {
+		a.labels = map[string]int{}
+	}
+	a.labels[name] = len(a.prog)
+}
+
+// jumpIf goes to label when the condition holds, else on.
+func (a *asm) jumpIf(cond bpf.JumpTest, val uint32, label string) {
+	a.fixups = append(a.fixups, fixup{at: len(a.prog), label: label})
+	a.ins(bpf.JumpIf{Cond: cond, Val: val})
+}
+
+// jumpIfNot goes to label unless the accumulator equals val.
+func (a *asm) jumpIfNot(val uint32, label string) {
+	a.fixups = append(a.fixups, fixup{at: len(a.prog), label: label, false: true})
+	a.ins(bpf.JumpIf{Cond: bpf.JumpEqual, Val: val})
+}
+
+func (a *asm) assemble() ([]bpf.RawInstruction, error) {
+	for _, f := range a.fixups {
+		to, ok := a.labels[f.label]
+		skip := to - f.at - 1
+		if !ok || skip < 0 || skip > 255 {
+			return nil, fmt.Errorf("seccomp: bad jump to %q", f.label)
+		}
+		j := a.prog[f.at].(bpf.JumpIf)
+		if f.false {
+			j.SkipFalse = uint8(skip)
+		} else {
+			j.SkipTrue = uint8(skip)
+		}
+		a.prog[f.at] = j
+	}
+	return bpf.Assemble(a.prog)
+}

@@ -1,0 +1,260 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"golang.org/x/term"
+)
+
+// terminal relays a Trial command's pseudo-terminal to the caller's
+// terminal, as sudo does with use_pty: the command never holds a
+// descriptor of the caller's terminal, so it cannot type into the
+// operator's shell (TIOCSTI), and its session and controlling terminal
+// are its own. ^C and ^Z reach it through its own line discipline, window
+// size changes are copied over, and when it stops the caller stops too.
+type terminal struct {
+	user   *os.File  // the caller's terminal: the first stdio that is one
+	in     *os.File  // the caller's stdin, when it is that terminal
+	out    io.Writer // where the command's terminal output goes
+	master *os.File
+	slave  *os.File
+	saved  *term.State // the caller's mode while raw; nil when not raw
+
+	wakeR, wakeW *os.File // stop the input relay
+	winch        chan os.Signal
+	wg           sync.WaitGroup
+	closeOnce    sync.Once
+}
+
+// newTerminal gives cmd a pseudo-terminal in place of each of its stdio
+// streams that is a terminal; others pass through untouched, so pipes and
+// files stay exact. The pty comes from the Trial's own devpts instance
+// (through its init's root), so that inside the Trial it has a name, and
+// belongs to uid:gid, as a login terminal does. It returns nil when none
+// is a terminal.
+func newTerminal(cmd *exec.Cmd, init initProc, uid, gid uint32) (_ *terminal, err error) {
+	isTTY := func(v any) *os.File {
+		f, ok := v.(*os.File)
+		if ok && f != nil && term.IsTerminal(int(f.Fd())) {
+			return f
+		}
+		return nil
+	}
+	in, out, errf := isTTY(cmd.Stdin), isTTY(cmd.Stdout), isTTY(cmd.Stderr)
+	t := &terminal{in: in}
+	for _, f := range []*os.File{in, out, errf} {
+		if f != nil && t.user == nil {
+			t.user = f
+		}
+	}
+	if t.user == nil {
+		return nil, nil
+	}
+	switch {
+	case out != nil:
+		t.out = out
+	case errf != nil:
+		t.out = errf
+	default:
+		t.out = io.Discard // only stdin is a terminal; its echo is not output
+	}
+	if err := t.open(fmt.Sprintf("/proc/%d/root/dev/pts/ptmx", init.pid), uid, gid); err != nil {
+		t.close()
+		return nil, fmt.Errorf("open the Trial's terminal: %w", err)
+	}
+	if !init.alive() {
+		t.close()
+		return nil, errors.New("open the Trial's terminal: the Trial's init is gone")
+	}
+	defer func() {
+		if err != nil {
+			t.close()
+		}
+	}()
+	ctty := -1
+	if in != nil {
+		cmd.Stdin, ctty = t.slave, 0
+	}
+	if out != nil {
+		cmd.Stdout = t.slave
+		if ctty < 0 {
+			ctty = 1
+		}
+	}
+	if errf != nil {
+		cmd.Stderr = t.slave
+		if ctty < 0 {
+			ctty = 2
+		}
+	}
+	cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, ctty
+	if in != nil {
+		if t.saved, err = term.MakeRaw(int(in.Fd())); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// open makes the pty pair with the caller's terminal mode and size.
+func (t *terminal) open(ptmx string, uid, gid uint32) error {
+	m, err := unix.Open(ptmx, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return err
+	}
+	// Non-blocking: the runtime poller then serves reads with deadlines.
+	t.master = os.NewFile(uintptr(m), "pty-master")
+	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
+		return err
+	}
+	// TIOCGPTPEER opens the peer without a path, so no other pty can be
+	// swapped in under /dev/pts between unlock and open.
+	s, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(m), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
+	if errno != 0 {
+		return errno
+	}
+	t.slave = os.NewFile(s, "pty-slave")
+	if err := unix.Fchown(int(s), int(uid), int(gid)); err != nil {
+		return err
+	}
+	if tio, err := unix.IoctlGetTermios(int(t.user.Fd()), unix.TCGETS); err == nil {
+		_ = unix.IoctlSetTermios(int(s), unix.TCSETS, tio)
+	}
+	t.copySize()
+	return nil
+}
+
+func (t *terminal) copySize() {
+	if ws, err := unix.IoctlGetWinsize(int(t.user.Fd()), unix.TIOCGWINSZ); err == nil {
+		_ = unix.IoctlSetWinsize(int(t.master.Fd()), unix.TIOCSWINSZ, ws)
+	}
+}
+
+// started drops this process's copy of the slave once the command has it,
+// so that the master sees EOF when the Trial is done with it.
+func (t *terminal) started() {
+	if t != nil && t.slave != nil {
+		_ = t.slave.Close()
+		t.slave = nil
+	}
+}
+
+// relay copies output and input, follows window size changes and stops
+// and continues with the command p.
+func (t *terminal) relay(p *Process) {
+	if t == nil {
+		return
+	}
+	t.wg.Go(func() { _, _ = io.Copy(t.out, t.master) })
+	t.winch = make(chan os.Signal, 1)
+	signal.Notify(t.winch, syscall.SIGWINCH)
+	go func() {
+		for range t.winch {
+			t.copySize()
+		}
+	}()
+	if t.in == nil {
+		return
+	}
+	var err error
+	if t.wakeR, t.wakeW, err = os.Pipe(); err == nil {
+		t.wg.Go(t.copyInput)
+	}
+	go t.followStops(p.Pid())
+}
+
+// copyInput relays the caller's keystrokes. It polls, so that close can
+// end it without waiting for another key.
+func (t *terminal) copyInput() {
+	buf := make([]byte, 4096)
+	fds := []unix.PollFd{{Fd: int32(t.in.Fd()), Events: unix.POLLIN}, {Fd: int32(t.wakeR.Fd()), Events: unix.POLLIN}}
+	for {
+		if _, err := unix.Poll(fds, -1); err != nil {
+			if err == unix.EINTR {
+				continue
+			}
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		n, err := unix.Read(int(t.in.Fd()), buf)
+		if n <= 0 || err != nil {
+			return
+		}
+		if _, err := t.master.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// followStops stops this process when the command is stopped (^Z), with
+// the caller's terminal mode restored, and continues the command when
+// this process is continued (fg). It ends once the command is reaped.
+func (t *terminal) followStops(pid int) {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WSTOPPED, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		if t.saved != nil {
+			_ = term.Restore(int(t.in.Fd()), t.saved)
+		}
+		_ = unix.Kill(unix.Getpid(), unix.SIGSTOP)
+		// Continued: raw again, the size may have changed meanwhile.
+		if st, err := term.MakeRaw(int(t.in.Fd())); err == nil {
+			t.saved = st
+		}
+		t.copySize()
+		_ = unix.Kill(-pid, unix.SIGCONT)
+	}
+}
+
+// close ends the relay once the command has exited: what it wrote is
+// drained (briefly, as children it left may hold the terminal open), and
+// the caller's terminal mode is restored.
+func (t *terminal) close() {
+	if t == nil {
+		return
+	}
+	t.closeOnce.Do(func() {
+		if t.winch != nil {
+			signal.Stop(t.winch)
+			close(t.winch)
+		}
+		if t.wakeW != nil {
+			_ = t.wakeW.Close()
+		}
+		if t.master != nil {
+			_ = t.master.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		}
+		t.wg.Wait()
+		if t.wakeR != nil {
+			_ = t.wakeR.Close()
+		}
+		if t.saved != nil {
+			_ = term.Restore(int(t.in.Fd()), t.saved)
+		}
+		if t.slave != nil {
+			_ = t.slave.Close()
+		}
+		if t.master != nil {
+			_ = t.master.Close()
+		}
+	})
+}
