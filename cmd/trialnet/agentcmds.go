@@ -162,7 +162,7 @@ func cmdExec(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("exec", "exec --trial ID [--uid N] [--gid N] -- CMD [ARGS]",
 		"sudo trialnet exec --trial eval-42 -- claude -p 'fix the tests'", stderr)
 	id := fs.String("trial", "", "the Trial to run CMD in")
-	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo; required otherwise)")
+	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo unless it is 0; required otherwise; 0 only when given)")
 	gid := fs.Int("gid", -1, "run CMD with this group id (default: $SUDO_GID under sudo, else the uid)")
 	socket := socketFlag(fs)
 	if err := fs.Parse(args); err != nil {

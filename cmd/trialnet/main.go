@@ -20,7 +20,6 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/sandbox"
-	"golang.org/x/sys/unix"
 )
 
 // Exit codes of trialnet itself; a command run in a Trial passes its own.
@@ -187,7 +186,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	strict := strictFlag(fs)
 	var cf configFlags
 	cf.register(fs, "profiles, resolvers, allowed CIDRs and limits (for the agent run embeds when none is running)")
-	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo; required otherwise)")
+	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo unless it is 0; required otherwise; 0 only when given)")
 	gid := fs.Int("gid", -1, "run CMD with this group id (default: $SUDO_GID under sudo, else the uid)")
 	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long (0: no limit)")
 	var unixAllow stringList
@@ -301,8 +300,10 @@ func execIn(ctx context.Context, info agent.TrialInfo, c sandbox.Command) (int, 
 	return tr.Exec(ctx, c, sigs)
 }
 
-// trialUser decides who CMD runs as. A uid-0 Trial must be asked for: even
-// without capabilities, root owns the files that hold a Trial in place.
+// trialUser decides who CMD runs as. A uid-0 Trial must be asked for with
+// --uid 0: even without capabilities, root owns the files that hold a
+// Trial in place. sudo from a root shell sets SUDO_UID=0, which is not
+// asking.
 func trialUser(uid, gid int) (uint32, uint32, error) {
 	// -1 is the flags' "not given"; any other negative id is a mistake.
 	if uid < -1 || gid < -1 {
@@ -311,11 +312,14 @@ func trialUser(uid, gid int) (uint32, uint32, error) {
 	if uid == -1 {
 		s := os.Getenv("SUDO_UID")
 		if s == "" {
-			return 0, 0, usageError{"who should CMD run as? Pass --uid N (and --gid N), or run trialnet under sudo to use your own user; --uid 0 runs CMD as root without capabilities"}
+			return 0, 0, usageError{"who should CMD run as? Pass --uid N (and --gid N; a dedicated user for untrusted code is best), or run trialnet under sudo from your own account to use your uid; --uid 0 runs CMD as root without capabilities"}
 		}
 		v, err := strconv.Atoi(s)
 		if err != nil || v < 0 {
 			return 0, 0, usageError{fmt.Sprintf("SUDO_UID=%q is not a user id; pass --uid", s)}
+		}
+		if v == 0 {
+			return 0, 0, usageError{"SUDO_UID is 0 (sudo was run from a root shell), and a uid-0 Trial is never a default: pass --uid N for a dedicated user, or --uid 0 if root without capabilities is really meant"}
 		}
 		uid = v
 		if gid == -1 {
@@ -333,23 +337,20 @@ func trialUser(uid, gid int) (uint32, uint32, error) {
 	return uint32(uid), uint32(gid), nil
 }
 
-// forwardedSignals relays SIGTERM and SIGHUP to CMD, and SIGINT too when
-// there is no terminal: on a terminal CMD shares trialnet's foreground
-// process group and already receives Ctrl-C itself. stop ends the relay.
+// forwardedSignals relays SIGINT, SIGTERM and SIGHUP to CMD's process
+// group. CMD has a session (and, on a terminal, a pty) of its own, so a
+// ^C on the caller's terminal never reaches it directly: on a raw
+// terminal it travels as a byte through the pty, and otherwise it lands
+// here. stop ends the relay.
 func forwardedSignals() (_ <-chan os.Signal, stop func()) {
 	in := make(chan os.Signal, 4)
 	out := make(chan os.Signal, 4)
 	signal.Notify(in, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	_, ttyErr := unix.IoctlGetTermios(int(os.Stdin.Fd()), unix.TCGETS)
-	onTTY := ttyErr == nil
 	done := make(chan struct{})
 	go func() {
 		for {
 			select {
 			case s := <-in:
-				if s == syscall.SIGINT && onTTY {
-					continue
-				}
 				select {
 				case out <- s:
 				default: // CMD already has signals queued; a burst is not lost work

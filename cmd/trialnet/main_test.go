@@ -55,10 +55,14 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestRunNeedsAUser(t *testing.T) {
-	t.Setenv("SUDO_UID", "")
-	code, _, errOut := trialnet("run", "--", "true")
-	if code != exitUsage || !strings.Contains(errOut, "--uid") {
-		t.Fatalf("exit %d, %q: want a usage error naming --uid", code, errOut)
+	for _, sudoUID := range []string{"", "0"} {
+		t.Setenv("SUDO_UID", sudoUID)
+		for _, cmd := range [][]string{{"run", "--", "true"}, {"exec", "--trial", "x", "--", "true"}} {
+			code, _, errOut := trialnet(cmd...)
+			if code != exitUsage || !strings.Contains(errOut, "--uid") {
+				t.Errorf("SUDO_UID=%q %v: exit %d, %q: want a usage error naming --uid", sudoUID, cmd, code, errOut)
+			}
+		}
 	}
 }
 
