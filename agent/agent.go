@@ -3,7 +3,6 @@
 package agent
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,11 +32,10 @@ const (
 )
 
 // AgentConfig configures an Agent. Zero values are defaults, except that
-// an empty StateDir means an embedded agent that persists nothing.
+// an empty Host.StateDir means an embedded agent that persists nothing.
 type AgentConfig struct {
-	Host     Config
-	StateDir string
-	DataDir  string
+	Host    Config
+	DataDir string
 	// File holds profiles, resolvers, allowed CIDRs and limits; nil: none.
 	File *proxy.File
 	// Resolvers override File's; AllowCIDRs add to File's.
@@ -66,8 +64,15 @@ type liveTrial struct {
 	info  TrialInfo
 	tr    *sandbox.Trial
 	state trialState // guarded by Agent.mu
-	mu    sync.Mutex // guards audit
+	mu    sync.Mutex // guards audit and final
 	audit *os.File   // decisions.jsonl; nil without a DataDir
+	final proxy.TrialStats
+}
+
+// setTrial records what the sandbox made of the Trial.
+func (lt *liveTrial) setTrial(tr *sandbox.Trial) {
+	lt.tr = tr
+	lt.info.Netns, lt.info.Cgroup, lt.info.CgroupID = tr.Netns.Path, tr.Cgroup, tr.CgroupID
 }
 
 // trialState: only live Trials are listed and served to API calls; the
@@ -171,7 +176,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 		_ = host.Close()
 		return nil, err
 	}
-	for _, d := range []string{cfg.StateDir, cfg.DataDir} {
+	for _, d := range []string{cfg.Host.StateDir, cfg.DataDir} {
 		if d == "" {
 			continue
 		}
@@ -180,6 +185,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 			return nil, fmt.Errorf("agent: create %s: %w", d, err)
 		}
 	}
+	host.Endpoint, host.Logger = endpoint{a}, log
 	a.readopt()
 	return a, nil
 }
@@ -204,9 +210,9 @@ func (a *Agent) Close(teardown bool) {
 	_ = a.host.Close()
 }
 
-// Create makes a Trial: cgroup, namespace with lo up, policy entry, and
-// the proxy endpoint listening inside the namespace, served with the
-// Trial's allowlist. It is all-or-nothing.
+// Create makes a Trial: cgroup, namespaces, policy entry, and the proxy
+// endpoint listening inside its namespace, served with the Trial's
+// allowlist. It is all-or-nothing.
 func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	if req.ID == "" {
 		req.ID = NewID()
@@ -219,53 +225,39 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 		return TrialInfo{}, err
 	}
 	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC()}
-	lt := &liveTrial{}
+	for _, e := range allow.Entries() {
+		info.Allow = append(info.Allow, AllowEntry{e.String(), e.RequireTLS})
+	}
+	lt := &liveTrial{info: info}
 	if err := a.register(req.ID, lt); err != nil {
 		return TrialInfo{}, err
 	}
 	defer func() {
 		if err != nil {
-			a.unregister(req.ID)
+			a.unregister(req.ID, lt)
 		}
 	}()
-	for _, e := range allow.Entries() {
-		info.Allow = append(info.Allow, AllowEntry{e.String(), e.RequireTLS})
-	}
-	// Write-ahead: a crash from here on leaves a record that says which
-	// half-made Trial to remove.
-	if err := a.saveState(info, phaseCreating); err != nil {
+	if err := a.keepOldData(req.ID); err != nil {
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
+	if err := a.prepare(lt, allow, req.Limits, nil); err != nil {
+		return TrialInfo{}, errf(CodeInternal, "%v", err)
+	}
+	meta, _ := json.Marshal(info)
 	spec := sandbox.Spec{ID: req.ID, Strict: req.Strict, Proxy: ProxyEndpoints, UnixPaths: req.UnixAllow, UnixOpen: req.UnixOpen}
-	tr, err := a.host.Create(spec)
+	tr, err := a.host.Create(spec, meta)
 	if err != nil {
-		a.removeState(req.ID)
+		a.proxy.RemoveTrial(req.ID)
+		lt.closeAudit()
 		if errors.Is(err, sandbox.ErrExists) {
 			return TrialInfo{}, errf(CodeDuplicateID, "%v", err)
 		}
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
-	info.Netns, info.Cgroup, info.CgroupID = tr.Netns.Path, tr.Cgroup, tr.CgroupID
-	lt.info, lt.tr = info, tr
-	if err := a.keepOldData(req.ID); err != nil {
-		_ = tr.Close()
-		a.removeState(req.ID)
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
-	}
-	if err := a.serve(lt, allow, req.Limits, nil); err != nil {
-		_ = tr.Close()
-		a.removeState(req.ID)
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
-	}
-	if err := a.saveState(info, phaseLive); err != nil {
-		a.proxy.RemoveTrial(req.ID)
-		_ = tr.Close()
-		a.removeState(req.ID)
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
-	}
+	lt.setTrial(tr)
 	a.setState(lt, stateLive)
 	a.log.Info("trial created", "trial", req.ID, "allow", len(info.Allow), "strict", req.Strict)
-	return info, nil
+	return lt.info, nil
 }
 
 func (a *Agent) allowlist(req CreateRequest) (*proxy.Allowlist, error) {
@@ -290,9 +282,13 @@ func (a *Agent) register(id string, lt *liveTrial) error {
 	return nil
 }
 
-func (a *Agent) unregister(id string) {
+// unregister frees lt's id, unless lt was already forgotten and the id
+// taken again.
+func (a *Agent) unregister(id string, lt *liveTrial) {
 	a.mu.Lock()
-	delete(a.trials, id)
+	if a.trials[id] == lt {
+		delete(a.trials, id)
+	}
 	a.mu.Unlock()
 }
 
@@ -316,12 +312,11 @@ func (a *Agent) keepOldData(id string) error {
 	return os.Rename(dir, fmt.Sprintf("%s.%d", dir, time.Now().UnixNano()))
 }
 
-// serve opens the Trial's proxy endpoint inside its namespace and serves
-// it. The listening sockets live in the Trial's namespace but belong to
-// the agent: no relay process, and the listener is the Trial's identity.
-func (a *Agent) serve(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limits, stats *proxy.TrialStats) (err error) {
-	// The decision log first: the Trial's processes may connect as soon
-	// as the endpoint listens (at once, for a re-adopted Trial).
+// prepare readies what serving a Trial needs before its endpoint
+// listens: the decision log (its processes may connect at once, a
+// re-adopted Trial's at the very moment it is served) and the proxy's
+// policy for it.
+func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limits, stats *proxy.TrialStats) (err error) {
 	if a.cfg.DataDir != "" {
 		dir := filepath.Join(a.cfg.DataDir, lt.info.ID)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -340,39 +335,46 @@ func (a *Agent) serve(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limit
 			}
 		}()
 	}
-	if err := a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Limits: limits, Stats: stats}); err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			a.proxy.RemoveTrial(lt.info.ID)
-		}
-	}()
-	var lns []net.Listener
-	for i, ep := range ProxyEndpoints {
-		ln, err := lt.tr.Netns.Listen(context.Background(), "tcp", ep.String())
-		if err != nil {
-			if i > 0 && ep.Addr().Is6() {
-				// No IPv6 on this kernel's loopback: the IPv4 endpoint,
-				// which HTTPS_PROXY names, is enough.
-				a.log.Warn("no IPv6 proxy endpoint", "trial", lt.info.ID, "error", err)
-				continue
-			}
-			for _, l := range lns {
-				_ = l.Close()
-			}
-			return fmt.Errorf("listen on %s in Trial %s: %w", ep, lt.info.ID, err)
-		}
-		lns = append(lns, ln)
-	}
+	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Limits: limits, Stats: stats})
+}
+
+// endpoint serves Trials' proxy endpoints for the sandbox: the listening
+// sockets live in each Trial's namespace, the agent accepts on them.
+type endpoint struct{ a *Agent }
+
+func (e endpoint) Serve(id string, lns []net.Listener) error {
 	for _, ln := range lns {
 		go func() {
-			if err := a.proxy.Serve(ln, lt.info.ID); err != nil {
-				a.log.Error("proxy serve", "trial", lt.info.ID, "error", err)
+			if err := e.a.proxy.Serve(ln, id); err != nil {
+				e.a.log.Error("proxy serve", "trial", id, "error", err)
 			}
 		}()
 	}
 	return nil
+}
+
+// Stop removes the Trial from the proxy (closing its listeners and
+// connections, waiting for its last decision events) and keeps its final
+// proxy counters for Destroy. A Trial that never became live (its
+// creation or adoption failed after prepare) is forgotten.
+func (e endpoint) Stop(id string) {
+	st, _ := e.a.proxy.RemoveTrial(id)
+	e.a.mu.Lock()
+	lt := e.a.trials[id]
+	forget := lt != nil && lt.state == stateCreating
+	if forget {
+		delete(e.a.trials, id)
+	}
+	e.a.mu.Unlock()
+	if lt == nil {
+		return
+	}
+	lt.mu.Lock()
+	lt.final = st
+	lt.mu.Unlock()
+	if forget {
+		lt.closeAudit()
+	}
 }
 
 func (lt *liveTrial) closeAudit() {
@@ -512,19 +514,20 @@ func (a *Agent) Destroy(id string) (Stats, error) {
 	}
 	lt.state = stateDestroying // the id stays taken until done
 	a.mu.Unlock()
-	// Waits for the Trial's last decision events, which still reach its log.
-	pst, _ := a.proxy.RemoveTrial(id)
-	k, kerr := lt.tr.Counters()
+	// The one teardown: the endpoint stops first (its last decision events
+	// still reach the log), then processes, cgroup, policy, namespaces.
+	k, err := lt.tr.Close()
+	lt.mu.Lock()
+	pst := lt.final
+	lt.mu.Unlock()
 	st := makeStats(id, k, pst)
-	err = errors.Join(kerr, lt.tr.Close())
 	lt.closeAudit()
 	if a.cfg.DataDir != "" {
 		if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {
 			err = errors.Join(err, os.WriteFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))
 		}
 	}
-	a.removeState(id)
-	a.unregister(id)
+	a.unregister(id, lt)
 	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
 	a.releaseSoon()
 	if err != nil {
@@ -557,85 +560,29 @@ func (a *Agent) Audit(id string) ([]json.RawMessage, error) {
 	return out, nil
 }
 
-// State files: one per Trial, written before anything is made.
-const (
-	phaseCreating = "creating"
-	phaseLive     = "live"
-)
-
-type stateFile struct {
-	Phase string `json:"phase"`
-	TrialInfo
-}
-
-func (a *Agent) saveState(info TrialInfo, phase string) error {
-	if a.cfg.StateDir == "" {
-		return nil
-	}
-	b, err := json.Marshal(stateFile{phase, info})
-	if err != nil {
-		return err
-	}
-	path := filepath.Join(a.cfg.StateDir, info.ID+".json")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("write state: %w", err)
-	}
-	return os.Rename(tmp, path)
-}
-
-func (a *Agent) removeState(id string) {
-	if a.cfg.StateDir != "" {
-		_ = os.Remove(filepath.Join(a.cfg.StateDir, id+".json"))
-	}
-}
-
 // readopt takes over the Trials a previous agent left: live ones get
 // their proxy endpoint back (enforcement never lapsed: it is pinned);
 // half-made or broken ones are removed.
 func (a *Agent) readopt() {
-	if a.cfg.StateDir == "" {
-		return
-	}
-	files, _ := filepath.Glob(filepath.Join(a.cfg.StateDir, "*.json"))
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		var st stateFile
-		if err == nil {
-			err = json.Unmarshal(data, &st)
-		}
-		id := strings.TrimSuffix(filepath.Base(f), ".json")
-		if err != nil || st.ID != id || netns.ValidID(id) != nil {
-			a.log.Error("unreadable state file; removing it", "file", f, "error", err)
-			_ = os.Remove(f)
-			continue
-		}
-		if err := a.adopt(st); err != nil {
-			a.log.Warn("trial not re-adopted; removing what is left of it", "trial", id, "phase", st.Phase, "reason", err)
-			if rerr := a.host.Remove(id); rerr != nil {
-				a.log.Error("remove leftover trial", "trial", id, "error", rerr)
-			}
-			if st.CgroupID != 0 {
-				// The cgroup may be gone already; its policy entry is not.
-				_ = a.host.BPF.RemoveTrial(st.CgroupID)
-			}
-			a.removeState(id)
-			continue
-		}
-		a.log.Info("trial re-adopted", "trial", id)
+	for _, tr := range a.host.Adopt(a.adopt) {
+		a.mu.Lock()
+		lt := a.trials[tr.ID]
+		a.mu.Unlock()
+		lt.setTrial(tr)
+		a.setState(lt, stateLive)
+		a.log.Info("trial re-adopted", "trial", tr.ID)
 	}
 }
 
-func (a *Agent) adopt(st stateFile) error {
-	if st.Phase != phaseLive {
-		return errors.New("it was being created when the previous agent stopped")
-	}
-	tr, err := a.host.Open(st.ID)
-	if err != nil {
-		return err
+// adopt readies a recorded Trial for serving: its description, allowlist,
+// decision log and proxy counters (rebuilt from the log) come back.
+func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
+	var info TrialInfo
+	if err := json.Unmarshal(tr.Meta, &info); err != nil || info.ID != tr.ID {
+		return fmt.Errorf("its record has no readable description: %v", err)
 	}
 	var entries []proxy.Entry
-	for _, e := range st.Allow {
+	for _, e := range info.Allow {
 		pe, err := proxy.ParseEntry(e.Entry)
 		if err != nil {
 			return err
@@ -643,16 +590,16 @@ func (a *Agent) adopt(st stateFile) error {
 		pe.RequireTLS = e.RequireTLS
 		entries = append(entries, pe)
 	}
-	lt := &liveTrial{info: st.TrialInfo, tr: tr}
-	if err := a.register(st.ID, lt); err != nil {
+	lt := &liveTrial{info: info}
+	if err := a.register(tr.ID, lt); err != nil {
 		return err
 	}
-	if err := a.serve(lt, proxy.NewAllowlist(entries...), st.Limits, a.replayStats(st.ID)); err != nil {
-		a.unregister(st.ID)
-		return err
-	}
-	a.setState(lt, stateLive)
-	return nil
+	defer func() {
+		if err != nil {
+			a.unregister(tr.ID, lt)
+		}
+	}()
+	return a.prepare(lt, proxy.NewAllowlist(entries...), info.Limits, a.replayStats(tr.ID))
 }
 
 // replayStats rebuilds a re-adopted Trial's proxy counters from its

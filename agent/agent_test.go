@@ -62,7 +62,6 @@ func newWorld(t *testing.T, subnet uint8, names ...string) *world {
 func (w *world) config(t *testing.T) AgentConfig {
 	return AgentConfig{
 		Host:       isolatedHost(t),
-		StateDir:   t.TempDir(),
 		DataDir:    t.TempDir(),
 		Resolvers:  []string{w.dnsAddr},
 		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
@@ -263,7 +262,7 @@ func TestPrivilegedCreateRefusals(t *testing.T) {
 	if len(a.List()) != 0 {
 		t.Fatalf("refused creates left Trials: %v", a.List())
 	}
-	entries, _ := os.ReadDir(a.cfg.StateDir)
+	entries, _ := os.ReadDir(a.cfg.Host.StateDir)
 	if len(entries) != 0 {
 		t.Fatalf("refused creates left state files: %v", entries)
 	}

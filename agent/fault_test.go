@@ -94,7 +94,7 @@ func TestPrivilegedFaultKilledMidCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = h.Close()
-	if err := os.WriteFile(filepath.Join(cfg.StateDir, "agt-mid.json"), []byte(`{"phase":"creating","id":"agt-mid"}`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(cfg.Host.StateDir, "agt-mid.json"), []byte(`{"phase":"creating","id":"agt-mid"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	a := startAgent(t, cfg)

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/trialnet/trialnet/bpf"
@@ -25,6 +26,9 @@ type Config struct {
 	NetnsDir string // netns bind mounts; empty: netns.DefaultDir
 	// Parent is the parent cgroup; empty: <cgroup2 mount>/trialnet.
 	Parent string
+	// StateDir holds one record per live Trial, for re-adoption after a
+	// restart; empty: none (an embedded agent, whose Trials die with it).
+	StateDir string
 }
 
 // Host is a loaded eBPF layer on the parent cgroup.
@@ -59,7 +63,7 @@ func OpenHost(cfg Config) (*Host, error) {
 		}
 		return nil, err
 	}
-	return &Host{&sandbox.Host{Parent: parent, NetnsDir: cfg.NetnsDir, BPF: l}}, nil
+	return &Host{&sandbox.Host{Parent: parent, NetnsDir: cfg.NetnsDir, StateDir: cfg.StateDir, BPF: l}}, nil
 }
 
 // Close releases the loader; pinned enforcement stays.
@@ -90,7 +94,8 @@ func EgressVerdict(c bpf.Counters) string {
 // Uninstall detaches trialnet: it removes the pins (so the programs
 // detach) and the parent cgroup. Live Trials would keep only their
 // namespace, so it refuses while any exists unless force is set, in
-// which case it destroys them first.
+// which case it destroys them first (processes, cgroups, namespaces,
+// records), through the same teardown as destroy.
 func Uninstall(cfg Config, force bool) error {
 	if os.Geteuid() != 0 {
 		return ErrNotRoot
@@ -116,11 +121,20 @@ func Uninstall(cfg Config, force bool) error {
 	if len(live) > 0 && !force {
 		return fmt.Errorf("uninstall: %d Trial(s) still live (%s); without the eBPF layer they would keep only their namespace. Destroy them first, or pass --force to destroy them too", len(live), strings.Join(live, ", "))
 	}
-	// --force: the live Trials go first (processes killed, cgroups and
-	// namespaces removed), so that none is left with one layer only.
+	// Records of Trials whose cgroup is already gone go too.
+	if records, _ := filepath.Glob(filepath.Join(cfg.StateDir, "*.json")); cfg.StateDir != "" {
+		for _, r := range records {
+			if id := strings.TrimSuffix(filepath.Base(r), ".json"); !slices.Contains(live, id) {
+				live = append(live, id)
+			}
+		}
+	}
+	// The eBPF layer is being removed: a Host without it tears down the
+	// rest, and the pins below take the policy entries with them.
+	h := &sandbox.Host{Parent: parent, NetnsDir: cfg.NetnsDir, StateDir: cfg.StateDir}
 	var errs []error
 	for _, id := range live {
-		errs = append(errs, sandbox.Teardown(parent, cfg.NetnsDir, id))
+		errs = append(errs, h.Remove(id))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("uninstall: %w", err)

@@ -23,7 +23,7 @@ func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	tr, err := h.Create(sandbox.Spec{ID: "live", UnixOpen: true})
+	tr, err := h.Create(sandbox.Spec{ID: "live", UnixOpen: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 	if _, err := os.Stat(cfg.PinDir); err != nil {
 		t.Fatal("the refused uninstall removed the pins")
 	}
-	if err := tr.Close(); err != nil {
+	if _, err := tr.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if err := Uninstall(cfg, false); err != nil {
@@ -55,7 +55,7 @@ func TestPrivilegedUninstallForceDestroysTrials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := h.Create(sandbox.Spec{ID: "forced", UnixOpen: true})
+	tr, err := h.Create(sandbox.Spec{ID: "forced", UnixOpen: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +93,7 @@ func isolatedHost(t *testing.T) Config {
 		Parent:   filepath.Join(mount, "trialnet-agenttest-"+suffix),
 		PinDir:   bpf.DefaultPinDir + "-agenttest-" + suffix,
 		NetnsDir: t.TempDir(),
+		StateDir: t.TempDir(),
 	}
 	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
 		t.Fatal(err)

@@ -82,7 +82,7 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	if n := a.host.BPF.TrialCount(); n != 0 {
 		t.Errorf("%d policy entries left", n)
 	}
-	if entries, _ := os.ReadDir(a.cfg.StateDir); len(entries) != 0 {
+	if entries, _ := os.ReadDir(a.cfg.Host.StateDir); len(entries) != 0 {
 		t.Errorf("state files left: %d", len(entries))
 	}
 }

@@ -190,7 +190,7 @@ func TestPrivilegedReadoptCleansUp(t *testing.T) {
 	if err := os.Remove(gone.Cgroup); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(cfg.StateDir, "agt-half.json"), []byte(`{"phase":"creating","id":"agt-half"}`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(cfg.Host.StateDir, "agt-half.json"), []byte(`{"phase":"creating","id":"agt-half"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	b := startAgent(t, cfg)
@@ -205,7 +205,7 @@ func TestPrivilegedReadoptCleansUp(t *testing.T) {
 		t.Fatal("the vanished Trial's policy entry is still there")
 	}
 	for _, id := range []string{"agt-gone", "agt-half"} {
-		if _, err := os.Stat(filepath.Join(cfg.StateDir, id+".json")); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(cfg.Host.StateDir, id+".json")); !os.IsNotExist(err) {
 			t.Fatalf("state of %s left: %v", id, err)
 		}
 	}

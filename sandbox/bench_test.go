@@ -37,11 +37,11 @@ func BenchmarkTrialCreateDestroy(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				start := time.Now()
-				tr, err := h.Create(Spec{ID: "bench-" + strconv.Itoa(i), UnixOpen: true})
+				tr, err := h.Create(Spec{ID: "bench-" + strconv.Itoa(i), UnixOpen: true}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := tr.Close(); err != nil {
+				if _, err := tr.Close(); err != nil {
 					b.Fatal(err)
 				}
 				ds = append(ds, time.Since(start))

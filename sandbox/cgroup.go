@@ -83,41 +83,6 @@ func killCgroup(dir string, wait time.Duration) error {
 	}
 }
 
-// stopCgroup kills every process in a cgroup that lives on. It does not
-// use cgroup.kill: on this kernel a process later cloned into a cgroup that
-// was once killed that way (CLONE_INTO_CGROUP) is SIGKILLed at birth. The
-// freezer stops forking while each member gets SIGKILL.
-func stopCgroup(dir string, wait time.Duration) error {
-	freeze := filepath.Join(dir, "cgroup.freeze")
-	if err := os.WriteFile(freeze, []byte("1"), 0); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		return fmt.Errorf("freeze cgroup %s: %w", dir, err)
-	}
-	defer os.WriteFile(freeze, []byte("0"), 0)
-	deadline := time.Now().Add(wait)
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-		if err != nil {
-			return fmt.Errorf("list cgroup %s: %w", dir, err)
-		}
-		pids := strings.Fields(string(b))
-		if len(pids) == 0 {
-			return nil
-		}
-		for _, p := range pids {
-			if pid, err := strconv.Atoi(p); err == nil {
-				_ = unix.Kill(pid, unix.SIGKILL)
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("cgroup %s still has processes %v after SIGKILL", dir, wait)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func cgroupPopulated(dir string) (bool, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
 	if errors.Is(err, os.ErrNotExist) {

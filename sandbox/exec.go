@@ -117,17 +117,6 @@ func (p *Process) Wait() (int, error) {
 	return ws.ExitStatus(), nil
 }
 
-// waitExited blocks until the command has exited, leaving it unreaped.
-func (p *Process) waitExited() error {
-	var info unix.Siginfo
-	for {
-		err := unix.Waitid(unix.P_PID, p.Pid(), &info, unix.WEXITED|unix.WNOWAIT, nil)
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
-}
-
 // Start launches c inside the Trial: cloned straight into the Trial's
 // cgroup, forked from a thread that joined the network, PID and mount
 // namespaces of the Trial's init, in a session of its own, so the process
@@ -198,43 +187,13 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	return p, nil
 }
 
-// ErrTimeout means the Trial's deadline passed and its processes were killed.
-var ErrTimeout = errors.New("timed out; every process in the Trial was killed")
-
-// Run starts c, forwards each signal from sigs to it, kills everything in
-// the Trial when ctx ends, and once the command exits kills whatever it
-// left running. It returns the command's exit code.
-func (t *Trial) Run(ctx context.Context, c Command, sigs <-chan os.Signal) (int, error) {
-	p, err := t.Start(c)
-	if err != nil {
-		return -1, err
-	}
-	var killErr error
-	stop := relaySignals(ctx, p, sigs, func() { killErr = t.Kill() })
-	// Learn that the command exited without reaping it, kill what it left
-	// behind (a background child may hold its stdout open, which would
-	// keep Wait copying forever), then reap.
-	exitErr := p.waitExited()
-	stop()
-	kerr := t.Kill()
-	code, err := p.Wait()
-	err = errors.Join(exitErr, err, kerr)
-	if ctx.Err() != nil {
-		cause := ctx.Err()
-		if errors.Is(cause, context.DeadlineExceeded) {
-			cause = ErrTimeout
-		}
-		err = errors.Join(cause, killErr, err)
-	}
-	return code, err
-}
-
-// Exec starts c in a long-lived Trial and waits for it, forwarding each
-// signal from sigs. Unlike Run it leaves the Trial's other processes
-// alone (several commands may share a Trial); when ctx ends only this
-// command is killed. It returns the command's exit code. Give it *os.File
-// stdio when the command may leave children behind: with other writers
-// Wait copies until every holder of the pipe has closed it.
+// Exec starts c in the Trial and waits for it, forwarding each signal
+// from sigs to its process group. It leaves the Trial's other processes
+// alone (several commands may share a Trial, and what a command leaves
+// running ends with the Trial's Close); when ctx ends the command's
+// process group is killed. It returns the command's exit code. Give it
+// *os.File stdio when the command may leave children behind: with other
+// writers Wait copies until every holder of the pipe has closed it.
 func (t *Trial) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (int, error) {
 	p, err := t.Start(c)
 	if err != nil {

@@ -1,16 +1,22 @@
 //go:build linux
 
-// Package sandbox makes one Trial a unit: its cgroup, network namespace and
-// policy entry, created all-or-nothing and closed completely, and launches
-// processes into it.
+// Package sandbox makes one Trial a unit: its cgroup, namespaces, policy
+// entry, proxy endpoint and record, created all-or-nothing and ended by
+// one teardown, and the one launch path of processes into it.
 package sandbox
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/trialnet/trialnet/bpf"
@@ -38,11 +44,30 @@ func EnsureParent() (string, error) {
 }
 
 // Host is what Trials are made from: the parent cgroup that carries the
-// programs, where namespaces are mounted, and the loaded eBPF objects.
+// programs, where namespaces are mounted, the loaded eBPF objects, where
+// Trials' records live and who serves their proxy endpoints.
 type Host struct {
 	Parent   string // parent cgroup directory
 	NetnsDir string // empty: netns.DefaultDir
 	BPF      *bpf.Loader
+	// StateDir holds one record per Trial, written before anything of it
+	// is made, so that a later process can adopt or remove it (Adopt).
+	// Empty: no records, for a host whose Trials die with it.
+	StateDir string
+	// Endpoint serves the Trials' proxy endpoints; nil: none are opened.
+	Endpoint Endpoint
+	Logger   *slog.Logger // nil: discard
+}
+
+// Endpoint serves Trials' proxy endpoints. The sandbox opens each Trial's
+// listening sockets inside its network namespace; the Endpoint serves
+// them from its own. This is all the sandbox knows of the proxy.
+type Endpoint interface {
+	// Serve takes lns, Trial id's listeners, and serves them until Stop.
+	Serve(id string, lns []net.Listener) error
+	// Stop ends serving Trial id: when it returns, its listeners and every
+	// connection of it are closed. An id not served is not an error.
+	Stop(id string)
 }
 
 func (h *Host) netnsDir() string {
@@ -52,39 +77,78 @@ func (h *Host) netnsDir() string {
 	return h.NetnsDir
 }
 
-// Spec is what a Trial may reach.
-type Spec struct {
-	ID string
-	// Strict allows only the Proxy endpoints instead of all of loopback.
-	Strict bool
-	// Proxy are the proxy endpoints on the Trial's loopback.
-	Proxy []netip.AddrPort
-	// UnixPaths are the pathname unix sockets the Trial may use.
-	UnixPaths []string
-	// UnixOpen opts out of unix socket confinement.
-	UnixOpen bool
+func (h *Host) log() *slog.Logger {
+	if h.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return h.Logger
 }
 
-// Trial is one live Trial.
+// Spec is what a Trial may reach.
+type Spec struct {
+	ID string `json:"id"`
+	// Strict allows only the Proxy endpoints instead of all of loopback.
+	Strict bool `json:"strict,omitempty"`
+	// Proxy are the proxy endpoints on the Trial's loopback; the Host's
+	// Endpoint serves them.
+	Proxy []netip.AddrPort `json:"proxy,omitempty"`
+	// UnixPaths are the pathname unix sockets the Trial may use.
+	UnixPaths []string `json:"unix_paths,omitempty"`
+	// UnixOpen opts out of unix socket confinement.
+	UnixOpen bool `json:"unix_open,omitempty"`
+}
+
+// Trial is one live Trial. It owns everything it is (cgroup, network,
+// PID and mount namespaces, policy entry, proxy endpoint, record) and is
+// ended by Close alone.
 type Trial struct {
 	ID       string
 	Cgroup   string
 	CgroupID uint64
 	Netns    *netns.Namespace
-	host     *Host
+	Spec     Spec
+	// Meta is the creator's own description, kept in the record.
+	Meta json.RawMessage
+	host *Host
+
+	closeOnce sync.Once
+	final     bpf.Counters
+	closeErr  error
 }
 
 // ErrExists is wrapped by Create when a Trial's cgroup already exists.
 var ErrExists = errors.New("already exists")
 
-// Create makes the Trial's cgroup, network namespace and policy entry. It
-// is all-or-nothing: on error nothing is left behind.
-func (h *Host) Create(spec Spec) (_ *Trial, err error) {
+// Record is a Trial's state on disk.
+type Record struct {
+	Phase string `json:"phase"` // PhaseCreating, then PhaseLive
+	Spec
+	Cgroup   string          `json:"cgroup,omitempty"`
+	CgroupID uint64          `json:"cgroup_id,omitempty"`
+	Netns    string          `json:"netns,omitempty"`
+	Meta     json.RawMessage `json:"meta,omitempty"`
+}
+
+// Record phases.
+const (
+	PhaseCreating = "creating" // written before anything is made
+	PhaseLive     = "live"     // written once the Trial is whole
+)
+
+// Create makes the Trial: its record (write-ahead), cgroup, network
+// namespace, policy entry (the last kernel step: until then the cgroup is
+// denied everything) and proxy endpoint. It is all-or-nothing: on error
+// nothing is left behind. meta is kept in the record for Adopt.
+func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
 	if err := netns.ValidID(spec.ID); err != nil {
 		return nil, err
 	}
-	t := &Trial{ID: spec.ID, Cgroup: filepath.Join(h.Parent, spec.ID), host: h}
+	t := &Trial{ID: spec.ID, Cgroup: filepath.Join(h.Parent, spec.ID), Spec: spec, Meta: meta, host: h}
+	if err := t.writeRecord(PhaseCreating, true); err != nil {
+		return nil, err
+	}
 	if err := os.Mkdir(t.Cgroup, 0o755); err != nil {
+		t.removeRecord()
 		if errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("create Trial %s: cgroup %s %w (a live Trial has this id, or a crashed one left it)", spec.ID, t.Cgroup, ErrExists)
 		}
@@ -92,7 +156,7 @@ func (h *Host) Create(spec Spec) (_ *Trial, err error) {
 	}
 	defer func() {
 		if err != nil {
-			_ = removeCgroup(t.Cgroup)
+			_, _ = t.Close()
 		}
 	}()
 	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
@@ -101,11 +165,6 @@ func (h *Host) Create(spec Spec) (_ *Trial, err error) {
 	if t.Netns, err = netns.Create(h.netnsDir(), spec.ID); err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
-	defer func() {
-		if err != nil {
-			_ = t.Netns.Delete()
-		}
-	}()
 	err = h.BPF.AddTrial(t.CgroupID, bpf.Policy{
 		NetnsCookie: t.Netns.Cookie,
 		Strict:      spec.Strict,
@@ -116,7 +175,43 @@ func (h *Host) Create(spec Spec) (_ *Trial, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
+	if err := t.serve(); err != nil {
+		return nil, err
+	}
+	if err := t.writeRecord(PhaseLive, false); err != nil {
+		return nil, err
+	}
 	return t, nil
+}
+
+// serve opens the proxy endpoint's listeners inside the Trial's namespace
+// and hands them to the Host's Endpoint.
+func (t *Trial) serve() error {
+	ep := t.host.Endpoint
+	if ep == nil || len(t.Spec.Proxy) == 0 {
+		return nil
+	}
+	var lns []net.Listener
+	for i, ap := range t.Spec.Proxy {
+		ln, err := t.Netns.Listen(context.Background(), "tcp", ap.String())
+		if err != nil {
+			if i > 0 && ap.Addr().Is6() {
+				// No IPv6 on this kernel's loopback: the IPv4 endpoint,
+				// which HTTPS_PROXY names, is enough.
+				t.host.log().Warn("no IPv6 proxy endpoint", "trial", t.ID, "error", err)
+				continue
+			}
+			for _, l := range lns {
+				_ = l.Close()
+			}
+			return fmt.Errorf("proxy endpoint of Trial %s: %w", t.ID, err)
+		}
+		lns = append(lns, ln)
+	}
+	if err := ep.Serve(t.ID, lns); err != nil {
+		return fmt.Errorf("serve the proxy endpoint of Trial %s: %w", t.ID, err)
+	}
+	return nil
 }
 
 // Counters reads the Trial's kernel counters.
@@ -124,82 +219,197 @@ func (t *Trial) Counters() (bpf.Counters, error) {
 	return t.host.BPF.Counters(t.CgroupID)
 }
 
-// Kill ends every process in the Trial and waits until they are gone; the
-// Trial stays usable for further commands.
-func (t *Trial) Kill() error {
-	return stopCgroup(t.Cgroup, killWait)
+// Close is the Trial's one teardown. In this order: the proxy endpoint
+// stops (no new connection can reach a namespace that is going away),
+// every process is killed, the final counters are read, and the cgroup,
+// policy entry, namespace and record are removed. It tries every step
+// even when one fails, and whatever is already gone is not an error, so
+// it also removes a half-made Trial. It returns the final counters; a
+// second Close returns what the first did.
+func (t *Trial) Close() (bpf.Counters, error) {
+	t.closeOnce.Do(func() { t.final, t.closeErr = t.teardown() })
+	return t.final, t.closeErr
 }
 
-// Close kills everything in the Trial and removes its cgroup, policy entry
-// and namespace. It tries every step even when one fails.
-func (t *Trial) Close() error {
+func (t *Trial) teardown() (bpf.Counters, error) {
 	var errs []error
+	if t.host.Endpoint != nil {
+		t.host.Endpoint.Stop(t.ID)
+	}
 	// cgroup.kill is safe here: the cgroup is removed right after.
 	if err := killCgroup(t.Cgroup, killWait); err != nil {
 		errs = append(errs, err)
 	}
+	var final bpf.Counters
+	if t.host.BPF != nil && t.CgroupID != 0 {
+		var err error
+		if final, err = t.host.BPF.Counters(t.CgroupID); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := removeCgroup(t.Cgroup); err != nil {
 		errs = append(errs, err)
 	}
-	if err := t.host.BPF.RemoveTrial(t.CgroupID); err != nil {
+	if t.host.BPF != nil && t.CgroupID != 0 {
+		if err := t.host.BPF.RemoveTrial(t.CgroupID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := netns.Delete(t.host.netnsDir(), t.ID); err != nil {
 		errs = append(errs, err)
 	}
-	if err := t.Netns.Delete(); err != nil {
-		errs = append(errs, err)
-	}
+	t.removeRecord()
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("close Trial %s: %w", t.ID, err)
+		return final, fmt.Errorf("close Trial %s: %w", t.ID, err)
 	}
-	return nil
+	return final, nil
 }
 
-// Open adopts a Trial that already exists (made by this or an earlier
-// process): its cgroup, namespace and policy entry must all be there.
-func (h *Host) Open(id string) (*Trial, error) {
-	if err := netns.ValidID(id); err != nil {
-		return nil, err
-	}
-	t := &Trial{ID: id, Cgroup: filepath.Join(h.Parent, id), host: h}
-	var err error
-	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
-		return nil, fmt.Errorf("open Trial %s: its cgroup is gone: %w", id, err)
-	}
-	if !h.BPF.HasTrial(t.CgroupID) {
-		return nil, fmt.Errorf("open Trial %s: its cgroup has no policy entry", id)
-	}
-	if t.Netns, err = netns.Open(h.netnsDir(), id); err != nil {
-		return nil, fmt.Errorf("open Trial %s: %w", id, err)
-	}
-	return t, nil
-}
-
-// Remove tears down whatever is left of Trial id (cgroup, policy entry,
-// namespace) when it cannot be opened whole, as after a crash mid-create.
-// What is already gone is not an error.
+// Remove tears down whatever is left of Trial id (processes, cgroup,
+// policy entry, namespace, record) when it cannot be opened whole, as
+// after a crash mid-create, or when the eBPF layer itself is going (a Host
+// without BPF). What is already gone is not an error.
 func (h *Host) Remove(id string) error {
 	if err := netns.ValidID(id); err != nil {
 		return err
 	}
-	var errs []error
-	dir := filepath.Join(h.Parent, id)
-	if cgid, err := bpf.CgroupID(dir); err == nil {
-		if err := killCgroup(dir, killWait); err != nil {
-			errs = append(errs, err)
-		}
-		if err := removeCgroup(dir); err != nil {
-			errs = append(errs, err)
-		}
-		if err := h.BPF.RemoveTrial(cgid); err != nil {
-			errs = append(errs, err)
-		}
+	t := &Trial{ID: id, Cgroup: filepath.Join(h.Parent, id), host: h}
+	if rec, err := h.readRecord(id); err == nil && rec.CgroupID != 0 {
+		// The cgroup may be gone already; its policy entry is not.
+		t.CgroupID = rec.CgroupID
 	}
-	if err := netns.Delete(h.netnsDir(), id); err != nil {
-		errs = append(errs, err)
+	if cgid, err := bpf.CgroupID(t.Cgroup); err == nil {
+		if t.CgroupID != 0 && t.CgroupID != cgid && h.BPF != nil {
+			_ = h.BPF.RemoveTrial(t.CgroupID)
+		}
+		t.CgroupID = cgid
 	}
-	if err := errors.Join(errs...); err != nil {
+	_, err := t.Close()
+	if err != nil {
 		return fmt.Errorf("remove Trial %s: %w", id, err)
 	}
 	return nil
+}
+
+// Adopt takes over the Trials recorded in StateDir by an earlier process:
+// each live one whose cgroup, namespace and policy entry are all there is
+// opened, passed to prepare (which readies what serving it needs) and
+// served again; enforcement never lapsed, as it is pinned. Every other
+// recorded Trial (half-made, broken, refused by prepare) is removed.
+func (h *Host) Adopt(prepare func(*Trial) error) []*Trial {
+	if h.StateDir == "" {
+		return nil
+	}
+	files, _ := filepath.Glob(filepath.Join(h.StateDir, "*.json"))
+	var out []*Trial
+	for _, f := range files {
+		id := strings.TrimSuffix(filepath.Base(f), ".json")
+		if netns.ValidID(id) != nil {
+			h.log().Error("a state file with no valid Trial id; removing it", "file", f)
+			_ = os.Remove(f)
+			continue
+		}
+		t, err := h.open(id, prepare)
+		if err != nil {
+			h.log().Warn("trial not re-adopted; removing what is left of it", "trial", id, "reason", err)
+			if rerr := h.Remove(id); rerr != nil {
+				h.log().Error("remove leftover trial", "trial", id, "error", rerr)
+			}
+			continue
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+func (h *Host) open(id string, prepare func(*Trial) error) (*Trial, error) {
+	rec, err := h.readRecord(id)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Phase != PhaseLive {
+		return nil, errors.New("it was being created when the previous agent stopped")
+	}
+	t := &Trial{ID: id, Cgroup: filepath.Join(h.Parent, id), Spec: rec.Spec, Meta: rec.Meta, host: h}
+	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
+		return nil, fmt.Errorf("its cgroup is gone: %w", err)
+	}
+	if t.CgroupID != rec.CgroupID {
+		return nil, fmt.Errorf("its cgroup was made again (id %d, recorded %d)", t.CgroupID, rec.CgroupID)
+	}
+	if !h.BPF.HasTrial(t.CgroupID) {
+		return nil, errors.New("its cgroup has no policy entry")
+	}
+	if t.Netns, err = netns.Open(h.netnsDir(), id); err != nil {
+		return nil, err
+	}
+	if err := prepare(t); err != nil {
+		return nil, err
+	}
+	if err := t.serve(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (h *Host) recordPath(id string) string { return filepath.Join(h.StateDir, id+".json") }
+
+func (h *Host) readRecord(id string) (Record, error) {
+	var rec Record
+	if h.StateDir == "" {
+		return rec, errors.New("no state directory")
+	}
+	b, err := os.ReadFile(h.recordPath(id))
+	if err == nil {
+		err = json.Unmarshal(b, &rec)
+	}
+	if err == nil && rec.ID != id {
+		err = fmt.Errorf("the record names Trial %q", rec.ID)
+	}
+	if err != nil {
+		return rec, fmt.Errorf("unreadable state record: %w", err)
+	}
+	return rec, nil
+}
+
+// writeRecord replaces the record atomically; first refuses an id that
+// already has one.
+func (t *Trial) writeRecord(phase string, first bool) error {
+	h := t.host
+	if h.StateDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(h.StateDir, 0o700); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	path := h.recordPath(t.ID)
+	if first {
+		if _, err := os.Lstat(path); err == nil {
+			return fmt.Errorf("create Trial %s: a state record %s %w (a live Trial has this id, or a crashed one left it)", t.ID, path, ErrExists)
+		}
+	}
+	rec := Record{Phase: phase, Spec: t.Spec, Cgroup: t.Cgroup, CgroupID: t.CgroupID, Meta: t.Meta}
+	if t.Netns != nil {
+		rec.Netns = t.Netns.Path
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write state record: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write state record: %w", err)
+	}
+	return nil
+}
+
+func (t *Trial) removeRecord() {
+	if t.host.StateDir != "" {
+		_ = os.Remove(t.host.recordPath(t.ID))
+	}
 }
 
 // Attach returns a handle for launching processes into an existing Trial
@@ -218,26 +428,4 @@ func Attach(id, cgroup, netnsPath string) (*Trial, error) {
 		return nil, fmt.Errorf("attach to Trial %s: %w", id, err)
 	}
 	return &Trial{ID: id, Cgroup: cgroup, CgroupID: cgid, Netns: ns}, nil
-}
-
-// Teardown kills everything in Trial id's cgroup below parent, removes
-// the cgroup and deletes its namespace from netnsDir ("" : the default),
-// without touching eBPF: for when the eBPF layer itself is being removed.
-func Teardown(parent, netnsDir, id string) error {
-	if err := netns.ValidID(id); err != nil {
-		return err
-	}
-	if netnsDir == "" {
-		netnsDir = netns.DefaultDir
-	}
-	dir := filepath.Join(parent, id)
-	var errs []error
-	if _, err := os.Stat(dir); err == nil {
-		errs = append(errs, killCgroup(dir, killWait), removeCgroup(dir))
-	}
-	errs = append(errs, netns.Delete(netnsDir, id))
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("tear down Trial %s: %w", id, err)
-	}
-	return nil
 }

@@ -87,12 +87,12 @@ func newTrial(t testing.TB, h *Host, spec Spec) *Trial {
 	if spec.ID == "" {
 		spec.ID = "t-" + randSuffix()
 	}
-	tr, err := h.Create(spec)
+	tr, err := h.Create(spec, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := tr.Close(); err != nil {
+		if _, err := tr.Close(); err != nil {
 			t.Error(err)
 		}
 	})
@@ -292,9 +292,8 @@ func selfNetns() string {
 // hostNetnsTrial is tr with its processes started in the test's own
 // (host) namespace: only the eBPF layer stands between them and the world.
 func hostNetnsTrial(tr *Trial) *Trial {
-	c := *tr
-	c.Netns = &netns.Namespace{ID: "host", Path: selfNetns()}
-	return &c
+	return &Trial{ID: tr.ID, Cgroup: tr.Cgroup, CgroupID: tr.CgroupID, Spec: tr.Spec, host: tr.host,
+		Netns: &netns.Namespace{ID: "host", Path: selfNetns()}}
 }
 
 func TestPrivilegedEBPFAloneRefusesInHostNetns(t *testing.T) {
@@ -496,74 +495,97 @@ func TestPrivilegedStartFailures(t *testing.T) {
 	}
 }
 
-func TestPrivilegedRunKillsEverythingOnTimeout(t *testing.T) {
+func TestPrivilegedExecKillsTheCommandOnTimeout(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{UnixOpen: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 300e6)
 	defer cancel()
-	// The shell backgrounds a sleeper that ignores SIGTERM and then waits.
-	code, err := tr.Run(ctx, Command{
+	// The shell backgrounds a sleeper that ignores SIGTERM and then waits:
+	// both are in the command's process group.
+	code, err := tr.Exec(ctx, Command{
 		Args: []string{"sh", "-c", "trap '' TERM; sleep 60 & sleep 60"},
 		Env:  []string{"PATH=/usr/bin:/bin"},
 	}, nil)
-	if !errors.Is(err, ErrTimeout) {
-		t.Fatalf("Run: code %d, err %v; want ErrTimeout", code, err)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Exec: code %d, err %v; want the deadline", code, err)
 	}
-	if populated, _ := cgroupPopulated(tr.Cgroup); populated {
-		t.Fatal("processes survived the timeout")
-	}
+	waitNoProcs(t, tr)
 }
 
-func TestPrivilegedRunForwardsSignalsAndReportsCrashes(t *testing.T) {
+// waitNoProcs waits, bounded, until the Trial has no process but its init.
+func waitNoProcs(t *testing.T, tr *Trial) {
+	t.Helper()
+	for range 200 {
+		if len(trialProcs(t, tr)) == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("processes survived: %v", trialProcs(t, tr))
+}
+
+func TestPrivilegedExecForwardsSignalsAndReportsCrashes(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{UnixOpen: true})
 	env := []string{"PATH=/usr/bin:/bin"}
-	code, err := tr.Run(context.Background(), Command{Args: []string{"sh", "-c", "kill -SEGV $$"}, Env: env}, nil)
+	code, err := tr.Exec(context.Background(), Command{Args: []string{"sh", "-c", "kill -SEGV $$"}, Env: env}, nil)
 	if err != nil || code != 128+int(syscall.SIGSEGV) {
 		t.Fatalf("crashing command: code %d, err %v; want 139", code, err)
 	}
 	// The signal is sent once the command says it has set its trap (a
-	// signal racing an execve is turned into SIGKILL by the kernel).
+	// signal racing an execve is turned into SIGKILL by the kernel). It
+	// reaches the whole process group: the child's trap fires too.
 	sigs := make(chan os.Signal, 1)
 	pr, pw := io.Pipe()
+	var out bytes.Buffer
 	go func() {
-		line, _ := bufio.NewReader(pr).ReadString('\n')
-		if line == "ready\n" {
-			sigs <- syscall.SIGTERM
+		br := bufio.NewReader(pr)
+		for range 2 {
+			line, _ := br.ReadString('\n')
+			out.WriteString(line)
 		}
-		_, _ = io.Copy(io.Discard, pr)
+		sigs <- syscall.SIGTERM
+		_, _ = io.Copy(&out, br)
 	}()
-	code, err = tr.Run(context.Background(), Command{Args: []string{"sh", "-c", "trap 'exit 143' TERM; echo ready; while :; do sleep 0.05; done"}, Env: env, Stdout: pw}, sigs)
+	code, err = tr.Exec(context.Background(), Command{Args: []string{"sh", "-c",
+		"sh -c 'trap \"echo child-term; exit 0\" TERM; echo ready; while :; do sleep 0.05; done' & trap 'wait; exit 143' TERM; echo ready; while :; do sleep 0.05; done"},
+		Env: env, Stdout: pw}, sigs)
 	_ = pw.Close()
 	if err != nil || code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("forwarded SIGTERM: code %d, err %v; want 143", code, err)
 	}
-	// A command that leaves a child behind: the child is killed, and the
-	// next command in the same Trial still runs (a cgroup once killed with
-	// cgroup.kill would SIGKILL it at birth on this kernel).
-	code, err = tr.Run(context.Background(), Command{Args: []string{"sh", "-c", "sleep 30 & exit 4"}, Env: env}, nil)
+	time.Sleep(50 * time.Millisecond)
+	if !strings.Contains(out.String(), "child-term") {
+		t.Errorf("SIGTERM did not reach the command's child: %q", out.String())
+	}
+	// A command that leaves a child behind: the child stays until the
+	// Trial ends, and the next command in the same Trial still runs.
+	code, err = tr.Exec(context.Background(), Command{Args: []string{"sh", "-c", "sleep 30 & exit 4"}, Env: env}, nil)
 	if err != nil || code != 4 {
 		t.Fatalf("leftover child: code %d, err %v; want 4", code, err)
 	}
-	if populated, _ := cgroupPopulated(tr.Cgroup); populated {
-		t.Fatal("processes left in the Trial")
-	}
-	if code, err = tr.Run(context.Background(), Command{Args: []string{"sh", "-c", "exit 5"}, Env: env}, nil); err != nil || code != 5 {
+	if code, err = tr.Exec(context.Background(), Command{Args: []string{"sh", "-c", "exit 5"}, Env: env}, nil); err != nil || code != 5 {
 		t.Fatalf("next command in the same Trial: code %d, err %v; want 5", code, err)
+	}
+	if _, err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tr.Cgroup); !os.IsNotExist(err) {
+		t.Fatal("the Trial's cgroup, with the leftover child, survived Close")
 	}
 }
 
 func TestPrivilegedCreateIsAllOrNothing(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{ID: "dup", UnixOpen: true})
-	if _, err := h.Create(Spec{ID: "dup", UnixOpen: true}); err == nil {
+	if _, err := h.Create(Spec{ID: "dup", UnixOpen: true}, nil); err == nil {
 		t.Fatal("a second Trial with the same id was created")
 	}
 	if !h.BPF.HasTrial(tr.CgroupID) {
 		t.Fatal("the failed duplicate create removed the live Trial's policy")
 	}
 	// A bad policy fails after the cgroup and netns exist: both must go.
-	_, err := h.Create(Spec{ID: "badpolicy", Strict: true, UnixOpen: true})
+	_, err := h.Create(Spec{ID: "badpolicy", Strict: true, UnixOpen: true}, nil)
 	if err == nil {
 		t.Fatal("strict mode without a proxy was accepted")
 	}
@@ -573,7 +595,7 @@ func TestPrivilegedCreateIsAllOrNothing(t *testing.T) {
 	if ids, _ := netns.List(h.NetnsDir); len(ids) != 1 {
 		t.Fatalf("failed create left namespaces: %v", ids)
 	}
-	if _, err := h.Create(Spec{ID: "../escape", UnixOpen: true}); err == nil {
+	if _, err := h.Create(Spec{ID: "../escape", UnixOpen: true}, nil); err == nil {
 		t.Fatal("a path-like id was accepted")
 	}
 }
@@ -582,15 +604,15 @@ func TestPrivilegedNoLeaks(t *testing.T) {
 	h := newHost(t)
 	fdsBefore := countFDs(t)
 	for i := range 50 {
-		tr, err := h.Create(Spec{ID: fmt.Sprintf("leak-%d", i), UnixPaths: []string{"/run/x.sock"}})
+		tr, err := h.Create(Spec{ID: fmt.Sprintf("leak-%d", i), UnixPaths: []string{"/run/x.sock"}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = tr.Close() })
+		t.Cleanup(func() { _, _ = tr.Close() })
 		if code, out := runProbe(t, tr, "udp-sendto", "127.0.0.1:9"); code != probeOK {
 			t.Fatalf("probe %d: %d %s", i, code, out)
 		}
-		if err := tr.Close(); err != nil {
+		if _, err := tr.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,8 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"slices"
@@ -20,8 +18,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -69,53 +67,31 @@ func cmdAgent(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, false, exitUsage, err)
 	}
 	cfg := agent.AgentConfig{
-		Host:       agent.Config{PinDir: file.Paths.PinDir, NetnsDir: file.Paths.NetnsDir, Parent: file.Paths.CgroupParent},
-		StateDir:   or(file.Paths.StateDir, agent.DefaultStateDir),
+		Host:       hostConfig(file),
 		DataDir:    or(file.Paths.DataDir, agent.DefaultDataDir),
 		File:       file,
 		Resolvers:  cf.resolvers,
 		AllowCIDRs: cidrs,
 		Logger:     log,
 	}
-	sock := or(*socket, or(file.Paths.Socket, agent.DefaultSocket))
-	ln, err := agent.ListenSocket(sock)
-	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, err)
-	}
-	defer os.Remove(sock)
-	a, err := agent.Start(cfg)
-	if err != nil {
-		_ = ln.Close()
-		return fail(stdout, stderr, false, exitFailure, err)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	var msrv *http.Server
-	if *metricsAddr != "" {
-		mln, err := net.Listen("tcp", *metricsAddr)
-		if err != nil {
-			_ = srv.Close()
-			a.Close(false)
-			return fail(stdout, stderr, false, exitFailure, fmt.Errorf("agent: metrics: %w", err))
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry(), promhttp.HandlerOpts{}))
-		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = msrv.Serve(mln) }()
+	err = agent.Serve(ctx, agent.ServeConfig{
+		AgentConfig:    cfg,
+		Socket:         or(*socket, file.Paths.Socket),
+		MetricsAddr:    *metricsAddr,
+		TeardownOnExit: *teardown,
+	})
+	if err != nil {
+		return fail(stdout, stderr, false, exitFailure, err)
 	}
-	log.Info("trialnet agent ready", "socket", sock, "trials", len(a.List()), "metrics", *metricsAddr)
-	<-ctx.Done()
-	log.Info("trialnet agent stopping", "teardown", *teardown)
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(shutdown)
-	if msrv != nil {
-		_ = msrv.Shutdown(shutdown)
-	}
-	a.Close(*teardown)
 	return exitOK
+}
+
+// hostConfig is where the config file puts the host's pieces.
+func hostConfig(file *proxy.File) agent.Config {
+	return agent.Config{PinDir: file.Paths.PinDir, NetnsDir: file.Paths.NetnsDir, Parent: file.Paths.CgroupParent,
+		StateDir: or(file.Paths.StateDir, agent.DefaultStateDir)}
 }
 
 func or(a, b string) string {

@@ -4,7 +4,9 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/sandbox"
 )
 
 func TestNoAgentSaysHowToStartOne(t *testing.T) {
@@ -30,7 +33,7 @@ func TestNoAgentSaysHowToStartOne(t *testing.T) {
 func TestPrivilegedCLIWithAgent(t *testing.T) {
 	privtest.Require(t)
 	dir := t.TempDir()
-	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "cli"), StateDir: filepath.Join(dir, "state"), DataDir: filepath.Join(dir, "data"), Resolvers: []string{"127.0.0.1:9"}})
+	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "cli"), DataDir: filepath.Join(dir, "data"), Resolvers: []string{"127.0.0.1:9"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,5 +90,37 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	}
 	if code, _, errOut := trialnet("destroy", "--socket", sock, "cli-1"); code != exitRefused || !strings.Contains(errOut, "no live Trial") {
 		t.Fatalf("destroy twice: exit %d, %q", code, errOut)
+	}
+}
+
+// uninstall --config removes what lives at the config's paths: its
+// Trials (through the one teardown), records, pins and cgroup parent.
+func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
+	privtest.Require(t)
+	hc := testenv.IsolatedHost(t, "uninst")
+	h, err := agent.OpenHost(hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := h.Create(sandbox.Spec{ID: "u1", UnixOpen: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = h.Close()
+	cfg := filepath.Join(t.TempDir(), "trialnet.yaml")
+	yaml := fmt.Sprintf("paths:\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n  state_dir: %s\n", hc.PinDir, hc.NetnsDir, hc.Parent, hc.StateDir)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := trialnet("uninstall", "--config", cfg); code != exitFailure || !strings.Contains(errOut, "u1") {
+		t.Fatalf("uninstall with a live Trial: exit %d %q; want a refusal naming it", code, errOut)
+	}
+	if code, out, errOut := trialnet("uninstall", "--config", cfg, "--force"); code != exitOK || !strings.Contains(out, hc.PinDir) {
+		t.Fatalf("uninstall --force: exit %d %q %q", code, out, errOut)
+	}
+	for _, p := range []string{hc.PinDir, hc.Parent, tr.Cgroup, tr.Netns.Path, filepath.Join(hc.StateDir, "u1.json")} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left after uninstall --force --config", p)
+		}
 	}
 }

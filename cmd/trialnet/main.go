@@ -19,6 +19,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -166,15 +167,25 @@ func cmdDoctor(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdUninstall(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("uninstall", "uninstall [--force]", "sudo trialnet uninstall", stderr)
+	fs := newFlags("uninstall", "uninstall [--config F] [--force]", "sudo trialnet uninstall --config /etc/trialnet/trialnet.yaml --force", stderr)
+	config := fs.String("config", "", "the agent's YAML config file, whose paths: (cgroup parent, pins, namespaces, state) are the ones to remove")
 	force := fs.Bool("force", false, "uninstall even while Trials are live, destroying them first (their processes are killed)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	if err := agent.Uninstall(agent.Config{}, *force); err != nil {
+	file := &proxy.File{}
+	if *config != "" {
+		f, err := proxy.LoadFile(*config)
+		if err != nil {
+			return fail(stdout, stderr, false, exitUsage, err)
+		}
+		file = f
+	}
+	cfg := hostConfig(file)
+	if err := agent.Uninstall(cfg, *force); err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}
-	fmt.Fprintf(stdout, "removed trialnet's pins from %s; its eBPF programs are detached\n", bpf.DefaultPinDir)
+	fmt.Fprintf(stdout, "removed trialnet's pins from %s; its eBPF programs are detached\n", or(cfg.PinDir, bpf.DefaultPinDir))
 	return exitOK
 }
 

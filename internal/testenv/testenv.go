@@ -41,6 +41,7 @@ func IsolatedHost(t testing.TB, name string) agent.Config {
 		Parent:   filepath.Join(mount, "trialnet-"+name+"-"+s),
 		PinDir:   bpf.DefaultPinDir + "-" + name + "-" + s,
 		NetnsDir: t.TempDir(),
+		StateDir: t.TempDir(),
 	}
 	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
 		t.Fatal(err)

@@ -293,7 +293,7 @@ func deniedTotal(k map[string]uint64) uint64 {
 func TestPrivilegedEscapeTrial(t *testing.T) {
 	privtest.Require(t)
 	c := newCanaries(t, 231)
-	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "escape"), StateDir: t.TempDir(), DataDir: t.TempDir()})
+	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "escape"), DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,7 +78,7 @@ func setup(b *testing.B) *env {
 	b.Cleanup(stopDNS)
 	e.dns = dnsAddr
 	a, err := agent.Start(agent.AgentConfig{
-		Host: testenv.IsolatedHost(b, "sysbench"), StateDir: b.TempDir(), DataDir: b.TempDir(),
+		Host: testenv.IsolatedHost(b, "sysbench"), DataDir: b.TempDir(),
 		Resolvers: []string{e.dns}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
 		File: &proxy.File{Limits: proxy.Limits{ConnectRate: 1e6, ConnectBurst: 1 << 20}},
 	})

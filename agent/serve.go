@@ -1,0 +1,75 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// ServeConfig is the daemon: an agent, where its control API listens,
+// where its metrics are served and what happens to Trials when it stops.
+type ServeConfig struct {
+	AgentConfig
+	Socket      string // control socket; empty: DefaultSocket
+	MetricsAddr string // Prometheus metrics on this address; empty: none
+	// TeardownOnExit destroys every Trial when ctx ends; otherwise they
+	// stay enforced (pinned) for the next agent to re-adopt.
+	TeardownOnExit bool
+}
+
+// Serve runs the daemon until ctx ends. The control socket is taken
+// first, so that a second agent fails before it touches anything.
+func Serve(ctx context.Context, cfg ServeConfig) error {
+	sock := cfg.Socket
+	if sock == "" {
+		sock = DefaultSocket
+	}
+	ln, err := ListenSocket(sock)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(sock)
+	a, err := Start(cfg.AgentConfig)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	var msrv *http.Server
+	if cfg.MetricsAddr != "" {
+		mln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			_ = srv.Close()
+			a.Close(false)
+			return fmt.Errorf("agent: metrics on %s: %w", cfg.MetricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry(), promhttp.HandlerOpts{}))
+		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = msrv.Serve(mln) }()
+	}
+	a.log.Info("trialnet agent ready", "socket", sock, "trials", len(a.List()), "metrics", cfg.MetricsAddr)
+	<-ctx.Done()
+	a.log.Info("trialnet agent stopping", "teardown", cfg.TeardownOnExit)
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = srv.Shutdown(shutdown)
+	if msrv != nil {
+		err = errors.Join(err, msrv.Shutdown(shutdown))
+	}
+	a.Close(cfg.TeardownOnExit)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Clients still connected after 5 s: not a failure of the agent.
+		err = nil
+	}
+	return err
+}
