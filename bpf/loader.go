@@ -105,6 +105,17 @@ func Load(opts Options) (_ *Loader, err error) {
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: pinDir},
 	})
+	if err != nil && lsmErr == nil {
+		// The LSM layer is an addition: where its programs fail to load,
+		// enforce with the cgroup layer and say why.
+		lsmErr = fmt.Errorf("%w: loading the LSM programs: %w", ErrLSMMissing, err)
+		for _, h := range lsmHooks {
+			delete(spec.Programs, h.name)
+		}
+		coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+			Maps: ebpf.MapOptions{PinPath: pinDir},
+		})
+	}
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

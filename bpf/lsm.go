@@ -48,7 +48,12 @@ const securityfsRoot = "/sys/kernel/security"
 // lsm=...,bpf). When that list cannot be read, attaching a probe decides.
 func HaveLSM() error {
 	if err := features.HaveProgramType(ebpf.LSM); err != nil {
-		return fmt.Errorf("%w: no BPF LSM program type (CONFIG_BPF_LSM): %w", ErrLSMMissing, err)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("%w: no BPF LSM program type (CONFIG_BPF_LSM): %w", ErrLSMMissing, err)
+		}
+		// Seen on kernels that cannot build BPF trampolines (fentry
+		// fails the same way) and under lockdown policies.
+		return fmt.Errorf("%w: the kernel refused to load a BPF LSM program: %w", ErrLSMMissing, err)
 	}
 	active, err := activeLSMs()
 	if err != nil {
