@@ -419,11 +419,26 @@ int trialnet_sendmsg_unix(struct bpf_sock_addr *ctx)
 
 /*
  * The BPF LSM layer. LSM verdicts: 0 allows, a negative errno refuses. Each
- * program first passes on an earlier LSM's refusal (the last argument).
+ * program first passes on an earlier BPF LSM program's refusal (the hook's
+ * last argument).
  */
 #define LSM_ALLOW     0
 #define EPERM         1
 #define EAFNOSUPPORT  97
+#define MAX_ERRNO     4095
+
+/*
+ * lsm_prior is the earlier verdict, sign-extended and clamped: the verifier
+ * (6.11+) must see every return inside [-MAX_ERRNO, 0], and a context
+ * argument returned as is has no known range.
+ */
+static __always_inline long lsm_prior(int ret)
+{
+	long r = ret;
+	if (r < -MAX_ERRNO || r > 0)
+		return -EPERM;
+	return r;
+}
 
 #define TIOCSTI   0x5412
 #define TIOCLINUX 0x541C
@@ -542,8 +557,9 @@ SEC("lsm/socket_connect")
 int BPF_PROG(trialnet_lsm_socket_connect, struct socket *sock, struct sockaddr *address,
 	     int addrlen, int ret)
 {
-	if (ret)
-		return ret;
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
 	return foreign_socket_verdict(sock);
 }
 
@@ -551,8 +567,9 @@ SEC("lsm/socket_sendmsg")
 int BPF_PROG(trialnet_lsm_socket_sendmsg, struct socket *sock, struct msghdr *msg, int size,
 	     int ret)
 {
-	if (ret)
-		return ret;
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
 	return foreign_socket_verdict(sock);
 }
 
@@ -579,8 +596,9 @@ SEC("lsm/ptrace_access_check")
 int BPF_PROG(trialnet_lsm_ptrace_access_check, struct task_struct *child, unsigned int mode,
 	     int ret)
 {
-	if (ret)
-		return ret;
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
 	if (!in_scope())
 		return LSM_ALLOW;
 	__u64 cgid = trial_cgroup();
@@ -600,8 +618,9 @@ int BPF_PROG(trialnet_lsm_ptrace_access_check, struct task_struct *child, unsign
 SEC("lsm/socket_create")
 int BPF_PROG(trialnet_lsm_socket_create, int family, int type, int protocol, int kern, int ret)
 {
-	if (ret)
-		return ret;
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
 	if (kern || !in_scope())
 		return LSM_ALLOW;
 	__u64 cgid = trial_cgroup();
@@ -630,8 +649,9 @@ SEC("lsm/file_ioctl")
 int BPF_PROG(trialnet_lsm_file_ioctl, struct file *file, unsigned int cmd, unsigned long arg,
 	     int ret)
 {
-	if (ret)
-		return ret;
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
 	return ioctl_verdict(cmd);
 }
 
@@ -640,8 +660,9 @@ SEC("lsm/file_ioctl_compat")
 int BPF_PROG(trialnet_lsm_file_ioctl_compat, struct file *file, unsigned int cmd,
 	     unsigned long arg, int ret)
 {
-	if (ret)
-		return ret;
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
 	return ioctl_verdict(cmd);
 }
 
@@ -682,16 +703,18 @@ SEC("lsm/unix_stream_connect")
 int BPF_PROG(trialnet_lsm_unix_stream_connect, struct sock *sock, struct sock *other,
 	     struct sock *newsk, int ret)
 {
-	if (ret)
-		return ret;
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
 	return unix_peer_verdict(other);
 }
 
 SEC("lsm/unix_may_send")
 int BPF_PROG(trialnet_lsm_unix_may_send, struct socket *sock, struct socket *other, int ret)
 {
-	if (ret)
-		return ret;
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
 	return unix_peer_verdict(BPF_CORE_READ(other, sk));
 }
 
