@@ -46,7 +46,8 @@ func (c Counters) Map() map[string]uint64 {
 func (c Counters) Denied() uint64 {
 	return c.Connect4Denied + c.Connect6Denied + c.Sendmsg4Denied + c.Sendmsg6Denied +
 		c.UnixConnectDenied + c.UnixSendmsgDenied + c.BindDenied + c.SockCreateDenied +
-		c.EgressOtherPackets
+		c.EgressOtherPackets + c.ForeignSocketDenied + c.PtraceDenied + c.SockFamilyDenied +
+		c.IoctlDenied + c.UnixIdentityDenied
 }
 
 // snake turns bpf2go's Go names back into the C names: Connect4Allowed

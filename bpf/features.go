@@ -57,6 +57,7 @@ func Probe() []Check {
 	add("bpf_skb_ancestor_cgroup_id", true, features.HaveProgramHelper(ebpf.CGroupSKB, asm.FnSkbAncestorCgroupId))
 	add("bounded loops", false, features.HaveBoundedLoops())
 	add("connect_unix/sendmsg_unix hooks (Linux 6.7+)", false, HaveUnixHooks())
+	add("BPF LSM (bpf in the active LSM list)", false, HaveLSM())
 	return checks
 }
 

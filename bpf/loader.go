@@ -31,13 +31,16 @@ type Options struct {
 	PinDir string
 }
 
-// Loader owns the loaded programs, their cgroup links and the maps.
+// Loader owns the loaded programs, their cgroup and LSM links and the maps.
 type Loader struct {
 	coll     *ebpf.Collection
 	policy   *ebpf.Map
 	counters *ebpf.Map
 	unix     *ebpf.Map
-	links    []link.Link
+	unixIDs  *ebpf.Map
+	links    []namedLink // cgroup hooks
+	lsmLinks []namedLink
+	lsmErr   error // why the LSM layer is absent
 	pinDir   string
 	unixHook bool
 }
@@ -62,10 +65,12 @@ var hooks = []hook{
 	{trialnetProgTrialnetSendmsgUnix, ebpf.AttachCgroupUnixSendmsg, true},
 }
 
-// Load loads the programs, adopts or creates the pinned maps, and attaches
-// every program to opts.Cgroup. A pinned link left by an earlier Load (or
-// by an agent that died) is updated in place to the new program, so there
-// is no moment without enforcement.
+// Load loads the programs, adopts or creates the pinned maps, attaches the
+// cgroup programs to opts.Cgroup and, where the kernel runs BPF LSM, the LSM
+// programs (which judge only tasks below opts.Cgroup). A pinned link left
+// by an earlier Load (or by an agent that died) is replaced by the new
+// program without a moment without enforcement. Without BPF LSM, Load
+// succeeds with the cgroup layer alone; LSMError says why.
 func Load(opts Options) (_ *Loader, err error) {
 	pinDir := opts.PinDir
 	if pinDir == "" {
@@ -93,25 +98,24 @@ func Load(opts Options) (_ *Loader, err error) {
 		}
 	}()
 
-	spec, err := loadTrialnet()
+	spec, unixHook, lsmErr, err := loadSpec(level, parentID)
 	if err != nil {
 		return nil, err
 	}
-	if err := spec.Variables[trialnetVarTrialLevel].Set(uint32(level + 1)); err != nil {
-		return nil, fmt.Errorf("set trial_level: %w", err)
-	}
-	unixHook := HaveUnixHooks() == nil
-	if !unixHook {
-		for _, h := range hooks {
-			if h.unix {
-				delete(spec.Programs, h.name)
-			}
-		}
-	}
-
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: pinDir},
 	})
+	if err != nil && lsmErr == nil {
+		// The LSM layer is an addition: where its programs fail to load,
+		// enforce with the cgroup layer and say why.
+		lsmErr = fmt.Errorf("%w: loading the LSM programs: %w", ErrLSMMissing, err)
+		for _, h := range lsmHooks {
+			delete(spec.Programs, h.name)
+		}
+		coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+			Maps: ebpf.MapOptions{PinPath: pinDir},
+		})
+	}
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -127,6 +131,8 @@ func Load(opts Options) (_ *Loader, err error) {
 		policy:   coll.Maps[trialnetMapPolicyMap],
 		counters: coll.Maps[trialnetMapCountersMap],
 		unix:     coll.Maps[trialnetMapUnixPathsMap],
+		unixIDs:  coll.Maps[trialnetMapUnixIdsMap],
+		lsmErr:   lsmErr,
 		pinDir:   pinDir,
 		unixHook: unixHook,
 	}
@@ -149,9 +155,45 @@ func Load(opts Options) (_ *Loader, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("attach %s to %s: %w", h.name, opts.Cgroup, err)
 		}
-		l.links = append(l.links, lk)
+		l.links = append(l.links, namedLink{h.name, lk})
+	}
+	for _, h := range lsmHooks {
+		prog := coll.Programs[h.name]
+		if prog == nil {
+			continue // no BPF LSM, or an optional hook this kernel lacks
+		}
+		lk, err := attachLSM(filepath.Join(pinDir, "link_"+h.name), prog)
+		if err != nil {
+			return nil, fmt.Errorf("attach %s: %w", h.name, err)
+		}
+		l.lsmLinks = append(l.lsmLinks, namedLink{h.name, lk})
 	}
 	return l, nil
+}
+
+// loadSpec is the collection spec for a parent cgroup at level with id
+// parentID, less the programs this kernel cannot run: the unix hooks where
+// absent (unixHook false) and the LSM layer where absent (lsmErr says why).
+func loadSpec(level int, parentID uint64) (_ *ebpf.CollectionSpec, unixHook bool, lsmErr error, _ error) {
+	spec, err := loadTrialnet()
+	if err != nil {
+		return nil, false, nil, err
+	}
+	if err := spec.Variables[trialnetVarTrialLevel].Set(uint32(level + 1)); err != nil {
+		return nil, false, nil, fmt.Errorf("set trial_level: %w", err)
+	}
+	if err := spec.Variables[trialnetVarParentCgroupId].Set(parentID); err != nil {
+		return nil, false, nil, fmt.Errorf("set parent_cgroup_id: %w", err)
+	}
+	unixHook = HaveUnixHooks() == nil
+	if !unixHook {
+		for _, h := range hooks {
+			if h.unix {
+				delete(spec.Programs, h.name)
+			}
+		}
+	}
+	return spec, unixHook, prepareLSM(spec), nil
 }
 
 // pinsBefore lists the pins that exist before a Load; nil means that the
@@ -234,10 +276,10 @@ func (l *Loader) PinDir() string { return l.pinDir }
 // with them enforcement.
 func (l *Loader) Close() error {
 	var errs []error
-	for _, lk := range l.links {
-		errs = append(errs, lk.Close())
+	for _, nl := range append(l.links, l.lsmLinks...) {
+		errs = append(errs, nl.lk.Close())
 	}
-	l.links = nil
+	l.links, l.lsmLinks = nil, nil
 	l.coll.Close()
 	return errors.Join(errs...)
 }
@@ -276,7 +318,10 @@ type Policy struct {
 	// Proxy lists the proxy endpoints: at most one IPv4 and one IPv6
 	// loopback address, with the same port.
 	Proxy []netip.AddrPort
-	// UnixPaths are the pathname unix sockets the Trial may use.
+	// UnixPaths are the pathname unix sockets the Trial may use. Each must
+	// exist (be bound) when the Trial is added: the LSM layer allows the
+	// socket found there by its inode, so a socket bound there later (or a
+	// bind mount over the path) is refused until the Trial is added again.
 	UnixPaths []string
 	// UnixOpen opts out of unix socket confinement.
 	UnixOpen bool
@@ -352,6 +397,21 @@ func unixKey(cgroupID uint64, path string) (trialnetUnixKey, error) {
 	return k, nil
 }
 
+// unixID is the identity of the socket at path as the kernel spells it: its
+// inode number and the kernel's dev_t encoding of its device (major<<20 |
+// minor, not userspace's st_dev).
+func unixID(cgroupID uint64, path string) (trialnetUnixIdKey, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return trialnetUnixIdKey{}, fmt.Errorf("policy: unix path %s: %w; bind the socket before adding the Trial, or drop the path from its allowed unix paths", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return trialnetUnixIdKey{}, fmt.Errorf("policy: unix path %s is not a socket (mode %#o); bind the socket there before adding the Trial, or drop the path from its allowed unix paths", path, st.Mode&unix.S_IFMT)
+	}
+	dev := unix.Major(st.Dev)<<20 | unix.Minor(st.Dev)
+	return trialnetUnixIdKey{CgroupId: cgroupID, Ino: st.Ino, Dev: dev}, nil
+}
+
 // ErrUnixHookMissing means the kernel cannot confine unix sockets.
 var ErrUnixHookMissing = errors.New("this kernel has no cgroup/connect_unix hook (Linux 6.7+), so pathname unix sockets cannot be confined; opt out of unix confinement explicitly to run anyway")
 
@@ -366,12 +426,21 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 		return ErrUnixHookMissing
 	}
 	var keys []trialnetUnixKey
+	var ids []trialnetUnixIdKey
 	for _, path := range p.UnixPaths {
 		k, err := unixKey(cgroupID, path)
 		if err != nil {
 			return err
 		}
 		keys = append(keys, k)
+		if p.UnixOpen {
+			continue // no unix confinement: identities are never asked
+		}
+		id, err := unixID(cgroupID, path)
+		if err != nil {
+			return err
+		}
+		ids = append(ids, id)
 	}
 	defer func() {
 		if err != nil {
@@ -385,6 +454,11 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 	for i := range keys {
 		if err := l.unix.Update(&keys[i], &one, ebpf.UpdateAny); err != nil {
 			return fmt.Errorf("add trial unix path: %w", err)
+		}
+	}
+	for i := range ids {
+		if err := l.unixIDs.Update(&ids[i], &one, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("add trial unix socket identity: %w", err)
 		}
 	}
 	// The policy entry goes last: it is what turns "deny all" into the policy.
@@ -418,8 +492,31 @@ func (l *Loader) RemoveTrial(cgroupID uint64) error {
 			errs = append(errs, fmt.Errorf("remove trial unix path: %w", err))
 		}
 	}
+	errs = append(errs, l.removeUnixIDs(cgroupID))
 	if err := l.counters.Delete(&cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, fmt.Errorf("remove trial counters: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func (l *Loader) removeUnixIDs(cgroupID uint64) error {
+	var errs []error
+	var k trialnetUnixIdKey
+	var stale []trialnetUnixIdKey
+	var v uint8
+	it := l.unixIDs.Iterate()
+	for it.Next(&k, &v) {
+		if k.CgroupId == cgroupID {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("list trial unix socket identities: %w", err))
+	}
+	for i := range stale {
+		if err := l.unixIDs.Delete(&stale[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("remove trial unix socket identity: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -515,6 +612,11 @@ func (l *Loader) TrialCount() int {
 	for it.Next(&k, &v) {
 		ids[k.CgroupId] = true
 	}
+	var ik trialnetUnixIdKey
+	it = l.unixIDs.Iterate()
+	for it.Next(&ik, &v) {
+		ids[ik.CgroupId] = true
+	}
 	return len(ids)
 }
 
@@ -539,16 +641,23 @@ func EnableRunStats() (io.Closer, error) {
 // RunStats reports every loaded program's run count and run time.
 func (l *Loader) RunStats() ([]ProgStats, error) {
 	var out []ProgStats
+	names := make([]string, 0, len(hooks)+len(lsmHooks))
 	for _, h := range hooks {
-		p := l.coll.Programs[h.name]
+		names = append(names, h.name)
+	}
+	for _, h := range lsmHooks {
+		names = append(names, h.name)
+	}
+	for _, name := range names {
+		p := l.coll.Programs[name]
 		if p == nil {
 			continue
 		}
 		st, err := p.Stats()
 		if err != nil {
-			return nil, fmt.Errorf("program stats %s: %w", h.name, err)
+			return nil, fmt.Errorf("program stats %s: %w", name, err)
 		}
-		out = append(out, ProgStats{Name: h.name, Runs: st.RunCount, Runtime: st.Runtime})
+		out = append(out, ProgStats{Name: name, Runs: st.RunCount, Runtime: st.Runtime})
 	}
 	return out, nil
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -195,7 +196,15 @@ func TestPrivilegedFailedLoadLeavesNothing(t *testing.T) {
 	}
 	defer f.Close()
 	for _, h := range hooks {
-		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: h.attach})
+		// A removed pin releases its link after an RCU grace period:
+		// give the detach a moment (this raced once in six runs).
+		var res *link.QueryResult
+		for range 50 {
+			if res, err = link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: h.attach}); err != nil || len(res.Programs) == 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

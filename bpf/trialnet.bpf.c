@@ -2,12 +2,17 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 
 /*
- * trialnet's kernel layer. Every program is attached once to the parent
- * cgroup (<cgroup2>/trialnet) and inherited by each Trial cgroup below it.
- * A Trial is identified by its cgroup at depth trial_level (the parent's
+ * trialnet's kernel layer. Every cgroup program is attached once to the
+ * parent cgroup (<cgroup2>/trialnet) and inherited by each Trial cgroup below
+ * it. A Trial is identified by its cgroup at depth trial_level (the parent's
  * depth + 1), so a process that somehow sits deeper is still attributed to
  * its Trial. No policy entry, or a socket in another network namespace than
  * the one recorded for the Trial, means everything is refused.
+ *
+ * The cgroup hooks judge a socket by the cgroup that created it. The BPF LSM
+ * programs at the end of this file judge the *task* instead, so a socket a
+ * Trial task got from outside (inherited, or stolen with pidfd_getfd or
+ * ptrace) is judged by the Trial that uses it.
  */
 
 #include <linux/bpf.h>
@@ -16,6 +21,8 @@
 #include <linux/socket.h>
 #include "include/bpf_helpers.h"
 #include "include/bpf_endian.h"
+#include "include/bpf_tracing.h"
+#include "include/bpf_core_read.h"
 
 /* Verdicts, named as cilium's bpf_sock.c names them. */
 #define SYS_REJECT  0
@@ -24,6 +31,7 @@
 #define AF_UNIX  1
 #define AF_INET  2
 #define AF_INET6 10
+#define AF_NETLINK 16
 
 #define SOCK_DGRAM 2
 #define SOCK_RAW   3
@@ -70,6 +78,12 @@ struct trial_counters {
 	__u64 egress_other_bytes;
 	__u64 netns_mismatch; /* refusals because the socket was not in the Trial's netns */
 	__u64 no_policy;      /* refusals because the cgroup had no policy entry */
+	/* BPF LSM layer: judged by the task's Trial, not the socket's cgroup. */
+	__u64 foreign_socket_denied; /* connect/send on a socket of another netns */
+	__u64 ptrace_denied;         /* ptrace, pidfd_getfd, /proc/PID/mem... outside the Trial */
+	__u64 sock_family_denied;    /* socket() of a family outside the allowlist */
+	__u64 ioctl_denied;          /* TIOCSTI, TIOCLINUX */
+	__u64 unix_identity_denied;  /* unix peer neither in the netns nor an allowed inode */
 };
 
 struct unix_key {
@@ -101,8 +115,35 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } unix_paths_map SEC(".maps");
 
+/*
+ * An allowed pathname unix socket by identity: the inode the loader found at
+ * the path when the Trial was added. dev is the kernel's s_dev encoding
+ * (major << 20 | minor), not userspace's st_dev.
+ */
+struct unix_id_key {
+	__u64 cgroup_id;
+	__u64 ino;
+	__u32 dev;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct unix_id_key);
+	__type(value, __u8);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} unix_ids_map SEC(".maps");
+
 /* Depth of a Trial cgroup in the cgroup2 hierarchy, set by the loader. */
 volatile const __u32 trial_level = 2;
+
+/*
+ * The parent cgroup this object was loaded for, set by the loader. LSM
+ * programs run for every task on the host; they only judge tasks below it,
+ * so that several loaders (each with its own parent and maps) coexist.
+ */
+volatile const __u64 parent_cgroup_id = 0;
 
 
 static __always_inline struct trial_counters *counters_for(__u64 cgid)
@@ -374,6 +415,307 @@ int trialnet_sendmsg_unix(struct bpf_sock_addr *ctx)
 	}
 	COUNT(c, unix_sendmsg_denied);
 	return SYS_REJECT;
+}
+
+/*
+ * The BPF LSM layer. LSM verdicts: 0 allows, a negative errno refuses. Each
+ * program first passes on an earlier BPF LSM program's refusal (the hook's
+ * last argument).
+ */
+#define LSM_ALLOW     0
+#define EPERM         1
+#define EAFNOSUPPORT  97
+#define MAX_ERRNO     4095
+
+/*
+ * lsm_prior is the earlier verdict, sign-extended and clamped: the verifier
+ * (6.11+) must see every return inside [-MAX_ERRNO, 0], and a context
+ * argument returned as is has no known range.
+ */
+static __always_inline long lsm_prior(int ret)
+{
+	long r = ret;
+	if (r < -MAX_ERRNO || r > 0)
+		return -EPERM;
+	return r;
+}
+
+#define TIOCSTI   0x5412
+#define TIOCLINUX 0x541C
+
+/* The kernel types the LSM programs read, relocated with CO-RE. */
+struct net {
+	__u64 net_cookie;
+} __attribute__((preserve_access_index));
+
+struct sock_common {
+	unsigned short skc_family;
+	struct {
+		struct net *net;
+	} skc_net; /* possible_net_t */
+} __attribute__((preserve_access_index));
+
+struct sock {
+	struct sock_common __sk_common;
+} __attribute__((preserve_access_index));
+
+struct socket {
+	struct sock *sk;
+} __attribute__((preserve_access_index));
+
+struct super_block {
+	__u32 s_dev;
+} __attribute__((preserve_access_index));
+
+struct inode {
+	unsigned long i_ino;
+	struct super_block *i_sb;
+} __attribute__((preserve_access_index));
+
+struct dentry {
+	struct inode *d_inode;
+} __attribute__((preserve_access_index));
+
+struct path {
+	struct dentry *dentry;
+} __attribute__((preserve_access_index));
+
+struct unix_sock {
+	struct path path;
+} __attribute__((preserve_access_index));
+
+struct kernfs_node {
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct cgroup {
+	int level;
+	struct kernfs_node *kn;
+	struct cgroup *ancestors[];
+} __attribute__((preserve_access_index));
+
+struct css_set {
+	struct cgroup *dfl_cgrp;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	struct css_set *cgroups;
+} __attribute__((preserve_access_index));
+
+struct file;
+struct msghdr;
+
+/* in_scope: the current task is below this loader's parent cgroup. */
+static __always_inline int in_scope(void)
+{
+	return parent_cgroup_id != 0 &&
+	       bpf_get_current_ancestor_cgroup_id(trial_level - 1) == parent_cgroup_id;
+}
+
+/* lsm_policy is the Trial's policy; none means refuse (counted). */
+static __always_inline struct trial_policy *lsm_policy(__u64 cgid, struct trial_counters *c)
+{
+	struct trial_policy *p = bpf_map_lookup_elem(&policy_map, &cgid);
+	if (!p)
+		COUNT(c, no_policy);
+	return p;
+}
+
+static __always_inline __u64 sock_netns_cookie(struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie);
+}
+
+/*
+ * foreign_socket_verdict refuses connect and send on a socket of another
+ * network namespace than the Trial's: one made outside and handed in or
+ * stolen. AF_UNIX is exempt: a Trial's stdio may legitimately be a unix
+ * socket the operator handed in, and writes to it come through
+ * socket_sendmsg. Unix peers are judged by identity instead
+ * (unix_peer_verdict). Netlink is not exempt: a netlink socket opened by
+ * root outside carries its opener's privileges.
+ */
+static __always_inline int foreign_socket_verdict(struct socket *sock)
+{
+	if (!in_scope())
+		return LSM_ALLOW;
+	__u64 cgid = trial_cgroup();
+	struct trial_counters *c = counters_for(cgid);
+	struct trial_policy *p = lsm_policy(cgid, c);
+	if (!p)
+		return -EPERM;
+	struct sock *sk = BPF_CORE_READ(sock, sk);
+	if (BPF_CORE_READ(sk, __sk_common.skc_family) == AF_UNIX)
+		return LSM_ALLOW;
+	if (sock_netns_cookie(sk) == p->netns_cookie)
+		return LSM_ALLOW;
+	COUNT(c, foreign_socket_denied);
+	return -EPERM;
+}
+
+SEC("lsm/socket_connect")
+int BPF_PROG(trialnet_lsm_socket_connect, struct socket *sock, struct sockaddr *address,
+	     int addrlen, int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	return foreign_socket_verdict(sock);
+}
+
+SEC("lsm/socket_sendmsg")
+int BPF_PROG(trialnet_lsm_socket_sendmsg, struct socket *sock, struct msghdr *msg, int size,
+	     int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	return foreign_socket_verdict(sock);
+}
+
+/* task_trial is the id of t's cgroup at trial_level, 0 if t sits higher. */
+static __always_inline __u64 task_trial(struct task_struct *t)
+{
+	struct cgroup *cg = BPF_CORE_READ(t, cgroups, dfl_cgrp);
+	if (!cg || BPF_CORE_READ(cg, level) < (int)trial_level)
+		return 0;
+	struct cgroup *anc = 0;
+	void *slot = (void *)cg + bpf_core_field_offset(struct cgroup, ancestors) +
+		     (__u64)trial_level * sizeof(anc);
+	if (bpf_probe_read_kernel(&anc, sizeof(anc), slot) || !anc)
+		return 0;
+	return BPF_CORE_READ(anc, kn, id);
+}
+
+/*
+ * Every way to reach into another process (ptrace, pidfd_getfd,
+ * /proc/PID/mem and the other ptrace-guarded /proc files, process_vm_*)
+ * asks ptrace_access_check: a Trial task may reach its own Trial only.
+ */
+SEC("lsm/ptrace_access_check")
+int BPF_PROG(trialnet_lsm_ptrace_access_check, struct task_struct *child, unsigned int mode,
+	     int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	if (!in_scope())
+		return LSM_ALLOW;
+	__u64 cgid = trial_cgroup();
+	struct trial_counters *c = counters_for(cgid);
+	if (!lsm_policy(cgid, c))
+		return -EPERM;
+	if (task_trial(child) == cgid)
+		return LSM_ALLOW;
+	COUNT(c, ptrace_denied);
+	return -EPERM;
+}
+
+/*
+ * An allowlist of socket families, so that families added to the kernel
+ * later are refused too. Sockets the kernel makes for itself pass.
+ */
+SEC("lsm/socket_create")
+int BPF_PROG(trialnet_lsm_socket_create, int family, int type, int protocol, int kern, int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	if (kern || !in_scope())
+		return LSM_ALLOW;
+	__u64 cgid = trial_cgroup();
+	struct trial_counters *c = counters_for(cgid);
+	if (!lsm_policy(cgid, c))
+		return -EPERM;
+	if (family == AF_UNIX || family == AF_INET || family == AF_INET6 || family == AF_NETLINK)
+		return LSM_ALLOW;
+	COUNT(c, sock_family_denied);
+	return -EAFNOSUPPORT;
+}
+
+/* Pushing input into a terminal another process reads is a way out. */
+static __always_inline int ioctl_verdict(unsigned int cmd)
+{
+	if (cmd != TIOCSTI && cmd != TIOCLINUX)
+		return LSM_ALLOW;
+	if (!in_scope())
+		return LSM_ALLOW;
+	struct trial_counters *c = counters_for(trial_cgroup());
+	COUNT(c, ioctl_denied);
+	return -EPERM;
+}
+
+SEC("lsm/file_ioctl")
+int BPF_PROG(trialnet_lsm_file_ioctl, struct file *file, unsigned int cmd, unsigned long arg,
+	     int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	return ioctl_verdict(cmd);
+}
+
+/* 32-bit ioctls (Linux 6.8+; the loader drops this program where absent). */
+SEC("lsm/file_ioctl_compat")
+int BPF_PROG(trialnet_lsm_file_ioctl_compat, struct file *file, unsigned int cmd,
+	     unsigned long arg, int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	return ioctl_verdict(cmd);
+}
+
+/*
+ * unix_peer_verdict allows a unix peer in the Trial's own network namespace
+ * (its own sockets, abstract or pathname, and socketpairs) or bound to an
+ * inode the loader recorded for the Trial. A bind mount or symlink over an
+ * allowed path passes the path check of connect_unix, but not this one.
+ */
+static __always_inline int unix_peer_verdict(struct sock *other)
+{
+	if (!in_scope())
+		return LSM_ALLOW;
+	__u64 cgid = trial_cgroup();
+	struct trial_counters *c = counters_for(cgid);
+	struct trial_policy *p = lsm_policy(cgid, c);
+	if (!p)
+		return -EPERM;
+	if (p->flags & TRIAL_F_UNIX_OPEN)
+		return LSM_ALLOW;
+	if (sock_netns_cookie(other) == p->netns_cookie)
+		return LSM_ALLOW;
+
+	struct inode *inode = BPF_CORE_READ((struct unix_sock *)other, path.dentry, d_inode);
+	if (inode) {
+		struct unix_id_key key = {};
+		key.cgroup_id = cgid;
+		key.ino = BPF_CORE_READ(inode, i_ino);
+		key.dev = BPF_CORE_READ(inode, i_sb, s_dev);
+		if (bpf_map_lookup_elem(&unix_ids_map, &key))
+			return LSM_ALLOW;
+	}
+	COUNT(c, unix_identity_denied);
+	return -EPERM;
+}
+
+SEC("lsm/unix_stream_connect")
+int BPF_PROG(trialnet_lsm_unix_stream_connect, struct sock *sock, struct sock *other,
+	     struct sock *newsk, int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	return unix_peer_verdict(other);
+}
+
+SEC("lsm/unix_may_send")
+int BPF_PROG(trialnet_lsm_unix_may_send, struct socket *sock, struct socket *other, int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	return unix_peer_verdict(BPF_CORE_READ(other, sk));
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

@@ -36,6 +36,11 @@ type trialnetTrialCounters struct {
 	EgressOtherBytes      uint64
 	NetnsMismatch         uint64
 	NoPolicy              uint64
+	ForeignSocketDenied   uint64
+	PtraceDenied          uint64
+	SockFamilyDenied      uint64
+	IoctlDenied           uint64
+	UnixIdentityDenied    uint64
 }
 
 type trialnetTrialPolicy struct {
@@ -49,6 +54,14 @@ type trialnetTrialPolicy struct {
 	Pad2        uint32
 }
 
+type trialnetUnixIdKey struct {
+	_        structs.HostLayout
+	CgroupId uint64
+	Ino      uint64
+	Dev      uint32
+	Pad      uint32
+}
+
 type trialnetUnixKey struct {
 	_        structs.HostLayout
 	CgroupId uint64
@@ -60,20 +73,30 @@ type trialnetUnixKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	trialnetMapCountersMap          = "counters_map"
-	trialnetMapPolicyMap            = "policy_map"
-	trialnetMapUnixPathsMap         = "unix_paths_map"
-	trialnetProgTrialnetBind4       = "trialnet_bind4"
-	trialnetProgTrialnetBind6       = "trialnet_bind6"
-	trialnetProgTrialnetConnect4    = "trialnet_connect4"
-	trialnetProgTrialnetConnect6    = "trialnet_connect6"
-	trialnetProgTrialnetConnectUnix = "trialnet_connect_unix"
-	trialnetProgTrialnetEgress      = "trialnet_egress"
-	trialnetProgTrialnetSendmsg4    = "trialnet_sendmsg4"
-	trialnetProgTrialnetSendmsg6    = "trialnet_sendmsg6"
-	trialnetProgTrialnetSendmsgUnix = "trialnet_sendmsg_unix"
-	trialnetProgTrialnetSockCreate  = "trialnet_sock_create"
-	trialnetVarTrialLevel           = "trial_level"
+	trialnetMapCountersMap                   = "counters_map"
+	trialnetMapPolicyMap                     = "policy_map"
+	trialnetMapUnixIdsMap                    = "unix_ids_map"
+	trialnetMapUnixPathsMap                  = "unix_paths_map"
+	trialnetProgTrialnetBind4                = "trialnet_bind4"
+	trialnetProgTrialnetBind6                = "trialnet_bind6"
+	trialnetProgTrialnetConnect4             = "trialnet_connect4"
+	trialnetProgTrialnetConnect6             = "trialnet_connect6"
+	trialnetProgTrialnetConnectUnix          = "trialnet_connect_unix"
+	trialnetProgTrialnetEgress               = "trialnet_egress"
+	trialnetProgTrialnetLsmFileIoctl         = "trialnet_lsm_file_ioctl"
+	trialnetProgTrialnetLsmFileIoctlCompat   = "trialnet_lsm_file_ioctl_compat"
+	trialnetProgTrialnetLsmPtraceAccessCheck = "trialnet_lsm_ptrace_access_check"
+	trialnetProgTrialnetLsmSocketConnect     = "trialnet_lsm_socket_connect"
+	trialnetProgTrialnetLsmSocketCreate      = "trialnet_lsm_socket_create"
+	trialnetProgTrialnetLsmSocketSendmsg     = "trialnet_lsm_socket_sendmsg"
+	trialnetProgTrialnetLsmUnixMaySend       = "trialnet_lsm_unix_may_send"
+	trialnetProgTrialnetLsmUnixStreamConnect = "trialnet_lsm_unix_stream_connect"
+	trialnetProgTrialnetSendmsg4             = "trialnet_sendmsg4"
+	trialnetProgTrialnetSendmsg6             = "trialnet_sendmsg6"
+	trialnetProgTrialnetSendmsgUnix          = "trialnet_sendmsg_unix"
+	trialnetProgTrialnetSockCreate           = "trialnet_sock_create"
+	trialnetVarParentCgroupId                = "parent_cgroup_id"
+	trialnetVarTrialLevel                    = "trial_level"
 )
 
 // loadTrialnet returns the embedded CollectionSpec for trialnet.
@@ -118,16 +141,24 @@ type trialnetSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type trialnetProgramSpecs struct {
-	TrialnetBind4       *ebpf.ProgramSpec `ebpf:"trialnet_bind4"`
-	TrialnetBind6       *ebpf.ProgramSpec `ebpf:"trialnet_bind6"`
-	TrialnetConnect4    *ebpf.ProgramSpec `ebpf:"trialnet_connect4"`
-	TrialnetConnect6    *ebpf.ProgramSpec `ebpf:"trialnet_connect6"`
-	TrialnetConnectUnix *ebpf.ProgramSpec `ebpf:"trialnet_connect_unix"`
-	TrialnetEgress      *ebpf.ProgramSpec `ebpf:"trialnet_egress"`
-	TrialnetSendmsg4    *ebpf.ProgramSpec `ebpf:"trialnet_sendmsg4"`
-	TrialnetSendmsg6    *ebpf.ProgramSpec `ebpf:"trialnet_sendmsg6"`
-	TrialnetSendmsgUnix *ebpf.ProgramSpec `ebpf:"trialnet_sendmsg_unix"`
-	TrialnetSockCreate  *ebpf.ProgramSpec `ebpf:"trialnet_sock_create"`
+	TrialnetBind4                *ebpf.ProgramSpec `ebpf:"trialnet_bind4"`
+	TrialnetBind6                *ebpf.ProgramSpec `ebpf:"trialnet_bind6"`
+	TrialnetConnect4             *ebpf.ProgramSpec `ebpf:"trialnet_connect4"`
+	TrialnetConnect6             *ebpf.ProgramSpec `ebpf:"trialnet_connect6"`
+	TrialnetConnectUnix          *ebpf.ProgramSpec `ebpf:"trialnet_connect_unix"`
+	TrialnetEgress               *ebpf.ProgramSpec `ebpf:"trialnet_egress"`
+	TrialnetLsmFileIoctl         *ebpf.ProgramSpec `ebpf:"trialnet_lsm_file_ioctl"`
+	TrialnetLsmFileIoctlCompat   *ebpf.ProgramSpec `ebpf:"trialnet_lsm_file_ioctl_compat"`
+	TrialnetLsmPtraceAccessCheck *ebpf.ProgramSpec `ebpf:"trialnet_lsm_ptrace_access_check"`
+	TrialnetLsmSocketConnect     *ebpf.ProgramSpec `ebpf:"trialnet_lsm_socket_connect"`
+	TrialnetLsmSocketCreate      *ebpf.ProgramSpec `ebpf:"trialnet_lsm_socket_create"`
+	TrialnetLsmSocketSendmsg     *ebpf.ProgramSpec `ebpf:"trialnet_lsm_socket_sendmsg"`
+	TrialnetLsmUnixMaySend       *ebpf.ProgramSpec `ebpf:"trialnet_lsm_unix_may_send"`
+	TrialnetLsmUnixStreamConnect *ebpf.ProgramSpec `ebpf:"trialnet_lsm_unix_stream_connect"`
+	TrialnetSendmsg4             *ebpf.ProgramSpec `ebpf:"trialnet_sendmsg4"`
+	TrialnetSendmsg6             *ebpf.ProgramSpec `ebpf:"trialnet_sendmsg6"`
+	TrialnetSendmsgUnix          *ebpf.ProgramSpec `ebpf:"trialnet_sendmsg_unix"`
+	TrialnetSockCreate           *ebpf.ProgramSpec `ebpf:"trialnet_sock_create"`
 }
 
 // trialnetMapSpecs contains maps before they are loaded into the kernel.
@@ -136,6 +167,7 @@ type trialnetProgramSpecs struct {
 type trialnetMapSpecs struct {
 	CountersMap  *ebpf.MapSpec `ebpf:"counters_map"`
 	PolicyMap    *ebpf.MapSpec `ebpf:"policy_map"`
+	UnixIdsMap   *ebpf.MapSpec `ebpf:"unix_ids_map"`
 	UnixPathsMap *ebpf.MapSpec `ebpf:"unix_paths_map"`
 }
 
@@ -143,7 +175,8 @@ type trialnetMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type trialnetVariableSpecs struct {
-	TrialLevel *ebpf.VariableSpec `ebpf:"trial_level"`
+	ParentCgroupId *ebpf.VariableSpec `ebpf:"parent_cgroup_id"`
+	TrialLevel     *ebpf.VariableSpec `ebpf:"trial_level"`
 }
 
 // trialnetObjects contains all objects after they have been loaded into the kernel.
@@ -168,6 +201,7 @@ func (o *trialnetObjects) Close() error {
 type trialnetMaps struct {
 	CountersMap  *ebpf.Map `ebpf:"counters_map"`
 	PolicyMap    *ebpf.Map `ebpf:"policy_map"`
+	UnixIdsMap   *ebpf.Map `ebpf:"unix_ids_map"`
 	UnixPathsMap *ebpf.Map `ebpf:"unix_paths_map"`
 }
 
@@ -175,6 +209,7 @@ func (m *trialnetMaps) Close() error {
 	return _TrialnetClose(
 		m.CountersMap,
 		m.PolicyMap,
+		m.UnixIdsMap,
 		m.UnixPathsMap,
 	)
 }
@@ -183,23 +218,32 @@ func (m *trialnetMaps) Close() error {
 //
 // It can be passed to loadTrialnetObjects or ebpf.CollectionSpec.LoadAndAssign.
 type trialnetVariables struct {
-	TrialLevel *ebpf.Variable `ebpf:"trial_level"`
+	ParentCgroupId *ebpf.Variable `ebpf:"parent_cgroup_id"`
+	TrialLevel     *ebpf.Variable `ebpf:"trial_level"`
 }
 
 // trialnetPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadTrialnetObjects or ebpf.CollectionSpec.LoadAndAssign.
 type trialnetPrograms struct {
-	TrialnetBind4       *ebpf.Program `ebpf:"trialnet_bind4"`
-	TrialnetBind6       *ebpf.Program `ebpf:"trialnet_bind6"`
-	TrialnetConnect4    *ebpf.Program `ebpf:"trialnet_connect4"`
-	TrialnetConnect6    *ebpf.Program `ebpf:"trialnet_connect6"`
-	TrialnetConnectUnix *ebpf.Program `ebpf:"trialnet_connect_unix"`
-	TrialnetEgress      *ebpf.Program `ebpf:"trialnet_egress"`
-	TrialnetSendmsg4    *ebpf.Program `ebpf:"trialnet_sendmsg4"`
-	TrialnetSendmsg6    *ebpf.Program `ebpf:"trialnet_sendmsg6"`
-	TrialnetSendmsgUnix *ebpf.Program `ebpf:"trialnet_sendmsg_unix"`
-	TrialnetSockCreate  *ebpf.Program `ebpf:"trialnet_sock_create"`
+	TrialnetBind4                *ebpf.Program `ebpf:"trialnet_bind4"`
+	TrialnetBind6                *ebpf.Program `ebpf:"trialnet_bind6"`
+	TrialnetConnect4             *ebpf.Program `ebpf:"trialnet_connect4"`
+	TrialnetConnect6             *ebpf.Program `ebpf:"trialnet_connect6"`
+	TrialnetConnectUnix          *ebpf.Program `ebpf:"trialnet_connect_unix"`
+	TrialnetEgress               *ebpf.Program `ebpf:"trialnet_egress"`
+	TrialnetLsmFileIoctl         *ebpf.Program `ebpf:"trialnet_lsm_file_ioctl"`
+	TrialnetLsmFileIoctlCompat   *ebpf.Program `ebpf:"trialnet_lsm_file_ioctl_compat"`
+	TrialnetLsmPtraceAccessCheck *ebpf.Program `ebpf:"trialnet_lsm_ptrace_access_check"`
+	TrialnetLsmSocketConnect     *ebpf.Program `ebpf:"trialnet_lsm_socket_connect"`
+	TrialnetLsmSocketCreate      *ebpf.Program `ebpf:"trialnet_lsm_socket_create"`
+	TrialnetLsmSocketSendmsg     *ebpf.Program `ebpf:"trialnet_lsm_socket_sendmsg"`
+	TrialnetLsmUnixMaySend       *ebpf.Program `ebpf:"trialnet_lsm_unix_may_send"`
+	TrialnetLsmUnixStreamConnect *ebpf.Program `ebpf:"trialnet_lsm_unix_stream_connect"`
+	TrialnetSendmsg4             *ebpf.Program `ebpf:"trialnet_sendmsg4"`
+	TrialnetSendmsg6             *ebpf.Program `ebpf:"trialnet_sendmsg6"`
+	TrialnetSendmsgUnix          *ebpf.Program `ebpf:"trialnet_sendmsg_unix"`
+	TrialnetSockCreate           *ebpf.Program `ebpf:"trialnet_sock_create"`
 }
 
 func (p *trialnetPrograms) Close() error {
@@ -210,6 +254,14 @@ func (p *trialnetPrograms) Close() error {
 		p.TrialnetConnect6,
 		p.TrialnetConnectUnix,
 		p.TrialnetEgress,
+		p.TrialnetLsmFileIoctl,
+		p.TrialnetLsmFileIoctlCompat,
+		p.TrialnetLsmPtraceAccessCheck,
+		p.TrialnetLsmSocketConnect,
+		p.TrialnetLsmSocketCreate,
+		p.TrialnetLsmSocketSendmsg,
+		p.TrialnetLsmUnixMaySend,
+		p.TrialnetLsmUnixStreamConnect,
 		p.TrialnetSendmsg4,
 		p.TrialnetSendmsg6,
 		p.TrialnetSendmsgUnix,
