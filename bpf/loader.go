@@ -105,7 +105,20 @@ func Load(opts Options) (_ *Loader, err error) {
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		Maps: ebpf.MapOptions{PinPath: pinDir},
 	})
-	if err != nil && lsmErr == nil {
+	if errors.Is(err, ebpf.ErrMapIncompatible) && unusedPins(pinDir, opts.Cgroup) {
+		// An older trialnet's pins with no Trial behind them (an upgrade
+		// with nothing live): nothing is enforced through them, so they
+		// are replaced rather than refused.
+		if err = Uninstall(pinDir); err == nil {
+			before = nil
+			if err = ensurePinDir(pinDir); err == nil {
+				coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+					Maps: ebpf.MapOptions{PinPath: pinDir},
+				})
+			}
+		}
+	}
+	if err != nil && lsmErr == nil && !errors.Is(err, ebpf.ErrMapIncompatible) {
 		// The LSM layer is an addition: where its programs fail to load,
 		// enforce with the cgroup layer and say why.
 		lsmErr = fmt.Errorf("%w: loading the LSM programs: %w", ErrLSMMissing, err)
@@ -194,6 +207,30 @@ func loadSpec(level int, parentID uint64) (_ *ebpf.CollectionSpec, unixHook bool
 		}
 	}
 	return spec, unixHook, prepareLSM(spec), nil
+}
+
+// unusedPins reports whether the pins in pinDir serve no Trial: the
+// pinned policy map is empty and the parent cgroup has no Trial cgroup.
+func unusedPins(pinDir, parent string) bool {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, trialnetMapPolicyMap), nil)
+	if err != nil {
+		return false
+	}
+	defer m.Close()
+	var k uint64
+	if err := m.NextKey(nil, &k); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return false
+	}
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			return false
+		}
+	}
+	return true
 }
 
 // pinsBefore lists the pins that exist before a Load; nil means that the

@@ -213,3 +213,48 @@ func TestPrivilegedFailedLoadLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+// Pins of an older, incompatible layout are replaced when no Trial uses
+// them (an upgrade with nothing live), and refused while one does.
+func TestPrivilegedIncompatiblePinsReplacedOnlyWhenUnused(t *testing.T) {
+	privtest.Require(t)
+	for _, used := range []bool{false, true} {
+		cg := testCgroup(t)
+		pins := testPins(t, cg)
+		if err := os.MkdirAll(pins, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if used {
+			if err := old.Put(uint64(42), uint32(1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := old.Pin(filepath.Join(pins, trialnetMapPolicyMap)); err != nil {
+			t.Fatal(err)
+		}
+		_ = old.Close()
+		l, err := Load(Options{Cgroup: cg, PinDir: pins})
+		if used {
+			if err == nil || !strings.Contains(err.Error(), "incompatible") {
+				t.Errorf("incompatible pins with a Trial in them: %v; want a refusal", err)
+			}
+			if l != nil {
+				_ = l.Close()
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("unused incompatible pins were not replaced: %v", err)
+		}
+		if !l.HasTrial(42) && l.TrialCount() == 0 {
+			_ = l.Close()
+			continue
+		}
+		_ = l.Close()
+		t.Fatal("the replaced policy map still has the old entry")
+	}
+}

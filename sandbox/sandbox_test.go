@@ -602,9 +602,15 @@ func TestPrivilegedCreateIsAllOrNothing(t *testing.T) {
 
 func TestPrivilegedNoLeaks(t *testing.T) {
 	h := newHost(t)
+	sock := filepath.Join(t.TempDir(), "x.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
 	fdsBefore := countFDs(t)
 	for i := range 50 {
-		tr, err := h.Create(Spec{ID: fmt.Sprintf("leak-%d", i), UnixPaths: []string{"/run/x.sock"}}, nil)
+		tr, err := h.Create(Spec{ID: fmt.Sprintf("leak-%d", i), UnixPaths: []string{sock}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
