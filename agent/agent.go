@@ -461,6 +461,8 @@ type Stats struct {
 	Kernel  map[string]uint64 `json:"kernel"`
 	Proxy   ProxyStats        `json:"proxy"`
 	Egress  uint64            `json:"direct_egress_packets"`
+	Foreign uint64            `json:"foreign_socket_uses"`
+	Layers  Layers            `json:"layers"`
 	Verdict string            `json:"verdict"`
 	At      time.Time         `json:"at"`
 }
@@ -476,13 +478,15 @@ type ProxyStats struct {
 	Active      int64             `json:"tunnels_active"`
 }
 
-func makeStats(id string, k bpf.Counters, p proxy.TrialStats) Stats {
+func (a *Agent) makeStats(id string, k bpf.Counters, p proxy.TrialStats) Stats {
 	ps := ProxyStats{Allowed: p.Allowed, Denied: p.Denied, ByReason: map[string]uint64{}, DNSFailures: p.DNSFailed,
 		BytesUp: p.BytesUp, BytesDown: p.BytesDown, Active: p.Active}
 	for r, n := range p.Decisions {
 		ps.ByReason[string(r)] = n
 	}
-	return Stats{Trial: id, Kernel: k.Map(), Proxy: ps, Egress: k.EgressOtherPackets, Verdict: EgressVerdict(k), At: time.Now().UTC()}
+	l := a.host.Layers()
+	return Stats{Trial: id, Kernel: k.Map(), Proxy: ps, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
+		Layers: l, Verdict: Verdict(k, l), At: time.Now().UTC()}
 }
 
 // Stats reads a live Trial's counters.
@@ -496,7 +500,7 @@ func (a *Agent) Stats(id string) (Stats, error) {
 		return Stats{}, errf(CodeInternal, "read counters of %s: %v", id, err)
 	}
 	p, _ := a.proxy.Stats(id)
-	return makeStats(id, k, p), nil
+	return a.makeStats(id, k, p), nil
 }
 
 // Destroy kills everything in the Trial, closes its proxy endpoint and
@@ -520,7 +524,7 @@ func (a *Agent) Destroy(id string) (Stats, error) {
 	lt.mu.Lock()
 	pst := lt.final
 	lt.mu.Unlock()
-	st := makeStats(id, k, pst)
+	st := a.makeStats(id, k, pst)
 	lt.closeAudit()
 	if a.cfg.DataDir != "" {
 		if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {

@@ -154,7 +154,7 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	if st.Proxy.ByReason["allowed"] != 2 || st.Proxy.ByReason["policy_denied"] != 1 || st.Proxy.ByReason["ip_literal"] != 1 {
 		t.Fatalf("proxy decisions %v", st.Proxy.ByReason)
 	}
-	if st.Kernel["connect4_denied"] < 1 || st.Egress != 0 || !strings.Contains(st.Verdict, "= 0") {
+	if st.Kernel["connect4_denied"] < 1 || st.Egress != 0 || !strings.HasPrefix(st.Verdict, "verdict: 0 direct egress packets") {
 		t.Fatalf("kernel %v, egress %d, verdict %q", st.Kernel, st.Egress, st.Verdict)
 	}
 	final, err := a.Destroy(info.ID)

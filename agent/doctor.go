@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/sandbox"
@@ -27,6 +28,8 @@ func Doctor() []bpf.Check {
 	checks = append(checks, bpf.Check{Name: "bpffs at /sys/fs/bpf", Required: false, Err: bpffs()})
 	checks = append(checks, bpf.Check{Name: "BTF (/sys/kernel/btf/vmlinux)", Required: true, Err: statErr("/sys/kernel/btf/vmlinux")})
 	checks = append(checks, bpf.Check{Name: "network namespaces", Required: true, Err: statErr("/proc/self/ns/net")})
+	checks = append(checks, bpf.Check{Name: "PID and mount namespaces (a Trial's own /proc)", Required: true, Err: errors.Join(statErr("/proc/self/ns/pid"), statErr("/proc/self/ns/mnt"))})
+	checks = append(checks, bpf.Check{Name: "seccomp filters with errno", Required: true, Err: seccompErr()})
 	return append(checks, bpf.Probe()...)
 }
 
@@ -61,6 +64,17 @@ func bpffs() error {
 	}
 	if st.Type != unix.BPF_FS_MAGIC {
 		return errors.New("not mounted (trialnet mounts it when it loads)")
+	}
+	return nil
+}
+
+func seccompErr() error {
+	b, err := os.ReadFile("/proc/sys/kernel/seccomp/actions_avail")
+	if err != nil {
+		return fmt.Errorf("no seccomp filter support (CONFIG_SECCOMP_FILTER): %w", err)
+	}
+	if !strings.Contains(string(b), "errno") {
+		return errors.New("seccomp filters cannot return an errno here")
 	}
 	return nil
 }

@@ -83,12 +83,59 @@ var ProxyEndpoints = []netip.AddrPort{
 	netip.MustParseAddrPort("[::1]:3128"),
 }
 
-// EgressVerdict is the one line that says whether direct egress happened.
-func EgressVerdict(c bpf.Counters) string {
-	if c.EgressOtherPackets == 0 {
-		return "verdict: direct egress packets = 0 (ok)"
+// Layers says which of a Trial's defences this host has active. The
+// process boundary's PID namespace, seccomp filter and own session are
+// part of the one launch path and always on; the BPF LSM layer depends on
+// the kernel.
+type Layers struct {
+	NetworkNamespace bool `json:"network_namespace"`
+	CgroupEBPF       bool `json:"cgroup_ebpf"`
+	UnixSocketHooks  bool `json:"unix_socket_hooks"`
+	PIDNamespace     bool `json:"pid_namespace"`
+	Seccomp          bool `json:"seccomp"`
+	OwnSession       bool `json:"own_session"`
+	BPFLSM           bool `json:"bpf_lsm"`
+	// BPFLSMMissing says why the BPF LSM layer is not active.
+	BPFLSMMissing string `json:"bpf_lsm_missing,omitempty"`
+}
+
+// Layers reports this host's active defences.
+func (h *Host) Layers() Layers {
+	l := Layers{NetworkNamespace: true, CgroupEBPF: true, UnixSocketHooks: h.BPF.UnixHooks(),
+		PIDNamespace: true, Seccomp: true, OwnSession: true, BPFLSM: h.BPF.LSM()}
+	if err := h.BPF.LSMError(); err != nil && !l.BPFLSM {
+		l.BPFLSMMissing = err.Error()
 	}
-	return fmt.Sprintf("verdict: ALARM: %d direct egress packets (%d bytes) left a Trial socket and were dropped by the last wall", c.EgressOtherPackets, c.EgressOtherBytes)
+	return l
+}
+
+// String lists the layers, active ones first.
+func (l Layers) String() string {
+	on := []string{"network namespace", "cgroup eBPF", "PID namespace", "seccomp", "own session"}
+	if l.UnixSocketHooks {
+		on = append(on, "unix socket hooks")
+	}
+	if l.BPFLSM {
+		return "layers: " + strings.Join(append(on, "BPF LSM"), ", ")
+	}
+	return "layers: " + strings.Join(on, ", ") + "; inactive: BPF LSM (" + l.BPFLSMMissing + ")"
+}
+
+// Verdict is the one line that says whether anything left a Trial: the
+// direct egress packets the last wall saw, and the uses of sockets made
+// outside the Trial that the BPF LSM layer refused. It says "ok" only
+// about what an active layer observed.
+func Verdict(c bpf.Counters, l Layers) string {
+	if c.EgressOtherPackets > 0 {
+		return fmt.Sprintf("verdict: ALARM: %d direct egress packets (%d bytes) left a Trial socket and were dropped by the last wall; %d foreign-socket uses refused", c.EgressOtherPackets, c.EgressOtherBytes, c.ForeignSocketDenied)
+	}
+	if !l.BPFLSM {
+		return "verdict: 0 direct egress packets (ok); foreign-socket uses not observed: the BPF LSM layer is not active on this host (a Trial cannot reach another process's sockets through its PID namespace, but no kernel counter watches)"
+	}
+	if c.ForeignSocketDenied > 0 {
+		return fmt.Sprintf("verdict: 0 direct egress packets; ALERT: %d foreign-socket uses refused (a Trial process tried a socket made outside it; nothing left through it)", c.ForeignSocketDenied)
+	}
+	return "verdict: 0 direct egress packets, 0 foreign-socket uses (ok)"
 }
 
 // Uninstall detaches trialnet: it removes the pins (so the programs

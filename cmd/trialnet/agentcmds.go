@@ -277,6 +277,7 @@ func printStats(w io.Writer, st agent.Stats) {
 		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", r, p.ByReason[r])
 	}
 	_ = tw.Flush()
+	fmt.Fprintln(w, st.Layers)
 	fmt.Fprintln(w, st.Verdict)
 }
 

@@ -67,7 +67,7 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	if code, _, _ := trialnet("exec", "--socket", sock, "--trial", "nosuch", "--uid", "65534", "--", "true"); code != exitRefused {
 		t.Fatalf("exec in an unknown Trial: exit %d, want %d", code, exitRefused)
 	}
-	if code, out, _ := trialnet("stats", "--socket", sock, "--trial", "cli-1"); code != 0 || !strings.Contains(out, "connect4_denied") || !strings.Contains(out, "direct egress packets = 0") {
+	if code, out, _ := trialnet("stats", "--socket", sock, "--trial", "cli-1"); code != 0 || !strings.Contains(out, "connect4_denied") || !strings.Contains(out, "0 direct egress packets") {
 		t.Fatalf("stats: exit %d, %q", code, out)
 	}
 	if code, out, _ := trialnet("audit", "--socket", sock, "--trial", "cli-1", "-j"); code != 0 || strings.TrimSpace(out) != "[]" {

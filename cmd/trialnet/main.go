@@ -285,6 +285,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 			"counters":              st.Kernel,
 			"proxy":                 st.Proxy,
 			"direct_egress_packets": st.Egress,
+			"foreign_socket_uses":   st.Foreign,
+			"layers":                st.Layers,
+			"verdict":               st.Verdict,
 		})
 	} else {
 		fmt.Fprintf(stderr, "exit_code %d\n", code)

@@ -87,7 +87,7 @@ func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
 	if code != 7 {
 		t.Fatalf("exit code %d, want CMD's 7; stderr:\n%s", code, errOut)
 	}
-	if !strings.Contains(errOut, "connect4_denied") || !strings.Contains(errOut, "direct egress packets = 0") {
+	if !strings.Contains(errOut, "connect4_denied") || !strings.Contains(errOut, "0 direct egress packets") {
 		t.Fatalf("counters missing from stderr:\n%s", errOut)
 	}
 
