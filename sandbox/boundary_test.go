@@ -5,6 +5,7 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
+	"net"
 	"context"
 	"fmt"
 	"os"
@@ -145,6 +146,8 @@ func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 		{"alg", []string{"socket", "38"}, "EAFNOSUPPORT"},
 		{"a family no kernel has yet", []string{"socket", "50"}, "EAFNOSUPPORT"},
 		{"io_uring (IORING_OP_SOCKET takes any family)", []string{"io_uring"}, "ENOSYS"},
+		{"a user namespace through unshare", []string{"userns"}, "EPERM"},
+		{"a user namespace through clone", []string{"clone-userns"}, "EPERM"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, out := runProbeAs(t, tr, 0, Command{}, tc.args...)
@@ -315,4 +318,62 @@ func probeExe(t testing.TB) string {
 		t.Fatal(probeCopy.err)
 	}
 	return probeCopy.path
+}
+
+// Without the BPF LSM layer an allowed unix socket is known by its path:
+// a path that anyone but root could point elsewhere is refused at
+// create. With the layer, the socket's identity decides and any path is
+// fine.
+func TestPrivilegedUnixAllowPathsOnlyRootCanChange(t *testing.T) {
+	h := newHost(t)
+	dir := t.TempDir() // root's, 0700, under sticky /tmp
+	bind := func(path string) {
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+	}
+	safe := filepath.Join(dir, "safe.sock")
+	bind(safe)
+	open := filepath.Join(dir, "open")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	inOpen := filepath.Join(open, "x.sock")
+	bind(inOpen)
+	owned := filepath.Join(dir, "owned.sock")
+	bind(owned)
+	if err := os.Chown(owned, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.sock")
+	if err := os.Symlink(inOpen, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Create(Spec{ID: "u-safe", UnixPaths: []string{safe}}, nil); err != nil {
+		t.Fatalf("a root-only path was refused: %v", err)
+	} else {
+		t.Cleanup(func() { _ = h.Remove("u-safe") })
+	}
+	for i, p := range []string{inOpen, owned, link} {
+		tr, err := h.Create(Spec{ID: fmt.Sprintf("u-%d", i), UnixPaths: []string{p}}, nil)
+		if h.BPF.LSM() {
+			if err != nil {
+				t.Errorf("%s with the LSM layer: %v", p, err)
+			} else {
+				_, _ = tr.Close()
+			}
+			continue
+		}
+		if err == nil {
+			_, _ = tr.Close()
+			t.Errorf("%s was allowed without the LSM layer, though a non-root user can change what it leads to", p)
+		} else if !strings.Contains(err.Error(), "BPF LSM") {
+			t.Errorf("%s: the refusal does not say why: %v", p, err)
+		}
+	}
 }

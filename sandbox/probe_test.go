@@ -64,6 +64,10 @@ func probe(args []string) int {
 		err = ioctlStdin(target)
 	case "io_uring":
 		err = ioUringSetup()
+	case "userns":
+		err = unix.Unshare(unix.CLONE_NEWUSER | unix.CLONE_NEWNS)
+	case "clone-userns":
+		err = cloneUserns()
 	case "kill0", "pidfd-getfd", "ptrace", "procmem":
 		err = reach(args[0], target)
 	case "procs":
@@ -335,4 +339,19 @@ func procs() int {
 	cmdline, _ := os.ReadFile("/proc/1/cmdline")
 	fmt.Printf("procs %d pid1 %s self %d\n", n, strings.SplitN(string(cmdline), "\x00", 2)[0], os.Getpid())
 	return probeOK
+}
+
+// cloneUserns forks a child into a new user namespace with clone(2), as
+// the filter sees it, and reaps it.
+func cloneUserns() error {
+	pid, _, errno := unix.RawSyscall6(unix.SYS_CLONE, uintptr(unix.CLONE_NEWUSER|unix.SIGCHLD), 0, 0, 0, 0, 0)
+	if errno != 0 {
+		return fmt.Errorf("clone: %w", errno)
+	}
+	if pid == 0 {
+		unix.RawSyscall(unix.SYS_EXIT_GROUP, 0, 0, 0)
+	}
+	var ws unix.WaitStatus
+	_, err := unix.Wait4(int(pid), &ws, 0, nil)
+	return err
 }

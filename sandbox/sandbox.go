@@ -143,6 +143,13 @@ func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
 	if err := netns.ValidID(spec.ID); err != nil {
 		return nil, err
 	}
+	if !spec.UnixOpen && !h.BPF.LSM() {
+		for _, p := range spec.UnixPaths {
+			if err := checkUnixPathSafe(p); err != nil {
+				return nil, fmt.Errorf("create Trial %s: %w; without the BPF LSM layer (%v) trialnet allows only sockets whose path only root can change: put the socket under a root-owned directory, or confine no unix sockets (unix_open)", spec.ID, err, h.BPF.LSMError())
+			}
+		}
+	}
 	t := &Trial{ID: spec.ID, Cgroup: filepath.Join(h.Parent, spec.ID), Spec: spec, Meta: meta, host: h}
 	if err := t.writeRecord(PhaseCreating, true); err != nil {
 		return nil, err

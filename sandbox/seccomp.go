@@ -24,6 +24,8 @@ import (
 //     pointer) falls to the default action, which for this filter is allow.
 // So: every foreign ABI and x32 gets ENOSYS, arguments are judged on their
 // low 32 bits as the kernel reads them, and families are an allowlist.
+// The filter also keeps a Trial from making a user namespace (and so from
+// mounting anything), and from io_uring.
 
 // Seccomp data offsets (struct seccomp_data, little-endian).
 const (
@@ -77,6 +79,20 @@ func seccompProgram() ([]bpf.RawInstruction, error) {
 	// io_uring can create a socket of any family (IORING_OP_SOCKET)
 	// without calling socket(2): no ring, no way around the allowlist.
 	a.jumpIf(bpf.JumpEqual, unix.SYS_IO_URING_SETUP, "enosys")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_UNSHARE, "userns")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_CLONE, "userns")
+	// clone3 passes its flags in memory, out of the filter's sight; libc
+	// falls back to clone on ENOSYS, where they are visible.
+	a.jumpIf(bpf.JumpEqual, unix.SYS_CLONE3, "enosys")
+	a.ret(retAllow)
+
+	// No user namespace: inside one a Trial would hold CAP_SYS_ADMIN over
+	// mounts of its own and could bind another socket over an allowed
+	// unix path, or replay any other mount trick. Both calls take the
+	// flags in the low 32 bits of their first argument.
+	a.label("userns")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg0, Size: 4})
+	a.jumpIf(bpf.JumpBitsSet, unix.CLONE_NEWUSER, "eperm")
 	a.ret(retAllow)
 
 	a.label("family")
