@@ -5,9 +5,9 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
-	"net"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
