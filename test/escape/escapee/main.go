@@ -45,10 +45,25 @@ var (
 	deniedName = flag.String("denied-name", "evil.example.test", "a name not on the allowlist")
 	listenFor  = flag.Duration("listen-for", time.Second, "how long the inbound listener waits")
 	inPort     = flag.Int("inbound-port", 18080, "the port the inbound listener listens on, every address")
+	mode       = flag.String("mode", "network", "network: the ways out through the network; boundary: around it, through another process, the terminal, other socket families and mounts; victim: be the process outside that holds sockets")
 )
 
 func main() {
 	flag.Parse()
+	switch *mode {
+	case "network":
+	case "boundary":
+		boundary()
+		return
+	case "victim":
+		victim()
+		return
+	case "bindconnect":
+		os.Exit(bindConnect())
+	default:
+		fmt.Fprintln(os.Stderr, "unknown -mode", *mode)
+		os.Exit(2)
+	}
 	enc := json.NewEncoder(os.Stdout)
 	a4, a6 := netip.MustParseAddr(*v4), netip.MustParseAddr(*v6)
 	t4, t6 := netip.AddrPortFrom(a4, uint16(*port)), netip.AddrPortFrom(a6, uint16(*port))
@@ -97,17 +112,20 @@ func main() {
 		{"connect-denied-name-via-proxy", connectViaProxy},
 	}
 	for _, at := range attempts {
-		err := at.fn()
-		r := Result{Name: at.name, Result: "escaped", Reason: "the kernel accepted it"}
-		var skip errSkip
-		switch {
-		case errors.As(err, &skip):
-			r.Result, r.Reason = "skipped", string(skip)
-		case err != nil:
-			r.Result, r.Reason = "blocked", err.Error()
-		}
-		_ = enc.Encode(r)
+		report(enc, at.name, at.fn())
 	}
+}
+
+func report(enc *json.Encoder, name string, err error) {
+	r := Result{Name: name, Result: "escaped", Reason: "the kernel accepted it"}
+	var skip errSkip
+	switch {
+	case errors.As(err, &skip):
+		r.Result, r.Reason = "skipped", string(skip)
+	case err != nil:
+		r.Result, r.Reason = "blocked", err.Error()
+	}
+	_ = enc.Encode(r)
 }
 
 type errSkip string

@@ -1,0 +1,348 @@
+//go:build linux
+
+package escape
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// The process-boundary attempts: around the network layers rather than
+// through them. Each is confirmed at a receiver outside the Trial: a
+// listener in the host's namespace for the stolen socket and for the
+// victim made to connect (ptrace, /proc/PID/mem); the operator's
+// terminal's input for TIOCSTI; the forbidden unix socket's listener for
+// the bind mount. Socket families are confirmed by socket() itself: a
+// vsock or other socket is the way out, there is nothing to send to.
+var boundaryAttempts = []string{"steal-socket-pidfd", "victim-ptrace-poke", "victim-proc-mem", "tiocsti",
+	"socket-vsock", "userns-bind-mount-unix"}
+
+// boundaryWorld is what the attempts aim at, all outside any Trial.
+type boundaryWorld struct {
+	targets     []string       // three listeners on the host's 127.0.0.1
+	arrived     []atomic.Int64 // connections each listener saw
+	victim      *exec.Cmd
+	pid         int
+	fds         string
+	boxes       string
+	allowed     string // a unix socket the Trial may use
+	forbidden   string // and one it may not
+	reachedUnix atomic.Int64
+	operator    *os.File // the operator's terminal (pty master)
+	opSlave     *os.File
+}
+
+func newBoundaryWorld(t *testing.T) *boundaryWorld {
+	t.Helper()
+	w := &boundaryWorld{arrived: make([]atomic.Int64, 3)}
+	for i := range 3 {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		w.targets = append(w.targets, ln.Addr().String())
+		go countAccepts(ln, &w.arrived[i])
+	}
+	// Sockets a uid-65534 process can reach, in directories only root
+	// can change (the rule without the BPF LSM layer).
+	dir, err := os.MkdirTemp("", "trialnet-boundary-") // t.TempDir's parent is 0700
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	w.allowed, w.forbidden = filepath.Join(dir, "allowed.sock"), filepath.Join(dir, "forbidden.sock")
+	for _, p := range []string{w.allowed, w.forbidden} {
+		ln, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = os.Chmod(p, 0o777)
+		t.Cleanup(func() { _ = ln.Close() })
+		if p == w.forbidden {
+			go countAccepts(ln, &w.reachedUnix)
+		}
+	}
+	w.startVictim(t)
+	w.operator, w.opSlave = openPTY(t)
+	return w
+}
+
+func countAccepts(ln net.Listener, n *atomic.Int64) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		n.Add(1)
+		_ = c.Close()
+	}
+}
+
+// startVictim runs escapee -mode victim as uid 65534 in the host's
+// namespaces and a cgroup outside trialnet: the operator's own process.
+func (w *boundaryWorld) startVictim(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(escapee(t), "-mode", "victim", "-targets", strings.Join(w.targets, ","))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	f := strings.Fields(line)
+	if err != nil || len(f) != 3 {
+		t.Fatalf("victim: %q %v", line, err)
+	}
+	w.victim, w.fds, w.boxes = cmd, f[1], f[2]
+	w.pid, _ = strconv.Atoi(f[0])
+}
+
+func openPTY(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(); _ = m.Close() })
+	return m, s
+}
+
+func (w *boundaryWorld) args(t *testing.T) []string {
+	return []string{escapee(t), "-mode", "boundary", "-victim-pid", strconv.Itoa(w.pid), "-victim-fds", w.fds,
+		"-victim-boxes", w.boxes, "-targets", strings.Join(w.targets, ","),
+		"-allowed-unix", w.allowed, "-forbidden-unix", w.forbidden}
+}
+
+// operatorTyped is what is waiting in the operator's terminal input: what
+// its shell would read, and run, once the Trial is over.
+func (w *boundaryWorld) operatorTyped() string {
+	n, err := unix.IoctlGetInt(int(w.opSlave.Fd()), unix.TIOCINQ)
+	if err != nil || n == 0 {
+		return ""
+	}
+	buf := make([]byte, n)
+	got, _ := w.opSlave.Read(buf)
+	return string(buf[:got])
+}
+
+// receivers says, per attempt, whether something arrived outside.
+func (w *boundaryWorld) receivers(res map[string]Result) map[string]bool {
+	time.Sleep(300 * time.Millisecond) // the victim polls its mailboxes every 5 ms
+	return map[string]bool{
+		"steal-socket-pidfd":     w.arrived[0].Load() > 0,
+		"victim-ptrace-poke":     w.arrived[1].Load() > 0,
+		"victim-proc-mem":        w.arrived[2].Load() > 0,
+		"tiocsti":                strings.Contains(w.operatorTyped(), "trialnet-pwned"),
+		"socket-vsock":           res["socket-vsock"].Result == "escaped",
+		"userns-bind-mount-unix": w.reachedUnix.Load() > 0,
+	}
+}
+
+func parseResults(t *testing.T, out []byte) map[string]Result {
+	t.Helper()
+	res := map[string]Result{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var r Result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("escapee output %q: %v", sc.Text(), err)
+		}
+		res[r.Name] = r
+		t.Logf("%-26s %-8s %s", r.Name, r.Result, r.Reason)
+	}
+	for _, name := range boundaryAttempts {
+		if _, ok := res[name]; !ok {
+			t.Fatalf("escapee did not report %s:\n%s", name, out)
+		}
+	}
+	return res
+}
+
+// requireNoneArrived fails for every attempt whose receiver saw it, and
+// for every other socket family that was created.
+func requireNoneArrived(t *testing.T, w *boundaryWorld, res map[string]Result) {
+	t.Helper()
+	for name, arrived := range w.receivers(res) {
+		if arrived {
+			t.Errorf("ESCAPE: %s reached its receiver outside the Trial (%s: %s)", name, res[name].Result, res[name].Reason)
+		}
+	}
+	for name, r := range res {
+		if strings.HasPrefix(name, "socket-") && r.Result == "escaped" {
+			t.Errorf("ESCAPE: %s: a socket of that family was created", name)
+		}
+	}
+}
+
+// boundaryTrial is a Trial allowed the one unix socket, on a host of the
+// test's own.
+func boundaryTrial(t *testing.T, w *boundaryWorld) (*agent.Host, *sandbox.Trial) {
+	t.Helper()
+	h, err := agent.OpenHost(testenv.IsolatedHost(t, "boundary"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	tr, err := h.Create(sandbox.Spec{ID: "boundary", UnixPaths: []string{w.allowed}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = tr.Close() })
+	return h, tr
+}
+
+// runInTrial runs the boundary escapee through trialnet's one launch path
+// as uid 65534, with the operator's terminal as its stderr.
+func runInTrial(t *testing.T, w *boundaryWorld, tr *sandbox.Trial) map[string]Result {
+	t.Helper()
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code, err := tr.Exec(ctx, sandbox.Command{Args: w.args(t), Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534,
+		Stdout: &out, Stderr: w.opSlave}, nil)
+	if err != nil || code != 0 {
+		t.Fatalf("escapee: exit %d, %v", code, err)
+	}
+	return parseResults(t, out.Bytes())
+}
+
+// runPlain runs the boundary escapee as uid 65534 without trialnet's
+// launch path: no PID namespace, no seccomp, the operator's terminal as
+// its controlling terminal (as when a Trial shared the caller's session),
+// in cgroup, and in the namespace at netnsPath.
+func runPlain(t *testing.T, w *boundaryWorld, cgroup, netnsPath string) map[string]Result {
+	t.Helper()
+	cg, err := os.Open(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	var out bytes.Buffer
+	cmd := exec.Command(w.args(t)[0], w.args(t)[1:]...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.Stdout, cmd.Stderr = &out, w.opSlave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534},
+		Setsid: true, Setctty: true, Ctty: 2, UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	if err := netns.Do(netnsPath, cmd.Run); err != nil {
+		t.Fatalf("escapee: %v", err)
+	}
+	return parseResults(t, out.Bytes())
+}
+
+// In a Trial every process-boundary attempt is refused, whichever layers
+// this kernel has.
+func TestPrivilegedEscapeBoundaryTrial(t *testing.T) {
+	privtest.Require(t)
+	w := newBoundaryWorld(t)
+	h, tr := boundaryTrial(t, w)
+	res := runInTrial(t, w, tr)
+	requireNoneArrived(t, w, res)
+	if r := res["allowed-unix-connect"]; r.Result != "escaped" {
+		t.Errorf("the allowed unix socket was not reachable from the Trial: %+v", r)
+	}
+	k, err := tr.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.BPF.LSM() && (k.ForeignSocketDenied+k.PtraceDenied+k.SockFamilyDenied+k.IoctlDenied+k.UnixIdentityDenied) == 0 {
+		t.Errorf("the BPF LSM layer is active but counted none of the attempts: %+v", k)
+	}
+	t.Logf("layers: %s", h.Layers())
+}
+
+// With the LSM layer detached, the PID namespace, the seccomp filter and
+// the Trial's own session refuse everything on their own.
+func TestPrivilegedEscapeBoundaryWithoutLSM(t *testing.T) {
+	privtest.Require(t)
+	w := newBoundaryWorld(t)
+	h, tr := boundaryTrial(t, w)
+	if err := h.BPF.DetachLSM(); err != nil {
+		t.Fatal(err)
+	}
+	if h.BPF.LSM() {
+		t.Fatal("the LSM layer is still attached")
+	}
+	requireNoneArrived(t, w, runInTrial(t, w, tr))
+}
+
+// With the LSM layer alone (the escapee placed in the Trial's cgroup and
+// namespace, but in the host's PID namespace, without seccomp, sharing
+// the operator's terminal), the task-keyed hooks refuse everything.
+func TestPrivilegedEscapeBoundaryLSMOnly(t *testing.T) {
+	privtest.Require(t)
+	w := newBoundaryWorld(t)
+	h, tr := boundaryTrial(t, w)
+	if !h.BPF.LSM() {
+		// The layer is optional and feature-detected; this kernel refuses
+		// to load BPF LSM programs, so this configuration does not exist
+		// here. The Trial and without-LSM runs above still hold.
+		t.Skipf("BPF LSM layer not active on this kernel: %v", h.BPF.LSMError())
+	}
+	res := runPlain(t, w, tr.Cgroup, tr.Netns.Path)
+	requireNoneArrived(t, w, res)
+	k, err := tr.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, n := range map[string]uint64{"foreign_socket_denied": k.ForeignSocketDenied, "ptrace_denied": k.PtraceDenied,
+		"sock_family_denied": k.SockFamilyDenied, "ioctl_denied": k.IoctlDenied, "unix_identity_denied": k.UnixIdentityDenied} {
+		if n == 0 {
+			t.Errorf("%s did not count its refusal", name)
+		}
+	}
+}
+
+// Unconfined (same uid, same terminal, no trialnet), every attempt gets
+// out and its receiver sees it: the suite can tell.
+func TestPrivilegedEscapeBoundaryUnconfinedIsSeen(t *testing.T) {
+	privtest.Require(t)
+	w := newBoundaryWorld(t)
+	res := runPlain(t, w, testenv.PlainCgroup(t, "boundary"), "/proc/self/fd/"+strconv.Itoa(int(hostNS.Fd())))
+	for name, arrived := range w.receivers(res) {
+		if !arrived {
+			t.Errorf("unconfined %s did not reach its receiver (%+v): the suite could not see this escape", name, res[name])
+		}
+	}
+}

@@ -1,0 +1,262 @@
+//go:build linux
+
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	victimPid     = flag.Int("victim-pid", 0, "boundary: the process outside the Trial that holds sockets")
+	victimFds     = flag.String("victim-fds", "", "boundary: its unconnected TCP sockets, comma-separated")
+	victimBoxes   = flag.String("victim-boxes", "", "boundary: its mailbox addresses (hex), comma-separated")
+	targets       = flag.String("targets", "", "victim and boundary: host listeners, comma-separated, one per socket")
+	allowedUnix   = flag.String("allowed-unix", "", "boundary: the unix socket path the Trial may use")
+	forbiddenUnix = flag.String("forbidden-unix", "", "boundary: a unix socket it may not")
+)
+
+// The message typed into a terminal by TIOCSTI; the test looks for it in
+// the operator's terminal input.
+const injected = "echo trialnet-pwned\n"
+
+// boundary tries the ways out that go around the network layers.
+func boundary() {
+	enc := json.NewEncoder(os.Stdout)
+	fds, boxes, tg := splitInts(*victimFds, 10), splitInts(*victimBoxes, 16), strings.Split(*targets, ",")
+	if len(fds) < 3 || len(boxes) < 3 || len(tg) < 3 {
+		fmt.Fprintln(os.Stderr, "boundary needs -victim-pid, three -victim-fds, -victim-boxes and -targets")
+		os.Exit(2)
+	}
+	report(enc, "steal-socket-pidfd", func() error { return stealAndConnect(*victimPid, int(fds[0]), tg[0]) }())
+	report(enc, "victim-ptrace-poke", ptracePoke(*victimPid, uintptr(boxes[1])))
+	report(enc, "victim-proc-mem", procMemWrite(*victimPid, boxes[2]))
+	report(enc, "tiocsti", tiocsti())
+	for _, f := range []struct {
+		name   string
+		family int
+	}{{"vsock", unix.AF_VSOCK}, {"tipc", unix.AF_TIPC}, {"rds", unix.AF_RDS}, {"can", unix.AF_CAN},
+		{"bluetooth", unix.AF_BLUETOOTH}, {"xdp", unix.AF_XDP}, {"qipcrtr", unix.AF_QIPCRTR}, {"mctp", unix.AF_MCTP}} {
+		report(enc, "socket-"+f.name, anySocket(f.family))
+	}
+	report(enc, "userns-bind-mount-unix", bindMountViaUserns())
+	// The control: the allowed socket itself is reachable.
+	report(enc, "allowed-unix-connect", func() error {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Connect(fd, &unix.SockaddrUnix{Name: *allowedUnix})
+	}())
+}
+
+func splitInts(s string, base int) []uint64 {
+	var out []uint64
+	for _, f := range strings.Split(s, ",") {
+		if v, err := strconv.ParseUint(strings.TrimPrefix(f, "0x"), base, 64); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func sockaddrOf(target string) (unix.Sockaddr, error) {
+	ap, err := netip.ParseAddrPort(target)
+	if err != nil {
+		return nil, err
+	}
+	return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}, nil
+}
+
+// stealAndConnect takes the victim's socket with pidfd_getfd and connects
+// it to a listener in the host's namespace, where the socket was made.
+func stealAndConnect(pid, fd int, target string) error {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
+	s, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd_getfd: %w", err)
+	}
+	defer unix.Close(s)
+	sa, err := sockaddrOf(target)
+	if err != nil {
+		return err
+	}
+	if err := unix.Connect(s, sa); err != nil {
+		return fmt.Errorf("connect the stolen socket: %w", err)
+	}
+	_, err = unix.Write(s, []byte("stolen"))
+	return err
+}
+
+// ptracePoke attaches to the victim and writes its mailbox, which makes
+// the victim connect its own socket for us.
+func ptracePoke(pid int, box uintptr) error {
+	if err := unix.PtraceAttach(pid); err != nil {
+		return fmt.Errorf("ptrace attach %d: %w", pid, err)
+	}
+	var ws unix.WaitStatus
+	if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != nil {
+		return fmt.Errorf("wait for the tracee: %w", err)
+	}
+	defer unix.PtraceDetach(pid)
+	one := make([]byte, 8)
+	one[0] = 1
+	if _, err := unix.PtracePokeData(pid, box, one); err != nil {
+		return fmt.Errorf("poke: %w", err)
+	}
+	return nil
+}
+
+// procMemWrite writes the victim's mailbox through /proc/PID/mem.
+func procMemWrite(pid int, box uint64) error {
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", pid), os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	one := make([]byte, 8)
+	one[0] = 1
+	_, err = f.WriteAt(one, int64(box))
+	return err
+}
+
+// tiocsti types a command into every terminal it can reach: its stdio
+// and its controlling terminal. Whether it reached the operator's is for
+// the test to see in that terminal's input.
+func tiocsti() error {
+	var errs []error
+	typed := 0
+	fds := []int{0, 1, 2}
+	if tty, err := unix.Open("/dev/tty", unix.O_RDWR|unix.O_NOCTTY, 0); err == nil {
+		defer unix.Close(tty)
+		fds = append(fds, tty)
+	}
+	for _, fd := range fds {
+		ok := true
+		for i := range len(injected) {
+			c := injected[i]
+			if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TIOCSTI, uintptr(unsafe.Pointer(&c))); errno != 0 {
+				errs = append(errs, fmt.Errorf("fd %d: %w", fd, errno))
+				ok = false
+				break
+			}
+		}
+		if ok {
+			typed++
+		}
+	}
+	if typed == 0 {
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+// anySocket makes a socket of family with any type the family offers.
+func anySocket(family int) error {
+	var last error
+	for _, typ := range []int{unix.SOCK_STREAM, unix.SOCK_DGRAM, unix.SOCK_SEQPACKET, unix.SOCK_RAW, unix.SOCK_RDM} {
+		fd, err := unix.Socket(family, typ, 0)
+		if err == nil {
+			_ = unix.Close(fd)
+			return nil
+		}
+		last = err
+	}
+	return last
+}
+
+// bindMountViaUserns makes a user and mount namespace with unshare(1),
+// bind-mounts the forbidden socket over the allowed path there and
+// connects to it (bindConnect, in the child).
+func bindMountViaUserns() error {
+	if *allowedUnix == "" || *forbiddenUnix == "" {
+		return errSkip("no -allowed-unix/-forbidden-unix")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	out, err := exec.Command("unshare", "-Urm", "--", self, "-mode", "bindconnect",
+		"-allowed-unix", *allowedUnix, "-forbidden-unix", *forbiddenUnix).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// bindConnect runs inside the user namespace: bind the forbidden socket
+// over the allowed path, then connect to "the allowed one".
+func bindConnect() int {
+	if err := unix.Mount(*forbiddenUnix, *allowedUnix, "", unix.MS_BIND, ""); err != nil {
+		fmt.Println("bind mount:", err)
+		return 1
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err == nil {
+		err = unix.Connect(fd, &unix.SockaddrUnix{Name: *allowedUnix})
+	}
+	if err == nil {
+		_, err = unix.Write(fd, []byte("bound"))
+	}
+	if err != nil {
+		fmt.Println("connect through the bind mount:", err)
+		return 1
+	}
+	return 0
+}
+
+// mailboxes are written from outside (ptrace, /proc/PID/mem); a Go heap
+// object never moves, so their addresses hold.
+var mailboxes [3]uint64
+
+// victim is a process outside the Trial of the same uid, holding three
+// unconnected TCP sockets. It prints its pid, the sockets' descriptors
+// and its mailboxes' addresses, then connects socket i to target i as
+// soon as mailbox i is written. It ends after a minute.
+func victim() {
+	tg := strings.Split(*targets, ",")
+	var fds []string
+	for range 3 {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+		if err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		fds = append(fds, strconv.Itoa(fd))
+	}
+	var boxes []string
+	for i := range mailboxes {
+		boxes = append(boxes, fmt.Sprintf("%x", uintptr(unsafe.Pointer(&mailboxes[i]))))
+	}
+	fmt.Printf("%d %s %s\n", os.Getpid(), strings.Join(fds, ","), strings.Join(boxes, ","))
+	done := [3]bool{}
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		for i := range mailboxes {
+			if done[i] || atomic.LoadUint64(&mailboxes[i]) == 0 || i >= len(tg) {
+				continue
+			}
+			done[i] = true
+			fd, _ := strconv.Atoi(fds[i])
+			if sa, err := sockaddrOf(tg[i]); err == nil && unix.Connect(fd, sa) == nil {
+				_, _ = unix.Write(fd, []byte("victim"))
+			}
+		}
+	}
+}
