@@ -48,10 +48,23 @@ func FuzzParseRequest(f *testing.F) {
 
 func FuzzClientHello(f *testing.F) {
 	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00})
+	f.Add([]byte{0x15, 0x03, 0x01, 0x00, 0x02, 0x01, 0x5a, 0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00})
+	f.Add([]byte{0x80, 0x2e, 0x01, 0x00, 0x02})
 	f.Fuzz(func(t *testing.T, data []byte) {
+		kind := classifyStream(data)
+		if len(data) > 0 && data[0] >= 0x14 && data[0] <= 0x17 && kind != streamTLS {
+			t.Fatalf("first byte %#x is a TLS record type but the stream is not TLS", data[0])
+		}
 		msg, err := handshakeMessage(data)
+		if ReasonOf(err) == ReasonTLSRecordBeforeHello && kind != streamTLS {
+			t.Fatalf("a record before the hello in a stream that is not TLS: %v", err)
+		}
 		if err != nil {
 			return
+		}
+		// Only handshake records carry a ClientHello.
+		if data[0] != recordTypeHandshake {
+			t.Fatalf("a ClientHello was assembled from a stream starting %#x", data[0])
 		}
 		info, err := ParseClientHello(msg)
 		if err != nil {

@@ -54,6 +54,12 @@ const (
 	ReasonTLSMalformed Reason = "tls_malformed" // not a well-formed ClientHello
 	ReasonTLSRequired  Reason = "tls_required"  // require_tls and the first bytes are not TLS
 	ReasonTLSECH       Reason = "tls_ech"       // encrypted ClientHello: the real name cannot be checked
+	// A TLS stream whose first records are not the ClientHello's: an
+	// alert, change_cipher_spec, application data or an empty handshake
+	// record before the ClientHello is complete (a way around the name
+	// check if the upstream skips them).
+	ReasonTLSRecordBeforeHello Reason = "tls_record_before_hello"
+	ReasonTLSSSLv2             Reason = "tls_sslv2" // an SSLv2-style ClientHello, which carries no server name
 )
 
 // status is the HTTP status a refusal is answered with.
