@@ -298,3 +298,22 @@ func (tp *testProxy) connect(t testing.TB, head string) (*http.Response, net.Con
 func connectHead(target string) string {
 	return "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n"
 }
+
+// addTrial registers another Trial on the same proxy, served on its own
+// listener, and returns a testProxy for it sharing DNS and events.
+func (tp *testProxy) addTrial(t testing.TB, id string, allow ...string) *testProxy {
+	t.Helper()
+	al, err := ParseAllowlist(allow, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.AddTrial(TrialPolicy{ID: id, Allow: al}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = tp.Serve(ln, id) }()
+	return &testProxy{Proxy: tp.Proxy, addr: ln.Addr().String(), dns: tp.dns, dialer: tp.dialer, events: tp.events}
+}

@@ -136,6 +136,8 @@ type trial struct {
 	limits  Limits
 	bucket  bucket
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
+	clients atomic.Int64 // client connections admitted and not yet closed
+	pending atomic.Int64 // of those, the ones whose request head is not read yet
 
 	handlers sync.WaitGroup // connections being handled; Add under mu, before removed is set
 	// ctx ends when the Trial is removed, cutting its DNS and dials short
@@ -351,15 +353,16 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 			fin.run()
 		}
 	}()
-	fin.add(func() { p.conns.Add(-1) })
-	if p.conns.Add(1) > int64(p.cfg.MaxConnections) {
-		p.refuse(c, ev, deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", p.cfg.MaxConnections))
+	if err := p.admit(t); err != nil {
+		p.refuse(c, ev, err)
 		return
 	}
+	fin.add(func() { p.conns.Add(-1); t.clients.Add(-1) })
 
 	_ = c.SetReadDeadline(start.Add(p.cfg.HeaderTimeout))
 	br := getReader(c)
 	req, err := ReadRequest(br)
+	t.pending.Add(-1)
 	if req != nil {
 		ev.Target, ev.Host, ev.Port = req.Target, req.Host, req.Port
 	}
@@ -415,6 +418,29 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 	}
 	handedOff = true
 	p.tunnel(c, up, br, entry, req, ev, fin)
+}
+
+// admit charges a new client connection to its Trial's caps, then to the
+// proxy-wide limit. The Trial's own caps come first, so that a Trial at
+// its caps cannot use up the connections every Trial shares; a refused
+// connection gives back what it was charged before it is answered.
+func (p *Proxy) admit(t *trial) error {
+	if t.clients.Add(1) > int64(t.limits.MaxClientConns) {
+		t.clients.Add(-1)
+		return deny(ReasonTrialConnLimit, "this Trial already has %d client connections open, its limit", t.limits.MaxClientConns)
+	}
+	if t.pending.Add(1) > int64(t.limits.MaxPendingHeads) {
+		t.pending.Add(-1)
+		t.clients.Add(-1)
+		return deny(ReasonPendingHeadLimit, "this Trial already has %d connections that have not sent their request head, its limit", t.limits.MaxPendingHeads)
+	}
+	if p.conns.Add(1) > int64(p.cfg.MaxConnections) {
+		p.conns.Add(-1)
+		t.pending.Add(-1)
+		t.clients.Add(-1)
+		return deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", p.cfg.MaxConnections)
+	}
+	return nil
 }
 
 // connect resolves req's name, checks every address and dials the

@@ -46,7 +46,12 @@ const (
 	ReasonTunnelLimit Reason = "tunnel_limit" // the Trial's concurrent tunnel limit
 	ReasonRateLimited Reason = "rate_limited" // the Trial's CONNECT rate limit
 	ReasonGlobalLimit Reason = "global_limit" // the proxy-wide connection limit
-	ReasonShutdown    Reason = "shutting_down"
+	// The Trial's client connections of every kind (Limits.MaxClientConns).
+	ReasonTrialConnLimit Reason = "trial_connection_limit"
+	// The Trial's connections still sending their request head
+	// (Limits.MaxPendingHeads).
+	ReasonPendingHeadLimit Reason = "pending_head_limit"
+	ReasonShutdown         Reason = "shutting_down"
 
 	// TLS checks on the first bytes through an allowed tunnel.
 	ReasonSNIMismatch  Reason = "sni_mismatch"  // ClientHello names another host (domain fronting)
@@ -81,7 +86,7 @@ func (r Reason) status() int {
 		return http.StatusBadGateway
 	case ReasonUpstreamTimeout:
 		return http.StatusGatewayTimeout
-	case ReasonTunnelLimit, ReasonRateLimited:
+	case ReasonTunnelLimit, ReasonRateLimited, ReasonTrialConnLimit, ReasonPendingHeadLimit:
 		return http.StatusTooManyRequests
 	default:
 		return http.StatusServiceUnavailable
