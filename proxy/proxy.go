@@ -491,8 +491,8 @@ func (p *Proxy) refuse(c net.Conn, ev *Event, err error) {
 	ev.Decision, ev.Reason, ev.Detail = DecisionDeny, d.Reason, d.Detail
 	status := d.Reason.status()
 	body := "trialnet: " + sanitize(d.Error()) + "\n"
-	resp := fmt.Sprintf("HTTP/1.1 %d %s\r\nTrialnet-Reason: %s\r\nTrialnet-Detail: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-		status, http.StatusText(status), d.Reason, sanitize(d.Detail), len(body), body)
+	resp := fmt.Sprintf("HTTP/1.1 %d %s\r\nTrialnet-Reason: %s\r\nTrialnet-Detail: %s\r\nProxy-Status: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), d.Reason, sanitize(d.Detail), d.ProxyStatus(), len(body), body)
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = io.WriteString(c, resp)
 }

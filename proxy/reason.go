@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
+	"syscall"
 )
 
 // Reason is the stable, machine-readable cause of a decision. It is sent
@@ -67,31 +69,64 @@ const (
 	ReasonTLSSSLv2             Reason = "tls_sslv2" // an SSLv2-style ClientHello, which carries no server name
 )
 
-// status is the HTTP status a refusal is answered with.
-func (r Reason) status() int {
-	switch r {
-	case ReasonMethodNotAllowed:
-		return http.StatusMethodNotAllowed
-	case ReasonBadRequest, ReasonBadTarget, ReasonBadPort:
-		return http.StatusBadRequest
-	case ReasonBadVersion:
-		return http.StatusHTTPVersionNotSupported
-	case ReasonRequestTooLarge, ReasonTooManyHeaders:
-		return http.StatusRequestHeaderFieldsTooLarge
-	case ReasonHeaderTimeout:
-		return http.StatusRequestTimeout
-	case ReasonIPLiteral, ReasonPolicyDenied, ReasonAddressDenied:
-		return http.StatusForbidden
-	case ReasonDNSNXDomain, ReasonDNSFailed, ReasonDNSNoAddresses, ReasonUpstreamUnreachable:
-		return http.StatusBadGateway
-	case ReasonUpstreamTimeout:
-		return http.StatusGatewayTimeout
-	case ReasonTunnelLimit, ReasonRateLimited, ReasonTrialConnLimit, ReasonPendingHeadLimit:
-		return http.StatusTooManyRequests
-	default:
-		return http.StatusServiceUnavailable
-	}
+// reasonInfo is how a refusal is answered: its HTTP status and its RFC
+// 9209 Proxy-Status error type.
+type reasonInfo struct {
+	status     int
+	proxyError string
 }
+
+// reasons is the one table of every reason's answer. A reason missing
+// here is answered 503 proxy_internal_error; TestReasonTable keeps it
+// complete.
+var reasons = map[Reason]reasonInfo{
+	ReasonAllowed: {http.StatusOK, ""},
+
+	ReasonMethodNotAllowed: {http.StatusMethodNotAllowed, "http_request_denied"},
+	ReasonBadRequest:       {http.StatusBadRequest, "http_request_error"},
+	ReasonBadVersion:       {http.StatusHTTPVersionNotSupported, "http_request_error"},
+	ReasonBadTarget:        {http.StatusBadRequest, "http_request_error"},
+	ReasonIPLiteral:        {http.StatusForbidden, "destination_ip_prohibited"},
+	ReasonBadPort:          {http.StatusBadRequest, "http_request_error"},
+	ReasonRequestTooLarge:  {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
+	ReasonTooManyHeaders:   {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
+	ReasonHeaderTimeout:    {http.StatusRequestTimeout, "http_request_error"},
+
+	ReasonPolicyDenied:        {http.StatusForbidden, "http_request_denied"},
+	ReasonAddressDenied:       {http.StatusForbidden, "destination_ip_prohibited"},
+	ReasonDNSNXDomain:         {http.StatusBadGateway, "dns_error"},               // rcode="NXDOMAIN"
+	ReasonDNSFailed:           {http.StatusBadGateway, "dns_error"},               // with the rcode, or dns_timeout
+	ReasonDNSNoAddresses:      {http.StatusBadGateway, "dns_error"},               // rcode="NOERROR": no A/AAAA
+	ReasonUpstreamUnreachable: {http.StatusBadGateway, "destination_unavailable"}, // connection_refused when it was
+	ReasonUpstreamTimeout:     {http.StatusGatewayTimeout, "connection_timeout"},
+
+	ReasonTunnelLimit:      {http.StatusTooManyRequests, "connection_limit_reached"},
+	ReasonRateLimited:      {http.StatusTooManyRequests, "connection_limit_reached"},
+	ReasonGlobalLimit:      {http.StatusServiceUnavailable, "connection_limit_reached"},
+	ReasonTrialConnLimit:   {http.StatusTooManyRequests, "connection_limit_reached"},
+	ReasonPendingHeadLimit: {http.StatusTooManyRequests, "connection_limit_reached"},
+	ReasonShutdown:         {http.StatusServiceUnavailable, "proxy_internal_response"},
+
+	// Decided after the 200 and answered with a TLS alert, not HTTP; the
+	// error type is recorded for completeness.
+	ReasonSNIMismatch:          {http.StatusForbidden, "http_request_denied"},
+	ReasonSNIMissing:           {http.StatusForbidden, "http_request_denied"},
+	ReasonTLSMalformed:         {http.StatusBadRequest, "tls_protocol_error"},
+	ReasonTLSRequired:          {http.StatusForbidden, "http_request_denied"},
+	ReasonTLSECH:               {http.StatusForbidden, "http_request_denied"},
+	ReasonTLSRecordBeforeHello: {http.StatusBadRequest, "tls_protocol_error"},
+	ReasonTLSSSLv2:             {http.StatusBadRequest, "tls_protocol_error"},
+}
+
+func (r Reason) info() reasonInfo {
+	if i, ok := reasons[r]; ok {
+		return i
+	}
+	return reasonInfo{http.StatusServiceUnavailable, "proxy_internal_error"}
+}
+
+// status is the HTTP status a refusal is answered with.
+func (r Reason) status() int { return r.info().status }
 
 // Denial is a refusal with its reason and a human-readable detail. Every
 // refusal the proxy makes is a *Denial; test with errors.As.
@@ -99,6 +134,15 @@ type Denial struct {
 	Reason Reason
 	Detail string
 	Err    error // the underlying error, if any
+
+	dns dnsFailure // what DNS said, for Proxy-Status
+}
+
+// dnsFailure is what a failed lookup reports in Proxy-Status: the
+// response code, or that no answer came in time.
+type dnsFailure struct {
+	rcode   string // "SERVFAIL", "REFUSED", ...
+	timeout bool
 }
 
 func (d *Denial) Error() string {
@@ -121,4 +165,62 @@ func ReasonOf(err error) Reason {
 		return d.Reason
 	}
 	return ""
+}
+
+// ProxyStatus is the RFC 9209 Proxy-Status field value for the refusal:
+// "trialnet; error=TYPE", the type's parameters (rcode for dns_error),
+// and the detail as details, all in structured-field syntax (RFC 8941).
+func (d *Denial) ProxyStatus() string {
+	typ := d.Reason.info().proxyError
+	var params [][2]string
+	switch d.Reason {
+	case ReasonDNSNXDomain:
+		params = append(params, [2]string{"rcode", "NXDOMAIN"})
+	case ReasonDNSNoAddresses:
+		params = append(params, [2]string{"rcode", "NOERROR"})
+	case ReasonDNSFailed:
+		if d.dns.timeout {
+			typ = "dns_timeout"
+		} else if d.dns.rcode != "" {
+			params = append(params, [2]string{"rcode", d.dns.rcode})
+		}
+	case ReasonUpstreamUnreachable:
+		if errors.Is(d.Err, syscall.ECONNREFUSED) {
+			typ = "connection_refused"
+		}
+	}
+	var b strings.Builder
+	b.WriteString("trialnet")
+	if typ != "" {
+		b.WriteString("; error=" + typ)
+	}
+	for _, p := range params {
+		b.WriteString("; " + p[0] + "=" + sfString(p[1]))
+	}
+	if d.Detail != "" {
+		b.WriteString("; details=" + sfString(d.Detail))
+	}
+	return b.String()
+}
+
+// sfString quotes s as a structured-field sf-string (RFC 8941 3.3.3):
+// '"' and '\' escaped with a backslash; bytes outside printable ASCII,
+// which an sf-string cannot hold, become '?'.
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }

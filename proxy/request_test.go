@@ -92,6 +92,9 @@ func TestRefusedRequests(t *testing.T) {
 			if resp.StatusCode != tc.status || Reason(resp.Header.Get("Trialnet-Reason")) != tc.reason {
 				t.Fatalf("got %d %q (%s), want %d %q", resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"), tc.status, tc.reason)
 			}
+			if ps, want := resp.Header.Get("Proxy-Status"), "trialnet; error="+reasons[tc.reason].proxyError+"; details="; !strings.HasPrefix(ps, want) {
+				t.Fatalf("Proxy-Status %q, want %s...", ps, want)
+			}
 			if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != tc.reason || ev.Trial != "t1" {
 				t.Fatalf("event %+v", ev)
 			}
