@@ -14,13 +14,16 @@ const (
 	DecisionDeny  = "deny"
 )
 
-// Event is the one decision record for one CONNECT. An allowed tunnel's
-// event is emitted when the tunnel closes, with its byte counts; a tunnel
-// refused after it opened (the TLS name check) is a deny.
+// Event is the one decision record for one CONNECT or one forwarded
+// request. An allowed tunnel's event is emitted when the tunnel closes,
+// with its byte counts (a forwarded request's: body bytes up, response
+// bytes down); a tunnel refused after it opened (the TLS name check) is
+// a deny.
 type Event struct {
 	Time      time.Time
 	Trial     string
 	Client    string // the client's address as the listener saw it
+	Method    string // CONNECT, or the method of a forwarded request
 	Target    string // the request-target as sent
 	Host      string // normalised name, if the target parsed
 	Port      uint16
@@ -39,6 +42,7 @@ type Event struct {
 const (
 	keyTrial     = "trial"
 	keyClient    = "client"
+	keyMethod    = "method"
 	keyTarget    = "target"
 	keyHost      = "host"
 	keyPort      = "port"
@@ -74,6 +78,7 @@ func (e *Event) attrs() []slog.Attr {
 		slog.Time(keyStart, e.Time),
 		slog.String(keyTrial, e.Trial),
 		slog.String(keyClient, e.Client),
+		slog.String(keyMethod, e.Method),
 		slog.String(keyTarget, e.Target),
 		slog.String(keyHost, e.Host),
 		slog.Int(keyPort, int(e.Port)),

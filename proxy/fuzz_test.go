@@ -5,6 +5,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
@@ -98,6 +99,37 @@ func FuzzGuard(f *testing.F) {
 				x.IsLinkLocalUnicast() || x.IsLinkLocalMulticast() || x.IsInterfaceLocalMulticast() || !x.IsGlobalUnicast() {
 				t.Fatalf("%s allowed but %s is not global unicast", a, x)
 			}
+		}
+	})
+}
+
+func FuzzHTTPHead(f *testing.F) {
+	f.Add([]byte("GET http://api.example.com/x?y HTTP/1.1\r\nHost: api.example.com\r\n\r\n"))
+	f.Add([]byte("POST http://api.example.com:8080/ HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"))
+	f.Add([]byte("GET https://api.example.com/ HTTP/1.1\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		end := headEnd(data)
+		if end == 0 {
+			return
+		}
+		req, err := parseHTTPHead(data[:end])
+		if err != nil {
+			if ReasonOf(err) == "" {
+				t.Fatalf("refusal without a reason: %v", err)
+			}
+			return
+		}
+		// Whatever passes names a clean host and port, and net/http
+		// frames it without complaint and with one body length.
+		if req.Port == 0 || req.Host == "" || isIPLiteral(req.Host) || !forwardedMethods[req.Method] {
+			t.Fatalf("accepted %+v", req)
+		}
+		in, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(data[:end])))
+		if err != nil {
+			t.Fatalf("accepted a head net/http refuses: %v", err)
+		}
+		if len(in.Header.Values("Content-Length")) > 0 && len(in.TransferEncoding) > 0 {
+			t.Fatalf("accepted both Content-Length and Transfer-Encoding: %q", data[:end])
 		}
 	})
 }

@@ -206,6 +206,9 @@ type proxyOpts struct {
 	limits    *Limits
 	upstream  func(*net.TCPConn)
 	configure func(*Config)
+	// upstreamAddr, if set, is where every checked address is dialed
+	// instead of the upstream function's listener (an httptest server).
+	upstreamAddr string
 }
 
 // newTestProxy starts a Proxy for Trial "t1" on 127.0.0.1:0, resolving
@@ -230,7 +233,11 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 		}
 		cidrs = append(cidrs, p)
 	}
-	tp := &testProxy{dns: ds, dialer: &mapDialer{to: up.ln.Addr().String()}, events: make(chan Event, 1024)}
+	to := up.ln.Addr().String()
+	if o.upstreamAddr != "" {
+		to = o.upstreamAddr
+	}
+	tp := &testProxy{dns: ds, dialer: &mapDialer{to: to}, events: make(chan Event, 1024)}
 	cfg := Config{
 		Resolver: res, Dialer: tp.dialer, AllowCIDRs: cidrs,
 		OnEvent: func(e Event) { tp.events <- e },

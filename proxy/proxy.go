@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -338,14 +339,20 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 	fin.add(p.wg.Done)
 	fin.add(t.handlers.Done)
 	fin.add(func() { t.untrack(c) })
-	start := time.Now()
-	ev := &Event{Time: start, Trial: t.id, Client: c.RemoteAddr().String()}
+	ev := p.newEvent(t, c)
+	start := ev.Time
 	handedOff := false
 	fin.add(func() {
-		ev.Duration = time.Since(start)
-		p.emit(t, ev)
-		if !handedOff && ev.Decision == DecisionDeny {
+		if ev != nil { // nil: a forwarding connection ended between requests
+			ev.Duration = time.Since(ev.Time)
+			p.emit(t, ev)
+		}
+		switch {
+		case handedOff:
+		case ev != nil && ev.Decision == DecisionDeny:
 			lingerClose(c) // refused with an HTTP answer: let the client read it
+		default:
+			_ = c.Close()
 		}
 	})
 	defer func() {
@@ -361,10 +368,18 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 
 	_ = c.SetReadDeadline(start.Add(p.cfg.HeaderTimeout))
 	br := getReader(c)
+	if !startsWithConnect(br) {
+		// Forwarding: br stays with the connection (the Transport may
+		// still read a request body from it after we are done).
+		headDone := sync.OnceFunc(func() { t.pending.Add(-1) })
+		ev = p.serveHTTP(c, t, br, ev, headDone)
+		headDone()
+		return
+	}
 	req, err := ReadRequest(br)
 	t.pending.Add(-1)
 	if req != nil {
-		ev.Target, ev.Host, ev.Port = req.Target, req.Host, req.Port
+		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port
 	}
 	if err != nil {
 		putReader(br)
@@ -418,6 +433,14 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 	}
 	handedOff = true
 	p.tunnel(c, up, br, entry, req, ev, fin)
+}
+
+// startsWithConnect reports whether the request on br is a CONNECT. It
+// waits for the first eight bytes (within the header deadline); a client
+// that sends fewer gets the CONNECT reader's refusal.
+func startsWithConnect(br *bufio.Reader) bool {
+	b, _ := br.Peek(len("CONNECT "))
+	return len(b) < len("CONNECT ") || string(b) == "CONNECT "
 }
 
 // admit charges a new client connection to its Trial's caps, then to the
@@ -524,7 +547,11 @@ func (p *Proxy) emit(t *trial, ev *Event) {
 	t.stats.Add(ev)
 	t.mu.Unlock()
 	if ctx := context.Background(); p.log.Enabled(ctx, ev.level()) {
-		p.log.LogAttrs(ctx, ev.level(), "connect", ev.attrs()...)
+		msg := "connect"
+		if ev.Method != "" && ev.Method != "CONNECT" {
+			msg = "forward"
+		}
+		p.log.LogAttrs(ctx, ev.level(), msg, ev.attrs()...)
 	}
 	if p.cfg.OnEvent != nil {
 		p.cfg.OnEvent(*ev)

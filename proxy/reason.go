@@ -1,8 +1,10 @@
 // Package proxy is trialnet's allowlisting HTTP CONNECT proxy: it checks
 // the requested name against a Trial's allowlist before any DNS, checks
 // every resolved address, dials only the addresses it checked, and relays
-// the tunnel like TCP (half-close, no idle timeout). One Proxy serves many
-// Trials; every listener belongs to one Trial and every decision names it.
+// the tunnel like TCP (half-close, no idle timeout). Plain http:// requests
+// in absolute form are forwarded through the same checks, one decision per
+// request. One Proxy serves many Trials; every listener belongs to one
+// Trial and every decision names it.
 package proxy
 
 import (
@@ -23,15 +25,17 @@ const (
 	ReasonAllowed Reason = "allowed"
 
 	// The request itself.
-	ReasonMethodNotAllowed Reason = "method_not_allowed" // not CONNECT
-	ReasonBadRequest       Reason = "bad_request"        // malformed HTTP
-	ReasonBadVersion       Reason = "bad_version"        // not HTTP/1.0 or HTTP/1.1
-	ReasonBadTarget        Reason = "bad_target"         // not a clean host:port authority
-	ReasonIPLiteral        Reason = "ip_literal"         // an address in any spelling instead of a name
-	ReasonBadPort          Reason = "bad_port"           // port not a number in 1-65535
-	ReasonRequestTooLarge  Reason = "request_too_large"  // request line or header block over the limit
-	ReasonTooManyHeaders   Reason = "too_many_headers"
-	ReasonHeaderTimeout    Reason = "header_timeout" // the head did not arrive in time (slowloris)
+	ReasonMethodNotAllowed Reason = "method_not_allowed" // not CONNECT or a forwarded method
+	// An https:// URL in absolute form: HTTPS goes through CONNECT.
+	ReasonHTTPSNeedsConnect Reason = "https_needs_connect"
+	ReasonBadRequest        Reason = "bad_request"       // malformed HTTP
+	ReasonBadVersion        Reason = "bad_version"       // not HTTP/1.0 or HTTP/1.1
+	ReasonBadTarget         Reason = "bad_target"        // not a clean host:port authority
+	ReasonIPLiteral         Reason = "ip_literal"        // an address in any spelling instead of a name
+	ReasonBadPort           Reason = "bad_port"          // port not a number in 1-65535
+	ReasonRequestTooLarge   Reason = "request_too_large" // request line or header block over the limit
+	ReasonTooManyHeaders    Reason = "too_many_headers"
+	ReasonHeaderTimeout     Reason = "header_timeout" // the head did not arrive in time (slowloris)
 
 	// Policy and DNS.
 	ReasonPolicyDenied   Reason = "policy_denied"    // host:port is not on the Trial's allowlist
@@ -43,6 +47,9 @@ const (
 	// Upstream.
 	ReasonUpstreamUnreachable Reason = "upstream_unreachable"
 	ReasonUpstreamTimeout     Reason = "upstream_timeout"
+	// A forwarded request's upstream closed or spoke malformed HTTP
+	// before its response head.
+	ReasonUpstreamBadResponse Reason = "upstream_bad_response"
 
 	// Limits and lifecycle.
 	ReasonTunnelLimit Reason = "tunnel_limit" // the Trial's concurrent tunnel limit
@@ -82,15 +89,16 @@ type reasonInfo struct {
 var reasons = map[Reason]reasonInfo{
 	ReasonAllowed: {http.StatusOK, ""},
 
-	ReasonMethodNotAllowed: {http.StatusMethodNotAllowed, "http_request_denied"},
-	ReasonBadRequest:       {http.StatusBadRequest, "http_request_error"},
-	ReasonBadVersion:       {http.StatusHTTPVersionNotSupported, "http_request_error"},
-	ReasonBadTarget:        {http.StatusBadRequest, "http_request_error"},
-	ReasonIPLiteral:        {http.StatusForbidden, "destination_ip_prohibited"},
-	ReasonBadPort:          {http.StatusBadRequest, "http_request_error"},
-	ReasonRequestTooLarge:  {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
-	ReasonTooManyHeaders:   {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
-	ReasonHeaderTimeout:    {http.StatusRequestTimeout, "http_request_error"},
+	ReasonMethodNotAllowed:  {http.StatusMethodNotAllowed, "http_request_denied"},
+	ReasonHTTPSNeedsConnect: {http.StatusBadRequest, "http_request_denied"},
+	ReasonBadRequest:        {http.StatusBadRequest, "http_request_error"},
+	ReasonBadVersion:        {http.StatusHTTPVersionNotSupported, "http_request_error"},
+	ReasonBadTarget:         {http.StatusBadRequest, "http_request_error"},
+	ReasonIPLiteral:         {http.StatusForbidden, "destination_ip_prohibited"},
+	ReasonBadPort:           {http.StatusBadRequest, "http_request_error"},
+	ReasonRequestTooLarge:   {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
+	ReasonTooManyHeaders:    {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
+	ReasonHeaderTimeout:     {http.StatusRequestTimeout, "http_request_error"},
 
 	ReasonPolicyDenied:        {http.StatusForbidden, "http_request_denied"},
 	ReasonAddressDenied:       {http.StatusForbidden, "destination_ip_prohibited"},
@@ -99,6 +107,7 @@ var reasons = map[Reason]reasonInfo{
 	ReasonDNSNoAddresses:      {http.StatusBadGateway, "dns_error"},               // rcode="NOERROR": no A/AAAA
 	ReasonUpstreamUnreachable: {http.StatusBadGateway, "destination_unavailable"}, // connection_refused when it was
 	ReasonUpstreamTimeout:     {http.StatusGatewayTimeout, "connection_timeout"},
+	ReasonUpstreamBadResponse: {http.StatusBadGateway, "http_response_incomplete"},
 
 	ReasonTunnelLimit:      {http.StatusTooManyRequests, "connection_limit_reached"},
 	ReasonRateLimited:      {http.StatusTooManyRequests, "connection_limit_reached"},
