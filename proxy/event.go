@@ -20,6 +20,7 @@ const (
 // bytes down); a tunnel refused after it opened (the TLS name check) is
 // a deny.
 type Event struct {
+	ID        string // unique per decision, for joining with other logs
 	Time      time.Time
 	Trial     string
 	Client    string // the client's address as the listener saw it
@@ -33,9 +34,14 @@ type Event struct {
 	Resolved  []netip.Addr
 	Dialed    netip.AddrPort
 	SNI       string
-	BytesUp   int64 // client to upstream
-	BytesDown int64 // upstream to client
+	Rule      string // the allowlist entry that allowed the name, as host:port or *.suffix:port
+	BytesUp   int64  // client to upstream
+	BytesDown int64  // upstream to client
 	Duration  time.Duration
+	// Timings, each zero if the step did not happen: all DNS, all dial
+	// attempts, and from the start to the upstream's first byte (a
+	// forwarded request's response head).
+	DNS, Dial, FirstByte time.Duration
 }
 
 // Event keys in the JSON log; constant so that log consumers can rely on them.
@@ -56,6 +62,11 @@ const (
 	keyBytesDown = "bytes_down"
 	keyDuration  = "duration_us"
 	keyStart     = "start"
+	keyID        = "event_id"
+	keyRule      = "rule"
+	keyDNS       = "dns_us"
+	keyDial      = "dial_us"
+	keyFirstByte = "first_byte_us"
 )
 
 func (e *Event) level() slog.Level {
@@ -91,13 +102,18 @@ func (e *Event) attrs() []slog.Attr {
 		slog.Int64(keyBytesUp, e.BytesUp),
 		slog.Int64(keyBytesDown, e.BytesDown),
 		slog.Int64(keyDuration, e.Duration.Microseconds()),
+		slog.String(keyID, e.ID),
+		slog.String(keyRule, e.Rule),
+		slog.Int64(keyDNS, e.DNS.Microseconds()),
+		slog.Int64(keyDial, e.Dial.Microseconds()),
+		slog.Int64(keyFirstByte, e.FirstByte.Microseconds()),
 	}
 }
 
 // MarshalJSON writes the event with the same keys as the log record, so
 // a decision log on disk reads like the proxy's JSON lines.
 func (e Event) MarshalJSON() ([]byte, error) {
-	m := make(map[string]any, 16)
+	m := make(map[string]any, 24)
 	for _, a := range e.attrs() {
 		m[a.Key] = a.Value.Any()
 	}

@@ -5,6 +5,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"errors"
 	"io"
 	"net"
@@ -127,9 +128,11 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 		return false, &Denial{Reason: ReasonBadRequest, Detail: "malformed request: " + err.Error(), Err: err}
 	}
 	_ = h.c.SetReadDeadline(time.Time{})
-	if err := h.p.admitRequest(h.t, req); err != nil {
+	entry, err := h.p.admitRequest(h.t, req)
+	if err != nil {
 		return false, err
 	}
+	ev.Rule = entry.String()
 	defer h.t.tunnels.Add(-1)
 	out, body, err := h.outgoing(in, req, ev)
 	if err != nil {
@@ -141,6 +144,7 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 	if err != nil {
 		return false, upstreamError(h.t.ctx, err)
 	}
+	ev.FirstByte = time.Since(ev.Time)
 	defer resp.Body.Close()
 	ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
 	keep, err = h.respond(in, resp, ev)
@@ -152,19 +156,20 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 // admitRequest charges one forwarded request like one CONNECT: the rate,
 // a tunnel slot for its life (the caller gives it back) and the
 // allowlist, all before any DNS.
-func (p *Proxy) admitRequest(t *trial, req *Request) error {
+func (p *Proxy) admitRequest(t *trial, req *Request) (Entry, error) {
 	if !t.bucket.take(time.Now()) {
-		return deny(ReasonRateLimited, "more than %g requests per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
+		return Entry{}, deny(ReasonRateLimited, "more than %g requests per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
 	}
 	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
 		t.tunnels.Add(-1)
-		return deny(ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
+		return Entry{}, deny(ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
 	}
-	if _, ok := t.allow.Match(req.Host, req.Port); !ok {
+	entry, ok := t.allow.Match(req.Host, req.Port)
+	if !ok {
 		t.tunnels.Add(-1)
-		return deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
+		return Entry{}, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
 	}
-	return nil
+	return entry, nil
 }
 
 // outgoing builds the upstream request: the checked name and port, the
@@ -317,5 +322,5 @@ func (w *countWriter) Write(p []byte) (int, error) {
 
 // newEvent starts the decision record of one request on c.
 func (p *Proxy) newEvent(t *trial, c net.Conn) *Event {
-	return &Event{Time: time.Now(), Trial: t.id, Client: c.RemoteAddr().String()}
+	return &Event{ID: rand.Text(), Time: time.Now(), Trial: t.id, Client: c.RemoteAddr().String()}
 }

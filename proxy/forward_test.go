@@ -116,6 +116,7 @@ func TestForwardWithCurl(t *testing.T) {
 	}
 	evs := tp.drainEvents(t, 3)
 	if evs[0].Method != "GET" || evs[0].Reason != ReasonAllowed || evs[0].Dialed.String() != "93.184.216.34:80" ||
+		evs[0].Rule != "api.example.com:80" || evs[0].FirstByte <= 0 || evs[1].Rule != "api.example.com:8080" || evs[0].ID == evs[1].ID ||
 		evs[1].Method != "POST" || evs[1].BytesUp != 7 || evs[2].Reason != ReasonPolicyDenied {
 		t.Fatalf("events %+v", evs)
 	}

@@ -408,6 +408,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		p.refuse(c, ev, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort()))
 		return
 	}
+	ev.Rule = entry.String()
 	up, err := p.connect(t.ctx, req, ev)
 	if err != nil {
 		if t.ctx.Err() != nil {
@@ -470,8 +471,10 @@ func (p *Proxy) admit(t *trial) error {
 // checked ones.
 func (p *Proxy) connect(trialCtx context.Context, req *Request, ev *Event) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(trialCtx, p.cfg.DNSTimeout)
+	t0 := time.Now()
 	ans, err := p.resolver.Resolve(ctx, req.Host)
 	cancel()
+	ev.DNS = time.Since(t0)
 	ev.Resolved = ans.Addrs
 	if err != nil {
 		if ReasonOf(err) == "" {
@@ -496,7 +499,9 @@ func (p *Proxy) connect(trialCtx context.Context, req *Request, ev *Event) (net.
 	}
 	ctx, cancel = context.WithTimeout(trialCtx, p.cfg.DialTimeout)
 	defer cancel()
+	t0 = time.Now()
 	up, dialed, err := dialAny(ctx, p.dialer, targets, p.cfg.FallbackDelay)
+	ev.Dial = time.Since(t0)
 	if err != nil {
 		return nil, err
 	}

@@ -53,7 +53,7 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 	}
 	go func() {
 		defer end()
-		n, err := relay(client, up)
+		n, err := pumpDown(client, up, ev)
 		ev.BytesDown = n
 		if err == nil {
 			err = closeWrite(client)
@@ -68,6 +68,25 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 			abort("client to upstream", err)
 		}
 	}()
+}
+
+// pumpDown copies upstream to client, timing the upstream's first byte:
+// that byte is read on its own, the rest relayed (spliced) as before.
+func pumpDown(client, up net.Conn, ev *Event) (int64, error) {
+	var b [1]byte
+	n, err := up.Read(b[:])
+	if n == 0 {
+		if errors.Is(err, io.EOF) {
+			return 0, nil
+		}
+		return 0, err
+	}
+	ev.FirstByte = time.Since(ev.Time)
+	if _, err := client.Write(b[:n]); err != nil {
+		return 0, err
+	}
+	m, err := relay(client, up)
+	return m + 1, err
 }
 
 // pumpUp checks the client's first bytes (TLS name check), then copies

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -38,6 +39,19 @@ func TestTunnelRequestResponseAndPipelinedBytes(t *testing.T) {
 	if ev.Decision != DecisionAllow || ev.Reason != ReasonAllowed || ev.BytesUp != 23 || ev.BytesDown != 23 ||
 		ev.Dialed.String() != "93.184.216.34:443" || ev.Host != "api.example.com" || ev.Trial != "t1" {
 		t.Fatalf("event %+v", ev)
+	}
+	if len(ev.ID) < 16 || ev.Rule != "api.example.com:443" || ev.Method != "CONNECT" || ev.DNS <= 0 || ev.Dial <= 0 ||
+		ev.FirstByte < ev.DNS+ev.Dial || ev.FirstByte > ev.Duration {
+		t.Fatalf("event id, rule, method or timings: %+v", ev)
+	}
+	var rec map[string]any
+	if b, err := json.Marshal(ev); err != nil || json.Unmarshal(b, &rec) != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"event_id", "rule", "method", "dns_us", "dial_us", "first_byte_us", "bytes_up", "reason", "start"} {
+		if _, ok := rec[k]; !ok {
+			t.Fatalf("JSON record lacks %q: %v", k, rec)
+		}
 	}
 	st, _ := tp.Stats("t1")
 	if st.Allowed != 1 || st.BytesUp != 23 || st.BytesDown != 23 || st.Decisions[ReasonAllowed] != 1 {
