@@ -217,8 +217,9 @@ func (t *trial) shutdown() {
 	t.mu.Unlock()
 }
 
-// Serve accepts CONNECT requests on ln for Trial id until ln is closed,
-// the Trial is removed or the proxy is closed; then it returns nil.
+// Serve accepts CONNECT and forwarded requests on ln for Trial id until
+// ln is closed, the Trial is removed or the proxy is closed; then it
+// returns nil.
 func (p *Proxy) Serve(ln net.Listener, id string) error {
 	p.mu.Lock()
 	t, ok := p.trials[id]
@@ -330,10 +331,8 @@ func (c cleanups) run() {
 	}
 }
 
-// handle serves one client connection: parse, decide, dial, and hand an
-// allowed tunnel to two fresh goroutines. Handing off keeps an idle
-// tunnel's stacks small: the deep DNS and dial call chains stay on this
-// goroutine, which then exits.
+// handle serves one client connection: admit it, then serve a CONNECT
+// or forward plain HTTP requests.
 func (p *Proxy) handle(c net.Conn, t *trial) {
 	var fin cleanups
 	fin.add(p.wg.Done)
@@ -376,6 +375,14 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		headDone()
 		return
 	}
+	p.serveConnect(c, t, br, ev, &fin, &handedOff)
+}
+
+// serveConnect serves a CONNECT: parse, decide, dial, and hand an allowed
+// tunnel, with fin, to two fresh goroutines (setting *handedOff first).
+// Handing off keeps an idle tunnel's stacks small: the deep DNS and dial
+// call chains stay on this goroutine, which then exits.
+func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, fin *cleanups, handedOff *bool) {
 	req, err := ReadRequest(br)
 	t.pending.Add(-1)
 	if req != nil {
@@ -389,7 +396,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 	// From here br holds only bytes pipelined after the head: they belong
 	// to the tunnel, which returns br to the pool.
 	fin.add(func() {
-		if !handedOff {
+		if !*handedOff {
 			putReader(br)
 		}
 	})
@@ -432,8 +439,8 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		ev.Decision = DecisionAllow
 		return
 	}
-	handedOff = true
-	p.tunnel(c, up, br, entry, req, ev, fin)
+	*handedOff = true
+	p.tunnel(c, up, br, entry, req, ev, *fin)
 }
 
 // startsWithConnect reports whether the request on br is a CONNECT. It
