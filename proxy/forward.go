@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -57,6 +58,12 @@ type httpConn struct {
 	ev    *Event   // the request being served, for the dialer
 	req   *Request // likewise
 	wrote bool     // response bytes reached the client: no refusal can follow
+
+	// wmu orders a 100 Continue, written from the Transport's goroutine
+	// when it first reads the body, before the response: once the
+	// response is being written, no 100 Continue is.
+	wmu        sync.Mutex
+	responding bool
 }
 
 // serveHTTP serves forwarded requests on c until the client or a refusal
@@ -93,7 +100,10 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 				_ = c.Close()
 				return ev
 			}
+			h.wmu.Lock()
+			h.responding = true // no 100 Continue after the refusal
 			p.refuse(c, ev, err)
+			h.wmu.Unlock()
 			return ev
 		}
 		if !keep {
@@ -109,6 +119,9 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 // another.
 func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, err error) {
 	h.wrote = false
+	h.wmu.Lock()
+	h.responding = false
+	h.wmu.Unlock()
 	raw, err := peekHead(h.r)
 	if first {
 		headDone()
@@ -188,7 +201,13 @@ func (h *httpConn) outgoing(in *http.Request, req *Request, ev *Event) (*http.Re
 		hdr.Del("Expect")
 		// The client waits for 100 Continue before its body; it gets one
 		// when the upstream request first reads the body.
-		body.onFirstRead = func() { _, _ = io.WriteString(h.c, "HTTP/1.1 100 Continue\r\n\r\n") }
+		body.onFirstRead = func() {
+			h.wmu.Lock()
+			defer h.wmu.Unlock()
+			if !h.responding {
+				_, _ = io.WriteString(h.c, "HTTP/1.1 100 Continue\r\n\r\n")
+			}
+		}
 	}
 	hostField := req.Host
 	if req.Port != 80 {
@@ -212,6 +231,9 @@ func (h *httpConn) outgoing(in *http.Request, req *Request, ev *Event) (*http.Re
 // respond writes the upstream's response to the client, without
 // hop-by-hop fields, and says whether the connection may be kept.
 func (h *httpConn) respond(in *http.Request, resp *http.Response, ev *Event) (bool, error) {
+	h.wmu.Lock()
+	h.responding = true
+	h.wmu.Unlock()
 	removeHopByHop(resp.Header)
 	resp.ProtoMajor, resp.ProtoMinor, resp.Proto = 1, 1, "HTTP/1.1"
 	keep := !in.Close && !(in.ProtoMajor == 1 && in.ProtoMinor == 0)
