@@ -11,10 +11,10 @@ import (
 )
 
 // Entry is one allowlist entry: an exact name or a "*.suffix" wildcard,
-// and one port.
+// and one port. A wildcard stops at public suffixes; see wildcardCovers.
 type Entry struct {
 	Name       string // normalised; for a wildcard, the suffix without "*."
-	Wildcard   bool   // matches names with at least one more label, never Name itself
+	Wildcard   bool   // matches names with at least one more label, never Name itself, never across a public suffix
 	Port       uint16
 	RequireTLS bool // the first bytes through the tunnel must be a ClientHello
 }
@@ -29,9 +29,9 @@ func (e Entry) String() string {
 
 // ParseEntry parses "host:port" or "*.suffix:port". Names are compared in
 // lower case, without one trailing dot, and in their ASCII (punycode)
-// form; a Unicode name in configuration is converted. Entries that are
-// too broad ("*", "*.com", "*.co.uk", "*.github.io": any public suffix)
-// or that name an IP address are refused.
+// form; a Unicode name in configuration is converted. Entries that name
+// an IP address are refused, and so are wildcards that are too broad or
+// could only match other owners' names (see checkWildcard).
 func ParseEntry(s string) (Entry, error) {
 	i := strings.LastIndexByte(s, ':')
 	if i < 0 {
@@ -61,8 +61,8 @@ func ParseEntry(s string) (Entry, error) {
 		return Entry{}, fmt.Errorf("allowlist entry %q: %v", s, err)
 	}
 	if e.Wildcard {
-		if ps, _ := publicsuffix.PublicSuffix(name); ps == name {
-			return Entry{}, fmt.Errorf("allowlist entry %q is too broad: %q is a public suffix, so the wildcard would match names of unrelated owners", s, name)
+		if err := checkWildcard(name); err != nil {
+			return Entry{}, fmt.Errorf("allowlist entry %q: %w", s, err)
 		}
 	}
 	if !strings.Contains(name, ".") {
@@ -125,7 +125,7 @@ func (a *Allowlist) Match(host string, port uint16) (Entry, bool) {
 		found, ok = e, true
 	}
 	for _, e := range a.wildcard {
-		if e.Port == port && strings.HasSuffix(host, "."+e.Name) && (!ok || e.RequireTLS) {
+		if e.Port == port && (!ok || e.RequireTLS) && wildcardCovers(host, e.Name) {
 			found, ok = e, true
 		}
 	}
@@ -159,4 +159,66 @@ func Union(lists ...*Allowlist) *Allowlist {
 		all = append(all, l.Entries()...)
 	}
 	return NewAllowlist(all...)
+}
+
+// wildcardProbe is a label no public suffix rule names: if probe.S is a
+// public suffix, a wildcard rule "*.S" makes every child of S one.
+const wildcardProbe = "trialnet-wildcard-probe"
+
+// checkWildcard decides at load whether "*.name" is a usable wildcard,
+// using the public suffix list (golang.org/x/net/publicsuffix, ICANN and
+// private sections together). It is refused when
+//
+//   - name is itself a public suffix ("*.com", "*.co.uk", "*.github.io",
+//     "*.s3.amazonaws.com", an unlisted top-level name like "*.internal"):
+//     its children belong to unrelated owners;
+//   - every direct child of name is a public suffix by a wildcard rule
+//     ("*.kawasaki.jp", "*.compute.amazonaws.com"): under the matching
+//     rule of wildcardCovers the entry could only ever match those
+//     children themselves, each the suffix of other owners, and nothing
+//     below them. Exceptions to such a rule ("!city.kawasaki.jp") are
+//     not worth a wildcard: list those names.
+func checkWildcard(name string) error {
+	if ps, icann := publicsuffix.PublicSuffix(name); ps == name {
+		return fmt.Errorf("too broad: %q is a public suffix (%s), so the wildcard would match names of unrelated owners", name, section(icann))
+	}
+	probe := wildcardProbe + "." + name
+	if ps, icann := publicsuffix.PublicSuffix(probe); ps == probe {
+		return fmt.Errorf("can never match a single owner's host: every name directly under %q is itself a public suffix (rule *.%s, %s), and the wildcard does not reach across a public suffix; list exact names instead", name, name, section(icann))
+	}
+	return nil
+}
+
+func section(icann bool) string {
+	if icann {
+		return "ICANN section of the public suffix list"
+	}
+	return "private section of the public suffix list, or no rule at all"
+}
+
+// wildcardCovers reports whether host matches "*.suffix": host must end
+// in "."+suffix, and no public suffix may lie strictly between host and
+// suffix. So "*.amazonaws.com" matches "foo.amazonaws.com" and the host
+// "s3.amazonaws.com" itself, but not "x.s3.amazonaws.com", which sits
+// under the public suffix "s3.amazonaws.com" and so belongs to another
+// owner. host must be normalised.
+func wildcardCovers(host, suffix string) bool {
+	if !strings.HasSuffix(host, "."+suffix) {
+		return false
+	}
+	// Walk the ancestors of host that are strictly below suffix.
+	n := host
+	for {
+		i := strings.IndexByte(n, '.')
+		if i < 0 {
+			return false // cannot happen: host ends in "."+suffix
+		}
+		n = n[i+1:]
+		if n == suffix {
+			return true
+		}
+		if ps, _ := publicsuffix.PublicSuffix(n); ps == n {
+			return false
+		}
+	}
 }

@@ -12,7 +12,7 @@ import (
 // drained, and the CONNECT head for its one allowed name.
 func benchProxy(b *testing.B) (*testProxy, []byte) {
 	tp := newTestProxy(b, proxyOpts{allow: []string{"api.example.com:443"},
-		limits: &Limits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20}})
+		limits: &Limits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20, MaxClientConns: 1 << 20, MaxPendingHeads: 1 << 20}})
 	go func() {
 		for range tp.events {
 		}

@@ -123,7 +123,7 @@ func (f *File) validate() error {
 		}
 		f.cidrs = append(f.cidrs, p)
 	}
-	if f.Limits.MaxTunnels < 0 || f.Limits.ConnectRate < 0 || f.Limits.ConnectBurst < 0 || f.MaxConnections < 0 {
+	if l := f.Limits; l.MaxTunnels < 0 || l.ConnectRate < 0 || l.ConnectBurst < 0 || l.MaxClientConns < 0 || l.MaxPendingHeads < 0 || f.MaxConnections < 0 {
 		return errors.New("limits cannot be negative (0 means the default)")
 	}
 	return nil

@@ -105,3 +105,59 @@ func TestParseFileRefusals(t *testing.T) {
 		t.Fatalf("empty file: %v", err)
 	}
 }
+
+// TestWildcardsStopAtPublicSuffixes checks wildcards against names from
+// the public suffix list, its private section included.
+func TestWildcardsStopAtPublicSuffixes(t *testing.T) {
+	for _, c := range []struct {
+		entry string
+		why   string // substring of the load error; "" when the entry loads
+	}{
+		{"*.co.uk:443", "is a public suffix (ICANN"},
+		{"*.github.io:443", "is a public suffix (private"},
+		{"*.s3.amazonaws.com:443", "is a public suffix (private"},
+		{"*.blogspot.com:443", "is a public suffix (private"},
+		{"*.appspot.com:443", "is a public suffix (private"},
+		{"*.githubusercontent.com:443", "is a public suffix (private"},
+		{"*.kawasaki.jp:443", "every name directly under \"kawasaki.jp\" is itself a public suffix (rule *.kawasaki.jp, ICANN"},
+		{"*.compute.amazonaws.com:443", "every name directly under \"compute.amazonaws.com\" is itself a public suffix (rule *.compute.amazonaws.com, private"},
+		{"*.amazonaws.com:443", ""},
+		{"*.alice.github.io:443", ""},
+		{"*.example.co.uk:443", ""},
+	} {
+		_, err := ParseEntry(c.entry)
+		switch {
+		case c.why == "" && err != nil:
+			t.Errorf("ParseEntry(%q): %v", c.entry, err)
+		case c.why != "" && (err == nil || !strings.Contains(err.Error(), c.why)):
+			t.Errorf("ParseEntry(%q) = %v, want an error saying %q", c.entry, err, c.why)
+		}
+	}
+
+	a, err := ParseAllowlist([]string{"*.amazonaws.com:443", "*.alice.github.io:443", "*.example.co.uk:443", "*.corp.example.com:443"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]bool{
+		"foo.amazonaws.com":                  true,  // no suffix between
+		"s3.amazonaws.com":                   true,  // a suffix itself, but none strictly between
+		"x.s3.amazonaws.com":                 false, // s3.amazonaws.com (private) is between
+		"bucket.s3.us-east-1.amazonaws.com":  false, // s3.us-east-1.amazonaws.com
+		"x.us-east-1.elb.amazonaws.com":      false, // us-east-1.elb.amazonaws.com
+		"i-1.x.compute.amazonaws.com":        false, // x.compute.amazonaws.com by the *.compute rule
+		"compute.amazonaws.com":              true,
+		"www.alice.github.io":                true,
+		"a.b.alice.github.io":                true,
+		"www.example.co.uk":                  true,
+		"deep.er.example.co.uk":              true,
+		"x.corp.example.com":                 true,
+		"amazonaws.com":                      false, // never the suffix itself
+		"foo.amazonaws.com.evil.example":     false,
+		"bob.github.io":                      false,
+		"x.alice.github.io.s3.amazonaws.com": false,
+	} {
+		if _, ok := a.Match(host, 443); ok != want {
+			t.Errorf("Match(%s) = %v, want %v", host, ok, want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -145,15 +146,21 @@ func TestDNSFailures(t *testing.T) {
 	})
 	tp.dns.handle("silent.example.com", func(dns.Question, string) (*dns.Msg, bool) { return nil, false })
 	tp.dns.handle("empty.example.com", func(dns.Question, string) (*dns.Msg, bool) { return new(dns.Msg), true })
-	for name, want := range map[string]Reason{
-		"nx.example.com":       ReasonDNSNXDomain,
-		"servfail.example.com": ReasonDNSFailed,
-		"silent.example.com":   ReasonDNSFailed,
-		"empty.example.com":    ReasonDNSNoAddresses,
+	for name, want := range map[string]struct {
+		reason      Reason
+		proxyStatus string // Proxy-Status up to details
+	}{
+		"nx.example.com":       {ReasonDNSNXDomain, `trialnet; error=dns_error; rcode="NXDOMAIN"`},
+		"servfail.example.com": {ReasonDNSFailed, `trialnet; error=dns_error; rcode="SERVFAIL"`},
+		"silent.example.com":   {ReasonDNSFailed, `trialnet; error=dns_timeout`},
+		"empty.example.com":    {ReasonDNSNoAddresses, `trialnet; error=dns_error; rcode="NOERROR"`},
 	} {
 		resp, _, _ := tp.connect(t, connectHead(name+":443"))
-		if resp.StatusCode != 502 || Reason(resp.Header.Get("Trialnet-Reason")) != want {
-			t.Errorf("%s: got %d %s (%s), want 502 %s", name, resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"), want)
+		if resp.StatusCode != 502 || Reason(resp.Header.Get("Trialnet-Reason")) != want.reason {
+			t.Errorf("%s: got %d %s (%s), want 502 %s", name, resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"), want.reason)
+		}
+		if ps := resp.Header.Get("Proxy-Status"); !strings.HasPrefix(ps, want.proxyStatus+"; details=") {
+			t.Errorf("%s: Proxy-Status %q, want %s; details=...", name, ps, want.proxyStatus)
 		}
 		tp.event(t)
 	}

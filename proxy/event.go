@@ -14,13 +14,17 @@ const (
 	DecisionDeny  = "deny"
 )
 
-// Event is the one decision record for one CONNECT. An allowed tunnel's
-// event is emitted when the tunnel closes, with its byte counts; a tunnel
-// refused after it opened (the TLS name check) is a deny.
+// Event is the one decision record for one CONNECT or one forwarded
+// request. An allowed tunnel's event is emitted when the tunnel closes,
+// with its byte counts (a forwarded request's: body bytes up, response
+// bytes down); a tunnel refused after it opened (the TLS name check) is
+// a deny.
 type Event struct {
+	ID        string // unique per decision, for joining with other logs
 	Time      time.Time
 	Trial     string
 	Client    string // the client's address as the listener saw it
+	Method    string // CONNECT, or the method of a forwarded request
 	Target    string // the request-target as sent
 	Host      string // normalised name, if the target parsed
 	Port      uint16
@@ -30,15 +34,21 @@ type Event struct {
 	Resolved  []netip.Addr
 	Dialed    netip.AddrPort
 	SNI       string
-	BytesUp   int64 // client to upstream
-	BytesDown int64 // upstream to client
+	Rule      string // the allowlist entry that allowed the name, as host:port or *.suffix:port
+	BytesUp   int64  // client to upstream
+	BytesDown int64  // upstream to client
 	Duration  time.Duration
+	// Timings, each zero if the step did not happen: all DNS, all dial
+	// attempts, and from the start to the upstream's first byte (a
+	// forwarded request's response head).
+	DNS, Dial, FirstByte time.Duration
 }
 
 // Event keys in the JSON log; constant so that log consumers can rely on them.
 const (
 	keyTrial     = "trial"
 	keyClient    = "client"
+	keyMethod    = "method"
 	keyTarget    = "target"
 	keyHost      = "host"
 	keyPort      = "port"
@@ -52,6 +62,11 @@ const (
 	keyBytesDown = "bytes_down"
 	keyDuration  = "duration_us"
 	keyStart     = "start"
+	keyID        = "event_id"
+	keyRule      = "rule"
+	keyDNS       = "dns_us"
+	keyDial      = "dial_us"
+	keyFirstByte = "first_byte_us"
 )
 
 func (e *Event) level() slog.Level {
@@ -74,6 +89,7 @@ func (e *Event) attrs() []slog.Attr {
 		slog.Time(keyStart, e.Time),
 		slog.String(keyTrial, e.Trial),
 		slog.String(keyClient, e.Client),
+		slog.String(keyMethod, e.Method),
 		slog.String(keyTarget, e.Target),
 		slog.String(keyHost, e.Host),
 		slog.Int(keyPort, int(e.Port)),
@@ -86,13 +102,18 @@ func (e *Event) attrs() []slog.Attr {
 		slog.Int64(keyBytesUp, e.BytesUp),
 		slog.Int64(keyBytesDown, e.BytesDown),
 		slog.Int64(keyDuration, e.Duration.Microseconds()),
+		slog.String(keyID, e.ID),
+		slog.String(keyRule, e.Rule),
+		slog.Int64(keyDNS, e.DNS.Microseconds()),
+		slog.Int64(keyDial, e.Dial.Microseconds()),
+		slog.Int64(keyFirstByte, e.FirstByte.Microseconds()),
 	}
 }
 
 // MarshalJSON writes the event with the same keys as the log record, so
 // a decision log on disk reads like the proxy's JSON lines.
 func (e Event) MarshalJSON() ([]byte, error) {
-	m := make(map[string]any, 16)
+	m := make(map[string]any, 24)
 	for _, a := range e.attrs() {
 		m[a.Key] = a.Value.Any()
 	}

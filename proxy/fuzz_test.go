@@ -5,6 +5,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
@@ -48,10 +49,23 @@ func FuzzParseRequest(f *testing.F) {
 
 func FuzzClientHello(f *testing.F) {
 	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00})
+	f.Add([]byte{0x15, 0x03, 0x01, 0x00, 0x02, 0x01, 0x5a, 0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00})
+	f.Add([]byte{0x80, 0x2e, 0x01, 0x00, 0x02})
 	f.Fuzz(func(t *testing.T, data []byte) {
+		kind := classifyStream(data)
+		if len(data) > 0 && data[0] >= 0x14 && data[0] <= 0x17 && kind != streamTLS {
+			t.Fatalf("first byte %#x is a TLS record type but the stream is not TLS", data[0])
+		}
 		msg, err := handshakeMessage(data)
+		if ReasonOf(err) == ReasonTLSRecordBeforeHello && kind != streamTLS {
+			t.Fatalf("a record before the hello in a stream that is not TLS: %v", err)
+		}
 		if err != nil {
 			return
+		}
+		// Only handshake records carry a ClientHello.
+		if data[0] != recordTypeHandshake {
+			t.Fatalf("a ClientHello was assembled from a stream starting %#x", data[0])
 		}
 		info, err := ParseClientHello(msg)
 		if err != nil {
@@ -85,6 +99,37 @@ func FuzzGuard(f *testing.F) {
 				x.IsLinkLocalUnicast() || x.IsLinkLocalMulticast() || x.IsInterfaceLocalMulticast() || !x.IsGlobalUnicast() {
 				t.Fatalf("%s allowed but %s is not global unicast", a, x)
 			}
+		}
+	})
+}
+
+func FuzzHTTPHead(f *testing.F) {
+	f.Add([]byte("GET http://api.example.com/x?y HTTP/1.1\r\nHost: api.example.com\r\n\r\n"))
+	f.Add([]byte("POST http://api.example.com:8080/ HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"))
+	f.Add([]byte("GET https://api.example.com/ HTTP/1.1\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		end := headEnd(data)
+		if end == 0 {
+			return
+		}
+		req, err := parseHTTPHead(data[:end])
+		if err != nil {
+			if ReasonOf(err) == "" {
+				t.Fatalf("refusal without a reason: %v", err)
+			}
+			return
+		}
+		// Whatever passes names a clean host and port, and net/http
+		// frames it without complaint and with one body length.
+		if req.Port == 0 || req.Host == "" || isIPLiteral(req.Host) || !forwardedMethods[req.Method] {
+			t.Fatalf("accepted %+v", req)
+		}
+		in, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(data[:end])))
+		if err != nil {
+			t.Fatalf("accepted a head net/http refuses: %v", err)
+		}
+		if len(in.Header.Values("Content-Length")) > 0 && len(in.TransferEncoding) > 0 {
+			t.Fatalf("accepted both Content-Length and Transfer-Encoding: %q", data[:end])
 		}
 	})
 }

@@ -206,6 +206,9 @@ type proxyOpts struct {
 	limits    *Limits
 	upstream  func(*net.TCPConn)
 	configure func(*Config)
+	// upstreamAddr, if set, is where every checked address is dialed
+	// instead of the upstream function's listener (an httptest server).
+	upstreamAddr string
 }
 
 // newTestProxy starts a Proxy for Trial "t1" on 127.0.0.1:0, resolving
@@ -230,7 +233,11 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 		}
 		cidrs = append(cidrs, p)
 	}
-	tp := &testProxy{dns: ds, dialer: &mapDialer{to: up.ln.Addr().String()}, events: make(chan Event, 1024)}
+	to := up.ln.Addr().String()
+	if o.upstreamAddr != "" {
+		to = o.upstreamAddr
+	}
+	tp := &testProxy{dns: ds, dialer: &mapDialer{to: to}, events: make(chan Event, 1024)}
 	cfg := Config{
 		Resolver: res, Dialer: tp.dialer, AllowCIDRs: cidrs,
 		OnEvent: func(e Event) { tp.events <- e },
@@ -297,4 +304,23 @@ func (tp *testProxy) connect(t testing.TB, head string) (*http.Response, net.Con
 
 func connectHead(target string) string {
 	return "CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n"
+}
+
+// addTrial registers another Trial on the same proxy, served on its own
+// listener, and returns a testProxy for it sharing DNS and events.
+func (tp *testProxy) addTrial(t testing.TB, id string, allow ...string) *testProxy {
+	t.Helper()
+	al, err := ParseAllowlist(allow, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.AddTrial(TrialPolicy{ID: id, Allow: al}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = tp.Serve(ln, id) }()
+	return &testProxy{Proxy: tp.Proxy, addr: ln.Addr().String(), dns: tp.dns, dialer: tp.dialer, events: tp.events}
 }

@@ -10,13 +10,27 @@ const (
 	DefaultMaxTunnels   = 256 // concurrent CONNECTs per Trial
 	DefaultConnectRate  = 50  // CONNECTs per second per Trial, sustained
 	DefaultConnectBurst = 200 // CONNECTs per Trial in a burst
+	// DefaultMaxClientConns bounds a Trial's client connections of every
+	// kind (waiting for their head, tunnelling, being refused): room for
+	// DefaultMaxTunnels tunnels and as many again, yet 16 such Trials
+	// still leave DefaultMaxConnections to the others.
+	DefaultMaxClientConns = 512
+	// DefaultMaxPendingHeads bounds a Trial's connections that have not
+	// finished their request head; each may wait HeaderTimeout. Real
+	// clients send the head at once, so a few dozen is plenty.
+	DefaultMaxPendingHeads = 64
 )
 
 // Limits bound what one Trial may use. Zero fields take the defaults.
+// MaxClientConns and MaxPendingHeads are charged when a connection is
+// accepted, before the proxy-wide limit, so a Trial at its caps never
+// uses up the proxy's connections for the other Trials.
 type Limits struct {
-	MaxTunnels   int     `yaml:"max_tunnels" json:"max_tunnels"`
-	ConnectRate  float64 `yaml:"connects_per_second" json:"connects_per_second"`
-	ConnectBurst int     `yaml:"connect_burst" json:"connect_burst"`
+	MaxTunnels      int     `yaml:"max_tunnels" json:"max_tunnels"`
+	ConnectRate     float64 `yaml:"connects_per_second" json:"connects_per_second"`
+	ConnectBurst    int     `yaml:"connect_burst" json:"connect_burst"`
+	MaxClientConns  int     `yaml:"max_client_connections" json:"max_client_connections"`
+	MaxPendingHeads int     `yaml:"max_pending_heads" json:"max_pending_heads"`
 }
 
 func (l Limits) withDefaults() Limits {
@@ -28,6 +42,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.ConnectBurst <= 0 {
 		l.ConnectBurst = DefaultConnectBurst
+	}
+	if l.MaxClientConns <= 0 {
+		l.MaxClientConns = DefaultMaxClientConns
+	}
+	if l.MaxPendingHeads <= 0 {
+		l.MaxPendingHeads = DefaultMaxPendingHeads
 	}
 	return l
 }

@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -136,6 +137,8 @@ type trial struct {
 	limits  Limits
 	bucket  bucket
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
+	clients atomic.Int64 // client connections admitted and not yet closed
+	pending atomic.Int64 // of those, the ones whose request head is not read yet
 
 	handlers sync.WaitGroup // connections being handled; Add under mu, before removed is set
 	// ctx ends when the Trial is removed, cutting its DNS and dials short
@@ -214,8 +217,9 @@ func (t *trial) shutdown() {
 	t.mu.Unlock()
 }
 
-// Serve accepts CONNECT requests on ln for Trial id until ln is closed,
-// the Trial is removed or the proxy is closed; then it returns nil.
+// Serve accepts CONNECT and forwarded requests on ln for Trial id until
+// ln is closed, the Trial is removed or the proxy is closed; then it
+// returns nil.
 func (p *Proxy) Serve(ln net.Listener, id string) error {
 	p.mu.Lock()
 	t, ok := p.trials[id]
@@ -327,23 +331,27 @@ func (c cleanups) run() {
 	}
 }
 
-// handle serves one client connection: parse, decide, dial, and hand an
-// allowed tunnel to two fresh goroutines. Handing off keeps an idle
-// tunnel's stacks small: the deep DNS and dial call chains stay on this
-// goroutine, which then exits.
+// handle serves one client connection: admit it, then serve a CONNECT
+// or forward plain HTTP requests.
 func (p *Proxy) handle(c net.Conn, t *trial) {
 	var fin cleanups
 	fin.add(p.wg.Done)
 	fin.add(t.handlers.Done)
 	fin.add(func() { t.untrack(c) })
-	start := time.Now()
-	ev := &Event{Time: start, Trial: t.id, Client: c.RemoteAddr().String()}
+	ev := p.newEvent(t, c)
+	start := ev.Time
 	handedOff := false
 	fin.add(func() {
-		ev.Duration = time.Since(start)
-		p.emit(t, ev)
-		if !handedOff && ev.Decision == DecisionDeny {
+		if ev != nil { // nil: a forwarding connection ended between requests
+			ev.Duration = time.Since(ev.Time)
+			p.emit(t, ev)
+		}
+		switch {
+		case handedOff:
+		case ev != nil && ev.Decision == DecisionDeny:
 			lingerClose(c) // refused with an HTTP answer: let the client read it
+		default:
+			_ = c.Close()
 		}
 	})
 	defer func() {
@@ -351,17 +359,34 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 			fin.run()
 		}
 	}()
-	fin.add(func() { p.conns.Add(-1) })
-	if p.conns.Add(1) > int64(p.cfg.MaxConnections) {
-		p.refuse(c, ev, deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", p.cfg.MaxConnections))
+	if err := p.admit(t); err != nil {
+		p.refuse(c, ev, err)
 		return
 	}
+	fin.add(func() { p.conns.Add(-1); t.clients.Add(-1) })
 
 	_ = c.SetReadDeadline(start.Add(p.cfg.HeaderTimeout))
 	br := getReader(c)
+	if !startsWithConnect(br) {
+		// Forwarding: br stays with the connection (the Transport may
+		// still read a request body from it after we are done).
+		headDone := sync.OnceFunc(func() { t.pending.Add(-1) })
+		ev = p.serveHTTP(c, t, br, ev, headDone)
+		headDone()
+		return
+	}
+	p.serveConnect(c, t, br, ev, &fin, &handedOff)
+}
+
+// serveConnect serves a CONNECT: parse, decide, dial, and hand an allowed
+// tunnel, with fin, to two fresh goroutines (setting *handedOff first).
+// Handing off keeps an idle tunnel's stacks small: the deep DNS and dial
+// call chains stay on this goroutine, which then exits.
+func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, fin *cleanups, handedOff *bool) {
 	req, err := ReadRequest(br)
+	t.pending.Add(-1)
 	if req != nil {
-		ev.Target, ev.Host, ev.Port = req.Target, req.Host, req.Port
+		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port
 	}
 	if err != nil {
 		putReader(br)
@@ -371,7 +396,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 	// From here br holds only bytes pipelined after the head: they belong
 	// to the tunnel, which returns br to the pool.
 	fin.add(func() {
-		if !handedOff {
+		if !*handedOff {
 			putReader(br)
 		}
 	})
@@ -390,6 +415,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		p.refuse(c, ev, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort()))
 		return
 	}
+	ev.Rule = entry.String()
 	up, err := p.connect(t.ctx, req, ev)
 	if err != nil {
 		if t.ctx.Err() != nil {
@@ -413,16 +439,49 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		ev.Decision = DecisionAllow
 		return
 	}
-	handedOff = true
-	p.tunnel(c, up, br, entry, req, ev, fin)
+	*handedOff = true
+	p.tunnel(c, up, br, entry, req, ev, *fin)
+}
+
+// startsWithConnect reports whether the request on br is a CONNECT. It
+// waits for the first eight bytes (within the header deadline); a client
+// that sends fewer gets the CONNECT reader's refusal.
+func startsWithConnect(br *bufio.Reader) bool {
+	b, _ := br.Peek(len("CONNECT "))
+	return len(b) < len("CONNECT ") || string(b) == "CONNECT "
+}
+
+// admit charges a new client connection to its Trial's caps, then to the
+// proxy-wide limit. The Trial's own caps come first, so that a Trial at
+// its caps cannot use up the connections every Trial shares; a refused
+// connection gives back what it was charged before it is answered.
+func (p *Proxy) admit(t *trial) error {
+	if t.clients.Add(1) > int64(t.limits.MaxClientConns) {
+		t.clients.Add(-1)
+		return deny(ReasonTrialConnLimit, "this Trial already has %d client connections open, its limit", t.limits.MaxClientConns)
+	}
+	if t.pending.Add(1) > int64(t.limits.MaxPendingHeads) {
+		t.pending.Add(-1)
+		t.clients.Add(-1)
+		return deny(ReasonPendingHeadLimit, "this Trial already has %d connections that have not sent their request head, its limit", t.limits.MaxPendingHeads)
+	}
+	if p.conns.Add(1) > int64(p.cfg.MaxConnections) {
+		p.conns.Add(-1)
+		t.pending.Add(-1)
+		t.clients.Add(-1)
+		return deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", p.cfg.MaxConnections)
+	}
+	return nil
 }
 
 // connect resolves req's name, checks every address and dials the
 // checked ones.
 func (p *Proxy) connect(trialCtx context.Context, req *Request, ev *Event) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(trialCtx, p.cfg.DNSTimeout)
+	t0 := time.Now()
 	ans, err := p.resolver.Resolve(ctx, req.Host)
 	cancel()
+	ev.DNS = time.Since(t0)
 	ev.Resolved = ans.Addrs
 	if err != nil {
 		if ReasonOf(err) == "" {
@@ -447,7 +506,9 @@ func (p *Proxy) connect(trialCtx context.Context, req *Request, ev *Event) (net.
 	}
 	ctx, cancel = context.WithTimeout(trialCtx, p.cfg.DialTimeout)
 	defer cancel()
+	t0 = time.Now()
 	up, dialed, err := dialAny(ctx, p.dialer, targets, p.cfg.FallbackDelay)
+	ev.Dial = time.Since(t0)
 	if err != nil {
 		return nil, err
 	}
@@ -465,8 +526,8 @@ func (p *Proxy) refuse(c net.Conn, ev *Event, err error) {
 	ev.Decision, ev.Reason, ev.Detail = DecisionDeny, d.Reason, d.Detail
 	status := d.Reason.status()
 	body := "trialnet: " + sanitize(d.Error()) + "\n"
-	resp := fmt.Sprintf("HTTP/1.1 %d %s\r\nTrialnet-Reason: %s\r\nTrialnet-Detail: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-		status, http.StatusText(status), d.Reason, sanitize(d.Detail), len(body), body)
+	resp := fmt.Sprintf("HTTP/1.1 %d %s\r\nTrialnet-Reason: %s\r\nTrialnet-Detail: %s\r\nProxy-Status: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), d.Reason, sanitize(d.Detail), d.ProxyStatus(), len(body), body)
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = io.WriteString(c, resp)
 }
@@ -498,7 +559,11 @@ func (p *Proxy) emit(t *trial, ev *Event) {
 	t.stats.Add(ev)
 	t.mu.Unlock()
 	if ctx := context.Background(); p.log.Enabled(ctx, ev.level()) {
-		p.log.LogAttrs(ctx, ev.level(), "connect", ev.attrs()...)
+		msg := "connect"
+		if ev.Method != "" && ev.Method != "CONNECT" {
+			msg = "forward"
+		}
+		p.log.LogAttrs(ctx, ev.level(), msg, ev.attrs()...)
 	}
 	if p.cfg.OnEvent != nil {
 		p.cfg.OnEvent(*ev)

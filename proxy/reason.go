@@ -1,14 +1,18 @@
 // Package proxy is trialnet's allowlisting HTTP CONNECT proxy: it checks
 // the requested name against a Trial's allowlist before any DNS, checks
 // every resolved address, dials only the addresses it checked, and relays
-// the tunnel like TCP (half-close, no idle timeout). One Proxy serves many
-// Trials; every listener belongs to one Trial and every decision names it.
+// the tunnel like TCP (half-close, no idle timeout). Plain http:// requests
+// in absolute form are forwarded through the same checks, one decision per
+// request. One Proxy serves many Trials; every listener belongs to one
+// Trial and every decision names it.
 package proxy
 
 import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
+	"syscall"
 )
 
 // Reason is the stable, machine-readable cause of a decision. It is sent
@@ -21,15 +25,17 @@ const (
 	ReasonAllowed Reason = "allowed"
 
 	// The request itself.
-	ReasonMethodNotAllowed Reason = "method_not_allowed" // not CONNECT
-	ReasonBadRequest       Reason = "bad_request"        // malformed HTTP
-	ReasonBadVersion       Reason = "bad_version"        // not HTTP/1.0 or HTTP/1.1
-	ReasonBadTarget        Reason = "bad_target"         // not a clean host:port authority
-	ReasonIPLiteral        Reason = "ip_literal"         // an address in any spelling instead of a name
-	ReasonBadPort          Reason = "bad_port"           // port not a number in 1-65535
-	ReasonRequestTooLarge  Reason = "request_too_large"  // request line or header block over the limit
-	ReasonTooManyHeaders   Reason = "too_many_headers"
-	ReasonHeaderTimeout    Reason = "header_timeout" // the head did not arrive in time (slowloris)
+	ReasonMethodNotAllowed Reason = "method_not_allowed" // not CONNECT or a forwarded method
+	// An https:// URL in absolute form: HTTPS goes through CONNECT.
+	ReasonHTTPSNeedsConnect Reason = "https_needs_connect"
+	ReasonBadRequest        Reason = "bad_request"       // malformed HTTP
+	ReasonBadVersion        Reason = "bad_version"       // not HTTP/1.0 or HTTP/1.1
+	ReasonBadTarget         Reason = "bad_target"        // not a clean host:port authority
+	ReasonIPLiteral         Reason = "ip_literal"        // an address in any spelling instead of a name
+	ReasonBadPort           Reason = "bad_port"          // port not a number in 1-65535
+	ReasonRequestTooLarge   Reason = "request_too_large" // request line or header block over the limit
+	ReasonTooManyHeaders    Reason = "too_many_headers"
+	ReasonHeaderTimeout     Reason = "header_timeout" // the head did not arrive in time (slowloris)
 
 	// Policy and DNS.
 	ReasonPolicyDenied   Reason = "policy_denied"    // host:port is not on the Trial's allowlist
@@ -41,12 +47,20 @@ const (
 	// Upstream.
 	ReasonUpstreamUnreachable Reason = "upstream_unreachable"
 	ReasonUpstreamTimeout     Reason = "upstream_timeout"
+	// A forwarded request's upstream closed or spoke malformed HTTP
+	// before its response head.
+	ReasonUpstreamBadResponse Reason = "upstream_bad_response"
 
 	// Limits and lifecycle.
 	ReasonTunnelLimit Reason = "tunnel_limit" // the Trial's concurrent tunnel limit
 	ReasonRateLimited Reason = "rate_limited" // the Trial's CONNECT rate limit
 	ReasonGlobalLimit Reason = "global_limit" // the proxy-wide connection limit
-	ReasonShutdown    Reason = "shutting_down"
+	// The Trial's client connections of every kind (Limits.MaxClientConns).
+	ReasonTrialConnLimit Reason = "trial_connection_limit"
+	// The Trial's connections still sending their request head
+	// (Limits.MaxPendingHeads).
+	ReasonPendingHeadLimit Reason = "pending_head_limit"
+	ReasonShutdown         Reason = "shutting_down"
 
 	// TLS checks on the first bytes through an allowed tunnel.
 	ReasonSNIMismatch  Reason = "sni_mismatch"  // ClientHello names another host (domain fronting)
@@ -54,33 +68,74 @@ const (
 	ReasonTLSMalformed Reason = "tls_malformed" // not a well-formed ClientHello
 	ReasonTLSRequired  Reason = "tls_required"  // require_tls and the first bytes are not TLS
 	ReasonTLSECH       Reason = "tls_ech"       // encrypted ClientHello: the real name cannot be checked
+	// A TLS stream whose first records are not the ClientHello's: an
+	// alert, change_cipher_spec, application data or an empty handshake
+	// record before the ClientHello is complete (a way around the name
+	// check if the upstream skips them).
+	ReasonTLSRecordBeforeHello Reason = "tls_record_before_hello"
+	ReasonTLSSSLv2             Reason = "tls_sslv2" // an SSLv2-style ClientHello, which carries no server name
 )
 
-// status is the HTTP status a refusal is answered with.
-func (r Reason) status() int {
-	switch r {
-	case ReasonMethodNotAllowed:
-		return http.StatusMethodNotAllowed
-	case ReasonBadRequest, ReasonBadTarget, ReasonBadPort:
-		return http.StatusBadRequest
-	case ReasonBadVersion:
-		return http.StatusHTTPVersionNotSupported
-	case ReasonRequestTooLarge, ReasonTooManyHeaders:
-		return http.StatusRequestHeaderFieldsTooLarge
-	case ReasonHeaderTimeout:
-		return http.StatusRequestTimeout
-	case ReasonIPLiteral, ReasonPolicyDenied, ReasonAddressDenied:
-		return http.StatusForbidden
-	case ReasonDNSNXDomain, ReasonDNSFailed, ReasonDNSNoAddresses, ReasonUpstreamUnreachable:
-		return http.StatusBadGateway
-	case ReasonUpstreamTimeout:
-		return http.StatusGatewayTimeout
-	case ReasonTunnelLimit, ReasonRateLimited:
-		return http.StatusTooManyRequests
-	default:
-		return http.StatusServiceUnavailable
-	}
+// reasonInfo is how a refusal is answered: its HTTP status and its RFC
+// 9209 Proxy-Status error type.
+type reasonInfo struct {
+	status     int
+	proxyError string
 }
+
+// reasons is the one table of every reason's answer. A reason missing
+// here is answered 503 proxy_internal_error; TestReasonTable keeps it
+// complete.
+var reasons = map[Reason]reasonInfo{
+	ReasonAllowed: {http.StatusOK, ""},
+
+	ReasonMethodNotAllowed:  {http.StatusMethodNotAllowed, "http_request_denied"},
+	ReasonHTTPSNeedsConnect: {http.StatusBadRequest, "http_request_denied"},
+	ReasonBadRequest:        {http.StatusBadRequest, "http_request_error"},
+	ReasonBadVersion:        {http.StatusHTTPVersionNotSupported, "http_request_error"},
+	ReasonBadTarget:         {http.StatusBadRequest, "http_request_error"},
+	ReasonIPLiteral:         {http.StatusForbidden, "destination_ip_prohibited"},
+	ReasonBadPort:           {http.StatusBadRequest, "http_request_error"},
+	ReasonRequestTooLarge:   {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
+	ReasonTooManyHeaders:    {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
+	ReasonHeaderTimeout:     {http.StatusRequestTimeout, "http_request_error"},
+
+	ReasonPolicyDenied:        {http.StatusForbidden, "http_request_denied"},
+	ReasonAddressDenied:       {http.StatusForbidden, "destination_ip_prohibited"},
+	ReasonDNSNXDomain:         {http.StatusBadGateway, "dns_error"},               // rcode="NXDOMAIN"
+	ReasonDNSFailed:           {http.StatusBadGateway, "dns_error"},               // with the rcode, or dns_timeout
+	ReasonDNSNoAddresses:      {http.StatusBadGateway, "dns_error"},               // rcode="NOERROR": no A/AAAA
+	ReasonUpstreamUnreachable: {http.StatusBadGateway, "destination_unavailable"}, // connection_refused when it was
+	ReasonUpstreamTimeout:     {http.StatusGatewayTimeout, "connection_timeout"},
+	ReasonUpstreamBadResponse: {http.StatusBadGateway, "http_response_incomplete"},
+
+	ReasonTunnelLimit:      {http.StatusTooManyRequests, "connection_limit_reached"},
+	ReasonRateLimited:      {http.StatusTooManyRequests, "connection_limit_reached"},
+	ReasonGlobalLimit:      {http.StatusServiceUnavailable, "connection_limit_reached"},
+	ReasonTrialConnLimit:   {http.StatusTooManyRequests, "connection_limit_reached"},
+	ReasonPendingHeadLimit: {http.StatusTooManyRequests, "connection_limit_reached"},
+	ReasonShutdown:         {http.StatusServiceUnavailable, "proxy_internal_response"},
+
+	// Decided after the 200 and answered with a TLS alert, not HTTP; the
+	// error type is recorded for completeness.
+	ReasonSNIMismatch:          {http.StatusForbidden, "http_request_denied"},
+	ReasonSNIMissing:           {http.StatusForbidden, "http_request_denied"},
+	ReasonTLSMalformed:         {http.StatusBadRequest, "tls_protocol_error"},
+	ReasonTLSRequired:          {http.StatusForbidden, "http_request_denied"},
+	ReasonTLSECH:               {http.StatusForbidden, "http_request_denied"},
+	ReasonTLSRecordBeforeHello: {http.StatusBadRequest, "tls_protocol_error"},
+	ReasonTLSSSLv2:             {http.StatusBadRequest, "tls_protocol_error"},
+}
+
+func (r Reason) info() reasonInfo {
+	if i, ok := reasons[r]; ok {
+		return i
+	}
+	return reasonInfo{http.StatusServiceUnavailable, "proxy_internal_error"}
+}
+
+// status is the HTTP status a refusal is answered with.
+func (r Reason) status() int { return r.info().status }
 
 // Denial is a refusal with its reason and a human-readable detail. Every
 // refusal the proxy makes is a *Denial; test with errors.As.
@@ -88,6 +143,15 @@ type Denial struct {
 	Reason Reason
 	Detail string
 	Err    error // the underlying error, if any
+
+	dns dnsFailure // what DNS said, for Proxy-Status
+}
+
+// dnsFailure is what a failed lookup reports in Proxy-Status: the
+// response code, or that no answer came in time.
+type dnsFailure struct {
+	rcode   string // "SERVFAIL", "REFUSED", ...
+	timeout bool
 }
 
 func (d *Denial) Error() string {
@@ -110,4 +174,62 @@ func ReasonOf(err error) Reason {
 		return d.Reason
 	}
 	return ""
+}
+
+// ProxyStatus is the RFC 9209 Proxy-Status field value for the refusal:
+// "trialnet; error=TYPE", the type's parameters (rcode for dns_error),
+// and the detail as details, all in structured-field syntax (RFC 8941).
+func (d *Denial) ProxyStatus() string {
+	typ := d.Reason.info().proxyError
+	var params [][2]string
+	switch d.Reason {
+	case ReasonDNSNXDomain:
+		params = append(params, [2]string{"rcode", "NXDOMAIN"})
+	case ReasonDNSNoAddresses:
+		params = append(params, [2]string{"rcode", "NOERROR"})
+	case ReasonDNSFailed:
+		if d.dns.timeout {
+			typ = "dns_timeout"
+		} else if d.dns.rcode != "" {
+			params = append(params, [2]string{"rcode", d.dns.rcode})
+		}
+	case ReasonUpstreamUnreachable:
+		if errors.Is(d.Err, syscall.ECONNREFUSED) {
+			typ = "connection_refused"
+		}
+	}
+	var b strings.Builder
+	b.WriteString("trialnet")
+	if typ != "" {
+		b.WriteString("; error=" + typ)
+	}
+	for _, p := range params {
+		b.WriteString("; " + p[0] + "=" + sfString(p[1]))
+	}
+	if d.Detail != "" {
+		b.WriteString("; details=" + sfString(d.Detail))
+	}
+	return b.String()
+}
+
+// sfString quotes s as a structured-field sf-string (RFC 8941 3.3.3):
+// '"' and '\' escaped with a backslash; bytes outside printable ASCII,
+// which an sf-string cannot hold, become '?'.
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }

@@ -23,8 +23,10 @@ const (
 	maxLabelLength = 63      // one DNS label
 )
 
-// Request is a parsed, validated CONNECT request.
+// Request is a parsed, validated request: a CONNECT, or an HTTP request
+// in absolute form (http://host[:port]/path) to forward.
 type Request struct {
+	Method  string // "CONNECT", or the forwarded method
 	Host    string // normalised: lower case, no trailing dot, ASCII (punycode)
 	Port    uint16
 	Target  string // the request-target exactly as sent
@@ -34,11 +36,22 @@ type Request struct {
 // HostPort is the normalised "host:port".
 func (r *Request) HostPort() string { return r.Host + ":" + strconv.Itoa(int(r.Port)) }
 
-// ReadRequest reads one request head from br and validates it as a
-// CONNECT to host:port. It consumes exactly the head; bytes the client
-// pipelined after it stay buffered in br. A refusal is a *Denial, and the
-// returned Request carries whatever was parsed so far (for the event).
-func ReadRequest(br *bufio.Reader) (*Request, error) {
+// head is a request head as the strict reader saw it: the request line
+// and the fields that decide framing and the destination.
+type head struct {
+	method, target, version string
+	host                    string   // the Host field, "" if absent
+	contentLength           []string // every Content-Length field
+	transferEncoding        []string // every Transfer-Encoding field
+}
+
+// readHead reads one request head from br strictly, for CONNECT and
+// forwarded requests alike: CRLF lines only, no control characters, no
+// obsolete line folding, bounded line, head and field counts, one Host
+// at most. It consumes exactly the head. A refusal is a *Denial; the
+// returned head carries whatever was parsed so far (nil if the request
+// line did not parse).
+func readHead(br *bufio.Reader) (*head, error) {
 	budget := MaxHeaderBytes
 	line, err := readLine(br, MaxRequestLine, &budget)
 	if err != nil {
@@ -49,53 +62,91 @@ func ReadRequest(br *bufio.Reader) (*Request, error) {
 	if !ok1 || !ok2 || method == "" || strings.Contains(version, " ") {
 		return nil, deny(ReasonBadRequest, "request line is not METHOD SP TARGET SP VERSION")
 	}
-	req := &Request{Target: target, Version: version}
-	host, headers := "", 0
+	h := &head{method: method, target: target, version: version}
+	sawHost, fields := false, 0
 	for {
-		h, err := readLine(br, MaxRequestLine, &budget)
+		l, err := readLine(br, MaxRequestLine, &budget)
 		if err != nil {
-			return req, err
+			return h, err
 		}
-		if h == "" {
-			break
+		if l == "" {
+			return h, nil
 		}
-		if headers++; headers > MaxHeaders {
-			return req, deny(ReasonTooManyHeaders, "more than %d header fields", MaxHeaders)
+		if fields++; fields > MaxHeaders {
+			return h, deny(ReasonTooManyHeaders, "more than %d header fields", MaxHeaders)
 		}
-		name, value, err := parseHeader(h)
+		name, value, err := parseHeader(l)
 		if err != nil {
-			return req, err
+			return h, err
 		}
 		switch strings.ToLower(name) {
 		case "host":
-			if host != "" {
-				return req, deny(ReasonBadRequest, "more than one Host header")
+			if sawHost {
+				return h, deny(ReasonBadRequest, "more than one Host header")
 			}
-			host = value
+			sawHost, h.host = true, value
 		case "content-length":
-			if value != "0" {
-				return req, deny(ReasonBadRequest, "a CONNECT request cannot carry a body (Content-Length: %q)", value)
-			}
+			h.contentLength = append(h.contentLength, value)
 		case "transfer-encoding":
-			return req, deny(ReasonBadRequest, "a CONNECT request cannot carry a body (Transfer-Encoding)")
+			h.transferEncoding = append(h.transferEncoding, value)
 		}
 	}
-	if method != "CONNECT" {
-		return req, deny(ReasonMethodNotAllowed, "method %q: this proxy only tunnels with CONNECT host:port", truncate(method))
+}
+
+// ReadRequest reads one request head from br and validates it as a
+// CONNECT to host:port. It consumes exactly the head; bytes the client
+// pipelined after it stay buffered in br. A refusal is a *Denial, and the
+// returned Request carries whatever was parsed so far (for the event).
+func ReadRequest(br *bufio.Reader) (*Request, error) {
+	h, err := readHead(br)
+	if h == nil {
+		return nil, err
 	}
-	if version != "HTTP/1.1" && version != "HTTP/1.0" {
-		return req, deny(ReasonBadVersion, "version %q: use HTTP/1.1", truncate(version))
-	}
-	if req.Host, req.Port, err = ParseTarget(target); err != nil {
+	req := &Request{Method: h.method, Target: h.target, Version: h.version}
+	if err != nil {
 		return req, err
 	}
-	if host != "" {
-		hh, hp, err := splitHostHeader(host)
-		if err != nil || hh != req.Host || (hp != 0 && hp != req.Port) {
-			return req, deny(ReasonBadRequest, "Host header %q differs from the CONNECT target %q", truncate(host), req.HostPort())
+	for _, v := range h.contentLength {
+		if v != "0" {
+			return req, deny(ReasonBadRequest, "a CONNECT request cannot carry a body (Content-Length: %q)", truncate(v))
 		}
 	}
+	if len(h.transferEncoding) > 0 {
+		return req, deny(ReasonBadRequest, "a CONNECT request cannot carry a body (Transfer-Encoding)")
+	}
+	if h.method != "CONNECT" {
+		return req, deny(ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", truncate(h.method), forwardedMethodList)
+	}
+	if err := checkVersion(h.version); err != nil {
+		return req, err
+	}
+	if req.Host, req.Port, err = ParseTarget(h.target); err != nil {
+		return req, err
+	}
+	if err := checkHostField(h.host, req); err != nil {
+		return req, err
+	}
 	return req, nil
+}
+
+func checkVersion(v string) error {
+	if v != "HTTP/1.1" && v != "HTTP/1.0" {
+		return deny(ReasonBadVersion, "version %q: use HTTP/1.1", truncate(v))
+	}
+	return nil
+}
+
+// checkHostField refuses a Host field naming anything but the target (a
+// Host without a port matches any port).
+func checkHostField(host string, req *Request) error {
+	if host == "" {
+		return nil
+	}
+	hh, hp, err := splitHostHeader(host)
+	if err != nil || hh != req.Host || (hp != 0 && hp != req.Port) {
+		return deny(ReasonBadRequest, "Host header %q differs from the target %q", truncate(host), req.HostPort())
+	}
+	return nil
 }
 
 // readLine reads one CRLF-terminated line of at most max bytes, charged to

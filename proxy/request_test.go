@@ -19,8 +19,9 @@ func TestRefusedRequests(t *testing.T) {
 		status     int
 		reason     Reason
 	}{
-		{"GET absolute-form", "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 405, ReasonMethodNotAllowed},
-		{"POST origin-form", "POST / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 405, ReasonMethodNotAllowed},
+		{"GET absolute-form, port 80 not allowed", "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 403, ReasonPolicyDenied},
+		{"POST origin-form", "POST / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, ReasonBadTarget},
+		{"PROPFIND absolute-form", "PROPFIND http://api.example.com/ HTTP/1.1\r\n\r\n", 405, ReasonMethodNotAllowed},
 		{"lower-case method", "connect api.example.com:443 HTTP/1.1\r\n\r\n", 405, ReasonMethodNotAllowed},
 		{"CONNECT absolute-URI", connectHeadNoHost("http://api.example.com:443"), 400, ReasonBadTarget},
 		{"CONNECT origin-form", connectHeadNoHost("/api.example.com:443"), 400, ReasonBadTarget},
@@ -91,6 +92,9 @@ func TestRefusedRequests(t *testing.T) {
 			resp, _, _ := tp.connect(t, tc.head)
 			if resp.StatusCode != tc.status || Reason(resp.Header.Get("Trialnet-Reason")) != tc.reason {
 				t.Fatalf("got %d %q (%s), want %d %q", resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"), tc.status, tc.reason)
+			}
+			if ps, want := resp.Header.Get("Proxy-Status"), "trialnet; error="+reasons[tc.reason].proxyError+"; details="; !strings.HasPrefix(ps, want) {
+				t.Fatalf("Proxy-Status %q, want %s...", ps, want)
 			}
 			if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != tc.reason || ev.Trial != "t1" {
 				t.Fatalf("event %+v", ev)

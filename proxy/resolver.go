@@ -118,7 +118,11 @@ type lookupResult struct {
 	addrs  []netip.Addr
 	cnames []string
 	detail string
+	dns    dnsFailure // for lookupFailed
 }
+
+// errDNSTimeout marks a lookup that failed because no answer came in time.
+var errDNSTimeout = errors.New("timeout")
 
 // Resolve implements Resolver. A and AAAA are asked at once; the answer
 // is every address either returned.
@@ -157,7 +161,11 @@ func (r *DNSResolver) Resolve(ctx context.Context, name string) (Answer, error) 
 		if res[0].kind != lookupFailed {
 			d = res[1].detail
 		}
-		return ans, deny(ReasonDNSFailed, "resolving %s: %s", name, d)
+		f := res[0].dns
+		if res[0].kind != lookupFailed {
+			f = res[1].dns
+		}
+		return ans, &Denial{Reason: ReasonDNSFailed, Detail: fmt.Sprintf("resolving %s: %s", name, d), dns: f}
 	default:
 		return ans, deny(ReasonDNSNoAddresses, "%s has no A or AAAA records", name)
 	}
@@ -201,7 +209,8 @@ func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lo
 				return f.res, false
 			}
 		case <-ctx.Done():
-			return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("timed out (%v)", ctx.Err())}, false
+			return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("timed out (%v)", ctx.Err()),
+				dns: dnsFailure{timeout: errors.Is(ctx.Err(), context.DeadlineExceeded)}}, false
 		}
 	}
 }
@@ -247,7 +256,7 @@ func (r *DNSResolver) follow(ctx context.Context, fqdn string, qtype uint16) (lo
 	for range DefaultMaxCNAMEs + 1 {
 		msg, err := r.exchange(ctx, target, qtype)
 		if err != nil {
-			return lookupResult{kind: lookupFailed, detail: err.Error()}, 0
+			return lookupResult{kind: lookupFailed, detail: err.Error(), dns: dnsFailure{timeout: errors.Is(err, errDNSTimeout)}}, 0
 		}
 		switch msg.Rcode {
 		case dns.RcodeSuccess:
@@ -255,7 +264,8 @@ func (r *DNSResolver) follow(ctx context.Context, fqdn string, qtype uint16) (lo
 			res.kind = lookupNXDomain
 			return res, min(ttl, negativeTTL(msg))
 		default:
-			return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("%s from the resolver", dns.RcodeToString[msg.Rcode])}, 0
+			rcode := dns.RcodeToString[msg.Rcode]
+			return lookupResult{kind: lookupFailed, detail: rcode + " from the resolver", dns: dnsFailure{rcode: rcode}}, 0
 		}
 		addrs, next, t, err := walkAnswer(msg.Answer, target, qtype, &res.cnames)
 		if err != nil {
@@ -345,6 +355,9 @@ func (r *DNSResolver) exchange(ctx context.Context, name string, qtype uint16) (
 	var lastMsg *dns.Msg
 	for _, server := range r.servers {
 		if err := ctx.Err(); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return nil, fmt.Errorf("timed out (%v): %w", err, errDNSTimeout)
+			}
 			return nil, fmt.Errorf("timed out (%v)", err)
 		}
 		m, err := r.exchange1(ctx, q, server)
@@ -385,10 +398,13 @@ func (r *DNSResolver) exchange1(ctx context.Context, q *dns.Msg, server string) 
 		if err != nil {
 			var ne net.Error
 			if ctx.Err() != nil {
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					return nil, fmt.Errorf("query %s over %s: %w (%w)", server, network, context.Cause(ctx), errDNSTimeout)
+				}
 				return nil, fmt.Errorf("query %s over %s: %w", server, network, context.Cause(ctx))
 			}
 			if errors.As(err, &ne) && ne.Timeout() {
-				return nil, fmt.Errorf("no answer from %s over %s (timeout)", server, network)
+				return nil, fmt.Errorf("no answer from %s over %s (%w)", server, network, errDNSTimeout)
 			}
 			return nil, fmt.Errorf("query %s over %s: %v", server, network, err)
 		}

@@ -11,7 +11,11 @@ import (
 
 // TLS record and handshake constants (RFC 8446).
 const (
+	recordTypeCCS        = 0x14 // change_cipher_spec, the lowest assigned record type
+	recordTypeAlert      = 0x15
 	recordTypeHandshake  = 0x16
+	recordTypeAppData    = 0x17
+	recordTypeLast       = 0x19 // tls12_cid (RFC 9146); 0x18 is heartbeat (RFC 6520)
 	recordHeaderLen      = 5
 	maxRecordPayload     = 1<<14 + 256 // TLSPlaintext limit plus slack some stacks use
 	handshakeClientHello = 1
@@ -30,8 +34,61 @@ type ClientHelloInfo struct {
 // errNeedMore means the ClientHello is not complete yet.
 var errNeedMore = errors.New("need more bytes")
 
-// looksLikeTLS reports whether the first byte starts a TLS handshake record.
-func looksLikeTLS(b []byte) bool { return len(b) > 0 && b[0] == recordTypeHandshake }
+// streamKind is what the first bytes of a tunnel are, as far as the TLS
+// check is concerned.
+type streamKind int
+
+const (
+	streamOther   streamKind = iota // not TLS: forwarded unless require_tls
+	streamTLS                       // a TLS record: must open with a ClientHello
+	streamSSLv2                     // an SSLv2-style ClientHello: refused
+	streamUnknown                   // more bytes are needed to tell
+)
+
+// sslv2HeaderLen is an SSLv2 two-byte record header and the message type.
+const sslv2HeaderLen = 3
+
+// classifyStream decides from the first bytes whether a stream is TLS.
+// Any assigned TLS record type (20-25: change_cipher_spec, alert,
+// handshake, application_data, heartbeat, tls12_cid) makes it TLS, not
+// only a handshake record: a client could otherwise send an alert first
+// and a fronted ClientHello after it. A first byte with the high bit set
+// is an SSLv2 record header when the third byte is the SSLv2 CLIENT-HELLO
+// message type; such a hello carries no SNI.
+func classifyStream(b []byte) streamKind {
+	switch {
+	case len(b) == 0:
+		return streamUnknown
+	case b[0] >= recordTypeCCS && b[0] <= recordTypeLast:
+		return streamTLS
+	case b[0]&0x80 == 0:
+		return streamOther
+	case len(b) < sslv2HeaderLen:
+		return streamUnknown
+	case b[2] == handshakeClientHello:
+		return streamSSLv2
+	}
+	return streamOther
+}
+
+// recordTypeName names a record type for a refusal's detail.
+func recordTypeName(t byte) string {
+	switch t {
+	case recordTypeCCS:
+		return "change_cipher_spec"
+	case recordTypeAlert:
+		return "alert"
+	case recordTypeHandshake:
+		return "handshake"
+	case recordTypeAppData:
+		return "application_data"
+	case 0x18:
+		return "heartbeat"
+	case recordTypeLast:
+		return "tls12_cid"
+	}
+	return fmt.Sprintf("type %d", t)
+}
 
 // readClientHello reads from r, after the bytes already in buf, until buf
 // holds a whole ClientHello (possibly spread over several records and TCP
@@ -60,21 +117,34 @@ func readClientHello(r io.Reader, buf []byte) ([]byte, ClientHelloInfo, error) {
 }
 
 // handshakeMessage reassembles the first handshake message from the
-// handshake records at the start of b.
+// handshake records at the start of b. Until the ClientHello is complete
+// only non-empty handshake records carrying its fragments are accepted:
+// any other record (alert, change_cipher_spec, application data, ...) or
+// an empty handshake record is a *Denial with ReasonTLSRecordBeforeHello,
+// decided as soon as its header arrives. Other errors are malformations.
 func handshakeMessage(b []byte) ([]byte, error) {
 	var msg []byte
 	for {
-		if len(b) < recordHeaderLen {
+		if len(b) < 1 {
 			return nil, errNeedMore
 		}
+		if b[0] < recordTypeCCS || b[0] > recordTypeLast {
+			return nil, fmt.Errorf("record type %d is not TLS", b[0])
+		}
 		if b[0] != recordTypeHandshake {
-			return nil, fmt.Errorf("record type %d inside the ClientHello", b[0])
+			return nil, deny(ReasonTLSRecordBeforeHello, "a TLS %s record came before the ClientHello was complete", recordTypeName(b[0]))
+		}
+		if len(b) < recordHeaderLen {
+			return nil, errNeedMore
 		}
 		if b[1] != 3 {
 			return nil, fmt.Errorf("record version %d.%d is not TLS", b[1], b[2])
 		}
 		n := int(binary.BigEndian.Uint16(b[3:5]))
-		if n == 0 || n > maxRecordPayload {
+		if n == 0 {
+			return nil, deny(ReasonTLSRecordBeforeHello, "an empty TLS handshake record came before the ClientHello was complete")
+		}
+		if n > maxRecordPayload {
 			return nil, fmt.Errorf("record length %d", n)
 		}
 		if len(b) < recordHeaderLen+n {
@@ -82,10 +152,10 @@ func handshakeMessage(b []byte) ([]byte, error) {
 		}
 		msg = append(msg, b[recordHeaderLen:recordHeaderLen+n]...)
 		b = b[recordHeaderLen+n:]
+		if msg[0] != handshakeClientHello {
+			return nil, fmt.Errorf("first handshake message is type %d, not ClientHello", msg[0])
+		}
 		if len(msg) >= 4 {
-			if msg[0] != handshakeClientHello {
-				return nil, fmt.Errorf("first handshake message is type %d, not ClientHello", msg[0])
-			}
 			l := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3])
 			if l > maxClientHello {
 				return nil, fmt.Errorf("ClientHello of %d bytes", l)

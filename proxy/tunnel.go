@@ -53,7 +53,7 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 	}
 	go func() {
 		defer end()
-		n, err := relay(client, up)
+		n, err := pumpDown(client, up, ev)
 		ev.BytesDown = n
 		if err == nil {
 			err = closeWrite(client)
@@ -68,6 +68,25 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 			abort("client to upstream", err)
 		}
 	}()
+}
+
+// pumpDown copies upstream to client, timing the upstream's first byte:
+// that byte is read on its own, the rest relayed (spliced) as before.
+func pumpDown(client, up net.Conn, ev *Event) (int64, error) {
+	var b [1]byte
+	n, err := up.Read(b[:])
+	if n == 0 {
+		if errors.Is(err, io.EOF) {
+			return 0, nil
+		}
+		return 0, err
+	}
+	ev.FirstByte = time.Since(ev.Time)
+	if _, err := client.Write(b[:n]); err != nil {
+		return 0, err
+	}
+	m, err := relay(client, up)
+	return m + 1, err
 }
 
 // pumpUp checks the client's first bytes (TLS name check), then copies
@@ -107,10 +126,45 @@ func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 }
 
 // checkFirstBytes returns the first bytes of the tunnel once they are
-// acceptable: a ClientHello must name the CONNECT host; with require_tls,
-// the first bytes must be a ClientHello. Waiting for them costs no
-// buffer beyond br; only a ClientHello is copied out.
+// acceptable. A stream whose first byte is a TLS record type (or an
+// SSLv2-style hello) is TLS: it must open with a ClientHello naming the
+// CONNECT host, carried only by handshake records. With require_tls the
+// stream must be TLS. Waiting for them costs no buffer beyond br; only a
+// ClientHello is copied out.
 func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event) ([]byte, error) {
+	first, err := p.peekFirst(client, br, entry)
+	if err != nil || first == nil {
+		return nil, err
+	}
+	switch classifyStream(first) {
+	case streamSSLv2:
+		return nil, deny(ReasonTLSSSLv2, "the first bytes are an SSLv2-style ClientHello, which carries no server name to check against %s", req.Host)
+	case streamOther, streamUnknown: // unknown: the client ended within three bytes
+		if entry.RequireTLS {
+			return nil, deny(ReasonTLSRequired, "require_tls is set for %s and the first bytes are not a TLS ClientHello", entry)
+		}
+		return first, nil
+	}
+	hello := append([]byte(nil), first...)
+	_, _ = br.Discard(len(first))
+	_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
+	hello, info, err := readClientHello(br, hello)
+	_ = client.SetReadDeadline(time.Time{})
+	if err != nil {
+		var d *Denial
+		if errors.As(err, &d) {
+			return nil, d
+		}
+		return nil, &Denial{Reason: ReasonTLSMalformed, Detail: "the first bytes start a TLS record but are not a well-formed ClientHello: " + err.Error(), Err: err}
+	}
+	ev.SNI = info.ServerName
+	return hello, checkSNI(info, req.Host)
+}
+
+// peekFirst waits for the client's first bytes and returns what is
+// buffered, enough to classify it (an SSLv2-style header needs three
+// bytes); nil, nil means the client half-closed without sending anything.
+func (p *Proxy) peekFirst(client net.Conn, br *bufio.Reader, entry Entry) ([]byte, error) {
 	if br.Buffered() == 0 {
 		if entry.RequireTLS {
 			// A TLS client speaks first; one that does not within the
@@ -130,22 +184,17 @@ func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, 
 		}
 	}
 	first, _ := br.Peek(br.Buffered())
-	if !looksLikeTLS(first) {
-		if entry.RequireTLS {
-			return nil, deny(ReasonTLSRequired, "require_tls is set for %s and the first bytes are not a TLS ClientHello", entry)
+	if classifyStream(first) == streamUnknown {
+		// A high first bit: wait for the rest of a possible SSLv2 header.
+		_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
+		_, err := br.Peek(sslv2HeaderLen)
+		_ = client.SetReadDeadline(time.Time{})
+		first, _ = br.Peek(br.Buffered())
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, &Denial{Reason: ReasonTLSMalformed, Detail: "the first bytes may start an SSLv2-style ClientHello, whose header did not complete in time", Err: err}
 		}
-		return first, nil
 	}
-	hello := append([]byte(nil), first...)
-	_, _ = br.Discard(len(first))
-	_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
-	hello, info, err := readClientHello(br, hello)
-	_ = client.SetReadDeadline(time.Time{})
-	if err != nil {
-		return nil, &Denial{Reason: ReasonTLSMalformed, Detail: "the first bytes start a TLS record but are not a well-formed ClientHello: " + err.Error(), Err: err}
-	}
-	ev.SNI = info.ServerName
-	return hello, checkSNI(info, req.Host)
+	return first, nil
 }
 
 var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 1024) }}

@@ -6,10 +6,12 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +39,19 @@ func TestTunnelRequestResponseAndPipelinedBytes(t *testing.T) {
 	if ev.Decision != DecisionAllow || ev.Reason != ReasonAllowed || ev.BytesUp != 23 || ev.BytesDown != 23 ||
 		ev.Dialed.String() != "93.184.216.34:443" || ev.Host != "api.example.com" || ev.Trial != "t1" {
 		t.Fatalf("event %+v", ev)
+	}
+	if len(ev.ID) < 16 || ev.Rule != "api.example.com:443" || ev.Method != "CONNECT" || ev.DNS <= 0 || ev.Dial <= 0 ||
+		ev.FirstByte < ev.DNS+ev.Dial || ev.FirstByte > ev.Duration {
+		t.Fatalf("event id, rule, method or timings: %+v", ev)
+	}
+	var rec map[string]any
+	if b, err := json.Marshal(ev); err != nil || json.Unmarshal(b, &rec) != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"event_id", "rule", "method", "dns_us", "dial_us", "first_byte_us", "bytes_up", "reason", "start"} {
+		if _, ok := rec[k]; !ok {
+			t.Fatalf("JSON record lacks %q: %v", k, rec)
+		}
 	}
 	st, _ := tp.Stats("t1")
 	if st.Allowed != 1 || st.BytesUp != 23 || st.BytesDown != 23 || st.Decisions[ReasonAllowed] != 1 {
@@ -383,4 +398,91 @@ func TestRemoveTrialCutsPendingConnect(t *testing.T) {
 	if ev := tp.event(t); ev.Reason != ReasonShutdown {
 		t.Fatalf("event %+v, want %s", ev, ReasonShutdown)
 	}
+}
+
+// A Trial at its connection caps cannot make another Trial's CONNECT
+// fail: its caps are charged before the proxy-wide limit, and what they
+// refuse holds none of the proxy's connections.
+func TestTrialCapsComeBeforeGlobalLimit(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{MaxClientConns: 4, MaxPendingHeads: 2},
+		configure: func(c *Config) { c.MaxConnections = 6 }})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	t2 := tp.addTrial(t, "t2", "api.example.com:443")
+	tp.mu.Lock()
+	t1 := tp.trials["t1"]
+	tp.mu.Unlock()
+	waitFor := func(what string, f func() bool) {
+		t.Helper()
+		for i := 0; !f(); i++ {
+			if i == 500 {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	idle := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", tp.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	wantRefused := func(resp *http.Response, reason Reason) {
+		t.Helper()
+		if resp.StatusCode != 429 || Reason(resp.Header.Get("Trialnet-Reason")) != reason {
+			t.Fatalf("%d %s, want 429 %s", resp.StatusCode, resp.Header.Get("Trialnet-Reason"), reason)
+		}
+		if ev := tp.event(t); ev.Reason != reason || ev.Trial != "t1" {
+			t.Fatalf("event %+v", ev)
+		}
+	}
+
+	var tunnels []net.Conn
+	for range 2 {
+		resp, c, _ := tp.connect(t, connectHead("api.example.com:443"))
+		if resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+		tunnels = append(tunnels, c)
+	}
+	idle()
+	idle()
+	waitFor("two pending heads", func() bool { return t1.pending.Load() == 2 })
+
+	// A flood of idle connections from t1, each refused by its caps
+	// (without them, these would take the proxy's last two connections
+	// and t2 would get global_limit).
+	for range 8 {
+		idle()
+	}
+	for i := 0; len(tp.events) < 8 && i < 200; i++ {
+		time.Sleep(5 * time.Millisecond)
+	}
+	resp, c, _ := t2.connect(t, connectHead("api.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatalf("t2's CONNECT while t1 is at its caps: %s %s", resp.Status, resp.Header.Get("Trialnet-Detail"))
+	}
+	for range 8 {
+		if ev := tp.event(t); ev.Trial != "t1" || ev.Reason != ReasonTrialConnLimit {
+			t.Fatalf("event %+v", ev)
+		}
+	}
+	_ = c.Close()
+	if ev := tp.event(t); ev.Trial != "t2" || ev.Reason != ReasonAllowed {
+		t.Fatalf("event %+v", ev)
+	}
+	if n := tp.conns.Load(); n != 4 {
+		t.Fatalf("the proxy counts %d connections, want t1's 4", n)
+	}
+
+	resp, _, _ = tp.connect(t, connectHead("api.example.com:443"))
+	wantRefused(resp, ReasonTrialConnLimit) // 2 tunnels + 2 idle = 4
+
+	_ = tunnels[0].Close()
+	tp.event(t)
+	waitFor("the closed tunnel to be given back", func() bool { return t1.clients.Load() == 3 })
+	resp, _, _ = tp.connect(t, connectHead("api.example.com:443"))
+	wantRefused(resp, ReasonPendingHeadLimit) // 3 connections, but 2 heads pending
 }

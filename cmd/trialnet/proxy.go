@@ -50,7 +50,7 @@ func proxyConfig(af *allowFlags, cf *configFlags) (*proxy.Allowlist, proxy.Confi
 // told the listening addresses (tests use port 0).
 func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, ready func([]net.Addr)) int {
 	fs := newFlags("proxy", "proxy [--listen ADDR]... (--allow HOST:PORT | --profile NAME --config FILE)... [--resolver ADDR]... [--allow-cidr CIDR]... [--require-tls] [--trial ID]",
-		"trialnet proxy --listen 127.0.0.1:3128 --allow api.anthropic.com:443   # then HTTPS_PROXY=http://127.0.0.1:3128", stderr)
+		"trialnet proxy --listen 127.0.0.1:3128 --allow api.anthropic.com:443   # then HTTPS_PROXY=http://127.0.0.1:3128 (http_proxy too for http:// URLs)", stderr)
 	var listen stringList
 	fs.Var(&listen, "listen", "listen on ADDR:PORT (repeatable; default 127.0.0.1:3128)")
 	trial := fs.String("trial", "proxy", "the Trial id written in every decision record")

@@ -44,6 +44,8 @@ func TestProxyRefusesBadInputBeforeListening(t *testing.T) {
 	}{
 		{nil, "nothing is allowed"},
 		{[]string{"--allow", "*.com:443"}, "too broad"},
+		{[]string{"--allow", "*.s3.amazonaws.com:443"}, "is a public suffix (private section"},
+		{[]string{"--allow", "*.compute.amazonaws.com:443"}, "every name directly under"},
 		{[]string{"--allow", "127.0.0.1:443"}, "IP address"},
 		{[]string{"--allow", "api.anthropic.com"}, "host:port"},
 		{[]string{"--profile", "claude"}, "--config"},

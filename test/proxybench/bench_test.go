@@ -136,7 +136,7 @@ func (e *env) startTrialnet() (*process, error) {
 	}
 	// Limits far above what the benchmark does: it measures speed, not limits.
 	cfg := filepath.Join(e.dir, "trialnet.yaml")
-	if err := os.WriteFile(cfg, []byte("limits: {max_tunnels: 100000, connects_per_second: 1000000, connect_burst: 1000000}\nmax_connections: 100000\n"), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte("limits: {max_tunnels: 100000, max_client_connections: 100000, max_pending_heads: 100000, connects_per_second: 1000000, connect_burst: 1000000}\nmax_connections: 100000\n"), 0o644); err != nil {
 		return nil, err
 	}
 	return start(e, exec.Command(e.bin, "proxy", "--config", cfg, "--listen", addr, "--trial", "bench",

@@ -1,0 +1,348 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// hopByHop are the fields that describe one connection, never forwarded
+// either way (RFC 9110 7.6.1), with Proxy-Authorization and
+// Proxy-Authenticate, which are meant for this proxy.
+var hopByHop = []string{
+	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "Proxy-Authenticate",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// removeHopByHop deletes the hop-by-hop fields and every field the
+// Connection field names.
+func removeHopByHop(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, name := range hopByHop {
+		h.Del(name)
+	}
+}
+
+// httpConn forwards the requests of one client connection. Each request
+// goes through the same steps as a CONNECT — strict head, allowlist
+// before DNS, rate and tunnel limits, every address guarded, only checked
+// addresses dialed — and is recorded as its own decision. A keep-alive
+// client that switches hosts between requests is checked again each
+// time; upstream connections are pooled by the Transport per host:port,
+// and the Transport belongs to this client connection (so to one Trial),
+// so a connection is never reused for another host or Trial.
+type httpConn struct {
+	p     *Proxy
+	t     *trial
+	c     net.Conn
+	r     *bufio.Reader // holds a whole head: MaxHeaderBytes
+	ctx   context.Context
+	tr    *http.Transport
+	ev    *Event   // the request being served, for the dialer
+	req   *Request // likewise
+	wrote bool     // response bytes reached the client: no refusal can follow
+
+	// wmu orders a 100 Continue, written from the Transport's goroutine
+	// when it first reads the body, before the response: once the
+	// response is being written, no 100 Continue is.
+	wmu        sync.Mutex
+	responding bool
+}
+
+// serveHTTP serves forwarded requests on c until the client or a refusal
+// ends the connection. headDone is called once the first head is in.
+// It returns the last request's event, not yet emitted, or nil.
+func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, headDone func()) *Event {
+	ctx, cancel := context.WithCancel(t.ctx)
+	defer cancel()
+	h := &httpConn{p: p, t: t, c: c, r: bufio.NewReaderSize(br, MaxHeaderBytes), ctx: ctx}
+	h.tr = &http.Transport{
+		Proxy:               nil, // never the environment's proxy
+		DialContext:         h.dial,
+		DisableCompression:  true, // bytes pass as they are
+		MaxIdleConnsPerHost: 1,    // requests on one client connection are sequential
+		IdleConnTimeout:     p.cfg.HeaderTimeout,
+	}
+	defer h.tr.CloseIdleConnections()
+	for first := true; ; first = false {
+		if !first {
+			// A kept-alive connection gets HeaderTimeout for its next head.
+			_ = c.SetReadDeadline(time.Now().Add(p.cfg.HeaderTimeout))
+			ev = p.newEvent(t, c)
+		}
+		keep, err := h.serveOne(ev, headDone, first)
+		if errors.Is(err, errClientDone) {
+			return nil
+		}
+		if err != nil {
+			if h.wrote {
+				if ev.Decision == "" {
+					ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
+				}
+				ev.Detail = "response cut: " + err.Error()
+				_ = c.Close()
+				return ev
+			}
+			h.wmu.Lock()
+			h.responding = true // no 100 Continue after the refusal
+			p.refuse(c, ev, err)
+			h.wmu.Unlock()
+			return ev
+		}
+		if !keep {
+			_ = c.Close()
+			return ev
+		}
+		ev.Duration = time.Since(ev.Time)
+		p.emit(t, ev)
+	}
+}
+
+// serveOne serves one request; keep says the connection may carry
+// another.
+func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, err error) {
+	h.wrote = false
+	h.wmu.Lock()
+	h.responding = false
+	h.wmu.Unlock()
+	raw, err := peekHead(h.r)
+	if first {
+		headDone()
+	}
+	if err != nil {
+		return false, err
+	}
+	req, err := parseHTTPHead(raw)
+	if req != nil {
+		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port
+	}
+	if err != nil {
+		return false, err
+	}
+	in, err := http.ReadRequest(h.r) // consumes exactly the head judged above
+	if err != nil {
+		return false, &Denial{Reason: ReasonBadRequest, Detail: "malformed request: " + err.Error(), Err: err}
+	}
+	_ = h.c.SetReadDeadline(time.Time{})
+	entry, err := h.p.admitRequest(h.t, req)
+	if err != nil {
+		return false, err
+	}
+	ev.Rule = entry.String()
+	defer h.t.tunnels.Add(-1)
+	out, body, err := h.outgoing(in, req, ev)
+	if err != nil {
+		return false, err
+	}
+	h.ev, h.req = ev, req
+	resp, err := h.tr.RoundTrip(out.WithContext(h.ctx))
+	h.ev, h.req = nil, nil
+	if err != nil {
+		return false, upstreamError(h.t.ctx, err)
+	}
+	ev.FirstByte = time.Since(ev.Time)
+	defer resp.Body.Close()
+	ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
+	keep, err = h.respond(in, resp, ev)
+	ev.BytesUp = body.n.Load()
+	// A body the upstream did not read leaves the next head unfindable.
+	return keep && body.done(), err
+}
+
+// admitRequest charges one forwarded request like one CONNECT: the rate,
+// a tunnel slot for its life (the caller gives it back) and the
+// allowlist, all before any DNS.
+func (p *Proxy) admitRequest(t *trial, req *Request) (Entry, error) {
+	if !t.bucket.take(time.Now()) {
+		return Entry{}, deny(ReasonRateLimited, "more than %g requests per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
+	}
+	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
+		t.tunnels.Add(-1)
+		return Entry{}, deny(ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
+	}
+	entry, ok := t.allow.Match(req.Host, req.Port)
+	if !ok {
+		t.tunnels.Add(-1)
+		return Entry{}, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
+	}
+	return entry, nil
+}
+
+// outgoing builds the upstream request: the checked name and port, the
+// path and query as sent, the client's fields without hop-by-hop ones.
+func (h *httpConn) outgoing(in *http.Request, req *Request, ev *Event) (*http.Request, *countBody, error) {
+	hdr := in.Header.Clone()
+	removeHopByHop(hdr)
+	if _, ok := hdr["User-Agent"]; !ok {
+		hdr["User-Agent"] = []string{""} // net/http would add its own
+	}
+	body := &countBody{r: in.Body}
+	if exp := hdr.Get("Expect"); exp != "" {
+		if !strings.EqualFold(exp, "100-continue") || len(hdr.Values("Expect")) > 1 {
+			return nil, nil, deny(ReasonBadRequest, "Expect %q: only 100-continue is supported", truncate(exp))
+		}
+		hdr.Del("Expect")
+		// The client waits for 100 Continue before its body; it gets one
+		// when the upstream request first reads the body.
+		body.onFirstRead = func() {
+			h.wmu.Lock()
+			defer h.wmu.Unlock()
+			if !h.responding {
+				_, _ = io.WriteString(h.c, "HTTP/1.1 100 Continue\r\n\r\n")
+			}
+		}
+	}
+	hostField := req.Host
+	if req.Port != 80 {
+		hostField = req.HostPort()
+	}
+	out := &http.Request{
+		Method: in.Method,
+		URL: &url.URL{Scheme: "http", Host: req.HostPort(), Path: in.URL.Path, RawPath: in.URL.RawPath,
+			RawQuery: in.URL.RawQuery, ForceQuery: in.URL.ForceQuery},
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: hdr, Host: hostField, ContentLength: in.ContentLength,
+	}
+	if in.Body != nil && in.Body != http.NoBody {
+		out.Body = body
+	} else {
+		body.eof.Store(true)
+	}
+	return out, body, nil
+}
+
+// respond writes the upstream's response to the client, without
+// hop-by-hop fields, and says whether the connection may be kept.
+func (h *httpConn) respond(in *http.Request, resp *http.Response, ev *Event) (bool, error) {
+	h.wmu.Lock()
+	h.responding = true
+	h.wmu.Unlock()
+	removeHopByHop(resp.Header)
+	resp.ProtoMajor, resp.ProtoMinor, resp.Proto = 1, 1, "HTTP/1.1"
+	keep := !in.Close && !(in.ProtoMajor == 1 && in.ProtoMinor == 0)
+	resp.Close = !keep
+	resp.TransferEncoding = nil
+	if resp.ContentLength < 0 && in.Method != http.MethodHead && bodyAllowed(resp.StatusCode) {
+		if in.ProtoMinor == 0 {
+			keep, resp.Close = false, true // HTTP/1.0: the end of the body is the close
+		} else {
+			resp.TransferEncoding = []string{"chunked"}
+		}
+	}
+	w := &countWriter{w: h.c, wrote: &h.wrote}
+	err := resp.Write(w)
+	ev.BytesDown = w.n
+	return keep && !resp.Close, err
+}
+
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// dial is the Transport's only way to the network: the checked
+// resolution and dial of the request being served, for exactly its
+// host:port.
+func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	req, ev := h.req, h.ev
+	if req == nil || addr != req.HostPort() {
+		return nil, deny(ReasonPolicyDenied, "the forwarder asked to dial %q outside a checked request", truncate(addr))
+	}
+	up, err := h.p.connect(ctx, req, ev)
+	if err != nil {
+		return nil, err
+	}
+	if !h.t.track(up) {
+		_ = up.Close()
+		return nil, deny(ReasonShutdown, "the Trial is being removed")
+	}
+	return &trackedConn{Conn: up, t: h.t}, nil
+}
+
+// upstreamError turns a RoundTrip error into a denial: the dialer's own,
+// or a failed exchange with the upstream.
+func upstreamError(trialCtx context.Context, err error) error {
+	var d *Denial
+	if errors.As(err, &d) {
+		return d
+	}
+	if trialCtx.Err() != nil {
+		return &Denial{Reason: ReasonShutdown, Detail: "the Trial is being removed", Err: err}
+	}
+	return &Denial{Reason: ReasonUpstreamBadResponse, Detail: "the upstream did not answer the request: " + err.Error(), Err: err}
+}
+
+// trackedConn is an upstream connection tracked by its Trial, so that
+// removing the Trial closes it.
+type trackedConn struct {
+	net.Conn
+	t *trial
+}
+
+func (c *trackedConn) Close() error {
+	c.t.untrack(c.Conn)
+	return c.Conn.Close()
+}
+
+// countBody is the client's request body as the upstream request reads
+// it: counted, with a hook for 100-continue, and not drained or closed by
+// the Transport (the client connection's reader is not its to drain).
+type countBody struct {
+	r           io.Reader
+	n           atomic.Int64
+	eof         atomic.Bool
+	onFirstRead func()
+}
+
+func (b *countBody) Read(p []byte) (int, error) {
+	if f := b.onFirstRead; f != nil {
+		b.onFirstRead = nil
+		f()
+	}
+	n, err := b.r.Read(p)
+	b.n.Add(int64(n))
+	if errors.Is(err, io.EOF) {
+		b.eof.Store(true)
+	}
+	return n, err
+}
+
+func (b *countBody) Close() error { return nil }
+
+func (b *countBody) done() bool { return b.eof.Load() }
+
+type countWriter struct {
+	w     io.Writer
+	n     int64
+	wrote *bool
+}
+
+func (w *countWriter) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	w.n += int64(n)
+	if n > 0 {
+		*w.wrote = true
+	}
+	return n, err
+}
+
+// newEvent starts the decision record of one request on c.
+func (p *Proxy) newEvent(t *trial, c net.Conn) *Event {
+	return &Event{ID: rand.Text(), Time: time.Now(), Trial: t.id, Client: c.RemoteAddr().String()}
+}

@@ -1,0 +1,159 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+)
+
+// forwardedMethods are the methods forwarded in absolute form.
+var forwardedMethods = map[string]bool{
+	http.MethodGet: true, http.MethodHead: true, http.MethodPost: true, http.MethodPut: true,
+	http.MethodPatch: true, http.MethodDelete: true, http.MethodOptions: true,
+}
+
+const forwardedMethodList = "GET, HEAD, POST, PUT, PATCH, DELETE and OPTIONS"
+
+// errClientDone is a keep-alive connection that ended cleanly between
+// requests.
+var errClientDone = errors.New("client closed the connection between requests")
+
+// peekHead waits until r holds a whole request head (up to and including
+// its empty line) and returns it without consuming it, so that the
+// strict reader can judge a copy before net/http frames the original. A
+// head over MaxHeaderBytes, one that does not arrive before the read
+// deadline, and a connection ending inside it are refusals; a connection
+// ending before any byte is errClientDone.
+func peekHead(r *bufio.Reader) ([]byte, error) {
+	for {
+		b, _ := r.Peek(r.Buffered())
+		if i := headEnd(b); i > 0 {
+			return b[:i], nil
+		}
+		if len(b) >= MaxHeaderBytes {
+			return nil, deny(ReasonRequestTooLarge, "a request head over %d bytes", MaxHeaderBytes)
+		}
+		if _, err := r.Peek(len(b) + 1); err != nil {
+			var ne net.Error
+			switch {
+			case errors.As(err, &ne) && ne.Timeout():
+				return nil, &Denial{Reason: ReasonHeaderTimeout, Detail: "the request head did not arrive in time", Err: err}
+			case len(b) == 0 && (errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)):
+				return nil, errClientDone
+			case errors.Is(err, io.EOF):
+				return nil, &Denial{Reason: ReasonBadRequest, Detail: "the connection closed before the request head ended", Err: err}
+			}
+			return nil, &Denial{Reason: ReasonBadRequest, Detail: "reading the request head", Err: err}
+		}
+	}
+}
+
+// headEnd is the length of the head at the start of b, through its first
+// empty line ("\r\n\r\n", or a bare "\n\n" that the strict reader then
+// refuses), or 0 if the head is not complete.
+func headEnd(b []byte) int {
+	end := 0
+	if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
+		end = i + 4
+	}
+	if i := bytes.Index(b, []byte("\n\n")); i >= 0 && (end == 0 || i+2 < end) {
+		end = i + 2
+	}
+	return end
+}
+
+// parseHTTPHead validates a peeked head as a request to forward: strict
+// lines (readHead, as for CONNECT), a forwarded method, an absolute-form
+// http:// target naming a DNS name (the same rules as a CONNECT target;
+// port 80 by default), a Host field that agrees with it, and none of the
+// framing shapes that let a request be smuggled past a proxy: both
+// Content-Length and Transfer-Encoding, more than one Content-Length, a
+// Content-Length that is not a plain decimal, or any Transfer-Encoding
+// but a single "chunked" on HTTP/1.1.
+func parseHTTPHead(raw []byte) (*Request, error) {
+	h, err := readHead(bufio.NewReader(bytes.NewReader(raw)))
+	if h == nil {
+		return nil, err
+	}
+	req := &Request{Method: h.method, Target: h.target, Version: h.version}
+	if err != nil {
+		return req, err
+	}
+	if h.method == "CONNECT" {
+		return req, deny(ReasonBadRequest, "CONNECT after a forwarded request on the same connection; open a new connection to tunnel")
+	}
+	if !forwardedMethods[h.method] {
+		return req, deny(ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", truncate(h.method), forwardedMethodList)
+	}
+	if err := checkVersion(h.version); err != nil {
+		return req, err
+	}
+	if req.Host, req.Port, err = parseAbsoluteTarget(h.target); err != nil {
+		return req, err
+	}
+	if err := checkHostField(h.host, req); err != nil {
+		return req, err
+	}
+	return req, checkFraming(h)
+}
+
+// parseAbsoluteTarget validates an absolute-form request-target and
+// returns its normalised name and port.
+func parseAbsoluteTarget(target string) (string, uint16, error) {
+	scheme, rest, ok := strings.Cut(target, "://")
+	switch {
+	case ok && strings.EqualFold(scheme, "https"):
+		return "", 0, deny(ReasonHTTPSNeedsConnect, "%q is an https:// URL: send CONNECT %s and speak TLS through the tunnel (set HTTPS_PROXY, not only HTTP_PROXY)", truncate(target), truncate(authorityOf(rest)))
+	case !ok || !strings.EqualFold(scheme, "http"):
+		return "", 0, deny(ReasonBadTarget, "target %q: a proxy forwards only absolute-form http://host[:port]/path (or tunnels with CONNECT host:port)", truncate(target))
+	}
+	for i := 0; i < len(target); i++ {
+		if c := target[i]; c >= 0x80 || c == '#' {
+			return "", 0, deny(ReasonBadTarget, "target %q holds a fragment or non-ASCII bytes", truncate(target))
+		}
+	}
+	authority := authorityOf(rest)
+	if path := rest[len(authority):]; path != "" && path[0] != '/' && path[0] != '?' {
+		return "", 0, deny(ReasonBadTarget, "target %q: the path must start with '/'", truncate(target))
+	}
+	if authority != "" && authority[0] != '[' && !strings.Contains(authority, ":") {
+		authority += ":80"
+	}
+	return ParseTarget(authority)
+}
+
+// authorityOf is the authority at the start of what follows "scheme://".
+func authorityOf(s string) string {
+	if i := strings.IndexAny(s, "/?#"); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func checkFraming(h *head) error {
+	if len(h.contentLength) > 0 && len(h.transferEncoding) > 0 {
+		return deny(ReasonBadRequest, "both Content-Length and Transfer-Encoding: a request smuggling shape")
+	}
+	if len(h.contentLength) > 1 {
+		return deny(ReasonBadRequest, "%d Content-Length fields: a request smuggling shape", len(h.contentLength))
+	}
+	if len(h.contentLength) == 1 {
+		v := h.contentLength[0]
+		if v == "" || len(v) > 18 || strings.Trim(v, "0123456789") != "" {
+			return deny(ReasonBadRequest, "Content-Length %q is not a decimal number", truncate(v))
+		}
+	}
+	if len(h.transferEncoding) > 0 {
+		if h.version != "HTTP/1.1" {
+			return deny(ReasonBadRequest, "Transfer-Encoding in an %s request", h.version)
+		}
+		if len(h.transferEncoding) > 1 || !strings.EqualFold(h.transferEncoding[0], "chunked") {
+			return deny(ReasonBadRequest, "Transfer-Encoding %q: only a single \"chunked\" is forwarded", truncate(strings.Join(h.transferEncoding, ", ")))
+		}
+	}
+	return nil
+}

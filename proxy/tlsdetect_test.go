@@ -1,0 +1,239 @@
+//go:build linux
+
+package proxy
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"math/big"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// testCA is a throwaway CA with a leaf certificate per name, so a real
+// crypto/tls client can verify the upstream it reaches through a tunnel.
+type testCA struct {
+	pool  *x509.CertPool
+	certs []tls.Certificate
+}
+
+func newTestCA(t *testing.T, names ...string) *testCA {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "trialnet test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &testCA{pool: x509.NewCertPool()}
+	ca.pool.AddCert(caCert)
+	for i, name := range names {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca.certs = append(ca.certs, tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key})
+	}
+	return ca
+}
+
+// frontedUpstream is one TLS server for every name the CA issued (a CDN
+// front), echoing after the handshake. It counts the bytes it received
+// and the handshakes it completed.
+func frontedUpstream(ca *testCA, received, handshakes *atomic.Int64) func(*net.TCPConn) {
+	cfg := &tls.Config{Certificates: ca.certs} // picked by SNI
+	return func(c *net.TCPConn) {
+		s := tls.Server(&countConn{Conn: c, n: received}, cfg)
+		_ = s.SetDeadline(time.Now().Add(10 * time.Second))
+		if s.Handshake() != nil {
+			return
+		}
+		handshakes.Add(1)
+		_ = s.SetDeadline(time.Time{})
+		_, _ = io.Copy(s, s)
+	}
+}
+
+// TestTLSDetectionCannotBeSteppedAround sends, after the 200, a record
+// that is not a handshake record, then a ClientHello for another name
+// served by the same upstream. Each is refused before anything reaches
+// the upstream; an honest ClientHello, whole or in one-byte fragments,
+// completes a real handshake.
+func TestTLSDetectionCannotBeSteppedAround(t *testing.T) {
+	ca := newTestCA(t, "a.test", "b.test")
+	var received, handshakes atomic.Int64
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: frontedUpstream(ca, &received, &handshakes)})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	fronted := clientHello(t, "b.test")
+
+	for _, c := range []struct {
+		name   string
+		prefix []byte
+		want   Reason
+	}{
+		{"warning alert", []byte{0x15, 0x03, 0x01, 0x00, 0x02, 0x01, 0x5a}, ReasonTLSRecordBeforeHello},
+		{"change_cipher_spec", []byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x01}, ReasonTLSRecordBeforeHello},
+		{"empty handshake record", []byte{0x16, 0x03, 0x01, 0x00, 0x00}, ReasonTLSRecordBeforeHello},
+		{"application data", []byte{0x17, 0x03, 0x03, 0x00, 0x03, 'a', 'b', 'c'}, ReasonTLSRecordBeforeHello},
+		{"heartbeat", []byte{0x18, 0x03, 0x03, 0x00, 0x01, 0x01}, ReasonTLSRecordBeforeHello},
+		{"alert between two fragments", append(reRecord(clientHello(t, "a.test"), 40)[:45], 0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x00), ReasonTLSRecordBeforeHello},
+		{"SSLv2-style hello", []byte{0x80, 0x2e, 0x01, 0x00, 0x02, 0x00, 0x15, 0x00, 0x00, 0x00, 0x10}, ReasonTLSSSLv2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := sendInPiecesTo(t, tp, "a.test:443", append(append([]byte(nil), c.prefix...), fronted...), 3)
+			if string(got) != string(tlsAccessDenied) {
+				t.Fatalf("client got %x, want an access_denied alert", got)
+			}
+			if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != c.want {
+				t.Fatalf("event %+v, want %s", ev, c.want)
+			}
+			if n := received.Load(); n != 0 {
+				t.Fatalf("%d bytes reached the upstream", n)
+			}
+		})
+	}
+
+	for _, c := range []struct {
+		name  string
+		split int // payload bytes per record; 0: as crypto/tls sends it
+	}{{"honest ClientHello", 0}, {"honest ClientHello in 1-byte records", 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+			if resp.StatusCode != 200 {
+				t.Fatal(resp.Status)
+			}
+			raw := &bufConn{Conn: conn, r: br}
+			var hc net.Conn = raw
+			if c.split > 0 {
+				hc = &reRecordConn{Conn: raw, n: c.split}
+			}
+			tc := tls.Client(hc, &tls.Config{ServerName: "a.test", RootCAs: ca.pool})
+			_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+			if err := tc.Handshake(); err != nil {
+				t.Fatalf("handshake: %v", err)
+			}
+			if _, err := tc.Write([]byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			b := make([]byte, 4)
+			if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
+				t.Fatalf("echo %q %v", b, err)
+			}
+			_ = tc.Close()
+			if ev := tp.event(t); ev.Reason != ReasonAllowed || ev.SNI != "a.test" {
+				t.Fatalf("event %+v", ev)
+			}
+		})
+	}
+	if handshakes.Load() != 2 {
+		t.Fatalf("%d handshakes completed, want 2", handshakes.Load())
+	}
+}
+
+// TestClassifyStream pins which first bytes make a stream TLS.
+func TestClassifyStream(t *testing.T) {
+	for _, c := range []struct {
+		in   []byte
+		want streamKind
+	}{
+		{nil, streamUnknown},
+		{[]byte("GET / HTTP/1.1"), streamOther},
+		{[]byte{0x13}, streamOther},
+		{[]byte{0x14}, streamTLS},
+		{[]byte{0x15, 0x03}, streamTLS},
+		{[]byte{0x16}, streamTLS},
+		{[]byte{0x17}, streamTLS},
+		{[]byte{0x19}, streamTLS},
+		{[]byte{0x1a}, streamOther},
+		{[]byte{0x80}, streamUnknown},
+		{[]byte{0x80, 0x2e}, streamUnknown},
+		{[]byte{0x80, 0x2e, 0x01}, streamSSLv2},
+		{[]byte{0x80, 0x2e, 0x02}, streamOther},
+	} {
+		if got := classifyStream(c.in); got != c.want {
+			t.Errorf("classifyStream(%x) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}
+
+// sendInPiecesTo is sendInPieces for any target.
+func sendInPiecesTo(t *testing.T, tp *testProxy, target string, data []byte, pieces int) []byte {
+	t.Helper()
+	resp, c, br := tp.connect(t, connectHead(target))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	step := (len(data) + pieces - 1) / pieces
+	for i := 0; i < len(data); i += step {
+		_, _ = c.Write(data[i:min(i+step, len(data))])
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	got := make([]byte, 64)
+	n, _ := br.Read(got)
+	return got[:n]
+}
+
+// bufConn reads through the reader that parsed the CONNECT response.
+type bufConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *bufConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// reRecordConn re-frames the client's first flight (its ClientHello
+// record) into records of n payload bytes, each written on its own.
+type reRecordConn struct {
+	net.Conn
+	n    int
+	done bool
+}
+
+func (c *reRecordConn) Write(b []byte) (int, error) {
+	if c.done || len(b) < 5 || b[0] != recordTypeHandshake {
+		return c.Conn.Write(b)
+	}
+	c.done = true
+	recLen := 5 + (int(b[3])<<8 | int(b[4]))
+	if recLen > len(b) {
+		recLen = len(b)
+	}
+	if _, err := c.Conn.Write(reRecord(b[:recLen], c.n)); err != nil {
+		return 0, err
+	}
+	if recLen < len(b) {
+		if _, err := c.Conn.Write(b[recLen:]); err != nil {
+			return 0, err
+		}
+	}
+	return len(b), nil
+}
