@@ -3,6 +3,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -169,14 +170,15 @@ func (t *terminal) relay(p *Process) {
 	}
 	var err error
 	if t.wakeR, t.wakeW, err = os.Pipe(); err == nil {
-		t.wg.Go(t.copyInput)
+		t.wg.Go(func() { t.copyInput(p.Pid()) })
 	}
 	go t.followStops(p.Pid())
 }
 
-// copyInput relays the caller's keystrokes. It polls, so that close can
-// end it without waiting for another key.
-func (t *terminal) copyInput() {
+// copyInput relays the caller's keystrokes to the command whose process
+// group is pid. It polls, so that close can end it without waiting for
+// another key.
+func (t *terminal) copyInput(pid int) {
 	buf := make([]byte, 4096)
 	fds := []unix.PollFd{{Fd: int32(t.in.Fd()), Events: unix.POLLIN}, {Fd: int32(t.wakeR.Fd()), Events: unix.POLLIN}}
 	for {
@@ -193,10 +195,39 @@ func (t *terminal) copyInput() {
 		if n <= 0 || err != nil {
 			return
 		}
-		if _, err := t.master.Write(buf[:n]); err != nil {
+		in := buf[:n]
+		if i := t.suspendAt(in, pid); i >= 0 {
+			if _, err := t.master.Write(in[:i]); err != nil {
+				return
+			}
+			// The command leads a session of its own, so its process
+			// group is orphaned and the kernel drops the SIGTSTP its
+			// line discipline sends: a handler still runs, and SIGSTOP
+			// does what ^Z means. followStops takes it from there.
+			_ = unix.Kill(-pid, unix.SIGTSTP)
+			_ = unix.Kill(-pid, unix.SIGSTOP)
+			in = in[i+1:]
+		}
+		if _, err := t.master.Write(in); err != nil {
 			return
 		}
 	}
+}
+
+// suspendAt is the index of a suspend character (^Z) in in that the
+// Trial's terminal would turn into SIGTSTP for the command's own process
+// group, or -1: when the command turned signals off (an editor in raw
+// mode) or put another group in the foreground (a shell with job
+// control, which stops its own jobs), the byte is the command's.
+func (t *terminal) suspendAt(in []byte, pid int) int {
+	tio, err := unix.IoctlGetTermios(int(t.master.Fd()), unix.TCGETS)
+	if err != nil || tio.Lflag&unix.ISIG == 0 || tio.Cc[unix.VSUSP] == 0 {
+		return -1
+	}
+	if fg, err := unix.IoctlGetInt(int(t.master.Fd()), unix.TIOCGPGRP); err != nil || fg != pid {
+		return -1
+	}
+	return bytes.IndexByte(in, tio.Cc[unix.VSUSP])
 }
 
 // followStops stops this process when the command is stopped (^Z), with

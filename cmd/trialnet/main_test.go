@@ -19,6 +19,11 @@ import (
 
 func TestMain(m *testing.M) {
 	sandbox.Init()
+	// The test binary doubles as the trialnet binary, for tests that need
+	// it as a process of its own (signals, terminals).
+	if os.Getenv("TRIALNET_CLI_MAIN") == "1" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
 	os.Exit(m.Run())
 }
 

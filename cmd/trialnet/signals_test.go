@@ -1,0 +1,237 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+	"golang.org/x/sys/unix"
+)
+
+// trialnetProcess is this test binary started as the trialnet command.
+func trialnetProcess(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Env = append(os.Environ(), "TRIALNET_CLI_MAIN=1")
+	return cmd
+}
+
+// waitLine reads r until a line equal to want, bounded by d.
+func waitLine(t *testing.T, r io.Reader, want string, d time.Duration) {
+	t.Helper()
+	found := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			if strings.TrimSpace(sc.Text()) == want {
+				found <- true
+				_, _ = io.Copy(io.Discard, r)
+				return
+			}
+		}
+		found <- false
+	}()
+	select {
+	case ok := <-found:
+		if !ok {
+			t.Fatalf("output ended before %q", want)
+		}
+	case <-time.After(d):
+		t.Fatalf("no %q within %v", want, d)
+	}
+}
+
+// SIGINT to trialnet run reaches the command (and its children: it is
+// sent to the command's process group), and run exits with its code.
+func TestPrivilegedRunForwardsSIGINT(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sh", "-c",
+		"trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.05; done")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	rest := &bytes.Buffer{}
+	r := io.TeeReader(out, rest)
+	waitLine(t, r, "ready", 20*time.Second)
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 42 {
+			t.Fatalf("trialnet run after SIGINT: %v, want exit 42 (the command's INT trap)\n%s", err, errOut.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("SIGINT did not end the command")
+	}
+}
+
+// A command that leaves a child behind: run returns when the command
+// exits, and the child dies with the Trial.
+func TestPrivilegedRunLeavesNothingBehind(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	const marker = "100.123"
+	cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sh", "-c", "sleep "+marker+" & exit 0")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("run did not return after its command exited: the background child held it")
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		if bytes.Equal(b, []byte("sleep\x00"+marker+"\x00")) {
+			t.Errorf("the background child outlived its Trial: %s", p)
+		}
+	}
+}
+
+// On a terminal, ^Z stops the command and trialnet with it (the caller's
+// shell sees a stopped job), SIGCONT (fg) continues both, and ^C reaches
+// the command through the Trial's own pty.
+func TestPrivilegedRunOnATerminalStopsAndContinues(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	m, s := openTerminal(t)
+	cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sh", "-c", "echo ready; while :; do echo tick; sleep 0.1; done")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = s, s, s
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 1024)
+	go func() {
+		sc := bufio.NewScanner(m)
+		for sc.Scan() {
+			lines <- strings.TrimSpace(sc.Text())
+		}
+		close(lines)
+	}()
+	expect := func(want string, d time.Duration) {
+		t.Helper()
+		deadline := time.After(d)
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("terminal closed before %q", want)
+				}
+				if l == want {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no %q within %v", want, d)
+			}
+		}
+	}
+	expect("ready", 20*time.Second)
+	if _, err := m.Write([]byte{0x1a}); err != nil { // ^Z
+		t.Fatal(err)
+	}
+	if !waitStopped(cmd.Process.Pid, 10*time.Second) {
+		t.Fatal("^Z did not stop trialnet with its command")
+	}
+	// Stopped: no more ticks once what was in flight has drained.
+	time.Sleep(300 * time.Millisecond)
+	for len(lines) > 0 {
+		<-lines
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := len(lines); n > 0 {
+		t.Errorf("%d lines arrived while the job was stopped", n)
+	}
+	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	expect("tick", 10*time.Second)
+	if _, err := m.Write([]byte{3}); err != nil { // ^C
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 128+int(syscall.SIGINT) {
+			t.Fatalf("after ^C: %v, want exit 130", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("^C did not end the command")
+	}
+}
+
+// waitStopped waits, bounded, until child pid is stopped.
+func waitStopped(pid int, d time.Duration) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		var ws unix.WaitStatus
+		got, err := unix.Wait4(pid, &ws, unix.WUNTRACED|unix.WNOHANG, nil)
+		if err != nil {
+			return false
+		}
+		if got == pid && ws.Stopped() {
+			return true
+		}
+	}
+	return false
+}
+
+func openTerminal(t *testing.T) (master, slave *os.File) {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(); _ = m.Close() })
+	return m, s
+}
