@@ -209,16 +209,12 @@ func loadSpec(level int, parentID uint64) (_ *ebpf.CollectionSpec, unixHook bool
 	return spec, unixHook, prepareLSM(spec), nil
 }
 
-// unusedPins reports whether the pins in pinDir serve no Trial: the
-// pinned policy map is empty and the parent cgroup has no Trial cgroup.
+// unusedPins reports whether the pins in pinDir serve no Trial: their
+// cgroup links are on parent, and parent has no Trial cgroup. (Entries
+// left in the maps by a Trial whose cgroup is gone enforce nothing.)
 func unusedPins(pinDir, parent string) bool {
-	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, trialnetMapPolicyMap), nil)
+	parentID, err := CgroupID(parent)
 	if err != nil {
-		return false
-	}
-	defer m.Close()
-	var k uint64
-	if err := m.NextKey(nil, &k); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return false
 	}
 	entries, err := os.ReadDir(parent)
@@ -227,6 +223,23 @@ func unusedPins(pinDir, parent string) bool {
 	}
 	for _, e := range entries {
 		if e.IsDir() {
+			return false
+		}
+	}
+	pins, _ := filepath.Glob(filepath.Join(pinDir, "link_*"))
+	for _, p := range pins {
+		lk, err := link.LoadPinnedLink(p, nil)
+		if err != nil {
+			continue
+		}
+		other := false
+		if info, err := lk.Info(); err == nil {
+			if cg := info.Cgroup(); cg != nil && cg.CgroupId != parentID {
+				other = true
+			}
+		}
+		_ = lk.Close()
+		if other {
 			return false
 		}
 	}

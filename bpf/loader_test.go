@@ -215,7 +215,8 @@ func TestPrivilegedFailedLoadLeavesNothing(t *testing.T) {
 }
 
 // Pins of an older, incompatible layout are replaced when no Trial uses
-// them (an upgrade with nothing live), and refused while one does.
+// them (an upgrade with nothing live, stale map entries or not), and
+// refused while a Trial cgroup exists.
 func TestPrivilegedIncompatiblePinsReplacedOnlyWhenUnused(t *testing.T) {
 	privtest.Require(t)
 	for _, used := range []bool{false, true} {
@@ -228,10 +229,16 @@ func TestPrivilegedIncompatiblePinsReplacedOnlyWhenUnused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A stale entry either way: only a live Trial cgroup makes pins used.
+		if err := old.Put(uint64(42), uint32(1)); err != nil {
+			t.Fatal(err)
+		}
 		if used {
-			if err := old.Put(uint64(42), uint32(1)); err != nil {
+			trial := filepath.Join(cg, "live")
+			if err := os.Mkdir(trial, 0o755); err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { _ = os.Remove(trial) })
 		}
 		if err := old.Pin(filepath.Join(pins, trialnetMapPolicyMap)); err != nil {
 			t.Fatal(err)

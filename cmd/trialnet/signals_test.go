@@ -29,6 +29,22 @@ func trialnetProcess(t *testing.T, args ...string) *exec.Cmd {
 	}
 	cmd := exec.Command(self, args...)
 	cmd.Env = append(os.Environ(), "TRIALNET_CLI_MAIN=1")
+	// Ended gently if a test fails midway: a SIGKILLed run cannot tear
+	// down its Trial.
+	t.Cleanup(func() {
+		if cmd.Process == nil || cmd.ProcessState != nil {
+			return
+		}
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _, _ = cmd.Process.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+	})
 	return cmd
 }
 
@@ -73,7 +89,6 @@ func TestPrivilegedRunForwardsSIGINT(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	rest := &bytes.Buffer{}
 	r := io.TeeReader(out, rest)
 	waitLine(t, r, "ready", 20*time.Second)
@@ -113,7 +128,6 @@ func TestPrivilegedRunLeavesNothingBehind(t *testing.T) {
 			t.Fatalf("run: %v\n%s", err, out.String())
 		}
 	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
 		t.Fatal("run did not return after its command exited: the background child held it")
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
@@ -138,7 +152,6 @@ func TestPrivilegedRunOnATerminalStopsAndContinues(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	lines := make(chan string, 1024)
 	go func() {
 		sc := bufio.NewScanner(m)
