@@ -364,3 +364,77 @@ func get(conn net.Conn, br *bufio.Reader, host string) error {
 	}
 	return nil
 }
+
+// BenchmarkLaunch is what the process boundary costs a command: `true`
+// run by fork+exec on the host (the reference), as a Trial's first
+// command (its PID 1 is started too: PID and mount namespaces, /proc,
+// devpts) and as a later command (joining them), each with the seccomp
+// filter and a session of its own.
+func BenchmarkLaunch(b *testing.B) {
+	e := setup(b)
+	truePath, err := exec.LookPath("true")
+	if err != nil {
+		b.Fatal(err)
+	}
+	run := func(b *testing.B, tr *sandbox.Trial) {
+		code, err := tr.Exec(context.Background(), sandbox.Command{Args: []string{truePath}, UID: 65534, GID: 65534}, nil)
+		if err != nil || code != 0 {
+			b.Fatalf("true in a Trial: %d %v", code, err)
+		}
+	}
+	b.Run("reference=fork+exec", func(b *testing.B) {
+		lat := make([]time.Duration, 0, b.N)
+		for range b.N {
+			t0 := time.Now()
+			if err := exec.Command(truePath).Run(); err != nil {
+				b.Fatal(err)
+			}
+			lat = append(lat, time.Since(t0))
+		}
+		report(b, lat)
+	})
+	b.Run("trial-first-command", func(b *testing.B) {
+		lat := make([]time.Duration, 0, b.N)
+		for i := range b.N {
+			b.StopTimer()
+			info, err := e.a.Create(agent.CreateRequest{ID: "launch-" + strconv.Itoa(i), Allow: []string{target}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			t0 := time.Now()
+			run(b, tr)
+			lat = append(lat, time.Since(t0))
+			b.StopTimer()
+			if _, err := e.a.Destroy(info.ID); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		report(b, lat)
+	})
+	b.Run("trial-next-command", func(b *testing.B) {
+		info, err := e.a.Create(agent.CreateRequest{ID: "launch-next", Allow: []string{target}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _, _ = e.a.Destroy(info.ID) })
+		tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, tr) // starts the Trial's init
+		lat := make([]time.Duration, 0, b.N)
+		b.ResetTimer()
+		for range b.N {
+			t0 := time.Now()
+			run(b, tr)
+			lat = append(lat, time.Since(t0))
+		}
+		report(b, lat)
+	})
+}
