@@ -101,17 +101,25 @@ func or(a, b string) string {
 	return b
 }
 
+// unixFlags are the pathname unix sockets a Trial may use, or none confined.
+func unixFlags(fs *flag.FlagSet) (*stringList, *bool) {
+	var allow stringList
+	fs.Var(&allow, "unix-allow", "a pathname unix socket the Trial may connect to (repeatable; without the BPF LSM layer only a path only root can change)")
+	return &allow, fs.Bool("no-unix-confine", false, "do not confine pathname unix sockets (needed on kernels before 6.7)")
+}
+
 func strictFlag(fs *flag.FlagSet) *bool {
 	return fs.Bool("strict", false, "allow only the proxy endpoint on loopback, not all of the Trial's loopback")
 }
 
 func cmdCreate(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--strict] [-j]",
+	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--strict] [--unix-allow PATH]... [--no-unix-confine] [-j]",
 		"sudo trialnet create --id eval-42 --profile claude -j", stderr)
 	id := fs.String("id", "", "the Trial's id (default: generated)")
 	var af allowFlags
 	af.register(fs, "the agent's config")
 	strict := strictFlag(fs)
+	unixAllow, noUnix := unixFlags(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	if err := fs.Parse(args); err != nil {
@@ -120,7 +128,8 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 	if err := af.check(); err != nil {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
-	info, err := agent.NewClient(*socket).Create(agent.CreateRequest{ID: *id, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict})
+	info, err := agent.NewClient(*socket).Create(agent.CreateRequest{ID: *id, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
+		UnixAllow: *unixAllow, UnixOpen: *noUnix})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}

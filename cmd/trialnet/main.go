@@ -200,9 +200,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo unless it is 0; required otherwise; 0 only when given)")
 	gid := fs.Int("gid", -1, "run CMD with this group id (default: $SUDO_GID under sudo, else the uid)")
 	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long (0: no limit)")
-	var unixAllow stringList
-	fs.Var(&unixAllow, "unix-allow", "a pathname unix socket the Trial may connect to (repeatable)")
-	noUnix := fs.Bool("no-unix-confine", false, "do not confine pathname unix sockets (needed on kernels before 6.7)")
+	unixAllow, noUnix := unixFlags(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	if err := fs.Parse(args); err != nil {
@@ -221,7 +219,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
 	req := agent.CreateRequest{ID: agent.NewID(), Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS,
-		Strict: *strict, UnixAllow: unixAllow, UnixOpen: *noUnix}
+		Strict: *strict, UnixAllow: *unixAllow, UnixOpen: *noUnix}
 
 	// A running agent serves the Trial; without one, an agent is embedded
 	// for the life of this command, so a laptop needs no daemon.
