@@ -109,6 +109,9 @@ func run() error {
 		`try "UDP to the upstream" bash -c 'echo x > /dev/udp/` + ip + `/8080'`,
 		`try "the host's own address" curl -sS -m 3 --noproxy '*' http://` + th.Local4.String() + `:22/`,
 		`try "the Docker socket" curl -sS -m 3 --unix-socket /var/run/docker.sock http://x/`,
+		fmt.Sprintf(`try "signal a process outside the Trial (this demo, pid %d)" kill -0 %d`, os.Getpid(), os.Getpid()),
+		`try "an AF_VSOCK socket (to the hypervisor)" perl -e 'socket(my $s, 40, 1, 0) or die "$!\n"'`,
+		`try "a user namespace (for a mount over an allowed socket)" unshare -Ur true`,
 	}, "\n")
 
 	step("the same from inside a Trial: sudo trialnet run --allow %s:%d --uid 65534 -- bash -c ...", allowedName, httpPort)
