@@ -3,9 +3,12 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -103,6 +106,7 @@ type TrialInfo struct {
 type AllowEntry struct {
 	Entry      string `json:"entry"`
 	RequireTLS bool   `json:"require_tls,omitempty"`
+	Profile    string `json:"profile,omitempty"` // see proxy.Entry.Profile
 }
 
 // CreateRequest asks for a Trial.
@@ -226,7 +230,7 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	}
 	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC()}
 	for _, e := range allow.Entries() {
-		info.Allow = append(info.Allow, AllowEntry{e.String(), e.RequireTLS})
+		info.Allow = append(info.Allow, AllowEntry{e.String(), e.RequireTLS, e.Profile})
 	}
 	lt := &liveTrial{info: info}
 	if err := a.register(req.ID, lt); err != nil {
@@ -322,7 +326,7 @@ func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Lim
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		f, err := os.OpenFile(filepath.Join(dir, "decisions.jsonl"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		f, err := os.OpenFile(a.decisionLog(lt.info.ID), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 		if err != nil {
 			return err
 		}
@@ -540,28 +544,70 @@ func (a *Agent) Destroy(id string) (Stats, error) {
 	return st, nil
 }
 
-// Audit returns a Trial's decision log (live or destroyed) as JSON lines.
-func (a *Agent) Audit(id string) ([]json.RawMessage, error) {
+// decisionLog is where a Trial's decision records are kept, one
+// proxy.Event in JSON a line.
+func (a *Agent) decisionLog(id string) string {
+	return filepath.Join(a.cfg.DataDir, id, "decisions.jsonl")
+}
+
+// Audit returns a Trial's decision log (live or destroyed). A line that
+// does not read as a record, one of a newer schema included, fails the
+// audit with its line number: a record is never half-read.
+func (a *Agent) Audit(id string) ([]proxy.Event, error) {
 	if err := netns.ValidID(id); err != nil {
 		return nil, errf(CodeBadID, "%v", err)
 	}
 	if a.cfg.DataDir == "" {
 		return nil, errf(CodeBadRequest, "this agent keeps no decision log (no data directory)")
 	}
-	data, err := os.ReadFile(filepath.Join(a.cfg.DataDir, id, "decisions.jsonl"))
+	recs, err := readDecisions(a.decisionLog(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, errf(CodeUnknownTrial, "no decision log for Trial %q", id)
 	}
 	if err != nil {
-		return nil, errf(CodeInternal, "%v", err)
+		return nil, errf(CodeInternal, "decision log of Trial %q: %v", id, err)
 	}
-	var out []json.RawMessage
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		if line != "" {
-			out = append(out, json.RawMessage(line))
+	return recs, nil
+}
+
+// readDecisions reads a decision log: every record it can, and an error
+// for the lines it cannot (a torn write, a record of a newer schema)
+// naming the first of them.
+func readDecisions(path string) ([]proxy.Event, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var (
+		out   []proxy.Event
+		first error
+		bad   int
+	)
+	br := bufio.NewReader(f)
+	for n := 1; ; n++ {
+		line, rerr := br.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			var ev proxy.Event
+			if err := json.Unmarshal(line, &ev); err != nil {
+				if bad++; first == nil {
+					first = fmt.Errorf("%s line %d: %w", path, n, err)
+				}
+			} else {
+				out = append(out, ev)
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return out, fmt.Errorf("read %s: %w", path, rerr)
 		}
 	}
-	return out, nil
+	if bad > 1 {
+		first = fmt.Errorf("%w (and %d more unreadable lines)", first, bad-1)
+	}
+	return out, first
 }
 
 // readopt takes over the Trials a previous agent left: live ones get
@@ -591,7 +637,7 @@ func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
 		if err != nil {
 			return err
 		}
-		pe.RequireTLS = e.RequireTLS
+		pe.RequireTLS, pe.Profile = e.RequireTLS, e.Profile
 		entries = append(entries, pe)
 	}
 	lt := &liveTrial{info: info}
@@ -608,23 +654,21 @@ func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
 
 // replayStats rebuilds a re-adopted Trial's proxy counters from its
 // decision log, so that they continue across an agent restart as the
-// kernel's do.
+// kernel's do. Unreadable records are left out, and said so in the log.
 func (a *Agent) replayStats(id string) *proxy.TrialStats {
-	recs, err := a.Audit(id)
-	if err != nil {
+	if a.cfg.DataDir == "" {
 		return nil
 	}
+	recs, err := readDecisions(a.decisionLog(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		a.log.Warn("decision log partly unreadable: its proxy counters leave out those records", "trial", id, "error", err)
+	}
 	st := &proxy.TrialStats{}
-	for _, r := range recs {
-		var e struct {
-			Decision  string `json:"decision"`
-			Reason    string `json:"reason"`
-			BytesUp   int64  `json:"bytes_up"`
-			BytesDown int64  `json:"bytes_down"`
-		}
-		if json.Unmarshal(r, &e) == nil {
-			st.Add(&proxy.Event{Decision: e.Decision, Reason: proxy.Reason(e.Reason), BytesUp: e.BytesUp, BytesDown: e.BytesDown})
-		}
+	for i := range recs {
+		st.Add(&recs[i])
 	}
 	return st
 }

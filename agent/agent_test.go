@@ -233,8 +233,8 @@ func TestPrivilegedTwoTrialsSeparateAllowlists(t *testing.T) {
 			t.Fatalf("%s: %d records, %v", id, len(recs), err)
 		}
 		for _, r := range recs {
-			if !strings.Contains(string(r), `"trial":"`+id+`"`) {
-				t.Fatalf("%s's log has a record of another Trial: %s", id, r)
+			if r.Trial != id {
+				t.Fatalf("%s's log has a record of another Trial: %+v", id, r)
 			}
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/trialnet/trialnet/proxy"
 )
 
 // The control API: HTTP+JSON on a Unix socket that only root can open.
@@ -25,7 +27,7 @@ import (
 //	GET    /v1/trials/{id}         -> TrialInfo
 //	DELETE /v1/trials/{id}         -> Stats (final)
 //	GET    /v1/trials/{id}/stats   -> Stats
-//	GET    /v1/trials/{id}/audit   -> []decision event
+//	GET    /v1/trials/{id}/audit   -> []proxy.Event
 //
 // Errors are {"error": {"code": ..., "message": ...}} with a 4xx/5xx status.
 
@@ -220,7 +222,7 @@ func (c *Client) Destroy(id string) (Stats, error) {
 }
 
 // Audit returns a Trial's decision log.
-func (c *Client) Audit(id string) ([]json.RawMessage, error) {
-	var out []json.RawMessage
+func (c *Client) Audit(id string) ([]proxy.Event, error) {
+	var out []proxy.Event
 	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/audit", nil, &out)
 }

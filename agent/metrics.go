@@ -4,6 +4,8 @@ package agent
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/trialnet/trialnet/proxy"
 )
 
 // Metric names (Prometheus). Every per-Trial series has a "trial" label.
@@ -53,11 +55,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), info.ID)
 		}
 		for reason, n := range st.Proxy.ByReason {
-			decision := "deny"
-			if reason == "allowed" {
-				decision = "allow"
-			}
-			ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(n), info.ID, decision, reason)
+			decision := proxy.Reason(reason).Decision()
+			ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(n), info.ID, string(decision), reason)
 		}
 		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(st.Proxy.BytesUp), info.ID, "up")
 		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(st.Proxy.BytesDown), info.ID, "down")

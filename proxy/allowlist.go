@@ -17,6 +17,11 @@ type Entry struct {
 	Wildcard   bool   // matches names with at least one more label, never Name itself, never across a public suffix
 	Port       uint16
 	RequireTLS bool // the first bytes through the tunnel must be a ClientHello
+	// Profile is the configuration profile the entry came from; empty for
+	// an entry given directly. An entry that several profiles list (or a
+	// profile and a direct entry) keeps the first profile in name order
+	// (see NewAllowlist), so the choice does not depend on request order.
+	Profile string
 }
 
 func (e Entry) String() string {
@@ -79,34 +84,56 @@ type Allowlist struct {
 }
 
 // NewAllowlist builds an allowlist from parsed entries. An empty allowlist
-// allows nothing.
+// allows nothing. Entries for the same name and port are merged: an exact
+// entry requires TLS if any of them does, and keeps the first non-empty
+// profile in name order; wildcards merge when they also agree on TLS.
 func NewAllowlist(entries ...Entry) *Allowlist {
 	a := &Allowlist{exact: make(map[string]Entry)}
 	for _, e := range entries {
 		if e.Wildcard {
-			if !slices.Contains(a.wildcard, e) {
+			i := slices.IndexFunc(a.wildcard, func(w Entry) bool {
+				return w.Name == e.Name && w.Port == e.Port && w.RequireTLS == e.RequireTLS
+			})
+			if i < 0 {
 				a.wildcard = append(a.wildcard, e)
+			} else {
+				a.wildcard[i].Profile = firstProfile(a.wildcard[i].Profile, e.Profile)
 			}
 			continue
 		}
 		k := e.String()
 		if old, ok := a.exact[k]; ok {
 			e.RequireTLS = e.RequireTLS || old.RequireTLS
+			e.Profile = firstProfile(old.Profile, e.Profile)
 		}
 		a.exact[k] = e
 	}
 	return a
 }
 
-// ParseAllowlist parses entries with ParseEntry.
+// firstProfile is the first of two profile names in name order, an empty
+// name (no profile) counting last.
+func firstProfile(x, y string) string {
+	if x == "" || (y != "" && y < x) {
+		return y
+	}
+	return x
+}
+
+// ParseAllowlist parses entries with ParseEntry; they carry no profile.
 func ParseAllowlist(entries []string, requireTLS bool) (*Allowlist, error) {
+	return parseAllowlist(entries, requireTLS, "")
+}
+
+// parseAllowlist parses entries, all from one profile ("" for none).
+func parseAllowlist(entries []string, requireTLS bool, profile string) (*Allowlist, error) {
 	var es []Entry
 	for _, s := range entries {
 		e, err := ParseEntry(s)
 		if err != nil {
 			return nil, err
 		}
-		e.RequireTLS = requireTLS
+		e.RequireTLS, e.Profile = requireTLS, profile
 		es = append(es, e)
 	}
 	return NewAllowlist(es...), nil

@@ -104,7 +104,7 @@ func (f *File) validate() error {
 		if len(p.Allow) == 0 {
 			return fmt.Errorf("profile %q allows nothing; list its host:port entries", name)
 		}
-		l, err := ParseAllowlist(p.Allow, p.RequireTLS)
+		l, err := parseAllowlist(p.Allow, p.RequireTLS, name)
 		if err != nil {
 			return fmt.Errorf("profile %q: %w", name, err)
 		}
@@ -148,6 +148,8 @@ var ErrUnknownProfile = errors.New("unknown profile")
 
 // Allowlist builds a Trial's allowlist from named profiles and explicit
 // entries. An unknown profile is an error, never an empty or open list.
+// Each entry remembers its profile (Entry.Profile); explicit entries have
+// none.
 // f may be nil when no configuration file is used.
 func (f *File) Allowlist(profiles, entries []string, requireTLS bool) (*Allowlist, error) {
 	var lists []*Allowlist

@@ -161,3 +161,32 @@ func TestWildcardsStopAtPublicSuffixes(t *testing.T) {
 		}
 	}
 }
+
+// Entries remember the profile they came from: the first in name order
+// when several list one, whatever the request's order; none when given
+// directly.
+func TestAllowlistEntryProfile(t *testing.T) {
+	f, err := ParseFile([]byte(`profiles:
+  zeta: ["shared.example.com:443", "z.example.com:443", "*.w.example.com:443"]
+  alpha: ["shared.example.com:443", "*.w.example.com:443"]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, order := range [][]string{{"zeta", "alpha"}, {"alpha", "zeta"}} {
+		a, err := f.Allowlist(order, []string{"direct.example.com:443", "z.example.com:443"}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for host, want := range map[string]string{
+			"shared.example.com": "alpha", "z.example.com": "zeta", "x.w.example.com": "alpha", "direct.example.com": "",
+		} {
+			if e, ok := a.Match(host, 443); !ok || e.Profile != want {
+				t.Errorf("profiles %v: %s matched %+v, %v; want profile %q", order, host, e, ok, want)
+			}
+		}
+		if n := len(a.Entries()); n != 4 {
+			t.Errorf("profiles %v: %d entries, want 4 (merged): %v", order, n, a.Entries())
+		}
+	}
+}

@@ -2,24 +2,41 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
+	"reflect"
+	"strings"
 	"time"
 )
 
+// Decision is whether a request was let through. Like a Reason, its
+// spelling is an interface: never change one.
+type Decision string
+
 // Decisions.
 const (
-	DecisionAllow = "allow"
-	DecisionDeny  = "deny"
+	DecisionAllow Decision = "allow"
+	DecisionDeny  Decision = "deny"
 )
 
+// EventSchema is the version of the decision record that this package
+// writes. Records written before the version was recorded read as 0; a
+// reader refuses a record newer than it knows (see SchemaError). Raise it
+// when a key changes meaning or goes; adding a key does not need it.
+const EventSchema = 1
+
 // Event is the one decision record for one CONNECT or one forwarded
-// request. An allowed tunnel's event is emitted when the tunnel closes,
-// with its byte counts (a forwarded request's: body bytes up, response
-// bytes down); a tunnel refused after it opened (the TLS name check) is
-// a deny.
+// request: the proxy's log line, the agent's decisions.jsonl, what
+// "trialnet audit" prints and what the counters are rebuilt from. An
+// allowed tunnel's event is emitted when the tunnel closes, with its byte
+// counts (a forwarded request's: body bytes up, response bytes down); a
+// tunnel refused after it opened (the TLS name check) is a deny.
+//
+// Its JSON keys are spelled once, on eventJSON.
 type Event struct {
+	Schema    int    // EventSchema when written; 0 for records older than the field
 	ID        string // unique per decision, for joining with other logs
 	Time      time.Time
 	Trial     string
@@ -28,13 +45,14 @@ type Event struct {
 	Target    string // the request-target as sent
 	Host      string // normalised name, if the target parsed
 	Port      uint16
-	Decision  string // DecisionAllow or DecisionDeny
+	Decision  Decision
 	Reason    Reason
 	Detail    string
 	Resolved  []netip.Addr
 	Dialed    netip.AddrPort
 	SNI       string
 	Rule      string // the allowlist entry that allowed the name, as host:port or *.suffix:port
+	Profile   string // the profile Rule came from (Entry.Profile); empty for an entry given directly
 	BytesUp   int64  // client to upstream
 	BytesDown int64  // upstream to client
 	Duration  time.Duration
@@ -44,39 +62,44 @@ type Event struct {
 	DNS, Dial, FirstByte time.Duration
 }
 
-// Event keys in the JSON log; constant so that log consumers can rely on them.
-const (
-	keyTrial     = "trial"
-	keyClient    = "client"
-	keyMethod    = "method"
-	keyTarget    = "target"
-	keyHost      = "host"
-	keyPort      = "port"
-	keyDecision  = "decision"
-	keyReason    = "reason"
-	keyDetail    = "detail"
-	keyResolved  = "resolved"
-	keyDialed    = "dialed"
-	keySNI       = "sni"
-	keyBytesUp   = "bytes_up"
-	keyBytesDown = "bytes_down"
-	keyDuration  = "duration_us"
-	keyStart     = "start"
-	keyID        = "event_id"
-	keyRule      = "rule"
-	keyDNS       = "dns_us"
-	keyDial      = "dial_us"
-	keyFirstByte = "first_byte_us"
-)
-
-func (e *Event) level() slog.Level {
-	if e.Decision == DecisionAllow {
-		return slog.LevelInfo
-	}
-	return slog.LevelWarn
+// eventJSON is an Event on the wire, in the order the keys are written:
+// the one place they are spelled. Durations are whole microseconds, the
+// unit in the key; every key is always written.
+type eventJSON struct {
+	Schema      int       `json:"schema"`
+	Start       time.Time `json:"start"`
+	Trial       string    `json:"trial"`
+	Client      string    `json:"client"`
+	Method      string    `json:"method"`
+	Target      string    `json:"target"`
+	Host        string    `json:"host"`
+	Port        uint16    `json:"port"`
+	Decision    Decision  `json:"decision"`
+	Reason      Reason    `json:"reason"`
+	Detail      string    `json:"detail"`
+	Resolved    []string  `json:"resolved"`
+	Dialed      string    `json:"dialed"`
+	SNI         string    `json:"sni"`
+	BytesUp     int64     `json:"bytes_up"`
+	BytesDown   int64     `json:"bytes_down"`
+	DurationUS  int64     `json:"duration_us"`
+	ID          string    `json:"event_id"`
+	Rule        string    `json:"rule"`
+	Profile     string    `json:"profile"`
+	DNSUS       int64     `json:"dns_us"`
+	DialUS      int64     `json:"dial_us"`
+	FirstByteUS int64     `json:"first_byte_us"`
 }
 
-func (e *Event) attrs() []slog.Attr {
+// SchemaError is a record written by a newer trialnet than this one: its
+// keys may mean what this reader does not know, so it is not read.
+type SchemaError struct{ Schema int }
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("decision record has schema %d, newer than the %d this trialnet reads: read it with a newer trialnet", e.Schema, EventSchema)
+}
+
+func (e *Event) wire() eventJSON {
 	resolved := make([]string, len(e.Resolved))
 	for i, a := range e.Resolved {
 		resolved[i] = a.String()
@@ -85,39 +108,90 @@ func (e *Event) attrs() []slog.Attr {
 	if e.Dialed.IsValid() {
 		dialed = e.Dialed.String()
 	}
-	return []slog.Attr{
-		slog.Time(keyStart, e.Time),
-		slog.String(keyTrial, e.Trial),
-		slog.String(keyClient, e.Client),
-		slog.String(keyMethod, e.Method),
-		slog.String(keyTarget, e.Target),
-		slog.String(keyHost, e.Host),
-		slog.Int(keyPort, int(e.Port)),
-		slog.String(keyDecision, e.Decision),
-		slog.String(keyReason, string(e.Reason)),
-		slog.String(keyDetail, e.Detail),
-		slog.Any(keyResolved, resolved),
-		slog.String(keyDialed, dialed),
-		slog.String(keySNI, e.SNI),
-		slog.Int64(keyBytesUp, e.BytesUp),
-		slog.Int64(keyBytesDown, e.BytesDown),
-		slog.Int64(keyDuration, e.Duration.Microseconds()),
-		slog.String(keyID, e.ID),
-		slog.String(keyRule, e.Rule),
-		slog.Int64(keyDNS, e.DNS.Microseconds()),
-		slog.Int64(keyDial, e.Dial.Microseconds()),
-		slog.Int64(keyFirstByte, e.FirstByte.Microseconds()),
+	return eventJSON{
+		Schema: e.Schema, Start: e.Time, Trial: e.Trial, Client: e.Client, Method: e.Method, Target: e.Target, Host: e.Host,
+		Port: e.Port, Decision: e.Decision, Reason: e.Reason, Detail: e.Detail, Resolved: resolved,
+		Dialed: dialed, SNI: e.SNI, BytesUp: e.BytesUp, BytesDown: e.BytesDown,
+		DurationUS: e.Duration.Microseconds(), ID: e.ID, Rule: e.Rule, Profile: e.Profile,
+		DNSUS: e.DNS.Microseconds(), DialUS: e.Dial.Microseconds(), FirstByteUS: e.FirstByte.Microseconds(),
 	}
 }
 
 // MarshalJSON writes the event with the same keys as the log record, so
 // a decision log on disk reads like the proxy's JSON lines.
 func (e Event) MarshalJSON() ([]byte, error) {
-	m := make(map[string]any, 24)
-	for _, a := range e.attrs() {
-		m[a.Key] = a.Value.Any()
+	return json.Marshal(e.wire())
+}
+
+// UnmarshalJSON reads a record written by MarshalJSON, by this or an
+// earlier version; a record of a newer schema is a *SchemaError.
+func (e *Event) UnmarshalJSON(b []byte) error {
+	var w eventJSON
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
 	}
-	return json.Marshal(m)
+	if w.Schema > EventSchema || w.Schema < 0 {
+		return &SchemaError{w.Schema}
+	}
+	ev := Event{
+		Schema: w.Schema, ID: w.ID, Time: w.Start, Trial: w.Trial, Client: w.Client, Method: w.Method,
+		Target: w.Target, Host: w.Host, Port: w.Port, Decision: w.Decision, Reason: w.Reason, Detail: w.Detail,
+		SNI: w.SNI, Rule: w.Rule, Profile: w.Profile, BytesUp: w.BytesUp, BytesDown: w.BytesDown,
+		Duration: time.Duration(w.DurationUS) * time.Microsecond, DNS: time.Duration(w.DNSUS) * time.Microsecond,
+		Dial: time.Duration(w.DialUS) * time.Microsecond, FirstByte: time.Duration(w.FirstByteUS) * time.Microsecond,
+	}
+	for _, s := range w.Resolved {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return fmt.Errorf("decision record: resolved: %w", err)
+		}
+		ev.Resolved = append(ev.Resolved, a)
+	}
+	if w.Dialed != "" {
+		ap, err := netip.ParseAddrPort(w.Dialed)
+		if err != nil {
+			return fmt.Errorf("decision record: dialed: %w", err)
+		}
+		ev.Dialed = ap
+	}
+	*e = ev
+	return nil
+}
+
+func (e *Event) level() slog.Level {
+	if e.Decision == DecisionAllow {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
+}
+
+// eventKeys are eventJSON's keys, by field index.
+var eventKeys = func() []string {
+	t := reflect.TypeFor[eventJSON]()
+	keys := make([]string, t.NumField())
+	for i := range keys {
+		keys[i], _, _ = strings.Cut(t.Field(i).Tag.Get("json"), ",")
+	}
+	return keys
+}()
+
+// attrs are the event as log attributes, under its JSON keys.
+func (e *Event) attrs() []slog.Attr {
+	v := reflect.ValueOf(e.wire())
+	out := make([]slog.Attr, len(eventKeys))
+	for i, k := range eventKeys {
+		switch f := v.Field(i); f.Kind() {
+		case reflect.String:
+			out[i] = slog.String(k, f.String())
+		case reflect.Int, reflect.Int64:
+			out[i] = slog.Int64(k, f.Int())
+		case reflect.Uint16:
+			out[i] = slog.Uint64(k, f.Uint())
+		default: // the start time and the resolved addresses
+			out[i] = slog.Any(k, f.Interface())
+		}
+	}
+	return out
 }
 
 // TrialStats are one Trial's proxy counters.

@@ -145,7 +145,7 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 	if err != nil {
 		return false, err
 	}
-	ev.Rule = entry.String()
+	ev.Rule, ev.Profile = entry.String(), entry.Profile
 	defer h.t.tunnels.Add(-1)
 	out, body, err := h.outgoing(in, req, ev)
 	if err != nil {
@@ -344,5 +344,5 @@ func (w *countWriter) Write(p []byte) (int, error) {
 
 // newEvent starts the decision record of one request on c.
 func (p *Proxy) newEvent(t *trial, c net.Conn) *Event {
-	return &Event{ID: rand.Text(), Time: time.Now(), Trial: t.id, Client: c.RemoteAddr().String()}
+	return &Event{Schema: EventSchema, ID: rand.Text(), Time: time.Now(), Trial: t.id, Client: c.RemoteAddr().String()}
 }

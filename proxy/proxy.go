@@ -415,7 +415,7 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 		p.refuse(c, ev, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort()))
 		return
 	}
-	ev.Rule = entry.String()
+	ev.Rule, ev.Profile = entry.String(), entry.Profile
 	up, err := p.connect(t.ctx, req, ev)
 	if err != nil {
 		if t.ctx.Err() != nil {

@@ -134,6 +134,15 @@ func (r Reason) info() reasonInfo {
 	return reasonInfo{http.StatusServiceUnavailable, "proxy_internal_error"}
 }
 
+// Decision is the decision a reason belongs to: allow for ReasonAllowed,
+// deny for every other.
+func (r Reason) Decision() Decision {
+	if r == ReasonAllowed {
+		return DecisionAllow
+	}
+	return DecisionDeny
+}
+
 // status is the HTTP status a refusal is answered with.
 func (r Reason) status() int { return r.info().status }
 

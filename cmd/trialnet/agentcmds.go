@@ -308,22 +308,28 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	}
 	if *asJSON {
 		if recs == nil {
-			recs = []json.RawMessage{}
+			recs = []proxy.Event{}
 		}
 		_ = json.NewEncoder(stdout).Encode(recs)
 		return exitOK
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "START\tTARGET\tDECISION\tREASON\tDIALED\tUP\tDOWN\tDETAIL")
+	printAudit(stdout, recs)
+	return exitOK
+}
+
+// printAudit prints decision records, one a line, in aligned columns.
+func printAudit(w io.Writer, recs []proxy.Event) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "START\tTARGET\tDECISION\tREASON\tRULE\tPROFILE\tDIALED\tUP\tDOWN\tDETAIL")
 	for _, r := range recs {
-		var e map[string]any
-		if json.Unmarshal(r, &e) != nil {
-			continue
+		dialed := ""
+		if r.Dialed.IsValid() {
+			dialed = r.Dialed.String()
 		}
-		fmt.Fprintf(tw, "%v\t%v\t%v\t%v\t%v\t%v\t%v\t%v\n", e["start"], e["target"], e["decision"], e["reason"], e["dialed"], e["bytes_up"], e["bytes_down"], e["detail"])
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Time.Format(time.RFC3339Nano), r.Target, r.Decision, r.Reason,
+			r.Rule, r.Profile, dialed, r.BytesUp, r.BytesDown, r.Detail)
 	}
 	_ = tw.Flush()
-	return exitOK
 }
 
 func cmdDestroy(args []string, stdout, stderr io.Writer) int {

@@ -5,15 +5,20 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -122,5 +127,50 @@ func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left after uninstall --force --config", p)
 		}
+	}
+}
+
+// audit prints the agent's records: -j parses back into proxy.Event
+// unchanged, and the table shows each record's rule and profile.
+func TestAuditPrintsTypedRecords(t *testing.T) {
+	recs := []proxy.Event{
+		{Schema: proxy.EventSchema, ID: "e1", Time: time.Date(2025, 1, 2, 3, 4, 5, 6000, time.UTC), Trial: "aud-1",
+			Method: "CONNECT", Target: "api.example.test:443", Host: "api.example.test", Port: 443,
+			Decision: proxy.DecisionAllow, Reason: proxy.ReasonAllowed, Resolved: []netip.Addr{netip.MustParseAddr("93.184.216.34")},
+			Dialed: netip.MustParseAddrPort("93.184.216.34:443"), Rule: "api.example.test:443", Profile: "claude",
+			BytesUp: 10, BytesDown: 20, Duration: 5 * time.Millisecond, DNS: time.Millisecond, Dial: time.Millisecond, FirstByte: 2 * time.Millisecond},
+		{Schema: proxy.EventSchema, ID: "e2", Time: time.Date(2025, 1, 2, 3, 4, 6, 0, time.UTC), Trial: "aud-1",
+			Method: "CONNECT", Target: "evil.example.test:443", Decision: proxy.DecisionDeny, Reason: proxy.ReasonPolicyDenied,
+			Detail: "not on the allowlist"},
+	}
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/trials/aud-1/audit" {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(recs)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	code, out, errOut := trialnet("audit", "--socket", sock, "--trial", "aud-1", "-j")
+	var got []proxy.Event
+	if code != exitOK || json.Unmarshal([]byte(out), &got) != nil {
+		t.Fatalf("audit -j: exit %d, %q %q", code, out, errOut)
+	}
+	if !reflect.DeepEqual(got, recs) {
+		t.Fatalf("audit -j read back as\n%+v\nwant\n%+v", got, recs)
+	}
+	code, out, errOut = trialnet("audit", "--socket", sock, "--trial", "aud-1")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != exitOK || len(lines) != 3 || !strings.Contains(lines[0], "RULE") || !strings.Contains(lines[0], "PROFILE") ||
+		strings.Join(strings.Fields(lines[1])[2:8], " ") != "allow allowed api.example.test:443 claude 93.184.216.34:443 10" ||
+		strings.Join(strings.Fields(lines[2])[2:4], " ") != "deny policy_denied" {
+		t.Fatalf("audit: exit %d, %q %q", code, out, errOut)
 	}
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/proxy"
 )
 
 const (
@@ -148,8 +149,8 @@ func TestPrivilegedLoad(t *testing.T) {
 		}
 		if recs, _ := a.Audit(info.ID); len(recs) > 0 { // kept after destroy
 			for _, r := range recs {
-				if strings.Contains(string(r), "tunnel cut") || strings.Contains(string(r), `"decision":"deny"`) {
-					t.Errorf("%s: %s", info.ID, r)
+				if strings.Contains(r.Detail, "tunnel cut") || r.Decision == proxy.DecisionDeny {
+					t.Errorf("%s: %+v", info.ID, r)
 				}
 			}
 		}

@@ -1,0 +1,201 @@
+//go:build linux
+
+package agent
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/proxy"
+)
+
+// oneAddr resolves every name to one public address.
+type oneAddr netip.Addr
+
+func (a oneAddr) Resolve(context.Context, string) (proxy.Answer, error) {
+	return proxy.Answer{Addrs: []netip.Addr{netip.Addr(a)}}, nil
+}
+
+// toUpstream connects every checked address to one local upstream.
+type toUpstream string
+
+func (u toUpstream) Dial(ctx context.Context, _ netip.AddrPort) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", string(u))
+}
+
+// noHostAddrs: this host has no addresses the guard must refuse.
+type noHostAddrs struct{}
+
+func (noHostAddrs) Contains(netip.Addr) (bool, error) { return false, nil }
+
+// echoUpstream echoes every connection until its client half-closes.
+func echoUpstream(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// connectThrough sends one CONNECT to proxyAddr; an allowed tunnel
+// carries "ping" and is half-closed. It returns the status.
+func connectThrough(t *testing.T, proxyAddr, target string) int {
+	t.Helper()
+	c, err := net.Dial("tcp", proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode == http.StatusOK {
+		_, _ = io.WriteString(c, "ping")
+		_ = c.(*net.TCPConn).CloseWrite()
+		if got, err := io.ReadAll(br); err != nil || string(got) != "ping" {
+			t.Fatalf("echo %q, %v", got, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// The record the proxy emits is the record the agent reads back: two
+// CONNECTs through a real proxy, written by the agent's onEvent, read
+// by Audit, equal field for field to what the proxy handed out; and the
+// counters replayed from the log are the proxy's own.
+func TestDecisionRecordRoundTrip(t *testing.T) {
+	const id = "rec-1"
+	file, err := proxy.ParseFile([]byte("profiles:\n  claude: [\"api.example.com:443\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow, err := file.Allowlist([]string{"claude"}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
+	sent := make(chan proxy.Event, 2)
+	a.proxy, err = proxy.New(proxy.Config{
+		Resolver: oneAddr(netip.MustParseAddr("93.184.216.34")), Dialer: toUpstream(echoUpstream(t)), HostAddrs: noHostAddrs{},
+		OnEvent: func(e proxy.Event) { a.onEvent(e); sent <- e },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.proxy.Close() })
+	lt := &liveTrial{info: TrialInfo{ID: id}}
+	if err := a.register(id, lt); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.prepare(lt, allow, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lt.closeAudit)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = a.proxy.Serve(ln, id) }()
+
+	var want []proxy.Event
+	for target, status := range map[string]int{"other.example.com:443": http.StatusForbidden, "api.example.com:443": http.StatusOK} {
+		if got := connectThrough(t, ln.Addr().String(), target); got != status {
+			t.Fatalf("CONNECT %s: %d, want %d", target, got, status)
+		}
+		want = append(want, <-sent) // in the order the log has them
+	}
+	final, _ := a.proxy.RemoveTrial(id)
+
+	got, err := a.Audit(id)
+	if err != nil || len(got) != len(want) {
+		t.Fatalf("audit: %d records, %v; want %d", len(got), err, len(want))
+	}
+	for i := range want {
+		w, g := want[i], got[i]
+		if g.Schema != proxy.EventSchema || (w.Decision == proxy.DecisionAllow) != (g.Profile == "claude" && g.Rule == "api.example.com:443") {
+			t.Errorf("record %d: schema %d, rule %q, profile %q", i, g.Schema, g.Rule, g.Profile)
+		}
+		// The log keeps whole microseconds and the wall clock.
+		for _, d := range []*time.Duration{&w.Duration, &w.DNS, &w.Dial, &w.FirstByte} {
+			*d = d.Truncate(time.Microsecond)
+		}
+		if !g.Time.Equal(w.Time) {
+			t.Errorf("record %d: start %v, want %v", i, g.Time, w.Time)
+		}
+		g.Time = w.Time
+		if !reflect.DeepEqual(g, w) {
+			t.Errorf("record %d read back as\n%+v\nwant\n%+v", i, g, w)
+		}
+	}
+	replayed := a.replayStats(id)
+	final.Active = 0
+	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
+		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
+	}
+}
+
+// A log with an old record (no schema), a current one and one of a newer
+// schema: audit refuses it, naming the line and the schema; the replay
+// counts what it can read and leaves the newer record out.
+func TestDecisionLogSchemas(t *testing.T) {
+	const id = "rec-2"
+	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler)}
+	old := `{"decision":"allow","reason":"allowed","bytes_up":5,"bytes_down":7,"trial":"rec-2","event_id":"a"}`
+	cur := `{"schema":1,"decision":"deny","reason":"policy_denied","trial":"rec-2","event_id":"b","profile":""}`
+	newer := `{"schema":2,"decision":"allow","reason":"allowed","bytes_up":100,"trial":"rec-2","event_id":"c"}`
+	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	write := func(lines ...string) {
+		t.Helper()
+		if err := os.WriteFile(a.decisionLog(id), []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(old, cur)
+	recs, err := a.Audit(id)
+	if err != nil || len(recs) != 2 || recs[0].Schema != 0 || recs[0].BytesDown != 7 || recs[1].Schema != 1 || recs[1].Reason != proxy.ReasonPolicyDenied {
+		t.Fatalf("audit of old and current records: %+v, %v", recs, err)
+	}
+
+	write(old, cur, newer)
+	recs, err = a.Audit(id)
+	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 2, newer than") || recs != nil {
+		t.Fatalf("audit with a newer record: %d records, %v; want a schema error naming line 3", len(recs), err)
+	}
+	st := a.replayStats(id)
+	if st == nil || st.Allowed != 1 || st.Denied != 1 || st.BytesUp != 5 || st.BytesDown != 7 {
+		t.Fatalf("replayed %+v; want the old and current records only", st)
+	}
+}
