@@ -326,7 +326,7 @@ func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Lim
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		f, err := os.OpenFile(a.decisionLog(lt.info.ID), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		f, err := openLog(a.decisionLog(lt.info.ID))
 		if err != nil {
 			return err
 		}
@@ -340,6 +340,27 @@ func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Lim
 		}()
 	}
 	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Limits: limits, Stats: stats})
+}
+
+// openLog opens a decision log for appending. A log whose last record an
+// agent crash cut short is ended with a newline first, so that the next
+// record starts a line of its own and only the torn one is unreadable.
+func openLog(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	var last [1]byte
+	if st, err := f.Stat(); err == nil && st.Size() > 0 {
+		if _, err := f.ReadAt(last[:], st.Size()-1); err == nil && last[0] != '\n' {
+			_, err = f.Write([]byte{'\n'})
+			if err != nil {
+				_ = f.Close()
+				return nil, err
+			}
+		}
+	}
+	return f, nil
 }
 
 // endpoint serves Trials' proxy endpoints for the sandbox: the listening

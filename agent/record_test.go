@@ -5,6 +5,7 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -197,5 +198,33 @@ func TestDecisionLogSchemas(t *testing.T) {
 	st := a.replayStats(id)
 	if st == nil || st.Allowed != 1 || st.Denied != 1 || st.BytesUp != 5 || st.BytesDown != 7 {
 		t.Fatalf("replayed %+v; want the old and current records only", st)
+	}
+}
+
+// A log whose last record a crash cut short gets a newline before the
+// next record: only the torn line is lost, not the one appended after it.
+func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "decisions.jsonl")
+	if err := os.WriteFile(path, []byte(`{"schema":1,"trial":"x","decision":"al`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := openLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(&proxy.Event{Trial: "x", Decision: proxy.DecisionDeny, Reason: proxy.ReasonPolicyDenied})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	recs, err := readDecisions(path)
+	if len(recs) != 1 || recs[0].Reason != proxy.ReasonPolicyDenied {
+		t.Fatalf("records after a torn line: %+v (%v); want the one appended after it", recs, err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Fatalf("the torn line is not reported: %v", err)
 	}
 }
