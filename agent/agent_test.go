@@ -133,6 +133,14 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	if code, out := curl(t, a, info.ID, "--proxytunnel", fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort)); code != 0 {
 		t.Fatalf("through http_proxy from the environment: curl exit %d: %s", code, out)
 	}
+	// Plain http:// as clients send it through http_proxy: forwarded in
+	// absolute form under the same policy, not tunnelled.
+	if code, out := curl(t, a, info.ID, fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort)); code != 0 || !strings.Contains(out, "hello from upstream.example.test") {
+		t.Fatalf("plain http through the Trial's proxy: curl exit %d: %s", code, out)
+	}
+	if _, out := curl(t, a, info.ID, "-i", fmt.Sprintf("http://other.example.test:%d/", upstreamPort)); !strings.Contains(out, "403") || !strings.Contains(out, "policy_denied") {
+		t.Fatalf("plain http to a name off the allowlist: %s", out)
+	}
 	for _, c := range []struct{ what, url string }{
 		{"other name", fmt.Sprintf("http://other.example.test:%d/", upstreamPort)},
 		{"IP literal", fmt.Sprintf("http://%s:%d/", ip, upstreamPort)},
@@ -144,14 +152,14 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	if code, out := curl(t, a, info.ID, "--noproxy", "*", fmt.Sprintf("http://%s:%d/", ip, upstreamPort)); code == 0 {
 		t.Fatalf("direct connection succeeded: %s", out)
 	}
-	if n := w.requests.Load(); n != 2 {
-		t.Fatalf("the test host saw %d requests, want exactly the two allowed ones", n)
+	if n := w.requests.Load(); n != 3 {
+		t.Fatalf("the test host saw %d requests, want exactly the three allowed ones", n)
 	}
 	st, err := a.Stats(info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Proxy.ByReason["allowed"] != 2 || st.Proxy.ByReason["policy_denied"] != 1 || st.Proxy.ByReason["ip_literal"] != 1 {
+	if st.Proxy.ByReason["allowed"] != 3 || st.Proxy.ByReason["policy_denied"] != 2 || st.Proxy.ByReason["ip_literal"] != 1 {
 		t.Fatalf("proxy decisions %v", st.Proxy.ByReason)
 	}
 	if st.Kernel["connect4_denied"] < 1 || st.Egress != 0 || !strings.HasPrefix(st.Verdict, "verdict: 0 direct egress packets") {
@@ -161,11 +169,11 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if final.Proxy.Allowed != 2 || final.Proxy.BytesDown == 0 {
+	if final.Proxy.Allowed != 3 || final.Proxy.BytesDown == 0 {
 		t.Fatalf("final stats %+v", final.Proxy)
 	}
 	recs, err := a.Audit(info.ID)
-	if err != nil || len(recs) != 4 {
+	if err != nil || len(recs) != 6 {
 		t.Fatalf("audit after destroy: %d records, %v", len(recs), err)
 	}
 	if _, err := os.Stat(filepath.Join(a.cfg.DataDir, info.ID, "stats.json")); err != nil {
