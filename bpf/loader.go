@@ -89,6 +89,11 @@ func Load(opts Options) (_ *Loader, err error) {
 		return nil, err
 	}
 	defer lk.unlock()
+	defer func() {
+		if entries, _ := os.ReadDir(pinDir); err != nil && len(entries) == 0 {
+			lk.remove() // nothing installed: leave no lock file behind
+		}
+	}()
 	// The common case: an earlier Load installed exactly these programs.
 	if l, err := adopt(opts, parentID, level, pinDir, lk); err == nil {
 		return l, nil
