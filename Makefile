@@ -46,6 +46,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'IdleTunnelMemory' -benchtime 1x ./test/proxybench
 	$(GO) test -run '^$$' -bench 'TrialLifecycle|SandboxWithProcess|RequestLatency' -benchtime 200x ./test/systembench
 	$(GO) test -run '^$$' -bench 'IdleTrialMemory' -benchtime 1x ./test/systembench
+	$(GO) test -run '^$$' -bench 'RunTrue' -benchtime 50x ./test/systembench
 
 FUZZTIME ?= 10s
 fuzz: ## run each fuzz target for FUZZTIME (default 10s) from its committed seed corpus (minimizing large inputs stalls the fuzzer: bounded to 1s)

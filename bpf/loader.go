@@ -84,6 +84,28 @@ func Load(opts Options) (_ *Loader, err error) {
 	if err != nil {
 		return nil, err
 	}
+	lk, err := lockPins(pinDir)
+	if err != nil {
+		return nil, err
+	}
+	defer lk.unlock()
+	defer func() {
+		if entries, _ := os.ReadDir(pinDir); err != nil && len(entries) == 0 {
+			lk.remove() // nothing installed: leave no lock file behind
+		}
+	}()
+	// The common case: an earlier Load installed exactly these programs.
+	if l, err := adopt(opts, parentID, level, pinDir, lk); err == nil {
+		return l, nil
+	} else if !errors.Is(err, errPinsDiffer) {
+		return nil, err
+	}
+	return install(opts, parentID, level, pinDir, lk)
+}
+
+// install loads the programs and attaches them, updating pinned links in
+// place; it runs under lk.
+func install(opts Options, parentID uint64, level int, pinDir string, lk *installLock) (_ *Loader, err error) {
 	before, err := pinsBefore(pinDir)
 	if err != nil {
 		return nil, err
@@ -109,7 +131,7 @@ func Load(opts Options) (_ *Loader, err error) {
 		// An older trialnet's pins with no Trial behind them (an upgrade
 		// with nothing live): nothing is enforced through them, so they
 		// are replaced rather than refused.
-		if err = Uninstall(pinDir); err == nil {
+		if err = removePins(pinDir); err == nil {
 			before = nil
 			if err = ensurePinDir(pinDir); err == nil {
 				coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
@@ -164,23 +186,24 @@ func Load(opts Options) (_ *Loader, err error) {
 		if h.unix && !unixHook {
 			continue
 		}
-		lk, err := attachOrAdopt(opts.Cgroup, parentID, filepath.Join(pinDir, "link_"+h.name), coll.Programs[h.name], h.attach)
+		cl, err := attachOrAdopt(opts.Cgroup, parentID, filepath.Join(pinDir, "link_"+h.name), coll.Programs[h.name], h.attach)
 		if err != nil {
 			return nil, fmt.Errorf("attach %s to %s: %w", h.name, opts.Cgroup, err)
 		}
-		l.links = append(l.links, namedLink{h.name, lk})
+		l.links = append(l.links, namedLink{h.name, cl})
 	}
 	for _, h := range lsmHooks {
 		prog := coll.Programs[h.name]
 		if prog == nil {
 			continue // no BPF LSM, or an optional hook this kernel lacks
 		}
-		lk, err := attachLSM(filepath.Join(pinDir, "link_"+h.name), prog)
+		ll, err := attachLSM(filepath.Join(pinDir, "link_"+h.name), prog)
 		if err != nil {
 			return nil, fmt.Errorf("attach %s: %w", h.name, err)
 		}
-		l.lsmLinks = append(l.lsmLinks, namedLink{h.name, lk})
+		l.lsmLinks = append(l.lsmLinks, namedLink{h.name, ll})
 	}
+	lk.record(l.lsmErr, coll.Programs)
 	return l, nil
 }
 
@@ -188,15 +211,9 @@ func Load(opts Options) (_ *Loader, err error) {
 // parentID, less the programs this kernel cannot run: the unix hooks where
 // absent (unixHook false) and the LSM layer where absent (lsmErr says why).
 func loadSpec(level int, parentID uint64) (_ *ebpf.CollectionSpec, unixHook bool, lsmErr error, _ error) {
-	spec, err := loadTrialnet()
+	spec, err := configuredSpec(level, parentID)
 	if err != nil {
 		return nil, false, nil, err
-	}
-	if err := spec.Variables[trialnetVarTrialLevel].Set(uint32(level + 1)); err != nil {
-		return nil, false, nil, fmt.Errorf("set trial_level: %w", err)
-	}
-	if err := spec.Variables[trialnetVarParentCgroupId].Set(parentID); err != nil {
-		return nil, false, nil, fmt.Errorf("set parent_cgroup_id: %w", err)
 	}
 	unixHook = HaveUnixHooks() == nil
 	if !unixHook {
@@ -207,6 +224,22 @@ func loadSpec(level int, parentID uint64) (_ *ebpf.CollectionSpec, unixHook bool
 		}
 	}
 	return spec, unixHook, prepareLSM(spec), nil
+}
+
+// configuredSpec is the embedded collection with its constants set for a
+// parent cgroup at level with id parentID.
+func configuredSpec(level int, parentID uint64) (*ebpf.CollectionSpec, error) {
+	spec, err := loadTrialnet()
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Variables[trialnetVarTrialLevel].Set(uint32(level + 1)); err != nil {
+		return nil, fmt.Errorf("set trial_level: %w", err)
+	}
+	if err := spec.Variables[trialnetVarParentCgroupId].Set(parentID); err != nil {
+		return nil, fmt.Errorf("set parent_cgroup_id: %w", err)
+	}
+	return spec, nil
 }
 
 // unusedPins reports whether the pins in pinDir serve no Trial: their
@@ -340,6 +373,21 @@ func Uninstall(pinDir string) error {
 	if pinDir == "" {
 		pinDir = DefaultPinDir
 	}
+	lk, err := lockPins(pinDir)
+	if err != nil {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	defer lk.unlock()
+	if err := removePins(pinDir); err != nil {
+		return err
+	}
+	lk.remove()
+	return nil
+}
+
+// removePins removes pinDir and every pin in it; the caller holds the
+// install lock.
+func removePins(pinDir string) error {
 	entries, err := os.ReadDir(pinDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("TRIALNET_BPF_CHILD") == "1" {
 		os.Exit(childMain())
 	}
+	if spec := os.Getenv("TRIALNET_BPF_LOAD"); spec != "" {
+		os.Exit(loadMain(spec))
+	}
 	os.Exit(m.Run())
 }
 

@@ -235,7 +235,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(stdout, stderr, *asJSON, exitUsage, err)
 		}
-		a, err := agent.Start(agent.AgentConfig{File: file, Resolvers: cf.resolvers, AllowCIDRs: cidrs})
+		// The config's paths (pins, cgroup parent, namespaces) are honoured;
+		// no state directory: the embedded agent's Trials die with it.
+		host := hostConfig(file)
+		host.StateDir = ""
+		a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: cf.resolvers, AllowCIDRs: cidrs})
 		if err != nil {
 			return fail(stdout, stderr, *asJSON, exitFailure, err)
 		}

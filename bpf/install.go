@@ -1,0 +1,336 @@
+//go:build linux
+
+package bpf
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// lockDir holds one lock file per pin directory. The pin directory itself
+// is on bpffs, which may not even be mounted yet when a Load starts (and
+// two Loads must not both mount it), so the lock lives outside it; /run is
+// cleared at boot, as bpffs is.
+const lockDir = "/run/lock"
+
+// lockPath is the lock file that serializes installs into pinDir.
+func lockPath(pinDir string) string {
+	name := strings.ReplaceAll(strings.Trim(filepath.Clean(pinDir), "/"), "/", "_")
+	return filepath.Join(lockDir, "trialnet-"+name+".lock")
+}
+
+// installLock is an exclusive flock on a pin directory's lock file. The
+// file also records why the installing Load found no BPF LSM layer, so
+// that a Load which adopts the pins can say so without probing again.
+type installLock struct{ f *os.File }
+
+// lockPins takes the install lock of pinDir, waiting for any other Load or
+// Uninstall of the same directory. An Uninstall removes the lock file while
+// holding it, so a waiter that got the lock on a removed file tries again.
+func lockPins(pinDir string) (*installLock, error) {
+	path := lockPath(pinDir)
+	for range 100 {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("open install lock %s: %w", path, err)
+		}
+		if err := flock(f, unix.LOCK_EX); err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		var held, now unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
+			return &installLock{f}, nil
+		}
+		_ = f.Close() // removed by an Uninstall while we waited
+	}
+	return nil, fmt.Errorf("lock %s: it keeps being removed", path)
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		err := unix.Flock(int(f.Fd()), how)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// unlock releases the lock (closing the file drops the flock).
+func (k *installLock) unlock() { _ = k.f.Close() }
+
+// remove deletes the lock file while still holding it (Uninstall).
+func (k *installLock) remove() { _ = os.Remove(k.f.Name()) }
+
+// installNote is what the installing Load recorded in the lock file:
+// which embedded object it loaded, why it found no BPF LSM layer, and the
+// kernel's tag of each program it loaded. A program whose instructions are
+// fixed up at load (a kfunc's BTF id, CO-RE field offsets: the unix hooks)
+// has a tag that only the kernel's BTF could predict; the record lets an
+// adopting Load check it without parsing that BTF.
+type installNote struct {
+	object  string // sha256 of the embedded ELF
+	lsmMiss string // "": none recorded
+	tags    map[string]string
+}
+
+func objectHash() string {
+	h := sha256.Sum256(_TrialnetBytes)
+	return hex.EncodeToString(h[:])
+}
+
+func (k *installLock) note() installNote {
+	n := installNote{tags: map[string]string{}}
+	b, _ := io.ReadAll(io.NewSectionReader(k.f, 0, 1<<16))
+	for _, line := range strings.Split(string(b), "\n") {
+		key, val, _ := strings.Cut(line, " ")
+		switch key {
+		case "object":
+			n.object = val
+		case "lsm_missing":
+			n.lsmMiss = val
+		case "tag":
+			if name, tag, ok := strings.Cut(val, " "); ok {
+				n.tags[name] = tag
+			}
+		}
+	}
+	return n
+}
+
+// record writes what an install found and loaded.
+func (k *installLock) record(lsmErr error, progs map[string]*ebpf.Program) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "object %s\n", objectHash())
+	if lsmErr != nil {
+		fmt.Fprintf(&b, "lsm_missing %s\n", strings.ReplaceAll(lsmErr.Error(), "\n", " "))
+	}
+	for name, p := range progs {
+		if info, err := p.Info(); err == nil {
+			fmt.Fprintf(&b, "tag %s %s\n", name, info.Tag)
+		}
+	}
+	if k.f.Truncate(0) == nil {
+		_, _ = k.f.WriteAt([]byte(b.String()), 0)
+	}
+}
+
+// errPinsDiffer means the pins are not exactly what this binary would
+// install: Load installs (or updates in place) instead of adopting.
+var errPinsDiffer = errors.New("pinned programs differ from the embedded ones")
+
+// adopt returns a Loader over what an earlier Load pinned in pinDir, when
+// every link that this kernel's Load would attach is pinned, attached to
+// the parent cgroup (or to its LSM hook), and runs a program with the
+// embedded program's tag over the pinned maps and the same constants. It
+// loads nothing, so the verifier never runs. Anything else is
+// errPinsDiffer (or another error), and the caller installs.
+func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installLock) (_ *Loader, err error) {
+	spec, err := configuredSpec(level, parentID)
+	if err != nil {
+		return nil, err
+	}
+	coll := &ebpf.Collection{Programs: map[string]*ebpf.Program{}, Maps: map[string]*ebpf.Map{}}
+	l := &Loader{coll: coll, pinDir: pinDir}
+	defer func() {
+		if err != nil {
+			_ = l.Close()
+		}
+	}()
+	mapIDs := map[ebpf.MapID]bool{}
+	for _, name := range []string{trialnetMapPolicyMap, trialnetMapCountersMap, trialnetMapUnixPathsMap, trialnetMapUnixIdsMap} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
+		if err != nil {
+			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
+		}
+		coll.Maps[name] = m
+		if err := spec.Maps[name].Compatible(m); err != nil {
+			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
+		}
+		info, err := m.Info()
+		if err != nil {
+			return nil, err
+		}
+		id, _ := info.ID()
+		mapIDs[id] = true
+	}
+	l.policy, l.counters = coll.Maps[trialnetMapPolicyMap], coll.Maps[trialnetMapCountersMap]
+	l.unix, l.unixIDs = coll.Maps[trialnetMapUnixPathsMap], coll.Maps[trialnetMapUnixIdsMap]
+	rodata, err := rodataOf(spec)
+	if err != nil {
+		return nil, err
+	}
+	note := lk.note()
+	if note.object != objectHash() {
+		note.tags = nil // recorded by another build: its tags prove nothing
+	}
+
+	// The unix hooks are pinned exactly when the installing Load's kernel
+	// had them; this is the same kernel (bpffs does not outlive a boot).
+	_, err = os.Stat(filepath.Join(pinDir, "link_"+trialnetProgTrialnetConnectUnix))
+	l.unixHook = err == nil
+	for _, h := range hooks {
+		if h.unix && !l.unixHook {
+			continue
+		}
+		nl, prog, err := adoptLink(pinDir, h.name, spec.Programs[h.name], note.tags[h.name], mapIDs, rodata)
+		if err != nil {
+			return nil, err
+		}
+		l.links = append(l.links, nl)
+		coll.Programs[h.name] = prog
+		if cg := cgroupOf(nl.lk); cg != parentID {
+			return nil, fmt.Errorf("%w: %s is attached to cgroup %d, not %d", errPinsDiffer, h.name, cg, parentID)
+		}
+	}
+	missing := 0
+	for _, h := range lsmHooks {
+		pin := filepath.Join(pinDir, "link_"+h.name)
+		if _, err := os.Stat(pin); errors.Is(err, os.ErrNotExist) {
+			if !h.optional {
+				missing++
+			}
+			continue
+		}
+		nl, prog, err := adoptLink(pinDir, h.name, spec.Programs[h.name], note.tags[h.name], mapIDs, rodata)
+		if err != nil {
+			return nil, err
+		}
+		l.lsmLinks = append(l.lsmLinks, nl)
+		coll.Programs[h.name] = prog
+	}
+	if len(l.lsmLinks) > 0 && missing > 0 {
+		return nil, fmt.Errorf("%w: %d LSM links missing", errPinsDiffer, missing)
+	}
+	if len(l.lsmLinks) == 0 {
+		if note.lsmMiss == "" {
+			return nil, fmt.Errorf("%w: no LSM links and no recorded reason", errPinsDiffer)
+		}
+		l.lsmErr = fmt.Errorf("%w: %s", ErrLSMMissing, strings.TrimPrefix(note.lsmMiss, ErrLSMMissing.Error()+": "))
+	}
+	return l, nil
+}
+
+// adoptLink opens the link pinned for name and its program, and checks
+// that the program is spec over the pinned maps and rodata: by the tag
+// computed from spec, or for a program fixed up at load by the tag
+// recorded when this same object was installed.
+func adoptLink(pinDir, name string, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (namedLink, *ebpf.Program, error) {
+	if spec == nil {
+		return namedLink{}, nil, fmt.Errorf("%w: no embedded program %s", errPinsDiffer, name)
+	}
+	lk, err := link.LoadPinnedLink(filepath.Join(pinDir, "link_"+name), nil)
+	if err != nil {
+		return namedLink{}, nil, fmt.Errorf("%w: link %s: %w", errPinsDiffer, name, err)
+	}
+	nl := namedLink{name, lk}
+	prog, err := linkedProgram(lk, spec, recorded, mapIDs, rodata)
+	if err != nil {
+		_ = lk.Close()
+		return namedLink{}, nil, fmt.Errorf("%w: %s: %w", errPinsDiffer, name, err)
+	}
+	return nl, prog, nil
+}
+
+func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (_ *ebpf.Program, err error) {
+	info, err := lk.Info()
+	if err != nil {
+		return nil, err
+	}
+	prog, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = prog.Close()
+		}
+	}()
+	pi, err := prog.Info()
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Compatible(pi); err != nil && (recorded == "" || recorded != pi.Tag) {
+		return nil, err
+	}
+	ids, ok := pi.MapIDs()
+	if !ok {
+		return nil, errors.New("the kernel does not list a program's maps")
+	}
+	for _, id := range ids {
+		if mapIDs[id] {
+			continue
+		}
+		if err := sameRodata(id, rodata); err != nil {
+			return nil, err
+		}
+	}
+	return prog, nil
+}
+
+// sameRodata checks that the map with id is a .rodata holding want: the
+// tag covers the instructions, not the constants the loader sets.
+func sameRodata(id ebpf.MapID, want []byte) error {
+	m, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		return err
+	}
+	if !strings.HasSuffix(info.Name, ".rodata") || info.Type != ebpf.Array || info.MaxEntries != 1 {
+		return fmt.Errorf("uses map %d (%s), not a pinned map", id, info.Name)
+	}
+	got := make([]byte, info.ValueSize)
+	if err := m.Lookup(uint32(0), &got); err != nil {
+		return fmt.Errorf("read .rodata: %w", err)
+	}
+	if !bytes.Equal(got, want) {
+		return errors.New("its constants (trial level, parent cgroup) differ")
+	}
+	return nil
+}
+
+// rodataOf is the .rodata a load of spec would write: the section's
+// contents with the variables set on spec copied over them.
+func rodataOf(spec *ebpf.CollectionSpec) ([]byte, error) {
+	ms := spec.Maps[".rodata"]
+	if ms == nil || len(ms.Contents) != 1 {
+		return nil, errors.New("the embedded objects have no .rodata")
+	}
+	src, ok := ms.Contents[0].Value.([]byte)
+	if !ok {
+		return nil, errors.New("the embedded .rodata is not bytes")
+	}
+	out := bytes.Clone(src)
+	for _, v := range spec.Variables {
+		if v.SectionName == ".rodata" && int(v.Offset)+len(v.Value) <= len(out) {
+			copy(out[v.Offset:], v.Value)
+		}
+	}
+	return out, nil
+}
+
+func cgroupOf(l link.Link) uint64 {
+	info, err := l.Info()
+	if err != nil {
+		return 0
+	}
+	if cg := info.Cgroup(); cg != nil {
+		return cg.CgroupId
+	}
+	return 0
+}

@@ -1,0 +1,164 @@
+//go:build linux
+
+package bpf
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/trialnet/trialnet/internal/privtest"
+)
+
+// loadMain is a copy of the test binary that runs one Load of
+// "CGROUP PINDIR", closes it (the pins stay) and exits 0, or prints why not.
+func loadMain(spec string) int {
+	cg, pins, _ := strings.Cut(spec, " ")
+	l, err := Load(Options{Cgroup: cg, PinDir: pins})
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	_ = l.Close()
+	return 0
+}
+
+// attached lists the program ids attached to cg for each cgroup hook.
+func attached(t *testing.T, cg string) map[string][]ebpf.ProgramID {
+	t.Helper()
+	f, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string][]ebpf.ProgramID{}
+	for _, h := range hooks {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: h.attach})
+		if err != nil {
+			t.Fatalf("query %s: %v", h.name, err)
+		}
+		for _, p := range res.Programs {
+			out[h.name] = append(out[h.name], p.ID)
+		}
+	}
+	return out
+}
+
+// TestPrivilegedParallelFirstLoad starts ten Loads at once, each in its
+// own process, against a fresh pin directory and cgroup: every one
+// succeeds and exactly one program is attached per hook.
+func TestPrivilegedParallelFirstLoad(t *testing.T) {
+	privtest.Require(t)
+	cg := testCgroup(t)
+	pins := testPins(t, cg)
+	const n = 10
+	var wg sync.WaitGroup
+	outs := make([]string, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	for i := range n {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "TRIALNET_BPF_LOAD="+cg+" "+pins)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			b, err := cmd.CombinedOutput()
+			outs[i], errs[i] = string(b), err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Errorf("load %d: %v: %s", i, errs[i], outs[i])
+		}
+	}
+	l, err := Load(Options{Cgroup: cg, PinDir: pins})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	progs := attached(t, cg)
+	for _, h := range hooks {
+		if h.unix && !l.UnixHooks() {
+			continue
+		}
+		if len(progs[h.name]) != 1 {
+			t.Errorf("%s: %d programs attached to the cgroup, want 1 (%v)", h.name, len(progs[h.name]), progs[h.name])
+		}
+	}
+}
+
+// TestPrivilegedLoadAdoptsPins: a second Load over the pins of the first
+// loads nothing (the very programs stay attached) and its Loader works;
+// a pinned link running some other program is not adopted but replaced.
+func TestPrivilegedLoadAdoptsPins(t *testing.T) {
+	l, opts := loadTest(t)
+	before := attached(t, opts.Cgroup)
+	lsm, unixHooks, lsmErr := l.LSM(), l.UnixHooks(), l.LSMError()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	l2, err := Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := attached(t, opts.Cgroup)
+	for _, h := range hooks {
+		if fmt.Sprint(before[h.name]) != fmt.Sprint(after[h.name]) {
+			t.Errorf("%s: programs %v before, %v after the second Load: it loaded instead of adopting", h.name, before[h.name], after[h.name])
+		}
+	}
+	if l2.LSM() != lsm || l2.UnixHooks() != unixHooks || (l2.LSMError() == nil) != (lsmErr == nil) {
+		t.Errorf("adopted: LSM %v unix %v lsmErr %v; installed: %v %v %v", l2.LSM(), l2.UnixHooks(), l2.LSMError(), lsm, unixHooks, lsmErr)
+	}
+	if err := l2.AddTrial(42, Policy{NetnsCookie: 7, UnixOpen: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l2.Counters(42); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := l2.RunStats(); err != nil || len(st) < len(hooks)-2 {
+		t.Errorf("RunStats of the adopted loader: %v, %v", st, err)
+	}
+	// Swap an allow-all program into the pinned connect4 link, as a
+	// different trialnet build (or anyone with the pin) could.
+	other, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.CGroupSockAddr, AttachType: ebpf.AttachCGroupInet4Connect, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := l2.links[0].lk.Update(other); err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l3, err := Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l3.Close()
+	if !l3.HasTrial(42) {
+		t.Error("the policy entry did not survive the reload")
+	}
+	info, err := other.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherID, _ := info.ID()
+	if ids := attached(t, opts.Cgroup)[hooks[0].name]; len(ids) != 1 || ids[0] == otherID {
+		t.Fatalf("connect4 runs %v after Load; the foreign program %d must have been replaced", ids, otherID)
+	}
+}
