@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/proxy"
@@ -231,6 +232,9 @@ func TestPrivilegedFaultBPFFSUnmounted(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	cfg.Host.PinDir = filepath.Join(mnt, "pins")
+	// Before the unmount (cleanups run last first): the pins, and the
+	// install lock file that goes with them.
+	t.Cleanup(func() { _ = bpf.Uninstall(cfg.Host.PinDir) })
 	a, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
