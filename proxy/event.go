@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -156,4 +157,51 @@ func (s *TrialStats) Add(e *Event) {
 	}
 	s.BytesUp += uint64(e.BytesUp)
 	s.BytesDown += uint64(e.BytesDown)
+}
+
+// UnmarshalJSON reads an event as MarshalJSON writes it (a decision log
+// line), by the same key constants: a reader never re-spells them.
+func (e *Event) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	var resolved []string
+	var dialed string
+	var dur, dns, dial, first int64
+	var port int
+	for key, dst := range map[string]any{
+		keyStart: &e.Time, keyTrial: &e.Trial, keyClient: &e.Client, keyMethod: &e.Method, keyTarget: &e.Target,
+		keyHost: &e.Host, keyPort: &port, keyDecision: &e.Decision, keyReason: &e.Reason, keyDetail: &e.Detail,
+		keyResolved: &resolved, keyDialed: &dialed, keySNI: &e.SNI, keyBytesUp: &e.BytesUp, keyBytesDown: &e.BytesDown,
+		keyDuration: &dur, keyID: &e.ID, keyRule: &e.Rule, keyDNS: &dns, keyDial: &dial, keyFirstByte: &first,
+	} {
+		raw, ok := m[key]
+		if !ok {
+			continue
+		}
+		if err := json.Unmarshal(raw, dst); err != nil {
+			return fmt.Errorf("decision record %s: %w", key, err)
+		}
+	}
+	e.Port = uint16(port)
+	e.Duration, e.DNS, e.Dial, e.FirstByte = time.Duration(dur)*time.Microsecond, time.Duration(dns)*time.Microsecond,
+		time.Duration(dial)*time.Microsecond, time.Duration(first)*time.Microsecond
+	e.Resolved = nil
+	for _, s := range resolved {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return fmt.Errorf("decision record %s: %w", keyResolved, err)
+		}
+		e.Resolved = append(e.Resolved, a)
+	}
+	e.Dialed = netip.AddrPort{}
+	if dialed != "" {
+		ap, err := netip.ParseAddrPort(dialed)
+		if err != nil {
+			return fmt.Errorf("decision record %s: %w", keyDialed, err)
+		}
+		e.Dialed = ap
+	}
+	return nil
 }
