@@ -32,6 +32,8 @@ type client struct {
 	// asRoot runs the client as uid 0 (without capabilities) instead of
 	// nobody.
 	asRoot bool
+	port   uint16 // 443 unless set
+	setup  func(t *testing.T, tc *trial)
 	fetch  func(tc *trial, host string, proxied bool) (int, string)
 	works  func(t *testing.T, tc *trial, out string)
 }
@@ -206,7 +208,7 @@ func nodeSkipsProxy(major, minor int) func() string {
 func TestPrivilegedClients(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t)
-	for _, c := range clients {
+	for _, c := range append(clients, sshClient(w)) {
 		t.Run(c.name, func(t *testing.T) {
 			if why := c.missing(); why != "" {
 				if c.optional {
@@ -214,12 +216,16 @@ func TestPrivilegedClients(t *testing.T) {
 				}
 				t.Fatalf("client not available: %s", why)
 			}
-			exercise(t, w, c, 443)
+			exercise(t, w, c)
 		})
 	}
 }
 
-func exercise(t *testing.T, w *world, c client, port uint16) {
+func exercise(t *testing.T, w *world, c client) {
+	port := c.port
+	if port == 0 {
+		port = 443
+	}
 	uid := uint32(nobody)
 	if c.asRoot {
 		uid = 0
@@ -227,6 +233,9 @@ func exercise(t *testing.T, w *world, c client, port uint16) {
 	allowed := c.name + "." + domain
 	tc := w.newTrial(t, c.name, uid, fmt.Sprintf("%s:%d", allowed, port))
 	t.Cleanup(tc.logDecisions)
+	if c.setup != nil {
+		c.setup(t, tc)
+	}
 	skips := ""
 	if c.skipsProxy != nil {
 		skips = c.skipsProxy()
