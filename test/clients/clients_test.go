@@ -202,9 +202,11 @@ func (tc *trial) workdir(what string) string {
 // write puts a file into the Trial's home, owned by its user.
 func (tc *trial) write(path, body string) {
 	tc.t.Helper()
-	if err := os.WriteFile(path, []byte(body), 0o644); err == nil {
+	err := os.WriteFile(path, []byte(body), 0o644)
+	if err == nil {
 		err = os.Chown(path, int(tc.uid), int(tc.uid))
-	} else {
+	}
+	if err != nil {
 		tc.t.Fatal(err)
 	}
 }
