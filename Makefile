@@ -5,7 +5,7 @@ PKGS    := ./...
 # Privileged tests need root; in CI (CI=true) they fail rather than skip.
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: help deps bench-deps generate check-generate build test bench demo lint fuzz clean
+.PHONY: help deps test-deps bench-deps generate check-generate build test bench demo lint fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -14,6 +14,20 @@ deps: ## install the Debian packages a fresh machine lacks (clang, libbpf header
 	@missing=""; for p in clang llvm libbpf-dev iproute2 curl; do \
 		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update && apt-get install -y $$missing; fi
+
+# The clients test/clients runs in Trials. npm only when no npm is on the
+# PATH (NodeSource's nodejs bundles its own, and conflicts with Debian's).
+# openssh-server is installed for its sshd binary, which the ssh case runs
+# itself on a test host: a policy-rc.d that refuses every service start
+# keeps the package from starting a host sshd while it installs.
+TEST_DEBS := git python3-pip python3-requests nodejs openssh-client openssh-server netcat-openbsd
+test-deps: deps ## install the clients test/clients runs (git, pip, requests, node, npm, ssh, sshd, nc)
+	@missing=""; for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
+		guard=""; if [ ! -e /usr/sbin/policy-rc.d ]; then guard=1; printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; fi; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; rc=$$?; \
+		if [ -n "$$guard" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc; fi
 
 generate: ## regenerate the eBPF objects and Go bindings with bpf2go (needs clang)
 	$(GO) generate ./bpf
@@ -30,7 +44,7 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
 
-test: deps ## run every test, privileged ones included (as root)
+test: deps test-deps ## run every test, privileged ones included (as root)
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
 bench-deps: ## install what the benchmarks compare against (tinyproxy, bubblewrap, socat)

@@ -5,6 +5,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,10 +68,23 @@ type liveTrial struct {
 	info  TrialInfo
 	tr    *sandbox.Trial
 	state trialState // guarded by Agent.mu
-	mu    sync.Mutex // guards audit and final
+	mu    sync.Mutex // guards the fields below
 	audit *os.File   // decisions.jsonl; nil without a DataDir
 	final proxy.TrialStats
+	// refused counts refusals by target, at most maxRefusedTargets of
+	// them; the rest under otherTargets.
+	refused  map[string]uint64
+	watchers map[chan proxy.Event]struct{}
+	ended    bool // no more events: watchers are closed and none are added
 }
+
+// Bounds of a Trial's refusals by target, and of a watcher's backlog.
+const (
+	maxRefusedTargets = 256
+	otherTargets      = "(other targets)"
+	topRefused        = 5
+	watchBacklog      = 256
+)
 
 // setTrial records what the sandbox made of the Trial.
 func (lt *liveTrial) setTrial(tr *sandbox.Trial) {
@@ -208,6 +222,7 @@ func (a *Agent) Close(teardown bool) {
 	_ = a.proxy.Close()
 	a.mu.Lock()
 	for _, lt := range a.trials {
+		lt.endWatches()
 		lt.closeAudit()
 	}
 	a.mu.Unlock()
@@ -420,6 +435,13 @@ func (a *Agent) onEvent(ev proxy.Event) {
 	}
 	lt.mu.Lock()
 	defer lt.mu.Unlock()
+	lt.count(&ev)
+	for ch := range lt.watchers {
+		select {
+		case ch <- ev:
+		default: // a watcher that does not keep up loses events, never the proxy its pace
+		}
+	}
 	if lt.audit == nil {
 		return
 	}
@@ -429,6 +451,89 @@ func (a *Agent) onEvent(ev proxy.Event) {
 	}
 	if err != nil {
 		a.log.Error("write decision log", "trial", ev.Trial, "error", err)
+	}
+}
+
+// count adds a refusal to the Trial's refusals by target; lt.mu is held.
+func (lt *liveTrial) count(ev *proxy.Event) {
+	if ev.Decision == proxy.DecisionAllow {
+		return
+	}
+	if lt.refused == nil {
+		lt.refused = make(map[string]uint64)
+	}
+	target := ev.Target
+	if _, ok := lt.refused[target]; !ok && len(lt.refused) >= maxRefusedTargets {
+		target = otherTargets
+	}
+	lt.refused[target]++
+}
+
+// topRefused is the Trial's most refused targets, most first.
+func (lt *liveTrial) topRefused() []TargetCount {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	out := make([]TargetCount, 0, len(lt.refused))
+	for t, n := range lt.refused {
+		out = append(out, TargetCount{t, n})
+	}
+	slices.SortFunc(out, func(x, y TargetCount) int {
+		if x.Count != y.Count {
+			return int(y.Count) - int(x.Count)
+		}
+		return strings.Compare(x.Target, y.Target)
+	})
+	return out[:min(len(out), topRefused)]
+}
+
+// Watch calls fn with each decision of a live Trial as it is made, until
+// ctx ends or the Trial is destroyed (after its last decision). A watcher
+// that falls more than watchBacklog events behind loses the excess.
+func (a *Agent) Watch(ctx context.Context, id string, fn func(proxy.Event)) error {
+	lt, err := a.lookup(id)
+	if err != nil {
+		return err
+	}
+	ch := make(chan proxy.Event, watchBacklog)
+	lt.mu.Lock()
+	if lt.ended {
+		lt.mu.Unlock()
+		return nil
+	}
+	if lt.watchers == nil {
+		lt.watchers = make(map[chan proxy.Event]struct{})
+	}
+	lt.watchers[ch] = struct{}{}
+	lt.mu.Unlock()
+	defer func() {
+		lt.mu.Lock()
+		delete(lt.watchers, ch)
+		lt.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev, ok := <-ch:
+			if !ok {
+				return nil
+			}
+			fn(ev)
+		}
+	}
+}
+
+// endWatches closes every watcher once the Trial makes no more decisions.
+func (lt *liveTrial) endWatches() {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	if lt.ended {
+		return
+	}
+	lt.ended = true
+	for ch := range lt.watchers {
+		close(ch)
+		delete(lt.watchers, ch)
 	}
 }
 
@@ -489,7 +594,15 @@ type Stats struct {
 	Foreign uint64            `json:"foreign_socket_uses"`
 	Layers  Layers            `json:"layers"`
 	Verdict string            `json:"verdict"`
-	At      time.Time         `json:"at"`
+	// TopRefused are the most refused targets (host:port as asked for).
+	TopRefused []TargetCount `json:"top_refused"`
+	At         time.Time     `json:"at"`
+}
+
+// TargetCount is how often a target was refused.
+type TargetCount struct {
+	Target string `json:"target"`
+	Count  uint64 `json:"count"`
 }
 
 // ProxyStats are the proxy's counters for one Trial.
@@ -503,7 +616,8 @@ type ProxyStats struct {
 	Active      int64             `json:"tunnels_active"`
 }
 
-func (a *Agent) makeStats(id string, k bpf.Counters, p proxy.TrialStats) Stats {
+func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p proxy.TrialStats) Stats {
+	id := lt.info.ID
 	ps := ProxyStats{Allowed: p.Allowed, Denied: p.Denied, ByReason: map[string]uint64{}, DNSFailures: p.DNSFailed,
 		BytesUp: p.BytesUp, BytesDown: p.BytesDown, Active: p.Active}
 	for r, n := range p.Decisions {
@@ -511,7 +625,7 @@ func (a *Agent) makeStats(id string, k bpf.Counters, p proxy.TrialStats) Stats {
 	}
 	l := a.host.Layers()
 	return Stats{Trial: id, Kernel: k.Map(), Proxy: ps, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
-		Layers: l, Verdict: Verdict(k, l), At: time.Now().UTC()}
+		Layers: l, Verdict: Verdict(k, l), TopRefused: lt.topRefused(), At: time.Now().UTC()}
 }
 
 // Stats reads a live Trial's counters.
@@ -525,7 +639,7 @@ func (a *Agent) Stats(id string) (Stats, error) {
 		return Stats{}, errf(CodeInternal, "read counters of %s: %v", id, err)
 	}
 	p, _ := a.proxy.Stats(id)
-	return a.makeStats(id, k, p), nil
+	return a.makeStats(lt, k, p), nil
 }
 
 // Destroy kills everything in the Trial, closes its proxy endpoint and
@@ -549,7 +663,8 @@ func (a *Agent) Destroy(id string) (Stats, error) {
 	lt.mu.Lock()
 	pst := lt.final
 	lt.mu.Unlock()
-	st := a.makeStats(id, k, pst)
+	st := a.makeStats(lt, k, pst)
+	lt.endWatches()
 	lt.closeAudit()
 	if a.cfg.DataDir != "" {
 		if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {
@@ -670,13 +785,14 @@ func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
 			a.unregister(tr.ID, lt)
 		}
 	}()
-	return a.prepare(lt, proxy.NewAllowlist(entries...), info.Limits, a.replayStats(tr.ID))
+	return a.prepare(lt, proxy.NewAllowlist(entries...), info.Limits, a.replayStats(lt))
 }
 
 // replayStats rebuilds a re-adopted Trial's proxy counters from its
 // decision log, so that they continue across an agent restart as the
 // kernel's do. Unreadable records are left out, and said so in the log.
-func (a *Agent) replayStats(id string) *proxy.TrialStats {
+func (a *Agent) replayStats(lt *liveTrial) *proxy.TrialStats {
+	id := lt.info.ID
 	if a.cfg.DataDir == "" {
 		return nil
 	}
@@ -688,8 +804,11 @@ func (a *Agent) replayStats(id string) *proxy.TrialStats {
 		a.log.Warn("decision log partly unreadable: its proxy counters leave out those records", "trial", id, "error", err)
 	}
 	st := &proxy.TrialStats{}
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
 	for i := range recs {
 		st.Add(&recs[i])
+		lt.count(&recs[i])
 	}
 	return st
 }

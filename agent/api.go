@@ -28,6 +28,8 @@ import (
 //	DELETE /v1/trials/{id}         -> Stats (final)
 //	GET    /v1/trials/{id}/stats   -> Stats
 //	GET    /v1/trials/{id}/audit   -> []proxy.Event
+//	GET    /v1/trials/{id}/decisions -> decision events as they happen, one JSON
+//	                                  object a line, until the Trial is destroyed
 //
 // Errors are {"error": {"code": ..., "message": ...}} with a 4xx/5xx status.
 
@@ -63,7 +65,27 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/trials/{id}/audit", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusOK)(a.Audit(r.PathValue("id")))
 	})
+	mux.HandleFunc("GET /v1/trials/{id}/decisions", a.serveDecisions)
 	return mux
+}
+
+// serveDecisions streams a Trial's decisions as JSON lines.
+func (a *Agent) serveDecisions(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if _, err := a.lookup(id); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/jsonl")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	enc := json.NewEncoder(w)
+	_ = a.Watch(r.Context(), id, func(ev proxy.Event) {
+		if enc.Encode(ev) == nil {
+			_ = rc.Flush()
+		}
+	})
 }
 
 func reply(w http.ResponseWriter, status int) func(v any, err error) {
@@ -219,6 +241,40 @@ func (c *Client) Stats(id string) (Stats, error) {
 func (c *Client) Destroy(id string) (Stats, error) {
 	var out Stats
 	return out, c.do(http.MethodDelete, "/v1/trials/"+url.PathEscape(id), nil, &out)
+}
+
+// Watch calls fn with each decision of a live Trial as the agent makes
+// it, until ctx ends or the Trial is destroyed.
+func (c *Client) Watch(ctx context.Context, id string, fn func(proxy.Event)) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://trialnet/v1/trials/"+url.PathEscape(id)+"/decisions", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error *Error `json:"error"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&e) == nil && e.Error != nil {
+			return e.Error
+		}
+		return &Error{Code: CodeInternal, Message: "agent answered " + resp.Status}
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev proxy.Event
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) || ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("decision stream of %s: %w", id, err)
+		}
+		fn(ev)
+	}
 }
 
 // Audit returns a Trial's decision log.

@@ -159,7 +159,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 			t.Errorf("record %d read back as\n%+v\nwant\n%+v", i, g, w)
 		}
 	}
-	replayed := a.replayStats(id)
+	replayed := a.replayStats(&liveTrial{info: TrialInfo{ID: id}})
 	final.Active = 0
 	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
 		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
@@ -195,7 +195,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 2, newer than") || recs != nil {
 		t.Fatalf("audit with a newer record: %d records, %v; want a schema error naming line 3", len(recs), err)
 	}
-	st := a.replayStats(id)
+	st := a.replayStats(&liveTrial{info: TrialInfo{ID: id}})
 	if st == nil || st.Allowed != 1 || st.Denied != 1 || st.BytesUp != 5 || st.BytesDown != 7 {
 		t.Fatalf("replayed %+v; want the old and current records only", st)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,7 +38,8 @@ type Command struct {
 	Env []string
 	Dir string
 	// ProxyURL, when set, becomes HTTPS_PROXY, HTTP_PROXY and their lower
-	// case forms, with NO_PROXY for loopback.
+	// case forms, with NO_PROXY for loopback and NODE_USE_ENV_PROXY=1 (see
+	// ProxyEnv).
 	ProxyURL string
 	UID, GID uint32
 
@@ -45,26 +47,39 @@ type Command struct {
 	Stdout, Stderr io.Writer
 }
 
+// NoProxy is what a Trial's processes get as NO_PROXY and no_proxy: the
+// Trial's own loopback, which is never worth a trip through the proxy.
+const NoProxy = "127.0.0.1,localhost,::1"
+
 // proxyVars are replaced, never merged: a Trial must not inherit a proxy.
-var proxyVars = []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"}
+// ALL_PROXY is dropped and never set: curl reads it as a SOCKS proxy
+// for every scheme, and a Trial has no SOCKS listener.
+var proxyVars = []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy",
+	"ALL_PROXY", "all_proxy", "NODE_USE_ENV_PROXY"}
+
+// ProxyEnv is the environment that points a Trial's clients at the proxy
+// at proxyURL without any configuration of theirs: both cases of
+// HTTPS_PROXY and HTTP_PROXY (curl reads only http_proxy in lower case,
+// Go reads upper case first), NO_PROXY and no_proxy for loopback, and
+// NODE_USE_ENV_PROXY=1, which makes Node's fetch and https (22.21+, 24.5+)
+// read them too.
+func ProxyEnv(proxyURL string) []string {
+	return []string{
+		"HTTPS_PROXY=" + proxyURL, "HTTP_PROXY=" + proxyURL, "https_proxy=" + proxyURL, "http_proxy=" + proxyURL,
+		"NO_PROXY=" + NoProxy, "no_proxy=" + NoProxy, "NODE_USE_ENV_PROXY=1",
+	}
+}
 
 func (c Command) environ() []string {
 	env := make([]string, 0, len(c.Env)+len(proxyVars))
 	for _, kv := range c.Env {
 		name, _, _ := strings.Cut(kv, "=")
-		drop := false
-		for _, p := range proxyVars {
-			drop = drop || name == p
-		}
-		if !drop {
+		if !slices.Contains(proxyVars, name) {
 			env = append(env, kv)
 		}
 	}
 	if c.ProxyURL != "" {
-		for _, p := range []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"} {
-			env = append(env, p+"="+c.ProxyURL)
-		}
-		env = append(env, "NO_PROXY=127.0.0.1,localhost,::1", "no_proxy=127.0.0.1,localhost,::1")
+		env = append(env, ProxyEnv(c.ProxyURL)...)
 	}
 	return env
 }

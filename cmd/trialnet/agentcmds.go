@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // exitRefused: the agent refused the request (unknown Trial, duplicate id,
@@ -219,6 +221,8 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 	c := agent.NewClient(*socket)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// On a terminal, --watch redraws in place; elsewhere it appends.
+	redraw := *watch && !*asJSON && isTerminal(stdout)
 	for {
 		ids := []string{*id}
 		if *id == "" {
@@ -246,9 +250,15 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 				_ = json.NewEncoder(stdout).Encode(all)
 			}
 		} else {
-			for _, st := range all {
-				printStats(stdout, st)
+			var buf bytes.Buffer
+			if redraw {
+				buf.WriteString("\x1b[H\x1b[2J") // cursor home, clear screen
+				fmt.Fprintf(&buf, "every 1s: trialnet stats (%s)   ^C to stop\n\n", time.Now().Format(time.TimeOnly))
 			}
+			for _, st := range all {
+				printStats(&buf, st)
+			}
+			_, _ = stdout.Write(buf.Bytes())
 		}
 		if !*watch {
 			return exitOK
@@ -259,6 +269,16 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 // printStats prints a Trial's counters in aligned columns, bpftool-style,
@@ -286,6 +306,9 @@ func printStats(w io.Writer, st agent.Stats) {
 		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", r, p.ByReason[r])
 	}
 	_ = tw.Flush()
+	for _, t := range st.TopRefused {
+		fmt.Fprintf(w, "refused %s: %d\n", t.Target, t.Count)
+	}
 	fmt.Fprintln(w, st.Layers)
 	fmt.Fprintln(w, st.Verdict)
 }

@@ -80,9 +80,15 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	}
 	// run goes through the running agent: the Trial appears there while
 	// CMD runs.
-	code, _, errOut = trialnet("run", "--socket", sock, "--uid", "65534", "--", "sh", "-c", "exit 0")
+	code, _, errOut = trialnet("run", "--socket", sock, "--show-refusals", "--uid", "65534", "--",
+		"sh", "-c", "curl -sS --max-time 5 https://refused.example.test/; exit 0")
 	if code != 0 {
 		t.Fatalf("run through the agent: exit %d, %q", code, errOut)
+	}
+	// The refusal comes over the agent's decision stream, as it happens.
+	if !strings.Contains(errOut, "trialnet: refused CONNECT refused.example.test:443: policy_denied") ||
+		!strings.Contains(errOut, "1 refused (refused.example.test:443 ×1)") {
+		t.Fatalf("run --show-refusals through the agent:\n%s", errOut)
 	}
 	if m, _ := filepath.Glob(filepath.Join(dir, "data", "run-*", "stats.json")); len(m) != 1 {
 		t.Fatalf("run did not go through the agent: final stats %v", m)

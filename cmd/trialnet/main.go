@@ -14,8 +14,10 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
@@ -190,7 +192,7 @@ func cmdUninstall(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [-j] -- CMD [ARGS]",
+	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--show-refusals] [-v] [-j] -- CMD [ARGS]",
 		"sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
 	var af allowFlags
 	af.register(fs, "the config")
@@ -203,6 +205,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	unixAllow, noUnix := unixFlags(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
+	verbose := fs.Bool("v", false, "when CMD ends, print the full counter table instead of the one summary line")
+	showRefusals := fs.Bool("show-refusals", false, "print each refusal by the proxy on stderr as it happens")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -250,6 +254,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
+	start := time.Now()
+	stopRefusals := func() {}
+	if *showRefusals {
+		stopRefusals = showRefusalsOf(b, info.ID, stderr)
+	}
 	ctx := context.Background()
 	if *timeout > 0 {
 		var cancel context.CancelFunc
@@ -261,6 +270,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	st, derr := b.Destroy(info.ID)
+	stopRefusals()
 	var se *sandbox.StartError
 	switch {
 	case errors.As(runErr, &se):
@@ -291,17 +301,69 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 			"layers":                st.Layers,
 			"verdict":               st.Verdict,
 		})
-	} else {
+	} else if *verbose {
 		fmt.Fprintf(stderr, "exit_code %d\n", code)
 		printStats(stderr, st)
+	} else {
+		fmt.Fprintln(stderr, summary(st, code, time.Since(start)))
 	}
 	return code
+}
+
+// summary is the one line run prints when CMD ends: the Trial, CMD's exit
+// code, tunnels allowed and refused with the most refused targets, the
+// verdict and the active layers.
+func summary(st agent.Stats, code int, took time.Duration) string {
+	var top []string
+	for _, t := range st.TopRefused {
+		top = append(top, fmt.Sprintf("%s ×%d", t.Target, t.Count))
+	}
+	refused := fmt.Sprintf("%d refused", st.Proxy.Denied)
+	if len(top) > 0 {
+		refused += " (" + strings.Join(top, ", ") + ")"
+	}
+	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s; %s",
+		st.Trial, code, took.Round(time.Millisecond), st.Proxy.Allowed, refused,
+		strings.TrimPrefix(st.Verdict, "verdict: "), st.Layers)
+}
+
+// showRefusalsOf prints each refusal in Trial id on w as it happens, one
+// line each, until the Trial is destroyed; stop waits (briefly) for the
+// last of them.
+func showRefusalsOf(b runBackend, id string, w io.Writer) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = b.Watch(ctx, id, func(ev proxy.Event) {
+			if ev.Decision != proxy.DecisionAllow {
+				fmt.Fprintln(w, refusalLine(ev))
+			}
+		})
+	}()
+	return func() {
+		select {
+		case <-done: // the Trial is gone and its last decision was shown
+		case <-time.After(2 * time.Second):
+		}
+		cancel()
+		<-done
+	}
+}
+
+func refusalLine(ev proxy.Event) string {
+	line := fmt.Sprintf("trialnet: refused %s %s: %s", ev.Method, ev.Target, ev.Reason)
+	if ev.Detail != "" {
+		line += " (" + ev.Detail + ")"
+	}
+	return line
 }
 
 // runBackend is what run needs from an agent, running or embedded.
 type runBackend interface {
 	Create(agent.CreateRequest) (agent.TrialInfo, error)
 	Destroy(id string) (agent.Stats, error)
+	Watch(ctx context.Context, id string, fn func(proxy.Event)) error
 }
 
 // execIn runs c in the Trial info describes, with its proxy variables.

@@ -88,12 +88,39 @@ func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
 	installedByTest(t)
 	before, _ := netns.List(netns.DefaultDir)
 
-	code, _, errOut := trialnet("run", "--uid", "65534", "--", "sh", "-c", "exit 7")
+	code, _, errOut := trialnet("run", "-v", "--uid", "65534", "--", "sh", "-c", "exit 7")
 	if code != 7 {
 		t.Fatalf("exit code %d, want CMD's 7; stderr:\n%s", code, errOut)
 	}
 	if !strings.Contains(errOut, "connect4_denied") || !strings.Contains(errOut, "0 direct egress packets") {
-		t.Fatalf("counters missing from stderr:\n%s", errOut)
+		t.Fatalf("-v: counters missing from stderr:\n%s", errOut)
+	}
+
+	// Without -v: one summary line; --show-refusals: one line per refusal
+	// as it happens. The refused name is refused before any DNS.
+	code, _, errOut = trialnet("run", "--show-refusals", "--allow", "allowed.example.test:443", "--uid", "65534", "--",
+		"curl", "-sS", "--max-time", "5", "https://refused.example.test/")
+	if code == 0 {
+		t.Fatalf("curl to a refused name: exit 0\n%s", errOut)
+	}
+	var summary, refusals []string
+	for _, l := range strings.Split(strings.TrimSpace(errOut), "\n") {
+		switch {
+		case strings.HasPrefix(l, "trialnet: Trial "):
+			summary = append(summary, l)
+		case strings.HasPrefix(l, "trialnet: refused "):
+			refusals = append(refusals, l)
+		}
+	}
+	if len(summary) != 1 || !strings.Contains(summary[0], "tunnels: 0 allowed, 1 refused (refused.example.test:443 ×1)") ||
+		!strings.Contains(summary[0], "0 direct egress packets") || !strings.Contains(summary[0], "layers: network namespace") {
+		t.Errorf("summary line %q in:\n%s", summary, errOut)
+	}
+	if len(refusals) != 1 || !strings.Contains(refusals[0], "CONNECT refused.example.test:443: policy_denied") {
+		t.Errorf("refusal lines %q in:\n%s", refusals, errOut)
+	}
+	if strings.Contains(errOut, "connect4_denied") {
+		t.Errorf("the counter table without -v:\n%s", errOut)
 	}
 
 	code, _, errOut = trialnet("run", "--uid", "65534", "--", "no-such-command-trialnet")
