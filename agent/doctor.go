@@ -30,6 +30,7 @@ func Doctor() []bpf.Check {
 	checks = append(checks, bpf.Check{Name: "network namespaces", Required: true, Err: statErr("/proc/self/ns/net")})
 	checks = append(checks, bpf.Check{Name: "PID and mount namespaces (a Trial's own /proc)", Required: true, Err: errors.Join(statErr("/proc/self/ns/pid"), statErr("/proc/self/ns/mnt"))})
 	checks = append(checks, bpf.Check{Name: "seccomp filters with errno", Required: true, Err: seccompErr()})
+	checks = append(checks, bpf.Check{Name: "Landlock (a domain per Trial command: no ptrace or pidfd_getfd outside it)", Required: false, Err: landlockErr()})
 	return append(checks, bpf.Probe()...)
 }
 
@@ -75,6 +76,17 @@ func seccompErr() error {
 	}
 	if !strings.Contains(string(b), "errno") {
 		return errors.New("seccomp filters cannot return an errno here")
+	}
+	return nil
+}
+
+func landlockErr() error {
+	abi := sandbox.LandlockABI()
+	if abi < 1 {
+		return sandbox.ErrNoLandlock
+	}
+	if abi < 6 {
+		return fmt.Errorf("ABI %d: no signal scoping (Linux 6.12+); ptrace scoping is there", abi)
 	}
 	return nil
 }

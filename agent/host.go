@@ -94,7 +94,11 @@ type Layers struct {
 	PIDNamespace     bool `json:"pid_namespace"`
 	Seccomp          bool `json:"seccomp"`
 	OwnSession       bool `json:"own_session"`
-	BPFLSM           bool `json:"bpf_lsm"`
+	// LandlockABI is the kernel's Landlock ABI (0: none); each command gets
+	// a domain of its own, which keeps it from ptrace, pidfd_getfd and
+	// /proc/PID/mem of anything outside, and from ABI 6 from signalling it.
+	LandlockABI int  `json:"landlock_abi"`
+	BPFLSM      bool `json:"bpf_lsm"`
 	// BPFLSMMissing says why the BPF LSM layer is not active.
 	BPFLSMMissing string `json:"bpf_lsm_missing,omitempty"`
 }
@@ -102,7 +106,7 @@ type Layers struct {
 // Layers reports this host's active defences.
 func (h *Host) Layers() Layers {
 	l := Layers{NetworkNamespace: true, CgroupEBPF: true, UnixSocketHooks: h.BPF.UnixHooks(),
-		PIDNamespace: true, Seccomp: true, OwnSession: true, BPFLSM: h.BPF.LSM()}
+		PIDNamespace: true, Seccomp: true, OwnSession: true, LandlockABI: sandbox.LandlockABI(), BPFLSM: h.BPF.LSM()}
 	if err := h.BPF.LSMError(); err != nil && !l.BPFLSM {
 		l.BPFLSMMissing = err.Error()
 	}
@@ -112,13 +116,24 @@ func (h *Host) Layers() Layers {
 // String lists the layers, active ones first.
 func (l Layers) String() string {
 	on := []string{"network namespace", "cgroup eBPF", "PID namespace", "seccomp", "own session"}
+	var off []string
 	if l.UnixSocketHooks {
 		on = append(on, "unix socket hooks")
 	}
-	if l.BPFLSM {
-		return "layers: " + strings.Join(append(on, "BPF LSM"), ", ")
+	if l.LandlockABI > 0 {
+		on = append(on, fmt.Sprintf("Landlock (ABI %d)", l.LandlockABI))
+	} else {
+		off = append(off, "Landlock (the kernel offers none)")
 	}
-	return "layers: " + strings.Join(on, ", ") + "; inactive: BPF LSM (" + l.BPFLSMMissing + ")"
+	if l.BPFLSM {
+		on = append(on, "BPF LSM")
+	} else {
+		off = append(off, "BPF LSM ("+l.BPFLSMMissing+")")
+	}
+	if len(off) == 0 {
+		return "layers: " + strings.Join(on, ", ")
+	}
+	return "layers: " + strings.Join(on, ", ") + "; inactive: " + strings.Join(off, "; ")
 }
 
 // Verdict is the one line that says whether anything left a Trial: the
@@ -130,7 +145,7 @@ func Verdict(c bpf.Counters, l Layers) string {
 		return fmt.Sprintf("verdict: ALARM: %d direct egress packets (%d bytes) left a Trial socket and were dropped by the last wall; %d foreign-socket uses refused", c.EgressOtherPackets, c.EgressOtherBytes, c.ForeignSocketDenied)
 	}
 	if !l.BPFLSM {
-		return "verdict: 0 direct egress packets (ok); foreign-socket uses not observed: the BPF LSM layer is not active on this host (a Trial cannot reach another process's sockets through its PID namespace, but no kernel counter watches)"
+		return "verdict: 0 direct egress packets (ok); foreign-socket uses not observed: the BPF LSM layer is not active on this host (the PID namespace, Landlock and socket-free stdio keep other processes' sockets out of reach, but no kernel counter watches)"
 	}
 	if c.ForeignSocketDenied > 0 {
 		return fmt.Sprintf("verdict: 0 direct egress packets; ALERT: %d foreign-socket uses refused (a Trial process tried a socket made outside it; nothing left through it)", c.ForeignSocketDenied)

@@ -377,3 +377,42 @@ func TestPrivilegedUnixAllowPathsOnlyRootCanChange(t *testing.T) {
 		}
 	}
 }
+
+// A socket given as stdio never reaches the Trial: the command gets pipes
+// and trialnet copies, both ways. (Its peer could be a process outside the
+// Trial: SO_PEERPIDFD would give a pidfd of it.)
+func TestPrivilegedSocketStdioIsCopiedNotHandedIn(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs := os.NewFile(uintptr(pair[0]), "ours"), os.NewFile(uintptr(pair[1]), "theirs")
+	defer ours.Close()
+	defer theirs.Close()
+	if _, err := ours.Write([]byte("from-outside\n")); err != nil {
+		t.Fatal(err)
+	}
+	code, err := tr.Exec(context.Background(), Command{Args: []string{"sh", "-c", "read line; echo got:$line; ls -l /proc/self/fd/0 /proc/self/fd/1"},
+		Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdin: theirs, Stdout: theirs}, nil)
+	if err != nil || code != 0 {
+		t.Fatalf("exit %d, %v", code, err)
+	}
+	_ = ours.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var out bytes.Buffer
+	buf := make([]byte, 4096)
+	for !strings.Contains(out.String(), "/proc/self/fd/1") {
+		n, err := ours.Read(buf)
+		if err != nil {
+			break
+		}
+		out.Write(buf[:n])
+	}
+	if !strings.Contains(out.String(), "got:from-outside") {
+		t.Errorf("the socket's data did not flow through the Trial: %q", out.String())
+	}
+	if strings.Contains(out.String(), "socket:[") || !strings.Contains(out.String(), "pipe:[") {
+		t.Errorf("the command holds a socket as stdio, want pipes: %q", out.String())
+	}
+}

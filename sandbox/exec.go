@@ -15,9 +15,11 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/trialnet/trialnet/netns"
 	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 )
 
 // execArg0 marks a re-executed trialnet binary that must become a Trial
@@ -92,10 +94,62 @@ type StartError struct {
 
 func (e *StartError) Error() string { return e.Msg }
 
+// hideSockets keeps every stdio descriptor that is not a pipe, FIFO,
+// regular file or character device (a terminal among them, which becomes a
+// pty) out of the Trial: such stdio is copied through a pipe instead. A
+// socket handed in is the risk: a unix socket's peer may be a process
+// outside the Trial (SO_PEERPIDFD gives a pidfd of it, and pidfd_getfd its
+// sockets), unix sockets carry descriptors, and a socket of the host's
+// namespace is a way out that no hook of the Trial judges. It returns the
+// relay that feeds a hidden stdin, if any.
+func hideSockets(cmd *exec.Cmd) (*stdinRelay, error) {
+	var relay *stdinRelay
+	if f, ok := cmd.Stdin.(*os.File); ok && f != nil && !shareable(f) {
+		var err error
+		if relay, err = newStdinRelay(f); err != nil {
+			return nil, err
+		}
+		cmd.Stdin = relay.r
+	}
+	hidden := false
+	if f, ok := cmd.Stdout.(*os.File); ok && f != nil && !shareable(f) {
+		cmd.Stdout, hidden = struct{ io.Writer }{f}, true
+	}
+	if f, ok := cmd.Stderr.(*os.File); ok && f != nil && !shareable(f) {
+		cmd.Stderr, hidden = struct{ io.Writer }{f}, true
+	}
+	if hidden {
+		// What the command left behind may hold the pipes open: its
+		// output after it exits is not waited for.
+		cmd.WaitDelay = time.Second
+	}
+	return relay, nil
+}
+
+func shareable(f *os.File) bool {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return false
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFIFO, unix.S_IFREG:
+		return true
+	case unix.S_IFCHR:
+		if term.IsTerminal(int(f.Fd())) {
+			return true // replaced by the Trial's own pty
+		}
+		// /dev/null, zero, full, random, urandom; no other device.
+		minor := unix.Minor(st.Rdev)
+		return unix.Major(st.Rdev) == 1 && (minor == 3 || minor == 5 || minor == 7 || minor == 8 || minor == 9)
+	}
+	return false
+}
+
 // Process is a command running in a Trial.
 type Process struct {
-	cmd *exec.Cmd
-	tty *terminal // nil unless the caller's stdio is a terminal
+	cmd   *exec.Cmd
+	tty   *terminal   // nil unless the caller's stdio is a terminal
+	stdin *stdinRelay // nil unless the caller's stdin was a socket
 }
 
 // Pid is the process id of the command, as the caller's namespace sees it.
@@ -121,6 +175,10 @@ func (p *Process) Signal(sig os.Signal) error {
 func (p *Process) Wait() (int, error) {
 	err := p.cmd.Wait()
 	p.tty.close()
+	p.stdin.stop()
+	if errors.Is(err, exec.ErrWaitDelay) {
+		err = nil // the command exited; copying what it left behind stopped
+	}
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
 		return -1, err
@@ -175,22 +233,31 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 			CgroupFD:    int(cg.Fd()),
 		},
 	}
+	relay, err := hideSockets(cmd)
+	if err != nil {
+		_ = errW.Close()
+		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+	}
 	tty, err := newTerminal(cmd, init, c.UID, c.GID)
 	if err != nil {
 		_ = errW.Close()
+		relay.started()
+		relay.stop()
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
 	}
 	err = netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
 	_ = errW.Close()
 	tty.started()
+	relay.started()
 	if err != nil {
 		tty.close()
+		relay.stop()
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
 	}
 	// The pipe closes on exec (close-on-exec) with nothing written, or
 	// carries why trialnet-exec gave up.
 	msg, _ := io.ReadAll(errR)
-	p := &Process{cmd: cmd, tty: tty}
+	p := &Process{cmd: cmd, tty: tty, stdin: relay}
 	if len(msg) > 0 {
 		code, _ := p.Wait()
 		if code != ExitCannotExecute {
@@ -295,6 +362,11 @@ func trialExec(args []string) (int, error) {
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", argv[0], uid, err)
+	}
+	// Where the kernel has no Landlock, the PID namespace still hides
+	// every pid outside; the layers report it.
+	if err := enterLandlock(); err != nil && !errors.Is(err, ErrNoLandlock) {
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
 	// Last before exec: from here on the Go runtime must not need a
 	// refused call, and the filter is inherited by everything CMD starts.

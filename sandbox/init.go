@@ -38,17 +38,61 @@ func (p initProc) alive() bool {
 }
 
 // init returns the Trial's PID 1, starting it first if the Trial has none
-// yet (its first launch, or after Run killed everything). A flock on the
-// cgroup directory keeps two launchers from starting two.
+// yet (its first launch, or after everything in it was killed). A lock
+// keeps two launchers from starting two: a file only root can open (the
+// Trial sees the host's files, and could hold a lock on anything it can
+// open, such as its cgroup directory, to stall every launch).
 func (t *Trial) init(cg *os.File) (initProc, error) {
-	if err := unix.Flock(int(cg.Fd()), unix.LOCK_EX); err != nil {
-		return initProc{}, fmt.Errorf("lock Trial cgroup: %w", err)
+	lock, err := lockInit(cg)
+	if err != nil {
+		return initProc{}, err
 	}
-	defer unix.Flock(int(cg.Fd()), unix.LOCK_UN)
+	defer lock.Close() // releases the lock
 	if p, err := findInit(t.Cgroup); err != nil || p.pidfd >= 0 {
 		return p, err
 	}
 	return t.startInit(cg)
+}
+
+// InitLockDir holds the launch locks, one per Trial cgroup (by its id, unique
+// for the machine's uptime, as the directory is).
+const InitLockDir = "/run/trialnet/locks"
+
+func initLockPath(cgroupID uint64) string {
+	return filepath.Join(InitLockDir, "init-"+strconv.FormatUint(cgroupID, 10))
+}
+
+// lockInit locks the launch lock of the cgroup cg is open on.
+func lockInit(cg *os.File) (*os.File, error) {
+	var cst unix.Stat_t
+	if err := unix.Fstat(int(cg.Fd()), &cst); err != nil {
+		return nil, fmt.Errorf("launch lock: %w", err)
+	}
+	dir := InitLockDir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("launch lock directory: %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil || st.Uid != 0 || st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Mode&0o077 != 0 {
+		return nil, fmt.Errorf("launch lock directory %s must be root's and private (mode 0700): %v", dir, err)
+	}
+	f, err := os.OpenFile(initLockPath(cst.Ino), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("launch lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("launch lock: %w", err)
+	}
+	return f, nil
+}
+
+// RemoveLaunchLock removes the launch lock of the cgroup at dir (id: its
+// inode), for whoever removes a cgroup that commands were launched into.
+func RemoveLaunchLock(cgroupID uint64) {
+	if cgroupID != 0 {
+		_ = os.Remove(initLockPath(cgroupID))
+	}
 }
 
 // findInit looks in the cgroup for the process that is PID 1 of a PID
@@ -194,10 +238,10 @@ func runInit() {
 // setupInit gives the Trial its own view of processes and terminals, and
 // then drops every capability: PID 1 needs none to reap.
 func setupInit() error {
-	// Mount events from the host still arrive (a destroyed Trial's netns
-	// unmount among them); nothing made here leaks out.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-		return fmt.Errorf("make mounts slave: %w", err)
+	// Private: nothing made here leaks out, and nothing mounted on the
+	// host later (another Trial's netns among it) leaks in.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
 	}
 	if err := dropNsMounts(); err != nil {
 		return err

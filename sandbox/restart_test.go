@@ -73,6 +73,7 @@ func TestPrivilegedLoaderKilledEnforcementStays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { RemoveLaunchLock(cgid) })
 
 	exe, _ := os.Executable()
 	helper := exec.Command(exe)

@@ -265,6 +265,7 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 	if err := netns.Delete(t.host.netnsDir(), t.ID); err != nil {
 		errs = append(errs, err)
 	}
+	RemoveLaunchLock(t.CgroupID)
 	t.removeRecord()
 	if err := errors.Join(errs...); err != nil {
 		return final, fmt.Errorf("close Trial %s: %w", t.ID, err)

@@ -680,7 +680,11 @@ func unhookedTrial(t testing.TB, h *Host, ns *netns.Namespace) *Trial {
 	if err := os.Mkdir(unhooked, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = killCgroup(unhooked, killWait); _ = removeCgroup(unhooked) })
+	id, err := bpf.CgroupID(unhooked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killCgroup(unhooked, killWait); _ = removeCgroup(unhooked); RemoveLaunchLock(id) })
 	return &Trial{ID: "control", Cgroup: unhooked, Netns: ns, host: h}
 }
 

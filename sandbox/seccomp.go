@@ -84,6 +84,9 @@ func seccompProgram() ([]bpf.RawInstruction, error) {
 	// clone3 passes its flags in memory, out of the filter's sight; libc
 	// falls back to clone on ENOSYS, where they are visible.
 	a.jumpIf(bpf.JumpEqual, unix.SYS_CLONE3, "enosys")
+	// No joining a namespace either: a namespace file that reached the
+	// Trial (passed, or bind-mounted on the host) must lead nowhere.
+	a.jumpIf(bpf.JumpEqual, unix.SYS_SETNS, "eperm")
 	a.ret(retAllow)
 
 	// No user namespace: inside one a Trial would hold CAP_SYS_ADMIN over

@@ -32,10 +32,10 @@ type terminal struct {
 	slave  *os.File
 	saved  *term.State // the caller's mode while raw; nil when not raw
 
-	wakeR, wakeW *os.File // stop the input relay
-	winch        chan os.Signal
-	wg           sync.WaitGroup
-	closeOnce    sync.Once
+	input     *stoppable // the caller's keystrokes, while relayed
+	winch     chan os.Signal
+	wg        sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // newTerminal gives cmd a pseudo-terminal in place of each of its stdio
@@ -169,30 +169,22 @@ func (t *terminal) relay(p *Process) {
 		return
 	}
 	var err error
-	if t.wakeR, t.wakeW, err = os.Pipe(); err == nil {
+	if t.input, err = newStoppable(t.in); err == nil {
 		t.wg.Go(func() { t.copyInput(p.Pid()) })
 	}
-	go t.followStops(p.Pid())
+	if pidfd, err := unix.PidfdOpen(p.Pid(), 0); err == nil {
+		go t.followStops(p.Pid(), pidfd)
+	}
 }
 
 // copyInput relays the caller's keystrokes to the command whose process
-// group is pid. It polls, so that close can end it without waiting for
-// another key.
+// group is pid, until close stops it.
 func (t *terminal) copyInput(pid int) {
+	defer t.input.close()
 	buf := make([]byte, 4096)
-	fds := []unix.PollFd{{Fd: int32(t.in.Fd()), Events: unix.POLLIN}, {Fd: int32(t.wakeR.Fd()), Events: unix.POLLIN}}
 	for {
-		if _, err := unix.Poll(fds, -1); err != nil {
-			if err == unix.EINTR {
-				continue
-			}
-			return
-		}
-		if fds[1].Revents != 0 {
-			return
-		}
-		n, err := unix.Read(int(t.in.Fd()), buf)
-		if n <= 0 || err != nil {
+		n, err := t.input.Read(buf)
+		if err != nil {
 			return
 		}
 		in := buf[:n]
@@ -233,18 +225,27 @@ func (t *terminal) suspendAt(in []byte, pid int) int {
 // followStops stops this process when the command is stopped (^Z), with
 // the caller's terminal mode restored, and continues the command when
 // this process is continued (fg). It ends once the command is reaped.
-func (t *terminal) followStops(pid int) {
+func (t *terminal) followStops(pid, pidfd int) {
+	defer unix.Close(pidfd)
 	for {
 		var info unix.Siginfo
-		err := unix.Waitid(unix.P_PID, pid, &info, unix.WSTOPPED, nil)
+		err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WSTOPPED, nil)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
+			// ECHILD also comes, briefly, while the command moves from
+			// the discarded thread that forked it to another parent
+			// thread: it is over only once the process is gone.
+			if unix.PidfdSendSignal(pidfd, 0, nil, 0) == nil {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
 			return
 		}
 		if t.saved != nil {
 			_ = term.Restore(int(t.in.Fd()), t.saved)
+			_ = unix.IoctlSetInt(int(t.in.Fd()), unix.TCFLSH, unix.TCIFLUSH)
 		}
 		_ = unix.Kill(unix.Getpid(), unix.SIGSTOP)
 		// Continued: raw again, the size may have changed meanwhile.
@@ -268,18 +269,18 @@ func (t *terminal) close() {
 			signal.Stop(t.winch)
 			close(t.winch)
 		}
-		if t.wakeW != nil {
-			_ = t.wakeW.Close()
+		if t.input != nil {
+			t.input.stop()
 		}
 		if t.master != nil {
 			_ = t.master.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 		}
 		t.wg.Wait()
-		if t.wakeR != nil {
-			_ = t.wakeR.Close()
-		}
 		if t.saved != nil {
 			_ = term.Restore(int(t.in.Fd()), t.saved)
+			// Input not yet relayed is the Trial's, or a terminal's answer
+			// to a query the Trial wrote: never the caller's shell's.
+			_ = unix.IoctlSetInt(int(t.in.Fd()), unix.TCFLSH, unix.TCIFLUSH)
 		}
 		if t.slave != nil {
 			_ = t.slave.Close()

@@ -72,8 +72,12 @@ func PlainCgroup(t testing.TB, name string) string {
 	return dir
 }
 
-// KillAndRemove kills everything in a cgroup and removes it.
+// KillAndRemove kills everything in a cgroup and removes it, with the
+// launch lock of any command started in it.
 func KillAndRemove(dir string) error {
+	if id, err := bpf.CgroupID(dir); err == nil {
+		defer sandbox.RemoveLaunchLock(id)
+	}
 	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
 	for range 100 {
 		if err := unix.Rmdir(dir); err == nil || os.IsNotExist(err) {

@@ -35,18 +35,23 @@ import (
 // the bind mount. Socket families are confirmed by socket() itself: a
 // vsock or other socket is the way out, there is nothing to send to.
 var boundaryAttempts = []string{"steal-socket-pidfd", "victim-ptrace-poke", "victim-proc-mem", "tiocsti",
-	"socket-vsock", "userns-bind-mount-unix"}
+	"steal-via-stdio-peer", "steal-via-allowed-unix-peer", "socket-vsock", "userns-bind-mount-unix"}
+
+// victimSockets matches escapee's: one TCP socket, and one host listener,
+// per attempt that takes one.
+const victimSockets = 5
 
 // boundaryWorld is what the attempts aim at, all outside any Trial.
 type boundaryWorld struct {
-	targets     []string       // three listeners on the host's 127.0.0.1
+	targets     []string       // listeners on the host's 127.0.0.1, one per victim socket
 	arrived     []atomic.Int64 // connections each listener saw
 	victim      *exec.Cmd
 	pid         int
 	fds         string
 	boxes       string
-	allowed     string // a unix socket the Trial may use
-	forbidden   string // and one it may not
+	allowed     string   // a unix socket the Trial may use, served by the victim
+	forbidden   string   // and one it may not
+	peer        *os.File // a connection to the victim's socket: the Trial's stdin
 	reachedUnix atomic.Int64
 	operator    *os.File // the operator's terminal (pty master)
 	opSlave     *os.File
@@ -54,8 +59,8 @@ type boundaryWorld struct {
 
 func newBoundaryWorld(t *testing.T) *boundaryWorld {
 	t.Helper()
-	w := &boundaryWorld{arrived: make([]atomic.Int64, 3)}
-	for i := range 3 {
+	w := &boundaryWorld{arrived: make([]atomic.Int64, victimSockets)}
+	for i := range victimSockets {
 		ln, err := net.Listen("tcp4", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -75,18 +80,14 @@ func newBoundaryWorld(t *testing.T) *boundaryWorld {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	w.allowed, w.forbidden = filepath.Join(dir, "allowed.sock"), filepath.Join(dir, "forbidden.sock")
-	for _, p := range []string{w.allowed, w.forbidden} {
-		ln, err := net.Listen("unix", p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = os.Chmod(p, 0o777)
-		t.Cleanup(func() { _ = ln.Close() })
-		if p == w.forbidden {
-			go countAccepts(ln, &w.reachedUnix)
-		}
+	ln, err := net.Listen("unix", w.forbidden)
+	if err != nil {
+		t.Fatal(err)
 	}
-	w.startVictim(t)
+	_ = os.Chmod(w.forbidden, 0o777)
+	t.Cleanup(func() { _ = ln.Close() })
+	go countAccepts(ln, &w.reachedUnix)
+	w.startVictim(t, dir)
 	w.operator, w.opSlave = openPTY(t)
 	return w
 }
@@ -103,10 +104,23 @@ func countAccepts(ln net.Listener, n *atomic.Int64) {
 }
 
 // startVictim runs escapee -mode victim as uid 65534 in the host's
-// namespaces and a cgroup outside trialnet: the operator's own process.
-func (w *boundaryWorld) startVictim(t *testing.T) {
+// namespaces and a cgroup outside trialnet: the operator's own process, and
+// the server of the Trial's allowed unix socket. It binds that socket in a
+// directory of its own; the socket is then moved into dir and given to
+// root, so that the path is one only root can change, as the rule without
+// the BPF LSM layer wants: the server's uid is what matters here.
+func (w *boundaryWorld) startVictim(t *testing.T, dir string) {
 	t.Helper()
-	cmd := exec.Command(escapee(t), "-mode", "victim", "-targets", strings.Join(w.targets, ","))
+	own, err := os.MkdirTemp("", "trialnet-victim-")
+	if err == nil {
+		err = os.Chown(own, 65534, 65534)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(own) })
+	bound := filepath.Join(own, "victim.sock")
+	cmd := exec.Command(escapee(t), "-mode", "victim", "-targets", strings.Join(w.targets, ","), "-listen-unix", bound)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -126,6 +140,22 @@ func (w *boundaryWorld) startVictim(t *testing.T) {
 	}
 	w.victim, w.fds, w.boxes = cmd, f[1], f[2]
 	w.pid, _ = strconv.Atoi(f[0])
+	if err := os.Rename(bound, w.allowed); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(w.allowed, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(w.allowed, 0o777)
+	c, err := net.Dial("unix", w.allowed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	if w.peer, err = c.(*net.UnixConn).File(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.peer.Close() })
 }
 
 func openPTY(t *testing.T) (master, slave *os.File) {
@@ -171,12 +201,14 @@ func (w *boundaryWorld) operatorTyped() string {
 func (w *boundaryWorld) receivers(res map[string]Result) map[string]bool {
 	time.Sleep(300 * time.Millisecond) // the victim polls its mailboxes every 5 ms
 	return map[string]bool{
-		"steal-socket-pidfd":     w.arrived[0].Load() > 0,
-		"victim-ptrace-poke":     w.arrived[1].Load() > 0,
-		"victim-proc-mem":        w.arrived[2].Load() > 0,
-		"tiocsti":                strings.Contains(w.operatorTyped(), "trialnet-pwned"),
-		"socket-vsock":           res["socket-vsock"].Result == "escaped",
-		"userns-bind-mount-unix": w.reachedUnix.Load() > 0,
+		"steal-socket-pidfd":          w.arrived[0].Load() > 0,
+		"victim-ptrace-poke":          w.arrived[1].Load() > 0,
+		"victim-proc-mem":             w.arrived[2].Load() > 0,
+		"steal-via-stdio-peer":        w.arrived[3].Load() > 0,
+		"steal-via-allowed-unix-peer": w.arrived[4].Load() > 0,
+		"tiocsti":                     strings.Contains(w.operatorTyped(), "trialnet-pwned"),
+		"socket-vsock":                res["socket-vsock"].Result == "escaped",
+		"userns-bind-mount-unix":      w.reachedUnix.Load() > 0,
 	}
 }
 
@@ -241,7 +273,7 @@ func runInTrial(t *testing.T, w *boundaryWorld, tr *sandbox.Trial) map[string]Re
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	code, err := tr.Exec(ctx, sandbox.Command{Args: w.args(t), Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534,
-		Stdout: &out, Stderr: w.opSlave}, nil)
+		Stdin: w.peer, Stdout: &out, Stderr: w.opSlave}, nil)
 	if err != nil || code != 0 {
 		t.Fatalf("escapee: exit %d, %v", code, err)
 	}
@@ -262,7 +294,7 @@ func runPlain(t *testing.T, w *boundaryWorld, cgroup, netnsPath string) map[stri
 	var out bytes.Buffer
 	cmd := exec.Command(w.args(t)[0], w.args(t)[1:]...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
-	cmd.Stdout, cmd.Stderr = &out, w.opSlave
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = w.peer, &out, w.opSlave
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534},
 		Setsid: true, Setctty: true, Ctty: 2, UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	if err := netns.Do(netnsPath, cmd.Run); err != nil {

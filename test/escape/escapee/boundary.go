@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -23,6 +25,7 @@ var (
 	victimPid     = flag.Int("victim-pid", 0, "boundary: the process outside the Trial that holds sockets")
 	victimFds     = flag.String("victim-fds", "", "boundary: its unconnected TCP sockets, comma-separated")
 	victimBoxes   = flag.String("victim-boxes", "", "boundary: its mailbox addresses (hex), comma-separated")
+	listenUnix    = flag.String("listen-unix", "", "victim: a unix socket path to serve (the allowed socket of a Trial)")
 	targets       = flag.String("targets", "", "victim and boundary: host listeners, comma-separated, one per socket")
 	allowedUnix   = flag.String("allowed-unix", "", "boundary: the unix socket path the Trial may use")
 	forbiddenUnix = flag.String("forbidden-unix", "", "boundary: a unix socket it may not")
@@ -36,14 +39,27 @@ const injected = "echo trialnet-pwned\n"
 func boundary() {
 	enc := json.NewEncoder(os.Stdout)
 	fds, boxes, tg := splitInts(*victimFds, 10), splitInts(*victimBoxes, 16), strings.Split(*targets, ",")
-	if len(fds) < 3 || len(boxes) < 3 || len(tg) < 3 {
-		fmt.Fprintln(os.Stderr, "boundary needs -victim-pid, three -victim-fds, -victim-boxes and -targets")
+	if len(fds) < victimSockets || len(boxes) < 3 || len(tg) < victimSockets {
+		fmt.Fprintf(os.Stderr, "boundary needs -victim-pid, %d -victim-fds and -targets, 3 -victim-boxes\n", victimSockets)
 		os.Exit(2)
 	}
 	report(enc, "steal-socket-pidfd", func() error { return stealAndConnect(*victimPid, int(fds[0]), tg[0]) }())
 	report(enc, "victim-ptrace-poke", ptracePoke(*victimPid, uintptr(boxes[1])))
 	report(enc, "victim-proc-mem", procMemWrite(*victimPid, boxes[2]))
 	report(enc, "tiocsti", tiocsti())
+	// A pidfd needs no pid: the peer of a unix socket gives one.
+	report(enc, "steal-via-stdio-peer", stealFromPeer(0, int(fds[3]), tg[3]))
+	report(enc, "steal-via-allowed-unix-peer", func() error {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: *allowedUnix}); err != nil {
+			return fmt.Errorf("connect the allowed socket: %w", err)
+		}
+		return stealFromPeer(fd, int(fds[4]), tg[4])
+	}())
 	for _, f := range []struct {
 		name   string
 		family int
@@ -92,6 +108,33 @@ func stealAndConnect(pid, fd int, target string) error {
 	s, err := unix.PidfdGetfd(pidfd, fd, 0)
 	if err != nil {
 		return fmt.Errorf("pidfd_getfd: %w", err)
+	}
+	defer unix.Close(s)
+	sa, err := sockaddrOf(target)
+	if err != nil {
+		return err
+	}
+	if err := unix.Connect(s, sa); err != nil {
+		return fmt.Errorf("connect the stolen socket: %w", err)
+	}
+	_, err = unix.Write(s, []byte("stolen"))
+	return err
+}
+
+// soPeerPidfd is SO_PEERPIDFD (Linux 6.5): a pidfd of a unix socket's peer.
+const soPeerPidfd = 77
+
+// stealFromPeer gets a pidfd of the process at the other end of the unix
+// socket sock, takes its descriptor fd with pidfd_getfd and connects it.
+func stealFromPeer(sock, fd int, target string) error {
+	pidfd, err := unix.GetsockoptInt(sock, unix.SOL_SOCKET, soPeerPidfd)
+	if err != nil {
+		return fmt.Errorf("SO_PEERPIDFD on fd %d: %w", sock, err)
+	}
+	defer unix.Close(pidfd)
+	s, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd_getfd of the peer: %w", err)
 	}
 	defer unix.Close(s)
 	sa, err := sockaddrOf(target)
@@ -226,14 +269,36 @@ func bindConnect() int {
 // object never moves, so their addresses hold.
 var mailboxes [3]uint64
 
-// victim is a process outside the Trial of the same uid, holding three
-// unconnected TCP sockets. It prints its pid, the sockets' descriptors
-// and its mailboxes' addresses, then connects socket i to target i as
-// soon as mailbox i is written. It ends after a minute.
+// victimSockets is how many unconnected TCP sockets the victim holds, one
+// per attempt that takes one: pidfd, ptrace, /proc/PID/mem, and the peer
+// of the Trial's stdio and of its allowed unix socket.
+const victimSockets = 5
+
+// victim is a process outside the Trial of the same uid, holding
+// unconnected TCP sockets and, with -listen-unix, serving a unix socket
+// (keeping every connection open). It prints its pid, the sockets'
+// descriptors and its mailboxes' addresses, then connects socket i to
+// target i as soon as mailbox i is written. It ends after a minute.
 func victim() {
 	tg := strings.Split(*targets, ",")
+	if *listenUnix != "" {
+		ln, err := net.Listen("unix", *listenUnix)
+		if err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() { _, _ = io.Copy(io.Discard, c) }() // held open until the peer closes
+			}
+		}()
+	}
 	var fds []string
-	for range 3 {
+	for range victimSockets {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
 		if err != nil {
 			fmt.Println(err)
