@@ -75,7 +75,7 @@ func TestEventJSONSchema(t *testing.T) {
 		e.Duration != 120*time.Microsecond || e.Dialed.IsValid() || e.Resolved != nil || e.Profile != "" {
 		t.Fatalf("schema 0 record read as %+v", e)
 	}
-	for _, schema := range []string{"2", "-1"} {
+	for _, schema := range []string{"3", "-1"} {
 		newer := strings.Replace(old, `{`, `{"schema":`+schema+`,`, 1)
 		e := Event{ID: "untouched"}
 		err := json.Unmarshal([]byte(newer), &e)
