@@ -116,15 +116,15 @@ type eventJSON struct {
 	PolicyChange *PolicyChange `json:"policy_change"`
 }
 
-// PolicyChange is a change of a live Trial's allowlist: who made it and
-// the entries it added and removed, as host:port, and how many open
-// tunnels allowed by a removed entry it cut.
+// PolicyChange is a change of a live Trial's allowlist: who made it, the
+// entries it added and removed, as host:port, and whether open tunnels of
+// removed entries were cut (each such tunnel's own record says so). It is
+// logged before it applies, so every decision under it follows it.
 type PolicyChange struct {
-	UID        int64    `json:"uid"` // the control API caller's uid (SO_PEERCRED); -1 if unknown
-	Added      []string `json:"added"`
-	Removed    []string `json:"removed"`
-	Cut        bool     `json:"cut"`         // whether open tunnels to removed entries were to be cut
-	TunnelsCut int      `json:"tunnels_cut"` // how many were
+	UID     int64    `json:"uid"` // the control API caller's uid (SO_PEERCRED); -1 if unknown
+	Added   []string `json:"added"`
+	Removed []string `json:"removed"`
+	Cut     bool     `json:"cut"` // open tunnels allowed by a removed entry are ended
 }
 
 // SchemaError is a record written by a newer trialnet than this one: its
