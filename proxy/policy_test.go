@@ -203,8 +203,9 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 	if _, err := tp.SetAllow("t1", without, []Entry{a}); err != nil {
 		t.Fatal(err)
 	}
+	deadline := time.Now().Add(3 * time.Second) // one wait for all of them
 	for i, c := range open {
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_ = c.SetDeadline(deadline)
 		if _, err := c.Read(make([]byte, 1)); err == nil {
 			t.Fatalf("tunnel %d of %d is open after its entry was removed with cut", i, len(open))
 		}
