@@ -186,10 +186,17 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 			}
 		}()
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := range rounds * 2 {
+	clientsDone := make(chan struct{})
+	toggled := make(chan int)
+	go func() { // toggles for as long as the clients run, at most 100000 times
+		i := 0
+		defer func() { toggled <- i }()
+		for ; i < 100000; i++ {
+			select {
+			case <-clientsDone:
+				return
+			default:
+			}
 			l := with
 			if i%2 == 0 {
 				l = without
@@ -197,9 +204,12 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 			if _, err := tp.SetAllow("t1", l, []Entry{a}); err != nil {
 				t.Error(err)
 			}
+			time.Sleep(50 * time.Microsecond)
 		}
 	}()
 	wg.Wait()
+	close(clientsDone)
+	t.Logf("%d allowlist changes", <-toggled)
 	if _, err := tp.SetAllow("t1", without, []Entry{a}); err != nil {
 		t.Fatal(err)
 	}
