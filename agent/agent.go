@@ -68,9 +68,12 @@ type liveTrial struct {
 	info  TrialInfo
 	tr    *sandbox.Trial
 	state trialState // guarded by Agent.mu
-	mu    sync.Mutex // guards the fields below
-	audit *os.File   // decisions.jsonl; nil without a DataDir
-	final proxy.TrialStats
+	// policy orders changes of the allowlist (ChangeAllow): each reads
+	// the list the one before it left.
+	policy sync.Mutex
+	mu     sync.Mutex // guards the fields below
+	audit  *os.File   // decisions.jsonl; nil without a DataDir
+	final  proxy.TrialStats
 	// refused counts refusals by target, at most maxRefusedTargets of
 	// them; the rest under otherTargets.
 	refused  map[string]uint64
@@ -104,12 +107,16 @@ const (
 
 // TrialInfo describes a live Trial.
 type TrialInfo struct {
-	ID       string        `json:"id"`
-	Netns    string        `json:"netns"`
-	Cgroup   string        `json:"cgroup"`
-	CgroupID uint64        `json:"cgroup_id"`
-	ProxyURL string        `json:"proxy_url"`
-	Strict   bool          `json:"strict"`
+	ID       string `json:"id"`
+	Netns    string `json:"netns"`
+	Cgroup   string `json:"cgroup"`
+	CgroupID uint64 `json:"cgroup_id"`
+	ProxyURL string `json:"proxy_url"`
+	Strict   bool   `json:"strict"`
+	// Learning: names off Allow are let through and recorded as
+	// would_deny. Always written, so no reader takes a learning Trial for
+	// an enforcing one.
+	Learning bool          `json:"learning"`
 	Allow    []AllowEntry  `json:"allow"`
 	Profiles []string      `json:"profiles,omitempty"`
 	Limits   *proxy.Limits `json:"limits,omitempty"`
@@ -125,14 +132,16 @@ type AllowEntry struct {
 
 // CreateRequest asks for a Trial.
 type CreateRequest struct {
-	ID         string        `json:"id,omitempty"`
-	Allow      []string      `json:"allow,omitempty"`
-	Profiles   []string      `json:"profiles,omitempty"`
-	RequireTLS bool          `json:"require_tls,omitempty"`
-	Strict     bool          `json:"strict,omitempty"`
-	Limits     *proxy.Limits `json:"limits,omitempty"`
-	UnixAllow  []string      `json:"unix_allow,omitempty"` // pathname unix sockets the Trial may use
-	UnixOpen   bool          `json:"unix_open,omitempty"`  // no unix socket confinement (kernels before 6.7)
+	ID         string   `json:"id,omitempty"`
+	Allow      []string `json:"allow,omitempty"`
+	Profiles   []string `json:"profiles,omitempty"`
+	RequireTLS bool     `json:"require_tls,omitempty"`
+	Strict     bool     `json:"strict,omitempty"`
+	// Learn makes a learning Trial (as does a profile with learn: true).
+	Learn     bool          `json:"learn,omitempty"`
+	Limits    *proxy.Limits `json:"limits,omitempty"`
+	UnixAllow []string      `json:"unix_allow,omitempty"` // pathname unix sockets the Trial may use
+	UnixOpen  bool          `json:"unix_open,omitempty"`  // no unix socket confinement (kernels before 6.7)
 }
 
 // Error is an error with a stable code, as the control API returns it.
@@ -243,10 +252,8 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	if err != nil {
 		return TrialInfo{}, err
 	}
-	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC()}
-	for _, e := range allow.Entries() {
-		info.Allow = append(info.Allow, AllowEntry{e.String(), e.RequireTLS, e.Profile})
-	}
+	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
+		Learning: req.Learn || a.cfg.File.Learn(req.Profiles), Allow: allowEntries(allow)}
 	lt := &liveTrial{info: info}
 	if err := a.register(req.ID, lt); err != nil {
 		return TrialInfo{}, err
@@ -275,8 +282,17 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	}
 	lt.setTrial(tr)
 	a.setState(lt, stateLive)
-	a.log.Info("trial created", "trial", req.ID, "allow", len(info.Allow), "strict", req.Strict)
-	return lt.info, nil
+	a.log.Info("trial created", "trial", req.ID, "allow", len(info.Allow), "strict", req.Strict, "learning", info.Learning)
+	return a.info(lt), nil
+}
+
+// allowEntries is an allowlist as a Trial's description keeps it.
+func allowEntries(l *proxy.Allowlist) []AllowEntry {
+	var out []AllowEntry
+	for _, e := range l.Entries() {
+		out = append(out, AllowEntry{e.String(), e.RequireTLS, e.Profile})
+	}
+	return out
 }
 
 func (a *Agent) allowlist(req CreateRequest) (*proxy.Allowlist, error) {
@@ -354,7 +370,7 @@ func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Lim
 			}
 		}()
 	}
-	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Limits: limits, Stats: stats})
+	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Learn: lt.info.Learning, Limits: limits, Stats: stats})
 }
 
 // openLog opens a decision log for appending. A log whose last record an
@@ -427,6 +443,11 @@ func (lt *liveTrial) closeAudit() {
 }
 
 func (a *Agent) onEvent(ev proxy.Event) {
+	a.record(ev)
+}
+
+// record appends a record to its Trial's decision log.
+func (a *Agent) record(ev proxy.Event) {
 	a.mu.Lock()
 	lt := a.trials[ev.Trial]
 	a.mu.Unlock()
@@ -558,7 +579,14 @@ func (a *Agent) Get(id string) (TrialInfo, error) {
 	if err != nil {
 		return TrialInfo{}, err
 	}
-	return lt.info, nil
+	return a.info(lt), nil
+}
+
+// info is lt's description; ChangeAllow replaces its allowlist under mu.
+func (a *Agent) info(lt *liveTrial) TrialInfo {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return lt.info
 }
 
 func (a *Agent) lookup(id string) (*liveTrial, error) {
@@ -587,13 +615,16 @@ func (a *Agent) List() []TrialInfo {
 
 // Stats are a Trial's kernel and proxy counters with the egress verdict.
 type Stats struct {
-	Trial   string            `json:"trial"`
-	Kernel  map[string]uint64 `json:"kernel"`
-	Proxy   ProxyStats        `json:"proxy"`
-	Egress  uint64            `json:"direct_egress_packets"`
-	Foreign uint64            `json:"foreign_socket_uses"`
-	Layers  Layers            `json:"layers"`
-	Verdict string            `json:"verdict"`
+	Trial string `json:"trial"`
+	// Learning: the Trial let names off its allowlist through; always
+	// written, and said in the verdict.
+	Learning bool              `json:"learning"`
+	Kernel   map[string]uint64 `json:"kernel"`
+	Proxy    ProxyStats        `json:"proxy"`
+	Egress   uint64            `json:"direct_egress_packets"`
+	Foreign  uint64            `json:"foreign_socket_uses"`
+	Layers   Layers            `json:"layers"`
+	Verdict  string            `json:"verdict"`
 	// TopRefused are the most refused targets (host:port as asked for).
 	TopRefused []TargetCount `json:"top_refused"`
 	At         time.Time     `json:"at"`
@@ -609,6 +640,7 @@ type TargetCount struct {
 type ProxyStats struct {
 	Allowed     uint64            `json:"tunnels_allowed"`
 	Denied      uint64            `json:"tunnels_denied"`
+	WouldDeny   uint64            `json:"would_deny"` // allowed only because the Trial was learning
 	ByReason    map[string]uint64 `json:"by_reason"`
 	DNSFailures uint64            `json:"dns_failures"`
 	BytesUp     uint64            `json:"bytes_up"`
@@ -617,15 +649,19 @@ type ProxyStats struct {
 }
 
 func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p proxy.TrialStats) Stats {
-	id := lt.info.ID
-	ps := ProxyStats{Allowed: p.Allowed, Denied: p.Denied, ByReason: map[string]uint64{}, DNSFailures: p.DNSFailed,
+	info := a.info(lt)
+	ps := ProxyStats{Allowed: p.Allowed, Denied: p.Denied, WouldDeny: p.WouldDeny, ByReason: map[string]uint64{}, DNSFailures: p.DNSFailed,
 		BytesUp: p.BytesUp, BytesDown: p.BytesDown, Active: p.Active}
 	for r, n := range p.Decisions {
 		ps.ByReason[string(r)] = n
 	}
 	l := a.host.Layers()
-	return Stats{Trial: id, Kernel: k.Map(), Proxy: ps, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
-		Layers: l, Verdict: Verdict(k, l), TopRefused: lt.topRefused(), At: time.Now().UTC()}
+	v := Verdict(k, l)
+	if info.Learning {
+		v += fmt.Sprintf("; LEARNING: the allowlist was not enforced, %d requests to names off it were let through (would_deny); the kernel layers and the address guard were", p.WouldDeny)
+	}
+	return Stats{Trial: info.ID, Learning: info.Learning, Kernel: k.Map(), Proxy: ps, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
+		Layers: l, Verdict: v, TopRefused: lt.topRefused(), At: time.Now().UTC()}
 }
 
 // Stats reads a live Trial's counters.

@@ -45,6 +45,12 @@ func newWorld(t *testing.T, subnet uint8, names ...string) *world {
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		w.requests.Add(1)
+		if r.URL.Path == "/hold" { // a request held open, as a long tunnel
+			rw.WriteHeader(http.StatusOK)
+			rw.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return
+		}
 		fmt.Fprintf(rw, "hello from %s", r.Host)
 	})}
 	go func() { _ = srv.Serve(ln) }()

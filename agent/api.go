@@ -30,6 +30,7 @@ import (
 //	GET    /v1/trials/{id}/audit   -> []proxy.Event
 //	GET    /v1/trials/{id}/decisions -> decision events as they happen, one JSON
 //	                                  object a line, until the Trial is destroyed
+//	PATCH  /v1/trials/{id}/allow   AllowChange -> AllowChanged
 //
 // Errors are {"error": {"code": ..., "message": ...}} with a 4xx/5xx status.
 
@@ -66,6 +67,16 @@ func (a *Agent) Handler() http.Handler {
 		reply(w, http.StatusOK)(a.Audit(r.PathValue("id")))
 	})
 	mux.HandleFunc("GET /v1/trials/{id}/decisions", a.serveDecisions)
+	mux.HandleFunc("PATCH /v1/trials/{id}/allow", func(w http.ResponseWriter, r *http.Request) {
+		var ch AllowChange
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&ch); err != nil {
+			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
+			return
+		}
+		reply(w, http.StatusOK)(a.ChangeAllow(r.PathValue("id"), ch, callerUID(r.Context())))
+	})
 	return mux
 }
 
@@ -281,4 +292,10 @@ func (c *Client) Watch(ctx context.Context, id string, fn func(proxy.Event)) err
 func (c *Client) Audit(id string) ([]proxy.Event, error) {
 	var out []proxy.Event
 	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/audit", nil, &out)
+}
+
+// ChangeAllow changes a live Trial's allowlist.
+func (c *Client) ChangeAllow(id string, ch AllowChange) (AllowChanged, error) {
+	var out AllowChanged
+	return out, c.do(http.MethodPatch, "/v1/trials/"+url.PathEscape(id)+"/allow", ch, &out)
 }

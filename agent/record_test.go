@@ -174,7 +174,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler)}
 	old := `{"decision":"allow","reason":"allowed","bytes_up":5,"bytes_down":7,"trial":"rec-2","event_id":"a"}`
 	cur := `{"schema":1,"decision":"deny","reason":"policy_denied","trial":"rec-2","event_id":"b","profile":""}`
-	newer := `{"schema":2,"decision":"allow","reason":"allowed","bytes_up":100,"trial":"rec-2","event_id":"c"}`
+	newer := `{"schema":3,"decision":"allow","reason":"allowed","bytes_up":100,"trial":"rec-2","event_id":"c"}`
 	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, id), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 
 	write(old, cur, newer)
 	recs, err = a.Audit(id)
-	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 2, newer than") || recs != nil {
+	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 3, newer than the 2") || recs != nil {
 		t.Fatalf("audit with a newer record: %d records, %v; want a schema error naming line 3", len(recs), err)
 	}
 	st := a.replayStats(&liveTrial{info: TrialInfo{ID: id}})

@@ -249,3 +249,40 @@ func wildcardCovers(host, suffix string) bool {
 		}
 	}
 }
+
+// Has reports whether e (by name, wildcard and port) is an entry of a.
+func (a *Allowlist) Has(e Entry) bool {
+	if a == nil {
+		return false
+	}
+	if e.Wildcard {
+		return slices.ContainsFunc(a.wildcard, func(w Entry) bool { return w.String() == e.String() })
+	}
+	_, ok := a.exact[e.String()]
+	return ok
+}
+
+// Change returns a new allowlist: a without the entries remove names (by
+// name, wildcard and port, whatever their TLS requirement or profile),
+// with add. Removing an entry that a does not hold is an error, so that a
+// typo, or a name allowed only through a wildcard, is not mistaken for a
+// refusal. a is unchanged.
+func (a *Allowlist) Change(add, remove []Entry) (*Allowlist, error) {
+	gone := make(map[string]bool, len(remove))
+	for _, e := range remove {
+		if !a.Has(e) {
+			if m, ok := a.Match(e.Name, e.Port); ok && !e.Wildcard {
+				return nil, fmt.Errorf("%s is not an entry of this allowlist: it is allowed by %s; remove that entry", e, m)
+			}
+			return nil, fmt.Errorf("%s is not an entry of this allowlist", e)
+		}
+		gone[e.String()] = true
+	}
+	var keep []Entry
+	for _, e := range a.Entries() {
+		if !gone[e.String()] {
+			keep = append(keep, e)
+		}
+	}
+	return NewAllowlist(append(keep, add...)...), nil
+}

@@ -40,10 +40,13 @@ type Paths struct {
 }
 
 // Profile is a named allowlist. In YAML it is either a list of
-// host:port entries or a mapping with "allow" and "require_tls".
+// host:port entries or a mapping with "allow", "require_tls" and
+// "learn". A Trial given a learning profile is a learning Trial: names
+// off its allowlist are let through and recorded as would_deny.
 type Profile struct {
 	Allow      []string `yaml:"allow"`
 	RequireTLS bool     `yaml:"require_tls"`
+	Learn      bool     `yaml:"learn"`
 
 	list *Allowlist
 }
@@ -55,14 +58,14 @@ func (p *Profile) UnmarshalYAML(n *yaml.Node) error {
 		return n.Decode(&p.Allow)
 	case yaml.MappingNode:
 		for i := 0; i < len(n.Content); i += 2 {
-			if k := n.Content[i].Value; k != "allow" && k != "require_tls" {
-				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls)", n.Content[i].Line, k)
+			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" {
+				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn)", n.Content[i].Line, k)
 			}
 		}
 		type plain Profile
 		return n.Decode((*plain)(p))
 	}
-	return fmt.Errorf("line %d: a profile is a list of host:port entries or a mapping with allow and require_tls", n.Line)
+	return fmt.Errorf("line %d: a profile is a list of host:port entries or a mapping with allow, require_tls and learn", n.Line)
 }
 
 var profileName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
@@ -101,8 +104,8 @@ func (f *File) validate() error {
 		if !profileName.MatchString(name) {
 			return fmt.Errorf("profile name %q: use lower-case letters, digits, '-' and '_'", name)
 		}
-		if len(p.Allow) == 0 {
-			return fmt.Errorf("profile %q allows nothing; list its host:port entries", name)
+		if len(p.Allow) == 0 && !p.Learn {
+			return fmt.Errorf("profile %q allows nothing; list its host:port entries (or set learn: true to learn them)", name)
 		}
 		l, err := parseAllowlist(p.Allow, p.RequireTLS, name)
 		if err != nil {
@@ -127,6 +130,15 @@ func (f *File) validate() error {
 		return errors.New("limits cannot be negative (0 means the default)")
 	}
 	return nil
+}
+
+// Learn reports whether any of the named profiles is a learning one.
+// Unknown names are Allowlist's to refuse.
+func (f *File) Learn(profiles []string) bool {
+	if f == nil {
+		return false
+	}
+	return slices.ContainsFunc(profiles, func(n string) bool { return f.Profiles[n].Learn })
 }
 
 // CIDRs returns the validated allowed CIDRs.

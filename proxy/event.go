@@ -19,13 +19,26 @@ type Decision string
 const (
 	DecisionAllow Decision = "allow"
 	DecisionDeny  Decision = "deny"
+	// DecisionPolicyChange is not a decision but a change of the Trial's
+	// allowlist (see Event.PolicyChange), kept in the same log so that
+	// every decision after it reads under the policy it was made under.
+	DecisionPolicyChange Decision = "policy_change"
 )
 
 // EventSchema is the version of the decision record that this package
 // writes. Records written before the version was recorded read as 0; a
 // reader refuses a record newer than it knows (see SchemaError). Raise it
-// when a key changes meaning or goes; adding a key does not need it.
+// when a key changes meaning or goes; adding a key does not need it: the
+// learning keys (learning, would_deny) and the policy-change keys are
+// optional additions, empty on other records, and keep schema 1.
 const EventSchema = 1
+
+// PolicyChangeSchema is the version of a policy-change record. It is 2
+// because an older reader would take the record for a refusal ("decision"
+// gained a value that is not a decision): a reader of schema 1 refuses it
+// with a SchemaError instead of counting it. It is the newest this
+// package reads.
+const PolicyChangeSchema = 2
 
 // Event is the one decision record for one CONNECT or one forwarded
 // request: the proxy's log line, the agent's decisions.jsonl, what
@@ -36,26 +49,34 @@ const EventSchema = 1
 //
 // Its JSON keys are spelled once, on eventJSON.
 type Event struct {
-	Schema    int    // EventSchema when written; 0 for records older than the field
-	ID        string // unique per decision, for joining with other logs
-	Time      time.Time
-	Trial     string
-	Client    string // the client's address as the listener saw it
-	Method    string // CONNECT, or the method of a forwarded request
-	Target    string // the request-target as sent
-	Host      string // normalised name, if the target parsed
-	Port      uint16
-	Decision  Decision
-	Reason    Reason
-	Detail    string
-	Resolved  []netip.Addr
-	Dialed    netip.AddrPort
-	SNI       string
-	Rule      string // the allowlist entry that allowed the name, as host:port or *.suffix:port
-	Profile   string // the profile Rule came from (Entry.Profile); empty for an entry given directly
-	BytesUp   int64  // client to upstream
-	BytesDown int64  // upstream to client
-	Duration  time.Duration
+	Schema   int    // EventSchema when written; 0 for records older than the field
+	ID       string // unique per decision, for joining with other logs
+	Time     time.Time
+	Trial    string
+	Client   string // the client's address as the listener saw it
+	Method   string // CONNECT, or the method of a forwarded request
+	Target   string // the request-target as sent
+	Host     string // normalised name, if the target parsed
+	Port     uint16
+	Decision Decision
+	Reason   Reason
+	Detail   string
+	Resolved []netip.Addr
+	Dialed   netip.AddrPort
+	SNI      string
+	Rule     string // the allowlist entry that allowed the name, as host:port or *.suffix:port
+	Profile  string // the profile Rule came from (Entry.Profile); empty for an entry given directly
+	// Learning is set on every record of a learning Trial: names off its
+	// allowlist were let through, not refused.
+	Learning bool
+	// WouldDeny is the reason the allowlist would have refused this
+	// request (ReasonPolicyDenied) on a learning Trial, which let it through.
+	WouldDeny Reason
+	// PolicyChange is set on DecisionPolicyChange records only.
+	PolicyChange *PolicyChange
+	BytesUp      int64 // client to upstream
+	BytesDown    int64 // upstream to client
+	Duration     time.Duration
 	// Timings, each zero if the step did not happen: all DNS, all dial
 	// attempts, and from the start to the upstream's first byte (a
 	// forwarded request's response head).
@@ -89,6 +110,21 @@ type eventJSON struct {
 	DNSUS       int64     `json:"dns_us"`
 	DialUS      int64     `json:"dial_us"`
 	FirstByteUS int64     `json:"first_byte_us"`
+	Learning    bool      `json:"learning"`
+	WouldDeny   Reason    `json:"would_deny"`
+	// Policy-change records only; null or absent on decisions.
+	PolicyChange *PolicyChange `json:"policy_change"`
+}
+
+// PolicyChange is a change of a live Trial's allowlist: who made it, the
+// entries it added and removed, as host:port, and whether open tunnels of
+// removed entries were cut (each such tunnel's own record says so). It is
+// logged before it applies, so every decision under it follows it.
+type PolicyChange struct {
+	UID     int64    `json:"uid"` // the control API caller's uid (SO_PEERCRED); -1 if unknown
+	Added   []string `json:"added"`
+	Removed []string `json:"removed"`
+	Cut     bool     `json:"cut"` // open tunnels allowed by a removed entry are ended
 }
 
 // SchemaError is a record written by a newer trialnet than this one: its
@@ -96,7 +132,7 @@ type eventJSON struct {
 type SchemaError struct{ Schema int }
 
 func (e *SchemaError) Error() string {
-	return fmt.Sprintf("decision record has schema %d, newer than the %d this trialnet reads: read it with a newer trialnet", e.Schema, EventSchema)
+	return fmt.Sprintf("decision record has schema %d, newer than the %d this trialnet reads: read it with a newer trialnet", e.Schema, PolicyChangeSchema)
 }
 
 func (e *Event) wire() eventJSON {
@@ -114,6 +150,7 @@ func (e *Event) wire() eventJSON {
 		Dialed: dialed, SNI: e.SNI, BytesUp: e.BytesUp, BytesDown: e.BytesDown,
 		DurationUS: e.Duration.Microseconds(), ID: e.ID, Rule: e.Rule, Profile: e.Profile,
 		DNSUS: e.DNS.Microseconds(), DialUS: e.Dial.Microseconds(), FirstByteUS: e.FirstByte.Microseconds(),
+		Learning: e.Learning, WouldDeny: e.WouldDeny, PolicyChange: e.PolicyChange,
 	}
 }
 
@@ -130,7 +167,7 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	if w.Schema > EventSchema || w.Schema < 0 {
+	if w.Schema > PolicyChangeSchema || w.Schema < 0 {
 		return &SchemaError{w.Schema}
 	}
 	ev := Event{
@@ -139,6 +176,7 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 		SNI: w.SNI, Rule: w.Rule, Profile: w.Profile, BytesUp: w.BytesUp, BytesDown: w.BytesDown,
 		Duration: time.Duration(w.DurationUS) * time.Microsecond, DNS: time.Duration(w.DNSUS) * time.Microsecond,
 		Dial: time.Duration(w.DialUS) * time.Microsecond, FirstByte: time.Duration(w.FirstByteUS) * time.Microsecond,
+		Learning: w.Learning, WouldDeny: w.WouldDeny, PolicyChange: w.PolicyChange,
 	}
 	for _, s := range w.Resolved {
 		a, err := netip.ParseAddr(s)
@@ -187,6 +225,8 @@ func (e *Event) attrs() []slog.Attr {
 			out[i] = slog.Int64(k, f.Int())
 		case reflect.Uint16:
 			out[i] = slog.Uint64(k, f.Uint())
+		case reflect.Bool:
+			out[i] = slog.Bool(k, f.Bool())
 		default: // the start time and the resolved addresses
 			out[i] = slog.Any(k, f.Interface())
 		}
@@ -197,6 +237,7 @@ func (e *Event) attrs() []slog.Attr {
 // TrialStats are one Trial's proxy counters.
 type TrialStats struct {
 	Allowed   uint64            // tunnels opened and closed cleanly
+	WouldDeny uint64            // of those, ones a learning Trial's allowlist would have refused
 	Denied    uint64            // CONNECTs refused, for any reason
 	Decisions map[Reason]uint64 // every decision by reason ("allowed" included)
 	DNSFailed uint64            // refusals because DNS failed or had no answer
@@ -213,13 +254,19 @@ func (s TrialStats) clone() TrialStats {
 	return s
 }
 
-// Add counts one decision event.
+// Add counts one decision event; a policy change is no decision.
 func (s *TrialStats) Add(e *Event) {
+	if e.Decision == DecisionPolicyChange {
+		return
+	}
 	if s.Decisions == nil {
 		s.Decisions = make(map[Reason]uint64)
 	}
 	if e.Decision == DecisionAllow {
 		s.Allowed++
+		if e.WouldDeny != "" {
+			s.WouldDeny++
+		}
 	} else {
 		s.Denied++
 	}

@@ -22,6 +22,9 @@ func fullEvent(t *testing.T) Event {
 		Dialed:   netip.MustParseAddrPort("93.184.216.34:443"), SNI: "other.example.com",
 		Rule: "*.example.com:443", Profile: "claude", BytesUp: 517, BytesDown: 7,
 		Duration: 9 * time.Millisecond, DNS: 2 * time.Millisecond, Dial: 3 * time.Millisecond, FirstByte: 8 * time.Millisecond,
+		// Not a combination the proxy writes, but every field must round-trip.
+		Learning: true, WouldDeny: ReasonPolicyDenied,
+		PolicyChange: &PolicyChange{UID: 1000, Added: []string{"a.example.com:443"}, Removed: []string{}, Cut: true},
 	}
 	v := reflect.ValueOf(e)
 	for i := range v.NumField() {
@@ -75,7 +78,7 @@ func TestEventJSONSchema(t *testing.T) {
 		e.Duration != 120*time.Microsecond || e.Dialed.IsValid() || e.Resolved != nil || e.Profile != "" {
 		t.Fatalf("schema 0 record read as %+v", e)
 	}
-	for _, schema := range []string{"2", "-1"} {
+	for _, schema := range []string{"3", "-1"} {
 		newer := strings.Replace(old, `{`, `{"schema":`+schema+`,`, 1)
 		e := Event{ID: "untouched"}
 		err := json.Unmarshal([]byte(newer), &e)

@@ -141,11 +141,9 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 		return false, &Denial{Reason: ReasonBadRequest, Detail: "malformed request: " + err.Error(), Err: err}
 	}
 	_ = h.c.SetReadDeadline(time.Time{})
-	entry, err := h.p.admitRequest(h.t, req)
-	if err != nil {
+	if err := h.p.admitRequest(h.t, req, ev); err != nil {
 		return false, err
 	}
-	ev.Rule, ev.Profile = entry.String(), entry.Profile
 	defer h.t.tunnels.Add(-1)
 	out, body, err := h.outgoing(in, req, ev)
 	if err != nil {
@@ -168,21 +166,20 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 
 // admitRequest charges one forwarded request like one CONNECT: the rate,
 // a tunnel slot for its life (the caller gives it back) and the
-// allowlist, all before any DNS.
-func (p *Proxy) admitRequest(t *trial, req *Request) (Entry, error) {
+// allowlist (recorded on ev), all before any DNS.
+func (p *Proxy) admitRequest(t *trial, req *Request, ev *Event) error {
 	if !t.bucket.take(time.Now()) {
-		return Entry{}, deny(ReasonRateLimited, "more than %g requests per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
+		return deny(ReasonRateLimited, "more than %g requests per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
 	}
 	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
 		t.tunnels.Add(-1)
-		return Entry{}, deny(ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
+		return deny(ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
 	}
-	entry, ok := t.allow.Match(req.Host, req.Port)
-	if !ok {
+	if _, _, err := t.decide(req, ev); err != nil {
 		t.tunnels.Add(-1)
-		return Entry{}, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
+		return err
 	}
-	return entry, nil
+	return nil
 }
 
 // outgoing builds the upstream request: the checked name and port, the
@@ -344,5 +341,5 @@ func (w *countWriter) Write(p []byte) (int, error) {
 
 // newEvent starts the decision record of one request on c.
 func (p *Proxy) newEvent(t *trial, c net.Conn) *Event {
-	return &Event{Schema: EventSchema, ID: rand.Text(), Time: time.Now(), Trial: t.id, Client: c.RemoteAddr().String()}
+	return &Event{Schema: EventSchema, ID: rand.Text(), Time: time.Now(), Trial: t.id, Client: c.RemoteAddr().String(), Learning: t.learn}
 }

@@ -202,6 +202,7 @@ type testProxy struct {
 type proxyOpts struct {
 	allow     []string
 	tls       bool
+	learn     bool
 	cidrs     []string
 	limits    *Limits
 	upstream  func(*net.TCPConn)
@@ -254,7 +255,7 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.AddTrial(TrialPolicy{ID: "t1", Allow: allow, Limits: o.limits}); err != nil {
+	if err := p.AddTrial(TrialPolicy{ID: "t1", Allow: allow, Learn: o.learn, Limits: o.limits}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

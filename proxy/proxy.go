@@ -123,8 +123,12 @@ func (p *Proxy) Guard() *Guard { return p.guard }
 
 // TrialPolicy is what the proxy enforces for one Trial.
 type TrialPolicy struct {
-	ID     string
-	Allow  *Allowlist
+	ID    string
+	Allow *Allowlist
+	// Learn lets names off Allow through, each recorded with WouldDeny:
+	// every other check (address guard, TLS name, IP literals, limits)
+	// still refuses.
+	Learn  bool
 	Limits *Limits // nil: the proxy's defaults
 	// Stats, if set, are where the Trial's counters start: a restarted
 	// agent continues them from the decision log.
@@ -133,7 +137,8 @@ type TrialPolicy struct {
 
 type trial struct {
 	id      string
-	allow   *Allowlist
+	allow   atomic.Pointer[Allowlist] // replaced whole by SetAllow, under mu
+	learn   bool
 	limits  Limits
 	bucket  bucket
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
@@ -149,6 +154,7 @@ type trial struct {
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
+	open      map[*openTunnel]struct{} // tunnels between their answer and their end
 	stats     TrialStats
 	removed   bool
 }
@@ -180,12 +186,116 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		stats.Active = 0
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p.trials[tp.ID] = &trial{
-		id: tp.ID, allow: allow, limits: lim, bucket: newBucket(lim.ConnectRate, lim.ConnectBurst),
+	t := &trial{
+		id: tp.ID, learn: tp.Learn, limits: lim, bucket: newBucket(lim.ConnectRate, lim.ConnectBurst),
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
-		stats: stats, ctx: ctx, cancel: cancel,
+		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel,
 	}
+	t.allow.Store(allow)
+	p.trials[tp.ID] = t
 	return nil
+}
+
+// SetAllow replaces a live Trial's allowlist; it applies to every CONNECT
+// not yet answered. Open tunnels allowed by an entry of cut (matched by
+// name, wildcard and port) are ended; other tunnels stay. It returns how
+// many were cut.
+func (p *Proxy) SetAllow(id string, l *Allowlist, cut []Entry) (int, error) {
+	p.mu.Lock()
+	t, ok := p.trials[id]
+	p.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("proxy: Trial %q is not registered", id)
+	}
+	if l == nil {
+		l = NewAllowlist()
+	}
+	gone := make(map[string]bool, len(cut))
+	for _, e := range cut {
+		gone[e.String()] = true
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.allow.Store(l)
+	n := 0
+	for ot := range t.open {
+		if ot.ruled && gone[ot.entry.String()] {
+			ot.cut("its allowlist entry " + ot.entry.String() + " was removed")
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Allow returns a Trial's allowlist as it is now.
+func (p *Proxy) Allow(id string) (*Allowlist, bool) {
+	p.mu.Lock()
+	t, ok := p.trials[id]
+	p.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	return t.allow.Load(), true
+}
+
+// openTunnel is an answered CONNECT, known to its Trial so that a policy
+// change can end it: entry is the rule that allowed it (ruled is false
+// for a name a learning Trial let through).
+type openTunnel struct {
+	entry      Entry
+	ruled      bool
+	client, up net.Conn
+	cutBecause atomic.Pointer[string]
+}
+
+func (ot *openTunnel) cut(why string) {
+	ot.cutBecause.Store(&why)
+	_ = ot.client.Close()
+	_ = ot.up.Close()
+}
+
+// decide matches a request against the Trial's allowlist as it is now:
+// the entry that allows it, or on a learning Trial a name let through
+// (ruled false, ev.WouldDeny set). Otherwise it is a policy denial.
+func (t *trial) decide(req *Request, ev *Event) (entry Entry, ruled bool, err error) {
+	entry, ruled = t.allow.Load().Match(req.Host, req.Port)
+	switch {
+	case ruled:
+		ev.Rule, ev.Profile, ev.WouldDeny = entry.String(), entry.Profile, ""
+	case t.learn:
+		ev.Rule, ev.Profile, ev.WouldDeny = "", "", ReasonPolicyDenied
+	default:
+		return Entry{}, false, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
+	}
+	return entry, ruled, nil
+}
+
+// register decides a dialed CONNECT again, under mu so that no policy
+// change falls between this decision and the tunnel being known, and
+// tracks the tunnel until its end.
+func (t *trial) register(req *Request, ev *Event, client, up net.Conn) (*openTunnel, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.removed {
+		return nil, deny(ReasonShutdown, "the Trial is being removed")
+	}
+	entry, ruled, err := t.decide(req, ev)
+	if err != nil {
+		var d *Denial
+		if errors.As(err, &d) {
+			d.Detail += " (its entry was removed while the tunnel was being opened)"
+		}
+		return nil, err
+	}
+	ot := &openTunnel{entry: entry, ruled: ruled, client: client, up: up}
+	t.open[ot] = struct{}{}
+	return ot, nil
+}
+
+func (t *trial) unregister(ot *openTunnel) {
+	t.mu.Lock()
+	delete(t.open, ot)
+	t.mu.Unlock()
 }
 
 // RemoveTrial closes the Trial's listeners and every connection it has
@@ -410,12 +520,10 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 		return
 	}
 
-	entry, ok := t.allow.Match(req.Host, req.Port)
-	if !ok {
-		p.refuse(c, ev, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort()))
+	if _, _, err := t.decide(req, ev); err != nil {
+		p.refuse(c, ev, err)
 		return
 	}
-	ev.Rule, ev.Profile = entry.String(), entry.Profile
 	up, err := p.connect(t.ctx, req, ev)
 	if err != nil {
 		if t.ctx.Err() != nil {
@@ -432,6 +540,13 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 		return
 	}
 	fin.add(func() { t.untrack(up) })
+	ot, err := t.register(req, ev, c, up)
+	if err != nil {
+		_ = up.Close()
+		p.refuse(c, ev, err)
+		return
+	}
+	fin.add(func() { t.unregister(ot) })
 	_ = c.SetReadDeadline(time.Time{})
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		_ = up.Close()
@@ -440,7 +555,7 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 		return
 	}
 	*handedOff = true
-	p.tunnel(c, up, br, entry, req, ev, *fin)
+	p.tunnel(c, up, br, ot, req, ev, *fin)
 }
 
 // startsWithConnect reports whether the request on br is a CONNECT. It

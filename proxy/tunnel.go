@@ -28,7 +28,7 @@ type closeWriter interface {
 // either direction aborts both. Copies between two TCP sockets splice(2)
 // (see relay). There is no idle timeout: keepalives find dead peers, a
 // silent model call lives as long as it needs.
-func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event, fin cleanups) {
+func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, req *Request, ev *Event, fin cleanups) {
 	ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
 	var aborted atomic.Bool
 	var first atomic.Pointer[string]       // why the tunnel was cut, if it was
@@ -45,7 +45,9 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 	end := func() { // the second pump to end closes and finishes
 		if left.Add(-1) == 0 {
 			abort("", nil)
-			if m := first.Load(); m != nil && ev.Decision == DecisionAllow {
+			if why := ot.cutBecause.Load(); why != nil && ev.Decision == DecisionAllow {
+				ev.Detail = "tunnel cut by a policy change: " + *why
+			} else if m := first.Load(); m != nil && ev.Decision == DecisionAllow {
 				ev.Detail = "tunnel cut: " + *m
 			}
 			fin.run()
@@ -64,7 +66,7 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 	}()
 	go func() {
 		defer end()
-		if err := p.pumpUp(client, up, br, entry, req, ev); err != nil {
+		if err := p.pumpUp(client, up, br, ot.entry, req, ev); err != nil {
 			abort("client to upstream", err)
 		}
 	}()

@@ -107,9 +107,13 @@ type Trial struct {
 	CgroupID uint64
 	Netns    *netns.Namespace
 	Spec     Spec
-	// Meta is the creator's own description, kept in the record.
+	// Meta is the creator's own description, kept in the record; change
+	// it with SetMeta.
 	Meta json.RawMessage
 	host *Host
+
+	metaMu  sync.Mutex // orders SetMeta and the teardown's removal of the record
+	closing bool
 
 	closeOnce sync.Once
 	final     bpf.Counters
@@ -238,7 +242,28 @@ func (t *Trial) Close() (bpf.Counters, error) {
 	return t.final, t.closeErr
 }
 
+// SetMeta replaces the creator's description, in the record too, so that
+// a later Adopt hands it back. It fails once Close has begun, so that a
+// closed Trial's record is never written again.
+func (t *Trial) SetMeta(meta json.RawMessage) error {
+	t.metaMu.Lock()
+	defer t.metaMu.Unlock()
+	if t.closing {
+		return fmt.Errorf("Trial %s is being closed", t.ID)
+	}
+	old := t.Meta
+	t.Meta = meta
+	if err := t.writeRecord(PhaseLive, false); err != nil {
+		t.Meta = old
+		return err
+	}
+	return nil
+}
+
 func (t *Trial) teardown() (bpf.Counters, error) {
+	t.metaMu.Lock()
+	t.closing = true
+	t.metaMu.Unlock()
 	var errs []error
 	if t.host.Endpoint != nil {
 		t.host.Endpoint.Stop(t.ID)

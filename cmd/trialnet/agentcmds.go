@@ -115,12 +115,13 @@ func strictFlag(fs *flag.FlagSet) *bool {
 }
 
 func cmdCreate(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--strict] [--unix-allow PATH]... [--no-unix-confine] [-j]",
+	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--unix-allow PATH]... [--no-unix-confine] [-j]",
 		"sudo trialnet create --id eval-42 --profile claude -j", stderr)
 	id := fs.String("id", "", "the Trial's id (default: generated)")
 	var af allowFlags
 	af.register(fs, "the agent's config")
 	strict := strictFlag(fs)
+	learn := learnFlag(fs)
 	unixAllow, noUnix := unixFlags(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
@@ -131,7 +132,7 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
 	info, err := agent.NewClient(*socket).Create(agent.CreateRequest{ID: *id, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
-		UnixAllow: *unixAllow, UnixOpen: *noUnix})
+		Learn: *learn, UnixAllow: *unixAllow, UnixOpen: *noUnix})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
@@ -140,7 +141,7 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "id\t%s\nnetns\t%s\ncgroup\t%s\nproxy_url\t%s\n", info.ID, info.Netns, info.Cgroup, info.ProxyURL)
+	fmt.Fprintf(tw, "id\t%s\nmode\t%s\nnetns\t%s\ncgroup\t%s\nproxy_url\t%s\n", info.ID, mode(info.Learning), info.Netns, info.Cgroup, info.ProxyURL)
 	_ = tw.Flush()
 	return exitOK
 }
@@ -197,13 +198,13 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTRICT\tALLOW\tCREATED")
+	fmt.Fprintln(tw, "ID\tMODE\tSTRICT\tALLOW\tCREATED")
 	for _, t := range list {
 		var allow []string
 		for _, e := range t.Allow {
 			allow = append(allow, e.Entry)
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\n", t.ID, t.Strict, strings.Join(allow, ","), t.Created.Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\n", t.ID, mode(t.Learning), t.Strict, strings.Join(allow, ","), t.Created.Format(time.RFC3339))
 	}
 	_ = tw.Flush()
 	return exitOK
@@ -284,7 +285,7 @@ func isTerminal(w io.Writer) bool {
 // printStats prints a Trial's counters in aligned columns, bpftool-style,
 // ending with the verdict line.
 func printStats(w io.Writer, st agent.Stats) {
-	fmt.Fprintf(w, "trial %s\n", st.Trial)
+	fmt.Fprintf(w, "trial %s (%s)\n", st.Trial, mode(st.Learning))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	names := make([]string, 0, len(st.Kernel))
 	for n := range st.Kernel {
@@ -297,6 +298,9 @@ func printStats(w io.Writer, st agent.Stats) {
 	p := st.Proxy
 	fmt.Fprintf(tw, "\tproxy\ttunnels_allowed\t%d\n\tproxy\ttunnels_denied\t%d\n\tproxy\ttunnels_active\t%d\n\tproxy\tdns_failures\t%d\n\tproxy\tbytes_up\t%d\n\tproxy\tbytes_down\t%d\n",
 		p.Allowed, p.Denied, p.Active, p.DNSFailures, p.BytesUp, p.BytesDown)
+	if st.Learning {
+		fmt.Fprintf(tw, "\tproxy\twould_deny\t%d\n", p.WouldDeny)
+	}
 	reasons := make([]string, 0, len(p.ByReason))
 	for r := range p.ByReason {
 		reasons = append(reasons, r)
@@ -314,20 +318,25 @@ func printStats(w io.Writer, st agent.Stats) {
 }
 
 func cmdAudit(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("audit", "audit --trial ID [-j]", "sudo trialnet audit --trial eval-42", stderr)
+	fs := newFlags("audit", "audit (--trial ID | --from FILE) [--profile NAME] [-j]", "sudo trialnet audit --trial eval-42 --profile eval >> /etc/trialnet/profiles.yaml", stderr)
 	id := fs.String("trial", "", "the Trial (live or destroyed)")
+	from := fs.String("from", "", "read a saved decision log (decisions.jsonl) instead of asking the agent")
+	profile := fs.String("profile", "", "print, as YAML config, a profile NAME allowing exactly what the Trial was let through to")
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	if *id == "" {
+	if (*id == "") == (*from == "") {
 		fs.Usage()
-		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"audit: give --trial ID"})
+		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"audit: give --trial ID or --from FILE"})
 	}
-	recs, err := agent.NewClient(*socket).Audit(*id)
+	recs, code, err := auditRecords(*id, *from, *socket, stderr)
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+		return fail(stdout, stderr, *asJSON, code, err)
+	}
+	if *profile != "" {
+		return printProfile(stdout, stderr, *asJSON, *profile, recs)
 	}
 	if *asJSON {
 		if recs == nil {
@@ -345,6 +354,13 @@ func printAudit(w io.Writer, recs []proxy.Event) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "START\tTARGET\tDECISION\tREASON\tRULE\tPROFILE\tDIALED\tUP\tDOWN\tDETAIL")
 	for _, r := range recs {
+		if r.Decision == proxy.DecisionPolicyChange {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t%s\n", r.Time.Format(time.RFC3339Nano), "(allowlist)", r.Decision, r.Detail)
+			continue
+		}
+		if r.WouldDeny != "" {
+			r.Detail = strings.TrimSuffix("LEARNING, would_deny "+string(r.WouldDeny)+"; "+r.Detail, "; ")
+		}
 		dialed := ""
 		if r.Dialed.IsValid() {
 			dialed = r.Dialed.String()

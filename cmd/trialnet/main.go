@@ -53,7 +53,9 @@ var commands = []struct {
 	{"exec", "run a command in a Trial", cmdExec},
 	{"list", "list live Trials", cmdList},
 	{"stats", "show a Trial's kernel and proxy counters and the egress verdict", cmdStats},
-	{"audit", "show a Trial's decision log", cmdAudit},
+	{"audit", "show a Trial's decision log, or the profile it used (--profile)", cmdAudit},
+	{"allow", "add entries to a live Trial's allowlist", cmdAllow},
+	{"deny", "remove entries from a live Trial's allowlist (--cut ends their open tunnels)", cmdDeny},
 	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall},
@@ -192,11 +194,12 @@ func cmdUninstall(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--show-refusals] [-v] [-j] -- CMD [ARGS]",
+	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--show-refusals] [-v] [-j] -- CMD [ARGS]",
 		"sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
 	var af allowFlags
 	af.register(fs, "the config")
 	strict := strictFlag(fs)
+	learn := learnFlag(fs)
 	var cf configFlags
 	cf.register(fs, "profiles, resolvers, allowed CIDRs and limits (for the agent run embeds when none is running)")
 	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo unless it is 0; required otherwise; 0 only when given)")
@@ -223,7 +226,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
 	req := agent.CreateRequest{ID: agent.NewID(), Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS,
-		Strict: *strict, UnixAllow: *unixAllow, UnixOpen: *noUnix}
+		Strict: *strict, Learn: *learn, UnixAllow: *unixAllow, UnixOpen: *noUnix}
 
 	// A running agent serves the Trial; without one, an agent is embedded
 	// for the life of this command, so a laptop needs no daemon.
@@ -293,6 +296,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if *asJSON {
 		_ = json.NewEncoder(stdout).Encode(map[string]any{
 			"trial":                 info.ID,
+			"learning":              st.Learning,
 			"exit_code":             code,
 			"counters":              st.Kernel,
 			"proxy":                 st.Proxy,

@@ -16,28 +16,45 @@ import (
 // and NXDOMAIN for anything else. It returns the server's address and a
 // function that stops it.
 func ServeDNS(addr netip.Addr, names ...string) (string, func(), error) {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	known := func(q string) bool {
+	return serveDNS(func(q string) (netip.Addr, bool) {
 		if len(names) == 0 {
-			return true
+			return addr, true
 		}
 		for _, n := range names {
 			if strings.EqualFold(q, dns.Fqdn(n)) {
-				return true
+				return addr, true
 			}
 		}
-		return false
+		return netip.Addr{}, false
+	})
+}
+
+// ServeDNSMap is ServeDNS with an address of its own for each name (a
+// loopback or metadata address, say, to test the proxy's guard).
+func ServeDNSMap(names map[string]netip.Addr) (string, func(), error) {
+	return serveDNS(func(q string) (netip.Addr, bool) {
+		for n, a := range names {
+			if strings.EqualFold(q, dns.Fqdn(n)) {
+				return a, true
+			}
+		}
+		return netip.Addr{}, false
+	})
+}
+
+func serveDNS(lookup func(fqdn string) (netip.Addr, bool)) (string, func(), error) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
 	}
 	mux := dns.NewServeMux()
 	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		q := r.Question[0]
+		addr, known := lookup(q.Name)
 		switch {
-		case !known(q.Name):
+		case !known:
 			m.Rcode = dns.RcodeNameError
 		case q.Qtype == dns.TypeA && addr.Is4():
 			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 3600}, A: addr.AsSlice()}}

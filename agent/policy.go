@@ -1,0 +1,166 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/trialnet/trialnet/proxy"
+)
+
+// AllowChange changes a live Trial's allowlist (PATCH /v1/trials/{id}/allow).
+// Entries are parsed and refused exactly as at create. The change applies
+// to every CONNECT not yet answered; open tunnels stay unless Cut is set,
+// and then only those a removed entry allowed are ended.
+type AllowChange struct {
+	Add        []string `json:"add,omitempty"`
+	Remove     []string `json:"remove,omitempty"`
+	RequireTLS bool     `json:"require_tls,omitempty"` // for the added entries
+	Cut        bool     `json:"cut,omitempty"`
+}
+
+// AllowChanged is the answer to an AllowChange.
+type AllowChanged struct {
+	Trial      TrialInfo `json:"trial"`
+	TunnelsCut int       `json:"tunnels_cut"`
+}
+
+// UIDUnknown is the uid recorded for a change whose caller's credentials
+// could not be read (an embedded agent's own caller, for one).
+const UIDUnknown = -1
+
+// ChangeAllow changes a live Trial's allowlist on behalf of uid. In this
+// order: the new list is made (a refusal changes nothing), the Trial's
+// stored description is rewritten (so a restarted agent re-adopts the
+// new list), the change is logged as a policy-change record, and the
+// proxy switches to the list, cutting tunnels if asked. Changes of one
+// Trial are serialised.
+func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged, error) {
+	lt, err := a.lookup(id)
+	if err != nil {
+		return AllowChanged{}, err
+	}
+	if len(ch.Add) == 0 && len(ch.Remove) == 0 {
+		return AllowChanged{}, errf(CodeBadRequest, "an allowlist change needs entries to add or remove")
+	}
+	add, err := proxy.ParseAllowlist(ch.Add, ch.RequireTLS)
+	if err != nil {
+		return AllowChanged{}, errf(CodeBadAllowlist, "%v", err)
+	}
+	var remove []proxy.Entry
+	for _, s := range ch.Remove {
+		e, err := proxy.ParseEntry(s)
+		if err != nil {
+			return AllowChanged{}, errf(CodeBadAllowlist, "%v", err)
+		}
+		remove = append(remove, e)
+	}
+	lt.policy.Lock()
+	defer lt.policy.Unlock()
+	cur, ok := a.proxy.Allow(id)
+	if !ok {
+		return AllowChanged{}, errf(CodeUnknownTrial, "no live Trial %q", id)
+	}
+	next, err := cur.Change(add.Entries(), remove)
+	if err != nil {
+		return AllowChanged{}, errf(CodeBadAllowlist, "Trial %s: %v", id, err)
+	}
+	info := a.info(lt)
+	info.Allow = allowEntries(next)
+	meta, err := json.Marshal(info)
+	if err != nil {
+		return AllowChanged{}, errf(CodeInternal, "%v", err)
+	}
+	if err := lt.tr.SetMeta(meta); err != nil {
+		return AllowChanged{}, errf(CodeInternal, "store the allowlist of %s: %v", id, err)
+	}
+	a.mu.Lock()
+	lt.info.Allow = info.Allow
+	a.mu.Unlock()
+	pc := &proxy.PolicyChange{UID: uid, Added: entryStrings(add.Entries()), Removed: entryStrings(remove), Cut: ch.Cut}
+	// Logged before it applies: every decision made under the new list
+	// follows it in the log.
+	a.record(proxy.Event{Schema: proxy.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: id,
+		Decision: proxy.DecisionPolicyChange, Learning: info.Learning, Detail: describe(pc), PolicyChange: pc})
+	var cut []proxy.Entry
+	if ch.Cut {
+		cut = remove
+	}
+	n, err := a.proxy.SetAllow(id, next, cut)
+	if err != nil {
+		return AllowChanged{}, errf(CodeUnknownTrial, "%v", err)
+	}
+	a.log.Info("allowlist changed", "trial", id, "uid", uid, "added", pc.Added, "removed", pc.Removed, "tunnels_cut", n)
+	return AllowChanged{Trial: info, TunnelsCut: n}, nil
+}
+
+func entryStrings(es []proxy.Entry) []string {
+	out := []string{}
+	for _, e := range es {
+		out = append(out, e.String())
+	}
+	return out
+}
+
+// peerUIDKey keys the control API caller's uid in a request's context.
+type peerUIDKey struct{}
+
+// withPeerUID is the control server's ConnContext: it reads the uid of
+// the process at the other end of the unix socket (SO_PEERCRED) once per
+// connection, for the records of what that caller changed.
+func withPeerUID(ctx context.Context, c net.Conn) context.Context {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return ctx
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return ctx
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil || cerr != nil {
+		return ctx
+	}
+	return context.WithValue(ctx, peerUIDKey{}, int64(cred.Uid))
+}
+
+// callerUID is the uid withPeerUID found, or UIDUnknown.
+func callerUID(ctx context.Context) int64 {
+	if uid, ok := ctx.Value(peerUIDKey{}).(int64); ok {
+		return uid
+	}
+	return UIDUnknown
+}
+
+// describe is a policy change in words, for the record's detail.
+func describe(pc *proxy.PolicyChange) string {
+	var parts []string
+	if len(pc.Added) > 0 {
+		parts = append(parts, "added "+strings.Join(pc.Added, ","))
+	}
+	if len(pc.Removed) > 0 {
+		parts = append(parts, "removed "+strings.Join(pc.Removed, ","))
+	}
+	cut := ""
+	if pc.Cut {
+		cut = ", open tunnels to removed entries cut"
+	}
+	return fmt.Sprintf("allowlist changed by uid %d: %s%s", pc.UID, strings.Join(parts, "; "), cut)
+}
+
+// ReadDecisionLog reads a decision log file (a destroyed Trial's
+// decisions.jsonl, say) without an agent: every record it can, and an
+// error naming the first line it cannot.
+func ReadDecisionLog(path string) ([]proxy.Event, error) {
+	return readDecisions(path)
+}

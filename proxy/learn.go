@@ -1,0 +1,183 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/net/publicsuffix"
+)
+
+// DefaultWildcardHosts is how many distinct hosts under one suffix Learn
+// wants seen before it offers a wildcard for them.
+const DefaultWildcardHosts = 3
+
+// Learned is what a Trial used, read back from its decision records: the
+// basis of a profile that allows exactly that.
+type Learned struct {
+	Trials    []string // the Trials the records came from, sorted
+	Records   int      // decision records read (policy changes not counted)
+	Changes   int      // policy changes among the records
+	Entries   []LearnedEntry
+	Wildcards []LearnedWildcard
+}
+
+// LearnedEntry is one host:port the Trial was let through to.
+type LearnedEntry struct {
+	Entry     Entry
+	Allowed   int // let through by an allowlist entry
+	WouldDeny int // let through only because the Trial was learning
+}
+
+// LearnedWildcard is a "*.suffix:port" entry that would cover several
+// hosts seen, offered, never chosen, in place of their exact entries.
+type LearnedWildcard struct {
+	Entry Entry
+	Hosts []string // the hosts seen that it covers, sorted
+}
+
+// Learn reads decision records: every request that was let through
+// (tunnelled or forwarded, by a rule or by learning) gives its exact
+// host:port. Refusals are left out, a learning Trial's included (the
+// address guard refused them whatever the allowlist said). A wildcard is
+// offered for hosts of one port that lie under one registrable domain
+// (publicsuffix.EffectiveTLDPlusOne), when at least minHosts distinct
+// hosts seen lie under their longest common suffix and ParseEntry accepts
+// the wildcard (so never over a public suffix). minHosts < 2 means
+// DefaultWildcardHosts.
+func Learn(recs []Event, minHosts int) Learned {
+	if minHosts < 2 {
+		minHosts = DefaultWildcardHosts
+	}
+	var l Learned
+	seen := map[string]*LearnedEntry{}
+	trials := map[string]bool{}
+	for i := range recs {
+		r := &recs[i]
+		if r.Trial != "" {
+			trials[r.Trial] = true
+		}
+		if r.Decision == DecisionPolicyChange {
+			l.Changes++
+			continue
+		}
+		l.Records++
+		if r.Decision != DecisionAllow || r.Host == "" || r.Port == 0 {
+			continue
+		}
+		e, err := ParseEntry(r.Host + ":" + strconv.Itoa(int(r.Port)))
+		if err != nil {
+			continue // cannot happen for a name the proxy let through
+		}
+		le := seen[e.String()]
+		if le == nil {
+			le = &LearnedEntry{Entry: e}
+			seen[e.String()] = le
+		}
+		if r.WouldDeny != "" {
+			le.WouldDeny++
+		} else {
+			le.Allowed++
+		}
+	}
+	for t := range trials {
+		l.Trials = append(l.Trials, t)
+	}
+	slices.Sort(l.Trials)
+	for _, le := range seen {
+		l.Entries = append(l.Entries, *le)
+	}
+	slices.SortFunc(l.Entries, func(x, y LearnedEntry) int { return strings.Compare(x.Entry.String(), y.Entry.String()) })
+	l.Wildcards = offerWildcards(l.Entries, minHosts)
+	return l
+}
+
+// offerWildcards groups hosts by port and registrable domain and offers
+// the longest common suffix of each large enough group.
+func offerWildcards(entries []LearnedEntry, minHosts int) []LearnedWildcard {
+	type key struct {
+		domain string
+		port   uint16
+	}
+	groups := map[key][]string{}
+	var keys []key
+	for _, le := range entries {
+		d, err := publicsuffix.EffectiveTLDPlusOne(le.Entry.Name)
+		if err != nil {
+			continue
+		}
+		k := key{d, le.Entry.Port}
+		if groups[k] == nil {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], le.Entry.Name)
+	}
+	var out []LearnedWildcard
+	for _, k := range keys {
+		hosts := groups[k]
+		if len(hosts) < minHosts {
+			continue
+		}
+		suffix := commonSuffix(hosts)
+		e, err := ParseEntry("*." + suffix + ":" + strconv.Itoa(int(k.port)))
+		if err != nil {
+			continue // too broad, or never a single owner's: not offered
+		}
+		w := LearnedWildcard{Entry: e}
+		for _, h := range hosts {
+			if wildcardCovers(h, suffix) {
+				w.Hosts = append(w.Hosts, h)
+			}
+		}
+		if len(w.Hosts) >= minHosts {
+			slices.Sort(w.Hosts)
+			out = append(out, w)
+		}
+	}
+	slices.SortFunc(out, func(x, y LearnedWildcard) int { return strings.Compare(x.Entry.String(), y.Entry.String()) })
+	return out
+}
+
+// commonSuffix is the longest run of whole labels that every name ends in.
+func commonSuffix(names []string) string {
+	common := strings.Split(names[0], ".")
+	for _, n := range names[1:] {
+		labels := strings.Split(n, ".")
+		i := 0
+		for i < len(common) && i < len(labels) && common[len(common)-1-i] == labels[len(labels)-1-i] {
+			i++
+		}
+		common = common[len(common)-i:]
+	}
+	return strings.Join(common, ".")
+}
+
+// Profile writes l as a configuration file holding one profile, name,
+// that allows exactly the entries seen; counts and offered wildcards are
+// comments. It is checked with ParseFile before it is returned, so that
+// it can be pasted into (or used as) a configuration.
+func (l Learned) Profile(name string) ([]byte, error) {
+	if !profileName.MatchString(name) {
+		return nil, fmt.Errorf("profile name %q: use lower-case letters, digits, '-' and '_'", name)
+	}
+	if len(l.Entries) == 0 {
+		return nil, fmt.Errorf("the %d decision records let nothing through: there is no profile to make", l.Records)
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Learned by trialnet audit from Trial %s: %d decision records, %d policy changes.\n", strings.Join(l.Trials, ", "), l.Records, l.Changes)
+	fmt.Fprintf(&b, "# Exactly the host:port entries let through; counts are requests allowed by a rule\n# and let through only because the Trial was learning (would_deny).\n")
+	fmt.Fprintf(&b, "profiles:\n  %s:\n    allow:\n", name)
+	for _, le := range l.Entries {
+		fmt.Fprintf(&b, "      - %q # %d allowed, %d would_deny\n", le.Entry.String(), le.Allowed, le.WouldDeny)
+	}
+	for _, w := range l.Wildcards {
+		fmt.Fprintf(&b, "      # offered: - %q # covers %d hosts seen (%s) and every other name under %s; replace their entries with it if that is meant\n",
+			w.Entry.String(), len(w.Hosts), strings.Join(w.Hosts, ", "), w.Entry.Name)
+	}
+	if _, err := ParseFile(b.Bytes()); err != nil {
+		return nil, fmt.Errorf("learned profile does not load: %w", err)
+	}
+	return b.Bytes(), nil
+}
