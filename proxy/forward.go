@@ -177,7 +177,7 @@ func (p *Proxy) admitRequest(t *trial, req *Request) (Entry, error) {
 		t.tunnels.Add(-1)
 		return Entry{}, deny(ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
 	}
-	entry, ok := t.allow.Match(req.Host, req.Port)
+	entry, ok := t.allow.Load().Match(req.Host, req.Port)
 	if !ok {
 		t.tunnels.Add(-1)
 		return Entry{}, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
@@ -264,7 +264,7 @@ func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, er
 	if req == nil || addr != req.HostPort() {
 		return nil, deny(ReasonPolicyDenied, "the forwarder asked to dial %q outside a checked request", truncate(addr))
 	}
-	up, err := h.p.connect(ctx, req, ev)
+	up, err := h.p.connect(ctx, h.t.set, req, ev)
 	if err != nil {
 		return nil, err
 	}

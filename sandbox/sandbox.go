@@ -413,6 +413,19 @@ func (t *Trial) writeRecord(phase string, first bool) error {
 	return nil
 }
 
+// SetMeta replaces the creator's description in a live Trial's record
+// (atomically, as every record write), so that a restarted agent reads
+// the new one. The caller serializes SetMeta calls for one Trial.
+func (t *Trial) SetMeta(meta json.RawMessage) error {
+	old := t.Meta
+	t.Meta = meta
+	if err := t.writeRecord(PhaseLive, false); err != nil {
+		t.Meta = old
+		return err
+	}
+	return nil
+}
+
 func (t *Trial) removeRecord() {
 	if t.host.StateDir != "" {
 		_ = os.Remove(t.host.recordPath(t.ID))
