@@ -48,6 +48,12 @@ type AgentConfig struct {
 	// Resolver, if set, replaces the DNS resolver (tests point it at an
 	// in-process server through Resolvers instead; this is for embedding).
 	Resolver proxy.Resolver
+	// ConfigPath is the file File was read from, which Reload reads
+	// again; empty: Reload refuses.
+	ConfigPath string
+	// RetentionEvery is how often the retention rule is applied besides
+	// at start and after each destroy; 0: DefaultRetentionEvery.
+	RetentionEvery time.Duration
 }
 
 // Agent owns the eBPF layer, the proxy and the registry of Trials.
@@ -56,10 +62,15 @@ type Agent struct {
 	host  *Host
 	proxy *proxy.Proxy
 	log   *slog.Logger
+	file  atomic.Pointer[proxy.File] // the configuration in force; Reload swaps it
+	obs   *observers
+	ret   retainer
 
 	mu     sync.Mutex
 	trials map[string]*liveTrial // every id in use, in any state
+	closed atomic.Bool
 
+	reloadMu  sync.Mutex // one Reload at a time
 	gcPending atomic.Bool
 }
 
@@ -158,24 +169,15 @@ func Start(cfg AgentConfig) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*liveTrial)}
-	pcfg := proxy.Config{Logger: log, OnEvent: a.onEvent, AllowCIDRs: cfg.AllowCIDRs, Resolver: cfg.Resolver}
-	resolvers := cfg.Resolvers
-	if cfg.File != nil {
-		pcfg.AllowCIDRs = append(cfg.File.CIDRs(), cfg.AllowCIDRs...)
-		pcfg.Limits, pcfg.MaxConnections = cfg.File.Limits, cfg.File.MaxConnections
-		if len(resolvers) == 0 {
-			resolvers = cfg.File.Resolvers
-		}
+	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*liveTrial), obs: newObservers()}
+	a.file.Store(cfg.File)
+	set, err := a.proxySettings(cfg.File)
+	if err != nil {
+		_ = host.Close()
+		return nil, err
 	}
-	if pcfg.Resolver == nil {
-		r, err := proxy.NewDNSResolver(resolvers)
-		if err != nil {
-			_ = host.Close()
-			return nil, err
-		}
-		pcfg.Resolver = r
-	}
+	pcfg := proxy.Config{Logger: log, OnEvent: a.onEvent, AllowCIDRs: set.AllowCIDRs, Resolver: set.Resolver,
+		Limits: set.Limits, MaxConnections: set.MaxConnections}
 	if a.proxy, err = proxy.New(pcfg); err != nil {
 		_ = host.Close()
 		return nil, err
@@ -191,6 +193,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 	}
 	host.Endpoint, host.Logger = endpoint{a}, log
 	a.readopt()
+	a.startRetention()
 	return a, nil
 }
 
@@ -198,6 +201,8 @@ func Start(cfg AgentConfig) (*Agent, error) {
 // the Trials stay enforced (pinned eBPF, namespaces, cgroups) and a new
 // agent re-adopts them; their proxy endpoint answers nothing meanwhile.
 func (a *Agent) Close(teardown bool) {
+	a.closed.Store(true)
+	a.ret.stop()
 	if teardown {
 		for _, info := range a.List() {
 			if _, err := a.Destroy(info.ID); err != nil {
@@ -259,13 +264,14 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
 	lt.setTrial(tr)
+	out := lt.info // once live, a reload --reprofile may replace lt.info
 	a.setState(lt, stateLive)
 	a.log.Info("trial created", "trial", req.ID, "allow", len(info.Allow), "strict", req.Strict)
-	return lt.info, nil
+	return out, nil
 }
 
 func (a *Agent) allowlist(req CreateRequest) (*proxy.Allowlist, error) {
-	allow, err := a.cfg.File.Allowlist(req.Profiles, req.Allow, req.RequireTLS)
+	allow, err := a.file.Load().Allowlist(req.Profiles, req.Allow, req.RequireTLS)
 	switch {
 	case errors.Is(err, proxy.ErrUnknownProfile):
 		return nil, errf(CodeUnknownProfile, "%v", err)
@@ -412,6 +418,7 @@ func (lt *liveTrial) closeAudit() {
 }
 
 func (a *Agent) onEvent(ev proxy.Event) {
+	a.obs.observe(&ev)
 	a.mu.Lock()
 	lt := a.trials[ev.Trial]
 	a.mu.Unlock()
@@ -453,7 +460,9 @@ func (a *Agent) Get(id string) (TrialInfo, error) {
 	if err != nil {
 		return TrialInfo{}, err
 	}
-	return lt.info, nil
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return lt.info, nil // replaced under a.mu by a reload --reprofile
 }
 
 func (a *Agent) lookup(id string) (*liveTrial, error) {
@@ -559,6 +568,7 @@ func (a *Agent) Destroy(id string) (Stats, error) {
 	a.unregister(id, lt)
 	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
 	a.releaseSoon()
+	a.ret.soon()
 	if err != nil {
 		return st, errf(CodeInternal, "destroy %s: %v", id, err)
 	}

@@ -28,6 +28,8 @@ import (
 //	DELETE /v1/trials/{id}         -> Stats (final)
 //	GET    /v1/trials/{id}/stats   -> Stats
 //	GET    /v1/trials/{id}/audit   -> []proxy.Event
+//	POST   /v1/reload              ReloadRequest -> ReloadResult
+//	GET    /healthz                -> Health (503 when not healthy)
 //
 // Errors are {"error": {"code": ..., "message": ...}} with a 4xx/5xx status.
 
@@ -63,6 +65,17 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/trials/{id}/audit", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusOK)(a.Audit(r.PathValue("id")))
 	})
+	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
+		var req ReloadRequest
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
+			return
+		}
+		reply(w, http.StatusOK)(a.Reload(req))
+	})
+	mux.HandleFunc("GET /healthz", a.serveHealth)
 	return mux
 }
 
@@ -85,7 +98,7 @@ func writeErr(w http.ResponseWriter, err error) {
 	}
 	status := http.StatusInternalServerError
 	switch e.Code {
-	case CodeBadRequest, CodeBadID, CodeUnknownProfile, CodeBadAllowlist:
+	case CodeBadRequest, CodeBadID, CodeUnknownProfile, CodeBadAllowlist, CodeBadConfig:
 		status = http.StatusBadRequest
 	case CodeDuplicateID:
 		status = http.StatusConflict
@@ -225,4 +238,10 @@ func (c *Client) Destroy(id string) (Stats, error) {
 func (c *Client) Audit(id string) ([]proxy.Event, error) {
 	var out []proxy.Event
 	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/audit", nil, &out)
+}
+
+// Reload asks the agent to read its config file again.
+func (c *Client) Reload(req ReloadRequest) (ReloadResult, error) {
+	var out ReloadResult
+	return out, c.do(http.MethodPost, "/v1/reload", req, &out)
 }

@@ -52,6 +52,7 @@ var commands = []struct {
 	{"list", "list live Trials", cmdList},
 	{"stats", "show a Trial's kernel and proxy counters and the egress verdict", cmdStats},
 	{"audit", "show a Trial's decision log", cmdAudit},
+	{"reload", "make the agent re-read its config file (all or nothing; SIGHUP does the same)", cmdReload},
 	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall},
