@@ -147,6 +147,9 @@ func newObservers() *observers {
 }
 
 func (o *observers) observe(ev *proxy.Event) {
+	if o == nil { // an Agent made without Start (tests of the log alone)
+		return
+	}
 	if ev.DNS > 0 {
 		o.dns.Observe(ev.DNS.Seconds())
 	}

@@ -97,6 +97,9 @@ func (a *Agent) sweep() {
 	if f := a.file.Load(); f != nil {
 		rule = f.Retention
 	}
+	if rule == (proxy.Retention{}) {
+		return // no rule: keep everything, without listing the directory
+	}
 	removed, err := a.applyRetention(rule, time.Now())
 	if len(removed) > 0 {
 		a.log.Info("retention: removed the data of destroyed Trials", "entries", removed, "keep_days", rule.KeepDays, "keep_trials", rule.KeepTrials)

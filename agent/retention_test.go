@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/proxy"
 )
 
@@ -96,5 +97,42 @@ func TestRetentionRemovesExactlyWhatTheRuleSays(t *testing.T) {
 				t.Errorf("left %v: something else appeared or went", left)
 			}
 		})
+	}
+}
+
+// In a running agent the rule is applied after each destroy: with
+// keep_trials 1, destroying a second Trial removes the first one's data,
+// and a live Trial's directory stays however old it looks.
+func TestPrivilegedRetentionAfterDestroy(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 239)
+	cfg := w.config(t)
+	cfg.File = &proxy.File{Retention: proxy.Retention{KeepTrials: 1}}
+	a := startAgent(t, cfg)
+	for _, id := range []string{"ret-live", "ret-a", "ret-b"} {
+		if _, err := a.Create(CreateRequest{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-1000 * 24 * time.Hour)
+	if err := os.Chtimes(filepath.Join(cfg.DataDir, "ret-live"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"ret-a", "ret-b"} {
+		if _, err := a.Destroy(id); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // distinct stats.json times
+	}
+	gone := func(name string) bool {
+		_, err := os.Stat(filepath.Join(cfg.DataDir, name))
+		return os.IsNotExist(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !gone("ret-a") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !gone("ret-a") || gone("ret-b") || gone("ret-live") {
+		t.Fatalf("after two destroys with keep_trials 1: ret-a gone %v (want true), ret-b gone %v, ret-live gone %v (want false)",
+			gone("ret-a"), gone("ret-b"), gone("ret-live"))
 	}
 }
