@@ -49,6 +49,12 @@ type AgentConfig struct {
 	// Resolver, if set, replaces the DNS resolver (tests point it at an
 	// in-process server through Resolvers instead; this is for embedding).
 	Resolver proxy.Resolver
+	// ConfigPath is the file File was read from, which Reload reads
+	// again; empty: Reload refuses.
+	ConfigPath string
+	// RetentionEvery is how often the retention rule is applied besides
+	// at start and after each destroy; 0: DefaultRetentionEvery.
+	RetentionEvery time.Duration
 }
 
 // Agent owns the eBPF layer, the proxy and the registry of Trials.
@@ -57,10 +63,15 @@ type Agent struct {
 	host  *Host
 	proxy *proxy.Proxy
 	log   *slog.Logger
+	file  atomic.Pointer[proxy.File] // the configuration in force; Reload swaps it
+	obs   *observers
+	ret   retainer
 
 	mu     sync.Mutex
 	trials map[string]*liveTrial // every id in use, in any state
+	closed atomic.Bool
 
+	reloadMu  sync.Mutex // one Reload at a time
 	gcPending atomic.Bool
 }
 
@@ -181,24 +192,15 @@ func Start(cfg AgentConfig) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*liveTrial)}
-	pcfg := proxy.Config{Logger: log, OnEvent: a.onEvent, AllowCIDRs: cfg.AllowCIDRs, Resolver: cfg.Resolver}
-	resolvers := cfg.Resolvers
-	if cfg.File != nil {
-		pcfg.AllowCIDRs = append(cfg.File.CIDRs(), cfg.AllowCIDRs...)
-		pcfg.Limits, pcfg.MaxConnections = cfg.File.Limits, cfg.File.MaxConnections
-		if len(resolvers) == 0 {
-			resolvers = cfg.File.Resolvers
-		}
+	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*liveTrial), obs: newObservers()}
+	a.file.Store(cfg.File)
+	set, err := a.proxySettings(cfg.File)
+	if err != nil {
+		_ = host.Close()
+		return nil, err
 	}
-	if pcfg.Resolver == nil {
-		r, err := proxy.NewDNSResolver(resolvers)
-		if err != nil {
-			_ = host.Close()
-			return nil, err
-		}
-		pcfg.Resolver = r
-	}
+	pcfg := proxy.Config{Logger: log, OnEvent: a.onEvent, AllowCIDRs: set.AllowCIDRs, Resolver: set.Resolver,
+		Limits: set.Limits, MaxConnections: set.MaxConnections}
 	if a.proxy, err = proxy.New(pcfg); err != nil {
 		_ = host.Close()
 		return nil, err
@@ -214,6 +216,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 	}
 	host.Endpoint, host.Logger = endpoint{a}, log
 	a.readopt()
+	a.startRetention()
 	return a, nil
 }
 
@@ -221,6 +224,8 @@ func Start(cfg AgentConfig) (*Agent, error) {
 // the Trials stay enforced (pinned eBPF, namespaces, cgroups) and a new
 // agent re-adopts them; their proxy endpoint answers nothing meanwhile.
 func (a *Agent) Close(teardown bool) {
+	a.closed.Store(true)
+	a.ret.stop()
 	if teardown {
 		for _, info := range a.List() {
 			if _, err := a.Destroy(info.ID); err != nil {
@@ -296,7 +301,7 @@ func allowEntries(l *proxy.Allowlist) []AllowEntry {
 }
 
 func (a *Agent) allowlist(req CreateRequest) (*proxy.Allowlist, error) {
-	allow, err := a.cfg.File.Allowlist(req.Profiles, req.Allow, req.RequireTLS)
+	allow, err := a.file.Load().Allowlist(req.Profiles, req.Allow, req.RequireTLS)
 	switch {
 	case errors.Is(err, proxy.ErrUnknownProfile):
 		return nil, errf(CodeUnknownProfile, "%v", err)
@@ -443,6 +448,7 @@ func (lt *liveTrial) closeAudit() {
 }
 
 func (a *Agent) onEvent(ev proxy.Event) {
+	a.obs.observe(&ev)
 	a.record(ev)
 }
 
@@ -582,7 +588,8 @@ func (a *Agent) Get(id string) (TrialInfo, error) {
 	return a.info(lt), nil
 }
 
-// info is lt's description; ChangeAllow replaces its allowlist under mu.
+// info is lt's description; ChangeAllow and a reload --reprofile replace
+// its allowlist under mu.
 func (a *Agent) info(lt *liveTrial) TrialInfo {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -710,6 +717,7 @@ func (a *Agent) Destroy(id string) (Stats, error) {
 	a.unregister(id, lt)
 	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
 	a.releaseSoon()
+	a.ret.soon()
 	if err != nil {
 		return st, errf(CodeInternal, "destroy %s: %v", id, err)
 	}
@@ -803,14 +811,9 @@ func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
 	if err := json.Unmarshal(tr.Meta, &info); err != nil || info.ID != tr.ID {
 		return fmt.Errorf("its record has no readable description: %v", err)
 	}
-	var entries []proxy.Entry
-	for _, e := range info.Allow {
-		pe, err := proxy.ParseEntry(e.Entry)
-		if err != nil {
-			return err
-		}
-		pe.RequireTLS, pe.Profile = e.RequireTLS, e.Profile
-		entries = append(entries, pe)
+	entries, err := parseEntries(info.Allow, nil)
+	if err != nil {
+		return err
 	}
 	lt := &liveTrial{info: info}
 	if err := a.register(tr.ID, lt); err != nil {

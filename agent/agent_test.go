@@ -231,7 +231,7 @@ func TestPrivilegedTwoTrialsSeparateAllowlists(t *testing.T) {
 		"trialnet_trials_live{}",
 		"trialnet_proxy_decisions_total{decision=allow,reason=allowed,trial=agt-a,}",
 		"trialnet_proxy_decisions_total{decision=deny,reason=policy_denied,trial=agt-b,}",
-		"trialnet_direct_egress_packets{trial=agt-a,}",
+		"trialnet_direct_egress_packets_total{trial=agt-a,}",
 		"trialnet_kernel_connect4_allowed_total{trial=agt-b,}",
 	} {
 		if _, ok := seen[want]; !ok {

@@ -31,6 +31,8 @@ import (
 //	GET    /v1/trials/{id}/decisions -> decision events as they happen, one JSON
 //	                                  object a line, until the Trial is destroyed
 //	PATCH  /v1/trials/{id}/allow   AllowChange -> AllowChanged
+//	POST   /v1/reload              ReloadRequest -> ReloadResult
+//	GET    /healthz                -> Health (503 when not healthy)
 //
 // Errors are {"error": {"code": ..., "message": ...}} with a 4xx/5xx status.
 
@@ -77,6 +79,17 @@ func (a *Agent) Handler() http.Handler {
 		}
 		reply(w, http.StatusOK)(a.ChangeAllow(r.PathValue("id"), ch, callerUID(r.Context())))
 	})
+	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
+		var req ReloadRequest
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
+			return
+		}
+		reply(w, http.StatusOK)(a.Reload(req))
+	})
+	mux.HandleFunc("GET /healthz", a.serveHealth)
 	return mux
 }
 
@@ -118,7 +131,7 @@ func writeErr(w http.ResponseWriter, err error) {
 	}
 	status := http.StatusInternalServerError
 	switch e.Code {
-	case CodeBadRequest, CodeBadID, CodeUnknownProfile, CodeBadAllowlist:
+	case CodeBadRequest, CodeBadID, CodeUnknownProfile, CodeBadAllowlist, CodeBadConfig:
 		status = http.StatusBadRequest
 	case CodeDuplicateID:
 		status = http.StatusConflict
@@ -298,4 +311,10 @@ func (c *Client) Audit(id string) ([]proxy.Event, error) {
 func (c *Client) ChangeAllow(id string, ch AllowChange) (AllowChanged, error) {
 	var out AllowChanged
 	return out, c.do(http.MethodPatch, "/v1/trials/"+url.PathEscape(id)+"/allow", ch, &out)
+}
+
+// Reload asks the agent to read its config file again.
+func (c *Client) Reload(req ReloadRequest) (ReloadResult, error) {
+	var out ReloadResult
+	return out, c.do(http.MethodPost, "/v1/reload", req, &out)
 }

@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"os"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // ServeConfig is the daemon: an agent, where its control API listens,
@@ -23,6 +21,9 @@ type ServeConfig struct {
 	// TeardownOnExit destroys every Trial when ctx ends; otherwise they
 	// stay enforced (pinned) for the next agent to re-adopt.
 	TeardownOnExit bool
+	// Reload: each value received reloads the config file (SIGHUP); a
+	// refused reload is logged and changes nothing. nil: none.
+	Reload <-chan os.Signal
 }
 
 // Serve runs the daemon until ctx ends. The control socket is taken
@@ -52,13 +53,20 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			a.Close(false)
 			return fmt.Errorf("agent: metrics on %s: %w", cfg.MetricsAddr, err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry(), promhttp.HandlerOpts{}))
-		msrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		msrv = &http.Server{Handler: a.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = msrv.Serve(mln) }()
 	}
 	a.log.Info("trialnet agent ready", "socket", sock, "trials", len(a.List()), "metrics", cfg.MetricsAddr)
-	<-ctx.Done()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case sig := <-cfg.Reload:
+			if _, err := a.Reload(ReloadRequest{}); err != nil {
+				a.log.Error("reload", "signal", sig.String(), "error", err)
+			}
+		}
+	}
 	a.log.Info("trialnet agent stopping", "teardown", cfg.TeardownOnExit)
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

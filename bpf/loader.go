@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -347,6 +348,30 @@ func sameCgroup(l link.Link, cgroupID uint64) bool {
 	}
 	cg := info.Cgroup()
 	return cg != nil && cg.CgroupId == cgroupID
+}
+
+// CheckPins reports whether enforcement would outlive this process: each
+// of its links must still be pinned, and the pin must hold the very link
+// this loader attached (so the program is loaded and attached). It opens
+// every pin, a few syscalls each: cheap enough for a health check.
+func (l *Loader) CheckPins() error {
+	for _, nl := range append(slices.Clone(l.links), l.lsmLinks...) {
+		pin := filepath.Join(l.pinDir, "link_"+nl.name)
+		pinned, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			return fmt.Errorf("link %s: %w", nl.name, err)
+		}
+		pi, perr := pinned.Info()
+		_ = pinned.Close()
+		li, lerr := nl.lk.Info()
+		if err := errors.Join(perr, lerr); err != nil {
+			return fmt.Errorf("link %s: %w", nl.name, err)
+		}
+		if pi.ID != li.ID {
+			return fmt.Errorf("link %s: the pin %s holds link %d, not the attached link %d", nl.name, pin, pi.ID, li.ID)
+		}
+	}
+	return nil
 }
 
 // UnixHooks reports whether the unix socket hooks are attached.

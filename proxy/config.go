@@ -23,8 +23,9 @@ type File struct {
 	AllowCIDRs     []string           `yaml:"allow_cidrs"`
 	Limits         Limits             `yaml:"limits"`
 	MaxConnections int                `yaml:"max_connections"`
-	// Paths are read by the agent; the proxy itself ignores them.
-	Paths Paths `yaml:"paths"`
+	// Paths and Retention are read by the agent; the proxy ignores them.
+	Paths     Paths     `yaml:"paths"`
+	Retention Retention `yaml:"retention"`
 
 	cidrs []netip.Prefix
 }
@@ -37,6 +38,15 @@ type Paths struct {
 	PinDir       string `yaml:"pin_dir"`       // bpffs pins
 	NetnsDir     string `yaml:"netns_dir"`     // namespace bind mounts
 	CgroupParent string `yaml:"cgroup_parent"` // the cgroup that holds every Trial
+}
+
+// Retention says how long the data of destroyed Trials (decision logs
+// and final stats) is kept. Both are optional; zero means no such limit.
+// A destroyed Trial's data goes when it is older than KeepDays or when it
+// is not among the KeepTrials newest; a live Trial's never goes.
+type Retention struct {
+	KeepDays   int `yaml:"keep_days"`
+	KeepTrials int `yaml:"keep_trials"`
 }
 
 // Profile is a named allowlist. In YAML it is either a list of
@@ -128,6 +138,9 @@ func (f *File) validate() error {
 	}
 	if l := f.Limits; l.MaxTunnels < 0 || l.ConnectRate < 0 || l.ConnectBurst < 0 || l.MaxClientConns < 0 || l.MaxPendingHeads < 0 || f.MaxConnections < 0 {
 		return errors.New("limits cannot be negative (0 means the default)")
+	}
+	if f.Retention.KeepDays < 0 || f.Retention.KeepTrials < 0 {
+		return errors.New("retention: keep_days and keep_trials cannot be negative (0 means no such limit)")
 	}
 	return nil
 }

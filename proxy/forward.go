@@ -261,7 +261,7 @@ func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, er
 	if req == nil || addr != req.HostPort() {
 		return nil, deny(ReasonPolicyDenied, "the forwarder asked to dial %q outside a checked request", truncate(addr))
 	}
-	up, err := h.p.connect(ctx, req, ev)
+	up, err := h.p.connect(ctx, h.t.set, req, ev)
 	if err != nil {
 		return nil, err
 	}

@@ -179,24 +179,35 @@ type AddrSet interface {
 type Guard struct {
 	allow []netip.Prefix
 	host  AddrSet
+	proxy *proxyAddrs // shared by every guard WithAllow derives
+}
 
-	mu    sync.RWMutex
-	proxy map[netip.Addr]struct{} // the proxy's own listening addresses
+// proxyAddrs are the proxy's own listening addresses.
+type proxyAddrs struct {
+	mu sync.RWMutex
+	m  map[netip.Addr]struct{}
 }
 
 // NewGuard returns a guard allowing the given CIDRs in addition to public
 // addresses. host is the host's own address set (nil: no host check,
 // for tests only; production passes WatchHostAddrs).
 func NewGuard(allow []netip.Prefix, host AddrSet) *Guard {
-	return &Guard{allow: allow, host: host, proxy: make(map[netip.Addr]struct{})}
+	return &Guard{allow: allow, host: host, proxy: &proxyAddrs{m: make(map[netip.Addr]struct{})}}
+}
+
+// WithAllow returns a guard with other allowed CIDRs that shares g's
+// host and proxy addresses (a proxy address recorded on either is
+// refused by both).
+func (g *Guard) WithAllow(allow []netip.Prefix) *Guard {
+	return &Guard{allow: allow, host: g.host, proxy: g.proxy}
 }
 
 // AddProxyAddr records an address the proxy listens on; it is never
 // dialed. Unspecified listen addresses are covered by the host check.
 func (g *Guard) AddProxyAddr(a netip.Addr) {
-	g.mu.Lock()
-	g.proxy[a.Unmap().WithZone("")] = struct{}{}
-	g.mu.Unlock()
+	g.proxy.mu.Lock()
+	g.proxy.m[a.Unmap().WithZone("")] = struct{}{}
+	g.proxy.mu.Unlock()
 }
 
 // Check returns nil if a may be dialed, else a *Denial with reason
@@ -259,9 +270,9 @@ func (g *Guard) allowed(a netip.Addr) bool {
 }
 
 func (g *Guard) isProxy(a netip.Addr) bool {
-	g.mu.RLock()
-	defer g.mu.RUnlock()
-	_, ok := g.proxy[a]
+	g.proxy.mu.RLock()
+	defer g.proxy.mu.RUnlock()
+	_, ok := g.proxy.m[a]
 	return ok
 }
 

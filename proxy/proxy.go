@@ -57,14 +57,14 @@ type Config struct {
 // Proxy is an allowlisting CONNECT proxy serving many Trials.
 type Proxy struct {
 	cfg      Config
-	guard    *Guard
-	resolver Resolver
-	dialer   Dialer
 	log      *slog.Logger
 	stop     context.CancelFunc
 	hostAddr *HostAddrs
 
-	conns atomic.Int64 // live client connections, all Trials
+	// cur is what a Trial added now is served with; Reconfigure swaps it.
+	cur      atomic.Pointer[settings]
+	maxConns atomic.Int64 // proxy-wide, every Trial together
+	conns    atomic.Int64 // live client connections, all Trials
 
 	mu     sync.Mutex
 	trials map[string]*trial
@@ -101,25 +101,71 @@ func New(cfg Config) (*Proxy, error) {
 		}
 		p.hostAddr, host = h, h
 	}
-	p.guard = NewGuard(cfg.AllowCIDRs, host)
-	p.resolver = cfg.Resolver
-	if p.resolver == nil {
+	resolver := cfg.Resolver
+	if resolver == nil {
 		r, err := NewDNSResolver(nil)
 		if err != nil {
 			p.Close()
 			return nil, err
 		}
-		p.resolver = r
+		resolver = r
 	}
-	p.dialer = cfg.Dialer
-	if p.dialer == nil {
-		p.dialer = NewNetDialer(p.guard)
-	}
+	p.maxConns.Store(int64(cfg.MaxConnections))
+	p.cur.Store(p.settingsFor(NewGuard(cfg.AllowCIDRs, host), resolver, cfg.Limits))
 	return p, nil
 }
 
-// Guard returns the proxy's address guard.
-func (p *Proxy) Guard() *Guard { return p.guard }
+// settings are the proxy-wide choices a Trial is served with: captured
+// when it is added, so that a reconfiguration applies to Trials added
+// afterwards and never changes a live Trial's policy.
+type settings struct {
+	guard    *Guard
+	resolver Resolver
+	dialer   Dialer
+	limits   Limits // the defaults, for a Trial without its own
+}
+
+func (p *Proxy) settingsFor(g *Guard, r Resolver, lim Limits) *settings {
+	d := p.cfg.Dialer
+	if d == nil {
+		d = NewNetDialer(g)
+	}
+	return &settings{guard: g, resolver: r, dialer: d, limits: lim}
+}
+
+// Settings are what Reconfigure changes.
+type Settings struct {
+	// AllowCIDRs replace the allowed CIDRs (see Config.AllowCIDRs).
+	AllowCIDRs []netip.Prefix
+	// Resolver replaces the resolver; nil keeps the current one.
+	Resolver Resolver
+	// Limits replace the per-Trial defaults; zero fields take the defaults.
+	Limits Limits
+	// MaxConnections replaces the proxy-wide cap on client connections
+	// (0: DefaultMaxConnections). Being proxy-wide, it applies at once to
+	// new connections of every Trial; it never closes an admitted one.
+	MaxConnections int
+}
+
+// Reconfigure applies s to the Trials added after it returns. Trials
+// already added keep the allowed CIDRs, resolver and limits they were
+// added with, and their open tunnels are not touched.
+func (p *Proxy) Reconfigure(s Settings) {
+	cur := p.cur.Load()
+	r := s.Resolver
+	if r == nil {
+		r = cur.resolver
+	}
+	mc := s.MaxConnections
+	if mc <= 0 {
+		mc = DefaultMaxConnections
+	}
+	p.cur.Store(p.settingsFor(cur.guard.WithAllow(s.AllowCIDRs), r, s.Limits.withDefaults()))
+	p.maxConns.Store(int64(mc))
+}
+
+// Guard returns the address guard of Trials added now.
+func (p *Proxy) Guard() *Guard { return p.cur.Load().guard }
 
 // TrialPolicy is what the proxy enforces for one Trial.
 type TrialPolicy struct {
@@ -139,6 +185,7 @@ type trial struct {
 	id      string
 	allow   atomic.Pointer[Allowlist] // replaced whole by SetAllow, under mu
 	learn   bool
+	set     *settings // as the proxy's were when the Trial was added
 	limits  Limits
 	bucket  bucket
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
@@ -164,7 +211,8 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	if tp.ID == "" {
 		return errors.New("proxy: a Trial needs an id")
 	}
-	lim := p.cfg.Limits
+	set := p.cur.Load()
+	lim := set.limits
 	if tp.Limits != nil {
 		lim = tp.Limits.withDefaults()
 	}
@@ -187,7 +235,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &trial{
-		id: tp.ID, learn: tp.Learn, limits: lim, bucket: newBucket(lim.ConnectRate, lim.ConnectBurst),
+		id: tp.ID, learn: tp.Learn, set: set, limits: lim, bucket: newBucket(lim.ConnectRate, lim.ConnectBurst),
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel,
 	}
@@ -344,7 +392,7 @@ func (p *Proxy) Serve(ln net.Listener, id string) error {
 	}
 	defer p.wg.Done()
 	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
-		p.guard.AddProxyAddr(ap.Addr())
+		t.set.guard.AddProxyAddr(ap.Addr()) // shared by every guard
 	}
 	t.mu.Lock()
 	if t.removed {
@@ -524,7 +572,7 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 		p.refuse(c, ev, err)
 		return
 	}
-	up, err := p.connect(t.ctx, req, ev)
+	up, err := p.connect(t.ctx, t.set, req, ev)
 	if err != nil {
 		if t.ctx.Err() != nil {
 			err = &Denial{Reason: ReasonShutdown, Detail: "the Trial is being removed", Err: err}
@@ -580,21 +628,21 @@ func (p *Proxy) admit(t *trial) error {
 		t.clients.Add(-1)
 		return deny(ReasonPendingHeadLimit, "this Trial already has %d connections that have not sent their request head, its limit", t.limits.MaxPendingHeads)
 	}
-	if p.conns.Add(1) > int64(p.cfg.MaxConnections) {
+	if limit := p.maxConns.Load(); p.conns.Add(1) > limit {
 		p.conns.Add(-1)
 		t.pending.Add(-1)
 		t.clients.Add(-1)
-		return deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", p.cfg.MaxConnections)
+		return deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", limit)
 	}
 	return nil
 }
 
 // connect resolves req's name, checks every address and dials the
 // checked ones.
-func (p *Proxy) connect(trialCtx context.Context, req *Request, ev *Event) (net.Conn, error) {
+func (p *Proxy) connect(trialCtx context.Context, set *settings, req *Request, ev *Event) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(trialCtx, p.cfg.DNSTimeout)
 	t0 := time.Now()
-	ans, err := p.resolver.Resolve(ctx, req.Host)
+	ans, err := set.resolver.Resolve(ctx, req.Host)
 	cancel()
 	ev.DNS = time.Since(t0)
 	ev.Resolved = ans.Addrs
@@ -610,7 +658,7 @@ func (p *Proxy) connect(trialCtx context.Context, req *Request, ev *Event) (net.
 	// One bad answer refuses the name: a mixed set is an attack.
 	targets := make([]netip.AddrPort, 0, len(ans.Addrs))
 	for _, a := range ans.Addrs {
-		if err := p.guard.Check(a); err != nil {
+		if err := set.guard.Check(a); err != nil {
 			var d *Denial
 			if errors.As(err, &d) {
 				d.Detail = req.Host + " resolves to " + d.Detail
@@ -622,7 +670,7 @@ func (p *Proxy) connect(trialCtx context.Context, req *Request, ev *Event) (net.
 	ctx, cancel = context.WithTimeout(trialCtx, p.cfg.DialTimeout)
 	defer cancel()
 	t0 = time.Now()
-	up, dialed, err := dialAny(ctx, p.dialer, targets, p.cfg.FallbackDelay)
+	up, dialed, err := dialAny(ctx, set.dialer, targets, p.cfg.FallbackDelay)
 	ev.Dial = time.Since(t0)
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -76,13 +77,24 @@ func cmdAgent(args []string, stdout, stderr io.Writer) int {
 		AllowCIDRs: cidrs,
 		Logger:     log,
 	}
+	if cf.path != "" {
+		if cfg.ConfigPath, err = filepath.Abs(cf.path); err != nil {
+			return fail(stdout, stderr, false, exitUsage, err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP reloads the config file (systemctl reload); without a
+	// handler it would end the agent.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	err = agent.Serve(ctx, agent.ServeConfig{
 		AgentConfig:    cfg,
 		Socket:         or(*socket, file.Paths.Socket),
 		MetricsAddr:    *metricsAddr,
 		TeardownOnExit: *teardown,
+		Reload:         hup,
 	})
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
@@ -391,5 +403,27 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	printStats(stdout, st)
+	return exitOK
+}
+
+func cmdReload(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("reload", "reload [--reprofile] [-j]", "sudo trialnet reload --reprofile", stderr)
+	reprofile := fs.Bool("reprofile", false, "also give live Trials made from profiles their profiles' new allowlists (explicit --allow entries stay)")
+	socket := socketFlag(fs)
+	asJSON := jsonFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	res, err := agent.NewClient(*socket).Reload(agent.ReloadRequest{Reprofile: *reprofile})
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+	}
+	if *asJSON {
+		_ = json.NewEncoder(stdout).Encode(res)
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "config\t%s\nprofiles\t%s\nreprofiled\t%s\n", res.Config, strings.Join(res.Profiles, ","), strings.Join(res.Reprofiled, ","))
+	_ = tw.Flush()
 	return exitOK
 }

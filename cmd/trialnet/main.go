@@ -56,6 +56,7 @@ var commands = []struct {
 	{"audit", "show a Trial's decision log, or the profile it used (--profile)", cmdAudit},
 	{"allow", "add entries to a live Trial's allowlist", cmdAllow},
 	{"deny", "remove entries from a live Trial's allowlist (--cut ends their open tunnels)", cmdDeny},
+	{"reload", "make the agent re-read its config file (all or nothing; SIGHUP does the same)", cmdReload},
 	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall},

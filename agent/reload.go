@@ -1,0 +1,212 @@
+//go:build linux
+
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/trialnet/trialnet/proxy"
+)
+
+// CodeBadConfig: a reload found the config file unreadable or invalid,
+// or changing what cannot change while the agent runs.
+const CodeBadConfig = "bad_config"
+
+// ReloadRequest asks the agent to read its config file again.
+type ReloadRequest struct {
+	// Reprofile also gives every live Trial made from profiles the new
+	// allowlist of its profiles (its explicit --allow entries stay).
+	Reprofile bool `json:"reprofile,omitempty"`
+}
+
+// ReloadResult says what a reload applied.
+type ReloadResult struct {
+	Config     string   `json:"config"`
+	Profiles   []string `json:"profiles"`
+	Reprofiled []string `json:"reprofiled"` // Trials whose allowlist was replaced
+}
+
+// proxySettings are what the proxy serves new Trials with under file:
+// the command line's resolvers win over the file's, its allowed CIDRs add
+// to the file's.
+func (a *Agent) proxySettings(file *proxy.File) (proxy.Settings, error) {
+	s := proxy.Settings{AllowCIDRs: slices.Clone(a.cfg.AllowCIDRs), Resolver: a.cfg.Resolver}
+	resolvers := a.cfg.Resolvers
+	if file != nil {
+		s.AllowCIDRs = append(file.CIDRs(), a.cfg.AllowCIDRs...)
+		s.Limits, s.MaxConnections = file.Limits, file.MaxConnections
+		if len(resolvers) == 0 {
+			resolvers = file.Resolvers
+		}
+	}
+	if s.Resolver == nil {
+		r, err := proxy.NewDNSResolver(resolvers)
+		if err != nil {
+			return proxy.Settings{}, err
+		}
+		s.Resolver = r
+	}
+	return s, nil
+}
+
+// reprofiled is one live Trial's new allowlist, ready to apply.
+type reprofiled struct {
+	lt         *liveTrial
+	new        TrialInfo
+	allow      *proxy.Allowlist
+	meta, prev json.RawMessage // the new and the previous description
+}
+
+// Reload reads the config file again and applies it whole or not at all:
+// an unreadable or invalid file, changed paths, or (with Reprofile) a live
+// Trial's profile missing from the new file change nothing, and the error
+// says why. Profiles, resolvers, allowed CIDRs, limits and retention
+// apply to Trials created afterwards; live Trials keep the policy they
+// were created with unless Reprofile is set.
+func (a *Agent) Reload(req ReloadRequest) (ReloadResult, error) {
+	a.reloadMu.Lock()
+	defer a.reloadMu.Unlock()
+	path := a.cfg.ConfigPath
+	if path == "" {
+		return ReloadResult{}, errf(CodeBadRequest, "this agent was started without --config: there is no file to reload")
+	}
+	f, err := proxy.LoadFile(path)
+	if err != nil {
+		return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %v", err)
+	}
+	if err := samePaths(a.file.Load(), f); err != nil {
+		return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
+	}
+	set, err := a.proxySettings(f)
+	if err != nil {
+		return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
+	}
+	var plan []reprofiled
+	if req.Reprofile {
+		if plan, err = a.planReprofile(f); err != nil {
+			return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
+		}
+	}
+	// The one step that can fail: the Trials' records. Undone on failure.
+	for i := range plan {
+		if err := a.writeInfo(&plan[i], plan[i].meta); err != nil {
+			for j := range i {
+				if uerr := a.writeInfo(&plan[j], plan[j].prev); uerr != nil {
+					a.log.Error("reload: restore a Trial's record", "trial", plan[j].new.ID, "error", uerr)
+				}
+			}
+			return ReloadResult{}, errf(CodeInternal, "reload refused, nothing changed: record of Trial %s: %v", plan[i].new.ID, err)
+		}
+	}
+	a.proxy.Reconfigure(set)
+	a.file.Store(f)
+	res := ReloadResult{Config: path, Profiles: f.ProfileNames(), Reprofiled: []string{}}
+	for _, r := range plan {
+		if _, err := a.proxy.SetAllow(r.new.ID, r.allow, nil); err != nil {
+			continue // destroyed meanwhile
+		}
+		res.Reprofiled = append(res.Reprofiled, r.new.ID)
+	}
+	a.ret.soon() // the retention rule may have changed
+	a.log.Info("config reloaded", "config", path, "profiles", len(res.Profiles), "reprofiled", len(res.Reprofiled))
+	return res, nil
+}
+
+// samePaths refuses a file whose paths differ from the running agent's:
+// they name what the agent holds open (socket, pins, state), so moving
+// them takes a restart.
+func samePaths(old, new *proxy.File) error {
+	var o, n proxy.Paths
+	if old != nil {
+		o = old.Paths
+	}
+	if new != nil {
+		n = new.Paths
+	}
+	if o != n {
+		return fmt.Errorf("paths cannot change on reload (running with %+v, the file says %+v): restart the agent to move them", o, n)
+	}
+	return nil
+}
+
+// planReprofile computes the new allowlist of every live Trial made from
+// profiles: the profiles' entries from f, plus the Trial's explicit ones.
+func (a *Agent) planReprofile(f *proxy.File) ([]reprofiled, error) {
+	a.mu.Lock()
+	var lts []*liveTrial
+	for _, lt := range a.trials {
+		if lt.state == stateLive && len(lt.info.Profiles) > 0 {
+			lts = append(lts, lt)
+		}
+	}
+	a.mu.Unlock()
+	var plan []reprofiled
+	for _, lt := range lts {
+		a.mu.Lock()
+		old := lt.info
+		a.mu.Unlock()
+		fromProfiles, err := f.Allowlist(old.Profiles, nil, false)
+		if err != nil {
+			return nil, fmt.Errorf("live Trial %s: %w", old.ID, err)
+		}
+		explicit, err := parseEntries(old.Allow, func(e AllowEntry) bool { return e.Profile == "" })
+		if err != nil {
+			return nil, fmt.Errorf("live Trial %s: %w", old.ID, err)
+		}
+		allow := proxy.NewAllowlist(append(fromProfiles.Entries(), explicit...)...)
+		nw := old
+		nw.Allow = allowEntries(allow)
+		meta, err := json.Marshal(nw)
+		if err != nil {
+			return nil, err
+		}
+		prev, err := json.Marshal(old)
+		if err != nil {
+			return nil, err
+		}
+		plan = append(plan, reprofiled{lt: lt, new: nw, allow: allow, meta: meta, prev: prev})
+	}
+	return plan, nil
+}
+
+// parseEntries parses a Trial's stored entries that keep says to keep
+// (nil: all).
+func parseEntries(list []AllowEntry, keep func(AllowEntry) bool) ([]proxy.Entry, error) {
+	var out []proxy.Entry
+	for _, e := range list {
+		if keep != nil && !keep(e) {
+			continue
+		}
+		pe, err := proxy.ParseEntry(e.Entry)
+		if err != nil {
+			return nil, err
+		}
+		pe.RequireTLS, pe.Profile = e.RequireTLS, e.Profile
+		out = append(out, pe)
+	}
+	return out, nil
+}
+
+// writeInfo writes meta (r's new or previous description) to the Trial's
+// record and its description in memory, under a.mu so that a destroy
+// cannot remove the record in between and have it written back. A Trial
+// destroyed meanwhile is skipped.
+func (a *Agent) writeInfo(r *reprofiled, meta json.RawMessage) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r.lt.state != stateLive {
+		return nil
+	}
+	if err := r.lt.tr.SetMeta(meta); err != nil {
+		return err
+	}
+	var info TrialInfo
+	if err := json.Unmarshal(meta, &info); err != nil {
+		return errors.Join(err, r.lt.tr.SetMeta(r.prev))
+	}
+	r.lt.info = info
+	return nil
+}
