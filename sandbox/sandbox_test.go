@@ -419,7 +419,11 @@ func TestPrivilegedNoPolicyDeniesEverything(t *testing.T) {
 	if err := os.Mkdir(cg, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = killCgroup(cg, killWait); _ = removeCgroup(cg) })
+	id, err := bpf.CgroupID(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killCgroup(cg, killWait); _ = removeCgroup(cg); RemoveLaunchLock(id) })
 	ns, err := netns.Create(t.TempDir(), "nopolicy")
 	if err != nil {
 		t.Fatal(err)
