@@ -127,11 +127,18 @@ type TrialInfo struct {
 	// Learning: names off Allow are let through and recorded as
 	// would_deny. Always written, so no reader takes a learning Trial for
 	// an enforcing one.
-	Learning bool          `json:"learning"`
-	Allow    []AllowEntry  `json:"allow"`
-	Profiles []string      `json:"profiles,omitempty"`
-	Limits   *proxy.Limits `json:"limits,omitempty"`
-	Created  time.Time     `json:"created"`
+	Learning bool         `json:"learning"`
+	Allow    []AllowEntry `json:"allow"`
+	Profiles []string     `json:"profiles,omitempty"`
+	// AllowCIDRs are the private ranges the Trial may reach, as the config
+	// said when it was created; a reload or restart does not widen them.
+	// Absent in records older than the field: then the current ones.
+	AllowCIDRs []netip.Prefix `json:"allow_cidrs"`
+	// Denied are entries removed from the live Trial with deny: a reload
+	// --reprofile does not bring them back from its profiles.
+	Denied  []string      `json:"denied,omitempty"`
+	Limits  *proxy.Limits `json:"limits,omitempty"`
+	Created time.Time     `json:"created"`
 }
 
 // AllowEntry is one allowlist entry as resolved at create time.
@@ -258,7 +265,14 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 		return TrialInfo{}, err
 	}
 	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
-		Learning: req.Learn || a.cfg.File.Learn(req.Profiles), Allow: allowEntries(allow)}
+		Learning: req.Learn || a.file.Load().Learn(req.Profiles), Allow: allowEntries(allow),
+		AllowCIDRs: a.proxy.Guard().Allowed()}
+	if info.Limits == nil {
+		// The limits in force now, kept: a reload or restart does not
+		// change a live Trial's.
+		lim := a.proxy.DefaultLimits()
+		info.Limits = &lim
+	}
 	lt := &liveTrial{info: info}
 	if err := a.register(req.ID, lt); err != nil {
 		return TrialInfo{}, err
@@ -375,7 +389,8 @@ func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Lim
 			}
 		}()
 	}
-	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Learn: lt.info.Learning, Limits: limits, Stats: stats})
+	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Learn: lt.info.Learning, Limits: limits,
+		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats})
 }
 
 // openLog opens a decision log for appending. A log whose last record an

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -74,6 +75,7 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 	}
 	info := a.info(lt)
 	info.Allow = allowEntries(next)
+	info.Denied = denied(info.Denied, entryStrings(add.Entries()), entryStrings(remove))
 	meta, err := json.Marshal(info)
 	if err != nil {
 		return AllowChanged{}, errf(CodeInternal, "%v", err)
@@ -82,7 +84,7 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 		return AllowChanged{}, errf(CodeInternal, "store the allowlist of %s: %v", id, err)
 	}
 	a.mu.Lock()
-	lt.info.Allow = info.Allow
+	lt.info.Allow, lt.info.Denied = info.Allow, info.Denied
 	a.mu.Unlock()
 	pc := &proxy.PolicyChange{UID: uid, Added: entryStrings(add.Entries()), Removed: entryStrings(remove), Cut: ch.Cut}
 	// Logged before it applies: every decision made under the new list
@@ -99,6 +101,18 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 	}
 	a.log.Info("allowlist changed", "trial", id, "uid", uid, "added", pc.Added, "removed", pc.Removed, "tunnels_cut", n)
 	return AllowChanged{Trial: info, TunnelsCut: n}, nil
+}
+
+// denied is the Trial's list of entries removed with deny after a change
+// that added added and removed removed.
+func denied(cur, added, removed []string) []string {
+	var out []string
+	for _, e := range cur {
+		if !slices.Contains(added, e) && !slices.Contains(removed, e) {
+			out = append(out, e)
+		}
+	}
+	return append(out, removed...)
 }
 
 func entryStrings(es []proxy.Entry) []string {

@@ -3,10 +3,13 @@
 package agent
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/trialnet/trialnet/proxy"
 )
@@ -55,7 +58,7 @@ func (a *Agent) proxySettings(file *proxy.File) (proxy.Settings, error) {
 // reprofiled is one live Trial's new allowlist, ready to apply.
 type reprofiled struct {
 	lt         *liveTrial
-	new        TrialInfo
+	old, new   TrialInfo
 	allow      *proxy.Allowlist
 	meta, prev json.RawMessage // the new and the previous description
 }
@@ -86,9 +89,12 @@ func (a *Agent) Reload(req ReloadRequest) (ReloadResult, error) {
 	}
 	var plan []reprofiled
 	if req.Reprofile {
-		if plan, err = a.planReprofile(f); err != nil {
+		var unlock func()
+		plan, unlock, err = a.planReprofile(f)
+		if err != nil {
 			return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
 		}
+		defer unlock() // no allow/deny between the plan and the swap
 	}
 	// The one step that can fail: the Trials' records. Undone on failure.
 	for i := range plan {
@@ -109,6 +115,7 @@ func (a *Agent) Reload(req ReloadRequest) (ReloadResult, error) {
 			continue // destroyed meanwhile
 		}
 		res.Reprofiled = append(res.Reprofiled, r.new.ID)
+		a.recordReprofile(r)
 	}
 	a.ret.soon() // the retention rule may have changed
 	a.log.Info("config reloaded", "config", path, "profiles", len(res.Profiles), "reprofiled", len(res.Reprofiled))
@@ -134,7 +141,7 @@ func samePaths(old, new *proxy.File) error {
 
 // planReprofile computes the new allowlist of every live Trial made from
 // profiles: the profiles' entries from f, plus the Trial's explicit ones.
-func (a *Agent) planReprofile(f *proxy.File) ([]reprofiled, error) {
+func (a *Agent) planReprofile(f *proxy.File) (_ []reprofiled, unlock func(), err error) {
 	a.mu.Lock()
 	var lts []*liveTrial
 	for _, lt := range a.trials {
@@ -143,6 +150,22 @@ func (a *Agent) planReprofile(f *proxy.File) ([]reprofiled, error) {
 		}
 	}
 	a.mu.Unlock()
+	// Each Trial's allow/deny waits until the reload is done (in id
+	// order, as any taker of several of these locks must).
+	slices.SortFunc(lts, func(x, y *liveTrial) int { return strings.Compare(x.info.ID, y.info.ID) })
+	for _, lt := range lts {
+		lt.policy.Lock()
+	}
+	unlockAll := func() {
+		for _, lt := range lts {
+			lt.policy.Unlock()
+		}
+	}
+	defer func() {
+		if err != nil {
+			unlockAll()
+		}
+	}()
 	var plan []reprofiled
 	for _, lt := range lts {
 		a.mu.Lock()
@@ -150,26 +173,58 @@ func (a *Agent) planReprofile(f *proxy.File) ([]reprofiled, error) {
 		a.mu.Unlock()
 		fromProfiles, err := f.Allowlist(old.Profiles, nil, false)
 		if err != nil {
-			return nil, fmt.Errorf("live Trial %s: %w", old.ID, err)
+			return nil, nil, fmt.Errorf("live Trial %s: %w", old.ID, err)
 		}
 		explicit, err := parseEntries(old.Allow, func(e AllowEntry) bool { return e.Profile == "" })
 		if err != nil {
-			return nil, fmt.Errorf("live Trial %s: %w", old.ID, err)
+			return nil, nil, fmt.Errorf("live Trial %s: %w", old.ID, err)
 		}
-		allow := proxy.NewAllowlist(append(fromProfiles.Entries(), explicit...)...)
+		var kept []proxy.Entry
+		for _, e := range fromProfiles.Entries() {
+			if !slices.Contains(old.Denied, e.String()) {
+				kept = append(kept, e)
+			}
+		}
+		allow := proxy.NewAllowlist(append(kept, explicit...)...)
 		nw := old
 		nw.Allow = allowEntries(allow)
 		meta, err := json.Marshal(nw)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		prev, err := json.Marshal(old)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		plan = append(plan, reprofiled{lt: lt, new: nw, allow: allow, meta: meta, prev: prev})
+		plan = append(plan, reprofiled{lt: lt, old: old, new: nw, allow: allow, meta: meta, prev: prev})
 	}
-	return plan, nil
+	return plan, unlockAll, nil
+}
+
+// recordReprofile logs a reprofiled Trial's new allowlist as a policy
+// change (uid -1: the agent's own reload), so that its audit shows the
+// list every later decision was made under.
+func (a *Agent) recordReprofile(r reprofiled) {
+	var was, is []string
+	for _, e := range r.old.Allow {
+		was = append(was, e.Entry)
+	}
+	for _, e := range r.new.Allow {
+		is = append(is, e.Entry)
+	}
+	pc := &proxy.PolicyChange{UID: -1}
+	for _, e := range is {
+		if !slices.Contains(was, e) {
+			pc.Added = append(pc.Added, e)
+		}
+	}
+	for _, e := range was {
+		if !slices.Contains(is, e) {
+			pc.Removed = append(pc.Removed, e)
+		}
+	}
+	a.record(proxy.Event{Schema: proxy.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: r.new.ID,
+		Decision: proxy.DecisionPolicyChange, Learning: r.new.Learning, Detail: "reload --reprofile: " + describe(pc), PolicyChange: pc})
 }
 
 // parseEntries parses a Trial's stored entries that keep says to keep

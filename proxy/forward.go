@@ -175,7 +175,13 @@ func (p *Proxy) admitRequest(t *trial, req *Request, ev *Event) error {
 		t.tunnels.Add(-1)
 		return deny(ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
 	}
-	if _, _, err := t.decide(req, ev); err != nil {
+	entry, ruled, err := t.decide(req, ev)
+	if err == nil && ruled && entry.RequireTLS {
+		// Plain HTTP is not TLS, whatever the port: an entry that wants
+		// TLS is reached through CONNECT only.
+		err = deny(ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())
+	}
+	if err != nil {
 		t.tunnels.Add(-1)
 		return err
 	}

@@ -357,3 +357,29 @@ func TestForwardStripsHopByHop(t *testing.T) {
 		t.Fatalf("want 100 Continue, then 200: %v", resps)
 	}
 }
+
+// An entry that requires TLS is never reached by plain HTTP, whatever the
+// port: the forwarder refuses it before any DNS, as CONNECT refuses
+// plaintext in a tunnel.
+func TestForwardHonoursRequireTLS(t *testing.T) {
+	reached := make(chan struct{}, 1)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, tls: true, upstream: func(c *net.TCPConn) {
+		reached <- struct{}{}
+	}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	resps := rawExchange(t, tp.addr, "POST http://api.example.com:443/exfil HTTP/1.1\r\nHost: api.example.com:443\r\nContent-Length: 6\r\n\r\nsecret", 1)
+	if len(resps) != 1 || resps[0].StatusCode != 403 || Reason(resps[0].Header.Get("Trialnet-Reason")) != ReasonTLSRequired {
+		t.Fatalf("plain HTTP to a require_tls entry: %v, want 403 %s", resps, ReasonTLSRequired)
+	}
+	if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != ReasonTLSRequired {
+		t.Fatalf("event %+v", ev)
+	}
+	select {
+	case <-reached:
+		t.Fatal("the upstream was reached")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if n := tp.dns.count("api.example.com"); n != 0 {
+		t.Fatalf("%d DNS queries for a refused request", n)
+	}
+}

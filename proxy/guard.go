@@ -202,6 +202,11 @@ func (g *Guard) WithAllow(allow []netip.Prefix) *Guard {
 	return &Guard{allow: allow, host: g.host, proxy: g.proxy}
 }
 
+// Allowed is a copy of the CIDRs this guard allows beyond the default.
+func (g *Guard) Allowed() []netip.Prefix {
+	return append(make([]netip.Prefix, 0, len(g.allow)), g.allow...)
+}
+
 // AddProxyAddr records an address the proxy listens on; it is never
 // dialed. Unspecified listen addresses are covered by the host check.
 func (g *Guard) AddProxyAddr(a netip.Addr) {

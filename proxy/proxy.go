@@ -167,6 +167,9 @@ func (p *Proxy) Reconfigure(s Settings) {
 // Guard returns the address guard of Trials added now.
 func (p *Proxy) Guard() *Guard { return p.cur.Load().guard }
 
+// DefaultLimits are the limits of Trials added now without their own.
+func (p *Proxy) DefaultLimits() Limits { return p.cur.Load().limits }
+
 // TrialPolicy is what the proxy enforces for one Trial.
 type TrialPolicy struct {
 	ID    string
@@ -176,6 +179,10 @@ type TrialPolicy struct {
 	// still refuses.
 	Learn  bool
 	Limits *Limits // nil: the proxy's defaults
+	// AllowCIDRs, if not nil, are the Trial's allowed CIDRs instead of the
+	// proxy's current ones: a re-adopted Trial keeps what it was created
+	// with, whatever the config says now.
+	AllowCIDRs []netip.Prefix
 	// Stats, if set, are where the Trial's counters start: a restarted
 	// agent continues them from the decision log.
 	Stats *TrialStats
@@ -212,6 +219,9 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		return errors.New("proxy: a Trial needs an id")
 	}
 	set := p.cur.Load()
+	if tp.AllowCIDRs != nil {
+		set = p.settingsFor(set.guard.WithAllow(tp.AllowCIDRs), set.resolver, set.limits)
+	}
 	lim := set.limits
 	if tp.Limits != nil {
 		lim = tp.Limits.withDefaults()
