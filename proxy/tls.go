@@ -205,10 +205,10 @@ func ParseClientHello(msg []byte) (ClientHelloInfo, error) {
 			return info, fmt.Errorf("extension %d appears twice", typ)
 		}
 		seen[typ] = true
-		switch typ {
-		case extECH:
+		switch {
+		case isEncryptedHello(typ):
 			info.ECH = true
-		case extServerName:
+		case typ == extServerName:
 			name, err := parseSNI(data)
 			if err != nil {
 				return info, err
@@ -217,6 +217,13 @@ func ParseClientHello(msg []byte) (ClientHelloInfo, error) {
 		}
 	}
 	return info, nil
+}
+
+// isEncryptedHello is true of every code point an encrypted ClientHello
+// has used: ECH (0xfe0d), its drafts (0xfe08-0xfe0c) and ESNI (0xffce).
+// The real server name in any of them cannot be checked.
+func isEncryptedHello(typ uint16) bool {
+	return typ == extECH || (typ >= 0xfe08 && typ <= 0xfe0c) || typ == 0xffce
 }
 
 func parseSNI(data cursor) (string, error) {

@@ -272,10 +272,13 @@ func TestParseClientHello(t *testing.T) {
 		binary.BigEndian.PutUint16(m[off:], uint16(el))
 		return m
 	}
-	if info, err := ParseClientHello(withExt(0xfe, 0x0d, 0x00, 0x01, 0x00)); err != nil || !info.ECH {
-		t.Fatalf("ECH: %+v %v", info, err)
-	} else if checkSNI(info, "api.example.com") == nil || ReasonOf(checkSNI(info, "api.example.com")) != ReasonTLSECH {
-		t.Fatal("ECH ClientHello passed the name check")
+	// ECH, its drafts and ESNI: the real name is encrypted in every one.
+	for _, code := range [][2]byte{{0xfe, 0x0d}, {0xfe, 0x08}, {0xfe, 0x0a}, {0xfe, 0x0c}, {0xff, 0xce}} {
+		if info, err := ParseClientHello(withExt(code[0], code[1], 0x00, 0x01, 0x00)); err != nil || !info.ECH {
+			t.Fatalf("encrypted hello %x: %+v %v", code, info, err)
+		} else if checkSNI(info, "api.example.com") == nil || ReasonOf(checkSNI(info, "api.example.com")) != ReasonTLSECH {
+			t.Fatalf("an encrypted ClientHello (%x) passed the name check", code)
+		}
 	}
 	sni := []byte{0x00, 0x00, 0x00, 0x08, 0x00, 0x06, 0x00, 0x00, 0x03, 'x', '.', 'y'}
 	if _, err := ParseClientHello(withExt(sni...)); err == nil {
