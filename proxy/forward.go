@@ -145,6 +145,14 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 		return false, err
 	}
 	defer h.t.tunnels.Add(-1)
+	// Known to the Trial like a tunnel while it runs (a request or a
+	// response may stream for as long as a tunnel), so that a deny --cut
+	// of its entry ends it.
+	ot, err := h.t.register(req, ev, h.c, nil)
+	if err != nil {
+		return false, err
+	}
+	defer h.t.unregister(ot)
 	out, body, err := h.outgoing(in, req, ev)
 	if err != nil {
 		return false, err

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -381,5 +382,60 @@ func TestForwardHonoursRequireTLS(t *testing.T) {
 	}
 	if n := tp.dns.count("api.example.com"); n != 0 {
 		t.Fatalf("%d DNS queries for a refused request", n)
+	}
+}
+
+// A forwarded request streams as long as a tunnel: deny --cut of its
+// entry ends it too.
+func TestCutEndsAForwardedStream(t *testing.T) {
+	recv := make(chan int, 1000)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80"}, upstream: func(c *net.TCPConn) {
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		b := make([]byte, 1024)
+		for {
+			n, err := req.Body.Read(b)
+			if n > 0 {
+				recv <- n
+			}
+			if err != nil {
+				return
+			}
+		}
+	}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	c, err := net.Dial("tcp", tp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "POST http://api.example.com/up HTTP/1.1\r\nHost: api.example.com\r\nTransfer-Encoding: chunked\r\n\r\n")
+	chunk := func() { _, _ = io.WriteString(c, fmt.Sprintf("%x\r\n%s\r\n", 5, "data!")) }
+	chunk()
+	select {
+	case <-recv:
+	case <-time.After(3 * time.Second):
+		t.Fatal("first chunk did not arrive")
+	}
+	e, _ := ParseEntry("api.example.com:80")
+	n, err := tp.SetAllow("t1", NewAllowlist(), []Entry{e})
+	if err != nil || n != 1 {
+		t.Fatalf("SetAllow(remove api.example.com:80, cut): %d cut, %v; want the streaming request", n, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	got := 0
+	for range 10 {
+		chunk()
+		select {
+		case <-recv:
+			got++
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if got > 0 {
+		t.Errorf("%d of 10 chunks reached the upstream after its entry was cut", got)
 	}
 }

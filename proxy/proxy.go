@@ -309,7 +309,9 @@ type openTunnel struct {
 func (ot *openTunnel) cut(why string) {
 	ot.cutBecause.Store(&why)
 	_ = ot.client.Close()
-	_ = ot.up.Close()
+	if ot.up != nil { // a forwarded request ends with its client connection
+		_ = ot.up.Close()
+	}
 }
 
 // decide matches a request against the Trial's allowlist as it is now:
