@@ -88,6 +88,22 @@ func TestPrivilegedPIDNamespaceHidesTheHost(t *testing.T) {
 	if pid1 != initArg0 || n > 2 || self == 0 {
 		t.Errorf("inside the Trial: %d processes, PID 1 is %q, own pid %d; want only the Trial's own (trialnet-init and the probe)", n, pid1, self)
 	}
+	// The init holds nothing worth taking over: no capability, and the
+	// commands' seccomp filter on every thread.
+	init, err := findInit(tr.Cgroup)
+	if err != nil || init.pidfd < 0 {
+		t.Fatalf("the Trial's init: %v", err)
+	}
+	defer unix.Close(init.pidfd)
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", init.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+		if !strings.Contains(string(st), want) {
+			t.Errorf("the Trial's init lacks %q", want)
+		}
+	}
 }
 
 // unconfinedProbe runs the probe as uid outside any Trial.

@@ -132,8 +132,12 @@ func shareable(f *os.File) bool {
 		return false
 	}
 	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFIFO, unix.S_IFREG:
+	case unix.S_IFIFO:
 		return true
+	case unix.S_IFREG:
+		// A namespace file looks regular; it has no business as stdio.
+		var fs unix.Statfs_t
+		return unix.Fstatfs(int(f.Fd()), &fs) == nil && fs.Type != unix.NSFS_MAGIC
 	case unix.S_IFCHR:
 		if term.IsTerminal(int(f.Fd())) {
 			return true // replaced by the Trial's own pty

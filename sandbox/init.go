@@ -262,7 +262,12 @@ func setupInit() error {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("unshare cgroup namespace: %w", err)
 	}
-	return dropCapabilities()
+	if err := dropCapabilities(); err != nil {
+		return err
+	}
+	// The commands' filter too: were a command to take init over (a
+	// uid-0 Trial on a kernel without Landlock), it would gain nothing.
+	return installSeccompAllThreads()
 }
 
 // dropNsMounts detaches the namespace files bind-mounted on the host (every
