@@ -326,8 +326,10 @@ func Init() {
 		return
 	}
 	switch os.Args[0] {
-	case initArg0:
+	case initSetupArg0:
 		runInit()
+	case initArg0:
+		runReaper()
 		os.Exit(0)
 	case execArg0:
 		// Bounding set, capabilities, no_new_privs and the seccomp filter

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -176,7 +177,7 @@ func (t *Trial) startInit(cg *os.File) (initProc, error) {
 	pidfd := -1
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
-		Args:       []string{initArg0},
+		Args:       []string{initSetupArg0},
 		Stderr:     stderrW,
 		ExtraFiles: []*os.File{readyW},
 		SysProcAttr: &syscall.SysProcAttr{
@@ -213,16 +214,40 @@ func (t *Trial) startInit(cg *os.File) (initProc, error) {
 // why setting up failed.
 func runInit() {
 	ready := os.NewFile(3, "trialnet-init-ready")
+	// Capabilities, the bounding set, no_new_privs and the seccomp filter
+	// are per thread, and a Go program has several: they are set on this
+	// thread, which then execs the reaper, so that every thread of PID 1
+	// starts from them.
+	runtime.LockOSThread()
+	err := setupInit()
+	if err == nil {
+		err = dropCapabilities()
+	}
+	if err == nil {
+		err = installSeccomp()
+	}
+	if err == nil {
+		_, err = unix.FcntlInt(3, unix.F_SETFD, 0) // the reaper says "ready"
+	}
+	if err == nil {
+		err = unix.Exec("/proc/self/exe", []string{initArg0}, []string{})
+	}
+	_, _ = fmt.Fprintf(ready, "trialnet-init: %v", err)
+	os.Exit(1)
+}
+
+// initSetupArg0 is the Trial's PID 1 while it sets the Trial up, as root;
+// it then execs itself as initArg0, which only reaps.
+const initSetupArg0 = "trialnet-init-setup"
+
+func runReaper() {
 	// PID 1 ignores what it does not handle; a Go program handles every
 	// signal, and exiting would kill the whole Trial.
 	signal.Ignore(syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGUSR1,
 		syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
 	children := make(chan os.Signal, 1)
 	signal.Notify(children, syscall.SIGCHLD)
-	if err := setupInit(); err != nil {
-		_, _ = fmt.Fprintf(ready, "trialnet-init: %v", err)
-		os.Exit(1)
-	}
+	ready := os.NewFile(3, "trialnet-init-ready")
 	_, _ = ready.Write([]byte{0})
 	_ = ready.Close()
 	for range children {
@@ -235,8 +260,10 @@ func runInit() {
 	}
 }
 
-// setupInit gives the Trial its own view of processes and terminals, and
-// then drops every capability: PID 1 needs none to reap.
+// setupInit gives the Trial its own view of processes and terminals; the
+// caller then drops every capability (PID 1 needs none to reap) and puts
+// it under the commands' seccomp filter: were a command to take init over
+// (a uid-0 Trial on a kernel without Landlock), it would gain nothing.
 func setupInit() error {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later (another Trial's netns among it) leaks in.
@@ -262,12 +289,7 @@ func setupInit() error {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("unshare cgroup namespace: %w", err)
 	}
-	if err := dropCapabilities(); err != nil {
-		return err
-	}
-	// The commands' filter too: were a command to take init over (a
-	// uid-0 Trial on a kernel without Landlock), it would gain nothing.
-	return installSeccompAllThreads()
+	return nil
 }
 
 // dropNsMounts detaches the namespace files bind-mounted on the host (every

@@ -124,19 +124,13 @@ func seccompProgram() ([]bpf.RawInstruction, error) {
 // installSeccomp loads the filter on the calling thread, which must then
 // exec: the filter is kept across execve and inherited by every child.
 // no_new_privs must already be set (dropPrivileges does).
-func installSeccomp() error { return loadSeccomp(0) }
-
-// installSeccompAllThreads loads the filter on every thread of this
-// process: for the Trial's init, which goes on running Go.
-func installSeccompAllThreads() error { return loadSeccomp(unix.SECCOMP_FILTER_FLAG_TSYNC) }
-
-func loadSeccomp(flags uintptr) error {
+func installSeccomp() error {
 	prog, err := seccompProgram()
 	if err != nil {
 		return err
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: (*unix.SockFilter)(unsafe.Pointer(&prog[0]))}
-	if _, _, errno := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog))); errno != 0 {
+	if _, _, errno := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog))); errno != 0 {
 		return fmt.Errorf("install seccomp filter: %w", errno)
 	}
 	runtime.KeepAlive(prog)
