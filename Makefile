@@ -76,7 +76,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'Throughput' -benchtime 10x ./test/proxybench
 	$(GO) test -run '^$$' -bench 'FirstByte|TunnelsPerSecond' -benchtime 3000x ./test/proxybench
 	$(GO) test -run '^$$' -bench 'IdleTunnelMemory' -benchtime 1x ./test/proxybench
-	$(GO) test -run '^$$' -bench 'TrialLifecycle|SandboxWithProcess|RequestLatency' -benchtime 200x ./test/systembench
+	$(GO) test -run '^$$' -bench 'TrialLifecycle|SandboxWithProcess|Launch|RequestLatency' -benchtime 200x ./test/systembench
 	$(GO) test -run '^$$' -bench 'IdleTrialMemory' -benchtime 1x ./test/systembench
 	$(GO) test -run '^$$' -bench 'RunTrue' -benchtime 50x ./test/systembench
 
