@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testpty"
 )
 
 func TestMain(m *testing.M) {
@@ -349,26 +350,10 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 // processes outside.
 func TestPrivilegedLSMIoctl(t *testing.T) {
 	l, opts := loadLSMTest(t)
-	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ptmx.Close()
-	if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pts, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pts.Close()
+	_, pts := testpty.Open(t, 24, 80)
 
 	c, _, cgid := lsmTrial(t, l, opts.Cgroup, Policy{UnixOpen: true}, pts)
-	_, err = c.do("ioctl 3 %d", unix.TIOCSTI)
+	_, err := c.do("ioctl 3 %d", unix.TIOCSTI)
 	wantErrno(t, "TIOCSTI in the Trial", err, unix.EPERM)
 	_, err = c.do("ioctl 3 %d", unix.TIOCLINUX)
 	wantErrno(t, "TIOCLINUX in the Trial", err, unix.EPERM)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/testpty"
 	"golang.org/x/sys/unix"
 )
 
@@ -174,52 +175,20 @@ func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 	}
 	// TIOCSTI and TIOCLINUX on the command's own terminal: the kernel
 	// would allow TIOCSTI there; the filter does not.
-	user := openPTY(t, 24, 80)
+	_, userSlave := testpty.Open(t, 24, 80)
 	for _, cmd := range []string{"0x5412", "0x100005412", "0x541c"} {
-		_, out := runProbeAs(t, tr, nobody, Command{Stdin: user.slave}, "ioctl0", cmd)
+		_, out := runProbeAs(t, tr, nobody, Command{Stdin: userSlave}, "ioctl0", cmd)
 		if out != "EPERM" {
 			t.Errorf("ioctl %s on the Trial's terminal: %q, want EPERM", cmd, out)
 		}
 	}
 }
 
-// pty is a terminal standing in for the operator's: the test holds the
-// master (the terminal emulator) and hands the slave to trialnet.
-type pty struct {
-	master, slave *os.File
-}
-
-func openPTY(t *testing.T, rows, cols uint16) pty {
-	t.Helper()
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.IoctlSetWinsize(int(s.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = s.Close()
-		_ = m.Close()
-	})
-	return pty{master: m, slave: s}
-}
-
 func TestPrivilegedTerminalIsRelayed(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{UnixOpen: true})
-	user := openPTY(t, 33, 111)
+	master, slave := testpty.Open(t, 33, 111)
+	user := struct{ master, slave *os.File }{master, slave}
 	userName, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", user.slave.Fd()))
 	script := `stty size; tty; trap 'echo got-int; exit 7' INT; echo ready; while :; do sleep 0.05; done`
 	lines := make(chan string, 16)

@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testpty"
 	"golang.org/x/sys/unix"
 )
 
@@ -145,7 +145,7 @@ func TestPrivilegedRunLeavesNothingBehind(t *testing.T) {
 func TestPrivilegedRunOnATerminalStopsAndContinues(t *testing.T) {
 	privtest.Require(t)
 	installedByTest(t)
-	m, s := openTerminal(t)
+	m, s := testpty.Open(t, 24, 80)
 	cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sh", "-c", "echo ready; while :; do echo tick; sleep 0.1; done")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = s, s, s
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
@@ -226,25 +226,4 @@ func waitStopped(pid int, d time.Duration) bool {
 		}
 	}
 	return false
-}
-
-func openTerminal(t *testing.T) (master, slave *os.File) {
-	t.Helper()
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(); _ = m.Close() })
-	return m, s
 }

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/internal/testpty"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
@@ -88,7 +88,7 @@ func newBoundaryWorld(t *testing.T) *boundaryWorld {
 	t.Cleanup(func() { _ = ln.Close() })
 	go countAccepts(ln, &w.reachedUnix)
 	w.startVictim(t, dir)
-	w.operator, w.opSlave = openPTY(t)
+	w.operator, w.opSlave = testpty.Open(t, 24, 80)
 	return w
 }
 
@@ -156,27 +156,6 @@ func (w *boundaryWorld) startVictim(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = w.peer.Close() })
-}
-
-func openPTY(t *testing.T) (master, slave *os.File) {
-	t.Helper()
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close(); _ = m.Close() })
-	return m, s
 }
 
 func (w *boundaryWorld) args(t *testing.T) []string {

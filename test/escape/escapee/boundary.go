@@ -105,6 +105,12 @@ func stealAndConnect(pid, fd int, target string) error {
 		return fmt.Errorf("pidfd_open %d: %w", pid, err)
 	}
 	defer unix.Close(pidfd)
+	return useStolen(pidfd, fd, target)
+}
+
+// useStolen takes descriptor fd of the process pidfd refers to, connects
+// it to target and writes through it.
+func useStolen(pidfd, fd int, target string) error {
 	s, err := unix.PidfdGetfd(pidfd, fd, 0)
 	if err != nil {
 		return fmt.Errorf("pidfd_getfd: %w", err)
@@ -132,20 +138,7 @@ func stealFromPeer(sock, fd int, target string) error {
 		return fmt.Errorf("SO_PEERPIDFD on fd %d: %w", sock, err)
 	}
 	defer unix.Close(pidfd)
-	s, err := unix.PidfdGetfd(pidfd, fd, 0)
-	if err != nil {
-		return fmt.Errorf("pidfd_getfd of the peer: %w", err)
-	}
-	defer unix.Close(s)
-	sa, err := sockaddrOf(target)
-	if err != nil {
-		return err
-	}
-	if err := unix.Connect(s, sa); err != nil {
-		return fmt.Errorf("connect the stolen socket: %w", err)
-	}
-	_, err = unix.Write(s, []byte("stolen"))
-	return err
+	return useStolen(pidfd, fd, target)
 }
 
 // ptracePoke attaches to the victim and writes its mailbox, which makes
