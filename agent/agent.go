@@ -40,6 +40,12 @@ const (
 type AgentConfig struct {
 	Host    Config
 	DataDir string
+	// Ephemeral: the agent's Trials are its own and end with it (trialnet
+	// run without a daemon). With a Host.StateDir, each Trial's record
+	// names its owner process, and an ephemeral agent starting removes the
+	// Trials whose owner died without tearing them down, instead of
+	// re-adopting anything.
+	Ephemeral bool
 	// File holds profiles, resolvers, allowed CIDRs and limits; nil: none.
 	File *proxy.File
 	// Resolvers override File's; AllowCIDRs add to File's.
@@ -134,6 +140,8 @@ type TrialInfo struct {
 	// said when it was created; a reload or restart does not widen them.
 	// Absent in records older than the field: then the current ones.
 	AllowCIDRs []netip.Prefix `json:"allow_cidrs"`
+	// Owner is the process whose Trial this is, for an ephemeral agent's.
+	Owner *Owner `json:"owner,omitempty"`
 	// Denied are entries removed from the live Trial with deny: a reload
 	// --reprofile does not bring them back from its profiles.
 	Denied  []string      `json:"denied,omitempty"`
@@ -222,7 +230,11 @@ func Start(cfg AgentConfig) (*Agent, error) {
 		}
 	}
 	host.Endpoint, host.Logger = endpoint{a}, log
-	a.readopt()
+	if cfg.Ephemeral {
+		host.Sweep(ownerAlive)
+	} else {
+		a.readopt()
+	}
 	a.startRetention()
 	return a, nil
 }
@@ -267,6 +279,9 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
 		Learning: req.Learn || a.file.Load().Learn(req.Profiles), Allow: allowEntries(allow),
 		AllowCIDRs: a.proxy.Guard().Allowed()}
+	if a.cfg.Ephemeral {
+		info.Owner = self()
+	}
 	if info.Limits == nil {
 		// The limits in force now, kept: a reload or restart does not
 		// change a live Trial's.

@@ -355,6 +355,30 @@ func (h *Host) Adopt(prepare func(*Trial) error) []*Trial {
 	return out
 }
 
+// Sweep removes every recorded Trial whose record alive does not claim:
+// for hosts whose Trials belong to one process each (an embedded agent),
+// where a process killed outright leaves its Trial behind. A record alive
+// claims, a live owner's (being made or in use), is left alone.
+func (h *Host) Sweep(alive func(meta json.RawMessage) bool) {
+	if h.StateDir == "" {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(h.StateDir, "*.json"))
+	for _, f := range files {
+		id := strings.TrimSuffix(filepath.Base(f), ".json")
+		if netns.ValidID(id) != nil {
+			continue
+		}
+		if rec, err := h.readRecord(id); err == nil && alive(rec.Meta) {
+			continue
+		}
+		h.log().Warn("removing a Trial whose owner is gone", "trial", id)
+		if err := h.Remove(id); err != nil {
+			h.log().Error("remove leftover trial", "trial", id, "error", err)
+		}
+	}
+}
+
 func (h *Host) open(id string, prepare func(*Trial) error) (*Trial, error) {
 	rec, err := h.readRecord(id)
 	if err != nil {

@@ -243,11 +243,13 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(stdout, stderr, *asJSON, exitUsage, err)
 		}
-		// The config's paths (pins, cgroup parent, namespaces) are honoured;
-		// no state directory: the embedded agent's Trials die with it.
+		// The config's paths (pins, cgroup parent, namespaces) are honoured.
+		// Its Trials are this process's: their records, apart from the
+		// daemon's, name it, so that a run killed outright (no teardown)
+		// leaves nothing that the next run does not remove.
 		host := hostConfig(file)
-		host.StateDir = ""
-		a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: cf.resolvers, AllowCIDRs: cidrs})
+		host.StateDir += "-ephemeral"
+		a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: cf.resolvers, AllowCIDRs: cidrs, Ephemeral: true})
 		if err != nil {
 			return fail(stdout, stderr, *asJSON, exitFailure, err)
 		}

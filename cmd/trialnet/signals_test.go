@@ -17,6 +17,7 @@ import (
 
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testpty"
+	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -226,4 +227,63 @@ func waitStopped(pid int, d time.Duration) bool {
 		}
 	}
 	return false
+}
+
+// A run killed outright cannot tear its Trial down; the next run removes
+// it (its record names an owner that is gone), and leaves live runs'
+// Trials alone.
+func TestPrivilegedRunKilledIsCleanedUpByTheNext(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	parent, err := sandbox.EnsureParent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	trials := func() map[string]bool {
+		entries, _ := os.ReadDir(parent)
+		m := map[string]bool{}
+		for _, e := range entries {
+			if e.IsDir() && strings.HasPrefix(e.Name(), "run-") {
+				m[e.Name()] = true
+			}
+		}
+		return m
+	}
+	before := trials()
+	start := func() (*exec.Cmd, string) {
+		cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sleep", "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for range 500 {
+			for id := range trials() {
+				if !before[id] {
+					before[id] = true
+					return cmd, id
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatal("the run's Trial did not appear")
+		return nil, ""
+	}
+	killed, gone := start()
+	live, kept := start()
+	_ = killed.Process.Kill()
+	_, _ = killed.Process.Wait()
+	if !trials()[gone] {
+		t.Fatal("the killed run's Trial vanished by itself: the test cannot tell")
+	}
+	if code, _, errOut := trialnet("run", "--uid", "65534", "--", "true"); code != 0 {
+		t.Fatalf("the next run: exit %d %s", code, errOut)
+	}
+	now := trials()
+	if now[gone] {
+		t.Errorf("the killed run's Trial %s is still there after the next run", gone)
+	}
+	if !now[kept] {
+		t.Errorf("the next run removed a live run's Trial %s", kept)
+	}
+	_ = live.Process.Signal(syscall.SIGTERM)
+	_, _ = live.Process.Wait()
 }
