@@ -78,7 +78,10 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 		DialContext:         h.dial,
 		DisableCompression:  true, // bytes pass as they are
 		MaxIdleConnsPerHost: 1,    // requests on one client connection are sequential
-		IdleConnTimeout:     p.cfg.HeaderTimeout,
+		// and only the last host's connection is worth keeping: idle
+		// upstream sockets count against no limit of the Trial's.
+		MaxIdleConns:    1,
+		IdleConnTimeout: p.cfg.HeaderTimeout,
 	}
 	defer h.tr.CloseIdleConnections()
 	for first := true; ; first = false {
