@@ -53,6 +53,18 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 	if !info.Learning || len(a.List()) != 1 || !a.List()[0].Learning {
 		t.Fatalf("a learning Trial is not described as one: %+v", a.List())
 	}
+	// deny on a learning Trial says what it cannot do (another Trial: its
+	// policy-change records would be this one's log's).
+	add := fmt.Sprintf("%s:%d", names[0], upstreamPort)
+	if _, err := a.Create(CreateRequest{ID: "agt-learn-deny", Learn: true, Allow: []string{add}}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := a.ChangeAllow("agt-learn-deny", AllowChange{Remove: []string{add}}, 0); err != nil || !strings.Contains(res.Note, "learning") {
+		t.Fatalf("deny on a learning Trial: note %q, %v; want it to say the name still gets through", res.Note, err)
+	}
+	if _, err := a.Destroy("agt-learn-deny"); err != nil {
+		t.Fatal(err)
+	}
 	url := func(name string) string { return fmt.Sprintf("http://%s:%d/", name, upstreamPort) }
 	for _, n := range names {
 		if code, out := through(t, a, info.ID, url(n)); code != 0 || !strings.Contains(out, "hello from "+n) {

@@ -31,6 +31,9 @@ type AllowChange struct {
 type AllowChanged struct {
 	Trial      TrialInfo `json:"trial"`
 	TunnelsCut int       `json:"tunnels_cut"`
+	// Note says what the change does not do: on a learning Trial, a
+	// removed name is still let through (as would_deny).
+	Note string `json:"note,omitempty"`
 }
 
 // UIDUnknown is the uid recorded for a change whose caller's credentials
@@ -100,7 +103,11 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 		return AllowChanged{}, errf(CodeUnknownTrial, "%v", err)
 	}
 	a.log.Info("allowlist changed", "trial", id, "uid", uid, "added", pc.Added, "removed", pc.Removed, "tunnels_cut", n)
-	return AllowChanged{Trial: info, TunnelsCut: n}, nil
+	res := AllowChanged{Trial: info, TunnelsCut: n}
+	if info.Learning && len(remove) > 0 {
+		res.Note = "this Trial is learning: names off its allowlist, the removed ones included, are still let through and recorded as would_deny"
+	}
+	return res, nil
 }
 
 // denied is the Trial's list of entries removed with deny after a change

@@ -141,6 +141,9 @@ func changeAllow(verb string, args []string, stdout, stderr io.Writer) int {
 	if verb == "deny" {
 		fmt.Fprintf(tw, "tunnels_cut\t%d\n", res.TunnelsCut)
 	}
+	if res.Note != "" {
+		fmt.Fprintf(tw, "note\t%s\n", res.Note)
+	}
 	_ = tw.Flush()
 	return exitOK
 }
