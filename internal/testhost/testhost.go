@@ -64,7 +64,10 @@ func (h *Host) AddrPort6() netip.AddrPort { return netip.AddrPortFrom(h.Addr6, P
 
 // New creates the test host; Close removes its namespace and veth.
 // subnet picks 198.18.<subnet>.0/24 and fd7a:7472:<subnet>::/64 so that
-// several hosts can coexist.
+// several hosts can coexist. Packages' tests run at the same time, so each
+// package has subnets of its own (within one, tests run one after another):
+// sandbox 61-64, escape 171-174, proxybench 180, clients 190, demo 200,
+// proxy 210, cmd/trialnet 211, agent 221-239, systembench 240, load 241.
 func New(subnet uint8) (_ *Host, err error) {
 	var b [3]byte
 	_, _ = rand.Read(b[:])

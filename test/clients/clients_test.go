@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 const (
 	domain     = "clients.test"
 	deniedHost = "denied." + domain // resolvable, never on an allowlist
-	subnet     = 241
+	subnet     = 190
 	nobody     = 65534
 	// runTimeout bounds one client run; clients are told to give up sooner.
 	runTimeout = 3 * time.Minute

@@ -292,7 +292,7 @@ func deniedTotal(k map[string]uint64) uint64 {
 // and the kernel counted every network attempt.
 func TestPrivilegedEscapeTrial(t *testing.T) {
 	privtest.Require(t)
-	c := newCanaries(t, 231)
+	c := newCanaries(t, 171)
 	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "escape"), DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +332,7 @@ func TestPrivilegedEscapeTrial(t *testing.T) {
 // its policy naming that namespace), eBPF alone blocks everything.
 func TestPrivilegedEscapeEBPFOnly(t *testing.T) {
 	privtest.Require(t)
-	c := newCanaries(t, 232)
+	c := newCanaries(t, 172)
 	h, err := agent.OpenHost(testenv.IsolatedHost(t, "escape"))
 	if err != nil {
 		t.Fatal(err)
@@ -376,7 +376,7 @@ func TestPrivilegedEscapeEBPFOnly(t *testing.T) {
 // namespace alone blocks everything.
 func TestPrivilegedEscapeNetnsOnly(t *testing.T) {
 	privtest.Require(t)
-	c := newCanaries(t, 233)
+	c := newCanaries(t, 173)
 	ns, err := netns.Create(t.TempDir(), "netnsonly")
 	if err != nil {
 		t.Fatal(err)
@@ -395,7 +395,7 @@ func TestPrivilegedEscapeNetnsOnly(t *testing.T) {
 // suite can tell an escape from a block.
 func TestPrivilegedEscapeUnconfinedIsSeen(t *testing.T) {
 	privtest.Require(t)
-	c := newCanaries(t, 234)
+	c := newCanaries(t, 174)
 	host := hostNetns(t)
 	tr, err := sandbox.Attach("unconfined", testenv.PlainCgroup(t, "escape"), host.Path)
 	if err != nil {

@@ -92,7 +92,7 @@ func newEnv() (_ *env, err error) {
 			}
 		}
 	}()
-	if e.host, err = testhost.New(230); err != nil {
+	if e.host, err = testhost.New(180); err != nil {
 		return nil, err
 	}
 	e.cleanup = append(e.cleanup, e.host.Close)
