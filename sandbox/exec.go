@@ -198,7 +198,9 @@ func (p *Process) Wait() (int, error) {
 // cgroup, forked from a thread that joined the network, PID and mount
 // namespaces of the Trial's init, in a session of its own, so the process
 // never exists outside any of them. The trialnet-exec step then drops
-// every capability, installs the seccomp filter and execs the command.
+// every capability, enters a Landlock domain of its own, installs the
+// seccomp filter and execs the command. Stdio that is a socket is copied
+// through pipes instead of handed in (hideSockets).
 // When the caller's stdio is a terminal, the command gets a
 // pseudo-terminal relayed to it instead (see terminal).
 func (t *Trial) Start(c Command) (_ *Process, err error) {
