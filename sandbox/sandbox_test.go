@@ -542,7 +542,9 @@ func TestPrivilegedExecForwardsSignalsAndReportsCrashes(t *testing.T) {
 	sigs := make(chan os.Signal, 1)
 	pr, pw := io.Pipe()
 	var out bytes.Buffer
+	read := make(chan struct{})
 	go func() {
+		defer close(read)
 		br := bufio.NewReader(pr)
 		for range 2 {
 			line, _ := br.ReadString('\n')
@@ -558,7 +560,7 @@ func TestPrivilegedExecForwardsSignalsAndReportsCrashes(t *testing.T) {
 	if err != nil || code != 128+int(syscall.SIGTERM) {
 		t.Fatalf("forwarded SIGTERM: code %d, err %v; want 143", code, err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	<-read
 	if !strings.Contains(out.String(), "child-term") {
 		t.Errorf("SIGTERM did not reach the command's child: %q", out.String())
 	}
