@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,6 +36,8 @@ type terminal struct {
 
 	input     *stoppable // the caller's keystrokes, while relayed
 	winch     chan os.Signal
+	modeMu    sync.Mutex   // orders suspends and close: both change the mode
+	ownStops  atomic.Int32 // stops the relay made itself (^Z) and handles
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 }
@@ -195,9 +199,13 @@ func (t *terminal) copyInput(pid int) {
 			// The command leads a session of its own, so its process
 			// group is orphaned and the kernel drops the SIGTSTP its
 			// line discipline sends: a handler still runs, and SIGSTOP
-			// does what ^Z means. followStops takes it from there.
+			// does what ^Z means. The relay then stops this process
+			// itself; followStops leaves that stop to it.
+			t.ownStops.Add(1)
 			_ = unix.Kill(-pid, unix.SIGTSTP)
 			_ = unix.Kill(-pid, unix.SIGSTOP)
+			waitState(pid, 'T', time.Second)
+			t.suspend(pid)
 			in = in[i+1:]
 		}
 		if _, err := t.master.Write(in); err != nil {
@@ -243,17 +251,44 @@ func (t *terminal) followStops(pid, pidfd int) {
 			}
 			return
 		}
-		if t.saved != nil {
-			_ = term.Restore(int(t.in.Fd()), t.saved)
-			_ = unix.IoctlSetInt(int(t.in.Fd()), unix.TCFLSH, unix.TCIFLUSH)
+		if t.ownStops.Load() > 0 {
+			t.ownStops.Add(-1) // the relay's own ^Z: it suspends itself
+			continue
 		}
-		_ = unix.Kill(unix.Getpid(), unix.SIGSTOP)
-		// Continued: raw again, the size may have changed meanwhile.
-		if st, err := term.MakeRaw(int(t.in.Fd())); err == nil {
-			t.saved = st
+		t.suspend(pid)
+	}
+}
+
+// suspend stops this process, with the caller's terminal mode restored,
+// while the command is stopped; once continued (fg) it makes the terminal
+// raw again and continues the command.
+func (t *terminal) suspend(pid int) {
+	t.modeMu.Lock()
+	defer t.modeMu.Unlock()
+	if t.saved != nil {
+		_ = term.Restore(int(t.in.Fd()), t.saved)
+		_ = unix.IoctlSetInt(int(t.in.Fd()), unix.TCFLSH, unix.TCIFLUSH)
+	}
+	_ = unix.Kill(unix.Getpid(), unix.SIGSTOP)
+	// Continued: raw again, the size may have changed meanwhile.
+	if st, err := term.MakeRaw(int(t.in.Fd())); err == nil {
+		t.saved = st
+	}
+	t.copySize()
+	_ = unix.Kill(-pid, unix.SIGCONT)
+}
+
+// waitState waits, bounded, until process pid is in state (as
+// /proc/PID/stat's third field says).
+func waitState(pid int, state byte, d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return
 		}
-		t.copySize()
-		_ = unix.Kill(-pid, unix.SIGCONT)
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == state {
+			return
+		}
 	}
 }
 
@@ -276,12 +311,14 @@ func (t *terminal) close() {
 			_ = t.master.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 		}
 		t.wg.Wait()
+		t.modeMu.Lock()
 		if t.saved != nil {
 			_ = term.Restore(int(t.in.Fd()), t.saved)
 			// Input not yet relayed is the Trial's, or a terminal's answer
 			// to a query the Trial wrote: never the caller's shell's.
 			_ = unix.IoctlSetInt(int(t.in.Fd()), unix.TCFLSH, unix.TCIFLUSH)
 		}
+		t.modeMu.Unlock()
 		if t.slave != nil {
 			_ = t.slave.Close()
 		}

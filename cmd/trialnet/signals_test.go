@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -183,7 +184,8 @@ func TestPrivilegedRunOnATerminalStopsAndContinues(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !waitStopped(cmd.Process.Pid, 10*time.Second) {
-		t.Fatal("^Z did not stop trialnet with its command")
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		t.Fatalf("^Z did not stop trialnet with its command (trialnet: %s)", st)
 	}
 	// Stopped: no more ticks once what was in flight has drained.
 	time.Sleep(300 * time.Millisecond)
