@@ -214,26 +214,11 @@ func (c *Client) do(method, path string, body, out any) error {
 	if err != nil {
 		return err
 	}
-	resp, err := c.hc.Do(req)
+	resp, err := c.send(req)
 	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return fmt.Errorf("%w on %s (start one with 'sudo trialnet agent', or 'systemctl start trialnet')", ErrNoAgent, c.Socket)
-		}
-		if errors.Is(err, syscall.EACCES) {
-			return fmt.Errorf("cannot reach the trialnet agent on %s: permission denied (the control socket is root only; try sudo)", c.Socket)
-		}
-		return fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
+		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		var e struct {
-			Error *Error `json:"error"`
-		}
-		if json.NewDecoder(resp.Body).Decode(&e) == nil && e.Error != nil {
-			return e.Error
-		}
-		return &Error{Code: CodeInternal, Message: "agent answered " + resp.Status}
-	}
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
@@ -255,6 +240,33 @@ func (c *Client) Get(id string) (TrialInfo, error) {
 	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id), nil, &out)
 }
 
+// send makes a request to the agent: a transport failure says whether an
+// agent runs there at all, and an answer of 300 or more is the agent's
+// *Error.
+func (c *Client) send(req *http.Request) (*http.Response, error) {
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%w on %s (start one with 'sudo trialnet agent', or 'systemctl start trialnet')", ErrNoAgent, c.Socket)
+		}
+		if errors.Is(err, syscall.EACCES) {
+			return nil, fmt.Errorf("cannot reach the trialnet agent on %s: permission denied (the control socket is root only; try sudo)", c.Socket)
+		}
+		return nil, fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		var e struct {
+			Error *Error `json:"error"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&e) == nil && e.Error != nil {
+			return nil, e.Error
+		}
+		return nil, &Error{Code: CodeInternal, Message: "agent answered " + resp.Status}
+	}
+	return resp, nil
+}
+
 // Stats reads one Trial's counters.
 func (c *Client) Stats(id string) (Stats, error) {
 	var out Stats
@@ -274,20 +286,11 @@ func (c *Client) Watch(ctx context.Context, id string, fn func(proxy.Event)) err
 	if err != nil {
 		return err
 	}
-	resp, err := c.hc.Do(req)
+	resp, err := c.send(req)
 	if err != nil {
-		return fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
+		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode >= 300 {
-		var e struct {
-			Error *Error `json:"error"`
-		}
-		if json.NewDecoder(resp.Body).Decode(&e) == nil && e.Error != nil {
-			return e.Error
-		}
-		return &Error{Code: CodeInternal, Message: "agent answered " + resp.Status}
-	}
 	dec := json.NewDecoder(resp.Body)
 	for {
 		var ev proxy.Event

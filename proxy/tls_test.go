@@ -154,19 +154,7 @@ func reRecord(rec []byte, n int) []byte {
 // back before the tunnel closed.
 func sendInPieces(t *testing.T, tp *testProxy, data []byte, pieces int) []byte {
 	t.Helper()
-	resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
-	if resp.StatusCode != 200 {
-		t.Fatal(resp.Status)
-	}
-	step := (len(data) + pieces - 1) / pieces
-	for i := 0; i < len(data); i += step {
-		_, _ = c.Write(data[i:min(i+step, len(data))])
-		time.Sleep(30 * time.Millisecond)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	got := make([]byte, 64)
-	n, _ := br.Read(got)
-	return got[:n]
+	return sendInPiecesTo(t, tp, "api.example.com:443", data, pieces)
 }
 
 func TestTLSSplitClientHello(t *testing.T) {
