@@ -1,27 +1,31 @@
 //go:build linux
 
 // Package proxybench compares trialnet's CONNECT proxy, side by side in
-// one run, with a direct TCP connection (the physical limit here) and
-// with tinyproxy (Debian's package, started by the benchmark). The
-// upstream is a test host in its own network namespace behind a veth.
+// one interleaved run, with a direct TCP connection (the physical limit
+// here) and with its peers: tinyproxy and squid (Debian's packages),
+// smokescreen (a Go module at a pinned version) and a naive net/http
+// proxy, each a process started by the benchmark. The upstream is a test
+// host in its own network namespace behind a veth; the DNS server answers
+// as a real authoritative one does (NODATA with an SOA, so negative
+// answers are cached).
 //
-//	make bench    # or: go test -run '^$' -bench . -benchtime 1x ./test/proxybench
+//	make bench    # or: go test -run '^$' -bench Peers -benchtime 1x ./test/proxybench [-args -rounds 5]
 package proxybench
 
 import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,184 +33,96 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 )
 
 const (
 	upstreamName = "upstream.bench.example"
-	benchPort    = 9000 // on the test host: 'U' sink, 'D' source, 'E' echo
-	chunk        = 64 << 20
+	benchPort    = 9000 // on the test host; the first byte picks the service (serveUpstream)
+
+	// What each route does per round; every loop is also bounded by
+	// modeTimeout.
+	seqTunnels     = 2000     // sequential handshakes (enough CPU ticks to divide)
+	concClients    = 64       // concurrent clients ...
+	concTunnels    = 4000     // ... sharing this many tunnels
+	bulkBytes      = 64 << 20 // each way through one tunnel
+	idleTunnels    = 1000     // held open on a fresh proxy
+	halfCloseTries = 20       // each way
+	modeTimeout    = 30 * time.Second
+	ioTimeout      = 5 * time.Second // one dial, CONNECT or read
+	halfCloseWait  = time.Second     // for a half-close to show at the far end
 )
 
-// env is shared by every benchmark in one run: one test host, one DNS
-// server, one trialnet proxy process and one tinyproxy process.
+var rounds = flag.Int("rounds", 5, "interleaved rounds of BenchmarkPeers (at least 2)")
+
+// env is one run: a test host, a DNS server, and the peers' binaries and
+// files in a temp dir.
 type env struct {
-	host      *testhost.Host
-	upstream  netip.AddrPort
-	trialnet  *process
-	tinyproxy *process
-	cleanup   []func()
-
-	dir, bin, dnsAddr string
+	host     *testhost.Host
+	upstream netip.AddrPort
+	dir      string
+	dnsAddr  string
+	statsd   net.PacketConn // smokescreen's metrics sink, never read
+	// halfClosed gets the byte the upstream read after its own
+	// CloseWrite ('h'): proof that the client could still send.
+	halfClosed chan byte
+	cleanup    []func()
 }
 
-type process struct {
-	cmd  *exec.Cmd
-	addr string
-	stop func()
-}
-
-var (
-	envOnce sync.Once
-	shared  *env
-	envErr  error
-)
-
-func setup(b *testing.B) *env {
-	b.Helper()
-	privtest.Require(b)
-	envOnce.Do(func() { shared, envErr = newEnv() })
-	if envErr != nil {
-		b.Fatal(envErr)
-	}
-	return shared
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if shared != nil {
-		for i := len(shared.cleanup) - 1; i >= 0; i-- {
-			shared.cleanup[i]()
+func newEnv(b *testing.B) *env {
+	e := &env{halfClosed: make(chan byte, 16)}
+	b.Cleanup(func() {
+		for i := len(e.cleanup) - 1; i >= 0; i-- {
+			e.cleanup[i]()
 		}
-	}
-	os.Exit(code)
-}
-
-func newEnv() (_ *env, err error) {
-	e := &env{}
-	defer func() {
-		if err != nil {
-			for i := len(e.cleanup) - 1; i >= 0; i-- {
-				e.cleanup[i]()
-			}
-		}
-	}()
+	})
+	var err error
 	if e.host, err = testhost.New(180); err != nil {
-		return nil, err
+		b.Fatal(err)
 	}
 	e.cleanup = append(e.cleanup, e.host.Close)
 	e.upstream = netip.AddrPortFrom(e.host.Addr4, benchPort)
 	ln, err := e.host.NS.Listen(context.Background(), "tcp", e.upstream.String())
 	if err != nil {
-		return nil, err
+		b.Fatal(err)
 	}
 	e.cleanup = append(e.cleanup, func() { _ = ln.Close() })
-	go serveUpstream(ln)
+	go e.serveUpstream(ln)
 
 	dnsAddr, stopDNS, err := testhost.ServeDNS(e.host.Addr4, upstreamName)
 	if err != nil {
-		return nil, err
+		b.Fatal(err)
 	}
 	e.cleanup = append(e.cleanup, stopDNS)
-
-	dir, err := os.MkdirTemp("", "trialnet-bench-")
-	if err != nil {
-		return nil, err
+	e.dnsAddr = dnsAddr
+	if e.statsd, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+		b.Fatal(err)
 	}
-	e.cleanup = append(e.cleanup, func() { _ = os.RemoveAll(dir) })
-	bin := filepath.Join(dir, "trialnet")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/trialnet").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build trialnet: %v\n%s", err, out)
+	e.cleanup = append(e.cleanup, func() { _ = e.statsd.Close() })
+	if e.dir, err = os.MkdirTemp("", "trialnet-bench-"); err != nil {
+		b.Fatal(err)
 	}
-	e.dir, e.bin, e.dnsAddr = dir, bin, dnsAddr
-	if e.trialnet, err = e.startTrialnet(); err != nil {
-		return nil, err
+	// Registered before any process starts: runs after every one is stopped.
+	e.cleanup = append(e.cleanup, func() { _ = os.RemoveAll(e.dir) })
+	if err := e.build(); err != nil {
+		b.Fatal(err)
 	}
-	e.tinyproxy, err = e.startTinyproxy()
-	return e, err
+	return e
 }
 
-// startTrialnet starts a `trialnet proxy` process allowing the upstream
-// by name.
-func (e *env) startTrialnet() (*process, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	// Limits far above what the benchmark does: it measures speed, not limits.
-	cfg := filepath.Join(e.dir, "trialnet.yaml")
-	if err := os.WriteFile(cfg, []byte("limits: {max_tunnels: 100000, max_client_connections: 100000, max_pending_heads: 100000, connects_per_second: 1000000, connect_burst: 1000000}\nmax_connections: 100000\n"), 0o644); err != nil {
-		return nil, err
-	}
-	return start(e, exec.Command(e.bin, "proxy", "--config", cfg, "--listen", addr, "--trial", "bench",
-		"--allow", fmt.Sprintf("%s:%d", upstreamName, benchPort), "--resolver", e.dnsAddr, "--allow-cidr", "198.18.0.0/15"), addr)
-}
-
-// startTinyproxy starts tinyproxy allowing CONNECT to the upstream port.
-func (e *env) startTinyproxy() (*process, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	conf := filepath.Join(e.dir, "tinyproxy-"+strings.ReplaceAll(addr, ":", "_")+".conf")
-	port := addr[strings.LastIndexByte(addr, ':')+1:]
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(
-		"Port %s\nListen 127.0.0.1\nTimeout 600\nMaxClients 4096\nConnectPort %d\nAllow 127.0.0.1\nLogLevel Critical\nDisableViaHeader Yes\n",
-		port, benchPort)), 0o644); err != nil {
-		return nil, err
-	}
-	tiny, err := exec.LookPath("tinyproxy")
-	if err != nil {
-		return nil, fmt.Errorf("tinyproxy is not installed (make bench installs it): %w", err)
-	}
-	return start(e, exec.Command(tiny, "-d", "-c", conf), addr)
-}
-
-// start runs a proxy process and waits until it accepts connections.
-func start(e *env, cmd *exec.Cmd, addr string) (*process, error) {
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &process{cmd: cmd, addr: addr}
-	p.stop = func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	}
-	e.cleanup = append(e.cleanup, sync.OnceFunc(p.stop))
-	p.stop = sync.OnceFunc(p.stop)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			_ = c.Close()
-			return p, nil
-		}
-	}
-	return nil, fmt.Errorf("%s did not start listening on %s: %s", cmd.Path, addr, stderr.String())
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-// serveUpstream: the first byte picks the service. 'U' then an 8-byte
-// length reads that many bytes and answers the count (no half-close:
-// tinyproxy does not forward it); 'e' echoes one byte and closes; 'D' then an 8-byte length sends that many
-// bytes; 'E' echoes until EOF.
-func serveUpstream(ln net.Listener) {
+// serveUpstream runs the test host's services, picked by the first byte:
+//   - 'e' echoes one byte and closes: the upstream closes first, so no
+//     side of the host's namespace is left in TIME_WAIT (thousands of
+//     short tunnels per run must not exhaust the ephemeral ports toward
+//     the one upstream address);
+//   - 'I' echoes one byte, then, on the next byte or EOF, resets (idle
+//     tunnels, torn down from the upstream for the same reason);
+//   - 'U' then an 8-byte length reads that many bytes and answers the
+//     count; 'D' then an 8-byte length sends that many bytes, then EOF;
+//   - 'H' reads until EOF, then answers the count (client half-close);
+//   - 'h' sends one byte, then EOF, then reads one byte and hands it to
+//     e.halfClosed (upstream half-close).
+func (e *env) serveUpstream(ln net.Listener) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -214,11 +130,18 @@ func serveUpstream(ln net.Listener) {
 		}
 		go func() {
 			defer c.Close()
+			tc := c.(*net.TCPConn)
 			var op [1]byte
 			if _, err := io.ReadFull(c, op[:]); err != nil {
 				return
 			}
 			switch op[0] {
+			case 'e':
+				_, _ = c.Write(op[:])
+			case 'I':
+				_, _ = c.Write(op[:])
+				_, _ = c.Read(op[:])
+				_ = tc.SetLinger(0)
 			case 'U':
 				var want int64
 				if binary.Read(c, binary.BigEndian, &want) == nil {
@@ -230,13 +153,20 @@ func serveUpstream(ln net.Listener) {
 				if binary.Read(c, binary.BigEndian, &n) == nil {
 					_, _ = io.CopyN(c, zeros{}, n)
 				}
-				_ = c.(*net.TCPConn).CloseWrite()
+				_ = tc.CloseWrite()
 				_, _ = io.Copy(io.Discard, c)
-			case 'E':
+			case 'H':
+				n, _ := io.Copy(io.Discard, c)
+				_ = binary.Write(c, binary.BigEndian, n)
+			case 'h':
 				_, _ = c.Write(op[:])
-				_, _ = io.Copy(c, c)
-			case 'e': // one byte back, then the upstream closes first
-				_, _ = c.Write(op[:])
+				_ = tc.CloseWrite()
+				if _, err := io.ReadFull(c, op[:]); err == nil {
+					select {
+					case e.halfClosed <- op[0]:
+					default:
+					}
+				}
 			}
 		}()
 	}
@@ -246,240 +176,495 @@ type zeros struct{}
 
 func (zeros) Read(b []byte) (int, error) { clear(b); return len(b), nil }
 
-// route is one way to reach the upstream: directly or via a proxy.
+// route is one way to reach the upstream: directly, or through a peer's
+// long-running process.
 type route struct {
-	name  string
-	proxy string // "" for direct
-	// target is what the CONNECT asks for: trialnet takes names only;
-	// tinyproxy gets the address, so that it needs no DNS at all.
-	target string
+	name string
+	peer peer
+	proc *process // nil for direct
 }
 
-func routes(e *env) []route {
-	return []route{
-		{"direct", "", ""},
-		{"trialnet", e.trialnet.addr, fmt.Sprintf("%s:%d", upstreamName, benchPort)},
-		{"tinyproxy", e.tinyproxy.addr, e.upstream.String()},
+func (r *route) dial(e *env) (net.Conn, io.Reader, error) {
+	if r.proc == nil {
+		return e.dial("", "")
 	}
+	return e.dial(r.proc.addr, r.peer.target)
 }
 
-// dial opens a connection to the upstream over r, through the proxy's
-// CONNECT when there is one.
-func (r route) dial(e *env) (net.Conn, io.Reader, error) {
-	if r.proxy == "" {
-		c, err := net.Dial("tcp", e.upstream.String())
+// dial opens a connection to the upstream, through the CONNECT of the
+// proxy at proxyAddr when there is one. The reader holds what the
+// CONNECT's response left buffered.
+func (e *env) dial(proxyAddr, target string) (net.Conn, io.Reader, error) {
+	if proxyAddr == "" {
+		c, err := net.DialTimeout("tcp", e.upstream.String(), ioTimeout)
 		return c, c, err
 	}
-	c, err := net.Dial("tcp", r.proxy)
+	c, err := net.DialTimeout("tcp", proxyAddr, ioTimeout)
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", r.target, r.target); err != nil {
-		_ = c.Close()
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
+	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target); err != nil {
+		closeNow(c)
 		return nil, nil, err
 	}
 	br := bufio.NewReaderSize(c, 512)
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	if err != nil || resp.StatusCode != 200 {
-		_ = c.Close()
-		return nil, nil, fmt.Errorf("%s CONNECT: %v %v", r.name, resp, err)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		closeNow(c)
+		if err == nil {
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+		return nil, nil, fmt.Errorf("CONNECT via %s: %w", proxyAddr, err)
 	}
+	_ = c.SetDeadline(time.Time{})
 	if br.Buffered() > 0 {
 		return c, io.MultiReader(br, c), nil
 	}
 	return c, c, nil
 }
 
-// closeNow closes with a reset. The upstream closes first ('e'), so no
-// side is left in TIME_WAIT: thousands of short connections per run must
-// not exhaust the ephemeral ports toward the one upstream address.
+// closeNow closes with a reset, leaving nothing in TIME_WAIT.
 func closeNow(c net.Conn) {
 	_ = c.(*net.TCPConn).SetLinger(0)
 	_ = c.Close()
 }
 
-// BenchmarkThroughput moves 64 MiB per iteration through one tunnel, up
-// (client to upstream) and down.
-func BenchmarkThroughput(b *testing.B) {
-	e := setup(b)
-	for _, dir := range []string{"up", "down"} {
-		for _, r := range routes(e) {
-			b.Run(dir+"/"+r.name, func(b *testing.B) {
-				b.SetBytes(chunk)
-				for range b.N {
-					c, rd, err := r.dial(e)
-					if err != nil {
-						b.Fatal(err)
-					}
-					if dir == "up" {
-						_, _ = c.Write(binary.BigEndian.AppendUint64([]byte{'U'}, chunk))
-						if _, err := io.CopyN(c, zeros{}, chunk); err != nil {
-							b.Fatal(err)
-						}
-						var n int64
-						if err := binary.Read(rd, binary.BigEndian, &n); err != nil || n != chunk {
-							b.Fatalf("upstream got %d bytes, %v", n, err)
-						}
-					} else {
-						hdr := binary.BigEndian.AppendUint64([]byte{'D'}, chunk)
-						_, _ = c.Write(hdr)
-						if n, err := io.Copy(io.Discard, rd); err != nil || n != chunk {
-							b.Fatalf("got %d bytes, %v", n, err)
-						}
-					}
-					_ = c.Close()
+// echo opens a tunnel over r and waits for the upstream's one-byte echo
+// of op.
+func (r *route) echo(e *env, op byte) (net.Conn, error) {
+	c, rd, err := r.dial(e)
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(ioTimeout))
+	var one [1]byte
+	if _, err = c.Write([]byte{op}); err == nil {
+		_, err = io.ReadFull(rd, one[:])
+	}
+	if err != nil {
+		closeNow(c)
+		return nil, fmt.Errorf("echo: %w", err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// BenchmarkPeers runs every mode against direct, trialnet and each peer,
+// interleaved: in each round, each mode runs once per route, the routes
+// in an order rotated by the round, so that the machine's noise (two
+// cores shared with other work) falls on all of them alike. It prints a
+// markdown table of the medians over rounds and reports trialnet's ratio
+// to the best peer per figure.
+func BenchmarkPeers(b *testing.B) {
+	privtest.Require(b)
+	e := newEnv(b)
+	routes := []*route{{name: "direct"}}
+	for _, p := range e.peers() {
+		proc, err := p.start()
+		if err != nil {
+			b.Fatal(err)
+		}
+		routes = append(routes, &route{name: p.name, peer: p, proc: proc})
+	}
+	for _, r := range routes { // warm: DNS caches, first-use allocations
+		c, err := r.echo(e, 'e')
+		if err != nil {
+			b.Fatalf("%s: %v", r.name, err)
+		}
+		closeNow(c)
+	}
+	res := &results{vals: map[string]map[string][]float64{}, half: map[string]map[string]*[2]int{}}
+	modes := []struct {
+		name      string
+		run       func(*env, *route, *results) error
+		proxyOnly bool
+	}{
+		{"handshake", handshake, false},
+		{"concurrent", concurrent, false},
+		{"bulk", bulk, false},
+		{"idle", idle, true},
+		{"half-close", halfClose, false},
+	}
+	n := max(*rounds, 2)
+	start := time.Now()
+	for round := range n {
+		for _, m := range modes {
+			for i := range routes {
+				r := routes[(i+round)%len(routes)]
+				if m.proxyOnly && r.proc == nil {
+					continue
 				}
-			})
+				if err := m.run(e, r, res); err != nil {
+					b.Fatalf("round %d, %s, %s: %v", round+1, m.name, r.name, err)
+				}
+			}
 		}
 	}
-}
-
-// BenchmarkFirstByte measures dial (and CONNECT) to the first echoed
-// byte, DNS cache warm, and reports p50/p99.
-func BenchmarkFirstByte(b *testing.B) {
-	e := setup(b)
-	for _, r := range routes(e) {
-		b.Run(r.name, func(b *testing.B) {
-			if c, _, err := r.dial(e); err == nil { // warms the DNS cache
-				closeNow(c)
-			}
-			lat := make([]time.Duration, 0, b.N)
-			for range b.N {
-				t0 := time.Now()
-				c, rd, err := r.dial(e)
-				if err != nil {
-					b.Fatal(err)
-				}
-				_, _ = c.Write([]byte{'e'})
-				var one [1]byte
-				if _, err := io.ReadFull(rd, one[:]); err != nil {
-					b.Fatal(err)
-				}
-				lat = append(lat, time.Since(t0))
-				closeNow(c)
-			}
-			reportPercentiles(b, lat)
-		})
+	order := []string{"direct", "tinyproxy", "squid", "smokescreen", "naive Go", "trialnet"}
+	table, ratios := res.table(order)
+	fmt.Printf("\nproxybench: %d interleaved rounds in %s, %s; median over rounds\n\n%s\n",
+		n, time.Since(start).Round(time.Second), time.Now().UTC().Format("2006-01-02"), table)
+	for _, k := range slices.Sorted(maps.Keys(ratios)) {
+		b.ReportMetric(ratios[k], k)
 	}
 }
 
-func reportPercentiles(b *testing.B, lat []time.Duration) {
+// handshake opens seqTunnels tunnels one after another, each to a
+// one-byte echo, and records p50, p99 and the proxy's CPU per tunnel.
+func handshake(e *env, r *route, res *results) error {
+	var cpu0 time.Duration
+	if r.proc != nil {
+		cpu0 = treeCPU(r.proc.cmd.Process.Pid)
+	}
+	lat := make([]time.Duration, 0, seqTunnels)
+	for deadline := time.Now().Add(modeTimeout); len(lat) < seqTunnels && time.Now().Before(deadline); {
+		t0 := time.Now()
+		c, err := r.echo(e, 'e')
+		if err != nil {
+			return err
+		}
+		lat = append(lat, time.Since(t0))
+		closeNow(c)
+	}
+	if r.proc != nil {
+		cpu := treeCPU(r.proc.cmd.Process.Pid) - cpu0
+		res.add("cpu", r.name, us(cpu)/float64(len(lat)))
+	}
 	slices.Sort(lat)
-	p := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) }
-	b.ReportMetric(p(0.50), "p50-µs")
-	b.ReportMetric(p(0.99), "p99-µs")
+	res.add("p50", r.name, us(lat[len(lat)/2]))
+	res.add("p99", r.name, us(lat[len(lat)*99/100]))
+	return nil
 }
 
-// BenchmarkTunnelsPerSecond opens, uses once and closes tunnels from 64
-// concurrent clients.
-func BenchmarkTunnelsPerSecond(b *testing.B) {
-	e := setup(b)
-	for _, r := range routes(e) {
-		b.Run(r.name, func(b *testing.B) {
-			var next atomic.Int64
-			var failed atomic.Int64
-			var wg sync.WaitGroup
-			start := time.Now()
-			for range 64 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for next.Add(1) <= int64(b.N) {
-						c, rd, err := r.dial(e)
-						if err != nil {
-							failed.Add(1)
-							continue
-						}
-						_, _ = c.Write([]byte{'e'})
-						var one [1]byte
-						if _, err := io.ReadFull(rd, one[:]); err != nil {
-							failed.Add(1)
-						}
-						closeNow(c)
-					}
-				}()
-			}
-			wg.Wait()
-			if f := failed.Load(); f > 0 {
-				b.Fatalf("%d of %d tunnels failed", f, b.N)
-			}
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tunnels/s")
-		})
-	}
-}
-
-// BenchmarkIdleTunnelMemory opens 1,000 tunnels to a freshly started
-// proxy, each used once and then idle, and reports the proxy's resident
-// memory growth per tunnel (its whole process tree for tinyproxy).
-func BenchmarkIdleTunnelMemory(b *testing.B) {
-	e := setup(b)
-	const n = 1000
-	for _, name := range []string{"trialnet", "tinyproxy"} {
-		b.Run(name, func(b *testing.B) {
-			{ // measured once whatever b.N: a size, not a rate (repeated rounds would only exhaust ports)
-				startFn := e.startTrialnet
-				if name == "tinyproxy" {
-					startFn = e.startTinyproxy
-				}
-				p, err := startFn()
+// concurrent has concClients clients share concTunnels one-byte-echo
+// tunnels, and records tunnels per second.
+func concurrent(e *env, r *route, res *results) error {
+	var next, done atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(modeTimeout)
+	for range concClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= concTunnels && time.Now().Before(deadline) {
+				c, err := r.echo(e, 'e')
 				if err != nil {
-					b.Fatal(err)
+					once.Do(func() { firstErr = err })
+					return
 				}
-				r := route{name, p.addr, fmt.Sprintf("%s:%d", upstreamName, benchPort)}
-				if name == "tinyproxy" {
-					r.target = e.upstream.String()
-				}
-				if c, _, err := r.dial(e); err == nil { // warm: DNS cache, first-use allocations
-					closeNow(c)
-				}
-				time.Sleep(100 * time.Millisecond)
-				before := treeRSS(p.cmd.Process.Pid)
-				conns := make([]net.Conn, 0, n)
-				for range n {
-					c, rd, err := r.dial(e)
-					if err != nil {
-						b.Fatal(err)
-					}
-					_, _ = c.Write([]byte{'E'})
-					var one [1]byte
-					if _, err := io.ReadFull(rd, one[:]); err != nil {
-						b.Fatal(err)
-					}
-					conns = append(conns, c)
-				}
-				time.Sleep(300 * time.Millisecond)
-				after := treeRSS(p.cmd.Process.Pid)
-				for _, c := range conns {
-					_ = c.Close()
-				}
-				p.stop()
-				b.ReportMetric(float64(after-before)/n, "KiB/tunnel")
-				b.ReportMetric(float64(after), "KiB-rss")
+				closeNow(c)
+				done.Add(1)
 			}
-		})
+		}()
 	}
+	wg.Wait()
+	if firstErr != nil {
+		return fmt.Errorf("%d of %d tunnels done, then: %w", done.Load(), concTunnels, firstErr)
+	}
+	res.add("tps", r.name, float64(done.Load())/time.Since(start).Seconds())
+	return nil
 }
 
-// treeRSS sums VmRSS (KiB) of pid and its descendants.
-func treeRSS(pid int) int64 {
-	total := int64(0)
-	for _, p := range append([]int{pid}, descendants(pid)...) {
-		total += testenv.RSS(p)
-	}
-	return total
-}
-
-func descendants(pid int) []int {
-	var out []int
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	for _, t := range tasks {
-		data, _ := os.ReadFile(t)
-		for _, f := range strings.Fields(string(data)) {
-			if c, err := strconv.Atoi(f); err == nil {
-				out = append(out, c)
-				out = append(out, descendants(c)...)
+// bulk moves bulkBytes up (client to upstream), then down, each through
+// one tunnel, and records MB/s (the CONNECT not included). The client
+// reads and writes 256 KiB at a time, so that it is not what limits.
+func bulk(e *env, r *route, res *results) error {
+	buf := make([]byte, 256<<10)
+	for _, dir := range []string{"up", "down"} {
+		c, rd, err := r.dial(e)
+		if err != nil {
+			return err
+		}
+		_ = c.SetDeadline(time.Now().Add(modeTimeout))
+		t0 := time.Now()
+		var n int64
+		if dir == "up" {
+			_, err = c.Write(binary.BigEndian.AppendUint64([]byte{'U'}, bulkBytes))
+			for sent := 0; err == nil && sent < bulkBytes; sent += len(buf) {
+				_, err = c.Write(buf)
+			}
+			if err == nil {
+				err = binary.Read(rd, binary.BigEndian, &n)
+			}
+		} else {
+			_, err = c.Write(binary.BigEndian.AppendUint64([]byte{'D'}, bulkBytes))
+			for m := 0; err == nil; n += int64(m) {
+				m, err = rd.Read(buf)
+			}
+			if errors.Is(err, io.EOF) {
+				err = nil
 			}
 		}
+		elapsed := time.Since(t0)
+		closeNow(c)
+		if err != nil || n != bulkBytes {
+			return fmt.Errorf("bulk %s: %d of %d bytes: %v", dir, n, bulkBytes, err)
+		}
+		res.add(dir, r.name, bulkBytes/elapsed.Seconds()/1e6)
 	}
-	return out
+	return nil
+}
+
+// idle starts a fresh process of r's peer, holds idleTunnels tunnels
+// open through it, each used once, and records its resident memory
+// growth per tunnel (the whole process tree).
+func idle(e *env, r *route, res *results) error {
+	p, err := r.peer.start()
+	if err != nil {
+		return err
+	}
+	defer p.stop()
+	fresh := &route{name: r.name, peer: r.peer, proc: p}
+	c, err := fresh.echo(e, 'e') // warm: DNS cache, first-use allocations
+	if err != nil {
+		return err
+	}
+	closeNow(c)
+	time.Sleep(100 * time.Millisecond)
+	pid := p.cmd.Process.Pid
+	before := treeRSS(pid)
+	conns := make([]net.Conn, 0, idleTunnels)
+	// The upstream ends each tunnel (see 'I'), and the client waits for
+	// that to arrive before it resets its side.
+	defer func() {
+		for _, c := range conns {
+			_, _ = c.Write([]byte{'q'})
+		}
+		for _, c := range conns {
+			_ = c.SetReadDeadline(time.Now().Add(ioTimeout))
+			_, _ = io.Copy(io.Discard, c)
+			closeNow(c)
+		}
+	}()
+	for deadline := time.Now().Add(modeTimeout); len(conns) < idleTunnels; {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d idle tunnels in %s", len(conns), idleTunnels, modeTimeout)
+		}
+		c, err := fresh.echo(e, 'I')
+		if err != nil {
+			return fmt.Errorf("idle tunnel %d: %w", len(conns)+1, err)
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(300 * time.Millisecond)
+	res.add("idle", r.name, float64(treeRSS(pid)-before)/idleTunnels)
+	return nil
+}
+
+// halfClose checks, halfCloseTries times each way, that a half-close
+// crosses the tunnel with the other direction still open, and records
+// how often it did and the median round trip of those that did. A peer
+// that fails once is not tried again that round.
+func halfClose(e *env, r *route, res *results) error {
+	for _, dir := range []string{"hc-up", "hc-down"} {
+		var lat []time.Duration
+		tried := 0
+		for i := range halfCloseTries {
+			tried++
+			d, ok, err := halfCloseOnce(e, r, dir, byte(i+1))
+			if err != nil {
+				return err
+			}
+			if !ok {
+				break
+			}
+			lat = append(lat, d)
+		}
+		res.addHalf(dir, r.name, len(lat), tried)
+		if len(lat) > 0 {
+			slices.Sort(lat)
+			res.add(dir, r.name, us(lat[len(lat)/2]))
+		}
+	}
+	return nil
+}
+
+// halfCloseOnce: for hc-up, the client sends 1 KiB and half-closes, and
+// must get the upstream's count of what it read back; for hc-down, the
+// upstream sends a byte and half-closes, and the client must see EOF and
+// then reach the upstream with token. ok is false when the half-close did
+// not cross with the tunnel still usable; err is for what fails before.
+func halfCloseOnce(e *env, r *route, dir string, token byte) (time.Duration, bool, error) {
+	c, rd, err := r.dial(e)
+	if err != nil {
+		return 0, false, err
+	}
+	defer closeNow(c)
+	_ = c.SetDeadline(time.Now().Add(halfCloseWait))
+	t0 := time.Now()
+	if dir == "hc-up" {
+		msg := make([]byte, 1+1024)
+		msg[0] = 'H'
+		if _, err := c.Write(msg); err != nil {
+			return 0, false, err
+		}
+		_ = c.(*net.TCPConn).CloseWrite()
+		var n int64
+		if err := binary.Read(rd, binary.BigEndian, &n); err != nil || n != 1024 {
+			return 0, false, nil
+		}
+		return time.Since(t0), true, nil
+	}
+	for len(e.halfClosed) > 0 { // from an earlier try that timed out
+		<-e.halfClosed
+	}
+	var one [1]byte
+	if _, err := c.Write([]byte{'h'}); err != nil {
+		return 0, false, err
+	}
+	if _, err := io.ReadFull(rd, one[:]); err != nil {
+		return 0, false, nil
+	}
+	if n, err := rd.Read(one[:]); n != 0 || !errors.Is(err, io.EOF) {
+		return 0, false, nil
+	}
+	if _, err := c.Write([]byte{token}); err != nil {
+		return 0, false, nil
+	}
+	for timeout := time.After(halfCloseWait); ; {
+		select {
+		case got := <-e.halfClosed:
+			if got == token {
+				return time.Since(t0), true, nil
+			}
+		case <-timeout:
+			return 0, false, nil
+		}
+	}
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// results holds one value per round for each figure and route, and for
+// the half-close figures how many tries crossed out of how many.
+type results struct {
+	vals map[string]map[string][]float64
+	half map[string]map[string]*[2]int
+}
+
+func (s *results) add(fig, route string, v float64) {
+	if s.vals[fig] == nil {
+		s.vals[fig] = map[string][]float64{}
+	}
+	s.vals[fig][route] = append(s.vals[fig][route], v)
+}
+
+func (s *results) addHalf(fig, route string, ok, tried int) {
+	if s.half[fig] == nil {
+		s.half[fig] = map[string]*[2]int{}
+	}
+	if s.half[fig][route] == nil {
+		s.half[fig][route] = &[2]int{}
+	}
+	s.half[fig][route][0] += ok
+	s.half[fig][route][1] += tried
+}
+
+// figure is one row of the table.
+type figure struct {
+	key, label  string
+	lowerBetter bool
+	decimals    int
+	metric      string // trialnet / best peer, reported with b.ReportMetric
+}
+
+var figures = []figure{
+	{"p50", "handshake p50, µs (connect + CONNECT/200 + 1-byte echo)", true, 0, "handshake-p50/best-peer"},
+	{"p99", "handshake p99, µs", true, 0, "handshake-p99/best-peer"},
+	{"cpu", "proxy CPU per sequential tunnel, µs", true, 0, "cpu-per-tunnel/best-peer"},
+	{"tps", "tunnels/s, 64 concurrent clients", false, 0, "tunnels-per-s/best-peer"},
+	{"up", "bulk up (client → upstream), MB/s, one tunnel", false, 0, "bulk-up/best-peer"},
+	{"down", "bulk down (upstream → client), MB/s, one tunnel", false, 0, "bulk-down/best-peer"},
+	{"idle", "KiB per idle tunnel (1,000 open, fresh process)", true, 1, "idle-KiB/best-peer"},
+	{"hc-up", "half-close client → upstream forwarded; round trip µs", true, 0, "half-close-up/best-peer"},
+	{"hc-down", "half-close upstream → client forwarded; round trip µs", true, 0, "half-close-down/best-peer"},
+}
+
+// table renders the medians as markdown, figures by routes, the best
+// proxy's figure in bold, with trialnet's ratio to the best peer, and
+// returns those ratios by metric name.
+func (s *results) table(order []string) (string, map[string]float64) {
+	var t strings.Builder
+	ratios := map[string]float64{}
+	fmt.Fprintf(&t, "| figure | %s | trialnet / best peer |\n|---|%s---|\n", strings.Join(order, " | "), strings.Repeat("---|", len(order)))
+	for _, f := range figures {
+		med := map[string]float64{}
+		for rt, vs := range s.vals[f.key] {
+			med[rt] = median(vs)
+		}
+		better := func(a, b string) bool {
+			return b == "" || (f.lowerBetter && med[a] < med[b]) || (!f.lowerBetter && med[a] > med[b])
+		}
+		best, bold := "", "" // the best peer; the best of the peers and trialnet
+		for _, rt := range order {
+			if _, ok := med[rt]; !ok || rt == "direct" {
+				continue
+			}
+			if rt != "trialnet" && better(rt, best) {
+				best = rt
+			}
+			if better(rt, bold) {
+				bold = rt
+			}
+		}
+		cells := make([]string, 0, len(order)+2)
+		cells = append(cells, f.label)
+		for _, rt := range order {
+			cell := "–"
+			if v, ok := med[rt]; ok {
+				cell = num(v, f.decimals)
+			}
+			if h := s.half[f.key][rt]; h != nil {
+				switch {
+				case h[0] == 0:
+					cell = "no"
+				case h[0] < h[1]:
+					cell = fmt.Sprintf("%d of %d, %s", h[0], h[1], cell)
+				default:
+					cell = "yes, " + cell
+				}
+			}
+			if rt == bold {
+				cell = "**" + cell + "**"
+			}
+			cells = append(cells, cell)
+		}
+		ratio := "–"
+		if v, ok := med["trialnet"]; ok && best != "" {
+			ratios[f.metric] = v / med[best]
+			ratio = fmt.Sprintf("%.2f× (%s)", v/med[best], best)
+		}
+		cells = append(cells, ratio)
+		fmt.Fprintf(&t, "| %s |\n", strings.Join(cells, " | "))
+	}
+	return t.String(), ratios
+}
+
+func median(vs []float64) float64 {
+	s := slices.Sorted(slices.Values(vs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// num formats v with the given decimals and thousands separators.
+func num(v float64, decimals int) string {
+	s := fmt.Sprintf("%.*f", decimals, v)
+	intPart, frac, _ := strings.Cut(s, ".")
+	var out []byte
+	for i, c := range []byte(intPart) {
+		if i > 0 && (len(intPart)-i)%3 == 0 && intPart[i-1] != '-' {
+			out = append(out, ',')
+		}
+		out = append(out, c)
+	}
+	if frac != "" {
+		return string(out) + "." + frac
+	}
+	return string(out)
 }
