@@ -434,8 +434,9 @@ func idle(e *env, r *route, res *results) error {
 		for _, c := range conns {
 			_, _ = c.Write([]byte{'q'})
 		}
+		deadline := time.Now().Add(ioTimeout) // for all: 1,000 waits must not add up
 		for _, c := range conns {
-			_ = c.SetReadDeadline(time.Now().Add(ioTimeout))
+			_ = c.SetReadDeadline(deadline)
 			_, _ = io.Copy(io.Discard, c)
 			closeNow(c)
 		}
