@@ -9,7 +9,7 @@
 // as a real authoritative one does (NODATA with an SOA, so negative
 // answers are cached).
 //
-//	make bench    # or: go test -run '^$' -bench Peers -benchtime 1x ./test/proxybench [-args -rounds 5]
+//	make bench    # or: go test -run '^$' -bench Peers -benchtime 1x ./test/proxybench [-args -rounds N]
 package proxybench
 
 import (
