@@ -90,6 +90,7 @@ type liveTrial struct {
 	policy sync.Mutex
 	mu     sync.Mutex // guards the fields below
 	audit  *os.File   // decisions.jsonl; nil without a DataDir
+	line   []byte     // the record being written, reused under mu
 	final  proxy.TrialStats
 	// refused counts refusals by target, at most maxRefusedTargets of
 	// them; the rest under otherTargets.
@@ -502,9 +503,10 @@ func (a *Agent) record(ev proxy.Event) {
 	if lt.audit == nil {
 		return
 	}
-	b, err := json.Marshal(ev)
-	if err == nil {
-		_, err = lt.audit.Write(append(b, '\n'))
+	var err error
+	if lt.line, err = ev.AppendJSON(lt.line[:0]); err == nil {
+		lt.line = append(lt.line, '\n')
+		_, err = lt.audit.Write(lt.line)
 	}
 	if err != nil {
 		a.log.Error("write decision log", "trial", ev.Trial, "error", err)

@@ -157,7 +157,7 @@ func (e *Event) wire() eventJSON {
 // MarshalJSON writes the event with the same keys as the log record, so
 // a decision log on disk reads like the proxy's JSON lines.
 func (e Event) MarshalJSON() ([]byte, error) {
-	return json.Marshal(e.wire())
+	return e.AppendJSON(make([]byte, 0, 512))
 }
 
 // UnmarshalJSON reads a record written by MarshalJSON, by this or an

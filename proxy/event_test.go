@@ -12,7 +12,7 @@ import (
 
 // fullEvent has every field set, so that a round trip that drops one
 // shows.
-func fullEvent(t *testing.T) Event {
+func fullEvent(t testing.TB) Event {
 	t.Helper()
 	e := Event{
 		Schema: EventSchema, ID: "id-1", Time: time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC),

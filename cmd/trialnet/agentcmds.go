@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
@@ -65,6 +66,9 @@ func cmdAgent(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, false, exitUsage, usageError{"agent: --log-format is text or json"})
 	}
 	log := slog.New(handler)
+	if err := timerslack.Set(timerslack.Proxy); err != nil {
+		log.Warn("kept the default timer slack", "error", err)
+	}
 	file, cidrs, err := cf.load()
 	if err != nil {
 		return fail(stdout, stderr, false, exitUsage, err)

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
 )
 
@@ -80,7 +80,24 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 		}
 	}
 
-	cfg.Logger = slog.New(slog.NewJSONHandler(stdout, nil))
+	// One decision record per line, as in the agent's decisions.jsonl,
+	// written without reflection (the proxy's own CPU, per CONNECT).
+	var outMu sync.Mutex
+	var line []byte
+	cfg.OnEvent = func(ev proxy.Event) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		var err error
+		if line, err = ev.AppendJSON(line[:0]); err != nil {
+			fmt.Fprintf(stderr, "trialnet proxy: decision record %s not written: %v\n", ev.ID, err)
+			return
+		}
+		line = append(line, '\n')
+		_, _ = stdout.Write(line)
+	}
+	if err := timerslack.Set(timerslack.Proxy); err != nil {
+		fmt.Fprintf(stderr, "trialnet proxy: %v\n", err)
+	}
 	p, err := proxy.New(cfg)
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("proxy: %w", err))
