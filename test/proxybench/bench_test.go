@@ -53,7 +53,10 @@ const (
 	halfCloseWait  = time.Second     // for a half-close to show at the far end
 )
 
-var rounds = flag.Int("rounds", 5, "interleaved rounds of BenchmarkPeers (at least 2)")
+var (
+	rounds   = flag.Int("rounds", 5, "interleaved rounds of BenchmarkPeers (at least 2)")
+	onlyMode = flag.String("modes", "", "comma-separated modes of BenchmarkPeers to run (default: all), for profiling one")
+)
 
 // env is one run: a test host, a DNS server, and the peers' binaries and
 // files in a temp dir.
@@ -250,6 +253,13 @@ func (r *route) echo(e *env, op byte) (net.Conn, error) {
 	return c, nil
 }
 
+// mode is one figure-producing run; proxyOnly modes skip direct.
+type mode struct {
+	name      string
+	run       func(*env, *route, *results) error
+	proxyOnly bool
+}
+
 // BenchmarkPeers runs every mode against direct, trialnet and each peer,
 // interleaved: in each round, each mode runs once per route, the routes
 // in an order rotated by the round, so that the machine's noise (two
@@ -275,16 +285,16 @@ func BenchmarkPeers(b *testing.B) {
 		closeNow(c)
 	}
 	res := &results{vals: map[string]map[string][]float64{}, half: map[string]map[string]*[2]int{}}
-	modes := []struct {
-		name      string
-		run       func(*env, *route, *results) error
-		proxyOnly bool
-	}{
+	modes := []mode{
 		{"handshake", handshake, false},
 		{"concurrent", concurrent, false},
 		{"bulk", bulk, false},
 		{"idle", idle, true},
 		{"half-close", halfClose, false},
+	}
+	if *onlyMode != "" {
+		want := strings.Split(*onlyMode, ",")
+		modes = slices.DeleteFunc(modes, func(m mode) bool { return !slices.Contains(want, m.name) })
 	}
 	n := max(*rounds, 2)
 	start := time.Now()
