@@ -9,7 +9,10 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // tlsAccessDenied is a fatal TLS alert (access_denied), sent to a client
@@ -72,9 +75,17 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, re
 	}()
 }
 
-// pumpDown copies upstream to client, timing the upstream's first byte:
-// that byte is read on its own, the rest relayed (spliced) as before.
+// pumpDown copies upstream to client, timing the upstream's first byte.
+// On a socket it waits for that byte without taking it (MSG_PEEK), so
+// the whole stream is spliced and reaches the client in the segments it
+// came in; otherwise the byte is read and written on its own.
 func pumpDown(client, up net.Conn, ev *Event) (int64, error) {
+	if ready, ok := waitReadable(up); ok {
+		if ready {
+			ev.FirstByte = time.Since(ev.Time)
+		}
+		return relay(client, up)
+	}
 	var b [1]byte
 	n, err := up.Read(b[:])
 	if n == 0 {
@@ -89,6 +100,27 @@ func pumpDown(client, up net.Conn, ev *Event) (int64, error) {
 	}
 	m, err := relay(client, up)
 	return m + 1, err
+}
+
+// waitReadable waits, like a read, until c has a byte to read, its EOF
+// or an error, and takes nothing. ready reports a byte; ok is false for a
+// connection that is not a socket, which it leaves untouched.
+func waitReadable(c net.Conn) (ready, ok bool) {
+	sc, isSocket := c.(syscall.Conn)
+	if !isSocket {
+		return false, false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false, false
+	}
+	var b [1]byte
+	_ = rc.Read(func(fd uintptr) bool {
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		ready = n > 0
+		return err != unix.EAGAIN && err != unix.EINTR
+	})
+	return ready, true // an error shows again in the relay's first read
 }
 
 // pumpUp checks the client's first bytes (TLS name check), then copies

@@ -486,3 +486,26 @@ func TestTrialCapsComeBeforeGlobalLimit(t *testing.T) {
 	resp, _, _ = tp.connect(t, connectHead("api.example.com:443"))
 	wantRefused(resp, ReasonPendingHeadLimit) // 3 connections, but 2 heads pending
 }
+
+// An upstream that is not a socket (a Dialer may return any net.Conn)
+// cannot be peeked: its first byte is read on its own, still timed.
+func TestPumpDownWithoutSocket(t *testing.T) {
+	upNear, upFar := net.Pipe()
+	clientNear, clientFar := net.Pipe()
+	defer clientFar.Close()
+	go func() {
+		_, _ = upFar.Write([]byte("hello"))
+		_ = upFar.Close()
+	}()
+	got := make(chan string, 1)
+	go func() { b, _ := io.ReadAll(clientFar); got <- string(b) }()
+	ev := &Event{Time: time.Now()}
+	n, err := pumpDown(clientNear, upNear, ev)
+	_ = clientNear.Close()
+	if err != nil || n != 5 || ev.FirstByte <= 0 {
+		t.Fatalf("pumpDown: %d bytes, %v, first byte after %v", n, err, ev.FirstByte)
+	}
+	if s := <-got; s != "hello" {
+		t.Fatalf("client got %q", s)
+	}
+}
