@@ -43,15 +43,15 @@ func (e *Event) AppendJSON(b []byte) ([]byte, error) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(b, '"')
-		b = a.AppendTo(b)
-		b = append(b, '"')
+		b = appendJSONAddr(b, a, a.Zone(), a.AppendTo)
 	}
-	b = append(b, `],"dialed":"`...)
+	b = append(b, `],"dialed":`...)
 	if e.Dialed.IsValid() {
-		b = e.Dialed.AppendTo(b)
+		b = appendJSONAddr(b, e.Dialed, e.Dialed.Addr().Zone(), e.Dialed.AppendTo)
+	} else {
+		b = append(b, `""`...)
 	}
-	b = append(b, `","sni":`...)
+	b = append(b, `,"sni":`...)
 	b = appendJSONString(b, e.SNI)
 	b = append(b, `,"bytes_up":`...)
 	b = strconv.AppendInt(b, e.BytesUp, 10)
@@ -86,6 +86,16 @@ func (e *Event) AppendJSON(b []byte) ([]byte, error) {
 		b = append(b, pc...)
 	}
 	return append(b, '}'), nil
+}
+
+// appendJSONAddr appends an address quoted: digits, dots, colons and
+// brackets as they are; a zone, which may hold anything, escaped.
+func appendJSONAddr[A interface{ String() string }](b []byte, a A, zone string, appendTo func([]byte) []byte) []byte {
+	if zone != "" {
+		return appendJSONString(b, a.String())
+	}
+	b = append(b, '"')
+	return append(appendTo(b), '"')
 }
 
 // appendJSONString appends s quoted. Printable ASCII that encoding/json

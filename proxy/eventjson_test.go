@@ -19,7 +19,7 @@ func TestAppendJSONIsMarshal(t *testing.T) {
 	odd.Target, odd.SNI, odd.Client, odd.Rule = "\x00", "ü.example", "[::1]:1", "a<b>&c:443"
 	v6 := full
 	v6.Dialed = netip.MustParseAddrPort("[2001:db8::1]:443")
-	v6.Resolved = []netip.Addr{netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("::ffff:10.0.0.1")}
+	v6.Resolved = []netip.Addr{netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("::ffff:10.0.0.1"), netip.MustParseAddr("fe80::1%a\"<b>")}
 	for name, e := range map[string]Event{
 		"full": full, "zero": {}, "odd strings": odd, "ipv6": v6,
 		"decision": {Schema: EventSchema, Time: time.Now(), Trial: "t", Decision: DecisionAllow, Reason: ReasonAllowed, Resolved: []netip.Addr{}, BytesUp: -1, Duration: 1500 * time.Nanosecond},
