@@ -217,6 +217,7 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 		if len(msg) == 1 && msg[0] == 0 {
 			return nil
 		}
+		msg = bytes.TrimPrefix(msg, []byte{0})
 		// Everything else in its PID namespace dies with it.
 		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
 		if len(msg) == 0 {
@@ -227,8 +228,8 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 	}, nil
 }
 
-// runInit is the Trial's PID 1. fd 3 reports readiness (one NUL byte) or
-// why setting up failed.
+// runInit is the Trial's PID 1. fd 3 reports readiness (one NUL byte,
+// then the end of the pipe) or why setting up failed.
 func runInit() {
 	ready := os.NewFile(3, "trialnet-init-ready")
 	// Capabilities, the bounding set, no_new_privs and the seccomp filter
@@ -244,7 +245,17 @@ func runInit() {
 		err = installSeccomp()
 	}
 	if err == nil {
-		_, err = unix.FcntlInt(3, unix.F_SETFD, 0) // the reaper says "ready"
+		// The Trial is ready once the reaper's exec has begun: nothing of
+		// the old image is left, and each thread the reaper makes starts
+		// from this one. The launcher takes the byte as "ready" only with
+		// the end of the pipe, which the exec gives (close-on-exec): a
+		// failed exec writes why after it. Not waiting for the reaper's
+		// own start takes a start of the binary off every Trial's first
+		// command.
+		_, err = unix.FcntlInt(3, unix.F_SETFD, unix.FD_CLOEXEC)
+	}
+	if err == nil {
+		_, err = ready.Write([]byte{0})
 	}
 	if err == nil {
 		err = unix.Exec("/proc/self/exe", []string{initArg0}, []string{})
@@ -264,9 +275,6 @@ func runReaper() {
 		syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
 	children := make(chan os.Signal, 1)
 	signal.Notify(children, syscall.SIGCHLD)
-	ready := os.NewFile(3, "trialnet-init-ready")
-	_, _ = ready.Write([]byte{0})
-	_ = ready.Close()
 	for range children {
 		for {
 			pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
