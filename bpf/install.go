@@ -148,6 +148,8 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 			_ = l.Close()
 		}
 	}()
+	// The maps the programs may use: the pinned ones, and a .rodata once
+	// checked (all programs share one: it is checked once, not per program).
 	mapIDs := map[ebpf.MapID]bool{}
 	for _, name := range []string{trialnetMapPolicyMap, trialnetMapCountersMap, trialnetMapUnixPathsMap, trialnetMapUnixIdsMap} {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
@@ -275,6 +277,7 @@ func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs
 		if err := sameRodata(id, rodata); err != nil {
 			return nil, err
 		}
+		mapIDs[id] = true
 	}
 	return prog, nil
 }

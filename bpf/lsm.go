@@ -13,7 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
-	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
@@ -46,9 +45,13 @@ const securityfsRoot = "/sys/kernel/security"
 // HaveLSM reports whether BPF LSM programs can be loaded and whether the
 // kernel runs them: bpf must be in the active LSM list (boot with
 // lsm=...,bpf). When that list cannot be read, attaching a probe decides.
-func HaveLSM() error {
-	if err := features.HaveProgramType(ebpf.LSM); err != nil {
-		if errors.Is(err, ebpf.ErrNotSupported) {
+func HaveLSM() error { return haveLSM(btf.NewCache()) }
+
+// haveLSM is HaveLSM with the kernel BTF of cache: parsing it takes
+// 25-60 ms here, and a Load needs it again for the programs.
+func haveLSM(cache *btf.Cache) error {
+	if err := probeLSMProgram(cache); err != nil {
+		if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) {
 			return fmt.Errorf("%w: no BPF LSM program type (CONFIG_BPF_LSM): %w", ErrLSMMissing, err)
 		}
 		// Seen on kernels that cannot build BPF trampolines (fentry
@@ -57,7 +60,7 @@ func HaveLSM() error {
 	}
 	active, err := activeLSMs()
 	if err != nil {
-		if aerr := probeLSMAttach(); aerr != nil {
+		if aerr := probeLSMAttach(cache); aerr != nil {
 			return fmt.Errorf("%w: %w; attaching a probe program: %w", ErrLSMMissing, err, aerr)
 		}
 		return nil
@@ -65,6 +68,30 @@ func HaveLSM() error {
 	if !slices.Contains(active, "bpf") {
 		return fmt.Errorf("%w: bpf is not in the active LSM list %q; add it to the lsm= kernel command line", ErrLSMMissing, strings.Join(active, ","))
 	}
+	return nil
+}
+
+// loadLSMProbe loads a program that allows everything, for file_ioctl,
+// resolving the hook in cache's kernel BTF (a lone ebpf.NewProgram, or
+// features.HaveProgramType, would parse it anew).
+func loadLSMProbe(cache *btf.Cache) (*ebpf.Collection, error) {
+	spec := &ebpf.CollectionSpec{Programs: map[string]*ebpf.ProgramSpec{"probe": {
+		Type:         ebpf.LSM,
+		AttachType:   ebpf.AttachLSMMac,
+		AttachTo:     "file_ioctl",
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	}}}
+	return ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Cache: cache})
+}
+
+// probeLSMProgram reports whether the kernel loads a BPF LSM program.
+func probeLSMProgram(cache *btf.Cache) error {
+	coll, err := loadLSMProbe(cache)
+	if err != nil {
+		return err
+	}
+	coll.Close()
 	return nil
 }
 
@@ -87,21 +114,14 @@ func activeLSMs() ([]string, error) {
 	return strings.Split(strings.TrimSpace(string(b)), ","), nil
 }
 
-// probeLSMAttach attaches a program that allows everything to file_ioctl
-// and detaches it again.
-func probeLSMAttach() error {
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type:         ebpf.LSM,
-		AttachType:   ebpf.AttachLSMMac,
-		AttachTo:     "file_ioctl",
-		License:      "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
-	})
+// probeLSMAttach attaches the probe program and detaches it again.
+func probeLSMAttach(cache *btf.Cache) error {
+	coll, err := loadLSMProbe(cache)
 	if err != nil {
 		return err
 	}
-	defer prog.Close()
-	lk, err := link.AttachLSM(link.LSMOptions{Program: prog})
+	defer coll.Close()
+	lk, err := link.AttachLSM(link.LSMOptions{Program: coll.Programs["probe"]})
 	if err != nil {
 		return err
 	}
@@ -109,8 +129,8 @@ func probeLSMAttach() error {
 }
 
 // haveLSMHook reports whether the kernel has the LSM hook (bpf_lsm_<hook>).
-func haveLSMHook(hook string) bool {
-	spec, err := btf.LoadKernelSpec()
+func haveLSMHook(cache *btf.Cache, hook string) bool {
+	spec, err := cache.Kernel()
 	if err != nil {
 		return false
 	}
@@ -121,18 +141,18 @@ func haveLSMHook(hook string) bool {
 // prepareLSM removes the LSM programs the kernel cannot run from spec: all
 // of them when BPF LSM is unavailable (the returned error says why), the
 // optional ones whose hook is missing.
-func prepareLSM(spec *ebpf.CollectionSpec) error {
-	lsmErr := HaveLSM()
+func prepareLSM(spec *ebpf.CollectionSpec, cache *btf.Cache) error {
+	lsmErr := haveLSM(cache)
 	for _, h := range lsmHooks {
 		if lsmErr != nil {
 			break
 		}
-		if !haveLSMHook(spec.Programs[h.name].AttachTo) && !h.optional {
+		if !haveLSMHook(cache, spec.Programs[h.name].AttachTo) && !h.optional {
 			lsmErr = fmt.Errorf("%w: this kernel has no %s LSM hook", ErrLSMMissing, spec.Programs[h.name].AttachTo)
 		}
 	}
 	for _, h := range lsmHooks {
-		if lsmErr != nil || !haveLSMHook(spec.Programs[h.name].AttachTo) {
+		if lsmErr != nil || !haveLSMHook(cache, spec.Programs[h.name].AttachTo) {
 			delete(spec.Programs, h.name)
 		}
 	}

@@ -12,9 +12,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"runtime"
 
+	"github.com/trialnet/trialnet/internal/ident"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -24,11 +24,9 @@ import (
 // nsenter --net=/run/trialnet/netns/<id> can enter it.
 const DefaultDir = "/run/trialnet/netns"
 
-var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
-
 // ValidID checks a Trial id: it becomes a file name and a cgroup name.
 func ValidID(id string) error {
-	if !idRE.MatchString(id) {
+	if !ident.Valid(id) {
 		return fmt.Errorf("invalid Trial id %q: use 1-63 characters from a-z, 0-9, '-' and '_', starting with a letter or digit", id)
 	}
 	return nil

@@ -7,11 +7,12 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/trialnet/trialnet/internal/ident"
 )
 
 // File is the proxy part of trialnet's YAML configuration: named
@@ -78,8 +79,6 @@ func (p *Profile) UnmarshalYAML(n *yaml.Node) error {
 	return fmt.Errorf("line %d: a profile is a list of host:port entries or a mapping with allow, require_tls and learn", n.Line)
 }
 
-var profileName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
-
 // LoadFile reads and validates a configuration file.
 func LoadFile(path string) (*File, error) {
 	data, err := os.ReadFile(path)
@@ -111,7 +110,7 @@ func ParseFile(data []byte) (*File, error) {
 
 func (f *File) validate() error {
 	for name, p := range f.Profiles {
-		if !profileName.MatchString(name) {
+		if !ident.Valid(name) {
 			return fmt.Errorf("profile name %q: use lower-case letters, digits, '-' and '_'", name)
 		}
 		if len(p.Allow) == 0 && !p.Learn {

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/net/publicsuffix"
+
+	"github.com/trialnet/trialnet/internal/ident"
 )
 
 // DefaultWildcardHosts is how many distinct hosts under one suffix Learn
@@ -159,7 +161,7 @@ func commonSuffix(names []string) string {
 // comments. It is checked with ParseFile before it is returned, so that
 // it can be pasted into (or used as) a configuration.
 func (l Learned) Profile(name string) ([]byte, error) {
-	if !profileName.MatchString(name) {
+	if !ident.Valid(name) {
 		return nil, fmt.Errorf("profile name %q: use lower-case letters, digits, '-' and '_'", name)
 	}
 	if len(l.Entries) == 0 {

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testpty"
 	"golang.org/x/sys/unix"
 )
@@ -96,13 +98,64 @@ func TestPrivilegedPIDNamespaceHidesTheHost(t *testing.T) {
 		t.Fatalf("the Trial's init: %v", err)
 	}
 	defer unix.Close(init.pidfd)
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", init.pid))
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", init.pid))
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("the init's threads: %v %v", tasks, err)
+	}
+	for _, task := range tasks {
+		st, err := os.ReadFile(task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"CapPrm:\t0000000000000000", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000",
+			"CapAmb:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
+			if !strings.Contains(string(st), want) {
+				t.Errorf("thread %s of the Trial's init lacks %q", task, want)
+			}
+		}
+	}
+}
+
+// trialnet-exec starts while a new Trial's init still sets the Trial up:
+// it must run nothing of the command until the launcher's byte says the
+// init is ready, and nothing at all when the launcher gives up instead.
+func TestPrivilegedExecWaitsForTheReadyInit(t *testing.T) {
+	privtest.Require(t)
+	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1", "Seccomp:\t2"} {
-		if !strings.Contains(string(st), want) {
-			t.Errorf("the Trial's init lacks %q", want)
+	for _, ready := range []bool{false, true} {
+		ran := filepath.Join(t.TempDir(), "ran")
+		errR, errW, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		goR, goW, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "0", "0", "--", "touch", ran},
+			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR}}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		_ = errW.Close()
+		_ = goR.Close()
+		if ready {
+			_, _ = goW.Write([]byte{0})
+		}
+		_ = goW.Close()
+		msg, _ := io.ReadAll(errR)
+		_ = errR.Close()
+		_ = cmd.Wait()
+		_, statErr := os.Stat(ran)
+		if ready && (statErr != nil || len(msg) > 0) {
+			t.Errorf("with the byte: the command did not run (%v; %q)", statErr, msg)
+		}
+		if !ready && (statErr == nil || cmd.ProcessState.ExitCode() != ExitCannotExecute || !strings.Contains(string(msg), "did not become ready")) {
+			t.Errorf("without the byte: the command ran (%v), exit %d, %q; want exit %d and nothing run",
+				statErr == nil, cmd.ProcessState.ExitCode(), msg, ExitCannotExecute)
 		}
 	}
 }

@@ -212,16 +212,28 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		return nil, fmt.Errorf("start: open Trial cgroup: %w", err)
 	}
 	defer cg.Close()
-	init, err := t.init(cg)
+	init, initReady, err := t.init(cg)
 	if err != nil {
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
 	}
 	defer unix.Close(init.pidfd)
+	// initReady releases the launch lock: it runs on every path, once.
+	ready := sync.OnceValue(initReady)
+	defer func() { _ = ready() }()
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("start: %w", err)
 	}
 	defer errR.Close()
+	// trialnet-exec starts while a new init still sets the Trial up (the
+	// two Go runtimes start side by side), and execs the command only on
+	// the byte this pipe carries once the init is ready.
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		_ = errW.Close()
+		return nil, fmt.Errorf("start: %w", err)
+	}
+	defer goW.Close()
 
 	args := append([]string{execArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10), "--"}, c.Args...)
 	cmd := &exec.Cmd{
@@ -232,27 +244,39 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		Stdin:      c.Stdin,
 		Stdout:     c.Stdout,
 		Stderr:     c.Stderr,
-		ExtraFiles: []*os.File{errW},
+		ExtraFiles: []*os.File{errW, goR},
 		SysProcAttr: &syscall.SysProcAttr{
 			Setsid:      true,
 			UseCgroupFD: true,
 			CgroupFD:    int(cg.Fd()),
 		},
 	}
-	relay, err := hideSockets(cmd)
-	if err != nil {
+	closePipes := func() {
 		_ = errW.Close()
+		_ = goR.Close()
+	}
+	relay, err := hideSockets(cmd)
+	if err == nil && (c.Dir != "" || wantsTerminal(cmd)) {
+		// The pty comes from the Trial's devpts, and the working directory
+		// is resolved at the fork: both must see what only a ready init
+		// has mounted (a Dir under /proc would be the host's otherwise).
+		err = ready()
+	}
+	if err != nil {
+		closePipes()
+		relay.started()
+		relay.stop()
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
 	}
 	tty, err := newTerminal(cmd, init, c.UID, c.GID)
 	if err != nil {
-		_ = errW.Close()
+		closePipes()
 		relay.started()
 		relay.stop()
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
 	}
 	err = netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
-	_ = errW.Close()
+	closePipes()
 	tty.started()
 	relay.started()
 	if err != nil {
@@ -260,10 +284,19 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		relay.stop()
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
 	}
+	p := &Process{cmd: cmd, tty: tty, stdin: relay}
+	if err := ready(); err != nil {
+		// A failed init was killed, and trialnet-exec with it (it is in
+		// the init's PID namespace).
+		_ = goW.Close()
+		_, _ = p.Wait()
+		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+	}
+	_, _ = goW.Write([]byte{0})
+	_ = goW.Close()
 	// The pipe closes on exec (close-on-exec) with nothing written, or
 	// carries why trialnet-exec gave up.
 	msg, _ := io.ReadAll(errR)
-	p := &Process{cmd: cmd, tty: tty, stdin: relay}
 	if len(msg) > 0 {
 		code, _ := p.Wait()
 		if code != ExitCannotExecute {
@@ -380,6 +413,12 @@ func trialExec(args []string) (int, error) {
 	// refused call, and the filter is inherited by everything CMD starts.
 	if err := installSeccomp(); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
+	}
+	// The launcher writes one byte once the Trial's init is ready (its
+	// /proc and devpts mounted); nothing of CMD runs before.
+	var b [1]byte
+	if n, _ := unix.Read(4, b[:]); n != 1 {
+		return ExitCannotExecute, errors.New("trialnet-exec: the Trial's init did not become ready")
 	}
 	err = unix.Exec(path, argv, os.Environ())
 	return ExitCannotExecute, fmt.Errorf("exec %s: %w", path, err)

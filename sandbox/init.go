@@ -42,17 +42,28 @@ func (p initProc) alive() bool {
 // yet (its first launch, or after everything in it was killed). A lock
 // keeps two launchers from starting two: a file only root can open (the
 // Trial sees the host's files, and could hold a lock on anything it can
-// open, such as its cgroup directory, to stall every launch).
-func (t *Trial) init(cg *os.File) (initProc, error) {
+// open, such as its cgroup directory, to stall every launch). An init it
+// starts may still be setting the Trial up: ready waits for that (and
+// releases the lock), so that the caller can start the command's
+// trialnet-exec meanwhile. The caller must call ready once on every path.
+func (t *Trial) init(cg *os.File) (_ initProc, ready func() error, _ error) {
 	lock, err := lockInit(cg)
 	if err != nil {
-		return initProc{}, err
+		return initProc{}, nil, err
 	}
-	defer lock.Close() // releases the lock
 	if p, err := findInit(t.Cgroup); err != nil || p.pidfd >= 0 {
-		return p, err
+		_ = lock.Close()
+		return p, func() error { return nil }, err
 	}
-	return t.startInit(cg)
+	p, started, err := t.startInit(cg)
+	if err != nil {
+		_ = lock.Close()
+		return p, nil, err
+	}
+	return p, func() error {
+		defer lock.Close() // releases the lock
+		return started()
+	}, nil
 }
 
 // InitLockDir holds the launch locks, one per Trial cgroup (by its id, unique
@@ -158,22 +169,22 @@ func inCgroup(pid int, cgroup string) bool {
 }
 
 // startInit clones the Trial's PID 1 into its cgroup and network
-// namespace, with new PID and mount namespaces, and waits until it has
-// mounted its own /proc and /dev/pts.
-func (t *Trial) startInit(cg *os.File) (initProc, error) {
+// namespace, with new PID and mount namespaces. ready waits until it has
+// mounted its own /proc and /dev/pts, and kills it if it failed; the
+// caller owns the pidfd either way.
+func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error) {
 	fail := initProc{-1, 0}
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
-		return fail, err
+		return fail, nil, err
 	}
-	defer readyR.Close()
 	// Its stderr is read only if it fails: a Go runtime crash lands there.
 	stderrR, stderrW, err := os.Pipe()
 	if err != nil {
+		_ = readyR.Close()
 		_ = readyW.Close()
-		return fail, err
+		return fail, nil, err
 	}
-	defer stderrR.Close()
 	pidfd := -1
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
@@ -192,26 +203,33 @@ func (t *Trial) startInit(cg *os.File) (initProc, error) {
 	_ = readyW.Close()
 	_ = stderrW.Close()
 	if err != nil {
-		return fail, fmt.Errorf("start the Trial's init: %w", err)
+		_ = readyR.Close()
+		_ = stderrR.Close()
+		return fail, nil, fmt.Errorf("start the Trial's init: %w", err)
 	}
 	// Reaped by whoever started it; an init outliving this process is
 	// reaped by the host's init.
 	go func() { _ = cmd.Wait() }()
-	msg, _ := io.ReadAll(readyR)
-	if len(msg) != 1 || msg[0] != 0 {
+	return initProc{pidfd, cmd.Process.Pid}, func() error {
+		defer readyR.Close()
+		defer stderrR.Close()
+		msg, _ := io.ReadAll(readyR)
+		if len(msg) == 1 && msg[0] == 0 {
+			return nil
+		}
+		msg = bytes.TrimPrefix(msg, []byte{0})
+		// Everything else in its PID namespace dies with it.
 		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
-		_ = unix.Close(pidfd)
 		if len(msg) == 0 {
 			crash, _ := io.ReadAll(io.LimitReader(stderrR, 4096))
 			msg = fmt.Appendf(nil, "it exited before it was ready: %s", bytes.TrimSpace(crash))
 		}
-		return fail, fmt.Errorf("start the Trial's init: %s", msg)
-	}
-	return initProc{pidfd, cmd.Process.Pid}, nil
+		return fmt.Errorf("start the Trial's init: %s", msg)
+	}, nil
 }
 
-// runInit is the Trial's PID 1. fd 3 reports readiness (one NUL byte) or
-// why setting up failed.
+// runInit is the Trial's PID 1. fd 3 reports readiness (one NUL byte,
+// then the end of the pipe) or why setting up failed.
 func runInit() {
 	ready := os.NewFile(3, "trialnet-init-ready")
 	// Capabilities, the bounding set, no_new_privs and the seccomp filter
@@ -227,7 +245,17 @@ func runInit() {
 		err = installSeccomp()
 	}
 	if err == nil {
-		_, err = unix.FcntlInt(3, unix.F_SETFD, 0) // the reaper says "ready"
+		// The Trial is ready once the reaper's exec has begun: nothing of
+		// the old image is left, and each thread the reaper makes starts
+		// from this one. The launcher takes the byte as "ready" only with
+		// the end of the pipe, which the exec gives (close-on-exec): a
+		// failed exec writes why after it. Not waiting for the reaper's
+		// own start takes a start of the binary off every Trial's first
+		// command.
+		_, err = unix.FcntlInt(3, unix.F_SETFD, unix.FD_CLOEXEC)
+	}
+	if err == nil {
+		_, err = ready.Write([]byte{0})
 	}
 	if err == nil {
 		err = unix.Exec("/proc/self/exe", []string{initArg0}, []string{})
@@ -247,9 +275,6 @@ func runReaper() {
 		syscall.SIGUSR2, syscall.SIGPIPE, syscall.SIGALRM, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
 	children := make(chan os.Signal, 1)
 	signal.Notify(children, syscall.SIGCHLD)
-	ready := os.NewFile(3, "trialnet-init-ready")
-	_, _ = ready.Write([]byte{0})
-	_ = ready.Close()
 	for range children {
 		for {
 			pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)

@@ -42,6 +42,20 @@ type terminal struct {
 	closeOnce sync.Once
 }
 
+// terminalOf is v when it is a terminal, else nil.
+func terminalOf(v any) *os.File {
+	f, ok := v.(*os.File)
+	if ok && f != nil && term.IsTerminal(int(f.Fd())) {
+		return f
+	}
+	return nil
+}
+
+// wantsTerminal reports whether newTerminal gives cmd a pty.
+func wantsTerminal(cmd *exec.Cmd) bool {
+	return terminalOf(cmd.Stdin) != nil || terminalOf(cmd.Stdout) != nil || terminalOf(cmd.Stderr) != nil
+}
+
 // newTerminal gives cmd a pseudo-terminal in place of each of its stdio
 // streams that is a terminal; others pass through untouched, so pipes and
 // files stay exact. The pty comes from the Trial's own devpts instance
@@ -49,14 +63,7 @@ type terminal struct {
 // belongs to uid:gid, as a login terminal does. It returns nil when none
 // is a terminal.
 func newTerminal(cmd *exec.Cmd, init initProc, uid, gid uint32) (_ *terminal, err error) {
-	isTTY := func(v any) *os.File {
-		f, ok := v.(*os.File)
-		if ok && f != nil && term.IsTerminal(int(f.Fd())) {
-			return f
-		}
-		return nil
-	}
-	in, out, errf := isTTY(cmd.Stdin), isTTY(cmd.Stdout), isTTY(cmd.Stderr)
+	in, out, errf := terminalOf(cmd.Stdin), terminalOf(cmd.Stdout), terminalOf(cmd.Stderr)
 	t := &terminal{in: in}
 	for _, f := range []*os.File{in, out, errf} {
 		if f != nil && t.user == nil {
