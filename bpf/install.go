@@ -16,18 +16,21 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/trialnet/trialnet/internal/rootdir"
 )
 
 // lockDir holds one lock file per pin directory. The pin directory itself
 // is on bpffs, which may not even be mounted yet when a Load starts (and
 // two Loads must not both mount it), so the lock lives outside it; /run is
-// cleared at boot, as bpffs is.
-const lockDir = "/run/lock"
+// cleared at boot, as bpffs is. It is root's and private: the lock file
+// holds the install record an adopting Load trusts, so no one else may
+// create it first (a world-writable /run/lock would let them).
+const lockDir = "/run/trialnet/locks"
 
-// lockPath is the lock file that serializes installs into pinDir.
-func lockPath(pinDir string) string {
-	name := strings.ReplaceAll(strings.Trim(filepath.Clean(pinDir), "/"), "/", "_")
-	return filepath.Join(lockDir, "trialnet-"+name+".lock")
+// lockName is the lock file that serializes installs into pinDir.
+func lockName(pinDir string) string {
+	return "install-" + strings.ReplaceAll(strings.Trim(filepath.Clean(pinDir), "/"), "/", "_") + ".lock"
 }
 
 // installLock is an exclusive flock on a pin directory's lock file. The
@@ -39,9 +42,9 @@ type installLock struct{ f *os.File }
 // Uninstall of the same directory. An Uninstall removes the lock file while
 // holding it, so a waiter that got the lock on a removed file tries again.
 func lockPins(pinDir string) (*installLock, error) {
-	path := lockPath(pinDir)
+	path := filepath.Join(lockDir, lockName(pinDir))
 	for range 100 {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+		f, err := rootdir.OpenLock(lockDir, lockName(pinDir))
 		if err != nil {
 			return nil, fmt.Errorf("open install lock %s: %w", path, err)
 		}

@@ -18,6 +18,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/trialnet/trialnet/internal/rootdir"
 )
 
 // initArg0 marks a re-executed trialnet binary that becomes a Trial's
@@ -80,15 +82,7 @@ func lockInit(cg *os.File) (*os.File, error) {
 	if err := unix.Fstat(int(cg.Fd()), &cst); err != nil {
 		return nil, fmt.Errorf("launch lock: %w", err)
 	}
-	dir := InitLockDir
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("launch lock directory: %w", err)
-	}
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil || st.Uid != 0 || st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Mode&0o077 != 0 {
-		return nil, fmt.Errorf("launch lock directory %s must be root's and private (mode 0700): %v", dir, err)
-	}
-	f, err := os.OpenFile(initLockPath(cst.Ino), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	f, err := rootdir.OpenLock(InitLockDir, filepath.Base(initLockPath(cst.Ino)))
 	if err != nil {
 		return nil, fmt.Errorf("launch lock: %w", err)
 	}

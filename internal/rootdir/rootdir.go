@@ -1,0 +1,40 @@
+//go:build linux
+
+// Package rootdir makes and checks the directories where trialnet keeps
+// files it trusts (lock files with records in them): only root may have
+// put anything there.
+package rootdir
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Private creates dir (mode 0700) if it is missing and checks that it is
+// a directory, not a symlink, owned by root, with no access for anyone
+// else. A directory that fails the check was made by someone else and is
+// refused: a file in it could have been planted.
+func Private(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("check %s: %w", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o077 != 0 {
+		return fmt.Errorf("%s must be a directory of root's with mode 0700 (it is uid %d, mode %o): remove it, and trialnet makes it again", dir, st.Uid, st.Mode&0o7777)
+	}
+	return nil
+}
+
+// OpenLock opens (creating it if missing) the lock file name in the
+// private directory dir, never through a symlink.
+func OpenLock(dir, name string) (*os.File, error) {
+	if err := Private(dir); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(dir+"/"+name, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+}
