@@ -12,7 +12,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -507,5 +509,117 @@ func TestPumpDownWithoutSocket(t *testing.T) {
 	}
 	if s := <-got; s != "hello" {
 		t.Fatalf("client got %q", s)
+	}
+}
+
+// A Trial removed while its tunnel moves bytes both ways: the flow stops
+// (the relay ends with the proxy's sockets) and both ends see the tunnel
+// end.
+func TestRemoveTrialCutsLiveTransfer(t *testing.T) {
+	var upBytes atomic.Int64
+	upDone := make(chan struct{})
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: func(c *net.TCPConn) {
+		go func() { _, _ = io.Copy(c, newPRNG(4)) }()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := c.Read(buf)
+			upBytes.Add(int64(n))
+			if err != nil {
+				close(upDone)
+				return
+			}
+		}
+	}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	go func() { _, _ = io.Copy(c, newPRNG(5)) }()
+	if _, err := io.CopyN(io.Discard, br, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); upBytes.Load() < 8<<20; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("upstream got only %d bytes", upBytes.Load())
+		}
+	}
+	removed := make(chan struct{})
+	go func() { tp.RemoveTrial("t1"); close(removed) }()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, br); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the client still receives after its Trial was removed")
+	}
+	select {
+	case <-upDone:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the upstream still receives after the Trial was removed (%d bytes)", upBytes.Load())
+	}
+	<-removed
+}
+
+// Half-close both ways on a tunnel that has carried bytes both ways: each
+// side's EOF reaches the other, which can still answer.
+func TestTunnelHalfCloseMidStream(t *testing.T) {
+	for _, first := range []string{"client", "upstream"} {
+		t.Run(first+" first", func(t *testing.T) {
+			upGot := make(chan string, 1)
+			tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: func(c *net.TCPConn) {
+				var b [5]byte
+				if _, err := io.ReadFull(c, b[:]); err != nil {
+					return
+				}
+				_, _ = c.Write(b[:]) // the client's hello back: both directions have carried bytes
+				if first == "upstream" {
+					_ = c.CloseWrite()
+				}
+				rest, _ := io.ReadAll(c)
+				upGot <- string(rest)
+				if first == "client" {
+					_, _ = io.WriteString(c, "answer after EOF")
+					_ = c.CloseWrite()
+				}
+			}})
+			tp.dns.set("api.example.com", 60, "93.184.216.34")
+			resp, c, br := tp.connect(t, connectHead("api.example.com:443"))
+			if resp.StatusCode != 200 {
+				t.Fatal(resp.Status)
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			var b [5]byte
+			if _, err := io.WriteString(c, "hello"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(br, b[:]); err != nil || string(b[:]) != "hello" {
+				t.Fatalf("echo %q, %v", b, err)
+			}
+			if first == "upstream" {
+				if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+					t.Fatalf("after the upstream's EOF: %q, %v", rest, err)
+				}
+			}
+			if _, err := io.WriteString(c, "last words"); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.(*net.TCPConn).CloseWrite()
+			select {
+			case s := <-upGot:
+				if s != "last words" {
+					t.Fatalf("upstream got %q", s)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the client's EOF never reached the upstream")
+			}
+			want := ""
+			if first == "client" {
+				want = "answer after EOF"
+			}
+			if rest, err := io.ReadAll(br); err != nil || string(rest) != want {
+				t.Fatalf("client got %q, %v; want %q", rest, err, want)
+			}
+			if ev := tp.event(t); ev.BytesUp != 15 || ev.BytesDown != int64(5+len(want)) {
+				t.Fatalf("event bytes %d up, %d down", ev.BytesUp, ev.BytesDown)
+			}
+		})
 	}
 }
