@@ -312,6 +312,9 @@ func BenchmarkPeers(b *testing.B) {
 		}
 	}
 	order := []string{"direct", "tinyproxy", "squid", "smokescreen", "naive Go", "trialnet"}
+	if os.Getenv("TRIALNET_BASELINE_BIN") != "" {
+		order = slices.Insert(order, len(order)-1, baselineRoute)
+	}
 	table, ratios := res.table(order)
 	fmt.Printf("\nproxybench: %d interleaved rounds in %s, %s; median over rounds\n\n%s\n",
 		n, time.Since(start).Round(time.Second), time.Now().UTC().Format("2006-01-02"), table)
@@ -612,7 +615,7 @@ func (s *results) table(order []string) (string, map[string]float64) {
 		}
 		best, bold := "", "" // the best peer; the best of the peers and trialnet
 		for _, rt := range order {
-			if _, ok := med[rt]; !ok || rt == "direct" {
+			if _, ok := med[rt]; !ok || rt == "direct" || rt == baselineRoute {
 				continue
 			}
 			if rt != "trialnet" && better(rt, best) {

@@ -46,13 +46,17 @@ type peer struct {
 func (e *env) peers() []peer {
 	name := fmt.Sprintf("%s:%d", upstreamName, benchPort)
 	addr := e.upstream.String()
-	return []peer{
+	ps := []peer{
 		{"trialnet", name, e.startTrialnet},
 		{"tinyproxy", addr, e.startTinyproxy},
 		{"squid", addr, e.startSquid},
 		{"smokescreen", name, e.startSmokescreen},
 		{"naive Go", addr, e.startNaive},
 	}
+	if base := os.Getenv("TRIALNET_BASELINE_BIN"); base != "" {
+		ps = append(ps, peer{baselineRoute, name, func() (*process, error) { return e.startTrialnetBin(base) }})
+	}
+	return ps
 }
 
 // build compiles what the peers need into e.dir: trialnet, the naive
@@ -71,9 +75,19 @@ func (e *env) build() error {
 	return nil
 }
 
-// startTrialnet starts a `trialnet proxy` process allowing the upstream
-// by name.
+// baselineRoute is another build of trialnet (TRIALNET_BASELINE_BIN, an
+// earlier commit's, say) run in the same rounds: a change's effect, side
+// by side. It is neither a peer nor trialnet in the ratios.
+const baselineRoute = "trialnet, baseline build"
+
+// startTrialnet starts this tree's `trialnet proxy`.
 func (e *env) startTrialnet() (*process, error) {
+	return e.startTrialnetBin(filepath.Join(e.dir, "trialnet"))
+}
+
+// startTrialnetBin starts a `trialnet proxy` process of bin allowing the
+// upstream by name.
+func (e *env) startTrialnetBin(bin string) (*process, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -83,7 +97,7 @@ func (e *env) startTrialnet() (*process, error) {
 	if err := os.WriteFile(cfg, []byte("limits: {max_tunnels: 100000, max_client_connections: 100000, max_pending_heads: 100000, connects_per_second: 1000000, connect_burst: 1000000}\nmax_connections: 100000\n"), 0o644); err != nil {
 		return nil, err
 	}
-	return e.start("trialnet", addr, filepath.Join(e.dir, "trialnet"), "proxy", "--config", cfg, "--listen", addr, "--trial", "bench",
+	return e.start("trialnet", addr, bin, "proxy", "--config", cfg, "--listen", addr, "--trial", "bench",
 		"--allow", fmt.Sprintf("%s:%d", upstreamName, benchPort), "--resolver", e.dnsAddr, "--allow-cidr", "198.18.0.0/15")
 }
 
