@@ -23,6 +23,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Proxy is the slack the serving processes use.
@@ -30,9 +32,16 @@ const Proxy = time.Millisecond
 
 // Set gives every thread of this process the slack d. Threads that Go
 // starts later inherit it from the thread that starts them. Changing
-// another thread's slack needs CAP_SYS_NICE; without it the error says
-// so and the process keeps the default slack, which is only slower.
+// another thread's slack needs CAP_SYS_NICE; a process started with d
+// (systemd's TimerSlackNSec) needs nothing. Without either, the error says so
+// and the process keeps the default slack, which is only slower.
 func Set(d time.Duration) error {
+	// Go never changes a thread's slack, and every thread descends from
+	// the first: if this one already has d, the process was started with
+	// it (systemd's TimerSlackNSec) and every thread has it.
+	if cur, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0); err == nil && int64(cur) == d.Nanoseconds() {
+		return nil
+	}
 	ns := []byte(strconv.FormatInt(d.Nanoseconds(), 10))
 	done := map[string]bool{}
 	// A thread started during a pass may inherit the old slack from a

@@ -4,11 +4,16 @@ package timerslack
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/internal/privtest"
 )
@@ -61,5 +66,76 @@ func TestPrivilegedSetEveryThread(t *testing.T) {
 		if s != "2000000" {
 			t.Errorf("thread %s has timer slack %s ns, want 2000000", tid, s)
 		}
+	}
+}
+
+// A process whose parent gave it the slack (systemd's TimerSlackNSec)
+// needs no privilege: Set finds every thread already so. Without that,
+// an unprivileged process cannot change its other threads.
+func TestPrivilegedInheritedSlackNeedsNoPrivilege(t *testing.T) {
+	privtest.Require(t)
+	if os.Getenv("TIMERSLACK_CHILD") != "" {
+		t.Skip("the child's own run")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// t.TempDir's parent is private; nobody must reach the binary.
+	dir, err := os.MkdirTemp("", "timerslack-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "timerslack.test")
+	data, err := os.ReadFile(self)
+	if err == nil {
+		err = os.WriteFile(bin, data, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, inherited := range []bool{true, false} {
+		out, err := childSet(t, bin, inherited)
+		if inherited && err != nil {
+			t.Errorf("with the slack inherited, as nobody: %v\n%s", err, out)
+		}
+		if !inherited && err == nil {
+			t.Errorf("without it, as nobody, Set succeeded: the test cannot tell the two apart\n%s", out)
+		}
+	}
+}
+
+// childSet runs TestChildSet in bin as uid 65534, forked from a thread
+// whose slack is 1 ms when inherited (a child inherits its forking
+// thread's slack).
+func childSet(t *testing.T, bin string, inherited bool) ([]byte, error) {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	slack := 50 * time.Microsecond
+	if inherited {
+		slack = Proxy
+	}
+	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(slack), 0, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Prctl(unix.PR_SET_TIMERSLACK, 0, 0, 0, 0) }()
+	cmd := exec.Command(bin, "-test.run", "^TestChildSet$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TIMERSLACK_CHILD=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	return cmd.CombinedOutput()
+}
+
+// TestChildSet is childSet's child: Set, as whoever it runs as.
+func TestChildSet(t *testing.T) {
+	if os.Getenv("TIMERSLACK_CHILD") == "" {
+		t.Skip("run by TestPrivilegedInheritedSlackNeedsNoPrivilege")
+	}
+	if err := Set(Proxy); err != nil {
+		t.Fatal(err)
 	}
 }
