@@ -116,6 +116,72 @@ func TestPrivilegedPIDNamespaceHidesTheHost(t *testing.T) {
 	}
 }
 
+// An init whose launcher died before it was ready (killed, OOM, a
+// timeout) is still setting the Trial up: the next launcher must not run
+// a command in it, which would see the host's /proc and devpts, but end
+// it and start another.
+func TestPrivilegedOrphanedInitIsReplaced(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	cg, err := os.Open(tr.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	var orphan initProc
+	for try := 0; ; try++ {
+		p, ready, err := tr.startInit(cg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Frozen mid set-up, as a launcher that died leaves it for good.
+		_ = unix.PidfdSendSignal(p.pidfd, unix.SIGSTOP, nil, 0)
+		time.Sleep(20 * time.Millisecond)
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
+		t.Cleanup(func() {
+			_ = unix.PidfdSendSignal(p.pidfd, unix.SIGKILL, nil, 0)
+			_ = ready() // reaps it
+			_ = unix.Close(p.pidfd)
+		})
+		if string(cmd) == initSetupArg0+"\x00" {
+			orphan = p
+			break
+		}
+		if try == 5 {
+			t.Fatalf("the init was never caught setting up (cmdline %q)", cmd)
+		}
+		_ = unix.PidfdSendSignal(p.pidfd, unix.SIGKILL, nil, 0)
+	}
+	code, out := runProbeAs(t, tr, nobody, Command{}, "procs")
+	var n, self int
+	var pid1 string
+	if _, err := fmt.Sscanf(out, "procs %d pid1 %s self %d", &n, &pid1, &self); err != nil || code != probeOK {
+		t.Fatalf("procs: %d %q %v", code, out, err)
+	}
+	if pid1 != initArg0 || n > 2 {
+		t.Errorf("a command joined the orphaned init: %d processes, PID 1 is %q; want a new init's /proc", n, pid1)
+	}
+	var st unix.Stat_t
+	for deadline := time.Now().Add(5 * time.Second); unix.Stat(fmt.Sprintf("/proc/%d/task", orphan.pid), &st) == nil && procState(orphan.pid) != "Z"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphaned init %d still runs (state %s)", orphan.pid, procState(orphan.pid))
+		}
+	}
+}
+
+// procState is the state letter in /proc/<pid>/stat ("" when gone).
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2 : i+3]
+	}
+	return ""
+}
+
 // trialnet-exec starts while a new Trial's init still sets the Trial up:
 // it must run nothing of the command until the launcher's byte says the
 // init is ready, and nothing at all when the launcher gives up instead.

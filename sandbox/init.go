@@ -102,9 +102,10 @@ func RemoveLaunchLock(cgroupID uint64) {
 }
 
 // findInit looks in the cgroup for the process that is PID 1 of a PID
-// namespace one level below ours. A nested namespace a Trial made itself
-// is two levels down, so it is never taken for the Trial's init. It
-// returns a pidfd of -1 when there is none.
+// namespace one level below ours and runs as the reaper. A nested
+// namespace a Trial made itself is two levels down, so it is never taken
+// for the Trial's init. It returns a pidfd of -1 when there is none. The
+// caller holds the Trial's launch lock.
 func findInit(cgroup string) (initProc, error) {
 	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
 	if err != nil {
@@ -121,9 +122,19 @@ func findInit(cgroup string) (initProc, error) {
 		}
 		// The pid may have been reused between the check and the open:
 		// check again now that fd pins the process we mean.
-		if isChildNSInit(pid) && inCgroup(pid, cgroup) {
+		if !isChildNSInit(pid) || !inCgroup(pid, cgroup) {
+			_ = unix.Close(fd)
+			continue
+		}
+		// Only an init that reached the reaper has set the Trial up (its
+		// own /proc and devpts). One still setting up lost its launcher,
+		// whose lock the caller now holds (a launcher that fails kills
+		// its init itself): commands joining it would see the host's
+		// /proc. End it; the caller starts another.
+		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && string(cmd) == initArg0+"\x00" {
 			return initProc{fd, pid}, nil
 		}
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 		_ = unix.Close(fd)
 	}
 	return initProc{-1, 0}, nil
