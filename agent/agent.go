@@ -215,7 +215,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 		_ = host.Close()
 		return nil, err
 	}
-	pcfg := proxy.Config{Logger: log, OnEvent: a.onEvent, AllowCIDRs: set.AllowCIDRs, Resolver: set.Resolver,
+	pcfg := proxy.Config{Logger: log, LogDecisions: true, OnEvent: a.onEvent, AllowCIDRs: set.AllowCIDRs, Resolver: set.Resolver,
 		Limits: set.Limits, MaxConnections: set.MaxConnections}
 	if a.proxy, err = proxy.New(pcfg); err != nil {
 		_ = host.Close()

@@ -43,8 +43,12 @@ type Config struct {
 	// Dialer connects to checked addresses; nil: a NetDialer whose
 	// Control hook re-checks every address with the guard.
 	Dialer Dialer
-	// Logger receives one record per CONNECT; nil discards.
+	// Logger receives what goes wrong in serving (accept errors); nil
+	// discards.
 	Logger *slog.Logger
+	// LogDecisions also writes every decision record to Logger (the
+	// agent's journal); OnEvent gets them either way.
+	LogDecisions bool
 	// OnEvent, if set, is called with every decision event.
 	OnEvent func(Event)
 	// Limits are the per-Trial defaults; a Trial may carry its own.
@@ -733,7 +737,7 @@ func (p *Proxy) emit(t *trial, ev *Event) {
 	t.mu.Lock()
 	t.stats.Add(ev)
 	t.mu.Unlock()
-	if ctx := context.Background(); p.log.Enabled(ctx, ev.level()) {
+	if ctx := context.Background(); p.cfg.LogDecisions && p.log.Enabled(ctx, ev.level()) {
 		msg := "connect"
 		if ev.Method != "" && ev.Method != "CONNECT" {
 			msg = "forward"

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -80,6 +81,8 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 		}
 	}
 
+	// Decision records go to stdout, what goes wrong in serving to stderr.
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
 	// One decision record per line, as in the agent's decisions.jsonl,
 	// written without reflection (the proxy's own CPU, per CONNECT).
 	var outMu sync.Mutex
