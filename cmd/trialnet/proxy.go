@@ -55,6 +55,7 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	var listen stringList
 	fs.Var(&listen, "listen", "listen on ADDR:PORT (repeatable; default 127.0.0.1:3128)")
 	trial := fs.String("trial", "proxy", "the Trial id written in every decision record")
+	pprofDir := fs.String("pprof-dir", "", "write CPU, block and mutex profiles and an execution trace of this run into DIR when it stops (performance work: costs CPU)")
 	var af allowFlags
 	af.register(fs, "the config file")
 	var cf configFlags
@@ -81,6 +82,17 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 		}
 	}
 
+	if *pprofDir != "" {
+		stopProfiles, err := startProfiles(*pprofDir)
+		if err != nil {
+			return fail(stdout, stderr, false, exitFailure, err)
+		}
+		defer func() {
+			if err := stopProfiles(); err != nil {
+				fmt.Fprintf(stderr, "trialnet proxy: %v\n", err)
+			}
+		}()
+	}
 	// Decision records go to stdout, what goes wrong in serving to stderr.
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
 	// One decision record per line, as in the agent's decisions.jsonl,

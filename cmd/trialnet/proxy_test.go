@@ -154,3 +154,41 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// --pprof-dir leaves the profiles docs/performance.md was measured with.
+func TestProxyPprofDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "prof")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan []net.Addr, 1)
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- serveProxy(ctx, []string{"--listen", "127.0.0.1:0", "--allow", "api.example.com:443", "--resolver", "127.0.0.1:1",
+			"--pprof-dir", dir}, &out, &errOut, func(a []net.Addr) { ready <- a })
+	}()
+	var addrs []net.Addr
+	select {
+	case addrs = <-ready:
+	case code := <-done:
+		t.Fatalf("proxy exited %d: %s", code, errOut.String())
+	}
+	c, err := net.Dial("tcp", addrs[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "CONNECT other.example.com:443 HTTP/1.1\r\nHost: other.example.com:443\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("%v %v", resp, err)
+	}
+	_ = c.Close()
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, name := range []string{"cpu.pprof", "trace.out", "block.pprof", "mutex.pprof"} {
+		if st, err := os.Stat(filepath.Join(dir, name)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
