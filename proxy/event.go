@@ -41,13 +41,16 @@ const EventSchema = 1
 const PolicyChangeSchema = 2
 
 // Event is the one decision record for one CONNECT or one forwarded
-// request: the proxy's log line, the agent's decisions.jsonl, what
+// request: trialnet proxy's stdout, the agent's decisions.jsonl and
+// journal, what
 // "trialnet audit" prints and what the counters are rebuilt from. An
 // allowed tunnel's event is emitted when the tunnel closes, with its byte
 // counts (a forwarded request's: body bytes up, response bytes down); a
 // tunnel refused after it opened (the TLS name check) is a deny.
 //
-// Its JSON keys are spelled once, on eventJSON.
+// Its JSON keys are spelled on eventJSON, which reads and logs them,
+// and again in AppendJSON, which writes them; TestAppendJSONIsMarshal
+// holds the two equal.
 type Event struct {
 	Schema   int    // EventSchema when written; 0 for records older than the field
 	ID       string // unique per decision, for joining with other logs
@@ -83,8 +86,8 @@ type Event struct {
 	DNS, Dial, FirstByte time.Duration
 }
 
-// eventJSON is an Event on the wire, in the order the keys are written:
-// the one place they are spelled. Durations are whole microseconds, the
+// eventJSON is an Event on the wire, in the order the keys are written
+// (AppendJSON writes the same, without reflection). Durations are whole microseconds, the
 // unit in the key; every key is always written.
 type eventJSON struct {
 	Schema      int       `json:"schema"`
@@ -154,8 +157,8 @@ func (e *Event) wire() eventJSON {
 	}
 }
 
-// MarshalJSON writes the event with the same keys as the log record, so
-// a decision log on disk reads like the proxy's JSON lines.
+// MarshalJSON writes the event as decisions.jsonl and trialnet proxy's
+// stdout hold it.
 func (e Event) MarshalJSON() ([]byte, error) {
 	return e.AppendJSON(make([]byte, 0, 512))
 }

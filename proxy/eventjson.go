@@ -8,10 +8,10 @@ import (
 // AppendJSON appends the event as one JSON object, byte for byte what
 // encoding/json writes for it (MarshalJSON is this), without reflection:
 // one record is written per CONNECT on the proxy's own CPU, and
-// encoding/json took ~13 µs of it (the appender ~1 µs; BenchmarkEventJSON).
-// The keys, their order and their values follow eventJSON, the one place
-// they are spelled; TestAppendJSONIsMarshal and FuzzEventJSON hold the two
-// together.
+// encoding/json takes ~3.5 µs and 7 allocations where this takes ~0.9 µs
+// and none (BenchmarkEventJSON). The keys, their order and their values
+// follow eventJSON; TestAppendJSONIsMarshal and FuzzEventJSON hold the
+// two together.
 func (e *Event) AppendJSON(b []byte) ([]byte, error) {
 	b = append(b, `{"schema":`...)
 	b = strconv.AppendInt(b, int64(e.Schema), 10)

@@ -623,3 +623,44 @@ func TestTunnelHalfCloseMidStream(t *testing.T) {
 		})
 	}
 }
+
+// waitReadable waits for a socket's first byte without taking it (the
+// relay then splices it with the rest), reports EOF as no byte, and
+// leaves a connection that is not a socket to the plain read.
+func TestWaitReadablePeeks(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	far, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer far.Close()
+	near, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer near.Close()
+	go func() {
+		time.Sleep(20 * time.Millisecond) // the wait blocks first
+		_, _ = io.WriteString(far, "abc")
+		_ = far.(*net.TCPConn).CloseWrite()
+	}()
+	if ready, ok := waitReadable(near); !ready || !ok {
+		t.Fatalf("with a byte waiting: ready %v, ok %v", ready, ok)
+	}
+	if b, err := io.ReadAll(near); err != nil || string(b) != "abc" {
+		t.Fatalf("after the wait the socket holds %q (%v), want all of abc", b, err)
+	}
+	if ready, ok := waitReadable(near); ready || !ok {
+		t.Fatalf("at EOF: ready %v, ok %v", ready, ok)
+	}
+	p1, p2 := net.Pipe()
+	defer p1.Close()
+	defer p2.Close()
+	if _, ok := waitReadable(p1); ok {
+		t.Fatal("a pipe was taken for a socket")
+	}
+}

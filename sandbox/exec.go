@@ -268,12 +268,14 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		relay.stop()
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
 	}
+	// A new init that failed makes the steps below fail too (ESRCH): its
+	// own error, joined in, says why.
 	tty, err := newTerminal(cmd, init, c.UID, c.GID)
 	if err != nil {
 		closePipes()
 		relay.started()
 		relay.stop()
-		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, errors.Join(err, ready()))
 	}
 	err = netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
 	closePipes()
@@ -282,7 +284,7 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	if err != nil {
 		tty.close()
 		relay.stop()
-		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, errors.Join(err, ready()))
 	}
 	p := &Process{cmd: cmd, tty: tty, stdin: relay}
 	if err := ready(); err != nil {

@@ -134,6 +134,9 @@ func findInit(cgroup string) (initProc, error) {
 		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && string(cmd) == initArg0+"\x00" {
 			return initProc{fd, pid}, nil
 		}
+		// Only the Trial's init can be PID 1 one level down in its
+		// cgroup, so whatever state it is in (setting up, exiting), it is
+		// ended rather than left beside the one the caller starts.
 		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 		_ = unix.Close(fd)
 	}

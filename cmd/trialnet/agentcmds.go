@@ -67,7 +67,7 @@ func cmdAgent(args []string, stdout, stderr io.Writer) int {
 	}
 	log := slog.New(handler)
 	if err := timerslack.Set(timerslack.Proxy); err != nil {
-		log.Warn("kept the default timer slack", "error", err)
+		log.Info("kept the default timer slack, which only costs CPU per CONNECT", "error", err)
 	}
 	file, cidrs, err := cf.load()
 	if err != nil {

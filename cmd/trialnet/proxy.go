@@ -50,7 +50,7 @@ func proxyConfig(af *allowFlags, cf *configFlags) (*proxy.Allowlist, proxy.Confi
 // serveProxy runs the standalone proxy until ctx ends. ready, if set, is
 // told the listening addresses (tests use port 0).
 func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, ready func([]net.Addr)) int {
-	fs := newFlags("proxy", "proxy [--listen ADDR]... (--allow HOST:PORT | --profile NAME --config FILE)... [--resolver ADDR]... [--allow-cidr CIDR]... [--require-tls] [--trial ID]",
+	fs := newFlags("proxy", "proxy [--listen ADDR]... (--allow HOST:PORT | --profile NAME --config FILE)... [--resolver ADDR]... [--allow-cidr CIDR]... [--require-tls] [--trial ID] [--pprof-dir DIR]",
 		"trialnet proxy --listen 127.0.0.1:3128 --allow api.anthropic.com:443   # then HTTPS_PROXY=http://127.0.0.1:3128 (http_proxy too for http:// URLs)", stderr)
 	var listen stringList
 	fs.Var(&listen, "listen", "listen on ADDR:PORT (repeatable; default 127.0.0.1:3128)")
@@ -99,6 +99,7 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	// written without reflection (the proxy's own CPU, per CONNECT).
 	var outMu sync.Mutex
 	var line []byte
+	writeFailed := false
 	cfg.OnEvent = func(ev proxy.Event) {
 		outMu.Lock()
 		defer outMu.Unlock()
@@ -108,10 +109,13 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 			return
 		}
 		line = append(line, '\n')
-		_, _ = stdout.Write(line)
+		if _, err := stdout.Write(line); err != nil && !writeFailed {
+			writeFailed = true // said once: every later record fails alike
+			fmt.Fprintf(stderr, "trialnet proxy: decision records are not being written to stdout: %v\n", err)
+		}
 	}
 	if err := timerslack.Set(timerslack.Proxy); err != nil {
-		fmt.Fprintf(stderr, "trialnet proxy: %v\n", err)
+		fmt.Fprintf(stderr, "trialnet proxy: kept the default timer slack, which only costs CPU per CONNECT: %v\n", err)
 	}
 	p, err := proxy.New(cfg)
 	if err != nil {

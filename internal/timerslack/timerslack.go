@@ -19,9 +19,11 @@
 package timerslack
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -57,8 +59,9 @@ func Set(d time.Duration) error {
 				continue
 			}
 			// /proc/<tid>/timerslack_ns: the task/ directories have no such file.
-			if err := os.WriteFile("/proc/"+t.Name()+"/timerslack_ns", ns, 0); err != nil && !os.IsNotExist(err) {
-				return fmt.Errorf("timer slack: set thread %s's: %w (it needs CAP_SYS_NICE; without it the proxy only spends more CPU per CONNECT)", t.Name(), err)
+			err := os.WriteFile("/proc/"+t.Name()+"/timerslack_ns", ns, 0)
+			if err != nil && !os.IsNotExist(err) && !errors.Is(err, syscall.ESRCH) { // gone: nothing to set
+				return fmt.Errorf("set thread %s's timer slack: %w (needs CAP_SYS_NICE, or a process started with the slack: systemd-run -p TimerSlackNSec=%s)", t.Name(), err, d)
 			}
 			done[t.Name()] = true
 			fresh++
