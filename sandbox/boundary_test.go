@@ -169,6 +169,52 @@ func TestPrivilegedOrphanedInitIsReplaced(t *testing.T) {
 	}
 }
 
+// A Trial's init that crashes takes every process of the Trial with it;
+// the launch that started it says so, with what the init said, instead
+// of a bare 137.
+func TestPrivilegedInitCrashIsReported(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	p, err := tr.Start(Command{Args: []string{"/bin/sleep", "30"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
+	if err != nil {
+		t.Fatal(err)
+	}
+	init, err := findInit(tr.Cgroup)
+	if err != nil || init.pidfd < 0 {
+		t.Fatalf("the Trial's init: %v", err)
+	}
+	// SIGABRT is one signal the reaper does not ignore: the Go runtime
+	// dumps its goroutines and exits, as a crash would. A PID 1 gets only
+	// signals it handles, so wait until the reaper runs (it ignores
+	// SIGTERM then, and handles the rest).
+	for deadline := time.Now().Add(5 * time.Second); !ignores(init.pid, unix.SIGTERM); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the Trial's init never ran its reaper")
+		}
+	}
+	_ = unix.PidfdSendSignal(init.pidfd, unix.SIGABRT, nil, 0)
+	_ = unix.Close(init.pidfd)
+	code, err := p.Wait()
+	if code != 128+int(unix.SIGKILL) || err == nil || !strings.Contains(err.Error(), "init (its PID 1) crashed") || !strings.Contains(err.Error(), "SIGABRT") {
+		t.Fatalf("exit %d, %v; want 137 and the init's crash", code, err)
+	}
+}
+
+// ignores reports whether pid ignores sig (SigIgn in its status).
+func ignores(pid int, sig unix.Signal) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "SigIgn:\t"); ok {
+			mask, err := strconv.ParseUint(v, 16, 64)
+			return err == nil && mask&(1<<(uint(sig)-1)) != 0
+		}
+	}
+	return false
+}
+
 // procState is the state letter in /proc/<pid>/stat ("" when gone).
 func procState(pid int) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

@@ -3,6 +3,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -154,6 +155,9 @@ type Process struct {
 	cmd   *exec.Cmd
 	tty   *terminal   // nil unless the caller's stdio is a terminal
 	stdin *stdinRelay // nil unless the caller's stdin was a socket
+	// initWords is the Trial init's lastWords when this launch started
+	// the init, whose stderr only this process reads.
+	initWords func() []byte
 }
 
 // Pid is the process id of the command, as the caller's namespace sees it.
@@ -189,9 +193,27 @@ func (p *Process) Wait() (int, error) {
 	}
 	ws := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
 	if ws.Signaled() {
-		return 128 + int(ws.Signal()), nil
+		return 128 + int(ws.Signal()), p.initDied(ws.Signal())
 	}
 	return ws.ExitStatus(), nil
+}
+
+// initDied explains a command killed because the Trial's init crashed:
+// PID 1's end kills everything in its namespace. The init's stderr closes
+// before that kill (its files go first as it exits), so its last words
+// are in by now, or within moments.
+func (p *Process) initDied(sig syscall.Signal) error {
+	if sig != syscall.SIGKILL || p.initWords == nil {
+		return nil
+	}
+	for deadline := time.Now().Add(100 * time.Millisecond); ; time.Sleep(5 * time.Millisecond) {
+		if w := p.initWords(); w != nil || time.Now().After(deadline) {
+			if len(bytes.TrimSpace(w)) == 0 {
+				return nil // killed, not crashed (destroy, Close), or still running
+			}
+			return fmt.Errorf("the Trial's init (its PID 1) crashed, which killed every process in the Trial; it said: %s", bytes.TrimSpace(w))
+		}
+	}
 }
 
 // Start launches c inside the Trial: cloned straight into the Trial's
@@ -286,7 +308,7 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		relay.stop()
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, errors.Join(err, ready()))
 	}
-	p := &Process{cmd: cmd, tty: tty, stdin: relay}
+	p := &Process{cmd: cmd, tty: tty, stdin: relay, initWords: init.lastWords}
 	if err := ready(); err != nil {
 		// A failed init was killed, and trialnet-exec with it (it is in
 		// the init's PID namespace).

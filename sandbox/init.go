@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -29,9 +30,12 @@ import (
 const initArg0 = "trialnet-init"
 
 // initProc is a Trial's PID 1: pidfd pins it, pid is its number in the
-// caller's PID namespace.
+// caller's PID namespace. lastWords, for an init this process started,
+// gives what it wrote to stderr before it exited (a Go runtime crash),
+// once it has exited: nil while it runs.
 type initProc struct {
 	pidfd, pid int
+	lastWords  func() []byte
 }
 
 // alive reports whether the process pidfd pins still runs: then whatever
@@ -109,7 +113,7 @@ func RemoveLaunchLock(cgroupID uint64) {
 func findInit(cgroup string) (initProc, error) {
 	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
 	if err != nil {
-		return initProc{-1, 0}, fmt.Errorf("list Trial processes: %w", err)
+		return initProc{-1, 0, nil}, fmt.Errorf("list Trial processes: %w", err)
 	}
 	for _, f := range strings.Fields(string(b)) {
 		pid, err := strconv.Atoi(f)
@@ -132,7 +136,7 @@ func findInit(cgroup string) (initProc, error) {
 		// its init itself): commands joining it would see the host's
 		// /proc. End it; the caller starts another.
 		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && string(cmd) == initArg0+"\x00" {
-			return initProc{fd, pid}, nil
+			return initProc{fd, pid, nil}, nil
 		}
 		// Only the Trial's init can be PID 1 one level down in its
 		// cgroup, so whatever state it is in (setting up, exiting), it is
@@ -140,7 +144,7 @@ func findInit(cgroup string) (initProc, error) {
 		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 		_ = unix.Close(fd)
 	}
-	return initProc{-1, 0}, nil
+	return initProc{-1, 0, nil}, nil
 }
 
 func isChildNSInit(pid int) bool {
@@ -181,7 +185,7 @@ func inCgroup(pid int, cgroup string) bool {
 // mounted its own /proc and /dev/pts, and kills it if it failed; the
 // caller owns the pidfd either way.
 func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error) {
-	fail := initProc{-1, 0}
+	fail := initProc{-1, 0, nil}
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		return fail, nil, err
@@ -218,13 +222,27 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 	// Reaped by whoever started it; an init outliving this process is
 	// reaped by the host's init.
 	go func() { _ = cmd.Wait() }()
-	return initProc{pidfd, cmd.Process.Pid}, func() error {
+	// After it is ready, only the reaper holds the pipe's write end: its
+	// end is the init's exit, and a crash's trace comes before it.
+	var words atomic.Pointer[[]byte]
+	lastWords := func() []byte {
+		if w := words.Load(); w != nil {
+			return *w
+		}
+		return nil
+	}
+	return initProc{pidfd, cmd.Process.Pid, lastWords}, func() error {
 		defer readyR.Close()
-		defer stderrR.Close()
 		msg, _ := io.ReadAll(readyR)
 		if len(msg) == 1 && msg[0] == 0 {
+			go func() {
+				w, _ := io.ReadAll(io.LimitReader(stderrR, 4096))
+				_ = stderrR.Close()
+				words.Store(&w)
+			}()
 			return nil
 		}
+		defer stderrR.Close()
 		msg = bytes.TrimPrefix(msg, []byte{0})
 		// Everything else in its PID namespace dies with it.
 		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
