@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"os"
@@ -123,7 +124,10 @@ func through(t *testing.T, a *Agent, id, url string) (int, string) {
 func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 221, "upstream.example.test", "other.example.test")
-	a := startAgent(t, w.config(t))
+	cfg := w.config(t)
+	var journal lockedBuffer // the agent's log: decision records go there too
+	cfg.Logger = slog.New(slog.NewTextHandler(&journal, nil))
+	a := startAgent(t, cfg)
 	info, err := a.Create(CreateRequest{ID: "agt-allow", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
 	if err != nil {
 		t.Fatal(err)
@@ -146,6 +150,11 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	}
 	if _, out := curl(t, a, info.ID, "-i", fmt.Sprintf("http://other.example.test:%d/", upstreamPort)); !strings.Contains(out, "403") || !strings.Contains(out, "policy_denied") {
 		t.Fatalf("plain http to a name off the allowlist: %s", out)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(journal.String(), "reason=policy_denied"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the refusal is not in the agent's log:\n%s", journal.String())
+		}
 	}
 	for _, c := range []struct{ what, url string }{
 		{"other name", fmt.Sprintf("http://other.example.test:%d/", upstreamPort)},
