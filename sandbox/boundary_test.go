@@ -200,6 +200,22 @@ func TestPrivilegedInitCrashIsReported(t *testing.T) {
 	}
 }
 
+// A fresh Trial's first command with a working directory under /proc is
+// forked only once the init has mounted the Trial's /proc: the directory
+// is resolved at the fork, and would otherwise be the host's.
+func TestPrivilegedFirstCommandDirIsTheTrials(t *testing.T) {
+	for i := range 5 {
+		h := newHost(t)
+		tr := newTrial(t, h, Spec{UnixOpen: true})
+		var out bytes.Buffer
+		code, err := tr.Exec(context.Background(), Command{Args: []string{"/bin/cat", "cmdline"}, Dir: "/proc/1",
+			Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &out, Stderr: &out}, nil)
+		if err != nil || code != 0 || out.String() != initArg0+"\x00" {
+			t.Fatalf("try %d: cat /proc/1/cmdline from the first command's working directory: exit %d, %v, %q; want the Trial's init", i, code, err, out.String())
+		}
+	}
+}
+
 // ignores reports whether pid ignores sig (SigIgn in its status).
 func ignores(pid int, sig unix.Signal) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
