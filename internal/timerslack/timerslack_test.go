@@ -45,17 +45,19 @@ func TestPrivilegedSetEveryThread(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Force new OS threads: locked goroutines each hold one.
-	var wg sync.WaitGroup
+	var wg, locked sync.WaitGroup
 	release := make(chan struct{})
 	for range 4 {
 		wg.Add(1)
+		locked.Add(1)
 		go func() {
 			defer wg.Done()
 			runtime.LockOSThread()
+			locked.Done()
 			<-release
 		}()
 	}
-	time.Sleep(50 * time.Millisecond)
+	locked.Wait()
 	got := slacks(t)
 	close(release)
 	wg.Wait()
