@@ -51,11 +51,19 @@ func HaveLSM() error { return haveLSM(btf.NewCache()) }
 // 25-60 ms here, and a Load needs it again for the programs.
 func haveLSM(cache *btf.Cache) error {
 	if err := probeLSMProgram(cache); err != nil {
-		if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) {
+		var errno unix.Errno
+		switch {
+		case errors.Is(err, btf.ErrNotSupported):
+			return fmt.Errorf("%w: the kernel has no BTF (CONFIG_DEBUG_INFO_BTF), which BPF LSM programs need: %w", ErrLSMMissing, err)
+		case errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL):
 			return fmt.Errorf("%w: no BPF LSM program type (CONFIG_BPF_LSM): %w", ErrLSMMissing, err)
+		case errors.As(err, &errno):
+			// Seen on kernels that cannot build BPF trampolines (fentry
+			// fails the same way) and under lockdown policies. Only the
+			// errno: the library's hint about MEMLOCK does not apply to
+			// a root process on a memcg-accounted kernel.
+			return fmt.Errorf("%w: the kernel refused to load a BPF LSM program (%w)", ErrLSMMissing, errno)
 		}
-		// Seen on kernels that cannot build BPF trampolines (fentry
-		// fails the same way) and under lockdown policies.
 		return fmt.Errorf("%w: the kernel refused to load a BPF LSM program: %w", ErrLSMMissing, err)
 	}
 	active, err := activeLSMs()
