@@ -221,7 +221,9 @@ func (p *Process) initDied(sig syscall.Signal) error {
 // namespaces of the Trial's init, in a session of its own, so the process
 // never exists outside any of them. The trialnet-exec step then drops
 // every capability, enters a Landlock domain of its own, installs the
-// seccomp filter and execs the command. Stdio that is a socket is copied
+// seccomp filter and execs the command, but only on a byte from this
+// launcher: a Trial's first command starts beside its new init, and the
+// byte comes once the init is ready. Stdio that is a socket is copied
 // through pipes instead of handed in (hideSockets).
 // When the caller's stdio is a terminal, the command gets a
 // pseudo-terminal relayed to it instead (see terminal).
