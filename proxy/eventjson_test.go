@@ -22,7 +22,8 @@ func TestAppendJSONIsMarshal(t *testing.T) {
 	v6.Resolved = []netip.Addr{netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("::ffff:10.0.0.1"), netip.MustParseAddr("fe80::1%a\"<b>")}
 	for name, e := range map[string]Event{
 		"full": full, "zero": {}, "odd strings": odd, "ipv6": v6,
-		"decision": {Schema: EventSchema, Time: time.Now(), Trial: "t", Decision: DecisionAllow, Reason: ReasonAllowed, Resolved: []netip.Addr{}, BytesUp: -1, Duration: 1500 * time.Nanosecond},
+		"zoned start": {Time: time.Date(2026, 12, 1, 1, 2, 3, 4000, time.FixedZone("odd", 5*3600+45*60))},
+		"decision":    {Schema: EventSchema, Time: time.Now(), Trial: "t", Decision: DecisionAllow, Reason: ReasonAllowed, Resolved: []netip.Addr{}, BytesUp: -1, Duration: 1500 * time.Nanosecond},
 	} {
 		want, err := marshalReflect(&e)
 		if err != nil {

@@ -198,6 +198,18 @@ func (p *Process) Wait() (int, error) {
 	return ws.ExitStatus(), nil
 }
 
+// printable keeps lines and tabs and replaces every other control byte:
+// the text goes to the operator's terminal.
+func printable(b []byte) []byte {
+	out := bytes.Clone(b)
+	for i, c := range out {
+		if (c < 0x20 && c != '\n' && c != '\t') || c == 0x7f {
+			out[i] = '?'
+		}
+	}
+	return out
+}
+
 // initDied explains a command killed because the Trial's init crashed:
 // PID 1's end kills everything in its namespace. The init's stderr closes
 // before that kill (its files go first as it exits), so its last words
@@ -211,7 +223,7 @@ func (p *Process) initDied(sig syscall.Signal) error {
 			if len(bytes.TrimSpace(w)) == 0 {
 				return nil // killed, not crashed (destroy, Close), or still running
 			}
-			return fmt.Errorf("the Trial's init (its PID 1) crashed, which killed every process in the Trial; it said: %s", bytes.TrimSpace(w))
+			return fmt.Errorf("the Trial's init (its PID 1) crashed, which killed every process in the Trial; it said: %s", printable(bytes.TrimSpace(w)))
 		}
 	}
 }
