@@ -294,6 +294,11 @@ func BenchmarkPeers(b *testing.B) {
 	}
 	if *onlyMode != "" {
 		want := strings.Split(*onlyMode, ",")
+		for _, w := range want {
+			if !slices.ContainsFunc(modes, func(m mode) bool { return m.name == w }) {
+				b.Fatalf("-modes: no mode %q (the modes: handshake, concurrent, bulk, idle, half-close)", w)
+			}
+		}
 		modes = slices.DeleteFunc(modes, func(m mode) bool { return !slices.Contains(want, m.name) })
 	}
 	n := max(*rounds, 2)
