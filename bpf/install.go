@@ -116,7 +116,11 @@ func (k *installLock) note() installNote {
 func (k *installLock) record(lsmErr error, progs map[string]*ebpf.Program) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "object %s\n", objectHash())
-	if lsmErr != nil {
+	// A reason that may pass (memory, a busy kernel) is not recorded:
+	// without one, the next Load installs again and retries the LSM
+	// layer, rather than every adopting Load going without it until
+	// reboot.
+	if lsmErr != nil && !transient(lsmErr) {
 		fmt.Fprintf(&b, "lsm_missing %s\n", strings.ReplaceAll(lsmErr.Error(), "\n", " "))
 	}
 	for name, p := range progs {
@@ -127,6 +131,11 @@ func (k *installLock) record(lsmErr error, progs map[string]*ebpf.Program) {
 	if k.f.Truncate(0) == nil {
 		_, _ = k.f.WriteAt([]byte(b.String()), 0)
 	}
+}
+
+// transient reports an error that a later attempt may not meet.
+func transient(err error) bool {
+	return errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.EBUSY)
 }
 
 // errPinsDiffer means the pins are not exactly what this binary would

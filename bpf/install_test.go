@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"golang.org/x/sys/unix"
 )
 
 // loadMain is a copy of the test binary that runs one Load of
@@ -160,5 +161,30 @@ func TestPrivilegedLoadAdoptsPins(t *testing.T) {
 	otherID, _ := info.ID()
 	if ids := attached(t, opts.Cgroup)[hooks[0].name]; len(ids) != 1 || ids[0] == otherID {
 		t.Fatalf("connect4 runs %v after Load; the foreign program %d must have been replaced", ids, otherID)
+	}
+}
+
+// Why the LSM layer is missing is recorded for adopting Loads only when
+// it will not pass by itself: a transient failure leaves no record, so
+// the next Load installs again and retries the layer.
+func TestInstallRecordsOnlyLastingLSMReasons(t *testing.T) {
+	for _, c := range []struct {
+		err    error
+		record bool
+	}{
+		{fmt.Errorf("%w: load: %w", ErrLSMMissing, unix.EPERM), true},
+		{fmt.Errorf("%w: load: %w", ErrLSMMissing, unix.ENOMEM), false},
+		{fmt.Errorf("%w: load: %w", ErrLSMMissing, unix.EAGAIN), false},
+	} {
+		f, err := os.CreateTemp(t.TempDir(), "lock")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lk := &installLock{f}
+		lk.record(c.err, nil)
+		if got := lk.note().lsmMiss != ""; got != c.record {
+			t.Errorf("%v: recorded %v, want %v", c.err, got, c.record)
+		}
+		_ = f.Close()
 	}
 }

@@ -157,7 +157,7 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 			return nil, fmt.Errorf("load eBPF programs: the verifier refused them: %+v", ve)
 		}
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("load eBPF maps: the maps pinned in %s come from an incompatible trialnet version; run 'trialnet uninstall' and start again: %w", pinDir, err)
+			return nil, fmt.Errorf("load eBPF maps: the maps pinned in %s come from an incompatible trialnet version, and Trials are live under them (they stay enforced): end them ('trialnet destroy ID', or 'trialnet uninstall --force' for all), then start again: %w", pinDir, err)
 		}
 		return nil, fmt.Errorf("load eBPF programs: %w", err)
 	}
