@@ -149,12 +149,7 @@ func loadLSMTest(t *testing.T) (*Loader, Options) {
 	t.Helper()
 	l, opts := loadTest(t)
 	t.Cleanup(func() { _ = l.Close() })
-	if !l.LSM() {
-		if os.Getenv("TRIALNET_REQUIRE_LSM") == "1" {
-			t.Fatalf("TRIALNET_REQUIRE_LSM=1 and no BPF LSM layer: %v", l.LSMError())
-		}
-		t.Skipf("no BPF LSM layer on this kernel: %v", l.LSMError())
-	}
+	privtest.RequireLSM(t, l.LSM(), l.LSMError())
 	return l, opts
 }
 

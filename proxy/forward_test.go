@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpproxy"
+
+	"github.com/trialnet/trialnet/internal/privtest"
 )
 
 // seen is what the HTTP upstream received.
@@ -77,9 +79,7 @@ func (tp *testProxy) drainEvents(t *testing.T, n int) []Event {
 }
 
 func TestForwardWithCurl(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Skip("curl is not installed")
-	}
+	privtest.RequireTool(t, "curl")
 	tp, u := newForwardProxy(t)
 	curl := func(args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -127,9 +127,7 @@ func TestForwardWithCurl(t *testing.T) {
 }
 
 func TestForwardWithPythonURLLib(t *testing.T) {
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is not installed")
-	}
+	privtest.RequireTool(t, "python3")
 	tp, u := newForwardProxy(t)
 	script := `
 import sys, urllib.request, urllib.error

@@ -3,6 +3,7 @@ package privtest
 
 import (
 	"os"
+	"os/exec"
 	"testing"
 )
 
@@ -18,4 +19,32 @@ func Require(t testing.TB) {
 		t.Fatal(msg + "; CI=true, so this is a failure, not a skip")
 	}
 	t.Skip(msg)
+}
+
+// RequireLSM skips t when the BPF LSM layer is not active (why says why),
+// even under CI=true: whether the kernel runs BPF LSM programs is the
+// machine's property, and the machines this is developed and tested on
+// refuse them. TRIALNET_REQUIRE_LSM=1, set where the kernel has them,
+// turns the skip into a failure.
+func RequireLSM(t testing.TB, active bool, why error) {
+	t.Helper()
+	if active {
+		return
+	}
+	if os.Getenv("TRIALNET_REQUIRE_LSM") == "1" {
+		t.Fatalf("TRIALNET_REQUIRE_LSM=1 and no BPF LSM layer: %v", why)
+	}
+	t.Skipf("no BPF LSM layer on this kernel (TRIALNET_REQUIRE_LSM=1 makes this a failure): %v", why)
+}
+
+// RequireTool skips t when the program name is not on the PATH, and
+// fails it under CI=true, where make test has installed it.
+func RequireTool(t testing.TB, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not installed, and CI=true ('make test-deps' installs it): %v", name, err)
+		}
+		t.Skipf("%s is not installed ('make test-deps' installs it)", name)
+	}
 }

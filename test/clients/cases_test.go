@@ -31,7 +31,7 @@ type client struct {
 	// does): its allowed fetch must then fail closed.
 	skipsProxy func() string
 	// note, if set, is logged before the case runs.
-	note func() string
+	note func() (string, bool) // what was used; false: not what was pinned
 	// asRoot runs the client as uid 0 (without capabilities) instead of
 	// nobody.
 	asRoot bool
@@ -246,13 +246,13 @@ func (n *nodeChoice) missing() string {
 	return ""
 }
 
-func (n *nodeChoice) note() string {
+func (n *nodeChoice) note() (string, bool) {
 	n.resolve()
 	if n.path != "" {
-		return fmt.Sprintf("Node %s: %s", n.version, n.path)
+		return fmt.Sprintf("Node %s: %s", n.version, n.path), true
 	}
 	return fmt.Sprintf("PINNED NODE MISSING (%s; 'make test-node' installs it): "+
-		"falling back to the system's node %s", n.why, n.version)
+		"falling back to the system's node %s", n.why, n.version), false
 }
 
 // skipsProxy: Node reads the proxy variables only under
@@ -291,7 +291,11 @@ func TestPrivilegedClients(t *testing.T) {
 				t.Fatalf("client not available: %s", why)
 			}
 			if c.note != nil {
-				t.Log(c.note())
+				msg, pinned := c.note()
+				if !pinned && os.Getenv("CI") == "true" {
+					t.Fatalf("%s (CI=true: make test installs it)", msg)
+				}
+				t.Log(msg)
 			}
 			exercise(t, w, c)
 		})

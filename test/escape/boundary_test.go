@@ -325,12 +325,10 @@ func TestPrivilegedEscapeBoundaryLSMOnly(t *testing.T) {
 	privtest.Require(t)
 	w := newBoundaryWorld(t)
 	h, tr := boundaryTrial(t, w)
-	if !h.BPF.LSM() {
-		// The layer is optional and feature-detected; this kernel refuses
-		// to load BPF LSM programs, so this configuration does not exist
-		// here. The Trial and without-LSM runs above still hold.
-		t.Skipf("BPF LSM layer not active on this kernel: %v", h.BPF.LSMError())
-	}
+	// The layer is optional and feature-detected; where the kernel refuses
+	// BPF LSM programs this configuration does not exist. The Trial and
+	// without-LSM runs above still hold.
+	privtest.RequireLSM(t, h.BPF.LSM(), h.BPF.LSMError())
 	res := runPlain(t, w, tr.Cgroup, tr.Netns.Path)
 	requireNoneArrived(t, w, res)
 	k, err := tr.Counters()

@@ -28,9 +28,7 @@ import (
 // before/after comparison under the same load.
 func BenchmarkRunTrue(b *testing.B) {
 	privtest.Require(b)
-	if _, err := exec.LookPath("unshare"); err != nil {
-		b.Skip("unshare (util-linux) is not installed")
-	}
+	privtest.RequireTool(b, "unshare")
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "trialnet")
 	build := exec.Command("go", "build", "-o", bin, "../../cmd/trialnet")
