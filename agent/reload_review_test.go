@@ -4,6 +4,7 @@ package agent
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -11,6 +12,20 @@ import (
 )
 
 // Found by an attacker's read of reload, learning and live changes.
+
+// refusedFor runs a CONNECT through the Trial's proxy to url and returns
+// curl's exit code and the proxy's Trialnet-Reason ("" when none), so
+// that a refusal is told apart from a target that is simply down.
+func refusedFor(t *testing.T, a *Agent, id, url string) (int, string) {
+	t.Helper()
+	code, out := curl(t, a, id, "-v", "--proxytunnel", "-x", ProxyURL, url)
+	for _, line := range strings.Split(out, "\n") {
+		if _, v, ok := strings.Cut(line, "< Trialnet-Reason: "); ok {
+			return code, strings.TrimSpace(v)
+		}
+	}
+	return code, ""
+}
 
 // A reload that switches a profile's learning off: Trials created from it
 // afterwards enforce their allowlist.
@@ -29,9 +44,12 @@ func TestPrivilegedReloadLearnOffStopsLearning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, out := through(t, a, info.ID, "http://"+other+"/")
-	t.Logf("after reload with learn off: Learning=%v; curl %s (not on the list): exit %d %q", info.Learning, other, code, out)
-	if info.Learning || code == 0 {
+	if code, out := through(t, a, info.ID, "http://"+up+"/"); code != 0 {
+		t.Fatalf("the allowed name is not reached (the test cannot tell a refusal): exit %d %q", code, out)
+	}
+	code, reason := refusedFor(t, a, info.ID, "http://"+other+"/")
+	t.Logf("after reload with learn off: Learning=%v; curl %s (not on the list): exit %d, reason %q", info.Learning, other, code, reason)
+	if info.Learning || code == 0 || reason != string(proxy.ReasonPolicyDenied) {
 		t.Errorf("a Trial created after learning was switched off still learns")
 	}
 }
@@ -51,15 +69,18 @@ func TestPrivilegedReprofileKeepsDenied(t *testing.T) {
 	if _, err := a.ChangeAllow("rv-rp", AllowChange{Remove: []string{other}, Cut: true}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := through(t, a, "rv-rp", "http://"+other+"/"); code == 0 {
-		t.Fatal("deny did not apply")
+	if code, out := through(t, a, "rv-rp", "http://"+up+"/"); code != 0 {
+		t.Fatalf("the entry left is not reached (the test cannot tell a refusal): exit %d %q", code, out)
+	}
+	if code, reason := refusedFor(t, a, "rv-rp", "http://"+other+"/"); code == 0 || reason != string(proxy.ReasonPolicyDenied) {
+		t.Fatalf("deny did not apply: exit %d, reason %q", code, reason)
 	}
 	if _, err := a.Reload(ReloadRequest{Reprofile: true}); err != nil { // same file
 		t.Fatal(err)
 	}
-	code, out := through(t, a, "rv-rp", "http://"+other+"/")
-	t.Logf("after reload --reprofile of an unchanged file: curl %s exit %d %q", other, code, out)
-	if code == 0 {
+	code, reason := refusedFor(t, a, "rv-rp", "http://"+other+"/")
+	t.Logf("after reload --reprofile of an unchanged file: curl %s exit %d, reason %q", other, code, reason)
+	if code == 0 || reason != string(proxy.ReasonPolicyDenied) {
 		t.Errorf("reprofile re-allowed an entry the operator denied on the live Trial")
 	}
 }
@@ -84,17 +105,26 @@ func TestPrivilegedRestartKeepsCreatedCIDRs(t *testing.T) {
 	if _, err := a.Reload(ReloadRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	code, out := through(t, a, "rv-old", url)
-	t.Logf("live Trial after reload: exit %d %q", code, out)
+	// A Trial created after the reload reaches the target: it is up, and
+	// the reload did apply to new Trials.
+	if _, err := a.Create(CreateRequest{ID: "rv-new", Profiles: []string{"p1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := through(t, a, "rv-new", url); code != 0 {
+		t.Fatalf("a Trial created after the reload does not reach the target: exit %d %q", code, out)
+	}
+	if code, reason := refusedFor(t, a, "rv-old", url); code == 0 || reason != string(proxy.ReasonAddressDenied) {
+		t.Fatalf("the live Trial after the reload: exit %d, reason %q; want address_denied", code, reason)
+	}
 	a.Close(false)
 	cfg.File, err = proxy.LoadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := startAgent(t, cfg)
-	code, out = through(t, b, "rv-old", url)
-	t.Logf("same Trial after restart: exit %d %q", code, out)
-	if code == 0 {
+	code, reason := refusedFor(t, b, "rv-old", url)
+	t.Logf("same Trial after restart: exit %d, reason %q", code, reason)
+	if code == 0 || reason != string(proxy.ReasonAddressDenied) {
 		t.Errorf("the restart gave a live Trial the CIDRs a reload meant for new Trials")
 	}
 }
