@@ -840,8 +840,11 @@ func (a *Agent) readopt() {
 // decision log and proxy counters (rebuilt from the log) come back.
 func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
 	var info TrialInfo
-	if err := json.Unmarshal(tr.Meta, &info); err != nil || info.ID != tr.ID {
-		return fmt.Errorf("its record has no readable description: %v", err)
+	if err := json.Unmarshal(tr.Meta, &info); err != nil {
+		return fmt.Errorf("its record has no readable description: %w", err)
+	}
+	if info.ID != tr.ID {
+		return fmt.Errorf("its record describes Trial %q, not %q", info.ID, tr.ID)
 	}
 	entries, err := parseEntries(info.Allow, nil)
 	if err != nil {

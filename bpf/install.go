@@ -26,7 +26,7 @@ import (
 // cleared at boot, as bpffs is. It is root's and private: the lock file
 // holds the install record an adopting Load trusts, so no one else may
 // create it first (a world-writable /run/lock would let them).
-const lockDir = "/run/trialnet/locks"
+const lockDir = rootdir.Locks
 
 // lockName is the lock file that serializes installs into pinDir.
 func lockName(pinDir string) string {

@@ -74,7 +74,7 @@ func (t *Trial) init(cg *os.File) (_ initProc, ready func() error, _ error) {
 
 // InitLockDir holds the launch locks, one per Trial cgroup (by its id, unique
 // for the machine's uptime, as the directory is).
-const InitLockDir = "/run/trialnet/locks"
+const InitLockDir = rootdir.Locks
 
 func initLockPath(cgroupID uint64) string {
 	return filepath.Join(InitLockDir, "init-"+strconv.FormatUint(cgroupID, 10))

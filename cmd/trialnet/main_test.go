@@ -87,7 +87,10 @@ func installedByTest(t *testing.T) {
 func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
 	privtest.Require(t)
 	installedByTest(t)
-	before, _ := netns.List(netns.DefaultDir)
+	before, err := netns.List(netns.DefaultDir)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	code, _, errOut := trialnet("run", "-v", "--uid", "65534", "--", "sh", "-c", "exit 7")
 	if code != 7 {
@@ -156,7 +159,10 @@ func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
 
 	// Nothing of those Trials is left: no namespace, no cgroup. (A run
 	// may also have removed what an earlier, killed run left.)
-	after, _ := netns.List(netns.DefaultDir)
+	after, err := netns.List(netns.DefaultDir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, id := range after {
 		if !slices.Contains(before, id) {
 			t.Fatalf("namespaces before %v, after %v", before, after)
@@ -166,7 +172,10 @@ func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	entries, _ := os.ReadDir(parent)
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, e := range entries {
 		if e.IsDir() && strings.HasPrefix(e.Name(), "run-") {
 			t.Fatalf("cgroup left behind: %s", filepath.Join(parent, e.Name()))

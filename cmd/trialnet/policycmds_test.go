@@ -37,7 +37,10 @@ func TestAuditFromFileProfile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("profile does not load: %v\n%s", err, out)
 	}
-	l, _ := f.Allowlist([]string{"pkgs"}, nil, false)
+	l, err := f.Allowlist([]string{"pkgs"}, nil, false)
+	if err != nil {
+		t.Fatalf("the profile's allowlist: %v", err)
+	}
 	if len(l.Entries()) != 3 || strings.Contains(out, "meta.") || !strings.Contains(out, `"a.pkg.example.test:443" # 0 allowed, 2 would_deny`) ||
 		!strings.Contains(out, `# offered: - "*.pkg.example.test:443"`) {
 		t.Fatalf("profile:\n%s", out)

@@ -12,6 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Locks holds trialnet's lock files: the install locks (bpf) and the
+// launch locks (sandbox). /run is cleared at boot, as bpffs and the
+// Trials' cgroups are.
+const Locks = "/run/trialnet/locks"
+
 // Private creates dir (mode 0700) if it is missing and checks that it is
 // a directory, not a symlink, owned by root, with no access for anyone
 // else. A directory that fails the check was made by someone else and is
