@@ -231,6 +231,48 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 	t.Logf("%d tunnels were opened and cut", len(open))
 }
 
+// A cut that lands after a CONNECT is registered but before its 200 is
+// written must leave the client a refusal, not a bare close: the race
+// TestSetAllowConcurrentWithConnects hits now and then, made certain.
+func TestCutBeforeAnswerRefuses(t *testing.T) {
+	e, _ := ParseEntry("a.example.com:443")
+	client, peer := net.Pipe()
+	defer peer.Close()
+	ot := &openTunnel{entry: e, ruled: true, client: client, up: nil}
+	ot.cut("its allowlist entry a.example.com:443 was removed")
+	err := ot.establish()
+	var d *Denial
+	if !errors.As(err, &d) || d.Reason != ReasonPolicyDenied || !strings.Contains(d.Detail, "while the tunnel was being opened") {
+		t.Fatalf("establish after a cut: %v, want a policy denial", err)
+	}
+	// The client connection was left open for the refusal.
+	go func() { _, _ = io.WriteString(client, "x") }()
+	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := peer.Read(make([]byte, 1)); err != nil {
+		t.Fatalf("the cut closed the unanswered client connection: %v", err)
+	}
+
+	// Answered first: the 200 goes out, and a cut then closes.
+	client2, peer2 := net.Pipe()
+	defer peer2.Close()
+	ot2 := &openTunnel{entry: e, ruled: true, client: client2}
+	got := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(peer2).ReadString('\n')
+		got <- line
+	}()
+	if err := ot2.establish(); err != nil {
+		t.Fatal(err)
+	}
+	if line := <-got; !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("answer %q", line)
+	}
+	ot2.cut("its allowlist entry a.example.com:443 was removed")
+	if _, err := client2.Write([]byte("x")); !errors.Is(err, io.ErrClosedPipe) {
+		t.Fatalf("a cut after the answer left the client open: %v", err)
+	}
+}
+
 func TestAllowlistChangeRefusals(t *testing.T) {
 	l, err := ParseAllowlist([]string{"a.example.com:443", "*.w.example.com:443"}, false)
 	if err != nil {

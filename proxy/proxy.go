@@ -308,14 +308,39 @@ type openTunnel struct {
 	ruled      bool
 	client, up net.Conn
 	cutBecause atomic.Pointer[string]
+
+	// mu orders a cut against the CONNECT's answer: a cut that comes
+	// first leaves the client to get a refusal rather than a bare close.
+	mu       sync.Mutex
+	answered bool
 }
 
 func (ot *openTunnel) cut(why string) {
+	ot.mu.Lock()
+	defer ot.mu.Unlock()
 	ot.cutBecause.Store(&why)
+	if !ot.answered {
+		return // establish refuses it
+	}
 	_ = ot.client.Close()
 	if ot.up != nil { // a forwarded request ends with its client connection
 		_ = ot.up.Close()
 	}
+}
+
+// establish answers a registered CONNECT with 200, unless a policy change
+// cut it first: then the client is refused like a CONNECT decided after
+// the change. The write is held under mu; it cannot block, as nothing
+// was written on the fresh connection before.
+func (ot *openTunnel) establish() error {
+	ot.mu.Lock()
+	defer ot.mu.Unlock()
+	ot.answered = true
+	if why := ot.cutBecause.Load(); why != nil {
+		return deny(ReasonPolicyDenied, "%s while the tunnel was being opened", *why)
+	}
+	_, err := io.WriteString(ot.client, "HTTP/1.1 200 Connection established\r\n\r\n")
+	return err
 }
 
 // decide matches a request against the Trial's allowlist as it is now:
@@ -351,7 +376,9 @@ func (t *trial) register(req *Request, ev *Event, client, up net.Conn) (*openTun
 		}
 		return nil, err
 	}
-	ot := &openTunnel{entry: entry, ruled: ruled, client: client, up: up}
+	// A forwarded request (no upstream yet) counts as answered: a cut
+	// ends it by closing its client connection.
+	ot := &openTunnel{entry: entry, ruled: ruled, client: client, up: up, answered: up == nil}
 	t.open[ot] = struct{}{}
 	return ot, nil
 }
@@ -612,8 +639,13 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 	}
 	fin.add(func() { t.unregister(ot) })
 	_ = c.SetReadDeadline(time.Time{})
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+	if err := ot.establish(); err != nil {
 		_ = up.Close()
+		var d *Denial
+		if errors.As(err, &d) {
+			p.refuse(c, ev, err)
+			return
+		}
 		ev.Reason, ev.Detail = ReasonAllowed, "client went away before the tunnel opened"
 		ev.Decision = DecisionAllow
 		return
