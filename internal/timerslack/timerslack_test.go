@@ -122,10 +122,17 @@ func childSet(t *testing.T, bin string, inherited bool) ([]byte, error) {
 	if inherited {
 		slack = Proxy
 	}
+	// Restored to the value it had, not with 0: 0 means the thread's
+	// default, which is its creator's slack (2 ms if an earlier test's Set
+	// made it), and would leave this thread unlike the others.
+	prev, err := unix.PrctlRetInt(unix.PR_GET_TIMERSLACK, 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(slack), 0, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = unix.Prctl(unix.PR_SET_TIMERSLACK, 0, 0, 0, 0) }()
+	defer func() { _ = unix.Prctl(unix.PR_SET_TIMERSLACK, uintptr(prev), 0, 0, 0) }()
 	cmd := exec.Command(bin, "-test.run", "^TestChildSet$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "TIMERSLACK_CHILD=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
