@@ -260,9 +260,9 @@ func (n *Namespace) Listen(ctx context.Context, network, addr string) (net.Liste
 	return ln, nil
 }
 
-// EnterProcess runs fn on an OS thread that has joined the mount and PID
-// namespaces of the process pidfd refers to and the network namespace
-// mounted at netnsPath: processes fn starts are born in all three (the PID
+// EnterProcess runs fn on an OS thread that has joined the mount, PID and
+// IPC namespaces of the process pidfd refers to and the network namespace
+// mounted at netnsPath: processes fn starts are born in all four (the PID
 // namespace applies to children only). The thread's mount namespace and fs
 // state cannot be given back, so the thread is never unlocked and dies
 // with its goroutine.
@@ -282,7 +282,7 @@ func EnterProcess(pidfd int, netnsPath string, fn func() error) error {
 			errc <- fmt.Errorf("unshare fs state: %w", err)
 			return
 		}
-		if err := unix.Setns(pidfd, unix.CLONE_NEWNS|unix.CLONE_NEWPID); err != nil {
+		if err := unix.Setns(pidfd, unix.CLONE_NEWNS|unix.CLONE_NEWPID|unix.CLONE_NEWIPC); err != nil {
 			errc <- fmt.Errorf("enter the namespaces of the Trial's init: %w", err)
 			return
 		}

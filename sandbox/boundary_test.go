@@ -343,9 +343,29 @@ func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 		{"bluetooth", []string{"socket", "31"}, "EAFNOSUPPORT"},
 		{"alg", []string{"socket", "38"}, "EAFNOSUPPORT"},
 		{"a family no kernel has yet", []string{"socket", "50"}, "EAFNOSUPPORT"},
+		{"tcp by protocol number", []string{"socket", "2", "1", "6"}, "ok"},
+		{"udp6 by protocol number", []string{"socket", "10", "2", "17"}, "ok"},
+		{"route netlink (getifaddrs)", []string{"socket", "16", "3", "0"}, "ok"},
+		// Protocols this kernel has built in, so that only the filter
+		// refuses them; those it would load a module for (SCTP, DCCP)
+		// are TestSeccompProgram's.
+		{"mptcp", []string{"socket", "2", "1", "262"}, "EPROTONOSUPPORT"},
+		{"mptcp with high bits the kernel drops", []string{"socket", "2", "1", "0x100000106"}, "EPROTONOSUPPORT"},
+		{"generic netlink (built in)", []string{"socket", "16", "3", "16"}, "EPROTONOSUPPORT"},
+		{"sock_diag netlink", []string{"socket", "16", "3", "4"}, "EPROTONOSUPPORT"},
 		{"io_uring (IORING_OP_SOCKET takes any family)", []string{"io_uring"}, "ENOSYS"},
 		{"a user namespace through unshare", []string{"userns"}, "EPERM"},
 		{"a user namespace through clone", []string{"clone-userns"}, "EPERM"},
+		// The key service (request_key runs a helper as root outside the
+		// Trial), and calls whose reach depends on host sysctls. Called
+		// with zero arguments, each fails otherwise with EINVAL, EFAULT,
+		// EPERM or ENOKEY: only ENOSYS is the filter.
+		{"add_key", []string{"syscall", strconv.Itoa(unix.SYS_ADD_KEY)}, "ENOSYS"},
+		{"request_key", []string{"syscall", strconv.Itoa(unix.SYS_REQUEST_KEY)}, "ENOSYS"},
+		{"keyctl", []string{"syscall", strconv.Itoa(unix.SYS_KEYCTL)}, "ENOSYS"},
+		{"bpf", []string{"syscall", strconv.Itoa(unix.SYS_BPF)}, "ENOSYS"},
+		{"perf_event_open", []string{"syscall", strconv.Itoa(unix.SYS_PERF_EVENT_OPEN)}, "ENOSYS"},
+		{"userfaultfd", []string{"syscall", strconv.Itoa(unix.SYS_USERFAULTFD)}, "ENOSYS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, out := runProbeAs(t, tr, 0, Command{}, tc.args...)

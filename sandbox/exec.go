@@ -438,6 +438,13 @@ func trialExec(args []string) (int, error) {
 	if err := dropPrivileges(int(uid), int(gid)); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
+	// A new anonymous session keyring, the Trial user's own: the
+	// launcher's (root's keys among them) is not handed in. The filter
+	// refuses the key calls too; this holds where it could not (a Trial
+	// that possesses a key sees it in /proc/keys).
+	if _, _, errno := unix.RawSyscall(unix.SYS_KEYCTL, unix.KEYCTL_JOIN_SESSION_KEYRING, 0, 0); errno != 0 && errno != unix.ENOSYS {
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: join a session keyring of its own: %w", errno)
+	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", argv[0], uid, err)

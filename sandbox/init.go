@@ -204,7 +204,7 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 		Stderr:     stderrW,
 		ExtraFiles: []*os.File{readyW},
 		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS,
+			Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC,
 			Setsid:      true,
 			UseCgroupFD: true,
 			CgroupFD:    int(cg.Fd()),
@@ -336,6 +336,26 @@ func setupInit() error {
 	}
 	if err := unix.Mount("/dev/pts/ptmx", "/dev/ptmx", "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind the Trial's /dev/ptmx: %w", err)
+	}
+	// The init has an IPC namespace of its own, so System V IPC and
+	// POSIX message queues opened by name are the Trial's. Their files
+	// are not: the host's /dev/shm (POSIX shared memory, semaphores) and
+	// /dev/mqueue are mounts this namespace copied, where a same-uid
+	// process's segments and queues stay open to the Trial. Fresh
+	// instances cover them.
+	for _, m := range []struct {
+		fstype, dir, data string
+		flags             uintptr
+	}{
+		{"tmpfs", "/dev/shm", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV}, // exec as on most hosts: JITs map from it
+		{"mqueue", "/dev/mqueue", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+	} {
+		if fi, err := os.Stat(m.dir); err != nil || !fi.IsDir() {
+			continue // the host has none: nothing to cover
+		}
+		if err := unix.Mount(m.fstype, m.dir, m.fstype, m.flags, m.data); err != nil {
+			return fmt.Errorf("mount the Trial's %s: %w", m.dir, err)
+		}
 	}
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("unshare cgroup namespace: %w", err)

@@ -59,7 +59,9 @@ func probe(args []string) int {
 	case "bench-connect":
 		return benchConnect(target, args[2])
 	case "socket":
-		err = rawSocket(target)
+		err = rawSocket(target, args[2:])
+	case "syscall":
+		err = bareSyscall(target)
 	case "ioctl0":
 		err = ioctlStdin(target)
 	case "io_uring":
@@ -254,12 +256,18 @@ func listenOnce(target string) int {
 
 // rawSocket calls socket(2) with a family given as a 64-bit number, so
 // that high bits the kernel ignores reach the seccomp filter.
-func rawSocket(family string) error {
-	f, err := strconv.ParseUint(family, 0, 64)
-	if err != nil {
-		return err
+// rawSocket makes a socket of family (a SOCK_STREAM with protocol 0
+// unless the type and protocol follow).
+func rawSocket(family string, typeProto []string) error {
+	nums := []uint64{0, unix.SOCK_STREAM, 0}
+	for i, s := range append([]string{family}, typeProto...) {
+		n, err := strconv.ParseUint(s, 0, 64)
+		if err != nil || i > 2 {
+			return fmt.Errorf("socket FAMILY [TYPE PROTO]: %q", s)
+		}
+		nums[i] = n
 	}
-	fd, _, errno := unix.RawSyscall(unix.SYS_SOCKET, uintptr(f), unix.SOCK_STREAM, 0)
+	fd, _, errno := unix.RawSyscall(unix.SYS_SOCKET, uintptr(nums[0]), uintptr(nums[1]), uintptr(nums[2]))
 	if errno != 0 {
 		return fmt.Errorf("socket: %w", errno)
 	}
@@ -354,4 +362,18 @@ func cloneUserns() error {
 	var ws unix.WaitStatus
 	_, err := unix.Wait4(int(pid), &ws, 0, nil)
 	return err
+}
+
+// bareSyscall makes system call nr with every argument 0: whatever it
+// then fails with, only ENOSYS says the filter refused it (these calls
+// reject zero arguments with EINVAL, EFAULT or ENOKEY).
+func bareSyscall(nr string) error {
+	n, err := strconv.ParseUint(nr, 0, 64)
+	if err != nil {
+		return err
+	}
+	if _, _, errno := unix.Syscall6(uintptr(n), 0, 0, 0, 0, 0, 0); errno != 0 {
+		return errno
+	}
+	return nil
 }

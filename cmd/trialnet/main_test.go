@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 	// The test binary doubles as the trialnet binary, for tests that need
 	// it as a process of its own (signals, terminals).
 	if os.Getenv("TRIALNET_CLI_MAIN") == "1" {
+		if desc := os.Getenv("TRIALNET_CLI_SESSION_KEY"); desc != "" {
+			execWithSessionKey(desc)
+		}
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())

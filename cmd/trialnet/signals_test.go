@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -288,4 +289,52 @@ func TestPrivilegedRunKilledIsCleanedUpByTheNext(t *testing.T) {
 	}
 	_ = live.Process.Signal(syscall.SIGTERM)
 	_, _ = live.Process.Wait()
+}
+
+// execWithSessionKey gives this process a session keyring holding a key
+// described desc, then execs itself again without the variable: a keyring
+// belongs to one thread's credentials, and only after exec is that thread
+// the one every other descends from.
+func execWithSessionKey(desc string) {
+	runtime.LockOSThread()
+	fail := func(err error) {
+		fmt.Fprintln(os.Stderr, "session key:", err)
+		os.Exit(2)
+	}
+	if _, _, errno := unix.RawSyscall(unix.SYS_KEYCTL, unix.KEYCTL_JOIN_SESSION_KEYRING, 0, 0); errno != 0 {
+		fail(errno)
+	}
+	if _, err := unix.AddKey("user", desc, []byte("launcher secret"), unix.KEY_SPEC_SESSION_KEYRING); err != nil {
+		fail(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fail(err)
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "TRIALNET_CLI_SESSION_KEY=") {
+			env = append(env, kv)
+		}
+	}
+	fail(unix.Exec(self, os.Args, env))
+}
+
+// The launcher's session keyring (root's keys, with their descriptions
+// and payloads) is not the Trial's: a Trial process that inherited it
+// would possess its keys, and see them in /proc/keys even with every key
+// call refused.
+func TestPrivilegedRunHasItsOwnSessionKeyring(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	desc := fmt.Sprintf("trialnet-launcher-key-%d", time.Now().UnixNano())
+	cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "cat", "/proc/keys")
+	cmd.Env = append(cmd.Env, "TRIALNET_CLI_SESSION_KEY="+desc)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), desc) {
+		t.Fatalf("the Trial possesses the launcher's session key:\n%s", out)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -35,7 +37,14 @@ import (
 // the bind mount. Socket families are confirmed by socket() itself: a
 // vsock or other socket is the way out, there is nothing to send to.
 var boundaryAttempts = []string{"steal-socket-pidfd", "victim-ptrace-poke", "victim-proc-mem", "tiocsti",
-	"steal-via-stdio-peer", "steal-via-allowed-unix-peer", "socket-vsock", "userns-bind-mount-unix"}
+	"steal-via-stdio-peer", "steal-via-allowed-unix-peer", "socket-vsock", "userns-bind-mount-unix",
+	"ipc-sysv-shm", "ipc-posix-shm", "ipc-mqueue", "keyring-read", "request-key-upcall"}
+
+// beyondLSM are the attempts the BPF LSM layer does not claim: the
+// Trial's IPC namespace, its own /dev/shm and the seccomp filter (no key
+// calls) stop them, and the LSM-only configuration has none of those.
+var beyondLSM = map[string]bool{"ipc-sysv-shm": true, "ipc-posix-shm": true, "ipc-mqueue": true,
+	"keyring-read": true, "request-key-upcall": true}
 
 // victimSockets matches escapee's: one TCP socket, and one host listener,
 // per attempt that takes one.
@@ -55,6 +64,12 @@ type boundaryWorld struct {
 	reachedUnix atomic.Int64
 	operator    *os.File // the operator's terminal (pty master)
 	opSlave     *os.File
+	// The victim's IPC objects: a System V segment, a /dev/shm file, a
+	// message queue and a user key, whose payload is keySecret.
+	ipc             string
+	shmID           int
+	shmFile, mqName string
+	keySecret       string
 }
 
 func newBoundaryWorld(t *testing.T) *boundaryWorld {
@@ -120,7 +135,9 @@ func (w *boundaryWorld) startVictim(t *testing.T, dir string) {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(own) })
 	bound := filepath.Join(own, "victim.sock")
-	cmd := exec.Command(escapee(t), "-mode", "victim", "-targets", strings.Join(w.targets, ","), "-listen-unix", bound)
+	w.keySecret = fmt.Sprintf("victim-secret-%d", time.Now().UnixNano())
+	cmd := exec.Command(escapee(t), "-mode", "victim", "-targets", strings.Join(w.targets, ","), "-listen-unix", bound,
+		"-key-secret", w.keySecret)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -135,11 +152,18 @@ func (w *boundaryWorld) startVictim(t *testing.T, dir string) {
 	})
 	line, err := bufio.NewReader(out).ReadString('\n')
 	f := strings.Fields(line)
-	if err != nil || len(f) != 3 {
+	if err != nil || len(f) != 4 {
 		t.Fatalf("victim: %q %v", line, err)
 	}
-	w.victim, w.fds, w.boxes = cmd, f[1], f[2]
+	w.victim, w.fds, w.boxes, w.ipc = cmd, f[1], f[2], f[3]
 	w.pid, _ = strconv.Atoi(f[0])
+	ipc := strings.Split(w.ipc, ",")
+	w.shmID, _ = strconv.Atoi(ipc[0])
+	w.shmFile, w.mqName = ipc[1], ipc[2]
+	t.Cleanup(func() {
+		_ = os.Remove(w.shmFile)
+		_ = mqUnlink(w.mqName)
+	})
 	if err := os.Rename(bound, w.allowed); err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +185,53 @@ func (w *boundaryWorld) startVictim(t *testing.T, dir string) {
 func (w *boundaryWorld) args(t *testing.T) []string {
 	return []string{escapee(t), "-mode", "boundary", "-victim-pid", strconv.Itoa(w.pid), "-victim-fds", w.fds,
 		"-victim-boxes", w.boxes, "-targets", strings.Join(w.targets, ","),
-		"-allowed-unix", w.allowed, "-forbidden-unix", w.forbidden}
+		"-allowed-unix", w.allowed, "-forbidden-unix", w.forbidden, "-victim-ipc", w.ipc}
+}
+
+// ipcMarked says whether the Trial's mark reached the victim's segment,
+// its /dev/shm file, or its queue; each read here, in the host's IPC
+// namespace.
+func (w *boundaryWorld) ipcMarked() (shm, file, mq bool) {
+	if b, err := unix.SysvShmAttach(w.shmID, 0, unix.SHM_RDONLY); err == nil {
+		shm = bytes.HasPrefix(b, []byte(ipcMark))
+		_ = unix.SysvShmDetach(b)
+	}
+	if b, err := os.ReadFile(w.shmFile); err == nil {
+		file = string(b) == ipcMark
+	}
+	if fd, err := mqOpen(w.mqName, unix.O_RDONLY|unix.O_NONBLOCK); err == nil {
+		var attr [8]int64 // struct mq_attr: flags, maxmsg, msgsize, curmsgs, reserved
+		_, _, errno := unix.Syscall(unix.SYS_MQ_GETSETATTR, uintptr(fd), 0, uintptr(unsafe.Pointer(&attr[0])))
+		mq = errno == 0 && attr[3] > 0
+		_ = unix.Close(fd)
+	}
+	return shm, file, mq
+}
+
+// ipcMark matches escapee's.
+const ipcMark = "trialnet-pwned"
+
+func mqOpen(name string, flags int) (int, error) {
+	p, err := unix.BytePtrFromString(strings.TrimPrefix(name, "/"))
+	if err != nil {
+		return -1, err
+	}
+	fd, _, errno := unix.Syscall(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(p)), uintptr(flags), 0)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(fd), nil
+}
+
+func mqUnlink(name string) error {
+	p, err := unix.BytePtrFromString(strings.TrimPrefix(name, "/"))
+	if err != nil {
+		return err
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(p)), 0, 0); errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // operatorTyped is what is waiting in the operator's terminal input: what
@@ -179,7 +249,13 @@ func (w *boundaryWorld) operatorTyped() string {
 // receivers says, per attempt, whether something arrived outside.
 func (w *boundaryWorld) receivers(res map[string]Result) map[string]bool {
 	time.Sleep(300 * time.Millisecond) // the victim polls its mailboxes every 5 ms
+	shm, file, mq := w.ipcMarked()
 	return map[string]bool{
+		"ipc-sysv-shm":                shm,
+		"ipc-posix-shm":               file,
+		"ipc-mqueue":                  mq,
+		"keyring-read":                strings.Contains(res["keyring-read"].Reason, w.keySecret),
+		"request-key-upcall":          res["request-key-upcall"].Result == "escaped",
 		"steal-socket-pidfd":          w.arrived[0].Load() > 0,
 		"victim-ptrace-poke":          w.arrived[1].Load() > 0,
 		"victim-proc-mem":             w.arrived[2].Load() > 0,
@@ -213,10 +289,10 @@ func parseResults(t *testing.T, out []byte) map[string]Result {
 
 // requireNoneArrived fails for every attempt whose receiver saw it, and
 // for every other socket family that was created.
-func requireNoneArrived(t *testing.T, w *boundaryWorld, res map[string]Result) {
+func requireNoneArrived(t *testing.T, w *boundaryWorld, res map[string]Result, skip map[string]bool) {
 	t.Helper()
 	for name, arrived := range w.receivers(res) {
-		if arrived {
+		if arrived && !skip[name] {
 			t.Errorf("ESCAPE: %s reached its receiver outside the Trial (%s: %s)", name, res[name].Result, res[name].Reason)
 		}
 	}
@@ -289,7 +365,7 @@ func TestPrivilegedEscapeBoundaryTrial(t *testing.T) {
 	w := newBoundaryWorld(t)
 	h, tr := boundaryTrial(t, w)
 	res := runInTrial(t, w, tr)
-	requireNoneArrived(t, w, res)
+	requireNoneArrived(t, w, res, nil)
 	if r := res["allowed-unix-connect"]; r.Result != "escaped" {
 		t.Errorf("the allowed unix socket was not reachable from the Trial: %+v", r)
 	}
@@ -315,7 +391,7 @@ func TestPrivilegedEscapeBoundaryWithoutLSM(t *testing.T) {
 	if h.BPF.LSM() {
 		t.Fatal("the LSM layer is still attached")
 	}
-	requireNoneArrived(t, w, runInTrial(t, w, tr))
+	requireNoneArrived(t, w, runInTrial(t, w, tr), nil)
 }
 
 // With the LSM layer alone (the escapee placed in the Trial's cgroup and
@@ -330,7 +406,7 @@ func TestPrivilegedEscapeBoundaryLSMOnly(t *testing.T) {
 	// without-LSM runs above still hold.
 	privtest.RequireLSM(t, h.BPF.LSM(), h.BPF.LSMError())
 	res := runPlain(t, w, tr.Cgroup, tr.Netns.Path)
-	requireNoneArrived(t, w, res)
+	requireNoneArrived(t, w, res, beyondLSM)
 	k, err := tr.Counters()
 	if err != nil {
 		t.Fatal(err)

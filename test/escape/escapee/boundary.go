@@ -29,6 +29,8 @@ var (
 	targets       = flag.String("targets", "", "victim and boundary: host listeners, comma-separated, one per socket")
 	allowedUnix   = flag.String("allowed-unix", "", "boundary: the unix socket path the Trial may use")
 	forbiddenUnix = flag.String("forbidden-unix", "", "boundary: a unix socket it may not")
+	victimIPC     = flag.String("victim-ipc", "", "boundary: the victim's IPC objects, shmid,shmfile,mqname,keydesc")
+	keySecret     = flag.String("key-secret", "", "victim: the payload of its user key")
 )
 
 // The message typed into a terminal by TIOCSTI; the test looks for it in
@@ -68,6 +70,7 @@ func boundary() {
 		report(enc, "socket-"+f.name, anySocket(f.family))
 	}
 	report(enc, "userns-bind-mount-unix", bindMountViaUserns())
+	ipcAttempts(enc)
 	// The control: the allowed socket itself is reachable.
 	report(enc, "allowed-unix-connect", func() error {
 		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
@@ -303,7 +306,12 @@ func victim() {
 	for i := range mailboxes {
 		boxes = append(boxes, fmt.Sprintf("%x", uintptr(unsafe.Pointer(&mailboxes[i]))))
 	}
-	fmt.Printf("%d %s %s\n", os.Getpid(), strings.Join(fds, ","), strings.Join(boxes, ","))
+	ipc, err := victimIPCObjects(*keySecret)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	fmt.Printf("%d %s %s %s\n", os.Getpid(), strings.Join(fds, ","), strings.Join(boxes, ","), ipc)
 	done := [3]bool{}
 	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		for i := range mailboxes {

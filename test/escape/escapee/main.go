@@ -119,9 +119,12 @@ func main() {
 func report(enc *json.Encoder, name string, err error) {
 	r := Result{Name: name, Result: "escaped", Reason: "the kernel accepted it"}
 	var skip errSkip
+	var esc errEscaped
 	switch {
 	case errors.As(err, &skip):
 		r.Result, r.Reason = "skipped", string(skip)
+	case errors.As(err, &esc):
+		r.Reason = string(esc)
 	case err != nil:
 		r.Result, r.Reason = "blocked", err.Error()
 	}
@@ -131,6 +134,11 @@ func report(enc *json.Encoder, name string, err error) {
 type errSkip string
 
 func (e errSkip) Error() string { return string(e) }
+
+// errEscaped is an attempt that got through, with what it got.
+type errEscaped string
+
+func (e errEscaped) Error() string { return string(e) }
 
 func dialTCP(ap netip.AddrPort) error {
 	c, err := net.DialTimeout("tcp", ap.String(), 2*time.Second)

@@ -1,0 +1,88 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// TestSeccompProgram runs the filter in a classic-BPF interpreter for the
+// calls a kernel test cannot make without side effects: a protocol the
+// kernel would load a module for (the module would load on the test
+// host) has to be refused before the kernel sees it.
+func TestSeccompProgram(t *testing.T) {
+	raw, err := seccompProgram()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, ok := bpf.Disassemble(raw)
+	if !ok {
+		t.Fatal("the filter has instructions the interpreter cannot decode")
+	}
+	vm, err := bpf.NewVM(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arch, err := auditArch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// run judges one call. The kernel loads struct seccomp_data in native
+	// order and the interpreter in network order: the fields are written
+	// big-endian at their native offsets, each argument's low 32 bits
+	// where a little-endian kernel keeps them.
+	run := func(nr uint32, args ...uint32) uint32 {
+		data := make([]byte, 64)
+		binary.BigEndian.PutUint32(data[seccompNR:], nr)
+		binary.BigEndian.PutUint32(data[seccompArch:], arch)
+		for i, a := range args {
+			binary.BigEndian.PutUint32(data[seccompArg0+8*i:], a)
+		}
+		v, err := vm.Run(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uint32(v)
+	}
+	protoRefused := retErrno | uint32(unix.EPROTONOSUPPORT)
+	for _, c := range []struct {
+		name             string
+		family, typ, pro uint32
+		want             uint32
+	}{
+		{"tcp", unix.AF_INET, unix.SOCK_STREAM, 0, retAllow},
+		{"tcp6 by number", unix.AF_INET6, unix.SOCK_STREAM, unix.IPPROTO_TCP, retAllow},
+		{"udp by number", unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_UDP, retAllow},
+		{"ping6", unix.AF_INET6, unix.SOCK_DGRAM, unix.IPPROTO_ICMPV6, retAllow},
+		{"unix, any protocol", unix.AF_UNIX, unix.SOCK_STREAM, 7, retAllow},
+		{"route netlink", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_ROUTE, retAllow},
+		{"sctp", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP, protoRefused},
+		{"sctp6 seqpacket", unix.AF_INET6, unix.SOCK_SEQPACKET, unix.IPPROTO_SCTP, protoRefused},
+		{"dccp", unix.AF_INET, unix.SOCK_DCCP, unix.IPPROTO_DCCP, protoRefused},
+		{"udplite", unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_UDPLITE, protoRefused},
+		{"l2tp", unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_L2TP, protoRefused},
+		{"mptcp", unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP, protoRefused},
+		{"netlink crypto", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_CRYPTO, protoRefused},
+		{"netlink netfilter", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, protoRefused},
+		{"netlink rdma", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_RDMA, protoRefused},
+		{"vsock", unix.AF_VSOCK, unix.SOCK_STREAM, 0, retErrno | uint32(unix.EAFNOSUPPORT)},
+	} {
+		for _, call := range []uint32{unix.SYS_SOCKET, unix.SYS_SOCKETPAIR} {
+			if got := run(call, c.family, c.typ, c.pro); got != c.want {
+				t.Errorf("%s (syscall %d): filter returns %#x, want %#x", c.name, call, got, c.want)
+			}
+		}
+	}
+	for _, nr := range refusedCalls {
+		if got := run(nr); got != retErrno|uint32(unix.ENOSYS) {
+			t.Errorf("syscall %d: filter returns %#x, want ENOSYS", nr, got)
+		}
+	}
+	if got := run(unix.SYS_GETPID); got != retAllow {
+		t.Errorf("getpid: filter returns %#x, want allow", got)
+	}
+}
