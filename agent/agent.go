@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -79,6 +80,7 @@ type Agent struct {
 
 	reloadMu  sync.Mutex // one Reload at a time
 	gcPending atomic.Bool
+	owners    sync.WaitGroup // the goroutines watching owned Trials' owners
 }
 
 type liveTrial struct {
@@ -97,6 +99,9 @@ type liveTrial struct {
 	refused  map[string]uint64
 	watchers map[chan proxy.Event]struct{}
 	ended    bool // no more events: watchers are closed and none are added
+	// owner is a pidfd of an owned Trial's owner, which the agent watches
+	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
+	owner *os.File
 }
 
 // Bounds of a Trial's refusals by target, and of a watcher's backlog.
@@ -141,7 +146,8 @@ type TrialInfo struct {
 	// said when it was created; a reload or restart does not widen them.
 	// Absent in records older than the field: then the current ones.
 	AllowCIDRs []netip.Prefix `json:"allow_cidrs"`
-	// Owner is the process whose Trial this is, for an ephemeral agent's.
+	// Owner is the process whose Trial this is: an ephemeral agent's, or
+	// the caller of an owned create, whose exit ends the Trial.
 	Owner *Owner `json:"owner,omitempty"`
 	// Denied are entries removed from the live Trial with deny: a reload
 	// --reprofile does not bring them back from its profiles.
@@ -169,6 +175,11 @@ type CreateRequest struct {
 	Limits    *proxy.Limits `json:"limits,omitempty"`
 	UnixAllow []string      `json:"unix_allow,omitempty"` // pathname unix sockets the Trial may use
 	UnixOpen  bool          `json:"unix_open,omitempty"`  // no unix socket confinement (kernels before 6.7)
+	// Owned ties the Trial to the life of the process that asks: the agent
+	// destroys it when that process exits, however it ends. The owner is
+	// the control socket's peer as the kernel names it, never a field of
+	// the request. An ephemeral agent's Trials are its own process's.
+	Owned bool `json:"owned,omitempty"`
 }
 
 // Error is an error with a stable code, as the control API returns it.
@@ -242,10 +253,20 @@ func Start(cfg AgentConfig) (*Agent, error) {
 
 // Close stops serving. With teardown it destroys every Trial; without,
 // the Trials stay enforced (pinned eBPF, namespaces, cgroups) and a new
-// agent re-adopts them; their proxy endpoint answers nothing meanwhile.
+// agent re-adopts them (or removes those whose owner exited meanwhile);
+// their proxy endpoint answers nothing meanwhile.
 func (a *Agent) Close(teardown bool) {
 	a.closed.Store(true)
 	a.ret.stop()
+	// Owners are no longer watched: an owner's exit after this is the
+	// next agent's to see.
+	a.mu.Lock()
+	lts := slices.Collect(maps.Values(a.trials))
+	a.mu.Unlock()
+	for _, lt := range lts {
+		a.dropOwner(lt)
+	}
+	a.owners.Wait()
 	if teardown {
 		for _, info := range a.List() {
 			if _, err := a.Destroy(info.ID); err != nil {
@@ -265,8 +286,31 @@ func (a *Agent) Close(teardown bool) {
 
 // Create makes a Trial: cgroup, namespaces, policy entry, and the proxy
 // endpoint listening inside its namespace, served with the Trial's
-// allowlist. It is all-or-nothing.
-func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
+// allowlist. It is all-or-nothing. An owned Trial is made through the
+// control socket only (Handler), whose peer owns it.
+func (a *Agent) Create(req CreateRequest) (TrialInfo, error) {
+	return a.create(req, nil)
+}
+
+// create makes a Trial for the caller at the other end of conn (nil: a
+// caller in this process).
+func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err error) {
+	var owner *Owner
+	var pidfd *os.File
+	switch {
+	case a.cfg.Ephemeral:
+		owner = self()
+	case req.Owned:
+		if owner, pidfd, err = callerOwner(conn); err != nil {
+			return TrialInfo{}, err
+		}
+	}
+	lt := &liveTrial{owner: pidfd}
+	defer func() {
+		if err != nil {
+			a.dropOwner(lt)
+		}
+	}()
 	if req.ID == "" {
 		req.ID = NewID()
 	}
@@ -279,17 +323,14 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	}
 	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
 		Learning: req.Learn || a.file.Load().Learn(req.Profiles), Allow: allowEntries(allow),
-		AllowCIDRs: a.proxy.Guard().Allowed()}
-	if a.cfg.Ephemeral {
-		info.Owner = self()
-	}
+		AllowCIDRs: a.proxy.Guard().Allowed(), Owner: owner}
 	if info.Limits == nil {
 		// The limits in force now, kept: a reload or restart does not
 		// change a live Trial's.
 		lim := a.proxy.DefaultLimits()
 		info.Limits = &lim
 	}
-	lt := &liveTrial{info: info}
+	lt.info = info
 	if err := a.register(req.ID, lt); err != nil {
 		return TrialInfo{}, err
 	}
@@ -317,7 +358,8 @@ func (a *Agent) Create(req CreateRequest) (_ TrialInfo, err error) {
 	}
 	lt.setTrial(tr)
 	a.setState(lt, stateLive)
-	a.log.Info("trial created", "trial", req.ID, "allow", len(info.Allow), "strict", req.Strict, "learning", info.Learning)
+	a.watchOwner(lt)
+	a.log.Info("trial created", "trial", req.ID, "allow", len(info.Allow), "strict", req.Strict, "learning", info.Learning, "owner_pid", ownerPID(info.Owner))
 	return a.info(lt), nil
 }
 
@@ -466,6 +508,7 @@ func (e endpoint) Stop(id string) {
 	lt.mu.Unlock()
 	if forget {
 		lt.closeAudit()
+		e.a.dropOwner(lt)
 	}
 }
 
@@ -732,6 +775,7 @@ func (a *Agent) Destroy(id string) (Stats, error) {
 	}
 	lt.state = stateDestroying // the id stays taken until done
 	a.mu.Unlock()
+	a.dropOwner(lt)
 	// The one teardown: the endpoint stops first (its last decision events
 	// still reach the log), then processes, cgroup, policy, namespaces.
 	k, err := lt.tr.Close()
@@ -832,7 +876,8 @@ func (a *Agent) readopt() {
 		a.mu.Unlock()
 		lt.setTrial(tr)
 		a.setState(lt, stateLive)
-		a.log.Info("trial re-adopted", "trial", tr.ID)
+		a.watchOwner(lt)
+		a.log.Info("trial re-adopted", "trial", tr.ID, "owner_pid", ownerPID(lt.info.Owner))
 	}
 }
 
@@ -851,6 +896,19 @@ func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
 		return err
 	}
 	lt := &liveTrial{info: info}
+	if info.Owner != nil {
+		// The owner may have exited while no agent watched it.
+		if lt.owner, err = openOwner(*info.Owner); errors.Is(err, errOwnerExited) {
+			return fmt.Errorf("owner pid %d exited", info.Owner.PID)
+		} else if err != nil {
+			return fmt.Errorf("its owner, pid %d, cannot be watched: %w", info.Owner.PID, err)
+		}
+	}
+	defer func() {
+		if err != nil {
+			a.dropOwner(lt)
+		}
+	}()
 	if err := a.register(tr.ID, lt); err != nil {
 		return err
 	}

@@ -24,6 +24,11 @@ import (
 
 func TestMain(m *testing.M) {
 	sandbox.Init()
+	// The test binary doubles as an owner: a process of its own that asks
+	// for owned Trials (ownerProcess).
+	if sock := os.Getenv(ownerSocketEnv); sock != "" {
+		os.Exit(ownerMain(sock, strings.Split(os.Getenv(ownerIDsEnv), ",")))
+	}
 	os.Exit(m.Run())
 }
 

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,7 +23,8 @@ import (
 
 // The control API: HTTP+JSON on a Unix socket that only root can open.
 //
-//	POST   /v1/trials              CreateRequest -> TrialInfo
+//	POST   /v1/trials              CreateRequest -> TrialInfo (owned: the caller's
+//	                                  process, as the kernel names it, owns it)
 //	GET    /v1/trials              -> []TrialInfo
 //	GET    /v1/trials/{id}         -> TrialInfo
 //	DELETE /v1/trials/{id}         -> Stats (final)
@@ -47,7 +49,7 @@ func (a *Agent) Handler() http.Handler {
 			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
 			return
 		}
-		reply(w, http.StatusCreated)(a.Create(req))
+		reply(w, http.StatusCreated)(a.create(req, callerConn(r.Context())))
 	})
 	mux.HandleFunc("GET /v1/trials", func(w http.ResponseWriter, r *http.Request) {
 		list := a.List()
@@ -91,6 +93,13 @@ func (a *Agent) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /healthz", a.serveHealth)
 	return mux
+}
+
+// Server is the control API's server: Handler, with each connection's
+// peer credentials, which owned Trials and the records of allowlist
+// changes need.
+func (a *Agent) Server() *http.Server {
+	return &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: withPeer}
 }
 
 // serveDecisions streams a Trial's decisions as JSON lines.
@@ -225,7 +234,12 @@ func (c *Client) do(method, path string, body, out any) error {
 // Create asks for a Trial.
 func (c *Client) Create(req CreateRequest) (TrialInfo, error) {
 	var out TrialInfo
-	return out, c.do(http.MethodPost, "/v1/trials", req, &out)
+	err := c.do(http.MethodPost, "/v1/trials", req, &out)
+	var e *Error
+	if req.Owned && errors.As(err, &e) && e.Code == CodeBadRequest && strings.Contains(e.Message, `unknown field "owned"`) {
+		return out, fmt.Errorf("the agent on %s is older than this trialnet: it cannot end a Trial when the process that asked for it dies, so nothing was created (a run killed outright would leave its Trial behind). Restart the agent on this trialnet (systemctl restart trialnet): %w", c.Socket, err)
+	}
+	return out, err
 }
 
 // List returns the live Trials.

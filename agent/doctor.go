@@ -31,7 +31,24 @@ func Doctor() []bpf.Check {
 	checks = append(checks, bpf.Check{Name: "PID and mount namespaces (a Trial's own /proc)", Required: true, Err: errors.Join(statErr("/proc/self/ns/pid"), statErr("/proc/self/ns/mnt"))})
 	checks = append(checks, bpf.Check{Name: "seccomp filters with errno", Required: true, Err: seccompErr()})
 	checks = append(checks, bpf.Check{Name: "Landlock (a domain per Trial command: no ptrace or pidfd_getfd outside it)", Required: false, Err: landlockErr()})
+	checks = append(checks, bpf.Check{Name: "SO_PEERPIDFD (Linux 6.5+: a run through the agent is the owner of its Trial, which ends when it dies)", Required: false, Err: peerPidfdErr()})
 	return append(checks, bpf.Probe()...)
+}
+
+// peerPidfdErr asks for the pidfd of a socket pair's peer, as the agent
+// does of the caller of an owned create.
+func peerPidfdErr() error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	pidfd, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	if err != nil {
+		return fmt.Errorf("%w: 'trialnet run' through the agent is refused; it embeds its own agent when none runs", err)
+	}
+	return unix.Close(pidfd)
 }
 
 func rootErr() error {

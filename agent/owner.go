@@ -3,11 +3,17 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Owner names a process beyond pid reuse: its pid and its start time (in
@@ -47,4 +53,181 @@ func startTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
 	}
 	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// errOwnerExited: the process a Trial was to be tied to is gone.
+var errOwnerExited = errors.New("the process has exited")
+
+// peerOwner is the process at the other end of c, as the kernel names it,
+// with a pidfd of it. SO_PEERPIDFD (Linux 6.5+) gives a pidfd of the
+// process that connected: unlike a pid, no reuse can make it another's.
+func peerOwner(c *net.UnixConn) (*Owner, *os.File, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, nil, err
+	}
+	fd, serr := -1, error(nil)
+	if err := raw.Control(func(s uintptr) {
+		fd, serr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	}); err != nil {
+		return nil, nil, err
+	}
+	if serr != nil {
+		return nil, nil, fmt.Errorf("SO_PEERPIDFD: %w", serr)
+	}
+	o, err := pidfdOwner(fd)
+	if err != nil {
+		_ = unix.Close(fd)
+		return nil, nil, err
+	}
+	return o, pidFile(fd), nil
+}
+
+// openOwner opens a pidfd of o if o still runs: the process with its pid
+// has its start time.
+func openOwner(o Owner) (*os.File, error) {
+	fd, err := unix.PidfdOpen(o.PID, 0)
+	if err != nil {
+		return nil, errOwnerExited
+	}
+	got, err := pidfdOwner(fd)
+	if err == nil && *got != o {
+		err = errOwnerExited // the pid is another process's now
+	}
+	if err != nil {
+		_ = unix.Close(fd)
+		return nil, err
+	}
+	return pidFile(fd), nil
+}
+
+// pidfdOwner names the process pidfd refers to. The pid comes from the
+// pidfd, the start time from /proc; as the pidfd's process still runs
+// after /proc was read, its pid was not reused in between, and the start
+// time read is its own.
+func pidfdOwner(pidfd int) (*Owner, error) {
+	pid, err := pidfdPID(pidfd)
+	switch {
+	case err != nil:
+		return nil, err
+	case pid < 0:
+		return nil, errOwnerExited
+	case pid == 0:
+		return nil, errors.New("the process is in a PID namespace the agent cannot see into")
+	}
+	start, err := startTime(pid)
+	if err != nil || exited(pidfd) {
+		return nil, errOwnerExited
+	}
+	return &Owner{PID: pid, Start: start}, nil
+}
+
+// pidfdPID is the pid of pidfd's process in this process's PID namespace
+// (its fdinfo's Pid): -1 once it has been reaped, 0 if it is not visible.
+func pidfdPID(pidfd int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", pidfd))
+	if err != nil {
+		return 0, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "Pid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("fd %d is not a pidfd", pidfd)
+}
+
+// exited reports whether pidfd's process has exited: a pidfd polls
+// readable from then on.
+func exited(pidfd int) bool {
+	for {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}, 0)
+		if err != unix.EINTR {
+			return err == nil && n > 0
+		}
+	}
+}
+
+// pidFile makes pidfd an *os.File on Go's poller, so that waiting for
+// its process to exit holds no thread and ends when it is closed.
+func pidFile(pidfd int) *os.File {
+	// Non-blocking: os.NewFile then registers it with the poller.
+	_ = unix.SetNonblock(pidfd, true)
+	return os.NewFile(uintptr(pidfd), "pidfd")
+}
+
+// callerOwner is the owner of a Trial asked for over conn: its peer.
+func callerOwner(conn *net.UnixConn) (*Owner, *os.File, error) {
+	if conn == nil {
+		return nil, nil, errf(CodeBadRequest, "an owned Trial belongs to the process that asks for it over the control socket, and this request did not come over one: send it there, or leave owned unset")
+	}
+	o, pidfd, err := peerOwner(conn)
+	switch {
+	case errors.Is(err, unix.ENOPROTOOPT):
+		return nil, nil, errf(CodeInternal, "cannot tie the Trial to the life of the process that asks: this kernel does not name a unix socket's peer by pidfd (SO_PEERPIDFD, Linux 6.5+). Use 'trialnet create', 'exec' and 'destroy' instead, or stop the agent so that 'trialnet run' embeds its own")
+	case errors.Is(err, errOwnerExited):
+		return nil, nil, errf(CodeBadRequest, "the process that asked for this Trial exited before it was made; nothing was created")
+	case err != nil:
+		return nil, nil, errf(CodeBadRequest, "cannot tie the Trial to the life of the process that asks: %v; run it where the agent runs, or use 'trialnet create' and 'destroy'", err)
+	}
+	return o, pidfd, nil
+}
+
+// ownerPID is o's pid for the log; 0: no owner.
+func ownerPID(o *Owner) int {
+	if o == nil {
+		return 0
+	}
+	return o.PID
+}
+
+// watchOwner destroys lt, a live Trial, when its owner exits, if it is
+// owned. One goroutine, parked on Go's poller until the owner's pidfd
+// polls readable; it ends with no more when the Trial is destroyed
+// otherwise or the agent stops (either closes the pidfd: dropOwner).
+func (a *Agent) watchOwner(lt *liveTrial) {
+	a.mu.Lock()
+	pidfd := lt.owner
+	if pidfd == nil || a.closed.Load() {
+		a.mu.Unlock()
+		a.dropOwner(lt)
+		return
+	}
+	a.owners.Add(1)
+	a.mu.Unlock()
+	id, pid := lt.info.ID, lt.info.Owner.PID
+	go func() {
+		defer a.owners.Done()
+		rc, err := pidfd.SyscallConn()
+		if err == nil {
+			err = rc.Read(func(fd uintptr) bool { return exited(int(fd)) })
+		}
+		a.mu.Lock()
+		dropped := lt.owner != pidfd
+		a.mu.Unlock()
+		if dropped || a.closed.Load() {
+			return
+		}
+		if err != nil {
+			a.log.Error("cannot watch the owner of a Trial: it stays until destroyed", "trial", id, "owner_pid", pid, "error", err)
+			return
+		}
+		a.log.Warn("destroying a Trial whose owner exited", "trial", id, "reason", fmt.Sprintf("owner pid %d exited", pid))
+		var e *Error
+		if _, err := a.Destroy(id); err != nil && !(errors.As(err, &e) && e.Code == CodeUnknownTrial) {
+			a.log.Error("destroy a Trial whose owner exited", "trial", id, "error", err)
+		}
+	}()
+}
+
+// dropOwner stops watching lt's owner and closes its pidfd.
+func (a *Agent) dropOwner(lt *liveTrial) {
+	a.mu.Lock()
+	pidfd := lt.owner
+	lt.owner = nil
+	a.mu.Unlock()
+	if pidfd != nil {
+		_ = pidfd.Close()
+	}
 }

@@ -130,17 +130,23 @@ func entryStrings(es []proxy.Entry) []string {
 	return out
 }
 
-// peerUIDKey keys the control API caller's uid in a request's context.
-type peerUIDKey struct{}
+// peerKey keys the control API caller's connection in a request's
+// context; peerUIDKey its uid.
+type (
+	peerKey    struct{}
+	peerUIDKey struct{}
+)
 
-// withPeerUID is the control server's ConnContext: it reads the uid of
-// the process at the other end of the unix socket (SO_PEERCRED) once per
-// connection, for the records of what that caller changed.
-func withPeerUID(ctx context.Context, c net.Conn) context.Context {
+// withPeer is the control server's ConnContext: it keeps the connection,
+// whose peer owns the Trials it asks for owned, and reads the uid of the
+// process at the other end of the unix socket (SO_PEERCRED) once, for the
+// records of what that caller changed.
+func withPeer(ctx context.Context, c net.Conn) context.Context {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
 		return ctx
 	}
+	ctx = context.WithValue(ctx, peerKey{}, uc)
 	raw, err := uc.SyscallConn()
 	if err != nil {
 		return ctx
@@ -155,7 +161,13 @@ func withPeerUID(ctx context.Context, c net.Conn) context.Context {
 	return context.WithValue(ctx, peerUIDKey{}, int64(cred.Uid))
 }
 
-// callerUID is the uid withPeerUID found, or UIDUnknown.
+// callerConn is the connection withPeer kept, or nil.
+func callerConn(ctx context.Context) *net.UnixConn {
+	c, _ := ctx.Value(peerKey{}).(*net.UnixConn)
+	return c
+}
+
+// callerUID is the uid withPeer found, or UIDUnknown.
 func callerUID(ctx context.Context) int64 {
 	if uid, ok := ctx.Value(peerUIDKey{}).(int64); ok {
 		return uid

@@ -43,7 +43,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		_ = ln.Close()
 		return err
 	}
-	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: withPeerUID}
+	srv := a.Server()
 	go func() { _ = srv.Serve(ln) }()
 	var msrv *http.Server
 	if cfg.MetricsAddr != "" {

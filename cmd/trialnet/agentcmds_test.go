@@ -48,7 +48,7 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: a.Handler()}
+	srv := a.Server()
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 
@@ -56,6 +56,9 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	var info agent.TrialInfo
 	if code != 0 || json.Unmarshal([]byte(out), &info) != nil || info.ID != "cli-1" || info.ProxyURL == "" || info.Netns == "" || info.Cgroup == "" {
 		t.Fatalf("create -j: exit %d, %q %q", code, out, errOut)
+	}
+	if info.Owner != nil { // a long-lived Trial ends with destroy alone
+		t.Fatalf("create made a Trial owned by %+v", info.Owner)
 	}
 	if code, _, errOut := trialnet("create", "--socket", sock, "--id", "cli-1"); code != exitRefused || !strings.Contains(errOut, "already exists") {
 		t.Fatalf("duplicate: exit %d, %q", code, errOut)

@@ -226,8 +226,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
+	// Owned: the Trial ends with this process, however it ends (SIGKILL
+	// included), not only when run tears it down.
 	req := agent.CreateRequest{ID: agent.NewID(), Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS,
-		Strict: *strict, Learn: *learn, UnixAllow: *unixAllow, UnixOpen: *noUnix}
+		Strict: *strict, Learn: *learn, UnixAllow: *unixAllow, UnixOpen: *noUnix, Owned: true}
 
 	// A running agent serves the Trial; without one, an agent is embedded
 	// for the life of this command, so a laptop needs no daemon.
