@@ -104,6 +104,34 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	}
 }
 
+// trialnet agent with its metrics port in use exits 125 with the reason,
+// and leaves neither its control socket nor its pins.
+func TestPrivilegedAgentMetricsPortInUse(t *testing.T) {
+	privtest.Require(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	hc := testenv.IsolatedHost(t, "metrics")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "trialnet.yaml")
+	yaml := fmt.Sprintf("paths:\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n  state_dir: %s\n  data_dir: %s\n", hc.PinDir, hc.NetnsDir, hc.Parent, hc.StateDir, dir)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "agent.sock")
+	code, _, errOut := trialnet("agent", "--config", cfg, "--socket", sock, "--metrics-addr", busy.Addr().String())
+	if code != exitFailure || !strings.Contains(errOut, busy.Addr().String()) || !strings.Contains(errOut, "address already in use") {
+		t.Fatalf("agent with its metrics port in use: exit %d, %q", code, errOut)
+	}
+	for _, p := range []string{sock, hc.PinDir} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left by an agent that did not start", p)
+		}
+	}
+}
+
 // uninstall --config removes what lives at the config's paths: its
 // Trials (through the one teardown), records, pins and cgroup parent.
 func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
