@@ -96,6 +96,14 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	if code, _, errOut := trialnet("run", "--socket", sock, "--config", "x.yaml", "--uid", "65534", "--", "true"); code != exitUsage || !strings.Contains(errOut, "own configuration") {
 		t.Fatalf("run --config with an agent running: exit %d, %q", code, errOut)
 	}
+	// Flags end at CMD: one after it is CMD's argument, never trialnet's
+	// (this one would make CMD root).
+	for _, cmd := range [][]string{{"exec", "--trial", "cli-1"}, {"run"}} {
+		args := append(cmd, "--socket", sock, "--uid", "65534", "sh", "-c", `test "$1 $2 $(id -u)" = "--uid 0 65534" && exit 9`, "sh", "--uid", "0")
+		if code, _, errOut := trialnet(args...); code != 9 {
+			t.Fatalf("%s with a flag after CMD: exit %d, want CMD's 9 (the flag is CMD's); %q", cmd[0], code, errOut)
+		}
+	}
 	if code, out, _ := trialnet("destroy", "--socket", sock, "cli-1"); code != 0 || !strings.Contains(out, "verdict") {
 		t.Fatalf("destroy: exit %d, %q", code, out)
 	}
