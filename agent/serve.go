@@ -27,7 +27,10 @@ type ServeConfig struct {
 }
 
 // Serve runs the daemon until ctx ends. The control socket is taken
-// first, so that a second agent fails before it touches anything.
+// first, so that a second agent fails before it touches anything; the
+// metrics port next, so that a port in use fails the start before the
+// agent loads or adopts anything. Nothing is served until every listener
+// is bound and the agent has started.
 func Serve(ctx context.Context, cfg ServeConfig) error {
 	sock := cfg.Socket
 	if sock == "" {
@@ -38,23 +41,27 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return err
 	}
 	defer os.Remove(sock)
+	var mln net.Listener
+	if cfg.MetricsAddr != "" {
+		if mln, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("agent: metrics on %s: %w (is something else serving that port? Pick another --metrics-addr, or leave it out)", cfg.MetricsAddr, err)
+		}
+	}
 	a, err := Start(cfg.AgentConfig)
 	if err != nil {
 		_ = ln.Close()
+		if mln != nil {
+			_ = mln.Close()
+		}
 		return err
 	}
 	srv := a.Server()
-	go func() { _ = srv.Serve(ln) }()
+	go a.serveHTTP(srv, ln, "control socket")
 	var msrv *http.Server
-	if cfg.MetricsAddr != "" {
-		mln, err := net.Listen("tcp", cfg.MetricsAddr)
-		if err != nil {
-			_ = srv.Close()
-			a.Close(false)
-			return fmt.Errorf("agent: metrics on %s: %w", cfg.MetricsAddr, err)
-		}
+	if mln != nil {
 		msrv = &http.Server{Handler: a.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = msrv.Serve(mln) }()
+		go a.serveHTTP(msrv, mln, "metrics")
 	}
 	a.log.Info("trialnet agent ready", "socket", sock, "trials", len(a.List()), "metrics", cfg.MetricsAddr)
 	for done := false; !done; {
@@ -80,4 +87,12 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		err = nil
 	}
 	return err
+}
+
+// serveHTTP serves srv on ln until it is shut down. Any other end leaves
+// the agent running without that listener, so it is logged.
+func (a *Agent) serveHTTP(srv *http.Server, ln net.Listener, what string) {
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		a.log.Error("stopped serving the "+what, "addr", ln.Addr().String(), "error", err)
+	}
 }

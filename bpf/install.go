@@ -172,11 +172,10 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 		if err := spec.Maps[name].Compatible(m); err != nil {
 			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
 		}
-		info, err := m.Info()
+		id, err := pinnedMapID(name, m)
 		if err != nil {
 			return nil, err
 		}
-		id, _ := info.ID()
 		mapIDs[id] = true
 	}
 	l.policy, l.counters = coll.Maps[trialnetMapPolicyMap], coll.Maps[trialnetMapCountersMap]
@@ -234,6 +233,20 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 		l.lsmErr = fmt.Errorf("%w: %s", ErrLSMMissing, strings.TrimPrefix(note.lsmMiss, ErrLSMMissing.Error()+": "))
 	}
 	return l, nil
+}
+
+// pinnedMapID is the kernel's id of the pinned map name, which adopt
+// matches against the maps each pinned program uses.
+func pinnedMapID(name string, m *ebpf.Map) (ebpf.MapID, error) {
+	info, err := m.Info()
+	if err != nil {
+		return 0, fmt.Errorf("map %s: read its info: %w (the pin opened, but the kernel would not describe its map: a security module denying bpf access, or memory; if it persists, 'trialnet uninstall' removes the pins, ending the enforcement of live Trials, and the next start installs them afresh)", name, err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		return 0, fmt.Errorf("%w: map %s: the kernel does not report its id", errPinsDiffer, name)
+	}
+	return id, nil
 }
 
 // adoptLink opens the link pinned for name and its program, and checks

@@ -3,6 +3,7 @@
 package bpf
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -186,5 +187,26 @@ func TestInstallRecordsOnlyLastingLSMReasons(t *testing.T) {
 			t.Errorf("%v: recorded %v, want %v", c.err, got, c.record)
 		}
 		_ = f.Close()
+	}
+}
+
+// A pinned map the kernel will not describe fails adoption with the map's
+// name and what to do, not a bare errno; it is no reason to install over
+// the pins either.
+func TestPrivilegedUnreadableMapInfoSaysWhatToDo(t *testing.T) {
+	privtest.Require(t)
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = m.Close() // the kernel describes no closed map
+	_, err = pinnedMapID(trialnetMapPolicyMap, m)
+	if err == nil || errors.Is(err, errPinsDiffer) {
+		t.Fatalf("info of a closed map: %v; want an error, and not errPinsDiffer", err)
+	}
+	for _, want := range []string{"map " + trialnetMapPolicyMap + ": read its info", "'trialnet uninstall' removes the pins"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q lacks %q", err, want)
+		}
 	}
 }

@@ -100,7 +100,7 @@ func Load(opts Options) (_ *Loader, err error) {
 	if l, err := adopt(opts, parentID, level, pinDir, lk); err == nil {
 		return l, nil
 	} else if !errors.Is(err, errPinsDiffer) {
-		return nil, err
+		return nil, fmt.Errorf("adopt the eBPF programs pinned in %s: %w", pinDir, err)
 	}
 	return install(opts, parentID, level, pinDir, lk)
 }

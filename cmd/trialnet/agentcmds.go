@@ -54,7 +54,7 @@ func cmdAgent(args []string, stdout, stderr io.Writer) int {
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9464)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	teardown := fs.Bool("teardown-on-exit", false, "destroy every Trial on SIGTERM/SIGINT (default: leave them enforced for the next agent)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	var handler slog.Handler = slog.NewTextHandler(stderr, nil)
@@ -141,7 +141,7 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 	unixAllow, noUnix := unixFlags(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	if err := af.check(); err != nil {
@@ -166,9 +166,10 @@ func cmdExec(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("exec", "exec --trial ID [--uid N] [--gid N] -- CMD [ARGS]",
 		"sudo trialnet exec --trial eval-42 -- claude -p 'fix the tests'", stderr)
 	id := fs.String("trial", "", "the Trial to run CMD in")
-	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo unless it is 0; required otherwise; 0 only when given)")
-	gid := fs.Int("gid", -1, "run CMD with this group id (default: $SUDO_GID under sudo, else the uid)")
+	var user userFlags
+	user.register(fs)
 	socket := socketFlag(fs)
+	// Flags end at CMD (or "--"): everything from CMD on is its own.
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -176,7 +177,7 @@ func cmdExec(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return fail(stdout, stderr, false, exitUsage, usageError{"exec: give --trial ID and a command after --"})
 	}
-	u, g, err := trialUser(*uid, *gid)
+	u, g, err := trialUser(user)
 	if err != nil {
 		return fail(stdout, stderr, false, exitUsage, err)
 	}
@@ -202,7 +203,7 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("list", "list [-j]", "sudo trialnet list", stderr)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	list, err := agent.NewClient(*socket).List()
@@ -232,7 +233,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 	watch := fs.Bool("watch", false, "print again every second until interrupted")
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	c := agent.NewClient(*socket)
@@ -340,7 +341,7 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	profile := fs.String("profile", "", "print, as YAML config, a profile NAME allowing exactly what the Trial was let through to")
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	if (*id == "") == (*from == "") {
@@ -391,7 +392,7 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("destroy", "destroy [-j] ID", "sudo trialnet destroy eval-42", stderr)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		return exitUsage
 	}
 	if fs.NArg() != 1 {
@@ -415,7 +416,7 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 	reprofile := fs.Bool("reprofile", false, "also give live Trials made from profiles their profiles' new allowlists (explicit --allow entries stay)")
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	res, err := agent.NewClient(*socket).Reload(agent.ReloadRequest{Reprofile: *reprofile})

@@ -99,11 +99,47 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	if code, _, errOut := trialnet("run", "--socket", sock, "--config", "x.yaml", "--uid", "65534", "--", "true"); code != exitUsage || !strings.Contains(errOut, "own configuration") {
 		t.Fatalf("run --config with an agent running: exit %d, %q", code, errOut)
 	}
+	// Flags end at CMD: one after it is CMD's argument, never trialnet's
+	// (this one would make CMD root).
+	for _, cmd := range [][]string{{"exec", "--trial", "cli-1"}, {"run"}} {
+		args := append(cmd, "--socket", sock, "--uid", "65534", "sh", "-c", `test "$1 $2 $(id -u)" = "--uid 0 65534" && exit 9`, "sh", "--uid", "0")
+		if code, _, errOut := trialnet(args...); code != 9 {
+			t.Fatalf("%s with a flag after CMD: exit %d, want CMD's 9 (the flag is CMD's); %q", cmd[0], code, errOut)
+		}
+	}
 	if code, out, _ := trialnet("destroy", "--socket", sock, "cli-1"); code != 0 || !strings.Contains(out, "verdict") {
 		t.Fatalf("destroy: exit %d, %q", code, out)
 	}
 	if code, _, errOut := trialnet("destroy", "--socket", sock, "cli-1"); code != exitRefused || !strings.Contains(errOut, "no live Trial") {
 		t.Fatalf("destroy twice: exit %d, %q", code, errOut)
+	}
+}
+
+// trialnet agent with its metrics port in use exits 125 with the reason,
+// and leaves neither its control socket nor its pins.
+func TestPrivilegedAgentMetricsPortInUse(t *testing.T) {
+	privtest.Require(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	hc := testenv.IsolatedHost(t, "metrics")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "trialnet.yaml")
+	yaml := fmt.Sprintf("paths:\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n  state_dir: %s\n  data_dir: %s\n", hc.PinDir, hc.NetnsDir, hc.Parent, hc.StateDir, dir)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "agent.sock")
+	code, _, errOut := trialnet("agent", "--config", cfg, "--socket", sock, "--metrics-addr", busy.Addr().String())
+	if code != exitFailure || !strings.Contains(errOut, busy.Addr().String()) || !strings.Contains(errOut, "address already in use") {
+		t.Fatalf("agent with its metrics port in use: exit %d, %q", code, errOut)
+	}
+	for _, p := range []string{sock, hc.PinDir} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left by an agent that did not start", p)
+		}
 	}
 }
 

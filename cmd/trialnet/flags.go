@@ -3,13 +3,71 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/trialnet/trialnet/proxy"
 )
+
+// parseInterspersed parses a command's flags wherever they stand among
+// its arguments (deny --trial ID pypi.org:443 --cut), up to a "--" after
+// which everything is an argument. Nothing changes kind: an argument
+// starting with '-' is a flag (no Trial id or HOST:PORT entry can start
+// with one), and a flag that takes a value takes the next argument,
+// whatever it looks like, as the flag package does. run and exec do not
+// use it: everything from CMD on is CMD's.
+func parseInterspersed(fs *flag.FlagSet, args []string) error {
+	var flags, pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			pos = append(pos, args[i+1:]...)
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			pos = append(pos, a)
+			continue
+		}
+		flags = append(flags, a)
+		name, _, inline := strings.Cut(strings.TrimPrefix(a[1:], "-"), "=")
+		if f := fs.Lookup(name); f != nil && !inline && !isBool(f) && i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	if err := fs.Parse(flags); err != nil {
+		return err
+	}
+	// A second Parse, of "--" and the arguments, is how a FlagSet is told
+	// its arguments without reading any of them as a flag.
+	return fs.Parse(append([]string{"--"}, pos...))
+}
+
+func isBool(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// parseNoArgs is parseInterspersed for a command that takes no arguments.
+// It refuses any, as the flag package refuses an unknown flag: a stray
+// word (create --allow a.example.com:443 b.example.com:443) would
+// otherwise be dropped without a word.
+func parseNoArgs(fs *flag.FlagSet, args []string) error {
+	if err := parseInterspersed(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		err := usageError{fmt.Sprintf("%s: unexpected argument %q: it takes flags only", fs.Name(), fs.Arg(0))}
+		fmt.Fprintf(fs.Output(), "trialnet: %v\n", err)
+		fs.Usage()
+		return err
+	}
+	return nil
+}
 
 type stringList []string
 
@@ -25,7 +83,7 @@ type configFlags struct {
 
 func (c *configFlags) register(fs *flag.FlagSet, holds string) {
 	fs.StringVar(&c.path, "config", "", "YAML config file: "+holds)
-	fs.Var(&c.resolvers, "resolver", "DNS server ADDR[:PORT] for allowed names (repeatable; overrides the config's; default /etc/resolv.conf)")
+	fs.Var(&c.resolvers, "resolver", "DNS server ADDR[:PORT] for allowed names (repeatable; overrides the config's; default: the config's, else /etc/resolv.conf)")
 	fs.Var(&c.cidrs, "allow-cidr", "also allow destinations in this private or reserved CIDR (repeatable; adds to the config's; never loopback, host or metadata)")
 }
 
@@ -74,4 +132,40 @@ func (a *allowFlags) check() error {
 		return usageError{fmt.Sprintf("--allow: %v", err)}
 	}
 	return nil
+}
+
+// idFlag is --uid or --gid, unset until given: the default is decided
+// later (trialUser), so the help shows that rather than a sentinel.
+type idFlag struct {
+	id  uint32
+	set bool
+}
+
+func (f *idFlag) String() string {
+	if f == nil || !f.set {
+		return ""
+	}
+	return strconv.FormatUint(uint64(f.id), 10)
+}
+
+func (f *idFlag) Set(s string) error {
+	v, err := strconv.ParseInt(s, 10, 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange):
+		return errors.New("not a number")
+	case v < 0:
+		return errors.New("must not be negative")
+	case v > 1<<32-2: // 4294967295 is (uid_t)-1, "no change" to the kernel
+		return errors.New("must be below 4294967295")
+	}
+	f.id, f.set = uint32(v), true
+	return nil
+}
+
+// userFlags say who CMD runs as (run, exec).
+type userFlags struct{ uid, gid idFlag }
+
+func (u *userFlags) register(fs *flag.FlagSet) {
+	fs.Var(&u.uid, "uid", "run CMD as this user id `N` (default: $SUDO_UID under sudo unless it is 0; required otherwise; 0 only when given)")
+	fs.Var(&u.gid, "gid", "run CMD with this group id `N` (default: $SUDO_GID under sudo, else the uid)")
 }

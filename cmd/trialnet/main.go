@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -122,7 +121,7 @@ func fail(stdout, stderr io.Writer, asJSON bool, code int, err error) int {
 func cmdDoctor(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("doctor", "doctor [-j]", "sudo trialnet doctor", stderr)
 	asJSON := jsonFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	checks := agent.Doctor()
@@ -175,7 +174,7 @@ func cmdUninstall(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("uninstall", "uninstall [--config F] [--force]", "sudo trialnet uninstall --config /etc/trialnet/trialnet.yaml --force", stderr)
 	config := fs.String("config", "", "the agent's YAML config file, whose paths: (cgroup parent, pins, namespaces, state) are the ones to remove")
 	force := fs.Bool("force", false, "uninstall even while Trials are live, destroying them first (their processes are killed)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	file := &proxy.File{}
@@ -203,14 +202,15 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	learn := learnFlag(fs)
 	var cf configFlags
 	cf.register(fs, "profiles, resolvers, allowed CIDRs and limits (for the agent run embeds when none is running)")
-	uid := fs.Int("uid", -1, "run CMD as this user id (default: $SUDO_UID under sudo unless it is 0; required otherwise; 0 only when given)")
-	gid := fs.Int("gid", -1, "run CMD with this group id (default: $SUDO_GID under sudo, else the uid)")
+	var user userFlags
+	user.register(fs)
 	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long (0: no limit)")
 	unixAllow, noUnix := unixFlags(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	verbose := fs.Bool("v", false, "when CMD ends, print the full counter table instead of the one summary line")
 	showRefusals := fs.Bool("show-refusals", false, "print each refusal by the proxy on stderr as it happens")
+	// Flags end at CMD (or "--"): everything from CMD on is its own.
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -219,7 +219,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"run: no command given; put it after --"})
 	}
-	u, g, err := trialUser(*uid, *gid)
+	u, g, err := trialUser(user)
 	if err == nil {
 		err = af.check()
 	}
@@ -391,37 +391,27 @@ func execIn(ctx context.Context, info agent.TrialInfo, c sandbox.Command) (int, 
 // --uid 0: even without capabilities, root owns the files that hold a
 // Trial in place. sudo from a root shell sets SUDO_UID=0, which is not
 // asking.
-func trialUser(uid, gid int) (uint32, uint32, error) {
-	// -1 is the flags' "not given"; any other negative id is a mistake.
-	if uid < -1 || gid < -1 {
-		return 0, 0, usageError{"--uid and --gid must not be negative"}
-	}
-	if uid == -1 {
+func trialUser(u userFlags) (uint32, uint32, error) {
+	uid, gid := u.uid, u.gid
+	if !uid.set {
 		s := os.Getenv("SUDO_UID")
 		if s == "" {
 			return 0, 0, usageError{"who should CMD run as? Pass --uid N (and --gid N; a dedicated user for untrusted code is best), or run trialnet under sudo from your own account to use your uid; --uid 0 runs CMD as root without capabilities"}
 		}
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 0 {
-			return 0, 0, usageError{fmt.Sprintf("SUDO_UID=%q is not a user id; pass --uid", s)}
+		if err := uid.Set(s); err != nil {
+			return 0, 0, usageError{fmt.Sprintf("SUDO_UID=%q is not a user id (%v); pass --uid", s, err)}
 		}
-		if v == 0 {
+		if uid.id == 0 {
 			return 0, 0, usageError{"SUDO_UID is 0 (sudo was run from a root shell), and a uid-0 Trial is never a default: pass --uid N for a dedicated user, or --uid 0 if root without capabilities is really meant"}
 		}
-		uid = v
-		if gid == -1 {
-			if v, err := strconv.Atoi(os.Getenv("SUDO_GID")); err == nil && v >= 0 {
-				gid = v
-			}
+		if !gid.set {
+			_ = gid.Set(os.Getenv("SUDO_GID")) // unset or not an id: the uid's, below
 		}
 	}
-	if gid == -1 {
+	if !gid.set {
 		gid = uid
 	}
-	if uid > 1<<32-2 || gid > 1<<32-2 {
-		return 0, 0, usageError{"--uid and --gid must be below 4294967295"}
-	}
-	return uint32(uid), uint32(gid), nil
+	return uid.id, gid.id, nil
 }
 
 // forwardedSignals relays SIGINT, SIGTERM and SIGHUP to CMD's process

@@ -106,7 +106,7 @@ func changeAllow(verb string, args []string, stdout, stderr io.Writer) int {
 	}
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		return exitUsage
 	}
 	if *id == "" || fs.NArg() == 0 {

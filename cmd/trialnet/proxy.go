@@ -60,11 +60,8 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	af.register(fs, "the config file")
 	var cf configFlags
 	cf.register(fs, "profiles, resolvers, allowed CIDRs and limits")
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		return fail(stdout, stderr, false, exitUsage, usageError{fmt.Sprintf("proxy: unexpected argument %q", fs.Arg(0))})
 	}
 	allow, cfg, err := proxyConfig(&af, &cf)
 	if err != nil {

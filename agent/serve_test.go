@@ -1,0 +1,53 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+)
+
+// A metrics port in use fails the agent's start before it loads, adopts
+// or serves anything: the error names the address, and neither the
+// control socket nor a pin, nor a Trial record, is left behind.
+func TestPrivilegedMetricsPortInUseFailsStart(t *testing.T) {
+	privtest.Require(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	host := isolatedHost(t)
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = Serve(ctx, ServeConfig{
+		AgentConfig: AgentConfig{Host: host, DataDir: t.TempDir(), Resolvers: []string{"127.0.0.1:9"}},
+		Socket:      sock,
+		MetricsAddr: busy.Addr().String(),
+	})
+	if err == nil {
+		t.Fatal("Serve started with its metrics port in use")
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), busy.Addr().String()) || !strings.Contains(err.Error(), "--metrics-addr") {
+		t.Errorf("Serve with its metrics port in use: %v; want EADDRINUSE naming the address and --metrics-addr", err)
+	}
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("control socket left behind: %v", err)
+	}
+	if _, err := os.Stat(host.PinDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the eBPF layer was loaded before the metrics port was bound: %s: %v", host.PinDir, err)
+	}
+	if recs, _ := os.ReadDir(host.StateDir); len(recs) > 0 {
+		t.Errorf("state left in %s: %v", host.StateDir, recs)
+	}
+}
