@@ -3,11 +3,15 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +20,8 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/proxy"
+	"golang.org/x/sys/unix"
 )
 
 // agentUnderTest is a `trialnet agent` process on an isolated host of its
@@ -127,4 +133,143 @@ func TestPrivilegedHealthOfARunningAgent(t *testing.T) {
 			t.Errorf("health %v after SIGKILL: exit %d, %q %q", args, code, out, errOut)
 		}
 	}
+}
+
+// unitCapabilities is the bounding set deploy/trialnet.service gives the
+// agent.
+func unitCapabilities(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "trialnet.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^CapabilityBoundingSet=(.*)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("trialnet.service has no CapabilityBoundingSet=")
+	}
+	return strings.Fields(string(m[1]))
+}
+
+// capBits numbers the capabilities the unit may name; a test that meets
+// another fails, asking for it here.
+var capBits = map[string]uint{
+	"CAP_SYS_ADMIN":       unix.CAP_SYS_ADMIN,
+	"CAP_NET_ADMIN":       unix.CAP_NET_ADMIN,
+	"CAP_BPF":             unix.CAP_BPF,
+	"CAP_PERFMON":         unix.CAP_PERFMON,
+	"CAP_DAC_READ_SEARCH": unix.CAP_DAC_READ_SEARCH,
+}
+
+// effectiveCaps is the CapEff mask of process pid.
+func effectiveCaps(t *testing.T, pid int) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^CapEff:\s*([0-9a-f]+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no CapEff in /proc/%d/status", pid)
+	}
+	v, err := strconv.ParseUint(string(m[1]), 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// The agent does all its work with no capability but those of the systemd
+// unit's bounding set (the Kubernetes manifest lists the same): it makes,
+// serves, counts, changes and destroys Trials, commands run in them, a
+// Trial with a process in it is torn down, the config is reloaded, and a
+// restarted agent re-adopts what the last one left.
+func TestPrivilegedAgentWorksWithTheUnitsCapabilities(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "setpriv")
+	privtest.RequireTool(t, "curl")
+	caps := unitCapabilities(t)
+	bounding, want := "-all", uint64(0)
+	for _, c := range caps {
+		bit, ok := capBits[c]
+		if !ok {
+			t.Fatalf("trialnet.service names %s: add it to capBits", c)
+		}
+		want |= 1 << bit
+		bounding += ",+" + strings.ToLower(strings.TrimPrefix(c, "CAP_"))
+	}
+	// As root, what execs gets the bounding set and nothing inherited.
+	wrapper := []string{"setpriv", "--bounding-set=" + bounding, "--inh-caps=-all", "--ambient-caps=-all", "--"}
+	a := newAgentUnderTest(t, "caps")
+	a.start(t, wrapper...)
+	if got := effectiveCaps(t, a.cmd.Process.Pid); got != want {
+		t.Fatalf("the agent runs with capabilities %#x, want the unit's %v (%#x): the test would show nothing", got, caps, want)
+	}
+	sock := []string{"--socket", a.sock}
+	run := func(args ...string) string {
+		t.Helper()
+		code, out, errOut := trialnet(append(args[:1:1], append(sock, args[1:]...)...)...)
+		if code != exitOK {
+			b, _ := os.ReadFile(a.log)
+			t.Fatalf("trialnet %v: exit %d, %q %q\nagent log:\n%s", args, code, out, errOut, b)
+		}
+		return out
+	}
+	// An allowed unix socket: its identity is recorded at create.
+	unixSock := filepath.Join(t.TempDir(), "allowed.sock")
+	ul, err := net.Listen("unix", unixSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ul.Close() })
+
+	run("create", "--id", "caps-1", "--allow", "allowed.example.test:443", "--unix-allow", unixSock)
+	run("exec", "--trial", "caps-1", "--uid", "65534", "--", "sh", "-c", "curl -sS --max-time 5 https://refused.example.test/ 2>/dev/null; exit 0")
+	var recs []proxy.Event
+	if out := run("audit", "--trial", "caps-1", "-j"); json.Unmarshal([]byte(out), &recs) != nil || len(recs) != 1 || recs[0].Reason != proxy.ReasonPolicyDenied {
+		t.Fatalf("audit after a refused CONNECT: %s", out)
+	}
+	if out := run("stats", "--trial", "caps-1"); !strings.Contains(out, "0 direct egress packets") {
+		t.Fatalf("stats: %s", out)
+	}
+	run("allow", "--trial", "caps-1", "more.example.test:443")
+	run("deny", "--trial", "caps-1", "--cut", "more.example.test:443")
+	run("reload")
+
+	// A Trial torn down with a process in it.
+	var info agent.TrialInfo
+	if err := json.Unmarshal([]byte(run("create", "--id", "caps-2", "-j")), &info); err != nil {
+		t.Fatal(err)
+	}
+	sleeper := trialnetProcess(t, "exec", "--socket", a.sock, "--trial", "caps-2", "--uid", "65534", "--", "sleep", "300")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if procs, _ := os.ReadFile(filepath.Join(info.Cgroup, "cgroup.procs")); len(bytes.Fields(procs)) >= 2 {
+			break // the Trial's init and the sleep
+		}
+		if time.Now().After(end) {
+			t.Fatal("the command did not start in the Trial")
+		}
+	}
+	run("destroy", "caps-2")
+	done := make(chan error, 1)
+	go func() { done <- sleeper.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the Trial's command outlived its Trial")
+	}
+	if _, err := os.Stat(info.Cgroup); !os.IsNotExist(err) {
+		t.Errorf("the destroyed Trial's cgroup is still there: %v", err)
+	}
+
+	a.stop(t, syscall.SIGTERM)
+	a.start(t, wrapper...)
+	if out := run("list"); !strings.Contains(out, "caps-1") {
+		t.Fatalf("the restarted agent did not re-adopt caps-1: %s", out)
+	}
+	run("exec", "--trial", "caps-1", "--uid", "65534", "--", "true")
+	run("destroy", "caps-1")
+	a.stop(t, syscall.SIGTERM)
 }
