@@ -258,15 +258,9 @@ func (c *Client) Get(id string) (TrialInfo, error) {
 // agent runs there at all, and an answer of 300 or more is the agent's
 // *Error.
 func (c *Client) send(req *http.Request) (*http.Response, error) {
-	resp, err := c.hc.Do(req)
+	resp, err := c.roundTrip(req)
 	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("%w on %s (start one with 'sudo trialnet agent', or 'systemctl start trialnet')", ErrNoAgent, c.Socket)
-		}
-		if errors.Is(err, syscall.EACCES) {
-			return nil, fmt.Errorf("cannot reach the trialnet agent on %s: permission denied (the control socket is root only; try sudo)", c.Socket)
-		}
-		return nil, fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
+		return nil, err
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
@@ -279,6 +273,53 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 		return nil, &Error{Code: CodeInternal, Message: "agent answered " + resp.Status}
 	}
 	return resp, nil
+}
+
+// roundTrip makes a request to the agent; its error says what stands in
+// the way when no answer comes: no socket, a socket left by an agent that
+// is gone, no permission, or an agent that does not answer in time.
+func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.hc.Do(req)
+	switch {
+	case err == nil:
+		return resp, nil
+	case errors.Is(err, syscall.ENOENT):
+		return nil, fmt.Errorf("%w on %s: there is no socket (start one with 'sudo trialnet agent', or 'systemctl start trialnet')", ErrNoAgent, c.Socket)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		// What a killed agent leaves: its socket file, with no listener.
+		return nil, fmt.Errorf("%w on %s: the socket is left over from an agent that is gone (killed or crashed) and nothing listens on it (start one with 'sudo trialnet agent', or 'systemctl start trialnet'; it replaces the socket)", ErrNoAgent, c.Socket)
+	case errors.Is(err, syscall.EACCES):
+		return nil, fmt.Errorf("cannot reach the trialnet agent on %s: permission denied (the control socket is root only; try sudo)", c.Socket)
+	case errors.Is(err, context.DeadlineExceeded):
+		// The socket is taken before the eBPF layer is loaded and Trials
+		// are re-adopted, and connections wait in its backlog meanwhile.
+		return nil, fmt.Errorf("the trialnet agent on %s did not answer in time: it is still starting (loading eBPF, re-adopting Trials) or it is stuck; its log says which (journalctl -u trialnet, or kubectl logs)", c.Socket)
+	}
+	return nil, fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
+}
+
+// Health asks the agent whether it is healthy (GET /healthz). An agent
+// that answers, healthy or not, gives its Health and no error. ctx bounds
+// the wait: a starting or stuck agent accepts connections it does not
+// answer.
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	var h Health
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://trialnet/healthz", nil)
+	if err != nil {
+		return h, err
+	}
+	resp, err := c.roundTrip(req)
+	if err != nil {
+		return h, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusServiceUnavailable {
+		return h, fmt.Errorf("trialnet agent on %s answered /healthz with %s", c.Socket, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return h, fmt.Errorf("trialnet agent on %s: its /healthz answer: %w", c.Socket, err)
+	}
+	return h, nil
 }
 
 // Stats reads one Trial's counters.

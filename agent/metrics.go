@@ -169,12 +169,15 @@ type Health struct {
 	EBPF   string `json:"ebpf"`
 	Agent  string `json:"agent"` // "serving", or why not
 	Trials int    `json:"trials_live"`
+	// Layers are the defences this host gives a Trial; the optional ones
+	// (Landlock, BPF LSM) being off does not make the agent unhealthy.
+	Layers Layers `json:"layers"`
 }
 
 // Health checks that the eBPF layer is attached (so it outlives this
 // process) and that the agent serves.
 func (a *Agent) Health() Health {
-	h := Health{OK: true, EBPF: "attached", Agent: "serving", Trials: len(a.List())}
+	h := Health{OK: true, EBPF: "attached", Agent: "serving", Trials: len(a.List()), Layers: a.host.Layers()}
 	if err := a.host.BPF.CheckPins(); err != nil {
 		h.OK, h.EBPF = false, err.Error()
 	}

@@ -432,3 +432,59 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 	_ = tw.Flush()
 	return exitOK
 }
+
+// healthTimeout bounds how long health waits for an answer: an agent takes
+// its socket before it has loaded the eBPF layer and re-adopted its Trials,
+// and a connection waits unanswered in the socket's backlog meanwhile.
+const healthTimeout = 5 * time.Second
+
+func cmdHealth(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("health", "health [--live] [--timeout D] [-j]",
+		"sudo trialnet health -j", stderr)
+	live := fs.Bool("live", false, "exit 0 whenever the agent answers, ready or not: for a liveness probe, as restarting an agent whose pins are gone would detach the programs it still holds until the next one attaches")
+	timeout := fs.Duration("timeout", healthTimeout, "give up when the agent has not answered within this long")
+	socket := socketFlag(fs)
+	asJSON := jsonFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() > 0 || *timeout <= 0 {
+		fs.Usage()
+		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"health: takes no arguments, and --timeout must be positive"})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	c := agent.NewClient(*socket)
+	h, err := c.Health(ctx)
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, exitFailure, err)
+	}
+	if *asJSON {
+		_ = json.NewEncoder(stdout).Encode(h)
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "agent\t%s\nebpf\t%s\ntrials_live\t%d\n", h.Agent, h.EBPF, h.Trials)
+		_ = tw.Flush()
+		fmt.Fprintln(stdout, h.Layers)
+		fmt.Fprintln(stdout, healthVerdict(c.Socket, h))
+	}
+	if h.OK || *live {
+		return exitOK
+	}
+	return exitFailure
+}
+
+// healthVerdict is health's last line: ready, or why not and what to do.
+func healthVerdict(socket string, h agent.Health) string {
+	if h.OK {
+		return "the trialnet agent on " + socket + " is ready: its eBPF programs are attached and pinned, and it serves"
+	}
+	var why []string
+	if h.EBPF != "attached" {
+		why = append(why, "its eBPF links are not all pinned ("+h.EBPF+"), so enforcement would not outlive it: check that bpffs is mounted at the pin directory, then restart the agent (the programs whose pins are gone detach when it exits; the next agent attaches and pins them again and re-adopts the Trials)")
+	}
+	if h.Agent != "serving" {
+		why = append(why, "it is "+h.Agent)
+	}
+	return "the trialnet agent on " + socket + " is not ready: " + strings.Join(why, "; ")
+}

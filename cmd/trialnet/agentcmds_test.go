@@ -219,3 +219,85 @@ func TestAuditPrintsTypedRecords(t *testing.T) {
 		t.Fatalf("audit: exit %d, %q %q", code, out, errOut)
 	}
 }
+
+// fakeAgent serves h on a unix socket of its own and returns the socket.
+func fakeAgent(t *testing.T, h http.HandlerFunc) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return sock
+}
+
+func healthAnswer(status int, h agent.Health) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" {
+			http.NotFound(w, r)
+			return
+		}
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(h)
+	}
+}
+
+// health exits 0 only for a ready agent; an agent that answers unready
+// exits 125 saying why (0 with --live); with no answer it says what stands
+// in the way: no socket, a socket a killed agent left, an agent that
+// accepts but does not answer.
+func TestHealth(t *testing.T) {
+	ready := fakeAgent(t, healthAnswer(http.StatusOK, agent.Health{OK: true, EBPF: "attached", Agent: "serving", Trials: 2}))
+	unready := fakeAgent(t, healthAnswer(http.StatusServiceUnavailable,
+		agent.Health{EBPF: "link trialnet_bind4: load pinned link: no such file or directory", Agent: "serving"}))
+	notFound := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
+
+	// What a SIGKILLed agent leaves: the socket file, nobody listening.
+	stale := filepath.Join(t.TempDir(), "stale.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	_ = ln.Close()
+
+	// An agent between taking its socket and serving it: connections
+	// wait in the backlog, unanswered.
+	hung := filepath.Join(t.TempDir(), "hung.sock")
+	hl, err := net.Listen("unix", hung)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hl.Close() })
+
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--socket", ready}, exitOK, "is ready"},
+		{[]string{"--socket", ready, "-j"}, exitOK, `"ok":true`},
+		{[]string{"--socket", unready}, exitFailure, "is not ready: its eBPF links are not all pinned (link trialnet_bind4"},
+		{[]string{"--socket", unready, "-j"}, exitFailure, `"ok":false`},
+		{[]string{"--socket", unready, "--live"}, exitOK, "is not ready"},
+		{[]string{"--socket", notFound}, exitFailure, "answered /healthz with 404"},
+		{[]string{"--socket", filepath.Join(t.TempDir(), "none.sock")}, exitFailure, "no trialnet agent is running on"},
+		{[]string{"--socket", filepath.Join(t.TempDir(), "none.sock"), "-j"}, exitFailure, `{"error":"no trialnet agent is running on`},
+		{[]string{"--socket", stale, "--live"}, exitFailure, "left over from an agent that is gone"},
+		{[]string{"--socket", hung, "--live", "--timeout", "300ms"}, exitFailure, "did not answer in time"},
+		{[]string{"--socket", ready, "extra"}, exitUsage, "takes no arguments"},
+		{[]string{"--socket", ready, "--timeout", "0s"}, exitUsage, "--timeout must be positive"},
+	} {
+		start := time.Now()
+		code, out, errOut := trialnet(append([]string{"health"}, tc.args...)...)
+		if code != tc.code || !strings.Contains(out+errOut, tc.want) {
+			t.Errorf("health %v: exit %d, %q %q; want exit %d and %q", tc.args, code, out, errOut, tc.code, tc.want)
+		}
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("health %v took %v", tc.args, took)
+		}
+	}
+}

@@ -56,6 +56,7 @@ var commands = []struct {
 	{"allow", "add entries to a live Trial's allowlist", cmdAllow},
 	{"deny", "remove entries from a live Trial's allowlist (--cut ends their open tunnels)", cmdDeny},
 	{"reload", "make the agent re-read its config file (all or nothing; SIGHUP does the same)", cmdReload},
+	{"health", "ask the running agent whether it is ready: enforcing (eBPF attached and pinned) and serving", cmdHealth},
 	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall},

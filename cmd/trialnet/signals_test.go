@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,11 +27,19 @@ import (
 // trialnetProcess is this test binary started as the trialnet command.
 func trialnetProcess(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
+	return wrappedTrialnet(t, nil, args...)
+}
+
+// wrappedTrialnet is trialnetProcess started through wrapper, a command
+// that execs the rest of its arguments (setpriv ... --).
+func wrappedTrialnet(t *testing.T, wrapper []string, args ...string) *exec.Cmd {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(self, args...)
+	argv := append(append(slices.Clone(wrapper), self), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "TRIALNET_CLI_MAIN=1")
 	// Ended gently if a test fails midway: a SIGKILLed run cannot tear
 	// down its Trial.
