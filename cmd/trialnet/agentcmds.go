@@ -445,12 +445,12 @@ func cmdHealth(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", healthTimeout, "give up when the agent has not answered within this long")
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
-	if fs.NArg() > 0 || *timeout <= 0 {
+	if *timeout <= 0 {
 		fs.Usage()
-		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"health: takes no arguments, and --timeout must be positive"})
+		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"health: --timeout must be positive"})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()

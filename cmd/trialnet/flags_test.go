@@ -70,6 +70,7 @@ func TestFlagsOnlyCommandsRefuseArguments(t *testing.T) {
 		{"audit", "--socket", none, "--trial", "x", "extra"},
 		{"reload", "--socket", none, "extra", "--reprofile"},
 		{"doctor", "extra"},
+		{"health", "--socket", none, "extra", "--live"},
 		{"uninstall", "--config", missing, "extra", "--force"},
 		{"agent", "--config", missing, "--socket", none, "extra"},
 		{"proxy", "--config", missing, "--allow", "a.example.test:443", "extra"},
