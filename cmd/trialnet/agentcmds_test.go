@@ -288,7 +288,7 @@ func TestHealth(t *testing.T) {
 		{[]string{"--socket", filepath.Join(t.TempDir(), "none.sock"), "-j"}, exitFailure, `{"error":"no trialnet agent is running on`},
 		{[]string{"--socket", stale, "--live"}, exitFailure, "left over from an agent that is gone"},
 		{[]string{"--socket", hung, "--live", "--timeout", "300ms"}, exitFailure, "did not answer in time"},
-		{[]string{"--socket", ready, "extra"}, exitUsage, "takes no arguments"},
+		{[]string{"--socket", ready, "extra"}, exitUsage, "it takes flags only"},
 		{[]string{"--socket", ready, "--timeout", "0s"}, exitUsage, "--timeout must be positive"},
 	} {
 		start := time.Now()
