@@ -88,7 +88,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 
 FUZZTIME ?= 10s
 fuzz: ## run each fuzz target for FUZZTIME (default 10s) from its committed seed corpus (minimizing large inputs stalls the fuzzer: bounded to 1s)
-	for f in FuzzParseRequest FuzzClientHello FuzzGuard FuzzHTTPHead FuzzEventJSON; do \
+	for f in FuzzParseRequest FuzzClientHello FuzzServerHello FuzzRetryClientHello FuzzGuard FuzzHTTPHead FuzzEventJSON; do \
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./proxy || exit 1; done
 
 demo: deps build ## show a Trial reaching its allowed host through the proxy and every other way out refused, with its counters

@@ -85,3 +85,66 @@ func BenchmarkConnectParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkConnectTLSFirstByte is BenchmarkConnectFirstByte for a TLS
+// tunnel: a captured ClientHello goes up, a ServerHello record comes
+// back, then one byte each way. It measures what the proxy adds to a TLS
+// handshake (the ClientHello check, the wait for the server's answer),
+// not the cryptography, which the client and server do.
+func BenchmarkConnectTLSFirstByte(b *testing.B) {
+	hello := clientHello(b, "api.example.com")
+	sh := serverHelloRecord(false)
+	tp := newTestProxy(b, proxyOpts{allow: []string{"api.example.com:443"},
+		limits: &Limits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20, MaxClientConns: 1 << 20, MaxPendingHeads: 1 << 20},
+		upstream: func(c *net.TCPConn) {
+			if _, err := io.ReadFull(c, make([]byte, len(hello))); err != nil {
+				return
+			}
+			_, _ = c.Write(sh)
+			echo(c)
+		}})
+	go func() {
+		for range tp.events {
+		}
+	}()
+	tp.dns.set("api.example.com", 3600, "93.184.216.34")
+	head := []byte(connectHead("api.example.com:443"))
+	b.ResetTimer()
+	for range b.N {
+		c, err := net.Dial("tcp", tp.addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = c.Write(head)
+		buf := make([]byte, 39+len(sh))
+		if _, err := io.ReadFull(c, buf[:39]); err != nil || string(buf[9:12]) != "200" {
+			b.Fatalf("%q %v", buf, err)
+		}
+		_, _ = c.Write(hello)
+		if _, err := io.ReadFull(c, buf[:len(sh)]); err != nil {
+			b.Fatal(err)
+		}
+		_, _ = c.Write([]byte{'x'})
+		if _, err := io.ReadFull(c, buf[:1]); err != nil {
+			b.Fatal(err)
+		}
+		_ = c.Close()
+	}
+}
+
+// serverHelloRecord is a TLS 1.3 ServerHello in one record; with hrr,
+// a HelloRetryRequest (its random is the fixed one) asking for P-256.
+func serverHelloRecord(hrr bool) []byte {
+	random := make([]byte, 32)
+	random[0] = 1
+	exts := []byte{0x00, 0x2b, 0x00, 0x02, 0x03, 0x04} // supported_versions: TLS 1.3
+	if hrr {
+		copy(random, helloRetryRandom[:])
+		exts = append(exts, 0x00, 0x33, 0x00, 0x02, 0x00, 0x17) // key_share: secp256r1
+	}
+	body := append([]byte{0x03, 0x03}, random...)
+	body = append(body, 0x00, 0x13, 0x01, 0x00, byte(len(exts)>>8), byte(len(exts)))
+	body = append(body, exts...)
+	msg := append([]byte{handshakeServerHello, 0, byte(len(body) >> 8), byte(len(body))}, body...)
+	return append([]byte{recordTypeHandshake, 0x03, 0x03, byte(len(msg) >> 8), byte(len(msg))}, msg...)
+}

@@ -56,7 +56,7 @@ func FuzzClientHello(f *testing.F) {
 		if len(data) > 0 && data[0] >= 0x14 && data[0] <= 0x17 && kind != streamTLS {
 			t.Fatalf("first byte %#x is a TLS record type but the stream is not TLS", data[0])
 		}
-		msg, err := handshakeMessage(data)
+		msg, _, err := clientHelloRecords(data, false)
 		if ReasonOf(err) == ReasonTLSRecordBeforeHello && kind != streamTLS {
 			t.Fatalf("a record before the hello in a stream that is not TLS: %v", err)
 		}
@@ -77,6 +77,50 @@ func FuzzClientHello(f *testing.F) {
 				strings.ToLower(strings.TrimSuffix(info.ServerName, ".")) != "api.example.com" {
 				t.Fatalf("SNI %q passed as api.example.com", info.ServerName)
 			}
+		}
+	})
+}
+
+func FuzzServerHello(f *testing.F) {
+	f.Add(serverHelloRecord(false))
+	f.Add(append(reRecord(serverHelloRecord(true), 7), 0x14, 0x03, 0x03, 0x00, 0x01, 0x01))
+	f.Add(append([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x70}, serverHelloRecord(false)...))
+	f.Add([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		n, retry, err := serverHelloRecords(data)
+		if err != nil {
+			return
+		}
+		if n < recordHeaderLen || n > len(data) {
+			t.Fatalf("%d bytes consumed of %d", n, len(data))
+		}
+		// The verdict rests on the records up to n alone: what follows
+		// (the client's next flight has not even been sent) cannot change it.
+		if m, r, err := serverHelloRecords(data[:n]); err != nil || m != n || r != retry {
+			t.Fatalf("on its own records: %d %v %v, want %d %v", m, r, err, n, retry)
+		}
+	})
+}
+
+// FuzzRetryClientHello: before the second ClientHello only dummy
+// change_cipher_spec records are passed over.
+func FuzzRetryClientHello(f *testing.F) {
+	f.Add(append([]byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x01}, clientHello(f, "api.example.com")...))
+	f.Add(append([]byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x02}, clientHello(f, "api.example.com")...))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, n, err := clientHelloRecords(data, true)
+		if err != nil {
+			return
+		}
+		b := data[:n]
+		for b[0] != recordTypeHandshake {
+			if len(b) < 6 || !isDummyCCS(b[0], b[5:6]) || b[3] != 0 || b[4] != 1 {
+				t.Fatalf("record %x passed over before a ClientHello", b[:min(6, len(b))])
+			}
+			b = b[6:]
+		}
+		if _, _, err := clientHelloRecords(b, false); err != nil {
+			t.Fatalf("without the change_cipher_spec records the ClientHello fails: %v", err)
 		}
 	})
 }

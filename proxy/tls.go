@@ -17,13 +17,23 @@ const (
 	recordTypeAppData    = 0x17
 	recordTypeLast       = 0x19 // tls12_cid (RFC 9146); 0x18 is heartbeat (RFC 6520)
 	recordHeaderLen      = 5
+	alertWarning         = 1
 	maxRecordPayload     = 1<<14 + 256 // TLSPlaintext limit plus slack some stacks use
 	handshakeClientHello = 1
+	handshakeServerHello = 2
 	maxClientHello       = 64 << 10 // far above real ClientHellos, even with post-quantum key shares
 	extServerName        = 0
 	extECH               = 0xfe0d
 	sniHostName          = 0
 )
+
+// helloRetryRandom is the random of a HelloRetryRequest, a ServerHello
+// that asks for a second ClientHello: SHA-256("HelloRetryRequest")
+// (RFC 8446, 4.1.3).
+var helloRetryRandom = [32]byte{
+	0xcf, 0x21, 0xad, 0x74, 0xe5, 0x9a, 0x61, 0x11, 0xbe, 0x1d, 0x8c, 0x02, 0x1e, 0x65, 0xb8, 0x91,
+	0xc2, 0xa2, 0x11, 0x16, 0x7a, 0xbb, 0x8c, 0x5e, 0x07, 0x9e, 0x09, 0xe2, 0xc8, 0xa8, 0x33, 0x9c,
+}
 
 // ClientHelloInfo is what the proxy needs from a ClientHello.
 type ClientHelloInfo struct {
@@ -92,82 +102,193 @@ func recordTypeName(t byte) string {
 
 // readClientHello reads from r, after the bytes already in buf, until buf
 // holds a whole ClientHello (possibly spread over several records and TCP
-// segments). It returns every byte read, for forwarding, and the parsed
-// hello.
-func readClientHello(r io.Reader, buf []byte) ([]byte, ClientHelloInfo, error) {
+// segments). It returns every byte read, of which the first n are the
+// records up to the end of the ClientHello, and the parsed hello. retry
+// is for the second ClientHello, after a HelloRetryRequest: the client
+// may send a dummy change_cipher_spec before it (RFC 8446, D.4).
+func readClientHello(r io.Reader, buf []byte, retry bool) ([]byte, int, ClientHelloInfo, error) {
 	for {
-		msg, err := handshakeMessage(buf)
+		msg, n, err := clientHelloRecords(buf, retry)
 		if err == nil {
 			info, err := ParseClientHello(msg)
-			return buf, info, err
+			return buf, n, info, err
 		}
 		if !errors.Is(err, errNeedMore) {
-			return buf, ClientHelloInfo{}, err
+			return buf, 0, ClientHelloInfo{}, err
 		}
 		if len(buf) > 2*maxClientHello { // tiny records may double the size, no more
-			return buf, ClientHelloInfo{}, errors.New("ClientHello too large")
+			return buf, 0, ClientHelloInfo{}, errors.New("ClientHello too large")
 		}
 		buf = slices.Grow(buf, 2048)
 		n, rerr := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if n == 0 && rerr != nil {
-			return buf, ClientHelloInfo{}, fmt.Errorf("connection ended inside the ClientHello: %w", rerr)
+			return buf, 0, ClientHelloInfo{}, fmt.Errorf("connection ended inside the ClientHello: %w", rerr)
 		}
 	}
 }
 
-// handshakeMessage reassembles the first handshake message from the
-// handshake records at the start of b. Until the ClientHello is complete
-// only non-empty handshake records carrying its fragments are accepted:
-// any other record (alert, change_cipher_spec, application data, ...) or
-// an empty handshake record is a *Denial with ReasonTLSRecordBeforeHello,
-// decided as soon as its header arrives. Other errors are malformations.
-func handshakeMessage(b []byte) ([]byte, error) {
-	var msg []byte
+// clientHelloRecords reassembles the ClientHello from the handshake
+// records at the start of b and returns it and the length of its
+// records. Until the ClientHello is complete only non-empty handshake
+// records carrying its fragments are accepted (and, with retry, dummy
+// change_cipher_spec records before its first fragment): any other
+// record (alert, change_cipher_spec, application data, ...) or an empty
+// handshake record is a *Denial with ReasonTLSRecordBeforeHello, decided
+// as soon as its header arrives. Other errors are malformations.
+func clientHelloRecords(b []byte, retry bool) ([]byte, int, error) {
+	var skip func(typ byte, payload []byte) bool // nil: a record that is not handshake is refused at its first byte
+	if retry {
+		skip = isDummyCCS
+	}
+	msg, n, extra, err := handshakeMessage(b, handshakeClientHello, skip)
+	if err == nil && extra > 0 {
+		return nil, 0, errors.New("bytes after the ClientHello in its record")
+	}
+	var other *otherRecord
+	if errors.As(err, &other) {
+		if other.typ == recordTypeHandshake {
+			return nil, 0, deny(ReasonTLSRecordBeforeHello, "an empty TLS handshake record came before the ClientHello was complete")
+		}
+		return nil, 0, deny(ReasonTLSRecordBeforeHello, "a TLS %s record came before the ClientHello was complete", recordTypeName(other.typ))
+	}
+	return msg, n, err
+}
+
+// serverHelloRecords reassembles the server's first handshake message
+// from the records at the start of b, which must be a ServerHello, and
+// reports whether it is a HelloRetryRequest. n is the length of the
+// records up to the end of the ServerHello. Dummy change_cipher_spec
+// records (sent after a HelloRetryRequest, RFC 8446 D.4) and warning
+// alerts (some TLS 1.2 servers warn unrecognized_name first) before it
+// are passed over. A HelloRetryRequest must end its record: the client
+// answers it before the server says more.
+func serverHelloRecords(b []byte) (n int, retry bool, err error) {
+	skip := func(typ byte, payload []byte) bool {
+		return isDummyCCS(typ, payload) || typ == recordTypeAlert && len(payload) == 2 && payload[0] == alertWarning
+	}
+	msg, n, extra, err := handshakeMessage(b, handshakeServerHello, skip)
+	if err != nil {
+		return 0, false, err
+	}
+	if retry, err = ParseServerHello(msg); err == nil && retry && extra > 0 {
+		err = errors.New("bytes after the HelloRetryRequest in its record")
+	}
+	return n, retry, err
+}
+
+// isDummyCCS is the one-byte change_cipher_spec record TLS 1.3 peers
+// send for middlebox compatibility.
+func isDummyCCS(typ byte, payload []byte) bool {
+	return typ == recordTypeCCS && len(payload) == 1 && payload[0] == 1
+}
+
+// otherRecord is a record that may not come where a handshake message
+// is expected: not a handshake record, or an empty one.
+type otherRecord struct{ typ byte }
+
+func (e *otherRecord) Error() string {
+	if e.typ == recordTypeHandshake {
+		return "an empty TLS handshake record came before the handshake message was complete"
+	}
+	return fmt.Sprintf("a TLS %s record came before the handshake message was complete", recordTypeName(e.typ))
+}
+
+// handshakeMessage reassembles the first handshake message, which must
+// be of type want, from the records at the start of b. Records that skip
+// accepts are passed over before its first fragment; any other record
+// that is not a non-empty handshake record is an *otherRecord, decided
+// as soon as its header arrives. n is the length of the records up to
+// the one that completes the message, extra the bytes in that record
+// after it.
+func handshakeMessage(b []byte, want byte, skip func(typ byte, payload []byte) bool) (msg []byte, n, extra int, err error) {
 	for {
-		if len(b) < 1 {
-			return nil, errNeedMore
+		rest := b[n:]
+		if len(rest) < 1 {
+			return nil, 0, 0, errNeedMore
 		}
-		if b[0] < recordTypeCCS || b[0] > recordTypeLast {
-			return nil, fmt.Errorf("record type %d is not TLS", b[0])
+		typ := rest[0]
+		if typ < recordTypeCCS || typ > recordTypeLast {
+			return nil, 0, 0, fmt.Errorf("record type %d is not TLS", typ)
 		}
-		if b[0] != recordTypeHandshake {
-			return nil, deny(ReasonTLSRecordBeforeHello, "a TLS %s record came before the ClientHello was complete", recordTypeName(b[0]))
+		if typ != recordTypeHandshake && (len(msg) > 0 || skip == nil) {
+			return nil, 0, 0, &otherRecord{typ}
 		}
-		if len(b) < recordHeaderLen {
-			return nil, errNeedMore
+		if len(rest) < recordHeaderLen {
+			return nil, 0, 0, errNeedMore
 		}
-		if b[1] != 3 {
-			return nil, fmt.Errorf("record version %d.%d is not TLS", b[1], b[2])
+		if rest[1] != 3 {
+			return nil, 0, 0, fmt.Errorf("record version %d.%d is not TLS", rest[1], rest[2])
 		}
-		n := int(binary.BigEndian.Uint16(b[3:5]))
-		if n == 0 {
-			return nil, deny(ReasonTLSRecordBeforeHello, "an empty TLS handshake record came before the ClientHello was complete")
+		l := int(binary.BigEndian.Uint16(rest[3:5]))
+		if l > maxRecordPayload {
+			return nil, 0, 0, fmt.Errorf("record length %d", l)
 		}
-		if n > maxRecordPayload {
-			return nil, fmt.Errorf("record length %d", n)
+		if typ != recordTypeHandshake || l == 0 {
+			if len(msg) > 0 || typ == recordTypeHandshake {
+				return nil, 0, 0, &otherRecord{typ}
+			}
+			if len(rest) < recordHeaderLen+l {
+				return nil, 0, 0, errNeedMore
+			}
+			if !skip(typ, rest[recordHeaderLen:recordHeaderLen+l]) {
+				return nil, 0, 0, &otherRecord{typ}
+			}
+			n += recordHeaderLen + l
+			continue
 		}
-		if len(b) < recordHeaderLen+n {
-			return nil, errNeedMore
+		if len(rest) < recordHeaderLen+l {
+			return nil, 0, 0, errNeedMore
 		}
-		msg = append(msg, b[recordHeaderLen:recordHeaderLen+n]...)
-		b = b[recordHeaderLen+n:]
-		if msg[0] != handshakeClientHello {
-			return nil, fmt.Errorf("first handshake message is type %d, not ClientHello", msg[0])
+		msg = append(msg, rest[recordHeaderLen:recordHeaderLen+l]...)
+		n += recordHeaderLen + l
+		if msg[0] != want {
+			return nil, 0, 0, fmt.Errorf("handshake message is type %d, not %d", msg[0], want)
 		}
 		if len(msg) >= 4 {
-			l := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3])
-			if l > maxClientHello {
-				return nil, fmt.Errorf("ClientHello of %d bytes", l)
+			ml := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3])
+			if ml > maxClientHello {
+				return nil, 0, 0, fmt.Errorf("handshake message of %d bytes", ml)
 			}
-			if len(msg) >= 4+l {
-				if len(msg) > 4+l {
-					return nil, errors.New("bytes after the ClientHello in its record")
-				}
-				return msg, nil
+			if len(msg) >= 4+ml {
+				return msg[:4+ml], n, len(msg) - 4 - ml, nil
 			}
 		}
 	}
+}
+
+// ParseServerHello parses a ServerHello handshake message strictly and
+// reports whether it is a HelloRetryRequest.
+func ParseServerHello(msg []byte) (retry bool, err error) {
+	if len(msg) < 4 || msg[0] != handshakeServerHello {
+		return false, errors.New("not a ServerHello")
+	}
+	s := cursor(msg[4:])
+	if int(msg[1])<<16|int(msg[2])<<8|int(msg[3]) != len(s) {
+		return false, errors.New("ServerHello length mismatch")
+	}
+	if len(s) < 2+32 {
+		return false, errors.New("malformed ServerHello")
+	}
+	retry = [32]byte(s[2:34]) == helloRetryRandom
+	var exts cursor
+	if !s.skip(2+32) || !s.vec8(nil, 32) || !s.skip(2+1) {
+		return false, errors.New("malformed ServerHello")
+	}
+	if len(s) == 0 {
+		return retry, nil // TLS 1.2 without extensions
+	}
+	if !s.vec16(&exts) || len(s) != 0 {
+		return false, errors.New("malformed ServerHello extensions")
+	}
+	for len(exts) > 0 {
+		var typ uint16
+		var data cursor
+		if !exts.u16(&typ) || !exts.vec16(&data) {
+			return false, errors.New("malformed ServerHello extension")
+		}
+	}
+	return retry, nil
 }
 
 // ParseClientHello parses a ClientHello handshake message (type and

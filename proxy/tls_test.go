@@ -116,7 +116,7 @@ func TestTLSNameCheck(t *testing.T) {
 }
 
 // clientHello captures the ClientHello crypto/tls sends for sni.
-func clientHello(t *testing.T, sni string) []byte {
+func clientHello(t testing.TB, sni string) []byte {
 	t.Helper()
 	a, b := net.Pipe()
 	go func() {

@@ -5,8 +5,10 @@ package proxy
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -43,6 +45,7 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, re
 		_ = client.Close()
 		_ = up.Close()
 	}
+	w := new(helloWatch)
 	var left atomic.Int32
 	left.Store(2)
 	end := func() { // the second pump to end closes and finishes
@@ -58,7 +61,7 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, re
 	}
 	go func() {
 		defer end()
-		n, err := pumpDown(client, up, ev)
+		n, err := pumpDown(client, up, ev, w)
 		ev.BytesDown = n
 		if err == nil {
 			err = closeWrite(client)
@@ -69,37 +72,153 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, re
 	}()
 	go func() {
 		defer end()
-		if err := p.pumpUp(client, up, br, ot.entry, req, ev); err != nil {
+		if err := p.pumpUp(client, up, br, ot.entry, req, ev, w); err != nil {
 			abort("client to upstream", err)
 		}
 	}()
 }
 
+// helloWatch holds a TLS tunnel's client bytes after each ClientHello
+// until the upstream's answer to it is known. In TLS 1.3 a server may
+// answer with a HelloRetryRequest, and the client then sends a second
+// ClientHello in the clear, which a front that routes by name may read:
+// it is checked like the first. Only once the server has sent a
+// ServerHello that is not a HelloRetryRequest does the tunnel relay
+// unchecked.
+type helloWatch struct {
+	state atomic.Int32 // which side spoke first (watch* below)
+	// answers carries, per ClientHello sent upstream, whether the
+	// server answered it with a HelloRetryRequest. It is closed when the
+	// upstream side stops watching (no ServerHello came, or the answer
+	// was refused); its two slots mean the upstream side never blocks.
+	answers chan bool
+}
+
+const (
+	watchUndecided   int32 = iota
+	watchTLS               // a ClientHello went upstream first: its answer is read
+	watchServerSpoke       // the upstream sent bytes before any ClientHello
+	watchServerEnded       // the upstream ended before any ClientHello
+)
+
+// clientHelloFirst is called before a checked ClientHello goes upstream.
+// It reports whether the server's answer will be watched; a server that
+// spoke first cannot be a TLS server answering a ClientHello, and its
+// answer to one could not be told apart from what it sent before.
+func (w *helloWatch) clientHelloFirst() (bool, error) {
+	w.answers = make(chan bool, 2) // published by the swap below
+	if w.state.CompareAndSwap(watchUndecided, watchTLS) {
+		return true, nil
+	}
+	if w.state.Load() == watchServerEnded {
+		return false, nil
+	}
+	return false, errors.New("the upstream spoke before the ClientHello, so a HelloRetryRequest could not be told from what it sent")
+}
+
+// upstreamFirst is called when the upstream has a byte to read (spoke)
+// or has ended. It reports whether a ClientHello went upstream first,
+// whose answer must then be watched.
+func (w *helloWatch) upstreamFirst(spoke bool) bool {
+	st := watchServerEnded
+	if spoke {
+		st = watchServerSpoke
+	}
+	return !w.state.CompareAndSwap(watchUndecided, st)
+}
+
 // pumpDown copies upstream to client, timing the upstream's first byte.
 // On a socket it waits for that byte without taking it (MSG_PEEK), so
 // the whole stream is spliced and reaches the client in the segments it
-// came in; otherwise the byte is read and written on its own.
-func pumpDown(client, up net.Conn, ev *Event) (int64, error) {
-	if ready, ok := waitReadable(up); ok {
-		if ready {
-			ev.FirstByte = time.Since(ev.Time)
+// came in; otherwise the byte is read and written on its own. In a TLS
+// tunnel the server's ServerHello (and, after a HelloRetryRequest, the
+// next one) is read and judged first.
+func pumpDown(client, up net.Conn, ev *Event, w *helloWatch) (int64, error) {
+	ready, isSocket := waitReadable(up)
+	var pre []byte
+	if !isSocket {
+		var b [1]byte
+		n, err := up.Read(b[:])
+		if n == 0 && err != nil && !errors.Is(err, io.EOF) {
+			if w.upstreamFirst(false) {
+				close(w.answers)
+			}
+			return 0, err
 		}
-		return relay(client, up)
+		ready, pre = n > 0, b[:n]
 	}
-	var b [1]byte
-	n, err := up.Read(b[:])
-	if n == 0 {
-		if errors.Is(err, io.EOF) {
-			return 0, nil
+	if ready {
+		ev.FirstByte = time.Since(ev.Time)
+	}
+	var n int64
+	if w.upstreamFirst(ready) {
+		m, err := watchServerHello(client, up, pre, w.answers)
+		close(w.answers)
+		n += m
+		if err != nil {
+			return n, err
 		}
-		return 0, err
-	}
-	ev.FirstByte = time.Since(ev.Time)
-	if _, err := client.Write(b[:n]); err != nil {
-		return 0, err
+	} else if len(pre) > 0 {
+		if _, err := client.Write(pre); err != nil {
+			return 0, err
+		}
+		n = int64(len(pre))
 	}
 	m, err := relay(client, up)
-	return m + 1, err
+	return n + m, err
+}
+
+// watchServerHello reads the server's answer to the ClientHello, after
+// the bytes in buf, and forwards it to the client. A ServerHello ends
+// the watch; a HelloRetryRequest is told to the client side, which
+// checks the second ClientHello, and the next answer must then be a
+// ServerHello: TLS allows one HelloRetryRequest, and a third ClientHello
+// would pass unchecked. Anything else cuts the tunnel once what was read
+// is forwarded (a fatal alert reaches the client); an upstream that ends
+// first ends the watch.
+func watchServerHello(client, up net.Conn, buf []byte, answers chan<- bool) (int64, error) {
+	var sent int64
+	retried := false
+	for {
+		n, retry, err := serverHelloRecords(buf)
+		if errors.Is(err, errNeedMore) {
+			if len(buf) > 2*maxClientHello {
+				err = errors.New("ServerHello too large")
+			} else {
+				buf = slices.Grow(buf, 4096)
+				m, rerr := up.Read(buf[len(buf):cap(buf)])
+				buf = buf[:len(buf)+m]
+				if m > 0 || rerr == nil {
+					continue
+				}
+				if !errors.Is(rerr, io.EOF) {
+					return sent, rerr
+				}
+				m, werr := client.Write(buf)
+				return sent + int64(m), werr // the upstream ended: so does the watch
+			}
+		}
+		if err == nil && retry && retried {
+			return sent, errors.New("a second HelloRetryRequest from the upstream (RFC 8446 allows one)")
+		}
+		if err != nil || !retry {
+			m, werr := client.Write(buf)
+			sent += int64(m)
+			if err != nil {
+				return sent, fmt.Errorf("the upstream did not answer the ClientHello with a ServerHello: %w", err)
+			}
+			answers <- false
+			return sent, werr
+		}
+		m, werr := client.Write(buf[:n])
+		sent += int64(m)
+		if werr != nil {
+			return sent, werr
+		}
+		retried = true
+		answers <- true
+		buf = buf[n:]
+	}
 }
 
 // waitReadable waits, like a read, until c has a byte to read, its EOF
@@ -127,30 +246,57 @@ func waitReadable(c net.Conn) (ready, ok bool) {
 // client to upstream and half-closes the upstream at the client's EOF.
 // br is the pooled reader that parsed the request head and may hold
 // pipelined bytes; it goes back to the pool once the first bytes passed.
-func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event) error {
-	first, err := p.checkFirstBytes(client, br, entry, req, ev)
+// In a TLS tunnel the client's bytes after its ClientHello wait for the
+// server's answer (see helloWatch).
+func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event, w *helloWatch) error {
+	first, rest, isTLS, err := p.checkFirstBytes(client, br, entry, req, ev)
 	if err != nil {
 		putReader(br)
-		var d *Denial
-		if errors.As(err, &d) {
-			ev.Decision, ev.Reason, ev.Detail = DecisionDeny, d.Reason, d.Detail
-			if d.Reason != ReasonTLSRequired {
-				_ = client.SetWriteDeadline(time.Now().Add(time.Second))
-				_, _ = client.Write(tlsAccessDenied)
-			}
-		}
-		return err
+		return refuseTLS(client, ev, err)
 	}
-	if len(first) > 0 {
-		n, err := up.Write(first)
-		ev.BytesUp += int64(n)
-		if err != nil {
+	watch := false
+	if isTLS {
+		if watch, err = w.clientHelloFirst(); err != nil {
 			putReader(br)
 			return err
 		}
 	}
-	_, _ = br.Discard(br.Buffered()) // what was still buffered was part of first
+	if err := writeUp(up, first, ev); err != nil {
+		putReader(br)
+		return err
+	}
+	for watch {
+		retry, ok := <-w.answers
+		if !ok { // the upstream side ended without a ServerHello, or cut the tunnel and says why
+			putReader(br)
+			return nil
+		}
+		if !retry {
+			break
+		}
+		var hello []byte
+		hello, rest, err = p.checkRetryHello(client, br, rest, req, ev)
+		if errors.Is(err, io.EOF) { // the client gave up after the HelloRetryRequest
+			putReader(br)
+			return closeWrite(up)
+		}
+		if err != nil {
+			putReader(br)
+			return refuseTLS(client, ev, err)
+		}
+		if err := writeUp(up, hello, ev); err != nil {
+			putReader(br)
+			return err
+		}
+	}
+	if k := br.Buffered(); k > 0 { // read ahead of a ClientHello: it follows rest
+		b, _ := br.Peek(k)
+		rest = append(rest, b...)
+	}
 	putReader(br)
+	if err := writeUp(up, rest, ev); err != nil {
+		return err
+	}
 	n, err := relay(up, client)
 	ev.BytesUp += n
 	if err != nil {
@@ -159,40 +305,99 @@ func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 	return closeWrite(up)
 }
 
+// writeUp writes b upstream, counting it.
+func writeUp(up net.Conn, b []byte, ev *Event) error {
+	if len(b) == 0 {
+		return nil
+	}
+	n, err := up.Write(b)
+	ev.BytesUp += int64(n)
+	return err
+}
+
+// refuseTLS records a refusal of the client's first bytes and answers
+// it with an access_denied alert (not for require_tls: that client may
+// not speak TLS at all).
+func refuseTLS(client net.Conn, ev *Event, err error) error {
+	var d *Denial
+	if errors.As(err, &d) {
+		ev.Decision, ev.Reason, ev.Detail = DecisionDeny, d.Reason, d.Detail
+		if d.Reason != ReasonTLSRequired {
+			_ = client.SetWriteDeadline(time.Now().Add(time.Second))
+			_, _ = client.Write(tlsAccessDenied)
+		}
+	}
+	return err
+}
+
 // checkFirstBytes returns the first bytes of the tunnel once they are
 // acceptable. A stream whose first byte is a TLS record type (or an
 // SSLv2-style hello) is TLS: it must open with a ClientHello naming the
-// CONNECT host, carried only by handshake records. With require_tls the
-// stream must be TLS. Waiting for them costs no buffer beyond br; only a
-// ClientHello is copied out.
-func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event) ([]byte, error) {
-	first, err := p.peekFirst(client, br, entry)
+// CONNECT host, carried only by handshake records; first is then the
+// ClientHello's records and rest what the client sent after them. With
+// require_tls the stream must be TLS. Waiting for them costs no buffer
+// beyond br; only a ClientHello is copied out.
+func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event) (first, rest []byte, isTLS bool, err error) {
+	first, err = p.peekFirst(client, br, entry)
 	if err != nil || first == nil {
-		return nil, err
+		return nil, nil, false, err
 	}
 	switch classifyStream(first) {
 	case streamSSLv2:
-		return nil, deny(ReasonTLSSSLv2, "the first bytes are an SSLv2-style ClientHello, which carries no server name to check against %s", req.Host)
+		return nil, nil, false, deny(ReasonTLSSSLv2, "the first bytes are an SSLv2-style ClientHello, which carries no server name to check against %s", req.Host)
 	case streamOther, streamUnknown: // unknown: the client ended within three bytes
 		if entry.RequireTLS {
-			return nil, deny(ReasonTLSRequired, "require_tls is set for %s and the first bytes are not a TLS ClientHello", entry)
+			return nil, nil, false, deny(ReasonTLSRequired, "require_tls is set for %s and the first bytes are not a TLS ClientHello", entry)
 		}
-		return first, nil
+		_, _ = br.Discard(len(first))
+		return first, nil, false, nil
 	}
 	hello := append([]byte(nil), first...)
 	_, _ = br.Discard(len(first))
 	_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
-	hello, info, err := readClientHello(br, hello)
+	hello, n, info, err := readClientHello(br, hello, false)
 	_ = client.SetReadDeadline(time.Time{})
 	if err != nil {
-		var d *Denial
-		if errors.As(err, &d) {
-			return nil, d
-		}
-		return nil, &Denial{Reason: ReasonTLSMalformed, Detail: "the first bytes start a TLS record but are not a well-formed ClientHello: " + err.Error(), Err: err}
+		return nil, nil, false, tlsRefusal(err, "the first bytes start a TLS record but are not a well-formed ClientHello: ")
 	}
 	ev.SNI = info.ServerName
-	return hello, checkSNI(info, req.Host)
+	return hello[:n], hello[n:], true, checkSNI(info, req.Host)
+}
+
+// checkRetryHello reads the second ClientHello, which the client sends
+// after a HelloRetryRequest (after the bytes in buf, which it may have
+// sent before the request arrived), and checks it like the first. It
+// returns its records and what the client sent after them; io.EOF means
+// the client ended without sending anything more.
+func (p *Proxy) checkRetryHello(client net.Conn, br *bufio.Reader, buf []byte, req *Request, ev *Event) (hello, rest []byte, err error) {
+	_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
+	buf, n, info, err := readClientHello(br, buf, true)
+	_ = client.SetReadDeadline(time.Time{})
+	if err != nil {
+		if len(buf) == 0 && errors.Is(err, io.EOF) {
+			return nil, nil, io.EOF
+		}
+		return nil, nil, tlsRefusal(err, "after a HelloRetryRequest the client's next handshake message is not a well-formed ClientHello: ")
+	}
+	ev.SNI = info.ServerName
+	if err := checkSNI(info, req.Host); err != nil {
+		var d *Denial
+		if errors.As(err, &d) {
+			d.Detail = "after a HelloRetryRequest, the second ClientHello: " + d.Detail
+		}
+		return nil, nil, err
+	}
+	return buf[:n], buf[n:], nil
+}
+
+// tlsRefusal makes a ClientHello read error a refusal: a *Denial as it
+// is, anything else a malformation.
+func tlsRefusal(err error, what string) error {
+	var d *Denial
+	if errors.As(err, &d) {
+		return d
+	}
+	return &Denial{Reason: ReasonTLSMalformed, Detail: what + err.Error(), Err: err}
 }
 
 // peekFirst waits for the client's first bytes and returns what is

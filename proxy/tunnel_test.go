@@ -502,7 +502,7 @@ func TestPumpDownWithoutSocket(t *testing.T) {
 	got := make(chan string, 1)
 	go func() { b, _ := io.ReadAll(clientFar); got <- string(b) }()
 	ev := &Event{Time: time.Now()}
-	n, err := pumpDown(clientNear, upNear, ev)
+	n, err := pumpDown(clientNear, upNear, ev, new(helloWatch))
 	_ = clientNear.Close()
 	if err != nil || n != 5 || ev.FirstByte <= 0 {
 		t.Fatalf("pumpDown: %d bytes, %v, first byte after %v", n, err, ev.FirstByte)

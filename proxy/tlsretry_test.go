@@ -1,0 +1,345 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// retryUpstream is frontedUpstream that accepts only P-256 key shares:
+// crypto/tls clients send an X25519 share first, so every handshake
+// goes through a HelloRetryRequest. retried counts the handshakes that
+// did.
+func retryUpstream(ca *testCA, received, handshakes, retried *atomic.Int64) func(*net.TCPConn) {
+	cfg := &tls.Config{Certificates: ca.certs, CurvePreferences: []tls.CurveID{tls.CurveP256}}
+	return func(c *net.TCPConn) {
+		s := tls.Server(&countConn{Conn: c, n: received}, cfg)
+		_ = s.SetDeadline(time.Now().Add(10 * time.Second))
+		if s.Handshake() != nil {
+			return
+		}
+		handshakes.Add(1)
+		if s.ConnectionState().HelloRetryRequest {
+			retried.Add(1)
+		}
+		_ = s.SetDeadline(time.Time{})
+		_, _ = io.Copy(s, s)
+	}
+}
+
+// readRecord reads one TLS record.
+func readRecord(t *testing.T, r io.Reader) []byte {
+	t.Helper()
+	rec := make([]byte, 5)
+	if _, err := io.ReadFull(r, rec); err != nil {
+		t.Fatalf("reading a record: %v", err)
+	}
+	rec = append(rec, make([]byte, int(rec[3])<<8|int(rec[4]))...)
+	if _, err := io.ReadFull(r, rec[5:]); err != nil {
+		t.Fatalf("reading a record: %v", err)
+	}
+	return rec
+}
+
+var dummyCCS = []byte{recordTypeCCS, 0x03, 0x03, 0x00, 0x01, 0x01}
+
+// TestTLSRetryHelloNameCheck: after a real crypto/tls server's
+// HelloRetryRequest, a hand-made client sends a second ClientHello that
+// does not pass the checks the first passed. Each is refused as the
+// first would be, with the record, and reaches nobody; an honest client
+// completes its handshake through the retry.
+func TestTLSRetryHelloNameCheck(t *testing.T) {
+	ca := newTestCA(t, "a.test", "b.test")
+	var received, handshakes, retried atomic.Int64
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: retryUpstream(ca, &received, &handshakes, &retried),
+		configure: func(c *Config) { c.TLSTimeout = time.Second }})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	first := clientHello(t, "a.test")
+	fronted := clientHello(t, "b.test")
+	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
+
+	for _, c := range []struct {
+		name      string
+		second    []byte
+		pipelined bool // sent with the first, before the HelloRetryRequest arrives
+		want      Reason
+		sni       string
+	}{
+		{"other name", cat(dummyCCS, fronted), false, ReasonSNIMismatch, "b.test"},
+		{"other name without change_cipher_spec", fronted, false, ReasonSNIMismatch, "b.test"},
+		{"other name in 1-byte records", cat(dummyCCS, reRecord(fronted, 1)), false, ReasonSNIMismatch, "b.test"},
+		{"other name sent before the HelloRetryRequest", cat(dummyCCS, fronted), true, ReasonSNIMismatch, "b.test"},
+		{"no name", cat(dummyCCS, clientHello(t, "93.184.216.34")), false, ReasonSNIMissing, ""},
+		{"alert first", cat([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x5a}, fronted), false, ReasonTLSRecordBeforeHello, "a.test"},
+		{"application data first", cat(dummyCCS, []byte{0x17, 0x03, 0x03, 0x00, 0x01, 0x00}, fronted), false, ReasonTLSRecordBeforeHello, "a.test"},
+		{"change_cipher_spec between fragments", cat(reRecord(fronted, 40)[:45], dummyCCS, fronted), false, ReasonTLSRecordBeforeHello, "a.test"},
+		{"a ServerHello instead", serverHelloRecord(false), false, ReasonTLSMalformed, "a.test"},
+		{"silence", nil, false, ReasonTLSMalformed, "a.test"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := received.Load()
+			denied := tp.Stats0(t)[c.want]
+			resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+			if resp.StatusCode != 200 {
+				t.Fatal(resp.Status)
+			}
+			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+			if c.pipelined {
+				_, _ = conn.Write(cat(first, c.second))
+			} else {
+				_, _ = conn.Write(first)
+			}
+			if retry, err := ParseServerHello(readRecord(t, br)[5:]); err != nil || !retry {
+				t.Fatalf("the upstream's answer: retry %v, %v; want a HelloRetryRequest", retry, err)
+			}
+			if !c.pipelined {
+				step := max(len(c.second)/5, 1) // in several segments
+				for i := 0; i < len(c.second); i += step {
+					_, _ = conn.Write(c.second[i:min(i+step, len(c.second))])
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			if got, _ := io.ReadAll(br); !bytes.Equal(got, tlsAccessDenied) {
+				t.Fatalf("after the HelloRetryRequest the client got %x, want only an access_denied alert", got)
+			}
+			ev := tp.event(t)
+			if ev.Decision != DecisionDeny || ev.Reason != c.want || ev.SNI != c.sni {
+				t.Fatalf("event %+v, want %s naming %q", ev, c.want, c.sni)
+			}
+			if n := received.Load() - before; n != int64(len(first)) {
+				t.Fatalf("the upstream received %d bytes, want only the first ClientHello's %d", n, len(first))
+			}
+			if got := tp.Stats0(t)[c.want]; got != denied+1 {
+				t.Fatalf("%s counted %d times, want %d", c.want, got, denied+1)
+			}
+		})
+	}
+
+	t.Run("honest client through the retry", func(t *testing.T) {
+		resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+		if resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+		tc := tls.Client(&bufConn{Conn: conn, r: br}, &tls.Config{ServerName: "a.test", RootCAs: ca.pool})
+		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := tc.Handshake(); err != nil {
+			t.Fatalf("handshake: %v", err)
+		}
+		if !tc.ConnectionState().HelloRetryRequest {
+			t.Fatal("the handshake had no HelloRetryRequest: the test tests nothing")
+		}
+		if _, err := tc.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 4)
+		if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
+			t.Fatalf("echo %q %v", b, err)
+		}
+		_ = tc.Close()
+		if ev := tp.event(t); ev.Reason != ReasonAllowed || ev.SNI != "a.test" || ev.Detail != "" {
+			t.Fatalf("event %+v", ev)
+		}
+		if handshakes.Load() != 1 || retried.Load() != 1 {
+			t.Fatalf("%d handshakes, %d through a retry; want 1, 1", handshakes.Load(), retried.Load())
+		}
+	})
+}
+
+// Stats0 is the Trial's decisions by reason.
+func (tp *testProxy) Stats0(t *testing.T) map[Reason]uint64 {
+	t.Helper()
+	s, ok := tp.Stats("t1")
+	if !ok {
+		t.Fatal("no Trial t1")
+	}
+	return s.Decisions
+}
+
+// A server that answers the second ClientHello with another
+// HelloRetryRequest (TLS forbids it) would get a third ClientHello that
+// nobody checked: the tunnel is cut before the client sees it, and what
+// the client sent after its second ClientHello never goes upstream.
+func TestTLSSecondRetryCuts(t *testing.T) {
+	after := make(chan int, 1)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: func(c *net.TCPConn) {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, _, _, err := readClientHello(c, nil, false); err != nil {
+			return
+		}
+		_, _ = c.Write(serverHelloRecord(true))
+		if _, _, _, err := readClientHello(c, nil, true); err != nil {
+			return
+		}
+		_, _ = c.Write(serverHelloRecord(true))
+		n, _ := io.Copy(io.Discard, c)
+		after <- int(n)
+	}})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = conn.Write(clientHello(t, "a.test"))
+	readRecord(t, br)
+	// The second ClientHello with a third, fronted one right behind it.
+	_, _ = conn.Write(bytes.Join([][]byte{dummyCCS, clientHello(t, "a.test"), clientHello(t, "b.test")}, nil))
+	if got, _ := io.ReadAll(br); len(got) != 0 {
+		t.Fatalf("the client got %x after its second ClientHello, want nothing", got)
+	}
+	if n := <-after; n != 0 {
+		t.Fatalf("%d bytes after the second ClientHello reached the upstream", n)
+	}
+	if ev := tp.event(t); !strings.Contains(ev.Detail, "second HelloRetryRequest") {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+// TLS 1.2 has no HelloRetryRequest; an abbreviated (resumed) handshake,
+// where the server's ServerHello is followed by its change_cipher_spec
+// and encrypted Finished, passes like a full one.
+func TestTLS12Resumption(t *testing.T) {
+	ca := newTestCA(t, "a.test")
+	srv := &tls.Config{Certificates: ca.certs, MaxVersion: tls.VersionTLS12}
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: func(c *net.TCPConn) {
+		s := tls.Server(c, srv)
+		_ = s.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.Copy(s, s)
+	}})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	cfg := &tls.Config{ServerName: "a.test", RootCAs: ca.pool, MaxVersion: tls.VersionTLS12, ClientSessionCache: tls.NewLRUClientSessionCache(4)}
+	for i, wantResumed := range []bool{false, true} {
+		resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+		if resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+		tc := tls.Client(&bufConn{Conn: conn, r: br}, cfg)
+		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := tc.Write([]byte("ping")); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		b := make([]byte, 4)
+		if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
+			t.Fatalf("connection %d: echo %q %v", i, b, err)
+		}
+		if st := tc.ConnectionState(); st.DidResume != wantResumed || st.Version != tls.VersionTLS12 {
+			t.Fatalf("connection %d: resumed %v, version %x", i, st.DidResume, st.Version)
+		}
+		_ = tc.Close()
+		if ev := tp.event(t); ev.Reason != ReasonAllowed || ev.Detail != "" {
+			t.Fatalf("connection %d: event %+v", i, ev)
+		}
+	}
+}
+
+// An upstream that answers the ClientHello with a fatal alert: the
+// client gets the alert, and the tunnel ends without sending on
+// anything the client wrote after its ClientHello.
+func TestTLSAlertInsteadOfServerHello(t *testing.T) {
+	after := make(chan int, 1)
+	alert := []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70} // fatal unrecognized_name
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: func(c *net.TCPConn) {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, _, _, err := readClientHello(c, nil, false); err != nil {
+			return
+		}
+		_, _ = c.Write(alert)
+		n, _ := io.Copy(io.Discard, c)
+		after <- int(n)
+	}})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = conn.Write(append(clientHello(t, "a.test"), clientHello(t, "b.test")...))
+	if got, _ := io.ReadAll(br); !bytes.Equal(got, alert) {
+		t.Fatalf("client got %x, want the upstream's alert", got)
+	}
+	if n := <-after; n != 0 {
+		t.Fatalf("%d bytes after the ClientHello reached the upstream", n)
+	}
+	if ev := tp.event(t); ev.Decision != DecisionAllow || !strings.Contains(ev.Detail, "not answer the ClientHello with a ServerHello") {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestServerHelloRecords(t *testing.T) {
+	hrr, sh := serverHelloRecord(true), serverHelloRecord(false)
+	warn := []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x70}
+	for _, c := range []struct {
+		name  string
+		in    []byte
+		n     int
+		retry bool
+		err   string // "" none, "more" errNeedMore, else a substring
+	}{
+		{"ServerHello", sh, len(sh), false, ""},
+		{"ServerHello and more", append(append([]byte(nil), sh...), 0x17, 0x03, 0x03), len(sh), false, ""},
+		{"HelloRetryRequest", hrr, len(hrr), true, ""},
+		{"HelloRetryRequest, then change_cipher_spec", append(append([]byte(nil), hrr...), dummyCCS...), len(hrr), true, ""},
+		{"HelloRetryRequest in 1-byte records", reRecord(hrr, 1), len(reRecord(hrr, 1)), true, ""},
+		{"change_cipher_spec, then ServerHello", append(append([]byte(nil), dummyCCS...), sh...), len(dummyCCS) + len(sh), false, ""},
+		{"warning alert, then ServerHello", append(append([]byte(nil), warn...), sh...), len(warn) + len(sh), false, ""},
+		{"half a HelloRetryRequest", hrr[:len(hrr)/2], 0, false, "more"},
+		{"fatal alert", []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28}, 0, false, "alert"},
+		{"change_cipher_spec inside the ServerHello", append(append(append([]byte(nil), reRecord(sh, 10)[:15]...), dummyCCS...), reRecord(sh, 10)[15:]...), 0, false, "change_cipher_spec"},
+		{"ClientHello", clientHello(t, "a.test"), 0, false, "not 2"},
+		{"not TLS", []byte("HTTP/1.1 400 Bad Request\r\n"), 0, false, "not TLS"},
+	} {
+		n, retry, err := serverHelloRecords(c.in)
+		switch {
+		case c.err == "more" && !errors.Is(err, errNeedMore),
+			c.err == "" && err != nil,
+			c.err != "" && c.err != "more" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: error %v, want %q", c.name, err, c.err)
+		case err == nil && (n != c.n || retry != c.retry):
+			t.Errorf("%s: n %d retry %v, want %d %v", c.name, n, retry, c.n, c.retry)
+		}
+	}
+	// A HelloRetryRequest must end its record.
+	rec := append(append([]byte(nil), hrr...), 0x00)
+	rec[4]++
+	if _, _, err := serverHelloRecords(rec); err == nil || !strings.Contains(err.Error(), "after the HelloRetryRequest") {
+		t.Errorf("a HelloRetryRequest with a byte after it in its record: %v", err)
+	}
+}
+
+// An upstream that spoke before the client's ClientHello is no TLS
+// server answering it, and a HelloRetryRequest could not be told from
+// what it sent before: a TLS stream after it is cut, unsent.
+func TestTLSAfterUpstreamSpokeCuts(t *testing.T) {
+	after := make(chan int, 1)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: func(c *net.TCPConn) {
+		_, _ = c.Write([]byte("hi"))
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		n, _ := io.Copy(io.Discard, c)
+		after <- int(n)
+	}})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if b := make([]byte, 2); func() error { _, err := io.ReadFull(br, b); return err }() != nil || string(b) != "hi" {
+		t.Fatalf("the upstream's greeting: %q", b)
+	}
+	_, _ = conn.Write(clientHello(t, "a.test"))
+	_, _ = io.ReadAll(br)
+	if n := <-after; n != 0 {
+		t.Fatalf("%d bytes reached the upstream", n)
+	}
+	if ev := tp.event(t); !strings.Contains(ev.Detail, "spoke before the ClientHello") {
+		t.Fatalf("event %+v", ev)
+	}
+}
