@@ -107,7 +107,7 @@ type liveTrial struct {
 // Bounds of a Trial's refusals by target, and of a watcher's backlog.
 const (
 	maxRefusedTargets = 256
-	otherTargets      = "(other targets)"
+	otherTargets      = proxy.OtherTargets
 	topRefused        = 5
 	watchBacklog      = 256
 )
@@ -556,19 +556,30 @@ func (a *Agent) record(ev proxy.Event) {
 	}
 }
 
-// count adds a refusal to the Trial's refusals by target; lt.mu is held.
+// count adds a refusal, or the refusals a summary record stands for, to
+// the Trial's refusals by target; lt.mu is held.
 func (lt *liveTrial) count(ev *proxy.Event) {
-	if ev.Decision == proxy.DecisionAllow {
-		return
+	switch ev.Decision {
+	case proxy.DecisionAllow, proxy.DecisionPolicyChange:
+	case proxy.DecisionSuppressed:
+		if ev.Suppressed != nil {
+			for target, n := range ev.Suppressed.Refused {
+				lt.countRefused(target, n)
+			}
+		}
+	default:
+		lt.countRefused(ev.Target, 1)
 	}
+}
+
+func (lt *liveTrial) countRefused(target string, n uint64) {
 	if lt.refused == nil {
 		lt.refused = make(map[string]uint64)
 	}
-	target := ev.Target
 	if _, ok := lt.refused[target]; !ok && len(lt.refused) >= maxRefusedTargets {
 		target = otherTargets
 	}
-	lt.refused[target]++
+	lt.refused[target] += n
 }
 
 // topRefused is the Trial's most refused targets, most first.

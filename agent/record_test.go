@@ -166,6 +166,61 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 	}
 }
 
+// A flood of malformed CONNECTs: the decision log keeps the record
+// burst and a summary; the refusals by target and the counters rebuilt
+// from it count every refusal, as the live ones do.
+func TestDecisionLogFloodSummarised(t *testing.T) {
+	const id, n = "rec-3", 40
+	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
+	var err error
+	a.proxy, err = proxy.New(proxy.Config{Resolver: oneAddr(netip.MustParseAddr("93.184.216.34")), Dialer: toUpstream(echoUpstream(t)),
+		HostAddrs: noHostAddrs{}, OnEvent: a.onEvent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.proxy.Close() })
+	lt := &liveTrial{info: TrialInfo{ID: id}}
+	if err := a.register(id, lt); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.prepare(lt, proxy.NewAllowlist(), &proxy.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lt.closeAudit)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = a.proxy.Serve(ln, id) }()
+	target := strings.Repeat("x", 1000) + "/"
+	for range n {
+		if got := connectThrough(t, ln.Addr().String(), target); got != http.StatusBadRequest {
+			t.Fatalf("CONNECT: %d", got)
+		}
+	}
+	final, _ := a.proxy.RemoveTrial(id)
+	recs, err := a.Audit(id)
+	if err != nil || len(recs) != 4 || recs[3].Decision != proxy.DecisionSuppressed || recs[3].Suppressed.Records != n-3 {
+		t.Fatalf("audit: %+v, %v; want 3 records and a summary of %d", recs, err, n-3)
+	}
+	if st, err := os.Stat(a.decisionLog(id)); err != nil || st.Size() > 6000 {
+		t.Fatalf("decision log: %v, %v bytes", err, st.Size())
+	}
+	live := lt.topRefused()
+	if final.Denied != n || len(live) != 1 || live[0].Count != n || live[0].Target != recs[0].Target {
+		t.Fatalf("live: stats %+v, refused %+v; want all %d", final, live, n)
+	}
+	again := &liveTrial{info: TrialInfo{ID: id}}
+	replayed := a.replayStats(again)
+	final.Active = 0
+	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
+		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
+	}
+	if got := again.topRefused(); !reflect.DeepEqual(got, live) {
+		t.Fatalf("replayed refusals by target %+v, want %+v", got, live)
+	}
+}
+
 // A log with an old record (no schema), a current one and one of a newer
 // schema: audit refuses it, naming the line and the schema; the replay
 // counts what it can read and leaves the newer record out.
@@ -174,7 +229,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler)}
 	old := `{"decision":"allow","reason":"allowed","bytes_up":5,"bytes_down":7,"trial":"rec-2","event_id":"a"}`
 	cur := `{"schema":1,"decision":"deny","reason":"policy_denied","trial":"rec-2","event_id":"b","profile":""}`
-	newer := `{"schema":3,"decision":"allow","reason":"allowed","bytes_up":100,"trial":"rec-2","event_id":"c"}`
+	newer := `{"schema":4,"decision":"allow","reason":"allowed","bytes_up":100,"trial":"rec-2","event_id":"c"}`
 	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, id), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +247,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 
 	write(old, cur, newer)
 	recs, err = a.Audit(id)
-	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 3, newer than the 2") || recs != nil {
+	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 4, newer than the 3") || recs != nil {
 		t.Fatalf("audit with a newer record: %d records, %v; want a schema error naming line 3", len(recs), err)
 	}
 	st := a.replayStats(&liveTrial{info: TrialInfo{ID: id}})

@@ -23,6 +23,10 @@ const (
 	// allowlist (see Event.PolicyChange), kept in the same log so that
 	// every decision after it reads under the policy it was made under.
 	DecisionPolicyChange Decision = "policy_change"
+	// DecisionSuppressed is not a decision either but a summary of the
+	// Trial's records that were not written (see Event.Suppressed): the
+	// decisions were made and counted, only their records were dropped.
+	DecisionSuppressed Decision = "suppressed"
 )
 
 // EventSchema is the version of the decision record that this package
@@ -37,8 +41,14 @@ const EventSchema = 1
 // because an older reader would take the record for a refusal ("decision"
 // gained a value that is not a decision): a reader of schema 1 refuses it
 // with a SchemaError instead of counting it. It is the newest this
-// package reads.
+// package wrote before SummarySchema.
 const PolicyChangeSchema = 2
+
+// SummarySchema is the version of a summary record (DecisionSuppressed).
+// It is 3 because a reader of schema 2 would count the summary as one
+// refusal, and not the records it stands for: it refuses it instead. It
+// is the newest this package reads.
+const SummarySchema = 3
 
 // Event is the one decision record for one CONNECT or one forwarded
 // request: trialnet proxy's stdout, the agent's decisions.jsonl and
@@ -77,9 +87,11 @@ type Event struct {
 	WouldDeny Reason
 	// PolicyChange is set on DecisionPolicyChange records only.
 	PolicyChange *PolicyChange
-	BytesUp      int64 // client to upstream
-	BytesDown    int64 // upstream to client
-	Duration     time.Duration
+	// Suppressed is set on DecisionSuppressed records only.
+	Suppressed *Suppressed
+	BytesUp    int64 // client to upstream
+	BytesDown  int64 // upstream to client
+	Duration   time.Duration
 	// Timings, each zero if the step did not happen: all DNS, all dial
 	// attempts, and from the start to the upstream's first byte (a
 	// forwarded request's response head).
@@ -117,6 +129,8 @@ type eventJSON struct {
 	WouldDeny   Reason    `json:"would_deny"`
 	// Policy-change records only; null or absent on decisions.
 	PolicyChange *PolicyChange `json:"policy_change"`
+	// Summary records only; null or absent on decisions.
+	Suppressed *Suppressed `json:"suppressed"`
 }
 
 // PolicyChange is a change of a live Trial's allowlist: who made it, the
@@ -130,12 +144,46 @@ type PolicyChange struct {
 	Cut     bool     `json:"cut"` // open tunnels allowed by a removed entry are ended
 }
 
+// Suppressed counts the records of one Trial that were not written, from
+// the summary's start for its duration: what TrialStats counts of them,
+// so that counters rebuilt from the log stay exact, and their most
+// frequent refused targets.
+type Suppressed struct {
+	Records   uint64            `json:"records"`
+	ByReason  map[Reason]uint64 `json:"by_reason"`
+	WouldDeny uint64            `json:"would_deny"`
+	BytesUp   int64             `json:"bytes_up"`
+	BytesDown int64             `json:"bytes_down"`
+	// Refused are the refusals by target (as clipped in their records),
+	// at most MaxSummaryTargets of them; the rest under OtherTargets.
+	Refused map[string]uint64 `json:"refused_targets"`
+	// LogFull: the Trial's records reached Limits.MaxLogBytes; from this
+	// summary on, only summaries are written.
+	LogFull bool `json:"log_full"`
+}
+
+// LogValue is the summary as journal attributes, under its JSON keys.
+func (s *Suppressed) LogValue() slog.Value {
+	if s == nil {
+		return slog.AnyValue(nil)
+	}
+	return slog.GroupValue(slog.Uint64("records", s.Records), slog.Any("by_reason", s.ByReason), slog.Uint64("would_deny", s.WouldDeny),
+		slog.Int64("bytes_up", s.BytesUp), slog.Int64("bytes_down", s.BytesDown), slog.Any("refused_targets", s.Refused), slog.Bool("log_full", s.LogFull))
+}
+
+// MaxSummaryTargets bounds the refused targets a summary names.
+const MaxSummaryTargets = 16
+
+// OtherTargets counts, in Suppressed.Refused, the refusals whose target
+// did not fit.
+const OtherTargets = "(other targets)"
+
 // SchemaError is a record written by a newer trialnet than this one: its
 // keys may mean what this reader does not know, so it is not read.
 type SchemaError struct{ Schema int }
 
 func (e *SchemaError) Error() string {
-	return fmt.Sprintf("decision record has schema %d, newer than the %d this trialnet reads: read it with a newer trialnet", e.Schema, PolicyChangeSchema)
+	return fmt.Sprintf("decision record has schema %d, newer than the %d this trialnet reads: read it with a newer trialnet", e.Schema, SummarySchema)
 }
 
 func (e *Event) wire() eventJSON {
@@ -153,7 +201,7 @@ func (e *Event) wire() eventJSON {
 		Dialed: dialed, SNI: e.SNI, BytesUp: e.BytesUp, BytesDown: e.BytesDown,
 		DurationUS: e.Duration.Microseconds(), ID: e.ID, Rule: e.Rule, Profile: e.Profile,
 		DNSUS: e.DNS.Microseconds(), DialUS: e.Dial.Microseconds(), FirstByteUS: e.FirstByte.Microseconds(),
-		Learning: e.Learning, WouldDeny: e.WouldDeny, PolicyChange: e.PolicyChange,
+		Learning: e.Learning, WouldDeny: e.WouldDeny, PolicyChange: e.PolicyChange, Suppressed: e.Suppressed,
 	}
 }
 
@@ -170,7 +218,7 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	if w.Schema > PolicyChangeSchema || w.Schema < 0 {
+	if w.Schema > SummarySchema || w.Schema < 0 {
 		return &SchemaError{w.Schema}
 	}
 	ev := Event{
@@ -179,7 +227,7 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 		SNI: w.SNI, Rule: w.Rule, Profile: w.Profile, BytesUp: w.BytesUp, BytesDown: w.BytesDown,
 		Duration: time.Duration(w.DurationUS) * time.Microsecond, DNS: time.Duration(w.DNSUS) * time.Microsecond,
 		Dial: time.Duration(w.DialUS) * time.Microsecond, FirstByte: time.Duration(w.FirstByteUS) * time.Microsecond,
-		Learning: w.Learning, WouldDeny: w.WouldDeny, PolicyChange: w.PolicyChange,
+		Learning: w.Learning, WouldDeny: w.WouldDeny, PolicyChange: w.PolicyChange, Suppressed: w.Suppressed,
 	}
 	for _, s := range w.Resolved {
 		a, err := netip.ParseAddr(s)
@@ -257,27 +305,44 @@ func (s TrialStats) clone() TrialStats {
 	return s
 }
 
-// Add counts one decision event; a policy change is no decision.
+// Add counts one decision event, or the decisions a summary record
+// stands for; a policy change is no decision.
 func (s *TrialStats) Add(e *Event) {
-	if e.Decision == DecisionPolicyChange {
+	switch e.Decision {
+	case DecisionPolicyChange:
+		return
+	case DecisionSuppressed:
+		if sup := e.Suppressed; sup != nil {
+			for r, n := range sup.ByReason {
+				s.add(r.Decision(), r, n)
+			}
+			s.WouldDeny += sup.WouldDeny
+			s.BytesUp += uint64(sup.BytesUp)
+			s.BytesDown += uint64(sup.BytesDown)
+		}
 		return
 	}
-	if s.Decisions == nil {
-		s.Decisions = make(map[Reason]uint64)
-	}
-	if e.Decision == DecisionAllow {
-		s.Allowed++
-		if e.WouldDeny != "" {
-			s.WouldDeny++
-		}
-	} else {
-		s.Denied++
-	}
-	s.Decisions[e.Reason]++
-	switch e.Reason {
-	case ReasonDNSNXDomain, ReasonDNSFailed, ReasonDNSNoAddresses:
-		s.DNSFailed++
+	s.add(e.Decision, e.Reason, 1)
+	if e.Decision == DecisionAllow && e.WouldDeny != "" {
+		s.WouldDeny++
 	}
 	s.BytesUp += uint64(e.BytesUp)
 	s.BytesDown += uint64(e.BytesDown)
+}
+
+// add counts n decisions d of reason r.
+func (s *TrialStats) add(d Decision, r Reason, n uint64) {
+	if s.Decisions == nil {
+		s.Decisions = make(map[Reason]uint64)
+	}
+	if d == DecisionAllow {
+		s.Allowed += n
+	} else {
+		s.Denied += n
+	}
+	s.Decisions[r] += n
+	switch r {
+	case ReasonDNSNXDomain, ReasonDNSFailed, ReasonDNSNoAddresses:
+		s.DNSFailed += n
+	}
 }

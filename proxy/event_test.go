@@ -28,6 +28,8 @@ func fullEvent(t testing.TB) Event {
 		// Not a combination the proxy writes, but every field must round-trip.
 		Learning: true, WouldDeny: ReasonPolicyDenied,
 		PolicyChange: &PolicyChange{UID: 1000, Added: []string{"a.example.com:443"}, Removed: []string{}, Cut: true},
+		Suppressed: &Suppressed{Records: 3, ByReason: map[Reason]uint64{ReasonBadTarget: 2, ReasonAllowed: 1}, WouldDeny: 1,
+			BytesUp: 5, BytesDown: 6, Refused: map[string]uint64{"a<b>:443": 2}, LogFull: true},
 	}
 	v := reflect.ValueOf(e)
 	for i := range v.NumField() {
@@ -81,7 +83,7 @@ func TestEventJSONSchema(t *testing.T) {
 		e.Duration != 120*time.Microsecond || e.Dialed.IsValid() || e.Resolved != nil || e.Profile != "" {
 		t.Fatalf("schema 0 record read as %+v", e)
 	}
-	for _, schema := range []string{"3", "-1"} {
+	for _, schema := range []string{"4", "-1"} {
 		newer := strings.Replace(old, `{`, `{"schema":`+schema+`,`, 1)
 		e := Event{ID: "untouched"}
 		err := json.Unmarshal([]byte(newer), &e)

@@ -76,16 +76,29 @@ func (e *Event) AppendJSON(b []byte) ([]byte, error) {
 	b = append(b, `,"would_deny":`...)
 	b = appendJSONString(b, string(e.WouldDeny))
 	b = append(b, `,"policy_change":`...)
-	if e.PolicyChange == nil {
-		b = append(b, "null"...)
-	} else { // rare: a policy change, not a decision
-		pc, err := json.Marshal(e.PolicyChange)
-		if err != nil {
-			return b, err
-		}
-		b = append(b, pc...)
+	b, err = appendRare(b, e.PolicyChange) // a policy change, not a decision
+	if err != nil {
+		return b, err
+	}
+	b = append(b, `,"suppressed":`...)
+	b, err = appendRare(b, e.Suppressed) // a summary, not a decision
+	if err != nil {
+		return b, err
 	}
 	return append(b, '}'), nil
+}
+
+// appendRare appends a key's value that only rare records carry, as
+// encoding/json writes it: null when v is nil.
+func appendRare[T any](b []byte, v *T) ([]byte, error) {
+	if v == nil {
+		return append(b, "null"...), nil
+	}
+	j, err := json.Marshal(v)
+	if err != nil {
+		return b, err
+	}
+	return append(b, j...), nil
 }
 
 // appendJSONAddr appends an address quoted: digits, dots, colons and

@@ -18,6 +18,11 @@ func FuzzParseRequest(f *testing.F) {
 	f.Add([]byte("CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com:443\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := ReadRequest(bufio.NewReader(bytes.NewReader(data)))
+		// What reaches a record as the method or target is ASCII,
+		// refused or not (terminal controls stay out of it).
+		if req != nil && !isASCII(req.Method+req.Target+req.Version) {
+			t.Fatalf("non-ASCII request line parsed: %+q", req.Method+" "+req.Target+" "+req.Version)
+		}
 		if err != nil {
 			if ReasonOf(err) == "" {
 				t.Fatalf("refusal without a reason: %v", err)

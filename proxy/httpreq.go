@@ -111,10 +111,9 @@ func parseAbsoluteTarget(target string) (string, uint16, error) {
 	case !ok || !strings.EqualFold(scheme, "http"):
 		return "", 0, deny(ReasonBadTarget, "target %q: a proxy forwards only absolute-form http://host[:port]/path (or tunnels with CONNECT host:port)", truncate(target))
 	}
-	for i := 0; i < len(target); i++ {
-		if c := target[i]; c >= 0x80 || c == '#' {
-			return "", 0, deny(ReasonBadTarget, "target %q holds a fragment or non-ASCII bytes", truncate(target))
-		}
+	// readHead refused non-ASCII already.
+	if strings.IndexByte(target, '#') >= 0 {
+		return "", 0, deny(ReasonBadTarget, "target %q holds a fragment", truncate(target))
 	}
 	authority := authorityOf(rest)
 	if path := rest[len(authority):]; path != "" && path[0] != '/' && path[0] != '?' {

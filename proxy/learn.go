@@ -10,6 +10,7 @@ import (
 	"golang.org/x/net/publicsuffix"
 
 	"github.com/trialnet/trialnet/internal/ident"
+	"github.com/trialnet/trialnet/internal/termsafe"
 )
 
 // DefaultWildcardHosts is how many distinct hosts under one suffix Learn
@@ -20,7 +21,7 @@ const DefaultWildcardHosts = 3
 // basis of a profile that allows exactly that.
 type Learned struct {
 	Trials    []string // the Trials the records came from, sorted
-	Records   int      // decision records read (policy changes not counted)
+	Records   int      // decisions read, a summary's suppressed ones included (policy changes not counted)
 	Changes   int      // policy changes among the records
 	Entries   []LearnedEntry
 	Wildcards []LearnedWildcard
@@ -61,8 +62,14 @@ func Learn(recs []Event, minHosts int) Learned {
 		if r.Trial != "" {
 			trials[r.Trial] = true
 		}
-		if r.Decision == DecisionPolicyChange {
+		switch r.Decision {
+		case DecisionPolicyChange:
 			l.Changes++
+			continue
+		case DecisionSuppressed:
+			if r.Suppressed != nil { // decisions made, their records not written
+				l.Records += int(r.Suppressed.Records)
+			}
 			continue
 		}
 		l.Records++
@@ -168,7 +175,11 @@ func (l Learned) Profile(name string) ([]byte, error) {
 		return nil, fmt.Errorf("the %d decision records let nothing through: there is no profile to make", l.Records)
 	}
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "# Learned by trialnet audit from Trial %s: %d decision records, %d policy changes.\n", strings.Join(l.Trials, ", "), l.Records, l.Changes)
+	trials := make([]string, len(l.Trials))
+	for i, t := range l.Trials {
+		trials[i] = termsafe.String(t) // a comment, one line, whatever a log read with --from says
+	}
+	fmt.Fprintf(&b, "# Learned by trialnet audit from Trial %s: %d decision records, %d policy changes.\n", strings.Join(trials, ", "), l.Records, l.Changes)
 	fmt.Fprintf(&b, "# Exactly the host:port entries let through; counts are requests allowed by a rule\n# and let through only because the Trial was learning (would_deny).\n")
 	fmt.Fprintf(&b, "profiles:\n  %s:\n    allow:\n", name)
 	for _, le := range l.Entries {

@@ -19,6 +19,17 @@ const (
 	// finished their request head; each may wait HeaderTimeout. Real
 	// clients send the head at once, so a few dozen is plenty.
 	DefaultMaxPendingHeads = 64
+	// DefaultRecordRate and DefaultRecordBurst bound the records of
+	// requests refused before the CONNECT rate charged them (malformed,
+	// rate-limited, over a connection cap, timed out): a real client
+	// meets these refusals rarely, a flood meets them at line rate.
+	// Records past them are counted in summary records instead.
+	DefaultRecordRate  = 20
+	DefaultRecordBurst = 200
+	// DefaultMaxLogBytes bounds the records one Trial writes, every kind
+	// together: ~9 hours of 50 allowed CONNECTs a second, far beyond a
+	// real harness run. Past it, records are only counted in summaries.
+	DefaultMaxLogBytes = 1 << 30
 )
 
 // Limits bound what one Trial may use. Zero fields take the defaults.
@@ -31,6 +42,14 @@ type Limits struct {
 	ConnectBurst    int     `yaml:"connect_burst" json:"connect_burst"`
 	MaxClientConns  int     `yaml:"max_client_connections" json:"max_client_connections"`
 	MaxPendingHeads int     `yaml:"max_pending_heads" json:"max_pending_heads"`
+	// RecordRate and RecordBurst bound the decision records (log and
+	// journal alike) of requests refused before ConnectRate applies;
+	// records of requests it admitted are bounded by it already.
+	RecordRate  float64 `yaml:"records_per_second" json:"records_per_second"`
+	RecordBurst int     `yaml:"record_burst" json:"record_burst"`
+	// MaxLogBytes bounds the bytes of decision records (as JSON lines)
+	// that one Trial writes; summary records continue past it.
+	MaxLogBytes int64 `yaml:"max_log_bytes" json:"max_log_bytes"`
 }
 
 func (l Limits) withDefaults() Limits {
@@ -48,6 +67,15 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxPendingHeads <= 0 {
 		l.MaxPendingHeads = DefaultMaxPendingHeads
+	}
+	if l.RecordRate <= 0 {
+		l.RecordRate = DefaultRecordRate
+	}
+	if l.RecordBurst <= 0 {
+		l.RecordBurst = DefaultRecordBurst
+	}
+	if l.MaxLogBytes <= 0 {
+		l.MaxLogBytes = DefaultMaxLogBytes
 	}
 	return l
 }

@@ -199,6 +199,7 @@ type trial struct {
 	set     *settings // as the proxy's were when the Trial was added
 	limits  Limits
 	bucket  bucket
+	records *recordGate  // bounds what its decision records cost
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
 	clients atomic.Int64 // client connections admitted and not yet closed
 	pending atomic.Int64 // of those, the ones whose request head is not read yet
@@ -252,6 +253,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		id: tp.ID, learn: tp.Learn, set: set, limits: lim, bucket: newBucket(lim.ConnectRate, lim.ConnectBurst),
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel,
+		records: newRecordGate(tp.ID, tp.Learn, lim),
 	}
 	t.allow.Store(allow)
 	p.trials[tp.ID] = t
@@ -390,8 +392,9 @@ func (t *trial) unregister(ot *openTunnel) {
 }
 
 // RemoveTrial closes the Trial's listeners and every connection it has
-// open, waits until each has emitted its decision event, and forgets the
-// Trial. Its final stats are returned.
+// open, waits until each has emitted its decision event, writes the
+// summary of its last suppressed records, and forgets the Trial. Its
+// final stats are returned.
 func (p *Proxy) RemoveTrial(id string) (TrialStats, bool) {
 	p.mu.Lock()
 	t, ok := p.trials[id]
@@ -402,6 +405,7 @@ func (p *Proxy) RemoveTrial(id string) (TrialStats, bool) {
 	}
 	t.shutdown()
 	t.handlers.Wait()
+	p.flushSummary(t, true)
 	return t.snapshot(), true
 }
 
@@ -513,6 +517,9 @@ func (p *Proxy) Close() error {
 		t.shutdown()
 	}
 	p.wg.Wait()
+	for _, t := range trials {
+		p.flushSummary(t, true)
+	}
 	p.stop()
 	if p.hostAddr != nil {
 		p.hostAddr.Wait()
@@ -765,13 +772,29 @@ func sanitize(s string) string {
 	return string(b)
 }
 
+// emit counts a decision, then writes its record unless the Trial's
+// record bounds suppress it (see recordGate).
 func (p *Proxy) emit(t *trial, ev *Event) {
 	t.mu.Lock()
 	t.stats.Add(ev)
 	t.mu.Unlock()
+	clipRecord(ev)
+	switch t.records.admit(ev, time.Now(), func() { p.flushSummary(t, false) }) {
+	case recordWrite:
+		p.write(ev)
+	case recordLogFull:
+		p.flushSummary(t, false)
+	}
+}
+
+// write hands a record to the journal (with LogDecisions) and OnEvent.
+func (p *Proxy) write(ev *Event) {
 	if ctx := context.Background(); p.cfg.LogDecisions && p.log.Enabled(ctx, ev.level()) {
 		msg := "connect"
-		if ev.Method != "" && ev.Method != "CONNECT" {
+		switch {
+		case ev.Decision == DecisionSuppressed:
+			msg = "suppressed"
+		case ev.Method != "" && ev.Method != "CONNECT":
 			msg = "forward"
 		}
 		p.log.LogAttrs(ctx, ev.level(), msg, ev.attrs()...)

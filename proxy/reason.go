@@ -77,61 +77,64 @@ const (
 )
 
 // reasonInfo is how a refusal is answered: its HTTP status and its RFC
-// 9209 Proxy-Status error type.
+// 9209 Proxy-Status error type; and whether the request was charged to
+// the CONNECT rate before it was decided (so its record is bounded by
+// that rate) or its record is charged to the record rate instead.
 type reasonInfo struct {
 	status     int
 	proxyError string
+	charged    bool
 }
 
 // reasons is the one table of every reason's answer. A reason missing
 // here is answered 503 proxy_internal_error; TestReasonTable keeps it
 // complete.
 var reasons = map[Reason]reasonInfo{
-	ReasonAllowed: {http.StatusOK, ""},
+	ReasonAllowed: {http.StatusOK, "", true},
 
-	ReasonMethodNotAllowed:  {http.StatusMethodNotAllowed, "http_request_denied"},
-	ReasonHTTPSNeedsConnect: {http.StatusBadRequest, "http_request_denied"},
-	ReasonBadRequest:        {http.StatusBadRequest, "http_request_error"},
-	ReasonBadVersion:        {http.StatusHTTPVersionNotSupported, "http_request_error"},
-	ReasonBadTarget:         {http.StatusBadRequest, "http_request_error"},
-	ReasonIPLiteral:         {http.StatusForbidden, "destination_ip_prohibited"},
-	ReasonBadPort:           {http.StatusBadRequest, "http_request_error"},
-	ReasonRequestTooLarge:   {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
-	ReasonTooManyHeaders:    {http.StatusRequestHeaderFieldsTooLarge, "http_request_error"},
-	ReasonHeaderTimeout:     {http.StatusRequestTimeout, "http_request_error"},
+	ReasonMethodNotAllowed:  {http.StatusMethodNotAllowed, "http_request_denied", false},
+	ReasonHTTPSNeedsConnect: {http.StatusBadRequest, "http_request_denied", false},
+	ReasonBadRequest:        {http.StatusBadRequest, "http_request_error", false},
+	ReasonBadVersion:        {http.StatusHTTPVersionNotSupported, "http_request_error", false},
+	ReasonBadTarget:         {http.StatusBadRequest, "http_request_error", false},
+	ReasonIPLiteral:         {http.StatusForbidden, "destination_ip_prohibited", false},
+	ReasonBadPort:           {http.StatusBadRequest, "http_request_error", false},
+	ReasonRequestTooLarge:   {http.StatusRequestHeaderFieldsTooLarge, "http_request_error", false},
+	ReasonTooManyHeaders:    {http.StatusRequestHeaderFieldsTooLarge, "http_request_error", false},
+	ReasonHeaderTimeout:     {http.StatusRequestTimeout, "http_request_error", false},
 
-	ReasonPolicyDenied:        {http.StatusForbidden, "http_request_denied"},
-	ReasonAddressDenied:       {http.StatusForbidden, "destination_ip_prohibited"},
-	ReasonDNSNXDomain:         {http.StatusBadGateway, "dns_error"},               // rcode="NXDOMAIN"
-	ReasonDNSFailed:           {http.StatusBadGateway, "dns_error"},               // with the rcode, or dns_timeout
-	ReasonDNSNoAddresses:      {http.StatusBadGateway, "dns_error"},               // rcode="NOERROR": no A/AAAA
-	ReasonUpstreamUnreachable: {http.StatusBadGateway, "destination_unavailable"}, // connection_refused when it was
-	ReasonUpstreamTimeout:     {http.StatusGatewayTimeout, "connection_timeout"},
-	ReasonUpstreamBadResponse: {http.StatusBadGateway, "http_response_incomplete"},
+	ReasonPolicyDenied:        {http.StatusForbidden, "http_request_denied", true},
+	ReasonAddressDenied:       {http.StatusForbidden, "destination_ip_prohibited", true},
+	ReasonDNSNXDomain:         {http.StatusBadGateway, "dns_error", true},               // rcode="NXDOMAIN"
+	ReasonDNSFailed:           {http.StatusBadGateway, "dns_error", true},               // with the rcode, or dns_timeout
+	ReasonDNSNoAddresses:      {http.StatusBadGateway, "dns_error", true},               // rcode="NOERROR": no A/AAAA
+	ReasonUpstreamUnreachable: {http.StatusBadGateway, "destination_unavailable", true}, // connection_refused when it was
+	ReasonUpstreamTimeout:     {http.StatusGatewayTimeout, "connection_timeout", true},
+	ReasonUpstreamBadResponse: {http.StatusBadGateway, "http_response_incomplete", true},
 
-	ReasonTunnelLimit:      {http.StatusTooManyRequests, "connection_limit_reached"},
-	ReasonRateLimited:      {http.StatusTooManyRequests, "connection_limit_reached"},
-	ReasonGlobalLimit:      {http.StatusServiceUnavailable, "connection_limit_reached"},
-	ReasonTrialConnLimit:   {http.StatusTooManyRequests, "connection_limit_reached"},
-	ReasonPendingHeadLimit: {http.StatusTooManyRequests, "connection_limit_reached"},
-	ReasonShutdown:         {http.StatusServiceUnavailable, "proxy_internal_response"},
+	ReasonTunnelLimit:      {http.StatusTooManyRequests, "connection_limit_reached", true},
+	ReasonRateLimited:      {http.StatusTooManyRequests, "connection_limit_reached", false},
+	ReasonGlobalLimit:      {http.StatusServiceUnavailable, "connection_limit_reached", false},
+	ReasonTrialConnLimit:   {http.StatusTooManyRequests, "connection_limit_reached", false},
+	ReasonPendingHeadLimit: {http.StatusTooManyRequests, "connection_limit_reached", false},
+	ReasonShutdown:         {http.StatusServiceUnavailable, "proxy_internal_response", true},
 
 	// Decided after the 200 and answered with a TLS alert, not HTTP; the
 	// error type is recorded for completeness.
-	ReasonSNIMismatch:          {http.StatusForbidden, "http_request_denied"},
-	ReasonSNIMissing:           {http.StatusForbidden, "http_request_denied"},
-	ReasonTLSMalformed:         {http.StatusBadRequest, "tls_protocol_error"},
-	ReasonTLSRequired:          {http.StatusForbidden, "http_request_denied"},
-	ReasonTLSECH:               {http.StatusForbidden, "http_request_denied"},
-	ReasonTLSRecordBeforeHello: {http.StatusBadRequest, "tls_protocol_error"},
-	ReasonTLSSSLv2:             {http.StatusBadRequest, "tls_protocol_error"},
+	ReasonSNIMismatch:          {http.StatusForbidden, "http_request_denied", true},
+	ReasonSNIMissing:           {http.StatusForbidden, "http_request_denied", true},
+	ReasonTLSMalformed:         {http.StatusBadRequest, "tls_protocol_error", true},
+	ReasonTLSRequired:          {http.StatusForbidden, "http_request_denied", true},
+	ReasonTLSECH:               {http.StatusForbidden, "http_request_denied", true},
+	ReasonTLSRecordBeforeHello: {http.StatusBadRequest, "tls_protocol_error", true},
+	ReasonTLSSSLv2:             {http.StatusBadRequest, "tls_protocol_error", true},
 }
 
 func (r Reason) info() reasonInfo {
 	if i, ok := reasons[r]; ok {
 		return i
 	}
-	return reasonInfo{http.StatusServiceUnavailable, "proxy_internal_error"}
+	return reasonInfo{http.StatusServiceUnavailable, "proxy_internal_error", false}
 }
 
 // Decision is the decision a reason belongs to: allow for ReasonAllowed,

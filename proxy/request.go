@@ -62,6 +62,14 @@ func readHead(br *bufio.Reader) (*head, error) {
 	if !ok1 || !ok2 || method == "" || strings.Contains(version, " ") {
 		return nil, deny(ReasonBadRequest, "request line is not METHOD SP TARGET SP VERSION")
 	}
+	// A request line is ASCII (a name travels as punycode): refused here,
+	// no other byte reaches a record or a terminal as a method or target.
+	if !isASCII(target) {
+		return nil, deny(ReasonBadTarget, "non-ASCII target %+q: send the name in its ASCII (punycode) form", truncate(target))
+	}
+	if !isASCII(method) || !isASCII(version) {
+		return nil, deny(ReasonBadRequest, "non-ASCII request line %+q", truncate(line))
+	}
 	h := &head{method: method, target: target, version: version}
 	sawHost, fields := false, 0
 	for {
@@ -353,6 +361,15 @@ func isIPLiteral(h string) bool {
 		return strings.Trim(last, "0123456789abcdef") == ""
 	}
 	return strings.Trim(last, "0123456789") == ""
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 func truncate(s string) string {

@@ -69,6 +69,11 @@ func TestRefusedRequests(t *testing.T) {
 		{"name too long", connectHeadNoHost(strings.Repeat(long+".", 4) + "com:443"), 400, ReasonBadTarget},
 		{"bad punycode", connectHeadNoHost("xn--a.example.com:443"), 400, ReasonBadTarget},
 		{"non-ASCII name", connectHeadNoHost("bücher.example.com:443"), 400, ReasonBadTarget},
+		{"C1 CSI in target", connectHeadNoHost("a\u009b31m.example.com:443"), 400, ReasonBadTarget},
+		{"bidi override in target", connectHeadNoHost("a\u202emoc.example.com:443"), 400, ReasonBadTarget},
+		{"C1 OSC in absolute-form", "GET http://a\u009d.example.com/ HTTP/1.1\r\n\r\n", 400, ReasonBadTarget},
+		{"non-ASCII method", "CONNECT\u0085 api.example.com:443 HTTP/1.1\r\n\r\n", 400, ReasonBadRequest},
+		{"non-ASCII version", "CONNECT api.example.com:443 HTTP/1.1\u009b\r\n\r\n", 400, ReasonBadRequest},
 		{"tab in target", "CONNECT api.example.com:443\t HTTP/1.1\r\n\r\n", 400, ReasonBadTarget},
 		{"NUL in request line", "CONNECT api.example.com:443\x00 HTTP/1.1\r\n\r\n", 400, ReasonBadRequest},
 		{"control char in header", "CONNECT api.example.com:443 HTTP/1.1\r\nX: a\x01b\r\n\r\n", 400, ReasonBadRequest},
@@ -103,6 +108,30 @@ func TestRefusedRequests(t *testing.T) {
 	}
 	if n := tp.dns.totalQueries(); n != 0 {
 		t.Fatalf("refused requests caused %d DNS queries; names must be checked before DNS", n)
+	}
+}
+
+// A request line with a byte outside ASCII is refused whole: its record
+// and its answer carry the line only escaped, so no terminal control
+// (C1, bidi) a Trial sends reaches an operator through them.
+func TestNonASCIIRequestLineNotRecorded(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}})
+	for _, head := range []string{
+		connectHeadNoHost("\u009b2J\u009d0;pwned\u009c.example.com:443"),
+		"GET http://\u202eevil.example.com/ HTTP/1.1\r\n\r\n",
+		"\u009b31mCONNECT api.example.com:443 HTTP/1.1\r\n\r\n",
+		connectHeadNoHost("\xff\xfe.example.com:443"),
+	} {
+		resp, _, _ := tp.connect(t, head)
+		ev := tp.event(t)
+		for _, s := range []string{ev.Method, ev.Target, ev.Host, ev.Detail, resp.Header.Get("Trialnet-Detail")} {
+			if !isASCII(s) {
+				t.Errorf("%q: %q reached the record or the answer", head, s)
+			}
+		}
+		if ev.Decision != DecisionDeny || ev.Target != "" || !strings.Contains(ev.Detail, "non-ASCII") {
+			t.Errorf("%q: record %+v", head, ev)
+		}
 	}
 }
 

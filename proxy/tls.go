@@ -364,6 +364,13 @@ func parseSNI(data cursor) (string, error) {
 		}
 		name = string(n)
 	}
+	// A host_name is ASCII (RFC 6066 3): anything else is refused here,
+	// so that no other byte reaches a record as the SNI.
+	for i := 0; i < len(name); i++ {
+		if name[i] <= ' ' || name[i] >= 0x7f {
+			return "", fmt.Errorf("server_name %+q is not an ASCII host name", truncate(name))
+		}
+	}
 	return name, nil
 }
 

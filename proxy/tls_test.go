@@ -196,6 +196,8 @@ func TestTLSMalformedAndRequired(t *testing.T) {
 	long := append([]byte(nil), hello...)
 	long[8]++
 	truncated := hello[:len(hello)-10]
+	// A server name holding a C1 control (CSI, UTF-8 encoded), same length.
+	c1 := []byte(strings.Replace(string(hello), "api.example.com", "api\u009bxample.com", 1))
 	for _, c := range []struct {
 		name string
 		data []byte
@@ -207,11 +209,12 @@ func TestTLSMalformedAndRequired(t *testing.T) {
 		{"wrong record version", []byte{0x16, 0x09, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00}, ReasonTLSMalformed},
 		{"truncated ClientHello then silence", truncated, ReasonTLSMalformed},
 		{"handshake longer than its records", long, ReasonTLSMalformed},
+		{"server name not ASCII", c1, ReasonTLSMalformed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sendInPieces(t, tp, c.data, 1)
-			if ev := tp.event(t); ev.Reason != c.want {
-				t.Fatalf("event %+v, want %s", ev, c.want)
+			if ev := tp.event(t); ev.Reason != c.want || ev.SNI != "" || !isASCII(ev.Detail) {
+				t.Fatalf("event %+v, want %s with no SNI and an ASCII detail", ev, c.want)
 			}
 		})
 	}

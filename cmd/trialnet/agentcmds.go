@@ -5,7 +5,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
@@ -153,7 +153,7 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		_ = json.NewEncoder(stdout).Encode(info)
+		printJSON(stdout, info)
 		return exitOK
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -211,7 +211,7 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		_ = json.NewEncoder(stdout).Encode(list)
+		printJSON(stdout, list)
 		return exitOK
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -263,9 +263,9 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 		}
 		if *asJSON {
 			if *id != "" {
-				_ = json.NewEncoder(stdout).Encode(all[0])
+				printJSON(stdout, all[0])
 			} else {
-				_ = json.NewEncoder(stdout).Encode(all)
+				printJSON(stdout, all)
 			}
 		} else {
 			var buf bytes.Buffer
@@ -300,9 +300,10 @@ func isTerminal(w io.Writer) bool {
 }
 
 // printStats prints a Trial's counters in aligned columns, bpftool-style,
-// ending with the verdict line.
+// ending with the verdict line. Every string goes through termsafe.
 func printStats(w io.Writer, st agent.Stats) {
-	fmt.Fprintf(w, "trial %s (%s)\n", st.Trial, mode(st.Learning))
+	q := termsafe.String
+	fmt.Fprintf(w, "trial %s (%s)\n", q(st.Trial), mode(st.Learning))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	names := make([]string, 0, len(st.Kernel))
 	for n := range st.Kernel {
@@ -310,7 +311,7 @@ func printStats(w io.Writer, st agent.Stats) {
 	}
 	slices.Sort(names)
 	for _, n := range names {
-		fmt.Fprintf(tw, "\tkernel\t%s\t%d\n", n, st.Kernel[n])
+		fmt.Fprintf(tw, "\tkernel\t%s\t%d\n", q(n), st.Kernel[n])
 	}
 	p := st.Proxy
 	fmt.Fprintf(tw, "\tproxy\ttunnels_allowed\t%d\n\tproxy\ttunnels_denied\t%d\n\tproxy\ttunnels_active\t%d\n\tproxy\tdns_failures\t%d\n\tproxy\tbytes_up\t%d\n\tproxy\tbytes_down\t%d\n",
@@ -324,14 +325,14 @@ func printStats(w io.Writer, st agent.Stats) {
 	}
 	slices.Sort(reasons)
 	for _, r := range reasons {
-		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", r, p.ByReason[r])
+		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", q(r), p.ByReason[r])
 	}
 	_ = tw.Flush()
 	for _, t := range st.TopRefused {
-		fmt.Fprintf(w, "refused %s: %d\n", t.Target, t.Count)
+		fmt.Fprintf(w, "refused %s: %d\n", q(t.Target), t.Count)
 	}
-	fmt.Fprintln(w, st.Layers)
-	fmt.Fprintln(w, st.Verdict)
+	fmt.Fprintln(w, q(st.Layers.String()))
+	fmt.Fprintln(w, q(st.Verdict))
 }
 
 func cmdAudit(args []string, stdout, stderr io.Writer) int {
@@ -359,7 +360,7 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 		if recs == nil {
 			recs = []proxy.Event{}
 		}
-		_ = json.NewEncoder(stdout).Encode(recs)
+		printJSON(stdout, recs)
 		return exitOK
 	}
 	printAudit(stdout, recs)
@@ -367,12 +368,23 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 }
 
 // printAudit prints decision records, one a line, in aligned columns.
+// Every string goes through termsafe: a record holds what a Trial sent.
 func printAudit(w io.Writer, recs []proxy.Event) {
+	q := termsafe.String
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "START\tTARGET\tDECISION\tREASON\tRULE\tPROFILE\tDIALED\tUP\tDOWN\tDETAIL")
 	for _, r := range recs {
-		if r.Decision == proxy.DecisionPolicyChange {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t%s\n", r.Time.Format(time.RFC3339Nano), "(allowlist)", r.Decision, r.Detail)
+		start := r.Time.Format(time.RFC3339Nano)
+		switch r.Decision {
+		case proxy.DecisionPolicyChange:
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t%s\n", start, "(allowlist)", r.Decision, q(r.Detail))
+			continue
+		case proxy.DecisionSuppressed:
+			var up, down int64
+			if s := r.Suppressed; s != nil {
+				up, down = s.BytesUp, s.BytesDown
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t%d\t%d\t%s\n", start, "(suppressed)", r.Decision, up, down, q(r.Detail)+suppressedReasons(r.Suppressed))
 			continue
 		}
 		if r.WouldDeny != "" {
@@ -382,8 +394,8 @@ func printAudit(w io.Writer, recs []proxy.Event) {
 		if r.Dialed.IsValid() {
 			dialed = r.Dialed.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Time.Format(time.RFC3339Nano), r.Target, r.Decision, r.Reason,
-			r.Rule, r.Profile, dialed, r.BytesUp, r.BytesDown, r.Detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", start, q(r.Target), q(string(r.Decision)), q(string(r.Reason)),
+			q(r.Rule), q(r.Profile), q(dialed), r.BytesUp, r.BytesDown, q(r.Detail))
 	}
 	_ = tw.Flush()
 }
@@ -404,7 +416,7 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		_ = json.NewEncoder(stdout).Encode(st)
+		printJSON(stdout, st)
 		return exitOK
 	}
 	printStats(stdout, st)
@@ -424,7 +436,7 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		_ = json.NewEncoder(stdout).Encode(res)
+		printJSON(stdout, res)
 		return exitOK
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -460,7 +472,7 @@ func cmdHealth(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, exitFailure, err)
 	}
 	if *asJSON {
-		_ = json.NewEncoder(stdout).Encode(h)
+		printJSON(stdout, h)
 	} else {
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintf(tw, "agent\t%s\nebpf\t%s\ntrials_live\t%d\n", h.Agent, h.EBPF, h.Trials)

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 )
@@ -108,11 +110,21 @@ func jsonFlag(fs *flag.FlagSet) *bool {
 	return j
 }
 
+// printJSON writes v as json.Encoder does, one line, with what a terminal
+// could act on escaped (termsafe.JSON): the JSON holds the same values.
+func printJSON(w io.Writer, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	_, _ = w.Write(append(termsafe.JSON(b), '\n'))
+}
+
 // fail reports err once, as JSON under -j (bpftool's convention) or as a
 // line on stderr, and returns the exit code.
 func fail(stdout, stderr io.Writer, asJSON bool, code int, err error) int {
 	if asJSON {
-		_ = json.NewEncoder(stdout).Encode(map[string]string{"error": err.Error()})
+		printJSON(stdout, map[string]string{"error": err.Error()})
 	} else {
 		fmt.Fprintf(stderr, "trialnet: %v\n", err)
 	}
@@ -145,7 +157,7 @@ func cmdDoctor(args []string, stdout, stderr io.Writer) int {
 			}
 			out.Checks = append(out.Checks, r)
 		}
-		_ = json.NewEncoder(stdout).Encode(out)
+		printJSON(stdout, out)
 	} else {
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		for _, c := range checks {
@@ -300,7 +312,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if *asJSON {
-		_ = json.NewEncoder(stdout).Encode(map[string]any{
+		printJSON(stdout, map[string]any{
 			"trial":                 info.ID,
 			"learning":              st.Learning,
 			"exit_code":             code,
@@ -326,15 +338,15 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 func summary(st agent.Stats, code int, took time.Duration) string {
 	var top []string
 	for _, t := range st.TopRefused {
-		top = append(top, fmt.Sprintf("%s ×%d", t.Target, t.Count))
+		top = append(top, fmt.Sprintf("%s ×%d", termsafe.String(t.Target), t.Count))
 	}
 	refused := fmt.Sprintf("%d refused", st.Proxy.Denied)
 	if len(top) > 0 {
 		refused += " (" + strings.Join(top, ", ") + ")"
 	}
 	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s; %s",
-		st.Trial, code, took.Round(time.Millisecond), st.Proxy.Allowed, refused,
-		strings.TrimPrefix(st.Verdict, "verdict: "), st.Layers)
+		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused,
+		termsafe.String(strings.TrimPrefix(st.Verdict, "verdict: ")), termsafe.String(st.Layers.String()))
 }
 
 // showRefusalsOf prints each refusal in Trial id on w as it happens, one
@@ -346,7 +358,7 @@ func showRefusalsOf(b runBackend, id string, w io.Writer) (stop func()) {
 	go func() {
 		defer close(done)
 		_ = b.Watch(ctx, id, func(ev proxy.Event) {
-			if ev.Decision != proxy.DecisionAllow {
+			if ev.Decision == proxy.DecisionDeny || ev.Decision == proxy.DecisionSuppressed {
 				fmt.Fprintln(w, refusalLine(ev))
 			}
 		})
@@ -361,12 +373,31 @@ func showRefusalsOf(b runBackend, id string, w io.Writer) (stop func()) {
 	}
 }
 
+// refusalLine is one refusal, or a summary of suppressed records, as
+// --show-refusals prints it.
 func refusalLine(ev proxy.Event) string {
-	line := fmt.Sprintf("trialnet: refused %s %s: %s", ev.Method, ev.Target, ev.Reason)
+	if ev.Decision == proxy.DecisionSuppressed {
+		return "trialnet: " + termsafe.String(ev.Detail) + suppressedReasons(ev.Suppressed)
+	}
+	line := fmt.Sprintf("trialnet: refused %s %s: %s", termsafe.String(ev.Method), termsafe.String(ev.Target), termsafe.String(string(ev.Reason)))
 	if ev.Detail != "" {
-		line += " (" + ev.Detail + ")"
+		line += " (" + termsafe.String(ev.Detail) + ")"
 	}
 	return line
+}
+
+// suppressedReasons is what a summary counts, by reason: " (bad_target
+// ×55, rate_limited ×3)".
+func suppressedReasons(s *proxy.Suppressed) string {
+	if s == nil || len(s.ByReason) == 0 {
+		return ""
+	}
+	var by []string
+	for r, n := range s.ByReason {
+		by = append(by, fmt.Sprintf("%s ×%d", termsafe.String(string(r)), n))
+	}
+	slices.Sort(by)
+	return " (" + strings.Join(by, ", ") + ")"
 }
 
 // runBackend is what run needs from an agent, running or embedded.

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -75,7 +74,7 @@ func printProfile(stdout, stderr io.Writer, asJSON bool, name string, recs []pro
 		for _, w := range l.Wildcards {
 			out.Wildcards = append(out.Wildcards, wildcard{w.Entry.String(), w.Hosts})
 		}
-		_ = json.NewEncoder(stdout).Encode(out)
+		printJSON(stdout, out)
 		return exitOK
 	}
 	_, _ = stdout.Write(y)
@@ -129,7 +128,7 @@ func changeAllow(verb string, args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		_ = json.NewEncoder(stdout).Encode(res)
+		printJSON(stdout, res)
 		return exitOK
 	}
 	var allow []string

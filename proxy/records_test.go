@@ -1,0 +1,229 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// floodHead is the attack's request: a 1000-byte target, refused as
+// malformed before any rate limit.
+var floodHead = "CONNECT " + strings.Repeat("x", 1000) + "/ HTTP/1.1\r\n\r\n"
+
+// sendRefused sends head n times, each on its own connection, and reads
+// each answer.
+func (tp *testProxy) sendRefused(t *testing.T, head string, n int) {
+	t.Helper()
+	for range n {
+		c, err := net.Dial("tcp", tp.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, head); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		_ = c.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatalf("%q was let through", head)
+		}
+	}
+}
+
+// finish removes Trial t1 (which writes its last summary) and returns
+// its final stats and every record it wrote, in order.
+func (tp *testProxy) finish(t *testing.T) (TrialStats, []Event) {
+	t.Helper()
+	st, ok := tp.RemoveTrial("t1")
+	if !ok {
+		t.Fatal("t1 is not registered")
+	}
+	var recs []Event
+	for {
+		select {
+		case e := <-tp.events:
+			recs = append(recs, e)
+		default:
+			return st, recs
+		}
+	}
+}
+
+// replay is what a restarted agent rebuilds from the records.
+func replay(recs []Event) TrialStats {
+	var st TrialStats
+	for i := range recs {
+		st.Add(&recs[i])
+	}
+	return st
+}
+
+func sameCounts(t *testing.T, got, want TrialStats) {
+	t.Helper()
+	got.Active, want.Active = 0, 0
+	if got.Allowed != want.Allowed || got.Denied != want.Denied || got.WouldDeny != want.WouldDeny || got.DNSFailed != want.DNSFailed ||
+		got.BytesUp != want.BytesUp || got.BytesDown != want.BytesDown || len(got.Decisions) != len(want.Decisions) {
+		t.Fatalf("counters rebuilt from the records %+v, the proxy's %+v", got, want)
+	}
+	for r, n := range want.Decisions {
+		if got.Decisions[r] != n {
+			t.Fatalf("%s: %d rebuilt from the records, %d counted", r, got.Decisions[r], n)
+		}
+	}
+}
+
+// A flood of malformed requests writes at most the record burst, each
+// record's target clipped, and one summary that counts the rest: the
+// proxy's counters and the counters rebuilt from the log both count
+// every refusal. The journal gets the same bound.
+func TestRecordFloodBounded(t *testing.T) {
+	var journal syncWriter
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{RecordRate: 1e-9, RecordBurst: 5},
+		configure: func(c *Config) {
+			c.Logger = slog.New(slog.NewTextHandler(&journal, nil))
+			c.LogDecisions = true
+		}})
+	const n = 60
+	tp.sendRefused(t, floodHead, n)
+	st, recs := tp.finish(t)
+	if st.Denied != n || st.Decisions[ReasonBadTarget] != n {
+		t.Fatalf("stats %+v: every refusal must be counted", st)
+	}
+	if len(recs) != 6 {
+		t.Fatalf("%d records, want the burst of 5 and one summary", len(recs))
+	}
+	for _, r := range recs[:5] {
+		if r.Reason != ReasonBadTarget || len(r.Target) > MaxRecordField+20 || !strings.HasSuffix(r.Target, "…[1001 bytes]") {
+			t.Fatalf("record %q %s: want bad_target with the target clipped and marked", r.Target, r.Reason)
+		}
+	}
+	sum := recs[5]
+	s := sum.Suppressed
+	if sum.Decision != DecisionSuppressed || sum.Schema != SummarySchema || s == nil || s.Records != n-5 ||
+		s.ByReason[ReasonBadTarget] != n-5 || s.Refused[recs[0].Target] != n-5 || s.LogFull || !strings.Contains(sum.Detail, "55 similar records suppressed") {
+		t.Fatalf("summary %+v (%+v)", sum, s)
+	}
+	sameCounts(t, replay(recs), st)
+	if lines := strings.Count(journal.String(), "\n"); lines != 6 {
+		t.Fatalf("%d journal lines, want 6:\n%s", lines, journal.String())
+	}
+	if !strings.Contains(journal.String(), "msg=suppressed") || !strings.Contains(journal.String(), "suppressed.records=55 suppressed.by_reason=map[bad_target:55]") {
+		t.Fatalf("the journal has no summary:\n%s", journal.String())
+	}
+}
+
+// Requests refused by the CONNECT rate are records of the record rate
+// too; requests it charged are not, so a flood of malformed requests
+// cannot hide them.
+func TestRecordRateSparesChargedRequests(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"},
+		limits: &Limits{RecordRate: 1e-9, RecordBurst: 3, ConnectRate: 1e-9, ConnectBurst: 4}})
+	tp.sendRefused(t, floodHead, 10)                           // 3 written, 7 suppressed
+	tp.sendRefused(t, connectHead("other.example.com:443"), 4) // charged: all 4 written
+	tp.sendRefused(t, connectHead("other.example.com:443"), 6) // rate_limited: suppressed
+	st, recs := tp.finish(t)
+	written := map[Reason]int{}
+	var sum *Suppressed
+	for _, r := range recs {
+		if r.Decision == DecisionSuppressed {
+			sum = r.Suppressed
+			continue
+		}
+		written[r.Reason]++
+	}
+	if written[ReasonBadTarget] != 3 || written[ReasonPolicyDenied] != 4 || written[ReasonRateLimited] != 0 || len(written) != 2 {
+		t.Fatalf("written %v; want 3 bad_target (the burst), 4 policy_denied (charged), no rate_limited", written)
+	}
+	if sum == nil || sum.Records != 13 || sum.ByReason[ReasonBadTarget] != 7 || sum.ByReason[ReasonRateLimited] != 6 ||
+		sum.Refused["other.example.com:443"] != 6 {
+		t.Fatalf("summary %+v", sum)
+	}
+	sameCounts(t, replay(recs), st)
+}
+
+// A Trial whose records reach MaxLogBytes writes a summary saying so at
+// once, then only summaries; the counters stay exact.
+func TestRecordLogFull(t *testing.T) {
+	const limit = 4000
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{MaxLogBytes: limit}})
+	tp.sendRefused(t, connectHead("other.example.com:443"), 30)
+	st, recs := tp.finish(t)
+	var size int
+	var sums []Event
+	for _, r := range recs {
+		b, err := r.AppendJSON(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Decision == DecisionSuppressed {
+			sums = append(sums, r)
+			continue
+		}
+		if len(sums) > 0 {
+			t.Fatalf("a record after the log filled: %+v", r)
+		}
+		size += len(b) + 1
+	}
+	if size > limit || size < limit-1000 {
+		t.Fatalf("%d bytes of records for a limit of %d", size, limit)
+	}
+	if len(sums) == 0 || !sums[0].Suppressed.LogFull || !strings.Contains(sums[0].Detail, "max_log_bytes") {
+		t.Fatalf("no summary says the log is full: %+v", sums)
+	}
+	if st.Denied != 30 {
+		t.Fatalf("stats %+v", st)
+	}
+	sameCounts(t, replay(recs), st)
+}
+
+// While records are being suppressed, a summary is written every
+// summaryEvery, not only when the Trial ends.
+func TestRecordSummaryTimer(t *testing.T) {
+	old := summaryEvery
+	summaryEvery = 50 * time.Millisecond
+	t.Cleanup(func() { summaryEvery = old })
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{RecordRate: 1e-9, RecordBurst: 1}})
+	tp.sendRefused(t, floodHead, 4)
+	if e := tp.event(t); e.Decision == DecisionSuppressed {
+		t.Fatalf("summary before the burst's record: %+v", e)
+	}
+	e := tp.event(t)
+	if e.Decision != DecisionSuppressed || e.Suppressed.Records != 3 {
+		t.Fatalf("want a summary of 3 records from the timer, got %+v", e)
+	}
+	if _, recs := tp.finish(t); len(recs) != 0 {
+		t.Fatalf("records after the last summary: %+v", recs)
+	}
+}
+
+func TestClipField(t *testing.T) {
+	if s := strings.Repeat("a", MaxRecordField); clipField(s) != s {
+		t.Fatal("a field at the bound was clipped")
+	}
+	s := "x" + strings.Repeat("é", MaxRecordField) // 2-byte runes, off by one
+	c := clipField(s)
+	if !utf8.ValidString(c) || !strings.HasSuffix(c, "…[1025 bytes]") || len(c) > MaxRecordField+len("…[1025 bytes]") {
+		t.Fatalf("clipped to %q", c)
+	}
+	ev := Event{Method: s, Target: s, Detail: s, SNI: s, Host: "h"}
+	clipRecord(&ev)
+	for _, f := range []string{ev.Method, ev.Target, ev.Detail, ev.SNI} {
+		if !bytes.Equal([]byte(f), []byte(c)) {
+			t.Fatalf("field clipped to %q", f)
+		}
+	}
+}
