@@ -166,6 +166,6 @@ func (f *idFlag) Set(s string) error {
 type userFlags struct{ uid, gid idFlag }
 
 func (u *userFlags) register(fs *flag.FlagSet) {
-	fs.Var(&u.uid, "uid", "run CMD as this user id `N` (default: $SUDO_UID under sudo unless it is 0; required otherwise; 0 only when given)")
+	fs.Var(&u.uid, "uid", "run CMD as this user id `N` (default: $SUDO_UID under sudo; required otherwise; never 0: root owns the files that hold Trials in place)")
 	fs.Var(&u.gid, "gid", "run CMD with this group id `N` (default: $SUDO_GID under sudo, else the uid)")
 }

@@ -419,22 +419,26 @@ func execIn(ctx context.Context, info agent.TrialInfo, c sandbox.Command) (int, 
 	return tr.Exec(ctx, c, sigs)
 }
 
-// trialUser decides who CMD runs as. A uid-0 Trial must be asked for with
-// --uid 0: even without capabilities, root owns the files that hold a
-// Trial in place. sudo from a root shell sets SUDO_UID=0, which is not
-// asking.
+// trialUser decides who CMD runs as: never root. Without a single
+// capability, a uid-0 process still owns every root-owned file, and the
+// kernel checks many of them by owner alone: trialnet's binary and state,
+// /proc/sys (core_pattern runs a program as root), other Trials' cgroup
+// files, its runtime directory (a socket bound there answers as the
+// agent). No layer of the Trial closes that, so it is refused; gid 0
+// likewise, for the root group's writable files. sudo from your own
+// account gives your uid.
 func trialUser(u userFlags) (uint32, uint32, error) {
 	uid, gid := u.uid, u.gid
 	if !uid.set {
 		s := os.Getenv("SUDO_UID")
 		if s == "" {
-			return 0, 0, usageError{"who should CMD run as? Pass --uid N (and --gid N; a dedicated user for untrusted code is best), or run trialnet under sudo from your own account to use your uid; --uid 0 runs CMD as root without capabilities"}
+			return 0, 0, usageError{"who should CMD run as? Pass --uid N (and --gid N; a dedicated user for untrusted code is best), or run trialnet under sudo from your own account to use your uid"}
 		}
 		if err := uid.Set(s); err != nil {
 			return 0, 0, usageError{fmt.Sprintf("SUDO_UID=%q is not a user id (%v); pass --uid", s, err)}
 		}
 		if uid.id == 0 {
-			return 0, 0, usageError{"SUDO_UID is 0 (sudo was run from a root shell), and a uid-0 Trial is never a default: pass --uid N for a dedicated user, or --uid 0 if root without capabilities is really meant"}
+			return 0, 0, usageError{"SUDO_UID is 0 (sudo was run from a root shell), and a Trial never runs as root: pass --uid N for a dedicated user"}
 		}
 		if !gid.set {
 			_ = gid.Set(os.Getenv("SUDO_GID")) // unset or not an id: the uid's, below
@@ -442,6 +446,9 @@ func trialUser(u userFlags) (uint32, uint32, error) {
 	}
 	if !gid.set {
 		gid = uid
+	}
+	if uid.id == 0 || gid.id == 0 {
+		return 0, 0, usageError{"a Trial never runs as uid 0 or gid 0: even without capabilities, root owns the files that hold every Trial in place (trialnet's state and runtime directory, other Trials' cgroups, /proc/sys), and the root group many of them. Pass --uid N (and --gid N) for a dedicated user; what needs root (installing packages) belongs in the environment prepared before the Trial"}
 	}
 	return uid.id, gid.id, nil
 }

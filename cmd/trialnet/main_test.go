@@ -75,6 +75,35 @@ func TestRunNeedsAUser(t *testing.T) {
 	}
 }
 
+// Root is refused however it is asked for: a capability-less uid 0 still
+// owns the host's root-owned files.
+func TestRunRefusesRoot(t *testing.T) {
+	for _, tc := range []struct {
+		sudoUID, sudoGID string
+		args             []string
+	}{
+		{"", "", []string{"--uid", "0"}},
+		{"", "", []string{"--uid", "0", "--gid", "65534"}},
+		{"", "", []string{"--uid", "65534", "--gid", "0"}},
+		{"1000", "", []string{"--uid", "0"}},
+		{"1000", "0", nil},
+		{"1000", "", []string{"--gid", "0"}},
+	} {
+		t.Setenv("SUDO_UID", tc.sudoUID)
+		t.Setenv("SUDO_GID", tc.sudoGID)
+		for _, cmd := range []string{"run", "exec"} {
+			args := append([]string{cmd}, tc.args...)
+			if cmd == "exec" {
+				args = append(args, "--trial", "x")
+			}
+			code, _, errOut := trialnet(append(args, "--", "true")...)
+			if code != exitUsage || !strings.Contains(errOut, "never runs as uid 0 or gid 0") {
+				t.Errorf("SUDO_UID=%q SUDO_GID=%q %v: exit %d, %q: want the root refusal", tc.sudoUID, tc.sudoGID, args, code, errOut)
+			}
+		}
+	}
+}
+
 // installedByTest uninstalls trialnet (pins and parent cgroup) after the
 // test when the test was the one that installed it.
 func installedByTest(t *testing.T) {
