@@ -385,6 +385,26 @@ func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 	}
 }
 
+// A Trial is the OOM killer's first choice, its init too: memory it
+// allocates without end costs the Trial, not the agent or the host's
+// services. (A Trial may lower its own score back to 0, the default; not
+// below, which needs CAP_SYS_RESOURCE.)
+func TestPrivilegedTrialIsOOMFirst(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{})
+	for _, pid := range []string{"self", "1"} {
+		var out bytes.Buffer
+		p, err := tr.Start(Command{Args: []string{"cat", "/proc/" + pid + "/oom_score_adj"}, Env: []string{"PATH=/usr/bin:/bin"},
+			UID: nobody, GID: nobody, Stdout: &out, Stderr: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, err := p.Wait(); err != nil || code != 0 || strings.TrimSpace(out.String()) != "1000" {
+			t.Errorf("/proc/%s/oom_score_adj in the Trial: %q (exit %d, %v), want 1000", pid, out.String(), code, err)
+		}
+	}
+}
+
 func TestPrivilegedTerminalIsRelayed(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{UnixOpen: true})

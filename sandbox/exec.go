@@ -431,6 +431,9 @@ func trialExec(args []string) (int, error) {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: unshare cgroup namespace: %w", err)
 	}
+	if err := oomFirst(); err != nil {
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
+	}
 	// Only stdio survives exec: an inherited socket is a way out.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: close inherited descriptors: %w", err)
@@ -467,6 +470,18 @@ func trialExec(args []string) (int, error) {
 	}
 	err = unix.Exec(path, argv, os.Environ())
 	return ExitCannotExecute, fmt.Errorf("exec %s: %w", path, err)
+}
+
+// oomFirst makes this process, and everything it starts, the kernel's
+// first choice when memory runs out: a Trial that allocates without end
+// (the usual way a runaway Harness fails) is what the OOM killer ends,
+// not the agent or the host's services. A Trial may set its own score
+// back to 0, the default, not below.
+func oomFirst() error {
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("1000"), 0); err != nil {
+		return fmt.Errorf("make the Trial the OOM killer's first choice: %w", err)
+	}
+	return nil
 }
 
 // dropCapabilities is dropPrivileges without changing user: for the

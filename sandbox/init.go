@@ -265,6 +265,9 @@ func runInit() {
 	runtime.LockOSThread()
 	err := setupInit()
 	if err == nil {
+		err = oomFirst()
+	}
+	if err == nil {
 		err = dropCapabilities()
 	}
 	if err == nil {
