@@ -94,6 +94,13 @@ func cgroupPopulated(dir string) (bool, error) {
 	return bytes.Contains(b, []byte("populated 1")), nil
 }
 
+// populated reports whether the Trial still has processes; a cgroup that
+// cannot be read counts as empty, so that nothing waits on it.
+func (t *Trial) populated() bool {
+	p, _ := cgroupPopulated(t.Cgroup)
+	return p
+}
+
 // removeCgroup removes an empty cgroup directory; one already gone is fine.
 func removeCgroup(dir string) error {
 	err := unix.Rmdir(dir)

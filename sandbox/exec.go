@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime"
 	"slices"
 	"strconv"
@@ -306,7 +307,7 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	}
 	// A new init that failed makes the steps below fail too (ESRCH): its
 	// own error, joined in, says why.
-	tty, err := newTerminal(cmd, init, c.UID, c.GID)
+	tty, err := newTerminal(cmd, init, c.UID, c.GID, t.populated)
 	if err != nil {
 		closePipes()
 		relay.started()
@@ -404,10 +405,16 @@ func Init() {
 	case initArg0:
 		runReaper()
 		os.Exit(0)
+	case watchdogArg0:
+		os.Exit(runWatchdog(os.Args[1:]))
 	case execArg0:
 		// Bounding set, capabilities, no_new_privs and the seccomp filter
 		// are per thread: all of it must happen on the thread that execs.
 		runtime.LockOSThread()
+		// The terminal relay ignores these, and an ignored signal stays
+		// ignored across exec; a caught one is reset to the default, which
+		// a command on a terminal expects.
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGTTIN, syscall.SIGTTOU)
 		code, err := trialExec(os.Args[1:])
 		report := os.NewFile(3, "trialnet-exec-errors")
 		_, _ = fmt.Fprintf(report, "%v", err)

@@ -44,7 +44,10 @@ func (s *stoppable) Read(buf []byte) (int, error) {
 		if err == unix.EAGAIN || err == unix.EINTR {
 			continue
 		}
-		if n <= 0 || err != nil {
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
 			return 0, io.EOF
 		}
 		return n, nil

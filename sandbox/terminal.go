@@ -10,9 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,20 +24,30 @@ import (
 // terminal, as sudo does with use_pty: the command never holds a
 // descriptor of the caller's terminal, so it cannot type into the
 // operator's shell (TIOCSTI), and its session and controlling terminal
-// are its own. ^C and ^Z reach it through its own line discipline, window
-// size changes are copied over, and when it stops the caller stops too.
+// are its own. ^C and ^Z reach it through its own line discipline, and
+// window size changes are copied over.
+//
+// Only the operator stops this process: a ^Z typed on the caller's
+// terminal suspends the command's process group and this process (see
+// copyInput). A stop the Trial makes (SIGSTOP to itself, a ptrace-stop,
+// a stopped group) is the Trial's alone, and the relay, the agent and
+// the --timeout run on; SIGTTIN and SIGTTOU are ignored, so that output
+// the Trial makes this process write cannot stop it either.
 type terminal struct {
 	user   *os.File  // the caller's terminal: the first stdio that is one
 	in     *os.File  // the caller's stdin, when it is that terminal
 	out    io.Writer // where the command's terminal output goes
 	master *os.File
 	slave  *os.File
-	saved  *term.State // the caller's mode while raw; nil when not raw
+	saved  *term.State // the caller's mode, to restore
+	raw    bool        // the caller's terminal is in raw mode, made by the relay
+	// live reports whether the Trial still has processes: suspended,
+	// this process waits for the foreground only while it has.
+	live func() bool
 
 	input     *stoppable // the caller's keystrokes, while relayed
 	winch     chan os.Signal
-	modeMu    sync.Mutex   // orders suspends and close: both change the mode
-	ownStops  atomic.Int32 // stops the relay made itself (^Z) and handles
+	modeMu    sync.Mutex // orders suspends and close: both change the mode
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 }
@@ -60,11 +70,11 @@ func wantsTerminal(cmd *exec.Cmd) bool {
 // streams that is a terminal; others pass through untouched, so pipes and
 // files stay exact. The pty comes from the Trial's own devpts instance
 // (through its init's root), so that inside the Trial it has a name, and
-// belongs to uid:gid, as a login terminal does. It returns nil when none
-// is a terminal.
-func newTerminal(cmd *exec.Cmd, init initProc, uid, gid uint32) (_ *terminal, err error) {
+// belongs to uid:gid, as a login terminal does. live says whether the
+// Trial still has processes. It returns nil when none is a terminal.
+func newTerminal(cmd *exec.Cmd, init initProc, uid, gid uint32, live func() bool) (_ *terminal, err error) {
 	in, out, errf := terminalOf(cmd.Stdin), terminalOf(cmd.Stdout), terminalOf(cmd.Stderr)
-	t := &terminal{in: in}
+	t := &terminal{in: in, live: live}
 	for _, f := range []*os.File{in, out, errf} {
 		if f != nil && t.user == nil {
 			t.user = f
@@ -73,6 +83,11 @@ func newTerminal(cmd *exec.Cmd, init initProc, uid, gid uint32) (_ *terminal, er
 	if t.user == nil {
 		return nil, nil
 	}
+	// Ignored, a read or mode change from the background fails and a
+	// write goes through, where the kernel would stop this process: the
+	// relay waits for the foreground itself (awaitForeground), and stops
+	// only while the Trial lives.
+	signal.Ignore(syscall.SIGTTIN, syscall.SIGTTOU)
 	switch {
 	case out != nil:
 		t.out = out
@@ -112,7 +127,12 @@ func newTerminal(cmd *exec.Cmd, init initProc, uid, gid uint32) (_ *terminal, er
 	}
 	cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, ctty
 	if in != nil {
-		if t.saved, err = term.MakeRaw(int(in.Fd())); err != nil {
+		// Started in the background (&), it waits for fg, as a job that
+		// sets the mode would.
+		if !t.awaitForeground() {
+			return nil, errors.New("open the Trial's terminal: the Trial ended (its --timeout?) while trialnet waited, stopped, to be brought to the foreground of its terminal")
+		}
+		if err := t.makeRaw(); err != nil {
 			return nil, err
 		}
 	}
@@ -162,8 +182,8 @@ func (t *terminal) started() {
 	}
 }
 
-// relay copies output and input, follows window size changes and stops
-// and continues with the command p.
+// relay copies output and input and follows window size changes for the
+// command p.
 func (t *terminal) relay(p *Process) {
 	if t == nil {
 		return
@@ -183,9 +203,6 @@ func (t *terminal) relay(p *Process) {
 	if t.input, err = newStoppable(t.in); err == nil {
 		t.wg.Go(func() { t.copyInput(p.Pid()) })
 	}
-	if pidfd, err := unix.PidfdOpen(p.Pid(), 0); err == nil {
-		go t.followStops(p.Pid(), pidfd)
-	}
 }
 
 // copyInput relays the caller's keystrokes to the command whose process
@@ -195,6 +212,13 @@ func (t *terminal) copyInput(pid int) {
 	buf := make([]byte, 4096)
 	for {
 		n, err := t.input.Read(buf)
+		if errors.Is(err, unix.EIO) && !t.foreground() {
+			// Read from the background (SIGTTIN is ignored): the
+			// keystrokes are the shell's until this process is in the
+			// foreground again.
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
 		if err != nil {
 			return
 		}
@@ -206,9 +230,7 @@ func (t *terminal) copyInput(pid int) {
 			// The command leads a session of its own, so its process
 			// group is orphaned and the kernel drops the SIGTSTP its
 			// line discipline sends: a handler still runs, and SIGSTOP
-			// does what ^Z means. The relay then stops this process
-			// itself; followStops leaves that stop to it.
-			t.ownStops.Add(1)
+			// does what ^Z means. The relay then stops this process.
 			_ = unix.Kill(-pid, unix.SIGTSTP)
 			_ = unix.Kill(-pid, unix.SIGSTOP)
 			waitState(pid, 'T', time.Second)
@@ -237,52 +259,77 @@ func (t *terminal) suspendAt(in []byte, pid int) int {
 	return bytes.IndexByte(in, tio.Cc[unix.VSUSP])
 }
 
-// followStops stops this process when the command is stopped (^Z), with
-// the caller's terminal mode restored, and continues the command when
-// this process is continued (fg). It ends once the command is reaped.
-func (t *terminal) followStops(pid, pidfd int) {
-	defer unix.Close(pidfd)
-	for {
-		var info unix.Siginfo
-		err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WSTOPPED, nil)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			// ECHILD also comes, briefly, while the command moves from
-			// the discarded thread that forked it to another parent
-			// thread: it is over only once the process is gone.
-			if unix.PidfdSendSignal(pidfd, 0, nil, 0) == nil {
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			return
-		}
-		if t.ownStops.Load() > 0 {
-			t.ownStops.Add(-1) // the relay's own ^Z: it suspends itself
-			continue
-		}
-		t.suspend(pid)
-	}
-}
-
 // suspend stops this process, with the caller's terminal mode restored,
-// while the command is stopped; once continued (fg) it makes the terminal
-// raw again and continues the command.
+// while the command is stopped by the operator's ^Z; once in the
+// foreground again (fg) it makes the terminal raw again and continues the
+// command. Continued in the background (bg) it stops again, as a job that
+// sets the mode would; continued once the Trial is gone (the --timeout
+// watchdog killed it) it returns, for the teardown to follow.
 func (t *terminal) suspend(pid int) {
 	t.modeMu.Lock()
 	defer t.modeMu.Unlock()
-	if t.saved != nil {
+	t.restoreMode()
+	stopSelf()
+	if !t.awaitForeground() {
+		return
+	}
+	// The size may have changed meanwhile.
+	_ = t.makeRaw()
+	t.copySize()
+	_ = unix.Kill(-pid, unix.SIGCONT)
+}
+
+// awaitForeground stops this process until it is in the foreground of
+// the caller's terminal, or the Trial has no process left, and reports
+// whether it is.
+func (t *terminal) awaitForeground() bool {
+	for !t.foreground() {
+		if !t.live() {
+			return false
+		}
+		stopSelf()
+	}
+	return true
+}
+
+// stopSelf stops this process and returns once it is continued. The stop
+// is sent to this thread: sent to the process, it is taken by any thread,
+// and this one would run on for a moment, deciding on a stale view.
+func stopSelf() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	_ = unix.Tgkill(unix.Getpid(), unix.Gettid(), unix.SIGSTOP)
+}
+
+// foreground reports whether this process's group is the foreground one
+// of the caller's terminal, or the terminal is not its controlling one
+// (no job control applies then).
+func (t *terminal) foreground() bool {
+	pgrp, err := unix.IoctlGetInt(int(t.user.Fd()), unix.TIOCGPGRP)
+	return err != nil || pgrp == unix.Getpgrp()
+}
+
+// makeRaw puts the caller's terminal in raw mode, keeping its mode to
+// restore.
+func (t *terminal) makeRaw() error {
+	st, err := term.MakeRaw(int(t.in.Fd()))
+	if err != nil {
+		return err
+	}
+	t.saved, t.raw = st, true
+	return nil
+}
+
+// restoreMode gives the caller's terminal its mode back. Input not yet
+// relayed is dropped: it is the Trial's, or a terminal's answer to a
+// query the Trial wrote, never the caller's shell's. In the background it
+// leaves the terminal alone: its mode is the shell's then.
+func (t *terminal) restoreMode() {
+	if t.raw && t.foreground() {
 		_ = term.Restore(int(t.in.Fd()), t.saved)
 		_ = unix.IoctlSetInt(int(t.in.Fd()), unix.TCFLSH, unix.TCIFLUSH)
 	}
-	_ = unix.Kill(unix.Getpid(), unix.SIGSTOP)
-	// Continued: raw again, the size may have changed meanwhile.
-	if st, err := term.MakeRaw(int(t.in.Fd())); err == nil {
-		t.saved = st
-	}
-	t.copySize()
-	_ = unix.Kill(-pid, unix.SIGCONT)
+	t.raw = false
 }
 
 // waitState waits, bounded, until process pid is in state (as
@@ -301,7 +348,10 @@ func waitState(pid int, state byte, d time.Duration) {
 
 // close ends the relay once the command has exited: what it wrote is
 // drained (briefly, as children it left may hold the terminal open), and
-// the caller's terminal mode is restored.
+// the caller's terminal mode is restored. It is bounded whatever the
+// Trial does, as the teardown waits for it: keystrokes waiting for a
+// Trial that never reads them are dropped, and a write to a caller's
+// terminal that nobody reads is left behind.
 func (t *terminal) close() {
 	if t == nil {
 		return
@@ -316,15 +366,19 @@ func (t *terminal) close() {
 		}
 		if t.master != nil {
 			_ = t.master.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			_ = t.master.SetWriteDeadline(time.Now())
 		}
-		t.wg.Wait()
+		relayed := make(chan struct{})
+		go func() {
+			t.wg.Wait()
+			close(relayed)
+		}()
+		select {
+		case <-relayed:
+		case <-time.After(time.Second):
+		}
 		t.modeMu.Lock()
-		if t.saved != nil {
-			_ = term.Restore(int(t.in.Fd()), t.saved)
-			// Input not yet relayed is the Trial's, or a terminal's answer
-			// to a query the Trial wrote: never the caller's shell's.
-			_ = unix.IoctlSetInt(int(t.in.Fd()), unix.TCFLSH, unix.TCIFLUSH)
-		}
+		t.restoreMode()
 		t.modeMu.Unlock()
 		if t.slave != nil {
 			_ = t.slave.Close()

@@ -217,7 +217,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	cf.register(fs, "profiles, resolvers, allowed CIDRs and limits (for the agent run embeds when none is running)")
 	var user userFlags
 	user.register(fs)
-	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long (0: no limit)")
+	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long, wall-clock, suspended (^Z) or not (0: no limit)")
 	unixAllow, noUnix := unixFlags(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
@@ -281,22 +281,37 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		stopRefusals = showRefusalsOf(b, info.ID, stderr)
 	}
 	ctx := context.Background()
+	var deadline time.Time
 	if *timeout > 0 {
+		deadline = start.Add(*timeout)
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
+		// This process's own timer cannot fire while it is stopped (^Z)
+		// or blocked: a process of its own enforces the deadline too.
+		wd, err := sandbox.WatchDeadline(info.Cgroup, deadline)
+		if err != nil {
+			_, derr := b.Destroy(info.ID)
+			stopRefusals()
+			return fail(stdout, stderr, *asJSON, exitFailure, errors.Join(
+				fmt.Errorf("run: %w; --timeout needs it, so CMD was not started (run without --timeout to go without one)", err), derr))
+		}
+		defer wd.Release()
 	}
 	code, runErr := execIn(ctx, info, sandbox.Command{
 		Args: argv, Env: os.Environ(), UID: u, GID: g,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
+	// Not ctx.Err(): continued by the watchdog after the deadline, this
+	// process may get here before its own timer has fired.
+	timedOut := !deadline.IsZero() && !time.Now().Before(deadline)
 	st, derr := b.Destroy(info.ID)
 	stopRefusals()
 	var se *sandbox.StartError
 	switch {
 	case errors.As(runErr, &se):
 		return fail(stdout, stderr, *asJSON, se.Code, errors.Join(runErr, derr))
-	case ctx.Err() != nil:
+	case timedOut:
 		code = exitTimeout
 		fmt.Fprintf(stderr, "trialnet: %s timed out after %v; every process in the Trial was killed\n", argv[0], *timeout)
 	case runErr != nil:

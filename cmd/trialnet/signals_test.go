@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/internal/testpty"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -157,39 +156,9 @@ func TestPrivilegedRunLeavesNothingBehind(t *testing.T) {
 func TestPrivilegedRunOnATerminalStopsAndContinues(t *testing.T) {
 	privtest.Require(t)
 	installedByTest(t)
-	m, s := testpty.Open(t, 24, 80)
 	cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sh", "-c", "echo ready; while :; do echo tick; sleep 0.1; done")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = s, s, s
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 1024)
-	go func() {
-		sc := bufio.NewScanner(m)
-		for sc.Scan() {
-			lines <- strings.TrimSpace(sc.Text())
-		}
-		close(lines)
-	}()
-	expect := func(want string, d time.Duration) {
-		t.Helper()
-		deadline := time.After(d)
-		for {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					t.Fatalf("terminal closed before %q", want)
-				}
-				if l == want {
-					return
-				}
-			case <-deadline:
-				t.Fatalf("no %q within %v", want, d)
-			}
-		}
-	}
-	expect("ready", 20*time.Second)
+	m, lines := onTerminal(t, cmd)
+	expectLine(t, lines, "ready", 20*time.Second)
 	if _, err := m.Write([]byte{0x1a}); err != nil { // ^Z
 		t.Fatal(err)
 	}
@@ -209,7 +178,7 @@ func TestPrivilegedRunOnATerminalStopsAndContinues(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	expect("tick", 10*time.Second)
+	expectLine(t, lines, "tick", 10*time.Second)
 	if _, err := m.Write([]byte{3}); err != nil { // ^C
 		t.Fatal(err)
 	}
