@@ -171,10 +171,13 @@ type CreateRequest struct {
 	RequireTLS bool     `json:"require_tls,omitempty"`
 	Strict     bool     `json:"strict,omitempty"`
 	// Learn makes a learning Trial (as does a profile with learn: true).
-	Learn     bool          `json:"learn,omitempty"`
-	Limits    *proxy.Limits `json:"limits,omitempty"`
-	UnixAllow []string      `json:"unix_allow,omitempty"` // pathname unix sockets the Trial may use
-	UnixOpen  bool          `json:"unix_open,omitempty"`  // no unix socket confinement (kernels before 6.7)
+	Learn  bool          `json:"learn,omitempty"`
+	Limits *proxy.Limits `json:"limits,omitempty"`
+	// MaxProcesses overrides the config's limits.max_processes for this
+	// Trial's commands (0: the config's).
+	MaxProcesses int      `json:"max_processes,omitempty"`
+	UnixAllow    []string `json:"unix_allow,omitempty"` // pathname unix sockets the Trial may use
+	UnixOpen     bool     `json:"unix_open,omitempty"`  // no unix socket confinement (kernels before 6.7)
 	// Owned ties the Trial to the life of the process that asks: the agent
 	// destroys it when that process exits, however it ends. The owner is
 	// the control socket's peer as the kernel names it, never a field of
@@ -329,6 +332,14 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 		// change a live Trial's.
 		lim := a.proxy.DefaultLimits()
 		info.Limits = &lim
+	}
+	if req.MaxProcesses != 0 {
+		lim := *info.Limits
+		lim.MaxProcesses = req.MaxProcesses
+		info.Limits = &lim
+	}
+	if err := sandbox.CheckMaxProcs(info.Limits.MaxProcesses); err != nil {
+		return TrialInfo{}, errf(CodeBadRequest, "max_processes: %v", err)
 	}
 	lt.info = info
 	if err := a.register(req.ID, lt); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/trialnet/trialnet/bpf"
@@ -31,8 +32,22 @@ func Doctor() []bpf.Check {
 	checks = append(checks, bpf.Check{Name: "PID and mount namespaces (a Trial's own /proc)", Required: true, Err: errors.Join(statErr("/proc/self/ns/pid"), statErr("/proc/self/ns/mnt"))})
 	checks = append(checks, bpf.Check{Name: "seccomp filters with errno", Required: true, Err: seccompErr()})
 	checks = append(checks, bpf.Check{Name: "Landlock (a domain per Trial command: no ptrace or pidfd_getfd outside it)", Required: false, Err: landlockErr()})
+	checks = append(checks, bpf.Check{Name: processBound(mount)})
 	checks = append(checks, bpf.Check{Name: "SO_PEERPIDFD (Linux 6.5+: a run through the agent is the owner of its Trial, which ends when it dies)", Required: false, Err: peerPidfdErr()})
 	return append(checks, bpf.Probe()...)
+}
+
+// processBound names the bound on a Trial's processes that applies here:
+// RLIMIT_NPROC, which the kernel counts per uid. The cgroup v2 pids
+// controller would bound each Trial whatever its uid; trialnet does not
+// use it yet, and on hosts that bind it to cgroup v1 it is not there.
+func processBound(mount string) string {
+	const bound = "process bound: RLIMIT_NPROC of each Trial command, counted per uid (Trials sharing a uid share it; uid 0 is exempt)"
+	b, err := os.ReadFile(filepath.Join(mount, "cgroup.controllers"))
+	if err == nil && slices.Contains(strings.Fields(string(b)), "pids") {
+		return bound + "; the cgroup v2 pids controller is available, unused"
+	}
+	return bound + "; no cgroup v2 pids controller (per-Trial pids.max) here"
 }
 
 // peerPidfdErr asks for the pidfd of a socket pair's peer, as the agent

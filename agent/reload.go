@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/sandbox"
 )
 
 // CodeBadConfig: a reload found the config file unreadable or invalid,
@@ -39,6 +40,9 @@ func (a *Agent) proxySettings(file *proxy.File) (proxy.Settings, error) {
 	s := proxy.Settings{AllowCIDRs: slices.Clone(a.cfg.AllowCIDRs), Resolver: a.cfg.Resolver}
 	resolvers := a.cfg.Resolvers
 	if file != nil {
+		if err := sandbox.CheckMaxProcs(file.Limits.MaxProcesses); err != nil {
+			return proxy.Settings{}, fmt.Errorf("limits: max_processes: %w", err)
+		}
 		s.AllowCIDRs = append(file.CIDRs(), a.cfg.AllowCIDRs...)
 		s.Limits, s.MaxConnections = file.Limits, file.MaxConnections
 		if len(resolvers) == 0 {

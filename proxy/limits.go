@@ -50,6 +50,10 @@ type Limits struct {
 	// MaxLogBytes bounds the bytes of decision records (as JSON lines)
 	// that one Trial writes; summary records continue past it.
 	MaxLogBytes int64 `yaml:"max_log_bytes" json:"max_log_bytes"`
+	// MaxProcesses is the process limit (RLIMIT_NPROC) of each command
+	// in the Trial, sandbox.Command.MaxProcs: the agent applies it, the
+	// proxy ignores it. 0 is the sandbox's default.
+	MaxProcesses int `yaml:"max_processes" json:"max_processes,omitempty"`
 }
 
 func (l Limits) withDefaults() Limits {

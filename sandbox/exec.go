@@ -46,9 +46,34 @@ type Command struct {
 	// ProxyEnv).
 	ProxyURL string
 	UID, GID uint32
+	// MaxProcs is the command's RLIMIT_NPROC (soft and hard): forks past
+	// it fail with EAGAIN. The kernel counts every process and thread of
+	// the real uid, in this Trial, in others and outside any, so Trials
+	// sharing a uid share it; uid 0 is never held to it. 0 means
+	// DefaultMaxProcs.
+	MaxProcs int
 
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+}
+
+// Bounds of Command.MaxProcs.
+const (
+	// DefaultMaxProcs is room for a Harness with its build tools and
+	// test runners, yet a few hundred times short of the 32,768 pids a
+	// host has by default.
+	DefaultMaxProcs = 4096
+	// MaxMaxProcs is the kernel's PID_MAX_LIMIT: no host has more pids.
+	MaxMaxProcs = 1 << 22
+)
+
+// CheckMaxProcs refuses a process limit that is not 0 (the default) or
+// between 1 and MaxMaxProcs.
+func CheckMaxProcs(n int) error {
+	if n < 0 || n > MaxMaxProcs {
+		return fmt.Errorf("the process limit %d is out of range: give 1 to %d (0: the default, %d)", n, MaxMaxProcs, DefaultMaxProcs)
+	}
+	return nil
 }
 
 // NoProxy is what a Trial's processes get as NO_PROXY and no_proxy: the
@@ -244,6 +269,12 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	if len(c.Args) == 0 {
 		return nil, errors.New("start: no command given")
 	}
+	if err := CheckMaxProcs(c.MaxProcs); err != nil {
+		return nil, fmt.Errorf("start: %w", err)
+	}
+	if c.MaxProcs == 0 {
+		c.MaxProcs = DefaultMaxProcs
+	}
 	cg, err := os.Open(t.Cgroup)
 	if err != nil {
 		return nil, fmt.Errorf("start: open Trial cgroup: %w", err)
@@ -272,7 +303,8 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	}
 	defer goW.Close()
 
-	args := append([]string{execArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10), "--"}, c.Args...)
+	args := append([]string{execArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10),
+		strconv.Itoa(c.MaxProcs), "--"}, c.Args...)
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       args,
@@ -423,15 +455,16 @@ func Init() {
 }
 
 func trialExec(args []string) (int, error) {
-	if len(args) < 4 || args[2] != "--" {
+	if len(args) < 5 || args[3] != "--" {
 		return ExitCannotExecute, errors.New("trialnet-exec: bad arguments")
 	}
 	uid, err1 := strconv.ParseUint(args[0], 10, 32)
 	gid, err2 := strconv.ParseUint(args[1], 10, 32)
-	if err := errors.Join(err1, err2); err != nil {
+	nproc, err3 := strconv.ParseUint(args[2], 10, 32)
+	if err := errors.Join(err1, err2, err3); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
-	argv := args[3:]
+	argv := args[4:]
 
 	// A cgroup namespace rooted at the Trial's cgroup: even a uid-0 Trial
 	// cannot move itself into a cgroup outside it.
@@ -444,6 +477,13 @@ func trialExec(args []string) (int, error) {
 	// Only stdio survives exec: an inherited socket is a way out.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: close inherited descriptors: %w", err)
+	}
+	// Set while still root (raising the hard limit needs
+	// CAP_SYS_RESOURCE), and before setuid, which marks the process when
+	// the uid is over it already: exec then fails with EAGAIN.
+	lim := unix.Rlimit{Cur: nproc, Max: nproc}
+	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &lim); err != nil {
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: set the process limit: %w", err)
 	}
 	if err := dropPrivileges(int(uid), int(gid)); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
@@ -476,6 +516,9 @@ func trialExec(args []string) (int, error) {
 		return ExitCannotExecute, errors.New("trialnet-exec: the Trial's init did not become ready")
 	}
 	err = unix.Exec(path, argv, os.Environ())
+	if errors.Is(err, unix.EAGAIN) {
+		return ExitCannotExecute, fmt.Errorf("exec %s: uid %d already has %d or more processes or threads, this command's process limit, which counts all of the uid's, in every Trial and outside them (give each Trial its own uid, or raise --max-procs): %w", path, uid, nproc, err)
+	}
 	return ExitCannotExecute, fmt.Errorf("exec %s: %w", path, err)
 }
 

@@ -131,13 +131,15 @@ func strictFlag(fs *flag.FlagSet) *bool {
 }
 
 func cmdCreate(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--unix-allow PATH]... [--no-unix-confine] [-j]",
+	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [-j]",
 		"sudo trialnet create --id eval-42 --profile claude -j", stderr)
 	id := fs.String("id", "", "the Trial's id (default: generated)")
 	var af allowFlags
 	af.register(fs, "the agent's config")
 	strict := strictFlag(fs)
 	learn := learnFlag(fs)
+	var procs procsFlag
+	procs.register(fs, "limits.max_processes of the agent's config, else "+procsDefault)
 	unixAllow, noUnix := unixFlags(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
@@ -148,7 +150,7 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
 	info, err := agent.NewClient(*socket).Create(agent.CreateRequest{ID: *id, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
-		Learn: *learn, UnixAllow: *unixAllow, UnixOpen: *noUnix})
+		Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
@@ -163,11 +165,13 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdExec(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("exec", "exec --trial ID [--uid N] [--gid N] -- CMD [ARGS]",
+	fs := newFlags("exec", "exec --trial ID [--uid N] [--gid N] [--max-procs N] -- CMD [ARGS]",
 		"sudo trialnet exec --trial eval-42 -- claude -p 'fix the tests'", stderr)
 	id := fs.String("trial", "", "the Trial to run CMD in")
 	var user userFlags
 	user.register(fs)
+	var procs procsFlag
+	procs.register(fs, "the Trial's")
 	socket := socketFlag(fs)
 	// Flags end at CMD (or "--"): everything from CMD on is its own.
 	if err := fs.Parse(args); err != nil {
@@ -186,7 +190,7 @@ func cmdExec(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, false, agentCode(err), err)
 	}
 	code, err := execIn(context.Background(), info, sandbox.Command{
-		Args: fs.Args(), Env: os.Environ(), UID: u, GID: g,
+		Args: fs.Args(), Env: os.Environ(), UID: u, GID: g, MaxProcs: int(procs),
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	var se *sandbox.StartError

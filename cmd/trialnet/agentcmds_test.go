@@ -75,6 +75,23 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	if code, _, _ := trialnet("exec", "--socket", sock, "--trial", "nosuch", "--uid", "65534", "--", "true"); code != exitRefused {
 		t.Fatalf("exec in an unknown Trial: exit %d, want %d", code, exitRefused)
 	}
+	// The process limit: the Trial's from create, unless exec or run
+	// gives one.
+	limitIs := func(n string) []string {
+		return []string{"--", "sh", "-c", `grep -q "^Max processes *` + n + ` *` + n + ` " /proc/self/limits && exit 9`}
+	}
+	if code, _, errOut := trialnet("create", "--socket", sock, "--id", "cli-2", "--max-procs", "77"); code != 0 {
+		t.Fatalf("create --max-procs: exit %d, %q", code, errOut)
+	}
+	for _, c := range [][]string{
+		append([]string{"exec", "--socket", sock, "--trial", "cli-2", "--uid", "65534"}, limitIs("77")...),
+		append([]string{"exec", "--socket", sock, "--trial", "cli-2", "--uid", "65534", "--max-procs", "33"}, limitIs("33")...),
+		append([]string{"exec", "--socket", sock, "--trial", "cli-1", "--uid", "65534"}, limitIs("4096")...),
+	} {
+		if code, _, errOut := trialnet(c...); code != 9 {
+			t.Errorf("%q: exit %d, want 9 (the limit as asked); %q", c, code, errOut)
+		}
+	}
 	if code, out, _ := trialnet("stats", "--socket", sock, "--trial", "cli-1"); code != 0 || !strings.Contains(out, "connect4_denied") || !strings.Contains(out, "0 direct egress packets") {
 		t.Fatalf("stats: exit %d, %q", code, out)
 	}
@@ -96,6 +113,9 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	if m, _ := filepath.Glob(filepath.Join(dir, "data", "run-*", "stats.json")); len(m) != 1 {
 		t.Fatalf("run did not go through the agent: final stats %v", m)
 	}
+	if code, _, errOut := trialnet(append([]string{"run", "--socket", sock, "--uid", "65534", "--max-procs", "44"}, limitIs("44")...)...); code != 9 {
+		t.Errorf("run --max-procs 44: exit %d, want 9 (the limit as asked); %q", code, errOut)
+	}
 	if code, _, errOut := trialnet("run", "--socket", sock, "--config", "x.yaml", "--uid", "65534", "--", "true"); code != exitUsage || !strings.Contains(errOut, "own configuration") {
 		t.Fatalf("run --config with an agent running: exit %d, %q", code, errOut)
 	}
@@ -109,6 +129,9 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	}
 	if code, out, _ := trialnet("destroy", "--socket", sock, "cli-1"); code != 0 || !strings.Contains(out, "verdict") {
 		t.Fatalf("destroy: exit %d, %q", code, out)
+	}
+	if code, _, errOut := trialnet("destroy", "--socket", sock, "cli-2"); code != 0 {
+		t.Fatalf("destroy cli-2: exit %d, %q", code, errOut)
 	}
 	if code, _, errOut := trialnet("destroy", "--socket", sock, "cli-1"); code != exitRefused || !strings.Contains(errOut, "no live Trial") {
 		t.Fatalf("destroy twice: exit %d, %q", code, errOut)

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/sandbox"
 )
 
 // parseInterspersed parses a command's flags wherever they stand among
@@ -160,6 +161,35 @@ func (f *idFlag) Set(s string) error {
 	}
 	f.id, f.set = uint32(v), true
 	return nil
+}
+
+// procsFlag is --max-procs: each Trial command's process limit
+// (RLIMIT_NPROC), 0 until given.
+type procsFlag int
+
+func (f *procsFlag) String() string {
+	if f == nil || *f == 0 {
+		return ""
+	}
+	return strconv.Itoa(int(*f))
+}
+
+func (f *procsFlag) Set(s string) error {
+	v, err := strconv.Atoi(s)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange):
+		return errors.New("not a number")
+	case v < 1 || v > sandbox.MaxMaxProcs:
+		return fmt.Errorf("give 1 to %d", sandbox.MaxMaxProcs)
+	}
+	*f = procsFlag(v)
+	return nil
+}
+
+var procsDefault = strconv.Itoa(sandbox.DefaultMaxProcs)
+
+func (f *procsFlag) register(fs *flag.FlagSet, dflt string) {
+	fs.Var(f, "max-procs", "limit each process of CMD's uid to `N` processes and threads (RLIMIT_NPROC; counts all of the uid's, so give each Trial its own uid; not enforced for uid 0) (default: "+dflt+")")
 }
 
 // userFlags say who CMD runs as (run, exec).

@@ -110,3 +110,29 @@ func TestHelpShowsOneDefault(t *testing.T) {
 		t.Errorf("run -h: --uid and --gid shown without their N:\n%s", help)
 	}
 }
+
+// --max-procs takes 1 to the kernel's PID_MAX_LIMIT; anything else is a
+// usage error naming the flag and the range, before any agent is asked.
+func TestMaxProcsFlag(t *testing.T) {
+	none := filepath.Join(t.TempDir(), "none.sock")
+	for _, v := range []string{"0", "-1", "4194305", "99999999999999999999", "lots"} {
+		for _, args := range [][]string{
+			{"create", "--socket", none, "--max-procs", v},
+			{"exec", "--socket", none, "--trial", "x", "--uid", "65534", "--max-procs", v, "--", "true"},
+			{"run", "--socket", none, "--uid", "65534", "--max-procs", v, "--", "true"},
+		} {
+			code, _, errOut := trialnet(args...)
+			want := "give 1 to 4194304"
+			if v == "lots" {
+				want = "not a number"
+			}
+			if code != exitUsage || !strings.Contains(errOut, "-max-procs") || !strings.Contains(errOut, want) {
+				t.Errorf("%q: exit %d, %q; want a usage error saying %q", args, code, errOut, want)
+			}
+		}
+	}
+	var f procsFlag
+	if err := f.Set("4194304"); err != nil || f != 4194304 {
+		t.Errorf("Set(4194304): %v, %d", err, f)
+	}
+}

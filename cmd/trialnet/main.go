@@ -207,7 +207,7 @@ func cmdUninstall(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--show-refusals] [-v] [-j] -- CMD [ARGS]",
+	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--show-refusals] [-v] [-j] -- CMD [ARGS]",
 		"sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
 	var af allowFlags
 	af.register(fs, "the config")
@@ -217,6 +217,8 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	cf.register(fs, "profiles, resolvers, allowed CIDRs and limits (for the agent run embeds when none is running)")
 	var user userFlags
 	user.register(fs)
+	var procs procsFlag
+	procs.register(fs, "limits.max_processes of the agent's config, else "+procsDefault)
 	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long, wall-clock, suspended (^Z) or not (0: no limit)")
 	unixAllow, noUnix := unixFlags(fs)
 	socket := socketFlag(fs)
@@ -242,7 +244,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	// Owned: the Trial ends with this process, however it ends (SIGKILL
 	// included), not only when run tears it down.
 	req := agent.CreateRequest{ID: agent.NewID(), Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS,
-		Strict: *strict, Learn: *learn, UnixAllow: *unixAllow, UnixOpen: *noUnix, Owned: true}
+		Strict: *strict, Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Owned: true}
 
 	// A running agent serves the Trial; without one, an agent is embedded
 	// for the life of this command, so a laptop needs no daemon.
@@ -431,6 +433,9 @@ func execIn(ctx context.Context, info agent.TrialInfo, c sandbox.Command) (int, 
 	sigs, stopSignals := forwardedSignals()
 	defer stopSignals()
 	c.ProxyURL = info.ProxyURL
+	if c.MaxProcs == 0 && info.Limits != nil {
+		c.MaxProcs = info.Limits.MaxProcesses // 0 in records older than it: the default
+	}
 	return tr.Exec(ctx, c, sigs)
 }
 

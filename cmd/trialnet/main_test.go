@@ -218,17 +218,26 @@ func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
 func TestPrivilegedDoctor(t *testing.T) {
 	privtest.Require(t)
 	code, out, _ := trialnet("doctor", "-j")
+	type check struct {
+		Check string `json:"check"`
+		OK    bool   `json:"ok"`
+	}
 	var res struct {
-		CanEnforce bool `json:"can_enforce"`
-		Checks     []struct {
-			Check string `json:"check"`
-			OK    bool   `json:"ok"`
-		} `json:"checks"`
+		CanEnforce bool    `json:"can_enforce"`
+		Checks     []check `json:"checks"`
 	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
 	}
 	if code != 0 || !res.CanEnforce || len(res.Checks) < 10 {
 		t.Fatalf("doctor: exit %d, %s", code, out)
+	}
+	// It names the bound on processes that applies, and whether the v2
+	// pids controller (bound to cgroup v1 on the machines this is
+	// developed on) is there.
+	if !slices.ContainsFunc(res.Checks, func(c check) bool {
+		return strings.HasPrefix(c.Check, "process bound: RLIMIT_NPROC") && strings.Contains(c.Check, "pids controller")
+	}) {
+		t.Errorf("doctor does not name the process bound: %s", out)
 	}
 }
