@@ -200,7 +200,7 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 	pidfd := -1
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
-		Args:       []string{initSetupArg0},
+		Args:       append([]string{initSetupArg0}, hiddenDirs(filepath.Dir(t.Netns.Path))...),
 		Stderr:     stderrW,
 		ExtraFiles: []*os.File{readyW},
 		SysProcAttr: &syscall.SysProcAttr{
@@ -254,8 +254,9 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 	}, nil
 }
 
-// runInit is the Trial's PID 1. fd 3 reports readiness (one NUL byte,
-// then the end of the pipe) or why setting up failed.
+// runInit is the Trial's PID 1; its arguments are the directories to
+// hide. fd 3 reports readiness (one NUL byte, then the end of the pipe)
+// or why setting up failed.
 func runInit() {
 	ready := os.NewFile(3, "trialnet-init-ready")
 	// Capabilities, the bounding set, no_new_privs and the seccomp filter
@@ -263,7 +264,7 @@ func runInit() {
 	// thread, which then execs the reaper, so that every thread of PID 1
 	// starts from them.
 	runtime.LockOSThread()
-	err := setupInit()
+	err := setupInit(os.Args[1:])
 	if err == nil {
 		err = oomFirst()
 	}
@@ -314,11 +315,12 @@ func runReaper() {
 	}
 }
 
-// setupInit gives the Trial its own view of processes and terminals; the
-// caller then drops every capability (PID 1 needs none to reap) and puts
+// setupInit gives the Trial its own view of processes, terminals and
+// cgroups, and hides (or makes read-only) what of the host it must not
+// see or change; the caller then drops every capability (PID 1 needs none to reap) and puts
 // it under the commands' seccomp filter: were a command to take init over
 // (a uid-0 Trial on a kernel without Landlock), it would gain nothing.
-func setupInit() error {
+func setupInit(hide []string) error {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later (another Trial's netns among it) leaks in.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -363,7 +365,7 @@ func setupInit() error {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("unshare cgroup namespace: %w", err)
 	}
-	return nil
+	return maskHost(hide)
 }
 
 // dropNsMounts detaches the namespace files bind-mounted on the host (every

@@ -74,6 +74,14 @@ func probe(args []string) int {
 		err = reach(args[0], target)
 	case "procs":
 		return procs()
+	case "ls":
+		return list(target)
+	case "open-write":
+		err = openWrite(target)
+	case "write":
+		err = os.WriteFile(target, []byte(args[2]), 0)
+	case "bind-unix":
+		err = unixBind(target)
 	default:
 		fmt.Println("unknown probe", args[0])
 		return probeOther
@@ -376,4 +384,36 @@ func bareSyscall(nr string) error {
 		return errno
 	}
 	return nil
+}
+
+// list prints the names in dir, one a line.
+func list(dir string) int {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		fmt.Println(err)
+		return probeOther
+	}
+	for _, e := range entries {
+		fmt.Println(e.Name())
+	}
+	return probeOK
+}
+
+// openWrite opens path for writing and writes nothing: the open is what
+// the boundary must refuse, and the host's value stays as it is.
+func openWrite(path string) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err == nil {
+		_ = unix.Close(fd)
+	}
+	return err
+}
+
+func unixBind(path string) error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Bind(fd, &unix.SockaddrUnix{Name: path})
 }

@@ -147,6 +147,9 @@ func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
 	if err := netns.ValidID(spec.ID); err != nil {
 		return nil, err
 	}
+	if err := checkUnixPathsVisible(spec.UnixPaths, hiddenDirs(h.netnsDir())); err != nil {
+		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
+	}
 	if !spec.UnixOpen && !h.BPF.LSM() {
 		for _, p := range spec.UnixPaths {
 			if err := checkUnixPathSafe(p); err != nil {

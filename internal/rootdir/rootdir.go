@@ -12,10 +12,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Run is trialnet's runtime directory: /run is cleared at boot, as bpffs
+// and the Trials' cgroups are.
+const Run = "/run/trialnet"
+
 // Locks holds trialnet's lock files: the install locks (bpf) and the
-// launch locks (sandbox). /run is cleared at boot, as bpffs and the
-// Trials' cgroups are.
-const Locks = "/run/trialnet/locks"
+// launch locks (sandbox).
+const Locks = Run + "/locks"
 
 // Private creates dir (mode 0700) if it is missing and checks that it is
 // a directory, not a symlink, owned by root, with no access for anyone

@@ -1,0 +1,153 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/trialnet/trialnet/internal/rootdir"
+)
+
+// hiddenDirs are the directories every Trial's init covers with an empty
+// read-only tmpfs: trialnet's runtime directory (with the defaults: the
+// netns files naming every Trial, the agent socket, the Trial records,
+// the launch locks) and the netns directory, wherever the Host keeps it.
+// The agent socket and state directory are the agent's configuration,
+// which the sandbox does not know: moved out of rootdir.Run, they stay
+// visible (root-only, as ever). Nothing in a Trial needs these paths:
+// commands open the netns file before they join the Trial's mounts.
+func hiddenDirs(netnsDir string) []string {
+	dirs := []string{rootdir.Run}
+	if abs, err := filepath.Abs(netnsDir); err == nil && !under(abs, rootdir.Run) {
+		dirs = append(dirs, abs)
+	}
+	return dirs
+}
+
+// under reports whether path is dir or below it (both clean, absolute).
+func under(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, dir+"/")
+}
+
+// checkUnixPathsVisible refuses an allowed unix socket that a Trial could
+// not reach, being under a directory every Trial's mounts hide.
+func checkUnixPathsVisible(paths []string, hidden []string) error {
+	for _, p := range paths {
+		names := []string{filepath.Clean(p)}
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			names = append(names, real)
+		}
+		for _, n := range names {
+			for _, d := range hidden {
+				if under(n, d) {
+					return fmt.Errorf("unix path %s is under %s, which trialnet hides from every Trial (it holds trialnet's own files): put the socket elsewhere", p, d)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// maskHost narrows what the Trial's mount namespace shows of the host:
+// kernel settings and sysfs read-only, a cgroup2 mount rooted at the
+// Trial's own cgroup (the caller has unshared the cgroup namespace), and
+// hidden the directories naming other Trials. Even a uid-0 Trial owns
+// root's files: these mounts, not permissions, keep it from the host's
+// core_pattern, other Trials' cgroup.kill and trialnet's sockets.
+func maskHost(hide []string) error {
+	cgroup2, err := Cgroup2Mount()
+	if err != nil {
+		return err
+	}
+	// Where the kernel has them, as container runtimes do: sysctls, the
+	// SysRq trigger, IRQ affinities and device buses, all host-wide.
+	for _, p := range []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"} {
+		if _, err := os.Lstat(p); err != nil {
+			continue // not on this kernel: nothing to protect
+		}
+		if err := unix.Mount(p, p, "", unix.MS_BIND, ""); err != nil {
+			return maskErr("bind "+p, "to make it read-only", err)
+		}
+		if err := unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return maskErr("make "+p+" read-only", "a Trial must not change the host's kernel settings", err)
+		}
+	}
+	if err := readOnlySys(); err != nil {
+		return err
+	}
+	// Rooted at the Trial's cgroup, this shows none of its siblings nor
+	// the parent's limits. It replaces the host's mount (the kernel
+	// refuses a superblock over its own mount), mounted read-write and
+	// then made read-only by a bind remount: the superblock is the
+	// host's, and only this mount's flag may change.
+	if err := unix.Unmount(cgroup2, unix.MNT_DETACH); err != nil {
+		return maskErr("detach the host's cgroup2 from "+cgroup2, "it shows every Trial", err)
+	}
+	if err := unix.Mount("cgroup2", cgroup2, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return maskErr("mount the Trial's own cgroup2 on "+cgroup2, "the host's shows every Trial", err)
+	}
+	if err := unix.Mount("", cgroup2, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return maskErr("make the Trial's cgroup2 on "+cgroup2+" read-only", "a Trial must not change its own limits", err)
+	}
+	for _, d := range hide {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			continue // nothing there to hide
+		}
+		// Read-only: a uid-0 Trial owns the tmpfs's root, and could bind a
+		// socket where a client looks for trialnet's.
+		if err := unix.Mount("tmpfs", d, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=4k"); err != nil {
+			return maskErr("hide "+d, "it names other Trials and holds trialnet's sockets", err)
+		}
+	}
+	return nil
+}
+
+// readOnlySys bind-remounts /sys and every mount below it read-only,
+// keeping each one's other flags (a bind remount sets them all).
+func readOnlySys() error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("read mountinfo: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 6 {
+			continue
+		}
+		path := unescapeMountPath(fields[4])
+		if !under(path, "/sys") {
+			continue
+		}
+		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY)
+		for _, o := range strings.Split(fields[5], ",") {
+			flags |= mountFlags[o]
+		}
+		err := unix.Mount("", path, "", flags, "")
+		if errors.Is(err, unix.ENOENT) {
+			continue // covered by a later mount: unreachable anyway
+		}
+		if err != nil {
+			return maskErr("make "+path+" read-only", "a Trial must not change the host's devices or kernel state", err)
+		}
+	}
+	return nil
+}
+
+// mountFlags are mountinfo's per-mount options that a remount must repeat.
+var mountFlags = map[string]uintptr{
+	"nosuid": unix.MS_NOSUID, "nodev": unix.MS_NODEV, "noexec": unix.MS_NOEXEC,
+	"noatime": unix.MS_NOATIME, "nodiratime": unix.MS_NODIRATIME, "relatime": unix.MS_RELATIME,
+}
+
+func maskErr(what, why string, err error) error {
+	return fmt.Errorf("%s (%s): %w; trialnet does not start a Trial without it: check that nothing (an AppArmor or SELinux policy, a container runtime) stops root mounting", what, why, err)
+}

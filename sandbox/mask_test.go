@@ -1,0 +1,120 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/internal/rootdir"
+)
+
+// A uid-0 Trial (no capabilities, but the owner of root's files) must not
+// see other Trials, change the host's kernel settings or another Trial's
+// cgroup, nor plant a socket where trialnet's are. Only writes that are
+// opened and not made, or that would hit the test's own sibling Trial, are
+// tried: the host's values stay as they are.
+func TestPrivilegedMountsHideTheHost(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true}) // the unix hooks stay out of the way of bind
+	sibling := newTrial(t, h, Spec{UnixOpen: true})
+	// The sibling's init keeps it populated: what kills its cgroup kills it.
+	if code, out := runProbeAs(t, sibling, nobody, Command{}, "procs"); code != probeOK {
+		t.Fatalf("sibling: %d %s", code, out)
+	}
+	cgroup2, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, w := range []struct{ what, path string }{
+		{"the host's core_pattern", "/proc/sys/kernel/core_pattern"},
+		{"the parent cgroup's limit", filepath.Join(h.Parent, "cgroup.max.descendants")},
+		{"sysfs", "/sys/kernel/mm/transparent_hugepage/enabled"},
+		{"a mount below /sys", "/sys/kernel/tracing/tracing_on"},
+		{"the Trial's own cgroup", filepath.Join(cgroup2, "cgroup.max.descendants")},
+	} {
+		if _, err := os.Stat(w.path); err != nil {
+			t.Logf("%s: %s is not on this host", w.what, w.path)
+			continue
+		}
+		if code, out := runProbeAs(t, tr, 0, Command{}, "open-write", w.path); code == probeOK {
+			t.Errorf("a uid-0 Trial opened %s (%s) for writing: %s", w.path, w.what, out)
+		}
+	}
+
+	kill := filepath.Join(sibling.Cgroup, "cgroup.kill")
+	if code, out := runProbeAs(t, tr, 0, Command{}, "write", kill, "1"); code == probeOK {
+		t.Errorf("a uid-0 Trial wrote its sibling's %s: %s", kill, out)
+	}
+	if populated, err := cgroupPopulated(sibling.Cgroup); err != nil || !populated {
+		t.Errorf("the sibling Trial's processes are gone (%v)", err)
+	}
+
+	sock := filepath.Join(rootdir.Run, "test-"+randSuffix()+".sock")
+	t.Cleanup(func() { _ = os.Remove(sock) }) // made on the host only if the test fails
+	if code, out := runProbeAs(t, tr, 0, Command{}, "bind-unix", sock); code == probeOK || out != "EROFS" {
+		t.Errorf("bind %s from a uid-0 Trial: %d %q, want EROFS", sock, code, out)
+	}
+
+	// The cgroup2 mount shows the Trial's own cgroup, as the host lists it.
+	own, err := os.ReadDir(tr.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, e := range own {
+		want = append(want, e.Name())
+	}
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "ls", cgroup2); code != probeOK || !slices.Equal(strings.Fields(out), want) {
+		t.Errorf("%s in the Trial: %d %q, want the Trial's own cgroup %q", cgroup2, code, out, want)
+	}
+	for _, dir := range []string{filepath.Dir(tr.Netns.Path), rootdir.Run} {
+		if code, out := runProbeAs(t, tr, 0, Command{}, "ls", dir); code != probeOK || out != "" {
+			t.Errorf("%s in the Trial: %d %q, want it empty", dir, code, out)
+		}
+	}
+}
+
+// The mounts are the Trial's: the host's /sys, cgroup2 and /proc/sys stay
+// writable, and its trialnet directory visible.
+func TestPrivilegedMaskLeavesTheHostAlone(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{UnixOpen: true})
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "procs"); code != probeOK {
+		t.Fatalf("%d %s", code, out)
+	}
+	// This thread's: the thread that joined the Trial to start the probe
+	// may have been the process's main thread, which Go keeps (wedged).
+	mi, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgroup2, _ := Cgroup2Mount()
+	for _, line := range strings.Split(string(mi), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 5 && (f[4] == "/sys" || f[4] == cgroup2) && !strings.HasPrefix(f[5], "rw") {
+			t.Errorf("the host's %s became %s", f[4], f[5])
+		}
+	}
+	if _, err := os.Stat(tr.Netns.Path); err != nil {
+		t.Errorf("the host lost the Trial's netns file: %v", err)
+	}
+}
+
+// An allowed unix socket that every Trial's mounts hide is refused at
+// create, not silently unreachable.
+func TestUnixAllowUnderHiddenDirIsRefused(t *testing.T) {
+	h := &Host{NetnsDir: t.TempDir()}
+	for _, p := range []string{filepath.Join(rootdir.Run, "agent.sock"), filepath.Join(h.NetnsDir, "x.sock")} {
+		if _, err := h.Create(Spec{ID: "u", UnixPaths: []string{p}}, nil); err == nil || !strings.Contains(err.Error(), "hides from every Trial") {
+			t.Errorf("%s: %v, want a refusal naming the hidden directory", p, err)
+		}
+	}
+	if err := checkUnixPathsVisible([]string{"/run/trialnetx/a.sock", "/tmp/a.sock"}, hiddenDirs(h.NetnsDir)); err != nil {
+		t.Errorf("a path outside the hidden directories: %v", err)
+	}
+}
