@@ -622,3 +622,23 @@ func TestPrivilegedSocketStdioIsCopiedNotHandedIn(t *testing.T) {
 		t.Errorf("the command holds a socket as stdio, want pipes: %q", out.String())
 	}
 }
+
+// Launching joins a Trial's namespaces on a thread that then ends, never
+// on the main thread, which Go keeps: the process's own view (/proc/self
+// is the main thread's) stays the host's, launch after launch.
+func TestPrivilegedLaunchesLeaveTheMainThreadAlone(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{})
+	before, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if code, out := runProbeAs(t, tr, nobody, Command{}, "status"); code < 0 {
+			t.Fatalf("launch %d: %d %s", i, code, out)
+		}
+		if after, _ := os.Readlink("/proc/self/ns/mnt"); after != before {
+			t.Fatalf("after %d launches the main thread is in %s, not the host's %s", i+1, after, before)
+		}
+	}
+}
