@@ -5,12 +5,14 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +79,9 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	}
 	// The process limit: the Trial's from create, unless exec or run
 	// gives one.
+	// A uid of these commands' own: RLIMIT_NPROC counts every process of
+	// the uid, and packages testing alongside run many as 65534.
+	lone := strconv.FormatUint(uint64(3_100_000_000+rand.Uint32N(1_000_000)), 10)
 	limitIs := func(n string) []string {
 		return []string{"--", "sh", "-c", `grep -q "^Max processes *` + n + ` *` + n + ` " /proc/self/limits && exit 9`}
 	}
@@ -84,9 +89,9 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 		t.Fatalf("create --max-procs: exit %d, %q", code, errOut)
 	}
 	for _, c := range [][]string{
-		append([]string{"exec", "--socket", sock, "--trial", "cli-2", "--uid", "65534"}, limitIs("77")...),
-		append([]string{"exec", "--socket", sock, "--trial", "cli-2", "--uid", "65534", "--max-procs", "33"}, limitIs("33")...),
-		append([]string{"exec", "--socket", sock, "--trial", "cli-1", "--uid", "65534"}, limitIs("4096")...),
+		append([]string{"exec", "--socket", sock, "--trial", "cli-2", "--uid", lone}, limitIs("77")...),
+		append([]string{"exec", "--socket", sock, "--trial", "cli-2", "--uid", lone, "--max-procs", "33"}, limitIs("33")...),
+		append([]string{"exec", "--socket", sock, "--trial", "cli-1", "--uid", lone}, limitIs("4096")...),
 	} {
 		if code, _, errOut := trialnet(c...); code != 9 {
 			t.Errorf("%q: exit %d, want 9 (the limit as asked); %q", c, code, errOut)
@@ -113,7 +118,7 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	if m, _ := filepath.Glob(filepath.Join(dir, "data", "run-*", "stats.json")); len(m) != 1 {
 		t.Fatalf("run did not go through the agent: final stats %v", m)
 	}
-	if code, _, errOut := trialnet(append([]string{"run", "--socket", sock, "--uid", "65534", "--max-procs", "44"}, limitIs("44")...)...); code != 9 {
+	if code, _, errOut := trialnet(append([]string{"run", "--socket", sock, "--uid", lone, "--max-procs", "44"}, limitIs("44")...)...); code != 9 {
 		t.Errorf("run --max-procs 44: exit %d, want 9 (the limit as asked); %q", code, errOut)
 	}
 	if code, _, errOut := trialnet("run", "--socket", sock, "--config", "x.yaml", "--uid", "65534", "--", "true"); code != exitUsage || !strings.Contains(errOut, "own configuration") {
