@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/proxy"
+	"golang.org/x/sys/unix"
 )
 
 // The control API: HTTP+JSON on a Unix socket that only root can open.
@@ -194,20 +195,87 @@ func NewClient(socket string) *Client {
 	}
 	return &Client{Socket: socket, hc: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
+			return dialAgent(ctx, socket)
 		},
 	}}}
 }
 
-// Running reports whether an agent answers on the socket.
-func (c *Client) Running() bool {
-	conn, err := net.DialTimeout("unix", c.Socket, time.Second)
+// Running reports whether an agent answers on the socket. An error means
+// something answers that is not trialnet's agent.
+func (c *Client) Running() (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	conn, err := dialAgent(ctx, c.Socket)
+	var imp *impostorError
+	if errors.As(err, &imp) {
+		return false, err
+	}
 	if err != nil {
-		return false
+		return false, nil
 	}
 	_ = conn.Close()
-	return true
+	return true, nil
+}
+
+// dialAgent connects to the control socket and checks who listens on it:
+// root, in this PID namespace. The answers of whoever listens there say
+// which namespace and cgroup a command runs in; a socket bound by a
+// process inside a Trial (its own PID namespace) or by another user must
+// never be taken for the agent.
+func dialAgent(ctx context.Context, socket string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkAgentPeer(c.(*net.UnixConn), socket); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// impostorError is a socket whose listener is not trialnet's agent.
+type impostorError struct{ msg string }
+
+func (e *impostorError) Error() string { return e.msg }
+
+func checkAgentPeer(c *net.UnixConn, socket string) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("who listens on %s: %w", socket, cerr)
+	}
+	what := func(why string) error {
+		return &impostorError{fmt.Sprintf("the process listening on %s is not trialnet's agent: %s. Something took the agent's socket; see who (ss -xlp | grep %s), end it, and restart the agent (systemctl restart trialnet)",
+			socket, why, filepath.Base(socket))}
+	}
+	if cred.Uid != 0 {
+		return what(fmt.Sprintf("it runs as uid %d, and the agent runs as root", cred.Uid))
+	}
+	if cred.Pid == 0 {
+		return what("it runs in a PID namespace this one cannot see (run trialnet in the agent's PID namespace: on Kubernetes, a pod with hostPID)")
+	}
+	// NSpid lists the pid in every PID namespace from this /proc's down:
+	// more than one, and the listener lives in a namespace below this
+	// one, as every Trial's process does.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cred.Pid))
+	if err != nil {
+		return what(fmt.Sprintf("its process %d cannot be read (%v)", cred.Pid, err))
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "NSpid:" && len(f) != 2 {
+			return what(fmt.Sprintf("its process %d runs in a PID namespace below this one (a Trial's, or a container's)", cred.Pid))
+		}
+	}
+	return nil
 }
 
 func (c *Client) do(method, path string, body, out any) error {
@@ -280,9 +348,12 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 // is gone, no permission, or an agent that does not answer in time.
 func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := c.hc.Do(req)
+	var imp *impostorError
 	switch {
 	case err == nil:
 		return resp, nil
+	case errors.As(err, &imp):
+		return nil, imp // says all there is; the URL would only blur it
 	case errors.Is(err, syscall.ENOENT):
 		return nil, fmt.Errorf("%w on %s: there is no socket (start one with 'sudo trialnet agent', or 'systemctl start trialnet')", ErrNoAgent, c.Socket)
 	case errors.Is(err, syscall.ECONNREFUSED):

@@ -250,7 +250,11 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	// for the life of this command, so a laptop needs no daemon.
 	var b runBackend
 	client := agent.NewClient(*socket)
-	if client.Running() {
+	running, err := client.Running()
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, exitFailure, err)
+	}
+	if running {
 		if cf.given() {
 			return fail(stdout, stderr, *asJSON, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *socket + " with its own configuration; drop them or stop that agent"})
 		}
