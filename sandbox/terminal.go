@@ -40,7 +40,11 @@ type terminal struct {
 	master *os.File
 	slave  *os.File
 	saved  *term.State // the caller's mode, to restore
-	raw    bool        // the caller's terminal is in raw mode, made by the relay
+	// susp is the caller's own suspend character (0: none). Only it can
+	// stop trialnet: the Trial sets its terminal's, and could make any
+	// key (Enter) a stop of trialnet.
+	susp byte
+	raw  bool // the caller's terminal is in raw mode, made by the relay
 	// live reports whether the Trial still has processes: suspended,
 	// this process waits for the foreground only while it has.
 	live func() bool
@@ -243,14 +247,14 @@ func (t *terminal) copyInput(pid int) {
 	}
 }
 
-// suspendAt is the index of a suspend character (^Z) in in that the
-// Trial's terminal would turn into SIGTSTP for the command's own process
-// group, or -1: when the command turned signals off (an editor in raw
+// suspendAt is the index of the caller's suspend character (^Z) in in,
+// when the Trial's terminal would also turn it into SIGTSTP for the
+// command's own process group, or -1: when the command turned signals off (an editor in raw
 // mode) or put another group in the foreground (a shell with job
 // control, which stops its own jobs), the byte is the command's.
 func (t *terminal) suspendAt(in []byte, pid int) int {
 	tio, err := unix.IoctlGetTermios(int(t.master.Fd()), unix.TCGETS)
-	if err != nil || tio.Lflag&unix.ISIG == 0 || tio.Cc[unix.VSUSP] == 0 {
+	if err != nil || tio.Lflag&unix.ISIG == 0 || t.susp == 0 || tio.Cc[unix.VSUSP] != t.susp {
 		return -1
 	}
 	if fg, err := unix.IoctlGetInt(int(t.master.Fd()), unix.TIOCGPGRP); err != nil || fg != pid {
@@ -312,6 +316,9 @@ func (t *terminal) foreground() bool {
 // makeRaw puts the caller's terminal in raw mode, keeping its mode to
 // restore.
 func (t *terminal) makeRaw() error {
+	if tio, err := unix.IoctlGetTermios(int(t.in.Fd()), unix.TCGETS); err == nil && tio.Lflag&unix.ISIG != 0 {
+		t.susp = tio.Cc[unix.VSUSP]
+	}
 	st, err := term.MakeRaw(int(t.in.Fd()))
 	if err != nil {
 		return err

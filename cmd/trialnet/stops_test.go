@@ -523,3 +523,36 @@ func TestPrivilegedRunKilledWithATimeoutKillsItsTrial(t *testing.T) {
 		t.Errorf("left behind after the next run: %v", left)
 	}
 }
+
+// The Trial sets its own terminal's suspend character: that must not make
+// an ordinary key the operator types (here q, Enter alike) a stop of
+// trialnet. Only the operator's own ^Z is.
+func TestPrivilegedRunTrialCannotChooseTheSuspendKey(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sh", "-c",
+		`stty susp q; echo ready; read l; echo "got"; sleep 0.5`)
+	m, lines := onTerminal(t, cmd)
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	expectLine(t, lines, "ready", 20*time.Second)
+	if _, err := m.Write([]byte("q\n")); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			return
+		default:
+		}
+		if st := procState(cmd.Process.Pid); st == 'T' || st == 't' {
+			t.Fatalf("a key the Trial made its suspend character stopped trialnet (state %c)", st)
+		}
+		if time.Now().After(end) {
+			t.Fatal("run did not end")
+		}
+	}
+}
