@@ -158,7 +158,8 @@ type Suppressed struct {
 	// at most MaxSummaryTargets of them; the rest under OtherTargets.
 	Refused map[string]uint64 `json:"refused_targets"`
 	// LogFull: the Trial's records reached Limits.MaxLogBytes; from this
-	// summary on, only summaries are written.
+	// summary on, records the CONNECT rate did not charge are only
+	// counted in summaries.
 	LogFull bool `json:"log_full"`
 }
 

@@ -137,7 +137,7 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port
 	}
 	if err != nil {
-		return false, err
+		return false, h.t.chargeRefusal(err)
 	}
 	in, err := http.ReadRequest(h.r) // consumes exactly the head judged above
 	if err != nil {

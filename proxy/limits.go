@@ -26,9 +26,10 @@ const (
 	// Records past them are counted in summary records instead.
 	DefaultRecordRate  = 20
 	DefaultRecordBurst = 200
-	// DefaultMaxLogBytes bounds the records one Trial writes, every kind
-	// together: ~9 hours of 50 allowed CONNECTs a second, far beyond a
-	// real harness run. Past it, records are only counted in summaries.
+	// DefaultMaxLogBytes bounds the records of requests refused before
+	// the CONNECT rate applies that one Trial writes. Past it, they are
+	// only counted in summaries; records that rate bounds are always
+	// written.
 	DefaultMaxLogBytes = 1 << 30
 )
 
@@ -48,7 +49,8 @@ type Limits struct {
 	RecordRate  float64 `yaml:"records_per_second" json:"records_per_second"`
 	RecordBurst int     `yaml:"record_burst" json:"record_burst"`
 	// MaxLogBytes bounds the bytes of decision records (as JSON lines)
-	// that one Trial writes; summary records continue past it.
+	// that one Trial writes, past which records the CONNECT rate did not
+	// charge are only counted; charged records and summaries continue.
 	MaxLogBytes int64 `yaml:"max_log_bytes" json:"max_log_bytes"`
 	// MaxProcesses is the process limit (RLIMIT_NPROC) of each command
 	// in the Trial, sandbox.Command.MaxProcs: the agent applies it, the

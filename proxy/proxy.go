@@ -361,6 +361,22 @@ func (t *trial) decide(req *Request, ev *Event) (entry Entry, ruled bool, err er
 	return entry, ruled, nil
 }
 
+// chargeRefusal charges a refusal decided while the request was read,
+// before the CONNECT rate applies, to that rate when its reason is one
+// the rate bounds (an IP literal: an attempt whose target an audit must
+// see, so its record is never suppressed). Past the rate it is refused
+// as rate limited instead, like any CONNECT.
+func (t *trial) chargeRefusal(err error) error {
+	var d *Denial
+	if !errors.As(err, &d) || !d.Reason.info().charged {
+		return err
+	}
+	if !t.bucket.take(time.Now()) {
+		return deny(ReasonRateLimited, "more than %g CONNECTs per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
+	}
+	return err
+}
+
 // register decides a dialed CONNECT again, under mu so that no policy
 // change falls between this decision and the tunnel being known, and
 // tracks the tunnel until its end.
@@ -598,7 +614,7 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 	}
 	if err != nil {
 		putReader(br)
-		p.refuse(c, ev, err)
+		p.refuse(c, ev, t.chargeRefusal(err))
 		return
 	}
 	// From here br holds only bytes pipelined after the head: they belong

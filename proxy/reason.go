@@ -97,7 +97,7 @@ var reasons = map[Reason]reasonInfo{
 	ReasonBadRequest:        {http.StatusBadRequest, "http_request_error", false},
 	ReasonBadVersion:        {http.StatusHTTPVersionNotSupported, "http_request_error", false},
 	ReasonBadTarget:         {http.StatusBadRequest, "http_request_error", false},
-	ReasonIPLiteral:         {http.StatusForbidden, "destination_ip_prohibited", false},
+	ReasonIPLiteral:         {http.StatusForbidden, "destination_ip_prohibited", true}, // charged where it is decided (chargeRefusal)
 	ReasonBadPort:           {http.StatusBadRequest, "http_request_error", false},
 	ReasonRequestTooLarge:   {http.StatusRequestHeaderFieldsTooLarge, "http_request_error", false},
 	ReasonTooManyHeaders:    {http.StatusRequestHeaderFieldsTooLarge, "http_request_error", false},

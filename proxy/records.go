@@ -33,7 +33,7 @@ type recordGate struct {
 	trial    string
 	mu       sync.Mutex
 	written  int64  // bytes of records written (JSON lines)
-	full     bool   // written reached MaxLogBytes: only summaries from here
+	full     bool   // written reached MaxLogBytes: uncharged records only counted from here
 	line     []byte // a record's JSON, to size it
 	pending  *Suppressed
 	from, to time.Time // the suppressed records' first start and last end
@@ -61,10 +61,17 @@ const (
 
 // admit decides whether ev is written, counting it for the next summary
 // if not; a suppressed record arms the summary timer (fn).
+//
+// A record the CONNECT rate charged is always written: that rate bounds
+// it, and what it names (a host reached, a name refused, an SNI swapped)
+// is what an audit is for. Were it suppressible, a Trial could first fill
+// its log, or its summary's few target names, with junk, and then act
+// unnamed. Only uncharged records meet the record rate and MaxLogBytes.
 func (g *recordGate) admit(ev *Event, now time.Time, fn func()) gateVerdict {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.full || !ev.Reason.info().charged && !g.rate.take(now) {
+	charged := ev.Reason.info().charged
+	if !charged && (g.full || !g.rate.take(now)) {
 		g.suppress(ev, fn)
 		return recordSuppress
 	}
@@ -72,7 +79,7 @@ func (g *recordGate) admit(ev *Event, now time.Time, fn func()) gateVerdict {
 	if g.line, err = ev.AppendJSON(g.line[:0]); err != nil {
 		return recordWrite // the writer reports it
 	}
-	if n := int64(len(g.line)) + 1; g.written+n <= g.limits.MaxLogBytes {
+	if n := int64(len(g.line)) + 1; charged || g.written+n <= g.limits.MaxLogBytes {
 		g.written += n
 		return recordWrite
 	}
@@ -132,7 +139,7 @@ func (g *recordGate) summary() *Event {
 	detail := fmt.Sprintf("%d similar records suppressed: refused before admission, over the Trial's record rate (%g/s, burst %d)",
 		s.Records, g.limits.RecordRate, g.limits.RecordBurst)
 	if s.LogFull {
-		detail = fmt.Sprintf("%d records suppressed: the Trial's decision records reached their limit of %d bytes (max_log_bytes); from here on its decisions are only counted, in summaries", s.Records, g.limits.MaxLogBytes)
+		detail = fmt.Sprintf("%d records suppressed: the Trial's decision records reached their limit of %d bytes (max_log_bytes); from here on its refusals before admission are only counted, in summaries (records the CONNECT rate bounds are still written)", s.Records, g.limits.MaxLogBytes)
 	}
 	ev := &Event{Schema: SummarySchema, ID: rand.Text(), Time: g.from, Duration: g.to.Sub(g.from), Trial: g.trial,
 		Decision: DecisionSuppressed, Learning: g.learn, Detail: detail, Suppressed: s}

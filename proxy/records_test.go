@@ -5,6 +5,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -160,34 +161,69 @@ func TestRecordRateSparesChargedRequests(t *testing.T) {
 func TestRecordLogFull(t *testing.T) {
 	const limit = 4000
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{MaxLogBytes: limit}})
-	tp.sendRefused(t, connectHead("other.example.com:443"), 30)
+	tp.sendRefused(t, floodHead, 30)
+	// Refusals the CONNECT rate charged, after the log filled: written
+	// still, naming their targets.
+	const after = "after-full.example.com:443"
+	tp.sendRefused(t, connectHead(after), 3)
 	st, recs := tp.finish(t)
-	var size int
+	var size, named int
 	var sums []Event
 	for _, r := range recs {
 		b, err := r.AppendJSON(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Decision == DecisionSuppressed {
+		switch {
+		case r.Decision == DecisionSuppressed:
 			sums = append(sums, r)
-			continue
+		case r.Target == after:
+			named++
+		case len(sums) > 0:
+			t.Fatalf("an uncharged record after the log filled: %+v", r)
+		default:
+			size += len(b) + 1
 		}
-		if len(sums) > 0 {
-			t.Fatalf("a record after the log filled: %+v", r)
-		}
-		size += len(b) + 1
 	}
 	if size > limit || size < limit-1000 {
-		t.Fatalf("%d bytes of records for a limit of %d", size, limit)
+		t.Fatalf("%d bytes of uncharged records for a limit of %d", size, limit)
+	}
+	if named != 3 {
+		t.Fatalf("%d of 3 refusals the CONNECT rate charged were written once the log was full; want every one: a Trial must not fill its log to act unnamed", named)
 	}
 	if len(sums) == 0 || !sums[0].Suppressed.LogFull || !strings.Contains(sums[0].Detail, "max_log_bytes") {
 		t.Fatalf("no summary says the log is full: %+v", sums)
 	}
-	if st.Denied != 30 {
+	if st.Denied != 33 {
 		t.Fatalf("stats %+v", st)
 	}
 	sameCounts(t, replay(recs), st)
+}
+
+// An attacker's third review hid CONNECT 203.0.113.77:22 from every
+// record: junk spent the record burst, 16 IP-literal decoys took the
+// summary's target names, and the real one was lumped under "(other
+// targets)". An IP literal is charged to the CONNECT rate, so its record
+// is always written.
+func TestIPLiteralsAreNeverSuppressed(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{RecordBurst: 5, ConnectBurst: 100}})
+	tp.sendRefused(t, floodHead, 20)
+	for i := range 16 {
+		tp.sendRefused(t, connectHead(fmt.Sprintf("198.51.100.%d:443", i+1)), 1)
+	}
+	const real = "203.0.113.77:22"
+	tp.sendRefused(t, connectHead(real), 1)
+	_, recs := tp.finish(t)
+	literals := 0
+	for _, r := range recs {
+		if r.Reason == ReasonIPLiteral && r.Decision == DecisionDeny {
+			literals++
+			if r.Target == real {
+				return
+			}
+		}
+	}
+	t.Fatalf("no record names %s (%d IP-literal records written)", real, literals)
 }
 
 // While records are being suppressed, a summary is written every
