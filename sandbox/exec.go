@@ -452,12 +452,6 @@ func Init() {
 		_, _ = fmt.Fprintf(report, "%v", err)
 		os.Exit(code)
 	}
-	// The main goroutine keeps the main thread to itself. A goroutine
-	// that joins a Trial's namespaces (netns.EnterProcess) ends locked,
-	// which ends its thread, unless that thread is the main one: Go keeps
-	// the main thread, which would stay in the Trial's namespaces, and
-	// /proc/self (the main thread's view) with it, for the process's life.
-	runtime.LockOSThread()
 }
 
 func trialExec(args []string) (int, error) {
