@@ -343,3 +343,35 @@ func TestTLSAfterUpstreamSpokeCuts(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 }
+
+// An upstream that never answers the ClientHello: the client side is not
+// read while its answer is awaited, so the tunnel (and the Trial's slot)
+// would be held for good. It is cut after TLSTimeout, and says why.
+func TestTLSSilentUpstreamIsCut(t *testing.T) {
+	held := make(chan struct{})
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: func(c *net.TCPConn) {
+		if _, _, _, err := readClientHello(c, nil, false); err != nil {
+			return
+		}
+		select { // silent, and open, until the test's end (bounded)
+		case <-held:
+		case <-time.After(10 * time.Second):
+		}
+	}, configure: func(c *Config) { c.TLSTimeout = 300 * time.Millisecond }})
+	// Registered after the proxy's: cleanups run last first, and the
+	// upstream must let go before the proxy waits for it.
+	t.Cleanup(func() { close(held) })
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = conn.Write(clientHello(t, "a.test"))
+	if _, err := io.ReadAll(br); err != nil {
+		t.Fatalf("the tunnel was not cut: %v", err)
+	}
+	if ev := tp.event(t); !strings.Contains(ev.Detail, "did not answer the ClientHello within 300ms") {
+		t.Fatalf("event %+v", ev)
+	}
+}

@@ -266,7 +266,16 @@ func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 		return err
 	}
 	for watch {
-		retry, ok := <-w.answers
+		// The client is not read while the answer is awaited, so its end
+		// goes unseen: an upstream that never answers must not hold the
+		// tunnel (and a slot of the Trial's) for good.
+		var retry, ok bool
+		select {
+		case retry, ok = <-w.answers:
+		case <-time.After(p.cfg.TLSTimeout):
+			putReader(br)
+			return fmt.Errorf("the upstream did not answer the ClientHello within %s", p.cfg.TLSTimeout)
+		}
 		if !ok { // the upstream side ended without a ServerHello, or cut the tunnel and says why
 			putReader(br)
 			return nil
