@@ -189,7 +189,7 @@ func (f *procsFlag) Set(s string) error {
 var procsDefault = strconv.Itoa(sandbox.DefaultMaxProcs)
 
 func (f *procsFlag) register(fs *flag.FlagSet, dflt string) {
-	fs.Var(f, "max-procs", "limit each process of CMD's uid to `N` processes and threads (RLIMIT_NPROC; counts all of the uid's, so give each Trial its own uid; not enforced for uid 0) (default: "+dflt+")")
+	fs.Var(f, "max-procs", "limit each process of CMD's uid to `N` processes and threads (RLIMIT_NPROC; counts all of the uid's, so give each Trial its own uid) (default: "+dflt+")")
 }
 
 // userFlags say who CMD runs as (run, exec).
