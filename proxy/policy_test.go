@@ -151,10 +151,28 @@ func TestSetAllowAppliesAndCutsOnlyRemovedEntries(t *testing.T) {
 func TestSetAllowConcurrentWithConnects(t *testing.T) {
 	tp := newTestProxy(t, proxyOpts{allow: []string{"a.example.com:443"}, cidrs: []string{"198.18.0.0/15"}})
 	tp.dns.set("a.example.com", 60, "198.18.0.10")
-	go func() { // drain: the test looks at tunnels, not records
-		for range tp.events {
+	// Records by client address: a connection closed without an answer
+	// is judged by what the proxy recorded for it.
+	var recMu sync.Mutex
+	records := map[string]Event{}
+	go func() {
+		for e := range tp.events {
+			recMu.Lock()
+			records[e.Client] = e
+			recMu.Unlock()
 		}
 	}()
+	recordOf := func(addr string) (Event, bool) {
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			recMu.Lock()
+			e, ok := records[addr]
+			recMu.Unlock()
+			if ok {
+				return e, true
+			}
+		}
+		return Event{}, false
+	}
 	a, _ := ParseEntry("a.example.com:443")
 	with, without := NewAllowlist(a), NewAllowlist()
 	const rounds, clients = 50, 4
@@ -181,6 +199,17 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 					mu.Unlock()
 				case strings.HasPrefix(line, "HTTP/1.1 403"):
 					_ = c.Close()
+				case line == "":
+					// No answer at all. Seen rarely, only under heavy load
+					// (CI runs every package at once): allowed only for a
+					// tunnel the proxy records as cut by the change, which
+					// closed it as its 200 went out; anything else is a
+					// CONNECT left unanswered.
+					_ = c.Close()
+					e, ok := recordOf(c.LocalAddr().String())
+					if !ok || e.Decision != DecisionAllow || !strings.Contains(e.Detail, "tunnel cut by a policy change") {
+						t.Errorf("a CONNECT got no answer; the proxy's record of it: %+v (found %v)", e, ok)
+					}
 				default:
 					t.Errorf("answer %q", line)
 					_ = c.Close()
