@@ -200,16 +200,11 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 				case strings.HasPrefix(line, "HTTP/1.1 403"):
 					_ = c.Close()
 				case line == "":
-					// No answer at all. Seen rarely, only under heavy load
-					// (CI runs every package at once): allowed only for a
-					// tunnel the proxy records as cut by the change, which
-					// closed it as its 200 went out; anything else is a
-					// CONNECT left unanswered.
+					// No answer at all: the proxy's record of the
+					// connection says which path lost it.
 					_ = c.Close()
 					e, ok := recordOf(c.LocalAddr().String())
-					if !ok || e.Decision != DecisionAllow || !strings.Contains(e.Detail, "tunnel cut by a policy change") {
-						t.Errorf("a CONNECT got no answer; the proxy's record of it: %+v (found %v)", e, ok)
-					}
+					t.Errorf("a CONNECT got no answer; the proxy's record of it: %+v (found %v)", e, ok)
 				default:
 					t.Errorf("answer %q", line)
 					_ = c.Close()
@@ -274,6 +269,9 @@ func TestCutBeforeAnswerRefuses(t *testing.T) {
 	if !errors.As(err, &d) || d.Reason != ReasonPolicyDenied || !strings.Contains(d.Detail, "while the tunnel was being opened") {
 		t.Fatalf("establish after a cut: %v, want a policy denial", err)
 	}
+	// A second cut (the entry removed again, before the refusal is
+	// written) leaves it open too: closing it would lose the refusal.
+	ot.cut("its allowlist entry a.example.com:443 was removed")
 	// The client connection was left open for the refusal.
 	go func() { _, _ = io.WriteString(client, "x") }()
 	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))

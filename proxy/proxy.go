@@ -337,11 +337,13 @@ func (ot *openTunnel) cut(why string) {
 func (ot *openTunnel) establish() error {
 	ot.mu.Lock()
 	defer ot.mu.Unlock()
-	ot.answered = true
 	if why := ot.cutBecause.Load(); why != nil {
+		// Still unanswered: a later cut (the entry removed again) must
+		// not close the connection before the refusal is written.
 		return deny(ReasonPolicyDenied, "%s while the tunnel was being opened", *why)
 	}
 	_, err := io.WriteString(ot.client, "HTTP/1.1 200 Connection established\r\n\r\n")
+	ot.answered = true
 	return err
 }
 
