@@ -148,9 +148,14 @@ func TestPrivilegedProcessLimit(t *testing.T) {
 		t.Errorf("a fork outside the Trial as uid %d: %v: %s", uid, err, out)
 	}
 
-	// Another command of the same uid with the same limit is refused at
-	// once, saying why.
-	_, err = tr.Start(Command{Args: []string{"true"}, Env: env, UID: uid, GID: uid, MaxProcs: limit})
+	// Another command of the same uid, whose limit the uid is over, is
+	// refused at once, saying why. Over, not at: the kernel flags a uid
+	// change only when the uid's count already exceeds the limit, so one
+	// at exactly the limit races the Go runtime's other threads.
+	second, err := tr.Start(Command{Args: []string{"true"}, Env: env, UID: uid, GID: uid, MaxProcs: limit - 1})
+	if err == nil {
+		_, _ = second.Wait()
+	}
 	var se *StartError
 	if !errors.As(err, &se) || se.Code != ExitCannotExecute || !strings.Contains(err.Error(), "process limit") ||
 		!strings.Contains(err.Error(), "its own uid") {
