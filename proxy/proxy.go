@@ -373,10 +373,19 @@ func (t *trial) chargeRefusal(err error) error {
 	if !errors.As(err, &d) || !d.Reason.info().charged {
 		return err
 	}
+	if limited := t.takeConnect(); limited != nil {
+		return limited
+	}
+	return err
+}
+
+// takeConnect charges one CONNECT to the Trial's rate: nil, or the
+// refusal once it is spent.
+func (t *trial) takeConnect() error {
 	if !t.bucket.take(time.Now()) {
 		return deny(ReasonRateLimited, "more than %g CONNECTs per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
 	}
-	return err
+	return nil
 }
 
 // register decides a dialed CONNECT again, under mu so that no policy
@@ -626,8 +635,8 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 			putReader(br)
 		}
 	})
-	if !t.bucket.take(time.Now()) {
-		p.refuse(c, ev, deny(ReasonRateLimited, "more than %g CONNECTs per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst))
+	if err := t.takeConnect(); err != nil {
+		p.refuse(c, ev, err)
 		return
 	}
 	fin.add(func() { t.tunnels.Add(-1) })
