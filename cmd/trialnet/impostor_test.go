@@ -3,6 +3,8 @@
 package main
 
 import (
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,6 +79,20 @@ func TestPrivilegedClientRefusesImpostors(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = p.Signal(syscall.SIGKILL); _, _ = p.Wait() })
 	waitSocket(t, inTrial)
+
+	// The control: a root listener in this PID namespace passes the
+	// check, and its answer (no agent's: 404) is what the client reports.
+	genuine := filepath.Join(dir, "root-here.sock")
+	ln, err := net.Listen("unix", genuine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() { _ = http.Serve(ln, http.NotFoundHandler()) }()
+	if code, out, errOut := trialnet("health", "--socket", genuine); code != exitFailure ||
+		strings.Contains(out+errOut, "is not trialnet's agent") || !strings.Contains(out+errOut, "404") {
+		t.Errorf("health on a root listener in this namespace: exit %d, %q %q; want its 404 reported, not an impostor", code, out, errOut)
+	}
 
 	for _, c := range []struct{ sock, why string }{
 		{otherUID, "runs as uid 65534"},
