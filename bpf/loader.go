@@ -192,16 +192,10 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 		}
 		l.links = append(l.links, namedLink{h.name, cl})
 	}
-	for _, h := range lsmHooks {
-		prog := coll.Programs[h.name]
-		if prog == nil {
-			continue // no BPF LSM, or an optional hook this kernel lacks
-		}
-		ll, err := attachLSM(filepath.Join(pinDir, "link_"+h.name), prog)
-		if err != nil {
-			return nil, fmt.Errorf("attach %s: %w", h.name, err)
-		}
-		l.lsmLinks = append(l.lsmLinks, namedLink{h.name, ll})
+	if err := l.attachLSMLayer(); err != nil {
+		// The LSM layer is an addition: one that fails to attach goes
+		// whole, and the cgroup layer enforces alone, saying why.
+		l.lsmErr = fmt.Errorf("%w: %w", ErrLSMMissing, err)
 	}
 	lk.record(l.lsmErr, coll.Programs)
 	return l, nil
@@ -535,7 +529,7 @@ func unixID(cgroupID uint64, path string) (trialnetUnixIdKey, error) {
 }
 
 // ErrUnixHookMissing means the kernel cannot confine unix sockets.
-var ErrUnixHookMissing = errors.New("this kernel has no cgroup/connect_unix hook (Linux 6.7+), so pathname unix sockets cannot be confined; opt out of unix confinement explicitly to run anyway")
+var ErrUnixHookMissing = errors.New("this kernel has neither the cgroup/connect_unix hook (Linux 6.7+) nor an active BPF LSM layer, so pathname unix sockets cannot be confined; opt out of unix confinement explicitly (--no-unix-confine, or unix_open) to run anyway")
 
 // AddTrial installs the policy of the Trial whose cgroup has cgroupID. Until
 // it returns, that cgroup is denied everything; on error nothing is left.
@@ -544,7 +538,10 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 	if err != nil {
 		return err
 	}
-	if !p.UnixOpen && !l.unixHook {
+	// Unix confinement needs the path check of the cgroup hooks or the
+	// LSM layer's peer check (own netns, or a recorded inode): the latter
+	// alone confines on kernels before 6.7.
+	if !p.UnixOpen && !l.unixHook && !l.LSM() {
 		return ErrUnixHookMissing
 	}
 	var keys []trialnetUnixKey

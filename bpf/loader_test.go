@@ -148,12 +148,15 @@ func TestPolicyRefusesWhatItCannotEnforce(t *testing.T) {
 	}
 }
 
-// Where the kernel lacks the unix hooks, a Trial that wants unix
-// confinement is refused and one that opts out is accepted.
+// Where the kernel lacks the unix hooks and the BPF LSM layer, a Trial
+// that wants unix confinement is refused and one that opts out is
+// accepted; with the LSM layer, its peer check confines alone.
 func TestPrivilegedMissingUnixHookFailsClosed(t *testing.T) {
 	l, _ := loadTest(t)
 	defer l.Close()
 	l.unixHook = false // as on a kernel before 6.7
+	lsmLinks := l.lsmLinks
+	l.lsmLinks = nil // as without BPF LSM
 	if err := l.AddTrial(5, Policy{NetnsCookie: 9}); !errors.Is(err, ErrUnixHookMissing) {
 		t.Fatalf("got %v, want ErrUnixHookMissing", err)
 	}
@@ -164,6 +167,13 @@ func TestPrivilegedMissingUnixHookFailsClosed(t *testing.T) {
 		t.Fatalf("opting out must work: %v", err)
 	}
 	_ = l.RemoveTrial(5)
+	l.lsmLinks = lsmLinks
+	if l.LSM() {
+		if err := l.AddTrial(5, Policy{NetnsCookie: 9}); err != nil {
+			t.Fatalf("with the LSM layer, unix confinement needs no cgroup hook: %v", err)
+		}
+		_ = l.RemoveTrial(5)
+	}
 }
 
 // A Load that fails half-way leaves the pins as they were and no program
@@ -195,7 +205,11 @@ func TestPrivilegedFailedLoadLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	unixHooks := HaveUnixHooks() == nil
 	for _, h := range hooks {
+		if h.unix && !unixHooks {
+			continue // a kernel before 6.7 cannot be asked about them
+		}
 		// A removed pin releases its link after an RCU grace period:
 		// give the detach a moment (this raced once in six runs).
 		var res *link.QueryResult

@@ -170,13 +170,14 @@ func prepareLSM(spec *ebpf.CollectionSpec, cache *btf.Cache) error {
 // attachLSM attaches prog and pins its link at pin. A link pinned there
 // before (an earlier Load) cannot be updated in place, so the new link is
 // attached and pinned beside it first and then renamed over it: there is
-// no moment without a program.
+// no moment without a program. The temporary name has no dot: bpffs
+// refuses names with one (EPERM), as the kernel reserves them.
 func attachLSM(pin string, prog *ebpf.Program) (link.Link, error) {
 	lk, err := link.AttachLSM(link.LSMOptions{Program: prog})
 	if err != nil {
 		return nil, err
 	}
-	tmp := pin + ".new"
+	tmp := pin + tmpPinSuffix
 	_ = os.Remove(tmp) // left by a Load that died between pin and rename
 	if err := lk.Pin(tmp); err != nil {
 		_ = lk.Close()
@@ -189,6 +190,33 @@ func attachLSM(pin string, prog *ebpf.Program) (link.Link, error) {
 	}
 	return lk, nil
 }
+
+// attachLSMLayer attaches and pins every loaded LSM program. If one
+// fails, it leaves no LSM link at all: neither the ones it attached nor
+// pins an earlier Load left for the hooks it did not reach, so that an
+// adopting Load never finds half a layer.
+func (l *Loader) attachLSMLayer() error {
+	for _, h := range lsmHooks {
+		prog := l.coll.Programs[h.name]
+		if prog == nil {
+			continue // no BPF LSM, or an optional hook this kernel lacks
+		}
+		lk, err := attachLSM(filepath.Join(l.pinDir, "link_"+h.name), prog)
+		if err != nil {
+			_ = l.DetachLSM()
+			for _, h := range lsmHooks {
+				_ = os.Remove(filepath.Join(l.pinDir, "link_"+h.name))
+			}
+			return fmt.Errorf("attach %s: %w", h.name, err)
+		}
+		l.lsmLinks = append(l.lsmLinks, namedLink{h.name, lk})
+	}
+	return nil
+}
+
+// tmpPinSuffix names the pin a new LSM link takes before it is renamed
+// over the old one.
+const tmpPinSuffix = "_new"
 
 // LSM reports whether the BPF LSM layer is attached.
 func (l *Loader) LSM() bool { return len(l.lsmLinks) > 0 }

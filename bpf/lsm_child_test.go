@@ -93,6 +93,14 @@ func childCommand(cmd string, args []string) (string, error) {
 		sa := &unix.SockaddrInet4{Port: ap.Port}
 		copy(sa.Addr[:], ap.IP.To4())
 		return "", unix.Connect(atoi(args[0]), sa)
+	case "connect":
+		// In the child's own netns, with no route: nothing can leave.
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return "", err
+		}
+		defer unix.Close(fd)
+		return childCommand("connectfd", []string{strconv.Itoa(fd), args[0]})
 	case "sendfd":
 		_, err := unix.Write(atoi(args[0]), []byte("x"))
 		return "", err

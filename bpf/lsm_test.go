@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -52,11 +54,18 @@ func startChild(t testing.TB, cloneflags uintptr, extra ...*os.File) *child {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startChildWith(t, exe, &syscall.SysProcAttr{Cloneflags: cloneflags}, extra...)
+}
+
+// startChildWith starts exe as a child with attr (namespaces, credentials).
+func startChildWith(t testing.TB, exe string, attr *syscall.SysProcAttr, extra ...*os.File) *child {
+	t.Helper()
 	cmd := exec.Command(exe)
 	cmd.Env = []string{"TRIALNET_BPF_CHILD=1"}
 	cmd.ExtraFiles = extra
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: cloneflags, Pdeathsig: syscall.SIGKILL}
+	attr.Pdeathsig = syscall.SIGKILL
+	cmd.SysProcAttr = attr
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -202,8 +211,13 @@ func TestPrivilegedLoadReportsLSM(t *testing.T) {
 // namespace) with policy p, its netns cookie filled in.
 func lsmTrial(t *testing.T, l *Loader, parent string, p Policy, extra ...*os.File) (*child, string, uint64) {
 	t.Helper()
+	return lsmTrialOf(t, l, parent, p, startChild(t, syscall.CLONE_NEWNET|syscall.CLONE_NEWNS, extra...))
+}
+
+// lsmTrialOf puts the started child c in a Trial of its own with policy p.
+func lsmTrialOf(t *testing.T, l *Loader, parent string, p Policy, c *child) (*child, string, uint64) {
+	t.Helper()
 	cg, cgid := trialCgroup(t, parent, "trial")
-	c := startChild(t, syscall.CLONE_NEWNET|syscall.CLONE_NEWNS, extra...)
 	p.NetnsCookie = c.cookie
 	if err := l.AddTrial(cgid, p); err != nil {
 		t.Fatal(err)
@@ -362,10 +376,36 @@ func TestPrivilegedLSMIoctl(t *testing.T) {
 
 // A unix peer outside the Trial's netns is allowed by inode identity: a
 // bind mount over an allowed path passes the path check of connect_unix
-// but reaches a socket the LSM layer refuses.
+// but reaches a socket the LSM layer refuses. The bind mount is made by
+// root in a mount namespace of its own, and by nobody from a user
+// namespace of its own (what a Trial could do if seccomp let it make
+// one): no seccomp filter, PID namespace or Landlock domain is in the
+// way here, so what refuses is the LSM layer alone.
 func TestPrivilegedLSMUnixIdentity(t *testing.T) {
 	l, opts := loadLSMTest(t)
-	dir := t.TempDir()
+	for _, tc := range []struct {
+		name  string
+		child func(t *testing.T) *child
+	}{
+		{"root in a mount namespace", func(t *testing.T) *child {
+			return startChild(t, syscall.CLONE_NEWNET|syscall.CLONE_NEWNS)
+		}},
+		{"nobody in a user namespace", func(t *testing.T) *child {
+			return startChildWith(t, worldExecutableCopy(t), &syscall.SysProcAttr{
+				Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET | syscall.CLONE_NEWNS,
+				// Root of its user namespace, which maps it to nobody.
+				Credential:  &syscall.Credential{Uid: 0, Gid: 0},
+				UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 65534, Size: 1}},
+				GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 65534, Size: 1}},
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { unixIdentity(t, l, opts, tc.child(t)) })
+	}
+}
+
+func unixIdentity(t *testing.T, l *Loader, opts Options, spoofer *child) {
+	dir := worldReachableDir(t)
 	allowed, other := filepath.Join(dir, "allowed.sock"), filepath.Join(dir, "other.sock")
 	dgAllowed, dgOther := filepath.Join(dir, "allowed.dgram"), filepath.Join(dir, "other.dgram")
 	lnAllowed := listenUnix(t, allowed)
@@ -377,7 +417,12 @@ func TestPrivilegedLSMUnixIdentity(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = pc.Close() })
 	}
-	c, _, cgid := lsmTrial(t, l, opts.Cgroup, Policy{UnixPaths: []string{allowed, dgAllowed}})
+	for _, p := range []string{allowed, other, dgAllowed, dgOther} {
+		if err := os.Chmod(p, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, _, cgid := lsmTrialOf(t, l, opts.Cgroup, Policy{UnixPaths: []string{allowed, dgAllowed}}, spoofer)
 
 	if _, err := c.do("unixconnect %s", allowed); err != nil {
 		t.Fatalf("connect to the allowed socket: %v", err)
@@ -410,9 +455,29 @@ func TestPrivilegedLSMUnixIdentity(t *testing.T) {
 	if got := after.UnixIdentityDenied - before.UnixIdentityDenied; got != 2 {
 		t.Errorf("unix_identity_denied rose by %d, want 2", got)
 	}
-	if after.UnixConnectAllowed == before.UnixConnectAllowed || after.UnixSendmsgAllowed == before.UnixSendmsgAllowed {
+	// Where the cgroup hooks run (6.7+), they passed the path: the LSM
+	// layer is what refused it.
+	if l.UnixHooks() && (after.UnixConnectAllowed == before.UnixConnectAllowed || after.UnixSendmsgAllowed == before.UnixSendmsgAllowed) {
 		t.Errorf("the path check refused the bind-mounted path: the LSM layer was not what refused it")
 	}
+}
+
+// worldExecutableCopy copies the test binary where any uid can run it.
+func worldExecutableCopy(t *testing.T) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(worldReachableDir(t), "child")
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }
 
 func listenUnix(t testing.TB, path string) *net.UnixListener {
@@ -466,7 +531,7 @@ func TestPrivilegedLSMReloadAndDetach(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(opts.PinDir, "link_"+h.name)); err != nil && l2.coll.Programs[h.name] != nil {
 			t.Errorf("pin of %s: %v", h.name, err)
 		}
-		if _, err := os.Stat(filepath.Join(opts.PinDir, "link_"+h.name+".new")); err == nil {
+		if _, err := os.Stat(filepath.Join(opts.PinDir, "link_"+h.name+tmpPinSuffix)); err == nil {
 			t.Errorf("temporary pin of %s left behind", h.name)
 		}
 	}
@@ -547,15 +612,16 @@ func TestPrivilegedLSMProgramsVerify(t *testing.T) {
 	if err := spec.Variables[trialnetVarParentCgroupId].Set(uint64(1)); err != nil {
 		t.Fatal(err)
 	}
+	tp := wideTracepoint(t)
 	for name, p := range spec.Programs {
 		if p.Type != ebpf.LSM {
 			delete(spec.Programs, name)
 			continue
 		}
-		// kvm_hypercall has five scalar arguments, as many as the widest
+		// A tracepoint with five arguments or more: as many as the widest
 		// hook (socket_create and its verdict) reads; the programs read
-		// every pointer through bpf_probe_read_kernel, so scalars do.
-		p.Type, p.AttachType, p.AttachTo = ebpf.Tracing, ebpf.AttachTraceRawTp, "kvm_hypercall"
+		// every pointer through bpf_probe_read_kernel, so any type does.
+		p.Type, p.AttachType, p.AttachTo = ebpf.Tracing, ebpf.AttachTraceRawTp, tp
 	}
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone
@@ -572,4 +638,250 @@ func TestPrivilegedLSMProgramsVerify(t *testing.T) {
 	if len(coll.Programs) != len(lsmHooks) {
 		t.Fatalf("%d programs verified, want the %d LSM programs", len(coll.Programs), len(lsmHooks))
 	}
+}
+
+// bpffs refuses a name with a dot (EPERM): every name Load pins, the
+// temporary LSM pins included, is letters, digits and '_'. A ".new"
+// suffix once kept every Trial from starting on kernels with BPF LSM.
+func TestPinNamesSuitBpffs(t *testing.T) {
+	spec, err := loadTrialnet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for name, m := range spec.Maps {
+		if m.Pinning == ebpf.PinByName {
+			names = append(names, name)
+		}
+	}
+	for _, h := range hooks {
+		names = append(names, "link_"+h.name)
+	}
+	for _, h := range lsmHooks {
+		names = append(names, "link_"+h.name, "link_"+h.name+tmpPinSuffix)
+	}
+	if len(names) < len(hooks)+2*len(lsmHooks)+4 {
+		t.Fatalf("only %d pin names: %v", len(names), names)
+	}
+	for _, n := range names {
+		if strings.TrimFunc(n, func(r rune) bool {
+			return r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+		}) != "" {
+			t.Errorf("pin name %q has a character bpffs may refuse", n)
+		}
+	}
+}
+
+// An LSM layer that fails to attach goes whole, and Load enforces with the
+// cgroup layer, saying why: it never takes enforcement down with it.
+func TestPrivilegedLSMAttachFailureKeepsCgroupLayer(t *testing.T) {
+	l, opts := loadLSMTest(t)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// One LSM pin gone makes the next Load install again; a non-empty
+	// directory where the first temporary pin goes makes its pin fail.
+	first := filepath.Join(opts.PinDir, "link_"+lsmHooks[0].name)
+	if err := os.Remove(filepath.Join(opts.PinDir, "link_"+lsmHooks[1].name)); err != nil {
+		t.Fatal(err)
+	}
+	obstacle := first + tmpPinSuffix
+	if err := os.MkdirAll(filepath.Join(obstacle, "in_the_way"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(obstacle) })
+
+	l2, err := Load(opts)
+	if err != nil {
+		t.Fatalf("Load with an LSM link that cannot be pinned: %v", err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	if l2.LSM() || !errors.Is(l2.LSMError(), ErrLSMMissing) || !strings.Contains(l2.LSMError().Error(), "attach "+lsmHooks[0].name) {
+		t.Fatalf("LSM() = %v, LSMError = %v: want the layer off, saying which attach failed", l2.LSM(), l2.LSMError())
+	}
+	for _, h := range lsmHooks {
+		if _, err := os.Stat(filepath.Join(opts.PinDir, "link_"+h.name)); err == nil {
+			t.Errorf("LSM link %s still pinned: half a layer", h.name)
+		}
+	}
+	if err := l2.CheckPins(); err != nil {
+		t.Errorf("the cgroup layer: %v", err)
+	}
+	c, _, cgid := lsmTrial(t, l2, opts.Cgroup, Policy{UnixOpen: true})
+	if _, err := c.do("connect 192.0.2.1:80"); !errors.Is(err, unix.EPERM) {
+		t.Errorf("a direct connect with the cgroup layer alone: %v, want EPERM", err)
+	}
+	if got := counters(t, l2, cgid).Connect4Denied; got != 1 {
+		t.Errorf("connect_denied4 = %d, want 1", got)
+	}
+}
+
+// wideTracepoint names a tracepoint built into this kernel (its
+// btf_trace_ typedef is in vmlinux's BTF) that has five arguments or more;
+// the first by name, so that every run on a kernel uses the same one.
+func wideTracepoint(t *testing.T) string {
+	t.Helper()
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	best := ""
+	for typ, err := range spec.All() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		td, ok := typ.(*btf.Typedef)
+		if !ok || !strings.HasPrefix(td.Name, "btf_trace_") {
+			continue
+		}
+		ptr, ok := td.Type.(*btf.Pointer)
+		if !ok {
+			continue
+		}
+		// The first parameter is the tracepoint's private data.
+		if fp, ok := ptr.Target.(*btf.FuncProto); ok && len(fp.Params) >= 6 {
+			if name := strings.TrimPrefix(td.Name, "btf_trace_"); best == "" || name < best {
+				best = name
+			}
+		}
+	}
+	if best == "" {
+		t.Fatal("no tracepoint with five arguments in this kernel's BTF")
+	}
+	return best
+}
+
+// worldReachableDir is a directory of the test's own that any uid can
+// reach (t.TempDir's parent is private to root).
+func worldReachableDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "trialnet-bpftest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// Each LSM program is what refuses its attempt: every attempt is refused
+// with the whole layer attached, and succeeds once that one program is
+// detached while the rest of the layer stays.
+func TestPrivilegedLSMEachHookFalsified(t *testing.T) {
+	for _, tc := range []struct {
+		hook    string
+		attempt func(f *falsifyFixture) (string, []any)
+	}{
+		{trialnetProgTrialnetLsmSocketConnect, func(f *falsifyFixture) (string, []any) {
+			return "connectfd 3 %s", []any{f.ln.Addr()}
+		}},
+		{trialnetProgTrialnetLsmSocketSendmsg, func(f *falsifyFixture) (string, []any) { return "sendfd 5", nil }},
+		{trialnetProgTrialnetLsmPtraceAccessCheck, func(f *falsifyFixture) (string, []any) {
+			return "getfd %d", []any{f.outside.pid()}
+		}},
+		{trialnetProgTrialnetLsmSocketCreate, func(f *falsifyFixture) (string, []any) {
+			return "socket %d %d %d", []any{unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL))}
+		}},
+		{trialnetProgTrialnetLsmFileIoctl, func(f *falsifyFixture) (string, []any) { return "ioctl 4 %d", []any{unix.TIOCSTI} }},
+		{trialnetProgTrialnetLsmUnixStreamConnect, func(f *falsifyFixture) (string, []any) {
+			return "unixconnect %s", []any{f.allowed}
+		}},
+		{trialnetProgTrialnetLsmUnixMaySend, func(f *falsifyFixture) (string, []any) {
+			return "unixsend %s", []any{f.dgAllowed}
+		}},
+	} {
+		t.Run(strings.TrimPrefix(tc.hook, "trialnet_lsm_"), func(t *testing.T) {
+			f := newFalsifyFixture(t)
+			format, args := tc.attempt(f)
+			if _, err := f.c.do(format, args...); err == nil {
+				t.Fatalf("%s succeeded with the whole layer attached", fmt.Sprintf(format, args...))
+			}
+			i := slices.IndexFunc(f.l.lsmLinks, func(nl namedLink) bool { return nl.name == tc.hook })
+			if i < 0 {
+				t.Fatalf("%s is not attached", tc.hook)
+			}
+			if err := detach(f.l.pinDir, f.l.lsmLinks[i:i+1]); err != nil {
+				t.Fatal(err)
+			}
+			f.l.lsmLinks = slices.Delete(f.l.lsmLinks, i, i+1)
+			// A removed pin releases its link after an RCU grace period.
+			var err error
+			for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				if _, err = f.c.do(format, args...); err == nil {
+					return
+				}
+			}
+			t.Errorf("%s with %s detached: %v; want success, or something other than this program refuses it", fmt.Sprintf(format, args...), tc.hook, err)
+		})
+	}
+}
+
+// falsifyFixture is a Trial child with every way around the layer ready:
+// fd 3 a TCP socket made outside, fd 4 a terminal, fd 5 a TCP connection
+// made outside, a process outside, and allowed unix paths with other
+// sockets bind-mounted over them in the child's mount namespace.
+type falsifyFixture struct {
+	l                  *Loader
+	c, outside         *child
+	ln                 net.Listener
+	allowed, dgAllowed string
+}
+
+func newFalsifyFixture(t *testing.T) *falsifyFixture {
+	l, opts := loadLSMTest(t)
+	f := &falsifyFixture{l: l}
+	var err error
+	if f.ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.ln.Close() })
+	go func() {
+		for {
+			c, err := f.ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
+		}
+	}()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := os.NewFile(uintptr(fd), "foreign-tcp")
+	t.Cleanup(func() { _ = foreign.Close() })
+	conn, err := net.Dial("tcp", f.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	connFile, err := conn.(*net.TCPConn).File()
+	_ = conn.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = connFile.Close() })
+	_, pts := testpty.Open(t, 24, 80)
+
+	dir := worldReachableDir(t)
+	f.allowed, f.dgAllowed = filepath.Join(dir, "allowed.sock"), filepath.Join(dir, "allowed.dgram")
+	other, dgOther := filepath.Join(dir, "other.sock"), filepath.Join(dir, "other.dgram")
+	listenUnix(t, f.allowed)
+	listenUnix(t, other)
+	for _, p := range []string{f.dgAllowed, dgOther} {
+		pc, err := net.ListenPacket("unixgram", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pc.Close() })
+	}
+	f.outside = startChild(t, 0)
+	f.c, _, _ = lsmTrial(t, l, opts.Cgroup, Policy{UnixPaths: []string{f.allowed, f.dgAllowed}}, foreign, pts, connFile)
+	for _, m := range [][2]string{{other, f.allowed}, {dgOther, f.dgAllowed}} {
+		if _, err := f.c.do("bindmount %s %s", m[0], m[1]); err != nil {
+			t.Fatalf("bind mount in the child's mount namespace: %v", err)
+		}
+	}
+	return f
 }

@@ -123,7 +123,7 @@ func or(a, b string) string {
 func unixFlags(fs *flag.FlagSet) (*stringList, *bool) {
 	var allow stringList
 	fs.Var(&allow, "unix-allow", "a pathname unix socket the Trial may connect to (repeatable; without the BPF LSM layer only a path only root can change)")
-	return &allow, fs.Bool("no-unix-confine", false, "do not confine pathname unix sockets (needed on kernels before 6.7)")
+	return &allow, fs.Bool("no-unix-confine", false, "do not confine pathname unix sockets (needed on kernels before 6.7 without the BPF LSM layer)")
 }
 
 func strictFlag(fs *flag.FlagSet) *bool {

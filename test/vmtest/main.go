@@ -1,0 +1,319 @@
+//go:build linux
+
+// Command vmtest runs trialnet's kernel-facing tests on a matrix of
+// Debian's packaged kernels, each booted under QEMU (KVM where /dev/kvm
+// opens, TCG otherwise). The guest's root is the host's root, shared
+// read-only over virtiofs, with fresh tmpfs on /tmp, /run and /var; its
+// init is this same binary, built static. The test binaries are built on
+// the host; their output comes back over the guest's second serial line.
+// Per kernel it prints passed, failed and skipped tests, and it exits
+// non-zero naming the kernel and the test of any failure, with the
+// guest's console log kept beside the results.
+//
+//	go run ./test/vmtest                        # the whole matrix
+//	go run ./test/vmtest -kernel 6.1 -run TestX # one kernel, some tests
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+// kernel is one entry of the matrix.
+type kernel struct {
+	Name   string // what -kernel names it by
+	Prefix string // the kernel release starts with this (/boot/vmlinuz-<release>)
+	Append string // more kernel command line
+	About  string
+}
+
+// The matrix: Debian's two current kernels with their default LSM list
+// (bpf is in it), and 6.12 once more without bpf in lsm=, to prove the
+// fallback. The Makefile installs them (make vm-deps).
+var matrix = []kernel{
+	{"6.1", "6.1.", "", "Debian 12's kernel: no connect_unix/sendmsg_unix hooks, no SO_PEERPIDFD, Landlock ABI 2"},
+	{"6.12", "6.12.", "", "Debian 13's kernel (also in Debian 12's security archive), default LSM list"},
+	{"6.12-nolsm", "6.12.", "lsm=lockdown,capability,landlock,yama,apparmor,tomoyo", "6.12 with bpf left out of lsm=: the BPF LSM fallback"},
+}
+
+// suite is what runs in every guest: the packages whose behaviour depends
+// on the kernel, then the CLI's doctor and the demo's Trial.
+var suite = []struct {
+	pkg     string
+	run     string // -test.run; empty: all
+	timeout time.Duration
+}{
+	{"./bpf", "", 10 * time.Minute},
+	{"./netns", "", 5 * time.Minute},
+	{"./sandbox", "", 15 * time.Minute},
+	{"./test/escape", "", 15 * time.Minute},
+	{"./agent", "", 20 * time.Minute},
+	{"./cmd/trialnet", "", 15 * time.Minute},
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if os.Getpid() == 1 {
+		guestMain()
+	}
+	if err := run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "vmtest:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	kernels  []kernel
+	run      string
+	pkgs     []string
+	out      string
+	parallel int
+	mem      string
+	smp      int
+	noDemo   bool
+}
+
+func parseFlags() (*options, error) {
+	o := &options{}
+	kernels := flag.String("kernel", "", "comma-separated matrix entries to boot (default: all): "+matrixNames())
+	flag.StringVar(&o.run, "run", "", "only tests matching this -test.run pattern (and no doctor or demo step)")
+	pkgs := flag.String("pkgs", "", "comma-separated packages to test (default: the kernel-facing suite)")
+	flag.StringVar(&o.out, "out", "bin/vmtest", "output directory: binaries, plans, results and console logs")
+	flag.IntVar(&o.parallel, "parallel", max(1, runtime.NumCPU()/2), "guests booted at once")
+	flag.StringVar(&o.mem, "mem", "2G", "guest memory")
+	flag.IntVar(&o.smp, "smp", 2, "guest CPUs")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", flag.Args())
+	}
+	for _, name := range strings.Split(*kernels, ",") {
+		if name == "" {
+			continue
+		}
+		i := slices.IndexFunc(matrix, func(k kernel) bool { return k.Name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("-kernel %q: no such matrix entry; there are %s", name, matrixNames())
+		}
+		o.kernels = append(o.kernels, matrix[i])
+	}
+	if len(o.kernels) == 0 {
+		o.kernels = matrix
+	}
+	if *pkgs != "" {
+		o.pkgs = strings.Split(*pkgs, ",")
+	}
+	if o.run != "" {
+		if _, err := regexp.Compile(o.run); err != nil {
+			return nil, fmt.Errorf("-run: %w", err)
+		}
+	}
+	o.noDemo = o.run != "" || *pkgs != ""
+	return o, nil
+}
+
+func matrixNames() string {
+	var n []string
+	for _, k := range matrix {
+		n = append(n, k.Name)
+	}
+	return strings.Join(n, ", ")
+}
+
+func run(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root: it runs virtiofsd over the host's root (try: sudo make vmtest)")
+	}
+	o, err := parseFlags()
+	if err != nil {
+		return err
+	}
+	out, err := filepath.Abs(o.out)
+	if err != nil {
+		return err
+	}
+	o.out = out
+	for _, tool := range []string{"qemu-system-x86_64", virtiofsd} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s is missing: 'make vm-deps' installs QEMU and the kernels: %w", tool, err)
+		}
+	}
+	boots := make([]*boot, 0, len(o.kernels))
+	for _, k := range o.kernels {
+		b, err := findKernel(k)
+		if err != nil {
+			return err
+		}
+		boots = append(boots, b)
+	}
+	start := time.Now()
+	bins, err := build(ctx, o)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("vmtest: built the test binaries in %.0fs\n", time.Since(start).Seconds())
+
+	sem := make(chan struct{}, o.parallel)
+	var wg sync.WaitGroup
+	for _, b := range boots {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			b.err = b.run(ctx, o, bins)
+		})
+	}
+	wg.Wait()
+	return report(boots, time.Since(start))
+}
+
+// built is what the guests run.
+type built struct {
+	tests    []builtTest
+	trialnet string
+	demo     string
+	escapee  string
+	init     string
+}
+
+type builtTest struct {
+	pkg, bin string
+	run      string
+	timeout  time.Duration
+}
+
+// build compiles every binary the guests run, static (CGO_ENABLED=0):
+// the guest's libc is the host's, but a static binary does not care.
+func build(ctx context.Context, o *options) (*built, error) {
+	dir := filepath.Join(o.out, "bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	// Trials run as nobody: the binaries they exec must be reachable.
+	for d := dir; d != "/" && strings.HasPrefix(d, o.out); d = filepath.Dir(d) {
+		_ = os.Chmod(d, 0o755)
+	}
+	b := &built{
+		trialnet: filepath.Join(dir, "trialnet"),
+		demo:     filepath.Join(dir, "trialnet-demo"),
+		escapee:  filepath.Join(dir, "escapee"),
+		init:     filepath.Join(dir, "vminit"),
+	}
+	cmds := [][]string{
+		{"build", "-o", b.trialnet, "./cmd/trialnet"},
+		{"build", "-o", b.demo, "./cmd/trialnet-demo"},
+		{"build", "-o", b.escapee, "./test/escape/escapee"},
+		{"build", "-o", b.init, "./test/vmtest"},
+	}
+	for _, s := range suite {
+		if o.pkgs != nil && !slices.Contains(o.pkgs, s.pkg) {
+			continue
+		}
+		bt := builtTest{pkg: s.pkg, bin: filepath.Join(dir, strings.ReplaceAll(strings.TrimPrefix(s.pkg, "./"), "/", "_")+".test"), run: s.run, timeout: s.timeout}
+		b.tests = append(b.tests, bt)
+		cmds = append(cmds, []string{"test", "-c", "-o", bt.bin, s.pkg})
+	}
+	for _, p := range o.pkgs {
+		if !slices.ContainsFunc(b.tests, func(t builtTest) bool { return t.pkg == p }) {
+			bt := builtTest{pkg: p, bin: filepath.Join(dir, strings.ReplaceAll(strings.Trim(p, "./"), "/", "_")+".test"), timeout: 20 * time.Minute}
+			b.tests = append(b.tests, bt)
+			cmds = append(cmds, []string{"test", "-c", "-o", bt.bin, p})
+		}
+	}
+	for _, args := range cmds {
+		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	return b, nil
+}
+
+// plan is the list of steps for one guest.
+func (b *built) plan(k kernel, o *options) plan {
+	cwd, _ := os.Getwd()
+	env := []string{"TRIALNET_TEST_BIN=" + b.trialnet, "TRIALNET_TEST_ESCAPEE=" + b.escapee}
+	p := plan{Kernel: k.Name, Modules: []string{"veth", "vsock_loopback"}}
+	for _, t := range b.tests {
+		args := []string{t.bin, "-test.v", "-test.count=1", "-test.timeout=" + (t.timeout - 30*time.Second).String()}
+		if run := cmpOr(o.run, t.run); run != "" {
+			args = append(args, "-test.run="+run)
+		}
+		p.Steps = append(p.Steps, step{Name: t.pkg, Args: args, Dir: filepath.Join(cwd, t.pkg), Env: env,
+			Timeout: int(t.timeout.Seconds()), GoTest: true})
+	}
+	if !o.noDemo {
+		p.Steps = append(p.Steps,
+			step{Name: "trialnet doctor", Args: []string{b.trialnet, "doctor"}, Dir: cwd, Timeout: 120},
+			step{Name: "make demo", Args: []string{b.demo, b.trialnet}, Dir: cwd, Timeout: 600})
+	}
+	return p
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+// report prints one table per kernel and an error naming each failure.
+func report(boots []*boot, took time.Duration) error {
+	var failures []string
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nkernel\trelease\tLSMs\tstep\tpassed\tfailed\tskipped\texit\tseconds")
+	for _, b := range boots {
+		if b.err != nil {
+			failures = append(failures, fmt.Sprintf("%s: %v (console: %s)", b.k.Name, b.err, b.console()))
+		}
+		if b.res == nil {
+			continue
+		}
+		for _, s := range b.res.Steps {
+			exit := fmt.Sprint(s.Exit)
+			if s.Exit == -1 {
+				exit = "never ended"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.0f\n", b.k.Name, b.release, b.res.LSMs, s.Name, s.counts(), exit, s.Seconds)
+			if !s.ok() {
+				what := fmt.Sprintf("exit %s", exit)
+				if len(s.Failed) > 0 {
+					what = "failed " + strings.Join(s.Failed, ", ")
+				}
+				failures = append(failures, fmt.Sprintf("%s: %s: %s (output: %s, console: %s)", b.k.Name, s.Name, what, b.resultsFile(), b.console()))
+			}
+		}
+		if !b.res.Done && b.err == nil {
+			failures = append(failures, fmt.Sprintf("%s: the guest did not finish its plan (console: %s)", b.k.Name, b.console()))
+		}
+	}
+	_ = tw.Flush()
+	fmt.Printf("\nvmtest: %d kernels in %.0fs\n", len(boots), took.Seconds())
+	if len(failures) > 0 {
+		return fmt.Errorf("%d failures:\n  %s", len(failures), strings.Join(failures, "\n  "))
+	}
+	return nil
+}
