@@ -5,7 +5,7 @@ PKGS    := ./...
 # Privileged tests need root; in CI (CI=true) they fail rather than skip.
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: help deps test-deps test-node bench-deps generate check-generate build test bench demo lint fuzz clean
+.PHONY: help deps test-deps test-node bench-deps generate check-generate build test bench demo lint fuzz clean vm-deps vmtest
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -64,6 +64,23 @@ lint: ## gofmt, go vet and staticcheck
 
 test: deps test-deps ## run every test, privileged ones included (as root)
 	$(GO) test $(TESTFLAGS) $(PKGS)
+
+# The kernel matrix: Debian's packaged kernels, booted under QEMU by
+# test/vmtest (KVM where /dev/kvm opens, TCG otherwise). The image lands
+# in /boot and its modules in /lib/modules, which the guest reads through
+# its read-only share of the host's root. Pinned, so that every run boots
+# the same kernels; change them here.
+VM_KERNELS := linux-image-6.1.0-57-cloud-amd64-unsigned linux-image-6.12.107+deb12-cloud-amd64-unsigned
+VM_DEBS    := qemu-system-x86 $(VM_KERNELS)
+vm-deps: deps ## install QEMU and the kernels of the VM matrix (VM_KERNELS)
+	@missing=""; for p in $(VM_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; fi
+
+# KERNEL=6.1 (or 6.12, 6.12-nolsm, comma-separated) boots only those;
+# RUN=TestX runs only matching tests; VMPKGS=./proxy,./bpf tests those
+# packages instead of the kernel-facing suite.
+vmtest: vm-deps test-deps ## run the kernel-facing tests on each kernel of the VM matrix (KERNEL=, RUN=, VMPKGS=)
+	$(GO) run ./test/vmtest $(if $(KERNEL),-kernel $(KERNEL)) $(if $(RUN),-run '$(RUN)') $(if $(VMPKGS),-pkgs $(VMPKGS))
 
 # squid's package would start a system squid: the same policy-rc.d guard
 # as test-deps keeps it from starting any service while it installs (the

@@ -34,7 +34,60 @@ func Doctor() []bpf.Check {
 	checks = append(checks, bpf.Check{Name: "Landlock (a domain per Trial command: no ptrace or pidfd_getfd outside it)", Required: false, Err: landlockErr()})
 	checks = append(checks, bpf.Check{Name: processBound(mount)})
 	checks = append(checks, bpf.Check{Name: "SO_PEERPIDFD (Linux 6.5+: a run through the agent is the owner of its Trial, which ends when it dies)", Required: false, Err: peerPidfdErr()})
-	return append(checks, bpf.Probe()...)
+	probe := bpf.Probe()
+	if err != nil || rootErr() != nil {
+		return append(checks, probe...)
+	}
+	// The probes say what the kernel has; a real Load says what 'trialnet
+	// run' will get, with the pins and attachments it makes.
+	layer, loadErr := loadOnce(mount)
+	checks = append(checks, bpf.Check{Name: LoadCheck, Required: true, Err: loadErr})
+	if loadErr == nil {
+		for i := range probe {
+			if strings.HasPrefix(probe[i].Name, "BPF LSM") {
+				probe[i] = bpf.Check{Name: "BPF LSM layer (loaded, attached and pinned as a Trial's would be)", Err: layer.lsm}
+			}
+		}
+		unixErr := error(nil)
+		if !layer.unixHooks && layer.lsm != nil {
+			unixErr = errors.New("neither the cgroup connect_unix hook (Linux 6.7+) nor the BPF LSM layer: 'trialnet run' and 'create' need --no-unix-confine (unix_open) here")
+		}
+		checks = append(checks, bpf.Check{Name: UnixConfineCheck, Err: unixErr})
+	}
+	return append(checks, probe...)
+}
+
+// The names of the doctor's checks that the CLI's summary speaks of.
+const (
+	LoadCheck        = "load, attach and pin trialnet's eBPF programs (a scratch cgroup and pin directory, removed after)"
+	UnixConfineCheck = "pathname unix socket confinement (cgroup connect_unix hook or BPF LSM layer)"
+)
+
+// loadedLayer is what a real Load attached.
+type loadedLayer struct {
+	lsm       error // why the BPF LSM layer is not attached; nil: it is
+	unixHooks bool
+}
+
+// loadOnce loads, attaches and pins the eBPF layer as 'trialnet run'
+// does, on a parent cgroup and pin directory of its own, and removes both.
+func loadOnce(mount string) (loadedLayer, error) {
+	parent, err := os.MkdirTemp(mount, "trialnet-doctor-")
+	if err != nil {
+		return loadedLayer{}, fmt.Errorf("cannot create a scratch cgroup: %w", err)
+	}
+	defer unix.Rmdir(parent)
+	pins := bpf.DefaultPinDir + "-doctor-" + strings.TrimPrefix(filepath.Base(parent), "trialnet-doctor-")
+	l, err := bpf.Load(bpf.Options{Cgroup: parent, PinDir: pins})
+	if err != nil {
+		return loadedLayer{}, err
+	}
+	layer := loadedLayer{lsm: l.LSMError(), unixHooks: l.UnixHooks()}
+	_ = l.Close()
+	if err := bpf.Uninstall(pins); err != nil {
+		return layer, fmt.Errorf("remove the scratch pins %s: %w", pins, err)
+	}
+	return layer, nil
 }
 
 // processBound names the bound on a Trial's processes that applies here:

@@ -104,29 +104,42 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 		t.Fatalf("audit -j: exit %d, %q", code, out)
 	}
 	// run goes through the running agent: the Trial appears there while
-	// CMD runs.
-	code, _, errOut = trialnet("run", "--socket", sock, "--show-refusals", "--uid", "65534", "--",
-		"sh", "-c", "curl -sS --max-time 5 https://refused.example.test/; exit 0")
-	if code != 0 {
-		t.Fatalf("run through the agent: exit %d, %q", code, errOut)
-	}
-	// The refusal comes over the agent's decision stream, as it happens.
-	if !strings.Contains(errOut, "trialnet: refused CONNECT refused.example.test:443: policy_denied") ||
-		!strings.Contains(errOut, "1 refused (refused.example.test:443 ×1)") {
-		t.Fatalf("run --show-refusals through the agent:\n%s", errOut)
-	}
-	if m, _ := filepath.Glob(filepath.Join(dir, "data", "run-*", "stats.json")); len(m) != 1 {
-		t.Fatalf("run did not go through the agent: final stats %v", m)
-	}
-	if code, _, errOut := trialnet(append([]string{"run", "--socket", sock, "--uid", lone, "--max-procs", "44"}, limitIs("44")...)...); code != 9 {
-		t.Errorf("run --max-procs 44: exit %d, want 9 (the limit as asked); %q", code, errOut)
+	// CMD runs. Before Linux 6.5 (no SO_PEERPIDFD) the agent refuses to
+	// own it, saying so; the embedded agent is the way there.
+	peerPidfd := privtest.PeerPidfd()
+	if peerPidfd != nil {
+		code, _, errOut = trialnet("run", "--socket", sock, "--uid", "65534", "--", "true")
+		if code != 125 || !strings.Contains(errOut, "SO_PEERPIDFD") {
+			t.Fatalf("run through the agent without SO_PEERPIDFD: exit %d, %q", code, errOut)
+		}
+	} else {
+		code, _, errOut = trialnet("run", "--socket", sock, "--show-refusals", "--uid", "65534", "--",
+			"sh", "-c", "curl -sS --max-time 5 https://refused.example.test/; exit 0")
+		if code != 0 {
+			t.Fatalf("run through the agent: exit %d, %q", code, errOut)
+		}
+		// The refusal comes over the agent's decision stream, as it happens.
+		if !strings.Contains(errOut, "trialnet: refused CONNECT refused.example.test:443: policy_denied") ||
+			!strings.Contains(errOut, "1 refused (refused.example.test:443 ×1)") {
+			t.Fatalf("run --show-refusals through the agent:\n%s", errOut)
+		}
+		if m, _ := filepath.Glob(filepath.Join(dir, "data", "run-*", "stats.json")); len(m) != 1 {
+			t.Fatalf("run did not go through the agent: final stats %v", m)
+		}
+		if code, _, errOut := trialnet(append([]string{"run", "--socket", sock, "--uid", lone, "--max-procs", "44"}, limitIs("44")...)...); code != 9 {
+			t.Errorf("run --max-procs 44: exit %d, want 9 (the limit as asked); %q", code, errOut)
+		}
 	}
 	if code, _, errOut := trialnet("run", "--socket", sock, "--config", "x.yaml", "--uid", "65534", "--", "true"); code != exitUsage || !strings.Contains(errOut, "own configuration") {
 		t.Fatalf("run --config with an agent running: exit %d, %q", code, errOut)
 	}
 	// Flags end at CMD: one after it is CMD's argument, never trialnet's
 	// (this one would make CMD root).
-	for _, cmd := range [][]string{{"exec", "--trial", "cli-1"}, {"run"}} {
+	flagCmds := [][]string{{"exec", "--trial", "cli-1"}, {"run"}}
+	if peerPidfd != nil {
+		flagCmds = flagCmds[:1]
+	}
+	for _, cmd := range flagCmds {
 		args := append(cmd, "--socket", sock, "--uid", "65534", "sh", "-c", `test "$1 $2 $(id -u)" = "--uid 0 65534" && exit 9`, "sh", "--uid", "0")
 		if code, _, errOut := trialnet(args...); code != 9 {
 			t.Fatalf("%s with a flag after CMD: exit %d, want CMD's 9 (the flag is CMD's); %q", cmd[0], code, errOut)

@@ -171,9 +171,12 @@ func cmdDoctor(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Name, state, detail)
 		}
 		_ = tw.Flush()
-		if bad != nil {
+		switch {
+		case bad != nil:
 			fmt.Fprintln(stdout, "trialnet cannot enforce a Trial on this machine.")
-		} else {
+		case slices.ContainsFunc(checks, func(c bpf.Check) bool { return c.Name == agent.UnixConfineCheck && c.Err != nil }):
+			fmt.Fprintln(stdout, "trialnet can enforce Trials on this machine, but cannot confine their unix sockets: run them with --no-unix-confine.")
+		default:
 			fmt.Fprintln(stdout, "trialnet can enforce Trials on this machine.")
 		}
 	}

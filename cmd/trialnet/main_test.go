@@ -14,6 +14,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 )
@@ -239,5 +240,23 @@ func TestPrivilegedDoctor(t *testing.T) {
 		return strings.HasPrefix(c.Check, "process bound: RLIMIT_NPROC") && strings.Contains(c.Check, "pids controller")
 	}) {
 		t.Errorf("doctor does not name the process bound: %s", out)
+	}
+	// It did a real Load, and what it says of the BPF LSM layer is what
+	// a host loading for Trials gets: never "ok" where run then fails.
+	lsm := slices.IndexFunc(res.Checks, func(c check) bool { return strings.HasPrefix(c.Check, "BPF LSM layer (loaded") })
+	load := slices.IndexFunc(res.Checks, func(c check) bool { return c.Check == agent.LoadCheck })
+	if lsm < 0 || load < 0 || !res.Checks[load].OK {
+		t.Fatalf("doctor made no real Load, or it failed: %s", out)
+	}
+	h, err := agent.OpenHost(testenv.IsolatedHost(t, "doctorcheck"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if res.Checks[lsm].OK != h.BPF.LSM() {
+		t.Errorf("doctor says BPF LSM ok=%v, a host's Load got LSM=%v (%v)", res.Checks[lsm].OK, h.BPF.LSM(), h.BPF.LSMError())
+	}
+	if leftover, _ := filepath.Glob(bpf.DefaultPinDir + "-doctor-*"); len(leftover) > 0 {
+		t.Errorf("doctor left pins behind: %v", leftover)
 	}
 }

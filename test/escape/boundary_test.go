@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -369,13 +370,10 @@ func TestPrivilegedEscapeBoundaryTrial(t *testing.T) {
 	if r := res["allowed-unix-connect"]; r.Result != "escaped" {
 		t.Errorf("the allowed unix socket was not reachable from the Trial: %+v", r)
 	}
-	k, err := tr.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h.BPF.LSM() && (k.ForeignSocketDenied+k.PtraceDenied+k.SockFamilyDenied+k.IoctlDenied+k.UnixIdentityDenied) == 0 {
-		t.Errorf("the BPF LSM layer is active but counted none of the attempts: %+v", k)
-	}
+	// The LSM layer need not count anything here: the layers in front of
+	// it (seccomp at syscall entry, the PID namespace, Landlock, which
+	// runs before bpf in the LSM list) refuse each attempt first. The
+	// LSM-only run below is where its counters are proven.
 	t.Logf("layers: %s", h.Layers())
 }
 
@@ -411,7 +409,11 @@ func TestPrivilegedEscapeBoundaryLSMOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, n := range map[string]uint64{"foreign_socket_denied": k.ForeignSocketDenied, "ptrace_denied": k.PtraceDenied,
+	// Every steal here is stopped at pidfd_getfd by the ptrace hook, so
+	// no foreign socket reaches connect: foreign_socket_denied is proven
+	// by the bpf package's TestPrivilegedLSMForeignSocket, which hands one
+	// in.
+	for name, n := range map[string]uint64{"ptrace_denied": k.PtraceDenied,
 		"sock_family_denied": k.SockFamilyDenied, "ioctl_denied": k.IoctlDenied, "unix_identity_denied": k.UnixIdentityDenied} {
 		if n == 0 {
 			t.Errorf("%s did not count its refusal", name)
@@ -425,7 +427,27 @@ func TestPrivilegedEscapeBoundaryUnconfinedIsSeen(t *testing.T) {
 	privtest.Require(t)
 	w := newBoundaryWorld(t)
 	res := runPlain(t, w, testenv.PlainCgroup(t, "boundary"), "/proc/self/fd/"+strconv.Itoa(int(hostNS.Fd())))
+	// Linux 6.2+ can refuse TIOCSTI to everyone without CAP_SYS_ADMIN
+	// (dev.tty.legacy_tiocsti=0, Debian's default): then there is no such
+	// way out to see. The kernel matrix's guests turn it on.
+	legacy, err := os.ReadFile("/proc/sys/dev/tty/legacy_tiocsti")
+	noTIOCSTI := err == nil && strings.TrimSpace(string(legacy)) == "0"
+	// Before Linux 6.5 there is no SO_PEERPIDFD, the way these two find
+	// their victim.
+	pidfd, perr := unix.GetsockoptInt(int(w.peer.Fd()), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
+	if perr == nil {
+		_ = unix.Close(pidfd)
+	}
+	noPeerPidfd := errors.Is(perr, unix.ENOPROTOOPT)
 	for name, arrived := range w.receivers(res) {
+		if name == "tiocsti" && noTIOCSTI {
+			t.Logf("dev.tty.legacy_tiocsti=0: this kernel refuses TIOCSTI to every unprivileged process")
+			continue
+		}
+		if strings.HasPrefix(name, "steal-via-") && noPeerPidfd {
+			t.Logf("%s: this kernel has no SO_PEERPIDFD (Linux 6.5+)", name)
+			continue
+		}
 		if !arrived {
 			t.Errorf("unconfined %s did not reach its receiver (%+v): the suite could not see this escape", name, res[name])
 		}
