@@ -40,6 +40,18 @@ type world struct {
 	host     *testhost.Host
 	dnsAddr  string
 	requests atomic.Int64
+	holding  atomic.Int64 // /hold requests open now
+}
+
+// waitHolding waits until n /hold requests have reached the upstream: their
+// tunnels are answered, not only accepted by the proxy.
+func (w *world) waitHolding(t *testing.T, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); w.holding.Load() != n; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests held at the upstream, want %d", w.holding.Load(), n)
+		}
+	}
 }
 
 func newWorld(t *testing.T, subnet uint8, names ...string) *world {
@@ -52,6 +64,8 @@ func newWorld(t *testing.T, subnet uint8, names ...string) *world {
 	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		w.requests.Add(1)
 		if r.URL.Path == "/hold" { // a request held open, as a long tunnel
+			w.holding.Add(1)
+			defer w.holding.Add(-1)
 			rw.WriteHeader(http.StatusOK)
 			rw.(http.Flusher).Flush()
 			<-r.Context().Done()

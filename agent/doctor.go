@@ -33,7 +33,7 @@ func Doctor() []bpf.Check {
 	checks = append(checks, bpf.Check{Name: "seccomp filters with errno", Required: true, Err: seccompErr()})
 	checks = append(checks, bpf.Check{Name: "Landlock (a domain per Trial command: no ptrace or pidfd_getfd outside it)", Required: false, Err: landlockErr()})
 	checks = append(checks, bpf.Check{Name: processBound(mount)})
-	checks = append(checks, bpf.Check{Name: "SO_PEERPIDFD (Linux 6.5+: a run through the agent is the owner of its Trial, which ends when it dies)", Required: false, Err: peerPidfdErr()})
+	checks = append(checks, bpf.Check{Name: "SO_PEERPIDFD (Linux 6.5+: a run through the agent is the owner of its Trial, which ends when it dies)", Required: false, Err: HavePeerPidfd()})
 	probe := bpf.Probe()
 	if err != nil || rootErr() != nil {
 		return append(checks, probe...)
@@ -103,9 +103,9 @@ func processBound(mount string) string {
 	return bound + "; no cgroup v2 pids controller (per-Trial pids.max) here"
 }
 
-// peerPidfdErr asks for the pidfd of a socket pair's peer, as the agent
-// does of the caller of an owned create.
-func peerPidfdErr() error {
+// HavePeerPidfd asks for the pidfd of a socket pair's peer, as the agent
+// does of the caller of an owned create (SO_PEERPIDFD, Linux 6.5+).
+func HavePeerPidfd() error {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err

@@ -144,7 +144,7 @@ func TestOpenOwner(t *testing.T) {
 // The owner of an owned Trial is the process at the other end of the
 // control socket, as the kernel names it: the request has no say.
 func TestPeerOwnerIsTheConnectingProcess(t *testing.T) {
-	privtest.RequireKernel(t, privtest.PeerPidfd())
+	privtest.RequireKernel(t, HavePeerPidfd())
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -238,7 +238,7 @@ func ids(l []TrialInfo) []string {
 // Trial without owner is left alone throughout.
 func TestPrivilegedOwnedTrialsAcrossRestart(t *testing.T) {
 	privtest.Require(t)
-	privtest.RequireKernel(t, privtest.PeerPidfd())
+	privtest.RequireKernel(t, HavePeerPidfd())
 	cfg := AgentConfig{Host: isolatedHost(t), DataDir: t.TempDir(), Resolvers: []string{"127.0.0.1:9"}}
 	var firstLog, secondLog lockedBuffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&firstLog, nil))
@@ -298,7 +298,7 @@ func TestPrivilegedOwnedTrialsAcrossRestart(t *testing.T) {
 // it watches.
 func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 	privtest.Require(t)
-	privtest.RequireKernel(t, privtest.PeerPidfd())
+	privtest.RequireKernel(t, HavePeerPidfd())
 	cfg := AgentConfig{Host: isolatedHost(t), DataDir: t.TempDir(), Resolvers: []string{"127.0.0.1:9"}}
 	a, err := Start(cfg)
 	if err != nil {

@@ -35,7 +35,7 @@ func HaveUnixHooks() error {
 			},
 		})
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrUnixHookMissing, err)
+			return fmt.Errorf("no cgroup connect_unix/sendmsg_unix hook (Linux 6.7+; without it only the BPF LSM layer confines unix sockets): %w", err)
 		}
 		_ = prog.Close()
 	}

@@ -106,7 +106,7 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	// run goes through the running agent: the Trial appears there while
 	// CMD runs. Before Linux 6.5 (no SO_PEERPIDFD) the agent refuses to
 	// own it, saying so; the embedded agent is the way there.
-	peerPidfd := privtest.PeerPidfd()
+	peerPidfd := agent.HavePeerPidfd()
 	if peerPidfd != nil {
 		code, _, errOut = trialnet("run", "--socket", sock, "--uid", "65534", "--", "true")
 		if code != 125 || !strings.Contains(errOut, "SO_PEERPIDFD") {

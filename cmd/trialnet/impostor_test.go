@@ -27,15 +27,17 @@ s.bind(sys.argv[1])
 s.listen(8)
 time.sleep(60)`
 
-// waitSocket waits for path to appear, bounded.
+// waitSocket waits, bounded, until something listens on path: the file
+// appears at bind, a moment before listen (a window seen under load).
 func waitSocket(t *testing.T, path string) {
 	t.Helper()
 	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(path); err == nil {
+		if c, err := net.Dial("unix", path); err == nil {
+			_ = c.Close()
 			return
 		}
 	}
-	t.Fatalf("%s never appeared", path)
+	t.Fatalf("nothing listens on %s", path)
 }
 
 // A socket where the agent's should be, bound by another user or by a

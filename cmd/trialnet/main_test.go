@@ -153,6 +153,21 @@ func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
 		!strings.Contains(summary[0], "0 direct egress packets") || !strings.Contains(summary[0], "layers: network namespace") {
 		t.Errorf("summary line %q in:\n%s", summary, errOut)
 	}
+	// The verdict speaks of foreign sockets as the kernel allows: "ok"
+	// where the LSM layer watched, "not observed" where it could not.
+	lsm := bpf.HaveLSM()
+	if os.Getenv("TRIALNET_REQUIRE_LSM") == "1" && lsm != nil {
+		t.Errorf("TRIALNET_REQUIRE_LSM=1 and no BPF LSM: %v", lsm)
+	}
+	wantLSM := []string{"0 foreign-socket uses (ok)", "BPF LSM"}
+	if lsm != nil {
+		wantLSM = []string{"foreign-socket uses not observed", "inactive: BPF LSM ("}
+	}
+	for _, w := range wantLSM {
+		if len(summary) == 1 && !strings.Contains(summary[0], w) {
+			t.Errorf("summary line %q lacks %q (BPF LSM: %v)", summary[0], w, lsm)
+		}
+	}
 	if len(refusals) != 1 || !strings.Contains(refusals[0], "CONNECT refused.example.test:443: policy_denied") {
 		t.Errorf("refusal lines %q in:\n%s", refusals, errOut)
 	}

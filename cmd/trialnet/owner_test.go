@@ -37,7 +37,7 @@ func dialProxy(ns *os.File) error {
 // record and proxy listener go, and the agent's log says why.
 func TestPrivilegedRunThroughAgentKilledIsRemoved(t *testing.T) {
 	privtest.Require(t)
-	privtest.RequireKernel(t, privtest.PeerPidfd())
+	privtest.RequireKernel(t, agent.HavePeerPidfd())
 	dir := t.TempDir()
 	host := testenv.IsolatedHost(t, "owner")
 	var log syncBuffer

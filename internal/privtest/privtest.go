@@ -2,12 +2,9 @@
 package privtest
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // Require skips t when it cannot run privileged tests here, and fails it
@@ -61,20 +58,4 @@ func RequireKernel(t testing.TB, err error) {
 	if err != nil {
 		t.Skipf("this kernel lacks what the test needs: %v", err)
 	}
-}
-
-// PeerPidfd reports whether the kernel names a unix socket's peer by
-// pidfd (SO_PEERPIDFD, Linux 6.5+), which an owned Trial needs.
-func PeerPidfd() error {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fds[0])
-	defer unix.Close(fds[1])
-	pidfd, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PEERPIDFD)
-	if err != nil {
-		return fmt.Errorf("no SO_PEERPIDFD (Linux 6.5+): %w", err)
-	}
-	return unix.Close(pidfd)
 }

@@ -148,26 +148,22 @@ func switchToHostRoot() error {
 	if err := mount("root", nr, "virtiofs", unix.MS_RDONLY, ""); err != nil {
 		return err
 	}
-	for _, m := range []struct {
-		src, dst, fs string
-		flags        uintptr
-		data         string
-	}{
-		{"proc", "/proc", "proc", 0, ""},
-		{"sys", "/sys", "sysfs", 0, ""},
-		{"dev", "/dev", "devtmpfs", 0, ""},
-		{"devpts", "/dev/pts", "devpts", 0, "mode=620,ptmxmode=666"},
-		{"shm", "/dev/shm", "tmpfs", 0, "mode=1777"},
-		{"tmp", "/tmp", "tmpfs", 0, "mode=1777"},
-		{"run", "/run", "tmpfs", 0, "mode=755"},
-		{"var", "/var", "tmpfs", 0, "mode=755"},
-		{"cgroup2", "/sys/fs/cgroup", "cgroup2", 0, "nsdelegate"},
-		{"bpf", "/sys/fs/bpf", "bpf", 0, "mode=700"},
-		{"securityfs", "/sys/kernel/security", "securityfs", 0, ""},
-		{"tracefs", "/sys/kernel/tracing", "tracefs", 0, ""},
-		{"debugfs", "/sys/kernel/debug", "debugfs", 0, ""},
+	for _, m := range []struct{ src, dst, fs, data string }{
+		{"proc", "/proc", "proc", ""},
+		{"sys", "/sys", "sysfs", ""},
+		{"dev", "/dev", "devtmpfs", ""},
+		{"devpts", "/dev/pts", "devpts", "mode=620,ptmxmode=666"},
+		{"shm", "/dev/shm", "tmpfs", "mode=1777"},
+		{"tmp", "/tmp", "tmpfs", "mode=1777"},
+		{"run", "/run", "tmpfs", "mode=755"},
+		{"var", "/var", "tmpfs", "mode=755"},
+		{"cgroup2", "/sys/fs/cgroup", "cgroup2", "nsdelegate"},
+		{"bpf", "/sys/fs/bpf", "bpf", "mode=700"},
+		{"securityfs", "/sys/kernel/security", "securityfs", ""},
+		{"tracefs", "/sys/kernel/tracing", "tracefs", ""},
+		{"debugfs", "/sys/kernel/debug", "debugfs", ""},
 	} {
-		if err := mount(m.src, nr+m.dst, m.fs, m.flags, m.data); err != nil {
+		if err := mount(m.src, nr+m.dst, m.fs, 0, m.data); err != nil {
 			return err
 		}
 	}

@@ -52,17 +52,18 @@ var matrix = []kernel{
 
 // suite is what runs in every guest: the packages whose behaviour depends
 // on the kernel, then the CLI's doctor and the demo's Trial.
-var suite = []struct {
+var suite = []suiteEntry{
+	{"./bpf", 10 * time.Minute},
+	{"./netns", 5 * time.Minute},
+	{"./sandbox", 15 * time.Minute},
+	{"./test/escape", 15 * time.Minute},
+	{"./agent", 20 * time.Minute},
+	{"./cmd/trialnet", 15 * time.Minute},
+}
+
+type suiteEntry struct {
 	pkg     string
-	run     string // -test.run; empty: all
 	timeout time.Duration
-}{
-	{"./bpf", "", 10 * time.Minute},
-	{"./netns", "", 5 * time.Minute},
-	{"./sandbox", "", 15 * time.Minute},
-	{"./test/escape", "", 15 * time.Minute},
-	{"./agent", "", 20 * time.Minute},
-	{"./cmd/trialnet", "", 15 * time.Minute},
 }
 
 func main() {
@@ -193,7 +194,6 @@ type built struct {
 
 type builtTest struct {
 	pkg, bin string
-	run      string
 	timeout  time.Duration
 }
 
@@ -220,20 +220,10 @@ func build(ctx context.Context, o *options) (*built, error) {
 		{"build", "-o", b.escapee, "./test/escape/escapee"},
 		{"build", "-o", b.init, "./test/vmtest"},
 	}
-	for _, s := range suite {
-		if o.pkgs != nil && !slices.Contains(o.pkgs, s.pkg) {
-			continue
-		}
-		bt := builtTest{pkg: s.pkg, bin: filepath.Join(dir, strings.ReplaceAll(strings.TrimPrefix(s.pkg, "./"), "/", "_")+".test"), run: s.run, timeout: s.timeout}
-		b.tests = append(b.tests, bt)
-		cmds = append(cmds, []string{"test", "-c", "-o", bt.bin, s.pkg})
-	}
-	for _, p := range o.pkgs {
-		if !slices.ContainsFunc(b.tests, func(t builtTest) bool { return t.pkg == p }) {
-			bt := builtTest{pkg: p, bin: filepath.Join(dir, strings.ReplaceAll(strings.Trim(p, "./"), "/", "_")+".test"), timeout: 20 * time.Minute}
-			b.tests = append(b.tests, bt)
-			cmds = append(cmds, []string{"test", "-c", "-o", bt.bin, p})
-		}
+	for _, t := range o.tests() {
+		t.bin = filepath.Join(dir, strings.ReplaceAll(strings.Trim(t.pkg, "./"), "/", "_")+".test")
+		b.tests = append(b.tests, t)
+		cmds = append(cmds, []string{"test", "-c", "-o", t.bin, t.pkg})
 	}
 	for _, args := range cmds {
 		cmd := exec.CommandContext(ctx, "go", args...)
@@ -245,6 +235,23 @@ func build(ctx context.Context, o *options) (*built, error) {
 	return b, nil
 }
 
+// tests lists the packages to test: the suite, or those -pkgs names (a
+// package of the suite keeps its -test.run and timeout).
+func (o *options) tests() []builtTest {
+	var out []builtTest
+	for _, s := range suite {
+		if o.pkgs == nil || slices.Contains(o.pkgs, s.pkg) {
+			out = append(out, builtTest{pkg: s.pkg, timeout: s.timeout})
+		}
+	}
+	for _, p := range o.pkgs {
+		if !slices.ContainsFunc(suite, func(s suiteEntry) bool { return s.pkg == p }) {
+			out = append(out, builtTest{pkg: p, timeout: 20 * time.Minute})
+		}
+	}
+	return out
+}
+
 // plan is the list of steps for one guest.
 func (b *built) plan(k kernel, o *options) plan {
 	cwd, _ := os.Getwd()
@@ -252,8 +259,8 @@ func (b *built) plan(k kernel, o *options) plan {
 	p := plan{Kernel: k.Name, Modules: []string{"veth", "vsock_loopback"}}
 	for _, t := range b.tests {
 		args := []string{t.bin, "-test.v", "-test.count=1", "-test.timeout=" + (t.timeout - 30*time.Second).String()}
-		if run := cmpOr(o.run, t.run); run != "" {
-			args = append(args, "-test.run="+run)
+		if o.run != "" {
+			args = append(args, "-test.run="+o.run)
 		}
 		p.Steps = append(p.Steps, step{Name: t.pkg, Args: args, Dir: filepath.Join(cwd, t.pkg), Env: env,
 			Timeout: int(t.timeout.Seconds()), GoTest: true})
@@ -264,13 +271,6 @@ func (b *built) plan(k kernel, o *options) plan {
 			step{Name: "make demo", Args: []string{b.demo, b.trialnet}, Dir: cwd, Timeout: 600})
 	}
 	return p
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func writeJSON(path string, v any) error {

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -51,6 +52,7 @@ func boundary() {
 	report(enc, "tiocsti", tiocsti())
 	// A pidfd needs no pid: the peer of a unix socket gives one.
 	report(enc, "steal-via-stdio-peer", stealFromPeer(0, int(fds[3]), tg[3]))
+	report(enc, "handed-socket-connect", handedSocket(tg[5]))
 	report(enc, "steal-via-allowed-unix-peer", func() error {
 		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
 		if err != nil {
@@ -119,15 +121,58 @@ func useStolen(pidfd, fd int, target string) error {
 		return fmt.Errorf("pidfd_getfd: %w", err)
 	}
 	defer unix.Close(s)
+	return connectAndWrite(s, target, "stolen")
+}
+
+// connectAndWrite connects socket s, got by way of how, to target and
+// writes through it.
+func connectAndWrite(s int, target, how string) error {
 	sa, err := sockaddrOf(target)
 	if err != nil {
 		return err
 	}
 	if err := unix.Connect(s, sa); err != nil {
-		return fmt.Errorf("connect the stolen socket: %w", err)
+		return fmt.Errorf("connect the %s socket: %w", how, err)
 	}
-	_, err = unix.Write(s, []byte("stolen"))
+	_, err = unix.Write(s, []byte(how))
 	return err
+}
+
+// handedSocket asks the service behind the allowed unix socket for a
+// descriptor, as a host service that passes sockets (systemd's socket
+// activation, a privileged helper) would hand one: a TCP socket made
+// outside the Trial, in the host's namespace, which it connects to target.
+func handedSocket(target string) error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: *allowedUnix}); err != nil {
+		return fmt.Errorf("connect the allowed socket: %w", err)
+	}
+	// A victim that cannot answer must not hang the suite.
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 10}); err != nil {
+		return err
+	}
+	if _, err := unix.Write(fd, []byte("give")); err != nil {
+		return err
+	}
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(fd, make([]byte, 1), oob, 0)
+	if err != nil {
+		return fmt.Errorf("receive a descriptor: %w", err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return fmt.Errorf("no descriptor handed: %v", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		return fmt.Errorf("no descriptor handed: %v", err)
+	}
+	defer unix.Close(fds[0])
+	return connectAndWrite(fds[0], target, "handed")
 }
 
 // soPeerPidfd is SO_PEERPIDFD (Linux 6.5): a pidfd of a unix socket's peer.
@@ -147,6 +192,10 @@ func stealFromPeer(sock, fd int, target string) error {
 // ptracePoke attaches to the victim and writes its mailbox, which makes
 // the victim connect its own socket for us.
 func ptracePoke(pid int, box uintptr) error {
+	// Every ptrace request must come from the thread that attached: on
+	// another, the detach fails and the victim stays stopped.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if err := unix.PtraceAttach(pid); err != nil {
 		return fmt.Errorf("ptrace attach %d: %w", pid, err)
 	}
@@ -268,7 +317,7 @@ var mailboxes [3]uint64
 // victimSockets is how many unconnected TCP sockets the victim holds, one
 // per attempt that takes one: pidfd, ptrace, /proc/PID/mem, and the peer
 // of the Trial's stdio and of its allowed unix socket.
-const victimSockets = 5
+const victimSockets = 6
 
 // victim is a process outside the Trial of the same uid, holding
 // unconnected TCP sockets and, with -listen-unix, serving a unix socket
@@ -277,6 +326,8 @@ const victimSockets = 5
 // target i as soon as mailbox i is written. It ends after a minute.
 func victim() {
 	tg := strings.Split(*targets, ",")
+	// The last socket is the one handed to whoever asks on the unix socket.
+	handed := make(chan int, 1)
 	if *listenUnix != "" {
 		ln, err := net.Listen("unix", *listenUnix)
 		if err != nil {
@@ -289,18 +340,21 @@ func victim() {
 				if err != nil {
 					return
 				}
-				go func() { _, _ = io.Copy(io.Discard, c) }() // held open until the peer closes
+				go serveVictimConn(c.(*net.UnixConn), handed)
 			}
 		}()
 	}
 	var fds []string
-	for range victimSockets {
+	for i := range victimSockets {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
 		if err != nil {
 			fmt.Println(err)
 			os.Exit(1)
 		}
 		fds = append(fds, strconv.Itoa(fd))
+		if i == victimSockets-1 {
+			handed <- fd
+		}
 	}
 	var boxes []string
 	for i := range mailboxes {
@@ -325,4 +379,20 @@ func victim() {
 			}
 		}
 	}
+}
+
+// serveVictimConn holds a connection to the victim's unix socket open
+// until the peer closes it; a peer that writes "give" gets the handed
+// socket, passed as SCM_RIGHTS.
+func serveVictimConn(c *net.UnixConn, handed chan int) {
+	defer c.Close()
+	buf := make([]byte, 4)
+	if n, err := io.ReadFull(c, buf); err != nil || string(buf[:n]) != "give" {
+		_, _ = io.Copy(io.Discard, c)
+		return
+	}
+	fd := <-handed
+	handed <- fd
+	_, _, _ = c.WriteMsgUnix([]byte{0}, unix.UnixRights(fd), nil)
+	_, _ = io.Copy(io.Discard, c)
 }
