@@ -17,6 +17,12 @@ import (
 	"time"
 )
 
+// MaxResponseHeaderBytes bounds a forwarded response's head, which the
+// proxy holds whole before it writes a byte of it: net/http's default
+// (10 MiB) let one Trial's upstream grow the shared proxy by that much a
+// request.
+const MaxResponseHeaderBytes = 64 << 10
+
 // hopByHop are the fields that describe one connection, never forwarded
 // either way (RFC 9110 7.6.1), with Proxy-Authorization and
 // Proxy-Authenticate, which are meant for this proxy.
@@ -80,8 +86,9 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 		MaxIdleConnsPerHost: 1,    // requests on one client connection are sequential
 		// and only the last host's connection is worth keeping: idle
 		// upstream sockets count against no limit of the Trial's.
-		MaxIdleConns:    1,
-		IdleConnTimeout: p.cfg.HeaderTimeout,
+		MaxIdleConns:           1,
+		IdleConnTimeout:        p.cfg.HeaderTimeout,
+		MaxResponseHeaderBytes: MaxResponseHeaderBytes,
 	}
 	defer h.tr.CloseIdleConnections()
 	for first := true; ; first = false {

@@ -437,3 +437,32 @@ func TestCutEndsAForwardedStream(t *testing.T) {
 		t.Errorf("%d of 10 chunks reached the upstream after its entry was cut", got)
 	}
 }
+
+// A forwarded response's head is bounded: one past MaxResponseHeaderBytes
+// is refused as the upstream's fault and never held whole; one under it
+// passes.
+func TestForwardBoundsResponseHead(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := MaxResponseHeaderBytes - 4<<10 // under the bound, with room for the rest of the head
+		if r.URL.Path == "/big" {
+			n = 4 << 20
+		}
+		w.Header().Set("X-Big", strings.Repeat("a", n))
+		_, _ = io.WriteString(w, "body")
+	}))
+	t.Cleanup(srv.Close)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80"}, upstreamAddr: srv.Listener.Addr().String()})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	resps := rawExchange(t, tp.addr, "GET http://api.example.com/big HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 1)
+	if len(resps) != 1 || resps[0].StatusCode != http.StatusBadGateway || Reason(resps[0].Header.Get("Trialnet-Reason")) != ReasonUpstreamBadResponse ||
+		!strings.Contains(resps[0].Header.Get("Trialnet-Detail"), "exceeded") {
+		t.Fatalf("a 4 MiB response head: %+v", resps)
+	}
+	if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != ReasonUpstreamBadResponse {
+		t.Fatalf("event %+v", ev)
+	}
+	resps = rawExchange(t, tp.addr, "GET http://api.example.com/ok HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 1)
+	if len(resps) != 1 || resps[0].StatusCode != http.StatusOK || len(resps[0].Header.Get("X-Big")) != MaxResponseHeaderBytes-4<<10 {
+		t.Fatalf("a response head under the bound: %+v", resps)
+	}
+}

@@ -76,6 +76,7 @@ func classes(c AddrClass, prefixes ...string) []prefixClass {
 var metadata = classes(ClassMetadata,
 	"169.254.169.254/32", "169.254.169.253/32", "169.254.169.123/32", // AWS/GCP/Azure/OCI metadata, AWS DNS and time
 	"169.254.170.2/32", "169.254.170.23/32", // ECS task credentials, EKS pod identity
+	"169.254.0.23/32",                                                                 // Tencent Cloud
 	"100.100.100.200/32",                                                              // Alibaba Cloud
 	"168.63.129.16/32",                                                                // Azure wireserver
 	"fd00:ec2::254/128", "fd00:ec2::253/128", "fd00:ec2::123/128", "fd00:ec2::23/128", // AWS IPv6 metadata, DNS, time, EKS

@@ -43,6 +43,7 @@ func TestGuardClasses(t *testing.T) {
 		{"fe80::1", false, "link-local"},
 		{"fe80::1%eth0", false, "link-local"},
 		{"100.100.100.200", false, "metadata"},
+		{"169.254.0.23", false, "metadata"},
 		{"168.63.129.16", false, "metadata"},
 		{"fd00:ec2::254", false, "metadata"},
 		{"224.0.0.1", false, "multicast"},
