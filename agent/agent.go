@@ -202,6 +202,7 @@ const (
 	CodeDuplicateID    = "duplicate_id"
 	CodeUnknownTrial   = "unknown_trial"
 	CodeInternal       = "internal"
+	CodeNotRoot        = "not_root"
 )
 
 func errf(code, format string, args ...any) *Error {

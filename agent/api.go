@@ -100,7 +100,21 @@ func (a *Agent) Handler() http.Handler {
 // peer credentials, which owned Trials and the records of allowlist
 // changes need.
 func (a *Agent) Server() *http.Server {
-	return &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: withPeer}
+	return &http.Server{Handler: rootOnly(a.Handler()), ReadHeaderTimeout: 10 * time.Second, ConnContext: withPeer}
+}
+
+// rootOnly refuses a caller whose uid (SO_PEERCRED, as the kernel names
+// it in the agent's user namespace) is not 0: the socket's mode is one
+// wall, this is the second, should the file's mode or directory ever be
+// wrong.
+func rootOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if uid := callerUID(r.Context()); uid != 0 {
+			writeErr(w, errf(CodeNotRoot, "the trialnet agent serves root only, and this caller runs as uid %d (try: sudo trialnet ...)", uid))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // serveDecisions streams a Trial's decisions as JSON lines.
@@ -147,6 +161,8 @@ func writeErr(w http.ResponseWriter, err error) {
 		status = http.StatusConflict
 	case CodeUnknownTrial:
 		status = http.StatusNotFound
+	case CodeNotRoot:
+		status = http.StatusForbidden
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -435,3 +435,49 @@ func TestOwnedCreateOnAnOlderAgentSaysSo(t *testing.T) {
 		t.Fatalf("owned create on an older agent: %v", err)
 	}
 }
+
+// The control API serves root only, whatever the socket's mode: a caller
+// of another uid, which a wrong mode would let connect, is refused.
+func TestPrivilegedControlRefusesNonRoot(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "curl")
+	a, err := Start(AgentConfig{Host: isolatedHost(t), DataDir: t.TempDir(), Resolvers: []string{"127.0.0.1:9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(true) })
+	dir, err := os.MkdirTemp("", "trialnet-control-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "agent.sock")
+	ln, err := ListenSocket(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := a.Server()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	// The mistake this guards against: the socket reachable by anyone.
+	for _, p := range []string{dir, sock} {
+		if err := os.Chmod(p, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		uid          uint32
+		status, body string
+	}{{65534, "403", `"code":"not_root"`}, {0, "200", "["}} {
+		cmd := exec.Command("curl", "-sS", "--max-time", "10", "-w", " %{http_code}", "--unix-socket", sock, "http://agent/v1/trials")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: c.uid, Gid: c.uid}}
+		out, err := cmd.CombinedOutput()
+		var body, status string // curl prints the body, then " <status>"
+		if i := strings.LastIndex(string(out), " "); i >= 0 {
+			body, status = string(out[:i]), string(out[i+1:])
+		}
+		if err != nil || status != c.status || !strings.HasPrefix(body, "{") && !strings.HasPrefix(body, "[") || !strings.Contains(body, c.body) {
+			t.Errorf("uid %d: %q %v, want %s with %q", c.uid, out, err, c.status, c.body)
+		}
+	}
+}
