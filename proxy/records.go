@@ -17,6 +17,11 @@ import (
 // URLs. A longer value is cut and marked (see clipField).
 const MaxRecordField = 512
 
+// MaxRecordAddrs bounds the addresses a record lists as resolved: a name
+// that answers with thousands (cheap for whoever runs its DNS) made 64 KB
+// records. When there were more, the detail says how many.
+const MaxRecordAddrs = 16
+
 // summaryEvery is how often, at most, a Trial's suppressed records are
 // summarised while they are being suppressed; a variable for tests.
 var summaryEvery = 10 * time.Second
@@ -172,6 +177,14 @@ func (p *Proxy) flushSummary(t *trial, last bool) {
 func clipRecord(ev *Event) {
 	for _, f := range []*string{&ev.Method, &ev.Target, &ev.Detail, &ev.SNI} {
 		*f = clipField(*f)
+	}
+	if n := len(ev.Resolved); n > MaxRecordAddrs {
+		ev.Resolved = ev.Resolved[:MaxRecordAddrs:MaxRecordAddrs]
+		note := fmt.Sprintf("resolved to %d addresses, the first %d recorded", n, MaxRecordAddrs)
+		if ev.Detail != "" {
+			note = ev.Detail + "; " + note
+		}
+		ev.Detail = note
 	}
 }
 

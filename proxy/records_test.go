@@ -5,11 +5,14 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -261,5 +264,31 @@ func TestClipField(t *testing.T) {
 		if !bytes.Equal([]byte(f), []byte(c)) {
 			t.Fatalf("field clipped to %q", f)
 		}
+	}
+}
+
+// A name that answers with thousands of addresses makes a record of a
+// bounded size: the first MaxRecordAddrs, and how many there were.
+func TestClipRecordResolved(t *testing.T) {
+	var addrs []netip.Addr
+	for i := range 4000 {
+		addrs = append(addrs, netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}))
+	}
+	ev := Event{Resolved: slices.Clone(addrs[:MaxRecordAddrs]), Detail: "d"}
+	clipRecord(&ev)
+	if len(ev.Resolved) != MaxRecordAddrs || ev.Detail != "d" {
+		t.Fatalf("a record at the bound was clipped: %d addresses, %q", len(ev.Resolved), ev.Detail)
+	}
+	ev = Event{Resolved: addrs, Detail: strings.Repeat("x", 2*MaxRecordField), Reason: ReasonAddressDenied, Decision: DecisionDeny}
+	clipRecord(&ev)
+	if len(ev.Resolved) != MaxRecordAddrs || ev.Resolved[0] != addrs[0] || !strings.HasSuffix(ev.Detail, "; resolved to 4000 addresses, the first 16 recorded") {
+		t.Fatalf("clipped to %d addresses, detail %q", len(ev.Resolved), ev.Detail)
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > 2048 {
+		t.Fatalf("a record of %d bytes", len(b))
 	}
 }
