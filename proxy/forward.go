@@ -7,9 +7,11 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"sync"
@@ -55,15 +57,24 @@ func removeHopByHop(h http.Header) {
 // and the Transport belongs to this client connection (so to one Trial),
 // so a connection is never reused for another host or Trial.
 type httpConn struct {
-	p     *Proxy
-	t     *trial
-	c     net.Conn
-	r     *bufio.Reader // holds a whole head: MaxHeaderBytes
-	ctx   context.Context
-	tr    *http.Transport
-	ev    *Event   // the request being served, for the dialer
-	req   *Request // likewise
-	wrote bool     // response bytes reached the client: no refusal can follow
+	p   *Proxy
+	t   *trial
+	c   net.Conn
+	r   *bufio.Reader // holds a whole head: MaxHeaderBytes
+	ctx context.Context
+	tr  *http.Transport
+	// The request being served, for the dialer and the accounting: its
+	// record, its request, its registration (a cut cancels rctx) and the
+	// upstream connection it got, with that connection's byte counts
+	// when it got it.
+	ev      *Event
+	req     *Request
+	ot      *openTunnel
+	rctx    context.Context
+	up      *trackedConn
+	w0, r0  int64
+	reached bool // bytes of the request reached the upstream: the record is allow
+	wrote   bool // response bytes reached the client: no refusal can follow
 
 	// wmu orders a 100 Continue, written from the Transport's goroutine
 	// when it first reads the body, before the response: once the
@@ -103,9 +114,7 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 		}
 		if err != nil {
 			if h.wrote {
-				if ev.Decision == "" {
-					ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
-				}
+				ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
 				ev.Detail = "response cut: " + err.Error()
 				_ = c.Close()
 				return ev
@@ -114,6 +123,12 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 			h.responding = true // no 100 Continue after the refusal
 			p.refuse(c, ev, err)
 			h.wmu.Unlock()
+			if h.reached {
+				// What reached the upstream was allowed: the record says
+				// so, whatever ended the exchange, and says what did.
+				ev.Detail = fmt.Sprintf("the request reached the upstream, then %s: %s", ev.Reason, ev.Detail)
+				ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
+			}
 			return ev
 		}
 		if !keep {
@@ -128,7 +143,7 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 // serveOne serves one request; keep says the connection may carry
 // another.
 func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, err error) {
-	h.wrote = false
+	h.wrote, h.reached, h.up = false, false, nil
 	h.wmu.Lock()
 	h.responding = false
 	h.wmu.Unlock()
@@ -157,8 +172,10 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 	defer h.t.tunnels.Add(-1)
 	// Known to the Trial like a tunnel while it runs (a request or a
 	// response may stream for as long as a tunnel), so that a deny --cut
-	// of its entry ends it.
-	ot, err := h.t.register(req, ev, h.c, nil)
+	// of its entry ends it: in its DNS, dial or upload too (rctx).
+	rctx, stop := context.WithCancel(h.ctx)
+	defer stop()
+	ot, err := h.t.register(req, ev, h.c, nil, stop)
 	if err != nil {
 		return false, err
 	}
@@ -167,19 +184,58 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 	if err != nil {
 		return false, err
 	}
-	h.ev, h.req = ev, req
-	resp, err := h.tr.RoundTrip(out.WithContext(h.ctx))
+	h.ev, h.req, h.ot, h.rctx = ev, req, ot, rctx
+	defer h.account(ev)
+	trace := &httptrace.ClientTrace{GotConn: h.gotConn}
+	resp, err := h.tr.RoundTrip(out.WithContext(httptrace.WithClientTrace(rctx, trace)))
 	h.ev, h.req = nil, nil
 	if err != nil {
-		return false, upstreamError(h.t.ctx, err)
+		return false, h.roundTripError(err, body)
 	}
 	ev.FirstByte = time.Since(ev.Time)
 	defer resp.Body.Close()
 	ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
 	keep, err = h.respond(in, resp, ev)
-	ev.BytesUp = body.n.Load()
 	// A body the upstream did not read leaves the next head unfindable.
 	return keep && body.done(), err
+}
+
+// gotConn ties the upstream connection the Transport chose (dialed now,
+// or kept from the client's previous request) to the request: a cut
+// closes it from then on, and its byte counts are the record's.
+func (h *httpConn) gotConn(info httptrace.GotConnInfo) {
+	tc, ok := info.Conn.(*trackedConn)
+	if !ok {
+		return
+	}
+	h.up, h.w0, h.r0 = tc, tc.wrote.Load(), tc.read.Load()
+	// The bare connection: a cut closes it under the Trial's lock, which
+	// the tracked one's Close takes (the Transport closes that after).
+	if err := h.ot.attach(tc.Conn); err != nil {
+		_ = tc.Close() // cut while being opened: nothing may be written
+	}
+}
+
+// account sets the record's bytes from what crossed the upstream
+// connection during the request, heads included, however it ended.
+func (h *httpConn) account(ev *Event) {
+	if h.up == nil {
+		return
+	}
+	ev.BytesUp, ev.BytesDown = h.up.wrote.Load()-h.w0, h.up.read.Load()-h.r0
+	h.reached = ev.BytesUp > 0
+}
+
+// roundTripError says whose doing a failed exchange was: a policy
+// change's, the client's (its body), or the upstream's.
+func (h *httpConn) roundTripError(err error, body *countBody) error {
+	if why := h.ot.cutBecause.Load(); why != nil {
+		return deny(ReasonPolicyDenied, "%s while the request was being forwarded", *why)
+	}
+	if berr := body.readErr(); berr != nil {
+		return &Denial{Reason: ReasonBadRequest, Detail: "the client's request body: " + berr.Error(), Err: berr}
+	}
+	return upstreamError(h.t.ctx, err)
 }
 
 // admitRequest charges one forwarded request like one CONNECT: the rate,
@@ -281,12 +337,28 @@ func bodyAllowed(status int) bool {
 // resolution and dial of the request being served, for exactly its
 // host:port.
 func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	req, ev := h.req, h.ev
+	req, ev, ot := h.req, h.ev, h.ot
 	if req == nil || addr != req.HostPort() {
 		return nil, deny(ReasonPolicyDenied, "the forwarder asked to dial %q outside a checked request", truncate(addr))
 	}
+	// net/http does not cancel a dial with its request: a cut must.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(h.rctx, cancel)()
 	up, err := h.p.connect(ctx, h.t.set, req, ev)
+	if why := ot.cutBecause.Load(); why != nil {
+		if err == nil {
+			_ = up.Close()
+		}
+		return nil, deny(ReasonPolicyDenied, "%s while the request was being opened", *why)
+	}
 	if err != nil {
+		return nil, err
+	}
+	// The allowlist may have changed during the DNS and the dial: decide
+	// again, as a CONNECT does when it registers.
+	if err := h.t.redecide(req, ev); err != nil {
+		_ = up.Close()
 		return nil, err
 	}
 	if !h.t.track(up) {
@@ -310,10 +382,23 @@ func upstreamError(trialCtx context.Context, err error) error {
 }
 
 // trackedConn is an upstream connection tracked by its Trial, so that
-// removing the Trial closes it.
+// removing the Trial closes it, with the bytes that crossed it each way.
 type trackedConn struct {
 	net.Conn
-	t *trial
+	t           *trial
+	wrote, read atomic.Int64
+}
+
+func (c *trackedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.wrote.Add(int64(n))
+	return n, err
+}
+
+func (c *trackedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
 }
 
 func (c *trackedConn) Close() error {
@@ -326,8 +411,8 @@ func (c *trackedConn) Close() error {
 // the Transport (the client connection's reader is not its to drain).
 type countBody struct {
 	r           io.Reader
-	n           atomic.Int64
 	eof         atomic.Bool
+	err         atomic.Pointer[error] // the first read error but EOF: the client's
 	onFirstRead func()
 }
 
@@ -337,11 +422,21 @@ func (b *countBody) Read(p []byte) (int, error) {
 		f()
 	}
 	n, err := b.r.Read(p)
-	b.n.Add(int64(n))
-	if errors.Is(err, io.EOF) {
+	switch {
+	case errors.Is(err, io.EOF):
 		b.eof.Store(true)
+	case err != nil:
+		b.err.CompareAndSwap(nil, &err)
 	}
 	return n, err
+}
+
+// readErr is the error reading the client's body met, if any.
+func (b *countBody) readErr() error {
+	if p := b.err.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 func (b *countBody) Close() error { return nil }

@@ -310,6 +310,9 @@ type openTunnel struct {
 	ruled      bool
 	client, up net.Conn
 	cutBecause atomic.Pointer[string]
+	// stop cancels a forwarded request's DNS, dial and upload; nil for
+	// a CONNECT, which is registered once dialed.
+	stop context.CancelFunc
 
 	// mu orders a cut against the CONNECT's answer: a cut that comes
 	// first leaves the client to get a refusal rather than a bare close.
@@ -321,6 +324,9 @@ func (ot *openTunnel) cut(why string) {
 	ot.mu.Lock()
 	defer ot.mu.Unlock()
 	ot.cutBecause.Store(&why)
+	if ot.stop != nil {
+		ot.stop()
+	}
 	if !ot.answered {
 		return // establish refuses it
 	}
@@ -328,6 +334,19 @@ func (ot *openTunnel) cut(why string) {
 	if ot.up != nil { // a forwarded request ends with its client connection
 		_ = ot.up.Close()
 	}
+}
+
+// attach gives a forwarded request its upstream connection, unless a
+// policy change cut the request while it was being opened; from then on
+// a cut closes that connection too, so nothing more reaches the upstream.
+func (ot *openTunnel) attach(up net.Conn) error {
+	ot.mu.Lock()
+	defer ot.mu.Unlock()
+	if why := ot.cutBecause.Load(); why != nil {
+		return deny(ReasonPolicyDenied, "%s while the request was being opened", *why)
+	}
+	ot.up = up
+	return nil
 }
 
 // establish answers a registered CONNECT with 200, unless a policy change
@@ -391,7 +410,7 @@ func (t *trial) takeConnect() error {
 // register decides a dialed CONNECT again, under mu so that no policy
 // change falls between this decision and the tunnel being known, and
 // tracks the tunnel until its end.
-func (t *trial) register(req *Request, ev *Event, client, up net.Conn) (*openTunnel, error) {
+func (t *trial) register(req *Request, ev *Event, client, up net.Conn, stop context.CancelFunc) (*openTunnel, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.removed {
@@ -407,9 +426,22 @@ func (t *trial) register(req *Request, ev *Event, client, up net.Conn) (*openTun
 	}
 	// A forwarded request (no upstream yet) counts as answered: a cut
 	// ends it by closing its client connection.
-	ot := &openTunnel{entry: entry, ruled: ruled, client: client, up: up, answered: up == nil}
+	ot := &openTunnel{entry: entry, ruled: ruled, client: client, up: up, answered: up == nil, stop: stop}
 	t.open[ot] = struct{}{}
 	return ot, nil
+}
+
+// redecide matches a forwarded request against the allowlist as it is
+// after its DNS and dial, as register does for a CONNECT.
+func (t *trial) redecide(req *Request, ev *Event) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, _, err := t.decide(req, ev)
+	var d *Denial
+	if errors.As(err, &d) {
+		d.Detail += " (its entry was removed while the request was being opened)"
+	}
+	return err
 }
 
 func (t *trial) unregister(ot *openTunnel) {
@@ -665,7 +697,7 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 		return
 	}
 	fin.add(func() { t.untrack(up) })
-	ot, err := t.register(req, ev, c, up)
+	ot, err := t.register(req, ev, c, up, nil)
 	if err != nil {
 		_ = up.Close()
 		p.refuse(c, ev, err)
