@@ -70,9 +70,9 @@ test: deps test-deps ## run every test, privileged ones included (as root)
 # in /boot and its modules in /lib/modules, which the guest reads through
 # its read-only share of the host's root. Pinned, so that every run boots
 # the same kernels; change them here.
-VM_KERNELS := linux-image-6.1.0-57-cloud-amd64-unsigned linux-image-6.12.107+deb12-cloud-amd64-unsigned
-VM_DEBS    := qemu-system-x86 $(VM_KERNELS)
-vm-deps: deps ## install QEMU and the kernels of the VM matrix (VM_KERNELS)
+VM_RELEASES := 6.1.0-57-cloud-amd64 6.12.107+deb12-cloud-amd64
+VM_DEBS     := qemu-system-x86 $(patsubst %,linux-image-%-unsigned,$(VM_RELEASES))
+vm-deps: deps ## install QEMU and the kernels of the VM matrix (VM_RELEASES)
 	@missing=""; for p in $(VM_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; fi
 
@@ -80,7 +80,7 @@ vm-deps: deps ## install QEMU and the kernels of the VM matrix (VM_KERNELS)
 # RUN=TestX runs only matching tests; VMPKGS=./proxy,./bpf tests those
 # packages instead of the kernel-facing suite.
 vmtest: vm-deps test-deps ## run the kernel-facing tests on each kernel of the VM matrix (KERNEL=, RUN=, VMPKGS=)
-	$(GO) run ./test/vmtest $(if $(KERNEL),-kernel $(KERNEL)) $(if $(RUN),-run '$(RUN)') $(if $(VMPKGS),-pkgs $(VMPKGS))
+	$(GO) run ./test/vmtest -release '$(VM_RELEASES)' $(if $(KERNEL),-kernel $(KERNEL)) $(if $(RUN),-run '$(RUN)') $(if $(VMPKGS),-pkgs $(VMPKGS))
 
 # squid's package would start a system squid: the same policy-rc.d guard
 # as test-deps keeps it from starting any service while it installs (the

@@ -135,7 +135,7 @@ func (k *installLock) record(lsmErr error, progs map[string]*ebpf.Program) {
 
 // transient reports an error that a later attempt may not meet.
 func transient(err error) bool {
-	return errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.EBUSY)
+	return errors.Is(err, errLSMAttach) || errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) || errors.Is(err, unix.EBUSY)
 }
 
 // errPinsDiffer means the pins are not exactly what this binary would

@@ -193,9 +193,16 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 		l.links = append(l.links, namedLink{h.name, cl})
 	}
 	if err := l.attachLSMLayer(); err != nil {
-		// The LSM layer is an addition: one that fails to attach goes
-		// whole, and the cgroup layer enforces alone, saying why.
-		l.lsmErr = fmt.Errorf("%w: %w", ErrLSMMissing, err)
+		if errors.Is(err, errLSMAttach) && !hadLSMLayer(before) {
+			// The LSM layer is an addition: one that fails to attach
+			// goes whole, and the cgroup layer enforces alone, saying why.
+			l.lsmErr = fmt.Errorf("%w: %w", ErrLSMMissing, err)
+		} else {
+			// Trials admitted under the pinned layer rely on it (unix
+			// confinement without the cgroup unix hooks, any allowed
+			// path): it stays, and this Load fails rather than drop it.
+			return nil, fmt.Errorf("%w; the BPF LSM layer pinned in %s stays as it was", err, pinDir)
+		}
 	}
 	lk.record(l.lsmErr, coll.Programs)
 	return l, nil

@@ -167,56 +167,67 @@ func prepareLSM(spec *ebpf.CollectionSpec, cache *btf.Cache) error {
 	return lsmErr
 }
 
-// attachLSM attaches prog and pins its link at pin. A link pinned there
-// before (an earlier Load) cannot be updated in place, so the new link is
-// attached and pinned beside it first and then renamed over it: there is
-// no moment without a program. The temporary name has no dot: bpffs
-// refuses names with one (EPERM), as the kernel reserves them.
-func attachLSM(pin string, prog *ebpf.Program) (link.Link, error) {
-	lk, err := link.AttachLSM(link.LSMOptions{Program: prog})
-	if err != nil {
-		return nil, err
-	}
-	tmp := pin + tmpPinSuffix
-	_ = os.Remove(tmp) // left by a Load that died between pin and rename
-	if err := lk.Pin(tmp); err != nil {
-		_ = lk.Close()
-		return nil, fmt.Errorf("pin link %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, pin); err != nil {
-		_ = os.Remove(tmp)
-		_ = lk.Close()
-		return nil, fmt.Errorf("replace pinned link %s: %w", pin, err)
-	}
-	return lk, nil
-}
+// errLSMAttach marks an LSM layer whose programs loaded but did not all
+// attach. It is not recorded for adopting Loads: the next Load tries again.
+var errLSMAttach = errors.New("the LSM programs loaded but did not all attach")
 
-// attachLSMLayer attaches and pins every loaded LSM program. If one
-// fails, it leaves no LSM link at all: neither the ones it attached nor
-// pins an earlier Load left for the hooks it did not reach, so that an
-// adopting Load never finds half a layer.
+// tmpPinSuffix names the pin a new LSM link takes before it is renamed
+// over the old one. It has no dot: bpffs refuses names with one (EPERM),
+// as the kernel reserves them.
+const tmpPinSuffix = "_new"
+
+// attachLSMLayer attaches every loaded LSM program and pins each new link
+// beside the pin it replaces; only once all are attached and pinned are
+// they renamed over the old pins (a link pinned by an earlier Load cannot
+// be updated in place). There is no moment without a program, and a
+// failure leaves the layer pinned before exactly as it was.
 func (l *Loader) attachLSMLayer() error {
+	var fresh []namedLink
+	undo := func(err error) error {
+		for _, nl := range fresh {
+			_ = nl.lk.Close()
+			_ = os.Remove(filepath.Join(l.pinDir, "link_"+nl.name+tmpPinSuffix))
+		}
+		return fmt.Errorf("%w: %w", errLSMAttach, err)
+	}
 	for _, h := range lsmHooks {
 		prog := l.coll.Programs[h.name]
 		if prog == nil {
 			continue // no BPF LSM, or an optional hook this kernel lacks
 		}
-		lk, err := attachLSM(filepath.Join(l.pinDir, "link_"+h.name), prog)
+		lk, err := link.AttachLSM(link.LSMOptions{Program: prog})
 		if err != nil {
-			_ = l.DetachLSM()
-			for _, h := range lsmHooks {
-				_ = os.Remove(filepath.Join(l.pinDir, "link_"+h.name))
-			}
-			return fmt.Errorf("attach %s: %w", h.name, err)
+			return undo(fmt.Errorf("attach %s: %w", h.name, err))
 		}
-		l.lsmLinks = append(l.lsmLinks, namedLink{h.name, lk})
+		tmp := filepath.Join(l.pinDir, "link_"+h.name+tmpPinSuffix)
+		_ = os.Remove(tmp) // left by a Load that died between pin and rename
+		if err := lk.Pin(tmp); err != nil {
+			_ = lk.Close()
+			return undo(fmt.Errorf("attach %s: pin link %s: %w", h.name, tmp, err))
+		}
+		fresh = append(fresh, namedLink{h.name, lk})
 	}
+	for _, nl := range fresh {
+		pin := filepath.Join(l.pinDir, "link_"+nl.name)
+		if err := os.Rename(pin+tmpPinSuffix, pin); err != nil {
+			l.lsmLinks = fresh // closed with the Loader; the pins renamed so far stay
+			return fmt.Errorf("replace pinned link %s: %w", pin, err)
+		}
+	}
+	l.lsmLinks = fresh
 	return nil
 }
 
-// tmpPinSuffix names the pin a new LSM link takes before it is renamed
-// over the old one.
-const tmpPinSuffix = "_new"
+// hadLSMLayer reports whether pins (a listing from before a Load) hold an
+// LSM layer, which live Trials may rely on.
+func hadLSMLayer(pins map[string]bool) bool {
+	for _, h := range lsmHooks {
+		if pins["link_"+h.name] {
+			return true
+		}
+	}
+	return false
+}
 
 // LSM reports whether the BPF LSM layer is attached.
 func (l *Loader) LSM() bool { return len(l.lsmLinks) > 0 }

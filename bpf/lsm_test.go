@@ -673,47 +673,97 @@ func TestPinNamesSuitBpffs(t *testing.T) {
 }
 
 // An LSM layer that fails to attach goes whole, and Load enforces with the
-// cgroup layer, saying why: it never takes enforcement down with it.
+// cgroup layer, saying why: it never takes enforcement down with it. The
+// failure is not remembered: once its cause is gone, the next Load
+// attaches the layer.
 func TestPrivilegedLSMAttachFailureKeepsCgroupLayer(t *testing.T) {
-	l, opts := loadLSMTest(t)
-	if err := l.Close(); err != nil {
+	privtest.Require(t)
+	cg := testCgroup(t)
+	opts := Options{Cgroup: cg, PinDir: testPins(t, cg)}
+	if err := ensurePinDir(opts.PinDir); err != nil {
 		t.Fatal(err)
 	}
-	// One LSM pin gone makes the next Load install again; a non-empty
-	// directory where the first temporary pin goes makes its pin fail.
-	first := filepath.Join(opts.PinDir, "link_"+lsmHooks[0].name)
-	if err := os.Remove(filepath.Join(opts.PinDir, "link_"+lsmHooks[1].name)); err != nil {
-		t.Fatal(err)
-	}
-	obstacle := first + tmpPinSuffix
+	// A non-empty directory where the first temporary pin goes makes
+	// that pin fail.
+	obstacle := filepath.Join(opts.PinDir, "link_"+lsmHooks[0].name+tmpPinSuffix)
 	if err := os.MkdirAll(filepath.Join(obstacle, "in_the_way"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(obstacle) })
-
-	l2, err := Load(opts)
+	l, err := Load(opts)
 	if err != nil {
 		t.Fatalf("Load with an LSM link that cannot be pinned: %v", err)
 	}
-	t.Cleanup(func() { _ = l2.Close() })
-	if l2.LSM() || !errors.Is(l2.LSMError(), ErrLSMMissing) || !strings.Contains(l2.LSMError().Error(), "attach "+lsmHooks[0].name) {
-		t.Fatalf("LSM() = %v, LSMError = %v: want the layer off, saying which attach failed", l2.LSM(), l2.LSMError())
+	t.Cleanup(func() { _ = l.Close() })
+	if HaveLSM() != nil {
+		privtest.RequireLSM(t, false, HaveLSM())
+	}
+	if l.LSM() || !errors.Is(l.LSMError(), ErrLSMMissing) || !strings.Contains(l.LSMError().Error(), "attach "+lsmHooks[0].name) {
+		t.Fatalf("LSM() = %v, LSMError = %v: want the layer off, saying which attach failed", l.LSM(), l.LSMError())
 	}
 	for _, h := range lsmHooks {
 		if _, err := os.Stat(filepath.Join(opts.PinDir, "link_"+h.name)); err == nil {
-			t.Errorf("LSM link %s still pinned: half a layer", h.name)
+			t.Errorf("LSM link %s pinned: half a layer", h.name)
 		}
 	}
-	if err := l2.CheckPins(); err != nil {
+	if err := l.CheckPins(); err != nil {
 		t.Errorf("the cgroup layer: %v", err)
 	}
-	c, _, cgid := lsmTrial(t, l2, opts.Cgroup, Policy{UnixOpen: true})
+	c, _, cgid := lsmTrial(t, l, opts.Cgroup, Policy{UnixOpen: true})
 	if _, err := c.do("connect 192.0.2.1:80"); !errors.Is(err, unix.EPERM) {
 		t.Errorf("a direct connect with the cgroup layer alone: %v, want EPERM", err)
 	}
-	if got := counters(t, l2, cgid).Connect4Denied; got != 1 {
-		t.Errorf("connect_denied4 = %d, want 1", got)
+	if got := counters(t, l, cgid).Connect4Denied; got != 1 {
+		t.Errorf("connect4_denied = %d, want 1", got)
 	}
+
+	if err := os.RemoveAll(obstacle); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l2.Close() })
+	if !l2.LSM() {
+		t.Fatalf("the next Load, its cause gone, has no LSM layer: %v", l2.LSMError())
+	}
+}
+
+// A Load that cannot attach a new LSM layer over one pinned before (live
+// Trials may rely on it) fails, and the pinned layer stays and enforces.
+func TestPrivilegedLSMAttachFailureKeepsThePinnedLayer(t *testing.T) {
+	l, opts := loadLSMTest(t)
+	c, _, _ := lsmTrial(t, l, opts.Cgroup, Policy{UnixOpen: true})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// One LSM pin gone makes the next Load install again; the obstacle
+	// makes the first new LSM link's pin fail.
+	if err := os.Remove(filepath.Join(opts.PinDir, "link_"+lsmHooks[1].name)); err != nil {
+		t.Fatal(err)
+	}
+	obstacle := filepath.Join(opts.PinDir, "link_"+lsmHooks[0].name+tmpPinSuffix)
+	if err := os.MkdirAll(filepath.Join(obstacle, "in_the_way"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(obstacle) })
+	if l2, err := Load(opts); err == nil {
+		_ = l2.Close()
+		t.Fatal("Load dropped the pinned LSM layer instead of failing")
+	} else if !strings.Contains(err.Error(), "stays as it was") {
+		t.Errorf("Load: %v; want it to say the pinned layer stays", err)
+	}
+	for _, h := range lsmHooks[2:] {
+		if _, err := os.Stat(filepath.Join(opts.PinDir, "link_"+h.name)); err != nil && h.name != trialnetProgTrialnetLsmFileIoctlCompat {
+			t.Errorf("pinned LSM link %s: %v", h.name, err)
+		}
+	}
+	_, err := c.do("socket %d %d %d", unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+	wantErrno(t, "AF_PACKET under the pinned layer", err, unix.EAFNOSUPPORT)
 }
 
 // wideTracepoint names a tracepoint built into this kernel (its

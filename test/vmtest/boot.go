@@ -32,13 +32,21 @@ type boot struct {
 // findKernel picks the newest installed kernel whose release starts with
 // k.Prefix; its modules are where the Debian package put them, which the
 // guest reads through the root share.
-func findKernel(k kernel) (*boot, error) {
+func findKernel(k kernel, pinned []string) (*boot, error) {
 	matches, _ := filepath.Glob("/boot/vmlinuz-" + k.Prefix + "*")
 	var rels []string
 	for _, m := range matches {
 		rel := strings.TrimPrefix(m, "/boot/vmlinuz-")
 		if _, err := os.Stat(filepath.Join("/lib/modules", rel, "modules.dep")); err == nil {
 			rels = append(rels, rel)
+		}
+	}
+	for _, p := range pinned {
+		if strings.HasPrefix(p, k.Prefix) {
+			if !slices.Contains(rels, p) {
+				return nil, fmt.Errorf("kernel %s: release %s is pinned but not installed with its modules: 'make vm-deps' installs it", k.Name, p)
+			}
+			rels = []string{p}
 		}
 	}
 	if len(rels) == 0 {
@@ -111,6 +119,7 @@ func (b *boot) run(ctx context.Context, o *options, bins *built) error {
 	qctx, cancel := context.WithTimeout(ctx, total)
 	defer cancel()
 	cmd := exec.CommandContext(qctx, "qemu-system-x86_64", b.qemuArgs(o, initrd, sock, planPath)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlives vmtest
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	fmt.Printf("vmtest: booting %s (%s)\n", b.k.Name, b.release)
@@ -236,8 +245,7 @@ func moduleClosure(modDir string, names []string) ([]string, error) {
 	}
 	builtin, _ := os.ReadFile(filepath.Join(modDir, "modules.builtin"))
 	modName := func(p string) string {
-		base := filepath.Base(p)
-		base = base[:strings.Index(base, ".ko")]
+		base, _, _ := strings.Cut(filepath.Base(p), ".ko")
 		return strings.ReplaceAll(base, "-", "_")
 	}
 	isBuiltin := map[string]bool{}

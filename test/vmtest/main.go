@@ -38,16 +38,20 @@ type kernel struct {
 	Name   string // what -kernel names it by
 	Prefix string // the kernel release starts with this (/boot/vmlinuz-<release>)
 	Append string // more kernel command line
-	About  string
+	// LSM says whether bpf must be in the guest's active LSM list: the
+	// LSM tests are required there, and skip elsewhere, so a guest whose
+	// list is not as expected would pass vacuously.
+	LSM   bool
+	About string
 }
 
 // The matrix: Debian's two current kernels with their default LSM list
 // (bpf is in it), and 6.12 once more without bpf in lsm=, to prove the
 // fallback. The Makefile installs them (make vm-deps).
 var matrix = []kernel{
-	{"6.1", "6.1.", "", "Debian 12's kernel: no connect_unix/sendmsg_unix hooks, no SO_PEERPIDFD, Landlock ABI 2"},
-	{"6.12", "6.12.", "", "Debian 13's kernel (also in Debian 12's security archive), default LSM list"},
-	{"6.12-nolsm", "6.12.", "lsm=lockdown,capability,landlock,yama,apparmor,tomoyo", "6.12 with bpf left out of lsm=: the BPF LSM fallback"},
+	{"6.1", "6.1.", "", true, "Debian 12's kernel: no connect_unix/sendmsg_unix hooks, no SO_PEERPIDFD, Landlock ABI 2"},
+	{"6.12", "6.12.", "", true, "Debian 13's kernel (also in Debian 12's security archive), default LSM list"},
+	{"6.12-nolsm", "6.12.", "lsm=lockdown,capability,landlock,yama,apparmor,tomoyo", false, "6.12 with bpf left out of lsm=: the BPF LSM fallback"},
 }
 
 // suite is what runs in every guest: the packages whose behaviour depends
@@ -83,6 +87,7 @@ type options struct {
 	run      string
 	pkgs     []string
 	out      string
+	releases []string
 	parallel int
 	mem      string
 	smp      int
@@ -94,6 +99,7 @@ func parseFlags() (*options, error) {
 	kernels := flag.String("kernel", "", "comma-separated matrix entries to boot (default: all): "+matrixNames())
 	flag.StringVar(&o.run, "run", "", "only tests matching this -test.run pattern (and no doctor or demo step)")
 	pkgs := flag.String("pkgs", "", "comma-separated packages to test (default: the kernel-facing suite)")
+	releases := flag.String("release", "", "space- or comma-separated kernel releases to boot, as the Makefile pins them (default: the newest installed for each entry)")
 	flag.StringVar(&o.out, "out", "bin/vmtest", "output directory: binaries, plans, results and console logs")
 	// Two at once on these 2-core machines: 3 kernels in about 14 min
 	// under TCG, against 18 one at a time.
@@ -120,6 +126,7 @@ func parseFlags() (*options, error) {
 	if *pkgs != "" {
 		o.pkgs = strings.Split(*pkgs, ",")
 	}
+	o.releases = strings.FieldsFunc(*releases, func(r rune) bool { return r == ',' || r == ' ' })
 	if o.run != "" {
 		if _, err := regexp.Compile(o.run); err != nil {
 			return nil, fmt.Errorf("-run: %w", err)
@@ -157,7 +164,7 @@ func run(ctx context.Context) error {
 	}
 	boots := make([]*boot, 0, len(o.kernels))
 	for _, k := range o.kernels {
-		b, err := findKernel(k)
+		b, err := findKernel(k, o.releases)
 		if err != nil {
 			return err
 		}
@@ -180,7 +187,7 @@ func run(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	return report(boots, time.Since(start))
+	return report(boots, o.run != "", time.Since(start))
 }
 
 // built is what the guests run.
@@ -282,7 +289,7 @@ func writeJSON(path string, v any) error {
 }
 
 // report prints one table per kernel and an error naming each failure.
-func report(boots []*boot, took time.Duration) error {
+func report(boots []*boot, filtered bool, took time.Duration) error {
 	var failures []string
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nkernel\trelease\tLSMs\tstep\tpassed\tfailed\tskipped\texit\tseconds")
@@ -309,6 +316,22 @@ func report(boots []*boot, took time.Duration) error {
 		}
 		if !b.res.Done && b.err == nil {
 			failures = append(failures, fmt.Sprintf("%s: the guest did not finish its plan (console: %s)", b.k.Name, b.console()))
+		}
+		if hasBPF := slices.Contains(strings.Split(b.res.LSMs, ","), "bpf"); hasBPF != b.k.LSM {
+			failures = append(failures, fmt.Sprintf("%s: the guest's active LSM list is %q; bpf in it: %v, want %v", b.k.Name, b.res.LSMs, hasBPF, b.k.LSM))
+		}
+		// A package that ran no test passed nothing: only a -run filter
+		// may leave some without one, and not all.
+		ran := 0
+		for _, s := range b.res.Steps {
+			n := len(s.Passed) + len(s.Failed) + len(s.Skipped)
+			ran += n
+			if s.GoTest && n == 0 && !filtered {
+				failures = append(failures, fmt.Sprintf("%s: %s ran no test", b.k.Name, s.Name))
+			}
+		}
+		if ran == 0 {
+			failures = append(failures, fmt.Sprintf("%s: no test ran", b.k.Name))
 		}
 	}
 	_ = tw.Flush()

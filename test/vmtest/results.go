@@ -56,7 +56,7 @@ func parseResults(r io.Reader, gotest map[string]bool) (*guestResult, map[string
 			cur = &stepResult{Name: name, Exit: -1, GoTest: gotest[name]}
 			g.Steps = append(g.Steps, cur)
 			text.Reset()
-		case strings.HasPrefix(line, markEnd) && cur != nil:
+		case cur != nil && strings.HasPrefix(line, markEnd+cur.Name+" exit="):
 			for _, f := range strings.Fields(strings.TrimPrefix(line, markEnd+cur.Name)) {
 				k, v, _ := strings.Cut(f, "=")
 				switch k {
