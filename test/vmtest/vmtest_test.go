@@ -1,0 +1,121 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+)
+
+// A failed test, in a step or a subtest, fails the step; an end marker
+// of another step inside a step's output does not end it; a step that
+// never ended is not ok.
+func TestParseResults(t *testing.T) {
+	log := strings.Join([]string{
+		"kernel noise",
+		markHeader + "6.12.1 lsm=landlock,bpf",
+		markBegin + "./a",
+		"=== RUN   TestOne",
+		"--- PASS: TestOne (0.01s)",
+		"--- SKIP: TestTwo (0.00s)",
+		"--- FAIL: TestThree (0.00s)",
+		"    --- FAIL: TestThree/sub (0.00s)",
+		"    --- PASS: TestThree/ok (0.00s)",
+		markEnd + "./b exit=0 seconds=1.0", // printed by a test: not this step's end
+		"--- FAIL: TestFour (0.00s)",
+		markEnd + "./a exit=1 seconds=2.5",
+		markBegin + "./c",
+		"--- PASS: TestFive (0.00s)",
+		markEnd + "./c exit=0 seconds=0.5",
+		markBegin + "./d",
+		"--- PASS: TestSix (0.00s)",
+	}, "\n")
+	g, out := parseResults(strings.NewReader(log), map[string]bool{"./a": true, "./c": true, "./d": true})
+	if g.Release != "6.12.1" || g.LSMs != "landlock,bpf" || g.Done || len(g.Steps) != 3 {
+		t.Fatalf("parsed %+v", g)
+	}
+	a, c, d := g.Steps[0], g.Steps[1], g.Steps[2]
+	if a.Exit != 1 || a.Seconds != 2.5 || a.ok() || !slices.Equal(a.Passed, []string{"TestOne"}) || !slices.Equal(a.Skipped, []string{"TestTwo"}) ||
+		!slices.Equal(a.Failed, []string{"TestThree", "TestThree/sub", "TestFour"}) {
+		t.Errorf("step a: %+v", a)
+	}
+	if !c.ok() || len(c.Passed) != 1 {
+		t.Errorf("step c: %+v", c)
+	}
+	if d.ok() || d.Exit != -1 {
+		t.Errorf("a step that never ended: %+v", d)
+	}
+	if !strings.Contains(out["./a"], "TestFour") {
+		t.Errorf("output of a: %q", out["./a"])
+	}
+}
+
+func TestCompareVersions(t *testing.T) {
+	rels := []string{"6.1.0-10-cloud-amd64", "6.1.0-9-cloud-amd64", "6.12.107+deb12-cloud-amd64", "6.12.99+deb12-cloud-amd64"}
+	slices.SortFunc(rels, compareVersions)
+	want := []string{"6.1.0-9-cloud-amd64", "6.1.0-10-cloud-amd64", "6.12.99+deb12-cloud-amd64", "6.12.107+deb12-cloud-amd64"}
+	if !slices.Equal(rels, want) {
+		t.Fatalf("sorted %v, want %v", rels, want)
+	}
+}
+
+// Dependencies come before what needs them, built-in modules are left
+// out, and a module that is neither is an error naming it.
+func TestModuleClosure(t *testing.T) {
+	dir := t.TempDir()
+	dep := "kernel/fs/fuse/virtiofs.ko: kernel/fs/fuse/fuse.ko kernel/drivers/virtio/virtio_ring.ko kernel/drivers/virtio/virtio.ko\n" +
+		"kernel/fs/fuse/fuse.ko:\n" +
+		"kernel/drivers/virtio/virtio_ring.ko:\n" +
+		"kernel/drivers/virtio/virtio_pci.ko.xz: kernel/drivers/virtio/virtio_pci-modern-dev.ko.xz kernel/drivers/virtio/virtio_ring.ko\n" +
+		"kernel/drivers/virtio/virtio_pci-modern-dev.ko.xz:\n"
+	if err := os.WriteFile(filepath.Join(dir, "modules.dep"), []byte(dep), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "modules.builtin"), []byte("kernel/drivers/virtio/virtio.ko\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := moduleClosure(dir, []string{"virtio_pci", "virtiofs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"kernel/drivers/virtio/virtio_pci-modern-dev.ko.xz", "kernel/drivers/virtio/virtio_ring.ko",
+		"kernel/drivers/virtio/virtio_pci.ko.xz", "kernel/fs/fuse/fuse.ko", "kernel/fs/fuse/virtiofs.ko"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("closure %v, want %v", got, want)
+	}
+	if _, err := moduleClosure(dir, []string{"nosuch"}); err == nil || !strings.Contains(err.Error(), "nosuch") {
+		t.Fatalf("a missing module: %v", err)
+	}
+}
+
+// The initramfs writer's output is what cpio itself reads back.
+func TestCpioWriter(t *testing.T) {
+	privtest.RequireTool(t, "cpio")
+	var b bytes.Buffer
+	c := &cpioWriter{w: &b}
+	c.dir("modules")
+	c.chardev("dev/console", 5, 1)
+	c.file("init", []byte("#!/bin/sh\n"), 0o755)
+	c.file("modules/a.ko", []byte("abc"), 0o644) // odd lengths exercise the padding
+	if err := c.close(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("cpio", "-t", "-v", "--quiet")
+	cmd.Stdin = &b
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("cpio -t: %v\n%s", err, out)
+	}
+	for _, want := range []string{"drwxr-xr-x", "modules", "crw-------", "dev/console", "-rwxr-xr-x", "init", "modules/a.ko"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("cpio -t lacks %q:\n%s", want, out)
+		}
+	}
+}
