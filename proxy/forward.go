@@ -313,7 +313,9 @@ func (h *httpConn) respond(in *http.Request, resp *http.Response, ev *Event) (bo
 	h.wmu.Unlock()
 	removeHopByHop(resp.Header)
 	resp.ProtoMajor, resp.ProtoMinor, resp.Proto = 1, 1, "HTTP/1.1"
-	keep := !in.Close && !(in.ProtoMajor == 1 && in.ProtoMinor == 0)
+	// An unsolicited 101 (Upgrade is never forwarded) switches nothing
+	// here: it is relayed, and the connection ends with it.
+	keep := !in.Close && !(in.ProtoMajor == 1 && in.ProtoMinor == 0) && resp.StatusCode != http.StatusSwitchingProtocols
 	resp.Close = !keep
 	resp.TransferEncoding = nil
 	if resp.ContentLength < 0 && in.Method != http.MethodHead && bodyAllowed(resp.StatusCode) {

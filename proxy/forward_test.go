@@ -468,3 +468,36 @@ func TestForwardBoundsResponseHead(t *testing.T) {
 		t.Fatalf("a response head under the bound: %+v", resps)
 	}
 }
+
+// An upstream's unsolicited 101 (the proxy never forwards Upgrade) is
+// relayed with Connection: close, and the client connection then closes:
+// it is not kept for another request.
+func TestForwardUnsolicitedSwitchingProtocolsCloses(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80"}, upstream: func(c *net.TCPConn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\nraw bytes")
+		time.Sleep(time.Second)
+	}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	c, err := net.Dial("tcp", tp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols || !resp.Close {
+		t.Fatalf("got %s, close %v", resp.Status, resp.Close)
+	}
+	if _, err := io.ReadAll(br); err != nil {
+		t.Fatalf("the client connection was kept open after a 101 it was told was closing: %v", err)
+	}
+	tp.event(t)
+}
