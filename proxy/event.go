@@ -85,6 +85,9 @@ type Event struct {
 	// WouldDeny is the reason the allowlist would have refused this
 	// request (ReasonPolicyDenied) on a learning Trial, which let it through.
 	WouldDeny Reason
+	// RequireTLS says the entry that allowed the request wanted TLS, so
+	// that a profile learned from the records asks for it too.
+	RequireTLS bool
 	// PolicyChange is set on DecisionPolicyChange records only.
 	PolicyChange *PolicyChange
 	// Suppressed is set on DecisionSuppressed records only.
@@ -127,6 +130,7 @@ type eventJSON struct {
 	FirstByteUS int64     `json:"first_byte_us"`
 	Learning    bool      `json:"learning"`
 	WouldDeny   Reason    `json:"would_deny"`
+	RequireTLS  bool      `json:"require_tls"`
 	// Policy-change records only; null or absent on decisions.
 	PolicyChange *PolicyChange `json:"policy_change"`
 	// Summary records only; null or absent on decisions.
@@ -202,7 +206,7 @@ func (e *Event) wire() eventJSON {
 		Dialed: dialed, SNI: e.SNI, BytesUp: e.BytesUp, BytesDown: e.BytesDown,
 		DurationUS: e.Duration.Microseconds(), ID: e.ID, Rule: e.Rule, Profile: e.Profile,
 		DNSUS: e.DNS.Microseconds(), DialUS: e.Dial.Microseconds(), FirstByteUS: e.FirstByte.Microseconds(),
-		Learning: e.Learning, WouldDeny: e.WouldDeny, PolicyChange: e.PolicyChange, Suppressed: e.Suppressed,
+		Learning: e.Learning, WouldDeny: e.WouldDeny, RequireTLS: e.RequireTLS, PolicyChange: e.PolicyChange, Suppressed: e.Suppressed,
 	}
 }
 
@@ -228,7 +232,7 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 		SNI: w.SNI, Rule: w.Rule, Profile: w.Profile, BytesUp: w.BytesUp, BytesDown: w.BytesDown,
 		Duration: time.Duration(w.DurationUS) * time.Microsecond, DNS: time.Duration(w.DNSUS) * time.Microsecond,
 		Dial: time.Duration(w.DialUS) * time.Microsecond, FirstByte: time.Duration(w.FirstByteUS) * time.Microsecond,
-		Learning: w.Learning, WouldDeny: w.WouldDeny, PolicyChange: w.PolicyChange, Suppressed: w.Suppressed,
+		Learning: w.Learning, WouldDeny: w.WouldDeny, RequireTLS: w.RequireTLS, PolicyChange: w.PolicyChange, Suppressed: w.Suppressed,
 	}
 	for _, s := range w.Resolved {
 		a, err := netip.ParseAddr(s)

@@ -75,6 +75,8 @@ func (e *Event) AppendJSON(b []byte) ([]byte, error) {
 	b = strconv.AppendBool(b, e.Learning)
 	b = append(b, `,"would_deny":`...)
 	b = appendJSONString(b, string(e.WouldDeny))
+	b = append(b, `,"require_tls":`...)
+	b = strconv.AppendBool(b, e.RequireTLS)
 	b = append(b, `,"policy_change":`...)
 	b, err = appendRare(b, e.PolicyChange) // a policy change, not a decision
 	if err != nil {

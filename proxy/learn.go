@@ -29,9 +29,9 @@ type Learned struct {
 
 // LearnedEntry is one host:port the Trial was let through to.
 type LearnedEntry struct {
-	Entry     Entry
-	Allowed   int // let through by an allowlist entry
-	WouldDeny int // let through only because the Trial was learning
+	Entry     Entry // Entry.RequireTLS: every record that let it through applied that requirement
+	Allowed   int   // let through by an allowlist entry
+	WouldDeny int   // let through only because the Trial was learning
 }
 
 // LearnedWildcard is a "*.suffix:port" entry that would cover several
@@ -82,9 +82,11 @@ func Learn(recs []Event, minHosts int) Learned {
 		}
 		le := seen[e.String()]
 		if le == nil {
+			e.RequireTLS = true // until a record let it through without
 			le = &LearnedEntry{Entry: e}
 			seen[e.String()] = le
 		}
+		le.Entry.RequireTLS = le.Entry.RequireTLS && r.RequireTLS
 		if r.WouldDeny != "" {
 			le.WouldDeny++
 		} else {
@@ -163,9 +165,15 @@ func commonSuffix(names []string) string {
 	return strings.Join(common, ".")
 }
 
+// tlsProfileSuffix names the second profile Profile writes when some
+// entries were let through under require_tls and others not.
+const tlsProfileSuffix = "_tls"
+
 // Profile writes l as a configuration file holding one profile, name,
-// that allows exactly the entries seen; counts and offered wildcards are
-// comments. It is checked with ParseFile before it is returned, so that
+// that allows exactly the entries seen, with the TLS requirement they
+// were let through under (when some were and some were not, those that
+// were go in a second profile, name+"_tls"); counts and offered wildcards
+// are comments. It is checked with ParseFile before it is returned, so that
 // it can be pasted into (or used as) a configuration.
 func (l Learned) Profile(name string) ([]byte, error) {
 	if !ident.Valid(name) {
@@ -181,13 +189,48 @@ func (l Learned) Profile(name string) ([]byte, error) {
 	}
 	fmt.Fprintf(&b, "# Learned by trialnet audit from Trial %s: %d decision records, %d policy changes.\n", strings.Join(trials, ", "), l.Records, l.Changes)
 	fmt.Fprintf(&b, "# Exactly the host:port entries let through; counts are requests allowed by a rule\n# and let through only because the Trial was learning (would_deny).\n")
-	fmt.Fprintf(&b, "profiles:\n  %s:\n    allow:\n", name)
+	// An entry let through only under require_tls keeps it: a profile
+	// is never weaker than what its Trial ran under. The requirement is
+	// per profile, so a mix is written as two.
+	var plain, tls []LearnedEntry
 	for _, le := range l.Entries {
-		fmt.Fprintf(&b, "      - %q # %d allowed, %d would_deny\n", le.Entry.String(), le.Allowed, le.WouldDeny)
+		if le.Entry.RequireTLS {
+			tls = append(tls, le)
+		} else {
+			plain = append(plain, le)
+		}
 	}
-	for _, w := range l.Wildcards {
-		fmt.Fprintf(&b, "      # offered: - %q # covers %d hosts seen (%s) and every other name under %s; replace their entries with it if that is meant\n",
-			w.Entry.String(), len(w.Hosts), strings.Join(w.Hosts, ", "), w.Entry.Name)
+	if len(plain) > 0 && len(tls) > 0 {
+		fmt.Fprintf(&b, "# Entries let through only with their TLS requirement are in %s%s: use both profiles.\n", name, tlsProfileSuffix)
+	}
+	b.WriteString("profiles:\n")
+	for _, p := range []struct {
+		name    string
+		entries []LearnedEntry
+		tls     bool
+	}{{name, plain, false}, {name + tlsProfileSuffix, tls, true}} {
+		if len(p.entries) == 0 {
+			continue
+		}
+		if len(plain) == 0 { // all of them want TLS: one profile still
+			p.name = name
+		}
+		fmt.Fprintf(&b, "  %s:\n", p.name)
+		if p.tls {
+			b.WriteString("    require_tls: true\n")
+		}
+		b.WriteString("    allow:\n")
+		for _, le := range p.entries {
+			fmt.Fprintf(&b, "      - %q # %d allowed, %d would_deny\n", le.Entry.String(), le.Allowed, le.WouldDeny)
+		}
+		for _, w := range l.Wildcards {
+			if slices.ContainsFunc(p.entries, func(le LearnedEntry) bool {
+				return slices.Contains(w.Hosts, le.Entry.Name) && le.Entry.Port == w.Entry.Port
+			}) {
+				fmt.Fprintf(&b, "      # offered: - %q # covers %d hosts seen (%s) and every other name under %s; replace their entries with it if that is meant\n",
+					w.Entry.String(), len(w.Hosts), strings.Join(w.Hosts, ", "), w.Entry.Name)
+			}
+		}
 	}
 	if _, err := ParseFile(b.Bytes()); err != nil {
 		return nil, fmt.Errorf("learned profile does not load: %w", err)

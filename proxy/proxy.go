@@ -373,9 +373,9 @@ func (t *trial) decide(req *Request, ev *Event) (entry Entry, ruled bool, err er
 	entry, ruled = t.allow.Load().Match(req.Host, req.Port)
 	switch {
 	case ruled:
-		ev.Rule, ev.Profile, ev.WouldDeny = entry.String(), entry.Profile, ""
+		ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = entry.String(), entry.Profile, "", entry.RequireTLS
 	case t.learn:
-		ev.Rule, ev.Profile, ev.WouldDeny = "", "", ReasonPolicyDenied
+		ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = "", "", ReasonPolicyDenied, false
 	default:
 		return Entry{}, false, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
 	}

@@ -1,0 +1,56 @@
+//go:build linux
+
+package proxy
+
+import (
+	"strings"
+	"testing"
+)
+
+// Learn, then Profile, then enforce: the profile allows what the records
+// show was let through, under the TLS requirement it was let through
+// with, never weaker.
+func TestLearnedProfileKeepsRequireTLS(t *testing.T) {
+	allow := func(host string, port uint16, tls bool) Event {
+		return Event{Trial: "t1", Decision: DecisionAllow, Reason: ReasonAllowed, Host: host, Port: port, RequireTLS: tls}
+	}
+	for _, c := range []struct {
+		name     string
+		recs     []Event
+		profiles []string
+		want     map[string]bool // host:port → require_tls when enforced
+	}{
+		{"all under require_tls", []Event{allow("api.example.com", 443, true), allow("cdn.example.net", 443, true)},
+			[]string{"learned"}, map[string]bool{"api.example.com:443": true, "cdn.example.net:443": true}},
+		{"mixed", []Event{allow("api.example.com", 443, true), allow("plain.example.org", 80, false)},
+			[]string{"learned", "learned_tls"}, map[string]bool{"api.example.com:443": true, "plain.example.org:80": false}},
+		{"once without it", []Event{allow("api.example.com", 443, true), allow("api.example.com", 443, false)},
+			[]string{"learned"}, map[string]bool{"api.example.com:443": false}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := Learn(c.recs, 0).Profile("learned")
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := ParseFile(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := f.Allowlist(c.profiles, nil, false)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, b)
+			}
+			for hp, tls := range c.want {
+				host, port, _ := strings.Cut(hp, ":")
+				var p uint16
+				for _, d := range port {
+					p = p*10 + uint16(d-'0')
+				}
+				e, ok := l.Match(host, p)
+				if !ok || e.RequireTLS != tls {
+					t.Errorf("%s: allowed %v, require_tls %v, want require_tls %v\n%s", hp, ok, e.RequireTLS, tls, b)
+				}
+			}
+		})
+	}
+}
