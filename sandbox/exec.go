@@ -443,6 +443,9 @@ func Init() {
 		// Bounding set, capabilities, no_new_privs and the seccomp filter
 		// are per thread: all of it must happen on the thread that execs.
 		runtime.LockOSThread()
+		// One P: fewer occasions for the runtime to want a new thread,
+		// which it cannot make once the uid is over its process limit.
+		runtime.GOMAXPROCS(1)
 		// The terminal relay ignores these, and an ignored signal stays
 		// ignored across exec; a caught one is reset to the default, which
 		// a command on a terminal expects.
@@ -478,9 +481,24 @@ func trialExec(args []string) (int, error) {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: close inherited descriptors: %w", err)
 	}
+	// Found as root; a command the uid may not execute fails at exec.
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", argv[0], uid, err)
+	}
+	// The launcher writes one byte once the Trial's init is ready (its
+	// /proc and devpts mounted); nothing of CMD runs before. Read while
+	// still root: see below.
+	var b [1]byte
+	if n, _ := unix.Read(4, b[:]); n != 1 {
+		return ExitCannotExecute, errors.New("trialnet-exec: the Trial's init did not become ready")
+	}
 	// Set while still root (raising the hard limit needs
 	// CAP_SYS_RESOURCE), and before setuid, which marks the process when
-	// the uid is over it already: exec then fails with EAGAIN.
+	// the uid is over it already: exec then fails with EAGAIN. From
+	// setuid on, a uid over its limit cannot make a thread either: the
+	// Go runtime would abort if it needed one (a blocking syscall hands
+	// its P to a new thread), so only raw, non-blocking syscalls follow.
 	lim := unix.Rlimit{Cur: nproc, Max: nproc}
 	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &lim); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: set the process limit: %w", err)
@@ -495,10 +513,6 @@ func trialExec(args []string) (int, error) {
 	if _, _, errno := unix.RawSyscall(unix.SYS_KEYCTL, unix.KEYCTL_JOIN_SESSION_KEYRING, 0, 0); errno != 0 && errno != unix.ENOSYS {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: join a session keyring of its own: %w", errno)
 	}
-	path, err := exec.LookPath(argv[0])
-	if err != nil {
-		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", argv[0], uid, err)
-	}
 	// Where the kernel has no Landlock, the PID namespace still hides
 	// every pid outside; the layers report it.
 	if err := enterLandlock(); err != nil && !errors.Is(err, ErrNoLandlock) {
@@ -509,13 +523,10 @@ func trialExec(args []string) (int, error) {
 	if err := installSeccomp(); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
-	// The launcher writes one byte once the Trial's init is ready (its
-	// /proc and devpts mounted); nothing of CMD runs before.
-	var b [1]byte
-	if n, _ := unix.Read(4, b[:]); n != 1 {
-		return ExitCannotExecute, errors.New("trialnet-exec: the Trial's init did not become ready")
-	}
 	err = unix.Exec(path, argv, os.Environ())
+	if errors.Is(err, unix.EACCES) {
+		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", argv[0], uid, err)
+	}
 	if errors.Is(err, unix.EAGAIN) {
 		return ExitCannotExecute, fmt.Errorf("exec %s: uid %d already has %d or more processes or threads, this command's process limit, which counts all of the uid's, in every Trial and outside them (give each Trial its own uid, or raise --max-procs): %w", path, uid, nproc, err)
 	}

@@ -29,7 +29,7 @@ type landlockRuleset struct {
 
 // LandlockABI is the Landlock ABI version this kernel offers (0: none).
 func LandlockABI() int {
-	v, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION)
+	v, _, errno := unix.RawSyscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION)
 	if errno != 0 {
 		return 0
 	}
@@ -57,12 +57,14 @@ func enterLandlock() error {
 		attr.scoped = unix.LANDLOCK_SCOPE_SIGNAL
 		size = unsafe.Sizeof(attr)
 	}
-	fd, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, uintptr(unsafe.Pointer(&attr)), size, 0)
+	// Raw: it runs after setuid, where the runtime must not need a new
+	// thread (trialExec says why).
+	fd, _, errno := unix.RawSyscall(unix.SYS_LANDLOCK_CREATE_RULESET, uintptr(unsafe.Pointer(&attr)), size, 0)
 	if errno != 0 {
 		return fmt.Errorf("landlock ruleset: %w", errno)
 	}
-	defer unix.Close(int(fd))
-	if _, _, errno := unix.Syscall(unix.SYS_LANDLOCK_RESTRICT_SELF, fd, 0, 0); errno != 0 {
+	defer unix.RawSyscall(unix.SYS_CLOSE, fd, 0, 0)
+	if _, _, errno := unix.RawSyscall(unix.SYS_LANDLOCK_RESTRICT_SELF, fd, 0, 0); errno != 0 {
 		return fmt.Errorf("landlock restrict_self: %w", errno)
 	}
 	return nil
