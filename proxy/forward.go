@@ -63,17 +63,9 @@ type httpConn struct {
 	r   *bufio.Reader // holds a whole head: MaxHeaderBytes
 	ctx context.Context
 	tr  *http.Transport
-	// The request being served, for the dialer and the accounting: its
-	// record, its request, its registration (a cut cancels rctx) and the
-	// upstream connection it got, with that connection's byte counts
-	// when it got it.
-	ev      *Event
-	req     *Request
-	ot      *openTunnel
-	rctx    context.Context
-	up      *trackedConn
-	w0, r0  int64
-	reached bool // bytes of the request reached the upstream: the record is allow
+	// reached: bytes of the last request reached the upstream, over a
+	// connection no check refused, so its record is allow.
+	reached bool
 	wrote   bool // response bytes reached the client: no refusal can follow
 
 	// wmu orders a 100 Continue, written from the Transport's goroutine
@@ -143,7 +135,7 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 // serveOne serves one request; keep says the connection may carry
 // another.
 func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, err error) {
-	h.wrote, h.reached, h.up = false, false, nil
+	h.wrote, h.reached = false, false
 	h.wmu.Lock()
 	h.responding = false
 	h.wmu.Unlock()
@@ -184,13 +176,13 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 	if err != nil {
 		return false, err
 	}
-	h.ev, h.req, h.ot, h.rctx = ev, req, ot, rctx
-	defer h.account(ev)
-	trace := &httptrace.ClientTrace{GotConn: h.gotConn}
-	resp, err := h.tr.RoundTrip(out.WithContext(httptrace.WithClientTrace(rctx, trace)))
-	h.ev, h.req = nil, nil
+	f := &fwdReq{req: req, ev: ev, ot: ot, rctx: rctx}
+	defer func() { h.reached = f.account() }()
+	ctx := context.WithValue(httptrace.WithClientTrace(rctx, &httptrace.ClientTrace{GotConn: f.gotConn}), fwdKey{}, f)
+	resp, err := h.tr.RoundTrip(out.WithContext(ctx))
+	f.end()
 	if err != nil {
-		return false, h.roundTripError(err, body)
+		return false, h.roundTripError(err, body, ot)
 	}
 	ev.FirstByte = time.Since(ev.Time)
 	defer resp.Body.Close()
@@ -200,36 +192,95 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 	return keep && body.done(), err
 }
 
+// fwdKey is the request context key of the *fwdReq the dialer serves.
+type fwdKey struct{}
+
+// fwdReq is one forwarded request as its dials and its record see it.
+// Its dials may outlive it (net/http does not wait for a dial whose
+// request was cancelled): they write its record only under mu, before end.
+type fwdReq struct {
+	req  *Request
+	ev   *Event
+	ot   *openTunnel
+	rctx context.Context // cancelled by a cut
+
+	mu      sync.Mutex
+	done    bool // the request ended: its record is no dial's to write
+	refused bool // a dial of it was refused by a check (guard, policy, TLS)
+
+	// On the RoundTrip goroutine only: the upstream connection it has,
+	// that connection's counts when it got it, and the bytes of the
+	// connections it had before (a retry after a reused one failed).
+	up                   *trackedConn
+	w0, r0               int64
+	upBefore, downBefore int64
+}
+
+// end marks the request over for its dials.
+func (f *fwdReq) end() {
+	f.mu.Lock()
+	f.done = true
+	f.mu.Unlock()
+}
+
+// dialed copies what a dial learned into the record, unless the request
+// ended first; a refusal of the dial is remembered.
+func (f *fwdReq) dialed(dev *Event, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil {
+		f.refused = true
+	}
+	if f.done {
+		return
+	}
+	f.ev.DNS, f.ev.Resolved, f.ev.Dial, f.ev.Dialed = dev.DNS, dev.Resolved, dev.Dial, dev.Dialed
+	if err == nil {
+		f.ev.Rule, f.ev.Profile, f.ev.WouldDeny, f.ev.RequireTLS = dev.Rule, dev.Profile, dev.WouldDeny, dev.RequireTLS
+	}
+}
+
 // gotConn ties the upstream connection the Transport chose (dialed now,
 // or kept from the client's previous request) to the request: a cut
 // closes it from then on, and its byte counts are the record's.
-func (h *httpConn) gotConn(info httptrace.GotConnInfo) {
+func (f *fwdReq) gotConn(info httptrace.GotConnInfo) {
 	tc, ok := info.Conn.(*trackedConn)
 	if !ok {
+		_ = info.Conn.Close() // not one the dialer made: never used
 		return
 	}
-	h.up, h.w0, h.r0 = tc, tc.wrote.Load(), tc.read.Load()
+	if f.up != nil {
+		f.upBefore += f.up.wrote.Load() - f.w0
+		f.downBefore += f.up.read.Load() - f.r0
+	}
+	f.up, f.w0, f.r0 = tc, tc.wrote.Load(), tc.read.Load()
 	// The bare connection: a cut closes it under the Trial's lock, which
 	// the tracked one's Close takes (the Transport closes that after).
-	if err := h.ot.attach(tc.Conn); err != nil {
+	if err := f.ot.attach(tc.Conn); err != nil {
 		_ = tc.Close() // cut while being opened: nothing may be written
 	}
 }
 
 // account sets the record's bytes from what crossed the upstream
-// connection during the request, heads included, however it ended.
-func (h *httpConn) account(ev *Event) {
-	if h.up == nil {
-		return
+// connections during the request, heads included, however it ended, and
+// says whether the record is allow because the request reached the
+// upstream: never when a dial of it was refused, which is the record's.
+func (f *fwdReq) account() (reached bool) {
+	up, down := f.upBefore, f.downBefore
+	if f.up != nil {
+		up += f.up.wrote.Load() - f.w0
+		down += f.up.read.Load() - f.r0
 	}
-	ev.BytesUp, ev.BytesDown = h.up.wrote.Load()-h.w0, h.up.read.Load()-h.r0
-	h.reached = ev.BytesUp > 0
+	f.ev.BytesUp, f.ev.BytesDown = up, down
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return up > 0 && !f.refused
 }
 
 // roundTripError says whose doing a failed exchange was: a policy
 // change's, the client's (its body), or the upstream's.
-func (h *httpConn) roundTripError(err error, body *countBody) error {
-	if why := h.ot.cutBecause.Load(); why != nil {
+func (h *httpConn) roundTripError(err error, body *countBody, ot *openTunnel) error {
+	if why := ot.cutBecause.Load(); why != nil {
 		return deny(ReasonPolicyDenied, "%s while the request was being forwarded", *why)
 	}
 	if berr := body.readErr(); berr != nil {
@@ -249,12 +300,7 @@ func (p *Proxy) admitRequest(t *trial, req *Request, ev *Event) error {
 		t.tunnels.Add(-1)
 		return deny(ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
 	}
-	entry, ruled, err := t.decide(req, ev)
-	if err == nil && ruled && entry.RequireTLS {
-		// Plain HTTP is not TLS, whatever the port: an entry that wants
-		// TLS is reached through CONNECT only.
-		err = deny(ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())
-	}
+	_, _, err := t.decideForward(req, ev)
 	if err != nil {
 		t.tunnels.Add(-1)
 		return err
@@ -339,28 +385,32 @@ func bodyAllowed(status int) bool {
 // resolution and dial of the request being served, for exactly its
 // host:port.
 func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	req, ev, ot := h.req, h.ev, h.ot
-	if req == nil || addr != req.HostPort() {
+	f, _ := ctx.Value(fwdKey{}).(*fwdReq)
+	if f == nil || addr != f.req.HostPort() {
 		return nil, deny(ReasonPolicyDenied, "the forwarder asked to dial %q outside a checked request", truncate(addr))
 	}
 	// net/http does not cancel a dial with its request: a cut must.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	defer context.AfterFunc(h.rctx, cancel)()
-	up, err := h.p.connect(ctx, h.t.set, req, ev)
-	if why := ot.cutBecause.Load(); why != nil {
-		if err == nil {
+	defer context.AfterFunc(f.rctx, cancel)()
+	dev := &Event{} // the request may end while this dial runs: f.dialed copies
+	up, err := h.p.connect(ctx, h.t.set, f.req, dev)
+	if why := f.ot.cutBecause.Load(); why != nil && err == nil {
+		_ = up.Close()
+		err = deny(ReasonPolicyDenied, "%s while the request was being opened", *why)
+	}
+	if err == nil {
+		// The allowlist may have changed during the DNS and the dial:
+		// decide again, as a CONNECT does when it registers.
+		if err = h.t.redecide(f.req, dev, f.ot); err != nil {
 			_ = up.Close()
 		}
-		return nil, deny(ReasonPolicyDenied, "%s while the request was being opened", *why)
 	}
+	f.dialed(dev, err)
 	if err != nil {
-		return nil, err
-	}
-	// The allowlist may have changed during the DNS and the dial: decide
-	// again, as a CONNECT does when it registers.
-	if err := h.t.redecide(req, ev); err != nil {
-		_ = up.Close()
+		if why := f.ot.cutBecause.Load(); why != nil {
+			return nil, deny(ReasonPolicyDenied, "%s while the request was being opened", *why)
+		}
 		return nil, err
 	}
 	if !h.t.track(up) {

@@ -161,3 +161,113 @@ func TestPolicyChangeStopsAForwardedRequestInItsDNS(t *testing.T) {
 		})
 	}
 }
+
+// An allowlist change while a forwarded request is in its DNS is applied
+// as it is when the request dials: an entry swapped for one that wants
+// TLS refuses plain HTTP, and an entry narrowed from a wildcard is what a
+// later cut names.
+func TestForwardedRequestTakesTheAllowlistAfterItsDNS(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		swap     string
+		tls      bool
+		cut      bool
+		want     Reason
+		wantCuts int
+	}{
+		{"swapped for require_tls", "api.example.com:80", true, false, ReasonTLSRequired, 0},
+		{"narrowed, then cut", "api.example.com:80", false, true, ReasonPolicyDenied, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			u := &countingUpstream{answer: make(chan struct{})} // held: the request stays open
+			tp := newTestProxy(t, proxyOpts{allow: []string{"*.example.com:80"}, upstream: u.serve})
+			t.Cleanup(func() { close(u.answer) }) // before the upstream is waited for
+			release := make(chan struct{})
+			tp.dns.handle("api.example.com.", func(q dns.Question, _ string) (*dns.Msg, bool) {
+				<-release
+				m := new(dns.Msg)
+				m.Answer = addrRR(q, q.Name, 60, "93.184.216.34")
+				return m, true
+			})
+			cl, err := net.Dial("tcp", tp.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			_, _ = io.WriteString(cl, "GET http://api.example.com/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+			eventually(t, "the DNS question", func() bool { return tp.dns.count("api.example.com") > 0 })
+			l, err := ParseAllowlist([]string{c.swap}, c.tls)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tp.SetAllow("t1", l, nil); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			if c.cut {
+				// The request, now under the narrowed entry, is what
+				// cutting that entry ends.
+				eventually(t, "the request at the upstream", func() bool { return u.requests.Load() == 1 })
+				e, _ := ParseEntry(c.swap)
+				if n, err := tp.SetAllow("t1", NewAllowlist(), []Entry{e}); err != nil || n != c.wantCuts {
+					t.Fatalf("cut %s: %d cut, %v", c.swap, n, err)
+				}
+				tp.event(t)
+				return
+			}
+			if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != c.want {
+				t.Fatalf("record %+v, want deny %s", ev, c.want)
+			}
+			time.Sleep(100 * time.Millisecond)
+			if n := u.requests.Load(); n != 0 {
+				t.Fatalf("the upstream received %d plain requests", n)
+			}
+		})
+	}
+}
+
+// A refusal by a check is never recorded as allow: here net/http retries
+// a GET whose reused connection the upstream closed unanswered, and the
+// retry's dial meets the address guard (the name now answers with the
+// metadata address).
+func TestForwardRetryRefusedIsNotAllow(t *testing.T) {
+	var n atomic.Int64
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80"}, upstream: func(c *net.TCPConn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			if n.Add(1) > 1 {
+				return // read, then closed without an answer
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	}})
+	tp.dns.set("api.example.com", 0, "93.184.216.34")
+	cl, err := net.Dial("tcp", tp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	br := bufio.NewReader(cl)
+	get := "GET http://api.example.com/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n"
+	_, _ = io.WriteString(cl, get)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first request: %v %v", resp, err)
+	}
+	_, _ = io.ReadAll(io.LimitReader(br, 2))
+	if ev := tp.event(t); ev.Decision != DecisionAllow {
+		t.Fatalf("first record %+v", ev)
+	}
+	tp.dns.set("api.example.com", 0, "169.254.169.254")
+	_, _ = io.WriteString(cl, get)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := tp.event(t)
+	if resp.StatusCode == 200 || ev.Decision != DecisionDeny || ev.Reason != ReasonAddressDenied {
+		t.Fatalf("retry to the metadata address: %s, record %s %s %q", resp.Status, ev.Decision, ev.Reason, ev.Detail)
+	}
+}

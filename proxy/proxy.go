@@ -332,6 +332,11 @@ func (ot *openTunnel) cut(why string) {
 	}
 	_ = ot.client.Close()
 	if ot.up != nil { // a forwarded request ends with its client connection
+		// A reset: what is still in the send buffer is dropped, not
+		// delivered after the change was answered.
+		if tc, ok := ot.up.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
 		_ = ot.up.Close()
 	}
 }
@@ -416,7 +421,11 @@ func (t *trial) register(req *Request, ev *Event, client, up net.Conn, stop cont
 	if t.removed {
 		return nil, deny(ReasonShutdown, "the Trial is being removed")
 	}
-	entry, ruled, err := t.decide(req, ev)
+	decide := t.decide
+	if up == nil { // a forwarded request: plain HTTP
+		decide = t.decideForward
+	}
+	entry, ruled, err := decide(req, ev)
 	if err != nil {
 		var d *Denial
 		if errors.As(err, &d) {
@@ -431,17 +440,32 @@ func (t *trial) register(req *Request, ev *Event, client, up net.Conn, stop cont
 	return ot, nil
 }
 
+// decideForward is decide for a forwarded (plain HTTP) request: an
+// entry that wants TLS is reached through CONNECT only, whatever the port.
+func (t *trial) decideForward(req *Request, ev *Event) (Entry, bool, error) {
+	entry, ruled, err := t.decide(req, ev)
+	if err == nil && ruled && entry.RequireTLS {
+		err = deny(ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())
+	}
+	return entry, ruled, err
+}
+
 // redecide matches a forwarded request against the allowlist as it is
-// after its DNS and dial, as register does for a CONNECT.
-func (t *trial) redecide(req *Request, ev *Event) error {
+// after its DNS and dial, as register does for a CONNECT, and ties it to
+// the entry that allows it now, which a later cut names.
+func (t *trial) redecide(req *Request, ev *Event, ot *openTunnel) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	_, _, err := t.decide(req, ev)
+	entry, ruled, err := t.decideForward(req, ev)
 	var d *Denial
 	if errors.As(err, &d) {
-		d.Detail += " (its entry was removed while the request was being opened)"
+		d.Detail += " (its entry was removed or changed while the request was being opened)"
+		return err
 	}
-	return err
+	ot.mu.Lock()
+	ot.entry, ot.ruled = entry, ruled
+	ot.mu.Unlock()
+	return nil
 }
 
 func (t *trial) unregister(ot *openTunnel) {
