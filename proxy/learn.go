@@ -200,6 +200,9 @@ func (l Learned) Profile(name string) ([]byte, error) {
 			plain = append(plain, le)
 		}
 	}
+	if len(plain) > 0 && len(tls) > 0 && !ident.Valid(name+tlsProfileSuffix) {
+		return nil, fmt.Errorf("profile name %q: some entries need TLS and some do not, and %q, the second profile's name, is not valid: use a shorter name", name, name+tlsProfileSuffix)
+	}
 	if len(plain) > 0 && len(tls) > 0 {
 		fmt.Fprintf(&b, "# Entries let through only with their TLS requirement are in %s%s: use both profiles.\n", name, tlsProfileSuffix)
 	}
@@ -224,8 +227,10 @@ func (l Learned) Profile(name string) ([]byte, error) {
 			fmt.Fprintf(&b, "      - %q # %d allowed, %d would_deny\n", le.Entry.String(), le.Allowed, le.WouldDeny)
 		}
 		for _, w := range l.Wildcards {
-			if slices.ContainsFunc(p.entries, func(le LearnedEntry) bool {
-				return slices.Contains(w.Hosts, le.Entry.Name) && le.Entry.Port == w.Entry.Port
+			// Offered only where every host it covers is, so that it never
+			// carries a TLS host into the plain profile.
+			if !slices.ContainsFunc(w.Hosts, func(h string) bool {
+				return !slices.ContainsFunc(p.entries, func(le LearnedEntry) bool { return le.Entry.Name == h && le.Entry.Port == w.Entry.Port })
 			}) {
 				fmt.Fprintf(&b, "      # offered: - %q # covers %d hosts seen (%s) and every other name under %s; replace their entries with it if that is meant\n",
 					w.Entry.String(), len(w.Hosts), strings.Join(w.Hosts, ", "), w.Entry.Name)

@@ -54,3 +54,27 @@ func TestLearnedProfileKeepsRequireTLS(t *testing.T) {
 		})
 	}
 }
+
+// A wildcard is offered only in the profile that holds every host it
+// covers: never one that would carry a TLS host into the plain profile;
+// and a name whose _tls companion is not valid is refused up front.
+func TestLearnedProfileTLSEdges(t *testing.T) {
+	allow := func(host string, tls bool) Event {
+		return Event{Trial: "t1", Decision: DecisionAllow, Reason: ReasonAllowed, Host: host, Port: 443, RequireTLS: tls}
+	}
+	mixed := Learn([]Event{allow("a.svc.example.com", false), allow("b.svc.example.com", false), allow("c.svc.example.com", true)}, 0)
+	b, err := mixed.Profile("learned")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "offered") {
+		t.Errorf("a wildcard over hosts with and without TLS was offered:\n%s", b)
+	}
+	same := Learn([]Event{allow("a.svc.example.com", true), allow("b.svc.example.com", true), allow("c.svc.example.com", true)}, 0)
+	if b, err := same.Profile("learned"); err != nil || !strings.Contains(string(b), "offered") {
+		t.Errorf("no wildcard offered over three TLS hosts: %v\n%s", err, b)
+	}
+	if _, err := mixed.Profile(strings.Repeat("n", 62)); err == nil || !strings.Contains(err.Error(), "shorter name") {
+		t.Errorf("a name too long for its _tls companion: %v", err)
+	}
+}
