@@ -274,4 +274,11 @@ func TestPrivilegedDoctor(t *testing.T) {
 	if leftover, _ := filepath.Glob(bpf.DefaultPinDir + "-doctor-*"); len(leftover) > 0 {
 		t.Errorf("doctor left pins behind: %v", leftover)
 	}
+	mount, err := sandbox.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leftover, _ := filepath.Glob(filepath.Join(mount, "trialnet-doctor-*")); len(leftover) > 0 {
+		t.Errorf("doctor left cgroups behind: %v", leftover)
+	}
 }
