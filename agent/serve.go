@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -31,7 +32,16 @@ type ServeConfig struct {
 // metrics port next, so that a port in use fails the start before the
 // agent loads or adopts anything. Nothing is served until every listener
 // is bound and the agent has started.
+// AgentOOMScoreAdj is the OOM score adjustment the agent takes: far
+// below a Trial's 1000, above the -1000 that would exempt it outright.
+const AgentOOMScoreAdj = -900
+
 func Serve(ctx context.Context, cfg ServeConfig) error {
+	// Every Trial's proxy lives here: when memory runs out, the OOM
+	// killer should end a Trial's processes (1000, set at launch), never
+	// the agent. Lowering a score needs CAP_SYS_RESOURCE, which the
+	// systemd unit does not give: it sets OOMScoreAdjust instead.
+	oomErr := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(AgentOOMScoreAdj)), 0)
 	sock := cfg.Socket
 	if sock == "" {
 		sock = DefaultSocket
@@ -55,6 +65,10 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			_ = mln.Close()
 		}
 		return err
+	}
+	if oomErr != nil {
+		a.log.Warn("could not lower the agent's OOM score: the OOM killer may choose it before a Trial (set OOMScoreAdjust in the unit, or give it CAP_SYS_RESOURCE)",
+			"oom_score_adj", AgentOOMScoreAdj, "error", oomErr)
 	}
 	srv := a.Server()
 	go a.serveHTTP(srv, ln, "control socket")

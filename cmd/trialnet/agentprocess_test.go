@@ -105,6 +105,15 @@ func TestPrivilegedHealthOfARunningAgent(t *testing.T) {
 	privtest.Require(t)
 	a := newAgentUnderTest(t, "health")
 	a.start(t)
+	// Out of the OOM killer's way (a Trial's processes take 1000), or,
+	// where this root lacks CAP_SYS_RESOURCE (these machines), saying
+	// that it could not be.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", a.cmd.Process.Pid))
+	logged, _ := os.ReadFile(a.log)
+	if lowered := err == nil && strings.TrimSpace(string(b)) == strconv.Itoa(agent.AgentOOMScoreAdj); lowered != (effectiveCaps(t, os.Getpid())&(1<<unix.CAP_SYS_RESOURCE) != 0) ||
+		!lowered && !strings.Contains(string(logged), "could not lower the agent's OOM score") {
+		t.Errorf("the agent's oom_score_adj: %q %v (want %d where root has CAP_SYS_RESOURCE, else a warning)\nagent log:\n%s", b, err, agent.AgentOOMScoreAdj, logged)
+	}
 	code, out, errOut := trialnet("health", "--socket", a.sock, "-j")
 	var h agent.Health
 	if code != exitOK || json.Unmarshal([]byte(out), &h) != nil || !h.OK || h.EBPF != "attached" || h.Agent != "serving" || !h.Layers.CgroupEBPF {
