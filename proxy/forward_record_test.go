@@ -69,6 +69,19 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// holdDNS makes name's answer (addr) wait until the returned channel is
+// closed: a request held in its DNS.
+func holdDNS(tp *testProxy, name, addr string) chan struct{} {
+	release := make(chan struct{})
+	tp.dns.handle(name+".", func(q dns.Question, _ string) (*dns.Msg, bool) {
+		<-release
+		m := new(dns.Msg)
+		m.Answer = addrRR(q, q.Name, 60, addr)
+		return m, true
+	})
+	return release
+}
+
 // Once a forwarded request reached its upstream, its record is allow,
 // whatever the client did next, with what ended it in the detail, and
 // its bytes are exactly what crossed the upstream connection, heads
@@ -126,13 +139,7 @@ func TestPolicyChangeStopsAForwardedRequestInItsDNS(t *testing.T) {
 		t.Run(fmt.Sprintf("cut=%v", cut), func(t *testing.T) {
 			tp, u := newCountingProxy(t)
 			close(u.answer)
-			release := make(chan struct{})
-			tp.dns.handle("api.example.com.", func(q dns.Question, _ string) (*dns.Msg, bool) {
-				<-release
-				m := new(dns.Msg)
-				m.Answer = addrRR(q, q.Name, 60, "93.184.216.34")
-				return m, true
-			})
+			release := holdDNS(tp, "api.example.com", "93.184.216.34")
 			c, err := net.Dial("tcp", tp.addr)
 			if err != nil {
 				t.Fatal(err)
@@ -182,13 +189,7 @@ func TestForwardedRequestTakesTheAllowlistAfterItsDNS(t *testing.T) {
 			u := &countingUpstream{answer: make(chan struct{})} // held: the request stays open
 			tp := newTestProxy(t, proxyOpts{allow: []string{"*.example.com:80"}, upstream: u.serve})
 			t.Cleanup(func() { close(u.answer) }) // before the upstream is waited for
-			release := make(chan struct{})
-			tp.dns.handle("api.example.com.", func(q dns.Question, _ string) (*dns.Msg, bool) {
-				<-release
-				m := new(dns.Msg)
-				m.Answer = addrRR(q, q.Name, 60, "93.184.216.34")
-				return m, true
-			})
+			release := holdDNS(tp, "api.example.com", "93.184.216.34")
 			cl, err := net.Dial("tcp", tp.addr)
 			if err != nil {
 				t.Fatal(err)

@@ -54,14 +54,11 @@ func boundary() {
 	report(enc, "steal-via-stdio-peer", stealFromPeer(0, int(fds[3]), tg[3]))
 	report(enc, "handed-socket-connect", handedSocket(tg[5]))
 	report(enc, "steal-via-allowed-unix-peer", func() error {
-		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		fd, err := dialAllowed()
 		if err != nil {
 			return err
 		}
 		defer unix.Close(fd)
-		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: *allowedUnix}); err != nil {
-			return fmt.Errorf("connect the allowed socket: %w", err)
-		}
 		return stealFromPeer(fd, int(fds[4]), tg[4])
 	}())
 	for _, f := range []struct {
@@ -138,19 +135,29 @@ func connectAndWrite(s int, target, how string) error {
 	return err
 }
 
+// dialAllowed connects a stream socket to the allowed unix socket.
+func dialAllowed() (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: *allowedUnix}); err != nil {
+		_ = unix.Close(fd)
+		return -1, fmt.Errorf("connect the allowed socket: %w", err)
+	}
+	return fd, nil
+}
+
 // handedSocket asks the service behind the allowed unix socket for a
 // descriptor, as a host service that passes sockets (systemd's socket
 // activation, a privileged helper) would hand one: a TCP socket made
 // outside the Trial, in the host's namespace, which it connects to target.
 func handedSocket(target string) error {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	fd, err := dialAllowed()
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: *allowedUnix}); err != nil {
-		return fmt.Errorf("connect the allowed socket: %w", err)
-	}
 	// A victim that cannot answer must not hang the suite.
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 10}); err != nil {
 		return err
