@@ -229,7 +229,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler)}
 	old := `{"decision":"allow","reason":"allowed","bytes_up":5,"bytes_down":7,"trial":"rec-2","event_id":"a"}`
 	cur := `{"schema":1,"decision":"deny","reason":"policy_denied","trial":"rec-2","event_id":"b","profile":""}`
-	newer := `{"schema":4,"decision":"allow","reason":"allowed","bytes_up":100,"trial":"rec-2","event_id":"c"}`
+	newer := `{"schema":5,"decision":"allow","reason":"allowed","bytes_up":100,"trial":"rec-2","event_id":"c"}`
 	if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, id), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +247,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 
 	write(old, cur, newer)
 	recs, err = a.Audit(id)
-	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 4, newer than the 3") || recs != nil {
+	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 5, newer than the 4") || recs != nil {
 		t.Fatalf("audit with a newer record: %d records, %v; want a schema error naming line 3", len(recs), err)
 	}
 	st := a.replayStats(&liveTrial{info: TrialInfo{ID: id}})
@@ -282,4 +282,103 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "line 1") {
 		t.Fatalf("the torn line is not reported: %v", err)
 	}
+}
+
+// manyAddrs resolves every name to n private addresses: each request is
+// refused (address_denied) after a charged CONNECT, and its record would
+// list them all were it not clipped.
+type manyAddrs int
+
+func (n manyAddrs) Resolve(context.Context, string) (proxy.Answer, error) {
+	addrs := make([]netip.Addr, n)
+	for i := range addrs {
+		addrs[i] = netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)})
+	}
+	return proxy.Answer{Addrs: addrs}, nil
+}
+
+// The finding: a Trial allowed a name with 4,000 private addresses wrote
+// a 250 MB decisions.jsonl in 5 s against a max_log_bytes of 1 MB, in
+// records of 64 KB, each charged to the CONNECT rate and so always
+// written. Now max_log_bytes bounds every record: past it, only
+// summaries are written (one when the log fills, one at the end here),
+// and the counters rebuilt from the file are still exact.
+func TestDecisionLogHardBound(t *testing.T) {
+	const id, limit, n = "rec-4", 20000, 400
+	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
+	var err error
+	a.proxy, err = proxy.New(proxy.Config{Resolver: manyAddrs(4000), Dialer: toUpstream(echoUpstream(t)),
+		HostAddrs: noHostAddrs{}, OnEvent: a.onEvent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.proxy.Close() })
+	lt := &liveTrial{info: TrialInfo{ID: id}}
+	if err := a.register(id, lt); err != nil {
+		t.Fatal(err)
+	}
+	allow, err := proxy.ParseAllowlist([]string{"many.test:443"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.prepare(lt, allow, &proxy.Limits{MaxLogBytes: limit, ConnectRate: 1e6, ConnectBurst: 1e6}, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lt.closeAudit)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = a.proxy.Serve(ln, id) }()
+	start := time.Now()
+	for range n {
+		if got := connectThrough(t, ln.Addr().String(), "many.test:443"); got != http.StatusForbidden {
+			t.Fatalf("CONNECT: %d", got)
+		}
+	}
+	final, _ := a.proxy.RemoveTrial(id)
+	took := time.Since(start)
+	b, err := os.ReadFile(a.decisionLog(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decisions, summaries int
+	for line := range strings.Lines(string(b)) {
+		var ev proxy.Event
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Decision == proxy.DecisionSuppressed {
+			summaries++
+			if ev.Suppressed.Refused["many.test:443"] == 0 {
+				t.Fatalf("a summary does not name the refused target: %s", line)
+			}
+			continue
+		}
+		if summaries > 0 {
+			t.Fatalf("a record written in full after the log filled: %s", line)
+		}
+		if len(line) > 4096 {
+			t.Fatalf("a record of %d bytes", len(line))
+		}
+		decisions += len(line)
+	}
+	// One summary when the log filled, one at the end, and one per
+	// summary period between.
+	if most := 2 + int(took/(10*time.Second)); decisions > limit || summaries == 0 || summaries > most {
+		t.Fatalf("%d bytes of records for a limit of %d, then %d summaries (at most %d) in a file of %d bytes", decisions, limit, summaries, most, len(b))
+	}
+	recs, err := a.Audit(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var replayed proxy.TrialStats
+	for i := range recs {
+		replayed.Add(&recs[i])
+	}
+	final.Active = 0
+	if replayed.Denied != n || !reflect.DeepEqual(replayed, final) {
+		t.Fatalf("replayed counters %+v, want the proxy's %+v (%d refusals)", replayed, final, n)
+	}
+	t.Logf("%d requests in %v: %d bytes of records, %d summaries, %d bytes in all", n, took.Round(time.Millisecond), decisions, summaries, len(b))
 }

@@ -45,10 +45,13 @@ const EventSchema = 1
 const PolicyChangeSchema = 2
 
 // SummarySchema is the version of a summary record (DecisionSuppressed).
-// It is 3 because a reader of schema 2 would count the summary as one
-// refusal, and not the records it stands for: it refuses it instead. It
-// is the newest this package reads.
-const SummarySchema = 3
+// It was 3 because a reader of schema 2 would count the summary as one
+// refusal, and not the records it stands for. It is 4 since summaries
+// stand for allowed requests too (reached_targets, written once the log
+// is full): a reader of 3 would learn a profile that misses the hosts they
+// name, so it refuses the record instead. It is the newest this package
+// reads.
+const SummarySchema = 4
 
 // Event is the one decision record for one CONNECT or one forwarded
 // request: trialnet proxy's stdout, the agent's decisions.jsonl and
@@ -150,8 +153,8 @@ type PolicyChange struct {
 
 // Suppressed counts the records of one Trial that were not written, from
 // the summary's start for its duration: what TrialStats counts of them,
-// so that counters rebuilt from the log stay exact, and their most
-// frequent refused targets.
+// so that counters rebuilt from the log stay exact, their first refused
+// targets, and every target their requests reached.
 type Suppressed struct {
 	Records   uint64            `json:"records"`
 	ByReason  map[Reason]uint64 `json:"by_reason"`
@@ -161,10 +164,26 @@ type Suppressed struct {
 	// Refused are the refusals by target (as clipped in their records),
 	// at most MaxSummaryTargets of them; the rest under OtherTargets.
 	Refused map[string]uint64 `json:"refused_targets"`
+	// Reached are the targets that the suppressed records' requests were
+	// let through to, every one: a summary never hides where a Trial got
+	// to (a summary holding MaxSummaryReached is written at once, and the
+	// next one takes the rest), and a profile learned from the log still
+	// allows all of them.
+	Reached []ReachedTarget `json:"reached_targets,omitempty"`
 	// LogFull: the Trial's records reached Limits.MaxLogBytes; from this
-	// summary on, records the CONNECT rate did not charge are only
-	// counted in summaries.
+	// summary on, its records are only counted in summaries.
 	LogFull bool `json:"log_full"`
+}
+
+// ReachedTarget is one host:port that requests were let through to, under
+// one TLS requirement, with how many of them were let through only
+// because the Trial was learning.
+type ReachedTarget struct {
+	Host       string `json:"host"`
+	Port       uint16 `json:"port"`
+	RequireTLS bool   `json:"require_tls"`
+	Requests   uint64 `json:"requests"`
+	WouldDeny  uint64 `json:"would_deny"`
 }
 
 // LogValue is the summary as journal attributes, under its JSON keys.
@@ -173,11 +192,14 @@ func (s *Suppressed) LogValue() slog.Value {
 		return slog.AnyValue(nil)
 	}
 	return slog.GroupValue(slog.Uint64("records", s.Records), slog.Any("by_reason", s.ByReason), slog.Uint64("would_deny", s.WouldDeny),
-		slog.Int64("bytes_up", s.BytesUp), slog.Int64("bytes_down", s.BytesDown), slog.Any("refused_targets", s.Refused), slog.Bool("log_full", s.LogFull))
+		slog.Int64("bytes_up", s.BytesUp), slog.Int64("bytes_down", s.BytesDown), slog.Any("refused_targets", s.Refused), slog.Any("reached_targets", s.Reached), slog.Bool("log_full", s.LogFull))
 }
 
 // MaxSummaryTargets bounds the refused targets a summary names.
 const MaxSummaryTargets = 16
+
+// MaxSummaryReached bounds the reached targets one summary holds.
+const MaxSummaryReached = 64
 
 // OtherTargets counts, in Suppressed.Refused, the refusals whose target
 // did not fit.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -83,7 +84,7 @@ func TestEventJSONSchema(t *testing.T) {
 		e.Duration != 120*time.Microsecond || e.Dialed.IsValid() || e.Resolved != nil || e.Profile != "" {
 		t.Fatalf("schema 0 record read as %+v", e)
 	}
-	for _, schema := range []string{"4", "-1"} {
+	for _, schema := range []string{strconv.Itoa(SummarySchema + 1), "-1"} {
 		newer := strings.Replace(old, `{`, `{"schema":`+schema+`,`, 1)
 		e := Event{ID: "untouched"}
 		err := json.Unmarshal([]byte(newer), &e)

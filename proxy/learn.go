@@ -67,30 +67,23 @@ func Learn(recs []Event, minHosts int) Learned {
 			l.Changes++
 			continue
 		case DecisionSuppressed:
-			if r.Suppressed != nil { // decisions made, their records not written
-				l.Records += int(r.Suppressed.Records)
+			if s := r.Suppressed; s != nil { // decisions made, their records not written
+				l.Records += int(s.Records)
+				for _, rt := range s.Reached {
+					wd := min(rt.WouldDeny, rt.Requests) // a log read with --from is anyone's
+					saw(seen, rt.Host, rt.Port, rt.RequireTLS, int(rt.Requests-wd), int(wd))
+				}
 			}
 			continue
 		}
 		l.Records++
-		if r.Decision != DecisionAllow || r.Host == "" || r.Port == 0 {
+		if r.Decision != DecisionAllow {
 			continue
 		}
-		e, err := ParseEntry(r.Host + ":" + strconv.Itoa(int(r.Port)))
-		if err != nil {
-			continue // cannot happen for a name the proxy let through
-		}
-		le := seen[e.String()]
-		if le == nil {
-			e.RequireTLS = true // until a record let it through without
-			le = &LearnedEntry{Entry: e}
-			seen[e.String()] = le
-		}
-		le.Entry.RequireTLS = le.Entry.RequireTLS && r.RequireTLS
 		if r.WouldDeny != "" {
-			le.WouldDeny++
+			saw(seen, r.Host, r.Port, r.RequireTLS, 0, 1)
 		} else {
-			le.Allowed++
+			saw(seen, r.Host, r.Port, r.RequireTLS, 1, 0)
 		}
 	}
 	for t := range trials {
@@ -103,6 +96,26 @@ func Learn(recs []Event, minHosts int) Learned {
 	slices.SortFunc(l.Entries, func(x, y LearnedEntry) int { return strings.Compare(x.Entry.String(), y.Entry.String()) })
 	l.Wildcards = offerWildcards(l.Entries, minHosts)
 	return l
+}
+
+// saw counts requests let through to host:port under requireTLS.
+func saw(seen map[string]*LearnedEntry, host string, port uint16, requireTLS bool, allowed, wouldDeny int) {
+	if host == "" || port == 0 {
+		return
+	}
+	e, err := ParseEntry(host + ":" + strconv.Itoa(int(port)))
+	if err != nil {
+		return // cannot happen for a name the proxy let through
+	}
+	le := seen[e.String()]
+	if le == nil {
+		e.RequireTLS = true // until a record let it through without
+		le = &LearnedEntry{Entry: e}
+		seen[e.String()] = le
+	}
+	le.Entry.RequireTLS = le.Entry.RequireTLS && requireTLS
+	le.Allowed += allowed
+	le.WouldDeny += wouldDeny
 }
 
 // offerWildcards groups hosts by port and registrable domain and offers

@@ -26,11 +26,11 @@ const (
 	// Records past them are counted in summary records instead.
 	DefaultRecordRate  = 20
 	DefaultRecordBurst = 200
-	// DefaultMaxLogBytes bounds the records of requests refused before
-	// the CONNECT rate applies that one Trial writes. Past it, they are
-	// only counted in summaries; records that rate bounds are always
-	// written.
-	DefaultMaxLogBytes = 1 << 30
+	// DefaultMaxLogBytes bounds the decision records one Trial writes.
+	// Past it, its decisions are only counted in summaries. An ordinary
+	// record is a few hundred bytes: 64 MiB holds some 150,000, days of
+	// an agent's work.
+	DefaultMaxLogBytes = 64 << 20
 )
 
 // Limits bound what one Trial may use. Zero fields take the defaults.
@@ -49,8 +49,8 @@ type Limits struct {
 	RecordRate  float64 `yaml:"records_per_second" json:"records_per_second"`
 	RecordBurst int     `yaml:"record_burst" json:"record_burst"`
 	// MaxLogBytes bounds the bytes of decision records (as JSON lines)
-	// that one Trial writes, past which records the CONNECT rate did not
-	// charge are only counted; charged records and summaries continue.
+	// that one Trial writes, past which its decisions are only counted,
+	// in summaries (see recordGate for what those name, and how often).
 	MaxLogBytes int64 `yaml:"max_log_bytes" json:"max_log_bytes"`
 	// MaxProcesses is the process limit (RLIMIT_NPROC) of each command
 	// in the Trial, sandbox.Command.MaxProcs: the agent applies it, the

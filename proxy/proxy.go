@@ -862,10 +862,13 @@ func (p *Proxy) emit(t *trial, ev *Event) {
 	t.stats.Add(ev)
 	t.mu.Unlock()
 	clipRecord(ev)
-	switch t.records.admit(ev, time.Now(), func() { p.flushSummary(t, false) }) {
-	case recordWrite:
+	v, done := t.records.admit(ev, time.Now(), func() { p.flushSummary(t, false) })
+	switch {
+	case v == recordWrite:
 		p.write(ev)
-	case recordLogFull:
+	case done != nil:
+		p.writeSummary(t, done)
+	case v == recordFlush:
 		p.flushSummary(t, false)
 	}
 }

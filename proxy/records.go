@@ -28,20 +28,21 @@ var summaryEvery = 10 * time.Second
 
 // recordGate bounds what one Trial writes to the decision log and the
 // journal, whatever it sends: records of requests the CONNECT rate did not
-// charge pass the record rate, and every record counts against the
-// Trial's log bytes. A record refused either way is still counted in the
-// Trial's stats (emit counts first), and in the next summary record.
+// charge pass the record rate, and no record is written past the Trial's
+// log bytes. A record refused either way is still counted in the Trial's
+// stats (emit counts first), and in a summary record.
 type recordGate struct {
 	rate     bucket
 	limits   Limits
 	learn    bool
 	trial    string
 	mu       sync.Mutex
-	written  int64  // bytes of records written (JSON lines)
-	full     bool   // written reached MaxLogBytes: uncharged records only counted from here
+	written  int64  // bytes of records written (JSON lines), summaries included
+	full     bool   // written reached MaxLogBytes: records only counted in summaries from here
 	line     []byte // a record's JSON, to size it
 	pending  *Suppressed
-	from, to time.Time // the suppressed records' first start and last end
+	reached  map[reachedKey]int // index in pending.Reached
+	from, to time.Time          // the suppressed records' first start and last end
 	timer    *time.Timer
 
 	// flushMu orders summaries: the timer's, the one written when the
@@ -49,6 +50,12 @@ type recordGate struct {
 	// (after which closed keeps the timer from writing any).
 	flushMu sync.Mutex
 	closed  bool
+}
+
+type reachedKey struct {
+	host string
+	port uint16
+	tls  bool
 }
 
 func newRecordGate(id string, learn bool, lim Limits) *recordGate {
@@ -61,44 +68,54 @@ type gateVerdict uint8
 const (
 	recordWrite    gateVerdict = iota
 	recordSuppress             // counted for the next summary
-	recordLogFull              // counted, and the log just filled: summarise now
+	recordFlush                // counted, and the summary is due now: the log just filled, or its reached targets
 )
 
-// admit decides whether ev is written, counting it for the next summary
-// if not; a suppressed record arms the summary timer (fn).
+// admit decides whether ev is written, counting it for a summary if not;
+// a suppressed record arms the summary timer (fn). A summary whose reached
+// targets are full is returned, to be written before ev's next summary.
 //
-// A record the CONNECT rate charged is always written: that rate bounds
-// it, and what it names (a host reached, a name refused, an SNI swapped)
-// is what an audit is for. Were it suppressible, a Trial could first fill
-// its log, or its summary's few target names, with junk, and then act
-// unnamed. Only uncharged records meet the record rate and MaxLogBytes.
-func (g *recordGate) admit(ev *Event, now time.Time, fn func()) gateVerdict {
+// Until the log is full, a record the CONNECT rate charged is always
+// written: that rate bounds it, and what it names (a host reached, a name
+// refused, an SNI swapped) is what an audit is for. Were it suppressible
+// by rate, a Trial could first spend the record rate, or its summary's
+// few target names, on junk, and then act unnamed. Once the log is full,
+// every record is only counted; but a summary names every target reached.
+func (g *recordGate) admit(ev *Event, now time.Time, fn func()) (gateVerdict, *Event) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	charged := ev.Reason.info().charged
-	if !charged && (g.full || !g.rate.take(now)) {
-		g.suppress(ev, fn)
-		return recordSuppress
+	if g.full || (!charged && !g.rate.take(now)) {
+		return g.suppress(ev, fn)
 	}
 	var err error
 	if g.line, err = ev.AppendJSON(g.line[:0]); err != nil {
-		return recordWrite // the writer reports it
+		return recordWrite, nil // the writer reports it
 	}
-	if n := int64(len(g.line)) + 1; charged || g.written+n <= g.limits.MaxLogBytes {
+	if n := int64(len(g.line)) + 1; g.written+n <= g.limits.MaxLogBytes {
 		g.written += n
-		return recordWrite
+		return recordWrite, nil
 	}
 	g.full = true
-	g.suppress(ev, fn)
-	return recordLogFull
+	_, sum := g.suppress(ev, fn)
+	return recordFlush, sum
 }
 
-// suppress counts ev in the pending summary; g.mu is held.
-func (g *recordGate) suppress(ev *Event, fn func()) {
+// suppress counts ev in the pending summary; g.mu is held. When ev
+// reached a target that the pending summary has no room for, that
+// summary is returned, done, and ev starts the next.
+func (g *recordGate) suppress(ev *Event, fn func()) (gateVerdict, *Event) {
+	var done *Event
+	k := reachedKey{ev.Host, ev.Port, ev.RequireTLS}
+	if ev.Decision == DecisionAllow && g.pending != nil && len(g.pending.Reached) >= MaxSummaryReached {
+		if _, ok := g.reached[k]; !ok {
+			done = g.summaryLocked()
+		}
+	}
 	s := g.pending
 	if s == nil {
 		s = &Suppressed{ByReason: map[Reason]uint64{}, Refused: map[string]uint64{}}
-		g.pending, g.from, g.to = s, ev.Time, ev.Time
+		g.pending, g.reached, g.from, g.to = s, map[reachedKey]int{}, ev.Time, ev.Time
 		if g.timer == nil {
 			g.timer = time.AfterFunc(summaryEvery, fn)
 		}
@@ -106,8 +123,16 @@ func (g *recordGate) suppress(ev *Event, fn func()) {
 	s.Records++
 	s.ByReason[ev.Reason]++
 	if ev.Decision == DecisionAllow {
+		i, ok := g.reached[k]
+		if !ok {
+			i = len(s.Reached)
+			g.reached[k] = i
+			s.Reached = append(s.Reached, ReachedTarget{Host: ev.Host, Port: ev.Port, RequireTLS: ev.RequireTLS})
+		}
+		s.Reached[i].Requests++
 		if ev.WouldDeny != "" {
 			s.WouldDeny++
+			s.Reached[i].WouldDeny++
 		}
 	} else {
 		target := ev.Target
@@ -124,6 +149,10 @@ func (g *recordGate) suppress(ev *Event, fn func()) {
 	if end := ev.Time.Add(ev.Duration); end.After(g.to) {
 		g.to = end
 	}
+	if done != nil {
+		return recordFlush, done
+	}
+	return recordSuppress, nil
 }
 
 // summary takes the pending counts as a summary record, nil if there are
@@ -135,25 +164,32 @@ func (g *recordGate) summary() *Event {
 		g.timer.Stop()
 		g.timer = nil
 	}
+	return g.summaryLocked()
+}
+
+// summaryLocked is summary with g.mu held; the timer, if armed, stays so
+// for the next. Summaries count against the log's bytes, and are written
+// past its limit: they are what is written there, at most one per
+// summaryEvery and one per MaxSummaryReached targets reached.
+func (g *recordGate) summaryLocked() *Event {
 	s := g.pending
 	if s == nil {
 		return nil
 	}
-	g.pending = nil
+	g.pending, g.reached = nil, nil
 	s.LogFull = g.full
 	detail := fmt.Sprintf("%d similar records suppressed: refused before admission, over the Trial's record rate (%g/s, burst %d)",
 		s.Records, g.limits.RecordRate, g.limits.RecordBurst)
 	if s.LogFull {
-		detail = fmt.Sprintf("%d records suppressed: the Trial's decision records reached their limit of %d bytes (max_log_bytes); from here on its refusals before admission are only counted, in summaries (records the CONNECT rate bounds are still written)", s.Records, g.limits.MaxLogBytes)
+		detail = fmt.Sprintf("%d records suppressed: the Trial's decision records reached their limit of %d bytes (max_log_bytes); "+
+			"from here on its decisions are only counted, in summaries, which name every target reached and the first %d refused",
+			s.Records, g.limits.MaxLogBytes, MaxSummaryTargets)
 	}
 	ev := &Event{Schema: SummarySchema, ID: rand.Text(), Time: g.from, Duration: g.to.Sub(g.from), Trial: g.trial,
 		Decision: DecisionSuppressed, Learning: g.learn, Detail: detail, Suppressed: s}
-	if !s.LogFull {
-		// Summaries count against the limit too, but are never refused.
-		if line, err := ev.AppendJSON(g.line[:0]); err == nil {
-			g.line = line
-			g.written += int64(len(line)) + 1
-		}
+	if line, err := ev.AppendJSON(g.line[:0]); err == nil {
+		g.line = line
+		g.written += int64(len(line)) + 1
 	}
 	return ev
 }
@@ -171,6 +207,15 @@ func (p *Proxy) flushSummary(t *trial, last bool) {
 	if ev := g.summary(); ev != nil {
 		p.write(ev)
 	}
+}
+
+// writeSummary writes a summary the gate completed early (its reached
+// targets were full), in order with the others.
+func (p *Proxy) writeSummary(t *trial, ev *Event) {
+	g := t.records
+	g.flushMu.Lock()
+	defer g.flushMu.Unlock()
+	p.write(ev)
 }
 
 // clipRecord bounds the fields of ev that a Trial chose.

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"crypto/rand"
+	"math"
 	"unicode/utf8"
 )
 
@@ -160,17 +162,18 @@ func TestRecordRateSparesChargedRequests(t *testing.T) {
 }
 
 // A Trial whose records reach MaxLogBytes writes a summary saying so at
-// once, then only summaries; the counters stay exact.
+// once, then only summaries, charged refusals included: the file stays
+// within the limit, bar summaries, and the counters stay exact.
 func TestRecordLogFull(t *testing.T) {
 	const limit = 4000
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{MaxLogBytes: limit}})
 	tp.sendRefused(t, floodHead, 30)
-	// Refusals the CONNECT rate charged, after the log filled: written
-	// still, naming their targets.
+	// Refusals the CONNECT rate charged, after the log filled: counted,
+	// and named in the summary.
 	const after = "after-full.example.com:443"
 	tp.sendRefused(t, connectHead(after), 3)
 	st, recs := tp.finish(t)
-	var size, named int
+	var size int
 	var sums []Event
 	for _, r := range recs {
 		b, err := r.AppendJSON(nil)
@@ -180,25 +183,76 @@ func TestRecordLogFull(t *testing.T) {
 		switch {
 		case r.Decision == DecisionSuppressed:
 			sums = append(sums, r)
-		case r.Target == after:
-			named++
 		case len(sums) > 0:
-			t.Fatalf("an uncharged record after the log filled: %+v", r)
+			t.Fatalf("a record written in full after the log filled: %+v", r)
 		default:
 			size += len(b) + 1
 		}
 	}
 	if size > limit || size < limit-1000 {
-		t.Fatalf("%d bytes of uncharged records for a limit of %d", size, limit)
-	}
-	if named != 3 {
-		t.Fatalf("%d of 3 refusals the CONNECT rate charged were written once the log was full; want every one: a Trial must not fill its log to act unnamed", named)
+		t.Fatalf("%d bytes of records for a limit of %d", size, limit)
 	}
 	if len(sums) == 0 || !sums[0].Suppressed.LogFull || !strings.Contains(sums[0].Detail, "max_log_bytes") {
 		t.Fatalf("no summary says the log is full: %+v", sums)
 	}
+	if named := sums[len(sums)-1].Suppressed.Refused[after]; named != 3 {
+		t.Fatalf("the summary names %s %d times, want 3: %+v", after, named, sums[len(sums)-1].Suppressed)
+	}
 	if st.Denied != 33 {
 		t.Fatalf("stats %+v", st)
+	}
+	sameCounts(t, replay(recs), st)
+}
+
+// Past MaxLogBytes, a learning Trial's requests are only counted, but
+// summaries name every target reached (past MaxSummaryReached, in more
+// than one summary), so the profile learned from the log allows each of
+// them, under the TLS requirement that applied.
+func TestRecordLogFullNamesReached(t *testing.T) {
+	const hosts = MaxSummaryReached + 10
+	tp := newTestProxy(t, proxyOpts{learn: true, limits: &Limits{MaxLogBytes: 1500, ConnectBurst: 10 * hosts}})
+	var want []string
+	for i := range hosts {
+		name := fmt.Sprintf("h%d.example.com", i)
+		tp.dns.set(name, 60, "93.184.216.34")
+		want = append(want, name+":443")
+		for range 2 {
+			resp, c, _ := tp.connect(t, connectHead(name+":443"))
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s: %s", name, resp.Status)
+			}
+			_ = c.Close()
+		}
+	}
+	st, recs := tp.finish(t)
+	written, sums := 0, 0
+	for _, r := range recs {
+		if r.Decision == DecisionSuppressed {
+			sums++
+			if n := len(r.Suppressed.Reached); n > MaxSummaryReached {
+				t.Fatalf("a summary holds %d reached targets, more than %d", n, MaxSummaryReached)
+			}
+		} else {
+			written++
+		}
+	}
+	if sums < 2 || written > 5 {
+		t.Fatalf("%d records written, %d summaries: want the log full after a few, the rest in two or more summaries", written, sums)
+	}
+	l := Learn(recs, 0)
+	var got []string
+	for _, le := range l.Entries {
+		got = append(got, le.Entry.String())
+		if le.WouldDeny != 2 || le.Allowed != 0 {
+			t.Fatalf("%s learned from %d would_deny and %d allowed requests, want 2 and 0", le.Entry, le.WouldDeny, le.Allowed)
+		}
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("learned %v\nwant %v", got, want)
+	}
+	if l.Records != 2*hosts || st.Allowed != 2*hosts {
+		t.Fatalf("learned from %d decisions, %d counted; want %d", l.Records, st.Allowed, 2*hosts)
 	}
 	sameCounts(t, replay(recs), st)
 }
@@ -291,4 +345,59 @@ func TestClipRecordResolved(t *testing.T) {
 	if len(b) > 2048 {
 		t.Fatalf("a record of %d bytes", len(b))
 	}
+}
+
+// The disk a Trial can spend is bounded by the largest record and the
+// largest summary it can make: every field it chooses at its clip, in
+// the characters that JSON writes longest (six bytes each). The README's
+// worst case per Trial per hour is computed from these two figures.
+func TestWorstCaseRecordSizes(t *testing.T) {
+	const (
+		maxRecord  = 16 << 10
+		maxSummary = 80 << 10
+	)
+	worst := strings.Repeat("<", 4*MaxRecordField) // "\u003c" in JSON
+	name := strings.Repeat("a", 63) + "." + strings.Repeat("b", 63) + "." + strings.Repeat("c", 63) + "." + strings.Repeat("d", 61)
+	var addrs []netip.Addr
+	for i := range 4000 {
+		addrs = append(addrs, netip.MustParseAddr(fmt.Sprintf("2001:db8:ffff:ffff:ffff:ffff:ffff:%x", i)))
+	}
+	ev := Event{Schema: EventSchema, ID: rand.Text(), Time: time.Now(), Trial: strings.Repeat("t", 64), Client: "[2001:db8::1]:65535",
+		Method: worst, Target: worst, Host: name, Port: 65535, Decision: DecisionDeny, Reason: ReasonAddressDenied, Detail: worst,
+		Resolved: addrs, Dialed: netip.MustParseAddrPort("[2001:db8:ffff:ffff:ffff:ffff:ffff:ffff]:65535"), SNI: worst,
+		Rule: "*." + name + ":65535", Profile: strings.Repeat("p", 64), Learning: true, WouldDeny: ReasonPolicyDenied, RequireTLS: true,
+		BytesUp: math.MaxInt64, BytesDown: math.MaxInt64, Duration: math.MaxInt64, DNS: math.MaxInt64, Dial: math.MaxInt64, FirstByte: math.MaxInt64}
+	clipRecord(&ev)
+	rec, err := ev.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newRecordGate(ev.Trial, true, Limits{MaxLogBytes: 1}.withDefaults())
+	g.full = true
+	i := 0
+	for reason := range reasons { // every reason counted, and more refused targets than named
+		if reason.Decision() == DecisionAllow {
+			continue
+		}
+		for range 2 {
+			r := ev
+			r.Target, r.Reason = fmt.Sprintf("%d%s", i, ev.Target), reason
+			g.suppress(&r, func() {})
+			i++
+		}
+	}
+	for i := range MaxSummaryReached {
+		r := ev
+		r.Decision, r.Host = DecisionAllow, fmt.Sprintf("%02d%s", i, name[2:])
+		g.suppress(&r, func() {})
+	}
+	sum := g.summary()
+	sumJSON, err := sum.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec) > maxRecord || len(sumJSON) > maxSummary {
+		t.Fatalf("worst record %d bytes (documented %d), worst summary %d bytes (documented %d)", len(rec), maxRecord, len(sumJSON), maxSummary)
+	}
+	t.Logf("worst record %d bytes, worst summary %d bytes", len(rec), len(sumJSON))
 }

@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -389,6 +391,12 @@ func printAudit(w io.Writer, recs []proxy.Event) {
 				up, down = s.BytesUp, s.BytesDown
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t%d\t%d\t%s\n", start, "(suppressed)", r.Decision, up, down, q(r.Detail)+suppressedReasons(r.Suppressed))
+			if s := r.Suppressed; s != nil {
+				for _, rt := range s.Reached { // where the summarised requests got to, each named
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\t\t\t\t\t%d requests in this summary, %d would_deny, require_tls %t\n",
+						start, q(net.JoinHostPort(rt.Host, strconv.Itoa(int(rt.Port)))), proxy.DecisionAllow, "(summarised)", rt.Requests, rt.WouldDeny, rt.RequireTLS)
+				}
+			}
 			continue
 		}
 		if r.WouldDeny != "" {

@@ -27,7 +27,7 @@ func hostileRecords(h string) []proxy.Event {
 		{Schema: proxy.EventSchema, ID: "e1", Time: at, Trial: "t1", Client: h, Method: "CONNECT" + h, Target: h + ":443", Host: h,
 			Port: 443, Decision: proxy.DecisionDeny, Reason: proxy.Reason(h), Detail: "detail " + h, SNI: h, Rule: h, Profile: h, WouldDeny: proxy.Reason(h)},
 		{Schema: proxy.SummarySchema, ID: "e2", Time: at, Trial: "t1", Decision: proxy.DecisionSuppressed, Detail: "3 similar " + h,
-			Suppressed: &proxy.Suppressed{Records: 3, ByReason: map[proxy.Reason]uint64{proxy.Reason(h): 3}, Refused: map[string]uint64{h: 3}}},
+			Suppressed: &proxy.Suppressed{Records: 3, ByReason: map[proxy.Reason]uint64{proxy.Reason(h): 3}, Refused: map[string]uint64{h: 3}, Reached: []proxy.ReachedTarget{{Host: h, Port: 443, Requests: 2, WouldDeny: 1}}}},
 	}
 }
 
