@@ -5,10 +5,12 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -16,8 +18,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"crypto/rand"
-	"math"
 	"unicode/utf8"
 )
 
