@@ -230,7 +230,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 		_ = host.Close()
 		return nil, err
 	}
-	pcfg := proxy.Config{Logger: log, LogDecisions: true, OnEvent: a.onEvent, AllowCIDRs: set.AllowCIDRs, Resolver: set.Resolver,
+	pcfg := proxy.Config{Logger: log, LogDecisions: true, OnEvent: a.onEvent, AllowCIDRs: set.AllowCIDRs, HostFacts: set.HostFacts, Resolver: set.Resolver,
 		Limits: set.Limits, MaxConnections: set.MaxConnections}
 	if a.proxy, err = proxy.New(pcfg); err != nil {
 		_ = host.Close()

@@ -44,6 +44,7 @@ func (a *Agent) proxySettings(file *proxy.File) (proxy.Settings, error) {
 			return proxy.Settings{}, fmt.Errorf("limits: max_processes: %w", err)
 		}
 		s.AllowCIDRs = append(file.CIDRs(), a.cfg.AllowCIDRs...)
+		s.HostFacts = file.HostFacts()
 		s.Limits, s.MaxConnections = file.Limits, file.MaxConnections
 		if len(resolvers) == 0 {
 			resolvers = file.Resolvers

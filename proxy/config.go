@@ -19,16 +19,20 @@ import (
 // allowlist profiles (one per Harness), resolvers, allowed CIDRs and
 // limits. See examples/trialnet.yaml.
 type File struct {
-	Profiles       map[string]Profile `yaml:"profiles"`
-	Resolvers      []string           `yaml:"resolvers"`
-	AllowCIDRs     []string           `yaml:"allow_cidrs"`
-	Limits         Limits             `yaml:"limits"`
-	MaxConnections int                `yaml:"max_connections"`
+	Profiles   map[string]Profile `yaml:"profiles"`
+	Resolvers  []string           `yaml:"resolvers"`
+	AllowCIDRs []string           `yaml:"allow_cidrs"`
+	// HostAddresses and NAT64Prefixes are HostFacts (see there).
+	HostAddresses  []string `yaml:"host_addresses"`
+	NAT64Prefixes  []string `yaml:"nat64_prefixes"`
+	Limits         Limits   `yaml:"limits"`
+	MaxConnections int      `yaml:"max_connections"`
 	// Paths and Retention are read by the agent; the proxy ignores them.
 	Paths     Paths     `yaml:"paths"`
 	Retention Retention `yaml:"retention"`
 
 	cidrs []netip.Prefix
+	facts HostFacts
 }
 
 // Paths are where the agent keeps its pieces; empty means the default.
@@ -135,6 +139,22 @@ func (f *File) validate() error {
 		}
 		f.cidrs = append(f.cidrs, p)
 	}
+	for _, l := range []struct {
+		key  string
+		in   []string
+		into *[]netip.Prefix
+	}{{"host_addresses", f.HostAddresses, &f.facts.Addrs}, {"nat64_prefixes", f.NAT64Prefixes, &f.facts.NAT64}} {
+		for _, s := range l.in {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return fmt.Errorf("%s: %q: %v", l.key, s, err)
+			}
+			*l.into = append(*l.into, p)
+		}
+	}
+	if err := f.facts.Check(); err != nil {
+		return err
+	}
 	if l := f.Limits; l.MaxTunnels < 0 || l.ConnectRate < 0 || l.ConnectBurst < 0 || l.MaxClientConns < 0 || l.MaxPendingHeads < 0 ||
 		l.RecordRate < 0 || l.RecordBurst < 0 || l.MaxLogBytes < 0 || l.MaxProcesses < 0 || f.MaxConnections < 0 {
 		return errors.New("limits cannot be negative (0 means the default)")
@@ -156,6 +176,11 @@ func (f *File) Learn(profiles []string) bool {
 
 // CIDRs returns the validated allowed CIDRs.
 func (f *File) CIDRs() []netip.Prefix { return slices.Clone(f.cidrs) }
+
+// HostFacts returns the validated host addresses and NAT64 prefixes.
+func (f *File) HostFacts() HostFacts {
+	return HostFacts{Addrs: slices.Clone(f.facts.Addrs), NAT64: slices.Clone(f.facts.NAT64)}
+}
 
 // ProfileNames lists the profiles, sorted.
 func (f *File) ProfileNames() []string {

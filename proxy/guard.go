@@ -3,7 +3,9 @@ package proxy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // AddrClass is what an address is, as far as the guard is concerned.
@@ -176,11 +178,43 @@ type AddrSet interface {
 	Contains(a netip.Addr) (bool, error)
 }
 
+// HostFacts are what the operator knows about this host's network that
+// its interfaces and routes do not show.
+type HostFacts struct {
+	// Addrs reach this host by another way: a public address that NAT
+	// hairpins back to it, a load balancer's address in front of it. They
+	// are refused as this host's own, whatever a Trial's allowed CIDRs.
+	Addrs []netip.Prefix
+	// NAT64 are the network's own NAT64 prefixes (RFC 6052: /32, /40,
+	// /48, /56, /64 or /96). An address under one is judged by the IPv4
+	// address it carries, as one under 64:ff9b::/96 is.
+	NAT64 []netip.Prefix
+}
+
+// Check validates the facts: canonical prefixes, NAT64 ones IPv6 of a
+// length RFC 6052 defines.
+func (f HostFacts) Check() error {
+	for _, p := range f.Addrs {
+		if !p.IsValid() || p.Masked() != p || p.Addr().Zone() != "" || p.Addr().Is4In6() {
+			return fmt.Errorf("host address %s: write a canonical prefix (IPv4 in IPv4 form, no host bits, no zone)", p)
+		}
+	}
+	for _, p := range f.NAT64 {
+		if !p.IsValid() || !p.Addr().Is6() || p.Addr().Is4In6() || p.Masked() != p || !slices.Contains([]int{32, 40, 48, 56, 64, 96}, p.Bits()) {
+			return fmt.Errorf("NAT64 prefix %s: want an IPv6 prefix of length 32, 40, 48, 56, 64 or 96 (RFC 6052), without host bits", p)
+		}
+	}
+	return nil
+}
+
 // Guard decides whether an address may be dialed.
 type Guard struct {
 	allow []netip.Prefix
 	host  AddrSet
 	proxy *proxyAddrs // shared by every guard WithAllow derives
+	// facts are shared the same way, and replaced whole: facts about the
+	// host apply to live Trials too.
+	facts *atomic.Pointer[HostFacts]
 }
 
 // proxyAddrs are the proxy's own listening addresses.
@@ -193,14 +227,23 @@ type proxyAddrs struct {
 // addresses. host is the host's own address set (nil: no host check,
 // for tests only; production passes WatchHostAddrs).
 func NewGuard(allow []netip.Prefix, host AddrSet) *Guard {
-	return &Guard{allow: allow, host: host, proxy: &proxyAddrs{m: make(map[netip.Addr]struct{})}}
+	g := &Guard{allow: allow, host: host, proxy: &proxyAddrs{m: make(map[netip.Addr]struct{})}, facts: new(atomic.Pointer[HostFacts])}
+	g.facts.Store(&HostFacts{})
+	return g
 }
 
 // WithAllow returns a guard with other allowed CIDRs that shares g's
-// host and proxy addresses (a proxy address recorded on either is
-// refused by both).
+// host and proxy addresses and host facts (a proxy address recorded on
+// either is refused by both).
 func (g *Guard) WithAllow(allow []netip.Prefix) *Guard {
-	return &Guard{allow: allow, host: g.host, proxy: g.proxy}
+	return &Guard{allow: allow, host: g.host, proxy: g.proxy, facts: g.facts}
+}
+
+// SetHostFacts replaces the host facts of g and of every guard sharing
+// them; f must have passed Check.
+func (g *Guard) SetHostFacts(f HostFacts) {
+	f.Addrs, f.NAT64 = slices.Clone(f.Addrs), slices.Clone(f.NAT64)
+	g.facts.Store(&f)
 }
 
 // Allowed is a copy of the CIDRs this guard allows beyond the default.
@@ -223,22 +266,60 @@ func (g *Guard) Check(a netip.Addr) error {
 		return deny(ReasonAddressDenied, "invalid address")
 	}
 	a = a.WithZone("").Unmap()
+	facts := g.facts.Load()
 	// The embedded IPv4 first: "embeds 127.0.0.1" says more than "reserved".
+	operatorNAT64 := false
+	for _, p := range facts.NAT64 {
+		if p.Contains(a) {
+			operatorNAT64 = true
+			if err := g.check1(rfc6052IPv4(a, p.Bits()), a, facts); err != nil {
+				return err
+			}
+		}
+	}
 	for _, e := range embedded4(a) {
-		if err := g.check1(e, a); err != nil {
+		if operatorNAT64 && nat64Local.Contains(a) {
+			break // the operator gave its layout: the /96 guess is not it
+		}
+		if err := g.check1(e, a, facts); err != nil {
 			return err
 		}
+	}
+	if operatorNAT64 {
+		// Judged by the IPv4 it carries, as 64:ff9b::/96 is; still never
+		// the host's or the proxy's own.
+		return g.judge(a, a, ClassPublic, facts)
 	}
 	if nat64Local.Contains(a) {
 		// RFC 8215 leaves the IPv4 position inside 64:ff9b:1::/48 to the
 		// operator, so the IPv4 address cannot be known: never allowed.
 		return deny(ReasonAddressDenied, "%s is local-use NAT64 (64:ff9b:1::/48), whose embedded IPv4 address cannot be checked", a)
 	}
-	return g.check1(a, a)
+	return g.check1(a, a, facts)
 }
 
-func (g *Guard) check1(a, outer netip.Addr) error {
-	c := classify(a)
+// rfc6052IPv4 is the IPv4 address that a, under a NAT64 prefix of bits
+// bits, carries: the 32 bits after the prefix, skipping bits 64–71.
+func rfc6052IPv4(a netip.Addr, bits int) netip.Addr {
+	b := a.As16()
+	var v4 [4]byte
+	i := bits / 8
+	for n := range v4 {
+		if i == 8 {
+			i++
+		}
+		v4[n] = b[i]
+		i++
+	}
+	return netip.AddrFrom4(v4)
+}
+
+func (g *Guard) check1(a, outer netip.Addr, facts *HostFacts) error {
+	return g.judge(a, outer, classify(a), facts)
+}
+
+// judge decides for a of class c, found in outer.
+func (g *Guard) judge(a, outer netip.Addr, c AddrClass, facts *HostFacts) error {
 	if c == ClassPublic || c.allowable() {
 		if g.isProxy(a) {
 			c = ClassProxy
@@ -248,6 +329,11 @@ func (g *Guard) check1(a, outer netip.Addr) error {
 				return &Denial{Reason: ReasonAddressDenied, Detail: fmt.Sprintf("%s: the host's own addresses are unknown, so nothing is dialed", outer), Err: err}
 			}
 			if own {
+				c = ClassHost
+			}
+		}
+		for _, p := range facts.Addrs {
+			if p.Contains(a) {
 				c = ClassHost
 			}
 		}

@@ -139,3 +139,95 @@ type brokenSet struct{}
 func (brokenSet) Contains(netip.Addr) (bool, error) { return false, errBroken }
 
 var errBroken = &Denial{Reason: ReasonAddressDenied, Detail: "test: host set unavailable"}
+
+// embed6052 puts v4 into prefix p as RFC 6052 lays it out: after the
+// prefix, skipping bits 64–71; the host part ends in 1 where it can.
+func embed6052(p netip.Prefix, v4 netip.Addr) netip.Addr {
+	b := p.Addr().As16()
+	x := v4.As4()
+	i := p.Bits() / 8
+	for n := range x {
+		if i == 8 {
+			i++
+		}
+		b[i] = x[n]
+		i++
+	}
+	if i < 16 {
+		b[15] = 1
+	}
+	return netip.AddrFrom16(b)
+}
+
+// What the operator says about the host: an address that hairpins back
+// to it is refused as the host's own (whatever a Trial's allowed CIDRs),
+// and an address under the network's own NAT64 prefix is judged by the
+// IPv4 it carries, in each RFC 6052 layout. The facts reach guards
+// already derived (live Trials).
+func TestGuardHostFacts(t *testing.T) {
+	base := NewGuard(nil, noHost{})
+	g := base.WithAllow([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")})
+	hairpin, lan := netip.MustParseAddr("93.184.216.50"), netip.MustParseAddr("10.1.2.3")
+	public := netip.MustParseAddr("93.184.216.34")
+	var nat64 []netip.Prefix
+	for _, s := range []string{"2a01:4f8::/32", "2a01:4f8:100::/40", "2a01:4f8:200::/48", "2a01:4f8:300::/56", "2a01:4f8:400::/64", "2a01:4f8:500::/96", "64:ff9b:1::/48"} {
+		nat64 = append(nat64, netip.MustParsePrefix(s))
+	}
+	for _, a := range []netip.Addr{hairpin, lan} {
+		if err := g.Check(a); err != nil {
+			t.Fatalf("%s refused before the facts said anything: %v", a, err)
+		}
+	}
+	if err := g.Check(embed6052(nat64[6], public)); ReasonOf(err) != ReasonAddressDenied {
+		t.Fatalf("local-use NAT64 with no layout configured: %v, want refused", err)
+	}
+	facts := HostFacts{Addrs: []netip.Prefix{netip.PrefixFrom(hairpin, 32), netip.PrefixFrom(lan, 32)}, NAT64: nat64}
+	if err := facts.Check(); err != nil {
+		t.Fatal(err)
+	}
+	base.SetHostFacts(facts)
+	for _, a := range []netip.Addr{hairpin, lan} {
+		if err := g.Check(a); ReasonOf(err) != ReasonAddressDenied || !strings.Contains(err.Error(), "this host's own") {
+			t.Fatalf("%s is the host's by the facts: %v", a, err)
+		}
+	}
+	for _, p := range nat64 {
+		if err := g.Check(embed6052(p, public)); err != nil {
+			t.Fatalf("%s under %s carries a public address: %v", embed6052(p, public), p, err)
+		}
+		for _, inner := range []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("169.254.169.254"), hairpin, netip.MustParseAddr("192.168.1.1")} {
+			a := embed6052(p, inner)
+			if err := g.Check(a); ReasonOf(err) != ReasonAddressDenied || !strings.Contains(err.Error(), "embeds "+inner.String()) {
+				t.Fatalf("%s under %s carries %s: %v, want refused naming it", a, p, inner, err)
+			}
+		}
+	}
+}
+
+func TestHostFactsCheck(t *testing.T) {
+	for _, bad := range []HostFacts{
+		{Addrs: []netip.Prefix{netip.MustParsePrefix("93.184.216.1/24")}},
+		{NAT64: []netip.Prefix{netip.MustParsePrefix("2a01:4f8::/33")}},
+		{NAT64: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}},
+		{NAT64: []netip.Prefix{netip.MustParsePrefix("2a01:4f8::1/96")}},
+	} {
+		if err := bad.Check(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+	if _, err := ParseFile([]byte("host_addresses: [203.0.113.9/32]\nnat64_prefixes: [\"2a01:4f8::/33\"]\n")); err == nil || !strings.Contains(err.Error(), "RFC 6052") {
+		t.Fatalf("a /33 NAT64 prefix: %v", err)
+	}
+	f, err := ParseFile([]byte("host_addresses: [203.0.113.9/32, \"2a01:4f8::9/128\"]\nnat64_prefixes: [\"2a01:4f8:64::/96\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hf := f.HostFacts(); len(hf.Addrs) != 2 || len(hf.NAT64) != 1 {
+		t.Fatalf("read %+v", hf)
+	}
+}
+
+// noHost: a host with no addresses of its own.
+type noHost struct{}
+
+func (noHost) Contains(netip.Addr) (bool, error) { return false, nil }

@@ -12,18 +12,33 @@ import (
 
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
-// HostAddrs is the set of addresses configured on this host's interfaces,
-// learned with netlink and kept current as addresses come and go. If the
+// HostAddrs is the set of addresses at which this host itself answers,
+// learned with netlink and kept current: the addresses of its interfaces,
+// and every route of type local in any table, so an AnyIP prefix ("ip
+// route add local 198.51.100.0/24 dev lo"), which makes the host answer
+// for a whole range it configured on no interface, is refused too. If a
 // netlink subscription breaks (for example the kernel drops events under
 // load), the set is unknown until it has been listed again, and Contains
 // reports an error so that the guard refuses rather than guesses.
 type HostAddrs struct {
-	mu    sync.RWMutex
-	addrs map[netip.Addr]struct{}
+	mu     sync.RWMutex
+	addrs  map[netip.Addr]struct{}
+	locals map[localRoute]struct{}
+	// local and wide are locals as one lookup: single addresses, and the
+	// prefixes wider than one (few: 127.0.0.0/8, AnyIP ranges).
+	local map[netip.Addr]struct{}
+	wide  []netip.Prefix
 	stale error // non-nil while the set is being re-learned
 	wg    sync.WaitGroup
+}
+
+// localRoute is a route of type local: its table and destination.
+type localRoute struct {
+	table int
+	dst   netip.Prefix
 }
 
 // WatchHostAddrs learns the addresses of the network namespace ns
@@ -31,50 +46,74 @@ type HostAddrs struct {
 // It returns once the initial list is known.
 func WatchHostAddrs(ctx context.Context, ns vns.NsHandle) (*HostAddrs, error) {
 	h := &HostAddrs{}
-	ch, stop, err := h.subscribe(ns)
+	sub, err := h.subscribe(ns)
 	if err != nil {
 		return nil, fmt.Errorf("learn the host's addresses with netlink: %w", err)
 	}
 	h.wg.Add(1)
-	go h.follow(ctx, ns, ch, stop)
+	go h.follow(ctx, ns, sub)
 	return h, nil
 }
 
-// subscribe subscribes to address events first and lists second, so no
-// change between the two is lost; replaying queued events over the list
-// converges to the kernel's state.
-func (h *HostAddrs) subscribe(ns vns.NsHandle) (<-chan netlink.AddrUpdate, chan struct{}, error) {
-	ch := make(chan netlink.AddrUpdate, 256)
-	stop := make(chan struct{})
-	opts := netlink.AddrSubscribeOptions{ReceiveBufferSize: 1 << 20}
-	if ns.IsOpen() {
-		opts.Namespace = &ns
-	}
-	if err := netlink.AddrSubscribeWithOptions(ch, stop, opts); err != nil {
-		close(stop)
-		return nil, nil, err
-	}
-	addrs, err := listAddrs(ns)
-	if err != nil {
-		close(stop)
-		return nil, nil, err
-	}
-	h.mu.Lock()
-	h.addrs, h.stale = addrs, nil
-	h.mu.Unlock()
-	return ch, stop, nil
+// subscription is one pair of netlink subscriptions, addresses and
+// routes, ended together by closing stop.
+type subscription struct {
+	addrs  chan netlink.AddrUpdate
+	routes chan netlink.RouteUpdate
+	stop   chan struct{}
 }
 
-func listAddrs(ns vns.NsHandle) (map[netip.Addr]struct{}, error) {
+// subscribe subscribes to address and route events first and lists
+// second, so no change between the two is lost; replaying queued events
+// over the lists converges to the kernel's state.
+func (h *HostAddrs) subscribe(ns vns.NsHandle) (*subscription, error) {
+	sub := &subscription{addrs: make(chan netlink.AddrUpdate, 256), routes: make(chan netlink.RouteUpdate, 256), stop: make(chan struct{})}
+	aopts := netlink.AddrSubscribeOptions{ReceiveBufferSize: 1 << 20}
+	ropts := netlink.RouteSubscribeOptions{ReceiveBufferSize: 1 << 20}
+	if ns.IsOpen() {
+		aopts.Namespace, ropts.Namespace = &ns, &ns
+	}
+	if err := netlink.AddrSubscribeWithOptions(sub.addrs, sub.stop, aopts); err != nil {
+		close(sub.stop)
+		return nil, err
+	}
+	if err := netlink.RouteSubscribeWithOptions(sub.routes, sub.stop, ropts); err != nil {
+		sub.end()
+		return nil, err
+	}
+	addrs, locals, err := list(ns)
+	if err != nil {
+		sub.end()
+		return nil, err
+	}
+	h.mu.Lock()
+	h.addrs, h.locals, h.stale = addrs, locals, nil
+	h.index()
+	h.mu.Unlock()
+	return sub, nil
+}
+
+// end closes both subscriptions and waits for their channels to close.
+func (s *subscription) end() {
+	close(s.stop)
+	for range s.addrs { // the library closes each channel once its socket is closed
+	}
+	for range s.routes {
+	}
+}
+
+// list reads the addresses and the local routes of every table.
+func list(ns vns.NsHandle) (map[netip.Addr]struct{}, map[localRoute]struct{}, error) {
 	hd := &netlink.Handle{}
 	if ns.IsOpen() {
 		var err error
 		if hd, err = netlink.NewHandleAt(ns); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		defer hd.Close()
 	}
 	var list []netlink.Addr
+	var routes []netlink.Route
 	var err error
 	for range 5 {
 		if list, err = hd.AddrList(nil, netlink.FAMILY_ALL); !errors.Is(err, netlink.ErrDumpInterrupted) {
@@ -82,40 +121,91 @@ func listAddrs(ns vns.NsHandle) (map[netip.Addr]struct{}, error) {
 		}
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := make(map[netip.Addr]struct{}, len(list))
-	for _, a := range list {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			out[ip.Unmap()] = struct{}{}
+	filter := &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Type: unix.RTN_LOCAL} // every table
+	for range 5 {
+		if routes, err = hd.RouteListFiltered(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TYPE); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
 		}
 	}
-	return out, nil
+	if err != nil {
+		return nil, nil, fmt.Errorf("list the local routes: %w", err)
+	}
+	addrs := make(map[netip.Addr]struct{}, len(list))
+	for _, a := range list {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			addrs[ip.Unmap()] = struct{}{}
+		}
+	}
+	locals := make(map[localRoute]struct{}, len(routes))
+	for _, r := range routes {
+		if lr, ok := toLocalRoute(r); ok {
+			locals[lr] = struct{}{}
+		}
+	}
+	return addrs, locals, nil
 }
 
-func (h *HostAddrs) follow(ctx context.Context, ns vns.NsHandle, ch <-chan netlink.AddrUpdate, stop chan struct{}) {
+// toLocalRoute is r's table and destination if r is of type local.
+func toLocalRoute(r netlink.Route) (localRoute, bool) {
+	if r.Type != unix.RTN_LOCAL || r.Dst == nil {
+		return localRoute{}, false
+	}
+	ip, ok := netip.AddrFromSlice(r.Dst.IP)
+	if !ok {
+		return localRoute{}, false
+	}
+	ones, _ := r.Dst.Mask.Size()
+	ip = ip.Unmap()
+	if ip.Is4() && ones > 32 {
+		ones -= 96
+	}
+	p, err := ip.Prefix(ones)
+	if err != nil {
+		return localRoute{}, false
+	}
+	return localRoute{table: r.Table, dst: p}, true
+}
+
+// index rebuilds local and wide from locals; h.mu is held.
+func (h *HostAddrs) index() {
+	h.local, h.wide = make(map[netip.Addr]struct{}, len(h.locals)), h.wide[:0]
+	for lr := range h.locals {
+		if lr.dst.IsSingleIP() {
+			h.local[lr.dst.Addr()] = struct{}{}
+		} else {
+			h.wide = append(h.wide, lr.dst)
+		}
+	}
+}
+
+func (h *HostAddrs) follow(ctx context.Context, ns vns.NsHandle, sub *subscription) {
 	defer h.wg.Done()
 	for {
 		select {
 		case <-ctx.Done():
-			close(stop)
-			for range ch { // the library closes ch once its socket is closed
-			}
+			sub.end()
 			return
-		case u, ok := <-ch:
+		case u, ok := <-sub.addrs:
 			if ok {
 				h.apply(u)
 				continue
 			}
+		case u, ok := <-sub.routes:
+			if ok {
+				h.applyRoute(u)
+				continue
+			}
 		}
-		// The subscription broke: unknown until listed again.
+		// A subscription broke: unknown until listed again.
 		h.mu.Lock()
-		h.stale = errors.New("the netlink address subscription broke; re-learning the host's addresses")
+		h.stale = errors.New("the netlink subscription to addresses and routes broke; re-learning the host's addresses")
 		h.mu.Unlock()
-		close(stop)
+		sub.end()
 		for {
 			var err error
-			if ch, stop, err = h.subscribe(ns); err == nil {
+			if sub, err = h.subscribe(ns); err == nil {
 				break
 			}
 			select {
@@ -142,6 +232,21 @@ func (h *HostAddrs) apply(u netlink.AddrUpdate) {
 	h.mu.Unlock()
 }
 
+func (h *HostAddrs) applyRoute(u netlink.RouteUpdate) {
+	lr, ok := toLocalRoute(u.Route)
+	if !ok {
+		return
+	}
+	h.mu.Lock()
+	if u.Type == unix.RTM_NEWROUTE {
+		h.locals[lr] = struct{}{}
+	} else {
+		delete(h.locals, lr)
+	}
+	h.index()
+	h.mu.Unlock()
+}
+
 // Contains implements AddrSet.
 func (h *HostAddrs) Contains(a netip.Addr) (bool, error) {
 	h.mu.RLock()
@@ -149,8 +254,19 @@ func (h *HostAddrs) Contains(a netip.Addr) (bool, error) {
 	if h.stale != nil {
 		return false, h.stale
 	}
-	_, ok := h.addrs[a.Unmap().WithZone("")]
-	return ok, nil
+	a = a.Unmap().WithZone("")
+	if _, ok := h.addrs[a]; ok {
+		return true, nil
+	}
+	if _, ok := h.local[a]; ok {
+		return true, nil
+	}
+	for _, p := range h.wide {
+		if p.Contains(a) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // Addrs returns a snapshot of the set.

@@ -146,3 +146,95 @@ func TestPrivilegedProductionDial(t *testing.T) {
 		t.Fatal("the test host saw no connection")
 	}
 }
+
+// A route of type local makes the host answer for a whole prefix that no
+// interface carries (AnyIP): a listener on 0.0.0.0 accepts connections
+// to any address in it. The set holds every such route, in any table,
+// listed before the watch began or added after, and lets it go when the
+// route goes.
+func TestPrivilegedHostAddrsLocalRoutes(t *testing.T) {
+	privtest.Require(t)
+	ns, err := netns.Create(t.TempDir(), "proxylocal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	h, err := vns.GetFromPath(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	nh, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	lo, err := nh.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := func(cidr string, table int) *netlink.Route {
+		_, dst, err := net.ParseCIDR(cidr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: dst, Type: unix.RTN_LOCAL, Table: table, Scope: unix.RT_SCOPE_HOST}
+	}
+	before := local("198.51.100.0/24", 100) // listed, not followed: in a table of its own
+	if err := nh.RouteAdd(before); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	watch, err := WatchHostAddrs(ctx, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); watch.Wait() })
+	if ok, _ := watch.Contains(netip.MustParseAddr("198.51.100.200")); !ok {
+		t.Fatal("a local route in table 100, there before the watch, is not in the set")
+	}
+	g := NewGuard(nil, watch)
+	for _, c := range []struct{ cidr, addr string }{{"93.184.216.0/24", "93.184.216.9"}, {"2a00:1450:4001::/64", "2a00:1450:4001::9"}} {
+		ip := netip.MustParseAddr(c.addr)
+		if err := g.Check(ip); err != nil {
+			t.Fatalf("%s refused before its local route was added: %v", ip, err)
+		}
+		r := local(c.cidr, unix.RT_TABLE_LOCAL)
+		if err := nh.RouteAdd(r); err != nil {
+			t.Fatal(err)
+		}
+		if ip.Is4() {
+			reachesHost(t, ns, ip)
+		}
+		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return ok }, ip.String()+" to appear")
+		if err := g.Check(ip); ReasonOf(err) != ReasonAddressDenied {
+			t.Fatalf("%s is under a local route now, got %v", ip, err)
+		}
+		if err := nh.RouteDel(r); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return !ok }, ip.String()+" to disappear")
+	}
+}
+
+// reachesHost shows why a local route matters: inside ns, a listener on
+// the unspecified address accepts a connection to ip.
+func reachesHost(t *testing.T, ns *netns.Namespace, ip netip.Addr) {
+	t.Helper()
+	err := ns.Do(func() error {
+		ln, err := net.Listen("tcp4", "0.0.0.0:0")
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		port := ln.Addr().(*net.TCPAddr).Port
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, uint16(port)).String(), 2*time.Second)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+	if err != nil {
+		t.Fatalf("a connection to %s inside the namespace: %v; want it accepted by a listener on 0.0.0.0", ip, err)
+	}
+}

@@ -34,6 +34,9 @@ type Config struct {
 	// through (never loopback, unspecified, this host's or metadata
 	// addresses). Validate them with CheckAllowCIDR.
 	AllowCIDRs []netip.Prefix
+	// HostFacts are what the guard cannot learn from this host (see
+	// HostFacts); validate them with HostFacts.Check.
+	HostFacts HostFacts
 	// HostAddrs is the host's own address set; nil watches this host's
 	// namespace with netlink for the life of the Proxy.
 	HostAddrs AddrSet
@@ -115,7 +118,9 @@ func New(cfg Config) (*Proxy, error) {
 		resolver = r
 	}
 	p.maxConns.Store(int64(cfg.MaxConnections))
-	p.cur.Store(p.settingsFor(NewGuard(cfg.AllowCIDRs, host), resolver, cfg.Limits))
+	g := NewGuard(cfg.AllowCIDRs, host)
+	g.SetHostFacts(cfg.HostFacts)
+	p.cur.Store(p.settingsFor(g, resolver, cfg.Limits))
 	return p, nil
 }
 
@@ -141,6 +146,9 @@ func (p *Proxy) settingsFor(g *Guard, r Resolver, lim Limits) *settings {
 type Settings struct {
 	// AllowCIDRs replace the allowed CIDRs (see Config.AllowCIDRs).
 	AllowCIDRs []netip.Prefix
+	// HostFacts replace the host facts, for live Trials too: they only
+	// say where this host is.
+	HostFacts HostFacts
 	// Resolver replaces the resolver; nil keeps the current one.
 	Resolver Resolver
 	// Limits replace the per-Trial defaults; zero fields take the defaults.
@@ -164,6 +172,7 @@ func (p *Proxy) Reconfigure(s Settings) {
 	if mc <= 0 {
 		mc = DefaultMaxConnections
 	}
+	cur.guard.SetHostFacts(s.HostFacts)
 	p.cur.Store(p.settingsFor(cur.guard.WithAllow(s.AllowCIDRs), r, s.Limits.withDefaults()))
 	p.maxConns.Store(int64(mc))
 }

@@ -36,7 +36,7 @@ func proxyConfig(af *allowFlags, cf *configFlags) (*proxy.Allowlist, proxy.Confi
 	if err != nil {
 		return nil, proxy.Config{}, err
 	}
-	cfg := proxy.Config{AllowCIDRs: append(file.CIDRs(), cidrs...), Limits: file.Limits, MaxConnections: file.MaxConnections}
+	cfg := proxy.Config{AllowCIDRs: append(file.CIDRs(), cidrs...), HostFacts: file.HostFacts(), Limits: file.Limits, MaxConnections: file.MaxConnections}
 	resolvers := []string(cf.resolvers)
 	if len(resolvers) == 0 {
 		resolvers = file.Resolvers
