@@ -268,6 +268,7 @@ func (f *fwdReq) gotConn(info httptrace.GotConnInfo) {
 func (f *fwdReq) account() (reached bool) {
 	up, down := f.upBefore, f.downBefore
 	if f.up != nil {
+		f.up.settled()
 		up += f.up.wrote.Load() - f.w0
 		down += f.up.read.Load() - f.r0
 	}
@@ -439,12 +440,30 @@ type trackedConn struct {
 	net.Conn
 	t           *trial
 	wrote, read atomic.Int64
+	// writing counts Writes under way: their bytes may have reached the
+	// upstream (and been answered) before wrote counts them.
+	writing atomic.Int32
 }
 
 func (c *trackedConn) Write(p []byte) (int, error) {
+	c.writing.Add(1)
+	defer c.writing.Add(-1)
 	n, err := c.Conn.Write(p)
 	c.wrote.Add(int64(n))
 	return n, err
+}
+
+// settled waits for the Writes under way, so that wrote is final for
+// what came before: a Write still blocked once its request is over (the
+// upstream stopped reading a body it answered early) is ended by closing
+// the connection, which is then no use to another request anyway.
+func (c *trackedConn) settled() {
+	for i := 0; c.writing.Load() > 0; i++ {
+		if i == 100 {
+			_ = c.Close()
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 }
 
 func (c *trackedConn) Read(p []byte) (int, error) {
