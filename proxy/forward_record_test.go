@@ -272,3 +272,24 @@ func TestForwardRetryRefusedIsNotAllow(t *testing.T) {
 		t.Fatalf("retry to the metadata address: %s, record %s %s %q", resp.Status, ev.Decision, ev.Reason, ev.Detail)
 	}
 }
+
+// tunnels_cut counts what a change stopped: a request an earlier change
+// cut, still ending, is not counted again.
+func TestTunnelsCutCountsOnlyWhatItStopped(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}})
+	e, _ := ParseEntry("api.example.com:443")
+	stopped := 0
+	ot := &openTunnel{entry: e, ruled: true, stop: func() { stopped++ }}
+	tr := tp.trials["t1"]
+	tr.mu.Lock()
+	tr.open[ot] = struct{}{}
+	tr.mu.Unlock()
+	for i, want := range []int{1, 0} {
+		if n, err := tp.SetAllow("t1", NewAllowlist(), []Entry{e}); err != nil || n != want {
+			t.Fatalf("cut %d: %d cut, %v; want %d", i+1, n, err, want)
+		}
+	}
+	if stopped != 1 {
+		t.Fatalf("stopped %d times", stopped)
+	}
+}

@@ -292,8 +292,7 @@ func (p *Proxy) SetAllow(id string, l *Allowlist, cut []Entry) (int, error) {
 	t.allow.Store(l)
 	n := 0
 	for ot := range t.open {
-		if ot.ruled && gone[ot.entry.String()] {
-			ot.cut("its allowlist entry " + ot.entry.String() + " was removed")
+		if ot.ruled && gone[ot.entry.String()] && ot.cut("its allowlist entry "+ot.entry.String()+" was removed") {
 			n++
 		}
 	}
@@ -329,15 +328,19 @@ type openTunnel struct {
 	answered bool
 }
 
-func (ot *openTunnel) cut(why string) {
+// cut ends the tunnel or request; it reports false if an earlier change
+// had cut it already (it is ending, and not this change's to count).
+func (ot *openTunnel) cut(why string) bool {
 	ot.mu.Lock()
 	defer ot.mu.Unlock()
-	ot.cutBecause.Store(&why)
+	if !ot.cutBecause.CompareAndSwap(nil, &why) {
+		return false
+	}
 	if ot.stop != nil {
 		ot.stop()
 	}
 	if !ot.answered {
-		return // establish refuses it
+		return true // establish refuses it
 	}
 	_ = ot.client.Close()
 	if ot.up != nil { // a forwarded request ends with its client connection
@@ -348,6 +351,7 @@ func (ot *openTunnel) cut(why string) {
 		}
 		_ = ot.up.Close()
 	}
+	return true
 }
 
 // attach gives a forwarded request its upstream connection, unless a
