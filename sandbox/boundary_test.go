@@ -366,6 +366,7 @@ func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 		{"bpf", []string{"syscall", strconv.Itoa(unix.SYS_BPF)}, "ENOSYS"},
 		{"perf_event_open", []string{"syscall", strconv.Itoa(unix.SYS_PERF_EVENT_OPEN)}, "ENOSYS"},
 		{"userfaultfd", []string{"syscall", strconv.Itoa(unix.SYS_USERFAULTFD)}, "ENOSYS"},
+		{"io_setup", []string{"syscall", strconv.Itoa(unix.SYS_IO_SETUP)}, "ENOSYS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, out := runProbeAs(t, tr, 0, Command{}, tc.args...)
@@ -374,10 +375,11 @@ func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 			}
 		})
 	}
-	// TIOCSTI and TIOCLINUX on the command's own terminal: the kernel
-	// would allow TIOCSTI there; the filter does not.
+	// TIOCSTI, TIOCLINUX and TIOCSETD on the command's own terminal: the
+	// kernel would allow TIOCSTI there, and TIOCSETD (EINVAL with a null
+	// argument); the filter does not.
 	_, userSlave := testpty.Open(t, 24, 80)
-	for _, cmd := range []string{"0x5412", "0x100005412", "0x541c"} {
+	for _, cmd := range []string{"0x5412", "0x100005412", "0x541c", "0x5423"} {
 		_, out := runProbeAs(t, tr, nobody, Command{Stdin: userSlave}, "ioctl0", cmd)
 		if out != "EPERM" {
 			t.Errorf("ioctl %s on the Trial's terminal: %q, want EPERM", cmd, out)

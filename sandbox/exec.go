@@ -503,6 +503,12 @@ func trialExec(args []string) (int, error) {
 	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &lim); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: set the process limit: %w", err)
 	}
+	// No core dumps, hard limit too: where core_pattern pipes to a helper
+	// (systemd-coredump, apport), that helper runs as root outside the
+	// Trial and is handed the crashed process's memory.
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: set the core size limit: %w", err)
+	}
 	if err := dropPrivileges(int(uid), int(gid)); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}

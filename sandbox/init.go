@@ -298,6 +298,18 @@ func runInit() {
 // it then execs itself as initArg0, which only reaps.
 const initSetupArg0 = "trialnet-init-setup"
 
+// Per-Trial bounds on host pools that the Trial's mounts draw from.
+const (
+	// MaxPtys bounds the Trial's devpts instance: room for tmux, screen
+	// and a test suite's terminals, while the host's default pool
+	// (kernel.pty.max 4,096, less the 1,024 reserved to its own devpts)
+	// holds a dozen such Trials.
+	MaxPtys = 256
+	// ShmBytes bounds the Trial's /dev/shm: four times Docker's 64 MiB,
+	// for browsers and test runners that map large segments.
+	ShmBytes = 256 << 20
+)
+
 func runReaper() {
 	// PID 1 ignores what it does not handle; a Go program handles every
 	// signal, and exiting would kill the whole Trial.
@@ -335,8 +347,10 @@ func setupInit(hide []string) error {
 		return fmt.Errorf("mount the Trial's /proc: %w", err)
 	}
 	// A devpts instance of its own: no path in the Trial leads to the
-	// host's terminals (the operator's among them).
-	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+	// host's terminals (the operator's among them). Its ptys come from the
+	// host's pool (kernel.pty.max, less kernel.pty.reserve for the host's
+	// own instance): max= keeps one Trial from taking them all.
+	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,max="+strconv.Itoa(MaxPtys)); err != nil {
 		return fmt.Errorf("mount the Trial's /dev/pts: %w", err)
 	}
 	if err := unix.Mount("/dev/pts/ptmx", "/dev/ptmx", "", unix.MS_BIND, ""); err != nil {
@@ -352,7 +366,9 @@ func setupInit(hide []string) error {
 		fstype, dir, data string
 		flags             uintptr
 	}{
-		{"tmpfs", "/dev/shm", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV}, // exec as on most hosts: JITs map from it
+		// Exec as on most hosts (JITs map from it); bounded, since what a
+		// tmpfs holds is the host's memory, whoever wrote it.
+		{"tmpfs", "/dev/shm", "mode=1777,size=" + strconv.Itoa(ShmBytes), unix.MS_NOSUID | unix.MS_NODEV},
 		{"mqueue", "/dev/mqueue", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
 	} {
 		if fi, err := os.Stat(m.dir); err != nil || !fi.IsDir() {

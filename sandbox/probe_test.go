@@ -5,6 +5,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -82,25 +83,44 @@ func probe(args []string) int {
 		err = os.WriteFile(target, []byte(args[2]), 0)
 	case "bind-unix":
 		err = unixBind(target)
+	case "ptys":
+		err = openPtys(target)
+		if len(args) > 2 && args[2] == "hold" {
+			fmt.Println(errName(err))
+			holdOpen()
+			return probeOK
+		}
+	case "fill":
+		err = fill(target)
 	default:
 		fmt.Println("unknown probe", args[0])
 		return probeOther
 	}
+	fmt.Println(errName(err))
 	var errno unix.Errno
 	switch {
 	case err == nil:
-		fmt.Println("ok")
 		return probeOK
 	case errors.Is(err, unix.EPERM):
-		fmt.Println("EPERM")
 		return probeRefused
 	case errors.As(err, &errno):
-		fmt.Println(unix.ErrnoName(errno))
 		return probeOther
 	default:
-		fmt.Println(err)
 		return probeOther
 	}
+}
+
+// errName is what the probe prints for err: ok, an errno's name, or the
+// error.
+func errName(err error) string {
+	var errno unix.Errno
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.As(err, &errno):
+		return unix.ErrnoName(errno)
+	}
+	return err.Error()
 }
 
 func sockaddr(target string) (unix.Sockaddr, int, error) {
@@ -407,6 +427,44 @@ func openWrite(path string) error {
 		_ = unix.Close(fd)
 	}
 	return err
+}
+
+// openPtys opens new ptys until n are open or one fails, and says how
+// many it got before what error.
+func openPtys(n string) error {
+	want, err := strconv.Atoi(n)
+	if err != nil {
+		return err
+	}
+	for i := range want {
+		if _, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY, 0); err != nil {
+			fmt.Printf("%d ", i)
+			return err
+		}
+	}
+	fmt.Printf("%d ", want)
+	return nil
+}
+
+// holdOpen keeps what the probe opened until its stdin ends.
+func holdOpen() { _, _ = io.Copy(io.Discard, os.Stdin) }
+
+// fill writes to path until the write fails, and says how many MiB it
+// wrote before what error.
+func fill(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for i := range 1 << 12 { // 4 GiB at most
+		if _, err := f.Write(buf); err != nil {
+			fmt.Printf("%d ", i)
+			return err
+		}
+	}
+	return nil
 }
 
 func unixBind(path string) error {

@@ -64,12 +64,18 @@ var (
 //     inherited or shares with its uid outside;
 //   - bpf, perf_event_open and userfaultfd, whose reach depends on host
 //     sysctls (unprivileged_bpf_disabled, perf_event_paranoid,
-//     unprivileged_userfaultfd) a Trial must not rely on.
+//     unprivileged_userfaultfd) a Trial must not rely on;
+//   - io_setup: kernel AIO contexts come from one host-wide pool
+//     (fs.aio-max-nr) that no per-Trial limit bounds; one Trial took all
+//     65,536 and host processes got EAGAIN. glibc's POSIX AIO uses
+//     threads, and libaio users fall back on ENOSYS.
 var refusedCalls = []uint32{unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEYCTL,
-	unix.SYS_BPF, unix.SYS_PERF_EVENT_OPEN, unix.SYS_USERFAULTFD}
+	unix.SYS_BPF, unix.SYS_PERF_EVENT_OPEN, unix.SYS_USERFAULTFD, unix.SYS_IO_SETUP}
 
-// refusedIoctls would let a Trial type into a terminal or read its screen.
-var refusedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX}
+// refusedIoctls would let a Trial type into a terminal or read its
+// screen, or attach a line discipline to its terminal (TIOCSETD: rarely
+// used code, HDLC, GSM mux and the like, loaded as modules on demand).
+var refusedIoctls = []uint32{unix.TIOCSTI, unix.TIOCLINUX, unix.TIOCSETD}
 
 func auditArch() (uint32, error) {
 	switch runtime.GOARCH {
