@@ -275,6 +275,12 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	if c.MaxProcs == 0 {
 		c.MaxProcs = DefaultMaxProcs
 	}
+	end, err := t.beginLaunch()
+	if err != nil {
+		return nil, err
+	}
+	launched := sync.OnceFunc(end) // once the process is in the cgroup, cgroup.kill reaches it
+	defer launched()
 	cg, err := os.Open(t.Cgroup)
 	if err != nil {
 		return nil, fmt.Errorf("start: open Trial cgroup: %w", err)
@@ -347,6 +353,7 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, errors.Join(err, ready()))
 	}
 	err = netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
+	launched()
 	closePipes()
 	tty.started()
 	relay.started()

@@ -4,11 +4,13 @@ package sandbox
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -91,4 +93,29 @@ func TestPrivilegedTrialNoCoreDumps(t *testing.T) {
 		}
 	}
 	t.Fatalf("no core limit in:\n%s", b.String())
+}
+
+// No process joins a Trial whose teardown has begun: the teardown waits
+// for a launch under way to have its process in the cgroup (where
+// cgroup.kill reaches it), and a launch after it began is refused.
+func TestPrivilegedNoJoinAfterTeardownBegins(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, Spec{})
+	end, err := tr.beginLaunch() // a launch under way
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() { _, _ = tr.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("the teardown ran while a launch was under way")
+	case <-time.After(200 * time.Millisecond):
+	}
+	end()
+	<-closed
+	_, err = tr.Start(Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
+	if !errors.Is(err, ErrClosing) {
+		t.Fatalf("a command started in a destroyed Trial: %v, want ErrClosing", err)
+	}
 }
