@@ -275,17 +275,17 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	if c.MaxProcs == 0 {
 		c.MaxProcs = DefaultMaxProcs
 	}
-	end, err := t.beginLaunch()
-	if err != nil {
-		return nil, err
-	}
-	launched := sync.OnceFunc(end) // once the process is in the cgroup, cgroup.kill reaches it
-	defer launched()
 	cg, err := os.Open(t.Cgroup)
 	if err != nil {
 		return nil, fmt.Errorf("start: open Trial cgroup: %w", err)
 	}
 	defer cg.Close()
+	end, err := beginJoin(cg)
+	if err != nil {
+		return nil, fmt.Errorf("start in Trial %s: %w", t.ID, err)
+	}
+	launched := sync.OnceFunc(end) // once the process is in the cgroup, cgroup.kill reaches it
+	defer launched()
 	init, initReady, err := t.init(cg)
 	if err != nil {
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)

@@ -72,6 +72,63 @@ func (t *Trial) init(cg *os.File) (_ initProc, ready func() error, _ error) {
 	}, nil
 }
 
+// ErrClosing is returned by Start in a Trial whose teardown has begun.
+var ErrClosing = errors.New("the Trial is being destroyed")
+
+// The join lock orders launches against the teardown, across processes
+// (the agent, and trialnet run or exec): a launch holds it shared from
+// its check until its process is cloned into the cgroup, where
+// cgroup.kill reaches it; the teardown takes it exclusive to write
+// "closing" into it first. So no process joins a Trial whose teardown
+// began, and none is cloned in after the kill to outlive it.
+const closingMark = "closing"
+
+func joinLockPath(cgroupID uint64) string {
+	return filepath.Join(InitLockDir, "join-"+strconv.FormatUint(cgroupID, 10))
+}
+
+// beginJoin takes the join lock of the cgroup cg is open on, shared, and
+// fails if its Trial is closing; the returned func releases it.
+func beginJoin(cg *os.File) (func(), error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(cg.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("join lock: %w", err)
+	}
+	f, err := rootdir.OpenLock(InitLockDir, filepath.Base(joinLockPath(st.Ino)))
+	if err != nil {
+		return nil, fmt.Errorf("join lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("join lock: %w", err)
+	}
+	var b [len(closingMark)]byte
+	if n, _ := f.ReadAt(b[:], 0); n == len(b) && string(b[:]) == closingMark {
+		_ = f.Close()
+		return nil, ErrClosing
+	}
+	return func() { _ = f.Close() }, nil
+}
+
+// markClosing writes the closing mark into the join lock of the cgroup at
+// dir, under the lock, once every launch under way has its process in.
+func markClosing(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return err
+	}
+	f, err := rootdir.OpenLock(InitLockDir, filepath.Base(joinLockPath(st.Ino)))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	_, err = f.WriteAt([]byte(closingMark), 0)
+	return err
+}
+
 // InitLockDir holds the launch locks, one per Trial cgroup (by its id, unique
 // for the machine's uptime, as the directory is).
 const InitLockDir = rootdir.Locks
@@ -102,6 +159,7 @@ func lockInit(cg *os.File) (*os.File, error) {
 func RemoveLaunchLock(cgroupID uint64) {
 	if cgroupID != 0 {
 		_ = os.Remove(initLockPath(cgroupID))
+		_ = os.Remove(joinLockPath(cgroupID))
 	}
 }
 

@@ -96,26 +96,37 @@ func TestPrivilegedTrialNoCoreDumps(t *testing.T) {
 }
 
 // No process joins a Trial whose teardown has begun: the teardown waits
-// for a launch under way to have its process in the cgroup (where
-// cgroup.kill reaches it), and a launch after it began is refused.
+// for a launch under way (in this process or another) to have its process
+// in the cgroup, where cgroup.kill reaches it, and a launch after the
+// teardown marked the Trial closing is refused.
 func TestPrivilegedNoJoinAfterTeardownBegins(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{})
-	end, err := tr.beginLaunch() // a launch under way
+	cg, err := os.Open(tr.Cgroup)
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := make(chan struct{})
-	go func() { _, _ = tr.Close(); close(closed) }()
+	defer cg.Close()
+	end, err := beginJoin(cg) // a launch under way
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := make(chan error, 1)
+	go func() { marked <- markClosing(tr.Cgroup) }() // the teardown's first step
 	select {
-	case <-closed:
-		t.Fatal("the teardown ran while a launch was under way")
+	case err := <-marked:
+		t.Fatalf("the teardown began while a launch was under way (%v)", err)
 	case <-time.After(200 * time.Millisecond):
 	}
 	end()
-	<-closed
+	if err := <-marked; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := beginJoin(cg); !errors.Is(err, ErrClosing) {
+		t.Fatalf("a launch into a Trial being torn down: %v, want ErrClosing", err)
+	}
 	_, err = tr.Start(Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
 	if !errors.Is(err, ErrClosing) {
-		t.Fatalf("a command started in a destroyed Trial: %v, want ErrClosing", err)
+		t.Fatalf("a command started in a Trial being torn down: %v, want ErrClosing", err)
 	}
 }

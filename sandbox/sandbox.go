@@ -114,11 +114,6 @@ type Trial struct {
 
 	metaMu  sync.Mutex // orders SetMeta and the teardown's removal of the record
 	closing bool
-	// launchMu is held (read) by Start from its check of closing until
-	// its process is in the cgroup, and (write) by the teardown to set
-	// closing: no process joins a Trial whose teardown began, so none can
-	// be cloned in after cgroup.kill and outlive it.
-	launchMu sync.RWMutex
 
 	closeOnce sync.Once
 	final     bpf.Counters
@@ -250,23 +245,6 @@ func (t *Trial) Close() (bpf.Counters, error) {
 	return t.final, t.closeErr
 }
 
-// ErrClosing is returned by Start in a Trial whose teardown has begun.
-var ErrClosing = errors.New("the Trial is being destroyed")
-
-// beginLaunch holds off the teardown until the returned func is called,
-// and fails if the teardown has begun.
-func (t *Trial) beginLaunch() (func(), error) {
-	t.launchMu.RLock()
-	t.metaMu.Lock()
-	closing := t.closing
-	t.metaMu.Unlock()
-	if closing {
-		t.launchMu.RUnlock()
-		return nil, fmt.Errorf("start in Trial %s: %w", t.ID, ErrClosing)
-	}
-	return t.launchMu.RUnlock, nil
-}
-
 // SetMeta replaces the creator's description, in the record too, so that
 // a later Adopt hands it back. It fails once Close has begun, so that a
 // closed Trial's record is never written again.
@@ -286,11 +264,12 @@ func (t *Trial) SetMeta(meta json.RawMessage) error {
 }
 
 func (t *Trial) teardown() (bpf.Counters, error) {
-	t.launchMu.Lock()
 	t.metaMu.Lock()
 	t.closing = true
 	t.metaMu.Unlock()
-	t.launchMu.Unlock()
+	if err := markClosing(t.Cgroup); err != nil {
+		t.host.log().Warn("mark the Trial closing for other launchers", "trial", t.ID, "error", err)
+	}
 	var errs []error
 	if t.host.Endpoint != nil {
 		t.host.Endpoint.Stop(t.ID)
