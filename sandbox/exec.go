@@ -353,6 +353,13 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, errors.Join(err, ready()))
 	}
 	err = netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
+	if err == nil {
+		// Before it runs anything: the byte that lets it exec comes below.
+		if err = t.joinPools(cmd.Process.Pid); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}
 	launched()
 	closePipes()
 	tty.started()

@@ -4,8 +4,11 @@ package sandbox
 
 import (
 	"bufio"
+	"os/exec"
+
 	"errors"
 	"fmt"
+	"github.com/trialnet/trialnet/internal/privtest"
 	"io"
 	"os"
 	"strings"
@@ -129,4 +132,118 @@ func TestPrivilegedNoJoinAfterTeardownBegins(t *testing.T) {
 	if !errors.Is(err, ErrClosing) {
 		t.Fatalf("a command started in a Trial being torn down: %v, want ErrClosing", err)
 	}
+}
+
+// The pids controller bounds the Trial's tasks, all its commands and uids
+// together, where RLIMIT_NPROC (per uid, per command) would let it take
+// a share of the host's pids without end: a Trial of 40 tasks forks until
+// refused; its use says so; another Trial and a host process still fork.
+func TestPrivilegedTrialPidsBounded(t *testing.T) {
+	const python = "/usr/bin/python3"
+	privtest.RequireTool(t, python)
+	h := newHost(t)
+	if !poolBounded(h, PoolPids) {
+		requireBound(t, h, PoolPids)
+	}
+	const limit = 40
+	tr := newTrial(t, h, Spec{UnixOpen: true, Pools: PoolLimits{MaxPids: limit}})
+	// Two commands, two uids: the per-uid limits (high) are not the bound.
+	env := []string{"PATH=/usr/bin:/bin"}
+	var lines []string
+	for i, uid := range []uint32{unusedUID(t), unusedUID(t)} {
+		stdinR, stdinW, _ := os.Pipe()
+		outR, outW, _ := os.Pipe()
+		script := strings.Replace(forker, "while n < 200:", "while n < "+[]string{"15", "200"}[i]+":", 1)
+		p, err := tr.Start(Command{Args: []string{python, "-c", script}, Env: env, UID: uid, GID: uid, MaxProcs: 1000,
+			Stdin: stdinR, Stdout: outW, Stderr: os.Stderr})
+		_ = stdinR.Close()
+		_ = outW.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = stdinW.Close(); _, _ = p.Wait(); _ = outR.Close() })
+		_ = outR.SetReadDeadline(time.Now().Add(30 * time.Second))
+		line, err := bufio.NewReader(outR).ReadString('\n')
+		if err != nil {
+			t.Fatalf("forker %d: %q: %v", i, line, err)
+		}
+		lines = append(lines, strings.TrimSpace(line))
+	}
+	var total int
+	for _, l := range lines {
+		var n int
+		var errName string
+		if _, err := fmt.Sscan(l, &n, &errName); err != nil {
+			t.Fatalf("forkers said %q", lines)
+		}
+		total += n + 1 // and the forker itself
+	}
+	if lines[0] != "15 none" || !strings.HasSuffix(lines[1], " EAGAIN") || total > limit {
+		t.Fatalf("forkers said %q: %d tasks in a Trial bounded at %d; want the second refused with EAGAIN", lines, total, limit)
+	}
+	// At the bound, a new command is refused saying why, not crashed.
+	if _, err := tr.Start(Command{Args: []string{"true"}, Env: env, UID: nobody, GID: nobody}); err == nil || !strings.Contains(err.Error(), "pids.max") {
+		t.Fatalf("a command in a Trial at its task bound: %v, want refused naming pids.max", err)
+	}
+	var use PoolUse
+	for _, u := range tr.PoolUse() {
+		if u.Pool == PoolPids {
+			use = u
+		}
+	}
+	if use.Max != limit || use.Current < int64(total) || use.Events < 1 {
+		t.Fatalf("pids use %+v: want max %d, current at least %d, a refusal counted", use, limit, total)
+	}
+	other := newTrial(t, h, Spec{})
+	if code, out := runProbeAs(t, other, nobody, Command{}, "status"); code != probeOK {
+		t.Fatalf("another Trial while the first is at its bound: %d %s", code, out)
+	}
+	if out, err := exec.Command("/bin/sh", "-c", "/bin/true & wait $!").CombinedOutput(); err != nil {
+		t.Fatalf("a host process while the Trial is at its bound: %v: %s", err, out)
+	}
+}
+
+// The memory controller bounds the Trial's memory: a process that
+// allocates past it is killed, and the Trial's use counts the kill.
+func TestPrivilegedTrialMemoryBounded(t *testing.T) {
+	h := newHost(t)
+	if !poolBounded(h, PoolMemory) {
+		requireBound(t, h, PoolMemory)
+	}
+	const limit = 64 << 20
+	tr := newTrial(t, h, Spec{Pools: PoolLimits{MaxMemory: limit}})
+	code, out := runProbeAs(t, tr, nobody, Command{}, "alloc", "256")
+	if code == probeOK {
+		t.Fatalf("a Trial bounded at 64 MiB allocated 256 MiB: %s", out)
+	}
+	var use PoolUse
+	for _, u := range tr.PoolUse() {
+		if u.Pool == PoolMemory {
+			use = u
+		}
+	}
+	if use.Max != limit || use.Events < 1 || use.Peak > limit+(1<<20) {
+		t.Fatalf("memory use %+v: want max %d, an OOM kill counted, the peak within the bound", use, limit)
+	}
+}
+
+func poolBounded(h *Host, pool string) bool {
+	for _, b := range h.PoolBounds() {
+		if b.Pool == pool {
+			return b.Bounded
+		}
+	}
+	return false
+}
+
+// requireBound fails (never skips) where the pool cannot be bounded: on
+// these machines and in the VM matrix both controllers are there.
+func requireBound(t *testing.T, h *Host, pool string) {
+	t.Helper()
+	for _, b := range h.PoolBounds() {
+		if b.Pool == pool {
+			t.Fatalf("the %s pool cannot be bounded on this host: %s", pool, b.Bound)
+		}
+	}
+	t.Fatalf("no %s pool", pool)
 }

@@ -92,6 +92,8 @@ func probe(args []string) int {
 		}
 	case "fill":
 		err = fill(target)
+	case "alloc":
+		err = alloc(target)
 	default:
 		fmt.Println("unknown probe", args[0])
 		return probeOther
@@ -448,6 +450,24 @@ func openPtys(n string) error {
 
 // holdOpen keeps what the probe opened until its stdin ends.
 func holdOpen() { _, _ = io.Copy(io.Discard, os.Stdin) }
+
+// alloc allocates and touches mib MiB.
+func alloc(mib string) error {
+	n, err := strconv.Atoi(mib)
+	if err != nil {
+		return err
+	}
+	var keep [][]byte
+	for range n {
+		b := make([]byte, 1<<20)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		keep = append(keep, b)
+	}
+	fmt.Printf("%d ", len(keep))
+	return nil
+}
 
 // fill writes to path until the write fails, and says how many MiB it
 // wrote before what error.

@@ -92,6 +92,7 @@ func TestPrivilegedLoaderKilledEnforcementStays(t *testing.T) {
 		t.Fatalf("loader helper: %q", line)
 	}
 	tr := &Trial{ID: "t", Cgroup: cg, CgroupID: cgid, Netns: ns}
+	removePoolsAtCleanup(t, tr)
 	if code, out := runProbe(t, tr, "tcp", th.AddrPort4().String()); code != probeRefused {
 		t.Fatalf("with the loader alive: exit %d (%s), want refused", code, out)
 	}

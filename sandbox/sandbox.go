@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/trialnet/trialnet/bpf"
@@ -96,6 +97,8 @@ type Spec struct {
 	UnixPaths []string `json:"unix_paths,omitempty"`
 	// UnixOpen opts out of unix socket confinement.
 	UnixOpen bool `json:"unix_open,omitempty"`
+	// Pools bound the Trial's share of the host's tasks and memory.
+	Pools PoolLimits `json:"pools,omitempty"`
 }
 
 // Trial is one live Trial. It owns everything it is (cgroup, network,
@@ -117,7 +120,9 @@ type Trial struct {
 
 	closeOnce sync.Once
 	final     bpf.Counters
-	closeErr  error
+	// finalPools is the Trial's pool use as the teardown found it.
+	finalPools atomic.Pointer[[]PoolUse]
+	closeErr   error
 }
 
 // ErrExists is wrapped by Create when a Trial's cgroup already exists.
@@ -175,6 +180,9 @@ func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
 	}()
 	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
 		return nil, err
+	}
+	if err := t.setupPools(); err != nil {
+		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
 	if t.Netns, err = netns.Create(h.netnsDir(), spec.ID); err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
@@ -285,7 +293,12 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 			errs = append(errs, err)
 		}
 	}
+	use := t.PoolUse() // peaks and events: read while the groups are there
+	t.finalPools.Store(&use)
 	if err := removeCgroup(t.Cgroup); err != nil {
+		errs = append(errs, err)
+	}
+	if err := t.removePools(); err != nil {
 		errs = append(errs, err)
 	}
 	if t.host.BPF != nil && t.CgroupID != 0 {

@@ -101,6 +101,18 @@ func newTrial(t testing.TB, h *Host, spec Spec) *Trial {
 
 // runProbe runs one probe inside tr as uid 0 with every capability dropped
 // (the strongest Trial user trialnet allows) and returns its exit code.
+// removePoolsAtCleanup removes the pool groups that a launch into a Trial
+// made by hand (no Create, so no Close) makes on cgroup v1 hosts, once
+// its processes are killed.
+func removePoolsAtCleanup(t testing.TB, tr *Trial) {
+	t.Cleanup(func() {
+		_ = killCgroup(tr.Cgroup, killWait)
+		if err := tr.removePools(); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
 func runProbe(t testing.TB, tr *Trial, args ...string) (int, string) {
 	t.Helper()
 	exe, err := os.Executable()
@@ -436,6 +448,7 @@ func TestPrivilegedNoPolicyDeniesEverything(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = ns.Delete() })
 	tr := &Trial{ID: "nopolicy", Cgroup: cg, Netns: ns, host: h}
+	removePoolsAtCleanup(t, tr)
 	lo := listenIn(t, ns, "tcp4", "127.0.0.1:0")
 	before, err := h.BPF.Counters(0)
 	if err != nil {
@@ -697,7 +710,9 @@ func unhookedTrial(t testing.TB, h *Host, ns *netns.Namespace) *Trial {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = killCgroup(unhooked, killWait); _ = removeCgroup(unhooked); RemoveLaunchLock(id) })
-	return &Trial{ID: "control", Cgroup: unhooked, Netns: ns, host: h}
+	tr := &Trial{ID: "control", Cgroup: unhooked, Netns: ns, host: h}
+	removePoolsAtCleanup(t, tr)
+	return tr
 }
 
 func countFDs(t testing.TB) int {

@@ -1,0 +1,365 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bufio"
+
+	"bytes"
+	"errors"
+	"fmt"
+	"github.com/trialnet/trialnet/bpf"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The host-wide pools that a Trial's processes draw from, and that the
+// cgroup controllers bound per Trial: tasks (pids) and memory. RLIMIT_NPROC
+// stays too: it bounds each command's uid, and holds where no controller
+// is there.
+const (
+	PoolPids   = "pids"
+	PoolMemory = "memory"
+)
+
+var poolNames = []string{PoolPids, PoolMemory}
+
+// DefaultMaxPids bounds a Trial's tasks (processes and threads, all its
+// commands together) where the pids controller is there.
+const DefaultMaxPids = DefaultMaxProcs
+
+// DefaultMaxMemory is the share of the host's memory one Trial may use by
+// default (memory.max, or memory.limit_in_bytes on cgroup v1): half. Swap
+// is not given to it at all where the controller can say so.
+func DefaultMaxMemory() int64 {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 0
+	}
+	return int64(si.Totalram) * int64(si.Unit) / 2
+}
+
+// controller is where one pool's controller is, for this host's Trials:
+// in the cgroup v2 tree beside the Trial's cgroup, or in a cgroup v1
+// hierarchy of its own (dir: its mount), or nowhere (the pool is
+// unbounded here).
+type controller struct {
+	name string
+	v2   bool
+	dir  string // v1 only
+	err  error  // why neither, when neither
+}
+
+func (c controller) bounded() bool { return c.v2 || c.dir != "" }
+
+// Bound names what bounds the pool on this host, as doctor and the
+// layers line say it.
+func (c controller) Bound() string {
+	switch {
+	case c.v2:
+		return "cgroup v2 " + c.name + " controller"
+	case c.dir != "":
+		return "cgroup v1 " + c.name + " controller (" + c.dir + ")"
+	}
+	return "unbounded: " + c.err.Error()
+}
+
+// PoolBound is what bounds one pool on a host.
+type PoolBound struct {
+	Pool    string `json:"pool"`
+	Bounded bool   `json:"bounded"`
+	Bound   string `json:"bound"`
+}
+
+// PoolBounds says what bounds each pool for the Trials of h.
+func (h *Host) PoolBounds() []PoolBound {
+	var out []PoolBound
+	for _, c := range h.controllers() {
+		out = append(out, PoolBound{Pool: c.name, Bounded: c.bounded(), Bound: c.Bound()})
+	}
+	return out
+}
+
+// controllers is controllersFor the Trial parent of h.
+func (h *Host) controllers() []controller { return controllersFor(h.Parent) }
+
+// controllers is controllersFor the Trial's parent: a Trial opened only
+// to launch into (no Host) finds the same groups as its creator.
+func (t *Trial) controllers() []controller { return controllersFor(filepath.Dir(t.Cgroup)) }
+
+var found sync.Map // Trial parent → []controller
+
+// controllersFor finds, once per process, where each pool's controller is
+// for the Trials under parent, enabling it for parent's children on
+// cgroup v2.
+func controllersFor(parent string) []controller {
+	if cs, ok := found.Load(parent); ok {
+		return cs.([]controller)
+	}
+	var cs []controller
+	for _, name := range poolNames {
+		cs = append(cs, findController(parent, name))
+	}
+	actual, _ := found.LoadOrStore(parent, cs)
+	return actual.([]controller)
+}
+
+func findController(parent, name string) controller {
+	c := controller{name: name}
+	avail, err := os.ReadFile(filepath.Join(parent, "cgroup.controllers"))
+	if err == nil && slices.Contains(strings.Fields(string(avail)), name) {
+		err = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+"+name), 0)
+		if err == nil {
+			c.v2 = true
+			return c
+		}
+	}
+	v2err := err
+	if v2err == nil {
+		v2err = fmt.Errorf("not enabled for %s's children on cgroup v2", filepath.Dir(parent))
+	}
+	mnt, err := v1Mount(name)
+	if err != nil {
+		c.err = fmt.Errorf("%v, and %v", v2err, err)
+		return c
+	}
+	c.dir = mnt
+	return c
+}
+
+// v1Mount is the mount point of the cgroup v1 hierarchy that carries
+// controller name.
+func v1Mount(name string) (string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(g) < 3 || g[0] != "cgroup" {
+			continue
+		}
+		if slices.Contains(strings.Split(g[2], ","), name) {
+			return unescapeMountPath(f[4]), nil
+		}
+	}
+	return "", fmt.Errorf("no cgroup v1 hierarchy carries the %s controller", name)
+}
+
+// PoolLimits are a Trial's bounds on the pools; zero takes the default.
+type PoolLimits struct {
+	MaxPids   int64 `json:"max_pids,omitempty"`
+	MaxMemory int64 `json:"max_memory,omitempty"` // bytes
+}
+
+func (l PoolLimits) withDefaults() PoolLimits {
+	if l.MaxPids <= 0 {
+		l.MaxPids = DefaultMaxPids
+	}
+	if l.MaxMemory <= 0 {
+		l.MaxMemory = DefaultMaxMemory()
+	}
+	return l
+}
+
+// poolDir is the directory of the Trial's group for c: its cgroup on v2;
+// on v1, a group at the hierarchy's top named by the Trial cgroup's id
+// (unique while the host runs), which whoever has the Trial's cgroup can
+// find: a launcher in another process, a restarted agent.
+func (t *Trial) poolDir(c controller) (string, error) {
+	if c.v2 {
+		return t.Cgroup, nil
+	}
+	id := t.CgroupID
+	if id == 0 {
+		var err error
+		if id, err = bpf.CgroupID(t.Cgroup); err != nil {
+			return "", err
+		}
+	}
+	return filepath.Join(c.dir, "trialnet-"+strconv.FormatUint(id, 10)), nil
+}
+
+// setupPools bounds the Trial's pools where their controllers are; a
+// controller that is there but refuses fails the Trial (all or nothing).
+func (t *Trial) setupPools() error {
+	lim := t.Spec.Pools.withDefaults()
+	for _, c := range t.controllers() {
+		if !c.bounded() {
+			continue
+		}
+		dir, err := t.poolDir(c)
+		if err != nil {
+			return err
+		}
+		if !c.v2 {
+			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("create the Trial's %s group: %w", c.name, err)
+			}
+		}
+		var files [][2]string
+		switch {
+		case c.name == PoolPids:
+			files = [][2]string{{"pids.max", strconv.FormatInt(lim.MaxPids, 10)}}
+		case c.v2:
+			files = [][2]string{{"memory.max", strconv.FormatInt(lim.MaxMemory, 10)}, {"memory.swap.max", "0"}}
+		default:
+			files = [][2]string{{"memory.limit_in_bytes", strconv.FormatInt(lim.MaxMemory, 10)},
+				{"memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MaxMemory, 10)}}
+		}
+		for _, f := range files {
+			err := os.WriteFile(filepath.Join(dir, f[0]), []byte(f[1]), 0)
+			if errors.Is(err, os.ErrNotExist) && strings.Contains(f[0], "sw") {
+				continue // no swap accounting on this host: nothing to bound
+			}
+			if err != nil {
+				return fmt.Errorf("bound the Trial's %s (%s): %w", c.name, f[0], err)
+			}
+		}
+	}
+	return nil
+}
+
+// joinPools puts process pid, just cloned into the Trial's cgroup and
+// not yet running its command, into the Trial's cgroup v1 groups (on v2
+// the cgroup is the group). A group not there (a Trial made before
+// trialnet bounded pools) is made first.
+func (t *Trial) joinPools(pid int) error {
+	for _, c := range t.controllers() {
+		if c.dir == "" {
+			continue
+		}
+		dir, err := t.poolDir(c)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			if err := t.setupPools(); err != nil {
+				return err
+			}
+		}
+		if c.name == PoolPids {
+			// A command in a Trial at its bound could not even start its
+			// runtime's threads: say so rather than crash.
+			if cur, lim := readCgroupInt(filepath.Join(dir, "pids.current"), ""), readCgroupInt(filepath.Join(dir, "pids.max"), ""); lim >= 0 && cur >= lim {
+				return fmt.Errorf("the Trial has %d tasks, its bound (pids.max %d): end some of its processes, or give it a higher max_pids", cur, lim)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("put the command in the Trial's %s group: %w", c.name, err)
+		}
+	}
+	return nil
+}
+
+// removePools removes the Trial's cgroup v1 groups once its processes
+// are gone (they were killed with the Trial's cgroup).
+func (t *Trial) removePools() error {
+	var errs []error
+	for _, c := range t.controllers() {
+		if c.dir == "" {
+			continue
+		}
+		dir, err := t.poolDir(c)
+		if err != nil {
+			continue // no cgroup id: no group was made
+		}
+		deadline := time.Now().Add(killWait)
+		for {
+			err := unix.Rmdir(dir)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+				errs = append(errs, fmt.Errorf("remove the Trial's %s group %s: %w", c.name, dir, err))
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PoolUse is a Trial's use of one pool: now, at its peak, its bound,
+// and how often the bound was met (forks refused at pids.max; OOM kills).
+type PoolUse struct {
+	Pool    string `json:"pool"`
+	Bound   string `json:"bound"`
+	Max     int64  `json:"max,omitempty"`
+	Current int64  `json:"current"`
+	Peak    int64  `json:"peak"`
+	Events  int64  `json:"events"` // pids: forks refused at the bound; memory: OOM kills
+}
+
+// PoolUse reads the Trial's use of each pool (unbounded ones by name
+// only); once the Trial is closed, its use as the teardown found it.
+func (t *Trial) PoolUse() []PoolUse {
+	if f := t.finalPools.Load(); f != nil {
+		return *f
+	}
+	lim := t.Spec.Pools.withDefaults()
+	var out []PoolUse
+	for _, c := range t.controllers() {
+		u := PoolUse{Pool: c.name, Bound: c.Bound()}
+		if !c.bounded() {
+			out = append(out, u)
+			continue
+		}
+		dir, err := t.poolDir(c)
+		if err != nil {
+			out = append(out, u)
+			continue
+		}
+		read := func(file, key string) int64 { return readCgroupInt(filepath.Join(dir, file), key) }
+		switch {
+		case c.name == PoolPids:
+			u.Max, u.Current, u.Peak, u.Events = lim.MaxPids, read("pids.current", ""), read("pids.peak", ""), read("pids.events", "max")
+		case c.v2:
+			u.Max, u.Current, u.Peak, u.Events = lim.MaxMemory, read("memory.current", ""), read("memory.peak", ""), read("memory.events", "oom_kill")
+		default:
+			u.Max, u.Current, u.Peak, u.Events = lim.MaxMemory, read("memory.usage_in_bytes", ""), read("memory.max_usage_in_bytes", ""), read("memory.oom_control", "oom_kill")
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+// readCgroupInt reads a number from a cgroup file: the whole file, or the
+// value of key in a flat-keyed file; -1 if it is not there.
+func readCgroupInt(path, key string) int64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return -1
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if key == "" && len(f) == 1 {
+			n, err := strconv.ParseInt(f[0], 10, 64)
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+		if len(f) == 2 && f[0] == key {
+			n, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
+}
