@@ -358,7 +358,8 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
 	meta, _ := json.Marshal(info)
-	spec := sandbox.Spec{ID: req.ID, Strict: req.Strict, Proxy: ProxyEndpoints, UnixPaths: req.UnixAllow, UnixOpen: req.UnixOpen}
+	spec := sandbox.Spec{ID: req.ID, Strict: req.Strict, Proxy: ProxyEndpoints, UnixPaths: req.UnixAllow, UnixOpen: req.UnixOpen,
+		Pools: sandbox.PoolLimits{MaxPids: info.Limits.MaxPids, MaxMemory: info.Limits.MaxMemory}}
 	tr, err := a.host.Create(spec, meta)
 	if err != nil {
 		a.proxy.RemoveTrial(req.ID)
@@ -729,7 +730,11 @@ type Stats struct {
 	Egress   uint64            `json:"direct_egress_packets"`
 	Foreign  uint64            `json:"foreign_socket_uses"`
 	Layers   Layers            `json:"layers"`
-	Verdict  string            `json:"verdict"`
+	// Pools are the Trial's use of the host's tasks and memory: now (at
+	// destroy: as the teardown found it), at the peak, and the events at
+	// the bound (forks refused, OOM kills).
+	Pools   []sandbox.PoolUse `json:"pools"`
+	Verdict string            `json:"verdict"`
 	// TopRefused are the most refused targets (host:port as asked for).
 	TopRefused []TargetCount `json:"top_refused"`
 	At         time.Time     `json:"at"`
@@ -765,8 +770,12 @@ func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p proxy.TrialStats) Sta
 	if info.Learning {
 		v += fmt.Sprintf("; LEARNING: the allowlist was not enforced, %d requests to names off it were let through (would_deny); the kernel layers and the address guard were", p.WouldDeny)
 	}
+	var pools []sandbox.PoolUse
+	if lt.tr != nil {
+		pools = lt.tr.PoolUse()
+	}
 	return Stats{Trial: info.ID, Learning: info.Learning, Kernel: k.Map(), Proxy: ps, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
-		Layers: l, Verdict: v, TopRefused: lt.topRefused(), At: time.Now().UTC()}
+		Layers: l, Pools: pools, Verdict: v, TopRefused: lt.topRefused(), At: time.Now().UTC()}
 }
 
 // Stats reads a live Trial's counters.

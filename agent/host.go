@@ -101,12 +101,16 @@ type Layers struct {
 	BPFLSM      bool `json:"bpf_lsm"`
 	// BPFLSMMissing says why the BPF LSM layer is not active.
 	BPFLSMMissing string `json:"bpf_lsm_missing,omitempty"`
+	// Pools say what bounds each Trial's share of the host's tasks and
+	// memory here, or why nothing does.
+	Pools []sandbox.PoolBound `json:"pools,omitempty"`
 }
 
 // Layers reports this host's active defences.
 func (h *Host) Layers() Layers {
 	l := Layers{NetworkNamespace: true, CgroupEBPF: true, UnixSocketHooks: h.BPF.UnixHooks(),
-		PIDNamespace: true, Seccomp: true, OwnSession: true, LandlockABI: sandbox.LandlockABI(), BPFLSM: h.BPF.LSM()}
+		PIDNamespace: true, Seccomp: true, OwnSession: true, LandlockABI: sandbox.LandlockABI(), BPFLSM: h.BPF.LSM(),
+		Pools: h.Host.PoolBounds()}
 	if err := h.BPF.LSMError(); err != nil && !l.BPFLSM {
 		l.BPFLSMMissing = err.Error()
 	}
@@ -129,6 +133,13 @@ func (l Layers) String() string {
 		on = append(on, "BPF LSM")
 	} else {
 		off = append(off, "BPF LSM ("+l.BPFLSMMissing+")")
+	}
+	for _, p := range l.Pools {
+		if p.Bounded {
+			on = append(on, p.Pool+" bound")
+		} else {
+			off = append(off, p.Pool+" bound ("+p.Bound+")")
+		}
 	}
 	if len(off) == 0 {
 		return "layers: " + strings.Join(on, ", ")

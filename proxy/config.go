@@ -156,7 +156,7 @@ func (f *File) validate() error {
 		return err
 	}
 	if l := f.Limits; l.MaxTunnels < 0 || l.ConnectRate < 0 || l.ConnectBurst < 0 || l.MaxClientConns < 0 || l.MaxPendingHeads < 0 ||
-		l.RecordRate < 0 || l.RecordBurst < 0 || l.MaxLogBytes < 0 || l.MaxProcesses < 0 || f.MaxConnections < 0 {
+		l.RecordRate < 0 || l.RecordBurst < 0 || l.MaxLogBytes < 0 || l.MaxProcesses < 0 || l.MaxPids < 0 || l.MaxMemory < 0 || f.MaxConnections < 0 {
 		return errors.New("limits cannot be negative (0 means the default)")
 	}
 	if f.Retention.KeepDays < 0 || f.Retention.KeepTrials < 0 {

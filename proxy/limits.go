@@ -56,6 +56,12 @@ type Limits struct {
 	// in the Trial, sandbox.Command.MaxProcs: the agent applies it, the
 	// proxy ignores it. 0 is the sandbox's default.
 	MaxProcesses int `yaml:"max_processes" json:"max_processes,omitempty"`
+	// MaxPids and MaxMemory (bytes) bound the Trial's tasks and memory,
+	// all its commands together, through the cgroup controllers
+	// (sandbox.PoolLimits): the agent applies them, the proxy ignores
+	// them. 0 is the sandbox's default.
+	MaxPids   int64 `yaml:"max_pids" json:"max_pids,omitempty"`
+	MaxMemory int64 `yaml:"max_memory" json:"max_memory,omitempty"`
 }
 
 func (l Limits) withDefaults() Limits {

@@ -48,8 +48,8 @@ func DefaultMaxMemory() int64 {
 
 // controller is where one pool's controller is, for this host's Trials:
 // in the cgroup v2 tree beside the Trial's cgroup, or in a cgroup v1
-// hierarchy of its own (dir: its mount), or nowhere (the pool is
-// unbounded here).
+// hierarchy of its own (dir: the group there that holds Trials' groups,
+// ParentName), or nowhere (the pool is unbounded here).
 type controller struct {
 	name string
 	v2   bool
@@ -130,8 +130,33 @@ func findController(parent, name string) controller {
 		c.err = fmt.Errorf("%v, and %v", v2err, err)
 		return c
 	}
-	c.dir = mnt
+	dir := filepath.Join(mnt, ParentName)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		// A hierarchy's top is often 0555: making the group needs
+		// CAP_DAC_OVERRIDE, which the unit does not keep (its
+		// ExecStartPre makes the group with full privileges).
+		c.err = fmt.Errorf("create the cgroup v1 %s group %s: %w (create it once as root: mkdir %s)", name, dir, err, dir)
+		return c
+	}
+	c.dir = dir
 	return c
+}
+
+// PreparePools makes the cgroup v1 groups that hold Trials' pool groups,
+// where those hierarchies are mounted, for an agent that will run without
+// the privilege to (the unit's ExecStartPre does the same).
+func PreparePools() error {
+	var errs []error
+	for _, name := range poolNames {
+		mnt, err := v1Mount(name)
+		if err != nil {
+			continue // not a cgroup v1 host for this pool
+		}
+		if err := os.Mkdir(filepath.Join(mnt, ParentName), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // v1Mount is the mount point of the cgroup v1 hierarchy that carries
@@ -176,7 +201,7 @@ func (l PoolLimits) withDefaults() PoolLimits {
 }
 
 // poolDir is the directory of the Trial's group for c: its cgroup on v2;
-// on v1, a group at the hierarchy's top named by the Trial cgroup's id
+// on v1, a group in ParentName there named by the Trial cgroup's id
 // (unique while the host runs), which whoever has the Trial's cgroup can
 // find: a launcher in another process, a restarted agent.
 func (t *Trial) poolDir(c controller) (string, error) {

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/trialnet/trialnet/sandbox"
 	"net"
 	"os"
 	"os/exec"
@@ -208,6 +209,10 @@ func TestPrivilegedAgentWorksWithTheUnitsCapabilities(t *testing.T) {
 	}
 	// As root, what execs gets the bounding set and nothing inherited.
 	wrapper := []string{"setpriv", "--bounding-set=" + bounding, "--inh-caps=-all", "--ambient-caps=-all", "--"}
+	// What the unit's ExecStartPre does with full privileges.
+	if err := sandbox.PreparePools(); err != nil {
+		t.Fatal(err)
+	}
 	a := newAgentUnderTest(t, "caps")
 	a.start(t, wrapper...)
 	if got := effectiveCaps(t, a.cmd.Process.Pid); got != want {

@@ -167,6 +167,12 @@ func switchToHostRoot() error {
 			return err
 		}
 	}
+	// What systemd does at boot: the controllers a service may use are
+	// enabled for the root's children, so that the Trial parent can
+	// enable pids and memory for its Trials.
+	if err := os.WriteFile(nr+"/sys/fs/cgroup/cgroup.subtree_control", []byte("+pids +memory"), 0); err != nil {
+		return fmt.Errorf("enable the pids and memory controllers: %w", err)
+	}
 	for _, d := range []string{"/var/tmp", "/var/lib", "/var/cache", "/var/log", "/run/lock", "/tmp/home"} {
 		if err := os.MkdirAll(nr+d, 0o755); err != nil {
 			return err
