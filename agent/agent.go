@@ -41,6 +41,10 @@ const (
 type AgentConfig struct {
 	Host    Config
 	DataDir string
+	// ReceiptKey is the host's receipt signing key (made the first time);
+	// Start makes "" DefaultReceiptKey. Each destroyed Trial's receipt is
+	// signed with it.
+	ReceiptKey string
 	// Ephemeral: the agent's Trials are its own and end with it (trialnet
 	// run without a daemon). With a Host.StateDir, each Trial's record
 	// names its owner process, and an ephemeral agent starting removes the
@@ -222,6 +226,9 @@ func Start(cfg AgentConfig) (*Agent, error) {
 	host, err := OpenHost(cfg.Host)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.ReceiptKey == "" {
+		cfg.ReceiptKey = DefaultReceiptKey
 	}
 	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*liveTrial), obs: newObservers()}
 	a.file.Store(cfg.File)
@@ -730,6 +737,9 @@ type Stats struct {
 	Egress   uint64            `json:"direct_egress_packets"`
 	Foreign  uint64            `json:"foreign_socket_uses"`
 	Layers   Layers            `json:"layers"`
+	// Receipt is the signed receipt of a destroyed Trial (Destroy's stats
+	// only): what an evaluation attaches, not the terminal's text.
+	Receipt *SignedReceipt `json:"receipt,omitempty"`
 	// Pools are the Trial's use of the host's tasks and memory: now (at
 	// destroy: as the teardown found it), at the peak, and the events at
 	// the bound (forks refused, OOM kills).
@@ -793,9 +803,13 @@ func (a *Agent) Stats(id string) (Stats, error) {
 }
 
 // Destroy kills everything in the Trial, closes its proxy endpoint and
-// removes its namespace, cgroup and policy entry. The final stats and the
-// decision log stay in the data directory.
-func (a *Agent) Destroy(id string) (Stats, error) {
+// removes its namespace, cgroup and policy entry. The final stats, the
+// signed receipt and the decision log stay in the data directory.
+func (a *Agent) Destroy(id string) (Stats, error) { return a.DestroyExit(id, nil) }
+
+// DestroyExit is Destroy for a runner that knows how the Trial's command
+// ended: exit goes into the receipt.
+func (a *Agent) DestroyExit(id string, exit *int) (Stats, error) {
 	lt, err := a.lookup(id)
 	if err != nil {
 		return Stats{}, err
@@ -817,6 +831,9 @@ func (a *Agent) Destroy(id string) (Stats, error) {
 	st := a.makeStats(lt, k, pst)
 	lt.endWatches()
 	lt.closeAudit()
+	if rerr := a.sign(lt, &st, exit); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
 	if a.cfg.DataDir != "" {
 		if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {
 			err = errors.Join(err, os.WriteFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))

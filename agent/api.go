@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,7 +64,16 @@ func (a *Agent) Handler() http.Handler {
 		reply(w, http.StatusOK)(a.Get(r.PathValue("id")))
 	})
 	mux.HandleFunc("DELETE /v1/trials/{id}", func(w http.ResponseWriter, r *http.Request) {
-		reply(w, http.StatusOK)(a.Destroy(r.PathValue("id")))
+		var exit *int
+		if v := r.URL.Query().Get("exit_code"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				reply(w, http.StatusOK)(Stats{}, errf(CodeBadRequest, "exit_code %q: want an integer", v))
+				return
+			}
+			exit = &n
+		}
+		reply(w, http.StatusOK)(a.DestroyExit(r.PathValue("id"), exit))
 	})
 	mux.HandleFunc("GET /v1/trials/{id}/stats", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusOK)(a.Stats(r.PathValue("id")))
@@ -419,6 +429,16 @@ func (c *Client) Stats(id string) (Stats, error) {
 func (c *Client) Destroy(id string) (Stats, error) {
 	var out Stats
 	return out, c.do(http.MethodDelete, "/v1/trials/"+url.PathEscape(id), nil, &out)
+}
+
+// DestroyExit is Destroy saying how the Trial's command ended, for the
+// receipt.
+func (c *Client) DestroyExit(id string, exit *int) (Stats, error) {
+	if exit == nil {
+		return c.Destroy(id)
+	}
+	var out Stats
+	return out, c.do(http.MethodDelete, "/v1/trials/"+url.PathEscape(id)+"?exit_code="+strconv.Itoa(*exit), nil, &out)
 }
 
 // Watch calls fn with each decision of a live Trial as the agent makes

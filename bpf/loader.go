@@ -787,3 +787,28 @@ func (l *Loader) RunStats() ([]ProgStats, error) {
 	}
 	return out, nil
 }
+
+// ProgramTags are the tags (as bpftool shows them) of the programs that
+// enforce Trials now: the cgroup hooks attached, and the LSM hooks while
+// that layer is.
+func (l *Loader) ProgramTags() map[string]string {
+	out := make(map[string]string)
+	add := func(name string) {
+		if p := l.coll.Programs[name]; p != nil {
+			if info, err := p.Info(); err == nil {
+				out[name] = info.Tag
+			}
+		}
+	}
+	for _, h := range hooks {
+		if !h.unix || l.unixHook {
+			add(h.name)
+		}
+	}
+	if l.LSM() {
+		for _, h := range lsmHooks {
+			add(h.name)
+		}
+	}
+	return out
+}

@@ -353,6 +353,12 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, errors.Join(err, ready()))
 	}
 	err = netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
+	if errors.Is(err, unix.EAGAIN) {
+		// Cloned into a cgroup v2 group at its pids.max: say which bound.
+		if perr := t.pidsBound(); perr != nil {
+			err = perr
+		}
+	}
 	if err == nil {
 		// Before it runs anything: the byte that lets it exec comes below.
 		if err = t.joinPools(cmd.Process.Pid); err != nil {

