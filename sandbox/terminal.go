@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -54,6 +55,33 @@ type terminal struct {
 	modeMu    sync.Mutex // orders suspends and close: both change the mode
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+	// lastEsc is when the Trial last wrote an escape sequence to the
+	// caller's terminal (unix nanoseconds; 0: never): a query among them
+	// is answered on the terminal's input, maybe after the Trial ended.
+	lastEsc atomic.Int64
+}
+
+// answerWait is how long after the Trial's last escape sequence the
+// caller's terminal input is still dropped at the end: a terminal's
+// answer to a query crosses an ssh link or two, and must not reach the
+// caller's shell as typed input.
+const answerWait = 500 * time.Millisecond
+
+// escWatch writes to w, noting when what it writes holds an escape
+// sequence's start (ESC, or the 8-bit CSI, DCS, OSC).
+type escWatch struct {
+	w    io.Writer
+	last *atomic.Int64
+}
+
+func (e escWatch) Write(p []byte) (int, error) {
+	for _, b := range p {
+		if b == 0x1b || b == 0x9b || b == 0x90 || b == 0x9d {
+			e.last.Store(time.Now().UnixNano())
+			break
+		}
+	}
+	return e.w.Write(p)
 }
 
 // terminalOf is v when it is a terminal, else nil.
@@ -192,7 +220,7 @@ func (t *terminal) relay(p *Process) {
 	if t == nil {
 		return
 	}
-	t.wg.Go(func() { _, _ = io.Copy(t.out, t.master) })
+	t.wg.Go(func() { _, _ = io.Copy(escWatch{t.out, &t.lastEsc}, t.master) })
 	t.winch = make(chan os.Signal, 1)
 	signal.Notify(t.winch, syscall.SIGWINCH)
 	go func() {
@@ -339,6 +367,26 @@ func (t *terminal) restoreMode() {
 	t.raw = false
 }
 
+// dropAnswers drops what the caller's terminal has sent, and sends for
+// answerWait after the Trial's last escape sequence, whatever stdin is:
+// answers to the Trial's queries (cursor position, device attributes,
+// colours) would otherwise wait in the terminal's input for the caller's
+// shell, as typed text. In the background it leaves the terminal alone:
+// its input is the shell's then.
+func (t *terminal) dropAnswers() {
+	if !t.foreground() {
+		return
+	}
+	flush := func() { _ = unix.IoctlSetInt(int(t.user.Fd()), unix.TCFLSH, unix.TCIFLUSH) }
+	flush()
+	if last := t.lastEsc.Load(); last != 0 {
+		for until := time.Unix(0, last).Add(answerWait); time.Now().Before(until); {
+			time.Sleep(10 * time.Millisecond)
+			flush()
+		}
+	}
+}
+
 // waitState waits, bounded, until process pid is in state (as
 // /proc/PID/stat's third field says).
 func waitState(pid int, state byte, d time.Duration) {
@@ -387,6 +435,7 @@ func (t *terminal) close() {
 		t.modeMu.Lock()
 		t.restoreMode()
 		t.modeMu.Unlock()
+		t.dropAnswers()
 		if t.slave != nil {
 			_ = t.slave.Close()
 		}
