@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/trialnet/trialnet/bpf"
@@ -32,7 +31,7 @@ func Doctor() []bpf.Check {
 	checks = append(checks, bpf.Check{Name: "PID and mount namespaces (a Trial's own /proc)", Required: true, Err: errors.Join(statErr("/proc/self/ns/pid"), statErr("/proc/self/ns/mnt"))})
 	checks = append(checks, bpf.Check{Name: "seccomp filters with errno", Required: true, Err: seccompErr()})
 	checks = append(checks, bpf.Check{Name: "Landlock (a domain per Trial command: no ptrace or pidfd_getfd outside it)", Required: false, Err: landlockErr()})
-	checks = append(checks, bpf.Check{Name: processBound(mount)})
+	checks = append(checks, poolChecks()...)
 	checks = append(checks, bpf.Check{Name: "SO_PEERPIDFD (Linux 6.5+: a run through the agent is the owner of its Trial, which ends when it dies)", Required: false, Err: HavePeerPidfd()})
 	probe := bpf.Probe()
 	if err != nil || rootErr() != nil {
@@ -94,13 +93,23 @@ func loadOnce(mount string) (loadedLayer, error) {
 // RLIMIT_NPROC, which the kernel counts per uid. The cgroup v2 pids
 // controller would bound each Trial whatever its uid; trialnet does not
 // use it yet, and on hosts that bind it to cgroup v1 it is not there.
-func processBound(mount string) string {
-	const bound = "process bound: RLIMIT_NPROC of each Trial command, counted per uid (Trials sharing a uid share it; uid 0 is exempt)"
-	b, err := os.ReadFile(filepath.Join(mount, "cgroup.controllers"))
-	if err == nil && slices.Contains(strings.Fields(string(b)), "pids") {
-		return bound + "; the cgroup v2 pids controller is available, unused"
+// poolChecks say what bounds each Trial's share of the host's tasks and
+// memory here, as the agent's Trials would get it (under its parent
+// cgroup, which this makes if need be, as the agent does).
+func poolChecks() []bpf.Check {
+	parent, err := sandbox.EnsureParent()
+	if err != nil {
+		return []bpf.Check{{Name: "per-Trial pids and memory bounds", Err: err}}
 	}
-	return bound + "; no cgroup v2 pids controller (per-Trial pids.max) here"
+	var out []bpf.Check
+	for _, b := range sandbox.PoolBoundsFor(parent) {
+		c := bpf.Check{Name: "per-Trial " + b.Pool + " bound: " + b.Bound}
+		if !b.Bounded {
+			c = bpf.Check{Name: "per-Trial " + b.Pool + " bound", Err: errors.New(b.Bound)}
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 // HavePeerPidfd asks for the pidfd of a socket pair's peer, as the agent

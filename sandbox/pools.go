@@ -79,16 +79,16 @@ type PoolBound struct {
 }
 
 // PoolBounds says what bounds each pool for the Trials of h.
-func (h *Host) PoolBounds() []PoolBound {
+func (h *Host) PoolBounds() []PoolBound { return PoolBoundsFor(h.Parent) }
+
+// PoolBoundsFor says what bounds each pool for the Trials under parent.
+func PoolBoundsFor(parent string) []PoolBound {
 	var out []PoolBound
-	for _, c := range h.controllers() {
+	for _, c := range controllersFor(parent) {
 		out = append(out, PoolBound{Pool: c.name, Bounded: c.bounded(), Bound: c.Bound()})
 	}
 	return out
 }
-
-// controllers is controllersFor the Trial parent of h.
-func (h *Host) controllers() []controller { return controllersFor(h.Parent) }
 
 // controllers is controllersFor the Trial's parent: a Trial opened only
 // to launch into (no Host) finds the same groups as its creator.

@@ -248,13 +248,15 @@ func TestPrivilegedDoctor(t *testing.T) {
 	if code != 0 || !res.CanEnforce || len(res.Checks) < 10 {
 		t.Fatalf("doctor: exit %d, %s", code, out)
 	}
-	// It names the bound on processes that applies, and whether the v2
-	// pids controller (bound to cgroup v1 on the machines this is
-	// developed on) is there.
-	if !slices.ContainsFunc(res.Checks, func(c check) bool {
-		return strings.HasPrefix(c.Check, "process bound: RLIMIT_NPROC") && strings.Contains(c.Check, "pids controller")
-	}) {
-		t.Errorf("doctor does not name the process bound: %s", out)
+	// It names the bound on each pool that applies: the pids and memory
+	// controllers, v1 on the machines this is developed on, v2 in the VM
+	// matrix; both are there on each.
+	for _, pool := range []string{"pids", "memory"} {
+		if !slices.ContainsFunc(res.Checks, func(c check) bool {
+			return strings.HasPrefix(c.Check, "per-Trial "+pool+" bound: cgroup v") && strings.Contains(c.Check, pool+" controller")
+		}) {
+			t.Errorf("doctor does not name the %s bound: %s", pool, out)
+		}
 	}
 	// It did a real Load, and what it says of the BPF LSM layer is what
 	// a host loading for Trials gets: never "ok" where run then fails.

@@ -22,8 +22,9 @@ import (
 // every descriptor above stderr close-on-exec). Neither is the Trial's to
 // write, as its stdout and stderr are.
 type reportSink struct {
-	path string
-	fd   *os.File
+	path  string
+	fd    *os.File // a copy of descriptor fdNum
+	fdNum int
 }
 
 // openReport checks the report flags before anything runs.
@@ -43,10 +44,13 @@ func openReport(path string, fd int) (*reportSink, error) {
 	case fd >= 0 && fd <= 2:
 		return nil, usageError{fmt.Sprintf("run: --report-fd %d is the Trial's own stdio; give 3 or more, opened by the caller (3>report.json)", fd)}
 	case fd > 2:
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+		// A copy of its own: the caller's descriptor stays the caller's
+		// (an os.File on it would close it when collected).
+		dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+		if err != nil {
 			return nil, usageError{fmt.Sprintf("run: --report-fd %d is not open: open it for the command (for example 3>report.json)", fd)}
 		}
-		return &reportSink{fd: os.NewFile(uintptr(fd), "report")}, nil
+		return &reportSink{fd: os.NewFile(uintptr(dup), "report"), fdNum: fd}, nil
 	}
 	return nil, nil
 }
@@ -58,8 +62,12 @@ func (r *reportSink) write(v any) error {
 	}
 	b = append(b, '\n')
 	if r.fd != nil {
-		if _, err := r.fd.Write(b); err != nil {
-			return fmt.Errorf("write the report to descriptor %d: %w", r.fd.Fd(), err)
+		_, err := r.fd.Write(b)
+		if cerr := r.fd.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("write the report to descriptor %d: %w", r.fdNum, err)
 		}
 		return nil
 	}

@@ -102,6 +102,11 @@ func TestPrivilegedRunForwardsSIGINT(t *testing.T) {
 	}
 	rest := &bytes.Buffer{}
 	r := io.TeeReader(out, rest)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("trialnet run's stderr:\n%s", errOut.String())
+		}
+	})
 	waitLine(t, r, "ready", 20*time.Second)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
