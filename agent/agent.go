@@ -140,6 +140,9 @@ type TrialInfo struct {
 	CgroupID uint64 `json:"cgroup_id"`
 	ProxyURL string `json:"proxy_url"`
 	Strict   bool   `json:"strict"`
+	// UnixOpen: made without unix socket confinement; its commands may
+	// also make sockets anywhere they may write.
+	UnixOpen bool `json:"unix_open,omitempty"`
 	// Learning: names off Allow are let through and recorded as
 	// would_deny. Always written, so no reader takes a learning Trial for
 	// an enforcing one.
@@ -332,7 +335,7 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 	if err != nil {
 		return TrialInfo{}, err
 	}
-	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
+	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, UnixOpen: req.UnixOpen, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
 		Learning: req.Learn || a.file.Load().Learn(req.Profiles), Allow: allowEntries(allow),
 		AllowCIDRs: a.proxy.Guard().Allowed(), Owner: owner}
 	if info.Limits == nil {

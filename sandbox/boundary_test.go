@@ -263,7 +263,7 @@ func TestPrivilegedExecWaitsForTheReadyInit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "0", "0", "64", "--", "touch", ran},
+		cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "0", "0", "64", socketsAnywhere, "--", "touch", ran},
 			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR}}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -28,6 +28,13 @@ import (
 // command: it finishes the confinement a fork cannot express and execs CMD.
 const execArg0 = "trialnet-exec"
 
+// trialnet-exec's argument on where its command may make unix sockets
+// and FIFOs (Command.SocketsAnywhere).
+const (
+	socketsConfined = "sockets=trial"
+	socketsAnywhere = "sockets=anywhere"
+)
+
 // Exit codes of a command that could not be started, as shells use them.
 const (
 	ExitCannotExecute = 126
@@ -52,6 +59,13 @@ type Command struct {
 	// sharing a uid share it; uid 0 is never held to it. 0 means
 	// DefaultMaxProcs.
 	MaxProcs int
+	// SocketsAnywhere lets the command make unix sockets and FIFOs
+	// wherever it may write, for a Trial made without unix confinement
+	// (Spec.UnixOpen). Otherwise it makes them only in the Trial's own
+	// /dev/shm: one at a path it shares with the host (/tmp, its home, its
+	// work directory) would be a way in, for a host client that looks for
+	// a server there (psql and /tmp/.s.PGSQL.5432).
+	SocketsAnywhere bool
 
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
@@ -309,8 +323,12 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	}
 	defer goW.Close()
 
+	sockets := socketsConfined
+	if c.SocketsAnywhere || t.Spec.UnixOpen {
+		sockets = socketsAnywhere
+	}
 	args := append([]string{execArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10),
-		strconv.Itoa(c.MaxProcs), "--"}, c.Args...)
+		strconv.Itoa(c.MaxProcs), sockets, "--"}, c.Args...)
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       args,
@@ -478,7 +496,7 @@ func Init() {
 }
 
 func trialExec(args []string) (int, error) {
-	if len(args) < 5 || args[3] != "--" {
+	if len(args) < 6 || args[4] != "--" || (args[3] != socketsConfined && args[3] != socketsAnywhere) {
 		return ExitCannotExecute, errors.New("trialnet-exec: bad arguments")
 	}
 	uid, err1 := strconv.ParseUint(args[0], 10, 32)
@@ -487,7 +505,8 @@ func trialExec(args []string) (int, error) {
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
-	argv := args[4:]
+	argv := args[5:]
+	confineSockets := args[3] == socketsConfined
 
 	// A cgroup namespace rooted at the Trial's cgroup: even a uid-0 Trial
 	// cannot move itself into a cgroup outside it.
@@ -541,7 +560,7 @@ func trialExec(args []string) (int, error) {
 	}
 	// Where the kernel has no Landlock, the PID namespace still hides
 	// every pid outside; the layers report it.
-	if err := enterLandlock(); err != nil && !errors.Is(err, ErrNoLandlock) {
+	if err := enterLandlock(confineSockets); err != nil && !errors.Is(err, ErrNoLandlock) {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
 	// Last before exec: from here on the Go runtime must not need a

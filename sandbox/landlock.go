@@ -39,16 +39,27 @@ func LandlockABI() int {
 // ErrNoLandlock means the kernel has no Landlock (or it is not enabled).
 var ErrNoLandlock = errors.New("this kernel offers no Landlock (Linux 5.13+, with landlock in the active LSM list)")
 
-// enterLandlock puts the calling thread in a new Landlock domain. Its only
-// filesystem rule refuses to make block devices, which a Trial without
-// CAP_MKNOD cannot anyway: a domain needs something to handle. no_new_privs
-// must already be set.
-func enterLandlock() error {
+// socketDir is where a Trial's commands may make unix sockets and FIFOs
+// when their sockets are confined: the Trial's own /dev/shm, a tmpfs of
+// its mount namespace that no host process can see.
+const socketDir = "/dev/shm"
+
+// enterLandlock puts the calling thread in a new Landlock domain. It
+// refuses to make block devices (a Trial without CAP_MKNOD cannot anyway:
+// a domain needs something to handle) and, with confineSockets, to make a
+// unix socket or a FIFO anywhere but socketDir: a host client that looks
+// for a server at a path the Trial may write (/tmp/.s.PGSQL.5432) finds
+// nothing there. no_new_privs must already be set.
+func enterLandlock(confineSockets bool) error {
 	abi := LandlockABI()
 	if abi < 1 {
 		return ErrNoLandlock
 	}
 	attr := landlockRuleset{handledFS: unix.LANDLOCK_ACCESS_FS_MAKE_BLOCK}
+	const sockets = unix.LANDLOCK_ACCESS_FS_MAKE_SOCK | unix.LANDLOCK_ACCESS_FS_MAKE_FIFO
+	if confineSockets {
+		attr.handledFS |= sockets
+	}
 	size := unsafe.Offsetof(attr.handledNet) // ABI 1-3 know handled_access_fs only
 	if abi >= 4 {
 		size = unsafe.Offsetof(attr.scoped)
@@ -64,8 +75,37 @@ func enterLandlock() error {
 		return fmt.Errorf("landlock ruleset: %w", errno)
 	}
 	defer unix.RawSyscall(unix.SYS_CLOSE, fd, 0, 0)
+	if confineSockets {
+		if err := allowBeneath(fd, socketDir, sockets); err != nil {
+			return err
+		}
+	}
 	if _, _, errno := unix.RawSyscall(unix.SYS_LANDLOCK_RESTRICT_SELF, fd, 0, 0); errno != 0 {
 		return fmt.Errorf("landlock restrict_self: %w", errno)
+	}
+	return nil
+}
+
+// allowBeneath adds to ruleset fd a rule allowing access beneath dir.
+func allowBeneath(fd uintptr, dir string, access uint64) error {
+	p, err := unix.BytePtrFromString(dir)
+	if err != nil {
+		return err
+	}
+	cwd := unix.AT_FDCWD
+	d, _, errno := unix.RawSyscall6(unix.SYS_OPENAT, uintptr(cwd), uintptr(unsafe.Pointer(p)),
+		uintptr(unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC), 0, 0, 0)
+	if errno == unix.ENOENT {
+		return nil // the host has no /dev/shm, so the Trial has none: sockets nowhere
+	}
+	if errno != 0 {
+		return fmt.Errorf("landlock: open %s: %w", dir, errno)
+	}
+	defer unix.RawSyscall(unix.SYS_CLOSE, d, 0, 0)
+	rule := unix.LandlockPathBeneathAttr{Allowed_access: access, Parent_fd: int32(d)}
+	if _, _, errno := unix.RawSyscall6(unix.SYS_LANDLOCK_ADD_RULE, fd, unix.LANDLOCK_RULE_PATH_BENEATH,
+		uintptr(unsafe.Pointer(&rule)), 0, 0, 0); errno != 0 {
+		return fmt.Errorf("landlock: allow sockets beneath %s: %w", dir, errno)
 	}
 	return nil
 }

@@ -5,7 +5,9 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
+	"net"
 	"os/exec"
+	"path/filepath"
 
 	"errors"
 	"fmt"
@@ -311,5 +313,41 @@ func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 				t.Fatalf("%d bytes of the terminal's answer wait in its input for the caller's shell", n)
 			}
 		})
+	}
+}
+
+// No way in: a Trial cannot make a unix socket (or a FIFO) at a path it
+// shares with the host, where a host client looking for a server would
+// connect to it and hand it a password (psql and /tmp/.s.PGSQL.5432).
+// Its own /dev/shm, which no host process sees, takes them; a Trial made
+// without unix confinement may make them anywhere it may write.
+func TestPrivilegedNoWayIn(t *testing.T) {
+	h := newHost(t)
+	shared, err := os.MkdirTemp("/tmp", "trialnet-wayin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(shared) })
+	if err := os.Chmod(shared, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	pg := filepath.Join(shared, ".s.PGSQL.5432")
+	tr := newTrial(t, h, Spec{})
+	if _, out := runProbeAs(t, tr, nobody, Command{}, "bind-unix", pg); out != "EACCES" {
+		t.Fatalf("a Trial binding %s: %q, want EACCES", pg, out)
+	}
+	if c, err := net.Dial("unix", pg); err == nil {
+		_ = c.Close()
+		t.Fatalf("a host client reached a socket the Trial made at %s", pg)
+	}
+	if _, out := runProbeAs(t, tr, nobody, Command{}, "mkfifo", filepath.Join(shared, "fifo")); out != "EACCES" {
+		t.Fatalf("a Trial making a FIFO in a shared directory: %q, want EACCES", out)
+	}
+	if _, out := runProbeAs(t, tr, nobody, Command{}, "bind-unix", "/dev/shm/own.sock"); out != "ok" {
+		t.Fatalf("a Trial binding in its own /dev/shm: %q, want ok", out)
+	}
+	open := newTrial(t, h, Spec{UnixOpen: true})
+	if _, out := runProbeAs(t, open, nobody, Command{}, "bind-unix", filepath.Join(shared, "open.sock")); out != "ok" {
+		t.Fatalf("a Trial without unix confinement binding in a shared directory: %q, want ok (its documented trade)", out)
 	}
 }

@@ -83,6 +83,8 @@ func probe(args []string) int {
 		err = os.WriteFile(target, []byte(args[2]), 0)
 	case "bind-unix":
 		err = unixBind(target)
+	case "mkfifo":
+		err = unix.Mkfifo(target, 0o600)
 	case "ptys":
 		err = openPtys(target)
 		if len(args) > 2 && args[2] == "hold" {

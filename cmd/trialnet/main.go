@@ -469,6 +469,7 @@ func execIn(ctx context.Context, info agent.TrialInfo, c sandbox.Command) (int, 
 	sigs, stopSignals := forwardedSignals()
 	defer stopSignals()
 	c.ProxyURL = info.ProxyURL
+	c.SocketsAnywhere = info.UnixOpen
 	if c.MaxProcs == 0 && info.Limits != nil {
 		c.MaxProcs = info.Limits.MaxProcesses // 0 in records older than it: the default
 	}

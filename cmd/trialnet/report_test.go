@@ -162,3 +162,31 @@ func TestResetTerminal(t *testing.T) {
 		}
 	}
 }
+
+// run confines where a Trial makes sockets and FIFOs (its own /dev/shm),
+// unless it is run without unix confinement, which the command then gets.
+func TestPrivilegedRunConfinesSocketPaths(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	shared, err := os.MkdirTemp("/tmp", "trialnet-fifo-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(shared) })
+	if err := os.Chmod(shared, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		flags []string
+		code  int
+	}{{nil, 1}, {[]string{"--no-unix-confine"}, 0}} {
+		fifo := filepath.Join(shared, fmt.Sprintf("fifo-%d", c.code))
+		args := append(append([]string{"run", "--uid", "65534"}, c.flags...), "--", "mkfifo", fifo)
+		if code, _, errOut := trialnet(args...); code != c.code {
+			t.Errorf("run %v: exit %d, want %d\n%s", c.flags, code, c.code, errOut)
+		}
+	}
+	if code, _, errOut := trialnet("run", "--uid", "65534", "--", "mkfifo", "/dev/shm/own"); code != 0 {
+		t.Errorf("a FIFO in the Trial's own /dev/shm: exit %d\n%s", code, errOut)
+	}
+}
