@@ -69,43 +69,73 @@ type SignedReceipt struct {
 // ReceiptPublicKey is where the public half of the key at path is kept.
 func ReceiptPublicKey(path string) string { return path + ".pub" }
 
-// ReceiptKey reads the host's signing key at path, making it (and its
-// public half) the first time.
+// ReceiptKey reads the host's signing key at path, making it the first
+// time, and keeps its public half beside it true to it (written, or
+// repaired, from the key on disk: two makers racing never leave one that
+// does not match).
 func ReceiptKey(path string) (ed25519.PrivateKey, error) {
-	b, err := os.ReadFile(path)
-	if err == nil {
-		k, derr := hex.DecodeString(string(bytes.TrimSpace(b)))
-		if derr != nil || len(k) != ed25519.PrivateKeySize {
-			return nil, fmt.Errorf("the receipt key %s is not an ed25519 key in hex: remove it, and the next Trial's end makes a new one", path)
+	key, err := readKey(path)
+	if errors.Is(err, os.ErrNotExist) {
+		if err = makeKey(path); err == nil {
+			key, err = readKey(path) // the winner's, if another maker won
 		}
-		return ed25519.PrivateKey(k), nil
 	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("read the receipt key: %w", err)
-	}
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
 	}
+	pub := hex.EncodeToString(key.Public().(ed25519.PublicKey))
+	if b, err := os.ReadFile(ReceiptPublicKey(path)); err != nil || string(bytes.TrimSpace(b)) != pub {
+		if err := rootdir.WriteFileAtomic(ReceiptPublicKey(path), []byte(pub+"\n"), 0o644); err != nil {
+			return nil, fmt.Errorf("write the receipt public key: %w", err)
+		}
+	}
+	return key, nil
+}
+
+func readKey(path string) (ed25519.PrivateKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	k, err := hex.DecodeString(string(bytes.TrimSpace(b)))
+	if err != nil || len(k) != ed25519.PrivateKeySize {
+		return nil, fmt.Errorf("the receipt key %s is not an ed25519 key in hex: remove it, and the next Trial's end makes a new one", path)
+	}
+	return ed25519.PrivateKey(k), nil
+}
+
+// makeKey writes a new key whole to a temporary file and links it into
+// place, which fails if another maker's is there first: a key is never
+// seen half written, and never replaced.
+func makeKey(path string) error {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("make the receipt key: %w", err)
+		return fmt.Errorf("make the receipt key: %w", err)
 	}
-	if err := rootdir.WriteFileAtomic(ReceiptPublicKey(path), []byte(hex.EncodeToString(pub)+"\n"), 0o644); err != nil {
-		return nil, fmt.Errorf("make the receipt key: %w", err)
+	f, err := os.CreateTemp(filepath.Dir(path), ".receipt-key-*")
+	if err != nil {
+		return fmt.Errorf("make the receipt key: %w", err)
 	}
-	// The private half last, exclusive: two makers race to one key.
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, os.ErrExist) {
-		return ReceiptKey(path)
+	defer os.Remove(f.Name())
+	_, err = io.WriteString(f, hex.EncodeToString(priv)+"\n")
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		if err = os.Link(f.Name(), path); errors.Is(err, os.ErrExist) {
+			err = nil
+		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("make the receipt key: %w", err)
+		return fmt.Errorf("make the receipt key: %w", err)
 	}
-	defer f.Close()
-	if _, err := io.WriteString(f, hex.EncodeToString(priv)+"\n"); err != nil {
-		return nil, fmt.Errorf("make the receipt key: %w", err)
-	}
-	return priv, f.Sync()
+	return nil
 }
 
 // DigestLog is the digest of the decision log at path, nil if there is

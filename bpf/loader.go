@@ -573,7 +573,7 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 			_ = l.RemoveTrial(cgroupID)
 		}
 	}()
-	if err := l.counters.Update(&cgroupID, make([]trialnetTrialCounters, ebpf.MustPossibleCPU()), ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+	if err := l.addCounters(cgroupID); err != nil {
 		return fmt.Errorf("add trial counters: %w", err)
 	}
 	one := uint8(1)
@@ -811,4 +811,25 @@ func (l *Loader) ProgramTags() map[string]string {
 		}
 	}
 	return out
+}
+
+// addCounters makes a Trial's counters entry. Its per-CPU value is
+// allocated without waiting (the map is not preallocated), so it fails
+// with ENOMEM while the per-CPU allocator is short of populated chunks,
+// as under heavy cgroup churn (each memory cgroup takes per-CPU memory
+// too); the allocator refills them in the background, so a few tries
+// spaced out get through.
+func (l *Loader) addCounters(cgroupID uint64) error {
+	var err error
+	for try := range 10 {
+		err = l.counters.Update(&cgroupID, make([]trialnetTrialCounters, ebpf.MustPossibleCPU()), ebpf.UpdateNoExist)
+		if err == nil || errors.Is(err, ebpf.ErrKeyExist) {
+			return nil
+		}
+		if !errors.Is(err, unix.ENOMEM) {
+			return err
+		}
+		time.Sleep(time.Duration(try+1) * 10 * time.Millisecond)
+	}
+	return err
 }

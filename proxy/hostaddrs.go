@@ -78,7 +78,10 @@ func (h *HostAddrs) subscribe(ns vns.NsHandle) (*subscription, error) {
 		return nil, err
 	}
 	if err := netlink.RouteSubscribeWithOptions(sub.routes, sub.stop, ropts); err != nil {
-		sub.end()
+		// The library took no hold of routes: only addrs will close.
+		close(sub.stop)
+		for range sub.addrs {
+		}
 		return nil, err
 	}
 	addrs, locals, err := list(ns)

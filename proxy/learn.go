@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,8 +71,10 @@ func Learn(recs []Event, minHosts int) Learned {
 			if s := r.Suppressed; s != nil { // decisions made, their records not written
 				l.Records += int(s.Records)
 				for _, rt := range s.Reached {
-					wd := min(rt.WouldDeny, rt.Requests) // a log read with --from is anyone's
-					saw(seen, rt.Host, rt.Port, rt.RequireTLS, int(rt.Requests-wd), int(wd))
+					// A log read with --from is anyone's: counts clamped.
+					req := min(rt.Requests, math.MaxInt32)
+					wd := min(rt.WouldDeny, req)
+					saw(seen, rt.Host, rt.Port, rt.RequireTLS, int(req-wd), int(wd))
 				}
 			}
 			continue

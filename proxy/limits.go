@@ -50,7 +50,9 @@ type Limits struct {
 	RecordBurst int     `yaml:"record_burst" json:"record_burst"`
 	// MaxLogBytes bounds the bytes of decision records (as JSON lines)
 	// that one Trial writes, past which its decisions are only counted,
-	// in summaries (see recordGate for what those name, and how often).
+	// in summaries: at most one per 10 s and one per 64 distinct targets
+	// reached, each of bounded size (see recordGate), so the file grows
+	// past it at a bounded rate, not without end.
 	MaxLogBytes int64 `yaml:"max_log_bytes" json:"max_log_bytes"`
 	// MaxProcesses is the process limit (RLIMIT_NPROC) of each command
 	// in the Trial, sandbox.Command.MaxProcs: the agent applies it, the

@@ -343,6 +343,12 @@ func runInit() {
 		_, err = unix.FcntlInt(3, unix.F_SETFD, unix.FD_CLOEXEC)
 	}
 	if err == nil {
+		// And nothing its launcher left open (a caller's descriptor
+		// without close-on-exec, a report descriptor) lives on in the
+		// reaper, a uid-0 process of the Trial.
+		err = unix.CloseRange(4, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	}
+	if err == nil {
 		_, err = ready.Write([]byte{0})
 	}
 	if err == nil {

@@ -295,8 +295,10 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 	}
 	use := t.PoolUse() // peaks and events: read while the groups are there
 	t.finalPools.Store(&use)
+	cgroupGone := true
 	if err := removeCgroup(t.Cgroup); err != nil {
 		errs = append(errs, err)
+		cgroupGone = false
 	}
 	if err := t.removePools(); err != nil {
 		errs = append(errs, err)
@@ -309,7 +311,11 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 	if err := netns.Delete(t.host.netnsDir(), t.ID); err != nil {
 		errs = append(errs, err)
 	}
-	RemoveLaunchLock(t.CgroupID)
+	if cgroupGone {
+		// With the cgroup still there, its locks stay too: the join
+		// lock's closing mark keeps launchers out of what is left.
+		RemoveLaunchLock(t.CgroupID)
+	}
 	t.removeRecord()
 	if err := errors.Join(errs...); err != nil {
 		return final, fmt.Errorf("close Trial %s: %w", t.ID, err)

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"net/netip"
@@ -490,6 +491,21 @@ func TestPrivilegedProcessIsConfined(t *testing.T) {
 	}
 	if strings.Contains(out, "leak-canary") {
 		t.Errorf("an inherited descriptor reached the Trial:\n%s", out)
+	}
+	// Nor its init, a uid-0 process of the Trial that lives as long.
+	init, err := findInit(tr.Cgroup)
+	if err != nil || init.pid == 0 {
+		t.Fatalf("the Trial's init: %+v, %v", init, err)
+	}
+	_ = unix.Close(init.pidfd)
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", init.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", init.pid, fd.Name())); strings.Contains(target, "leak-canary") {
+			t.Errorf("the Trial's init holds the inherited descriptor %s: %s", fd.Name(), target)
+		}
 	}
 
 	var id bytes.Buffer

@@ -68,7 +68,8 @@ type terminal struct {
 const answerWait = 500 * time.Millisecond
 
 // escWatch writes to w, noting when what it writes holds an escape
-// sequence's start (ESC, or the 8-bit CSI, DCS, OSC).
+// sequence's start (ESC: the 8-bit C1 forms are UTF-8 continuation bytes
+// to a terminal in UTF-8 mode, and plain text is full of them).
 type escWatch struct {
 	w    io.Writer
 	last *atomic.Int64
@@ -76,7 +77,7 @@ type escWatch struct {
 
 func (e escWatch) Write(p []byte) (int, error) {
 	for _, b := range p {
-		if b == 0x1b || b == 0x9b || b == 0x90 || b == 0x9d {
+		if b == 0x1b {
 			e.last.Store(time.Now().UnixNano())
 			break
 		}

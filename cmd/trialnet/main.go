@@ -375,6 +375,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	// left the terminal in, so that what follows reads as trialnet's.
 	resetTerminal(stderr)
 	if *asJSON {
+		// On a line of its own, the last of stdout: never glued to a half
+		// line the Trial left there.
+		fmt.Fprintln(stdout)
 		printJSON(stdout, result)
 	} else if *verbose {
 		fmt.Fprintf(stderr, "exit_code %d\n", code)

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/agent"
-	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/internal/termsafe"
 )
 
@@ -23,6 +23,7 @@ import (
 // write, as its stdout and stderr are.
 type reportSink struct {
 	path  string
+	dir   *os.File // path's directory, opened before the Trial runs
 	fd    *os.File // a copy of descriptor fdNum
 	fdNum int
 }
@@ -37,19 +38,25 @@ func openReport(path string, fd int) (*reportSink, error) {
 		if err != nil {
 			return nil, err
 		}
-		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-			return nil, usageError{fmt.Sprintf("run: --report %s: its directory %s is not there", path, dir)}
+		// Opened now, as the operator names it: a Trial that swaps a
+		// directory on the way for a symlink afterwards redirects nothing.
+		d, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, usageError{fmt.Sprintf("run: --report %s: its directory %s: %v", path, dir, err)}
 		}
-		return &reportSink{path: filepath.Join(dir, filepath.Base(path))}, nil
+		return &reportSink{path: filepath.Join(dir, filepath.Base(path)), dir: d}, nil
 	case fd >= 0 && fd <= 2:
 		return nil, usageError{fmt.Sprintf("run: --report-fd %d is the Trial's own stdio; give 3 or more, opened by the caller (3>report.json)", fd)}
 	case fd > 2:
 		// A copy of its own: the caller's descriptor stays the caller's
-		// (an os.File on it would close it when collected).
+		// (an os.File on it would close it when collected). The caller's
+		// is marked close-on-exec, so that no process of the Trial (its
+		// init among them) ever holds it.
 		dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
 		if err != nil {
 			return nil, usageError{fmt.Sprintf("run: --report-fd %d is not open: open it for the command (for example 3>report.json)", fd)}
 		}
+		unix.CloseOnExec(fd)
 		return &reportSink{fd: os.NewFile(uintptr(dup), "report"), fdNum: fd}, nil
 	}
 	return nil, nil
@@ -71,12 +78,40 @@ func (r *reportSink) write(v any) error {
 		}
 		return nil
 	}
-	// Renamed into place: whatever sits at the path (a file or a
-	// symlink a Trial planted there) is replaced, never written through.
-	if err := rootdir.WriteFileAtomic(r.path, b, 0o644); err != nil {
+	// Made new and renamed into place in the directory opened before the
+	// Trial ran: whatever sits at the name (a file, or a symlink a Trial
+	// planted there) is replaced, never written through.
+	defer r.dir.Close()
+	if err := writeAt(r.dir, filepath.Base(r.path), b); err != nil {
 		return fmt.Errorf("write the report %s: %w", r.path, err)
 	}
 	return nil
+}
+
+// writeAt writes data to name in dir by way of a new file renamed over
+// it, all relative to dir.
+func writeAt(dir *os.File, name string, data []byte) error {
+	dfd := int(dir.Fd())
+	tmp := "." + name + ".tmp-" + rand.Text()[:8]
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(dfd, tmp, dfd, name)
+	}
+	if err != nil {
+		_ = unix.Unlinkat(dfd, tmp, 0)
+	}
+	return err
 }
 
 // terminalReset undoes what a Trial may leave a terminal in: autowrap

@@ -124,6 +124,34 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		}
 	})
 
+	t.Run("directory swapped for a symlink", func(t *testing.T) {
+		// The report's directory is the Trial's to rename: it swaps it for
+		// a symlink to a directory of root's, where the report would then
+		// land, as root.
+		out := filepath.Join(shared, "out")
+		if err := os.Mkdir(out, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(out, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		rootDir := t.TempDir()
+		swap := fmt.Sprintf("mv %s %s.old && ln -s %s %s", out, out, rootDir, out)
+		code, _, errOut := trialnet("run", "--uid", "65534", "--report", filepath.Join(out, "r.json"), "--", "sh", "-c", swap)
+		if code != 0 {
+			t.Fatalf("run: exit %d\n%s", code, errOut)
+		}
+		if fi, err := os.Lstat(out); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			t.Fatalf("the Trial did not swap the directory (the test shows nothing): %v %v", fi, err)
+		}
+		if _, err := os.Stat(filepath.Join(rootDir, "r.json")); err == nil {
+			t.Fatal("root wrote the report through the Trial's symlink")
+		}
+		if _, err := os.Stat(filepath.Join(out+".old", "r.json")); err != nil {
+			t.Fatalf("the report is not in the directory named when run started: %v", err)
+		}
+	})
+
 	t.Run("descriptor", func(t *testing.T) {
 		f, err := os.Create(filepath.Join(t.TempDir(), "fd-report.json"))
 		if err != nil {
