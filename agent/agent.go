@@ -791,10 +791,14 @@ func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p proxy.TrialStats) Sta
 		Layers: l, Pools: pools, Verdict: v, TopRefused: lt.topRefused(), At: time.Now().UTC()}
 }
 
-// Stats reads a live Trial's counters.
+// Stats reads a live Trial's counters; of a destroyed one, the final
+// stats kept in its data directory (its receipt among them).
 func (a *Agent) Stats(id string) (Stats, error) {
 	lt, err := a.lookup(id)
 	if err != nil {
+		if st, ok := a.finalStats(id); ok {
+			return st, nil
+		}
 		return Stats{}, err
 	}
 	k, err := lt.tr.Counters()
@@ -803,6 +807,22 @@ func (a *Agent) Stats(id string) (Stats, error) {
 	}
 	p, _ := a.proxy.Stats(id)
 	return a.makeStats(lt, k, p), nil
+}
+
+// finalStats reads the stats a destroy kept for Trial id.
+func (a *Agent) finalStats(id string) (Stats, bool) {
+	if a.cfg.DataDir == "" || netns.ValidID(id) != nil {
+		return Stats{}, false
+	}
+	b, err := os.ReadFile(filepath.Join(a.cfg.DataDir, id, "stats.json"))
+	if err != nil {
+		return Stats{}, false
+	}
+	var st Stats
+	if json.Unmarshal(b, &st) != nil || st.Trial != id {
+		return Stats{}, false
+	}
+	return st, true
 }
 
 // Destroy kills everything in the Trial, closes its proxy endpoint and

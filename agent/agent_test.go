@@ -5,6 +5,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -89,6 +90,7 @@ func (w *world) config(t *testing.T) AgentConfig {
 	return AgentConfig{
 		Host:       isolatedHost(t),
 		DataDir:    t.TempDir(),
+		ReceiptKey: filepath.Join(t.TempDir(), "receipt.key"),
 		Resolvers:  []string{w.dnsAddr},
 		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
 	}
@@ -212,6 +214,32 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(a.cfg.DataDir, info.ID, "stats.json")); err != nil {
 		t.Fatalf("final stats not kept: %v", err)
+	}
+	// A destroyed Trial's stats are its final ones, read where they are
+	// kept, with its receipt: signed by the host key, naming the log.
+	kept, err := a.Stats(info.ID)
+	if err != nil || kept.Proxy.Allowed != 3 || kept.Receipt == nil {
+		t.Fatalf("stats of the destroyed Trial: %+v, %v", kept, err)
+	}
+	b, err := os.ReadFile(filepath.Join(a.cfg.DataDir, info.ID, "receipt.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var signed SignedReceipt
+	if err := json.Unmarshal(b, &signed); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := ReadPublicKey(ReceiptPublicKey(a.cfg.ReceiptKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := signed.Verify(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest, err := DigestLog(a.decisionLog(info.ID))
+	if err != nil || r.DecisionLog == nil || *r.DecisionLog != *digest || r.Proxy.Allowed != 3 || r.Trial != info.ID || len(r.Programs) == 0 {
+		t.Fatalf("receipt %+v (log %+v, %v)", r, digest, err)
 	}
 	if _, err := a.Get(info.ID); err == nil {
 		t.Fatal("a destroyed Trial is still listed")

@@ -230,6 +230,12 @@ func TestPrivilegedTrialMemoryBounded(t *testing.T) {
 	if use.Max != limit || use.Events < 1 || use.Peak > limit+(1<<20) {
 		t.Fatalf("memory use %+v: want max %d, an OOM kill counted, the peak within the bound", use, limit)
 	}
+	// The kill was the Trial's own: another Trial allocates what the
+	// first could not.
+	other := newTrial(t, h, Spec{})
+	if code, out := runProbeAs(t, other, nobody, Command{}, "alloc", "256"); code != probeOK {
+		t.Fatalf("another Trial allocating 256 MiB after the first was killed at its bound: %d %s", code, out)
+	}
 }
 
 func poolBounded(h *Host, pool string) bool {
