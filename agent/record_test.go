@@ -171,30 +171,11 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 // from it count every refusal, as the live ones do.
 func TestDecisionLogFloodSummarised(t *testing.T) {
 	const id, n = "rec-3", 40
-	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
-	var err error
-	a.proxy, err = proxy.New(proxy.Config{Resolver: oneAddr(netip.MustParseAddr("93.184.216.34")), Dialer: toUpstream(echoUpstream(t)),
-		HostAddrs: noHostAddrs{}, OnEvent: a.onEvent})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.proxy.Close() })
-	lt := &liveTrial{info: TrialInfo{ID: id}}
-	if err := a.register(id, lt); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.prepare(lt, proxy.NewAllowlist(), &proxy.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lt.closeAudit)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = a.proxy.Serve(ln, id) }()
+	a, lt, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), proxy.NewAllowlist(),
+		&proxy.Limits{RecordRate: 1e-9, RecordBurst: 3})
 	target := strings.Repeat("x", 1000) + "/"
 	for range n {
-		if got := connectThrough(t, ln.Addr().String(), target); got != http.StatusBadRequest {
+		if got := connectThrough(t, proxyAddr, target); got != http.StatusBadRequest {
 			t.Fatalf("CONNECT: %d", got)
 		}
 	}
@@ -284,6 +265,34 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 	}
 }
 
+// recordingAgent is an agent with a data directory and a proxy (resolving
+// with r, dialing an echo upstream) serving Trial id alone, under allow
+// and lim, on a loopback listener whose address it returns.
+func recordingAgent(t *testing.T, id string, r proxy.Resolver, allow *proxy.Allowlist, lim *proxy.Limits) (*Agent, *liveTrial, string) {
+	t.Helper()
+	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
+	var err error
+	a.proxy, err = proxy.New(proxy.Config{Resolver: r, Dialer: toUpstream(echoUpstream(t)), HostAddrs: noHostAddrs{}, OnEvent: a.onEvent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.proxy.Close() })
+	lt := &liveTrial{info: TrialInfo{ID: id}}
+	if err := a.register(id, lt); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.prepare(lt, allow, lim, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lt.closeAudit)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = a.proxy.Serve(ln, id) }()
+	return a, lt, ln.Addr().String()
+}
+
 // manyAddrs resolves every name to n private addresses: each request is
 // refused (address_denied) after a charged CONNECT, and its record would
 // list them all were it not clipped.
@@ -305,34 +314,14 @@ func (n manyAddrs) Resolve(context.Context, string) (proxy.Answer, error) {
 // and the counters rebuilt from the file are still exact.
 func TestDecisionLogHardBound(t *testing.T) {
 	const id, limit, n = "rec-4", 20000, 400
-	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
-	var err error
-	a.proxy, err = proxy.New(proxy.Config{Resolver: manyAddrs(4000), Dialer: toUpstream(echoUpstream(t)),
-		HostAddrs: noHostAddrs{}, OnEvent: a.onEvent})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.proxy.Close() })
-	lt := &liveTrial{info: TrialInfo{ID: id}}
-	if err := a.register(id, lt); err != nil {
-		t.Fatal(err)
-	}
 	allow, err := proxy.ParseAllowlist([]string{"many.test:443"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.prepare(lt, allow, &proxy.Limits{MaxLogBytes: limit, ConnectRate: 1e6, ConnectBurst: 1e6}, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lt.closeAudit)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = a.proxy.Serve(ln, id) }()
+	a, _, proxyAddr := recordingAgent(t, id, manyAddrs(4000), allow, &proxy.Limits{MaxLogBytes: limit, ConnectRate: 1e6, ConnectBurst: 1e6})
 	start := time.Now()
 	for range n {
-		if got := connectThrough(t, ln.Addr().String(), "many.test:443"); got != http.StatusForbidden {
+		if got := connectThrough(t, proxyAddr, "many.test:443"); got != http.StatusForbidden {
 			t.Fatalf("CONNECT: %d", got)
 		}
 	}

@@ -20,18 +20,7 @@ import (
 // The host-address set follows addresses as they are added and removed.
 // It watches a namespace of the test's own, so the host is not touched.
 func TestPrivilegedHostAddrsFollowChanges(t *testing.T) {
-	privtest.Require(t)
-	dir := t.TempDir()
-	ns, err := netns.Create(dir, "proxyaddrs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Delete() })
-	h, err := vns.GetFromPath(ns.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	_, h, nh, lo := namespaceOfItsOwn(t, "proxyaddrs")
 	ctx, cancel := context.WithCancel(context.Background())
 	watch, err := WatchHostAddrs(ctx, h)
 	if err != nil {
@@ -40,15 +29,6 @@ func TestPrivilegedHostAddrsFollowChanges(t *testing.T) {
 	t.Cleanup(func() { cancel(); watch.Wait() })
 	if ok, _ := watch.Contains(netip.MustParseAddr("127.0.0.1")); !ok {
 		t.Fatalf("initial list misses lo's 127.0.0.1: %v", watch.Addrs())
-	}
-	nh, err := netlink.NewHandleAt(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nh.Close()
-	lo, err := nh.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
 	}
 	g := NewGuard(nil, watch)
 	for _, s := range []string{"93.184.216.77/32", "2a00:1450::77/128"} {
@@ -70,6 +50,34 @@ func TestPrivilegedHostAddrsFollowChanges(t *testing.T) {
 		}
 		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return !ok }, ip.String()+" to disappear")
 	}
+}
+
+// namespaceOfItsOwn makes a network namespace for the test (removed at
+// cleanup), and returns it, a handle on it, a netlink handle in it and
+// its loopback link.
+func namespaceOfItsOwn(t *testing.T, name string) (*netns.Namespace, vns.NsHandle, *netlink.Handle, netlink.Link) {
+	t.Helper()
+	privtest.Require(t)
+	ns, err := netns.Create(t.TempDir(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	h, err := vns.GetFromPath(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	nh, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nh.Close)
+	lo, err := nh.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns, h, nh, lo
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {
@@ -153,26 +161,7 @@ func TestPrivilegedProductionDial(t *testing.T) {
 // listed before the watch began or added after, and lets it go when the
 // route goes.
 func TestPrivilegedHostAddrsLocalRoutes(t *testing.T) {
-	privtest.Require(t)
-	ns, err := netns.Create(t.TempDir(), "proxylocal")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Delete() })
-	h, err := vns.GetFromPath(ns.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	nh, err := netlink.NewHandleAt(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nh.Close()
-	lo, err := nh.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns, h, nh, lo := namespaceOfItsOwn(t, "proxylocal")
 	local := func(cidr string, table int) *netlink.Route {
 		_, dst, err := net.ParseCIDR(cidr)
 		if err != nil {

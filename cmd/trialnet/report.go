@@ -3,7 +3,6 @@
 package main
 
 import (
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/internal/termsafe"
 )
 
@@ -82,36 +82,10 @@ func (r *reportSink) write(v any) error {
 	// Trial ran: whatever sits at the name (a file, or a symlink a Trial
 	// planted there) is replaced, never written through.
 	defer r.dir.Close()
-	if err := writeAt(r.dir, filepath.Base(r.path), b); err != nil {
+	if err := rootdir.WriteAt(r.dir, filepath.Base(r.path), b, 0o644); err != nil {
 		return fmt.Errorf("write the report %s: %w", r.path, err)
 	}
 	return nil
-}
-
-// writeAt writes data to name in dir by way of a new file renamed over
-// it, all relative to dir.
-func writeAt(dir *os.File, name string, data []byte) error {
-	dfd := int(dir.Fd())
-	tmp := "." + name + ".tmp-" + rand.Text()[:8]
-	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		return err
-	}
-	f := os.NewFile(uintptr(fd), tmp)
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = unix.Renameat(dfd, tmp, dfd, name)
-	}
-	if err != nil {
-		_ = unix.Unlinkat(dfd, tmp, 0)
-	}
-	return err
 }
 
 // terminalReset undoes what a Trial may leave a terminal in: autowrap

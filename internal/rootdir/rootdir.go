@@ -6,6 +6,7 @@
 package rootdir
 
 import (
+	"crypto/rand"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -53,11 +54,24 @@ func OpenLock(dir, name string) (*os.File, error) {
 // the new one, and a symlink or file planted at path is replaced, never
 // followed or written through.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	dir, err := os.OpenFile(filepath.Dir(path), os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
-	tmp := f.Name()
+	defer dir.Close()
+	return WriteAt(dir, filepath.Base(path), data, perm)
+}
+
+// WriteAt is WriteFileAtomic relative to an open directory: a directory
+// on the way swapped for a symlink since it was opened redirects nothing.
+func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) error {
+	dfd := int(dir.Fd())
+	tmp := "." + name + ".tmp-" + rand.Text()[:8]
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), tmp)
 	err = f.Chmod(perm)
 	if err == nil {
 		_, err = f.Write(data)
@@ -69,10 +83,10 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, path)
+		err = unix.Renameat(dfd, tmp, dfd, name)
 	}
 	if err != nil {
-		_ = os.Remove(tmp)
+		_ = unix.Unlinkat(dfd, tmp, 0)
 	}
 	return err
 }
