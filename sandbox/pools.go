@@ -94,25 +94,24 @@ func PoolBoundsFor(parent string) []PoolBound {
 // to launch into (no Host) finds the same groups as its creator.
 func (t *Trial) controllers() []controller { return controllersFor(filepath.Dir(t.Cgroup)) }
 
-var found sync.Map // Trial parent → []controller
-
-// controllersFor finds, once per process, where each pool's controller is
-// for the Trials under parent, enabling it for parent's children on
-// cgroup v2.
+// controllersFor finds where each pool's controller is for the Trials
+// under parent, enabling it for parent's children on cgroup v2. Found
+// afresh each time (a few small reads): a parent removed and made again
+// (uninstall, then a new agent) has lost what was enabled on it.
 func controllersFor(parent string) []controller {
-	if cs, ok := found.Load(parent); ok {
-		return cs.([]controller)
-	}
 	var cs []controller
 	for _, name := range poolNames {
 		cs = append(cs, findController(parent, name))
 	}
-	actual, _ := found.LoadOrStore(parent, cs)
-	return actual.([]controller)
+	return cs
 }
 
 func findController(parent, name string) controller {
 	c := controller{name: name}
+	if on, err := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control")); err == nil && slices.Contains(strings.Fields(string(on)), name) {
+		c.v2 = true // enabled already: no write, which takes the cgroup lock
+		return c
+	}
 	avail, err := os.ReadFile(filepath.Join(parent, "cgroup.controllers"))
 	if err == nil && slices.Contains(strings.Fields(string(avail)), name) {
 		err = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+"+name), 0)
@@ -125,7 +124,7 @@ func findController(parent, name string) controller {
 	if v2err == nil {
 		v2err = fmt.Errorf("not enabled for %s's children on cgroup v2", filepath.Dir(parent))
 	}
-	mnt, err := v1Mount(name)
+	mnt, err := cachedV1Mount(name)
 	if err != nil {
 		c.err = fmt.Errorf("%v, and %v", v2err, err)
 		return c
@@ -157,6 +156,21 @@ func PreparePools() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+var v1Mounts sync.Map // controller name → its cgroup v1 mount point
+
+// cachedV1Mount is v1Mount, read once per process for each controller
+// found: hierarchies are mounted at boot, and the launch path asks.
+func cachedV1Mount(name string) (string, error) {
+	if m, ok := v1Mounts.Load(name); ok {
+		return m.(string), nil
+	}
+	m, err := v1Mount(name)
+	if err == nil {
+		v1Mounts.Store(name, m)
+	}
+	return m, err
 }
 
 // v1Mount is the mount point of the cgroup v1 hierarchy that carries
