@@ -349,7 +349,7 @@ func TestClipRecordResolved(t *testing.T) {
 
 // The disk a Trial can spend is bounded by the largest record and the
 // largest summary it can make: every field it chooses at its clip, in
-// the characters that JSON writes longest (six bytes each). The README's
+// the characters that JSON writes longest (six bytes each). docs/proxy.md's
 // worst case per Trial per hour is computed from these two figures.
 func TestWorstCaseRecordSizes(t *testing.T) {
 	const (
