@@ -93,15 +93,26 @@ func ReceiptKey(path string) (ed25519.PrivateKey, error) {
 }
 
 func readKey(path string) (ed25519.PrivateKey, error) {
+	k, err := readHex(path, ed25519.PrivateKeySize)
+	if errors.Is(err, errNotKey) {
+		return nil, fmt.Errorf("the receipt key %s is not an ed25519 key in hex: remove it, and the next Trial's end makes a new one", path)
+	}
+	return ed25519.PrivateKey(k), err
+}
+
+var errNotKey = errors.New("not a key")
+
+// readHex reads a key of size bytes, in hex, from path.
+func readHex(path string, size int) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	k, err := hex.DecodeString(string(bytes.TrimSpace(b)))
-	if err != nil || len(k) != ed25519.PrivateKeySize {
-		return nil, fmt.Errorf("the receipt key %s is not an ed25519 key in hex: remove it, and the next Trial's end makes a new one", path)
+	if err != nil || len(k) != size {
+		return nil, errNotKey
 	}
-	return ed25519.PrivateKey(k), nil
+	return k, nil
 }
 
 // makeKey writes a new key whole to a temporary file and links it into
@@ -196,15 +207,11 @@ func (s SignedReceipt) Verify(pub ed25519.PublicKey) (Receipt, error) {
 
 // ReadPublicKey reads a receipt public key (hex) from path.
 func ReadPublicKey(path string) (ed25519.PublicKey, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	k, err := hex.DecodeString(string(bytes.TrimSpace(b)))
-	if err != nil || len(k) != ed25519.PublicKeySize {
+	k, err := readHex(path, ed25519.PublicKeySize)
+	if errors.Is(err, errNotKey) {
 		return nil, fmt.Errorf("%s is not an ed25519 public key in hex", path)
 	}
-	return ed25519.PublicKey(k), nil
+	return ed25519.PublicKey(k), err
 }
 
 // sign makes the receipt of a Trial just torn down, signs it, keeps it in

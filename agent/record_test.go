@@ -105,33 +105,12 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
 	sent := make(chan proxy.Event, 2)
-	a.proxy, err = proxy.New(proxy.Config{
-		Resolver: oneAddr(netip.MustParseAddr("93.184.216.34")), Dialer: toUpstream(echoUpstream(t)), HostAddrs: noHostAddrs{},
-		OnEvent: func(e proxy.Event) { a.onEvent(e); sent <- e },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.proxy.Close() })
-	lt := &liveTrial{info: TrialInfo{ID: id}}
-	if err := a.register(id, lt); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.prepare(lt, allow, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lt.closeAudit)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = a.proxy.Serve(ln, id) }()
+	a, _, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow, nil, func(e proxy.Event) { sent <- e })
 
 	var want []proxy.Event
 	for target, status := range map[string]int{"other.example.com:443": http.StatusForbidden, "api.example.com:443": http.StatusOK} {
-		if got := connectThrough(t, ln.Addr().String(), target); got != status {
+		if got := connectThrough(t, proxyAddr, target); got != status {
 			t.Fatalf("CONNECT %s: %d, want %d", target, got, status)
 		}
 		want = append(want, <-sent) // in the order the log has them
@@ -172,7 +151,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 func TestDecisionLogFloodSummarised(t *testing.T) {
 	const id, n = "rec-3", 40
 	a, lt, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), proxy.NewAllowlist(),
-		&proxy.Limits{RecordRate: 1e-9, RecordBurst: 3})
+		&proxy.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil)
 	target := strings.Repeat("x", 1000) + "/"
 	for range n {
 		if got := connectThrough(t, proxyAddr, target); got != http.StatusBadRequest {
@@ -267,12 +246,17 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 
 // recordingAgent is an agent with a data directory and a proxy (resolving
 // with r, dialing an echo upstream) serving Trial id alone, under allow
-// and lim, on a loopback listener whose address it returns.
-func recordingAgent(t *testing.T, id string, r proxy.Resolver, allow *proxy.Allowlist, lim *proxy.Limits) (*Agent, *liveTrial, string) {
+// and lim, on a loopback listener whose address it returns. tap, if set,
+// sees each event after the agent has.
+func recordingAgent(t *testing.T, id string, r proxy.Resolver, allow *proxy.Allowlist, lim *proxy.Limits, tap func(proxy.Event)) (*Agent, *liveTrial, string) {
 	t.Helper()
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
+	onEvent := a.onEvent
+	if tap != nil {
+		onEvent = func(e proxy.Event) { a.onEvent(e); tap(e) }
+	}
 	var err error
-	a.proxy, err = proxy.New(proxy.Config{Resolver: r, Dialer: toUpstream(echoUpstream(t)), HostAddrs: noHostAddrs{}, OnEvent: a.onEvent})
+	a.proxy, err = proxy.New(proxy.Config{Resolver: r, Dialer: toUpstream(echoUpstream(t)), HostAddrs: noHostAddrs{}, OnEvent: onEvent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,7 +302,7 @@ func TestDecisionLogHardBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _, proxyAddr := recordingAgent(t, id, manyAddrs(4000), allow, &proxy.Limits{MaxLogBytes: limit, ConnectRate: 1e6, ConnectBurst: 1e6})
+	a, _, proxyAddr := recordingAgent(t, id, manyAddrs(4000), allow, &proxy.Limits{MaxLogBytes: limit, ConnectRate: 1e6, ConnectBurst: 1e6}, nil)
 	start := time.Now()
 	for range n {
 		if got := connectThrough(t, proxyAddr, "many.test:443"); got != http.StatusForbidden {

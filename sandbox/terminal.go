@@ -76,11 +76,8 @@ type escWatch struct {
 }
 
 func (e escWatch) Write(p []byte) (int, error) {
-	for _, b := range p {
-		if b == 0x1b {
-			e.last.Store(time.Now().UnixNano())
-			break
-		}
+	if bytes.IndexByte(p, 0x1b) >= 0 {
+		e.last.Store(time.Now().UnixNano())
 	}
 	return e.w.Write(p)
 }

@@ -52,6 +52,12 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"run", "--uid", "4294967295", "--", "true"}, "below 4294967295"},
 		{[]string{"run", "--uid", "1", "--allow", "*.com:443", "--", "true"}, "too broad"},
 		{[]string{"create", "--allow", "127.0.0.1:443"}, "IP address"},
+		{[]string{"run", "--uid", "1", "--report", "/nonexistent-dir/r.json", "--", "true"}, "its directory /nonexistent-dir"},
+		{[]string{"run", "--uid", "1", "--report-fd", "1", "--", "true"}, "the Trial's own stdio"},
+		{[]string{"run", "--uid", "1", "--report-fd", "987", "--", "true"}, "--report-fd 987 is not open"},
+		{[]string{"run", "--uid", "1", "--report", "r.json", "--report-fd", "3", "--", "true"}, "not both"},
+		{[]string{"verify"}, "give exactly one receipt file"},
+		{[]string{"verify", "/nonexistent-receipt.json"}, "no such file"},
 		{[]string{"create", "--allow", "api.anthropic.com"}, "host:port"},
 	} {
 		code, out, errOut := trialnet(tc.args...)

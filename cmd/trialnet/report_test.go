@@ -218,3 +218,23 @@ func TestPrivilegedRunConfinesSocketPaths(t *testing.T) {
 		t.Errorf("a FIFO in the Trial's own /dev/shm: exit %d\n%s", code, errOut)
 	}
 }
+
+// verify on a file that holds no receipt, or with a key file that is no
+// key, says so and fails.
+func TestVerifyBadInput(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.json")
+	if err := os.WriteFile(empty, []byte(`{"verdict":"ok"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := trialnet("verify", empty); code != exitUsage || !strings.Contains(errOut, "holds no signed receipt") {
+		t.Errorf("verify a file without a receipt: exit %d, %q", code, errOut)
+	}
+	signed := filepath.Join(dir, "receipt.json")
+	if err := os.WriteFile(signed, []byte(`{"receipt":{"schema":1},"signature":"AAAA","public_key":"AAAA"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := trialnet("verify", "--key", empty, signed); code != exitUsage || !strings.Contains(errOut, "is not an ed25519 public key") {
+		t.Errorf("verify with a key file that is no key: exit %d, %q", code, errOut)
+	}
+}

@@ -1,0 +1,78 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+// Makers racing for a fresh key all get the one key on disk, and its
+// public half matches it; a changed receipt, one signed by another key,
+// and a key file that is not one are refused; an indented copy verifies.
+func TestReceiptKeyAndVerify(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys", "receipt.key")
+	keys := make([]ed25519.PrivateKey, 8)
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Go(func() {
+			k, err := ReceiptKey(path)
+			if err != nil {
+				t.Error(err)
+			}
+			keys[i] = k
+		})
+	}
+	wg.Wait()
+	for _, k := range keys[1:] {
+		if !k.Equal(keys[0]) {
+			t.Fatal("racing makers got different keys")
+		}
+	}
+	pub, err := ReadPublicKey(ReceiptPublicKey(path))
+	if err != nil || !pub.Equal(keys[0].Public()) {
+		t.Fatalf("the public half does not match the key: %v", err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the key file: %v %v, want mode 0600", fi, err)
+	}
+
+	exit := 3
+	signed, err := Receipt{Schema: ReceiptSchema, Trial: "t1", ExitCode: &exit, Verdict: "verdict: 0 direct egress packets (ok)"}.Sign(keys[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := signed.Verify(pub); err != nil || r.Trial != "t1" || *r.ExitCode != 3 {
+		t.Fatalf("verify: %+v, %v", r, err)
+	}
+	var indented bytes.Buffer
+	if err := json.Indent(&indented, signed.Receipt, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (SignedReceipt{Receipt: indented.Bytes(), Signature: signed.Signature, PublicKey: signed.PublicKey}).Verify(pub); err != nil {
+		t.Fatalf("an indented copy: %v", err)
+	}
+	changed := signed
+	changed.Receipt = bytes.Replace(signed.Receipt, []byte(`"exit_code":3`), []byte(`"exit_code":0`), 1)
+	if _, err := changed.Verify(pub); !errors.Is(err, ErrReceiptForged) {
+		t.Fatalf("a changed receipt: %v", err)
+	}
+	_, other, _ := ed25519.GenerateKey(nil)
+	forged, _ := Receipt{Schema: ReceiptSchema, Trial: "t1"}.Sign(other)
+	if _, err := forged.Verify(pub); !errors.Is(err, ErrReceiptForged) {
+		t.Fatalf("a receipt signed by another key: %v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.key")
+	if err := os.WriteFile(bad, []byte("not hex\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReceiptKey(bad); err == nil {
+		t.Fatal("a key file that is not a key was taken")
+	}
+}
