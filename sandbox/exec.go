@@ -609,14 +609,20 @@ func dropPrivileges(uid, gid int) error {
 		}
 	}
 	if uid >= 0 {
-		if err := syscall.Setgroups(nil); err != nil {
-			return fmt.Errorf("setgroups: %w", err)
+		// On this thread only, which then execs (and exec ends the
+		// others). Go's own Setuid changes every thread, and a thread of
+		// a uid over its process limit cannot clone: a runtime that then
+		// wanted a new thread aborted before the exec could fail with
+		// EAGAIN, and the launcher saw a crash, not why. The others stay
+		// root, without the bounding set, and make new threads freely.
+		if _, _, errno := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); errno != 0 {
+			return fmt.Errorf("setgroups: %w", errno)
 		}
-		if err := syscall.Setgid(gid); err != nil {
-			return fmt.Errorf("setgid %d: %w", gid, err)
+		if _, _, errno := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); errno != 0 {
+			return fmt.Errorf("setgid %d: %w", gid, errno)
 		}
-		if err := syscall.Setuid(uid); err != nil {
-			return fmt.Errorf("setuid %d: %w", uid, err)
+		if _, _, errno := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); errno != 0 {
+			return fmt.Errorf("setuid %d: %w", uid, errno)
 		}
 	}
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {

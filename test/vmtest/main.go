@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -85,6 +86,7 @@ func main() {
 type options struct {
 	kernels  []kernel
 	run      string
+	count    int
 	pkgs     []string
 	out      string
 	releases []string
@@ -98,6 +100,7 @@ func parseFlags() (*options, error) {
 	o := &options{}
 	kernels := flag.String("kernel", "", "comma-separated matrix entries to boot (default: all): "+matrixNames())
 	flag.StringVar(&o.run, "run", "", "only tests matching this -test.run pattern (and no doctor or demo step)")
+	flag.IntVar(&o.count, "count", 1, "run each test this many times (to hunt a flaky one)")
 	pkgs := flag.String("pkgs", "", "comma-separated packages to test (default: the kernel-facing suite)")
 	releases := flag.String("release", "", "space- or comma-separated kernel releases to boot, as the Makefile pins them (default: the newest installed for each entry)")
 	flag.StringVar(&o.out, "out", "bin/vmtest", "output directory: binaries, plans, results and console logs")
@@ -109,6 +112,9 @@ func parseFlags() (*options, error) {
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", flag.Args())
+	}
+	if o.count < 1 {
+		return nil, fmt.Errorf("-count %d: want 1 or more", o.count)
 	}
 	for _, name := range strings.Split(*kernels, ",") {
 		if name == "" {
@@ -265,7 +271,7 @@ func (b *built) plan(k kernel, o *options) plan {
 	env := []string{"TRIALNET_TEST_BIN=" + b.trialnet, "TRIALNET_TEST_ESCAPEE=" + b.escapee}
 	p := plan{Kernel: k.Name, Modules: []string{"veth", "vsock_loopback"}}
 	for _, t := range b.tests {
-		args := []string{t.bin, "-test.v", "-test.count=1", "-test.timeout=" + (t.timeout - 30*time.Second).String()}
+		args := []string{t.bin, "-test.v", "-test.count=" + strconv.Itoa(o.count), "-test.timeout=" + (t.timeout - 30*time.Second).String()}
 		if o.run != "" {
 			args = append(args, "-test.run="+o.run)
 		}
