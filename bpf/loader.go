@@ -448,11 +448,19 @@ type Policy struct {
 	UnixPaths []string
 	// UnixOpen opts out of unix socket confinement.
 	UnixOpen bool
+	// OwnDirs says the Trial's /tmp, /var/tmp and /dev/shm are its own
+	// tmpfs, viewed nosymfollow under /run/trialnet/{t,v,d} (the sandbox
+	// mounts them): paths beneath them are then allowed, by way of the
+	// views. A Trial made before these existed lacks them, and the flag.
+	OwnDirs bool
 }
 
 const (
 	flagStrict   = 1 << 0
 	flagUnixOpen = 1 << 1
+	flagOwnDirs  = 1 << 2
+	// flagPeerCheck: the BPF LSM layer judges each unix peer (AddTrial).
+	flagPeerCheck = 1 << 3
 )
 
 func (p Policy) encode() (trialnetTrialPolicy, error) {
@@ -496,6 +504,9 @@ func (p Policy) encode() (trialnetTrialPolicy, error) {
 	}
 	if p.UnixOpen {
 		v.Flags |= flagUnixOpen
+	}
+	if p.OwnDirs {
+		v.Flags |= flagOwnDirs
 	}
 	return v, nil
 }
@@ -550,6 +561,11 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 	// alone confines on kernels before 6.7.
 	if !p.UnixOpen && !l.unixHook && !l.LSM() {
 		return ErrUnixHookMissing
+	}
+	if l.LSM() {
+		// The peer check judges what a path leads to: the path hooks
+		// leave every path to it, and its refusals are counted.
+		v.Flags |= flagPeerCheck
 	}
 	var keys []trialnetUnixKey
 	var ids []trialnetUnixIdKey

@@ -43,6 +43,8 @@
 enum trial_flag {
 	TRIAL_F_STRICT = 1 << 0,    /* only the proxy address:port, not all loopback */
 	TRIAL_F_UNIX_OPEN = 1 << 1, /* the Trial opted out of unix socket confinement */
+	TRIAL_F_OWN_DIRS = 1 << 2,  /* /tmp, /var/tmp, /dev/shm are the Trial's, viewed under /run/trialnet */
+	TRIAL_F_PEER_CHECK = 1 << 3, /* the LSM layer judges unix peers (unix_peer_verdict) */
 };
 
 struct trial_policy {
@@ -351,8 +353,101 @@ struct bpf_sock_addr_kern {
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
 /*
- * unix_verdict allows abstract sockets (scoped to the Trial's netns) and the
- * pathname sockets listed for the Trial; every other path is refused.
+ * The Trial's own directories. Each is a tmpfs of the Trial's mount
+ * namespace that no host process sees, and the only places a confined
+ * Trial may make sockets (Landlock). A path beneath one is reached through
+ * a view of the same tmpfs mounted nosymfollow under /run/trialnet (read
+ * only, root's): a symlink the Trial made there ends the lookup (ELOOP)
+ * instead of leading it to a host socket, and ".." is refused, as it
+ * would climb out of the view. A hard link cannot cross into a tmpfs, and
+ * without user namespaces the Trial cannot mount over the views.
+ */
+#define OWN_DIRS 3
+#define VIEW_LEN 15 /* "/run/trialnet/t" */
+struct own_dir {
+	char dir[10]; /* with its trailing slash */
+	__u32 len;    /* of dir, without the NUL */
+	char view[VIEW_LEN + 1];
+};
+
+static const struct own_dir own_dirs[OWN_DIRS] = {
+	{"/tmp/", 5, "/run/trialnet/t"},
+	{"/var/tmp/", 9, "/run/trialnet/v"},
+	{"/dev/shm/", 9, "/run/trialnet/d"},
+};
+
+/* A path as the hook read it, with room past its end for the scan. */
+struct unix_path {
+	char p[UNIX_PATH_MAX + 3];
+	__u8 dotdot;
+};
+
+static long dotdot_step(__u32 i, void *data)
+{
+	struct unix_path *u = data;
+	__u64 k = i; /* 64-bit, so that k + 2 keeps the bound below */
+	if (k >= UNIX_PATH_MAX)
+		return 1;
+	char c = u->p[k];
+	if (c == 0)
+		return 1;
+	if (c == '.' && u->p[k + 1] == '.' && (k == 0 || u->p[k - 1] == '/') &&
+	    (u->p[k + 2] == '/' || u->p[k + 2] == 0)) {
+		u->dotdot = 1;
+		return 1;
+	}
+	return 0;
+}
+
+extern int bpf_sock_addr_set_sun_path(struct bpf_sock_addr_kern *sa_kern, const __u8 *sun_path,
+				      __u32 sun_path__sz) __ksym;
+
+/*
+ * own_dir_verdict lets a connect or send to a path beneath one of the
+ * Trial's own directories proceed by way of its view (pathlen: the
+ * path's length without its NUL).
+ */
+static __always_inline int own_dir_verdict(struct bpf_sock_addr_kern *sa, struct unix_path *u,
+					   __u64 pathlen)
+{
+	int i;
+#pragma unroll
+	for (i = 0; i < OWN_DIRS; i++) {
+		const struct own_dir *d = &own_dirs[i];
+		int match = 1, j;
+#pragma unroll
+		for (j = 0; j < (int)sizeof(d->dir) - 1; j++) {
+			if (j < d->len && u->p[j] != d->dir[j])
+				match = 0;
+		}
+		if (!match)
+			continue;
+		u->dotdot = 0;
+		bpf_loop(UNIX_PATH_MAX, dotdot_step, u, 0);
+		if (u->dotdot)
+			return SYS_REJECT;
+		/* view + the path from dir's slash on, and its NUL */
+		__u64 size = VIEW_LEN + (pathlen - (d->len - 1)) + 1;
+		if (pathlen < d->len || size > UNIX_PATH_MAX)
+			return SYS_REJECT;
+		char out[UNIX_PATH_MAX] = {};
+		__builtin_memcpy(out, d->view, VIEW_LEN);
+		if (bpf_probe_read_kernel_str(out + VIEW_LEN, UNIX_PATH_MAX - VIEW_LEN,
+					      u->p + d->len - 1) <= 0)
+			return SYS_REJECT;
+		barrier_var(size);
+		if (size > UNIX_PATH_MAX || size == 0)
+			return SYS_REJECT;
+		return bpf_sock_addr_set_sun_path(sa, (const __u8 *)out, size) ? SYS_REJECT : SYS_PROCEED;
+	}
+	return SYS_REJECT;
+}
+
+/*
+ * unix_verdict allows abstract sockets (scoped to the Trial's netns), the
+ * pathname sockets listed for the Trial, and paths beneath the Trial's own
+ * directories (own_dir_verdict); every other path is refused, unless the
+ * LSM layer judges the peer.
  */
 static __always_inline int unix_verdict(struct bpf_sock_addr *ctx, struct trial_counters *c,
 					__u64 cgid)
@@ -391,30 +486,43 @@ static __always_inline int unix_verdict(struct bpf_sock_addr *ctx, struct trial_
 	/*
 	 * Copy the path up to its first NUL or its length, whichever comes
 	 * first: the kernel accepts a path with or without its NUL, and the
-	 * zeroed key pads both the same way. The string copy is one helper
+	 * zeroed buffer pads both the same way. The string copy is one helper
 	 * call; a byte loop over UNIX_PATH_MAX cost the verifier ~150 ms.
 	 */
-	struct unix_key key = {};
-	key.cgroup_id = cgid;
+	struct unix_path u = {};
 	__u64 size = len + 1; /* room for the NUL the helper always writes */
-	if (size > sizeof(key.path))
-		size = sizeof(key.path);
-	long n = bpf_probe_read_kernel_str(key.path, size, path);
+	if (size > UNIX_PATH_MAX)
+		size = UNIX_PATH_MAX;
+	long n = bpf_probe_read_kernel_str(u.p, size, path);
 	if (n <= 0)
 		return SYS_REJECT;
-	if (key.path[0] == 0)
+	if (u.p[0] == 0)
 		return SYS_PROCEED; /* abstract */
 	/*
-	 * A full key holds 107 bytes: a 108-byte path without a NUL would be
-	 * cut to a shorter one, so it is refused (the loader never allows a
-	 * path that long).
+	 * A full buffer holds 107 bytes: a 108-byte path without a NUL would
+	 * be cut to a shorter one, so it is refused (the loader never allows
+	 * a path that long, and no view of one fits).
 	 */
-	if (n == sizeof(key.path) && len == UNIX_PATH_MAX) {
+	if (n == UNIX_PATH_MAX && len == UNIX_PATH_MAX) {
 		char last = 0;
 		if (bpf_probe_read_kernel(&last, 1, path + UNIX_PATH_MAX - 1) || last != 0)
 			return SYS_REJECT;
 	}
-	return bpf_map_lookup_elem(&unix_paths_map, &key) ? SYS_PROCEED : SYS_REJECT;
+	struct unix_key key = {};
+	key.cgroup_id = cgid;
+	__builtin_memcpy(key.path, u.p, sizeof(key.path));
+	if (bpf_map_lookup_elem(&unix_paths_map, &key))
+		return SYS_PROCEED;
+	/*
+	 * The LSM layer sees the socket a path leads to: a symlink or ".." to a
+	 * host socket is refused there, and counted, where a view would end in
+	 * an uncounted ELOOP.
+	 */
+	if (p->flags & TRIAL_F_PEER_CHECK)
+		return SYS_PROCEED;
+	if (!(p->flags & TRIAL_F_OWN_DIRS))
+		return SYS_REJECT;
+	return own_dir_verdict(sa, &u, (__u64)(n - 1));
 }
 
 SEC("cgroup/connect_unix")

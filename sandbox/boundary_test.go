@@ -506,10 +506,7 @@ func probeExe(t testing.TB) string {
 			probeCopy.err = err
 			return
 		}
-		dir, err := os.MkdirTemp("", "trialnet-probe-")
-		if err == nil {
-			err = os.Chmod(dir, 0o755)
-		}
+		dir, err := privtest.MakeSharedDir("probe-")
 		if err != nil {
 			probeCopy.err = err
 			return

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -258,7 +259,7 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 	pidfd := -1
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
-		Args:       append([]string{initSetupArg0}, hiddenDirs(filepath.Dir(t.Netns.Path))...),
+		Args:       initArgs(hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixPaths),
 		Stderr:     stderrW,
 		ExtraFiles: []*os.File{readyW},
 		SysProcAttr: &syscall.SysProcAttr{
@@ -312,9 +313,25 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 	}, nil
 }
 
-// runInit is the Trial's PID 1; its arguments are the directories to
-// hide. fd 3 reports readiness (one NUL byte, then the end of the pipe)
-// or why setting up failed.
+// initArgs are the init's arguments: the directories to hide, "--", and
+// the allowed unix sockets (those beneath the Trial's own directories are
+// bound into them).
+func initArgs(hide, keep []string) []string {
+	args := append([]string{initSetupArg0}, hide...)
+	return append(append(args, "--"), keep...)
+}
+
+func splitInitArgs(args []string) (hide, keep []string) {
+	i := slices.Index(args, "--")
+	if i < 0 {
+		return args, nil
+	}
+	return args[:i], args[i+1:]
+}
+
+// runInit is the Trial's PID 1; initArgs says what its arguments are.
+// fd 3 reports readiness (one NUL byte, then the end of the pipe) or why
+// setting up failed.
 func runInit() {
 	ready := os.NewFile(3, "trialnet-init-ready")
 	// Capabilities, the bounding set, no_new_privs and the seccomp filter
@@ -322,7 +339,8 @@ func runInit() {
 	// thread, which then execs the reaper, so that every thread of PID 1
 	// starts from them.
 	runtime.LockOSThread()
-	err := setupInit(os.Args[1:])
+	hide, keep := splitInitArgs(os.Args[1:])
+	err := setupInit(hide, keep)
 	if err == nil {
 		err = oomFirst()
 	}
@@ -396,7 +414,7 @@ func runReaper() {
 // see or change; the caller then drops every capability (PID 1 needs none to reap) and puts
 // it under the commands' seccomp filter: were a command to take init over
 // (a uid-0 Trial on a kernel without Landlock), it would gain nothing.
-func setupInit(hide []string) error {
+func setupInit(hide, keep []string) error {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later (another Trial's netns among it) leaks in.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -430,9 +448,6 @@ func setupInit(hide []string) error {
 		fstype, dir, data string
 		flags             uintptr
 	}{
-		// Exec as on most hosts (JITs map from it); bounded, since what a
-		// tmpfs holds is the host's memory, whoever wrote it.
-		{"tmpfs", "/dev/shm", "mode=1777,size=" + strconv.Itoa(ShmBytes), unix.MS_NOSUID | unix.MS_NODEV},
 		{"mqueue", "/dev/mqueue", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
 	} {
 		if fi, err := os.Stat(m.dir); err != nil || !fi.IsDir() {
@@ -442,8 +457,16 @@ func setupInit(hide []string) error {
 			return fmt.Errorf("mount the Trial's %s: %w", m.dir, err)
 		}
 	}
+	// /tmp, /var/tmp and /dev/shm: exec as on most hosts (JITs map from
+	// /dev/shm), bounded, since what a tmpfs holds is the host's memory.
+	if err := mountOwnDirs(keep); err != nil {
+		return err
+	}
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("unshare cgroup namespace: %w", err)
+	}
+	if err := ensureRunDir(); err != nil {
+		return err
 	}
 	return maskHost(hide)
 }

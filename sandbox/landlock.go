@@ -39,17 +39,13 @@ func LandlockABI() int {
 // ErrNoLandlock means the kernel has no Landlock (or it is not enabled).
 var ErrNoLandlock = errors.New("this kernel offers no Landlock (Linux 5.13+, with landlock in the active LSM list)")
 
-// socketDir is where a Trial's commands may make unix sockets and FIFOs
-// when their sockets are confined: the Trial's own /dev/shm, a tmpfs of
-// its mount namespace that no host process can see.
-const socketDir = "/dev/shm"
-
 // enterLandlock puts the calling thread in a new Landlock domain. It
 // refuses to make block devices (a Trial without CAP_MKNOD cannot anyway:
 // a domain needs something to handle) and, with confineSockets, to make a
-// unix socket or a FIFO anywhere but socketDir: a host client that looks
-// for a server at a path the Trial may write (/tmp/.s.PGSQL.5432) finds
-// nothing there. no_new_privs must already be set.
+// unix socket or a FIFO anywhere but beneath the Trial's own directories
+// (ownDirs), which no host process sees: a host client that looks for a
+// server at a path the Trial may write finds nothing there. no_new_privs
+// must already be set.
 func enterLandlock(confineSockets bool) error {
 	abi := LandlockABI()
 	if abi < 1 {
@@ -76,8 +72,10 @@ func enterLandlock(confineSockets bool) error {
 	}
 	defer unix.RawSyscall(unix.SYS_CLOSE, fd, 0, 0)
 	if confineSockets {
-		if err := allowBeneath(fd, socketDir, sockets); err != nil {
-			return err
+		for _, d := range ownDirs {
+			if err := allowBeneath(fd, d.dir, sockets); err != nil {
+				return err
+			}
 		}
 	}
 	if _, _, errno := unix.RawSyscall(unix.SYS_LANDLOCK_RESTRICT_SELF, fd, 0, 0); errno != 0 {
@@ -96,7 +94,7 @@ func allowBeneath(fd uintptr, dir string, access uint64) error {
 	d, _, errno := unix.RawSyscall6(unix.SYS_OPENAT, uintptr(cwd), uintptr(unsafe.Pointer(p)),
 		uintptr(unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC), 0, 0, 0)
 	if errno == unix.ENOENT {
-		return nil // the host has no /dev/shm, so the Trial has none: sockets nowhere
+		return nil // the host has no such directory, so the Trial has none
 	}
 	if errno != 0 {
 		return fmt.Errorf("landlock: open %s: %w", dir, errno)

@@ -101,10 +101,19 @@ func maskHost(hide []string) error {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
 			continue // nothing there to hide
 		}
+		const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+		if err := unix.Mount("tmpfs", d, "tmpfs", flags, "mode=0755,size=4k"); err != nil {
+			return maskErr("hide "+d, "it names other Trials and holds trialnet's sockets", err)
+		}
+		if d == rootdir.Run {
+			if err := mountViews(d); err != nil {
+				return err
+			}
+		}
 		// Read-only: a uid-0 Trial owns the tmpfs's root, and could bind a
 		// socket where a client looks for trialnet's.
-		if err := unix.Mount("tmpfs", d, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=4k"); err != nil {
-			return maskErr("hide "+d, "it names other Trials and holds trialnet's sockets", err)
+		if err := unix.Mount("", d, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "mode=0755,size=4k"); err != nil {
+			return maskErr("make "+d+" read-only", "a uid-0 Trial could put a socket where a client looks for trialnet's", err)
 		}
 	}
 	return nil

@@ -329,11 +329,8 @@ func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 // without unix confinement may make them anywhere it may write.
 func TestPrivilegedNoWayIn(t *testing.T) {
 	h := newHost(t)
-	shared, err := os.MkdirTemp("/tmp", "trialnet-wayin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(shared) })
+	// A directory the Trial and the host share, that anyone may write.
+	shared := privtest.SharedDir(t, "wayin-")
 	if err := os.Chmod(shared, 0o1777); err != nil {
 		t.Fatal(err)
 	}

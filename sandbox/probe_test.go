@@ -83,6 +83,14 @@ func probe(args []string) int {
 		err = os.WriteFile(target, []byte(args[2]), 0)
 	case "bind-unix":
 		err = unixBind(target)
+	case "unix-self":
+		err = unixSelf(target, args[2], args[3])
+	case "symlink":
+		err = os.Symlink(target, args[2])
+	case "link":
+		err = os.Link(target, args[2])
+	case "rm":
+		err = os.Remove(target)
 	case "mkfifo":
 		err = unix.Mkfifo(target, 0o600)
 	case "ptys":
@@ -485,6 +493,60 @@ func fill(path string) error {
 			fmt.Printf("%d ", i)
 			return err
 		}
+	}
+	return nil
+}
+
+// unixTypes are the socket types unix-self takes, by name.
+var unixTypes = map[string]int{"stream": unix.SOCK_STREAM, "seqpacket": unix.SOCK_SEQPACKET, "dgram": unix.SOCK_DGRAM}
+
+// unixSelf binds a socket of typ at bind, then reaches it through
+// connect (a path that should lead to it) from a second socket: connect
+// and a byte across for stream and seqpacket, sendto and a byte received
+// for dgram. What reaches it is the process's own socket.
+func unixSelf(typ, bind, connect string) error {
+	st, ok := unixTypes[typ]
+	if !ok {
+		return fmt.Errorf("unknown socket type %q", typ)
+	}
+	srv, err := unix.Socket(unix.AF_UNIX, st, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(srv)
+	if err := unix.Bind(srv, &unix.SockaddrUnix{Name: bind}); err != nil {
+		return err
+	}
+	defer os.Remove(bind)
+	cl, err := unix.Socket(unix.AF_UNIX, st, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(cl)
+	if st == unix.SOCK_DGRAM {
+		if err := unix.Sendto(cl, []byte{7}, 0, &unix.SockaddrUnix{Name: connect}); err != nil {
+			return err
+		}
+	} else {
+		if err := unix.Listen(srv, 1); err != nil {
+			return err
+		}
+		if err := unix.Connect(cl, &unix.SockaddrUnix{Name: connect}); err != nil {
+			return err
+		}
+		nfd, _, err := unix.Accept(srv)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(nfd)
+		srv = nfd
+		if _, err := unix.Write(cl, []byte{7}); err != nil {
+			return err
+		}
+	}
+	var b [1]byte
+	if n, _, err := unix.Recvfrom(srv, b[:], 0); err != nil || n != 1 || b[0] != 7 {
+		return fmt.Errorf("no byte across (%d, %v)", n, err)
 	}
 	return nil
 }

@@ -193,6 +193,7 @@ func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
 		Proxy:       spec.Proxy,
 		UnixPaths:   spec.UnixPaths,
 		UnixOpen:    spec.UnixOpen,
+		OwnDirs:     true, // the init mounts them (mountOwnDirs)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)

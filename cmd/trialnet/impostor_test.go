@@ -46,14 +46,10 @@ func waitSocket(t *testing.T, path string) {
 func TestPrivilegedClientRefusesImpostors(t *testing.T) {
 	privtest.Require(t)
 	privtest.RequireTool(t, "/usr/bin/python3")
-	dir, err := os.MkdirTemp("", "trialnet-impostor-") // t.TempDir's parent is 0700
-	if err == nil {
-		err = os.Chmod(dir, 0o777)
-	}
-	if err != nil {
+	dir := privtest.SharedDir(t, "impostor-")
+	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 
 	otherUID := filepath.Join(dir, "other-uid.sock")
 	cmd := exec.Command("/usr/bin/python3", "-c", listenPy, otherUID) // the system one: a uid-65534 process cannot reach root's shims

@@ -43,13 +43,9 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 	privtest.Require(t)
 	privtest.RequireTool(t, "curl")
 	installedByTest(t)
-	// A directory the Trial's uid can reach and write (t.TempDir's
-	// parent is root's alone).
-	shared, err := os.MkdirTemp("/tmp", "trialnet-report-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(shared) })
+	// A directory the Trial's uid can reach and write, outside its own
+	// /tmp.
+	shared := privtest.SharedDir(t, "report-")
 	if err := os.Chmod(shared, 0o1777); err != nil {
 		t.Fatal(err)
 	}
@@ -196,11 +192,7 @@ func TestResetTerminal(t *testing.T) {
 func TestPrivilegedRunConfinesSocketPaths(t *testing.T) {
 	privtest.Require(t)
 	installedByTest(t)
-	shared, err := os.MkdirTemp("/tmp", "trialnet-fifo-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(shared) })
+	shared := privtest.SharedDir(t, "fifo-")
 	if err := os.Chmod(shared, 0o1777); err != nil {
 		t.Fatal(err)
 	}

@@ -59,3 +59,32 @@ func RequireKernel(t testing.TB, err error) {
 		t.Skipf("this kernel lacks what the test needs: %v", err)
 	}
 }
+
+// SharedParent holds the directories that a test and its Trials both
+// see: a Trial's /tmp, /var/tmp and /dev/shm are its own, so t.TempDir's
+// files are not there for it.
+const SharedParent = "/var/lib/trialnet-test"
+
+// MakeSharedDir makes a directory beneath SharedParent, readable and
+// searchable by every uid; the caller removes it.
+func MakeSharedDir(prefix string) (string, error) {
+	if err := os.MkdirAll(SharedParent, 0o755); err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp(SharedParent, prefix)
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	return dir, err
+}
+
+// SharedDir is MakeSharedDir for one test, removed when it ends.
+func SharedDir(t testing.TB, prefix string) string {
+	t.Helper()
+	dir, err := MakeSharedDir(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}

@@ -15,6 +15,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/trialnet/trialnet/internal/privtest"
 	"net"
 	"net/http"
 	"net/netip"
@@ -67,14 +68,7 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "trialnet-clients-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := privtest.SharedDir(t, "clients-")
 	w := &world{host: testhost.NewT(t, subnet), dir: dir, caFile: filepath.Join(dir, "ca.pem"),
 		gitRoot: filepath.Join(dir, "git"), hits: map[string]int{}}
 	if err := os.Mkdir(w.gitRoot, 0o755); err != nil {

@@ -94,14 +94,7 @@ func newBoundaryWorld(t *testing.T) *boundaryWorld {
 	}
 	// Sockets a uid-65534 process can reach, in directories only root
 	// can change (the rule without the BPF LSM layer).
-	dir, err := os.MkdirTemp("", "trialnet-boundary-") // t.TempDir's parent is 0700
-	if err == nil {
-		err = os.Chmod(dir, 0o755)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := privtest.SharedDir(t, "boundary-")
 	w.allowed, w.forbidden = filepath.Join(dir, "allowed.sock"), filepath.Join(dir, "forbidden.sock")
 	ln, err := net.Listen("unix", w.forbidden)
 	if err != nil {
@@ -134,7 +127,7 @@ func countAccepts(ln net.Listener, n *atomic.Int64) {
 // the BPF LSM layer wants: the server's uid is what matters here.
 func (w *boundaryWorld) startVictim(t *testing.T, dir string) {
 	t.Helper()
-	own, err := os.MkdirTemp("", "trialnet-victim-")
+	own, err := os.MkdirTemp(privtest.SharedParent, "victim-")
 	if err == nil {
 		err = os.Chown(own, 65534, 65534)
 	}

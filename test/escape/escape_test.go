@@ -166,12 +166,11 @@ func escapee(t *testing.T) string {
 			escBin = bin
 			return
 		}
-		dir, err := os.MkdirTemp("", "trialnet-escapee-")
+		dir, err := privtest.MakeSharedDir("escapee-")
 		if err != nil {
 			buildErr = err
 			return
 		}
-		_ = os.Chmod(dir, 0o755)
 		escBin = filepath.Join(dir, "escapee")
 		cmd := exec.Command("go", "build", "-o", escBin, "./escapee")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -87,12 +87,7 @@ func setup(b *testing.B) *env {
 	}
 	b.Cleanup(func() { a.Close(true) })
 	e.a = a
-	dir, err := os.MkdirTemp("", "trialnet-firstbyte-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	_ = os.Chmod(dir, 0o755)
-	b.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := privtest.SharedDir(b, "firstbyte-")
 	e.bin = filepath.Join(dir, "firstbyte")
 	cmd := exec.Command("go", "build", "-o", e.bin, "./firstbyte")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -1,0 +1,143 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/trialnet/trialnet/internal/rootdir"
+)
+
+// A Trial's own directories: /tmp, /var/tmp and /dev/shm are fresh tmpfs
+// of its mount namespace, emptied with it, that no host process and no
+// other Trial sees. They are where a confined Trial makes its unix sockets
+// (Landlock allows nowhere else), so its own servers (tmux, ssh-agent,
+// Python's forkserver, a test database) work while no host client looking
+// at a shared path (/tmp/.s.PGSQL.5432) finds one of them.
+//
+// The cgroup unix hooks see a path, not what it resolves to, and a Trial
+// may put a symlink to a host socket in its own /tmp. So a path beneath
+// an own directory is reached through a view: the same tmpfs bound again
+// under rootdir.Run with nosymfollow, where a symlink ends the lookup
+// (ELOOP). The hooks rewrite the path to its view and refuse "..". This
+// table and own_dirs in trialnet.bpf.c are the same list.
+var ownDirs = []struct {
+	dir  string
+	view string // beneath rootdir.Run
+	size int    // bytes of the host's memory it may hold
+}{
+	{"/tmp", "t", TmpBytes},
+	{"/var/tmp", "v", TmpBytes},
+	{"/dev/shm", "d", ShmBytes},
+}
+
+// TmpBytes bounds each of the Trial's /tmp and /var/tmp: what a tmpfs
+// holds is the host's memory (charged to the Trial's memory bound where
+// there is one), and builds in /tmp can want a gigabyte.
+const TmpBytes = 1 << 30
+
+// ownDirOf is the own directory path is beneath, or "".
+func ownDirOf(path string) string {
+	for _, d := range ownDirs {
+		if under(filepath.Clean(path), d.dir) {
+			return d.dir
+		}
+	}
+	return ""
+}
+
+// mountOwnDirs covers each own directory the host has with a fresh tmpfs.
+// An allowed socket of the host beneath one (keep) is bound at its path
+// in the new tmpfs, so that the Trial still reaches it there.
+func mountOwnDirs(keep []string) error {
+	for _, d := range ownDirs {
+		fi, err := os.Lstat(d.dir)
+		if err != nil || !fi.IsDir() {
+			continue // none, or a symlink to another: nothing of its own to cover
+		}
+		// Opened before the tmpfs hides them.
+		var socks []*os.File
+		for _, p := range keep {
+			if ownDirOf(p) != d.dir {
+				continue
+			}
+			f, err := os.OpenFile(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+			if err != nil {
+				closeAll(socks)
+				return fmt.Errorf("open allowed unix socket %s to keep it in the Trial's own %s: %w", p, d.dir, err)
+			}
+			socks = append(socks, f)
+		}
+		err = unix.Mount("tmpfs", d.dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.Itoa(d.size))
+		if err == nil {
+			err = bindSockets(socks)
+		}
+		closeAll(socks)
+		if err != nil {
+			return fmt.Errorf("mount the Trial's own %s: %w", d.dir, err)
+		}
+	}
+	return nil
+}
+
+// bindSockets binds each opened socket at its own path, making the
+// directories on the way (root's, 0755: the Trial cannot swap them).
+func bindSockets(socks []*os.File) error {
+	for _, f := range socks {
+		p := filepath.Clean(f.Name())
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		mp, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return err
+		}
+		_ = mp.Close()
+		if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(int(f.Fd())), p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind allowed unix socket %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		_ = f.Close()
+	}
+}
+
+// mountViews binds, beneath dir (the Trial's read-only tmpfs over
+// rootdir.Run, still writable here), each own directory again without
+// symlinks, setuid, devices or exec: the hooks' way to its sockets.
+func mountViews(dir string) error {
+	for _, d := range ownDirs {
+		v := filepath.Join(dir, d.view)
+		if err := os.Mkdir(v, 0o755); err != nil {
+			return fmt.Errorf("make the view of %s: %w", d.dir, err)
+		}
+		if _, err := os.Stat(d.dir); err != nil {
+			continue // none on this host: its paths lead nowhere
+		}
+		if err := unix.Mount(d.dir, v, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind the view of %s: %w", d.dir, err)
+		}
+		if err := unix.Mount("", v, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSYMFOLLOW|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return fmt.Errorf("make the view of %s follow no symlinks: %w", d.dir, err)
+		}
+	}
+	return nil
+}
+
+// ensureRunDir makes trialnet's runtime directory if the host lacks it:
+// every Trial covers it, and keeps its views there.
+func ensureRunDir() error {
+	if err := os.MkdirAll(rootdir.Run, 0o755); err != nil {
+		return fmt.Errorf("make %s, where the Trial's own directories are viewed: %w", rootdir.Run, err)
+	}
+	return nil
+}
