@@ -143,6 +143,13 @@ type TrialInfo struct {
 	// UnixOpen: made without unix socket confinement; its commands may
 	// also make sockets anywhere they may write.
 	UnixOpen bool `json:"unix_open,omitempty"`
+	// Nested: its commands may make user namespaces and run sandboxes of
+	// their own (bwrap); never as uid 0.
+	Nested bool `json:"nested,omitempty"`
+	// UnixAllow are the pathname unix sockets it may use: a launcher's
+	// first command starts the Trial's init, which binds those beneath
+	// /tmp, /var/tmp and /dev/shm into the Trial's own.
+	UnixAllow []string `json:"unix_allow,omitempty"`
 	// Learning: names off Allow are let through and recorded as
 	// would_deny. Always written, so no reader takes a learning Trial for
 	// an enforcing one.
@@ -161,6 +168,18 @@ type TrialInfo struct {
 	Denied  []string      `json:"denied,omitempty"`
 	Limits  *proxy.Limits `json:"limits,omitempty"`
 	Created time.Time     `json:"created"`
+}
+
+// Attach returns a handle for launching commands into the Trial, from
+// any process: with the Trial's own unix and nesting settings, which its
+// init and commands are made from when this launch is the first.
+func (i TrialInfo) Attach() (*sandbox.Trial, error) {
+	tr, err := sandbox.Attach(i.ID, i.Cgroup, i.Netns)
+	if err != nil {
+		return nil, err
+	}
+	tr.Spec.UnixPaths, tr.Spec.UnixOpen, tr.Spec.Nested = i.UnixAllow, i.UnixOpen, i.Nested
+	return tr, nil
 }
 
 // AllowEntry is one allowlist entry as resolved at create time.
@@ -185,6 +204,9 @@ type CreateRequest struct {
 	MaxProcesses int      `json:"max_processes,omitempty"`
 	UnixAllow    []string `json:"unix_allow,omitempty"` // pathname unix sockets the Trial may use
 	UnixOpen     bool     `json:"unix_open,omitempty"`  // no unix socket confinement (kernels before 6.7)
+	// Nested lets the Trial run sandboxes of its own (as does a profile
+	// with nested: true); it needs the BPF LSM layer.
+	Nested bool `json:"nested,omitempty"`
 	// Owned ties the Trial to the life of the process that asks: the agent
 	// destroys it when that process exits, however it ends. The owner is
 	// the control socket's peer as the kernel names it, never a field of
@@ -336,6 +358,7 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 		return TrialInfo{}, err
 	}
 	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, UnixOpen: req.UnixOpen, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
+		Nested: req.Nested || a.file.Load().Nested(req.Profiles), UnixAllow: req.UnixAllow,
 		Learning: req.Learn || a.file.Load().Learn(req.Profiles), Allow: allowEntries(allow),
 		AllowCIDRs: a.proxy.Guard().Allowed(), Owner: owner}
 	if info.Limits == nil {
@@ -368,7 +391,7 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
 	meta, _ := json.Marshal(info)
-	spec := sandbox.Spec{ID: req.ID, Strict: req.Strict, Proxy: ProxyEndpoints, UnixPaths: req.UnixAllow, UnixOpen: req.UnixOpen,
+	spec := sandbox.Spec{ID: req.ID, Strict: req.Strict, Proxy: ProxyEndpoints, UnixPaths: req.UnixAllow, UnixOpen: req.UnixOpen, Nested: info.Nested,
 		Pools: sandbox.PoolLimits{MaxPids: info.Limits.MaxPids, MaxMemory: info.Limits.MaxMemory}}
 	tr, err := a.host.Create(spec, meta)
 	if err != nil {
@@ -376,6 +399,9 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 		lt.closeAudit()
 		if errors.Is(err, sandbox.ErrExists) {
 			return TrialInfo{}, errf(CodeDuplicateID, "%v", err)
+		}
+		if errors.Is(err, sandbox.ErrNestingUnavailable) {
+			return TrialInfo{}, errf(CodeBadRequest, "%v", err)
 		}
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}

@@ -120,7 +120,7 @@ func curl(t *testing.T, a *Agent, id string, args ...string) (int, string) {
 // `trialnet exec` does: attached by the paths the agent reports.
 func curlIn(t *testing.T, info TrialInfo, args ...string) (int, string) {
 	t.Helper()
-	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+	tr, err := info.Attach()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,6 +52,13 @@ func Doctor() []bpf.Check {
 			unixErr = errors.New("neither the cgroup connect_unix hook (Linux 6.7+) nor the BPF LSM layer: 'trialnet run' and 'create' need --no-unix-confine (unix_open) here")
 		}
 		checks = append(checks, bpf.Check{Name: UnixConfineCheck, Err: unixErr})
+		nestErr := layer.lsm
+		if nestErr != nil {
+			nestErr = fmt.Errorf("%w: they need the BPF LSM layer (%w)", sandbox.ErrNestingUnavailable, nestErr)
+		} else {
+			nestErr = sandbox.UserNamespacesAllowed()
+		}
+		checks = append(checks, bpf.Check{Name: NestedCheck, Err: nestErr})
 	}
 	return append(checks, probe...)
 }
@@ -60,6 +67,7 @@ func Doctor() []bpf.Check {
 const (
 	LoadCheck        = "load, attach and pin trialnet's eBPF programs (a scratch cgroup and pin directory, removed after)"
 	UnixConfineCheck = "pathname unix socket confinement (cgroup connect_unix hook or BPF LSM layer)"
+	NestedCheck      = "nested sandboxes (--nested: bwrap in a Trial; user namespaces and the BPF LSM layer)"
 )
 
 // loadedLayer is what a real Load attached.

@@ -127,7 +127,7 @@ func TestPrivilegedFaultForkBombIgnoringTERM(t *testing.T) {
 	started := make(chan struct{})
 	go func() {
 		close(started)
-		tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+		tr, err := info.Attach()
 		if err != nil {
 			t.Error(err)
 			return

@@ -138,7 +138,7 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 // through a tunnel; its exit code arrives on the channel.
 func holdIn(t *testing.T, info TrialInfo, name string) <-chan int {
 	t.Helper()
-	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+	tr, err := info.Attach()
 	if err != nil {
 		t.Fatal(err)
 	}

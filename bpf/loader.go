@@ -453,6 +453,11 @@ type Policy struct {
 	// mounts them): paths beneath them are then allowed, by way of the
 	// views. A Trial made before these existed lacks them, and the flag.
 	OwnDirs bool
+	// Nested says the Trial's tasks may make network namespaces of their
+	// own (user namespaces allowed): a socket in one is the Trial's, not
+	// a mismatch, and gets the Trial's policy there (nothing but loopback
+	// exists in it).
+	Nested bool
 }
 
 const (
@@ -461,6 +466,7 @@ const (
 	flagOwnDirs  = 1 << 2
 	// flagPeerCheck: the BPF LSM layer judges each unix peer (AddTrial).
 	flagPeerCheck = 1 << 3
+	flagNested    = 1 << 4
 )
 
 func (p Policy) encode() (trialnetTrialPolicy, error) {
@@ -507,6 +513,9 @@ func (p Policy) encode() (trialnetTrialPolicy, error) {
 	}
 	if p.OwnDirs {
 		v.Flags |= flagOwnDirs
+	}
+	if p.Nested {
+		v.Flags |= flagNested
 	}
 	return v, nil
 }

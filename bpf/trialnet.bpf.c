@@ -45,6 +45,7 @@ enum trial_flag {
 	TRIAL_F_UNIX_OPEN = 1 << 1, /* the Trial opted out of unix socket confinement */
 	TRIAL_F_OWN_DIRS = 1 << 2,  /* /tmp, /var/tmp, /dev/shm are the Trial's, viewed under /run/trialnet */
 	TRIAL_F_PEER_CHECK = 1 << 3, /* the LSM layer judges unix peers (unix_peer_verdict) */
+	TRIAL_F_NESTED = 1 << 4,     /* user namespaces allowed: its own nested netns are its */
 };
 
 struct trial_policy {
@@ -85,7 +86,7 @@ struct trial_counters {
 	__u64 ptrace_denied;         /* ptrace, pidfd_getfd, /proc/PID/mem... outside the Trial */
 	__u64 sock_family_denied;    /* socket() of a family outside the allowlist */
 	__u64 ioctl_denied;          /* TIOCSTI, TIOCLINUX */
-	__u64 unix_identity_denied;  /* unix peer neither in the netns nor an allowed inode */
+	__u64 unix_identity_denied;  /* unix peer not the Trial's nor an allowed inode; or a host task reaching in */
 };
 
 struct unix_key {
@@ -169,7 +170,10 @@ static __always_inline struct trial_counters *counters_for(__u64 cgid)
 
 /*
  * policy_in_netns returns the Trial's policy when the socket lives in the
- * Trial's own namespace, and NULL (counting why) otherwise.
+ * Trial's own namespace, and NULL (counting why) otherwise. A nested
+ * Trial's task may also be in a network namespace it made (it cannot join
+ * any other: setns is refused, and the netns files are hidden): there the
+ * same policy holds, over a namespace with nothing but its own loopback.
  */
 static __always_inline struct trial_policy *policy_in_netns(void *ctx, __u64 cgid,
 							   struct trial_counters *c)
@@ -179,7 +183,7 @@ static __always_inline struct trial_policy *policy_in_netns(void *ctx, __u64 cgi
 		COUNT(c, no_policy);
 		return 0;
 	}
-	if (bpf_get_netns_cookie(ctx) != p->netns_cookie) {
+	if (bpf_get_netns_cookie(ctx) != p->netns_cookie && !(p->flags & TRIAL_F_NESTED)) {
 		COUNT(c, netns_mismatch);
 		return 0;
 	}
@@ -591,8 +595,13 @@ struct sock_common {
 	} skc_net; /* possible_net_t */
 } __attribute__((preserve_access_index));
 
+struct sock_cgroup_data {
+	struct cgroup *cgroup; /* the cgroup v2 of the task that made the socket */
+} __attribute__((preserve_access_index));
+
 struct sock {
 	struct sock_common __sk_common;
+	struct sock_cgroup_data sk_cgrp_data;
 } __attribute__((preserve_access_index));
 
 struct socket {
@@ -662,10 +671,44 @@ static __always_inline __u64 sock_netns_cookie(struct sock *sk)
 	return BPF_CORE_READ(sk, __sk_common.skc_net.net, net_cookie);
 }
 
+/* cgroup_ancestor is the id of cg's ancestor at level, 0 if cg sits higher. */
+static __always_inline __u64 cgroup_ancestor(struct cgroup *cg, __u32 level)
+{
+	if (!cg || BPF_CORE_READ(cg, level) < (int)level)
+		return 0;
+	struct cgroup *anc = 0;
+	void *slot = (void *)cg + bpf_core_field_offset(struct cgroup, ancestors) +
+		     (__u64)level * sizeof(anc);
+	if (bpf_probe_read_kernel(&anc, sizeof(anc), slot) || !anc)
+		return 0;
+	return BPF_CORE_READ(anc, kn, id);
+}
+
+/* task_trial is the id of t's cgroup at trial_level, 0 if t sits higher. */
+static __always_inline __u64 task_trial(struct task_struct *t)
+{
+	return cgroup_ancestor(BPF_CORE_READ(t, cgroups, dfl_cgrp), trial_level);
+}
+
 /*
- * foreign_socket_verdict refuses connect and send on a socket of another
- * network namespace than the Trial's: one made outside and handed in or
- * stolen. AF_UNIX is exempt: a Trial's stdio may legitimately be a unix
+ * sock_trial is the Trial whose task made sk (the id of its cgroup at
+ * trial_level), 0 if none below this loader's parent did. An accepted
+ * socket keeps its listener's.
+ */
+static __always_inline __u64 sock_trial(struct sock *sk)
+{
+	struct cgroup *cg = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+	if (parent_cgroup_id == 0 || trial_level == 0 ||
+	    cgroup_ancestor(cg, trial_level - 1) != parent_cgroup_id)
+		return 0;
+	return cgroup_ancestor(cg, trial_level);
+}
+
+/*
+ * foreign_socket_verdict refuses connect and send on a socket neither made
+ * by the Trial nor living in its network namespace: one made outside and
+ * handed in or stolen. (A nested Trial's sockets in network namespaces of
+ * its own are its own; the cgroup hooks refuse them any address.) AF_UNIX is exempt: a Trial's stdio may legitimately be a unix
  * socket the operator handed in, and writes to it come through
  * socket_sendmsg. Unix peers are judged by identity instead
  * (unix_peer_verdict). Netlink is not exempt: a netlink socket opened by
@@ -683,7 +726,7 @@ static __always_inline int foreign_socket_verdict(struct socket *sock)
 	struct sock *sk = BPF_CORE_READ(sock, sk);
 	if (BPF_CORE_READ(sk, __sk_common.skc_family) == AF_UNIX)
 		return LSM_ALLOW;
-	if (sock_netns_cookie(sk) == p->netns_cookie)
+	if (sock_netns_cookie(sk) == p->netns_cookie || sock_trial(sk) == cgid)
 		return LSM_ALLOW;
 	COUNT(c, foreign_socket_denied);
 	return -EPERM;
@@ -707,20 +750,6 @@ int BPF_PROG(trialnet_lsm_socket_sendmsg, struct socket *sock, struct msghdr *ms
 	if (prior)
 		return prior;
 	return foreign_socket_verdict(sock);
-}
-
-/* task_trial is the id of t's cgroup at trial_level, 0 if t sits higher. */
-static __always_inline __u64 task_trial(struct task_struct *t)
-{
-	struct cgroup *cg = BPF_CORE_READ(t, cgroups, dfl_cgrp);
-	if (!cg || BPF_CORE_READ(cg, level) < (int)trial_level)
-		return 0;
-	struct cgroup *anc = 0;
-	void *slot = (void *)cg + bpf_core_field_offset(struct cgroup, ancestors) +
-		     (__u64)trial_level * sizeof(anc);
-	if (bpf_probe_read_kernel(&anc, sizeof(anc), slot) || !anc)
-		return 0;
-	return BPF_CORE_READ(anc, kn, id);
 }
 
 /*
@@ -803,15 +832,35 @@ int BPF_PROG(trialnet_lsm_file_ioctl_compat, struct file *file, unsigned int cmd
 }
 
 /*
- * unix_peer_verdict allows a unix peer in the Trial's own network namespace
- * (its own sockets, abstract or pathname, and socketpairs) or bound to an
- * inode the loader recorded for the Trial. A bind mount or symlink over an
- * allowed path passes the path check of connect_unix, but not this one.
+ * outside_verdict judges a task outside every Trial reaching a unix socket:
+ * refused if a Trial that confines unix sockets made it (counted there).
+ */
+static __always_inline int outside_verdict(struct sock *other)
+{
+	__u64 owner = sock_trial(other);
+	if (!owner)
+		return LSM_ALLOW;
+	struct trial_policy *p = bpf_map_lookup_elem(&policy_map, &owner);
+	if (p && (p->flags & TRIAL_F_UNIX_OPEN))
+		return LSM_ALLOW;
+	struct trial_counters *c = counters_for(owner);
+	COUNT(c, unix_identity_denied);
+	return -EPERM;
+}
+
+/*
+ * unix_peer_verdict allows a Trial task a unix peer the Trial made (in any
+ * network namespace: a nested sandbox's too), one in its own network
+ * namespace (socketpairs among them), or one bound to an inode the loader
+ * recorded for the Trial. Whatever path led there: a symlink, "..", a bind
+ * mount from a nested mount namespace over an allowed path or the Trial's
+ * own /tmp, all end at the peer. And no task outside a Trial reaches a
+ * socket a Trial made: no host client is served by a Trial, at any path.
  */
 static __always_inline int unix_peer_verdict(struct sock *other)
 {
 	if (!in_scope())
-		return LSM_ALLOW;
+		return outside_verdict(other);
 	__u64 cgid = trial_cgroup();
 	struct trial_counters *c = counters_for(cgid);
 	struct trial_policy *p = lsm_policy(cgid, c);
@@ -819,7 +868,7 @@ static __always_inline int unix_peer_verdict(struct sock *other)
 		return -EPERM;
 	if (p->flags & TRIAL_F_UNIX_OPEN)
 		return LSM_ALLOW;
-	if (sock_netns_cookie(other) == p->netns_cookie)
+	if (sock_trial(other) == cgid || sock_netns_cookie(other) == p->netns_cookie)
 		return LSM_ALLOW;
 
 	struct inode *inode = BPF_CORE_READ((struct unix_sock *)other, path.dentry, d_inode);

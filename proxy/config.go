@@ -62,6 +62,9 @@ type Profile struct {
 	Allow      []string `yaml:"allow"`
 	RequireTLS bool     `yaml:"require_tls"`
 	Learn      bool     `yaml:"learn"`
+	// Nested: a Trial with this profile may run sandboxes of its own
+	// (user namespaces), as --nested asks.
+	Nested bool `yaml:"nested"`
 
 	list *Allowlist
 }
@@ -73,14 +76,14 @@ func (p *Profile) UnmarshalYAML(n *yaml.Node) error {
 		return n.Decode(&p.Allow)
 	case yaml.MappingNode:
 		for i := 0; i < len(n.Content); i += 2 {
-			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" {
-				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn)", n.Content[i].Line, k)
+			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" && k != "nested" {
+				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested)", n.Content[i].Line, k)
 			}
 		}
 		type plain Profile
 		return n.Decode((*plain)(p))
 	}
-	return fmt.Errorf("line %d: a profile is a list of host:port entries or a mapping with allow, require_tls and learn", n.Line)
+	return fmt.Errorf("line %d: a profile is a list of host:port entries or a mapping with allow, require_tls, learn and nested", n.Line)
 }
 
 // LoadFile reads and validates a configuration file.
@@ -172,6 +175,14 @@ func (f *File) Learn(profiles []string) bool {
 		return false
 	}
 	return slices.ContainsFunc(profiles, func(n string) bool { return f.Profiles[n].Learn })
+}
+
+// Nested reports whether any of the named profiles asks for nesting.
+func (f *File) Nested(profiles []string) bool {
+	if f == nil {
+		return false
+	}
+	return slices.ContainsFunc(profiles, func(n string) bool { return f.Profiles[n].Nested })
 }
 
 // CIDRs returns the validated allowed CIDRs.

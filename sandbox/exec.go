@@ -33,6 +33,9 @@ const execArg0 = "trialnet-exec"
 const (
 	socketsConfined = "sockets=trial"
 	socketsAnywhere = "sockets=anywhere"
+	// nestedMode is a nested Trial's command (nested.go): user namespaces
+	// allowed, and Landlock's scopes without its filesystem rules.
+	nestedMode = "nested"
 )
 
 // Exit codes of a command that could not be started, as shells use them.
@@ -324,7 +327,13 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	defer goW.Close()
 
 	sockets := socketsConfined
-	if c.SocketsAnywhere || t.Spec.UnixOpen {
+	switch {
+	case t.Spec.Nested:
+		if c.UID == 0 {
+			return nil, fmt.Errorf("start %s in Trial %s: a nested Trial runs no command as uid 0: its /proc is left unmasked so that sandboxes inside can mount their own, and uid 0 owns what is there; give the command a uid of its own (--uid)", c.Args[0], t.ID)
+		}
+		sockets = nestedMode
+	case c.SocketsAnywhere || t.Spec.UnixOpen:
 		sockets = socketsAnywhere
 	}
 	args := append([]string{execArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10),
@@ -496,7 +505,7 @@ func Init() {
 }
 
 func trialExec(args []string) (int, error) {
-	if len(args) < 6 || args[4] != "--" || (args[3] != socketsConfined && args[3] != socketsAnywhere) {
+	if len(args) < 6 || args[4] != "--" || (args[3] != socketsConfined && args[3] != socketsAnywhere && args[3] != nestedMode) {
 		return ExitCannotExecute, errors.New("trialnet-exec: bad arguments")
 	}
 	uid, err1 := strconv.ParseUint(args[0], 10, 32)
@@ -506,7 +515,7 @@ func trialExec(args []string) (int, error) {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
 	argv := args[5:]
-	confineSockets := args[3] == socketsConfined
+	confineSockets, nested := args[3] == socketsConfined, args[3] == nestedMode
 
 	// A cgroup namespace rooted at the Trial's cgroup: even a uid-0 Trial
 	// cannot move itself into a cgroup outside it.
@@ -560,12 +569,12 @@ func trialExec(args []string) (int, error) {
 	}
 	// Where the kernel has no Landlock, the PID namespace still hides
 	// every pid outside; the layers report it.
-	if err := enterLandlock(confineSockets); err != nil && !errors.Is(err, ErrNoLandlock) {
+	if err := enterLandlock(confineSockets, nested); err != nil && !errors.Is(err, ErrNoLandlock) {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
 	// Last before exec: from here on the Go runtime must not need a
 	// refused call, and the filter is inherited by everything CMD starts.
-	if err := installSeccomp(); err != nil {
+	if err := installSeccomp(nested); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
 	err = unix.Exec(path, argv, os.Environ())

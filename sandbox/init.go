@@ -259,7 +259,7 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 	pidfd := -1
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
-		Args:       initArgs(hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixPaths),
+		Args:       initArgs(t.Spec.Nested, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixPaths),
 		Stderr:     stderrW,
 		ExtraFiles: []*os.File{readyW},
 		SysProcAttr: &syscall.SysProcAttr{
@@ -313,20 +313,31 @@ func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error)
 	}, nil
 }
 
-// initArgs are the init's arguments: the directories to hide, "--", and
-// the allowed unix sockets (those beneath the Trial's own directories are
-// bound into them).
-func initArgs(hide, keep []string) []string {
-	args := append([]string{initSetupArg0}, hide...)
+// initArgs are the init's arguments: whether the Trial is nested (its
+// /proc then stays unmasked: nested.go), the directories to hide, "--",
+// and the allowed unix sockets (those beneath the Trial's own directories
+// are bound into them).
+func initArgs(nested bool, hide, keep []string) []string {
+	mode := initMasked
+	if nested {
+		mode = nestedMode
+	}
+	args := append([]string{initSetupArg0, mode}, hide...)
 	return append(append(args, "--"), keep...)
 }
 
-func splitInitArgs(args []string) (hide, keep []string) {
+// initMasked is a Trial's init that masks /proc (initArgs).
+const initMasked = "masked"
+
+func splitInitArgs(args []string) (nested bool, hide, keep []string) {
+	if len(args) > 0 {
+		nested, args = args[0] == nestedMode, args[1:]
+	}
 	i := slices.Index(args, "--")
 	if i < 0 {
-		return args, nil
+		return nested, args, nil
 	}
-	return args[:i], args[i+1:]
+	return nested, args[:i], args[i+1:]
 }
 
 // runInit is the Trial's PID 1; initArgs says what its arguments are.
@@ -339,8 +350,8 @@ func runInit() {
 	// thread, which then execs the reaper, so that every thread of PID 1
 	// starts from them.
 	runtime.LockOSThread()
-	hide, keep := splitInitArgs(os.Args[1:])
-	err := setupInit(hide, keep)
+	nested, hide, keep := splitInitArgs(os.Args[1:])
+	err := setupInit(nested, hide, keep)
 	if err == nil {
 		err = oomFirst()
 	}
@@ -348,7 +359,7 @@ func runInit() {
 		err = dropCapabilities()
 	}
 	if err == nil {
-		err = installSeccomp()
+		err = installSeccomp(false)
 	}
 	if err == nil {
 		// The Trial is ready once the reaper's exec has begun: nothing of
@@ -414,7 +425,7 @@ func runReaper() {
 // see or change; the caller then drops every capability (PID 1 needs none to reap) and puts
 // it under the commands' seccomp filter: were a command to take init over
 // (a uid-0 Trial on a kernel without Landlock), it would gain nothing.
-func setupInit(hide, keep []string) error {
+func setupInit(nested bool, hide, keep []string) error {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later (another Trial's netns among it) leaks in.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -468,7 +479,7 @@ func setupInit(hide, keep []string) error {
 	if err := ensureRunDir(); err != nil {
 		return err
 	}
-	return maskHost(hide)
+	return maskHost(nested, hide)
 }
 
 // dropNsMounts detaches the namespace files bind-mounted on the host (every

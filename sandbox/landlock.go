@@ -46,12 +46,23 @@ var ErrNoLandlock = errors.New("this kernel offers no Landlock (Linux 5.13+, wit
 // (ownDirs), which no host process sees: a host client that looks for a
 // server at a path the Trial may write finds nothing there. no_new_privs
 // must already be set.
-func enterLandlock(confineSockets bool) error {
+//
+// nested keeps the scopes only: a domain that handles any filesystem
+// access refuses mount, which a sandbox inside a nested Trial needs. Below
+// ABI 6 (no signal scope) that leaves nothing to ask for: no domain, and
+// the LSM layer (which nesting needs) keeps ptrace inside the Trial.
+func enterLandlock(confineSockets, nested bool) error {
 	abi := LandlockABI()
 	if abi < 1 {
 		return ErrNoLandlock
 	}
+	if nested && abi < 6 {
+		return nil
+	}
 	attr := landlockRuleset{handledFS: unix.LANDLOCK_ACCESS_FS_MAKE_BLOCK}
+	if nested {
+		attr.handledFS, confineSockets = 0, false
+	}
 	const sockets = unix.LANDLOCK_ACCESS_FS_MAKE_SOCK | unix.LANDLOCK_ACCESS_FS_MAKE_FIFO
 	if confineSockets {
 		attr.handledFS |= sockets

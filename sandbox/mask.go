@@ -62,14 +62,16 @@ func checkUnixPathsVisible(paths []string, hidden []string) error {
 // hidden the directories naming other Trials. Even a uid-0 Trial owns
 // root's files: these mounts, not permissions, keep it from the host's
 // core_pattern, other Trials' cgroup.kill and trialnet's sockets.
-func maskHost(hide []string) error {
+func maskHost(nested bool, hide []string) error {
 	cgroup2, err := Cgroup2Mount()
 	if err != nil {
 		return err
 	}
 	// Where the kernel has them, as container runtimes do: sysctls, the
-	// SysRq trigger, IRQ affinities and device buses, all host-wide.
-	for _, p := range []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"} {
+	// SysRq trigger, IRQ affinities and device buses, all host-wide. Not
+	// in a nested Trial, whose sandboxes could not mount a /proc of their
+	// own over a masked one, and whose commands are never uid 0.
+	for _, p := range maskedProc(nested) {
 		if _, err := os.Lstat(p); err != nil {
 			continue // not on this kernel: nothing to protect
 		}
@@ -117,6 +119,13 @@ func maskHost(hide []string) error {
 		}
 	}
 	return nil
+}
+
+func maskedProc(nested bool) []string {
+	if nested {
+		return nil
+	}
+	return []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"}
 }
 
 // readOnlySys bind-remounts /sys and every mount below it read-only,

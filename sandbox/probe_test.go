@@ -85,6 +85,8 @@ func probe(args []string) int {
 		err = unixBind(target)
 	case "unix-self":
 		err = unixSelf(target, args[2], args[3])
+	case "unix-hold":
+		err = unixHold(target)
 	case "symlink":
 		err = os.Symlink(target, args[2])
 	case "link":
@@ -548,6 +550,25 @@ func unixSelf(typ, bind, connect string) error {
 	if n, _, err := unix.Recvfrom(srv, b[:], 0); err != nil || n != 1 || b[0] != 7 {
 		return fmt.Errorf("no byte across (%d, %v)", n, err)
 	}
+	return nil
+}
+
+// unixHold listens on path, says "ready", and holds the socket until its
+// stdin ends.
+func unixHold(path string) error {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		return err
+	}
+	if err := unix.Listen(fd, 8); err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
 	return nil
 }
 

@@ -97,6 +97,9 @@ type Spec struct {
 	UnixPaths []string `json:"unix_paths,omitempty"`
 	// UnixOpen opts out of unix socket confinement.
 	UnixOpen bool `json:"unix_open,omitempty"`
+	// Nested lets the Trial's commands make user namespaces, and so run
+	// sandboxes of their own (bwrap): see nested.go for what it changes.
+	Nested bool `json:"nested,omitempty"`
 	// Pools bound the Trial's share of the host's tasks and memory.
 	Pools PoolLimits `json:"pools,omitempty"`
 }
@@ -155,6 +158,11 @@ func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
 	if err := checkUnixPathsVisible(spec.UnixPaths, hiddenDirs(h.netnsDir())); err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
+	if spec.Nested {
+		if err := h.CanNest(); err != nil {
+			return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
+		}
+	}
 	if !spec.UnixOpen && !h.BPF.LSM() {
 		for _, p := range spec.UnixPaths {
 			if err := checkUnixPathSafe(p); err != nil {
@@ -194,6 +202,7 @@ func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
 		UnixPaths:   spec.UnixPaths,
 		UnixOpen:    spec.UnixOpen,
 		OwnDirs:     true, // the init mounts them (mountOwnDirs)
+		Nested:      spec.Nested,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)

@@ -87,9 +87,10 @@ func auditArch() (uint32, error) {
 	return 0, fmt.Errorf("seccomp: no filter for %s; trialnet supports amd64 and arm64", runtime.GOARCH)
 }
 
-// seccompProgram assembles the filter. Jumps are written to labels and
-// resolved at the end, so that the program reads top to bottom.
-func seccompProgram() ([]bpf.RawInstruction, error) {
+// seccompProgram assembles the filter; userns allows CLONE_NEWUSER (a
+// nested Trial). Jumps are written to labels and resolved at the end, so
+// that the program reads top to bottom.
+func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	arch, err := auditArch()
 	if err != nil {
 		return nil, err
@@ -125,8 +126,10 @@ func seccompProgram() ([]bpf.RawInstruction, error) {
 	// unix path, or replay any other mount trick. Both calls take the
 	// flags in the low 32 bits of their first argument.
 	a.label("userns")
-	a.ins(bpf.LoadAbsolute{Off: seccompArg0, Size: 4})
-	a.jumpIf(bpf.JumpBitsSet, unix.CLONE_NEWUSER, "eperm")
+	if !userns {
+		a.ins(bpf.LoadAbsolute{Off: seccompArg0, Size: 4})
+		a.jumpIf(bpf.JumpBitsSet, unix.CLONE_NEWUSER, "eperm")
+	}
 	a.ret(retAllow)
 
 	a.label("family")
@@ -170,8 +173,8 @@ func seccompProgram() ([]bpf.RawInstruction, error) {
 // installSeccomp loads the filter on the calling thread, which must then
 // exec: the filter is kept across execve and inherited by every child.
 // no_new_privs must already be set (dropPrivileges does).
-func installSeccomp() error {
-	prog, err := seccompProgram()
+func installSeccomp(userns bool) error {
+	prog, err := seccompProgram(userns)
 	if err != nil {
 		return err
 	}

@@ -14,8 +14,15 @@ import (
 // calls a kernel test cannot make without side effects: a protocol the
 // kernel would load a module for (the module would load on the test
 // host) has to be refused before the kernel sees it.
+// A nested Trial's filter differs in one thing: CLONE_NEWUSER.
 func TestSeccompProgram(t *testing.T) {
-	raw, err := seccompProgram()
+	for _, nested := range []bool{false, true} {
+		t.Run(map[bool]string{false: "trial", true: "nested"}[nested], func(t *testing.T) { testSeccomp(t, nested) })
+	}
+}
+
+func testSeccomp(t *testing.T, nested bool) {
+	raw, err := seccompProgram(nested)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,5 +91,22 @@ func TestSeccompProgram(t *testing.T) {
 	}
 	if got := run(unix.SYS_GETPID); got != retAllow {
 		t.Errorf("getpid: filter returns %#x, want allow", got)
+	}
+	userns := uint32(retErrno | uint32(unix.EPERM))
+	if nested {
+		userns = retAllow
+	}
+	for _, nr := range []uint32{unix.SYS_UNSHARE, unix.SYS_CLONE} {
+		if got := run(nr, unix.CLONE_NEWUSER|unix.CLONE_NEWNS); got != userns {
+			t.Errorf("syscall %d with CLONE_NEWUSER: filter returns %#x, want %#x", nr, got, userns)
+		}
+		if got := run(nr, unix.CLONE_NEWNS); got != retAllow {
+			t.Errorf("syscall %d without CLONE_NEWUSER: filter returns %#x, want allow", nr, got)
+		}
+	}
+	for nr, want := range map[uint32]uint32{unix.SYS_SETNS: retErrno | uint32(unix.EPERM), unix.SYS_CLONE3: retErrno | uint32(unix.ENOSYS)} {
+		if got := run(nr); got != want {
+			t.Errorf("syscall %d: filter returns %#x, want %#x whether nested or not", nr, got, want)
+		}
 	}
 }

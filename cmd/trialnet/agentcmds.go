@@ -128,12 +128,16 @@ func unixFlags(fs *flag.FlagSet) (*stringList, *bool) {
 	return &allow, fs.Bool("no-unix-confine", false, "do not confine pathname unix sockets (needed on kernels before 6.7 without the BPF LSM layer)")
 }
 
+func nestedFlag(fs *flag.FlagSet) *bool {
+	return fs.Bool("nested", false, "let the Trial run sandboxes of its own (bwrap): user namespaces, never as uid 0; needs the BPF LSM layer")
+}
+
 func strictFlag(fs *flag.FlagSet) *bool {
 	return fs.Bool("strict", false, "allow only the proxy endpoint on loopback, not all of the Trial's loopback")
 }
 
 func cmdCreate(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [-j]",
+	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [--nested] [-j]",
 		"sudo trialnet create --id eval-42 --profile claude -j", stderr)
 	id := fs.String("id", "", "the Trial's id (default: generated)")
 	var af allowFlags
@@ -143,6 +147,7 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 	var procs procsFlag
 	procs.register(fs, "limits.max_processes of the agent's config, else "+procsDefault)
 	unixAllow, noUnix := unixFlags(fs)
+	nested := nestedFlag(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	if err := parseNoArgs(fs, args); err != nil {
@@ -152,7 +157,7 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
 	info, err := agent.NewClient(*socket).Create(agent.CreateRequest{ID: *id, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
-		Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix})
+		Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Nested: *nested})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}

@@ -211,7 +211,7 @@ func cmdUninstall(args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--show-refusals] [--report FILE | --report-fd N] [-v] [-j] -- CMD [ARGS]",
+	fs := newFlags("run", "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--show-refusals] [--report FILE | --report-fd N] [-v] [-j] -- CMD [ARGS]",
 		"sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
 	var af allowFlags
 	af.register(fs, "the config")
@@ -225,6 +225,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	procs.register(fs, "limits.max_processes of the agent's config, else "+procsDefault)
 	timeout := fs.Duration("timeout", 0, "kill everything in the Trial after this long, wall-clock, suspended (^Z) or not (0: no limit)")
 	unixAllow, noUnix := unixFlags(fs)
+	nested := nestedFlag(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	verbose := fs.Bool("v", false, "when CMD ends, print the full counter table instead of the one summary line")
@@ -248,13 +249,16 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		err = af.check()
 	}
+	if err == nil && *nested && u == 0 {
+		err = usageError{"run --nested: a nested Trial runs no command as uid 0 (its /proc is left unmasked for the sandboxes inside, and uid 0 owns what is there); pass --uid N"}
+	}
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
 	// Owned: the Trial ends with this process, however it ends (SIGKILL
 	// included), not only when run tears it down.
 	req := agent.CreateRequest{ID: agent.NewID(), Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS,
-		Strict: *strict, Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Owned: true}
+		Strict: *strict, Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Nested: *nested, Owned: true}
 
 	// A running agent serves the Trial; without one, an agent is embedded
 	// for the life of this command, so a laptop needs no daemon.
@@ -465,7 +469,7 @@ type runBackend interface {
 
 // execIn runs c in the Trial info describes, with its proxy variables.
 func execIn(ctx context.Context, info agent.TrialInfo, c sandbox.Command) (int, error) {
-	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+	tr, err := info.Attach()
 	if err != nil {
 		return -1, err
 	}

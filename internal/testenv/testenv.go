@@ -99,3 +99,14 @@ func RSS(pid int) int64 {
 	}
 	return 0
 }
+
+// SeedBwrap is bwrap in the shape the seed runs each Harness in: the host
+// read-only, its own /dev, /proc (in a PID namespace of its own) and /tmp,
+// a fresh home with one login file bound in read-write, a new session, and
+// death with its parent. extra come before the command (--unshare-net).
+func SeedBwrap(home, login string, extra ...string) []string {
+	args := []string{"bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+		"--tmpfs", home, "--bind", login, filepath.Join(home, filepath.Base(login)), "--setenv", "HOME", home,
+		"--unshare-pid", "--new-session", "--die-with-parent"}
+	return append(append(args, extra...), "--")
+}

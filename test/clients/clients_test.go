@@ -156,12 +156,24 @@ type trial struct {
 
 func (w *world) newTrial(t *testing.T, name string, uid uint32, allow ...string) *trial {
 	t.Helper()
-	info, err := w.agent.Create(agent.CreateRequest{ID: "cl-" + name, Allow: allow})
+	tc, err := w.tryTrial(t, name, uid, agent.CreateRequest{Allow: allow})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tc
+}
+
+// tryTrial makes the Trial req asks for, named after name, or says why
+// the agent would not.
+func (w *world) tryTrial(t *testing.T, name string, uid uint32, req agent.CreateRequest) (*trial, error) {
+	t.Helper()
+	req.ID = "cl-" + name
+	info, err := w.agent.Create(req)
+	if err != nil {
+		return nil, err
+	}
 	t.Cleanup(func() { _, _ = w.agent.Destroy(info.ID) })
-	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+	tr, err := info.Attach()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +188,7 @@ func (w *world) newTrial(t *testing.T, name string, uid uint32, allow ...string)
 	if goBin, err := exec.LookPath("go"); err == nil {
 		path += ":" + filepath.Dir(goBin)
 	}
-	return &trial{t: t, w: w, info: info, tr: tr, home: home, uid: uid, path: path}
+	return &trial{t: t, w: w, info: info, tr: tr, home: home, uid: uid, path: path}, nil
 }
 
 // workdir is a fresh directory in the Trial's home, owned by its user.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -326,10 +327,17 @@ func boundaryTrial(t *testing.T, w *boundaryWorld) (*agent.Host, *sandbox.Trial)
 // as uid 65534, with the operator's terminal as its stderr.
 func runInTrial(t *testing.T, w *boundaryWorld, tr *sandbox.Trial) map[string]Result {
 	t.Helper()
+	return runInTrialIn(t, w, tr, nil)
+}
+
+// runInTrialIn is runInTrial with the escapee run by wrap (a nested
+// sandbox's command line, ending in "--").
+func runInTrialIn(t *testing.T, w *boundaryWorld, tr *sandbox.Trial, wrap []string) map[string]Result {
+	t.Helper()
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	code, err := tr.Exec(ctx, sandbox.Command{Args: w.args(t), Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534,
+	code, err := tr.Exec(ctx, sandbox.Command{Args: append(slices.Clone(wrap), w.args(t)...), Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534,
 		Stdin: w.peer, Stdout: &out, Stderr: w.opSlave}, nil)
 	if err != nil || code != 0 {
 		t.Fatalf("escapee: exit %d, %v", code, err)

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -188,6 +189,13 @@ func escapee(t *testing.T) string {
 // runEscapee runs escapee in tr as nobody and returns its results by name.
 func runEscapee(t *testing.T, c *canaries, tr *sandbox.Trial, inboundAt netip.Addr, args ...string) map[string]Result {
 	t.Helper()
+	return runEscapeeIn(t, c, tr, inboundAt, nil, args...)
+}
+
+// runEscapeeIn is runEscapee with the escapee run by wrap (a nested
+// sandbox's command line, ending in "--").
+func runEscapeeIn(t *testing.T, c *canaries, tr *sandbox.Trial, inboundAt netip.Addr, wrap []string, args ...string) map[string]Result {
+	t.Helper()
 	bin := escapee(t)
 	// A port free on this host: in two of the runs escapee listens in the
 	// host's namespace, where other tests' listeners live too.
@@ -198,8 +206,9 @@ func runEscapee(t *testing.T, c *canaries, tr *sandbox.Trial, inboundAt netip.Ad
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	all := append([]string{bin, "-v4", c.host.Addr4.String(), "-v6", c.host.Addr6.String(), "-port", strconv.Itoa(testhost.Port),
-		"-dns-port", strconv.Itoa(dnsPort), "-inbound-port", strconv.Itoa(int(port))}, args...)
+	all := append(slices.Clone(wrap), bin, "-v4", c.host.Addr4.String(), "-v6", c.host.Addr6.String(), "-port", strconv.Itoa(testhost.Port),
+		"-dns-port", strconv.Itoa(dnsPort), "-inbound-port", strconv.Itoa(int(port)))
+	all = append(all, args...)
 	code, err := tr.Exec(ctx, sandbox.Command{Args: all, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534, Stdout: &out, Stderr: &errOut}, nil)
 	close(stop)
 	wg.Wait()
@@ -307,7 +316,7 @@ func TestPrivilegedEscapeTrial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+	tr, err := info.Attach()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -189,7 +189,7 @@ func BenchmarkSandboxWithProcess(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+			tr, err := info.Attach()
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -396,7 +396,7 @@ func BenchmarkLaunch(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+			tr, err := info.Attach()
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -418,7 +418,7 @@ func BenchmarkLaunch(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _, _ = e.a.Destroy(info.ID) })
-		tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
+		tr, err := info.Attach()
 		if err != nil {
 			b.Fatal(err)
 		}
