@@ -205,7 +205,39 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 		}
 	}
 	lk.record(l.lsmErr, coll.Programs)
+	if err := l.syncPolicies(); err != nil {
+		return nil, err
+	}
 	return l, nil
+}
+
+// syncPolicies makes every live Trial's policy agree with the layers now
+// attached: the unix hooks leave paths to the LSM layer's peer check only
+// while it runs (else a path would go unjudged), and a nested Trial,
+// whose processes may mount, keeps no policy at all without it: the
+// kernel then refuses it everything (no_policy), until it is destroyed.
+func (l *Loader) syncPolicies() error {
+	var (
+		id   uint64
+		v    trialnetTrialPolicy
+		errs []error
+	)
+	lsm := l.LSM()
+	it := l.policy.Iterate()
+	for it.Next(&id, &v) {
+		switch {
+		case v.Flags&flagNested != 0 && !lsm:
+			if err := l.policy.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("refuse everything to nested Trial cgroup %d without the LSM layer: %w", id, err))
+			}
+		case (v.Flags&flagPeerCheck != 0) != lsm:
+			v.Flags ^= flagPeerCheck
+			if err := l.policy.Update(id, v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("policy of Trial cgroup %d: %w", id, err))
+			}
+		}
+	}
+	return errors.Join(append(errs, it.Err())...)
 }
 
 // loadSpec is the collection spec for a parent cgroup at level with id
@@ -570,6 +602,9 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 	// alone confines on kernels before 6.7.
 	if !p.UnixOpen && !l.unixHook && !l.LSM() {
 		return ErrUnixHookMissing
+	}
+	if p.Nested && !l.LSM() {
+		return fmt.Errorf("policy: a nested Trial needs the BPF LSM layer (%v)", l.lsmErr)
 	}
 	if l.LSM() {
 		// The peer check judges what a path leads to: the path hooks

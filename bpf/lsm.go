@@ -33,6 +33,7 @@ var lsmHooks = []lsmHook{
 	{trialnetProgTrialnetLsmFileIoctlCompat, true}, // Linux 6.8+
 	{trialnetProgTrialnetLsmUnixStreamConnect, false},
 	{trialnetProgTrialnetLsmUnixMaySend, false},
+	{trialnetProgTrialnetLsmNetlinkSend, false},
 }
 
 // ErrLSMMissing means the kernel cannot run trialnet's BPF LSM layer; the
@@ -237,11 +238,12 @@ func (l *Loader) LSM() bool { return len(l.lsmLinks) > 0 }
 func (l *Loader) LSMError() error { return l.lsmErr }
 
 // DetachLSM unpins and closes the LSM links, leaving the cgroup layer alone
-// (for tests that need enforcement without the LSM layer).
+// (for tests that need enforcement without the LSM layer), and makes the
+// live Trials' policies do without it (syncPolicies).
 func (l *Loader) DetachLSM() error {
 	err := detach(l.pinDir, l.lsmLinks)
 	l.lsmLinks = nil
-	return err
+	return errors.Join(err, l.syncPolicies())
 }
 
 // DetachCgroup unpins and closes the cgroup links, leaving the LSM layer

@@ -4,6 +4,7 @@ package bpf
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"os"
@@ -176,6 +177,8 @@ func childCommand(cmd string, args []string) (string, error) {
 		}
 		defer unix.Close(fd)
 		return "", unix.Sendto(fd, []byte("x"), 0, &unix.SockaddrUnix{Name: args[0]})
+	case "blackhole":
+		return "", addBlackholeRoute()
 	case "bindmount":
 		// The child has a mount namespace of its own; keep it from
 		// propagating anything back to the host's.
@@ -185,6 +188,44 @@ func childCommand(cmd string, args []string) (string, error) {
 		return "", unix.Mount(args[0], args[1], "", unix.MS_BIND, "")
 	}
 	return "", fmt.Errorf("unknown command %q", cmd)
+}
+
+// addBlackholeRoute asks route netlink for a blackhole route to
+// 192.0.2.0/24 in the caller's network namespace (a write the LSM layer
+// refuses a Trial task, CAP_NET_ADMIN or not), and returns the kernel's
+// answer.
+func addBlackholeRoute() error {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	const hdr, rtmsg, attr = unix.SizeofNlMsghdr, unix.SizeofRtMsg, 8
+	b := make([]byte, hdr+rtmsg+attr)
+	binary.NativeEndian.PutUint32(b[0:], uint32(len(b)))
+	binary.NativeEndian.PutUint16(b[4:], unix.RTM_NEWROUTE)
+	binary.NativeEndian.PutUint16(b[6:], unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+	r := b[hdr:]
+	r[0], r[1], r[4], r[5], r[6], r[7] = unix.AF_INET, 24, unix.RT_TABLE_MAIN, unix.RTPROT_BOOT, unix.RT_SCOPE_UNIVERSE, unix.RTN_BLACKHOLE
+	a := b[hdr+rtmsg:]
+	binary.NativeEndian.PutUint16(a[0:], attr)
+	binary.NativeEndian.PutUint16(a[2:], unix.RTA_DST)
+	copy(a[4:], []byte{192, 0, 2, 0})
+	if err := unix.Sendto(fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	ack := make([]byte, 4096)
+	n, _, err := unix.Recvfrom(fd, ack, 0)
+	if err != nil {
+		return err
+	}
+	if n < hdr+4 || binary.NativeEndian.Uint16(ack[4:]) != unix.NLMSG_ERROR {
+		return fmt.Errorf("no netlink ack (%d bytes)", n)
+	}
+	if e := int32(binary.NativeEndian.Uint32(ack[hdr:])); e != 0 {
+		return syscall.Errno(-e)
+	}
+	return nil
 }
 
 // ioctlByte calls ioctl(fd, cmd, &b) with a one-byte argument, as TIOCSTI

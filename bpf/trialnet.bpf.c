@@ -903,4 +903,80 @@ int BPF_PROG(trialnet_lsm_unix_may_send, struct socket *sock, struct socket *oth
 	return unix_peer_verdict(BPF_CORE_READ(other, sk));
 }
 
+/*
+ * Route netlink writes. A nested Trial holds CAP_NET_ADMIN over network
+ * namespaces it makes, which would put traffic control, routing, link
+ * creation (and the modules a link kind loads) within its reach: a large
+ * part of the kernel, and the usual way a user namespace becomes root.
+ * A Trial task may send only requests that read (RTM_GET*), add an
+ * address, and change an existing link (bringing loopback up, as a
+ * sandbox does): the rest is refused, whatever namespace the socket is in.
+ */
+#define NETLINK_ROUTE 0
+#define RTM_NEWLINK   16
+#define RTM_NEWADDR   20
+#define NLM_F_CREATE  0x400
+#define NL_MAX_MSGS   64
+
+struct sk_buff {
+	unsigned int len;
+	unsigned char *data;
+} __attribute__((preserve_access_index));
+
+struct sock___proto {
+	__u16 sk_protocol;
+} __attribute__((preserve_access_index));
+
+struct nl_walk {
+	unsigned char *data;
+	__u32 len;
+	__u32 off;
+	__u8 refused;
+	__u8 done;
+};
+
+static long nl_step(__u32 i, void *ctx)
+{
+	struct nl_walk *w = ctx;
+	struct {
+		__u32 len;
+		__u16 type;
+		__u16 flags;
+	} h = {};
+	if (w->off >= w->len) {
+		w->done = 1;
+		return 1;
+	}
+	if (w->len - w->off < 16 || bpf_probe_read_kernel(&h, sizeof(h), w->data + w->off)) {
+		w->done = 1; /* too short to be a request: the kernel refuses it */
+		return 1;
+	}
+	__u16 t = h.type;
+	int ok = t < RTM_NEWLINK || (t & 3) == 2 || t == RTM_NEWADDR ||
+		 (t == RTM_NEWLINK && !(h.flags & NLM_F_CREATE));
+	if (!ok || h.len < 16) {
+		w->refused = 1;
+		return 1;
+	}
+	w->off += (h.len + 3) & ~3U;
+	return 0;
+}
+
+SEC("lsm/netlink_send")
+int BPF_PROG(trialnet_lsm_netlink_send, struct sock *sk, struct sk_buff *skb, int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	if (!in_scope() || BPF_CORE_READ((struct sock___proto *)sk, sk_protocol) != NETLINK_ROUTE)
+		return LSM_ALLOW;
+	struct nl_walk w = {};
+	w.data = BPF_CORE_READ(skb, data);
+	w.len = BPF_CORE_READ(skb, len);
+	bpf_loop(NL_MAX_MSGS, nl_step, &w, 0);
+	if (w.refused || !w.done)
+		return -EPERM; /* a refused request, or more than NL_MAX_MSGS */
+	return LSM_ALLOW;
+}
+
 char __license[] SEC("license") = "Dual BSD/GPL";

@@ -85,6 +85,7 @@ const (
 	trialnetProgTrialnetEgress               = "trialnet_egress"
 	trialnetProgTrialnetLsmFileIoctl         = "trialnet_lsm_file_ioctl"
 	trialnetProgTrialnetLsmFileIoctlCompat   = "trialnet_lsm_file_ioctl_compat"
+	trialnetProgTrialnetLsmNetlinkSend       = "trialnet_lsm_netlink_send"
 	trialnetProgTrialnetLsmPtraceAccessCheck = "trialnet_lsm_ptrace_access_check"
 	trialnetProgTrialnetLsmSocketConnect     = "trialnet_lsm_socket_connect"
 	trialnetProgTrialnetLsmSocketCreate      = "trialnet_lsm_socket_create"
@@ -149,6 +150,7 @@ type trialnetProgramSpecs struct {
 	TrialnetEgress               *ebpf.ProgramSpec `ebpf:"trialnet_egress"`
 	TrialnetLsmFileIoctl         *ebpf.ProgramSpec `ebpf:"trialnet_lsm_file_ioctl"`
 	TrialnetLsmFileIoctlCompat   *ebpf.ProgramSpec `ebpf:"trialnet_lsm_file_ioctl_compat"`
+	TrialnetLsmNetlinkSend       *ebpf.ProgramSpec `ebpf:"trialnet_lsm_netlink_send"`
 	TrialnetLsmPtraceAccessCheck *ebpf.ProgramSpec `ebpf:"trialnet_lsm_ptrace_access_check"`
 	TrialnetLsmSocketConnect     *ebpf.ProgramSpec `ebpf:"trialnet_lsm_socket_connect"`
 	TrialnetLsmSocketCreate      *ebpf.ProgramSpec `ebpf:"trialnet_lsm_socket_create"`
@@ -234,6 +236,7 @@ type trialnetPrograms struct {
 	TrialnetEgress               *ebpf.Program `ebpf:"trialnet_egress"`
 	TrialnetLsmFileIoctl         *ebpf.Program `ebpf:"trialnet_lsm_file_ioctl"`
 	TrialnetLsmFileIoctlCompat   *ebpf.Program `ebpf:"trialnet_lsm_file_ioctl_compat"`
+	TrialnetLsmNetlinkSend       *ebpf.Program `ebpf:"trialnet_lsm_netlink_send"`
 	TrialnetLsmPtraceAccessCheck *ebpf.Program `ebpf:"trialnet_lsm_ptrace_access_check"`
 	TrialnetLsmSocketConnect     *ebpf.Program `ebpf:"trialnet_lsm_socket_connect"`
 	TrialnetLsmSocketCreate      *ebpf.Program `ebpf:"trialnet_lsm_socket_create"`
@@ -256,6 +259,7 @@ func (p *trialnetPrograms) Close() error {
 		p.TrialnetEgress,
 		p.TrialnetLsmFileIoctl,
 		p.TrialnetLsmFileIoctlCompat,
+		p.TrialnetLsmNetlinkSend,
 		p.TrialnetLsmPtraceAccessCheck,
 		p.TrialnetLsmSocketConnect,
 		p.TrialnetLsmSocketCreate,

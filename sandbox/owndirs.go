@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -41,8 +42,9 @@ var ownDirs = []struct {
 // there is one), and builds in /tmp can want a gigabyte.
 const TmpBytes = 1 << 30
 
-// ownDirOf is the own directory path is beneath, or "".
-func ownDirOf(path string) string {
+// OwnDirOf is the directory a Trial has its own of (/tmp, /var/tmp,
+// /dev/shm) that path is beneath, or "".
+func OwnDirOf(path string) string {
 	for _, d := range ownDirs {
 		if under(filepath.Clean(path), d.dir) {
 			return d.dir
@@ -52,18 +54,23 @@ func ownDirOf(path string) string {
 }
 
 // mountOwnDirs covers each own directory the host has with a fresh tmpfs.
-// An allowed socket of the host beneath one (keep) is bound at its path
-// in the new tmpfs, so that the Trial still reaches it there.
+// Where one is a symlink on the host (/dev/shm to /run/shm, /var/tmp to
+// /tmp), the tmpfs goes where it leads, in the Trial's mount namespace
+// only: Landlock's rules and the views follow the same link, so they
+// must find the Trial's tmpfs there, never a host directory. An allowed
+// socket of the host beneath one (keep) is bound at its path in the new
+// tmpfs, so that the Trial still reaches it there.
 func mountOwnDirs(keep []string) error {
+	mounted := map[string]bool{}
 	for _, d := range ownDirs {
-		fi, err := os.Lstat(d.dir)
-		if err != nil || !fi.IsDir() {
-			continue // none, or a symlink to another: nothing of its own to cover
+		real, err := filepath.EvalSymlinks(d.dir)
+		if err != nil {
+			continue // none on this host: its paths lead nowhere
 		}
 		// Opened before the tmpfs hides them.
 		var socks []*os.File
-		for _, p := range keep {
-			if ownDirOf(p) != d.dir {
+		for _, p := range slices.Compact(slices.Sorted(slices.Values(keep))) {
+			if OwnDirOf(p) != d.dir {
 				continue
 			}
 			f, err := os.OpenFile(p, unix.O_PATH|unix.O_CLOEXEC, 0)
@@ -73,7 +80,13 @@ func mountOwnDirs(keep []string) error {
 			}
 			socks = append(socks, f)
 		}
-		err = unix.Mount("tmpfs", d.dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.Itoa(d.size))
+		if !mounted[real] {
+			err = unix.Mount("tmpfs", real, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.Itoa(d.size))
+			mounted[real] = err == nil
+		}
+		if err == nil {
+			err = ownTmpfs(d.dir)
+		}
 		if err == nil {
 			err = bindSockets(socks)
 		}
@@ -81,6 +94,19 @@ func mountOwnDirs(keep []string) error {
 		if err != nil {
 			return fmt.Errorf("mount the Trial's own %s: %w", d.dir, err)
 		}
+	}
+	return nil
+}
+
+// ownTmpfs checks that dir, followed as Landlock and the views follow it,
+// is a tmpfs this mount namespace made.
+func ownTmpfs(dir string) error {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return err
+	}
+	if fs.Type != unix.TMPFS_MAGIC {
+		return fmt.Errorf("%s is not the Trial's tmpfs after mounting it (filesystem type %#x)", dir, fs.Type)
 	}
 	return nil
 }
@@ -123,7 +149,9 @@ func mountViews(dir string) error {
 		if _, err := os.Stat(d.dir); err != nil {
 			continue // none on this host: its paths lead nowhere
 		}
-		if err := unix.Mount(d.dir, v, "", unix.MS_BIND, ""); err != nil {
+		// Recursive: an allowed socket bound into the tmpfs is reached
+		// through the view too, by any spelling of its path.
+		if err := unix.Mount(d.dir, v, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind the view of %s: %w", d.dir, err)
 		}
 		if err := unix.Mount("", v, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSYMFOLLOW|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {

@@ -72,6 +72,15 @@ var (
 var refusedCalls = []uint32{unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEYCTL,
 	unix.SYS_BPF, unix.SYS_PERF_EVENT_OPEN, unix.SYS_USERFAULTFD, unix.SYS_IO_SETUP}
 
+// The setsockopt option ranges of netfilter's tables and IPVS (refused
+// with EPERM): IPT_SO_SET_*, ARPT_SO_SET_*, EBT_SO_SET_*, IP_VS_SO_SET_*
+// on SOL_IP; IP6T_SO_SET_* on SOL_IPV6. No socket option a program
+// needs lies in them.
+var (
+	netfilterIPOpts   = [][2]uint32{{64, 67}, {96, 99}, {128, 131}, {1152, 1163}}
+	netfilterIPv6Opts = [][2]uint32{{64, 67}}
+)
+
 // refusedIoctls would let a Trial type into a terminal or read its
 // screen, or attach a line discipline to its terminal (TIOCSETD: rarely
 // used code, HDLC, GSM mux and the like, loaded as modules on demand).
@@ -105,6 +114,7 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	a.jumpIf(bpf.JumpEqual, unix.SYS_SOCKET, "family")
 	a.jumpIf(bpf.JumpEqual, unix.SYS_SOCKETPAIR, "family")
 	a.jumpIf(bpf.JumpEqual, unix.SYS_IOCTL, "ioctl")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_SETSOCKOPT, "setsockopt")
 	// io_uring can create a socket of any family (IORING_OP_SOCKET)
 	// without calling socket(2): no ring, no way around the allowlist.
 	a.jumpIf(bpf.JumpEqual, unix.SYS_IO_URING_SETUP, "enosys")
@@ -161,6 +171,28 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	}
 	a.ret(retAllow)
 
+	// Netfilter's table replacement (iptables, ip6tables, arptables,
+	// ebtables) and IPVS, through setsockopt on any IPv4 or IPv6 socket:
+	// reachable with CAP_NET_ADMIN over a network namespace a nested
+	// Trial made, and a classic way from a user namespace to the kernel.
+	a.label("setsockopt")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg1, Size: 4})
+	a.jumpIf(bpf.JumpEqual, unix.SOL_IP, "sol_ip")
+	a.jumpIf(bpf.JumpEqual, unix.SOL_IPV6, "sol_ipv6")
+	a.ret(retAllow)
+	a.label("sol_ip")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg2, Size: 4})
+	for i, r := range netfilterIPOpts {
+		a.refuseRange(r, fmt.Sprintf("sol_ip_%d", i))
+	}
+	a.ret(retAllow)
+	a.label("sol_ipv6")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg2, Size: 4})
+	for i, r := range netfilterIPv6Opts {
+		a.refuseRange(r, fmt.Sprintf("sol_ipv6_%d", i))
+	}
+	a.ret(retAllow)
+
 	a.label("eperm")
 	a.ret(retErrno | uint32(unix.EPERM))
 	a.label("enosys")
@@ -208,6 +240,14 @@ func (a *asm) label(name string) {
 		a.labels = map[string]int{}
 	}
 	a.labels[name] = len(a.prog)
+}
+
+// refuseRange goes to "eperm" when the accumulator is within r; next
+// names the label after the test.
+func (a *asm) refuseRange(r [2]uint32, next string) {
+	a.jumpIf(bpf.JumpLessThan, r[0], next)
+	a.jumpIf(bpf.JumpLessOrEqual, r[1], "eperm")
+	a.label(next)
 }
 
 // jumpIf goes to label when the condition holds, else on.

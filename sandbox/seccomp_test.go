@@ -92,6 +92,27 @@ func testSeccomp(t *testing.T, nested bool) {
 	if got := run(unix.SYS_GETPID); got != retAllow {
 		t.Errorf("getpid: filter returns %#x, want allow", got)
 	}
+	for _, c := range []struct {
+		level, opt uint32
+		want       uint32
+	}{
+		{unix.SOL_IP, 64, retErrno | uint32(unix.EPERM)},   // IPT_SO_SET_REPLACE
+		{unix.SOL_IP, 96, retErrno | uint32(unix.EPERM)},   // ARPT_SO_SET_REPLACE
+		{unix.SOL_IP, 128, retErrno | uint32(unix.EPERM)},  // EBT_SO_SET_ENTRIES
+		{unix.SOL_IP, 1153, retErrno | uint32(unix.EPERM)}, // IP_VS_SO_SET_ADD
+		{unix.SOL_IPV6, 64, retErrno | uint32(unix.EPERM)}, // IP6T_SO_SET_REPLACE
+		{unix.SOL_IP, unix.IP_TOS, retAllow},
+		{unix.SOL_IP, unix.IP_LOCAL_PORT_RANGE, retAllow},
+		{unix.SOL_IP, 68, retAllow},
+		{unix.SOL_IPV6, unix.IPV6_V6ONLY, retAllow},
+		{unix.SOL_IPV6, unix.IPV6_TRANSPARENT, retAllow},
+		{unix.SOL_TCP, 64, retAllow},
+		{unix.SOL_SOCKET, unix.SO_REUSEADDR, retAllow},
+	} {
+		if got := run(unix.SYS_SETSOCKOPT, 3, c.level, c.opt); got != c.want {
+			t.Errorf("setsockopt(level %d, option %d): filter returns %#x, want %#x", c.level, c.opt, got, c.want)
+		}
+	}
 	userns := uint32(retErrno | uint32(unix.EPERM))
 	if nested {
 		userns = retAllow

@@ -5,6 +5,7 @@ package main
 import (
 	"flag"
 	"io"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -134,5 +135,19 @@ func TestMaxProcsFlag(t *testing.T) {
 	var f procsFlag
 	if err := f.Set("4194304"); err != nil || f != 4194304 {
 		t.Errorf("Set(4194304): %v, %d", err, f)
+	}
+}
+
+// run notes the arguments that name something in the host's /tmp,
+// /var/tmp or /dev/shm, which a Trial has its own of.
+func TestHostOwnDirPaths(t *testing.T) {
+	dir := t.TempDir() // under the host's /tmp
+	file := filepath.Join(dir, "script.py")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := hostOwnDirPaths([]string{"python3", file, "--out=" + dir, "/tmp", "/usr/bin/env", "/tmp/trialnet-no-such-file", "relative/tmp"})
+	if want := []string{file, dir}; !slices.Equal(got, want) {
+		t.Errorf("hostOwnDirPaths: %q, want %q", got, want)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -244,6 +245,10 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if len(argv) == 0 {
 		fs.Usage()
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"run: no command given; put it after --"})
+	}
+	for _, p := range hostOwnDirPaths(argv) {
+		fmt.Fprintf(stderr, "trialnet: note: %s is in the host's %s; the Trial has its own (empty) /tmp, /var/tmp and /dev/shm and will not find it: put what CMD needs in a directory outside them\n",
+			termsafe.String(p), termsafe.String(sandbox.OwnDirOf(p)))
 	}
 	u, g, err := trialUser(user)
 	if err == nil {
@@ -481,6 +486,25 @@ func execIn(ctx context.Context, info agent.TrialInfo, c sandbox.Command) (int, 
 		c.MaxProcs = info.Limits.MaxProcesses // 0 in records older than it: the default
 	}
 	return tr.Exec(ctx, c, sigs)
+}
+
+// hostOwnDirPaths are the paths among CMD's arguments (whole, or after
+// an "=") that exist on the host beneath a directory a Trial has its own
+// of: a common surprise, worth a note before the Trial starts.
+func hostOwnDirPaths(argv []string) []string {
+	var out []string
+	for _, a := range argv {
+		if _, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(v, "/") {
+			a = v
+		}
+		if d := sandbox.OwnDirOf(a); !strings.HasPrefix(a, "/") || d == "" || d == filepath.Clean(a) {
+			continue
+		}
+		if _, err := os.Lstat(a); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // trialUser decides who CMD runs as: never root. Without a single

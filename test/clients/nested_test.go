@@ -3,6 +3,7 @@
 package clients
 
 import (
+	"bufio"
 	"context"
 	"net"
 	"os"
@@ -88,8 +89,9 @@ func TestPrivilegedNestedSandbox(t *testing.T) {
 		return "/usr/bin/python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print(s.recv(64).decode().strip() or \"connected\")' " + path
 	}
 
-	t.Run("seed shape", func(t *testing.T) {
-		script := `cat "$HOME/login.json"; echo '{"token":"refreshed"}' > "$HOME/login.json"
+	// seed shape (tc runs as the test, so no subtest)
+	func() {
+		script := `cat "$HOME/` + filepath.Base(login) + `"; echo '{"token":"refreshed"}' > "$HOME/` + filepath.Base(login) + `"
 curl -sS --max-time 30 ` + url("allowed."+domain, "/hello") + `
 curl -sS --max-time 30 -o /dev/null ` + url(deniedHost, "/hello") + ` 2>&1 || echo denied-refused
 curl -sS --max-time 5 --noproxy '*' -o /dev/null https://` + addr + `/hello 2>&1 || echo direct-refused
@@ -112,20 +114,26 @@ curl -sS --max-time 5 --noproxy '*' -o /dev/null https://` + addr + `/hello 2>&1
 			t.Errorf("no deny decision for %s", deniedHost)
 		}
 		t.Logf("bwrap in a nested Trial:\n%s", strings.TrimSpace(out))
-	})
+	}()
 
-	t.Run("unshare-net relay", func(t *testing.T) {
+	// unshare-net relay (tc runs as the test, so no subtest)
+	func() {
 		// The relay's socket is in a directory the sandbox binds in: its
 		// own /tmp is fresh.
 		script := `mkdir -p /tmp/relay
 socat UNIX-LISTEN:/tmp/relay/proxy.sock,fork TCP:127.0.0.1:3128 &
+relay=$!
 for i in $(seq 50); do [ -S /tmp/relay/proxy.sock ] && break; sleep 0.1; done
-exec ` + strings.Join(testenv.SeedBwrap(tc.home, login, "--unshare-net", "--bind", "/tmp/relay", "/tmp/relay"), " ") + ` /bin/sh -c '
+` + strings.Join(testenv.SeedBwrap(tc.home, login, "--unshare-net", "--bind", "/tmp/relay", "/tmp/relay"), " ") + ` /bin/sh -c '
 socat TCP-LISTEN:3128,bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:/tmp/relay/proxy.sock &
+inner=$!
 for i in $(seq 50); do curl -s -o /dev/null http://127.0.0.1:3128/ && break; sleep 0.1; done
 curl -sS --max-time 30 ` + url("allowed."+domain, "/hello") + `
 curl -sS --max-time 5 --noproxy "*" -o /dev/null https://` + addr + `/hello 2>&1 || echo direct-refused
-kill %1'`
+kill $inner'
+code=$?
+kill $relay
+exit $code`
 		code, out := tc.run(true, []string{"HTTPS_PROXY=http://127.0.0.1:3128", "https_proxy=http://127.0.0.1:3128"}, "/bin/sh", "-c", script)
 		if code != 0 {
 			t.Fatalf("exit %d:\n%s", code, out)
@@ -136,9 +144,10 @@ kill %1'`
 			}
 		}
 		t.Logf("an --unshare-net sandbox through a unix relay:\n%s", strings.TrimSpace(out))
-	})
+	}()
 
-	t.Run("mounts from a nested user namespace", func(t *testing.T) {
+	// mounts from a nested user namespace (tc runs as the test, so no subtest)
+	func() {
 		before := allowedHits.Load()
 		// A host socket bound over a path in the sandbox's /tmp, and over
 		// the Trial's allowed socket.
@@ -156,7 +165,7 @@ kill %1'`
 		if n := allowedHits.Load() - before; n != 0 {
 			t.Errorf("the allowed socket's server saw %d connections, but its path led to another socket", n)
 		}
-	})
+	}()
 
 	if n := reached.Load(); n != 0 {
 		t.Errorf("the host socket accepted %d connections from the nested Trial", n)
@@ -201,30 +210,41 @@ func TestPrivilegedNestedSignalsAndCleanup(t *testing.T) {
 		})
 	}
 
-	// A sandbox whose processes would outlive bwrap: the Trial's end takes
-	// them all.
+	// A sandbox still running, its PID namespace holding processes that
+	// ignore SIGTERM, when the Trial is destroyed: nothing of it is left.
 	var argv []string
 	for _, a := range testenv.SeedBwrap(tc.home, login) {
 		if a != "--die-with-parent" {
 			argv = append(argv, a)
 		}
 	}
-	argv = append(argv, "/bin/sh", "-c", "sleep 300 & sleep 300 & echo started")
-	code, out := tc.run(false, nil, argv...)
-	if code != 0 || !strings.Contains(out, "started") {
-		t.Fatalf("exit %d: %s", code, out)
+	argv = append(argv, "/bin/sh", "-c", "trap '' TERM; sleep 300 & sleep 300 & echo started; wait")
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outR.Close()
+	p, err := tc.tr.Start(sandbox.Command{Args: argv, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: outW, Stderr: outW})
+	_ = outW.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = outR.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if line, err := bufio.NewReader(outR).ReadString('\n'); err != nil || !strings.Contains(line, "started") {
+		t.Fatalf("the sandbox said %q (%v)", line, err)
 	}
 	pids := cgroupProcs(t, tc.info.Cgroup)
-	if len(pids) < 3 {
-		t.Fatalf("the Trial holds %d processes (%v), want its init and the two sleeps", len(pids), pids)
+	if len(pids) < 5 {
+		t.Fatalf("the Trial holds %d processes (%v), want its init, bwrap's two, the shell and two sleeps", len(pids), pids)
 	}
 	if _, err := w.agent.Destroy(tc.info.ID); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range pids {
-		if _, err := os.Stat(filepath.Join("/proc", p)); err == nil {
-			b, _ := os.ReadFile(filepath.Join("/proc", p, "cmdline"))
-			t.Errorf("pid %s (%q) outlived its Trial", p, b)
+	_, _ = p.Wait()
+	for _, pid := range pids {
+		if _, err := os.Stat(filepath.Join("/proc", pid)); err == nil {
+			b, _ := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
+			t.Errorf("pid %s (%q) outlived its Trial", pid, b)
 		}
 	}
 }
