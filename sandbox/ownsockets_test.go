@@ -3,14 +3,12 @@
 package sandbox
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -25,49 +23,37 @@ import (
 // refusal.
 type hostSockets struct {
 	dir, stream, dgram string
-	hits               atomic.Int64
+	streamHits         *atomic.Int64
+	dgramHits          atomic.Int64
 }
 
 func newHostSockets(t *testing.T) *hostSockets {
 	t.Helper()
 	h := &hostSockets{dir: privtest.SharedDir(t, "hostsock-")}
 	h.stream, h.dgram = filepath.Join(h.dir, "host.sock"), filepath.Join(h.dir, "host.dgram")
-	ln, err := net.Listen("unix", h.stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			h.hits.Add(1)
-			_ = c.Close()
-		}
-	}()
+	h.streamHits = privtest.ServeUnix(t, h.stream, "")
 	pc, err := net.ListenPacket("unixgram", h.dgram)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pc.Close() })
+	if err := os.Chmod(h.dgram, 0o666); err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		var b [64]byte
 		for {
 			if _, _, err := pc.ReadFrom(b[:]); err != nil {
 				return
 			}
-			h.hits.Add(1)
+			h.dgramHits.Add(1)
 		}
 	}()
-	for _, p := range []string{h.stream, h.dgram} {
-		if err := os.Chmod(p, 0o666); err != nil {
-			t.Fatal(err)
-		}
-	}
 	return h
 }
+
+// hits is how often the Trial reached the host's sockets.
+func (h *hostSockets) hits() int64 { return h.streamHits.Load() + h.dgramHits.Load() }
 
 // A Trial's own unix sockets work, of every type, in each of its own
 // directories, and are not counted as refusals; no host process sees
@@ -206,7 +192,7 @@ func leadOut(t *testing.T, h *Host, hs *hostSockets) {
 	code, out = probe("unix", own)
 	refused("connect to a bound socket swapped for a symlink", code, out)
 
-	if n := hs.hits.Load(); n != 0 {
+	if n := hs.hits(); n != 0 {
 		t.Errorf("the host sockets were reached %d times from the Trial", n)
 	}
 	stats, err := tr.Counters()
@@ -230,7 +216,7 @@ func TestPrivilegedNoHostClientReachesTrialSockets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var out syncBuffer
+		var out privtest.SyncBuffer
 		p, err := tr.Start(Command{Args: []string{probeExe(t), "unix-hold", "/tmp/srv.sock"}, Env: []string{"TRIALNET_PROBE=1"},
 			UID: nobody, GID: nobody, Stdin: stdinR, Stdout: &out, Stderr: &out})
 		_ = stdinR.Close()
@@ -267,23 +253,4 @@ func TestPrivilegedNoHostClientReachesTrialSockets(t *testing.T) {
 			t.Errorf("server: %d %v: %s", code, err, out.String())
 		}
 	}
-}
-
-// syncBuffer is a buffer a process's output is copied into while the
-// test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -40,7 +40,7 @@ func TestPrivilegedRunThroughAgentKilledIsRemoved(t *testing.T) {
 	privtest.RequireKernel(t, agent.HavePeerPidfd())
 	dir := t.TempDir()
 	host := testenv.IsolatedHost(t, "owner")
-	var log syncBuffer
+	var log privtest.SyncBuffer
 	a, err := agent.Start(agent.AgentConfig{Host: host, DataDir: filepath.Join(dir, "data"), Resolvers: []string{"127.0.0.1:9"},
 		Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	if err != nil {
@@ -57,7 +57,7 @@ func TestPrivilegedRunThroughAgentKilledIsRemoved(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 
 	cmd := trialnetProcess(t, "run", "--socket", sock, "--uid", "65534", "--", "sleep", "60")
-	var errOut syncBuffer
+	var errOut privtest.SyncBuffer
 	cmd.Stderr = &errOut
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -84,7 +83,7 @@ func TestPrivilegedProxyCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan []net.Addr, 1)
-	var out syncBuffer
+	var out privtest.SyncBuffer
 	var errOut bytes.Buffer
 	done := make(chan int, 1)
 	go func() {
@@ -138,30 +137,13 @@ func TestPrivilegedProxyCommand(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // --pprof-dir leaves the profiles docs/performance.md was measured with.
 func TestProxyPprofDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "prof")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan []net.Addr, 1)
-	var out, errOut syncBuffer
+	var out, errOut privtest.SyncBuffer
 	done := make(chan int, 1)
 	go func() {
 		done <- serveProxy(ctx, []string{"--listen", "127.0.0.1:0", "--allow", "api.example.com:443", "--resolver", "127.0.0.1:1",

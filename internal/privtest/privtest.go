@@ -2,8 +2,12 @@
 package privtest
 
 import (
+	"bytes"
+	"net"
 	"os"
 	"os/exec"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -87,4 +91,51 @@ func SharedDir(t testing.TB, prefix string) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
+}
+
+// SyncBuffer is a buffer a process's output is copied into while the
+// test reads it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// ServeUnix listens on a unix stream socket at path that any uid may
+// open (mode 0666), writes greeting to each connection, and counts the
+// connections it accepts; it closes when the test ends.
+func ServeUnix(t testing.TB, path, greeting string) *atomic.Int64 {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	if err := os.Chmod(path, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_, _ = c.Write([]byte(greeting))
+			_ = c.Close()
+		}
+	}()
+	return &n
 }

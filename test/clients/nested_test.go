@@ -5,11 +5,9 @@ package clients
 import (
 	"bufio"
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -61,24 +59,7 @@ func TestPrivilegedNestedSandbox(t *testing.T) {
 	w := newWorld(t)
 	host, reached := hostSocket(t)
 	allowedSock := filepath.Join(privtest.SharedDir(t, "allowed-"), "allowed.sock")
-	var allowedHits atomic.Int64
-	ln, err := net.Listen("unix", allowedSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	_ = os.Chmod(allowedSock, 0o666)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			allowedHits.Add(1)
-			_, _ = c.Write([]byte("allowed-socket\n"))
-			_ = c.Close()
-		}
-	}()
+	allowedHits := privtest.ServeUnix(t, allowedSock, "allowed-socket\n")
 	tc := w.nestedTrial(t, "nested", agent.CreateRequest{Allow: []string{"allowed." + domain + ":443"}, UnixAllow: []string{allowedSock}})
 	if tc == nil {
 		return

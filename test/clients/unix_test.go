@@ -3,8 +3,6 @@
 package clients
 
 import (
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -122,26 +120,7 @@ echo redis-done`,
 func hostSocket(t *testing.T) (string, *atomic.Int64) {
 	t.Helper()
 	path := filepath.Join(privtest.SharedDir(t, "hostsock-"), "host.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	if err := os.Chmod(path, 0o666); err != nil {
-		t.Fatal(err)
-	}
-	var n atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			n.Add(1)
-			_ = c.Close()
-		}
-	}()
-	return path, &n
+	return path, privtest.ServeUnix(t, path, "")
 }
 
 func TestPrivilegedOwnUnixTools(t *testing.T) {
