@@ -805,6 +805,7 @@ func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p proxy.TrialStats) Sta
 		ps.ByReason[string(r)] = n
 	}
 	l := a.host.Layers()
+	l.Nested = info.Nested
 	v := Verdict(k, l)
 	if info.Learning {
 		v += fmt.Sprintf("; LEARNING: the allowlist was not enforced, %d requests to names off it were let through (would_deny); the kernel layers and the address guard were", p.WouldDeny)

@@ -104,6 +104,9 @@ type Layers struct {
 	// Pools say what bounds each Trial's share of the host's tasks and
 	// memory here, or why nothing does.
 	Pools []sandbox.PoolBound `json:"pools,omitempty"`
+	// Nested: the Trial these layers are reported for may make user
+	// namespaces and run sandboxes of its own (its stats say so).
+	Nested bool `json:"nested,omitempty"`
 }
 
 // Layers reports this host's active defences.
@@ -133,6 +136,9 @@ func (l Layers) String() string {
 		on = append(on, "BPF LSM")
 	} else {
 		off = append(off, "BPF LSM ("+l.BPFLSMMissing+")")
+	}
+	if l.Nested {
+		on = append(on, "nested sandboxes allowed (user namespaces)")
 	}
 	for _, p := range l.Pools {
 		if p.Bounded {

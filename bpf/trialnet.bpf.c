@@ -927,41 +927,6 @@ struct sock___proto {
 	__u16 sk_protocol;
 } __attribute__((preserve_access_index));
 
-struct nl_walk {
-	unsigned char *data;
-	__u32 len;
-	__u32 off;
-	__u8 refused;
-	__u8 done;
-};
-
-static long nl_step(__u32 i, void *ctx)
-{
-	struct nl_walk *w = ctx;
-	struct {
-		__u32 len;
-		__u16 type;
-		__u16 flags;
-	} h = {};
-	if (w->off >= w->len) {
-		w->done = 1;
-		return 1;
-	}
-	if (w->len - w->off < 16 || bpf_probe_read_kernel(&h, sizeof(h), w->data + w->off)) {
-		w->done = 1; /* too short to be a request: the kernel refuses it */
-		return 1;
-	}
-	__u16 t = h.type;
-	int ok = t < RTM_NEWLINK || (t & 3) == 2 || t == RTM_NEWADDR ||
-		 (t == RTM_NEWLINK && !(h.flags & NLM_F_CREATE));
-	if (!ok || h.len < 16) {
-		w->refused = 1;
-		return 1;
-	}
-	w->off += (h.len + 3) & ~3U;
-	return 0;
-}
-
 SEC("lsm/netlink_send")
 int BPF_PROG(trialnet_lsm_netlink_send, struct sock *sk, struct sk_buff *skb, int ret)
 {
@@ -970,13 +935,30 @@ int BPF_PROG(trialnet_lsm_netlink_send, struct sock *sk, struct sk_buff *skb, in
 		return prior;
 	if (!in_scope() || BPF_CORE_READ((struct sock___proto *)sk, sk_protocol) != NETLINK_ROUTE)
 		return LSM_ALLOW;
-	struct nl_walk w = {};
-	w.data = BPF_CORE_READ(skb, data);
-	w.len = BPF_CORE_READ(skb, len);
-	bpf_loop(NL_MAX_MSGS, nl_step, &w, 0);
-	if (w.refused || !w.done)
-		return -EPERM; /* a refused request, or more than NL_MAX_MSGS */
-	return LSM_ALLOW;
+	unsigned char *data = BPF_CORE_READ(skb, data);
+	__u32 len = BPF_CORE_READ(skb, len), off = 0;
+	/*
+	 * A bounded loop, not bpf_loop: an LSM program's callbacks are held
+	 * to its return range (6.11+), which a loop callback's 0 and 1 miss.
+	 */
+	for (int i = 0; i < NL_MAX_MSGS; i++) {
+		struct {
+			__u32 len;
+			__u16 type;
+			__u16 flags;
+		} h = {};
+		if (off >= len || len - off < 16)
+			return LSM_ALLOW; /* the end, or too short to be a request */
+		if (bpf_probe_read_kernel(&h, sizeof(h), data + off))
+			return -EPERM;
+		__u16 t = h.type;
+		int ok = t < RTM_NEWLINK || (t & 3) == 2 || t == RTM_NEWADDR ||
+			 (t == RTM_NEWLINK && !(h.flags & NLM_F_CREATE));
+		if (!ok || h.len < 16)
+			return -EPERM;
+		off += (h.len + 3) & ~3U;
+	}
+	return off >= len ? LSM_ALLOW : -EPERM; /* more than NL_MAX_MSGS requests */
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

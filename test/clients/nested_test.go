@@ -151,6 +151,14 @@ exit $code`
 	if n := reached.Load(); n != 0 {
 		t.Errorf("the host socket accepted %d connections from the nested Trial", n)
 	}
+	// The stats, and so the signed receipt, say the Trial was nested.
+	st, err := w.agent.Stats(tc.info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Layers.Nested || !strings.Contains(st.Layers.String(), "nested sandboxes allowed") {
+		t.Errorf("the layers of a nested Trial: %+v (%s)", st.Layers, st.Layers)
+	}
 	if _, egress := tc.kernel(); egress != 0 {
 		t.Errorf("%d direct egress packets", egress)
 	}
