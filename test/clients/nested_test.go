@@ -4,6 +4,7 @@ package clients
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -231,9 +232,28 @@ func TestPrivilegedNestedSignalsAndCleanup(t *testing.T) {
 	}
 	_, _ = p.Wait()
 	for _, pid := range pids {
-		if _, err := os.Stat(filepath.Join("/proc", pid)); err == nil {
+		if alive(pid) {
 			b, _ := os.ReadFile(filepath.Join("/proc", pid, "cmdline"))
 			t.Errorf("pid %s (%q) outlived its Trial", pid, b)
+		}
+	}
+}
+
+// alive says whether pid still runs, a moment after its Trial ended: a
+// zombie has ended (the Trial's init is reaped by a goroutine of its
+// launcher, which may not have run yet).
+func alive(pid string) bool {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		b, err := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name, which ends with the last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && b[i+2] == 'Z' {
+			return false
+		}
+		if time.Now().After(deadline) {
+			return true
 		}
 	}
 }
