@@ -205,7 +205,7 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 		}
 	}
 	lk.record(l.lsmErr, coll.Programs)
-	if err := l.syncPolicies(); err != nil {
+	if err := l.syncPolicies(l.LSM()); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -216,28 +216,37 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 // while it runs (else a path would go unjudged), and a nested Trial,
 // whose processes may mount, keeps no policy at all without it: the
 // kernel then refuses it everything (no_policy), until it is destroyed.
-func (l *Loader) syncPolicies() error {
+func (l *Loader) syncPolicies(lsm bool) error {
+	// Collected first: deleting while iterating restarts the walk.
 	var (
-		id   uint64
-		v    trialnetTrialPolicy
-		errs []error
+		id      uint64
+		v       trialnetTrialPolicy
+		drop    []uint64
+		flipIDs []uint64
+		flipped []trialnetTrialPolicy
 	)
-	lsm := l.LSM()
 	it := l.policy.Iterate()
 	for it.Next(&id, &v) {
 		switch {
 		case v.Flags&flagNested != 0 && !lsm:
-			if err := l.policy.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				errs = append(errs, fmt.Errorf("refuse everything to nested Trial cgroup %d without the LSM layer: %w", id, err))
-			}
+			drop = append(drop, id)
 		case (v.Flags&flagPeerCheck != 0) != lsm:
 			v.Flags ^= flagPeerCheck
-			if err := l.policy.Update(id, v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				errs = append(errs, fmt.Errorf("policy of Trial cgroup %d: %w", id, err))
-			}
+			flipIDs, flipped = append(flipIDs, id), append(flipped, v)
 		}
 	}
-	return errors.Join(append(errs, it.Err())...)
+	errs := []error{it.Err()}
+	for _, id := range drop {
+		if err := l.policy.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("refuse everything to nested Trial cgroup %d without the LSM layer: %w", id, err))
+		}
+	}
+	for i, id := range flipIDs {
+		if err := l.policy.Update(id, flipped[i], ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("policy of Trial cgroup %d: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // loadSpec is the collection spec for a parent cgroup at level with id

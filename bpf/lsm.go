@@ -241,9 +241,11 @@ func (l *Loader) LSMError() error { return l.lsmErr }
 // (for tests that need enforcement without the LSM layer), and makes the
 // live Trials' policies do without it (syncPolicies).
 func (l *Loader) DetachLSM() error {
+	// First: no moment when a policy counts on a layer already gone.
+	serr := l.syncPolicies(false)
 	err := detach(l.pinDir, l.lsmLinks)
 	l.lsmLinks = nil
-	return errors.Join(err, l.syncPolicies())
+	return errors.Join(serr, err)
 }
 
 // DetachCgroup unpins and closes the cgroup links, leaving the LSM layer

@@ -909,7 +909,7 @@ int BPF_PROG(trialnet_lsm_unix_may_send, struct socket *sock, struct socket *oth
  * creation (and the modules a link kind loads) within its reach: a large
  * part of the kernel, and the usual way a user namespace becomes root.
  * A Trial task may send only requests that read (RTM_GET*), add an
- * address, and change an existing link (bringing loopback up, as a
+ * address, and set an existing link's flags (bringing loopback up, as a
  * sandbox does): the rest is refused, whatever namespace the socket is in.
  */
 #define NETLINK_ROUTE 0
@@ -917,6 +917,7 @@ int BPF_PROG(trialnet_lsm_unix_may_send, struct socket *sock, struct socket *oth
 #define RTM_NEWADDR   20
 #define NLM_F_CREATE  0x400
 #define NL_MAX_MSGS   64
+#define NL_BARE_LINK  32 /* nlmsghdr + ifinfomsg */
 
 struct sk_buff {
 	unsigned int len;
@@ -952,8 +953,13 @@ int BPF_PROG(trialnet_lsm_netlink_send, struct sock *sk, struct sk_buff *skb, in
 		if (bpf_probe_read_kernel(&h, sizeof(h), data + off))
 			return -EPERM;
 		__u16 t = h.type;
+		/*
+		 * RTM_NEWLINK only bare (its ifinfomsg, no attributes), as a
+		 * sandbox brings loopback up: no link kind (6.13+ loads its
+		 * module before looking at NLM_F_CREATE), no namespace move.
+		 */
 		int ok = t < RTM_NEWLINK || (t & 3) == 2 || t == RTM_NEWADDR ||
-			 (t == RTM_NEWLINK && !(h.flags & NLM_F_CREATE));
+			 (t == RTM_NEWLINK && !(h.flags & NLM_F_CREATE) && h.len == NL_BARE_LINK);
 		if (!ok || h.len < 16)
 			return -EPERM;
 		off += (h.len + 3) & ~3U;

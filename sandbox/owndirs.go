@@ -3,6 +3,7 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -61,58 +62,69 @@ func OwnDirOf(path string) string {
 // socket of the host beneath one (keep) is bound at its path in the new
 // tmpfs, so that the Trial still reaches it there.
 func mountOwnDirs(keep []string) error {
-	mounted := map[string]bool{}
+	// Every allowed socket is opened before the first tmpfs hides any of
+	// them (with /var/tmp leading to /tmp, covering /tmp hides both).
+	socks := map[string][]*os.File{}
+	defer func() {
+		for _, fs := range socks {
+			closeAll(fs)
+		}
+	}()
+	for _, p := range slices.Compact(slices.Sorted(slices.Values(keep))) {
+		d := OwnDirOf(p)
+		if d == "" {
+			continue
+		}
+		f, err := os.OpenFile(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open allowed unix socket %s to keep it in the Trial's own %s: %w", p, d, err)
+		}
+		socks[d] = append(socks[d], f)
+	}
+	mounted := map[string]uint64{} // where a tmpfs went: its mount id
 	for _, d := range ownDirs {
 		real, err := filepath.EvalSymlinks(d.dir)
 		if err != nil {
 			continue // none on this host: its paths lead nowhere
 		}
-		// Opened before the tmpfs hides them.
-		var socks []*os.File
-		for _, p := range slices.Compact(slices.Sorted(slices.Values(keep))) {
-			if OwnDirOf(p) != d.dir {
-				continue
+		id, ok := mounted[real]
+		if !ok {
+			if err := unix.Mount("tmpfs", real, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.Itoa(d.size)); err != nil {
+				return fmt.Errorf("mount the Trial's own %s: %w", d.dir, err)
 			}
-			f, err := os.OpenFile(p, unix.O_PATH|unix.O_CLOEXEC, 0)
-			if err != nil {
-				closeAll(socks)
-				return fmt.Errorf("open allowed unix socket %s to keep it in the Trial's own %s: %w", p, d.dir, err)
+			if id, err = mountID(real); err != nil {
+				return fmt.Errorf("mount the Trial's own %s: %w", d.dir, err)
 			}
-			socks = append(socks, f)
+			mounted[real] = id
 		}
-		if !mounted[real] {
-			err = unix.Mount("tmpfs", real, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size="+strconv.Itoa(d.size))
-			mounted[real] = err == nil
+		// Followed as Landlock and the views follow it, the directory is
+		// the tmpfs just mounted.
+		if got, err := mountID(d.dir); err != nil || got != id {
+			return fmt.Errorf("the Trial's own %s is not the tmpfs mounted for it at %s (mount %d, want %d): %v", d.dir, real, got, id, err)
 		}
-		if err == nil {
-			err = ownTmpfs(d.dir)
-		}
-		if err == nil {
-			err = bindSockets(socks)
-		}
-		closeAll(socks)
-		if err != nil {
+		if err := bindSockets(socks[d.dir]); err != nil {
 			return fmt.Errorf("mount the Trial's own %s: %w", d.dir, err)
 		}
 	}
 	return nil
 }
 
-// ownTmpfs checks that dir, followed as Landlock and the views follow it,
-// is a tmpfs this mount namespace made.
-func ownTmpfs(dir string) error {
-	var fs unix.Statfs_t
-	if err := unix.Statfs(dir, &fs); err != nil {
-		return err
+// mountID is the id of the mount path (followed) is on.
+func mountID(path string) (uint64, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_MNT_ID, &st); err != nil {
+		return 0, err
 	}
-	if fs.Type != unix.TMPFS_MAGIC {
-		return fmt.Errorf("%s is not the Trial's tmpfs after mounting it (filesystem type %#x)", dir, fs.Type)
+	if st.Mask&unix.STATX_MNT_ID == 0 {
+		return 0, fmt.Errorf("statx %s: no mount id (Linux 5.8+)", path)
 	}
-	return nil
+	return st.Mnt_id, nil
 }
 
 // bindSockets binds each opened socket at its own path, making the
-// directories on the way (root's, 0755: the Trial cannot swap them).
+// directories on the way (root's, 0755; a uid-0 command owns them too).
+// A path already bound to the same socket (two spellings of one path
+// through a symlinked own directory) is left as it is.
 func bindSockets(socks []*os.File) error {
 	for _, f := range socks {
 		p := filepath.Clean(f.Name())
@@ -120,6 +132,9 @@ func bindSockets(socks []*os.File) error {
 			return err
 		}
 		mp, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if errors.Is(err, os.ErrExist) && sameFile(p, f) {
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -129,6 +144,13 @@ func bindSockets(socks []*os.File) error {
 		}
 	}
 	return nil
+}
+
+// sameFile says whether path leads to the file f holds.
+func sameFile(path string, f *os.File) bool {
+	a, err1 := os.Stat(path)
+	b, err2 := f.Stat()
+	return err1 == nil && err2 == nil && os.SameFile(a, b)
 }
 
 func closeAll(fs []*os.File) {

@@ -77,9 +77,46 @@ var refusedCalls = []uint32{unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEY
 // on SOL_IP; IP6T_SO_SET_* on SOL_IPV6. No socket option a program
 // needs lies in them.
 var (
-	netfilterIPOpts   = [][2]uint32{{64, 67}, {96, 99}, {128, 131}, {1152, 1163}}
-	netfilterIPv6Opts = [][2]uint32{{64, 67}}
+	netfilterIPOpts   = [][2]uint32{{64, 67}, {96, 99}, {128, 131}, {1152, 1167}}
+	netfilterIPv6Opts = [][2]uint32{{64, 65}} // 66, 67: IPV6_RECVTCLASS, IPV6_TCLASS
 )
+
+// netConfigIoctls are the socket ioctls that change the network (routes,
+// interface settings, ARP, bridges, VLANs, bonds, tunnels and the other
+// device-private requests, hardware timestamps) and tun's
+// TUNSETIFF: refused with EPERM. A nested Trial holds CAP_NET_ADMIN over
+// network namespaces it makes, and some (SIOCBRADDBR, SIOCSIFVLAN) load a
+// module for any caller; the requests that only read stay allowed.
+var netConfigIoctls = [][2]uint32{
+	{unix.SIOCADDRT, unix.SIOCDELRT},
+	{unix.SIOCSIFLINK, unix.SIOCSIFLINK},
+	{unix.SIOCSIFFLAGS, unix.SIOCSIFFLAGS},
+	{unix.SIOCSIFADDR, unix.SIOCSIFADDR},
+	{unix.SIOCSIFDSTADDR, unix.SIOCSIFDSTADDR},
+	{unix.SIOCSIFBRDADDR, unix.SIOCSIFBRDADDR},
+	{unix.SIOCSIFNETMASK, unix.SIOCSIFNETMASK},
+	{unix.SIOCSIFMETRIC, unix.SIOCSIFMETRIC},
+	{unix.SIOCSIFMEM, unix.SIOCSIFMEM},
+	{unix.SIOCSIFMTU, unix.SIOCSIFHWADDR}, // and SIOCSIFNAME
+	{unix.SIOCSIFENCAP, unix.SIOCSIFENCAP},
+	{unix.SIOCADDMULTI, unix.SIOCDELMULTI},
+	{unix.SIOCSIFPFLAGS, unix.SIOCSIFPFLAGS},
+	{unix.SIOCDIFADDR, unix.SIOCSIFHWBROADCAST},
+	{unix.SIOCSIFTXQLEN, unix.SIOCSIFTXQLEN},
+	{unix.SIOCSMIIREG, unix.SIOCWANDEV},
+	{unix.SIOCDARP, unix.SIOCDARP},
+	{unix.SIOCSARP, unix.SIOCSARP},
+	{unix.SIOCDRARP, unix.SIOCDRARP},
+	{unix.SIOCSRARP, unix.SIOCSRARP},
+	{unix.SIOCSIFMAP, unix.SIOCSIFMAP},
+	{unix.SIOCADDDLCI, unix.SIOCDELDLCI},
+	{unix.SIOCSIFVLAN, unix.SIOCSIFVLAN},
+	{unix.SIOCBONDENSLAVE, unix.SIOCBONDCHANGEACTIVE}, // the bonding requests
+	{unix.SIOCBRADDBR, unix.SIOCBRDELIF},              // the bridge requests
+	{unix.SIOCSHWTSTAMP, unix.SIOCSHWTSTAMP},
+	{unix.SIOCPROTOPRIVATE, unix.SIOCDEVPRIVATE + 15}, // tunnels and the rest
+	{unix.TUNSETIFF, unix.TUNSETIFF},
+}
 
 // refusedIoctls would let a Trial type into a terminal or read its
 // screen, or attach a line discipline to its terminal (TIOCSETD: rarely
@@ -169,6 +206,12 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	for _, c := range refusedIoctls {
 		a.jumpIf(bpf.JumpEqual, c, "eperm")
 	}
+	for i, r := range netConfigIoctls {
+		a.refuseRange(r, fmt.Sprintf("netcfg_%d", i))
+	}
+	// ethtool: what a loopback answers anyway, so that readers of link
+	// speed (psutil) carry on.
+	a.jumpIf(bpf.JumpEqual, unix.SIOCETHTOOL, "eopnotsupp")
 	a.ret(retAllow)
 
 	// Netfilter's table replacement (iptables, ip6tables, arptables,
@@ -195,6 +238,8 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 
 	a.label("eperm")
 	a.ret(retErrno | uint32(unix.EPERM))
+	a.label("eopnotsupp")
+	a.ret(retErrno | uint32(unix.EOPNOTSUPP))
 	a.label("enosys")
 	a.ret(retErrno | uint32(unix.ENOSYS))
 	a.label("allow")

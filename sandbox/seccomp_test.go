@@ -101,6 +101,9 @@ func testSeccomp(t *testing.T, nested bool) {
 		{unix.SOL_IP, 128, retErrno | uint32(unix.EPERM)},  // EBT_SO_SET_ENTRIES
 		{unix.SOL_IP, 1153, retErrno | uint32(unix.EPERM)}, // IP_VS_SO_SET_ADD
 		{unix.SOL_IPV6, 64, retErrno | uint32(unix.EPERM)}, // IP6T_SO_SET_REPLACE
+		{unix.SOL_IPV6, unix.IPV6_TCLASS, retAllow},
+		{unix.SOL_IPV6, unix.IPV6_RECVTCLASS, retAllow},
+		{unix.SOL_IP, 1167, retErrno | uint32(unix.EPERM)}, // IP_VS_SO_SET_ZERO
 		{unix.SOL_IP, unix.IP_TOS, retAllow},
 		{unix.SOL_IP, unix.IP_LOCAL_PORT_RANGE, retAllow},
 		{unix.SOL_IP, 68, retAllow},
@@ -111,6 +114,18 @@ func testSeccomp(t *testing.T, nested bool) {
 	} {
 		if got := run(unix.SYS_SETSOCKOPT, 3, c.level, c.opt); got != c.want {
 			t.Errorf("setsockopt(level %d, option %d): filter returns %#x, want %#x", c.level, c.opt, got, c.want)
+		}
+	}
+	for req, want := range map[uint32]uint32{
+		unix.SIOCADDRT: retErrno | uint32(unix.EPERM), unix.SIOCSIFFLAGS: retErrno | uint32(unix.EPERM),
+		unix.SIOCBRADDBR: retErrno | uint32(unix.EPERM), unix.SIOCSIFVLAN: retErrno | uint32(unix.EPERM),
+		unix.SIOCDEVPRIVATE + 1: retErrno | uint32(unix.EPERM), unix.TUNSETIFF: retErrno | uint32(unix.EPERM),
+		unix.SIOCSIFNAME: retErrno | uint32(unix.EPERM), unix.SIOCETHTOOL: retErrno | uint32(unix.EOPNOTSUPP),
+		unix.SIOCGIFFLAGS: retAllow, unix.SIOCGIFINDEX: retAllow, unix.SIOCGIFCONF: retAllow,
+		unix.SIOCGSTAMP: retAllow, unix.SIOCSPGRP: retAllow, unix.TIOCGWINSZ: retAllow,
+	} {
+		if got := run(unix.SYS_IOCTL, 3, req); got != want {
+			t.Errorf("ioctl %#x: filter returns %#x, want %#x", req, got, want)
 		}
 	}
 	userns := uint32(retErrno | uint32(unix.EPERM))
