@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -268,28 +269,37 @@ func TestPrivilegedTwoTrialsSeparateAllowlists(t *testing.T) {
 			t.Fatalf("%s -> %s: curl exit %d: %s", c.trial, c.name, code, out)
 		}
 	}
-	// The metrics carry each Trial's decisions under its own label.
-	mfs, err := a.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			labels := ""
-			for _, l := range m.GetLabel() {
-				labels += l.GetName() + "=" + l.GetValue() + ","
-			}
-			seen[mf.GetName()+"{"+labels+"}"] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	for _, want := range []string{
+	// The metrics carry each Trial's decisions under its own label. A
+	// refusal is counted as its record is written, which may come a
+	// moment after the client read the 403: wait for it, bounded.
+	wants := []string{
 		"trialnet_trials_live{}",
 		"trialnet_proxy_decisions_total{decision=allow,reason=allowed,trial=agt-a,}",
 		"trialnet_proxy_decisions_total{decision=deny,reason=policy_denied,trial=agt-b,}",
 		"trialnet_direct_egress_packets_total{trial=agt-a,}",
 		"trialnet_kernel_connect4_allowed_total{trial=agt-b,}",
-	} {
+	}
+	var seen map[string]float64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		mfs, err := a.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen = map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				labels := ""
+				for _, l := range m.GetLabel() {
+					labels += l.GetName() + "=" + l.GetValue() + ","
+				}
+				seen[mf.GetName()+"{"+labels+"}"] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+		if !slices.ContainsFunc(wants, func(w string) bool { _, ok := seen[w]; return !ok }) || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, want := range wants {
 		if _, ok := seen[want]; !ok {
 			t.Errorf("metric %s missing", want)
 		}
