@@ -76,10 +76,13 @@ var refusedCalls = []uint32{unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEY
 // with EPERM): IPT_SO_SET_*, ARPT_SO_SET_*, EBT_SO_SET_*, IP_VS_SO_SET_*
 // on SOL_IP; IP6T_SO_SET_* on SOL_IPV6. No socket option a program
 // needs lies in them.
-var (
-	netfilterIPOpts   = [][2]uint32{{64, 67}, {96, 99}, {128, 131}, {1152, 1167}}
-	netfilterIPv6Opts = [][2]uint32{{64, 65}} // 66, 67: IPV6_RECVTCLASS, IPV6_TCLASS
-)
+var netfilterOpts = []struct {
+	level uint32
+	opts  [][2]uint32
+}{
+	{unix.SOL_IP, [][2]uint32{{64, 67}, {96, 99}, {128, 131}, {1152, 1167}}},
+	{unix.SOL_IPV6, [][2]uint32{{64, 65}}}, // 66, 67: IPV6_RECVTCLASS, IPV6_TCLASS
+}
 
 // netConfigIoctls are the socket ioctls that change the network (routes,
 // interface settings, ARP, bridges, VLANs, bonds, tunnels and the other
@@ -220,21 +223,18 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	// Trial made, and a classic way from a user namespace to the kernel.
 	a.label("setsockopt")
 	a.ins(bpf.LoadAbsolute{Off: seccompArg1, Size: 4})
-	a.jumpIf(bpf.JumpEqual, unix.SOL_IP, "sol_ip")
-	a.jumpIf(bpf.JumpEqual, unix.SOL_IPV6, "sol_ipv6")
-	a.ret(retAllow)
-	a.label("sol_ip")
-	a.ins(bpf.LoadAbsolute{Off: seccompArg2, Size: 4})
-	for i, r := range netfilterIPOpts {
-		a.refuseRange(r, fmt.Sprintf("sol_ip_%d", i))
+	for _, l := range netfilterOpts {
+		a.jumpIf(bpf.JumpEqual, l.level, fmt.Sprintf("sockopt_%d", l.level))
 	}
 	a.ret(retAllow)
-	a.label("sol_ipv6")
-	a.ins(bpf.LoadAbsolute{Off: seccompArg2, Size: 4})
-	for i, r := range netfilterIPv6Opts {
-		a.refuseRange(r, fmt.Sprintf("sol_ipv6_%d", i))
+	for _, l := range netfilterOpts {
+		a.label(fmt.Sprintf("sockopt_%d", l.level))
+		a.ins(bpf.LoadAbsolute{Off: seccompArg2, Size: 4})
+		for i, r := range l.opts {
+			a.refuseRange(r, fmt.Sprintf("sockopt_%d_%d", l.level, i))
+		}
+		a.ret(retAllow)
 	}
-	a.ret(retAllow)
 
 	a.label("eperm")
 	a.ret(retErrno | uint32(unix.EPERM))
