@@ -3,13 +3,10 @@
 package agent
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -94,27 +91,13 @@ type liveTrial struct {
 	// policy orders changes of the allowlist (ChangeAllow): each reads
 	// the list the one before it left.
 	policy sync.Mutex
-	mu     sync.Mutex // guards the fields below
-	audit  *os.File   // decisions.jsonl; nil without a DataDir
-	line   []byte     // the record being written, reused under mu
+	log    decisionLog
+	mu     sync.Mutex // guards final
 	final  proxy.TrialStats
-	// refused counts refusals by target, at most maxRefusedTargets of
-	// them; the rest under otherTargets.
-	refused  map[string]uint64
-	watchers map[chan proxy.Event]struct{}
-	ended    bool // no more events: watchers are closed and none are added
 	// owner is a pidfd of an owned Trial's owner, which the agent watches
 	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
 	owner *os.File
 }
-
-// Bounds of a Trial's refusals by target, and of a watcher's backlog.
-const (
-	maxRefusedTargets = 256
-	otherTargets      = proxy.OtherTargets
-	topRefused        = 5
-	watchBacklog      = 256
-)
 
 // setTrial records what the sandbox made of the Trial.
 func (lt *liveTrial) setTrial(tr *sandbox.Trial) {
@@ -313,8 +296,8 @@ func (a *Agent) Close(teardown bool) {
 	_ = a.proxy.Close()
 	a.mu.Lock()
 	for _, lt := range a.trials {
-		lt.endWatches()
-		lt.closeAudit()
+		lt.log.end()
+		lt.log.close()
 	}
 	a.mu.Unlock()
 	_ = a.host.Close()
@@ -396,7 +379,7 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 	tr, err := a.host.Create(spec, meta)
 	if err != nil {
 		a.proxy.RemoveTrial(req.ID)
-		lt.closeAudit()
+		lt.log.close()
 		if errors.Is(err, sandbox.ErrExists) {
 			return TrialInfo{}, errf(CodeDuplicateID, "%v", err)
 		}
@@ -483,42 +466,17 @@ func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Lim
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		f, err := openLog(a.decisionLog(lt.info.ID))
-		if err != nil {
+		if err := lt.log.open(a.decisionLog(lt.info.ID)); err != nil {
 			return err
 		}
-		lt.mu.Lock()
-		lt.audit = f
-		lt.mu.Unlock()
 		defer func() {
 			if err != nil {
-				lt.closeAudit()
+				lt.log.close()
 			}
 		}()
 	}
 	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Learn: lt.info.Learning, Limits: limits,
 		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats})
-}
-
-// openLog opens a decision log for appending. A log whose last record an
-// agent crash cut short is ended with a newline first, so that the next
-// record starts a line of its own and only the torn one is unreadable.
-func openLog(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	var last [1]byte
-	if st, err := f.Stat(); err == nil && st.Size() > 0 {
-		if _, err := f.ReadAt(last[:], st.Size()-1); err == nil && last[0] != '\n' {
-			_, err = f.Write([]byte{'\n'})
-			if err != nil {
-				_ = f.Close()
-				return nil, err
-			}
-		}
-	}
-	return f, nil
 }
 
 // endpoint serves Trials' proxy endpoints for the sandbox: the listening
@@ -556,96 +514,28 @@ func (e endpoint) Stop(id string) {
 	lt.final = st
 	lt.mu.Unlock()
 	if forget {
-		lt.closeAudit()
+		lt.log.close()
 		e.a.dropOwner(lt)
 	}
 }
 
-func (lt *liveTrial) closeAudit() {
-	lt.mu.Lock()
-	defer lt.mu.Unlock()
-	if lt.audit != nil {
-		_ = lt.audit.Close()
-		lt.audit = nil
-	}
+func (a *Agent) onEvent(ev *proxy.Event, line []byte) {
+	a.obs.observe(ev)
+	a.record(ev, line)
 }
 
-func (a *Agent) onEvent(ev proxy.Event) {
-	a.obs.observe(&ev)
-	a.record(ev)
-}
-
-// record appends a record to its Trial's decision log.
-func (a *Agent) record(ev proxy.Event) {
+// record appends a record, with its line if encoded already, to its
+// Trial's decision log.
+func (a *Agent) record(ev *proxy.Event, line []byte) {
 	a.mu.Lock()
 	lt := a.trials[ev.Trial]
 	a.mu.Unlock()
 	if lt == nil {
 		return
 	}
-	lt.mu.Lock()
-	defer lt.mu.Unlock()
-	lt.count(&ev)
-	for ch := range lt.watchers {
-		select {
-		case ch <- ev:
-		default: // a watcher that does not keep up loses events, never the proxy its pace
-		}
-	}
-	if lt.audit == nil {
-		return
-	}
-	var err error
-	if lt.line, err = ev.AppendJSON(lt.line[:0]); err == nil {
-		lt.line = append(lt.line, '\n')
-		_, err = lt.audit.Write(lt.line)
-	}
-	if err != nil {
+	if err := lt.log.add(ev, line); err != nil {
 		a.log.Error("write decision log", "trial", ev.Trial, "error", err)
 	}
-}
-
-// count adds a refusal, or the refusals a summary record stands for, to
-// the Trial's refusals by target; lt.mu is held.
-func (lt *liveTrial) count(ev *proxy.Event) {
-	switch ev.Decision {
-	case proxy.DecisionAllow, proxy.DecisionPolicyChange:
-	case proxy.DecisionSuppressed:
-		if ev.Suppressed != nil {
-			for target, n := range ev.Suppressed.Refused {
-				lt.countRefused(target, n)
-			}
-		}
-	default:
-		lt.countRefused(ev.Target, 1)
-	}
-}
-
-func (lt *liveTrial) countRefused(target string, n uint64) {
-	if lt.refused == nil {
-		lt.refused = make(map[string]uint64)
-	}
-	if _, ok := lt.refused[target]; !ok && len(lt.refused) >= maxRefusedTargets {
-		target = otherTargets
-	}
-	lt.refused[target] += n
-}
-
-// topRefused is the Trial's most refused targets, most first.
-func (lt *liveTrial) topRefused() []TargetCount {
-	lt.mu.Lock()
-	defer lt.mu.Unlock()
-	out := make([]TargetCount, 0, len(lt.refused))
-	for t, n := range lt.refused {
-		out = append(out, TargetCount{t, n})
-	}
-	slices.SortFunc(out, func(x, y TargetCount) int {
-		if x.Count != y.Count {
-			return int(y.Count) - int(x.Count)
-		}
-		return strings.Compare(x.Target, y.Target)
-	})
-	return out[:min(len(out), topRefused)]
 }
 
 // Watch calls fn with each decision of a live Trial as it is made, until
@@ -656,47 +546,7 @@ func (a *Agent) Watch(ctx context.Context, id string, fn func(proxy.Event)) erro
 	if err != nil {
 		return err
 	}
-	ch := make(chan proxy.Event, watchBacklog)
-	lt.mu.Lock()
-	if lt.ended {
-		lt.mu.Unlock()
-		return nil
-	}
-	if lt.watchers == nil {
-		lt.watchers = make(map[chan proxy.Event]struct{})
-	}
-	lt.watchers[ch] = struct{}{}
-	lt.mu.Unlock()
-	defer func() {
-		lt.mu.Lock()
-		delete(lt.watchers, ch)
-		lt.mu.Unlock()
-	}()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case ev, ok := <-ch:
-			if !ok {
-				return nil
-			}
-			fn(ev)
-		}
-	}
-}
-
-// endWatches closes every watcher once the Trial makes no more decisions.
-func (lt *liveTrial) endWatches() {
-	lt.mu.Lock()
-	defer lt.mu.Unlock()
-	if lt.ended {
-		return
-	}
-	lt.ended = true
-	for ch := range lt.watchers {
-		close(ch)
-		delete(lt.watchers, ch)
-	}
+	return lt.log.watch(ctx, fn)
 }
 
 // releaseSoon runs two garbage collections a second after the last
@@ -815,7 +665,7 @@ func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p proxy.TrialStats) Sta
 		pools = lt.tr.PoolUse()
 	}
 	return Stats{Trial: info.ID, Learning: info.Learning, Kernel: k.Map(), Proxy: ps, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
-		Layers: l, Pools: pools, Verdict: v, TopRefused: lt.topRefused(), At: time.Now().UTC()}
+		Layers: l, Pools: pools, Verdict: v, TopRefused: lt.log.topRefused(), At: time.Now().UTC()}
 }
 
 // Stats reads a live Trial's counters; of a destroyed one, the final
@@ -879,8 +729,8 @@ func (a *Agent) DestroyExit(id string, exit *int) (Stats, error) {
 	pst := lt.final
 	lt.mu.Unlock()
 	st := a.makeStats(lt, k, pst)
-	lt.endWatches()
-	lt.closeAudit()
+	lt.log.end()
+	lt.log.close()
 	if rerr := a.sign(lt, &st, exit); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
@@ -915,7 +765,7 @@ func (a *Agent) Audit(id string) ([]proxy.Event, error) {
 	if a.cfg.DataDir == "" {
 		return nil, errf(CodeBadRequest, "this agent keeps no decision log (no data directory)")
 	}
-	recs, err := readDecisions(a.decisionLog(id))
+	recs, err := proxy.ReadFile(a.decisionLog(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, errf(CodeUnknownTrial, "no decision log for Trial %q", id)
 	}
@@ -923,46 +773,6 @@ func (a *Agent) Audit(id string) ([]proxy.Event, error) {
 		return nil, errf(CodeInternal, "decision log of Trial %q: %v", id, err)
 	}
 	return recs, nil
-}
-
-// readDecisions reads a decision log: every record it can, and an error
-// for the lines it cannot (a torn write, a record of a newer schema)
-// naming the first of them.
-func readDecisions(path string) ([]proxy.Event, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var (
-		out   []proxy.Event
-		first error
-		bad   int
-	)
-	br := bufio.NewReader(f)
-	for n := 1; ; n++ {
-		line, rerr := br.ReadBytes('\n')
-		if len(bytes.TrimSpace(line)) > 0 {
-			var ev proxy.Event
-			if err := json.Unmarshal(line, &ev); err != nil {
-				if bad++; first == nil {
-					first = fmt.Errorf("%s line %d: %w", path, n, err)
-				}
-			} else {
-				out = append(out, ev)
-			}
-		}
-		if errors.Is(rerr, io.EOF) {
-			break
-		}
-		if rerr != nil {
-			return out, fmt.Errorf("read %s: %w", path, rerr)
-		}
-	}
-	if bad > 1 {
-		first = fmt.Errorf("%w (and %d more unreadable lines)", first, bad-1)
-	}
-	return out, first
 }
 
 // readopt takes over the Trials a previous agent left: live ones get
@@ -1023,23 +833,12 @@ func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
 // decision log, so that they continue across an agent restart as the
 // kernel's do. Unreadable records are left out, and said so in the log.
 func (a *Agent) replayStats(lt *liveTrial) *proxy.TrialStats {
-	id := lt.info.ID
 	if a.cfg.DataDir == "" {
 		return nil
 	}
-	recs, err := readDecisions(a.decisionLog(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
+	st, err := lt.log.replay(a.decisionLog(lt.info.ID))
 	if err != nil {
-		a.log.Warn("decision log partly unreadable: its proxy counters leave out those records", "trial", id, "error", err)
-	}
-	st := &proxy.TrialStats{}
-	lt.mu.Lock()
-	defer lt.mu.Unlock()
-	for i := range recs {
-		st.Add(&recs[i])
-		lt.count(&recs[i])
+		a.log.Warn("decision log partly unreadable: its proxy counters leave out those records", "trial", lt.info.ID, "error", err)
 	}
 	return st
 }

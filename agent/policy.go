@@ -92,8 +92,8 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 	pc := &proxy.PolicyChange{UID: uid, Added: entryStrings(add.Entries()), Removed: entryStrings(remove), Cut: ch.Cut}
 	// Logged before it applies: every decision made under the new list
 	// follows it in the log.
-	a.record(proxy.Event{Schema: proxy.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: id,
-		Decision: proxy.DecisionPolicyChange, Learning: info.Learning, Detail: describe(pc), PolicyChange: pc})
+	a.record(&proxy.Event{Schema: proxy.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: id,
+		Decision: proxy.DecisionPolicyChange, Learning: info.Learning, Detail: describe(pc), PolicyChange: pc}, nil)
 	var cut []proxy.Entry
 	if ch.Cut {
 		cut = remove
@@ -189,11 +189,4 @@ func describe(pc *proxy.PolicyChange) string {
 		cut = ", open tunnels to removed entries cut"
 	}
 	return fmt.Sprintf("allowlist changed by uid %d: %s%s", pc.UID, strings.Join(parts, "; "), cut)
-}
-
-// ReadDecisionLog reads a decision log file (a destroyed Trial's
-// decisions.jsonl, say) without an agent: every record it can, and an
-// error naming the first line it cannot.
-func ReadDecisionLog(path string) ([]proxy.Event, error) {
-	return readDecisions(path)
 }

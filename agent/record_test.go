@@ -166,7 +166,7 @@ func TestDecisionLogFloodSummarised(t *testing.T) {
 	if st, err := os.Stat(a.decisionLog(id)); err != nil || st.Size() > 6000 {
 		t.Fatalf("decision log: %v, %v bytes", err, st.Size())
 	}
-	live := lt.topRefused()
+	live := lt.log.topRefused()
 	if final.Denied != n || len(live) != 1 || live[0].Count != n || live[0].Target != recs[0].Target {
 		t.Fatalf("live: stats %+v, refused %+v; want all %d", final, live, n)
 	}
@@ -176,7 +176,7 @@ func TestDecisionLogFloodSummarised(t *testing.T) {
 	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
 		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
 	}
-	if got := again.topRefused(); !reflect.DeepEqual(got, live) {
+	if got := again.log.topRefused(); !reflect.DeepEqual(got, live) {
 		t.Fatalf("replayed refusals by target %+v, want %+v", got, live)
 	}
 }
@@ -223,19 +223,15 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`{"schema":1,"trial":"x","decision":"al`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f, err := openLog(path)
-	if err != nil {
+	var l decisionLog
+	if err := l.open(path); err != nil {
 		t.Fatal(err)
 	}
-	b, err := json.Marshal(&proxy.Event{Trial: "x", Decision: proxy.DecisionDeny, Reason: proxy.ReasonPolicyDenied})
-	if err != nil {
+	if err := l.add(&proxy.Event{Trial: "x", Decision: proxy.DecisionDeny, Reason: proxy.ReasonPolicyDenied}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		t.Fatal(err)
-	}
-	_ = f.Close()
-	recs, err := readDecisions(path)
+	l.close()
+	recs, err := proxy.ReadFile(path)
 	if len(recs) != 1 || recs[0].Reason != proxy.ReasonPolicyDenied {
 		t.Fatalf("records after a torn line: %+v (%v); want the one appended after it", recs, err)
 	}
@@ -253,7 +249,7 @@ func recordingAgent(t *testing.T, id string, r proxy.Resolver, allow *proxy.Allo
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
 	onEvent := a.onEvent
 	if tap != nil {
-		onEvent = func(e proxy.Event) { a.onEvent(e); tap(e) }
+		onEvent = func(e *proxy.Event, line []byte) { a.onEvent(e, line); tap(*e) }
 	}
 	var err error
 	a.proxy, err = proxy.New(proxy.Config{Resolver: r, Dialer: toUpstream(echoUpstream(t)), HostAddrs: noHostAddrs{}, OnEvent: onEvent})
@@ -268,7 +264,7 @@ func recordingAgent(t *testing.T, id string, r proxy.Resolver, allow *proxy.Allo
 	if err := a.prepare(lt, allow, lim, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(lt.closeAudit)
+	t.Cleanup(lt.log.close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -228,8 +228,8 @@ func (a *Agent) recordReprofile(r reprofiled) {
 			pc.Removed = append(pc.Removed, e)
 		}
 	}
-	a.record(proxy.Event{Schema: proxy.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: r.new.ID,
-		Decision: proxy.DecisionPolicyChange, Learning: r.new.Learning, Detail: "reload --reprofile: " + describe(pc), PolicyChange: pc})
+	a.record(&proxy.Event{Schema: proxy.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: r.new.ID,
+		Decision: proxy.DecisionPolicyChange, Learning: r.new.Learning, Detail: "reload --reprofile: " + describe(pc), PolicyChange: pc}, nil)
 }
 
 // parseEntries parses a Trial's stored entries that keep says to keep

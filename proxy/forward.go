@@ -294,8 +294,8 @@ func (h *httpConn) roundTripError(err error, body *countBody, ot *openTunnel) er
 // a tunnel slot for its life (the caller gives it back) and the
 // allowlist (recorded on ev), all before any DNS.
 func (p *Proxy) admitRequest(t *trial, req *Request, ev *Event) error {
-	if !t.bucket.take(time.Now()) {
-		return deny(ReasonRateLimited, "more than %g requests per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
+	if err := t.takeConnect(); err != nil {
+		return err
 	}
 	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
 		t.tunnels.Add(-1)

@@ -241,7 +241,7 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 	tp := &testProxy{dns: ds, dialer: &mapDialer{to: to}, events: make(chan Event, 1024)}
 	cfg := Config{
 		Resolver: res, Dialer: tp.dialer, AllowCIDRs: cidrs,
-		OnEvent: func(e Event) { tp.events <- e },
+		OnEvent: func(e *Event, _ []byte) { tp.events <- *e },
 	}
 	if o.configure != nil {
 		o.configure(&cfg)

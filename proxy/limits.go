@@ -1,10 +1,5 @@
 package proxy
 
-import (
-	"sync"
-	"time"
-)
-
 // Per-Trial limit defaults.
 const (
 	DefaultMaxTunnels   = 256 // concurrent CONNECTs per Trial
@@ -92,31 +87,4 @@ func (l Limits) withDefaults() Limits {
 		l.MaxLogBytes = DefaultMaxLogBytes
 	}
 	return l
-}
-
-// bucket is a token bucket: burst tokens, refilled at rate per second.
-type bucket struct {
-	mu     sync.Mutex
-	rate   float64
-	burst  float64
-	tokens float64
-	last   time.Time
-}
-
-func newBucket(rate float64, burst int) bucket {
-	return bucket{rate: rate, burst: float64(burst), tokens: float64(burst)}
-}
-
-func (b *bucket) take(now time.Time) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.last.IsZero() {
-		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	}
-	b.last = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
 }

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/ratelimit"
 	vns "github.com/vishvananda/netns"
 )
 
@@ -52,8 +53,10 @@ type Config struct {
 	// LogDecisions also writes every decision record to Logger (the
 	// agent's journal); OnEvent gets them either way.
 	LogDecisions bool
-	// OnEvent, if set, is called with every decision event.
-	OnEvent func(Event)
+	// OnEvent, if set, is called with every decision record written, and
+	// its JSON line (see Sink): ev and line are valid only during the
+	// call.
+	OnEvent Sink
 	// Limits are the per-Trial defaults; a Trial may carry its own.
 	Limits         Limits
 	MaxConnections int // proxy-wide concurrent client connections
@@ -207,7 +210,7 @@ type trial struct {
 	learn   bool
 	set     *settings // as the proxy's were when the Trial was added
 	limits  Limits
-	bucket  bucket
+	bucket  *ratelimit.Bucket
 	records *recordGate  // bounds what its decision records cost
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
 	clients atomic.Int64 // client connections admitted and not yet closed
@@ -259,11 +262,11 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &trial{
-		id: tp.ID, learn: tp.Learn, set: set, limits: lim, bucket: newBucket(lim.ConnectRate, lim.ConnectBurst),
+		id: tp.ID, learn: tp.Learn, set: set, limits: lim, bucket: ratelimit.New(lim.ConnectRate, lim.ConnectBurst),
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel,
-		records: newRecordGate(tp.ID, tp.Learn, lim),
 	}
+	t.records = newRecordGate(tp.ID, tp.Learn, Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes}, p.write)
 	t.allow.Store(allow)
 	p.trials[tp.ID] = t
 	return nil
@@ -416,11 +419,12 @@ func (t *trial) chargeRefusal(err error) error {
 	return err
 }
 
-// takeConnect charges one CONNECT to the Trial's rate: nil, or the
-// refusal once it is spent.
+// takeConnect charges one CONNECT or forwarded request to the Trial's
+// rate: nil, or the refusal once it is spent. It is the one place that
+// rate is charged.
 func (t *trial) takeConnect() error {
-	if !t.bucket.take(time.Now()) {
-		return deny(ReasonRateLimited, "more than %g CONNECTs per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
+	if !t.bucket.Take(time.Now()) {
+		return deny(ReasonRateLimited, "more than %g CONNECTs and forwarded requests per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
 	}
 	return nil
 }
@@ -501,7 +505,7 @@ func (p *Proxy) RemoveTrial(id string) (TrialStats, bool) {
 	}
 	t.shutdown()
 	t.handlers.Wait()
-	p.flushSummary(t, true)
+	t.records.Flush(true)
 	return t.snapshot(), true
 }
 
@@ -614,7 +618,7 @@ func (p *Proxy) Close() error {
 	}
 	p.wg.Wait()
 	for _, t := range trials {
-		p.flushSummary(t, true)
+		t.records.Flush(true)
 	}
 	p.stop()
 	if p.hostAddr != nil {
@@ -868,26 +872,17 @@ func sanitize(s string) string {
 	return string(b)
 }
 
-// emit counts a decision, then writes its record unless the Trial's
-// record bounds suppress it (see recordGate).
+// emit counts a decision, then hands it to the Trial's record gate,
+// which writes it unless the Trial's record bounds suppress it.
 func (p *Proxy) emit(t *trial, ev *Event) {
 	t.mu.Lock()
 	t.stats.Add(ev)
 	t.mu.Unlock()
-	clipRecord(ev)
-	v, done := t.records.admit(ev, time.Now(), func() { p.flushSummary(t, false) })
-	switch {
-	case v == recordWrite:
-		p.write(ev)
-	case done != nil:
-		p.writeSummary(t, done)
-	case v == recordFlush:
-		p.flushSummary(t, false)
-	}
+	t.records.Record(ev, time.Now())
 }
 
 // write hands a record to the journal (with LogDecisions) and OnEvent.
-func (p *Proxy) write(ev *Event) {
+func (p *Proxy) write(ev *Event, line []byte) {
 	if ctx := context.Background(); p.cfg.LogDecisions && p.log.Enabled(ctx, ev.level()) {
 		msg := "connect"
 		switch {
@@ -899,7 +894,7 @@ func (p *Proxy) write(ev *Event) {
 		p.log.LogAttrs(ctx, ev.level(), msg, ev.attrs()...)
 	}
 	if p.cfg.OnEvent != nil {
-		p.cfg.OnEvent(*ev)
+		p.cfg.OnEvent(ev, line)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/trialnet/trialnet/internal/ratelimit"
 )
 
 // MaxRecordField bounds, in bytes, each field of a record that a Trial
@@ -26,28 +28,44 @@ const MaxRecordAddrs = 16
 // summarised while they are being suppressed; a variable for tests.
 var summaryEvery = 10 * time.Second
 
+// Bounds are what a recordGate lets one Trial write.
+type Bounds struct {
+	// Rate and Burst bound the records of requests the CONNECT rate did
+	// not charge (see Reason.charged).
+	Rate  float64
+	Burst int
+	// MaxLogBytes bounds the bytes of records written, as JSON lines.
+	MaxLogBytes int64
+}
+
+// Sink takes a written record and its JSON line (no newline), which is
+// valid only during the call, or nil if the record could not be encoded:
+// every record is encoded once, by the gate that sizes it.
+type Sink func(ev *Event, line []byte)
+
 // recordGate bounds what one Trial writes to the decision log and the
 // journal, whatever it sends: records of requests the CONNECT rate did not
 // charge pass the record rate, and no record is written past the Trial's
-// log bytes. A record refused either way is still counted in the Trial's
-// stats (emit counts first), and in a summary record.
+// log bytes. A record refused either way is counted in a summary record.
 type recordGate struct {
-	rate     bucket
-	limits   Limits
+	rate     *ratelimit.Bucket
+	bounds   Bounds
 	learn    bool
 	trial    string
+	sink     Sink
 	mu       sync.Mutex
 	written  int64  // bytes of records written (JSON lines), summaries included
 	full     bool   // written reached MaxLogBytes: records only counted in summaries from here
-	line     []byte // a record's JSON, to size it
+	line     []byte // the record being written, encoded once
 	pending  *Suppressed
 	reached  map[reachedKey]int // index in pending.Reached
 	from, to time.Time          // the suppressed records' first start and last end
 	timer    *time.Timer
 
-	// flushMu orders summaries: the timer's, the one written when the
-	// log fills, and the last one, written when the Trial is removed
-	// (after which closed keeps the timer from writing any).
+	// flushMu orders what the gate writes: records, the timer's summary,
+	// the one written when the log fills, and the last one, written when
+	// the Trial is removed (after which closed keeps any from being
+	// written).
 	flushMu sync.Mutex
 	closed  bool
 }
@@ -58,8 +76,8 @@ type reachedKey struct {
 	tls  bool
 }
 
-func newRecordGate(id string, learn bool, lim Limits) *recordGate {
-	return &recordGate{trial: id, learn: learn, limits: lim, rate: newBucket(lim.RecordRate, lim.RecordBurst)}
+func newRecordGate(id string, learn bool, b Bounds, sink Sink) *recordGate {
+	return &recordGate{trial: id, learn: learn, bounds: b, rate: ratelimit.New(b.Rate, b.Burst), sink: sink}
 }
 
 // gateVerdict is what the gate does with a record.
@@ -71,9 +89,48 @@ const (
 	recordFlush                // counted, and the summary is due now: the log just filled, or its reached targets
 )
 
-// admit decides whether ev is written, counting it for a summary if not;
-// a suppressed record arms the summary timer (fn). A summary whose reached
-// targets are full is returned, to be written before ev's next summary.
+// Record clips ev, then writes it to the sink unless the Trial's bounds
+// suppress it; a suppressed record is counted for a summary, which is
+// written when due.
+func (g *recordGate) Record(ev *Event, now time.Time) {
+	clipRecord(ev)
+	g.flushMu.Lock()
+	defer g.flushMu.Unlock()
+	if g.closed {
+		return
+	}
+	v, done, doneLine := g.admit(ev, now)
+	switch {
+	case v == recordWrite:
+		g.sink(ev, g.line)
+	case done != nil:
+		g.sink(done, doneLine)
+	case v == recordFlush:
+		g.flushLocked(false)
+	}
+}
+
+// Flush writes the pending summary, if any. last is the one written when
+// the Trial is removed: nothing is written after it.
+func (g *recordGate) Flush(last bool) {
+	g.flushMu.Lock()
+	defer g.flushMu.Unlock()
+	g.flushLocked(last)
+}
+
+func (g *recordGate) flushLocked(last bool) {
+	if g.closed {
+		return
+	}
+	g.closed = last
+	if ev, line := g.summary(); ev != nil {
+		g.sink(ev, line)
+	}
+}
+
+// admit decides whether ev is written (its line then in g.line),
+// counting it for a summary if not. A summary whose reached targets are
+// full is returned, with its line, to be written before ev's next summary.
 //
 // Until the log is full, a record the CONNECT rate charged is always
 // written: that rate bounds it, and what it names (a host reached, a name
@@ -81,35 +138,37 @@ const (
 // by rate, a Trial could first spend the record rate, or its summary's
 // few target names, on junk, and then act unnamed. Once the log is full,
 // every record is only counted; but a summary names every target reached.
-func (g *recordGate) admit(ev *Event, now time.Time, fn func()) (gateVerdict, *Event) {
+func (g *recordGate) admit(ev *Event, now time.Time) (gateVerdict, *Event, []byte) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	charged := ev.Reason.info().charged
-	if g.full || (!charged && !g.rate.take(now)) {
-		return g.suppress(ev, fn)
+	if g.full || (!charged && !g.rate.Take(now)) {
+		return g.suppress(ev)
 	}
 	var err error
 	if g.line, err = ev.AppendJSON(g.line[:0]); err != nil {
-		return recordWrite, nil // the writer reports it
+		g.line = nil
+		return recordWrite, nil, nil // the sink reports the missing line
 	}
-	if n := int64(len(g.line)) + 1; g.written+n <= g.limits.MaxLogBytes {
+	if n := int64(len(g.line)) + 1; g.written+n <= g.bounds.MaxLogBytes {
 		g.written += n
-		return recordWrite, nil
+		return recordWrite, nil, nil
 	}
 	g.full = true
-	_, sum := g.suppress(ev, fn)
-	return recordFlush, sum
+	_, sum, line := g.suppress(ev)
+	return recordFlush, sum, line
 }
 
 // suppress counts ev in the pending summary; g.mu is held. When ev
 // reached a target that the pending summary has no room for, that
 // summary is returned, done, and ev starts the next.
-func (g *recordGate) suppress(ev *Event, fn func()) (gateVerdict, *Event) {
+func (g *recordGate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 	var done *Event
+	var doneLine []byte
 	k := reachedKey{ev.Host, ev.Port, ev.RequireTLS}
 	if ev.Decision == DecisionAllow && g.pending != nil && len(g.pending.Reached) >= MaxSummaryReached {
 		if _, ok := g.reached[k]; !ok {
-			done = g.summaryLocked()
+			done, doneLine = g.summaryLocked()
 		}
 	}
 	s := g.pending
@@ -117,7 +176,7 @@ func (g *recordGate) suppress(ev *Event, fn func()) (gateVerdict, *Event) {
 		s = &Suppressed{ByReason: map[Reason]uint64{}, Refused: map[string]uint64{}}
 		g.pending, g.reached, g.from, g.to = s, map[reachedKey]int{}, ev.Time, ev.Time
 		if g.timer == nil {
-			g.timer = time.AfterFunc(summaryEvery, fn)
+			g.timer = time.AfterFunc(summaryEvery, func() { g.Flush(false) })
 		}
 	}
 	s.Records++
@@ -150,14 +209,14 @@ func (g *recordGate) suppress(ev *Event, fn func()) (gateVerdict, *Event) {
 		g.to = end
 	}
 	if done != nil {
-		return recordFlush, done
+		return recordFlush, done, doneLine
 	}
-	return recordSuppress, nil
+	return recordSuppress, nil, nil
 }
 
-// summary takes the pending counts as a summary record, nil if there are
-// none.
-func (g *recordGate) summary() *Event {
+// summary takes the pending counts as a summary record and its line, nil
+// if there are none.
+func (g *recordGate) summary() (*Event, []byte) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.timer != nil {
@@ -171,51 +230,27 @@ func (g *recordGate) summary() *Event {
 // for the next. Summaries count against the log's bytes, and are written
 // past its limit: they are what is written there, at most one per
 // summaryEvery and one per MaxSummaryReached targets reached.
-func (g *recordGate) summaryLocked() *Event {
+func (g *recordGate) summaryLocked() (*Event, []byte) {
 	s := g.pending
 	if s == nil {
-		return nil
+		return nil, nil
 	}
 	g.pending, g.reached = nil, nil
 	s.LogFull = g.full
 	detail := fmt.Sprintf("%d similar records suppressed: refused before admission, over the Trial's record rate (%g/s, burst %d)",
-		s.Records, g.limits.RecordRate, g.limits.RecordBurst)
+		s.Records, g.bounds.Rate, g.bounds.Burst)
 	if s.LogFull {
 		detail = fmt.Sprintf("%d records suppressed: the Trial's decision records reached their limit of %d bytes (max_log_bytes); "+
 			"from here on its decisions are only counted, in summaries, which name every target reached and the first %d refused",
-			s.Records, g.limits.MaxLogBytes, MaxSummaryTargets)
+			s.Records, g.bounds.MaxLogBytes, MaxSummaryTargets)
 	}
 	ev := &Event{Schema: SummarySchema, ID: rand.Text(), Time: g.from, Duration: g.to.Sub(g.from), Trial: g.trial,
 		Decision: DecisionSuppressed, Learning: g.learn, Detail: detail, Suppressed: s}
-	if line, err := ev.AppendJSON(g.line[:0]); err == nil {
-		g.line = line
+	line, err := ev.AppendJSON(nil) // a summary is rare, and may be written after the next record
+	if err == nil {
 		g.written += int64(len(line)) + 1
 	}
-	return ev
-}
-
-// flushSummary writes the Trial's pending summary, if any. last is the
-// one written when the Trial is removed: no summary follows it.
-func (p *Proxy) flushSummary(t *trial, last bool) {
-	g := t.records
-	g.flushMu.Lock()
-	defer g.flushMu.Unlock()
-	if g.closed {
-		return
-	}
-	g.closed = last
-	if ev := g.summary(); ev != nil {
-		p.write(ev)
-	}
-}
-
-// writeSummary writes a summary the gate completed early (its reached
-// targets were full), in order with the others.
-func (p *Proxy) writeSummary(t *trial, ev *Event) {
-	g := t.records
-	g.flushMu.Lock()
-	defer g.flushMu.Unlock()
-	p.write(ev)
+	return ev, line
 }
 
 // clipRecord bounds the fields of ev that a Trial chose.

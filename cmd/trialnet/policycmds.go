@@ -35,7 +35,7 @@ func auditRecords(id, from, socket string, stderr io.Writer) ([]proxy.Event, int
 		}
 		return recs, exitOK, nil
 	}
-	recs, err := agent.ReadDecisionLog(from)
+	recs, err := proxy.ReadFile(from)
 	if err != nil && len(recs) == 0 {
 		return nil, exitFailure, err
 	}

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/trialnet/trialnet/internal/timerslack"
@@ -93,21 +94,12 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	// Decision records go to stdout, what goes wrong in serving to stderr.
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
 	// One decision record per line, as in the agent's decisions.jsonl,
-	// written without reflection (the proxy's own CPU, per CONNECT).
-	var outMu sync.Mutex
-	var line []byte
-	writeFailed := false
-	cfg.OnEvent = func(ev proxy.Event) {
-		outMu.Lock()
-		defer outMu.Unlock()
-		var err error
-		if line, err = ev.AppendJSON(line[:0]); err != nil {
-			fmt.Fprintf(stderr, "trialnet proxy: decision record %s not written: %v\n", ev.ID, err)
-			return
-		}
-		line = append(line, '\n')
-		if _, err := stdout.Write(line); err != nil && !writeFailed {
-			writeFailed = true // said once: every later record fails alike
+	// encoded once, by the proxy's record gate.
+	out := proxy.NewWriter(stdout)
+	var writeFailed atomic.Bool
+	cfg.OnEvent = func(ev *proxy.Event, line []byte) {
+		if err := out.Write(ev, line); err != nil && !writeFailed.Swap(true) {
+			// Said once: every later record fails alike.
 			fmt.Fprintf(stderr, "trialnet proxy: decision records are not being written to stdout: %v\n", err)
 		}
 	}

@@ -1,0 +1,80 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+)
+
+// Writer writes decision records as JSON lines, each in one write call
+// under a lock, so that records from concurrent writers never interleave
+// mid-line.
+type Writer struct {
+	mu  sync.Mutex
+	w   io.Writer
+	buf []byte
+}
+
+// NewWriter returns a Writer to w.
+func NewWriter(w io.Writer) *Writer { return &Writer{w: w} }
+
+// Write writes ev's line (as a Sink gets it), or ev encoded when line is
+// nil, and a newline.
+func (w *Writer) Write(ev *Event, line []byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var err error
+	if line == nil {
+		if line, err = ev.AppendJSON(nil); err != nil {
+			return fmt.Errorf("decision record %s not written: %w", ev.ID, err)
+		}
+	}
+	w.buf = append(append(w.buf[:0], line...), '\n')
+	_, err = w.w.Write(w.buf)
+	return err
+}
+
+// ReadFile reads a decision log: every record it can, and an error for
+// the lines it cannot (a torn write, a record of a newer schema) naming
+// the first of them. A record is never half-read.
+func ReadFile(path string) ([]Event, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var (
+		out   []Event
+		first error
+		bad   int
+	)
+	br := bufio.NewReader(f)
+	for n := 1; ; n++ {
+		line, rerr := br.ReadBytes('\n')
+		if len(bytes.TrimSpace(line)) > 0 {
+			var ev Event
+			if err := json.Unmarshal(line, &ev); err != nil {
+				if bad++; first == nil {
+					first = fmt.Errorf("%s line %d: %w", path, n, err)
+				}
+			} else {
+				out = append(out, ev)
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return out, fmt.Errorf("read %s: %w", path, rerr)
+		}
+	}
+	if bad > 1 {
+		first = fmt.Errorf("%w (and %d more unreadable lines)", first, bad-1)
+	}
+	return out, first
+}
