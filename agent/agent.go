@@ -23,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -93,7 +94,7 @@ type liveTrial struct {
 	policy sync.Mutex
 	log    decisionLog
 	mu     sync.Mutex // guards final
-	final  proxy.TrialStats
+	final  record.TrialStats
 	// owner is a pidfd of an owned Trial's owner, which the agent watches
 	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
 	owner *os.File
@@ -460,7 +461,7 @@ func (a *Agent) keepOldData(id string) error {
 // listens: the decision log (its processes may connect at once, a
 // re-adopted Trial's at the very moment it is served) and the proxy's
 // policy for it.
-func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limits, stats *proxy.TrialStats) (err error) {
+func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limits, stats *record.TrialStats) (err error) {
 	if a.cfg.DataDir != "" {
 		dir := filepath.Join(a.cfg.DataDir, lt.info.ID)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -519,14 +520,14 @@ func (e endpoint) Stop(id string) {
 	}
 }
 
-func (a *Agent) onEvent(ev *proxy.Event, line []byte) {
+func (a *Agent) onEvent(ev *record.Event, line []byte) {
 	a.obs.observe(ev)
 	a.record(ev, line)
 }
 
 // record appends a record, with its line if encoded already, to its
 // Trial's decision log.
-func (a *Agent) record(ev *proxy.Event, line []byte) {
+func (a *Agent) record(ev *record.Event, line []byte) {
 	a.mu.Lock()
 	lt := a.trials[ev.Trial]
 	a.mu.Unlock()
@@ -541,7 +542,7 @@ func (a *Agent) record(ev *proxy.Event, line []byte) {
 // Watch calls fn with each decision of a live Trial as it is made, until
 // ctx ends or the Trial is destroyed (after its last decision). A watcher
 // that falls more than watchBacklog events behind loses the excess.
-func (a *Agent) Watch(ctx context.Context, id string, fn func(proxy.Event)) error {
+func (a *Agent) Watch(ctx context.Context, id string, fn func(record.Event)) error {
 	lt, err := a.lookup(id)
 	if err != nil {
 		return err
@@ -647,7 +648,7 @@ type ProxyStats struct {
 	Active      int64             `json:"tunnels_active"`
 }
 
-func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p proxy.TrialStats) Stats {
+func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p record.TrialStats) Stats {
 	info := a.info(lt)
 	ps := ProxyStats{Allowed: p.Allowed, Denied: p.Denied, WouldDeny: p.WouldDeny, ByReason: map[string]uint64{}, DNSFailures: p.DNSFailed,
 		BytesUp: p.BytesUp, BytesDown: p.BytesDown, Active: p.Active}
@@ -758,14 +759,14 @@ func (a *Agent) decisionLog(id string) string {
 // Audit returns a Trial's decision log (live or destroyed). A line that
 // does not read as a record, one of a newer schema included, fails the
 // audit with its line number: a record is never half-read.
-func (a *Agent) Audit(id string) ([]proxy.Event, error) {
+func (a *Agent) Audit(id string) ([]record.Event, error) {
 	if err := netns.ValidID(id); err != nil {
 		return nil, errf(CodeBadID, "%v", err)
 	}
 	if a.cfg.DataDir == "" {
 		return nil, errf(CodeBadRequest, "this agent keeps no decision log (no data directory)")
 	}
-	recs, err := proxy.ReadFile(a.decisionLog(id))
+	recs, err := record.ReadFile(a.decisionLog(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, errf(CodeUnknownTrial, "no decision log for Trial %q", id)
 	}
@@ -832,7 +833,7 @@ func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
 // replayStats rebuilds a re-adopted Trial's proxy counters from its
 // decision log, so that they continue across an agent restart as the
 // kernel's do. Unreadable records are left out, and said so in the log.
-func (a *Agent) replayStats(lt *liveTrial) *proxy.TrialStats {
+func (a *Agent) replayStats(lt *liveTrial) *record.TrialStats {
 	if a.cfg.DataDir == "" {
 		return nil
 	}

@@ -19,7 +19,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 	"golang.org/x/sys/unix"
 )
 
@@ -139,7 +139,7 @@ func (a *Agent) serveDecisions(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	enc := json.NewEncoder(w)
-	_ = a.Watch(r.Context(), id, func(ev proxy.Event) {
+	_ = a.Watch(r.Context(), id, func(ev record.Event) {
 		if enc.Encode(ev) == nil {
 			_ = rc.Flush()
 		}
@@ -443,7 +443,7 @@ func (c *Client) DestroyExit(id string, exit *int) (Stats, error) {
 
 // Watch calls fn with each decision of a live Trial as the agent makes
 // it, until ctx ends or the Trial is destroyed.
-func (c *Client) Watch(ctx context.Context, id string, fn func(proxy.Event)) error {
+func (c *Client) Watch(ctx context.Context, id string, fn func(record.Event)) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://trialnet/v1/trials/"+url.PathEscape(id)+"/decisions", nil)
 	if err != nil {
 		return err
@@ -455,7 +455,7 @@ func (c *Client) Watch(ctx context.Context, id string, fn func(proxy.Event)) err
 	defer resp.Body.Close()
 	dec := json.NewDecoder(resp.Body)
 	for {
-		var ev proxy.Event
+		var ev record.Event
 		if err := dec.Decode(&ev); err != nil {
 			if errors.Is(err, io.EOF) || ctx.Err() != nil {
 				return ctx.Err()
@@ -467,8 +467,8 @@ func (c *Client) Watch(ctx context.Context, id string, fn func(proxy.Event)) err
 }
 
 // Audit returns a Trial's decision log.
-func (c *Client) Audit(id string) ([]proxy.Event, error) {
-	var out []proxy.Event
+func (c *Client) Audit(id string) ([]record.Event, error) {
+	var out []record.Event
 	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/audit", nil, &out)
 }
 

@@ -8,13 +8,13 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 // Bounds of a Trial's refusals by target, and of a watcher's backlog.
 const (
 	maxRefusedTargets = 256
-	otherTargets      = proxy.OtherTargets
+	otherTargets      = record.OtherTargets
 	topRefused        = 5
 	watchBacklog      = 256
 )
@@ -24,12 +24,12 @@ const (
 // the Trial's refusals counted by target. Its zero value keeps no file.
 type decisionLog struct {
 	mu   sync.Mutex
-	file *os.File      // decisions.jsonl; nil without a DataDir
-	w    *proxy.Writer // writes to file
+	file *os.File       // decisions.jsonl; nil without a DataDir
+	w    *record.Writer // writes to file
 	// refused counts refusals by target, at most maxRefusedTargets of
 	// them; the rest under otherTargets.
 	refused  map[string]uint64
-	watchers map[chan proxy.Event]struct{}
+	watchers map[chan record.Event]struct{}
 	ended    bool // no more records: watchers are closed and none are added
 }
 
@@ -51,7 +51,7 @@ func (l *decisionLog) open(path string) error {
 		}
 	}
 	l.mu.Lock()
-	l.file, l.w = f, proxy.NewWriter(f)
+	l.file, l.w = f, record.NewWriter(f)
 	l.mu.Unlock()
 	return nil
 }
@@ -68,7 +68,7 @@ func (l *decisionLog) close() {
 
 // add counts a record, hands it to the watchers and appends its line
 // (see proxy.Sink) to the file.
-func (l *decisionLog) add(ev *proxy.Event, line []byte) error {
+func (l *decisionLog) add(ev *record.Event, line []byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.count(ev)
@@ -88,12 +88,12 @@ func (l *decisionLog) add(ev *proxy.Event, line []byte) error {
 // that its counters continue across an agent restart as the kernel's
 // do, and returns the proxy's counters rebuilt from them. Unreadable
 // records are left out, and returned as the error beside the counters.
-func (l *decisionLog) replay(path string) (*proxy.TrialStats, error) {
-	recs, err := proxy.ReadFile(path)
+func (l *decisionLog) replay(path string) (*record.TrialStats, error) {
+	recs, err := record.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
-	st := &proxy.TrialStats{}
+	st := &record.TrialStats{}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := range recs {
@@ -105,10 +105,10 @@ func (l *decisionLog) replay(path string) (*proxy.TrialStats, error) {
 
 // count adds a refusal, or the refusals a summary record stands for, to
 // the refusals by target; l.mu is held.
-func (l *decisionLog) count(ev *proxy.Event) {
+func (l *decisionLog) count(ev *record.Event) {
 	switch ev.Decision {
-	case proxy.DecisionAllow, proxy.DecisionPolicyChange:
-	case proxy.DecisionSuppressed:
+	case record.DecisionAllow, record.DecisionPolicyChange:
+	case record.DecisionSuppressed:
 		if ev.Suppressed != nil {
 			for target, n := range ev.Suppressed.Refused {
 				l.countRefused(target, n)
@@ -149,15 +149,15 @@ func (l *decisionLog) topRefused() []TargetCount {
 // watch calls fn with each record as it is added, until ctx ends or the
 // log ends (after the Trial's last record). A watcher that falls more
 // than watchBacklog records behind loses the excess.
-func (l *decisionLog) watch(ctx context.Context, fn func(proxy.Event)) error {
-	ch := make(chan proxy.Event, watchBacklog)
+func (l *decisionLog) watch(ctx context.Context, fn func(record.Event)) error {
+	ch := make(chan record.Event, watchBacklog)
 	l.mu.Lock()
 	if l.ended {
 		l.mu.Unlock()
 		return nil
 	}
 	if l.watchers == nil {
-		l.watchers = make(map[chan proxy.Event]struct{})
+		l.watchers = make(map[chan record.Event]struct{})
 	}
 	l.watchers[ch] = struct{}{}
 	l.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -95,7 +96,7 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 		t.Fatalf("audit: %d records, %v", len(recs), err)
 	}
 	for _, r := range recs {
-		if !r.Learning || r.WouldDeny != proxy.ReasonPolicyDenied || r.Rule != "" {
+		if !r.Learning || r.WouldDeny != record.ReasonPolicyDenied || r.Rule != "" {
 			t.Fatalf("record of a learning Trial: %+v", r)
 		}
 	}
@@ -267,8 +268,8 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 	var changes []string
 	cutSeen := false
 	for _, r := range recs {
-		if r.Decision == proxy.DecisionPolicyChange {
-			if r.PolicyChange == nil || r.PolicyChange.UID != uid || r.Schema != proxy.PolicyChangeSchema {
+		if r.Decision == record.DecisionPolicyChange {
+			if r.PolicyChange == nil || r.PolicyChange.UID != uid || r.Schema != record.PolicyChangeSchema {
 				t.Fatalf("policy change record %+v", r)
 			}
 			changes = append(changes, fmt.Sprintf("+%v-%v", r.PolicyChange.Added, r.PolicyChange.Removed))

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/trialnet/trialnet/bpf"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 // Metric names (Prometheus). Every per-Trial series has a "trial" label;
@@ -110,7 +110,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		for reason, n := range st.Proxy.ByReason {
-			decision := proxy.Reason(reason).Decision()
+			decision := record.Reason(reason).Decision()
 			ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(n), info.ID, string(decision), reason)
 		}
 		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(st.Proxy.BytesUp), info.ID, "up")
@@ -146,7 +146,7 @@ func newObservers() *observers {
 	}
 }
 
-func (o *observers) observe(ev *proxy.Event) {
+func (o *observers) observe(ev *record.Event) {
 	if o == nil { // an Agent made without Start (tests of the log alone)
 		return
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 // AllowChange changes a live Trial's allowlist (PATCH /v1/trials/{id}/allow).
@@ -89,11 +90,11 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 	a.mu.Lock()
 	lt.info.Allow, lt.info.Denied = info.Allow, info.Denied
 	a.mu.Unlock()
-	pc := &proxy.PolicyChange{UID: uid, Added: entryStrings(add.Entries()), Removed: entryStrings(remove), Cut: ch.Cut}
+	pc := &record.PolicyChange{UID: uid, Added: entryStrings(add.Entries()), Removed: entryStrings(remove), Cut: ch.Cut}
 	// Logged before it applies: every decision made under the new list
 	// follows it in the log.
-	a.record(&proxy.Event{Schema: proxy.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: id,
-		Decision: proxy.DecisionPolicyChange, Learning: info.Learning, Detail: describe(pc), PolicyChange: pc}, nil)
+	a.record(&record.Event{Schema: record.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: id,
+		Decision: record.DecisionPolicyChange, Learning: info.Learning, Detail: describe(pc), PolicyChange: pc}, nil)
 	var cut []proxy.Entry
 	if ch.Cut {
 		cut = remove
@@ -176,7 +177,7 @@ func callerUID(ctx context.Context) int64 {
 }
 
 // describe is a policy change in words, for the record's detail.
-func describe(pc *proxy.PolicyChange) string {
+func describe(pc *record.PolicyChange) string {
 	var parts []string
 	if len(pc.Added) > 0 {
 		parts = append(parts, "added "+strings.Join(pc.Added, ","))

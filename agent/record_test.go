@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 // oneAddr resolves every name to one public address.
@@ -105,10 +106,10 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sent := make(chan proxy.Event, 2)
-	a, _, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow, nil, func(e proxy.Event) { sent <- e })
+	sent := make(chan record.Event, 2)
+	a, _, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow, nil, func(e record.Event) { sent <- e })
 
-	var want []proxy.Event
+	var want []record.Event
 	for target, status := range map[string]int{"other.example.com:443": http.StatusForbidden, "api.example.com:443": http.StatusOK} {
 		if got := connectThrough(t, proxyAddr, target); got != status {
 			t.Fatalf("CONNECT %s: %d, want %d", target, got, status)
@@ -123,7 +124,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 	}
 	for i := range want {
 		w, g := want[i], got[i]
-		if g.Schema != proxy.EventSchema || (w.Decision == proxy.DecisionAllow) != (g.Profile == "claude" && g.Rule == "api.example.com:443") {
+		if g.Schema != record.EventSchema || (w.Decision == record.DecisionAllow) != (g.Profile == "claude" && g.Rule == "api.example.com:443") {
 			t.Errorf("record %d: schema %d, rule %q, profile %q", i, g.Schema, g.Rule, g.Profile)
 		}
 		// The log keeps whole microseconds and the wall clock.
@@ -160,7 +161,7 @@ func TestDecisionLogFloodSummarised(t *testing.T) {
 	}
 	final, _ := a.proxy.RemoveTrial(id)
 	recs, err := a.Audit(id)
-	if err != nil || len(recs) != 4 || recs[3].Decision != proxy.DecisionSuppressed || recs[3].Suppressed.Records != n-3 {
+	if err != nil || len(recs) != 4 || recs[3].Decision != record.DecisionSuppressed || recs[3].Suppressed.Records != n-3 {
 		t.Fatalf("audit: %+v, %v; want 3 records and a summary of %d", recs, err, n-3)
 	}
 	if st, err := os.Stat(a.decisionLog(id)); err != nil || st.Size() > 6000 {
@@ -201,7 +202,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 	}
 	write(old, cur)
 	recs, err := a.Audit(id)
-	if err != nil || len(recs) != 2 || recs[0].Schema != 0 || recs[0].BytesDown != 7 || recs[1].Schema != 1 || recs[1].Reason != proxy.ReasonPolicyDenied {
+	if err != nil || len(recs) != 2 || recs[0].Schema != 0 || recs[0].BytesDown != 7 || recs[1].Schema != 1 || recs[1].Reason != record.ReasonPolicyDenied {
 		t.Fatalf("audit of old and current records: %+v, %v", recs, err)
 	}
 
@@ -227,12 +228,12 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 	if err := l.open(path); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.add(&proxy.Event{Trial: "x", Decision: proxy.DecisionDeny, Reason: proxy.ReasonPolicyDenied}, nil); err != nil {
+	if err := l.add(&record.Event{Trial: "x", Decision: record.DecisionDeny, Reason: record.ReasonPolicyDenied}, nil); err != nil {
 		t.Fatal(err)
 	}
 	l.close()
-	recs, err := proxy.ReadFile(path)
-	if len(recs) != 1 || recs[0].Reason != proxy.ReasonPolicyDenied {
+	recs, err := record.ReadFile(path)
+	if len(recs) != 1 || recs[0].Reason != record.ReasonPolicyDenied {
 		t.Fatalf("records after a torn line: %+v (%v); want the one appended after it", recs, err)
 	}
 	if err == nil || !strings.Contains(err.Error(), "line 1") {
@@ -244,12 +245,12 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 // with r, dialing an echo upstream) serving Trial id alone, under allow
 // and lim, on a loopback listener whose address it returns. tap, if set,
 // sees each event after the agent has.
-func recordingAgent(t *testing.T, id string, r proxy.Resolver, allow *proxy.Allowlist, lim *proxy.Limits, tap func(proxy.Event)) (*Agent, *liveTrial, string) {
+func recordingAgent(t *testing.T, id string, r proxy.Resolver, allow *proxy.Allowlist, lim *proxy.Limits, tap func(record.Event)) (*Agent, *liveTrial, string) {
 	t.Helper()
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
 	onEvent := a.onEvent
 	if tap != nil {
-		onEvent = func(e *proxy.Event, line []byte) { a.onEvent(e, line); tap(*e) }
+		onEvent = func(e *record.Event, line []byte) { a.onEvent(e, line); tap(*e) }
 	}
 	var err error
 	a.proxy, err = proxy.New(proxy.Config{Resolver: r, Dialer: toUpstream(echoUpstream(t)), HostAddrs: noHostAddrs{}, OnEvent: onEvent})
@@ -313,11 +314,11 @@ func TestDecisionLogHardBound(t *testing.T) {
 	}
 	var decisions, summaries int
 	for line := range strings.Lines(string(b)) {
-		var ev proxy.Event
+		var ev record.Event
 		if err := json.Unmarshal([]byte(line), &ev); err != nil {
 			t.Fatal(err)
 		}
-		if ev.Decision == proxy.DecisionSuppressed {
+		if ev.Decision == record.DecisionSuppressed {
 			summaries++
 			if ev.Suppressed.Refused["many.test:443"] == 0 {
 				t.Fatalf("a summary does not name the refused target: %s", line)
@@ -341,7 +342,7 @@ func TestDecisionLogHardBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var replayed proxy.TrialStats
+	var replayed record.TrialStats
 	for i := range recs {
 		replayed.Add(&recs[i])
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -217,7 +218,7 @@ func (a *Agent) recordReprofile(r reprofiled) {
 	for _, e := range r.new.Allow {
 		is = append(is, e.Entry)
 	}
-	pc := &proxy.PolicyChange{UID: -1}
+	pc := &record.PolicyChange{UID: -1}
 	for _, e := range is {
 		if !slices.Contains(was, e) {
 			pc.Added = append(pc.Added, e)
@@ -228,8 +229,8 @@ func (a *Agent) recordReprofile(r reprofiled) {
 			pc.Removed = append(pc.Removed, e)
 		}
 	}
-	a.record(&proxy.Event{Schema: proxy.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: r.new.ID,
-		Decision: proxy.DecisionPolicyChange, Learning: r.new.Learning, Detail: "reload --reprofile: " + describe(pc), PolicyChange: pc}, nil)
+	a.record(&record.Event{Schema: record.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: r.new.ID,
+		Decision: record.DecisionPolicyChange, Learning: r.new.Learning, Detail: "reload --reprofile: " + describe(pc), PolicyChange: pc}, nil)
 }
 
 // parseEntries parses a Trial's stored entries that keep says to keep

@@ -9,6 +9,7 @@ import (
 
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 // Found by an attacker's read of reload, learning and live changes.
@@ -49,7 +50,7 @@ func TestPrivilegedReloadLearnOffStopsLearning(t *testing.T) {
 	}
 	code, reason := refusedFor(t, a, info.ID, "http://"+other+"/")
 	t.Logf("after reload with learn off: Learning=%v; curl %s (not on the list): exit %d, reason %q", info.Learning, other, code, reason)
-	if info.Learning || code == 0 || reason != string(proxy.ReasonPolicyDenied) {
+	if info.Learning || code == 0 || reason != string(record.ReasonPolicyDenied) {
 		t.Errorf("a Trial created after learning was switched off still learns")
 	}
 }
@@ -72,7 +73,7 @@ func TestPrivilegedReprofileKeepsDenied(t *testing.T) {
 	if code, out := through(t, a, "rv-rp", "http://"+up+"/"); code != 0 {
 		t.Fatalf("the entry left is not reached (the test cannot tell a refusal): exit %d %q", code, out)
 	}
-	if code, reason := refusedFor(t, a, "rv-rp", "http://"+other+"/"); code == 0 || reason != string(proxy.ReasonPolicyDenied) {
+	if code, reason := refusedFor(t, a, "rv-rp", "http://"+other+"/"); code == 0 || reason != string(record.ReasonPolicyDenied) {
 		t.Fatalf("deny did not apply: exit %d, reason %q", code, reason)
 	}
 	if _, err := a.Reload(ReloadRequest{Reprofile: true}); err != nil { // same file
@@ -80,7 +81,7 @@ func TestPrivilegedReprofileKeepsDenied(t *testing.T) {
 	}
 	code, reason := refusedFor(t, a, "rv-rp", "http://"+other+"/")
 	t.Logf("after reload --reprofile of an unchanged file: curl %s exit %d, reason %q", other, code, reason)
-	if code == 0 || reason != string(proxy.ReasonPolicyDenied) {
+	if code == 0 || reason != string(record.ReasonPolicyDenied) {
 		t.Errorf("reprofile re-allowed an entry the operator denied on the live Trial")
 	}
 }
@@ -113,7 +114,7 @@ func TestPrivilegedRestartKeepsCreatedCIDRs(t *testing.T) {
 	if code, out := through(t, a, "rv-new", url); code != 0 {
 		t.Fatalf("a Trial created after the reload does not reach the target: exit %d %q", code, out)
 	}
-	if code, reason := refusedFor(t, a, "rv-old", url); code == 0 || reason != string(proxy.ReasonAddressDenied) {
+	if code, reason := refusedFor(t, a, "rv-old", url); code == 0 || reason != string(record.ReasonAddressDenied) {
 		t.Fatalf("the live Trial after the reload: exit %d, reason %q; want address_denied", code, reason)
 	}
 	a.Close(false)
@@ -124,7 +125,7 @@ func TestPrivilegedRestartKeepsCreatedCIDRs(t *testing.T) {
 	b := startAgent(t, cfg)
 	code, reason := refusedFor(t, b, "rv-old", url)
 	t.Logf("same Trial after restart: exit %d, reason %q", code, reason)
-	if code == 0 || reason != string(proxy.ReasonAddressDenied) {
+	if code == 0 || reason != string(record.ReasonAddressDenied) {
 		t.Errorf("the restart gave a live Trial the CIDRs a reload meant for new Trials")
 	}
 }

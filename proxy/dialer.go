@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"syscall"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // Dialer opens a TCP connection to one checked address. It is never
@@ -36,7 +38,7 @@ func NewNetDialer(g *Guard) *NetDialer {
 		Control: func(network, address string, _ syscall.RawConn) error {
 			ap, err := netip.ParseAddrPort(address)
 			if err != nil {
-				return deny(ReasonAddressDenied, "refusing to dial %q: not an address", address)
+				return record.Deny(record.ReasonAddressDenied, "refusing to dial %q: not an address", address)
 			}
 			return g.Check(ap.Addr())
 		},
@@ -124,14 +126,14 @@ func dialAny(ctx context.Context, d Dialer, addrs []netip.AddrPort, fallback tim
 
 func dialError(ctx context.Context, errs []error) error {
 	err := errors.Join(errs...)
-	if d := (*Denial)(nil); errors.As(err, &d) {
+	if d := (*record.Denial)(nil); errors.As(err, &d) {
 		return d // the Control hook refused: that is the reason, not "unreachable"
 	}
 	var ne net.Error
 	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return &Denial{Reason: ReasonUpstreamTimeout, Detail: "no address answered in time: " + err.Error(), Err: err}
+		return &record.Denial{Reason: record.ReasonUpstreamTimeout, Detail: "no address answered in time: " + err.Error(), Err: err}
 	}
-	return &Denial{Reason: ReasonUpstreamUnreachable, Detail: err.Error(), Err: err}
+	return &record.Denial{Reason: record.ReasonUpstreamUnreachable, Detail: err.Error(), Err: err}
 }
 
 // interleave orders addresses IPv6, IPv4, IPv6, ... keeping each family's

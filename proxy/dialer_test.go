@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // scriptDialer answers per address: "ok" connects to a local listener,
@@ -82,13 +84,13 @@ func TestDialAnyHappyEyeballs(t *testing.T) {
 	// All fail: upstream_unreachable naming every address; a deadline:
 	// upstream_timeout.
 	d = &scriptDialer{script: map[netip.AddrPort]string{}}
-	if _, _, err := dialAny(context.Background(), d, []netip.AddrPort{v6a, v4a}, time.Millisecond); ReasonOf(err) != ReasonUpstreamUnreachable {
+	if _, _, err := dialAny(context.Background(), d, []netip.AddrPort{v6a, v4a}, time.Millisecond); record.ReasonOf(err) != record.ReasonUpstreamUnreachable {
 		t.Fatalf("all refused: %v", err)
 	}
 	d = &scriptDialer{script: map[netip.AddrPort]string{v4a: "hang"}}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if _, _, err := dialAny(ctx, d, []netip.AddrPort{v4a}, time.Millisecond); ReasonOf(err) != ReasonUpstreamTimeout {
+	if _, _, err := dialAny(ctx, d, []netip.AddrPort{v4a}, time.Millisecond); record.ReasonOf(err) != record.ReasonUpstreamTimeout {
 		t.Fatalf("hanging: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/record"
 )
 
 // hostAddr returns one non-loopback IPv4 address of this host and the
@@ -67,11 +68,11 @@ func TestDNSAnswersGuarded(t *testing.T) {
 	for _, n := range append(tp.dns.names(), "cname.example.com") {
 		t.Run(n, func(t *testing.T) {
 			resp, _, _ := tp.connect(t, connectHead(n+":443"))
-			if resp.StatusCode != 403 || Reason(resp.Header.Get("Trialnet-Reason")) != ReasonAddressDenied {
+			if resp.StatusCode != 403 || record.Reason(resp.Header.Get("Trialnet-Reason")) != record.ReasonAddressDenied {
 				t.Fatalf("got %d %s: %s", resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"))
 			}
 			ev := tp.event(t)
-			if ev.Reason != ReasonAddressDenied || len(ev.Resolved) == 0 || ev.Dialed.IsValid() {
+			if ev.Reason != record.ReasonAddressDenied || len(ev.Resolved) == 0 || ev.Dialed.IsValid() {
 				t.Fatalf("event %+v", ev)
 			}
 		})
@@ -117,7 +118,7 @@ func TestDNSRebinding(t *testing.T) {
 				t.Fatalf("dialed %v after resolving %v", ev.Dialed, ev.Resolved)
 			}
 		case 403:
-			if ev.Reason != ReasonAddressDenied {
+			if ev.Reason != record.ReasonAddressDenied {
 				t.Fatalf("event %+v", ev)
 			}
 		default:
@@ -147,16 +148,16 @@ func TestDNSFailures(t *testing.T) {
 	tp.dns.handle("silent.example.com", func(dns.Question, string) (*dns.Msg, bool) { return nil, false })
 	tp.dns.handle("empty.example.com", func(dns.Question, string) (*dns.Msg, bool) { return new(dns.Msg), true })
 	for name, want := range map[string]struct {
-		reason      Reason
+		reason      record.Reason
 		proxyStatus string // Proxy-Status up to details
 	}{
-		"nx.example.com":       {ReasonDNSNXDomain, `trialnet; error=dns_error; rcode="NXDOMAIN"`},
-		"servfail.example.com": {ReasonDNSFailed, `trialnet; error=dns_error; rcode="SERVFAIL"`},
-		"silent.example.com":   {ReasonDNSFailed, `trialnet; error=dns_timeout`},
-		"empty.example.com":    {ReasonDNSNoAddresses, `trialnet; error=dns_error; rcode="NOERROR"`},
+		"nx.example.com":       {record.ReasonDNSNXDomain, `trialnet; error=dns_error; rcode="NXDOMAIN"`},
+		"servfail.example.com": {record.ReasonDNSFailed, `trialnet; error=dns_error; rcode="SERVFAIL"`},
+		"silent.example.com":   {record.ReasonDNSFailed, `trialnet; error=dns_timeout`},
+		"empty.example.com":    {record.ReasonDNSNoAddresses, `trialnet; error=dns_error; rcode="NOERROR"`},
 	} {
 		resp, _, _ := tp.connect(t, connectHead(name+":443"))
-		if resp.StatusCode != 502 || Reason(resp.Header.Get("Trialnet-Reason")) != want.reason {
+		if resp.StatusCode != 502 || record.Reason(resp.Header.Get("Trialnet-Reason")) != want.reason {
 			t.Errorf("%s: got %d %s (%s), want 502 %s", name, resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"), want.reason)
 		}
 		if ps := resp.Header.Get("Proxy-Status"); !strings.HasPrefix(ps, want.proxyStatus+"; details=") {
@@ -211,7 +212,7 @@ func TestResolverCNAMEs(t *testing.T) {
 	if err != nil || len(ans.Addrs) != 2 {
 		t.Fatalf("x: %+v %v", ans, err)
 	}
-	if _, err = r.Resolve(ctx, "loop.example.com"); ReasonOf(err) != ReasonDNSFailed {
+	if _, err = r.Resolve(ctx, "loop.example.com"); record.ReasonOf(err) != record.ReasonDNSFailed {
 		t.Fatalf("loop: %v", err)
 	}
 }

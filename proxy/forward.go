@@ -17,6 +17,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // MaxResponseHeaderBytes bounds a forwarded response's head, which the
@@ -78,7 +80,7 @@ type httpConn struct {
 // serveHTTP serves forwarded requests on c until the client or a refusal
 // ends the connection. headDone is called once the first head is in.
 // It returns the last request's event, not yet emitted, or nil.
-func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, headDone func()) *Event {
+func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *record.Event, headDone func()) *record.Event {
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
 	h := &httpConn{p: p, t: t, c: c, r: bufio.NewReaderSize(br, MaxHeaderBytes), ctx: ctx}
@@ -106,7 +108,7 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 		}
 		if err != nil {
 			if h.wrote {
-				ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
+				ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
 				ev.Detail = "response cut: " + err.Error()
 				_ = c.Close()
 				return ev
@@ -119,7 +121,7 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 				// What reached the upstream was allowed: the record says
 				// so, whatever ended the exchange, and says what did.
 				ev.Detail = fmt.Sprintf("the request reached the upstream, then %s: %s", ev.Reason, ev.Detail)
-				ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
+				ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
 			}
 			return ev
 		}
@@ -134,7 +136,7 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *Event, hea
 
 // serveOne serves one request; keep says the connection may carry
 // another.
-func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, err error) {
+func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep bool, err error) {
 	h.wrote, h.reached = false, false
 	h.wmu.Lock()
 	h.responding = false
@@ -155,7 +157,7 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 	}
 	in, err := http.ReadRequest(h.r) // consumes exactly the head judged above
 	if err != nil {
-		return false, &Denial{Reason: ReasonBadRequest, Detail: "malformed request: " + err.Error(), Err: err}
+		return false, &record.Denial{Reason: record.ReasonBadRequest, Detail: "malformed request: " + err.Error(), Err: err}
 	}
 	_ = h.c.SetReadDeadline(time.Time{})
 	if err := h.p.admitRequest(h.t, req, ev); err != nil {
@@ -186,7 +188,7 @@ func (h *httpConn) serveOne(ev *Event, headDone func(), first bool) (keep bool, 
 	}
 	ev.FirstByte = time.Since(ev.Time)
 	defer resp.Body.Close()
-	ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
+	ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
 	keep, err = h.respond(in, resp, ev)
 	// A body the upstream did not read leaves the next head unfindable.
 	return keep && body.done(), err
@@ -200,7 +202,7 @@ type fwdKey struct{}
 // request was cancelled): they write its record only under mu, before end.
 type fwdReq struct {
 	req  *Request
-	ev   *Event
+	ev   *record.Event
 	ot   *openTunnel
 	rctx context.Context // cancelled by a cut
 
@@ -225,7 +227,7 @@ func (f *fwdReq) end() {
 
 // dialed copies what a dial learned into the record, unless the request
 // ended first; a refusal of the dial is remembered.
-func (f *fwdReq) dialed(dev *Event, err error) {
+func (f *fwdReq) dialed(dev *record.Event, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {
@@ -282,10 +284,10 @@ func (f *fwdReq) account() (reached bool) {
 // change's, the client's (its body), or the upstream's.
 func (h *httpConn) roundTripError(err error, body *countBody, ot *openTunnel) error {
 	if why := ot.cutBecause.Load(); why != nil {
-		return deny(ReasonPolicyDenied, "%s while the request was being forwarded", *why)
+		return record.Deny(record.ReasonPolicyDenied, "%s while the request was being forwarded", *why)
 	}
 	if berr := body.readErr(); berr != nil {
-		return &Denial{Reason: ReasonBadRequest, Detail: "the client's request body: " + berr.Error(), Err: berr}
+		return &record.Denial{Reason: record.ReasonBadRequest, Detail: "the client's request body: " + berr.Error(), Err: berr}
 	}
 	return upstreamError(h.t.ctx, err)
 }
@@ -293,13 +295,13 @@ func (h *httpConn) roundTripError(err error, body *countBody, ot *openTunnel) er
 // admitRequest charges one forwarded request like one CONNECT: the rate,
 // a tunnel slot for its life (the caller gives it back) and the
 // allowlist (recorded on ev), all before any DNS.
-func (p *Proxy) admitRequest(t *trial, req *Request, ev *Event) error {
+func (p *Proxy) admitRequest(t *trial, req *Request, ev *record.Event) error {
 	if err := t.takeConnect(); err != nil {
 		return err
 	}
 	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
 		t.tunnels.Add(-1)
-		return deny(ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
+		return record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
 	}
 	_, _, err := t.decideForward(req, ev)
 	if err != nil {
@@ -311,7 +313,7 @@ func (p *Proxy) admitRequest(t *trial, req *Request, ev *Event) error {
 
 // outgoing builds the upstream request: the checked name and port, the
 // path and query as sent, the client's fields without hop-by-hop ones.
-func (h *httpConn) outgoing(in *http.Request, req *Request, ev *Event) (*http.Request, *countBody, error) {
+func (h *httpConn) outgoing(in *http.Request, req *Request, ev *record.Event) (*http.Request, *countBody, error) {
 	hdr := in.Header.Clone()
 	removeHopByHop(hdr)
 	if _, ok := hdr["User-Agent"]; !ok {
@@ -320,7 +322,7 @@ func (h *httpConn) outgoing(in *http.Request, req *Request, ev *Event) (*http.Re
 	body := &countBody{r: in.Body}
 	if exp := hdr.Get("Expect"); exp != "" {
 		if !strings.EqualFold(exp, "100-continue") || len(hdr.Values("Expect")) > 1 {
-			return nil, nil, deny(ReasonBadRequest, "Expect %q: only 100-continue is supported", truncate(exp))
+			return nil, nil, record.Deny(record.ReasonBadRequest, "Expect %q: only 100-continue is supported", truncate(exp))
 		}
 		hdr.Del("Expect")
 		// The client waits for 100 Continue before its body; it gets one
@@ -354,7 +356,7 @@ func (h *httpConn) outgoing(in *http.Request, req *Request, ev *Event) (*http.Re
 
 // respond writes the upstream's response to the client, without
 // hop-by-hop fields, and says whether the connection may be kept.
-func (h *httpConn) respond(in *http.Request, resp *http.Response, ev *Event) (bool, error) {
+func (h *httpConn) respond(in *http.Request, resp *http.Response, ev *record.Event) (bool, error) {
 	h.wmu.Lock()
 	h.responding = true
 	h.wmu.Unlock()
@@ -388,17 +390,17 @@ func bodyAllowed(status int) bool {
 func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	f, _ := ctx.Value(fwdKey{}).(*fwdReq)
 	if f == nil || addr != f.req.HostPort() {
-		return nil, deny(ReasonPolicyDenied, "the forwarder asked to dial %q outside a checked request", truncate(addr))
+		return nil, record.Deny(record.ReasonPolicyDenied, "the forwarder asked to dial %q outside a checked request", truncate(addr))
 	}
 	// net/http does not cancel a dial with its request: a cut must.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(f.rctx, cancel)()
-	dev := &Event{} // the request may end while this dial runs: f.dialed copies
+	dev := &record.Event{} // the request may end while this dial runs: f.dialed copies
 	up, err := h.p.connect(ctx, h.t.set, f.req, dev)
 	if why := f.ot.cutBecause.Load(); why != nil && err == nil {
 		_ = up.Close()
-		err = deny(ReasonPolicyDenied, "%s while the request was being opened", *why)
+		err = record.Deny(record.ReasonPolicyDenied, "%s while the request was being opened", *why)
 	}
 	if err == nil {
 		// The allowlist may have changed during the DNS and the dial:
@@ -410,13 +412,13 @@ func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, er
 	f.dialed(dev, err)
 	if err != nil {
 		if why := f.ot.cutBecause.Load(); why != nil {
-			return nil, deny(ReasonPolicyDenied, "%s while the request was being opened", *why)
+			return nil, record.Deny(record.ReasonPolicyDenied, "%s while the request was being opened", *why)
 		}
 		return nil, err
 	}
 	if !h.t.track(up) {
 		_ = up.Close()
-		return nil, deny(ReasonShutdown, "the Trial is being removed")
+		return nil, record.Deny(record.ReasonShutdown, "the Trial is being removed")
 	}
 	return &trackedConn{Conn: up, t: h.t}, nil
 }
@@ -424,14 +426,14 @@ func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, er
 // upstreamError turns a RoundTrip error into a denial: the dialer's own,
 // or a failed exchange with the upstream.
 func upstreamError(trialCtx context.Context, err error) error {
-	var d *Denial
+	var d *record.Denial
 	if errors.As(err, &d) {
 		return d
 	}
 	if trialCtx.Err() != nil {
-		return &Denial{Reason: ReasonShutdown, Detail: "the Trial is being removed", Err: err}
+		return &record.Denial{Reason: record.ReasonShutdown, Detail: "the Trial is being removed", Err: err}
 	}
-	return &Denial{Reason: ReasonUpstreamBadResponse, Detail: "the upstream did not answer the request: " + err.Error(), Err: err}
+	return &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: "the upstream did not answer the request: " + err.Error(), Err: err}
 }
 
 // trackedConn is an upstream connection tracked by its Trial, so that
@@ -530,6 +532,6 @@ func (w *countWriter) Write(p []byte) (int, error) {
 }
 
 // newEvent starts the decision record of one request on c.
-func (p *Proxy) newEvent(t *trial, c net.Conn) *Event {
-	return &Event{Schema: EventSchema, ID: rand.Text(), Time: time.Now(), Trial: t.id, Client: c.RemoteAddr().String(), Learning: t.learn}
+func (p *Proxy) newEvent(t *trial, c net.Conn) *record.Event {
+	return &record.Event{Schema: record.EventSchema, ID: rand.Text(), Time: time.Now(), Trial: t.id, Client: c.RemoteAddr().String(), Learning: t.learn}
 }

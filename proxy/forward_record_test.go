@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/record"
 )
 
 // countingUpstream serves one request per connection: it reads the head
@@ -100,7 +101,7 @@ func TestForwardRecordsWhatReachedTheUpstream(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		close(u.answer)
 		ev := tp.event(t)
-		if ev.Decision != DecisionAllow || ev.Reason != ReasonAllowed || !strings.Contains(ev.Detail, "reached the upstream") {
+		if ev.Decision != record.DecisionAllow || ev.Reason != record.ReasonAllowed || !strings.Contains(ev.Detail, "reached the upstream") {
 			t.Fatalf("record %+v: want allow, saying it reached the upstream", ev)
 		}
 		eventually(t, "the upstream's counts", func() bool { return u.in.Load() == ev.BytesUp && u.out.Load() == ev.BytesDown })
@@ -120,7 +121,7 @@ func TestForwardRecordsWhatReachedTheUpstream(t *testing.T) {
 		}
 		_, _ = io.WriteString(c, "zz not a chunk size\r\n")
 		ev := tp.event(t)
-		if ev.Decision != DecisionAllow || !strings.Contains(ev.Detail, "then bad_request: the client's request body") {
+		if ev.Decision != record.DecisionAllow || !strings.Contains(ev.Detail, "then bad_request: the client's request body") {
 			t.Fatalf("record %+v: want allow, the client's body blamed", ev)
 		}
 		if ev.BytesUp < 1<<20 {
@@ -158,7 +159,7 @@ func TestPolicyChangeStopsAForwardedRequestInItsDNS(t *testing.T) {
 			}
 			close(release)
 			ev := tp.event(t)
-			if ev.Decision != DecisionDeny || ev.Reason != ReasonPolicyDenied {
+			if ev.Decision != record.DecisionDeny || ev.Reason != record.ReasonPolicyDenied {
 				t.Fatalf("record %+v: want deny policy_denied", ev)
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -179,11 +180,11 @@ func TestForwardedRequestTakesTheAllowlistAfterItsDNS(t *testing.T) {
 		swap     string
 		tls      bool
 		cut      bool
-		want     Reason
+		want     record.Reason
 		wantCuts int
 	}{
-		{"swapped for require_tls", "api.example.com:80", true, false, ReasonTLSRequired, 0},
-		{"narrowed, then cut", "api.example.com:80", false, true, ReasonPolicyDenied, 1},
+		{"swapped for require_tls", "api.example.com:80", true, false, record.ReasonTLSRequired, 0},
+		{"narrowed, then cut", "api.example.com:80", false, true, record.ReasonPolicyDenied, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			u := &countingUpstream{answer: make(chan struct{})} // held: the request stays open
@@ -216,7 +217,7 @@ func TestForwardedRequestTakesTheAllowlistAfterItsDNS(t *testing.T) {
 				tp.event(t)
 				return
 			}
-			if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != c.want {
+			if ev := tp.event(t); ev.Decision != record.DecisionDeny || ev.Reason != c.want {
 				t.Fatalf("record %+v, want deny %s", ev, c.want)
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -258,7 +259,7 @@ func TestForwardRetryRefusedIsNotAllow(t *testing.T) {
 		t.Fatalf("first request: %v %v", resp, err)
 	}
 	_, _ = io.ReadAll(io.LimitReader(br, 2))
-	if ev := tp.event(t); ev.Decision != DecisionAllow {
+	if ev := tp.event(t); ev.Decision != record.DecisionAllow {
 		t.Fatalf("first record %+v", ev)
 	}
 	tp.dns.set("api.example.com", 0, "169.254.169.254")
@@ -268,7 +269,7 @@ func TestForwardRetryRefusedIsNotAllow(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := tp.event(t)
-	if resp.StatusCode == 200 || ev.Decision != DecisionDeny || ev.Reason != ReasonAddressDenied {
+	if resp.StatusCode == 200 || ev.Decision != record.DecisionDeny || ev.Reason != record.ReasonAddressDenied {
 		t.Fatalf("retry to the metadata address: %s, record %s %s %q", resp.Status, ev.Decision, ev.Reason, ev.Detail)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/net/http/httpproxy"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/record"
 )
 
 // seen is what the HTTP upstream received.
@@ -69,9 +70,9 @@ func newForwardProxy(t *testing.T) (*testProxy, *httpUpstream) {
 }
 
 // drainEvents collects n events.
-func (tp *testProxy) drainEvents(t *testing.T, n int) []Event {
+func (tp *testProxy) drainEvents(t *testing.T, n int) []record.Event {
 	t.Helper()
-	var evs []Event
+	var evs []record.Event
 	for range n {
 		evs = append(evs, tp.event(t))
 	}
@@ -116,9 +117,9 @@ func TestForwardWithCurl(t *testing.T) {
 		}
 	}
 	evs := tp.drainEvents(t, 3)
-	if evs[0].Method != "GET" || evs[0].Reason != ReasonAllowed || evs[0].Dialed.String() != "93.184.216.34:80" ||
+	if evs[0].Method != "GET" || evs[0].Reason != record.ReasonAllowed || evs[0].Dialed.String() != "93.184.216.34:80" ||
 		evs[0].Rule != "api.example.com:80" || evs[0].FirstByte <= 0 || evs[1].Rule != "api.example.com:8080" || evs[0].ID == evs[1].ID ||
-		evs[1].Method != "POST" || evs[1].BytesUp <= 7 || evs[2].Reason != ReasonPolicyDenied { // the head and the 7-byte body
+		evs[1].Method != "POST" || evs[1].BytesUp <= 7 || evs[2].Reason != record.ReasonPolicyDenied { // the head and the 7-byte body
 		t.Fatalf("events %+v", evs)
 	}
 	if n := tp.dns.count("denied.example.com"); n != 0 {
@@ -169,13 +170,13 @@ func TestForwardWithGoClient(t *testing.T) {
 	for i, c := range []struct {
 		method, url, body string
 		status            int
-		reason            Reason
+		reason            record.Reason
 	}{
-		{"GET", "http://api.example.com/go", "", 200, ReasonAllowed},
-		{"PUT", "http://other.example.com/go", "abc", 200, ReasonAllowed},
-		{"DELETE", "http://api.example.com:8080/go", "", 200, ReasonAllowed},
-		{"GET", "http://denied.example.com/go", "", 403, ReasonPolicyDenied},
-		{"GET", "http://api.example.com:81/go", "", 403, ReasonPolicyDenied},
+		{"GET", "http://api.example.com/go", "", 200, record.ReasonAllowed},
+		{"PUT", "http://other.example.com/go", "abc", 200, record.ReasonAllowed},
+		{"DELETE", "http://api.example.com:8080/go", "", 200, record.ReasonAllowed},
+		{"GET", "http://denied.example.com/go", "", 403, record.ReasonPolicyDenied},
+		{"GET", "http://api.example.com:81/go", "", 403, record.ReasonPolicyDenied},
 	} {
 		req, _ := http.NewRequest(c.method, c.url, strings.NewReader(c.body))
 		resp, err := client.Do(req)
@@ -243,7 +244,7 @@ func TestForwardKeepAliveSwitchingHostsIsRechecked(t *testing.T) {
 		codes = append(codes, r.StatusCode)
 	}
 	if len(codes) != 4 || codes[0] != 200 || codes[1] != 200 || codes[2] != 200 || codes[3] != 403 ||
-		resps[3].Header.Get("Trialnet-Reason") != string(ReasonPolicyDenied) {
+		resps[3].Header.Get("Trialnet-Reason") != string(record.ReasonPolicyDenied) {
 		t.Fatalf("statuses %v, want 200 200 200 403 and then the connection closed", codes)
 	}
 	got := u.requests()
@@ -263,7 +264,7 @@ func TestForwardKeepAliveSwitchingHostsIsRechecked(t *testing.T) {
 		t.Fatalf("a refused name caused %d DNS queries", n)
 	}
 	evs := tp.drainEvents(t, 4)
-	if evs[2].Host != "other.example.com" || evs[3].Reason != ReasonPolicyDenied || evs[3].Host != "denied.example.com" {
+	if evs[2].Host != "other.example.com" || evs[3].Reason != record.ReasonPolicyDenied || evs[3].Host != "denied.example.com" {
 		t.Fatalf("events %+v", evs)
 	}
 }
@@ -276,43 +277,43 @@ func TestForwardRefusals(t *testing.T) {
 	for _, c := range []struct {
 		name, raw string
 		status    int
-		reason    Reason
+		reason    record.Reason
 	}{
-		{"Content-Length and Transfer-Encoding", api + "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, ReasonBadRequest},
-		{"Transfer-Encoding and Content-Length", api + "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n", 400, ReasonBadRequest},
-		{"duplicate Content-Length", api + "Content-Length: 4\r\nContent-Length: 4\r\n\r\nabcd", 400, ReasonBadRequest},
-		{"conflicting Content-Length", api + "Content-Length: 4\r\nContent-Length: 5\r\n\r\nabcde", 400, ReasonBadRequest},
-		{"Content-Length list", api + "Content-Length: 4, 4\r\n\r\nabcd", 400, ReasonBadRequest},
-		{"signed Content-Length", api + "Content-Length: +4\r\n\r\nabcd", 400, ReasonBadRequest},
-		{"Transfer-Encoding not chunked", api + "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 400, ReasonBadRequest},
-		{"Transfer-Encoding twice", api + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, ReasonBadRequest},
-		{"Transfer-Encoding on HTTP/1.0", "POST http://api.example.com/ HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, ReasonBadRequest},
-		{"obs-fold", api + "Content-Length: 4\r\nX-A: a\r\n b\r\n\r\nabcd", 400, ReasonBadRequest},
-		{"space before colon", api + "Content-Length : 4\r\n\r\nabcd", 400, ReasonBadRequest},
-		{"bare LF", "GET http://api.example.com/ HTTP/1.1\nHost: api.example.com\n\n", 400, ReasonBadRequest},
-		{"https URL", "GET https://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, ReasonHTTPSNeedsConnect},
-		{"origin-form", "GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, ReasonBadTarget},
-		{"other scheme", "GET ftp://api.example.com/ HTTP/1.1\r\n\r\n", 400, ReasonBadTarget},
-		{"TRACE", "TRACE http://api.example.com/ HTTP/1.1\r\n\r\n", 405, ReasonMethodNotAllowed},
-		{"Host differs", "GET http://api.example.com/ HTTP/1.1\r\nHost: denied.example.com\r\n\r\n", 400, ReasonBadRequest},
-		{"userinfo", "GET http://user:pw@api.example.com/ HTTP/1.1\r\n\r\n", 400, ReasonBadTarget},
-		{"IP literal", "GET http://127.0.0.1/ HTTP/1.1\r\n\r\n", 403, ReasonIPLiteral},
-		{"IPv6 literal", "GET http://[::1]/ HTTP/1.1\r\n\r\n", 403, ReasonIPLiteral},
-		{"fragment", "GET http://api.example.com/#x HTTP/1.1\r\n\r\n", 400, ReasonBadTarget},
-		{"path without slash", "GET http://api.example.com:80x HTTP/1.1\r\n\r\n", 400, ReasonBadPort},
-		{"refused name", "GET http://denied.example.com/ HTTP/1.1\r\n\r\n", 403, ReasonPolicyDenied},
-		{"unsupported Expect", api + "Content-Length: 4\r\nExpect: something\r\n\r\nabcd", 400, ReasonBadRequest},
+		{"Content-Length and Transfer-Encoding", api + "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, record.ReasonBadRequest},
+		{"Transfer-Encoding and Content-Length", api + "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n", 400, record.ReasonBadRequest},
+		{"duplicate Content-Length", api + "Content-Length: 4\r\nContent-Length: 4\r\n\r\nabcd", 400, record.ReasonBadRequest},
+		{"conflicting Content-Length", api + "Content-Length: 4\r\nContent-Length: 5\r\n\r\nabcde", 400, record.ReasonBadRequest},
+		{"Content-Length list", api + "Content-Length: 4, 4\r\n\r\nabcd", 400, record.ReasonBadRequest},
+		{"signed Content-Length", api + "Content-Length: +4\r\n\r\nabcd", 400, record.ReasonBadRequest},
+		{"Transfer-Encoding not chunked", api + "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 400, record.ReasonBadRequest},
+		{"Transfer-Encoding twice", api + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, record.ReasonBadRequest},
+		{"Transfer-Encoding on HTTP/1.0", "POST http://api.example.com/ HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, record.ReasonBadRequest},
+		{"obs-fold", api + "Content-Length: 4\r\nX-A: a\r\n b\r\n\r\nabcd", 400, record.ReasonBadRequest},
+		{"space before colon", api + "Content-Length : 4\r\n\r\nabcd", 400, record.ReasonBadRequest},
+		{"bare LF", "GET http://api.example.com/ HTTP/1.1\nHost: api.example.com\n\n", 400, record.ReasonBadRequest},
+		{"https URL", "GET https://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, record.ReasonHTTPSNeedsConnect},
+		{"origin-form", "GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, record.ReasonBadTarget},
+		{"other scheme", "GET ftp://api.example.com/ HTTP/1.1\r\n\r\n", 400, record.ReasonBadTarget},
+		{"TRACE", "TRACE http://api.example.com/ HTTP/1.1\r\n\r\n", 405, record.ReasonMethodNotAllowed},
+		{"Host differs", "GET http://api.example.com/ HTTP/1.1\r\nHost: denied.example.com\r\n\r\n", 400, record.ReasonBadRequest},
+		{"userinfo", "GET http://user:pw@api.example.com/ HTTP/1.1\r\n\r\n", 400, record.ReasonBadTarget},
+		{"IP literal", "GET http://127.0.0.1/ HTTP/1.1\r\n\r\n", 403, record.ReasonIPLiteral},
+		{"IPv6 literal", "GET http://[::1]/ HTTP/1.1\r\n\r\n", 403, record.ReasonIPLiteral},
+		{"fragment", "GET http://api.example.com/#x HTTP/1.1\r\n\r\n", 400, record.ReasonBadTarget},
+		{"path without slash", "GET http://api.example.com:80x HTTP/1.1\r\n\r\n", 400, record.ReasonBadPort},
+		{"refused name", "GET http://denied.example.com/ HTTP/1.1\r\n\r\n", 403, record.ReasonPolicyDenied},
+		{"unsupported Expect", api + "Content-Length: 4\r\nExpect: something\r\n\r\nabcd", 400, record.ReasonBadRequest},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			resps := rawExchange(t, tp.addr, c.raw, 1)
-			if len(resps) != 1 || resps[0].StatusCode != c.status || Reason(resps[0].Header.Get("Trialnet-Reason")) != c.reason {
+			if len(resps) != 1 || resps[0].StatusCode != c.status || record.Reason(resps[0].Header.Get("Trialnet-Reason")) != c.reason {
 				var got string
 				if len(resps) == 1 {
 					got = resps[0].Status + " " + resps[0].Header.Get("Trialnet-Reason") + " " + resps[0].Header.Get("Trialnet-Detail")
 				}
 				t.Fatalf("got %q, want %d %s", got, c.status, c.reason)
 			}
-			if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != c.reason {
+			if ev := tp.event(t); ev.Decision != record.DecisionDeny || ev.Reason != c.reason {
 				t.Fatalf("event %+v", ev)
 			}
 		})
@@ -367,10 +368,10 @@ func TestForwardHonoursRequireTLS(t *testing.T) {
 	}})
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
 	resps := rawExchange(t, tp.addr, "POST http://api.example.com:443/exfil HTTP/1.1\r\nHost: api.example.com:443\r\nContent-Length: 6\r\n\r\nsecret", 1)
-	if len(resps) != 1 || resps[0].StatusCode != 403 || Reason(resps[0].Header.Get("Trialnet-Reason")) != ReasonTLSRequired {
-		t.Fatalf("plain HTTP to a require_tls entry: %v, want 403 %s", resps, ReasonTLSRequired)
+	if len(resps) != 1 || resps[0].StatusCode != 403 || record.Reason(resps[0].Header.Get("Trialnet-Reason")) != record.ReasonTLSRequired {
+		t.Fatalf("plain HTTP to a require_tls entry: %v, want 403 %s", resps, record.ReasonTLSRequired)
 	}
-	if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != ReasonTLSRequired {
+	if ev := tp.event(t); ev.Decision != record.DecisionDeny || ev.Reason != record.ReasonTLSRequired {
 		t.Fatalf("event %+v", ev)
 	}
 	select {
@@ -454,13 +455,13 @@ func TestForwardBoundsResponseHead(t *testing.T) {
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80"}, upstreamAddr: srv.Listener.Addr().String()})
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
 	resps := rawExchange(t, tp.addr, "GET http://api.example.com/big HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 1)
-	if len(resps) != 1 || resps[0].StatusCode != http.StatusBadGateway || Reason(resps[0].Header.Get("Trialnet-Reason")) != ReasonUpstreamBadResponse ||
+	if len(resps) != 1 || resps[0].StatusCode != http.StatusBadGateway || record.Reason(resps[0].Header.Get("Trialnet-Reason")) != record.ReasonUpstreamBadResponse ||
 		!strings.Contains(resps[0].Header.Get("Trialnet-Detail"), "exceeded") {
 		t.Fatalf("a 4 MiB response head: %+v", resps)
 	}
 	// The request reached the upstream: allowed, and the detail says how
 	// it ended.
-	if ev := tp.event(t); ev.Decision != DecisionAllow || !strings.Contains(ev.Detail, "then upstream_bad_response") || ev.BytesDown > MaxResponseHeaderBytes+4<<10 {
+	if ev := tp.event(t); ev.Decision != record.DecisionAllow || !strings.Contains(ev.Detail, "then upstream_bad_response") || ev.BytesDown > MaxResponseHeaderBytes+4<<10 {
 		t.Fatalf("event %+v", ev)
 	}
 	resps = rawExchange(t, tp.addr, "GET http://api.example.com/ok HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 1)

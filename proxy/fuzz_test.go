@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // Seed corpora live in testdata/fuzz/<target>/; `make fuzz` runs each
@@ -24,7 +26,7 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatalf("non-ASCII request line parsed: %+q", req.Method+" "+req.Target+" "+req.Version)
 		}
 		if err != nil {
-			if ReasonOf(err) == "" {
+			if record.ReasonOf(err) == "" {
 				t.Fatalf("refusal without a reason: %v", err)
 			}
 			return
@@ -62,7 +64,7 @@ func FuzzClientHello(f *testing.F) {
 			t.Fatalf("first byte %#x is a TLS record type but the stream is not TLS", data[0])
 		}
 		msg, _, err := clientHelloRecords(data, false)
-		if ReasonOf(err) == ReasonTLSRecordBeforeHello && kind != streamTLS {
+		if record.ReasonOf(err) == record.ReasonTLSRecordBeforeHello && kind != streamTLS {
 			t.Fatalf("a record before the hello in a stream that is not TLS: %v", err)
 		}
 		if err != nil {
@@ -163,7 +165,7 @@ func FuzzHTTPHead(f *testing.F) {
 		}
 		req, err := parseHTTPHead(data[:end])
 		if err != nil {
-			if ReasonOf(err) == "" {
+			if record.ReasonOf(err) == "" {
 				t.Fatalf("refusal without a reason: %v", err)
 			}
 			return

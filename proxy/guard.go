@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // AddrClass is what an address is, as far as the guard is concerned.
@@ -263,7 +265,7 @@ func (g *Guard) AddProxyAddr(a netip.Addr) {
 // address_denied naming the address and why.
 func (g *Guard) Check(a netip.Addr) error {
 	if !a.IsValid() {
-		return deny(ReasonAddressDenied, "invalid address")
+		return record.Deny(record.ReasonAddressDenied, "invalid address")
 	}
 	a = a.WithZone("").Unmap()
 	facts := g.facts.Load()
@@ -293,7 +295,7 @@ func (g *Guard) Check(a netip.Addr) error {
 	if nat64Local.Contains(a) {
 		// RFC 8215 leaves the IPv4 position inside 64:ff9b:1::/48 to the
 		// operator, so the IPv4 address cannot be known: never allowed.
-		return deny(ReasonAddressDenied, "%s is local-use NAT64 (64:ff9b:1::/48), whose embedded IPv4 address cannot be checked", a)
+		return record.Deny(record.ReasonAddressDenied, "%s is local-use NAT64 (64:ff9b:1::/48), whose embedded IPv4 address cannot be checked", a)
 	}
 	return g.check1(a, a, facts)
 }
@@ -326,7 +328,7 @@ func (g *Guard) judge(a, outer netip.Addr, c AddrClass, facts *HostFacts) error 
 		} else if g.host != nil {
 			own, err := g.host.Contains(a)
 			if err != nil {
-				return &Denial{Reason: ReasonAddressDenied, Detail: fmt.Sprintf("%s: the host's own addresses are unknown, so nothing is dialed", outer), Err: err}
+				return &record.Denial{Reason: record.ReasonAddressDenied, Detail: fmt.Sprintf("%s: the host's own addresses are unknown, so nothing is dialed", outer), Err: err}
 			}
 			if own {
 				c = ClassHost
@@ -349,7 +351,7 @@ func (g *Guard) judge(a, outer netip.Addr, c AddrClass, facts *HostFacts) error 
 	if c.allowable() {
 		hint = "; allow it with an explicit CIDR if this is intended"
 	}
-	return deny(ReasonAddressDenied, "%s is %s%s", what, c, hint)
+	return record.Deny(record.ReasonAddressDenied, "%s is %s%s", what, c, hint)
 }
 
 func (g *Guard) allowed(a netip.Addr) bool {

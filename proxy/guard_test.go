@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 type fixedSet map[netip.Addr]bool
@@ -89,7 +91,7 @@ func TestGuardClasses(t *testing.T) {
 			continue
 		}
 		if err != nil {
-			if ReasonOf(err) != ReasonAddressDenied || !strings.Contains(err.Error(), tc.why) {
+			if record.ReasonOf(err) != record.ReasonAddressDenied || !strings.Contains(err.Error(), tc.why) {
 				t.Errorf("%s: got %q, want address_denied mentioning %q", tc.addr, err, tc.why)
 			}
 		}
@@ -129,7 +131,7 @@ func TestGuardAllowCIDR(t *testing.T) {
 // A host address set that cannot answer makes the guard refuse.
 func TestGuardFailsClosedWithoutHostAddrs(t *testing.T) {
 	g := NewGuard(nil, brokenSet{})
-	if err := g.Check(netip.MustParseAddr("93.184.216.34")); ReasonOf(err) != ReasonAddressDenied {
+	if err := g.Check(netip.MustParseAddr("93.184.216.34")); record.ReasonOf(err) != record.ReasonAddressDenied {
 		t.Fatalf("got %v, want address_denied", err)
 	}
 }
@@ -138,7 +140,7 @@ type brokenSet struct{}
 
 func (brokenSet) Contains(netip.Addr) (bool, error) { return false, errBroken }
 
-var errBroken = &Denial{Reason: ReasonAddressDenied, Detail: "test: host set unavailable"}
+var errBroken = &record.Denial{Reason: record.ReasonAddressDenied, Detail: "test: host set unavailable"}
 
 // embed6052 puts v4 into prefix p as RFC 6052 lays it out: after the
 // prefix, skipping bits 64–71; the host part ends in 1 where it can.
@@ -178,7 +180,7 @@ func TestGuardHostFacts(t *testing.T) {
 			t.Fatalf("%s refused before the facts said anything: %v", a, err)
 		}
 	}
-	if err := g.Check(embed6052(nat64[6], public)); ReasonOf(err) != ReasonAddressDenied {
+	if err := g.Check(embed6052(nat64[6], public)); record.ReasonOf(err) != record.ReasonAddressDenied {
 		t.Fatalf("local-use NAT64 with no layout configured: %v, want refused", err)
 	}
 	facts := HostFacts{Addrs: []netip.Prefix{netip.PrefixFrom(hairpin, 32), netip.PrefixFrom(lan, 32)}, NAT64: nat64}
@@ -187,7 +189,7 @@ func TestGuardHostFacts(t *testing.T) {
 	}
 	base.SetHostFacts(facts)
 	for _, a := range []netip.Addr{hairpin, lan} {
-		if err := g.Check(a); ReasonOf(err) != ReasonAddressDenied || !strings.Contains(err.Error(), "this host's own") {
+		if err := g.Check(a); record.ReasonOf(err) != record.ReasonAddressDenied || !strings.Contains(err.Error(), "this host's own") {
 			t.Fatalf("%s is the host's by the facts: %v", a, err)
 		}
 	}
@@ -197,7 +199,7 @@ func TestGuardHostFacts(t *testing.T) {
 		}
 		for _, inner := range []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("169.254.169.254"), hairpin, netip.MustParseAddr("192.168.1.1")} {
 			a := embed6052(p, inner)
-			if err := g.Check(a); ReasonOf(err) != ReasonAddressDenied || !strings.Contains(err.Error(), "embeds "+inner.String()) {
+			if err := g.Check(a); record.ReasonOf(err) != record.ReasonAddressDenied || !strings.Contains(err.Error(), "embeds "+inner.String()) {
 				t.Fatalf("%s under %s carries %s: %v, want refused naming it", a, p, inner, err)
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/record"
 )
 
 // dnsServer is an in-process DNS server on 127.0.0.1 (UDP and TCP) that
@@ -196,7 +197,7 @@ type testProxy struct {
 	addr   string
 	dns    *dnsServer
 	dialer *mapDialer
-	events chan Event
+	events chan record.Event
 }
 
 type proxyOpts struct {
@@ -238,10 +239,10 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 	if o.upstreamAddr != "" {
 		to = o.upstreamAddr
 	}
-	tp := &testProxy{dns: ds, dialer: &mapDialer{to: to}, events: make(chan Event, 1024)}
+	tp := &testProxy{dns: ds, dialer: &mapDialer{to: to}, events: make(chan record.Event, 1024)}
 	cfg := Config{
 		Resolver: res, Dialer: tp.dialer, AllowCIDRs: cidrs,
-		OnEvent: func(e *Event, _ []byte) { tp.events <- *e },
+		OnEvent: func(e *record.Event, _ []byte) { tp.events <- *e },
 	}
 	if o.configure != nil {
 		o.configure(&cfg)
@@ -270,14 +271,14 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 }
 
 // event waits for the next decision event.
-func (tp *testProxy) event(t testing.TB) Event {
+func (tp *testProxy) event(t testing.TB) record.Event {
 	t.Helper()
 	select {
 	case e := <-tp.events:
 		return e
 	case <-time.After(10 * time.Second):
 		t.Fatal("no decision event within 10s")
-		return Event{}
+		return record.Event{}
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // forwardedMethods are the methods forwarded in absolute form.
@@ -35,19 +37,19 @@ func peekHead(r *bufio.Reader) ([]byte, error) {
 			return b[:i], nil
 		}
 		if len(b) >= MaxHeaderBytes {
-			return nil, deny(ReasonRequestTooLarge, "a request head over %d bytes", MaxHeaderBytes)
+			return nil, record.Deny(record.ReasonRequestTooLarge, "a request head over %d bytes", MaxHeaderBytes)
 		}
 		if _, err := r.Peek(len(b) + 1); err != nil {
 			var ne net.Error
 			switch {
 			case errors.As(err, &ne) && ne.Timeout():
-				return nil, &Denial{Reason: ReasonHeaderTimeout, Detail: "the request head did not arrive in time", Err: err}
+				return nil, &record.Denial{Reason: record.ReasonHeaderTimeout, Detail: "the request head did not arrive in time", Err: err}
 			case len(b) == 0 && (errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)):
 				return nil, errClientDone
 			case errors.Is(err, io.EOF):
-				return nil, &Denial{Reason: ReasonBadRequest, Detail: "the connection closed before the request head ended", Err: err}
+				return nil, &record.Denial{Reason: record.ReasonBadRequest, Detail: "the connection closed before the request head ended", Err: err}
 			}
-			return nil, &Denial{Reason: ReasonBadRequest, Detail: "reading the request head", Err: err}
+			return nil, &record.Denial{Reason: record.ReasonBadRequest, Detail: "reading the request head", Err: err}
 		}
 	}
 }
@@ -84,10 +86,10 @@ func parseHTTPHead(raw []byte) (*Request, error) {
 		return req, err
 	}
 	if h.method == "CONNECT" {
-		return req, deny(ReasonBadRequest, "CONNECT after a forwarded request on the same connection; open a new connection to tunnel")
+		return req, record.Deny(record.ReasonBadRequest, "CONNECT after a forwarded request on the same connection; open a new connection to tunnel")
 	}
 	if !forwardedMethods[h.method] {
-		return req, deny(ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", truncate(h.method), forwardedMethodList)
+		return req, record.Deny(record.ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", truncate(h.method), forwardedMethodList)
 	}
 	if err := checkVersion(h.version); err != nil {
 		return req, err
@@ -107,17 +109,17 @@ func parseAbsoluteTarget(target string) (string, uint16, error) {
 	scheme, rest, ok := strings.Cut(target, "://")
 	switch {
 	case ok && strings.EqualFold(scheme, "https"):
-		return "", 0, deny(ReasonHTTPSNeedsConnect, "%q is an https:// URL: send CONNECT %s and speak TLS through the tunnel (set HTTPS_PROXY, not only HTTP_PROXY)", truncate(target), truncate(authorityOf(rest)))
+		return "", 0, record.Deny(record.ReasonHTTPSNeedsConnect, "%q is an https:// URL: send CONNECT %s and speak TLS through the tunnel (set HTTPS_PROXY, not only HTTP_PROXY)", truncate(target), truncate(authorityOf(rest)))
 	case !ok || !strings.EqualFold(scheme, "http"):
-		return "", 0, deny(ReasonBadTarget, "target %q: a proxy forwards only absolute-form http://host[:port]/path (or tunnels with CONNECT host:port)", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q: a proxy forwards only absolute-form http://host[:port]/path (or tunnels with CONNECT host:port)", truncate(target))
 	}
 	// readHead refused non-ASCII already.
 	if strings.IndexByte(target, '#') >= 0 {
-		return "", 0, deny(ReasonBadTarget, "target %q holds a fragment", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q holds a fragment", truncate(target))
 	}
 	authority := authorityOf(rest)
 	if path := rest[len(authority):]; path != "" && path[0] != '/' && path[0] != '?' {
-		return "", 0, deny(ReasonBadTarget, "target %q: the path must start with '/'", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q: the path must start with '/'", truncate(target))
 	}
 	if authority != "" && authority[0] != '[' && !strings.Contains(authority, ":") {
 		authority += ":80"
@@ -135,23 +137,23 @@ func authorityOf(s string) string {
 
 func checkFraming(h *head) error {
 	if len(h.contentLength) > 0 && len(h.transferEncoding) > 0 {
-		return deny(ReasonBadRequest, "both Content-Length and Transfer-Encoding: a request smuggling shape")
+		return record.Deny(record.ReasonBadRequest, "both Content-Length and Transfer-Encoding: a request smuggling shape")
 	}
 	if len(h.contentLength) > 1 {
-		return deny(ReasonBadRequest, "%d Content-Length fields: a request smuggling shape", len(h.contentLength))
+		return record.Deny(record.ReasonBadRequest, "%d Content-Length fields: a request smuggling shape", len(h.contentLength))
 	}
 	if len(h.contentLength) == 1 {
 		v := h.contentLength[0]
 		if v == "" || len(v) > 18 || strings.Trim(v, "0123456789") != "" {
-			return deny(ReasonBadRequest, "Content-Length %q is not a decimal number", truncate(v))
+			return record.Deny(record.ReasonBadRequest, "Content-Length %q is not a decimal number", truncate(v))
 		}
 	}
 	if len(h.transferEncoding) > 0 {
 		if h.version != "HTTP/1.1" {
-			return deny(ReasonBadRequest, "Transfer-Encoding in an %s request", h.version)
+			return record.Deny(record.ReasonBadRequest, "Transfer-Encoding in an %s request", h.version)
 		}
 		if len(h.transferEncoding) > 1 || !strings.EqualFold(h.transferEncoding[0], "chunked") {
-			return deny(ReasonBadRequest, "Transfer-Encoding %q: only a single \"chunked\" is forwarded", truncate(strings.Join(h.transferEncoding, ", ")))
+			return record.Deny(record.ReasonBadRequest, "Transfer-Encoding %q: only a single \"chunked\" is forwarded", truncate(strings.Join(h.transferEncoding, ", ")))
 		}
 	}
 	return nil

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // ledger is an upstream test server that accounts for every byte: what
@@ -70,16 +72,16 @@ type exchange struct {
 //
 // whole says the proxy read everything the upstream wrote (whole answers,
 // nothing cut): then bytes_down is exactly that.
-func checkIntegrity(t *testing.T, recs []Event, l *ledger, whole bool) {
+func checkIntegrity(t *testing.T, recs []record.Event, l *ledger, whole bool) {
 	t.Helper()
 	var up, down, allows int64
 	for _, r := range recs {
 		switch r.Decision {
-		case DecisionAllow:
+		case record.DecisionAllow:
 			allows++
 			up += r.BytesUp
 			down += r.BytesDown
-		case DecisionSuppressed:
+		case record.DecisionSuppressed:
 			t.Fatalf("a summary in a run under every bound: %+v", r)
 		default:
 			if r.BytesUp != 0 || r.BytesDown != 0 {
@@ -103,7 +105,7 @@ func checkIntegrity(t *testing.T, recs []Event, l *ledger, whole bool) {
 	}
 }
 
-func dump(recs []Event) string {
+func dump(recs []record.Event) string {
 	var b strings.Builder
 	for _, r := range recs {
 		fmt.Fprintf(&b, "  %s %s %s %q up=%d down=%d\n", r.Decision, r.Reason, r.Method, r.Detail, r.BytesUp, r.BytesDown)
@@ -114,7 +116,7 @@ func dump(recs []Event) string {
 // runExchanges sends each exchange on its own connection through a proxy
 // allowing api.example.com:80 to l, runs change (if any) while they are
 // in flight, and returns every record.
-func runExchanges(t *testing.T, l *ledger, exs []exchange, change func(tp *testProxy)) []Event {
+func runExchanges(t *testing.T, l *ledger, exs []exchange, change func(tp *testProxy)) []record.Event {
 	t.Helper()
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80"}, upstream: func(c *net.TCPConn) { l.active.Add(1); l.serve(c) },
 		limits: &Limits{ConnectBurst: 1 << 20, RecordBurst: 1 << 20}})
@@ -259,7 +261,7 @@ func FuzzForwardResponse(f *testing.F) {
 		send := []byte("POST http://api.example.com/r HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 5\r\n\r\nhello")
 		recs := runExchanges(t, l, []exchange{{send: send}}, nil)
 		checkIntegrity(t, recs, l, false)
-		if len(recs) != 1 || recs[0].Decision != DecisionAllow {
+		if len(recs) != 1 || recs[0].Decision != record.DecisionAllow {
 			t.Fatalf("records for a request the upstream read: want one allow\n%s", dump(recs))
 		}
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/trialnet/trialnet/internal/ident"
 	"github.com/trialnet/trialnet/internal/termsafe"
+	"github.com/trialnet/trialnet/record"
 )
 
 // DefaultWildcardHosts is how many distinct hosts under one suffix Learn
@@ -51,7 +52,7 @@ type LearnedWildcard struct {
 // hosts seen lie under their longest common suffix and ParseEntry accepts
 // the wildcard (so never over a public suffix). minHosts < 2 means
 // DefaultWildcardHosts.
-func Learn(recs []Event, minHosts int) Learned {
+func Learn(recs []record.Event, minHosts int) Learned {
 	if minHosts < 2 {
 		minHosts = DefaultWildcardHosts
 	}
@@ -64,10 +65,10 @@ func Learn(recs []Event, minHosts int) Learned {
 			trials[r.Trial] = true
 		}
 		switch r.Decision {
-		case DecisionPolicyChange:
+		case record.DecisionPolicyChange:
 			l.Changes++
 			continue
-		case DecisionSuppressed:
+		case record.DecisionSuppressed:
 			if s := r.Suppressed; s != nil { // decisions made, their records not written
 				l.Records += int(s.Records)
 				for _, rt := range s.Reached {
@@ -80,7 +81,7 @@ func Learn(recs []Event, minHosts int) Learned {
 			continue
 		}
 		l.Records++
-		if r.Decision != DecisionAllow {
+		if r.Decision != record.DecisionAllow {
 			continue
 		}
 		if r.WouldDeny != "" {

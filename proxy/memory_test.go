@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // MemoryPerTrialBound is the documented bound on what one Trial can make
@@ -44,7 +46,7 @@ func (m nameMap) Resolve(_ context.Context, name string) (Answer, error) {
 	if a, ok := m[name]; ok {
 		return Answer{Addrs: []netip.Addr{a}}, nil
 	}
-	return Answer{}, deny(ReasonDNSNXDomain, "no such name")
+	return Answer{}, record.Deny(record.ReasonDNSNXDomain, "no such name")
 }
 
 type addrMap map[netip.Addr]string
@@ -287,7 +289,7 @@ func TestProxyMemoryPerTrial(t *testing.T) {
 	c := forwardGET(t, t1, "http://hostile.test/cap")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil || resp.StatusCode != http.StatusTooManyRequests ||
-		(resp.Header.Get("Trialnet-Reason") != string(ReasonTrialConnLimit) && resp.Header.Get("Trialnet-Reason") != string(ReasonTunnelLimit)) {
+		(resp.Header.Get("Trialnet-Reason") != string(record.ReasonTrialConnLimit) && resp.Header.Get("Trialnet-Reason") != string(record.ReasonTunnelLimit)) {
 		t.Fatalf("a request past t1's caps: %+v, %v; want 429 with trial_connection_limit or tunnel_limit", resp, err)
 	}
 	release()

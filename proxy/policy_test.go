@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // A learning Trial tunnels a name off its allowlist and says so in the
@@ -29,14 +31,14 @@ func TestLearningWidensNamesOnly(t *testing.T) {
 	for _, c := range []struct {
 		target    string
 		status    int
-		reason    Reason
-		wouldDeny Reason
+		reason    record.Reason
+		wouldDeny record.Reason
 	}{
-		{"listed.example.com:443", 200, ReasonAllowed, ""},
-		{"off.example.com:443", 200, ReasonAllowed, ReasonPolicyDenied},
-		{"meta.example.com:80", 403, ReasonAddressDenied, ReasonPolicyDenied},
-		{"lo.example.com:443", 403, ReasonAddressDenied, ReasonPolicyDenied},
-		{"198.18.0.11:443", 403, ReasonIPLiteral, ""},
+		{"listed.example.com:443", 200, record.ReasonAllowed, ""},
+		{"off.example.com:443", 200, record.ReasonAllowed, record.ReasonPolicyDenied},
+		{"meta.example.com:80", 403, record.ReasonAddressDenied, record.ReasonPolicyDenied},
+		{"lo.example.com:443", 403, record.ReasonAddressDenied, record.ReasonPolicyDenied},
+		{"198.18.0.11:443", 403, record.ReasonIPLiteral, ""},
 	} {
 		resp, c2, _ := tp.connect(t, connectHead(c.target))
 		if resp.StatusCode != c.status {
@@ -52,7 +54,7 @@ func TestLearningWidensNamesOnly(t *testing.T) {
 		}
 	}
 	resp, _, _ := enforcing.connect(t, connectHead("off.example.com:443"))
-	if ev := tp.event(t); resp.StatusCode != 403 || ev.Reason != ReasonPolicyDenied || ev.Learning || ev.WouldDeny != "" {
+	if ev := tp.event(t); resp.StatusCode != 403 || ev.Reason != record.ReasonPolicyDenied || ev.Learning || ev.WouldDeny != "" {
 		t.Fatalf("enforcing Trial: status %d, record %+v", resp.StatusCode, ev)
 	}
 	if st, _ := tp.Stats("t1"); st.WouldDeny != 1 || st.Allowed != 2 {
@@ -95,7 +97,7 @@ func TestSetAllowAppliesAndCutsOnlyRemovedEntries(t *testing.T) {
 		resp, c, _ := tp.connect(t, connectHead(target))
 		_ = c.Close()
 		ev := tp.event(t)
-		return resp.StatusCode == 403 && ev.Reason == ReasonPolicyDenied
+		return resp.StatusCode == 403 && ev.Reason == record.ReasonPolicyDenied
 	}
 	if !refused("b.example.com:443") {
 		t.Fatal("b before allow: not refused")
@@ -139,7 +141,7 @@ func TestSetAllowAppliesAndCutsOnlyRemovedEntries(t *testing.T) {
 		t.Fatal("the cut ended a tunnel of an entry it did not name")
 	}
 	for range 2 {
-		if ev := tp.event(t); !strings.Contains(ev.Detail, "tunnel cut by a policy change") || ev.Decision != DecisionAllow {
+		if ev := tp.event(t); !strings.Contains(ev.Detail, "tunnel cut by a policy change") || ev.Decision != record.DecisionAllow {
 			t.Fatalf("cut tunnel's record: %+v", ev)
 		}
 	}
@@ -154,7 +156,7 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 	// Records by client address: a connection closed without an answer
 	// is judged by what the proxy recorded for it.
 	var recMu sync.Mutex
-	records := map[string]Event{}
+	records := map[string]record.Event{}
 	go func() {
 		for e := range tp.events {
 			recMu.Lock()
@@ -162,7 +164,7 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 			recMu.Unlock()
 		}
 	}()
-	recordOf := func(addr string) (Event, bool) {
+	recordOf := func(addr string) (record.Event, bool) {
 		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 			recMu.Lock()
 			e, ok := records[addr]
@@ -171,7 +173,7 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 				return e, true
 			}
 		}
-		return Event{}, false
+		return record.Event{}, false
 	}
 	a, _ := ParseEntry("a.example.com:443")
 	with, without := NewAllowlist(a), NewAllowlist()
@@ -265,8 +267,8 @@ func TestCutBeforeAnswerRefuses(t *testing.T) {
 	ot := &openTunnel{entry: e, ruled: true, client: client, up: nil}
 	ot.cut("its allowlist entry a.example.com:443 was removed")
 	err := ot.establish()
-	var d *Denial
-	if !errors.As(err, &d) || d.Reason != ReasonPolicyDenied || !strings.Contains(d.Detail, "while the tunnel was being opened") {
+	var d *record.Denial
+	if !errors.As(err, &d) || d.Reason != record.ReasonPolicyDenied || !strings.Contains(d.Detail, "while the tunnel was being opened") {
 		t.Fatalf("establish after a cut: %v, want a policy denial", err)
 	}
 	// A second cut (the entry removed again, before the refusal is
@@ -326,22 +328,22 @@ func TestAllowlistChangeRefusals(t *testing.T) {
 // for enough hosts under one registrable domain, never over a public
 // suffix; its profile loads as configuration.
 func TestLearnProfile(t *testing.T) {
-	var recs []Event
-	add := func(host string, port uint16, d Decision, wouldDeny Reason) {
-		recs = append(recs, Event{Trial: "l1", Host: host, Port: port, Decision: d, WouldDeny: wouldDeny})
+	var recs []record.Event
+	add := func(host string, port uint16, d record.Decision, wouldDeny record.Reason) {
+		recs = append(recs, record.Event{Trial: "l1", Host: host, Port: port, Decision: d, WouldDeny: wouldDeny})
 	}
 	for _, h := range []string{"a.cdn.example.com", "b.cdn.example.com", "c.x.cdn.example.com"} {
-		add(h, 443, DecisionAllow, ReasonPolicyDenied)
+		add(h, 443, record.DecisionAllow, record.ReasonPolicyDenied)
 	}
-	add("a.cdn.example.com", 443, DecisionAllow, "") // counted twice
+	add("a.cdn.example.com", 443, record.DecisionAllow, "") // counted twice
 	for _, h := range []string{"p.two.example.org", "q.two.example.org"} {
-		add(h, 443, DecisionAllow, ReasonPolicyDenied) // two hosts: no wildcard
+		add(h, 443, record.DecisionAllow, record.ReasonPolicyDenied) // two hosts: no wildcard
 	}
 	for _, h := range []string{"u1.github.io", "u2.github.io", "u3.github.io"} {
-		add(h, 443, DecisionAllow, ReasonPolicyDenied) // three owners: no wildcard
+		add(h, 443, record.DecisionAllow, record.ReasonPolicyDenied) // three owners: no wildcard
 	}
-	add("metadata.example.com", 80, DecisionDeny, ReasonPolicyDenied) // refused: left out
-	recs = append(recs, Event{Trial: "l1", Decision: DecisionPolicyChange, PolicyChange: &PolicyChange{UID: 0}})
+	add("metadata.example.com", 80, record.DecisionDeny, record.ReasonPolicyDenied) // refused: left out
+	recs = append(recs, record.Event{Trial: "l1", Decision: record.DecisionPolicyChange, PolicyChange: &record.PolicyChange{UID: 0}})
 	l := Learn(recs, 0)
 	var got []string
 	for _, e := range l.Entries {

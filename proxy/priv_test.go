@@ -12,6 +12,7 @@ import (
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/record"
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -42,7 +43,7 @@ func TestPrivilegedHostAddrsFollowChanges(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return ok }, ip.String()+" to appear")
-		if err := g.Check(ip); ReasonOf(err) != ReasonAddressDenied {
+		if err := g.Check(ip); record.ReasonOf(err) != record.ReasonAddressDenied {
 			t.Fatalf("%s is now this host's own, got %v", ip, err)
 		}
 		if err := nh.AddrDel(lo, a); err != nil {
@@ -114,7 +115,7 @@ func TestNetDialerControlRechecks(t *testing.T) {
 			_ = c.Close()
 			t.Fatalf("dialed %s", a)
 		}
-		if ReasonOf(err) != ReasonAddressDenied {
+		if record.ReasonOf(err) != record.ReasonAddressDenied {
 			t.Fatalf("%s: %v, want address_denied", a, err)
 		}
 	}
@@ -196,7 +197,7 @@ func TestPrivilegedHostAddrsLocalRoutes(t *testing.T) {
 			reachesHost(t, ns, ip)
 		}
 		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return ok }, ip.String()+" to appear")
-		if err := g.Check(ip); ReasonOf(err) != ReasonAddressDenied {
+		if err := g.Check(ip); record.ReasonOf(err) != record.ReasonAddressDenied {
 			t.Fatalf("%s is under a local route now, got %v", ip, err)
 		}
 		if err := nh.RouteDel(r); err != nil {

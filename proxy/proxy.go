@@ -1,5 +1,12 @@
 //go:build linux
 
+// Package proxy is trialnet's allowlisting HTTP CONNECT proxy: it checks
+// the requested name against a Trial's allowlist before any DNS, checks
+// every resolved address, dials only the addresses it checked, and relays
+// the tunnel like TCP (half-close, no idle timeout). Plain http:// requests
+// in absolute form are forwarded through the same checks, one decision per
+// request. One Proxy serves many Trials; every listener belongs to one
+// Trial and every decision names it.
 package proxy
 
 import (
@@ -17,6 +24,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/ratelimit"
+	"github.com/trialnet/trialnet/record"
 	vns "github.com/vishvananda/netns"
 )
 
@@ -56,7 +64,7 @@ type Config struct {
 	// OnEvent, if set, is called with every decision record written, and
 	// its JSON line (see Sink): ev and line are valid only during the
 	// call.
-	OnEvent Sink
+	OnEvent record.Sink
 	// Limits are the per-Trial defaults; a Trial may carry its own.
 	Limits         Limits
 	MaxConnections int // proxy-wide concurrent client connections
@@ -201,7 +209,7 @@ type TrialPolicy struct {
 	AllowCIDRs []netip.Prefix
 	// Stats, if set, are where the Trial's counters start: a restarted
 	// agent continues them from the decision log.
-	Stats *TrialStats
+	Stats *record.TrialStats
 }
 
 type trial struct {
@@ -211,7 +219,7 @@ type trial struct {
 	set     *settings // as the proxy's were when the Trial was added
 	limits  Limits
 	bucket  *ratelimit.Bucket
-	records *recordGate  // bounds what its decision records cost
+	records *record.Gate // bounds what its decision records cost
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
 	clients atomic.Int64 // client connections admitted and not yet closed
 	pending atomic.Int64 // of those, the ones whose request head is not read yet
@@ -226,7 +234,7 @@ type trial struct {
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
 	open      map[*openTunnel]struct{} // tunnels between their answer and their end
-	stats     TrialStats
+	stats     record.TrialStats
 	removed   bool
 }
 
@@ -255,9 +263,9 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	if allow == nil {
 		allow = NewAllowlist()
 	}
-	stats := TrialStats{Decisions: make(map[Reason]uint64)}
+	stats := record.TrialStats{Decisions: make(map[record.Reason]uint64)}
 	if tp.Stats != nil {
-		stats = tp.Stats.clone()
+		stats = tp.Stats.Clone()
 		stats.Active = 0
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -266,7 +274,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel,
 	}
-	t.records = newRecordGate(tp.ID, tp.Learn, Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes}, p.write)
+	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes}, p.write)
 	t.allow.Store(allow)
 	p.trials[tp.ID] = t
 	return nil
@@ -364,7 +372,7 @@ func (ot *openTunnel) attach(up net.Conn) error {
 	ot.mu.Lock()
 	defer ot.mu.Unlock()
 	if why := ot.cutBecause.Load(); why != nil {
-		return deny(ReasonPolicyDenied, "%s while the request was being opened", *why)
+		return record.Deny(record.ReasonPolicyDenied, "%s while the request was being opened", *why)
 	}
 	ot.up = up
 	return nil
@@ -380,7 +388,7 @@ func (ot *openTunnel) establish() error {
 	if why := ot.cutBecause.Load(); why != nil {
 		// Still unanswered: a later cut (the entry removed again) must
 		// not close the connection before the refusal is written.
-		return deny(ReasonPolicyDenied, "%s while the tunnel was being opened", *why)
+		return record.Deny(record.ReasonPolicyDenied, "%s while the tunnel was being opened", *why)
 	}
 	_, err := io.WriteString(ot.client, "HTTP/1.1 200 Connection established\r\n\r\n")
 	ot.answered = true
@@ -390,15 +398,15 @@ func (ot *openTunnel) establish() error {
 // decide matches a request against the Trial's allowlist as it is now:
 // the entry that allows it, or on a learning Trial a name let through
 // (ruled false, ev.WouldDeny set). Otherwise it is a policy denial.
-func (t *trial) decide(req *Request, ev *Event) (entry Entry, ruled bool, err error) {
+func (t *trial) decide(req *Request, ev *record.Event) (entry Entry, ruled bool, err error) {
 	entry, ruled = t.allow.Load().Match(req.Host, req.Port)
 	switch {
 	case ruled:
 		ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = entry.String(), entry.Profile, "", entry.RequireTLS
 	case t.learn:
-		ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = "", "", ReasonPolicyDenied, false
+		ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = "", "", record.ReasonPolicyDenied, false
 	default:
-		return Entry{}, false, deny(ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
+		return Entry{}, false, record.Deny(record.ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
 	}
 	return entry, ruled, nil
 }
@@ -409,8 +417,8 @@ func (t *trial) decide(req *Request, ev *Event) (entry Entry, ruled bool, err er
 // see, so its record is never suppressed). Past the rate it is refused
 // as rate limited instead, like any CONNECT.
 func (t *trial) chargeRefusal(err error) error {
-	var d *Denial
-	if !errors.As(err, &d) || !d.Reason.info().charged {
+	var d *record.Denial
+	if !errors.As(err, &d) || !d.Reason.Charged() {
 		return err
 	}
 	if limited := t.takeConnect(); limited != nil {
@@ -424,7 +432,7 @@ func (t *trial) chargeRefusal(err error) error {
 // rate is charged.
 func (t *trial) takeConnect() error {
 	if !t.bucket.Take(time.Now()) {
-		return deny(ReasonRateLimited, "more than %g CONNECTs and forwarded requests per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
+		return record.Deny(record.ReasonRateLimited, "more than %g CONNECTs and forwarded requests per second (burst %d) from this Trial", t.limits.ConnectRate, t.limits.ConnectBurst)
 	}
 	return nil
 }
@@ -432,11 +440,11 @@ func (t *trial) takeConnect() error {
 // register decides a dialed CONNECT again, under mu so that no policy
 // change falls between this decision and the tunnel being known, and
 // tracks the tunnel until its end.
-func (t *trial) register(req *Request, ev *Event, client, up net.Conn, stop context.CancelFunc) (*openTunnel, error) {
+func (t *trial) register(req *Request, ev *record.Event, client, up net.Conn, stop context.CancelFunc) (*openTunnel, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.removed {
-		return nil, deny(ReasonShutdown, "the Trial is being removed")
+		return nil, record.Deny(record.ReasonShutdown, "the Trial is being removed")
 	}
 	decide := t.decide
 	if up == nil { // a forwarded request: plain HTTP
@@ -444,7 +452,7 @@ func (t *trial) register(req *Request, ev *Event, client, up net.Conn, stop cont
 	}
 	entry, ruled, err := decide(req, ev)
 	if err != nil {
-		var d *Denial
+		var d *record.Denial
 		if errors.As(err, &d) {
 			d.Detail += " (its entry was removed while the tunnel was being opened)"
 		}
@@ -459,10 +467,10 @@ func (t *trial) register(req *Request, ev *Event, client, up net.Conn, stop cont
 
 // decideForward is decide for a forwarded (plain HTTP) request: an
 // entry that wants TLS is reached through CONNECT only, whatever the port.
-func (t *trial) decideForward(req *Request, ev *Event) (Entry, bool, error) {
+func (t *trial) decideForward(req *Request, ev *record.Event) (Entry, bool, error) {
 	entry, ruled, err := t.decide(req, ev)
 	if err == nil && ruled && entry.RequireTLS {
-		err = deny(ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())
+		err = record.Deny(record.ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())
 	}
 	return entry, ruled, err
 }
@@ -470,11 +478,11 @@ func (t *trial) decideForward(req *Request, ev *Event) (Entry, bool, error) {
 // redecide matches a forwarded request against the allowlist as it is
 // after its DNS and dial, as register does for a CONNECT, and ties it to
 // the entry that allows it now, which a later cut names.
-func (t *trial) redecide(req *Request, ev *Event, ot *openTunnel) error {
+func (t *trial) redecide(req *Request, ev *record.Event, ot *openTunnel) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	entry, ruled, err := t.decideForward(req, ev)
-	var d *Denial
+	var d *record.Denial
 	if errors.As(err, &d) {
 		d.Detail += " (its entry was removed or changed while the request was being opened)"
 		return err
@@ -495,13 +503,13 @@ func (t *trial) unregister(ot *openTunnel) {
 // open, waits until each has emitted its decision event, writes the
 // summary of its last suppressed records, and forgets the Trial. Its
 // final stats are returned.
-func (p *Proxy) RemoveTrial(id string) (TrialStats, bool) {
+func (p *Proxy) RemoveTrial(id string) (record.TrialStats, bool) {
 	p.mu.Lock()
 	t, ok := p.trials[id]
 	delete(p.trials, id)
 	p.mu.Unlock()
 	if !ok {
-		return TrialStats{}, false
+		return record.TrialStats{}, false
 	}
 	t.shutdown()
 	t.handlers.Wait()
@@ -656,7 +664,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		}
 		switch {
 		case handedOff:
-		case ev != nil && ev.Decision == DecisionDeny:
+		case ev != nil && ev.Decision == record.DecisionDeny:
 			lingerClose(c) // refused with an HTTP answer: let the client read it
 		default:
 			_ = c.Close()
@@ -690,7 +698,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 // tunnel, with fin, to two fresh goroutines (setting *handedOff first).
 // Handing off keeps an idle tunnel's stacks small: the deep DNS and dial
 // call chains stay on this goroutine, which then exits.
-func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, fin *cleanups, handedOff *bool) {
+func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *record.Event, fin *cleanups, handedOff *bool) {
 	req, err := ReadRequest(br)
 	t.pending.Add(-1)
 	if req != nil {
@@ -714,7 +722,7 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 	}
 	fin.add(func() { t.tunnels.Add(-1) })
 	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
-		p.refuse(c, ev, deny(ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels))
+		p.refuse(c, ev, record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels))
 		return
 	}
 
@@ -725,7 +733,7 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 	up, err := p.connect(t.ctx, t.set, req, ev)
 	if err != nil {
 		if t.ctx.Err() != nil {
-			err = &Denial{Reason: ReasonShutdown, Detail: "the Trial is being removed", Err: err}
+			err = &record.Denial{Reason: record.ReasonShutdown, Detail: "the Trial is being removed", Err: err}
 		}
 		p.refuse(c, ev, err)
 		return
@@ -734,7 +742,7 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 	// a tunnel whose client already half-closed.
 	if !t.track(up) {
 		_ = up.Close()
-		p.refuse(c, ev, deny(ReasonShutdown, "the Trial is being removed"))
+		p.refuse(c, ev, record.Deny(record.ReasonShutdown, "the Trial is being removed"))
 		return
 	}
 	fin.add(func() { t.untrack(up) })
@@ -748,13 +756,13 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *Event, 
 	_ = c.SetReadDeadline(time.Time{})
 	if err := ot.establish(); err != nil {
 		_ = up.Close()
-		var d *Denial
+		var d *record.Denial
 		if errors.As(err, &d) {
 			p.refuse(c, ev, err)
 			return
 		}
-		ev.Reason, ev.Detail = ReasonAllowed, "client went away before the tunnel opened"
-		ev.Decision = DecisionAllow
+		ev.Reason, ev.Detail = record.ReasonAllowed, "client went away before the tunnel opened"
+		ev.Decision = record.DecisionAllow
 		return
 	}
 	*handedOff = true
@@ -776,25 +784,25 @@ func startsWithConnect(br *bufio.Reader) bool {
 func (p *Proxy) admit(t *trial) error {
 	if t.clients.Add(1) > int64(t.limits.MaxClientConns) {
 		t.clients.Add(-1)
-		return deny(ReasonTrialConnLimit, "this Trial already has %d client connections open, its limit", t.limits.MaxClientConns)
+		return record.Deny(record.ReasonTrialConnLimit, "this Trial already has %d client connections open, its limit", t.limits.MaxClientConns)
 	}
 	if t.pending.Add(1) > int64(t.limits.MaxPendingHeads) {
 		t.pending.Add(-1)
 		t.clients.Add(-1)
-		return deny(ReasonPendingHeadLimit, "this Trial already has %d connections that have not sent their request head, its limit", t.limits.MaxPendingHeads)
+		return record.Deny(record.ReasonPendingHeadLimit, "this Trial already has %d connections that have not sent their request head, its limit", t.limits.MaxPendingHeads)
 	}
 	if limit := p.maxConns.Load(); p.conns.Add(1) > limit {
 		p.conns.Add(-1)
 		t.pending.Add(-1)
 		t.clients.Add(-1)
-		return deny(ReasonGlobalLimit, "the proxy is serving %d connections, its limit", limit)
+		return record.Deny(record.ReasonGlobalLimit, "the proxy is serving %d connections, its limit", limit)
 	}
 	return nil
 }
 
 // connect resolves req's name, checks every address and dials the
 // checked ones.
-func (p *Proxy) connect(trialCtx context.Context, set *settings, req *Request, ev *Event) (net.Conn, error) {
+func (p *Proxy) connect(trialCtx context.Context, set *settings, req *Request, ev *record.Event) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(trialCtx, p.cfg.DNSTimeout)
 	t0 := time.Now()
 	ans, err := set.resolver.Resolve(ctx, req.Host)
@@ -802,19 +810,19 @@ func (p *Proxy) connect(trialCtx context.Context, set *settings, req *Request, e
 	ev.DNS = time.Since(t0)
 	ev.Resolved = ans.Addrs
 	if err != nil {
-		if ReasonOf(err) == "" {
-			err = &Denial{Reason: ReasonDNSFailed, Detail: err.Error(), Err: err}
+		if record.ReasonOf(err) == "" {
+			err = &record.Denial{Reason: record.ReasonDNSFailed, Detail: err.Error(), Err: err}
 		}
 		return nil, err
 	}
 	if len(ans.Addrs) == 0 {
-		return nil, deny(ReasonDNSNoAddresses, "%s has no addresses", req.Host)
+		return nil, record.Deny(record.ReasonDNSNoAddresses, "%s has no addresses", req.Host)
 	}
 	// One bad answer refuses the name: a mixed set is an attack.
 	targets := make([]netip.AddrPort, 0, len(ans.Addrs))
 	for _, a := range ans.Addrs {
 		if err := set.guard.Check(a); err != nil {
-			var d *Denial
+			var d *record.Denial
 			if errors.As(err, &d) {
 				d.Detail = req.Host + " resolves to " + d.Detail
 			}
@@ -836,13 +844,13 @@ func (p *Proxy) connect(trialCtx context.Context, set *settings, req *Request, e
 
 // refuse answers a refused request with its status and reason, then
 // closes without resetting, so the client reads the answer.
-func (p *Proxy) refuse(c net.Conn, ev *Event, err error) {
-	var d *Denial
+func (p *Proxy) refuse(c net.Conn, ev *record.Event, err error) {
+	var d *record.Denial
 	if !errors.As(err, &d) {
-		d = &Denial{Reason: ReasonBadRequest, Detail: err.Error(), Err: err}
+		d = &record.Denial{Reason: record.ReasonBadRequest, Detail: err.Error(), Err: err}
 	}
-	ev.Decision, ev.Reason, ev.Detail = DecisionDeny, d.Reason, d.Detail
-	status := d.Reason.status()
+	ev.Decision, ev.Reason, ev.Detail = record.DecisionDeny, d.Reason, d.Detail
+	status := d.Reason.Status()
 	body := "trialnet: " + sanitize(d.Error()) + "\n"
 	resp := fmt.Sprintf("HTTP/1.1 %d %s\r\nTrialnet-Reason: %s\r\nTrialnet-Detail: %s\r\nProxy-Status: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 		status, http.StatusText(status), d.Reason, sanitize(d.Detail), d.ProxyStatus(), len(body), body)
@@ -874,7 +882,7 @@ func sanitize(s string) string {
 
 // emit counts a decision, then hands it to the Trial's record gate,
 // which writes it unless the Trial's record bounds suppress it.
-func (p *Proxy) emit(t *trial, ev *Event) {
+func (p *Proxy) emit(t *trial, ev *record.Event) {
 	t.mu.Lock()
 	t.stats.Add(ev)
 	t.mu.Unlock()
@@ -882,16 +890,16 @@ func (p *Proxy) emit(t *trial, ev *Event) {
 }
 
 // write hands a record to the journal (with LogDecisions) and OnEvent.
-func (p *Proxy) write(ev *Event, line []byte) {
-	if ctx := context.Background(); p.cfg.LogDecisions && p.log.Enabled(ctx, ev.level()) {
+func (p *Proxy) write(ev *record.Event, line []byte) {
+	if ctx := context.Background(); p.cfg.LogDecisions && p.log.Enabled(ctx, ev.Level()) {
 		msg := "connect"
 		switch {
-		case ev.Decision == DecisionSuppressed:
+		case ev.Decision == record.DecisionSuppressed:
 			msg = "suppressed"
 		case ev.Method != "" && ev.Method != "CONNECT":
 			msg = "forward"
 		}
-		p.log.LogAttrs(ctx, ev.level(), msg, ev.attrs()...)
+		p.log.LogAttrs(ctx, ev.Level(), msg, ev.Attrs()...)
 	}
 	if p.cfg.OnEvent != nil {
 		p.cfg.OnEvent(ev, line)
@@ -899,20 +907,20 @@ func (p *Proxy) write(ev *Event, line []byte) {
 }
 
 // Stats returns a snapshot of a Trial's proxy counters.
-func (p *Proxy) Stats(id string) (TrialStats, bool) {
+func (p *Proxy) Stats(id string) (record.TrialStats, bool) {
 	p.mu.Lock()
 	t, ok := p.trials[id]
 	p.mu.Unlock()
 	if !ok {
-		return TrialStats{}, false
+		return record.TrialStats{}, false
 	}
 	return t.snapshot(), true
 }
 
-func (t *trial) snapshot() TrialStats {
+func (t *trial) snapshot() record.TrialStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := t.stats.clone()
+	s := t.stats.Clone()
 	s.Active = t.tunnels.Load()
 	return s
 }

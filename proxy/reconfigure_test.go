@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"testing"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // Reconfigure applies to Trials added after it; a Trial added before
@@ -26,11 +28,11 @@ func TestReconfigureAppliesToNewTrialsOnly(t *testing.T) {
 		name   string
 		tp     *testProxy
 		status int
-		reason Reason
+		reason record.Reason
 		dialed string
 	}{
-		{"added before: old CIDRs", tp, http.StatusForbidden, ReasonAddressDenied, ""},
-		{"added after: new CIDRs and resolver", after, http.StatusOK, ReasonAllowed, "10.9.9.9:443"},
+		{"added before: old CIDRs", tp, http.StatusForbidden, record.ReasonAddressDenied, ""},
+		{"added after: new CIDRs and resolver", after, http.StatusOK, record.ReasonAllowed, "10.9.9.9:443"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

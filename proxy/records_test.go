@@ -4,21 +4,17 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
-	"crypto/rand"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // floodHead is the attack's request: a 1000-byte target, refused as
@@ -52,13 +48,13 @@ func (tp *testProxy) sendRefused(t *testing.T, head string, n int) {
 
 // finish removes Trial t1 (which writes its last summary) and returns
 // its final stats and every record it wrote, in order.
-func (tp *testProxy) finish(t *testing.T) (TrialStats, []Event) {
+func (tp *testProxy) finish(t *testing.T) (record.TrialStats, []record.Event) {
 	t.Helper()
 	st, ok := tp.RemoveTrial("t1")
 	if !ok {
 		t.Fatal("t1 is not registered")
 	}
-	var recs []Event
+	var recs []record.Event
 	for {
 		select {
 		case e := <-tp.events:
@@ -70,15 +66,15 @@ func (tp *testProxy) finish(t *testing.T) (TrialStats, []Event) {
 }
 
 // replay is what a restarted agent rebuilds from the records.
-func replay(recs []Event) TrialStats {
-	var st TrialStats
+func replay(recs []record.Event) record.TrialStats {
+	var st record.TrialStats
 	for i := range recs {
 		st.Add(&recs[i])
 	}
 	return st
 }
 
-func sameCounts(t *testing.T, got, want TrialStats) {
+func sameCounts(t *testing.T, got, want record.TrialStats) {
 	t.Helper()
 	got.Active, want.Active = 0, 0
 	if got.Allowed != want.Allowed || got.Denied != want.Denied || got.WouldDeny != want.WouldDeny || got.DNSFailed != want.DNSFailed ||
@@ -106,21 +102,21 @@ func TestRecordFloodBounded(t *testing.T) {
 	const n = 60
 	tp.sendRefused(t, floodHead, n)
 	st, recs := tp.finish(t)
-	if st.Denied != n || st.Decisions[ReasonBadTarget] != n {
+	if st.Denied != n || st.Decisions[record.ReasonBadTarget] != n {
 		t.Fatalf("stats %+v: every refusal must be counted", st)
 	}
 	if len(recs) != 6 {
 		t.Fatalf("%d records, want the burst of 5 and one summary", len(recs))
 	}
 	for _, r := range recs[:5] {
-		if r.Reason != ReasonBadTarget || len(r.Target) > MaxRecordField+20 || !strings.HasSuffix(r.Target, "…[1001 bytes]") {
+		if r.Reason != record.ReasonBadTarget || len(r.Target) > record.MaxRecordField+20 || !strings.HasSuffix(r.Target, "…[1001 bytes]") {
 			t.Fatalf("record %q %s: want bad_target with the target clipped and marked", r.Target, r.Reason)
 		}
 	}
 	sum := recs[5]
 	s := sum.Suppressed
-	if sum.Decision != DecisionSuppressed || sum.Schema != SummarySchema || s == nil || s.Records != n-5 ||
-		s.ByReason[ReasonBadTarget] != n-5 || s.Refused[recs[0].Target] != n-5 || s.LogFull || !strings.Contains(sum.Detail, "55 similar records suppressed") {
+	if sum.Decision != record.DecisionSuppressed || sum.Schema != record.SummarySchema || s == nil || s.Records != n-5 ||
+		s.ByReason[record.ReasonBadTarget] != n-5 || s.Refused[recs[0].Target] != n-5 || s.LogFull || !strings.Contains(sum.Detail, "55 similar records suppressed") {
 		t.Fatalf("summary %+v (%+v)", sum, s)
 	}
 	sameCounts(t, replay(recs), st)
@@ -142,19 +138,19 @@ func TestRecordRateSparesChargedRequests(t *testing.T) {
 	tp.sendRefused(t, connectHead("other.example.com:443"), 4) // charged: all 4 written
 	tp.sendRefused(t, connectHead("other.example.com:443"), 6) // rate_limited: suppressed
 	st, recs := tp.finish(t)
-	written := map[Reason]int{}
-	var sum *Suppressed
+	written := map[record.Reason]int{}
+	var sum *record.Suppressed
 	for _, r := range recs {
-		if r.Decision == DecisionSuppressed {
+		if r.Decision == record.DecisionSuppressed {
 			sum = r.Suppressed
 			continue
 		}
 		written[r.Reason]++
 	}
-	if written[ReasonBadTarget] != 3 || written[ReasonPolicyDenied] != 4 || written[ReasonRateLimited] != 0 || len(written) != 2 {
+	if written[record.ReasonBadTarget] != 3 || written[record.ReasonPolicyDenied] != 4 || written[record.ReasonRateLimited] != 0 || len(written) != 2 {
 		t.Fatalf("written %v; want 3 bad_target (the burst), 4 policy_denied (charged), no rate_limited", written)
 	}
-	if sum == nil || sum.Records != 13 || sum.ByReason[ReasonBadTarget] != 7 || sum.ByReason[ReasonRateLimited] != 6 ||
+	if sum == nil || sum.Records != 13 || sum.ByReason[record.ReasonBadTarget] != 7 || sum.ByReason[record.ReasonRateLimited] != 6 ||
 		sum.Refused["other.example.com:443"] != 6 {
 		t.Fatalf("summary %+v", sum)
 	}
@@ -174,14 +170,14 @@ func TestRecordLogFull(t *testing.T) {
 	tp.sendRefused(t, connectHead(after), 3)
 	st, recs := tp.finish(t)
 	var size int
-	var sums []Event
+	var sums []record.Event
 	for _, r := range recs {
 		b, err := r.AppendJSON(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		switch {
-		case r.Decision == DecisionSuppressed:
+		case r.Decision == record.DecisionSuppressed:
 			sums = append(sums, r)
 		case len(sums) > 0:
 			t.Fatalf("a record written in full after the log filled: %+v", r)
@@ -209,7 +205,7 @@ func TestRecordLogFull(t *testing.T) {
 // than one summary), so the profile learned from the log allows each of
 // them, under the TLS requirement that applied.
 func TestRecordLogFullNamesReached(t *testing.T) {
-	const hosts = MaxSummaryReached + 10
+	const hosts = record.MaxSummaryReached + 10
 	tp := newTestProxy(t, proxyOpts{learn: true, limits: &Limits{MaxLogBytes: 1500, ConnectBurst: 10 * hosts}})
 	var want []string
 	for i := range hosts {
@@ -227,10 +223,10 @@ func TestRecordLogFullNamesReached(t *testing.T) {
 	st, recs := tp.finish(t)
 	written, sums := 0, 0
 	for _, r := range recs {
-		if r.Decision == DecisionSuppressed {
+		if r.Decision == record.DecisionSuppressed {
 			sums++
-			if n := len(r.Suppressed.Reached); n > MaxSummaryReached {
-				t.Fatalf("a summary holds %d reached targets, more than %d", n, MaxSummaryReached)
+			if n := len(r.Suppressed.Reached); n > record.MaxSummaryReached {
+				t.Fatalf("a summary holds %d reached targets, more than %d", n, record.MaxSummaryReached)
 			}
 		} else {
 			written++
@@ -273,7 +269,7 @@ func TestIPLiteralsAreNeverSuppressed(t *testing.T) {
 	_, recs := tp.finish(t)
 	literals := 0
 	for _, r := range recs {
-		if r.Reason == ReasonIPLiteral && r.Decision == DecisionDeny {
+		if r.Reason == record.ReasonIPLiteral && r.Decision == record.DecisionDeny {
 			literals++
 			if r.Target == real {
 				return
@@ -286,115 +282,19 @@ func TestIPLiteralsAreNeverSuppressed(t *testing.T) {
 // While records are being suppressed, a summary is written every
 // summaryEvery, not only when the Trial ends.
 func TestRecordSummaryTimer(t *testing.T) {
-	old := summaryEvery
-	summaryEvery = 50 * time.Millisecond
-	t.Cleanup(func() { summaryEvery = old })
+	old := record.SummaryEvery
+	record.SummaryEvery = 50 * time.Millisecond
+	t.Cleanup(func() { record.SummaryEvery = old })
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{RecordRate: 1e-9, RecordBurst: 1}})
 	tp.sendRefused(t, floodHead, 4)
-	if e := tp.event(t); e.Decision == DecisionSuppressed {
+	if e := tp.event(t); e.Decision == record.DecisionSuppressed {
 		t.Fatalf("summary before the burst's record: %+v", e)
 	}
 	e := tp.event(t)
-	if e.Decision != DecisionSuppressed || e.Suppressed.Records != 3 {
+	if e.Decision != record.DecisionSuppressed || e.Suppressed.Records != 3 {
 		t.Fatalf("want a summary of 3 records from the timer, got %+v", e)
 	}
 	if _, recs := tp.finish(t); len(recs) != 0 {
 		t.Fatalf("records after the last summary: %+v", recs)
 	}
-}
-
-func TestClipField(t *testing.T) {
-	if s := strings.Repeat("a", MaxRecordField); clipField(s) != s {
-		t.Fatal("a field at the bound was clipped")
-	}
-	s := "x" + strings.Repeat("é", MaxRecordField) // 2-byte runes, off by one
-	c := clipField(s)
-	if !utf8.ValidString(c) || !strings.HasSuffix(c, "…[1025 bytes]") || len(c) > MaxRecordField+len("…[1025 bytes]") {
-		t.Fatalf("clipped to %q", c)
-	}
-	ev := Event{Method: s, Target: s, Detail: s, SNI: s, Host: "h"}
-	clipRecord(&ev)
-	for _, f := range []string{ev.Method, ev.Target, ev.Detail, ev.SNI} {
-		if !bytes.Equal([]byte(f), []byte(c)) {
-			t.Fatalf("field clipped to %q", f)
-		}
-	}
-}
-
-// A name that answers with thousands of addresses makes a record of a
-// bounded size: the first MaxRecordAddrs, and how many there were.
-func TestClipRecordResolved(t *testing.T) {
-	var addrs []netip.Addr
-	for i := range 4000 {
-		addrs = append(addrs, netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}))
-	}
-	ev := Event{Resolved: slices.Clone(addrs[:MaxRecordAddrs]), Detail: "d"}
-	clipRecord(&ev)
-	if len(ev.Resolved) != MaxRecordAddrs || ev.Detail != "d" {
-		t.Fatalf("a record at the bound was clipped: %d addresses, %q", len(ev.Resolved), ev.Detail)
-	}
-	ev = Event{Resolved: addrs, Detail: strings.Repeat("x", 2*MaxRecordField), Reason: ReasonAddressDenied, Decision: DecisionDeny}
-	clipRecord(&ev)
-	if len(ev.Resolved) != MaxRecordAddrs || ev.Resolved[0] != addrs[0] || !strings.HasSuffix(ev.Detail, "; resolved to 4000 addresses, the first 16 recorded") {
-		t.Fatalf("clipped to %d addresses, detail %q", len(ev.Resolved), ev.Detail)
-	}
-	b, err := json.Marshal(ev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(b) > 2048 {
-		t.Fatalf("a record of %d bytes", len(b))
-	}
-}
-
-// The disk a Trial can spend is bounded by the largest record and the
-// largest summary it can make: every field it chooses at its clip, in
-// the characters that JSON writes longest (six bytes each). docs/proxy.md's
-// worst case per Trial per hour is computed from these two figures.
-func TestWorstCaseRecordSizes(t *testing.T) {
-	const (
-		maxRecord  = 16 << 10
-		maxSummary = 80 << 10
-	)
-	worst := strings.Repeat("<", 4*MaxRecordField) // "\u003c" in JSON
-	name := strings.Repeat("a", 63) + "." + strings.Repeat("b", 63) + "." + strings.Repeat("c", 63) + "." + strings.Repeat("d", 61)
-	var addrs []netip.Addr
-	for i := range 4000 {
-		addrs = append(addrs, netip.MustParseAddr(fmt.Sprintf("2001:db8:ffff:ffff:ffff:ffff:ffff:%x", i)))
-	}
-	ev := Event{Schema: EventSchema, ID: rand.Text(), Time: time.Now(), Trial: strings.Repeat("t", 64), Client: "[2001:db8::1]:65535",
-		Method: worst, Target: worst, Host: name, Port: 65535, Decision: DecisionDeny, Reason: ReasonAddressDenied, Detail: worst,
-		Resolved: addrs, Dialed: netip.MustParseAddrPort("[2001:db8:ffff:ffff:ffff:ffff:ffff:ffff]:65535"), SNI: worst,
-		Rule: "*." + name + ":65535", Profile: strings.Repeat("p", 64), Learning: true, WouldDeny: ReasonPolicyDenied, RequireTLS: true,
-		BytesUp: math.MaxInt64, BytesDown: math.MaxInt64, Duration: math.MaxInt64, DNS: math.MaxInt64, Dial: math.MaxInt64, FirstByte: math.MaxInt64}
-	clipRecord(&ev)
-	rec, err := ev.AppendJSON(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := Limits{MaxLogBytes: 1}.withDefaults()
-	g := newRecordGate(ev.Trial, true, Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes}, nil)
-	g.full = true
-	i := 0
-	for reason := range reasons { // every reason counted, and more refused targets than named
-		if reason.Decision() == DecisionAllow {
-			continue
-		}
-		for range 2 {
-			r := ev
-			r.Target, r.Reason = fmt.Sprintf("%d%s", i, ev.Target), reason
-			g.suppress(&r)
-			i++
-		}
-	}
-	for i := range MaxSummaryReached {
-		r := ev
-		r.Decision, r.Host = DecisionAllow, fmt.Sprintf("%02d%s", i, name[2:])
-		g.suppress(&r)
-	}
-	_, sumJSON := g.summary()
-	if len(rec) > maxRecord || len(sumJSON) > maxSummary {
-		t.Fatalf("worst record %d bytes (documented %d), worst summary %d bytes (documented %d)", len(rec), maxRecord, len(sumJSON), maxSummary)
-	}
-	t.Logf("worst record %d bytes, worst summary %d bytes", len(rec), len(sumJSON))
 }

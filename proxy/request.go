@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/trialnet/trialnet/record"
 	"golang.org/x/net/idna"
 )
 
@@ -60,15 +61,15 @@ func readHead(br *bufio.Reader) (*head, error) {
 	method, rest, ok1 := strings.Cut(line, " ")
 	target, version, ok2 := strings.Cut(rest, " ")
 	if !ok1 || !ok2 || method == "" || strings.Contains(version, " ") {
-		return nil, deny(ReasonBadRequest, "request line is not METHOD SP TARGET SP VERSION")
+		return nil, record.Deny(record.ReasonBadRequest, "request line is not METHOD SP TARGET SP VERSION")
 	}
 	// A request line is ASCII (a name travels as punycode): refused here,
 	// no other byte reaches a record or a terminal as a method or target.
 	if !isASCII(target) {
-		return nil, deny(ReasonBadTarget, "non-ASCII target %+q: send the name in its ASCII (punycode) form", truncate(target))
+		return nil, record.Deny(record.ReasonBadTarget, "non-ASCII target %+q: send the name in its ASCII (punycode) form", truncate(target))
 	}
 	if !isASCII(method) || !isASCII(version) {
-		return nil, deny(ReasonBadRequest, "non-ASCII request line %+q", truncate(line))
+		return nil, record.Deny(record.ReasonBadRequest, "non-ASCII request line %+q", truncate(line))
 	}
 	h := &head{method: method, target: target, version: version}
 	sawHost, fields := false, 0
@@ -81,7 +82,7 @@ func readHead(br *bufio.Reader) (*head, error) {
 			return h, nil
 		}
 		if fields++; fields > MaxHeaders {
-			return h, deny(ReasonTooManyHeaders, "more than %d header fields", MaxHeaders)
+			return h, record.Deny(record.ReasonTooManyHeaders, "more than %d header fields", MaxHeaders)
 		}
 		name, value, err := parseHeader(l)
 		if err != nil {
@@ -90,7 +91,7 @@ func readHead(br *bufio.Reader) (*head, error) {
 		switch strings.ToLower(name) {
 		case "host":
 			if sawHost {
-				return h, deny(ReasonBadRequest, "more than one Host header")
+				return h, record.Deny(record.ReasonBadRequest, "more than one Host header")
 			}
 			sawHost, h.host = true, value
 		case "content-length":
@@ -116,14 +117,14 @@ func ReadRequest(br *bufio.Reader) (*Request, error) {
 	}
 	for _, v := range h.contentLength {
 		if v != "0" {
-			return req, deny(ReasonBadRequest, "a CONNECT request cannot carry a body (Content-Length: %q)", truncate(v))
+			return req, record.Deny(record.ReasonBadRequest, "a CONNECT request cannot carry a body (Content-Length: %q)", truncate(v))
 		}
 	}
 	if len(h.transferEncoding) > 0 {
-		return req, deny(ReasonBadRequest, "a CONNECT request cannot carry a body (Transfer-Encoding)")
+		return req, record.Deny(record.ReasonBadRequest, "a CONNECT request cannot carry a body (Transfer-Encoding)")
 	}
 	if h.method != "CONNECT" {
-		return req, deny(ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", truncate(h.method), forwardedMethodList)
+		return req, record.Deny(record.ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", truncate(h.method), forwardedMethodList)
 	}
 	if err := checkVersion(h.version); err != nil {
 		return req, err
@@ -139,7 +140,7 @@ func ReadRequest(br *bufio.Reader) (*Request, error) {
 
 func checkVersion(v string) error {
 	if v != "HTTP/1.1" && v != "HTTP/1.0" {
-		return deny(ReasonBadVersion, "version %q: use HTTP/1.1", truncate(v))
+		return record.Deny(record.ReasonBadVersion, "version %q: use HTTP/1.1", truncate(v))
 	}
 	return nil
 }
@@ -152,7 +153,7 @@ func checkHostField(host string, req *Request) error {
 	}
 	hh, hp, err := splitHostHeader(host)
 	if err != nil || hh != req.Host || (hp != 0 && hp != req.Port) {
-		return deny(ReasonBadRequest, "Host header %q differs from the target %q", truncate(host), req.HostPort())
+		return record.Deny(record.ReasonBadRequest, "Host header %q differs from the target %q", truncate(host), req.HostPort())
 	}
 	return nil
 }
@@ -165,7 +166,7 @@ func readLine(br *bufio.Reader, max int, budget *int) (string, error) {
 		frag, err := br.ReadSlice('\n')
 		line = append(line, frag...)
 		if len(line) > max || len(line) > *budget {
-			return "", deny(ReasonRequestTooLarge, "a request line or header field over %d bytes, or a head over %d bytes", max, MaxHeaderBytes)
+			return "", record.Deny(record.ReasonRequestTooLarge, "a request line or header field over %d bytes, or a head over %d bytes", max, MaxHeaderBytes)
 		}
 		if err == nil {
 			break
@@ -175,21 +176,21 @@ func readLine(br *bufio.Reader, max int, budget *int) (string, error) {
 		}
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
-			return "", &Denial{Reason: ReasonHeaderTimeout, Detail: "the request head did not arrive in time", Err: err}
+			return "", &record.Denial{Reason: record.ReasonHeaderTimeout, Detail: "the request head did not arrive in time", Err: err}
 		}
 		if errors.Is(err, io.EOF) {
-			return "", &Denial{Reason: ReasonBadRequest, Detail: "the connection closed before the request head ended", Err: err}
+			return "", &record.Denial{Reason: record.ReasonBadRequest, Detail: "the connection closed before the request head ended", Err: err}
 		}
-		return "", &Denial{Reason: ReasonBadRequest, Detail: "reading the request head", Err: err}
+		return "", &record.Denial{Reason: record.ReasonBadRequest, Detail: "reading the request head", Err: err}
 	}
 	*budget -= len(line)
 	if !bytes.HasSuffix(line, []byte("\r\n")) {
-		return "", deny(ReasonBadRequest, "line not terminated by CRLF")
+		return "", record.Deny(record.ReasonBadRequest, "line not terminated by CRLF")
 	}
 	line = line[:len(line)-2]
 	for _, c := range line {
 		if c < 0x20 && c != '\t' || c == 0x7f {
-			return "", deny(ReasonBadRequest, "control character 0x%02x in the request head", c)
+			return "", record.Deny(record.ReasonBadRequest, "control character 0x%02x in the request head", c)
 		}
 	}
 	return string(line), nil
@@ -197,15 +198,15 @@ func readLine(br *bufio.Reader, max int, budget *int) (string, error) {
 
 func parseHeader(h string) (name, value string, err error) {
 	if h[0] == ' ' || h[0] == '\t' {
-		return "", "", deny(ReasonBadRequest, "obsolete header line folding")
+		return "", "", record.Deny(record.ReasonBadRequest, "obsolete header line folding")
 	}
 	name, value, ok := strings.Cut(h, ":")
 	if !ok || name == "" {
-		return "", "", deny(ReasonBadRequest, "header line without a name")
+		return "", "", record.Deny(record.ReasonBadRequest, "header line without a name")
 	}
 	for i := 0; i < len(name); i++ {
 		if !isTokenChar(name[i]) {
-			return "", "", deny(ReasonBadRequest, "invalid character in header name %q", truncate(name))
+			return "", "", record.Deny(record.ReasonBadRequest, "invalid character in header name %q", truncate(name))
 		}
 	}
 	return name, strings.Trim(value, " \t"), nil
@@ -236,39 +237,39 @@ func splitHostHeader(h string) (string, uint16, error) {
 // with a zone).
 func ParseTarget(target string) (string, uint16, error) {
 	if target == "" {
-		return "", 0, deny(ReasonBadTarget, "empty request target")
+		return "", 0, record.Deny(record.ReasonBadTarget, "empty request target")
 	}
 	for i := 0; i < len(target); i++ {
 		switch c := target[i]; {
 		case c <= ' ' || c == 0x7f:
-			return "", 0, deny(ReasonBadTarget, "control character or space in the target")
+			return "", 0, record.Deny(record.ReasonBadTarget, "control character or space in the target")
 		case c >= 0x80:
-			return "", 0, deny(ReasonBadTarget, "non-ASCII target: send the name in its ASCII (punycode) form")
+			return "", 0, record.Deny(record.ReasonBadTarget, "non-ASCII target: send the name in its ASCII (punycode) form")
 		}
 	}
 	if target[0] == '[' {
-		return "", 0, deny(ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", truncate(target))
+		return "", 0, record.Deny(record.ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", truncate(target))
 	}
 	if h, _, ok := strings.Cut(target, "%"); ok && strings.Count(h, ":") >= 2 {
-		return "", 0, deny(ReasonIPLiteral, "target %q is an IPv6 literal with a zone; only names on the allowlist are tunnelled", truncate(target))
+		return "", 0, record.Deny(record.ReasonIPLiteral, "target %q is an IPv6 literal with a zone; only names on the allowlist are tunnelled", truncate(target))
 	}
 	if strings.Contains(target, "://") || target[0] == '/' || target == "*" {
-		return "", 0, deny(ReasonBadTarget, "target %q is a URL; CONNECT takes host:port", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q is a URL; CONNECT takes host:port", truncate(target))
 	}
 	if i := strings.IndexAny(target, "@/?#%\\"); i >= 0 {
 		what := map[byte]string{'@': "userinfo", '/': "a path", '?': "a query", '#': "a fragment", '%': "percent-encoding", '\\': "a backslash"}[target[i]]
-		return "", 0, deny(ReasonBadTarget, "target %q contains %s; CONNECT takes host:port", truncate(target), what)
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q contains %s; CONNECT takes host:port", truncate(target), what)
 	}
 	i := strings.LastIndexByte(target, ':')
 	if i < 0 {
-		return "", 0, deny(ReasonBadPort, "target %q has no port; use host:port", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadPort, "target %q has no port; use host:port", truncate(target))
 	}
 	host, portStr := target[:i], target[i+1:]
 	if strings.IndexByte(host, ':') >= 0 {
 		if _, err := netip.ParseAddr(host); err == nil || strings.Count(target, ":") > 2 {
-			return "", 0, deny(ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", truncate(target))
+			return "", 0, record.Deny(record.ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", truncate(target))
 		}
-		return "", 0, deny(ReasonBadTarget, "target %q has more than one ':'", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q has more than one ':'", truncate(target))
 	}
 	name, err := normaliseName(host)
 	if err != nil {
@@ -283,16 +284,16 @@ func ParseTarget(target string) (string, uint16, error) {
 
 func parsePort(s string) (uint16, error) {
 	if s == "" || len(s) > 5 || s[0] == '0' {
-		return 0, deny(ReasonBadPort, "port %q: want a decimal number in 1-65535 without leading zeros", truncate(s))
+		return 0, record.Deny(record.ReasonBadPort, "port %q: want a decimal number in 1-65535 without leading zeros", truncate(s))
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
-			return 0, deny(ReasonBadPort, "port %q: want a decimal number in 1-65535", truncate(s))
+			return 0, record.Deny(record.ReasonBadPort, "port %q: want a decimal number in 1-65535", truncate(s))
 		}
 	}
 	n, _ := strconv.Atoi(s)
 	if n > 65535 {
-		return 0, deny(ReasonBadPort, "port %d is outside 1-65535", n)
+		return 0, record.Deny(record.ReasonBadPort, "port %d is outside 1-65535", n)
 	}
 	return uint16(n), nil
 }
@@ -302,18 +303,18 @@ func parsePort(s string) (uint16, error) {
 // spelling the C library, browsers or Go would accept.
 func normaliseName(s string) (string, error) {
 	if s == "" {
-		return "", deny(ReasonBadTarget, "empty host name")
+		return "", record.Deny(record.ReasonBadTarget, "empty host name")
 	}
 	name := strings.ToLower(strings.TrimSuffix(s, "."))
 	if isIPLiteral(name) {
-		return "", deny(ReasonIPLiteral, "%q is an IP address; only names on the allowlist are tunnelled", truncate(s))
+		return "", record.Deny(record.ReasonIPLiteral, "%q is an IP address; only names on the allowlist are tunnelled", truncate(s))
 	}
 	if name == "" || len(name) > maxNameLength {
-		return "", deny(ReasonBadTarget, "host name %q is empty or longer than %d bytes", truncate(s), maxNameLength)
+		return "", record.Deny(record.ReasonBadTarget, "host name %q is empty or longer than %d bytes", truncate(s), maxNameLength)
 	}
 	for _, label := range strings.Split(name, ".") {
 		if err := checkLabel(label); err != nil {
-			return "", deny(ReasonBadTarget, "host name %q: %s", truncate(s), err)
+			return "", record.Deny(record.ReasonBadTarget, "host name %q: %s", truncate(s), err)
 		}
 	}
 	return name, nil

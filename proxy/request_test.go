@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 func TestRefusedRequests(t *testing.T) {
@@ -17,91 +19,91 @@ func TestRefusedRequests(t *testing.T) {
 	cases := []struct {
 		name, head string
 		status     int
-		reason     Reason
+		reason     record.Reason
 	}{
-		{"GET absolute-form, port 80 not allowed", "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 403, ReasonPolicyDenied},
-		{"POST origin-form", "POST / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, ReasonBadTarget},
-		{"PROPFIND absolute-form", "PROPFIND http://api.example.com/ HTTP/1.1\r\n\r\n", 405, ReasonMethodNotAllowed},
-		{"lower-case method", "connect api.example.com:443 HTTP/1.1\r\n\r\n", 405, ReasonMethodNotAllowed},
-		{"CONNECT absolute-URI", connectHeadNoHost("http://api.example.com:443"), 400, ReasonBadTarget},
-		{"CONNECT origin-form", connectHeadNoHost("/api.example.com:443"), 400, ReasonBadTarget},
-		{"CONNECT asterisk", connectHeadNoHost("*"), 400, ReasonBadTarget},
-		{"userinfo", connectHeadNoHost("user:pw@api.example.com:443"), 400, ReasonBadTarget},
-		{"path", connectHeadNoHost("api.example.com:443/v1"), 400, ReasonBadTarget},
-		{"query", connectHeadNoHost("api.example.com:443?x=1"), 400, ReasonBadTarget},
-		{"fragment", connectHeadNoHost("api.example.com:443#x"), 400, ReasonBadTarget},
-		{"percent-encoding", connectHeadNoHost("api%2eexample.com:443"), 400, ReasonBadTarget},
-		{"backslash", connectHeadNoHost("api.example.com\\:443"), 400, ReasonBadTarget},
-		{"dotted IPv4", connectHeadNoHost("127.0.0.1:443"), 403, ReasonIPLiteral},
-		{"dotted IPv4 trailing dot", connectHeadNoHost("127.0.0.1.:443"), 403, ReasonIPLiteral},
-		{"decimal IPv4", connectHeadNoHost("2130706433:443"), 403, ReasonIPLiteral},
-		{"hex IPv4", connectHeadNoHost("0x7f000001:443"), 403, ReasonIPLiteral},
-		{"octal IPv4", connectHeadNoHost("0177.0.0.1:443"), 403, ReasonIPLiteral},
-		{"short IPv4", connectHeadNoHost("127.1:443"), 403, ReasonIPLiteral},
-		{"mixed hex IPv4", connectHeadNoHost("0x7f.0.0.1:443"), 403, ReasonIPLiteral},
-		{"hex last label", connectHeadNoHost("foo.0x1f:443"), 403, ReasonIPLiteral},
-		{"zero", connectHeadNoHost("0:443"), 403, ReasonIPLiteral},
-		{"metadata IPv4", connectHeadNoHost("169.254.169.254:80"), 403, ReasonIPLiteral},
-		{"bracketed IPv6", connectHeadNoHost("[::1]:443"), 403, ReasonIPLiteral},
-		{"bracketed mapped", connectHeadNoHost("[::ffff:127.0.0.1]:443"), 403, ReasonIPLiteral},
-		{"bracketed zone", connectHeadNoHost("[fe80::1%25eth0]:443"), 403, ReasonIPLiteral},
-		{"bare IPv6", connectHeadNoHost("::1:443"), 403, ReasonIPLiteral},
-		{"bare IPv6 with zone", connectHeadNoHost("fe80::1%eth0:443"), 403, ReasonIPLiteral},
-		{"port zero", connectHeadNoHost("api.example.com:0"), 400, ReasonBadPort},
-		{"port too big", connectHeadNoHost("api.example.com:65536"), 400, ReasonBadPort},
-		{"port negative", connectHeadNoHost("api.example.com:-1"), 400, ReasonBadPort},
-		{"port leading zero", connectHeadNoHost("api.example.com:0443"), 400, ReasonBadPort},
-		{"port not numeric", connectHeadNoHost("api.example.com:https"), 400, ReasonBadPort},
-		{"port empty", connectHeadNoHost("api.example.com:"), 400, ReasonBadPort},
-		{"no port", connectHeadNoHost("api.example.com"), 400, ReasonBadPort},
-		{"port not allowlisted", connectHeadNoHost("api.example.com:80"), 403, ReasonPolicyDenied},
-		{"name not allowlisted", connectHeadNoHost("evil.example.net:443"), 403, ReasonPolicyDenied},
-		{"suffix of allowed name", connectHeadNoHost("example.com:443"), 403, ReasonPolicyDenied},
-		{"allowed name as prefix", connectHeadNoHost("api.example.com.evil.net:443"), 403, ReasonPolicyDenied},
-		{"wildcard bare suffix", connectHeadNoHost("wild.example.com:443"), 403, ReasonPolicyDenied},
-		{"empty name", connectHeadNoHost(":443"), 400, ReasonBadTarget},
-		{"only a dot", connectHeadNoHost(".:443"), 400, ReasonBadTarget},
-		{"two trailing dots", connectHeadNoHost("api.example.com..:443"), 400, ReasonBadTarget},
-		{"empty label", connectHeadNoHost("api..example.com:443"), 400, ReasonBadTarget},
-		{"leading hyphen", connectHeadNoHost("-api.example.com:443"), 400, ReasonBadTarget},
-		{"underscore", connectHeadNoHost("api_x.example.com:443"), 400, ReasonBadTarget},
-		{"label too long", connectHeadNoHost(long + "b.example.com:443"), 400, ReasonBadTarget},
-		{"name too long", connectHeadNoHost(strings.Repeat(long+".", 4) + "com:443"), 400, ReasonBadTarget},
-		{"bad punycode", connectHeadNoHost("xn--a.example.com:443"), 400, ReasonBadTarget},
-		{"non-ASCII name", connectHeadNoHost("bücher.example.com:443"), 400, ReasonBadTarget},
-		{"C1 CSI in target", connectHeadNoHost("a\u009b31m.example.com:443"), 400, ReasonBadTarget},
-		{"bidi override in target", connectHeadNoHost("a\u202emoc.example.com:443"), 400, ReasonBadTarget},
-		{"C1 OSC in absolute-form", "GET http://a\u009d.example.com/ HTTP/1.1\r\n\r\n", 400, ReasonBadTarget},
-		{"non-ASCII method", "CONNECT\u0085 api.example.com:443 HTTP/1.1\r\n\r\n", 400, ReasonBadRequest},
-		{"non-ASCII version", "CONNECT api.example.com:443 HTTP/1.1\u009b\r\n\r\n", 400, ReasonBadRequest},
-		{"tab in target", "CONNECT api.example.com:443\t HTTP/1.1\r\n\r\n", 400, ReasonBadTarget},
-		{"NUL in request line", "CONNECT api.example.com:443\x00 HTTP/1.1\r\n\r\n", 400, ReasonBadRequest},
-		{"control char in header", "CONNECT api.example.com:443 HTTP/1.1\r\nX: a\x01b\r\n\r\n", 400, ReasonBadRequest},
-		{"bare LF", "CONNECT api.example.com:443 HTTP/1.1\nHost: api.example.com:443\n\n", 400, ReasonBadRequest},
-		{"obs-fold", "CONNECT api.example.com:443 HTTP/1.1\r\nX: a\r\n b\r\n\r\n", 400, ReasonBadRequest},
-		{"bad header name", "CONNECT api.example.com:443 HTTP/1.1\r\nX Y: a\r\n\r\n", 400, ReasonBadRequest},
-		{"two spaces", "CONNECT  api.example.com:443 HTTP/1.1\r\n\r\n", 400, ReasonBadRequest},
-		{"missing version", "CONNECT api.example.com:443\r\n\r\n", 400, ReasonBadRequest},
-		{"HTTP/2.0", "CONNECT api.example.com:443 HTTP/2.0\r\n\r\n", 505, ReasonBadVersion},
-		{"Host header differs", "CONNECT api.example.com:443 HTTP/1.1\r\nHost: evil.example.net:443\r\n\r\n", 400, ReasonBadRequest},
-		{"two Host headers", "CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com\r\nHost: api.example.com\r\n\r\n", 400, ReasonBadRequest},
-		{"Content-Length body", "CONNECT api.example.com:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 400, ReasonBadRequest},
-		{"Transfer-Encoding", "CONNECT api.example.com:443 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 400, ReasonBadRequest},
-		{"request line too long", connectHeadNoHost("a" + strings.Repeat(".a", MaxRequestLine) + ":443"), 431, ReasonRequestTooLarge},
-		{"header too long", "CONNECT api.example.com:443 HTTP/1.1\r\nX: " + strings.Repeat("a", MaxRequestLine) + "\r\n\r\n", 431, ReasonRequestTooLarge},
-		{"head too large", "CONNECT api.example.com:443 HTTP/1.1\r\n" + strings.Repeat("X: "+strings.Repeat("a", 900)+"\r\n", 10) + "\r\n", 431, ReasonRequestTooLarge},
-		{"too many headers", "CONNECT api.example.com:443 HTTP/1.1\r\n" + strings.Repeat("X: a\r\n", MaxHeaders+1) + "\r\n", 431, ReasonTooManyHeaders},
+		{"GET absolute-form, port 80 not allowed", "GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 403, record.ReasonPolicyDenied},
+		{"POST origin-form", "POST / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 400, record.ReasonBadTarget},
+		{"PROPFIND absolute-form", "PROPFIND http://api.example.com/ HTTP/1.1\r\n\r\n", 405, record.ReasonMethodNotAllowed},
+		{"lower-case method", "connect api.example.com:443 HTTP/1.1\r\n\r\n", 405, record.ReasonMethodNotAllowed},
+		{"CONNECT absolute-URI", connectHeadNoHost("http://api.example.com:443"), 400, record.ReasonBadTarget},
+		{"CONNECT origin-form", connectHeadNoHost("/api.example.com:443"), 400, record.ReasonBadTarget},
+		{"CONNECT asterisk", connectHeadNoHost("*"), 400, record.ReasonBadTarget},
+		{"userinfo", connectHeadNoHost("user:pw@api.example.com:443"), 400, record.ReasonBadTarget},
+		{"path", connectHeadNoHost("api.example.com:443/v1"), 400, record.ReasonBadTarget},
+		{"query", connectHeadNoHost("api.example.com:443?x=1"), 400, record.ReasonBadTarget},
+		{"fragment", connectHeadNoHost("api.example.com:443#x"), 400, record.ReasonBadTarget},
+		{"percent-encoding", connectHeadNoHost("api%2eexample.com:443"), 400, record.ReasonBadTarget},
+		{"backslash", connectHeadNoHost("api.example.com\\:443"), 400, record.ReasonBadTarget},
+		{"dotted IPv4", connectHeadNoHost("127.0.0.1:443"), 403, record.ReasonIPLiteral},
+		{"dotted IPv4 trailing dot", connectHeadNoHost("127.0.0.1.:443"), 403, record.ReasonIPLiteral},
+		{"decimal IPv4", connectHeadNoHost("2130706433:443"), 403, record.ReasonIPLiteral},
+		{"hex IPv4", connectHeadNoHost("0x7f000001:443"), 403, record.ReasonIPLiteral},
+		{"octal IPv4", connectHeadNoHost("0177.0.0.1:443"), 403, record.ReasonIPLiteral},
+		{"short IPv4", connectHeadNoHost("127.1:443"), 403, record.ReasonIPLiteral},
+		{"mixed hex IPv4", connectHeadNoHost("0x7f.0.0.1:443"), 403, record.ReasonIPLiteral},
+		{"hex last label", connectHeadNoHost("foo.0x1f:443"), 403, record.ReasonIPLiteral},
+		{"zero", connectHeadNoHost("0:443"), 403, record.ReasonIPLiteral},
+		{"metadata IPv4", connectHeadNoHost("169.254.169.254:80"), 403, record.ReasonIPLiteral},
+		{"bracketed IPv6", connectHeadNoHost("[::1]:443"), 403, record.ReasonIPLiteral},
+		{"bracketed mapped", connectHeadNoHost("[::ffff:127.0.0.1]:443"), 403, record.ReasonIPLiteral},
+		{"bracketed zone", connectHeadNoHost("[fe80::1%25eth0]:443"), 403, record.ReasonIPLiteral},
+		{"bare IPv6", connectHeadNoHost("::1:443"), 403, record.ReasonIPLiteral},
+		{"bare IPv6 with zone", connectHeadNoHost("fe80::1%eth0:443"), 403, record.ReasonIPLiteral},
+		{"port zero", connectHeadNoHost("api.example.com:0"), 400, record.ReasonBadPort},
+		{"port too big", connectHeadNoHost("api.example.com:65536"), 400, record.ReasonBadPort},
+		{"port negative", connectHeadNoHost("api.example.com:-1"), 400, record.ReasonBadPort},
+		{"port leading zero", connectHeadNoHost("api.example.com:0443"), 400, record.ReasonBadPort},
+		{"port not numeric", connectHeadNoHost("api.example.com:https"), 400, record.ReasonBadPort},
+		{"port empty", connectHeadNoHost("api.example.com:"), 400, record.ReasonBadPort},
+		{"no port", connectHeadNoHost("api.example.com"), 400, record.ReasonBadPort},
+		{"port not allowlisted", connectHeadNoHost("api.example.com:80"), 403, record.ReasonPolicyDenied},
+		{"name not allowlisted", connectHeadNoHost("evil.example.net:443"), 403, record.ReasonPolicyDenied},
+		{"suffix of allowed name", connectHeadNoHost("example.com:443"), 403, record.ReasonPolicyDenied},
+		{"allowed name as prefix", connectHeadNoHost("api.example.com.evil.net:443"), 403, record.ReasonPolicyDenied},
+		{"wildcard bare suffix", connectHeadNoHost("wild.example.com:443"), 403, record.ReasonPolicyDenied},
+		{"empty name", connectHeadNoHost(":443"), 400, record.ReasonBadTarget},
+		{"only a dot", connectHeadNoHost(".:443"), 400, record.ReasonBadTarget},
+		{"two trailing dots", connectHeadNoHost("api.example.com..:443"), 400, record.ReasonBadTarget},
+		{"empty label", connectHeadNoHost("api..example.com:443"), 400, record.ReasonBadTarget},
+		{"leading hyphen", connectHeadNoHost("-api.example.com:443"), 400, record.ReasonBadTarget},
+		{"underscore", connectHeadNoHost("api_x.example.com:443"), 400, record.ReasonBadTarget},
+		{"label too long", connectHeadNoHost(long + "b.example.com:443"), 400, record.ReasonBadTarget},
+		{"name too long", connectHeadNoHost(strings.Repeat(long+".", 4) + "com:443"), 400, record.ReasonBadTarget},
+		{"bad punycode", connectHeadNoHost("xn--a.example.com:443"), 400, record.ReasonBadTarget},
+		{"non-ASCII name", connectHeadNoHost("bücher.example.com:443"), 400, record.ReasonBadTarget},
+		{"C1 CSI in target", connectHeadNoHost("a\u009b31m.example.com:443"), 400, record.ReasonBadTarget},
+		{"bidi override in target", connectHeadNoHost("a\u202emoc.example.com:443"), 400, record.ReasonBadTarget},
+		{"C1 OSC in absolute-form", "GET http://a\u009d.example.com/ HTTP/1.1\r\n\r\n", 400, record.ReasonBadTarget},
+		{"non-ASCII method", "CONNECT\u0085 api.example.com:443 HTTP/1.1\r\n\r\n", 400, record.ReasonBadRequest},
+		{"non-ASCII version", "CONNECT api.example.com:443 HTTP/1.1\u009b\r\n\r\n", 400, record.ReasonBadRequest},
+		{"tab in target", "CONNECT api.example.com:443\t HTTP/1.1\r\n\r\n", 400, record.ReasonBadTarget},
+		{"NUL in request line", "CONNECT api.example.com:443\x00 HTTP/1.1\r\n\r\n", 400, record.ReasonBadRequest},
+		{"control char in header", "CONNECT api.example.com:443 HTTP/1.1\r\nX: a\x01b\r\n\r\n", 400, record.ReasonBadRequest},
+		{"bare LF", "CONNECT api.example.com:443 HTTP/1.1\nHost: api.example.com:443\n\n", 400, record.ReasonBadRequest},
+		{"obs-fold", "CONNECT api.example.com:443 HTTP/1.1\r\nX: a\r\n b\r\n\r\n", 400, record.ReasonBadRequest},
+		{"bad header name", "CONNECT api.example.com:443 HTTP/1.1\r\nX Y: a\r\n\r\n", 400, record.ReasonBadRequest},
+		{"two spaces", "CONNECT  api.example.com:443 HTTP/1.1\r\n\r\n", 400, record.ReasonBadRequest},
+		{"missing version", "CONNECT api.example.com:443\r\n\r\n", 400, record.ReasonBadRequest},
+		{"HTTP/2.0", "CONNECT api.example.com:443 HTTP/2.0\r\n\r\n", 505, record.ReasonBadVersion},
+		{"Host header differs", "CONNECT api.example.com:443 HTTP/1.1\r\nHost: evil.example.net:443\r\n\r\n", 400, record.ReasonBadRequest},
+		{"two Host headers", "CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com\r\nHost: api.example.com\r\n\r\n", 400, record.ReasonBadRequest},
+		{"Content-Length body", "CONNECT api.example.com:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 400, record.ReasonBadRequest},
+		{"Transfer-Encoding", "CONNECT api.example.com:443 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 400, record.ReasonBadRequest},
+		{"request line too long", connectHeadNoHost("a" + strings.Repeat(".a", MaxRequestLine) + ":443"), 431, record.ReasonRequestTooLarge},
+		{"header too long", "CONNECT api.example.com:443 HTTP/1.1\r\nX: " + strings.Repeat("a", MaxRequestLine) + "\r\n\r\n", 431, record.ReasonRequestTooLarge},
+		{"head too large", "CONNECT api.example.com:443 HTTP/1.1\r\n" + strings.Repeat("X: "+strings.Repeat("a", 900)+"\r\n", 10) + "\r\n", 431, record.ReasonRequestTooLarge},
+		{"too many headers", "CONNECT api.example.com:443 HTTP/1.1\r\n" + strings.Repeat("X: a\r\n", MaxHeaders+1) + "\r\n", 431, record.ReasonTooManyHeaders},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, _, _ := tp.connect(t, tc.head)
-			if resp.StatusCode != tc.status || Reason(resp.Header.Get("Trialnet-Reason")) != tc.reason {
+			if resp.StatusCode != tc.status || record.Reason(resp.Header.Get("Trialnet-Reason")) != tc.reason {
 				t.Fatalf("got %d %q (%s), want %d %q", resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"), tc.status, tc.reason)
 			}
-			if ps, want := resp.Header.Get("Proxy-Status"), "trialnet; error="+reasons[tc.reason].proxyError+"; details="; !strings.HasPrefix(ps, want) {
+			if ps, want := resp.Header.Get("Proxy-Status"), "trialnet; error="+tc.reason.ProxyError()+"; details="; !strings.HasPrefix(ps, want) {
 				t.Fatalf("Proxy-Status %q, want %s...", ps, want)
 			}
-			if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != tc.reason || ev.Trial != "t1" {
+			if ev := tp.event(t); ev.Decision != record.DecisionDeny || ev.Reason != tc.reason || ev.Trial != "t1" {
 				t.Fatalf("event %+v", ev)
 			}
 		})
@@ -129,7 +131,7 @@ func TestNonASCIIRequestLineNotRecorded(t *testing.T) {
 				t.Errorf("%q: %q reached the record or the answer", head, s)
 			}
 		}
-		if ev.Decision != DecisionDeny || ev.Target != "" || !strings.Contains(ev.Detail, "non-ASCII") {
+		if ev.Decision != record.DecisionDeny || ev.Target != "" || !strings.Contains(ev.Detail, "non-ASCII") {
 			t.Errorf("%q: record %+v", head, ev)
 		}
 	}
@@ -180,7 +182,7 @@ func TestSlowloris(t *testing.T) {
 	if !strings.HasPrefix(string(got), "HTTP/1.1 408 ") || !strings.Contains(string(got), "Trialnet-Reason: header_timeout") {
 		t.Fatalf("got %q", got)
 	}
-	if ev := tp.event(t); ev.Reason != ReasonHeaderTimeout {
+	if ev := tp.event(t); ev.Reason != record.ReasonHeaderTimeout {
 		t.Fatalf("event %+v", ev)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/record"
 )
 
 // Resolver turns an allowed name into addresses. Errors are *Denial with
@@ -118,7 +119,7 @@ type lookupResult struct {
 	addrs  []netip.Addr
 	cnames []string
 	detail string
-	dns    dnsFailure // for lookupFailed
+	dns    record.DNSFailure // for lookupFailed
 }
 
 // errDNSTimeout marks a lookup that failed because no answer came in time.
@@ -155,7 +156,7 @@ func (r *DNSResolver) Resolve(ctx context.Context, name string) (Answer, error) 
 	}
 	switch {
 	case res[0].kind == lookupNXDomain && res[1].kind == lookupNXDomain:
-		return ans, deny(ReasonDNSNXDomain, "%s does not exist (NXDOMAIN)", name)
+		return ans, record.Deny(record.ReasonDNSNXDomain, "%s does not exist (NXDOMAIN)", name)
 	case res[0].kind == lookupFailed || res[1].kind == lookupFailed:
 		d := res[0].detail
 		if res[0].kind != lookupFailed {
@@ -165,9 +166,9 @@ func (r *DNSResolver) Resolve(ctx context.Context, name string) (Answer, error) 
 		if res[0].kind != lookupFailed {
 			f = res[1].dns
 		}
-		return ans, &Denial{Reason: ReasonDNSFailed, Detail: fmt.Sprintf("resolving %s: %s", name, d), dns: f}
+		return ans, &record.Denial{Reason: record.ReasonDNSFailed, Detail: fmt.Sprintf("resolving %s: %s", name, d), DNS: f}
 	default:
-		return ans, deny(ReasonDNSNoAddresses, "%s has no A or AAAA records", name)
+		return ans, record.Deny(record.ReasonDNSNoAddresses, "%s has no A or AAAA records", name)
 	}
 }
 
@@ -210,7 +211,7 @@ func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lo
 			}
 		case <-ctx.Done():
 			return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("timed out (%v)", ctx.Err()),
-				dns: dnsFailure{timeout: errors.Is(ctx.Err(), context.DeadlineExceeded)}}, false
+				dns: record.DNSFailure{Timeout: errors.Is(ctx.Err(), context.DeadlineExceeded)}}, false
 		}
 	}
 }
@@ -256,7 +257,7 @@ func (r *DNSResolver) follow(ctx context.Context, fqdn string, qtype uint16) (lo
 	for range DefaultMaxCNAMEs + 1 {
 		msg, err := r.exchange(ctx, target, qtype)
 		if err != nil {
-			return lookupResult{kind: lookupFailed, detail: err.Error(), dns: dnsFailure{timeout: errors.Is(err, errDNSTimeout)}}, 0
+			return lookupResult{kind: lookupFailed, detail: err.Error(), dns: record.DNSFailure{Timeout: errors.Is(err, errDNSTimeout)}}, 0
 		}
 		switch msg.Rcode {
 		case dns.RcodeSuccess:
@@ -265,7 +266,7 @@ func (r *DNSResolver) follow(ctx context.Context, fqdn string, qtype uint16) (lo
 			return res, min(ttl, negativeTTL(msg))
 		default:
 			rcode := dns.RcodeToString[msg.Rcode]
-			return lookupResult{kind: lookupFailed, detail: rcode + " from the resolver", dns: dnsFailure{rcode: rcode}}, 0
+			return lookupResult{kind: lookupFailed, detail: rcode + " from the resolver", dns: record.DNSFailure{Rcode: rcode}}, 0
 		}
 		addrs, next, t, err := walkAnswer(msg.Answer, target, qtype, &res.cnames)
 		if err != nil {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // TLS record and handshake constants (RFC 8446).
@@ -148,9 +150,9 @@ func clientHelloRecords(b []byte, retry bool) ([]byte, int, error) {
 	var other *otherRecord
 	if errors.As(err, &other) {
 		if other.typ == recordTypeHandshake {
-			return nil, 0, deny(ReasonTLSRecordBeforeHello, "an empty TLS handshake record came before the ClientHello was complete")
+			return nil, 0, record.Deny(record.ReasonTLSRecordBeforeHello, "an empty TLS handshake record came before the ClientHello was complete")
 		}
-		return nil, 0, deny(ReasonTLSRecordBeforeHello, "a TLS %s record came before the ClientHello was complete", recordTypeName(other.typ))
+		return nil, 0, record.Deny(record.ReasonTLSRecordBeforeHello, "a TLS %s record came before the ClientHello was complete", recordTypeName(other.typ))
 	}
 	return msg, n, err
 }
@@ -377,14 +379,14 @@ func parseSNI(data cursor) (string, error) {
 // checkSNI compares the ClientHello's name with the CONNECT host.
 func checkSNI(info ClientHelloInfo, host string) error {
 	if info.ECH {
-		return deny(ReasonTLSECH, "the ClientHello is encrypted (ECH), so its real server name cannot be checked against %s", host)
+		return record.Deny(record.ReasonTLSECH, "the ClientHello is encrypted (ECH), so its real server name cannot be checked against %s", host)
 	}
 	if info.ServerName == "" {
-		return deny(ReasonSNIMissing, "the ClientHello names no server; it must name %s", host)
+		return record.Deny(record.ReasonSNIMissing, "the ClientHello names no server; it must name %s", host)
 	}
 	sni := strings.ToLower(strings.TrimSuffix(info.ServerName, "."))
 	if sni != host {
-		return deny(ReasonSNIMismatch, "the ClientHello names %q but the tunnel is to %s", truncate(info.ServerName), host)
+		return record.Deny(record.ReasonSNIMismatch, "the ClientHello names %q but the tunnel is to %s", truncate(info.ServerName), host)
 	}
 	return nil
 }

@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // tlsUpstream is a TLS echo server with a certificate for every name,
@@ -86,7 +88,7 @@ func TestTLSNameCheck(t *testing.T) {
 			t.Fatalf("%q %v", b, err)
 		}
 		_ = tc.Close()
-		if ev := tp.event(t); ev.Reason != ReasonAllowed || ev.SNI != "API.example.com" {
+		if ev := tp.event(t); ev.Reason != record.ReasonAllowed || ev.SNI != "API.example.com" {
 			t.Fatalf("event %+v", ev)
 		}
 	})
@@ -96,7 +98,7 @@ func TestTLSNameCheck(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "access denied") {
 			t.Fatalf("handshake: %v, want access denied", err)
 		}
-		if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != ReasonSNIMismatch || ev.SNI != "other.example.com" {
+		if ev := tp.event(t); ev.Decision != record.DecisionDeny || ev.Reason != record.ReasonSNIMismatch || ev.SNI != "other.example.com" {
 			t.Fatalf("event %+v", ev)
 		}
 		if received.Load() != before {
@@ -109,7 +111,7 @@ func TestTLSNameCheck(t *testing.T) {
 		if err == nil {
 			t.Fatal("handshake without SNI succeeded")
 		}
-		if ev := tp.event(t); ev.Reason != ReasonSNIMissing {
+		if ev := tp.event(t); ev.Reason != record.ReasonSNIMissing {
 			t.Fatalf("event %+v", ev)
 		}
 	})
@@ -171,7 +173,7 @@ func TestTLSSplitClientHello(t *testing.T) {
 			if string(got) != string(tlsAccessDenied) {
 				t.Fatalf("client got %x, want an access_denied alert", got)
 			}
-			if ev := tp.event(t); ev.Reason != ReasonSNIMismatch {
+			if ev := tp.event(t); ev.Reason != record.ReasonSNIMismatch {
 				t.Fatalf("event %+v", ev)
 			}
 		})
@@ -201,15 +203,15 @@ func TestTLSMalformedAndRequired(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		data []byte
-		want Reason
+		want record.Reason
 	}{
-		{"garbage with require_tls", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), ReasonTLSRequired},
-		{"record header only", []byte{0x16, 0x03, 0x01, 0x00, 0x05}, ReasonTLSMalformed},
-		{"not a ClientHello", []byte{0x16, 0x03, 0x01, 0x00, 0x04, 0x02, 0x00, 0x00, 0x00}, ReasonTLSMalformed},
-		{"wrong record version", []byte{0x16, 0x09, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00}, ReasonTLSMalformed},
-		{"truncated ClientHello then silence", truncated, ReasonTLSMalformed},
-		{"handshake longer than its records", long, ReasonTLSMalformed},
-		{"server name not ASCII", c1, ReasonTLSMalformed},
+		{"garbage with require_tls", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), record.ReasonTLSRequired},
+		{"record header only", []byte{0x16, 0x03, 0x01, 0x00, 0x05}, record.ReasonTLSMalformed},
+		{"not a ClientHello", []byte{0x16, 0x03, 0x01, 0x00, 0x04, 0x02, 0x00, 0x00, 0x00}, record.ReasonTLSMalformed},
+		{"wrong record version", []byte{0x16, 0x09, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00}, record.ReasonTLSMalformed},
+		{"truncated ClientHello then silence", truncated, record.ReasonTLSMalformed},
+		{"handshake longer than its records", long, record.ReasonTLSMalformed},
+		{"server name not ASCII", c1, record.ReasonTLSMalformed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sendInPieces(t, tp, c.data, 1)
@@ -223,7 +225,7 @@ func TestTLSMalformedAndRequired(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatal(resp.Status)
 		}
-		if ev := tp.event(t); ev.Reason != ReasonTLSRequired {
+		if ev := tp.event(t); ev.Reason != record.ReasonTLSRequired {
 			t.Fatalf("event %+v", ev)
 		}
 	})
@@ -267,7 +269,7 @@ func TestParseClientHello(t *testing.T) {
 	for _, code := range [][2]byte{{0xfe, 0x0d}, {0xfe, 0x08}, {0xfe, 0x0a}, {0xfe, 0x0c}, {0xff, 0xce}} {
 		if info, err := ParseClientHello(withExt(code[0], code[1], 0x00, 0x01, 0x00)); err != nil || !info.ECH {
 			t.Fatalf("encrypted hello %x: %+v %v", code, info, err)
-		} else if checkSNI(info, "api.example.com") == nil || ReasonOf(checkSNI(info, "api.example.com")) != ReasonTLSECH {
+		} else if checkSNI(info, "api.example.com") == nil || record.ReasonOf(checkSNI(info, "api.example.com")) != record.ReasonTLSECH {
 			t.Fatalf("an encrypted ClientHello (%x) passed the name check", code)
 		}
 	}

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // testCA is a throwaway CA with a leaf certificate per name, so a real
@@ -97,22 +99,22 @@ func TestTLSDetectionCannotBeSteppedAround(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		prefix []byte
-		want   Reason
+		want   record.Reason
 	}{
-		{"warning alert", []byte{0x15, 0x03, 0x01, 0x00, 0x02, 0x01, 0x5a}, ReasonTLSRecordBeforeHello},
-		{"change_cipher_spec", []byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x01}, ReasonTLSRecordBeforeHello},
-		{"empty handshake record", []byte{0x16, 0x03, 0x01, 0x00, 0x00}, ReasonTLSRecordBeforeHello},
-		{"application data", []byte{0x17, 0x03, 0x03, 0x00, 0x03, 'a', 'b', 'c'}, ReasonTLSRecordBeforeHello},
-		{"heartbeat", []byte{0x18, 0x03, 0x03, 0x00, 0x01, 0x01}, ReasonTLSRecordBeforeHello},
-		{"alert between two fragments", append(reRecord(clientHello(t, "a.test"), 40)[:45], 0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x00), ReasonTLSRecordBeforeHello},
-		{"SSLv2-style hello", []byte{0x80, 0x2e, 0x01, 0x00, 0x02, 0x00, 0x15, 0x00, 0x00, 0x00, 0x10}, ReasonTLSSSLv2},
+		{"warning alert", []byte{0x15, 0x03, 0x01, 0x00, 0x02, 0x01, 0x5a}, record.ReasonTLSRecordBeforeHello},
+		{"change_cipher_spec", []byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x01}, record.ReasonTLSRecordBeforeHello},
+		{"empty handshake record", []byte{0x16, 0x03, 0x01, 0x00, 0x00}, record.ReasonTLSRecordBeforeHello},
+		{"application data", []byte{0x17, 0x03, 0x03, 0x00, 0x03, 'a', 'b', 'c'}, record.ReasonTLSRecordBeforeHello},
+		{"heartbeat", []byte{0x18, 0x03, 0x03, 0x00, 0x01, 0x01}, record.ReasonTLSRecordBeforeHello},
+		{"alert between two fragments", append(reRecord(clientHello(t, "a.test"), 40)[:45], 0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x00), record.ReasonTLSRecordBeforeHello},
+		{"SSLv2-style hello", []byte{0x80, 0x2e, 0x01, 0x00, 0x02, 0x00, 0x15, 0x00, 0x00, 0x00, 0x10}, record.ReasonTLSSSLv2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got := sendInPiecesTo(t, tp, "a.test:443", append(append([]byte(nil), c.prefix...), fronted...), 3)
 			if string(got) != string(tlsAccessDenied) {
 				t.Fatalf("client got %x, want an access_denied alert", got)
 			}
-			if ev := tp.event(t); ev.Decision != DecisionDeny || ev.Reason != c.want {
+			if ev := tp.event(t); ev.Decision != record.DecisionDeny || ev.Reason != c.want {
 				t.Fatalf("event %+v, want %s", ev, c.want)
 			}
 			if n := received.Load(); n != 0 {
@@ -148,7 +150,7 @@ func TestTLSDetectionCannotBeSteppedAround(t *testing.T) {
 				t.Fatalf("echo %q %v", b, err)
 			}
 			_ = tc.Close()
-			if ev := tp.event(t); ev.Reason != ReasonAllowed || ev.SNI != "a.test" {
+			if ev := tp.event(t); ev.Reason != record.ReasonAllowed || ev.SNI != "a.test" {
 				t.Fatalf("event %+v", ev)
 			}
 		})

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/trialnet/trialnet/record"
 )
 
 // retryUpstream is frontedUpstream that accepts only P-256 key shares:
@@ -70,19 +72,19 @@ func TestTLSRetryHelloNameCheck(t *testing.T) {
 		name      string
 		second    []byte
 		pipelined bool // sent with the first, before the HelloRetryRequest arrives
-		want      Reason
+		want      record.Reason
 		sni       string
 	}{
-		{"other name", cat(dummyCCS, fronted), false, ReasonSNIMismatch, "b.test"},
-		{"other name without change_cipher_spec", fronted, false, ReasonSNIMismatch, "b.test"},
-		{"other name in 1-byte records", cat(dummyCCS, reRecord(fronted, 1)), false, ReasonSNIMismatch, "b.test"},
-		{"other name sent before the HelloRetryRequest", cat(dummyCCS, fronted), true, ReasonSNIMismatch, "b.test"},
-		{"no name", cat(dummyCCS, clientHello(t, "93.184.216.34")), false, ReasonSNIMissing, ""},
-		{"alert first", cat([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x5a}, fronted), false, ReasonTLSRecordBeforeHello, "a.test"},
-		{"application data first", cat(dummyCCS, []byte{0x17, 0x03, 0x03, 0x00, 0x01, 0x00}, fronted), false, ReasonTLSRecordBeforeHello, "a.test"},
-		{"change_cipher_spec between fragments", cat(reRecord(fronted, 40)[:45], dummyCCS, fronted), false, ReasonTLSRecordBeforeHello, "a.test"},
-		{"a ServerHello instead", serverHelloRecord(false), false, ReasonTLSMalformed, "a.test"},
-		{"silence", nil, false, ReasonTLSMalformed, "a.test"},
+		{"other name", cat(dummyCCS, fronted), false, record.ReasonSNIMismatch, "b.test"},
+		{"other name without change_cipher_spec", fronted, false, record.ReasonSNIMismatch, "b.test"},
+		{"other name in 1-byte records", cat(dummyCCS, reRecord(fronted, 1)), false, record.ReasonSNIMismatch, "b.test"},
+		{"other name sent before the HelloRetryRequest", cat(dummyCCS, fronted), true, record.ReasonSNIMismatch, "b.test"},
+		{"no name", cat(dummyCCS, clientHello(t, "93.184.216.34")), false, record.ReasonSNIMissing, ""},
+		{"alert first", cat([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x5a}, fronted), false, record.ReasonTLSRecordBeforeHello, "a.test"},
+		{"application data first", cat(dummyCCS, []byte{0x17, 0x03, 0x03, 0x00, 0x01, 0x00}, fronted), false, record.ReasonTLSRecordBeforeHello, "a.test"},
+		{"change_cipher_spec between fragments", cat(reRecord(fronted, 40)[:45], dummyCCS, fronted), false, record.ReasonTLSRecordBeforeHello, "a.test"},
+		{"a ServerHello instead", serverHelloRecord(false), false, record.ReasonTLSMalformed, "a.test"},
+		{"silence", nil, false, record.ReasonTLSMalformed, "a.test"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before := received.Load()
@@ -111,7 +113,7 @@ func TestTLSRetryHelloNameCheck(t *testing.T) {
 				t.Fatalf("after the HelloRetryRequest the client got %x, want only an access_denied alert", got)
 			}
 			ev := tp.event(t)
-			if ev.Decision != DecisionDeny || ev.Reason != c.want || ev.SNI != c.sni {
+			if ev.Decision != record.DecisionDeny || ev.Reason != c.want || ev.SNI != c.sni {
 				t.Fatalf("event %+v, want %s naming %q", ev, c.want, c.sni)
 			}
 			if n := received.Load() - before; n != int64(len(first)) {
@@ -144,7 +146,7 @@ func TestTLSRetryHelloNameCheck(t *testing.T) {
 			t.Fatalf("echo %q %v", b, err)
 		}
 		_ = tc.Close()
-		if ev := tp.event(t); ev.Reason != ReasonAllowed || ev.SNI != "a.test" || ev.Detail != "" {
+		if ev := tp.event(t); ev.Reason != record.ReasonAllowed || ev.SNI != "a.test" || ev.Detail != "" {
 			t.Fatalf("event %+v", ev)
 		}
 		if handshakes.Load() != 1 || retried.Load() != 1 {
@@ -154,7 +156,7 @@ func TestTLSRetryHelloNameCheck(t *testing.T) {
 }
 
 // Stats0 is the Trial's decisions by reason.
-func (tp *testProxy) Stats0(t *testing.T) map[Reason]uint64 {
+func (tp *testProxy) Stats0(t *testing.T) map[record.Reason]uint64 {
 	t.Helper()
 	s, ok := tp.Stats("t1")
 	if !ok {
@@ -234,7 +236,7 @@ func TestTLS12Resumption(t *testing.T) {
 			t.Fatalf("connection %d: resumed %v, version %x", i, st.DidResume, st.Version)
 		}
 		_ = tc.Close()
-		if ev := tp.event(t); ev.Reason != ReasonAllowed || ev.Detail != "" {
+		if ev := tp.event(t); ev.Reason != record.ReasonAllowed || ev.Detail != "" {
 			t.Fatalf("connection %d: event %+v", i, ev)
 		}
 	}
@@ -268,7 +270,7 @@ func TestTLSAlertInsteadOfServerHello(t *testing.T) {
 	if n := <-after; n != 0 {
 		t.Fatalf("%d bytes after the ClientHello reached the upstream", n)
 	}
-	if ev := tp.event(t); ev.Decision != DecisionAllow || !strings.Contains(ev.Detail, "not answer the ClientHello with a ServerHello") {
+	if ev := tp.event(t); ev.Decision != record.DecisionAllow || !strings.Contains(ev.Detail, "not answer the ClientHello with a ServerHello") {
 		t.Fatalf("event %+v", ev)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/record"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,8 +34,8 @@ type closeWriter interface {
 // either direction aborts both. Copies between two TCP sockets splice(2)
 // (see relay). There is no idle timeout: keepalives find dead peers, a
 // silent model call lives as long as it needs.
-func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, req *Request, ev *Event, fin cleanups) {
-	ev.Decision, ev.Reason = DecisionAllow, ReasonAllowed
+func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, req *Request, ev *record.Event, fin cleanups) {
+	ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
 	var aborted atomic.Bool
 	var first atomic.Pointer[string]       // why the tunnel was cut, if it was
 	abort := func(why string, err error) { // unblocks the other direction
@@ -51,9 +52,9 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, re
 	end := func() { // the second pump to end closes and finishes
 		if left.Add(-1) == 0 {
 			abort("", nil)
-			if why := ot.cutBecause.Load(); why != nil && ev.Decision == DecisionAllow {
+			if why := ot.cutBecause.Load(); why != nil && ev.Decision == record.DecisionAllow {
 				ev.Detail = "tunnel cut by a policy change: " + *why
-			} else if m := first.Load(); m != nil && ev.Decision == DecisionAllow {
+			} else if m := first.Load(); m != nil && ev.Decision == record.DecisionAllow {
 				ev.Detail = "tunnel cut: " + *m
 			}
 			fin.run()
@@ -133,7 +134,7 @@ func (w *helloWatch) upstreamFirst(spoke bool) bool {
 // came in; otherwise the byte is read and written on its own. In a TLS
 // tunnel the server's ServerHello (and, after a HelloRetryRequest, the
 // next one) is read and judged first.
-func pumpDown(client, up net.Conn, ev *Event, w *helloWatch) (int64, error) {
+func pumpDown(client, up net.Conn, ev *record.Event, w *helloWatch) (int64, error) {
 	ready, isSocket := waitReadable(up)
 	var pre []byte
 	if !isSocket {
@@ -248,7 +249,7 @@ func waitReadable(c net.Conn) (ready, ok bool) {
 // pipelined bytes; it goes back to the pool once the first bytes passed.
 // In a TLS tunnel the client's bytes after its ClientHello wait for the
 // server's answer (see helloWatch).
-func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event, w *helloWatch) error {
+func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *record.Event, w *helloWatch) error {
 	first, rest, isTLS, err := p.checkFirstBytes(client, br, entry, req, ev)
 	if err != nil {
 		putReader(br)
@@ -315,7 +316,7 @@ func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *
 }
 
 // writeUp writes b upstream, counting it.
-func writeUp(up net.Conn, b []byte, ev *Event) error {
+func writeUp(up net.Conn, b []byte, ev *record.Event) error {
 	if len(b) == 0 {
 		return nil
 	}
@@ -327,11 +328,11 @@ func writeUp(up net.Conn, b []byte, ev *Event) error {
 // refuseTLS records a refusal of the client's first bytes and answers
 // it with an access_denied alert (not for require_tls: that client may
 // not speak TLS at all).
-func refuseTLS(client net.Conn, ev *Event, err error) error {
-	var d *Denial
+func refuseTLS(client net.Conn, ev *record.Event, err error) error {
+	var d *record.Denial
 	if errors.As(err, &d) {
-		ev.Decision, ev.Reason, ev.Detail = DecisionDeny, d.Reason, d.Detail
-		if d.Reason != ReasonTLSRequired {
+		ev.Decision, ev.Reason, ev.Detail = record.DecisionDeny, d.Reason, d.Detail
+		if d.Reason != record.ReasonTLSRequired {
 			_ = client.SetWriteDeadline(time.Now().Add(time.Second))
 			_, _ = client.Write(tlsAccessDenied)
 		}
@@ -346,17 +347,17 @@ func refuseTLS(client net.Conn, ev *Event, err error) error {
 // ClientHello's records and rest what the client sent after them. With
 // require_tls the stream must be TLS. Waiting for them costs no buffer
 // beyond br; only a ClientHello is copied out.
-func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *Event) (first, rest []byte, isTLS bool, err error) {
+func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *record.Event) (first, rest []byte, isTLS bool, err error) {
 	first, err = p.peekFirst(client, br, entry)
 	if err != nil || first == nil {
 		return nil, nil, false, err
 	}
 	switch classifyStream(first) {
 	case streamSSLv2:
-		return nil, nil, false, deny(ReasonTLSSSLv2, "the first bytes are an SSLv2-style ClientHello, which carries no server name to check against %s", req.Host)
+		return nil, nil, false, record.Deny(record.ReasonTLSSSLv2, "the first bytes are an SSLv2-style ClientHello, which carries no server name to check against %s", req.Host)
 	case streamOther, streamUnknown: // unknown: the client ended within three bytes
 		if entry.RequireTLS {
-			return nil, nil, false, deny(ReasonTLSRequired, "require_tls is set for %s and the first bytes are not a TLS ClientHello", entry)
+			return nil, nil, false, record.Deny(record.ReasonTLSRequired, "require_tls is set for %s and the first bytes are not a TLS ClientHello", entry)
 		}
 		_, _ = br.Discard(len(first))
 		return first, nil, false, nil
@@ -378,7 +379,7 @@ func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, 
 // sent before the request arrived), and checks it like the first. It
 // returns its records and what the client sent after them; io.EOF means
 // the client ended without sending anything more.
-func (p *Proxy) checkRetryHello(client net.Conn, br *bufio.Reader, buf []byte, req *Request, ev *Event) (hello, rest []byte, err error) {
+func (p *Proxy) checkRetryHello(client net.Conn, br *bufio.Reader, buf []byte, req *Request, ev *record.Event) (hello, rest []byte, err error) {
 	_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
 	buf, n, info, err := readClientHello(br, buf, true)
 	_ = client.SetReadDeadline(time.Time{})
@@ -390,7 +391,7 @@ func (p *Proxy) checkRetryHello(client net.Conn, br *bufio.Reader, buf []byte, r
 	}
 	ev.SNI = info.ServerName
 	if err := checkSNI(info, req.Host); err != nil {
-		var d *Denial
+		var d *record.Denial
 		if errors.As(err, &d) {
 			d.Detail = "after a HelloRetryRequest, the second ClientHello: " + d.Detail
 		}
@@ -402,11 +403,11 @@ func (p *Proxy) checkRetryHello(client net.Conn, br *bufio.Reader, buf []byte, r
 // tlsRefusal makes a ClientHello read error a refusal: a *Denial as it
 // is, anything else a malformation.
 func tlsRefusal(err error, what string) error {
-	var d *Denial
+	var d *record.Denial
 	if errors.As(err, &d) {
 		return d
 	}
-	return &Denial{Reason: ReasonTLSMalformed, Detail: what + err.Error(), Err: err}
+	return &record.Denial{Reason: record.ReasonTLSMalformed, Detail: what + err.Error(), Err: err}
 }
 
 // peekFirst waits for the client's first bytes and returns what is
@@ -423,7 +424,7 @@ func (p *Proxy) peekFirst(client net.Conn, br *bufio.Reader, entry Entry) ([]byt
 		_ = client.SetReadDeadline(time.Time{})
 		if err != nil {
 			if entry.RequireTLS {
-				return nil, deny(ReasonTLSRequired, "require_tls is set for %s and the client sent no ClientHello", entry)
+				return nil, record.Deny(record.ReasonTLSRequired, "require_tls is set for %s and the client sent no ClientHello", entry)
 			}
 			if errors.Is(err, io.EOF) {
 				return nil, nil // the client half-closed without data: forwarded by the relay
@@ -439,7 +440,7 @@ func (p *Proxy) peekFirst(client net.Conn, br *bufio.Reader, entry Entry) ([]byt
 		_ = client.SetReadDeadline(time.Time{})
 		first, _ = br.Peek(br.Buffered())
 		if err != nil && !errors.Is(err, io.EOF) {
-			return nil, &Denial{Reason: ReasonTLSMalformed, Detail: "the first bytes may start an SSLv2-style ClientHello, whose header did not complete in time", Err: err}
+			return nil, &record.Denial{Reason: record.ReasonTLSMalformed, Detail: "the first bytes may start an SSLv2-style ClientHello, whose header did not complete in time", Err: err}
 		}
 	}
 	return first, nil

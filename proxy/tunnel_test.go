@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/record"
 )
 
 func TestTunnelRequestResponseAndPipelinedBytes(t *testing.T) {
@@ -38,7 +39,7 @@ func TestTunnelRequestResponseAndPipelinedBytes(t *testing.T) {
 		t.Fatalf("echo %q, %v", got, err)
 	}
 	ev := tp.event(t)
-	if ev.Decision != DecisionAllow || ev.Reason != ReasonAllowed || ev.BytesUp != 23 || ev.BytesDown != 23 ||
+	if ev.Decision != record.DecisionAllow || ev.Reason != record.ReasonAllowed || ev.BytesUp != 23 || ev.BytesDown != 23 ||
 		ev.Dialed.String() != "93.184.216.34:443" || ev.Host != "api.example.com" || ev.Trial != "t1" {
 		t.Fatalf("event %+v", ev)
 	}
@@ -56,7 +57,7 @@ func TestTunnelRequestResponseAndPipelinedBytes(t *testing.T) {
 		}
 	}
 	st, _ := tp.Stats("t1")
-	if st.Allowed != 1 || st.BytesUp != 23 || st.BytesDown != 23 || st.Decisions[ReasonAllowed] != 1 {
+	if st.Allowed != 1 || st.BytesUp != 23 || st.BytesDown != 23 || st.Decisions[record.ReasonAllowed] != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -219,10 +220,10 @@ func TestLimits(t *testing.T) {
 			open = append(open, c)
 		}
 		resp, _, _ := tp.connect(t, connectHead("api.example.com:443"))
-		if resp.StatusCode != 429 || Reason(resp.Header.Get("Trialnet-Reason")) != ReasonTunnelLimit {
+		if resp.StatusCode != 429 || record.Reason(resp.Header.Get("Trialnet-Reason")) != record.ReasonTunnelLimit {
 			t.Fatalf("third tunnel: %d %s", resp.StatusCode, resp.Header.Get("Trialnet-Reason"))
 		}
-		if ev := tp.event(t); ev.Reason != ReasonTunnelLimit {
+		if ev := tp.event(t); ev.Reason != record.ReasonTunnelLimit {
 			t.Fatalf("event %+v", ev)
 		}
 		_ = open[0].Close()
@@ -239,7 +240,7 @@ func TestLimits(t *testing.T) {
 			_ = c.Close()
 			want, reason := 200, ""
 			if i == 3 {
-				want, reason = 429, string(ReasonRateLimited)
+				want, reason = 429, string(record.ReasonRateLimited)
 			}
 			if resp.StatusCode != want || resp.Header.Get("Trialnet-Reason") != reason {
 				t.Fatalf("CONNECT %d: %d %s", i, resp.StatusCode, resp.Header.Get("Trialnet-Reason"))
@@ -253,7 +254,7 @@ func TestLimits(t *testing.T) {
 			t.Fatal(resp.Status)
 		}
 		resp, _, _ := tp.connect(t, connectHead("api.example.com:443"))
-		if resp.StatusCode != 503 || Reason(resp.Header.Get("Trialnet-Reason")) != ReasonGlobalLimit {
+		if resp.StatusCode != 503 || record.Reason(resp.Header.Get("Trialnet-Reason")) != record.ReasonGlobalLimit {
 			t.Fatalf("second connection: %d %s", resp.StatusCode, resp.Header.Get("Trialnet-Reason"))
 		}
 	})
@@ -342,7 +343,7 @@ func TestRemoveTrialEndsHalfClosedTunnel(t *testing.T) {
 	if _, err := br.ReadByte(); err == nil {
 		t.Fatal("read data from a removed Trial's tunnel")
 	}
-	if ev := tp.event(t); ev.Decision != DecisionAllow {
+	if ev := tp.event(t); ev.Decision != record.DecisionAllow {
 		t.Fatalf("event %+v", ev)
 	}
 	<-removed
@@ -397,8 +398,8 @@ func TestRemoveTrialCutsPendingConnect(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("RemoveTrial waited %v for a CONNECT stuck in DNS (the DNS timeout is %v)", d, DefaultDNSTimeout)
 	}
-	if ev := tp.event(t); ev.Reason != ReasonShutdown {
-		t.Fatalf("event %+v, want %s", ev, ReasonShutdown)
+	if ev := tp.event(t); ev.Reason != record.ReasonShutdown {
+		t.Fatalf("event %+v, want %s", ev, record.ReasonShutdown)
 	}
 }
 
@@ -431,9 +432,9 @@ func TestTrialCapsComeBeforeGlobalLimit(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	wantRefused := func(resp *http.Response, reason Reason) {
+	wantRefused := func(resp *http.Response, reason record.Reason) {
 		t.Helper()
-		if resp.StatusCode != 429 || Reason(resp.Header.Get("Trialnet-Reason")) != reason {
+		if resp.StatusCode != 429 || record.Reason(resp.Header.Get("Trialnet-Reason")) != reason {
 			t.Fatalf("%d %s, want 429 %s", resp.StatusCode, resp.Header.Get("Trialnet-Reason"), reason)
 		}
 		if ev := tp.event(t); ev.Reason != reason || ev.Trial != "t1" {
@@ -467,12 +468,12 @@ func TestTrialCapsComeBeforeGlobalLimit(t *testing.T) {
 		t.Fatalf("t2's CONNECT while t1 is at its caps: %s %s", resp.Status, resp.Header.Get("Trialnet-Detail"))
 	}
 	for range 8 {
-		if ev := tp.event(t); ev.Trial != "t1" || ev.Reason != ReasonTrialConnLimit {
+		if ev := tp.event(t); ev.Trial != "t1" || ev.Reason != record.ReasonTrialConnLimit {
 			t.Fatalf("event %+v", ev)
 		}
 	}
 	_ = c.Close()
-	if ev := tp.event(t); ev.Trial != "t2" || ev.Reason != ReasonAllowed {
+	if ev := tp.event(t); ev.Trial != "t2" || ev.Reason != record.ReasonAllowed {
 		t.Fatalf("event %+v", ev)
 	}
 	if n := tp.conns.Load(); n != 4 {
@@ -480,13 +481,13 @@ func TestTrialCapsComeBeforeGlobalLimit(t *testing.T) {
 	}
 
 	resp, _, _ = tp.connect(t, connectHead("api.example.com:443"))
-	wantRefused(resp, ReasonTrialConnLimit) // 2 tunnels + 2 idle = 4
+	wantRefused(resp, record.ReasonTrialConnLimit) // 2 tunnels + 2 idle = 4
 
 	_ = tunnels[0].Close()
 	tp.event(t)
 	waitFor("the closed tunnel to be given back", func() bool { return t1.clients.Load() == 3 })
 	resp, _, _ = tp.connect(t, connectHead("api.example.com:443"))
-	wantRefused(resp, ReasonPendingHeadLimit) // 3 connections, but 2 heads pending
+	wantRefused(resp, record.ReasonPendingHeadLimit) // 3 connections, but 2 heads pending
 }
 
 // An upstream that is not a socket (a Dialer may return any net.Conn)
@@ -501,7 +502,7 @@ func TestPumpDownWithoutSocket(t *testing.T) {
 	}()
 	got := make(chan string, 1)
 	go func() { b, _ := io.ReadAll(clientFar); got <- string(b) }()
-	ev := &Event{Time: time.Now()}
+	ev := &record.Event{Time: time.Now()}
 	n, err := pumpDown(clientNear, upNear, ev, new(helloWatch))
 	_ = clientNear.Close()
 	if err != nil || n != 5 || ev.FirstByte <= 0 {

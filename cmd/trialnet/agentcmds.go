@@ -25,6 +25,7 @@ import (
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -369,7 +370,7 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 	}
 	if *asJSON {
 		if recs == nil {
-			recs = []proxy.Event{}
+			recs = []record.Event{}
 		}
 		printJSON(stdout, recs)
 		return exitOK
@@ -380,17 +381,17 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 
 // printAudit prints decision records, one a line, in aligned columns.
 // Every string goes through termsafe: a record holds what a Trial sent.
-func printAudit(w io.Writer, recs []proxy.Event) {
+func printAudit(w io.Writer, recs []record.Event) {
 	q := termsafe.String
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "START\tTARGET\tDECISION\tREASON\tRULE\tPROFILE\tDIALED\tUP\tDOWN\tDETAIL")
 	for _, r := range recs {
 		start := r.Time.Format(time.RFC3339Nano)
 		switch r.Decision {
-		case proxy.DecisionPolicyChange:
+		case record.DecisionPolicyChange:
 			fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\t\t%s\n", start, "(allowlist)", r.Decision, q(r.Detail))
 			continue
-		case proxy.DecisionSuppressed:
+		case record.DecisionSuppressed:
 			var up, down int64
 			if s := r.Suppressed; s != nil {
 				up, down = s.BytesUp, s.BytesDown
@@ -399,7 +400,7 @@ func printAudit(w io.Writer, recs []proxy.Event) {
 			if s := r.Suppressed; s != nil {
 				for _, rt := range s.Reached { // where the summarised requests got to, each named
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\t\t\t\t\t%d requests in this summary, %d would_deny, require_tls %t\n",
-						start, q(net.JoinHostPort(rt.Host, strconv.Itoa(int(rt.Port)))), proxy.DecisionAllow, "(summarised)", rt.Requests, rt.WouldDeny, rt.RequireTLS)
+						start, q(net.JoinHostPort(rt.Host, strconv.Itoa(int(rt.Port)))), record.DecisionAllow, "(summarised)", rt.Requests, rt.WouldDeny, rt.RequireTLS)
 				}
 			}
 			continue

@@ -20,7 +20,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -219,14 +219,14 @@ func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 // audit prints the agent's records: -j parses back into proxy.Event
 // unchanged, and the table shows each record's rule and profile.
 func TestAuditPrintsTypedRecords(t *testing.T) {
-	recs := []proxy.Event{
-		{Schema: proxy.EventSchema, ID: "e1", Time: time.Date(2025, 1, 2, 3, 4, 5, 6000, time.UTC), Trial: "aud-1",
+	recs := []record.Event{
+		{Schema: record.EventSchema, ID: "e1", Time: time.Date(2025, 1, 2, 3, 4, 5, 6000, time.UTC), Trial: "aud-1",
 			Method: "CONNECT", Target: "api.example.test:443", Host: "api.example.test", Port: 443,
-			Decision: proxy.DecisionAllow, Reason: proxy.ReasonAllowed, Resolved: []netip.Addr{netip.MustParseAddr("93.184.216.34")},
+			Decision: record.DecisionAllow, Reason: record.ReasonAllowed, Resolved: []netip.Addr{netip.MustParseAddr("93.184.216.34")},
 			Dialed: netip.MustParseAddrPort("93.184.216.34:443"), Rule: "api.example.test:443", Profile: "claude",
 			BytesUp: 10, BytesDown: 20, Duration: 5 * time.Millisecond, DNS: time.Millisecond, Dial: time.Millisecond, FirstByte: 2 * time.Millisecond},
-		{Schema: proxy.EventSchema, ID: "e2", Time: time.Date(2025, 1, 2, 3, 4, 6, 0, time.UTC), Trial: "aud-1",
-			Method: "CONNECT", Target: "evil.example.test:443", Decision: proxy.DecisionDeny, Reason: proxy.ReasonPolicyDenied,
+		{Schema: record.EventSchema, ID: "e2", Time: time.Date(2025, 1, 2, 3, 4, 6, 0, time.UTC), Trial: "aud-1",
+			Method: "CONNECT", Target: "evil.example.test:443", Decision: record.DecisionDeny, Reason: record.ReasonPolicyDenied,
 			Detail: "not on the allowlist"},
 	}
 	sock := filepath.Join(t.TempDir(), "agent.sock")
@@ -245,7 +245,7 @@ func TestAuditPrintsTypedRecords(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 
 	code, out, errOut := trialnet("audit", "--socket", sock, "--trial", "aud-1", "-j")
-	var got []proxy.Event
+	var got []record.Event
 	if code != exitOK || json.Unmarshal([]byte(out), &got) != nil {
 		t.Fatalf("audit -j: exit %d, %q %q", code, out, errOut)
 	}

@@ -17,12 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
-	"github.com/trialnet/trialnet/proxy"
 	"golang.org/x/sys/unix"
 )
 
@@ -239,8 +239,8 @@ func TestPrivilegedAgentWorksWithTheUnitsCapabilities(t *testing.T) {
 
 	run("create", "--id", "caps-1", "--allow", "allowed.example.test:443", "--unix-allow", unixSock)
 	run("exec", "--trial", "caps-1", "--uid", "65534", "--", "sh", "-c", "curl -sS --max-time 5 https://refused.example.test/ 2>/dev/null; exit 0")
-	var recs []proxy.Event
-	if out := run("audit", "--trial", "caps-1", "-j"); json.Unmarshal([]byte(out), &recs) != nil || len(recs) != 1 || recs[0].Reason != proxy.ReasonPolicyDenied {
+	var recs []record.Event
+	if out := run("audit", "--trial", "caps-1", "-j"); json.Unmarshal([]byte(out), &recs) != nil || len(recs) != 1 || recs[0].Reason != record.ReasonPolicyDenied {
 		t.Fatalf("audit after a refused CONNECT: %s", out)
 	}
 	if out := run("stats", "--trial", "caps-1"); !strings.Contains(out, "0 direct egress packets") {

@@ -24,6 +24,7 @@ import (
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -422,8 +423,8 @@ func showRefusalsOf(b runBackend, id string, w io.Writer) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = b.Watch(ctx, id, func(ev proxy.Event) {
-			if ev.Decision == proxy.DecisionDeny || ev.Decision == proxy.DecisionSuppressed {
+		_ = b.Watch(ctx, id, func(ev record.Event) {
+			if ev.Decision == record.DecisionDeny || ev.Decision == record.DecisionSuppressed {
 				fmt.Fprintln(w, refusalLine(ev))
 			}
 		})
@@ -440,8 +441,8 @@ func showRefusalsOf(b runBackend, id string, w io.Writer) (stop func()) {
 
 // refusalLine is one refusal, or a summary of suppressed records, as
 // --show-refusals prints it.
-func refusalLine(ev proxy.Event) string {
-	if ev.Decision == proxy.DecisionSuppressed {
+func refusalLine(ev record.Event) string {
+	if ev.Decision == record.DecisionSuppressed {
 		return "trialnet: " + termsafe.String(ev.Detail) + suppressedReasons(ev.Suppressed)
 	}
 	line := fmt.Sprintf("trialnet: refused %s %s: %s", termsafe.String(ev.Method), termsafe.String(ev.Target), termsafe.String(string(ev.Reason)))
@@ -453,7 +454,7 @@ func refusalLine(ev proxy.Event) string {
 
 // suppressedReasons is what a summary counts, by reason: " (bad_target
 // ×55, rate_limited ×3)".
-func suppressedReasons(s *proxy.Suppressed) string {
+func suppressedReasons(s *record.Suppressed) string {
 	if s == nil || len(s.ByReason) == 0 {
 		return ""
 	}
@@ -469,7 +470,7 @@ func suppressedReasons(s *proxy.Suppressed) string {
 type runBackend interface {
 	Create(agent.CreateRequest) (agent.TrialInfo, error)
 	DestroyExit(id string, exit *int) (agent.Stats, error)
-	Watch(ctx context.Context, id string, fn func(proxy.Event)) error
+	Watch(ctx context.Context, id string, fn func(record.Event)) error
 }
 
 // execIn runs c in the Trial info describes, with its proxy variables.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 func learnFlag(fs *flag.FlagSet) *bool {
@@ -27,7 +28,7 @@ func mode(learning bool) string {
 // auditRecords reads decision records from the agent, or from a saved
 // log. A saved log may end in a line an agent crash tore: what reads is
 // used, and the rest reported.
-func auditRecords(id, from, socket string, stderr io.Writer) ([]proxy.Event, int, error) {
+func auditRecords(id, from, socket string, stderr io.Writer) ([]record.Event, int, error) {
 	if from == "" {
 		recs, err := agent.NewClient(socket).Audit(id)
 		if err != nil {
@@ -35,7 +36,7 @@ func auditRecords(id, from, socket string, stderr io.Writer) ([]proxy.Event, int
 		}
 		return recs, exitOK, nil
 	}
-	recs, err := proxy.ReadFile(from)
+	recs, err := record.ReadFile(from)
 	if err != nil && len(recs) == 0 {
 		return nil, exitFailure, err
 	}
@@ -46,7 +47,7 @@ func auditRecords(id, from, socket string, stderr io.Writer) ([]proxy.Event, int
 }
 
 // printProfile prints the profile the records show the Trial used.
-func printProfile(stdout, stderr io.Writer, asJSON bool, name string, recs []proxy.Event) int {
+func printProfile(stdout, stderr io.Writer, asJSON bool, name string, recs []record.Event) int {
 	l := proxy.Learn(recs, proxy.DefaultWildcardHosts)
 	y, err := l.Profile(name)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 // audit --from reads a saved decision log without an agent, keeps what
@@ -23,12 +24,12 @@ import (
 func TestAuditFromFileProfile(t *testing.T) {
 	var b strings.Builder
 	for _, h := range []string{"a.pkg.example.test", "b.pkg.example.test", "c.pkg.example.test", "a.pkg.example.test"} {
-		line, _ := json.Marshal(proxy.Event{Schema: proxy.EventSchema, Trial: "gone-1", Host: h, Port: 443, Decision: proxy.DecisionAllow,
-			Reason: proxy.ReasonAllowed, Learning: true, WouldDeny: proxy.ReasonPolicyDenied})
+		line, _ := json.Marshal(record.Event{Schema: record.EventSchema, Trial: "gone-1", Host: h, Port: 443, Decision: record.DecisionAllow,
+			Reason: record.ReasonAllowed, Learning: true, WouldDeny: record.ReasonPolicyDenied})
 		b.Write(append(line, '\n'))
 	}
-	line, _ := json.Marshal(proxy.Event{Schema: proxy.EventSchema, Trial: "gone-1", Host: "meta.example.test", Port: 80,
-		Decision: proxy.DecisionDeny, Reason: proxy.ReasonAddressDenied, Learning: true, WouldDeny: proxy.ReasonPolicyDenied})
+	line, _ := json.Marshal(record.Event{Schema: record.EventSchema, Trial: "gone-1", Host: "meta.example.test", Port: 80,
+		Decision: record.DecisionDeny, Reason: record.ReasonAddressDenied, Learning: true, WouldDeny: record.ReasonPolicyDenied})
 	b.Write(append(line, '\n'))
 	b.WriteString(`{"schema":1,"trial":"gone-1","ho`) // torn by a crash
 	path := filepath.Join(t.TempDir(), "decisions.jsonl")

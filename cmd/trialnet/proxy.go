@@ -18,6 +18,7 @@ import (
 
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 func cmdProxy(args []string, stdout, stderr io.Writer) int {
@@ -95,9 +96,9 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
 	// One decision record per line, as in the agent's decisions.jsonl,
 	// encoded once, by the proxy's record gate.
-	out := proxy.NewWriter(stdout)
+	out := record.NewWriter(stdout)
 	var writeFailed atomic.Bool
-	cfg.OnEvent = func(ev *proxy.Event, line []byte) {
+	cfg.OnEvent = func(ev *record.Event, line []byte) {
 		if err := out.Write(ev, line); err != nil && !writeFailed.Swap(true) {
 			// Said once: every later record fails alike.
 			fmt.Fprintf(stderr, "trialnet proxy: decision records are not being written to stdout: %v\n", err)

@@ -16,18 +16,18 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/termsafe"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 // hostileRecords are a refusal and a summary record with h in every
 // string a Trial can reach (directly, or through a log read with --from).
-func hostileRecords(h string) []proxy.Event {
+func hostileRecords(h string) []record.Event {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	return []proxy.Event{
-		{Schema: proxy.EventSchema, ID: "e1", Time: at, Trial: "t1", Client: h, Method: "CONNECT" + h, Target: h + ":443", Host: h,
-			Port: 443, Decision: proxy.DecisionDeny, Reason: proxy.Reason(h), Detail: "detail " + h, SNI: h, Rule: h, Profile: h, WouldDeny: proxy.Reason(h)},
-		{Schema: proxy.SummarySchema, ID: "e2", Time: at, Trial: "t1", Decision: proxy.DecisionSuppressed, Detail: "3 similar " + h,
-			Suppressed: &proxy.Suppressed{Records: 3, ByReason: map[proxy.Reason]uint64{proxy.Reason(h): 3}, Refused: map[string]uint64{h: 3}, Reached: []proxy.ReachedTarget{{Host: h, Port: 443, Requests: 2, WouldDeny: 1}}}},
+	return []record.Event{
+		{Schema: record.EventSchema, ID: "e1", Time: at, Trial: "t1", Client: h, Method: "CONNECT" + h, Target: h + ":443", Host: h,
+			Port: 443, Decision: record.DecisionDeny, Reason: record.Reason(h), Detail: "detail " + h, SNI: h, Rule: h, Profile: h, WouldDeny: record.Reason(h)},
+		{Schema: record.SummarySchema, ID: "e2", Time: at, Trial: "t1", Decision: record.DecisionSuppressed, Detail: "3 similar " + h,
+			Suppressed: &record.Suppressed{Records: 3, ByReason: map[record.Reason]uint64{record.Reason(h): 3}, Refused: map[string]uint64{h: 3}, Reached: []record.ReachedTarget{{Host: h, Port: 443, Requests: 2, WouldDeny: 1}}}},
 	}
 }
 
@@ -107,7 +107,7 @@ func TestPrintingCommandsEscapeTrialText(t *testing.T) {
 					t.Errorf("%s does not show %q as %q:\n%s", cmd, h, want, o)
 				}
 			}
-			var got []proxy.Event
+			var got []record.Event
 			if err := json.Unmarshal([]byte(out["audit -j"]), &got); err != nil || !reflect.DeepEqual(got, jsonRoundTrip(t, recs)) {
 				t.Errorf("audit -j reads back as %+v (%v), want %+v", got, err, recs)
 			}

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 // client is one real client. fetch makes one attempt at host (a name, or
@@ -333,7 +333,7 @@ func exercise(t *testing.T, w *world, c client) {
 			t.Fatalf("allowed name %s: exit %d\n%s", allowed, code, out)
 		}
 		c.works(t, tc, out)
-		if _, ok := tc.waitDecision(allowed, port, proxy.DecisionAllow, proxy.ReasonAllowed); !ok {
+		if _, ok := tc.waitDecision(allowed, port, record.DecisionAllow, record.ReasonAllowed); !ok {
 			t.Errorf("no allow decision for %s:%d in the log", allowed, port)
 		}
 		t.Logf("allowed name %s: worked through the proxy", allowed)
@@ -348,12 +348,12 @@ func exercise(t *testing.T, w *world, c client) {
 		if code == 0 {
 			t.Errorf("off-list name %s: exit 0\n%s", deniedHost, out)
 		}
-		e, ok := tc.waitDecision(deniedHost, port, proxy.DecisionDeny, "")
+		e, ok := tc.waitDecision(deniedHost, port, record.DecisionDeny, "")
 		switch {
 		case !ok:
 			t.Errorf("no deny decision for %s:%d in the log; the client said:\n%s", deniedHost, port, out)
-		case e.Reason != proxy.ReasonPolicyDenied:
-			t.Errorf("off-list name refused as %s, want %s", e.Reason, proxy.ReasonPolicyDenied)
+		case e.Reason != record.ReasonPolicyDenied:
+			t.Errorf("off-list name refused as %s, want %s", e.Reason, record.ReasonPolicyDenied)
 		default:
 			t.Logf("off-list name %s: refused, reason %s; the client said: %s", deniedHost, e.Reason, lastLine(out))
 		}

@@ -15,7 +15,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"github.com/trialnet/trialnet/internal/privtest"
 	"net"
 	"net/http"
 	"net/netip"
@@ -28,10 +27,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/record"
+
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
-	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -243,7 +244,7 @@ func (tc *trial) run(proxied bool, env []string, argv ...string) (int, string) {
 }
 
 // decisions is the Trial's decision log, read back as the proxy wrote it.
-func (tc *trial) decisions() []proxy.Event {
+func (tc *trial) decisions() []record.Event {
 	tc.t.Helper()
 	recs, err := tc.w.agent.Audit(tc.info.ID)
 	if err != nil {
@@ -255,7 +256,7 @@ func (tc *trial) decisions() []proxy.Event {
 // waitDecision waits (bounded) for a decision on host:port matching
 // decision and reason (any reason if empty): an allowed tunnel is logged
 // when it closes, just after the client exits.
-func (tc *trial) waitDecision(host string, port uint16, decision proxy.Decision, reason proxy.Reason) (proxy.Event, bool) {
+func (tc *trial) waitDecision(host string, port uint16, decision record.Decision, reason record.Reason) (record.Event, bool) {
 	tc.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -265,7 +266,7 @@ func (tc *trial) waitDecision(host string, port uint16, decision proxy.Decision,
 			}
 		}
 		if time.Now().After(deadline) {
-			return proxy.Event{}, false
+			return record.Event{}, false
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -92,7 +92,7 @@ curl -sS --max-time 5 --noproxy '*' -o /dev/null https://` + addr + `/hello 2>&1
 		if b, err := os.ReadFile(login); err != nil || !strings.Contains(string(b), "refreshed") {
 			t.Errorf("the login file, bound read-write: %q, %v", b, err)
 		}
-		if _, ok := tc.waitDecision(deniedHost, 443, proxy.DecisionDeny, ""); !ok {
+		if _, ok := tc.waitDecision(deniedHost, 443, record.DecisionDeny, ""); !ok {
 			t.Errorf("no deny decision for %s", deniedHost)
 		}
 		t.Logf("bwrap in a nested Trial:\n%s", strings.TrimSpace(out))

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 // What coding agents run that talks over the Trial's own unix sockets:
@@ -157,7 +157,7 @@ func TestPrivilegedOwnUnixTools(t *testing.T) {
 			if code, out := tc.run(true, nil, "curl", "-sS", "-o", "/dev/null", url(deniedHost, "/")); code == 0 {
 				t.Errorf("curl to %s: exit 0, want refused:\n%s", deniedHost, out)
 			}
-			if _, ok := tc.waitDecision(deniedHost, 443, proxy.DecisionDeny, ""); !ok {
+			if _, ok := tc.waitDecision(deniedHost, 443, record.DecisionDeny, ""); !ok {
 				t.Errorf("no deny decision for %s", deniedHost)
 			}
 			if _, egress := tc.kernel(); egress != 0 {

@@ -31,7 +31,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
 )
 
 const (
@@ -149,7 +149,7 @@ func TestPrivilegedLoad(t *testing.T) {
 		}
 		if recs, _ := a.Audit(info.ID); len(recs) > 0 { // kept after destroy
 			for _, r := range recs {
-				if strings.Contains(r.Detail, "tunnel cut") || r.Decision == proxy.DecisionDeny {
+				if strings.Contains(r.Detail, "tunnel cut") || r.Decision == record.DecisionDeny {
 					t.Errorf("%s: %+v", info.ID, r)
 				}
 			}

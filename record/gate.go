@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package record
 
 import (
 	"crypto/rand"
@@ -26,7 +26,7 @@ const MaxRecordAddrs = 16
 
 // summaryEvery is how often, at most, a Trial's suppressed records are
 // summarised while they are being suppressed; a variable for tests.
-var summaryEvery = 10 * time.Second
+var SummaryEvery = 10 * time.Second
 
 // Bounds are what a recordGate lets one Trial write.
 type Bounds struct {
@@ -47,7 +47,7 @@ type Sink func(ev *Event, line []byte)
 // journal, whatever it sends: records of requests the CONNECT rate did not
 // charge pass the record rate, and no record is written past the Trial's
 // log bytes. A record refused either way is counted in a summary record.
-type recordGate struct {
+type Gate struct {
 	rate     *ratelimit.Bucket
 	bounds   Bounds
 	learn    bool
@@ -76,8 +76,8 @@ type reachedKey struct {
 	tls  bool
 }
 
-func newRecordGate(id string, learn bool, b Bounds, sink Sink) *recordGate {
-	return &recordGate{trial: id, learn: learn, bounds: b, rate: ratelimit.New(b.Rate, b.Burst), sink: sink}
+func NewGate(id string, learn bool, b Bounds, sink Sink) *Gate {
+	return &Gate{trial: id, learn: learn, bounds: b, rate: ratelimit.New(b.Rate, b.Burst), sink: sink}
 }
 
 // gateVerdict is what the gate does with a record.
@@ -92,7 +92,7 @@ const (
 // Record clips ev, then writes it to the sink unless the Trial's bounds
 // suppress it; a suppressed record is counted for a summary, which is
 // written when due.
-func (g *recordGate) Record(ev *Event, now time.Time) {
+func (g *Gate) Record(ev *Event, now time.Time) {
 	clipRecord(ev)
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
@@ -112,13 +112,13 @@ func (g *recordGate) Record(ev *Event, now time.Time) {
 
 // Flush writes the pending summary, if any. last is the one written when
 // the Trial is removed: nothing is written after it.
-func (g *recordGate) Flush(last bool) {
+func (g *Gate) Flush(last bool) {
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
 	g.flushLocked(last)
 }
 
-func (g *recordGate) flushLocked(last bool) {
+func (g *Gate) flushLocked(last bool) {
 	if g.closed {
 		return
 	}
@@ -138,10 +138,10 @@ func (g *recordGate) flushLocked(last bool) {
 // by rate, a Trial could first spend the record rate, or its summary's
 // few target names, on junk, and then act unnamed. Once the log is full,
 // every record is only counted; but a summary names every target reached.
-func (g *recordGate) admit(ev *Event, now time.Time) (gateVerdict, *Event, []byte) {
+func (g *Gate) admit(ev *Event, now time.Time) (gateVerdict, *Event, []byte) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	charged := ev.Reason.info().charged
+	charged := ev.Reason.Charged()
 	if g.full || (!charged && !g.rate.Take(now)) {
 		return g.suppress(ev)
 	}
@@ -162,7 +162,7 @@ func (g *recordGate) admit(ev *Event, now time.Time) (gateVerdict, *Event, []byt
 // suppress counts ev in the pending summary; g.mu is held. When ev
 // reached a target that the pending summary has no room for, that
 // summary is returned, done, and ev starts the next.
-func (g *recordGate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
+func (g *Gate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 	var done *Event
 	var doneLine []byte
 	k := reachedKey{ev.Host, ev.Port, ev.RequireTLS}
@@ -176,7 +176,7 @@ func (g *recordGate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 		s = &Suppressed{ByReason: map[Reason]uint64{}, Refused: map[string]uint64{}}
 		g.pending, g.reached, g.from, g.to = s, map[reachedKey]int{}, ev.Time, ev.Time
 		if g.timer == nil {
-			g.timer = time.AfterFunc(summaryEvery, func() { g.Flush(false) })
+			g.timer = time.AfterFunc(SummaryEvery, func() { g.Flush(false) })
 		}
 	}
 	s.Records++
@@ -216,7 +216,7 @@ func (g *recordGate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 
 // summary takes the pending counts as a summary record and its line, nil
 // if there are none.
-func (g *recordGate) summary() (*Event, []byte) {
+func (g *Gate) summary() (*Event, []byte) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.timer != nil {
@@ -230,7 +230,7 @@ func (g *recordGate) summary() (*Event, []byte) {
 // for the next. Summaries count against the log's bytes, and are written
 // past its limit: they are what is written there, at most one per
 // summaryEvery and one per MaxSummaryReached targets reached.
-func (g *recordGate) summaryLocked() (*Event, []byte) {
+func (g *Gate) summaryLocked() (*Event, []byte) {
 	s := g.pending
 	if s == nil {
 		return nil, nil

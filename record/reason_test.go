@@ -1,4 +1,4 @@
-package proxy
+package record
 
 import (
 	"errors"
@@ -70,14 +70,14 @@ func TestProxyStatus(t *testing.T) {
 		d    *Denial
 		want string
 	}{
-		{deny(ReasonPolicyDenied, `evil.example:443 is "not" allowed \ here`), `trialnet; error=http_request_denied; details="evil.example:443 is \"not\" allowed \\ here"`},
-		{deny(ReasonAddressDenied, "x resolves to 127.0.0.1\r\nX: é"), `trialnet; error=destination_ip_prohibited; details="x resolves to 127.0.0.1??X: ??"`},
-		{deny(ReasonDNSNXDomain, ""), `trialnet; error=dns_error; rcode="NXDOMAIN"`},
-		{&Denial{Reason: ReasonDNSFailed, dns: dnsFailure{rcode: "REFUSED"}}, `trialnet; error=dns_error; rcode="REFUSED"`},
-		{&Denial{Reason: ReasonDNSFailed, dns: dnsFailure{timeout: true}}, `trialnet; error=dns_timeout`},
+		{Deny(ReasonPolicyDenied, `evil.example:443 is "not" allowed \ here`), `trialnet; error=http_request_denied; details="evil.example:443 is \"not\" allowed \\ here"`},
+		{Deny(ReasonAddressDenied, "x resolves to 127.0.0.1\r\nX: é"), `trialnet; error=destination_ip_prohibited; details="x resolves to 127.0.0.1??X: ??"`},
+		{Deny(ReasonDNSNXDomain, ""), `trialnet; error=dns_error; rcode="NXDOMAIN"`},
+		{&Denial{Reason: ReasonDNSFailed, DNS: DNSFailure{Rcode: "REFUSED"}}, `trialnet; error=dns_error; rcode="REFUSED"`},
+		{&Denial{Reason: ReasonDNSFailed, DNS: DNSFailure{Timeout: true}}, `trialnet; error=dns_timeout`},
 		{&Denial{Reason: ReasonUpstreamUnreachable, Err: errors.Join(errors.New("x"), syscall.ECONNREFUSED)}, `trialnet; error=connection_refused`},
 		{&Denial{Reason: ReasonUpstreamUnreachable, Err: syscall.EHOSTUNREACH}, `trialnet; error=destination_unavailable`},
-		{deny(ReasonGlobalLimit, ""), `trialnet; error=connection_limit_reached`},
+		{Deny(ReasonGlobalLimit, ""), `trialnet; error=connection_limit_reached`},
 	} {
 		if got := c.d.ProxyStatus(); got != c.want {
 			t.Errorf("ProxyStatus(%v)\n got %s\nwant %s", c.d, got, c.want)

@@ -1,4 +1,4 @@
-package proxy
+package record
 
 import (
 	"encoding/json"
@@ -274,7 +274,7 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-func (e *Event) level() slog.Level {
+func (e *Event) Level() slog.Level {
 	if e.Decision == DecisionAllow {
 		return slog.LevelInfo
 	}
@@ -292,7 +292,7 @@ var eventKeys = func() []string {
 }()
 
 // attrs are the event as log attributes, under its JSON keys.
-func (e *Event) attrs() []slog.Attr {
+func (e *Event) Attrs() []slog.Attr {
 	v := reflect.ValueOf(e.wire())
 	out := make([]slog.Attr, len(eventKeys))
 	for i, k := range eventKeys {
@@ -324,7 +324,7 @@ type TrialStats struct {
 	Active    int64 // CONNECTs being served now
 }
 
-func (s TrialStats) clone() TrialStats {
+func (s TrialStats) Clone() TrialStats {
 	s.Decisions = maps.Clone(s.Decisions)
 	if s.Decisions == nil {
 		s.Decisions = make(map[Reason]uint64)

@@ -1,4 +1,4 @@
-package proxy
+package record
 
 import (
 	"encoding/json"

@@ -1,11 +1,8 @@
-// Package proxy is trialnet's allowlisting HTTP CONNECT proxy: it checks
-// the requested name against a Trial's allowlist before any DNS, checks
-// every resolved address, dials only the addresses it checked, and relays
-// the tunnel like TCP (half-close, no idle timeout). Plain http:// requests
-// in absolute form are forwarded through the same checks, one decision per
-// request. One Proxy serves many Trials; every listener belongs to one
-// Trial and every decision names it.
-package proxy
+// Package record is trialnet's decision record: the Event every request
+// ends in, its JSON codec and schemas, the reasons a request is refused
+// for, the per-Trial counters, the Gate that bounds what one Trial may
+// write, and the JSONL writer and reader of decision logs.
+package record
 
 import (
 	"errors"
@@ -147,7 +144,14 @@ func (r Reason) Decision() Decision {
 }
 
 // status is the HTTP status a refusal is answered with.
-func (r Reason) status() int { return r.info().status }
+func (r Reason) Status() int { return r.info().status }
+
+// Charged reports whether a request refused for r was charged to the
+// CONNECT rate before it was decided (see the table).
+func (r Reason) Charged() bool { return r.info().charged }
+
+// ProxyError is r's RFC 9209 Proxy-Status error type.
+func (r Reason) ProxyError() string { return r.info().proxyError }
 
 // Denial is a refusal with its reason and a human-readable detail. Every
 // refusal the proxy makes is a *Denial; test with errors.As.
@@ -156,14 +160,14 @@ type Denial struct {
 	Detail string
 	Err    error // the underlying error, if any
 
-	dns dnsFailure // what DNS said, for Proxy-Status
+	DNS DNSFailure // what DNS said, for Proxy-Status
 }
 
 // dnsFailure is what a failed lookup reports in Proxy-Status: the
 // response code, or that no answer came in time.
-type dnsFailure struct {
-	rcode   string // "SERVFAIL", "REFUSED", ...
-	timeout bool
+type DNSFailure struct {
+	Rcode   string // "SERVFAIL", "REFUSED", ...
+	Timeout bool
 }
 
 func (d *Denial) Error() string {
@@ -175,7 +179,7 @@ func (d *Denial) Error() string {
 
 func (d *Denial) Unwrap() error { return d.Err }
 
-func deny(r Reason, format string, args ...any) *Denial {
+func Deny(r Reason, format string, args ...any) *Denial {
 	return &Denial{Reason: r, Detail: fmt.Sprintf(format, args...)}
 }
 
@@ -200,10 +204,10 @@ func (d *Denial) ProxyStatus() string {
 	case ReasonDNSNoAddresses:
 		params = append(params, [2]string{"rcode", "NOERROR"})
 	case ReasonDNSFailed:
-		if d.dns.timeout {
+		if d.DNS.Timeout {
 			typ = "dns_timeout"
-		} else if d.dns.rcode != "" {
-			params = append(params, [2]string{"rcode", d.dns.rcode})
+		} else if d.DNS.Rcode != "" {
+			params = append(params, [2]string{"rcode", d.DNS.Rcode})
 		}
 	case ReasonUpstreamUnreachable:
 		if errors.Is(d.Err, syscall.ECONNREFUSED) {
