@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/trialnet/trialnet/wire"
 	"golang.org/x/net/idna"
 	"golang.org/x/net/publicsuffix"
 )
@@ -43,7 +44,7 @@ func ParseEntry(s string) (Entry, error) {
 		return Entry{}, fmt.Errorf("allowlist entry %q: want host:port (for example api.anthropic.com:443)", s)
 	}
 	host, portStr := s[:i], s[i+1:]
-	port, err := parsePort(portStr)
+	port, err := wire.ParsePort(portStr)
 	if err != nil {
 		return Entry{}, fmt.Errorf("allowlist entry %q: %v", s, err)
 	}
@@ -61,7 +62,7 @@ func ParseEntry(s string) (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("allowlist entry %q: invalid internationalised name: %v", s, err)
 	}
-	name, err := normaliseName(ascii)
+	name, err := wire.NormaliseName(ascii)
 	if err != nil {
 		return Entry{}, fmt.Errorf("allowlist entry %q: %v", s, err)
 	}

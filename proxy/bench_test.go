@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"testing"
+
+	"github.com/trialnet/trialnet/internal/tlstest"
 )
 
 // benchProxy is a test proxy without limits that matter, its events
@@ -92,8 +94,8 @@ func BenchmarkConnectParallel(b *testing.B) {
 // handshake (the ClientHello check, the wait for the server's answer),
 // not the cryptography, which the client and server do.
 func BenchmarkConnectTLSFirstByte(b *testing.B) {
-	hello := clientHello(b, "api.example.com")
-	sh := serverHelloRecord(false)
+	hello := tlstest.ClientHello(b, "api.example.com")
+	sh := tlstest.ServerHelloRecord(false)
 	tp := newTestProxy(b, proxyOpts{allow: []string{"api.example.com:443"},
 		limits: &Limits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20, MaxClientConns: 1 << 20, MaxPendingHeads: 1 << 20},
 		upstream: func(c *net.TCPConn) {
@@ -130,21 +132,4 @@ func BenchmarkConnectTLSFirstByte(b *testing.B) {
 		}
 		_ = c.Close()
 	}
-}
-
-// serverHelloRecord is a TLS 1.3 ServerHello in one record; with hrr,
-// a HelloRetryRequest (its random is the fixed one) asking for P-256.
-func serverHelloRecord(hrr bool) []byte {
-	random := make([]byte, 32)
-	random[0] = 1
-	exts := []byte{0x00, 0x2b, 0x00, 0x02, 0x03, 0x04} // supported_versions: TLS 1.3
-	if hrr {
-		copy(random, helloRetryRandom[:])
-		exts = append(exts, 0x00, 0x33, 0x00, 0x02, 0x00, 0x17) // key_share: secp256r1
-	}
-	body := append([]byte{0x03, 0x03}, random...)
-	body = append(body, 0x00, 0x13, 0x01, 0x00, byte(len(exts)>>8), byte(len(exts)))
-	body = append(body, exts...)
-	msg := append([]byte{handshakeServerHello, 0, byte(len(body) >> 8), byte(len(body))}, body...)
-	return append([]byte{recordTypeHandshake, 0x03, 0x03, byte(len(msg) >> 8), byte(len(msg))}, msg...)
 }

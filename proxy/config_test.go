@@ -3,6 +3,8 @@ package proxy
 import (
 	"strings"
 	"testing"
+
+	"github.com/trialnet/trialnet/wire"
 )
 
 func TestParseEntry(t *testing.T) {
@@ -46,7 +48,7 @@ func TestAllowlistMatch(t *testing.T) {
 		"example.com:443":             false,
 	} {
 		host, port, _ := strings.Cut(hp, ":")
-		p, _ := parsePort(port)
+		p, _ := wire.ParsePort(port)
 		if _, ok := a.Match(host, p); ok != want {
 			t.Errorf("Match(%s) = %v, want %v", hp, ok, want)
 		}

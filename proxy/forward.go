@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/wire"
 )
 
 // MaxResponseHeaderBytes bounds a forwarded response's head, which the
@@ -83,7 +84,7 @@ type httpConn struct {
 func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *record.Event, headDone func()) *record.Event {
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
-	h := &httpConn{p: p, t: t, c: c, r: bufio.NewReaderSize(br, MaxHeaderBytes), ctx: ctx}
+	h := &httpConn{p: p, t: t, c: c, r: bufio.NewReaderSize(br, wire.MaxHeaderBytes), ctx: ctx}
 	h.tr = &http.Transport{
 		Proxy:               nil, // never the environment's proxy
 		DialContext:         h.dial,
@@ -103,7 +104,7 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *record.Eve
 			ev = p.newEvent(t, c)
 		}
 		keep, err := h.serveOne(ev, headDone, first)
-		if errors.Is(err, errClientDone) {
+		if errors.Is(err, wire.ErrClientDone) {
 			return nil
 		}
 		if err != nil {
@@ -141,14 +142,14 @@ func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep
 	h.wmu.Lock()
 	h.responding = false
 	h.wmu.Unlock()
-	raw, err := peekHead(h.r)
+	raw, err := wire.PeekHead(h.r)
 	if first {
 		headDone()
 	}
 	if err != nil {
 		return false, err
 	}
-	req, err := parseHTTPHead(raw)
+	req, err := wire.ParseHTTPHead(raw)
 	if req != nil {
 		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port
 	}
@@ -201,7 +202,7 @@ type fwdKey struct{}
 // Its dials may outlive it (net/http does not wait for a dial whose
 // request was cancelled): they write its record only under mu, before end.
 type fwdReq struct {
-	req  *Request
+	req  *wire.Request
 	ev   *record.Event
 	ot   *openTunnel
 	rctx context.Context // cancelled by a cut
@@ -295,7 +296,7 @@ func (h *httpConn) roundTripError(err error, body *countBody, ot *openTunnel) er
 // admitRequest charges one forwarded request like one CONNECT: the rate,
 // a tunnel slot for its life (the caller gives it back) and the
 // allowlist (recorded on ev), all before any DNS.
-func (p *Proxy) admitRequest(t *trial, req *Request, ev *record.Event) error {
+func (p *Proxy) admitRequest(t *trial, req *wire.Request, ev *record.Event) error {
 	if err := t.takeConnect(); err != nil {
 		return err
 	}
@@ -313,7 +314,7 @@ func (p *Proxy) admitRequest(t *trial, req *Request, ev *record.Event) error {
 
 // outgoing builds the upstream request: the checked name and port, the
 // path and query as sent, the client's fields without hop-by-hop ones.
-func (h *httpConn) outgoing(in *http.Request, req *Request, ev *record.Event) (*http.Request, *countBody, error) {
+func (h *httpConn) outgoing(in *http.Request, req *wire.Request, ev *record.Event) (*http.Request, *countBody, error) {
 	hdr := in.Header.Clone()
 	removeHopByHop(hdr)
 	if _, ok := hdr["User-Agent"]; !ok {
@@ -322,7 +323,7 @@ func (h *httpConn) outgoing(in *http.Request, req *Request, ev *record.Event) (*
 	body := &countBody{r: in.Body}
 	if exp := hdr.Get("Expect"); exp != "" {
 		if !strings.EqualFold(exp, "100-continue") || len(hdr.Values("Expect")) > 1 {
-			return nil, nil, record.Deny(record.ReasonBadRequest, "Expect %q: only 100-continue is supported", truncate(exp))
+			return nil, nil, record.Deny(record.ReasonBadRequest, "Expect %q: only 100-continue is supported", wire.Truncate(exp))
 		}
 		hdr.Del("Expect")
 		// The client waits for 100 Continue before its body; it gets one
@@ -390,7 +391,7 @@ func bodyAllowed(status int) bool {
 func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	f, _ := ctx.Value(fwdKey{}).(*fwdReq)
 	if f == nil || addr != f.req.HostPort() {
-		return nil, record.Deny(record.ReasonPolicyDenied, "the forwarder asked to dial %q outside a checked request", truncate(addr))
+		return nil, record.Deny(record.ReasonPolicyDenied, "the forwarder asked to dial %q outside a checked request", wire.Truncate(addr))
 	}
 	// net/http does not cancel a dial with its request: a cut must.
 	ctx, cancel := context.WithCancel(ctx)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/trialnet/trialnet/internal/ratelimit"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/wire"
 	vns "github.com/vishvananda/netns"
 )
 
@@ -398,7 +399,7 @@ func (ot *openTunnel) establish() error {
 // decide matches a request against the Trial's allowlist as it is now:
 // the entry that allows it, or on a learning Trial a name let through
 // (ruled false, ev.WouldDeny set). Otherwise it is a policy denial.
-func (t *trial) decide(req *Request, ev *record.Event) (entry Entry, ruled bool, err error) {
+func (t *trial) decide(req *wire.Request, ev *record.Event) (entry Entry, ruled bool, err error) {
 	entry, ruled = t.allow.Load().Match(req.Host, req.Port)
 	switch {
 	case ruled:
@@ -440,7 +441,7 @@ func (t *trial) takeConnect() error {
 // register decides a dialed CONNECT again, under mu so that no policy
 // change falls between this decision and the tunnel being known, and
 // tracks the tunnel until its end.
-func (t *trial) register(req *Request, ev *record.Event, client, up net.Conn, stop context.CancelFunc) (*openTunnel, error) {
+func (t *trial) register(req *wire.Request, ev *record.Event, client, up net.Conn, stop context.CancelFunc) (*openTunnel, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.removed {
@@ -467,7 +468,7 @@ func (t *trial) register(req *Request, ev *record.Event, client, up net.Conn, st
 
 // decideForward is decide for a forwarded (plain HTTP) request: an
 // entry that wants TLS is reached through CONNECT only, whatever the port.
-func (t *trial) decideForward(req *Request, ev *record.Event) (Entry, bool, error) {
+func (t *trial) decideForward(req *wire.Request, ev *record.Event) (Entry, bool, error) {
 	entry, ruled, err := t.decide(req, ev)
 	if err == nil && ruled && entry.RequireTLS {
 		err = record.Deny(record.ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())
@@ -478,7 +479,7 @@ func (t *trial) decideForward(req *Request, ev *record.Event) (Entry, bool, erro
 // redecide matches a forwarded request against the allowlist as it is
 // after its DNS and dial, as register does for a CONNECT, and ties it to
 // the entry that allows it now, which a later cut names.
-func (t *trial) redecide(req *Request, ev *record.Event, ot *openTunnel) error {
+func (t *trial) redecide(req *wire.Request, ev *record.Event, ot *openTunnel) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	entry, ruled, err := t.decideForward(req, ev)
@@ -699,7 +700,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 // Handing off keeps an idle tunnel's stacks small: the deep DNS and dial
 // call chains stay on this goroutine, which then exits.
 func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *record.Event, fin *cleanups, handedOff *bool) {
-	req, err := ReadRequest(br)
+	req, err := wire.ReadRequest(br)
 	t.pending.Add(-1)
 	if req != nil {
 		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port
@@ -802,7 +803,7 @@ func (p *Proxy) admit(t *trial) error {
 
 // connect resolves req's name, checks every address and dials the
 // checked ones.
-func (p *Proxy) connect(trialCtx context.Context, set *settings, req *Request, ev *record.Event) (net.Conn, error) {
+func (p *Proxy) connect(trialCtx context.Context, set *settings, req *wire.Request, ev *record.Event) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(trialCtx, p.cfg.DNSTimeout)
 	t0 := time.Now()
 	ans, err := set.resolver.Resolve(ctx, req.Host)

@@ -9,7 +9,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/binary"
 	"io"
 	"math/big"
 	"net"
@@ -18,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/tlstest"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/wire"
 )
 
 // tlsUpstream is a TLS echo server with a certificate for every name,
@@ -117,40 +118,6 @@ func TestTLSNameCheck(t *testing.T) {
 	})
 }
 
-// clientHello captures the ClientHello crypto/tls sends for sni.
-func clientHello(t testing.TB, sni string) []byte {
-	t.Helper()
-	a, b := net.Pipe()
-	go func() {
-		_ = tls.Client(a, &tls.Config{ServerName: sni}).Handshake()
-	}()
-	hdr := make([]byte, 5)
-	if _, err := io.ReadFull(b, hdr); err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, binary.BigEndian.Uint16(hdr[3:]))
-	if _, err := io.ReadFull(b, body); err != nil {
-		t.Fatal(err)
-	}
-	_ = a.Close()
-	_ = b.Close()
-	return append(hdr, body...)
-}
-
-// reRecord splits a single-record ClientHello into records of at most n
-// payload bytes each.
-func reRecord(rec []byte, n int) []byte {
-	var out []byte
-	payload := rec[5:]
-	for len(payload) > 0 {
-		k := min(n, len(payload))
-		out = append(out, rec[0], rec[1], rec[2], byte(k>>8), byte(k))
-		out = append(out, payload[:k]...)
-		payload = payload[k:]
-	}
-	return out
-}
-
 // sendInPieces opens a tunnel and writes data in pieces with pauses, so
 // the proxy sees several TCP segments; it returns what the client read
 // back before the tunnel closed.
@@ -163,10 +130,10 @@ func TestTLSSplitClientHello(t *testing.T) {
 	var received atomic.Int64
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: tlsUpstream(t, &received)})
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
-	other := clientHello(t, "other.example.com")
+	other := tlstest.ClientHello(t, "other.example.com")
 	for name, data := range map[string][]byte{
 		"segments":             other,
-		"records and segments": reRecord(other, 100),
+		"records and segments": tlstest.ReRecord(other, 100),
 	} {
 		t.Run(name, func(t *testing.T) {
 			got := sendInPieces(t, tp, data, 7)
@@ -182,7 +149,7 @@ func TestTLSSplitClientHello(t *testing.T) {
 		t.Fatal("a refused ClientHello reached the upstream")
 	}
 	// The matching name, split the same way, passes whole.
-	got := sendInPieces(t, tp, reRecord(clientHello(t, "api.example.com"), 64), 9)
+	got := sendInPieces(t, tp, tlstest.ReRecord(tlstest.ClientHello(t, "api.example.com"), 64), 9)
 	if len(got) < 5 || got[0] != 0x16 {
 		t.Fatalf("a split matching ClientHello got %x, want a ServerHello", got)
 	}
@@ -193,7 +160,7 @@ func TestTLSMalformedAndRequired(t *testing.T) {
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: tlsUpstream(t, &received), tls: true,
 		configure: func(c *Config) { c.TLSTimeout = 500 * time.Millisecond }})
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
-	hello := clientHello(t, "api.example.com")
+	hello := tlstest.ClientHello(t, "api.example.com")
 	// The same hello with a handshake length one byte longer than its record.
 	long := append([]byte(nil), hello...)
 	long[8]++
@@ -215,7 +182,7 @@ func TestTLSMalformedAndRequired(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sendInPieces(t, tp, c.data, 1)
-			if ev := tp.event(t); ev.Reason != c.want || ev.SNI != "" || !isASCII(ev.Detail) {
+			if ev := tp.event(t); ev.Reason != c.want || ev.SNI != "" || !wire.IsASCII(ev.Detail) {
 				t.Fatalf("event %+v, want %s with no SNI and an ASCII detail", ev, c.want)
 			}
 		})
@@ -240,46 +207,5 @@ func TestTunnelNonTLSWithoutRequireTLS(t *testing.T) {
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
 	if got := sendInPieces(t, tp, []byte("plain"), 1); string(got) != "plain" {
 		t.Fatalf("got %q", got)
-	}
-}
-
-func TestParseClientHello(t *testing.T) {
-	hello := clientHello(t, "api.example.com")[5:]
-	info, err := ParseClientHello(hello)
-	if err != nil || info.ServerName != "api.example.com" || info.ECH {
-		t.Fatalf("%+v %v", info, err)
-	}
-	// Append an ECH extension and a duplicate server_name.
-	withExt := func(ext ...byte) []byte {
-		m := append([]byte(nil), hello...)
-		m = append(m, ext...)
-		l := len(m) - 4
-		m[1], m[2], m[3] = byte(l>>16), byte(l>>8), byte(l)
-		// The extensions length sits just before the first extension;
-		// find it by re-walking the fixed fields.
-		off := 4 + 2 + 32
-		off += 1 + int(m[off])
-		off += 2 + int(binary.BigEndian.Uint16(m[off:]))
-		off += 1 + int(m[off])
-		el := int(binary.BigEndian.Uint16(m[off:])) + len(ext)
-		binary.BigEndian.PutUint16(m[off:], uint16(el))
-		return m
-	}
-	// ECH, its drafts and ESNI: the real name is encrypted in every one.
-	for _, code := range [][2]byte{{0xfe, 0x0d}, {0xfe, 0x08}, {0xfe, 0x0a}, {0xfe, 0x0c}, {0xff, 0xce}} {
-		if info, err := ParseClientHello(withExt(code[0], code[1], 0x00, 0x01, 0x00)); err != nil || !info.ECH {
-			t.Fatalf("encrypted hello %x: %+v %v", code, info, err)
-		} else if checkSNI(info, "api.example.com") == nil || record.ReasonOf(checkSNI(info, "api.example.com")) != record.ReasonTLSECH {
-			t.Fatalf("an encrypted ClientHello (%x) passed the name check", code)
-		}
-	}
-	sni := []byte{0x00, 0x00, 0x00, 0x08, 0x00, 0x06, 0x00, 0x00, 0x03, 'x', '.', 'y'}
-	if _, err := ParseClientHello(withExt(sni...)); err == nil {
-		t.Fatal("a duplicate server_name extension was accepted")
-	}
-	for _, cut := range []int{1, 10, 40, len(hello) / 2, len(hello) - 1} {
-		if _, err := ParseClientHello(hello[:cut]); err == nil {
-			t.Fatalf("truncated at %d accepted", cut)
-		}
 	}
 }

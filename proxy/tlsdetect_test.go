@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/tlstest"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/wire"
 )
 
 // testCA is a throwaway CA with a leaf certificate per name, so a real
@@ -94,7 +96,7 @@ func TestTLSDetectionCannotBeSteppedAround(t *testing.T) {
 	var received, handshakes atomic.Int64
 	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: frontedUpstream(ca, &received, &handshakes)})
 	tp.dns.set("a.test", 60, "93.184.216.34")
-	fronted := clientHello(t, "b.test")
+	fronted := tlstest.ClientHello(t, "b.test")
 
 	for _, c := range []struct {
 		name   string
@@ -106,7 +108,7 @@ func TestTLSDetectionCannotBeSteppedAround(t *testing.T) {
 		{"empty handshake record", []byte{0x16, 0x03, 0x01, 0x00, 0x00}, record.ReasonTLSRecordBeforeHello},
 		{"application data", []byte{0x17, 0x03, 0x03, 0x00, 0x03, 'a', 'b', 'c'}, record.ReasonTLSRecordBeforeHello},
 		{"heartbeat", []byte{0x18, 0x03, 0x03, 0x00, 0x01, 0x01}, record.ReasonTLSRecordBeforeHello},
-		{"alert between two fragments", append(reRecord(clientHello(t, "a.test"), 40)[:45], 0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x00), record.ReasonTLSRecordBeforeHello},
+		{"alert between two fragments", append(tlstest.ReRecord(tlstest.ClientHello(t, "a.test"), 40)[:45], 0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x00), record.ReasonTLSRecordBeforeHello},
 		{"SSLv2-style hello", []byte{0x80, 0x2e, 0x01, 0x00, 0x02, 0x00, 0x15, 0x00, 0x00, 0x00, 0x10}, record.ReasonTLSSSLv2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -160,32 +162,6 @@ func TestTLSDetectionCannotBeSteppedAround(t *testing.T) {
 	}
 }
 
-// TestClassifyStream pins which first bytes make a stream TLS.
-func TestClassifyStream(t *testing.T) {
-	for _, c := range []struct {
-		in   []byte
-		want streamKind
-	}{
-		{nil, streamUnknown},
-		{[]byte("GET / HTTP/1.1"), streamOther},
-		{[]byte{0x13}, streamOther},
-		{[]byte{0x14}, streamTLS},
-		{[]byte{0x15, 0x03}, streamTLS},
-		{[]byte{0x16}, streamTLS},
-		{[]byte{0x17}, streamTLS},
-		{[]byte{0x19}, streamTLS},
-		{[]byte{0x1a}, streamOther},
-		{[]byte{0x80}, streamUnknown},
-		{[]byte{0x80, 0x2e}, streamUnknown},
-		{[]byte{0x80, 0x2e, 0x01}, streamSSLv2},
-		{[]byte{0x80, 0x2e, 0x02}, streamOther},
-	} {
-		if got := classifyStream(c.in); got != c.want {
-			t.Errorf("classifyStream(%x) = %d, want %d", c.in, got, c.want)
-		}
-	}
-}
-
 // sendInPiecesTo is sendInPieces for any target.
 func sendInPiecesTo(t *testing.T, tp *testProxy, target string, data []byte, pieces int) []byte {
 	t.Helper()
@@ -221,7 +197,7 @@ type reRecordConn struct {
 }
 
 func (c *reRecordConn) Write(b []byte) (int, error) {
-	if c.done || len(b) < 5 || b[0] != recordTypeHandshake {
+	if c.done || len(b) < 5 || b[0] != wire.RecordTypeHandshake {
 		return c.Conn.Write(b)
 	}
 	c.done = true
@@ -229,7 +205,7 @@ func (c *reRecordConn) Write(b []byte) (int, error) {
 	if recLen > len(b) {
 		recLen = len(b)
 	}
-	if _, err := c.Conn.Write(reRecord(b[:recLen], c.n)); err != nil {
+	if _, err := c.Conn.Write(tlstest.ReRecord(b[:recLen], c.n)); err != nil {
 		return 0, err
 	}
 	if recLen < len(b) {

@@ -5,7 +5,6 @@ package proxy
 import (
 	"bytes"
 	"crypto/tls"
-	"errors"
 	"io"
 	"net"
 	"strings"
@@ -13,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/tlstest"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/wire"
 )
 
 // retryUpstream is frontedUpstream that accepts only P-256 key shares:
@@ -51,8 +52,6 @@ func readRecord(t *testing.T, r io.Reader) []byte {
 	return rec
 }
 
-var dummyCCS = []byte{recordTypeCCS, 0x03, 0x03, 0x00, 0x01, 0x01}
-
 // TestTLSRetryHelloNameCheck: after a real crypto/tls server's
 // HelloRetryRequest, a hand-made client sends a second ClientHello that
 // does not pass the checks the first passed. Each is refused as the
@@ -64,8 +63,8 @@ func TestTLSRetryHelloNameCheck(t *testing.T) {
 	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: retryUpstream(ca, &received, &handshakes, &retried),
 		configure: func(c *Config) { c.TLSTimeout = time.Second }})
 	tp.dns.set("a.test", 60, "93.184.216.34")
-	first := clientHello(t, "a.test")
-	fronted := clientHello(t, "b.test")
+	first := tlstest.ClientHello(t, "a.test")
+	fronted := tlstest.ClientHello(t, "b.test")
 	cat := func(bs ...[]byte) []byte { return bytes.Join(bs, nil) }
 
 	for _, c := range []struct {
@@ -75,15 +74,15 @@ func TestTLSRetryHelloNameCheck(t *testing.T) {
 		want      record.Reason
 		sni       string
 	}{
-		{"other name", cat(dummyCCS, fronted), false, record.ReasonSNIMismatch, "b.test"},
+		{"other name", cat(tlstest.DummyCCS, fronted), false, record.ReasonSNIMismatch, "b.test"},
 		{"other name without change_cipher_spec", fronted, false, record.ReasonSNIMismatch, "b.test"},
-		{"other name in 1-byte records", cat(dummyCCS, reRecord(fronted, 1)), false, record.ReasonSNIMismatch, "b.test"},
-		{"other name sent before the HelloRetryRequest", cat(dummyCCS, fronted), true, record.ReasonSNIMismatch, "b.test"},
-		{"no name", cat(dummyCCS, clientHello(t, "93.184.216.34")), false, record.ReasonSNIMissing, ""},
+		{"other name in 1-byte records", cat(tlstest.DummyCCS, tlstest.ReRecord(fronted, 1)), false, record.ReasonSNIMismatch, "b.test"},
+		{"other name sent before the HelloRetryRequest", cat(tlstest.DummyCCS, fronted), true, record.ReasonSNIMismatch, "b.test"},
+		{"no name", cat(tlstest.DummyCCS, tlstest.ClientHello(t, "93.184.216.34")), false, record.ReasonSNIMissing, ""},
 		{"alert first", cat([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x5a}, fronted), false, record.ReasonTLSRecordBeforeHello, "a.test"},
-		{"application data first", cat(dummyCCS, []byte{0x17, 0x03, 0x03, 0x00, 0x01, 0x00}, fronted), false, record.ReasonTLSRecordBeforeHello, "a.test"},
-		{"change_cipher_spec between fragments", cat(reRecord(fronted, 40)[:45], dummyCCS, fronted), false, record.ReasonTLSRecordBeforeHello, "a.test"},
-		{"a ServerHello instead", serverHelloRecord(false), false, record.ReasonTLSMalformed, "a.test"},
+		{"application data first", cat(tlstest.DummyCCS, []byte{0x17, 0x03, 0x03, 0x00, 0x01, 0x00}, fronted), false, record.ReasonTLSRecordBeforeHello, "a.test"},
+		{"change_cipher_spec between fragments", cat(tlstest.ReRecord(fronted, 40)[:45], tlstest.DummyCCS, fronted), false, record.ReasonTLSRecordBeforeHello, "a.test"},
+		{"a ServerHello instead", tlstest.ServerHelloRecord(false), false, record.ReasonTLSMalformed, "a.test"},
 		{"silence", nil, false, record.ReasonTLSMalformed, "a.test"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -99,7 +98,7 @@ func TestTLSRetryHelloNameCheck(t *testing.T) {
 			} else {
 				_, _ = conn.Write(first)
 			}
-			if retry, err := ParseServerHello(readRecord(t, br)[5:]); err != nil || !retry {
+			if retry, err := wire.ParseServerHello(readRecord(t, br)[5:]); err != nil || !retry {
 				t.Fatalf("the upstream's answer: retry %v, %v; want a HelloRetryRequest", retry, err)
 			}
 			if !c.pipelined {
@@ -173,14 +172,14 @@ func TestTLSSecondRetryCuts(t *testing.T) {
 	after := make(chan int, 1)
 	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: func(c *net.TCPConn) {
 		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, _, _, err := readClientHello(c, nil, false); err != nil {
+		if _, _, _, err := wire.ReadClientHello(c, nil, false); err != nil {
 			return
 		}
-		_, _ = c.Write(serverHelloRecord(true))
-		if _, _, _, err := readClientHello(c, nil, true); err != nil {
+		_, _ = c.Write(tlstest.ServerHelloRecord(true))
+		if _, _, _, err := wire.ReadClientHello(c, nil, true); err != nil {
 			return
 		}
-		_, _ = c.Write(serverHelloRecord(true))
+		_, _ = c.Write(tlstest.ServerHelloRecord(true))
 		n, _ := io.Copy(io.Discard, c)
 		after <- int(n)
 	}})
@@ -190,10 +189,10 @@ func TestTLSSecondRetryCuts(t *testing.T) {
 		t.Fatal(resp.Status)
 	}
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	_, _ = conn.Write(clientHello(t, "a.test"))
+	_, _ = conn.Write(tlstest.ClientHello(t, "a.test"))
 	readRecord(t, br)
 	// The second ClientHello with a third, fronted one right behind it.
-	_, _ = conn.Write(bytes.Join([][]byte{dummyCCS, clientHello(t, "a.test"), clientHello(t, "b.test")}, nil))
+	_, _ = conn.Write(bytes.Join([][]byte{tlstest.DummyCCS, tlstest.ClientHello(t, "a.test"), tlstest.ClientHello(t, "b.test")}, nil))
 	if got, _ := io.ReadAll(br); len(got) != 0 {
 		t.Fatalf("the client got %x after its second ClientHello, want nothing", got)
 	}
@@ -250,7 +249,7 @@ func TestTLSAlertInsteadOfServerHello(t *testing.T) {
 	alert := []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70} // fatal unrecognized_name
 	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: func(c *net.TCPConn) {
 		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, _, _, err := readClientHello(c, nil, false); err != nil {
+		if _, _, _, err := wire.ReadClientHello(c, nil, false); err != nil {
 			return
 		}
 		_, _ = c.Write(alert)
@@ -263,7 +262,7 @@ func TestTLSAlertInsteadOfServerHello(t *testing.T) {
 		t.Fatal(resp.Status)
 	}
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	_, _ = conn.Write(append(clientHello(t, "a.test"), clientHello(t, "b.test")...))
+	_, _ = conn.Write(append(tlstest.ClientHello(t, "a.test"), tlstest.ClientHello(t, "b.test")...))
 	if got, _ := io.ReadAll(br); !bytes.Equal(got, alert) {
 		t.Fatalf("client got %x, want the upstream's alert", got)
 	}
@@ -272,47 +271,6 @@ func TestTLSAlertInsteadOfServerHello(t *testing.T) {
 	}
 	if ev := tp.event(t); ev.Decision != record.DecisionAllow || !strings.Contains(ev.Detail, "not answer the ClientHello with a ServerHello") {
 		t.Fatalf("event %+v", ev)
-	}
-}
-
-func TestServerHelloRecords(t *testing.T) {
-	hrr, sh := serverHelloRecord(true), serverHelloRecord(false)
-	warn := []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x70}
-	for _, c := range []struct {
-		name  string
-		in    []byte
-		n     int
-		retry bool
-		err   string // "" none, "more" errNeedMore, else a substring
-	}{
-		{"ServerHello", sh, len(sh), false, ""},
-		{"ServerHello and more", append(append([]byte(nil), sh...), 0x17, 0x03, 0x03), len(sh), false, ""},
-		{"HelloRetryRequest", hrr, len(hrr), true, ""},
-		{"HelloRetryRequest, then change_cipher_spec", append(append([]byte(nil), hrr...), dummyCCS...), len(hrr), true, ""},
-		{"HelloRetryRequest in 1-byte records", reRecord(hrr, 1), len(reRecord(hrr, 1)), true, ""},
-		{"change_cipher_spec, then ServerHello", append(append([]byte(nil), dummyCCS...), sh...), len(dummyCCS) + len(sh), false, ""},
-		{"warning alert, then ServerHello", append(append([]byte(nil), warn...), sh...), len(warn) + len(sh), false, ""},
-		{"half a HelloRetryRequest", hrr[:len(hrr)/2], 0, false, "more"},
-		{"fatal alert", []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28}, 0, false, "alert"},
-		{"change_cipher_spec inside the ServerHello", append(append(append([]byte(nil), reRecord(sh, 10)[:15]...), dummyCCS...), reRecord(sh, 10)[15:]...), 0, false, "change_cipher_spec"},
-		{"ClientHello", clientHello(t, "a.test"), 0, false, "not 2"},
-		{"not TLS", []byte("HTTP/1.1 400 Bad Request\r\n"), 0, false, "not TLS"},
-	} {
-		n, retry, err := serverHelloRecords(c.in)
-		switch {
-		case c.err == "more" && !errors.Is(err, errNeedMore),
-			c.err == "" && err != nil,
-			c.err != "" && c.err != "more" && (err == nil || !strings.Contains(err.Error(), c.err)):
-			t.Errorf("%s: error %v, want %q", c.name, err, c.err)
-		case err == nil && (n != c.n || retry != c.retry):
-			t.Errorf("%s: n %d retry %v, want %d %v", c.name, n, retry, c.n, c.retry)
-		}
-	}
-	// A HelloRetryRequest must end its record.
-	rec := append(append([]byte(nil), hrr...), 0x00)
-	rec[4]++
-	if _, _, err := serverHelloRecords(rec); err == nil || !strings.Contains(err.Error(), "after the HelloRetryRequest") {
-		t.Errorf("a HelloRetryRequest with a byte after it in its record: %v", err)
 	}
 }
 
@@ -336,7 +294,7 @@ func TestTLSAfterUpstreamSpokeCuts(t *testing.T) {
 	if b := make([]byte, 2); func() error { _, err := io.ReadFull(br, b); return err }() != nil || string(b) != "hi" {
 		t.Fatalf("the upstream's greeting: %q", b)
 	}
-	_, _ = conn.Write(clientHello(t, "a.test"))
+	_, _ = conn.Write(tlstest.ClientHello(t, "a.test"))
 	_, _ = io.ReadAll(br)
 	if n := <-after; n != 0 {
 		t.Fatalf("%d bytes reached the upstream", n)
@@ -352,7 +310,7 @@ func TestTLSAfterUpstreamSpokeCuts(t *testing.T) {
 func TestTLSSilentUpstreamIsCut(t *testing.T) {
 	held := make(chan struct{})
 	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: func(c *net.TCPConn) {
-		if _, _, _, err := readClientHello(c, nil, false); err != nil {
+		if _, _, _, err := wire.ReadClientHello(c, nil, false); err != nil {
 			return
 		}
 		select { // silent, and open, until the test's end (bounded)
@@ -369,7 +327,7 @@ func TestTLSSilentUpstreamIsCut(t *testing.T) {
 		t.Fatal(resp.Status)
 	}
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	_, _ = conn.Write(clientHello(t, "a.test"))
+	_, _ = conn.Write(tlstest.ClientHello(t, "a.test"))
 	if _, err := io.ReadAll(br); err != nil {
 		t.Fatalf("the tunnel was not cut: %v", err)
 	}

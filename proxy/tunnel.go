@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,7 +35,7 @@ type closeWriter interface {
 // either direction aborts both. Copies between two TCP sockets splice(2)
 // (see relay). There is no idle timeout: keepalives find dead peers, a
 // silent model call lives as long as it needs.
-func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, req *Request, ev *record.Event, fin cleanups) {
+func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, req *wire.Request, ev *record.Event, fin cleanups) {
 	ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
 	var aborted atomic.Bool
 	var first atomic.Pointer[string]       // why the tunnel was cut, if it was
@@ -181,9 +182,9 @@ func watchServerHello(client, up net.Conn, buf []byte, answers chan<- bool) (int
 	var sent int64
 	retried := false
 	for {
-		n, retry, err := serverHelloRecords(buf)
-		if errors.Is(err, errNeedMore) {
-			if len(buf) > 2*maxClientHello {
+		n, retry, err := wire.ServerHelloRecords(buf)
+		if errors.Is(err, wire.ErrNeedMore) {
+			if len(buf) > 2*wire.MaxClientHello {
 				err = errors.New("ServerHello too large")
 			} else {
 				buf = slices.Grow(buf, 4096)
@@ -249,7 +250,7 @@ func waitReadable(c net.Conn) (ready, ok bool) {
 // pipelined bytes; it goes back to the pool once the first bytes passed.
 // In a TLS tunnel the client's bytes after its ClientHello wait for the
 // server's answer (see helloWatch).
-func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *record.Event, w *helloWatch) error {
+func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *wire.Request, ev *record.Event, w *helloWatch) error {
 	first, rest, isTLS, err := p.checkFirstBytes(client, br, entry, req, ev)
 	if err != nil {
 		putReader(br)
@@ -347,15 +348,15 @@ func refuseTLS(client net.Conn, ev *record.Event, err error) error {
 // ClientHello's records and rest what the client sent after them. With
 // require_tls the stream must be TLS. Waiting for them costs no buffer
 // beyond br; only a ClientHello is copied out.
-func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, req *Request, ev *record.Event) (first, rest []byte, isTLS bool, err error) {
+func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, req *wire.Request, ev *record.Event) (first, rest []byte, isTLS bool, err error) {
 	first, err = p.peekFirst(client, br, entry)
 	if err != nil || first == nil {
 		return nil, nil, false, err
 	}
-	switch classifyStream(first) {
-	case streamSSLv2:
+	switch wire.ClassifyStream(first) {
+	case wire.StreamSSLv2:
 		return nil, nil, false, record.Deny(record.ReasonTLSSSLv2, "the first bytes are an SSLv2-style ClientHello, which carries no server name to check against %s", req.Host)
-	case streamOther, streamUnknown: // unknown: the client ended within three bytes
+	case wire.StreamOther, wire.StreamUnknown: // unknown: the client ended within three bytes
 		if entry.RequireTLS {
 			return nil, nil, false, record.Deny(record.ReasonTLSRequired, "require_tls is set for %s and the first bytes are not a TLS ClientHello", entry)
 		}
@@ -365,13 +366,13 @@ func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, 
 	hello := append([]byte(nil), first...)
 	_, _ = br.Discard(len(first))
 	_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
-	hello, n, info, err := readClientHello(br, hello, false)
+	hello, n, info, err := wire.ReadClientHello(br, hello, false)
 	_ = client.SetReadDeadline(time.Time{})
 	if err != nil {
 		return nil, nil, false, tlsRefusal(err, "the first bytes start a TLS record but are not a well-formed ClientHello: ")
 	}
 	ev.SNI = info.ServerName
-	return hello[:n], hello[n:], true, checkSNI(info, req.Host)
+	return hello[:n], hello[n:], true, wire.CheckSNI(info, req.Host)
 }
 
 // checkRetryHello reads the second ClientHello, which the client sends
@@ -379,9 +380,9 @@ func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, 
 // sent before the request arrived), and checks it like the first. It
 // returns its records and what the client sent after them; io.EOF means
 // the client ended without sending anything more.
-func (p *Proxy) checkRetryHello(client net.Conn, br *bufio.Reader, buf []byte, req *Request, ev *record.Event) (hello, rest []byte, err error) {
+func (p *Proxy) checkRetryHello(client net.Conn, br *bufio.Reader, buf []byte, req *wire.Request, ev *record.Event) (hello, rest []byte, err error) {
 	_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
-	buf, n, info, err := readClientHello(br, buf, true)
+	buf, n, info, err := wire.ReadClientHello(br, buf, true)
 	_ = client.SetReadDeadline(time.Time{})
 	if err != nil {
 		if len(buf) == 0 && errors.Is(err, io.EOF) {
@@ -390,7 +391,7 @@ func (p *Proxy) checkRetryHello(client net.Conn, br *bufio.Reader, buf []byte, r
 		return nil, nil, tlsRefusal(err, "after a HelloRetryRequest the client's next handshake message is not a well-formed ClientHello: ")
 	}
 	ev.SNI = info.ServerName
-	if err := checkSNI(info, req.Host); err != nil {
+	if err := wire.CheckSNI(info, req.Host); err != nil {
 		var d *record.Denial
 		if errors.As(err, &d) {
 			d.Detail = "after a HelloRetryRequest, the second ClientHello: " + d.Detail
@@ -433,10 +434,10 @@ func (p *Proxy) peekFirst(client net.Conn, br *bufio.Reader, entry Entry) ([]byt
 		}
 	}
 	first, _ := br.Peek(br.Buffered())
-	if classifyStream(first) == streamUnknown {
+	if wire.ClassifyStream(first) == wire.StreamUnknown {
 		// A high first bit: wait for the rest of a possible SSLv2 header.
 		_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
-		_, err := br.Peek(sslv2HeaderLen)
+		_, err := br.Peek(wire.SSLv2HeaderLen)
 		_ = client.SetReadDeadline(time.Time{})
 		first, _ = br.Peek(br.Buffered())
 		if err != nil && !errors.Is(err, io.EOF) {

@@ -1,4 +1,4 @@
-package proxy
+package wire
 
 import (
 	"encoding/binary"
@@ -15,7 +15,7 @@ import (
 const (
 	recordTypeCCS        = 0x14 // change_cipher_spec, the lowest assigned record type
 	recordTypeAlert      = 0x15
-	recordTypeHandshake  = 0x16
+	RecordTypeHandshake  = 0x16
 	recordTypeAppData    = 0x17
 	recordTypeLast       = 0x19 // tls12_cid (RFC 9146); 0x18 is heartbeat (RFC 6520)
 	recordHeaderLen      = 5
@@ -23,7 +23,7 @@ const (
 	maxRecordPayload     = 1<<14 + 256 // TLSPlaintext limit plus slack some stacks use
 	handshakeClientHello = 1
 	handshakeServerHello = 2
-	maxClientHello       = 64 << 10 // far above real ClientHellos, even with post-quantum key shares
+	MaxClientHello       = 64 << 10 // far above real ClientHellos, even with post-quantum key shares
 	extServerName        = 0
 	extECH               = 0xfe0d
 	sniHostName          = 0
@@ -44,21 +44,21 @@ type ClientHelloInfo struct {
 }
 
 // errNeedMore means the ClientHello is not complete yet.
-var errNeedMore = errors.New("need more bytes")
+var ErrNeedMore = errors.New("need more bytes")
 
 // streamKind is what the first bytes of a tunnel are, as far as the TLS
 // check is concerned.
 type streamKind int
 
 const (
-	streamOther   streamKind = iota // not TLS: forwarded unless require_tls
+	StreamOther   streamKind = iota // not TLS: forwarded unless require_tls
 	streamTLS                       // a TLS record: must open with a ClientHello
-	streamSSLv2                     // an SSLv2-style ClientHello: refused
-	streamUnknown                   // more bytes are needed to tell
+	StreamSSLv2                     // an SSLv2-style ClientHello: refused
+	StreamUnknown                   // more bytes are needed to tell
 )
 
 // sslv2HeaderLen is an SSLv2 two-byte record header and the message type.
-const sslv2HeaderLen = 3
+const SSLv2HeaderLen = 3
 
 // classifyStream decides from the first bytes whether a stream is TLS.
 // Any assigned TLS record type (20-25: change_cipher_spec, alert,
@@ -67,20 +67,20 @@ const sslv2HeaderLen = 3
 // and a fronted ClientHello after it. A first byte with the high bit set
 // is an SSLv2 record header when the third byte is the SSLv2 CLIENT-HELLO
 // message type; such a hello carries no SNI.
-func classifyStream(b []byte) streamKind {
+func ClassifyStream(b []byte) streamKind {
 	switch {
 	case len(b) == 0:
-		return streamUnknown
+		return StreamUnknown
 	case b[0] >= recordTypeCCS && b[0] <= recordTypeLast:
 		return streamTLS
 	case b[0]&0x80 == 0:
-		return streamOther
-	case len(b) < sslv2HeaderLen:
-		return streamUnknown
+		return StreamOther
+	case len(b) < SSLv2HeaderLen:
+		return StreamUnknown
 	case b[2] == handshakeClientHello:
-		return streamSSLv2
+		return StreamSSLv2
 	}
-	return streamOther
+	return StreamOther
 }
 
 // recordTypeName names a record type for a refusal's detail.
@@ -90,7 +90,7 @@ func recordTypeName(t byte) string {
 		return "change_cipher_spec"
 	case recordTypeAlert:
 		return "alert"
-	case recordTypeHandshake:
+	case RecordTypeHandshake:
 		return "handshake"
 	case recordTypeAppData:
 		return "application_data"
@@ -108,17 +108,17 @@ func recordTypeName(t byte) string {
 // records up to the end of the ClientHello, and the parsed hello. retry
 // is for the second ClientHello, after a HelloRetryRequest: the client
 // may send a dummy change_cipher_spec before it (RFC 8446, D.4).
-func readClientHello(r io.Reader, buf []byte, retry bool) ([]byte, int, ClientHelloInfo, error) {
+func ReadClientHello(r io.Reader, buf []byte, retry bool) ([]byte, int, ClientHelloInfo, error) {
 	for {
 		msg, n, err := clientHelloRecords(buf, retry)
 		if err == nil {
 			info, err := ParseClientHello(msg)
 			return buf, n, info, err
 		}
-		if !errors.Is(err, errNeedMore) {
+		if !errors.Is(err, ErrNeedMore) {
 			return buf, 0, ClientHelloInfo{}, err
 		}
-		if len(buf) > 2*maxClientHello { // tiny records may double the size, no more
+		if len(buf) > 2*MaxClientHello { // tiny records may double the size, no more
 			return buf, 0, ClientHelloInfo{}, errors.New("ClientHello too large")
 		}
 		buf = slices.Grow(buf, 2048)
@@ -149,7 +149,7 @@ func clientHelloRecords(b []byte, retry bool) ([]byte, int, error) {
 	}
 	var other *otherRecord
 	if errors.As(err, &other) {
-		if other.typ == recordTypeHandshake {
+		if other.typ == RecordTypeHandshake {
 			return nil, 0, record.Deny(record.ReasonTLSRecordBeforeHello, "an empty TLS handshake record came before the ClientHello was complete")
 		}
 		return nil, 0, record.Deny(record.ReasonTLSRecordBeforeHello, "a TLS %s record came before the ClientHello was complete", recordTypeName(other.typ))
@@ -165,7 +165,7 @@ func clientHelloRecords(b []byte, retry bool) ([]byte, int, error) {
 // alerts (some TLS 1.2 servers warn unrecognized_name first) before it
 // are passed over. A HelloRetryRequest must end its record: the client
 // answers it before the server says more.
-func serverHelloRecords(b []byte) (n int, retry bool, err error) {
+func ServerHelloRecords(b []byte) (n int, retry bool, err error) {
 	skip := func(typ byte, payload []byte) bool {
 		return isDummyCCS(typ, payload) || typ == recordTypeAlert && len(payload) == 2 && payload[0] == alertWarning
 	}
@@ -190,7 +190,7 @@ func isDummyCCS(typ byte, payload []byte) bool {
 type otherRecord struct{ typ byte }
 
 func (e *otherRecord) Error() string {
-	if e.typ == recordTypeHandshake {
+	if e.typ == RecordTypeHandshake {
 		return "an empty TLS handshake record came before the handshake message was complete"
 	}
 	return fmt.Sprintf("a TLS %s record came before the handshake message was complete", recordTypeName(e.typ))
@@ -207,17 +207,17 @@ func handshakeMessage(b []byte, want byte, skip func(typ byte, payload []byte) b
 	for {
 		rest := b[n:]
 		if len(rest) < 1 {
-			return nil, 0, 0, errNeedMore
+			return nil, 0, 0, ErrNeedMore
 		}
 		typ := rest[0]
 		if typ < recordTypeCCS || typ > recordTypeLast {
 			return nil, 0, 0, fmt.Errorf("record type %d is not TLS", typ)
 		}
-		if typ != recordTypeHandshake && (len(msg) > 0 || skip == nil) {
+		if typ != RecordTypeHandshake && (len(msg) > 0 || skip == nil) {
 			return nil, 0, 0, &otherRecord{typ}
 		}
 		if len(rest) < recordHeaderLen {
-			return nil, 0, 0, errNeedMore
+			return nil, 0, 0, ErrNeedMore
 		}
 		if rest[1] != 3 {
 			return nil, 0, 0, fmt.Errorf("record version %d.%d is not TLS", rest[1], rest[2])
@@ -226,12 +226,12 @@ func handshakeMessage(b []byte, want byte, skip func(typ byte, payload []byte) b
 		if l > maxRecordPayload {
 			return nil, 0, 0, fmt.Errorf("record length %d", l)
 		}
-		if typ != recordTypeHandshake || l == 0 {
-			if len(msg) > 0 || typ == recordTypeHandshake {
+		if typ != RecordTypeHandshake || l == 0 {
+			if len(msg) > 0 || typ == RecordTypeHandshake {
 				return nil, 0, 0, &otherRecord{typ}
 			}
 			if len(rest) < recordHeaderLen+l {
-				return nil, 0, 0, errNeedMore
+				return nil, 0, 0, ErrNeedMore
 			}
 			if !skip(typ, rest[recordHeaderLen:recordHeaderLen+l]) {
 				return nil, 0, 0, &otherRecord{typ}
@@ -240,7 +240,7 @@ func handshakeMessage(b []byte, want byte, skip func(typ byte, payload []byte) b
 			continue
 		}
 		if len(rest) < recordHeaderLen+l {
-			return nil, 0, 0, errNeedMore
+			return nil, 0, 0, ErrNeedMore
 		}
 		msg = append(msg, rest[recordHeaderLen:recordHeaderLen+l]...)
 		n += recordHeaderLen + l
@@ -249,7 +249,7 @@ func handshakeMessage(b []byte, want byte, skip func(typ byte, payload []byte) b
 		}
 		if len(msg) >= 4 {
 			ml := int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3])
-			if ml > maxClientHello {
+			if ml > MaxClientHello {
 				return nil, 0, 0, fmt.Errorf("handshake message of %d bytes", ml)
 			}
 			if len(msg) >= 4+ml {
@@ -370,14 +370,14 @@ func parseSNI(data cursor) (string, error) {
 	// so that no other byte reaches a record as the SNI.
 	for i := 0; i < len(name); i++ {
 		if name[i] <= ' ' || name[i] >= 0x7f {
-			return "", fmt.Errorf("server_name %+q is not an ASCII host name", truncate(name))
+			return "", fmt.Errorf("server_name %+q is not an ASCII host name", Truncate(name))
 		}
 	}
 	return name, nil
 }
 
 // checkSNI compares the ClientHello's name with the CONNECT host.
-func checkSNI(info ClientHelloInfo, host string) error {
+func CheckSNI(info ClientHelloInfo, host string) error {
 	if info.ECH {
 		return record.Deny(record.ReasonTLSECH, "the ClientHello is encrypted (ECH), so its real server name cannot be checked against %s", host)
 	}
@@ -386,7 +386,7 @@ func checkSNI(info ClientHelloInfo, host string) error {
 	}
 	sni := strings.ToLower(strings.TrimSuffix(info.ServerName, "."))
 	if sni != host {
-		return record.Deny(record.ReasonSNIMismatch, "the ClientHello names %q but the tunnel is to %s", truncate(info.ServerName), host)
+		return record.Deny(record.ReasonSNIMismatch, "the ClientHello names %q but the tunnel is to %s", Truncate(info.ServerName), host)
 	}
 	return nil
 }

@@ -1,4 +1,9 @@
-package proxy
+// Package wire parses what a Trial's client sends the proxy and what
+// an upstream answers, strictly and within fixed bounds: the CONNECT
+// request and its head, a forwarded request's HTTP head, and the TLS
+// ClientHello and ServerHello the proxy checks names in. Every refusal
+// is a *record.Denial with its reason.
+package wire
 
 import (
 	"bufio"
@@ -65,11 +70,11 @@ func readHead(br *bufio.Reader) (*head, error) {
 	}
 	// A request line is ASCII (a name travels as punycode): refused here,
 	// no other byte reaches a record or a terminal as a method or target.
-	if !isASCII(target) {
-		return nil, record.Deny(record.ReasonBadTarget, "non-ASCII target %+q: send the name in its ASCII (punycode) form", truncate(target))
+	if !IsASCII(target) {
+		return nil, record.Deny(record.ReasonBadTarget, "non-ASCII target %+q: send the name in its ASCII (punycode) form", Truncate(target))
 	}
-	if !isASCII(method) || !isASCII(version) {
-		return nil, record.Deny(record.ReasonBadRequest, "non-ASCII request line %+q", truncate(line))
+	if !IsASCII(method) || !IsASCII(version) {
+		return nil, record.Deny(record.ReasonBadRequest, "non-ASCII request line %+q", Truncate(line))
 	}
 	h := &head{method: method, target: target, version: version}
 	sawHost, fields := false, 0
@@ -117,14 +122,14 @@ func ReadRequest(br *bufio.Reader) (*Request, error) {
 	}
 	for _, v := range h.contentLength {
 		if v != "0" {
-			return req, record.Deny(record.ReasonBadRequest, "a CONNECT request cannot carry a body (Content-Length: %q)", truncate(v))
+			return req, record.Deny(record.ReasonBadRequest, "a CONNECT request cannot carry a body (Content-Length: %q)", Truncate(v))
 		}
 	}
 	if len(h.transferEncoding) > 0 {
 		return req, record.Deny(record.ReasonBadRequest, "a CONNECT request cannot carry a body (Transfer-Encoding)")
 	}
 	if h.method != "CONNECT" {
-		return req, record.Deny(record.ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", truncate(h.method), forwardedMethodList)
+		return req, record.Deny(record.ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", Truncate(h.method), forwardedMethodList)
 	}
 	if err := checkVersion(h.version); err != nil {
 		return req, err
@@ -140,7 +145,7 @@ func ReadRequest(br *bufio.Reader) (*Request, error) {
 
 func checkVersion(v string) error {
 	if v != "HTTP/1.1" && v != "HTTP/1.0" {
-		return record.Deny(record.ReasonBadVersion, "version %q: use HTTP/1.1", truncate(v))
+		return record.Deny(record.ReasonBadVersion, "version %q: use HTTP/1.1", Truncate(v))
 	}
 	return nil
 }
@@ -153,7 +158,7 @@ func checkHostField(host string, req *Request) error {
 	}
 	hh, hp, err := splitHostHeader(host)
 	if err != nil || hh != req.Host || (hp != 0 && hp != req.Port) {
-		return record.Deny(record.ReasonBadRequest, "Host header %q differs from the target %q", truncate(host), req.HostPort())
+		return record.Deny(record.ReasonBadRequest, "Host header %q differs from the target %q", Truncate(host), req.HostPort())
 	}
 	return nil
 }
@@ -206,7 +211,7 @@ func parseHeader(h string) (name, value string, err error) {
 	}
 	for i := 0; i < len(name); i++ {
 		if !isTokenChar(name[i]) {
-			return "", "", record.Deny(record.ReasonBadRequest, "invalid character in header name %q", truncate(name))
+			return "", "", record.Deny(record.ReasonBadRequest, "invalid character in header name %q", Truncate(name))
 		}
 	}
 	return name, strings.Trim(value, " \t"), nil
@@ -220,13 +225,13 @@ func isTokenChar(c byte) bool {
 func splitHostHeader(h string) (string, uint16, error) {
 	host, port := h, uint16(0)
 	if i := strings.LastIndexByte(h, ':'); i >= 0 {
-		p, err := parsePort(h[i+1:])
+		p, err := ParsePort(h[i+1:])
 		if err != nil {
 			return "", 0, err
 		}
 		host, port = h[:i], p
 	}
-	n, err := normaliseName(host)
+	n, err := NormaliseName(host)
 	return n, port, err
 }
 
@@ -248,47 +253,47 @@ func ParseTarget(target string) (string, uint16, error) {
 		}
 	}
 	if target[0] == '[' {
-		return "", 0, record.Deny(record.ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", truncate(target))
+		return "", 0, record.Deny(record.ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", Truncate(target))
 	}
 	if h, _, ok := strings.Cut(target, "%"); ok && strings.Count(h, ":") >= 2 {
-		return "", 0, record.Deny(record.ReasonIPLiteral, "target %q is an IPv6 literal with a zone; only names on the allowlist are tunnelled", truncate(target))
+		return "", 0, record.Deny(record.ReasonIPLiteral, "target %q is an IPv6 literal with a zone; only names on the allowlist are tunnelled", Truncate(target))
 	}
 	if strings.Contains(target, "://") || target[0] == '/' || target == "*" {
-		return "", 0, record.Deny(record.ReasonBadTarget, "target %q is a URL; CONNECT takes host:port", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q is a URL; CONNECT takes host:port", Truncate(target))
 	}
 	if i := strings.IndexAny(target, "@/?#%\\"); i >= 0 {
 		what := map[byte]string{'@': "userinfo", '/': "a path", '?': "a query", '#': "a fragment", '%': "percent-encoding", '\\': "a backslash"}[target[i]]
-		return "", 0, record.Deny(record.ReasonBadTarget, "target %q contains %s; CONNECT takes host:port", truncate(target), what)
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q contains %s; CONNECT takes host:port", Truncate(target), what)
 	}
 	i := strings.LastIndexByte(target, ':')
 	if i < 0 {
-		return "", 0, record.Deny(record.ReasonBadPort, "target %q has no port; use host:port", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadPort, "target %q has no port; use host:port", Truncate(target))
 	}
 	host, portStr := target[:i], target[i+1:]
 	if strings.IndexByte(host, ':') >= 0 {
 		if _, err := netip.ParseAddr(host); err == nil || strings.Count(target, ":") > 2 {
-			return "", 0, record.Deny(record.ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", truncate(target))
+			return "", 0, record.Deny(record.ReasonIPLiteral, "target %q is an IPv6 literal; only names on the allowlist are tunnelled", Truncate(target))
 		}
-		return "", 0, record.Deny(record.ReasonBadTarget, "target %q has more than one ':'", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q has more than one ':'", Truncate(target))
 	}
-	name, err := normaliseName(host)
+	name, err := NormaliseName(host)
 	if err != nil {
 		return "", 0, err
 	}
-	port, err := parsePort(portStr)
+	port, err := ParsePort(portStr)
 	if err != nil {
 		return "", 0, err
 	}
 	return name, port, nil
 }
 
-func parsePort(s string) (uint16, error) {
+func ParsePort(s string) (uint16, error) {
 	if s == "" || len(s) > 5 || s[0] == '0' {
-		return 0, record.Deny(record.ReasonBadPort, "port %q: want a decimal number in 1-65535 without leading zeros", truncate(s))
+		return 0, record.Deny(record.ReasonBadPort, "port %q: want a decimal number in 1-65535 without leading zeros", Truncate(s))
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
-			return 0, record.Deny(record.ReasonBadPort, "port %q: want a decimal number in 1-65535", truncate(s))
+			return 0, record.Deny(record.ReasonBadPort, "port %q: want a decimal number in 1-65535", Truncate(s))
 		}
 	}
 	n, _ := strconv.Atoi(s)
@@ -301,20 +306,20 @@ func parsePort(s string) (uint16, error) {
 // normaliseName lower-cases a DNS name, drops one trailing dot, and checks
 // it is a well-formed ASCII host name that is not an IP address in any
 // spelling the C library, browsers or Go would accept.
-func normaliseName(s string) (string, error) {
+func NormaliseName(s string) (string, error) {
 	if s == "" {
 		return "", record.Deny(record.ReasonBadTarget, "empty host name")
 	}
 	name := strings.ToLower(strings.TrimSuffix(s, "."))
 	if isIPLiteral(name) {
-		return "", record.Deny(record.ReasonIPLiteral, "%q is an IP address; only names on the allowlist are tunnelled", truncate(s))
+		return "", record.Deny(record.ReasonIPLiteral, "%q is an IP address; only names on the allowlist are tunnelled", Truncate(s))
 	}
 	if name == "" || len(name) > maxNameLength {
-		return "", record.Deny(record.ReasonBadTarget, "host name %q is empty or longer than %d bytes", truncate(s), maxNameLength)
+		return "", record.Deny(record.ReasonBadTarget, "host name %q is empty or longer than %d bytes", Truncate(s), maxNameLength)
 	}
 	for _, label := range strings.Split(name, ".") {
 		if err := checkLabel(label); err != nil {
-			return "", record.Deny(record.ReasonBadTarget, "host name %q: %s", truncate(s), err)
+			return "", record.Deny(record.ReasonBadTarget, "host name %q: %s", Truncate(s), err)
 		}
 	}
 	return name, nil
@@ -364,7 +369,7 @@ func isIPLiteral(h string) bool {
 	return strings.Trim(last, "0123456789") == ""
 }
 
-func isASCII(s string) bool {
+func IsASCII(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] >= 0x80 {
 			return false
@@ -373,7 +378,7 @@ func isASCII(s string) bool {
 	return true
 }
 
-func truncate(s string) string {
+func Truncate(s string) string {
 	if len(s) > 80 {
 		return s[:80] + "…"
 	}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package wire
 
 import (
 	"bufio"
@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trialnet/trialnet/internal/tlstest"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -22,7 +23,7 @@ func FuzzParseRequest(f *testing.F) {
 		req, err := ReadRequest(bufio.NewReader(bytes.NewReader(data)))
 		// What reaches a record as the method or target is ASCII,
 		// refused or not (terminal controls stay out of it).
-		if req != nil && !isASCII(req.Method+req.Target+req.Version) {
+		if req != nil && !IsASCII(req.Method+req.Target+req.Version) {
 			t.Fatalf("non-ASCII request line parsed: %+q", req.Method+" "+req.Target+" "+req.Version)
 		}
 		if err != nil {
@@ -59,7 +60,7 @@ func FuzzClientHello(f *testing.F) {
 	f.Add([]byte{0x15, 0x03, 0x01, 0x00, 0x02, 0x01, 0x5a, 0x16, 0x03, 0x01, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00})
 	f.Add([]byte{0x80, 0x2e, 0x01, 0x00, 0x02})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		kind := classifyStream(data)
+		kind := ClassifyStream(data)
 		if len(data) > 0 && data[0] >= 0x14 && data[0] <= 0x17 && kind != streamTLS {
 			t.Fatalf("first byte %#x is a TLS record type but the stream is not TLS", data[0])
 		}
@@ -71,7 +72,7 @@ func FuzzClientHello(f *testing.F) {
 			return
 		}
 		// Only handshake records carry a ClientHello.
-		if data[0] != recordTypeHandshake {
+		if data[0] != RecordTypeHandshake {
 			t.Fatalf("a ClientHello was assembled from a stream starting %#x", data[0])
 		}
 		info, err := ParseClientHello(msg)
@@ -80,7 +81,7 @@ func FuzzClientHello(f *testing.F) {
 		}
 		if info.ServerName != "" {
 			// Whatever name was parsed, only the exact CONNECT host passes.
-			if checkSNI(info, "api.example.com") == nil && !info.ECH &&
+			if CheckSNI(info, "api.example.com") == nil && !info.ECH &&
 				strings.ToLower(strings.TrimSuffix(info.ServerName, ".")) != "api.example.com" {
 				t.Fatalf("SNI %q passed as api.example.com", info.ServerName)
 			}
@@ -89,12 +90,12 @@ func FuzzClientHello(f *testing.F) {
 }
 
 func FuzzServerHello(f *testing.F) {
-	f.Add(serverHelloRecord(false))
-	f.Add(append(reRecord(serverHelloRecord(true), 7), 0x14, 0x03, 0x03, 0x00, 0x01, 0x01))
-	f.Add(append([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x70}, serverHelloRecord(false)...))
+	f.Add(tlstest.ServerHelloRecord(false))
+	f.Add(append(tlstest.ReRecord(tlstest.ServerHelloRecord(true), 7), 0x14, 0x03, 0x03, 0x00, 0x01, 0x01))
+	f.Add(append([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x70}, tlstest.ServerHelloRecord(false)...))
 	f.Add([]byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		n, retry, err := serverHelloRecords(data)
+		n, retry, err := ServerHelloRecords(data)
 		if err != nil {
 			return
 		}
@@ -103,7 +104,7 @@ func FuzzServerHello(f *testing.F) {
 		}
 		// The verdict rests on the records up to n alone: what follows
 		// (the client's next flight has not even been sent) cannot change it.
-		if m, r, err := serverHelloRecords(data[:n]); err != nil || m != n || r != retry {
+		if m, r, err := ServerHelloRecords(data[:n]); err != nil || m != n || r != retry {
 			t.Fatalf("on its own records: %d %v %v, want %d %v", m, r, err, n, retry)
 		}
 	})
@@ -112,15 +113,15 @@ func FuzzServerHello(f *testing.F) {
 // FuzzRetryClientHello: before the second ClientHello only dummy
 // change_cipher_spec records are passed over.
 func FuzzRetryClientHello(f *testing.F) {
-	f.Add(append([]byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x01}, clientHello(f, "api.example.com")...))
-	f.Add(append([]byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x02}, clientHello(f, "api.example.com")...))
+	f.Add(append([]byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x01}, tlstest.ClientHello(f, "api.example.com")...))
+	f.Add(append([]byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x02}, tlstest.ClientHello(f, "api.example.com")...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, n, err := clientHelloRecords(data, true)
 		if err != nil {
 			return
 		}
 		b := data[:n]
-		for b[0] != recordTypeHandshake {
+		for b[0] != RecordTypeHandshake {
 			if len(b) < 6 || !isDummyCCS(b[0], b[5:6]) || b[3] != 0 || b[4] != 1 {
 				t.Fatalf("record %x passed over before a ClientHello", b[:min(6, len(b))])
 			}
@@ -128,28 +129,6 @@ func FuzzRetryClientHello(f *testing.F) {
 		}
 		if _, _, err := clientHelloRecords(b, false); err != nil {
 			t.Fatalf("without the change_cipher_spec records the ClientHello fails: %v", err)
-		}
-	})
-}
-
-func FuzzGuard(f *testing.F) {
-	f.Add(netip.MustParseAddr("::ffff:127.0.0.1").AsSlice())
-	g := NewGuard(nil, nil)
-	f.Fuzz(func(t *testing.T, b []byte) {
-		a, ok := netip.AddrFromSlice(b)
-		if !ok {
-			return
-		}
-		if g.Check(a) != nil {
-			return
-		}
-		// An allowed address, and every IPv4 address it carries, is
-		// globally routable unicast by netip's own predicates too.
-		for _, x := range append([]netip.Addr{a.Unmap()}, embedded4(a.Unmap())...) {
-			if x.IsLoopback() || x.IsPrivate() || x.IsUnspecified() || x.IsMulticast() ||
-				x.IsLinkLocalUnicast() || x.IsLinkLocalMulticast() || x.IsInterfaceLocalMulticast() || !x.IsGlobalUnicast() {
-				t.Fatalf("%s allowed but %s is not global unicast", a, x)
-			}
 		}
 	})
 }
@@ -163,7 +142,7 @@ func FuzzHTTPHead(f *testing.F) {
 		if end == 0 {
 			return
 		}
-		req, err := parseHTTPHead(data[:end])
+		req, err := ParseHTTPHead(data[:end])
 		if err != nil {
 			if record.ReasonOf(err) == "" {
 				t.Fatalf("refusal without a reason: %v", err)

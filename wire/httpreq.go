@@ -1,4 +1,4 @@
-package proxy
+package wire
 
 import (
 	"bufio"
@@ -22,7 +22,7 @@ const forwardedMethodList = "GET, HEAD, POST, PUT, PATCH, DELETE and OPTIONS"
 
 // errClientDone is a keep-alive connection that ended cleanly between
 // requests.
-var errClientDone = errors.New("client closed the connection between requests")
+var ErrClientDone = errors.New("client closed the connection between requests")
 
 // peekHead waits until r holds a whole request head (up to and including
 // its empty line) and returns it without consuming it, so that the
@@ -30,7 +30,7 @@ var errClientDone = errors.New("client closed the connection between requests")
 // head over MaxHeaderBytes, one that does not arrive before the read
 // deadline, and a connection ending inside it are refusals; a connection
 // ending before any byte is errClientDone.
-func peekHead(r *bufio.Reader) ([]byte, error) {
+func PeekHead(r *bufio.Reader) ([]byte, error) {
 	for {
 		b, _ := r.Peek(r.Buffered())
 		if i := headEnd(b); i > 0 {
@@ -45,7 +45,7 @@ func peekHead(r *bufio.Reader) ([]byte, error) {
 			case errors.As(err, &ne) && ne.Timeout():
 				return nil, &record.Denial{Reason: record.ReasonHeaderTimeout, Detail: "the request head did not arrive in time", Err: err}
 			case len(b) == 0 && (errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)):
-				return nil, errClientDone
+				return nil, ErrClientDone
 			case errors.Is(err, io.EOF):
 				return nil, &record.Denial{Reason: record.ReasonBadRequest, Detail: "the connection closed before the request head ended", Err: err}
 			}
@@ -76,7 +76,7 @@ func headEnd(b []byte) int {
 // Content-Length and Transfer-Encoding, more than one Content-Length, a
 // Content-Length that is not a plain decimal, or any Transfer-Encoding
 // but a single "chunked" on HTTP/1.1.
-func parseHTTPHead(raw []byte) (*Request, error) {
+func ParseHTTPHead(raw []byte) (*Request, error) {
 	h, err := readHead(bufio.NewReader(bytes.NewReader(raw)))
 	if h == nil {
 		return nil, err
@@ -89,7 +89,7 @@ func parseHTTPHead(raw []byte) (*Request, error) {
 		return req, record.Deny(record.ReasonBadRequest, "CONNECT after a forwarded request on the same connection; open a new connection to tunnel")
 	}
 	if !forwardedMethods[h.method] {
-		return req, record.Deny(record.ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", truncate(h.method), forwardedMethodList)
+		return req, record.Deny(record.ReasonMethodNotAllowed, "method %q: this proxy tunnels with CONNECT host:port and forwards %s with an http:// URL", Truncate(h.method), forwardedMethodList)
 	}
 	if err := checkVersion(h.version); err != nil {
 		return req, err
@@ -109,17 +109,17 @@ func parseAbsoluteTarget(target string) (string, uint16, error) {
 	scheme, rest, ok := strings.Cut(target, "://")
 	switch {
 	case ok && strings.EqualFold(scheme, "https"):
-		return "", 0, record.Deny(record.ReasonHTTPSNeedsConnect, "%q is an https:// URL: send CONNECT %s and speak TLS through the tunnel (set HTTPS_PROXY, not only HTTP_PROXY)", truncate(target), truncate(authorityOf(rest)))
+		return "", 0, record.Deny(record.ReasonHTTPSNeedsConnect, "%q is an https:// URL: send CONNECT %s and speak TLS through the tunnel (set HTTPS_PROXY, not only HTTP_PROXY)", Truncate(target), Truncate(authorityOf(rest)))
 	case !ok || !strings.EqualFold(scheme, "http"):
-		return "", 0, record.Deny(record.ReasonBadTarget, "target %q: a proxy forwards only absolute-form http://host[:port]/path (or tunnels with CONNECT host:port)", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q: a proxy forwards only absolute-form http://host[:port]/path (or tunnels with CONNECT host:port)", Truncate(target))
 	}
 	// readHead refused non-ASCII already.
 	if strings.IndexByte(target, '#') >= 0 {
-		return "", 0, record.Deny(record.ReasonBadTarget, "target %q holds a fragment", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q holds a fragment", Truncate(target))
 	}
 	authority := authorityOf(rest)
 	if path := rest[len(authority):]; path != "" && path[0] != '/' && path[0] != '?' {
-		return "", 0, record.Deny(record.ReasonBadTarget, "target %q: the path must start with '/'", truncate(target))
+		return "", 0, record.Deny(record.ReasonBadTarget, "target %q: the path must start with '/'", Truncate(target))
 	}
 	if authority != "" && authority[0] != '[' && !strings.Contains(authority, ":") {
 		authority += ":80"
@@ -145,7 +145,7 @@ func checkFraming(h *head) error {
 	if len(h.contentLength) == 1 {
 		v := h.contentLength[0]
 		if v == "" || len(v) > 18 || strings.Trim(v, "0123456789") != "" {
-			return record.Deny(record.ReasonBadRequest, "Content-Length %q is not a decimal number", truncate(v))
+			return record.Deny(record.ReasonBadRequest, "Content-Length %q is not a decimal number", Truncate(v))
 		}
 	}
 	if len(h.transferEncoding) > 0 {
@@ -153,7 +153,7 @@ func checkFraming(h *head) error {
 			return record.Deny(record.ReasonBadRequest, "Transfer-Encoding in an %s request", h.version)
 		}
 		if len(h.transferEncoding) > 1 || !strings.EqualFold(h.transferEncoding[0], "chunked") {
-			return record.Deny(record.ReasonBadRequest, "Transfer-Encoding %q: only a single \"chunked\" is forwarded", truncate(strings.Join(h.transferEncoding, ", ")))
+			return record.Deny(record.ReasonBadRequest, "Transfer-Encoding %q: only a single \"chunked\" is forwarded", Truncate(strings.Join(h.transferEncoding, ", ")))
 		}
 	}
 	return nil
