@@ -12,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/ident"
 )
 
@@ -32,7 +33,7 @@ type File struct {
 	Retention Retention `yaml:"retention"`
 
 	cidrs []netip.Prefix
-	facts HostFacts
+	facts guard.HostFacts
 }
 
 // Paths are where the agent keeps its pieces; empty means the default.
@@ -136,7 +137,7 @@ func (f *File) validate() error {
 		}
 	}
 	for _, s := range f.AllowCIDRs {
-		p, err := CheckAllowCIDR(s)
+		p, err := guard.CheckAllowCIDR(s)
 		if err != nil {
 			return err
 		}
@@ -189,8 +190,8 @@ func (f *File) Nested(profiles []string) bool {
 func (f *File) CIDRs() []netip.Prefix { return slices.Clone(f.cidrs) }
 
 // HostFacts returns the validated host addresses and NAT64 prefixes.
-func (f *File) HostFacts() HostFacts {
-	return HostFacts{Addrs: slices.Clone(f.facts.Addrs), NAT64: slices.Clone(f.facts.NAT64)}
+func (f *File) HostFacts() guard.HostFacts {
+	return guard.HostFacts{Addrs: slices.Clone(f.facts.Addrs), NAT64: slices.Clone(f.facts.NAT64)}
 }
 
 // ProfileNames lists the profiles, sorted.

@@ -192,3 +192,17 @@ func TestAllowlistEntryProfile(t *testing.T) {
 		}
 	}
 }
+
+// Host facts in the config file are checked as the guard checks them.
+func TestConfigHostFacts(t *testing.T) {
+	if _, err := ParseFile([]byte("host_addresses: [203.0.113.9/32]\nnat64_prefixes: [\"2a01:4f8::/33\"]\n")); err == nil || !strings.Contains(err.Error(), "RFC 6052") {
+		t.Fatalf("a /33 NAT64 prefix: %v", err)
+	}
+	f, err := ParseFile([]byte("host_addresses: [203.0.113.9/32, \"2a01:4f8::9/128\"]\nnat64_prefixes: [\"2a01:4f8:64::/96\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hf := f.HostFacts(); len(hf.Addrs) != 2 || len(hf.NAT64) != 1 {
+		t.Fatalf("read %+v", hf)
+	}
+}

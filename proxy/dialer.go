@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -32,7 +33,7 @@ type NetDialer struct {
 }
 
 // NewNetDialer returns a dialer whose sockets are re-checked by g.
-func NewNetDialer(g *Guard) *NetDialer {
+func NewNetDialer(g *guard.Guard) *NetDialer {
 	return &NetDialer{d: net.Dialer{
 		KeepAliveConfig: keepalive,
 		Control: func(network, address string, _ syscall.RawConn) error {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -229,7 +230,7 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 	}
 	var cidrs []netip.Prefix
 	for _, c := range o.cidrs {
-		p, err := CheckAllowCIDR(c)
+		p, err := guard.CheckAllowCIDR(c)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
@@ -23,7 +24,7 @@ import (
 func TestPrivilegedHostAddrsFollowChanges(t *testing.T) {
 	_, h, nh, lo := namespaceOfItsOwn(t, "proxyaddrs")
 	ctx, cancel := context.WithCancel(context.Background())
-	watch, err := WatchHostAddrs(ctx, h)
+	watch, err := guard.WatchHostAddrs(ctx, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +32,7 @@ func TestPrivilegedHostAddrsFollowChanges(t *testing.T) {
 	if ok, _ := watch.Contains(netip.MustParseAddr("127.0.0.1")); !ok {
 		t.Fatalf("initial list misses lo's 127.0.0.1: %v", watch.Addrs())
 	}
-	g := NewGuard(nil, watch)
+	g := guard.New(nil, watch)
 	for _, s := range []string{"93.184.216.77/32", "2a00:1450::77/128"} {
 		a, _ := netlink.ParseAddr(s)
 		a.Flags = unix.IFA_F_NODAD
@@ -107,7 +108,7 @@ func TestNetDialerControlRechecks(t *testing.T) {
 			_ = c.Close()
 		}
 	}()
-	d := NewNetDialer(NewGuard(nil, nil))
+	d := NewNetDialer(guard.New(nil, nil))
 	ap := netip.MustParseAddrPort(ln.Addr().String())
 	for _, a := range []netip.AddrPort{ap, netip.AddrPortFrom(netip.MustParseAddr("::ffff:127.0.0.1"), ap.Port())} {
 		c, err := d.Dial(context.Background(), a)
@@ -175,7 +176,7 @@ func TestPrivilegedHostAddrsLocalRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	watch, err := WatchHostAddrs(ctx, h)
+	watch, err := guard.WatchHostAddrs(ctx, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +184,7 @@ func TestPrivilegedHostAddrsLocalRoutes(t *testing.T) {
 	if ok, _ := watch.Contains(netip.MustParseAddr("198.51.100.200")); !ok {
 		t.Fatal("a local route in table 100, there before the watch, is not in the set")
 	}
-	g := NewGuard(nil, watch)
+	g := guard.New(nil, watch)
 	for _, c := range []struct{ cidr, addr string }{{"93.184.216.0/24", "93.184.216.9"}, {"2a00:1450:4001::/64", "2a00:1450:4001::9"}} {
 		ip := netip.MustParseAddr(c.addr)
 		if err := g.Check(ip); err != nil {

@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/ratelimit"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/wire"
@@ -46,10 +47,10 @@ type Config struct {
 	AllowCIDRs []netip.Prefix
 	// HostFacts are what the guard cannot learn from this host (see
 	// HostFacts); validate them with HostFacts.Check.
-	HostFacts HostFacts
+	HostFacts guard.HostFacts
 	// HostAddrs is the host's own address set; nil watches this host's
 	// namespace with netlink for the life of the Proxy.
-	HostAddrs AddrSet
+	HostAddrs guard.AddrSet
 	// Resolver resolves allowed names; nil: NewDNSResolver(nil), the
 	// host's resolv.conf servers.
 	Resolver Resolver
@@ -78,7 +79,7 @@ type Proxy struct {
 	cfg      Config
 	log      *slog.Logger
 	stop     context.CancelFunc
-	hostAddr *HostAddrs
+	hostAddr *guard.HostAddrs
 
 	// cur is what a Trial added now is served with; Reconfigure swaps it.
 	cur      atomic.Pointer[settings]
@@ -113,7 +114,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	host := cfg.HostAddrs
 	if host == nil {
-		h, err := WatchHostAddrs(ctx, vns.None())
+		h, err := guard.WatchHostAddrs(ctx, vns.None())
 		if err != nil {
 			stop()
 			return nil, err
@@ -130,7 +131,7 @@ func New(cfg Config) (*Proxy, error) {
 		resolver = r
 	}
 	p.maxConns.Store(int64(cfg.MaxConnections))
-	g := NewGuard(cfg.AllowCIDRs, host)
+	g := guard.New(cfg.AllowCIDRs, host)
 	g.SetHostFacts(cfg.HostFacts)
 	p.cur.Store(p.settingsFor(g, resolver, cfg.Limits))
 	return p, nil
@@ -140,13 +141,13 @@ func New(cfg Config) (*Proxy, error) {
 // when it is added, so that a reconfiguration applies to Trials added
 // afterwards and never changes a live Trial's policy.
 type settings struct {
-	guard    *Guard
+	guard    *guard.Guard
 	resolver Resolver
 	dialer   Dialer
 	limits   Limits // the defaults, for a Trial without its own
 }
 
-func (p *Proxy) settingsFor(g *Guard, r Resolver, lim Limits) *settings {
+func (p *Proxy) settingsFor(g *guard.Guard, r Resolver, lim Limits) *settings {
 	d := p.cfg.Dialer
 	if d == nil {
 		d = NewNetDialer(g)
@@ -160,7 +161,7 @@ type Settings struct {
 	AllowCIDRs []netip.Prefix
 	// HostFacts replace the host facts, for live Trials too: they only
 	// say where this host is.
-	HostFacts HostFacts
+	HostFacts guard.HostFacts
 	// Resolver replaces the resolver; nil keeps the current one.
 	Resolver Resolver
 	// Limits replace the per-Trial defaults; zero fields take the defaults.
@@ -190,7 +191,7 @@ func (p *Proxy) Reconfigure(s Settings) {
 }
 
 // Guard returns the address guard of Trials added now.
-func (p *Proxy) Guard() *Guard { return p.cur.Load().guard }
+func (p *Proxy) Guard() *guard.Guard { return p.cur.Load().guard }
 
 // DefaultLimits are the limits of Trials added now without their own.
 func (p *Proxy) DefaultLimits() Limits { return p.cur.Load().limits }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 )
@@ -105,7 +106,7 @@ func (c *configFlags) load() (*proxy.File, []netip.Prefix, error) {
 	}
 	var cidrs []netip.Prefix
 	for _, s := range c.cidrs {
-		p, err := proxy.CheckAllowCIDR(s)
+		p, err := guard.CheckAllowCIDR(s)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -1,4 +1,9 @@
-package proxy
+// Package guard decides which addresses the proxy may dial: never
+// loopback, this host's own addresses (interfaces and local routes,
+// watched live over netlink), metadata endpoints, or private, reserved
+// and link-local ranges unless allowed, seen through IPv4-mapped, NAT64
+// and other embeddings.
+package guard
 
 import (
 	"fmt"
@@ -225,10 +230,10 @@ type proxyAddrs struct {
 	m  map[netip.Addr]struct{}
 }
 
-// NewGuard returns a guard allowing the given CIDRs in addition to public
+// New returns a guard allowing the given CIDRs in addition to public
 // addresses. host is the host's own address set (nil: no host check,
 // for tests only; production passes WatchHostAddrs).
-func NewGuard(allow []netip.Prefix, host AddrSet) *Guard {
+func New(allow []netip.Prefix, host AddrSet) *Guard {
 	g := &Guard{allow: allow, host: host, proxy: &proxyAddrs{m: make(map[netip.Addr]struct{})}, facts: new(atomic.Pointer[HostFacts])}
 	g.facts.Store(&HostFacts{})
 	return g

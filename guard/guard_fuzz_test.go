@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package guard
 
 import (
 	"net/netip"
@@ -9,7 +9,7 @@ import (
 
 func FuzzGuard(f *testing.F) {
 	f.Add(netip.MustParseAddr("::ffff:127.0.0.1").AsSlice())
-	g := NewGuard(nil, nil)
+	g := New(nil, nil)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, ok := netip.AddrFromSlice(b)
 		if !ok {
