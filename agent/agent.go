@@ -24,6 +24,7 @@ import (
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -57,7 +58,7 @@ type AgentConfig struct {
 	Logger     *slog.Logger
 	// Resolver, if set, replaces the DNS resolver (tests point it at an
 	// in-process server through Resolvers instead; this is for embedding).
-	Resolver proxy.Resolver
+	Resolver resolve.Resolver
 	// ConfigPath is the file File was read from, which Reload reads
 	// again; empty: Reload refuses.
 	ConfigPath string

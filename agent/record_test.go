@@ -21,13 +21,14 @@ import (
 
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 )
 
 // oneAddr resolves every name to one public address.
 type oneAddr netip.Addr
 
-func (a oneAddr) Resolve(context.Context, string) (proxy.Answer, error) {
-	return proxy.Answer{Addrs: []netip.Addr{netip.Addr(a)}}, nil
+func (a oneAddr) Resolve(context.Context, string) (resolve.Answer, error) {
+	return resolve.Answer{Addrs: []netip.Addr{netip.Addr(a)}}, nil
 }
 
 // toUpstream connects every checked address to one local upstream.
@@ -245,7 +246,7 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 // with r, dialing an echo upstream) serving Trial id alone, under allow
 // and lim, on a loopback listener whose address it returns. tap, if set,
 // sees each event after the agent has.
-func recordingAgent(t *testing.T, id string, r proxy.Resolver, allow *proxy.Allowlist, lim *proxy.Limits, tap func(record.Event)) (*Agent, *liveTrial, string) {
+func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *proxy.Allowlist, lim *proxy.Limits, tap func(record.Event)) (*Agent, *liveTrial, string) {
 	t.Helper()
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
 	onEvent := a.onEvent
@@ -279,12 +280,12 @@ func recordingAgent(t *testing.T, id string, r proxy.Resolver, allow *proxy.Allo
 // list them all were it not clipped.
 type manyAddrs int
 
-func (n manyAddrs) Resolve(context.Context, string) (proxy.Answer, error) {
+func (n manyAddrs) Resolve(context.Context, string) (resolve.Answer, error) {
 	addrs := make([]netip.Addr, n)
 	for i := range addrs {
 		addrs[i] = netip.AddrFrom4([4]byte{10, 9, byte(i >> 8), byte(i)})
 	}
-	return proxy.Answer{Addrs: addrs}, nil
+	return resolve.Answer{Addrs: addrs}, nil
 }
 
 // The finding: a Trial allowed a name with 4,000 private addresses wrote

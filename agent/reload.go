@@ -13,6 +13,7 @@ import (
 
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -52,7 +53,7 @@ func (a *Agent) proxySettings(file *proxy.File) (proxy.Settings, error) {
 		}
 	}
 	if s.Resolver == nil {
-		r, err := proxy.NewDNSResolver(resolvers)
+		r, err := resolve.NewDNSResolver(resolvers)
 		if err != nil {
 			return proxy.Settings{}, err
 		}

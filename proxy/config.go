@@ -14,6 +14,7 @@ import (
 
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/ident"
+	"github.com/trialnet/trialnet/resolve"
 )
 
 // File is the proxy part of trialnet's YAML configuration: named
@@ -132,7 +133,7 @@ func (f *File) validate() error {
 		f.Profiles[name] = p
 	}
 	for _, s := range f.Resolvers {
-		if _, err := parseServer(s); err != nil {
+		if _, err := resolve.ParseServer(s); err != nil {
 			return err
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 )
 
 // hostAddr returns one non-loopback IPv4 address of this host and the
@@ -167,9 +168,9 @@ func TestDNSFailures(t *testing.T) {
 	}
 }
 
-func newResolver(t *testing.T, s *dnsServer) *DNSResolver {
+func newResolver(t *testing.T, s *dnsServer) *resolve.DNSResolver {
 	t.Helper()
-	r, err := NewDNSResolver([]string{s.Addr})
+	r, err := resolve.NewDNSResolver([]string{s.Addr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +282,7 @@ func TestResolverSharedLookupSurvivesLeaderCancel(t *testing.T) {
 		}
 	}
 	done := make(chan struct{})
-	var ans Answer
+	var ans resolve.Answer
 	var err error
 	go func() { defer close(done); ans, err = r.Resolve(context.Background(), "slow.example.com") }()
 	time.Sleep(50 * time.Millisecond) // the follower has joined

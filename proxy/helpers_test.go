@@ -17,6 +17,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 )
 
 // dnsServer is an in-process DNS server on 127.0.0.1 (UDP and TCP) that
@@ -224,7 +225,7 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 	}
 	up := newUpstream(t, o.upstream)
 	ds := newDNSServer(t)
-	res, err := NewDNSResolver([]string{ds.Addr})
+	res, err := resolve.NewDNSResolver([]string{ds.Addr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 )
 
 // MemoryPerTrialBound is the documented bound on what one Trial can make
@@ -42,11 +43,11 @@ var (
 
 type nameMap map[string]netip.Addr
 
-func (m nameMap) Resolve(_ context.Context, name string) (Answer, error) {
+func (m nameMap) Resolve(_ context.Context, name string) (resolve.Answer, error) {
 	if a, ok := m[name]; ok {
-		return Answer{Addrs: []netip.Addr{a}}, nil
+		return resolve.Answer{Addrs: []netip.Addr{a}}, nil
 	}
-	return Answer{}, record.Deny(record.ReasonDNSNXDomain, "no such name")
+	return resolve.Answer{}, record.Deny(record.ReasonDNSNXDomain, "no such name")
 }
 
 type addrMap map[netip.Addr]string

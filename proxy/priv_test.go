@@ -14,6 +14,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 	"github.com/vishvananda/netlink"
 	vns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -135,7 +136,7 @@ func TestPrivilegedProductionDial(t *testing.T) {
 	th := testhost.NewT(t, 210)
 	ds := newDNSServer(t)
 	ds.set("host.example.com", 60, th.Addr4.String(), th.Addr6.String())
-	res, _ := NewDNSResolver([]string{ds.Addr})
+	res, _ := resolve.NewDNSResolver([]string{ds.Addr})
 	p, err := New(Config{Resolver: res, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("fd7a:7472::/32")}})
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ import (
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/ratelimit"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 	"github.com/trialnet/trialnet/wire"
 	vns "github.com/vishvananda/netns"
 )
@@ -53,7 +54,7 @@ type Config struct {
 	HostAddrs guard.AddrSet
 	// Resolver resolves allowed names; nil: NewDNSResolver(nil), the
 	// host's resolv.conf servers.
-	Resolver Resolver
+	Resolver resolve.Resolver
 	// Dialer connects to checked addresses; nil: a NetDialer whose
 	// Control hook re-checks every address with the guard.
 	Dialer Dialer
@@ -123,7 +124,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	resolver := cfg.Resolver
 	if resolver == nil {
-		r, err := NewDNSResolver(nil)
+		r, err := resolve.NewDNSResolver(nil)
 		if err != nil {
 			p.Close()
 			return nil, err
@@ -142,12 +143,12 @@ func New(cfg Config) (*Proxy, error) {
 // afterwards and never changes a live Trial's policy.
 type settings struct {
 	guard    *guard.Guard
-	resolver Resolver
+	resolver resolve.Resolver
 	dialer   Dialer
 	limits   Limits // the defaults, for a Trial without its own
 }
 
-func (p *Proxy) settingsFor(g *guard.Guard, r Resolver, lim Limits) *settings {
+func (p *Proxy) settingsFor(g *guard.Guard, r resolve.Resolver, lim Limits) *settings {
 	d := p.cfg.Dialer
 	if d == nil {
 		d = NewNetDialer(g)
@@ -163,7 +164,7 @@ type Settings struct {
 	// say where this host is.
 	HostFacts guard.HostFacts
 	// Resolver replaces the resolver; nil keeps the current one.
-	Resolver Resolver
+	Resolver resolve.Resolver
 	// Limits replace the per-Trial defaults; zero fields take the defaults.
 	Limits Limits
 	// MaxConnections replaces the proxy-wide cap on client connections

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 )
 
 // Reconfigure applies to Trials added after it; a Trial added before
@@ -17,7 +18,7 @@ func TestReconfigureAppliesToNewTrialsOnly(t *testing.T) {
 	tp.dns.set("lan.example.test.", 60, "10.1.2.3")
 	other := newDNSServer(t)
 	other.set("lan.example.test.", 60, "10.9.9.9")
-	res, err := NewDNSResolver([]string{other.Addr})
+	res, err := resolve.NewDNSResolver([]string{other.Addr})
 	if err != nil {
 		t.Fatal(err)
 	}

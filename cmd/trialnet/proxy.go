@@ -19,6 +19,7 @@ import (
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/resolve"
 )
 
 func cmdProxy(args []string, stdout, stderr io.Writer) int {
@@ -43,7 +44,7 @@ func proxyConfig(af *allowFlags, cf *configFlags) (*proxy.Allowlist, proxy.Confi
 	if len(resolvers) == 0 {
 		resolvers = file.Resolvers
 	}
-	if cfg.Resolver, err = proxy.NewDNSResolver(resolvers); err != nil {
+	if cfg.Resolver, err = resolve.NewDNSResolver(resolvers); err != nil {
 		return nil, proxy.Config{}, err
 	}
 	return allow, cfg, nil

@@ -33,6 +33,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/resolve"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -252,8 +253,8 @@ func BenchmarkSandboxWithProcess(b *testing.B) {
 	})
 }
 
-func mustResolver(b *testing.B, addr string) proxy.Resolver {
-	r, err := proxy.NewDNSResolver([]string{addr})
+func mustResolver(b *testing.B, addr string) resolve.Resolver {
+	r, err := resolve.NewDNSResolver([]string{addr})
 	if err != nil {
 		b.Fatal(err)
 	}

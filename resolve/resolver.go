@@ -1,4 +1,8 @@
-package proxy
+// Package resolve is the proxy's DNS resolver: A and AAAA together,
+// CNAME chains followed within bounds, answers cached by TTL, concurrent
+// lookups of one name shared, and every failure a *record.Denial that
+// says what DNS answered.
+package resolve
 
 import (
 	"context"
@@ -83,7 +87,7 @@ func NewDNSResolver(servers []string) (*DNSResolver, error) {
 	}
 	r := &DNSResolver{timeout: DefaultQueryTimeout, cache: make(map[cacheKey]cacheEntry), inflight: make(map[cacheKey]*flight)}
 	for _, s := range servers {
-		ap, err := parseServer(s)
+		ap, err := ParseServer(s)
 		if err != nil {
 			return nil, err
 		}
@@ -92,7 +96,7 @@ func NewDNSResolver(servers []string) (*DNSResolver, error) {
 	return r, nil
 }
 
-func parseServer(s string) (netip.AddrPort, error) {
+func ParseServer(s string) (netip.AddrPort, error) {
 	if ap, err := netip.ParseAddrPort(s); err == nil {
 		return ap, nil
 	}
