@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/proxy"
@@ -398,7 +399,7 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 }
 
 // allowEntries is an allowlist as a Trial's description keeps it.
-func allowEntries(l *proxy.Allowlist) []AllowEntry {
+func allowEntries(l *allow.List) []AllowEntry {
 	var out []AllowEntry
 	for _, e := range l.Entries() {
 		out = append(out, AllowEntry{e.String(), e.RequireTLS, e.Profile})
@@ -406,7 +407,7 @@ func allowEntries(l *proxy.Allowlist) []AllowEntry {
 	return out
 }
 
-func (a *Agent) allowlist(req CreateRequest) (*proxy.Allowlist, error) {
+func (a *Agent) allowlist(req CreateRequest) (*allow.List, error) {
 	allow, err := a.file.Load().Allowlist(req.Profiles, req.Allow, req.RequireTLS)
 	switch {
 	case errors.Is(err, proxy.ErrUnknownProfile):
@@ -462,7 +463,7 @@ func (a *Agent) keepOldData(id string) error {
 // listens: the decision log (its processes may connect at once, a
 // re-adopted Trial's at the very moment it is served) and the proxy's
 // policy for it.
-func (a *Agent) prepare(lt *liveTrial, allow *proxy.Allowlist, limits *proxy.Limits, stats *record.TrialStats) (err error) {
+func (a *Agent) prepare(lt *liveTrial, allow *allow.List, limits *proxy.Limits, stats *record.TrialStats) (err error) {
 	if a.cfg.DataDir != "" {
 		dir := filepath.Join(a.cfg.DataDir, lt.info.ID)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -828,7 +829,7 @@ func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
 			a.unregister(tr.ID, lt)
 		}
 	}()
-	return a.prepare(lt, proxy.NewAllowlist(entries...), info.Limits, a.replayStats(lt))
+	return a.prepare(lt, allow.New(entries...), info.Limits, a.replayStats(lt))
 }
 
 // replayStats rebuilds a re-adopted Trial's proxy counters from its

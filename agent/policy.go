@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -55,13 +55,13 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 	if len(ch.Add) == 0 && len(ch.Remove) == 0 {
 		return AllowChanged{}, errf(CodeBadRequest, "an allowlist change needs entries to add or remove")
 	}
-	add, err := proxy.ParseAllowlist(ch.Add, ch.RequireTLS)
+	add, err := allow.Parse(ch.Add, ch.RequireTLS)
 	if err != nil {
 		return AllowChanged{}, errf(CodeBadAllowlist, "%v", err)
 	}
-	var remove []proxy.Entry
+	var remove []allow.Entry
 	for _, s := range ch.Remove {
-		e, err := proxy.ParseEntry(s)
+		e, err := allow.ParseEntry(s)
 		if err != nil {
 			return AllowChanged{}, errf(CodeBadAllowlist, "%v", err)
 		}
@@ -95,7 +95,7 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 	// follows it in the log.
 	a.record(&record.Event{Schema: record.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: id,
 		Decision: record.DecisionPolicyChange, Learning: info.Learning, Detail: describe(pc), PolicyChange: pc}, nil)
-	var cut []proxy.Entry
+	var cut []allow.Entry
 	if ch.Cut {
 		cut = remove
 	}
@@ -123,7 +123,7 @@ func denied(cur, added, removed []string) []string {
 	return append(out, removed...)
 }
 
-func entryStrings(es []proxy.Entry) []string {
+func entryStrings(es []allow.Entry) []string {
 	out := []string{}
 	for _, e := range es {
 		out = append(out, e.String())

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -152,7 +153,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 // from it count every refusal, as the live ones do.
 func TestDecisionLogFloodSummarised(t *testing.T) {
 	const id, n = "rec-3", 40
-	a, lt, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), proxy.NewAllowlist(),
+	a, lt, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow.New(),
 		&proxy.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil)
 	target := strings.Repeat("x", 1000) + "/"
 	for range n {
@@ -246,7 +247,7 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 // with r, dialing an echo upstream) serving Trial id alone, under allow
 // and lim, on a loopback listener whose address it returns. tap, if set,
 // sees each event after the agent has.
-func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *proxy.Allowlist, lim *proxy.Limits, tap func(record.Event)) (*Agent, *liveTrial, string) {
+func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.List, lim *proxy.Limits, tap func(record.Event)) (*Agent, *liveTrial, string) {
 	t.Helper()
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
 	onEvent := a.onEvent
@@ -296,7 +297,7 @@ func (n manyAddrs) Resolve(context.Context, string) (resolve.Answer, error) {
 // and the counters rebuilt from the file are still exact.
 func TestDecisionLogHardBound(t *testing.T) {
 	const id, limit, n = "rec-4", 20000, 400
-	allow, err := proxy.ParseAllowlist([]string{"many.test:443"}, false)
+	allow, err := allow.Parse([]string{"many.test:443"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

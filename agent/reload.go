@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -66,7 +67,7 @@ func (a *Agent) proxySettings(file *proxy.File) (proxy.Settings, error) {
 type reprofiled struct {
 	lt         *liveTrial
 	old, new   TrialInfo
-	allow      *proxy.Allowlist
+	allow      *allow.List
 	meta, prev json.RawMessage // the new and the previous description
 }
 
@@ -186,13 +187,13 @@ func (a *Agent) planReprofile(f *proxy.File) (_ []reprofiled, unlock func(), err
 		if err != nil {
 			return nil, nil, fmt.Errorf("live Trial %s: %w", old.ID, err)
 		}
-		var kept []proxy.Entry
+		var kept []allow.Entry
 		for _, e := range fromProfiles.Entries() {
 			if !slices.Contains(old.Denied, e.String()) {
 				kept = append(kept, e)
 			}
 		}
-		allow := proxy.NewAllowlist(append(kept, explicit...)...)
+		allow := allow.New(append(kept, explicit...)...)
 		nw := old
 		nw.Allow = allowEntries(allow)
 		meta, err := json.Marshal(nw)
@@ -236,13 +237,13 @@ func (a *Agent) recordReprofile(r reprofiled) {
 
 // parseEntries parses a Trial's stored entries that keep says to keep
 // (nil: all).
-func parseEntries(list []AllowEntry, keep func(AllowEntry) bool) ([]proxy.Entry, error) {
-	var out []proxy.Entry
+func parseEntries(list []AllowEntry, keep func(AllowEntry) bool) ([]allow.Entry, error) {
+	var out []allow.Entry
 	for _, e := range list {
 		if keep != nil && !keep(e) {
 			continue
 		}
-		pe, err := proxy.ParseEntry(e.Entry)
+		pe, err := allow.ParseEntry(e.Entry)
 		if err != nil {
 			return nil, err
 		}

@@ -12,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/ident"
 	"github.com/trialnet/trialnet/resolve"
@@ -68,7 +69,7 @@ type Profile struct {
 	// (user namespaces), as --nested asks.
 	Nested bool `yaml:"nested"`
 
-	list *Allowlist
+	list *allow.List
 }
 
 // UnmarshalYAML accepts both profile forms, refusing unknown keys.
@@ -125,7 +126,7 @@ func (f *File) validate() error {
 		if len(p.Allow) == 0 && !p.Learn {
 			return fmt.Errorf("profile %q allows nothing; list its host:port entries (or set learn: true to learn them)", name)
 		}
-		l, err := parseAllowlist(p.Allow, p.RequireTLS, name)
+		l, err := allow.ParseProfile(p.Allow, p.RequireTLS, name)
 		if err != nil {
 			return fmt.Errorf("profile %q: %w", name, err)
 		}
@@ -214,8 +215,8 @@ var ErrUnknownProfile = errors.New("unknown profile")
 // Each entry remembers its profile (Entry.Profile); explicit entries have
 // none.
 // f may be nil when no configuration file is used.
-func (f *File) Allowlist(profiles, entries []string, requireTLS bool) (*Allowlist, error) {
-	var lists []*Allowlist
+func (f *File) Allowlist(profiles, entries []string, requireTLS bool) (*allow.List, error) {
+	var lists []*allow.List
 	for _, name := range profiles {
 		var p Profile
 		ok := false
@@ -231,9 +232,9 @@ func (f *File) Allowlist(profiles, entries []string, requireTLS bool) (*Allowlis
 		}
 		lists = append(lists, p.list)
 	}
-	explicit, err := ParseAllowlist(entries, requireTLS)
+	explicit, err := allow.Parse(entries, requireTLS)
 	if err != nil {
 		return nil, err
 	}
-	return Union(append(lists, explicit)...), nil
+	return allow.Union(append(lists, explicit)...), nil
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -148,12 +149,12 @@ func TestPolicyChangeStopsAForwardedRequestInItsDNS(t *testing.T) {
 			defer c.Close()
 			_, _ = io.WriteString(c, "GET http://api.example.com/after-cut?secret=1 HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
 			eventually(t, "the DNS question", func() bool { return tp.dns.count("api.example.com") > 0 })
-			e, _ := ParseEntry("api.example.com:80")
-			var gone []Entry
+			e, _ := allow.ParseEntry("api.example.com:80")
+			var gone []allow.Entry
 			if cut {
-				gone = []Entry{e}
+				gone = []allow.Entry{e}
 			}
-			n, err := tp.SetAllow("t1", NewAllowlist(), gone)
+			n, err := tp.SetAllow("t1", allow.New(), gone)
 			if err != nil || (cut && n != 1) || (!cut && n != 0) {
 				t.Fatalf("SetAllow: %d cut, %v", n, err)
 			}
@@ -198,7 +199,7 @@ func TestForwardedRequestTakesTheAllowlistAfterItsDNS(t *testing.T) {
 			defer cl.Close()
 			_, _ = io.WriteString(cl, "GET http://api.example.com/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
 			eventually(t, "the DNS question", func() bool { return tp.dns.count("api.example.com") > 0 })
-			l, err := ParseAllowlist([]string{c.swap}, c.tls)
+			l, err := allow.Parse([]string{c.swap}, c.tls)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -210,8 +211,8 @@ func TestForwardedRequestTakesTheAllowlistAfterItsDNS(t *testing.T) {
 				// The request, now under the narrowed entry, is what
 				// cutting that entry ends.
 				eventually(t, "the request at the upstream", func() bool { return u.requests.Load() == 1 })
-				e, _ := ParseEntry(c.swap)
-				if n, err := tp.SetAllow("t1", NewAllowlist(), []Entry{e}); err != nil || n != c.wantCuts {
+				e, _ := allow.ParseEntry(c.swap)
+				if n, err := tp.SetAllow("t1", allow.New(), []allow.Entry{e}); err != nil || n != c.wantCuts {
 					t.Fatalf("cut %s: %d cut, %v", c.swap, n, err)
 				}
 				tp.event(t)
@@ -278,7 +279,7 @@ func TestForwardRetryRefusedIsNotAllow(t *testing.T) {
 // cut, still ending, is not counted again.
 func TestTunnelsCutCountsOnlyWhatItStopped(t *testing.T) {
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}})
-	e, _ := ParseEntry("api.example.com:443")
+	e, _ := allow.ParseEntry("api.example.com:443")
 	stopped := 0
 	ot := &openTunnel{entry: e, ruled: true, stop: func() { stopped++ }}
 	tr := tp.trials["t1"]
@@ -286,7 +287,7 @@ func TestTunnelsCutCountsOnlyWhatItStopped(t *testing.T) {
 	tr.open[ot] = struct{}{}
 	tr.mu.Unlock()
 	for i, want := range []int{1, 0} {
-		if n, err := tp.SetAllow("t1", NewAllowlist(), []Entry{e}); err != nil || n != want {
+		if n, err := tp.SetAllow("t1", allow.New(), []allow.Entry{e}); err != nil || n != want {
 			t.Fatalf("cut %d: %d cut, %v; want %d", i+1, n, err, want)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/net/http/httpproxy"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/record"
 )
@@ -419,8 +420,8 @@ func TestCutEndsAForwardedStream(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("first chunk did not arrive")
 	}
-	e, _ := ParseEntry("api.example.com:80")
-	n, err := tp.SetAllow("t1", NewAllowlist(), []Entry{e})
+	e, _ := allow.ParseEntry("api.example.com:80")
+	n, err := tp.SetAllow("t1", allow.New(), []allow.Entry{e})
 	if err != nil || n != 1 {
 		t.Fatalf("SetAllow(remove api.example.com:80, cut): %d cut, %v; want the streaming request", n, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -254,7 +255,7 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 		t.Fatal(err)
 	}
 	tp.Proxy = p
-	allow, err := ParseAllowlist(o.allow, o.tls)
+	allow, err := allow.Parse(o.allow, o.tls)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,9 +313,9 @@ func connectHead(target string) string {
 
 // addTrial registers another Trial on the same proxy, served on its own
 // listener, and returns a testProxy for it sharing DNS and events.
-func (tp *testProxy) addTrial(t testing.TB, id string, allow ...string) *testProxy {
+func (tp *testProxy) addTrial(t testing.TB, id string, entries ...string) *testProxy {
 	t.Helper()
-	al, err := ParseAllowlist(allow, false)
+	al, err := allow.Parse(entries, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -213,12 +214,12 @@ func TestRecordIntegrityProperty(t *testing.T) {
 				whole = whole && !cut
 				change = func(tp *testProxy) {
 					time.Sleep(time.Duration(rng.IntN(10)) * time.Millisecond)
-					var gone []Entry
+					var gone []allow.Entry
 					if cut {
-						e, _ := ParseEntry("api.example.com:80")
-						gone = []Entry{e}
+						e, _ := allow.ParseEntry("api.example.com:80")
+						gone = []allow.Entry{e}
 					}
-					if _, err := tp.SetAllow("t1", NewAllowlist(), gone); err != nil {
+					if _, err := tp.SetAllow("t1", allow.New(), gone); err != nil {
 						t.Error(err)
 					}
 				}

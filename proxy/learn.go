@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/net/publicsuffix"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/internal/ident"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/record"
@@ -31,15 +32,15 @@ type Learned struct {
 
 // LearnedEntry is one host:port the Trial was let through to.
 type LearnedEntry struct {
-	Entry     Entry // Entry.RequireTLS: every record that let it through applied that requirement
-	Allowed   int   // let through by an allowlist entry
-	WouldDeny int   // let through only because the Trial was learning
+	Entry     allow.Entry // Entry.RequireTLS: every record that let it through applied that requirement
+	Allowed   int         // let through by an allowlist entry
+	WouldDeny int         // let through only because the Trial was learning
 }
 
 // LearnedWildcard is a "*.suffix:port" entry that would cover several
 // hosts seen, offered, never chosen, in place of their exact entries.
 type LearnedWildcard struct {
-	Entry Entry
+	Entry allow.Entry
 	Hosts []string // the hosts seen that it covers, sorted
 }
 
@@ -107,7 +108,7 @@ func saw(seen map[string]*LearnedEntry, host string, port uint16, requireTLS boo
 	if host == "" || port == 0 {
 		return
 	}
-	e, err := ParseEntry(host + ":" + strconv.Itoa(int(port)))
+	e, err := allow.ParseEntry(host + ":" + strconv.Itoa(int(port)))
 	if err != nil {
 		return // cannot happen for a name the proxy let through
 	}
@@ -149,13 +150,13 @@ func offerWildcards(entries []LearnedEntry, minHosts int) []LearnedWildcard {
 			continue
 		}
 		suffix := commonSuffix(hosts)
-		e, err := ParseEntry("*." + suffix + ":" + strconv.Itoa(int(k.port)))
+		e, err := allow.ParseEntry("*." + suffix + ":" + strconv.Itoa(int(k.port)))
 		if err != nil {
 			continue // too broad, or never a single owner's: not offered
 		}
 		w := LearnedWildcard{Entry: e}
 		for _, h := range hosts {
-			if wildcardCovers(h, suffix) {
+			if allow.WildcardCovers(h, suffix) {
 				w.Hosts = append(w.Hosts, h)
 			}
 		}

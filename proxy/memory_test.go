@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
 )
@@ -66,7 +67,7 @@ func memChild() error {
 		return err
 	}
 	for _, tr := range []struct{ id, allow string }{{"t1", "hostile.test:80 good.test:80"}, {"t2", "good.test:80"}} {
-		al, err := ParseAllowlist(strings.Fields(tr.allow), false)
+		al, err := allow.Parse(strings.Fields(tr.allow), false)
 		if err != nil {
 			return err
 		}

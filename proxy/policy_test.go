@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -103,8 +104,8 @@ func TestSetAllowAppliesAndCutsOnlyRemovedEntries(t *testing.T) {
 		t.Fatal("b before allow: not refused")
 	}
 	cur, _ := tp.Allow("t1")
-	bEntry, _ := ParseEntry("b.example.com:443")
-	next, err := cur.Change([]Entry{bEntry}, nil)
+	bEntry, _ := allow.ParseEntry("b.example.com:443")
+	next, err := cur.Change([]allow.Entry{bEntry}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,9 +117,9 @@ func TestSetAllowAppliesAndCutsOnlyRemovedEntries(t *testing.T) {
 	cw, brw := openEcho(t, tp, "x.w.example.com:443")
 
 	// Remove a without cut: its tunnel stays, new CONNECTs are refused.
-	aEntry, _ := ParseEntry("a.example.com:443")
+	aEntry, _ := allow.ParseEntry("a.example.com:443")
 	cur, _ = tp.Allow("t1")
-	next, _ = cur.Change(nil, []Entry{aEntry})
+	next, _ = cur.Change(nil, []allow.Entry{aEntry})
 	if n, err := tp.SetAllow("t1", next, nil); err != nil || n != 0 {
 		t.Fatalf("remove a without cut: %d cut, %v", n, err)
 	}
@@ -127,10 +128,10 @@ func TestSetAllowAppliesAndCutsOnlyRemovedEntries(t *testing.T) {
 	}
 	// Remove b and the wildcard with cut, naming only them: a's tunnel
 	// (its entry already gone, not cut now) stays.
-	wEntry, _ := ParseEntry("*.w.example.com:443")
+	wEntry, _ := allow.ParseEntry("*.w.example.com:443")
 	cur, _ = tp.Allow("t1")
-	next, _ = cur.Change(nil, []Entry{bEntry, wEntry})
-	n, err := tp.SetAllow("t1", next, []Entry{bEntry, wEntry})
+	next, _ = cur.Change(nil, []allow.Entry{bEntry, wEntry})
+	n, err := tp.SetAllow("t1", next, []allow.Entry{bEntry, wEntry})
 	if err != nil || n != 2 {
 		t.Fatalf("cut b and *.w: %d cut, %v", n, err)
 	}
@@ -175,8 +176,8 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 		}
 		return record.Event{}, false
 	}
-	a, _ := ParseEntry("a.example.com:443")
-	with, without := NewAllowlist(a), NewAllowlist()
+	a, _ := allow.ParseEntry("a.example.com:443")
+	with, without := allow.New(a), allow.New()
 	const rounds, clients = 50, 4
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -229,7 +230,7 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 			if i%2 == 0 {
 				l = without
 			}
-			if _, err := tp.SetAllow("t1", l, []Entry{a}); err != nil {
+			if _, err := tp.SetAllow("t1", l, []allow.Entry{a}); err != nil {
 				t.Error(err)
 			}
 			time.Sleep(50 * time.Microsecond)
@@ -238,7 +239,7 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 	wg.Wait()
 	close(clientsDone)
 	t.Logf("%d allowlist changes", <-toggled)
-	if _, err := tp.SetAllow("t1", without, []Entry{a}); err != nil {
+	if _, err := tp.SetAllow("t1", without, []allow.Entry{a}); err != nil {
 		t.Fatal(err)
 	}
 	if len(open) == 0 {
@@ -261,7 +262,7 @@ func TestSetAllowConcurrentWithConnects(t *testing.T) {
 // written must leave the client a refusal, not a bare close: the race
 // TestSetAllowConcurrentWithConnects hits now and then, made certain.
 func TestCutBeforeAnswerRefuses(t *testing.T) {
-	e, _ := ParseEntry("a.example.com:443")
+	e, _ := allow.ParseEntry("a.example.com:443")
 	client, peer := net.Pipe()
 	defer peer.Close()
 	ot := &openTunnel{entry: e, ruled: true, client: client, up: nil}
@@ -303,7 +304,7 @@ func TestCutBeforeAnswerRefuses(t *testing.T) {
 }
 
 func TestAllowlistChangeRefusals(t *testing.T) {
-	l, err := ParseAllowlist([]string{"a.example.com:443", "*.w.example.com:443"}, false)
+	l, err := allow.Parse([]string{"a.example.com:443", "*.w.example.com:443"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,13 +313,13 @@ func TestAllowlistChangeRefusals(t *testing.T) {
 		{"x.w.example.com:443", "allowed by *.w.example.com:443"},
 		{"a.example.com:80", "not an entry"},
 	} {
-		e, _ := ParseEntry(c.remove)
-		if _, err := l.Change(nil, []Entry{e}); err == nil || !strings.Contains(err.Error(), c.want) {
+		e, _ := allow.ParseEntry(c.remove)
+		if _, err := l.Change(nil, []allow.Entry{e}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("remove %s: %v, want %q", c.remove, err, c.want)
 		}
 	}
-	a, _ := ParseEntry("a.example.com:443")
-	next, err := l.Change(nil, []Entry{a})
+	a, _ := allow.ParseEntry("a.example.com:443")
+	next, err := l.Change(nil, []allow.Entry{a})
 	if err != nil || next.Has(a) || !l.Has(a) || len(next.Entries()) != 1 {
 		t.Fatalf("remove a: %v %v", next.Entries(), err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
@@ -141,7 +142,7 @@ func TestPrivilegedProductionDial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allow, _ := ParseAllowlist([]string{"host.example.com:8080"}, false)
+	allow, _ := allow.Parse([]string{"host.example.com:8080"}, false)
 	if err := p.AddTrial(TrialPolicy{ID: "t", Allow: allow}); err != nil {
 		t.Fatal(err)
 	}

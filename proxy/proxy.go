@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/ratelimit"
 	"github.com/trialnet/trialnet/record"
@@ -200,7 +201,7 @@ func (p *Proxy) DefaultLimits() Limits { return p.cur.Load().limits }
 // TrialPolicy is what the proxy enforces for one Trial.
 type TrialPolicy struct {
 	ID    string
-	Allow *Allowlist
+	Allow *allow.List
 	// Learn lets names off Allow through, each recorded with WouldDeny:
 	// every other check (address guard, TLS name, IP literals, limits)
 	// still refuses.
@@ -217,7 +218,7 @@ type TrialPolicy struct {
 
 type trial struct {
 	id      string
-	allow   atomic.Pointer[Allowlist] // replaced whole by SetAllow, under mu
+	allow   atomic.Pointer[allow.List] // replaced whole by SetAllow, under mu
 	learn   bool
 	set     *settings // as the proxy's were when the Trial was added
 	limits  Limits
@@ -262,9 +263,9 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	if _, ok := p.trials[tp.ID]; ok {
 		return fmt.Errorf("proxy: Trial %q is already registered", tp.ID)
 	}
-	allow := tp.Allow
-	if allow == nil {
-		allow = NewAllowlist()
+	list := tp.Allow
+	if list == nil {
+		list = allow.New()
 	}
 	stats := record.TrialStats{Decisions: make(map[record.Reason]uint64)}
 	if tp.Stats != nil {
@@ -278,7 +279,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel,
 	}
 	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes}, p.write)
-	t.allow.Store(allow)
+	t.allow.Store(list)
 	p.trials[tp.ID] = t
 	return nil
 }
@@ -287,7 +288,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 // not yet answered. Open tunnels allowed by an entry of cut (matched by
 // name, wildcard and port) are ended; other tunnels stay. It returns how
 // many were cut.
-func (p *Proxy) SetAllow(id string, l *Allowlist, cut []Entry) (int, error) {
+func (p *Proxy) SetAllow(id string, l *allow.List, cut []allow.Entry) (int, error) {
 	p.mu.Lock()
 	t, ok := p.trials[id]
 	p.mu.Unlock()
@@ -295,7 +296,7 @@ func (p *Proxy) SetAllow(id string, l *Allowlist, cut []Entry) (int, error) {
 		return 0, fmt.Errorf("proxy: Trial %q is not registered", id)
 	}
 	if l == nil {
-		l = NewAllowlist()
+		l = allow.New()
 	}
 	gone := make(map[string]bool, len(cut))
 	for _, e := range cut {
@@ -314,7 +315,7 @@ func (p *Proxy) SetAllow(id string, l *Allowlist, cut []Entry) (int, error) {
 }
 
 // Allow returns a Trial's allowlist as it is now.
-func (p *Proxy) Allow(id string) (*Allowlist, bool) {
+func (p *Proxy) Allow(id string) (*allow.List, bool) {
 	p.mu.Lock()
 	t, ok := p.trials[id]
 	p.mu.Unlock()
@@ -328,7 +329,7 @@ func (p *Proxy) Allow(id string) (*Allowlist, bool) {
 // change can end it: entry is the rule that allowed it (ruled is false
 // for a name a learning Trial let through).
 type openTunnel struct {
-	entry      Entry
+	entry      allow.Entry
 	ruled      bool
 	client, up net.Conn
 	cutBecause atomic.Pointer[string]
@@ -401,7 +402,7 @@ func (ot *openTunnel) establish() error {
 // decide matches a request against the Trial's allowlist as it is now:
 // the entry that allows it, or on a learning Trial a name let through
 // (ruled false, ev.WouldDeny set). Otherwise it is a policy denial.
-func (t *trial) decide(req *wire.Request, ev *record.Event) (entry Entry, ruled bool, err error) {
+func (t *trial) decide(req *wire.Request, ev *record.Event) (entry allow.Entry, ruled bool, err error) {
 	entry, ruled = t.allow.Load().Match(req.Host, req.Port)
 	switch {
 	case ruled:
@@ -409,7 +410,7 @@ func (t *trial) decide(req *wire.Request, ev *record.Event) (entry Entry, ruled 
 	case t.learn:
 		ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = "", "", record.ReasonPolicyDenied, false
 	default:
-		return Entry{}, false, record.Deny(record.ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
+		return allow.Entry{}, false, record.Deny(record.ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
 	}
 	return entry, ruled, nil
 }
@@ -470,7 +471,7 @@ func (t *trial) register(req *wire.Request, ev *record.Event, client, up net.Con
 
 // decideForward is decide for a forwarded (plain HTTP) request: an
 // entry that wants TLS is reached through CONNECT only, whatever the port.
-func (t *trial) decideForward(req *wire.Request, ev *record.Event) (Entry, bool, error) {
+func (t *trial) decideForward(req *wire.Request, ev *record.Event) (allow.Entry, bool, error) {
 	entry, ruled, err := t.decide(req, ev)
 	if err == nil && ruled && entry.RequireTLS {
 		err = record.Deny(record.ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/wire"
 	"golang.org/x/sys/unix"
@@ -250,7 +251,7 @@ func waitReadable(c net.Conn) (ready, ok bool) {
 // pipelined bytes; it goes back to the pool once the first bytes passed.
 // In a TLS tunnel the client's bytes after its ClientHello wait for the
 // server's answer (see helloWatch).
-func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry Entry, req *wire.Request, ev *record.Event, w *helloWatch) error {
+func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry allow.Entry, req *wire.Request, ev *record.Event, w *helloWatch) error {
 	first, rest, isTLS, err := p.checkFirstBytes(client, br, entry, req, ev)
 	if err != nil {
 		putReader(br)
@@ -348,7 +349,7 @@ func refuseTLS(client net.Conn, ev *record.Event, err error) error {
 // ClientHello's records and rest what the client sent after them. With
 // require_tls the stream must be TLS. Waiting for them costs no buffer
 // beyond br; only a ClientHello is copied out.
-func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry Entry, req *wire.Request, ev *record.Event) (first, rest []byte, isTLS bool, err error) {
+func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry allow.Entry, req *wire.Request, ev *record.Event) (first, rest []byte, isTLS bool, err error) {
 	first, err = p.peekFirst(client, br, entry)
 	if err != nil || first == nil {
 		return nil, nil, false, err
@@ -414,7 +415,7 @@ func tlsRefusal(err error, what string) error {
 // peekFirst waits for the client's first bytes and returns what is
 // buffered, enough to classify it (an SSLv2-style header needs three
 // bytes); nil, nil means the client half-closed without sending anything.
-func (p *Proxy) peekFirst(client net.Conn, br *bufio.Reader, entry Entry) ([]byte, error) {
+func (p *Proxy) peekFirst(client net.Conn, br *bufio.Reader, entry allow.Entry) ([]byte, error) {
 	if br.Buffered() == 0 {
 		if entry.RequireTLS {
 			// A TLS client speaks first; one that does not within the

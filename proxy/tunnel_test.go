@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -266,7 +267,7 @@ func TestTrialsAreSeparate(t *testing.T) {
 	tp := newTestProxy(t, proxyOpts{allow: []string{"one.example.com:443"}})
 	tp.dns.set("one.example.com", 60, "93.184.216.34")
 	tp.dns.set("two.example.com", 60, "93.184.216.35")
-	allow, _ := ParseAllowlist([]string{"two.example.com:443"}, false)
+	allow, _ := allow.Parse([]string{"two.example.com:443"}, false)
 	if err := tp.AddTrial(TrialPolicy{ID: "t2", Allow: allow}); err != nil {
 		t.Fatal(err)
 	}

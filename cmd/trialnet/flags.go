@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
@@ -130,7 +131,7 @@ func (a *allowFlags) register(fs *flag.FlagSet, profilesFrom string) {
 // check parses the entries given on the command line, so that a
 // malformed one is a usage error before any agent is asked.
 func (a *allowFlags) check() error {
-	if _, err := proxy.ParseAllowlist(a.allow, false); err != nil {
+	if _, err := allow.Parse(a.allow, false); err != nil {
 		return usageError{fmt.Sprintf("--allow: %v", err)}
 	}
 	return nil

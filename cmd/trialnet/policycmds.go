@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 )
@@ -114,7 +115,7 @@ func changeAllow(verb string, args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{verb + ": give --trial ID and HOST:PORT entries"})
 	}
 	for _, s := range fs.Args() {
-		if _, err := proxy.ParseEntry(s); err != nil {
+		if _, err := allow.ParseEntry(s); err != nil {
 			return fail(stdout, stderr, *asJSON, exitUsage, usageError{fmt.Sprintf("%s: %v", verb, err)})
 		}
 	}

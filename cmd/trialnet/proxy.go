@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
@@ -30,7 +31,7 @@ func cmdProxy(args []string, stdout, stderr io.Writer) int {
 
 // proxyConfig validates the flags and config file into the proxy's
 // configuration and the Trial's allowlist, before anything listens.
-func proxyConfig(af *allowFlags, cf *configFlags) (*proxy.Allowlist, proxy.Config, error) {
+func proxyConfig(af *allowFlags, cf *configFlags) (*allow.List, proxy.Config, error) {
 	file, cidrs, err := cf.load()
 	if err != nil {
 		return nil, proxy.Config{}, err

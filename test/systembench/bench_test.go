@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
@@ -219,7 +220,7 @@ func BenchmarkSandboxWithProcess(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = p.Close() })
-		allow, _ := proxy.ParseAllowlist([]string{target}, false)
+		allow, _ := allow.Parse([]string{target}, false)
 		_ = p.AddTrial(proxy.TrialPolicy{ID: "adhoc", Allow: allow})
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

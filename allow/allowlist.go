@@ -1,4 +1,7 @@
-package proxy
+// Package allow is a Trial's allowlist: entries of a name (or a
+// "*." wildcard that stops at public suffixes) and a port, each perhaps
+// requiring TLS, matched before any DNS.
+package allow
 
 import (
 	"fmt"
@@ -21,7 +24,7 @@ type Entry struct {
 	// Profile is the configuration profile the entry came from; empty for
 	// an entry given directly. An entry that several profiles list (or a
 	// profile and a direct entry) keeps the first profile in name order
-	// (see NewAllowlist), so the choice does not depend on request order.
+	// (see New), so the choice does not depend on request order.
 	Profile string
 }
 
@@ -78,18 +81,18 @@ func ParseEntry(s string) (Entry, error) {
 	return e, nil
 }
 
-// Allowlist is an immutable set of entries, matched before any DNS.
-type Allowlist struct {
+// List is an immutable set of entries, matched before any DNS.
+type List struct {
 	exact    map[string]Entry // "name:port"
 	wildcard []Entry
 }
 
-// NewAllowlist builds an allowlist from parsed entries. An empty allowlist
+// New builds an allowlist from parsed entries. An empty allowlist
 // allows nothing. Entries for the same name and port are merged: an exact
 // entry requires TLS if any of them does, and keeps the first non-empty
 // profile in name order; wildcards merge when they also agree on TLS.
-func NewAllowlist(entries ...Entry) *Allowlist {
-	a := &Allowlist{exact: make(map[string]Entry)}
+func New(entries ...Entry) *List {
+	a := &List{exact: make(map[string]Entry)}
 	for _, e := range entries {
 		if e.Wildcard {
 			i := slices.IndexFunc(a.wildcard, func(w Entry) bool {
@@ -121,13 +124,13 @@ func firstProfile(x, y string) string {
 	return x
 }
 
-// ParseAllowlist parses entries with ParseEntry; they carry no profile.
-func ParseAllowlist(entries []string, requireTLS bool) (*Allowlist, error) {
-	return parseAllowlist(entries, requireTLS, "")
+// Parse parses entries with ParseEntry; they carry no profile.
+func Parse(entries []string, requireTLS bool) (*List, error) {
+	return ParseProfile(entries, requireTLS, "")
 }
 
 // parseAllowlist parses entries, all from one profile ("" for none).
-func parseAllowlist(entries []string, requireTLS bool, profile string) (*Allowlist, error) {
+func ParseProfile(entries []string, requireTLS bool, profile string) (*List, error) {
 	var es []Entry
 	for _, s := range entries {
 		e, err := ParseEntry(s)
@@ -137,13 +140,13 @@ func parseAllowlist(entries []string, requireTLS bool, profile string) (*Allowli
 		e.RequireTLS, e.Profile = requireTLS, profile
 		es = append(es, e)
 	}
-	return NewAllowlist(es...), nil
+	return New(es...), nil
 }
 
 // Match returns the entry allowing host:port. host must already be
 // normalised (Request.Host is). When an exact and a wildcard entry both
 // match, the one requiring TLS wins.
-func (a *Allowlist) Match(host string, port uint16) (Entry, bool) {
+func (a *List) Match(host string, port uint16) (Entry, bool) {
 	var found Entry
 	ok := false
 	if a == nil {
@@ -153,7 +156,7 @@ func (a *Allowlist) Match(host string, port uint16) (Entry, bool) {
 		found, ok = e, true
 	}
 	for _, e := range a.wildcard {
-		if e.Port == port && (!ok || e.RequireTLS) && wildcardCovers(host, e.Name) {
+		if e.Port == port && (!ok || e.RequireTLS) && WildcardCovers(host, e.Name) {
 			found, ok = e, true
 		}
 	}
@@ -161,7 +164,7 @@ func (a *Allowlist) Match(host string, port uint16) (Entry, bool) {
 }
 
 // Entries lists the allowlist, exact entries first, each group sorted.
-func (a *Allowlist) Entries() []Entry {
+func (a *List) Entries() []Entry {
 	if a == nil {
 		return nil
 	}
@@ -181,12 +184,12 @@ func sortEntries(es []Entry) {
 
 // Union merges allowlists; a name needing TLS in any of them needs it in
 // the result.
-func Union(lists ...*Allowlist) *Allowlist {
+func Union(lists ...*List) *List {
 	var all []Entry
 	for _, l := range lists {
 		all = append(all, l.Entries()...)
 	}
-	return NewAllowlist(all...)
+	return New(all...)
 }
 
 // wildcardProbe is a label no public suffix rule names: if probe.S is a
@@ -230,7 +233,7 @@ func section(icann bool) string {
 // "s3.amazonaws.com" itself, but not "x.s3.amazonaws.com", which sits
 // under the public suffix "s3.amazonaws.com" and so belongs to another
 // owner. host must be normalised.
-func wildcardCovers(host, suffix string) bool {
+func WildcardCovers(host, suffix string) bool {
 	if !strings.HasSuffix(host, "."+suffix) {
 		return false
 	}
@@ -252,7 +255,7 @@ func wildcardCovers(host, suffix string) bool {
 }
 
 // Has reports whether e (by name, wildcard and port) is an entry of a.
-func (a *Allowlist) Has(e Entry) bool {
+func (a *List) Has(e Entry) bool {
 	if a == nil {
 		return false
 	}
@@ -268,7 +271,7 @@ func (a *Allowlist) Has(e Entry) bool {
 // with add. Removing an entry that a does not hold is an error, so that a
 // typo, or a name allowed only through a wildcard, is not mistaken for a
 // refusal. a is unchanged.
-func (a *Allowlist) Change(add, remove []Entry) (*Allowlist, error) {
+func (a *List) Change(add, remove []Entry) (*List, error) {
 	gone := make(map[string]bool, len(remove))
 	for _, e := range remove {
 		if !a.Has(e) {
@@ -285,5 +288,5 @@ func (a *Allowlist) Change(add, remove []Entry) (*Allowlist, error) {
 			keep = append(keep, e)
 		}
 	}
-	return NewAllowlist(append(keep, add...)...), nil
+	return New(append(keep, add...)...), nil
 }
