@@ -22,6 +22,7 @@ import (
 
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
@@ -52,7 +53,7 @@ type AgentConfig struct {
 	// re-adopting anything.
 	Ephemeral bool
 	// File holds profiles, resolvers, allowed CIDRs and limits; nil: none.
-	File *proxy.File
+	File *config.File
 	// Resolvers override File's; AllowCIDRs add to File's.
 	Resolvers  []string
 	AllowCIDRs []netip.Prefix
@@ -74,7 +75,7 @@ type Agent struct {
 	host  *Host
 	proxy *proxy.Proxy
 	log   *slog.Logger
-	file  atomic.Pointer[proxy.File] // the configuration in force; Reload swaps it
+	file  atomic.Pointer[config.File] // the configuration in force; Reload swaps it
 	obs   *observers
 	ret   retainer
 
@@ -151,9 +152,9 @@ type TrialInfo struct {
 	Owner *Owner `json:"owner,omitempty"`
 	// Denied are entries removed from the live Trial with deny: a reload
 	// --reprofile does not bring them back from its profiles.
-	Denied  []string      `json:"denied,omitempty"`
-	Limits  *proxy.Limits `json:"limits,omitempty"`
-	Created time.Time     `json:"created"`
+	Denied  []string       `json:"denied,omitempty"`
+	Limits  *config.Limits `json:"limits,omitempty"`
+	Created time.Time      `json:"created"`
 }
 
 // Attach returns a handle for launching commands into the Trial, from
@@ -183,8 +184,8 @@ type CreateRequest struct {
 	RequireTLS bool     `json:"require_tls,omitempty"`
 	Strict     bool     `json:"strict,omitempty"`
 	// Learn makes a learning Trial (as does a profile with learn: true).
-	Learn  bool          `json:"learn,omitempty"`
-	Limits *proxy.Limits `json:"limits,omitempty"`
+	Learn  bool           `json:"learn,omitempty"`
+	Limits *config.Limits `json:"limits,omitempty"`
 	// MaxProcesses overrides the config's limits.max_processes for this
 	// Trial's commands (0: the config's).
 	MaxProcesses int      `json:"max_processes,omitempty"`
@@ -248,8 +249,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 		_ = host.Close()
 		return nil, err
 	}
-	pcfg := proxy.Config{Logger: log, LogDecisions: true, OnEvent: a.onEvent, AllowCIDRs: set.AllowCIDRs, HostFacts: set.HostFacts, Resolver: set.Resolver,
-		Limits: set.Limits, MaxConnections: set.MaxConnections}
+	pcfg := proxy.Config{ProxySettings: set, Logger: log, LogDecisions: true, OnEvent: a.onEvent}
 	if a.proxy, err = proxy.New(pcfg); err != nil {
 		_ = host.Close()
 		return nil, err
@@ -410,7 +410,7 @@ func allowEntries(l *allow.List) []AllowEntry {
 func (a *Agent) allowlist(req CreateRequest) (*allow.List, error) {
 	allow, err := a.file.Load().Allowlist(req.Profiles, req.Allow, req.RequireTLS)
 	switch {
-	case errors.Is(err, proxy.ErrUnknownProfile):
+	case errors.Is(err, config.ErrUnknownProfile):
 		return nil, errf(CodeUnknownProfile, "%v", err)
 	case err != nil:
 		return nil, errf(CodeBadAllowlist, "%v", err)
@@ -463,7 +463,7 @@ func (a *Agent) keepOldData(id string) error {
 // listens: the decision log (its processes may connect at once, a
 // re-adopted Trial's at the very moment it is served) and the proxy's
 // policy for it.
-func (a *Agent) prepare(lt *liveTrial, allow *allow.List, limits *proxy.Limits, stats *record.TrialStats) (err error) {
+func (a *Agent) prepare(lt *liveTrial, allow *allow.List, limits *config.Limits, stats *record.TrialStats) (err error) {
 	if a.cfg.DataDir != "" {
 		dir := filepath.Join(a.cfg.DataDir, lt.info.ID)
 		if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
-	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
@@ -100,11 +100,11 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 			t.Fatalf("record of a learning Trial: %+v", r)
 		}
 	}
-	y, err := proxy.Learn(recs, 0).Profile("learned")
+	y, err := config.Learn(recs, 0).Profile("learned")
 	if err != nil {
 		t.Fatal(err)
 	}
-	file, err := proxy.ParseFile(y)
+	file, err := config.ParseFile(y)
 	if err != nil {
 		t.Fatalf("learned profile:\n%s\n%v", y, err)
 	}

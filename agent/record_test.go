@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -100,7 +101,7 @@ func connectThrough(t *testing.T, proxyAddr, target string) int {
 // counters replayed from the log are the proxy's own.
 func TestDecisionRecordRoundTrip(t *testing.T) {
 	const id = "rec-1"
-	file, err := proxy.ParseFile([]byte("profiles:\n  claude: [\"api.example.com:443\"]\n"))
+	file, err := config.ParseFile([]byte("profiles:\n  claude: [\"api.example.com:443\"]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +155,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 func TestDecisionLogFloodSummarised(t *testing.T) {
 	const id, n = "rec-3", 40
 	a, lt, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow.New(),
-		&proxy.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil)
+		&config.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil)
 	target := strings.Repeat("x", 1000) + "/"
 	for range n {
 		if got := connectThrough(t, proxyAddr, target); got != http.StatusBadRequest {
@@ -247,7 +248,7 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 // with r, dialing an echo upstream) serving Trial id alone, under allow
 // and lim, on a loopback listener whose address it returns. tap, if set,
 // sees each event after the agent has.
-func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.List, lim *proxy.Limits, tap func(record.Event)) (*Agent, *liveTrial, string) {
+func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.List, lim *config.Limits, tap func(record.Event)) (*Agent, *liveTrial, string) {
 	t.Helper()
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
 	onEvent := a.onEvent
@@ -255,7 +256,7 @@ func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.Li
 		onEvent = func(e *record.Event, line []byte) { a.onEvent(e, line); tap(*e) }
 	}
 	var err error
-	a.proxy, err = proxy.New(proxy.Config{Resolver: r, Dialer: toUpstream(echoUpstream(t)), HostAddrs: noHostAddrs{}, OnEvent: onEvent})
+	a.proxy, err = proxy.New(proxy.Config{ProxySettings: config.ProxySettings{Resolver: r}, Dialer: toUpstream(echoUpstream(t)), HostAddrs: noHostAddrs{}, OnEvent: onEvent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +302,7 @@ func TestDecisionLogHardBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _, proxyAddr := recordingAgent(t, id, manyAddrs(4000), allow, &proxy.Limits{MaxLogBytes: limit, ConnectRate: 1e6, ConnectBurst: 1e6}, nil)
+	a, _, proxyAddr := recordingAgent(t, id, manyAddrs(4000), allow, &config.Limits{MaxLogBytes: limit, ConnectRate: 1e6, ConnectBurst: 1e6}, nil)
 	start := time.Now()
 	for range n {
 		if got := connectThrough(t, proxyAddr, "many.test:443"); got != http.StatusForbidden {

@@ -12,9 +12,8 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
-	"github.com/trialnet/trialnet/resolve"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -36,31 +35,15 @@ type ReloadResult struct {
 	Reprofiled []string `json:"reprofiled"` // Trials whose allowlist was replaced
 }
 
-// proxySettings are what the proxy serves new Trials with under file:
-// the command line's resolvers win over the file's, its allowed CIDRs add
-// to the file's.
-func (a *Agent) proxySettings(file *proxy.File) (proxy.Settings, error) {
-	s := proxy.Settings{AllowCIDRs: slices.Clone(a.cfg.AllowCIDRs), Resolver: a.cfg.Resolver}
-	resolvers := a.cfg.Resolvers
+// proxySettings are what the proxy serves new Trials with under file
+// (nil: none) and the agent's own settings.
+func (a *Agent) proxySettings(file *config.File) (config.ProxySettings, error) {
 	if file != nil {
 		if err := sandbox.CheckMaxProcs(file.Limits.MaxProcesses); err != nil {
-			return proxy.Settings{}, fmt.Errorf("limits: max_processes: %w", err)
-		}
-		s.AllowCIDRs = append(file.CIDRs(), a.cfg.AllowCIDRs...)
-		s.HostFacts = file.HostFacts()
-		s.Limits, s.MaxConnections = file.Limits, file.MaxConnections
-		if len(resolvers) == 0 {
-			resolvers = file.Resolvers
+			return config.ProxySettings{}, fmt.Errorf("limits: max_processes: %w", err)
 		}
 	}
-	if s.Resolver == nil {
-		r, err := resolve.NewDNSResolver(resolvers)
-		if err != nil {
-			return proxy.Settings{}, err
-		}
-		s.Resolver = r
-	}
-	return s, nil
+	return file.ProxySettings(a.cfg.AllowCIDRs, a.cfg.Resolvers, a.cfg.Resolver)
 }
 
 // reprofiled is one live Trial's new allowlist, ready to apply.
@@ -84,7 +67,7 @@ func (a *Agent) Reload(req ReloadRequest) (ReloadResult, error) {
 	if path == "" {
 		return ReloadResult{}, errf(CodeBadRequest, "this agent was started without --config: there is no file to reload")
 	}
-	f, err := proxy.LoadFile(path)
+	f, err := config.LoadFile(path)
 	if err != nil {
 		return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %v", err)
 	}
@@ -133,8 +116,8 @@ func (a *Agent) Reload(req ReloadRequest) (ReloadResult, error) {
 // samePaths refuses a file whose paths differ from the running agent's:
 // they name what the agent holds open (socket, pins, state), so moving
 // them takes a restart.
-func samePaths(old, new *proxy.File) error {
-	var o, n proxy.Paths
+func samePaths(old, new *config.File) error {
+	var o, n config.Paths
 	if old != nil {
 		o = old.Paths
 	}
@@ -149,7 +132,7 @@ func samePaths(old, new *proxy.File) error {
 
 // planReprofile computes the new allowlist of every live Trial made from
 // profiles: the profiles' entries from f, plus the Trial's explicit ones.
-func (a *Agent) planReprofile(f *proxy.File) (_ []reprofiled, unlock func(), err error) {
+func (a *Agent) planReprofile(f *config.File) (_ []reprofiled, unlock func(), err error) {
 	a.mu.Lock()
 	var lts []*liveTrial
 	for _, lt := range a.trials {

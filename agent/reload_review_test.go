@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -118,7 +118,7 @@ func TestPrivilegedRestartKeepsCreatedCIDRs(t *testing.T) {
 		t.Fatalf("the live Trial after the reload: exit %d, reason %q; want address_denied", code, reason)
 	}
 	a.Close(false)
-	cfg.File, err = proxy.LoadFile(path)
+	cfg.File, err = config.LoadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}

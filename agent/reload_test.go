@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/proxy"
 )
 
 // reloadable is an in-process agent started from a config file that the
@@ -22,7 +22,7 @@ func reloadable(t *testing.T, w *world, yaml string) (AgentConfig, string) {
 	cfg := w.config(t)
 	cfg.ConfigPath = filepath.Join(t.TempDir(), "trialnet.yaml")
 	writeConfig(t, cfg.ConfigPath, yaml)
-	f, err := proxy.LoadFile(cfg.ConfigPath)
+	f, err := config.LoadFile(cfg.ConfigPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestPrivilegedReloadReprofile(t *testing.T) {
 	check(a, "after the reload")
 
 	a.Close(false) // the Trials stay; a new agent re-adopts them from their records
-	cfg.File, err = proxy.LoadFile(path)
+	cfg.File, err = config.LoadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}

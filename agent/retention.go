@@ -15,8 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/netns"
-	"github.com/trialnet/trialnet/proxy"
 )
 
 // DefaultRetentionEvery is how often the retention rule runs on a timer,
@@ -93,11 +93,11 @@ func (r *retainer) stop() {
 
 // sweep applies the configured retention rule to the data directory.
 func (a *Agent) sweep() {
-	var rule proxy.Retention
+	var rule config.Retention
 	if f := a.file.Load(); f != nil {
 		rule = f.Retention
 	}
-	if rule == (proxy.Retention{}) {
+	if rule == (config.Retention{}) {
 		return // no rule: keep everything, without listing the directory
 	}
 	removed, err := a.applyRetention(rule, time.Now())
@@ -113,7 +113,7 @@ func (a *Agent) sweep() {
 // keep: entries older than KeepDays days, and entries beyond the
 // KeepTrials newest. A live Trial's directory is neither counted nor
 // removed, and nothing but Trial data directories is touched.
-func (a *Agent) applyRetention(rule proxy.Retention, now time.Time) ([]string, error) {
+func (a *Agent) applyRetention(rule config.Retention, now time.Time) ([]string, error) {
 	dir := a.cfg.DataDir
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -149,7 +149,7 @@ func (a *Agent) applyRetention(rule proxy.Retention, now time.Time) ([]string, e
 
 // expired returns the entries rule removes, given every destroyed
 // Trial's entry.
-func expired(data []dataEntry, rule proxy.Retention, now time.Time) []dataEntry {
+func expired(data []dataEntry, rule config.Retention, now time.Time) []dataEntry {
 	// Newest first; equal times by name, so the choice is stable.
 	slices.SortFunc(data, func(x, y dataEntry) int {
 		if c := y.at.Compare(x.at); c != 0 {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/proxy"
 )
 
 // The retention rule removes exactly the destroyed Trials' data it names:
@@ -39,15 +39,15 @@ func TestRetentionRemovesExactlyWhatTheRuleSays(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		rule proxy.Retention
+		rule config.Retention
 		gone []string
 	}{
-		{"no rule keeps everything", proxy.Retention{}, nil},
-		{"keep_days 7", proxy.Retention{KeepDays: 7}, []string{"b.1700000000000000000", "c", "crashed", "live.1600000000000000000"}},
-		{"keep_trials 2", proxy.Retention{KeepTrials: 2}, []string{"b.1700000000000000000", "c", "crashed", "live.1600000000000000000"}},
-		{"keep_trials 3", proxy.Retention{KeepTrials: 3}, []string{"c", "crashed", "live.1600000000000000000"}},
-		{"either: days 45 or trials 4", proxy.Retention{KeepDays: 45, KeepTrials: 4}, []string{"crashed", "live.1600000000000000000"}},
-		{"keep_days 1 keeps nothing older than a day", proxy.Retention{KeepDays: 1}, []string{"b", "b.1700000000000000000", "c", "crashed", "live.1600000000000000000"}},
+		{"no rule keeps everything", config.Retention{}, nil},
+		{"keep_days 7", config.Retention{KeepDays: 7}, []string{"b.1700000000000000000", "c", "crashed", "live.1600000000000000000"}},
+		{"keep_trials 2", config.Retention{KeepTrials: 2}, []string{"b.1700000000000000000", "c", "crashed", "live.1600000000000000000"}},
+		{"keep_trials 3", config.Retention{KeepTrials: 3}, []string{"c", "crashed", "live.1600000000000000000"}},
+		{"either: days 45 or trials 4", config.Retention{KeepDays: 45, KeepTrials: 4}, []string{"crashed", "live.1600000000000000000"}},
+		{"keep_days 1 keeps nothing older than a day", config.Retention{KeepDays: 1}, []string{"b", "b.1700000000000000000", "c", "crashed", "live.1600000000000000000"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,7 +107,7 @@ func TestPrivilegedRetentionAfterDestroy(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 239)
 	cfg := w.config(t)
-	cfg.File = &proxy.File{Retention: proxy.Retention{KeepTrials: 1}}
+	cfg.File = &config.File{Retention: config.Retention{KeepTrials: 1}}
 	a := startAgent(t, cfg)
 	for _, id := range []string{"ret-live", "ret-a", "ret-b"} {
 		if _, err := a.Create(CreateRequest{ID: id}); err != nil {

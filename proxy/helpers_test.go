@@ -16,6 +16,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -208,7 +209,7 @@ type proxyOpts struct {
 	tls       bool
 	learn     bool
 	cidrs     []string
-	limits    *Limits
+	limits    *config.Limits
 	upstream  func(*net.TCPConn)
 	configure func(*Config)
 	// upstreamAddr, if set, is where every checked address is dialed
@@ -244,7 +245,7 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 	}
 	tp := &testProxy{dns: ds, dialer: &mapDialer{to: to}, events: make(chan record.Event, 1024)}
 	cfg := Config{
-		Resolver: res, Dialer: tp.dialer, AllowCIDRs: cidrs,
+		ProxySettings: config.ProxySettings{Resolver: res, AllowCIDRs: cidrs}, Dialer: tp.dialer,
 		OnEvent: func(e *record.Event, _ []byte) { tp.events <- *e },
 	}
 	if o.configure != nil {

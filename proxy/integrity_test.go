@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -120,7 +121,7 @@ func dump(recs []record.Event) string {
 func runExchanges(t *testing.T, l *ledger, exs []exchange, change func(tp *testProxy)) []record.Event {
 	t.Helper()
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80"}, upstream: func(c *net.TCPConn) { l.active.Add(1); l.serve(c) },
-		limits: &Limits{ConnectBurst: 1 << 20, RecordBurst: 1 << 20}})
+		limits: &config.Limits{ConnectBurst: 1 << 20, RecordBurst: 1 << 20}})
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
 	var wg sync.WaitGroup
 	for _, ex := range exs {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
 )
@@ -60,8 +61,8 @@ func (m addrMap) Dial(ctx context.Context, a netip.AddrPort) (net.Conn, error) {
 
 func memChild() error {
 	p, err := New(Config{
-		Resolver: nameMap{"hostile.test": hostileAddr, "good.test": goodAddr},
-		Dialer:   addrMap{hostileAddr: os.Getenv("MEMTEST_HOSTILE"), goodAddr: os.Getenv("MEMTEST_GOOD")},
+		ProxySettings: config.ProxySettings{Resolver: nameMap{"hostile.test": hostileAddr, "good.test": goodAddr}},
+		Dialer:        addrMap{hostileAddr: os.Getenv("MEMTEST_HOSTILE"), goodAddr: os.Getenv("MEMTEST_GOOD")},
 	})
 	if err != nil {
 		return err
@@ -73,7 +74,7 @@ func memChild() error {
 		}
 		// The CONNECT burst raised: a Trial reaches its caps at the
 		// default rate too, only more slowly.
-		if err := p.AddTrial(TrialPolicy{ID: tr.id, Allow: al, Limits: &Limits{ConnectBurst: 10000}}); err != nil {
+		if err := p.AddTrial(TrialPolicy{ID: tr.id, Allow: al, Limits: &config.Limits{ConnectBurst: 10000}}); err != nil {
 			return err
 		}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -251,7 +252,7 @@ func TestProxyMemoryPerTrial(t *testing.T) {
 	// Half of t1's client connections kept alive, each with its buffer
 	// and its idle upstream connection; the other half, its tunnel cap,
 	// held by hostile responses.
-	for range DefaultMaxClientConns - DefaultMaxTunnels {
+	for range config.DefaultMaxClientConns - config.DefaultMaxTunnels {
 		get(t1, true)
 	}
 
@@ -271,7 +272,7 @@ func TestProxyMemoryPerTrial(t *testing.T) {
 			sample()
 		}
 	}
-	for i := range DefaultMaxTunnels {
+	for i := range config.DefaultMaxTunnels {
 		path := []string{"/cap", "/stall"}[i%2]
 		_ = forwardGET(t, t1, "http://hostile.test"+path) // read nothing
 		if i%16 == 0 {
@@ -297,7 +298,7 @@ func TestProxyMemoryPerTrial(t *testing.T) {
 	release()
 	grew := peak - base
 	t.Logf("proxy RSS %d MiB before, %d MiB at peak: one Trial's %d kept-alive connections and %d hostile requests grew it by %.1f MiB (bound %d MiB)",
-		base>>20, peak>>20, DefaultMaxClientConns-DefaultMaxTunnels, DefaultMaxTunnels, float64(grew)/(1<<20), MemoryPerTrialBound>>20)
+		base>>20, peak>>20, config.DefaultMaxClientConns-config.DefaultMaxTunnels, config.DefaultMaxTunnels, float64(grew)/(1<<20), MemoryPerTrialBound>>20)
 	if grew > MemoryPerTrialBound {
 		t.Fatalf("one Trial grew the proxy by %d MiB, over the documented %d MiB", grew>>20, MemoryPerTrialBound>>20)
 	}

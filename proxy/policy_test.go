@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -345,7 +346,7 @@ func TestLearnProfile(t *testing.T) {
 	}
 	add("metadata.example.com", 80, record.DecisionDeny, record.ReasonPolicyDenied) // refused: left out
 	recs = append(recs, record.Event{Trial: "l1", Decision: record.DecisionPolicyChange, PolicyChange: &record.PolicyChange{UID: 0}})
-	l := Learn(recs, 0)
+	l := config.Learn(recs, 0)
 	var got []string
 	for _, e := range l.Entries {
 		got = append(got, fmt.Sprintf("%s=%d/%d", e.Entry, e.Allowed, e.WouldDeny))
@@ -361,7 +362,7 @@ func TestLearnProfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := ParseFile(y)
+	f, err := config.ParseFile(y)
 	if err != nil {
 		t.Fatalf("profile does not load: %v\n%s", err, y)
 	}
@@ -369,7 +370,7 @@ func TestLearnProfile(t *testing.T) {
 	if len(al.Entries()) != 8 || !strings.Contains(string(y), `# offered: - "*.cdn.example.com:443"`) || strings.Contains(string(y), "metadata") {
 		t.Fatalf("profile:\n%s", y)
 	}
-	if _, err := Learn(recs[len(recs)-2:], 0).Profile("x"); err == nil {
+	if _, err := config.Learn(recs[len(recs)-2:], 0).Profile("x"); err == nil {
 		t.Fatal("a profile of nothing let through")
 	}
 }

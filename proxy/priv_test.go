@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
@@ -138,7 +139,7 @@ func TestPrivilegedProductionDial(t *testing.T) {
 	ds := newDNSServer(t)
 	ds.set("host.example.com", 60, th.Addr4.String(), th.Addr6.String())
 	res, _ := resolve.NewDNSResolver([]string{ds.Addr})
-	p, err := New(Config{Resolver: res, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("fd7a:7472::/32")}})
+	p, err := New(Config{ProxySettings: config.ProxySettings{Resolver: res, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("fd7a:7472::/32")}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/ratelimit"
 	"github.com/trialnet/trialnet/record"
@@ -43,19 +44,12 @@ const (
 
 // Config configures a Proxy. Nil and zero fields take the defaults.
 type Config struct {
-	// AllowCIDRs lets private, CGNAT, reserved or link-local destinations
-	// through (never loopback, unspecified, this host's or metadata
-	// addresses). Validate them with CheckAllowCIDR.
-	AllowCIDRs []netip.Prefix
-	// HostFacts are what the guard cannot learn from this host (see
-	// HostFacts); validate them with HostFacts.Check.
-	HostFacts guard.HostFacts
+	// ProxySettings are the allowed CIDRs, host facts, resolver,
+	// per-Trial limits and connection cap; Reconfigure replaces them.
+	config.ProxySettings
 	// HostAddrs is the host's own address set; nil watches this host's
 	// namespace with netlink for the life of the Proxy.
 	HostAddrs guard.AddrSet
-	// Resolver resolves allowed names; nil: NewDNSResolver(nil), the
-	// host's resolv.conf servers.
-	Resolver resolve.Resolver
 	// Dialer connects to checked addresses; nil: a NetDialer whose
 	// Control hook re-checks every address with the guard.
 	Dialer Dialer
@@ -69,9 +63,6 @@ type Config struct {
 	// its JSON line (see Sink): ev and line are valid only during the
 	// call.
 	OnEvent record.Sink
-	// Limits are the per-Trial defaults; a Trial may carry its own.
-	Limits         Limits
-	MaxConnections int // proxy-wide concurrent client connections
 
 	HeaderTimeout, DNSTimeout, DialTimeout, TLSTimeout, FallbackDelay time.Duration
 }
@@ -96,7 +87,7 @@ type Proxy struct {
 
 // New returns a Proxy. It learns the host's addresses before returning.
 func New(cfg Config) (*Proxy, error) {
-	cfg.Limits = cfg.Limits.withDefaults()
+	cfg.Limits = cfg.Limits.WithDefaults()
 	if cfg.MaxConnections <= 0 {
 		cfg.MaxConnections = DefaultMaxConnections
 	}
@@ -146,10 +137,10 @@ type settings struct {
 	guard    *guard.Guard
 	resolver resolve.Resolver
 	dialer   Dialer
-	limits   Limits // the defaults, for a Trial without its own
+	limits   config.Limits // the defaults, for a Trial without its own
 }
 
-func (p *Proxy) settingsFor(g *guard.Guard, r resolve.Resolver, lim Limits) *settings {
+func (p *Proxy) settingsFor(g *guard.Guard, r resolve.Resolver, lim config.Limits) *settings {
 	d := p.cfg.Dialer
 	if d == nil {
 		d = NewNetDialer(g)
@@ -157,27 +148,10 @@ func (p *Proxy) settingsFor(g *guard.Guard, r resolve.Resolver, lim Limits) *set
 	return &settings{guard: g, resolver: r, dialer: d, limits: lim}
 }
 
-// Settings are what Reconfigure changes.
-type Settings struct {
-	// AllowCIDRs replace the allowed CIDRs (see Config.AllowCIDRs).
-	AllowCIDRs []netip.Prefix
-	// HostFacts replace the host facts, for live Trials too: they only
-	// say where this host is.
-	HostFacts guard.HostFacts
-	// Resolver replaces the resolver; nil keeps the current one.
-	Resolver resolve.Resolver
-	// Limits replace the per-Trial defaults; zero fields take the defaults.
-	Limits Limits
-	// MaxConnections replaces the proxy-wide cap on client connections
-	// (0: DefaultMaxConnections). Being proxy-wide, it applies at once to
-	// new connections of every Trial; it never closes an admitted one.
-	MaxConnections int
-}
-
 // Reconfigure applies s to the Trials added after it returns. Trials
 // already added keep the allowed CIDRs, resolver and limits they were
 // added with, and their open tunnels are not touched.
-func (p *Proxy) Reconfigure(s Settings) {
+func (p *Proxy) Reconfigure(s config.ProxySettings) {
 	cur := p.cur.Load()
 	r := s.Resolver
 	if r == nil {
@@ -188,7 +162,7 @@ func (p *Proxy) Reconfigure(s Settings) {
 		mc = DefaultMaxConnections
 	}
 	cur.guard.SetHostFacts(s.HostFacts)
-	p.cur.Store(p.settingsFor(cur.guard.WithAllow(s.AllowCIDRs), r, s.Limits.withDefaults()))
+	p.cur.Store(p.settingsFor(cur.guard.WithAllow(s.AllowCIDRs), r, s.Limits.WithDefaults()))
 	p.maxConns.Store(int64(mc))
 }
 
@@ -196,7 +170,7 @@ func (p *Proxy) Reconfigure(s Settings) {
 func (p *Proxy) Guard() *guard.Guard { return p.cur.Load().guard }
 
 // DefaultLimits are the limits of Trials added now without their own.
-func (p *Proxy) DefaultLimits() Limits { return p.cur.Load().limits }
+func (p *Proxy) DefaultLimits() config.Limits { return p.cur.Load().limits }
 
 // TrialPolicy is what the proxy enforces for one Trial.
 type TrialPolicy struct {
@@ -206,7 +180,7 @@ type TrialPolicy struct {
 	// every other check (address guard, TLS name, IP literals, limits)
 	// still refuses.
 	Learn  bool
-	Limits *Limits // nil: the proxy's defaults
+	Limits *config.Limits // nil: the proxy's defaults
 	// AllowCIDRs, if not nil, are the Trial's allowed CIDRs instead of the
 	// proxy's current ones: a re-adopted Trial keeps what it was created
 	// with, whatever the config says now.
@@ -221,7 +195,7 @@ type trial struct {
 	allow   atomic.Pointer[allow.List] // replaced whole by SetAllow, under mu
 	learn   bool
 	set     *settings // as the proxy's were when the Trial was added
-	limits  Limits
+	limits  config.Limits
 	bucket  *ratelimit.Bucket
 	records *record.Gate // bounds what its decision records cost
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
@@ -253,7 +227,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	}
 	lim := set.limits
 	if tp.Limits != nil {
-		lim = tp.Limits.withDefaults()
+		lim = tp.Limits.WithDefaults()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
 )
@@ -22,7 +23,7 @@ func TestReconfigureAppliesToNewTrialsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tp.Reconfigure(Settings{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Resolver: res, Limits: Limits{MaxTunnels: 1}})
+	tp.Reconfigure(config.ProxySettings{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Resolver: res, Limits: config.Limits{MaxTunnels: 1}})
 	after := tp.addTrial(t, "t2", "lan.example.test:443")
 
 	tests := []struct {

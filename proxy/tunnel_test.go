@@ -20,6 +20,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -210,7 +211,7 @@ func prngSum(seed byte, n int64) [32]byte {
 
 func TestLimits(t *testing.T) {
 	t.Run("tunnels", func(t *testing.T) {
-		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{MaxTunnels: 2}})
+		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{MaxTunnels: 2}})
 		tp.dns.set("api.example.com", 60, "93.184.216.34")
 		var open []net.Conn
 		for range 2 {
@@ -234,7 +235,7 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("rate", func(t *testing.T) {
-		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{ConnectRate: 0.5, ConnectBurst: 3}})
+		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{ConnectRate: 0.5, ConnectBurst: 3}})
 		tp.dns.set("api.example.com", 60, "93.184.216.34")
 		for i := range 4 {
 			resp, c, _ := tp.connect(t, connectHead("api.example.com:443"))
@@ -408,7 +409,7 @@ func TestRemoveTrialCutsPendingConnect(t *testing.T) {
 // fail: its caps are charged before the proxy-wide limit, and what they
 // refuse holds none of the proxy's connections.
 func TestTrialCapsComeBeforeGlobalLimit(t *testing.T) {
-	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &Limits{MaxClientConns: 4, MaxPendingHeads: 2},
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{MaxClientConns: 4, MaxPendingHeads: 2},
 		configure: func(c *Config) { c.MaxConnections = 6 }})
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
 	t2 := tp.addTrial(t, "t2", "api.example.com:443")

@@ -22,9 +22,9 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/timerslack"
-	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
@@ -110,7 +110,7 @@ func cmdAgent(args []string, stdout, stderr io.Writer) int {
 }
 
 // hostConfig is where the config file puts the host's pieces.
-func hostConfig(file *proxy.File) agent.Config {
+func hostConfig(file *config.File) agent.Config {
 	return agent.Config{PinDir: file.Paths.PinDir, NetnsDir: file.Paths.NetnsDir, Parent: file.Paths.CgroupParent,
 		StateDir: or(file.Paths.StateDir, agent.DefaultStateDir)}
 }

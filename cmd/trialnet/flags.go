@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/guard"
-	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -96,10 +96,10 @@ func (c *configFlags) given() bool {
 
 // load reads the config file (an empty configuration without --config)
 // and checks the CIDRs: everything is validated before anything starts.
-func (c *configFlags) load() (*proxy.File, []netip.Prefix, error) {
-	file := &proxy.File{}
+func (c *configFlags) load() (*config.File, []netip.Prefix, error) {
+	file := &config.File{}
 	if c.path != "" {
-		f, err := proxy.LoadFile(c.path)
+		f, err := config.LoadFile(c.path)
 		if err != nil {
 			return nil, nil, err
 		}

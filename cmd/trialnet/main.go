@@ -22,8 +22,8 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/termsafe"
-	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
@@ -191,14 +191,14 @@ func cmdDoctor(args []string, stdout, stderr io.Writer) int {
 
 func cmdUninstall(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("uninstall", "uninstall [--config F] [--force]", "sudo trialnet uninstall --config /etc/trialnet/trialnet.yaml --force", stderr)
-	config := fs.String("config", "", "the agent's YAML config file, whose paths: (cgroup parent, pins, namespaces, state) are the ones to remove")
+	configPath := fs.String("config", "", "the agent's YAML config file, whose paths: (cgroup parent, pins, namespaces, state) are the ones to remove")
 	force := fs.Bool("force", false, "uninstall even while Trials are live, destroying them first (their processes are killed)")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
-	file := &proxy.File{}
-	if *config != "" {
-		f, err := proxy.LoadFile(*config)
+	file := &config.File{}
+	if *configPath != "" {
+		f, err := config.LoadFile(*configPath)
 		if err != nil {
 			return fail(stdout, stderr, false, exitUsage, err)
 		}

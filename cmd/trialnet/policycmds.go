@@ -11,7 +11,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/allow"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -49,7 +49,7 @@ func auditRecords(id, from, socket string, stderr io.Writer) ([]record.Event, in
 
 // printProfile prints the profile the records show the Trial used.
 func printProfile(stdout, stderr io.Writer, asJSON bool, name string, recs []record.Event) int {
-	l := proxy.Learn(recs, proxy.DefaultWildcardHosts)
+	l := config.Learn(recs, config.DefaultWildcardHosts)
 	y, err := l.Profile(name)
 	if err != nil {
 		return fail(stdout, stderr, asJSON, exitFailure, err)

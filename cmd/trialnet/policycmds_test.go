@@ -15,7 +15,7 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/agent"
-	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -40,7 +40,7 @@ func TestAuditFromFileProfile(t *testing.T) {
 	if code != exitOK || !strings.Contains(errOut, "warning") {
 		t.Fatalf("audit --from --profile: exit %d, %q", code, errOut)
 	}
-	f, err := proxy.ParseFile([]byte(out))
+	f, err := config.ParseFile([]byte(out))
 	if err != nil {
 		t.Fatalf("profile does not load: %v\n%s", err, out)
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
-	"github.com/trialnet/trialnet/resolve"
 )
 
 func cmdProxy(args []string, stdout, stderr io.Writer) int {
@@ -36,19 +35,12 @@ func proxyConfig(af *allowFlags, cf *configFlags) (*allow.List, proxy.Config, er
 	if err != nil {
 		return nil, proxy.Config{}, err
 	}
-	allow, err := file.Allowlist(af.profiles, af.allow, af.requireTLS)
+	list, err := file.Allowlist(af.profiles, af.allow, af.requireTLS)
 	if err != nil {
 		return nil, proxy.Config{}, err
 	}
-	cfg := proxy.Config{AllowCIDRs: append(file.CIDRs(), cidrs...), HostFacts: file.HostFacts(), Limits: file.Limits, MaxConnections: file.MaxConnections}
-	resolvers := []string(cf.resolvers)
-	if len(resolvers) == 0 {
-		resolvers = file.Resolvers
-	}
-	if cfg.Resolver, err = resolve.NewDNSResolver(resolvers); err != nil {
-		return nil, proxy.Config{}, err
-	}
-	return allow, cfg, nil
+	set, err := file.ProxySettings(cidrs, cf.resolvers, nil)
+	return list, proxy.Config{ProxySettings: set}, err
 }
 
 // serveProxy runs the standalone proxy until ctx ends. ready, if set, is

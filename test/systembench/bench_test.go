@@ -29,6 +29,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
@@ -82,7 +83,7 @@ func setup(b *testing.B) *env {
 	a, err := agent.Start(agent.AgentConfig{
 		Host: testenv.IsolatedHost(b, "sysbench"), DataDir: b.TempDir(),
 		Resolvers: []string{e.dns}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
-		File: &proxy.File{Limits: proxy.Limits{ConnectRate: 1e6, ConnectBurst: 1 << 20}},
+		File: &config.File{Limits: config.Limits{ConnectRate: 1e6, ConnectBurst: 1 << 20}},
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -214,8 +215,8 @@ func BenchmarkSandboxWithProcess(b *testing.B) {
 			}
 		}
 		// The ad-hoc setup's proxy: trialnet's, on a host loopback port.
-		p, err := proxy.New(proxy.Config{Resolver: mustResolver(b, e.dns), AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
-			Limits: proxy.Limits{ConnectRate: 1e6, ConnectBurst: 1 << 20}})
+		p, err := proxy.New(proxy.Config{ProxySettings: config.ProxySettings{Resolver: mustResolver(b, e.dns), AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
+			Limits: config.Limits{ConnectRate: 1e6, ConnectBurst: 1 << 20}}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package proxy
+package config
 
 // Per-Trial limit defaults.
 const (
@@ -61,7 +61,7 @@ type Limits struct {
 	MaxMemory int64 `yaml:"max_memory" json:"max_memory,omitempty"`
 }
 
-func (l Limits) withDefaults() Limits {
+func (l Limits) WithDefaults() Limits {
 	if l.MaxTunnels <= 0 {
 		l.MaxTunnels = DefaultMaxTunnels
 	}

@@ -1,4 +1,8 @@
-package proxy
+// Package config is trialnet's configuration: the agent's YAML file
+// (profiles, resolvers, allowed CIDRs, host facts, limits, paths and
+// retention), the merge of that file with what a command line adds into
+// the proxy's settings, and profiles learned from decision records.
+package config
 
 import (
 	"bytes"
@@ -237,4 +241,50 @@ func (f *File) Allowlist(profiles, entries []string, requireTLS bool) (*allow.Li
 		return nil, err
 	}
 	return allow.Union(append(lists, explicit)...), nil
+}
+
+// ProxySettings are the proxy-wide settings: what Proxy.New starts with
+// and Proxy.Reconfigure replaces.
+type ProxySettings struct {
+	// AllowCIDRs lets private, CGNAT, reserved or link-local destinations
+	// through (never loopback, unspecified, this host's or metadata
+	// addresses). Validate them with guard.CheckAllowCIDR.
+	AllowCIDRs []netip.Prefix
+	// HostFacts are what the guard cannot learn from this host (see
+	// guard.HostFacts); validate them with HostFacts.Check. A
+	// reconfiguration changes them for live Trials too: they only say
+	// where this host is.
+	HostFacts guard.HostFacts
+	// Resolver resolves allowed names; nil: the host's resolv.conf
+	// servers (a reconfiguration with nil keeps the current one).
+	Resolver resolve.Resolver
+	// Limits are the per-Trial defaults; zero fields take the defaults.
+	Limits Limits
+	// MaxConnections caps client connections, every Trial together (0:
+	// the proxy's default). Being proxy-wide, a new cap applies at once
+	// to new connections of every Trial; it never closes an admitted one.
+	MaxConnections int
+}
+
+// ProxySettings merges f (nil: no file) with what its caller adds: the
+// allowed CIDRs add to the file's, resolvers given replace the file's,
+// and a resolver r given replaces both (an embedder's own).
+func (f *File) ProxySettings(cidrs []netip.Prefix, resolvers []string, r resolve.Resolver) (ProxySettings, error) {
+	s := ProxySettings{AllowCIDRs: slices.Clone(cidrs), Resolver: r}
+	if f != nil {
+		s.AllowCIDRs = append(f.CIDRs(), cidrs...)
+		s.HostFacts = f.HostFacts()
+		s.Limits, s.MaxConnections = f.Limits, f.MaxConnections
+		if len(resolvers) == 0 {
+			resolvers = f.Resolvers
+		}
+	}
+	if s.Resolver == nil {
+		dns, err := resolve.NewDNSResolver(resolvers)
+		if err != nil {
+			return ProxySettings{}, err
+		}
+		s.Resolver = dns
+	}
+	return s, nil
 }
