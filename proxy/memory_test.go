@@ -20,8 +20,10 @@ import (
 
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/tlstest"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
+	"github.com/trialnet/trialnet/wire"
 )
 
 // MemoryPerTrialBound is the documented bound on what one Trial can make
@@ -67,7 +69,7 @@ func memChild() error {
 	if err != nil {
 		return err
 	}
-	for _, tr := range []struct{ id, allow string }{{"t1", "hostile.test:80 good.test:80"}, {"t2", "good.test:80"}} {
+	for _, tr := range []struct{ id, allow string }{{"t1", "hostile.test:80 hostile.test:443 good.test:80"}, {"t2", "good.test:80"}} {
 		al, err := allow.Parse(strings.Fields(tr.allow), false)
 		if err != nil {
 			return err
@@ -110,7 +112,15 @@ func hostileUpstream(t *testing.T, stop <-chan struct{}) string {
 				defer wg.Done()
 				defer c.Close()
 				go func() { <-stop; _ = c.Close() }()
-				req, err := http.ReadRequest(bufio.NewReader(c))
+				br := bufio.NewReader(c)
+				if b, err := br.Peek(1); err == nil && b[0] == 0x16 {
+					// A tunnel: after the ClientHello, a ServerHello that
+					// never completes, in records as small as they come.
+					_, _ = c.Write(stalledHello(2))
+					<-stop
+					return
+				}
+				req, err := http.ReadRequest(br)
 				if err != nil {
 					return
 				}
@@ -141,6 +151,41 @@ func hostileUpstream(t *testing.T, stop <-chan struct{}) string {
 	}()
 	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
 	return ln.Addr().String()
+}
+
+// stalledHello is a TLS handshake message of type typ (1 ClientHello,
+// 2 ServerHello) that declares wire.MaxClientHello bytes and stops
+// short of them, sent one byte a record: it fills the buffer the proxy
+// holds for an incomplete hello, which then waits for the rest.
+func stalledHello(typ byte) []byte {
+	l := wire.MaxClientHello
+	b := []byte{0x16, 0x03, 0x01, 0x00, 0x04, typ, byte(l >> 16), byte(l >> 8), byte(l)}
+	for len(b)+6 < wire.MaxHelloBuffer {
+		b = append(b, 0x16, 0x03, 0x01, 0x00, 0x01, 0x00)
+	}
+	return b
+}
+
+// connectTLS opens a tunnel to hostile.test:443 through proxyAddr and
+// sends first, the start of a ClientHello or all of one.
+func connectTLS(t *testing.T, proxyAddr string, first []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	if _, err := io.WriteString(c, connectHead("hostile.test:443")); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT hostile.test:443: %+v, %v", resp, err)
+	}
+	if _, err := c.Write(first); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // rss is a process's resident memory, in bytes.
@@ -185,7 +230,30 @@ func forwardGET(t *testing.T, proxyAddr, url string) net.Conn {
 // heads that never end, heads over it and bodies its clients never read,
 // grows the proxy process by less than MemoryPerTrialBound; and the
 // other Trial's requests succeed throughout.
+//
+// Both ways a Trial holds tunnels are measured, at the full tunnel cap
+// each: forwarded requests (responses at the head cap, heads that never
+// end, bodies never read) and CONNECT tunnels in the TLS check (a
+// ClientHello that stops short at the buffer's bound, an upstream's
+// ServerHello that does).
 func TestProxyMemoryPerTrial(t *testing.T) {
+	hello := tlstest.ClientHello(t, "hostile.test")
+	for _, tc := range []struct {
+		name string
+		hold func(t *testing.T, addr string, i int)
+	}{
+		{"forwarded", func(t *testing.T, addr string, i int) {
+			_ = forwardGET(t, addr, "http://hostile.test"+[]string{"/cap", "/stall"}[i%2]) // read nothing
+		}},
+		{"tls", func(t *testing.T, addr string, i int) {
+			connectTLS(t, addr, [][]byte{stalledHello(1), hello}[i%2])
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testProxyMemory(t, tc.hold) })
+	}
+}
+
+func testProxyMemory(t *testing.T, hold func(t *testing.T, addr string, i int)) {
 	stop := make(chan struct{})
 	release := sync.OnceFunc(func() { close(stop) })
 	t.Cleanup(release)
@@ -273,8 +341,7 @@ func TestProxyMemoryPerTrial(t *testing.T) {
 		}
 	}
 	for i := range config.DefaultMaxTunnels {
-		path := []string{"/cap", "/stall"}[i%2]
-		_ = forwardGET(t, t1, "http://hostile.test"+path) // read nothing
+		hold(t, t1, i)
 		if i%16 == 0 {
 			sample()
 			goodRequest()

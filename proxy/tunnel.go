@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -185,12 +184,11 @@ func watchServerHello(client, up net.Conn, buf []byte, answers chan<- bool) (int
 	for {
 		n, retry, err := wire.ServerHelloRecords(buf)
 		if errors.Is(err, wire.ErrNeedMore) {
-			if len(buf) > 2*wire.MaxClientHello {
+			var m int
+			var rerr error
+			if buf, m, rerr = wire.ReadMore(up, buf); errors.Is(rerr, wire.ErrHelloBuffer) {
 				err = errors.New("ServerHello too large")
 			} else {
-				buf = slices.Grow(buf, 4096)
-				m, rerr := up.Read(buf[len(buf):cap(buf)])
-				buf = buf[:len(buf)+m]
 				if m > 0 || rerr == nil {
 					continue
 				}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 
 	"github.com/trialnet/trialnet/record"
@@ -23,10 +22,14 @@ const (
 	maxRecordPayload     = 1<<14 + 256 // TLSPlaintext limit plus slack some stacks use
 	handshakeClientHello = 1
 	handshakeServerHello = 2
-	MaxClientHello       = 64 << 10 // far above real ClientHellos, even with post-quantum key shares
-	extServerName        = 0
-	extECH               = 0xfe0d
-	sniHostName          = 0
+	// MaxClientHello bounds a ClientHello or ServerHello message: one
+	// full record, some eight times a real ClientHello with post-quantum
+	// key shares (about 1.8 KB), and what one tunnel may make the
+	// shared proxy hold while a hello is incomplete (see MaxHelloBuffer).
+	MaxClientHello = 16 << 10
+	extServerName  = 0
+	extECH         = 0xfe0d
+	sniHostName    = 0
 )
 
 // helloRetryRandom is the random of a HelloRetryRequest, a ServerHello
@@ -102,6 +105,30 @@ func recordTypeName(t byte) string {
 	return fmt.Sprintf("type %d", t)
 }
 
+// MaxHelloBuffer bounds the bytes buffered while a hello is incomplete,
+// record headers included: tiny records may double a hello's size, no
+// more.
+const MaxHelloBuffer = 2 * MaxClientHello
+
+// ErrHelloBuffer is ReadMore's refusal to buffer past MaxHelloBuffer.
+var ErrHelloBuffer = errors.New("hello buffer full")
+
+// ReadMore reads once from r onto the end of buf, growing it by at most
+// a few KiB at a time and never past MaxHelloBuffer, so that an
+// incomplete hello costs the proxy what it sent, not a doubled slice.
+func ReadMore(r io.Reader, buf []byte) ([]byte, int, error) {
+	if len(buf) >= MaxHelloBuffer {
+		return buf, 0, ErrHelloBuffer
+	}
+	if cap(buf)-len(buf) < 1024 {
+		nb := make([]byte, len(buf), min(len(buf)+max(len(buf)/2, 4096), MaxHelloBuffer))
+		copy(nb, buf)
+		buf = nb
+	}
+	n, err := r.Read(buf[len(buf):cap(buf)])
+	return buf[:len(buf)+n], n, err
+}
+
 // readClientHello reads from r, after the bytes already in buf, until buf
 // holds a whole ClientHello (possibly spread over several records and TCP
 // segments). It returns every byte read, of which the first n are the
@@ -118,13 +145,12 @@ func ReadClientHello(r io.Reader, buf []byte, retry bool) ([]byte, int, ClientHe
 		if !errors.Is(err, ErrNeedMore) {
 			return buf, 0, ClientHelloInfo{}, err
 		}
-		if len(buf) > 2*MaxClientHello { // tiny records may double the size, no more
+		var got int
+		var rerr error
+		if buf, got, rerr = ReadMore(r, buf); errors.Is(rerr, ErrHelloBuffer) {
 			return buf, 0, ClientHelloInfo{}, errors.New("ClientHello too large")
 		}
-		buf = slices.Grow(buf, 2048)
-		n, rerr := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if n == 0 && rerr != nil {
+		if got == 0 && rerr != nil {
 			return buf, 0, ClientHelloInfo{}, fmt.Errorf("connection ended inside the ClientHello: %w", rerr)
 		}
 	}
