@@ -464,12 +464,13 @@ func (a *Agent) keepOldData(id string) error {
 // re-adopted Trial's at the very moment it is served) and the proxy's
 // policy for it.
 func (a *Agent) prepare(lt *liveTrial, allow *allow.List, limits *config.Limits, stats *record.TrialStats) (err error) {
+	var written int64
 	if a.cfg.DataDir != "" {
 		dir := filepath.Join(a.cfg.DataDir, lt.info.ID)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		if err := lt.log.open(a.decisionLog(lt.info.ID)); err != nil {
+		if written, err = lt.log.open(a.decisionLog(lt.info.ID)); err != nil {
 			return err
 		}
 		defer func() {
@@ -479,7 +480,7 @@ func (a *Agent) prepare(lt *liveTrial, allow *allow.List, limits *config.Limits,
 		}()
 	}
 	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Learn: lt.info.Learning, Limits: limits,
-		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats})
+		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats, LogWritten: written})
 }
 
 // endpoint serves Trials' proxy endpoints for the sandbox: the listening

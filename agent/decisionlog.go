@@ -33,27 +33,36 @@ type decisionLog struct {
 	ended    bool // no more records: watchers are closed and none are added
 }
 
-// open starts appending to the file at path. A file whose last record an
-// agent crash cut short is ended with a newline first, so that the next
-// record starts a line of its own and only the torn one is unreadable.
-func (l *decisionLog) open(path string) error {
+// open starts appending to the file at path, and returns its size: what
+// a restarted agent's Trial wrote already counts against its bound. A
+// file whose last record an agent crash cut short is ended with a
+// newline first, so that the next record starts a line of its own and
+// only the torn one is unreadable.
+func (l *decisionLog) open(path string) (int64, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return err
+		return 0, err
 	}
+	st, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
+		return 0, err
+	}
+	size := st.Size()
 	var last [1]byte
-	if st, err := f.Stat(); err == nil && st.Size() > 0 {
-		if _, err := f.ReadAt(last[:], st.Size()-1); err == nil && last[0] != '\n' {
+	if size > 0 {
+		if _, err := f.ReadAt(last[:], size-1); err == nil && last[0] != '\n' {
 			if _, err := f.Write([]byte{'\n'}); err != nil {
 				_ = f.Close()
-				return err
+				return 0, err
 			}
+			size++
 		}
 	}
 	l.mu.Lock()
 	l.file, l.w = f, record.NewWriter(f)
 	l.mu.Unlock()
-	return nil
+	return size, nil
 }
 
 // close stops writing the file; records after it are still counted.

@@ -228,7 +228,7 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	var l decisionLog
-	if err := l.open(path); err != nil {
+	if _, err := l.open(path); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.add(&record.Event{Trial: "x", Decision: record.DecisionDeny, Reason: record.ReasonPolicyDenied}, nil); err != nil {
@@ -338,6 +338,10 @@ func TestDecisionLogHardBound(t *testing.T) {
 	}
 	// One summary when the log filled, one at the end, and one per
 	// summary period between.
+	bounds := record.Bounds{MaxLogBytes: limit}
+	if whole := int64(limit) + bounds.SummaryReserve() + 80<<10; int64(len(b)) > whole {
+		t.Fatalf("a decision log of %d bytes, over its bound of %d (max_log_bytes, the summaries' reserve, one last summary)", len(b), whole)
+	}
 	if most := 2 + int(took/(10*time.Second)); decisions > limit || summaries == 0 || summaries > most {
 		t.Fatalf("%d bytes of records for a limit of %d, then %d summaries (at most %d) in a file of %d bytes", decisions, limit, summaries, most, len(b))
 	}

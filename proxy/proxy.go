@@ -188,6 +188,9 @@ type TrialPolicy struct {
 	// Stats, if set, are where the Trial's counters start: a restarted
 	// agent continues them from the decision log.
 	Stats *record.TrialStats
+	// LogWritten is the size of the Trial's decision log already: a
+	// restarted agent's Trial keeps to its max_log_bytes across restarts.
+	LogWritten int64
 }
 
 type trial struct {
@@ -252,7 +255,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel,
 	}
-	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes}, p.write)
+	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten}, p.write)
 	t.allow.Store(list)
 	p.trials[tp.ID] = t
 	return nil

@@ -170,6 +170,11 @@ type Suppressed struct {
 	// next one takes the rest), and a profile learned from the log still
 	// allows all of them.
 	Reached []ReachedTarget `json:"reached_targets,omitempty"`
+	// ReachedOther counts requests let through to targets past the
+	// first MaxSummaryReached of a summary written after the log's
+	// summary reserve was spent (see Bounds.SummaryReserve): the one
+	// place where a reached target is counted and not named.
+	ReachedOther uint64 `json:"reached_other,omitempty"`
 	// LogFull: the Trial's records reached Limits.MaxLogBytes; from this
 	// summary on, its records are only counted in summaries.
 	LogFull bool `json:"log_full"`

@@ -28,22 +28,35 @@ const MaxRecordAddrs = 16
 // summarised while they are being suppressed; a variable for tests.
 var SummaryEvery = 10 * time.Second
 
-// Bounds are what a recordGate lets one Trial write.
+// Bounds are what a Gate lets one Trial write.
 type Bounds struct {
 	// Rate and Burst bound the records of requests the CONNECT rate did
 	// not charge (see Reason.charged).
 	Rate  float64
 	Burst int
 	// MaxLogBytes bounds the bytes of records written, as JSON lines.
+	// Summaries may take SummaryReserve more; past that, only the last
+	// summary, written when the Trial is removed, is.
 	MaxLogBytes int64
+	// Written is what the log holds already (a restarted agent's), which
+	// counts against MaxLogBytes.
+	Written int64
 }
+
+// SummaryReserve is the room past MaxLogBytes that summaries of a full
+// log may take, so that the file's size is bounded, not only its rate:
+// an eighth of MaxLogBytes, at least 1 MiB (a dozen worst-case
+// summaries). Once it is spent, a Trial's records are counted in one
+// summary that grows no larger (see Suppressed.ReachedOther), written
+// when the Trial is removed.
+func (b Bounds) SummaryReserve() int64 { return max(b.MaxLogBytes/8, 1<<20) }
 
 // Sink takes a written record and its JSON line (no newline), which is
 // valid only during the call, or nil if the record could not be encoded:
 // every record is encoded once, by the gate that sizes it.
 type Sink func(ev *Event, line []byte)
 
-// recordGate bounds what one Trial writes to the decision log and the
+// Gate bounds what one Trial writes to the decision log and the
 // journal, whatever it sends: records of requests the CONNECT rate did not
 // charge pass the record rate, and no record is written past the Trial's
 // log bytes. A record refused either way is counted in a summary record.
@@ -56,6 +69,7 @@ type Gate struct {
 	mu       sync.Mutex
 	written  int64  // bytes of records written (JSON lines), summaries included
 	full     bool   // written reached MaxLogBytes: records only counted in summaries from here
+	spent    bool   // summaries used the reserve too: only the last one is written
 	line     []byte // the record being written, encoded once
 	pending  *Suppressed
 	reached  map[reachedKey]int // index in pending.Reached
@@ -77,7 +91,8 @@ type reachedKey struct {
 }
 
 func NewGate(id string, learn bool, b Bounds, sink Sink) *Gate {
-	return &Gate{trial: id, learn: learn, bounds: b, rate: ratelimit.New(b.Rate, b.Burst), sink: sink}
+	return &Gate{trial: id, learn: learn, bounds: b, rate: ratelimit.New(b.Rate, b.Burst), sink: sink,
+		written: b.Written, full: b.Written >= b.MaxLogBytes}
 }
 
 // gateVerdict is what the gate does with a record.
@@ -123,7 +138,7 @@ func (g *Gate) flushLocked(last bool) {
 		return
 	}
 	g.closed = last
-	if ev, line := g.summary(); ev != nil {
+	if ev, line := g.summary(last); ev != nil {
 		g.sink(ev, line)
 	}
 }
@@ -166,9 +181,9 @@ func (g *Gate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 	var done *Event
 	var doneLine []byte
 	k := reachedKey{ev.Host, ev.Port, ev.RequireTLS}
-	if ev.Decision == DecisionAllow && g.pending != nil && len(g.pending.Reached) >= MaxSummaryReached {
+	if ev.Decision == DecisionAllow && g.pending != nil && len(g.pending.Reached) >= MaxSummaryReached && !g.spent {
 		if _, ok := g.reached[k]; !ok {
-			done, doneLine = g.summaryLocked()
+			done, doneLine = g.summaryLocked(false)
 		}
 	}
 	s := g.pending
@@ -182,16 +197,22 @@ func (g *Gate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 	s.Records++
 	s.ByReason[ev.Reason]++
 	if ev.Decision == DecisionAllow {
-		i, ok := g.reached[k]
-		if !ok {
-			i = len(s.Reached)
-			g.reached[k] = i
-			s.Reached = append(s.Reached, ReachedTarget{Host: ev.Host, Port: ev.Port, RequireTLS: ev.RequireTLS})
-		}
-		s.Reached[i].Requests++
 		if ev.WouldDeny != "" {
 			s.WouldDeny++
-			s.Reached[i].WouldDeny++
+		}
+		i, ok := g.reached[k]
+		if !ok && len(s.Reached) >= MaxSummaryReached { // only once the reserve is spent
+			s.ReachedOther++
+		} else {
+			if !ok {
+				i = len(s.Reached)
+				g.reached[k] = i
+				s.Reached = append(s.Reached, ReachedTarget{Host: ev.Host, Port: ev.Port, RequireTLS: ev.RequireTLS})
+			}
+			s.Reached[i].Requests++
+			if ev.WouldDeny != "" {
+				s.Reached[i].WouldDeny++
+			}
 		}
 	} else {
 		target := ev.Target
@@ -215,27 +236,27 @@ func (g *Gate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 }
 
 // summary takes the pending counts as a summary record and its line, nil
-// if there are none.
-func (g *Gate) summary() (*Event, []byte) {
+// if there are none (or, unless last, if the reserve is spent).
+func (g *Gate) summary(last bool) (*Event, []byte) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.timer != nil {
 		g.timer.Stop()
 		g.timer = nil
 	}
-	return g.summaryLocked()
+	return g.summaryLocked(last)
 }
 
 // summaryLocked is summary with g.mu held; the timer, if armed, stays so
 // for the next. Summaries count against the log's bytes, and are written
-// past its limit: they are what is written there, at most one per
-// summaryEvery and one per MaxSummaryReached targets reached.
-func (g *Gate) summaryLocked() (*Event, []byte) {
+// past its limit, within the reserve: at most one per summaryEvery and
+// one per MaxSummaryReached targets reached. A summary that would not
+// fit the reserve stays pending, to be counted on, unless it is the last.
+func (g *Gate) summaryLocked(last bool) (*Event, []byte) {
 	s := g.pending
-	if s == nil {
+	if s == nil || (g.spent && !last) {
 		return nil, nil
 	}
-	g.pending, g.reached = nil, nil
 	s.LogFull = g.full
 	detail := fmt.Sprintf("%d similar records suppressed: refused before admission, over the Trial's record rate (%g/s, burst %d)",
 		s.Records, g.bounds.Rate, g.bounds.Burst)
@@ -244,12 +265,22 @@ func (g *Gate) summaryLocked() (*Event, []byte) {
 			"from here on its decisions are only counted, in summaries, which name every target reached and the first %d refused",
 			s.Records, g.bounds.MaxLogBytes, MaxSummaryTargets)
 	}
+	if s.ReachedOther > 0 {
+		detail += fmt.Sprintf("; the summaries' own room past the limit (%d bytes) is spent too: %d requests to targets past the first %d are counted, not named",
+			g.bounds.SummaryReserve(), s.ReachedOther, MaxSummaryReached)
+	}
 	ev := &Event{Schema: SummarySchema, ID: rand.Text(), Time: g.from, Duration: g.to.Sub(g.from), Trial: g.trial,
 		Decision: DecisionSuppressed, Learning: g.learn, Detail: detail, Suppressed: s}
 	line, err := ev.AppendJSON(nil) // a summary is rare, and may be written after the next record
-	if err == nil {
-		g.written += int64(len(line)) + 1
+	if err != nil {
+		line = nil
 	}
+	if !last && g.full && g.written+int64(len(line))+1 > g.bounds.MaxLogBytes+g.bounds.SummaryReserve() {
+		g.spent = true // kept pending: the last summary carries it
+		return nil, nil
+	}
+	g.pending, g.reached = nil, nil
+	g.written += int64(len(line)) + 1
 	return ev, line
 }
 

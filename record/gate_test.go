@@ -104,9 +104,67 @@ func TestWorstCaseRecordSizes(t *testing.T) {
 		r.Decision, r.Host = DecisionAllow, fmt.Sprintf("%02d%s", i, name[2:])
 		g.suppress(&r)
 	}
-	_, sumJSON := g.summary()
+	_, sumJSON := g.summary(true)
 	if len(rec) > maxRecord || len(sumJSON) > maxSummary {
 		t.Fatalf("worst record %d bytes (documented %d), worst summary %d bytes (documented %d)", len(rec), maxRecord, len(sumJSON), maxSummary)
 	}
 	t.Logf("worst record %d bytes, worst summary %d bytes", len(rec), len(sumJSON))
+}
+
+// The decision log's size is bounded, not only its rate: past
+// MaxLogBytes, summaries take at most the reserve, then one last summary
+// carries the rest, counting the reached targets it has no room to name.
+// Every record is counted in exactly one written record or summary.
+func TestGateBoundsTheFile(t *testing.T) {
+	b := Bounds{Rate: 1, Burst: 1, MaxLogBytes: 20000}
+	var written, records uint64
+	var size int64
+	var last *Event
+	g := NewGate("t", false, b, func(ev *Event, line []byte) {
+		size += int64(len(line)) + 1
+		if ev.Suppressed != nil {
+			records += ev.Suppressed.Records
+			last = ev
+		} else {
+			written++
+		}
+	})
+	const n = 20000
+	now := time.Now()
+	for i := range n {
+		ev := &Event{Schema: EventSchema, ID: "x", Time: now, Trial: "t", Decision: DecisionAllow, Reason: ReasonAllowed,
+			Method: "CONNECT", Host: fmt.Sprintf("h%05d.example.com", i), Port: 443}
+		ev.Target = fmt.Sprintf("%s:%d", ev.Host, ev.Port)
+		g.Record(ev, now)
+		if i%500 == 0 {
+			g.Flush(false) // as the timer does
+		}
+	}
+	g.Flush(true)
+	if written+records != n {
+		t.Fatalf("%d records written and %d in summaries, of %d", written, records, n)
+	}
+	if bound := b.MaxLogBytes + b.SummaryReserve() + 80<<10; size > bound {
+		t.Fatalf("%d bytes written, over %d (the limit, the reserve and one last summary)", size, bound)
+	}
+	if last == nil || last.Suppressed.ReachedOther == 0 || !strings.Contains(last.Detail, "counted, not named") {
+		t.Fatalf("the last summary does not say what it could not name: %+v", last)
+	}
+	t.Logf("%d bytes for a limit of %d: %d records written, %d in summaries", size, b.MaxLogBytes, written, records)
+}
+
+// A log a previous agent filled stays full: its Trial's next record is
+// only counted.
+func TestGateCountsWhatTheLogHolds(t *testing.T) {
+	var lines int
+	g := NewGate("t", false, Bounds{Rate: 1, Burst: 1, MaxLogBytes: 1000, Written: 1000}, func(ev *Event, _ []byte) {
+		if ev.Suppressed == nil {
+			lines++
+		}
+	})
+	g.Record(&Event{Schema: EventSchema, Trial: "t", Decision: DecisionAllow, Reason: ReasonAllowed, Host: "a.test", Port: 443}, time.Now())
+	g.Flush(true)
+	if lines != 0 {
+		t.Fatalf("a record written in full to a log that was full already")
+	}
 }
