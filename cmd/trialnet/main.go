@@ -242,10 +242,24 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
+	if *asJSON && report == nil {
+		return fail(stdout, stderr, true, exitUsage, usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE or --report-fd N"})
+	}
+	// Every way out after this point writes the report, a refusal
+	// included: a report left at FILE by an earlier run is never read as
+	// this one's.
+	failRun := func(code int, err error) int {
+		if report != nil {
+			if werr := report.write(map[string]any{"exit_code": code, "error": err.Error()}); werr != nil {
+				err = errors.Join(err, werr)
+			}
+		}
+		return fail(stdout, stderr, false, code, err)
+	}
 	argv := fs.Args()
 	if len(argv) == 0 {
 		fs.Usage()
-		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"run: no command given; put it after --"})
+		return failRun(exitUsage, usageError{"run: no command given; put it after --"})
 	}
 	for _, p := range hostOwnDirPaths(argv) {
 		fmt.Fprintf(stderr, "trialnet: note: %s is in the host's %s; the Trial has its own (empty) /tmp, /var/tmp and /dev/shm and will not find it: put what CMD needs in a directory outside them\n",
@@ -259,7 +273,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		err = usageError{"run --nested: a nested Trial runs no command as uid 0 (its /proc is left unmasked for the sandboxes inside, and uid 0 owns what is there); pass --uid N"}
 	}
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, exitUsage, err)
+		return failRun(exitUsage, err)
 	}
 	// Owned: the Trial ends with this process, however it ends (SIGKILL
 	// included), not only when run tears it down.
@@ -272,17 +286,17 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	client := agent.NewClient(*socket)
 	running, err := client.Running()
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, exitFailure, err)
+		return failRun(exitFailure, err)
 	}
 	if running {
 		if cf.given() {
-			return fail(stdout, stderr, *asJSON, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *socket + " with its own configuration; drop them or stop that agent"})
+			return failRun(exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *socket + " with its own configuration; drop them or stop that agent"})
 		}
 		b = client
 	} else {
 		file, cidrs, err := cf.load()
 		if err != nil {
-			return fail(stdout, stderr, *asJSON, exitUsage, err)
+			return failRun(exitUsage, err)
 		}
 		// The config's paths (pins, cgroup parent, namespaces) are honoured.
 		// Its Trials are this process's: their records, apart from the
@@ -292,14 +306,14 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		host.StateDir += "-ephemeral"
 		a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: cf.resolvers, AllowCIDRs: cidrs, Ephemeral: true})
 		if err != nil {
-			return fail(stdout, stderr, *asJSON, exitFailure, err)
+			return failRun(exitFailure, err)
 		}
 		defer a.Close(true)
 		b = a
 	}
 	info, err := b.Create(req)
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+		return failRun(agentCode(err), err)
 	}
 	start := time.Now()
 	stopRefusals := func() {}
@@ -319,7 +333,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			_, derr := b.DestroyExit(info.ID, nil)
 			stopRefusals()
-			return fail(stdout, stderr, *asJSON, exitFailure, errors.Join(
+			return failRun(exitFailure, errors.Join(
 				fmt.Errorf("run: %w; --timeout needs it, so CMD was not started (run without --timeout to go without one)", err), derr))
 		}
 		defer wd.Release()
@@ -341,9 +355,12 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 	}
 	st, derr := b.DestroyExit(info.ID, &exit)
 	stopRefusals()
+	// The Trial is over and its output drained: undo what it may have
+	// left the terminal in, so that what follows reads as trialnet's.
+	resetTerminal(stderr)
 	switch {
 	case errors.As(runErr, &se):
-		return fail(stdout, stderr, *asJSON, se.Code, errors.Join(runErr, derr))
+		return failRun(se.Code, errors.Join(runErr, derr))
 	case timedOut:
 		code = exitTimeout
 		fmt.Fprintf(stderr, "trialnet: %s timed out after %v; every process in the Trial was killed\n", argv[0], *timeout)
@@ -381,15 +398,7 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	// The Trial is over and its output drained: undo what it may have
-	// left the terminal in, so that what follows reads as trialnet's.
-	resetTerminal(stderr)
-	if *asJSON {
-		// On a line of its own, the last of stdout: never glued to a half
-		// line the Trial left there.
-		fmt.Fprintln(stdout)
-		printJSON(stdout, result)
-	} else if *verbose {
+	if *verbose {
 		fmt.Fprintf(stderr, "exit_code %d\n", code)
 		printStats(stderr, st)
 	} else {

@@ -181,14 +181,37 @@ func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
 		t.Errorf("the counter table without -v:\n%s", errOut)
 	}
 
-	code, _, errOut = trialnet("run", "--uid", "65534", "--", "no-such-command-trialnet")
+	// A command that cannot start still gets its report, so that an
+	// earlier run's report at the path is never read as this one's.
+	stale := filepath.Join(t.TempDir(), "report.json")
+	if err := os.WriteFile(stale, []byte(`{"exit_code":0,"verdict":"forged"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = trialnet("run", "--report", stale, "--uid", "65534", "--", "no-such-command-trialnet")
 	if code != 127 || !strings.Contains(errOut, "not found") {
 		t.Fatalf("missing command: exit %d, %q", code, errOut)
 	}
+	var failed struct {
+		ExitCode int    `json:"exit_code"`
+		Error    string `json:"error"`
+	}
+	if b, err := os.ReadFile(stale); err != nil || json.Unmarshal(b, &failed) != nil || failed.ExitCode != 127 || !strings.Contains(failed.Error, "not found") {
+		t.Fatalf("the report of a command that could not start: %s (%v)", b, err)
+	}
 
-	code, out, _ := trialnet("run", "-j", "--uid", "65534", "--", "bash", "-c", ": </dev/tcp/127.0.0.1/1; true")
-	if code != 0 {
-		t.Fatalf("-j run: exit %d", code)
+	// -j never writes on the Trial's stdout: it needs a report.
+	if code, out, errOut := trialnet("run", "-j", "--uid", "65534", "--", "true"); code != exitUsage || !strings.Contains(out, "--report") {
+		t.Fatalf("run -j without a report: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	reportPath := filepath.Join(t.TempDir(), "report.json")
+	code, out, _ := trialnet("run", "-j", "--report", reportPath, "--uid", "65534", "--", "bash", "-c", ": </dev/tcp/127.0.0.1/1; true")
+	if code != 0 || out != "" {
+		t.Fatalf("-j run: exit %d, stdout %q", code, out)
+	}
+	if b, err := os.ReadFile(reportPath); err != nil {
+		t.Fatal(err)
+	} else {
+		out = string(b)
 	}
 	var res struct {
 		Trial    string            `json:"trial"`
