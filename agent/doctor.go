@@ -97,13 +97,11 @@ func loadOnce(mount string) (loadedLayer, error) {
 	return layer, nil
 }
 
-// processBound names the bound on a Trial's processes that applies here:
-// RLIMIT_NPROC, which the kernel counts per uid. The cgroup v2 pids
-// controller would bound each Trial whatever its uid; trialnet does not
-// use it yet, and on hosts that bind it to cgroup v1 it is not there.
-// poolChecks say what bounds each Trial's share of the host's tasks and
-// memory here, as the agent's Trials would get it (under its parent
-// cgroup, which this makes if need be, as the agent does).
+// poolChecks say what bounds each Trial's share of the host's pools
+// here: its tasks and memory through the cgroup controllers, as the
+// agent's Trials would get them (under its parent cgroup, which this
+// makes if need be, as the agent does), and the pools every Trial gets
+// its own bounded instance of, or is refused.
 func poolChecks() []bpf.Check {
 	parent, err := sandbox.EnsureParent()
 	if err != nil {
@@ -116,6 +114,16 @@ func poolChecks() []bpf.Check {
 			c = bpf.Check{Name: "per-Trial " + b.Pool + " bound", Err: errors.New(b.Bound)}
 		}
 		out = append(out, c)
+	}
+	for _, b := range []string{
+		fmt.Sprintf("ptys: %d, its own devpts instance (max=)", sandbox.MaxPtys),
+		fmt.Sprintf("/dev/shm: %d MiB, its own tmpfs", sandbox.ShmBytes>>20),
+		fmt.Sprintf("/tmp and /var/tmp: %d MiB each, its own tmpfs (counted in its memory)", sandbox.TmpBytes>>20),
+		fmt.Sprintf("processes per command: %d (RLIMIT_NPROC, per uid)", sandbox.DefaultMaxProcs),
+		"AIO contexts: none (io_setup refused)",
+		"core dumps: none (RLIMIT_CORE 0)",
+	} {
+		out = append(out, bpf.Check{Name: "per-Trial " + b})
 	}
 	return out
 }

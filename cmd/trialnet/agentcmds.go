@@ -313,6 +313,14 @@ func isTerminal(w io.Writer) bool {
 
 // printStats prints a Trial's counters in aligned columns, bpftool-style,
 // ending with the verdict line. Every string goes through termsafe.
+// poolEvents names what a pool's events count.
+func poolEvents(pool string) string {
+	if pool == "pids" {
+		return "forks refused at the bound"
+	}
+	return "OOM kills"
+}
+
 func printStats(w io.Writer, st agent.Stats) {
 	q := termsafe.String
 	fmt.Fprintf(w, "trial %s (%s)\n", q(st.Trial), mode(st.Learning))
@@ -338,6 +346,13 @@ func printStats(w io.Writer, st agent.Stats) {
 	slices.Sort(reasons)
 	for _, r := range reasons {
 		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", q(r), p.ByReason[r])
+	}
+	for _, u := range st.Pools {
+		if u.Max == 0 {
+			fmt.Fprintf(tw, "\tpool\t%s\tunbounded (%s)\n", q(u.Pool), q(u.Bound))
+			continue
+		}
+		fmt.Fprintf(tw, "\tpool\t%s\t%d now, %d at peak, of %d; %d %s\n", q(u.Pool), u.Current, u.Peak, u.Max, u.Events, poolEvents(u.Pool))
 	}
 	_ = tw.Flush()
 	for _, t := range st.TopRefused {

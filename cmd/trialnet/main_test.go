@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -137,6 +138,12 @@ func TestPrivilegedRunExitCodesAndCleanup(t *testing.T) {
 	}
 	if !strings.Contains(errOut, "connect4_denied") || !strings.Contains(errOut, "0 direct egress packets") {
 		t.Fatalf("-v: counters missing from stderr:\n%s", errOut)
+	}
+	// The pools the Trial drew on, with their peaks, as the host bounds them.
+	for _, pool := range []string{"pids", "memory"} {
+		if !regexp.MustCompile(`pool +` + pool + ` +(\d+ now, \d+ at peak, of \d+; \d+ |unbounded)`).MatchString(errOut) {
+			t.Fatalf("-v: no %s pool line:\n%s", pool, errOut)
+		}
 	}
 
 	// Without -v: one summary line; --show-refusals: one line per refusal
@@ -284,6 +291,11 @@ func TestPrivilegedDoctor(t *testing.T) {
 		if !slices.ContainsFunc(res.Checks, func(c check) bool {
 			return strings.HasPrefix(c.Check, "per-Trial "+pool+" bound: cgroup v") && strings.Contains(c.Check, pool+" controller")
 		}) {
+			t.Errorf("doctor does not name the %s bound: %s", pool, out)
+		}
+	}
+	for _, pool := range []string{"ptys", "/dev/shm", "/tmp and /var/tmp", "processes per command", "AIO contexts", "core dumps"} {
+		if !slices.ContainsFunc(res.Checks, func(c check) bool { return strings.HasPrefix(c.Check, "per-Trial "+pool+": ") && c.OK }) {
 			t.Errorf("doctor does not name the %s bound: %s", pool, out)
 		}
 	}
