@@ -290,8 +290,8 @@ func (a *Agent) Close(teardown bool) {
 	}
 	a.owners.Wait()
 	if teardown {
-		for _, info := range a.List() {
-			if _, err := a.Destroy(info.ID); err != nil {
+		for _, info := range a.list() {
+			if _, err := a.Destroy(context.Background(), info.ID); err != nil {
 				a.log.Error("destroy on shutdown", "trial", info.ID, "error", err)
 			}
 		}
@@ -310,8 +310,11 @@ func (a *Agent) Close(teardown bool) {
 // endpoint listening inside its namespace, served with the Trial's
 // allowlist. It is all-or-nothing. An owned Trial is made through the
 // control socket only (Handler), whose peer owns it.
-func (a *Agent) Create(req CreateRequest) (TrialInfo, error) {
-	return a.create(req, nil)
+func (a *Agent) Create(ctx context.Context, req CreateRequest) (TrialInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return TrialInfo{}, err
+	}
+	return a.create(req, callerConn(ctx))
 }
 
 // create makes a Trial for the caller at the other end of conn (nil: a
@@ -569,7 +572,7 @@ func (a *Agent) releaseSoon() {
 }
 
 // Get returns a live Trial's description.
-func (a *Agent) Get(id string) (TrialInfo, error) {
+func (a *Agent) Get(_ context.Context, id string) (TrialInfo, error) {
 	lt, err := a.lookup(id)
 	if err != nil {
 		return TrialInfo{}, err
@@ -596,7 +599,9 @@ func (a *Agent) lookup(id string) (*liveTrial, error) {
 }
 
 // List returns the live Trials, sorted by id.
-func (a *Agent) List() []TrialInfo {
+func (a *Agent) List(context.Context) ([]TrialInfo, error) { return a.list(), nil }
+
+func (a *Agent) list() []TrialInfo {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []TrialInfo
@@ -674,7 +679,7 @@ func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p record.TrialStats) St
 
 // Stats reads a live Trial's counters; of a destroyed one, the final
 // stats kept in its data directory (its receipt among them).
-func (a *Agent) Stats(id string) (Stats, error) {
+func (a *Agent) Stats(_ context.Context, id string) (Stats, error) {
 	lt, err := a.lookup(id)
 	if err != nil {
 		if st, ok := a.finalStats(id); ok {
@@ -709,11 +714,13 @@ func (a *Agent) finalStats(id string) (Stats, bool) {
 // Destroy kills everything in the Trial, closes its proxy endpoint and
 // removes its namespace, cgroup and policy entry. The final stats, the
 // signed receipt and the decision log stay in the data directory.
-func (a *Agent) Destroy(id string) (Stats, error) { return a.DestroyExit(id, nil) }
+func (a *Agent) Destroy(ctx context.Context, id string) (Stats, error) {
+	return a.DestroyExit(ctx, id, nil)
+}
 
 // DestroyExit is Destroy for a runner that knows how the Trial's command
 // ended: exit goes into the receipt.
-func (a *Agent) DestroyExit(id string, exit *int) (Stats, error) {
+func (a *Agent) DestroyExit(_ context.Context, id string, exit *int) (Stats, error) {
 	lt, err := a.lookup(id)
 	if err != nil {
 		return Stats{}, err
@@ -762,7 +769,7 @@ func (a *Agent) decisionLog(id string) string {
 // Audit returns a Trial's decision log (live or destroyed). A line that
 // does not read as a record, one of a newer schema included, fails the
 // audit with its line number: a record is never half-read.
-func (a *Agent) Audit(id string) ([]record.Event, error) {
+func (a *Agent) Audit(_ context.Context, id string) ([]record.Event, error) {
 	if err := netns.ValidID(id); err != nil {
 		return nil, errf(CodeBadID, "%v", err)
 	}

@@ -110,7 +110,7 @@ func startAgent(t *testing.T, cfg AgentConfig) *Agent {
 // curl runs curl in the Trial as nobody and returns its exit code and output.
 func curl(t *testing.T, a *Agent, id string, args ...string) (int, string) {
 	t.Helper()
-	info, err := a.Get(id)
+	info, err := a.Get(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	var journal lockedBuffer // the agent's log: decision records go there too
 	cfg.Logger = slog.New(slog.NewTextHandler(&journal, nil))
 	a := startAgent(t, cfg)
-	info, err := a.Create(CreateRequest{ID: "agt-allow", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
+	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-allow", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	if n := w.requests.Load(); n != 3 {
 		t.Fatalf("the test host saw %d requests, want exactly the three allowed ones", n)
 	}
-	st, err := a.Stats(info.ID)
+	st, err := a.Stats(context.Background(), info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,14 +202,14 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	if st.Kernel["connect4_denied"] < 1 || st.Egress != 0 || !strings.HasPrefix(st.Verdict, "verdict: 0 direct egress packets") {
 		t.Fatalf("kernel %v, egress %d, verdict %q", st.Kernel, st.Egress, st.Verdict)
 	}
-	final, err := a.Destroy(info.ID)
+	final, err := a.Destroy(context.Background(), info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if final.Proxy.Allowed != 3 || final.Proxy.BytesDown == 0 {
 		t.Fatalf("final stats %+v", final.Proxy)
 	}
-	recs, err := a.Audit(info.ID)
+	recs, err := a.Audit(context.Background(), info.ID)
 	if err != nil || len(recs) != 6 {
 		t.Fatalf("audit after destroy: %d records, %v", len(recs), err)
 	}
@@ -218,7 +218,7 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	}
 	// A destroyed Trial's stats are its final ones, read where they are
 	// kept, with its receipt: signed by the host key, naming the log.
-	kept, err := a.Stats(info.ID)
+	kept, err := a.Stats(context.Background(), info.ID)
 	if err != nil || kept.Proxy.Allowed != 3 || kept.Receipt == nil {
 		t.Fatalf("stats of the destroyed Trial: %+v, %v", kept, err)
 	}
@@ -242,7 +242,7 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	if err != nil || r.DecisionLog == nil || *r.DecisionLog != *digest || r.Proxy.Allowed != 3 || r.Trial != info.ID || len(r.Programs) == 0 {
 		t.Fatalf("receipt %+v (log %+v, %v)", r, digest, err)
 	}
-	if _, err := a.Get(info.ID); err == nil {
+	if _, err := a.Get(context.Background(), info.ID); err == nil {
 		t.Fatal("a destroyed Trial is still listed")
 	}
 }
@@ -253,11 +253,11 @@ func TestPrivilegedTwoTrialsSeparateAllowlists(t *testing.T) {
 	a := startAgent(t, w.config(t))
 	for _, id := range []string{"agt-a", "agt-b"} {
 		name := id[len(id)-1:] + ".example.test"
-		if _, err := a.Create(CreateRequest{ID: id, Allow: []string{fmt.Sprintf("%s:%d", name, upstreamPort)}}); err != nil {
+		if _, err := a.Create(context.Background(), CreateRequest{ID: id, Allow: []string{fmt.Sprintf("%s:%d", name, upstreamPort)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := a.Create(CreateRequest{ID: "agt-a"}); err == nil || !strings.Contains(err.Error(), "already exists") {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-a"}); err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Fatalf("duplicate id: %v", err)
 	}
 	for _, c := range []struct {
@@ -308,7 +308,7 @@ func TestPrivilegedTwoTrialsSeparateAllowlists(t *testing.T) {
 		t.Errorf("metric values: %v", seen)
 	}
 	for _, id := range []string{"agt-a", "agt-b"} {
-		recs, err := a.Audit(id)
+		recs, err := a.Audit(context.Background(), id)
 		if err != nil || len(recs) != 2 {
 			t.Fatalf("%s: %d records, %v", id, len(recs), err)
 		}
@@ -333,14 +333,14 @@ func TestPrivilegedCreateRefusals(t *testing.T) {
 		{CreateRequest{ID: "agt-q", Allow: []string{"*.com:443"}}, CodeBadAllowlist},
 		{CreateRequest{ID: "agt-r", Allow: []string{"127.0.0.1:443"}}, CodeBadAllowlist},
 	} {
-		_, err := a.Create(c.req)
+		_, err := a.Create(context.Background(), c.req)
 		var e *Error
 		if !errors.As(err, &e) || e.Code != c.code {
 			t.Errorf("%+v: %v, want code %s", c.req, err, c.code)
 		}
 	}
-	if len(a.List()) != 0 {
-		t.Fatalf("refused creates left Trials: %v", a.List())
+	if len(a.list()) != 0 {
+		t.Fatalf("refused creates left Trials: %v", a.list())
 	}
 	entries, _ := os.ReadDir(a.cfg.Host.StateDir)
 	if len(entries) != 0 {
@@ -354,19 +354,19 @@ func TestPrivilegedReusedIDStartsAFreshLog(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 233)
 	a := startAgent(t, w.config(t))
-	if _, err := a.Create(CreateRequest{ID: "agt-reuse"}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-reuse"}); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := through(t, a, "agt-reuse", "http://denied.example.test:443/"); code == 0 {
 		t.Fatal("a CONNECT with an empty allowlist succeeded")
 	}
-	if _, err := a.Destroy("agt-reuse"); err != nil {
+	if _, err := a.Destroy(context.Background(), "agt-reuse"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Create(CreateRequest{ID: "agt-reuse"}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-reuse"}); err != nil {
 		t.Fatal(err)
 	}
-	if recs, err := a.Audit("agt-reuse"); err != nil || len(recs) != 0 {
+	if recs, err := a.Audit(context.Background(), "agt-reuse"); err != nil || len(recs) != 0 {
 		t.Fatalf("the new Trial's log has %d records (%v): the old Trial's leaked in", len(recs), err)
 	}
 	old, _ := filepath.Glob(filepath.Join(a.cfg.DataDir, "agt-reuse.*", "decisions.jsonl"))

@@ -51,17 +51,17 @@ func (a *Agent) Handler() http.Handler {
 			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
 			return
 		}
-		reply(w, http.StatusCreated)(a.create(req, callerConn(r.Context())))
+		reply(w, http.StatusCreated)(a.Create(r.Context(), req))
 	})
 	mux.HandleFunc("GET /v1/trials", func(w http.ResponseWriter, r *http.Request) {
-		list := a.List()
+		list := a.list()
 		if list == nil {
 			list = []TrialInfo{}
 		}
 		reply(w, http.StatusOK)(list, nil)
 	})
 	mux.HandleFunc("GET /v1/trials/{id}", func(w http.ResponseWriter, r *http.Request) {
-		reply(w, http.StatusOK)(a.Get(r.PathValue("id")))
+		reply(w, http.StatusOK)(a.Get(r.Context(), r.PathValue("id")))
 	})
 	mux.HandleFunc("DELETE /v1/trials/{id}", func(w http.ResponseWriter, r *http.Request) {
 		var exit *int
@@ -73,13 +73,13 @@ func (a *Agent) Handler() http.Handler {
 			}
 			exit = &n
 		}
-		reply(w, http.StatusOK)(a.DestroyExit(r.PathValue("id"), exit))
+		reply(w, http.StatusOK)(a.DestroyExit(r.Context(), r.PathValue("id"), exit))
 	})
 	mux.HandleFunc("GET /v1/trials/{id}/stats", func(w http.ResponseWriter, r *http.Request) {
-		reply(w, http.StatusOK)(a.Stats(r.PathValue("id")))
+		reply(w, http.StatusOK)(a.Stats(r.Context(), r.PathValue("id")))
 	})
 	mux.HandleFunc("GET /v1/trials/{id}/audit", func(w http.ResponseWriter, r *http.Request) {
-		reply(w, http.StatusOK)(a.Audit(r.PathValue("id")))
+		reply(w, http.StatusOK)(a.Audit(r.Context(), r.PathValue("id")))
 	})
 	mux.HandleFunc("GET /v1/trials/{id}/decisions", a.serveDecisions)
 	mux.HandleFunc("PATCH /v1/trials/{id}/allow", func(w http.ResponseWriter, r *http.Request) {
@@ -90,7 +90,7 @@ func (a *Agent) Handler() http.Handler {
 			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
 			return
 		}
-		reply(w, http.StatusOK)(a.ChangeAllow(r.PathValue("id"), ch, callerUID(r.Context())))
+		reply(w, http.StatusOK)(a.ChangeAllow(r.Context(), r.PathValue("id"), ch))
 	})
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
 		var req ReloadRequest
@@ -100,7 +100,7 @@ func (a *Agent) Handler() http.Handler {
 			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
 			return
 		}
-		reply(w, http.StatusOK)(a.Reload(req))
+		reply(w, http.StatusOK)(a.Reload(r.Context(), req))
 	})
 	mux.HandleFunc("GET /healthz", a.serveHealth)
 	return mux
@@ -304,7 +304,18 @@ func checkAgentPeer(c *net.UnixConn, socket string) error {
 	return nil
 }
 
-func (c *Client) do(method, path string, body, out any) error {
+// DefaultCallTimeout bounds a control API call whose context has no
+// deadline of its own: an agent that accepts and never answers (stuck,
+// or still starting) is reported, not waited for without end. A destroy
+// kills the Trial's processes and waits for them, hence the room.
+const DefaultCallTimeout = 2 * time.Minute
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultCallTimeout)
+		defer cancel()
+	}
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -313,7 +324,7 @@ func (c *Client) do(method, path string, body, out any) error {
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, "http://trialnet"+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, "http://trialnet"+path, rd)
 	if err != nil {
 		return err
 	}
@@ -326,9 +337,9 @@ func (c *Client) do(method, path string, body, out any) error {
 }
 
 // Create asks for a Trial.
-func (c *Client) Create(req CreateRequest) (TrialInfo, error) {
+func (c *Client) Create(ctx context.Context, req CreateRequest) (TrialInfo, error) {
 	var out TrialInfo
-	err := c.do(http.MethodPost, "/v1/trials", req, &out)
+	err := c.do(ctx, http.MethodPost, "/v1/trials", req, &out)
 	var e *Error
 	if req.Owned && errors.As(err, &e) && e.Code == CodeBadRequest && strings.Contains(e.Message, `unknown field "owned"`) {
 		return out, fmt.Errorf("the agent on %s is older than this trialnet: it cannot end a Trial when the process that asked for it dies, so nothing was created (a run killed outright would leave its Trial behind). Restart the agent on this trialnet (systemctl restart trialnet): %w", c.Socket, err)
@@ -337,15 +348,15 @@ func (c *Client) Create(req CreateRequest) (TrialInfo, error) {
 }
 
 // List returns the live Trials.
-func (c *Client) List() ([]TrialInfo, error) {
+func (c *Client) List(ctx context.Context) ([]TrialInfo, error) {
 	var out []TrialInfo
-	return out, c.do(http.MethodGet, "/v1/trials", nil, &out)
+	return out, c.do(ctx, http.MethodGet, "/v1/trials", nil, &out)
 }
 
 // Get describes one Trial.
-func (c *Client) Get(id string) (TrialInfo, error) {
+func (c *Client) Get(ctx context.Context, id string) (TrialInfo, error) {
 	var out TrialInfo
-	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id), nil, &out)
+	return out, c.do(ctx, http.MethodGet, "/v1/trials/"+url.PathEscape(id), nil, &out)
 }
 
 // send makes a request to the agent: a transport failure says whether an
@@ -387,6 +398,8 @@ func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("%w on %s: the socket is left over from an agent that is gone (killed or crashed) and nothing listens on it (start one with 'sudo trialnet agent', or 'systemctl start trialnet'; it replaces the socket)", ErrNoAgent, c.Socket)
 	case errors.Is(err, syscall.EACCES):
 		return nil, fmt.Errorf("cannot reach the trialnet agent on %s: permission denied (the control socket is root only; try sudo)", c.Socket)
+	case errors.Is(err, context.Canceled):
+		return nil, fmt.Errorf("interrupted: the request to the trialnet agent on %s was abandoned before it answered (the agent may still carry it out: 'trialnet list' shows what it did)", c.Socket)
 	case errors.Is(err, context.DeadlineExceeded):
 		// The socket is taken before the eBPF layer is loaded and Trials
 		// are re-adopted, and connections wait in its backlog meanwhile.
@@ -420,25 +433,25 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 }
 
 // Stats reads one Trial's counters.
-func (c *Client) Stats(id string) (Stats, error) {
+func (c *Client) Stats(ctx context.Context, id string) (Stats, error) {
 	var out Stats
-	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/stats", nil, &out)
+	return out, c.do(ctx, http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/stats", nil, &out)
 }
 
 // Destroy tears a Trial down and returns its final stats.
-func (c *Client) Destroy(id string) (Stats, error) {
+func (c *Client) Destroy(ctx context.Context, id string) (Stats, error) {
 	var out Stats
-	return out, c.do(http.MethodDelete, "/v1/trials/"+url.PathEscape(id), nil, &out)
+	return out, c.do(ctx, http.MethodDelete, "/v1/trials/"+url.PathEscape(id), nil, &out)
 }
 
 // DestroyExit is Destroy saying how the Trial's command ended, for the
 // receipt.
-func (c *Client) DestroyExit(id string, exit *int) (Stats, error) {
+func (c *Client) DestroyExit(ctx context.Context, id string, exit *int) (Stats, error) {
 	if exit == nil {
-		return c.Destroy(id)
+		return c.Destroy(ctx, id)
 	}
 	var out Stats
-	return out, c.do(http.MethodDelete, "/v1/trials/"+url.PathEscape(id)+"?exit_code="+strconv.Itoa(*exit), nil, &out)
+	return out, c.do(ctx, http.MethodDelete, "/v1/trials/"+url.PathEscape(id)+"?exit_code="+strconv.Itoa(*exit), nil, &out)
 }
 
 // Watch calls fn with each decision of a live Trial as the agent makes
@@ -467,19 +480,19 @@ func (c *Client) Watch(ctx context.Context, id string, fn func(record.Event)) er
 }
 
 // Audit returns a Trial's decision log.
-func (c *Client) Audit(id string) ([]record.Event, error) {
+func (c *Client) Audit(ctx context.Context, id string) ([]record.Event, error) {
 	var out []record.Event
-	return out, c.do(http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/audit", nil, &out)
+	return out, c.do(ctx, http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/audit", nil, &out)
 }
 
 // ChangeAllow changes a live Trial's allowlist.
-func (c *Client) ChangeAllow(id string, ch AllowChange) (AllowChanged, error) {
+func (c *Client) ChangeAllow(ctx context.Context, id string, ch AllowChange) (AllowChanged, error) {
 	var out AllowChanged
-	return out, c.do(http.MethodPatch, "/v1/trials/"+url.PathEscape(id)+"/allow", ch, &out)
+	return out, c.do(ctx, http.MethodPatch, "/v1/trials/"+url.PathEscape(id)+"/allow", ch, &out)
 }
 
 // Reload asks the agent to read its config file again.
-func (c *Client) Reload(req ReloadRequest) (ReloadResult, error) {
+func (c *Client) Reload(ctx context.Context, req ReloadRequest) (ReloadResult, error) {
 	var out ReloadResult
-	return out, c.do(http.MethodPost, "/v1/reload", req, &out)
+	return out, c.do(ctx, http.MethodPost, "/v1/reload", req, &out)
 }

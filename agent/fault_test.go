@@ -71,7 +71,7 @@ func TestPrivilegedFaultAgentKilledMidTunnel(t *testing.T) {
 	if resp, err := http.ReadResponse(br2, nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("after the restart: %v %v", resp, err)
 	}
-	if _, err := c.Destroy(info.ID); err != nil {
+	if _, err := c.Destroy(context.Background(), info.ID); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -99,8 +99,8 @@ func TestPrivilegedFaultKilledMidCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := startAgent(t, cfg)
-	if len(a.List()) != 0 {
-		t.Fatalf("a half-made Trial was adopted: %v", a.List())
+	if len(a.list()) != 0 {
+		t.Fatalf("a half-made Trial was adopted: %v", a.list())
 	}
 	if _, err := os.Stat(cg); !os.IsNotExist(err) {
 		t.Fatalf("its cgroup is still there: %v", err)
@@ -109,7 +109,7 @@ func TestPrivilegedFaultKilledMidCreate(t *testing.T) {
 		t.Fatalf("its namespace is still there: %v", err)
 	}
 	// The id is free again.
-	if _, err := a.Create(CreateRequest{ID: "agt-mid"}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-mid"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -120,7 +120,7 @@ func TestPrivilegedFaultForkBombIgnoringTERM(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 229)
 	a := startAgent(t, w.config(t))
-	info, err := a.Create(CreateRequest{ID: "agt-forks"})
+	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-forks"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestPrivilegedFaultForkBombIgnoringTERM(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t0 := time.Now()
-	if _, err := a.Destroy(info.ID); err != nil {
+	if _, err := a.Destroy(context.Background(), info.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(info.Cgroup); !os.IsNotExist(err) {
@@ -172,7 +172,7 @@ func TestPrivilegedFaultPinDeleted(t *testing.T) {
 	w := newWorld(t, 230, "upstream.example.test")
 	cfg := w.config(t)
 	a := startAgent(t, cfg)
-	info, err := a.Create(CreateRequest{ID: "agt-pin", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
+	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-pin", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestPrivilegedFaultPinDeleted(t *testing.T) {
 	if code, out := through(t, a, info.ID, fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort)); code != 0 {
 		t.Fatalf("the proxy stopped working after a pin was deleted: %d %s", code, out)
 	}
-	if _, err := a.Create(CreateRequest{ID: "agt-pin2"}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-pin2"}); err != nil {
 		t.Fatalf("create after a pin was deleted: %v", err)
 	}
 }
@@ -205,7 +205,7 @@ func TestPrivilegedFaultTunnelLimit(t *testing.T) {
 	w := newWorld(t, 231, "upstream.example.test")
 	a := startAgent(t, w.config(t))
 	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
-	info, err := a.Create(CreateRequest{ID: "agt-limit", Allow: []string{target}, Limits: &config.Limits{MaxTunnels: 2}})
+	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-limit", Allow: []string{target}, Limits: &config.Limits{MaxTunnels: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestPrivilegedFaultTunnelLimit(t *testing.T) {
 	if code, out := through(t, a, info.ID, "http://"+target+"/"); code == 0 || !strings.Contains(out, "429") {
 		t.Fatalf("third tunnel: curl exit %d: %s", code, out)
 	}
-	st, _ := a.Stats(info.ID)
+	st, _ := a.Stats(context.Background(), info.ID)
 	if st.Proxy.ByReason["tunnel_limit"] != 1 {
 		t.Fatalf("decisions %v", st.Proxy.ByReason)
 	}
@@ -242,7 +242,7 @@ func TestPrivilegedFaultBPFFSUnmounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
-	info, err := a.Create(CreateRequest{ID: "agt-bpffs", Allow: []string{target}})
+	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-bpffs", Allow: []string{target}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func TestPrivilegedFaultBPFFSUnmounted(t *testing.T) {
 	if code, out := through(t, a, info.ID, "http://"+target+"/"); code != 0 {
 		t.Fatalf("the proxy stopped with bpffs unmounted: %d %s", code, out)
 	}
-	if _, err := a.Create(CreateRequest{ID: "agt-bpffs2"}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-bpffs2"}); err != nil {
 		t.Fatalf("create with bpffs unmounted: %v", err)
 	}
 	a.Close(false)
@@ -270,7 +270,7 @@ func TestPrivilegedFaultBPFFSUnmounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := startAgent(t, cfg)
-	if l := b.List(); len(l) != 0 {
+	if l := b.list(); len(l) != 0 {
 		t.Fatalf("Trials adopted without their policy: %v", l)
 	}
 	if _, err := os.Stat(info.Netns); !os.IsNotExist(err) {

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -45,10 +46,10 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	a := startAgent(t, w.config(t))
 	// One Trial first, so lazily made things (pools, watchers) exist
 	// before the baseline.
-	if _, err := a.Create(CreateRequest{ID: "agt-warm"}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-warm"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Destroy("agt-warm"); err != nil {
+	if _, err := a.Destroy(context.Background(), "agt-warm"); err != nil {
 		t.Fatal(err)
 	}
 	fds, gor := countFDs(t), runtime.NumGoroutine()
@@ -56,10 +57,10 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	cgs := cgroupChildren(t, a.host.Parent)
 	for i := range 200 {
 		id := fmt.Sprintf("agt-leak-%d", i)
-		if _, err := a.Create(CreateRequest{ID: id, Allow: []string{"api.example.test:443"}}); err != nil {
+		if _, err := a.Create(context.Background(), CreateRequest{ID: id, Allow: []string{"api.example.test:443"}}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := a.Destroy(id); err != nil {
+		if _, err := a.Destroy(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -47,23 +47,23 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 	closeA := sync.OnceFunc(func() { a.Close(true) })
 	t.Cleanup(closeA)
 
-	info, err := a.Create(CreateRequest{ID: "agt-learn", Learn: true})
+	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-learn", Learn: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !info.Learning || len(a.List()) != 1 || !a.List()[0].Learning {
-		t.Fatalf("a learning Trial is not described as one: %+v", a.List())
+	if !info.Learning || len(a.list()) != 1 || !a.list()[0].Learning {
+		t.Fatalf("a learning Trial is not described as one: %+v", a.list())
 	}
 	// deny on a learning Trial says what it cannot do (another Trial: its
 	// policy-change records would be this one's log's).
 	add := fmt.Sprintf("%s:%d", names[0], upstreamPort)
-	if _, err := a.Create(CreateRequest{ID: "agt-learn-deny", Learn: true, Allow: []string{add}}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-learn-deny", Learn: true, Allow: []string{add}}); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := a.ChangeAllow("agt-learn-deny", AllowChange{Remove: []string{add}}, 0); err != nil || !strings.Contains(res.Note, "learning") {
+	if res, err := a.ChangeAllow(WithCallerUID(context.Background(), 0), "agt-learn-deny", AllowChange{Remove: []string{add}}); err != nil || !strings.Contains(res.Note, "learning") {
 		t.Fatalf("deny on a learning Trial: note %q, %v; want it to say the name still gets through", res.Note, err)
 	}
-	if _, err := a.Destroy("agt-learn-deny"); err != nil {
+	if _, err := a.Destroy(context.Background(), "agt-learn-deny"); err != nil {
 		t.Fatal(err)
 	}
 	url := func(name string) string { return fmt.Sprintf("http://%s:%d/", name, upstreamPort) }
@@ -81,17 +81,17 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 			t.Fatalf("learning, %s: curl exit %d: %s; want the address guard's refusal", n, code, out)
 		}
 	}
-	st, err := a.Stats(info.ID)
+	st, err := a.Stats(context.Background(), info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !st.Learning || st.Proxy.WouldDeny != 4 || !strings.Contains(st.Verdict, "LEARNING") || st.Proxy.ByReason["address_denied"] != 2 {
 		t.Fatalf("stats of a learning Trial: learning %v, would_deny %d, verdict %q, reasons %v", st.Learning, st.Proxy.WouldDeny, st.Verdict, st.Proxy.ByReason)
 	}
-	if _, err := a.Destroy(info.ID); err != nil {
+	if _, err := a.Destroy(context.Background(), info.ID); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := a.Audit(info.ID)
+	recs, err := a.Audit(context.Background(), info.ID)
 	if err != nil || len(recs) != 6 {
 		t.Fatalf("audit: %d records, %v", len(recs), err)
 	}
@@ -116,7 +116,7 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 	closeA()
 	cfg.File = file
 	b := startAgent(t, cfg)
-	info, err = b.Create(CreateRequest{ID: "agt-enforce", Profiles: []string{"learned"}})
+	info, err = b.Create(context.Background(), CreateRequest{ID: "agt-enforce", Profiles: []string{"learned"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func holdIn(t *testing.T, info TrialInfo, name string) <-chan int {
 func waitActive(t *testing.T, a *Agent, id string, n int64) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		st, err := a.Stats(id)
+		st, err := a.Stats(context.Background(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 	a := startAgent(t, w.config(t))
 	entry := func(n string) string { return fmt.Sprintf("%s.live.test:%d", n, upstreamPort) }
 	url := func(n string) string { return fmt.Sprintf("http://%s.live.test:%d/", n, upstreamPort) }
-	info, err := a.Create(CreateRequest{ID: "agt-live", Allow: []string{entry("a")}})
+	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-live", Allow: []string{entry("a")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,11 +197,11 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 		t.Fatalf("b before allow: %s", out)
 	}
 	const uid = 4242
-	if _, err := a.ChangeAllow(info.ID, AllowChange{Add: []string{entry("b")}}, uid); err != nil {
+	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, AllowChange{Add: []string{entry("b")}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := through(t, a, info.ID, url("b")); code != 0 {
-		recs, _ := a.Audit(info.ID)
+		recs, _ := a.Audit(context.Background(), info.ID)
 		t.Fatalf("b after allow: curl exit %d: %s\n%+v", code, out, recs[len(recs)-1])
 	}
 	for _, c := range []struct {
@@ -214,11 +214,11 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 		{AllowChange{}, CodeBadRequest},
 	} {
 		var e *Error
-		if _, err := a.ChangeAllow(info.ID, c.ch, uid); !errors.As(err, &e) || e.Code != c.code {
+		if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, c.ch); !errors.As(err, &e) || e.Code != c.code {
 			t.Errorf("%+v: %v, want %s", c.ch, err, c.code)
 		}
 	}
-	if _, err := a.ChangeAllow("agt-none", AllowChange{Add: []string{entry("b")}}, uid); err == nil {
+	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), "agt-none", AllowChange{Add: []string{entry("b")}}); err == nil {
 		t.Error("a change of an unknown Trial was accepted")
 	}
 
@@ -228,7 +228,7 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 	// the entry goes is refused as it re-decides, and is no tunnel cut
 	// (seen under emulation, where that window is wide).
 	w.waitHolding(t, 2)
-	res, err := a.ChangeAllow(info.ID, AllowChange{Remove: []string{entry("a")}, Cut: true}, uid)
+	res, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, AllowChange{Remove: []string{entry("a")}, Cut: true})
 	if err != nil || res.TunnelsCut != 1 {
 		t.Fatalf("deny --cut a: %+v %v", res, err)
 	}
@@ -250,18 +250,18 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 		t.Fatalf("a after deny: %s", out)
 	}
 	// Without cut, b's open tunnel stays while new CONNECTs are refused.
-	if _, err := a.ChangeAllow(info.ID, AllowChange{Remove: []string{entry("b")}}, uid); err != nil {
+	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, AllowChange{Remove: []string{entry("b")}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := through(t, a, info.ID, url("b")); code == 0 {
 		t.Fatal("b after deny: reached")
 	}
 	waitActive(t, a, info.ID, 1)
-	if got, _ := a.Get(info.ID); len(got.Allow) != 0 {
+	if got, _ := a.Get(context.Background(), info.ID); len(got.Allow) != 0 {
 		t.Fatalf("allowlist after the changes: %+v", got.Allow)
 	}
 
-	recs, err := a.Audit(info.ID)
+	recs, err := a.Audit(context.Background(), info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,10 +291,10 @@ func TestPrivilegedAllowSurvivesRestart(t *testing.T) {
 	c, info := p.c, p.info
 	late := fmt.Sprintf("late.example.test:%d", upstreamPort)
 	up := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
-	if _, err := c.ChangeAllow(info.ID, AllowChange{Add: []string{late}, Remove: []string{up}}); err != nil {
+	if _, err := c.ChangeAllow(context.Background(), info.ID, AllowChange{Add: []string{late}, Remove: []string{up}}); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := c.Audit(info.ID)
+	recs, err := c.Audit(context.Background(), info.ID)
 	if err != nil || len(recs) != 1 || recs[0].PolicyChange == nil || recs[0].PolicyChange.UID != int64(os.Getuid()) {
 		t.Fatalf("audit after the change: %+v %v; want one policy change by uid %d", recs, err, os.Getuid())
 	}
@@ -304,7 +304,7 @@ func TestPrivilegedAllowSurvivesRestart(t *testing.T) {
 	_ = p.first.cmd.Wait()
 	second := runAgent(t, p.bin, p.args...)
 	waitReady(t, c, second)
-	got, err := c.Get(info.ID)
+	got, err := c.Get(context.Background(), info.ID)
 	if err != nil || len(got.Allow) != 1 || got.Allow[0].Entry != late {
 		t.Fatalf("after the restart: %+v %v\n%s", got.Allow, err, second.stderr.String())
 	}
@@ -314,7 +314,7 @@ func TestPrivilegedAllowSurvivesRestart(t *testing.T) {
 	if code, _ := curlIn(t, info, "--proxytunnel", "http://"+up+"/"); code == 0 {
 		t.Fatal("the removed entry was reached after the restart")
 	}
-	if _, err := c.Destroy(info.ID); err != nil {
+	if _, err := c.Destroy(context.Background(), info.ID); err != nil {
 		t.Fatal(err)
 	}
 	_ = second.cmd.Process.Signal(syscall.SIGTERM)

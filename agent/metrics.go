@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"runtime"
@@ -97,10 +98,10 @@ func (collector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, buildLabel[:]...)
-	trials := c.a.List()
+	trials := c.a.list()
 	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(len(trials)))
 	for _, info := range trials {
-		st, err := c.a.Stats(info.ID)
+		st, err := c.a.Stats(context.Background(), info.ID)
 		if err != nil {
 			continue // destroyed between List and Stats
 		}
@@ -176,19 +177,19 @@ type Health struct {
 
 // Health checks that the eBPF layer is attached (so it outlives this
 // process) and that the agent serves.
-func (a *Agent) Health() Health {
-	h := Health{OK: true, EBPF: "attached", Agent: "serving", Trials: len(a.List()), Layers: a.host.Layers()}
+func (a *Agent) Health(context.Context) (Health, error) {
+	h := Health{OK: true, EBPF: "attached", Agent: "serving", Trials: len(a.list()), Layers: a.host.Layers()}
 	if err := a.host.BPF.CheckPins(); err != nil {
 		h.OK, h.EBPF = false, err.Error()
 	}
 	if a.closed.Load() {
 		h.OK, h.Agent = false, "stopped"
 	}
-	return h
+	return h, nil
 }
 
-func (a *Agent) serveHealth(w http.ResponseWriter, _ *http.Request) {
-	h := a.Health()
+func (a *Agent) serveHealth(w http.ResponseWriter, r *http.Request) {
+	h, _ := a.Health(r.Context())
 	w.Header().Set("Content-Type", "application/json")
 	if !h.OK {
 		w.WriteHeader(http.StatusServiceUnavailable)

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -30,7 +31,7 @@ func TestPrivilegedMetrics(t *testing.T) {
 	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
 	for i := range trials {
 		id := fmt.Sprintf("agt-m%d", i)
-		if _, err := a.Create(CreateRequest{ID: id, Allow: []string{target}}); err != nil {
+		if _, err := a.Create(context.Background(), CreateRequest{ID: id, Allow: []string{target}}); err != nil {
 			t.Fatal(err)
 		}
 		if code, out := through(t, a, id, "http://"+target+"/"); code != 0 {

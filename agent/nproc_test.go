@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"testing"
 
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -22,10 +23,10 @@ func TestPrivilegedMaxProcesses(t *testing.T) {
 		req  int
 		want int
 	}{{"np-config", 0, 50}, {"np-own", 20, 20}} {
-		if _, err := a.Create(CreateRequest{ID: c.id, MaxProcesses: c.req}); err != nil {
+		if _, err := a.Create(context.Background(), CreateRequest{ID: c.id, MaxProcesses: c.req}); err != nil {
 			t.Fatal(err)
 		}
-		info, err := a.Get(c.id)
+		info, err := a.Get(context.Background(), c.id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,11 +35,11 @@ func TestPrivilegedMaxProcesses(t *testing.T) {
 		}
 	}
 	for _, n := range []int{-1, sandbox.MaxMaxProcs + 1} {
-		_, err := a.Create(CreateRequest{ID: "np-bad", MaxProcesses: n})
+		_, err := a.Create(context.Background(), CreateRequest{ID: "np-bad", MaxProcesses: n})
 		wantCode(t, err, CodeBadRequest, "max_processes")
 	}
-	if len(a.List()) != 2 {
-		t.Fatalf("refused creates left Trials: %v", a.List())
+	if len(a.list()) != 2 {
+		t.Fatalf("refused creates left Trials: %v", a.list())
 	}
 
 	for yaml, says := range map[string]string{
@@ -46,18 +47,18 @@ func TestPrivilegedMaxProcesses(t *testing.T) {
 		"limits:\n  max_processes: 5000000\n": "max_processes",
 	} {
 		writeConfig(t, path, yaml)
-		_, err := a.Reload(ReloadRequest{})
+		_, err := a.Reload(context.Background(), ReloadRequest{})
 		wantCode(t, err, CodeBadConfig, says)
 	}
 	writeConfig(t, path, "limits:\n  max_processes: 60\n")
-	if _, err := a.Reload(ReloadRequest{}); err != nil {
+	if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Create(CreateRequest{ID: "np-reloaded"}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "np-reloaded"}); err != nil {
 		t.Fatal(err)
 	}
 	for id, want := range map[string]int{"np-reloaded": 60, "np-config": 50} {
-		if info, err := a.Get(id); err != nil || info.Limits.MaxProcesses != want {
+		if info, err := a.Get(context.Background(), id); err != nil || info.Limits.MaxProcesses != want {
 			t.Errorf("%s after the reload: %+v %v, want max_processes %d", id, info.Limits, err, want)
 		}
 	}

@@ -5,6 +5,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -215,7 +216,7 @@ func (a *Agent) watchOwner(lt *liveTrial) {
 		}
 		a.log.Warn("destroying a Trial whose owner exited", "trial", id, "reason", fmt.Sprintf("owner pid %d exited", pid))
 		var e *Error
-		if _, err := a.Destroy(id); err != nil && !(errors.As(err, &e) && e.Code == CodeUnknownTrial) {
+		if _, err := a.Destroy(context.Background(), id); err != nil && !(errors.As(err, &e) && e.Code == CodeUnknownTrial) {
 			a.log.Error("destroy a Trial whose owner exited", "trial", id, "error", err)
 		}
 	}()

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -33,7 +34,7 @@ const (
 func ownerMain(sock string, ids []string) int {
 	c := NewClient(sock)
 	for _, id := range ids {
-		if _, err := c.Create(CreateRequest{ID: id, Owned: true}); err != nil {
+		if _, err := c.Create(context.Background(), CreateRequest{ID: id, Owned: true}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -175,7 +176,7 @@ func TestPeerOwnerIsTheConnectingProcess(t *testing.T) {
 // that does not come over the control socket has no owner to give.
 func TestOwnedCreateTakesNoOwnerFromTheRequest(t *testing.T) {
 	a := &Agent{log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
-	if _, err := a.Create(CreateRequest{ID: "agt-own-x", Owned: true}); err == nil || !strings.Contains(err.Error(), "control socket") {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-own-x", Owned: true}); err == nil || !strings.Contains(err.Error(), "control socket") {
 		t.Fatalf("owned create from this process: %v, want a refusal naming the control socket", err)
 	}
 	sock := serveControl(t, a)
@@ -210,7 +211,7 @@ func trialGone(t *testing.T, a *Agent, info TrialInfo, d time.Duration) {
 
 func leftOf(a *Agent, info TrialInfo) []string {
 	var left []string
-	if _, err := a.Get(info.ID); err == nil {
+	if _, err := a.Get(context.Background(), info.ID); err == nil {
 		left = append(left, "listed")
 	}
 	for _, p := range []string{info.Netns, info.Cgroup, filepath.Join(a.cfg.Host.StateDir, info.ID+".json")} {
@@ -249,11 +250,11 @@ func TestPrivilegedOwnedTrialsAcrossRestart(t *testing.T) {
 	sock := serveControl(t, a)
 	dead, _ := ownerProcess(t, sock, "agt-own-dead")
 	live, liveIn := ownerProcess(t, sock, "agt-own-live")
-	if _, err := NewClient(sock).Create(CreateRequest{ID: "agt-own-none"}); err != nil {
+	if _, err := NewClient(sock).Create(context.Background(), CreateRequest{ID: "agt-own-none"}); err != nil {
 		t.Fatal(err)
 	}
 	infos := map[string]TrialInfo{}
-	for _, info := range a.List() {
+	for _, info := range a.list() {
 		infos[info.ID] = info
 	}
 	for id, want := range map[string]int{"agt-own-dead": dead.Process.Pid, "agt-own-live": live.Process.Pid, "agt-own-none": 0} {
@@ -271,13 +272,13 @@ func TestPrivilegedOwnedTrialsAcrossRestart(t *testing.T) {
 	cfg.Logger = slog.New(slog.NewTextHandler(&secondLog, nil))
 	b := startAgent(t, cfg)
 	trialGone(t, b, infos["agt-own-dead"], time.Second) // by Start itself
-	if got := ids(b.List()); !slices.Equal(got, []string{"agt-own-live", "agt-own-none"}) {
+	if got := ids(b.list()); !slices.Equal(got, []string{"agt-own-live", "agt-own-none"}) {
 		t.Fatalf("re-adopted %v, want agt-own-live and agt-own-none\n%s", got, secondLog.String())
 	}
 	if want := fmt.Sprintf("owner pid %d exited", dead.Process.Pid); !strings.Contains(secondLog.String(), want) {
 		t.Errorf("the restarted agent's log does not say %q:\n%s", want, secondLog.String())
 	}
-	if info, _ := b.Get("agt-own-live"); ownerPID(info.Owner) != live.Process.Pid {
+	if info, _ := b.Get(context.Background(), "agt-own-live"); ownerPID(info.Owner) != live.Process.Pid {
 		t.Fatalf("re-adopted agt-own-live with owner %+v, want pid %d", info.Owner, live.Process.Pid)
 	}
 
@@ -287,7 +288,7 @@ func TestPrivilegedOwnedTrialsAcrossRestart(t *testing.T) {
 	if want := fmt.Sprintf("owner pid %d exited", live.Process.Pid); !strings.Contains(secondLog.String(), want) {
 		t.Errorf("the agent's log does not say %q:\n%s", want, secondLog.String())
 	}
-	if got := ids(b.List()); !slices.Equal(got, []string{"agt-own-none"}) {
+	if got := ids(b.list()); !slices.Equal(got, []string{"agt-own-none"}) {
 		t.Fatalf("live Trials %v, want only agt-own-none", got)
 	}
 }
@@ -313,7 +314,7 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 	sock := serveControl(t, a)
 	// One round first, so lazily made things exist before the baseline.
 	warm, warmIn := ownerProcess(t, sock, "agt-ownleak-warm")
-	info, _ := a.Get("agt-ownleak-warm")
+	info, _ := a.Get(context.Background(), "agt-ownleak-warm")
 	_ = warmIn.Close()
 	_ = warm.Wait()
 	trialGone(t, a, info, 15*time.Second)
@@ -339,7 +340,7 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 		t.Fatalf("%d goroutines watch owners, want %d", n, len(kept))
 	}
 	for _, id := range kept {
-		if _, err := a.Destroy(id); err != nil {
+		if _, err := a.Destroy(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -349,7 +350,7 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 	dier, _ := ownerProcess(t, sock, dropped...)
 	var infos []TrialInfo
 	for _, id := range dropped {
-		info, err := a.Get(id)
+		info, err := a.Get(context.Background(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -429,7 +430,7 @@ func TestOwnedCreateOnAnOlderAgentSaysSo(t *testing.T) {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	_, err = NewClient(sock).Create(CreateRequest{Owned: true})
+	_, err = NewClient(sock).Create(context.Background(), CreateRequest{Owned: true})
 	var e *Error
 	if err == nil || !strings.Contains(err.Error(), "older than this trialnet") || !strings.Contains(err.Error(), "Restart the agent") || !errors.As(err, &e) {
 		t.Fatalf("owned create on an older agent: %v", err)

@@ -41,13 +41,15 @@ type AllowChanged struct {
 // could not be read (an embedded agent's own caller, for one).
 const UIDUnknown = -1
 
-// ChangeAllow changes a live Trial's allowlist on behalf of uid. In this
+// ChangeAllow changes a live Trial's allowlist on behalf of the caller
+// ctx names (its uid, see WithCallerUID; UIDUnknown if none). In this
 // order: the new list is made (a refusal changes nothing), the Trial's
 // stored description is rewritten (so a restarted agent re-adopts the
 // new list), the change is logged as a policy-change record, and the
 // proxy switches to the list, cutting tunnels if asked. Changes of one
 // Trial are serialised.
-func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged, error) {
+func (a *Agent) ChangeAllow(ctx context.Context, id string, ch AllowChange) (AllowChanged, error) {
+	uid := callerUID(ctx)
 	lt, err := a.lookup(id)
 	if err != nil {
 		return AllowChanged{}, err
@@ -79,7 +81,7 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 	}
 	info := a.info(lt)
 	info.Allow = allowEntries(next)
-	info.Denied = denied(info.Denied, entryStrings(add.Entries()), entryStrings(remove))
+	info.Denied = denied(info.Denied, allow.Strings(add.Entries()), allow.Strings(remove))
 	meta, err := json.Marshal(info)
 	if err != nil {
 		return AllowChanged{}, errf(CodeInternal, "%v", err)
@@ -90,7 +92,7 @@ func (a *Agent) ChangeAllow(id string, ch AllowChange, uid int64) (AllowChanged,
 	a.mu.Lock()
 	lt.info.Allow, lt.info.Denied = info.Allow, info.Denied
 	a.mu.Unlock()
-	pc := &record.PolicyChange{UID: uid, Added: entryStrings(add.Entries()), Removed: entryStrings(remove), Cut: ch.Cut}
+	pc := &record.PolicyChange{UID: uid, Added: allow.Strings(add.Entries()), Removed: allow.Strings(remove), Cut: ch.Cut}
 	// Logged before it applies: every decision made under the new list
 	// follows it in the log.
 	a.record(&record.Event{Schema: record.PolicyChangeSchema, ID: rand.Text(), Time: time.Now(), Trial: id,
@@ -121,14 +123,6 @@ func denied(cur, added, removed []string) []string {
 		}
 	}
 	return append(out, removed...)
-}
-
-func entryStrings(es []allow.Entry) []string {
-	out := []string{}
-	for _, e := range es {
-		out = append(out, e.String())
-	}
-	return out
 }
 
 // peerKey keys the control API caller's connection in a request's
@@ -168,7 +162,14 @@ func callerConn(ctx context.Context) *net.UnixConn {
 	return c
 }
 
-// callerUID is the uid withPeer found, or UIDUnknown.
+// WithCallerUID names the caller of an in-process call by its uid, as
+// the control server names a remote caller by its credentials: the
+// records of what it changes carry it.
+func WithCallerUID(ctx context.Context, uid int64) context.Context {
+	return context.WithValue(ctx, peerUIDKey{}, uid)
+}
+
+// callerUID is the uid withPeer or WithCallerUID set, or UIDUnknown.
 func callerUID(ctx context.Context) int64 {
 	if uid, ok := ctx.Value(peerUIDKey{}).(int64); ok {
 		return uid

@@ -121,7 +121,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 	}
 	final, _ := a.proxy.RemoveTrial(id)
 
-	got, err := a.Audit(id)
+	got, err := a.Audit(context.Background(), id)
 	if err != nil || len(got) != len(want) {
 		t.Fatalf("audit: %d records, %v; want %d", len(got), err, len(want))
 	}
@@ -163,7 +163,7 @@ func TestDecisionLogFloodSummarised(t *testing.T) {
 		}
 	}
 	final, _ := a.proxy.RemoveTrial(id)
-	recs, err := a.Audit(id)
+	recs, err := a.Audit(context.Background(), id)
 	if err != nil || len(recs) != 4 || recs[3].Decision != record.DecisionSuppressed || recs[3].Suppressed.Records != n-3 {
 		t.Fatalf("audit: %+v, %v; want 3 records and a summary of %d", recs, err, n-3)
 	}
@@ -204,13 +204,13 @@ func TestDecisionLogSchemas(t *testing.T) {
 		}
 	}
 	write(old, cur)
-	recs, err := a.Audit(id)
+	recs, err := a.Audit(context.Background(), id)
 	if err != nil || len(recs) != 2 || recs[0].Schema != 0 || recs[0].BytesDown != 7 || recs[1].Schema != 1 || recs[1].Reason != record.ReasonPolicyDenied {
 		t.Fatalf("audit of old and current records: %+v, %v", recs, err)
 	}
 
 	write(old, cur, newer)
-	recs, err = a.Audit(id)
+	recs, err = a.Audit(context.Background(), id)
 	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 5, newer than the 4") || recs != nil {
 		t.Fatalf("audit with a newer record: %d records, %v; want a schema error naming line 3", len(recs), err)
 	}
@@ -345,7 +345,7 @@ func TestDecisionLogHardBound(t *testing.T) {
 	if most := 2 + int(took/(10*time.Second)); decisions > limit || summaries == 0 || summaries > most {
 		t.Fatalf("%d bytes of records for a limit of %d, then %d summaries (at most %d) in a file of %d bytes", decisions, limit, summaries, most, len(b))
 	}
-	recs, err := a.Audit(id)
+	recs, err := a.Audit(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -60,7 +61,7 @@ type reprofiled struct {
 // says why. Profiles, resolvers, allowed CIDRs, limits and retention
 // apply to Trials created afterwards; live Trials keep the policy they
 // were created with unless Reprofile is set.
-func (a *Agent) Reload(req ReloadRequest) (ReloadResult, error) {
+func (a *Agent) Reload(_ context.Context, req ReloadRequest) (ReloadResult, error) {
 	a.reloadMu.Lock()
 	defer a.reloadMu.Unlock()
 	path := a.cfg.ConfigPath

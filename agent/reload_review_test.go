@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -38,10 +39,10 @@ func TestPrivilegedReloadLearnOffStopsLearning(t *testing.T) {
 	cfg, path := reloadable(t, w, "profiles:\n  dev:\n    learn: true\n    allow: ["+up+"]\n")
 	a := startAgent(t, cfg)
 	writeConfig(t, path, "profiles:\n  dev:\n    allow: ["+up+"]\n")
-	if _, err := a.Reload(ReloadRequest{}); err != nil {
+	if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	info, err := a.Create(CreateRequest{ID: "rv-learn", Profiles: []string{"dev"}})
+	info, err := a.Create(context.Background(), CreateRequest{ID: "rv-learn", Profiles: []string{"dev"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,10 +65,10 @@ func TestPrivilegedReprofileKeepsDenied(t *testing.T) {
 	other := fmt.Sprintf("other.example.test:%d", upstreamPort)
 	cfg, _ := reloadable(t, w, "profiles:\n  p1: ["+up+", "+other+"]\n")
 	a := startAgent(t, cfg)
-	if _, err := a.Create(CreateRequest{ID: "rv-rp", Profiles: []string{"p1"}}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "rv-rp", Profiles: []string{"p1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.ChangeAllow("rv-rp", AllowChange{Remove: []string{other}, Cut: true}, 0); err != nil {
+	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), 0), "rv-rp", AllowChange{Remove: []string{other}, Cut: true}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := through(t, a, "rv-rp", "http://"+up+"/"); code != 0 {
@@ -76,7 +77,7 @@ func TestPrivilegedReprofileKeepsDenied(t *testing.T) {
 	if code, reason := refusedFor(t, a, "rv-rp", "http://"+other+"/"); code == 0 || reason != string(record.ReasonPolicyDenied) {
 		t.Fatalf("deny did not apply: exit %d, reason %q", code, reason)
 	}
-	if _, err := a.Reload(ReloadRequest{Reprofile: true}); err != nil { // same file
+	if _, err := a.Reload(context.Background(), ReloadRequest{Reprofile: true}); err != nil { // same file
 		t.Fatal(err)
 	}
 	code, reason := refusedFor(t, a, "rv-rp", "http://"+other+"/")
@@ -99,16 +100,16 @@ func TestPrivilegedRestartKeepsCreatedCIDRs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Create(CreateRequest{ID: "rv-old", Profiles: []string{"p1"}}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "rv-old", Profiles: []string{"p1"}}); err != nil {
 		t.Fatal(err)
 	}
 	writeConfig(t, path, "profiles:\n  p1: ["+target+"]\nallow_cidrs: [198.18.0.0/15]\n")
-	if _, err := a.Reload(ReloadRequest{}); err != nil {
+	if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	// A Trial created after the reload reaches the target: it is up, and
 	// the reload did apply to new Trials.
-	if _, err := a.Create(CreateRequest{ID: "rv-new", Profiles: []string{"p1"}}); err != nil {
+	if _, err := a.Create(context.Background(), CreateRequest{ID: "rv-new", Profiles: []string{"p1"}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := through(t, a, "rv-new", url); code != 0 {

@@ -4,6 +4,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -73,7 +74,7 @@ func runAgent(t *testing.T, bin string, args ...string) *agentProc {
 func waitReady(t *testing.T, c *Client, p *agentProc) {
 	t.Helper()
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if _, err := c.List(); err == nil {
+		if _, err := c.List(context.Background()); err == nil {
 			return
 		}
 	}
@@ -85,7 +86,7 @@ func waitAllowed(t *testing.T, c *Client, id string, n uint64) Stats {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		st, err := c.Stats(id)
+		st, err := c.Stats(context.Background(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +127,7 @@ func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
 	p.first = runAgent(t, bin, p.args...)
 	waitReady(t, p.c, p.first)
 	var err error
-	if p.info, err = p.c.Create(CreateRequest{ID: id, Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}}); err != nil {
+	if p.info, err = p.c.Create(context.Background(), CreateRequest{ID: id, Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}}); err != nil {
 		t.Fatal(err)
 	}
 	return p // the isolated host's cleanup (uninstall --force) removes the Trial
@@ -158,13 +159,13 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	if code, _ := curlIn(t, info, "--proxytunnel", url); code != 7 { // 7: could not connect to the proxy
 		t.Fatalf("through the dead agent's proxy port: curl exit %d, want 7 (refused)", code)
 	}
-	if _, err := c.List(); err == nil || !strings.Contains(err.Error(), "no trialnet agent is running") {
+	if _, err := c.List(context.Background()); err == nil || !strings.Contains(err.Error(), "no trialnet agent is running") {
 		t.Fatalf("client with no agent: %v", err)
 	}
 
 	second := runAgent(t, bin, args...)
 	waitReady(t, c, second)
-	list, err := c.List()
+	list, err := c.List(context.Background())
 	if err != nil || len(list) != 1 || list[0].ID != info.ID {
 		t.Fatalf("after restart: %v %v\n%s", list, err, second.stderr.String())
 	}
@@ -184,7 +185,7 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	if after.Proxy.BytesDown <= before.Proxy.BytesDown {
 		t.Errorf("proxy bytes went %d -> %d: they should have continued", before.Proxy.BytesDown, after.Proxy.BytesDown)
 	}
-	if _, err := c.Destroy(info.ID); err != nil {
+	if _, err := c.Destroy(context.Background(), info.ID); err != nil {
 		t.Fatal(err)
 	}
 	_ = second.cmd.Process.Signal(syscall.SIGTERM)
@@ -204,11 +205,11 @@ func TestPrivilegedReadoptCleansUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"agt-keep", "agt-gone"} {
-		if _, err := a.Create(CreateRequest{ID: id}); err != nil {
+		if _, err := a.Create(context.Background(), CreateRequest{ID: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	gone, _ := a.Get("agt-gone")
+	gone, _ := a.Get(context.Background(), "agt-gone")
 	a.Close(false) // Trials stay enforced
 	if err := os.Remove(gone.Cgroup); err != nil {
 		t.Fatal(err)
@@ -217,7 +218,7 @@ func TestPrivilegedReadoptCleansUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := startAgent(t, cfg)
-	list := b.List()
+	list := b.list()
 	if len(list) != 1 || list[0].ID != "agt-keep" {
 		t.Fatalf("re-adopted %v, want only agt-keep", list)
 	}

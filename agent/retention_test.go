@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -110,7 +111,7 @@ func TestPrivilegedRetentionAfterDestroy(t *testing.T) {
 	cfg.File = &config.File{Retention: config.Retention{KeepTrials: 1}}
 	a := startAgent(t, cfg)
 	for _, id := range []string{"ret-live", "ret-a", "ret-b"} {
-		if _, err := a.Create(CreateRequest{ID: id}); err != nil {
+		if _, err := a.Create(context.Background(), CreateRequest{ID: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -119,7 +120,7 @@ func TestPrivilegedRetentionAfterDestroy(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"ret-a", "ret-b"} {
-		if _, err := a.Destroy(id); err != nil {
+		if _, err := a.Destroy(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond) // distinct stats.json times

@@ -77,13 +77,13 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		msrv = &http.Server{Handler: a.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
 		go a.serveHTTP(msrv, mln, "metrics")
 	}
-	a.log.Info("trialnet agent ready", "socket", sock, "trials", len(a.List()), "metrics", cfg.MetricsAddr)
+	a.log.Info("trialnet agent ready", "socket", sock, "trials", len(a.list()), "metrics", cfg.MetricsAddr)
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
 			done = true
 		case sig := <-cfg.Reload:
-			if _, err := a.Reload(ReloadRequest{}); err != nil {
+			if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
 				a.log.Error("reload", "signal", sig.String(), "error", err)
 			}
 		}

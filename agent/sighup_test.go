@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -88,7 +89,7 @@ func TestPrivilegedReloadSIGHUPUnderLoad(t *testing.T) {
 	if out, err := exec.Command(p.bin, "reload", "--socket", p.c.Socket, "-j").CombinedOutput(); err != nil || !strings.Contains(string(out), `"config":"`+filepath.Clean(cfgPath)) {
 		t.Fatalf("trialnet reload with the good file again: %v\n%s", err, out)
 	}
-	if _, err := p.c.Destroy(p.info.ID); err != nil {
+	if _, err := p.c.Destroy(context.Background(), p.info.ID); err != nil {
 		t.Fatal(err)
 	}
 }

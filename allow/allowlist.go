@@ -290,3 +290,13 @@ func (a *List) Change(add, remove []Entry) (*List, error) {
 	}
 	return New(append(keep, add...)...), nil
 }
+
+// Strings are entries as their String spells them (never nil: a record
+// lists none as []).
+func Strings(es []Entry) []string {
+	out := []string{}
+	for _, e := range es {
+		out = append(out, e.String())
+	}
+	return out
+}

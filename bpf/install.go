@@ -160,15 +160,40 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 			_ = l.Close()
 		}
 	}()
+	mapIDs, err := l.adoptMaps(spec)
+	if err != nil {
+		return nil, err
+	}
+	rodata, err := rodataOf(spec)
+	if err != nil {
+		return nil, err
+	}
+	note := lk.note()
+	if note.object != objectHash() {
+		note.tags = nil // recorded by another build: its tags prove nothing
+	}
+	want := adoption{spec: spec, tags: note.tags, mapIDs: mapIDs, rodata: rodata}
+	if err := l.adoptCgroupLinks(want, parentID); err != nil {
+		return nil, err
+	}
+	if err := l.adoptLSMLinks(want, note.lsmMiss); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// adoptMaps opens the maps pinned in l.pinDir into l, each checked against
+// spec, and returns their ids for the programs' map checks.
+func (l *Loader) adoptMaps(spec *ebpf.CollectionSpec) (map[ebpf.MapID]bool, error) {
 	// The maps the programs may use: the pinned ones, and a .rodata once
 	// checked (all programs share one: it is checked once, not per program).
 	mapIDs := map[ebpf.MapID]bool{}
 	for _, name := range []string{trialnetMapPolicyMap, trialnetMapCountersMap, trialnetMapUnixPathsMap, trialnetMapUnixIdsMap} {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), nil)
+		m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
 		}
-		coll.Maps[name] = m
+		l.coll.Maps[name] = m
 		if err := spec.Maps[name].Compatible(m); err != nil {
 			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
 		}
@@ -178,61 +203,83 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 		}
 		mapIDs[id] = true
 	}
-	l.policy, l.counters = coll.Maps[trialnetMapPolicyMap], coll.Maps[trialnetMapCountersMap]
-	l.unix, l.unixIDs = coll.Maps[trialnetMapUnixPathsMap], coll.Maps[trialnetMapUnixIdsMap]
-	rodata, err := rodataOf(spec)
-	if err != nil {
-		return nil, err
-	}
-	note := lk.note()
-	if note.object != objectHash() {
-		note.tags = nil // recorded by another build: its tags prove nothing
-	}
+	l.policy, l.counters = l.coll.Maps[trialnetMapPolicyMap], l.coll.Maps[trialnetMapCountersMap]
+	l.unix, l.unixIDs = l.coll.Maps[trialnetMapUnixPathsMap], l.coll.Maps[trialnetMapUnixIdsMap]
+	return mapIDs, nil
+}
 
+// adoption is what adopt holds each pinned program to (adoptLink): the
+// embedded programs, the tags the installing Load recorded, and the maps
+// and .rodata the program may use.
+type adoption struct {
+	spec   *ebpf.CollectionSpec
+	tags   map[string]string
+	mapIDs map[ebpf.MapID]bool
+	rodata []byte
+}
+
+// adoptHook adopts the link pinned for the program name, and the program
+// into l's collection, so that the cgroup and LSM hooks are checked alike.
+func (l *Loader) adoptHook(name string, want adoption) (namedLink, error) {
+	nl, prog, err := adoptLink(l.pinDir, name, want.spec.Programs[name], want.tags[name], want.mapIDs, want.rodata)
+	if err != nil {
+		return namedLink{}, err
+	}
+	l.coll.Programs[name] = prog
+	return nl, nil
+}
+
+// adoptCgroupLinks adopts the pinned cgroup links, each of which must be
+// attached to the parent cgroup.
+func (l *Loader) adoptCgroupLinks(want adoption, parentID uint64) error {
 	// The unix hooks are pinned exactly when the installing Load's kernel
 	// had them; this is the same kernel (bpffs does not outlive a boot).
-	_, err = os.Stat(filepath.Join(pinDir, "link_"+trialnetProgTrialnetConnectUnix))
+	_, err := os.Stat(filepath.Join(l.pinDir, "link_"+trialnetProgTrialnetConnectUnix))
 	l.unixHook = err == nil
 	for _, h := range hooks {
 		if h.unix && !l.unixHook {
 			continue
 		}
-		nl, prog, err := adoptLink(pinDir, h.name, spec.Programs[h.name], note.tags[h.name], mapIDs, rodata)
+		nl, err := l.adoptHook(h.name, want)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		l.links = append(l.links, nl)
-		coll.Programs[h.name] = prog
 		if cg := cgroupOf(nl.lk); cg != parentID {
-			return nil, fmt.Errorf("%w: %s is attached to cgroup %d, not %d", errPinsDiffer, h.name, cg, parentID)
+			return fmt.Errorf("%w: %s is attached to cgroup %d, not %d", errPinsDiffer, h.name, cg, parentID)
 		}
 	}
+	return nil
+}
+
+// adoptLSMLinks adopts the pinned LSM layer whole (optional hooks aside),
+// or, with none of it pinned, the reason the installing Load recorded.
+func (l *Loader) adoptLSMLinks(want adoption, lsmMiss string) error {
 	missing := 0
 	for _, h := range lsmHooks {
-		pin := filepath.Join(pinDir, "link_"+h.name)
+		pin := filepath.Join(l.pinDir, "link_"+h.name)
 		if _, err := os.Stat(pin); errors.Is(err, os.ErrNotExist) {
 			if !h.optional {
 				missing++
 			}
 			continue
 		}
-		nl, prog, err := adoptLink(pinDir, h.name, spec.Programs[h.name], note.tags[h.name], mapIDs, rodata)
+		nl, err := l.adoptHook(h.name, want)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		l.lsmLinks = append(l.lsmLinks, nl)
-		coll.Programs[h.name] = prog
 	}
 	if len(l.lsmLinks) > 0 && missing > 0 {
-		return nil, fmt.Errorf("%w: %d LSM links missing", errPinsDiffer, missing)
+		return fmt.Errorf("%w: %d LSM links missing", errPinsDiffer, missing)
 	}
 	if len(l.lsmLinks) == 0 {
-		if note.lsmMiss == "" {
-			return nil, fmt.Errorf("%w: no LSM links and no recorded reason", errPinsDiffer)
+		if lsmMiss == "" {
+			return fmt.Errorf("%w: no LSM links and no recorded reason", errPinsDiffer)
 		}
-		l.lsmErr = fmt.Errorf("%w: %s", ErrLSMMissing, strings.TrimPrefix(note.lsmMiss, ErrLSMMissing.Error()+": "))
+		l.lsmErr = fmt.Errorf("%w: %s", ErrLSMMissing, strings.TrimPrefix(lsmMiss, ErrLSMMissing.Error()+": "))
 	}
-	return l, nil
+	return nil
 }
 
 // pinnedMapID is the kernel's id of the pinned map name, which adopt

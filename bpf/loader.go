@@ -130,17 +130,9 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 		return nil, err
 	}
 	collOpts := ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}, Cache: cache}
-	coll, err := ebpf.NewCollectionWithOptions(spec, collOpts)
-	if errors.Is(err, ebpf.ErrMapIncompatible) && unusedPins(pinDir, opts.Cgroup) {
-		// An older trialnet's pins with no Trial behind them (an upgrade
-		// with nothing live): nothing is enforced through them, so they
-		// are replaced rather than refused.
-		if err = removePins(pinDir); err == nil {
-			before = nil
-			if err = ensurePinDir(pinDir); err == nil {
-				coll, err = ebpf.NewCollectionWithOptions(spec, collOpts)
-			}
-		}
+	coll, replaced, err := loadOverPins(spec, collOpts, pinDir, opts.Cgroup)
+	if replaced {
+		before = nil
 	}
 	if err != nil && lsmErr == nil && !errors.Is(err, ebpf.ErrMapIncompatible) {
 		// The LSM layer is an addition: where its programs fail to load,
@@ -152,14 +144,7 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 		coll, err = ebpf.NewCollectionWithOptions(spec, collOpts)
 	}
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load eBPF programs: the verifier refused them: %+v", ve)
-		}
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("load eBPF maps: the maps pinned in %s come from an incompatible trialnet version, and Trials are live under them (they stay enforced): end them ('trialnet destroy ID', or 'trialnet uninstall --force' for all), then start again: %w", pinDir, err)
-		}
-		return nil, fmt.Errorf("load eBPF programs: %w", err)
+		return nil, loadError(err, pinDir)
 	}
 	l := &Loader{
 		coll:     coll,
@@ -181,34 +166,85 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 	if err := l.counters.Update(&zero, make([]trialnetTrialCounters, ebpf.MustPossibleCPU()), ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return nil, fmt.Errorf("create the unattributed counters entry: %w", err)
 	}
-
-	for _, h := range hooks {
-		if h.unix && !unixHook {
-			continue
-		}
-		cl, err := attachOrAdopt(opts.Cgroup, parentID, filepath.Join(pinDir, "link_"+h.name), coll.Programs[h.name], h.attach)
-		if err != nil {
-			return nil, fmt.Errorf("attach %s to %s: %w", h.name, opts.Cgroup, err)
-		}
-		l.links = append(l.links, namedLink{h.name, cl})
+	if err := l.attachCgroupHooks(opts.Cgroup, parentID); err != nil {
+		return nil, err
 	}
-	if err := l.attachLSMLayer(); err != nil {
-		if errors.Is(err, errLSMAttach) && !hadLSMLayer(before) {
-			// The LSM layer is an addition: one that fails to attach
-			// goes whole, and the cgroup layer enforces alone, saying why.
-			l.lsmErr = fmt.Errorf("%w: %w", ErrLSMMissing, err)
-		} else {
-			// Trials admitted under the pinned layer rely on it (unix
-			// confinement without the cgroup unix hooks, any allowed
-			// path): it stays, and this Load fails rather than drop it.
-			return nil, fmt.Errorf("%w; the BPF LSM layer pinned in %s stays as it was", err, pinDir)
-		}
+	if err := l.addLSMLayer(before); err != nil {
+		return nil, err
 	}
 	lk.record(l.lsmErr, coll.Programs)
 	if err := l.syncPolicies(l.LSM()); err != nil {
 		return nil, err
 	}
 	return l, nil
+}
+
+// loadOverPins loads spec over the maps pinned in pinDir. An older
+// trialnet's pins with no Trial behind them (an upgrade with nothing live)
+// enforce nothing, so they are replaced rather than refused; replaced says
+// the pins from before are gone, whether or not the load then succeeded.
+func loadOverPins(spec *ebpf.CollectionSpec, collOpts ebpf.CollectionOptions, pinDir, cgroup string) (_ *ebpf.Collection, replaced bool, _ error) {
+	coll, err := ebpf.NewCollectionWithOptions(spec, collOpts)
+	if !errors.Is(err, ebpf.ErrMapIncompatible) || !unusedPins(pinDir, cgroup) {
+		return coll, false, err
+	}
+	if err := removePins(pinDir); err != nil {
+		return nil, false, err
+	}
+	if err := ensurePinDir(pinDir); err != nil {
+		return nil, true, err
+	}
+	coll, err = ebpf.NewCollectionWithOptions(spec, collOpts)
+	return coll, true, err
+}
+
+// loadError says why the collection did not load, and what to do where
+// live Trials hold maps this version cannot use.
+func loadError(err error, pinDir string) error {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return fmt.Errorf("load eBPF programs: the verifier refused them: %+v", ve)
+	}
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return fmt.Errorf("load eBPF maps: the maps pinned in %s come from an incompatible trialnet version, and Trials are live under them (they stay enforced): end them ('trialnet destroy ID', or 'trialnet uninstall --force' for all), then start again: %w", pinDir, err)
+	}
+	return fmt.Errorf("load eBPF programs: %w", err)
+}
+
+// attachCgroupHooks attaches each cgroup hook this kernel has to cgroup,
+// updating a link pinned there in place.
+func (l *Loader) attachCgroupHooks(cgroup string, cgroupID uint64) error {
+	for _, h := range hooks {
+		if h.unix && !l.unixHook {
+			continue
+		}
+		cl, err := attachOrAdopt(cgroup, cgroupID, filepath.Join(l.pinDir, "link_"+h.name), l.coll.Programs[h.name], h.attach)
+		if err != nil {
+			return fmt.Errorf("attach %s to %s: %w", h.name, cgroup, err)
+		}
+		l.links = append(l.links, namedLink{h.name, cl})
+	}
+	return nil
+}
+
+// addLSMLayer attaches the LSM layer, or goes without it where that drops
+// nothing a live Trial relies on: before lists the pins from before this
+// Load.
+func (l *Loader) addLSMLayer(before map[string]bool) error {
+	err := l.attachLSMLayer()
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, errLSMAttach) && !hadLSMLayer(before) {
+		// The LSM layer is an addition: one that fails to attach
+		// goes whole, and the cgroup layer enforces alone, saying why.
+		l.lsmErr = fmt.Errorf("%w: %w", ErrLSMMissing, err)
+		return nil
+	}
+	// Trials admitted under the pinned layer rely on it (unix
+	// confinement without the cgroup unix hooks, any allowed
+	// path): it stays, and this Load fails rather than drop it.
+	return fmt.Errorf("%w; the BPF LSM layer pinned in %s stays as it was", err, l.pinDir)
 }
 
 // syncPolicies makes every live Trial's policy agree with the layers now

@@ -170,12 +170,7 @@ func stalledHello(typ byte) []byte {
 // sends first, the start of a ClientHello or all of one.
 func connectTLS(t *testing.T, proxyAddr string, first []byte) {
 	t.Helper()
-	c, err := net.Dial("tcp", proxyAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	c := dialProxy(t, proxyAddr)
 	br := bufio.NewReader(c)
 	if _, err := io.WriteString(c, connectHead("hostile.test:443")); err != nil {
 		t.Fatal(err)
@@ -186,6 +181,18 @@ func connectTLS(t *testing.T, proxyAddr string, first []byte) {
 	if _, err := c.Write(first); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// dialProxy connects to the proxy process, closed when the test ends.
+func dialProxy(t *testing.T, proxyAddr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	return c
 }
 
 // rss is a process's resident memory, in bytes.
@@ -212,12 +219,7 @@ func rss(t *testing.T, pid int) int64 {
 // returns the connection after its request is written.
 func forwardGET(t *testing.T, proxyAddr, url string) net.Conn {
 	t.Helper()
-	c, err := net.Dial("tcp", proxyAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	c := dialProxy(t, proxyAddr)
 	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", url, strings.Split(url, "/")[2]); err != nil {
 		t.Fatal(err)
 	}

@@ -197,7 +197,7 @@ func (s *Suppressed) LogValue() slog.Value {
 		return slog.AnyValue(nil)
 	}
 	return slog.GroupValue(slog.Uint64("records", s.Records), slog.Any("by_reason", s.ByReason), slog.Uint64("would_deny", s.WouldDeny),
-		slog.Int64("bytes_up", s.BytesUp), slog.Int64("bytes_down", s.BytesDown), slog.Any("refused_targets", s.Refused), slog.Any("reached_targets", s.Reached), slog.Bool("log_full", s.LogFull))
+		slog.Int64("bytes_up", s.BytesUp), slog.Int64("bytes_down", s.BytesDown), slog.Any("refused_targets", s.Refused), slog.Any("reached_targets", s.Reached), slog.Uint64("reached_other", s.ReachedOther), slog.Bool("log_full", s.LogFull))
 }
 
 // MaxSummaryTargets bounds the refused targets a summary names.

@@ -283,14 +283,8 @@ func (p *Process) initDied(sig syscall.Signal) error {
 // When the caller's stdio is a terminal, the command gets a
 // pseudo-terminal relayed to it instead (see terminal).
 func (t *Trial) Start(c Command) (_ *Process, err error) {
-	if len(c.Args) == 0 {
-		return nil, errors.New("start: no command given")
-	}
-	if err := CheckMaxProcs(c.MaxProcs); err != nil {
-		return nil, fmt.Errorf("start: %w", err)
-	}
-	if c.MaxProcs == 0 {
-		c.MaxProcs = DefaultMaxProcs
+	if c, err = c.checked(); err != nil {
+		return nil, err
 	}
 	cg, err := os.Open(t.Cgroup)
 	if err != nil {
@@ -305,27 +299,101 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	defer launched()
 	init, initReady, err := t.init(cg)
 	if err != nil {
-		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+		return nil, t.startFailed(c, err)
 	}
 	defer unix.Close(init.pidfd)
 	// initReady releases the launch lock: it runs on every path, once.
 	ready := sync.OnceValue(initReady)
 	defer func() { _ = ready() }()
+	pipes, err := newExecPipes()
+	if err != nil {
+		return nil, fmt.Errorf("start: %w", err)
+	}
+	defer pipes.errR.Close()
+	defer pipes.goW.Close()
+
+	cmd, err := t.execCmd(c, cg, pipes)
+	if err != nil {
+		pipes.closeChildEnds()
+		return nil, err
+	}
+	// A new init that failed makes the steps below fail too (ESRCH): its
+	// own error, joined in, says why.
+	tty, relay, err := t.prepareStdio(cmd, c, init, ready, pipes)
+	if err != nil {
+		return nil, t.startFailed(c, err)
+	}
+	err = t.spawn(cmd, init)
+	launched()
+	pipes.closeChildEnds()
+	tty.started()
+	relay.started()
+	if err != nil {
+		tty.close()
+		relay.stop()
+		return nil, t.startFailed(c, errors.Join(err, ready()))
+	}
+	p := &Process{cmd: cmd, tty: tty, stdin: relay, initWords: init.lastWords}
+	if err := t.release(p, c, ready, pipes); err != nil {
+		return nil, err
+	}
+	tty.relay(p)
+	return p, nil
+}
+
+// checked refuses a Command that Start cannot run and fills in the default
+// process limit, before Start touches anything of the Trial's.
+func (c Command) checked() (Command, error) {
+	if len(c.Args) == 0 {
+		return c, errors.New("start: no command given")
+	}
+	if err := CheckMaxProcs(c.MaxProcs); err != nil {
+		return c, fmt.Errorf("start: %w", err)
+	}
+	if c.MaxProcs == 0 {
+		c.MaxProcs = DefaultMaxProcs
+	}
+	return c, nil
+}
+
+// startFailed words a failure of Start once it has a command and a Trial
+// to name, as every such failure reads.
+func (t *Trial) startFailed(c Command, err error) error {
+	return fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+}
+
+// execPipes join the launcher and trialnet-exec: errW (its fd 3) carries
+// why it gave up, and goR (its fd 4) the byte that lets it exec.
+// trialnet-exec starts while a new init still sets the Trial up (the two
+// Go runtimes start side by side), and execs the command only on that
+// byte, sent once the init is ready.
+type execPipes struct{ errR, errW, goR, goW *os.File }
+
+// newExecPipes makes both pipes or, failing, leaves none open.
+func newExecPipes() (execPipes, error) {
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("start: %w", err)
+		return execPipes{}, err
 	}
-	defer errR.Close()
-	// trialnet-exec starts while a new init still sets the Trial up (the
-	// two Go runtimes start side by side), and execs the command only on
-	// the byte this pipe carries once the init is ready.
 	goR, goW, err := os.Pipe()
 	if err != nil {
+		_ = errR.Close()
 		_ = errW.Close()
-		return nil, fmt.Errorf("start: %w", err)
+		return execPipes{}, err
 	}
-	defer goW.Close()
+	return execPipes{errR: errR, errW: errW, goR: goR, goW: goW}, nil
+}
 
+// closeChildEnds drops the launcher's copies of trialnet-exec's ends once
+// it has its own (or never will), so that errR reads EOF when it execs.
+func (p execPipes) closeChildEnds() {
+	_ = p.errW.Close()
+	_ = p.goR.Close()
+}
+
+// execCmd is the trialnet-exec that becomes c: cloned straight into cg,
+// in a session of its own, with the pipes as its fds 3 and 4.
+func (t *Trial) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, error) {
 	sockets := socketsConfined
 	switch {
 	case t.Spec.Nested:
@@ -338,7 +406,7 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 	}
 	args := append([]string{execArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10),
 		strconv.Itoa(c.MaxProcs), sockets, "--"}, c.Args...)
-	cmd := &exec.Cmd{
+	return &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       args,
 		Env:        c.environ(),
@@ -346,18 +414,26 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		Stdin:      c.Stdin,
 		Stdout:     c.Stdout,
 		Stderr:     c.Stderr,
-		ExtraFiles: []*os.File{errW, goR},
+		ExtraFiles: []*os.File{pipes.errW, pipes.goR},
 		SysProcAttr: &syscall.SysProcAttr{
 			Setsid:      true,
 			UseCgroupFD: true,
 			CgroupFD:    int(cg.Fd()),
 		},
-	}
-	closePipes := func() {
-		_ = errW.Close()
-		_ = goR.Close()
-	}
+	}, nil
+}
+
+// prepareStdio sets up cmd's stdio before the fork: sockets go through
+// pipes (hideSockets) and a terminal becomes a pty of the Trial's. On
+// failure it has already undone what it began, pipes included, in the
+// order Start's own failures do.
+func (t *Trial) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready func() error, pipes execPipes) (*terminal, *stdinRelay, error) {
 	relay, err := hideSockets(cmd)
+	abort := func() {
+		pipes.closeChildEnds()
+		relay.started()
+		relay.stop()
+	}
 	if err == nil && (c.Dir != "" || wantsTerminal(cmd)) {
 		// The pty comes from the Trial's devpts, and the working directory
 		// is resolved at the fork: both must see what only a ready init
@@ -365,65 +441,63 @@ func (t *Trial) Start(c Command) (_ *Process, err error) {
 		err = ready()
 	}
 	if err != nil {
-		closePipes()
-		relay.started()
-		relay.stop()
-		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+		abort()
+		return nil, nil, err
 	}
-	// A new init that failed makes the steps below fail too (ESRCH): its
-	// own error, joined in, says why.
 	tty, err := newTerminal(cmd, init, c.UID, c.GID, t.populated)
 	if err != nil {
-		closePipes()
-		relay.started()
-		relay.stop()
-		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, errors.Join(err, ready()))
+		abort()
+		return nil, nil, errors.Join(err, ready())
 	}
-	err = netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
+	return tty, relay, nil
+}
+
+// spawn forks trialnet-exec from a thread in the init's namespaces and
+// puts it in the Trial's pools before it may run anything of the command.
+func (t *Trial) spawn(cmd *exec.Cmd, init initProc) error {
+	err := netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
 	if errors.Is(err, unix.EAGAIN) {
 		// Cloned into a cgroup v2 group at its pids.max: say which bound.
 		if perr := t.pidsBound(); perr != nil {
 			err = perr
 		}
 	}
-	if err == nil {
-		// Before it runs anything: the byte that lets it exec comes below.
-		if err = t.joinPools(cmd.Process.Pid); err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	}
-	launched()
-	closePipes()
-	tty.started()
-	relay.started()
 	if err != nil {
-		tty.close()
-		relay.stop()
-		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, errors.Join(err, ready()))
+		return err
 	}
-	p := &Process{cmd: cmd, tty: tty, stdin: relay, initWords: init.lastWords}
+	// Before it runs anything: the byte that lets it exec comes later
+	// (release).
+	if err := t.joinPools(cmd.Process.Pid); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return err
+	}
+	return nil
+}
+
+// release lets the started trialnet-exec exec the command once the init
+// is ready, and learns whether it did: a StartError says why not.
+func (t *Trial) release(p *Process, c Command, ready func() error, pipes execPipes) error {
 	if err := ready(); err != nil {
 		// A failed init was killed, and trialnet-exec with it (it is in
 		// the init's PID namespace).
-		_ = goW.Close()
+		_ = pipes.goW.Close()
 		_, _ = p.Wait()
-		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+		return t.startFailed(c, err)
 	}
-	_, _ = goW.Write([]byte{0})
-	_ = goW.Close()
+	_, _ = pipes.goW.Write([]byte{0})
+	_ = pipes.goW.Close()
 	// The pipe closes on exec (close-on-exec) with nothing written, or
 	// carries why trialnet-exec gave up.
-	msg, _ := io.ReadAll(errR)
+	msg, _ := io.ReadAll(pipes.errR)
 	if len(msg) > 0 {
 		code, _ := p.Wait()
 		if code != ExitCannotExecute {
 			code = ExitNotFound
 		}
-		return nil, &StartError{Code: code, Msg: string(msg)}
+		return &StartError{Code: code, Msg: string(msg)}
 	}
-	tty.relay(p)
-	return p, nil
+	return nil
 }
 
 // Exec starts c in the Trial and waits for it, forwarding each signal
@@ -504,50 +578,89 @@ func Init() {
 	}
 }
 
+// trialExec is trialnet-exec's work: it finishes the confinement of the
+// Trial command and execs it, returning only when it could not.
 func trialExec(args []string) (int, error) {
+	a, err := parseExecArgs(args)
+	if err != nil {
+		return ExitCannotExecute, err
+	}
+	if err := isolate(); err != nil {
+		return ExitCannotExecute, err
+	}
+	// Found as root; a command the uid may not execute fails at exec.
+	path, err := exec.LookPath(a.argv[0])
+	if err != nil {
+		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", a.argv[0], a.uid, err)
+	}
+	// The launcher writes one byte once the Trial's init is ready (its
+	// /proc and devpts mounted); nothing of CMD runs before. Read while
+	// still root: see becomeCommand.
+	var b [1]byte
+	if n, _ := unix.Read(4, b[:]); n != 1 {
+		return ExitCannotExecute, errors.New("trialnet-exec: the Trial's init did not become ready")
+	}
+	return becomeCommand(a, path)
+}
+
+// execArgs are trialnet-exec's arguments, as Start passes them: UID GID
+// NPROC SOCKETS -- CMD...
+type execArgs struct {
+	uid, gid, nproc        uint64
+	confineSockets, nested bool
+	argv                   []string
+}
+
+// parseExecArgs reads trialnet-exec's arguments before it changes
+// anything, so that a malformed call is refused untouched.
+func parseExecArgs(args []string) (execArgs, error) {
 	if len(args) < 6 || args[4] != "--" || (args[3] != socketsConfined && args[3] != socketsAnywhere && args[3] != nestedMode) {
-		return ExitCannotExecute, errors.New("trialnet-exec: bad arguments")
+		return execArgs{}, errors.New("trialnet-exec: bad arguments")
 	}
 	uid, err1 := strconv.ParseUint(args[0], 10, 32)
 	gid, err2 := strconv.ParseUint(args[1], 10, 32)
 	nproc, err3 := strconv.ParseUint(args[2], 10, 32)
 	if err := errors.Join(err1, err2, err3); err != nil {
-		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
+		return execArgs{}, fmt.Errorf("trialnet-exec: %w", err)
 	}
-	argv := args[5:]
-	confineSockets, nested := args[3] == socketsConfined, args[3] == nestedMode
+	return execArgs{
+		uid: uid, gid: gid, nproc: nproc,
+		confineSockets: args[3] == socketsConfined, nested: args[3] == nestedMode,
+		argv: args[5:],
+	}, nil
+}
 
+// isolate cuts trialnet-exec off from what it inherited, while it is still
+// root: the host's cgroup tree, its OOM standing and every descriptor but
+// stdio.
+func isolate() error {
 	// A cgroup namespace rooted at the Trial's cgroup: even a uid-0 Trial
 	// cannot move itself into a cgroup outside it.
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-		return ExitCannotExecute, fmt.Errorf("trialnet-exec: unshare cgroup namespace: %w", err)
+		return fmt.Errorf("trialnet-exec: unshare cgroup namespace: %w", err)
 	}
 	if err := oomFirst(); err != nil {
-		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
+		return fmt.Errorf("trialnet-exec: %w", err)
 	}
 	// Only stdio survives exec: an inherited socket is a way out.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
-		return ExitCannotExecute, fmt.Errorf("trialnet-exec: close inherited descriptors: %w", err)
+		return fmt.Errorf("trialnet-exec: close inherited descriptors: %w", err)
 	}
-	// Found as root; a command the uid may not execute fails at exec.
-	path, err := exec.LookPath(argv[0])
-	if err != nil {
-		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", argv[0], uid, err)
-	}
-	// The launcher writes one byte once the Trial's init is ready (its
-	// /proc and devpts mounted); nothing of CMD runs before. Read while
-	// still root: see below.
-	var b [1]byte
-	if n, _ := unix.Read(4, b[:]); n != 1 {
-		return ExitCannotExecute, errors.New("trialnet-exec: the Trial's init did not become ready")
-	}
+	return nil
+}
+
+// becomeCommand sets the command's limits, drops to its uid, confines it
+// and execs path. It is one straight run on purpose: from setuid on, only
+// raw, non-blocking syscalls on this thread may follow (see the process
+// limit below), and the seccomp filter must come last before exec.
+func becomeCommand(a execArgs, path string) (int, error) {
 	// Set while still root (raising the hard limit needs
 	// CAP_SYS_RESOURCE), and before setuid, which marks the process when
 	// the uid is over it already: exec then fails with EAGAIN. From
 	// setuid on, a uid over its limit cannot make a thread either: the
 	// Go runtime would abort if it needed one (a blocking syscall hands
 	// its P to a new thread), so only raw, non-blocking syscalls follow.
-	lim := unix.Rlimit{Cur: nproc, Max: nproc}
+	lim := unix.Rlimit{Cur: a.nproc, Max: a.nproc}
 	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &lim); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: set the process limit: %w", err)
 	}
@@ -557,7 +670,7 @@ func trialExec(args []string) (int, error) {
 	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: set the core size limit: %w", err)
 	}
-	if err := dropPrivileges(int(uid), int(gid)); err != nil {
+	if err := dropPrivileges(int(a.uid), int(a.gid)); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
 	// A new anonymous session keyring, the Trial user's own: the
@@ -569,20 +682,20 @@ func trialExec(args []string) (int, error) {
 	}
 	// Where the kernel has no Landlock, the PID namespace still hides
 	// every pid outside; the layers report it.
-	if err := enterLandlock(confineSockets, nested); err != nil && !errors.Is(err, ErrNoLandlock) {
+	if err := enterLandlock(a.confineSockets, a.nested); err != nil && !errors.Is(err, ErrNoLandlock) {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
 	// Last before exec: from here on the Go runtime must not need a
 	// refused call, and the filter is inherited by everything CMD starts.
-	if err := installSeccomp(nested); err != nil {
+	if err := installSeccomp(a.nested); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
-	err = unix.Exec(path, argv, os.Environ())
+	err := unix.Exec(path, a.argv, os.Environ())
 	if errors.Is(err, unix.EACCES) {
-		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", argv[0], uid, err)
+		return ExitNotFound, fmt.Errorf("command %q not found or not executable as uid %d: %w", a.argv[0], a.uid, err)
 	}
 	if errors.Is(err, unix.EAGAIN) {
-		return ExitCannotExecute, fmt.Errorf("exec %s: uid %d already has %d or more processes or threads, this command's process limit, which counts all of the uid's, in every Trial and outside them (give each Trial its own uid, or raise --max-procs): %w", path, uid, nproc, err)
+		return ExitCannotExecute, fmt.Errorf("exec %s: uid %d already has %d or more processes or threads, this command's process limit, which counts all of the uid's, in every Trial and outside them (give each Trial its own uid, or raise --max-procs): %w", path, a.uid, a.nproc, err)
 	}
 	return ExitCannotExecute, fmt.Errorf("exec %s: %w", path, err)
 }

@@ -76,7 +76,7 @@ func enterLandlock(confineSockets, nested bool) error {
 		size = unsafe.Sizeof(attr)
 	}
 	// Raw: it runs after setuid, where the runtime must not need a new
-	// thread (trialExec says why).
+	// thread (becomeCommand says why).
 	fd, _, errno := unix.RawSyscall(unix.SYS_LANDLOCK_CREATE_RULESET, uintptr(unsafe.Pointer(&attr)), size, 0)
 	if errno != 0 {
 		return fmt.Errorf("landlock ruleset: %w", errno)

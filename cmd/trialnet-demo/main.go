@@ -51,12 +51,7 @@ func run() error {
 	// Leave the machine as found: uninstall trialnet afterwards if this
 	// demo is what installed it.
 	if _, err := os.Stat(bpf.DefaultPinDir); os.IsNotExist(err) {
-		defer func() {
-			step("uninstalling trialnet again (the demo installed it): trialnet uninstall")
-			cmd := exec.Command(bin, "uninstall")
-			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-			_ = cmd.Run()
-		}()
+		defer uninstall(bin)
 	}
 	th, err := testhost.New(200)
 	if err != nil {
@@ -82,6 +77,39 @@ func run() error {
 	defer stopDNS()
 
 	step("a test upstream at %s (its own netns + veth), named %s by a DNS server at %s", upstream, allowedName, dnsAddr)
+	if err := showDirect(th); err != nil {
+		return err
+	}
+
+	step("the same from inside a Trial: sudo trialnet run --allow %s:%d --uid 65534 -- bash -c ...", allowedName, httpPort)
+	cmd := exec.Command(bin, "run", "--allow", fmt.Sprintf("%s:%d", allowedName, httpPort),
+		"--resolver", dnsAddr, "--allow-cidr", "198.18.200.0/24", "--uid", "65534", "--", "bash", "-c", trialScript(th))
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("trialnet run: %w", err)
+	}
+	if n := requests.Load(); n != 1 {
+		return fmt.Errorf("the upstream saw %d requests; only the allowed one was expected", n)
+	}
+	if n := th.Arrivals(); n != 1 {
+		return fmt.Errorf("the test host's canaries saw %d arrivals; only the host's own (1) was expected", n)
+	}
+	step("the upstream saw exactly the one allowed request; nothing else left the Trial")
+	return nil
+}
+
+// uninstall removes trialnet again, for a run that found it not installed
+// and so installed it itself.
+func uninstall(bin string) {
+	step("uninstalling trialnet again (the demo installed it): trialnet uninstall")
+	cmd := exec.Command(bin, "uninstall")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	_ = cmd.Run()
+}
+
+// showDirect connects to the test host without a Trial: what the Trial is
+// then refused is the Trial's doing, not an unreachable host.
+func showDirect(th *testhost.Host) error {
 	c, err := net.DialTimeout("tcp", th.AddrPort4().String(), 2*time.Second)
 	if err != nil {
 		return fmt.Errorf("the test host is not reachable even without a Trial: %w", err)
@@ -89,10 +117,15 @@ func run() error {
 	b, _ := io.ReadAll(c)
 	_ = c.Close()
 	fmt.Print("    the host reaches it directly: ", string(b))
+	return nil
+}
 
+// trialScript is what the demo runs in the Trial: the allowed request,
+// then each way out, printing for each whether it was refused and why.
+func trialScript(th *testhost.Host) string {
 	ip := th.Addr4.String()
 	url := fmt.Sprintf("http://%s:%d/", allowedName, httpPort)
-	script := strings.Join([]string{
+	return strings.Join([]string{
 		`echo "inside the Trial as $(id -un); interfaces: $(awk -F: 'NR>2{printf "%s ", $1}' /proc/net/dev); HTTPS_PROXY=$HTTPS_PROXY"`,
 		// via: through the proxy with CONNECT, printing the proxy's reason on refusal.
 		`via() { out=$(curl -sS -m 5 --proxytunnel -D /tmp/h "$2" 2>&1); rc=$?; r=$(tr -d '\r' </tmp/h 2>/dev/null | sed -n 's/^Trialnet-Reason: //p' | head -n1); rm -f /tmp/h;` +
@@ -113,20 +146,4 @@ func run() error {
 		`try "an AF_VSOCK socket (to the hypervisor)" perl -e 'socket(my $s, 40, 1, 0) or die "$!\n"'`,
 		`try "a user namespace (for a mount over an allowed socket)" unshare -Ur true`,
 	}, "\n")
-
-	step("the same from inside a Trial: sudo trialnet run --allow %s:%d --uid 65534 -- bash -c ...", allowedName, httpPort)
-	cmd := exec.Command(bin, "run", "--allow", fmt.Sprintf("%s:%d", allowedName, httpPort),
-		"--resolver", dnsAddr, "--allow-cidr", "198.18.200.0/24", "--uid", "65534", "--", "bash", "-c", script)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("trialnet run: %w", err)
-	}
-	if n := requests.Load(); n != 1 {
-		return fmt.Errorf("the upstream saw %d requests; only the allowed one was expected", n)
-	}
-	if n := th.Arrivals(); n != 1 {
-		return fmt.Errorf("the test host's canaries saw %d arrivals; only the host's own (1) was expected", n)
-	}
-	step("the upstream saw exactly the one allowed request; nothing else left the Trial")
-	return nil
 }

@@ -48,7 +48,7 @@ func socketFlag(fs *flag.FlagSet) *string {
 	return fs.String("socket", agent.DefaultSocket, "the agent's control socket")
 }
 
-func cmdAgent(args []string, stdout, stderr io.Writer) int {
+func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("agent", "agent [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--metrics-addr ADDR] [--log-format text|json] [--teardown-on-exit]",
 		"sudo trialnet agent --config /etc/trialnet/trialnet.yaml --metrics-addr 127.0.0.1:9464", stderr)
 	var cf configFlags
@@ -89,7 +89,7 @@ func cmdAgent(args []string, stdout, stderr io.Writer) int {
 			return fail(stdout, stderr, false, exitUsage, err)
 		}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// SIGHUP reloads the config file (systemctl reload); without a
 	// handler it would end the agent.
@@ -137,7 +137,7 @@ func strictFlag(fs *flag.FlagSet) *bool {
 	return fs.Bool("strict", false, "allow only the proxy endpoint on loopback, not all of the Trial's loopback")
 }
 
-func cmdCreate(args []string, stdout, stderr io.Writer) int {
+func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [--nested] [-j]",
 		"sudo trialnet create --id eval-42 --profile claude -j", stderr)
 	id := fs.String("id", "", "the Trial's id (default: generated)")
@@ -157,7 +157,7 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 	if err := af.check(); err != nil {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
-	info, err := agent.NewClient(*socket).Create(agent.CreateRequest{ID: *id, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
+	info, err := agent.NewClient(*socket).Create(ctx, agent.CreateRequest{ID: *id, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
 		Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Nested: *nested})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
@@ -172,7 +172,7 @@ func cmdCreate(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-func cmdExec(args []string, stdout, stderr io.Writer) int {
+func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("exec", "exec --trial ID [--uid N] [--gid N] [--max-procs N] -- CMD [ARGS]",
 		"sudo trialnet exec --trial eval-42 -- claude -p 'fix the tests'", stderr)
 	id := fs.String("trial", "", "the Trial to run CMD in")
@@ -193,14 +193,16 @@ func cmdExec(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stdout, stderr, false, exitUsage, err)
 	}
-	info, err := agent.NewClient(*socket).Get(*id)
+	info, err := agent.NewClient(*socket).Get(ctx, *id)
 	if err != nil {
 		return fail(stdout, stderr, false, agentCode(err), err)
 	}
-	code, err := execIn(context.Background(), info, sandbox.Command{
+	sigs, stopSignals := forwardedSignals()
+	defer stopSignals()
+	code, err := agent.ExecIn(ctx, info, sandbox.Command{
 		Args: fs.Args(), Env: os.Environ(), UID: u, GID: g, MaxProcs: int(procs),
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-	})
+	}, sigs)
 	var se *sandbox.StartError
 	if errors.As(err, &se) {
 		return fail(stdout, stderr, false, se.Code, err)
@@ -211,14 +213,14 @@ func cmdExec(args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-func cmdList(args []string, stdout, stderr io.Writer) int {
+func cmdList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("list", "list [-j]", "sudo trialnet list", stderr)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
-	list, err := agent.NewClient(*socket).List()
+	list, err := agent.NewClient(*socket).List(ctx)
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
@@ -239,7 +241,7 @@ func cmdList(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-func cmdStats(args []string, stdout, stderr io.Writer) int {
+func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("stats", "stats [--trial ID] [-j] [--watch]", "sudo trialnet stats --trial eval-42 --watch", stderr)
 	id := fs.String("trial", "", "one Trial (default: every live Trial)")
 	watch := fs.Bool("watch", false, "print again every second until interrupted")
@@ -249,14 +251,12 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	c := agent.NewClient(*socket)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	// On a terminal, --watch redraws in place; elsewhere it appends.
 	redraw := *watch && !*asJSON && isTerminal(stdout)
 	for {
 		ids := []string{*id}
 		if *id == "" {
-			list, err := c.List()
+			list, err := c.List(ctx)
 			if err != nil {
 				return fail(stdout, stderr, *asJSON, agentCode(err), err)
 			}
@@ -267,7 +267,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) int {
 		}
 		var all []agent.Stats
 		for _, t := range ids {
-			st, err := c.Stats(t)
+			st, err := c.Stats(ctx, t)
 			if err != nil {
 				return fail(stdout, stderr, *asJSON, agentCode(err), err)
 			}
@@ -362,7 +362,7 @@ func printStats(w io.Writer, st agent.Stats) {
 	fmt.Fprintln(w, q(st.Verdict))
 }
 
-func cmdAudit(args []string, stdout, stderr io.Writer) int {
+func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("audit", "audit (--trial ID | --from FILE) [--profile NAME] [-j]", "sudo trialnet audit --trial eval-42 --profile eval >> /etc/trialnet/profiles.yaml", stderr)
 	id := fs.String("trial", "", "the Trial (live or destroyed)")
 	from := fs.String("from", "", "read a saved decision log (decisions.jsonl) instead of asking the agent")
@@ -376,7 +376,7 @@ func cmdAudit(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"audit: give --trial ID or --from FILE"})
 	}
-	recs, code, err := auditRecords(*id, *from, *socket, stderr)
+	recs, code, err := auditRecords(ctx, *id, *from, *socket, stderr)
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, code, err)
 	}
@@ -433,7 +433,7 @@ func printAudit(w io.Writer, recs []record.Event) {
 	_ = tw.Flush()
 }
 
-func cmdDestroy(args []string, stdout, stderr io.Writer) int {
+func cmdDestroy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("destroy", "destroy [-j] ID", "sudo trialnet destroy eval-42", stderr)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
@@ -444,7 +444,7 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"destroy: give exactly one Trial id"})
 	}
-	st, err := agent.NewClient(*socket).Destroy(fs.Arg(0))
+	st, err := agent.NewClient(*socket).Destroy(ctx, fs.Arg(0))
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
@@ -456,7 +456,7 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-func cmdReload(args []string, stdout, stderr io.Writer) int {
+func cmdReload(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("reload", "reload [--reprofile] [-j]", "sudo trialnet reload --reprofile", stderr)
 	reprofile := fs.Bool("reprofile", false, "also give live Trials made from profiles their profiles' new allowlists (explicit --allow entries stay)")
 	socket := socketFlag(fs)
@@ -464,7 +464,7 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
-	res, err := agent.NewClient(*socket).Reload(agent.ReloadRequest{Reprofile: *reprofile})
+	res, err := agent.NewClient(*socket).Reload(ctx, agent.ReloadRequest{Reprofile: *reprofile})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
@@ -483,7 +483,7 @@ func cmdReload(args []string, stdout, stderr io.Writer) int {
 // and a connection waits unanswered in the socket's backlog meanwhile.
 const healthTimeout = 5 * time.Second
 
-func cmdHealth(args []string, stdout, stderr io.Writer) int {
+func cmdHealth(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("health", "health [--live] [--timeout D] [-j]",
 		"sudo trialnet health -j", stderr)
 	live := fs.Bool("live", false, "exit 0 whenever the agent answers, ready or not: for a liveness probe, as restarting an agent whose pins are gone would detach the programs it still holds until the next one attaches")
@@ -497,7 +497,7 @@ func cmdHealth(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"health: --timeout must be positive"})
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	c := agent.NewClient(*socket)
 	h, err := c.Health(ctx)

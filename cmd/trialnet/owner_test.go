@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -64,7 +65,7 @@ func TestPrivilegedRunThroughAgentKilledIsRemoved(t *testing.T) {
 	}
 	var info agent.TrialInfo
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if l := a.List(); len(l) == 1 {
+		if l, _ := a.List(context.Background()); len(l) == 1 {
 			info = l[0]
 			break
 		}
@@ -93,7 +94,7 @@ func TestPrivilegedRunThroughAgentKilledIsRemoved(t *testing.T) {
 	record := filepath.Join(host.StateDir, info.ID+".json")
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var left []string
-		if len(a.List()) > 0 {
+		if l, _ := a.List(context.Background()); len(l) > 0 {
 			left = append(left, "listed by the agent")
 		}
 		for _, p := range []string{info.Netns, info.Cgroup, record} {

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -29,9 +30,9 @@ func mode(learning bool) string {
 // auditRecords reads decision records from the agent, or from a saved
 // log. A saved log may end in a line an agent crash tore: what reads is
 // used, and the rest reported.
-func auditRecords(id, from, socket string, stderr io.Writer) ([]record.Event, int, error) {
+func auditRecords(ctx context.Context, id, from, socket string, stderr io.Writer) ([]record.Event, int, error) {
 	if from == "" {
-		recs, err := agent.NewClient(socket).Audit(id)
+		recs, err := agent.NewClient(socket).Audit(ctx, id)
 		if err != nil {
 			return nil, agentCode(err), err
 		}
@@ -83,16 +84,16 @@ func printProfile(stdout, stderr io.Writer, asJSON bool, name string, recs []rec
 	return exitOK
 }
 
-func cmdAllow(args []string, stdout, stderr io.Writer) int {
-	return changeAllow("allow", args, stdout, stderr)
+func cmdAllow(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return changeAllow(ctx, "allow", args, stdout, stderr)
 }
 
-func cmdDeny(args []string, stdout, stderr io.Writer) int {
-	return changeAllow("deny", args, stdout, stderr)
+func cmdDeny(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return changeAllow(ctx, "deny", args, stdout, stderr)
 }
 
 // changeAllow is allow and deny: one PATCH of the Trial's allowlist.
-func changeAllow(verb string, args []string, stdout, stderr io.Writer) int {
+func changeAllow(ctx context.Context, verb string, args []string, stdout, stderr io.Writer) int {
 	usage, example := "allow --trial ID [--require-tls] [-j] HOST:PORT...", "sudo trialnet allow --trial eval-42 pypi.org:443 files.pythonhosted.org:443"
 	if verb == "deny" {
 		usage, example = "deny --trial ID [--cut] [-j] HOST:PORT...", "sudo trialnet deny --trial eval-42 --cut pypi.org:443"
@@ -125,7 +126,7 @@ func changeAllow(verb string, args []string, stdout, stderr io.Writer) int {
 	} else {
 		ch.Remove, ch.Cut = fs.Args(), *cut
 	}
-	res, err := agent.NewClient(*socket).ChangeAllow(*id, ch)
+	res, err := agent.NewClient(*socket).ChangeAllow(ctx, *id, ch)
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}

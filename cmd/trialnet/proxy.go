@@ -22,8 +22,8 @@ import (
 	"github.com/trialnet/trialnet/record"
 )
 
-func cmdProxy(args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+func cmdProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return serveProxy(ctx, args, stdout, stderr, nil)
 }
@@ -43,6 +43,49 @@ func proxyConfig(af *allowFlags, cf *configFlags) (*allow.List, proxy.Config, er
 	return list, proxy.Config{ProxySettings: set}, err
 }
 
+// checkListen defaults the listening addresses and checks each is an
+// IP:PORT.
+func checkListen(listen *stringList) error {
+	if len(*listen) == 0 {
+		*listen = stringList{"127.0.0.1:3128"}
+	}
+	for _, l := range *listen {
+		if _, err := netip.ParseAddrPort(l); err != nil {
+			return usageError{fmt.Sprintf("proxy: --listen %q: want IP:PORT, such as 127.0.0.1:3128 or [::1]:3128", l)}
+		}
+	}
+	return nil
+}
+
+// recordsTo writes decision records to stdout, one per line as in the
+// agent's decisions.jsonl, encoded once, by the proxy's record gate; a
+// failure to write is said once on stderr (every later one fails alike).
+func recordsTo(stdout, stderr io.Writer) record.Sink {
+	out := record.NewWriter(stdout)
+	var writeFailed atomic.Bool
+	return func(ev *record.Event, line []byte) {
+		if err := out.Write(ev, line); err != nil && !writeFailed.Swap(true) {
+			fmt.Fprintf(stderr, "trialnet proxy: decision records are not being written to stdout: %v\n", err)
+		}
+	}
+}
+
+// listenAll listens on every address, or on none.
+func listenAll(listen []string) ([]net.Listener, error) {
+	var lns []net.Listener
+	for _, l := range listen {
+		ln, err := net.Listen("tcp", l)
+		if err != nil {
+			for _, o := range lns {
+				_ = o.Close()
+			}
+			return nil, fmt.Errorf("proxy: listen on %s: %w (is another proxy running there?)", l, err)
+		}
+		lns = append(lns, ln)
+	}
+	return lns, nil
+}
+
 // serveProxy runs the standalone proxy until ctx ends. ready, if set, is
 // told the listening addresses (tests use port 0).
 func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, ready func([]net.Addr)) int {
@@ -59,22 +102,16 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
-	allow, cfg, err := proxyConfig(&af, &cf)
+	list, cfg, err := proxyConfig(&af, &cf)
 	if err != nil {
 		return fail(stdout, stderr, false, exitUsage, fmt.Errorf("proxy: %w", err))
 	}
-	if len(allow.Entries()) == 0 {
+	if len(list.Entries()) == 0 {
 		return fail(stdout, stderr, false, exitUsage, usageError{"proxy: nothing is allowed; give --allow HOST:PORT or --profile NAME --config FILE"})
 	}
-	if len(listen) == 0 {
-		listen = stringList{"127.0.0.1:3128"}
+	if err := checkListen(&listen); err != nil {
+		return fail(stdout, stderr, false, exitUsage, err)
 	}
-	for _, l := range listen {
-		if _, err := netip.ParseAddrPort(l); err != nil {
-			return fail(stdout, stderr, false, exitUsage, usageError{fmt.Sprintf("proxy: --listen %q: want IP:PORT, such as 127.0.0.1:3128 or [::1]:3128", l)})
-		}
-	}
-
 	if *pprofDir != "" {
 		stopProfiles, err := startProfiles(*pprofDir)
 		if err != nil {
@@ -88,16 +125,7 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	}
 	// Decision records go to stdout, what goes wrong in serving to stderr.
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, nil))
-	// One decision record per line, as in the agent's decisions.jsonl,
-	// encoded once, by the proxy's record gate.
-	out := record.NewWriter(stdout)
-	var writeFailed atomic.Bool
-	cfg.OnEvent = func(ev *record.Event, line []byte) {
-		if err := out.Write(ev, line); err != nil && !writeFailed.Swap(true) {
-			// Said once: every later record fails alike.
-			fmt.Fprintf(stderr, "trialnet proxy: decision records are not being written to stdout: %v\n", err)
-		}
-	}
+	cfg.OnEvent = recordsTo(stdout, stderr)
 	if err := timerslack.Set(timerslack.Proxy); err != nil {
 		fmt.Fprintf(stderr, "trialnet proxy: kept the default timer slack, which only costs CPU per CONNECT: %v\n", err)
 	}
@@ -106,19 +134,12 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("proxy: %w", err))
 	}
 	defer p.Close()
-	if err := p.AddTrial(proxy.TrialPolicy{ID: *trial, Allow: allow}); err != nil {
+	if err := p.AddTrial(proxy.TrialPolicy{ID: *trial, Allow: list}); err != nil {
 		return fail(stdout, stderr, false, exitUsage, err)
 	}
-	var lns []net.Listener
-	for _, l := range listen {
-		ln, err := net.Listen("tcp", l)
-		if err != nil {
-			for _, o := range lns {
-				_ = o.Close()
-			}
-			return fail(stdout, stderr, false, exitFailure, fmt.Errorf("proxy: listen on %s: %w (is another proxy running there?)", l, err))
-		}
-		lns = append(lns, ln)
+	lns, err := listenAll(listen)
+	if err != nil {
+		return fail(stdout, stderr, false, exitFailure, err)
 	}
 	var addrs []net.Addr
 	var wg sync.WaitGroup
@@ -133,11 +154,7 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 			}
 		}()
 	}
-	var entries []string
-	for _, e := range allow.Entries() {
-		entries = append(entries, e.String())
-	}
-	fmt.Fprintf(stderr, "trialnet proxy: listening on %v for Trial %q; allowing %s\n", addrs, *trial, strings.Join(entries, ", "))
+	fmt.Fprintf(stderr, "trialnet proxy: listening on %v for Trial %q; allowing %s\n", addrs, *trial, strings.Join(allow.Strings(list.Entries()), ", "))
 	if ready != nil {
 		ready(addrs)
 	}

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -107,7 +108,7 @@ func resetTerminal(w io.Writer) {
 
 // cmdVerify checks a receipt (receipt.json, or a run report holding one)
 // against this host's receipt key, and the decision log beside it.
-func cmdVerify(args []string, stdout, stderr io.Writer) int {
+func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("verify", "verify [--key PUBLIC_KEY] [--log DECISIONS] [-j] RECEIPT",
 		"trialnet verify /var/lib/trialnet/trials/run-x/receipt.json", stderr)
 	key := fs.String("key", agent.ReceiptPublicKey(agent.DefaultReceiptKey), "the host's receipt public key")

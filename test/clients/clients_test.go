@@ -169,11 +169,11 @@ func (w *world) newTrial(t *testing.T, name string, uid uint32, allow ...string)
 func (w *world) tryTrial(t *testing.T, name string, uid uint32, req agent.CreateRequest) (*trial, error) {
 	t.Helper()
 	req.ID = "cl-" + name
-	info, err := w.agent.Create(req)
+	info, err := w.agent.Create(context.Background(), req)
 	if err != nil {
 		return nil, err
 	}
-	t.Cleanup(func() { _, _ = w.agent.Destroy(info.ID) })
+	t.Cleanup(func() { _, _ = w.agent.Destroy(context.Background(), info.ID) })
 	tr, err := info.Attach()
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func (tc *trial) run(proxied bool, env []string, argv ...string) (int, string) {
 // decisions is the Trial's decision log, read back as the proxy wrote it.
 func (tc *trial) decisions() []record.Event {
 	tc.t.Helper()
-	recs, err := tc.w.agent.Audit(tc.info.ID)
+	recs, err := tc.w.agent.Audit(context.Background(), tc.info.ID)
 	if err != nil {
 		tc.t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func (tc *trial) waitDecision(host string, port uint16, decision record.Decision
 // direct egress packets.
 func (tc *trial) kernel() (refused, egress uint64) {
 	tc.t.Helper()
-	st, err := tc.w.agent.Stats(tc.info.ID)
+	st, err := tc.w.agent.Stats(context.Background(), tc.info.ID)
 	if err != nil {
 		tc.t.Fatal(err)
 	}

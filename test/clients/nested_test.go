@@ -153,7 +153,7 @@ exit $code`
 		t.Errorf("the host socket accepted %d connections from the nested Trial", n)
 	}
 	// The stats, and so the signed receipt, say the Trial was nested.
-	st, err := w.agent.Stats(tc.info.ID)
+	st, err := w.agent.Stats(context.Background(), tc.info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestPrivilegedNestedSignalsAndCleanup(t *testing.T) {
 	if len(pids) < 5 {
 		t.Fatalf("the Trial holds %d processes (%v), want its init, bwrap's two, the shell and two sleeps", len(pids), pids)
 	}
-	if _, err := w.agent.Destroy(tc.info.ID); err != nil {
+	if _, err := w.agent.Destroy(context.Background(), tc.info.ID); err != nil {
 		t.Fatal(err)
 	}
 	_, _ = p.Wait()

@@ -312,7 +312,7 @@ func TestPrivilegedEscapeTrial(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close(true) })
-	info, err := a.Create(agent.CreateRequest{ID: "escape", Strict: true, Allow: []string{"allowed.example.test:443"}})
+	info, err := a.Create(context.Background(), agent.CreateRequest{ID: "escape", Strict: true, Allow: []string{"allowed.example.test:443"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +330,7 @@ func TestPrivilegedEscapeTrial(t *testing.T) {
 	if r := res["connect-denied-name-via-proxy"]; r.Result != "blocked" || !strings.Contains(r.Reason, "policy_denied") {
 		t.Errorf("CONNECT to a denied name: %+v", r)
 	}
-	st, err := a.Stats(info.ID)
+	st, err := a.Stats(context.Background(), info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

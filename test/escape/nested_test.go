@@ -3,6 +3,7 @@
 package escape
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -60,7 +61,7 @@ func TestPrivilegedEscapeNested(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close(true) })
-	info, err := a.Create(agent.CreateRequest{ID: "escape-nested", Strict: true, Nested: true, Allow: []string{"allowed.example.test:443"}})
+	info, err := a.Create(context.Background(), agent.CreateRequest{ID: "escape-nested", Strict: true, Nested: true, Allow: []string{"allowed.example.test:443"}})
 	if err != nil {
 		nestingRefused(t, err)
 		return
@@ -76,7 +77,7 @@ func TestPrivilegedEscapeNested(t *testing.T) {
 	if loop.Load() != 0 {
 		t.Error("a loopback port other than the proxy's was reached in strict mode")
 	}
-	st, err := a.Stats(info.ID)
+	st, err := a.Stats(context.Background(), info.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

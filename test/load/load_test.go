@@ -98,7 +98,7 @@ func TestPrivilegedLoad(t *testing.T) {
 	t.Cleanup(func() { _ = proc.Process.Signal(syscall.SIGTERM); _ = proc.Wait() })
 	a := agent.NewClient(sock)
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := a.List(); err == nil {
+		if _, err := a.List(context.Background()); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -111,7 +111,7 @@ func TestPrivilegedLoad(t *testing.T) {
 	target := fmt.Sprintf("%s:%d", name, echoPort)
 	var infos []agent.TrialInfo
 	for i := range trials {
-		info, err := a.Create(agent.CreateRequest{ID: "load-" + strconv.Itoa(i), Allow: []string{target}})
+		info, err := a.Create(context.Background(), agent.CreateRequest{ID: "load-" + strconv.Itoa(i), Allow: []string{target}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,11 +143,11 @@ func TestPrivilegedLoad(t *testing.T) {
 	}
 	memPeak := testenv.RSS(pid)
 	for _, info := range infos {
-		st, err := a.Destroy(info.ID)
+		st, err := a.Destroy(context.Background(), info.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if recs, _ := a.Audit(info.ID); len(recs) > 0 { // kept after destroy
+		if recs, _ := a.Audit(context.Background(), info.ID); len(recs) > 0 { // kept after destroy
 			for _, r := range recs {
 				if strings.Contains(r.Detail, "tunnel cut") || r.Decision == record.DecisionDeny {
 					t.Errorf("%s: %+v", info.ID, r)

@@ -152,23 +152,23 @@ func BenchmarkTrialLifecycle(b *testing.B) {
 		b.Run("live="+strconv.Itoa(live), func(b *testing.B) {
 			for i := range live - 1 {
 				id := fmt.Sprintf("idle-%d", i)
-				if _, err := e.a.Create(agent.CreateRequest{ID: id, Allow: []string{target}}); err != nil {
+				if _, err := e.a.Create(context.Background(), agent.CreateRequest{ID: id, Allow: []string{target}}); err != nil {
 					b.Fatal(err)
 				}
-				b.Cleanup(func() { _, _ = e.a.Destroy(id) })
+				b.Cleanup(func() { _, _ = e.a.Destroy(context.Background(), id) })
 			}
 			lat := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
 			for i := range b.N {
 				t0 := time.Now()
-				info, err := e.a.Create(agent.CreateRequest{ID: "bench-" + strconv.Itoa(i), Allow: []string{target}})
+				info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "bench-" + strconv.Itoa(i), Allow: []string{target}})
 				if err != nil {
 					b.Fatal(err)
 				}
 				if err := firstByte(info); err != nil {
 					b.Fatal(err)
 				}
-				if _, err := e.a.Destroy(info.ID); err != nil {
+				if _, err := e.a.Destroy(context.Background(), info.ID); err != nil {
 					b.Fatal(err)
 				}
 				lat = append(lat, time.Since(t0))
@@ -188,7 +188,7 @@ func BenchmarkSandboxWithProcess(b *testing.B) {
 		lat := make([]time.Duration, 0, b.N)
 		for i := range b.N {
 			t0 := time.Now()
-			info, err := e.a.Create(agent.CreateRequest{ID: "proc-" + strconv.Itoa(i), Allow: []string{target}})
+			info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "proc-" + strconv.Itoa(i), Allow: []string{target}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -201,7 +201,7 @@ func BenchmarkSandboxWithProcess(b *testing.B) {
 			if err != nil || code != 0 {
 				b.Fatalf("firstbyte: %d %v", code, err)
 			}
-			if _, err := e.a.Destroy(info.ID); err != nil {
+			if _, err := e.a.Destroy(context.Background(), info.ID); err != nil {
 				b.Fatal(err)
 			}
 			lat = append(lat, time.Since(t0))
@@ -278,13 +278,13 @@ func BenchmarkIdleTrialMemory(b *testing.B) {
 	{ // measured once whatever b.N: a size, not a rate
 		before := rss()
 		for i := range n {
-			if _, err := e.a.Create(agent.CreateRequest{ID: "mem-" + strconv.Itoa(i), Allow: []string{target}}); err != nil {
+			if _, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "mem-" + strconv.Itoa(i), Allow: []string{target}}); err != nil {
 				b.Fatal(err)
 			}
 		}
 		after := rss()
 		for i := range n {
-			_, _ = e.a.Destroy("mem-" + strconv.Itoa(i))
+			_, _ = e.a.Destroy(context.Background(), "mem-"+strconv.Itoa(i))
 		}
 		b.ReportMetric(float64(after-before)/n, "KiB/Trial")
 	}
@@ -295,7 +295,7 @@ func BenchmarkIdleTrialMemory(b *testing.B) {
 // the same request made directly from the host.
 func BenchmarkRequestLatency(b *testing.B) {
 	e := setup(b)
-	info, err := e.a.Create(agent.CreateRequest{ID: "latency", Allow: []string{fmt.Sprintf("%s:%d", upstreamName, httpPort)}})
+	info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "latency", Allow: []string{fmt.Sprintf("%s:%d", upstreamName, httpPort)}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -395,7 +395,7 @@ func BenchmarkLaunch(b *testing.B) {
 		lat := make([]time.Duration, 0, b.N)
 		for i := range b.N {
 			b.StopTimer()
-			info, err := e.a.Create(agent.CreateRequest{ID: "launch-" + strconv.Itoa(i), Allow: []string{target}})
+			info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "launch-" + strconv.Itoa(i), Allow: []string{target}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -408,7 +408,7 @@ func BenchmarkLaunch(b *testing.B) {
 			run(b, tr)
 			lat = append(lat, time.Since(t0))
 			b.StopTimer()
-			if _, err := e.a.Destroy(info.ID); err != nil {
+			if _, err := e.a.Destroy(context.Background(), info.ID); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()
@@ -416,11 +416,11 @@ func BenchmarkLaunch(b *testing.B) {
 		report(b, lat)
 	})
 	b.Run("trial-next-command", func(b *testing.B) {
-		info, err := e.a.Create(agent.CreateRequest{ID: "launch-next", Allow: []string{target}})
+		info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "launch-next", Allow: []string{target}})
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { _, _ = e.a.Destroy(info.ID) })
+		b.Cleanup(func() { _, _ = e.a.Destroy(context.Background(), info.ID) })
 		tr, err := info.Attach()
 		if err != nil {
 			b.Fatal(err)

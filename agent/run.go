@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+// ExitTimeout is a run's exit code when its deadline passed: everything
+// in the Trial was killed (timeout(1)'s code).
+const ExitTimeout = 124
+
+// RunSpec is one command in an ephemeral Trial.
+type RunSpec struct {
+	// Create describes the Trial. Through a Client, Run makes it owned,
+	// so that it ends with this process however that ends; an Agent in
+	// this process ends with it anyway (an embedded one is ephemeral).
+	Create CreateRequest
+	// Command is what runs in the Trial; its proxy variables, socket
+	// rule and process limit come from the Trial.
+	Command sandbox.Command
+	// Timeout bounds the run, wall clock, suspended or not (0: none).
+	Timeout time.Duration
+	// Signals, if set, starts forwarding signals to the command, from
+	// when it starts until it ends (stop).
+	Signals func() (sigs <-chan os.Signal, stop func())
+	// OnDecision, if set, is called with each decision as it is made.
+	OnDecision func(record.Event)
+}
+
+// RunResult is how a run ended.
+type RunResult struct {
+	Info     TrialInfo
+	Exit     int  // the command's exit code, ExitTimeout, or why it could not start (StartError.Code)
+	TimedOut bool // Timeout passed: Exit is ExitTimeout
+	// Err is what went wrong in running the command after it started,
+	// DestroyErr what went wrong in tearing the Trial down.
+	Err, DestroyErr error
+	Stats           Stats // the final stats, with the signed receipt
+	Took            time.Duration
+}
+
+// Run makes an owned Trial through t, runs spec.Command in it until it
+// exits or the timeout passes, and destroys the Trial, recording the
+// exit in its receipt. The error is for a run that never got its command
+// going: the Trial could not be made, the timeout's watchdog could not
+// start, or the command could not start (a *sandbox.StartError, with
+// Exit set and the Trial destroyed).
+func Run(ctx context.Context, t Trials, spec RunSpec) (RunResult, error) {
+	req := spec.Create
+	if _, inProcess := t.(*Agent); !inProcess {
+		req.Owned = true
+	}
+	info, err := t.Create(ctx, req)
+	if err != nil {
+		return RunResult{}, err
+	}
+	res := RunResult{Info: info}
+	start := time.Now()
+	// Teardown is not the run's to cancel: a destroy after the deadline
+	// or a cancelled run must still happen.
+	bg := context.WithoutCancel(ctx)
+	stopWatch := watchDecisions(bg, t, info.ID, spec.OnDecision)
+	defer stopWatch()
+	var deadline time.Time
+	if spec.Timeout > 0 {
+		deadline = start.Add(spec.Timeout)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+		// This process's own timer cannot fire while it is stopped (^Z)
+		// or blocked: a process of its own enforces the deadline too.
+		wd, err := sandbox.WatchDeadline(info.Cgroup, deadline)
+		if err != nil {
+			_, derr := t.DestroyExit(bg, info.ID, nil)
+			return res, errors.Join(fmt.Errorf("%w; a timeout needs it, so the command was not started (run without one to go without)", err), derr)
+		}
+		defer wd.Release()
+	}
+	var sigs <-chan os.Signal
+	if spec.Signals != nil {
+		var stop func()
+		sigs, stop = spec.Signals()
+		defer stop()
+	}
+	res.Exit, res.Err = ExecIn(ctx, info, spec.Command, sigs)
+	// Not ctx.Err(): continued by the watchdog after the deadline, this
+	// process may get here before its own timer has fired.
+	res.TimedOut = !deadline.IsZero() && !time.Now().Before(deadline)
+	var se *sandbox.StartError
+	switch {
+	case errors.As(res.Err, &se):
+		res.Exit = se.Code
+	case res.TimedOut:
+		res.Exit = ExitTimeout
+	}
+	res.Stats, res.DestroyErr = t.DestroyExit(bg, info.ID, &res.Exit)
+	res.Took = time.Since(start)
+	stopWatch()
+	if se != nil {
+		return res, errors.Join(res.Err, res.DestroyErr)
+	}
+	return res, nil
+}
+
+// ExecIn runs c in the Trial info describes, with the Trial's proxy
+// variables, socket rule and process limit, forwarding sigs to it.
+func ExecIn(ctx context.Context, info TrialInfo, c sandbox.Command, sigs <-chan os.Signal) (int, error) {
+	tr, err := info.Attach()
+	if err != nil {
+		return -1, err
+	}
+	c.ProxyURL = info.ProxyURL
+	c.SocketsAnywhere = info.UnixOpen
+	if c.MaxProcs == 0 && info.Limits != nil {
+		c.MaxProcs = info.Limits.MaxProcesses // 0 in records older than it: the default
+	}
+	return tr.Exec(ctx, c, sigs)
+}
+
+// watchDecisions calls fn with each decision of Trial id until it is
+// destroyed; stop waits (briefly) for the last of them. fn nil: nothing.
+func watchDecisions(ctx context.Context, t Trials, id string, fn func(record.Event)) (stop func()) {
+	if fn == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = t.Watch(ctx, id, fn)
+	}()
+	var once bool
+	return func() {
+		if once {
+			return
+		}
+		once = true
+		select {
+		case <-done: // the Trial is gone and its last decision was seen
+		case <-time.After(2 * time.Second):
+		}
+		cancel()
+		<-done
+	}
+}

@@ -1,0 +1,317 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/termsafe"
+	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--show-refusals] [--report FILE | --report-fd N] [-v] [-j] -- CMD [ARGS]"
+
+// cmdRun runs CMD in an ephemeral Trial (agent.Run) and says how it went.
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("run", runUsage, "sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
+	var f runFlags
+	f.register(fs)
+	// Flags end at CMD (or "--"): everything from CMD on is its own.
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	report, err := openReport(*f.reportFile, *f.reportFD)
+	if err != nil {
+		return fail(stdout, stderr, *f.asJSON, exitUsage, err)
+	}
+	if *f.asJSON && report == nil {
+		return fail(stdout, stderr, true, exitUsage, usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE or --report-fd N"})
+	}
+	// Every way out from here writes the report, a refusal included: a
+	// report left at FILE by an earlier run is never read as this one's.
+	failRun := func(code int, err error) int {
+		if report != nil {
+			if werr := report.write(map[string]any{"exit_code": code, "error": err.Error()}); werr != nil {
+				err = errors.Join(err, werr)
+			}
+		}
+		return fail(stdout, stderr, false, code, err)
+	}
+	spec, err := f.spec(fs, stderr)
+	if err != nil {
+		return failRun(exitUsage, err)
+	}
+	trials, closeTrials, code, err := f.trials()
+	if err != nil {
+		return failRun(code, err)
+	}
+	defer closeTrials()
+	res, err := agent.Run(ctx, trials, spec)
+	// The Trial is over and its output drained: undo what it may have
+	// left the terminal in, so that what follows reads as trialnet's.
+	resetTerminal(stderr)
+	if err != nil {
+		return failRun(runErrCode(res, err), err)
+	}
+	return f.finish(res, spec.Command.Args[0], report, stderr)
+}
+
+// runFlags are run's flags.
+type runFlags struct {
+	af                            allowFlags
+	cf                            configFlags
+	user                          userFlags
+	procs                         procsFlag
+	strict, learn, noUnix, nested *bool
+	asJSON, verbose, showRefusals *bool
+	unixAllow                     *stringList
+	timeout                       *time.Duration
+	socket, reportFile            *string
+	reportFD                      *int
+}
+
+func (f *runFlags) register(fs *flag.FlagSet) {
+	f.af.register(fs, "the config")
+	f.strict = strictFlag(fs)
+	f.learn = learnFlag(fs)
+	f.cf.register(fs, "profiles, resolvers, allowed CIDRs and limits (for the agent run embeds when none is running)")
+	f.user.register(fs)
+	f.procs.register(fs, "limits.max_processes of the agent's config, else "+procsDefault)
+	f.timeout = fs.Duration("timeout", 0, "kill everything in the Trial after this long, wall-clock, suspended (^Z) or not (0: no limit)")
+	f.unixAllow, f.noUnix = unixFlags(fs)
+	f.nested = nestedFlag(fs)
+	f.socket = socketFlag(fs)
+	f.asJSON = jsonFlag(fs)
+	f.verbose = fs.Bool("v", false, "when CMD ends, print the full counter table instead of the one summary line")
+	f.showRefusals = fs.Bool("show-refusals", false, "print each refusal by the proxy on stderr as it happens")
+	f.reportFile = fs.String("report", "", "write the report (verdict, counters, signed receipt) as JSON to FILE, where the Trial cannot write: read the verdict there, never on the terminal")
+	f.reportFD = fs.Int("report-fd", -1, "write the report to file descriptor N (3 or more), which the Trial never inherits")
+}
+
+// spec checks the flags and CMD into the run: its Trial, its command, as
+// whom, and its deadline. Every error is a usage error.
+func (f *runFlags) spec(fs *flag.FlagSet, stderr io.Writer) (agent.RunSpec, error) {
+	argv := fs.Args()
+	if len(argv) == 0 {
+		fs.Usage()
+		return agent.RunSpec{}, usageError{"run: no command given; put it after --"}
+	}
+	for _, p := range hostOwnDirPaths(argv) {
+		fmt.Fprintf(stderr, "trialnet: note: %s is in the host's %s; the Trial has its own (empty) /tmp, /var/tmp and /dev/shm and will not find it: put what CMD needs in a directory outside them\n",
+			termsafe.String(p), termsafe.String(sandbox.OwnDirOf(p)))
+	}
+	u, g, err := trialUser(f.user)
+	if err == nil {
+		err = f.af.check()
+	}
+	if err == nil && *f.nested && u == 0 {
+		err = usageError{"run --nested: a nested Trial runs no command as uid 0 (its /proc is left unmasked for the sandboxes inside, and uid 0 owns what is there); pass --uid N"}
+	}
+	spec := agent.RunSpec{
+		Create: agent.CreateRequest{ID: agent.NewID(), Allow: f.af.allow, Profiles: f.af.profiles, RequireTLS: f.af.requireTLS, Strict: *f.strict,
+			Learn: *f.learn, MaxProcesses: int(f.procs), UnixAllow: *f.unixAllow, UnixOpen: *f.noUnix, Nested: *f.nested},
+		Command: sandbox.Command{Args: argv, Env: os.Environ(), UID: u, GID: g, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr},
+		Timeout: *f.timeout,
+		Signals: forwardedSignals,
+	}
+	if *f.showRefusals {
+		spec.OnDecision = func(ev record.Event) {
+			if ev.Decision == record.DecisionDeny || ev.Decision == record.DecisionSuppressed {
+				fmt.Fprintln(stderr, refusalLine(ev))
+			}
+		}
+	}
+	return spec, err
+}
+
+// trials is the agent that serves the run: the one running on the
+// socket, or, without one, an agent embedded for the life of this
+// command, so that a laptop needs no daemon. On an error, code is the
+// exit code it calls for.
+func (f *runFlags) trials() (_ agent.Trials, closeTrials func(), code int, _ error) {
+	client := agent.NewClient(*f.socket)
+	running, err := client.Running()
+	if err != nil {
+		return nil, nil, exitFailure, err
+	}
+	if running {
+		if f.cf.given() {
+			return nil, nil, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *f.socket + " with its own configuration; drop them or stop that agent"}
+		}
+		return client, func() {}, exitOK, nil
+	}
+	file, cidrs, err := f.cf.load()
+	if err != nil {
+		return nil, nil, exitUsage, err
+	}
+	// The config's paths (pins, cgroup parent, namespaces) are honoured.
+	// Its Trials are this process's: their records, apart from the
+	// daemon's, name it, so that a run killed outright (no teardown)
+	// leaves nothing that the next run does not remove.
+	host := hostConfig(file)
+	host.StateDir += "-ephemeral"
+	a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: f.cf.resolvers, AllowCIDRs: cidrs, Ephemeral: true})
+	if err != nil {
+		return nil, nil, exitFailure, err
+	}
+	return a, func() { a.Close(true) }, exitOK, nil
+}
+
+// runErrCode is the exit code of a run that never got CMD going: the
+// agent's refusal of the Trial, or why CMD could not start.
+func runErrCode(res agent.RunResult, err error) int {
+	var se *sandbox.StartError
+	switch {
+	case errors.As(err, &se):
+		return se.Code
+	case res.Info.ID == "":
+		return agentCode(err)
+	}
+	return exitFailure
+}
+
+// finish says how the run went, on stderr and in the report, and
+// returns run's exit code: CMD's, or why trialnet failed around it.
+func (f *runFlags) finish(res agent.RunResult, cmd string, report *reportSink, stderr io.Writer) int {
+	code := res.Exit
+	switch {
+	case res.TimedOut:
+		fmt.Fprintf(stderr, "trialnet: %s timed out after %v; every process in the Trial was killed\n", termsafe.String(cmd), *f.timeout)
+	case res.Err != nil:
+		fmt.Fprintf(stderr, "trialnet: %v\n", res.Err)
+		if code == 0 {
+			code = exitFailure
+		}
+	}
+	if res.DestroyErr != nil {
+		fmt.Fprintf(stderr, "trialnet: %v\n", res.DestroyErr)
+		if code == 0 {
+			code = exitFailure
+		}
+	}
+	st := res.Stats
+	if report != nil {
+		result := map[string]any{"trial": res.Info.ID, "learning": st.Learning, "exit_code": code, "counters": st.Kernel, "proxy": st.Proxy,
+			"pools": st.Pools, "direct_egress_packets": st.Egress, "foreign_socket_uses": st.Foreign, "layers": st.Layers,
+			"verdict": st.Verdict, "receipt": st.Receipt, "summary": summary(st, code, res.Took)}
+		if err := report.write(result); err != nil {
+			fmt.Fprintf(stderr, "trialnet: %v\n", err)
+			if code == 0 {
+				code = exitFailure
+			}
+		}
+	}
+	if *f.verbose {
+		fmt.Fprintf(stderr, "exit_code %d\n", code)
+		printStats(stderr, st)
+	} else {
+		fmt.Fprintln(stderr, summary(st, code, res.Took))
+	}
+	return code
+}
+
+// summary is the one line run prints when CMD ends: the Trial, CMD's exit
+// code, tunnels allowed and refused with the most refused targets, the
+// verdict and the active layers.
+func summary(st agent.Stats, code int, took time.Duration) string {
+	var top []string
+	for _, t := range st.TopRefused {
+		top = append(top, fmt.Sprintf("%s ×%d", termsafe.String(t.Target), t.Count))
+	}
+	refused := fmt.Sprintf("%d refused", st.Proxy.Denied)
+	if len(top) > 0 {
+		refused += " (" + strings.Join(top, ", ") + ")"
+	}
+	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s; %s",
+		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused,
+		termsafe.String(strings.TrimPrefix(st.Verdict, "verdict: ")), termsafe.String(st.Layers.String()))
+}
+
+// refusalLine is one refusal, or a summary of suppressed records, as
+// --show-refusals prints it.
+func refusalLine(ev record.Event) string {
+	if ev.Decision == record.DecisionSuppressed {
+		return "trialnet: " + termsafe.String(ev.Detail) + suppressedReasons(ev.Suppressed)
+	}
+	line := fmt.Sprintf("trialnet: refused %s %s: %s", termsafe.String(ev.Method), termsafe.String(ev.Target), termsafe.String(string(ev.Reason)))
+	if ev.Detail != "" {
+		line += " (" + termsafe.String(ev.Detail) + ")"
+	}
+	return line
+}
+
+// suppressedReasons is what a summary counts, by reason: " (bad_target
+// ×55, rate_limited ×3)".
+func suppressedReasons(s *record.Suppressed) string {
+	if s == nil || len(s.ByReason) == 0 {
+		return ""
+	}
+	var by []string
+	for r, n := range s.ByReason {
+		by = append(by, fmt.Sprintf("%s ×%d", termsafe.String(string(r)), n))
+	}
+	slices.Sort(by)
+	return " (" + strings.Join(by, ", ") + ")"
+}
+
+// hostOwnDirPaths are the paths among CMD's arguments (whole, or after
+// an "=") that exist on the host beneath a directory a Trial has its own
+// of: a common surprise, worth a note before the Trial starts.
+func hostOwnDirPaths(argv []string) []string {
+	var out []string
+	for _, a := range argv {
+		if _, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(v, "/") {
+			a = v
+		}
+		if d := sandbox.OwnDirOf(a); !strings.HasPrefix(a, "/") || d == "" || d == filepath.Clean(a) {
+			continue
+		}
+		if _, err := os.Lstat(a); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// trialUser decides who CMD runs as: never root. Without a single
+// capability, a uid-0 process still owns every root-owned file, and the
+// kernel checks many of them by owner alone: trialnet's binary and state,
+// /proc/sys (core_pattern runs a program as root), other Trials' cgroup
+// files, its runtime directory (a socket bound there answers as the
+// agent). No layer of the Trial closes that, so it is refused; gid 0
+// likewise, for the root group's writable files. sudo from your own
+// account gives your uid.
+func trialUser(u userFlags) (uint32, uint32, error) {
+	uid, gid := u.uid, u.gid
+	if !uid.set {
+		s := os.Getenv("SUDO_UID")
+		if s == "" {
+			return 0, 0, usageError{"who should CMD run as? Pass --uid N (and --gid N; a dedicated user for untrusted code is best), or run trialnet under sudo from your own account to use your uid"}
+		}
+		if err := uid.Set(s); err != nil {
+			return 0, 0, usageError{fmt.Sprintf("SUDO_UID=%q is not a user id (%v); pass --uid", s, err)}
+		}
+		if uid.id == 0 {
+			return 0, 0, usageError{"SUDO_UID is 0 (sudo was run from a root shell), and a Trial never runs as root: pass --uid N for a dedicated user"}
+		}
+		if !gid.set {
+			_ = gid.Set(os.Getenv("SUDO_GID")) // unset or not an id: the uid's, below
+		}
+	}
+	if !gid.set {
+		gid = uid
+	}
+	if uid.id == 0 || gid.id == 0 {
+		return 0, 0, usageError{"a Trial never runs as uid 0 or gid 0: even without capabilities, root owns the files that hold every Trial in place (trialnet's state and runtime directory, other Trials' cgroups, /proc/sys), and the root group many of them. Pass --uid N (and --gid N) for a dedicated user; what needs root (installing packages) belongs in the environment prepared before the Trial"}
+	}
+	return uid.id, gid.id, nil
+}
