@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -20,10 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/config"
-	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -80,44 +77,13 @@ type Agent struct {
 	ret   retainer
 
 	mu     sync.Mutex
-	trials map[string]*liveTrial // every id in use, in any state
+	trials map[string]*trial // every id in use, in any state
 	closed atomic.Bool
 
 	reloadMu  sync.Mutex // one Reload at a time
 	gcPending atomic.Bool
 	owners    sync.WaitGroup // the goroutines watching owned Trials' owners
 }
-
-type liveTrial struct {
-	info  TrialInfo
-	tr    *sandbox.Trial
-	state trialState // guarded by Agent.mu
-	// policy orders changes of the allowlist (ChangeAllow): each reads
-	// the list the one before it left.
-	policy sync.Mutex
-	log    decisionLog
-	mu     sync.Mutex // guards final
-	final  record.TrialStats
-	// owner is a pidfd of an owned Trial's owner, which the agent watches
-	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
-	owner *os.File
-}
-
-// setTrial records what the sandbox made of the Trial.
-func (lt *liveTrial) setTrial(tr *sandbox.Trial) {
-	lt.tr = tr
-	lt.info.Netns, lt.info.Cgroup, lt.info.CgroupID = tr.Netns.Path, tr.Cgroup, tr.CgroupID
-}
-
-// trialState: only live Trials are listed and served to API calls; the
-// others hold their id. A Trial's decisions are logged in every state.
-type trialState uint8
-
-const (
-	stateCreating   trialState = iota // being made, or re-adopted
-	stateLive                         // ready
-	stateDestroying                   // being torn down
-)
 
 // TrialInfo describes a live Trial.
 type TrialInfo struct {
@@ -160,7 +126,7 @@ type TrialInfo struct {
 // Attach returns a handle for launching commands into the Trial, from
 // any process: with the Trial's own unix and nesting settings, which its
 // init and commands are made from when this launch is the first.
-func (i TrialInfo) Attach() (*sandbox.Trial, error) {
+func (i TrialInfo) Attach() (*sandbox.Launcher, error) {
 	tr, err := sandbox.Attach(i.ID, i.Cgroup, i.Netns)
 	if err != nil {
 		return nil, err
@@ -242,7 +208,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 	if cfg.ReceiptKey == "" {
 		cfg.ReceiptKey = DefaultReceiptKey
 	}
-	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*liveTrial), obs: newObservers()}
+	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*trial), obs: newObservers()}
 	a.file.Store(cfg.File)
 	set, err := a.proxySettings(cfg.File)
 	if err != nil {
@@ -263,7 +229,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 			return nil, fmt.Errorf("agent: create %s: %w", d, err)
 		}
 	}
-	host.Endpoint, host.Logger = endpoint{a}, log
+	host.Logger = log
 	if cfg.Ephemeral {
 		host.Sweep(ownerAlive)
 	} else {
@@ -296,13 +262,15 @@ func (a *Agent) Close(teardown bool) {
 			}
 		}
 	}
-	_ = a.proxy.Close()
+	// The Trials left stay enforced (pinned) for the next agent; what
+	// this one holds of them is given back.
 	a.mu.Lock()
-	for _, lt := range a.trials {
-		lt.log.end()
-		lt.log.close()
-	}
+	lts = slices.Collect(maps.Values(a.trials))
 	a.mu.Unlock()
+	for _, lt := range lts {
+		lt.release()
+	}
+	_ = a.proxy.Close()
 	_ = a.host.Close()
 }
 
@@ -317,112 +285,8 @@ func (a *Agent) Create(ctx context.Context, req CreateRequest) (TrialInfo, error
 	return a.create(req, callerConn(ctx))
 }
 
-// create makes a Trial for the caller at the other end of conn (nil: a
-// caller in this process).
-func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err error) {
-	var owner *Owner
-	var pidfd *os.File
-	switch {
-	case a.cfg.Ephemeral:
-		owner = self()
-	case req.Owned:
-		if owner, pidfd, err = callerOwner(conn); err != nil {
-			return TrialInfo{}, err
-		}
-	}
-	lt := &liveTrial{owner: pidfd}
-	defer func() {
-		if err != nil {
-			a.dropOwner(lt)
-		}
-	}()
-	if req.ID == "" {
-		req.ID = NewID()
-	}
-	if err := netns.ValidID(req.ID); err != nil {
-		return TrialInfo{}, errf(CodeBadID, "%v", err)
-	}
-	allow, err := a.allowlist(req)
-	if err != nil {
-		return TrialInfo{}, err
-	}
-	info := TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, UnixOpen: req.UnixOpen, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
-		Nested: req.Nested || a.file.Load().Nested(req.Profiles), UnixAllow: req.UnixAllow,
-		Learning: req.Learn || a.file.Load().Learn(req.Profiles), Allow: allowEntries(allow),
-		AllowCIDRs: a.proxy.Guard().Allowed(), Owner: owner}
-	if info.Limits == nil {
-		// The limits in force now, kept: a reload or restart does not
-		// change a live Trial's.
-		lim := a.proxy.DefaultLimits()
-		info.Limits = &lim
-	}
-	if req.MaxProcesses != 0 {
-		lim := *info.Limits
-		lim.MaxProcesses = req.MaxProcesses
-		info.Limits = &lim
-	}
-	if err := sandbox.CheckMaxProcs(info.Limits.MaxProcesses); err != nil {
-		return TrialInfo{}, errf(CodeBadRequest, "max_processes: %v", err)
-	}
-	lt.info = info
-	if err := a.register(req.ID, lt); err != nil {
-		return TrialInfo{}, err
-	}
-	defer func() {
-		if err != nil {
-			a.unregister(req.ID, lt)
-		}
-	}()
-	if err := a.keepOldData(req.ID); err != nil {
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
-	}
-	if err := a.prepare(lt, allow, req.Limits, nil); err != nil {
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
-	}
-	meta, _ := json.Marshal(info)
-	spec := sandbox.Spec{ID: req.ID, Strict: req.Strict, Proxy: ProxyEndpoints, UnixPaths: req.UnixAllow, UnixOpen: req.UnixOpen, Nested: info.Nested,
-		Pools: sandbox.PoolLimits{MaxPids: info.Limits.MaxPids, MaxMemory: info.Limits.MaxMemory}}
-	tr, err := a.host.Create(spec, meta)
-	if err != nil {
-		a.proxy.RemoveTrial(req.ID)
-		lt.log.close()
-		if errors.Is(err, sandbox.ErrExists) {
-			return TrialInfo{}, errf(CodeDuplicateID, "%v", err)
-		}
-		if errors.Is(err, sandbox.ErrNestingUnavailable) {
-			return TrialInfo{}, errf(CodeBadRequest, "%v", err)
-		}
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
-	}
-	lt.setTrial(tr)
-	a.setState(lt, stateLive)
-	a.watchOwner(lt)
-	a.log.Info("trial created", "trial", req.ID, "allow", len(info.Allow), "strict", req.Strict, "learning", info.Learning, "owner_pid", ownerPID(info.Owner))
-	return a.info(lt), nil
-}
-
-// allowEntries is an allowlist as a Trial's description keeps it.
-func allowEntries(l *allow.List) []AllowEntry {
-	var out []AllowEntry
-	for _, e := range l.Entries() {
-		out = append(out, AllowEntry{e.String(), e.RequireTLS, e.Profile})
-	}
-	return out
-}
-
-func (a *Agent) allowlist(req CreateRequest) (*allow.List, error) {
-	allow, err := a.file.Load().Allowlist(req.Profiles, req.Allow, req.RequireTLS)
-	switch {
-	case errors.Is(err, config.ErrUnknownProfile):
-		return nil, errf(CodeUnknownProfile, "%v", err)
-	case err != nil:
-		return nil, errf(CodeBadAllowlist, "%v", err)
-	}
-	return allow, nil
-}
-
 // register takes id for lt, which starts in stateCreating.
-func (a *Agent) register(id string, lt *liveTrial) error {
+func (a *Agent) register(id string, lt *trial) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, ok := a.trials[id]; ok {
@@ -434,7 +298,7 @@ func (a *Agent) register(id string, lt *liveTrial) error {
 
 // unregister frees lt's id, unless lt was already forgotten and the id
 // taken again.
-func (a *Agent) unregister(id string, lt *liveTrial) {
+func (a *Agent) unregister(id string, lt *trial) {
 	a.mu.Lock()
 	if a.trials[id] == lt {
 		delete(a.trials, id)
@@ -442,88 +306,10 @@ func (a *Agent) unregister(id string, lt *liveTrial) {
 	a.mu.Unlock()
 }
 
-func (a *Agent) setState(lt *liveTrial, s trialState) {
+func (a *Agent) setState(lt *trial, s trialState) {
 	a.mu.Lock()
 	lt.state = s
 	a.mu.Unlock()
-}
-
-// keepOldData moves aside what a destroyed Trial with the same id left
-// in the data directory, so that a new Trial's log starts empty and the
-// old one stays on disk.
-func (a *Agent) keepOldData(id string) error {
-	if a.cfg.DataDir == "" {
-		return nil
-	}
-	dir := filepath.Join(a.cfg.DataDir, id)
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	return os.Rename(dir, fmt.Sprintf("%s.%d", dir, time.Now().UnixNano()))
-}
-
-// prepare readies what serving a Trial needs before its endpoint
-// listens: the decision log (its processes may connect at once, a
-// re-adopted Trial's at the very moment it is served) and the proxy's
-// policy for it.
-func (a *Agent) prepare(lt *liveTrial, allow *allow.List, limits *config.Limits, stats *record.TrialStats) (err error) {
-	var written int64
-	if a.cfg.DataDir != "" {
-		dir := filepath.Join(a.cfg.DataDir, lt.info.ID)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
-		}
-		if written, err = lt.log.open(a.decisionLog(lt.info.ID)); err != nil {
-			return err
-		}
-		defer func() {
-			if err != nil {
-				lt.log.close()
-			}
-		}()
-	}
-	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: allow, Learn: lt.info.Learning, Limits: limits,
-		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats, LogWritten: written})
-}
-
-// endpoint serves Trials' proxy endpoints for the sandbox: the listening
-// sockets live in each Trial's namespace, the agent accepts on them.
-type endpoint struct{ a *Agent }
-
-func (e endpoint) Serve(id string, lns []net.Listener) error {
-	for _, ln := range lns {
-		go func() {
-			if err := e.a.proxy.Serve(ln, id); err != nil {
-				e.a.log.Error("proxy serve", "trial", id, "error", err)
-			}
-		}()
-	}
-	return nil
-}
-
-// Stop removes the Trial from the proxy (closing its listeners and
-// connections, waiting for its last decision events) and keeps its final
-// proxy counters for Destroy. A Trial that never became live (its
-// creation or adoption failed after prepare) is forgotten.
-func (e endpoint) Stop(id string) {
-	st, _ := e.a.proxy.RemoveTrial(id)
-	e.a.mu.Lock()
-	lt := e.a.trials[id]
-	forget := lt != nil && lt.state == stateCreating
-	if forget {
-		delete(e.a.trials, id)
-	}
-	e.a.mu.Unlock()
-	if lt == nil {
-		return
-	}
-	lt.mu.Lock()
-	lt.final = st
-	lt.mu.Unlock()
-	if forget {
-		lt.log.close()
-		e.a.dropOwner(lt)
-	}
 }
 
 func (a *Agent) onEvent(ev *record.Event, line []byte) {
@@ -582,13 +368,13 @@ func (a *Agent) Get(_ context.Context, id string) (TrialInfo, error) {
 
 // info is lt's description; ChangeAllow and a reload --reprofile replace
 // its allowlist under mu.
-func (a *Agent) info(lt *liveTrial) TrialInfo {
+func (a *Agent) info(lt *trial) TrialInfo {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return lt.info
 }
 
-func (a *Agent) lookup(id string) (*liveTrial, error) {
+func (a *Agent) lookup(id string) (*trial, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	lt := a.trials[id]
@@ -656,7 +442,7 @@ type ProxyStats struct {
 	Active      int64             `json:"tunnels_active"`
 }
 
-func (a *Agent) makeStats(lt *liveTrial, k bpf.Counters, p record.TrialStats) Stats {
+func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) Stats {
 	info := a.info(lt)
 	ps := ProxyStats{Allowed: p.Allowed, Denied: p.Denied, WouldDeny: p.WouldDeny, ByReason: map[string]uint64{}, DNSFailures: p.DNSFailed,
 		BytesUp: p.BytesUp, BytesDown: p.BytesDown, Active: p.Active}
@@ -697,7 +483,7 @@ func (a *Agent) Stats(_ context.Context, id string) (Stats, error) {
 
 // finalStats reads the stats a destroy kept for Trial id.
 func (a *Agent) finalStats(id string) (Stats, bool) {
-	if a.cfg.DataDir == "" || netns.ValidID(id) != nil {
+	if a.cfg.DataDir == "" || sandbox.ValidID(id) != nil {
 		return Stats{}, false
 	}
 	b, err := os.ReadFile(filepath.Join(a.cfg.DataDir, id, "stats.json"))
@@ -740,6 +526,7 @@ func (a *Agent) DestroyExit(_ context.Context, id string, exit *int) (Stats, err
 	pst := lt.final
 	lt.mu.Unlock()
 	st := a.makeStats(lt, k, pst)
+	// Ended now, not at release: the receipt hashes the whole log.
 	lt.log.end()
 	lt.log.close()
 	if rerr := a.sign(lt, &st, exit); rerr != nil {
@@ -750,7 +537,7 @@ func (a *Agent) DestroyExit(_ context.Context, id string, exit *int) (Stats, err
 			err = errors.Join(err, os.WriteFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))
 		}
 	}
-	a.unregister(id, lt)
+	lt.release()
 	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
 	a.releaseSoon()
 	a.ret.soon()
@@ -770,7 +557,7 @@ func (a *Agent) decisionLog(id string) string {
 // does not read as a record, one of a newer schema included, fails the
 // audit with its line number: a record is never half-read.
 func (a *Agent) Audit(_ context.Context, id string) ([]record.Event, error) {
-	if err := netns.ValidID(id); err != nil {
+	if err := sandbox.ValidID(id); err != nil {
 		return nil, errf(CodeBadID, "%v", err)
 	}
 	if a.cfg.DataDir == "" {
@@ -786,64 +573,10 @@ func (a *Agent) Audit(_ context.Context, id string) ([]record.Event, error) {
 	return recs, nil
 }
 
-// readopt takes over the Trials a previous agent left: live ones get
-// their proxy endpoint back (enforcement never lapsed: it is pinned);
-// half-made or broken ones are removed.
-func (a *Agent) readopt() {
-	for _, tr := range a.host.Adopt(a.adopt) {
-		a.mu.Lock()
-		lt := a.trials[tr.ID]
-		a.mu.Unlock()
-		lt.setTrial(tr)
-		a.setState(lt, stateLive)
-		a.watchOwner(lt)
-		a.log.Info("trial re-adopted", "trial", tr.ID, "owner_pid", ownerPID(lt.info.Owner))
-	}
-}
-
-// adopt readies a recorded Trial for serving: its description, allowlist,
-// decision log and proxy counters (rebuilt from the log) come back.
-func (a *Agent) adopt(tr *sandbox.Trial) (err error) {
-	var info TrialInfo
-	if err := json.Unmarshal(tr.Meta, &info); err != nil {
-		return fmt.Errorf("its record has no readable description: %w", err)
-	}
-	if info.ID != tr.ID {
-		return fmt.Errorf("its record describes Trial %q, not %q", info.ID, tr.ID)
-	}
-	entries, err := parseEntries(info.Allow, nil)
-	if err != nil {
-		return err
-	}
-	lt := &liveTrial{info: info}
-	if info.Owner != nil {
-		// The owner may have exited while no agent watched it.
-		if lt.owner, err = openOwner(*info.Owner); errors.Is(err, errOwnerExited) {
-			return fmt.Errorf("owner pid %d exited", info.Owner.PID)
-		} else if err != nil {
-			return fmt.Errorf("its owner, pid %d, cannot be watched: %w", info.Owner.PID, err)
-		}
-	}
-	defer func() {
-		if err != nil {
-			a.dropOwner(lt)
-		}
-	}()
-	if err := a.register(tr.ID, lt); err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			a.unregister(tr.ID, lt)
-		}
-	}()
-	return a.prepare(lt, allow.New(entries...), info.Limits, a.replayStats(lt))
-}
-
 // replayStats rebuilds a re-adopted Trial's proxy counters from its
 // decision log, so that they continue across an agent restart as the
 // kernel's do. Unreadable records are left out, and said so in the log.
-func (a *Agent) replayStats(lt *liveTrial) *record.TrialStats {
+func (a *Agent) replayStats(lt *trial) *record.TrialStats {
 	if a.cfg.DataDir == "" {
 		return nil
 	}

@@ -23,7 +23,7 @@ func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	tr, err := h.Create(sandbox.Spec{ID: "live", UnixOpen: true}, nil)
+	tr, err := h.Create(sandbox.Spec{ID: "live", UnixOpen: true}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestPrivilegedUninstallForceDestroysTrials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := h.Create(sandbox.Spec{ID: "forced", UnixOpen: true}, nil)
+	tr, err := h.Create(sandbox.Spec{ID: "forced", UnixOpen: true}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -187,7 +187,7 @@ func ownerPID(o *Owner) int {
 // owned. One goroutine, parked on Go's poller until the owner's pidfd
 // polls readable; it ends with no more when the Trial is destroyed
 // otherwise or the agent stops (either closes the pidfd: dropOwner).
-func (a *Agent) watchOwner(lt *liveTrial) {
+func (a *Agent) watchOwner(lt *trial) {
 	a.mu.Lock()
 	pidfd := lt.owner
 	if pidfd == nil || a.closed.Load() {
@@ -223,7 +223,7 @@ func (a *Agent) watchOwner(lt *liveTrial) {
 }
 
 // dropOwner stops watching lt's owner and closes its pidfd.
-func (a *Agent) dropOwner(lt *liveTrial) {
+func (a *Agent) dropOwner(lt *trial) {
 	a.mu.Lock()
 	pidfd := lt.owner
 	lt.owner = nil

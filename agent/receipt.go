@@ -217,7 +217,7 @@ func ReadPublicKey(path string) (ed25519.PublicKey, error) {
 // sign makes the receipt of a Trial just torn down, signs it, keeps it in
 // the Trial's data directory and gives it to st. An agent without a key
 // (made by hand, as in tests) signs nothing.
-func (a *Agent) sign(lt *liveTrial, st *Stats, exit *int) error {
+func (a *Agent) sign(lt *trial, st *Stats, exit *int) error {
 	if a.cfg.ReceiptKey == "" {
 		return nil
 	}

@@ -142,7 +142,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 			t.Errorf("record %d read back as\n%+v\nwant\n%+v", i, g, w)
 		}
 	}
-	replayed := a.replayStats(&liveTrial{info: TrialInfo{ID: id}})
+	replayed := a.replayStats(&trial{info: TrialInfo{ID: id}})
 	final.Active = 0
 	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
 		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
@@ -174,7 +174,7 @@ func TestDecisionLogFloodSummarised(t *testing.T) {
 	if final.Denied != n || len(live) != 1 || live[0].Count != n || live[0].Target != recs[0].Target {
 		t.Fatalf("live: stats %+v, refused %+v; want all %d", final, live, n)
 	}
-	again := &liveTrial{info: TrialInfo{ID: id}}
+	again := &trial{info: TrialInfo{ID: id}}
 	replayed := a.replayStats(again)
 	final.Active = 0
 	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
@@ -214,7 +214,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 5, newer than the 4") || recs != nil {
 		t.Fatalf("audit with a newer record: %d records, %v; want a schema error naming line 3", len(recs), err)
 	}
-	st := a.replayStats(&liveTrial{info: TrialInfo{ID: id}})
+	st := a.replayStats(&trial{info: TrialInfo{ID: id}})
 	if st == nil || st.Allowed != 1 || st.Denied != 1 || st.BytesUp != 5 || st.BytesDown != 7 {
 		t.Fatalf("replayed %+v; want the old and current records only", st)
 	}
@@ -248,9 +248,9 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 // with r, dialing an echo upstream) serving Trial id alone, under allow
 // and lim, on a loopback listener whose address it returns. tap, if set,
 // sees each event after the agent has.
-func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.List, lim *config.Limits, tap func(record.Event)) (*Agent, *liveTrial, string) {
+func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.List, lim *config.Limits, tap func(record.Event)) (*Agent, *trial, string) {
 	t.Helper()
-	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*liveTrial)}
+	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*trial)}
 	onEvent := a.onEvent
 	if tap != nil {
 		onEvent = func(e *record.Event, line []byte) { a.onEvent(e, line); tap(*e) }
@@ -261,7 +261,7 @@ func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.Li
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.proxy.Close() })
-	lt := &liveTrial{info: TrialInfo{ID: id}}
+	lt := &trial{info: TrialInfo{ID: id}}
 	if err := a.register(id, lt); err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func (a *Agent) proxySettings(file *config.File) (config.ProxySettings, error) {
 
 // reprofiled is one live Trial's new allowlist, ready to apply.
 type reprofiled struct {
-	lt         *liveTrial
+	lt         *trial
 	old, new   TrialInfo
 	allow      *allow.List
 	meta, prev json.RawMessage // the new and the previous description
@@ -135,7 +135,7 @@ func samePaths(old, new *config.File) error {
 // profiles: the profiles' entries from f, plus the Trial's explicit ones.
 func (a *Agent) planReprofile(f *config.File) (_ []reprofiled, unlock func(), err error) {
 	a.mu.Lock()
-	var lts []*liveTrial
+	var lts []*trial
 	for _, lt := range a.trials {
 		if lt.state == stateLive && len(lt.info.Profiles) > 0 {
 			lts = append(lts, lt)
@@ -144,7 +144,7 @@ func (a *Agent) planReprofile(f *config.File) (_ []reprofiled, unlock func(), er
 	a.mu.Unlock()
 	// Each Trial's allow/deny waits until the reload is done (in id
 	// order, as any taker of several of these locks must).
-	slices.SortFunc(lts, func(x, y *liveTrial) int { return strings.Compare(x.info.ID, y.info.ID) })
+	slices.SortFunc(lts, func(x, y *trial) int { return strings.Compare(x.info.ID, y.info.ID) })
 	for _, lt := range lts {
 		lt.policy.Lock()
 	}

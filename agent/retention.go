@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/config"
-	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/sandbox"
 )
 
 // DefaultRetentionEvery is how often the retention rule runs on a timer,
@@ -178,7 +178,7 @@ func trialDataName(name string) (string, bool) {
 		}
 		id = name[:i]
 	}
-	return id, netns.ValidID(id) == nil
+	return id, sandbox.ValidID(id) == nil
 }
 
 // dataTime is when a Trial's data was last written: its stats.json (the

@@ -75,7 +75,7 @@ func TestRetentionRemovesExactlyWhatTheRuleSays(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			a := &Agent{cfg: AgentConfig{DataDir: dir}, trials: map[string]*liveTrial{"live": {state: stateLive}}}
+			a := &Agent{cfg: AgentConfig{DataDir: dir}, trials: map[string]*trial{"live": {state: stateLive}}}
 			removed, err := a.applyRetention(tc.rule, now)
 			if err != nil {
 				t.Fatal(err)

@@ -24,10 +24,10 @@ import (
 // nsenter --net=/run/trialnet/netns/<id> can enter it.
 const DefaultDir = "/run/trialnet/netns"
 
-// ValidID checks a Trial id: it becomes a file name and a cgroup name.
-func ValidID(id string) error {
+// checkName checks a namespace's name, which becomes a file name.
+func checkName(id string) error {
 	if !ident.Valid(id) {
-		return fmt.Errorf("invalid Trial id %q: use 1-63 characters from a-z, 0-9, '-' and '_', starting with a letter or digit", id)
+		return fmt.Errorf("invalid namespace name %q: use 1-63 characters from a-z, 0-9, '-' and '_', starting with a letter or digit", id)
 	}
 	return nil
 }
@@ -46,7 +46,7 @@ var ErrExists = errors.New("network namespace already exists")
 // Create makes a new network namespace with lo up, bind-mounted at dir/id.
 // On error nothing is left behind.
 func Create(dir, id string) (_ *Namespace, err error) {
-	if err := ValidID(id); err != nil {
+	if err := checkName(id); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -135,7 +135,7 @@ func currentCookie() (uint64, error) {
 
 // Open opens the namespace bind-mounted at dir/id.
 func Open(dir, id string) (*Namespace, error) {
-	if err := ValidID(id); err != nil {
+	if err := checkName(id); err != nil {
 		return nil, err
 	}
 	ns := &Namespace{ID: id, Path: filepath.Join(dir, id)}
@@ -181,7 +181,7 @@ func (n *Namespace) Delete() error {
 
 // Delete removes dir/id; a namespace that is already gone is not an error.
 func Delete(dir, id string) error {
-	if err := ValidID(id); err != nil {
+	if err := checkName(id); err != nil {
 		return err
 	}
 	path := filepath.Join(dir, id)

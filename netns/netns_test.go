@@ -14,15 +14,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestValidID(t *testing.T) {
+func TestCheckName(t *testing.T) {
 	for _, id := range []string{"", "../x", "a/b", "A", "-x", "x y", "x\x00", string(make([]byte, 64))} {
-		if ValidID(id) == nil {
-			t.Errorf("ValidID(%q) accepted", id)
+		if checkName(id) == nil {
+			t.Errorf("checkName(%q) accepted", id)
 		}
 	}
 	for _, id := range []string{"a", "trial-1", "run_0a"} {
-		if err := ValidID(id); err != nil {
-			t.Errorf("ValidID(%q): %v", id, err)
+		if err := checkName(id); err != nil {
+			t.Errorf("checkName(%q): %v", id, err)
 		}
 	}
 }

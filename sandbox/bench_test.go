@@ -37,7 +37,7 @@ func BenchmarkTrialCreateDestroy(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				start := time.Now()
-				tr, err := h.Create(Spec{ID: "bench-" + strconv.Itoa(i), UnixOpen: true}, nil)
+				tr, err := h.Create(Spec{ID: "bench-" + strconv.Itoa(i), UnixOpen: true}, nil, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

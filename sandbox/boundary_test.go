@@ -559,13 +559,13 @@ func TestPrivilegedUnixAllowPathsOnlyRootCanChange(t *testing.T) {
 	if err := os.Symlink(inOpen, link); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.Create(Spec{ID: "u-safe", UnixPaths: []string{safe}}, nil); err != nil {
+	if _, err := h.Create(Spec{ID: "u-safe", UnixPaths: []string{safe}}, nil, nil); err != nil {
 		t.Fatalf("a root-only path was refused: %v", err)
 	} else {
 		t.Cleanup(func() { _ = h.Remove("u-safe") })
 	}
 	for i, p := range []string{inOpen, owned, link} {
-		tr, err := h.Create(Spec{ID: fmt.Sprintf("u-%d", i), UnixPaths: []string{p}}, nil)
+		tr, err := h.Create(Spec{ID: fmt.Sprintf("u-%d", i), UnixPaths: []string{p}}, nil, nil)
 		if h.BPF.LSM() {
 			if err != nil {
 				t.Errorf("%s with the LSM layer: %v", p, err)

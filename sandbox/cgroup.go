@@ -96,7 +96,7 @@ func cgroupPopulated(dir string) (bool, error) {
 
 // populated reports whether the Trial still has processes; a cgroup that
 // cannot be read counts as empty, so that nothing waits on it.
-func (t *Trial) populated() bool {
+func (t *Launcher) populated() bool {
 	p, _ := cgroupPopulated(t.Cgroup)
 	return p
 }

@@ -282,7 +282,7 @@ func (p *Process) initDied(sig syscall.Signal) error {
 // through pipes instead of handed in (hideSockets).
 // When the caller's stdio is a terminal, the command gets a
 // pseudo-terminal relayed to it instead (see terminal).
-func (t *Trial) Start(c Command) (_ *Process, err error) {
+func (t *Launcher) Start(c Command) (_ *Process, err error) {
 	if c, err = c.checked(); err != nil {
 		return nil, err
 	}
@@ -358,7 +358,7 @@ func (c Command) checked() (Command, error) {
 
 // startFailed words a failure of Start once it has a command and a Trial
 // to name, as every such failure reads.
-func (t *Trial) startFailed(c Command, err error) error {
+func (t *Launcher) startFailed(c Command, err error) error {
 	return fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
 }
 
@@ -393,7 +393,7 @@ func (p execPipes) closeChildEnds() {
 
 // execCmd is the trialnet-exec that becomes c: cloned straight into cg,
 // in a session of its own, with the pipes as its fds 3 and 4.
-func (t *Trial) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, error) {
+func (t *Launcher) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, error) {
 	sockets := socketsConfined
 	switch {
 	case t.Spec.Nested:
@@ -427,7 +427,7 @@ func (t *Trial) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, err
 // pipes (hideSockets) and a terminal becomes a pty of the Trial's. On
 // failure it has already undone what it began, pipes included, in the
 // order Start's own failures do.
-func (t *Trial) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready func() error, pipes execPipes) (*terminal, *stdinRelay, error) {
+func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready func() error, pipes execPipes) (*terminal, *stdinRelay, error) {
 	relay, err := hideSockets(cmd)
 	abort := func() {
 		pipes.closeChildEnds()
@@ -454,7 +454,7 @@ func (t *Trial) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready func
 
 // spawn forks trialnet-exec from a thread in the init's namespaces and
 // puts it in the Trial's pools before it may run anything of the command.
-func (t *Trial) spawn(cmd *exec.Cmd, init initProc) error {
+func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) error {
 	err := netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
 	if errors.Is(err, unix.EAGAIN) {
 		// Cloned into a cgroup v2 group at its pids.max: say which bound.
@@ -477,7 +477,7 @@ func (t *Trial) spawn(cmd *exec.Cmd, init initProc) error {
 
 // release lets the started trialnet-exec exec the command once the init
 // is ready, and learns whether it did: a StartError says why not.
-func (t *Trial) release(p *Process, c Command, ready func() error, pipes execPipes) error {
+func (t *Launcher) release(p *Process, c Command, ready func() error, pipes execPipes) error {
 	if err := ready(); err != nil {
 		// A failed init was killed, and trialnet-exec with it (it is in
 		// the init's PID namespace).
@@ -507,7 +507,7 @@ func (t *Trial) release(p *Process, c Command, ready func() error, pipes execPip
 // process group is killed. It returns the command's exit code. Give it
 // *os.File stdio when the command may leave children behind: with other
 // writers Wait copies until every holder of the pipe has closed it.
-func (t *Trial) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (int, error) {
+func (t *Launcher) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (int, error) {
 	p, err := t.Start(c)
 	if err != nil {
 		return -1, err

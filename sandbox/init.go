@@ -53,7 +53,7 @@ func (p initProc) alive() bool {
 // starts may still be setting the Trial up: ready waits for that (and
 // releases the lock), so that the caller can start the command's
 // trialnet-exec meanwhile. The caller must call ready once on every path.
-func (t *Trial) init(cg *os.File) (_ initProc, ready func() error, _ error) {
+func (t *Launcher) init(cg *os.File) (_ initProc, ready func() error, _ error) {
 	lock, err := lockInit(cg)
 	if err != nil {
 		return initProc{}, nil, err
@@ -243,7 +243,7 @@ func inCgroup(pid int, cgroup string) bool {
 // namespace, with new PID and mount namespaces. ready waits until it has
 // mounted its own /proc and /dev/pts, and kills it if it failed; the
 // caller owns the pidfd either way.
-func (t *Trial) startInit(cg *os.File) (_ initProc, ready func() error, _ error) {
+func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ error) {
 	fail := initProc{-1, 0, nil}
 	readyR, readyW, err := os.Pipe()
 	if err != nil {

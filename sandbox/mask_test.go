@@ -125,7 +125,7 @@ func TestPrivilegedMaskLeavesTheHostAlone(t *testing.T) {
 func TestUnixAllowUnderHiddenDirIsRefused(t *testing.T) {
 	h := &Host{NetnsDir: t.TempDir()}
 	for _, p := range []string{filepath.Join(rootdir.Run, "agent.sock"), filepath.Join(h.NetnsDir, "x.sock")} {
-		if _, err := h.Create(Spec{ID: "u", UnixPaths: []string{p}}, nil); err == nil || !strings.Contains(err.Error(), "hides from every Trial") {
+		if _, err := h.Create(Spec{ID: "u", UnixPaths: []string{p}}, nil, nil); err == nil || !strings.Contains(err.Error(), "hides from every Trial") {
 			t.Errorf("%s: %v, want a refusal naming the hidden directory", p, err)
 		}
 	}

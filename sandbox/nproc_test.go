@@ -174,7 +174,7 @@ func TestCheckMaxProcs(t *testing.T) {
 			t.Errorf("%d: %v, want refused with the range", n, err)
 		}
 	}
-	if _, err := (&Trial{}).Start(Command{Args: []string{"true"}, MaxProcs: -5}); err == nil || !strings.Contains(err.Error(), "out of range") {
+	if _, err := (&Launcher{}).Start(Command{Args: []string{"true"}, MaxProcs: -5}); err == nil || !strings.Contains(err.Error(), "out of range") {
 		t.Errorf("Start with a negative limit: %v", err)
 	}
 }

@@ -92,7 +92,7 @@ func PoolBoundsFor(parent string) []PoolBound {
 
 // controllers is controllersFor the Trial's parent: a Trial opened only
 // to launch into (no Host) finds the same groups as its creator.
-func (t *Trial) controllers() []controller { return controllersFor(filepath.Dir(t.Cgroup)) }
+func (t *Launcher) controllers() []controller { return controllersFor(filepath.Dir(t.Cgroup)) }
 
 // controllersFor finds where each pool's controller is for the Trials
 // under parent, enabling it for parent's children on cgroup v2. Found
@@ -218,7 +218,7 @@ func (l PoolLimits) withDefaults() PoolLimits {
 // on v1, a group in ParentName there named by the Trial cgroup's id
 // (unique while the host runs), which whoever has the Trial's cgroup can
 // find: a launcher in another process, a restarted agent.
-func (t *Trial) poolDir(c controller) (string, error) {
+func (t *Launcher) poolDir(c controller) (string, error) {
 	if c.v2 {
 		return t.Cgroup, nil
 	}
@@ -234,7 +234,7 @@ func (t *Trial) poolDir(c controller) (string, error) {
 
 // setupPools bounds the Trial's pools where their controllers are; a
 // controller that is there but refuses fails the Trial (all or nothing).
-func (t *Trial) setupPools() error {
+func (t *Launcher) setupPools() error {
 	lim := t.Spec.Pools.withDefaults()
 	for _, c := range t.controllers() {
 		if !c.bounded() {
@@ -276,7 +276,7 @@ func (t *Trial) setupPools() error {
 // not yet running its command, into the Trial's cgroup v1 groups (on v2
 // the cgroup is the group). A group not there (a Trial made before
 // trialnet bounded pools) is made first.
-func (t *Trial) joinPools(pid int) error {
+func (t *Launcher) joinPools(pid int) error {
 	for _, c := range t.controllers() {
 		if c.dir == "" {
 			continue
@@ -315,7 +315,7 @@ func atPidsBound(dir string) error {
 }
 
 // pidsBound is atPidsBound for the Trial's pids group, wherever it is.
-func (t *Trial) pidsBound() error {
+func (t *Launcher) pidsBound() error {
 	for _, c := range t.controllers() {
 		if c.name == PoolPids && c.bounded() {
 			if dir, err := t.poolDir(c); err == nil {
@@ -328,7 +328,7 @@ func (t *Trial) pidsBound() error {
 
 // removePools removes the Trial's cgroup v1 groups once its processes
 // are gone (they were killed with the Trial's cgroup).
-func (t *Trial) removePools() error {
+func (t *Launcher) removePools() error {
 	var errs []error
 	for _, c := range t.controllers() {
 		if c.dir == "" {

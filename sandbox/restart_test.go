@@ -91,8 +91,8 @@ func TestPrivilegedLoaderKilledEnforcementStays(t *testing.T) {
 		_ = helper.Wait()
 		t.Fatalf("loader helper: %q", line)
 	}
-	tr := &Trial{ID: "t", Cgroup: cg, CgroupID: cgid, Netns: ns}
-	removePoolsAtCleanup(t, tr)
+	tr := &Trial{Launcher: Launcher{ID: "t", Cgroup: cg, CgroupID: cgid, Netns: ns}}
+	removePoolsAtCleanup(t, &tr.Launcher)
 	if code, out := runProbe(t, tr, "tcp", th.AddrPort4().String()); code != probeRefused {
 		t.Fatalf("with the loader alive: exit %d (%s), want refused", code, out)
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/internal/ident"
 	"github.com/trialnet/trialnet/netns"
 )
 
@@ -52,23 +53,21 @@ type Host struct {
 	NetnsDir string // empty: netns.DefaultDir
 	BPF      *bpf.Loader
 	// StateDir holds one record per Trial, written before anything of it
-	// is made, so that a later process can adopt or remove it (Adopt).
-	// Empty: no records, for a host whose Trials die with it.
+	// is made, so that a later process can open or remove it (Recorded,
+	// Open). Empty: no records, for a host whose Trials die with it.
 	StateDir string
-	// Endpoint serves the Trials' proxy endpoints; nil: none are opened.
-	Endpoint Endpoint
 	Logger   *slog.Logger // nil: discard
 }
 
-// Endpoint serves Trials' proxy endpoints. The sandbox opens each Trial's
-// listening sockets inside its network namespace; the Endpoint serves
-// them from its own. This is all the sandbox knows of the proxy.
+// Endpoint serves one Trial's proxy endpoint. The sandbox opens the
+// listening sockets inside the Trial's network namespace; the Endpoint
+// serves them from its own. This is all the sandbox knows of the proxy.
 type Endpoint interface {
-	// Serve takes lns, Trial id's listeners, and serves them until Stop.
-	Serve(id string, lns []net.Listener) error
-	// Stop ends serving Trial id: when it returns, its listeners and every
-	// connection of it are closed. An id not served is not an error.
-	Stop(id string)
+	// Serve takes the Trial's listeners and serves them until Stop.
+	Serve(lns []net.Listener) error
+	// Stop ends serving: when it returns, the listeners and every
+	// connection of the Trial are closed.
+	Stop()
 }
 
 func (h *Host) netnsDir() string {
@@ -104,19 +103,27 @@ type Spec struct {
 	Pools PoolLimits `json:"pools,omitempty"`
 }
 
-// Trial is one live Trial. It owns everything it is (cgroup, network,
-// PID and mount namespaces, policy entry, proxy endpoint, record) and is
-// ended by Close alone.
-type Trial struct {
+// Launcher starts commands in a Trial (Start, Exec). It is all that a
+// process attached to a Trial by its paths (Attach) has of it, and it
+// owns nothing: a Trial made or opened here embeds one.
+type Launcher struct {
 	ID       string
 	Cgroup   string
 	CgroupID uint64
 	Netns    *netns.Namespace
 	Spec     Spec
+}
+
+// Trial is one live Trial. It owns everything it is (cgroup, network,
+// PID and mount namespaces, policy entry, proxy endpoint, record) and is
+// ended by Close alone.
+type Trial struct {
+	Launcher
 	// Meta is the creator's own description, kept in the record; change
 	// it with SetMeta.
-	Meta json.RawMessage
-	host *Host
+	Meta     json.RawMessage
+	host     *Host
+	endpoint Endpoint // serves its proxy endpoint; nil: none
 
 	metaMu  sync.Mutex // orders SetMeta and the teardown's removal of the record
 	closing bool
@@ -126,6 +133,15 @@ type Trial struct {
 	// finalPools is the Trial's pool use as the teardown found it.
 	finalPools atomic.Pointer[[]PoolUse]
 	closeErr   error
+}
+
+// ValidID checks a Trial id: it becomes a file name, a cgroup name and
+// a namespace's name.
+func ValidID(id string) error {
+	if !ident.Valid(id) {
+		return fmt.Errorf("invalid Trial id %q: use 1-63 characters from a-z, 0-9, '-' and '_', starting with a letter or digit", id)
+	}
+	return nil
 }
 
 // ErrExists is wrapped by Create when a Trial's cgroup already exists.
@@ -150,9 +166,11 @@ const (
 // Create makes the Trial: its record (write-ahead), cgroup, network
 // namespace, policy entry (the last kernel step: until then the cgroup is
 // denied everything) and proxy endpoint. It is all-or-nothing: on error
-// nothing is left behind. meta is kept in the record for Adopt.
-func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
-	if err := netns.ValidID(spec.ID); err != nil {
+// nothing is left behind. meta is kept in the record for Open; ep
+// serves the Trial's proxy endpoint (nil: none is opened), and is
+// stopped first by its teardown.
+func (h *Host) Create(spec Spec, meta json.RawMessage, ep Endpoint) (_ *Trial, err error) {
+	if err := ValidID(spec.ID); err != nil {
 		return nil, err
 	}
 	if err := checkUnixPathsVisible(spec.UnixPaths, hiddenDirs(h.netnsDir())); err != nil {
@@ -170,7 +188,7 @@ func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
 			}
 		}
 	}
-	t := &Trial{ID: spec.ID, Cgroup: filepath.Join(h.Parent, spec.ID), Spec: spec, Meta: meta, host: h}
+	t := &Trial{Launcher: Launcher{ID: spec.ID, Cgroup: filepath.Join(h.Parent, spec.ID), Spec: spec}, Meta: meta, host: h, endpoint: ep}
 	if err := t.writeRecord(PhaseCreating, true); err != nil {
 		return nil, err
 	}
@@ -217,9 +235,9 @@ func (h *Host) Create(spec Spec, meta json.RawMessage) (_ *Trial, err error) {
 }
 
 // serve opens the proxy endpoint's listeners inside the Trial's namespace
-// and hands them to the Host's Endpoint.
+// and hands them to its Endpoint.
 func (t *Trial) serve() error {
-	ep := t.host.Endpoint
+	ep := t.endpoint
 	if ep == nil || len(t.Spec.Proxy) == 0 {
 		return nil
 	}
@@ -240,7 +258,7 @@ func (t *Trial) serve() error {
 		}
 		lns = append(lns, ln)
 	}
-	if err := ep.Serve(t.ID, lns); err != nil {
+	if err := ep.Serve(lns); err != nil {
 		return fmt.Errorf("serve the proxy endpoint of Trial %s: %w", t.ID, err)
 	}
 	return nil
@@ -289,8 +307,8 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 		t.host.log().Warn("mark the Trial closing for other launchers", "trial", t.ID, "error", err)
 	}
 	var errs []error
-	if t.host.Endpoint != nil {
-		t.host.Endpoint.Stop(t.ID)
+	if t.endpoint != nil {
+		t.endpoint.Stop()
 	}
 	// cgroup.kill is safe here: the cgroup is removed right after.
 	if err := killCgroup(t.Cgroup, killWait); err != nil {
@@ -338,10 +356,10 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 // after a crash mid-create, or when the eBPF layer itself is going (a Host
 // without BPF). What is already gone is not an error.
 func (h *Host) Remove(id string) error {
-	if err := netns.ValidID(id); err != nil {
+	if err := ValidID(id); err != nil {
 		return err
 	}
-	t := &Trial{ID: id, Cgroup: filepath.Join(h.Parent, id), host: h}
+	t := &Trial{Launcher: Launcher{ID: id, Cgroup: filepath.Join(h.Parent, id)}, host: h}
 	if rec, err := h.readRecord(id); err == nil && rec.CgroupID != 0 {
 		// The cgroup may be gone already; its policy entry is not.
 		t.CgroupID = rec.CgroupID
@@ -359,35 +377,62 @@ func (h *Host) Remove(id string) error {
 	return nil
 }
 
-// Adopt takes over the Trials recorded in StateDir by an earlier process:
-// each live one whose cgroup, namespace and policy entry are all there is
-// opened, passed to prepare (which readies what serving it needs) and
-// served again; enforcement never lapsed, as it is pinned. Every other
-// recorded Trial (half-made, broken, refused by prepare) is removed.
-func (h *Host) Adopt(prepare func(*Trial) error) []*Trial {
+// Recorded lists the Trials recorded in StateDir by an earlier process,
+// each with its record, or why that cannot be read (the caller removes
+// those: Remove). A file that names no valid Trial id is removed here.
+func (h *Host) Recorded() []Recorded {
 	if h.StateDir == "" {
 		return nil
 	}
 	files, _ := filepath.Glob(filepath.Join(h.StateDir, "*.json"))
-	var out []*Trial
+	var out []Recorded
 	for _, f := range files {
 		id := strings.TrimSuffix(filepath.Base(f), ".json")
-		if netns.ValidID(id) != nil {
+		if ValidID(id) != nil {
 			h.log().Error("a state file with no valid Trial id; removing it", "file", f)
 			_ = os.Remove(f)
 			continue
 		}
-		t, err := h.open(id, prepare)
-		if err != nil {
-			h.log().Warn("trial not re-adopted; removing what is left of it", "trial", id, "reason", err)
-			if rerr := h.Remove(id); rerr != nil {
-				h.log().Error("remove leftover trial", "trial", id, "error", rerr)
-			}
-			continue
-		}
-		out = append(out, t)
+		rec, err := h.readRecord(id)
+		out = append(out, Recorded{ID: id, Record: rec, Err: err})
 	}
 	return out
+}
+
+// Recorded is one Trial an earlier process recorded.
+type Recorded struct {
+	ID     string
+	Record Record
+	Err    error // the record cannot be read
+}
+
+// Open takes over a live Trial an earlier process recorded, once its
+// cgroup, namespace and policy entry are all checked to be there, and
+// serves its proxy endpoint with ep: enforcement never lapsed, as it is
+// pinned. A Trial that cannot be opened whole is the caller's to remove.
+func (h *Host) Open(rec Record, ep Endpoint) (*Trial, error) {
+	id := rec.ID
+	if rec.Phase != PhaseLive {
+		return nil, errors.New("it was being created when the previous agent stopped")
+	}
+	t := &Trial{Launcher: Launcher{ID: id, Cgroup: filepath.Join(h.Parent, id), Spec: rec.Spec}, Meta: rec.Meta, host: h, endpoint: ep}
+	var err error
+	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
+		return nil, fmt.Errorf("its cgroup is gone: %w", err)
+	}
+	if t.CgroupID != rec.CgroupID {
+		return nil, fmt.Errorf("its cgroup was made again (id %d, recorded %d)", t.CgroupID, rec.CgroupID)
+	}
+	if !h.BPF.HasTrial(t.CgroupID) {
+		return nil, errors.New("its cgroup has no policy entry")
+	}
+	if t.Netns, err = netns.Open(h.netnsDir(), id); err != nil {
+		return nil, err
+	}
+	if err := t.serve(); err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // Sweep removes every recorded Trial whose record alive does not claim:
@@ -401,7 +446,7 @@ func (h *Host) Sweep(alive func(meta json.RawMessage) bool) {
 	files, _ := filepath.Glob(filepath.Join(h.StateDir, "*.json"))
 	for _, f := range files {
 		id := strings.TrimSuffix(filepath.Base(f), ".json")
-		if netns.ValidID(id) != nil {
+		if ValidID(id) != nil {
 			continue
 		}
 		if rec, err := h.readRecord(id); err == nil && alive(rec.Meta) {
@@ -412,36 +457,6 @@ func (h *Host) Sweep(alive func(meta json.RawMessage) bool) {
 			h.log().Error("remove leftover trial", "trial", id, "error", err)
 		}
 	}
-}
-
-func (h *Host) open(id string, prepare func(*Trial) error) (*Trial, error) {
-	rec, err := h.readRecord(id)
-	if err != nil {
-		return nil, err
-	}
-	if rec.Phase != PhaseLive {
-		return nil, errors.New("it was being created when the previous agent stopped")
-	}
-	t := &Trial{ID: id, Cgroup: filepath.Join(h.Parent, id), Spec: rec.Spec, Meta: rec.Meta, host: h}
-	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
-		return nil, fmt.Errorf("its cgroup is gone: %w", err)
-	}
-	if t.CgroupID != rec.CgroupID {
-		return nil, fmt.Errorf("its cgroup was made again (id %d, recorded %d)", t.CgroupID, rec.CgroupID)
-	}
-	if !h.BPF.HasTrial(t.CgroupID) {
-		return nil, errors.New("its cgroup has no policy entry")
-	}
-	if t.Netns, err = netns.Open(h.netnsDir(), id); err != nil {
-		return nil, err
-	}
-	if err := prepare(t); err != nil {
-		return nil, err
-	}
-	if err := t.serve(); err != nil {
-		return nil, err
-	}
-	return t, nil
 }
 
 func (h *Host) recordPath(id string) string { return filepath.Join(h.StateDir, id+".json") }
@@ -504,11 +519,11 @@ func (t *Trial) removeRecord() {
 	}
 }
 
-// Attach returns a handle for launching processes into an existing Trial
-// whose cgroup and namespace paths another process (the agent) reported.
-// It can Start and Exec, not read counters or close the Trial.
-func Attach(id, cgroup, netnsPath string) (*Trial, error) {
-	if err := netns.ValidID(id); err != nil {
+// Attach returns a Launcher for an existing Trial whose cgroup and
+// namespace paths another process (the agent) reported: it can Start and
+// Exec, and owns nothing of the Trial.
+func Attach(id, cgroup, netnsPath string) (*Launcher, error) {
+	if err := ValidID(id); err != nil {
 		return nil, err
 	}
 	ns, err := netns.Open(filepath.Dir(netnsPath), filepath.Base(netnsPath))
@@ -519,5 +534,5 @@ func Attach(id, cgroup, netnsPath string) (*Trial, error) {
 	if err != nil {
 		return nil, fmt.Errorf("attach to Trial %s: %w", id, err)
 	}
-	return &Trial{ID: id, Cgroup: cgroup, CgroupID: cgid, Netns: ns}, nil
+	return &Launcher{ID: id, Cgroup: cgroup, CgroupID: cgid, Netns: ns}, nil
 }

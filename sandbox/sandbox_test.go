@@ -90,7 +90,7 @@ func newTrial(t testing.TB, h *Host, spec Spec) *Trial {
 	if spec.ID == "" {
 		spec.ID = "t-" + randSuffix()
 	}
-	tr, err := h.Create(spec, nil)
+	tr, err := h.Create(spec, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func newTrial(t testing.TB, h *Host, spec Spec) *Trial {
 // removePoolsAtCleanup removes the pool groups that a launch into a Trial
 // made by hand (no Create, so no Close) makes on cgroup v1 hosts, once
 // its processes are killed.
-func removePoolsAtCleanup(t testing.TB, tr *Trial) {
+func removePoolsAtCleanup(t testing.TB, tr *Launcher) {
 	t.Cleanup(func() {
 		_ = killCgroup(tr.Cgroup, killWait)
 		if err := tr.removePools(); err != nil {
@@ -316,8 +316,8 @@ func selfNetns() string {
 // hostNetnsTrial is tr with its processes started in the test's own
 // (host) namespace: only the eBPF layer stands between them and the world.
 func hostNetnsTrial(tr *Trial) *Trial {
-	return &Trial{ID: tr.ID, Cgroup: tr.Cgroup, CgroupID: tr.CgroupID, Spec: tr.Spec, host: tr.host,
-		Netns: &netns.Namespace{ID: "host", Path: selfNetns()}}
+	return &Trial{Launcher: Launcher{ID: tr.ID, Cgroup: tr.Cgroup, CgroupID: tr.CgroupID, Spec: tr.Spec,
+		Netns: &netns.Namespace{ID: "host", Path: selfNetns()}}, host: tr.host}
 }
 
 func TestPrivilegedEBPFAloneRefusesInHostNetns(t *testing.T) {
@@ -453,8 +453,8 @@ func TestPrivilegedNoPolicyDeniesEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ns.Delete() })
-	tr := &Trial{ID: "nopolicy", Cgroup: cg, Netns: ns, host: h}
-	removePoolsAtCleanup(t, tr)
+	tr := &Trial{Launcher: Launcher{ID: "nopolicy", Cgroup: cg, Netns: ns}, host: h}
+	removePoolsAtCleanup(t, &tr.Launcher)
 	lo := listenIn(t, ns, "tcp4", "127.0.0.1:0")
 	before, err := h.BPF.Counters(0)
 	if err != nil {
@@ -624,14 +624,14 @@ func TestPrivilegedExecForwardsSignalsAndReportsCrashes(t *testing.T) {
 func TestPrivilegedCreateIsAllOrNothing(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{ID: "dup", UnixOpen: true})
-	if _, err := h.Create(Spec{ID: "dup", UnixOpen: true}, nil); err == nil {
+	if _, err := h.Create(Spec{ID: "dup", UnixOpen: true}, nil, nil); err == nil {
 		t.Fatal("a second Trial with the same id was created")
 	}
 	if !h.BPF.HasTrial(tr.CgroupID) {
 		t.Fatal("the failed duplicate create removed the live Trial's policy")
 	}
 	// A bad policy fails after the cgroup and netns exist: both must go.
-	_, err := h.Create(Spec{ID: "badpolicy", Strict: true, UnixOpen: true}, nil)
+	_, err := h.Create(Spec{ID: "badpolicy", Strict: true, UnixOpen: true}, nil, nil)
 	if err == nil {
 		t.Fatal("strict mode without a proxy was accepted")
 	}
@@ -641,7 +641,7 @@ func TestPrivilegedCreateIsAllOrNothing(t *testing.T) {
 	if ids, _ := netns.List(h.NetnsDir); len(ids) != 1 {
 		t.Fatalf("failed create left namespaces: %v", ids)
 	}
-	if _, err := h.Create(Spec{ID: "../escape", UnixOpen: true}, nil); err == nil {
+	if _, err := h.Create(Spec{ID: "../escape", UnixOpen: true}, nil, nil); err == nil {
 		t.Fatal("a path-like id was accepted")
 	}
 }
@@ -656,7 +656,7 @@ func TestPrivilegedNoLeaks(t *testing.T) {
 	defer ln.Close()
 	fdsBefore := countFDs(t)
 	for i := range 50 {
-		tr, err := h.Create(Spec{ID: fmt.Sprintf("leak-%d", i), UnixPaths: []string{sock}}, nil)
+		tr, err := h.Create(Spec{ID: fmt.Sprintf("leak-%d", i), UnixPaths: []string{sock}}, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -731,8 +731,8 @@ func unhookedTrial(t testing.TB, h *Host, ns *netns.Namespace) *Trial {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = killCgroup(unhooked, killWait); _ = removeCgroup(unhooked); RemoveLaunchLock(id) })
-	tr := &Trial{ID: "control", Cgroup: unhooked, Netns: ns, host: h}
-	removePoolsAtCleanup(t, tr)
+	tr := &Trial{Launcher: Launcher{ID: "control", Cgroup: unhooked, Netns: ns}, host: h}
+	removePoolsAtCleanup(t, &tr.Launcher)
 	return tr
 }
 

@@ -193,7 +193,7 @@ func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := h.Create(sandbox.Spec{ID: "u1", UnixOpen: true}, nil)
+	tr, err := h.Create(sandbox.Spec{ID: "u1", UnixOpen: true}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func TestPrivilegedClientRefusesImpostors(t *testing.T) {
 	t.Cleanup(func() { _ = h.Close() })
 	// Without unix confinement: a confined Trial cannot make a socket in
 	// a directory it shares with the host at all (TestPrivilegedNoWayIn).
-	tr, err := h.Create(sandbox.Spec{ID: "impostor", UnixOpen: true}, nil)
+	tr, err := h.Create(sandbox.Spec{ID: "impostor", UnixOpen: true}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,7 +148,7 @@ type trial struct {
 	t    *testing.T
 	w    *world
 	info agent.TrialInfo
-	tr   *sandbox.Trial
+	tr   *sandbox.Launcher
 	home string
 	uid  uint32
 	path string // PATH inside the Trial

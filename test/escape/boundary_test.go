@@ -315,7 +315,7 @@ func boundaryTrial(t *testing.T, w *boundaryWorld) (*agent.Host, *sandbox.Trial)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Close() })
-	tr, err := h.Create(sandbox.Spec{ID: "boundary", UnixPaths: []string{w.allowed}}, nil)
+	tr, err := h.Create(sandbox.Spec{ID: "boundary", UnixPaths: []string{w.allowed}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -187,14 +187,14 @@ func escapee(t *testing.T) string {
 }
 
 // runEscapee runs escapee in tr as nobody and returns its results by name.
-func runEscapee(t *testing.T, c *canaries, tr *sandbox.Trial, inboundAt netip.Addr, args ...string) map[string]Result {
+func runEscapee(t *testing.T, c *canaries, tr *sandbox.Launcher, inboundAt netip.Addr, args ...string) map[string]Result {
 	t.Helper()
 	return runEscapeeIn(t, c, tr, inboundAt, nil, args...)
 }
 
 // runEscapeeIn is runEscapee with the escapee run by wrap (a nested
 // sandbox's command line, ending in "--").
-func runEscapeeIn(t *testing.T, c *canaries, tr *sandbox.Trial, inboundAt netip.Addr, wrap []string, args ...string) map[string]Result {
+func runEscapeeIn(t *testing.T, c *canaries, tr *sandbox.Launcher, inboundAt netip.Addr, wrap []string, args ...string) map[string]Result {
 	t.Helper()
 	bin := escapee(t)
 	// A port free on this host: in two of the runs escapee listens in the

@@ -101,7 +101,7 @@ func TestPrivilegedEscapeBoundaryNested(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Close() })
-	tr, err := h.Create(sandbox.Spec{ID: "boundary-nested", UnixPaths: []string{w.allowed}, Nested: true}, nil)
+	tr, err := h.Create(sandbox.Spec{ID: "boundary-nested", UnixPaths: []string{w.allowed}, Nested: true}, nil, nil)
 	if err != nil {
 		nestingRefused(t, err)
 		return

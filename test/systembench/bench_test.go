@@ -374,7 +374,7 @@ func BenchmarkLaunch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	run := func(b *testing.B, tr *sandbox.Trial) {
+	run := func(b *testing.B, tr *sandbox.Launcher) {
 		code, err := tr.Exec(context.Background(), sandbox.Command{Args: []string{truePath}, UID: 65534, GID: 65534}, nil)
 		if err != nil || code != 0 {
 			b.Fatalf("true in a Trial: %d %v", code, err)

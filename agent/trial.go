@@ -1,0 +1,308 @@
+//go:build linux
+
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/proxy"
+	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/sandbox"
+)
+
+// trial is one Trial as the agent owns it: its description, its sandbox
+// Trial, its place in the proxy (it is the sandbox's Endpoint for it),
+// its decision log and the watch on its owner. release is the one way
+// all of that is given back: after a destroy, a create or an adoption
+// that failed, and when the agent closes.
+type trial struct {
+	a     *Agent
+	info  TrialInfo
+	tr    *sandbox.Trial
+	state trialState // guarded by Agent.mu
+	// policy orders changes of the allowlist (ChangeAllow): each reads
+	// the list the one before it left.
+	policy sync.Mutex
+	log    decisionLog
+	mu     sync.Mutex // guards final
+	final  record.TrialStats
+	// owner is a pidfd of an owned Trial's owner, which the agent watches
+	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
+	owner *os.File
+}
+
+// trialState: only live Trials are listed and served to API calls; the
+// others hold their id. A Trial's decisions are logged in every state.
+type trialState uint8
+
+const (
+	stateCreating   trialState = iota // being made, or re-adopted
+	stateLive                         // ready
+	stateDestroying                   // being torn down
+)
+
+// setTrial records what the sandbox made of the Trial.
+func (lt *trial) setTrial(tr *sandbox.Trial) {
+	lt.tr = tr
+	lt.info.Netns, lt.info.Cgroup, lt.info.CgroupID = tr.Netns.Path, tr.Cgroup, tr.CgroupID
+}
+
+// Serve serves the Trial's proxy endpoint: its listeners live in its
+// namespace, the agent accepts on them (sandbox.Endpoint).
+func (lt *trial) Serve(lns []net.Listener) error {
+	for _, ln := range lns {
+		go func() {
+			if err := lt.a.proxy.Serve(ln, lt.info.ID); err != nil {
+				lt.a.log.Error("proxy serve", "trial", lt.info.ID, "error", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// Stop removes the Trial from the proxy, closing its listeners and
+// connections and waiting for its last decisions, and keeps its final
+// proxy counters (sandbox.Endpoint; the teardown's first step).
+func (lt *trial) Stop() {
+	if st, ok := lt.a.proxy.RemoveTrial(lt.info.ID); ok {
+		lt.mu.Lock()
+		lt.final = st
+		lt.mu.Unlock()
+	}
+}
+
+// release gives back everything the agent holds of the Trial: its place
+// in the proxy, its decision log, the watch on its owner and its id. The
+// sandbox Trial itself is the caller's: torn down (Close) before, or
+// left enforced for the next agent.
+func (lt *trial) release() {
+	lt.Stop()
+	lt.log.end()
+	lt.log.close()
+	lt.a.dropOwner(lt)
+	lt.a.unregister(lt.info.ID, lt)
+}
+
+// create makes a Trial for the caller at the other end of conn (nil: a
+// caller in this process).
+func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err error) {
+	lt, list, err := a.newTrial(req, conn)
+	if err != nil {
+		return TrialInfo{}, err
+	}
+	defer func() {
+		if err != nil {
+			lt.release()
+		}
+	}()
+	if err := a.keepOldData(lt.info.ID); err != nil {
+		return TrialInfo{}, errf(CodeInternal, "%v", err)
+	}
+	if err := a.prepare(lt, list, req.Limits, nil); err != nil {
+		return TrialInfo{}, errf(CodeInternal, "%v", err)
+	}
+	info := lt.info
+	meta, _ := json.Marshal(info)
+	spec := sandbox.Spec{ID: info.ID, Strict: req.Strict, Proxy: ProxyEndpoints, UnixPaths: req.UnixAllow, UnixOpen: req.UnixOpen, Nested: info.Nested,
+		Pools: sandbox.PoolLimits{MaxPids: info.Limits.MaxPids, MaxMemory: info.Limits.MaxMemory}}
+	tr, err := a.host.Create(spec, meta, lt)
+	switch {
+	case errors.Is(err, sandbox.ErrExists):
+		return TrialInfo{}, errf(CodeDuplicateID, "%v", err)
+	case errors.Is(err, sandbox.ErrNestingUnavailable):
+		return TrialInfo{}, errf(CodeBadRequest, "%v", err)
+	case err != nil:
+		return TrialInfo{}, errf(CodeInternal, "%v", err)
+	}
+	lt.setTrial(tr)
+	a.setState(lt, stateLive)
+	a.watchOwner(lt)
+	a.log.Info("trial created", "trial", info.ID, "allow", len(info.Allow), "strict", req.Strict, "learning", info.Learning, "owner_pid", ownerPID(info.Owner))
+	return a.info(lt), nil
+}
+
+// newTrial checks a create request into a Trial's description and takes
+// its id: the owner, the id, the allowlist and the limits it keeps.
+func (a *Agent) newTrial(req CreateRequest, conn *net.UnixConn) (_ *trial, _ *allow.List, err error) {
+	lt := &trial{a: a}
+	defer func() {
+		if err != nil {
+			a.dropOwner(lt)
+		}
+	}()
+	var owner *Owner
+	switch {
+	case a.cfg.Ephemeral:
+		owner = self()
+	case req.Owned:
+		if owner, lt.owner, err = callerOwner(conn); err != nil {
+			return nil, nil, err
+		}
+	}
+	if req.ID == "" {
+		req.ID = NewID()
+	}
+	if err := sandbox.ValidID(req.ID); err != nil {
+		return nil, nil, errf(CodeBadID, "%v", err)
+	}
+	list, err := a.allowlist(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	lt.info = TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, UnixOpen: req.UnixOpen, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
+		Nested: req.Nested || a.file.Load().Nested(req.Profiles), UnixAllow: req.UnixAllow,
+		Learning: req.Learn || a.file.Load().Learn(req.Profiles), Allow: allowEntries(list),
+		AllowCIDRs: a.proxy.Guard().Allowed(), Owner: owner}
+	if lt.info.Limits, err = a.limits(req); err != nil {
+		return nil, nil, err
+	}
+	if err := a.register(req.ID, lt); err != nil {
+		return nil, nil, err
+	}
+	return lt, list, nil
+}
+
+// limits are a new Trial's, kept with it: its own, or those in force
+// now (a reload or restart does not change a live Trial's), with the
+// request's process limit.
+func (a *Agent) limits(req CreateRequest) (*config.Limits, error) {
+	lim := a.proxy.DefaultLimits()
+	if req.Limits != nil {
+		lim = *req.Limits
+	}
+	if req.MaxProcesses != 0 {
+		lim.MaxProcesses = req.MaxProcesses
+	}
+	if err := sandbox.CheckMaxProcs(lim.MaxProcesses); err != nil {
+		return nil, errf(CodeBadRequest, "max_processes: %v", err)
+	}
+	return &lim, nil
+}
+
+// allowEntries is an allowlist as a Trial's description keeps it.
+func allowEntries(l *allow.List) []AllowEntry {
+	var out []AllowEntry
+	for _, e := range l.Entries() {
+		out = append(out, AllowEntry{e.String(), e.RequireTLS, e.Profile})
+	}
+	return out
+}
+
+func (a *Agent) allowlist(req CreateRequest) (*allow.List, error) {
+	list, err := a.file.Load().Allowlist(req.Profiles, req.Allow, req.RequireTLS)
+	switch {
+	case errors.Is(err, config.ErrUnknownProfile):
+		return nil, errf(CodeUnknownProfile, "%v", err)
+	case err != nil:
+		return nil, errf(CodeBadAllowlist, "%v", err)
+	}
+	return list, nil
+}
+
+// keepOldData moves aside what a destroyed Trial with the same id left
+// in the data directory, so that a new Trial's log starts empty and the
+// old one stays on disk.
+func (a *Agent) keepOldData(id string) error {
+	if a.cfg.DataDir == "" {
+		return nil
+	}
+	dir := filepath.Join(a.cfg.DataDir, id)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return os.Rename(dir, fmt.Sprintf("%s.%d", dir, time.Now().UnixNano()))
+}
+
+// prepare readies what serving a Trial needs before its endpoint
+// listens: the decision log (its processes may connect at once, a
+// re-adopted Trial's at the very moment it is served) and the proxy's
+// policy for it. What it made, release gives back.
+func (a *Agent) prepare(lt *trial, list *allow.List, limits *config.Limits, stats *record.TrialStats) error {
+	var written int64
+	if a.cfg.DataDir != "" {
+		if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, lt.info.ID), 0o700); err != nil {
+			return err
+		}
+		var err error
+		if written, err = lt.log.open(a.decisionLog(lt.info.ID)); err != nil {
+			return err
+		}
+	}
+	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: list, Learn: lt.info.Learning, Limits: limits,
+		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats, LogWritten: written})
+}
+
+// readopt takes over the Trials a previous agent left: live ones get
+// their proxy endpoint back (enforcement never lapsed: it is pinned);
+// half-made or broken ones are removed.
+func (a *Agent) readopt() {
+	for _, r := range a.host.Recorded() {
+		lt, err := a.adopt(r)
+		if err != nil {
+			a.log.Warn("trial not re-adopted; removing what is left of it", "trial", r.ID, "reason", err)
+			if rerr := a.host.Remove(r.ID); rerr != nil {
+				a.log.Error("remove leftover trial", "trial", r.ID, "error", rerr)
+			}
+			continue
+		}
+		a.setState(lt, stateLive)
+		a.watchOwner(lt)
+		a.log.Info("trial re-adopted", "trial", r.ID, "owner_pid", ownerPID(lt.info.Owner))
+	}
+}
+
+// adopt readies a recorded Trial for serving, then opens it: its
+// description, allowlist, decision log and proxy counters (rebuilt from
+// the log) come back, and its endpoint is served again.
+func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	var info TrialInfo
+	if err := json.Unmarshal(r.Record.Meta, &info); err != nil {
+		return nil, fmt.Errorf("its record has no readable description: %w", err)
+	}
+	if info.ID != r.ID {
+		return nil, fmt.Errorf("its record describes Trial %q, not %q", info.ID, r.ID)
+	}
+	entries, err := parseEntries(info.Allow, nil)
+	if err != nil {
+		return nil, err
+	}
+	lt := &trial{a: a, info: info}
+	if info.Owner != nil {
+		// The owner may have exited while no agent watched it.
+		if lt.owner, err = openOwner(*info.Owner); errors.Is(err, errOwnerExited) {
+			return nil, fmt.Errorf("owner pid %d exited", info.Owner.PID)
+		} else if err != nil {
+			return nil, fmt.Errorf("its owner, pid %d, cannot be watched: %w", info.Owner.PID, err)
+		}
+	}
+	if err := a.register(r.ID, lt); err != nil {
+		a.dropOwner(lt)
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			lt.release()
+		}
+	}()
+	if err := a.prepare(lt, allow.New(entries...), info.Limits, a.replayStats(lt)); err != nil {
+		return nil, err
+	}
+	tr, err := a.host.Open(r.Record, lt)
+	if err != nil {
+		return nil, err
+	}
+	lt.setTrial(tr)
+	return lt, nil
+}
