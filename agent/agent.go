@@ -407,7 +407,7 @@ type Stats struct {
 	// written, and said in the verdict.
 	Learning bool              `json:"learning"`
 	Kernel   map[string]uint64 `json:"kernel"`
-	Proxy    ProxyStats        `json:"proxy"`
+	Proxy    record.TrialStats `json:"proxy"`
 	Egress   uint64            `json:"direct_egress_packets"`
 	Foreign  uint64            `json:"foreign_socket_uses"`
 	Layers   Layers            `json:"layers"`
@@ -420,34 +420,14 @@ type Stats struct {
 	Pools   []sandbox.PoolUse `json:"pools"`
 	Verdict string            `json:"verdict"`
 	// TopRefused are the most refused targets (host:port as asked for).
-	TopRefused []TargetCount `json:"top_refused"`
-	At         time.Time     `json:"at"`
-}
-
-// TargetCount is how often a target was refused.
-type TargetCount struct {
-	Target string `json:"target"`
-	Count  uint64 `json:"count"`
-}
-
-// ProxyStats are the proxy's counters for one Trial.
-type ProxyStats struct {
-	Allowed     uint64            `json:"tunnels_allowed"`
-	Denied      uint64            `json:"tunnels_denied"`
-	WouldDeny   uint64            `json:"would_deny"` // allowed only because the Trial was learning
-	ByReason    map[string]uint64 `json:"by_reason"`
-	DNSFailures uint64            `json:"dns_failures"`
-	BytesUp     uint64            `json:"bytes_up"`
-	BytesDown   uint64            `json:"bytes_down"`
-	Active      int64             `json:"tunnels_active"`
+	TopRefused []record.TargetCount `json:"top_refused"`
+	At         time.Time            `json:"at"`
 }
 
 func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) Stats {
 	info := a.info(lt)
-	ps := ProxyStats{Allowed: p.Allowed, Denied: p.Denied, WouldDeny: p.WouldDeny, ByReason: map[string]uint64{}, DNSFailures: p.DNSFailed,
-		BytesUp: p.BytesUp, BytesDown: p.BytesDown, Active: p.Active}
-	for r, n := range p.Decisions {
-		ps.ByReason[string(r)] = n
+	if p.ByReason == nil {
+		p.ByReason = map[record.Reason]uint64{} // {} in JSON, never null
 	}
 	l := a.host.Layers()
 	l.Nested = info.Nested
@@ -459,8 +439,8 @@ func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) Stats 
 	if lt.tr != nil {
 		pools = lt.tr.PoolUse()
 	}
-	return Stats{Trial: info.ID, Learning: info.Learning, Kernel: k.Map(), Proxy: ps, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
-		Layers: l, Pools: pools, Verdict: v, TopRefused: lt.log.topRefused(), At: time.Now().UTC()}
+	return Stats{Trial: info.ID, Learning: info.Learning, Kernel: k.Map(), Proxy: p, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
+		Layers: l, Pools: pools, Verdict: v, TopRefused: p.TopRefused(topRefused), At: time.Now().UTC()}
 }
 
 // Stats reads a live Trial's counters; of a destroyed one, the final
@@ -580,7 +560,7 @@ func (a *Agent) replayStats(lt *trial) *record.TrialStats {
 	if a.cfg.DataDir == "" {
 		return nil
 	}
-	st, err := lt.log.replay(a.decisionLog(lt.info.ID))
+	st, err := replay(a.decisionLog(lt.info.ID))
 	if err != nil {
 		a.log.Warn("decision log partly unreadable: its proxy counters leave out those records", "trial", lt.info.ID, "error", err)
 	}

@@ -4,31 +4,24 @@ import (
 	"context"
 	"errors"
 	"os"
-	"slices"
-	"strings"
 	"sync"
 
 	"github.com/trialnet/trialnet/record"
 )
 
-// Bounds of a Trial's refusals by target, and of a watcher's backlog.
+// Bounds of a Trial's refusals shown, and of a watcher's backlog.
 const (
-	maxRefusedTargets = 256
-	otherTargets      = record.OtherTargets
-	topRefused        = 5
-	watchBacklog      = 256
+	topRefused   = 5
+	watchBacklog = 256
 )
 
 // decisionLog is one Trial's decision records as the agent keeps them:
-// the file they are appended to, the watchers following them live, and
-// the Trial's refusals counted by target. Its zero value keeps no file.
+// the file they are appended to and the watchers following them live.
+// Its zero value keeps no file.
 type decisionLog struct {
-	mu   sync.Mutex
-	file *os.File       // decisions.jsonl; nil without a DataDir
-	w    *record.Writer // writes to file
-	// refused counts refusals by target, at most maxRefusedTargets of
-	// them; the rest under otherTargets.
-	refused  map[string]uint64
+	mu       sync.Mutex
+	file     *os.File       // decisions.jsonl; nil without a DataDir
+	w        *record.Writer // writes to file
 	watchers map[chan record.Event]struct{}
 	ended    bool // no more records: watchers are closed and none are added
 }
@@ -65,7 +58,7 @@ func (l *decisionLog) open(path string) (int64, error) {
 	return size, nil
 }
 
-// close stops writing the file; records after it are still counted.
+// close stops writing the file.
 func (l *decisionLog) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -75,12 +68,11 @@ func (l *decisionLog) close() {
 	}
 }
 
-// add counts a record, hands it to the watchers and appends its line
-// (see proxy.Sink) to the file.
+// add hands a record to the watchers and appends its line (see
+// record.Sink) to the file.
 func (l *decisionLog) add(ev *record.Event, line []byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.count(ev)
 	for ch := range l.watchers {
 		select {
 		case ch <- *ev:
@@ -93,66 +85,20 @@ func (l *decisionLog) add(ev *record.Event, line []byte) error {
 	return l.w.Write(ev, line)
 }
 
-// replay counts the records of a re-adopted Trial's file at path, so
-// that its counters continue across an agent restart as the kernel's
-// do, and returns the proxy's counters rebuilt from them. Unreadable
-// records are left out, and returned as the error beside the counters.
-func (l *decisionLog) replay(path string) (*record.TrialStats, error) {
+// replay rebuilds a re-adopted Trial's proxy counters from its file at
+// path, so that they continue across an agent restart as the kernel's
+// do. Unreadable records are left out, and returned as the error beside
+// the counters.
+func replay(path string) (*record.TrialStats, error) {
 	recs, err := record.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	st := &record.TrialStats{}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	for i := range recs {
 		st.Add(&recs[i])
-		l.count(&recs[i])
 	}
 	return st, err
-}
-
-// count adds a refusal, or the refusals a summary record stands for, to
-// the refusals by target; l.mu is held.
-func (l *decisionLog) count(ev *record.Event) {
-	switch ev.Decision {
-	case record.DecisionAllow, record.DecisionPolicyChange:
-	case record.DecisionSuppressed:
-		if ev.Suppressed != nil {
-			for target, n := range ev.Suppressed.Refused {
-				l.countRefused(target, n)
-			}
-		}
-	default:
-		l.countRefused(ev.Target, 1)
-	}
-}
-
-func (l *decisionLog) countRefused(target string, n uint64) {
-	if l.refused == nil {
-		l.refused = make(map[string]uint64)
-	}
-	if _, ok := l.refused[target]; !ok && len(l.refused) >= maxRefusedTargets {
-		target = otherTargets
-	}
-	l.refused[target] += n
-}
-
-// topRefused is the Trial's most refused targets, most first.
-func (l *decisionLog) topRefused() []TargetCount {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make([]TargetCount, 0, len(l.refused))
-	for t, n := range l.refused {
-		out = append(out, TargetCount{t, n})
-	}
-	slices.SortFunc(out, func(x, y TargetCount) int {
-		if x.Count != y.Count {
-			return int(y.Count) - int(x.Count)
-		}
-		return strings.Compare(x.Target, y.Target)
-	})
-	return out[:min(len(out), topRefused)]
 }
 
 // watch calls fn with each record as it is added, until ctx ends or the

@@ -111,8 +111,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		for reason, n := range st.Proxy.ByReason {
-			decision := record.Reason(reason).Decision()
-			ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(n), info.ID, string(decision), reason)
+			decision := reason.Decision()
+			ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(n), info.ID, string(decision), string(reason))
 		}
 		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(st.Proxy.BytesUp), info.ID, "up")
 		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(st.Proxy.BytesDown), info.ID, "down")

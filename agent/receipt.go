@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/rootdir"
+	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -40,7 +41,7 @@ type Receipt struct {
 	Learning bool              `json:"learning"`
 	Verdict  string            `json:"verdict"`
 	Kernel   map[string]uint64 `json:"kernel"`
-	Proxy    ProxyStats        `json:"proxy"`
+	Proxy    record.TrialStats `json:"proxy"`
 	Pools    []sandbox.PoolUse `json:"pools"`
 	Layers   Layers            `json:"layers"`
 	// Programs are the tags of the eBPF programs that enforced the Trial

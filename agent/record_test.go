@@ -154,7 +154,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 // from it count every refusal, as the live ones do.
 func TestDecisionLogFloodSummarised(t *testing.T) {
 	const id, n = "rec-3", 40
-	a, lt, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow.New(),
+	a, _, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow.New(),
 		&config.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil)
 	target := strings.Repeat("x", 1000) + "/"
 	for range n {
@@ -170,17 +170,16 @@ func TestDecisionLogFloodSummarised(t *testing.T) {
 	if st, err := os.Stat(a.decisionLog(id)); err != nil || st.Size() > 6000 {
 		t.Fatalf("decision log: %v, %v bytes", err, st.Size())
 	}
-	live := lt.log.topRefused()
+	live := final.TopRefused(topRefused)
 	if final.Denied != n || len(live) != 1 || live[0].Count != n || live[0].Target != recs[0].Target {
 		t.Fatalf("live: stats %+v, refused %+v; want all %d", final, live, n)
 	}
-	again := &trial{info: TrialInfo{ID: id}}
-	replayed := a.replayStats(again)
+	replayed := a.replayStats(&trial{info: TrialInfo{ID: id}})
 	final.Active = 0
 	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
 		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
 	}
-	if got := again.log.topRefused(); !reflect.DeepEqual(got, live) {
+	if got := replayed.TopRefused(topRefused); !reflect.DeepEqual(got, live) {
 		t.Fatalf("replayed refusals by target %+v, want %+v", got, live)
 	}
 }

@@ -244,7 +244,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	if list == nil {
 		list = allow.New()
 	}
-	stats := record.TrialStats{Decisions: make(map[record.Reason]uint64)}
+	stats := record.TrialStats{ByReason: make(map[record.Reason]uint64)}
 	if tp.Stats != nil {
 		stats = tp.Stats.Clone()
 		stats.Active = 0
@@ -864,6 +864,7 @@ func sanitize(s string) string {
 // emit counts a decision, then hands it to the Trial's record gate,
 // which writes it unless the Trial's record bounds suppress it.
 func (p *Proxy) emit(t *trial, ev *record.Event) {
+	record.Clip(ev) // counted as recorded: a target by the name its record gives it
 	t.mu.Lock()
 	t.stats.Add(ev)
 	t.mu.Unlock()

@@ -78,13 +78,13 @@ func replay(recs []record.Event) record.TrialStats {
 func sameCounts(t *testing.T, got, want record.TrialStats) {
 	t.Helper()
 	got.Active, want.Active = 0, 0
-	if got.Allowed != want.Allowed || got.Denied != want.Denied || got.WouldDeny != want.WouldDeny || got.DNSFailed != want.DNSFailed ||
-		got.BytesUp != want.BytesUp || got.BytesDown != want.BytesDown || len(got.Decisions) != len(want.Decisions) {
+	if got.Allowed != want.Allowed || got.Denied != want.Denied || got.WouldDeny != want.WouldDeny || got.DNSFailures != want.DNSFailures ||
+		got.BytesUp != want.BytesUp || got.BytesDown != want.BytesDown || len(got.ByReason) != len(want.ByReason) {
 		t.Fatalf("counters rebuilt from the records %+v, the proxy's %+v", got, want)
 	}
-	for r, n := range want.Decisions {
-		if got.Decisions[r] != n {
-			t.Fatalf("%s: %d rebuilt from the records, %d counted", r, got.Decisions[r], n)
+	for r, n := range want.ByReason {
+		if got.ByReason[r] != n {
+			t.Fatalf("%s: %d rebuilt from the records, %d counted", r, got.ByReason[r], n)
 		}
 	}
 }
@@ -103,7 +103,7 @@ func TestRecordFloodBounded(t *testing.T) {
 	const n = 60
 	tp.sendRefused(t, floodHead, n)
 	st, recs := tp.finish(t)
-	if st.Denied != n || st.Decisions[record.ReasonBadTarget] != n {
+	if st.Denied != n || st.ByReason[record.ReasonBadTarget] != n {
 		t.Fatalf("stats %+v: every refusal must be counted", st)
 	}
 	if len(recs) != 6 {

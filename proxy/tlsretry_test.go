@@ -161,7 +161,7 @@ func (tp *testProxy) Stats0(t *testing.T) map[record.Reason]uint64 {
 	if !ok {
 		t.Fatal("no Trial t1")
 	}
-	return s.Decisions
+	return s.ByReason
 }
 
 // A server that answers the second ClientHello with another

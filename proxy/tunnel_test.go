@@ -59,7 +59,7 @@ func TestTunnelRequestResponseAndPipelinedBytes(t *testing.T) {
 		}
 	}
 	st, _ := tp.Stats("t1")
-	if st.Allowed != 1 || st.BytesUp != 23 || st.BytesDown != 23 || st.Decisions[record.ReasonAllowed] != 1 {
+	if st.Allowed != 1 || st.BytesUp != 23 || st.BytesDown != 23 || st.ByReason[record.ReasonAllowed] != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }

@@ -1,12 +1,14 @@
 package record
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 )
@@ -319,20 +321,60 @@ func (e *Event) Attrs() []slog.Attr {
 
 // TrialStats are one Trial's proxy counters.
 type TrialStats struct {
-	Allowed   uint64            // tunnels opened and closed cleanly
-	WouldDeny uint64            // of those, ones a learning Trial's allowlist would have refused
-	Denied    uint64            // CONNECTs refused, for any reason
-	Decisions map[Reason]uint64 // every decision by reason ("allowed" included)
-	DNSFailed uint64            // refusals because DNS failed or had no answer
-	BytesUp   uint64
-	BytesDown uint64
-	Active    int64 // CONNECTs being served now
+	Allowed     uint64            `json:"tunnels_allowed"` // tunnels opened and closed cleanly
+	Denied      uint64            `json:"tunnels_denied"`  // CONNECTs refused, for any reason
+	WouldDeny   uint64            `json:"would_deny"`      // allowed only because the Trial was learning
+	ByReason    map[Reason]uint64 `json:"by_reason"`       // every decision by reason ("allowed" included)
+	DNSFailures uint64            `json:"dns_failures"`    // refusals because DNS failed or had no answer
+	BytesUp     uint64            `json:"bytes_up"`
+	BytesDown   uint64            `json:"bytes_down"`
+	Active      int64             `json:"tunnels_active"` // CONNECTs being served now
+	// Refused counts refusals by target (as clipped in their records),
+	// at most MaxRefusedTargets of them, the rest under OtherTargets: the
+	// source of TopRefused, kept off the wire.
+	Refused map[string]uint64 `json:"-"`
+}
+
+// MaxRefusedTargets bounds the targets TrialStats.Refused names.
+const MaxRefusedTargets = 256
+
+// TargetCount is how often a target was refused.
+type TargetCount struct {
+	Target string `json:"target"`
+	Count  uint64 `json:"count"`
+}
+
+// TopRefused are the n most refused targets, most first.
+func (s *TrialStats) TopRefused(n int) []TargetCount {
+	out := make([]TargetCount, 0, len(s.Refused))
+	for t, c := range s.Refused {
+		out = append(out, TargetCount{t, c})
+	}
+	slices.SortFunc(out, func(x, y TargetCount) int {
+		if x.Count != y.Count {
+			return cmp.Compare(y.Count, x.Count)
+		}
+		return strings.Compare(x.Target, y.Target)
+	})
+	return out[:min(len(out), n)]
+}
+
+// countRefused counts n refusals of target.
+func (s *TrialStats) countRefused(target string, n uint64) {
+	if s.Refused == nil {
+		s.Refused = make(map[string]uint64)
+	}
+	if _, ok := s.Refused[target]; !ok && len(s.Refused) >= MaxRefusedTargets {
+		target = OtherTargets
+	}
+	s.Refused[target] += n
 }
 
 func (s TrialStats) Clone() TrialStats {
-	s.Decisions = maps.Clone(s.Decisions)
-	if s.Decisions == nil {
-		s.Decisions = make(map[Reason]uint64)
+	s.ByReason = maps.Clone(s.ByReason)
+	s.Refused = maps.Clone(s.Refused)
+	if s.ByReason == nil {
+		s.ByReason = make(map[Reason]uint64)
 	}
 	return s
 }
@@ -348,6 +390,9 @@ func (s *TrialStats) Add(e *Event) {
 			for r, n := range sup.ByReason {
 				s.add(r.Decision(), r, n)
 			}
+			for target, n := range sup.Refused {
+				s.countRefused(target, n)
+			}
 			s.WouldDeny += sup.WouldDeny
 			s.BytesUp += uint64(sup.BytesUp)
 			s.BytesDown += uint64(sup.BytesDown)
@@ -355,6 +400,9 @@ func (s *TrialStats) Add(e *Event) {
 		return
 	}
 	s.add(e.Decision, e.Reason, 1)
+	if e.Decision != DecisionAllow {
+		s.countRefused(e.Target, 1)
+	}
 	if e.Decision == DecisionAllow && e.WouldDeny != "" {
 		s.WouldDeny++
 	}
@@ -364,17 +412,17 @@ func (s *TrialStats) Add(e *Event) {
 
 // add counts n decisions d of reason r.
 func (s *TrialStats) add(d Decision, r Reason, n uint64) {
-	if s.Decisions == nil {
-		s.Decisions = make(map[Reason]uint64)
+	if s.ByReason == nil {
+		s.ByReason = make(map[Reason]uint64)
 	}
 	if d == DecisionAllow {
 		s.Allowed += n
 	} else {
 		s.Denied += n
 	}
-	s.Decisions[r] += n
+	s.ByReason[r] += n
 	switch r {
 	case ReasonDNSNXDomain, ReasonDNSFailed, ReasonDNSNoAddresses:
-		s.DNSFailed += n
+		s.DNSFailures += n
 	}
 }

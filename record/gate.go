@@ -104,11 +104,10 @@ const (
 	recordFlush                // counted, and the summary is due now: the log just filled, or its reached targets
 )
 
-// Record clips ev, then writes it to the sink unless the Trial's bounds
-// suppress it; a suppressed record is counted for a summary, which is
-// written when due.
+// Record writes ev, clipped already (Clip), to the sink unless the
+// Trial's bounds suppress it; a suppressed record is counted for a
+// summary, which is written when due.
 func (g *Gate) Record(ev *Event, now time.Time) {
-	clipRecord(ev)
 	g.flushMu.Lock()
 	defer g.flushMu.Unlock()
 	if g.closed {
@@ -284,8 +283,9 @@ func (g *Gate) summaryLocked(last bool) (*Event, []byte) {
 	return ev, line
 }
 
-// clipRecord bounds the fields of ev that a Trial chose.
-func clipRecord(ev *Event) {
+// Clip bounds the fields of ev that a Trial chose, once, before it is
+// counted or recorded.
+func Clip(ev *Event) {
 	for _, f := range []*string{&ev.Method, &ev.Target, &ev.Detail, &ev.SNI} {
 		*f = clipField(*f)
 	}

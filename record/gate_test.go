@@ -26,7 +26,7 @@ func TestClipField(t *testing.T) {
 		t.Fatalf("clipped to %q", c)
 	}
 	ev := Event{Method: s, Target: s, Detail: s, SNI: s, Host: "h"}
-	clipRecord(&ev)
+	Clip(&ev)
 	for _, f := range []string{ev.Method, ev.Target, ev.Detail, ev.SNI} {
 		if !bytes.Equal([]byte(f), []byte(c)) {
 			t.Fatalf("field clipped to %q", f)
@@ -42,12 +42,12 @@ func TestClipRecordResolved(t *testing.T) {
 		addrs = append(addrs, netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}))
 	}
 	ev := Event{Resolved: slices.Clone(addrs[:MaxRecordAddrs]), Detail: "d"}
-	clipRecord(&ev)
+	Clip(&ev)
 	if len(ev.Resolved) != MaxRecordAddrs || ev.Detail != "d" {
 		t.Fatalf("a record at the bound was clipped: %d addresses, %q", len(ev.Resolved), ev.Detail)
 	}
 	ev = Event{Resolved: addrs, Detail: strings.Repeat("x", 2*MaxRecordField), Reason: ReasonAddressDenied, Decision: DecisionDeny}
-	clipRecord(&ev)
+	Clip(&ev)
 	if len(ev.Resolved) != MaxRecordAddrs || ev.Resolved[0] != addrs[0] || !strings.HasSuffix(ev.Detail, "; resolved to 4000 addresses, the first 16 recorded") {
 		t.Fatalf("clipped to %d addresses, detail %q", len(ev.Resolved), ev.Detail)
 	}
@@ -80,7 +80,7 @@ func TestWorstCaseRecordSizes(t *testing.T) {
 		Resolved: addrs, Dialed: netip.MustParseAddrPort("[2001:db8:ffff:ffff:ffff:ffff:ffff:ffff]:65535"), SNI: worst,
 		Rule: "*." + name + ":65535", Profile: strings.Repeat("p", 64), Learning: true, WouldDeny: ReasonPolicyDenied, RequireTLS: true,
 		BytesUp: math.MaxInt64, BytesDown: math.MaxInt64, Duration: math.MaxInt64, DNS: math.MaxInt64, Dial: math.MaxInt64, FirstByte: math.MaxInt64}
-	clipRecord(&ev)
+	Clip(&ev)
 	rec, err := ev.AppendJSON(nil)
 	if err != nil {
 		t.Fatal(err)

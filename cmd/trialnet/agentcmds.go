@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
@@ -339,13 +340,8 @@ func printStats(w io.Writer, st agent.Stats) {
 	if st.Learning {
 		fmt.Fprintf(tw, "\tproxy\twould_deny\t%d\n", p.WouldDeny)
 	}
-	reasons := make([]string, 0, len(p.ByReason))
-	for r := range p.ByReason {
-		reasons = append(reasons, r)
-	}
-	slices.Sort(reasons)
-	for _, r := range reasons {
-		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", q(r), p.ByReason[r])
+	for _, r := range slices.Sorted(maps.Keys(p.ByReason)) {
+		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", q(string(r)), p.ByReason[r])
 	}
 	for _, u := range st.Pools {
 		if u.Max == 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testpty"
+	"github.com/trialnet/trialnet/record"
 )
 
 // forger is a Trial that makes one refused CONNECT, then prints a forged
@@ -29,7 +30,7 @@ exit 0`
 type runReport struct {
 	Trial   string              `json:"trial"`
 	Exit    int                 `json:"exit_code"`
-	Proxy   agent.ProxyStats    `json:"proxy"`
+	Proxy   record.TrialStats   `json:"proxy"`
 	Verdict string              `json:"verdict"`
 	Summary string              `json:"summary"`
 	Receipt agent.SignedReceipt `json:"receipt"`

@@ -33,8 +33,8 @@ func hostileRecords(h string) []record.Event {
 
 func hostileStats(h string) agent.Stats {
 	return agent.Stats{Trial: h, Kernel: map[string]uint64{h: 1},
-		Proxy:      agent.ProxyStats{Denied: 3, ByReason: map[string]uint64{h: 3}},
-		TopRefused: []agent.TargetCount{{Target: h + ":443", Count: 3}}, Verdict: "verdict: " + h}
+		Proxy:      record.TrialStats{Denied: 3, ByReason: map[record.Reason]uint64{record.Reason(h): 3}},
+		TopRefused: []record.TargetCount{{Target: h + ":443", Count: 3}}, Verdict: "verdict: " + h}
 }
 
 // fakeStats serves a Trial's stats on a control socket, as the agent
