@@ -304,7 +304,7 @@ func (p *Proxy) admitRequest(t *trial, req *wire.Request, ev *record.Event) erro
 		t.tunnels.Add(-1)
 		return record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
 	}
-	_, _, err := t.decideForward(req, ev)
+	_, err := t.judge(req, ev, true)
 	if err != nil {
 		t.tunnels.Add(-1)
 		return err

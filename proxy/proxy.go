@@ -376,20 +376,44 @@ func (ot *openTunnel) establish() error {
 	return err
 }
 
-// decide matches a request against the Trial's allowlist as it is now:
-// the entry that allows it, or on a learning Trial a name let through
-// (ruled false, ev.WouldDeny set). Otherwise it is a policy denial.
-func (t *trial) decide(req *wire.Request, ev *record.Event) (entry allow.Entry, ruled bool, err error) {
-	entry, ruled = t.allow.Load().Match(req.Host, req.Port)
-	switch {
-	case ruled:
-		ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = entry.String(), entry.Profile, "", entry.RequireTLS
-	case t.learn:
-		ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = "", "", record.ReasonPolicyDenied, false
-	default:
-		return allow.Entry{}, false, record.Deny(record.ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
+// verdict is what a Trial's allowlist says of a request: the entry that
+// allows it, or, on a learning Trial, a name let through by no entry
+// (ruled false).
+type verdict struct {
+	entry allow.Entry
+	ruled bool
+}
+
+// note records on ev what let the request through.
+func (v verdict) note(ev *record.Event) {
+	if v.ruled {
+		ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = v.entry.String(), v.entry.Profile, "", v.entry.RequireTLS
+		return
 	}
-	return entry, ruled, nil
+	ev.Rule, ev.Profile, ev.WouldDeny, ev.RequireTLS = "", "", record.ReasonPolicyDenied, false
+}
+
+// decide matches a request against the Trial's allowlist as it is now;
+// ok is false when nothing lets it through.
+func (t *trial) decide(req *wire.Request) (v verdict, ok bool) {
+	v.entry, v.ruled = t.allow.Load().Match(req.Host, req.Port)
+	return v, v.ruled || t.learn
+}
+
+// judge decides a request and notes the verdict on ev; what the list
+// does not allow is a policy denial. A forwarded (plain HTTP) request to
+// an entry that wants TLS is refused too: that entry is reached through
+// CONNECT only, whatever the port.
+func (t *trial) judge(req *wire.Request, ev *record.Event, forwarded bool) (verdict, error) {
+	v, ok := t.decide(req)
+	if !ok {
+		return v, record.Deny(record.ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
+	}
+	v.note(ev)
+	if forwarded && v.ruled && v.entry.RequireTLS {
+		return v, record.Deny(record.ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())
+	}
+	return v, nil
 }
 
 // chargeRefusal charges a refusal decided while the request was read,
@@ -427,11 +451,7 @@ func (t *trial) register(req *wire.Request, ev *record.Event, client, up net.Con
 	if t.removed {
 		return nil, record.Deny(record.ReasonShutdown, "the Trial is being removed")
 	}
-	decide := t.decide
-	if up == nil { // a forwarded request: plain HTTP
-		decide = t.decideForward
-	}
-	entry, ruled, err := decide(req, ev)
+	v, err := t.judge(req, ev, up == nil) // no upstream yet: a forwarded request
 	if err != nil {
 		var d *record.Denial
 		if errors.As(err, &d) {
@@ -441,19 +461,9 @@ func (t *trial) register(req *wire.Request, ev *record.Event, client, up net.Con
 	}
 	// A forwarded request (no upstream yet) counts as answered: a cut
 	// ends it by closing its client connection.
-	ot := &openTunnel{entry: entry, ruled: ruled, client: client, up: up, answered: up == nil, stop: stop}
+	ot := &openTunnel{entry: v.entry, ruled: v.ruled, client: client, up: up, answered: up == nil, stop: stop}
 	t.open[ot] = struct{}{}
 	return ot, nil
-}
-
-// decideForward is decide for a forwarded (plain HTTP) request: an
-// entry that wants TLS is reached through CONNECT only, whatever the port.
-func (t *trial) decideForward(req *wire.Request, ev *record.Event) (allow.Entry, bool, error) {
-	entry, ruled, err := t.decide(req, ev)
-	if err == nil && ruled && entry.RequireTLS {
-		err = record.Deny(record.ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())
-	}
-	return entry, ruled, err
 }
 
 // redecide matches a forwarded request against the allowlist as it is
@@ -462,14 +472,14 @@ func (t *trial) decideForward(req *wire.Request, ev *record.Event) (allow.Entry,
 func (t *trial) redecide(req *wire.Request, ev *record.Event, ot *openTunnel) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	entry, ruled, err := t.decideForward(req, ev)
+	v, err := t.judge(req, ev, true)
 	var d *record.Denial
 	if errors.As(err, &d) {
 		d.Detail += " (its entry was removed or changed while the request was being opened)"
 		return err
 	}
 	ot.mu.Lock()
-	ot.entry, ot.ruled = entry, ruled
+	ot.entry, ot.ruled = v.entry, v.ruled
 	ot.mu.Unlock()
 	return nil
 }
@@ -616,98 +626,116 @@ func (p *Proxy) Close() error {
 	return nil
 }
 
-// cleanups run in reverse order when a connection is done: by handle for
-// a refusal, or by the last of the two tunnel pumps.
-type cleanups []func()
+// clientConn is one client connection of a Trial as the proxy serves
+// it: the connection, its pooled head reader, its record, and what to
+// undo when it is done. handle undoes it, unless a CONNECT's tunnel was
+// handed off, whose last pump then does.
+type clientConn struct {
+	p         *Proxy
+	t         *trial
+	c         net.Conn
+	br        *bufio.Reader // pooled; nil once given back or kept by forwarding
+	ev        *record.Event // nil: a forwarding connection ended between requests
+	undo      []func()
+	handedOff bool
+}
 
-func (c *cleanups) add(f func()) { *c = append(*c, f) }
+// onDone adds f to what is undone, in reverse order, when the
+// connection is done.
+func (k *clientConn) onDone(f func()) { k.undo = append(k.undo, f) }
 
-func (c cleanups) run() {
-	for i := len(c) - 1; i >= 0; i-- {
-		c[i]()
+// done undoes everything, the record first written (see handle).
+func (k *clientConn) done() {
+	for i := len(k.undo) - 1; i >= 0; i-- {
+		k.undo[i]()
+	}
+}
+
+// releaseReader gives the head reader back to the pool, once: a tunnel
+// does as soon as the bytes read ahead of its first check are sent on.
+func (k *clientConn) releaseReader() {
+	if k.br != nil {
+		putReader(k.br)
+		k.br = nil
 	}
 }
 
 // handle serves one client connection: admit it, then serve a CONNECT
 // or forward plain HTTP requests.
 func (p *Proxy) handle(c net.Conn, t *trial) {
-	var fin cleanups
-	fin.add(p.wg.Done)
-	fin.add(t.handlers.Done)
-	fin.add(func() { t.untrack(c) })
-	ev := p.newEvent(t, c)
-	start := ev.Time
-	handedOff := false
-	fin.add(func() {
-		if ev != nil { // nil: a forwarding connection ended between requests
+	k := &clientConn{p: p, t: t, c: c, ev: p.newEvent(t, c)}
+	k.onDone(p.wg.Done)
+	k.onDone(t.handlers.Done)
+	k.onDone(func() { t.untrack(c) })
+	start := k.ev.Time
+	k.onDone(func() {
+		if ev := k.ev; ev != nil {
 			ev.Duration = time.Since(ev.Time)
 			p.emit(t, ev)
 		}
 		switch {
-		case handedOff:
-		case ev != nil && ev.Decision == record.DecisionDeny:
+		case k.handedOff:
+		case k.ev != nil && k.ev.Decision == record.DecisionDeny:
 			lingerClose(c) // refused with an HTTP answer: let the client read it
 		default:
 			_ = c.Close()
 		}
 	})
 	defer func() {
-		if !handedOff {
-			fin.run()
+		if !k.handedOff {
+			k.done()
 		}
 	}()
 	if err := p.admit(t); err != nil {
-		p.refuse(c, ev, err)
+		p.refuse(c, k.ev, err)
 		return
 	}
-	fin.add(func() { p.conns.Add(-1); t.clients.Add(-1) })
+	k.onDone(func() { p.conns.Add(-1); t.clients.Add(-1) })
 
 	_ = c.SetReadDeadline(start.Add(p.cfg.HeaderTimeout))
-	br := getReader(c)
-	if !startsWithConnect(br) {
-		// Forwarding: br stays with the connection (the Transport may
-		// still read a request body from it after we are done).
+	k.br = getReader(c)
+	if !startsWithConnect(k.br) {
+		// Forwarding: the reader stays with the connection (the
+		// Transport may still read a request body from it after we are
+		// done).
+		br := k.br
+		k.br = nil
 		headDone := sync.OnceFunc(func() { t.pending.Add(-1) })
-		ev = p.serveHTTP(c, t, br, ev, headDone)
+		k.ev = p.serveHTTP(c, t, br, k.ev, headDone)
 		headDone()
 		return
 	}
-	p.serveConnect(c, t, br, ev, &fin, &handedOff)
+	k.onDone(k.releaseReader)
+	p.serveConnect(k)
 }
 
 // serveConnect serves a CONNECT: parse, decide, dial, and hand an allowed
-// tunnel, with fin, to two fresh goroutines (setting *handedOff first).
-// Handing off keeps an idle tunnel's stacks small: the deep DNS and dial
-// call chains stay on this goroutine, which then exits.
-func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *record.Event, fin *cleanups, handedOff *bool) {
-	req, err := wire.ReadRequest(br)
+// tunnel to two fresh goroutines (setting k.handedOff first). Handing off
+// keeps an idle tunnel's stacks small: the deep DNS and dial call chains
+// stay on this goroutine, which then exits.
+func (p *Proxy) serveConnect(k *clientConn) {
+	c, t, ev := k.c, k.t, k.ev
+	req, err := wire.ReadRequest(k.br)
 	t.pending.Add(-1)
 	if req != nil {
 		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port
 	}
 	if err != nil {
-		putReader(br)
 		p.refuse(c, ev, t.chargeRefusal(err))
 		return
 	}
-	// From here br holds only bytes pipelined after the head: they belong
-	// to the tunnel, which returns br to the pool.
-	fin.add(func() {
-		if !*handedOff {
-			putReader(br)
-		}
-	})
+	// From here the reader holds only bytes pipelined after the head:
+	// they belong to the tunnel.
 	if err := t.takeConnect(); err != nil {
 		p.refuse(c, ev, err)
 		return
 	}
-	fin.add(func() { t.tunnels.Add(-1) })
+	k.onDone(func() { t.tunnels.Add(-1) })
 	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
 		p.refuse(c, ev, record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels))
 		return
 	}
-
-	if _, _, err := t.decide(req, ev); err != nil {
+	if _, err := t.judge(req, ev, false); err != nil {
 		p.refuse(c, ev, err)
 		return
 	}
@@ -726,14 +754,14 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *record.
 		p.refuse(c, ev, record.Deny(record.ReasonShutdown, "the Trial is being removed"))
 		return
 	}
-	fin.add(func() { t.untrack(up) })
+	k.onDone(func() { t.untrack(up) })
 	ot, err := t.register(req, ev, c, up, nil)
 	if err != nil {
 		_ = up.Close()
 		p.refuse(c, ev, err)
 		return
 	}
-	fin.add(func() { t.unregister(ot) })
+	k.onDone(func() { t.unregister(ot) })
 	_ = c.SetReadDeadline(time.Time{})
 	if err := ot.establish(); err != nil {
 		_ = up.Close()
@@ -746,8 +774,8 @@ func (p *Proxy) serveConnect(c net.Conn, t *trial, br *bufio.Reader, ev *record.
 		ev.Decision = record.DecisionAllow
 		return
 	}
-	*handedOff = true
-	p.tunnel(c, up, br, ot, req, ev, *fin)
+	k.handedOff = true
+	p.tunnel(k, up, ot, req)
 }
 
 // startsWithConnect reports whether the request on br is a CONNECT. It

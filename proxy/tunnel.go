@@ -35,7 +35,8 @@ type closeWriter interface {
 // either direction aborts both. Copies between two TCP sockets splice(2)
 // (see relay). There is no idle timeout: keepalives find dead peers, a
 // silent model call lives as long as it needs.
-func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, req *wire.Request, ev *record.Event, fin cleanups) {
+func (p *Proxy) tunnel(k *clientConn, up net.Conn, ot *openTunnel, req *wire.Request) {
+	client, ev := k.c, k.ev
 	ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
 	var aborted atomic.Bool
 	var first atomic.Pointer[string]       // why the tunnel was cut, if it was
@@ -58,7 +59,7 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, re
 			} else if m := first.Load(); m != nil && ev.Decision == record.DecisionAllow {
 				ev.Detail = "tunnel cut: " + *m
 			}
-			fin.run()
+			k.done()
 		}
 	}
 	go func() {
@@ -74,7 +75,7 @@ func (p *Proxy) tunnel(client, up net.Conn, br *bufio.Reader, ot *openTunnel, re
 	}()
 	go func() {
 		defer end()
-		if err := p.pumpUp(client, up, br, ot.entry, req, ev, w); err != nil {
+		if err := p.pumpUp(k, up, ot.entry, req, w); err != nil {
 			abort("client to upstream", err)
 		}
 	}()
@@ -245,25 +246,24 @@ func waitReadable(c net.Conn) (ready, ok bool) {
 
 // pumpUp checks the client's first bytes (TLS name check), then copies
 // client to upstream and half-closes the upstream at the client's EOF.
-// br is the pooled reader that parsed the request head and may hold
-// pipelined bytes; it goes back to the pool once the first bytes passed.
-// In a TLS tunnel the client's bytes after its ClientHello wait for the
-// server's answer (see helloWatch).
-func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry allow.Entry, req *wire.Request, ev *record.Event, w *helloWatch) error {
+// The connection's pooled reader, which parsed the request head and may
+// hold pipelined bytes, goes back to the pool once the first bytes
+// passed, or when pumpUp returns. In a TLS tunnel the client's bytes
+// after its ClientHello wait for the server's answer (see helloWatch).
+func (p *Proxy) pumpUp(k *clientConn, up net.Conn, entry allow.Entry, req *wire.Request, w *helloWatch) error {
+	defer k.releaseReader()
+	client, br, ev := k.c, k.br, k.ev
 	first, rest, isTLS, err := p.checkFirstBytes(client, br, entry, req, ev)
 	if err != nil {
-		putReader(br)
 		return refuseTLS(client, ev, err)
 	}
 	watch := false
 	if isTLS {
 		if watch, err = w.clientHelloFirst(); err != nil {
-			putReader(br)
 			return err
 		}
 	}
 	if err := writeUp(up, first, ev); err != nil {
-		putReader(br)
 		return err
 	}
 	for watch {
@@ -274,11 +274,9 @@ func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry allow.Entry,
 		select {
 		case retry, ok = <-w.answers:
 		case <-time.After(p.cfg.TLSTimeout):
-			putReader(br)
 			return fmt.Errorf("the upstream did not answer the ClientHello within %s", p.cfg.TLSTimeout)
 		}
 		if !ok { // the upstream side ended without a ServerHello, or cut the tunnel and says why
-			putReader(br)
 			return nil
 		}
 		if !retry {
@@ -287,23 +285,20 @@ func (p *Proxy) pumpUp(client, up net.Conn, br *bufio.Reader, entry allow.Entry,
 		var hello []byte
 		hello, rest, err = p.checkRetryHello(client, br, rest, req, ev)
 		if errors.Is(err, io.EOF) { // the client gave up after the HelloRetryRequest
-			putReader(br)
 			return closeWrite(up)
 		}
 		if err != nil {
-			putReader(br)
 			return refuseTLS(client, ev, err)
 		}
 		if err := writeUp(up, hello, ev); err != nil {
-			putReader(br)
 			return err
 		}
 	}
-	if k := br.Buffered(); k > 0 { // read ahead of a ClientHello: it follows rest
-		b, _ := br.Peek(k)
+	if n := br.Buffered(); n > 0 { // read ahead of a ClientHello: it follows rest
+		b, _ := br.Peek(n)
 		rest = append(rest, b...)
 	}
-	putReader(br)
+	k.releaseReader() // before the relay: an idle tunnel holds no buffer
 	if err := writeUp(up, rest, ev); err != nil {
 		return err
 	}
