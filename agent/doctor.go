@@ -58,7 +58,7 @@ func Doctor() []bpf.Check {
 		} else {
 			nestErr = sandbox.UserNamespacesAllowed()
 		}
-		checks = append(checks, bpf.Check{Name: NestedCheck, Err: nestErr})
+		checks = append(checks, bpf.Check{Name: nestedCheck, Err: nestErr})
 	}
 	return append(checks, probe...)
 }
@@ -67,7 +67,7 @@ func Doctor() []bpf.Check {
 const (
 	LoadCheck        = "load, attach and pin trialnet's eBPF programs (a scratch cgroup and pin directory, removed after)"
 	UnixConfineCheck = "pathname unix socket confinement (cgroup connect_unix hook or BPF LSM layer)"
-	NestedCheck      = "nested sandboxes (--nested: bwrap in a Trial; user namespaces and the BPF LSM layer)"
+	nestedCheck      = "nested sandboxes (--nested: bwrap in a Trial; user namespaces and the BPF LSM layer)"
 )
 
 // loadedLayer is what a real Load attached.

@@ -153,11 +153,11 @@ func (l Layers) String() string {
 	return "layers: " + strings.Join(on, ", ") + "; inactive: " + strings.Join(off, "; ")
 }
 
-// Verdict is the one line that says whether anything left a Trial: the
+// verdictOf is the one line that says whether anything left a Trial: the
 // direct egress packets the last wall saw, and the uses of sockets made
 // outside the Trial that the BPF LSM layer refused. It says "ok" only
 // about what an active layer observed.
-func Verdict(c bpf.Counters, l Layers) string {
+func verdictOf(c bpf.Counters, l Layers) string {
 	if c.EgressOtherPackets > 0 {
 		return fmt.Sprintf("verdict: ALARM: %d direct egress packets (%d bytes) left a Trial socket and were dropped by the last wall; %d foreign-socket uses refused", c.EgressOtherPackets, c.EgressOtherBytes, c.ForeignSocketDenied)
 	}

@@ -37,9 +37,9 @@ type AllowChanged struct {
 	Note string `json:"note,omitempty"`
 }
 
-// UIDUnknown is the uid recorded for a change whose caller's credentials
+// uidUnknown is the uid recorded for a change whose caller's credentials
 // could not be read (an embedded agent's own caller, for one).
-const UIDUnknown = -1
+const uidUnknown = -1
 
 // ChangeAllow changes a live Trial's allowlist on behalf of the caller
 // ctx names (its uid, see WithCallerUID; UIDUnknown if none). In this
@@ -174,7 +174,7 @@ func callerUID(ctx context.Context) int64 {
 	if uid, ok := ctx.Value(peerUIDKey{}).(int64); ok {
 		return uid
 	}
-	return UIDUnknown
+	return uidUnknown
 }
 
 // describe is a policy change in words, for the record's detail.

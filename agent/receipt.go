@@ -26,8 +26,8 @@ import (
 // public half is beside it, ReceiptPublicKey(path), for anyone.
 const DefaultReceiptKey = "/var/lib/trialnet/receipt.key"
 
-// ReceiptSchema is the version of Receipt.
-const ReceiptSchema = 1
+// receiptSchema is the version of Receipt.
+const receiptSchema = 1
 
 // Receipt is what an evaluation attaches in place of a terminal's text:
 // a Trial's end, as the host saw it, signed with a key only root reads.
@@ -70,11 +70,11 @@ type SignedReceipt struct {
 // ReceiptPublicKey is where the public half of the key at path is kept.
 func ReceiptPublicKey(path string) string { return path + ".pub" }
 
-// ReceiptKey reads the host's signing key at path, making it the first
+// receiptKey reads the host's signing key at path, making it the first
 // time, and keeps its public half beside it true to it (written, or
 // repaired, from the key on disk: two makers racing never leave one that
 // does not match).
-func ReceiptKey(path string) (ed25519.PrivateKey, error) {
+func receiptKey(path string) (ed25519.PrivateKey, error) {
 	key, err := readKey(path)
 	if errors.Is(err, os.ErrNotExist) {
 		if err = makeKey(path); err == nil {
@@ -200,8 +200,8 @@ func (s SignedReceipt) Verify(pub ed25519.PublicKey) (Receipt, error) {
 	if err := json.Unmarshal(s.Receipt, &r); err != nil {
 		return Receipt{}, fmt.Errorf("%w: %v", ErrReceiptForged, err)
 	}
-	if r.Schema > ReceiptSchema {
-		return Receipt{}, fmt.Errorf("receipt schema %d is newer than the %d this trialnet reads", r.Schema, ReceiptSchema)
+	if r.Schema > receiptSchema {
+		return Receipt{}, fmt.Errorf("receipt schema %d is newer than the %d this trialnet reads", r.Schema, receiptSchema)
 	}
 	return r, nil
 }
@@ -222,12 +222,12 @@ func (a *Agent) sign(lt *trial, st *Stats, exit *int) error {
 	if a.cfg.ReceiptKey == "" {
 		return nil
 	}
-	key, err := ReceiptKey(a.cfg.ReceiptKey)
+	key, err := receiptKey(a.cfg.ReceiptKey)
 	if err != nil {
 		return fmt.Errorf("sign the Trial's receipt: %w", err)
 	}
 	host, _ := os.Hostname()
-	r := Receipt{Schema: ReceiptSchema, Trial: st.Trial, Host: host, Start: lt.info.Created, End: time.Now().UTC(), ExitCode: exit,
+	r := Receipt{Schema: receiptSchema, Trial: st.Trial, Host: host, Start: lt.info.Created, End: time.Now().UTC(), ExitCode: exit,
 		Learning: st.Learning, Verdict: st.Verdict, Kernel: st.Kernel, Proxy: st.Proxy, Pools: st.Pools, Layers: st.Layers,
 		Programs: a.host.BPF.ProgramTags()}
 	if a.cfg.DataDir != "" {

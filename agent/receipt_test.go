@@ -22,7 +22,7 @@ func TestReceiptKeyAndVerify(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range keys {
 		wg.Go(func() {
-			k, err := ReceiptKey(path)
+			k, err := receiptKey(path)
 			if err != nil {
 				t.Error(err)
 			}
@@ -44,7 +44,7 @@ func TestReceiptKeyAndVerify(t *testing.T) {
 	}
 
 	exit := 3
-	signed, err := Receipt{Schema: ReceiptSchema, Trial: "t1", ExitCode: &exit, Verdict: "verdict: 0 direct egress packets (ok)"}.Sign(keys[0])
+	signed, err := Receipt{Schema: receiptSchema, Trial: "t1", ExitCode: &exit, Verdict: "verdict: 0 direct egress packets (ok)"}.Sign(keys[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestReceiptKeyAndVerify(t *testing.T) {
 		t.Fatalf("a changed receipt: %v", err)
 	}
 	_, other, _ := ed25519.GenerateKey(nil)
-	forged, _ := Receipt{Schema: ReceiptSchema, Trial: "t1"}.Sign(other)
+	forged, _ := Receipt{Schema: receiptSchema, Trial: "t1"}.Sign(other)
 	if _, err := forged.Verify(pub); !errors.Is(err, ErrReceiptForged) {
 		t.Fatalf("a receipt signed by another key: %v", err)
 	}
@@ -72,7 +72,7 @@ func TestReceiptKeyAndVerify(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("not hex\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReceiptKey(bad); err == nil {
+	if _, err := receiptKey(bad); err == nil {
 		t.Fatal("a key file that is not a key was taken")
 	}
 }

@@ -19,9 +19,9 @@ import (
 	"github.com/trialnet/trialnet/sandbox"
 )
 
-// DefaultRetentionEvery is how often the retention rule runs on a timer,
+// defaultRetentionEvery is how often the retention rule runs on a timer,
 // besides at start, after a reload and after each destroy.
-const DefaultRetentionEvery = time.Hour
+const defaultRetentionEvery = time.Hour
 
 // trashPrefix marks data being removed: an entry is renamed to it under
 // a.mu (so no Trial can take its id in between), then removed. A crash in
@@ -52,7 +52,7 @@ func (a *Agent) startRetention() {
 	a.sweep()
 	every := a.cfg.RetentionEvery
 	if every <= 0 {
-		every = DefaultRetentionEvery
+		every = defaultRetentionEvery
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.ret.kick, a.ret.cancel = make(chan struct{}, 1), cancel

@@ -27,7 +27,7 @@ func TestVerdict(t *testing.T) {
 		{"egress", bpf.Counters{EgressOtherPackets: 3, EgressOtherBytes: 180}, on, []string{"ALARM: 3 direct egress packets (180 bytes)"}, []string{"(ok)", "0 direct"}},
 		{"egress, LSM inactive", bpf.Counters{EgressOtherPackets: 1}, off, []string{"ALARM: 1 direct egress packets"}, []string{"(ok)", "0 direct"}},
 	} {
-		v := Verdict(tc.c, tc.l)
+		v := verdictOf(tc.c, tc.l)
 		for _, w := range tc.want {
 			if !strings.Contains(v, w) {
 				t.Errorf("%s: %q lacks %q", tc.name, v, w)

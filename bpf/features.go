@@ -19,11 +19,11 @@ type Check struct {
 	Required bool
 }
 
-// HaveUnixHooks probes for cgroup/connect_unix and cgroup/sendmsg_unix
+// haveUnixHooks probes for cgroup/connect_unix and cgroup/sendmsg_unix
 // (Linux 6.7). The features package has no probe for attach types, so this
 // loads a minimal program with that expected attach type: older kernels
 // refuse the attach type at load time.
-func HaveUnixHooks() error {
+func haveUnixHooks() error {
 	for _, at := range []ebpf.AttachType{ebpf.AttachCgroupUnixConnect, ebpf.AttachCgroupUnixSendmsg} {
 		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 			Type:       ebpf.CGroupSockAddr,
@@ -56,7 +56,7 @@ func Probe() []Check {
 	add("bpf_get_current_ancestor_cgroup_id", true, features.HaveProgramHelper(ebpf.CGroupSockAddr, asm.FnGetCurrentAncestorCgroupId))
 	add("bpf_skb_ancestor_cgroup_id", true, features.HaveProgramHelper(ebpf.CGroupSKB, asm.FnSkbAncestorCgroupId))
 	add("bounded loops", false, features.HaveBoundedLoops())
-	add("connect_unix/sendmsg_unix hooks (Linux 6.7+)", false, HaveUnixHooks())
+	add("connect_unix/sendmsg_unix hooks (Linux 6.7+)", false, haveUnixHooks())
 	add("BPF LSM (bpf in the active LSM list)", false, HaveLSM())
 	return checks
 }

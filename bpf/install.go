@@ -277,7 +277,7 @@ func (l *Loader) adoptLSMLinks(want adoption, lsmMiss string) error {
 		if lsmMiss == "" {
 			return fmt.Errorf("%w: no LSM links and no recorded reason", errPinsDiffer)
 		}
-		l.lsmErr = fmt.Errorf("%w: %s", ErrLSMMissing, strings.TrimPrefix(lsmMiss, ErrLSMMissing.Error()+": "))
+		l.lsmErr = fmt.Errorf("%w: %s", errLSMMissing, strings.TrimPrefix(lsmMiss, errLSMMissing.Error()+": "))
 	}
 	return nil
 }

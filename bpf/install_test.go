@@ -40,7 +40,7 @@ func attached(t *testing.T, cg string) map[string][]ebpf.ProgramID {
 	}
 	defer f.Close()
 	out := map[string][]ebpf.ProgramID{}
-	unixHooks := HaveUnixHooks() == nil
+	unixHooks := haveUnixHooks() == nil
 	for _, h := range hooks {
 		if h.unix && !unixHooks {
 			continue // a kernel before 6.7 cannot be asked about them
@@ -177,9 +177,9 @@ func TestInstallRecordsOnlyLastingLSMReasons(t *testing.T) {
 		err    error
 		record bool
 	}{
-		{fmt.Errorf("%w: load: %w", ErrLSMMissing, unix.EPERM), true},
-		{fmt.Errorf("%w: load: %w", ErrLSMMissing, unix.ENOMEM), false},
-		{fmt.Errorf("%w: load: %w", ErrLSMMissing, unix.EAGAIN), false},
+		{fmt.Errorf("%w: load: %w", errLSMMissing, unix.EPERM), true},
+		{fmt.Errorf("%w: load: %w", errLSMMissing, unix.ENOMEM), false},
+		{fmt.Errorf("%w: load: %w", errLSMMissing, unix.EAGAIN), false},
 	} {
 		f, err := os.CreateTemp(t.TempDir(), "lock")
 		if err != nil {

@@ -137,7 +137,7 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 	if err != nil && lsmErr == nil && !errors.Is(err, ebpf.ErrMapIncompatible) {
 		// The LSM layer is an addition: where its programs fail to load,
 		// enforce with the cgroup layer and say why.
-		lsmErr = fmt.Errorf("%w: loading the LSM programs: %w", ErrLSMMissing, err)
+		lsmErr = fmt.Errorf("%w: loading the LSM programs: %w", errLSMMissing, err)
 		for _, h := range lsmHooks {
 			delete(spec.Programs, h.name)
 		}
@@ -238,7 +238,7 @@ func (l *Loader) addLSMLayer(before map[string]bool) error {
 	if errors.Is(err, errLSMAttach) && !hadLSMLayer(before) {
 		// The LSM layer is an addition: one that fails to attach
 		// goes whole, and the cgroup layer enforces alone, saying why.
-		l.lsmErr = fmt.Errorf("%w: %w", ErrLSMMissing, err)
+		l.lsmErr = fmt.Errorf("%w: %w", errLSMMissing, err)
 		return nil
 	}
 	// Trials admitted under the pinned layer rely on it (unix
@@ -293,7 +293,7 @@ func loadSpec(level int, parentID uint64, cache *btf.Cache) (_ *ebpf.CollectionS
 	if err != nil {
 		return nil, false, nil, err
 	}
-	unixHook = HaveUnixHooks() == nil
+	unixHook = haveUnixHooks() == nil
 	if !unixHook {
 		for _, h := range hooks {
 			if h.unix {
@@ -453,9 +453,6 @@ func (l *Loader) CheckPins() error {
 
 // UnixHooks reports whether the unix socket hooks are attached.
 func (l *Loader) UnixHooks() bool { return l.unixHook }
-
-// PinDir is the bpffs directory holding this loader's pins.
-func (l *Loader) PinDir() string { return l.pinDir }
 
 // Close releases this process's handles. Pinned links and maps stay, and
 // with them enforcement.
@@ -632,8 +629,8 @@ func unixID(cgroupID uint64, path string) (trialnetUnixIdKey, error) {
 	return trialnetUnixIdKey{CgroupId: cgroupID, Ino: st.Ino, Dev: dev}, nil
 }
 
-// ErrUnixHookMissing means the kernel cannot confine unix sockets.
-var ErrUnixHookMissing = errors.New("this kernel has neither the cgroup/connect_unix hook (Linux 6.7+) nor an active BPF LSM layer, so pathname unix sockets cannot be confined; opt out of unix confinement explicitly (--no-unix-confine, or unix_open) to run anyway")
+// errUnixHookMissing means the kernel cannot confine unix sockets.
+var errUnixHookMissing = errors.New("this kernel has neither the cgroup/connect_unix hook (Linux 6.7+) nor an active BPF LSM layer, so pathname unix sockets cannot be confined; opt out of unix confinement explicitly (--no-unix-confine, or unix_open) to run anyway")
 
 // AddTrial installs the policy of the Trial whose cgroup has cgroupID. Until
 // it returns, that cgroup is denied everything; on error nothing is left.
@@ -646,7 +643,7 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 	// LSM layer's peer check (own netns, or a recorded inode): the latter
 	// alone confines on kernels before 6.7.
 	if !p.UnixOpen && !l.unixHook && !l.LSM() {
-		return ErrUnixHookMissing
+		return errUnixHookMissing
 	}
 	if p.Nested && !l.LSM() {
 		return fmt.Errorf("policy: a nested Trial needs the BPF LSM layer (%v)", l.lsmErr)

@@ -157,7 +157,7 @@ func TestPrivilegedMissingUnixHookFailsClosed(t *testing.T) {
 	l.unixHook = false // as on a kernel before 6.7
 	lsmLinks := l.lsmLinks
 	l.lsmLinks = nil // as without BPF LSM
-	if err := l.AddTrial(5, Policy{NetnsCookie: 9}); !errors.Is(err, ErrUnixHookMissing) {
+	if err := l.AddTrial(5, Policy{NetnsCookie: 9}); !errors.Is(err, errUnixHookMissing) {
 		t.Fatalf("got %v, want ErrUnixHookMissing", err)
 	}
 	if l.HasTrial(5) || l.TrialCount() != 0 {
@@ -205,7 +205,7 @@ func TestPrivilegedFailedLoadLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	unixHooks := HaveUnixHooks() == nil
+	unixHooks := haveUnixHooks() == nil
 	for _, h := range hooks {
 		if h.unix && !unixHooks {
 			continue // a kernel before 6.7 cannot be asked about them

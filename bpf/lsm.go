@@ -36,10 +36,10 @@ var lsmHooks = []lsmHook{
 	{trialnetProgTrialnetLsmNetlinkSend, false},
 }
 
-// ErrLSMMissing means the kernel cannot run trialnet's BPF LSM layer; the
+// errLSMMissing means the kernel cannot run trialnet's BPF LSM layer; the
 // cgroup layer still enforces, but a socket handed in from outside is not
 // judged by the Trial that uses it.
-var ErrLSMMissing = errors.New("BPF LSM layer unavailable")
+var errLSMMissing = errors.New("BPF LSM layer unavailable")
 
 const securityfsRoot = "/sys/kernel/security"
 
@@ -55,27 +55,27 @@ func haveLSM(cache *btf.Cache) error {
 		var errno unix.Errno
 		switch {
 		case errors.Is(err, btf.ErrNotSupported):
-			return fmt.Errorf("%w: the kernel has no BTF (CONFIG_DEBUG_INFO_BTF), which BPF LSM programs need: %w", ErrLSMMissing, err)
+			return fmt.Errorf("%w: the kernel has no BTF (CONFIG_DEBUG_INFO_BTF), which BPF LSM programs need: %w", errLSMMissing, err)
 		case errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL):
-			return fmt.Errorf("%w: no BPF LSM program type (CONFIG_BPF_LSM): %w", ErrLSMMissing, err)
+			return fmt.Errorf("%w: no BPF LSM program type (CONFIG_BPF_LSM): %w", errLSMMissing, err)
 		case errors.As(err, &errno):
 			// Seen on kernels that cannot build BPF trampolines (fentry
 			// fails the same way) and under lockdown policies. Only the
 			// errno: the library's hint about MEMLOCK does not apply to
 			// a root process on a memcg-accounted kernel.
-			return fmt.Errorf("%w: the kernel refused to load a BPF LSM program (%w)", ErrLSMMissing, errno)
+			return fmt.Errorf("%w: the kernel refused to load a BPF LSM program (%w)", errLSMMissing, errno)
 		}
-		return fmt.Errorf("%w: the kernel refused to load a BPF LSM program: %w", ErrLSMMissing, err)
+		return fmt.Errorf("%w: the kernel refused to load a BPF LSM program: %w", errLSMMissing, err)
 	}
 	active, err := activeLSMs()
 	if err != nil {
 		if aerr := probeLSMAttach(cache); aerr != nil {
-			return fmt.Errorf("%w: %w; attaching a probe program: %w", ErrLSMMissing, err, aerr)
+			return fmt.Errorf("%w: %w; attaching a probe program: %w", errLSMMissing, err, aerr)
 		}
 		return nil
 	}
 	if !slices.Contains(active, "bpf") {
-		return fmt.Errorf("%w: bpf is not in the active LSM list %q; add it to the lsm= kernel command line", ErrLSMMissing, strings.Join(active, ","))
+		return fmt.Errorf("%w: bpf is not in the active LSM list %q; add it to the lsm= kernel command line", errLSMMissing, strings.Join(active, ","))
 	}
 	return nil
 }
@@ -157,7 +157,7 @@ func prepareLSM(spec *ebpf.CollectionSpec, cache *btf.Cache) error {
 			break
 		}
 		if !haveLSMHook(cache, spec.Programs[h.name].AttachTo) && !h.optional {
-			lsmErr = fmt.Errorf("%w: this kernel has no %s LSM hook", ErrLSMMissing, spec.Programs[h.name].AttachTo)
+			lsmErr = fmt.Errorf("%w: this kernel has no %s LSM hook", errLSMMissing, spec.Programs[h.name].AttachTo)
 		}
 	}
 	for _, h := range lsmHooks {
@@ -246,14 +246,6 @@ func (l *Loader) DetachLSM() error {
 	err := detach(l.pinDir, l.lsmLinks)
 	l.lsmLinks = nil
 	return errors.Join(serr, err)
-}
-
-// DetachCgroup unpins and closes the cgroup links, leaving the LSM layer
-// alone (for tests that need the LSM layer on its own).
-func (l *Loader) DetachCgroup() error {
-	err := detach(l.pinDir, l.links)
-	l.links = nil
-	return err
 }
 
 func detach(pinDir string, links []namedLink) error {

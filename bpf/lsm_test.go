@@ -195,7 +195,7 @@ func TestPrivilegedLoadReportsLSM(t *testing.T) {
 		}
 		return
 	}
-	if !errors.Is(l.LSMError(), ErrLSMMissing) {
+	if !errors.Is(l.LSMError(), errLSMMissing) {
 		t.Errorf("LSMError = %v, want ErrLSMMissing", l.LSMError())
 	}
 	t.Logf("no BPF LSM layer: %v", l.LSMError())
@@ -698,7 +698,7 @@ func TestPrivilegedLSMAttachFailureKeepsCgroupLayer(t *testing.T) {
 	if HaveLSM() != nil {
 		privtest.RequireLSM(t, false, HaveLSM())
 	}
-	if l.LSM() || !errors.Is(l.LSMError(), ErrLSMMissing) || !strings.Contains(l.LSMError().Error(), "attach "+lsmHooks[0].name) {
+	if l.LSM() || !errors.Is(l.LSMError(), errLSMMissing) || !strings.Contains(l.LSMError().Error(), "attach "+lsmHooks[0].name) {
 		t.Fatalf("LSM() = %v, LSMError = %v: want the layer off, saying which attach failed", l.LSM(), l.LSMError())
 	}
 	for _, h := range lsmHooks {

@@ -192,11 +192,11 @@ func (f *File) Nested(profiles []string) bool {
 	return slices.ContainsFunc(profiles, func(n string) bool { return f.Profiles[n].Nested })
 }
 
-// CIDRs returns the validated allowed CIDRs.
-func (f *File) CIDRs() []netip.Prefix { return slices.Clone(f.cidrs) }
+// cidrList returns the validated allowed cidrList.
+func (f *File) cidrList() []netip.Prefix { return slices.Clone(f.cidrs) }
 
-// HostFacts returns the validated host addresses and NAT64 prefixes.
-func (f *File) HostFacts() guard.HostFacts {
+// hostFacts returns the validated host addresses and NAT64 prefixes.
+func (f *File) hostFacts() guard.HostFacts {
 	return guard.HostFacts{Addrs: slices.Clone(f.facts.Addrs), NAT64: slices.Clone(f.facts.NAT64)}
 }
 
@@ -272,8 +272,8 @@ type ProxySettings struct {
 func (f *File) ProxySettings(cidrs []netip.Prefix, resolvers []string, r resolve.Resolver) (ProxySettings, error) {
 	s := ProxySettings{AllowCIDRs: slices.Clone(cidrs), Resolver: r}
 	if f != nil {
-		s.AllowCIDRs = append(f.CIDRs(), cidrs...)
-		s.HostFacts = f.HostFacts()
+		s.AllowCIDRs = append(f.cidrList(), cidrs...)
+		s.HostFacts = f.hostFacts()
 		s.Limits, s.MaxConnections = f.Limits, f.MaxConnections
 		if len(resolvers) == 0 {
 			resolvers = f.Resolvers

@@ -93,7 +93,7 @@ func TestConfigHostFacts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hf := f.HostFacts(); len(hf.Addrs) != 2 || len(hf.NAT64) != 1 {
+	if hf := f.hostFacts(); len(hf.Addrs) != 2 || len(hf.NAT64) != 1 {
 		t.Fatalf("read %+v", hf)
 	}
 }

@@ -3,29 +3,29 @@ package config
 // Per-Trial limit defaults.
 const (
 	DefaultMaxTunnels   = 256 // concurrent CONNECTs per Trial
-	DefaultConnectRate  = 50  // CONNECTs per second per Trial, sustained
-	DefaultConnectBurst = 200 // CONNECTs per Trial in a burst
+	defaultConnectRate  = 50  // CONNECTs per second per Trial, sustained
+	defaultConnectBurst = 200 // CONNECTs per Trial in a burst
 	// DefaultMaxClientConns bounds a Trial's client connections of every
 	// kind (waiting for their head, tunnelling, being refused): room for
 	// DefaultMaxTunnels tunnels and as many again, yet 16 such Trials
 	// still leave DefaultMaxConnections to the others.
 	DefaultMaxClientConns = 512
-	// DefaultMaxPendingHeads bounds a Trial's connections that have not
+	// defaultMaxPendingHeads bounds a Trial's connections that have not
 	// finished their request head; each may wait HeaderTimeout. Real
 	// clients send the head at once, so a few dozen is plenty.
-	DefaultMaxPendingHeads = 64
-	// DefaultRecordRate and DefaultRecordBurst bound the records of
+	defaultMaxPendingHeads = 64
+	// defaultRecordRate and DefaultRecordBurst bound the records of
 	// requests refused before the CONNECT rate charged them (malformed,
 	// rate-limited, over a connection cap, timed out): a real client
 	// meets these refusals rarely, a flood meets them at line rate.
 	// Records past them are counted in summary records instead.
-	DefaultRecordRate  = 20
-	DefaultRecordBurst = 200
-	// DefaultMaxLogBytes bounds the decision records one Trial writes.
+	defaultRecordRate  = 20
+	defaultRecordBurst = 200
+	// defaultMaxLogBytes bounds the decision records one Trial writes.
 	// Past it, its decisions are only counted in summaries. An ordinary
 	// record is a few hundred bytes: 64 MiB holds some 150,000, days of
 	// an agent's work.
-	DefaultMaxLogBytes = 64 << 20
+	defaultMaxLogBytes = 64 << 20
 )
 
 // Limits bound what one Trial may use. Zero fields take the defaults.
@@ -66,25 +66,25 @@ func (l Limits) WithDefaults() Limits {
 		l.MaxTunnels = DefaultMaxTunnels
 	}
 	if l.ConnectRate <= 0 {
-		l.ConnectRate = DefaultConnectRate
+		l.ConnectRate = defaultConnectRate
 	}
 	if l.ConnectBurst <= 0 {
-		l.ConnectBurst = DefaultConnectBurst
+		l.ConnectBurst = defaultConnectBurst
 	}
 	if l.MaxClientConns <= 0 {
 		l.MaxClientConns = DefaultMaxClientConns
 	}
 	if l.MaxPendingHeads <= 0 {
-		l.MaxPendingHeads = DefaultMaxPendingHeads
+		l.MaxPendingHeads = defaultMaxPendingHeads
 	}
 	if l.RecordRate <= 0 {
-		l.RecordRate = DefaultRecordRate
+		l.RecordRate = defaultRecordRate
 	}
 	if l.RecordBurst <= 0 {
-		l.RecordBurst = DefaultRecordBurst
+		l.RecordBurst = defaultRecordBurst
 	}
 	if l.MaxLogBytes <= 0 {
-		l.MaxLogBytes = DefaultMaxLogBytes
+		l.MaxLogBytes = defaultMaxLogBytes
 	}
 	return l
 }

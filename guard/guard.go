@@ -15,43 +15,43 @@ import (
 	"github.com/trialnet/trialnet/record"
 )
 
-// AddrClass is what an address is, as far as the guard is concerned.
-type AddrClass uint8
+// addrClass is what an address is, as far as the guard is concerned.
+type addrClass uint8
 
-// Address classes. Only ClassPublic passes without configuration;
-// ClassPrivate, ClassCGNAT, ClassReserved and ClassLinkLocal pass when an
+// Address classes. Only classPublic passes without configuration;
+// classPrivate, classCGNAT, classReserved and classLinkLocal pass when an
 // allowed CIDR covers them; the rest never pass.
 const (
-	ClassPublic AddrClass = iota
-	ClassLoopback
-	ClassUnspecified
-	ClassHost // one of this host's own addresses
-	ClassProxy
-	ClassMetadata // cloud metadata and similar link-local services
-	ClassLinkLocal
-	ClassMulticast
-	ClassBroadcast
-	ClassPrivate
-	ClassCGNAT
-	ClassReserved
+	classPublic addrClass = iota
+	classLoopback
+	classUnspecified
+	classHost // one of this host's own addresses
+	classProxy
+	classMetadata // cloud metadata and similar link-local services
+	classLinkLocal
+	classMulticast
+	classBroadcast
+	classPrivate
+	classCGNAT
+	classReserved
 )
 
 var classNames = [...]string{
-	ClassPublic:      "public",
-	ClassLoopback:    "loopback",
-	ClassUnspecified: "unspecified",
-	ClassHost:        "this host's own address",
-	ClassProxy:       "the proxy's own listening address",
-	ClassMetadata:    "a cloud metadata address",
-	ClassLinkLocal:   "link-local",
-	ClassMulticast:   "multicast",
-	ClassBroadcast:   "broadcast",
-	ClassPrivate:     "private",
-	ClassCGNAT:       "carrier-grade NAT (100.64.0.0/10)",
-	ClassReserved:    "reserved or special-purpose",
+	classPublic:      "public",
+	classLoopback:    "loopback",
+	classUnspecified: "unspecified",
+	classHost:        "this host's own address",
+	classProxy:       "the proxy's own listening address",
+	classMetadata:    "a cloud metadata address",
+	classLinkLocal:   "link-local",
+	classMulticast:   "multicast",
+	classBroadcast:   "broadcast",
+	classPrivate:     "private",
+	classCGNAT:       "carrier-grade NAT (100.64.0.0/10)",
+	classReserved:    "reserved or special-purpose",
 }
 
-func (c AddrClass) String() string {
+func (c addrClass) String() string {
 	if int(c) < len(classNames) {
 		return classNames[c]
 	}
@@ -59,9 +59,9 @@ func (c AddrClass) String() string {
 }
 
 // allowable reports whether an allowed CIDR may let this class through.
-func (c AddrClass) allowable() bool {
+func (c addrClass) allowable() bool {
 	switch c {
-	case ClassPrivate, ClassCGNAT, ClassReserved, ClassLinkLocal:
+	case classPrivate, classCGNAT, classReserved, classLinkLocal:
 		return true
 	}
 	return false
@@ -69,10 +69,10 @@ func (c AddrClass) allowable() bool {
 
 type prefixClass struct {
 	p netip.Prefix
-	c AddrClass
+	c addrClass
 }
 
-func classes(c AddrClass, prefixes ...string) []prefixClass {
+func classes(c addrClass, prefixes ...string) []prefixClass {
 	out := make([]prefixClass, len(prefixes))
 	for i, s := range prefixes {
 		out[i] = prefixClass{netip.MustParsePrefix(s), c}
@@ -82,7 +82,7 @@ func classes(c AddrClass, prefixes ...string) []prefixClass {
 
 // metadata are well-known cloud metadata and platform service addresses;
 // they can never be allowed, whatever the configuration.
-var metadata = classes(ClassMetadata,
+var metadata = classes(classMetadata,
 	"169.254.169.254/32", "169.254.169.253/32", "169.254.169.123/32", // AWS/GCP/Azure/OCI metadata, AWS DNS and time
 	"169.254.170.2/32", "169.254.170.23/32", // ECS task credentials, EKS pod identity
 	"169.254.0.23/32",                                                                 // Tencent Cloud
@@ -94,14 +94,14 @@ var metadata = classes(ClassMetadata,
 // special is the IANA special-purpose registry, most specific entries
 // first where they nest. Anything in it is refused unless allowed.
 var special = slicesConcat(
-	classes(ClassUnspecified, "0.0.0.0/8", "::/128"),
-	classes(ClassLoopback, "127.0.0.0/8", "::1/128"),
-	classes(ClassBroadcast, "255.255.255.255/32"),
-	classes(ClassMulticast, "224.0.0.0/4", "ff00::/8"),
-	classes(ClassLinkLocal, "169.254.0.0/16", "fe80::/10"),
-	classes(ClassPrivate, "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"),
-	classes(ClassCGNAT, "100.64.0.0/10"),
-	classes(ClassReserved,
+	classes(classUnspecified, "0.0.0.0/8", "::/128"),
+	classes(classLoopback, "127.0.0.0/8", "::1/128"),
+	classes(classBroadcast, "255.255.255.255/32"),
+	classes(classMulticast, "224.0.0.0/4", "ff00::/8"),
+	classes(classLinkLocal, "169.254.0.0/16", "fe80::/10"),
+	classes(classPrivate, "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"),
+	classes(classCGNAT, "100.64.0.0/10"),
+	classes(classReserved,
 		"192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "198.18.0.0/15", "198.51.100.0/24",
 		"203.0.113.0/24", "240.0.0.0/4",
 		"100::/64", "2001::/23", "2001:db8::/32", "3fff::/20", "5f00::/16", "fec0::/10"),
@@ -126,10 +126,10 @@ var (
 )
 
 // classify returns the class of a single address, without unwrapping.
-func classify(a netip.Addr) AddrClass {
+func classify(a netip.Addr) addrClass {
 	for _, m := range metadata {
 		if m.p.Contains(a) {
-			return ClassMetadata
+			return classMetadata
 		}
 	}
 	for _, s := range special {
@@ -140,12 +140,12 @@ func classify(a netip.Addr) AddrClass {
 	if a.Is6() {
 		switch {
 		case nat64WKP.Contains(a), ipv4Translated.Contains(a):
-			return ClassPublic // judged by the IPv4 address it carries
+			return classPublic // judged by the IPv4 address it carries
 		case !globalUnicast6.Contains(a):
-			return ClassReserved // outside 2000::/3: unassigned, or IPv4-compatible ::a.b.c.d
+			return classReserved // outside 2000::/3: unassigned, or IPv4-compatible ::a.b.c.d
 		}
 	}
-	return ClassPublic
+	return classPublic
 }
 
 // embedded4 returns the IPv4 addresses an IPv6 address carries in any of
@@ -295,7 +295,7 @@ func (g *Guard) Check(a netip.Addr) error {
 	if operatorNAT64 {
 		// Judged by the IPv4 it carries, as 64:ff9b::/96 is; still never
 		// the host's or the proxy's own.
-		return g.judge(a, a, ClassPublic, facts)
+		return g.judge(a, a, classPublic, facts)
 	}
 	if nat64Local.Contains(a) {
 		// RFC 8215 leaves the IPv4 position inside 64:ff9b:1::/48 to the
@@ -326,26 +326,26 @@ func (g *Guard) check1(a, outer netip.Addr, facts *HostFacts) error {
 }
 
 // judge decides for a of class c, found in outer.
-func (g *Guard) judge(a, outer netip.Addr, c AddrClass, facts *HostFacts) error {
-	if c == ClassPublic || c.allowable() {
+func (g *Guard) judge(a, outer netip.Addr, c addrClass, facts *HostFacts) error {
+	if c == classPublic || c.allowable() {
 		if g.isProxy(a) {
-			c = ClassProxy
+			c = classProxy
 		} else if g.host != nil {
 			own, err := g.host.Contains(a)
 			if err != nil {
 				return &record.Denial{Reason: record.ReasonAddressDenied, Detail: fmt.Sprintf("%s: the host's own addresses are unknown, so nothing is dialed", outer), Err: err}
 			}
 			if own {
-				c = ClassHost
+				c = classHost
 			}
 		}
 		for _, p := range facts.Addrs {
 			if p.Contains(a) {
-				c = ClassHost
+				c = classHost
 			}
 		}
 	}
-	if c == ClassPublic || c.allowable() && g.allowed(a) {
+	if c == classPublic || c.allowable() && g.allowed(a) {
 		return nil
 	}
 	what := a.String()
@@ -390,7 +390,7 @@ func CheckAllowCIDR(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("allowed CIDR %q has host bits set; did you mean %s?", s, p.Masked())
 	}
 	for _, s2 := range special {
-		if (s2.c == ClassLoopback || s2.c == ClassUnspecified) && s2.p.Overlaps(p) {
+		if (s2.c == classLoopback || s2.c == classUnspecified) && s2.p.Overlaps(p) {
 			return netip.Prefix{}, fmt.Errorf("allowed CIDR %q covers %s (%s), which can never be allowed; list narrower prefixes", s, s2.p, s2.c)
 		}
 	}

@@ -40,8 +40,8 @@ type Namespace struct {
 	Cookie uint64
 }
 
-// ErrExists means a namespace with that id is already mounted.
-var ErrExists = errors.New("network namespace already exists")
+// errExists means a namespace with that id is already mounted.
+var errExists = errors.New("network namespace already exists")
 
 // Create makes a new network namespace with lo up, bind-mounted at dir/id.
 // On error nothing is left behind.
@@ -56,7 +56,7 @@ func Create(dir, id string) (_ *Namespace, err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
 	if err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("netns %s: %w (a Trial with this id is live, or a crashed one left it; 'trialnet destroy %s' removes it)", path, ErrExists, id)
+			return nil, fmt.Errorf("netns %s: %w (a Trial with this id is live, or a crashed one left it; 'trialnet destroy %s' removes it)", path, errExists, id)
 		}
 		return nil, fmt.Errorf("create netns mount point: %w", err)
 	}

@@ -36,7 +36,7 @@ func TestPrivilegedCreateListenDelete(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = ns.Delete() })
 
-	if _, err := Create(dir, "t1"); !errors.Is(err, ErrExists) {
+	if _, err := Create(dir, "t1"); !errors.Is(err, errExists) {
 		t.Fatalf("second Create: got %v, want ErrExists", err)
 	}
 	host, err := currentCookieHere()

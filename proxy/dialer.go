@@ -25,16 +25,16 @@ type Dialer interface {
 // cannot vanish without the kernel closing it, so it needs none.
 var keepalive = net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, Interval: 10 * time.Second, Count: 9}
 
-// NetDialer is the production Dialer. Its Control hook checks the address
+// netDialer is the production Dialer. Its Control hook checks the address
 // again with the guard right before connect(2), so even a caller that
 // skipped the check cannot reach a refused address through it.
-type NetDialer struct {
+type netDialer struct {
 	d net.Dialer
 }
 
-// NewNetDialer returns a dialer whose sockets are re-checked by g.
-func NewNetDialer(g *guard.Guard) *NetDialer {
-	return &NetDialer{d: net.Dialer{
+// newNetDialer returns a dialer whose sockets are re-checked by g.
+func newNetDialer(g *guard.Guard) *netDialer {
+	return &netDialer{d: net.Dialer{
 		KeepAliveConfig: keepalive,
 		Control: func(network, address string, _ syscall.RawConn) error {
 			ap, err := netip.ParseAddrPort(address)
@@ -47,7 +47,7 @@ func NewNetDialer(g *guard.Guard) *NetDialer {
 }
 
 // Dial implements Dialer.
-func (n *NetDialer) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
+func (n *netDialer) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error) {
 	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
 	network := "tcp4"
 	if addr.Addr().Is6() {
@@ -56,9 +56,9 @@ func (n *NetDialer) Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, er
 	return n.d.DialContext(ctx, network, addr.String())
 }
 
-// DefaultFallbackDelay is how long happy eyeballs waits on one address
+// defaultFallbackDelay is how long happy eyeballs waits on one address
 // before also trying the next (RFC 8305 recommends 250 ms).
-const DefaultFallbackDelay = 250 * time.Millisecond
+const defaultFallbackDelay = 250 * time.Millisecond
 
 // dialAny connects to the first of addrs that answers, RFC 8305 style:
 // families interleaved (IPv6 first), a new attempt every fallback delay

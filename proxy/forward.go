@@ -22,11 +22,11 @@ import (
 	"github.com/trialnet/trialnet/wire"
 )
 
-// MaxResponseHeaderBytes bounds a forwarded response's head, which the
+// maxResponseHeaderBytes bounds a forwarded response's head, which the
 // proxy holds whole before it writes a byte of it: net/http's default
 // (10 MiB) let one Trial's upstream grow the shared proxy by that much a
 // request.
-const MaxResponseHeaderBytes = 64 << 10
+const maxResponseHeaderBytes = 64 << 10
 
 // hopByHop are the fields that describe one connection, never forwarded
 // either way (RFC 9110 7.6.1), with Proxy-Authorization and
@@ -94,7 +94,7 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *record.Eve
 		// upstream sockets count against no limit of the Trial's.
 		MaxIdleConns:           1,
 		IdleConnTimeout:        p.cfg.HeaderTimeout,
-		MaxResponseHeaderBytes: MaxResponseHeaderBytes,
+		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 	}
 	defer h.tr.CloseIdleConnections()
 	for first := true; ; first = false {

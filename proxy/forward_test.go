@@ -445,7 +445,7 @@ func TestCutEndsAForwardedStream(t *testing.T) {
 // passes.
 func TestForwardBoundsResponseHead(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := MaxResponseHeaderBytes - 4<<10 // under the bound, with room for the rest of the head
+		n := maxResponseHeaderBytes - 4<<10 // under the bound, with room for the rest of the head
 		if r.URL.Path == "/big" {
 			n = 4 << 20
 		}
@@ -462,11 +462,11 @@ func TestForwardBoundsResponseHead(t *testing.T) {
 	}
 	// The request reached the upstream: allowed, and the detail says how
 	// it ended.
-	if ev := tp.event(t); ev.Decision != record.DecisionAllow || !strings.Contains(ev.Detail, "then upstream_bad_response") || ev.BytesDown > MaxResponseHeaderBytes+4<<10 {
+	if ev := tp.event(t); ev.Decision != record.DecisionAllow || !strings.Contains(ev.Detail, "then upstream_bad_response") || ev.BytesDown > maxResponseHeaderBytes+4<<10 {
 		t.Fatalf("event %+v", ev)
 	}
 	resps = rawExchange(t, tp.addr, "GET http://api.example.com/ok HTTP/1.1\r\nHost: api.example.com\r\n\r\n", 1)
-	if len(resps) != 1 || resps[0].StatusCode != http.StatusOK || len(resps[0].Header.Get("X-Big")) != MaxResponseHeaderBytes-4<<10 {
+	if len(resps) != 1 || resps[0].StatusCode != http.StatusOK || len(resps[0].Header.Get("X-Big")) != maxResponseHeaderBytes-4<<10 {
 		t.Fatalf("a response head under the bound: %+v", resps)
 	}
 }

@@ -127,9 +127,9 @@ func hostileUpstream(t *testing.T, stop <-chan struct{}) string {
 				bw := bufio.NewWriterSize(c, 64<<10)
 				fmt.Fprint(bw, "HTTP/1.1 200 OK\r\n")
 				pad := strings.Repeat("p", 1000)
-				lines := MaxResponseHeaderBytes/1012 - 2
+				lines := maxResponseHeaderBytes/1012 - 2
 				if req.URL.Path == "/over" {
-					lines = 2 * MaxResponseHeaderBytes / 1012
+					lines = 2 * maxResponseHeaderBytes / 1012
 				}
 				for i := range lines {
 					fmt.Fprintf(bw, "X-Pad-%03d: %s\r\n", i, pad)

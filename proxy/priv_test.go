@@ -111,7 +111,7 @@ func TestNetDialerControlRechecks(t *testing.T) {
 			_ = c.Close()
 		}
 	}()
-	d := NewNetDialer(guard.New(nil, nil))
+	d := newNetDialer(guard.New(nil, nil))
 	ap := netip.MustParseAddrPort(ln.Addr().String())
 	for _, a := range []netip.AddrPort{ap, netip.AddrPortFrom(netip.MustParseAddr("::ffff:127.0.0.1"), ap.Port())} {
 		c, err := d.Dial(context.Background(), a)

@@ -35,11 +35,11 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	DefaultHeaderTimeout  = 10 * time.Second // the whole request head must arrive within this
-	DefaultDNSTimeout     = 5 * time.Second  // all DNS for one CONNECT
-	DefaultDialTimeout    = 10 * time.Second // all connection attempts for one CONNECT
-	DefaultTLSTimeout     = 10 * time.Second // a started ClientHello must complete within this
-	DefaultMaxConnections = 8192             // proxy-wide, every Trial together
+	defaultHeaderTimeout  = 10 * time.Second // the whole request head must arrive within this
+	defaultDNSTimeout     = 5 * time.Second  // all DNS for one CONNECT
+	defaultDialTimeout    = 10 * time.Second // all connection attempts for one CONNECT
+	defaultTLSTimeout     = 10 * time.Second // a started ClientHello must complete within this
+	defaultMaxConnections = 8192             // proxy-wide, every Trial together
 )
 
 // Config configures a Proxy. Nil and zero fields take the defaults.
@@ -89,14 +89,14 @@ type Proxy struct {
 func New(cfg Config) (*Proxy, error) {
 	cfg.Limits = cfg.Limits.WithDefaults()
 	if cfg.MaxConnections <= 0 {
-		cfg.MaxConnections = DefaultMaxConnections
+		cfg.MaxConnections = defaultMaxConnections
 	}
 	for _, d := range []*time.Duration{&cfg.HeaderTimeout, &cfg.DNSTimeout, &cfg.DialTimeout, &cfg.TLSTimeout, &cfg.FallbackDelay} {
 		if *d <= 0 {
 			*d = map[*time.Duration]time.Duration{
-				&cfg.HeaderTimeout: DefaultHeaderTimeout, &cfg.DNSTimeout: DefaultDNSTimeout,
-				&cfg.DialTimeout: DefaultDialTimeout, &cfg.TLSTimeout: DefaultTLSTimeout,
-				&cfg.FallbackDelay: DefaultFallbackDelay,
+				&cfg.HeaderTimeout: defaultHeaderTimeout, &cfg.DNSTimeout: defaultDNSTimeout,
+				&cfg.DialTimeout: defaultDialTimeout, &cfg.TLSTimeout: defaultTLSTimeout,
+				&cfg.FallbackDelay: defaultFallbackDelay,
 			}[d]
 		}
 	}
@@ -143,7 +143,7 @@ type settings struct {
 func (p *Proxy) settingsFor(g *guard.Guard, r resolve.Resolver, lim config.Limits) *settings {
 	d := p.cfg.Dialer
 	if d == nil {
-		d = NewNetDialer(g)
+		d = newNetDialer(g)
 	}
 	return &settings{guard: g, resolver: r, dialer: d, limits: lim}
 }
@@ -159,7 +159,7 @@ func (p *Proxy) Reconfigure(s config.ProxySettings) {
 	}
 	mc := s.MaxConnections
 	if mc <= 0 {
-		mc = DefaultMaxConnections
+		mc = defaultMaxConnections
 	}
 	cur.guard.SetHostFacts(s.HostFacts)
 	p.cur.Store(p.settingsFor(cur.guard.WithAllow(s.AllowCIDRs), r, s.Limits.WithDefaults()))

@@ -398,7 +398,7 @@ func TestRemoveTrialCutsPendingConnect(t *testing.T) {
 	start := time.Now()
 	tp.RemoveTrial("t1")
 	if d := time.Since(start); d > time.Second {
-		t.Fatalf("RemoveTrial waited %v for a CONNECT stuck in DNS (the DNS timeout is %v)", d, DefaultDNSTimeout)
+		t.Fatalf("RemoveTrial waited %v for a CONNECT stuck in DNS (the DNS timeout is %v)", d, defaultDNSTimeout)
 	}
 	if ev := tp.event(t); ev.Reason != record.ReasonShutdown {
 		t.Fatalf("event %+v, want %s", ev, record.ReasonShutdown)

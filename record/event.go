@@ -202,8 +202,8 @@ func (s *Suppressed) LogValue() slog.Value {
 		slog.Int64("bytes_up", s.BytesUp), slog.Int64("bytes_down", s.BytesDown), slog.Any("refused_targets", s.Refused), slog.Any("reached_targets", s.Reached), slog.Uint64("reached_other", s.ReachedOther), slog.Bool("log_full", s.LogFull))
 }
 
-// MaxSummaryTargets bounds the refused targets a summary names.
-const MaxSummaryTargets = 16
+// maxSummaryTargets bounds the refused targets a summary names.
+const maxSummaryTargets = 16
 
 // MaxSummaryReached bounds the reached targets one summary holds.
 const MaxSummaryReached = 64
@@ -335,8 +335,8 @@ type TrialStats struct {
 	Refused map[string]uint64 `json:"-"`
 }
 
-// MaxRefusedTargets bounds the targets TrialStats.Refused names.
-const MaxRefusedTargets = 256
+// maxRefusedTargets bounds the targets TrialStats.Refused names.
+const maxRefusedTargets = 256
 
 // TargetCount is how often a target was refused.
 type TargetCount struct {
@@ -364,7 +364,7 @@ func (s *TrialStats) countRefused(target string, n uint64) {
 	if s.Refused == nil {
 		s.Refused = make(map[string]uint64)
 	}
-	if _, ok := s.Refused[target]; !ok && len(s.Refused) >= MaxRefusedTargets {
+	if _, ok := s.Refused[target]; !ok && len(s.Refused) >= maxRefusedTargets {
 		target = OtherTargets
 	}
 	s.Refused[target] += n

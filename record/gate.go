@@ -19,10 +19,10 @@ import (
 // URLs. A longer value is cut and marked (see clipField).
 const MaxRecordField = 512
 
-// MaxRecordAddrs bounds the addresses a record lists as resolved: a name
+// maxRecordAddrs bounds the addresses a record lists as resolved: a name
 // that answers with thousands (cheap for whoever runs its DNS) made 64 KB
 // records. When there were more, the detail says how many.
-const MaxRecordAddrs = 16
+const maxRecordAddrs = 16
 
 // summaryEvery is how often, at most, a Trial's suppressed records are
 // summarised while they are being suppressed; a variable for tests.
@@ -215,7 +215,7 @@ func (g *Gate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 		}
 	} else {
 		target := ev.Target
-		if _, ok := s.Refused[target]; !ok && len(s.Refused) >= MaxSummaryTargets {
+		if _, ok := s.Refused[target]; !ok && len(s.Refused) >= maxSummaryTargets {
 			target = OtherTargets
 		}
 		s.Refused[target]++
@@ -262,7 +262,7 @@ func (g *Gate) summaryLocked(last bool) (*Event, []byte) {
 	if s.LogFull {
 		detail = fmt.Sprintf("%d records suppressed: the Trial's decision records reached their limit of %d bytes (max_log_bytes); "+
 			"from here on its decisions are only counted, in summaries, which name every target reached and the first %d refused",
-			s.Records, g.bounds.MaxLogBytes, MaxSummaryTargets)
+			s.Records, g.bounds.MaxLogBytes, maxSummaryTargets)
 	}
 	if s.ReachedOther > 0 {
 		detail += fmt.Sprintf("; the summaries' own room past the limit (%d bytes) is spent too: %d requests to targets past the first %d are counted, not named",
@@ -289,9 +289,9 @@ func Clip(ev *Event) {
 	for _, f := range []*string{&ev.Method, &ev.Target, &ev.Detail, &ev.SNI} {
 		*f = clipField(*f)
 	}
-	if n := len(ev.Resolved); n > MaxRecordAddrs {
-		ev.Resolved = ev.Resolved[:MaxRecordAddrs:MaxRecordAddrs]
-		note := fmt.Sprintf("resolved to %d addresses, the first %d recorded", n, MaxRecordAddrs)
+	if n := len(ev.Resolved); n > maxRecordAddrs {
+		ev.Resolved = ev.Resolved[:maxRecordAddrs:maxRecordAddrs]
+		note := fmt.Sprintf("resolved to %d addresses, the first %d recorded", n, maxRecordAddrs)
 		if ev.Detail != "" {
 			note = ev.Detail + "; " + note
 		}

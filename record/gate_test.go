@@ -41,14 +41,14 @@ func TestClipRecordResolved(t *testing.T) {
 	for i := range 4000 {
 		addrs = append(addrs, netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}))
 	}
-	ev := Event{Resolved: slices.Clone(addrs[:MaxRecordAddrs]), Detail: "d"}
+	ev := Event{Resolved: slices.Clone(addrs[:maxRecordAddrs]), Detail: "d"}
 	Clip(&ev)
-	if len(ev.Resolved) != MaxRecordAddrs || ev.Detail != "d" {
+	if len(ev.Resolved) != maxRecordAddrs || ev.Detail != "d" {
 		t.Fatalf("a record at the bound was clipped: %d addresses, %q", len(ev.Resolved), ev.Detail)
 	}
 	ev = Event{Resolved: addrs, Detail: strings.Repeat("x", 2*MaxRecordField), Reason: ReasonAddressDenied, Decision: DecisionDeny}
 	Clip(&ev)
-	if len(ev.Resolved) != MaxRecordAddrs || ev.Resolved[0] != addrs[0] || !strings.HasSuffix(ev.Detail, "; resolved to 4000 addresses, the first 16 recorded") {
+	if len(ev.Resolved) != maxRecordAddrs || ev.Resolved[0] != addrs[0] || !strings.HasSuffix(ev.Detail, "; resolved to 4000 addresses, the first 16 recorded") {
 		t.Fatalf("clipped to %d addresses, detail %q", len(ev.Resolved), ev.Detail)
 	}
 	b, err := json.Marshal(ev)

@@ -34,9 +34,9 @@ type Answer struct {
 
 // Resolver defaults.
 const (
-	DefaultQueryTimeout = 2 * time.Second // one query to one server
-	DefaultMaxCNAMEs    = 8               // chain length followed before giving up
-	DefaultCacheEntries = 4096
+	defaultQueryTimeout = 2 * time.Second // one query to one server
+	defaultMaxCNAMEs    = 8               // chain length followed before giving up
+	defaultCacheEntries = 4096
 	maxCacheTTL         = time.Hour
 	maxNegativeTTL      = time.Minute
 )
@@ -85,7 +85,7 @@ func NewDNSResolver(servers []string) (*DNSResolver, error) {
 			return nil, errors.New("/etc/resolv.conf lists no nameserver; give resolvers explicitly")
 		}
 	}
-	r := &DNSResolver{timeout: DefaultQueryTimeout, cache: make(map[cacheKey]cacheEntry), inflight: make(map[cacheKey]*flight)}
+	r := &DNSResolver{timeout: defaultQueryTimeout, cache: make(map[cacheKey]cacheEntry), inflight: make(map[cacheKey]*flight)}
 	for _, s := range servers {
 		ap, err := ParseServer(s)
 		if err != nil {
@@ -105,9 +105,6 @@ func ParseServer(s string) (netip.AddrPort, error) {
 	}
 	return netip.AddrPort{}, fmt.Errorf("resolver %q: want an IP address with an optional port (1.1.1.1, 127.0.0.53:53, [::1]:53)", s)
 }
-
-// Servers lists the servers queried, in order.
-func (r *DNSResolver) Servers() []string { return append([]string(nil), r.servers...) }
 
 type lookupKind uint8
 
@@ -225,7 +222,7 @@ func (r *DNSResolver) lead(ctx context.Context, key cacheKey, f *flight) lookupR
 	res, ttl := r.follow(ctx, key.name, key.qtype)
 	r.mu.Lock()
 	if ttl > 0 && res.kind != lookupFailed {
-		if len(r.cache) >= DefaultCacheEntries {
+		if len(r.cache) >= defaultCacheEntries {
 			r.evict()
 		}
 		r.cache[key] = cacheEntry{res, time.Now().Add(ttl)}
@@ -246,7 +243,7 @@ func (r *DNSResolver) evict() {
 			delete(r.cache, k)
 		}
 	}
-	if len(r.cache) >= DefaultCacheEntries {
+	if len(r.cache) >= defaultCacheEntries {
 		clear(r.cache)
 	}
 }
@@ -258,7 +255,7 @@ func (r *DNSResolver) follow(ctx context.Context, fqdn string, qtype uint16) (lo
 	var res lookupResult
 	ttl := maxCacheTTL
 	target := fqdn
-	for range DefaultMaxCNAMEs + 1 {
+	for range defaultMaxCNAMEs + 1 {
 		msg, err := r.exchange(ctx, target, qtype)
 		if err != nil {
 			return lookupResult{kind: lookupFailed, detail: err.Error(), dns: record.DNSFailure{Timeout: errors.Is(err, errDNSTimeout)}}, 0
@@ -287,7 +284,7 @@ func (r *DNSResolver) follow(ctx context.Context, fqdn string, qtype uint16) (lo
 		}
 		target = next
 	}
-	return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("CNAME chain longer than %d", DefaultMaxCNAMEs)}, 0
+	return lookupResult{kind: lookupFailed, detail: fmt.Sprintf("CNAME chain longer than %d", defaultMaxCNAMEs)}, 0
 }
 
 // walkAnswer follows the CNAME chain from owner within one answer section
@@ -333,8 +330,8 @@ func walkAnswer(rrs []dns.RR, owner string, qtype uint16, cnames *[]string) ([]n
 			return nil, "", 0, fmt.Errorf("CNAME loop at %s", name)
 		}
 		*cnames = append(*cnames, name)
-		if len(*cnames) > DefaultMaxCNAMEs {
-			return nil, "", 0, fmt.Errorf("CNAME chain longer than %d", DefaultMaxCNAMEs)
+		if len(*cnames) > defaultMaxCNAMEs {
+			return nil, "", 0, fmt.Errorf("CNAME chain longer than %d", defaultMaxCNAMEs)
 		}
 		owner = next
 	}

@@ -93,9 +93,9 @@ func CheckMaxProcs(n int) error {
 	return nil
 }
 
-// NoProxy is what a Trial's processes get as NO_PROXY and no_proxy: the
+// noProxy is what a Trial's processes get as NO_PROXY and no_proxy: the
 // Trial's own loopback, which is never worth a trip through the proxy.
-const NoProxy = "127.0.0.1,localhost,::1"
+const noProxy = "127.0.0.1,localhost,::1"
 
 // proxyVars are replaced, never merged: a Trial must not inherit a proxy.
 // ALL_PROXY is dropped and never set: curl reads it as a SOCKS proxy
@@ -103,16 +103,16 @@ const NoProxy = "127.0.0.1,localhost,::1"
 var proxyVars = []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy",
 	"ALL_PROXY", "all_proxy", "NODE_USE_ENV_PROXY"}
 
-// ProxyEnv is the environment that points a Trial's clients at the proxy
+// proxyEnv is the environment that points a Trial's clients at the proxy
 // at proxyURL without any configuration of theirs: both cases of
 // HTTPS_PROXY and HTTP_PROXY (curl reads only http_proxy in lower case,
 // Go reads upper case first), NO_PROXY and no_proxy for loopback, and
 // NODE_USE_ENV_PROXY=1, which makes Node's fetch and https (22.21+, 24.5+)
 // read them too.
-func ProxyEnv(proxyURL string) []string {
+func proxyEnv(proxyURL string) []string {
 	return []string{
 		"HTTPS_PROXY=" + proxyURL, "HTTP_PROXY=" + proxyURL, "https_proxy=" + proxyURL, "http_proxy=" + proxyURL,
-		"NO_PROXY=" + NoProxy, "no_proxy=" + NoProxy, "NODE_USE_ENV_PROXY=1",
+		"NO_PROXY=" + noProxy, "no_proxy=" + noProxy, "NODE_USE_ENV_PROXY=1",
 	}
 }
 
@@ -125,7 +125,7 @@ func (c Command) environ() []string {
 		}
 	}
 	if c.ProxyURL != "" {
-		env = append(env, ProxyEnv(c.ProxyURL)...)
+		env = append(env, proxyEnv(c.ProxyURL)...)
 	}
 	return env
 }

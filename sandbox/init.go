@@ -73,8 +73,8 @@ func (t *Launcher) init(cg *os.File) (_ initProc, ready func() error, _ error) {
 	}, nil
 }
 
-// ErrClosing is returned by Start in a Trial whose teardown has begun.
-var ErrClosing = errors.New("the Trial is being destroyed")
+// errClosing is returned by Start in a Trial whose teardown has begun.
+var errClosing = errors.New("the Trial is being destroyed")
 
 // The join lock orders launches against the teardown, across processes
 // (the agent, and trialnet run or exec): a launch holds it shared from
@@ -85,7 +85,7 @@ var ErrClosing = errors.New("the Trial is being destroyed")
 const closingMark = "closing"
 
 func joinLockPath(cgroupID uint64) string {
-	return filepath.Join(InitLockDir, "join-"+strconv.FormatUint(cgroupID, 10))
+	return filepath.Join(initLockDir, "join-"+strconv.FormatUint(cgroupID, 10))
 }
 
 // beginJoin takes the join lock of the cgroup cg is open on, shared, and
@@ -95,7 +95,7 @@ func beginJoin(cg *os.File) (func(), error) {
 	if err := unix.Fstat(int(cg.Fd()), &st); err != nil {
 		return nil, fmt.Errorf("join lock: %w", err)
 	}
-	f, err := rootdir.OpenLock(InitLockDir, filepath.Base(joinLockPath(st.Ino)))
+	f, err := rootdir.OpenLock(initLockDir, filepath.Base(joinLockPath(st.Ino)))
 	if err != nil {
 		return nil, fmt.Errorf("join lock: %w", err)
 	}
@@ -106,7 +106,7 @@ func beginJoin(cg *os.File) (func(), error) {
 	var b [len(closingMark)]byte
 	if n, _ := f.ReadAt(b[:], 0); n == len(b) && string(b[:]) == closingMark {
 		_ = f.Close()
-		return nil, ErrClosing
+		return nil, errClosing
 	}
 	return func() { _ = f.Close() }, nil
 }
@@ -118,7 +118,7 @@ func markClosing(dir string) error {
 	if err := unix.Stat(dir, &st); err != nil {
 		return err
 	}
-	f, err := rootdir.OpenLock(InitLockDir, filepath.Base(joinLockPath(st.Ino)))
+	f, err := rootdir.OpenLock(initLockDir, filepath.Base(joinLockPath(st.Ino)))
 	if err != nil {
 		return err
 	}
@@ -130,12 +130,12 @@ func markClosing(dir string) error {
 	return err
 }
 
-// InitLockDir holds the launch locks, one per Trial cgroup (by its id, unique
+// initLockDir holds the launch locks, one per Trial cgroup (by its id, unique
 // for the machine's uptime, as the directory is).
-const InitLockDir = rootdir.Locks
+const initLockDir = rootdir.Locks
 
 func initLockPath(cgroupID uint64) string {
-	return filepath.Join(InitLockDir, "init-"+strconv.FormatUint(cgroupID, 10))
+	return filepath.Join(initLockDir, "init-"+strconv.FormatUint(cgroupID, 10))
 }
 
 // lockInit locks the launch lock of the cgroup cg is open on.
@@ -144,7 +144,7 @@ func lockInit(cg *os.File) (*os.File, error) {
 	if err := unix.Fstat(int(cg.Fd()), &cst); err != nil {
 		return nil, fmt.Errorf("launch lock: %w", err)
 	}
-	f, err := rootdir.OpenLock(InitLockDir, filepath.Base(initLockPath(cst.Ino)))
+	f, err := rootdir.OpenLock(initLockDir, filepath.Base(initLockPath(cst.Ino)))
 	if err != nil {
 		return nil, fmt.Errorf("launch lock: %w", err)
 	}

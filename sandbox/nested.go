@@ -42,8 +42,8 @@ import (
 // made on this host.
 var ErrNestingUnavailable = errors.New("nested sandboxes are not available here")
 
-// CanNest reports whether this host can run nested Trials, and why not.
-func (h *Host) CanNest() error {
+// canNest reports whether this host can run nested Trials, and why not.
+func (h *Host) canNest() error {
 	if !h.BPF.LSM() {
 		return fmt.Errorf("%w: they need the BPF LSM layer (%v), which judges the socket a unix path leads to whatever a user namespace mounts over it; run without nesting, or on a kernel with bpf in its active LSM list", ErrNestingUnavailable, h.BPF.LSMError())
 	}

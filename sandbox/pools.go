@@ -31,14 +31,14 @@ const (
 
 var poolNames = []string{PoolPids, PoolMemory}
 
-// DefaultMaxPids bounds a Trial's tasks (processes and threads, all its
+// defaultMaxPids bounds a Trial's tasks (processes and threads, all its
 // commands together) where the pids controller is there.
-const DefaultMaxPids = DefaultMaxProcs
+const defaultMaxPids = DefaultMaxProcs
 
-// DefaultMaxMemory is the share of the host's memory one Trial may use by
+// defaultMaxMemory is the share of the host's memory one Trial may use by
 // default (memory.max, or memory.limit_in_bytes on cgroup v1): half. Swap
 // is not given to it at all where the controller can say so.
-func DefaultMaxMemory() int64 {
+func defaultMaxMemory() int64 {
 	var si unix.Sysinfo_t
 	if err := unix.Sysinfo(&si); err != nil {
 		return 0
@@ -59,9 +59,9 @@ type controller struct {
 
 func (c controller) bounded() bool { return c.v2 || c.dir != "" }
 
-// Bound names what bounds the pool on this host, as doctor and the
+// boundText names what bounds the pool on this host, as doctor and the
 // layers line say it.
-func (c controller) Bound() string {
+func (c controller) boundText() string {
 	switch {
 	case c.v2:
 		return "cgroup v2 " + c.name + " controller"
@@ -85,7 +85,7 @@ func (h *Host) PoolBounds() []PoolBound { return PoolBoundsFor(h.Parent) }
 func PoolBoundsFor(parent string) []PoolBound {
 	var out []PoolBound
 	for _, c := range controllersFor(parent) {
-		out = append(out, PoolBound{Pool: c.name, Bounded: c.bounded(), Bound: c.Bound()})
+		out = append(out, PoolBound{Pool: c.name, Bounded: c.bounded(), Bound: c.boundText()})
 	}
 	return out
 }
@@ -206,10 +206,10 @@ type PoolLimits struct {
 
 func (l PoolLimits) withDefaults() PoolLimits {
 	if l.MaxPids <= 0 {
-		l.MaxPids = DefaultMaxPids
+		l.MaxPids = defaultMaxPids
 	}
 	if l.MaxMemory <= 0 {
-		l.MaxMemory = DefaultMaxMemory()
+		l.MaxMemory = defaultMaxMemory()
 	}
 	return l
 }
@@ -374,7 +374,7 @@ func (t *Trial) PoolUse() []PoolUse {
 	lim := t.Spec.Pools.withDefaults()
 	var out []PoolUse
 	for _, c := range t.controllers() {
-		u := PoolUse{Pool: c.name, Bound: c.Bound()}
+		u := PoolUse{Pool: c.name, Bound: c.boundText()}
 		if !c.bounded() {
 			out = append(out, u)
 			continue

@@ -130,11 +130,11 @@ func TestPrivilegedNoJoinAfterTeardownBegins(t *testing.T) {
 	if err := <-marked; err != nil {
 		t.Fatal(err)
 	}
-	if _, err := beginJoin(cg); !errors.Is(err, ErrClosing) {
+	if _, err := beginJoin(cg); !errors.Is(err, errClosing) {
 		t.Fatalf("a launch into a Trial being torn down: %v, want ErrClosing", err)
 	}
 	_, err = tr.Start(Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
-	if !errors.Is(err, ErrClosing) {
+	if !errors.Is(err, errClosing) {
 		t.Fatalf("a command started in a Trial being torn down: %v, want ErrClosing", err)
 	}
 }

@@ -177,7 +177,7 @@ func (h *Host) Create(spec Spec, meta json.RawMessage, ep Endpoint) (_ *Trial, e
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
 	if spec.Nested {
-		if err := h.CanNest(); err != nil {
+		if err := h.canNest(); err != nil {
 			return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 		}
 	}

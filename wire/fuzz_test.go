@@ -43,7 +43,7 @@ func FuzzParseRequest(f *testing.F) {
 		if _, err := netip.ParseAddr(req.Host); err == nil {
 			t.Fatalf("accepted an address %q", req.Host)
 		}
-		h, p, err := ParseTarget(req.HostPort())
+		h, p, err := parseTarget(req.HostPort())
 		if err != nil || h != req.Host || p != req.Port {
 			t.Fatalf("%q does not round-trip: %q %d %v", req.HostPort(), h, p, err)
 		}
@@ -75,7 +75,7 @@ func FuzzClientHello(f *testing.F) {
 		if data[0] != RecordTypeHandshake {
 			t.Fatalf("a ClientHello was assembled from a stream starting %#x", data[0])
 		}
-		info, err := ParseClientHello(msg)
+		info, err := parseClientHello(msg)
 		if err != nil {
 			return
 		}

@@ -124,7 +124,7 @@ func parseAbsoluteTarget(target string) (string, uint16, error) {
 	if authority != "" && authority[0] != '[' && !strings.Contains(authority, ":") {
 		authority += ":80"
 	}
-	return ParseTarget(authority)
+	return parseTarget(authority)
 }
 
 // authorityOf is the authority at the start of what follows "scheme://".

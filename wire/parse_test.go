@@ -14,7 +14,7 @@ import (
 
 func TestParseClientHello(t *testing.T) {
 	hello := tlstest.ClientHello(t, "api.example.com")[5:]
-	info, err := ParseClientHello(hello)
+	info, err := parseClientHello(hello)
 	if err != nil || info.ServerName != "api.example.com" || info.ECH {
 		t.Fatalf("%+v %v", info, err)
 	}
@@ -36,18 +36,18 @@ func TestParseClientHello(t *testing.T) {
 	}
 	// ECH, its drafts and ESNI: the real name is encrypted in every one.
 	for _, code := range [][2]byte{{0xfe, 0x0d}, {0xfe, 0x08}, {0xfe, 0x0a}, {0xfe, 0x0c}, {0xff, 0xce}} {
-		if info, err := ParseClientHello(withExt(code[0], code[1], 0x00, 0x01, 0x00)); err != nil || !info.ECH {
+		if info, err := parseClientHello(withExt(code[0], code[1], 0x00, 0x01, 0x00)); err != nil || !info.ECH {
 			t.Fatalf("encrypted hello %x: %+v %v", code, info, err)
 		} else if CheckSNI(info, "api.example.com") == nil || record.ReasonOf(CheckSNI(info, "api.example.com")) != record.ReasonTLSECH {
 			t.Fatalf("an encrypted ClientHello (%x) passed the name check", code)
 		}
 	}
 	sni := []byte{0x00, 0x00, 0x00, 0x08, 0x00, 0x06, 0x00, 0x00, 0x03, 'x', '.', 'y'}
-	if _, err := ParseClientHello(withExt(sni...)); err == nil {
+	if _, err := parseClientHello(withExt(sni...)); err == nil {
 		t.Fatal("a duplicate server_name extension was accepted")
 	}
 	for _, cut := range []int{1, 10, 40, len(hello) / 2, len(hello) - 1} {
-		if _, err := ParseClientHello(hello[:cut]); err == nil {
+		if _, err := parseClientHello(hello[:cut]); err == nil {
 			t.Fatalf("truncated at %d accepted", cut)
 		}
 	}
@@ -128,7 +128,7 @@ func TestParseTargetNormalises(t *testing.T) {
 		"1e100.net:443":            "1e100.net",
 		"127.0.0.1.nip.io:443":     "127.0.0.1.nip.io", // a name: DNS answers are guarded instead
 	} {
-		got, _, err := ParseTarget(in)
+		got, _, err := parseTarget(in)
 		if err != nil || got != want {
 			t.Errorf("ParseTarget(%q) = %q, %v; want %q", in, got, err, want)
 		}

@@ -134,7 +134,7 @@ func ReadRequest(br *bufio.Reader) (*Request, error) {
 	if err := checkVersion(h.version); err != nil {
 		return req, err
 	}
-	if req.Host, req.Port, err = ParseTarget(h.target); err != nil {
+	if req.Host, req.Port, err = parseTarget(h.target); err != nil {
 		return req, err
 	}
 	if err := checkHostField(h.host, req); err != nil {
@@ -235,12 +235,12 @@ func splitHostHeader(h string) (string, uint16, error) {
 	return n, port, err
 }
 
-// ParseTarget validates a CONNECT request-target and returns the
+// parseTarget validates a CONNECT request-target and returns the
 // normalised name and port. Only a DNS name and a decimal port pass: no
 // scheme, path, userinfo, query, fragment or percent-encoding, and no IP
 // address in any spelling (dotted, decimal, octal, hex, short, bracketed,
 // with a zone).
-func ParseTarget(target string) (string, uint16, error) {
+func parseTarget(target string) (string, uint16, error) {
 	if target == "" {
 		return "", 0, record.Deny(record.ReasonBadTarget, "empty request target")
 	}

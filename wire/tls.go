@@ -139,7 +139,7 @@ func ReadClientHello(r io.Reader, buf []byte, retry bool) ([]byte, int, ClientHe
 	for {
 		msg, n, err := clientHelloRecords(buf, retry)
 		if err == nil {
-			info, err := ParseClientHello(msg)
+			info, err := parseClientHello(msg)
 			return buf, n, info, err
 		}
 		if !errors.Is(err, ErrNeedMore) {
@@ -319,11 +319,11 @@ func ParseServerHello(msg []byte) (retry bool, err error) {
 	return retry, nil
 }
 
-// ParseClientHello parses a ClientHello handshake message (type and
+// parseClientHello parses a ClientHello handshake message (type and
 // length header included) strictly: every length must agree, an
 // extension may appear once, and server_name must hold exactly one
 // host_name.
-func ParseClientHello(msg []byte) (ClientHelloInfo, error) {
+func parseClientHello(msg []byte) (ClientHelloInfo, error) {
 	var info ClientHelloInfo
 	if len(msg) < 4 || msg[0] != handshakeClientHello {
 		return info, errors.New("not a ClientHello")

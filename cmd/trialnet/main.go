@@ -26,9 +26,9 @@ import (
 // Exit codes of trialnet itself; a command run in a Trial passes its own.
 const (
 	exitOK      = 0
-	exitUsage   = 2   // bad flags or arguments
-	exitFailure = 125 // trialnet refused or failed before or around CMD
-	exitTimeout = 124 // --timeout expired; everything in the Trial was killed
+	exitUsage   = 2                 // bad flags or arguments
+	exitFailure = 125               // trialnet refused or failed before or around CMD
+	exitTimeout = agent.ExitTimeout // --timeout expired; everything in the Trial was killed
 )
 
 func main() {
