@@ -180,14 +180,24 @@ func TestPrivilegedNestedSignalsAndCleanup(t *testing.T) {
 		t.Run(sig.String(), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
+			// The signal is sent once the innermost command runs: earlier,
+			// it may find bwrap still setting up --die-with-parent (seen
+			// under emulation), which is bwrap's window, not the Trial's.
+			outR, outW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer outR.Close()
 			sigs := make(chan os.Signal, 1)
 			go func() {
-				time.Sleep(time.Second)
+				_ = outR.SetReadDeadline(time.Now().Add(30 * time.Second))
+				_, _ = bufio.NewReader(outR).ReadString('\n')
 				sigs <- sig
 			}()
 			start := time.Now()
-			argv := append(testenv.SeedBwrap(tc.home, login), "/bin/sleep", "300")
-			code, err := tc.tr.Exec(ctx, sandbox.Command{Args: argv, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody}, sigs)
+			argv := append(testenv.SeedBwrap(tc.home, login), "/bin/sh", "-c", "echo started; exec sleep 300")
+			code, err := tc.tr.Exec(ctx, sandbox.Command{Args: argv, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: outW, Stderr: outW}, sigs)
+			_ = outW.Close()
 			if err != nil || code == 0 {
 				t.Fatalf("exit %d, %v; want the signal to end it", code, err)
 			}
