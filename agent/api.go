@@ -228,8 +228,8 @@ func NewClient(socket string) *Client {
 
 // Running reports whether an agent answers on the socket. An error means
 // something answers that is not trialnet's agent.
-func (c *Client) Running() (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+func (c *Client) Running(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second) // a listener answers a dial at once
 	defer cancel()
 	conn, err := dialAgent(ctx, c.Socket)
 	var imp *impostorError

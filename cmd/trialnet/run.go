@@ -50,7 +50,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return failRun(exitUsage, err)
 	}
-	trials, closeTrials, code, err := f.trials()
+	trials, closeTrials, code, err := f.trials(ctx)
 	if err != nil {
 		return failRun(code, err)
 	}
@@ -137,9 +137,9 @@ func (f *runFlags) spec(fs *flag.FlagSet, stderr io.Writer) (agent.RunSpec, erro
 // socket, or, without one, an agent embedded for the life of this
 // command, so that a laptop needs no daemon. On an error, code is the
 // exit code it calls for.
-func (f *runFlags) trials() (_ agent.Trials, closeTrials func(), code int, _ error) {
+func (f *runFlags) trials(ctx context.Context) (_ agent.Trials, closeTrials func(), code int, _ error) {
 	client := agent.NewClient(*f.socket)
-	running, err := client.Running()
+	running, err := client.Running(ctx)
 	if err != nil {
 		return nil, nil, exitFailure, err
 	}
