@@ -69,13 +69,34 @@ func TestPrivilegedTrialPtysBounded(t *testing.T) {
 	}
 }
 
-// /dev/shm in a Trial is the host's memory: bounded at ShmBytes.
+// /dev/shm in a Trial is the host's memory: bounded at ShmBytes. While
+// one Trial holds its /dev/shm full, another Trial's and the host's
+// still take writes.
 func TestPrivilegedTrialShmBounded(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{})
 	want := fmt.Sprintf("%d ENOSPC", ShmBytes>>20)
 	if _, out := runProbeAs(t, tr, nobody, Command{}, "fill", "/dev/shm/fill"); out != want {
 		t.Fatalf("filling the Trial's /dev/shm: %q, want %q", out, want)
+	}
+	other := newTrial(t, h, Spec{})
+	var b strings.Builder
+	p, err := other.Start(Command{Args: []string{"sh", "-c", "head -c 1048576 /dev/zero > /dev/shm/x && echo ok"},
+		Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &b, Stderr: &b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := p.Wait(); code != 0 || strings.TrimSpace(b.String()) != "ok" {
+		t.Fatalf("another Trial's /dev/shm, while the first's is full: exit %d, %q", code, b.String())
+	}
+	f, err := os.CreateTemp("/dev/shm", "trialnet-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	if _, err := f.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatalf("the host's /dev/shm, while a Trial's is full: %v", err)
 	}
 }
 
