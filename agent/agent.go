@@ -61,7 +61,7 @@ type AgentConfig struct {
 	// again; empty: Reload refuses.
 	ConfigPath string
 	// RetentionEvery is how often the retention rule is applied besides
-	// at start and after each destroy; 0: DefaultRetentionEvery.
+	// at start and after each destroy; 0: one hour (defaultRetentionEvery).
 	RetentionEvery time.Duration
 }
 
@@ -344,7 +344,7 @@ func (a *Agent) DestroyExit(_ context.Context, id string, exit *int) (Stats, err
 }
 
 // decisionLog is where a Trial's decision records are kept, one
-// proxy.Event in JSON a line.
+// record.Event in JSON a line.
 func (a *Agent) decisionLog(id string) string {
 	return filepath.Join(a.cfg.DataDir, id, "decisions.jsonl")
 }

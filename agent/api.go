@@ -31,7 +31,7 @@ import (
 //	GET    /v1/trials/{id}         -> TrialInfo
 //	DELETE /v1/trials/{id}         -> Stats (final)
 //	GET    /v1/trials/{id}/stats   -> Stats
-//	GET    /v1/trials/{id}/audit   -> []proxy.Event
+//	GET    /v1/trials/{id}/audit   -> []record.Event
 //	GET    /v1/trials/{id}/decisions -> decision events as they happen, one JSON
 //	                                  object a line, until the Trial is destroyed
 //	PATCH  /v1/trials/{id}/allow   AllowChange -> AllowChanged

@@ -97,6 +97,7 @@ func replay(path string) (*record.TrialStats, error) {
 	st := &record.TrialStats{}
 	for i := range recs {
 		st.Add(&recs[i])
+		st.CountWritten(&recs[i])
 	}
 	return st, err
 }

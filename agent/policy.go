@@ -42,7 +42,7 @@ type AllowChanged struct {
 const uidUnknown = -1
 
 // ChangeAllow changes a live Trial's allowlist on behalf of the caller
-// ctx names (its uid, see WithCallerUID; UIDUnknown if none). In this
+// ctx names (its uid, see WithCallerUID; uidUnknown if none). In this
 // order: the new list is made (a refusal changes nothing), the Trial's
 // stored description is rewritten (so a restarted agent re-adopts the
 // new list), the change is logged as a policy-change record, and the
@@ -169,7 +169,7 @@ func WithCallerUID(ctx context.Context, uid int64) context.Context {
 	return context.WithValue(ctx, peerUIDKey{}, uid)
 }
 
-// callerUID is the uid withPeer or WithCallerUID set, or UIDUnknown.
+// callerUID is the uid withPeer or WithCallerUID set, or uidUnknown.
 func callerUID(ctx context.Context) int64 {
 	if uid, ok := ctx.Value(peerUIDKey{}).(int64); ok {
 		return uid

@@ -351,10 +351,34 @@ func TestDecisionLogHardBound(t *testing.T) {
 	var replayed record.TrialStats
 	for i := range recs {
 		replayed.Add(&recs[i])
+		replayed.CountWritten(&recs[i])
 	}
 	final.Active = 0
 	if replayed.Denied != n || !reflect.DeepEqual(replayed, final) {
 		t.Fatalf("replayed counters %+v, want the proxy's %+v (%d refusals)", replayed, final, n)
 	}
 	t.Logf("%d requests in %v: %d bytes of records, %d summaries, %d bytes in all", n, took.Round(time.Millisecond), decisions, summaries, len(b))
+}
+
+// More distinct refused targets than a summary names: the most refused
+// targets a restarted agent rebuilds from the log are the live ones,
+// both counted from what the log holds.
+func TestTopRefusedSurvivesARestart(t *testing.T) {
+	const id = "rec-5"
+	a, _, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow.New(),
+		&config.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil)
+	for i := range 40 {
+		target := fmt.Sprintf("t%02d%s/", i, strings.Repeat("x", 1000))
+		for range 1 + i%3 {
+			if got := connectThrough(t, proxyAddr, target); got != http.StatusBadRequest {
+				t.Fatalf("CONNECT: %d", got)
+			}
+		}
+	}
+	final, _ := a.proxy.RemoveTrial(id)
+	live := final.TopRefused(topRefused)
+	replayed := a.replayStats(&trial{info: TrialInfo{ID: id}})
+	if replayed == nil || !reflect.DeepEqual(replayed.TopRefused(topRefused), live) {
+		t.Fatalf("most refused after a replay %+v, live %+v", replayed.TopRefused(topRefused), live)
+	}
 }

@@ -17,9 +17,9 @@ const ExitTimeout = 124
 
 // RunSpec is one command in an ephemeral Trial.
 type RunSpec struct {
-	// Create describes the Trial. Through a Client, Run makes it owned,
-	// so that it ends with this process however that ends; an Agent in
-	// this process ends with it anyway (an embedded one is ephemeral).
+	// Create describes the Trial; Run makes it owned, so that it ends
+	// with this process however that ends (an in-process agent records
+	// this process as its owner, for the next agent to see).
 	Create CreateRequest
 	// Command is what runs in the Trial; its proxy variables, socket
 	// rule and process limit come from the Trial.
@@ -53,9 +53,7 @@ type RunResult struct {
 // Exit set and the Trial destroyed).
 func Run(ctx context.Context, t Trials, spec RunSpec) (RunResult, error) {
 	req := spec.Create
-	if _, inProcess := t.(*Agent); !inProcess {
-		req.Owned = true
-	}
+	req.Owned = true
 	info, err := t.Create(ctx, req)
 	if err != nil {
 		return RunResult{}, err
@@ -83,12 +81,12 @@ func Run(ctx context.Context, t Trials, spec RunSpec) (RunResult, error) {
 		defer wd.Release()
 	}
 	var sigs <-chan os.Signal
+	stopSignals := func() {}
 	if spec.Signals != nil {
-		var stop func()
-		sigs, stop = spec.Signals()
-		defer stop()
+		sigs, stopSignals = spec.Signals()
 	}
 	res.Exit, res.Err = ExecIn(ctx, info, spec.Command, sigs)
+	stopSignals() // the command is over: signals are this process's again
 	// Not ctx.Err(): continued by the watchdog after the deadline, this
 	// process may get here before its own timer has fired.
 	res.TimedOut = !deadline.IsZero() && !time.Now().Before(deadline)

@@ -44,6 +44,9 @@ func TestPrivilegedRunAsALibrary(t *testing.T) {
 	if err != nil || res.Exit != 3 || res.TimedOut || !strings.Contains(out.String(), "hello from upstream.example.test") {
 		t.Fatalf("run: %+v, %v; output %q", res, err, out.String())
 	}
+	if res.Info.Owner == nil || *res.Info.Owner != *self() {
+		t.Fatalf("the run's Trial is owned by %+v, want this process", res.Info.Owner)
+	}
 	if res.Stats.Receipt == nil || res.Stats.Proxy.Allowed != 1 || res.Stats.Proxy.Denied != 1 || len(refused) != 1 {
 		t.Fatalf("final stats %+v, refusals seen %q", res.Stats, refused)
 	}

@@ -141,7 +141,9 @@ func (a *Agent) newTrial(req CreateRequest, conn *net.UnixConn) (_ *trial, _ *al
 	}()
 	var owner *Owner
 	switch {
-	case a.cfg.Ephemeral:
+	case a.cfg.Ephemeral, req.Owned && conn == nil:
+		// This process's own: it ends with this process, which the next
+		// agent sees in the record (an in-process caller is this process).
 		owner = self()
 	case req.Owned:
 		if owner, lt.owner, err = callerOwner(conn); err != nil {

@@ -65,7 +65,7 @@ func (i TrialInfo) Attach() (*sandbox.Launcher, error) {
 type AllowEntry struct {
 	Entry      string `json:"entry"`
 	RequireTLS bool   `json:"require_tls,omitempty"`
-	Profile    string `json:"profile,omitempty"` // see proxy.Entry.Profile
+	Profile    string `json:"profile,omitempty"` // see allow.Entry.Profile
 }
 
 // CreateRequest asks for a Trial.

@@ -227,7 +227,7 @@ func section(icann bool) string {
 	return "private section of the public suffix list, or no rule at all"
 }
 
-// wildcardCovers reports whether host matches "*.suffix": host must end
+// WildcardCovers reports whether host matches "*.suffix": host must end
 // in "."+suffix, and no public suffix may lie strictly between host and
 // suffix. So "*.amazonaws.com" matches "foo.amazonaws.com" and the host
 // "s3.amazonaws.com" itself, but not "x.s3.amazonaws.com", which sits

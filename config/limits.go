@@ -8,13 +8,13 @@ const (
 	// DefaultMaxClientConns bounds a Trial's client connections of every
 	// kind (waiting for their head, tunnelling, being refused): room for
 	// DefaultMaxTunnels tunnels and as many again, yet 16 such Trials
-	// still leave DefaultMaxConnections to the others.
+	// still leave the proxy-wide cap (proxy.Config.MaxConnections) to the others.
 	DefaultMaxClientConns = 512
 	// defaultMaxPendingHeads bounds a Trial's connections that have not
 	// finished their request head; each may wait HeaderTimeout. Real
 	// clients send the head at once, so a few dozen is plenty.
 	defaultMaxPendingHeads = 64
-	// defaultRecordRate and DefaultRecordBurst bound the records of
+	// defaultRecordRate and defaultRecordBurst bound the records of
 	// requests refused before the CONNECT rate charged them (malformed,
 	// rate-limited, over a connection cap, timed out): a real client
 	// meets these refusals rarely, a flood meets them at line rate.
@@ -45,9 +45,9 @@ type Limits struct {
 	RecordBurst int     `yaml:"record_burst" json:"record_burst"`
 	// MaxLogBytes bounds the bytes of decision records (as JSON lines)
 	// that one Trial writes, past which its decisions are only counted,
-	// in summaries: at most one per 10 s and one per 64 distinct targets
-	// reached, each of bounded size (see recordGate), so the file grows
-	// past it at a bounded rate, not without end.
+	// in summaries within a reserve past it, then one last summary (see
+	// record.Gate and Bounds.SummaryReserve): the file's size is bounded,
+	// not only its rate.
 	MaxLogBytes int64 `yaml:"max_log_bytes" json:"max_log_bytes"`
 	// MaxProcesses is the process limit (RLIMIT_NPROC) of each command
 	// in the Trial, sandbox.Command.MaxProcs: the agent applies it, the

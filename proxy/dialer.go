@@ -19,7 +19,7 @@ type Dialer interface {
 	Dial(ctx context.Context, addr netip.AddrPort) (net.Conn, error)
 }
 
-// Keepalive settings for the upstream side of a tunnel: a dead peer is
+// keepalive settings for the upstream side of a tunnel: a dead peer is
 // noticed in about 2.5 minutes, while an idle but healthy tunnel (a long
 // model call) is never cut. The client side is a local socket whose peer
 // cannot vanish without the kernel closing it, so it needs none.

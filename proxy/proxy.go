@@ -50,7 +50,7 @@ type Config struct {
 	// HostAddrs is the host's own address set; nil watches this host's
 	// namespace with netlink for the life of the Proxy.
 	HostAddrs guard.AddrSet
-	// Dialer connects to checked addresses; nil: a NetDialer whose
+	// Dialer connects to checked addresses; nil: a netDialer whose
 	// Control hook re-checks every address with the guard.
 	Dialer Dialer
 	// Logger receives what goes wrong in serving (accept errors); nil
@@ -255,7 +255,13 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel,
 	}
-	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten}, p.write)
+	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten},
+		func(ev *record.Event, line []byte) {
+			t.mu.Lock()
+			t.stats.CountWritten(ev) // as a replay of the log counts them
+			t.mu.Unlock()
+			p.write(ev, line)
+		})
 	t.allow.Store(list)
 	p.trials[tp.ID] = t
 	return nil

@@ -71,6 +71,7 @@ func replay(recs []record.Event) record.TrialStats {
 	var st record.TrialStats
 	for i := range recs {
 		st.Add(&recs[i])
+		st.CountWritten(&recs[i])
 	}
 	return st
 }

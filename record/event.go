@@ -164,7 +164,7 @@ type Suppressed struct {
 	BytesUp   int64             `json:"bytes_up"`
 	BytesDown int64             `json:"bytes_down"`
 	// Refused are the refusals by target (as clipped in their records),
-	// at most MaxSummaryTargets of them; the rest under OtherTargets.
+	// at most maxSummaryTargets of them; the rest under OtherTargets.
 	Refused map[string]uint64 `json:"refused_targets"`
 	// Reached are the targets that the suppressed records' requests were
 	// let through to, every one: a summary never hides where a Trial got
@@ -298,7 +298,7 @@ var eventKeys = func() []string {
 	return keys
 }()
 
-// attrs are the event as log attributes, under its JSON keys.
+// Attrs are the event as log attributes, under its JSON keys.
 func (e *Event) Attrs() []slog.Attr {
 	v := reflect.ValueOf(e.wire())
 	out := make([]slog.Attr, len(eventKeys))
@@ -329,9 +329,10 @@ type TrialStats struct {
 	BytesUp     uint64            `json:"bytes_up"`
 	BytesDown   uint64            `json:"bytes_down"`
 	Active      int64             `json:"tunnels_active"` // CONNECTs being served now
-	// Refused counts refusals by target (as clipped in their records),
-	// at most MaxRefusedTargets of them, the rest under OtherTargets: the
-	// source of TopRefused, kept off the wire.
+	// Refused counts refusals by target as the records written name
+	// them (CountWritten), at most maxRefusedTargets, the rest under
+	// OtherTargets: the source of TopRefused, kept off the wire. Counted
+	// from what is written, so a log replayed gives the same.
 	Refused map[string]uint64 `json:"-"`
 }
 
@@ -357,6 +358,19 @@ func (s *TrialStats) TopRefused(n int) []TargetCount {
 		return strings.Compare(x.Target, y.Target)
 	})
 	return out[:min(len(out), n)]
+}
+
+// CountWritten counts the refusals a written record names: a refusal's
+// target, or the targets a summary counts.
+func (s *TrialStats) CountWritten(e *Event) {
+	switch {
+	case e.Decision == DecisionSuppressed && e.Suppressed != nil:
+		for target, n := range e.Suppressed.Refused {
+			s.countRefused(target, n)
+		}
+	case e.Decision == DecisionDeny:
+		s.countRefused(e.Target, 1)
+	}
 }
 
 // countRefused counts n refusals of target.
@@ -390,9 +404,6 @@ func (s *TrialStats) Add(e *Event) {
 			for r, n := range sup.ByReason {
 				s.add(r.Decision(), r, n)
 			}
-			for target, n := range sup.Refused {
-				s.countRefused(target, n)
-			}
 			s.WouldDeny += sup.WouldDeny
 			s.BytesUp += uint64(sup.BytesUp)
 			s.BytesDown += uint64(sup.BytesDown)
@@ -400,9 +411,6 @@ func (s *TrialStats) Add(e *Event) {
 		return
 	}
 	s.add(e.Decision, e.Reason, 1)
-	if e.Decision != DecisionAllow {
-		s.countRefused(e.Target, 1)
-	}
 	if e.Decision == DecisionAllow && e.WouldDeny != "" {
 		s.WouldDeny++
 	}

@@ -24,7 +24,7 @@ const MaxRecordField = 512
 // records. When there were more, the detail says how many.
 const maxRecordAddrs = 16
 
-// summaryEvery is how often, at most, a Trial's suppressed records are
+// SummaryEvery is how often, at most, a Trial's suppressed records are
 // summarised while they are being suppressed; a variable for tests.
 var SummaryEvery = 10 * time.Second
 
@@ -92,7 +92,7 @@ type reachedKey struct {
 
 func NewGate(id string, learn bool, b Bounds, sink Sink) *Gate {
 	return &Gate{trial: id, learn: learn, bounds: b, rate: ratelimit.New(b.Rate, b.Burst), sink: sink,
-		written: b.Written, full: b.Written >= b.MaxLogBytes}
+		written: b.Written, full: b.Written >= b.MaxLogBytes, spent: b.Written >= b.MaxLogBytes+b.SummaryReserve()}
 }
 
 // gateVerdict is what the gate does with a record.
@@ -248,7 +248,7 @@ func (g *Gate) summary(last bool) (*Event, []byte) {
 
 // summaryLocked is summary with g.mu held; the timer, if armed, stays so
 // for the next. Summaries count against the log's bytes, and are written
-// past its limit, within the reserve: at most one per summaryEvery and
+// past its limit, within the reserve: at most one per SummaryEvery and
 // one per MaxSummaryReached targets reached. A summary that would not
 // fit the reserve stays pending, to be counted on, unless it is the last.
 func (g *Gate) summaryLocked(last bool) (*Event, []byte) {

@@ -143,7 +143,7 @@ func (r Reason) Decision() Decision {
 	return DecisionDeny
 }
 
-// status is the HTTP status a refusal is answered with.
+// Status is the HTTP status a refusal is answered with.
 func (r Reason) Status() int { return r.info().status }
 
 // Charged reports whether a request refused for r was charged to the
@@ -163,7 +163,7 @@ type Denial struct {
 	DNS DNSFailure // what DNS said, for Proxy-Status
 }
 
-// dnsFailure is what a failed lookup reports in Proxy-Status: the
+// DNSFailure is what a failed lookup reports in Proxy-Status: the
 // response code, or that no answer came in time.
 type DNSFailure struct {
 	Rcode   string // "SERVFAIL", "REFUSED", ...

@@ -249,7 +249,7 @@ func (r *DNSResolver) evict() {
 }
 
 // follow asks for qtype at fqdn and follows CNAMEs, within the answer
-// and with new queries, up to DefaultMaxCNAMEs. It returns the result and
+// and with new queries, up to defaultMaxCNAMEs. It returns the result and
 // how long it may be cached.
 func (r *DNSResolver) follow(ctx context.Context, fqdn string, qtype uint16) (lookupResult, time.Duration) {
 	var res lookupResult
@@ -291,7 +291,7 @@ func (r *DNSResolver) follow(ctx context.Context, fqdn string, qtype uint16) (lo
 // and returns the addresses of its end, the name it ends at, and the
 // smallest TTL used. Records for names not on the chain are ignored, so
 // an answer cannot smuggle in addresses for other names. A chain longer
-// than DefaultMaxCNAMEs (over all queries) or a loop is an error.
+// than defaultMaxCNAMEs (over all queries) or a loop is an error.
 func walkAnswer(rrs []dns.RR, owner string, qtype uint16, cnames *[]string) ([]netip.Addr, string, time.Duration, error) {
 	ttl := maxCacheTTL
 	for {

@@ -53,7 +53,7 @@ type Command struct {
 	Dir string
 	// ProxyURL, when set, becomes HTTPS_PROXY, HTTP_PROXY and their lower
 	// case forms, with NO_PROXY for loopback and NODE_USE_ENV_PROXY=1 (see
-	// ProxyEnv).
+	// proxyEnv).
 	ProxyURL string
 	UID, GID uint32
 	// MaxProcs is the command's RLIMIT_NPROC (soft and hard): forks past

@@ -412,6 +412,9 @@ type Recorded struct {
 // pinned. A Trial that cannot be opened whole is the caller's to remove.
 func (h *Host) Open(rec Record, ep Endpoint) (*Trial, error) {
 	id := rec.ID
+	if err := ValidID(id); err != nil {
+		return nil, err
+	}
 	if rec.Phase != PhaseLive {
 		return nil, errors.New("it was being created when the previous agent stopped")
 	}

@@ -20,11 +20,11 @@ var forwardedMethods = map[string]bool{
 
 const forwardedMethodList = "GET, HEAD, POST, PUT, PATCH, DELETE and OPTIONS"
 
-// errClientDone is a keep-alive connection that ended cleanly between
+// ErrClientDone is a keep-alive connection that ended cleanly between
 // requests.
 var ErrClientDone = errors.New("client closed the connection between requests")
 
-// peekHead waits until r holds a whole request head (up to and including
+// PeekHead waits until r holds a whole request head (up to and including
 // its empty line) and returns it without consuming it, so that the
 // strict reader can judge a copy before net/http frames the original. A
 // head over MaxHeaderBytes, one that does not arrive before the read
@@ -68,7 +68,7 @@ func headEnd(b []byte) int {
 	return end
 }
 
-// parseHTTPHead validates a peeked head as a request to forward: strict
+// ParseHTTPHead validates a peeked head as a request to forward: strict
 // lines (readHead, as for CONNECT), a forwarded method, an absolute-form
 // http:// target naming a DNS name (the same rules as a CONNECT target;
 // port 80 by default), a Host field that agrees with it, and none of the

@@ -303,7 +303,7 @@ func ParsePort(s string) (uint16, error) {
 	return uint16(n), nil
 }
 
-// normaliseName lower-cases a DNS name, drops one trailing dot, and checks
+// NormaliseName lower-cases a DNS name, drops one trailing dot, and checks
 // it is a well-formed ASCII host name that is not an IP address in any
 // spelling the C library, browsers or Go would accept.
 func NormaliseName(s string) (string, error) {

@@ -46,7 +46,7 @@ type ClientHelloInfo struct {
 	ECH        bool   // an encrypted_client_hello extension is present
 }
 
-// errNeedMore means the ClientHello is not complete yet.
+// ErrNeedMore means the ClientHello is not complete yet.
 var ErrNeedMore = errors.New("need more bytes")
 
 // streamKind is what the first bytes of a tunnel are, as far as the TLS
@@ -60,10 +60,10 @@ const (
 	StreamUnknown                   // more bytes are needed to tell
 )
 
-// sslv2HeaderLen is an SSLv2 two-byte record header and the message type.
+// SSLv2HeaderLen is an SSLv2 two-byte record header and the message type.
 const SSLv2HeaderLen = 3
 
-// classifyStream decides from the first bytes whether a stream is TLS.
+// ClassifyStream decides from the first bytes whether a stream is TLS.
 // Any assigned TLS record type (20-25: change_cipher_spec, alert,
 // handshake, application_data, heartbeat, tls12_cid) makes it TLS, not
 // only a handshake record: a client could otherwise send an alert first
@@ -129,7 +129,7 @@ func ReadMore(r io.Reader, buf []byte) ([]byte, int, error) {
 	return buf[:len(buf)+n], n, err
 }
 
-// readClientHello reads from r, after the bytes already in buf, until buf
+// ReadClientHello reads from r, after the bytes already in buf, until buf
 // holds a whole ClientHello (possibly spread over several records and TCP
 // segments). It returns every byte read, of which the first n are the
 // records up to the end of the ClientHello, and the parsed hello. retry
@@ -183,7 +183,7 @@ func clientHelloRecords(b []byte, retry bool) ([]byte, int, error) {
 	return msg, n, err
 }
 
-// serverHelloRecords reassembles the server's first handshake message
+// ServerHelloRecords reassembles the server's first handshake message
 // from the records at the start of b, which must be a ServerHello, and
 // reports whether it is a HelloRetryRequest. n is the length of the
 // records up to the end of the ServerHello. Dummy change_cipher_spec
@@ -402,7 +402,7 @@ func parseSNI(data cursor) (string, error) {
 	return name, nil
 }
 
-// checkSNI compares the ClientHello's name with the CONNECT host.
+// CheckSNI compares the ClientHello's name with the CONNECT host.
 func CheckSNI(info ClientHelloInfo, host string) error {
 	if info.ECH {
 		return record.Deny(record.ReasonTLSECH, "the ClientHello is encrypted (ECH), so its real server name cannot be checked against %s", host)

@@ -259,7 +259,7 @@ func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if *id == "" {
 			list, err := c.List(ctx)
 			if err != nil {
-				return fail(stdout, stderr, *asJSON, agentCode(err), err)
+				return watchEnd(ctx, *watch, stdout, stderr, *asJSON, err)
 			}
 			ids = ids[:0]
 			for _, t := range list {
@@ -270,7 +270,7 @@ func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		for _, t := range ids {
 			st, err := c.Stats(ctx, t)
 			if err != nil {
-				return fail(stdout, stderr, *asJSON, agentCode(err), err)
+				return watchEnd(ctx, *watch, stdout, stderr, *asJSON, err)
 			}
 			all = append(all, st)
 		}
@@ -312,8 +312,15 @@ func isTerminal(w io.Writer) bool {
 	return err == nil
 }
 
-// printStats prints a Trial's counters in aligned columns, bpftool-style,
-// ending with the verdict line. Every string goes through termsafe.
+// watchEnd is how stats ends on err: a ^C that cut a --watch short
+// mid-request is the way to stop it, not a failure.
+func watchEnd(ctx context.Context, watch bool, stdout, stderr io.Writer, asJSON bool, err error) int {
+	if watch && ctx.Err() != nil {
+		return exitOK
+	}
+	return fail(stdout, stderr, asJSON, agentCode(err), err)
+}
+
 // poolEvents names what a pool's events count.
 func poolEvents(pool string) string {
 	if pool == "pids" {
@@ -322,6 +329,8 @@ func poolEvents(pool string) string {
 	return "OOM kills"
 }
 
+// printStats prints a Trial's counters in aligned columns, bpftool-style,
+// ending with the verdict line. Every string goes through termsafe.
 func printStats(w io.Writer, st agent.Stats) {
 	q := termsafe.String
 	fmt.Fprintf(w, "trial %s (%s)\n", q(st.Trial), mode(st.Learning))

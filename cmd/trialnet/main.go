@@ -62,7 +62,7 @@ var commands = []struct {
 	{"reload", "make the agent re-read its config file (all or nothing; SIGHUP does the same)", cmdReload, true},
 	{"health", "ask the running agent whether it is ready: enforcing (eBPF attached and pinned) and serving", cmdHealth, true},
 	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy, true},
-	{"verify", "check a Trial's signed receipt against this host's key", cmdVerify, true},
+	{"verify", "check a Trial's signed receipt against this host's key", cmdVerify, false},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy, false},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall, false},
 }

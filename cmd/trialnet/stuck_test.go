@@ -80,7 +80,10 @@ func TestPrivilegedInterruptEndsAgentCalls(t *testing.T) {
 				t.Fatal(err)
 			}
 			select {
-			case <-accepted: // the request is with the agent, which will not answer
+			case c := <-accepted: // the request is with the agent, which will not answer
+				// Held: a connection the test drops would be closed by its
+				// finalizer, a reset the client would report instead.
+				t.Cleanup(func() { _ = c.Close() })
 			case <-time.After(10 * time.Second):
 				_ = cmd.Process.Kill()
 				_ = cmd.Wait()
