@@ -3,6 +3,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"strings"
@@ -131,6 +132,24 @@ func TestParseTargetNormalises(t *testing.T) {
 		got, _, err := parseTarget(in)
 		if err != nil || got != want {
 			t.Errorf("ParseTarget(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+// ReadMore never holds more than MaxHelloBuffer, whatever buffer it is
+// given, and grows a small one in steps, not by doubling past the bound.
+func TestReadMoreBound(t *testing.T) {
+	src := bytes.NewReader(make([]byte, 4*MaxHelloBuffer))
+	for _, buf := range [][]byte{nil, make([]byte, 0, 4*MaxHelloBuffer), make([]byte, MaxHelloBuffer-10, 2*MaxHelloBuffer)} {
+		var err error
+		for err == nil {
+			buf, _, err = ReadMore(src, buf)
+			if len(buf) > MaxHelloBuffer {
+				t.Fatalf("buffered %d bytes (cap %d), bound %d", len(buf), cap(buf), MaxHelloBuffer)
+			}
+		}
+		if !errors.Is(err, ErrHelloBuffer) || len(buf) != MaxHelloBuffer {
+			t.Fatalf("ended with %d bytes and %v, want the bound and ErrHelloBuffer", len(buf), err)
 		}
 	}
 }

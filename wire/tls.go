@@ -120,12 +120,13 @@ func ReadMore(r io.Reader, buf []byte) ([]byte, int, error) {
 	if len(buf) >= MaxHelloBuffer {
 		return buf, 0, ErrHelloBuffer
 	}
-	if cap(buf)-len(buf) < 1024 {
+	end := min(cap(buf), MaxHelloBuffer) // a caller's larger buffer is not read past the bound
+	if end-len(buf) < 1024 && end < MaxHelloBuffer {
 		nb := make([]byte, len(buf), min(len(buf)+max(len(buf)/2, 4096), MaxHelloBuffer))
 		copy(nb, buf)
-		buf = nb
+		buf, end = nb, cap(nb)
 	}
-	n, err := r.Read(buf[len(buf):cap(buf)])
+	n, err := r.Read(buf[len(buf):end])
 	return buf[:len(buf)+n], n, err
 }
 
