@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -79,6 +80,20 @@ type Agent struct {
 	trials map[string]*trial // every id in use, in any state
 	closed atomic.Bool
 
+	// hmu orders calls that change Trials (enter) against a hand-over,
+	// which holds it while it offers everything to a successor.
+	hmu        sync.RWMutex
+	handedOver bool // under hmu: a successor serves; calls are refused
+	// pred is the agent this one took over from, while it drains.
+	pred atomic.Pointer[predecessor]
+	// offsets are each Trial's log size when the predecessor began
+	// sending its records, and inherited the listeners it (or the keeper)
+	// passed on, until each Trial is adopted. Both are set before Start
+	// adopts anything and read-only after.
+	offsets   map[string]int64
+	inherited map[string][]net.Listener
+	keeper    *keeperClient // nil: none
+
 	reloadMu  sync.Mutex // one Reload at a time
 	gcPending atomic.Bool
 	owners    sync.WaitGroup // the goroutines watching owned Trials' owners
@@ -89,7 +104,12 @@ var ProxyURL = "http://" + ProxyEndpoints[0].String()
 
 // Start loads (or adopts) the eBPF layer, starts the proxy and re-adopts
 // every Trial recorded in the state directory.
-func Start(cfg AgentConfig) (*Agent, error) {
+func Start(cfg AgentConfig) (*Agent, error) { return start(cfg, nil, nil, nil) }
+
+// start is Start for a daemon that inherited listeners (by name; a
+// Trial's under "trial:" and its id), from a predecessor whose logs it
+// replays up to offsets, and that gives its listeners to a keeper.
+func start(cfg AgentConfig, inherited map[string][]net.Listener, offsets map[string]int64, kc *keeperClient) (*Agent, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -101,7 +121,17 @@ func Start(cfg AgentConfig) (*Agent, error) {
 	if cfg.ReceiptKey == "" {
 		cfg.ReceiptKey = DefaultReceiptKey
 	}
-	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*trial), obs: newObservers()}
+	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*trial), obs: newObservers(),
+		inherited: inherited, offsets: offsets, keeper: kc}
+	// Listeners of Trials that were not adopted close with their sockets.
+	defer func() {
+		for name, lns := range a.inherited {
+			for _, l := range lns {
+				_ = l.Close()
+			}
+			delete(a.inherited, name)
+		}
+	}()
 	a.file.Store(cfg.File)
 	set, err := a.proxySettings(cfg.File)
 	if err != nil {
@@ -138,16 +168,7 @@ func Start(cfg AgentConfig) (*Agent, error) {
 // their proxy endpoint answers nothing meanwhile.
 func (a *Agent) Close(teardown bool) {
 	a.closed.Store(true)
-	a.ret.stop()
-	// Owners are no longer watched: an owner's exit after this is the
-	// next agent's to see.
-	a.mu.Lock()
-	lts := slices.Collect(maps.Values(a.trials))
-	a.mu.Unlock()
-	for _, lt := range lts {
-		a.dropOwner(lt)
-	}
-	a.owners.Wait()
+	a.stopWatching()
 	if teardown {
 		for _, info := range a.list() {
 			if _, err := a.Destroy(context.Background(), info.ID); err != nil {
@@ -158,13 +179,34 @@ func (a *Agent) Close(teardown bool) {
 	// The Trials left stay enforced (pinned) for the next agent; what
 	// this one holds of them is given back.
 	a.mu.Lock()
-	lts = slices.Collect(maps.Values(a.trials))
+	lts := slices.Collect(maps.Values(a.trials))
 	a.mu.Unlock()
 	for _, lt := range lts {
 		lt.release()
 	}
 	_ = a.proxy.Close()
 	_ = a.host.Close()
+}
+
+// stopWatching stops the retention rule and the watch on owners: an
+// owner's exit after this is the next agent's to see.
+func (a *Agent) stopWatching() {
+	a.ret.stop()
+	a.mu.Lock()
+	lts := slices.Collect(maps.Values(a.trials))
+	a.mu.Unlock()
+	for _, lt := range lts {
+		a.dropOwner(lt)
+	}
+	a.owners.Wait()
+}
+
+// inheritedFor takes the listeners inherited for Trial id (nil: none;
+// its endpoint listens anew).
+func (a *Agent) inheritedFor(id string) []net.Listener {
+	lns := a.inherited["trial:"+id]
+	delete(a.inherited, "trial:"+id)
+	return lns
 }
 
 // Create makes a Trial: cgroup, namespaces, policy entry, and the proxy
@@ -302,7 +344,12 @@ func (a *Agent) Destroy(ctx context.Context, id string) (Stats, error) {
 
 // DestroyExit is Destroy for a runner that knows how the Trial's command
 // ended: exit goes into the receipt.
-func (a *Agent) DestroyExit(_ context.Context, id string, exit *int) (Stats, error) {
+func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (Stats, error) {
+	leave, err := a.enter()
+	if err != nil {
+		return Stats{}, err
+	}
+	defer leave()
 	lt, err := a.lookup(id)
 	if err != nil {
 		return Stats{}, err
@@ -315,9 +362,15 @@ func (a *Agent) DestroyExit(_ context.Context, id string, exit *int) (Stats, err
 	lt.state = stateDestroying // the id stays taken until done
 	a.mu.Unlock()
 	a.dropOwner(lt)
+	// A predecessor still draining ends its connections of the Trial
+	// first, and writes their records.
+	if p := a.pred.Load(); p != nil {
+		p.ask(ctx, hoMsg{Type: "remove", Trial: id})
+	}
 	// The one teardown: the endpoint stops first (its last decision events
 	// still reach the log), then processes, cgroup, policy, namespaces.
 	k, err := lt.tr.Close()
+	a.unkeep(id)
 	lt.mu.Lock()
 	pst := lt.final
 	lt.mu.Unlock()
@@ -376,7 +429,11 @@ func (a *Agent) replayStats(lt *trial) *record.TrialStats {
 	if a.cfg.DataDir == "" {
 		return nil
 	}
-	st, err := replay(a.decisionLog(lt.info.ID))
+	upTo := int64(-1)
+	if off, ok := a.offsets[lt.info.ID]; ok {
+		upTo = off // the predecessor sends what it writes after
+	}
+	st, err := replay(a.decisionLog(lt.info.ID), upTo)
 	if err != nil {
 		a.log.Warn("decision log partly unreadable: its proxy counters leave out those records", "trial", lt.info.ID, "error", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/record"
 	"golang.org/x/sys/unix"
 )
@@ -173,6 +174,8 @@ func writeErr(w http.ResponseWriter, err error) {
 		status = http.StatusNotFound
 	case CodeNotRoot:
 		status = http.StatusForbidden
+	case CodeHandedOver:
+		status = http.StatusServiceUnavailable
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -181,28 +184,17 @@ func writeErr(w http.ResponseWriter, err error) {
 
 // ListenSocket creates the control socket, mode 0600 (root only). A stale
 // socket of a dead agent is replaced; a live agent's is not.
+//
+// An agent that answers there offered no hand-over (it would have taken
+// this one's request on its hand-over socket): an older trialnet, or one
+// that runs without a hand-over socket. It is left alone, and this start
+// fails saying so.
 func ListenSocket(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		_ = c.Close()
-		return nil, fmt.Errorf("another trialnet agent is already serving %s", path)
+		return nil, fmt.Errorf("another trialnet agent is already serving %s, and offers no hand-over (an older trialnet, from before agents handed over). It keeps serving. To replace it: stop it (systemctl stop trialnet: its Trials stay enforced, their open tunnels are cut), then start this one", path)
 	}
-	_ = os.Remove(path)
-	// The socket is created with the umask applied, so no other user can
-	// connect between bind and chmod.
-	old := syscall.Umask(0o177)
-	ln, err := net.Listen("unix", path)
-	syscall.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = ln.Close()
-		return nil, err
-	}
-	return ln, nil
+	return fdpass.ListenAt("unix", path)
 }
 
 // ErrNoAgent means no agent answers on the control socket.
@@ -316,13 +308,34 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		ctx, cancel = context.WithTimeout(ctx, DefaultCallTimeout)
 		defer cancel()
 	}
-	var rd io.Reader
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
+	}
+	for attempt := 1; ; attempt++ {
+		err := c.once(ctx, method, path, b, out)
+		var e *Error
+		// An agent that handed over while the call waited did nothing of
+		// it: its successor, on the same socket, serves it.
+		if attempt < 5 && errors.As(err, &e) && e.Code == CodeHandedOver {
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		return err
+	}
+}
+
+func (c *Client) once(ctx context.Context, method, path string, body []byte, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, "http://trialnet"+path, rd)
 	if err != nil {

@@ -24,6 +24,42 @@ type decisionLog struct {
 	w        *record.Writer // writes to file
 	watchers map[chan record.Event]struct{}
 	ended    bool // no more records: watchers are closed and none are added
+	// fwd, if set, gets each record's line once written: a draining
+	// agent's successor counts them (see forward).
+	fwd func(line []byte)
+}
+
+// forward sends each record written from now on to fn as well (nil:
+// no more), and returns the file's size at that moment: every record
+// before it is in the file, every one after goes to fn too.
+func (l *decisionLog) forward(fn func(line []byte)) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fwd = fn
+	if l.file == nil {
+		return 0
+	}
+	st, err := l.file.Stat()
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// observe hands a record that another process wrote to the watchers.
+func (l *decisionLog) observe(ev *record.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.notify(ev)
+}
+
+func (l *decisionLog) notify(ev *record.Event) {
+	for ch := range l.watchers {
+		select {
+		case ch <- *ev:
+		default: // a watcher that does not keep up loses events, never the proxy its pace
+		}
+	}
 }
 
 // open starts appending to the file at path, and returns its size: what
@@ -73,24 +109,26 @@ func (l *decisionLog) close() {
 func (l *decisionLog) add(ev *record.Event, line []byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for ch := range l.watchers {
-		select {
-		case ch <- *ev:
-		default: // a watcher that does not keep up loses events, never the proxy its pace
-		}
+	l.notify(ev)
+	if l.fwd != nil && line == nil {
+		line, _ = ev.AppendJSON(nil)
 	}
-	if l.w == nil {
-		return nil
+	var err error
+	if l.w != nil {
+		err = l.w.Write(ev, line)
 	}
-	return l.w.Write(ev, line)
+	if l.fwd != nil && line != nil {
+		l.fwd(line)
+	}
+	return err
 }
 
 // replay rebuilds a re-adopted Trial's proxy counters from its file at
-// path, so that they continue across an agent restart as the kernel's
+// path (its first upTo bytes; < 0: all), so that they continue across an agent restart as the kernel's
 // do. Unreadable records are left out, and returned as the error beside
 // the counters.
-func replay(path string) (*record.TrialStats, error) {
-	recs, err := record.ReadFile(path)
+func replay(path string, upTo int64) (*record.TrialStats, error) {
+	recs, err := record.ReadFilePrefix(path, upTo)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

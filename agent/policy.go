@@ -50,6 +50,11 @@ const uidUnknown = -1
 // Trial are serialised.
 func (a *Agent) ChangeAllow(ctx context.Context, id string, ch AllowChange) (AllowChanged, error) {
 	uid := callerUID(ctx)
+	leave, err := a.enter()
+	if err != nil {
+		return AllowChanged{}, err
+	}
+	defer leave()
 	lt, err := a.lookup(id)
 	if err != nil {
 		return AllowChanged{}, err
@@ -104,6 +109,13 @@ func (a *Agent) ChangeAllow(ctx context.Context, id string, ch AllowChange) (All
 	n, err := a.proxy.SetAllow(id, next, cut)
 	if err != nil {
 		return AllowChanged{}, errf(CodeUnknownTrial, "%v", err)
+	}
+	// The agent this one took over from may still serve tunnels of the
+	// Trial: the change (and its cut) applies to them too.
+	if p := a.pred.Load(); p != nil {
+		if r, ok := p.ask(ctx, hoMsg{Type: "allow", Trial: id, Allow: allowEntries(next), Cut: allow.Strings(cut)}); ok {
+			n += r.N
+		}
 	}
 	a.log.Info("allowlist changed", "trial", id, "uid", uid, "added", pc.Added, "removed", pc.Removed, "tunnels_cut", n)
 	res := AllowChanged{Trial: info, TunnelsCut: n}

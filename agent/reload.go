@@ -62,6 +62,11 @@ type reprofiled struct {
 // apply to Trials created afterwards; live Trials keep the policy they
 // were created with unless Reprofile is set.
 func (a *Agent) Reload(_ context.Context, req ReloadRequest) (ReloadResult, error) {
+	leave, err := a.enter()
+	if err != nil {
+		return ReloadResult{}, err
+	}
+	defer leave()
 	a.reloadMu.Lock()
 	defer a.reloadMu.Unlock()
 	path := a.cfg.ConfigPath

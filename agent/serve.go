@@ -6,11 +6,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"sort"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
+
+	"github.com/trialnet/trialnet/internal/fdpass"
 )
 
 // ServeConfig is the daemon: an agent, where its control API listens,
@@ -25,77 +32,314 @@ type ServeConfig struct {
 	// Reload: each value received reloads the config file (SIGHUP); a
 	// refused reload is logged and changes nothing. nil: none.
 	Reload <-chan os.Signal
+	// Upgrade: each value received starts this agent's executable again
+	// (the file at its path now: an upgraded build), with the same
+	// arguments, to take over by hand-over (SIGUSR2). nil: none.
+	Upgrade <-chan os.Signal
+	// Keeper is the keeper's socket (DefaultKeeperSocket); empty: no
+	// keeper, and listeners die with this process. SpawnKeeper starts
+	// one when none answers there.
+	Keeper      string
+	SpawnKeeper bool
+	// DrainTimeout bounds how long this agent, once it has handed over,
+	// serves its open tunnels before it cuts them; 0: DefaultDrainTimeout.
+	DrainTimeout time.Duration
 }
 
-// Serve runs the daemon until ctx ends. The control socket is taken
-// first, so that a second agent fails before it touches anything; the
-// metrics port next, so that a port in use fails the start before the
-// agent loads or adopts anything. Nothing is served until every listener
-// is bound and the agent has started.
+// DefaultDrainTimeout is long enough for a streaming model call.
+const DefaultDrainTimeout = 15 * time.Minute
+
 // AgentOOMScoreAdj is the OOM score adjustment the agent takes: far
 // below a Trial's 1000, above the -1000 that would exempt it outright.
 const AgentOOMScoreAdj = -900
 
+// daemon is one agent process serving: its listeners, its servers, and,
+// once it has handed over, its successor.
+type daemon struct {
+	a         *Agent
+	cfg       ServeConfig
+	sock      string
+	ctl, met  net.Listener
+	hln       *net.UnixListener
+	srv, msrv *http.Server
+	handedOff chan struct{} // closed once a successor serves everything
+	successor *successor
+}
+
+func (d *daemon) drainTimeout() time.Duration {
+	if d.cfg.DrainTimeout > 0 {
+		return d.cfg.DrainTimeout
+	}
+	return DefaultDrainTimeout
+}
+
+// Serve runs the daemon until ctx ends, or until it has handed over to a
+// successor and drained. At start it takes over from an agent that runs
+// already (a hand-over: nothing is refused or cut), else takes back what
+// the keeper held for an agent that died, else listens anew. Nothing is
+// served until every listener is bound and the agent has started.
 func Serve(ctx context.Context, cfg ServeConfig) error {
 	// Every Trial's proxy lives here: when memory runs out, the OOM
 	// killer should end a Trial's processes (1000, set at launch), never
 	// the agent. Lowering a score needs CAP_SYS_RESOURCE, which the
 	// systemd unit does not give: it sets OOMScoreAdjust instead.
 	oomErr := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(AgentOOMScoreAdj)), 0)
-	sock := cfg.Socket
-	if sock == "" {
-		sock = DefaultSocket
+	d := &daemon{cfg: cfg, sock: cfg.Socket, handedOff: make(chan struct{})}
+	if d.sock == "" {
+		d.sock = DefaultSocket
 	}
-	ln, err := ListenSocket(sock)
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var kc *keeperClient
+	if cfg.Keeper != "" {
+		kc = &keeperClient{path: cfg.Keeper, trials: cfg.Host.StateDir, spawn: cfg.SpawnKeeper, log: log}
+	}
+	pred, inh, err := d.inherit(kc, log)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(sock)
-	var mln net.Listener
-	if cfg.MetricsAddr != "" {
-		if mln, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
-			_ = ln.Close()
-			return fmt.Errorf("agent: metrics on %s: %w (is something else serving that port? Pick another --metrics-addr, or leave it out)", cfg.MetricsAddr, err)
+	closeRest := func() {
+		for _, lns := range inh {
+			for _, l := range lns {
+				_ = l.Close()
+			}
 		}
 	}
-	a, err := Start(cfg.AgentConfig)
-	if err != nil {
-		_ = ln.Close()
-		if mln != nil {
-			_ = mln.Close()
+	if err := d.listen(inh, pred != nil); err != nil {
+		closeRest()
+		d.closeListeners()
+		if pred != nil {
+			_ = pred.c.Close() // it keeps serving
 		}
 		return err
 	}
+	var offsets map[string]int64
+	if pred != nil {
+		offsets = pred.offsets
+	}
+	a, err := start(cfg.AgentConfig, inh, offsets, kc)
+	if err != nil {
+		d.closeListeners()
+		if pred != nil {
+			_ = pred.c.Close()
+		}
+		return err
+	}
+	d.a = a
 	if oomErr != nil {
 		a.log.Warn("could not lower the agent's OOM score: the OOM killer may choose it before a Trial (set OOMScoreAdjust in the unit, or give it CAP_SYS_RESOURCE)",
 			"oom_score_adj", AgentOOMScoreAdj, "error", oomErr)
 	}
-	srv := a.Server()
-	go a.serveHTTP(srv, ln, "control socket")
-	var msrv *http.Server
-	if mln != nil {
-		msrv = &http.Server{Handler: a.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
-		go a.serveHTTP(msrv, mln, "metrics")
+	d.srv = a.Server()
+	go a.serveHTTP(d.srv, d.ctl, "control socket")
+	if d.met != nil {
+		d.msrv = &http.Server{Handler: a.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		go a.serveHTTP(d.msrv, d.met, "metrics")
 	}
-	a.log.Info("trialnet agent ready", "socket", sock, "trials", len(a.list()), "metrics", cfg.MetricsAddr)
-	for done := false; !done; {
-		select {
-		case <-ctx.Done():
-			done = true
-		case sig := <-cfg.Reload:
-			if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
-				a.log.Error("reload", "signal", sig.String(), "error", err)
+	if pred != nil {
+		if err := a.serving(pred); err != nil {
+			a.log.Error("could not tell the agent this one took over from that it serves; it drains only once it sees this one gone", "pid", pred.pid, "error", err)
+		}
+		a.log.Info("took over every listener from the running agent, which now drains", "predecessor", pred.pid)
+	}
+	go d.serveHandovers(d.hln)
+	if kc != nil && d.met != nil {
+		kc.put([]string{nameMetrics}, []net.Listener{d.met}) // each Trial's went when it was served
+	}
+	sdNotify(fmt.Sprintf("READY=1\nMAINPID=%d", os.Getpid()))
+	a.log.Info("trialnet agent ready", "socket", d.sock, "trials", len(a.list()), "metrics", cfg.MetricsAddr, "pid", os.Getpid())
+	return d.run(ctx)
+}
+
+// inherit finds what this process takes over: from a running agent (a
+// hand-over), else from the keeper (an agent that died). It returns the
+// listeners by name, trial ones grouped by Trial id under their names'
+// id, the others under their own name.
+func (d *daemon) inherit(kc *keeperClient, log *slog.Logger) (*predecessor, map[string][]net.Listener, error) {
+	pred, files, err := takeOver(HandoverSocket(d.sock))
+	switch {
+	case errors.Is(err, errNoPredecessor):
+		pred = nil
+		if kc != nil {
+			if files, err = kc.fetch(); err != nil {
+				log.Warn("the keeper's listeners could not be taken back: listening anew", "keeper", kc.path, "error", err)
+				files = nil
+			} else if len(files) > 0 {
+				log.Info("taking back the listeners the keeper held for an agent that ended", "listeners", len(files))
+			}
+		}
+	case err != nil:
+		return nil, nil, err
+	}
+	inh := make(map[string][]net.Listener)
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Slice(names, func(i, j int) bool { return listenerLess(names[i], names[j]) })
+	for _, n := range names {
+		f := files[n]
+		ln, lerr := net.FileListener(f)
+		_ = f.Close()
+		if lerr != nil {
+			log.Warn("a listener handed over is not one; dropped", "name", n, "error", lerr)
+			continue
+		}
+		key := n
+		if id, ok := trialOfName(n); ok {
+			key = "trial:" + id
+		}
+		inh[key] = append(inh[key], ln)
+	}
+	return pred, inh, nil
+}
+
+// listenerLess orders listener names so that a Trial's come in index
+// order (its IPv4 endpoint, the one HTTPS_PROXY names, first).
+func listenerLess(x, y string) bool {
+	xi, xn := splitIndex(x)
+	yi, yn := splitIndex(y)
+	if xi != yi {
+		return xi < yi
+	}
+	return xn < yn
+}
+
+func splitIndex(name string) (string, int) {
+	i := strings.LastIndexByte(name, ':')
+	if i < 0 {
+		return name, 0
+	}
+	n, err := strconv.Atoi(name[i+1:])
+	if err != nil {
+		return name, 0
+	}
+	return name[:i], n
+}
+
+// listen takes the inherited metrics listener, and makes the control and
+// hand-over sockets: anew, as a unix socket's peer credentials (which
+// clients check) are those of the process that made it. Taking over, it
+// replaces the predecessor's at their paths, in one rename each. It
+// leaves only Trials' listeners in inh.
+func (d *daemon) listen(inh map[string][]net.Listener, takingOver bool) error {
+	take := func(name string) net.Listener {
+		lns := inh[name]
+		delete(inh, name)
+		if len(lns) == 0 {
+			return nil
+		}
+		for _, l := range lns[1:] {
+			_ = l.Close()
+		}
+		return lns[0]
+	}
+	var err error
+	if takingOver {
+		d.ctl, err = fdpass.ListenAt("unix", d.sock)
+	} else {
+		d.ctl, err = ListenSocket(d.sock)
+	}
+	if err != nil {
+		return err
+	}
+	if d.met = take(nameMetrics); d.met != nil && !sameAddr(d.met.Addr(), d.cfg.MetricsAddr) {
+		_ = d.met.Close() // this agent serves its metrics elsewhere, or not at all
+		d.met = nil
+	}
+	if d.met == nil && d.cfg.MetricsAddr != "" {
+		if d.met, err = net.Listen("tcp", d.cfg.MetricsAddr); err != nil {
+			return fmt.Errorf("agent: metrics on %s: %w (is something else serving that port? Pick another --metrics-addr, or leave it out)", d.cfg.MetricsAddr, err)
+		}
+	}
+	if d.hln, err = fdpass.Listen(HandoverSocket(d.sock)); err != nil {
+		return fmt.Errorf("agent: hand-over socket: %w", err)
+	}
+	for name, lns := range inh {
+		if _, ok := strings.CutPrefix(name, "trial:"); !ok {
+			_ = take(name) // a name this build does not know: closed
+			for _, l := range lns {
+				_ = l.Close()
 			}
 		}
 	}
-	a.log.Info("trialnet agent stopping", "teardown", cfg.TeardownOnExit)
+	return nil
+}
+
+func (d *daemon) closeListeners() {
+	for _, l := range []net.Listener{d.ctl, d.met} {
+		if l != nil {
+			_ = l.Close()
+		}
+	}
+	if d.hln != nil {
+		_ = d.hln.Close()
+	}
+}
+
+// sameAddr reports whether a listener's address is the one configured.
+func sameAddr(have net.Addr, want string) bool {
+	if want == "" {
+		return false
+	}
+	w, err := net.ResolveTCPAddr("tcp", want)
+	h, ok := have.(*net.TCPAddr)
+	return err == nil && ok && h.Port == w.Port && (h.IP.Equal(w.IP) || (len(w.IP) == 0 && h.IP.IsUnspecified()))
+}
+
+// run serves until ctx ends (a stop) or a successor has taken over and
+// this process has drained.
+func (d *daemon) run(ctx context.Context) error {
+	a := d.a
+	for {
+		select {
+		case <-ctx.Done():
+			return d.stop()
+		case sig := <-d.cfg.Reload:
+			if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
+				a.log.Error("reload", "signal", sig.String(), "error", err)
+			}
+		case <-d.cfg.Upgrade:
+			d.spawnSuccessor()
+		case <-d.handedOff:
+			// A signal now (Kubernetes ending the old pod) does not cut
+			// the drain short: the drain timeout bounds it.
+			d.drain(context.Background())
+			a.Close(false)
+			return nil
+		}
+	}
+}
+
+// stop ends serving without a successor: Trials stay enforced (or are
+// destroyed with TeardownOnExit); their listeners stay with the keeper,
+// so that connections wait for the next agent.
+func (d *daemon) stop() error {
+	a := d.a
+	a.log.Info("trialnet agent stopping", "teardown", d.cfg.TeardownOnExit)
+	sdNotify("STOPPING=1")
+	_ = d.hln.Close()
+	_ = os.Remove(HandoverSocket(d.sock))
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err = srv.Shutdown(shutdown)
-	if msrv != nil {
-		err = errors.Join(err, msrv.Shutdown(shutdown))
+	err := d.srv.Shutdown(shutdown)
+	if d.msrv != nil {
+		err = errors.Join(err, d.msrv.Shutdown(shutdown))
 	}
-	a.Close(cfg.TeardownOnExit)
+	a.Close(d.cfg.TeardownOnExit)
+	if a.keeper != nil {
+		if d.cfg.TeardownOnExit {
+			if kerr := StopKeeper(a.keeper.path); kerr != nil {
+				a.log.Warn("keeper: not stopped", "error", kerr)
+			}
+		} else {
+			// Scrapers should hear that no agent runs, not wait for one.
+			a.keeper.del("", nameMetrics)
+		}
+	}
+	_ = os.Remove(d.sock)
 	if errors.Is(err, context.DeadlineExceeded) {
 		// Clients still connected after 5 s: not a failure of the agent.
 		err = nil
@@ -103,10 +347,53 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	return err
 }
 
+// spawnSuccessor starts this agent's executable again, as it is on disk
+// now, with the same arguments: it takes over by hand-over, and this
+// process drains. If it fails, this one serves on.
+func (d *daemon) spawnSuccessor() {
+	exe, err := os.Executable()
+	if err != nil {
+		d.a.log.Error("upgrade: cannot find this agent's executable", "error", err)
+		return
+	}
+	cmd := exec.Command(exe, os.Args[1:]...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		d.a.log.Error("upgrade: the new agent did not start; this one serves on", "executable", exe, "error", err)
+		return
+	}
+	d.a.log.Info("upgrade: started a new agent to take over", "executable", exe, "pid", cmd.Process.Pid)
+	go func() {
+		if err := cmd.Wait(); err != nil {
+			d.a.log.Error("upgrade: the new agent exited", "pid", cmd.Process.Pid, "error", err)
+		}
+	}()
+}
+
+// sdNotify tells systemd (Type=notify) the agent's state, when it runs
+// under it; a successor's MAINPID makes it the unit's main process
+// (NotifyAccess=all).
+func sdNotify(state string) {
+	path := os.Getenv("NOTIFY_SOCKET")
+	if path == "" {
+		return
+	}
+	if strings.HasPrefix(path, "@") {
+		path = "\x00" + path[1:]
+	}
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	_, _ = c.Write([]byte(state))
+}
+
 // serveHTTP serves srv on ln until it is shut down. Any other end leaves
 // the agent running without that listener, so it is logged.
 func (a *Agent) serveHTTP(srv *http.Server, ln net.Listener, what string) {
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 		a.log.Error("stopped serving the "+what, "addr", ln.Addr().String(), "error", err)
 	}
 }

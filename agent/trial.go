@@ -35,6 +35,12 @@ type trial struct {
 	log    decisionLog
 	mu     sync.Mutex // guards final
 	final  record.TrialStats
+	// ledger keeps its open tunnels where a successor finds them if this
+	// process dies; nil without a state directory.
+	ledger *ledger
+	// lns are the endpoint's listeners this process serves, which a
+	// hand-over passes on; guarded by mu.
+	lns []net.Listener
 	// owner is a pidfd of an owned Trial's owner, which the agent watches
 	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
 	owner *os.File
@@ -59,6 +65,10 @@ func (lt *trial) setTrial(tr *sandbox.Trial) {
 // Serve serves the Trial's proxy endpoint: its listeners live in its
 // namespace, the agent accepts on them (sandbox.Endpoint).
 func (lt *trial) Serve(lns []net.Listener) error {
+	lt.mu.Lock()
+	lt.lns = lns
+	lt.mu.Unlock()
+	lt.a.keep(lt.info.ID, lns)
 	for _, ln := range lns {
 		go func() {
 			if err := lt.a.proxy.Serve(ln, lt.info.ID); err != nil {
@@ -86,6 +96,9 @@ func (lt *trial) Stop() {
 // left enforced for the next agent.
 func (lt *trial) release() {
 	lt.Stop()
+	if lt.ledger != nil {
+		lt.ledger.remove()
+	}
 	lt.log.end()
 	lt.log.close()
 	lt.a.dropOwner(lt)
@@ -95,6 +108,11 @@ func (lt *trial) release() {
 // create makes a Trial for the caller at the other end of conn (nil: a
 // caller in this process).
 func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err error) {
+	leave, err := a.enter()
+	if err != nil {
+		return TrialInfo{}, err
+	}
+	defer leave()
 	lt, list, err := a.newTrial(req, conn)
 	if err != nil {
 		return TrialInfo{}, err
@@ -107,6 +125,7 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 	if err := a.keepOldData(lt.info.ID); err != nil {
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
+	a.removeLedgers(lt.info.ID) // an earlier Trial's of this id, whose tunnels are not this one's
 	if err := a.prepare(lt, list, req.Limits, nil); err != nil {
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
@@ -239,8 +258,40 @@ func (a *Agent) prepare(lt *trial, list *allow.List, limits *config.Limits, stat
 			return err
 		}
 	}
-	return a.proxy.AddTrial(proxy.TrialPolicy{ID: lt.info.ID, Allow: list, Learn: lt.info.Learning, Limits: limits,
-		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats, LogWritten: written})
+	tp := proxy.TrialPolicy{ID: lt.info.ID, Allow: list, Learn: lt.info.Learning, Limits: limits,
+		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats, LogWritten: written}
+	if dir := a.cfg.Host.StateDir; dir != "" {
+		lim := a.proxy.DefaultLimits()
+		if limits != nil {
+			lim = limits.WithDefaults()
+		}
+		var err error
+		if lt.ledger, err = openLedger(dir, lt.info.ID, lim.MaxTunnels); err != nil {
+			return fmt.Errorf("tunnel ledger: %w", err)
+		}
+		tp.Ledger = lt.ledger
+	}
+	return a.proxy.AddTrial(tp)
+}
+
+// recordLost records, as cut, the tunnels of Trial id that a process
+// which died left open (its ledgers).
+func (a *Agent) recordLost(id string) {
+	if a.cfg.Host.StateDir == "" {
+		return
+	}
+	evs, err := lostTunnels(a.cfg.Host.StateDir, id)
+	if err != nil {
+		a.log.Warn("a tunnel ledger is unreadable: the tunnels it kept are not recorded", "trial", id, "error", err)
+	}
+	for i := range evs {
+		if err := a.proxy.Record(id, &evs[i]); err != nil {
+			a.log.Error("record a lost tunnel", "trial", id, "error", err)
+		}
+	}
+	if len(evs) > 0 {
+		a.log.Warn("tunnels lost with an agent that died are recorded as cut", "trial", id, "tunnels", len(evs))
+	}
 }
 
 // readopt takes over the Trials a previous agent left: live ones get
@@ -251,6 +302,8 @@ func (a *Agent) readopt() {
 		lt, err := a.adopt(r)
 		if err != nil {
 			a.log.Warn("trial not re-adopted; removing what is left of it", "trial", r.ID, "reason", err)
+			a.removeLedgers(r.ID)
+			a.unkeep(r.ID)
 			if rerr := a.host.Remove(r.ID); rerr != nil {
 				a.log.Error("remove leftover trial", "trial", r.ID, "error", rerr)
 			}
@@ -301,7 +354,8 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 	if err := a.prepare(lt, allow.New(entries...), info.Limits, a.replayStats(lt)); err != nil {
 		return nil, err
 	}
-	tr, err := a.host.Open(r.Record, lt)
+	a.recordLost(r.ID)
+	tr, err := a.host.Open(r.Record, lt, a.inheritedFor(r.ID))
 	if err != nil {
 		return nil, err
 	}

@@ -111,6 +111,9 @@ const (
 	CodeUnknownTrial   = "unknown_trial"
 	CodeInternal       = "internal"
 	CodeNotRoot        = "not_root"
+	// CodeHandedOver: the agent handed over to a new process while the
+	// call waited, and did nothing of it; Client retries it there.
+	CodeHandedOver = "handed_over"
 )
 
 func errf(code, format string, args ...any) *Error {

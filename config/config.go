@@ -13,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -37,6 +38,10 @@ type File struct {
 	// Paths and Retention are read by the agent; the proxy ignores them.
 	Paths     Paths     `yaml:"paths"`
 	Retention Retention `yaml:"retention"`
+	// DrainTimeout is how long an agent that handed over to a new one
+	// serves its open tunnels before it cuts them (a Go duration, e.g.
+	// "15m"); empty: the agent's default.
+	DrainTimeout string `yaml:"drain_timeout"`
 
 	cidrs []netip.Prefix
 	facts guard.HostFacts
@@ -172,7 +177,22 @@ func (f *File) validate() error {
 	if f.Retention.KeepDays < 0 || f.Retention.KeepTrials < 0 {
 		return errors.New("retention: keep_days and keep_trials cannot be negative (0 means no such limit)")
 	}
+	if _, err := f.Drain(); err != nil {
+		return err
+	}
 	return nil
+}
+
+// Drain is DrainTimeout as a duration; 0 when it is not set.
+func (f *File) Drain() (time.Duration, error) {
+	if f == nil || f.DrainTimeout == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(f.DrainTimeout)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("drain_timeout: %q is not a positive duration (write it like 15m or 90s)", f.DrainTimeout)
+	}
+	return d, nil
 }
 
 // Learn reports whether any of the named profiles is a learning one.

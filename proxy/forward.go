@@ -126,7 +126,9 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *record.Eve
 			}
 			return ev
 		}
-		if !keep {
+		if !keep || p.draining.Load() {
+			// Draining after a hand-over: the client's next request goes
+			// to a new connection, which the new agent accepts.
 			_ = c.Close()
 			return ev
 		}
@@ -284,8 +286,8 @@ func (f *fwdReq) account() (reached bool) {
 // roundTripError says whose doing a failed exchange was: a policy
 // change's, the client's (its body), or the upstream's.
 func (h *httpConn) roundTripError(err error, body *countBody, ot *openTunnel) error {
-	if why := ot.cutBecause.Load(); why != nil {
-		return record.Deny(record.ReasonPolicyDenied, "%s while the request was being forwarded", *why)
+	if c := ot.cutBecause.Load(); c != nil {
+		return record.Deny(c.reason, "%s while the request was being forwarded", c.why)
 	}
 	if berr := body.readErr(); berr != nil {
 		return &record.Denial{Reason: record.ReasonBadRequest, Detail: "the client's request body: " + berr.Error(), Err: berr}
@@ -300,7 +302,7 @@ func (p *Proxy) admitRequest(t *trial, req *wire.Request, ev *record.Event) erro
 	if err := t.takeConnect(); err != nil {
 		return err
 	}
-	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
+	if n := t.tunnels.Add(1) + t.elsewhere.Load(); n > int64(t.limits.MaxTunnels) {
 		t.tunnels.Add(-1)
 		return record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
 	}
@@ -399,9 +401,9 @@ func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, er
 	defer context.AfterFunc(f.rctx, cancel)()
 	dev := &record.Event{} // the request may end while this dial runs: f.dialed copies
 	up, err := h.p.connect(ctx, h.t.set, f.req, dev)
-	if why := f.ot.cutBecause.Load(); why != nil && err == nil {
+	if c := f.ot.cutBecause.Load(); c != nil && err == nil {
 		_ = up.Close()
-		err = record.Deny(record.ReasonPolicyDenied, "%s while the request was being opened", *why)
+		err = record.Deny(c.reason, "%s while the request was being opened", c.why)
 	}
 	if err == nil {
 		// The allowlist may have changed during the DNS and the dial:
@@ -412,8 +414,8 @@ func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, er
 	}
 	f.dialed(dev, err)
 	if err != nil {
-		if why := f.ot.cutBecause.Load(); why != nil {
-			return nil, record.Deny(record.ReasonPolicyDenied, "%s while the request was being opened", *why)
+		if c := f.ot.cutBecause.Load(); c != nil {
+			return nil, record.Deny(c.reason, "%s while the request was being opened", c.why)
 		}
 		return nil, err
 	}

@@ -267,7 +267,7 @@ func TestCutBeforeAnswerRefuses(t *testing.T) {
 	client, peer := net.Pipe()
 	defer peer.Close()
 	ot := &openTunnel{entry: e, ruled: true, client: client, up: nil}
-	ot.cut("its allowlist entry a.example.com:443 was removed")
+	ot.cut(record.ReasonPolicyDenied, "its allowlist entry a.example.com:443 was removed")
 	err := ot.establish()
 	var d *record.Denial
 	if !errors.As(err, &d) || d.Reason != record.ReasonPolicyDenied || !strings.Contains(d.Detail, "while the tunnel was being opened") {
@@ -275,7 +275,7 @@ func TestCutBeforeAnswerRefuses(t *testing.T) {
 	}
 	// A second cut (the entry removed again, before the refusal is
 	// written) leaves it open too: closing it would lose the refusal.
-	ot.cut("its allowlist entry a.example.com:443 was removed")
+	ot.cut(record.ReasonPolicyDenied, "its allowlist entry a.example.com:443 was removed")
 	// The client connection was left open for the refusal.
 	go func() { _, _ = io.WriteString(client, "x") }()
 	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -298,7 +298,7 @@ func TestCutBeforeAnswerRefuses(t *testing.T) {
 	if line := <-got; !strings.HasPrefix(line, "HTTP/1.1 200") {
 		t.Fatalf("answer %q", line)
 	}
-	ot2.cut("its allowlist entry a.example.com:443 was removed")
+	ot2.cut(record.ReasonPolicyDenied, "its allowlist entry a.example.com:443 was removed")
 	if _, err := client2.Write([]byte("x")); !errors.Is(err, io.ErrClosedPipe) {
 		t.Fatalf("a cut after the answer left the client open: %v", err)
 	}

@@ -78,6 +78,7 @@ type Proxy struct {
 	cur      atomic.Pointer[settings]
 	maxConns atomic.Int64 // proxy-wide, every Trial together
 	conns    atomic.Int64 // live client connections, all Trials
+	draining atomic.Bool  // StopAccepting was called: serve what is open, no more
 
 	mu     sync.Mutex
 	trials map[string]*trial
@@ -191,6 +192,18 @@ type TrialPolicy struct {
 	// LogWritten is the size of the Trial's decision log already: a
 	// restarted agent's Trial keeps to its max_log_bytes across restarts.
 	LogWritten int64
+	// Ledger, if set, is told of every tunnel and forwarded request while
+	// it is open, so that a process that dies with them open leaves a
+	// trace of them for its successor to record.
+	Ledger Ledger
+}
+
+// Ledger keeps the open tunnels and requests of a Trial where they
+// outlive the process: Open is called once the request is allowed and
+// registered, with its record as it stands, and the function it returns
+// once the request ends.
+type Ledger interface {
+	Open(ev *record.Event) (closed func())
 }
 
 type trial struct {
@@ -202,6 +215,10 @@ type trial struct {
 	bucket  *ratelimit.Bucket
 	records *record.Gate // bounds what its decision records cost
 	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
+	// elsewhere are the Trial's tunnels another process serves: the agent
+	// this one took over from, while it drains (SetElsewhere).
+	elsewhere atomic.Int64
+	ledger    Ledger
 	clients atomic.Int64 // client connections admitted and not yet closed
 	pending atomic.Int64 // of those, the ones whose request head is not read yet
 
@@ -253,7 +270,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	t := &trial{
 		id: tp.ID, learn: tp.Learn, set: set, limits: lim, bucket: ratelimit.New(lim.ConnectRate, lim.ConnectBurst),
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
-		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel,
+		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel, ledger: tp.Ledger,
 	}
 	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten},
 		func(ev *record.Event, line []byte) {
@@ -290,7 +307,7 @@ func (p *Proxy) SetAllow(id string, l *allow.List, cut []allow.Entry) (int, erro
 	t.allow.Store(l)
 	n := 0
 	for ot := range t.open {
-		if ot.ruled && gone[ot.entry.String()] && ot.cut("its allowlist entry "+ot.entry.String()+" was removed") {
+		if ot.ruled && gone[ot.entry.String()] && ot.cut(record.ReasonPolicyDenied, "its allowlist entry "+ot.entry.String()+" was removed") {
 			n++
 		}
 	}
@@ -315,7 +332,8 @@ type openTunnel struct {
 	entry      allow.Entry
 	ruled      bool
 	client, up net.Conn
-	cutBecause atomic.Pointer[string]
+	cutBecause atomic.Pointer[cutCause]
+	unledger   func() // nil: no ledger
 	// stop cancels a forwarded request's DNS, dial and upload; nil for
 	// a CONNECT, which is registered once dialed.
 	stop context.CancelFunc
@@ -326,12 +344,27 @@ type openTunnel struct {
 	answered bool
 }
 
+// cutCause is why a tunnel or request was cut: a policy change
+// (ReasonPolicyDenied) or the end of an agent's drain (ReasonShutdown).
+type cutCause struct {
+	reason record.Reason
+	why    string
+}
+
+// detail is what an allowed tunnel's record says of its cut.
+func (c *cutCause) detail() string {
+	if c.reason == record.ReasonPolicyDenied {
+		return "tunnel cut by a policy change: " + c.why
+	}
+	return "tunnel cut: " + c.why
+}
+
 // cut ends the tunnel or request; it reports false if an earlier change
 // had cut it already (it is ending, and not this change's to count).
-func (ot *openTunnel) cut(why string) bool {
+func (ot *openTunnel) cut(reason record.Reason, why string) bool {
 	ot.mu.Lock()
 	defer ot.mu.Unlock()
-	if !ot.cutBecause.CompareAndSwap(nil, &why) {
+	if !ot.cutBecause.CompareAndSwap(nil, &cutCause{reason, why}) {
 		return false
 	}
 	if ot.stop != nil {
@@ -358,8 +391,8 @@ func (ot *openTunnel) cut(why string) bool {
 func (ot *openTunnel) attach(up net.Conn) error {
 	ot.mu.Lock()
 	defer ot.mu.Unlock()
-	if why := ot.cutBecause.Load(); why != nil {
-		return record.Deny(record.ReasonPolicyDenied, "%s while the request was being opened", *why)
+	if c := ot.cutBecause.Load(); c != nil {
+		return record.Deny(c.reason, "%s while the request was being opened", c.why)
 	}
 	ot.up = up
 	return nil
@@ -372,10 +405,10 @@ func (ot *openTunnel) attach(up net.Conn) error {
 func (ot *openTunnel) establish() error {
 	ot.mu.Lock()
 	defer ot.mu.Unlock()
-	if why := ot.cutBecause.Load(); why != nil {
+	if c := ot.cutBecause.Load(); c != nil {
 		// Still unanswered: a later cut (the entry removed again) must
 		// not close the connection before the refusal is written.
-		return record.Deny(record.ReasonPolicyDenied, "%s while the tunnel was being opened", *why)
+		return record.Deny(c.reason, "%s while the tunnel was being opened", c.why)
 	}
 	_, err := io.WriteString(ot.client, "HTTP/1.1 200 Connection established\r\n\r\n")
 	ot.answered = true
@@ -469,6 +502,9 @@ func (t *trial) register(req *wire.Request, ev *record.Event, client, up net.Con
 	// ends it by closing its client connection.
 	ot := &openTunnel{entry: v.entry, ruled: v.ruled, client: client, up: up, answered: up == nil, stop: stop}
 	t.open[ot] = struct{}{}
+	if t.ledger != nil {
+		ot.unledger = t.ledger.Open(ev)
+	}
 	return ot, nil
 }
 
@@ -494,6 +530,9 @@ func (t *trial) unregister(ot *openTunnel) {
 	t.mu.Lock()
 	delete(t.open, ot)
 	t.mu.Unlock()
+	if ot.unledger != nil {
+		ot.unledger()
+	}
 }
 
 // RemoveTrial closes the Trial's listeners and every connection it has
@@ -737,7 +776,7 @@ func (p *Proxy) serveConnect(k *clientConn) {
 		return
 	}
 	k.onDone(func() { t.tunnels.Add(-1) })
-	if n := t.tunnels.Add(1); n > int64(t.limits.MaxTunnels) {
+	if n := t.tunnels.Add(1) + t.elsewhere.Load(); n > int64(t.limits.MaxTunnels) {
 		p.refuse(c, ev, record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels))
 		return
 	}
@@ -937,6 +976,6 @@ func (t *trial) snapshot() record.TrialStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.stats.Clone()
-	s.Active = t.tunnels.Load()
+	s.Active = t.tunnels.Load() + t.elsewhere.Load()
 	return s
 }

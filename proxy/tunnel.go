@@ -54,8 +54,8 @@ func (p *Proxy) tunnel(k *clientConn, up net.Conn, ot *openTunnel, req *wire.Req
 	end := func() { // the second pump to end closes and finishes
 		if left.Add(-1) == 0 {
 			abort("", nil)
-			if why := ot.cutBecause.Load(); why != nil && ev.Decision == record.DecisionAllow {
-				ev.Detail = "tunnel cut by a policy change: " + *why
+			if c := ot.cutBecause.Load(); c != nil && ev.Decision == record.DecisionAllow {
+				ev.Detail = c.detail()
 			} else if m := first.Load(); m != nil && ev.Decision == record.DecisionAllow {
 				ev.Detail = "tunnel cut: " + *m
 			}

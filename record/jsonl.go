@@ -42,18 +42,27 @@ func (w *Writer) Write(ev *Event, line []byte) error {
 // ReadFile reads a decision log: every record it can, and an error for
 // the lines it cannot (a torn write, a record of a newer schema) naming
 // the first of them. A record is never half-read.
-func ReadFile(path string) ([]Event, error) {
+func ReadFile(path string) ([]Event, error) { return ReadFilePrefix(path, -1) }
+
+// ReadFilePrefix is ReadFile of the first n bytes of the file (n < 0: all
+// of it): the records another process had written by a moment it knows
+// the file's size at.
+func ReadFilePrefix(path string, n int64) ([]Event, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	var r io.Reader = f
+	if n >= 0 {
+		r = io.LimitReader(f, n)
+	}
 	var (
 		out   []Event
 		first error
 		bad   int
 	)
-	br := bufio.NewReader(f)
+	br := bufio.NewReader(r)
 	for n := 1; ; n++ {
 		line, rerr := br.ReadBytes('\n')
 		if len(bytes.TrimSpace(line)) > 0 {

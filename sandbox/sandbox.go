@@ -15,14 +15,17 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/ident"
 	"github.com/trialnet/trialnet/netns"
+	"golang.org/x/sys/unix"
 )
 
 // ParentName is the cgroup below the cgroup2 root that holds every Trial
@@ -225,7 +228,7 @@ func (h *Host) Create(spec Spec, meta json.RawMessage, ep Endpoint) (_ *Trial, e
 	if err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
-	if err := t.serve(); err != nil {
+	if err := t.serve(nil); err != nil {
 		return nil, err
 	}
 	if err := t.writeRecord(PhaseLive, false); err != nil {
@@ -234,11 +237,29 @@ func (h *Host) Create(spec Spec, meta json.RawMessage, ep Endpoint) (_ *Trial, e
 	return t, nil
 }
 
-// serve opens the proxy endpoint's listeners inside the Trial's namespace
-// and hands them to its Endpoint.
-func (t *Trial) serve() error {
+// serve opens the proxy endpoint's listeners inside the Trial's namespace,
+// unless they were inherited from an earlier process, and hands them to
+// its Endpoint.
+func (t *Trial) serve(inherited []net.Listener) error {
 	ep := t.endpoint
 	if ep == nil || len(t.Spec.Proxy) == 0 {
+		for _, l := range inherited {
+			_ = l.Close()
+		}
+		return nil
+	}
+	if len(inherited) > 0 {
+		for _, ln := range inherited {
+			if err := t.checkInherited(ln); err != nil {
+				for _, l := range inherited {
+					_ = l.Close()
+				}
+				return err
+			}
+		}
+		if err := ep.Serve(inherited); err != nil {
+			return fmt.Errorf("serve the proxy endpoint of Trial %s: %w", t.ID, err)
+		}
 		return nil
 	}
 	var lns []net.Listener
@@ -260,6 +281,36 @@ func (t *Trial) serve() error {
 	}
 	if err := ep.Serve(lns); err != nil {
 		return fmt.Errorf("serve the proxy endpoint of Trial %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+// checkInherited refuses a listener handed over for this Trial that is
+// not one of its proxy endpoints, in its namespace: served as this
+// Trial's, another Trial's listener would get this Trial's policy.
+func (t *Trial) checkInherited(ln net.Listener) error {
+	bad := func(why string) error {
+		return fmt.Errorf("a listener handed over for Trial %s is not its proxy endpoint (%s); it is not served", t.ID, why)
+	}
+	ap, err := netip.ParseAddrPort(ln.Addr().String())
+	if err != nil || !slices.Contains(t.Spec.Proxy, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())) {
+		return bad("it listens on " + ln.Addr().String())
+	}
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return bad("not a socket")
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return bad(err.Error())
+	}
+	var cookie uint64
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cookie, cerr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE) }); err != nil || cerr != nil {
+		return bad(fmt.Sprint("its namespace cannot be read: ", errors.Join(err, cerr)))
+	}
+	if cookie != t.Netns.Cookie {
+		return bad("it lives in another network namespace")
 	}
 	return nil
 }
@@ -409,8 +460,18 @@ type Recorded struct {
 // Open takes over a live Trial an earlier process recorded, once its
 // cgroup, namespace and policy entry are all checked to be there, and
 // serves its proxy endpoint with ep: enforcement never lapsed, as it is
-// pinned. A Trial that cannot be opened whole is the caller's to remove.
-func (h *Host) Open(rec Record, ep Endpoint) (*Trial, error) {
+// pinned. The endpoint's listeners are lns, when an earlier process
+// handed them over or a keeper held them (they are Open's from here on,
+// closed if it fails); nil: Open listens anew. A Trial that cannot be
+// opened whole is the caller's to remove.
+func (h *Host) Open(rec Record, ep Endpoint, lns []net.Listener) (_ *Trial, err error) {
+	defer func() {
+		if err != nil {
+			for _, l := range lns {
+				_ = l.Close()
+			}
+		}
+	}()
 	id := rec.ID
 	if err := ValidID(id); err != nil {
 		return nil, err
@@ -419,7 +480,6 @@ func (h *Host) Open(rec Record, ep Endpoint) (*Trial, error) {
 		return nil, errors.New("it was being created when the previous agent stopped")
 	}
 	t := &Trial{Launcher: Launcher{ID: id, Cgroup: filepath.Join(h.Parent, id), Spec: rec.Spec}, Meta: rec.Meta, host: h, endpoint: ep}
-	var err error
 	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
 		return nil, fmt.Errorf("its cgroup is gone: %w", err)
 	}
@@ -432,7 +492,9 @@ func (h *Host) Open(rec Record, ep Endpoint) (*Trial, error) {
 	if t.Netns, err = netns.Open(h.netnsDir(), id); err != nil {
 		return nil, err
 	}
-	if err := t.serve(); err != nil {
+	served := lns
+	lns = nil // serve's from here
+	if err := t.serve(served); err != nil {
 		return nil, err
 	}
 	return t, nil

@@ -50,7 +50,7 @@ func socketFlag(fs *flag.FlagSet) *string {
 }
 
 func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("agent", "agent [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--metrics-addr ADDR] [--log-format text|json] [--teardown-on-exit]",
+	fs := newFlags("agent", "agent [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--metrics-addr ADDR] [--log-format text|json] [--teardown-on-exit] [--drain-timeout D] [--keeper PATH|off]",
 		"sudo trialnet agent --config /etc/trialnet/trialnet.yaml --metrics-addr 127.0.0.1:9464", stderr)
 	var cf configFlags
 	cf.register(fs, "profiles, resolvers, allowed CIDRs, limits, paths")
@@ -58,6 +58,8 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9464)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	teardown := fs.Bool("teardown-on-exit", false, "destroy every Trial on SIGTERM/SIGINT (default: leave them enforced for the next agent)")
+	drain := fs.Duration("drain-timeout", 0, "after handing over to a new agent, serve open tunnels this long before cutting them (default: the config's drain_timeout, else 15m)")
+	keeper := fs.String("keeper", "", "the keeper's socket, which holds the listeners across an agent crash (default: beside the control socket, started if none runs); off: none")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
@@ -97,14 +99,54 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	err = agent.Serve(ctx, agent.ServeConfig{
+	// SIGUSR2 starts the executable again (an upgraded build), which takes
+	// over by hand-over (systemctl reload).
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	defer signal.Stop(usr2)
+	sock := or(*socket, file.Paths.Socket)
+	sc := agent.ServeConfig{
 		AgentConfig:    cfg,
-		Socket:         or(*socket, file.Paths.Socket),
+		Socket:         sock,
 		MetricsAddr:    *metricsAddr,
 		TeardownOnExit: *teardown,
 		Reload:         hup,
-	})
+		Upgrade:        usr2,
+		DrainTimeout:   *drain,
+		Keeper:         *keeper,
+		SpawnKeeper:    *keeper == "",
+	}
+	if sc.DrainTimeout == 0 {
+		sc.DrainTimeout, _ = file.Drain() // checked when the file was read
+	}
+	switch sc.Keeper {
+	case "off":
+		sc.Keeper = ""
+	case "":
+		sc.Keeper = agent.DefaultKeeperSocket(or(sock, agent.DefaultSocket))
+	}
+	err = agent.Serve(ctx, sc)
 	if err != nil {
+		return fail(stdout, stderr, false, exitFailure, err)
+	}
+	return exitOK
+}
+
+// cmdKeeper holds the agent's listeners (agent.RunKeeper).
+func cmdKeeper(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("keeper", "keeper [--socket PATH] [--trials DIR]", "sudo trialnet keeper --socket /run/trialnet/agent.keeper --trials /run/trialnet/trials", stderr)
+	sock := fs.String("socket", agent.DefaultKeeperSocket(agent.DefaultSocket), "where the agent reaches the keeper")
+	trials := fs.String("trials", agent.DefaultStateDir, "the agent's state directory: a Trial's listeners go once its record there does")
+	if err := parseNoArgs(fs, args); err != nil {
+		return exitUsage
+	}
+	// The agent's own signals (a ^C in its terminal, a setsid child's
+	// hang-up) are not the keeper's: only SIGTERM, or the agent's quit,
+	// ends it.
+	signal.Ignore(os.Interrupt, syscall.SIGHUP)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
+	defer stop()
+	if err := agent.RunKeeper(ctx, *sock, *trials, slog.New(slog.NewTextHandler(stderr, nil))); err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}
 	return exitOK

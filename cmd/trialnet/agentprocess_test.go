@@ -33,20 +33,33 @@ type agentUnderTest struct {
 	config string
 	sock   string
 	log    string
+	data   string
 	cmd    *exec.Cmd
 }
 
 func newAgentUnderTest(t *testing.T, name string) *agentUnderTest {
+	// No resolver answers: nothing a Trial asks for leaves this machine.
+	return newAgentWithConfig(t, name, `resolvers: ["127.0.0.1:9"]`+"\n")
+}
+
+// newAgentWithConfig is newAgentUnderTest with yaml (resolvers, limits,
+// ...) before the paths. The keeper its agents start is stopped when
+// the test ends.
+func newAgentWithConfig(t *testing.T, name, yaml string) *agentUnderTest {
 	t.Helper()
 	dir := t.TempDir()
 	a := &agentUnderTest{host: testenv.IsolatedHost(t, name), config: filepath.Join(dir, "trialnet.yaml"),
-		sock: filepath.Join(dir, "agent.sock"), log: filepath.Join(dir, "agent.log")}
-	// No resolver answers: nothing a Trial asks for leaves this machine.
-	yaml := fmt.Sprintf("resolvers: [\"127.0.0.1:9\"]\npaths:\n  socket: %s\n  state_dir: %s\n  data_dir: %s\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
-		a.sock, a.host.StateDir, filepath.Join(dir, "data"), a.host.PinDir, a.host.NetnsDir, a.host.Parent)
+		sock: filepath.Join(dir, "agent.sock"), log: filepath.Join(dir, "agent.log"), data: filepath.Join(dir, "data")}
+	yaml += fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s\n  data_dir: %s\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
+		a.sock, a.host.StateDir, a.data, a.host.PinDir, a.host.NetnsDir, a.host.Parent)
 	if err := os.WriteFile(a.config, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := agent.StopKeeper(agent.DefaultKeeperSocket(a.sock)); err != nil {
+			t.Errorf("stop the keeper: %v", err)
+		}
+	})
 	return a
 }
 

@@ -51,7 +51,8 @@ var commands = []struct {
 }{
 	{"doctor", "check what this kernel offers trialnet", cmdDoctor, false},
 	{"run", "run a command in an ephemeral Trial (through the agent, or an embedded one)", cmdRun, false},
-	{"agent", "run the host agent (the daemon behind create, exec, stats, ...)", cmdAgent, false},
+	{"agent", "run the host agent (the daemon behind create, exec, stats, ...); one started while another runs takes over from it", cmdAgent, false},
+	{"keeper", "hold the agent's listening sockets so that they outlive it (the agent starts one itself)", cmdKeeper, false},
 	{"create", "create a long-lived Trial", cmdCreate, true},
 	{"exec", "run a command in a Trial", cmdExec, false},
 	{"list", "list live Trials", cmdList, true},

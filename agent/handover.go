@@ -1,0 +1,660 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/internal/fdpass"
+	"github.com/trialnet/trialnet/record"
+)
+
+// A hand-over moves a running agent's listeners to a new agent process
+// without closing them: the old process (the predecessor) sends them over
+// a root-only packet socket (SCM_RIGHTS), its successor serves them, and
+// only then does the predecessor stop accepting. A connection arriving at
+// any moment waits in the kernel's accept queue of a socket that stays
+// open throughout, so none is refused. The predecessor then drains: it
+// serves the tunnels and requests it has open until they end or its
+// drain_timeout passes, and cuts the rest with a record saying why.
+// Throughout, its records land in each Trial's log (both processes append
+// whole lines), and it sends them to its successor, which counts them and
+// shows them to watchers; it sends its open tunnel counts, which count
+// against max_tunnels there; and it takes its successor's live policy
+// changes and removals of Trials.
+
+// handoverVersion is the hand-over protocol this agent speaks. An agent
+// asked for another answers "refused", and the new one says so.
+const handoverVersion = 1
+
+// HandoverSocket is where the agent serving the control socket at sock
+// offers its listeners to a successor.
+func HandoverSocket(sock string) string {
+	return strings.TrimSuffix(sock, ".sock") + ".handover"
+}
+
+// nameMetrics names the metrics listener among those a hand-over or the
+// keeper moves; a Trial's are trialListenerName's. The unix sockets
+// (control, hand-over) are made anew by each agent (see listen).
+const nameMetrics = "metrics"
+
+
+func trialListenerName(id string, i int) string { return fmt.Sprintf("trial:%s:%d", id, i) }
+
+// trialOfName is the Trial a listener name belongs to, if any.
+func trialOfName(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, "trial:")
+	if !ok {
+		return "", false
+	}
+	id, _, ok := strings.Cut(rest, ":")
+	return id, ok
+}
+
+// hoMsg is one hand-over message; Type says which fields it uses.
+type hoMsg struct {
+	Type    string `json:"type"` // hello, offer, refused, serving, records, open, allow, remove, done, drained
+	Version int    `json:"version,omitempty"`
+	PID     int    `json:"pid,omitempty"`
+	Error   string `json:"error,omitempty"`
+	// offer: the names of the files sent with it, in order, and whether
+	// more offer messages follow; each Trial's log size when the
+	// predecessor began sending its records.
+	Names   []string         `json:"names,omitempty"`
+	More    bool             `json:"more,omitempty"`
+	Offsets map[string]int64 `json:"offsets,omitempty"`
+	// records, allow, remove, done
+	Trial string            `json:"trial,omitempty"`
+	Lines []json.RawMessage `json:"lines,omitempty"`
+	Seq   uint64            `json:"seq,omitempty"`
+	Allow []AllowEntry      `json:"allow,omitempty"`
+	Cut   []string          `json:"cut,omitempty"`
+	N     int               `json:"n,omitempty"`
+	// open: each Trial's tunnels and requests the predecessor serves
+	Open map[string]int64 `json:"open,omitempty"`
+}
+
+// Hand-over timeouts: the offer's messages, and the successor's start
+// (it adopts every Trial, which takes well under a second each).
+const (
+	handoverStepTimeout  = 30 * time.Second
+	handoverServeTimeout = 2 * time.Minute
+)
+
+// errHandedOver answers a call that waited on a hand-over: this process
+// no longer serves, and did nothing of it. Clients retry it.
+func errHandedOver() *Error {
+	return errf(CodeHandedOver, "this agent handed over to a new agent process while the call waited; it did nothing, and the new agent serves a retry")
+}
+
+// enter admits a call that changes Trials (create, destroy, allowlist,
+// reload); a hand-over waits for those admitted and holds the others
+// until it is done, after which they are refused with errHandedOver.
+func (a *Agent) enter() (leave func(), err error) {
+	a.hmu.RLock()
+	if a.handedOver {
+		a.hmu.RUnlock()
+		return nil, errHandedOver()
+	}
+	return a.hmu.RUnlock, nil
+}
+
+// forwarder queues the records a draining predecessor sends on.
+type forwarder struct {
+	mu      sync.Mutex
+	q       map[string][]json.RawMessage
+	n       int
+	dropped int
+	wake    chan struct{}
+}
+
+// fwdQueueMax bounds what waits for a slow successor; past it records are
+// still written to the log, only not counted live by the successor.
+const fwdQueueMax = 1 << 16
+
+func newForwarder() *forwarder {
+	return &forwarder{q: make(map[string][]json.RawMessage), wake: make(chan struct{}, 1)}
+}
+
+func (f *forwarder) add(id string, line []byte) {
+	f.mu.Lock()
+	if f.n >= fwdQueueMax {
+		f.dropped++
+	} else {
+		f.q[id] = append(f.q[id], json.RawMessage(append([]byte(nil), line...)))
+		f.n++
+	}
+	f.mu.Unlock()
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (f *forwarder) take() (map[string][]json.RawMessage, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	q, d := f.q, f.dropped
+	f.q, f.n, f.dropped = make(map[string][]json.RawMessage), 0, 0
+	return q, d
+}
+
+// send writes the queued records to c until stop is closed, in messages
+// well under fdpass's bound; it returns when c fails or after a last
+// flush once stop is closed.
+func (f *forwarder) send(c *net.UnixConn, stop <-chan struct{}, log func(string, ...any)) {
+	for {
+		var last bool
+		select {
+		case <-f.wake:
+		case <-stop:
+			last = true
+		}
+		q, dropped := f.take()
+		if dropped > 0 {
+			log("records not sent to the successor (it did not keep up); they are in the log, and its counters miss them until its next restart", "records", dropped)
+		}
+		for id, lines := range q {
+			for len(lines) > 0 {
+				n, size := 0, 0
+				for n < len(lines) && size < 256<<10 {
+					size += len(lines[n])
+					n++
+				}
+				if err := fdpass.Send(c, hoMsg{Type: "records", Trial: id, Lines: lines[:n]}); err != nil {
+					return
+				}
+				lines = lines[n:]
+			}
+		}
+		if last {
+			return
+		}
+	}
+}
+
+// startForwarding makes every Trial's log send its records to fw from
+// now on, and returns each log's size at that moment: what the successor
+// replays, the rest it gets from fw. stopForwarding undoes it.
+func (a *Agent) startForwarding(fw *forwarder) map[string]int64 {
+	a.mu.Lock()
+	lts := make([]*trial, 0, len(a.trials))
+	for _, lt := range a.trials {
+		lts = append(lts, lt)
+	}
+	a.mu.Unlock()
+	out := make(map[string]int64, len(lts))
+	for _, lt := range lts {
+		id := lt.info.ID
+		out[id] = lt.log.forward(func(line []byte) { fw.add(id, line) })
+	}
+	return out
+}
+
+func (a *Agent) stopForwarding() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, lt := range a.trials {
+		lt.log.forward(nil)
+	}
+}
+
+// listenerFiles are the descriptors of every listener this process
+// serves, by name, for a hand-over or the keeper. The caller closes them.
+func (d *daemon) listenerFiles() (names []string, files []*os.File, err error) {
+	add := func(name string, ln net.Listener) {
+		if ln == nil || err != nil {
+			return
+		}
+		f, ferr := listenerFile(ln)
+		if ferr != nil {
+			err = fmt.Errorf("listener %s: %w", name, ferr)
+			return
+		}
+		names, files = append(names, name), append(files, f)
+	}
+	add(nameMetrics, d.met)
+	for id, lns := range d.a.trialListeners() {
+		for i, ln := range lns {
+			add(trialListenerName(id, i), ln)
+		}
+	}
+	if err != nil {
+		closeFiles(files)
+		return nil, nil, err
+	}
+	return names, files, nil
+}
+
+func listenerFile(ln net.Listener) (*os.File, error) {
+	f, ok := ln.(interface{ File() (*os.File, error) })
+	if !ok {
+		return nil, fmt.Errorf("a %T cannot be handed over", ln)
+	}
+	return f.File()
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		_ = f.Close()
+	}
+}
+
+// trialListeners are the endpoint listeners of every live Trial.
+func (a *Agent) trialListeners() map[string][]net.Listener {
+	a.mu.Lock()
+	lts := make([]*trial, 0, len(a.trials))
+	for _, lt := range a.trials {
+		if lt.state == stateLive {
+			lts = append(lts, lt)
+		}
+	}
+	a.mu.Unlock()
+	out := make(map[string][]net.Listener, len(lts))
+	for _, lt := range lts {
+		lt.mu.Lock()
+		if len(lt.lns) > 0 {
+			out[lt.info.ID] = lt.lns
+		}
+		lt.mu.Unlock()
+	}
+	return out
+}
+
+// serveHandovers answers successors on ln, one at a time, until one takes
+// over (it closes d.handedOff) or ln is closed.
+func (d *daemon) serveHandovers(ln *net.UnixListener) {
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		err = d.handOver(c)
+		if err == nil {
+			return // c stays open: the drain uses it
+		}
+		_ = c.Close()
+		d.a.log.Error("hand-over to a new agent failed; this agent keeps serving everything", "error", err)
+	}
+}
+
+// handOver offers everything to the successor at c. On success, this
+// process no longer accepts anything and drains; on failure it serves on
+// as if nothing happened (it never stopped accepting).
+func (d *daemon) handOver(c *net.UnixConn) (err error) {
+	a := d.a
+	if err := fdpass.CheckPeer(c); err != nil {
+		return err
+	}
+	pid := fdpass.PeerPID(c)
+	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
+	var hello hoMsg
+	if _, err := fdpass.Recv(c, &hello); err != nil {
+		return fmt.Errorf("pid %d: hello: %w", pid, err)
+	}
+	if hello.Type != "hello" || hello.Version != handoverVersion {
+		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(),
+			Error: fmt.Sprintf("this agent (pid %d) speaks hand-over protocol %d, the new one asked for %q version %d", os.Getpid(), handoverVersion, hello.Type, hello.Version)})
+		return fmt.Errorf("pid %d asked for protocol %d, not %d", pid, hello.Version, handoverVersion)
+	}
+	a.log.Info("handing over to a new agent", "pid", pid)
+	// Calls that change Trials finish first; new ones wait for the end.
+	a.hmu.Lock()
+	fw := newForwarder()
+	defer func() {
+		if err != nil {
+			a.stopForwarding()
+			a.hmu.Unlock()
+		}
+	}()
+	names, files, err := d.listenerFiles()
+	if err != nil {
+		return err
+	}
+	defer closeFiles(files)
+	offsets := a.startForwarding(fw)
+	for i := 0; ; i += fdpass.MaxFiles {
+		j := min(i+fdpass.MaxFiles, len(files))
+		m := hoMsg{Type: "offer", Version: handoverVersion, PID: os.Getpid(), Names: names[i:j], More: j < len(files)}
+		if i == 0 {
+			m.Offsets = offsets
+		}
+		if err := fdpass.Send(c, m, files[i:j]...); err != nil {
+			return fmt.Errorf("pid %d: offer: %w", pid, err)
+		}
+		if j == len(files) {
+			break
+		}
+	}
+	// Its records go out while it starts: it counts them once it serves.
+	stop := make(chan struct{})
+	go fw.send(c, stop, a.log.Warn)
+	_ = c.SetDeadline(time.Now().Add(handoverServeTimeout))
+	var ok hoMsg
+	if _, err := fdpass.Recv(c, &ok); err != nil || ok.Type != "serving" {
+		close(stop)
+		return fmt.Errorf("pid %d did not take over (%v %s)", pid, err, ok.Type)
+	}
+	_ = c.SetDeadline(time.Time{})
+	a.handedOver = true
+	a.hmu.Unlock()
+	a.log.Info("the new agent serves every listener; this one stops accepting and drains", "successor", pid, "drain_timeout", d.drainTimeout())
+	d.successor = &successor{c: c, pid: pid, stopFwd: stop}
+	close(d.handedOff)
+	return nil
+}
+
+// successor is the agent this one handed over to, as the drain sees it.
+type successor struct {
+	c       *net.UnixConn
+	pid     int
+	stopFwd chan struct{}
+}
+
+// drain runs after a hand-over: stop accepting everywhere, serve what is
+// open until it ends or the drain time passes, then cut what is left.
+// Meanwhile the successor's allowlist changes and removals are applied
+// here too, and the open counts are sent to it.
+func (d *daemon) drain(ctx context.Context) {
+	a, s := d.a, d.successor
+	a.stopWatching()
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// The socket paths are the successor's now (its own sockets, renamed
+	// over these: neither unlinks on close). A call that reached this
+	// control socket just before is still answered: it closes a moment
+	// later; a call that changes Trials gets CodeHandedOver, and its
+	// client retries it there.
+	_ = d.hln.Close()
+	time.AfterFunc(time.Second, func() { _ = d.srv.Shutdown(shutdown) })
+	if d.msrv != nil {
+		go func() { _ = d.msrv.Shutdown(shutdown) }()
+	}
+	a.proxy.StopAccepting()
+	go d.follow(s)
+	drainCtx, stopDrain := context.WithTimeout(ctx, d.drainTimeout())
+	defer stopDrain()
+	done := make(chan bool, 1)
+	go func() { done <- a.proxy.Drained(drainCtx) }()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var last map[string]int64
+	sendOpen := func() {
+		open := a.proxy.Open()
+		if !sameCounts(open, last) {
+			_ = fdpass.Send(s.c, hoMsg{Type: "open", Open: open})
+			last = open
+		}
+	}
+	for drained := false; !drained; {
+		select {
+		case ok := <-done:
+			if !ok {
+				why := fmt.Sprintf("the agent handed over to pid %d, and its drain_timeout (%s) passed with this still open", s.pid, d.drainTimeout())
+				n := a.proxy.CutAll(why)
+				a.log.Warn("drain time is up: cutting what is still open", "tunnels", n, "drain_timeout", d.drainTimeout())
+				wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				a.proxy.Drained(wait)
+				cancel()
+			}
+			drained = true
+		case <-tick.C:
+			sendOpen()
+		}
+	}
+	// Each Trial's last records (summaries) are written and sent before
+	// the successor hears that this process is done.
+	for _, id := range a.ids() {
+		a.proxy.RemoveTrial(id)
+	}
+	a.mu.Lock()
+	for _, lt := range a.trials {
+		lt.log.end()
+		lt.log.close()
+	}
+	a.mu.Unlock()
+	close(s.stopFwd)
+	time.Sleep(50 * time.Millisecond) // the forwarder's last flush
+	_ = fdpass.Send(s.c, hoMsg{Type: "open", Open: map[string]int64{}})
+	_ = fdpass.Send(s.c, hoMsg{Type: "drained"})
+	_ = s.c.Close()
+	a.log.Info("drained; this agent exits", "successor", s.pid)
+}
+
+func sameCounts(x, y map[string]int64) bool {
+	if len(x) != len(y) {
+		return false
+	}
+	for k, v := range x {
+		if w, ok := y[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// follow applies the successor's requests during the drain: allowlist
+// changes (with their cuts) and removals of Trials, each answered.
+func (d *daemon) follow(s *successor) {
+	a := d.a
+	for {
+		var m hoMsg
+		if _, err := fdpass.Recv(s.c, &m); err != nil {
+			return
+		}
+		reply := hoMsg{Type: "done", Seq: m.Seq}
+		switch m.Type {
+		case "allow":
+			list, err := parseEntries(m.Allow, nil)
+			if err == nil {
+				var cut []AllowEntry
+				for _, c := range m.Cut {
+					cut = append(cut, AllowEntry{Entry: c})
+				}
+				cutEntries, _ := parseEntries(cut, nil)
+				reply.N, err = a.proxy.SetAllow(m.Trial, allow.New(list...), cutEntries)
+			}
+			if err != nil {
+				reply.Error = err.Error()
+			}
+		case "remove":
+			a.proxy.RemoveTrial(m.Trial)
+		default:
+			continue
+		}
+		_ = fdpass.Send(s.c, reply)
+	}
+}
+
+// predecessor is the agent this one took over from, while it drains.
+type predecessor struct {
+	c       *net.UnixConn
+	pid     int
+	offsets map[string]int64
+
+	mu      sync.Mutex
+	seq     uint64
+	waiting map[uint64]chan hoMsg
+	done    chan struct{} // closed when it has drained, or died
+}
+
+// errNoPredecessor: no agent answers on the hand-over socket.
+var errNoPredecessor = errors.New("no agent to take over from")
+
+// takeOver asks the agent at the hand-over socket path for everything it
+// serves. It returns errNoPredecessor when none answers, and an error
+// that says what to do when one answers and cannot hand over.
+func takeOver(path string) (*predecessor, map[string]*os.File, error) {
+	c, err := fdpass.Dial(path)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, nil, errNoPredecessor
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("take over from the running agent: %w", err)
+	}
+	files := make(map[string]*os.File)
+	fail := func(err error) (*predecessor, map[string]*os.File, error) {
+		_ = c.Close()
+		for _, f := range files {
+			_ = f.Close()
+		}
+		return nil, nil, err
+	}
+	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
+	if err := fdpass.Send(c, hoMsg{Type: "hello", Version: handoverVersion, PID: os.Getpid()}); err != nil {
+		return fail(fmt.Errorf("take over from the running agent: %w", err))
+	}
+	p := &predecessor{c: c, waiting: make(map[uint64]chan hoMsg), done: make(chan struct{})}
+	for more := true; more; {
+		var m hoMsg
+		got, err := fdpass.Recv(c, &m)
+		if err != nil {
+			return fail(fmt.Errorf("take over from the running agent: %w (it keeps serving; look at its log)", err))
+		}
+		if m.Type == "refused" {
+			closeFiles(got)
+			return fail(fmt.Errorf("the running agent (pid %d) cannot hand over to this one: %s. It keeps serving; stop it first (its open tunnels are then cut) or start a build that speaks protocol %d", m.PID, m.Error, m.Version))
+		}
+		if m.Type != "offer" || len(got) != len(m.Names) {
+			closeFiles(got)
+			return fail(fmt.Errorf("take over from the running agent: a %q message with %d files for %d names", m.Type, len(got), len(m.Names)))
+		}
+		for i, n := range m.Names {
+			files[n] = got[i]
+		}
+		if m.Offsets != nil {
+			p.pid, p.offsets = m.PID, m.Offsets
+		}
+		more = m.More
+	}
+	_ = c.SetDeadline(time.Time{})
+	return p, files, nil
+}
+
+// serving tells the predecessor that this process serves every listener,
+// and starts following its drain.
+func (a *Agent) serving(p *predecessor) error {
+	if err := fdpass.Send(p.c, hoMsg{Type: "serving", PID: os.Getpid()}); err != nil {
+		return err
+	}
+	a.pred.Store(p)
+	go a.followPredecessor(p)
+	return nil
+}
+
+// followPredecessor counts the predecessor's records and open tunnels
+// until it has drained. If it dies first, the tunnels its ledgers kept
+// are recorded as cut.
+func (a *Agent) followPredecessor(p *predecessor) {
+	defer func() {
+		a.pred.CompareAndSwap(p, nil)
+		for _, id := range a.ids() {
+			a.proxy.SetElsewhere(id, 0)
+		}
+		p.mu.Lock()
+		for seq, ch := range p.waiting {
+			close(ch)
+			delete(p.waiting, seq)
+		}
+		p.mu.Unlock()
+		close(p.done)
+		_ = p.c.Close()
+	}()
+	for {
+		var m hoMsg
+		if _, err := fdpass.Recv(p.c, &m); err != nil {
+			a.log.Error("the agent this one took over from ended before it drained; its open tunnels were cut", "pid", p.pid, "error", err)
+			for _, id := range a.ids() {
+				a.recordLost(id)
+			}
+			return
+		}
+		switch m.Type {
+		case "records":
+			a.counted(m.Trial, m.Lines)
+		case "open":
+			for _, id := range a.ids() {
+				a.proxy.SetElsewhere(id, m.Open[id])
+			}
+		case "done":
+			p.mu.Lock()
+			ch := p.waiting[m.Seq]
+			delete(p.waiting, m.Seq)
+			p.mu.Unlock()
+			if ch != nil {
+				ch <- m
+			}
+		case "drained":
+			a.log.Info("the agent this one took over from has drained and exits", "pid", p.pid)
+			return
+		}
+	}
+}
+
+// counted adds records the predecessor wrote to Trial id's counters, and
+// shows them to its watchers.
+func (a *Agent) counted(id string, lines []json.RawMessage) {
+	a.mu.Lock()
+	lt := a.trials[id]
+	a.mu.Unlock()
+	if lt == nil {
+		return
+	}
+	for _, line := range lines {
+		var ev record.Event
+		if err := ev.UnmarshalJSON(line); err != nil {
+			continue
+		}
+		_ = a.proxy.Count(id, &ev)
+		lt.log.observe(&ev)
+	}
+}
+
+// ask sends a request to the predecessor and waits for its answer; a
+// predecessor that has drained or died has nothing left to apply it to.
+func (p *predecessor) ask(ctx context.Context, m hoMsg) (hoMsg, bool) {
+	ch := make(chan hoMsg, 1)
+	p.mu.Lock()
+	select {
+	case <-p.done:
+		p.mu.Unlock()
+		return hoMsg{}, false
+	default:
+	}
+	p.seq++
+	m.Seq = p.seq
+	p.waiting[m.Seq] = ch
+	p.mu.Unlock()
+	if err := fdpass.Send(p.c, m); err != nil {
+		return hoMsg{}, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	select {
+	case r, ok := <-ch:
+		return r, ok
+	case <-ctx.Done():
+		return hoMsg{}, false
+	}
+}
+
+// ids are the ids of every Trial this agent holds.
+func (a *Agent) ids() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]string, 0, len(a.trials))
+	for id := range a.trials {
+		out = append(out, id)
+	}
+	return out
+}

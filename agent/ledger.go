@@ -1,0 +1,207 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/trialnet/trialnet/record"
+	"golang.org/x/sys/unix"
+)
+
+// A tunnel's record is written when it ends, with its byte counts. An
+// agent killed outright (SIGKILL, the OOM killer) takes the records of
+// its open tunnels with it, and the Trial's log would not show that they
+// were ever allowed, nor that they were cut. So each agent process keeps
+// a ledger per Trial: a file on the state directory's tmpfs, mapped
+// shared, with one slot per open tunnel or forwarded request holding its
+// record as it stood when it was allowed. Taking a slot is a copy into
+// memory and one atomic store; nothing is written to a disk. The agent
+// that serves the Trial next finds the ledgers of processes that are
+// gone and records each tunnel left in them as cut.
+
+const (
+	ledgerMagic  = "TNLEDGR1"
+	ledgerHeader = 64   // magic, pid, process start time
+	ledgerSlot   = 2048 // state (4), length (4), the record's JSON
+)
+
+// ledger is one process's open tunnels of one Trial.
+type ledger struct {
+	path string
+	mem  []byte
+	mu   sync.Mutex
+	free []int // slots not in use
+}
+
+// ledgerPath names pid's ledger of Trial id under dir.
+func ledgerPath(dir, id string, pid int) string {
+	return filepath.Join(dir, id+".open."+strconv.Itoa(pid))
+}
+
+// openLedger makes this process's ledger of Trial id, with one slot per
+// tunnel it may have open.
+func openLedger(dir, id string, slots int) (*ledger, error) {
+	path := ledgerPath(dir, id, os.Getpid())
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close() // the mapping stays
+	size := ledgerHeader + slots*ledgerSlot
+	if err := f.Truncate(int64(size)); err != nil {
+		_ = os.Remove(path)
+		return nil, err
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		_ = os.Remove(path)
+		return nil, err
+	}
+	start, _ := startTime(os.Getpid())
+	copy(mem, ledgerMagic)
+	binary.LittleEndian.PutUint64(mem[8:], uint64(os.Getpid()))
+	binary.LittleEndian.PutUint64(mem[16:], start)
+	l := &ledger{path: path, mem: mem, free: make([]int, slots)}
+	for i := range l.free {
+		l.free[i] = slots - 1 - i
+	}
+	return l, nil
+}
+
+func slotState(mem []byte, i int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&mem[ledgerHeader+i*ledgerSlot]))
+}
+
+// Open keeps ev in a free slot until the function it returns is called
+// (proxy.Ledger). A record too long for a slot loses its addresses and
+// detail; with no free slot, the tunnel is not kept.
+func (l *ledger) Open(ev *record.Event) func() {
+	line, err := ev.AppendJSON(nil)
+	if err == nil && len(line) > ledgerSlot-8 {
+		short := *ev
+		short.Resolved, short.Detail = nil, ""
+		line, err = short.AppendJSON(nil)
+	}
+	if err != nil || len(line) > ledgerSlot-8 {
+		return func() {}
+	}
+	l.mu.Lock()
+	if len(l.free) == 0 || l.mem == nil {
+		l.mu.Unlock()
+		return func() {}
+	}
+	i := l.free[len(l.free)-1]
+	l.free = l.free[:len(l.free)-1]
+	l.mu.Unlock()
+	off := ledgerHeader + i*ledgerSlot
+	binary.LittleEndian.PutUint32(l.mem[off+4:], uint32(len(line)))
+	copy(l.mem[off+8:], line)
+	slotState(l.mem, i).Store(1) // after the record: a reader sees it whole
+	return func() {
+		slotState(l.mem, i).Store(0)
+		l.mu.Lock()
+		l.free = append(l.free, i)
+		l.mu.Unlock()
+	}
+}
+
+// remove drops the ledger once every tunnel it kept has ended.
+func (l *ledger) remove() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mem == nil {
+		return
+	}
+	_ = unix.Munmap(l.mem)
+	l.mem = nil
+	_ = os.Remove(l.path)
+}
+
+// lostTunnels reads and removes the ledgers of Trial id under dir that
+// belong to processes which are gone (or to pid, once it is known to
+// be), and returns the tunnels they kept, each as the record of its cut.
+// A ledger of a live process other than this one is left alone: an
+// agent draining after a hand-over.
+func lostTunnels(dir, id string) ([]record.Event, error) {
+	files, _ := filepath.Glob(filepath.Join(dir, id+".open.*"))
+	var out []record.Event
+	var errs []error
+	for _, path := range files {
+		evs, err := readLedger(path)
+		if errors.Is(err, errLedgerLive) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		out = append(out, evs...)
+		_ = os.Remove(path)
+	}
+	return out, errors.Join(errs...)
+}
+
+var errLedgerLive = errors.New("its process runs")
+
+// removeLedgers removes every ledger of Trial id: what it kept is no
+// Trial's any more.
+func (a *Agent) removeLedgers(id string) {
+	if a.cfg.Host.StateDir == "" {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(a.cfg.Host.StateDir, id+".open.*"))
+	for _, f := range files {
+		_ = os.Remove(f)
+	}
+}
+
+func readLedger(path string) ([]record.Event, error) {
+	mem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(mem) < ledgerHeader || string(mem[:8]) != ledgerMagic {
+		return nil, fmt.Errorf("%s: not a tunnel ledger", path)
+	}
+	pid := int(binary.LittleEndian.Uint64(mem[8:]))
+	if !strings.HasSuffix(path, "."+strconv.Itoa(pid)) {
+		return nil, fmt.Errorf("%s: its header names pid %d", path, pid)
+	}
+	if pid == os.Getpid() {
+		return nil, errLedgerLive
+	}
+	if start, err := startTime(pid); err == nil && start == binary.LittleEndian.Uint64(mem[16:]) {
+		return nil, errLedgerLive
+	}
+	var out []record.Event
+	now := time.Now()
+	for off := ledgerHeader; off+ledgerSlot <= len(mem); off += ledgerSlot {
+		if binary.LittleEndian.Uint32(mem[off:]) != 1 {
+			continue
+		}
+		n := int(binary.LittleEndian.Uint32(mem[off+4:]))
+		if n > ledgerSlot-8 {
+			continue
+		}
+		var ev record.Event
+		if err := ev.UnmarshalJSON(bytes.Clone(mem[off+8 : off+8+n])); err != nil {
+			continue
+		}
+		ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
+		ev.Detail = fmt.Sprintf("tunnel cut: the agent process serving it (pid %d) ended without closing it (killed or crashed); its byte counts are unknown", pid)
+		ev.Duration = now.Sub(ev.Time)
+		out = append(out, ev)
+	}
+	return out, nil
+}

@@ -1,0 +1,406 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/record"
+	"golang.org/x/sys/unix"
+)
+
+// Agent restarts under load: a Trial streams through long tunnels and
+// opens new CONNECTs all the time, while its agent is replaced, upgraded
+// or killed. The load runs in the Trial, as nobody, in Python.
+
+const echoPort = 9000
+
+// echoTarget is what the Trials of these tests may reach: an echo server
+// on a test host.
+var echoTarget = fmt.Sprintf("echo.test:%d", echoPort)
+
+// echoWorld serves an echo on a test host and names it echo.test; it
+// returns the config lines that point an agent at it.
+func echoWorld(t *testing.T) string {
+	t.Helper()
+	th := testhost.NewT(t, 211)
+	ln, err := th.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(th.Addr4, echoPort).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+				_ = c.(*net.TCPConn).CloseWrite()
+			}()
+		}
+	}()
+	dnsAddr, stop, err := testhost.ServeDNS(th.Addr4, "echo.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return fmt.Sprintf("resolvers: [%q]\nallow_cidrs: [\"198.18.0.0/15\"]\n", dnsAddr)
+}
+
+// loadScript runs in the Trial: argv[1] seconds of load, argv[2] long
+// tunnels each echoing a 1 KiB line every 50 ms (checked byte for byte,
+// and checksummed both ways), and two loops that open a new CONNECT every
+// 50 ms, echo one line and close. It prints what happened as JSON.
+const loadScript = `
+import hashlib, json, os, socket, sys, threading, time
+proxy = os.environ["HTTPS_PROXY"].split("//", 1)[1].rstrip("/")
+host, port = proxy.rsplit(":", 1)
+P = (host, int(port))
+T = sys.argv[3]
+D, NT = float(sys.argv[1]), int(sys.argv[2])
+res = {"connects": 0, "failed": 0, "errors": [], "tunnels": [], "max_wait_ms": 0}
+lock = threading.Lock()
+stop = time.time() + D
+
+def connect():
+    s = socket.create_connection(P, timeout=60)
+    s.settimeout(60)
+    s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (T, T)).encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        d = s.recv(4096)
+        if not d:
+            raise Exception("closed before the answer: %r" % buf[:80])
+        buf += d
+    if not buf.startswith(b"HTTP/1.1 200"):
+        raise Exception("refused: %r" % buf[:120])
+    return s, buf.split(b"\r\n\r\n", 1)[1]
+
+def readn(s, n, got):
+    while len(got) < n:
+        d = s.recv(65536)
+        if not d:
+            raise Exception("cut after %d of %d bytes" % (len(got), n))
+        got += d
+    return got
+
+def tunnel(i):
+    r = {"sent": 0, "recv": 0, "ok": False, "err": "", "sha_sent": "", "sha_recv": ""}
+    hs, hr = hashlib.sha256(), hashlib.sha256()
+    try:
+        s, got = connect()
+        n = 0
+        while time.time() < stop:
+            line = ("t%d-%d-" % (i, n) + "x" * 1000 + "\n").encode()
+            s.sendall(line)
+            hs.update(line)
+            r["sent"] += len(line)
+            got = readn(s, len(line), got)
+            hr.update(got[:len(line)])
+            r["recv"] += len(line)
+            got = got[len(line):]
+            n += 1
+            time.sleep(0.05)
+        s.shutdown(socket.SHUT_WR)
+        rest = got
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            rest += d
+        if rest:
+            raise Exception("%d bytes more than sent" % len(rest))
+        s.close()
+        r["ok"] = True
+    except Exception as e:
+        r["err"] = repr(e)
+    r["sha_sent"], r["sha_recv"] = hs.hexdigest(), hr.hexdigest()
+    with lock:
+        res["tunnels"].append(r)
+
+def churn():
+    while time.time() < stop:
+        t0 = time.time()
+        try:
+            s, got = connect()
+            s.sendall(b"ping\n")
+            got = readn(s, 5, got)
+            if got != b"ping\n":
+                raise Exception("bad echo %r" % got)
+            s.close()
+            with lock:
+                res["connects"] += 1
+        except Exception as e:
+            with lock:
+                res["failed"] += 1
+                res["errors"].append(repr(e)[:200])
+        with lock:
+            res["max_wait_ms"] = max(res["max_wait_ms"], int((time.time() - t0) * 1000))
+        time.sleep(0.05)
+
+ths = [threading.Thread(target=tunnel, args=(i,)) for i in range(NT)]
+ths += [threading.Thread(target=churn) for _ in range(2)]
+for t in ths:
+    t.start()
+for t in ths:
+    t.join()
+print(json.dumps(res))
+`
+
+type loadResult struct {
+	Connects  int      `json:"connects"`
+	Failed    int      `json:"failed"`
+	Errors    []string `json:"errors"`
+	MaxWaitMS int      `json:"max_wait_ms"`
+	Tunnels   []struct {
+		Sent    int64  `json:"sent"`
+		Recv    int64  `json:"recv"`
+		OK      bool   `json:"ok"`
+		Err     string `json:"err"`
+		SHASent string `json:"sha_sent"`
+		SHARecv string `json:"sha_recv"`
+	} `json:"tunnels"`
+}
+
+// load is the load script running in a Trial.
+type load struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+}
+
+func startLoad(t *testing.T, sock, id string, seconds float64, tunnels int) *load {
+	t.Helper()
+	l := &load{}
+	l.cmd = trialnetProcess(t, "exec", "--socket", sock, "--trial", id, "--uid", "65534", "--gid", "65534", "--",
+		"/usr/bin/python3", "-c", loadScript, strconv.FormatFloat(seconds, 'f', 1, 64), strconv.Itoa(tunnels), echoTarget)
+	l.cmd.Stdout, l.cmd.Stderr = &l.out, &l.out
+	if err := l.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func (l *load) wait(t *testing.T) loadResult {
+	t.Helper()
+	err := l.cmd.Wait()
+	var r loadResult
+	out := l.out.String()
+	if i := strings.LastIndex(out, "{\"connects\""); err != nil || i < 0 || json.Unmarshal([]byte(out[i:]), &r) != nil {
+		t.Fatalf("the load in the Trial: %v\n%s", err, out)
+	}
+	return r
+}
+
+// check fails the test unless every CONNECT was answered and every
+// tunnel carried its bytes intact, end to end.
+func (r loadResult) check(t *testing.T, what string) {
+	t.Helper()
+	if r.Failed != 0 || r.Connects == 0 {
+		t.Errorf("%s: %d CONNECTs failed of %d: %v", what, r.Failed, r.Failed+r.Connects, r.Errors)
+	}
+	for i, tu := range r.Tunnels {
+		if !tu.OK || tu.Sent != tu.Recv || tu.SHASent != tu.SHARecv || tu.Sent == 0 {
+			t.Errorf("%s: tunnel %d cut or corrupted: sent %d, echoed %d, sha %s/%s: %s", what, i, tu.Sent, tu.Recv, tu.SHASent, tu.SHARecv, tu.Err)
+		}
+	}
+	t.Logf("%s: %d CONNECTs, none refused, longest %d ms; %d tunnels intact", what, r.Connects, r.MaxWaitMS, len(r.Tunnels))
+}
+
+// createTrial makes a Trial that may reach the echo server.
+func createTrial(t *testing.T, sock, id string) {
+	t.Helper()
+	if code, out, errOut := trialnet("create", "--socket", sock, "--id", id, "--allow", echoTarget); code != exitOK {
+		t.Fatalf("create: exit %d: %s %s", code, out, errOut)
+	}
+}
+
+// startNext starts a second agent, which takes over from the running
+// one, and waits until it serves the control socket.
+func (a *agentUnderTest) startNext(t *testing.T, wrapper ...string) {
+	t.Helper()
+	a.start(t, wrapper...)
+	for end := time.Now().Add(30 * time.Second); agentPID(t, a.sock) != a.cmd.Process.Pid; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) || exited(a.cmd.Process.Pid) {
+			b, _ := os.ReadFile(a.log)
+			t.Fatalf("the new agent did not take over:\n%s", b)
+		}
+	}
+}
+
+// agentPID is the pid of the process serving the control socket.
+func agentPID(t *testing.T, sock string) int {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, _ := c.(*net.UnixConn).SyscallConn()
+	var pid int
+	_ = raw.Control(func(fd uintptr) {
+		if cr, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = int(cr.Pid)
+		}
+	})
+	return pid
+}
+
+// waitExit waits for a child to exit, bounded.
+func waitExit(t *testing.T, a *agentUnderTest, cmd *exec.Cmd, d time.Duration) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		_ = cmd.Process.Signal(syscall.SIGQUIT) // its goroutines, into the log
+		<-done
+		t.Fatalf("pid %d did not exit within %s:\n%s", cmd.Process.Pid, d, a.events())
+		return nil
+	}
+}
+
+// events is the agents' log without the decision records.
+func (a *agentUnderTest) events() string {
+	b, _ := os.ReadFile(a.log)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, "msg=connect") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// auditAll reads a Trial's decision log; it must read whole.
+func auditAll(t *testing.T, a *agentUnderTest, id string) []record.Event {
+	t.Helper()
+	recs, err := record.ReadFile(filepath.Join(a.data, id, "decisions.jsonl"))
+	if err != nil {
+		t.Fatalf("the decision log does not read whole (a torn or interleaved line?): %v", err)
+	}
+	return recs
+}
+
+// Restart by hand-over, under load: a new agent started while the old
+// one serves takes every listener over; not one CONNECT is refused, not
+// one tunnel is cut, and every byte arrives. Before that, a successor
+// that dies in the middle of a hand-over changes nothing: the old agent
+// serves on. The records of both processes are all in the Trial's log,
+// whole, and the counters add up across them.
+func TestPrivilegedAgentHandover(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	a := newAgentWithConfig(t, "handover", echoWorld(t))
+	a.start(t)
+	createTrial(t, a.sock, "ho")
+	l := startLoad(t, a.sock, "ho", 8, 4)
+	time.Sleep(1500 * time.Millisecond)
+
+	// A successor that takes the listeners and dies.
+	if err := abortedHandover(agent.HandoverSocket(a.sock)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if exited(a.cmd.Process.Pid) {
+		b, _ := os.ReadFile(a.log)
+		t.Fatalf("the agent exited after a failed hand-over:\n%s", b)
+	}
+	// The real one.
+	old := a.cmd
+	a.startNext(t)
+	if code, out, errOut := trialnet("list", "--socket", a.sock); code != exitOK || !strings.Contains(out, "ho") {
+		t.Fatalf("list on the new agent: exit %d %s %s", code, out, errOut)
+	}
+	r := l.wait(t)
+	t.Logf("load done: %+v", r)
+	if err := waitExit(t, a, old, 30*time.Second); err != nil {
+		t.Errorf("the old agent after its drain: %v", err)
+	}
+	r.check(t, "hand-over")
+	logged, _ := os.ReadFile(a.log)
+	for _, want := range []string{"hand-over to a new agent failed; this agent keeps serving", "took over every listener", "drained; this agent exits"} {
+		if !bytes.Contains(logged, []byte(want)) {
+			t.Errorf("the agents' log says nothing like %q:\n%s", want, logged)
+		}
+	}
+	// Every CONNECT and tunnel has its record, from whichever process
+	// served it, and the new agent's counters count them all.
+	recs := auditAll(t, a, "ho")
+	allowed := 0
+	for _, ev := range recs {
+		if ev.Decision == record.DecisionAllow && ev.Target == echoTarget {
+			allowed++
+		}
+	}
+	if want := r.Connects + len(r.Tunnels); allowed != want {
+		t.Errorf("the log has %d allowed records, want %d (every CONNECT and tunnel once)", allowed, want)
+	}
+	var st agent.Stats
+	code, out, _ := trialnet("stats", "--socket", a.sock, "-j", "--trial", "ho")
+	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil {
+		t.Fatalf("stats: exit %d %s", code, out)
+	}
+	if st.Proxy.Allowed != uint64(allowed) || st.Proxy.Active != 0 {
+		t.Errorf("the new agent counts %d allowed, %d active; the log has %d allowed, and nothing is open", st.Proxy.Allowed, st.Proxy.Active, allowed)
+	}
+	a.stop(t, syscall.SIGTERM)
+}
+
+// abortedHandover is a successor that takes an agent's listeners and
+// dies before it serves them.
+func abortedHandover(path string) error {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	hello, _ := json.Marshal(map[string]any{"type": "hello", "version": 1, "pid": os.Getpid()})
+	if _, err := c.Write(hello); err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	oob := make([]byte, unix.CmsgSpace(250*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return err
+	}
+	if !bytes.Contains(buf[:n], []byte(`"offer"`)) {
+		return fmt.Errorf("no offer: %s", buf[:n])
+	}
+	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+	got := 0
+	for _, m := range msgs {
+		fds, _ := unix.ParseUnixRights(&m)
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+			got++
+		}
+	}
+	if got == 0 {
+		return fmt.Errorf("an offer without listeners: %s", buf[:n])
+	}
+	return nil
+}
+

@@ -1,0 +1,214 @@
+//go:build linux
+
+// Package fdpass sends JSON messages with open files attached
+// (SCM_RIGHTS) over unix SOCK_SEQPACKET sockets, between root processes
+// of this PID namespace: the agent handing its listeners to its
+// successor, and the keeper that holds them across a crash. A packet
+// socket keeps each message and its files together; a stream socket
+// could merge or split them.
+package fdpass
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// MaxFiles is how many files one message carries at most: the kernel's
+// SCM_MAX_FD is 253; callers batch beyond it.
+const MaxFiles = 250
+
+// maxMessage bounds one message's JSON. The largest is a hand-over's list
+// of listener names; MaxFiles of them fit many times over.
+const maxMessage = 1 << 20
+
+// Listen makes a root-only packet socket at path (see ListenAt).
+func Listen(path string) (*net.UnixListener, error) { return ListenAt("unixpacket", path) }
+
+// ListenAt makes a root-only unix socket of network ("unix",
+// "unixpacket") and puts it at path in one rename, replacing whatever
+// was there: a process that still listens on the socket it replaces keeps
+// serving the connections that socket has, and every connection from
+// then on comes here. A socket's peer credentials are its creator's, so a
+// process that takes over a socket path makes its own rather than
+// inheriting one. It is created under umask 0177, so that no other user
+// can connect before the rename.
+func ListenAt(network, path string) (*net.UnixListener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	tmp := fmt.Sprintf("%s.%d.new", path, os.Getpid())
+	_ = os.Remove(tmp)
+	old := syscall.Umask(0o177)
+	ln, err := net.ListenUnix(network, &net.UnixAddr{Name: tmp, Net: network})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false) // the path is renamed; its owner removes it
+	if err := os.Rename(tmp, path); err != nil {
+		_ = ln.Close()
+		_ = os.Remove(tmp)
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// Dial connects to the packet socket at path and checks that root of this
+// PID namespace listens there (CheckPeer).
+func Dial(path string) (*net.UnixConn, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckPeer(c); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// CheckPeer refuses a peer that is not root in this PID namespace: only
+// such a process may give or take listeners that serve Trials.
+func CheckPeer(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return cerr
+	}
+	if cred.Uid != 0 {
+		return fmt.Errorf("the peer runs as uid %d, not root", cred.Uid)
+	}
+	if cred.Pid == 0 {
+		return errors.New("the peer runs in a PID namespace this one cannot see")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cred.Pid))
+	if err != nil {
+		return fmt.Errorf("the peer, process %d, cannot be read: %w", cred.Pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "NSpid:" && len(f) != 2 {
+			return fmt.Errorf("the peer, process %d, runs in a PID namespace below this one", cred.Pid)
+		}
+	}
+	return nil
+}
+
+// PeerPID is the pid of the process at the other end of c.
+func PeerPID(c *net.UnixConn) int {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var pid int
+	_ = raw.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = int(cred.Pid)
+		}
+	})
+	return pid
+}
+
+// Send writes msg as one message, with files attached (at most MaxFiles).
+// The files stay open here: the receiver gets its own descriptors.
+func Send(c *net.UnixConn, msg any, files ...*os.File) error {
+	if len(files) > MaxFiles {
+		return fmt.Errorf("fdpass: %d files in one message, at most %d", len(files), MaxFiles)
+	}
+	b, err := json.Marshal(msg)
+	if err != nil {
+		return err
+	}
+	if len(b) > maxMessage {
+		return fmt.Errorf("fdpass: a %d-byte message, at most %d", len(b), maxMessage)
+	}
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			// Not f.Fd(): it makes the descriptor blocking, and the flag
+			// belongs to the open socket, which a listener shares: its
+			// Accept would then block in the kernel, and Close with it.
+			raw, err := f.SyscallConn()
+			if err != nil {
+				return err
+			}
+			if err := raw.Control(func(fd uintptr) { fds[i] = int(fd) }); err != nil {
+				return err
+			}
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	n, oobn, err := c.WriteMsgUnix(b, oob, nil)
+	if err == nil && (n != len(b) || oobn != len(oob)) {
+		err = fmt.Errorf("fdpass: short write (%d of %d bytes)", n, len(b))
+	}
+	return err
+}
+
+// Recv reads one message into msg and returns the files that came with
+// it, which the caller owns. A message cut short (larger than the buffer,
+// or more files than the control buffer holds) is an error, and its
+// files are closed.
+func Recv(c *net.UnixConn, msg any) ([]*os.File, error) {
+	buf := make([]byte, maxMessage)
+	oob := make([]byte, unix.CmsgSpace(MaxFiles*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, err
+	}
+	files, ferr := parseRights(oob[:oobn])
+	switch {
+	case ferr != nil:
+	case flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0:
+		ferr = errors.New("fdpass: a message was cut short")
+	case n == 0:
+		ferr = errors.New("fdpass: the peer closed the connection")
+	default:
+		ferr = json.Unmarshal(buf[:n], msg)
+	}
+	if ferr != nil {
+		for _, f := range files {
+			_ = f.Close()
+		}
+		return nil, ferr
+	}
+	return files, nil
+}
+
+func parseRights(oob []byte) ([]*os.File, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	scms, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var files []*os.File
+	for _, m := range scms {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			// Go's ReadMsgUnix asks for MSG_CMSG_CLOEXEC: no command a
+			// Trial runs inherits these.
+			files = append(files, os.NewFile(uintptr(fd), "fdpass"))
+		}
+	}
+	return files, nil
+}

@@ -1,0 +1,137 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/trialnet/trialnet/record"
+)
+
+// An agent that hands its listeners to a successor drains: it stops
+// accepting (its successor accepts on the same sockets), serves the
+// tunnels and requests it has open until they end, and cuts what is
+// left when its drain time is up. Its successor counts the drained
+// process's tunnels against each Trial's max_tunnels (SetElsewhere) and
+// its records in each Trial's counters (Count).
+
+// StopAccepting stops accepting on every Trial's listeners, closing this
+// process's descriptors of them (another process may hold the same
+// sockets), and ends each forwarding connection after its current
+// request. Open tunnels and requests go on.
+func (p *Proxy) StopAccepting() {
+	p.draining.Store(true)
+	p.mu.Lock()
+	trials := make([]*trial, 0, len(p.trials))
+	for _, t := range p.trials {
+		trials = append(trials, t)
+	}
+	p.mu.Unlock()
+	for _, t := range trials {
+		t.mu.Lock()
+		for ln := range t.listeners {
+			_ = ln.Close()
+		}
+		t.mu.Unlock()
+	}
+}
+
+// Drained waits until every connection of every Trial has ended, or ctx
+// ends; it reports whether they all ended. Call it after StopAccepting.
+func (p *Proxy) Drained(ctx context.Context) bool {
+	done := make(chan struct{})
+	go func() {
+		p.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Open is how many connections (tunnels, requests and connections whose
+// request is still being read) each Trial has open.
+func (p *Proxy) Open() map[string]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int64, len(p.trials))
+	for id, t := range p.trials {
+		out[id] = t.tunnels.Load()
+	}
+	return out
+}
+
+// CutAll ends every Trial's open tunnels and requests, each recorded as
+// cut with ReasonShutdown and why, and every other connection; it returns
+// how many tunnels and requests were cut. The Trials stay registered:
+// RemoveTrial waits for their records.
+func (p *Proxy) CutAll(why string) int {
+	p.mu.Lock()
+	trials := make([]*trial, 0, len(p.trials))
+	for _, t := range p.trials {
+		trials = append(trials, t)
+	}
+	p.mu.Unlock()
+	n := 0
+	for _, t := range trials {
+		t.mu.Lock()
+		for ot := range t.open {
+			if ot.cut(record.ReasonShutdown, why) {
+				n++
+			}
+		}
+		conns := make([]net.Conn, 0, len(t.conns))
+		for c := range t.conns {
+			conns = append(conns, c)
+		}
+		t.mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	return n
+}
+
+// SetElsewhere says how many of Trial id's tunnels and requests another
+// process serves now: they count against its max_tunnels and in its
+// Active count.
+func (p *Proxy) SetElsewhere(id string, n int64) {
+	p.mu.Lock()
+	t := p.trials[id]
+	p.mu.Unlock()
+	if t != nil {
+		t.elsewhere.Store(n)
+	}
+}
+
+// Count adds a record that another process wrote to Trial id's log to its
+// counters, as a replay of the log would.
+func (p *Proxy) Count(id string, ev *record.Event) error {
+	p.mu.Lock()
+	t := p.trials[id]
+	p.mu.Unlock()
+	if t == nil {
+		return fmt.Errorf("proxy: Trial %q is not registered", id)
+	}
+	t.mu.Lock()
+	t.stats.Add(ev)
+	t.stats.CountWritten(ev)
+	t.mu.Unlock()
+	return nil
+}
+
+// Record counts and records, as its own, a decision this process did not
+// make: a tunnel that a process which died left open (see Ledger).
+func (p *Proxy) Record(id string, ev *record.Event) error {
+	p.mu.Lock()
+	t := p.trials[id]
+	p.mu.Unlock()
+	if t == nil {
+		return fmt.Errorf("proxy: Trial %q is not registered", id)
+	}
+	p.emit(t, ev)
+	return nil
+}
