@@ -48,7 +48,6 @@ func HandoverSocket(sock string) string {
 // (control, hand-over) are made anew by each agent (see listen).
 const nameMetrics = "metrics"
 
-
 func trialListenerName(id string, i int) string { return fmt.Sprintf("trial:%s:%d", id, i) }
 
 // trialOfName is the Trial a listener name belongs to, if any.

@@ -237,9 +237,9 @@ func (k *keeper) sendAll(c *net.UnixConn) error {
 type keeperClient struct {
 	path   string
 	trials string // the state directory, where the keeper sees which Trials are gone
-	spawn bool // start a keeper when none answers
-	log   *slog.Logger
-	mu    sync.Mutex // one exchange at a time
+	spawn  bool   // start a keeper when none answers
+	log    *slog.Logger
+	mu     sync.Mutex // one exchange at a time
 }
 
 // dial connects to the keeper, starting one if none answers and spawning

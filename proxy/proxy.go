@@ -219,8 +219,8 @@ type trial struct {
 	// this one took over from, while it drains (SetElsewhere).
 	elsewhere atomic.Int64
 	ledger    Ledger
-	clients atomic.Int64 // client connections admitted and not yet closed
-	pending atomic.Int64 // of those, the ones whose request head is not read yet
+	clients   atomic.Int64 // client connections admitted and not yet closed
+	pending   atomic.Int64 // of those, the ones whose request head is not read yet
 
 	handlers sync.WaitGroup // connections being handled; Add under mu, before removed is set
 	// ctx ends when the Trial is removed, cutting its DNS and dials short

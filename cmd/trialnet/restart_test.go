@@ -403,4 +403,3 @@ func abortedHandover(path string) error {
 	}
 	return nil
 }
-
