@@ -326,7 +326,7 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 		j := min(i+fdpass.MaxFiles, len(files))
 		m := hoMsg{Type: "offer", Version: handoverVersion, PID: os.Getpid(), Names: names[i:j], More: j < len(files)}
 		if i == 0 {
-			m.Offsets = offsets
+			m.Offsets, m.Open = offsets, a.proxy.Open()
 		}
 		if err := fdpass.Send(c, m, files[i:j]...); err != nil {
 			return fmt.Errorf("pid %d: offer: %w", pid, err)
@@ -395,6 +395,7 @@ func (d *daemon) drain(ctx context.Context) {
 			last = open
 		}
 	}
+	sendOpen()
 	for drained := false; !drained; {
 		select {
 		case ok := <-done:
@@ -480,6 +481,7 @@ type predecessor struct {
 	c       *net.UnixConn
 	pid     int
 	offsets map[string]int64
+	open    map[string]int64 // its open tunnels when it offered
 
 	mu      sync.Mutex
 	seq     uint64
@@ -532,7 +534,7 @@ func takeOver(path string) (*predecessor, map[string]*os.File, error) {
 			files[n] = got[i]
 		}
 		if m.Offsets != nil {
-			p.pid, p.offsets = m.PID, m.Offsets
+			p.pid, p.offsets, p.open = m.PID, m.Offsets, m.Open
 		}
 		more = m.More
 	}
@@ -543,6 +545,11 @@ func takeOver(path string) (*predecessor, map[string]*os.File, error) {
 // serving tells the predecessor that this process serves every listener,
 // and starts following its drain.
 func (a *Agent) serving(p *predecessor) error {
+	// Its tunnels count here from the start; it sends their number again
+	// as soon as it stops accepting, and whenever it changes.
+	for id, n := range p.open {
+		a.proxy.SetElsewhere(id, n)
+	}
 	if err := fdpass.Send(p.c, hoMsg{Type: "serving", PID: os.Getpid()}); err != nil {
 		return err
 	}

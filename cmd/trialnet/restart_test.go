@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -68,22 +69,30 @@ func echoWorld(t *testing.T) string {
 }
 
 // loadScript runs in the Trial: argv[1] seconds of load, argv[2] long
-// tunnels each echoing a 1 KiB line every 50 ms (checked byte for byte,
-// and checksummed both ways), and two loops that open a new CONNECT every
-// 50 ms, echo one line and close. It prints what happened as JSON.
+// tunnels to argv[3] each echoing a 1 KiB line every 50 ms (checked byte
+// for byte, and checksummed both ways), and argv[4] loops that open a new
+// CONNECT every 50 ms, echo one line and close. It prints what happened
+// as JSON; a CONNECT refused (no listener, or an answer other than 200)
+// counts as refused, one cut after it was accepted as failed only.
 const loadScript = `
 import hashlib, json, os, socket, sys, threading, time
 proxy = os.environ["HTTPS_PROXY"].split("//", 1)[1].rstrip("/")
 host, port = proxy.rsplit(":", 1)
 P = (host, int(port))
 T = sys.argv[3]
-D, NT = float(sys.argv[1]), int(sys.argv[2])
-res = {"connects": 0, "failed": 0, "errors": [], "tunnels": [], "max_wait_ms": 0}
+D, NT, NC = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
+res = {"connects": 0, "failed": 0, "refused": 0, "errors": [], "tunnels": [], "max_wait_ms": 0}
+
+class Refused(Exception):
+    pass
 lock = threading.Lock()
 stop = time.time() + D
 
 def connect():
-    s = socket.create_connection(P, timeout=60)
+    try:
+        s = socket.create_connection(P, timeout=60)
+    except ConnectionRefusedError as e:
+        raise Refused(repr(e))
     s.settimeout(60)
     s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (T, T)).encode())
     buf = b""
@@ -93,7 +102,7 @@ def connect():
             raise Exception("closed before the answer: %r" % buf[:80])
         buf += d
     if not buf.startswith(b"HTTP/1.1 200"):
-        raise Exception("refused: %r" % buf[:120])
+        raise Refused("refused: %r" % buf[:120])
     return s, buf.split(b"\r\n\r\n", 1)[1]
 
 def readn(s, n, got):
@@ -153,13 +162,14 @@ def churn():
         except Exception as e:
             with lock:
                 res["failed"] += 1
+                res["refused"] += isinstance(e, Refused)
                 res["errors"].append(repr(e)[:200])
         with lock:
             res["max_wait_ms"] = max(res["max_wait_ms"], int((time.time() - t0) * 1000))
         time.sleep(0.05)
 
 ths = [threading.Thread(target=tunnel, args=(i,)) for i in range(NT)]
-ths += [threading.Thread(target=churn) for _ in range(2)]
+ths += [threading.Thread(target=churn) for _ in range(NC)]
 for t in ths:
     t.start()
 for t in ths:
@@ -170,6 +180,7 @@ print(json.dumps(res))
 type loadResult struct {
 	Connects  int      `json:"connects"`
 	Failed    int      `json:"failed"`
+	Refused   int      `json:"refused"`
 	Errors    []string `json:"errors"`
 	MaxWaitMS int      `json:"max_wait_ms"`
 	Tunnels   []struct {
@@ -188,11 +199,11 @@ type load struct {
 	out bytes.Buffer
 }
 
-func startLoad(t *testing.T, sock, id string, seconds float64, tunnels int) *load {
+func startLoad(t *testing.T, sock, id string, seconds float64, tunnels, churns int) *load {
 	t.Helper()
 	l := &load{}
 	l.cmd = trialnetProcess(t, "exec", "--socket", sock, "--trial", id, "--uid", "65534", "--gid", "65534", "--",
-		"/usr/bin/python3", "-c", loadScript, strconv.FormatFloat(seconds, 'f', 1, 64), strconv.Itoa(tunnels), echoTarget)
+		"/usr/bin/python3", "-c", loadScript, strconv.FormatFloat(seconds, 'f', 1, 64), strconv.Itoa(tunnels), echoTarget, strconv.Itoa(churns))
 	l.cmd.Stdout, l.cmd.Stderr = &l.out, &l.out
 	if err := l.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -223,7 +234,7 @@ func (r loadResult) check(t *testing.T, what string) {
 			t.Errorf("%s: tunnel %d cut or corrupted: sent %d, echoed %d, sha %s/%s: %s", what, i, tu.Sent, tu.Recv, tu.SHASent, tu.SHARecv, tu.Err)
 		}
 	}
-	t.Logf("%s: %d CONNECTs, none refused, longest %d ms; %d tunnels intact", what, r.Connects, r.MaxWaitMS, len(r.Tunnels))
+	t.Logf("%s: %d CONNECTs (%d failed), longest %d ms; %d tunnels", what, r.Connects, r.Failed, r.MaxWaitMS, len(r.Tunnels))
 }
 
 // createTrial makes a Trial that may reach the echo server.
@@ -315,7 +326,7 @@ func TestPrivilegedAgentHandover(t *testing.T) {
 	a := newAgentWithConfig(t, "handover", echoWorld(t))
 	a.start(t)
 	createTrial(t, a.sock, "ho")
-	l := startLoad(t, a.sock, "ho", 8, 4)
+	l := startLoad(t, a.sock, "ho", 8, 4, 2)
 	time.Sleep(1500 * time.Millisecond)
 
 	// A successor that takes the listeners and dies.
@@ -403,3 +414,149 @@ func abortedHandover(path string) error {
 	}
 	return nil
 }
+
+// recordsWith are a Trial's records whose detail contains s.
+func recordsWith(recs []record.Event, s string) []record.Event {
+	var out []record.Event
+	for _, ev := range recs {
+		if strings.Contains(ev.Detail, s) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// An agent killed outright: its listeners live on in the keeper, so the
+// CONNECTs made while no agent runs wait, and the next agent serves them:
+// none is refused. The tunnels the dead agent served die with it; the
+// next agent records each of them as cut, from the dead one's ledger.
+func TestPrivilegedAgentKilledListenersWait(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	a := newAgentWithConfig(t, "killed", echoWorld(t))
+	a.start(t)
+	createTrial(t, a.sock, "kill")
+	l := startLoad(t, a.sock, "kill", 6, 3, 2)
+	time.Sleep(2 * time.Second)
+	a.stop(t, syscall.SIGKILL)
+	time.Sleep(time.Second) // CONNECTs queue meanwhile
+	a.start(t)
+	r := l.wait(t)
+	if r.Refused != 0 || r.Connects == 0 {
+		t.Errorf("%d of %d CONNECTs refused while the agent was down: %v", r.Refused, r.Connects+r.Failed, r.Errors)
+	}
+	cut := 0
+	for _, tu := range r.Tunnels {
+		if !tu.OK {
+			cut++
+		}
+	}
+	if cut != len(r.Tunnels) {
+		t.Errorf("%d of %d long tunnels were cut; the agent serving them was killed", cut, len(r.Tunnels))
+	}
+	t.Logf("killed: %d CONNECTs waited or were served, %d cut in flight, longest %d ms", r.Connects, r.Failed-r.Refused, r.MaxWaitMS)
+	lost := recordsWith(auditAll(t, a, "kill"), "ended without closing it")
+	// The long tunnels, and any CONNECT that was open at the kill.
+	if len(lost) < len(r.Tunnels) || len(lost) > len(r.Tunnels)+r.Failed {
+		t.Errorf("%d tunnels recorded as lost with the agent, want %d to %d: %+v", len(lost), len(r.Tunnels), len(r.Tunnels)+r.Failed, lost)
+	}
+	for _, ev := range lost {
+		if ev.Decision != record.DecisionAllow || ev.Target != echoTarget {
+			t.Errorf("a lost tunnel's record: %+v", ev)
+		}
+	}
+	a.stop(t, syscall.SIGTERM)
+}
+
+// A drain that outlasts drain_timeout: the old agent cuts what it still
+// serves, each with a record that says why, and exits. New CONNECTs are
+// not disturbed.
+func TestPrivilegedAgentDrainTimeout(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	a := newAgentWithConfig(t, "draintime", echoWorld(t)+"drain_timeout: 2s\n")
+	a.start(t)
+	createTrial(t, a.sock, "dt")
+	l := startLoad(t, a.sock, "dt", 8, 3, 2)
+	time.Sleep(1500 * time.Millisecond)
+	old := a.cmd
+	a.startNext(t)
+	if err := waitExit(t, a, old, 20*time.Second); err != nil {
+		t.Errorf("the old agent after its drain: %v", err)
+	}
+	r := l.wait(t)
+	if r.Failed != 0 {
+		t.Errorf("%d CONNECTs failed: %v", r.Failed, r.Errors)
+	}
+	for i, tu := range r.Tunnels {
+		if tu.OK || !strings.Contains(tu.Err, "cut") {
+			t.Errorf("tunnel %d outlived the drain timeout: %+v", i, tu)
+		}
+	}
+	cut := recordsWith(auditAll(t, a, "dt"), "drain_timeout (2s) passed")
+	if len(cut) != len(r.Tunnels) {
+		t.Errorf("%d records of tunnels cut at the drain timeout, want %d: %+v", len(cut), len(r.Tunnels), cut)
+	}
+	a.stop(t, syscall.SIGTERM)
+}
+
+// During a drain, the Trial's policy is one: the old agent's tunnels
+// count against max_tunnels on the new one, and a live deny --cut ends
+// them too.
+func TestPrivilegedAgentDrainFollowsPolicy(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	a := newAgentWithConfig(t, "drainpolicy", echoWorld(t)+"limits:\n  max_tunnels: 5\n")
+	a.start(t)
+	createTrial(t, a.sock, "dp")
+	l := startLoad(t, a.sock, "dp", 30, 4, 0)
+	time.Sleep(1500 * time.Millisecond)
+	old := a.cmd
+	a.startNext(t)
+	var st agent.Stats
+	if code, out, _ := trialnet("stats", "--socket", a.sock, "-j", "--trial", "dp"); code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Proxy.Active != 4 {
+		t.Errorf("the new agent counts %d open tunnels (exit %d), want the old agent's 4: %s", st.Proxy.Active, code, out)
+	}
+	if d := st.Proxy.Allowed; d != 0 {
+		t.Errorf("%d tunnels counted as ended; none has", d)
+	}
+	// One more tunnel fits under max_tunnels 5, a second does not.
+	var out bytes.Buffer
+	probe := trialnetProcess(t, "exec", "--socket", a.sock, "--trial", "dp", "--uid", "65534", "--gid", "65534", "--",
+		"/usr/bin/python3", "-c", twoConnects, echoTarget)
+	probe.Stdout, probe.Stderr = &out, &out
+	if err := probe.Run(); err != nil || !strings.Contains(out.String(), "first 200, second 429") {
+		t.Errorf("two more CONNECTs under max_tunnels 5 with 4 open in the old agent: %v %q, want the first allowed and the second refused", err, out.String())
+	}
+	code, dout, derr := trialnet("deny", "--socket", a.sock, "--trial", "dp", "--cut", echoTarget)
+	if code != exitOK || !regexp.MustCompile(`tunnels_cut\s+4\n`).MatchString(dout) {
+		t.Errorf("deny --cut during the drain: exit %d, %q %q; want the old agent's 4 tunnels cut", code, dout, derr)
+	}
+	if err := waitExit(t, a, old, 20*time.Second); err != nil {
+		t.Errorf("the old agent, its tunnels cut: %v", err)
+	}
+	r := l.wait(t)
+	for i, tu := range r.Tunnels {
+		if tu.OK {
+			t.Errorf("tunnel %d outlived deny --cut: %+v", i, tu)
+		}
+	}
+	if cut := recordsWith(auditAll(t, a, "dp"), "tunnel cut by a policy change"); len(cut) != 4 {
+		t.Errorf("%d records of tunnels cut by the policy change, want 4: %+v", len(cut), cut)
+	}
+	a.stop(t, syscall.SIGTERM)
+}
+
+// twoConnects opens two tunnels to argv[1] and says how each was
+// answered.
+const twoConnects = `
+import os, socket, sys
+host, port = os.environ["HTTPS_PROXY"].split("//", 1)[1].rstrip("/").rsplit(":", 1)
+codes, socks = [], []
+for _ in range(2):
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (sys.argv[1], sys.argv[1])).encode())
+    codes.append(s.recv(4096).split(b" ")[1].decode())
+    socks.append(s)
+print("first %s, second %s" % tuple(codes))
+`
