@@ -115,6 +115,9 @@ type forwarder struct {
 	n       int
 	dropped int
 	wake    chan struct{}
+	// sendMu orders flushes: a flush returns once every record queued
+	// before it is sent, whoever sends it.
+	sendMu sync.Mutex
 }
 
 // fwdQueueMax bounds what waits for a slow successor; past it records are
@@ -148,9 +151,8 @@ func (f *forwarder) take() (map[string][]json.RawMessage, int) {
 	return q, d
 }
 
-// send writes the queued records to c until stop is closed, in messages
-// well under fdpass's bound; it returns when c fails or after a last
-// flush once stop is closed.
+// send writes the queued records to c until stop is closed; it returns
+// when c fails, or after a last flush once stop is closed.
 func (f *forwarder) send(c *net.UnixConn, stop <-chan struct{}, log func(string, ...any)) {
 	for {
 		var last bool
@@ -159,27 +161,35 @@ func (f *forwarder) send(c *net.UnixConn, stop <-chan struct{}, log func(string,
 		case <-stop:
 			last = true
 		}
-		q, dropped := f.take()
-		if dropped > 0 {
-			log("records not sent to the successor (it did not keep up); they are in the log, and its counters miss them until its next restart", "records", dropped)
-		}
-		for id, lines := range q {
-			for len(lines) > 0 {
-				n, size := 0, 0
-				for n < len(lines) && size < 256<<10 {
-					size += len(lines[n])
-					n++
-				}
-				if err := fdpass.Send(c, hoMsg{Type: "records", Trial: id, Lines: lines[:n]}); err != nil {
-					return
-				}
-				lines = lines[n:]
-			}
-		}
-		if last {
+		if err := f.flush(c, log); err != nil || last {
 			return
 		}
 	}
+}
+
+// flush sends every queued record, in messages well under fdpass's
+// bound.
+func (f *forwarder) flush(c *net.UnixConn, log func(string, ...any)) error {
+	f.sendMu.Lock()
+	defer f.sendMu.Unlock()
+	q, dropped := f.take()
+	if dropped > 0 {
+		log("records not sent to the successor (it did not keep up); they are in the log, and its counters miss them until its next restart", "records", dropped)
+	}
+	for id, lines := range q {
+		for len(lines) > 0 {
+			n, size := 0, 0
+			for n < len(lines) && size < 256<<10 {
+				size += len(lines[n])
+				n++
+			}
+			if err := fdpass.Send(c, hoMsg{Type: "records", Trial: id, Lines: lines[:n]}); err != nil {
+				return err
+			}
+			lines = lines[n:]
+		}
+	}
+	return nil
 }
 
 // startForwarding makes every Trial's log send its records to fw from
@@ -303,8 +313,13 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	}
 	if hello.Type != "hello" || hello.Version != handoverVersion {
 		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(),
-			Error: fmt.Sprintf("this agent (pid %d) speaks hand-over protocol %d, the new one asked for %q version %d", os.Getpid(), handoverVersion, hello.Type, hello.Version)})
+			Error: fmt.Sprintf("it speaks hand-over protocol %d, and the new agent asked for %q version %d: stop it first (its open tunnels are then cut), or start a build that speaks protocol %d", handoverVersion, hello.Type, hello.Version, handoverVersion)})
 		return fmt.Errorf("pid %d asked for protocol %d, not %d", pid, hello.Version, handoverVersion)
+	}
+	if p := a.pred.Load(); p != nil {
+		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(),
+			Error: fmt.Sprintf("it took over from pid %d itself, which still drains; one hand-over at a time: try again once that ends (at most its drain_timeout)", p.pid)})
+		return fmt.Errorf("pid %d asked to take over while this agent follows the drain of pid %d", pid, p.pid)
 	}
 	a.log.Info("handing over to a new agent", "pid", pid)
 	// Calls that change Trials finish first; new ones wait for the end.
@@ -336,8 +351,11 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 		}
 	}
 	// Its records go out while it starts: it counts them once it serves.
-	stop := make(chan struct{})
-	go fw.send(c, stop, a.log.Warn)
+	stop, sent := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(sent)
+		fw.send(c, stop, a.log.Warn)
+	}()
 	_ = c.SetDeadline(time.Now().Add(handoverServeTimeout))
 	var ok hoMsg
 	if _, err := fdpass.Recv(c, &ok); err != nil || ok.Type != "serving" {
@@ -348,7 +366,7 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	a.handedOver = true
 	a.hmu.Unlock()
 	a.log.Info("the new agent serves every listener; this one stops accepting and drains", "successor", pid, "drain_timeout", d.drainTimeout())
-	d.successor = &successor{c: c, pid: pid, stopFwd: stop}
+	d.successor = &successor{c: c, pid: pid, fw: fw, stopFwd: stop, sent: sent}
 	close(d.handedOff)
 	return nil
 }
@@ -357,7 +375,9 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 type successor struct {
 	c       *net.UnixConn
 	pid     int
-	stopFwd chan struct{}
+	fw      *forwarder
+	stopFwd chan struct{} // closed: the last records are sent
+	sent    chan struct{} // closed once they are
 }
 
 // drain runs after a hand-over: stop accepting everywhere, serve what is
@@ -424,7 +444,7 @@ func (d *daemon) drain(ctx context.Context) {
 	}
 	a.mu.Unlock()
 	close(s.stopFwd)
-	time.Sleep(50 * time.Millisecond) // the forwarder's last flush
+	<-s.sent
 	_ = fdpass.Send(s.c, hoMsg{Type: "open", Open: map[string]int64{}})
 	_ = fdpass.Send(s.c, hoMsg{Type: "drained"})
 	_ = s.c.Close()
@@ -469,6 +489,9 @@ func (d *daemon) follow(s *successor) {
 			}
 		case "remove":
 			a.proxy.RemoveTrial(m.Trial)
+			// Its last records reach the successor before the answer:
+			// it closes the Trial's log and counters on it.
+			_ = s.fw.flush(s.c, a.log.Warn)
 		default:
 			continue
 		}
@@ -524,7 +547,7 @@ func takeOver(path string) (*predecessor, map[string]*os.File, error) {
 		}
 		if m.Type == "refused" {
 			closeFiles(got)
-			return fail(fmt.Errorf("the running agent (pid %d) cannot hand over to this one: %s. It keeps serving; stop it first (its open tunnels are then cut) or start a build that speaks protocol %d", m.PID, m.Error, m.Version))
+			return fail(fmt.Errorf("the running agent (pid %d) does not hand over to this one: %s. It keeps serving", m.PID, m.Error))
 		}
 		if m.Type != "offer" || len(got) != len(m.Names) {
 			closeFiles(got)

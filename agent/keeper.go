@@ -254,7 +254,9 @@ func (k *keeperClient) dial() (*net.UnixConn, error) {
 		return nil, err
 	}
 	cmd := exec.Command(exe, "keeper", "--socket", k.path, "--trials", k.trials)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	// Its stdio is not the agent's: a keeper outlives the agent, and must
+	// not hold a pipe open that someone waits on for the agent's end. It
+	// has little to say, and the agent logs its start.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start a keeper: %w", err)
@@ -266,6 +268,19 @@ func (k *keeperClient) dial() (*net.UnixConn, error) {
 			return c, err
 		}
 	}
+}
+
+// ensure starts a keeper now if none answers (and spawning is on), so
+// that the first Trial's listeners are kept.
+func (k *keeperClient) ensure() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	c, err := k.dial()
+	if err != nil {
+		k.log.Warn("no keeper: if this agent dies, connections to the Trials' endpoints are refused until it is back", "keeper", k.path, "error", err)
+		return
+	}
+	_ = c.Close()
 }
 
 // exchange sends one request and reads its answers.

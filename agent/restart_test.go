@@ -124,6 +124,12 @@ func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
 		t.Fatal(err)
 	}
 	p := agentWithTrial{bin: bin, args: []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}, c: NewClient(sock)}
+	// The keeper its agents start ends with the test.
+	t.Cleanup(func() {
+		if err := StopKeeper(DefaultKeeperSocket(sock)); err != nil {
+			t.Errorf("stop the keeper: %v", err)
+		}
+	})
 	p.first = runAgent(t, bin, p.args...)
 	waitReady(t, p.c, p.first)
 	var err error

@@ -107,9 +107,20 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 			}
 		}
 	}
-	if err := d.listen(inh, pred != nil); err != nil {
+	// A predecessor keeps its socket paths until this agent has started:
+	// if it fails, the predecessor serves on as if nothing happened.
+	if pred == nil {
+		err = d.bindPaths(false)
+	}
+	if err == nil {
+		err = d.listen(inh)
+	}
+	if err == nil && kc != nil {
+		kc.ensure()
+	}
+	if err != nil {
 		closeRest()
-		d.closeListeners()
+		d.closeListeners(pred == nil)
 		if pred != nil {
 			_ = pred.c.Close() // it keeps serving
 		}
@@ -120,8 +131,13 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		offsets = pred.offsets
 	}
 	a, err := start(cfg.AgentConfig, inh, offsets, kc)
+	if err == nil && pred != nil {
+		if err = d.bindPaths(true); err != nil {
+			a.Close(false)
+		}
+	}
 	if err != nil {
-		d.closeListeners()
+		d.closeListeners(pred == nil)
 		if pred != nil {
 			_ = pred.c.Close()
 		}
@@ -219,12 +235,30 @@ func splitIndex(name string) (string, int) {
 	return name[:i], n
 }
 
-// listen takes the inherited metrics listener, and makes the control and
-// hand-over sockets: anew, as a unix socket's peer credentials (which
-// clients check) are those of the process that made it. Taking over, it
-// replaces the predecessor's at their paths, in one rename each. It
-// leaves only Trials' listeners in inh.
-func (d *daemon) listen(inh map[string][]net.Listener, takingOver bool) error {
+// bindPaths makes the control and hand-over sockets: anew, as a unix
+// socket's peer credentials (which clients check) are those of the
+// process that made it. Taking over, it replaces the predecessor's at
+// their paths, in one rename each; otherwise it fails if an agent answers
+// on the control socket.
+func (d *daemon) bindPaths(takingOver bool) error {
+	var err error
+	if takingOver {
+		d.ctl, err = fdpass.ListenAt("unix", d.sock)
+	} else {
+		d.ctl, err = ListenSocket(d.sock)
+	}
+	if err != nil {
+		return err
+	}
+	if d.hln, err = fdpass.Listen(HandoverSocket(d.sock)); err != nil {
+		return fmt.Errorf("agent: hand-over socket: %w", err)
+	}
+	return nil
+}
+
+// listen takes the inherited metrics listener, or binds the metrics port;
+// it leaves only Trials' listeners in inh.
+func (d *daemon) listen(inh map[string][]net.Listener) error {
 	take := func(name string) net.Listener {
 		lns := inh[name]
 		delete(inh, name)
@@ -237,14 +271,6 @@ func (d *daemon) listen(inh map[string][]net.Listener, takingOver bool) error {
 		return lns[0]
 	}
 	var err error
-	if takingOver {
-		d.ctl, err = fdpass.ListenAt("unix", d.sock)
-	} else {
-		d.ctl, err = ListenSocket(d.sock)
-	}
-	if err != nil {
-		return err
-	}
 	if d.met = take(nameMetrics); d.met != nil && !sameAddr(d.met.Addr(), d.cfg.MetricsAddr) {
 		_ = d.met.Close() // this agent serves its metrics elsewhere, or not at all
 		d.met = nil
@@ -253,9 +279,6 @@ func (d *daemon) listen(inh map[string][]net.Listener, takingOver bool) error {
 		if d.met, err = net.Listen("tcp", d.cfg.MetricsAddr); err != nil {
 			return fmt.Errorf("agent: metrics on %s: %w (is something else serving that port? Pick another --metrics-addr, or leave it out)", d.cfg.MetricsAddr, err)
 		}
-	}
-	if d.hln, err = fdpass.Listen(HandoverSocket(d.sock)); err != nil {
-		return fmt.Errorf("agent: hand-over socket: %w", err)
 	}
 	for name, lns := range inh {
 		if _, ok := strings.CutPrefix(name, "trial:"); !ok {
@@ -268,14 +291,23 @@ func (d *daemon) listen(inh map[string][]net.Listener, takingOver bool) error {
 	return nil
 }
 
-func (d *daemon) closeListeners() {
-	for _, l := range []net.Listener{d.ctl, d.met} {
-		if l != nil {
-			_ = l.Close()
+// closeListeners closes what a start that failed made; its socket paths
+// go too when they are its own (ours), not a predecessor's.
+func (d *daemon) closeListeners(ours bool) {
+	if d.met != nil {
+		_ = d.met.Close()
+	}
+	if d.ctl != nil {
+		_ = d.ctl.Close()
+		if ours {
+			_ = os.Remove(d.sock)
 		}
 	}
 	if d.hln != nil {
 		_ = d.hln.Close()
+		if ours {
+			_ = os.Remove(HandoverSocket(d.sock))
+		}
 	}
 }
 

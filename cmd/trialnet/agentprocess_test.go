@@ -37,7 +37,7 @@ type agentUnderTest struct {
 	cmd    *exec.Cmd
 }
 
-func newAgentUnderTest(t *testing.T, name string) *agentUnderTest {
+func newAgentUnderTest(t testing.TB, name string) *agentUnderTest {
 	// No resolver answers: nothing a Trial asks for leaves this machine.
 	return newAgentWithConfig(t, name, `resolvers: ["127.0.0.1:9"]`+"\n")
 }
@@ -45,7 +45,7 @@ func newAgentUnderTest(t *testing.T, name string) *agentUnderTest {
 // newAgentWithConfig is newAgentUnderTest with yaml (resolvers, limits,
 // ...) before the paths. The keeper its agents start is stopped when
 // the test ends.
-func newAgentWithConfig(t *testing.T, name, yaml string) *agentUnderTest {
+func newAgentWithConfig(t testing.TB, name, yaml string) *agentUnderTest {
 	t.Helper()
 	dir := t.TempDir()
 	a := &agentUnderTest{host: testenv.IsolatedHost(t, name), config: filepath.Join(dir, "trialnet.yaml"),
@@ -65,9 +65,16 @@ func newAgentWithConfig(t *testing.T, name, yaml string) *agentUnderTest {
 
 // start starts the agent through wrapper and waits until trialnet health
 // says it is ready.
-func (a *agentUnderTest) start(t *testing.T, wrapper ...string) {
+func (a *agentUnderTest) start(t testing.TB, wrapper ...string) {
 	t.Helper()
-	a.cmd = wrappedTrialnet(t, wrapper, "agent", "--config", a.config)
+	a.startCmd(t, wrappedTrialnet(t, wrapper, "agent", "--config", a.config))
+}
+
+// startCmd starts the agent as cmd and waits until trialnet health says
+// it is ready.
+func (a *agentUnderTest) startCmd(t testing.TB, cmd *exec.Cmd) {
+	t.Helper()
+	a.cmd = cmd
 	log, err := os.OpenFile(a.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +96,7 @@ func (a *agentUnderTest) start(t *testing.T, wrapper ...string) {
 }
 
 // stop ends the agent with sig and waits for it.
-func (a *agentUnderTest) stop(t *testing.T, sig syscall.Signal) {
+func (a *agentUnderTest) stop(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	if err := a.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)

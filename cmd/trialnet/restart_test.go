@@ -39,7 +39,7 @@ var echoTarget = fmt.Sprintf("echo.test:%d", echoPort)
 
 // echoWorld serves an echo on a test host and names it echo.test; it
 // returns the config lines that point an agent at it.
-func echoWorld(t *testing.T) string {
+func echoWorld(t testing.TB) string {
 	t.Helper()
 	th := testhost.NewT(t, 211)
 	ln, err := th.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(th.Addr4, echoPort).String())
@@ -238,7 +238,7 @@ func (r loadResult) check(t *testing.T, what string) {
 }
 
 // createTrial makes a Trial that may reach the echo server.
-func createTrial(t *testing.T, sock, id string) {
+func createTrial(t testing.TB, sock, id string) {
 	t.Helper()
 	if code, out, errOut := trialnet("create", "--socket", sock, "--id", id, "--allow", echoTarget); code != exitOK {
 		t.Fatalf("create: exit %d: %s %s", code, out, errOut)
@@ -247,7 +247,7 @@ func createTrial(t *testing.T, sock, id string) {
 
 // startNext starts a second agent, which takes over from the running
 // one, and waits until it serves the control socket.
-func (a *agentUnderTest) startNext(t *testing.T, wrapper ...string) {
+func (a *agentUnderTest) startNext(t testing.TB, wrapper ...string) {
 	t.Helper()
 	a.start(t, wrapper...)
 	for end := time.Now().Add(30 * time.Second); agentPID(t, a.sock) != a.cmd.Process.Pid; time.Sleep(20 * time.Millisecond) {
@@ -259,7 +259,7 @@ func (a *agentUnderTest) startNext(t *testing.T, wrapper ...string) {
 }
 
 // agentPID is the pid of the process serving the control socket.
-func agentPID(t *testing.T, sock string) int {
+func agentPID(t testing.TB, sock string) int {
 	t.Helper()
 	c, err := net.Dial("unix", sock)
 	if err != nil {
@@ -560,3 +560,184 @@ for _ in range(2):
     socks.append(s)
 print("first %s, second %s" % tuple(codes))
 `
+
+// buildTrialnet builds cmd/trialnet from the source tree at dir into out.
+func buildTrialnet(t *testing.T, dir, out string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/trialnet")
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build trialnet in %s: %v\n%s", dir, err, b)
+	}
+}
+
+// An upgrade: the agent runs from a binary at a path; a new build is
+// installed at that path, and SIGUSR2 (systemctl reload) makes the agent
+// start it to take over. The new binary serves, and the load sees
+// nothing: no CONNECT refused, no tunnel cut, every byte intact.
+func TestPrivilegedAgentUpgrade(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	dir := t.TempDir()
+	installed := filepath.Join(dir, "trialnet")
+	// The running build: this test binary, which runs as trialnet in the
+	// agent's environment (TRIALNET_CLI_MAIN).
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(installed, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The new build, passed in as a binary (TRIALNET_UPGRADE_TO), else
+	// built from this tree.
+	next := os.Getenv("TRIALNET_UPGRADE_TO")
+	if next == "" {
+		privtest.RequireTool(t, "go")
+		next = filepath.Join(t.TempDir(), "trialnet-next")
+		buildTrialnet(t, "../..", next)
+	}
+	a := newAgentWithConfig(t, "upgrade", echoWorld(t))
+	cmd := exec.Command(installed, "agent", "--config", a.config)
+	cmd.Env = append(os.Environ(), "TRIALNET_CLI_MAIN=1")
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		}
+	})
+	a.startCmd(t, cmd)
+	createTrial(t, a.sock, "up")
+	l := startLoad(t, a.sock, "up", 8, 4, 2)
+	time.Sleep(1500 * time.Millisecond)
+	// Installed as a package manager does: a new file renamed over the
+	// path, while the old one runs on.
+	nb, err := os.ReadFile(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(installed+".new", nb, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(installed+".new", installed); err != nil {
+		t.Fatal(err)
+	}
+	old := a.cmd
+	if err := old.Process.Signal(syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if pid = agentPID(t, a.sock); pid != old.Process.Pid && pid != 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no new agent took over after SIGUSR2:\n%s", a.events())
+		}
+	}
+	// Ended when the test ends: it is not this test's child.
+	t.Cleanup(func() {
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		for end := time.Now().Add(10 * time.Second); syscall.Kill(pid, 0) == nil && time.Now().Before(end); {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil || exe != installed {
+		t.Errorf("the new agent runs %q (%v), want the installed %s", exe, err, installed)
+	}
+	var st1, st2 syscall.Stat_t
+	if syscall.Stat(fmt.Sprintf("/proc/%d/exe", pid), &st1) != nil || syscall.Stat(next, &st2) != nil || st1.Size != st2.Size {
+		t.Errorf("the new agent does not run the new build (%d bytes, the new build %d)", st1.Size, st2.Size)
+	}
+	r := l.wait(t)
+	if err := waitExit(t, a, old, 30*time.Second); err != nil {
+		t.Errorf("the old agent after its drain: %v", err)
+	}
+	r.check(t, "upgrade")
+	if code, out, errOut := trialnet("destroy", "--socket", a.sock, "up"); code != exitOK {
+		t.Errorf("destroy on the upgraded agent: exit %d %s %s", code, out, errOut)
+	}
+}
+
+// previousBuild is the last commit before agents handed over: an agent
+// of it runs on hosts that upgrade to this one. test/vmtest builds it
+// from the same file.
+func previousBuild(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/previous-build")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// An agent of a build from before hand-overs (passed in as a binary,
+// TRIALNET_PREVIOUS_AGENT, else built from git): a new agent started
+// beside it says that it cannot take over and why, and changes nothing:
+// the old one serves its load on untouched. Stopped and replaced, its
+// Trial is re-adopted by this build, and serves.
+func TestPrivilegedAgentOlderThanHandover(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	prev := os.Getenv("TRIALNET_PREVIOUS_AGENT")
+	if prev == "" {
+		privtest.RequireTool(t, "git")
+		privtest.RequireTool(t, "go")
+		src := t.TempDir()
+		rev := previousBuild(t)
+		archive := exec.Command("sh", "-c", `git archive --format=tar "$0" | tar -x -C "$1"`, rev, src)
+		archive.Dir = "../.."
+		if b, err := archive.CombinedOutput(); err != nil {
+			t.Fatalf("the previous build's source (git %s; or pass its binary as TRIALNET_PREVIOUS_AGENT): %v\n%s", rev, err, b)
+		}
+		prev = filepath.Join(t.TempDir(), "trialnet-previous")
+		buildTrialnet(t, src, prev)
+	}
+	a := newAgentWithConfig(t, "older", echoWorld(t))
+	old := exec.Command(prev, "agent", "--config", a.config)
+	t.Cleanup(func() {
+		if old.ProcessState == nil {
+			_ = old.Process.Signal(syscall.SIGTERM)
+			_ = old.Wait()
+		}
+	})
+	a.startCmd(t, old)
+	createTrial(t, a.sock, "older")
+	l := startLoad(t, a.sock, "older", 5, 2, 2)
+	time.Sleep(1500 * time.Millisecond)
+
+	var out bytes.Buffer
+	next := trialnetProcess(t, "agent", "--config", a.config)
+	next.Stdout, next.Stderr = &out, &out
+	if err := next.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- next.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(out.String(), "offers no hand-over (an older trialnet") {
+			t.Errorf("a new agent beside one from before hand-overs: %v, %q; want a refusal that says so", err, out.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the new agent neither took over nor gave up:\n%s", out.String())
+	}
+	if pid := agentPID(t, a.sock); pid != old.Process.Pid {
+		t.Errorf("the control socket is served by pid %d, not the old agent %d", pid, old.Process.Pid)
+	}
+	l.wait(t).check(t, "beside an older agent")
+
+	// The way from an older build: stop it, start this one.
+	a.stop(t, syscall.SIGTERM)
+	a.start(t)
+	if code, lout, _ := trialnet("list", "--socket", a.sock); code != exitOK || !strings.Contains(lout, "older") {
+		t.Fatalf("this build did not re-adopt the older build's Trial: exit %d %q\n%s", code, lout, a.events())
+	}
+	startLoad(t, a.sock, "older", 1, 1, 1).wait(t).check(t, "re-adopted from an older build")
+	a.stop(t, syscall.SIGTERM)
+}

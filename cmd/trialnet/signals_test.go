@@ -24,14 +24,14 @@ import (
 )
 
 // trialnetProcess is this test binary started as the trialnet command.
-func trialnetProcess(t *testing.T, args ...string) *exec.Cmd {
+func trialnetProcess(t testing.TB, args ...string) *exec.Cmd {
 	t.Helper()
 	return wrappedTrialnet(t, nil, args...)
 }
 
 // wrappedTrialnet is trialnetProcess started through wrapper, a command
 // that execs the rest of its arguments (setpriv ... --).
-func wrappedTrialnet(t *testing.T, wrapper []string, args ...string) *exec.Cmd {
+func wrappedTrialnet(t testing.TB, wrapper []string, args ...string) *exec.Cmd {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {

@@ -74,9 +74,17 @@ type doc struct {
 	} `yaml:"metadata"`
 	Rules []rule `yaml:"rules"`
 	Spec  struct {
+		UpdateStrategy struct {
+			Type          string `yaml:"type"`
+			RollingUpdate struct {
+				MaxSurge       int `yaml:"maxSurge"`
+				MaxUnavailable int `yaml:"maxUnavailable"`
+			} `yaml:"rollingUpdate"`
+		} `yaml:"updateStrategy"`
 		Template struct {
 			Spec struct {
-				HostPID            bool   `yaml:"hostPID"`
+				TerminationGracePeriodSeconds int    `yaml:"terminationGracePeriodSeconds"`
+				HostPID                       bool   `yaml:"hostPID"`
 				HostNetwork        bool   `yaml:"hostNetwork"`
 				ServiceAccountName string `yaml:"serviceAccountName"`
 				Tolerations        []struct {
@@ -181,6 +189,30 @@ func TestAgentDaemonSet(t *testing.T) {
 	}
 	if byKind["ServiceAccount"].Metadata.Name != ps.ServiceAccountName {
 		t.Errorf("service account %q not defined", ps.ServiceAccountName)
+	}
+}
+
+// A rolling update cuts no Trial: the new pod starts beside the old one
+// and takes over (maxSurge 1, maxUnavailable 0), and the old one is not
+// killed before its drain can end; the agent keeps its listeners in a
+// keeper container, which outlives the agent container's restarts.
+func TestRollingUpdateHandsOver(t *testing.T) {
+	byKind, containers := load(t)
+	ds := byKind["DaemonSet"].Spec
+	if u := ds.UpdateStrategy; u.Type != "RollingUpdate" || u.RollingUpdate.MaxSurge != 1 || u.RollingUpdate.MaxUnavailable != 0 {
+		t.Errorf("update strategy %+v: want RollingUpdate, maxSurge 1, maxUnavailable 0", u)
+	}
+	if g := ds.Template.Spec.TerminationGracePeriodSeconds; g < int((15 * time.Minute).Seconds()) {
+		t.Errorf("terminationGracePeriodSeconds %d: an old agent is killed before its 15-minute drain ends", g)
+	}
+	agent, keeper := containers["agent"], containers["keeper"]
+	i := slices.Index(agent.Command, "--keeper")
+	j := slices.Index(keeper.Command, "--socket")
+	if i < 0 || j < 0 || agent.Command[i+1] != keeper.Command[j+1] {
+		t.Errorf("the agent's --keeper and the keeper's --socket differ: %q, %q", agent.Command, keeper.Command)
+	}
+	if sc := keeper.SecurityContext; sc.Privileged || !slices.Equal(sc.Capabilities.Drop, []string{"ALL"}) || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+		t.Errorf("the keeper runs as root (the agent's peer check) with no capability: %+v", sc)
 	}
 }
 
@@ -374,6 +406,8 @@ taint)
 wait)
 	for a; do case "$a" in --for=condition=Ready=*) want=${a#--for=condition=Ready=} ;; esac; done
 	while [ "$(cat "$FAKE/ready")" != "$want" ]; do sleep 0.01; done ;;
+get)
+	cat "$FAKE/others" 2>/dev/null ;;
 *) echo "fake kubectl: unexpected $*" >&2; exit 2 ;;
 esac
 `
@@ -488,6 +522,40 @@ func TestUntaintFollowsReadiness(t *testing.T) {
 	if !tainted() {
 		t.Error("the sidecar stopped and left the node untainted")
 	}
+
+	// A rolling update: the new pod beside this one is Ready (its agent
+	// took over); this one's end must not taint the node.
+	set("ready", "true")
+	set("others", "True")
+	cmd2 := exec.Command(argv[0], argv[1:]...)
+	cmd2.Env, cmd2.Stdout, cmd2.Stderr = cmd.Env, out, out
+	cmd2.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done2 := make(chan error, 1)
+	go func() { done2 <- cmd2.Wait() }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd2.Process.Pid, syscall.SIGKILL)
+		if cmd2.ProcessState == nil {
+			<-done2
+		}
+	})
+	until("wait for not Ready in the second sidecar", waiting("false", 3))
+	if err := cmd2.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done2:
+		if err != nil {
+			t.Fatalf("after SIGTERM: %v\n%s", err, output())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("SIGTERM did not end the second sidecar within 5s\n%s", output())
+	}
+	if tainted() {
+		t.Error("the old pod's sidecar tainted the node while the new pod's agent, Ready, serves it")
+	}
 	for _, l := range strings.Split(strings.TrimSpace(calls()), "\n") {
 		f := strings.Fields(l)
 		var ok bool
@@ -496,6 +564,8 @@ func TestUntaintFollowsReadiness(t *testing.T) {
 			ok = len(f) >= 4 && f[1] == "node" && f[2] == "node-a" && strings.HasPrefix(f[3], "trialnet.io/enforcement:NoSchedule")
 		case "wait":
 			ok = slices.Contains(f, "pod/trialnet-agent-x1") && slices.Contains(f, "-n") && slices.Contains(f, "trialnet")
+		case "get":
+			ok = slices.Contains(f, "spec.nodeName=node-a,metadata.name!=trialnet-agent-x1") && slices.Contains(f, "app=trialnet-agent")
 		}
 		if !ok {
 			t.Errorf("kubectl %s: not this node's taint nor this pod", l)

@@ -94,8 +94,13 @@ func TestPrivilegedLoad(t *testing.T) {
 	if err := proc.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// --teardown-on-exit: a test that fails half-way still leaves no Trial.
-	t.Cleanup(func() { _ = proc.Process.Signal(syscall.SIGTERM); _ = proc.Wait() })
+	// --teardown-on-exit: a test that fails half-way still leaves no Trial
+	// (and the agent's keeper quits with it; a killed agent's is stopped).
+	t.Cleanup(func() {
+		_ = proc.Process.Signal(syscall.SIGTERM)
+		_ = proc.Wait()
+		_ = agent.StopKeeper(agent.DefaultKeeperSocket(sock))
+	})
 	a := agent.NewClient(sock)
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := a.List(context.Background()); err == nil {

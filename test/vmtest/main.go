@@ -204,6 +204,7 @@ func run(ctx context.Context) error {
 type built struct {
 	tests    []builtTest
 	trialnet string
+	previous string // trialnet of the build before hand-overs (cmd/trialnet/testdata/previous-build)
 	demo     string
 	escapee  string
 	init     string
@@ -227,6 +228,7 @@ func build(ctx context.Context, o *options) (*built, error) {
 	}
 	b := &built{
 		trialnet: filepath.Join(dir, "trialnet"),
+		previous: filepath.Join(dir, "trialnet-previous"),
 		demo:     filepath.Join(dir, "trialnet-demo"),
 		escapee:  filepath.Join(dir, "escapee"),
 		init:     filepath.Join(dir, "vminit"),
@@ -248,6 +250,27 @@ func build(ctx context.Context, o *options) (*built, error) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 		}
+	}
+	// The guests cannot build (no writable cache, and TCG is slow): the
+	// agent of the build before hand-overs, which the restart tests run,
+	// is built here from git.
+	rev, err := os.ReadFile("cmd/trialnet/testdata/previous-build")
+	if err != nil {
+		return nil, err
+	}
+	src, err := os.MkdirTemp("", "trialnet-previous-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(src)
+	archive := exec.CommandContext(ctx, "sh", "-c", "git archive --format=tar \"$0\" | tar -x -C \"$1\"", strings.TrimSpace(string(rev)), src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("the previous build's source (git %s): %w\n%s", rev, err, out)
+	}
+	build := exec.CommandContext(ctx, "go", "build", "-o", b.previous, "./cmd/trialnet")
+	build.Dir, build.Env = src, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build the previous trialnet: %w\n%s", err, out)
 	}
 	return b, nil
 }
@@ -272,7 +295,8 @@ func (o *options) tests() []builtTest {
 // plan is the list of steps for one guest.
 func (b *built) plan(k kernel, o *options) plan {
 	cwd, _ := os.Getwd()
-	env := []string{"TRIALNET_TEST_BIN=" + b.trialnet, "TRIALNET_TEST_ESCAPEE=" + b.escapee}
+	env := []string{"TRIALNET_TEST_BIN=" + b.trialnet, "TRIALNET_TEST_ESCAPEE=" + b.escapee,
+		"TRIALNET_UPGRADE_TO=" + b.trialnet, "TRIALNET_PREVIOUS_AGENT=" + b.previous}
 	p := plan{Kernel: k.Name, Modules: []string{"veth", "vsock_loopback"}}
 	for _, t := range b.tests {
 		args := []string{t.bin, "-test.v", "-test.count=" + strconv.Itoa(o.count), "-test.timeout=" + (t.timeout - 30*time.Second).String()}
