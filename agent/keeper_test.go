@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/internal/privtest"
 )
 
@@ -26,7 +27,9 @@ func startKeeper(t testing.TB) *keeperClient {
 	})
 	kc := &keeperClient{path: sock, log: slog.New(slog.DiscardHandler)}
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := kc.fetch(); err == nil {
+		c, err := fdpass.Dial(sock)
+		if err == nil {
+			_ = c.Close()
 			return kc
 		} else if time.Now().After(end) {
 			t.Fatal(err)

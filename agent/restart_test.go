@@ -140,9 +140,9 @@ func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
 }
 
 // SIGKILL the agent with a Trial live: in the gap the Trial stays
-// enforced (direct connections fail) and its proxy port refuses; the
-// restarted agent re-adopts the Trial, which works again, and the kernel
-// counters continued.
+// enforced (direct connections fail), and a CONNECT to its proxy port
+// waits (the keeper holds the listener) and is served once the restarted
+// agent has re-adopted the Trial; the kernel counters continued.
 func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 224, "upstream.example.test")
@@ -162,15 +162,21 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	if code, _ := curlIn(t, info, "--noproxy", "*", direct); code == 0 {
 		t.Fatal("a direct connection succeeded while the agent was dead")
 	}
-	if code, _ := curlIn(t, info, "--proxytunnel", url); code != 7 { // 7: could not connect to the proxy
-		t.Fatalf("through the dead agent's proxy port: curl exit %d, want 7 (refused)", code)
-	}
+	waited := make(chan int, 1)
+	go func() {
+		code, _ := curlIn(t, info, "--proxytunnel", "--max-time", "15", url)
+		waited <- code
+	}()
 	if _, err := c.List(context.Background()); err == nil || !strings.Contains(err.Error(), "no trialnet agent is running") {
 		t.Fatalf("client with no agent: %v", err)
 	}
+	time.Sleep(time.Second) // the CONNECT waits meanwhile
 
 	second := runAgent(t, bin, args...)
 	waitReady(t, c, second)
+	if code := <-waited; code != 0 {
+		t.Fatalf("a CONNECT made while no agent ran: curl exit %d, want 0 (it waits, then is served)\n%s", code, second.stderr.String())
+	}
 	list, err := c.List(context.Background())
 	if err != nil || len(list) != 1 || list[0].ID != info.ID {
 		t.Fatalf("after restart: %v %v\n%s", list, err, second.stderr.String())
@@ -178,7 +184,7 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	if code, _ := curlIn(t, info, "--proxytunnel", url); code != 0 {
 		t.Fatalf("after the restart: curl exit %d\n%s", code, second.stderr.String())
 	}
-	after := waitAllowed(t, c, info.ID, 2)
+	after := waitAllowed(t, c, info.ID, 3)
 	for _, k := range []string{"connect4_allowed", "connect4_denied", "egress_loopback_packets"} {
 		if after.Kernel[k] <= before.Kernel[k] {
 			t.Errorf("kernel counter %s went %d -> %d: it should have continued and grown", k, before.Kernel[k], after.Kernel[k])
