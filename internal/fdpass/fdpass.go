@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -25,9 +26,13 @@ import (
 // SCM_MAX_FD is 253; callers batch beyond it.
 const MaxFiles = 250
 
-// maxMessage bounds one message's JSON. The largest is a hand-over's list
-// of listener names; MaxFiles of them fit many times over.
+// maxMessage bounds one message's JSON. The largest is a hand-over's
+// offer: each Trial's log size and open count, and MaxFiles names.
 const maxMessage = 1 << 20
+
+// bufs are Recv's buffers: a message's bytes are decoded before Recv
+// returns, and a buffer this large is worth keeping.
+var bufs = sync.Pool{New: func() any { b := make([]byte, maxMessage); return &b }}
 
 // Listen makes a root-only packet socket at path (see ListenAt).
 func Listen(path string) (*net.UnixListener, error) { return ListenAt("unixpacket", path) }
@@ -165,7 +170,9 @@ func Send(c *net.UnixConn, msg any, files ...*os.File) error {
 // or more files than the control buffer holds) is an error, and its
 // files are closed.
 func Recv(c *net.UnixConn, msg any) ([]*os.File, error) {
-	buf := make([]byte, maxMessage)
+	bp := bufs.Get().(*[]byte)
+	defer bufs.Put(bp)
+	buf := *bp
 	oob := make([]byte, unix.CmsgSpace(MaxFiles*4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
