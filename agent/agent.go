@@ -107,9 +107,10 @@ var ProxyURL = "http://" + ProxyEndpoints[0].String()
 func Start(cfg AgentConfig) (*Agent, error) { return start(cfg, nil, nil, nil) }
 
 // start is Start for a daemon that inherited listeners (by name; a
-// Trial's under "trial:" and its id), from a predecessor whose logs it
-// replays up to offsets, and that gives its listeners to a keeper.
-func start(cfg AgentConfig, inherited map[string][]net.Listener, offsets map[string]int64, kc *keeperClient) (*Agent, error) {
+// Trial's under "trial:" and its id), from a predecessor (nil: none)
+// whose logs it replays up to the offsets it gave, and that gives its
+// listeners to a keeper.
+func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecessor, kc *keeperClient) (*Agent, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -122,7 +123,12 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, offsets map[str
 		cfg.ReceiptKey = DefaultReceiptKey
 	}
 	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*trial), obs: newObservers(),
-		inherited: inherited, offsets: offsets, keeper: kc}
+		inherited: inherited, keeper: kc}
+	if pred != nil {
+		// Calls to its Trials go to the predecessor too from the start.
+		a.offsets = pred.offsets
+		a.pred.Store(pred)
+	}
 	// Listeners of Trials that were not adopted close with their sockets.
 	defer func() {
 		for name, lns := range a.inherited {
@@ -155,8 +161,9 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, offsets map[str
 	host.Logger = log
 	if cfg.Ephemeral {
 		host.Sweep(ownerAlive)
-	} else {
-		a.readopt()
+	} else if err := a.readopt(); err != nil {
+		a.Close(false)
+		return nil, err
 	}
 	a.startRetention()
 	return a, nil
@@ -200,6 +207,9 @@ func (a *Agent) stopWatching() {
 	}
 	a.owners.Wait()
 }
+
+// takingOver reports whether this agent is starting by a hand-over.
+func (a *Agent) takingOver() bool { return a.offsets != nil }
 
 // inheritedFor takes the listeners inherited for Trial id (nil: none;
 // its endpoint listens anew).

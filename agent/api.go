@@ -176,6 +176,8 @@ func writeErr(w http.ResponseWriter, err error) {
 		status = http.StatusForbidden
 	case CodeHandedOver:
 		status = http.StatusServiceUnavailable
+		// The retry must reach the socket's path anew: the new agent.
+		w.Header().Set("Connection", "close")
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -321,6 +323,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		// An agent that handed over while the call waited did nothing of
 		// it: its successor, on the same socket, serves it.
 		if attempt < 5 && errors.As(err, &e) && e.Code == CodeHandedOver {
+			c.hc.CloseIdleConnections()
 			select {
 			case <-ctx.Done():
 				return err
@@ -469,7 +472,36 @@ func (c *Client) DestroyExit(ctx context.Context, id string, exit *int) (Stats, 
 
 // Watch calls fn with each decision of a live Trial as the agent makes
 // it, until ctx ends or the Trial is destroyed.
+//
+// A stream ends when the Trial does, or when its agent hands over to a
+// new one: then, the Trial still live, Watch follows it there (records
+// made in between are in its log, not in the stream).
 func (c *Client) Watch(ctx context.Context, id string, fn func(record.Event)) error {
+	for quick := 0; ; {
+		opened := time.Now()
+		if err := c.watchOnce(ctx, id, fn); err != nil || ctx.Err() != nil {
+			return err
+		}
+		if _, err := c.Get(ctx, id); err != nil {
+			return nil // the Trial ended
+		}
+		if time.Since(opened) < time.Second {
+			if quick++; quick == 5 {
+				return fmt.Errorf("decision stream of %s: it keeps ending while the Trial lives", id)
+			}
+		} else {
+			quick = 0
+		}
+		c.hc.CloseIdleConnections()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Client) watchOnce(ctx context.Context, id string, fn func(record.Event)) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://trialnet/v1/trials/"+url.PathEscape(id)+"/decisions", nil)
 	if err != nil {
 		return err

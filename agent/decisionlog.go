@@ -173,6 +173,16 @@ func (l *decisionLog) watch(ctx context.Context, fn func(record.Event)) error {
 	}
 }
 
+// endWatchers ends every watcher of every Trial: after a hand-over they
+// follow the Trial to the new agent (Client.Watch).
+func (a *Agent) endWatchers() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, lt := range a.trials {
+		lt.log.end()
+	}
+}
+
 // end closes every watcher once the Trial makes no more decisions.
 func (l *decisionLog) end() {
 	l.mu.Lock()

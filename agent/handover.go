@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/record"
+	"golang.org/x/sys/unix"
 )
 
 // A hand-over moves a running agent's listeners to a new agent process
@@ -66,6 +68,8 @@ type hoMsg struct {
 	Version int    `json:"version,omitempty"`
 	PID     int    `json:"pid,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// hello: the new agent's paths, which must be the old one's
+	Paths map[string]string `json:"paths,omitempty"`
 	// offer: the names of the files sent with it, in order, and whether
 	// more offer messages follow; each Trial's log size when the
 	// predecessor began sending its records.
@@ -183,6 +187,7 @@ func (f *forwarder) flush(c *net.UnixConn, log func(string, ...any)) error {
 				size += len(lines[n])
 				n++
 			}
+			_ = c.SetWriteDeadline(time.Now().Add(sendTimeout))
 			if err := fdpass.Send(c, hoMsg{Type: "records", Trial: id, Lines: lines[:n]}); err != nil {
 				return err
 			}
@@ -280,6 +285,15 @@ func (a *Agent) trialListeners() map[string][]net.Listener {
 	return out
 }
 
+// paths are what an agent holds by path; a successor must have the same.
+func (d *daemon) paths() map[string]string { return agentPaths(d.cfg.AgentConfig, d.sock) }
+
+func agentPaths(c AgentConfig, sock string) map[string]string {
+	h := c.Host.withDefaults()
+	return map[string]string{"socket": sock, "state_dir": h.StateDir, "data_dir": c.DataDir, "pin_dir": h.PinDir,
+		"netns_dir": h.NetnsDir, "cgroup_parent": h.Parent}
+}
+
 // serveHandovers answers successors on ln, one at a time, until one takes
 // over (it closes d.handedOff) or ln is closed.
 func (d *daemon) serveHandovers(ln *net.UnixListener) {
@@ -316,17 +330,37 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 			Error: fmt.Sprintf("it speaks hand-over protocol %d, and the new agent asked for %q version %d: stop it first (its open tunnels are then cut), or start a build that speaks protocol %d", handoverVersion, hello.Type, hello.Version, handoverVersion)})
 		return fmt.Errorf("pid %d asked for protocol %d, not %d", pid, hello.Version, handoverVersion)
 	}
-	if p := a.pred.Load(); p != nil {
-		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(),
-			Error: fmt.Sprintf("it took over from pid %d itself, which still drains; one hand-over at a time: try again once that ends (at most its drain_timeout)", p.pid)})
-		return fmt.Errorf("pid %d asked to take over while this agent follows the drain of pid %d", pid, p.pid)
+	refuse := func(why string) error {
+		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: why})
+		return fmt.Errorf("pid %d asked to take over: refused: %s", pid, why)
 	}
+	if p := a.pred.Load(); p != nil {
+		return refuse(fmt.Sprintf("it took over from pid %d itself, which still drains; one hand-over at a time: try again once that ends (at most its drain_timeout)", p.pid))
+	}
+	// A successor with other paths would adopt none of these Trials and
+	// leave their listeners unserved.
+	if mine := d.paths(); !maps.Equal(hello.Paths, mine) {
+		return refuse(fmt.Sprintf("its paths are %v, the new agent's %v: an agent takes over only from one with the same paths (state, data, pins, namespaces, cgroup parent)", mine, hello.Paths))
+	}
+	// The successor's pidfd: if the hand-over fails after the offer, the
+	// successor is ended before this agent resumes, so that no process
+	// accepts on these sockets but this one.
+	succ, perr := unix.PidfdOpen(pid, 0)
+	if perr != nil {
+		return fmt.Errorf("pid %d: pidfd: %w", pid, perr)
+	}
+	defer unix.Close(succ)
 	a.log.Info("handing over to a new agent", "pid", pid)
 	// Calls that change Trials finish first; new ones wait for the end.
 	a.hmu.Lock()
 	fw := newForwarder()
+	offered := false
 	defer func() {
 		if err != nil {
+			if offered {
+				// It may accept on copies of these sockets already.
+				endProcess(succ)
+			}
 			a.stopForwarding()
 			a.hmu.Unlock()
 		}
@@ -337,6 +371,7 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	}
 	defer closeFiles(files)
 	offsets := a.startForwarding(fw)
+	offered = true
 	for i := 0; ; i += fdpass.MaxFiles {
 		j := min(i+fdpass.MaxFiles, len(files))
 		m := hoMsg{Type: "offer", Version: handoverVersion, PID: os.Getpid(), Names: names[i:j], More: j < len(files)}
@@ -356,19 +391,54 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 		defer close(sent)
 		fw.send(c, stop, a.log.Warn)
 	}()
-	_ = c.SetDeadline(time.Now().Add(handoverServeTimeout))
-	var ok hoMsg
-	if _, err := fdpass.Recv(c, &ok); err != nil || ok.Type != "serving" {
-		close(stop)
-		return fmt.Errorf("pid %d did not take over (%v %s)", pid, err, ok.Type)
+	// It says it is still adopting every few seconds; it may take long
+	// (each Trial's log is replayed), but not for ever.
+	for end := time.Now().Add(handoverServeTimeout); ; {
+		step := time.Now().Add(handoverStepTimeout)
+		if step.After(end) {
+			step = end
+		}
+		_ = c.SetReadDeadline(step)
+		var m hoMsg
+		if _, err := fdpass.Recv(c, &m); err != nil {
+			close(stop)
+			return fmt.Errorf("pid %d did not take over: %w", pid, err)
+		}
+		if m.Type == "serving" {
+			break
+		}
+		if m.Type != "adopting" {
+			close(stop)
+			return fmt.Errorf("pid %d did not take over: it said %q", pid, m.Type)
+		}
 	}
 	_ = c.SetDeadline(time.Time{})
+	// Stop accepting first, then say so: only then does the successor
+	// take the socket paths and report itself ready.
 	a.handedOver = true
+	d.srv.SetKeepAlivesEnabled(false)
+	a.proxy.StopAccepting()
 	a.hmu.Unlock()
-	a.log.Info("the new agent serves every listener; this one stops accepting and drains", "successor", pid, "drain_timeout", d.drainTimeout())
-	d.successor = &successor{c: c, pid: pid, fw: fw, stopFwd: stop, sent: sent}
+	d.successor = &successor{c: c, pid: pid, fw: fw, stopFwd: stop, sent: sent, gone: make(chan struct{})}
+	if err := d.successor.send(hoMsg{Type: "stopped", Open: a.proxy.Open()}); err != nil {
+		a.log.Error("the new agent did not hear that this one stopped accepting; this one cuts what it serves and exits", "successor", pid, "error", err)
+		close(d.successor.gone)
+	}
+	a.log.Info("the new agent serves every listener; this one stopped accepting and drains", "successor", pid, "drain_timeout", d.drainTimeout())
 	close(d.handedOff)
 	return nil
+}
+
+// endProcess waits a moment for the process of pidfd to end (a successor
+// that failed closes its copies of the listeners, says why and exits),
+// then kills it, and waits (bounded) for its end.
+func endProcess(pidfd int) {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	if n, _ := unix.Poll(fds, 2000); n > 0 {
+		return
+	}
+	_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+	_, _ = unix.Poll(fds, 5000)
 }
 
 // successor is the agent this one handed over to, as the drain sees it.
@@ -378,6 +448,16 @@ type successor struct {
 	fw      *forwarder
 	stopFwd chan struct{} // closed: the last records are sent
 	sent    chan struct{} // closed once they are
+	gone    chan struct{} // closed if it ended before the drain did
+}
+
+// sendTimeout bounds each message to the successor: one that stops
+// reading must not hold the drain past its timeout.
+const sendTimeout = 10 * time.Second
+
+func (s *successor) send(m hoMsg) error {
+	_ = s.c.SetWriteDeadline(time.Now().Add(sendTimeout))
+	return fdpass.Send(s.c, m)
 }
 
 // drain runs after a hand-over: stop accepting everywhere, serve what is
@@ -387,19 +467,26 @@ type successor struct {
 func (d *daemon) drain(ctx context.Context) {
 	a, s := d.a, d.successor
 	a.stopWatching()
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	// The socket paths are the successor's now (its own sockets, renamed
 	// over these: neither unlinks on close). A call that reached this
 	// control socket just before is still answered: it closes a moment
 	// later; a call that changes Trials gets CodeHandedOver, and its
-	// client retries it there.
+	// client retries it there. Watchers here are ended: their clients
+	// follow the Trial to the new agent.
 	_ = d.hln.Close()
-	time.AfterFunc(time.Second, func() { _ = d.srv.Shutdown(shutdown) })
-	if d.msrv != nil {
-		go func() { _ = d.msrv.Shutdown(shutdown) }()
-	}
-	a.proxy.StopAccepting()
+	a.endWatchers()
+	servers := make(chan struct{})
+	go func() {
+		defer close(servers)
+		time.Sleep(time.Second)
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = d.srv.Shutdown(shutdown)
+		if d.msrv != nil {
+			_ = d.msrv.Shutdown(shutdown)
+		}
+	}()
+	defer func() { <-servers }()
 	go d.follow(s)
 	drainCtx, stopDrain := context.WithTimeout(ctx, d.drainTimeout())
 	defer stopDrain()
@@ -411,22 +498,29 @@ func (d *daemon) drain(ctx context.Context) {
 	sendOpen := func() {
 		open := a.proxy.Open()
 		if !sameCounts(open, last) {
-			_ = fdpass.Send(s.c, hoMsg{Type: "open", Open: open})
+			_ = s.send(hoMsg{Type: "open", Open: open})
 			last = open
 		}
 	}
-	sendOpen()
+	cut := func(why string) {
+		n := a.proxy.CutAll(why)
+		a.log.Warn("cutting what is still open", "tunnels", n, "why", why)
+		wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		a.proxy.Drained(wait)
+		cancel()
+	}
 	for drained := false; !drained; {
 		select {
 		case ok := <-done:
 			if !ok {
-				why := fmt.Sprintf("the agent handed over to pid %d, and its drain_timeout (%s) passed with this still open", s.pid, d.drainTimeout())
-				n := a.proxy.CutAll(why)
-				a.log.Warn("drain time is up: cutting what is still open", "tunnels", n, "drain_timeout", d.drainTimeout())
-				wait, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				a.proxy.Drained(wait)
-				cancel()
+				cut(fmt.Sprintf("the agent handed over to pid %d, and its drain_timeout (%s) passed with this still open", s.pid, d.drainTimeout()))
 			}
+			drained = true
+		case <-s.gone:
+			// Nothing follows this process's tunnels any more: their
+			// counts, policy changes and removals would go nowhere. The
+			// next agent takes the listeners from the keeper, alone.
+			cut(fmt.Sprintf("the agent that took over from this one (pid %d) ended before this one had drained", s.pid))
 			drained = true
 		case <-tick.C:
 			sendOpen()
@@ -445,8 +539,8 @@ func (d *daemon) drain(ctx context.Context) {
 	a.mu.Unlock()
 	close(s.stopFwd)
 	<-s.sent
-	_ = fdpass.Send(s.c, hoMsg{Type: "open", Open: map[string]int64{}})
-	_ = fdpass.Send(s.c, hoMsg{Type: "drained"})
+	_ = s.send(hoMsg{Type: "open", Open: map[string]int64{}})
+	_ = s.send(hoMsg{Type: "drained"})
 	_ = s.c.Close()
 	a.log.Info("drained; this agent exits", "successor", s.pid)
 }
@@ -470,6 +564,12 @@ func (d *daemon) follow(s *successor) {
 	for {
 		var m hoMsg
 		if _, err := fdpass.Recv(s.c, &m); err != nil {
+			select {
+			case <-s.gone:
+			case <-s.sent: // the drain ended and closed the connection
+			default:
+				close(s.gone)
+			}
 			return
 		}
 		reply := hoMsg{Type: "done", Seq: m.Seq}
@@ -491,11 +591,13 @@ func (d *daemon) follow(s *successor) {
 			a.proxy.RemoveTrial(m.Trial)
 			// Its last records reach the successor before the answer:
 			// it closes the Trial's log and counters on it.
-			_ = s.fw.flush(s.c, a.log.Warn)
+			if err := s.fw.flush(s.c, a.log.Warn); err != nil {
+				reply.Error = err.Error()
+			}
 		default:
 			continue
 		}
-		_ = fdpass.Send(s.c, reply)
+		_ = s.send(reply)
 	}
 }
 
@@ -503,13 +605,30 @@ func (d *daemon) follow(s *successor) {
 type predecessor struct {
 	c       *net.UnixConn
 	pid     int
+	pidfd   int // to see it gone before reading its ledgers; -1: none
 	offsets map[string]int64
 	open    map[string]int64 // its open tunnels when it offered
 
 	mu      sync.Mutex
 	seq     uint64
 	waiting map[uint64]chan hoMsg
+	stopped chan struct{} // closed when it has stopped accepting
 	done    chan struct{} // closed when it has drained, or died
+}
+
+// send writes a message to the predecessor, bounded like its own.
+func (p *predecessor) send(m hoMsg) error {
+	_ = p.c.SetWriteDeadline(time.Now().Add(sendTimeout))
+	return fdpass.Send(p.c, m)
+}
+
+// close gives back the connection and pidfd of a predecessor that was
+// never followed (a start that failed).
+func (p *predecessor) close() {
+	_ = p.c.Close()
+	if p.pidfd >= 0 {
+		_ = unix.Close(p.pidfd)
+	}
 }
 
 // errNoPredecessor: no agent answers on the hand-over socket.
@@ -518,7 +637,7 @@ var errNoPredecessor = errors.New("no agent to take over from")
 // takeOver asks the agent at the hand-over socket path for everything it
 // serves. It returns errNoPredecessor when none answers, and an error
 // that says what to do when one answers and cannot hand over.
-func takeOver(path string) (*predecessor, map[string]*os.File, error) {
+func takeOver(path string, paths map[string]string) (*predecessor, map[string]*os.File, error) {
 	c, err := fdpass.Dial(path)
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
 		return nil, nil, errNoPredecessor
@@ -535,10 +654,11 @@ func takeOver(path string) (*predecessor, map[string]*os.File, error) {
 		return nil, nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
-	if err := fdpass.Send(c, hoMsg{Type: "hello", Version: handoverVersion, PID: os.Getpid()}); err != nil {
+	if err := fdpass.Send(c, hoMsg{Type: "hello", Version: handoverVersion, PID: os.Getpid(), Paths: paths}); err != nil {
 		return fail(fmt.Errorf("take over from the running agent: %w", err))
 	}
-	p := &predecessor{c: c, waiting: make(map[uint64]chan hoMsg), done: make(chan struct{})}
+	p := &predecessor{c: c, pid: fdpass.PeerPID(c), pidfd: -1, waiting: make(map[uint64]chan hoMsg),
+		stopped: make(chan struct{}), done: make(chan struct{})}
 	for more := true; more; {
 		var m hoMsg
 		got, err := fdpass.Recv(c, &m)
@@ -556,29 +676,62 @@ func takeOver(path string) (*predecessor, map[string]*os.File, error) {
 		for i, n := range m.Names {
 			files[n] = got[i]
 		}
-		if m.Offsets != nil {
-			p.pid, p.offsets, p.open = m.PID, m.Offsets, m.Open
+		if p.offsets == nil {
+			p.offsets, p.open = m.Offsets, m.Open
+			if p.offsets == nil {
+				p.offsets = map[string]int64{} // it serves no Trial
+			}
 		}
 		more = m.More
 	}
 	_ = c.SetDeadline(time.Time{})
+	if fd, err := unix.PidfdOpen(p.pid, 0); err == nil {
+		p.pidfd = fd
+	}
 	return p, files, nil
 }
 
+// adopting tells the predecessor, every few seconds until stop is
+// closed, that this process is still adopting its Trials.
+func (p *predecessor) adopting(stop <-chan struct{}) {
+	t := time.NewTicker(handoverStepTimeout / 6)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			_ = p.send(hoMsg{Type: "adopting"})
+		}
+	}
+}
+
 // serving tells the predecessor that this process serves every listener,
-// and starts following its drain.
+// follows its drain, and waits until it has stopped accepting: only then
+// may this process take the socket paths and call itself ready. An error
+// means the hand-over did not happen; the predecessor serves on (or, if it
+// stopped, cuts what it serves and exits, and the listeners are the
+// keeper's for the next agent).
 func (a *Agent) serving(p *predecessor) error {
 	// Its tunnels count here from the start; it sends their number again
-	// as soon as it stops accepting, and whenever it changes.
+	// as it stops accepting, and whenever it changes.
 	for id, n := range p.open {
 		a.proxy.SetElsewhere(id, n)
 	}
-	if err := fdpass.Send(p.c, hoMsg{Type: "serving", PID: os.Getpid()}); err != nil {
-		return err
-	}
-	a.pred.Store(p)
 	go a.followPredecessor(p)
-	return nil
+	if err := p.send(hoMsg{Type: "serving", PID: os.Getpid()}); err != nil {
+		_ = p.c.Close()
+		return fmt.Errorf("tell the running agent (pid %d) that this one serves: %w", p.pid, err)
+	}
+	select {
+	case <-p.stopped:
+		return nil
+	case <-p.done:
+		return fmt.Errorf("the running agent (pid %d) ended the hand-over before it stopped accepting", p.pid)
+	case <-time.After(handoverStepTimeout):
+		_ = p.c.Close()
+		return fmt.Errorf("the running agent (pid %d) did not stop accepting within %s", p.pid, handoverStepTimeout)
+	}
 }
 
 // followPredecessor counts the predecessor's records and open tunnels
@@ -586,6 +739,9 @@ func (a *Agent) serving(p *predecessor) error {
 // are recorded as cut.
 func (a *Agent) followPredecessor(p *predecessor) {
 	defer func() {
+		if p.pidfd >= 0 {
+			_ = unix.Close(p.pidfd)
+		}
 		a.pred.CompareAndSwap(p, nil)
 		for _, id := range a.ids() {
 			a.proxy.SetElsewhere(id, 0)
@@ -602,7 +758,17 @@ func (a *Agent) followPredecessor(p *predecessor) {
 	for {
 		var m hoMsg
 		if _, err := fdpass.Recv(p.c, &m); err != nil {
+			select {
+			case <-p.stopped:
+			default:
+				return // the hand-over did not happen: serving says so
+			}
 			a.log.Error("the agent this one took over from ended before it drained; its open tunnels were cut", "pid", p.pid, "error", err)
+			// Its ledgers are read once it is gone (a zombie counts as
+			// gone, an exiting process not yet).
+			if p.pidfd >= 0 {
+				_, _ = unix.Poll([]unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}, 10_000)
+			}
 			for _, id := range a.ids() {
 				a.recordLost(id)
 			}
@@ -611,6 +777,11 @@ func (a *Agent) followPredecessor(p *predecessor) {
 		switch m.Type {
 		case "records":
 			a.counted(m.Trial, m.Lines)
+		case "stopped":
+			for _, id := range a.ids() {
+				a.proxy.SetElsewhere(id, m.Open[id])
+			}
+			close(p.stopped)
 		case "open":
 			for _, id := range a.ids() {
 				a.proxy.SetElsewhere(id, m.Open[id])
@@ -664,14 +835,19 @@ func (p *predecessor) ask(ctx context.Context, m hoMsg) (hoMsg, bool) {
 	m.Seq = p.seq
 	p.waiting[m.Seq] = ch
 	p.mu.Unlock()
-	if err := fdpass.Send(p.c, m); err != nil {
+	defer func() {
+		p.mu.Lock()
+		delete(p.waiting, m.Seq)
+		p.mu.Unlock()
+	}()
+	if err := p.send(m); err != nil {
 		return hoMsg{}, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	select {
 	case r, ok := <-ch:
-		return r, ok
+		return r, ok && r.Error == ""
 	case <-ctx.Done():
 		return hoMsg{}, false
 	}

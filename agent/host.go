@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -29,6 +30,22 @@ type Config struct {
 	// StateDir holds one record per live Trial, for re-adoption after a
 	// restart; empty: none (an embedded agent, whose Trials die with it).
 	StateDir string
+}
+
+// withDefaults is c with its empty paths spelled out (the parent cgroup
+// as its default's name): two agents with the same paths hold the same
+// things.
+func (c Config) withDefaults() Config {
+	if c.PinDir == "" {
+		c.PinDir = bpf.DefaultPinDir
+	}
+	if c.NetnsDir == "" {
+		c.NetnsDir = netns.DefaultDir
+	}
+	if c.Parent == "" {
+		c.Parent = "<cgroup2>/" + sandbox.ParentName
+	}
+	return c
 }
 
 // Host is a loaded eBPF layer on the parent cgroup.

@@ -46,6 +46,7 @@ type keeperMsg struct {
 	Prefix string   `json:"prefix,omitempty"` // del: every name starting with it
 	More   bool     `json:"more,omitempty"`   // get's answer: more messages follow
 	PID    int      `json:"pid,omitempty"`
+	N      int      `json:"n,omitempty"` // ping's answer: how many it holds
 	Error  string   `json:"error,omitempty"`
 }
 
@@ -187,6 +188,11 @@ func (k *keeper) serve(c *net.UnixConn, log *slog.Logger) (quit bool) {
 				return false
 			}
 			continue
+		case "ping":
+			closeFiles(files)
+			k.mu.Lock()
+			reply.N = len(k.files)
+			k.mu.Unlock()
 		case "quit":
 			closeFiles(files)
 			_ = fdpass.Send(c, reply)
@@ -285,16 +291,28 @@ func (k *keeperClient) ensure() {
 
 // exchange sends one request and reads its answers.
 func (k *keeperClient) exchange(m keeperMsg, files []*os.File) (map[string]*os.File, error) {
+	got, _, err := k.exchangeMsg(m, files)
+	return got, err
+}
+
+// held asks the keeper how many listeners it holds (starting one if none
+// answers and spawning is on).
+func (k *keeperClient) held() (int, error) {
+	_, r, err := k.exchangeMsg(keeperMsg{Op: "ping"}, nil)
+	return r.N, err
+}
+
+func (k *keeperClient) exchangeMsg(m keeperMsg, files []*os.File) (map[string]*os.File, keeperMsg, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	c, err := k.dial()
 	if err != nil {
-		return nil, err
+		return nil, keeperMsg{}, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 	if err := fdpass.Send(c, m, files...); err != nil {
-		return nil, err
+		return nil, keeperMsg{}, err
 	}
 	got := make(map[string]*os.File)
 	for {
@@ -311,13 +329,13 @@ func (k *keeperClient) exchange(m keeperMsg, files []*os.File) (map[string]*os.F
 			for _, f := range got {
 				_ = f.Close()
 			}
-			return nil, err
+			return nil, keeperMsg{}, err
 		}
 		for i, n := range r.Names {
 			got[n] = fs[i]
 		}
 		if !r.More {
-			return got, nil
+			return got, r, nil
 		}
 	}
 }

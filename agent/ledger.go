@@ -154,6 +154,21 @@ func lostTunnels(dir, id string) ([]record.Event, error) {
 
 var errLedgerLive = errors.New("its process runs")
 
+// processRuns reports whether process pid, started at start, runs: not
+// gone, not another process with its pid, not a zombie.
+func processRuns(pid int, start uint64) bool {
+	if s, err := startTime(pid); err != nil || s != start {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	rest := string(b[bytes.LastIndexByte(b, ')')+1:])
+	f := strings.Fields(rest)
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
 // removeLedgers removes every ledger of Trial id: what it kept is no
 // Trial's any more.
 func (a *Agent) removeLedgers(id string) {
@@ -178,10 +193,7 @@ func readLedger(path string) ([]record.Event, error) {
 	if !strings.HasSuffix(path, "."+strconv.Itoa(pid)) {
 		return nil, fmt.Errorf("%s: its header names pid %d", path, pid)
 	}
-	if pid == os.Getpid() {
-		return nil, errLedgerLive
-	}
-	if start, err := startTime(pid); err == nil && start == binary.LittleEndian.Uint64(mem[16:]) {
+	if processRuns(pid, binary.LittleEndian.Uint64(mem[16:])) {
 		return nil, errLedgerLive
 	}
 	var out []record.Event

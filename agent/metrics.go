@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
 	"runtime"
 	"runtime/debug"
 
@@ -170,6 +171,9 @@ type Health struct {
 	EBPF   string `json:"ebpf"`
 	Agent  string `json:"agent"` // "serving", or why not
 	Trials int    `json:"trials_live"`
+	// PID is the answering agent's process: during a hand-over the old
+	// or the new one (health --pid-file tells them apart).
+	PID int `json:"pid"`
 	// Layers are the defences this host gives a Trial; the optional ones
 	// (Landlock, BPF LSM) being off does not make the agent unhealthy.
 	Layers Layers `json:"layers"`
@@ -178,7 +182,7 @@ type Health struct {
 // Health checks that the eBPF layer is attached (so it outlives this
 // process) and that the agent serves.
 func (a *Agent) Health(context.Context) (Health, error) {
-	h := Health{OK: true, EBPF: "attached", Agent: "serving", Trials: len(a.list()), Layers: a.host.Layers()}
+	h := Health{OK: true, EBPF: "attached", Agent: "serving", Trials: len(a.list()), Layers: a.host.Layers(), PID: os.Getpid()}
 	if err := a.host.BPF.CheckPins(); err != nil {
 		h.OK, h.EBPF = false, err.Error()
 	}

@@ -41,6 +41,8 @@ type ServeConfig struct {
 	// one when none answers there.
 	Keeper      string
 	SpawnKeeper bool
+	// PIDFile, if set, gets this process's pid once it serves.
+	PIDFile string
 	// DrainTimeout bounds how long this agent, once it has handed over,
 	// serves its open tunnels before it cuts them; 0: DefaultDrainTimeout.
 	DrainTimeout time.Duration
@@ -122,25 +124,13 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		closeRest()
 		d.closeListeners(pred == nil)
 		if pred != nil {
-			_ = pred.c.Close() // it keeps serving
+			pred.close() // it keeps serving
 		}
 		return err
 	}
-	var offsets map[string]int64
-	if pred != nil {
-		offsets = pred.offsets
-	}
-	a, err := start(cfg.AgentConfig, inh, offsets, kc)
-	if err == nil && pred != nil {
-		if err = d.bindPaths(true); err != nil {
-			a.Close(false)
-		}
-	}
+	a, err := d.startTakingOver(inh, pred, kc)
 	if err != nil {
 		d.closeListeners(pred == nil)
-		if pred != nil {
-			_ = pred.c.Close()
-		}
 		return err
 	}
 	d.a = a
@@ -155,18 +145,54 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		go a.serveHTTP(d.msrv, d.met, "metrics")
 	}
 	if pred != nil {
-		if err := a.serving(pred); err != nil {
-			a.log.Error("could not tell the agent this one took over from that it serves; it drains only once it sees this one gone", "pid", pred.pid, "error", err)
-		}
 		a.log.Info("took over every listener from the running agent, which now drains", "predecessor", pred.pid)
 	}
 	go d.serveHandovers(d.hln)
 	if kc != nil && d.met != nil {
 		kc.put([]string{nameMetrics}, []net.Listener{d.met}) // each Trial's went when it was served
 	}
+	if cfg.PIDFile != "" {
+		if err := os.WriteFile(cfg.PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+			a.log.Warn("pid file not written: health --pid-file will not find this agent ready", "path", cfg.PIDFile, "error", err)
+		}
+	}
 	sdNotify(fmt.Sprintf("READY=1\nMAINPID=%d", os.Getpid()))
 	a.log.Info("trialnet agent ready", "socket", d.sock, "trials", len(a.list()), "metrics", cfg.MetricsAddr, "pid", os.Getpid())
 	return d.run(ctx)
+}
+
+// startTakingOver starts the agent. Taking over, it tells the
+// predecessor it is still adopting while it starts, then that it serves;
+// once the predecessor has stopped accepting, it takes the socket paths
+// and watches the Trials' owners. Any failure before that leaves the
+// predecessor serving (this process's copies of its listeners closed
+// first, then the connection).
+func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecessor, kc *keeperClient) (*Agent, error) {
+	var beat chan struct{}
+	if pred != nil {
+		beat = make(chan struct{})
+		go pred.adopting(beat)
+	}
+	a, err := start(d.cfg.AgentConfig, inh, pred, kc)
+	if beat != nil {
+		close(beat)
+	}
+	if pred == nil || err != nil {
+		if pred != nil {
+			pred.close()
+		}
+		return a, err
+	}
+	if err = a.serving(pred); err == nil {
+		err = d.bindPaths(true)
+	}
+	if err != nil {
+		a.Close(false)
+		_ = pred.c.Close()
+		return nil, err
+	}
+	a.watchOwners()
+	return a, nil
 }
 
 // inherit finds what this process takes over: from a running agent (a
@@ -174,7 +200,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 // listeners by name, trial ones grouped by Trial id under their names'
 // id, the others under their own name.
 func (d *daemon) inherit(kc *keeperClient, log *slog.Logger) (*predecessor, map[string][]net.Listener, error) {
-	pred, files, err := takeOver(HandoverSocket(d.sock))
+	pred, files, err := takeOver(HandoverSocket(d.sock), d.paths())
 	switch {
 	case errors.Is(err, errNoPredecessor):
 		pred = nil
@@ -241,18 +267,37 @@ func splitIndex(name string) (string, int) {
 // their paths, in one rename each; otherwise it fails if an agent answers
 // on the control socket.
 func (d *daemon) bindPaths(takingOver bool) error {
-	var err error
-	if takingOver {
-		d.ctl, err = fdpass.ListenAt("unix", d.sock)
-	} else {
-		d.ctl, err = ListenSocket(d.sock)
+	if !takingOver {
+		var err error
+		if d.ctl, err = ListenSocket(d.sock); err != nil {
+			return err
+		}
+		if d.hln, err = fdpass.Listen(HandoverSocket(d.sock)); err != nil {
+			return fmt.Errorf("agent: hand-over socket: %w", err)
+		}
+		return nil
 	}
+	// Both made first, then both renamed: a failure leaves the
+	// predecessor's paths as they were.
+	ctl, ctlTmp, err := fdpass.ListenTemp("unix", d.sock)
 	if err != nil {
 		return err
 	}
-	if d.hln, err = fdpass.Listen(HandoverSocket(d.sock)); err != nil {
+	hln, hlnTmp, err := fdpass.ListenTemp("unixpacket", HandoverSocket(d.sock))
+	if err != nil {
+		_ = ctl.Close()
+		_ = os.Remove(ctlTmp)
 		return fmt.Errorf("agent: hand-over socket: %w", err)
 	}
+	if err = os.Rename(ctlTmp, d.sock); err == nil {
+		err = os.Rename(hlnTmp, HandoverSocket(d.sock))
+	}
+	if err != nil {
+		_, _ = ctl.Close(), hln.Close()
+		_, _ = os.Remove(ctlTmp), os.Remove(hlnTmp)
+		return fmt.Errorf("agent: take the socket paths: %w", err)
+	}
+	d.ctl, d.hln = ctl, hln
 	return nil
 }
 
@@ -325,8 +370,12 @@ func sameAddr(have net.Addr, want string) bool {
 // this process has drained.
 func (d *daemon) run(ctx context.Context) error {
 	a := d.a
+	tend := time.NewTicker(keeperTend)
+	defer tend.Stop()
 	for {
 		select {
+		case <-tend.C:
+			d.tendKeeper()
 		case <-ctx.Done():
 			return d.stop()
 		case sig := <-d.cfg.Reload:
@@ -342,6 +391,34 @@ func (d *daemon) run(ctx context.Context) error {
 			a.Close(false)
 			return nil
 		}
+	}
+}
+
+// keeperTend is how often the agent checks that the keeper holds every
+// listener it serves.
+const keeperTend = 10 * time.Second
+
+// tendKeeper gives the keeper every listener again when it holds fewer
+// than this agent serves: a keeper that restarted, started late (a
+// Kubernetes container), or missed a put.
+func (d *daemon) tendKeeper() {
+	kc := d.a.keeper
+	if kc == nil {
+		return
+	}
+	var names []string
+	var lns []net.Listener
+	if d.met != nil {
+		names, lns = append(names, nameMetrics), append(lns, d.met)
+	}
+	for id, tl := range d.a.trialListeners() {
+		for i, ln := range tl {
+			names, lns = append(names, trialListenerName(id, i)), append(lns, ln)
+		}
+	}
+	if n, err := kc.held(); err == nil && n < len(names) {
+		d.a.log.Info("the keeper holds fewer listeners than this agent serves: giving it every one again", "held", n, "served", len(names))
+		kc.put(names, lns)
 	}
 }
 

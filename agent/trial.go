@@ -276,14 +276,24 @@ func (a *Agent) prepare(lt *trial, list *allow.List, limits *config.Limits, stat
 
 // recordLost records, as cut, the tunnels of Trial id that a process
 // which died left open (its ledgers).
-func (a *Agent) recordLost(id string) {
+func (a *Agent) recordLost(id string) { a.recordEvents(id, a.takeLost(id)) }
+
+// takeLost reads and removes the ledgers of Trial id that processes
+// which died left, and returns the tunnels in them as records of cuts.
+func (a *Agent) takeLost(id string) []record.Event {
 	if a.cfg.Host.StateDir == "" {
-		return
+		return nil
 	}
 	evs, err := lostTunnels(a.cfg.Host.StateDir, id)
 	if err != nil {
 		a.log.Warn("a tunnel ledger is unreadable: the tunnels it kept are not recorded", "trial", id, "error", err)
 	}
+	return evs
+}
+
+// recordEvents records evs, made by no decision of this process, in
+// Trial id's log and counters.
+func (a *Agent) recordEvents(id string, evs []record.Event) {
 	for i := range evs {
 		if err := a.proxy.Record(id, &evs[i]); err != nil {
 			a.log.Error("record a lost tunnel", "trial", id, "error", err)
@@ -296,11 +306,21 @@ func (a *Agent) recordLost(id string) {
 
 // readopt takes over the Trials a previous agent left: live ones get
 // their proxy endpoint back (enforcement never lapsed: it is pinned);
-// half-made or broken ones are removed.
-func (a *Agent) readopt() {
+// half-made or broken ones are removed. Taking over from an agent that
+// runs, nothing is removed (it serves those Trials, and decides), and a
+// Trial it serves that cannot be adopted fails the start: the hand-over
+// does not happen.
+func (a *Agent) readopt() error {
 	for _, r := range a.host.Recorded() {
+		_, served := a.inherited["trial:"+r.ID]
 		lt, err := a.adopt(r)
-		if err != nil {
+		switch {
+		case err != nil && a.takingOver() && served:
+			return fmt.Errorf("Trial %s, which the running agent serves, cannot be adopted (%w); the running agent keeps serving", r.ID, err)
+		case err != nil && a.takingOver():
+			a.log.Warn("trial not adopted; the running agent, which does not serve it either, decides", "trial", r.ID, "reason", err)
+			continue
+		case err != nil:
 			a.log.Warn("trial not re-adopted; removing what is left of it", "trial", r.ID, "reason", err)
 			a.removeLedgers(r.ID)
 			a.unkeep(r.ID)
@@ -310,8 +330,27 @@ func (a *Agent) readopt() {
 			continue
 		}
 		a.setState(lt, stateLive)
-		a.watchOwner(lt)
+		if !a.takingOver() {
+			a.watchOwner(lt) // taking over: once the predecessor stopped (watchOwners)
+		}
 		a.log.Info("trial re-adopted", "trial", r.ID, "owner_pid", ownerPID(lt.info.Owner))
+	}
+	return nil
+}
+
+// watchOwners watches the owners of every live Trial: after a hand-over,
+// once the predecessor no longer does.
+func (a *Agent) watchOwners() {
+	a.mu.Lock()
+	var lts []*trial
+	for _, lt := range a.trials {
+		if lt.state == stateLive {
+			lts = append(lts, lt)
+		}
+	}
+	a.mu.Unlock()
+	for _, lt := range lts {
+		a.watchOwner(lt)
 	}
 }
 
@@ -351,10 +390,13 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 			lt.release()
 		}
 	}()
+	// What dead processes' ledgers kept is read before this process's
+	// own ledger is made: a pid of the dead can be this process's.
+	lost := a.takeLost(r.ID)
 	if err := a.prepare(lt, allow.New(entries...), info.Limits, a.replayStats(lt)); err != nil {
 		return nil, err
 	}
-	a.recordLost(r.ID)
+	a.recordEvents(r.ID, lost)
 	tr, err := a.host.Open(r.Record, lt, a.inheritedFor(r.ID))
 	if err != nil {
 		return nil, err

@@ -60,6 +60,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	teardown := fs.Bool("teardown-on-exit", false, "destroy every Trial on SIGTERM/SIGINT (default: leave them enforced for the next agent)")
 	drain := fs.Duration("drain-timeout", 0, "after handing over to a new agent, serve open tunnels this long before cutting them (default: the config's drain_timeout, else 15m)")
 	keeper := fs.String("keeper", "", "the keeper's socket, which holds the listeners across an agent crash (default: beside the control socket, started if none runs); off: none")
+	pidFile := fs.String("pid-file", "", "write this agent's pid to F once it serves (health --pid-file checks it)")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
@@ -115,6 +116,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		DrainTimeout:   *drain,
 		Keeper:         *keeper,
 		SpawnKeeper:    *keeper == "",
+		PIDFile:        *pidFile,
 	}
 	if sc.DrainTimeout == 0 {
 		sc.DrainTimeout, _ = file.Drain() // checked when the file was read
@@ -531,10 +533,11 @@ func cmdReload(ctx context.Context, args []string, stdout, stderr io.Writer) int
 const healthTimeout = 5 * time.Second
 
 func cmdHealth(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("health", "health [--live] [--timeout D] [-j]",
+	fs := newFlags("health", "health [--live] [--timeout D] [--pid-file F] [-j]",
 		"sudo trialnet health -j", stderr)
 	live := fs.Bool("live", false, "exit 0 whenever the agent answers, ready or not: for a liveness probe, as restarting an agent whose pins are gone would detach the programs it still holds until the next one attaches")
 	timeout := fs.Duration("timeout", healthTimeout, "give up when the agent has not answered within this long")
+	pidFile := fs.String("pid-file", "", "ready only if the agent answering is the one whose pid is in F (its --pid-file): during a hand-over, a new pod's probe must not be answered by the old agent")
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	if err := parseNoArgs(fs, args); err != nil {
@@ -550,6 +553,13 @@ func cmdHealth(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	h, err := c.Health(ctx)
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, exitFailure, err)
+	}
+	if *pidFile != "" {
+		b, rerr := os.ReadFile(*pidFile)
+		if want, perr := strconv.Atoi(strings.TrimSpace(string(b))); rerr != nil || perr != nil || want != h.PID {
+			h.OK = false
+			h.Agent = fmt.Sprintf("another agent: pid %d answers, and %s names %q (%v): this one has not taken over yet", h.PID, *pidFile, strings.TrimSpace(string(b)), errors.Join(rerr, perr))
+		}
 	}
 	if *asJSON {
 		printJSON(stdout, h)

@@ -330,8 +330,18 @@ func TestPrivilegedAgentHandover(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 
 	// A successor that takes the listeners and dies.
-	if err := abortedHandover(agent.HandoverSocket(a.sock)); err != nil {
+	if err := abortedHandover(t, a); err != nil {
 		t.Fatal(err)
+	}
+	// A new agent with other paths (another state directory): it would
+	// adopt none of these Trials. It is refused, and changes nothing.
+	other := filepath.Join(t.TempDir(), "other.yaml")
+	cfg, _ := os.ReadFile(a.config)
+	if err := os.WriteFile(other, []byte(strings.Replace(string(cfg), a.host.StateDir, t.TempDir(), 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := trialnet("agent", "--config", other); code == exitOK || !strings.Contains(errOut, "only from one with the same paths") {
+		t.Errorf("an agent with other paths beside the running one: exit %d, %q; want a refusal naming the paths", code, errOut)
 	}
 	time.Sleep(500 * time.Millisecond)
 	if exited(a.cmd.Process.Pid) {
@@ -343,6 +353,14 @@ func TestPrivilegedAgentHandover(t *testing.T) {
 	a.startNext(t)
 	if code, out, errOut := trialnet("list", "--socket", a.sock); code != exitOK || !strings.Contains(out, "ho") {
 		t.Fatalf("list on the new agent: exit %d %s %s", code, out, errOut)
+	}
+	// A probe of the new agent's readiness hears the new agent only.
+	pidFile := filepath.Join(t.TempDir(), "agent.pid")
+	for pid, want := range map[int]int{a.cmd.Process.Pid: exitOK, old.Process.Pid: exitFailure} {
+		_ = os.WriteFile(pidFile, []byte(strconv.Itoa(pid)+"\n"), 0o600)
+		if code, out, _ := trialnet("health", "--socket", a.sock, "--pid-file", pidFile); code != want {
+			t.Errorf("health --pid-file naming pid %d: exit %d, want %d: %s", pid, code, want, out)
+		}
 	}
 	r := l.wait(t)
 	t.Logf("load done: %+v", r)
@@ -379,41 +397,35 @@ func TestPrivilegedAgentHandover(t *testing.T) {
 	a.stop(t, syscall.SIGTERM)
 }
 
-// abortedHandover is a successor that takes an agent's listeners and
-// dies before it serves them.
-func abortedHandover(path string) error {
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	hello, _ := json.Marshal(map[string]any{"type": "hello", "version": 1, "pid": os.Getpid()})
-	if _, err := c.Write(hello); err != nil {
-		return err
-	}
-	buf := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(250*4))
-	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return err
-	}
-	if !bytes.Contains(buf[:n], []byte(`"offer"`)) {
-		return fmt.Errorf("no offer: %s", buf[:n])
-	}
-	msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
-	got := 0
-	for _, m := range msgs {
-		fds, _ := unix.ParseUnixRights(&m)
-		for _, fd := range fds {
-			_ = unix.Close(fd)
-			got++
-		}
-	}
-	if got == 0 {
-		return fmt.Errorf("an offer without listeners: %s", buf[:n])
+// abortedHandover is a successor, a process of its own, that takes an
+// agent's listeners and exits before it serves them.
+func abortedHandover(t *testing.T, a *agentUnderTest) error {
+	t.Helper()
+	paths, _ := json.Marshal(map[string]string{"socket": a.sock, "state_dir": a.host.StateDir, "data_dir": a.data,
+		"pin_dir": a.host.PinDir, "netns_dir": a.host.NetnsDir, "cgroup_parent": a.host.Parent})
+	out, err := exec.Command("/usr/bin/python3", "-c", takeAndDie, agent.HandoverSocket(a.sock), string(paths)).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"offer"`) || strings.Contains(string(out), `"fds": 0`) {
+		return fmt.Errorf("a successor that dies: %v: %s", err, out)
 	}
 	return nil
 }
+
+// takeAndDie says hello on the hand-over socket argv[1] with the paths
+// argv[2], takes the offer and its listeners, and exits.
+const takeAndDie = `
+import array, json, os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+s.send(json.dumps({"type": "hello", "version": 1, "pid": os.getpid(), "paths": json.loads(sys.argv[2])}).encode())
+msg, anc, flags, addr = s.recvmsg(1 << 20, socket.CMSG_SPACE(250 * 4))
+fds = array.array("i")
+for level, kind, data in anc:
+    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        fds.frombytes(data[:len(data) - len(data) % 4])
+print(json.dumps({"got": json.loads(msg)["type"], "fds": len(fds)}))
+for fd in fds:
+    os.close(fd)
+`
 
 // recordsWith are a Trial's records whose detail contains s.
 func recordsWith(recs []record.Event, s string) []record.Event {

@@ -47,6 +47,7 @@ type container struct {
 	Image           string   `yaml:"image"`
 	Command         []string `yaml:"command"`
 	Args            []string `yaml:"args"`
+	RestartPolicy   string   `yaml:"restartPolicy"`
 	Env             []envVar `yaml:"env"`
 	SecurityContext struct {
 		Privileged   bool `yaml:"privileged"`
@@ -85,9 +86,9 @@ type doc struct {
 			Spec struct {
 				TerminationGracePeriodSeconds int    `yaml:"terminationGracePeriodSeconds"`
 				HostPID                       bool   `yaml:"hostPID"`
-				HostNetwork        bool   `yaml:"hostNetwork"`
-				ServiceAccountName string `yaml:"serviceAccountName"`
-				Tolerations        []struct {
+				HostNetwork                   bool   `yaml:"hostNetwork"`
+				ServiceAccountName            string `yaml:"serviceAccountName"`
+				Tolerations                   []struct {
 					Key    string `yaml:"key"`
 					Effect string `yaml:"effect"`
 				} `yaml:"tolerations"`
@@ -213,6 +214,17 @@ func TestRollingUpdateHandsOver(t *testing.T) {
 	}
 	if sc := keeper.SecurityContext; sc.Privileged || !slices.Equal(sc.Capabilities.Drop, []string{"ALL"}) || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
 		t.Errorf("the keeper runs as root (the agent's peer check) with no capability: %+v", sc)
+	}
+	// Started before the agent, and kept running: a native sidecar.
+	if !slices.ContainsFunc(byKind["DaemonSet"].Spec.Template.Spec.InitContainers, func(c container) bool { return c.Name == "keeper" }) || keeper.RestartPolicy != "Always" {
+		t.Error("the keeper is not a native sidecar (an init container with restartPolicy: Always)")
+	}
+	// Ready only when this pod's agent answers: the old pod's answers on
+	// the shared socket until the new one has taken over.
+	i = slices.Index(agent.Command, "--pid-file")
+	r := agent.ReadinessProbe
+	if i < 0 || r == nil || !slices.Contains(r.Exec.Command, agent.Command[i+1]) || !slices.Contains(r.Exec.Command, "--pid-file") {
+		t.Errorf("the readiness probe does not check the agent's --pid-file: %q, %+v", agent.Command, r)
 	}
 }
 

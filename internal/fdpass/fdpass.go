@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,24 +45,49 @@ func Listen(path string) (*net.UnixListener, error) { return ListenAt("unixpacke
 // inheriting one. It is created under umask 0177, so that no other user
 // can connect before the rename.
 func ListenAt(network, path string) (*net.UnixListener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	ln, tmp, err := ListenTemp(network, path)
+	if err != nil {
 		return nil, err
 	}
-	tmp := fmt.Sprintf("%s.%d.new", path, os.Getpid())
-	_ = os.Remove(tmp)
-	old := syscall.Umask(0o177)
-	ln, err := net.ListenUnix(network, &net.UnixAddr{Name: tmp, Net: network})
-	syscall.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	ln.SetUnlinkOnClose(false) // the path is renamed; its owner removes it
 	if err := os.Rename(tmp, path); err != nil {
 		_ = ln.Close()
 		_ = os.Remove(tmp)
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// ListenTemp is ListenAt's first half: the socket, bound at a temporary
+// path beside path (returned), for the caller to rename. It is bound in a
+// directory of its own, mode 0700, so that no other user can connect
+// before it is chmod 0600; the process's umask is left alone.
+func ListenTemp(network, path string) (*net.UnixListener, string, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, "", err
+	}
+	private, err := os.MkdirTemp(dir, ".bind-")
+	if err != nil {
+		return nil, "", err
+	}
+	defer os.Remove(private)
+	bound := filepath.Join(private, "s")
+	ln, err := net.ListenUnix(network, &net.UnixAddr{Name: bound, Net: network})
+	if err != nil {
+		return nil, "", fmt.Errorf("listen on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false) // the path is renamed; its owner removes it
+	tmp := fmt.Sprintf("%s.%d.new", path, os.Getpid())
+	err = os.Chmod(bound, 0o600)
+	if err == nil {
+		err = os.Rename(bound, tmp)
+	}
+	if err != nil {
+		_ = ln.Close()
+		_ = os.Remove(bound)
+		return nil, "", fmt.Errorf("listen on %s: %w", path, err)
+	}
+	return ln, tmp, nil
 }
 
 // Dial connects to the packet socket at path and checks that root of this
