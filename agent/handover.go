@@ -325,22 +325,9 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	if _, err := fdpass.Recv(c, &hello); err != nil {
 		return fmt.Errorf("pid %d: hello: %w", pid, err)
 	}
-	if hello.Type != "hello" || hello.Version != handoverVersion {
-		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(),
-			Error: fmt.Sprintf("it speaks hand-over protocol %d, and the new agent asked for %q version %d: stop it first (its open tunnels are then cut), or start a build that speaks protocol %d", handoverVersion, hello.Type, hello.Version, handoverVersion)})
-		return fmt.Errorf("pid %d asked for protocol %d, not %d", pid, hello.Version, handoverVersion)
-	}
-	refuse := func(why string) error {
+	if why := d.refusal(hello); why != "" {
 		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: why})
 		return fmt.Errorf("pid %d asked to take over: refused: %s", pid, why)
-	}
-	if p := a.pred.Load(); p != nil {
-		return refuse(fmt.Sprintf("it took over from pid %d itself, which still drains; one hand-over at a time: try again once that ends (at most its drain_timeout)", p.pid))
-	}
-	// A successor with other paths would adopt none of these Trials and
-	// leave their listeners unserved.
-	if mine := d.paths(); !maps.Equal(hello.Paths, mine) {
-		return refuse(fmt.Sprintf("its paths are %v, the new agent's %v: an agent takes over only from one with the same paths (state, data, pins, namespaces, cgroup parent)", mine, hello.Paths))
 	}
 	// The successor's pidfd: if the hand-over fails after the offer, the
 	// successor is ended before this agent resumes, so that no process
@@ -372,18 +359,8 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	defer closeFiles(files)
 	offsets := a.startForwarding(fw)
 	offered = true
-	for i := 0; ; i += fdpass.MaxFiles {
-		j := min(i+fdpass.MaxFiles, len(files))
-		m := hoMsg{Type: "offer", Version: handoverVersion, PID: os.Getpid(), Names: names[i:j], More: j < len(files)}
-		if i == 0 {
-			m.Offsets, m.Open = offsets, a.proxy.Open()
-		}
-		if err := fdpass.Send(c, m, files[i:j]...); err != nil {
-			return fmt.Errorf("pid %d: offer: %w", pid, err)
-		}
-		if j == len(files) {
-			break
-		}
+	if err := sendOffer(c, names, files, offsets, a.proxy.Open()); err != nil {
+		return fmt.Errorf("pid %d: offer: %w", pid, err)
 	}
 	// Its records go out while it starts: it counts them once it serves.
 	stop, sent := make(chan struct{}), make(chan struct{})
@@ -391,28 +368,10 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 		defer close(sent)
 		fw.send(c, stop, a.log.Warn)
 	}()
-	// It says it is still adopting every few seconds; it may take long
-	// (each Trial's log is replayed), but not for ever.
-	for end := time.Now().Add(handoverServeTimeout); ; {
-		step := time.Now().Add(handoverStepTimeout)
-		if step.After(end) {
-			step = end
-		}
-		_ = c.SetReadDeadline(step)
-		var m hoMsg
-		if _, err := fdpass.Recv(c, &m); err != nil {
-			close(stop)
-			return fmt.Errorf("pid %d did not take over: %w", pid, err)
-		}
-		if m.Type == "serving" {
-			break
-		}
-		if m.Type != "adopting" {
-			close(stop)
-			return fmt.Errorf("pid %d did not take over: it said %q", pid, m.Type)
-		}
+	if err := awaitServing(c); err != nil {
+		close(stop)
+		return fmt.Errorf("pid %d did not take over: %w", pid, err)
 	}
-	_ = c.SetDeadline(time.Time{})
 	// Stop accepting first, then say so: only then does the successor
 	// take the socket paths and report itself ready.
 	a.handedOver = true
@@ -427,6 +386,66 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	a.log.Info("the new agent serves every listener; this one stopped accepting and drains", "successor", pid, "drain_timeout", d.drainTimeout())
 	close(d.handedOff)
 	return nil
+}
+
+// refusal says why a successor that said hello may not take over ("": it
+// may).
+func (d *daemon) refusal(hello hoMsg) string {
+	if hello.Type != "hello" || hello.Version != handoverVersion {
+		return fmt.Sprintf("it speaks hand-over protocol %d, and the new agent asked for %q version %d: stop it first (its open tunnels are then cut), or start a build that speaks protocol %d", handoverVersion, hello.Type, hello.Version, handoverVersion)
+	}
+	if p := d.a.pred.Load(); p != nil {
+		return fmt.Sprintf("it took over from pid %d itself, which still drains; one hand-over at a time: try again once that ends (at most its drain_timeout)", p.pid)
+	}
+	// A successor with other paths would adopt none of these Trials and
+	// leave their listeners unserved.
+	if mine := d.paths(); !maps.Equal(hello.Paths, mine) {
+		return fmt.Sprintf("its paths are %v, the new agent's %v: an agent takes over only from one with the same paths (state, data, pins, namespaces, cgroup parent)", mine, hello.Paths)
+	}
+	return ""
+}
+
+// sendOffer sends the listeners, at most fdpass.MaxFiles a message; the
+// first message carries each Trial's log size and open tunnel count.
+func sendOffer(c *net.UnixConn, names []string, files []*os.File, offsets, open map[string]int64) error {
+	for i := 0; ; i += fdpass.MaxFiles {
+		j := min(i+fdpass.MaxFiles, len(files))
+		m := hoMsg{Type: "offer", Version: handoverVersion, PID: os.Getpid(), Names: names[i:j], More: j < len(files)}
+		if i == 0 {
+			m.Offsets, m.Open = offsets, open
+		}
+		if err := fdpass.Send(c, m, files[i:j]...); err != nil {
+			return err
+		}
+		if j == len(files) {
+			return nil
+		}
+	}
+}
+
+// awaitServing waits for the successor's "serving". It says it is still
+// adopting every few seconds; that may take long (each Trial's log is
+// replayed), but not for ever.
+func awaitServing(c *net.UnixConn) error {
+	defer func() { _ = c.SetDeadline(time.Time{}) }()
+	for end := time.Now().Add(handoverServeTimeout); ; {
+		step := time.Now().Add(handoverStepTimeout)
+		if step.After(end) {
+			step = end
+		}
+		_ = c.SetReadDeadline(step)
+		var m hoMsg
+		if _, err := fdpass.Recv(c, &m); err != nil {
+			return err
+		}
+		switch m.Type {
+		case "serving":
+			return nil
+		case "adopting":
+		default:
+			return fmt.Errorf("it said %q", m.Type)
+		}
+	}
 }
 
 // endProcess waits a moment for the process of pidfd to end (a successor

@@ -316,7 +316,7 @@ func (a *Agent) readopt() error {
 		lt, err := a.adopt(r)
 		switch {
 		case err != nil && a.takingOver() && served:
-			return fmt.Errorf("Trial %s, which the running agent serves, cannot be adopted (%w); the running agent keeps serving", r.ID, err)
+			return fmt.Errorf("the running agent serves Trial %s, and this one cannot adopt it (%w); the running agent keeps serving", r.ID, err)
 		case err != nil && a.takingOver():
 			a.log.Warn("trial not adopted; the running agent, which does not serve it either, decides", "trial", r.ID, "reason", err)
 			continue

@@ -105,33 +105,39 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	usr2 := make(chan os.Signal, 1)
 	signal.Notify(usr2, syscall.SIGUSR2)
 	defer signal.Stop(usr2)
-	sock := or(*socket, file.Paths.Socket)
 	sc := agent.ServeConfig{
 		AgentConfig:    cfg,
-		Socket:         sock,
+		Socket:         or(*socket, file.Paths.Socket),
 		MetricsAddr:    *metricsAddr,
 		TeardownOnExit: *teardown,
 		Reload:         hup,
 		Upgrade:        usr2,
 		DrainTimeout:   *drain,
-		Keeper:         *keeper,
-		SpawnKeeper:    *keeper == "",
 		PIDFile:        *pidFile,
 	}
-	if sc.DrainTimeout == 0 {
-		sc.DrainTimeout, _ = file.Drain() // checked when the file was read
-	}
-	switch sc.Keeper {
-	case "off":
-		sc.Keeper = ""
-	case "":
-		sc.Keeper = agent.DefaultKeeperSocket(or(sock, agent.DefaultSocket))
-	}
+	restarts(&sc, file, *keeper)
 	err = agent.Serve(ctx, sc)
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}
 	return exitOK
+}
+
+// restarts fills in how the agent hands over and outlives a crash: the
+// drain timeout (flag, else the file's) and the keeper (a socket path;
+// "" is the default beside the control socket, started when none runs;
+// "off" is none).
+func restarts(sc *agent.ServeConfig, file *config.File, keeper string) {
+	if sc.DrainTimeout == 0 {
+		sc.DrainTimeout, _ = file.Drain() // checked when the file was read
+	}
+	switch keeper {
+	case "off":
+	case "":
+		sc.Keeper, sc.SpawnKeeper = agent.DefaultKeeperSocket(or(sc.Socket, agent.DefaultSocket)), true
+	default:
+		sc.Keeper = keeper
+	}
 }
 
 // cmdKeeper holds the agent's listeners (agent.RunKeeper).
