@@ -375,7 +375,9 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (Stats, e
 	// A predecessor still draining ends its connections of the Trial
 	// first, and writes their records.
 	if p := a.pred.Load(); p != nil {
-		p.ask(ctx, hoMsg{Type: "remove", Trial: id})
+		if r, ok := p.ask(ctx, hoMsg{Type: "remove", Trial: id}); !ok {
+			a.log.Warn("the draining agent did not confirm that it ended the Trial's connections; records it writes later are not in the receipt", "trial", id, "pid", p.pid, "error", r.Error)
+		}
 	}
 	// The one teardown: the endpoint stops first (its last decision events
 	// still reach the log), then processes, cgroup, policy, namespaces.

@@ -64,7 +64,14 @@ func RunKeeper(ctx context.Context, path, trials string, log *slog.Logger) error
 	if err != nil {
 		return fmt.Errorf("keeper: %w", err)
 	}
-	defer os.Remove(path)
+	// The path goes with this keeper, unless another took it meanwhile.
+	if mine, err := os.Stat(path); err == nil {
+		defer func() {
+			if now, err := os.Stat(path); err == nil && os.SameFile(mine, now) {
+				_ = os.Remove(path)
+			}
+		}()
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })

@@ -112,15 +112,19 @@ func (a *Agent) ChangeAllow(ctx context.Context, id string, ch AllowChange) (All
 	}
 	// The agent this one took over from may still serve tunnels of the
 	// Trial: the change (and its cut) applies to them too.
+	var unconfirmed string
 	if p := a.pred.Load(); p != nil {
 		if r, ok := p.ask(ctx, hoMsg{Type: "allow", Trial: id, Allow: allowEntries(next), Cut: allow.Strings(cut)}); ok {
 			n += r.N
+		} else {
+			unconfirmed = fmt.Sprintf("the agent this one took over from (pid %d), which still drains, did not confirm the change: its open tunnels may follow the old allowlist until they end (at most its drain_timeout)", p.pid)
+			a.log.Warn("allowlist change not confirmed by the draining agent", "trial", id, "pid", p.pid, "error", r.Error)
 		}
 	}
 	a.log.Info("allowlist changed", "trial", id, "uid", uid, "added", pc.Added, "removed", pc.Removed, "tunnels_cut", n)
-	res := AllowChanged{Trial: info, TunnelsCut: n}
+	res := AllowChanged{Trial: info, TunnelsCut: n, Note: unconfirmed}
 	if info.Learning && len(remove) > 0 {
-		res.Note = "this Trial is learning: names off its allowlist, the removed ones included, are still let through and recorded as would_deny"
+		res.Note = strings.TrimPrefix(res.Note+"; this Trial is learning: names off its allowlist, the removed ones included, are still let through and recorded as would_deny", "; ")
 	}
 	return res, nil
 }
