@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,7 +20,6 @@ import (
 
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/record"
-	"golang.org/x/sys/unix"
 )
 
 // The control API: HTTP+JSON on a Unix socket that only root can open.
@@ -261,41 +259,18 @@ type impostorError struct{ msg string }
 func (e *impostorError) Error() string { return e.msg }
 
 func checkAgentPeer(c *net.UnixConn, socket string) error {
-	raw, err := c.SyscallConn()
+	why, err := fdpass.RootPeer(c)
 	if err != nil {
-		return err
+		return fmt.Errorf("who listens on %s: %w", socket, err)
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return err
+	if why == "" {
+		return nil
 	}
-	if cerr != nil {
-		return fmt.Errorf("who listens on %s: %w", socket, cerr)
+	if strings.Contains(why, "cannot see") {
+		why += " (run trialnet in the agent's PID namespace: on Kubernetes, a pod with hostPID)"
 	}
-	what := func(why string) error {
-		return &impostorError{fmt.Sprintf("the process listening on %s is not trialnet's agent: %s. Something took the agent's socket; see who (ss -xlp | grep %s), end it, and restart the agent (systemctl restart trialnet)",
-			socket, why, filepath.Base(socket))}
-	}
-	if cred.Uid != 0 {
-		return what(fmt.Sprintf("it runs as uid %d, and the agent runs as root", cred.Uid))
-	}
-	if cred.Pid == 0 {
-		return what("it runs in a PID namespace this one cannot see (run trialnet in the agent's PID namespace: on Kubernetes, a pod with hostPID)")
-	}
-	// NSpid lists the pid in every PID namespace from this /proc's down:
-	// more than one, and the listener lives in a namespace below this
-	// one, as every Trial's process does.
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cred.Pid))
-	if err != nil {
-		return what(fmt.Sprintf("its process %d cannot be read (%v)", cred.Pid, err))
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && f[0] == "NSpid:" && len(f) != 2 {
-			return what(fmt.Sprintf("its process %d runs in a PID namespace below this one (a Trial's, or a container's)", cred.Pid))
-		}
-	}
-	return nil
+	return &impostorError{fmt.Sprintf("the process listening on %s is not trialnet's agent: it %s. Something took the agent's socket; see who (ss -xlp | grep %s), end it, and restart the agent (systemctl restart trialnet)",
+		socket, why, filepath.Base(socket))}
 }
 
 // DefaultCallTimeout bounds a control API call whose context has no

@@ -107,49 +107,61 @@ func Dial(path string) (*net.UnixConn, error) {
 // CheckPeer refuses a peer that is not root in this PID namespace: only
 // such a process may give or take listeners that serve Trials.
 func CheckPeer(c *net.UnixConn) error {
+	why, err := RootPeer(c)
+	if err == nil && why != "" {
+		err = errors.New("the peer " + why)
+	}
+	return err
+}
+
+// RootPeer says why the process at the other end of c is not root in
+// this PID namespace ("": it is), from its credentials (SO_PEERCRED: of
+// the process that made the socket, for a listener) and /proc. A process
+// in a Trial runs in a PID namespace below this one.
+func RootPeer(c *net.UnixConn) (why string, err error) {
+	cred, err := peerCred(c)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case cred.Uid != 0:
+		return fmt.Sprintf("runs as uid %d, not root", cred.Uid), nil
+	case cred.Pid == 0:
+		return "runs in a PID namespace this one cannot see", nil
+	}
+	// NSpid lists the pid in every PID namespace from this /proc's down:
+	// more than one, and the process lives in a namespace below this one.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cred.Pid))
+	if err != nil {
+		return fmt.Sprintf("is process %d, which cannot be read (%v)", cred.Pid, err), nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == "NSpid:" && len(f) != 2 {
+			return fmt.Sprintf("runs in a PID namespace below this one (a Trial's, or a container's): process %d", cred.Pid), nil
+		}
+	}
+	return "", nil
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return err
+		return nil, err
 	}
-	if cerr != nil {
-		return cerr
-	}
-	if cred.Uid != 0 {
-		return fmt.Errorf("the peer runs as uid %d, not root", cred.Uid)
-	}
-	if cred.Pid == 0 {
-		return errors.New("the peer runs in a PID namespace this one cannot see")
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cred.Pid))
-	if err != nil {
-		return fmt.Errorf("the peer, process %d, cannot be read: %w", cred.Pid, err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && f[0] == "NSpid:" && len(f) != 2 {
-			return fmt.Errorf("the peer, process %d, runs in a PID namespace below this one", cred.Pid)
-		}
-	}
-	return nil
+	return cred, cerr
 }
 
-// PeerPID is the pid of the process at the other end of c.
+// PeerPID is the pid of the process at the other end of c (0: unknown).
 func PeerPID(c *net.UnixConn) int {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return 0
+	if cred, err := peerCred(c); err == nil {
+		return int(cred.Pid)
 	}
-	var pid int
-	_ = raw.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			pid = int(cred.Pid)
-		}
-	})
-	return pid
+	return 0
 }
 
 // Send writes msg as one message, with files attached (at most MaxFiles).
