@@ -483,9 +483,10 @@ func TestPrivilegedAgentKilledListenersWait(t *testing.T) {
 	}
 	t.Logf("killed: %d CONNECTs waited or were served, %d cut in flight, longest %d ms", r.Connects, r.Failed-r.Refused, r.MaxWaitMS)
 	lost := recordsWith(auditAll(t, a, "kill"), "ended without closing it")
-	// The long tunnels, and any CONNECT that was open at the kill.
-	if len(lost) < len(r.Tunnels) || len(lost) > len(r.Tunnels)+r.Failed {
-		t.Errorf("%d tunnels recorded as lost with the agent, want %d to %d: %+v", len(lost), len(r.Tunnels), len(r.Tunnels)+r.Failed, lost)
+	// The long tunnels, and the CONNECT each of the two loops may have had
+	// open at the kill (cut, or echoed but not yet closed by the agent).
+	if len(lost) < len(r.Tunnels) || len(lost) > len(r.Tunnels)+2 {
+		t.Errorf("%d tunnels recorded as lost with the agent, want %d to %d: %+v", len(lost), len(r.Tunnels), len(r.Tunnels)+2, lost)
 	}
 	for _, ev := range lost {
 		if ev.Decision != record.DecisionAllow || ev.Target != echoTarget {
