@@ -84,6 +84,7 @@ type Agent struct {
 	// which holds it while it offers everything to a successor.
 	hmu        sync.RWMutex
 	handedOver bool // under hmu: a successor serves; calls are refused
+	stopping   bool // under hmu: the daemon stops; no hand-over starts
 	// pred is the agent this one took over from, while it drains.
 	pred atomic.Pointer[predecessor]
 	// offsets are each Trial's log size when the predecessor began
@@ -164,6 +165,16 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecess
 	} else if err := a.readopt(); err != nil {
 		a.Close(false)
 		return nil, err
+	}
+	if a.takingOver() {
+		// A Trial the predecessor serves but this agent has no record of
+		// would lose its endpoint: the hand-over does not happen.
+		for name := range a.inherited {
+			if id, ok := strings.CutPrefix(name, "trial:"); ok {
+				a.Close(false)
+				return nil, fmt.Errorf("the running agent serves Trial %s, which has no record in %s: this agent cannot take it over; the running agent keeps serving", id, cfg.Host.StateDir)
+			}
+		}
 	}
 	a.startRetention()
 	return a, nil

@@ -457,11 +457,14 @@ func (c *Client) Watch(ctx context.Context, id string, fn func(record.Event)) er
 		if err := c.watchOnce(ctx, id, fn); err != nil || ctx.Err() != nil {
 			return err
 		}
-		if _, err := c.Get(ctx, id); err != nil {
+		var e *Error
+		if _, err := c.Get(ctx, id); errors.As(err, &e) && e.Code == CodeUnknownTrial {
 			return nil // the Trial ended
 		}
+		// Still live, or its agent not answering yet: try again, a few
+		// times in quick succession at most.
 		if time.Since(opened) < time.Second {
-			if quick++; quick == 5 {
+			if quick++; quick == 10 {
 				return fmt.Errorf("decision stream of %s: it keeps ending while the Trial lives", id)
 			}
 		} else {
@@ -471,7 +474,7 @@ func (c *Client) Watch(ctx context.Context, id string, fn func(record.Event)) er
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(time.Duration(quick+1) * 100 * time.Millisecond):
 		}
 	}
 }

@@ -91,7 +91,7 @@ type hoMsg struct {
 // (it adopts every Trial, which takes well under a second each).
 const (
 	handoverStepTimeout  = 30 * time.Second
-	handoverServeTimeout = 2 * time.Minute
+	handoverServeTimeout = 10 * time.Minute
 )
 
 // errHandedOver answers a call that waited on a hand-over: this process
@@ -156,8 +156,8 @@ func (f *forwarder) take() (map[string][]json.RawMessage, int) {
 }
 
 // send writes the queued records to c until stop is closed; it returns
-// when c fails, or after a last flush once stop is closed.
-func (f *forwarder) send(c *net.UnixConn, stop <-chan struct{}, log func(string, ...any)) {
+// c's error, or nil after a last flush once stop is closed.
+func (f *forwarder) send(c *net.UnixConn, stop <-chan struct{}, log func(string, ...any)) error {
 	for {
 		var last bool
 		select {
@@ -166,7 +166,7 @@ func (f *forwarder) send(c *net.UnixConn, stop <-chan struct{}, log func(string,
 			last = true
 		}
 		if err := f.flush(c, log); err != nil || last {
-			return
+			return err
 		}
 	}
 }
@@ -183,7 +183,8 @@ func (f *forwarder) flush(c *net.UnixConn, log func(string, ...any)) error {
 	for id, lines := range q {
 		for len(lines) > 0 {
 			n, size := 0, 0
-			for n < len(lines) && size < 256<<10 {
+			// Well under a packet socket's send buffer (~208 KiB).
+			for n < len(lines) && size < 64<<10 {
 				size += len(lines[n])
 				n++
 			}
@@ -320,26 +321,35 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 		return err
 	}
 	pid := fdpass.PeerPID(c)
-	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
-	var hello hoMsg
-	if _, err := fdpass.Recv(c, &hello); err != nil {
-		return fmt.Errorf("pid %d: hello: %w", pid, err)
-	}
-	if why := d.refusal(hello); why != "" {
-		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: why})
-		return fmt.Errorf("pid %d asked to take over: refused: %s", pid, why)
-	}
-	// The successor's pidfd: if the hand-over fails after the offer, the
-	// successor is ended before this agent resumes, so that no process
-	// accepts on these sockets but this one.
+	// The successor's pidfd, taken at once: if the hand-over fails after
+	// the offer, the successor is ended before this agent resumes, so that
+	// no process accepts on these sockets but this one. Its hello must
+	// name the same pid, the connection's, or it is not trusted.
 	succ, perr := unix.PidfdOpen(pid, 0)
 	if perr != nil {
 		return fmt.Errorf("pid %d: pidfd: %w", pid, perr)
 	}
 	defer unix.Close(succ)
+	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
+	var hello hoMsg
+	if _, err := fdpass.Recv(c, &hello); err != nil {
+		return fmt.Errorf("pid %d: hello: %w", pid, err)
+	}
+	if hello.PID != pid || fdpass.PeerPID(c) != pid {
+		return fmt.Errorf("pid %d said hello as pid %d", pid, hello.PID)
+	}
+	if why := d.refusal(hello); why != "" {
+		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: why})
+		return fmt.Errorf("pid %d asked to take over: refused: %s", pid, why)
+	}
 	a.log.Info("handing over to a new agent", "pid", pid)
 	// Calls that change Trials finish first; new ones wait for the end.
 	a.hmu.Lock()
+	if a.stopping {
+		a.hmu.Unlock()
+		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: "it is stopping: start this agent again once it has"})
+		return fmt.Errorf("pid %d asked to take over while this agent stops", pid)
+	}
 	fw := newForwarder()
 	offered := false
 	defer func() {
@@ -364,9 +374,13 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	}
 	// Its records go out while it starts: it counts them once it serves.
 	stop, sent := make(chan struct{}), make(chan struct{})
+	s := &successor{c: c, pid: pid, fw: fw, stopFwd: stop, sent: sent, gone: make(chan struct{}), ended: make(chan struct{})}
 	go func() {
 		defer close(sent)
-		fw.send(c, stop, a.log.Warn)
+		if err := fw.send(c, stop, a.log.Warn); err != nil {
+			a.log.Error("records no longer reach the new agent", "successor", pid, "error", err)
+			s.lost() // nothing follows this process's tunnels any more
+		}
 	}()
 	if err := awaitServing(c); err != nil {
 		close(stop)
@@ -378,10 +392,10 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	d.srv.SetKeepAlivesEnabled(false)
 	a.proxy.StopAccepting()
 	a.hmu.Unlock()
-	d.successor = &successor{c: c, pid: pid, fw: fw, stopFwd: stop, sent: sent, gone: make(chan struct{})}
-	if err := d.successor.send(hoMsg{Type: "stopped", Open: a.proxy.Open()}); err != nil {
+	d.successor = s
+	if err := s.send(hoMsg{Type: "stopped", Open: a.proxy.Open()}); err != nil {
 		a.log.Error("the new agent did not hear that this one stopped accepting; this one cuts what it serves and exits", "successor", pid, "error", err)
-		close(d.successor.gone)
+		s.lost()
 	}
 	a.log.Info("the new agent serves every listener; this one stopped accepting and drains", "successor", pid, "drain_timeout", d.drainTimeout())
 	close(d.handedOff)
@@ -427,7 +441,8 @@ func sendOffer(c *net.UnixConn, names []string, files []*os.File, offsets, open 
 // adopting every few seconds; that may take long (each Trial's log is
 // replayed), but not for ever.
 func awaitServing(c *net.UnixConn) error {
-	defer func() { _ = c.SetDeadline(time.Time{}) }()
+	// The read deadline only: the forwarder sets write deadlines of its own.
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	for end := time.Now().Add(handoverServeTimeout); ; {
 		step := time.Now().Add(handoverStepTimeout)
 		if step.After(end) {
@@ -466,9 +481,15 @@ type successor struct {
 	pid     int
 	fw      *forwarder
 	stopFwd chan struct{} // closed: the last records are sent
-	sent    chan struct{} // closed once they are
-	gone    chan struct{} // closed if it ended before the drain did
+	sent    chan struct{} // closed once the forwarder has returned
+	gone    chan struct{} // closed (lost) if it ended before the drain did
+	ended   chan struct{} // closed by the drain as it closes the connection
+	goneMu  sync.Once
 }
+
+// lost says that the successor is gone, or unreachable, before the drain
+// ended.
+func (s *successor) lost() { s.goneMu.Do(func() { close(s.gone) }) }
 
 // sendTimeout bounds each message to the successor: one that stops
 // reading must not hold the drain past its timeout.
@@ -482,8 +503,9 @@ func (s *successor) send(m hoMsg) error {
 // drain runs after a hand-over: stop accepting everywhere, serve what is
 // open until it ends or the drain time passes, then cut what is left.
 // Meanwhile the successor's allowlist changes and removals are applied
-// here too, and the open counts are sent to it.
-func (d *daemon) drain(ctx context.Context) {
+// here too, and the open counts are sent to it. It returns an error if
+// the successor ended first.
+func (d *daemon) drain(ctx context.Context) (err error) {
 	a, s := d.a, d.successor
 	a.stopWatching()
 	// The socket paths are the successor's now (its own sockets, renamed
@@ -497,13 +519,13 @@ func (d *daemon) drain(ctx context.Context) {
 	servers := make(chan struct{})
 	go func() {
 		defer close(servers)
-		time.Sleep(time.Second)
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		shutdown, cancel := context.WithTimeout(context.Background(), 6*time.Second)
 		defer cancel()
-		_ = d.srv.Shutdown(shutdown)
-		if d.msrv != nil {
+		if d.msrv != nil { // its socket is the successor's too: only one serves it
 			_ = d.msrv.Shutdown(shutdown)
 		}
+		time.Sleep(time.Second)
+		_ = d.srv.Shutdown(shutdown)
 	}()
 	defer func() { <-servers }()
 	go d.follow(s)
@@ -540,6 +562,7 @@ func (d *daemon) drain(ctx context.Context) {
 			// counts, policy changes and removals would go nowhere. The
 			// next agent takes the listeners from the keeper, alone.
 			cut(fmt.Sprintf("the agent that took over from this one (pid %d) ended before this one had drained", s.pid))
+			err = fmt.Errorf("the agent that took over (pid %d) ended before this one had drained: no agent serves; the listeners wait in the keeper for the next", s.pid)
 			drained = true
 		case <-tick.C:
 			sendOpen()
@@ -560,8 +583,10 @@ func (d *daemon) drain(ctx context.Context) {
 	<-s.sent
 	_ = s.send(hoMsg{Type: "open", Open: map[string]int64{}})
 	_ = s.send(hoMsg{Type: "drained"})
+	close(s.ended)
 	_ = s.c.Close()
 	a.log.Info("drained; this agent exits", "successor", s.pid)
+	return err
 }
 
 func sameCounts(x, y map[string]int64) bool {
@@ -584,10 +609,9 @@ func (d *daemon) follow(s *successor) {
 		var m hoMsg
 		if _, err := fdpass.Recv(s.c, &m); err != nil {
 			select {
-			case <-s.gone:
-			case <-s.sent: // the drain ended and closed the connection
+			case <-s.ended: // the drain ended and closed the connection
 			default:
-				close(s.gone)
+				s.lost()
 			}
 			return
 		}
@@ -633,6 +657,47 @@ type predecessor struct {
 	waiting map[uint64]chan hoMsg
 	stopped chan struct{} // closed when it has stopped accepting
 	done    chan struct{} // closed when it has drained, or died
+
+	// Its messages are read from the offer on, so that its records never
+	// wait on this process's start; followPredecessor takes them in order.
+	qmu   sync.Mutex
+	qcond *sync.Cond
+	q     []hoMsg
+	qerr  error
+}
+
+// read queues the predecessor's messages until the connection ends.
+func (p *predecessor) read() {
+	for {
+		var m hoMsg
+		_, err := fdpass.Recv(p.c, &m)
+		p.qmu.Lock()
+		if err != nil {
+			p.qerr = err
+		} else {
+			p.q = append(p.q, m)
+		}
+		p.qcond.Broadcast()
+		p.qmu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}
+
+// next is the predecessor's next message, or why there is none.
+func (p *predecessor) next() (hoMsg, error) {
+	p.qmu.Lock()
+	defer p.qmu.Unlock()
+	for len(p.q) == 0 && p.qerr == nil {
+		p.qcond.Wait()
+	}
+	if len(p.q) == 0 {
+		return hoMsg{}, p.qerr
+	}
+	m := p.q[0]
+	p.q = p.q[1:]
+	return m, nil
 }
 
 // send writes a message to the predecessor, bounded like its own.
@@ -707,6 +772,8 @@ func takeOver(path string, paths map[string]string) (*predecessor, map[string]*o
 	if fd, err := unix.PidfdOpen(p.pid, 0); err == nil {
 		p.pidfd = fd
 	}
+	p.qcond = sync.NewCond(&p.qmu)
+	go p.read()
 	return p, files, nil
 }
 
@@ -746,6 +813,11 @@ func (a *Agent) serving(p *predecessor) error {
 	case <-p.stopped:
 		return nil
 	case <-p.done:
+		select {
+		case <-p.stopped: // it stopped, then drained or died: the listeners are this one's
+			return nil
+		default:
+		}
 		return fmt.Errorf("the running agent (pid %d) ended the hand-over before it stopped accepting", p.pid)
 	case <-time.After(handoverStepTimeout):
 		_ = p.c.Close()
@@ -770,13 +842,13 @@ func (a *Agent) followPredecessor(p *predecessor) {
 			close(ch)
 			delete(p.waiting, seq)
 		}
+		close(p.done) // under mu: no ask registers after it
 		p.mu.Unlock()
-		close(p.done)
 		_ = p.c.Close()
 	}()
 	for {
-		var m hoMsg
-		if _, err := fdpass.Recv(p.c, &m); err != nil {
+		m, err := p.next()
+		if err != nil {
 			select {
 			case <-p.stopped:
 			default:

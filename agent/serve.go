@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -66,6 +67,9 @@ type daemon struct {
 	srv, msrv *http.Server
 	handedOff chan struct{} // closed once a successor serves everything
 	successor *successor
+	// ctlFile and hlnFile are the sockets this process put at the paths.
+	ctlFile, hlnFile os.FileInfo
+	tending          atomic.Bool // a keeper check runs
 }
 
 func (d *daemon) drainTimeout() time.Duration {
@@ -183,8 +187,15 @@ func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecesso
 		}
 		return a, err
 	}
-	if err = a.serving(pred); err == nil {
-		err = d.bindPaths(true)
+	// The sockets are made before "serving": after "stopped" only the
+	// renames are left to fail.
+	paths, err := d.prepPaths()
+	if err == nil {
+		if err = a.serving(pred); err == nil {
+			err = paths.take(d)
+		} else {
+			paths.discard()
+		}
 	}
 	if err != nil {
 		a.Close(false)
@@ -267,38 +278,71 @@ func splitIndex(name string) (string, int) {
 // their paths, in one rename each; otherwise it fails if an agent answers
 // on the control socket.
 func (d *daemon) bindPaths(takingOver bool) error {
-	if !takingOver {
-		var err error
-		if d.ctl, err = ListenSocket(d.sock); err != nil {
-			return err
-		}
-		if d.hln, err = fdpass.Listen(HandoverSocket(d.sock)); err != nil {
-			return fmt.Errorf("agent: hand-over socket: %w", err)
-		}
-		return nil
+	var err error
+	if d.ctl, err = ListenSocket(d.sock); err != nil {
+		return err
 	}
-	// Both made first, then both renamed: a failure leaves the
-	// predecessor's paths as they were.
+	if d.hln, err = fdpass.Listen(HandoverSocket(d.sock)); err != nil {
+		return fmt.Errorf("agent: hand-over socket: %w", err)
+	}
+	d.noteBound()
+	return nil
+}
+
+// boundPaths are a successor's control and hand-over sockets, made at
+// temporary paths until the predecessor has stopped accepting.
+type boundPaths struct {
+	ctl, hln       *net.UnixListener
+	ctlTmp, hlnTmp string
+}
+
+func (d *daemon) prepPaths() (*boundPaths, error) {
 	ctl, ctlTmp, err := fdpass.ListenTemp("unix", d.sock)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	hln, hlnTmp, err := fdpass.ListenTemp("unixpacket", HandoverSocket(d.sock))
 	if err != nil {
 		_ = ctl.Close()
 		_ = os.Remove(ctlTmp)
-		return fmt.Errorf("agent: hand-over socket: %w", err)
+		return nil, fmt.Errorf("agent: hand-over socket: %w", err)
 	}
-	if err = os.Rename(ctlTmp, d.sock); err == nil {
-		err = os.Rename(hlnTmp, HandoverSocket(d.sock))
+	return &boundPaths{ctl, hln, ctlTmp, hlnTmp}, nil
+}
+
+func (b *boundPaths) discard() {
+	_, _ = b.ctl.Close(), b.hln.Close()
+	_, _ = os.Remove(b.ctlTmp), os.Remove(b.hlnTmp)
+}
+
+// take renames the sockets over the socket paths: two renames in one
+// directory, the hand-over socket's last.
+func (b *boundPaths) take(d *daemon) error {
+	err := os.Rename(b.ctlTmp, d.sock)
+	if err == nil {
+		err = os.Rename(b.hlnTmp, HandoverSocket(d.sock))
 	}
 	if err != nil {
-		_, _ = ctl.Close(), hln.Close()
-		_, _ = os.Remove(ctlTmp), os.Remove(hlnTmp)
+		b.discard()
 		return fmt.Errorf("agent: take the socket paths: %w", err)
 	}
-	d.ctl, d.hln = ctl, hln
+	d.ctl, d.hln = b.ctl, b.hln
+	d.noteBound()
 	return nil
+}
+
+// noteBound remembers which files at the socket paths are this
+// process's: a stop removes them only if they still are.
+func (d *daemon) noteBound() {
+	d.ctlFile, _ = os.Stat(d.sock)
+	d.hlnFile, _ = os.Stat(HandoverSocket(d.sock))
+}
+
+// removeOwn removes path if the file there is still own.
+func removeOwn(path string, own os.FileInfo) {
+	if now, err := os.Stat(path); err == nil && own != nil && os.SameFile(now, own) {
+		_ = os.Remove(path)
+	}
 }
 
 // listen takes the inherited metrics listener, or binds the metrics port;
@@ -345,13 +389,13 @@ func (d *daemon) closeListeners(ours bool) {
 	if d.ctl != nil {
 		_ = d.ctl.Close()
 		if ours {
-			_ = os.Remove(d.sock)
+			removeOwn(d.sock, d.ctlFile)
 		}
 	}
 	if d.hln != nil {
 		_ = d.hln.Close()
 		if ours {
-			_ = os.Remove(HandoverSocket(d.sock))
+			removeOwn(HandoverSocket(d.sock), d.hlnFile)
 		}
 	}
 }
@@ -375,7 +419,12 @@ func (d *daemon) run(ctx context.Context) error {
 	for {
 		select {
 		case <-tend.C:
-			d.tendKeeper()
+			if !d.tending.Swap(true) { // off the loop: a keeper may be slow
+				go func() {
+					defer d.tending.Store(false)
+					d.tendKeeper()
+				}()
+			}
 		case <-ctx.Done():
 			return d.stop()
 		case sig := <-d.cfg.Reload:
@@ -385,13 +434,19 @@ func (d *daemon) run(ctx context.Context) error {
 		case <-d.cfg.Upgrade:
 			d.spawnSuccessor()
 		case <-d.handedOff:
-			// A signal now (Kubernetes ending the old pod) does not cut
-			// the drain short: the drain timeout bounds it.
-			d.drain(context.Background())
-			a.Close(false)
-			return nil
+			return d.drainAndExit()
 		}
 	}
+}
+
+// drainAndExit drains after a hand-over and ends the agent. A signal now
+// (Kubernetes ending the old pod) does not cut the drain short: the drain
+// timeout bounds it. A successor that ended first makes it an error, so
+// that a supervisor restarts the agent.
+func (d *daemon) drainAndExit() error {
+	err := d.drain(context.Background())
+	d.a.Close(false)
+	return err
 }
 
 // keeperTend is how often the agent checks that the keeper holds every
@@ -416,7 +471,10 @@ func (d *daemon) tendKeeper() {
 			names, lns = append(names, trialListenerName(id, i)), append(lns, ln)
 		}
 	}
-	if n, err := kc.held(); err == nil && n < len(names) {
+	if len(names) == 0 {
+		return // nothing to keep: no keeper is started for it
+	}
+	if n, err := kc.held(); err != nil || n < len(names) {
 		d.a.log.Info("the keeper holds fewer listeners than this agent serves: giving it every one again", "held", n, "served", len(names))
 		kc.put(names, lns)
 	}
@@ -427,10 +485,20 @@ func (d *daemon) tendKeeper() {
 // so that connections wait for the next agent.
 func (d *daemon) stop() error {
 	a := d.a
+	// No hand-over starts from now, and one under way ends first: if it
+	// succeeded, this process drains as after any hand-over.
+	_ = d.hln.Close()
+	a.hmu.Lock()
+	a.stopping = true
+	handedOver := a.handedOver
+	a.hmu.Unlock()
+	if handedOver {
+		<-d.handedOff
+		return d.drainAndExit()
+	}
 	a.log.Info("trialnet agent stopping", "teardown", d.cfg.TeardownOnExit)
 	sdNotify("STOPPING=1")
-	_ = d.hln.Close()
-	_ = os.Remove(HandoverSocket(d.sock))
+	removeOwn(HandoverSocket(d.sock), d.hlnFile)
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := d.srv.Shutdown(shutdown)
@@ -448,7 +516,7 @@ func (d *daemon) stop() error {
 			a.keeper.del("", nameMetrics)
 		}
 	}
-	_ = os.Remove(d.sock)
+	removeOwn(d.sock, d.ctlFile)
 	if errors.Is(err, context.DeadlineExceeded) {
 		// Clients still connected after 5 s: not a failure of the agent.
 		err = nil

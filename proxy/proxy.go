@@ -586,7 +586,7 @@ func (p *Proxy) Serve(ln net.Listener, id string) error {
 		t.set.guard.AddProxyAddr(ap.Addr()) // shared by every guard
 	}
 	t.mu.Lock()
-	if t.removed {
+	if t.removed || p.draining.Load() { // StopAccepting ran: accept nothing more
 		t.mu.Unlock()
 		_ = ln.Close()
 		return nil
