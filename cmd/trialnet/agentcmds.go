@@ -64,6 +64,9 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
+	if *drain < 0 {
+		return fail(stdout, stderr, false, exitUsage, usageError{"agent: --drain-timeout must be positive (e.g. 15m), or left out for the config's drain_timeout"})
+	}
 	var handler slog.Handler = slog.NewTextHandler(stderr, nil)
 	switch *logFormat {
 	case "text":

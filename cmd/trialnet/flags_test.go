@@ -151,3 +151,17 @@ func TestHostOwnDirPaths(t *testing.T) {
 		t.Errorf("hostOwnDirPaths: %q, want %q", got, want)
 	}
 }
+
+// A negative drain timeout is refused before the agent touches anything:
+// no socket, no keeper started.
+func TestAgentRefusesNegativeDrainTimeout(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "agent.sock")
+	code, _, errOut := trialnet("agent", "--config", filepath.Join(dir, "missing.yaml"), "--socket", sock, "--drain-timeout", "-1s")
+	if code != exitUsage || !strings.Contains(errOut, "--drain-timeout must be positive") {
+		t.Errorf("agent --drain-timeout -1s: exit %d, %q; want a usage error", code, errOut)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("left behind: %v", entries)
+	}
+}
