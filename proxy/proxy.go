@@ -485,6 +485,17 @@ func (t *trial) takeConnect() error {
 // change falls between this decision and the tunnel being known, and
 // tracks the tunnel until its end.
 func (t *trial) register(req *wire.Request, ev *record.Event, client, up net.Conn, stop context.CancelFunc) (*openTunnel, error) {
+	ot, err := t.registerLocked(req, ev, client, up, stop)
+	// The ledger copy (an encode) is made outside the Trial's lock:
+	// ot.unledger is read only by unregister, which the connection's end
+	// runs after this returns.
+	if err == nil && t.ledger != nil {
+		ot.unledger = t.ledger.Open(ev)
+	}
+	return ot, err
+}
+
+func (t *trial) registerLocked(req *wire.Request, ev *record.Event, client, up net.Conn, stop context.CancelFunc) (*openTunnel, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.removed {
@@ -502,9 +513,6 @@ func (t *trial) register(req *wire.Request, ev *record.Event, client, up net.Con
 	// ends it by closing its client connection.
 	ot := &openTunnel{entry: v.entry, ruled: v.ruled, client: client, up: up, answered: up == nil, stop: stop}
 	t.open[ot] = struct{}{}
-	if t.ledger != nil {
-		ot.unledger = t.ledger.Open(ev)
-	}
 	return ot, nil
 }
 
