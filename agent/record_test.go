@@ -21,6 +21,7 @@ import (
 
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -54,18 +55,7 @@ func echoUpstream(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
+	go testhost.Echo(ln)
 	return ln.Addr().String()
 }
 

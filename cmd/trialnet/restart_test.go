@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -47,19 +46,7 @@ func echoWorld(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-				_ = c.(*net.TCPConn).CloseWrite()
-			}()
-		}
-	}()
+	go testhost.Echo(ln)
 	dnsAddr, stop, err := testhost.ServeDNS(th.Addr4, "echo.test")
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -237,5 +238,23 @@ func CountAccepts(ln net.Listener, n *atomic.Int64) {
 			n.Add(1)
 		}
 		_ = c.Close()
+	}
+}
+
+// Echo accepts on ln until it is closed, and sends every connection back
+// what it reads, half-closing when its client does.
+func Echo(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			_, _ = io.Copy(c, c)
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.CloseWrite()
+			}
+		}()
 	}
 }
