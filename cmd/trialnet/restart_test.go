@@ -313,6 +313,22 @@ func TestPrivilegedAgentHandover(t *testing.T) {
 	a := newAgentWithConfig(t, "handover", echoWorld(t))
 	a.start(t)
 	createTrial(t, a.sock, "ho")
+	// A Trial's process cannot reach the hand-over or keeper sockets: it
+	// would take its own proxy's listeners, or everyone's.
+	for _, path := range []string{agent.HandoverSocket(a.sock), agent.DefaultKeeperSocket(a.sock)} {
+		var out bytes.Buffer
+		probe := trialnetProcess(t, "exec", "--socket", a.sock, "--trial", "ho", "--uid", "65534", "--gid", "65534", "--",
+			"/usr/bin/python3", "-c", `import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+s.send(b'{"type":"hello","version":1}')
+print("connected", s.recv(1 << 20)[:40])`, path)
+		probe.Stdout, probe.Stderr = &out, &out
+		if err := probe.Run(); err == nil || strings.Contains(out.String(), "connected") {
+			t.Errorf("a Trial's process reached %s: %v %q", path, err, out.String())
+		}
+		t.Logf("a Trial's process at %s: %s", filepath.Base(path), lastLine(out.String()))
+	}
 	l := startLoad(t, a.sock, "ho", 8, 4, 2)
 	waitActive(t, a.sock, "ho", 4)
 
@@ -427,6 +443,12 @@ func waitActive(t *testing.T, sock, id string, n int64) {
 			t.Fatalf("Trial %s has %d tunnels open, want %d or more", id, st.Proxy.Active, n)
 		}
 	}
+}
+
+// lastLine is s's last non-empty line.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
 
 // recordsWith are a Trial's records whose detail contains s.
