@@ -32,8 +32,11 @@ const receiptSchema = 1
 // Receipt is what an evaluation attaches in place of a terminal's text:
 // a Trial's end, as the host saw it, signed with a key only root reads.
 type Receipt struct {
-	Schema   int               `json:"schema"`
-	Trial    string            `json:"trial"`
+	Schema int    `json:"schema"`
+	Trial  string `json:"trial"`
+	// Nonce is the harness's value given to run or create (empty: none),
+	// which binds the receipt to the run the harness started.
+	Nonce    string            `json:"nonce,omitempty"`
 	Host     string            `json:"host"`
 	Start    time.Time         `json:"start"`
 	End      time.Time         `json:"end"`
@@ -182,6 +185,10 @@ func (r Receipt) Sign(key ed25519.PrivateKey) (SignedReceipt, error) {
 // key does not hold.
 var ErrReceiptForged = errors.New("the receipt does not verify")
 
+// ErrReceiptOtherRun is for a genuine receipt of another run than the
+// one expected: another nonce, or none, or another Trial.
+var ErrReceiptOtherRun = errors.New("the receipt is of another run")
+
 // Verify checks s against the host key pub (the public half of the key
 // that signs this host's receipts) and returns what it says. A receipt
 // signed by another key, or changed after it was signed, fails.
@@ -227,7 +234,7 @@ func (a *Agent) sign(lt *trial, st *Stats, exit *int) error {
 		return fmt.Errorf("sign the Trial's receipt: %w", err)
 	}
 	host, _ := os.Hostname()
-	r := Receipt{Schema: receiptSchema, Trial: st.Trial, Host: host, Start: lt.info.Created, End: time.Now().UTC(), ExitCode: exit,
+	r := Receipt{Schema: receiptSchema, Trial: st.Trial, Nonce: lt.info.Nonce, Host: host, Start: lt.info.Created, End: time.Now().UTC(), ExitCode: exit,
 		Learning: st.Learning, Verdict: st.Verdict, Kernel: st.Kernel, Proxy: st.Proxy, Pools: st.Pools, Layers: st.Layers,
 		Programs: a.host.BPF.ProgramTags()}
 	if a.cfg.DataDir != "" {

@@ -9,8 +9,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
@@ -175,11 +177,19 @@ func (a *Agent) newTrial(req CreateRequest, conn *net.UnixConn) (_ *trial, _ *al
 	if err := sandbox.ValidID(req.ID); err != nil {
 		return nil, nil, errf(CodeBadID, "%v", err)
 	}
+	if req.Nonce != "" {
+		if err := ValidNonce(req.Nonce); err != nil {
+			return nil, nil, errf(CodeBadRequest, "%v", err)
+		}
+	}
+	if req.Report != "" && (!filepath.IsAbs(req.Report) || strings.ContainsFunc(req.Report, unicode.IsControl)) {
+		return nil, nil, errf(CodeBadRequest, "invalid report path %q: give an absolute path without control characters", req.Report)
+	}
 	list, err := a.allowlist(req)
 	if err != nil {
 		return nil, nil, err
 	}
-	lt.info = TrialInfo{ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, UnixOpen: req.UnixOpen, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
+	lt.info = TrialInfo{Nonce: req.Nonce, Report: req.Report, ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, UnixOpen: req.UnixOpen, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
 		Nested: req.Nested || a.file.Load().Nested(req.Profiles), UnixAllow: req.UnixAllow,
 		Learning: req.Learn || a.file.Load().Learn(req.Profiles), Allow: allowEntries(list),
 		AllowCIDRs: a.proxy.Guard().Allowed(), Owner: owner}

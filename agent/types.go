@@ -5,6 +5,7 @@ package agent
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/trialnet/trialnet/config"
@@ -47,6 +48,12 @@ type TrialInfo struct {
 	Denied  []string       `json:"denied,omitempty"`
 	Limits  *config.Limits `json:"limits,omitempty"`
 	Created time.Time      `json:"created"`
+	// Nonce is the harness's value for this run, signed into its receipt
+	// (verify --nonce), so a receipt from another run is not taken for it.
+	Nonce string `json:"nonce,omitempty"`
+	// Report is where the caller writes this Trial's report (run
+	// --report/--report-dir), shown by list; the agent writes nothing there.
+	Report string `json:"report,omitempty"`
 }
 
 // Attach returns a handle for launching commands into the Trial, from
@@ -91,6 +98,22 @@ type CreateRequest struct {
 	// the control socket's peer as the kernel names it, never a field of
 	// the request. An ephemeral agent's Trials are its own process's.
 	Owned bool `json:"owned,omitempty"`
+	// Nonce: see TrialInfo.Nonce; ValidNonce says what it may be.
+	Nonce string `json:"nonce,omitempty"`
+	// Report: see TrialInfo.Report; an absolute path.
+	Report string `json:"report,omitempty"`
+}
+
+// MaxNonce is the longest nonce a Trial takes.
+const MaxNonce = 256
+
+// ValidNonce checks a run's nonce: 1 to MaxNonce printable ASCII
+// characters, no spaces, so that it reads the same wherever it is shown.
+func ValidNonce(n string) error {
+	if len(n) == 0 || len(n) > MaxNonce || strings.ContainsFunc(n, func(r rune) bool { return r < 0x21 || r > 0x7e }) {
+		return fmt.Errorf("invalid nonce: use 1-%d printable ASCII characters without spaces (for example a UUID or 32 hex digits from the harness)", MaxNonce)
+	}
+	return nil
 }
 
 // Error is an error with a stable code, as the control API returns it.

@@ -187,14 +187,31 @@ func nestedFlag(fs *flag.FlagSet) *bool {
 	return fs.Bool("nested", false, "let the Trial run sandboxes of its own (bwrap): user namespaces, never as uid 0; needs the BPF LSM layer")
 }
 
+// nonceFlag is --nonce. Given, it must be a valid nonce: an empty one
+// (a harness's unset variable) would bind nothing, and is refused.
+func nonceFlag(fs *flag.FlagSet, usage string) *string {
+	n := new(string)
+	fs.Func("nonce", usage, func(v string) error {
+		if err := agent.ValidNonce(v); err != nil {
+			return err
+		}
+		*n = v
+		return nil
+	})
+	return n
+}
+
+const nonceUsage = "the harness's own value for this run (a UUID, say), signed into the Trial's receipt: verify --nonce STR accepts no other run's"
+
 func strictFlag(fs *flag.FlagSet) *bool {
 	return fs.Bool("strict", false, "allow only the proxy endpoint on loopback, not all of the Trial's loopback")
 }
 
 func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [--nested] [-j]",
-		"sudo trialnet create --id eval-42 --profile claude -j", stderr)
+	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--nonce STR] [-j]",
+		"sudo trialnet create --id eval-42 --profile claude --nonce 3f1c9e0a -j", stderr)
 	id := fs.String("id", "", "the Trial's id (default: generated)")
+	nonce := nonceFlag(fs, nonceUsage)
 	var af allowFlags
 	af.register(fs, "the agent's config")
 	strict := strictFlag(fs)
@@ -211,7 +228,7 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err := af.check(); err != nil {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
-	info, err := agent.NewClient(*socket).Create(ctx, agent.CreateRequest{ID: *id, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
+	info, err := agent.NewClient(*socket).Create(ctx, agent.CreateRequest{ID: *id, Nonce: *nonce, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
 		Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Nested: *nested})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
@@ -283,13 +300,13 @@ func cmdList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tMODE\tSTRICT\tALLOW\tCREATED")
+	fmt.Fprintln(tw, "ID\tMODE\tSTRICT\tALLOW\tCREATED\tREPORT")
 	for _, t := range list {
 		var allow []string
 		for _, e := range t.Allow {
 			allow = append(allow, e.Entry)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\n", t.ID, mode(t.Learning), t.Strict, strings.Join(allow, ","), t.Created.Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\t%s\n", t.ID, mode(t.Learning), t.Strict, strings.Join(allow, ","), t.Created.Format(time.RFC3339), termsafe.String(or(t.Report, "-")))
 	}
 	_ = tw.Flush()
 	return exitOK

@@ -39,20 +39,7 @@ func TestNoAgentSaysHowToStartOne(t *testing.T) {
 // agent instead of embedding one.
 func TestPrivilegedCLIWithAgent(t *testing.T) {
 	privtest.Require(t)
-	dir := t.TempDir()
-	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "cli"), DataDir: filepath.Join(dir, "data"), Resolvers: []string{"127.0.0.1:9"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(true) })
-	sock := filepath.Join(dir, "agent.sock")
-	ln, err := agent.ListenSocket(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := a.Server()
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	dir, sock := servedAgent(t, "cli")
 
 	code, out, errOut := trialnet("create", "--socket", sock, "--id", "cli-1", "--allow", "api.example.test:443", "-j")
 	var info agent.TrialInfo
@@ -273,6 +260,91 @@ func fakeAgent(t *testing.T, h http.HandlerFunc) string {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return sock
+}
+
+// servedAgent starts an in-process agent keeping its data in dir/data,
+// serving its control API on sock in dir; both end with the test.
+func servedAgent(t *testing.T, name string) (dir, sock string) {
+	t.Helper()
+	dir = t.TempDir()
+	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, name), DataDir: filepath.Join(dir, "data"), Resolvers: []string{"127.0.0.1:9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(true) })
+	sock = filepath.Join(dir, "agent.sock")
+	ln, err := agent.ListenSocket(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := a.Server()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return dir, sock
+}
+
+// A receipt is bound to its run: the nonce create took, the Trial, and
+// the decision log it was signed with, which verify finds beside it or
+// is told of; without one, a distinct exit unless --no-log. A run
+// through the agent shows its report's path in list while it runs.
+func TestPrivilegedReceiptBoundToRun(t *testing.T) {
+	privtest.Require(t)
+	dir, sock := servedAgent(t, "receipt")
+	if code, _, errOut := trialnet("create", "--socket", sock, "--id", "bound-1", "--nonce", "h-7f3a"); code != 0 {
+		t.Fatalf("create --nonce: exit %d\n%s", code, errOut)
+	}
+	if code, _, errOut := trialnet("destroy", "--socket", sock, "bound-1"); code != 0 {
+		t.Fatalf("destroy: exit %d\n%s", code, errOut)
+	}
+	kept := filepath.Join(dir, "data", "bound-1")
+	copied := filepath.Join(t.TempDir(), "receipt.json")
+	b, err := os.ReadFile(filepath.Join(kept, "receipt.json"))
+	if err == nil {
+		err = os.WriteFile(copied, b, 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(kept, "decisions.jsonl")
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{filepath.Join(kept, "receipt.json")}, exitOK, "decision log " + log + " matches"},
+		{[]string{"--nonce", "h-7f3a", "--trial", "bound-1", copied}, exitNoLog, "decision log was not found"},
+		{[]string{"--nonce", "h-7f3a", "--no-log", copied}, exitOK, "no decision log checked (--no-log)"},
+		{[]string{"--nonce", "h-7f3a", "--log", log, copied}, exitOK, "matches"},
+		{[]string{"--nonce", "h-0000", "--log", log, copied}, exitFailure, "is of another run"},
+		{[]string{"--log", copied, copied}, exitFailure, "is not the one it was signed with"},
+	} {
+		code, out, errOut := trialnet(append([]string{"verify"}, c.args...)...)
+		if code != c.code || !strings.Contains(out+errOut, c.want) {
+			t.Errorf("verify %q: exit %d, want %d and %q\n%s%s", c.args, code, c.code, c.want, out, errOut)
+		}
+	}
+
+	if agent.HavePeerPidfd() != nil {
+		return // run through an agent needs SO_PEERPIDFD (TestPrivilegedCLIWithAgent)
+	}
+	reports := filepath.Join(t.TempDir(), "reports")
+	token := "trialnet-list-" + filepath.Base(dir)
+	marker := filepath.Join(t.TempDir(), token)
+	listed := make(chan string, 1)
+	go func() {
+		deadline := time.Now().Add(20 * time.Second)
+		for !processWith(token) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		_, out, _ := trialnet("list", "--socket", sock)
+		listed <- out
+		_ = os.WriteFile(marker, nil, 0o644)
+	}()
+	code, _, errOut := trialnet("run", "--socket", sock, "--uid", "65534", "--id", "listed-1", "--report-dir", reports, "--",
+		"sh", "-c", `i=0; while [ ! -e "$1" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done`, token, marker)
+	if out := <-listed; code != 0 || !strings.Contains(out, "listed-1") || !strings.Contains(out, filepath.Join(reports, "listed-1.json")) {
+		t.Fatalf("run: exit %d\n%s\nlist while it ran:\n%s", code, errOut, out)
+	}
 }
 
 func healthAnswer(status int, h agent.Health) http.HandlerFunc {

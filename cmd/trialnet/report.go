@@ -10,58 +10,149 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/internal/termsafe"
+	"github.com/trialnet/trialnet/sandbox"
 )
 
 // reportSink is where run writes its report: a file it makes after the
 // Trial ended, or a descriptor the Trial never had (trialnet-exec marks
 // every descriptor above stderr close-on-exec). Neither is the Trial's to
-// write, as its stdout and stderr are.
+// write, as its stdout and stderr are; check makes sure that the name a
+// harness reads it by is not the Trial's to change either.
 type reportSink struct {
-	path  string
+	path  string   // where the harness reads it, absolute, as given
+	name  string   // path's last element
 	dir   *os.File // path's directory, opened before the Trial runs
 	fd    *os.File // a copy of descriptor fdNum
 	fdNum int
+	// fdPath is the file or FIFO fdNum is open on, and fdID that file's
+	// identity; "" for a pipe or socket, which no name leads to.
+	fdPath string
+	fdID   rootdir.FileID
 }
 
-// openReport checks the report flags before anything runs.
-func openReport(path string, fd int) (*reportSink, error) {
+// DefaultReportDir is where the error text points harnesses for a
+// report directory the Trial cannot touch: root's, beside the agent's data.
+const DefaultReportDir = "/var/lib/trialnet/reports"
+
+// reportSafely is what a refusal of a report's place suggests instead.
+const reportSafely = "use --report-dir " + DefaultReportDir + " (root's; the report is DIR/ID.json, its path printed when the run starts), " +
+	"--report FILE in a directory only root or another user can write, or --report-fd 3 on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)"
+
+// openReport checks the report flags before anything runs: --report
+// FILE, --report-dir DIR (DIR/id.json), or --report-fd N.
+func openReport(path, dir string, fd int, id string) (*reportSink, error) {
+	given := 0
+	for _, g := range []bool{path != "", dir != "", fd >= 0} {
+		if g {
+			given++
+		}
+	}
 	switch {
-	case path != "" && fd >= 0:
-		return nil, usageError{"run: give --report or --report-fd, not both"}
+	case given > 1:
+		return nil, usageError{"run: give one of --report, --report-dir and --report-fd"}
+	case dir != "":
+		if !filepath.IsAbs(dir) {
+			return nil, usageError{fmt.Sprintf("run: --report-dir %s: give an absolute path", dir)}
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, usageError{fmt.Sprintf("run: --report-dir %s: %v", dir, err)}
+		}
+		return openReportFile(filepath.Join(dir, id+".json"), "--report-dir "+dir)
 	case path != "":
-		dir, err := filepath.Abs(filepath.Dir(path))
-		if err != nil {
-			return nil, err
-		}
-		// Opened now, as the operator names it: a Trial that swaps a
-		// directory on the way for a symlink afterwards redirects nothing.
-		d, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, usageError{fmt.Sprintf("run: --report %s: its directory %s: %v", path, dir, err)}
-		}
-		return &reportSink{path: filepath.Join(dir, filepath.Base(path)), dir: d}, nil
-	case fd >= 0 && fd <= 2:
-		return nil, usageError{fmt.Sprintf("run: --report-fd %d is the Trial's own stdio; give 3 or more, opened by the caller (3>report.json)", fd)}
-	case fd > 2:
-		// A copy of its own: the caller's descriptor stays the caller's
-		// (an os.File on it would close it when collected). The caller's
-		// is marked close-on-exec, so that no process of the Trial (its
-		// init among them) ever holds it.
-		dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
-		if err != nil {
-			return nil, usageError{fmt.Sprintf("run: --report-fd %d is not open: open it for the command (for example 3>report.json)", fd)}
-		}
-		unix.CloseOnExec(fd)
-		return &reportSink{fd: os.NewFile(uintptr(dup), "report"), fdNum: fd}, nil
+		return openReportFile(path, "--report "+path)
+	case fd >= 0:
+		return openReportFd(fd)
 	}
 	return nil, nil
 }
+
+func openReportFile(path, flag string) (*reportSink, error) {
+	// As the kernel resolves it, and a harness reading it will: not
+	// cleaned, so "link/.." is the symlink's parent, not ".".
+	abs, err := rootdir.Unclean(path)
+	if err != nil {
+		return nil, err
+	}
+	i := strings.LastIndex(abs, "/")
+	dir, name := abs[:i+1], abs[i+1:]
+	if name == "" || name == "." || name == ".." {
+		return nil, usageError{fmt.Sprintf("run: %s names no file", flag)}
+	}
+	// Opened now, as the operator names it: a Trial that swaps a
+	// directory on the way for a symlink afterwards redirects nothing.
+	d, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, usageError{fmt.Sprintf("run: %s: its directory %s: %v", flag, strings.TrimSuffix(dir, "/"), err)}
+	}
+	return &reportSink{path: abs, name: name, dir: d}, nil
+}
+
+func openReportFd(fd int) (*reportSink, error) {
+	if fd <= 2 {
+		return nil, usageError{fmt.Sprintf("run: --report-fd %d is the Trial's own stdio; give 3 or more, on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)", fd)}
+	}
+	// A copy of its own: the caller's descriptor stays the caller's (an
+	// os.File on it would close it when collected). The caller's is
+	// marked close-on-exec, so that no process of the Trial (its init
+	// among them) ever holds it.
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return nil, usageError{fmt.Sprintf("run: --report-fd %d is not open: open it for the command, on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)", fd)}
+	}
+	unix.CloseOnExec(fd)
+	r := &reportSink{fd: os.NewFile(uintptr(dup), "report"), fdNum: fd}
+	if _, err := unix.IoctlGetTermios(dup, unix.TCGETS); err == nil {
+		_ = r.fd.Close()
+		return nil, usageError{fmt.Sprintf("run: --report-fd %d is a terminal, which the Trial writes to as well: a report there could be forged; %s", fd, reportSafely)}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(dup, &st); err != nil {
+		_ = r.fd.Close()
+		return nil, err
+	}
+	if t := st.Mode & unix.S_IFMT; t == unix.S_IFREG || t == unix.S_IFIFO {
+		if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", dup)); err == nil && filepath.IsAbs(p) {
+			r.fdPath, r.fdID = p, rootdir.FileID{Dev: st.Dev, Ino: st.Ino}
+		}
+	}
+	return r, nil
+}
+
+// check refuses a report whose name the Trial (uid, gid) could make lead
+// elsewhere before the harness reads it: a directory on the way it owns
+// or may write; for a descriptor's file or FIFO, also the file itself,
+// and one no longer at its name.
+func (r *reportSink) check(uid, gid uint32) error {
+	var err error
+	switch {
+	case r.fd != nil && r.fdPath == "":
+		return nil // a pipe or socket: no name leads to it
+	case r.fd != nil:
+		err = rootdir.FileOutOfReach(r.fdPath, uid, gid)
+		if id, serr := rootdir.IDOf(r.fdPath); err == nil && (serr != nil || id != r.fdID) {
+			err = fmt.Errorf("%w: it is no longer at %s", rootdir.ErrInReach, r.fdPath)
+		}
+		if err != nil {
+			return usageError{fmt.Sprintf("run: --report-fd %d is open on %s, which the Trial could replace: %v; %s", r.fdNum, r.fdPath, err, reportSafely)}
+		}
+		return nil
+	}
+	if err = rootdir.OutOfReach(r.path, uid, gid); err != nil {
+		return usageError{fmt.Sprintf("run: the report %s could be swapped by the Trial, and a harness would read another run's: %v; %s", r.path, err, reportSafely)}
+	}
+	return nil
+}
+
+// errReportMoved is the report written, but no longer where the harness
+// looks for it.
+var errReportMoved = errors.New("REPORT NOT WHERE IT WAS ASKED FOR")
 
 func (r *reportSink) write(v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
@@ -77,14 +168,25 @@ func (r *reportSink) write(v any) error {
 		if err != nil {
 			return fmt.Errorf("write the report to descriptor %d: %w", r.fdNum, err)
 		}
+		if r.fdPath != "" {
+			if id, err := rootdir.IDOf(r.fdPath); err != nil || id != r.fdID {
+				return fmt.Errorf("%w: the report went to descriptor %d, but %s is no longer that file (it was moved or replaced while the Trial ran): do not read it", errReportMoved, r.fdNum, r.fdPath)
+			}
+		}
 		return nil
 	}
 	// Made new and renamed into place in the directory opened before the
 	// Trial ran: whatever sits at the name (a file, or a symlink a Trial
 	// planted there) is replaced, never written through.
 	defer r.dir.Close()
-	if err := rootdir.WriteAt(r.dir, filepath.Base(r.path), b, 0o644); err != nil {
+	wrote, err := rootdir.WriteAt(r.dir, r.name, b, 0o644)
+	if err != nil {
 		return fmt.Errorf("write the report %s: %w", r.path, err)
+	}
+	// The name a harness reads must lead to what was just written.
+	if id, err := rootdir.IDOf(r.path); err != nil || id != wrote {
+		where, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", r.dir.Fd()))
+		return fmt.Errorf("%w: %s is not the report trialnet wrote (a directory on the way was moved or replaced while the Trial ran; trialnet wrote it in %s): do not read it", errReportMoved, r.path, where)
 	}
 	return nil
 }
@@ -106,60 +208,45 @@ func resetTerminal(w io.Writer) {
 	_, _ = io.WriteString(f, terminalReset)
 }
 
+// exitNoLog is verify's exit code for a receipt that verifies, of a
+// Trial that kept a decision log, where no log was found to check.
+const exitNoLog = 3
+
 // cmdVerify checks a receipt (receipt.json, or a run report holding one)
-// against this host's receipt key, and the decision log beside it.
+// against this host's receipt key, the run it is expected to be of
+// (--nonce, --trial), and the decision log it was signed with.
 func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("verify", "verify [--key PUBLIC_KEY] [--log DECISIONS] [-j] RECEIPT",
-		"trialnet verify /var/lib/trialnet/trials/run-x/receipt.json", stderr)
+	fs := newFlags("verify", "verify [--nonce STR] [--trial ID] [--key PUBLIC_KEY] [--log DECISIONS | --no-log] [-j] RECEIPT",
+		"trialnet verify --nonce 3f1c9e0a --trial eval-42 /var/lib/trialnet/reports/eval-42.json\n\n"+
+			"Exit: 0 verified; 125 forged, or another run's (nonce, Trial) or log; 3 the Trial kept a decision log and none was found (give --log, or --no-log); 2 usage.", stderr)
 	key := fs.String("key", agent.ReceiptPublicKey(agent.DefaultReceiptKey), "the host's receipt public key")
-	logPath := fs.String("log", "", "the Trial's decisions.jsonl (default: beside RECEIPT, if there)")
+	logPath := fs.String("log", "", "the Trial's decisions.jsonl (default: beside RECEIPT, else in "+agent.DefaultDataDir+"/ID)")
+	noLog := fs.Bool("no-log", false, "check no decision log: exit 0 without one")
+	nonce := nonceFlag(fs, "the nonce the harness gave run or create: a receipt with any other, or none, is refused")
+	trial := new(string)
+	fs.Func("trial", "the Trial id the receipt must be of", func(v string) error {
+		*trial = v
+		return sandbox.ValidID(v)
+	})
 	asJSON := jsonFlag(fs)
 	if err := parseInterspersed(fs, args); err != nil {
 		return exitUsage
 	}
-	if fs.NArg() != 1 {
+	if fs.NArg() != 1 || (*noLog && *logPath != "") {
 		fs.Usage()
-		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"verify: give exactly one receipt file"})
+		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"verify: give exactly one receipt file, and --log or --no-log, not both"})
 	}
 	path := fs.Arg(0)
-	b, err := os.ReadFile(path)
+	r, code, err := verifyReceipt(path, *key)
+	if err == nil {
+		code, err = verifyRun(r, *nonce, *trial)
+	}
+	logState := ""
+	if err == nil {
+		logState, code, err = verifyLog(r, path, *logPath, *noLog)
+	}
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, exitUsage, fmt.Errorf("verify: %w", err))
-	}
-	var outer struct {
-		Receipt json.RawMessage `json:"receipt"`
-	}
-	var signed agent.SignedReceipt
-	if err := json.Unmarshal(b, &signed); err != nil || signed.Signature == nil {
-		// A run report: the receipt is one of its keys.
-		if json.Unmarshal(b, &outer) != nil || json.Unmarshal(outer.Receipt, &signed) != nil || signed.Signature == nil {
-			return fail(stdout, stderr, *asJSON, exitUsage, fmt.Errorf("verify: %s holds no signed receipt", path))
-		}
-	}
-	pub, err := agent.ReadPublicKey(*key)
-	if err != nil {
-		return fail(stdout, stderr, *asJSON, exitUsage, fmt.Errorf("verify: the host's receipt key: %w (give --key)", err))
-	}
-	r, err := signed.Verify(pub)
-	if err != nil {
-		return fail(stdout, stderr, *asJSON, exitFailure, fmt.Errorf("verify %s: %w", path, err))
-	}
-	lp := *logPath
-	if lp == "" {
-		if p := filepath.Join(filepath.Dir(path), "decisions.jsonl"); fileExists(p) {
-			lp = p
-		}
-	}
-	logState := "no decision log checked"
-	if lp != "" {
-		d, err := agent.DigestLog(lp)
-		switch {
-		case err != nil:
-			return fail(stdout, stderr, *asJSON, exitFailure, fmt.Errorf("verify: %w", err))
-		case d == nil || r.DecisionLog == nil || *d != *r.DecisionLog:
-			return fail(stdout, stderr, *asJSON, exitFailure, fmt.Errorf("verify %s: %w: the decision log %s is not the one it was signed with", path, agent.ErrReceiptForged, lp))
-		}
-		logState = "decision log " + lp + " matches"
+		return fail(stdout, stderr, *asJSON, code, fmt.Errorf("verify %s: %w", path, err))
 	}
 	if *asJSON {
 		printJSON(stdout, r)
@@ -169,9 +256,90 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if r.ExitCode != nil {
 		exit = fmt.Sprint(*r.ExitCode)
 	}
-	fmt.Fprintf(stdout, "receipt ok: Trial %s on %s, %s to %s, exit %s\n%s\n%s\n", termsafe.String(r.Trial), termsafe.String(r.Host),
-		r.Start.Format("2006-01-02T15:04:05Z07:00"), r.End.Format("2006-01-02T15:04:05Z07:00"), exit, termsafe.String(r.Verdict), logState)
+	nonceState := "no nonce"
+	if r.Nonce != "" {
+		nonceState = "nonce " + termsafe.String(r.Nonce)
+	}
+	fmt.Fprintf(stdout, "receipt ok: Trial %s on %s, %s to %s, exit %s, %s\n%s\n%s\n", termsafe.String(r.Trial), termsafe.String(r.Host),
+		r.Start.Format("2006-01-02T15:04:05Z07:00"), r.End.Format("2006-01-02T15:04:05Z07:00"), exit, nonceState, termsafe.String(r.Verdict), logState)
 	return exitOK
+}
+
+// verifyReceipt reads the signed receipt at path (alone, or in a run
+// report) and checks it against the public key at key.
+func verifyReceipt(path, key string) (agent.Receipt, int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return agent.Receipt{}, exitUsage, err
+	}
+	var outer struct {
+		Receipt json.RawMessage `json:"receipt"`
+	}
+	var signed agent.SignedReceipt
+	if err := json.Unmarshal(b, &signed); err != nil || signed.Signature == nil {
+		// A run report: the receipt is one of its keys.
+		if json.Unmarshal(b, &outer) != nil || json.Unmarshal(outer.Receipt, &signed) != nil || signed.Signature == nil {
+			return agent.Receipt{}, exitUsage, errors.New("it holds no signed receipt")
+		}
+	}
+	pub, err := agent.ReadPublicKey(key)
+	if err != nil {
+		return agent.Receipt{}, exitUsage, fmt.Errorf("the host's receipt key: %w (give --key)", err)
+	}
+	r, err := signed.Verify(pub)
+	if err != nil {
+		return agent.Receipt{}, exitFailure, err
+	}
+	return r, exitOK, nil
+}
+
+// verifyRun checks that r is of the run the harness started.
+func verifyRun(r agent.Receipt, nonce, trial string) (int, error) {
+	switch {
+	case nonce != "" && r.Nonce == "":
+		return exitFailure, fmt.Errorf("%w: it carries no nonce, and %q was expected: it is of a run started without --nonce, not this one", agent.ErrReceiptOtherRun, nonce)
+	case nonce != "" && r.Nonce != nonce:
+		return exitFailure, fmt.Errorf("%w: it carries nonce %q, not %q", agent.ErrReceiptOtherRun, termsafe.String(r.Nonce), nonce)
+	case trial != "" && r.Trial != trial:
+		return exitFailure, fmt.Errorf("%w: it is of Trial %q, not %q", agent.ErrReceiptOtherRun, termsafe.String(r.Trial), trial)
+	}
+	return exitOK, nil
+}
+
+// verifyLog checks the decision log r was signed with: at logPath,
+// beside the receipt at path, or in the agent's data directory. A Trial
+// whose log was signed but is not found is exitNoLog, unless noLog.
+func verifyLog(r agent.Receipt, path, logPath string, noLog bool) (string, int, error) {
+	switch {
+	case noLog:
+		return "no decision log checked (--no-log)", exitOK, nil
+	case r.DecisionLog == nil && logPath == "":
+		return "no decision log: the Trial kept none (its receipt says so; a run without an agent keeps none)", exitOK, nil
+	}
+	lp := logPath
+	if lp == "" {
+		places := []string{filepath.Join(filepath.Dir(path), "decisions.jsonl")}
+		if sandbox.ValidID(r.Trial) == nil {
+			places = append(places, filepath.Join(agent.DefaultDataDir, r.Trial, "decisions.jsonl"))
+		}
+		for _, p := range places {
+			if fileExists(p) {
+				lp = p
+				break
+			}
+		}
+	}
+	if lp == "" {
+		return "", exitNoLog, fmt.Errorf("the receipt verifies, but its Trial's decision log was not found beside it or in %s/%s: give --log FILE, or --no-log to accept it unchecked", agent.DefaultDataDir, termsafe.String(r.Trial))
+	}
+	d, err := agent.DigestLog(lp)
+	switch {
+	case err != nil:
+		return "", exitFailure, err
+	case d == nil || r.DecisionLog == nil || *d != *r.DecisionLog:
+		return "", exitFailure, fmt.Errorf("%w: the decision log %s is not the one it was signed with", agent.ErrReceiptForged, lp)
+	}
+	return "decision log " + lp + " matches", exitOK, nil
 }
 
 func fileExists(p string) bool {

@@ -6,10 +6,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -45,9 +49,10 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 	privtest.RequireTool(t, "curl")
 	installedByTest(t)
 	// A directory the Trial's uid can reach and write, outside its own
-	// /tmp.
+	// /tmp: sticky, so that it may add its own entries but not move
+	// root's (os.Chmod would drop the sticky bit).
 	shared := privtest.SharedDir(t, "report-")
-	if err := os.Chmod(shared, 0o1777); err != nil {
+	if err := unix.Chmod(shared, 0o1777); err != nil {
 		t.Fatal(err)
 	}
 	victim := filepath.Join(t.TempDir(), "operator-file")
@@ -121,31 +126,70 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		}
 	})
 
-	t.Run("directory swapped for a symlink", func(t *testing.T) {
-		// The report's directory is the Trial's to rename: it swaps it for
-		// a symlink to a directory of root's, where the report would then
-		// land, as root.
-		out := filepath.Join(shared, "out")
+	// Where the Trial could move a directory on the way, run refuses
+	// before anything runs, and says what to use instead. The attack it
+	// stops: the Trial moves the report's directory away and puts its
+	// own, with an earlier clean report, in its place.
+	t.Run("a directory the Trial could swap", func(t *testing.T) {
+		open := filepath.Join(shared, "open")
+		if err := os.Mkdir(open, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(open, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(open, "out")
+		if err := os.Mkdir(out, 0o755); err != nil { // root's, in the Trial's
+			t.Fatal(err)
+		}
+		world := filepath.Join(shared, "world")
+		if err := os.Mkdir(world, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Chmod(world, 0o777); err != nil { // root's, not sticky
+			t.Fatal(err)
+		}
+		swapped := filepath.Join(shared, "swapped")
+		swap := fmt.Sprintf("mv %s %s.moved && mkdir %s && echo '{\"exit_code\":0}' > %s/report.json && touch %s", out, out, out, out, swapped)
+		for _, c := range []struct{ report, why string }{
+			{filepath.Join(out, "report.json"), "is owned by uid 65534"},
+			{filepath.Join(open, "report.json"), "is owned by uid 65534"},
+			{filepath.Join(world, "report.json"), "world-writable"},
+		} {
+			code, _, errOut := trialnet("run", "--uid", "65534", "--report", c.report, "--", "sh", "-c", swap)
+			if code != exitUsage || !strings.Contains(errOut, "could be swapped by the Trial") || !strings.Contains(errOut, "--report-dir "+DefaultReportDir) ||
+				!strings.Contains(errOut, c.why) {
+				t.Fatalf("--report %s: exit %d, want %d and %q\n%s", c.report, code, exitUsage, c.why, errOut)
+			}
+			if _, err := os.Stat(swapped); err == nil {
+				t.Fatal("the Trial ran")
+			}
+		}
+	})
+
+	// A directory swapped while the Trial ran (here by root, as no Trial
+	// may): the report is written where run opened it, and run says
+	// loudly that FILE is not it, exit 125.
+	t.Run("a directory swapped during the run", func(t *testing.T) {
+		base := t.TempDir()
+		out := filepath.Join(base, "out")
 		if err := os.Mkdir(out, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Chown(out, 65534, 65534); err != nil {
+		token := "trialnet-swap-" + filepath.Base(base)
+		marker := filepath.Join(shared, token)
+		done := make(chan error, 1)
+		go func() { done <- swapWhenRunning(token, out, marker) }()
+		code, _, errOut := trialnet("run", "--uid", "65534", "--report", filepath.Join(out, "report.json"), "--",
+			"sh", "-c", `i=0; while [ ! -e "$1" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done`, token, marker)
+		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		rootDir := t.TempDir()
-		swap := fmt.Sprintf("mv %s %s.old && ln -s %s %s", out, out, rootDir, out)
-		code, _, errOut := trialnet("run", "--uid", "65534", "--report", filepath.Join(out, "r.json"), "--", "sh", "-c", swap)
-		if code != 0 {
-			t.Fatalf("run: exit %d\n%s", code, errOut)
+		if code != exitFailure || !strings.Contains(errOut, "REPORT NOT WHERE IT WAS ASKED FOR") || !strings.Contains(errOut, out+".moved") {
+			t.Fatalf("run: exit %d, want %d and the report's real place\n%s", code, exitFailure, errOut)
 		}
-		if fi, err := os.Lstat(out); err != nil || fi.Mode()&os.ModeSymlink == 0 {
-			t.Fatalf("the Trial did not swap the directory (the test shows nothing): %v %v", fi, err)
-		}
-		if _, err := os.Stat(filepath.Join(rootDir, "r.json")); err == nil {
-			t.Fatal("root wrote the report through the Trial's symlink")
-		}
-		if _, err := os.Stat(filepath.Join(out+".old", "r.json")); err != nil {
-			t.Fatalf("the report is not in the directory named when run started: %v", err)
+		if _, err := os.Stat(filepath.Join(out+".moved", "report.json")); err != nil {
+			t.Fatalf("the report is not where run opened its directory: %v", err)
 		}
 	})
 
@@ -166,6 +210,117 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		}
 		check(t, b)
 	})
+
+	// The documented way: a pipe the harness reads.
+	t.Run("descriptor on a pipe", func(t *testing.T) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		got := make(chan []byte, 1)
+		go func() { b, _ := io.ReadAll(r); got <- b }()
+		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report-fd", fmt.Sprint(w.Fd()), "--",
+			"sh", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", w.Fd())))
+		_ = w.Close()
+		if code != 0 {
+			t.Fatalf("run: exit %d\n%s", code, errOut)
+		}
+		check(t, <-got)
+	})
+
+	// A descriptor on a file the Trial could replace (its directory is
+	// the Trial's to write) or write itself: refused before anything
+	// runs, as the file at --report is.
+	t.Run("descriptor on a file in the Trial's reach", func(t *testing.T) {
+		open := filepath.Join(shared, "fdopen")
+		if err := os.Mkdir(open, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(open, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		writable := filepath.Join(t.TempDir(), "writable.json")
+		for _, c := range []struct {
+			path string
+			mode uint32
+			why  string
+		}{{filepath.Join(open, "report.json"), 0o644, "is owned by uid 65534"}, {writable, 0o666, "world-writable"}} {
+			f, err := os.Create(c.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := unix.Chmod(c.path, c.mode); err != nil {
+				t.Fatal(err)
+			}
+			code, _, errOut := trialnet("run", "--uid", "65534", "--report-fd", fmt.Sprint(f.Fd()), "--", "true")
+			if code != exitUsage || !strings.Contains(errOut, "which the Trial could replace") || !strings.Contains(errOut, c.why) || !strings.Contains(errOut, "3>&1 1>&2 | harness") {
+				t.Fatalf("--report-fd on %s: exit %d, want %d and %q\n%s", c.path, code, exitUsage, c.why, errOut)
+			}
+		}
+	})
+
+	// --report-dir: DIR/ID.json, made if missing, its path said before
+	// the Trial starts; the receipt carries the harness's nonce, and
+	// verify takes no other run's receipt for it.
+	t.Run("report-dir and nonce", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "reports")
+		code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "nonce-a", "--nonce", "harness-run-a", "--", "true")
+		path := filepath.Join(dir, "nonce-a.json")
+		if code != 0 || !strings.Contains(errOut, "trialnet: Trial nonce-a: its report will be "+path) {
+			t.Fatalf("run --report-dir: exit %d\n%s", code, errOut)
+		}
+		if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "nonce-b", "--", "true"); code != 0 {
+			t.Fatalf("run --report-dir, no nonce: exit %d\n%s", code, errOut)
+		}
+		for _, c := range []struct {
+			args []string
+			code int
+			want string
+		}{
+			{[]string{"--nonce", "harness-run-a", "--trial", "nonce-a", path}, exitOK, "nonce harness-run-a"},
+			{[]string{"--nonce", "harness-run-b", path}, exitFailure, `carries nonce "harness-run-a", not "harness-run-b"`},
+			{[]string{"--trial", "nonce-b", path}, exitFailure, `of Trial "nonce-a", not "nonce-b"`},
+			{[]string{"--nonce", "harness-run-a", filepath.Join(dir, "nonce-b.json")}, exitFailure, "carries no nonce"},
+		} {
+			code, out, errOut := trialnet(append([]string{"verify"}, c.args...)...)
+			if code != c.code || !strings.Contains(out+errOut, c.want) {
+				t.Errorf("verify %q: exit %d, want %d and %q\n%s%s", c.args, code, c.code, c.want, out, errOut)
+			}
+		}
+	})
+}
+
+// swapWhenRunning waits (bounded) for a process whose command line holds
+// token, then moves dir away, makes a new one in its place and creates
+// marker, which the process waits for.
+func swapWhenRunning(token, dir, marker string) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for !processWith(token) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no process with %q started", token)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := os.Rename(dir, dir+".moved"); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(marker, nil, 0o644)
+}
+
+// processWith reports whether a process's command line holds s.
+func processWith(s string) bool {
+	m, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range m {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(s)) {
+			return true
+		}
+	}
+	return false
 }
 
 // After the Trial, a terminal gets back autowrap, the cursor, plain

@@ -18,7 +18,7 @@ import (
 	"github.com/trialnet/trialnet/sandbox"
 )
 
-const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--show-refusals] [--report FILE | --report-fd N] [-v] [-j] -- CMD [ARGS]"
+const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--show-refusals] [--id ID] [--nonce STR] [--report FILE | --report-dir DIR | --report-fd N] [-v] [-j] -- CMD [ARGS]"
 
 // cmdRun runs CMD in an ephemeral Trial (agent.Run) and says how it went.
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -29,26 +29,50 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
-	report, err := openReport(*f.reportFile, *f.reportFD)
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return fail(stdout, stderr, *f.asJSON, exitUsage, usageError{"run: no command given; put it after --"})
+	}
+	id := *f.id
+	if id == "" {
+		id = agent.NewID()
+	} else if err := sandbox.ValidID(id); err != nil {
+		return fail(stdout, stderr, *f.asJSON, exitUsage, usageError{"run --id: " + err.Error()})
+	}
+	report, err := openReport(*f.reportFile, *f.reportDir, *f.reportFD, id)
 	if err != nil {
 		return fail(stdout, stderr, *f.asJSON, exitUsage, err)
 	}
 	if *f.asJSON && report == nil {
-		return fail(stdout, stderr, true, exitUsage, usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE or --report-fd N"})
+		return fail(stdout, stderr, true, exitUsage, usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE, --report-dir DIR or --report-fd N"})
 	}
 	// Every way out from here writes the report, a refusal included: a
 	// report left at FILE by an earlier run is never read as this one's.
+	// No Trial has run yet, so none could have moved it.
 	failRun := func(code int, err error) int {
 		if report != nil {
-			if werr := report.write(map[string]any{"exit_code": code, "error": err.Error()}); werr != nil {
+			if werr := report.write(map[string]any{"trial": id, "exit_code": code, "error": err.Error()}); werr != nil {
 				err = errors.Join(err, werr)
 			}
 		}
 		return fail(stdout, stderr, false, code, err)
 	}
-	spec, err := f.spec(fs, stderr)
+	u, g, err := trialUser(f.user)
+	if err == nil && report != nil {
+		err = report.check(u, g)
+	}
 	if err != nil {
 		return failRun(exitUsage, err)
+	}
+	spec, err := f.spec(fs, id, u, g, stderr)
+	if err != nil {
+		return failRun(exitUsage, err)
+	}
+	if report != nil && report.path != "" {
+		spec.Create.Report = report.path
+		if *f.reportDir != "" {
+			fmt.Fprintf(stderr, "trialnet: Trial %s: its report will be %s\n", id, report.path)
+		}
 	}
 	trials, closeTrials, code, err := f.trials(ctx)
 	if err != nil {
@@ -75,7 +99,8 @@ type runFlags struct {
 	asJSON, verbose, showRefusals *bool
 	unixAllow                     *stringList
 	timeout                       *time.Duration
-	socket, reportFile            *string
+	socket, reportFile, reportDir *string
+	id, nonce                     *string
 	reportFD                      *int
 }
 
@@ -94,30 +119,26 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.verbose = fs.Bool("v", false, "when CMD ends, print the full counter table instead of the one summary line")
 	f.showRefusals = fs.Bool("show-refusals", false, "print each refusal by the proxy on stderr as it happens")
 	f.reportFile = fs.String("report", "", "write the report (verdict, counters, signed receipt) as JSON to FILE, where the Trial cannot write: read the verdict there, never on the terminal")
-	f.reportFD = fs.Int("report-fd", -1, "write the report to file descriptor N (3 or more), which the Trial never inherits")
+	f.reportDir = fs.String("report-dir", "", "write the report to DIR/ID.json, DIR made if missing (for example "+DefaultReportDir+", root's); the path is printed when the run starts and shown by list")
+	f.reportFD = fs.Int("report-fd", -1, "write the report to file descriptor N (3 or more), which the Trial never inherits: a pipe the harness reads (--report-fd 3 ... 3>&1 1>&2 | harness)")
+	f.id = fs.String("id", "", "the Trial's id (default: generated), so that a harness knows it beforehand")
+	f.nonce = nonceFlag(fs, nonceUsage)
 }
 
 // spec checks the flags and CMD into the run: its Trial, its command, as
 // whom, and its deadline. Every error is a usage error.
-func (f *runFlags) spec(fs *flag.FlagSet, stderr io.Writer) (agent.RunSpec, error) {
+func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writer) (agent.RunSpec, error) {
 	argv := fs.Args()
-	if len(argv) == 0 {
-		fs.Usage()
-		return agent.RunSpec{}, usageError{"run: no command given; put it after --"}
-	}
 	for _, p := range hostOwnDirPaths(argv) {
 		fmt.Fprintf(stderr, "trialnet: note: %s is in the host's %s; the Trial has its own (empty) /tmp, /var/tmp and /dev/shm and will not find it: put what CMD needs in a directory outside them\n",
 			termsafe.String(p), termsafe.String(sandbox.OwnDirOf(p)))
 	}
-	u, g, err := trialUser(f.user)
-	if err == nil {
-		err = f.af.check()
-	}
+	err := f.af.check()
 	if err == nil && *f.nested && u == 0 {
 		err = usageError{"run --nested: a nested Trial runs no command as uid 0 (its /proc is left unmasked for the sandboxes inside, and uid 0 owns what is there); pass --uid N"}
 	}
 	spec := agent.RunSpec{
-		Create: agent.CreateRequest{ID: agent.NewID(), Allow: f.af.allow, Profiles: f.af.profiles, RequireTLS: f.af.requireTLS, Strict: *f.strict,
+		Create: agent.CreateRequest{ID: id, Nonce: *f.nonce, Allow: f.af.allow, Profiles: f.af.profiles, RequireTLS: f.af.requireTLS, Strict: *f.strict,
 			Learn: *f.learn, MaxProcesses: int(f.procs), UnixAllow: *f.unixAllow, UnixOpen: *f.noUnix, Nested: *f.nested},
 		Command: sandbox.Command{Args: argv, Env: os.Environ(), UID: u, GID: g, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr},
 		Timeout: *f.timeout,
@@ -219,21 +240,55 @@ func (f *runFlags) finish(res agent.RunResult, cmd string, report *reportSink, s
 	return code
 }
 
-// summary is the one line run prints when CMD ends: the Trial, CMD's exit
-// code, tunnels allowed and refused with the most refused targets, the
-// verdict and the active layers.
+// summary is the one line run prints when CMD ends, kept short: the
+// Trial, CMD's exit code and time, tunnels allowed and refused with the
+// most refused targets, and the verdict in a few words. The layers and
+// the reasons are -v's, stats' and the report's.
 func summary(st agent.Stats, code int, took time.Duration) string {
 	var top []string
-	for _, t := range st.TopRefused {
-		top = append(top, fmt.Sprintf("%s ×%d", termsafe.String(t.Target), t.Count))
+	for i, t := range st.TopRefused {
+		if i == summaryTargets {
+			top = append(top, "…")
+			break
+		}
+		top = append(top, fmt.Sprintf("%s ×%d", termsafe.String(shorten(t.Target, summaryTargetLen)), t.Count))
 	}
 	refused := fmt.Sprintf("%d refused", st.Proxy.Denied)
 	if len(top) > 0 {
 		refused += " (" + strings.Join(top, ", ") + ")"
 	}
-	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s; %s",
-		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused,
-		termsafe.String(strings.TrimPrefix(st.Verdict, "verdict: ")), termsafe.String(st.Layers.String()))
+	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s",
+		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused, shortVerdict(st))
+}
+
+// How many refused targets the summary names, and how much of each.
+const (
+	summaryTargets   = 3
+	summaryTargetLen = 48
+)
+
+// shortVerdict is the verdict in a few words.
+func shortVerdict(st agent.Stats) string {
+	v := "0 direct egress packets (ok)"
+	switch {
+	case st.Egress > 0:
+		v = fmt.Sprintf("ALARM: %d direct egress packets dropped", st.Egress)
+	case st.Foreign > 0:
+		v = fmt.Sprintf("0 direct egress packets; ALERT: %d foreign-socket uses refused", st.Foreign)
+	}
+	if st.Learning {
+		v += "; LEARNING: allowlist not enforced"
+	}
+	return v
+}
+
+// shorten cuts s to at most n runes, marking the cut.
+func shorten(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
 
 // refusalLine is one refusal, or a summary of suppressed records, as

@@ -59,20 +59,26 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	defer dir.Close()
-	return WriteAt(dir, filepath.Base(path), data, perm)
+	_, err = WriteAt(dir, filepath.Base(path), data, perm)
+	return err
 }
 
 // WriteAt is WriteFileAtomic relative to an open directory: a directory
 // on the way swapped for a symlink since it was opened redirects nothing.
-func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) error {
+// It returns the identity of the file it wrote, for a caller that checks
+// later that the name still leads there.
+func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) (FileID, error) {
 	dfd := int(dir.Fd())
 	tmp := "." + name + ".tmp-" + rand.Text()[:8]
 	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return err
+		return FileID{}, err
 	}
 	f := os.NewFile(uintptr(fd), tmp)
-	err = f.Chmod(perm)
+	id, err := IDOfFd(fd)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
 	if err == nil {
 		_, err = f.Write(data)
 	}
@@ -88,5 +94,5 @@ func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) error {
 	if err != nil {
 		_ = unix.Unlinkat(dfd, tmp, 0)
 	}
-	return err
+	return id, err
 }

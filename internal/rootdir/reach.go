@@ -1,0 +1,251 @@
+//go:build linux
+
+package rootdir
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrInReach is wrapped by OutOfReach's refusals.
+var ErrInReach = errors.New("in reach of the Trial")
+
+// maxLinks bounds the symlinks followed on one path, as the kernel's
+// MAXSYMLINKS does.
+const maxLinks = 40
+
+// OutOfReach checks that a process of uid and gid, with no supplementary
+// groups and no capabilities (a Trial's), cannot change what path names:
+// it owns no directory on the way, and can write none of them, except
+// sticky ones (where it can rename only its own entries, and every
+// entry on the way is someone else's). Every directory the kernel
+// crosses to resolve path is checked, those a symlink leads through
+// included, as a reader of path will cross them. Refusals wrap
+// ErrInReach and name the directory and why.
+func OutOfReach(path string, uid, gid uint32) error {
+	abs, err := Unclean(path)
+	if err != nil {
+		return err
+	}
+	rest := strings.Split(abs, "/")
+	dir, links := "/", 0
+	for len(rest) > 0 {
+		name := rest[0]
+		rest = rest[1:]
+		if name == "" || name == "." {
+			continue
+		}
+		if err := dirOutOfReach(dir, uid, gid); err != nil {
+			return err
+		}
+		if name == ".." {
+			dir = filepath.Dir(dir)
+			continue
+		}
+		next := filepath.Join(dir, name)
+		var st unix.Stat_t
+		if err := unix.Lstat(next, &st); err != nil {
+			if len(rest) == 0 && errors.Is(err, unix.ENOENT) {
+				return nil // the file itself, not made yet
+			}
+			return fmt.Errorf("%s: %w", next, err)
+		}
+		switch {
+		case len(rest) == 0 && st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			// The file itself, a symlink: replaced by the rename, never
+			// followed.
+		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			if links++; links > maxLinks {
+				return fmt.Errorf("%s: %w", abs, unix.ELOOP)
+			}
+			target, err := os.Readlink(next)
+			if err != nil {
+				return err
+			}
+			if filepath.IsAbs(target) {
+				dir = "/"
+			}
+			rest = append(strings.Split(target, "/"), rest...)
+		case len(rest) == 0:
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				return fmt.Errorf("%s is a directory", next)
+			}
+			// The file itself: replaced by a rename, whoever owns it.
+		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+			return fmt.Errorf("%s: %w", next, unix.ENOTDIR)
+		default:
+			dir = next
+		}
+	}
+	return nil
+}
+
+// FileOutOfReach is OutOfReach for a file that is written in place (a
+// caller's descriptor on it), not replaced: the file itself must not be
+// uid's, nor writable by uid or gid.
+func FileOutOfReach(path string, uid, gid uint32) error {
+	if err := OutOfReach(path, uid, gid); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if st.Uid == uid {
+		return fmt.Errorf("%w: %s is owned by uid %d, the Trial's", ErrInReach, path, uid)
+	}
+	how, err := writableBy(path, &st, uid, gid)
+	if err != nil {
+		return err
+	}
+	if how != "" {
+		return fmt.Errorf("%w: the Trial (uid %d, gid %d) may write %s (%s)", ErrInReach, uid, gid, path, how)
+	}
+	return nil
+}
+
+// Unclean makes path absolute as the kernel will resolve it: joined to
+// the working directory, but not cleaned (a "link/.." is not "").
+func Unclean(path string) (string, error) {
+	if filepath.IsAbs(path) {
+		return path, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	return wd + "/" + path, nil
+}
+
+// dirOutOfReach refuses dir if uid owns it (and so may chmod it) or
+// uid and gid may write it and it is not sticky.
+func dirOutOfReach(dir string, uid, gid uint32) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	if st.Uid == uid {
+		return fmt.Errorf("%w: %s is owned by uid %d, the Trial's, which may change its mode and rename what is in it", ErrInReach, dir, uid)
+	}
+	if st.Mode&unix.S_ISVTX != 0 {
+		return nil
+	}
+	how, err := writableBy(dir, &st, uid, gid)
+	if err != nil {
+		return err
+	}
+	if how != "" {
+		return fmt.Errorf("%w: the Trial (uid %d, gid %d) may write %s (%s), and so rename or replace what is in it", ErrInReach, uid, gid, dir, how)
+	}
+	return nil
+}
+
+// POSIX ACL xattr layout (linux/posix_acl_xattr.h).
+const (
+	aclVersion  = 2
+	aclUser     = 0x02
+	aclGroupObj = 0x04
+	aclGroup    = 0x08
+	aclMask     = 0x10
+	aclOther    = 0x20
+	aclWrite    = 0x02
+)
+
+// writableBy says how uid and gid (no other groups) may write path,
+// whose stat is st, or "" if they may not: by its mode
+// bits, or by its access ACL, evaluated as the kernel does (a named user
+// entry decides alone; the group class grants if any matching group
+// entry does, masked; only then the other entry).
+func writableBy(path string, st *unix.Stat_t, uid, gid uint32) (string, error) {
+	buf := make([]byte, 4+8*64)
+	n, err := unix.Getxattr(path, "system.posix_acl_access", buf)
+	if errors.Is(err, unix.ERANGE) {
+		if n, err = unix.Getxattr(path, "system.posix_acl_access", nil); err == nil {
+			buf = make([]byte, n)
+			n, err = unix.Getxattr(path, "system.posix_acl_access", buf)
+		}
+	}
+	switch {
+	case errors.Is(err, unix.ENODATA), errors.Is(err, unix.EOPNOTSUPP):
+		return modeWritable(st.Mode, st.Gid == gid), nil
+	case err != nil:
+		return "", fmt.Errorf("read the ACL of %s: %w", path, err)
+	}
+	return aclWritable(buf[:n], st.Gid == gid, uid, gid)
+}
+
+func modeWritable(mode uint32, inGroup bool) string {
+	switch {
+	case inGroup && mode&0o020 != 0:
+		return fmt.Sprintf("its group's, mode %04o", mode&0o7777)
+	case !inGroup && mode&0o002 != 0:
+		return fmt.Sprintf("world-writable, mode %04o", mode&0o7777)
+	}
+	return ""
+}
+
+func aclWritable(b []byte, ownerGroup bool, uid, gid uint32) (string, error) {
+	if len(b) < 4 || binary.LittleEndian.Uint32(b) != aclVersion || (len(b)-4)%8 != 0 {
+		return "", errors.New("an access ACL trialnet cannot read: refused, as it may grant anything")
+	}
+	mask := uint16(0xffff)
+	var user, group, other *uint16
+	groupMatched := false
+	for e := b[4:]; len(e) >= 8; e = e[8:] {
+		tag, perm, id := binary.LittleEndian.Uint16(e), binary.LittleEndian.Uint16(e[2:]), binary.LittleEndian.Uint32(e[4:])
+		switch {
+		case tag == aclMask:
+			mask = perm
+		case tag == aclUser && id == uid:
+			user = &perm
+		case tag == aclGroupObj && ownerGroup, tag == aclGroup && id == gid:
+			groupMatched = true
+			if perm&aclWrite != 0 {
+				group = &perm
+			}
+		case tag == aclOther:
+			other = &perm
+		}
+	}
+	switch {
+	case user != nil:
+		if *user&mask&aclWrite != 0 {
+			return fmt.Sprintf("its ACL names uid %d with write", uid), nil
+		}
+	case groupMatched:
+		if group != nil && *group&mask&aclWrite != 0 {
+			return fmt.Sprintf("its ACL gives gid %d write", gid), nil
+		}
+	case other != nil && *other&aclWrite != 0:
+		return "its ACL gives others write", nil
+	}
+	return "", nil
+}
+
+// FileID is a file's identity: the device and inode it is.
+type FileID struct{ Dev, Ino uint64 }
+
+// IDOf is the identity of the file path names, symlinks followed, as a
+// reader opening path reaches it.
+func IDOf(path string) (FileID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return FileID{}, err
+	}
+	return FileID{st.Dev, st.Ino}, nil
+}
+
+// IDOfFd is the identity of the file open on fd.
+func IDOfFd(fd int) (FileID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return FileID{}, err
+	}
+	return FileID{st.Dev, st.Ino}, nil
+}
