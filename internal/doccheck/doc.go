@@ -1,0 +1,4 @@
+// Package doccheck holds the tests that keep the repository's documents
+// true to its code: the tests SECURITY.md names are where it says, and
+// docs/design.md's dependency graph is what the packages import.
+package doccheck
