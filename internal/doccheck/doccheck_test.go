@@ -196,9 +196,9 @@ func graphOf(t *testing.T, doc string) map[string][]string {
 		for i := 0; i+1 < len(segs); i++ {
 			var to []string
 			if !strings.Contains(segs[i+1], "nothing") {
-				to = list(segs[i+1])
+				to = splitList(segs[i+1])
 			}
-			for _, from := range list(segs[i]) {
+			for _, from := range splitList(segs[i]) {
 				g[from] = append(g[from], to...)
 				slices.Sort(g[from])
 				g[from] = slices.Compact(g[from])
@@ -208,7 +208,7 @@ func graphOf(t *testing.T, doc string) map[string][]string {
 	return g
 }
 
-func list(s string) []string {
+func splitList(s string) []string {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
 		if f = strings.TrimSpace(f); f != "" {
