@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -224,20 +225,22 @@ func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 		delay   time.Duration
 		spacing time.Duration // between answers
 		tty     bool          // stdin is the terminal too
+		wronly  bool          // stdout is the terminal opened write-only
 		deaf    bool          // the terminal answers no status request
 		answers int           // the Trial's queries the terminal answers (status requests among them)
 	}{
-		{"stdin /dev/null, 50ms", `\033[6n`, 50 * time.Millisecond, 0, false, false, 1},
-		{"stdin /dev/null, 300ms", `\033[6n`, 300 * time.Millisecond, 0, false, false, 1},
-		{"stdin the terminal, 300ms", `\033[6n`, 300 * time.Millisecond, 0, true, false, 1},
-		{"stdin /dev/null, 1500ms", `\033[6n`, late, 0, false, false, 1},
-		{"stdin the terminal, 1500ms", `\033[6n`, late, 0, true, false, 1},
-		{"8-bit CSI", `\2336n`, 50 * time.Millisecond, 0, false, false, 1},
-		{"8-bit CSI after a UTF-8 lead byte", `\304\2336n`, 50 * time.Millisecond, 0, true, false, 1},
-		{"a status request of the Trial's", `\033[5n\033[6n`, late, 100 * time.Millisecond, false, false, 2},
-		{"an unfinished DCS at exit", `\033[6n\033P`, 50 * time.Millisecond, 0, false, false, 1},
-		{"a flood", strings.Repeat(`\033[6n`, 1000), 300 * time.Millisecond, 0, true, false, 1000},
-		{"a terminal that answers no status request", `\033[6n`, 300 * time.Millisecond, 0, false, true, 1},
+		{"stdin /dev/null, 50ms", `\033[6n`, 50 * time.Millisecond, 0, false, false, false, 1},
+		{"stdin /dev/null, 300ms", `\033[6n`, 300 * time.Millisecond, 0, false, false, false, 1},
+		{"stdin the terminal, 300ms", `\033[6n`, 300 * time.Millisecond, 0, true, false, false, 1},
+		{"stdin /dev/null, 1500ms", `\033[6n`, late, 0, false, false, false, 1},
+		{"stdin the terminal, 1500ms", `\033[6n`, late, 0, true, false, false, 1},
+		{"8-bit CSI", `\2336n`, 50 * time.Millisecond, 0, false, false, false, 1},
+		{"8-bit CSI after a UTF-8 lead byte", `\304\2336n`, 50 * time.Millisecond, 0, true, false, false, 1},
+		{"a status request of the Trial's", `\033[5n\033[6n`, late, 100 * time.Millisecond, false, false, false, 2},
+		{"an unfinished DCS at exit", `\033[6n\033P`, 50 * time.Millisecond, 0, false, false, false, 1},
+		{"a flood", strings.Repeat(`\033[6n`, 1000), 300 * time.Millisecond, 0, true, false, false, 1000},
+		{"stdout write-only, 1500ms", `\033[6n`, late, 0, false, true, false, 1},
+		{"a terminal that answers no status request", `\033[6n`, 300 * time.Millisecond, 0, false, false, true, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			master, slave := testpty.Open(t, 24, 80)
@@ -247,12 +250,18 @@ func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 				t.Fatal(err)
 			}
 			a := newAnswering(t, master, c.delay, c.spacing, c.deaf)
-			var stdin *os.File = devnull
+			var stdin, stdout *os.File = devnull, slave
 			if c.tty {
 				stdin = slave
 			}
+			if c.wronly {
+				if stdout, err = os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", slave.Fd()), os.O_WRONLY|unix.O_NOCTTY, 0); err != nil {
+					t.Fatal(err)
+				}
+				defer stdout.Close()
+			}
 			p, err := tr.Start(Command{Args: []string{"printf", c.printf}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody,
-				Stdin: stdin, Stdout: slave, Stderr: slave})
+				Stdin: stdin, Stdout: stdout, Stderr: stdout})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -35,6 +35,7 @@ func TestOutput(t *testing.T) {
 		{"mouse off", "\x1b[?1000l\x1b[?1006l", false, 0, true},
 		{"Cyrillic (0x9b inside UTF-8)", "Лето", false, 0, true}, // 8-bit: Ð, CSI, Ð (GR read as P: DCH)
 		{"cursor position", "\x1b[6n", true, 0, true},
+		{"a forged status report", "\x1b[0n", true, 0, true},
 		{"status", "\x1b[5n", true, 1, true},
 		{"status 8-bit", "\x9b5n", true, 1, true},
 		{"status C1 in UTF-8", "\xc2\x9b5n", true, 1, true},
