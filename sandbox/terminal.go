@@ -436,7 +436,19 @@ func (t *terminal) fence(want int, cancel bool) bool {
 	if cancel {
 		f = termquery.Cancel + f
 	}
-	if _, err := io.WriteString(t.tty, f); err != nil {
+	// A terminal that takes no output (a stalled link) would hold the
+	// write, and the teardown with it: the write is left behind.
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := io.WriteString(t.tty, f)
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			return false
+		}
+	case <-time.After(drainWait):
 		return false
 	}
 	end := time.Now().Add(fenceWait)
