@@ -4,7 +4,6 @@ package sandbox
 
 import (
 	"bufio"
-	"bytes"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/internal/testpty"
 	"io"
 	"os"
 	"strings"
@@ -20,7 +18,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	"golang.org/x/term"
 )
 
 // The host's pty pool: one Trial that takes every pty it can gets
@@ -278,69 +275,6 @@ func requireBound(t *testing.T, h *Host, pool string) {
 		}
 	}
 	t.Fatalf("no %s pool", pool)
-}
-
-// A Trial writes a query (cursor position) to the caller's terminal and
-// exits; the terminal answers late, as one behind an ssh link does. With
-// stdin not a terminal (/dev/null) or a terminal, nothing of the answer
-// is left in the terminal's input for the caller's shell to read.
-func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
-	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
-	devnull, err := os.Open(os.DevNull)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer devnull.Close()
-	for _, c := range []struct {
-		name  string
-		delay time.Duration
-		tty   bool // stdin is the terminal too
-	}{{"stdin /dev/null, 50ms", 50 * time.Millisecond, false}, {"stdin /dev/null, 300ms", 300 * time.Millisecond, false},
-		{"stdin the terminal, 300ms", 300 * time.Millisecond, true}} {
-		t.Run(c.name, func(t *testing.T) {
-			master, slave := testpty.Open(t, 24, 80)
-			// As a shell's line editor leaves it: raw, so that whatever
-			// arrives is there to read, newline or not.
-			if _, err := term.MakeRaw(int(slave.Fd())); err != nil {
-				t.Fatal(err)
-			}
-			// The terminal: it answers each query, after the delay.
-			go func() {
-				buf := make([]byte, 256)
-				for {
-					n, err := master.Read(buf)
-					if err != nil {
-						return
-					}
-					if bytes.Contains(buf[:n], []byte("\x1b[6n")) {
-						time.Sleep(c.delay)
-						_, _ = master.Write([]byte("\x1b[2;1R"))
-					}
-				}
-			}()
-			var stdin *os.File = devnull
-			if c.tty {
-				stdin = slave
-			}
-			p, err := tr.Start(Command{Args: []string{"printf", `\033[6n`}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody,
-				Stdin: stdin, Stdout: slave, Stderr: slave})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if code, err := p.Wait(); code != 0 || err != nil {
-				t.Fatalf("printf: %d %v", code, err)
-			}
-			time.Sleep(c.delay + 100*time.Millisecond) // any answer has arrived by now
-			n, err := unix.IoctlGetInt(int(slave.Fd()), unix.TIOCINQ)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n != 0 {
-				t.Fatalf("%d bytes of the terminal's answer wait in its input for the caller's shell", n)
-			}
-		})
-	}
 }
 
 // No way in: a Trial cannot make a unix socket (or a FIFO) at a path it

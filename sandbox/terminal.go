@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/termquery"
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 )
@@ -55,31 +56,39 @@ type terminal struct {
 	modeMu    sync.Mutex // orders suspends and close: both change the mode
 	wg        sync.WaitGroup
 	closeOnce sync.Once
-	// lastEsc is when the Trial last wrote an escape sequence to the
-	// caller's terminal (unix nanoseconds; 0: never): a query among them
-	// is answered on the terminal's input, maybe after the Trial ended.
-	lastEsc atomic.Int64
+	// tty is out when it is a terminal: the Trial's queries reach it,
+	// and its answers come back on its input.
+	tty     *os.File
+	scanMu  sync.Mutex
+	scan    termquery.Output // what the Trial wrote to tty
+	answers termquery.Answers
+	// answered counts the status reports relayed to the Trial: answers
+	// to status requests of its own, which no fence waits for.
+	answered atomic.Int64
 }
 
-// answerWait is how long after the Trial's last escape sequence the
-// caller's terminal input is still dropped at the end: a terminal's
-// answer to a query crosses an ssh link or two, and must not reach the
-// caller's shell as typed input.
-const answerWait = 500 * time.Millisecond
+// The bounds of the wait at the end for the terminal's answers to the
+// Trial's queries (see settle). fenceWait bounds the wait for the fence's
+// answer once written: a terminal that answers no status request, or one
+// so far behind (output buffered over ssh) that it has not reached the
+// fence yet. answerWait is the window when no fence can be used (the
+// output did not drain, the input cannot be read), from when the output
+// has drained: an answer from a terminal behind an ssh link or two.
+const (
+	fenceWait  = 2 * time.Second
+	answerWait = 500 * time.Millisecond
+	drainWait  = time.Second
+)
 
-// escWatch writes to w, noting when what it writes holds an escape
-// sequence's start (ESC: the 8-bit C1 forms are UTF-8 continuation bytes
-// to a terminal in UTF-8 mode, and plain text is full of them).
-type escWatch struct {
-	w    io.Writer
-	last *atomic.Int64
-}
+// scanner notes what the Trial writes to the caller's terminal, then
+// writes it.
+type scanner struct{ t *terminal }
 
-func (e escWatch) Write(p []byte) (int, error) {
-	if bytes.IndexByte(p, 0x1b) >= 0 {
-		e.last.Store(time.Now().UnixNano())
-	}
-	return e.w.Write(p)
+func (s scanner) Write(p []byte) (int, error) {
+	s.t.scanMu.Lock()
+	_, _ = s.t.scan.Write(p)
+	s.t.scanMu.Unlock()
+	return s.t.out.Write(p)
 }
 
 // terminalOf is v when it is a terminal, else nil.
@@ -120,9 +129,9 @@ func newTerminal(cmd *exec.Cmd, init initProc, uid, gid uint32, live func() bool
 	signal.Ignore(syscall.SIGTTIN, syscall.SIGTTOU)
 	switch {
 	case out != nil:
-		t.out = out
+		t.out, t.tty = out, out
 	case errf != nil:
-		t.out = errf
+		t.out, t.tty = errf, errf
 	default:
 		t.out = io.Discard // only stdin is a terminal; its echo is not output
 	}
@@ -218,7 +227,13 @@ func (t *terminal) relay(p *Process) {
 	if t == nil {
 		return
 	}
-	t.wg.Go(func() { _, _ = io.Copy(escWatch{t.out, &t.lastEsc}, t.master) })
+	t.wg.Go(func() {
+		var w io.Writer = t.out
+		if t.tty != nil {
+			w = scanner{t}
+		}
+		_, _ = io.Copy(w, t.master)
+	})
 	t.winch = make(chan os.Signal, 1)
 	signal.Notify(t.winch, syscall.SIGWINCH)
 	go func() {
@@ -253,6 +268,7 @@ func (t *terminal) copyInput(pid int) {
 			return
 		}
 		in := buf[:n]
+		t.answered.Add(int64(t.answers.Scan(in)))
 		if i := t.suspendAt(in, pid); i >= 0 {
 			if _, err := t.master.Write(in[:i]); err != nil {
 				return
@@ -365,23 +381,158 @@ func (t *terminal) restoreMode() {
 	t.raw = false
 }
 
-// dropAnswers drops what the caller's terminal has sent, and sends for
-// answerWait after the Trial's last escape sequence, whatever stdin is:
-// answers to the Trial's queries (cursor position, device attributes,
-// colours) would otherwise wait in the terminal's input for the caller's
-// shell, as typed text. In the background it leaves the terminal alone:
-// its input is the shell's then.
-func (t *terminal) dropAnswers() {
+// settle drops what the caller's terminal sends until it has answered
+// every query the Trial wrote, whatever stdin is: answers (cursor
+// position, device attributes, colours) would otherwise wait in the
+// terminal's input for the caller's shell, as typed text, however late
+// they come (output buffered over ssh is read long after it was written).
+// After output that may hold a query it writes a fence (termquery.Fence:
+// a status request) and reads the terminal's input until the fence's
+// answer, which a terminal sends after the answers to everything before
+// it, bounded by fenceWait. relayed says that the relay's copies ended,
+// so that nothing else writes to the terminal or reads its input. In the
+// background it leaves the terminal alone: its input is the shell's then.
+func (t *terminal) settle(relayed bool) {
 	if !t.foreground() {
 		return
 	}
 	flush := func() { _ = unix.IoctlSetInt(int(t.user.Fd()), unix.TCFLSH, unix.TCIFLUSH) }
-	flush()
-	if last := t.lastEsc.Load(); last != 0 {
-		for until := time.Unix(0, last).Add(answerWait); time.Now().Before(until); {
-			time.Sleep(10 * time.Millisecond)
-			flush()
+	defer flush()
+	t.scanMu.Lock()
+	query, status := t.scan.Pending()
+	quiet := t.scan.Quiet()
+	t.scanMu.Unlock()
+	if t.tty == nil || !query {
+		return
+	}
+	drained := drain(t.tty)
+	until := time.Now().Add(answerWait)
+	if relayed && drained {
+		// Each status request of the Trial's not yet answered is
+		// answered before the fence: its answer has the same shape.
+		if t.fence(max(1, status-int(t.answered.Load())+1), !quiet) {
+			return
 		}
+		// Unanswered, the fence's wait outlasted the window; unused, the
+		// window is what is left.
+	}
+	for time.Now().Before(until) {
+		time.Sleep(10 * time.Millisecond)
+		flush()
+	}
+}
+
+// fence writes the fence after the Trial's output (ending a sequence it
+// left unfinished, when cancel) and drops the terminal's input until the
+// want-th status report, bounded by fenceWait. It reports whether that
+// report came; false with no wait when the fence could not be used.
+func (t *terminal) fence(want int, cancel bool) bool {
+	fd, release, err := t.answerInput()
+	if err != nil {
+		return false
+	}
+	defer release()
+	f := termquery.Fence
+	if cancel {
+		f = termquery.Cancel + f
+	}
+	// A terminal that takes no output (a stalled link) would hold the
+	// write, and the teardown with it: the write is left behind.
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := io.WriteString(t.tty, f)
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			return false
+		}
+	case <-time.After(drainWait):
+		return false
+	}
+	end := time.Now().Add(fenceWait)
+	buf := make([]byte, 4096)
+	for {
+		left := time.Until(end)
+		if left <= 0 {
+			return false
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, int(left.Milliseconds())+1); err != nil && err != unix.EINTR {
+			return false
+		}
+		if fds[0].Revents&unix.POLLIN == 0 {
+			if fds[0].Revents != 0 {
+				return false // hung up: nothing more will come
+			}
+			continue
+		}
+		n, err := unix.Read(fd, buf)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			return false
+		}
+		if want -= t.answers.Scan(buf[:n]); want <= 0 {
+			t.scanMu.Lock()
+			t.scan.Settle()
+			t.scanMu.Unlock()
+			t.answered.Store(0)
+			return true
+		}
+	}
+}
+
+// answerInput is a descriptor to read the answers from, in a mode that
+// passes them at once (not a line at a time, and unechoed), and what
+// undoes both. It is the caller's terminal that the Trial's output went
+// to, reopened for reading when that descriptor is write-only.
+func (t *terminal) answerInput() (int, func(), error) {
+	fd := int(t.tty.Fd())
+	closeFd := func() {}
+	if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err != nil {
+		return -1, nil, err
+	} else if fl&unix.O_ACCMODE == unix.O_WRONLY {
+		r, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_RDONLY|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			return -1, nil, err
+		}
+		fd, closeFd = r, func() { _ = unix.Close(r) }
+	}
+	tio, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	if err != nil {
+		closeFd()
+		return -1, nil, err
+	}
+	if tio.Lflag&(unix.ICANON|unix.ECHO) == 0 {
+		return fd, closeFd, nil // raw already: the relay's, or the caller's own
+	}
+	saved := *tio
+	tio.Lflag &^= unix.ICANON | unix.ECHO
+	tio.Cc[unix.VMIN], tio.Cc[unix.VTIME] = 1, 0
+	if err := unix.IoctlSetTermios(fd, unix.TCSETS, tio); err != nil {
+		closeFd()
+		return -1, nil, err
+	}
+	return fd, func() {
+		_ = unix.IoctlSetTermios(fd, unix.TCSETS, &saved)
+		closeFd()
+	}, nil
+}
+
+// drain waits, bounded by drainWait, until f's output has been sent
+// (tcdrain): on a serial line, until the terminal has it. A pty reports
+// it sent at once; what its reader (sshd) buffers, fenceWait covers.
+func drain(f *os.File) bool {
+	done := make(chan error, 1)
+	go func() { done <- unix.IoctlSetInt(int(f.Fd()), unix.TCSBRK, 1) }()
+	select {
+	case err := <-done:
+		return err == nil
+	case <-time.After(drainWait):
+		return false
 	}
 }
 
@@ -421,19 +572,21 @@ func (t *terminal) close() {
 			_ = t.master.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 			_ = t.master.SetWriteDeadline(time.Now())
 		}
-		relayed := make(chan struct{})
+		done := make(chan struct{})
 		go func() {
 			t.wg.Wait()
-			close(relayed)
+			close(done)
 		}()
+		relayed := true
 		select {
-		case <-relayed:
+		case <-done:
 		case <-time.After(time.Second):
+			relayed = false
 		}
 		t.modeMu.Lock()
+		t.settle(relayed) // raw still, when the relay made it so
 		t.restoreMode()
 		t.modeMu.Unlock()
-		t.dropAnswers()
 		if t.slave != nil {
 			_ = t.slave.Close()
 		}
