@@ -213,6 +213,32 @@ func (s SignedReceipt) Verify(pub ed25519.PublicKey) (Receipt, error) {
 	return r, nil
 }
 
+// ReportSignature signs a whole run report: every field beside the
+// receipt a report carries (its exit code, verdict, counters, summary) is
+// the CLI's copy, and so is signed too, with the same host key.
+type ReportSignature struct {
+	Signature []byte `json:"signature"`
+	PublicKey []byte `json:"public_key"`
+}
+
+// SignReport signs b, a report's canonical bytes, with the host key at
+// keyPath (made the first time).
+func SignReport(keyPath string, b []byte) (ReportSignature, error) {
+	key, err := receiptKey(keyPath)
+	if err != nil {
+		return ReportSignature{}, fmt.Errorf("sign the report: %w", err)
+	}
+	return ReportSignature{Signature: ed25519.Sign(key, b), PublicKey: key.Public().(ed25519.PublicKey)}, nil
+}
+
+// Verify checks s over b against the host key pub.
+func (s ReportSignature) Verify(pub ed25519.PublicKey, b []byte) error {
+	if !bytes.Equal(s.PublicKey, pub) || !ed25519.Verify(pub, b, s.Signature) {
+		return fmt.Errorf("%w: the report's own fields (exit code, verdict, counters, summary) are not what trialnet wrote, or another host's key signed them", ErrReceiptForged)
+	}
+	return nil
+}
+
 // ReadPublicKey reads a receipt public key (hex) from path.
 func ReadPublicKey(path string) (ed25519.PublicKey, error) {
 	k, err := readHex(path, ed25519.PublicKeySize)

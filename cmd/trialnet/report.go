@@ -3,12 +3,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"maps"
 	"path/filepath"
 	"strings"
 
@@ -45,9 +47,11 @@ const DefaultReportDir = "/var/lib/trialnet/reports"
 const reportSafely = "use --report-dir " + DefaultReportDir + " (root's; the report is DIR/ID.json, its path printed when the run starts), " +
 	"--report FILE in a directory only root or another user can write, or --report-fd 3 on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)"
 
-// openReport checks the report flags before anything runs: --report
-// FILE, --report-dir DIR (DIR/id.json), or --report-fd N.
-func openReport(path, dir string, fd int, id string) (*reportSink, error) {
+// openReport checks the report flags before anything runs, and where
+// the report goes against the Trial's uid and gid before it makes or
+// opens anything there: --report FILE, --report-dir DIR (DIR/id.json),
+// or --report-fd N.
+func openReport(path, dir string, fd int, id string, uid, gid uint32) (*reportSink, error) {
 	given := 0
 	for _, g := range []bool{path != "", dir != "", fd >= 0} {
 		if g {
@@ -61,16 +65,34 @@ func openReport(path, dir string, fd int, id string) (*reportSink, error) {
 		if !filepath.IsAbs(dir) {
 			return nil, usageError{fmt.Sprintf("run: --report-dir %s: give an absolute path", dir)}
 		}
+		path = filepath.Join(dir, id+".json")
+		// Checked before it is made: what is missing of DIR is made by
+		// root beneath directories the Trial cannot change.
+		if err := checkReportPath(path, uid, gid); err != nil {
+			return nil, err
+		}
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, usageError{fmt.Sprintf("run: --report-dir %s: %v", dir, err)}
 		}
-		return openReportFile(filepath.Join(dir, id+".json"), "--report-dir "+dir)
+		return openReportFile(path, "--report-dir "+dir)
 	case path != "":
+		if err := checkReportPath(path, uid, gid); err != nil {
+			return nil, err
+		}
 		return openReportFile(path, "--report "+path)
 	case fd >= 0:
-		return openReportFd(fd)
+		return openReportFd(fd, uid, gid)
 	}
 	return nil, nil
+}
+
+// checkReportPath refuses a report path the Trial (uid, gid) could make
+// lead elsewhere before the harness reads it.
+func checkReportPath(path string, uid, gid uint32) error {
+	if err := rootdir.OutOfReach(path, uid, gid); err != nil {
+		return usageError{fmt.Sprintf("run: the report %s could be swapped by the Trial, and a harness would read another run's: %v; %s", path, err, reportSafely)}
+	}
+	return nil
 }
 
 func openReportFile(path, flag string) (*reportSink, error) {
@@ -94,9 +116,39 @@ func openReportFile(path, flag string) (*reportSink, error) {
 	return &reportSink{path: abs, name: name, dir: d}, nil
 }
 
-func openReportFd(fd int) (*reportSink, error) {
+// openReportFd takes descriptor fd for the report, refusing one the
+// Trial writes to as well (a terminal, the pipe or file of its stdio)
+// or one on a file or FIFO it could write or replace.
+func openReportFd(fd int, uid, gid uint32) (*reportSink, error) {
 	if fd <= 2 {
 		return nil, usageError{fmt.Sprintf("run: --report-fd %d is the Trial's own stdio; give 3 or more, on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)", fd)}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, usageError{fmt.Sprintf("run: --report-fd %d is not open: open it for the command, on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)", fd)}
+	}
+	if _, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil {
+		return nil, usageError{fmt.Sprintf("run: --report-fd %d is a terminal, which the Trial writes to as well: a report there could be forged; %s", fd, reportSafely)}
+	}
+	for std := range 3 {
+		var o unix.Stat_t
+		if unix.Fstat(std, &o) == nil && o.Dev == st.Dev && o.Ino == st.Ino {
+			return nil, usageError{fmt.Sprintf("run: --report-fd %d is the same pipe or file as descriptor %d, which the Trial writes to: a report there could be forged (3>&1 alone does this; add 1>&2); %s", fd, std, reportSafely)}
+		}
+	}
+	r := &reportSink{fdNum: fd}
+	p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if t := st.Mode & unix.S_IFMT; err == nil && (t == unix.S_IFREG || t == unix.S_IFIFO) && (t == unix.S_IFREG || filepath.IsAbs(p)) {
+		// A file, or a named FIFO (an anonymous pipe, "pipe:[N]", has no
+		// name to swap; a file always has, "(deleted)" or not).
+		err = rootdir.FileOutOfReach(p, uid, gid)
+		if id, serr := rootdir.IDOf(p); err == nil && (serr != nil || id != (rootdir.FileID{Dev: st.Dev, Ino: st.Ino})) {
+			err = fmt.Errorf("%w: it is no longer at %s", rootdir.ErrInReach, p)
+		}
+		if err != nil {
+			return nil, usageError{fmt.Sprintf("run: --report-fd %d is open on %s, which the Trial could replace: %v; %s", fd, p, err, reportSafely)}
+		}
+		r.fdPath, r.fdID = p, rootdir.FileID{Dev: st.Dev, Ino: st.Ino}
 	}
 	// A copy of its own: the caller's descriptor stays the caller's (an
 	// os.File on it would close it when collected). The caller's is
@@ -104,50 +156,51 @@ func openReportFd(fd int) (*reportSink, error) {
 	// among them) ever holds it.
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
 	if err != nil {
-		return nil, usageError{fmt.Sprintf("run: --report-fd %d is not open: open it for the command, on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)", fd)}
-	}
-	unix.CloseOnExec(fd)
-	r := &reportSink{fd: os.NewFile(uintptr(dup), "report"), fdNum: fd}
-	if _, err := unix.IoctlGetTermios(dup, unix.TCGETS); err == nil {
-		_ = r.fd.Close()
-		return nil, usageError{fmt.Sprintf("run: --report-fd %d is a terminal, which the Trial writes to as well: a report there could be forged; %s", fd, reportSafely)}
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(dup, &st); err != nil {
-		_ = r.fd.Close()
 		return nil, err
 	}
-	if t := st.Mode & unix.S_IFMT; t == unix.S_IFREG || t == unix.S_IFIFO {
-		if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", dup)); err == nil && filepath.IsAbs(p) {
-			r.fdPath, r.fdID = p, rootdir.FileID{Dev: st.Dev, Ino: st.Ino}
-		}
-	}
+	unix.CloseOnExec(fd)
+	r.fd = os.NewFile(uintptr(dup), "report")
 	return r, nil
 }
 
-// check refuses a report whose name the Trial (uid, gid) could make lead
-// elsewhere before the harness reads it: a directory on the way it owns
-// or may write; for a descriptor's file or FIFO, also the file itself,
-// and one no longer at its name.
-func (r *reportSink) check(uid, gid uint32) error {
-	var err error
-	switch {
-	case r.fd != nil && r.fdPath == "":
-		return nil // a pipe or socket: no name leads to it
-	case r.fd != nil:
-		err = rootdir.FileOutOfReach(r.fdPath, uid, gid)
-		if id, serr := rootdir.IDOf(r.fdPath); err == nil && (serr != nil || id != r.fdID) {
-			err = fmt.Errorf("%w: it is no longer at %s", rootdir.ErrInReach, r.fdPath)
-		}
-		if err != nil {
-			return usageError{fmt.Sprintf("run: --report-fd %d is open on %s, which the Trial could replace: %v; %s", r.fdNum, r.fdPath, err, reportSafely)}
-		}
-		return nil
+// signedReport is v as the report's JSON, signed whole with the host's
+// key (reportSignatureKey) over its canonical bytes (canonicalReport).
+func signedReport(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
 	}
-	if err = rootdir.OutOfReach(r.path, uid, gid); err != nil {
-		return usageError{fmt.Sprintf("run: the report %s could be swapped by the Trial, and a harness would read another run's: %v; %s", r.path, err, reportSafely)}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return nil, err
 	}
-	return nil
+	c, err := canonicalReport(fields)
+	if err != nil {
+		return nil, err
+	}
+	sig, err := agent.SignReport(agent.DefaultReceiptKey, c)
+	if err != nil {
+		return nil, err
+	}
+	if fields[reportSignatureKey], err = json.Marshal(sig); err != nil {
+		return nil, err
+	}
+	if b, err = json.MarshalIndent(fields, "", "  "); err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// reportSignatureKey is the report's key that holds its signature.
+const reportSignatureKey = "report_signature"
+
+// canonicalReport is what a report's signature covers: its fields but the
+// signature, keys sorted, compact (json.Marshal of the map), so that an
+// indented copy verifies too.
+func canonicalReport(fields map[string]json.RawMessage) ([]byte, error) {
+	rest := maps.Clone(fields)
+	delete(rest, reportSignatureKey)
+	return json.Marshal(rest)
 }
 
 // errReportMoved is the report written, but no longer where the harness
@@ -155,11 +208,10 @@ func (r *reportSink) check(uid, gid uint32) error {
 var errReportMoved = errors.New("REPORT NOT WHERE IT WAS ASKED FOR")
 
 func (r *reportSink) write(v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
+	b, err := signedReport(v)
 	if err != nil {
 		return err
 	}
-	b = append(b, '\n')
 	if r.fd != nil {
 		_, err := r.fd.Write(b)
 		if cerr := r.fd.Close(); err == nil {
@@ -266,31 +318,110 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 // verifyReceipt reads the signed receipt at path (alone, or in a run
-// report) and checks it against the public key at key.
+// report, which must then verify whole) and checks it against the public
+// key at key. The JSON is read strictly: a key twice in one object (in
+// any case) is refused, since readers differ on which one they take.
 func verifyReceipt(path, key string) (agent.Receipt, int, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return agent.Receipt{}, exitUsage, err
 	}
-	var outer struct {
-		Receipt json.RawMessage `json:"receipt"`
+	if err := uniqueKeys(b); err != nil {
+		return agent.Receipt{}, exitFailure, fmt.Errorf("%w: %v", agent.ErrReceiptForged, err)
 	}
-	var signed agent.SignedReceipt
-	if err := json.Unmarshal(b, &signed); err != nil || signed.Signature == nil {
-		// A run report: the receipt is one of its keys.
-		if json.Unmarshal(b, &outer) != nil || json.Unmarshal(outer.Receipt, &signed) != nil || signed.Signature == nil {
-			return agent.Receipt{}, exitUsage, errors.New("it holds no signed receipt")
-		}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		return agent.Receipt{}, exitUsage, errors.New("it is not a JSON object, and holds no signed receipt")
 	}
 	pub, err := agent.ReadPublicKey(key)
 	if err != nil {
 		return agent.Receipt{}, exitUsage, fmt.Errorf("the host's receipt key: %w (give --key)", err)
 	}
-	r, err := signed.Verify(pub)
+	signed := fields
+	if inner, ok := fields["receipt"]; ok && fields["signature"] == nil {
+		// A run report: its own fields are signed whole, and the receipt
+		// is one of them.
+		var sig agent.ReportSignature
+		if json.Unmarshal(fields[reportSignatureKey], &sig) != nil || sig.Signature == nil {
+			return agent.Receipt{}, exitFailure, fmt.Errorf("%w: the report has no %s, so its own fields (exit code, verdict, counters) cannot be trusted", agent.ErrReceiptForged, reportSignatureKey)
+		}
+		c, err := canonicalReport(fields)
+		if err == nil {
+			err = sig.Verify(pub, c)
+		}
+		if err != nil {
+			return agent.Receipt{}, exitFailure, err
+		}
+		if json.Unmarshal(inner, &signed) != nil {
+			signed = nil
+		}
+	}
+	var s agent.SignedReceipt
+	if json.Unmarshal(signed["signature"], &s.Signature) != nil || json.Unmarshal(signed["public_key"], &s.PublicKey) != nil || s.Signature == nil {
+		return agent.Receipt{}, exitUsage, errors.New("it holds no signed receipt")
+	}
+	s.Receipt = signed["receipt"]
+	r, err := s.Verify(pub)
 	if err != nil {
 		return agent.Receipt{}, exitFailure, err
 	}
 	return r, exitOK, nil
+}
+
+// maxJSONDepth bounds how deep uniqueKeys reads; a report is 4 deep.
+const maxJSONDepth = 32
+
+// uniqueKeys refuses JSON with a key twice in one object, compared
+// without case, nested deeper than maxJSONDepth, or with anything after
+// its one value.
+func uniqueKeys(b []byte) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var walk func(depth int) error
+	walk = func(depth int) error {
+		if depth > maxJSONDepth {
+			return fmt.Errorf("nested deeper than %d", maxJSONDepth)
+		}
+		t, err := d.Token()
+		if err != nil {
+			return err
+		}
+		switch t {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for d.More() {
+				k, err := d.Token()
+				if err != nil {
+					return err
+				}
+				key := strings.ToLower(k.(string))
+				if seen[key] {
+					return fmt.Errorf("the key %q is there twice in one object", termsafe.String(k.(string)))
+				}
+				seen[key] = true
+				if err := walk(depth + 1); err != nil {
+					return err
+				}
+			}
+		case json.Delim('['):
+			for d.More() {
+				if err := walk(depth + 1); err != nil {
+					return err
+				}
+			}
+		default:
+			return nil
+		}
+		_, err = d.Token() // the closing delimiter
+		return err
+	}
+	if err := walk(0); err != nil {
+		return fmt.Errorf("not one well-formed JSON value: %w", err)
+	}
+	if _, err := d.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("more than one JSON value")
+	}
+	return nil
 }
 
 // verifyRun checks that r is of the run the harness started.
@@ -334,6 +465,8 @@ func verifyLog(r agent.Receipt, path, logPath string, noLog bool) (string, int, 
 	}
 	d, err := agent.DigestLog(lp)
 	switch {
+	case errors.Is(err, os.ErrPermission):
+		return "", exitNoLog, fmt.Errorf("the receipt verifies, but its decision log %s cannot be read here (%v): run verify as root, or give --log FILE or --no-log", lp, err)
 	case err != nil:
 		return "", exitFailure, err
 	case d == nil || r.DecisionLog == nil || *d != *r.DecisionLog:

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,50 +80,79 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 	}
 
 	t.Run("file", func(t *testing.T) {
+		// Where the Trial may write the report's directory (sticky or
+		// not), it could plant its own file there first: refused, before
+		// the Trial runs, so nothing is planted.
 		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report", report, "--", "sh", "-c", forger)
+		if code != exitUsage || !strings.Contains(errOut, "put its own file at the report's name") {
+			t.Fatalf("--report in a directory the Trial writes: exit %d\n%s", code, errOut)
+		}
+		if _, err := os.Lstat(report + ".planted"); err == nil {
+			t.Fatal("the Trial ran")
+		}
+		safe := filepath.Join(t.TempDir(), "report.json")
+		code, _, errOut = trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report", safe, "--", "sh", "-c", forger)
 		if code != 0 {
 			t.Fatalf("run: exit %d\n%s", code, errOut)
 		}
 		if b, _ := os.ReadFile(victim); string(b) != "untouched\n" {
-			t.Fatalf("the operator's file, which the Trial's symlink pointed at: %q", b)
+			t.Fatalf("the operator's file: %q", b)
 		}
-		if _, err := os.Lstat(report + ".planted"); err != nil {
-			t.Fatalf("the Trial could not plant its symlink (the test shows nothing): %v", err)
-		}
-		if fi, err := os.Lstat(report); err != nil || !fi.Mode().IsRegular() {
-			t.Fatalf("the report is not a regular file: %v %v", fi, err)
-		}
-		b, err := os.ReadFile(report)
+		b, err := os.ReadFile(safe)
 		if err != nil {
 			t.Fatal(err)
 		}
 		check(t, b)
-		if code, out, errOut := trialnet("verify", report); code != 0 || !strings.Contains(out, "receipt ok") {
+		if code, out, errOut := trialnet("verify", safe); code != 0 || !strings.Contains(out, "receipt ok") {
 			t.Fatalf("verify the report: exit %d\n%s%s", code, out, errOut)
 		}
-		// Changed after signing: refused.
-		var sr struct {
-			Receipt agent.SignedReceipt `json:"receipt"`
+		// Changed after signing, in any of its fields, or made ambiguous
+		// with a key twice (readers differ on which they take): refused.
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(b, &fields); err != nil {
+			t.Fatal(err)
 		}
-		if err := json.Unmarshal(b, &sr); err != nil {
+		var sr agent.SignedReceipt
+		if err := json.Unmarshal(fields["receipt"], &sr); err != nil {
 			t.Fatal(err)
 		}
 		var compact bytes.Buffer
-		if err := json.Compact(&compact, sr.Receipt.Receipt); err != nil {
+		if err := json.Compact(&compact, sr.Receipt); err != nil {
 			t.Fatal(err)
 		}
 		changed := bytes.Replace(compact.Bytes(), []byte(`"tunnels_denied":1`), []byte(`"tunnels_denied":0`), 1)
 		if bytes.Equal(changed, compact.Bytes()) {
 			t.Fatal("the receipt has no tunnels_denied of 1 to change")
 		}
-		sr.Receipt.Receipt = changed
-		forged, _ := json.Marshal(sr)
-		path := filepath.Join(t.TempDir(), "forged.json")
-		if err := os.WriteFile(path, forged, 0o644); err != nil {
-			t.Fatal(err)
+		sr.Receipt = changed
+		bareChanged, _ := json.Marshal(sr)
+		withField := func(k, v string) []byte {
+			f := maps.Clone(fields)
+			f[k] = json.RawMessage(v)
+			out, _ := json.Marshal(f)
+			return out
 		}
-		if code, out, errOut := trialnet("verify", path); code != exitFailure || !strings.Contains(errOut, "does not verify") {
-			t.Fatalf("verify a changed receipt: exit %d, %q %q; want refused", code, out, errOut)
+		unsigned := maps.Clone(fields)
+		delete(unsigned, "report_signature")
+		noSig, _ := json.Marshal(unsigned)
+		for name, forged := range map[string][]byte{
+			"a receipt changed":                bareChanged,
+			"the report's verdict changed":     withField("verdict", `"verdict: 0 direct egress packets (ok)"`),
+			"the report's exit code changed":   withField("exit_code", `7`),
+			"the report's summary changed":     withField("summary", `"trialnet: all clear"`),
+			"the report's signature taken off": noSig,
+			// The genuine one last, as Go's decoder takes it; a reader
+			// that takes the first would see the forged one.
+			"a key twice":                  append([]byte(`{"verdict":"forged (ok)",`), bytes.TrimPrefix(bytes.TrimSpace(b), []byte("{"))...),
+			"a key twice, in another case": append([]byte(`{"VERDICT":"forged (ok)",`), bytes.TrimPrefix(bytes.TrimSpace(b), []byte("{"))...),
+		} {
+			path := filepath.Join(t.TempDir(), "forged.json")
+			if err := os.WriteFile(path, forged, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if code, out, errOut := trialnet("verify", "--no-log", path); code != exitFailure || !strings.Contains(errOut, "does not verify") {
+				t.Errorf("verify %s: exit %d, %q %q; want refused", name, code, out, errOut)
+			}
 		}
 	})
 
@@ -167,9 +197,71 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		}
 	})
 
+	// A refused place is left as it was: nothing made, opened or written
+	// there as root, through the Trial's symlinks least of all; and a
+	// path through the Trial's own symlink in a sticky directory, a
+	// device, or the descriptor of the Trial's own stdout are refused.
+	t.Run("refused places untouched", func(t *testing.T) {
+		victim := t.TempDir()
+		config := filepath.Join(victim, "app.json")
+		if err := os.WriteFile(config, []byte("root config\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		att := filepath.Join(shared, "att")
+		if err := os.Mkdir(att, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		link := filepath.Join(att, "d")
+		if err := os.Symlink(victim, link); err != nil {
+			t.Fatal(err)
+		}
+		sticky := filepath.Join(shared, "rv-out") // the Trial's symlink in a sticky directory
+		if err := os.Symlink(victim, sticky); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{att, link, sticky} {
+			if err := os.Lchown(p, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}
+		null := filepath.Join(victim, "null")
+		if err := unix.Mknod(null, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			t.Fatal(err)
+		}
+		stdout, err := unix.Dup(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(stdout)
+		for _, c := range []struct {
+			args []string
+			why  string
+		}{
+			{[]string{"--report", filepath.Join(link, "app.json")}, "is owned by uid 65534"},
+			{[]string{"--id", "made-by-root", "--report-dir", filepath.Join(link, "made", "by", "root")}, "is owned by uid 65534"},
+			{[]string{"--report", filepath.Join(sticky, "app.json")}, "is owned by uid 65534, the Trial's, which may replace it"},
+			{[]string{"--report", null}, "not a regular file"},
+			{[]string{"--report-fd", fmt.Sprint(stdout)}, "same pipe or file as descriptor 1"},
+		} {
+			args := append(append([]string{"run", "--uid", "65534"}, c.args...), "--", "true")
+			if code, _, errOut := trialnet(args...); code != exitUsage || !strings.Contains(errOut, c.why) {
+				t.Errorf("%q: exit %d, want %d and %q\n%s", c.args, code, exitUsage, c.why, errOut)
+			}
+		}
+		if b, _ := os.ReadFile(config); string(b) != "root config\n" {
+			t.Errorf("root's file behind the Trial's symlink was written: %q", b)
+		}
+		if _, err := os.Stat(filepath.Join(victim, "made")); err == nil {
+			t.Error("root made directories behind the Trial's symlink")
+		}
+		if fi, err := os.Lstat(null); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+			t.Errorf("the device at the report's name was replaced: %v %v", fi, err)
+		}
+	})
+
 	// A directory swapped while the Trial ran (here by root, as no Trial
 	// may): the report is written where run opened it, and run says
-	// loudly that FILE is not it, exit 125.
+	// loudly that FILE is not it, exit 125 whatever CMD's code (3).
 	t.Run("a directory swapped during the run", func(t *testing.T) {
 		base := t.TempDir()
 		out := filepath.Join(base, "out")
@@ -181,7 +273,7 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- swapWhenRunning(token, out, marker) }()
 		code, _, errOut := trialnet("run", "--uid", "65534", "--report", filepath.Join(out, "report.json"), "--",
-			"sh", "-c", `i=0; while [ ! -e "$1" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done`, token, marker)
+			"sh", "-c", `i=0; while [ ! -e "$1" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 3`, token, marker)
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}

@@ -39,7 +39,11 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	} else if err := sandbox.ValidID(id); err != nil {
 		return fail(stdout, stderr, *f.asJSON, exitUsage, usageError{"run --id: " + err.Error()})
 	}
-	report, err := openReport(*f.reportFile, *f.reportDir, *f.reportFD, id)
+	u, g, err := trialUser(f.user)
+	if err != nil {
+		return fail(stdout, stderr, *f.asJSON, exitUsage, err)
+	}
+	report, err := openReport(*f.reportFile, *f.reportDir, *f.reportFD, id, u, g)
 	if err != nil {
 		return fail(stdout, stderr, *f.asJSON, exitUsage, err)
 	}
@@ -47,22 +51,16 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, true, exitUsage, usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE, --report-dir DIR or --report-fd N"})
 	}
 	// Every way out from here writes the report, a refusal included: a
-	// report left at FILE by an earlier run is never read as this one's.
+	// report left at FILE by an earlier run is not read as this one's.
 	// No Trial has run yet, so none could have moved it.
 	failRun := func(code int, err error) int {
 		if report != nil {
 			if werr := report.write(map[string]any{"trial": id, "exit_code": code, "error": err.Error()}); werr != nil {
 				err = errors.Join(err, werr)
+				code = exitFailure
 			}
 		}
 		return fail(stdout, stderr, false, code, err)
-	}
-	u, g, err := trialUser(f.user)
-	if err == nil && report != nil {
-		err = report.check(u, g)
-	}
-	if err != nil {
-		return failRun(exitUsage, err)
 	}
 	spec, err := f.spec(fs, id, u, g, stderr)
 	if err != nil {
@@ -224,11 +222,11 @@ func (f *runFlags) finish(res agent.RunResult, cmd string, report *reportSink, s
 		result := map[string]any{"trial": res.Info.ID, "learning": st.Learning, "exit_code": code, "counters": st.Kernel, "proxy": st.Proxy,
 			"pools": st.Pools, "direct_egress_packets": st.Egress, "foreign_socket_uses": st.Foreign, "layers": st.Layers,
 			"verdict": st.Verdict, "receipt": st.Receipt, "summary": summary(st, code, res.Took)}
+		// Whatever CMD's code: a harness must not take the run for one
+		// with a verdict (CMD can exit 125 too: verify is the gate).
 		if err := report.write(result); err != nil {
 			fmt.Fprintf(stderr, "trialnet: %v\n", err)
-			if code == 0 {
-				code = exitFailure
-			}
+			code = exitFailure
 		}
 	}
 	if *f.verbose {

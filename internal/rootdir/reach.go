@@ -21,14 +21,22 @@ var ErrInReach = errors.New("in reach of the Trial")
 const maxLinks = 40
 
 // OutOfReach checks that a process of uid and gid, with no supplementary
-// groups and no capabilities (a Trial's), cannot change what path names:
-// it owns no directory on the way, and can write none of them, except
-// sticky ones (where it can rename only its own entries, and every
-// entry on the way is someone else's). Every directory the kernel
+// groups and no capabilities (a Trial's), cannot change what path names,
+// a file root is to replace by a rename: it owns no directory on the
+// way; it can write none of them, but for sticky ones above the file's
+// own, where it can move only its own entries and none on the way is
+// its own; none is on FUSE, whose server says what owns what; and the
+// file, if it is there, is a regular file or a symlink (which the rename
+// replaces), never a device or a directory. Every directory the kernel
 // crosses to resolve path is checked, those a symlink leads through
-// included, as a reader of path will cross them. Refusals wrap
-// ErrInReach and name the directory and why.
-func OutOfReach(path string, uid, gid uint32) error {
+// included, as a reader of path will cross them. Directories missing on
+// the way are root's to make, below the last that is checked. Refusals
+// wrap ErrInReach, naming the directory and why.
+func OutOfReach(path string, uid, gid uint32) error { return reach(path, uid, gid, false) }
+
+// reach is OutOfReach; inPlace: the file is written in place, so it must
+// be there, a regular file or a FIFO.
+func reach(path string, uid, gid uint32, inPlace bool) error {
 	abs, err := Unclean(path)
 	if err != nil {
 		return err
@@ -41,7 +49,7 @@ func OutOfReach(path string, uid, gid uint32) error {
 		if name == "" || name == "." {
 			continue
 		}
-		if err := dirOutOfReach(dir, uid, gid); err != nil {
+		if err := dirOutOfReach(dir, uid, gid, len(rest) == 0); err != nil {
 			return err
 		}
 		if name == ".." {
@@ -51,16 +59,27 @@ func OutOfReach(path string, uid, gid uint32) error {
 		next := filepath.Join(dir, name)
 		var st unix.Stat_t
 		if err := unix.Lstat(next, &st); err != nil {
-			if len(rest) == 0 && errors.Is(err, unix.ENOENT) {
-				return nil // the file itself, not made yet
+			if errors.Is(err, unix.ENOENT) && !inPlace {
+				return nil // made by root, or not at all
 			}
 			return fmt.Errorf("%s: %w", next, err)
 		}
+		if st.Uid == uid && len(rest) > 0 {
+			// Its own entry, in a directory checked above: only a sticky
+			// one lets it get here, and there it may move this one. (The
+			// file itself is replaced, whoever owns it.)
+			return fmt.Errorf("%w: %s is owned by uid %d, the Trial's, which may replace it", ErrInReach, next, uid)
+		}
+		kind := st.Mode & unix.S_IFMT
 		switch {
-		case len(rest) == 0 && st.Mode&unix.S_IFMT == unix.S_IFLNK:
-			// The file itself, a symlink: replaced by the rename, never
-			// followed.
-		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		case len(rest) == 0 && inPlace && kind != unix.S_IFREG && kind != unix.S_IFIFO:
+			return fmt.Errorf("%s is not a regular file or FIFO (mode %o)", next, st.Mode)
+		case len(rest) == 0 && !inPlace && kind != unix.S_IFREG && kind != unix.S_IFLNK:
+			return fmt.Errorf("%s is not a regular file (mode %o): trialnet writes a report only where it may replace a file", next, st.Mode)
+		case len(rest) == 0:
+			// The file itself (or a symlink there): replaced by the
+			// rename, never written through.
+		case kind == unix.S_IFLNK:
 			if links++; links > maxLinks {
 				return fmt.Errorf("%s: %w", abs, unix.ELOOP)
 			}
@@ -72,12 +91,7 @@ func OutOfReach(path string, uid, gid uint32) error {
 				dir = "/"
 			}
 			rest = append(strings.Split(target, "/"), rest...)
-		case len(rest) == 0:
-			if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-				return fmt.Errorf("%s is a directory", next)
-			}
-			// The file itself: replaced by a rename, whoever owns it.
-		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		case kind != unix.S_IFDIR:
 			return fmt.Errorf("%s: %w", next, unix.ENOTDIR)
 		default:
 			dir = next
@@ -90,7 +104,7 @@ func OutOfReach(path string, uid, gid uint32) error {
 // caller's descriptor on it), not replaced: the file itself must not be
 // uid's, nor writable by uid or gid.
 func FileOutOfReach(path string, uid, gid uint32) error {
-	if err := OutOfReach(path, uid, gid); err != nil {
+	if err := reach(path, uid, gid, true); err != nil {
 		return err
 	}
 	var st unix.Stat_t
@@ -123,9 +137,13 @@ func Unclean(path string) (string, error) {
 	return wd + "/" + path, nil
 }
 
-// dirOutOfReach refuses dir if uid owns it (and so may chmod it) or
-// uid and gid may write it and it is not sticky.
-func dirOutOfReach(dir string, uid, gid uint32) error {
+// fuseMagic is FUSE's statfs f_type (linux/magic.h).
+const fuseMagic = 0x65735546
+
+// dirOutOfReach refuses dir if uid owns it (and so may chmod it), if it
+// is on FUSE, or if uid and gid may write it and it is the file's own
+// directory (last) or not sticky.
+func dirOutOfReach(dir string, uid, gid uint32, last bool) error {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		return fmt.Errorf("%s: %w", dir, err)
@@ -133,17 +151,26 @@ func dirOutOfReach(dir string, uid, gid uint32) error {
 	if st.Uid == uid {
 		return fmt.Errorf("%w: %s is owned by uid %d, the Trial's, which may change its mode and rename what is in it", ErrInReach, dir, uid)
 	}
-	if st.Mode&unix.S_ISVTX != 0 {
-		return nil
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	if fs.Type == fuseMagic {
+		return fmt.Errorf("%w: %s is on a FUSE filesystem, whose server (perhaps the Trial's user) says who owns what", ErrInReach, dir)
 	}
 	how, err := writableBy(dir, &st, uid, gid)
 	if err != nil {
 		return err
 	}
-	if how != "" {
+	switch {
+	case how == "":
+		return nil
+	case last:
+		return fmt.Errorf("%w: the Trial (uid %d, gid %d) may write %s (%s), and so put its own file at the report's name before trialnet does", ErrInReach, uid, gid, dir, how)
+	case st.Mode&unix.S_ISVTX == 0:
 		return fmt.Errorf("%w: the Trial (uid %d, gid %d) may write %s (%s), and so rename or replace what is in it", ErrInReach, uid, gid, dir, how)
 	}
-	return nil
+	return nil // sticky: the entry below is checked not to be the Trial's
 }
 
 // POSIX ACL xattr layout (linux/posix_acl_xattr.h).
