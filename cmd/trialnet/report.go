@@ -9,8 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"maps"
+	"os"
 	"path/filepath"
 	"strings"
 
