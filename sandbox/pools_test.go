@@ -109,7 +109,7 @@ func TestPrivilegedNestedTrialPtysBounded(t *testing.T) {
 	}
 	defer outR.Close()
 	p, err := greedy.Start(Command{Args: append(bwrap, "ptys", strconv.Itoa(pool+1), "hold"),
-		Env: []string{"TRIALNET_PROBE=1"}, UID: nobody, GID: nobody, Stdin: stdin, Stdout: outW, Stderr: outW})
+		Env: []string{"TRIALNET_PROBE=1", "PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdin: stdin, Stdout: outW, Stderr: outW})
 	_ = outW.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func TestPrivilegedNestedTrialPtysBounded(t *testing.T) {
 	open(0)
 	var out bytes.Buffer
 	p, err = greedy.Start(Command{Args: append(bwrap, "ptycycle", strconv.Itoa(MaxPtys), "10"),
-		Env: []string{"TRIALNET_PROBE=1"}, UID: nobody, GID: nobody, Stdout: &out, Stderr: &out})
+		Env: []string{"TRIALNET_PROBE=1", "PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &out, Stderr: &out})
 	if err != nil {
 		t.Fatal(err)
 	}
