@@ -67,7 +67,7 @@ func Doctor() []bpf.Check {
 const (
 	LoadCheck        = "load, attach and pin trialnet's eBPF programs (a scratch cgroup and pin directory, removed after)"
 	UnixConfineCheck = "pathname unix socket confinement (cgroup connect_unix hook or BPF LSM layer)"
-	nestedCheck      = "nested sandboxes (--nested: bwrap in a Trial; user namespaces and the BPF LSM layer)"
+	nestedCheck      = "nested sandboxes (--nested: bwrap in a Trial; user namespaces and the BPF LSM layer, which also bounds their ptys)"
 )
 
 // loadedLayer is what a real Load attached.
@@ -116,7 +116,7 @@ func poolChecks() []bpf.Check {
 		out = append(out, c)
 	}
 	for _, b := range []string{
-		fmt.Sprintf("ptys: %d, its own devpts instance (max=)", sandbox.MaxPtys),
+		fmt.Sprintf("ptys: %d, its own devpts instance (max=); with the BPF LSM layer, in any devpts instance its sandboxes mount", sandbox.MaxPtys),
 		fmt.Sprintf("/dev/shm: %d MiB, its own tmpfs", sandbox.ShmBytes>>20),
 		fmt.Sprintf("/tmp and /var/tmp: %d MiB each, its own tmpfs (counted in its memory)", sandbox.TmpBytes>>20),
 		fmt.Sprintf("processes per command: %d (RLIMIT_NPROC, per uid)", sandbox.DefaultMaxProcs),

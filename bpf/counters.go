@@ -47,7 +47,7 @@ func (c Counters) Denied() uint64 {
 	return c.Connect4Denied + c.Connect6Denied + c.Sendmsg4Denied + c.Sendmsg6Denied +
 		c.UnixConnectDenied + c.UnixSendmsgDenied + c.BindDenied + c.SockCreateDenied +
 		c.EgressOtherPackets + c.ForeignSocketDenied + c.PtraceDenied + c.SockFamilyDenied +
-		c.IoctlDenied + c.UnixIdentityDenied
+		c.IoctlDenied + c.UnixIdentityDenied + c.PtyDenied
 }
 
 // snake turns bpf2go's Go names back into the C names: Connect4Allowed

@@ -188,7 +188,7 @@ func (l *Loader) adoptMaps(spec *ebpf.CollectionSpec) (map[ebpf.MapID]bool, erro
 	// The maps the programs may use: the pinned ones, and a .rodata once
 	// checked (all programs share one: it is checked once, not per program).
 	mapIDs := map[ebpf.MapID]bool{}
-	for _, name := range []string{trialnetMapPolicyMap, trialnetMapCountersMap, trialnetMapUnixPathsMap, trialnetMapUnixIdsMap} {
+	for _, name := range []string{trialnetMapPolicyMap, trialnetMapCountersMap, trialnetMapUnixPathsMap, trialnetMapUnixIdsMap, trialnetMapPtysMap, trialnetMapPtyFilesMap} {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
@@ -205,6 +205,7 @@ func (l *Loader) adoptMaps(spec *ebpf.CollectionSpec) (map[ebpf.MapID]bool, erro
 	}
 	l.policy, l.counters = l.coll.Maps[trialnetMapPolicyMap], l.coll.Maps[trialnetMapCountersMap]
 	l.unix, l.unixIDs = l.coll.Maps[trialnetMapUnixPathsMap], l.coll.Maps[trialnetMapUnixIdsMap]
+	l.ptys = l.coll.Maps[trialnetMapPtysMap]
 	return mapIDs, nil
 }
 

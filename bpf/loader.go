@@ -40,6 +40,7 @@ type Loader struct {
 	counters *ebpf.Map
 	unix     *ebpf.Map
 	unixIDs  *ebpf.Map
+	ptys     *ebpf.Map
 	links    []namedLink // cgroup hooks
 	lsmLinks []namedLink
 	lsmErr   error // why the LSM layer is absent
@@ -152,6 +153,7 @@ func install(opts Options, parentID uint64, level int, pinDir string, lk *instal
 		counters: coll.Maps[trialnetMapCountersMap],
 		unix:     coll.Maps[trialnetMapUnixPathsMap],
 		unixIDs:  coll.Maps[trialnetMapUnixIdsMap],
+		ptys:     coll.Maps[trialnetMapPtysMap],
 		lsmErr:   lsmErr,
 		pinDir:   pinDir,
 		unixHook: unixHook,
@@ -532,6 +534,11 @@ type Policy struct {
 	// a mismatch, and gets the Trial's policy there (nothing but loopback
 	// exists in it).
 	Nested bool
+	// MaxPtys bounds the pty masters the Trial's tasks hold open at once,
+	// from any devpts instance (the BPF LSM layer counts them); 0 allows
+	// none. Where the layer is not attached, only the devpts instances'
+	// own max= bound them.
+	MaxPtys uint32
 }
 
 const (
@@ -678,6 +685,9 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 	if err := l.addCounters(cgroupID); err != nil {
 		return fmt.Errorf("add trial counters: %w", err)
 	}
+	if err := l.ptys.Update(&cgroupID, &trialnetTrialPtys{Max: uint64(p.MaxPtys)}, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("add trial pty bound: %w", err)
+	}
 	one := uint8(1)
 	for i := range keys {
 		if err := l.unix.Update(&keys[i], &one, ebpf.UpdateAny); err != nil {
@@ -721,6 +731,9 @@ func (l *Loader) RemoveTrial(cgroupID uint64) error {
 		}
 	}
 	errs = append(errs, l.removeUnixIDs(cgroupID))
+	if err := l.ptys.Delete(&cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = append(errs, fmt.Errorf("remove trial pty bound: %w", err))
+	}
 	if err := l.counters.Delete(&cgroupID); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = append(errs, fmt.Errorf("remove trial counters: %w", err))
 	}
@@ -753,6 +766,16 @@ func (l *Loader) removeUnixIDs(cgroupID uint64) error {
 func (l *Loader) HasTrial(cgroupID uint64) bool {
 	var v trialnetTrialPolicy
 	return l.policy.Lookup(&cgroupID, &v) == nil
+}
+
+// OpenPtys is the number of pty masters that tasks of the Trial with
+// cgroupID opened under the BPF LSM layer and that are not yet freed.
+func (l *Loader) OpenPtys(cgroupID uint64) (uint64, error) {
+	var v trialnetTrialPtys
+	if err := l.ptys.Lookup(&cgroupID, &v); err != nil {
+		return 0, fmt.Errorf("open ptys of Trial cgroup %d: %w", cgroupID, err)
+	}
+	return v.Open, nil
 }
 
 // Counters sums the per-CPU counters of cgroupID (0: the unattributed ones).
@@ -844,6 +867,11 @@ func (l *Loader) TrialCount() int {
 	it = l.unixIDs.Iterate()
 	for it.Next(&ik, &v) {
 		ids[ik.CgroupId] = true
+	}
+	var tp trialnetTrialPtys
+	it = l.ptys.Iterate()
+	for it.Next(&id, &tp) {
+		ids[id] = true
 	}
 	return len(ids)
 }

@@ -34,6 +34,8 @@ var lsmHooks = []lsmHook{
 	{trialnetProgTrialnetLsmUnixStreamConnect, false},
 	{trialnetProgTrialnetLsmUnixMaySend, false},
 	{trialnetProgTrialnetLsmNetlinkSend, false},
+	{trialnetProgTrialnetLsmFileOpen, false},
+	{trialnetProgTrialnetLsmFileFreeSecurity, false},
 }
 
 // errLSMMissing means the kernel cannot run trialnet's BPF LSM layer; the

@@ -61,6 +61,9 @@ func atoi(s string) int {
 	return n
 }
 
+// held are the descriptors the child's pty commands keep open.
+var held []int
+
 func childCommand(cmd string, args []string) (string, error) {
 	switch cmd {
 	case "cookie":
@@ -179,6 +182,37 @@ func childCommand(cmd string, args []string) (string, error) {
 		return "", unix.Sendto(fd, []byte("x"), 0, &unix.SockaddrUnix{Name: args[0]})
 	case "blackhole":
 		return "", addBlackholeRoute()
+	case "devpts":
+		// A devpts instance of its own, as bwrap --dev mounts one (no
+		// max=), kept from propagating back to the host's namespace.
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return "", err
+		}
+		return "", unix.Mount("devpts", args[0], "devpts", 0, "newinstance,ptmxmode=0666")
+	case "ptyopen", "opath":
+		flags := unix.O_RDWR | unix.O_NOCTTY | unix.O_CLOEXEC
+		if cmd == "opath" {
+			flags = unix.O_PATH | unix.O_CLOEXEC
+		}
+		fd, err := unix.Open(args[0], flags, 0)
+		if err != nil {
+			return "", err
+		}
+		held = append(held, fd)
+		return strconv.Itoa(fd), nil
+	case "ptysend":
+		// Hands the last master opened out through the unix socket args[0],
+		// and closes this copy.
+		fd := held[len(held)-1]
+		held = held[:len(held)-1]
+		defer unix.Close(fd)
+		return "", unix.Sendmsg(atoi(args[0]), []byte("m"), unix.UnixRights(fd), nil, 0)
+	case "ptyclose":
+		for _, fd := range held {
+			_ = unix.Close(fd)
+		}
+		held = nil
+		return "", nil
 	case "bindmount":
 		// The child has a mount namespace of its own; keep it from
 		// propagating anything back to the host's.

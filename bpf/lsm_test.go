@@ -374,6 +374,103 @@ func TestPrivilegedLSMIoctl(t *testing.T) {
 	}
 }
 
+// A Trial's tasks hold at most its MaxPtys pty masters, counted by open
+// file whatever devpts instance they come from: the host's, one the Trial
+// mounted (as bwrap --dev does), a reopen through /proc/self/fd of an
+// O_PATH descriptor. A master handed out of the Trial counts until its
+// last holder closes it; closing gives every one back (no leak over ten
+// times the bound); a process outside every Trial is not counted.
+func TestPrivilegedLSMPtyBound(t *testing.T) {
+	l, opts := loadLSMTest(t)
+	const bound = 4
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, in := os.NewFile(uintptr(sp[0]), "out"), os.NewFile(uintptr(sp[1]), "in")
+	t.Cleanup(func() { _ = out.Close(); _ = in.Close() })
+	c, _, cgid := lsmTrial(t, l, opts.Cgroup, Policy{UnixOpen: true, MaxPtys: bound}, in)
+	open := func(want uint64) {
+		t.Helper()
+		if got, err := l.OpenPtys(cgid); err != nil || got != want {
+			t.Fatalf("open ptys = %d (%v), want %d", got, err, want)
+		}
+	}
+	dir := worldReachableDir(t)
+	if _, err := c.do("devpts %s", dir); err != nil {
+		t.Fatalf("mount a devpts instance: %v", err)
+	}
+	own := filepath.Join(dir, "ptmx")
+	for _, path := range []string{"/dev/ptmx", own, own} {
+		if _, err := c.do("ptyopen %s", path); err != nil {
+			t.Fatalf("pty master from %s under the bound: %v", path, err)
+		}
+	}
+	fd, err := c.do("opath %s", own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open(3) // an O_PATH descriptor allocates no pty
+	if _, err := c.do("ptyopen /proc/self/fd/%s", fd); err != nil {
+		t.Fatalf("the fourth master, through /proc/self/fd: %v", err)
+	}
+	open(bound)
+	for _, path := range []string{own, "/dev/ptmx", "/proc/self/fd/" + fd} {
+		_, err := c.do("ptyopen %s", path)
+		wantErrno(t, "a master past the bound from "+path, err, unix.ENOSPC)
+	}
+	if got := counters(t, l, cgid).PtyDenied; got != 3 {
+		t.Errorf("pty_denied = %d, want 3", got)
+	}
+
+	// Handed out, the master is still the Trial's until it is closed.
+	if _, err := c.do("ptysend 3"); err != nil {
+		t.Fatal(err)
+	}
+	open(bound)
+	_, err = c.do("ptyopen %s", own)
+	wantErrno(t, "a master past the bound, one handed out", err, unix.ENOSPC)
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(sp[0], make([]byte, 1), oob, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("the handed-out master: %v", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		t.Fatalf("the handed-out master: %v", err)
+	}
+	_ = unix.Close(fds[0])
+	open(bound - 1)
+
+	if _, err := c.do("ptyclose"); err != nil {
+		t.Fatal(err)
+	}
+	open(0)
+	for round := range 10 {
+		for i := range bound {
+			if _, err := c.do("ptyopen %s", own); err != nil {
+				t.Fatalf("round %d, master %d: %v (a master closed before was not given back)", round, i, err)
+			}
+		}
+		if _, err := c.do("ptyclose"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open(0)
+
+	// Outside every Trial, nothing is counted.
+	host, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = unix.Close(host)
+	open(0)
+}
+
 // A unix peer outside the Trial's netns is allowed by inode identity: a
 // bind mount over an allowed path passes the path check of connect_unix
 // but reaches a socket the LSM layer refuses. The bind mount is made by
@@ -835,6 +932,8 @@ func TestPrivilegedLSMEachHookFalsified(t *testing.T) {
 			return "socket %d %d %d", []any{unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL))}
 		}},
 		{trialnetProgTrialnetLsmFileIoctl, func(f *falsifyFixture) (string, []any) { return "ioctl 4 %d", []any{unix.TIOCSTI} }},
+		// The fixture's Trial may hold no pty master (MaxPtys 0).
+		{trialnetProgTrialnetLsmFileOpen, func(f *falsifyFixture) (string, []any) { return "ptyopen /dev/ptmx", nil }},
 		{trialnetProgTrialnetLsmUnixStreamConnect, func(f *falsifyFixture) (string, []any) {
 			return "unixconnect %s", []any{f.allowed}
 		}},

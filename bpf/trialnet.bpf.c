@@ -87,6 +87,7 @@ struct trial_counters {
 	__u64 sock_family_denied;    /* socket() of a family outside the allowlist */
 	__u64 ioctl_denied;          /* TIOCSTI, TIOCLINUX */
 	__u64 unix_identity_denied;  /* unix peer not the Trial's nor an allowed inode; or a host task reaching in */
+	__u64 pty_denied;            /* a pty master past the Trial's bound, from any devpts instance */
 };
 
 struct unix_key {
@@ -141,6 +142,40 @@ struct {
 	__type(value, __u8);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } unix_ids_map SEC(".maps");
+
+/*
+ * The pty masters a Trial's tasks hold open, whatever devpts instance they
+ * came from (its own, or one a nested sandbox mounted: bwrap --dev), and
+ * its bound. The loader makes the entry; the LSM programs count in it.
+ */
+struct trial_ptys {
+	__u64 open;
+	__u64 max;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct trial_ptys);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* entries made by userspace only */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ptys_map SEC(".maps");
+
+/*
+ * Each counted pty master (its struct file) and the Trial it counts for,
+ * so that it is given back when the file is freed, by whichever task last
+ * held it. Full, it refuses the next master (counted in pty_denied): the
+ * host's pty pool (kernel.pty.max, 4,096 by default) runs out long before.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);   /* the struct file's address */
+	__type(value, __u64); /* the Trial's cgroup id */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pty_files_map SEC(".maps");
 
 /* Depth of a Trial cgroup in the cgroup2 hierarchy, set by the loader. */
 volatile const __u32 trial_level = 2;
@@ -564,6 +599,8 @@ int trialnet_sendmsg_unix(struct bpf_sock_addr *ctx)
  */
 #define LSM_ALLOW     0
 #define EPERM         1
+#define EEXIST        17
+#define ENOSPC        28
 #define EAFNOSUPPORT  97
 #define MAX_ERRNO     4095
 
@@ -613,8 +650,14 @@ struct super_block {
 } __attribute__((preserve_access_index));
 
 struct inode {
+	unsigned short i_mode; /* umode_t */
+	__u32 i_rdev;          /* dev_t */
 	unsigned long i_ino;
 	struct super_block *i_sb;
+} __attribute__((preserve_access_index));
+
+struct file {
+	struct inode *f_inode;
 } __attribute__((preserve_access_index));
 
 struct dentry {
@@ -647,7 +690,6 @@ struct task_struct {
 	struct css_set *cgroups;
 } __attribute__((preserve_access_index));
 
-struct file;
 struct msghdr;
 
 /* in_scope: the current task is below this loader's parent cgroup. */
@@ -829,6 +871,97 @@ int BPF_PROG(trialnet_lsm_file_ioctl_compat, struct file *file, unsigned int cmd
 	if (prior)
 		return prior;
 	return ioctl_verdict(cmd);
+}
+
+/*
+ * A pty master is an open of the ptmx character device (5, 2) by any path:
+ * /dev/ptmx, the ptmx of any devpts instance, a bind mount of either, or a
+ * reopen through /proc/PID/fd. Each takes a pty from the host's pool
+ * (kernel.pty.max), which a devpts instance's max= bounds only for that
+ * instance, and a nested Trial can mount instances of its own. So the
+ * masters a Trial's tasks open are counted here, by the open file, up to
+ * the Trial's bound. An O_PATH open allocates nothing and never reaches
+ * this hook; a master opened outside every Trial (trialnet's own relay
+ * among them) is not the Trial's, and its own devpts max= bounds those.
+ */
+#define S_IFMT    0170000
+#define S_IFCHR   0020000
+#define PTMX_RDEV ((5U << 20) | 2) /* the kernel's dev_t: major << 20 | minor */
+
+static __always_inline int is_ptmx(struct file *file)
+{
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	if (!inode)
+		return 0;
+	return (BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFCHR &&
+	       BPF_CORE_READ(inode, i_rdev) == PTMX_RDEV;
+}
+
+/*
+ * pty_verdict counts a Trial task's new pty master, or refuses it past the
+ * bound. The add comes before the check, so that of two racing opens at
+ * the bound the later add sees the earlier and backs out: the bound is
+ * never passed (near it, a racing open may be refused needlessly). The
+ * file's entry is made without replacing one: while a new program and the
+ * one it replaces are both attached (an upgrade), the second finds the
+ * first's entry and counts nothing again.
+ */
+static __always_inline int pty_verdict(struct file *file)
+{
+	__u64 cgid = trial_cgroup();
+	struct trial_counters *c = counters_for(cgid);
+	struct trial_ptys *n = bpf_map_lookup_elem(&ptys_map, &cgid);
+	if (!n) {
+		COUNT(c, no_policy);
+		return -EPERM;
+	}
+	__sync_fetch_and_add(&n->open, 1);
+	if (*(volatile __u64 *)&n->open <= n->max) {
+		__u64 key = (__u64)file;
+		long err = bpf_map_update_elem(&pty_files_map, &key, &cgid, BPF_NOEXIST);
+		if (!err)
+			return LSM_ALLOW;
+		__sync_fetch_and_add(&n->open, -1);
+		if (err == -EEXIST)
+			return LSM_ALLOW;
+	} else {
+		__sync_fetch_and_add(&n->open, -1);
+	}
+	COUNT(c, pty_denied);
+	return -ENOSPC;
+}
+
+SEC("lsm/file_open")
+int BPF_PROG(trialnet_lsm_file_open, struct file *file, int ret)
+{
+	long prior = lsm_prior(ret);
+	if (prior)
+		return prior;
+	if (!in_scope() || !is_ptmx(file))
+		return LSM_ALLOW;
+	return pty_verdict(file);
+}
+
+/*
+ * A counted master is given back when its file is freed: closed by its
+ * last holder, in or out of the Trial, or an open that failed after
+ * file_open allowed it. Only the program whose delete succeeds gives it
+ * back (two may run during an upgrade).
+ */
+SEC("lsm/file_free_security")
+int BPF_PROG(trialnet_lsm_file_free_security, struct file *file)
+{
+	__u64 key = (__u64)file;
+	__u64 *owner = bpf_map_lookup_elem(&pty_files_map, &key);
+	if (!owner)
+		return 0;
+	__u64 cgid = *owner;
+	if (bpf_map_delete_elem(&pty_files_map, &key))
+		return 0;
+	struct trial_ptys *n = bpf_map_lookup_elem(&ptys_map, &cgid);
+	if (n)
+		__sync_fetch_and_add(&n->open, -1);
+	return 0;
 }
 
 /*

@@ -41,6 +41,7 @@ type trialnetTrialCounters struct {
 	SockFamilyDenied      uint64
 	IoctlDenied           uint64
 	UnixIdentityDenied    uint64
+	PtyDenied             uint64
 }
 
 type trialnetTrialPolicy struct {
@@ -52,6 +53,12 @@ type trialnetTrialPolicy struct {
 	ProxyPort   uint16
 	Pad         uint16
 	Pad2        uint32
+}
+
+type trialnetTrialPtys struct {
+	_    structs.HostLayout
+	Open uint64
+	Max  uint64
 }
 
 type trialnetUnixIdKey struct {
@@ -75,6 +82,8 @@ type trialnetUnixKey struct {
 const (
 	trialnetMapCountersMap                   = "counters_map"
 	trialnetMapPolicyMap                     = "policy_map"
+	trialnetMapPtyFilesMap                   = "pty_files_map"
+	trialnetMapPtysMap                       = "ptys_map"
 	trialnetMapUnixIdsMap                    = "unix_ids_map"
 	trialnetMapUnixPathsMap                  = "unix_paths_map"
 	trialnetProgTrialnetBind4                = "trialnet_bind4"
@@ -83,8 +92,10 @@ const (
 	trialnetProgTrialnetConnect6             = "trialnet_connect6"
 	trialnetProgTrialnetConnectUnix          = "trialnet_connect_unix"
 	trialnetProgTrialnetEgress               = "trialnet_egress"
+	trialnetProgTrialnetLsmFileFreeSecurity  = "trialnet_lsm_file_free_security"
 	trialnetProgTrialnetLsmFileIoctl         = "trialnet_lsm_file_ioctl"
 	trialnetProgTrialnetLsmFileIoctlCompat   = "trialnet_lsm_file_ioctl_compat"
+	trialnetProgTrialnetLsmFileOpen          = "trialnet_lsm_file_open"
 	trialnetProgTrialnetLsmNetlinkSend       = "trialnet_lsm_netlink_send"
 	trialnetProgTrialnetLsmPtraceAccessCheck = "trialnet_lsm_ptrace_access_check"
 	trialnetProgTrialnetLsmSocketConnect     = "trialnet_lsm_socket_connect"
@@ -148,8 +159,10 @@ type trialnetProgramSpecs struct {
 	TrialnetConnect6             *ebpf.ProgramSpec `ebpf:"trialnet_connect6"`
 	TrialnetConnectUnix          *ebpf.ProgramSpec `ebpf:"trialnet_connect_unix"`
 	TrialnetEgress               *ebpf.ProgramSpec `ebpf:"trialnet_egress"`
+	TrialnetLsmFileFreeSecurity  *ebpf.ProgramSpec `ebpf:"trialnet_lsm_file_free_security"`
 	TrialnetLsmFileIoctl         *ebpf.ProgramSpec `ebpf:"trialnet_lsm_file_ioctl"`
 	TrialnetLsmFileIoctlCompat   *ebpf.ProgramSpec `ebpf:"trialnet_lsm_file_ioctl_compat"`
+	TrialnetLsmFileOpen          *ebpf.ProgramSpec `ebpf:"trialnet_lsm_file_open"`
 	TrialnetLsmNetlinkSend       *ebpf.ProgramSpec `ebpf:"trialnet_lsm_netlink_send"`
 	TrialnetLsmPtraceAccessCheck *ebpf.ProgramSpec `ebpf:"trialnet_lsm_ptrace_access_check"`
 	TrialnetLsmSocketConnect     *ebpf.ProgramSpec `ebpf:"trialnet_lsm_socket_connect"`
@@ -169,6 +182,8 @@ type trialnetProgramSpecs struct {
 type trialnetMapSpecs struct {
 	CountersMap  *ebpf.MapSpec `ebpf:"counters_map"`
 	PolicyMap    *ebpf.MapSpec `ebpf:"policy_map"`
+	PtyFilesMap  *ebpf.MapSpec `ebpf:"pty_files_map"`
+	PtysMap      *ebpf.MapSpec `ebpf:"ptys_map"`
 	UnixIdsMap   *ebpf.MapSpec `ebpf:"unix_ids_map"`
 	UnixPathsMap *ebpf.MapSpec `ebpf:"unix_paths_map"`
 }
@@ -203,6 +218,8 @@ func (o *trialnetObjects) Close() error {
 type trialnetMaps struct {
 	CountersMap  *ebpf.Map `ebpf:"counters_map"`
 	PolicyMap    *ebpf.Map `ebpf:"policy_map"`
+	PtyFilesMap  *ebpf.Map `ebpf:"pty_files_map"`
+	PtysMap      *ebpf.Map `ebpf:"ptys_map"`
 	UnixIdsMap   *ebpf.Map `ebpf:"unix_ids_map"`
 	UnixPathsMap *ebpf.Map `ebpf:"unix_paths_map"`
 }
@@ -211,6 +228,8 @@ func (m *trialnetMaps) Close() error {
 	return _TrialnetClose(
 		m.CountersMap,
 		m.PolicyMap,
+		m.PtyFilesMap,
+		m.PtysMap,
 		m.UnixIdsMap,
 		m.UnixPathsMap,
 	)
@@ -234,8 +253,10 @@ type trialnetPrograms struct {
 	TrialnetConnect6             *ebpf.Program `ebpf:"trialnet_connect6"`
 	TrialnetConnectUnix          *ebpf.Program `ebpf:"trialnet_connect_unix"`
 	TrialnetEgress               *ebpf.Program `ebpf:"trialnet_egress"`
+	TrialnetLsmFileFreeSecurity  *ebpf.Program `ebpf:"trialnet_lsm_file_free_security"`
 	TrialnetLsmFileIoctl         *ebpf.Program `ebpf:"trialnet_lsm_file_ioctl"`
 	TrialnetLsmFileIoctlCompat   *ebpf.Program `ebpf:"trialnet_lsm_file_ioctl_compat"`
+	TrialnetLsmFileOpen          *ebpf.Program `ebpf:"trialnet_lsm_file_open"`
 	TrialnetLsmNetlinkSend       *ebpf.Program `ebpf:"trialnet_lsm_netlink_send"`
 	TrialnetLsmPtraceAccessCheck *ebpf.Program `ebpf:"trialnet_lsm_ptrace_access_check"`
 	TrialnetLsmSocketConnect     *ebpf.Program `ebpf:"trialnet_lsm_socket_connect"`
@@ -257,8 +278,10 @@ func (p *trialnetPrograms) Close() error {
 		p.TrialnetConnect6,
 		p.TrialnetConnectUnix,
 		p.TrialnetEgress,
+		p.TrialnetLsmFileFreeSecurity,
 		p.TrialnetLsmFileIoctl,
 		p.TrialnetLsmFileIoctlCompat,
+		p.TrialnetLsmFileOpen,
 		p.TrialnetLsmNetlinkSend,
 		p.TrialnetLsmPtraceAccessCheck,
 		p.TrialnetLsmSocketConnect,

@@ -393,7 +393,9 @@ const initSetupArg0 = "trialnet-init-setup"
 
 // Per-Trial bounds on host pools that the Trial's mounts draw from.
 const (
-	// MaxPtys bounds the Trial's devpts instance: room for tmux, screen
+	// MaxPtys bounds the Trial's devpts instance (max=) and, where the
+	// BPF LSM layer runs, the pty masters its tasks hold from any devpts
+	// instance, those its sandboxes mount included: room for tmux, screen
 	// and a test suite's terminals, while the host's default pool
 	// (kernel.pty.max 4,096, less the 1,024 reserved to its own devpts)
 	// holds a dozen such Trials.

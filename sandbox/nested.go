@@ -37,6 +37,9 @@ import (
 //     through another device is dropped and counted as direct egress.
 //   - Mounts copied into its mount namespaces are locked by the kernel: the
 //     hidden directories stay hidden and read-only mounts read-only.
+//   - A devpts instance it mounts (bwrap --dev) has no max= of ours: the
+//     LSM layer holds the Trial's tasks to MaxPtys pty masters from any
+//     instance, so the host's pool stays for others.
 
 // ErrNestingUnavailable is wrapped by Create when a nested Trial cannot be
 // made on this host.

@@ -13,6 +13,7 @@ import (
 	"github.com/trialnet/trialnet/internal/privtest"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,96 @@ func TestPrivilegedTrialPtysBounded(t *testing.T) {
 	if _, err := io.ReadAll(outR); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A nested Trial's sandbox mounts a devpts instance of its own, without
+// max= (bwrap --dev): the BPF LSM layer still holds the Trial to MaxPtys
+// masters, so that another Trial started under a terminal gets its pty
+// while the first holds all it may, and closing them gives them back
+// (ten times the bound, opened and closed). Without the layer, the
+// sandbox took every pty of the host's pool (3,071) and the next Trial
+// could not start with a terminal.
+func TestPrivilegedNestedTrialPtysBounded(t *testing.T) {
+	h := newHost(t)
+	privtest.RequireLSM(t, h.BPF.LSM(), h.BPF.LSMError())
+	privtest.RequireTool(t, "bwrap")
+	b, err := os.ReadFile("/proc/sys/kernel/pty/max")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	greedy := newTrial(t, h, Spec{Nested: true})
+	bwrap := []string{"bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--die-with-parent", "--", probeExe(t)}
+	open := func(want uint64) {
+		t.Helper()
+		if got, err := h.BPF.OpenPtys(greedy.CgroupID); err != nil || got != want {
+			t.Errorf("the nested Trial holds %d pty masters (%v), want %d", got, err, want)
+		}
+	}
+
+	stdin, hold, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outR.Close()
+	p, err := greedy.Start(Command{Args: append(bwrap, "ptys", strconv.Itoa(pool+1), "hold"),
+		Env: []string{"TRIALNET_PROBE=1", "PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdin: stdin, Stdout: outW, Stderr: outW})
+	_ = outW.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			_ = hold.Close()
+			_, _ = p.Wait()
+		}
+	}
+	t.Cleanup(release)
+	line, err := bufio.NewReader(outR).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("%d ENOSPC", MaxPtys); strings.TrimSpace(line) != want {
+		t.Errorf("a sandbox with its own devpts, opening ptys without end: %q, want %q", line, want)
+	}
+	open(MaxPtys)
+	if k, err := greedy.Counters(); err != nil || k.PtyDenied != 1 {
+		t.Errorf("pty_denied = %d (%v), want 1", k.PtyDenied, err)
+	}
+
+	// The relay opens the second Trial's pty in its devpts instance,
+	// which draws from the pool without the host's reserve.
+	other := newTrial(t, h, Spec{})
+	_, slave := testpty.Open(t, 24, 80)
+	if _, out := runProbeAs(t, other, nobody, Command{Stdin: slave}, "ptys", "4"); out != "4 ok" {
+		t.Fatalf("a Trial under a terminal, while the nested one holds its ptys: %q", out)
+	}
+
+	release()
+	open(0)
+	var out bytes.Buffer
+	p, err = greedy.Start(Command{Args: append(bwrap, "ptycycle", strconv.Itoa(MaxPtys), "10"),
+		Env: []string{"TRIALNET_PROBE=1", "PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &out, Stderr: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("%d ok", 10*MaxPtys); strings.TrimSpace(out.String()) != want {
+		t.Fatalf("opening and closing %d ptys ten times: %q, want %q (masters closed were not given back)", MaxPtys, out.String(), want)
+	}
+	open(0)
 }
 
 // /dev/shm in a Trial is the host's memory: bounded at ShmBytes. While

@@ -102,6 +102,8 @@ func probe(args []string) int {
 			holdOpen()
 			return probeOK
 		}
+	case "ptycycle":
+		err = cyclePtys(target, args[2])
 	case "fill":
 		err = fill(target)
 	case "alloc":
@@ -457,6 +459,36 @@ func openPtys(n string) error {
 		}
 	}
 	fmt.Printf("%d ", want)
+	return nil
+}
+
+// cyclePtys opens n pty masters and closes them, rounds times; it prints
+// how many it opened in all.
+func cyclePtys(n, rounds string) error {
+	want, err := strconv.Atoi(n)
+	if err != nil {
+		return err
+	}
+	r, err := strconv.Atoi(rounds)
+	if err != nil {
+		return err
+	}
+	opened := 0
+	defer func() { fmt.Printf("%d ", opened) }()
+	for range r {
+		fds := make([]int, 0, want)
+		for range want {
+			fd, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY, 0)
+			if err != nil {
+				return err
+			}
+			fds = append(fds, fd)
+			opened++
+		}
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+	}
 	return nil
 }
 

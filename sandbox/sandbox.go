@@ -224,6 +224,7 @@ func (h *Host) Create(spec Spec, meta json.RawMessage, ep Endpoint) (_ *Trial, e
 		UnixOpen:    spec.UnixOpen,
 		OwnDirs:     true, // the init mounts them (mountOwnDirs)
 		Nested:      spec.Nested,
+		MaxPtys:     MaxPtys,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
