@@ -4,21 +4,23 @@ package sandbox
 
 import (
 	"bufio"
-	"net"
-	"os/exec"
-	"path/filepath"
-
+	"bytes"
 	"errors"
 	"fmt"
-	"github.com/trialnet/trialnet/internal/privtest"
 	"io"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testpty"
 )
 
 // The host's pty pool: one Trial that takes every pty it can gets
