@@ -325,9 +325,9 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	// the offer, the successor is ended before this agent resumes, so that
 	// no process accepts on these sockets but this one. Its hello must
 	// name the same pid, the connection's, or it is not trusted.
-	succ, perr := unix.PidfdOpen(pid, 0)
+	succ, how, perr := fdpass.PeerPidfd(c)
 	if perr != nil {
-		return fmt.Errorf("pid %d: pidfd: %w", pid, perr)
+		return fmt.Errorf("pid %d: %w", pid, perr)
 	}
 	defer unix.Close(succ)
 	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
@@ -342,7 +342,7 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: why})
 		return fmt.Errorf("pid %d asked to take over: refused: %s", pid, why)
 	}
-	a.log.Info("handing over to a new agent", "pid", pid)
+	a.log.Info("handing over to a new agent", "pid", pid, "pidfd", how)
 	// Calls that change Trials finish first; new ones wait for the end.
 	a.hmu.Lock()
 	if a.stopping {
@@ -769,7 +769,7 @@ func takeOver(path string, paths map[string]string) (*predecessor, map[string]*o
 		more = m.More
 	}
 	_ = c.SetDeadline(time.Time{})
-	if fd, err := unix.PidfdOpen(p.pid, 0); err == nil {
+	if fd, _, err := fdpass.PeerPidfd(c); err == nil {
 		p.pidfd = fd
 	}
 	p.qcond = sync.NewCond(&p.qmu)
