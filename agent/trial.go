@@ -68,7 +68,7 @@ func (lt *trial) Serve(lns []net.Listener) error {
 	lt.mu.Lock()
 	lt.lns = lns
 	lt.mu.Unlock()
-	lt.a.keep(lt.info.ID, lns)
+	lt.a.keep(lt.info.ID, lt.info.Created, lns)
 	for _, ln := range lns {
 		go func() {
 			if err := lt.a.proxy.Serve(ln, lt.info.ID); err != nil {
