@@ -222,7 +222,9 @@ func (a *Agent) Close(teardown bool) {
 		lt.release()
 	}
 	_ = a.proxy.Close()
-	_ = a.counts.Close()
+	if a.counts != nil {
+		_ = a.counts.Close() // after the proxy: it counts in it to the end
+	}
 	_ = a.host.Close()
 }
 
