@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -71,10 +72,15 @@ type Agent struct {
 	cfg   AgentConfig
 	host  *Host
 	proxy *proxy.Proxy
-	log   *slog.Logger
-	file  atomic.Pointer[config.File] // the configuration in force; Reload swaps it
-	obs   *observers
-	ret   retainer
+	// counts hold the proxy's connections for its connection cap, this
+	// process's in slot countsSlot, where an agent handing over to this
+	// one, or taking over from it, counts its own (proxy.Share).
+	counts     *counts.Region
+	countsSlot int
+	log        *slog.Logger
+	file       atomic.Pointer[config.File] // the configuration in force; Reload swaps it
+	obs        *observers
+	ret        retainer
 
 	mu     sync.Mutex
 	trials map[string]*trial // every id in use, in any state
@@ -130,8 +136,12 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecess
 		a.offsets = pred.offsets
 		a.pred.Store(pred)
 	}
-	// Listeners of Trials that were not adopted close with their sockets.
+	// Listeners of Trials that were not adopted close with their sockets,
+	// their counts with them.
 	defer func() {
+		if pred != nil {
+			pred.closeCounts()
+		}
 		for name, lns := range a.inherited {
 			for _, l := range lns {
 				_ = l.Close()
@@ -146,9 +156,18 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecess
 		return nil, err
 	}
 	pcfg := proxy.Config{ProxySettings: set, Logger: log, LogDecisions: true, OnEvent: a.onEvent}
-	if a.proxy, err = proxy.New(pcfg); err != nil {
+	if a.counts, a.countsSlot, err = a.countsFor(nameCounts); err != nil {
 		_ = host.Close()
 		return nil, err
+	}
+	pcfg.Counts, pcfg.Slot = a.counts, a.countsSlot
+	if a.proxy, err = proxy.New(pcfg); err != nil {
+		_ = a.counts.Close()
+		_ = host.Close()
+		return nil, err
+	}
+	if pred != nil && pred.shares() {
+		a.proxy.Share(false) // every Trial from the first adopted: the predecessor counts this one's already
 	}
 	for _, d := range []string{cfg.Host.StateDir, cfg.DataDir} {
 		if d == "" {
@@ -203,6 +222,9 @@ func (a *Agent) Close(teardown bool) {
 		lt.release()
 	}
 	_ = a.proxy.Close()
+	if a.counts != nil {
+		_ = a.counts.Close() // after the proxy: it counts in it to the end
+	}
 	_ = a.host.Close()
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/record"
 	"golang.org/x/sys/unix"
@@ -31,9 +32,11 @@ import (
 // drain_timeout passes, and cuts the rest with a record saying why.
 // Throughout, its records land in each Trial's log (both processes append
 // whole lines), and it sends them to its successor, which counts them and
-// shows them to watchers; it sends its open tunnel counts, which count
-// against max_tunnels there; and it takes its successor's live policy
-// changes and removals of Trials.
+// shows them to watchers; from the offer on, the two map the counts
+// behind each Trial's limits (internal/counts), so that together they
+// keep to them as one process (with a successor of an earlier build, it
+// sends its open tunnel counts instead); and it takes its successor's
+// live policy changes and removals of Trials.
 
 // handoverVersion is the hand-over protocol this agent speaks. An agent
 // asked for another answers "refused", and the new one says so.
@@ -52,6 +55,16 @@ const nameMetrics = "metrics"
 
 func trialListenerName(id string, i int) string { return fmt.Sprintf("trial:%s:%d", id, i) }
 
+// nameCounts names the proxy's counts page among the files a hand-over
+// sends, countsName a Trial's (see proxy.Share).
+const nameCounts = "counts"
+
+func countsName(id string) string { return nameCounts + ":" + id }
+
+func isCountsName(name string) bool {
+	return name == nameCounts || strings.HasPrefix(name, nameCounts+":")
+}
+
 // trialOfName is the Trial a listener name belongs to, if any.
 func trialOfName(name string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, "trial:")
@@ -68,14 +81,19 @@ type hoMsg struct {
 	Version int    `json:"version,omitempty"`
 	PID     int    `json:"pid,omitempty"`
 	Error   string `json:"error,omitempty"`
-	// hello: the new agent's paths, which must be the old one's
-	Paths map[string]string `json:"paths,omitempty"`
+	// hello: the new agent's paths, which must be the old one's, and
+	// whether it shares the counts behind the limits (an agent of an
+	// earlier build does not: its open counts go in messages).
+	Paths  map[string]string `json:"paths,omitempty"`
+	Shares bool              `json:"shares,omitempty"`
 	// offer: the names of the files sent with it, in order, and whether
 	// more offer messages follow; each Trial's log size when the
-	// predecessor began sending its records.
+	// predecessor began sending its records; the predecessor's slot in
+	// each counts page sent (by name), when the successor shares them.
 	Names   []string         `json:"names,omitempty"`
 	More    bool             `json:"more,omitempty"`
 	Offsets map[string]int64 `json:"offsets,omitempty"`
+	Slots   map[string]int   `json:"slots,omitempty"`
 	// records, allow, remove, done
 	Trial string            `json:"trial,omitempty"`
 	Lines []json.RawMessage `json:"lines,omitempty"`
@@ -251,6 +269,61 @@ func (d *daemon) listenerFiles() (names []string, files []*os.File, err error) {
 	return names, files, nil
 }
 
+// countsFiles are descriptors of the proxy's counts page and every
+// Trial's, by name, with this process's slot in each, for a successor
+// that shares them. The caller closes them.
+func (a *Agent) countsFiles() (names []string, files []*os.File, slots map[string]int, err error) {
+	slots = make(map[string]int)
+	add := func(name string, r *counts.Region, slot int) {
+		if err != nil {
+			return
+		}
+		f, derr := r.Dup()
+		if derr != nil {
+			err = fmt.Errorf("counts %s: %w", name, derr)
+			return
+		}
+		names, files, slots[name] = append(names, name), append(files, f), slot
+	}
+	add(nameCounts, a.counts, a.countsSlot)
+	a.mu.Lock()
+	for id, lt := range a.trials {
+		if lt.counts != nil {
+			add(countsName(id), lt.counts, lt.slot)
+		}
+	}
+	a.mu.Unlock()
+	if err != nil {
+		closeFiles(files)
+		return nil, nil, nil, err
+	}
+	return names, files, slots, nil
+}
+
+// countsFor is the counts page named name (nameCounts, countsName) and
+// this process's slot in it: the predecessor's page, in the slot it does
+// not use, if it sent one; else a new page. A page sent that cannot be
+// mapped fails the start: the two processes would each keep to the
+// limits alone.
+func (a *Agent) countsFor(name string) (*counts.Region, int, error) {
+	if p := a.pred.Load(); p != nil {
+		if f := p.takeCounts(name); f != nil {
+			slot, ok := p.slots[name]
+			if !ok || slot < 0 || slot >= counts.Slots {
+				_ = f.Close()
+				return nil, 0, fmt.Errorf("the running agent sent %s in slot %d (known: %v)", name, slot, ok)
+			}
+			r, err := counts.Open(f)
+			if err != nil {
+				return nil, 0, fmt.Errorf("the running agent's %s: %w", name, err)
+			}
+			return r, 1 - slot, nil
+		}
+	}
+	r, err := counts.New(name)
+	return r, 0, err
+}
+
 func listenerFile(ln net.Listener) (*os.File, error) {
 	f, ok := ln.(interface{ File() (*os.File, error) })
 	if !ok {
@@ -325,9 +398,9 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	// the offer, the successor is ended before this agent resumes, so that
 	// no process accepts on these sockets but this one. Its hello must
 	// name the same pid, the connection's, or it is not trusted.
-	succ, perr := unix.PidfdOpen(pid, 0)
+	succ, how, perr := fdpass.PeerPidfd(c)
 	if perr != nil {
-		return fmt.Errorf("pid %d: pidfd: %w", pid, perr)
+		return fmt.Errorf("pid %d: %w", pid, perr)
 	}
 	defer unix.Close(succ)
 	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
@@ -342,7 +415,7 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: why})
 		return fmt.Errorf("pid %d asked to take over: refused: %s", pid, why)
 	}
-	a.log.Info("handing over to a new agent", "pid", pid)
+	a.log.Info("handing over to a new agent", "pid", pid, "pidfd", how)
 	// Calls that change Trials finish first; new ones wait for the end.
 	a.hmu.Lock()
 	if a.stopping {
@@ -358,6 +431,7 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 				// It may accept on copies of these sockets already.
 				endProcess(succ)
 			}
+			a.proxy.Unshare() // what it had open is no more
 			a.stopForwarding()
 			a.hmu.Unlock()
 		}
@@ -366,10 +440,20 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	if err != nil {
 		return err
 	}
-	defer closeFiles(files)
+	defer func() { closeFiles(files) }()
+	var slots map[string]int
+	if hello.Shares {
+		cn, cf, s, cerr := a.countsFiles()
+		if cerr != nil {
+			return cerr
+		}
+		names, files, slots = append(names, cn...), append(files, cf...), s
+		// It counts in its slots from the moment it has the offer.
+		a.proxy.Share(true)
+	}
 	offsets := a.startForwarding(fw)
 	offered = true
-	if err := sendOffer(c, names, files, offsets, a.proxy.Open()); err != nil {
+	if err := sendOffer(c, names, files, offsets, a.proxy.Open(), slots); err != nil {
 		return fmt.Errorf("pid %d: offer: %w", pid, err)
 	}
 	// Its records go out while it starts: it counts them once it serves.
@@ -419,14 +503,15 @@ func (d *daemon) refusal(hello hoMsg) string {
 	return ""
 }
 
-// sendOffer sends the listeners, at most fdpass.MaxFiles a message; the
-// first message carries each Trial's log size and open tunnel count.
-func sendOffer(c *net.UnixConn, names []string, files []*os.File, offsets, open map[string]int64) error {
+// sendOffer sends the listeners and counts pages, at most fdpass.MaxFiles
+// a message; the first message carries each Trial's log size and open
+// tunnel count, and this process's slot in each counts page.
+func sendOffer(c *net.UnixConn, names []string, files []*os.File, offsets, open map[string]int64, slots map[string]int) error {
 	for i := 0; ; i += fdpass.MaxFiles {
 		j := min(i+fdpass.MaxFiles, len(files))
 		m := hoMsg{Type: "offer", Version: handoverVersion, PID: os.Getpid(), Names: names[i:j], More: j < len(files)}
 		if i == 0 {
-			m.Offsets, m.Open = offsets, open
+			m.Offsets, m.Open, m.Slots = offsets, open, slots
 		}
 		if err := fdpass.Send(c, m, files[i:j]...); err != nil {
 			return err
@@ -651,6 +736,11 @@ type predecessor struct {
 	pidfd   int // to see it gone before reading its ledgers; -1: none
 	offsets map[string]int64
 	open    map[string]int64 // its open tunnels when it offered
+	// counts are the counts pages it sent, by name, until countsFor takes
+	// them; slots its slot in each. With them, each process counts what
+	// the other has open from the offer on, and open goes unused.
+	counts map[string]*os.File
+	slots  map[string]int
 
 	mu      sync.Mutex
 	seq     uint64
@@ -710,8 +800,34 @@ func (p *predecessor) send(m hoMsg) error {
 // never followed (a start that failed).
 func (p *predecessor) close() {
 	_ = p.c.Close()
+	p.closeCounts()
 	if p.pidfd >= 0 {
 		_ = unix.Close(p.pidfd)
+	}
+}
+
+// shares reports whether it sent its counts pages (shareCounts).
+func (p *predecessor) shares() bool {
+	_, ok := p.slots[nameCounts]
+	return ok
+}
+
+// takeCounts takes the counts page it sent under name (nil: none).
+func (p *predecessor) takeCounts(name string) *os.File {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f := p.counts[name]
+	delete(p.counts, name)
+	return f
+}
+
+// closeCounts closes the counts pages no Trial took.
+func (p *predecessor) closeCounts() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for name, f := range p.counts {
+		_ = f.Close()
+		delete(p.counts, name)
 	}
 }
 
@@ -730,19 +846,20 @@ func takeOver(path string, paths map[string]string) (*predecessor, map[string]*o
 		return nil, nil, fmt.Errorf("take over from the running agent: %w", err)
 	}
 	files := make(map[string]*os.File)
+	p := &predecessor{c: c, pid: fdpass.PeerPID(c), pidfd: -1, waiting: make(map[uint64]chan hoMsg),
+		stopped: make(chan struct{}), done: make(chan struct{}), counts: make(map[string]*os.File)}
 	fail := func(err error) (*predecessor, map[string]*os.File, error) {
 		_ = c.Close()
 		for _, f := range files {
 			_ = f.Close()
 		}
+		p.closeCounts()
 		return nil, nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
-	if err := fdpass.Send(c, hoMsg{Type: "hello", Version: handoverVersion, PID: os.Getpid(), Paths: paths}); err != nil {
+	if err := fdpass.Send(c, hoMsg{Type: "hello", Version: handoverVersion, PID: os.Getpid(), Paths: paths, Shares: true}); err != nil {
 		return fail(fmt.Errorf("take over from the running agent: %w", err))
 	}
-	p := &predecessor{c: c, pid: fdpass.PeerPID(c), pidfd: -1, waiting: make(map[uint64]chan hoMsg),
-		stopped: make(chan struct{}), done: make(chan struct{})}
 	for more := true; more; {
 		var m hoMsg
 		got, err := fdpass.Recv(c, &m)
@@ -758,10 +875,14 @@ func takeOver(path string, paths map[string]string) (*predecessor, map[string]*o
 			return fail(fmt.Errorf("take over from the running agent: a %q message with %d files for %d names", m.Type, len(got), len(m.Names)))
 		}
 		for i, n := range m.Names {
-			files[n] = got[i]
+			if isCountsName(n) {
+				p.counts[n] = got[i]
+			} else {
+				files[n] = got[i]
+			}
 		}
 		if p.offsets == nil {
-			p.offsets, p.open = m.Offsets, m.Open
+			p.offsets, p.open, p.slots = m.Offsets, m.Open, m.Slots
 			if p.offsets == nil {
 				p.offsets = map[string]int64{} // it serves no Trial
 			}
@@ -769,7 +890,7 @@ func takeOver(path string, paths map[string]string) (*predecessor, map[string]*o
 		more = m.More
 	}
 	_ = c.SetDeadline(time.Time{})
-	if fd, err := unix.PidfdOpen(p.pid, 0); err == nil {
+	if fd, _, err := fdpass.PeerPidfd(c); err == nil {
 		p.pidfd = fd
 	}
 	p.qcond = sync.NewCond(&p.qmu)
@@ -799,10 +920,13 @@ func (p *predecessor) adopting(stop <-chan struct{}) {
 // stopped, cuts what it serves and exits, and the listeners are the
 // keeper's for the next agent).
 func (a *Agent) serving(p *predecessor) error {
-	// Its tunnels count here from the start; it sends their number again
-	// as it stops accepting, and whenever it changes.
-	for id, n := range p.open {
-		a.proxy.SetElsewhere(id, n)
+	// Its tunnels count here from the start: in the counts it shares, or,
+	// from an agent of an earlier build, as it says at the offer, as it
+	// stops accepting, and whenever they change.
+	if !p.shares() {
+		for id, n := range p.open {
+			a.proxy.SetElsewhere(id, n)
+		}
 	}
 	go a.followPredecessor(p)
 	if err := p.send(hoMsg{Type: "serving", PID: os.Getpid()}); err != nil {
@@ -834,6 +958,8 @@ func (a *Agent) followPredecessor(p *predecessor) {
 			_ = unix.Close(p.pidfd)
 		}
 		a.pred.CompareAndSwap(p, nil)
+		// What it had open is not any more, or is not counted by it.
+		a.proxy.Unshare()
 		for _, id := range a.ids() {
 			a.proxy.SetElsewhere(id, 0)
 		}
@@ -869,14 +995,10 @@ func (a *Agent) followPredecessor(p *predecessor) {
 		case "records":
 			a.counted(m.Trial, m.Lines)
 		case "stopped":
-			for _, id := range a.ids() {
-				a.proxy.SetElsewhere(id, m.Open[id])
-			}
+			a.setElsewhere(p, m.Open)
 			close(p.stopped)
 		case "open":
-			for _, id := range a.ids() {
-				a.proxy.SetElsewhere(id, m.Open[id])
-			}
+			a.setElsewhere(p, m.Open)
 		case "done":
 			p.mu.Lock()
 			ch := p.waiting[m.Seq]
@@ -889,6 +1011,17 @@ func (a *Agent) followPredecessor(p *predecessor) {
 			a.log.Info("the agent this one took over from has drained and exits", "pid", p.pid)
 			return
 		}
+	}
+}
+
+// setElsewhere counts the tunnels the predecessor says it has open, if
+// it shares no counts (an agent of an earlier build).
+func (a *Agent) setElsewhere(p *predecessor, open map[string]int64) {
+	if p.shares() {
+		return
+	}
+	for _, id := range a.ids() {
+		a.proxy.SetElsewhere(id, open[id])
 	}
 }
 

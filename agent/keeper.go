@@ -4,6 +4,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -48,7 +49,45 @@ type keeperMsg struct {
 	PID    int      `json:"pid,omitempty"`
 	N      int      `json:"n,omitempty"` // ping's answer: how many it holds
 	Error  string   `json:"error,omitempty"`
+	// Created is, for each of Names that is a Trial's listener, when its
+	// Trial was created (trialCreated): with its id, it names one Trial,
+	// where an id alone may be a later Trial's that reused it. "": not
+	// known (an agent or keeper of an earlier build).
+	Created []string `json:"created,omitempty"`
 }
+
+// trialCreated is a Trial's identity beside its id, as the keeper and
+// the agent compare it: its creation time, which its record keeps.
+func trialCreated(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// recordedCreated is the creation time that Trial id's record in the
+// state directory trials names (ok false: no record), "" if it names
+// none or cannot be read.
+func recordedCreated(trials, id string) (created string, ok bool) {
+	b, err := os.ReadFile(filepath.Join(trials, id+".json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", false
+	}
+	var rec struct {
+		Meta struct {
+			Created time.Time `json:"created"`
+		} `json:"meta"`
+	}
+	if err != nil || json.Unmarshal(b, &rec) != nil {
+		return "", true
+	}
+	return trialCreated(rec.Meta.Created), true
+}
+
+// otherTrial reports whether a listener kept for the Trial created at
+// kept belongs to another Trial than the one created at now, under the
+// same id; an unknown time ("") matches any.
+func otherTrial(kept, now string) bool { return kept != "" && now != "" && kept != now }
 
 // RunKeeper holds listeners for agents at the socket path until ctx ends,
 // an agent asks it to quit (a teardown), or it holds nothing. A Trial's
@@ -76,7 +115,7 @@ func RunKeeper(ctx context.Context, path, trials string, log *slog.Logger) error
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
-	k := &keeper{files: make(map[string]*os.File), trials: trials}
+	k := &keeper{files: make(map[string]*os.File), created: make(map[string]string), trials: trials}
 	defer k.closeAll()
 	go k.prune(ctx, cancel, log)
 	log.Info("trialnet keeper ready", "socket", path, "pid", os.Getpid())
@@ -98,16 +137,19 @@ func RunKeeper(ctx context.Context, path, trials string, log *slog.Logger) error
 }
 
 type keeper struct {
-	mu     sync.Mutex
-	files  map[string]*os.File
-	trials string
+	mu      sync.Mutex
+	files   map[string]*os.File
+	created map[string]string // of a Trial's listener: its Trial's creation time, if known
+	trials  string
 }
 
 // keeperIdle is how long a keeper holding nothing waits for an agent.
 const keeperIdle = time.Minute
 
-// prune drops the listeners of Trials whose record is gone, and ends the
-// keeper (cancel) once it has held nothing for keeperIdle.
+// prune drops the listeners of Trials whose record is gone or names
+// another Trial under the same id (it was destroyed and its id reused,
+// and this keeper missed the agent's word of it), and ends the keeper
+// (cancel) once it has held nothing for keeperIdle.
 func (k *keeper) prune(ctx context.Context, cancel context.CancelFunc, log *slog.Logger) {
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
@@ -119,12 +161,11 @@ func (k *keeper) prune(ctx context.Context, cancel context.CancelFunc, log *slog
 		case <-tick.C:
 		}
 		k.mu.Lock()
-		for n, f := range k.files {
+		for n := range k.files {
 			if id, ok := trialOfName(n); ok && k.trials != "" {
-				if _, err := os.Stat(filepath.Join(k.trials, id+".json")); errors.Is(err, os.ErrNotExist) {
-					_ = f.Close()
-					delete(k.files, n)
-					log.Info("keeper: dropped the listener of a Trial that is gone", "name", n)
+				if created, ok := recordedCreated(k.trials, id); !ok || otherTrial(k.created[n], created) {
+					k.drop(n)
+					log.Info("keeper: dropped the listener of a Trial that is gone", "name", n, "created", k.created[n])
 				}
 			}
 		}
@@ -141,12 +182,39 @@ func (k *keeper) prune(ctx context.Context, cancel context.CancelFunc, log *slog
 	}
 }
 
+// drop closes and forgets the listener named n; k.mu is held.
+func (k *keeper) drop(n string) {
+	if f := k.files[n]; f != nil {
+		_ = f.Close()
+	}
+	delete(k.files, n)
+	delete(k.created, n)
+}
+
+// keep holds f as the listener named n of the Trial created at created
+// (""; unknown, or not a Trial's), in place of what it held under that
+// name, and of every listener it held for another Trial of the same id;
+// k.mu is held.
+func (k *keeper) keep(n string, f *os.File, created string) {
+	if id, ok := trialOfName(n); ok && created != "" {
+		for m := range k.files {
+			if mid, _ := trialOfName(m); mid == id && otherTrial(k.created[m], created) {
+				k.drop(m)
+			}
+		}
+	}
+	k.drop(n)
+	k.files[n] = f
+	if created != "" {
+		k.created[n] = created
+	}
+}
+
 func (k *keeper) closeAll() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for n, f := range k.files {
-		_ = f.Close()
-		delete(k.files, n)
+	for n := range k.files {
+		k.drop(n)
 	}
 }
 
@@ -173,19 +241,15 @@ func (k *keeper) serve(c *net.UnixConn, log *slog.Logger) (quit bool) {
 			}
 			k.mu.Lock()
 			for i, n := range m.Names {
-				if old := k.files[n]; old != nil {
-					_ = old.Close()
-				}
-				k.files[n] = files[i]
+				k.keep(n, files[i], at(m.Created, i))
 			}
 			k.mu.Unlock()
 		case "del":
 			closeFiles(files)
 			k.mu.Lock()
-			for n, f := range k.files {
+			for n := range k.files {
 				if (m.Prefix != "" && strings.HasPrefix(n, m.Prefix)) || contains(m.Names, n) {
-					_ = f.Close()
-					delete(k.files, n)
+					k.drop(n)
 				}
 			}
 			k.mu.Unlock()
@@ -214,6 +278,14 @@ func (k *keeper) serve(c *net.UnixConn, log *slog.Logger) (quit bool) {
 	}
 }
 
+// at is s[i], or "" past its end.
+func at(s []string, i int) string {
+	if i < len(s) {
+		return s[i]
+	}
+	return ""
+}
+
 func contains(names []string, n string) bool {
 	for _, x := range names {
 		if x == n {
@@ -231,13 +303,15 @@ func (k *keeper) sendAll(c *net.UnixConn) error {
 	}
 	sort.Strings(names)
 	files := make([]*os.File, len(names))
+	created := make([]string, len(names))
 	for i, n := range names {
-		files[i] = k.files[n]
+		files[i], created[i] = k.files[n], k.created[n]
 	}
 	k.mu.Unlock()
 	for i := 0; ; i += fdpass.MaxFiles {
 		j := min(i+fdpass.MaxFiles, len(names))
-		if err := fdpass.Send(c, keeperMsg{Op: "ok", Names: names[i:j], More: j < len(names), PID: os.Getpid()}, files[i:j]...); err != nil {
+		m := keeperMsg{Op: "ok", Names: names[i:j], Created: created[i:j], More: j < len(names), PID: os.Getpid()}
+		if err := fdpass.Send(c, m, files[i:j]...); err != nil {
 			return err
 		}
 		if j == len(names) {
@@ -296,32 +370,34 @@ func (k *keeperClient) ensure() {
 	_ = c.Close()
 }
 
-// exchange sends one request and reads its answers.
-func (k *keeperClient) exchange(m keeperMsg, files []*os.File) (map[string]*os.File, error) {
-	got, _, err := k.exchangeMsg(m, files)
-	return got, err
+// exchange sends one request and reads its answers: the files they
+// carry by name, with the creation time of each one's Trial where the
+// keeper knows it.
+func (k *keeperClient) exchange(m keeperMsg, files []*os.File) (map[string]*os.File, map[string]string, error) {
+	got, created, _, err := k.exchangeMsg(m, files)
+	return got, created, err
 }
 
 // held asks the keeper how many listeners it holds (starting one if none
 // answers and spawning is on).
 func (k *keeperClient) held() (int, error) {
-	_, r, err := k.exchangeMsg(keeperMsg{Op: "ping"}, nil)
+	_, _, r, err := k.exchangeMsg(keeperMsg{Op: "ping"}, nil)
 	return r.N, err
 }
 
-func (k *keeperClient) exchangeMsg(m keeperMsg, files []*os.File) (map[string]*os.File, keeperMsg, error) {
+func (k *keeperClient) exchangeMsg(m keeperMsg, files []*os.File) (map[string]*os.File, map[string]string, keeperMsg, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	c, err := k.dial()
 	if err != nil {
-		return nil, keeperMsg{}, err
+		return nil, nil, keeperMsg{}, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 	if err := fdpass.Send(c, m, files...); err != nil {
-		return nil, keeperMsg{}, err
+		return nil, nil, keeperMsg{}, err
 	}
-	got := make(map[string]*os.File)
+	got, created := make(map[string]*os.File), make(map[string]string)
 	for {
 		var r keeperMsg
 		fs, err := fdpass.Recv(c, &r)
@@ -336,19 +412,24 @@ func (k *keeperClient) exchangeMsg(m keeperMsg, files []*os.File) (map[string]*o
 			for _, f := range got {
 				_ = f.Close()
 			}
-			return nil, keeperMsg{}, err
+			return nil, nil, keeperMsg{}, err
 		}
 		for i, n := range r.Names {
 			got[n] = fs[i]
+			if c := at(r.Created, i); c != "" {
+				created[n] = c
+			}
 		}
 		if !r.More {
-			return got, r, nil
+			return got, created, r, nil
 		}
 	}
 }
 
-// put gives the keeper its copies of the named listeners.
-func (k *keeperClient) put(names []string, lns []net.Listener) {
+// put gives the keeper its copies of the named listeners; created are
+// their Trials' creation times (trialCreated; nil, or "" for a listener
+// of no Trial).
+func (k *keeperClient) put(names, created []string, lns []net.Listener) {
 	var files []*os.File
 	defer func() { closeFiles(files) }()
 	for i, ln := range lns {
@@ -361,7 +442,11 @@ func (k *keeperClient) put(names []string, lns []net.Listener) {
 	}
 	for i := 0; i < len(files); i += fdpass.MaxFiles {
 		j := min(i+fdpass.MaxFiles, len(files))
-		if _, err := k.exchange(keeperMsg{Op: "put", Names: names[i:j]}, files[i:j]); err != nil {
+		m := keeperMsg{Op: "put", Names: names[i:j]}
+		if created != nil {
+			m.Created = created[i:j]
+		}
+		if _, _, err := k.exchange(m, files[i:j]); err != nil {
 			k.log.Warn("keeper: listeners not kept; if this agent dies, connections to them are refused until it is back", "error", err)
 			return
 		}
@@ -370,20 +455,21 @@ func (k *keeperClient) put(names []string, lns []net.Listener) {
 
 // del drops the named listeners, and those whose names start with prefix.
 func (k *keeperClient) del(prefix string, names ...string) {
-	if _, err := k.exchange(keeperMsg{Op: "del", Prefix: prefix, Names: names}, nil); err != nil {
+	if _, _, err := k.exchange(keeperMsg{Op: "del", Prefix: prefix, Names: names}, nil); err != nil {
 		k.log.Warn("keeper: listeners not dropped", "error", err)
 	}
 }
 
-// fetch takes copies of every listener the keeper holds; none answering
-// is no error (nothing was kept).
-func (k *keeperClient) fetch() (map[string]*os.File, error) {
+// fetch takes copies of every listener the keeper holds, and the
+// creation times of their Trials where it knows them; none answering is
+// no error (nothing was kept).
+func (k *keeperClient) fetch() (map[string]*os.File, map[string]string, error) {
 	c, err := fdpass.Dial(k.path)
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	_ = c.Close()
 	return k.exchange(keeperMsg{Op: "get"}, nil)
@@ -401,20 +487,21 @@ func StopKeeper(path string) error {
 		return err
 	}
 	_ = c.Close()
-	_, err = k.exchange(keeperMsg{Op: "quit"}, nil)
+	_, _, err = k.exchange(keeperMsg{Op: "quit"}, nil)
 	return err
 }
 
-// keep gives the keeper Trial id's endpoint listeners.
-func (a *Agent) keep(id string, lns []net.Listener) {
+// keep gives the keeper the endpoint listeners of Trial id, created at
+// created.
+func (a *Agent) keep(id string, created time.Time, lns []net.Listener) {
 	if a.keeper == nil || len(lns) == 0 {
 		return
 	}
-	names := make([]string, len(lns))
+	names, at := make([]string, len(lns)), make([]string, len(lns))
 	for i := range lns {
-		names[i] = trialListenerName(id, i)
+		names[i], at[i] = trialListenerName(id, i), trialCreated(created)
 	}
-	a.keeper.put(names, lns)
+	a.keeper.put(names, at, lns)
 }
 
 // unkeep drops Trial id's listeners from the keeper (a destroy).
@@ -422,4 +509,14 @@ func (a *Agent) unkeep(id string) {
 	if a.keeper != nil {
 		a.keeper.del("trial:" + id + ":")
 	}
+}
+
+// createdAt is when Trial id was created (zero: no such Trial here).
+func (a *Agent) createdAt(id string) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if lt := a.trials[id]; lt != nil {
+		return lt.info.Created
+	}
+	return time.Time{}
 }

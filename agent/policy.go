@@ -110,23 +110,31 @@ func (a *Agent) ChangeAllow(ctx context.Context, id string, ch AllowChange) (All
 	if err != nil {
 		return AllowChanged{}, errf(CodeUnknownTrial, "%v", err)
 	}
-	// The agent this one took over from may still serve tunnels of the
-	// Trial: the change (and its cut) applies to them too.
-	var unconfirmed string
-	if p := a.pred.Load(); p != nil {
-		if r, ok := p.ask(ctx, hoMsg{Type: "allow", Trial: id, Allow: allowEntries(next), Cut: allow.Strings(cut)}); ok {
-			n += r.N
-		} else {
-			unconfirmed = fmt.Sprintf("the agent this one took over from (pid %d), which still drains, did not confirm the change: its open tunnels may follow the old allowlist until they end (at most its drain_timeout)", p.pid)
-			a.log.Warn("allowlist change not confirmed by the draining agent", "trial", id, "pid", p.pid, "error", r.Error)
-		}
-	}
+	pn, unconfirmed := a.allowOnPredecessor(ctx, id, next, cut)
+	n += pn
 	a.log.Info("allowlist changed", "trial", id, "uid", uid, "added", pc.Added, "removed", pc.Removed, "tunnels_cut", n)
 	res := AllowChanged{Trial: info, TunnelsCut: n, Note: unconfirmed}
 	if info.Learning && len(remove) > 0 {
 		res.Note = strings.TrimPrefix(res.Note+"; this Trial is learning: names off its allowlist, the removed ones included, are still let through and recorded as would_deny", "; ")
 	}
 	return res, nil
+}
+
+// allowOnPredecessor applies Trial id's new allowlist, and the cut of
+// the entries in cut, in the agent this one took over from: it may still
+// serve tunnels and requests of the Trial. It returns how many it cut
+// there, and a note for the caller when it did not confirm the change.
+func (a *Agent) allowOnPredecessor(ctx context.Context, id string, list *allow.List, cut []allow.Entry) (int, string) {
+	p := a.pred.Load()
+	if p == nil {
+		return 0, ""
+	}
+	r, ok := p.ask(ctx, hoMsg{Type: "allow", Trial: id, Allow: allowEntries(list), Cut: allow.Strings(cut)})
+	if ok {
+		return r.N, ""
+	}
+	a.log.Warn("allowlist change not confirmed by the draining agent", "trial", id, "pid", p.pid, "error", r.Error)
+	return 0, fmt.Sprintf("the agent this one took over from (pid %d), which still drains, did not confirm the change: its open tunnels may follow the old allowlist until they end (at most its drain_timeout)", p.pid)
 }
 
 // denied is the Trial's list of entries removed with deny after a change

@@ -34,6 +34,9 @@ type ReloadResult struct {
 	Config     string   `json:"config"`
 	Profiles   []string `json:"profiles"`
 	Reprofiled []string `json:"reprofiled"` // Trials whose allowlist was replaced
+	// Note says what the reload did not do: the agent this one took over
+	// from, still draining, did not confirm a reprofiled Trial's list.
+	Note string `json:"note,omitempty"`
 }
 
 // proxySettings are what the proxy serves new Trials with under file
@@ -61,7 +64,7 @@ type reprofiled struct {
 // says why. Profiles, resolvers, allowed CIDRs, limits and retention
 // apply to Trials created afterwards; live Trials keep the policy they
 // were created with unless Reprofile is set.
-func (a *Agent) Reload(_ context.Context, req ReloadRequest) (ReloadResult, error) {
+func (a *Agent) Reload(ctx context.Context, req ReloadRequest) (ReloadResult, error) {
 	leave, err := a.enter()
 	if err != nil {
 		return ReloadResult{}, err
@@ -113,6 +116,11 @@ func (a *Agent) Reload(_ context.Context, req ReloadRequest) (ReloadResult, erro
 		}
 		res.Reprofiled = append(res.Reprofiled, r.new.ID)
 		a.recordReprofile(r)
+		// A draining predecessor decides what it still reads (a request
+		// head, a forwarded request) by the new list too.
+		if _, note := a.allowOnPredecessor(ctx, r.new.ID, r.allow, nil); note != "" {
+			res.Note = note
+		}
 	}
 	a.ret.soon() // the retention rule may have changed
 	a.log.Info("config reloaded", "config", path, "profiles", len(res.Profiles), "reprofiled", len(res.Reprofiled))

@@ -153,7 +153,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	go d.serveHandovers(d.hln)
 	if kc != nil && d.met != nil {
-		kc.put([]string{nameMetrics}, []net.Listener{d.met}) // each Trial's went when it was served
+		kc.put([]string{nameMetrics}, nil, []net.Listener{d.met}) // each Trial's went when it was served
 	}
 	if cfg.PIDFile != "" {
 		if err := os.WriteFile(cfg.PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
@@ -216,12 +216,14 @@ func (d *daemon) inherit(kc *keeperClient, log *slog.Logger) (*predecessor, map[
 	case errors.Is(err, errNoPredecessor):
 		pred = nil
 		if kc != nil {
-			if files, err = kc.fetch(); err != nil {
+			var created map[string]string
+			if files, created, err = kc.fetch(); err != nil {
 				log.Warn("the keeper's listeners could not be taken back: listening anew", "keeper", kc.path, "error", err)
 				files = nil
 			} else if len(files) > 0 {
 				log.Info("taking back the listeners the keeper held for an agent that ended", "listeners", len(files))
 			}
+			d.dropEarlierTrials(files, created, log)
 		}
 	case err != nil:
 		return nil, nil, err
@@ -247,6 +249,24 @@ func (d *daemon) inherit(kc *keeperClient, log *slog.Logger) (*predecessor, map[
 		inh[key] = append(inh[key], ln)
 	}
 	return pred, inh, nil
+}
+
+// dropEarlierTrials closes and forgets the listeners a keeper held for a
+// Trial that is gone, whose id a later Trial took (the keeper missed the
+// word of it): served as the later Trial's, they would fail its adoption,
+// and it would be removed. That Trial's endpoint listens anew instead.
+func (d *daemon) dropEarlierTrials(files map[string]*os.File, created map[string]string, log *slog.Logger) {
+	for n, f := range files {
+		id, ok := trialOfName(n)
+		if !ok {
+			continue
+		}
+		if now, _ := recordedCreated(d.cfg.Host.StateDir, id); otherTrial(created[n], now) {
+			log.Warn("the keeper held a listener of an earlier Trial with this id; not served", "name", n, "created", created[n], "trial_created", now)
+			_ = f.Close()
+			delete(files, n)
+		}
+	}
 }
 
 // listenerLess orders listener names so that a Trial's come in index
@@ -461,14 +481,15 @@ func (d *daemon) tendKeeper() {
 	if kc == nil {
 		return
 	}
-	var names []string
+	var names, created []string
 	var lns []net.Listener
 	if d.met != nil {
-		names, lns = append(names, nameMetrics), append(lns, d.met)
+		names, created, lns = append(names, nameMetrics), append(created, ""), append(lns, d.met)
 	}
 	for id, tl := range d.a.trialListeners() {
+		at := trialCreated(d.a.createdAt(id))
 		for i, ln := range tl {
-			names, lns = append(names, trialListenerName(id, i)), append(lns, ln)
+			names, created, lns = append(names, trialListenerName(id, i)), append(created, at), append(lns, ln)
 		}
 	}
 	if len(names) == 0 {
@@ -476,7 +497,7 @@ func (d *daemon) tendKeeper() {
 	}
 	if n, err := kc.held(); err != nil || n < len(names) {
 		d.a.log.Info("the keeper holds fewer listeners than this agent serves: giving it every one again", "held", n, "served", len(names))
-		kc.put(names, lns)
+		kc.put(names, created, lns)
 	}
 }
 

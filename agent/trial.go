@@ -16,6 +16,7 @@ import (
 
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
@@ -43,6 +44,11 @@ type trial struct {
 	// lns are the endpoint's listeners this process serves, which a
 	// hand-over passes on; guarded by mu.
 	lns []net.Listener
+	// counts keep the counts behind the Trial's limits, this process's in
+	// slot slot, where an agent handing over to this one, or taking over
+	// from it, counts its own; a hand-over passes them on.
+	counts *counts.Region
+	slot   int
 	// owner is a pidfd of an owned Trial's owner, which the agent watches
 	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
 	owner *os.File
@@ -70,7 +76,7 @@ func (lt *trial) Serve(lns []net.Listener) error {
 	lt.mu.Lock()
 	lt.lns = lns
 	lt.mu.Unlock()
-	lt.a.keep(lt.info.ID, lns)
+	lt.a.keep(lt.info.ID, lt.info.Created, lns)
 	for _, ln := range lns {
 		go func() {
 			if err := lt.a.proxy.Serve(ln, lt.info.ID); err != nil {
@@ -98,6 +104,9 @@ func (lt *trial) Stop() {
 // left enforced for the next agent.
 func (lt *trial) release() {
 	lt.Stop()
+	if lt.counts != nil {
+		_ = lt.counts.Close() // the proxy no longer counts in it
+	}
 	if lt.ledger != nil {
 		lt.ledger.remove()
 	}
@@ -268,14 +277,17 @@ func (a *Agent) prepare(lt *trial, list *allow.List, limits *config.Limits, stat
 			return err
 		}
 	}
+	var err error
+	if lt.counts, lt.slot, err = a.countsFor(countsName(lt.info.ID)); err != nil {
+		return err
+	}
 	tp := proxy.TrialPolicy{ID: lt.info.ID, Allow: list, Learn: lt.info.Learning, Limits: limits,
-		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats, LogWritten: written}
+		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats, LogWritten: written, Counts: lt.counts, Slot: lt.slot}
 	if dir := a.cfg.Host.StateDir; dir != "" {
 		lim := a.proxy.DefaultLimits()
 		if limits != nil {
 			lim = limits.WithDefaults()
 		}
-		var err error
 		if lt.ledger, err = openLedger(dir, lt.info.ID, lim.MaxTunnels); err != nil {
 			return fmt.Errorf("tunnel ledger: %w", err)
 		}

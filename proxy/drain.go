@@ -11,9 +11,10 @@ import (
 // An agent that hands its listeners to a successor drains: it stops
 // accepting (its successor accepts on the same sockets), serves the
 // tunnels and requests it has open until they end, and cuts what is
-// left when its drain time is up. Its successor counts the drained
-// process's tunnels against each Trial's max_tunnels (SetElsewhere) and
-// its records in each Trial's counters (Count).
+// left when its drain time is up. From the offer on, both processes
+// count each other's connections, rates and log bytes against each
+// Trial's limits (Share); the successor counts the drained process's
+// records in each Trial's counters (Count).
 
 // StopAccepting stops accepting on every Trial's listeners, closing this
 // process's descriptors of them (another process may hold the same
@@ -93,6 +94,75 @@ func (p *Proxy) CutAll(why string) int {
 		}
 	}
 	return n
+}
+
+// Share makes every Trial's limits count what the other slot of its
+// counts.Region holds too, and the proxy's connection cap its Region's:
+// another process that maps them (the agent handing over to this one, or
+// taking over from it) serves the same Trials, and the two keep to each
+// limit together. Each process adds to its own slot, then checks the sum
+// (sequentially consistent atomics): of two racing for the last place,
+// at least one sees the other's, so the sum never passes the limit. The
+// rates and log bytes are one word of each Region, whoever takes from
+// them. fresh zeroes the other slots first: a successor is yet to use
+// them, and what a process before it left there is not open any more.
+func (p *Proxy) Share(fresh bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if fresh {
+		p.cfg.Counts.Clear(1 - p.cfg.Slot)
+		for _, t := range p.trials {
+			t.counts.Clear(1 - t.slot)
+		}
+	}
+	p.sharing.Store(true)
+	for _, t := range p.trials {
+		t.peer.Store(t.counts.Slot(1 - t.slot))
+	}
+}
+
+// Unshare ends Share: the other process has ended, or never served.
+func (p *Proxy) Unshare() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sharing.Store(false)
+	for _, t := range p.trials {
+		t.peer.Store(nil)
+	}
+}
+
+// otherConns are the client connections the process sharing the proxy's
+// counts has open (Share), of every Trial.
+func (p *Proxy) otherConns() int64 {
+	if !p.sharing.Load() {
+		return 0
+	}
+	return p.cfg.Counts.Slot(1 - p.cfg.Slot).Clients.Load()
+}
+
+// otherTunnels, otherClients and otherPending are what another process
+// has open of the Trial: the one sharing its counts (Share), and what an
+// agent of an earlier build said (SetElsewhere).
+func (t *trial) otherTunnels() int64 {
+	n := t.elsewhere.Load()
+	if s := t.peer.Load(); s != nil {
+		n += s.Tunnels.Load()
+	}
+	return n
+}
+
+func (t *trial) otherClients() int64 {
+	if s := t.peer.Load(); s != nil {
+		return s.Clients.Load()
+	}
+	return 0
+}
+
+func (t *trial) otherPending() int64 {
+	if s := t.peer.Load(); s != nil {
+		return s.Pending.Load()
+	}
+	return 0
 }
 
 // SetElsewhere says how many of Trial id's tunnels and requests another

@@ -302,7 +302,7 @@ func (p *Proxy) admitRequest(t *trial, req *wire.Request, ev *record.Event) erro
 	if err := t.takeConnect(); err != nil {
 		return err
 	}
-	if n := t.tunnels.Add(1) + t.elsewhere.Load(); n > int64(t.limits.MaxTunnels) {
+	if n := t.tunnels.Add(1) + t.otherTunnels(); n > int64(t.limits.MaxTunnels) {
 		t.tunnels.Add(-1)
 		return record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels and requests open, its limit", t.limits.MaxTunnels)
 	}

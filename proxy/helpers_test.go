@@ -18,6 +18,7 @@ import (
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/guard"
+	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
 )
@@ -215,6 +216,9 @@ type proxyOpts struct {
 	// upstreamAddr, if set, is where every checked address is dialed
 	// instead of the upstream function's listener (an httptest server).
 	upstreamAddr string
+	// counts and slot are the Trial's TrialPolicy.Counts and Slot.
+	counts *counts.Region
+	slot   int
 }
 
 // newTestProxy starts a Proxy for Trial "t1" on 127.0.0.1:0, resolving
@@ -260,7 +264,7 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.AddTrial(TrialPolicy{ID: "t1", Allow: allow, Learn: o.learn, Limits: o.limits}); err != nil {
+	if err := p.AddTrial(TrialPolicy{ID: "t1", Allow: allow, Learn: o.learn, Limits: o.limits, Counts: o.counts, Slot: o.slot}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -26,6 +26,7 @@ import (
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/guard"
+	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/ratelimit"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -63,6 +64,11 @@ type Config struct {
 	// its JSON line (see Sink): ev and line are valid only during the
 	// call.
 	OnEvent record.Sink
+	// Counts, if set, keeps the proxy's client connections (for
+	// MaxConnections) in its slot Slot, where another process serving
+	// the same Trials counts its own (Share). nil: memory of its own.
+	Counts *counts.Region
+	Slot   int
 
 	HeaderTimeout, DNSTimeout, DialTimeout, TLSTimeout, FallbackDelay time.Duration
 }
@@ -76,9 +82,11 @@ type Proxy struct {
 
 	// cur is what a Trial added now is served with; Reconfigure swaps it.
 	cur      atomic.Pointer[settings]
-	maxConns atomic.Int64 // proxy-wide, every Trial together
-	conns    atomic.Int64 // live client connections, all Trials
-	draining atomic.Bool  // StopAccepting was called: serve what is open, no more
+	maxConns atomic.Int64  // proxy-wide, every Trial together
+	conns    *atomic.Int64 // live client connections, all Trials (this process's, in cfg.Counts)
+	draining atomic.Bool   // StopAccepting was called: serve what is open, no more
+	// sharing: the other slot of every Region counts too (Share).
+	sharing atomic.Bool
 
 	mu     sync.Mutex
 	trials map[string]*trial
@@ -125,6 +133,10 @@ func New(cfg Config) (*Proxy, error) {
 		resolver = r
 	}
 	p.maxConns.Store(int64(cfg.MaxConnections))
+	if p.cfg.Counts == nil {
+		p.cfg.Counts, p.cfg.Slot = counts.Private(), 0
+	}
+	p.conns = &p.cfg.Counts.Slot(p.cfg.Slot).Clients
 	g := guard.New(cfg.AllowCIDRs, host)
 	g.SetHostFacts(cfg.HostFacts)
 	p.cur.Store(p.settingsFor(g, resolver, cfg.Limits))
@@ -196,6 +208,12 @@ type TrialPolicy struct {
 	// it is open, so that a process that dies with them open leaves a
 	// trace of them for its successor to record.
 	Ledger Ledger
+	// Counts, if set, keeps the counts behind the Trial's limits, this
+	// process's open ones in slot Slot; another process serving the
+	// Trial may map it too (Share). LogWritten raises its log bytes.
+	// nil: memory of the Trial's own.
+	Counts *counts.Region
+	Slot   int
 }
 
 // Ledger keeps the open tunnels and requests of a Trial where they
@@ -214,13 +232,20 @@ type trial struct {
 	limits  config.Limits
 	bucket  *ratelimit.Bucket
 	records *record.Gate // bounds what its decision records cost
-	tunnels atomic.Int64 // CONNECTs being served (from parse to close)
-	// elsewhere are the Trial's tunnels another process serves: the agent
-	// this one took over from, while it drains (SetElsewhere).
+	// This process's counts, in its slot of counts: CONNECTs being served
+	// (from parse to close); client connections admitted and not yet
+	// closed; of those, the ones whose request head is not read yet.
+	tunnels, clients, pending *atomic.Int64
+	counts                    *counts.Region
+	slot                      int
+	// peer is the other slot of counts while it counts too (Share): the
+	// Trial's connections another agent process serves during a hand-over.
+	peer atomic.Pointer[counts.Slot]
+	// elsewhere are the Trial's tunnels another process serves, as it
+	// says in messages (SetElsewhere): an agent of a build that shares no
+	// counts, this one took over from, while it drains.
 	elsewhere atomic.Int64
 	ledger    Ledger
-	clients   atomic.Int64 // client connections admitted and not yet closed
-	pending   atomic.Int64 // of those, the ones whose request head is not read yet
 
 	handlers sync.WaitGroup // connections being handled; Add under mu, before removed is set
 	// ctx ends when the Trial is removed, cutting its DNS and dials short
@@ -267,12 +292,22 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		stats.Active = 0
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	c := tp.Counts
+	if c == nil {
+		c, tp.Slot = counts.Private(), 0
+	}
+	own := c.Slot(tp.Slot)
 	t := &trial{
-		id: tp.ID, learn: tp.Learn, set: set, limits: lim, bucket: ratelimit.New(lim.ConnectRate, lim.ConnectBurst),
+		id: tp.ID, learn: tp.Learn, set: set, limits: lim, bucket: ratelimit.NewShared(lim.ConnectRate, lim.ConnectBurst, c.ConnectRate()),
+		tunnels: &own.Tunnels, clients: &own.Clients, pending: &own.Pending, counts: c, slot: tp.Slot,
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel, ledger: tp.Ledger,
 	}
-	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten},
+	if p.sharing.Load() {
+		t.peer.Store(c.Slot(1 - tp.Slot))
+	}
+	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten,
+		LogBytes: c.LogBytes(), RateWord: c.RecordRate()},
 		func(ev *record.Event, line []byte) {
 			t.mu.Lock()
 			t.stats.CountWritten(ev) // as a replay of the log counts them
@@ -784,7 +819,7 @@ func (p *Proxy) serveConnect(k *clientConn) {
 		return
 	}
 	k.onDone(func() { t.tunnels.Add(-1) })
-	if n := t.tunnels.Add(1) + t.elsewhere.Load(); n > int64(t.limits.MaxTunnels) {
+	if n := t.tunnels.Add(1) + t.otherTunnels(); n > int64(t.limits.MaxTunnels) {
 		p.refuse(c, ev, record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels))
 		return
 	}
@@ -844,16 +879,16 @@ func startsWithConnect(br *bufio.Reader) bool {
 // its caps cannot use up the connections every Trial shares; a refused
 // connection gives back what it was charged before it is answered.
 func (p *Proxy) admit(t *trial) error {
-	if t.clients.Add(1) > int64(t.limits.MaxClientConns) {
+	if t.clients.Add(1)+t.otherClients() > int64(t.limits.MaxClientConns) {
 		t.clients.Add(-1)
 		return record.Deny(record.ReasonTrialConnLimit, "this Trial already has %d client connections open, its limit", t.limits.MaxClientConns)
 	}
-	if t.pending.Add(1) > int64(t.limits.MaxPendingHeads) {
+	if t.pending.Add(1)+t.otherPending() > int64(t.limits.MaxPendingHeads) {
 		t.pending.Add(-1)
 		t.clients.Add(-1)
 		return record.Deny(record.ReasonPendingHeadLimit, "this Trial already has %d connections that have not sent their request head, its limit", t.limits.MaxPendingHeads)
 	}
-	if limit := p.maxConns.Load(); p.conns.Add(1) > limit {
+	if limit := p.maxConns.Load(); p.conns.Add(1)+p.otherConns() > limit {
 		p.conns.Add(-1)
 		t.pending.Add(-1)
 		t.clients.Add(-1)
@@ -984,6 +1019,6 @@ func (t *trial) snapshot() record.TrialStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.stats.Clone()
-	s.Active = t.tunnels.Load() + t.elsewhere.Load()
+	s.Active = t.tunnels.Load() + t.otherTunnels()
 	return s
 }

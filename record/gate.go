@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -41,6 +42,12 @@ type Bounds struct {
 	// Written is what the log holds already (a restarted agent's), which
 	// counts against MaxLogBytes.
 	Written int64
+	// LogBytes and RateWord, if set, are the words the gate keeps the
+	// bytes written and its record rate in: memory that another process
+	// writing the same log may map too (internal/counts), and the two then
+	// keep to one budget and one rate. LogBytes is raised to Written if
+	// it holds less. nil: words of the gate's own.
+	LogBytes, RateWord *atomic.Int64
 }
 
 // SummaryReserve is the room past MaxLogBytes that summaries of a full
@@ -67,10 +74,10 @@ type Gate struct {
 	trial    string
 	sink     Sink
 	mu       sync.Mutex
-	written  int64  // bytes of records written (JSON lines), summaries included
-	full     bool   // written reached MaxLogBytes: records only counted in summaries from here
-	spent    bool   // summaries used the reserve too: only the last one is written
-	line     []byte // the record being written, encoded once
+	written  *atomic.Int64 // bytes of records written (JSON lines), summaries included, by every process sharing it
+	full     bool          // written reached MaxLogBytes: records only counted in summaries from here
+	spent    bool          // summaries used the reserve too: only the last one is written
+	line     []byte        // the record being written, encoded once
 	pending  *Suppressed
 	reached  map[reachedKey]int // index in pending.Reached
 	from, to time.Time          // the suppressed records' first start and last end
@@ -91,8 +98,33 @@ type reachedKey struct {
 }
 
 func NewGate(id string, learn bool, b Bounds, sink Sink) *Gate {
-	return &Gate{trial: id, learn: learn, bounds: b, rate: ratelimit.New(b.Rate, b.Burst), sink: sink,
-		written: b.Written, full: b.Written >= b.MaxLogBytes, spent: b.Written >= b.MaxLogBytes+b.SummaryReserve()}
+	if b.LogBytes == nil {
+		b.LogBytes = new(atomic.Int64)
+	}
+	if b.RateWord == nil {
+		b.RateWord = new(atomic.Int64)
+	}
+	// Raised to what the log holds, never lowered: a process sharing the
+	// word may have counted more already.
+	for w := b.LogBytes.Load(); w < b.Written && !b.LogBytes.CompareAndSwap(w, b.Written); w = b.LogBytes.Load() {
+	}
+	w := b.LogBytes.Load()
+	return &Gate{trial: id, learn: learn, bounds: b, rate: ratelimit.NewShared(b.Rate, b.Burst, b.RateWord), sink: sink,
+		written: b.LogBytes, full: w >= b.MaxLogBytes, spent: w >= b.MaxLogBytes+b.SummaryReserve()}
+}
+
+// charge adds n bytes to those written if they stay within limit, and
+// reports whether it did; another process may add to them meanwhile.
+func (g *Gate) charge(n, limit int64) bool {
+	for {
+		w := g.written.Load()
+		if w+n > limit {
+			return false
+		}
+		if g.written.CompareAndSwap(w, w+n) {
+			return true
+		}
+	}
 }
 
 // gateVerdict is what the gate does with a record.
@@ -164,8 +196,7 @@ func (g *Gate) admit(ev *Event, now time.Time) (gateVerdict, *Event, []byte) {
 		g.line = nil
 		return recordWrite, nil, nil // the sink reports the missing line
 	}
-	if n := int64(len(g.line)) + 1; g.written+n <= g.bounds.MaxLogBytes {
-		g.written += n
+	if g.charge(int64(len(g.line))+1, g.bounds.MaxLogBytes) {
 		return recordWrite, nil, nil
 	}
 	g.full = true
@@ -274,12 +305,14 @@ func (g *Gate) summaryLocked(last bool) (*Event, []byte) {
 	if err != nil {
 		line = nil
 	}
-	if !last && g.full && g.written+int64(len(line))+1 > g.bounds.MaxLogBytes+g.bounds.SummaryReserve() {
+	switch n := int64(len(line)) + 1; {
+	case !last && g.full && !g.charge(n, g.bounds.MaxLogBytes+g.bounds.SummaryReserve()):
 		g.spent = true // kept pending: the last summary carries it
 		return nil, nil
+	case last || !g.full:
+		g.written.Add(n)
 	}
 	g.pending, g.reached = nil, nil
-	g.written += int64(len(line)) + 1
 	return ev, line
 }
 

@@ -549,6 +549,9 @@ func cmdReload(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "config\t%s\nprofiles\t%s\nreprofiled\t%s\n", res.Config, strings.Join(res.Profiles, ","), strings.Join(res.Reprofiled, ","))
+	if res.Note != "" {
+		fmt.Fprintf(tw, "note\t%s\n", res.Note)
+	}
 	_ = tw.Flush()
 	return exitOK
 }

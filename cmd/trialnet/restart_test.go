@@ -3,10 +3,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -596,6 +598,72 @@ func TestPrivilegedAgentDrainFollowsPolicy(t *testing.T) {
 	}
 	a.stop(t, syscall.SIGTERM)
 }
+
+// A profile reload (reload --reprofile) during a drain reaches the old
+// agent too: a CONNECT whose head it reads after the reload is decided by
+// the profile's new list. The connection was accepted by the old agent
+// before the hand-over, and its head is sent only after the reload.
+func TestPrivilegedAgentDrainFollowsReload(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	a := newAgentWithConfig(t, "drainreload", echoWorld(t)+fmt.Sprintf("profiles:\n  echo: [%q]\n", echoTarget))
+	a.start(t)
+	if code, out, errOut := trialnet("create", "--socket", a.sock, "--id", "dr", "--profile", "echo"); code != exitOK {
+		t.Fatalf("create: exit %d: %s %s", code, out, errOut)
+	}
+	held := trialnetProcess(t, "exec", "--socket", a.sock, "--trial", "dr", "--uid", "65534", "--gid", "65534", "--",
+		"/usr/bin/python3", "-c", heldConnect, echoTarget)
+	in, err := held.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := held.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held.Stderr = os.Stderr
+	if err := held.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = held.Process.Kill(); _ = held.Wait() })
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || lines.Text() != "connected" {
+		t.Fatalf("the held connection: %q %v", lines.Text(), lines.Err())
+	}
+	old := a.cmd
+	a.startNext(t)
+	cfg, _ := os.ReadFile(a.config)
+	cfg = bytes.Replace(cfg, []byte(strconv.Quote(echoTarget)), []byte(`"other.test:9000"`), 1)
+	if err := os.WriteFile(a.config, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, rout, rerr := trialnet("reload", "--socket", a.sock, "--reprofile")
+	if code != exitOK || !strings.Contains(rout, "dr") || strings.Contains(rout, "note") {
+		t.Fatalf("reload --reprofile during the drain: exit %d %q %q; want dr reprofiled, confirmed by the draining agent", code, rout, rerr)
+	}
+	if _, err := io.WriteString(in, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	if !lines.Scan() || !strings.HasPrefix(lines.Text(), "answer HTTP/1.1 403") {
+		t.Errorf("a CONNECT the draining agent read after the profile lost its target: %q; want 403 (policy_denied)", lines.Text())
+	}
+	if err := waitExit(t, a, old, 30*time.Second); err != nil {
+		t.Errorf("the old agent after its drain: %v", err)
+	}
+	a.stop(t, syscall.SIGTERM)
+}
+
+// heldConnect connects to the Trial's proxy, says so, and sends a CONNECT
+// to argv[1] only once a line arrives on its stdin; it prints the answer.
+const heldConnect = `
+import os, socket, sys
+host, port = os.environ["HTTPS_PROXY"].split("//", 1)[1].rstrip("/").rsplit(":", 1)
+s = socket.create_connection((host, int(port)), timeout=30)
+print("connected", flush=True)
+sys.stdin.readline()
+s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (sys.argv[1], sys.argv[1])).encode())
+print("answer", s.recv(4096).split(b"\r\n")[0].decode(), flush=True)
+`
 
 // twoConnects opens two tunnels to argv[1] and says how each was
 // answered.
