@@ -140,17 +140,12 @@ func (b *boot) run(ctx context.Context, o *options, bins *built) error {
 }
 
 func (b *boot) qemuArgs(o *options, initrd, sock, planPath string) []string {
-	accel, cpu := "tcg", "max"
-	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
-		_ = f.Close()
-		accel, cpu = "kvm", "host"
-	}
 	cmdline := "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init vmtest.plan=" + planPath
 	if b.k.Append != "" {
 		cmdline += " " + b.k.Append
 	}
 	return []string{
-		"-accel", accel, "-cpu", cpu, "-m", o.mem, "-smp", fmt.Sprint(o.smp),
+		"-accel", o.accel.name, "-cpu", o.accel.cpu, "-m", o.mem, "-smp", fmt.Sprint(o.smp),
 		"-nodefaults", "-display", "none", "-no-reboot",
 		"-kernel", b.vmlinuz, "-initrd", initrd, "-append", cmdline,
 		"-serial", "file:" + b.console(), "-serial", "file:" + b.resultsFile(),

@@ -98,6 +98,7 @@ type options struct {
 	mem      string
 	smp      int
 	noDemo   bool
+	accel    accel // chosen once, before the boots
 }
 
 func parseFlags() (*options, error) {
@@ -180,6 +181,9 @@ func run(ctx context.Context) error {
 		}
 		boots = append(boots, b)
 	}
+	var why string
+	o.accel, why = chooseAccel(ctx, boots[0].vmlinuz)
+	fmt.Printf("vmtest: guests run under %s\n", why)
 	start := time.Now()
 	bins, err := build(ctx, o)
 	if err != nil {
