@@ -17,6 +17,9 @@ import (
 // Doctor lists what this machine offers trialnet, required and optional.
 func Doctor() []bpf.Check {
 	checks := []bpf.Check{{Name: "running as root", Required: true, Err: rootErr()}}
+	if rootErr() == nil { // joining a mount namespace, as the check does, needs root
+		checks = append(checks, bpf.Check{Name: rootCheck, Required: true, Err: sandbox.CheckRoot()})
+	}
 	mount, err := sandbox.Cgroup2Mount()
 	checks = append(checks, bpf.Check{Name: "cgroup2 mount", Required: true, Err: err})
 	if err == nil {
@@ -65,6 +68,7 @@ func Doctor() []bpf.Check {
 
 // The names of the doctor's checks that the CLI's summary speaks of.
 const (
+	rootCheck        = "root directory is its mount namespace's root (not a chroot: a Trial's commands start there)"
 	LoadCheck        = "load, attach and pin trialnet's eBPF programs (a scratch cgroup and pin directory, removed after)"
 	UnixConfineCheck = "pathname unix socket confinement (cgroup connect_unix hook or BPF LSM layer)"
 	nestedCheck      = "nested sandboxes (--nested: bwrap in a Trial; user namespaces and the BPF LSM layer, which also bounds their ptys)"

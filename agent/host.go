@@ -56,11 +56,15 @@ type Host struct {
 // ErrNotRoot is returned when trialnet runs without the privileges it needs.
 var ErrNotRoot = errors.New("trialnet needs root: it creates network namespaces and cgroups and loads eBPF programs (try: sudo trialnet ...)")
 
-// OpenHost checks privileges, creates the parent cgroup and loads (or
-// adopts) the eBPF layer on it.
+// OpenHost checks privileges and that Trials can run from this root
+// (not a chroot), creates the parent cgroup and loads (or adopts) the
+// eBPF layer on it.
 func OpenHost(cfg Config) (*Host, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
+	}
+	if err := sandbox.CheckRoot(); err != nil {
+		return nil, err
 	}
 	parent := cfg.Parent
 	if parent == "" {

@@ -85,16 +85,13 @@ func slotState(mem []byte, i int) *atomic.Uint32 {
 }
 
 // Open keeps ev in a free slot until the function it returns is called
-// (proxy.Ledger). A record too long for a slot loses its addresses and
-// detail; with no free slot, the tunnel is not kept.
+// (proxy.Ledger). A record too long for a slot is trimmed to fit it
+// (slotLine). There is a slot for every tunnel and request that the
+// Trial's max_tunnels lets this process have open (the proxy frees a
+// slot before it counts its tunnel as ended), so none is left unkept.
 func (l *ledger) Open(ev *record.Event) func() {
-	line, err := ev.AppendJSON(nil)
-	if err == nil && len(line) > ledgerSlot-8 {
-		short := *ev
-		short.Resolved, short.Detail = nil, ""
-		line, err = short.AppendJSON(nil)
-	}
-	if err != nil || len(line) > ledgerSlot-8 {
+	line, err := slotLine(ev, ledgerSlot-8)
+	if err != nil {
 		return func() {}
 	}
 	l.mu.Lock()
@@ -145,6 +142,9 @@ func lostTunnels(dir, id string) ([]record.Event, error) {
 		}
 		if err != nil {
 			errs = append(errs, err)
+		}
+		for i := range evs {
+			evs[i].Trial = id // the ledger's Trial, whatever its slot held
 		}
 		out = append(out, evs...)
 		_ = os.Remove(path)
@@ -210,8 +210,12 @@ func readLedger(path string) ([]record.Event, error) {
 		if err := ev.UnmarshalJSON(bytes.Clone(mem[off+8 : off+8+n])); err != nil {
 			continue
 		}
+		trimmed := ev.Detail == ledgerTrimmed
 		ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
 		ev.Detail = fmt.Sprintf("tunnel cut: the agent process serving it (pid %d) ended without closing it (killed or crashed); its byte counts are unknown", pid)
+		if trimmed {
+			ev.Detail += "; its record was trimmed to fit the ledger: its resolved addresses are not kept, and a value ending in …[N bytes] was N bytes long"
+		}
 		ev.Duration = now.Sub(ev.Time)
 		out = append(out, ev)
 	}

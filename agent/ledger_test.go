@@ -4,12 +4,15 @@ package agent
 
 import (
 	"encoding/binary"
+	"encoding/json"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/trialnet/trialnet/record"
 )
@@ -85,4 +88,131 @@ func TestLedgerOfAReusedPid(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "lt2.open."+strconv.Itoa(os.Getpid()))); !os.IsNotExist(err) {
 		t.Errorf("it was not removed: %v", err)
 	}
+}
+
+// A record the ledger's slot cannot hold whole, whatever its strings
+// hold, is trimmed to fit and still read back: the plain-HTTP target full
+// of '<' (six bytes of JSON each) was once not kept at all. What
+// identifies the request (its decision, start, a prefix of its target and
+// rule) comes back, and the record says it was trimmed.
+func TestLedgerTrimsWhatDoesNotFit(t *testing.T) {
+	many := make([]netip.Addr, 300)
+	for i := range many {
+		many[i] = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)})
+	}
+	long := func(s string, n int) string { return strings.Repeat(s, n/len(s)) }
+	cases := []struct {
+		name string
+		ev   func(*record.Event)
+	}{
+		{"target of '<'", func(e *record.Event) { e.Target = "http://echo.test:9001/" + long("<", 1000) }},
+		{"target of '&' and '>'", func(e *record.Event) { e.Target = "http://echo.test:9001/" + long("&>", 1000) }},
+		{"control characters", func(e *record.Event) { e.Target = "/" + long("\x01\x1f\x7f", 1000) }},
+		{"invalid UTF-8", func(e *record.Event) { e.Target = "/" + long("\xff\xc3", 1000) }},
+		{"four-byte characters", func(e *record.Event) { e.Target = "/" + long("𝄞é\u2028", 1900) }},
+		{"every string long", func(e *record.Event) {
+			e.Target, e.Method, e.SNI = "/"+long("<", 1000), long("\"", 500), long("\\", 300)
+			e.Host, e.Rule, e.Profile, e.Client = long("a.", 253), "*."+long("b<", 250)+":80", long("p&", 300), long("c>", 100)
+			e.Detail, e.Resolved = long("d<", 6000), many
+		}},
+		{"many addresses", func(e *record.Event) { e.Resolved = many }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			l, err := openLedger(dir, "tr1", 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.remove()
+			start := time.Now().Add(-time.Minute).UTC()
+			ev := record.Event{Schema: record.EventSchema, ID: "id-1", Time: start, Trial: "tr1", Method: "GET",
+				Target: "http://echo.test:9001/", Host: "echo.test", Port: 9001, Decision: record.DecisionAllow,
+				Reason: record.ReasonAllowed, Rule: "echo.test:9001", Client: "127.0.0.1:3128"}
+			tc.ev(&ev)
+			if whole, _ := ev.AppendJSON(nil); len(whole) <= ledgerSlot-8 {
+				t.Fatalf("the case fits its slot whole (%d bytes): it tests nothing", len(whole))
+			}
+			l.Open(&ev)
+			asDead(t, dir, "tr1", 1<<22-2)
+			evs, err := lostTunnels(dir, "tr1")
+			if err != nil || len(evs) != 1 {
+				t.Fatalf("lost tunnels: %d %v; want the one kept", len(evs), err)
+			}
+			got := evs[0]
+			if got.Decision != record.DecisionAllow || !got.Time.Equal(start) || got.Port != ev.Port || got.Trial != "tr1" ||
+				!strings.Contains(got.Detail, "trimmed to fit the ledger") {
+				t.Errorf("the trimmed record: %+v", got)
+			}
+			if !keptPrefix(got.Target, ev.Target, 64) || !keptPrefix(got.Rule, ev.Rule, 64) {
+				t.Errorf("target %q, rule %q: not a prefix of the request's (%.40q…, %.40q…)", got.Target, got.Rule, ev.Target, ev.Rule)
+			}
+		})
+	}
+}
+
+// keptPrefix says whether got is want, as JSON reads it back, or a
+// prefix of at least n bytes of it marked with want's length.
+func keptPrefix(got, want string, n int) bool {
+	mark := "…[" + strconv.Itoa(len(want)) + " bytes]"
+	want = jsonRoundTrip(want)
+	if got == want {
+		return true
+	}
+	p, ok := strings.CutSuffix(got, mark)
+	return ok && strings.HasPrefix(want, p) && len(p) >= min(n, len(want))
+}
+
+// jsonRoundTrip is s as it reads back from JSON: invalid UTF-8 becomes
+// U+FFFD.
+func jsonRoundTrip(s string) string {
+	b, _ := json.Marshal(s)
+	var out string
+	_ = json.Unmarshal(b, &out)
+	return out
+}
+
+// FuzzLedgerSlot: whatever a Trial puts in a record's strings, its slot
+// line fits, is valid JSON, reads back with its decision and start, and
+// each string is whole or a marked prefix, short enough that the log's
+// own clip leaves it alone.
+func FuzzLedgerSlot(f *testing.F) {
+	f.Add("http://echo.test/"+strings.Repeat("<", 1000), "echo.test", "echo.test:80", "GET", "", 3)
+	f.Add(strings.Repeat("\xff", 1500), strings.Repeat("\u2028", 300), strings.Repeat("\"\\", 400), "\x00\b\f", "𝄞", 0)
+	f.Add(strings.Repeat("é<", 700), "", strings.Repeat("&", 2000), strings.Repeat("\x7f", 900), strings.Repeat("\t", 700), 40)
+	f.Fuzz(func(t *testing.T, target, host, rule, method, sni string, addrs int) {
+		for _, s := range []string{target, host, rule, method, sni} {
+			for i := 0; i < len(s); {
+				_, n := utf8.DecodeRuneInString(s[i:])
+				if b, _ := json.Marshal(s[i : i+n]); escapedLen(s[i:i+n]) != len(b)-2 {
+					t.Fatalf("escapedLen(%q) = %d, encoding/json writes %s", s[i:i+n], escapedLen(s[i:i+n]), b)
+				}
+				i += n
+			}
+		}
+		start := time.Unix(1_700_000_000, 123456789).UTC()
+		ev := record.Event{Schema: record.EventSchema, ID: "id", Time: start, Trial: "fz", Method: method, Target: target,
+			Host: host, Rule: rule, SNI: sni, Detail: target + rule, Port: 80, Decision: record.DecisionAllow, Reason: record.ReasonAllowed}
+		for i := range addrs % 200 {
+			ev.Resolved = append(ev.Resolved, netip.AddrFrom16([16]byte{0x20, 0x01, 15: byte(i)}))
+		}
+		line, err := slotLine(&ev, ledgerSlot-8)
+		if err != nil || len(line) > ledgerSlot-8 || !json.Valid(line) {
+			t.Fatalf("slot line of %d bytes, valid %v: %v\n%s", len(line), json.Valid(line), err, line)
+		}
+		var got record.Event
+		if err := got.UnmarshalJSON(line); err != nil {
+			t.Fatalf("read back: %v\n%s", err, line)
+		}
+		if got.Decision != ev.Decision || !got.Time.Equal(start) || got.Port != ev.Port {
+			t.Fatalf("what identifies the request is gone: %+v", got)
+		}
+		trimmed := got.Detail == ledgerTrimmed
+		for _, f := range []struct{ got, want string }{{got.Target, target}, {got.Host, host}, {got.Rule, rule}, {got.Method, method}, {got.SNI, sni}} {
+			whole := f.got == jsonRoundTrip(f.want)
+			if !whole && (!trimmed || !(f.got == "" || keptPrefix(f.got, f.want, 0)) || len(f.got) > record.MaxRecordField) {
+				t.Fatalf("%q is neither %.60q whole nor a marked prefix of it (trimmed %v)", f.got, f.want, trimmed)
+			}
+		}
+	})
 }

@@ -274,23 +274,38 @@ func EnterProcess(pidfd int, netnsPath string, fn func() error) error {
 	}
 	defer target.Close()
 	errc := make(chan error, 1)
-	go enterOffMain(target, pidfd, netnsPath, fn, errc)
+	go offMain(func() error {
+		// setns(CLONE_NEWNS) refuses a thread that shares its fs state
+		// with the rest of the process, as every Go thread does.
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			return fmt.Errorf("unshare fs state: %w", err)
+		}
+		if err := unix.Setns(pidfd, unix.CLONE_NEWNS|unix.CLONE_NEWPID|unix.CLONE_NEWIPC); err != nil {
+			return fmt.Errorf("enter the namespaces of the Trial's init: %w", err)
+		}
+		if err := netns.Set(target); err != nil {
+			return fmt.Errorf("enter netns %s: %w", netnsPath, err)
+		}
+		return fn()
+	}, errc)
 	return <-errc
 }
 
-// enterOffMain runs the joining on a thread that is then discarded. That
-// must not be the main thread: Go keeps it when its locked goroutine
-// ends, so it would stay in the Trial's namespaces for the process's life,
-// and /proc/self (the main thread's view) with it. Landed there, this
-// goroutine holds the main thread while another does the work: a thread
-// locked to a waiting goroutine runs nothing else.
-func enterOffMain(target netns.NsHandle, pidfd int, netnsPath string, fn func() error, errc chan<- error) {
+// offMain runs fn on a locked thread that is then discarded, for work
+// that changes the thread in ways that cannot be given back (its mount
+// namespace and fs state), and sends its result to errc. That thread must
+// not be the main thread: Go keeps it when its locked goroutine ends, so
+// it would stay changed for the process's life, and /proc/self (the main
+// thread's view) with it. Landed there, this goroutine holds the main
+// thread while another does the work: a thread locked to a waiting
+// goroutine runs nothing else.
+func offMain(fn func() error, errc chan<- error) {
 	runtime.LockOSThread()
 	if unix.Gettid() == unix.Getpid() {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			enterOffMain(target, pidfd, netnsPath, fn, errc)
+			offMain(fn, errc)
 		}()
 		<-done
 		runtime.UnlockOSThread()
@@ -298,19 +313,5 @@ func enterOffMain(target netns.NsHandle, pidfd int, netnsPath string, fn func() 
 	}
 	// From here the thread stays locked: it is discarded with this
 	// goroutine.
-	// setns(CLONE_NEWNS) refuses a thread that shares its fs state with
-	// the rest of the process, as every Go thread does.
-	if err := unix.Unshare(unix.CLONE_FS); err != nil {
-		errc <- fmt.Errorf("unshare fs state: %w", err)
-		return
-	}
-	if err := unix.Setns(pidfd, unix.CLONE_NEWNS|unix.CLONE_NEWPID|unix.CLONE_NEWIPC); err != nil {
-		errc <- fmt.Errorf("enter the namespaces of the Trial's init: %w", err)
-		return
-	}
-	if err := netns.Set(target); err != nil {
-		errc <- fmt.Errorf("enter netns %s: %w", netnsPath, err)
-		return
-	}
 	errc <- fn()
 }

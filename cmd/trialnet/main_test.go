@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	// The test binary doubles as the trialnet binary, for tests that need
 	// it as a process of its own (signals, terminals).
 	if os.Getenv("TRIALNET_CLI_MAIN") == "1" {
+		if dir := os.Getenv(chrootEnv); dir != "" {
+			enterChroot(dir)
+		}
 		if desc := os.Getenv("TRIALNET_CLI_SESSION_KEY"); desc != "" {
 			execWithSessionKey(desc)
 		}

@@ -104,7 +104,7 @@ func (b *boot) run(ctx context.Context, o *options, bins *built) error {
 		return fmt.Errorf("initramfs: %w", err)
 	}
 	sock := filepath.Join(b.dir, "virtiofs.sock")
-	fsd, err := startVirtiofsd(filepath.Join(b.dir, "root"), sock)
+	fsd, err := startVirtiofsd(filepath.Join(b.dir, "root"), sock, o.keeps)
 	if err != nil {
 		return err
 	}
@@ -141,6 +141,9 @@ func (b *boot) run(ctx context.Context, o *options, bins *built) error {
 
 func (b *boot) qemuArgs(o *options, initrd, sock, planPath string) []string {
 	cmdline := "console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init vmtest.plan=" + planPath
+	for _, k := range o.keeps {
+		cmdline += " vmtest.keep=" + k
+	}
 	if b.k.Append != "" {
 		cmdline += " " + b.k.Append
 	}
@@ -158,14 +161,28 @@ func (b *boot) qemuArgs(o *options, initrd, sock, planPath string) []string {
 
 // startVirtiofsd serves the host's root read-only: in a mount namespace of
 // its own, / is bind-mounted read-only on view and virtiofsd shares view,
-// so no guest write reaches the host, whatever the guest mounts.
-func startVirtiofsd(view, sock string) (*exec.Cmd, error) {
+// so no guest write reaches the host, whatever the guest mounts. The
+// filesystems that hold keeps, if not the root's, are bound in too.
+func startVirtiofsd(view, sock string, keeps []string) (*exec.Cmd, error) {
 	if err := os.MkdirAll(view, 0o755); err != nil {
 		return nil, err
 	}
 	_ = os.Remove(sock)
-	script := `mount --bind / "$1" && mount -o remount,bind,ro "$1" && exec "$2" --socket-path="$3" -o source="$1" -o cache=always -o sandbox=chroot -o no_posix_lock`
-	cmd := exec.Command("/bin/sh", "-c", script, "sh", view, virtiofsd, sock)
+	var mounts []string
+	for _, k := range keeps {
+		m, err := mountPoint(k)
+		if err != nil {
+			return nil, err
+		}
+		if m != "/" && !slices.Contains(mounts, m) {
+			mounts = append(mounts, m)
+		}
+	}
+	script := `v=$1 fsd=$2 sock=$3; shift 3
+mount --bind / "$v" && mount -o remount,bind,ro "$v" || exit 1
+for m; do mount --bind "$m" "$v$m" && mount -o remount,bind,ro "$v$m" || exit 1; done
+exec "$fsd" --socket-path="$sock" -o source="$v" -o cache=always -o sandbox=chroot -o no_posix_lock`
+	cmd := exec.Command("/bin/sh", append([]string{"-c", script, "sh", view, virtiofsd, sock}, mounts...)...)
 	// Go makes the new mount namespace's mounts private before the exec.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
 	log, err := os.Create(filepath.Join(filepath.Dir(sock), "virtiofsd.log"))

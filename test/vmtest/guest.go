@@ -130,13 +130,39 @@ func loadInitramfsModules(dir string) error {
 }
 
 func cmdlineValue(key string) string {
-	b, _ := os.ReadFile("/proc/cmdline")
-	for _, f := range strings.Fields(string(b)) {
-		if v, ok := strings.CutPrefix(f, key+"="); ok {
-			return v
-		}
+	if v := cmdlineValues(key); len(v) > 0 {
+		return v[0]
 	}
 	return ""
+}
+
+// cmdlineValues are the values of every key= on the kernel command line.
+func cmdlineValues(key string) []string {
+	b, _ := os.ReadFile("/proc/cmdline")
+	var out []string
+	for _, f := range strings.Fields(string(b)) {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// guestMounts are what the guest mounts over the host's root, in order.
+var guestMounts = []struct{ src, dst, fs, data string }{
+	{"proc", "/proc", "proc", ""},
+	{"sys", "/sys", "sysfs", ""},
+	{"dev", "/dev", "devtmpfs", ""},
+	{"devpts", "/dev/pts", "devpts", "mode=620,ptmxmode=666"},
+	{"shm", "/dev/shm", "tmpfs", "mode=1777"},
+	{"tmp", "/tmp", "tmpfs", "mode=1777"},
+	{"run", "/run", "tmpfs", "mode=755"},
+	{"var", "/var", "tmpfs", "mode=755"},
+	{"cgroup2", "/sys/fs/cgroup", "cgroup2", "nsdelegate"},
+	{"bpf", "/sys/fs/bpf", "bpf", "mode=700"},
+	{"securityfs", "/sys/kernel/security", "securityfs", ""},
+	{"tracefs", "/sys/kernel/tracing", "tracefs", ""},
+	{"debugfs", "/sys/kernel/debug", "debugfs", ""},
 }
 
 // switchToHostRoot mounts the host's root (virtiofs tag "root") read-only,
@@ -148,21 +174,15 @@ func switchToHostRoot() error {
 	if err := mount("root", nr, "virtiofs", unix.MS_RDONLY, ""); err != nil {
 		return err
 	}
-	for _, m := range []struct{ src, dst, fs, data string }{
-		{"proc", "/proc", "proc", ""},
-		{"sys", "/sys", "sysfs", ""},
-		{"dev", "/dev", "devtmpfs", ""},
-		{"devpts", "/dev/pts", "devpts", "mode=620,ptmxmode=666"},
-		{"shm", "/dev/shm", "tmpfs", "mode=1777"},
-		{"tmp", "/tmp", "tmpfs", "mode=1777"},
-		{"run", "/run", "tmpfs", "mode=755"},
-		{"var", "/var", "tmpfs", "mode=755"},
-		{"cgroup2", "/sys/fs/cgroup", "cgroup2", "nsdelegate"},
-		{"bpf", "/sys/fs/bpf", "bpf", "mode=700"},
-		{"securityfs", "/sys/kernel/security", "securityfs", ""},
-		{"tracefs", "/sys/kernel/tracing", "tracefs", ""},
-		{"debugfs", "/sys/kernel/debug", "debugfs", ""},
-	} {
+	// What the fresh mounts below would hide and the plan needs (a
+	// checkout under /tmp): held aside, moved back on top of them.
+	keeps := cmdlineValues("vmtest.keep")
+	for i, k := range keeps {
+		if err := mount(nr+k, fmt.Sprintf("/keep/%d", i), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return err
+		}
+	}
+	for _, m := range guestMounts {
 		if err := mount(m.src, nr+m.dst, m.fs, 0, m.data); err != nil {
 			return err
 		}
@@ -181,6 +201,14 @@ func switchToHostRoot() error {
 	_ = os.Chmod(nr+"/var/tmp", 0o1777)
 	_ = os.Symlink("/run", nr+"/var/run")
 	_ = os.Symlink("/run/lock", nr+"/var/lock")
+	for i, k := range keeps {
+		if err := os.MkdirAll(nr+k, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(fmt.Sprintf("/keep/%d", i), nr+k, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("put %s back over the fresh mounts: %w", k, err)
+		}
+	}
 	if err := unix.Chdir(nr); err != nil {
 		return err
 	}

@@ -3,7 +3,8 @@
 // Command vmtest runs trialnet's kernel-facing tests on a matrix of
 // Debian's packaged kernels, each booted under QEMU (KVM where /dev/kvm
 // opens, TCG otherwise). The guest's root is the host's root, shared
-// read-only over virtiofs, with fresh tmpfs on /tmp, /run and /var; its
+// read-only over virtiofs, with fresh tmpfs on /tmp, /run and /var (a
+// checkout below them is bound back at its own path); its
 // init is this same binary, built static. The test binaries are built on
 // the host; their output comes back over the guest's second serial line.
 // Per kernel it prints passed, failed and skipped tests, and it exits
@@ -98,7 +99,8 @@ type options struct {
 	mem      string
 	smp      int
 	noDemo   bool
-	accel    accel // chosen once, before the boots
+	accel    accel    // chosen once, before the boots
+	keeps    []string // directories the guest binds back over its fresh mounts (guestKeeps)
 }
 
 func parseFlags() (*options, error) {
@@ -168,6 +170,13 @@ func run(ctx context.Context) error {
 		return err
 	}
 	o.out = out
+	cwd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	if o.keeps, err = guestKeeps(cwd, o.out); err != nil {
+		return err
+	}
 	for _, tool := range []string{"qemu-system-x86_64", virtiofsd} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s is missing: 'make vm-deps' installs QEMU and the kernels: %w", tool, err)

@@ -119,3 +119,34 @@ func TestCpioWriter(t *testing.T) {
 		}
 	}
 }
+
+// A checkout (or output directory) where the guest mounts a fresh tmpfs
+// is bound back, once; one under a kernel filesystem the guest mounts is
+// refused with the reason, as is a path its command line cannot carry.
+func TestGuestKeeps(t *testing.T) {
+	for _, tc := range []struct {
+		dirs []string
+		want []string
+		err  string
+	}{
+		{[]string{"/work/trialnet", "/work/trialnet/bin/vmtest"}, nil, ""},
+		{[]string{"/tmp/trialnet", "/tmp/trialnet/bin/vmtest"}, []string{"/tmp/trialnet"}, ""},
+		{[]string{"/home/me/trialnet", "/var/tmp/out"}, []string{"/var/tmp/out"}, ""},
+		{[]string{"/dev/shm/trialnet", "/run/out"}, []string{"/dev/shm/trialnet", "/run/out"}, ""},
+		{[]string{"/tmpfoo/trialnet"}, nil, ""},
+		{[]string{"/sys/fs/bpf/x"}, nil, "mounts its own /sys/fs/bpf"},
+		{[]string{"/dev/trialnet"}, nil, "mounts its own /dev over"},
+		{[]string{"/tmp/my clone"}, nil, "splits at spaces"},
+	} {
+		got, err := guestKeeps(tc.dirs...)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("guestKeeps(%q): %v, want an error with %q", tc.dirs, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("guestKeeps(%q) = %q, %v; want %q", tc.dirs, got, err, tc.want)
+		}
+	}
+}

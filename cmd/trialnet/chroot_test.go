@@ -1,0 +1,122 @@
+//go:build linux
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/sandbox"
+	"golang.org/x/sys/unix"
+)
+
+// chrootEnv names the directory that this test binary, started as the
+// trialnet command, chroots into first (enterChroot); chrootBindEnv=1
+// makes that directory a mount point first.
+const (
+	chrootEnv     = "TRIALNET_CLI_CHROOT"
+	chrootBindEnv = "TRIALNET_CLI_CHROOT_BIND"
+)
+
+// enterChroot makes dir a root with the host's /usr, /etc, /proc, /sys
+// and /dev in it, and chroots there. It runs in a mount namespace of its
+// own (chrootTrialnet), whose mounts go with it.
+func enterChroot(dir string) {
+	must := func(what string, err error) {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "test chroot: %s: %v\n", what, err)
+			os.Exit(126)
+		}
+	}
+	if os.Getenv(chrootBindEnv) == "1" {
+		must("bind "+dir, unix.Mount(dir, dir, "", unix.MS_BIND, ""))
+	}
+	for _, d := range []string{"/usr", "/etc", "/proc", "/sys", "/dev"} {
+		must("mkdir "+d, os.MkdirAll(dir+d, 0o755))
+		must("bind "+d, unix.Mount(d, dir+d, "", unix.MS_BIND|unix.MS_REC, ""))
+	}
+	for _, d := range []string{"/bin", "/sbin", "/lib", "/lib64"} {
+		if _, err := os.Lstat(dir + d); err == nil {
+			continue // made by an earlier command in this root
+		}
+		if to, err := os.Readlink(d); err == nil { // merged /usr: a link into it
+			must("link "+d, os.Symlink(to, dir+d))
+		} else if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+			must("mkdir "+d, os.MkdirAll(dir+d, 0o755))
+			must("bind "+d, unix.Mount(d, dir+d, "", unix.MS_BIND|unix.MS_REC, ""))
+		}
+	}
+	must("chroot", unix.Chroot(dir))
+	must("chdir", os.Chdir("/"))
+}
+
+// chrootTrialnet is trialnet started in a chroot at root, made a mount
+// point of its own if bind, in a mount namespace of its own.
+func chrootTrialnet(t *testing.T, root string, bind bool, args ...string) (int, string) {
+	t.Helper()
+	cmd := trialnetProcess(t, args...)
+	cmd.Env = append(cmd.Env, chrootEnv+"="+root)
+	if bind {
+		cmd.Env = append(cmd.Env, chrootBindEnv+"=1")
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: unix.CLONE_NEWNS} // Go makes its mounts private
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("trialnet %v in a chroot: %v", args, err)
+	}
+	return cmd.ProcessState.ExitCode(), string(out)
+}
+
+// trialnet in a chroot, where the host's /proc, /sys and /dev are
+// mounted as they would be for one: doctor says it cannot run Trials and
+// why, and run refuses with the same reason before it makes anything. In
+// a chroot that is a mount point of its own, run once started the
+// command at the mount namespace's root, outside the chroot, with the
+// host's /proc in view; in one that is not, it failed in the Trial's
+// setup ("make mounts private: invalid argument").
+func TestPrivilegedRefusedInAChroot(t *testing.T) {
+	privtest.Require(t)
+	for _, bind := range []bool{false, true} {
+		t.Run(fmt.Sprintf("mount point %v", bind), func(t *testing.T) {
+			root := t.TempDir()
+			host := testenv.IsolatedHost(t, "chroot")
+			// A place outside the chroot the command would write to if it
+			// ran outside it.
+			outside := t.TempDir()
+			if err := errors.Join(os.Chmod(filepath.Dir(outside), 0o711), os.Chmod(outside, 0o777)); err != nil {
+				t.Fatal(err)
+			}
+			marker := filepath.Join(outside, "escaped")
+			cfg := fmt.Sprintf("resolvers: [\"127.0.0.1:9\"]\npaths:\n  socket: /run/tn/agent.sock\n  state_dir: /run/tn/state\n  data_dir: /run/tn/data\n"+
+				"  pin_dir: %s\n  netns_dir: /run/tn/netns\n  cgroup_parent: %s\n", host.PinDir, host.Parent)
+			if err := os.WriteFile(filepath.Join(root, "trialnet.yaml"), []byte(cfg), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			reason := "this process's root directory is not its mount namespace's root"
+			code, out := chrootTrialnet(t, root, bind, "doctor")
+			if code == exitOK || !strings.Contains(out, reason) {
+				t.Errorf("doctor in a chroot: exit %d, want a failure naming the chroot:\n%s", code, out)
+			}
+			code, out = chrootTrialnet(t, root, bind, "run", "--config", "/trialnet.yaml", "--uid", "65534", "--gid", "65534", "--",
+				"/bin/sh", "-c", "echo ran > "+marker)
+			if code == exitOK || !strings.Contains(out, sandbox.ErrChroot.Error()) {
+				t.Errorf("run in a chroot: exit %d, want the refusal (%q):\n%s", code, reason, out)
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Errorf("the Trial's command ran outside the chroot: it wrote %s", marker)
+			}
+			if trials, _ := filepath.Glob(filepath.Join(host.Parent, "*", "cgroup.procs")); len(trials) != 0 {
+				t.Errorf("run left cgroups behind: %v", trials)
+			}
+		})
+	}
+}
