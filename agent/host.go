@@ -178,6 +178,24 @@ func (l Layers) String() string {
 // direct egress packets the last wall saw, and the uses of sockets made
 // outside the Trial that the BPF LSM layer refused. It says "ok" only
 // about what an active layer observed.
+// Brief is the verdict in a few words, for run's one summary line: what
+// verdictOf says, without the reasons.
+func (st Stats) Brief() string {
+	v := "0 direct egress packets (ok)"
+	switch {
+	case st.Egress > 0:
+		v = fmt.Sprintf("ALARM: %d direct egress packets dropped", st.Egress)
+	case !st.Layers.BPFLSM:
+		v = "0 direct egress packets (ok; foreign sockets unwatched)"
+	case st.Foreign > 0:
+		v = fmt.Sprintf("0 direct egress packets; ALERT: %d foreign-socket uses refused", st.Foreign)
+	}
+	if st.Learning {
+		v += "; LEARNING: allowlist not enforced"
+	}
+	return v
+}
+
 func verdictOf(c bpf.Counters, l Layers) string {
 	if c.EgressOtherPackets > 0 {
 		return fmt.Sprintf("verdict: ALARM: %d direct egress packets (%d bytes) left a Trial socket and were dropped by the last wall; %d foreign-socket uses refused", c.EgressOtherPackets, c.EgressOtherBytes, c.ForeignSocketDenied)

@@ -14,6 +14,12 @@ import (
 func TestVerdict(t *testing.T) {
 	on := Layers{BPFLSM: true}
 	off := Layers{BPFLSMMissing: "the kernel refused to load a BPF LSM program"}
+	// Promoted fields (bpf.Counters embeds the generated struct) cannot be
+	// named in a literal.
+	var foreign, egress, egress1 bpf.Counters
+	foreign.ForeignSocketDenied = 2
+	egress.EgressOtherPackets, egress.EgressOtherBytes = 3, 180
+	egress1.EgressOtherPackets = 1
 	for _, tc := range []struct {
 		name      string
 		c         bpf.Counters
@@ -23,9 +29,9 @@ func TestVerdict(t *testing.T) {
 	}{
 		{"clean, LSM active", bpf.Counters{}, on, []string{"0 direct egress packets, 0 foreign-socket uses (ok)"}, nil},
 		{"clean, LSM inactive", bpf.Counters{}, off, []string{"0 direct egress packets (ok)", "not observed", "not active"}, []string{"0 foreign-socket uses"}},
-		{"foreign use refused", bpf.Counters{ForeignSocketDenied: 2}, on, []string{"ALERT: 2 foreign-socket uses refused"}, []string{"(ok)"}},
-		{"egress", bpf.Counters{EgressOtherPackets: 3, EgressOtherBytes: 180}, on, []string{"ALARM: 3 direct egress packets (180 bytes)"}, []string{"(ok)", "0 direct"}},
-		{"egress, LSM inactive", bpf.Counters{EgressOtherPackets: 1}, off, []string{"ALARM: 1 direct egress packets"}, []string{"(ok)", "0 direct"}},
+		{"foreign use refused", foreign, on, []string{"ALERT: 2 foreign-socket uses refused"}, []string{"(ok)"}},
+		{"egress", egress, on, []string{"ALARM: 3 direct egress packets (180 bytes)"}, []string{"(ok)", "0 direct"}},
+		{"egress, LSM inactive", egress1, off, []string{"ALARM: 1 direct egress packets"}, []string{"(ok)", "0 direct"}},
 	} {
 		v := verdictOf(tc.c, tc.l)
 		for _, w := range tc.want {
@@ -41,5 +47,26 @@ func TestVerdict(t *testing.T) {
 	}
 	if s := off.String(); !strings.Contains(s, "BPF LSM (the kernel refused") || !strings.Contains(s, "inactive:") {
 		t.Errorf("layers without LSM: %q", s)
+	}
+}
+
+// The summary line's verdict says as little as the full one allows: never
+// "(ok)" alone where foreign sockets went unwatched.
+func TestBrief(t *testing.T) {
+	on := Layers{BPFLSM: true}
+	for _, tc := range []struct {
+		st   Stats
+		want string
+	}{
+		{Stats{Layers: on}, "0 direct egress packets (ok)"},
+		{Stats{}, "0 direct egress packets (ok; foreign sockets unwatched)"},
+		{Stats{Layers: on, Egress: 2}, "ALARM: 2 direct egress packets dropped"},
+		{Stats{Egress: 2}, "ALARM: 2 direct egress packets dropped"},
+		{Stats{Layers: on, Foreign: 1}, "0 direct egress packets; ALERT: 1 foreign-socket uses refused"},
+		{Stats{Layers: on, Learning: true}, "0 direct egress packets (ok); LEARNING: allowlist not enforced"},
+	} {
+		if got := tc.st.Brief(); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.st, got, tc.want)
+		}
 	}
 }

@@ -8,9 +8,17 @@ import (
 	"unicode"
 )
 
-// Counters are one Trial's kernel counters, summed over CPUs. The layout is
-// struct trial_counters from trialnet.bpf.c, carried through bpf2go.
-type Counters trialnetTrialCounters
+// Counters are one Trial's kernel counters, summed over CPUs: struct
+// trial_counters from trialnet.bpf.c, carried through bpf2go, and the
+// counters kept beside a Trial's other entries.
+type Counters struct {
+	trialnetTrialCounters
+	// PtyDenied is struct trial_ptys's denied: pty masters refused past
+	// the Trial's bound. It is kept there, not in trial_counters, whose
+	// layout older trialnets share, so that an upgrade adopts their live
+	// Trials' pinned counters.
+	PtyDenied uint64
+}
 
 // Field is one named counter.
 type Field struct {
@@ -20,9 +28,9 @@ type Field struct {
 
 // Fields lists the counters in the C struct's order.
 func (c Counters) Fields() []Field {
-	v := reflect.ValueOf(c)
+	v := reflect.ValueOf(c.trialnetTrialCounters)
 	t := v.Type()
-	out := make([]Field, 0, t.NumField())
+	out := make([]Field, 0, t.NumField()+1)
 	for i := range t.NumField() {
 		f := t.Field(i)
 		if !f.IsExported() {
@@ -30,7 +38,7 @@ func (c Counters) Fields() []Field {
 		}
 		out = append(out, Field{Name: snake(f.Name), Value: v.Field(i).Uint()})
 	}
-	return out
+	return append(out, Field{Name: "pty_denied", Value: c.PtyDenied})
 }
 
 // Map returns the counters keyed by their snake_case names, for JSON.
@@ -68,7 +76,7 @@ func snake(s string) string {
 
 func sumCounters(per []trialnetTrialCounters) Counters {
 	var sum Counters
-	sv := reflect.ValueOf(&sum).Elem()
+	sv := reflect.ValueOf(&sum.trialnetTrialCounters).Elem()
 	for i := range per {
 		pv := reflect.ValueOf(per[i])
 		for f := range sv.NumField() {

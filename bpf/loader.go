@@ -787,7 +787,23 @@ func (l *Loader) Counters(cgroupID uint64) (Counters, error) {
 		}
 		return Counters{}, fmt.Errorf("counters: %w", err)
 	}
-	return sumCounters(per), nil
+	c := sumCounters(per)
+	var tp trialnetTrialPtys
+	if err := l.ptys.Lookup(&cgroupID, &tp); err == nil {
+		c.PtyDenied = tp.Denied
+	}
+	return c, nil
+}
+
+// EnsurePtys gives the Trial with cgroupID a pty bound of max if it has
+// none: a Trial made by a trialnet before the bound, adopted by this one.
+// Masters it opened before are not counted, nor given back.
+func (l *Loader) EnsurePtys(cgroupID uint64, max uint32) error {
+	err := l.ptys.Update(&cgroupID, &trialnetTrialPtys{Max: uint64(max)}, ebpf.UpdateNoExist)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("give the Trial a pty bound: %w", err)
+	}
+	return nil
 }
 
 // ensurePinDir mounts bpffs when it is absent and creates pinDir (0700: the

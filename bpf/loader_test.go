@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,9 +107,17 @@ func TestCounterNamesMatchBTF(t *testing.T) {
 	if err := spec.Types.TypeByName("trial_counters", &st); err != nil {
 		t.Fatal(err)
 	}
+	// trial_counters' members, then trial_ptys' denied as pty_denied.
+	var ptys *btf.Struct
+	if err := spec.Types.TypeByName("trial_ptys", &ptys); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(ptys.Members, func(m btf.Member) bool { return m.Name == "denied" }) {
+		t.Fatal("struct trial_ptys has no member denied")
+	}
 	fields := Counters{}.Fields()
-	if len(fields) != len(st.Members) {
-		t.Fatalf("%d Go fields, %d C members", len(fields), len(st.Members))
+	if len(fields) != len(st.Members)+1 || fields[len(st.Members)].Name != "pty_denied" {
+		t.Fatalf("%d Go fields, %d C members of trial_counters and pty_denied: %v", len(fields), len(st.Members), fields)
 	}
 	for i, m := range st.Members {
 		if fields[i].Name != m.Name {

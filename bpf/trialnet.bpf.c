@@ -87,7 +87,8 @@ struct trial_counters {
 	__u64 sock_family_denied;    /* socket() of a family outside the allowlist */
 	__u64 ioctl_denied;          /* TIOCSTI, TIOCLINUX */
 	__u64 unix_identity_denied;  /* unix peer not the Trial's nor an allowed inode; or a host task reaching in */
-	__u64 pty_denied;            /* a pty master past the Trial's bound, from any devpts instance */
+	/* pty_denied is struct trial_ptys's: this layout is older trialnets' too,
+	 * so that an upgrade adopts their live Trials' pinned counters. */
 };
 
 struct unix_key {
@@ -151,6 +152,7 @@ struct {
 struct trial_ptys {
 	__u64 open;
 	__u64 max;
+	__u64 denied; /* masters refused past max (or with pty_files_map full): pty_denied */
 };
 
 struct {
@@ -165,7 +167,7 @@ struct {
 /*
  * Each counted pty master (its struct file) and the Trial it counts for,
  * so that it is given back when the file is freed, by whichever task last
- * held it. Full, it refuses the next master (counted in pty_denied): the
+ * held it. Full, it refuses the next master (counted as denied): the
  * host's pty pool (kernel.pty.max, 4,096 by default) runs out long before.
  */
 struct {
@@ -927,7 +929,7 @@ static __always_inline int pty_verdict(struct file *file)
 	} else {
 		__sync_fetch_and_add(&n->open, -1);
 	}
-	COUNT(c, pty_denied);
+	__sync_fetch_and_add(&n->denied, 1);
 	return -ENOSPC;
 }
 

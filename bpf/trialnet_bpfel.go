@@ -41,7 +41,6 @@ type trialnetTrialCounters struct {
 	SockFamilyDenied      uint64
 	IoctlDenied           uint64
 	UnixIdentityDenied    uint64
-	PtyDenied             uint64
 }
 
 type trialnetTrialPolicy struct {
@@ -56,9 +55,10 @@ type trialnetTrialPolicy struct {
 }
 
 type trialnetTrialPtys struct {
-	_    structs.HostLayout
-	Open uint64
-	Max  uint64
+	_      structs.HostLayout
+	Open   uint64
+	Max    uint64
+	Denied uint64
 }
 
 type trialnetUnixIdKey struct {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/trialnet/trialnet/netns"
 )
 
@@ -22,6 +24,9 @@ var ErrChroot = errors.New("cannot run Trials from a chroot: this process's root
 // other, the host's files in view.
 func CheckRoot() error {
 	same, err := netns.RootIsNamespaceRoot()
+	if errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("cannot tell whether this process's root directory is its mount namespace's root (a chroot, where Trials cannot run): %w: joining its own mount namespace needs CAP_SYS_CHROOT besides CAP_SYS_ADMIN; give the agent both (deploy/trialnet.service does)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("cannot tell whether this process's root directory is its mount namespace's root (a chroot, where Trials cannot run): %w", err)
 	}

@@ -490,6 +490,9 @@ func (h *Host) Open(rec Record, ep Endpoint, lns []net.Listener) (_ *Trial, err 
 	if !h.BPF.HasTrial(t.CgroupID) {
 		return nil, errors.New("its cgroup has no policy entry")
 	}
+	if err := h.BPF.EnsurePtys(t.CgroupID, MaxPtys); err != nil {
+		return nil, err
+	}
 	if t.Netns, err = netns.Open(h.netnsDir(), id); err != nil {
 		return nil, err
 	}

@@ -189,6 +189,7 @@ var capBits = map[string]uint{
 	"CAP_BPF":             unix.CAP_BPF,
 	"CAP_PERFMON":         unix.CAP_PERFMON,
 	"CAP_DAC_READ_SEARCH": unix.CAP_DAC_READ_SEARCH,
+	"CAP_SYS_CHROOT":      unix.CAP_SYS_CHROOT,
 }
 
 // effectiveCaps is the CapEff mask of process pid.

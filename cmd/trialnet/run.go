@@ -256,7 +256,7 @@ func summary(st agent.Stats, code int, took time.Duration) string {
 		refused += " (" + strings.Join(top, ", ") + ")"
 	}
 	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s",
-		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused, shortVerdict(st))
+		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused, st.Brief())
 }
 
 // How many refused targets the summary names, and how much of each.
@@ -264,21 +264,6 @@ const (
 	summaryTargets   = 3
 	summaryTargetLen = 48
 )
-
-// shortVerdict is the verdict in a few words.
-func shortVerdict(st agent.Stats) string {
-	v := "0 direct egress packets (ok)"
-	switch {
-	case st.Egress > 0:
-		v = fmt.Sprintf("ALARM: %d direct egress packets dropped", st.Egress)
-	case st.Foreign > 0:
-		v = fmt.Sprintf("0 direct egress packets; ALERT: %d foreign-socket uses refused", st.Foreign)
-	}
-	if st.Learning {
-		v += "; LEARNING: allowlist not enforced"
-	}
-	return v
-}
 
 // shorten cuts s to at most n runes, marking the cut.
 func shorten(s string, n int) string {
