@@ -66,7 +66,7 @@ test: deps test-deps ## run every test, privileged ones included (as root)
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
 # The kernel matrix: Debian's packaged kernels, booted under QEMU by
-# test/vmtest (KVM where /dev/kvm opens, TCG otherwise). The image lands
+# test/vmtest (KVM where a guest runs under it, TCG otherwise). The image lands
 # in /boot and its modules in /lib/modules, which the guest reads through
 # its read-only share of the host's root. Pinned, so that every run boots
 # the same kernels; change them here.
@@ -109,7 +109,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 FUZZTIME ?= 50000x
 FUZZTIME_FORWARD ?= 5000x
 fuzz: ## run each fuzz target for FUZZTIME (default 50000x, executions not seconds: a -fuzztime duration races Go 1.26's fuzz coordinator, golang/go#75804) from its committed seed corpus (minimizing large inputs stalls the fuzzer: bounded to 1s)
-	for t in wire:FuzzParseRequest wire:FuzzClientHello wire:FuzzServerHello wire:FuzzRetryClientHello wire:FuzzHTTPHead guard:FuzzGuard record:FuzzEventJSON agent:FuzzLedgerSlot; do \
+	for t in wire:FuzzParseRequest wire:FuzzClientHello wire:FuzzServerHello wire:FuzzRetryClientHello wire:FuzzHTTPHead guard:FuzzGuard record:FuzzEventJSON agent:FuzzLedgerSlot internal/termquery:FuzzOutput internal/termquery:FuzzAnswers; do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./$${t%%:*} || exit 1; done
 	# The forwarder end to end (a proxy, an upstream and a client per input: ~150-1000/s).
 	for f in FuzzForwardRequest FuzzForwardResponse; do \

@@ -403,17 +403,9 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 		return fmt.Errorf("pid %d: %w", pid, perr)
 	}
 	defer unix.Close(succ)
-	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
-	var hello hoMsg
-	if _, err := fdpass.Recv(c, &hello); err != nil {
-		return fmt.Errorf("pid %d: hello: %w", pid, err)
-	}
-	if hello.PID != pid || fdpass.PeerPID(c) != pid {
-		return fmt.Errorf("pid %d said hello as pid %d", pid, hello.PID)
-	}
-	if why := d.refusal(hello); why != "" {
-		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: why})
-		return fmt.Errorf("pid %d asked to take over: refused: %s", pid, why)
+	hello, err := d.hello(c, pid)
+	if err != nil {
+		return err
 	}
 	a.log.Info("handing over to a new agent", "pid", pid, "pidfd", how)
 	// Calls that change Trials finish first; new ones wait for the end.
@@ -436,21 +428,11 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 			a.hmu.Unlock()
 		}
 	}()
-	names, files, err := d.listenerFiles()
+	names, files, slots, err := d.offerFiles(hello.Shares)
 	if err != nil {
 		return err
 	}
 	defer func() { closeFiles(files) }()
-	var slots map[string]int
-	if hello.Shares {
-		cn, cf, s, cerr := a.countsFiles()
-		if cerr != nil {
-			return cerr
-		}
-		names, files, slots = append(names, cn...), append(files, cf...), s
-		// It counts in its slots from the moment it has the offer.
-		a.proxy.Share(true)
-	}
 	offsets := a.startForwarding(fw)
 	offered = true
 	if err := sendOffer(c, names, files, offsets, a.proxy.Open(), slots); err != nil {
@@ -484,6 +466,42 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	a.log.Info("the new agent serves every listener; this one stopped accepting and drains", "successor", pid, "drain_timeout", d.drainTimeout())
 	close(d.handedOff)
 	return nil
+}
+
+// hello reads the successor's hello on c, from the process pid the
+// connection names, and refuses (telling it why) one this agent may not
+// hand over to.
+func (d *daemon) hello(c *net.UnixConn, pid int) (hoMsg, error) {
+	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
+	var hello hoMsg
+	if _, err := fdpass.Recv(c, &hello); err != nil {
+		return hoMsg{}, fmt.Errorf("pid %d: hello: %w", pid, err)
+	}
+	if hello.PID != pid || fdpass.PeerPID(c) != pid {
+		return hoMsg{}, fmt.Errorf("pid %d said hello as pid %d", pid, hello.PID)
+	}
+	if why := d.refusal(hello); why != "" {
+		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: why})
+		return hoMsg{}, fmt.Errorf("pid %d asked to take over: refused: %s", pid, why)
+	}
+	return hello, nil
+}
+
+// offerFiles are what the offer carries: every listener and, to a
+// successor that shares them, the pages of counts, with its slots. From
+// then on this process counts in its own slots of those pages.
+func (d *daemon) offerFiles(shares bool) (names []string, files []*os.File, slots map[string]int, err error) {
+	names, files, err = d.listenerFiles()
+	if err != nil || !shares {
+		return names, files, nil, err
+	}
+	cn, cf, slots, err := d.a.countsFiles()
+	if err != nil {
+		closeFiles(files)
+		return nil, nil, nil, err
+	}
+	d.a.proxy.Share(true)
+	return append(names, cn...), append(files, cf...), slots, nil
 }
 
 // refusal says why a successor that said hello may not take over ("": it
@@ -806,7 +824,7 @@ func (p *predecessor) close() {
 	}
 }
 
-// shares reports whether it sent its counts pages (shareCounts).
+// shares reports whether it sent its counts pages (offerFiles).
 func (p *predecessor) shares() bool {
 	_, ok := p.slots[nameCounts]
 	return ok

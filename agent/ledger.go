@@ -92,7 +92,7 @@ func slotState(mem []byte, i int) *atomic.Uint32 {
 func (l *ledger) Open(ev *record.Event) func() {
 	line, err := slotLine(ev, ledgerSlot-8)
 	if err != nil {
-		return func() {}
+		return func() {} // only a start time JSON cannot hold (past year 9999)
 	}
 	l.mu.Lock()
 	if len(l.free) == 0 || l.mem == nil {

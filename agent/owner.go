@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/trialnet/trialnet/internal/fdpass"
 )
 
 // Owner names a process beyond pid reuse: its pid and its start time (in
@@ -63,18 +65,9 @@ var errOwnerExited = errors.New("the process has exited")
 // with a pidfd of it. SO_PEERPIDFD (Linux 6.5+) gives a pidfd of the
 // process that connected: unlike a pid, no reuse can make it another's.
 func peerOwner(c *net.UnixConn) (*Owner, *os.File, error) {
-	raw, err := c.SyscallConn()
+	fd, err := fdpass.SocketPidfd(c)
 	if err != nil {
-		return nil, nil, err
-	}
-	fd, serr := -1, error(nil)
-	if err := raw.Control(func(s uintptr) {
-		fd, serr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
-	}); err != nil {
-		return nil, nil, err
-	}
-	if serr != nil {
-		return nil, nil, fmt.Errorf("SO_PEERPIDFD: %w", serr)
+		return nil, nil, fmt.Errorf("SO_PEERPIDFD: %w", err)
 	}
 	o, err := pidfdOwner(fd)
 	if err != nil {

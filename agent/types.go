@@ -104,14 +104,14 @@ type CreateRequest struct {
 	Report string `json:"report,omitempty"`
 }
 
-// MaxNonce is the longest nonce a Trial takes.
-const MaxNonce = 256
+// maxNonce is the longest nonce a Trial takes.
+const maxNonce = 256
 
-// ValidNonce checks a run's nonce: 1 to MaxNonce printable ASCII
+// ValidNonce checks a run's nonce: 1 to maxNonce printable ASCII
 // characters, no spaces, so that it reads the same wherever it is shown.
 func ValidNonce(n string) error {
-	if len(n) == 0 || len(n) > MaxNonce || strings.ContainsFunc(n, func(r rune) bool { return r < 0x21 || r > 0x7e }) {
-		return fmt.Errorf("invalid nonce: use 1-%d printable ASCII characters without spaces (for example a UUID or 32 hex digits from the harness)", MaxNonce)
+	if len(n) == 0 || len(n) > maxNonce || strings.ContainsFunc(n, func(r rune) bool { return r < 0x21 || r > 0x7e }) {
+		return fmt.Errorf("invalid nonce: use 1-%d printable ASCII characters without spaces (for example a UUID or 32 hex digits from the harness)", maxNonce)
 	}
 	return nil
 }

@@ -324,27 +324,28 @@ func TestPrivilegedReceiptBoundToRun(t *testing.T) {
 		}
 	}
 
-	if agent.HavePeerPidfd() != nil {
-		return // run through an agent needs SO_PEERPIDFD (TestPrivilegedCLIWithAgent)
-	}
-	reports := filepath.Join(t.TempDir(), "reports")
-	token := "trialnet-list-" + filepath.Base(dir)
-	marker := filepath.Join(t.TempDir(), token)
-	listed := make(chan string, 1)
-	go func() {
-		deadline := time.Now().Add(20 * time.Second)
-		for !processWith(token) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
+	t.Run("list shows the report's path", func(t *testing.T) {
+		// run through an agent needs SO_PEERPIDFD (TestPrivilegedCLIWithAgent)
+		privtest.RequireKernel(t, agent.HavePeerPidfd())
+		reports := filepath.Join(t.TempDir(), "reports")
+		token := "trialnet-list-" + filepath.Base(dir)
+		marker := filepath.Join(t.TempDir(), token)
+		listed := make(chan string, 1)
+		go func() {
+			deadline := time.Now().Add(20 * time.Second)
+			for !processWith(token) && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			_, out, _ := trialnet("list", "--socket", sock)
+			listed <- out
+			_ = os.WriteFile(marker, nil, 0o644)
+		}()
+		code, _, errOut := trialnet("run", "--socket", sock, "--uid", "65534", "--id", "listed-1", "--report-dir", reports, "--",
+			"sh", "-c", `i=0; while [ ! -e "$1" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done`, token, marker)
+		if out := <-listed; code != 0 || !strings.Contains(out, "listed-1") || !strings.Contains(out, filepath.Join(reports, "listed-1.json")) {
+			t.Fatalf("run: exit %d\n%s\nlist while it ran:\n%s", code, errOut, out)
 		}
-		_, out, _ := trialnet("list", "--socket", sock)
-		listed <- out
-		_ = os.WriteFile(marker, nil, 0o644)
-	}()
-	code, _, errOut := trialnet("run", "--socket", sock, "--uid", "65534", "--id", "listed-1", "--report-dir", reports, "--",
-		"sh", "-c", `i=0; while [ ! -e "$1" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done`, token, marker)
-	if out := <-listed; code != 0 || !strings.Contains(out, "listed-1") || !strings.Contains(out, filepath.Join(reports, "listed-1.json")) {
-		t.Fatalf("run: exit %d\n%s\nlist while it ran:\n%s", code, errOut, out)
-	}
+	})
 }
 
 func healthAnswer(status int, h agent.Health) http.HandlerFunc {

@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,12 +40,12 @@ type reportSink struct {
 	fdID   rootdir.FileID
 }
 
-// DefaultReportDir is where the error text points harnesses for a
+// suggestedReportDir is where the error text points harnesses for a
 // report directory the Trial cannot touch: root's, beside the agent's data.
-const DefaultReportDir = "/var/lib/trialnet/reports"
+const suggestedReportDir = "/var/lib/trialnet/reports"
 
 // reportSafely is what a refusal of a report's place suggests instead.
-const reportSafely = "use --report-dir " + DefaultReportDir + " (root's; the report is DIR/ID.json, its path printed when the run starts), " +
+const reportSafely = "use --report-dir " + suggestedReportDir + " (root's; the report is DIR/ID.json, its path printed when the run starts), " +
 	"--report FILE in a directory only root or another user can write, or --report-fd 3 on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)"
 
 // openReport checks the report flags before anything runs, and where
@@ -260,9 +261,16 @@ func resetTerminal(w io.Writer) {
 	_, _ = io.WriteString(f, terminalReset)
 }
 
-// exitNoLog is verify's exit code for a receipt that verifies, of a
-// Trial that kept a decision log, where no log was found to check.
-const exitNoLog = 3
+// verify's own exit codes, besides exitOK, exitUsage and exitFailure
+// (forged, or another run's).
+const (
+	// exitNoLog: a receipt that verifies, of a Trial that kept a decision
+	// log, where no log was found to check.
+	exitNoLog = 3
+	// exitNoVerdict: a genuine report of a run that ended before its
+	// Trial's verdict (refused, or failed around CMD): no receipt.
+	exitNoVerdict = 4
+)
 
 // cmdVerify checks a receipt (receipt.json, or a run report holding one)
 // against this host's receipt key, the run it is expected to be of
@@ -270,7 +278,7 @@ const exitNoLog = 3
 func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("verify", "verify [--nonce STR] [--trial ID] [--key PUBLIC_KEY] [--log DECISIONS | --no-log] [-j] RECEIPT",
 		"trialnet verify --nonce 3f1c9e0a --trial eval-42 /var/lib/trialnet/reports/eval-42.json\n\n"+
-			"Exit: 0 verified; 125 forged, or another run's (nonce, Trial) or log; 3 the Trial kept a decision log and none was found (give --log, or --no-log); 2 usage.", stderr)
+			"Exit: 0 verified; 125 forged, or another run's (nonce, Trial) or log; 3 the Trial kept a decision log and none was found (give --log, or --no-log); 4 a genuine report of a run that ended without a verdict; 2 usage.", stderr)
 	key := fs.String("key", agent.ReceiptPublicKey(agent.DefaultReceiptKey), "the host's receipt public key")
 	logPath := fs.String("log", "", "the Trial's decisions.jsonl (default: beside RECEIPT, else in "+agent.DefaultDataDir+"/ID)")
 	noLog := fs.Bool("no-log", false, "check no decision log: exit 0 without one")
@@ -327,7 +335,7 @@ func verifyReceipt(path, key string) (agent.Receipt, int, error) {
 		return agent.Receipt{}, exitUsage, err
 	}
 	if err := uniqueKeys(b); err != nil {
-		return agent.Receipt{}, exitFailure, fmt.Errorf("%w: %v", agent.ErrReceiptForged, err)
+		return agent.Receipt{}, exitFailure, fmt.Errorf("%w: it is truncated, not JSON, or ambiguous: %v", agent.ErrReceiptForged, err)
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(b, &fields); err != nil {
@@ -338,6 +346,10 @@ func verifyReceipt(path, key string) (agent.Receipt, int, error) {
 		return agent.Receipt{}, exitUsage, fmt.Errorf("the host's receipt key: %w (give --key)", err)
 	}
 	signed := fields
+	if _, ok := fields[reportSignatureKey]; ok && fields["receipt"] == nil {
+		code, err := failedRun(fields, pub)
+		return agent.Receipt{}, code, err
+	}
 	if inner, ok := fields["receipt"]; ok && fields["signature"] == nil {
 		// A run report: its own fields are signed whole, and the receipt
 		// is one of them.
@@ -366,6 +378,32 @@ func verifyReceipt(path, key string) (agent.Receipt, int, error) {
 		return agent.Receipt{}, exitFailure, err
 	}
 	return r, exitOK, nil
+}
+
+// failedRun is verify's answer to a report without a receipt: a run
+// refused, or failed before its Trial's end. Genuine (its signature
+// holds), it is exitNoVerdict with the run's error; else forged.
+func failedRun(fields map[string]json.RawMessage, pub ed25519.PublicKey) (int, error) {
+	var sig agent.ReportSignature
+	c, err := canonicalReport(fields)
+	if err == nil {
+		err = json.Unmarshal(fields[reportSignatureKey], &sig)
+	}
+	if err == nil {
+		err = sig.Verify(pub, c)
+	}
+	if err != nil {
+		return exitFailure, err
+	}
+	var failed struct {
+		Trial string `json:"trial"`
+		Nonce string `json:"nonce"`
+		Exit  int    `json:"exit_code"`
+		Error string `json:"error"`
+	}
+	_ = json.Unmarshal(c, &failed) // the signed fields
+	return exitNoVerdict, fmt.Errorf("no verdict: run of Trial %s (nonce %q) ended with exit %d before its Trial's end: %s",
+		termsafe.String(failed.Trial), termsafe.String(failed.Nonce), failed.Exit, termsafe.String(failed.Error))
 }
 
 // maxJSONDepth bounds how deep uniqueKeys reads; a report is 4 deep.

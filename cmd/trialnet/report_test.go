@@ -41,43 +41,56 @@ type runReport struct {
 	Receipt agent.SignedReceipt `json:"receipt"`
 }
 
-// The verdict a harness reads is trialnet's: the report goes to a file
-// the Trial cannot write (a symlink it planted there is replaced, its
-// target untouched) or to a descriptor it never had, and carries a
-// receipt that verify accepts, and refuses once changed.
-func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
+// reportFixture is what the report tests share: a directory the Trial's
+// uid can reach and write, outside its own /tmp (sticky, so that it may
+// add its own entries but not move root's; os.Chmod would drop the
+// sticky bit), an operator's file the forger's symlinks point at, and
+// the report path in the shared directory the forger reads ($REPORT).
+type reportFixture struct{ shared, victim, report string }
+
+func newReportFixture(t *testing.T) reportFixture {
+	t.Helper()
 	privtest.Require(t)
 	privtest.RequireTool(t, "curl")
 	installedByTest(t)
-	// A directory the Trial's uid can reach and write, outside its own
-	// /tmp: sticky, so that it may add its own entries but not move
-	// root's (os.Chmod would drop the sticky bit).
-	shared := privtest.SharedDir(t, "report-")
-	if err := unix.Chmod(shared, 0o1777); err != nil {
+	f := reportFixture{shared: privtest.SharedDir(t, "report-"), victim: filepath.Join(t.TempDir(), "operator-file")}
+	if err := unix.Chmod(f.shared, 0o1777); err != nil {
 		t.Fatal(err)
 	}
-	victim := filepath.Join(t.TempDir(), "operator-file")
-	if err := os.WriteFile(victim, []byte("untouched\n"), 0o644); err != nil {
+	if err := os.WriteFile(f.victim, []byte("untouched\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	report := filepath.Join(shared, "report.json")
-	t.Setenv("VICTIM", victim)
-	t.Setenv("REPORT", report)
+	f.report = filepath.Join(f.shared, "report.json")
+	t.Setenv("VICTIM", f.victim)
+	t.Setenv("REPORT", f.report)
+	return f
+}
 
-	check := func(t *testing.T, b []byte) runReport {
-		t.Helper()
-		var r runReport
-		if err := json.Unmarshal(b, &r); err != nil {
-			t.Fatalf("report: %v\n%s", err, b)
-		}
-		if r.Proxy.Denied != 1 || strings.Contains(r.Verdict, "forged") || !strings.Contains(r.Summary, "1 refused (exfil.example.net:443 ×1)") {
-			t.Fatalf("report %+v: want the real verdict, one refusal", r)
-		}
-		if r.Receipt.Signature == nil {
-			t.Fatal("the report carries no signed receipt")
-		}
-		return r
+// checkReport reads a forger's run report: the real verdict, its one
+// refusal, and a receipt.
+func checkReport(t *testing.T, b []byte) runReport {
+	t.Helper()
+	var r runReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("report: %v\n%s", err, b)
 	}
+	if r.Proxy.Denied != 1 || strings.Contains(r.Verdict, "forged") || !strings.Contains(r.Summary, "1 refused (exfil.example.net:443 ×1)") {
+		t.Fatalf("report %+v: want the real verdict, one refusal", r)
+	}
+	if r.Receipt.Signature == nil {
+		t.Fatal("the report carries no signed receipt")
+	}
+	return r
+}
+
+// The verdict a harness reads is trialnet's: the report goes to a file
+// the Trial cannot write or to a descriptor it never had (a pipe), and
+// carries a receipt that verify accepts, and refuses once changed.
+func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
+	f := newReportFixture(t)
+	victim := f.victim
+	report := f.report
+	check := checkReport
 
 	t.Run("file", func(t *testing.T) {
 		// Where the Trial may write the report's directory (sticky or
@@ -156,6 +169,49 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		}
 	})
 
+	t.Run("descriptor", func(t *testing.T) {
+		f, err := os.Create(filepath.Join(t.TempDir(), "fd-report.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report-fd", fmt.Sprint(f.Fd()), "--",
+			"sh", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", f.Fd())))
+		if code != 0 {
+			t.Fatalf("run: exit %d\n%s", code, errOut)
+		}
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, b)
+	})
+
+	// The documented way: a pipe the harness reads.
+	t.Run("descriptor on a pipe", func(t *testing.T) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		got := make(chan []byte, 1)
+		go func() { b, _ := io.ReadAll(r); got <- b }()
+		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report-fd", fmt.Sprint(w.Fd()), "--",
+			"sh", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", w.Fd())))
+		_ = w.Close()
+		if code != 0 {
+			t.Fatalf("run: exit %d\n%s", code, errOut)
+		}
+		check(t, <-got)
+	})
+}
+
+// A report's place the Trial could change is refused before anything is
+// made, opened or written there.
+func TestPrivilegedReportOutOfTheTrialsReach(t *testing.T) {
+	f := newReportFixture(t)
+	shared := f.shared
+
 	// Where the Trial could move a directory on the way, run refuses
 	// before anything runs, and says what to use instead. The attack it
 	// stops: the Trial moves the report's directory away and puts its
@@ -187,7 +243,7 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 			{filepath.Join(world, "report.json"), "world-writable"},
 		} {
 			code, _, errOut := trialnet("run", "--uid", "65534", "--report", c.report, "--", "sh", "-c", swap)
-			if code != exitUsage || !strings.Contains(errOut, "could be swapped by the Trial") || !strings.Contains(errOut, "--report-dir "+DefaultReportDir) ||
+			if code != exitUsage || !strings.Contains(errOut, "could be swapped by the Trial") || !strings.Contains(errOut, "--report-dir "+suggestedReportDir) ||
 				!strings.Contains(errOut, c.why) {
 				t.Fatalf("--report %s: exit %d, want %d and %q\n%s", c.report, code, exitUsage, c.why, errOut)
 			}
@@ -259,68 +315,6 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		}
 	})
 
-	// A directory swapped while the Trial ran (here by root, as no Trial
-	// may): the report is written where run opened it, and run says
-	// loudly that FILE is not it, exit 125 whatever CMD's code (3).
-	t.Run("a directory swapped during the run", func(t *testing.T) {
-		base := t.TempDir()
-		out := filepath.Join(base, "out")
-		if err := os.Mkdir(out, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		token := "trialnet-swap-" + filepath.Base(base)
-		marker := filepath.Join(shared, token)
-		done := make(chan error, 1)
-		go func() { done <- swapWhenRunning(token, out, marker) }()
-		code, _, errOut := trialnet("run", "--uid", "65534", "--report", filepath.Join(out, "report.json"), "--",
-			"sh", "-c", `i=0; while [ ! -e "$1" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 3`, token, marker)
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if code != exitFailure || !strings.Contains(errOut, "REPORT NOT WHERE IT WAS ASKED FOR") || !strings.Contains(errOut, out+".moved") {
-			t.Fatalf("run: exit %d, want %d and the report's real place\n%s", code, exitFailure, errOut)
-		}
-		if _, err := os.Stat(filepath.Join(out+".moved", "report.json")); err != nil {
-			t.Fatalf("the report is not where run opened its directory: %v", err)
-		}
-	})
-
-	t.Run("descriptor", func(t *testing.T) {
-		f, err := os.Create(filepath.Join(t.TempDir(), "fd-report.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report-fd", fmt.Sprint(f.Fd()), "--",
-			"sh", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", f.Fd())))
-		if code != 0 {
-			t.Fatalf("run: exit %d\n%s", code, errOut)
-		}
-		b, err := os.ReadFile(f.Name())
-		if err != nil {
-			t.Fatal(err)
-		}
-		check(t, b)
-	})
-
-	// The documented way: a pipe the harness reads.
-	t.Run("descriptor on a pipe", func(t *testing.T) {
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Close()
-		got := make(chan []byte, 1)
-		go func() { b, _ := io.ReadAll(r); got <- b }()
-		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report-fd", fmt.Sprint(w.Fd()), "--",
-			"sh", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", w.Fd())))
-		_ = w.Close()
-		if code != 0 {
-			t.Fatalf("run: exit %d\n%s", code, errOut)
-		}
-		check(t, <-got)
-	})
-
 	// A descriptor on a file the Trial could replace (its directory is
 	// the Trial's to write) or write itself: refused before anything
 	// runs, as the file at --report is.
@@ -352,6 +346,42 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A report's place moved while the Trial ran is said loudly, exit 125.
+func TestPrivilegedReportMovedDuringTheRun(t *testing.T) {
+	f := newReportFixture(t)
+	shared := f.shared
+
+	// A directory swapped while the Trial ran (here by root, as no Trial
+	// may): the report is written where run opened it, and run says
+	// loudly that FILE is not it, exit 125 whatever CMD's code (3).
+	t.Run("a directory swapped during the run", func(t *testing.T) {
+		base := t.TempDir()
+		out := filepath.Join(base, "out")
+		if err := os.Mkdir(out, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		token := "trialnet-swap-" + filepath.Base(base)
+		marker := filepath.Join(shared, token)
+		done := make(chan error, 1)
+		go func() { done <- swapWhenRunning(token, out, marker) }()
+		code, _, errOut := trialnet("run", "--uid", "65534", "--report", filepath.Join(out, "report.json"), "--",
+			"sh", "-c", `i=0; while [ ! -e "$1" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 3`, token, marker)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if code != exitFailure || !strings.Contains(errOut, "REPORT NOT WHERE IT WAS ASKED FOR") || !strings.Contains(errOut, out+".moved") {
+			t.Fatalf("run: exit %d, want %d and the report's real place\n%s", code, exitFailure, errOut)
+		}
+		if _, err := os.Stat(filepath.Join(out+".moved", "report.json")); err != nil {
+			t.Fatalf("the report is not where run opened its directory: %v", err)
+		}
+	})
+}
+
+// A report is bound to its run: its nonce and its Trial.
+func TestPrivilegedReportBoundToItsRun(t *testing.T) {
 
 	// --report-dir: DIR/ID.json, made if missing, its path said before
 	// the Trial starts; the receipt carries the harness's nonce, and
@@ -366,6 +396,11 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "nonce-b", "--", "true"); code != 0 {
 			t.Fatalf("run --report-dir, no nonce: exit %d\n%s", code, errOut)
 		}
+		// A run refused after its report was opened: a signed report
+		// with no receipt, which verify says is no verdict.
+		if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "nonce-c", "--nonce", "harness-run-c", "--allow", "*.com:443", "--", "true"); code != exitUsage {
+			t.Fatalf("run refused after its report opened: exit %d\n%s", code, errOut)
+		}
 		for _, c := range []struct {
 			args []string
 			code int
@@ -375,6 +410,7 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 			{[]string{"--nonce", "harness-run-b", path}, exitFailure, `carries nonce "harness-run-a", not "harness-run-b"`},
 			{[]string{"--trial", "nonce-b", path}, exitFailure, `of Trial "nonce-a", not "nonce-b"`},
 			{[]string{"--nonce", "harness-run-a", filepath.Join(dir, "nonce-b.json")}, exitFailure, "carries no nonce"},
+			{[]string{"--nonce", "harness-run-c", filepath.Join(dir, "nonce-c.json")}, exitNoVerdict, `no verdict: run of Trial nonce-c (nonce "harness-run-c") ended with exit 2`},
 		} {
 			code, out, errOut := trialnet(append([]string{"verify"}, c.args...)...)
 			if code != c.code || !strings.Contains(out+errOut, c.want) {

@@ -51,11 +51,15 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, true, exitUsage, usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE, --report-dir DIR or --report-fd N"})
 	}
 	// Every way out from here writes the report, a refusal included: a
-	// report left at FILE by an earlier run is not read as this one's.
-	// No Trial has run yet, so none could have moved it.
+	// report left at FILE by an earlier run is not read as this one's. It
+	// carries no receipt: verify says the run ended without a verdict.
 	failRun := func(code int, err error) int {
 		if report != nil {
-			if werr := report.write(map[string]any{"trial": id, "exit_code": code, "error": err.Error()}); werr != nil {
+			failed := map[string]any{"trial": id, "exit_code": code, "error": err.Error()}
+			if *f.nonce != "" {
+				failed["nonce"] = *f.nonce
+			}
+			if werr := report.write(failed); werr != nil {
 				err = errors.Join(err, werr)
 				code = exitFailure
 			}
@@ -117,7 +121,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.verbose = fs.Bool("v", false, "when CMD ends, print the full counter table instead of the one summary line")
 	f.showRefusals = fs.Bool("show-refusals", false, "print each refusal by the proxy on stderr as it happens")
 	f.reportFile = fs.String("report", "", "write the report (verdict, counters, signed receipt) as JSON to FILE, where the Trial cannot write: read the verdict there, never on the terminal")
-	f.reportDir = fs.String("report-dir", "", "write the report to DIR/ID.json, DIR made if missing (for example "+DefaultReportDir+", root's); the path is printed when the run starts and shown by list")
+	f.reportDir = fs.String("report-dir", "", "write the report to DIR/ID.json, DIR made if missing (for example "+suggestedReportDir+", root's); the path is printed when the run starts and shown by list")
 	f.reportFD = fs.Int("report-fd", -1, "write the report to file descriptor N (3 or more), which the Trial never inherits: a pipe the harness reads (--report-fd 3 ... 3>&1 1>&2 | harness)")
 	f.id = fs.String("id", "", "the Trial's id (default: generated), so that a harness knows it beforehand")
 	f.nonce = nonceFlag(fs, nonceUsage)

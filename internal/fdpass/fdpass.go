@@ -164,37 +164,45 @@ func PeerPID(c *net.UnixConn) int {
 	return 0
 }
 
-// soPeerPidfd is SO_PEERPIDFD (Linux 6.5, include/uapi/asm-generic/
-// socket.h), which golang.org/x/sys/unix v0.50.0 does not define yet.
-const soPeerPidfd = 77
-
 // Ways PeerPidfd can take a peer's pidfd, as it reports them.
 const (
-	PidfdFromSocket = "SO_PEERPIDFD"
-	PidfdFromPID    = "pidfd_open of its pid (no SO_PEERPIDFD: a kernel before 6.5)"
+	pidfdFromSocket = "SO_PEERPIDFD"
+	pidfdFromPID    = "pidfd_open of its pid (no SO_PEERPIDFD: a kernel before 6.5)"
 )
 
+// SocketPidfd is the kernel's pidfd (close-on-exec) of the process that
+// made c's other end (SO_PEERPIDFD, Linux 6.5): it names that process
+// even once it has exited and its pid is reused. A kernel without it
+// gives ENOPROTOOPT.
+func SocketPidfd(c *net.UnixConn) (int, error) { return socketPidfd(c, unix.SO_PEERPIDFD) }
+
+func socketPidfd(c *net.UnixConn, opt int) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var serr error
+	if err := raw.Control(func(s uintptr) { fd, serr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, opt) }); err != nil {
+		return -1, err
+	}
+	return fd, serr
+}
+
 // PeerPidfd is a pidfd (close-on-exec) of the process at the other end of
-// c, and how it was taken. The kernel's own (SO_PEERPIDFD) names the
-// process that connected even once it has exited and its pid is reused;
-// a kernel without it gets one opened from the pid, which names whatever
-// process has that pid by then.
-func PeerPidfd(c *net.UnixConn) (fd int, how string, err error) { return peerPidfd(c, soPeerPidfd) }
+// c, and how it was taken: SocketPidfd's, or on a kernel without it one
+// opened from the pid, which names whatever process has that pid by then.
+func PeerPidfd(c *net.UnixConn) (fd int, how string, err error) {
+	return peerPidfd(c, unix.SO_PEERPIDFD)
+}
 
 // peerPidfd is PeerPidfd asking for socket option opt: a test names one
 // no kernel has, to take the older kernels' way.
 func peerPidfd(c *net.UnixConn, opt int) (int, string, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return -1, "", err
-	}
-	fd, how := -1, PidfdFromSocket
-	var serr error
-	if err := raw.Control(func(s uintptr) { fd, serr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, opt) }); err != nil {
-		return -1, "", err
-	}
+	fd, serr := socketPidfd(c, opt)
+	how := pidfdFromSocket
 	if errors.Is(serr, unix.ENOPROTOOPT) {
-		how = PidfdFromPID
+		how = pidfdFromPID
 		fd, serr = -1, nil
 		if pid := PeerPID(c); pid <= 0 {
 			serr = errors.New("the peer's pid is unknown")

@@ -3,6 +3,7 @@
 package fdpass
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -91,7 +92,7 @@ func TestPeerPidfd(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("this kernel: %s", how)
-	if kernelHasPeerPidfd(t, c) && how != PidfdFromSocket {
+	if kernelHasPeerPidfd(t, c) && how != pidfdFromSocket {
 		t.Errorf("this kernel has SO_PEERPIDFD, and the pidfd was taken by %s", how)
 	}
 	if got := pidfdPID(t, fd); got != want {
@@ -100,7 +101,7 @@ func TestPeerPidfd(t *testing.T) {
 	_ = unix.Close(fd)
 	// The older kernels' way, whatever this kernel has.
 	fd, how, err = peerPidfd(c, -1)
-	if err != nil || how != PidfdFromPID {
+	if err != nil || how != pidfdFromPID {
 		t.Fatalf("without the socket option: %q, %v", how, err)
 	}
 	if got := pidfdPID(t, fd); got != want {
@@ -113,7 +114,7 @@ func TestPeerPidfd(t *testing.T) {
 	_ = child.Wait()
 	fd, how, err = PeerPidfd(c)
 	switch {
-	case how == PidfdFromPID:
+	case how == pidfdFromPID:
 		t.Logf("no SO_PEERPIDFD on this kernel: a pidfd of an ended peer is taken from its pid (%v)", err)
 	case err != nil:
 		t.Logf("SO_PEERPIDFD of a reaped peer: %v (this kernel makes no pidfd for it: the hand-over stops there)", err)
@@ -128,16 +129,9 @@ func TestPeerPidfd(t *testing.T) {
 // kernelHasPeerPidfd asks the kernel for SO_PEERPIDFD on c directly.
 func kernelHasPeerPidfd(t *testing.T, c *net.UnixConn) bool {
 	t.Helper()
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
+	fd, err := SocketPidfd(c)
+	if err == nil {
+		_ = unix.Close(fd)
 	}
-	var serr error
-	_ = raw.Control(func(s uintptr) {
-		var fd int
-		if fd, serr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, soPeerPidfd); serr == nil {
-			_ = unix.Close(fd)
-		}
-	})
-	return serr != unix.ENOPROTOOPT
+	return !errors.Is(err, unix.ENOPROTOOPT)
 }

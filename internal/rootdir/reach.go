@@ -268,8 +268,8 @@ func IDOf(path string) (FileID, error) {
 	return FileID{st.Dev, st.Ino}, nil
 }
 
-// IDOfFd is the identity of the file open on fd.
-func IDOfFd(fd int) (FileID, error) {
+// idOfFd is the identity of the file open on fd.
+func idOfFd(fd int) (FileID, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return FileID{}, err

@@ -75,7 +75,7 @@ func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) (FileID, 
 		return FileID{}, err
 	}
 	f := os.NewFile(uintptr(fd), tmp)
-	id, err := IDOfFd(fd)
+	id, err := idOfFd(fd)
 	if err == nil {
 		err = f.Chmod(perm)
 	}

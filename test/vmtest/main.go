@@ -1,8 +1,8 @@
 //go:build linux
 
 // Command vmtest runs trialnet's kernel-facing tests on a matrix of
-// Debian's packaged kernels, each booted under QEMU (KVM where /dev/kvm
-// opens, TCG otherwise). The guest's root is the host's root, shared
+// Debian's packaged kernels, each booted under QEMU (KVM where a guest runs
+// under it, TCG otherwise). The guest's root is the host's root, shared
 // read-only over virtiofs, with fresh tmpfs on /tmp, /run and /var (a
 // checkout below them is bound back at its own path); its
 // init is this same binary, built static. The test binaries are built on
