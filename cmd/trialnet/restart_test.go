@@ -24,6 +24,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/record"
 	"golang.org/x/sys/unix"
 )
@@ -679,16 +680,6 @@ for _ in range(2):
 print("first %s, second %s" % tuple(codes))
 `
 
-// buildTrialnet builds cmd/trialnet from the source tree at dir into out.
-func buildTrialnet(t *testing.T, dir, out string) {
-	t.Helper()
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/trialnet")
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build trialnet in %s: %v\n%s", dir, err, b)
-	}
-}
-
 // An upgrade: the agent runs from a binary at a path; a new build is
 // installed at that path, and SIGUSR2 (systemctl reload) makes the agent
 // start it to take over. The new binary serves, and the load sees
@@ -717,7 +708,7 @@ func TestPrivilegedAgentUpgrade(t *testing.T) {
 	if next == "" {
 		privtest.RequireTool(t, "go")
 		next = filepath.Join(t.TempDir(), "trialnet-next")
-		buildTrialnet(t, "../..", next)
+		testkit.BuildTrialnet(t, "../..", next)
 	}
 	a := newAgentWithConfig(t, "upgrade", echoWorld(t))
 	cmd := exec.Command(installed, "agent", "--config", a.config)
@@ -814,7 +805,7 @@ func TestPrivilegedAgentOlderThanHandover(t *testing.T) {
 			t.Fatalf("the previous build's source (git %s; or pass its binary as TRIALNET_PREVIOUS_AGENT): %v\n%s", rev, err, b)
 		}
 		prev = filepath.Join(t.TempDir(), "trialnet-previous")
-		buildTrialnet(t, src, prev)
+		testkit.BuildTrialnet(t, src, prev)
 	}
 	a := newAgentWithConfig(t, "older", echoWorld(t))
 	old := exec.Command(prev, "agent", "--config", a.config)
