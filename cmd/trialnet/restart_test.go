@@ -333,7 +333,7 @@ print("connected", s.recv(1 << 20)[:40])`, path)
 		t.Logf("a Trial's process at %s: %s", filepath.Base(path), lastLine(out.String()))
 	}
 	l := startLoad(t, a.sock, "ho", 8, 4, 2)
-	waitActive(t, a.sock, "ho", 4)
+	waitActiveAtLeast(t, a.sock, "ho", 4)
 
 	// A successor that takes the listeners and dies.
 	if err := abortedHandover(t, a); err != nil {
@@ -433,9 +433,9 @@ for fd in fds:
     os.close(fd)
 `
 
-// waitActive waits until the agent counts at least n open tunnels of
+// waitActiveAtLeast waits until the agent counts at least n open tunnels of
 // Trial id.
-func waitActive(t *testing.T, sock, id string, n int64) {
+func waitActiveAtLeast(t *testing.T, sock, id string, n int64) {
 	t.Helper()
 	var st agent.Stats
 	for end := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -478,7 +478,7 @@ func TestPrivilegedAgentKilledListenersWait(t *testing.T) {
 	// The long tunnels first, alone, so that all three are open at the
 	// kill (under TCG they can take a while); then the new CONNECTs.
 	lt := startLoad(t, a.sock, "kill", 6, 3, 0)
-	waitActive(t, a.sock, "kill", 3)
+	waitActiveAtLeast(t, a.sock, "kill", 3)
 	lc := startLoad(t, a.sock, "kill", 4, 0, 2)
 	time.Sleep(500 * time.Millisecond)
 	a.stop(t, syscall.SIGKILL)
@@ -531,7 +531,7 @@ func TestPrivilegedAgentDrainTimeout(t *testing.T) {
 	a.start(t)
 	createTrial(t, a.sock, "dt")
 	l := startLoad(t, a.sock, "dt", 8, 3, 2)
-	waitActive(t, a.sock, "dt", 3)
+	waitActiveAtLeast(t, a.sock, "dt", 3)
 	old := a.cmd
 	a.startNext(t)
 	if err := waitExit(t, a, old, 20*time.Second); err != nil {
@@ -563,7 +563,7 @@ func TestPrivilegedAgentDrainFollowsPolicy(t *testing.T) {
 	a.start(t)
 	createTrial(t, a.sock, "dp")
 	l := startLoad(t, a.sock, "dp", 30, 4, 0)
-	waitActive(t, a.sock, "dp", 4)
+	waitActiveAtLeast(t, a.sock, "dp", 4)
 	old := a.cmd
 	a.startNext(t)
 	var st agent.Stats
@@ -722,7 +722,7 @@ func TestPrivilegedAgentUpgrade(t *testing.T) {
 	a.startCmd(t, cmd)
 	createTrial(t, a.sock, "up")
 	l := startLoad(t, a.sock, "up", 8, 4, 2)
-	waitActive(t, a.sock, "up", 4)
+	waitActiveAtLeast(t, a.sock, "up", 4)
 	// Installed as a package manager does: a new file renamed over the
 	// path, while the old one runs on.
 	nb, err := os.ReadFile(next)
