@@ -141,7 +141,7 @@ func TestPrivilegedFaultForkBombIgnoringTERM(t *testing.T) {
 	// Generous: under emulation (the kernel matrix's TCG guests) a
 	// thousand forks take a while.
 	deadline := time.Now().Add(3 * time.Minute)
-	for n := 0; n < 1000; n = procs(t, info.Cgroup) {
+	for n := 0; n < 1000; n = countCgroupProcs(t, info.Cgroup) {
 		if time.Now().After(deadline) {
 			t.Fatalf("only %d processes in the Trial after 3 minutes", n)
 		}
@@ -157,7 +157,8 @@ func TestPrivilegedFaultForkBombIgnoringTERM(t *testing.T) {
 	t.Logf("destroyed a Trial with 1,000 processes ignoring SIGTERM in %v", time.Since(t0))
 }
 
-func procs(t *testing.T, cgroup string) int {
+// countCgroupProcs is how many processes the cgroup at path cgroup holds.
+func countCgroupProcs(t *testing.T, cgroup string) int {
 	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
 	if err != nil {
 		t.Fatal(err)

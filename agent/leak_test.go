@@ -11,17 +11,9 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 )
-
-func countFDs(t *testing.T) int {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(fds)
-}
 
 func cgroupChildren(t *testing.T, parent string) int {
 	t.Helper()
@@ -52,7 +44,7 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	if _, err := a.Destroy(context.Background(), "agt-warm"); err != nil {
 		t.Fatal(err)
 	}
-	fds, gor := countFDs(t), runtime.NumGoroutine()
+	fds, gor := testkit.CountFDs(t), runtime.NumGoroutine()
 	ns, _ := netns.List(a.cfg.Host.NetnsDir)
 	cgs := cgroupChildren(t, a.host.Parent)
 	for i := range 200 {
@@ -70,7 +62,7 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	if n := cgroupChildren(t, a.host.Parent); n != cgs {
 		t.Errorf("Trial cgroups: %d before, %d after", cgs, n)
 	}
-	if n := countFDs(t); n > fds {
+	if n := testkit.CountFDs(t); n > fds {
 		t.Errorf("file descriptors: %d before, %d after (listeners or sockets leaked)", fds, n)
 	}
 	deadline := time.Now().Add(5 * time.Second)

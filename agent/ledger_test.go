@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -144,7 +145,7 @@ func TestLedgerTrimsWhatDoesNotFit(t *testing.T) {
 				!strings.Contains(got.Detail, "trimmed to fit the ledger") {
 				t.Errorf("the trimmed record: %+v", got)
 			}
-			if !keptPrefix(got.Target, ev.Target, 64) || !keptPrefix(got.Rule, ev.Rule, 64) {
+			if !keptPrefix(t, got.Target, ev.Target, 64) || !keptPrefix(t, got.Rule, ev.Rule, 64) {
 				t.Errorf("target %q, rule %q: not a prefix of the request's (%.40q…, %.40q…)", got.Target, got.Rule, ev.Target, ev.Rule)
 			}
 		})
@@ -153,23 +154,14 @@ func TestLedgerTrimsWhatDoesNotFit(t *testing.T) {
 
 // keptPrefix says whether got is want, as JSON reads it back, or a
 // prefix of at least n bytes of it marked with want's length.
-func keptPrefix(got, want string, n int) bool {
+func keptPrefix(t *testing.T, got, want string, n int) bool {
 	mark := "…[" + strconv.Itoa(len(want)) + " bytes]"
-	want = jsonRoundTrip(want)
+	want = testkit.JSONRoundTrip(t, want)
 	if got == want {
 		return true
 	}
 	p, ok := strings.CutSuffix(got, mark)
 	return ok && strings.HasPrefix(want, p) && len(p) >= min(n, len(want))
-}
-
-// jsonRoundTrip is s as it reads back from JSON: invalid UTF-8 becomes
-// U+FFFD.
-func jsonRoundTrip(s string) string {
-	b, _ := json.Marshal(s)
-	var out string
-	_ = json.Unmarshal(b, &out)
-	return out
 }
 
 // FuzzLedgerSlot: whatever a Trial puts in a record's strings, its slot
@@ -209,8 +201,8 @@ func FuzzLedgerSlot(f *testing.F) {
 		}
 		trimmed := got.Detail == ledgerTrimmed
 		for _, f := range []struct{ got, want string }{{got.Target, target}, {got.Host, host}, {got.Rule, rule}, {got.Method, method}, {got.SNI, sni}} {
-			whole := f.got == jsonRoundTrip(f.want)
-			if !whole && (!trimmed || !(f.got == "" || keptPrefix(f.got, f.want, 0)) || len(f.got) > record.MaxRecordField) {
+			whole := f.got == testkit.JSONRoundTrip(t, f.want)
+			if !whole && (!trimmed || !(f.got == "" || keptPrefix(t, f.got, f.want, 0)) || len(f.got) > record.MaxRecordField) {
 				t.Fatalf("%q is neither %.60q whole nor a marked prefix of it (trimmed %v)", f.got, f.want, trimmed)
 			}
 		}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 )
 
@@ -322,7 +323,7 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 		return runtime.NumGoroutine()
 	}
 	gor := runtime.NumGoroutine()
-	fds := countFDs(t)
+	fds := testkit.CountFDs(t)
 	ns, _ := netns.List(cfg.Host.NetnsDir)
 	cgs := cgroupChildren(t, a.host.Parent)
 
@@ -371,8 +372,8 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 	if n := waitGoroutines(gor); n > gor {
 		t.Errorf("goroutines: %d before, %d after", gor, n)
 	}
-	n := countFDs(t)
-	for end := time.Now().Add(5 * time.Second); n > fds && time.Now().Before(end); n = countFDs(t) {
+	n := testkit.CountFDs(t)
+	for end := time.Now().Add(5 * time.Second); n > fds && time.Now().Before(end); n = testkit.CountFDs(t) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if n > fds {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testkit"
 )
 
 // agentProc is a `trialnet agent` process of the test's own.
@@ -40,19 +41,6 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
-}
-
-func buildTrialnet(t *testing.T) string {
-	t.Helper()
-	// Built on the host for a guest of the kernel matrix.
-	if bin := os.Getenv("TRIALNET_TEST_BIN"); bin != "" {
-		return bin
-	}
-	bin := filepath.Join(t.TempDir(), "trialnet")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/trialnet").CombinedOutput(); err != nil {
-		t.Fatalf("build trialnet: %v\n%s", err, out)
-	}
-	return bin
 }
 
 func runAgent(t *testing.T, bin string, args ...string) *agentProc {
@@ -114,7 +102,12 @@ type agentWithTrial struct {
 // paths and creates Trial id through it.
 func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
 	t.Helper()
-	bin := buildTrialnet(t)
+	// The kernel matrix builds trialnet on the host for its guests.
+	bin := os.Getenv("TRIALNET_TEST_BIN")
+	if bin == "" {
+		bin = filepath.Join(t.TempDir(), "trialnet")
+		testkit.BuildTrialnet(t, "..", bin)
+	}
 	dir := t.TempDir()
 	host := isolatedHost(t)
 	sock := filepath.Join(dir, "agent.sock")

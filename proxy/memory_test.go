@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/internal/tlstest"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -195,26 +195,6 @@ func dialProxy(t *testing.T, proxyAddr string) net.Conn {
 	return c
 }
 
-// rss is a process's resident memory, in bytes.
-func rss(t *testing.T, pid int) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
-}
-
 // forwardGET sends one forwarded GET of url through proxyAddr and
 // returns the connection after its request is written.
 func forwardGET(t *testing.T, proxyAddr, url string) net.Conn {
@@ -318,7 +298,16 @@ func testProxyMemory(t *testing.T, hold func(t *testing.T, addr string, i int)) 
 	for range 20 {
 		goodRequest()
 	}
-	base := rss(t, cmd.Process.Pid)
+	// The proxy process's resident memory; none means it is gone.
+	rssBytes := func() int64 {
+		t.Helper()
+		r := testkit.RSSBytes(cmd.Process.Pid)
+		if r == 0 {
+			t.Fatalf("no resident memory for the proxy process %d: it is gone", cmd.Process.Pid)
+		}
+		return r
+	}
+	base := rssBytes()
 	// Half of t1's client connections kept alive, each with its buffer
 	// and its idle upstream connection; the other half, its tunnel cap,
 	// held by hostile responses.
@@ -328,7 +317,7 @@ func testProxyMemory(t *testing.T, hold func(t *testing.T, addr string, i int)) 
 
 	var peak int64
 	sample := func() {
-		if r := rss(t, cmd.Process.Pid); r > peak {
+		if r := rssBytes(); r > peak {
 			peak = r
 		}
 	}

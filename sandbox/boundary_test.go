@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/internal/testpty"
 	"golang.org/x/sys/unix"
 )
@@ -162,9 +163,9 @@ func TestPrivilegedOrphanedInitIsReplaced(t *testing.T) {
 		t.Errorf("a command joined the orphaned init: %d processes, PID 1 is %q; want a new init's /proc", n, pid1)
 	}
 	var st unix.Stat_t
-	for deadline := time.Now().Add(5 * time.Second); unix.Stat(fmt.Sprintf("/proc/%d/task", orphan.pid), &st) == nil && procState(orphan.pid) != "Z"; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); unix.Stat(fmt.Sprintf("/proc/%d/task", orphan.pid), &st) == nil && testkit.ProcState(orphan.pid) != 'Z'; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the orphaned init %d still runs (state %s)", orphan.pid, procState(orphan.pid))
+			t.Fatalf("the orphaned init %d still runs (state %c)", orphan.pid, testkit.ProcState(orphan.pid))
 		}
 	}
 }
@@ -229,19 +230,6 @@ func ignores(pid int, sig unix.Signal) bool {
 		}
 	}
 	return false
-}
-
-// procState is the state letter in /proc/<pid>/stat ("" when gone).
-func procState(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return ""
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2 : i+3]
-	}
-	return ""
 }
 
 // trialnet-exec starts while a new Trial's init still sets the Trial up:

@@ -26,6 +26,7 @@ import (
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 )
 
@@ -148,9 +149,9 @@ func listenIn(t testing.TB, ns *netns.Namespace, network, addr string) netip.Add
 	return netip.MustParseAddrPort(ln.Addr().String())
 }
 
-// listenUnix opens a pathname (or abstract, "@name") unix listener in the
+// listenUnixIn opens a pathname (or abstract, "@name") unix listener in the
 // caller's namespace; a dgram one when dgram is set.
-func listenUnix(t testing.TB, ns *netns.Namespace, name string, dgram bool) {
+func listenUnixIn(t testing.TB, ns *netns.Namespace, name string, dgram bool) {
 	t.Helper()
 	var closer func() error
 	err := ns.Do(func() error {
@@ -223,16 +224,16 @@ func TestPrivilegedTrialRefusesEveryWayOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listenUnix(t, self, hostSock, false)
-	listenUnix(t, self, hostDgram, true)
-	listenUnix(t, self, allowedSock, false)
+	listenUnixIn(t, self, hostSock, false)
+	listenUnixIn(t, self, hostDgram, true)
+	listenUnixIn(t, self, allowedSock, false)
 
 	tr := newTrial(t, h, Spec{UnixPaths: []string{allowedSock}})
 	allowPing(t, tr.Netns)
 	lo4 := listenIn(t, tr.Netns, "tcp4", "127.0.0.1:0")
 	lo6 := listenIn(t, tr.Netns, "tcp6", "[::1]:0")
 	abstract := "@trialnet-test-" + randSuffix()
-	listenUnix(t, tr.Netns, abstract, false)
+	listenUnixIn(t, tr.Netns, abstract, false)
 
 	mapped := netip.AddrPortFrom(netip.AddrFrom16(th.Addr4.As16()), testhost.Port)
 	// Where the LSM layer runs, its peer check judges every unix path (the
@@ -654,7 +655,7 @@ func TestPrivilegedNoLeaks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	fdsBefore := countFDs(t)
+	fdsBefore := testkit.CountFDs(t)
 	for i := range 50 {
 		tr, err := h.Create(Spec{ID: fmt.Sprintf("leak-%d", i), UnixPaths: []string{sock}}, nil, nil)
 		if err != nil {
@@ -680,7 +681,7 @@ func TestPrivilegedNoLeaks(t *testing.T) {
 	if n := h.BPF.TrialCount(); n != 0 {
 		t.Fatalf("%d map entries left", n)
 	}
-	if after := countFDs(t); after > fdsBefore {
+	if after := testkit.CountFDs(t); after > fdsBefore {
 		t.Fatalf("fds grew from %d to %d", fdsBefore, after)
 	}
 }
@@ -734,14 +735,6 @@ func unhookedTrial(t testing.TB, h *Host, ns *netns.Namespace) *Trial {
 	tr := &Trial{Launcher: Launcher{ID: "control", Cgroup: unhooked, Netns: ns}, host: h}
 	removePoolsAtCleanup(t, &tr.Launcher)
 	return tr
-}
-
-func countFDs(t testing.TB) int {
-	entries, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(entries)
 }
 
 // trialProcs lists the Trial's processes other than its init.

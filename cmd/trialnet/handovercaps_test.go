@@ -206,7 +206,7 @@ func TestPrivilegedAgentHandoverSharesCaps(t *testing.T) {
 	// from the start are the old agent's, whose records it writes as
 	// they end, in its drain.
 	logs := startCaps(t, a.sock, "capl", "churn", seconds, "1", "denied.test:443", "0.1", "2", echoTarget)
-	waitActive(t, a.sock, "capt", maxTunnels)
+	waitActiveAtLeast(t, a.sock, "capt", maxTunnels)
 	if n, _ := recordBytes(t, filepath.Join(a.data, "capl", "decisions.jsonl")); n > maxLog/2 {
 		t.Fatalf("Trial capl's log holds %d bytes of records before the hand-over; the test wants it filled after", n)
 	}

@@ -79,7 +79,7 @@ func TestPrivilegedAgentKilledLongTarget(t *testing.T) {
 	}
 	// Both are open: the tunnel echoed, the request reached the upstream
 	// (after its ledger slot was taken).
-	waitActive(t, a.sock, "klong", 2)
+	waitActiveAtLeast(t, a.sock, "klong", 2)
 	for end := time.Now().Add(30 * time.Second); held.accepted.Load() == 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatalf("the forwarded request never reached the upstream:\n%s\n%s", out.String(), a.events())

@@ -21,9 +21,9 @@ import (
 	"github.com/trialnet/trialnet/netns"
 )
 
-// dialProxy connects to the proxy endpoint inside the namespace held
-// open by ns, and says how that went.
-func dialProxy(ns *os.File) error {
+// dialEndpointIn connects to the Trial's proxy endpoint from inside the
+// namespace held open by ns, and says how that went.
+func dialEndpointIn(ns *os.File) error {
 	return netns.Do(fmt.Sprintf("/proc/self/fd/%d", ns.Fd()), func() error {
 		c, err := net.DialTimeout("tcp", agent.ProxyEndpoints[0].String(), 2*time.Second)
 		if err == nil {
@@ -83,7 +83,7 @@ func TestPrivilegedRunThroughAgentKilledIsRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	if err := dialProxy(ns); err != nil {
+	if err := dialEndpointIn(ns); err != nil {
 		t.Fatalf("the Trial's proxy endpoint does not answer while the run lives: %v", err)
 	}
 
@@ -109,7 +109,7 @@ func TestPrivilegedRunThroughAgentKilledIsRemoved(t *testing.T) {
 			t.Fatalf("15 s after its run was killed, the Trial is still there: %s\n%s", strings.Join(left, ", "), log.String())
 		}
 	}
-	if err := dialProxy(ns); !errors.Is(err, syscall.ECONNREFUSED) {
+	if err := dialEndpointIn(ns); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("the removed Trial's proxy endpoint: %v, want connection refused (its listener closed)", err)
 	}
 	if want := fmt.Sprintf("owner pid %d exited", cmd.Process.Pid); !strings.Contains(log.String(), want) {

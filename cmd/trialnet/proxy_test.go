@@ -18,18 +18,8 @@ import (
 
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/internal/testkit"
 )
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
 
 // A bad flag or config stops the proxy before it listens.
 func TestProxyRefusesBadInputBeforeListening(t *testing.T) {
@@ -55,7 +45,7 @@ func TestProxyRefusesBadInputBeforeListening(t *testing.T) {
 		{[]string{"--allow", "a.example.com:443", "--resolver", "dns.google"}, "want an IP address"},
 		{[]string{"--allow", "a.example.com:443", "--bogus"}, "not defined"},
 	} {
-		addr := freePort(t)
+		addr := fmt.Sprintf("127.0.0.1:%d", testkit.FreePort(t))
 		var out, errOut bytes.Buffer
 		code := serveProxy(context.Background(), append(tc.args, "--listen", addr), &out, &errOut, func([]net.Addr) {
 			t.Errorf("%v: the proxy started listening", tc.args)

@@ -24,6 +24,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/record"
 	"golang.org/x/sys/unix"
 )
@@ -332,7 +333,7 @@ print("connected", s.recv(1 << 20)[:40])`, path)
 		t.Logf("a Trial's process at %s: %s", filepath.Base(path), lastLine(out.String()))
 	}
 	l := startLoad(t, a.sock, "ho", 8, 4, 2)
-	waitActive(t, a.sock, "ho", 4)
+	waitActiveAtLeast(t, a.sock, "ho", 4)
 
 	// A successor that takes the listeners and dies.
 	if err := abortedHandover(t, a); err != nil {
@@ -432,9 +433,9 @@ for fd in fds:
     os.close(fd)
 `
 
-// waitActive waits until the agent counts at least n open tunnels of
+// waitActiveAtLeast waits until the agent counts at least n open tunnels of
 // Trial id.
-func waitActive(t *testing.T, sock, id string, n int64) {
+func waitActiveAtLeast(t *testing.T, sock, id string, n int64) {
 	t.Helper()
 	var st agent.Stats
 	for end := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -477,7 +478,7 @@ func TestPrivilegedAgentKilledListenersWait(t *testing.T) {
 	// The long tunnels first, alone, so that all three are open at the
 	// kill (under TCG they can take a while); then the new CONNECTs.
 	lt := startLoad(t, a.sock, "kill", 6, 3, 0)
-	waitActive(t, a.sock, "kill", 3)
+	waitActiveAtLeast(t, a.sock, "kill", 3)
 	lc := startLoad(t, a.sock, "kill", 4, 0, 2)
 	time.Sleep(500 * time.Millisecond)
 	a.stop(t, syscall.SIGKILL)
@@ -530,7 +531,7 @@ func TestPrivilegedAgentDrainTimeout(t *testing.T) {
 	a.start(t)
 	createTrial(t, a.sock, "dt")
 	l := startLoad(t, a.sock, "dt", 8, 3, 2)
-	waitActive(t, a.sock, "dt", 3)
+	waitActiveAtLeast(t, a.sock, "dt", 3)
 	old := a.cmd
 	a.startNext(t)
 	if err := waitExit(t, a, old, 20*time.Second); err != nil {
@@ -562,7 +563,7 @@ func TestPrivilegedAgentDrainFollowsPolicy(t *testing.T) {
 	a.start(t)
 	createTrial(t, a.sock, "dp")
 	l := startLoad(t, a.sock, "dp", 30, 4, 0)
-	waitActive(t, a.sock, "dp", 4)
+	waitActiveAtLeast(t, a.sock, "dp", 4)
 	old := a.cmd
 	a.startNext(t)
 	var st agent.Stats
@@ -679,16 +680,6 @@ for _ in range(2):
 print("first %s, second %s" % tuple(codes))
 `
 
-// buildTrialnet builds cmd/trialnet from the source tree at dir into out.
-func buildTrialnet(t *testing.T, dir, out string) {
-	t.Helper()
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/trialnet")
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build trialnet in %s: %v\n%s", dir, err, b)
-	}
-}
-
 // An upgrade: the agent runs from a binary at a path; a new build is
 // installed at that path, and SIGUSR2 (systemctl reload) makes the agent
 // start it to take over. The new binary serves, and the load sees
@@ -717,7 +708,7 @@ func TestPrivilegedAgentUpgrade(t *testing.T) {
 	if next == "" {
 		privtest.RequireTool(t, "go")
 		next = filepath.Join(t.TempDir(), "trialnet-next")
-		buildTrialnet(t, "../..", next)
+		testkit.BuildTrialnet(t, "../..", next)
 	}
 	a := newAgentWithConfig(t, "upgrade", echoWorld(t))
 	cmd := exec.Command(installed, "agent", "--config", a.config)
@@ -731,7 +722,7 @@ func TestPrivilegedAgentUpgrade(t *testing.T) {
 	a.startCmd(t, cmd)
 	createTrial(t, a.sock, "up")
 	l := startLoad(t, a.sock, "up", 8, 4, 2)
-	waitActive(t, a.sock, "up", 4)
+	waitActiveAtLeast(t, a.sock, "up", 4)
 	// Installed as a package manager does: a new file renamed over the
 	// path, while the old one runs on.
 	nb, err := os.ReadFile(next)
@@ -814,7 +805,7 @@ func TestPrivilegedAgentOlderThanHandover(t *testing.T) {
 			t.Fatalf("the previous build's source (git %s; or pass its binary as TRIALNET_PREVIOUS_AGENT): %v\n%s", rev, err, b)
 		}
 		prev = filepath.Join(t.TempDir(), "trialnet-previous")
-		buildTrialnet(t, src, prev)
+		testkit.BuildTrialnet(t, src, prev)
 	}
 	a := newAgentWithConfig(t, "older", echoWorld(t))
 	old := exec.Command(prev, "agent", "--config", a.config)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/internal/testpty"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
@@ -72,19 +73,6 @@ func expectLine(t *testing.T, lines <-chan string, want string, d time.Duration)
 			t.Fatalf("no %q within %v", want, d)
 		}
 	}
-}
-
-// procState is process pid's state letter (R, S, T, ...), or 0 once it
-// is gone.
-func procState(pid int) byte {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
-		return b[i+2]
-	}
-	return 0
 }
 
 // trialOf finds the Trial that trialnet process pid runs, from the
@@ -161,7 +149,7 @@ func waitTimedOut(t *testing.T, cmd *exec.Cmd, exited <-chan error, start time.T
 		}
 	case <-time.After(time.Until(start.Add(stopTimeout + stopGrace))):
 		t.Fatalf("trialnet run did not end within %v of its %v --timeout (state %c): the deadline waited on it",
-			stopGrace, stopTimeout, procState(cmd.Process.Pid))
+			stopGrace, stopTimeout, testkit.ProcState(cmd.Process.Pid))
 	}
 	if left := tr.leftovers(t, marker); len(left) > 0 {
 		t.Errorf("left behind after the --timeout: %v", left)
@@ -200,7 +188,7 @@ func TestPrivilegedRunTimeoutWhenTheTrialStopsItself(t *testing.T) {
 			stopped := make(chan byte, 1)
 			go func() {
 				for {
-					switch st := procState(cmd.Process.Pid); st {
+					switch st := testkit.ProcState(cmd.Process.Pid); st {
 					case 'T', 't':
 						stopped <- st
 						return
@@ -259,9 +247,9 @@ func TestPrivilegedRunTimeoutWhileTrialnetIsStopped(t *testing.T) {
 			if err := tc.stop(m, cmd.Process.Pid); err != nil {
 				t.Fatal(err)
 			}
-			for end := time.Now().Add(5 * time.Second); procState(cmd.Process.Pid) != 'T'; time.Sleep(5 * time.Millisecond) {
+			for end := time.Now().Add(5 * time.Second); testkit.ProcState(cmd.Process.Pid) != 'T'; time.Sleep(5 * time.Millisecond) {
 				if time.Now().After(end) {
-					t.Fatalf("trialnet did not stop (state %c)", procState(cmd.Process.Pid))
+					t.Fatalf("trialnet did not stop (state %c)", testkit.ProcState(cmd.Process.Pid))
 				}
 			}
 			waitTimedOut(t, cmd, exited, start, tr, marker)
@@ -275,15 +263,15 @@ func TestPrivilegedRunTimeoutWhileTrialnetIsStopped(t *testing.T) {
 func endShell(sh *exec.Cmd, pid int) {
 	_ = sh.Process.Kill()
 	_ = sh.Wait()
-	if pid == 0 || procState(pid) == 0 {
+	if pid == 0 || testkit.ProcState(pid) == 0 {
 		return
 	}
 	_ = unix.Kill(pid, unix.SIGCONT)
 	_ = unix.Kill(pid, unix.SIGTERM)
-	for end := time.Now().Add(15 * time.Second); procState(pid) != 0 && time.Now().Before(end); {
+	for end := time.Now().Add(15 * time.Second); testkit.ProcState(pid) != 0 && time.Now().Before(end); {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if procState(pid) != 0 {
+	if testkit.ProcState(pid) != 0 {
 		_ = unix.Kill(pid, unix.SIGKILL)
 	}
 }
@@ -341,7 +329,7 @@ func TestPrivilegedRunTimeoutInTheBackground(t *testing.T) {
 					}
 				case <-deadline:
 					t.Fatalf("trialnet run in the background did not end within %v of its %v --timeout (state %c)",
-						stopGrace, stopTimeout, procState(pid))
+						stopGrace, stopTimeout, testkit.ProcState(pid))
 				}
 			}
 			if left := tr.leftovers(t, marker); len(left) > 0 {
@@ -560,7 +548,7 @@ func TestPrivilegedRunTrialCannotChooseTheSuspendKey(t *testing.T) {
 			return
 		default:
 		}
-		if st := procState(cmd.Process.Pid); st == 'T' || st == 't' {
+		if st := testkit.ProcState(cmd.Process.Pid); st == 'T' || st == 't' {
 			t.Fatalf("a key the Trial made its suspend character stopped trialnet (state %c)", st)
 		}
 		if time.Now().After(end) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/termsafe"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -92,7 +93,7 @@ func TestPrintingCommandsEscapeTrialText(t *testing.T) {
 				out[cmd] = stdout
 			}
 			// What went through JSON holds invalid UTF-8 as U+FFFD.
-			hj := jsonRoundTrip(t, h)
+			hj := testkit.JSONRoundTrip(t, h)
 			for cmd, o := range out {
 				want := termsafe.String(h)
 				if strings.HasPrefix(cmd, "audit") || strings.HasPrefix(cmd, "stats") {
@@ -108,27 +109,13 @@ func TestPrintingCommandsEscapeTrialText(t *testing.T) {
 				}
 			}
 			var got []record.Event
-			if err := json.Unmarshal([]byte(out["audit -j"]), &got); err != nil || !reflect.DeepEqual(got, jsonRoundTrip(t, recs)) {
+			if err := json.Unmarshal([]byte(out["audit -j"]), &got); err != nil || !reflect.DeepEqual(got, testkit.JSONRoundTrip(t, recs)) {
 				t.Errorf("audit -j reads back as %+v (%v), want %+v", got, err, recs)
 			}
 			var gotSt agent.Stats
-			if err := json.Unmarshal([]byte(out["stats -j"]), &gotSt); err != nil || !reflect.DeepEqual(gotSt, jsonRoundTrip(t, st)) {
+			if err := json.Unmarshal([]byte(out["stats -j"]), &gotSt); err != nil || !reflect.DeepEqual(gotSt, testkit.JSONRoundTrip(t, st)) {
 				t.Errorf("stats -j reads back as %+v (%v), want %+v", gotSt, err, st)
 			}
 		})
 	}
-}
-
-// jsonRoundTrip is v as encoding/json gives it back.
-func jsonRoundTrip[T any](t *testing.T, v T) T {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back T
-	if err := json.Unmarshal(b, &back); err != nil {
-		t.Fatal(err)
-	}
-	return back
 }

@@ -1,5 +1,6 @@
-// Package doccheck holds the tests that keep the repository's documents
-// true to its code: the tests SECURITY.md names are where it says,
-// docs/design.md's dependency graph is what the packages import, and the
-// README stays a first screen (at most 200 lines).
+// Package doccheck holds the tests that keep the repository true to
+// itself where no compiler looks: the tests SECURITY.md names are where
+// it says, docs/design.md's dependency graph is what the packages import,
+// the README stays a first screen (at most 200 lines), and no test helper
+// is defined in two packages.
 package doccheck

@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -271,5 +272,49 @@ func TestReadmeStaysShort(t *testing.T) {
 	}
 	if n := strings.Count(string(b), "\n"); n > maxReadme {
 		t.Fatalf("README.md is %d lines, more than %d: move reference material to docs/", n, maxReadme)
+	}
+}
+
+// A test helper lives in one place: an unexported function of test files
+// defined in two packages is two copies that drift apart (one rss gave
+// bytes, the other KiB) or one name for two jobs. Share it from a package
+// under internal/, or name each for what it does. Test, Benchmark, Fuzz
+// and Example functions and TestMain are exported, so never counted.
+func TestTestHelpersLiveOnce(t *testing.T) {
+	where := map[string][]string{} // helper name → "dir (package)"
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if !d.IsDir() {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ".") && rel != "." || d.Name() == "testdata" {
+			return filepath.SkipDir
+		}
+		seen := map[string]bool{} // a package's helpers, counted once
+		for _, f := range parseDir(t, rel, true) {
+			for _, decl := range f.Decls {
+				fn, ok := decl.(*ast.FuncDecl)
+				if !ok || fn.Recv != nil || fn.Name.IsExported() || fn.Name.Name == "_" {
+					continue
+				}
+				pkg := rel + " (" + f.Name.Name + ")"
+				if key := pkg + fn.Name.Name; !seen[key] {
+					seen[key] = true
+					where[fn.Name.Name] = append(where[fn.Name.Name], pkg)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range slices.Sorted(maps.Keys(where)) {
+		if pkgs := where[name]; len(pkgs) > 1 {
+			t.Errorf("test helper %s is defined in %d packages: %s", name, len(pkgs), strings.Join(pkgs, ", "))
+		}
 	}
 }

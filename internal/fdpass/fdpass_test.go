@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testkit"
 )
 
 // pair is a connected SOCK_SEQPACKET pair, closed with the test.
@@ -108,7 +109,7 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("an oversized message: %v", err)
 	}
 	// Not JSON, with a file attached: an error, and the file closed.
-	before := openFDs(t)
+	before := testkit.CountFDs(t)
 	rights := unix.UnixRights(int(f.Fd()))
 	if _, _, err := a.WriteMsgUnix([]byte("{not json"), rights, nil); err != nil {
 		t.Fatal(err)
@@ -117,7 +118,7 @@ func TestRefusals(t *testing.T) {
 	if files, err := Recv(b, &m); err == nil || files != nil {
 		t.Fatalf("a message that is not JSON: %d files, %v", len(files), err)
 	}
-	if after := openFDs(t); after != before {
+	if after := testkit.CountFDs(t); after != before {
 		t.Errorf("open descriptors %d before, %d after a refused message", before, after)
 	}
 	// A closed peer reads as an error, not as an empty message.
@@ -125,15 +126,6 @@ func TestRefusals(t *testing.T) {
 	if _, err := Recv(b, &m); err == nil {
 		t.Error("Recv from a closed peer: no error")
 	}
-}
-
-func openFDs(t *testing.T) int {
-	t.Helper()
-	e, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(e)
 }
 
 // ListenAt puts a root-only socket at the path in one rename, replacing

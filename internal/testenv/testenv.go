@@ -8,11 +8,8 @@ package testenv
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -86,18 +83,6 @@ func KillAndRemove(dir string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return unix.Rmdir(dir)
-}
-
-// RSS is a process's resident memory in KiB (0 if it is gone).
-func RSS(pid int) int64 {
-	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb
-		}
-	}
-	return 0
 }
 
 // SeedBwrap is bwrap in the shape the seed runs each Harness in: the host

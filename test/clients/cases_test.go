@@ -281,7 +281,7 @@ func nodeReadsProxy(version string, major, minor int) bool {
 // variables removed fails closed at the kernel.
 func TestPrivilegedClients(t *testing.T) {
 	privtest.Require(t)
-	w := newWorld(t)
+	w := newAgentWorld(t)
 	for _, c := range append(clients, sshClient(w)) {
 		t.Run(c.name, func(t *testing.T) {
 			if why := c.missing(); why != "" {
@@ -355,7 +355,7 @@ func exercise(t *testing.T, w *world, c client) {
 		case e.Reason != record.ReasonPolicyDenied:
 			t.Errorf("off-list name refused as %s, want %s", e.Reason, record.ReasonPolicyDenied)
 		default:
-			t.Logf("off-list name %s: refused, reason %s; the client said: %s", deniedHost, e.Reason, lastLine(out))
+			t.Logf("off-list name %s: refused, reason %s; the client said: %s", deniedHost, e.Reason, errorLine(out))
 		}
 		if w.hitsFor(deniedHost) != 0 || w.accepts.Load() != accepts {
 			t.Errorf("off-list name: the upstreams were reached")

@@ -67,7 +67,8 @@ type world struct {
 	hits    map[string]int // requests by Host
 }
 
-func newWorld(t *testing.T) *world {
+// newAgentWorld starts a world: its test host, upstreams, DNS and agent.
+func newAgentWorld(t *testing.T) *world {
 	t.Helper()
 	dir := privtest.SharedDir(t, "clients-")
 	w := &world{host: testhost.NewT(t, subnet), dir: dir, caFile: filepath.Join(dir, "ca.pem"),
@@ -304,13 +305,13 @@ func (tc *trial) failedClosed(what string, code int, out string, accepts int64, 
 	case egress != 0:
 		tc.t.Errorf("%s: %d direct egress packets", what, egress)
 	default:
-		tc.t.Logf("%s: failed closed (exit %d, %d kernel refusals, 0 direct egress packets): %s", what, code, r-refused, lastLine(out))
+		tc.t.Logf("%s: failed closed (exit %d, %d kernel refusals, 0 direct egress packets): %s", what, code, r-refused, errorLine(out))
 	}
 }
 
-// lastLine is the line of a client's output that says why it failed:
+// errorLine is the line of a client's output that says why it failed:
 // the first naming an error, else the last.
-func lastLine(s string) string {
+func errorLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	for _, l := range lines {
 		lower := strings.ToLower(l)

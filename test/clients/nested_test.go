@@ -57,7 +57,7 @@ func TestPrivilegedNestedSandbox(t *testing.T) {
 	for _, b := range []string{"bwrap", "socat", "curl"} {
 		privtest.RequireTool(t, b)
 	}
-	w := newWorld(t)
+	w := newAgentWorld(t)
 	host, reached := hostSocket(t)
 	allowedSock := filepath.Join(privtest.SharedDir(t, "allowed-"), "allowed.sock")
 	allowedHits := privtest.ServeUnix(t, allowedSock, "allowed-socket\n")
@@ -170,7 +170,7 @@ exit $code`
 func TestPrivilegedNestedSignalsAndCleanup(t *testing.T) {
 	privtest.Require(t)
 	privtest.RequireTool(t, "bwrap")
-	w := newWorld(t)
+	w := newAgentWorld(t)
 	tc := w.nestedTrial(t, "nested-signals", agent.CreateRequest{Allow: []string{"allowed." + domain + ":443"}})
 	if tc == nil {
 		return

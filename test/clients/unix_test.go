@@ -125,7 +125,7 @@ func hostSocket(t *testing.T) (string, *atomic.Int64) {
 
 func TestPrivilegedOwnUnixTools(t *testing.T) {
 	privtest.Require(t)
-	w := newWorld(t)
+	w := newAgentWorld(t)
 	host, reached := hostSocket(t)
 	for _, tool := range unixTools {
 		t.Run(tool.name, func(t *testing.T) {

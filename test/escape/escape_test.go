@@ -30,6 +30,7 @@ import (
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 )
@@ -199,7 +200,7 @@ func runEscapeeIn(t *testing.T, c *canaries, tr *sandbox.Launcher, inboundAt net
 	bin := escapee(t)
 	// A port free on this host: in two of the runs escapee listens in the
 	// host's namespace, where other tests' listeners live too.
-	port := freePort(t)
+	port := testkit.FreePort(t)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() { c.knock(netip.AddrPortFrom(inboundAt, port), stop) })
@@ -282,16 +283,6 @@ func listenLoopback(t *testing.T, ns *netns.Namespace, n *atomic.Int64) string {
 	t.Cleanup(func() { _ = ln.Close() })
 	go testhost.CountAccepts(ln, n)
 	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-}
-
-func freePort(t *testing.T) uint16 {
-	t.Helper()
-	ln, err := net.Listen("tcp", ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return uint16(ln.Addr().(*net.TCPAddr).Port)
 }
 
 func deniedTotal(k map[string]uint64) uint64 {

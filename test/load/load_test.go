@@ -30,6 +30,7 @@ import (
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/record"
 )
@@ -112,7 +113,7 @@ func TestPrivilegedLoad(t *testing.T) {
 	}
 	pid := proc.Process.Pid
 
-	fd0, mem0 := fds(pid), testenv.RSS(pid)
+	fd0, mem0 := fds(pid), testkit.RSSBytes(pid)
 	target := fmt.Sprintf("%s:%d", name, echoPort)
 	var infos []agent.TrialInfo
 	for i := range trials {
@@ -146,7 +147,7 @@ func TestPrivilegedLoad(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	memPeak := testenv.RSS(pid)
+	memPeak := testkit.RSSBytes(pid)
 	for _, info := range infos {
 		st, err := a.Destroy(context.Background(), info.ID)
 		if err != nil {
@@ -164,7 +165,7 @@ func TestPrivilegedLoad(t *testing.T) {
 		}
 	}
 	t.Logf("%d Trials x %d tunnels for %v: %d MiB checksummed each way; agent RSS %d MiB before, %d MiB under load",
-		trials, tunnels, duration, moved.Load()>>20, mem0>>10, memPeak>>10)
+		trials, tunnels, duration, moved.Load()>>20, mem0>>20, memPeak>>20)
 
 	if n, _ := netns.List(host.NetnsDir); len(n) != 0 {
 		t.Errorf("namespaces left: %v", n)
@@ -176,16 +177,16 @@ func TestPrivilegedLoad(t *testing.T) {
 		}
 	}
 	settle := time.Now().Add(10 * time.Second)
-	for (fds(pid) > fd0 || testenv.RSS(pid) > mem0+16<<10) && time.Now().Before(settle) {
+	for (fds(pid) > fd0 || testkit.RSSBytes(pid) > mem0+16<<20) && time.Now().Before(settle) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if n := fds(pid); n > fd0 {
 		t.Errorf("agent file descriptors: %d before, %d after", fd0, n)
 	}
-	if mem := testenv.RSS(pid); mem > mem0+16<<10 {
-		t.Errorf("agent RSS %d MiB after, %d MiB before: not back near the start", mem>>10, mem0>>10)
+	if mem := testkit.RSSBytes(pid); mem > mem0+16<<20 {
+		t.Errorf("agent RSS %d MiB after, %d MiB before: not back near the start", mem>>20, mem0>>20)
 	} else {
-		t.Logf("agent RSS back to %d MiB", mem>>10)
+		t.Logf("agent RSS back to %d MiB", mem>>20)
 	}
 	if n := strings.Count(agentErr.String(), "level=ERROR"); n > 0 {
 		t.Errorf("agent logged %d errors:\n%s", n, agentErr.String())

@@ -444,7 +444,7 @@ func idle(e *env, r *route, res *results) error {
 	closeNow(c)
 	time.Sleep(100 * time.Millisecond)
 	pid := p.cmd.Process.Pid
-	before := treeRSS(pid)
+	before := treeRSSBytes(pid)
 	conns := make([]net.Conn, 0, idleTunnels)
 	// The upstream ends each tunnel (see 'I'), and the client waits for
 	// that to arrive before it resets its side.
@@ -470,7 +470,7 @@ func idle(e *env, r *route, res *results) error {
 		conns = append(conns, c)
 	}
 	time.Sleep(300 * time.Millisecond)
-	res.add("idle", r.name, float64(treeRSS(pid)-before)/idleTunnels)
+	res.add("idle", r.name, float64(treeRSSBytes(pid)-before)/(1<<10)/idleTunnels)
 	return nil
 }
 

@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/internal/testkit"
 )
 
 // smokescreenModule is the pinned peer version, built into the run's temp
@@ -252,11 +252,11 @@ func freeAddr() (string, error) {
 
 func port(addr string) string { return addr[strings.LastIndexByte(addr, ':')+1:] }
 
-// treeRSS sums VmRSS (KiB) of pid and its descendants.
-func treeRSS(pid int) int64 {
+// treeRSSBytes sums the resident memory of pid and its descendants.
+func treeRSSBytes(pid int) int64 {
 	total := int64(0)
 	for _, p := range append([]int{pid}, descendants(pid)...) {
-		total += testenv.RSS(p)
+		total += testkit.RSSBytes(p)
 	}
 	return total
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/resolve"
@@ -263,11 +264,11 @@ func mustResolver(b *testing.B, addr string) resolve.Resolver {
 	return r
 }
 
-// rss is this process's resident memory in KiB after a full collection.
-func rss() int64 {
+// selfRSSBytes is this process's resident memory after a full collection.
+func selfRSSBytes() int64 {
 	runtime.GC()
 	debug.FreeOSMemory()
-	return testenv.RSS(os.Getpid())
+	return testkit.RSSBytes(os.Getpid())
 }
 
 // BenchmarkIdleTrialMemory: the agent's resident memory per idle Trial
@@ -276,17 +277,17 @@ func BenchmarkIdleTrialMemory(b *testing.B) {
 	e := setup(b)
 	const n = 1000
 	{ // measured once whatever b.N: a size, not a rate
-		before := rss()
+		before := selfRSSBytes()
 		for i := range n {
 			if _, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "mem-" + strconv.Itoa(i), Allow: []string{target}}); err != nil {
 				b.Fatal(err)
 			}
 		}
-		after := rss()
+		after := selfRSSBytes()
 		for i := range n {
 			_, _ = e.a.Destroy(context.Background(), "mem-"+strconv.Itoa(i))
 		}
-		b.ReportMetric(float64(after-before)/n, "KiB/Trial")
+		b.ReportMetric(float64(after-before)/(1<<10)/n, "KiB/Trial")
 	}
 }
 

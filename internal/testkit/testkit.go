@@ -1,0 +1,97 @@
+// Package testkit holds the helpers that tests in more than one package
+// share and that need only the standard library: what /proc says about a
+// process, building trialnet, a free port, a JSON round trip. Tests of
+// agent, sandbox and proxy import it; internal/testenv, which imports
+// agent, would be a cycle for them and a weight for the rest.
+package testkit
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// RSSBytes is process pid's resident memory in bytes, or 0 once it is
+// gone (a live process always has some).
+func RSSBytes(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10 // the kernel's "kB" is KiB
+		}
+	}
+	return 0
+}
+
+// ProcState is process pid's state letter (R, S, T, Z, ...), or 0 once
+// it is gone.
+func ProcState(pid int) byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name in parentheses may hold anything, ")" included:
+	// the state follows the last one.
+	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2]
+	}
+	return 0
+}
+
+// CountFDs is how many file descriptors this process has open.
+func CountFDs(t testing.TB) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(fds)
+}
+
+// BuildTrialnet builds cmd/trialnet from the source tree at dir (the
+// module's top) into out.
+func BuildTrialnet(t testing.TB, dir, out string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/trialnet")
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build trialnet in %s: %v\n%s", dir, err, b)
+	}
+}
+
+// FreePort is a TCP port nothing on this host listens on, on any
+// address, as the test starts (another may take it before the test does).
+func FreePort(t testing.TB) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// JSONRoundTrip is v as encoding/json gives it back: invalid UTF-8 in a
+// string becomes U+FFFD, a time loses its monotonic reading.
+func JSONRoundTrip[T any](t testing.TB, v T) T {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back T
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	return back
+}
