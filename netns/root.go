@@ -3,6 +3,7 @@
 package netns
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -42,8 +43,10 @@ func RootIsNamespaceRoot() (bool, error) {
 	return same, err
 }
 
-// mountedFile is a file by its mount and inode.
-type mountedFile struct{ mnt, ino uint64 }
+// mountedFile is a file by its mount, device and inode: two roots of
+// filesystems of one kind share an inode number (2 on ext4), and a mount
+// id alone is one mount of possibly several of the same filesystem.
+type mountedFile struct{ mnt, devMajor, devMinor, ino uint64 }
 
 // rootOf is the calling thread's root directory.
 func rootOf() (mountedFile, error) {
@@ -51,5 +54,8 @@ func rootOf() (mountedFile, error) {
 	if err := unix.Statx(unix.AT_FDCWD, "/", 0, unix.STATX_INO|unix.STATX_MNT_ID, &st); err != nil {
 		return mountedFile{}, fmt.Errorf("statx /: %w", err)
 	}
-	return mountedFile{st.Mnt_id, st.Ino}, nil
+	if st.Mask&unix.STATX_MNT_ID == 0 {
+		return mountedFile{}, errors.New("statx /: the kernel gives no mount id (before Linux 5.8)")
+	}
+	return mountedFile{st.Mnt_id, uint64(st.Dev_major), uint64(st.Dev_minor), st.Ino}, nil
 }
