@@ -24,6 +24,9 @@ import (
 const (
 	chrootEnv     = "TRIALNET_CLI_CHROOT"
 	chrootBindEnv = "TRIALNET_CLI_CHROOT_BIND"
+	// chrootPivotEnv=1 makes the directory the mount namespace's root
+	// instead (pivot_root, the old root detached), as a container does.
+	chrootPivotEnv = "TRIALNET_CLI_CHROOT_PIVOT"
 )
 
 // enterChroot makes dir a root with the host's /usr, /etc, /proc, /sys
@@ -36,7 +39,8 @@ func enterChroot(dir string) {
 			os.Exit(126)
 		}
 	}
-	if os.Getenv(chrootBindEnv) == "1" {
+	pivot := os.Getenv(chrootPivotEnv) == "1"
+	if os.Getenv(chrootBindEnv) == "1" || pivot {
 		must("bind "+dir, unix.Mount(dir, dir, "", unix.MS_BIND, ""))
 	}
 	for _, d := range []string{"/usr", "/etc", "/proc", "/sys", "/dev"} {
@@ -54,6 +58,13 @@ func enterChroot(dir string) {
 			must("bind "+d, unix.Mount(d, dir+d, "", unix.MS_BIND|unix.MS_REC, ""))
 		}
 	}
+	if pivot {
+		must("mkdir old root", os.MkdirAll(dir+"/.oldroot", 0o700))
+		must("pivot_root", unix.PivotRoot(dir, dir+"/.oldroot"))
+		must("chdir", os.Chdir("/"))
+		must("detach the old root", unix.Unmount("/.oldroot", unix.MNT_DETACH))
+		return
+	}
 	must("chroot", unix.Chroot(dir))
 	must("chdir", os.Chdir("/"))
 }
@@ -62,10 +73,18 @@ func enterChroot(dir string) {
 // point of its own if bind, in a mount namespace of its own.
 func chrootTrialnet(t *testing.T, root string, bind bool, args ...string) (int, string) {
 	t.Helper()
+	return rootedTrialnet(t, root, map[bool]string{true: chrootBindEnv}[bind], args...)
+}
+
+// rootedTrialnet is trialnet started in root, entered as mode (an env
+// name set to 1: chrootBindEnv, chrootPivotEnv; "": a plain chroot), in
+// a mount namespace of its own.
+func rootedTrialnet(t *testing.T, root, mode string, args ...string) (int, string) {
+	t.Helper()
 	cmd := trialnetProcess(t, args...)
 	cmd.Env = append(cmd.Env, chrootEnv+"="+root)
-	if bind {
-		cmd.Env = append(cmd.Env, chrootBindEnv+"=1")
+	if mode != "" {
+		cmd.Env = append(cmd.Env, mode+"=1")
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: unix.CLONE_NEWNS} // Go makes its mounts private
 	out, err := cmd.CombinedOutput()
@@ -118,5 +137,34 @@ func TestPrivilegedRefusedInAChroot(t *testing.T) {
 				t.Errorf("run left cgroups behind: %v", trials)
 			}
 		})
+	}
+}
+
+// A container's root is its mount namespace's root (pivot_root, the old
+// root detached): there the check passes, doctor says nothing of a
+// chroot, and a Trial's command runs inside that root.
+func TestPrivilegedRunsInAPivotedRoot(t *testing.T) {
+	privtest.Require(t)
+	root := t.TempDir()
+	host := testenv.IsolatedHost(t, "pivot")
+	out := filepath.Join(root, "out")
+	if err := errors.Join(os.Chmod(root, 0o755), os.Mkdir(out, 0o777), os.Chmod(out, 0o777)); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf("resolvers: [\"127.0.0.1:9\"]\npaths:\n  socket: /run/tn/agent.sock\n  state_dir: /run/tn/state\n  data_dir: /run/tn/data\n"+
+		"  pin_dir: %s\n  netns_dir: /run/tn/netns\n  cgroup_parent: %s\n", host.PinDir, host.Parent)
+	if err := os.WriteFile(filepath.Join(root, "trialnet.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, o := rootedTrialnet(t, root, chrootPivotEnv, "doctor"); code != exitOK || strings.Contains(o, "is not its mount namespace's root") {
+		t.Errorf("doctor in a pivoted root: exit %d, want it to enforce, no chroot named:\n%s", code, o)
+	}
+	code, o := rootedTrialnet(t, root, chrootPivotEnv, "run", "--config", "/trialnet.yaml", "--uid", "65534", "--gid", "65534", "--",
+		"/bin/sh", "-c", "echo ran > /out/ran")
+	if code != exitOK {
+		t.Fatalf("run in a pivoted root: exit %d:\n%s", code, o)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "ran")); err != nil || string(b) != "ran\n" {
+		t.Fatalf("the Trial's command did not run inside the pivoted root: %q %v", b, err)
 	}
 }
