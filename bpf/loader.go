@@ -541,13 +541,14 @@ type Policy struct {
 	MaxPtys uint32
 }
 
+// The policy's flags: enum trial_flag, carried through bpf2go.
 const (
-	flagStrict   = 1 << 0
-	flagUnixOpen = 1 << 1
-	flagOwnDirs  = 1 << 2
+	flagStrict   = trialnetTrialFlagTRIAL_F_STRICT
+	flagUnixOpen = trialnetTrialFlagTRIAL_F_UNIX_OPEN
+	flagOwnDirs  = trialnetTrialFlagTRIAL_F_OWN_DIRS
 	// flagPeerCheck: the BPF LSM layer judges each unix peer (AddTrial).
-	flagPeerCheck = 1 << 3
-	flagNested    = 1 << 4
+	flagPeerCheck = trialnetTrialFlagTRIAL_F_PEER_CHECK
+	flagNested    = trialnetTrialFlagTRIAL_F_NESTED
 )
 
 func (p Policy) encode() (trialnetTrialPolicy, error) {

@@ -50,7 +50,7 @@ enum trial_flag {
 
 struct trial_policy {
 	__u64 netns_cookie; /* SO_NETNS_COOKIE of the Trial's own namespace */
-	__u32 flags;        /* enum trial_flag */
+	enum trial_flag flags; /* 4 bytes, as the __u32 it was */
 	__u32 proxy_ip4;    /* network byte order; 0 = no IPv4 proxy address */
 	__u32 proxy_ip6[4]; /* network byte order; all zero = no IPv6 proxy address */
 	__u16 proxy_port;   /* host byte order; 0 = no proxy */

@@ -43,10 +43,20 @@ type trialnetTrialCounters struct {
 	UnixIdentityDenied    uint64
 }
 
+type trialnetTrialFlag uint32
+
+const (
+	trialnetTrialFlagTRIAL_F_STRICT     trialnetTrialFlag = 1
+	trialnetTrialFlagTRIAL_F_UNIX_OPEN  trialnetTrialFlag = 2
+	trialnetTrialFlagTRIAL_F_OWN_DIRS   trialnetTrialFlag = 4
+	trialnetTrialFlagTRIAL_F_PEER_CHECK trialnetTrialFlag = 8
+	trialnetTrialFlagTRIAL_F_NESTED     trialnetTrialFlag = 16
+)
+
 type trialnetTrialPolicy struct {
 	_           structs.HostLayout
 	NetnsCookie uint64
-	Flags       uint32
+	Flags       trialnetTrialFlag
 	ProxyIp4    uint32
 	ProxyIp6    [4]uint32
 	ProxyPort   uint16

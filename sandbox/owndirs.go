@@ -27,7 +27,8 @@ import (
 // an own directory is reached through a view: the same tmpfs bound again
 // under rootdir.Run with nosymfollow, where a symlink ends the lookup
 // (ELOOP). The hooks rewrite the path to its view and refuse "..". This
-// table and own_dirs in trialnet.bpf.c are the same list.
+// table and own_dirs in trialnet.bpf.c are the same list
+// (TestOwnDirsMatchTheC reads the C and holds it to this).
 var ownDirs = []struct {
 	dir  string
 	view string // beneath rootdir.Run
