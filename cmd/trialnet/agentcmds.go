@@ -10,16 +10,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
@@ -237,7 +234,7 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		printJSON(stdout, info)
 		return exitOK
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	tw := newTable(stdout)
 	fmt.Fprintf(tw, "id\t%s\nmode\t%s\nnetns\t%s\ncgroup\t%s\nproxy_url\t%s\n", info.ID, mode(info.Learning), info.Netns, info.Cgroup, info.ProxyURL)
 	_ = tw.Flush()
 	return exitOK
@@ -299,7 +296,7 @@ func cmdList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		printJSON(stdout, list)
 		return exitOK
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	tw := newTable(stdout)
 	fmt.Fprintln(tw, "ID\tMODE\tSTRICT\tALLOW\tCREATED\tREPORT")
 	for _, t := range list {
 		var allow []string
@@ -391,52 +388,6 @@ func watchEnd(ctx context.Context, watch bool, stdout, stderr io.Writer, asJSON 
 	return fail(stdout, stderr, asJSON, agentCode(err), err)
 }
 
-// poolEvents names what a pool's events count.
-func poolEvents(pool string) string {
-	if pool == "pids" {
-		return "forks refused at the bound"
-	}
-	return "OOM kills"
-}
-
-// printStats prints a Trial's counters in aligned columns, bpftool-style,
-// ending with the verdict line. Every string goes through termsafe.
-func printStats(w io.Writer, st agent.Stats) {
-	q := termsafe.String
-	fmt.Fprintf(w, "trial %s (%s)\n", q(st.Trial), mode(st.Learning))
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	names := make([]string, 0, len(st.Kernel))
-	for n := range st.Kernel {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		fmt.Fprintf(tw, "\tkernel\t%s\t%d\n", q(n), st.Kernel[n])
-	}
-	p := st.Proxy
-	fmt.Fprintf(tw, "\tproxy\ttunnels_allowed\t%d\n\tproxy\ttunnels_denied\t%d\n\tproxy\ttunnels_active\t%d\n\tproxy\tdns_failures\t%d\n\tproxy\tbytes_up\t%d\n\tproxy\tbytes_down\t%d\n",
-		p.Allowed, p.Denied, p.Active, p.DNSFailures, p.BytesUp, p.BytesDown)
-	if st.Learning {
-		fmt.Fprintf(tw, "\tproxy\twould_deny\t%d\n", p.WouldDeny)
-	}
-	for _, r := range slices.Sorted(maps.Keys(p.ByReason)) {
-		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", q(string(r)), p.ByReason[r])
-	}
-	for _, u := range st.Pools {
-		if u.Max == 0 {
-			fmt.Fprintf(tw, "\tpool\t%s\tunbounded (%s)\n", q(u.Pool), q(u.Bound))
-			continue
-		}
-		fmt.Fprintf(tw, "\tpool\t%s\t%d now, %d at peak, of %d; %d %s\n", q(u.Pool), u.Current, u.Peak, u.Max, u.Events, poolEvents(u.Pool))
-	}
-	_ = tw.Flush()
-	for _, t := range st.TopRefused {
-		fmt.Fprintf(w, "refused %s: %d\n", q(t.Target), t.Count)
-	}
-	fmt.Fprintln(w, q(st.Layers.String()))
-	fmt.Fprintln(w, q(st.Verdict))
-}
-
 func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("audit", "audit (--trial ID | --from FILE) [--profile NAME] [-j]", "sudo trialnet audit --trial eval-42 --profile eval >> /etc/trialnet/profiles.yaml", stderr)
 	id := fs.String("trial", "", "the Trial (live or destroyed)")
@@ -473,7 +424,7 @@ func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // Every string goes through termsafe: a record holds what a Trial sent.
 func printAudit(w io.Writer, recs []record.Event) {
 	q := termsafe.String
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := newTable(w)
 	fmt.Fprintln(tw, "START\tTARGET\tDECISION\tREASON\tRULE\tPROFILE\tDIALED\tUP\tDOWN\tDETAIL")
 	for _, r := range recs {
 		start := r.Time.Format(time.RFC3339Nano)
@@ -547,7 +498,7 @@ func cmdReload(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		printJSON(stdout, res)
 		return exitOK
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	tw := newTable(stdout)
 	fmt.Fprintf(tw, "config\t%s\nprofiles\t%s\nreprofiled\t%s\n", res.Config, strings.Join(res.Profiles, ","), strings.Join(res.Reprofiled, ","))
 	if res.Note != "" {
 		fmt.Fprintf(tw, "note\t%s\n", res.Note)
@@ -593,7 +544,7 @@ func cmdHealth(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if *asJSON {
 		printJSON(stdout, h)
 	} else {
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		tw := newTable(stdout)
 		fmt.Fprintf(tw, "agent\t%s\nebpf\t%s\ntrials_live\t%d\n", h.Agent, h.EBPF, h.Trials)
 		_ = tw.Flush()
 		fmt.Fprintln(stdout, h.Layers)

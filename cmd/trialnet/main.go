@@ -6,7 +6,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -14,12 +13,10 @@ import (
 	"os/signal"
 	"slices"
 	"syscall"
-	"text/tabwriter"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/config"
-	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -94,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 func printHelp(w io.Writer) {
 	fmt.Fprintln(w, "trialnet: run untrusted programs in Trials whose only way out is an allowlisting proxy.")
 	fmt.Fprintln(w, "\nUsage: trialnet COMMAND [flags]\n\nCommands:")
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := newTable(w)
 	for _, c := range commands {
 		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)
 	}
@@ -118,27 +115,6 @@ func jsonFlag(fs *flag.FlagSet) *bool {
 	fs.BoolVar(j, "j", false, "print JSON")
 	fs.BoolVar(j, "json", false, "print JSON")
 	return j
-}
-
-// printJSON writes v as json.Encoder does, one line, with what a terminal
-// could act on escaped (termsafe.JSON): the JSON holds the same values.
-func printJSON(w io.Writer, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return
-	}
-	_, _ = w.Write(append(termsafe.JSON(b), '\n'))
-}
-
-// fail reports err once, as JSON under -j (bpftool's convention) or as a
-// line on stderr, and returns the exit code.
-func fail(stdout, stderr io.Writer, asJSON bool, code int, err error) int {
-	if asJSON {
-		printJSON(stdout, map[string]string{"error": err.Error()})
-	} else {
-		fmt.Fprintf(stderr, "trialnet: %v\n", err)
-	}
-	return code
 }
 
 func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -169,7 +145,7 @@ func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		printJSON(stdout, out)
 	} else {
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		tw := newTable(stdout)
 		for _, c := range checks {
 			state, detail := "ok", ""
 			if c.Err != nil {

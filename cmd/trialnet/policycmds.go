@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/allow"
@@ -18,13 +17,6 @@ import (
 
 func learnFlag(fs *flag.FlagSet) *bool {
 	return fs.Bool("learn", false, "learning Trial: let names off the allowlist through and record them as would_deny (the address guard, TLS name check and kernel layers still enforce); see 'audit --profile'")
-}
-
-func mode(learning bool) string {
-	if learning {
-		return "learning"
-	}
-	return "enforcing"
 }
 
 // auditRecords reads decision records from the agent, or from a saved
@@ -138,7 +130,7 @@ func changeAllow(ctx context.Context, verb string, args []string, stdout, stderr
 	for _, e := range res.Trial.Allow {
 		allow = append(allow, e.Entry)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	tw := newTable(stdout)
 	fmt.Fprintf(tw, "trial\t%s\nmode\t%s\nallow\t%s\n", res.Trial.ID, mode(res.Trial.Learning), strings.Join(allow, ","))
 	if verb == "deny" {
 		fmt.Fprintf(tw, "tunnels_cut\t%d\n", res.TunnelsCut)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -240,69 +239,6 @@ func (f *runFlags) finish(res agent.RunResult, cmd string, report *reportSink, s
 		fmt.Fprintln(stderr, summary(st, code, res.Took))
 	}
 	return code
-}
-
-// summary is the one line run prints when CMD ends, kept short: the
-// Trial, CMD's exit code and time, tunnels allowed and refused with the
-// most refused targets, and the verdict in a few words. The layers and
-// the reasons are -v's, stats' and the report's.
-func summary(st agent.Stats, code int, took time.Duration) string {
-	var top []string
-	for i, t := range st.TopRefused {
-		if i == summaryTargets {
-			top = append(top, "…")
-			break
-		}
-		top = append(top, fmt.Sprintf("%s ×%d", termsafe.String(shorten(t.Target, summaryTargetLen)), t.Count))
-	}
-	refused := fmt.Sprintf("%d refused", st.Proxy.Denied)
-	if len(top) > 0 {
-		refused += " (" + strings.Join(top, ", ") + ")"
-	}
-	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s",
-		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused, st.Brief())
-}
-
-// How many refused targets the summary names, and how much of each.
-const (
-	summaryTargets   = 3
-	summaryTargetLen = 48
-)
-
-// shorten cuts s to at most n runes, marking the cut.
-func shorten(s string, n int) string {
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n-1]) + "…"
-}
-
-// refusalLine is one refusal, or a summary of suppressed records, as
-// --show-refusals prints it.
-func refusalLine(ev record.Event) string {
-	if ev.Decision == record.DecisionSuppressed {
-		return "trialnet: " + termsafe.String(ev.Detail) + suppressedReasons(ev.Suppressed)
-	}
-	line := fmt.Sprintf("trialnet: refused %s %s: %s", termsafe.String(ev.Method), termsafe.String(ev.Target), termsafe.String(string(ev.Reason)))
-	if ev.Detail != "" {
-		line += " (" + termsafe.String(ev.Detail) + ")"
-	}
-	return line
-}
-
-// suppressedReasons is what a summary counts, by reason: " (bad_target
-// ×55, rate_limited ×3)".
-func suppressedReasons(s *record.Suppressed) string {
-	if s == nil || len(s.ByReason) == 0 {
-		return ""
-	}
-	var by []string
-	for r, n := range s.ByReason {
-		by = append(by, fmt.Sprintf("%s ×%d", termsafe.String(string(r)), n))
-	}
-	slices.Sort(by)
-	return " (" + strings.Join(by, ", ") + ")"
 }
 
 // hostOwnDirPaths are the paths among CMD's arguments (whole, or after

@@ -1,0 +1,164 @@
+//go:build linux
+
+package main
+
+// Printing, in one place: tables (newTable), JSON (printJSON), the one
+// error of a command (fail), a Trial's stats, run's summary line and
+// refusal lines. Everything a Trial could have written (a target, an
+// error's text) goes through termsafe first.
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/internal/termsafe"
+	"github.com/trialnet/trialnet/record"
+)
+
+// newTable is the one table layout of every command's plain output:
+// columns two spaces apart; flush it when done.
+func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
+
+// printJSON writes v as json.Encoder does, one line, with what a terminal
+// could act on escaped (termsafe.JSON): the JSON holds the same values.
+func printJSON(w io.Writer, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	_, _ = w.Write(append(termsafe.JSON(b), '\n'))
+}
+
+// fail reports err once, as JSON under -j (bpftool's convention) or as a
+// line on stderr, and returns the exit code.
+func fail(stdout, stderr io.Writer, asJSON bool, code int, err error) int {
+	if asJSON {
+		printJSON(stdout, map[string]string{"error": err.Error()})
+	} else {
+		fmt.Fprintf(stderr, "trialnet: %v\n", err)
+	}
+	return code
+}
+
+// printStats prints a Trial's counters in aligned columns, bpftool-style,
+// ending with the verdict line. Every string goes through termsafe.
+func printStats(w io.Writer, st agent.Stats) {
+	q := termsafe.String
+	fmt.Fprintf(w, "trial %s (%s)\n", q(st.Trial), mode(st.Learning))
+	tw := newTable(w)
+	names := make([]string, 0, len(st.Kernel))
+	for n := range st.Kernel {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		fmt.Fprintf(tw, "\tkernel\t%s\t%d\n", q(n), st.Kernel[n])
+	}
+	p := st.Proxy
+	fmt.Fprintf(tw, "\tproxy\ttunnels_allowed\t%d\n\tproxy\ttunnels_denied\t%d\n\tproxy\ttunnels_active\t%d\n\tproxy\tdns_failures\t%d\n\tproxy\tbytes_up\t%d\n\tproxy\tbytes_down\t%d\n",
+		p.Allowed, p.Denied, p.Active, p.DNSFailures, p.BytesUp, p.BytesDown)
+	if st.Learning {
+		fmt.Fprintf(tw, "\tproxy\twould_deny\t%d\n", p.WouldDeny)
+	}
+	for _, r := range slices.Sorted(maps.Keys(p.ByReason)) {
+		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", q(string(r)), p.ByReason[r])
+	}
+	for _, u := range st.Pools {
+		if u.Max == 0 {
+			fmt.Fprintf(tw, "\tpool\t%s\tunbounded (%s)\n", q(u.Pool), q(u.Bound))
+			continue
+		}
+		fmt.Fprintf(tw, "\tpool\t%s\t%d now, %d at peak, of %d; %d %s\n", q(u.Pool), u.Current, u.Peak, u.Max, u.Events, poolEvents(u.Pool))
+	}
+	_ = tw.Flush()
+	for _, t := range st.TopRefused {
+		fmt.Fprintf(w, "refused %s: %d\n", q(t.Target), t.Count)
+	}
+	fmt.Fprintln(w, q(st.Layers.String()))
+	fmt.Fprintln(w, q(st.Verdict))
+}
+
+// poolEvents names what a pool's events count.
+func poolEvents(pool string) string {
+	if pool == "pids" {
+		return "forks refused at the bound"
+	}
+	return "OOM kills"
+}
+
+func mode(learning bool) string {
+	if learning {
+		return "learning"
+	}
+	return "enforcing"
+}
+
+// summary is the one line run prints when CMD ends, kept short: the
+// Trial, CMD's exit code and time, tunnels allowed and refused with the
+// most refused targets, and the verdict in a few words. The layers and
+// the reasons are -v's, stats' and the report's.
+func summary(st agent.Stats, code int, took time.Duration) string {
+	var top []string
+	for i, t := range st.TopRefused {
+		if i == summaryTargets {
+			top = append(top, "…")
+			break
+		}
+		top = append(top, fmt.Sprintf("%s ×%d", termsafe.String(shorten(t.Target, summaryTargetLen)), t.Count))
+	}
+	refused := fmt.Sprintf("%d refused", st.Proxy.Denied)
+	if len(top) > 0 {
+		refused += " (" + strings.Join(top, ", ") + ")"
+	}
+	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s",
+		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused, st.Brief())
+}
+
+// shorten cuts s to at most n runes, marking the cut.
+func shorten(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+// refusalLine is one refusal, or a summary of suppressed records, as
+// --show-refusals prints it.
+func refusalLine(ev record.Event) string {
+	if ev.Decision == record.DecisionSuppressed {
+		return "trialnet: " + termsafe.String(ev.Detail) + suppressedReasons(ev.Suppressed)
+	}
+	line := fmt.Sprintf("trialnet: refused %s %s: %s", termsafe.String(ev.Method), termsafe.String(ev.Target), termsafe.String(string(ev.Reason)))
+	if ev.Detail != "" {
+		line += " (" + termsafe.String(ev.Detail) + ")"
+	}
+	return line
+}
+
+// suppressedReasons is what a summary counts, by reason: " (bad_target
+// ×55, rate_limited ×3)".
+func suppressedReasons(s *record.Suppressed) string {
+	if s == nil || len(s.ByReason) == 0 {
+		return ""
+	}
+	var by []string
+	for r, n := range s.ByReason {
+		by = append(by, fmt.Sprintf("%s ×%d", termsafe.String(string(r)), n))
+	}
+	slices.Sort(by)
+	return " (" + strings.Join(by, ", ") + ")"
+}
+
+// How many refused targets the summary names, and how much of each.
+const (
+	summaryTargets   = 3
+	summaryTargetLen = 48
+)
