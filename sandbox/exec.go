@@ -72,6 +72,11 @@ type Command struct {
 
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+	// Notices is where the terminal relay says what the operator must
+	// know and the Trial's output must not carry: trialnet's own stderr
+	// (the terminal's answers to the Trial's queries may still come as
+	// typed input). nil: nowhere.
+	Notices io.Writer
 }
 
 // Bounds of Command.MaxProcs.
@@ -444,7 +449,7 @@ func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready f
 		abort()
 		return nil, nil, err
 	}
-	tty, err := newTerminal(cmd, init, c.UID, c.GID, t.populated)
+	tty, err := newTerminal(cmd, init, c.UID, c.GID, t.populated, c.Notices)
 	if err != nil {
 		abort()
 		return nil, nil, errors.Join(err, ready())

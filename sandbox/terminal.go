@@ -65,20 +65,35 @@ type terminal struct {
 	// answered counts the status reports relayed to the Trial: answers
 	// to status requests of its own, which no fence waits for.
 	answered atomic.Int64
+	// wrote counts the bytes of output the caller's terminal took: while
+	// it grows, the terminal is still taking the Trial's output in.
+	wrote atomic.Int64
+	// notices is trialnet's stderr, where close says that answers may
+	// still come (see settle); nil: nowhere.
+	notices io.Writer
 }
 
 // The bounds of the wait at the end for the terminal's answers to the
-// Trial's queries (see settle). fenceWait bounds the wait for the fence's
-// answer once written: a terminal that answers no status request, or one
-// so far behind (output buffered over ssh) that it has not reached the
-// fence yet. answerWait is the window when no fence can be used (the
-// output did not drain, the input cannot be read), from when the output
-// has drained: an answer from a terminal behind an ssh link or two.
+// Trial's queries (see settle). The wait lasts while the terminal shows
+// signs of life (it takes output, or sends bytes) and ends after
+// fenceWait without one, or settleWait after the Trial's end, whatever
+// comes: a terminal that answers no status request costs fenceWait, and
+// one that keeps sending cannot hold the teardown. A terminal far behind
+// the output (megabytes buffered by sshd over a slow link) may show no
+// sign for longer, and the operator is told (settleNotice). answerWait is
+// the window when no fence can be used (the output did not drain, the
+// input cannot be read), from when the output has drained: an answer from
+// a terminal behind an ssh link or two.
 const (
 	fenceWait  = 2 * time.Second
+	settleWait = 10 * time.Second
 	answerWait = 500 * time.Millisecond
 	drainWait  = time.Second
 )
+
+// outChunk is the most the relay writes to the caller's terminal at once,
+// so that a terminal taking output slowly shows it is taking it (wrote).
+const outChunk = 4096
 
 // scanner notes what the Trial writes to the caller's terminal, then
 // writes it.
@@ -88,7 +103,48 @@ func (s scanner) Write(p []byte) (int, error) {
 	s.t.scanMu.Lock()
 	_, _ = s.t.scan.Write(p)
 	s.t.scanMu.Unlock()
-	return s.t.out.Write(p)
+	n := 0
+	for n < len(p) {
+		m, err := s.t.out.Write(p[n:min(len(p), n+outChunk)])
+		n += m
+		s.t.wrote.Add(int64(m))
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// patience bounds a wait at the end that goes on while the terminal
+// shows signs of life: it ends quiet after the last, or at end.
+type patience struct {
+	end   time.Time
+	quiet time.Duration
+	last  time.Time
+	wrote int64 // the terminal's output count last seen
+}
+
+func newPatience(quiet, total time.Duration) *patience {
+	now := time.Now()
+	return &patience{end: now.Add(total), quiet: quiet, last: now}
+}
+
+// alive notes a sign of life.
+func (p *patience) alive() { p.last = time.Now() }
+
+// took notes the count of output the terminal has taken: a change is a
+// sign of life.
+func (p *patience) took(wrote int64) {
+	if wrote != p.wrote {
+		p.wrote = wrote
+		p.alive()
+	}
+}
+
+// left is how long the wait may still last.
+func (p *patience) left() time.Duration {
+	quiet := time.Until(p.last.Add(p.quiet))
+	return min(quiet, time.Until(p.end))
 }
 
 // terminalOf is v when it is a terminal, else nil.
@@ -110,10 +166,11 @@ func wantsTerminal(cmd *exec.Cmd) bool {
 // files stay exact. The pty comes from the Trial's own devpts instance
 // (through its init's root), so that inside the Trial it has a name, and
 // belongs to uid:gid, as a login terminal does. live says whether the
-// Trial still has processes. It returns nil when none is a terminal.
-func newTerminal(cmd *exec.Cmd, init initProc, uid, gid uint32, live func() bool) (_ *terminal, err error) {
+// Trial still has processes; notices is trialnet's stderr (see
+// Command.Notices). It returns nil when none is a terminal.
+func newTerminal(cmd *exec.Cmd, init initProc, uid, gid uint32, live func() bool, notices io.Writer) (_ *terminal, err error) {
 	in, out, errf := terminalOf(cmd.Stdin), terminalOf(cmd.Stdout), terminalOf(cmd.Stderr)
-	t := &terminal{in: in, live: live}
+	t := &terminal{in: in, live: live, notices: notices}
 	for _, f := range []*os.File{in, out, errf} {
 		if f != nil && t.user == nil {
 			t.user = f
@@ -389,12 +446,13 @@ func (t *terminal) restoreMode() {
 // After output that may hold a query it writes a fence (termquery.Fence:
 // a status request) and reads the terminal's input until the fence's
 // answer, which a terminal sends after the answers to everything before
-// it, bounded by fenceWait. relayed says that the relay's copies ended,
-// so that nothing else writes to the terminal or reads its input. In the
-// background it leaves the terminal alone: its input is the shell's then.
-func (t *terminal) settle(relayed bool) {
+// it, for as long as p lets it. relayed says that the relay's copies
+// ended, so that nothing else writes to the terminal or reads its input.
+// In the background it leaves the terminal alone: its input is the
+// shell's then. It returns why answers may still come, or "".
+func (t *terminal) settle(relayed bool, p *patience) string {
 	if !t.foreground() {
-		return
+		return ""
 	}
 	flush := func() { _ = unix.IoctlSetInt(int(t.user.Fd()), unix.TCFLSH, unix.TCIFLUSH) }
 	defer flush()
@@ -403,33 +461,54 @@ func (t *terminal) settle(relayed bool) {
 	quiet := t.scan.Quiet()
 	t.scanMu.Unlock()
 	if t.tty == nil || !query {
-		return
+		return ""
 	}
 	drained := drain(t.tty)
 	until := time.Now().Add(answerWait)
 	if relayed && drained {
 		// Each status request of the Trial's not yet answered is
 		// answered before the fence: its answer has the same shape.
-		if t.fence(max(1, status-int(t.answered.Load())+1), !quiet) {
-			return
+		switch t.fence(max(1, status-int(t.answered.Load())+1), !quiet, p) {
+		case fenceAnswered, fenceGone:
+			return ""
+		case fenceUnanswered:
+			// The wait outlasted the window.
+			return fmt.Sprintf("the terminal did not answer trialnet's status request, written after the Trial's output, within %v of its last sign of life (%v at most): it may be far behind that output (a slow link) or answer no status request", fenceWait, settleWait)
 		}
-		// Unanswered, the fence's wait outlasted the window; unused, the
-		// window is what is left.
+		// Unused, the window is what is left.
 	}
 	for time.Now().Before(until) {
 		time.Sleep(10 * time.Millisecond)
 		flush()
 	}
+	return "the terminal could not be asked whether it had answered every query of the Trial's (its output had not all gone out, or its input could not be read)"
 }
+
+// settleNotice is what close says on trialnet's stderr when settle gave
+// up (why): the operator, not the Trial, may still stop an answer from
+// running as a command.
+func settleNotice(why string) string {
+	return "trialnet: " + why + "; its answers to the Trial's queries may still come and be typed into your shell: clear the line (Ctrl-U) before you type\n"
+}
+
+// What came of a fence.
+type fenceResult int
+
+const (
+	fenceAnswered   fenceResult = iota
+	fenceUnanswered             // not within the wait
+	fenceUnusable               // not written, or its answer could not be read
+	fenceGone                   // the terminal hung up: no shell reads it now
+)
 
 // fence writes the fence after the Trial's output (ending a sequence it
 // left unfinished, when cancel) and drops the terminal's input until the
-// want-th status report, bounded by fenceWait. It reports whether that
-// report came; false with no wait when the fence could not be used.
-func (t *terminal) fence(want int, cancel bool) bool {
+// want-th status report, for as long as p lets it: every byte that comes
+// is a sign of life.
+func (t *terminal) fence(want int, cancel bool, p *patience) fenceResult {
 	fd, release, err := t.answerInput()
 	if err != nil {
-		return false
+		return fenceUnusable
 	}
 	defer release()
 	f := termquery.Fence
@@ -446,25 +525,25 @@ func (t *terminal) fence(want int, cancel bool) bool {
 	select {
 	case err := <-wrote:
 		if err != nil {
-			return false
+			return fenceUnusable
 		}
-	case <-time.After(drainWait):
-		return false
+	case <-time.After(min(drainWait, p.left())):
+		return fenceUnusable
 	}
-	end := time.Now().Add(fenceWait)
+	p.alive()
 	buf := make([]byte, 4096)
 	for {
-		left := time.Until(end)
+		left := p.left()
 		if left <= 0 {
-			return false
+			return fenceUnanswered
 		}
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		if _, err := unix.Poll(fds, int(left.Milliseconds())+1); err != nil && err != unix.EINTR {
-			return false
+			return fenceUnusable
 		}
 		if fds[0].Revents&unix.POLLIN == 0 {
 			if fds[0].Revents != 0 {
-				return false // hung up: nothing more will come
+				return fenceGone
 			}
 			continue
 		}
@@ -473,14 +552,15 @@ func (t *terminal) fence(want int, cancel bool) bool {
 			continue
 		}
 		if err != nil || n == 0 {
-			return false
+			return fenceGone
 		}
+		p.alive()
 		if want -= t.answers.Scan(buf[:n]); want <= 0 {
 			t.scanMu.Lock()
 			t.scan.Settle()
 			t.scanMu.Unlock()
 			t.answered.Store(0)
-			return true
+			return fenceAnswered
 		}
 	}
 }
@@ -524,7 +604,8 @@ func (t *terminal) answerInput() (int, func(), error) {
 
 // drain waits, bounded by drainWait, until f's output has been sent
 // (tcdrain): on a serial line, until the terminal has it. A pty reports
-// it sent at once; what its reader (sshd) buffers, fenceWait covers.
+// it sent at once; what its reader (sshd) buffers, the fence's wait
+// covers while the terminal shows signs of life.
 func drain(f *os.File) bool {
 	done := make(chan error, 1)
 	go func() { done <- unix.IoctlSetInt(int(f.Fd()), unix.TCSBRK, 1) }()
@@ -552,10 +633,11 @@ func waitState(pid int, state byte, d time.Duration) {
 
 // close ends the relay once the command has exited: what it wrote is
 // drained (briefly, as children it left may hold the terminal open), and
-// the caller's terminal mode is restored. It is bounded whatever the
-// Trial does, as the teardown waits for it: keystrokes waiting for a
-// Trial that never reads them are dropped, and a write to a caller's
-// terminal that nobody reads is left behind.
+// the caller's terminal mode is restored; when the terminal's answers
+// may still come, it says so on notices, in the caller's mode. It is
+// bounded (settleWait) whatever the Trial does, as the teardown waits for
+// it: keystrokes waiting for a Trial that never reads them are dropped,
+// and a write to a caller's terminal that nobody reads is left behind.
 func (t *terminal) close() {
 	if t == nil {
 		return
@@ -572,21 +654,15 @@ func (t *terminal) close() {
 			_ = t.master.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 			_ = t.master.SetWriteDeadline(time.Now())
 		}
-		done := make(chan struct{})
-		go func() {
-			t.wg.Wait()
-			close(done)
-		}()
-		relayed := true
-		select {
-		case <-done:
-		case <-time.After(time.Second):
-			relayed = false
-		}
+		p := newPatience(fenceWait, settleWait)
+		relayed := t.awaitRelay(p)
 		t.modeMu.Lock()
-		t.settle(relayed) // raw still, when the relay made it so
+		why := t.settle(relayed, p) // raw still, when the relay made it so
 		t.restoreMode()
 		t.modeMu.Unlock()
+		if why != "" && t.notices != nil {
+			_, _ = io.WriteString(t.notices, settleNotice(why))
+		}
 		if t.slave != nil {
 			_ = t.slave.Close()
 		}
@@ -594,4 +670,29 @@ func (t *terminal) close() {
 			_ = t.master.Close()
 		}
 	})
+}
+
+// awaitRelay waits for the relay's copies to end, while p lets it: the
+// output they write is what the terminal must take before the fence. A
+// terminal that takes it slowly (over a slow link) shows signs of life;
+// one that takes none ends the wait. It reports whether they ended.
+func (t *terminal) awaitRelay(p *patience) bool {
+	done := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(done)
+	}()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return true
+		case <-tick.C:
+			p.took(t.wrote.Load())
+			if p.left() <= 0 {
+				return false
+			}
+		}
+	}
 }

@@ -22,12 +22,15 @@ import (
 // it read it and in order, as a terminal behind an ssh link does; the
 // 8-bit CSI (a raw 0x9B) too, as a terminal in 8-bit mode does; spacing
 // apart, as one over a slow link sends them. Like a
-// strict VT parser it ignores everything in a DCS until ST or CAN.
+// strict VT parser it ignores everything in a DCS until ST or CAN. With a
+// rate, it reads that many bytes a second at most, as output reaches a
+// terminal over a slow link.
 type answering struct {
 	master  *os.File
 	delay   time.Duration
 	spacing time.Duration
 	deaf    bool
+	rate    int
 
 	mu      sync.Mutex
 	changed *sync.Cond
@@ -49,7 +52,12 @@ type answer struct {
 const endOfOutput = "\r\n<end of output>\r\n"
 
 func newAnswering(t *testing.T, master *os.File, delay, spacing time.Duration, deaf bool) *answering {
-	a := &answering{master: master, delay: delay, spacing: spacing, deaf: deaf, answers: make(chan answer, 1<<14), done: make(chan struct{})}
+	return startAnswering(t, &answering{master: master, delay: delay, spacing: spacing, deaf: deaf})
+}
+
+// startAnswering starts the terminal a describes.
+func startAnswering(t *testing.T, a *answering) *answering {
+	a.answers, a.done = make(chan answer, 1<<14), make(chan struct{})
 	a.changed = sync.NewCond(&a.mu)
 	go a.read()
 	go a.write()
@@ -72,6 +80,9 @@ func (a *answering) read() {
 		n, err := a.master.Read(buf)
 		if err != nil {
 			return
+		}
+		if a.rate > 0 {
+			time.Sleep(time.Duration(n) * time.Second / time.Duration(a.rate))
 		}
 		now := time.Now()
 		a.mu.Lock()
@@ -209,7 +220,9 @@ func (a *answering) leftFor(t *testing.T, slave *os.File) string {
 // for the caller's shell to read, whatever the form of the query, however
 // many, however late (up to the bound of the wait), and whatever the Trial
 // does to the relay's own status request (the fence): requests of its
-// own, an escape sequence left unfinished.
+// own, an escape sequence left unfinished. trialnet says nothing then,
+// and says on its stderr (Command.Notices, never the Trial's stream) when
+// the fence goes unanswered.
 func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{UnixOpen: true})
@@ -260,8 +273,9 @@ func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 				}
 				defer stdout.Close()
 			}
+			notices := &noticeBuf{}
 			p, err := tr.Start(Command{Args: []string{"printf", c.printf}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody,
-				Stdin: stdin, Stdout: stdout, Stderr: stdout})
+				Stdin: stdin, Stdout: stdout, Stderr: stdout, Notices: notices})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -271,8 +285,14 @@ func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 			if left := a.leftFor(t, slave); left != "" {
 				t.Fatalf("%d bytes of the terminal's answers wait in its input for the caller's shell: %q", len(left), left)
 			}
+			if said := notices.String(); c.deaf != strings.Contains(said, "may still come and be typed into your shell") {
+				t.Errorf("trialnet said %q on its stderr; a notice wanted: %v", said, c.deaf)
+			}
 			a.mu.Lock()
 			defer a.mu.Unlock()
+			if strings.Contains(a.out.String(), "may still come") {
+				t.Errorf("the notice went to the terminal by the Trial's stream: %q", a.out.String())
+			}
 			trials := strings.Count(c.printf, `5n`)
 			if want := c.answers + 1; !c.deaf && (a.queued != want || a.status != trials+1) {
 				t.Errorf("the terminal gave %d answers (%d to status requests), want %d: the Trial's and the fence's", a.queued, a.status, want)

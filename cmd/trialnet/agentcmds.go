@@ -267,10 +267,12 @@ func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	sigs, stopSignals := forwardedSignals()
 	defer stopSignals()
+	var notices heldNotices
 	code, err := agent.ExecIn(ctx, info, sandbox.Command{
 		Args: fs.Args(), Env: os.Environ(), UID: u, GID: g, MaxProcs: int(procs),
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Notices: &notices,
 	}, sigs)
+	notices.say(stderr, true)
 	var se *sandbox.StartError
 	if errors.As(err, &se) {
 		return fail(stdout, stderr, false, se.Code, err)

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -259,6 +260,34 @@ func resetTerminal(w io.Writer) {
 		return
 	}
 	_, _ = io.WriteString(f, terminalReset)
+}
+
+// heldNotices keeps what the terminal relay says to the operator
+// (sandbox.Command.Notices) until the Trial is over and the terminal
+// reset: on a screen the Trial left (the alternate one) it would vanish.
+type heldNotices struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (h *heldNotices) Write(p []byte) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.b.Write(p)
+}
+
+// say writes what was held to stderr; reset says to reset the terminal
+// before, when there is anything.
+func (h *heldNotices) say(stderr io.Writer, reset bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.b.Len() == 0 {
+		return
+	}
+	if reset {
+		resetTerminal(stderr)
+	}
+	_, _ = h.b.WriteTo(stderr)
 }
 
 // verify's own exit codes, besides exitOK, exitUsage and exitFailure

@@ -471,6 +471,35 @@ func TestResetTerminal(t *testing.T) {
 	}
 }
 
+// What the relay says at the Trial's end is held until the Trial is over,
+// and then said after a reset, so that a screen the Trial left (the
+// alternate one) cannot hide it; nothing held, nothing is written.
+func TestHeldNoticesFollowTheReset(t *testing.T) {
+	master, slave := testpty.Open(t, 24, 80)
+	var none heldNotices
+	none.say(slave, true)
+	var held heldNotices
+	const line = "trialnet: answers may still come\n"
+	if _, err := io.WriteString(&held, line); err != nil {
+		t.Fatal(err)
+	}
+	held.say(slave, true)
+	var got []byte
+	buf := make([]byte, 256)
+	for !bytes.Contains(got, []byte("come")) {
+		n, err := master.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	reset := strings.Index(string(got), "\x1b[?1049l")
+	said := strings.Index(string(got), "trialnet: answers")
+	if reset != 0 || said < reset {
+		t.Fatalf("the terminal read %q: want the reset, then the notice, and nothing before", got)
+	}
+}
+
 // run confines where a Trial makes sockets and FIFOs (its own /dev/shm),
 // unless it is run without unix confinement, which the command then gets.
 func TestPrivilegedRunConfinesSocketPaths(t *testing.T) {

@@ -69,6 +69,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return failRun(exitUsage, err)
 	}
+	var notices heldNotices
+	spec.Command.Notices = &notices
 	if report != nil && report.path != "" {
 		spec.Create.Report = report.path
 		if *f.reportDir != "" {
@@ -84,6 +86,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// The Trial is over and its output drained: undo what it may have
 	// left the terminal in, so that what follows reads as trialnet's.
 	resetTerminal(stderr)
+	notices.say(stderr, false)
 	if err != nil {
 		return failRun(runErrCode(res, err), err)
 	}
