@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -137,8 +139,59 @@ func Unclean(path string) (string, error) {
 	return wd + "/" + path, nil
 }
 
-// fuseMagic is FUSE's statfs f_type (linux/magic.h).
+// fuseMagic is FUSE's statfs f_type (linux/magic.h), virtiofs's too.
 const fuseMagic = 0x65735546
+
+// fuseOwner is the uid that mounted the FUSE filesystem dir is on, as
+// its user_id= option says, 0 for root's, and 0 for a filesystem that is
+// not FUSE or is virtiofs (served by the host's virtiofsd, as a VM's root
+// may be). A FUSE mount whose owner cannot be read counts as no one's,
+// and so not root's (-1).
+func fuseOwner(dir string) (int, error) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return 0, fmt.Errorf("%s: %w", dir, err)
+	}
+	if fs.Type != fuseMagic {
+		return 0, nil
+	}
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, 0, unix.STATX_MNT_ID, &st); err != nil || st.Mask&unix.STATX_MNT_ID == 0 {
+		return -1, nil
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return -1, nil
+	}
+	return mountOwner(b, strconv.FormatUint(st.Mnt_id, 10)), nil
+}
+
+// mountOwner reads mountinfo for the FUSE mount id: its user_id= (0 for
+// virtiofs), -1 where it cannot tell.
+func mountOwner(mountinfo []byte, id string) int {
+	for line := range strings.Lines(string(mountinfo)) {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != id {
+			continue
+		}
+		i := slices.Index(f, "-")
+		if i < 0 || i+3 >= len(f) {
+			return -1
+		}
+		if f[i+1] == "virtiofs" {
+			return 0
+		}
+		for _, o := range strings.Split(f[i+3], ",") {
+			if v, ok := strings.CutPrefix(o, "user_id="); ok {
+				if uid, err := strconv.Atoi(v); err == nil {
+					return uid
+				}
+			}
+		}
+		return -1
+	}
+	return -1
+}
 
 // dirOutOfReach refuses dir if uid owns it (and so may chmod it), if it
 // is on FUSE, or if uid and gid may write it and it is the file's own
@@ -151,12 +204,10 @@ func dirOutOfReach(dir string, uid, gid uint32, last bool) error {
 	if st.Uid == uid {
 		return fmt.Errorf("%w: %s is owned by uid %d, the Trial's, which may change its mode and rename what is in it", ErrInReach, dir, uid)
 	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(dir, &fs); err != nil {
-		return fmt.Errorf("%s: %w", dir, err)
-	}
-	if fs.Type == fuseMagic {
-		return fmt.Errorf("%w: %s is on a FUSE filesystem, whose server (perhaps the Trial's user) says who owns what", ErrInReach, dir)
+	if owner, err := fuseOwner(dir); err != nil {
+		return err
+	} else if owner != 0 {
+		return fmt.Errorf("%w: %s is on a FUSE filesystem mounted by uid %d, whose server (perhaps the Trial's user) says who owns what", ErrInReach, dir, owner)
 	}
 	how, err := writableBy(dir, &st, uid, gid)
 	if err != nil {

@@ -267,3 +267,19 @@ func setACL(rel string, b []byte) func(*testing.T, string) string {
 		return ""
 	}
 }
+
+// A FUSE mount is trusted only as root's (user_id=0) or virtiofs (the
+// host's virtiofsd, as a VM's root); a user's, or one whose owner
+// mountinfo does not say, is not.
+func TestMountOwner(t *testing.T) {
+	info := []byte(`27 1 0:25 / / ro,relatime - virtiofs root ro
+31 27 0:30 / /home/u/remote rw,nosuid,nodev - fuse.sshfs u@h:/ rw,user_id=65534,group_id=65534
+32 27 0:31 / /mnt/rootfuse rw - fuse.bindfs /src rw,user_id=0,group_id=0,allow_other
+33 27 0:32 / /mnt/odd rw - fuse odd rw
+`)
+	for id, want := range map[string]int{"27": 0, "31": 65534, "32": 0, "33": -1, "99": -1} {
+		if got := mountOwner(info, id); got != want {
+			t.Errorf("mount %s: owner %d, want %d", id, got, want)
+		}
+	}
+}
