@@ -511,6 +511,11 @@ func (d *daemon) refusal(hello hoMsg) string {
 		return fmt.Sprintf("it speaks hand-over protocol %d, and the new agent asked for %q version %d: stop it first (its open tunnels are then cut), or start a build that speaks protocol %d", handoverVersion, hello.Type, hello.Version, handoverVersion)
 	}
 	if p := d.a.pred.Load(); p != nil {
+		if p.ended() {
+			// It may still write to its slots of the counts, which this
+			// hand-over would clear and give to the new agent.
+			return fmt.Sprintf("the agent it took over from (pid %d) ended that hand-over before it drained and has not exited yet; until it has, its open connections still count against the Trials' limits: try again once pid %d has exited (end it if it hangs)", p.pid, p.pid)
+		}
 		return fmt.Sprintf("it took over from pid %d itself, which still drains; one hand-over at a time: try again once that ends (at most its drain_timeout)", p.pid)
 	}
 	// A successor with other paths would adopt none of these Trials and
@@ -751,7 +756,7 @@ func (d *daemon) follow(s *successor) {
 type predecessor struct {
 	c       *net.UnixConn
 	pid     int
-	pidfd   int // to see it gone before reading its ledgers; -1: none
+	pidfd   int // to see it gone before reading its ledgers or giving up its slots; -1: gone already
 	offsets map[string]int64
 	open    map[string]int64 // its open tunnels when it offered
 	// counts are the counts pages it sent, by name, until countsFor takes
@@ -821,6 +826,16 @@ func (p *predecessor) close() {
 	p.closeCounts()
 	if p.pidfd >= 0 {
 		_ = unix.Close(p.pidfd)
+	}
+}
+
+// ended reports whether its connection has ended (followPredecessor).
+func (p *predecessor) ended() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -908,9 +923,13 @@ func takeOver(path string, paths map[string]string) (*predecessor, map[string]*o
 		more = m.More
 	}
 	_ = c.SetDeadline(time.Time{})
-	if fd, _, err := fdpass.PeerPidfd(c); err == nil {
-		p.pidfd = fd
+	// Its pidfd shows when it has exited: its ledgers and its slots of
+	// the counts are its own until then. ESRCH: it has already.
+	fd, _, err := fdpass.PeerPidfd(c)
+	if err != nil && !errors.Is(err, unix.ESRCH) {
+		return fail(fmt.Errorf("take over from the running agent (pid %d): %w (it keeps serving; try again)", p.pid, err))
 	}
+	p.pidfd = fd
 	p.qcond = sync.NewCond(&p.qmu)
 	go p.read()
 	return p, files, nil
@@ -968,46 +987,54 @@ func (a *Agent) serving(p *predecessor) error {
 }
 
 // followPredecessor counts the predecessor's records and open tunnels
-// until it has drained. If it dies first, the tunnels its ledgers kept
-// are recorded as cut.
+// until it has drained. If it ends the hand-over first, once it has
+// stopped accepting, the tunnels its ledgers kept are recorded as cut.
 func (a *Agent) followPredecessor(p *predecessor) {
-	defer func() {
-		if p.pidfd >= 0 {
-			_ = unix.Close(p.pidfd)
-		}
-		a.pred.CompareAndSwap(p, nil)
-		// What it had open is not any more, or is not counted by it.
-		a.proxy.Unshare()
+	lost := a.readPredecessor(p)
+	p.mu.Lock()
+	for seq, ch := range p.waiting {
+		close(ch)
+		delete(p.waiting, seq)
+	}
+	close(p.done) // under mu: no ask registers after it
+	p.mu.Unlock()
+	_ = p.c.Close()
+	if lost != nil {
+		// Until it has exited (a zombie has), it may still write to its
+		// slots of the counts, which a new hand-over would clear and
+		// give to the next agent (refusal waits for this), and to its
+		// ledgers.
+		a.log.Error("the agent this one took over from ended the hand-over before it drained; its open tunnels are cut, and recorded once it has exited", "pid", p.pid, "error", lost)
+		awaitExit(p.pidfd)
 		for _, id := range a.ids() {
-			a.proxy.SetElsewhere(id, 0)
+			a.recordLost(id)
 		}
-		p.mu.Lock()
-		for seq, ch := range p.waiting {
-			close(ch)
-			delete(p.waiting, seq)
-		}
-		close(p.done) // under mu: no ask registers after it
-		p.mu.Unlock()
-		_ = p.c.Close()
-	}()
+	}
+	if p.pidfd >= 0 {
+		_ = unix.Close(p.pidfd)
+	}
+	// What it had open is not any more, or is not counted by it.
+	a.proxy.Unshare()
+	for _, id := range a.ids() {
+		a.proxy.SetElsewhere(id, 0)
+	}
+	a.pred.CompareAndSwap(p, nil)
+}
+
+// readPredecessor follows the predecessor's messages until it has
+// drained or its connection ends. If the connection ended after the
+// predecessor stopped accepting and before it drained (the hand-over
+// happened, and the predecessor did not finish it), it returns why.
+func (a *Agent) readPredecessor(p *predecessor) (lost error) {
 	for {
 		m, err := p.next()
 		if err != nil {
 			select {
 			case <-p.stopped:
+				return err
 			default:
-				return // the hand-over did not happen: serving says so
+				return nil // the hand-over did not happen: serving says so
 			}
-			a.log.Error("the agent this one took over from ended before it drained; its open tunnels were cut", "pid", p.pid, "error", err)
-			// Its ledgers are read once it is gone (a zombie counts as
-			// gone, an exiting process not yet).
-			if p.pidfd >= 0 {
-				_, _ = unix.Poll([]unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}, 10_000)
-			}
-			for _, id := range a.ids() {
-				a.recordLost(id)
-			}
-			return
 		}
 		switch m.Type {
 		case "records":
@@ -1026,7 +1053,20 @@ func (a *Agent) followPredecessor(p *predecessor) {
 				ch <- m
 			}
 		case "drained":
+			// It has removed every Trial, each once its handlers ended:
+			// it writes to none of the counts any more.
 			a.log.Info("the agent this one took over from has drained and exits", "pid", p.pid)
+			return nil
+		}
+	}
+}
+
+// awaitExit waits until the process of pidfd has exited (-1: it had when
+// its pidfd was asked for).
+func awaitExit(pidfd int) {
+	for pidfd >= 0 {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}, -1)
+		if n > 0 || (err != nil && err != unix.EINTR) {
 			return
 		}
 	}

@@ -90,8 +90,12 @@ type Proxy struct {
 
 	mu     sync.Mutex
 	trials map[string]*trial
-	closed bool
-	wg     sync.WaitGroup
+	// removing are the Trials being removed, each closed once its
+	// removal is done: another RemoveTrial of it, or Close, waits for
+	// that, as its caller may unmap the Trial's counts after.
+	removing map[string]chan struct{}
+	closed   bool
+	wg       sync.WaitGroup
 }
 
 // New returns a Proxy. It learns the host's addresses before returning.
@@ -110,7 +114,7 @@ func New(cfg Config) (*Proxy, error) {
 		}
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	p := &Proxy{cfg: cfg, stop: stop, trials: make(map[string]*trial), log: cfg.Logger}
+	p := &Proxy{cfg: cfg, stop: stop, trials: make(map[string]*trial), removing: make(map[string]chan struct{}), log: cfg.Logger}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -581,15 +585,32 @@ func (t *trial) unregister(ot *openTunnel) {
 // RemoveTrial closes the Trial's listeners and every connection it has
 // open, waits until each has emitted its decision event, writes the
 // summary of its last suppressed records, and forgets the Trial. Its
-// final stats are returned.
+// final stats are returned. If another call is removing the Trial, it
+// waits until that is done and reports false, as for a Trial unknown:
+// either way, the proxy no longer touches the Trial's counts on return.
 func (p *Proxy) RemoveTrial(id string) (record.TrialStats, bool) {
 	p.mu.Lock()
 	t, ok := p.trials[id]
-	delete(p.trials, id)
-	p.mu.Unlock()
 	if !ok {
+		inProgress := p.removing[id]
+		p.mu.Unlock()
+		if inProgress != nil {
+			<-inProgress
+		}
 		return record.TrialStats{}, false
 	}
+	delete(p.trials, id)
+	done := make(chan struct{})
+	p.removing[id] = done
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		if p.removing[id] == done { // not a later Trial of the same id's
+			delete(p.removing, id)
+		}
+		p.mu.Unlock()
+		close(done)
+	}()
 	t.shutdown()
 	t.handlers.Wait()
 	t.records.Flush(true)
@@ -693,12 +714,17 @@ func (t *trial) untrack(c net.Conn) {
 	t.mu.Unlock()
 }
 
-// Close stops every listener and connection and waits for them.
+// Close stops every listener and connection and waits for them, and for
+// every removal in progress (RemoveTrial).
 func (p *Proxy) Close() error {
 	p.mu.Lock()
 	p.closed = true
 	trials := p.trials
 	p.trials = make(map[string]*trial)
+	removing := make([]chan struct{}, 0, len(p.removing))
+	for _, done := range p.removing {
+		removing = append(removing, done)
+	}
 	p.mu.Unlock()
 	for _, t := range trials {
 		t.shutdown()
@@ -706,6 +732,9 @@ func (p *Proxy) Close() error {
 	p.wg.Wait()
 	for _, t := range trials {
 		t.records.Flush(true)
+	}
+	for _, done := range removing {
+		<-done
 	}
 	p.stop()
 	if p.hostAddr != nil {
