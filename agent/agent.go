@@ -28,6 +28,26 @@ import (
 	"github.com/trialnet/trialnet/sandbox"
 )
 
+// newProxy makes the agent's proxy from its config file, counting in its
+// slot of the agent-wide counts page (one of its own, or the
+// predecessor's, shared).
+func (a *Agent) newProxy() error {
+	set, err := a.proxySettings(a.cfg.File)
+	if err != nil {
+		return err
+	}
+	pcfg := proxy.Config{ProxySettings: set, Logger: a.log, LogDecisions: true, OnEvent: a.onEvent}
+	if a.counts, a.countsSlot, err = a.countsFor(nameCounts); err != nil {
+		return err
+	}
+	pcfg.Counts, pcfg.Slot = a.counts, a.countsSlot
+	if a.proxy, err = proxy.New(pcfg); err != nil {
+		_ = a.counts.Close()
+		return err
+	}
+	return nil
+}
+
 // Default places of the daemon's state.
 const (
 	DefaultStateDir = "/run/trialnet/trials"     // live Trials, for re-adoption after a restart
@@ -150,19 +170,7 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecess
 		}
 	}()
 	a.file.Store(cfg.File)
-	set, err := a.proxySettings(cfg.File)
-	if err != nil {
-		_ = host.Close()
-		return nil, err
-	}
-	pcfg := proxy.Config{ProxySettings: set, Logger: log, LogDecisions: true, OnEvent: a.onEvent}
-	if a.counts, a.countsSlot, err = a.countsFor(nameCounts); err != nil {
-		_ = host.Close()
-		return nil, err
-	}
-	pcfg.Counts, pcfg.Slot = a.counts, a.countsSlot
-	if a.proxy, err = proxy.New(pcfg); err != nil {
-		_ = a.counts.Close()
+	if err := a.newProxy(); err != nil {
 		_ = host.Close()
 		return nil, err
 	}

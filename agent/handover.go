@@ -616,25 +616,7 @@ func (s *successor) send(m hoMsg) error {
 func (d *daemon) drain(ctx context.Context) (err error) {
 	a, s := d.a, d.successor
 	a.stopWatching()
-	// The socket paths are the successor's now (its own sockets, renamed
-	// over these: neither unlinks on close). A call that reached this
-	// control socket just before is still answered: it closes a moment
-	// later; a call that changes Trials gets CodeHandedOver, and its
-	// client retries it there. Watchers here are ended: their clients
-	// follow the Trial to the new agent.
-	_ = d.hln.Close()
-	a.endWatchers()
-	servers := make(chan struct{})
-	go func() {
-		defer close(servers)
-		shutdown, cancel := context.WithTimeout(context.Background(), 6*time.Second)
-		defer cancel()
-		if d.msrv != nil { // its socket is the successor's too: only one serves it
-			_ = d.msrv.Shutdown(shutdown)
-		}
-		time.Sleep(time.Second)
-		_ = d.srv.Shutdown(shutdown)
-	}()
+	servers := d.stopServing()
 	defer func() { <-servers }()
 	go d.follow(s)
 	drainCtx, stopDrain := context.WithTimeout(ctx, d.drainTimeout())
@@ -676,8 +658,39 @@ func (d *daemon) drain(ctx context.Context) (err error) {
 			sendOpen()
 		}
 	}
-	// Each Trial's last records (summaries) are written and sent before
-	// the successor hears that this process is done.
+	d.finishDrain(s)
+	return err
+}
+
+// stopServing closes the hand-over listener, ends the watchers and shuts
+// the control and metrics servers down, in the background: the channel
+// closes once they are. The socket paths are the successor's now (its
+// own sockets, renamed over these: neither unlinks on close). A call
+// that reached this control socket just before is still answered: it
+// closes a moment later; a call that changes Trials gets CodeHandedOver,
+// and its client retries it there. Watchers' clients follow the Trial to
+// the new agent.
+func (d *daemon) stopServing() <-chan struct{} {
+	_ = d.hln.Close()
+	d.a.endWatchers()
+	servers := make(chan struct{})
+	go func() {
+		defer close(servers)
+		shutdown, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+		defer cancel()
+		if d.msrv != nil { // its socket is the successor's too: only one serves it
+			_ = d.msrv.Shutdown(shutdown)
+		}
+		time.Sleep(time.Second)
+		_ = d.srv.Shutdown(shutdown)
+	}()
+	return servers
+}
+
+// finishDrain writes and sends each Trial's last records (summaries),
+// then tells the successor this process is done.
+func (d *daemon) finishDrain(s *successor) {
+	a := d.a
 	for _, id := range a.ids() {
 		a.proxy.RemoveTrial(id)
 	}
@@ -694,7 +707,6 @@ func (d *daemon) drain(ctx context.Context) (err error) {
 	close(s.ended)
 	_ = s.c.Close()
 	a.log.Info("drained; this agent exits", "successor", s.pid)
-	return err
 }
 
 func sameCounts(x, y map[string]int64) bool {
