@@ -443,7 +443,9 @@ func waitActiveAtLeast(t *testing.T, sock, id string, n int64) {
 			return
 		}
 		if time.Now().After(end) {
-			t.Fatalf("Trial %s has %d tunnels open, want %d or more", id, st.Proxy.Active, n)
+			// What the proxy did instead (refusals by reason), for a
+			// failure seen only under load.
+			t.Fatalf("Trial %s has %d tunnels open, want %d or more; its proxy counters: %+v", id, st.Proxy.Active, n, st.Proxy)
 		}
 	}
 }
