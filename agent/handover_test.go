@@ -4,7 +4,6 @@ package agent
 
 import (
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,29 +18,9 @@ import (
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/fdpass"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/proxy"
 )
-
-// seqpacketPair is a connected pair of SEQPACKET sockets, as a hand-over
-// uses.
-func seqpacketPair(t *testing.T) (a, b *net.UnixConn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "seqpacket")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return c.(*net.UnixConn)
-	}
-	return conn(fds[0]), conn(fds[1])
-}
 
 // An agent whose predecessor ended the hand-over after it stopped
 // accepting and before it drained (its connection broke) hands over to no
@@ -81,7 +60,7 @@ func TestHandoverWaitsForALostPredecessorToExit(t *testing.T) {
 	page.Slot(1).Tunnels.Store(theirs) // the predecessor's open tunnels
 	a.proxy.Share(false)
 
-	here, there := seqpacketPair(t)
+	here, there := testkit.SeqpacketPair(t)
 	p := &predecessor{c: here, pid: old.Process.Pid, pidfd: pidfd, waiting: make(map[uint64]chan hoMsg),
 		stopped: make(chan struct{}), done: make(chan struct{}), counts: make(map[string]*os.File)}
 	p.qcond = sync.NewCond(&p.qmu)

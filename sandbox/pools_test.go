@@ -7,13 +7,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,27 +30,7 @@ import (
 func TestPrivilegedTrialPtysBounded(t *testing.T) {
 	h := newHost(t)
 	greedy := newTrial(t, h, Spec{})
-	stdin, hold, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stdin.Close()
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer outR.Close()
-	p, err := greedy.Start(Command{Args: []string{probeExe(t), "ptys", fmt.Sprint(MaxPtys + 50), "hold"},
-		Env: []string{"TRIALNET_PROBE=1"}, UID: nobody, GID: nobody, Stdin: stdin, Stdout: outW, Stderr: outW})
-	_ = outW.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = hold.Close(); _, _ = p.Wait() })
-	line, err := bufio.NewReader(outR).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
+	line, release := holdingProbe(t, greedy, []string{probeExe(t), "ptys", fmt.Sprint(MaxPtys + 50), "hold"}, "TRIALNET_PROBE=1")
 	if want := fmt.Sprintf("%d ENOSPC", MaxPtys); strings.TrimSpace(line) != want {
 		t.Fatalf("a Trial opening ptys without end: %q, want %q", line, want)
 	}
@@ -63,10 +43,7 @@ func TestPrivilegedTrialPtysBounded(t *testing.T) {
 		t.Fatalf("a host process, while the Trial holds its ptys: %v", err)
 	}
 	_ = unix.Close(fd)
-	_ = hold.Close()
-	if _, err := io.ReadAll(outR); err != nil {
-		t.Fatal(err)
-	}
+	release()
 }
 
 // A nested Trial's sandbox mounts a devpts instance of its own, without
@@ -97,35 +74,7 @@ func TestPrivilegedNestedTrialPtysBounded(t *testing.T) {
 		}
 	}
 
-	stdin, hold, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stdin.Close()
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer outR.Close()
-	p, err := greedy.Start(Command{Args: append(bwrap, "ptys", strconv.Itoa(pool+1), "hold"),
-		Env: []string{"TRIALNET_PROBE=1", "PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdin: stdin, Stdout: outW, Stderr: outW})
-	_ = outW.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			_ = hold.Close()
-			_, _ = p.Wait()
-		}
-	}
-	t.Cleanup(release)
-	line, err := bufio.NewReader(outR).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
+	line, release := holdingProbe(t, greedy, append(bwrap, "ptys", strconv.Itoa(pool+1), "hold"), "TRIALNET_PROBE=1", "PATH=/usr/bin:/bin")
 	if want := fmt.Sprintf("%d ENOSPC", MaxPtys); strings.TrimSpace(line) != want {
 		t.Errorf("a sandbox with its own devpts, opening ptys without end: %q, want %q", line, want)
 	}
@@ -145,7 +94,7 @@ func TestPrivilegedNestedTrialPtysBounded(t *testing.T) {
 	release()
 	open(0)
 	var out bytes.Buffer
-	p, err = greedy.Start(Command{Args: append(bwrap, "ptycycle", strconv.Itoa(MaxPtys), "10"),
+	p, err := greedy.Start(Command{Args: append(bwrap, "ptycycle", strconv.Itoa(MaxPtys), "10"),
 		Env: []string{"TRIALNET_PROBE=1", "PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &out, Stderr: &out})
 	if err != nil {
 		t.Fatal(err)
@@ -401,4 +350,34 @@ func TestPrivilegedNoWayIn(t *testing.T) {
 	if _, out := runProbeAs(t, open, nobody, Command{}, "bind-unix", filepath.Join(shared, "open.sock")); out != "ok" {
 		t.Fatalf("a Trial without unix confinement binding in a shared directory: %q, want ok (its documented trade)", out)
 	}
+}
+
+// holdingProbe starts args in tr as nobody, a probe that opens ptys and
+// holds them while its stdin is open; it returns the probe's first line
+// and a release (closing its stdin, waiting for it), also run at cleanup.
+func holdingProbe(t *testing.T, tr *Trial, args []string, env ...string) (string, func()) {
+	t.Helper()
+	stdin, hold, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outR.Close()
+	p, err := tr.Start(Command{Args: args, Env: env, UID: nobody, GID: nobody, Stdin: stdin, Stdout: outW, Stderr: outW})
+	_ = outW.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release := func() { once.Do(func() { _ = hold.Close(); _, _ = p.Wait() }) }
+	t.Cleanup(release)
+	line, err := bufio.NewReader(outR).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	return line, release
 }

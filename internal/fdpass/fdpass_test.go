@@ -4,7 +4,6 @@ package fdpass
 
 import (
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,26 +18,6 @@ import (
 	"github.com/trialnet/trialnet/internal/testkit"
 )
 
-// pair is a connected SOCK_SEQPACKET pair, closed with the test.
-func pair(t *testing.T) (a, b *net.UnixConn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "seqpacket")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return c.(*net.UnixConn)
-	}
-	return conn(fds[0]), conn(fds[1])
-}
-
 type msg struct {
 	Kind  string   `json:"kind"`
 	Names []string `json:"names"`
@@ -47,7 +26,7 @@ type msg struct {
 // A message arrives whole with its files, which are new descriptors of
 // the same open files, close-on-exec; messages keep their boundaries.
 func TestSendRecvFiles(t *testing.T) {
-	a, b := pair(t)
+	a, b := testkit.SeqpacketPair(t)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +71,7 @@ func TestSendRecvFiles(t *testing.T) {
 // What cannot go as one message is refused before anything is sent;
 // what arrives broken is an error, its files closed, not leaked.
 func TestRefusals(t *testing.T) {
-	a, b := pair(t)
+	a, b := testkit.SeqpacketPair(t)
 	f, err := os.Open(os.DevNull)
 	if err != nil {
 		t.Fatal(err)

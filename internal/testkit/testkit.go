@@ -1,6 +1,7 @@
 // Package testkit holds the helpers that tests in more than one package
 // share and that need only the standard library: what /proc says about a
-// process, building trialnet, a free port, a JSON round trip. Tests of
+// process, building trialnet, a free port, a JSON round trip, a socket
+// pair. Tests of
 // agent, sandbox and proxy import it; internal/testenv, which imports
 // agent, would be a cycle for them and a weight for the rest.
 package testkit
@@ -14,6 +15,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -94,4 +96,25 @@ func JSONRoundTrip[T any](t testing.TB, v T) T {
 		t.Fatal(err)
 	}
 	return back
+}
+
+// SeqpacketPair is a connected pair of unix SOCK_SEQPACKET sockets (as a
+// hand-over and fdpass use), closed when the test ends.
+func SeqpacketPair(t testing.TB) (a, b *net.UnixConn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "seqpacket")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c.(*net.UnixConn)
+	}
+	return conn(fds[0]), conn(fds[1])
 }
