@@ -104,7 +104,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'IdleTrialMemory' -benchtime 1x ./test/systembench
 	$(GO) test -run '^$$' -bench 'RunTrue' -benchtime 50x ./test/systembench
 	$(GO) test -run '^$$' -bench 'AgentRestart' -benchtime 5x ./cmd/trialnet
-	$(GO) test -run '^$$' -bench 'Keeper' -benchmem ./agent
+	$(GO) test -run '^$$' -bench 'Keeper' -benchmem ./keeper
 
 FUZZTIME ?= 50000x
 FUZZTIME_FORWARD ?= 5000x

@@ -22,6 +22,7 @@ import (
 
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/counts"
+	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -119,7 +120,7 @@ type Agent struct {
 	// adopts anything and read-only after.
 	offsets   map[string]int64
 	inherited map[string][]net.Listener
-	keeper    *keeperClient // nil: none
+	keeper    *keeper.Client // nil: none
 
 	reloadMu  sync.Mutex // one Reload at a time
 	gcPending atomic.Bool
@@ -137,7 +138,7 @@ func Start(cfg AgentConfig) (*Agent, error) { return start(cfg, nil, nil, nil) }
 // Trial's under "trial:" and its id), from a predecessor (nil: none)
 // whose logs it replays up to the offsets it gave, and that gives its
 // listeners to a keeper.
-func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecessor, kc *keeperClient) (*Agent, error) {
+func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecessor, kc *keeper.Client) (*Agent, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -18,6 +18,7 @@ import (
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/fdpass"
+	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/record"
 	"golang.org/x/sys/unix"
 )
@@ -49,11 +50,9 @@ func HandoverSocket(sock string) string {
 }
 
 // nameMetrics names the metrics listener among those a hand-over or the
-// keeper moves; a Trial's are trialListenerName's. The unix sockets
+// keeper moves; a Trial's are keeper.TrialListener's. The unix sockets
 // (control, hand-over) are made anew by each agent (see listen).
 const nameMetrics = "metrics"
-
-func trialListenerName(id string, i int) string { return fmt.Sprintf("trial:%s:%d", id, i) }
 
 // nameCounts names the proxy's counts page among the files a hand-over
 // sends, countsName a Trial's (see proxy.Share).
@@ -63,16 +62,6 @@ func countsName(id string) string { return nameCounts + ":" + id }
 
 func isCountsName(name string) bool {
 	return name == nameCounts || strings.HasPrefix(name, nameCounts+":")
-}
-
-// trialOfName is the Trial a listener name belongs to, if any.
-func trialOfName(name string) (string, bool) {
-	rest, ok := strings.CutPrefix(name, "trial:")
-	if !ok {
-		return "", false
-	}
-	id, _, ok := strings.Cut(rest, ":")
-	return id, ok
 }
 
 // hoMsg is one hand-over message; Type says which fields it uses.
@@ -259,7 +248,7 @@ func (d *daemon) listenerFiles() (names []string, files []*os.File, err error) {
 	add(nameMetrics, d.met)
 	for id, lns := range d.a.trialListeners() {
 		for i, ln := range lns {
-			add(trialListenerName(id, i), ln)
+			add(keeper.TrialListener(id, i), ln)
 		}
 	}
 	if err != nil {

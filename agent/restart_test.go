@@ -17,6 +17,7 @@ import (
 
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testkit"
+	"github.com/trialnet/trialnet/keeper"
 )
 
 // agentProc is a `trialnet agent` process of the test's own.
@@ -119,7 +120,7 @@ func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
 	p := agentWithTrial{bin: bin, args: []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}, c: NewClient(sock)}
 	// The keeper its agents start ends with the test.
 	t.Cleanup(func() {
-		if err := StopKeeper(DefaultKeeperSocket(sock)); err != nil {
+		if err := keeper.Stop(keeper.DefaultSocket(sock)); err != nil {
 			t.Errorf("stop the keeper: %v", err)
 		}
 	})

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/fdpass"
+	"github.com/trialnet/trialnet/keeper"
 )
 
 // ServeConfig is the daemon: an agent, where its control API listens,
@@ -37,7 +38,7 @@ type ServeConfig struct {
 	// (the file at its path now: an upgraded build), with the same
 	// arguments, to take over by hand-over (SIGUSR2). nil: none.
 	Upgrade <-chan os.Signal
-	// Keeper is the keeper's socket (DefaultKeeperSocket); empty: no
+	// Keeper is the keeper's socket (keeper.DefaultSocket); empty: no
 	// keeper, and listeners die with this process. SpawnKeeper starts
 	// one when none answers there.
 	Keeper      string
@@ -98,9 +99,9 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var kc *keeperClient
+	var kc *keeper.Client
 	if cfg.Keeper != "" {
-		kc = &keeperClient{path: cfg.Keeper, trials: cfg.Host.StateDir, spawn: cfg.SpawnKeeper, log: log}
+		kc = keeper.NewClient(cfg.Keeper, cfg.Host.StateDir, cfg.SpawnKeeper, log)
 	}
 	pred, inh, err := d.inherit(kc, log)
 	if err != nil {
@@ -122,7 +123,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		err = d.listen(inh)
 	}
 	if err == nil && kc != nil {
-		kc.ensure()
+		kc.Ensure()
 	}
 	if err != nil {
 		closeRest()
@@ -153,7 +154,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	}
 	go d.serveHandovers(d.hln)
 	if kc != nil && d.met != nil {
-		kc.put([]string{nameMetrics}, nil, []net.Listener{d.met}) // each Trial's went when it was served
+		kc.Put([]string{nameMetrics}, nil, []net.Listener{d.met}) // each Trial's went when it was served
 	}
 	if cfg.PIDFile != "" {
 		if err := os.WriteFile(cfg.PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
@@ -171,7 +172,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 // and watches the Trials' owners. Any failure before that leaves the
 // predecessor serving (this process's copies of its listeners closed
 // first, then the connection).
-func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecessor, kc *keeperClient) (*Agent, error) {
+func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecessor, kc *keeper.Client) (*Agent, error) {
 	var beat chan struct{}
 	if pred != nil {
 		beat = make(chan struct{})
@@ -210,15 +211,15 @@ func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecesso
 // hand-over), else from the keeper (an agent that died). It returns the
 // listeners by name, trial ones grouped by Trial id under their names'
 // id, the others under their own name.
-func (d *daemon) inherit(kc *keeperClient, log *slog.Logger) (*predecessor, map[string][]net.Listener, error) {
+func (d *daemon) inherit(kc *keeper.Client, log *slog.Logger) (*predecessor, map[string][]net.Listener, error) {
 	pred, files, err := takeOver(HandoverSocket(d.sock), d.paths())
 	switch {
 	case errors.Is(err, errNoPredecessor):
 		pred = nil
 		if kc != nil {
 			var created map[string]string
-			if files, created, err = kc.fetch(); err != nil {
-				log.Warn("the keeper's listeners could not be taken back: listening anew", "keeper", kc.path, "error", err)
+			if files, created, err = kc.Fetch(); err != nil {
+				log.Warn("the keeper's listeners could not be taken back: listening anew", "keeper", kc.Path(), "error", err)
 				files = nil
 			} else if len(files) > 0 {
 				log.Info("taking back the listeners the keeper held for an agent that ended", "listeners", len(files))
@@ -243,7 +244,7 @@ func (d *daemon) inherit(kc *keeperClient, log *slog.Logger) (*predecessor, map[
 			continue
 		}
 		key := n
-		if id, ok := trialOfName(n); ok {
+		if id, ok := keeper.TrialOf(n); ok {
 			key = "trial:" + id
 		}
 		inh[key] = append(inh[key], ln)
@@ -257,11 +258,11 @@ func (d *daemon) inherit(kc *keeperClient, log *slog.Logger) (*predecessor, map[
 // and it would be removed. That Trial's endpoint listens anew instead.
 func (d *daemon) dropEarlierTrials(files map[string]*os.File, created map[string]string, log *slog.Logger) {
 	for n, f := range files {
-		id, ok := trialOfName(n)
+		id, ok := keeper.TrialOf(n)
 		if !ok {
 			continue
 		}
-		if now, _ := recordedCreated(d.cfg.Host.StateDir, id); otherTrial(created[n], now) {
+		if now, _ := keeper.RecordedCreated(d.cfg.Host.StateDir, id); keeper.OtherTrial(created[n], now) {
 			log.Warn("the keeper held a listener of an earlier Trial with this id; not served", "name", n, "created", created[n], "trial_created", now)
 			_ = f.Close()
 			delete(files, n)
@@ -487,17 +488,17 @@ func (d *daemon) tendKeeper() {
 		names, created, lns = append(names, nameMetrics), append(created, ""), append(lns, d.met)
 	}
 	for id, tl := range d.a.trialListeners() {
-		at := trialCreated(d.a.createdAt(id))
+		at := keeper.TrialCreated(d.a.createdAt(id))
 		for i, ln := range tl {
-			names, created, lns = append(names, trialListenerName(id, i)), append(created, at), append(lns, ln)
+			names, created, lns = append(names, keeper.TrialListener(id, i)), append(created, at), append(lns, ln)
 		}
 	}
 	if len(names) == 0 {
 		return // nothing to keep: no keeper is started for it
 	}
-	if n, err := kc.held(); err != nil || n < len(names) {
+	if n, err := kc.Held(); err != nil || n < len(names) {
 		d.a.log.Info("the keeper holds fewer listeners than this agent serves: giving it every one again", "held", n, "served", len(names))
-		kc.put(names, created, lns)
+		kc.Put(names, created, lns)
 	}
 }
 
@@ -529,12 +530,12 @@ func (d *daemon) stop() error {
 	a.Close(d.cfg.TeardownOnExit)
 	if a.keeper != nil {
 		if d.cfg.TeardownOnExit {
-			if kerr := StopKeeper(a.keeper.path); kerr != nil {
+			if kerr := keeper.Stop(a.keeper.Path()); kerr != nil {
 				a.log.Warn("keeper: not stopped", "error", kerr)
 			}
 		} else {
 			// Scrapers should hear that no agent runs, not wait for one.
-			a.keeper.del("", nameMetrics)
+			a.keeper.Del("", nameMetrics)
 		}
 	}
 	removeOwn(d.sock, d.ctlFile)

@@ -23,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/timerslack"
+	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
@@ -56,7 +57,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	teardown := fs.Bool("teardown-on-exit", false, "destroy every Trial on SIGTERM/SIGINT (default: leave them enforced for the next agent)")
 	drain := fs.Duration("drain-timeout", 0, "after handing over to a new agent, serve open tunnels this long before cutting them (default: the config's drain_timeout, else 15m)")
-	keeper := fs.String("keeper", "", "the keeper's socket, which holds the listeners across an agent crash (default: beside the control socket, started if none runs); off: none")
+	keeperSock := fs.String("keeper", "", "the keeper's socket, which holds the listeners across an agent crash (default: beside the control socket, started if none runs); off: none")
 	pidFile := fs.String("pid-file", "", "write this agent's pid to F once it serves (health --pid-file checks it)")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
@@ -115,7 +116,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		DrainTimeout:   *drain,
 		PIDFile:        *pidFile,
 	}
-	restarts(&sc, file, *keeper)
+	restarts(&sc, file, *keeperSock)
 	err = agent.Serve(ctx, sc)
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
@@ -127,23 +128,23 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // drain timeout (flag, else the file's) and the keeper (a socket path;
 // "" is the default beside the control socket, started when none runs;
 // "off" is none).
-func restarts(sc *agent.ServeConfig, file *config.File, keeper string) {
+func restarts(sc *agent.ServeConfig, file *config.File, keeperSock string) {
 	if sc.DrainTimeout == 0 {
 		sc.DrainTimeout, _ = file.Drain() // checked when the file was read
 	}
-	switch keeper {
+	switch keeperSock {
 	case "off":
 	case "":
-		sc.Keeper, sc.SpawnKeeper = agent.DefaultKeeperSocket(or(sc.Socket, agent.DefaultSocket)), true
+		sc.Keeper, sc.SpawnKeeper = keeper.DefaultSocket(or(sc.Socket, agent.DefaultSocket)), true
 	default:
-		sc.Keeper = keeper
+		sc.Keeper = keeperSock
 	}
 }
 
-// cmdKeeper holds the agent's listeners (agent.RunKeeper).
+// cmdKeeper holds the agent's listeners (keeper.Run).
 func cmdKeeper(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("keeper", "keeper [--socket PATH] [--trials DIR]", "sudo trialnet keeper --socket /run/trialnet/agent.keeper --trials /run/trialnet/trials", stderr)
-	sock := fs.String("socket", agent.DefaultKeeperSocket(agent.DefaultSocket), "where the agent reaches the keeper")
+	sock := fs.String("socket", keeper.DefaultSocket(agent.DefaultSocket), "where the agent reaches the keeper")
 	trials := fs.String("trials", agent.DefaultStateDir, "the agent's state directory: a Trial's listeners go once its record there does")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
@@ -154,7 +155,7 @@ func cmdKeeper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	signal.Ignore(os.Interrupt, syscall.SIGHUP)
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
 	defer stop()
-	if err := agent.RunKeeper(ctx, *sock, *trials, slog.New(slog.NewTextHandler(stderr, nil))); err != nil {
+	if err := keeper.Run(ctx, *sock, *trials, slog.New(slog.NewTextHandler(stderr, nil))); err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}
 	return exitOK

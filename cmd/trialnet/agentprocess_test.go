@@ -23,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/keeper"
 	"golang.org/x/sys/unix"
 )
 
@@ -56,7 +57,7 @@ func newAgentWithConfig(t testing.TB, name, yaml string) *agentUnderTest {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := agent.StopKeeper(agent.DefaultKeeperSocket(a.sock)); err != nil {
+		if err := keeper.Stop(keeper.DefaultSocket(a.sock)); err != nil {
 			t.Errorf("stop the keeper: %v", err)
 		}
 	})

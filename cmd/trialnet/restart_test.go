@@ -25,6 +25,7 @@ import (
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/internal/testkit"
+	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/record"
 	"golang.org/x/sys/unix"
 )
@@ -318,7 +319,7 @@ func TestPrivilegedAgentHandover(t *testing.T) {
 	createTrial(t, a.sock, "ho")
 	// A Trial's process cannot reach the hand-over or keeper sockets: it
 	// would take its own proxy's listeners, or everyone's.
-	for _, path := range []string{agent.HandoverSocket(a.sock), agent.DefaultKeeperSocket(a.sock)} {
+	for _, path := range []string{agent.HandoverSocket(a.sock), keeper.DefaultSocket(a.sock)} {
 		var out bytes.Buffer
 		probe := trialnetProcess(t, "exec", "--socket", a.sock, "--trial", "ho", "--uid", "65534", "--gid", "65534", "--",
 			"/usr/bin/python3", "-c", `import socket, sys

@@ -31,6 +31,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/internal/testkit"
+	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/record"
 )
@@ -100,7 +101,7 @@ func TestPrivilegedLoad(t *testing.T) {
 	t.Cleanup(func() {
 		_ = proc.Process.Signal(syscall.SIGTERM)
 		_ = proc.Wait()
-		_ = agent.StopKeeper(agent.DefaultKeeperSocket(sock))
+		_ = keeper.Stop(keeper.DefaultSocket(sock))
 	})
 	a := agent.NewClient(sock)
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {

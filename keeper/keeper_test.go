@@ -1,0 +1,93 @@
+//go:build linux
+
+package keeper_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/internal/keepertest"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/keeper"
+)
+
+// The keeper holds what it is given, gives copies back (the same sockets:
+// a connection made to the original is accepted from the copy), drops a
+// Trial's by prefix, and refuses a second keeper on its socket.
+func TestKeeperHoldsAndGivesBack(t *testing.T) {
+	privtest.Require(t) // the peer check wants root
+	kc := keepertest.Start(t, "")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc.Put([]string{keeper.TrialListener("k1", 0), "metrics"}, nil, []net.Listener{ln, ln})
+	_ = ln.Close() // the keeper's copy keeps the socket open
+	got, _, err := kc.Fetch()
+	if err != nil || len(got) != 2 || got[keeper.TrialListener("k1", 0)] == nil {
+		t.Fatalf("fetch: %v %v", got, err)
+	}
+	back, err := net.FileListener(got[keeper.TrialListener("k1", 0)])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer back.Close()
+	for _, f := range got {
+		_ = f.Close()
+	}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("the socket closed with this process's listener, though the keeper holds it: %v", err)
+	}
+	defer c.Close()
+	_ = back.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
+	if s, err := back.Accept(); err != nil {
+		t.Fatalf("the copy given back does not accept the connection: %v", err)
+	} else {
+		_ = s.Close()
+	}
+	kc.Del("trial:k1:")
+	if got, _, _ := kc.Fetch(); len(got) != 1 || got["metrics"] == nil {
+		t.Errorf("after dropping Trial k1's: %v", got)
+	}
+	if err := keeper.Run(context.Background(), kc.Path(), "", slog.New(slog.DiscardHandler)); err == nil {
+		t.Error("a second keeper started on the same socket")
+	}
+}
+
+// BenchmarkKeeper is what the keeper costs a Trial: keeping its two
+// endpoint listeners when it is made and dropping them when it ends
+// (keep), beside making and closing those two listeners (listen, the
+// reference).
+func BenchmarkKeeper(b *testing.B) {
+	privtest.Require(b)
+	b.Run("listen", func(b *testing.B) {
+		for range b.N {
+			l1, err1 := net.Listen("tcp", "127.0.0.1:0")
+			l2, err2 := net.Listen("tcp", "[::1]:0")
+			if err1 != nil || err2 != nil {
+				b.Fatal(err1, err2)
+			}
+			_ = l1.Close()
+			_ = l2.Close()
+		}
+	})
+	b.Run("keep", func(b *testing.B) {
+		kc := keepertest.Start(b, "")
+		l1, err1 := net.Listen("tcp", "127.0.0.1:0")
+		l2, err2 := net.Listen("tcp", "[::1]:0")
+		if err1 != nil || err2 != nil {
+			b.Fatal(err1, err2)
+		}
+		defer l1.Close()
+		defer l2.Close()
+		b.ResetTimer()
+		for range b.N {
+			kc.Put([]string{keeper.TrialListener("b", 0), keeper.TrialListener("b", 1)}, nil, []net.Listener{l1, l2})
+			kc.Del("trial:b:")
+		}
+	})
+}
