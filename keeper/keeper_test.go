@@ -17,7 +17,7 @@ import (
 // The keeper holds what it is given, gives copies back (the same sockets:
 // a connection made to the original is accepted from the copy), drops a
 // Trial's by prefix, and refuses a second keeper on its socket.
-func TestKeeperHoldsAndGivesBack(t *testing.T) {
+func TestPrivilegedKeeperHoldsAndGivesBack(t *testing.T) {
 	privtest.Require(t) // the peer check wants root
 	kc := keepertest.Start(t, "")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
