@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/internal/fdpass"
+	"github.com/trialnet/trialnet/internal/procstat"
 )
 
 // Owner names a process beyond pid reuse: its pid and its start time (in
@@ -28,7 +29,7 @@ type Owner struct {
 
 func self() *Owner {
 	o := &Owner{PID: os.Getpid()}
-	o.Start, _ = startTime(o.PID)
+	o.Start, _ = procstat.StartTime(o.PID)
 	return o
 }
 
@@ -39,23 +40,8 @@ func ownerAlive(meta json.RawMessage) bool {
 	if json.Unmarshal(meta, &info) != nil || info.Owner == nil {
 		return false
 	}
-	start, err := startTime(info.Owner.PID)
+	start, err := procstat.StartTime(info.Owner.PID)
 	return err == nil && start == info.Owner.Start
-}
-
-func startTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name may hold spaces and parentheses: fields count from
-	// the last ')'.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 20 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
 }
 
 // errOwnerExited: the process a Trial was to be tied to is gone.
@@ -109,7 +95,7 @@ func pidfdOwner(pidfd int) (*Owner, error) {
 	case pid == 0:
 		return nil, errors.New("the process is in a PID namespace the agent cannot see into")
 	}
-	start, err := startTime(pid)
+	start, err := procstat.StartTime(pid)
 	if err != nil || exited(pidfd) {
 		return nil, errOwnerExited
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/procstat"
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 )
@@ -105,7 +106,7 @@ func TestOpenOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	start, err := startTime(cmd.Process.Pid)
+	start, err := procstat.StartTime(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}

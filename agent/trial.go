@@ -17,6 +17,7 @@ import (
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/counts"
+	"github.com/trialnet/trialnet/ledger"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
@@ -40,7 +41,7 @@ type trial struct {
 	final  record.TrialStats
 	// ledger keeps its open tunnels where a successor finds them if this
 	// process dies; nil without a state directory.
-	ledger *ledger
+	ledger *ledger.Ledger
 	// lns are the endpoint's listeners this process serves, which a
 	// hand-over passes on; guarded by mu.
 	lns []net.Listener
@@ -108,7 +109,7 @@ func (lt *trial) release() {
 		_ = lt.counts.Close() // the proxy no longer counts in it
 	}
 	if lt.ledger != nil {
-		lt.ledger.remove()
+		lt.ledger.Remove()
 	}
 	lt.log.end()
 	lt.log.close()
@@ -288,7 +289,7 @@ func (a *Agent) prepare(lt *trial, list *allow.List, limits *config.Limits, stat
 		if limits != nil {
 			lim = limits.WithDefaults()
 		}
-		if lt.ledger, err = openLedger(dir, lt.info.ID, lim.MaxTunnels); err != nil {
+		if lt.ledger, err = ledger.Create(dir, lt.info.ID, lim.MaxTunnels); err != nil {
 			return fmt.Errorf("tunnel ledger: %w", err)
 		}
 		tp.Ledger = lt.ledger
@@ -306,11 +307,20 @@ func (a *Agent) takeLost(id string) []record.Event {
 	if a.cfg.Host.StateDir == "" {
 		return nil
 	}
-	evs, err := lostTunnels(a.cfg.Host.StateDir, id)
+	evs, err := ledger.Lost(a.cfg.Host.StateDir, id)
 	if err != nil {
 		a.log.Warn("a tunnel ledger is unreadable: the tunnels it kept are not recorded", "trial", id, "error", err)
 	}
 	return evs
+}
+
+// removeLedgers removes every ledger of Trial id: what it kept is no
+// Trial's any more.
+func (a *Agent) removeLedgers(id string) {
+	if a.cfg.Host.StateDir == "" {
+		return
+	}
+	ledger.RemoveAll(a.cfg.Host.StateDir, id)
 }
 
 // recordEvents records evs, made by no decision of this process, in

@@ -1,6 +1,20 @@
 //go:build linux
 
-package agent
+// Package ledger keeps, per Trial and per agent process, the tunnels that
+// process has open, where the agent that serves the Trial next finds them
+// if the process is killed, and records each as cut.
+//
+// A tunnel's record is written when it ends, with its byte counts. An
+// agent killed outright (SIGKILL, the OOM killer) takes the records of
+// its open tunnels with it, and the Trial's log would not show that they
+// were ever allowed, nor that they were cut. So each agent process keeps
+// a ledger per Trial: a file on the state directory's tmpfs, mapped
+// shared, with one slot per open tunnel or forwarded request holding its
+// record as it stood when it was allowed. Taking a slot is a copy into
+// memory and one atomic store; nothing is written to a disk. The agent
+// that serves the Trial next finds the ledgers of processes that are
+// gone and records each tunnel left in them as cut.
+package ledger
 
 import (
 	"bytes"
@@ -16,20 +30,11 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/trialnet/trialnet/record"
 	"golang.org/x/sys/unix"
-)
 
-// A tunnel's record is written when it ends, with its byte counts. An
-// agent killed outright (SIGKILL, the OOM killer) takes the records of
-// its open tunnels with it, and the Trial's log would not show that they
-// were ever allowed, nor that they were cut. So each agent process keeps
-// a ledger per Trial: a file on the state directory's tmpfs, mapped
-// shared, with one slot per open tunnel or forwarded request holding its
-// record as it stood when it was allowed. Taking a slot is a copy into
-// memory and one atomic store; nothing is written to a disk. The agent
-// that serves the Trial next finds the ledgers of processes that are
-// gone and records each tunnel left in them as cut.
+	"github.com/trialnet/trialnet/internal/procstat"
+	"github.com/trialnet/trialnet/record"
+)
 
 const (
 	ledgerMagic  = "TNLEDGR1"
@@ -37,8 +42,9 @@ const (
 	ledgerSlot   = 2048 // state (4), length (4), the record's JSON
 )
 
-// ledger is one process's open tunnels of one Trial.
-type ledger struct {
+// Ledger is one process's open tunnels of one Trial. It is a
+// proxy.Ledger.
+type Ledger struct {
 	path string
 	mem  []byte
 	mu   sync.Mutex
@@ -50,9 +56,9 @@ func ledgerPath(dir, id string, pid int) string {
 	return filepath.Join(dir, id+".open."+strconv.Itoa(pid))
 }
 
-// openLedger makes this process's ledger of Trial id, with one slot per
-// tunnel it may have open.
-func openLedger(dir, id string, slots int) (*ledger, error) {
+// Create makes this process's ledger of Trial id under dir (the state
+// directory, a tmpfs), with one slot per tunnel it may have open.
+func Create(dir, id string, slots int) (*Ledger, error) {
 	path := ledgerPath(dir, id, os.Getpid())
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -69,11 +75,11 @@ func openLedger(dir, id string, slots int) (*ledger, error) {
 		_ = os.Remove(path)
 		return nil, err
 	}
-	start, _ := startTime(os.Getpid())
+	start, _ := procstat.StartTime(os.Getpid())
 	copy(mem, ledgerMagic)
 	binary.LittleEndian.PutUint64(mem[8:], uint64(os.Getpid()))
 	binary.LittleEndian.PutUint64(mem[16:], start)
-	l := &ledger{path: path, mem: mem, free: make([]int, slots)}
+	l := &Ledger{path: path, mem: mem, free: make([]int, slots)}
 	for i := range l.free {
 		l.free[i] = slots - 1 - i
 	}
@@ -89,7 +95,7 @@ func slotState(mem []byte, i int) *atomic.Uint32 {
 // (slotLine). There is a slot for every tunnel and request that the
 // Trial's max_tunnels lets this process have open (the proxy frees a
 // slot before it counts its tunnel as ended), so none is left unkept.
-func (l *ledger) Open(ev *record.Event) func() {
+func (l *Ledger) Open(ev *record.Event) func() {
 	line, err := slotLine(ev, ledgerSlot-8)
 	if err != nil {
 		return func() {} // only a start time JSON cannot hold (past year 9999)
@@ -114,8 +120,8 @@ func (l *ledger) Open(ev *record.Event) func() {
 	}
 }
 
-// remove drops the ledger once every tunnel it kept has ended.
-func (l *ledger) remove() {
+// Remove drops the ledger once every tunnel it kept has ended.
+func (l *Ledger) Remove() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mem == nil {
@@ -126,12 +132,12 @@ func (l *ledger) remove() {
 	_ = os.Remove(l.path)
 }
 
-// lostTunnels reads and removes the ledgers of Trial id under dir that
+// Lost reads and removes the ledgers of Trial id under dir that
 // belong to processes which are gone (or to pid, once it is known to
 // be), and returns the tunnels they kept, each as the record of its cut.
 // A ledger of a live process other than this one is left alone: an
 // agent draining after a hand-over.
-func lostTunnels(dir, id string) ([]record.Event, error) {
+func Lost(dir, id string) ([]record.Event, error) {
 	files, _ := filepath.Glob(filepath.Join(dir, id+".open.*"))
 	var out []record.Event
 	var errs []error
@@ -157,7 +163,7 @@ var errLedgerLive = errors.New("its process runs")
 // processRuns reports whether process pid, started at start, runs: not
 // gone, not another process with its pid, not a zombie.
 func processRuns(pid int, start uint64) bool {
-	if s, err := startTime(pid); err != nil || s != start {
+	if s, err := procstat.StartTime(pid); err != nil || s != start {
 		return false
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -169,13 +175,10 @@ func processRuns(pid int, start uint64) bool {
 	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
-// removeLedgers removes every ledger of Trial id: what it kept is no
-// Trial's any more.
-func (a *Agent) removeLedgers(id string) {
-	if a.cfg.Host.StateDir == "" {
-		return
-	}
-	files, _ := filepath.Glob(filepath.Join(a.cfg.Host.StateDir, id+".open.*"))
+// RemoveAll removes every ledger of Trial id under dir, unread: what
+// they kept is no Trial's any more.
+func RemoveAll(dir, id string) {
+	files, _ := filepath.Glob(filepath.Join(dir, id+".open.*"))
 	for _, f := range files {
 		_ = os.Remove(f)
 	}

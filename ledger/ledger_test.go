@@ -1,6 +1,6 @@
 //go:build linux
 
-package agent
+package ledger
 
 import (
 	"encoding/binary"
@@ -42,7 +42,7 @@ func asDead(t *testing.T, dir, id string, pid int) {
 // (this one's) is left alone.
 func TestLedgerRecordsLostTunnels(t *testing.T) {
 	dir := t.TempDir()
-	l, err := openLedger(dir, "lt1", 4)
+	l, err := Create(dir, "lt1", 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,11 +54,11 @@ func TestLedgerRecordsLostTunnels(t *testing.T) {
 	doneA := l.Open(ev("a.example.com:443"))
 	l.Open(ev("b.example.com:443"))
 	doneA()
-	if evs, err := lostTunnels(dir, "lt1"); err != nil || len(evs) != 0 {
+	if evs, err := Lost(dir, "lt1"); err != nil || len(evs) != 0 {
 		t.Fatalf("a live process's ledger read as lost: %v %v", evs, err)
 	}
 	asDead(t, dir, "lt1", 1<<22-1) // above pid_max's default: no process
-	evs, err := lostTunnels(dir, "lt1")
+	evs, err := Lost(dir, "lt1")
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("lost tunnels: %+v %v; want b.example.com's alone", evs, err)
 	}
@@ -67,23 +67,23 @@ func TestLedgerRecordsLostTunnels(t *testing.T) {
 		!got.Time.Equal(start) || got.Duration < time.Minute {
 		t.Errorf("the lost tunnel's record: %+v", got)
 	}
-	if evs, _ := lostTunnels(dir, "lt1"); len(evs) != 0 {
+	if evs, _ := Lost(dir, "lt1"); len(evs) != 0 {
 		t.Errorf("read twice: %+v", evs)
 	}
-	l.remove()
+	l.Remove()
 }
 
 // A ledger left under this process's own pid by a process that had it
 // before (another start time) is that process's, and lost.
 func TestLedgerOfAReusedPid(t *testing.T) {
 	dir := t.TempDir()
-	l, err := openLedger(dir, "lt2", 2)
+	l, err := Create(dir, "lt2", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Open(&record.Event{Schema: record.EventSchema, ID: "x", Time: time.Now(), Trial: "lt2", Method: "CONNECT", Target: "c.example.com:443"})
 	asDead(t, dir, "lt2", os.Getpid())
-	if evs, err := lostTunnels(dir, "lt2"); err != nil || len(evs) != 1 {
+	if evs, err := Lost(dir, "lt2"); err != nil || len(evs) != 1 {
 		t.Errorf("a dead process's ledger under this pid: %+v %v", evs, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "lt2.open."+strconv.Itoa(os.Getpid()))); !os.IsNotExist(err) {
@@ -121,11 +121,11 @@ func TestLedgerTrimsWhatDoesNotFit(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			l, err := openLedger(dir, "tr1", 2)
+			l, err := Create(dir, "tr1", 2)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer l.remove()
+			defer l.Remove()
 			start := time.Now().Add(-time.Minute).UTC()
 			ev := record.Event{Schema: record.EventSchema, ID: "id-1", Time: start, Trial: "tr1", Method: "GET",
 				Target: "http://echo.test:9001/", Host: "echo.test", Port: 9001, Decision: record.DecisionAllow,
@@ -136,7 +136,7 @@ func TestLedgerTrimsWhatDoesNotFit(t *testing.T) {
 			}
 			l.Open(&ev)
 			asDead(t, dir, "tr1", 1<<22-2)
-			evs, err := lostTunnels(dir, "tr1")
+			evs, err := Lost(dir, "tr1")
 			if err != nil || len(evs) != 1 {
 				t.Fatalf("lost tunnels: %d %v; want the one kept", len(evs), err)
 			}
