@@ -417,7 +417,7 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (Stats, e
 	// A predecessor still draining ends its connections of the Trial
 	// first, and writes their records.
 	if p := a.pred.Load(); p != nil {
-		if r, ok := p.ask(ctx, hoMsg{Type: "remove", Trial: id}); !ok {
+		if r, ok := p.ask(ctx, hoMsg{Type: hoRemove, Trial: id}); !ok {
 			a.log.Warn("the draining agent did not confirm that it ended the Trial's connections; records it writes later are not in the receipt", "trial", id, "pid", p.pid, "error", r.Error)
 		}
 	}

@@ -64,9 +64,44 @@ func isCountsName(name string) bool {
 	return name == nameCounts || strings.HasPrefix(name, nameCounts+":")
 }
 
+// hoKind is what a hand-over message is: its "type" on the wire. The
+// strings are the protocol's; a new agent speaks them to an old one of an
+// earlier build, so none may change. handover_test.go lists each kind
+// with its sender.
+type hoKind string
+
+// The hand-over's message kinds, in the order a hand-over sends them. The
+// new agent is the successor, the old one its predecessor.
+const (
+	// hoHello: new agent, first, with its protocol version and paths.
+	hoHello hoKind = "hello"
+	// hoRefused: old agent, instead of an offer, saying why it does not hand over.
+	hoRefused hoKind = "refused"
+	// hoOffer: old agent, after the hello, carrying listeners and counts pages.
+	hoOffer hoKind = "offer"
+	// hoAdopting: new agent, every few seconds while it adopts the Trials.
+	hoAdopting hoKind = "adopting"
+	// hoServing: new agent, once it serves every listener it was offered.
+	hoServing hoKind = "serving"
+	// hoStopped: old agent, once it has stopped accepting, with its open tunnels.
+	hoStopped hoKind = "stopped"
+	// hoRecords: old agent, from the offer until it has drained, with its records.
+	hoRecords hoKind = "records"
+	// hoOpen: old agent, while it drains, when its open tunnels change.
+	hoOpen hoKind = "open"
+	// hoAllow: new agent, while the old one drains, with a Trial's new allowlist.
+	hoAllow hoKind = "allow"
+	// hoRemove: new agent, while the old one drains, removing a Trial.
+	hoRemove hoKind = "remove"
+	// hoDone: old agent, answering an allow or remove (by its Seq).
+	hoDone hoKind = "done"
+	// hoDrained: old agent, last, once it has drained and is about to exit.
+	hoDrained hoKind = "drained"
+)
+
 // hoMsg is one hand-over message; Type says which fields it uses.
 type hoMsg struct {
-	Type    string `json:"type"` // hello, offer, refused, serving, records, open, allow, remove, done, drained
+	Type    hoKind `json:"type"`
 	Version int    `json:"version,omitempty"`
 	PID     int    `json:"pid,omitempty"`
 	Error   string `json:"error,omitempty"`
@@ -196,7 +231,7 @@ func (f *forwarder) flush(c *net.UnixConn, log func(string, ...any)) error {
 				n++
 			}
 			_ = c.SetWriteDeadline(time.Now().Add(sendTimeout))
-			if err := fdpass.Send(c, hoMsg{Type: "records", Trial: id, Lines: lines[:n]}); err != nil {
+			if err := fdpass.Send(c, hoMsg{Type: hoRecords, Trial: id, Lines: lines[:n]}); err != nil {
 				return err
 			}
 			lines = lines[n:]
@@ -401,7 +436,7 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	a.hmu.Lock()
 	if a.stopping {
 		a.hmu.Unlock()
-		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: "it is stopping: start this agent again once it has"})
+		_ = fdpass.Send(c, hoMsg{Type: hoRefused, Version: handoverVersion, PID: os.Getpid(), Error: "it is stopping: start this agent again once it has"})
 		return fmt.Errorf("pid %d asked to take over while this agent stops", pid)
 	}
 	fw := newForwarder()
@@ -448,7 +483,7 @@ func (d *daemon) handOver(c *net.UnixConn) (err error) {
 	a.proxy.StopAccepting()
 	a.hmu.Unlock()
 	d.successor = s
-	if err := s.send(hoMsg{Type: "stopped", Open: a.proxy.Open()}); err != nil {
+	if err := s.send(hoMsg{Type: hoStopped, Open: a.proxy.Open()}); err != nil {
 		a.log.Error("the new agent did not hear that this one stopped accepting; this one cuts what it serves and exits", "successor", pid, "error", err)
 		s.lost()
 	}
@@ -470,7 +505,7 @@ func (d *daemon) hello(c *net.UnixConn, pid int) (hoMsg, error) {
 		return hoMsg{}, fmt.Errorf("pid %d said hello as pid %d", pid, hello.PID)
 	}
 	if why := d.refusal(hello); why != "" {
-		_ = fdpass.Send(c, hoMsg{Type: "refused", Version: handoverVersion, PID: os.Getpid(), Error: why})
+		_ = fdpass.Send(c, hoMsg{Type: hoRefused, Version: handoverVersion, PID: os.Getpid(), Error: why})
 		return hoMsg{}, fmt.Errorf("pid %d asked to take over: refused: %s", pid, why)
 	}
 	return hello, nil
@@ -496,7 +531,7 @@ func (d *daemon) offerFiles(shares bool) (names []string, files []*os.File, slot
 // refusal says why a successor that said hello may not take over ("": it
 // may).
 func (d *daemon) refusal(hello hoMsg) string {
-	if hello.Type != "hello" || hello.Version != handoverVersion {
+	if hello.Type != hoHello || hello.Version != handoverVersion {
 		return fmt.Sprintf("it speaks hand-over protocol %d, and the new agent asked for %q version %d: stop it first (its open tunnels are then cut), or start a build that speaks protocol %d", handoverVersion, hello.Type, hello.Version, handoverVersion)
 	}
 	if p := d.a.pred.Load(); p != nil {
@@ -521,7 +556,7 @@ func (d *daemon) refusal(hello hoMsg) string {
 func sendOffer(c *net.UnixConn, names []string, files []*os.File, offsets, open map[string]int64, slots map[string]int) error {
 	for i := 0; ; i += fdpass.MaxFiles {
 		j := min(i+fdpass.MaxFiles, len(files))
-		m := hoMsg{Type: "offer", Version: handoverVersion, PID: os.Getpid(), Names: names[i:j], More: j < len(files)}
+		m := hoMsg{Type: hoOffer, Version: handoverVersion, PID: os.Getpid(), Names: names[i:j], More: j < len(files)}
 		if i == 0 {
 			m.Offsets, m.Open, m.Slots = offsets, open, slots
 		}
@@ -551,9 +586,9 @@ func awaitServing(c *net.UnixConn) error {
 			return err
 		}
 		switch m.Type {
-		case "serving":
+		case hoServing:
 			return nil
-		case "adopting":
+		case hoAdopting:
 		default:
 			return fmt.Errorf("it said %q", m.Type)
 		}
@@ -618,7 +653,7 @@ func (d *daemon) drain(ctx context.Context) (err error) {
 	sendOpen := func() {
 		open := a.proxy.Open()
 		if !sameCounts(open, last) {
-			_ = s.send(hoMsg{Type: "open", Open: open})
+			_ = s.send(hoMsg{Type: hoOpen, Open: open})
 			last = open
 		}
 	}
@@ -691,8 +726,8 @@ func (d *daemon) finishDrain(s *successor) {
 	a.mu.Unlock()
 	close(s.stopFwd)
 	<-s.sent
-	_ = s.send(hoMsg{Type: "open", Open: map[string]int64{}})
-	_ = s.send(hoMsg{Type: "drained"})
+	_ = s.send(hoMsg{Type: hoOpen, Open: map[string]int64{}})
+	_ = s.send(hoMsg{Type: hoDrained})
 	close(s.ended)
 	_ = s.c.Close()
 	a.log.Info("drained; this agent exits", "successor", s.pid)
@@ -724,9 +759,9 @@ func (d *daemon) follow(s *successor) {
 			}
 			return
 		}
-		reply := hoMsg{Type: "done", Seq: m.Seq}
+		reply := hoMsg{Type: hoDone, Seq: m.Seq}
 		switch m.Type {
-		case "allow":
+		case hoAllow:
 			list, err := parseEntries(m.Allow, nil)
 			if err == nil {
 				var cut []AllowEntry
@@ -739,7 +774,7 @@ func (d *daemon) follow(s *successor) {
 			if err != nil {
 				reply.Error = err.Error()
 			}
-		case "remove":
+		case hoRemove:
 			a.proxy.RemoveTrial(m.Trial)
 			// Its last records reach the successor before the answer:
 			// it closes the Trial's log and counters on it.
@@ -891,7 +926,7 @@ func takeOver(path string, paths map[string]string) (*predecessor, map[string]*o
 		return nil, nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(handoverStepTimeout))
-	if err := fdpass.Send(c, hoMsg{Type: "hello", Version: handoverVersion, PID: os.Getpid(), Paths: paths, Shares: true}); err != nil {
+	if err := fdpass.Send(c, hoMsg{Type: hoHello, Version: handoverVersion, PID: os.Getpid(), Paths: paths, Shares: true}); err != nil {
 		return fail(fmt.Errorf("take over from the running agent: %w", err))
 	}
 	for more := true; more; {
@@ -900,11 +935,11 @@ func takeOver(path string, paths map[string]string) (*predecessor, map[string]*o
 		if err != nil {
 			return fail(fmt.Errorf("take over from the running agent: %w (it keeps serving; look at its log)", err))
 		}
-		if m.Type == "refused" {
+		if m.Type == hoRefused {
 			closeFiles(got)
 			return fail(fmt.Errorf("the running agent (pid %d) does not hand over to this one: %s. It keeps serving", m.PID, m.Error))
 		}
-		if m.Type != "offer" || len(got) != len(m.Names) {
+		if m.Type != hoOffer || len(got) != len(m.Names) {
 			closeFiles(got)
 			return fail(fmt.Errorf("take over from the running agent: a %q message with %d files for %d names", m.Type, len(got), len(m.Names)))
 		}
@@ -946,7 +981,7 @@ func (p *predecessor) adopting(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case <-t.C:
-			_ = p.send(hoMsg{Type: "adopting"})
+			_ = p.send(hoMsg{Type: hoAdopting})
 		}
 	}
 }
@@ -967,7 +1002,7 @@ func (a *Agent) serving(p *predecessor) error {
 		}
 	}
 	go a.followPredecessor(p)
-	if err := p.send(hoMsg{Type: "serving", PID: os.Getpid()}); err != nil {
+	if err := p.send(hoMsg{Type: hoServing, PID: os.Getpid()}); err != nil {
 		_ = p.c.Close()
 		return fmt.Errorf("tell the running agent (pid %d) that this one serves: %w", p.pid, err)
 	}
@@ -1038,14 +1073,14 @@ func (a *Agent) readPredecessor(p *predecessor) (lost error) {
 			}
 		}
 		switch m.Type {
-		case "records":
+		case hoRecords:
 			a.counted(m.Trial, m.Lines)
-		case "stopped":
+		case hoStopped:
 			a.setElsewhere(p, m.Open)
 			close(p.stopped)
-		case "open":
+		case hoOpen:
 			a.setElsewhere(p, m.Open)
-		case "done":
+		case hoDone:
 			p.mu.Lock()
 			ch := p.waiting[m.Seq]
 			delete(p.waiting, m.Seq)
@@ -1053,7 +1088,7 @@ func (a *Agent) readPredecessor(p *predecessor) (lost error) {
 			if ch != nil {
 				ch <- m
 			}
-		case "drained":
+		case hoDrained:
 			// It has removed every Trial, each once its handlers ended:
 			// it writes to none of the counts any more.
 			a.log.Info("the agent this one took over from has drained and exits", "pid", p.pid)

@@ -69,14 +69,14 @@ func TestHandoverWaitsForALostPredecessorToExit(t *testing.T) {
 	followed := make(chan struct{})
 	go func() { a.followPredecessor(p); close(followed) }()
 	t.Cleanup(func() { <-followed })
-	if err := fdpass.Send(there, hoMsg{Type: "stopped", Open: map[string]int64{"t1": theirs}}); err != nil {
+	if err := fdpass.Send(there, hoMsg{Type: hoStopped, Open: map[string]int64{"t1": theirs}}); err != nil {
 		t.Fatal(err)
 	}
 	_ = there.Close()
 	<-p.done // the break is seen
 
 	d := &daemon{a: a, sock: filepath.Join(t.TempDir(), "agent.sock")}
-	hello := hoMsg{Type: "hello", Version: handoverVersion, Paths: d.paths()}
+	hello := hoMsg{Type: hoHello, Version: handoverVersion, Paths: d.paths()}
 	pid := strconv.Itoa(old.Process.Pid)
 	if why := d.refusal(hello); !strings.Contains(why, "pid "+pid+" has exited") {
 		t.Errorf("a hand-over while the lost predecessor (pid %s) lives: refusal %q; want one that says to wait until it has exited", pid, why)

@@ -129,7 +129,7 @@ func (a *Agent) allowOnPredecessor(ctx context.Context, id string, list *allow.L
 	if p == nil {
 		return 0, ""
 	}
-	r, ok := p.ask(ctx, hoMsg{Type: "allow", Trial: id, Allow: allowEntries(list), Cut: allow.Strings(cut)})
+	r, ok := p.ask(ctx, hoMsg{Type: hoAllow, Trial: id, Allow: allowEntries(list), Cut: allow.Strings(cut)})
 	if ok {
 		return r.N, ""
 	}
