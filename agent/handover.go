@@ -1076,6 +1076,12 @@ func (a *Agent) readPredecessor(p *predecessor) (lost error) {
 		case hoRecords:
 			a.counted(m.Trial, m.Lines)
 		case hoStopped:
+			select {
+			case <-p.stopped:
+				// Said twice: a protocol error, not a second close.
+				return fmt.Errorf("the agent this one took over from (pid %d) said twice that it stopped accepting", p.pid)
+			default:
+			}
 			a.setElsewhere(p, m.Open)
 			close(p.stopped)
 		case hoOpen:

@@ -99,3 +99,23 @@ func TestHandoverWaitsForALostPredecessorToExit(t *testing.T) {
 		t.Errorf("once the predecessor has exited, Active is %d; want its tunnels no longer counted", st.Active)
 	}
 }
+
+// A predecessor that says twice that it stopped accepting breaks the
+// protocol: the follower returns why, rather than closing its channel a
+// second time (a panic that would end the new agent).
+func TestHandoverStoppedTwiceIsAnError(t *testing.T) {
+	a := &Agent{log: slog.New(slog.DiscardHandler), trials: make(map[string]*trial)}
+	here, there := testkit.SeqpacketPair(t)
+	p := &predecessor{c: here, pid: 1, waiting: make(map[uint64]chan hoMsg),
+		stopped: make(chan struct{}), done: make(chan struct{}), counts: make(map[string]*os.File)}
+	p.qcond = sync.NewCond(&p.qmu)
+	go p.read()
+	for range 2 {
+		if err := fdpass.Send(there, hoMsg{Type: hoStopped}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.readPredecessor(p); err == nil || !strings.Contains(err.Error(), "said twice") {
+		t.Fatalf("a second stopped: %v, want a protocol error", err)
+	}
+}
