@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -62,6 +63,7 @@ for _ in range(first):
         raise SystemExit("a first tunnel was refused: " + why)
     held.append(s)
 print("ready", flush=True)
+sys.stdin.readline()  # "go": every load's window starts together
 start = time.time()
 stop = start + D
 
@@ -104,6 +106,19 @@ type capsLoad struct {
 	out, errOut bytes.Buffer
 	read        chan struct{} // closed once its output has ended
 	cmd         *exec.Cmd
+	in          io.WriteCloser
+}
+
+// startLoads starts the windows of loads that said they are ready, at
+// once: started one by one, a load whose window is short could end while
+// a slow machine (a VM under TCG) is still starting the next.
+func startLoads(t *testing.T, loads ...*capsLoad) {
+	t.Helper()
+	for _, l := range loads {
+		if _, err := io.WriteString(l.in, "go\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func startCaps(t *testing.T, sock, id string, args ...string) *capsLoad {
@@ -112,6 +127,9 @@ func startCaps(t *testing.T, sock, id string, args ...string) *capsLoad {
 	l.cmd = trialnetProcess(t, append([]string{"exec", "--socket", sock, "--trial", id, "--uid", "65534", "--gid", "65534", "--",
 		"/usr/bin/python3", "-c", capsScript}, args...)...)
 	out, err := l.cmd.StdoutPipe()
+	if err == nil {
+		l.in, err = l.cmd.StdinPipe()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +224,7 @@ func TestPrivilegedAgentHandoverSharesCaps(t *testing.T) {
 	// from the start are the old agent's, whose records it writes as
 	// they end, in its drain.
 	logs := startCaps(t, a.sock, "capl", "churn", seconds, "1", "denied.test:443", "0.1", "2", echoTarget)
+	startLoads(t, tunnels, rates, logs)
 	waitActiveAtLeast(t, a.sock, "capt", maxTunnels)
 	if n, _ := recordBytes(t, filepath.Join(a.data, "capl", "decisions.jsonl")); n > maxLog/2 {
 		t.Fatalf("Trial capl's log holds %d bytes of records before the hand-over; the test wants it filled after", n)
