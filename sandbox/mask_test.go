@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/internal/rootdir"
+	"golang.org/x/sys/unix"
 )
 
 // A uid-0 Trial (no capabilities, but the owner of root's files) must not
@@ -18,6 +19,7 @@ import (
 // opened and not made, or that would hit the test's own sibling Trial, are
 // tried: the host's values stay as they are.
 func TestPrivilegedMountsHideTheHost(t *testing.T) {
+	mountTracefs(t)
 	h := newHost(t)
 	tr := newTrial(t, h, Spec{UnixOpen: true}) // the unix hooks stay out of the way of bind
 	sibling := newTrial(t, h, Spec{UnixOpen: true})
@@ -92,6 +94,24 @@ func TestPrivilegedMountsHideTheHost(t *testing.T) {
 	if code, out := runProbeAs(t, tr, 0, Command{}, "ls", rootdir.Run); code != probeOK || out != "d\nt\nv" {
 		t.Errorf("%s in the Trial: %d %q, want only the views d, t and v", rootdir.Run, code, out)
 	}
+}
+
+// mountTracefs makes sure a mount below /sys exists before the Trials are
+// made, for a host (like these machines and their CI) that has none of its
+// own there: tracefs, at the place the kernel keeps for it, taken down after.
+func mountTracefs(t *testing.T) {
+	const dir = "/sys/kernel/tracing"
+	if _, err := os.Stat(filepath.Join(dir, "tracing_on")); err == nil {
+		return
+	}
+	if err := unix.Mount("tracefs", dir, "tracefs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		t.Fatalf("mount tracefs on %s for a mount below /sys: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
 }
 
 // The mounts are the Trial's: the host's /sys and cgroup2 mounts stay
