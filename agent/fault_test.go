@@ -16,8 +16,9 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/bpf"
-	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
@@ -206,7 +207,7 @@ func TestPrivilegedFaultTunnelLimit(t *testing.T) {
 	w := newWorld(t, 231, "upstream.example.test")
 	a := startAgent(t, w.config(t))
 	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-limit", Allow: []string{target}, Limits: &config.Limits{MaxTunnels: 2}})
+	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-limit", Allow: []string{target}, Limits: &trialspec.Limits{ProxyLimits: trialspec.ProxyLimits{MaxTunnels: 2}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/config"
@@ -53,7 +55,7 @@ func TestHandoverWaitsForALostPredecessorToExit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = page.Close() }) // after the proxy's Close
-	if err := a.proxy.AddTrial(proxy.TrialPolicy{ID: "t1", Counts: page, Slot: 0}); err != nil {
+	if err := a.proxy.AddTrial(proxy.TrialPolicy{Spec: trialspec.Spec{ID: "t1"}, Counts: page, Slot: 0}); err != nil {
 		t.Fatal(err)
 	}
 	const theirs = 3

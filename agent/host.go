@@ -84,7 +84,7 @@ func OpenHost(cfg Config) (*Host, error) {
 		}
 		return nil, err
 	}
-	return &Host{&sandbox.Host{Parent: parent, NetnsDir: cfg.NetnsDir, StateDir: cfg.StateDir, BPF: l}}, nil
+	return &Host{&sandbox.Host{Parent: parent, NetnsDir: cfg.NetnsDir, StateDir: cfg.StateDir, Proxy: ProxyEndpoints, BPF: l}}, nil
 }
 
 // Close releases the loader; pinned enforcement stays.

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/sandbox"
@@ -23,7 +25,7 @@ func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	tr, err := h.Create(sandbox.Spec{ID: "live", UnixOpen: true}, nil, nil)
+	tr, err := h.Create(trialspec.Spec{ID: "live", UnixOpen: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +57,7 @@ func TestPrivilegedUninstallForceDestroysTrials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := h.Create(sandbox.Spec{ID: "forced", UnixOpen: true}, nil, nil)
+	tr, err := h.Create(trialspec.Spec{ID: "forced", UnixOpen: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -18,14 +17,8 @@ import (
 
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/internal/procstat"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
-
-// Owner names a process beyond pid reuse: its pid and its start time (in
-// clock ticks since boot, /proc/PID/stat field 22).
-type Owner struct {
-	PID   int    `json:"pid"`
-	Start uint64 `json:"start"`
-}
 
 func self() *Owner {
 	o := &Owner{PID: os.Getpid()}
@@ -33,15 +26,14 @@ func self() *Owner {
 	return o
 }
 
-// ownerAlive reports whether the Trial whose description is meta has an
-// owner that still runs.
-func ownerAlive(meta json.RawMessage) bool {
-	var info TrialInfo
-	if json.Unmarshal(meta, &info) != nil || info.Owner == nil {
+// ownerAlive reports whether the Trial spec describes has an owner that
+// still runs.
+func ownerAlive(spec trialspec.Spec) bool {
+	if spec.Owner == nil {
 		return false
 	}
-	start, err := procstat.StartTime(info.Owner.PID)
-	return err == nil && start == info.Owner.Start
+	start, err := procstat.StartTime(spec.Owner.PID)
+	return err == nil && start == spec.Owner.Start
 }
 
 // errOwnerExited: the process a Trial was to be tied to is gone.

@@ -5,7 +5,6 @@ package agent
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"fmt"
 	"net"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -85,13 +85,9 @@ func (a *Agent) ChangeAllow(ctx context.Context, id string, ch AllowChange) (All
 		return AllowChanged{}, errf(CodeBadAllowlist, "Trial %s: %v", id, err)
 	}
 	info := a.info(lt)
-	info.Allow = allowEntries(next)
+	info.Allow = config.AllowEntries(next)
 	info.Denied = denied(info.Denied, allow.Strings(add.Entries()), allow.Strings(remove))
-	meta, err := json.Marshal(info)
-	if err != nil {
-		return AllowChanged{}, errf(CodeInternal, "%v", err)
-	}
-	if err := lt.tr.SetMeta(meta); err != nil {
+	if err := lt.tr.SetSpec(info.Spec); err != nil {
 		return AllowChanged{}, errf(CodeInternal, "store the allowlist of %s: %v", id, err)
 	}
 	a.mu.Lock()
@@ -129,7 +125,7 @@ func (a *Agent) allowOnPredecessor(ctx context.Context, id string, list *allow.L
 	if p == nil {
 		return 0, ""
 	}
-	r, ok := p.ask(ctx, hoMsg{Type: hoAllow, Trial: id, Allow: allowEntries(list), Cut: allow.Strings(cut)})
+	r, ok := p.ask(ctx, hoMsg{Type: hoAllow, Trial: id, Allow: config.AllowEntries(list), Cut: allow.Strings(cut)})
 	if ok {
 		return r.N, ""
 	}

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/testhost"
@@ -132,7 +134,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 			t.Errorf("record %d read back as\n%+v\nwant\n%+v", i, g, w)
 		}
 	}
-	replayed := a.replayStats(&trial{info: TrialInfo{ID: id}})
+	replayed := a.replayStats(&trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}})
 	final.Active = 0
 	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
 		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
@@ -145,7 +147,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 func TestDecisionLogFloodSummarised(t *testing.T) {
 	const id, n = "rec-3", 40
 	a, _, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow.New(),
-		&config.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil)
+		&trialspec.ProxyLimits{RecordRate: 1e-9, RecordBurst: 3}, nil)
 	target := strings.Repeat("x", 1000) + "/"
 	for range n {
 		if got := connectThrough(t, proxyAddr, target); got != http.StatusBadRequest {
@@ -164,7 +166,7 @@ func TestDecisionLogFloodSummarised(t *testing.T) {
 	if final.Denied != n || len(live) != 1 || live[0].Count != n || live[0].Target != recs[0].Target {
 		t.Fatalf("live: stats %+v, refused %+v; want all %d", final, live, n)
 	}
-	replayed := a.replayStats(&trial{info: TrialInfo{ID: id}})
+	replayed := a.replayStats(&trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}})
 	final.Active = 0
 	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
 		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
@@ -203,7 +205,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 5, newer than the 4") || recs != nil {
 		t.Fatalf("audit with a newer record: %d records, %v; want a schema error naming line 3", len(recs), err)
 	}
-	st := a.replayStats(&trial{info: TrialInfo{ID: id}})
+	st := a.replayStats(&trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}})
 	if st == nil || st.Allowed != 1 || st.Denied != 1 || st.BytesUp != 5 || st.BytesDown != 7 {
 		t.Fatalf("replayed %+v; want the old and current records only", st)
 	}
@@ -237,7 +239,7 @@ func TestDecisionLogReopenedAfterTornWrite(t *testing.T) {
 // with r, dialing an echo upstream) serving Trial id alone, under allow
 // and lim, on a loopback listener whose address it returns. tap, if set,
 // sees each event after the agent has.
-func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.List, lim *config.Limits, tap func(record.Event)) (*Agent, *trial, string) {
+func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.List, lim *trialspec.ProxyLimits, tap func(record.Event)) (*Agent, *trial, string) {
 	t.Helper()
 	a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.DiscardHandler), trials: make(map[string]*trial)}
 	onEvent := a.onEvent
@@ -250,11 +252,14 @@ func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.Li
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.proxy.Close() })
-	lt := &trial{info: TrialInfo{ID: id}}
+	lt := &trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}}
+	if lim != nil {
+		lt.info.Limits = &trialspec.Limits{ProxyLimits: *lim}
+	}
 	if err := a.register(id, lt); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.prepare(lt, allow, lim, nil); err != nil {
+	if err := a.prepare(lt, allow, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(lt.log.close)
@@ -291,7 +296,7 @@ func TestDecisionLogHardBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _, proxyAddr := recordingAgent(t, id, manyAddrs(4000), allow, &config.Limits{MaxLogBytes: limit, ConnectRate: 1e6, ConnectBurst: 1e6}, nil)
+	a, _, proxyAddr := recordingAgent(t, id, manyAddrs(4000), allow, &trialspec.ProxyLimits{MaxLogBytes: limit, ConnectRate: 1e6, ConnectBurst: 1e6}, nil)
 	start := time.Now()
 	for range n {
 		if got := connectThrough(t, proxyAddr, "many.test:443"); got != http.StatusForbidden {
@@ -356,7 +361,7 @@ func TestDecisionLogHardBound(t *testing.T) {
 func TestTopRefusedSurvivesARestart(t *testing.T) {
 	const id = "rec-5"
 	a, _, proxyAddr := recordingAgent(t, id, oneAddr(netip.MustParseAddr("93.184.216.34")), allow.New(),
-		&config.Limits{RecordRate: 1e-9, RecordBurst: 3}, nil)
+		&trialspec.ProxyLimits{RecordRate: 1e-9, RecordBurst: 3}, nil)
 	for i := range 40 {
 		target := fmt.Sprintf("t%02d%s/", i, strings.Repeat("x", 1000))
 		for range 1 + i%3 {
@@ -367,7 +372,7 @@ func TestTopRefusedSurvivesARestart(t *testing.T) {
 	}
 	final, _ := a.proxy.RemoveTrial(id)
 	live := final.TopRefused(topRefused)
-	replayed := a.replayStats(&trial{info: TrialInfo{ID: id}})
+	replayed := a.replayStats(&trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}})
 	if replayed == nil || !reflect.DeepEqual(replayed.TopRefused(topRefused), live) {
 		t.Fatalf("most refused after a replay %+v, live %+v", replayed.TopRefused(topRefused), live)
 	}

@@ -5,8 +5,6 @@ package agent
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -52,10 +50,9 @@ func (a *Agent) proxySettings(file *config.File) (config.ProxySettings, error) {
 
 // reprofiled is one live Trial's new allowlist, ready to apply.
 type reprofiled struct {
-	lt         *trial
-	old, new   TrialInfo
-	allow      *allow.List
-	meta, prev json.RawMessage // the new and the previous description
+	lt       *trial
+	old, new TrialInfo
+	allow    *allow.List
 }
 
 // Reload reads the config file again and applies it whole or not at all:
@@ -98,9 +95,9 @@ func (a *Agent) Reload(ctx context.Context, req ReloadRequest) (ReloadResult, er
 	}
 	// The one step that can fail: the Trials' records. Undone on failure.
 	for i := range plan {
-		if err := a.writeInfo(&plan[i], plan[i].meta); err != nil {
+		if err := a.writeInfo(&plan[i], plan[i].new); err != nil {
 			for j := range i {
-				if uerr := a.writeInfo(&plan[j], plan[j].prev); uerr != nil {
+				if uerr := a.writeInfo(&plan[j], plan[j].old); uerr != nil {
 					a.log.Error("reload: restore a Trial's record", "trial", plan[j].new.ID, "error", uerr)
 				}
 			}
@@ -192,16 +189,8 @@ func (a *Agent) planReprofile(f *config.File) (_ []reprofiled, unlock func(), er
 		}
 		allow := allow.New(append(kept, explicit...)...)
 		nw := old
-		nw.Allow = allowEntries(allow)
-		meta, err := json.Marshal(nw)
-		if err != nil {
-			return nil, nil, err
-		}
-		prev, err := json.Marshal(old)
-		if err != nil {
-			return nil, nil, err
-		}
-		plan = append(plan, reprofiled{lt: lt, old: old, new: nw, allow: allow, meta: meta, prev: prev})
+		nw.Allow = config.AllowEntries(allow)
+		plan = append(plan, reprofiled{lt: lt, old: old, new: nw, allow: allow})
 	}
 	return plan, unlockAll, nil
 }
@@ -250,22 +239,18 @@ func parseEntries(list []AllowEntry, keep func(AllowEntry) bool) ([]allow.Entry,
 	return out, nil
 }
 
-// writeInfo writes meta (r's new or previous description) to the Trial's
-// record and its description in memory, under a.mu so that a destroy
-// cannot remove the record in between and have it written back. A Trial
-// destroyed meanwhile is skipped.
-func (a *Agent) writeInfo(r *reprofiled, meta json.RawMessage) error {
+// writeInfo writes info (r's new or previous description) to the
+// Trial's record and its description in memory, under a.mu so that a
+// destroy cannot remove the record in between and have it written back.
+// A Trial destroyed meanwhile is skipped.
+func (a *Agent) writeInfo(r *reprofiled, info TrialInfo) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if r.lt.state != stateLive {
 		return nil
 	}
-	if err := r.lt.tr.SetMeta(meta); err != nil {
+	if err := r.lt.tr.SetSpec(info.Spec); err != nil {
 		return err
-	}
-	var info TrialInfo
-	if err := json.Unmarshal(meta, &info); err != nil {
-		return errors.Join(err, r.lt.tr.SetMeta(r.prev))
 	}
 	r.lt.info = info
 	return nil

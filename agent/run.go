@@ -113,11 +113,7 @@ func ExecIn(ctx context.Context, info TrialInfo, c sandbox.Command, sigs <-chan 
 	if err != nil {
 		return -1, err
 	}
-	c.ProxyURL = info.ProxyURL
-	c.SocketsAnywhere = info.UnixOpen
-	if c.MaxProcs == 0 && info.Limits != nil {
-		c.MaxProcs = info.Limits.MaxProcesses // 0 in records older than it: the default
-	}
+	c.ProxyURL = info.ProxyURL // the unix rule and process limit are the launcher's, from info.Spec
 	return tr.Exec(ctx, c, sigs)
 }
 

@@ -3,7 +3,6 @@
 package agent
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -138,14 +137,11 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
 	a.removeLedgers(lt.info.ID) // an earlier Trial's of this id, whose tunnels are not this one's
-	if err := a.prepare(lt, list, req.Limits, nil); err != nil {
+	if err := a.prepare(lt, list, nil); err != nil {
 		return TrialInfo{}, errf(CodeInternal, "%v", err)
 	}
 	info := lt.info
-	meta, _ := json.Marshal(info)
-	spec := sandbox.Spec{ID: info.ID, Strict: req.Strict, Proxy: ProxyEndpoints, UnixPaths: req.UnixAllow, UnixOpen: req.UnixOpen, Nested: info.Nested,
-		Pools: sandbox.PoolLimits{MaxPids: info.Limits.MaxPids, MaxMemory: info.Limits.MaxMemory}}
-	tr, err := a.host.Create(spec, meta, lt)
+	tr, err := a.host.Create(info.Spec, lt)
 	switch {
 	case errors.Is(err, sandbox.ErrExists):
 		return TrialInfo{}, errf(CodeDuplicateID, "%v", err)
@@ -195,58 +191,22 @@ func (a *Agent) newTrial(req CreateRequest, conn *net.UnixConn) (_ *trial, _ *al
 	if req.Report != "" && (!filepath.IsAbs(req.Report) || strings.ContainsFunc(req.Report, unicode.IsControl)) {
 		return nil, nil, errf(CodeBadRequest, "invalid report path %q: give an absolute path without control characters", req.Report)
 	}
-	list, err := a.allowlist(req)
-	if err != nil {
-		return nil, nil, err
+	spec, list, err := a.file.Load().Spec(req, a.proxy.Guard().Allowed())
+	switch {
+	case errors.Is(err, config.ErrUnknownProfile):
+		return nil, nil, errf(CodeUnknownProfile, "%v", err)
+	case err != nil:
+		return nil, nil, errf(CodeBadAllowlist, "%v", err)
 	}
-	lt.info = TrialInfo{Nonce: req.Nonce, Report: req.Report, ID: req.ID, ProxyURL: ProxyURL, Strict: req.Strict, UnixOpen: req.UnixOpen, Profiles: req.Profiles, Limits: req.Limits, Created: time.Now().UTC(),
-		Nested: req.Nested || a.file.Load().Nested(req.Profiles), UnixAllow: req.UnixAllow,
-		Learning: req.Learn || a.file.Load().Learn(req.Profiles), Allow: allowEntries(list),
-		AllowCIDRs: a.proxy.Guard().Allowed(), Owner: owner}
-	if lt.info.Limits, err = a.limits(req); err != nil {
-		return nil, nil, err
+	if err := sandbox.CheckMaxProcs(spec.Limits.MaxProcesses); err != nil {
+		return nil, nil, errf(CodeBadRequest, "max_processes: %v", err)
 	}
+	spec.Owner = owner
+	lt.info = TrialInfo{Spec: spec, ProxyURL: ProxyURL}
 	if err := a.register(req.ID, lt); err != nil {
 		return nil, nil, err
 	}
 	return lt, list, nil
-}
-
-// limits are a new Trial's, kept with it: its own, or those in force
-// now (a reload or restart does not change a live Trial's), with the
-// request's process limit.
-func (a *Agent) limits(req CreateRequest) (*config.Limits, error) {
-	lim := a.proxy.DefaultLimits()
-	if req.Limits != nil {
-		lim = *req.Limits
-	}
-	if req.MaxProcesses != 0 {
-		lim.MaxProcesses = req.MaxProcesses
-	}
-	if err := sandbox.CheckMaxProcs(lim.MaxProcesses); err != nil {
-		return nil, errf(CodeBadRequest, "max_processes: %v", err)
-	}
-	return &lim, nil
-}
-
-// allowEntries is an allowlist as a Trial's description keeps it.
-func allowEntries(l *allow.List) []AllowEntry {
-	var out []AllowEntry
-	for _, e := range l.Entries() {
-		out = append(out, AllowEntry{e.String(), e.RequireTLS, e.Profile})
-	}
-	return out
-}
-
-func (a *Agent) allowlist(req CreateRequest) (*allow.List, error) {
-	list, err := a.file.Load().Allowlist(req.Profiles, req.Allow, req.RequireTLS)
-	switch {
-	case errors.Is(err, config.ErrUnknownProfile):
-		return nil, errf(CodeUnknownProfile, "%v", err)
-	case err != nil:
-		return nil, errf(CodeBadAllowlist, "%v", err)
-	}
-	return list, nil
 }
 
 // keepOldData moves aside what a destroyed Trial with the same id left
@@ -267,7 +227,7 @@ func (a *Agent) keepOldData(id string) error {
 // listens: the decision log (its processes may connect at once, a
 // re-adopted Trial's at the very moment it is served) and the proxy's
 // policy for it. What it made, release gives back.
-func (a *Agent) prepare(lt *trial, list *allow.List, limits *config.Limits, stats *record.TrialStats) error {
+func (a *Agent) prepare(lt *trial, list *allow.List, stats *record.TrialStats) error {
 	var written int64
 	if a.cfg.DataDir != "" {
 		if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, lt.info.ID), 0o700); err != nil {
@@ -282,12 +242,11 @@ func (a *Agent) prepare(lt *trial, list *allow.List, limits *config.Limits, stat
 	if lt.counts, lt.slot, err = a.countsFor(countsName(lt.info.ID)); err != nil {
 		return err
 	}
-	tp := proxy.TrialPolicy{ID: lt.info.ID, Allow: list, Learn: lt.info.Learning, Limits: limits,
-		AllowCIDRs: lt.info.AllowCIDRs, Stats: stats, LogWritten: written, Counts: lt.counts, Slot: lt.slot}
+	tp := proxy.TrialPolicy{Spec: lt.info.Spec, Allow: list, Stats: stats, LogWritten: written, Counts: lt.counts, Slot: lt.slot}
 	if dir := a.cfg.Host.StateDir; dir != "" {
 		lim := a.proxy.DefaultLimits()
-		if limits != nil {
-			lim = limits.WithDefaults()
+		if l := lt.info.Limits; l != nil {
+			lim = l.ProxyLimits.WithDefaults()
 		}
 		if lt.ledger, err = ledger.Create(dir, lt.info.ID, lim.MaxTunnels); err != nil {
 			return fmt.Errorf("tunnel ledger: %w", err)
@@ -393,13 +352,7 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 	if r.Err != nil {
 		return nil, r.Err
 	}
-	var info TrialInfo
-	if err := json.Unmarshal(r.Record.Meta, &info); err != nil {
-		return nil, fmt.Errorf("its record has no readable description: %w", err)
-	}
-	if info.ID != r.ID {
-		return nil, fmt.Errorf("its record describes Trial %q, not %q", info.ID, r.ID)
-	}
+	info := TrialInfo{Spec: r.Record.Trial, ProxyURL: ProxyURL}
 	entries, err := parseEntries(info.Allow, nil)
 	if err != nil {
 		return nil, err
@@ -425,7 +378,7 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 	// What dead processes' ledgers kept is read before this process's
 	// own ledger is made: a pid of the dead can be this process's.
 	lost := a.takeLost(r.ID)
-	if err := a.prepare(lt, allow.New(entries...), info.Limits, a.replayStats(lt)); err != nil {
+	if err := a.prepare(lt, allow.New(entries...), a.replayStats(lt)); err != nil {
 		return nil, err
 	}
 	a.recordEvents(r.ID, lost)

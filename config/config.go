@@ -21,6 +21,7 @@ import (
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/ident"
 	"github.com/trialnet/trialnet/resolve"
+	"github.com/trialnet/trialnet/trial"
 )
 
 // File is the proxy part of trialnet's YAML configuration: named
@@ -31,10 +32,10 @@ type File struct {
 	Resolvers  []string           `yaml:"resolvers"`
 	AllowCIDRs []string           `yaml:"allow_cidrs"`
 	// HostAddresses and NAT64Prefixes are HostFacts (see there).
-	HostAddresses  []string `yaml:"host_addresses"`
-	NAT64Prefixes  []string `yaml:"nat64_prefixes"`
-	Limits         Limits   `yaml:"limits"`
-	MaxConnections int      `yaml:"max_connections"`
+	HostAddresses  []string     `yaml:"host_addresses"`
+	NAT64Prefixes  []string     `yaml:"nat64_prefixes"`
+	Limits         trial.Limits `yaml:"limits"`
+	MaxConnections int          `yaml:"max_connections"`
 	// Paths and Retention are read by the agent; the proxy ignores them.
 	Paths     Paths     `yaml:"paths"`
 	Retention Retention `yaml:"retention"`
@@ -195,17 +196,17 @@ func (f *File) Drain() (time.Duration, error) {
 	return d, nil
 }
 
-// Learn reports whether any of the named profiles is a learning one.
+// learns reports whether any of the named profiles is a learning one.
 // Unknown names are Allowlist's to refuse.
-func (f *File) Learn(profiles []string) bool {
+func (f *File) learns(profiles []string) bool {
 	if f == nil {
 		return false
 	}
 	return slices.ContainsFunc(profiles, func(n string) bool { return f.Profiles[n].Learn })
 }
 
-// Nested reports whether any of the named profiles asks for nesting.
-func (f *File) Nested(profiles []string) bool {
+// nests reports whether any of the named profiles asks for nesting.
+func (f *File) nests(profiles []string) bool {
 	if f == nil {
 		return false
 	}
@@ -279,7 +280,8 @@ type ProxySettings struct {
 	// servers (a reconfiguration with nil keeps the current one).
 	Resolver resolve.Resolver
 	// Limits are the per-Trial defaults; zero fields take the defaults.
-	Limits Limits
+	// The pool half of the config's limits is the sandbox's (File.Spec).
+	Limits trial.ProxyLimits
 	// MaxConnections caps client connections, every Trial together (0:
 	// the proxy's default). Being proxy-wide, a new cap applies at once
 	// to new connections of every Trial; it never closes an admitted one.
@@ -294,7 +296,7 @@ func (f *File) ProxySettings(cidrs []netip.Prefix, resolvers []string, r resolve
 	if f != nil {
 		s.AllowCIDRs = append(f.cidrList(), cidrs...)
 		s.HostFacts = f.hostFacts()
-		s.Limits, s.MaxConnections = f.Limits, f.MaxConnections
+		s.Limits, s.MaxConnections = f.Limits.ProxyLimits, f.MaxConnections
 		if len(resolvers) == 0 {
 			resolvers = f.Resolvers
 		}

@@ -91,15 +91,24 @@ func RecordedCreated(trials, id string) (created string, ok bool) {
 	if errors.Is(err, os.ErrNotExist) {
 		return "", false
 	}
+	// The sandbox's record (sandbox.Record): the Trial's description is
+	// under "trial", or "meta" in a record of a build before it.
+	type desc struct {
+		Created time.Time `json:"created"`
+	}
 	var rec struct {
-		Meta struct {
-			Created time.Time `json:"created"`
-		} `json:"meta"`
+		Trial, Meta *desc
 	}
 	if err != nil || json.Unmarshal(b, &rec) != nil {
 		return "", true
 	}
-	return TrialCreated(rec.Meta.Created), true
+	switch {
+	case rec.Trial != nil:
+		return TrialCreated(rec.Trial.Created), true
+	case rec.Meta != nil:
+		return TrialCreated(rec.Meta.Created), true
+	}
+	return "", true
 }
 
 // OtherTrial reports whether a listener kept for the Trial created at

@@ -6,6 +6,8 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -90,4 +92,26 @@ func BenchmarkKeeper(b *testing.B) {
 			kc.Del("trial:b:")
 		}
 	})
+}
+
+// The keeper finds a Trial's creation time in its record as this build
+// writes it (under "trial") and as builds before trial.Spec did (under
+// "meta"), so that it drops the listeners of a Trial whose id was reused.
+func TestRecordedCreated(t *testing.T) {
+	dir := t.TempDir()
+	at := time.Date(2026, 12, 5, 2, 39, 50, 960600661, time.UTC)
+	for id, rec := range map[string]string{
+		"now":    `{"phase":"live","trial":{"id":"now","created":"2026-12-05T02:39:50.960600661Z","schema":1}}`,
+		"before": `{"phase":"live","id":"before","meta":{"id":"before","created":"2026-12-05T02:39:50.960600661Z"}}`,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, id+".json"), []byte(rec), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := keeper.RecordedCreated(dir, id); !ok || got != keeper.TrialCreated(at) {
+			t.Errorf("%s: %q %v, want %q", id, got, ok, keeper.TrialCreated(at))
+		}
+	}
+	if _, ok := keeper.RecordedCreated(dir, "gone"); ok {
+		t.Error("a Trial with no record has one")
+	}
 }

@@ -7,7 +7,8 @@ import (
 	"net"
 	"testing"
 
-	"github.com/trialnet/trialnet/config"
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/internal/tlstest"
 )
 
@@ -15,7 +16,7 @@ import (
 // drained, and the CONNECT head for its one allowed name.
 func benchProxy(b *testing.B) (*testProxy, []byte) {
 	tp := newTestProxy(b, proxyOpts{allow: []string{"api.example.com:443"},
-		limits: &config.Limits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20, MaxClientConns: 1 << 20, MaxPendingHeads: 1 << 20}})
+		limits: &trialspec.ProxyLimits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20, MaxClientConns: 1 << 20, MaxPendingHeads: 1 << 20}})
 	go func() {
 		for range tp.events {
 		}
@@ -98,7 +99,7 @@ func BenchmarkConnectTLSFirstByte(b *testing.B) {
 	hello := tlstest.ClientHello(b, "api.example.com")
 	sh := tlstest.ServerHelloRecord(false)
 	tp := newTestProxy(b, proxyOpts{allow: []string{"api.example.com:443"},
-		limits: &config.Limits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20, MaxClientConns: 1 << 20, MaxPendingHeads: 1 << 20},
+		limits: &trialspec.ProxyLimits{ConnectRate: 1e9, ConnectBurst: 1 << 30, MaxTunnels: 1 << 20, MaxClientConns: 1 << 20, MaxPendingHeads: 1 << 20},
 		upstream: func(c *net.TCPConn) {
 			if _, err := io.ReadFull(c, make([]byte, len(hello))); err != nil {
 				return

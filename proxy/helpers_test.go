@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
@@ -210,7 +212,7 @@ type proxyOpts struct {
 	tls       bool
 	learn     bool
 	cidrs     []string
-	limits    *config.Limits
+	limits    *trialspec.ProxyLimits
 	upstream  func(*net.TCPConn)
 	configure func(*Config)
 	// upstreamAddr, if set, is where every checked address is dialed
@@ -264,7 +266,7 @@ func newTestProxy(t testing.TB, o proxyOpts) *testProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.AddTrial(TrialPolicy{ID: "t1", Allow: allow, Learn: o.learn, Limits: o.limits, Counts: o.counts, Slot: o.slot}); err != nil {
+	if err := p.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "t1", Learning: o.learn, Limits: proxyHalf(o.limits)}, Allow: allow, Counts: o.counts, Slot: o.slot}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -324,7 +326,7 @@ func (tp *testProxy) addTrial(t testing.TB, id string, entries ...string) *testP
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tp.AddTrial(TrialPolicy{ID: id, Allow: al}); err != nil {
+	if err := tp.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: id}, Allow: al}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -333,4 +335,13 @@ func (tp *testProxy) addTrial(t testing.TB, id string, entries ...string) *testP
 	}
 	go func() { _ = tp.Serve(ln, id) }()
 	return &testProxy{Proxy: tp.Proxy, addr: ln.Addr().String(), dns: tp.dns, dialer: tp.dialer, events: tp.events}
+}
+
+// proxyHalf is a Trial's limits of which only the proxy's half is given
+// (nil: none, the proxy's defaults).
+func proxyHalf(l *trialspec.ProxyLimits) *trialspec.Limits {
+	if l == nil {
+		return nil
+	}
+	return &trialspec.Limits{ProxyLimits: *l}
 }

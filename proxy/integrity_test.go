@@ -15,8 +15,9 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/allow"
-	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -121,7 +122,7 @@ func dump(recs []record.Event) string {
 func runExchanges(t *testing.T, l *ledger, exs []exchange, change func(tp *testProxy)) []record.Event {
 	t.Helper()
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80"}, upstream: func(c *net.TCPConn) { l.active.Add(1); l.serve(c) },
-		limits: &config.Limits{ConnectBurst: 1 << 20, RecordBurst: 1 << 20}})
+		limits: &trialspec.ProxyLimits{ConnectBurst: 1 << 20, RecordBurst: 1 << 20}})
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
 	var wg sync.WaitGroup
 	for _, ex := range exs {

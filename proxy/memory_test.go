@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/testkit"
@@ -76,7 +78,7 @@ func memChild() error {
 		}
 		// The CONNECT burst raised: a Trial reaches its caps at the
 		// default rate too, only more slowly.
-		if err := p.AddTrial(TrialPolicy{ID: tr.id, Allow: al, Limits: &config.Limits{ConnectBurst: 10000}}); err != nil {
+		if err := p.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: tr.id, Limits: proxyHalf(&trialspec.ProxyLimits{ConnectBurst: 10000})}, Allow: al}); err != nil {
 			return err
 		}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -311,7 +313,7 @@ func testProxyMemory(t *testing.T, hold func(t *testing.T, addr string, i int)) 
 	// Half of t1's client connections kept alive, each with its buffer
 	// and its idle upstream connection; the other half, its tunnel cap,
 	// held by hostile responses.
-	for range config.DefaultMaxClientConns - config.DefaultMaxTunnels {
+	for range trialspec.DefaultMaxClientConns - trialspec.DefaultMaxTunnels {
 		get(t1, true)
 	}
 
@@ -331,7 +333,7 @@ func testProxyMemory(t *testing.T, hold func(t *testing.T, addr string, i int)) 
 			sample()
 		}
 	}
-	for i := range config.DefaultMaxTunnels {
+	for i := range trialspec.DefaultMaxTunnels {
 		hold(t, t1, i)
 		if i%16 == 0 {
 			sample()
@@ -356,7 +358,7 @@ func testProxyMemory(t *testing.T, hold func(t *testing.T, addr string, i int)) 
 	release()
 	grew := peak - base
 	t.Logf("proxy RSS %d MiB before, %d MiB at peak: one Trial's %d kept-alive connections and %d hostile requests grew it by %.1f MiB (bound %d MiB)",
-		base>>20, peak>>20, config.DefaultMaxClientConns-config.DefaultMaxTunnels, config.DefaultMaxTunnels, float64(grew)/(1<<20), MemoryPerTrialBound>>20)
+		base>>20, peak>>20, trialspec.DefaultMaxClientConns-trialspec.DefaultMaxTunnels, trialspec.DefaultMaxTunnels, float64(grew)/(1<<20), MemoryPerTrialBound>>20)
 	if grew > MemoryPerTrialBound {
 		t.Fatalf("one Trial grew the proxy by %d MiB, over the documented %d MiB", grew>>20, MemoryPerTrialBound>>20)
 	}

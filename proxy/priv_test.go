@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/guard"
@@ -144,7 +146,7 @@ func TestPrivilegedProductionDial(t *testing.T) {
 		t.Fatal(err)
 	}
 	allow, _ := allow.Parse([]string{"host.example.com:8080"}, false)
-	if err := p.AddTrial(TrialPolicy{ID: "t", Allow: allow}); err != nil {
+	if err := p.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "t"}, Allow: allow}); err != nil {
 		t.Fatal(err)
 	}
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")

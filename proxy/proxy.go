@@ -30,6 +30,7 @@ import (
 	"github.com/trialnet/trialnet/internal/ratelimit"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
+	trialspec "github.com/trialnet/trialnet/trial"
 	"github.com/trialnet/trialnet/wire"
 	vns "github.com/vishvananda/netns"
 )
@@ -154,10 +155,10 @@ type settings struct {
 	guard    *guard.Guard
 	resolver resolve.Resolver
 	dialer   Dialer
-	limits   config.Limits // the defaults, for a Trial without its own
+	limits   trialspec.ProxyLimits // the defaults, for a Trial without its own
 }
 
-func (p *Proxy) settingsFor(g *guard.Guard, r resolve.Resolver, lim config.Limits) *settings {
+func (p *Proxy) settingsFor(g *guard.Guard, r resolve.Resolver, lim trialspec.ProxyLimits) *settings {
 	d := p.cfg.Dialer
 	if d == nil {
 		d = newNetDialer(g)
@@ -187,21 +188,21 @@ func (p *Proxy) Reconfigure(s config.ProxySettings) {
 func (p *Proxy) Guard() *guard.Guard { return p.cur.Load().guard }
 
 // DefaultLimits are the limits of Trials added now without their own.
-func (p *Proxy) DefaultLimits() config.Limits { return p.cur.Load().limits }
+func (p *Proxy) DefaultLimits() trialspec.ProxyLimits { return p.cur.Load().limits }
 
 // TrialPolicy is what the proxy enforces for one Trial.
 type TrialPolicy struct {
-	ID    string
+	// Spec is the Trial's description. The proxy enforces its ID;
+	// Learning, which lets names off Allow through, each recorded with
+	// WouldDeny (every other check, address guard, TLS name, IP literals,
+	// limits, still refuses); AllowCIDRs, if not nil, instead of the
+	// proxy's current ones (a re-adopted Trial keeps what it was created
+	// with, whatever the config says now); and the proxy half of Limits
+	// (nil: the proxy's defaults).
+	Spec trialspec.Spec
+	// Allow is Spec.Allow parsed: the list the proxy matches, which
+	// SetAllow replaces.
 	Allow *allow.List
-	// Learn lets names off Allow through, each recorded with WouldDeny:
-	// every other check (address guard, TLS name, IP literals, limits)
-	// still refuses.
-	Learn  bool
-	Limits *config.Limits // nil: the proxy's defaults
-	// AllowCIDRs, if not nil, are the Trial's allowed CIDRs instead of the
-	// proxy's current ones: a re-adopted Trial keeps what it was created
-	// with, whatever the config says now.
-	AllowCIDRs []netip.Prefix
 	// Stats, if set, are where the Trial's counters start: a restarted
 	// agent continues them from the decision log.
 	Stats *record.TrialStats
@@ -233,7 +234,7 @@ type trial struct {
 	allow   atomic.Pointer[allow.List] // replaced whole by SetAllow, under mu
 	learn   bool
 	set     *settings // as the proxy's were when the Trial was added
-	limits  config.Limits
+	limits  trialspec.ProxyLimits
 	bucket  *ratelimit.Bucket
 	records *record.Gate // bounds what its decision records cost
 	// This process's counts, in its slot of counts: CONNECTs being served
@@ -267,24 +268,25 @@ type trial struct {
 
 // AddTrial registers a Trial; its listeners are then served with Serve.
 func (p *Proxy) AddTrial(tp TrialPolicy) error {
-	if tp.ID == "" {
+	spec := tp.Spec
+	if spec.ID == "" {
 		return errors.New("proxy: a Trial needs an id")
 	}
 	set := p.cur.Load()
-	if tp.AllowCIDRs != nil {
-		set = p.settingsFor(set.guard.WithAllow(tp.AllowCIDRs), set.resolver, set.limits)
+	if spec.AllowCIDRs != nil {
+		set = p.settingsFor(set.guard.WithAllow(spec.AllowCIDRs), set.resolver, set.limits)
 	}
 	lim := set.limits
-	if tp.Limits != nil {
-		lim = tp.Limits.WithDefaults()
+	if spec.Limits != nil {
+		lim = spec.Limits.ProxyLimits.WithDefaults()
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return errors.New("proxy: closed")
 	}
-	if _, ok := p.trials[tp.ID]; ok {
-		return fmt.Errorf("proxy: Trial %q is already registered", tp.ID)
+	if _, ok := p.trials[spec.ID]; ok {
+		return fmt.Errorf("proxy: Trial %q is already registered", spec.ID)
 	}
 	list := tp.Allow
 	if list == nil {
@@ -302,7 +304,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	}
 	own := c.Slot(tp.Slot)
 	t := &trial{
-		id: tp.ID, learn: tp.Learn, set: set, limits: lim, bucket: ratelimit.NewShared(lim.ConnectRate, lim.ConnectBurst, c.ConnectRate()),
+		id: spec.ID, learn: spec.Learning, set: set, limits: lim, bucket: ratelimit.NewShared(lim.ConnectRate, lim.ConnectBurst, c.ConnectRate()),
 		tunnels: &own.Tunnels, clients: &own.Clients, pending: &own.Pending, counts: c, slot: tp.Slot,
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel, ledger: tp.Ledger,
@@ -310,7 +312,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	if p.sharing.Load() {
 		t.peer.Store(c.Slot(1 - tp.Slot))
 	}
-	t.records = record.NewGate(tp.ID, tp.Learn, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten,
+	t.records = record.NewGate(spec.ID, spec.Learning, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten,
 		LogBytes: c.LogBytes(), RateWord: c.RecordRate()},
 		func(ev *record.Event, line []byte) {
 			t.mu.Lock()
@@ -319,7 +321,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 			p.write(ev, line)
 		})
 	t.allow.Store(list)
-	p.trials[tp.ID] = t
+	p.trials[spec.ID] = t
 	return nil
 }
 

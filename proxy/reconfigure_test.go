@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"testing"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -23,7 +25,7 @@ func TestReconfigureAppliesToNewTrialsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tp.Reconfigure(config.ProxySettings{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Resolver: res, Limits: config.Limits{MaxTunnels: 1}})
+	tp.Reconfigure(config.ProxySettings{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Resolver: res, Limits: trialspec.ProxyLimits{MaxTunnels: 1}})
 	after := tp.addTrial(t, "t2", "lan.example.test:443")
 
 	tests := []struct {

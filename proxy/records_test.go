@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
@@ -96,7 +98,7 @@ func sameCounts(t *testing.T, got, want record.TrialStats) {
 // every refusal. The journal gets the same bound.
 func TestRecordFloodBounded(t *testing.T) {
 	var journal syncWriter
-	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{RecordRate: 1e-9, RecordBurst: 5},
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &trialspec.ProxyLimits{RecordRate: 1e-9, RecordBurst: 5},
 		configure: func(c *Config) {
 			c.Logger = slog.New(slog.NewTextHandler(&journal, nil))
 			c.LogDecisions = true
@@ -135,7 +137,7 @@ func TestRecordFloodBounded(t *testing.T) {
 // cannot hide them.
 func TestRecordRateSparesChargedRequests(t *testing.T) {
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"},
-		limits: &config.Limits{RecordRate: 1e-9, RecordBurst: 3, ConnectRate: 1e-9, ConnectBurst: 4}})
+		limits: &trialspec.ProxyLimits{RecordRate: 1e-9, RecordBurst: 3, ConnectRate: 1e-9, ConnectBurst: 4}})
 	tp.sendRefused(t, floodHead, 10)                           // 3 written, 7 suppressed
 	tp.sendRefused(t, connectHead("other.example.com:443"), 4) // charged: all 4 written
 	tp.sendRefused(t, connectHead("other.example.com:443"), 6) // rate_limited: suppressed
@@ -164,7 +166,7 @@ func TestRecordRateSparesChargedRequests(t *testing.T) {
 // within the limit, bar summaries, and the counters stay exact.
 func TestRecordLogFull(t *testing.T) {
 	const limit = 4000
-	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{MaxLogBytes: limit}})
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &trialspec.ProxyLimits{MaxLogBytes: limit}})
 	tp.sendRefused(t, floodHead, 30)
 	// Refusals the CONNECT rate charged, after the log filled: counted,
 	// and named in the summary.
@@ -208,7 +210,7 @@ func TestRecordLogFull(t *testing.T) {
 // them, under the TLS requirement that applied.
 func TestRecordLogFullNamesReached(t *testing.T) {
 	const hosts = record.MaxSummaryReached + 10
-	tp := newTestProxy(t, proxyOpts{learn: true, limits: &config.Limits{MaxLogBytes: 1500, ConnectBurst: 10 * hosts}})
+	tp := newTestProxy(t, proxyOpts{learn: true, limits: &trialspec.ProxyLimits{MaxLogBytes: 1500, ConnectBurst: 10 * hosts}})
 	var want []string
 	for i := range hosts {
 		name := fmt.Sprintf("h%d.example.com", i)
@@ -261,7 +263,7 @@ func TestRecordLogFullNamesReached(t *testing.T) {
 // targets)". An IP literal is charged to the CONNECT rate, so its record
 // is always written.
 func TestIPLiteralsAreNeverSuppressed(t *testing.T) {
-	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{RecordBurst: 5, ConnectBurst: 100}})
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &trialspec.ProxyLimits{RecordBurst: 5, ConnectBurst: 100}})
 	tp.sendRefused(t, floodHead, 20)
 	for i := range 16 {
 		tp.sendRefused(t, connectHead(fmt.Sprintf("198.51.100.%d:443", i+1)), 1)
@@ -287,7 +289,7 @@ func TestRecordSummaryTimer(t *testing.T) {
 	old := record.SummaryEvery
 	record.SummaryEvery = 50 * time.Millisecond
 	t.Cleanup(func() { record.SummaryEvery = old })
-	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{RecordRate: 1e-9, RecordBurst: 1}})
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &trialspec.ProxyLimits{RecordRate: 1e-9, RecordBurst: 1}})
 	tp.sendRefused(t, floodHead, 4)
 	if e := tp.event(t); e.Decision == record.DecisionSuppressed {
 		t.Fatalf("summary before the burst's record: %+v", e)

@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trialnet/trialnet/config"
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/record"
 )
@@ -51,7 +52,7 @@ func TestRemoveWaitsForTheRemovalInProgress(t *testing.T) {
 				entered, release := make(chan struct{}), make(chan struct{})
 				var once sync.Once
 				tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, counts: page,
-					limits: &config.Limits{RecordRate: 1e-6, RecordBurst: 1, ConnectRate: 1000, ConnectBurst: 1000},
+					limits: &trialspec.ProxyLimits{RecordRate: 1e-6, RecordBurst: 1, ConnectRate: 1000, ConnectBurst: 1000},
 					configure: func(c *Config) {
 						c.OnEvent = func(ev *record.Event, _ []byte) {
 							if held.held(ev) {

@@ -6,7 +6,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/trialnet/trialnet/config"
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/record"
 )
@@ -15,7 +16,7 @@ import (
 // serve it during a hand-over: each maps the Trial's counts and the
 // proxy-wide ones from one memfd, in a slot of its own, and counts the
 // other's (Share).
-func sharedPair(t *testing.T, lim *config.Limits, maxConns int) [2]*testProxy {
+func sharedPair(t *testing.T, lim *trialspec.ProxyLimits, maxConns int) [2]*testProxy {
 	t.Helper()
 	var pair [2]*testProxy
 	trial, proxy := sharedRegions(t), sharedRegions(t)
@@ -74,14 +75,14 @@ func TestSharedCountsTwoProxies(t *testing.T) {
 	const n = 4
 	for _, tc := range []struct {
 		name     string
-		lim      config.Limits
+		lim      trialspec.ProxyLimits
 		maxConns int
 		want     record.Reason
 	}{
-		{"max_tunnels", config.Limits{MaxTunnels: n}, 0, record.ReasonTunnelLimit},
-		{"max_client_connections", config.Limits{MaxClientConns: n}, 0, record.ReasonTrialConnLimit},
-		{"max_connections", config.Limits{}, n, record.ReasonGlobalLimit},
-		{"connect_burst", config.Limits{ConnectRate: 1e-6, ConnectBurst: n}, 0, record.ReasonRateLimited},
+		{"max_tunnels", trialspec.ProxyLimits{MaxTunnels: n}, 0, record.ReasonTunnelLimit},
+		{"max_client_connections", trialspec.ProxyLimits{MaxClientConns: n}, 0, record.ReasonTrialConnLimit},
+		{"max_connections", trialspec.ProxyLimits{}, n, record.ReasonGlobalLimit},
+		{"connect_burst", trialspec.ProxyLimits{ConnectRate: 1e-6, ConnectBurst: n}, 0, record.ReasonRateLimited},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := held(t, sharedPair(t, &tc.lim, tc.maxConns), 3*n)
@@ -92,7 +93,7 @@ func TestSharedCountsTwoProxies(t *testing.T) {
 	}
 	t.Run("max_log_bytes", func(t *testing.T) {
 		const limit = 4000
-		pair := sharedPair(t, &config.Limits{MaxLogBytes: limit}, 0)
+		pair := sharedPair(t, &trialspec.ProxyLimits{MaxLogBytes: limit}, 0)
 		for i := range 30 {
 			pair[i%2].sendRefused(t, floodHead, 1)
 		}
@@ -115,7 +116,7 @@ func TestSharedCountsTwoProxies(t *testing.T) {
 // Unshare ends the counting of the other slot: a successor that died
 // leaves nothing this process must count.
 func TestUnshareForgetsTheOtherSlot(t *testing.T) {
-	pair := sharedPair(t, &config.Limits{MaxTunnels: 2}, 0)
+	pair := sharedPair(t, &trialspec.ProxyLimits{MaxTunnels: 2}, 0)
 	for range 2 { // held open: connect closes them as the test ends
 		if resp, _, _ := pair[1].connect(t, connectHead("api.example.com:443")); resp.StatusCode != 200 {
 			t.Fatal(resp.Status)
@@ -134,7 +135,7 @@ func TestUnshareForgetsTheOtherSlot(t *testing.T) {
 // open never pass the limit together.
 func TestSharedCountsUnderLoad(t *testing.T) {
 	const limit, workers, each = 8, 32, 8
-	pair := sharedPair(t, &config.Limits{MaxTunnels: limit, ConnectBurst: workers * each}, 0)
+	pair := sharedPair(t, &trialspec.ProxyLimits{MaxTunnels: limit, ConnectBurst: workers * each}, 0)
 	var mu sync.Mutex
 	allowed := 0
 	var wg sync.WaitGroup

@@ -18,9 +18,10 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/allow"
-	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -211,7 +212,7 @@ func prngSum(seed byte, n int64) [32]byte {
 
 func TestLimits(t *testing.T) {
 	t.Run("tunnels", func(t *testing.T) {
-		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{MaxTunnels: 2}})
+		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &trialspec.ProxyLimits{MaxTunnels: 2}})
 		tp.dns.set("api.example.com", 60, "93.184.216.34")
 		var open []net.Conn
 		for range 2 {
@@ -235,7 +236,7 @@ func TestLimits(t *testing.T) {
 		}
 	})
 	t.Run("rate", func(t *testing.T) {
-		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{ConnectRate: 0.5, ConnectBurst: 3}})
+		tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &trialspec.ProxyLimits{ConnectRate: 0.5, ConnectBurst: 3}})
 		tp.dns.set("api.example.com", 60, "93.184.216.34")
 		for i := range 4 {
 			resp, c, _ := tp.connect(t, connectHead("api.example.com:443"))
@@ -269,10 +270,10 @@ func TestTrialsAreSeparate(t *testing.T) {
 	tp.dns.set("one.example.com", 60, "93.184.216.34")
 	tp.dns.set("two.example.com", 60, "93.184.216.35")
 	allow, _ := allow.Parse([]string{"two.example.com:443"}, false)
-	if err := tp.AddTrial(TrialPolicy{ID: "t2", Allow: allow}); err != nil {
+	if err := tp.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "t2"}, Allow: allow}); err != nil {
 		t.Fatal(err)
 	}
-	if err := tp.AddTrial(TrialPolicy{ID: "t2"}); err == nil {
+	if err := tp.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "t2"}}); err == nil {
 		t.Fatal("a second Trial with the same id was accepted")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -409,7 +410,7 @@ func TestRemoveTrialCutsPendingConnect(t *testing.T) {
 // fail: its caps are charged before the proxy-wide limit, and what they
 // refuse holds none of the proxy's connections.
 func TestTrialCapsComeBeforeGlobalLimit(t *testing.T) {
-	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &config.Limits{MaxClientConns: 4, MaxPendingHeads: 2},
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, limits: &trialspec.ProxyLimits{MaxClientConns: 4, MaxPendingHeads: 2},
 		configure: func(c *Config) { c.MaxConnections = 6 }})
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
 	t2 := tp.addTrial(t, "t2", "api.example.com:443")

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/bpf"
 )
 
@@ -31,13 +33,13 @@ func BenchmarkTrialCreateDestroy(b *testing.B) {
 		b.Run(fmt.Sprintf("live=%d", live), func(b *testing.B) {
 			h := newHost(b)
 			for i := range live {
-				newTrial(b, h, Spec{ID: fmt.Sprintf("live-%d", i), UnixOpen: true})
+				newTrial(b, h, trial.Spec{ID: fmt.Sprintf("live-%d", i), UnixOpen: true})
 			}
 			ds := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				start := time.Now()
-				tr, err := h.Create(Spec{ID: "bench-" + strconv.Itoa(i), UnixOpen: true}, nil, nil)
+				tr, err := h.Create(trial.Spec{ID: "bench-" + strconv.Itoa(i), UnixOpen: true}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -78,7 +80,7 @@ func BenchmarkIPNetnsAddDel(b *testing.B) {
 // same namespace but an unhooked cgroup; it reports the difference.
 func BenchmarkConnectHook(b *testing.B) {
 	h := newHost(b)
-	tr := newTrial(b, h, Spec{UnixOpen: true})
+	tr := newTrial(b, h, trial.Spec{UnixOpen: true})
 	lo := listenIn(b, tr.Netns, "tcp4", "127.0.0.1:0")
 	control := unhookedTrial(b, h, tr.Netns)
 

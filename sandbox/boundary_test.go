@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/internal/testpty"
@@ -70,7 +72,7 @@ func victim(t *testing.T) int {
 
 func TestPrivilegedPIDNamespaceHidesTheHost(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	pid := strconv.Itoa(victim(t))
 	// The same attempts from a process of the same uid outside any Trial
 	// succeed: that is what makes them attacks.
@@ -123,7 +125,7 @@ func TestPrivilegedPIDNamespaceHidesTheHost(t *testing.T) {
 // it and start another.
 func TestPrivilegedOrphanedInitIsReplaced(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	cg, err := os.Open(tr.Cgroup)
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +177,7 @@ func TestPrivilegedOrphanedInitIsReplaced(t *testing.T) {
 // of a bare 137.
 func TestPrivilegedInitCrashIsReported(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	p, err := tr.Start(Command{Args: []string{"/bin/sleep", "30"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +209,7 @@ func TestPrivilegedInitCrashIsReported(t *testing.T) {
 func TestPrivilegedFirstCommandDirIsTheTrials(t *testing.T) {
 	for i := range 5 {
 		h := newHost(t)
-		tr := newTrial(t, h, Spec{UnixOpen: true})
+		tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 		var out bytes.Buffer
 		code, err := tr.Exec(context.Background(), Command{Args: []string{"/bin/cat", "cmdline"}, Dir: "/proc/1",
 			Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &out, Stderr: &out}, nil)
@@ -291,7 +293,7 @@ func unconfinedProbe(t testing.TB, uid uint32, args ...string) (int, string) {
 
 func TestPrivilegedCommandsShareTheTrialPIDNamespace(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	env := []string{"PATH=/usr/bin:/bin"}
 	first, err := tr.Start(Command{Args: []string{"sleep", "30"}, Env: env})
 	if err != nil {
@@ -316,7 +318,7 @@ func TestPrivilegedCommandsShareTheTrialPIDNamespace(t *testing.T) {
 
 func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -381,7 +383,7 @@ func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 // below, which needs CAP_SYS_RESOURCE.)
 func TestPrivilegedTrialIsOOMFirst(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{})
+	tr := newTrial(t, h, trial.Spec{})
 	for _, pid := range []string{"self", "1"} {
 		var out bytes.Buffer
 		p, err := tr.Start(Command{Args: []string{"cat", "/proc/" + pid + "/oom_score_adj"}, Env: []string{"PATH=/usr/bin:/bin"},
@@ -397,7 +399,7 @@ func TestPrivilegedTrialIsOOMFirst(t *testing.T) {
 
 func TestPrivilegedTerminalIsRelayed(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	master, slave := testpty.Open(t, 33, 111)
 	user := struct{ master, slave *os.File }{master, slave}
 	userName, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", user.slave.Fd()))
@@ -547,13 +549,13 @@ func TestPrivilegedUnixAllowPathsOnlyRootCanChange(t *testing.T) {
 	if err := os.Symlink(inOpen, link); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.Create(Spec{ID: "u-safe", UnixPaths: []string{safe}}, nil, nil); err != nil {
+	if _, err := h.Create(trial.Spec{ID: "u-safe", UnixAllow: []string{safe}}, nil); err != nil {
 		t.Fatalf("a root-only path was refused: %v", err)
 	} else {
 		t.Cleanup(func() { _ = h.Remove("u-safe") })
 	}
 	for i, p := range []string{inOpen, owned, link} {
-		tr, err := h.Create(Spec{ID: fmt.Sprintf("u-%d", i), UnixPaths: []string{p}}, nil, nil)
+		tr, err := h.Create(trial.Spec{ID: fmt.Sprintf("u-%d", i), UnixAllow: []string{p}}, nil)
 		if h.BPF.LSM() {
 			if err != nil {
 				t.Errorf("%s with the LSM layer: %v", p, err)
@@ -576,7 +578,7 @@ func TestPrivilegedUnixAllowPathsOnlyRootCanChange(t *testing.T) {
 // Trial: SO_PEERPIDFD would give a pidfd of it.)
 func TestPrivilegedSocketStdioIsCopiedNotHandedIn(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -615,7 +617,7 @@ func TestPrivilegedSocketStdioIsCopiedNotHandedIn(t *testing.T) {
 // is the main thread's) stays the host's, launch after launch.
 func TestPrivilegedLaunchesLeaveTheMainThreadAlone(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{})
+	tr := newTrial(t, h, trial.Spec{})
 	before, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {
 		t.Fatal(err)

@@ -59,8 +59,8 @@ type Command struct {
 	// MaxProcs is the command's RLIMIT_NPROC (soft and hard): forks past
 	// it fail with EAGAIN. The kernel counts every process and thread of
 	// the real uid, in this Trial, in others and outside any, so Trials
-	// sharing a uid share it; uid 0 is never held to it. 0 means
-	// DefaultMaxProcs.
+	// sharing a uid share it; uid 0 is never held to it. 0 means the
+	// Trial's (its Spec's max_processes), else DefaultMaxProcs.
 	MaxProcs int
 	// SocketsAnywhere lets the command make unix sockets and FIFOs
 	// wherever it may write, for a Trial made without unix confinement
@@ -288,7 +288,7 @@ func (p *Process) initDied(sig syscall.Signal) error {
 // When the caller's stdio is a terminal, the command gets a
 // pseudo-terminal relayed to it instead (see terminal).
 func (t *Launcher) Start(c Command) (_ *Process, err error) {
-	if c, err = c.checked(); err != nil {
+	if c, err = c.checked(t.Spec.Pools().MaxProcesses); err != nil {
 		return nil, err
 	}
 	cg, err := os.Open(t.Cgroup)
@@ -346,11 +346,15 @@ func (t *Launcher) Start(c Command) (_ *Process, err error) {
 	return p, nil
 }
 
-// checked refuses a Command that Start cannot run and fills in the default
-// process limit, before Start touches anything of the Trial's.
-func (c Command) checked() (Command, error) {
+// checked refuses a Command that Start cannot run and fills in the
+// process limit (the Trial's, else the default), before Start touches
+// anything of the Trial's.
+func (c Command) checked(trialMax int) (Command, error) {
 	if len(c.Args) == 0 {
 		return c, errors.New("start: no command given")
+	}
+	if c.MaxProcs == 0 {
+		c.MaxProcs = trialMax
 	}
 	if err := CheckMaxProcs(c.MaxProcs); err != nil {
 		return c, fmt.Errorf("start: %w", err)

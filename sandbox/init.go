@@ -259,7 +259,7 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 	pidfd := -1
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
-		Args:       initArgs(t.Spec.Nested, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixPaths),
+		Args:       initArgs(t.Spec.Nested, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow),
 		Stderr:     stderrW,
 		ExtraFiles: []*os.File{readyW},
 		SysProcAttr: &syscall.SysProcAttr{

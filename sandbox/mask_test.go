@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/internal/rootdir"
 	"golang.org/x/sys/unix"
 )
@@ -21,8 +23,8 @@ import (
 func TestPrivilegedMountsHideTheHost(t *testing.T) {
 	mountTracefs(t)
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true}) // the unix hooks stay out of the way of bind
-	sibling := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true}) // the unix hooks stay out of the way of bind
+	sibling := newTrial(t, h, trial.Spec{UnixOpen: true})
 	// The sibling's init keeps it populated: what kills its cgroup kills it.
 	if code, out := runProbeAs(t, sibling, nobody, Command{}, "procs"); code != probeOK {
 		t.Fatalf("sibling: %d %s", code, out)
@@ -118,7 +120,7 @@ func mountTracefs(t *testing.T) {
 // read-write, and the Trial's netns file stays on the host.
 func TestPrivilegedMaskLeavesTheHostAlone(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	if code, out := runProbeAs(t, tr, nobody, Command{}, "procs"); code != probeOK {
 		t.Fatalf("%d %s", code, out)
 	}
@@ -145,7 +147,7 @@ func TestPrivilegedMaskLeavesTheHostAlone(t *testing.T) {
 func TestUnixAllowUnderHiddenDirIsRefused(t *testing.T) {
 	h := &Host{NetnsDir: t.TempDir()}
 	for _, p := range []string{filepath.Join(rootdir.Run, "agent.sock"), filepath.Join(h.NetnsDir, "x.sock")} {
-		if _, err := h.Create(Spec{ID: "u", UnixPaths: []string{p}}, nil, nil); err == nil || !strings.Contains(err.Error(), "hides from every Trial") {
+		if _, err := h.Create(trial.Spec{ID: "u", UnixAllow: []string{p}}, nil); err == nil || !strings.Contains(err.Error(), "hides from every Trial") {
 			t.Errorf("%s: %v, want a refusal naming the hidden directory", p, err)
 		}
 	}

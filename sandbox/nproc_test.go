@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/internal/privtest"
 )
 
@@ -84,7 +86,7 @@ func TestPrivilegedProcessLimit(t *testing.T) {
 	const python = "/usr/bin/python3"
 	privtest.RequireTool(t, python)
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	env := []string{"PATH=/usr/bin:/bin"}
 
 	t.Run("default", func(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/internal/privtest"
 )
 
@@ -60,7 +62,7 @@ func (h *hostSockets) hits() int64 { return h.streamHits.Load() + h.dgramHits.Lo
 // them.
 func TestPrivilegedOwnUnixSockets(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{})
+	tr := newTrial(t, h, trial.Spec{})
 	before, err := tr.Counters()
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +128,7 @@ func TestPrivilegedOwnDirsCannotLeadOut(t *testing.T) {
 
 func leadOut(t *testing.T, h *Host, hs *hostSockets) {
 	t.Helper()
-	tr := newTrial(t, h, Spec{})
+	tr := newTrial(t, h, trial.Spec{})
 	probe := func(args ...string) (int, string) {
 		t.Helper()
 		return runProbeAs(t, tr, nobody, Command{}, args...)
@@ -212,7 +214,7 @@ func TestPrivilegedNoHostClientReachesTrialSockets(t *testing.T) {
 	h := newHost(t)
 	privtest.RequireLSM(t, h.BPF.LSM(), h.BPF.LSMError())
 	for _, open := range []bool{false, true} {
-		tr := newTrial(t, h, Spec{UnixOpen: open})
+		tr := newTrial(t, h, trial.Spec{UnixOpen: open})
 		stdinR, stdinW, err := os.Pipe()
 		if err != nil {
 			t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/trialnet/trialnet/bpf"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +15,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/trial"
 
 	"golang.org/x/sys/unix"
 )
@@ -198,13 +200,10 @@ func v1Mount(name string) (string, error) {
 	return "", fmt.Errorf("no cgroup v1 hierarchy carries the %s controller", name)
 }
 
-// PoolLimits are a Trial's bounds on the pools; zero takes the default.
-type PoolLimits struct {
-	MaxPids   int64 `json:"max_pids,omitempty"`
-	MaxMemory int64 `json:"max_memory,omitempty"` // bytes
-}
-
-func (l PoolLimits) withDefaults() PoolLimits {
+// poolLimits are the Trial's bounds on the pools, each zero one at its
+// default.
+func (t *Launcher) poolLimits() trial.PoolLimits {
+	l := t.Spec.Pools()
 	if l.MaxPids <= 0 {
 		l.MaxPids = defaultMaxPids
 	}
@@ -235,7 +234,7 @@ func (t *Launcher) poolDir(c controller) (string, error) {
 // setupPools bounds the Trial's pools where their controllers are; a
 // controller that is there but refuses fails the Trial (all or nothing).
 func (t *Launcher) setupPools() error {
-	lim := t.Spec.Pools.withDefaults()
+	lim := t.poolLimits()
 	for _, c := range t.controllers() {
 		if !c.bounded() {
 			continue
@@ -371,7 +370,7 @@ func (t *Trial) PoolUse() []PoolUse {
 	if f := t.finalPools.Load(); f != nil {
 		return *f
 	}
-	lim := t.Spec.Pools.withDefaults()
+	lim := t.poolLimits()
 	var out []PoolUse
 	for _, c := range t.controllers() {
 		u := PoolUse{Pool: c.name, Bound: c.boundText()}

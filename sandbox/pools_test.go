@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -29,12 +31,12 @@ import (
 // next could not start with a terminal.)
 func TestPrivilegedTrialPtysBounded(t *testing.T) {
 	h := newHost(t)
-	greedy := newTrial(t, h, Spec{})
+	greedy := newTrial(t, h, trial.Spec{})
 	line, release := holdingProbe(t, greedy, []string{probeExe(t), "ptys", fmt.Sprint(MaxPtys + 50), "hold"}, "TRIALNET_PROBE=1")
 	if want := fmt.Sprintf("%d ENOSPC", MaxPtys); strings.TrimSpace(line) != want {
 		t.Fatalf("a Trial opening ptys without end: %q, want %q", line, want)
 	}
-	other := newTrial(t, h, Spec{})
+	other := newTrial(t, h, trial.Spec{})
 	if _, out := runProbeAs(t, other, nobody, Command{}, "ptys", "4"); out != "4 ok" {
 		t.Fatalf("another Trial, while the first holds its ptys: %q", out)
 	}
@@ -65,7 +67,7 @@ func TestPrivilegedNestedTrialPtysBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	greedy := newTrial(t, h, Spec{Nested: true})
+	greedy := newTrial(t, h, trial.Spec{Nested: true})
 	bwrap := []string{"bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--die-with-parent", "--", probeExe(t)}
 	open := func(want uint64) {
 		t.Helper()
@@ -85,7 +87,7 @@ func TestPrivilegedNestedTrialPtysBounded(t *testing.T) {
 
 	// The relay opens the second Trial's pty in its devpts instance,
 	// which draws from the pool without the host's reserve.
-	other := newTrial(t, h, Spec{})
+	other := newTrial(t, h, trial.Spec{})
 	_, slave := testpty.Open(t, 24, 80)
 	if _, out := runProbeAs(t, other, nobody, Command{Stdin: slave}, "ptys", "4"); out != "4 ok" {
 		t.Fatalf("a Trial under a terminal, while the nested one holds its ptys: %q", out)
@@ -113,12 +115,12 @@ func TestPrivilegedNestedTrialPtysBounded(t *testing.T) {
 // still take writes.
 func TestPrivilegedTrialShmBounded(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{})
+	tr := newTrial(t, h, trial.Spec{})
 	want := fmt.Sprintf("%d ENOSPC", ShmBytes>>20)
 	if _, out := runProbeAs(t, tr, nobody, Command{}, "fill", "/dev/shm/fill"); out != want {
 		t.Fatalf("filling the Trial's /dev/shm: %q, want %q", out, want)
 	}
-	other := newTrial(t, h, Spec{})
+	other := newTrial(t, h, trial.Spec{})
 	var b strings.Builder
 	p, err := other.Start(Command{Args: []string{"sh", "-c", "head -c 1048576 /dev/zero > /dev/shm/x && echo ok"},
 		Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &b, Stderr: &b})
@@ -143,7 +145,7 @@ func TestPrivilegedTrialShmBounded(t *testing.T) {
 // core_pattern helper runs as root outside the Trial.
 func TestPrivilegedTrialNoCoreDumps(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{})
+	tr := newTrial(t, h, trial.Spec{})
 	var b strings.Builder
 	p, err := tr.Start(Command{Args: []string{"cat", "/proc/self/limits"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &b, Stderr: &b})
 	if err != nil {
@@ -169,7 +171,7 @@ func TestPrivilegedTrialNoCoreDumps(t *testing.T) {
 // teardown marked the Trial closing is refused.
 func TestPrivilegedNoJoinAfterTeardownBegins(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{})
+	tr := newTrial(t, h, trial.Spec{})
 	cg, err := os.Open(tr.Cgroup)
 	if err != nil {
 		t.Fatal(err)
@@ -211,7 +213,7 @@ func TestPrivilegedTrialPidsBounded(t *testing.T) {
 		requireBound(t, h, PoolPids)
 	}
 	const limit = 40
-	tr := newTrial(t, h, Spec{UnixOpen: true, Pools: PoolLimits{MaxPids: limit}})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true, Limits: &trial.Limits{PoolLimits: trial.PoolLimits{MaxPids: limit}}})
 	// Two commands, two uids: the per-uid limits (high) are not the bound.
 	env := []string{"PATH=/usr/bin:/bin"}
 	var lines []string
@@ -259,7 +261,7 @@ func TestPrivilegedTrialPidsBounded(t *testing.T) {
 	if use.Max != limit || use.Current < int64(total) || use.Events < 1 {
 		t.Fatalf("pids use %+v: want max %d, current at least %d, a refusal counted", use, limit, total)
 	}
-	other := newTrial(t, h, Spec{})
+	other := newTrial(t, h, trial.Spec{})
 	if code, out := runProbeAs(t, other, nobody, Command{}, "status"); code != probeOK {
 		t.Fatalf("another Trial while the first is at its bound: %d %s", code, out)
 	}
@@ -276,7 +278,7 @@ func TestPrivilegedTrialMemoryBounded(t *testing.T) {
 		requireBound(t, h, PoolMemory)
 	}
 	const limit = 64 << 20
-	tr := newTrial(t, h, Spec{Pools: PoolLimits{MaxMemory: limit}})
+	tr := newTrial(t, h, trial.Spec{Limits: &trial.Limits{PoolLimits: trial.PoolLimits{MaxMemory: limit}}})
 	code, out := runProbeAs(t, tr, nobody, Command{}, "alloc", "256")
 	if code == probeOK {
 		t.Fatalf("a Trial bounded at 64 MiB allocated 256 MiB: %s", out)
@@ -292,7 +294,7 @@ func TestPrivilegedTrialMemoryBounded(t *testing.T) {
 	}
 	// The kill was the Trial's own: another Trial allocates what the
 	// first could not.
-	other := newTrial(t, h, Spec{})
+	other := newTrial(t, h, trial.Spec{})
 	if code, out := runProbeAs(t, other, nobody, Command{}, "alloc", "256"); code != probeOK {
 		t.Fatalf("another Trial allocating 256 MiB after the first was killed at its bound: %d %s", code, out)
 	}
@@ -332,7 +334,7 @@ func TestPrivilegedNoWayIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	pg := filepath.Join(shared, ".s.PGSQL.5432")
-	tr := newTrial(t, h, Spec{})
+	tr := newTrial(t, h, trial.Spec{})
 	if _, out := runProbeAs(t, tr, nobody, Command{}, "bind-unix", pg); out != "EACCES" {
 		t.Fatalf("a Trial binding %s: %q, want EACCES", pg, out)
 	}
@@ -346,7 +348,7 @@ func TestPrivilegedNoWayIn(t *testing.T) {
 	if _, out := runProbeAs(t, tr, nobody, Command{}, "bind-unix", "/dev/shm/own.sock"); out != "ok" {
 		t.Fatalf("a Trial binding in its own /dev/shm: %q, want ok", out)
 	}
-	open := newTrial(t, h, Spec{UnixOpen: true})
+	open := newTrial(t, h, trial.Spec{UnixOpen: true})
 	if _, out := runProbeAs(t, open, nobody, Command{}, "bind-unix", filepath.Join(shared, "open.sock")); out != "ok" {
 		t.Fatalf("a Trial without unix confinement binding in a shared directory: %q, want ok (its documented trade)", out)
 	}

@@ -7,7 +7,6 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,6 +24,7 @@ import (
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/ident"
 	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,7 +59,11 @@ type Host struct {
 	// is made, so that a later process can open or remove it (Recorded,
 	// Open). Empty: no records, for a host whose Trials die with it.
 	StateDir string
-	Logger   *slog.Logger // nil: discard
+	// Proxy are the proxy endpoints on a new Trial's loopback, which its
+	// Endpoint serves (none: no endpoint is opened); its record keeps
+	// them, and its BPF policy allows them.
+	Proxy  []netip.AddrPort
+	Logger *slog.Logger // nil: discard
 }
 
 // Endpoint serves one Trial's proxy endpoint. The sandbox opens the
@@ -87,25 +91,6 @@ func (h *Host) log() *slog.Logger {
 	return h.Logger
 }
 
-// Spec is what a Trial may reach.
-type Spec struct {
-	ID string `json:"id"`
-	// Strict allows only the Proxy endpoints instead of all of loopback.
-	Strict bool `json:"strict,omitempty"`
-	// Proxy are the proxy endpoints on the Trial's loopback; the Host's
-	// Endpoint serves them.
-	Proxy []netip.AddrPort `json:"proxy,omitempty"`
-	// UnixPaths are the pathname unix sockets the Trial may use.
-	UnixPaths []string `json:"unix_paths,omitempty"`
-	// UnixOpen opts out of unix socket confinement.
-	UnixOpen bool `json:"unix_open,omitempty"`
-	// Nested lets the Trial's commands make user namespaces, and so run
-	// sandboxes of their own (bwrap): see nested.go for what it changes.
-	Nested bool `json:"nested,omitempty"`
-	// Pools bound the Trial's share of the host's tasks and memory.
-	Pools PoolLimits `json:"pools,omitempty"`
-}
-
 // Launcher starts commands in a Trial (Start, Exec). It is all that a
 // process attached to a Trial by its paths (Attach) has of it, and it
 // owns nothing: a Trial made or opened here embeds one.
@@ -114,7 +99,10 @@ type Launcher struct {
 	Cgroup   string
 	CgroupID uint64
 	Netns    *netns.Namespace
-	Spec     Spec
+	// Spec is the Trial as it was made: its unix rule, nesting and pool
+	// limits are what the launcher applies. It is not changed while the
+	// Trial lives (Trial.SetSpec changes its record).
+	Spec trial.Spec
 }
 
 // Trial is one live Trial. It owns everything it is (cgroup, network,
@@ -122,14 +110,13 @@ type Launcher struct {
 // ended by Close alone.
 type Trial struct {
 	Launcher
-	// Meta is the creator's own description, kept in the record; change
-	// it with SetMeta.
-	Meta     json.RawMessage
+	proxy    []netip.AddrPort // its proxy endpoints
 	host     *Host
 	endpoint Endpoint // serves its proxy endpoint; nil: none
 
-	metaMu  sync.Mutex // orders SetMeta and the teardown's removal of the record
-	closing bool
+	recMu    sync.Mutex // orders SetSpec and the teardown's removal of the record
+	recorded trial.Spec // the description its record keeps; under recMu
+	closing  bool
 
 	closeOnce sync.Once
 	final     bpf.Counters
@@ -150,33 +137,18 @@ func ValidID(id string) error {
 // ErrExists is wrapped by Create when a Trial's cgroup already exists.
 var ErrExists = errors.New("already exists")
 
-// Record is a Trial's state on disk.
-type Record struct {
-	Phase string `json:"phase"` // PhaseCreating, then PhaseLive
-	Spec
-	Cgroup   string          `json:"cgroup,omitempty"`
-	CgroupID uint64          `json:"cgroup_id,omitempty"`
-	Netns    string          `json:"netns,omitempty"`
-	Meta     json.RawMessage `json:"meta,omitempty"`
-}
-
-// Record phases.
-const (
-	PhaseCreating = "creating" // written before anything is made
-	PhaseLive     = "live"     // written once the Trial is whole
-)
-
 // Create makes the Trial: its record (write-ahead), cgroup, network
 // namespace, policy entry (the last kernel step: until then the cgroup is
-// denied everything) and proxy endpoint. It is all-or-nothing: on error
-// nothing is left behind. meta is kept in the record for Open; ep
-// serves the Trial's proxy endpoint (nil: none is opened), and is
-// stopped first by its teardown.
-func (h *Host) Create(spec Spec, meta json.RawMessage, ep Endpoint) (_ *Trial, err error) {
+// denied everything; policy says what it holds) and proxy endpoint, as
+// spec describes it. It is all-or-nothing: on error nothing is left
+// behind. spec is kept in the record for Open; ep serves the Trial's
+// proxy endpoint (nil: none is opened), and is stopped first by its
+// teardown.
+func (h *Host) Create(spec trial.Spec, ep Endpoint) (_ *Trial, err error) {
 	if err := ValidID(spec.ID); err != nil {
 		return nil, err
 	}
-	if err := checkUnixPathsVisible(spec.UnixPaths, hiddenDirs(h.netnsDir())); err != nil {
+	if err := checkUnixPathsVisible(spec.UnixAllow, hiddenDirs(h.netnsDir())); err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
 	if spec.Nested {
@@ -185,13 +157,14 @@ func (h *Host) Create(spec Spec, meta json.RawMessage, ep Endpoint) (_ *Trial, e
 		}
 	}
 	if !spec.UnixOpen && !h.BPF.LSM() {
-		for _, p := range spec.UnixPaths {
+		for _, p := range spec.UnixAllow {
 			if err := checkUnixPathSafe(p); err != nil {
 				return nil, fmt.Errorf("create Trial %s: %w; without the BPF LSM layer (%v) trialnet allows only sockets whose path only root can change: put the socket under a root-owned directory, or confine no unix sockets (unix_open)", spec.ID, err, h.BPF.LSMError())
 			}
 		}
 	}
-	t := &Trial{Launcher: Launcher{ID: spec.ID, Cgroup: filepath.Join(h.Parent, spec.ID), Spec: spec}, Meta: meta, host: h, endpoint: ep}
+	t := &Trial{Launcher: Launcher{ID: spec.ID, Cgroup: filepath.Join(h.Parent, spec.ID), Spec: spec}, recorded: spec,
+		proxy: slices.Clone(h.Proxy), host: h, endpoint: ep}
 	if err := t.writeRecord(PhaseCreating, true); err != nil {
 		return nil, err
 	}
@@ -216,17 +189,7 @@ func (h *Host) Create(spec Spec, meta json.RawMessage, ep Endpoint) (_ *Trial, e
 	if t.Netns, err = netns.Create(h.netnsDir(), spec.ID); err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
-	err = h.BPF.AddTrial(t.CgroupID, bpf.Policy{
-		NetnsCookie: t.Netns.Cookie,
-		Strict:      spec.Strict,
-		Proxy:       spec.Proxy,
-		UnixPaths:   spec.UnixPaths,
-		UnixOpen:    spec.UnixOpen,
-		OwnDirs:     true, // the init mounts them (mountOwnDirs)
-		Nested:      spec.Nested,
-		MaxPtys:     MaxPtys,
-	})
-	if err != nil {
+	if err := h.BPF.AddTrial(t.CgroupID, t.policy()); err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
 	if err := t.serve(nil); err != nil {
@@ -238,12 +201,26 @@ func (h *Host) Create(spec Spec, meta json.RawMessage, ep Endpoint) (_ *Trial, e
 	return t, nil
 }
 
+// policy is the Trial's BPF policy entry, as its Spec and endpoints say.
+func (t *Trial) policy() bpf.Policy {
+	return bpf.Policy{
+		NetnsCookie: t.Netns.Cookie,
+		Strict:      t.Spec.Strict,
+		Proxy:       t.proxy,
+		UnixPaths:   t.Spec.UnixAllow,
+		UnixOpen:    t.Spec.UnixOpen,
+		OwnDirs:     true, // the init mounts them (mountOwnDirs)
+		Nested:      t.Spec.Nested,
+		MaxPtys:     MaxPtys,
+	}
+}
+
 // serve opens the proxy endpoint's listeners inside the Trial's namespace,
 // unless they were inherited from an earlier process, and hands them to
 // its Endpoint.
 func (t *Trial) serve(inherited []net.Listener) error {
 	ep := t.endpoint
-	if ep == nil || len(t.Spec.Proxy) == 0 {
+	if ep == nil || len(t.proxy) == 0 {
 		for _, l := range inherited {
 			_ = l.Close()
 		}
@@ -264,7 +241,7 @@ func (t *Trial) serve(inherited []net.Listener) error {
 		return nil
 	}
 	var lns []net.Listener
-	for i, ap := range t.Spec.Proxy {
+	for i, ap := range t.proxy {
 		ln, err := t.Netns.Listen(context.Background(), "tcp", ap.String())
 		if err != nil {
 			if i > 0 && ap.Addr().Is6() {
@@ -294,7 +271,7 @@ func (t *Trial) checkInherited(ln net.Listener) error {
 		return fmt.Errorf("a listener handed over for Trial %s is not its proxy endpoint (%s); it is not served", t.ID, why)
 	}
 	ap, err := netip.ParseAddrPort(ln.Addr().String())
-	if err != nil || !slices.Contains(t.Spec.Proxy, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())) {
+	if err != nil || !slices.Contains(t.proxy, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())) {
 		return bad("it listens on " + ln.Addr().String())
 	}
 	sc, ok := ln.(syscall.Conn)
@@ -333,28 +310,42 @@ func (t *Trial) Close() (bpf.Counters, error) {
 	return t.final, t.closeErr
 }
 
-// SetMeta replaces the creator's description, in the record too, so that
-// a later Adopt hands it back. It fails once Close has begun, so that a
-// closed Trial's record is never written again.
-func (t *Trial) SetMeta(meta json.RawMessage) error {
-	t.metaMu.Lock()
-	defer t.metaMu.Unlock()
+// SetSpec replaces the Trial's description in its record, so that a
+// later Open hands it back: what the proxy enforces may change (the
+// allowlist), what the sandbox enforces may not, as the Trial was made
+// with it. It fails once Close has begun, so that a closed Trial's record
+// is never written again.
+func (t *Trial) SetSpec(spec trial.Spec) error {
+	if err := sameSandbox(t.Spec, spec); err != nil {
+		return fmt.Errorf("Trial %s: %w", t.ID, err)
+	}
+	t.recMu.Lock()
+	defer t.recMu.Unlock()
 	if t.closing {
 		return fmt.Errorf("Trial %s is being closed", t.ID)
 	}
-	old := t.Meta
-	t.Meta = meta
+	old := t.recorded
+	t.recorded = spec
 	if err := t.writeRecord(PhaseLive, false); err != nil {
-		t.Meta = old
+		t.recorded = old
 		return err
 	}
 	return nil
 }
 
+// sameSandbox refuses a change of what the sandbox enforces.
+func sameSandbox(was, now trial.Spec) error {
+	if was.ID != now.ID || was.Strict != now.Strict || was.UnixOpen != now.UnixOpen || was.Nested != now.Nested ||
+		!slices.Equal(was.UnixAllow, now.UnixAllow) || was.Pools() != now.Pools() {
+		return errors.New("its id, loopback, unix, nesting and pool rules are fixed when it is made")
+	}
+	return nil
+}
+
 func (t *Trial) teardown() (bpf.Counters, error) {
-	t.metaMu.Lock()
+	t.recMu.Lock()
 	t.closing = true
-	t.metaMu.Unlock()
+	t.recMu.Unlock()
 	if err := markClosing(t.Cgroup); err != nil {
 		t.host.log().Warn("mark the Trial closing for other launchers", "trial", t.ID, "error", err)
 	}
@@ -473,14 +464,15 @@ func (h *Host) Open(rec Record, ep Endpoint, lns []net.Listener) (_ *Trial, err 
 			}
 		}
 	}()
-	id := rec.ID
+	id := rec.Trial.ID
 	if err := ValidID(id); err != nil {
 		return nil, err
 	}
 	if rec.Phase != PhaseLive {
 		return nil, errors.New("it was being created when the previous agent stopped")
 	}
-	t := &Trial{Launcher: Launcher{ID: id, Cgroup: filepath.Join(h.Parent, id), Spec: rec.Spec}, Meta: rec.Meta, host: h, endpoint: ep}
+	t := &Trial{Launcher: Launcher{ID: id, Cgroup: filepath.Join(h.Parent, id), Spec: rec.Trial}, recorded: rec.Trial,
+		proxy: rec.Proxy, host: h, endpoint: ep}
 	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
 		return nil, fmt.Errorf("its cgroup is gone: %w", err)
 	}
@@ -504,11 +496,12 @@ func (h *Host) Open(rec Record, ep Endpoint, lns []net.Listener) (_ *Trial, err 
 	return t, nil
 }
 
-// Sweep removes every recorded Trial whose record alive does not claim:
-// for hosts whose Trials belong to one process each (an embedded agent),
-// where a process killed outright leaves its Trial behind. A record alive
-// claims, a live owner's (being made or in use), is left alone.
-func (h *Host) Sweep(alive func(meta json.RawMessage) bool) {
+// Sweep removes every recorded Trial whose description alive does not
+// claim: for hosts whose Trials belong to one process each (an embedded
+// agent), where a process killed outright leaves its Trial behind. A
+// Trial alive claims, a live owner's (being made or in use), is left
+// alone.
+func (h *Host) Sweep(alive func(trial.Spec) bool) {
 	if h.StateDir == "" {
 		return
 	}
@@ -518,73 +511,13 @@ func (h *Host) Sweep(alive func(meta json.RawMessage) bool) {
 		if ValidID(id) != nil {
 			continue
 		}
-		if rec, err := h.readRecord(id); err == nil && alive(rec.Meta) {
+		if rec, err := h.readRecord(id); err == nil && alive(rec.Trial) {
 			continue
 		}
 		h.log().Warn("removing a Trial whose owner is gone", "trial", id)
 		if err := h.Remove(id); err != nil {
 			h.log().Error("remove leftover trial", "trial", id, "error", err)
 		}
-	}
-}
-
-func (h *Host) recordPath(id string) string { return filepath.Join(h.StateDir, id+".json") }
-
-func (h *Host) readRecord(id string) (Record, error) {
-	var rec Record
-	if h.StateDir == "" {
-		return rec, errors.New("no state directory")
-	}
-	b, err := os.ReadFile(h.recordPath(id))
-	if err == nil {
-		err = json.Unmarshal(b, &rec)
-	}
-	if err == nil && rec.ID != id {
-		err = fmt.Errorf("the record names Trial %q", rec.ID)
-	}
-	if err != nil {
-		return rec, fmt.Errorf("unreadable state record: %w", err)
-	}
-	return rec, nil
-}
-
-// writeRecord replaces the record atomically; first refuses an id that
-// already has one.
-func (t *Trial) writeRecord(phase string, first bool) error {
-	h := t.host
-	if h.StateDir == "" {
-		return nil
-	}
-	if err := os.MkdirAll(h.StateDir, 0o700); err != nil {
-		return fmt.Errorf("create state directory: %w", err)
-	}
-	path := h.recordPath(t.ID)
-	if first {
-		if _, err := os.Lstat(path); err == nil {
-			return fmt.Errorf("create Trial %s: a state record %s %w (a live Trial has this id, or a crashed one left it)", t.ID, path, ErrExists)
-		}
-	}
-	rec := Record{Phase: phase, Spec: t.Spec, Cgroup: t.Cgroup, CgroupID: t.CgroupID, Meta: t.Meta}
-	if t.Netns != nil {
-		rec.Netns = t.Netns.Path
-	}
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("write state record: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write state record: %w", err)
-	}
-	return nil
-}
-
-func (t *Trial) removeRecord() {
-	if t.host.StateDir != "" {
-		_ = os.Remove(t.host.recordPath(t.ID))
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"net/netip"
@@ -22,6 +21,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/trialnet/trialnet/trial"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -86,12 +89,12 @@ func newHost(t testing.TB) *Host {
 	return &Host{Parent: parent, NetnsDir: privtest.SharedDir(t, "netns-"), BPF: l}
 }
 
-func newTrial(t testing.TB, h *Host, spec Spec) *Trial {
+func newTrial(t testing.TB, h *Host, spec trial.Spec) *Trial {
 	t.Helper()
 	if spec.ID == "" {
 		spec.ID = "t-" + randSuffix()
 	}
-	tr, err := h.Create(spec, nil, nil)
+	tr, err := h.Create(spec, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +231,7 @@ func TestPrivilegedTrialRefusesEveryWayOut(t *testing.T) {
 	listenUnixIn(t, self, hostDgram, true)
 	listenUnixIn(t, self, allowedSock, false)
 
-	tr := newTrial(t, h, Spec{UnixPaths: []string{allowedSock}})
+	tr := newTrial(t, h, trial.Spec{UnixAllow: []string{allowedSock}})
 	allowPing(t, tr.Netns)
 	lo4 := listenIn(t, tr.Netns, "tcp4", "127.0.0.1:0")
 	lo6 := listenIn(t, tr.Netns, "tcp6", "[::1]:0")
@@ -288,9 +291,8 @@ func TestPrivilegedTrialRefusesEveryWayOut(t *testing.T) {
 func TestPrivilegedStrictModeOnlyProxy(t *testing.T) {
 	h := newHost(t)
 	// The "proxy" listens inside the Trial, as the agent's listener will.
-	tr := newTrial(t, h, Spec{Strict: true, UnixOpen: true, Proxy: []netip.AddrPort{
-		netip.MustParseAddrPort("127.0.0.1:3128"), netip.MustParseAddrPort("[::1]:3128"),
-	}})
+	h.Proxy = []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:3128"), netip.MustParseAddrPort("[::1]:3128")}
+	tr := newTrial(t, h, trial.Spec{Strict: true, UnixOpen: true})
 	listenIn(t, tr.Netns, "tcp4", "127.0.0.1:3128")
 	listenIn(t, tr.Netns, "tcp6", "[::1]:3128")
 	other := listenIn(t, tr.Netns, "tcp4", "127.0.0.1:0")
@@ -324,7 +326,7 @@ func hostNetnsTrial(tr *Trial) *Trial {
 func TestPrivilegedEBPFAloneRefusesInHostNetns(t *testing.T) {
 	h := newHost(t)
 	th := testhost.NewT(t, 62)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	hostTrial := hostNetnsTrial(tr)
 	self := &netns.Namespace{ID: "host", Path: selfNetns()}
 	hostLo := listenIn(t, self, "tcp4", "127.0.0.1:0")
@@ -472,7 +474,7 @@ func TestPrivilegedNoPolicyDeniesEverything(t *testing.T) {
 
 func TestPrivilegedProcessIsConfined(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	// An inherited descriptor without close-on-exec must not reach the Trial.
 	leak, err := os.Create(filepath.Join(t.TempDir(), "leak-canary"))
 	if err != nil {
@@ -529,7 +531,7 @@ func TestPrivilegedProcessIsConfined(t *testing.T) {
 
 func TestPrivilegedStartFailures(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	_, err := tr.Start(Command{Args: []string{"no-such-command-trialnet"}, Env: []string{"PATH=/usr/bin:/bin"}})
 	var se *StartError
 	if !errors.As(err, &se) || se.Code != ExitNotFound {
@@ -542,7 +544,7 @@ func TestPrivilegedStartFailures(t *testing.T) {
 
 func TestPrivilegedExecKillsTheCommandOnTimeout(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 300e6)
 	defer cancel()
 	// The shell backgrounds a sleeper that ignores SIGTERM and then waits:
@@ -571,7 +573,7 @@ func waitNoProcs(t *testing.T, tr *Trial) {
 
 func TestPrivilegedExecForwardsSignalsAndReportsCrashes(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	env := []string{"PATH=/usr/bin:/bin"}
 	code, err := tr.Exec(context.Background(), Command{Args: []string{"sh", "-c", "kill -SEGV $$"}, Env: env}, nil)
 	if err != nil || code != 128+int(syscall.SIGSEGV) {
@@ -624,15 +626,15 @@ func TestPrivilegedExecForwardsSignalsAndReportsCrashes(t *testing.T) {
 
 func TestPrivilegedCreateIsAllOrNothing(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{ID: "dup", UnixOpen: true})
-	if _, err := h.Create(Spec{ID: "dup", UnixOpen: true}, nil, nil); err == nil {
+	tr := newTrial(t, h, trial.Spec{ID: "dup", UnixOpen: true})
+	if _, err := h.Create(trial.Spec{ID: "dup", UnixOpen: true}, nil); err == nil {
 		t.Fatal("a second Trial with the same id was created")
 	}
 	if !h.BPF.HasTrial(tr.CgroupID) {
 		t.Fatal("the failed duplicate create removed the live Trial's policy")
 	}
 	// A bad policy fails after the cgroup and netns exist: both must go.
-	_, err := h.Create(Spec{ID: "badpolicy", Strict: true, UnixOpen: true}, nil, nil)
+	_, err := h.Create(trial.Spec{ID: "badpolicy", Strict: true, UnixOpen: true}, nil)
 	if err == nil {
 		t.Fatal("strict mode without a proxy was accepted")
 	}
@@ -642,7 +644,7 @@ func TestPrivilegedCreateIsAllOrNothing(t *testing.T) {
 	if ids, _ := netns.List(h.NetnsDir); len(ids) != 1 {
 		t.Fatalf("failed create left namespaces: %v", ids)
 	}
-	if _, err := h.Create(Spec{ID: "../escape", UnixOpen: true}, nil, nil); err == nil {
+	if _, err := h.Create(trial.Spec{ID: "../escape", UnixOpen: true}, nil); err == nil {
 		t.Fatal("a path-like id was accepted")
 	}
 }
@@ -657,7 +659,7 @@ func TestPrivilegedNoLeaks(t *testing.T) {
 	defer ln.Close()
 	fdsBefore := testkit.CountFDs(t)
 	for i := range 50 {
-		tr, err := h.Create(Spec{ID: fmt.Sprintf("leak-%d", i), UnixPaths: []string{sock}}, nil, nil)
+		tr, err := h.Create(trial.Spec{ID: fmt.Sprintf("leak-%d", i), UnixAllow: []string{sock}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

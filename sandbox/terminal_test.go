@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/internal/testpty"
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
@@ -225,7 +227,7 @@ func (a *answering) leftFor(t *testing.T, slave *os.File) string {
 // the fence goes unanswered.
 func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		t.Fatal(err)
@@ -305,7 +307,7 @@ func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 // operator's typing reach it.
 func TestPrivilegedTerminalAnswersReachTheTrial(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, Spec{UnixOpen: true})
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	master, slave := testpty.Open(t, 24, 80)
 	if _, err := term.MakeRaw(int(slave.Fd())); err != nil {
 		t.Fatal(err)

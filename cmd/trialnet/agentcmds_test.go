@@ -17,11 +17,12 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/record"
-	"github.com/trialnet/trialnet/sandbox"
 )
 
 func TestNoAgentSaysHowToStartOne(t *testing.T) {
@@ -180,7 +181,7 @@ func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := h.Create(sandbox.Spec{ID: "u1", UnixOpen: true}, nil, nil)
+	tr, err := h.Create(trialspec.Spec{ID: "u1", UnixOpen: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

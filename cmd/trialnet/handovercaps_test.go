@@ -18,8 +18,9 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/agent"
-	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/record"
 )
@@ -204,12 +205,12 @@ func TestPrivilegedAgentHandoverSharesCaps(t *testing.T) {
 		burst, rate = 20, 2.0
 		maxLog      = 24 << 10
 	)
-	for id, lim := range map[string]config.Limits{
+	for id, lim := range map[string]trialspec.ProxyLimits{
 		"capt": {MaxTunnels: maxTunnels, ConnectRate: 1000, ConnectBurst: 1000},
 		"capr": {ConnectRate: rate, ConnectBurst: burst},
 		"capl": {MaxLogBytes: maxLog, RecordRate: 1, RecordBurst: 1, ConnectRate: 1000, ConnectBurst: 1000},
 	} {
-		if _, err := c.Create(ctx, agent.CreateRequest{ID: id, Allow: []string{echoTarget}, Limits: &lim}); err != nil {
+		if _, err := c.Create(ctx, agent.CreateRequest{ID: id, Allow: []string{echoTarget}, Limits: &trialspec.Limits{ProxyLimits: lim}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
@@ -67,7 +69,7 @@ func TestPrivilegedClientRefusesImpostors(t *testing.T) {
 	t.Cleanup(func() { _ = h.Close() })
 	// Without unix confinement: a confined Trial cannot make a socket in
 	// a directory it shares with the host at all (TestPrivilegedNoWayIn).
-	tr, err := h.Create(sandbox.Spec{ID: "impostor", UnixOpen: true}, nil, nil)
+	tr, err := h.Create(trialspec.Spec{ID: "impostor", UnixOpen: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
@@ -84,7 +86,7 @@ func TestPolicyCommandsFlagsAfterArguments(t *testing.T) {
 		calls = append(calls, c)
 		mu.Unlock()
 		if r.Method == http.MethodPatch {
-			_ = json.NewEncoder(w).Encode(agent.AllowChanged{Trial: agent.TrialInfo{ID: "t1"}})
+			_ = json.NewEncoder(w).Encode(agent.AllowChanged{Trial: agent.TrialInfo{Spec: trialspec.Spec{ID: "t1"}}})
 		} else {
 			_ = json.NewEncoder(w).Encode(agent.Stats{Trial: "t1"})
 		}

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	trialspec "github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
@@ -134,7 +136,7 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("proxy: %w", err))
 	}
 	defer p.Close()
-	if err := p.AddTrial(proxy.TrialPolicy{ID: *trial, Allow: list}); err != nil {
+	if err := p.AddTrial(proxy.TrialPolicy{Spec: trialspec.Spec{ID: *trial}, Allow: list}); err != nil {
 		return fail(stdout, stderr, false, exitUsage, err)
 	}
 	lns, err := listenAll(listen)

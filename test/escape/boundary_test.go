@@ -22,6 +22,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
@@ -315,7 +317,7 @@ func boundaryTrial(t *testing.T, w *boundaryWorld) (*agent.Host, *sandbox.Trial)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Close() })
-	tr, err := h.Create(sandbox.Spec{ID: "boundary", UnixPaths: []string{w.allowed}}, nil, nil)
+	tr, err := h.Create(trial.Spec{ID: "boundary", UnixAllow: []string{w.allowed}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
@@ -101,7 +103,7 @@ func TestPrivilegedEscapeBoundaryNested(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = h.Close() })
-	tr, err := h.Create(sandbox.Spec{ID: "boundary-nested", UnixPaths: []string{w.allowed}, Nested: true}, nil, nil)
+	tr, err := h.Create(trial.Spec{ID: "boundary-nested", UnixAllow: []string{w.allowed}, Nested: true}, nil)
 	if err != nil {
 		nestingRefused(t, err)
 		return

@@ -27,6 +27,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/trial"
+
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
@@ -84,7 +86,7 @@ func setup(b *testing.B) *env {
 	a, err := agent.Start(agent.AgentConfig{
 		Host: testenv.IsolatedHost(b, "sysbench"), DataDir: b.TempDir(),
 		Resolvers: []string{e.dns}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
-		File: &config.File{Limits: config.Limits{ConnectRate: 1e6, ConnectBurst: 1 << 20}},
+		File: &config.File{Limits: trial.Limits{ProxyLimits: trial.ProxyLimits{ConnectRate: 1e6, ConnectBurst: 1 << 20}}},
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -217,13 +219,13 @@ func BenchmarkSandboxWithProcess(b *testing.B) {
 		}
 		// The ad-hoc setup's proxy: trialnet's, on a host loopback port.
 		p, err := proxy.New(proxy.Config{ProxySettings: config.ProxySettings{Resolver: mustResolver(b, e.dns), AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
-			Limits: config.Limits{ConnectRate: 1e6, ConnectBurst: 1 << 20}}})
+			Limits: trial.ProxyLimits{ConnectRate: 1e6, ConnectBurst: 1 << 20}}})
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = p.Close() })
 		allow, _ := allow.Parse([]string{target}, false)
-		_ = p.AddTrial(proxy.TrialPolicy{ID: "adhoc", Allow: allow})
+		_ = p.AddTrial(proxy.TrialPolicy{Spec: trial.Spec{ID: "adhoc"}, Allow: allow})
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			b.Fatal(err)

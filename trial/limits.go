@@ -1,6 +1,6 @@
-package config
+package trial
 
-// Per-Trial limit defaults.
+// The proxy's per-Trial defaults: what a zero ProxyLimits field means.
 const (
 	DefaultMaxTunnels   = 256 // concurrent CONNECTs per Trial
 	defaultConnectRate  = 50  // CONNECTs per second per Trial, sustained
@@ -28,11 +28,20 @@ const (
 	defaultMaxLogBytes = 64 << 20
 )
 
-// Limits bound what one Trial may use. Zero fields take the defaults.
-// MaxClientConns and MaxPendingHeads are charged when a connection is
-// accepted, before the proxy-wide limit, so a Trial at its caps never
-// uses up the proxy's connections for the other Trials.
+// Limits bound what one Trial may use, in two halves: the proxy
+// enforces ProxyLimits, the sandbox PoolLimits. In YAML (the config's
+// limits:) and JSON both halves are one flat mapping.
 type Limits struct {
+	ProxyLimits `yaml:",inline"`
+	PoolLimits  `yaml:",inline"`
+}
+
+// ProxyLimits bound what the proxy lets one Trial do. Zero fields take
+// the defaults (WithDefaults). MaxClientConns and MaxPendingHeads are
+// charged when a connection is accepted, before the proxy-wide limit, so
+// a Trial at its caps never uses up the proxy's connections for the
+// other Trials.
+type ProxyLimits struct {
 	MaxTunnels      int     `yaml:"max_tunnels" json:"max_tunnels"`
 	ConnectRate     float64 `yaml:"connects_per_second" json:"connects_per_second"`
 	ConnectBurst    int     `yaml:"connect_burst" json:"connect_burst"`
@@ -49,19 +58,22 @@ type Limits struct {
 	// record.Gate and Bounds.SummaryReserve): the file's size is bounded,
 	// not only its rate.
 	MaxLogBytes int64 `yaml:"max_log_bytes" json:"max_log_bytes"`
+}
+
+// PoolLimits bound the Trial's share of the host's pools; the sandbox
+// applies them, and 0 is its default.
+type PoolLimits struct {
 	// MaxProcesses is the process limit (RLIMIT_NPROC) of each command
-	// in the Trial, sandbox.Command.MaxProcs: the agent applies it, the
-	// proxy ignores it. 0 is the sandbox's default.
+	// in the Trial (sandbox.Command.MaxProcs).
 	MaxProcesses int `yaml:"max_processes" json:"max_processes,omitempty"`
 	// MaxPids and MaxMemory (bytes) bound the Trial's tasks and memory,
-	// all its commands together, through the cgroup controllers
-	// (sandbox.PoolLimits): the agent applies them, the proxy ignores
-	// them. 0 is the sandbox's default.
+	// all its commands together, through the cgroup controllers.
 	MaxPids   int64 `yaml:"max_pids" json:"max_pids,omitempty"`
 	MaxMemory int64 `yaml:"max_memory" json:"max_memory,omitempty"`
 }
 
-func (l Limits) WithDefaults() Limits {
+// WithDefaults is l with each zero or negative field at its default.
+func (l ProxyLimits) WithDefaults() ProxyLimits {
 	if l.MaxTunnels <= 0 {
 		l.MaxTunnels = DefaultMaxTunnels
 	}

@@ -1,0 +1,62 @@
+package config
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/trial"
+)
+
+// Spec makes the description of the Trial that req asks for under f
+// (nil: no file), with its allowlist parsed: entries from req and from
+// the profiles it names (one f does not define wraps ErrUnknownProfile;
+// a bad entry is allow's error), learning or nesting if req or one of
+// its profiles asks, the limits req gives or else those of f (the
+// proxy's at their defaults) with req's process limit, and cidrs, the
+// allowed CIDRs in force, which a reload will not widen for it. The
+// caller checks the id, nonce, report path and process limit, and names
+// the owner.
+func (f *File) Spec(req trial.Request, cidrs []netip.Prefix) (trial.Spec, *allow.List, error) {
+	list, err := f.Allowlist(req.Profiles, req.Allow, req.RequireTLS)
+	if err != nil {
+		return trial.Spec{}, nil, err
+	}
+	var lim trial.Limits
+	if f != nil {
+		lim = f.Limits
+	}
+	lim.ProxyLimits = lim.ProxyLimits.WithDefaults()
+	if req.Limits != nil {
+		lim = *req.Limits
+	}
+	if req.MaxProcesses != 0 {
+		lim.MaxProcesses = req.MaxProcesses
+	}
+	return trial.Spec{
+		Schema:     trial.Schema,
+		ID:         req.ID,
+		Strict:     req.Strict,
+		UnixOpen:   req.UnixOpen,
+		Nested:     req.Nested || f.nests(req.Profiles),
+		UnixAllow:  slices.Clone(req.UnixAllow),
+		Learning:   req.Learn || f.learns(req.Profiles),
+		Allow:      AllowEntries(list),
+		Profiles:   slices.Clone(req.Profiles),
+		AllowCIDRs: slices.Clone(cidrs),
+		Limits:     &lim,
+		Created:    time.Now().UTC(),
+		Nonce:      req.Nonce,
+		Report:     req.Report,
+	}, list, nil
+}
+
+// AllowEntries is an allowlist as a Trial's description keeps it.
+func AllowEntries(l *allow.List) []trial.AllowEntry {
+	var out []trial.AllowEntry
+	for _, e := range l.Entries() {
+		out = append(out, trial.AllowEntry{Entry: e.String(), RequireTLS: e.RequireTLS, Profile: e.Profile})
+	}
+	return out
+}
