@@ -129,12 +129,16 @@ func (a *Agent) allowOnPredecessor(ctx context.Context, id string, list *allow.L
 	if p == nil {
 		return 0, ""
 	}
-	r, ok := p.ask(ctx, hoMsg{Type: hoAllow, Trial: id, Allow: allowEntries(list), Cut: allow.Strings(cut)})
-	if ok {
-		return r.N, ""
+	var raw json.RawMessage
+	if entries := allowEntries(list); len(entries) > 0 {
+		raw, _ = json.Marshal(entries) // strings and bools: it cannot fail
 	}
-	a.log.Warn("allowlist change not confirmed by the draining agent", "trial", id, "pid", p.pid, "error", r.Error)
-	return 0, fmt.Sprintf("the agent this one took over from (pid %d), which still drains, did not confirm the change: its open tunnels may follow the old allowlist until they end (at most its drain_timeout)", p.pid)
+	n, why, ok := p.Allow(ctx, id, raw, allow.Strings(cut))
+	if ok {
+		return n, ""
+	}
+	a.log.Warn("allowlist change not confirmed by the draining agent", "trial", id, "pid", p.PID(), "error", why)
+	return 0, fmt.Sprintf("the agent this one took over from (pid %d), which still drains, did not confirm the change: its open tunnels may follow the old allowlist until they end (at most its drain_timeout)", p.PID())
 }
 
 // denied is the Trial's list of entries removed with deny after a change
