@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -233,6 +234,10 @@ type testTaker struct {
 	elsewhere []map[string]int64
 	lost      int
 	followed  chan struct{}
+	// alive, if set, says whether the old agent's process still runs;
+	// Lost counts a call while it does in early.
+	alive func() bool
+	early int
 }
 
 func newTestTaker() *testTaker {
@@ -257,6 +262,20 @@ func (k *testTaker) Lost() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.lost++
+	if k.alive != nil && k.alive() {
+		k.early++
+	}
+}
+
+// running reports whether process pid runs: it exists, and is not a
+// zombie (exited, not yet reaped).
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return !strings.HasPrefix(rest, "Z")
 }
 
 func (k *testTaker) Followed(*Predecessor) { close(k.followed) }
