@@ -29,7 +29,7 @@ const (
 
 func TestMain(m *testing.M) {
 	if role := os.Getenv(roleEnv); role != "" {
-		if err := child(role, os.Getenv(sockEnv)); err != nil {
+		if err := otherAgent(role, os.Getenv(sockEnv)); err != nil {
 			fmt.Fprintln(os.Stderr, role+":", err)
 			os.Exit(1)
 		}
@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 
 var testPaths = map[string]string{"socket": "/run/test.sock", "state_dir": "/var/lib/test"}
 
-func child(role, sock string) error {
+func otherAgent(role, sock string) error {
 	switch role {
 	case "successor-dies": // takes the offer, and exits without serving
 		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
@@ -292,7 +292,7 @@ func (k *testTaker) counted(trial string) []string {
 // g.drain is closed).
 func handOver(t *testing.T, g *testGiver, k *testTaker) (*Predecessor, map[lname.Name]*os.File, chan error) {
 	t.Helper()
-	here, there := seqpacketPair(t)
+	here, there := connectedPair(t)
 	drained := make(chan error, 1)
 	go func() {
 		s, err := Give(there, g, Config{Paths: testPaths})
@@ -317,7 +317,7 @@ func handOver(t *testing.T, g *testGiver, k *testTaker) (*Predecessor, map[lname
 	return p, files, drained
 }
 
-func seqpacketPair(t *testing.T) (a, b *net.UnixConn) {
+func connectedPair(t *testing.T) (a, b *net.UnixConn) {
 	t.Helper()
 	dir := t.TempDir()
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: filepath.Join(dir, "s"), Net: "unixpacket"})
@@ -336,9 +336,9 @@ func seqpacketPair(t *testing.T) (a, b *net.UnixConn) {
 	return a, b
 }
 
-// startChild starts the test binary in role, with sock; it is killed
+// startOtherAgent starts the test binary in role, with sock; it is killed
 // and reaped when the test ends, and exited is closed once it has.
-func startChild(t *testing.T, role, sock string) (cmd *exec.Cmd, exited chan struct{}) {
+func startOtherAgent(t *testing.T, role, sock string) (cmd *exec.Cmd, exited chan struct{}) {
 	t.Helper()
 	cmd = exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), roleEnv+"="+role, sockEnv+"="+sock)
@@ -352,8 +352,8 @@ func startChild(t *testing.T, role, sock string) (cmd *exec.Cmd, exited chan str
 	return cmd, exited
 }
 
-// dialChild connects to the socket a child listens on, once it does.
-func dialChild(t *testing.T, sock string) *net.UnixConn {
+// dialOtherAgent connects to the socket a child listens on, once it does.
+func dialOtherAgent(t *testing.T, sock string) *net.UnixConn {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})

@@ -28,7 +28,7 @@ import (
 func TestRefusesAnotherVersion(t *testing.T) {
 	for _, first := range []Message{Hello{Version: Version + 1, PID: os.Getpid(), Paths: testPaths}, Serving{PID: os.Getpid()}} {
 		g := newTestGiver(t, 1)
-		here, there := seqpacketPair(t)
+		here, there := connectedPair(t)
 		gave := make(chan error, 1)
 		go func() { _, err := Give(there, g, Config{Paths: testPaths}); gave <- err }()
 		if err := Send(here, first); err != nil {
@@ -56,7 +56,7 @@ func TestRefusesAnotherVersion(t *testing.T) {
 // held or offered, and says why.
 func TestRefusesOtherPaths(t *testing.T) {
 	g := newTestGiver(t, 1)
-	here, there := seqpacketPair(t)
+	here, there := connectedPair(t)
 	gave := make(chan error, 1)
 	go func() { _, err := Give(there, g, Config{Paths: testPaths}); gave <- err }()
 	other := map[string]string{"socket": "/run/test.sock", "state_dir": "/elsewhere"}
@@ -82,7 +82,7 @@ func TestSuccessorDiesAfterTheOffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
-	startChild(t, "successor-dies", sock)
+	startOtherAgent(t, "successor-dies", sock)
 	c, err := ln.AcceptUnix()
 	if err != nil {
 		t.Fatal(err)
@@ -103,8 +103,8 @@ func TestSuccessorDiesAfterTheOffer(t *testing.T) {
 // listeners it took are the old agent's sockets themselves.
 func TestPredecessorDiesMidDrain(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "old.handover")
-	_, exited := startChild(t, "predecessor-dies", sock)
-	p, files, err := Take(dialChild(t, sock), Config{Paths: testPaths})
+	_, exited := startOtherAgent(t, "predecessor-dies", sock)
+	p, files, err := Take(dialOtherAgent(t, sock), Config{Paths: testPaths})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,8 +145,8 @@ func TestPredecessorDiesMidDrain(t *testing.T) {
 // left open is recorded as cut only once it has exited.
 func TestStoppedTwiceIsLost(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "old.handover")
-	cmd, exited := startChild(t, "stopped-twice", sock)
-	p, _, err := Take(dialChild(t, sock), Config{Paths: testPaths})
+	cmd, exited := startOtherAgent(t, "stopped-twice", sock)
+	p, _, err := Take(dialOtherAgent(t, sock), Config{Paths: testPaths})
 	if err != nil {
 		t.Fatal(err)
 	}
