@@ -21,7 +21,9 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/internal/counts"
+	"github.com/trialnet/trialnet/internal/lname"
 	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
@@ -38,7 +40,7 @@ func (a *Agent) newProxy() error {
 		return err
 	}
 	pcfg := proxy.Config{ProxySettings: set, Logger: a.log, LogDecisions: true, OnEvent: a.onEvent}
-	if a.counts, a.countsSlot, err = a.countsFor(nameCounts); err != nil {
+	if a.counts, a.countsSlot, err = a.countsFor(lname.CountsName("")); err != nil {
 		return err
 	}
 	pcfg.Counts, pcfg.Slot = a.counts, a.countsSlot
@@ -113,7 +115,7 @@ type Agent struct {
 	handedOver bool // under hmu: a successor serves; calls are refused
 	stopping   bool // under hmu: the daemon stops; no hand-over starts
 	// pred is the agent this one took over from, while it drains.
-	pred atomic.Pointer[predecessor]
+	pred atomic.Pointer[handover.Predecessor]
 	// offsets are each Trial's log size when the predecessor began
 	// sending its records, and inherited the listeners it (or the keeper)
 	// passed on, until each Trial is adopted. Both are set before Start
@@ -134,11 +136,11 @@ var ProxyURL = "http://" + ProxyEndpoints[0].String()
 // every Trial recorded in the state directory.
 func Start(cfg AgentConfig) (*Agent, error) { return start(cfg, nil, nil, nil) }
 
-// start is Start for a daemon that inherited listeners (by name; a
-// Trial's under "trial:" and its id), from a predecessor (nil: none)
+// start is Start for a daemon that inherited Trials' listeners (by
+// Trial id, in index order), from a predecessor (nil: none)
 // whose logs it replays up to the offsets it gave, and that gives its
 // listeners to a keeper.
-func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecessor, kc *keeper.Client) (*Agent, error) {
+func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *handover.Predecessor, kc *keeper.Client) (*Agent, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -154,14 +156,14 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecess
 		inherited: inherited, keeper: kc}
 	if pred != nil {
 		// Calls to its Trials go to the predecessor too from the start.
-		a.offsets = pred.offsets
+		a.offsets = pred.Offsets()
 		a.pred.Store(pred)
 	}
 	// Listeners of Trials that were not adopted close with their sockets,
 	// their counts with them.
 	defer func() {
 		if pred != nil {
-			pred.closeCounts()
+			pred.CloseCounts()
 		}
 		for name, lns := range a.inherited {
 			for _, l := range lns {
@@ -175,7 +177,7 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecess
 		_ = host.Close()
 		return nil, err
 	}
-	if pred != nil && pred.shares() {
+	if pred != nil && pred.Shares() {
 		a.proxy.Share(false) // every Trial from the first adopted: the predecessor counts this one's already
 	}
 	for _, d := range []string{cfg.Host.StateDir, cfg.DataDir} {
@@ -197,11 +199,10 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *predecess
 	if a.takingOver() {
 		// A Trial the predecessor serves but this agent has no record of
 		// would lose its endpoint: the hand-over does not happen.
-		for name := range a.inherited {
-			if id, ok := strings.CutPrefix(name, "trial:"); ok {
-				a.Close(false)
-				return nil, fmt.Errorf("the running agent serves Trial %s, which has no record in %s: this agent cannot take it over; the running agent keeps serving", id, cfg.Host.StateDir)
-			}
+		if len(a.inherited) > 0 {
+			id := slices.Sorted(maps.Keys(a.inherited))[0]
+			a.Close(false)
+			return nil, fmt.Errorf("the running agent serves Trial %s, which has no record in %s: this agent cannot take it over; the running agent keeps serving", id, cfg.Host.StateDir)
 		}
 	}
 	a.startRetention()
@@ -256,8 +257,8 @@ func (a *Agent) takingOver() bool { return a.offsets != nil }
 // inheritedFor takes the listeners inherited for Trial id (nil: none;
 // its endpoint listens anew).
 func (a *Agent) inheritedFor(id string) []net.Listener {
-	lns := a.inherited["trial:"+id]
-	delete(a.inherited, "trial:"+id)
+	lns := a.inherited[id]
+	delete(a.inherited, id)
 	return lns
 }
 
@@ -417,8 +418,8 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (Stats, e
 	// A predecessor still draining ends its connections of the Trial
 	// first, and writes their records.
 	if p := a.pred.Load(); p != nil {
-		if r, ok := p.ask(ctx, hoMsg{Type: hoRemove, Trial: id}); !ok {
-			a.log.Warn("the draining agent did not confirm that it ended the Trial's connections; records it writes later are not in the receipt", "trial", id, "pid", p.pid, "error", r.Error)
+		if why, ok := p.Remove(ctx, id); !ok {
+			a.log.Warn("the draining agent did not confirm that it ended the Trial's connections; records it writes later are not in the receipt", "trial", id, "pid", p.PID(), "error", why)
 		}
 	}
 	// The one teardown: the endpoint stops first (its last decision events

@@ -31,6 +31,9 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv(ownerSocketEnv); sock != "" {
 		os.Exit(ownerMain(sock, strings.Split(os.Getenv(ownerIDsEnv), ",")))
 	}
+	if sock := os.Getenv(lostPredecessorEnv); sock != "" {
+		os.Exit(lostPredecessorMain(sock))
+	}
 	os.Exit(m.Run())
 }
 

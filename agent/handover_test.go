@@ -3,24 +3,23 @@
 package agent
 
 import (
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	trialspec "github.com/trialnet/trialnet/trial"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/fdpass"
-	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/proxy"
 )
 
@@ -30,21 +29,22 @@ import (
 // counts page, which a new hand-over would clear and give to the next
 // agent, so that the two would count in one slot. Until it has exited its
 // open connections count here too; after, they do not, and a hand-over is
-// taken again.
+// taken again. The predecessor is this test binary again
+// (lostPredecessorMain), a process of its own.
 func TestHandoverWaitsForALostPredecessorToExit(t *testing.T) {
-	old := exec.Command("sleep", "600") // the predecessor's process
+	sock := filepath.Join(t.TempDir(), "old.handover")
+	old := exec.Command(os.Args[0], "-test.run=^$")
+	old.Env = append(os.Environ(), lostPredecessorEnv+"="+sock)
+	old.Stderr = os.Stderr
 	if err := old.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = old.Wait(); close(exited) }()
 	t.Cleanup(func() { _ = old.Process.Kill(); <-exited })
-	pidfd, err := unix.PidfdOpen(old.Process.Pid, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	a := &Agent{log: slog.New(slog.DiscardHandler), trials: make(map[string]*trial)}
+	var err error
 	a.proxy, err = proxy.New(proxy.Config{ProxySettings: config.ProxySettings{Resolver: manyAddrs(1)}, HostAddrs: noHostAddrs{}})
 	if err != nil {
 		t.Fatal(err)
@@ -58,33 +58,42 @@ func TestHandoverWaitsForALostPredecessorToExit(t *testing.T) {
 	if err := a.proxy.AddTrial(proxy.TrialPolicy{Spec: trialspec.Spec{ID: "t1"}, Counts: page, Slot: 0}); err != nil {
 		t.Fatal(err)
 	}
-	const theirs = 3
-	page.Slot(1).Tunnels.Store(theirs) // the predecessor's open tunnels
+	page.Slot(1).Tunnels.Store(lostPredecessorOpen) // the predecessor's open tunnels
 	a.proxy.Share(false)
 
-	here, there := testkit.SeqpacketPair(t)
-	p := &predecessor{c: here, pid: old.Process.Pid, pidfd: pidfd, waiting: make(map[uint64]chan hoMsg),
-		stopped: make(chan struct{}), done: make(chan struct{}), counts: make(map[string]*os.File)}
-	p.qcond = sync.NewCond(&p.qmu)
-	go p.read()
-	a.pred.Store(p)
-	followed := make(chan struct{})
-	go func() { a.followPredecessor(p); close(followed) }()
-	t.Cleanup(func() { <-followed })
-	if err := fdpass.Send(there, hoMsg{Type: hoStopped, Open: map[string]int64{"t1": theirs}}); err != nil {
+	var c *net.UnixConn
+	for deadline := time.Now().Add(10 * time.Second); c == nil; time.Sleep(10 * time.Millisecond) {
+		c, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
+		if err != nil && time.Now().After(deadline) {
+			t.Fatalf("the predecessor does not listen: %v", err)
+		}
+	}
+	p, files, err := handover.Take(c, handover.Config{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	_ = there.Close()
-	<-p.done // the break is seen
+	for _, f := range files {
+		_ = f.Close()
+	}
+	a.pred.Store(p)
+	if err := p.Serve(taker{a}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !p.State().Ended(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the predecessor's connection ended, and the hand-over is %s", p.State())
+		}
+	}
 
-	d := &daemon{a: a, sock: filepath.Join(t.TempDir(), "agent.sock")}
-	hello := hoMsg{Type: hoHello, Version: handoverVersion, Paths: d.paths()}
 	pid := strconv.Itoa(old.Process.Pid)
-	if why := d.refusal(hello); !strings.Contains(why, "pid "+pid+" has exited") {
+	a.hmu.Lock()
+	why := a.holdRefusal()
+	a.hmu.Unlock()
+	if !strings.Contains(why, "pid "+pid+" has exited") {
 		t.Errorf("a hand-over while the lost predecessor (pid %s) lives: refusal %q; want one that says to wait until it has exited", pid, why)
 	}
-	if st, _ := a.proxy.Stats("t1"); st.Active != theirs {
-		t.Errorf("while the lost predecessor lives, Active is %d; want its %d tunnels counted", st.Active, theirs)
+	if st, _ := a.proxy.Stats("t1"); st.Active != lostPredecessorOpen {
+		t.Errorf("while the lost predecessor lives, Active is %d; want its %d tunnels counted", st.Active, lostPredecessorOpen)
 	}
 
 	_ = old.Process.Kill()
@@ -94,7 +103,10 @@ func TestHandoverWaitsForALostPredecessorToExit(t *testing.T) {
 			t.Fatalf("pid %s exited 10s ago, and the agent still counts it as its predecessor", pid)
 		}
 	}
-	if why := d.refusal(hello); why != "" {
+	a.hmu.Lock()
+	why = a.holdRefusal()
+	a.hmu.Unlock()
+	if why != "" {
 		t.Errorf("once the predecessor has exited, a hand-over is refused: %s", why)
 	}
 	if st, _ := a.proxy.Stats("t1"); st.Active != 0 {
@@ -102,22 +114,44 @@ func TestHandoverWaitsForALostPredecessorToExit(t *testing.T) {
 	}
 }
 
-// A predecessor that says twice that it stopped accepting breaks the
-// protocol: the follower returns why, rather than closing its channel a
-// second time (a panic that would end the new agent).
-func TestHandoverStoppedTwiceIsAnError(t *testing.T) {
-	a := &Agent{log: slog.New(slog.DiscardHandler), trials: make(map[string]*trial)}
-	here, there := testkit.SeqpacketPair(t)
-	p := &predecessor{c: here, pid: 1, waiting: make(map[uint64]chan hoMsg),
-		stopped: make(chan struct{}), done: make(chan struct{}), counts: make(map[string]*os.File)}
-	p.qcond = sync.NewCond(&p.qmu)
-	go p.read()
-	for range 2 {
-		if err := fdpass.Send(there, hoMsg{Type: hoStopped}); err != nil {
-			t.Fatal(err)
+// lostPredecessorEnv names the hand-over socket at which the test binary,
+// started again, is a predecessor that stops accepting with
+// lostPredecessorOpen tunnels of Trial t1 open, then ends the hand-over
+// and lives on until it is killed.
+const (
+	lostPredecessorEnv  = "TRIALNET_TEST_LOST_PREDECESSOR"
+	lostPredecessorOpen = 3
+)
+
+func lostPredecessorMain(sock string) int {
+	ln, err := fdpass.Listen(sock)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		return 1
+	}
+	if _, _, err := handover.Recv(c); err != nil { // its hello
+		return 1
+	}
+	if err := handover.Send(c, handover.Offer{Version: handover.Version, PID: os.Getpid()}); err != nil {
+		return 1
+	}
+	for {
+		m, _, err := handover.Recv(c)
+		if err != nil {
+			return 1
+		}
+		if _, ok := m.(handover.Serving); ok {
+			break
 		}
 	}
-	if err := a.readPredecessor(p); err == nil || !strings.Contains(err.Error(), "said twice") {
-		t.Fatalf("a second stopped: %v, want a protocol error", err)
+	if err := handover.Send(c, handover.Stopped{Open: map[string]int64{"t1": lostPredecessorOpen}}); err != nil {
+		return 1
 	}
+	_ = c.Close()
+	time.Sleep(time.Hour)
+	return 0
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/lname"
 	"github.com/trialnet/trialnet/keeper"
 )
 
@@ -17,7 +18,7 @@ func (a *Agent) keep(id string, created time.Time, lns []net.Listener) {
 	}
 	names, at := make([]string, len(lns)), make([]string, len(lns))
 	for i := range lns {
-		names[i], at[i] = keeper.TrialListener(id, i), keeper.TrialCreated(created)
+		names[i], at[i] = lname.EndpointName(id, i).String(), keeper.TrialCreated(created)
 	}
 	a.keeper.Put(names, at, lns)
 }
@@ -25,7 +26,7 @@ func (a *Agent) keep(id string, created time.Time, lns []net.Listener) {
 // unkeep drops Trial id's listeners from the keeper (a destroy).
 func (a *Agent) unkeep(id string) {
 	if a.keeper != nil {
-		a.keeper.Del(keeper.TrialPrefix(id))
+		a.keeper.Del(lname.TrialPrefix(id))
 	}
 }
 

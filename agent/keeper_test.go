@@ -5,6 +5,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"github.com/trialnet/trialnet/internal/lname"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -57,7 +58,7 @@ func TestPrivilegedKeeperReusedID(t *testing.T) {
 		t.Fatal(err)
 	}
 	a2.Close(false)
-	if _, created, _ := kc.Fetch(); created[keeper.TrialListener("kr", 0)] != keeper.TrialCreated(first.Created) {
+	if _, created, _ := kc.Fetch(); created[lname.EndpointName("kr", 0).String()] != keeper.TrialCreated(first.Created) {
 		t.Fatalf("the keeper holds %v; the test wants it to hold the first Trial's (created %s)", created, keeper.TrialCreated(first.Created))
 	}
 	// The next agent, with that keeper.
@@ -84,7 +85,7 @@ func TestPrivilegedKeeperReusedID(t *testing.T) {
 	}
 	for n, f := range files {
 		_ = f.Close()
-		if id, _ := keeper.TrialOf(n); id == "kr" && created[n] != keeper.TrialCreated(second.Created) {
+		if name, _ := lname.Parse(n); name.Trial == "kr" && created[n] != keeper.TrialCreated(second.Created) {
 			t.Errorf("the keeper holds %s of the Trial created %s; the live one was created %s", n, created[n], keeper.TrialCreated(second.Created))
 		}
 	}
@@ -97,7 +98,7 @@ func TestPrivilegedKeeperReusedID(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stale.Close()
-	pruning.Put([]string{keeper.TrialListener("kr", 7)}, []string{keeper.TrialCreated(first.Created)}, []net.Listener{stale})
+	pruning.Put([]string{lname.EndpointName("kr", 7).String()}, []string{keeper.TrialCreated(first.Created)}, []net.Listener{stale})
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		files, _, err := pruning.Fetch()
 		for _, f := range files {

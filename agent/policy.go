@@ -5,6 +5,7 @@ package agent
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"net"
 	"slices"
@@ -125,12 +126,16 @@ func (a *Agent) allowOnPredecessor(ctx context.Context, id string, list *allow.L
 	if p == nil {
 		return 0, ""
 	}
-	r, ok := p.ask(ctx, hoMsg{Type: hoAllow, Trial: id, Allow: config.AllowEntries(list), Cut: allow.Strings(cut)})
-	if ok {
-		return r.N, ""
+	var raw json.RawMessage
+	if entries := config.AllowEntries(list); len(entries) > 0 {
+		raw, _ = json.Marshal(entries) // strings and bools: it cannot fail
 	}
-	a.log.Warn("allowlist change not confirmed by the draining agent", "trial", id, "pid", p.pid, "error", r.Error)
-	return 0, fmt.Sprintf("the agent this one took over from (pid %d), which still drains, did not confirm the change: its open tunnels may follow the old allowlist until they end (at most its drain_timeout)", p.pid)
+	n, why, ok := p.Allow(ctx, id, raw, allow.Strings(cut))
+	if ok {
+		return n, ""
+	}
+	a.log.Warn("allowlist change not confirmed by the draining agent", "trial", id, "pid", p.PID(), "error", why)
+	return 0, fmt.Sprintf("the agent this one took over from (pid %d), which still drains, did not confirm the change: its open tunnels may follow the old allowlist until they end (at most its drain_timeout)", p.PID())
 }
 
 // denied is the Trial's list of entries removed with deny after a change

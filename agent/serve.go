@@ -7,18 +7,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/internal/fdpass"
+	"github.com/trialnet/trialnet/internal/lname"
 	"github.com/trialnet/trialnet/keeper"
 )
 
@@ -67,7 +70,7 @@ type daemon struct {
 	hln       *net.UnixListener
 	srv, msrv *http.Server
 	handedOff chan struct{} // closed once a successor serves everything
-	successor *successor
+	successor *handover.Successor
 	// ctlFile and hlnFile are the sockets this process put at the paths.
 	ctlFile, hlnFile os.FileInfo
 	tending          atomic.Bool // a keeper check runs
@@ -120,7 +123,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		err = d.bindPaths(false)
 	}
 	if err == nil {
-		err = d.listen(inh)
+		err = d.listen()
 	}
 	if err == nil && kc != nil {
 		kc.Ensure()
@@ -129,7 +132,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		closeRest()
 		d.closeListeners(pred == nil)
 		if pred != nil {
-			pred.close() // it keeps serving
+			pred.Close() // it keeps serving
 		}
 		return err
 	}
@@ -150,11 +153,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		go a.serveHTTP(d.msrv, d.met, "metrics")
 	}
 	if pred != nil {
-		a.log.Info("took over every listener from the running agent, which now drains", "predecessor", pred.pid)
+		a.log.Info("took over every listener from the running agent, which now drains", "predecessor", pred.PID())
 	}
 	go d.serveHandovers(d.hln)
 	if kc != nil && d.met != nil {
-		kc.Put([]string{nameMetrics}, nil, []net.Listener{d.met}) // each Trial's went when it was served
+		kc.Put([]string{lname.MetricsName().String()}, nil, []net.Listener{d.met}) // each Trial's went when it was served
 	}
 	if cfg.PIDFile != "" {
 		if err := os.WriteFile(cfg.PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
@@ -172,11 +175,11 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 // and watches the Trials' owners. Any failure before that leaves the
 // predecessor serving (this process's copies of its listeners closed
 // first, then the connection).
-func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecessor, kc *keeper.Client) (*Agent, error) {
+func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *handover.Predecessor, kc *keeper.Client) (*Agent, error) {
 	var beat chan struct{}
 	if pred != nil {
 		beat = make(chan struct{})
-		go pred.adopting(beat)
+		go pred.Adopting(beat)
 	}
 	a, err := start(d.cfg.AgentConfig, inh, pred, kc)
 	if beat != nil {
@@ -184,7 +187,7 @@ func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecesso
 	}
 	if pred == nil || err != nil {
 		if pred != nil {
-			pred.close()
+			pred.Close()
 		}
 		return a, err
 	}
@@ -192,7 +195,7 @@ func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecesso
 	// renames are left to fail.
 	paths, err := d.prepPaths()
 	if err == nil {
-		if err = a.serving(pred); err == nil {
+		if err = pred.Serve(taker{a}); err == nil {
 			err = paths.take(d)
 		} else {
 			paths.discard()
@@ -200,7 +203,7 @@ func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecesso
 	}
 	if err != nil {
 		a.Close(false)
-		_ = pred.c.Close()
+		pred.Close()
 		return nil, err
 	}
 	a.watchOwners()
@@ -209,47 +212,71 @@ func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *predecesso
 
 // inherit finds what this process takes over: from a running agent (a
 // hand-over), else from the keeper (an agent that died). It returns the
-// listeners by name, trial ones grouped by Trial id under their names'
-// id, the others under their own name.
-func (d *daemon) inherit(kc *keeper.Client, log *slog.Logger) (*predecessor, map[string][]net.Listener, error) {
-	pred, files, err := takeOver(HandoverSocket(d.sock), d.paths())
+// Trials' listeners by id, in index order, and puts the metrics listener
+// in d.met.
+func (d *daemon) inherit(kc *keeper.Client, log *slog.Logger) (*handover.Predecessor, map[string][]net.Listener, error) {
+	pred, files, err := takeOver(HandoverSocket(d.sock), handover.Config{Paths: d.paths(), Log: log})
 	switch {
 	case errors.Is(err, errNoPredecessor):
-		pred = nil
-		if kc != nil {
-			var created map[string]string
-			if files, created, err = kc.Fetch(); err != nil {
-				log.Warn("the keeper's listeners could not be taken back: listening anew", "keeper", kc.Path(), "error", err)
-				files = nil
-			} else if len(files) > 0 {
-				log.Info("taking back the listeners the keeper held for an agent that ended", "listeners", len(files))
-			}
-			d.dropEarlierTrials(files, created, log)
-		}
+		pred, files = nil, d.fromKeeper(kc, log)
 	case err != nil:
 		return nil, nil, err
 	}
 	inh := make(map[string][]net.Listener)
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	sort.Slice(names, func(i, j int) bool { return listenerLess(names[i], names[j]) })
+	names := slices.SortedFunc(maps.Keys(files), func(x, y lname.Name) int { return cmpBool(lname.Less(x, y), lname.Less(y, x)) })
 	for _, n := range names {
 		f := files[n]
 		ln, lerr := net.FileListener(f)
 		_ = f.Close()
-		if lerr != nil {
+		switch {
+		case lerr != nil:
 			log.Warn("a listener handed over is not one; dropped", "name", n, "error", lerr)
-			continue
+		case n.Kind == lname.Metrics && d.met == nil:
+			d.met = ln
+		case n.Kind == lname.Endpoint:
+			inh[n.Trial] = append(inh[n.Trial], ln)
+		default:
+			_ = ln.Close() // not one this build serves
 		}
-		key := n
-		if id, ok := keeper.TrialOf(n); ok {
-			key = "trial:" + id
-		}
-		inh[key] = append(inh[key], ln)
 	}
 	return pred, inh, nil
+}
+
+// cmpBool orders by a less-than test both ways, as slices.SortFunc wants.
+func cmpBool(less, greater bool) int {
+	switch {
+	case less:
+		return -1
+	case greater:
+		return 1
+	}
+	return 0
+}
+
+// fromKeeper takes back what the keeper held for an agent that died (nil
+// without a keeper); a name this build does not know is closed.
+func (d *daemon) fromKeeper(kc *keeper.Client, log *slog.Logger) map[lname.Name]*os.File {
+	if kc == nil {
+		return nil
+	}
+	files, created, err := kc.Fetch()
+	if err != nil {
+		log.Warn("the keeper's listeners could not be taken back: listening anew", "keeper", kc.Path(), "error", err)
+		return nil
+	}
+	if len(files) > 0 {
+		log.Info("taking back the listeners the keeper held for an agent that ended", "listeners", len(files))
+	}
+	d.dropEarlierTrials(files, created, log)
+	out := make(map[lname.Name]*os.File, len(files))
+	for s, f := range files {
+		if n, err := lname.Parse(s); err == nil {
+			out[n] = f
+		} else {
+			_ = f.Close()
+		}
+	}
+	return out
 }
 
 // dropEarlierTrials closes and forgets the listeners a keeper held for a
@@ -258,39 +285,17 @@ func (d *daemon) inherit(kc *keeper.Client, log *slog.Logger) (*predecessor, map
 // and it would be removed. That Trial's endpoint listens anew instead.
 func (d *daemon) dropEarlierTrials(files map[string]*os.File, created map[string]string, log *slog.Logger) {
 	for n, f := range files {
-		id, ok := keeper.TrialOf(n)
-		if !ok {
+		name, err := lname.Parse(n)
+		if err != nil || name.Kind != lname.Endpoint {
 			continue
 		}
+		id := name.Trial
 		if now, _ := keeper.RecordedCreated(d.cfg.Host.StateDir, id); keeper.OtherTrial(created[n], now) {
 			log.Warn("the keeper held a listener of an earlier Trial with this id; not served", "name", n, "created", created[n], "trial_created", now)
 			_ = f.Close()
 			delete(files, n)
 		}
 	}
-}
-
-// listenerLess orders listener names so that a Trial's come in index
-// order (its IPv4 endpoint, the one HTTPS_PROXY names, first).
-func listenerLess(x, y string) bool {
-	xi, xn := splitIndex(x)
-	yi, yn := splitIndex(y)
-	if xi != yi {
-		return xi < yi
-	}
-	return xn < yn
-}
-
-func splitIndex(name string) (string, int) {
-	i := strings.LastIndexByte(name, ':')
-	if i < 0 {
-		return name, 0
-	}
-	n, err := strconv.Atoi(name[i+1:])
-	if err != nil {
-		return name, 0
-	}
-	return name[:i], n
 }
 
 // bindPaths makes the control and hand-over sockets: anew, as a unix
@@ -366,36 +371,17 @@ func removeOwn(path string, own os.FileInfo) {
 	}
 }
 
-// listen takes the inherited metrics listener, or binds the metrics port;
-// it leaves only Trials' listeners in inh.
-func (d *daemon) listen(inh map[string][]net.Listener) error {
-	take := func(name string) net.Listener {
-		lns := inh[name]
-		delete(inh, name)
-		if len(lns) == 0 {
-			return nil
-		}
-		for _, l := range lns[1:] {
-			_ = l.Close()
-		}
-		return lns[0]
-	}
+// listen keeps the inherited metrics listener if it is on the address
+// configured, or binds the metrics port.
+func (d *daemon) listen() error {
 	var err error
-	if d.met = take(nameMetrics); d.met != nil && !sameAddr(d.met.Addr(), d.cfg.MetricsAddr) {
+	if d.met != nil && !sameAddr(d.met.Addr(), d.cfg.MetricsAddr) {
 		_ = d.met.Close() // this agent serves its metrics elsewhere, or not at all
 		d.met = nil
 	}
 	if d.met == nil && d.cfg.MetricsAddr != "" {
 		if d.met, err = net.Listen("tcp", d.cfg.MetricsAddr); err != nil {
 			return fmt.Errorf("agent: metrics on %s: %w (is something else serving that port? Pick another --metrics-addr, or leave it out)", d.cfg.MetricsAddr, err)
-		}
-	}
-	for name, lns := range inh {
-		if _, ok := strings.CutPrefix(name, "trial:"); !ok {
-			_ = take(name) // a name this build does not know: closed
-			for _, l := range lns {
-				_ = l.Close()
-			}
 		}
 	}
 	return nil
@@ -465,7 +451,7 @@ func (d *daemon) run(ctx context.Context) error {
 // timeout bounds it. A successor that ended first makes it an error, so
 // that a supervisor restarts the agent.
 func (d *daemon) drainAndExit() error {
-	err := d.drain(context.Background())
+	err := d.drain()
 	d.a.Close(false)
 	return err
 }
@@ -485,12 +471,12 @@ func (d *daemon) tendKeeper() {
 	var names, created []string
 	var lns []net.Listener
 	if d.met != nil {
-		names, created, lns = append(names, nameMetrics), append(created, ""), append(lns, d.met)
+		names, created, lns = append(names, lname.MetricsName().String()), append(created, ""), append(lns, d.met)
 	}
 	for id, tl := range d.a.trialListeners() {
 		at := keeper.TrialCreated(d.a.createdAt(id))
 		for i, ln := range tl {
-			names, created, lns = append(names, keeper.TrialListener(id, i)), append(created, at), append(lns, ln)
+			names, created, lns = append(names, lname.EndpointName(id, i).String()), append(created, at), append(lns, ln)
 		}
 	}
 	if len(names) == 0 {
@@ -535,7 +521,7 @@ func (d *daemon) stop() error {
 			}
 		} else {
 			// Scrapers should hear that no agent runs, not wait for one.
-			a.keeper.Del("", nameMetrics)
+			a.keeper.Del("", lname.MetricsName().String())
 		}
 	}
 	removeOwn(d.sock, d.ctlFile)

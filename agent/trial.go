@@ -16,6 +16,7 @@ import (
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/counts"
+	"github.com/trialnet/trialnet/internal/lname"
 	"github.com/trialnet/trialnet/ledger"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
@@ -239,7 +240,7 @@ func (a *Agent) prepare(lt *trial, list *allow.List, stats *record.TrialStats) e
 		}
 	}
 	var err error
-	if lt.counts, lt.slot, err = a.countsFor(countsName(lt.info.ID)); err != nil {
+	if lt.counts, lt.slot, err = a.countsFor(lname.CountsName(lt.info.ID)); err != nil {
 		return err
 	}
 	tp := proxy.TrialPolicy{Spec: lt.info.Spec, Allow: list, Stats: stats, LogWritten: written, Counts: lt.counts, Slot: lt.slot}
@@ -303,7 +304,7 @@ func (a *Agent) recordEvents(id string, evs []record.Event) {
 // does not happen.
 func (a *Agent) readopt() error {
 	for _, r := range a.host.Recorded() {
-		_, served := a.inherited["trial:"+r.ID]
+		_, served := a.inherited[r.ID]
 		lt, err := a.adopt(r)
 		switch {
 		case err != nil && a.takingOver() && served:

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/fdpass"
+	"github.com/trialnet/trialnet/internal/lname"
 )
 
 // DefaultSocket is the keeper's socket beside the agent's control socket
@@ -40,22 +41,11 @@ func DefaultSocket(sock string) string {
 	return strings.TrimSuffix(sock, ".sock") + ".keeper"
 }
 
-// TrialListener names listener i of Trial id among those the keeper holds;
-// the keeper drops a Trial's listeners by their names (TrialOf) once the
-// Trial is gone.
-func TrialListener(id string, i int) string { return fmt.Sprintf("trial:%s:%d", id, i) }
-
-// TrialPrefix starts the name of every listener of Trial id.
-func TrialPrefix(id string) string { return "trial:" + id + ":" }
-
-// TrialOf is the Trial a listener name belongs to, if any.
-func TrialOf(name string) (string, bool) {
-	rest, ok := strings.CutPrefix(name, "trial:")
-	if !ok {
-		return "", false
-	}
-	id, _, ok := strings.Cut(rest, ":")
-	return id, ok
+// trialOf is the Trial whose endpoint a listener's name (lname) names,
+// if any: the keeper drops a Trial's listeners once the Trial is gone.
+func trialOf(name string) (string, bool) {
+	n, err := lname.Parse(name)
+	return n.Trial, err == nil && n.Kind == lname.Endpoint
 }
 
 // msg is one request to the keeper, or its answer.
@@ -189,7 +179,7 @@ func (k *keeper) prune(ctx context.Context, cancel context.CancelFunc, log *slog
 		}
 		k.mu.Lock()
 		for n := range k.files {
-			if id, ok := TrialOf(n); ok && k.trials != "" {
+			if id, ok := trialOf(n); ok && k.trials != "" {
 				if created, ok := RecordedCreated(k.trials, id); !ok || OtherTrial(k.created[n], created) {
 					k.drop(n)
 					log.Info("keeper: dropped the listener of a Trial that is gone", "name", n, "created", k.created[n])
@@ -223,9 +213,9 @@ func (k *keeper) drop(n string) {
 // name, and of every listener it held for another Trial of the same id;
 // k.mu is held.
 func (k *keeper) keep(n string, f *os.File, created string) {
-	if id, ok := TrialOf(n); ok && created != "" {
+	if id, ok := trialOf(n); ok && created != "" {
 		for m := range k.files {
-			if mid, _ := TrialOf(m); mid == id && OtherTrial(k.created[m], created) {
+			if mid, _ := trialOf(m); mid == id && OtherTrial(k.created[m], created) {
 				k.drop(m)
 			}
 		}

@@ -4,6 +4,7 @@ package keeper_test
 
 import (
 	"context"
+	"github.com/trialnet/trialnet/internal/lname"
 	"log/slog"
 	"net"
 	"os"
@@ -26,13 +27,13 @@ func TestPrivilegedKeeperHoldsAndGivesBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc.Put([]string{keeper.TrialListener("k1", 0), "metrics"}, nil, []net.Listener{ln, ln})
+	kc.Put([]string{lname.EndpointName("k1", 0).String(), "metrics"}, nil, []net.Listener{ln, ln})
 	_ = ln.Close() // the keeper's copy keeps the socket open
 	got, _, err := kc.Fetch()
-	if err != nil || len(got) != 2 || got[keeper.TrialListener("k1", 0)] == nil {
+	if err != nil || len(got) != 2 || got[lname.EndpointName("k1", 0).String()] == nil {
 		t.Fatalf("fetch: %v %v", got, err)
 	}
-	back, err := net.FileListener(got[keeper.TrialListener("k1", 0)])
+	back, err := net.FileListener(got[lname.EndpointName("k1", 0).String()])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func BenchmarkKeeper(b *testing.B) {
 		defer l2.Close()
 		b.ResetTimer()
 		for range b.N {
-			kc.Put([]string{keeper.TrialListener("b", 0), keeper.TrialListener("b", 1)}, nil, []net.Listener{l1, l2})
+			kc.Put([]string{lname.EndpointName("b", 0).String(), lname.EndpointName("b", 1).String()}, nil, []net.Listener{l1, l2})
 			kc.Del("trial:b:")
 		}
 	})
