@@ -286,7 +286,6 @@ func TestPoolExhaustion(t *testing.T) {
 	}
 }
 
-
 func TestRateLimit(t *testing.T) {
 	// A rate that refills one token in about 16 minutes: the burst is all
 	// the test gets.
