@@ -20,6 +20,15 @@ import (
 // testPolicy is the allowlist the tests' stubs admit names from.
 var testPolicy = []string{"api.example.com:443", "db.example.com:5432", "*.svc.example.com:22", "*.amazonaws.com:443"}
 
+func testAllowlist(t *testing.T) *allow.List {
+	t.Helper()
+	list, err := allow.Parse(testPolicy, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list
+}
+
 // stubAddrs are where a test stub listens, UDP and TCP.
 type stubAddrs struct{ udp, tcp string }
 
@@ -56,10 +65,7 @@ func startStub(t *testing.T, s *Server) stubAddrs {
 // meets unless it sets one) and serves it.
 func newStub(t *testing.T, cfg Config) (*Server, stubAddrs) {
 	t.Helper()
-	list, err := allow.Parse(testPolicy, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	list := testAllowlist(t)
 	if cfg.Admit == nil {
 		cfg.Admit = list.AdmitsName
 	}
