@@ -64,7 +64,7 @@ func TestNoUpstreamByConstruction(t *testing.T) {
 			}
 			if x, ok := sel.X.(*ast.Ident); ok && x.Name == "net" {
 				for _, bad := range []string{"Dial", "Lookup", "Resolve", "DefaultResolver", "Resolver", "Listen", "FileConn", "FilePacketConn"} {
-					if strings.HasPrefix(sel.Sel.Name, bad) {
+					if strings.HasPrefix(sel.Sel.Name, bad) && sel.Sel.Name != "Listener" {
 						t.Errorf("%s uses net.%s: the stub opens no socket of its own", p, sel.Sel.Name)
 					}
 				}
