@@ -86,20 +86,7 @@ func putListener(m *ebpf.Map, ln syscall.Conn) error {
 	}
 	var uerr error
 	err = rc.Control(func(fd uintptr) {
-		proto, err1 := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PROTOCOL)
-		listening, err2 := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
-		if err := errors.Join(err1, err2); err != nil {
-			uerr = fmt.Errorf("steer listener: %w", err)
-			return
-		}
-		switch {
-		case proto == unix.IPPROTO_MPTCP:
-			// Go listens with MPTCP by default (1.24+); a sockmap holds
-			// plain TCP sockets only.
-			uerr = errors.New("steer listener: an MPTCP socket; listen with net.ListenConfig's SetMultipathTCP(false)")
-			return
-		case proto != unix.IPPROTO_TCP || listening != 1:
-			uerr = fmt.Errorf("steer listener: not a listening TCP socket (protocol %d)", proto)
+		if uerr = checkListener(int(fd)); uerr != nil {
 			return
 		}
 		if err := m.Update(uint32(0), uint64(fd), ebpf.UpdateAny); err != nil {
@@ -107,6 +94,36 @@ func putListener(m *ebpf.Map, ln syscall.Conn) error {
 		}
 	})
 	return errors.Join(err, uerr)
+}
+
+// checkListener says why fd cannot take the connections the program
+// hands it, if it cannot: the kernel would refuse each one (bpf_sk_assign
+// fails, and the program drops), so every pool connection would be
+// refused with nothing to say why.
+func checkListener(fd int) error {
+	proto, err1 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	listening, err2 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	family, err3 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return fmt.Errorf("steer listener: %w", err)
+	}
+	switch {
+	case proto == unix.IPPROTO_MPTCP:
+		// Go listens with MPTCP by default (1.24+); a sockmap holds
+		// plain TCP sockets only.
+		return errors.New("steer listener: an MPTCP socket; listen with net.ListenConfig's SetMultipathTCP(false)")
+	case proto != unix.IPPROTO_TCP || listening != 1:
+		return fmt.Errorf("steer listener: not a listening TCP socket (protocol %d)", proto)
+	case family == unix.AF_INET6:
+		v6only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY)
+		if err != nil {
+			return fmt.Errorf("steer listener: %w", err)
+		}
+		if v6only != 0 {
+			return errors.New("steer listener: IPv6-only, but the pool is IPv4; listen on tcp4, or on tcp [::] without IPV6_V6ONLY")
+		}
+	}
+	return nil
 }
 
 // maskOf is a prefix length's mask, as bytes in network order.
