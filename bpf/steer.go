@@ -31,15 +31,17 @@ type Steer struct {
 
 // AttachSteer loads the program for pool, an IPv4 range inside
 // 127.0.0.0/8 that leaves out 127.0.0.1 (loopback's own address, where
-// local services and the proxy endpoint listen), puts ln in its map, and
+// local services and the proxy endpoint listen) and 127.0.0.53 (the DNS
+// stub's, whose TCP would be steered away), puts ln in its map, and
 // attaches it to the network namespace mounted at netnsPath. ln must be a
 // listening TCP socket (not MPTCP) that can take IPv4 connections, in
 // that namespace. On error nothing is left attached.
 func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer, err error) {
 	loopback := netip.MustParsePrefix("127.0.0.0/8")
 	if !pool.IsValid() || !pool.Addr().Is4() || pool != pool.Masked() || pool.Bits() < loopback.Bits() ||
-		!loopback.Contains(pool.Addr()) || pool.Contains(netip.MustParseAddr("127.0.0.1")) {
-		return nil, fmt.Errorf("steer pool %s: want a masked IPv4 range inside 127.0.0.0/8 that leaves out 127.0.0.1 (such as 127.100.0.0/16)", pool)
+		!loopback.Contains(pool.Addr()) || pool.Contains(netip.MustParseAddr("127.0.0.1")) ||
+		pool.Contains(netip.MustParseAddr("127.0.0.53")) {
+		return nil, fmt.Errorf("steer pool %s: want a masked IPv4 range inside 127.0.0.0/8 that leaves out 127.0.0.1 and 127.0.0.53 (such as 127.100.0.0/16)", pool)
 	}
 	spec, err := loadSteer()
 	if err != nil {

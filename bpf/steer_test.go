@@ -212,7 +212,7 @@ func pending(t *testing.T, ln *net.TCPListener) int {
 }
 
 func TestSteerRefusesAPoolItCannotMean(t *testing.T) {
-	for _, p := range []string{"10.0.0.0/16", "127.0.0.0/8", "127.0.0.0/24", "127.100.0.1/16", "::1/128", "0.0.0.0/0"} {
+	for _, p := range []string{"10.0.0.0/16", "127.0.0.0/8", "127.0.0.0/24", "127.100.0.1/16", "::1/128", "0.0.0.0/0", "127.0.0.32/27", "127.0.0.53/32"} {
 		if _, err := AttachSteer("/nonexistent", netip.MustParsePrefix(p), nil); err == nil {
 			t.Errorf("AttachSteer accepted pool %s", p)
 		}

@@ -34,9 +34,10 @@ type Pool struct {
 	next   netip.Addr
 }
 
-// NewPool returns a pool over prefix, an IPv4 range inside 127.0.0.0/8,
-// handing out at most maxNames addresses (at most all but the prefix's
-// first, which is never given out).
+// NewPool returns a pool over prefix, an IPv4 range inside 127.0.0.0/8
+// that leaves out 127.0.0.1 and the stub's own address, handing out at
+// most maxNames addresses (at most all but the prefix's first, which is
+// never given out).
 func NewPool(prefix netip.Prefix, maxNames int) (*Pool, error) {
 	loopback := netip.MustParsePrefix("127.0.0.0/8")
 	if !prefix.IsValid() || !prefix.Addr().Is4() || prefix.Bits() < loopback.Bits() || !loopback.Contains(prefix.Addr()) {
@@ -44,6 +45,13 @@ func NewPool(prefix netip.Prefix, maxNames int) (*Pool, error) {
 	}
 	if prefix != prefix.Masked() {
 		return nil, fmt.Errorf("address pool %s: has host bits set; did you mean %s?", prefix, prefix.Masked())
+	}
+	// A name given one of these would be a way to the proxy endpoint and
+	// the Trial's own services, or to the stub, by an allowed name.
+	for _, a := range []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddrPort(DefaultListen).Addr()} {
+		if prefix.Contains(a) {
+			return nil, fmt.Errorf("address pool %s: holds %s, which is not the pool's to give; use a range clear of it, such as %s", prefix, a, DefaultPoolCIDR)
+		}
 	}
 	if size := 1<<(32-prefix.Bits()) - 1; maxNames <= 0 || maxNames > size {
 		return nil, fmt.Errorf("address pool %s: %d names asked for, but it holds 1 to %d", prefix, maxNames, size)

@@ -529,6 +529,11 @@ func TestConfigRefusesWhatItCannotBound(t *testing.T) {
 		{Config{Pool: netip.MustParsePrefix("127.100.0.1/16")}, "host bits"},
 		{Config{Pool: netip.MustParsePrefix("127.100.0.0/30"), MaxNames: 4}, "holds 1 to 3"},
 		{Config{Pool: netip.MustParsePrefix("::1/128")}, "IPv4"},
+		// The first name would get 127.0.0.1, where the proxy and the
+		// Trial's own services listen; or the stub's own address.
+		{Config{Pool: netip.MustParsePrefix("127.0.0.0/8")}, "127.0.0.1"},
+		{Config{Pool: netip.MustParsePrefix("127.0.0.0/24"), MaxNames: 8}, "127.0.0.1"},
+		{Config{Pool: netip.MustParsePrefix("127.0.0.32/27"), MaxNames: 8}, "127.0.0.53"},
 		{Config{MaxTCPConns: -1}, "negative"},
 	} {
 		if _, err := New(c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
