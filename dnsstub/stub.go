@@ -261,7 +261,6 @@ func (s *Server) ServeTCP(ln net.Listener) error {
 		if !s.openTCP(c) {
 			continue
 		}
-		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			defer s.closeTCP(c)
@@ -270,34 +269,32 @@ func (s *Server) ServeTCP(ln net.Listener) error {
 	}
 }
 
-// openTCP admits c within MaxTCPConns, or closes it.
+// openTCP admits c within MaxTCPConns, or closes it. Admitted, it is
+// counted in wg under the same lock as Close takes, so that Close never
+// returns with its goroutine yet to start.
 func (s *Server) openTCP(c net.Conn) bool {
 	s.mu.Lock()
-	full := s.tcpOpen >= s.maxTCPConns
-	if !full {
-		s.tcpOpen++
-	}
-	s.mu.Unlock()
-	if full {
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+	case s.tcpOpen >= s.maxTCPConns:
 		s.count(statTCPRefused)
-		_ = c.Close()
-		return false
+	default:
+		s.tcpOpen++
+		s.closers[c] = struct{}{}
+		s.wg.Add(1)
+		return true
 	}
-	if !s.track(c) {
-		s.closeTCP(nil)
-		return false
-	}
-	return true
+	_ = c.Close()
+	return false
 }
 
 func (s *Server) closeTCP(c net.Conn) {
-	if c != nil {
-		s.untrack(c)
-		_ = c.Close()
-	}
 	s.mu.Lock()
+	delete(s.closers, c)
 	s.tcpOpen--
 	s.mu.Unlock()
+	_ = c.Close()
 }
 
 // serveConn answers up to MaxTCPQueries queries on c (RFC 7766 framing:
