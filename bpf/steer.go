@@ -35,7 +35,9 @@ type Steer struct {
 // stub's, whose TCP would be steered away), puts ln in its map, and
 // attaches it to the network namespace mounted at netnsPath. ln must be a
 // listening TCP socket (not MPTCP) that can take IPv4 connections, in
-// that namespace. On error nothing is left attached.
+// that namespace: the kernel hands the SYN to a listener of another
+// namespace too, which never answers it. On error nothing is left
+// attached.
 func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer, err error) {
 	loopback := netip.MustParsePrefix("127.0.0.0/8")
 	if !pool.IsValid() || !pool.Addr().Is4() || pool != pool.Masked() || pool.Bits() < loopback.Bits() ||
