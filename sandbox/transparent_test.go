@@ -18,6 +18,7 @@ import (
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/trial"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -395,4 +396,38 @@ func TestPrivilegedTransparentOutsideStrict(t *testing.T) {
 		{"stub's IPv6 address", []string{"tcp", "[fd7a:7472:6e73::53]:53"}, probeRefused, "connect6_denied"},
 		{"stub's IPv6 address udp", []string{"udp-sendto", "[fd7a:7472:6e73::53]:53"}, probeRefused, "sendmsg6_denied"},
 	})
+}
+
+// The stub is a transparent Trial's only resolver: the network layers
+// let it reach nothing but its loopback, and a host resolver's unix
+// socket (systemd-resolved's varlink, nscd, D-Bus for resolve1, avahi,
+// sssd) is refused by unix confinement like any host socket. A stand-in
+// at a path of the test's shows it on every host; the real ones where
+// this host has them. A Trial that opts out of unix confinement reaches
+// the stand-in: the refusal is the confinement's.
+func TestPrivilegedNoHostResolverSocket(t *testing.T) {
+	h := newHost(t)
+	standIn := filepath.Join(privtest.SharedDir(t, "resolver-"), "io.systemd.Resolve")
+	self, err := netns.Open(filepath.Dir(selfNetns()), filepath.Base(selfNetns()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listenUnixIn(t, self, standIn, false)
+	tr := newTrial(t, h, trial.Spec{Transparent: true})
+	denied := "unix_connect_denied"
+	if h.BPF.LSM() {
+		denied = "unix_identity_denied"
+	}
+	attempts := []attempt{{"stand-in for systemd-resolved's varlink", []string{"unix", standIn}, probeRefused, denied}}
+	for _, p := range []string{"/run/systemd/resolve/io.systemd.Resolve", "/run/nscd/socket", "/var/run/nscd/socket",
+		"/run/dbus/system_bus_socket", "/run/avahi-daemon/socket", "/var/lib/sss/pipes/nss"} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			attempts = append(attempts, attempt{p, []string{"unix", p}, probeRefused, denied})
+		}
+	}
+	checkAttempts(t, tr, attempts)
+	open := newTrial(t, h, trial.Spec{Transparent: true, UnixOpen: true})
+	if code, out := runProbe(t, open, "unix", standIn); code != probeOK {
+		t.Fatalf("a Trial without unix confinement: exit %d (%s), want the stand-in reached", code, out)
+	}
 }
