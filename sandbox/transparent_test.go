@@ -134,9 +134,9 @@ func TestPrivilegedResolvConfWhateverTheHostHas(t *testing.T) {
 		{"file", func(t *testing.T, root string) { write(t, root+"/etc/resolv.conf", hostFile) }, ""},
 		{"symlink to systemd-resolved's", func(t *testing.T, root string) {
 			write(t, root+"/run/systemd/resolve/stub-resolv.conf", resolved)
-			symlink(t, link, root+"/etc/resolv.conf")
+			linkAt(t, link, root+"/etc/resolv.conf")
 		}, ""},
-		{"dangling symlink", func(t *testing.T, root string) { symlink(t, link, root+"/etc/resolv.conf") }, ""},
+		{"dangling symlink", func(t *testing.T, root string) { linkAt(t, link, root+"/etc/resolv.conf") }, ""},
 		{"absent", func(t *testing.T, root string) {}, ""},
 		{"a directory", func(t *testing.T, root string) {
 			if err := os.Mkdir(root+"/etc/resolv.conf", 0o755); err != nil {
@@ -238,7 +238,7 @@ func write(t *testing.T, path, content string) {
 	}
 }
 
-func symlink(t *testing.T, target, path string) {
+func linkAt(t *testing.T, target, path string) {
 	t.Helper()
 	if err := os.Symlink(target, path); err != nil {
 		t.Fatal(err)
