@@ -128,6 +128,10 @@ type Layers struct {
 	// Nested: the Trial these layers are reported for may make user
 	// namespaces and run sandboxes of its own (its stats say so).
 	Nested bool `json:"nested,omitempty"`
+	// Transparent: the Trial these layers are reported for has transparent
+	// mode (its stats say so): a DNS stub, and its name pool steered to
+	// the proxy's checks by sk_lookup.
+	Transparent bool `json:"transparent,omitempty"`
 }
 
 // Layers reports this host's active defences.
@@ -160,6 +164,9 @@ func (l Layers) String() string {
 	}
 	if l.Nested {
 		on = append(on, "nested sandboxes allowed (user namespaces)")
+	}
+	if l.Transparent {
+		on = append(on, "transparent (DNS stub, sk_lookup to the proxy's checks)")
 	}
 	for _, p := range l.Pools {
 		if p.Bounded {

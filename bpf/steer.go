@@ -39,11 +39,8 @@ type Steer struct {
 // namespace too, which never answers it. On error nothing is left
 // attached.
 func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer, err error) {
-	loopback := netip.MustParsePrefix("127.0.0.0/8")
-	if !pool.IsValid() || !pool.Addr().Is4() || pool != pool.Masked() || pool.Bits() < loopback.Bits() ||
-		!loopback.Contains(pool.Addr()) || pool.Contains(netip.MustParseAddr("127.0.0.1")) ||
-		pool.Contains(netip.MustParseAddr("127.0.0.53")) {
-		return nil, fmt.Errorf("steer pool %s: want a masked IPv4 range inside 127.0.0.0/8 that leaves out 127.0.0.1 and 127.0.0.53 (such as 127.100.0.0/16)", pool)
+	if err := CheckPool(pool); err != nil {
+		return nil, fmt.Errorf("steer %w", err)
 	}
 	spec, err := loadSteer()
 	if err != nil {
@@ -80,6 +77,24 @@ func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer
 		return nil, fmt.Errorf("attach sk_lookup to netns %s: %w", netnsPath, err)
 	}
 	return s, nil
+}
+
+// StubAddr is where a transparent Trial's DNS stub listens, UDP and TCP:
+// systemd-resolved's stub address, which strict mode allows such a Trial
+// (Policy.Pool) and steer.bpf.c leaves alone.
+const StubAddr = "127.0.0.53:53"
+
+// CheckPool refuses a name pool that is not a masked IPv4 range inside
+// 127.0.0.0/8 clear of 127.0.0.1 (loopback's own address, where local
+// services and the proxy endpoint listen) and the stub's 127.0.0.53.
+func CheckPool(pool netip.Prefix) error {
+	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	stub := netip.MustParseAddrPort(StubAddr).Addr()
+	if !pool.IsValid() || !pool.Addr().Is4() || pool != pool.Masked() || pool.Bits() < loopback.Bits() ||
+		!loopback.Contains(pool.Addr()) || pool.Contains(netip.MustParseAddr("127.0.0.1")) || pool.Contains(stub) {
+		return fmt.Errorf("pool %s: want a masked IPv4 range inside 127.0.0.0/8 that leaves out 127.0.0.1 and 127.0.0.53 (such as 127.100.0.0/16)", pool)
+	}
+	return nil
 }
 
 // putListener checks that ln listens for TCP and puts it in m.
