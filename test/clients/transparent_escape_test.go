@@ -3,6 +3,7 @@
 package clients
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -266,7 +267,7 @@ func bindToIntercept(t *testing.T, w *world, echoes *atomic.Int64) {
 	var rep interceptReport
 	tc.probe(&rep, "intercept", "-listen", own, "-connect", fmt.Sprintf("%s:%d", name, echoPort))
 	for what, err := range rep.Listen {
-		t.Logf("bind %s: %s", what, cmpOr(err, "bound"))
+		t.Logf("bind %s: %s", what, cmp.Or(err, "bound"))
 	}
 	switch {
 	case rep.Accepted != 0:
@@ -282,13 +283,6 @@ func bindToIntercept(t *testing.T, w *world, echoes *atomic.Int64) {
 	if again, ok := tc.lookup(name); ok && again != addr {
 		t.Errorf("%s is now %s, was %s", name, again, addr)
 	}
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // portNotAllowed: an allowed name on a port its entry does not name:

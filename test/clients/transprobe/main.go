@@ -42,7 +42,7 @@ const stub = "127.0.0.53:53"
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(errors.New("usage: transprobe grpc|exfil|exhaust|intercept|dial ..."))
+		fail(errors.New("usage: transprobe grpc|exfil|exhaust|intercept|dial ARGS"))
 	}
 	cmds := map[string]func([]string) error{"grpc": grpcCheck, "exfil": exfil, "exhaust": exhaust, "intercept": intercept, "dial": dial}
 	cmd, ok := cmds[os.Args[1]]
