@@ -132,6 +132,9 @@ func exfil(args []string) error {
 	marker := fs.String("marker", "", "a string to hide in every name")
 	under := fs.String("under", "", "comma-separated names to hide data below")
 	direct := fs.String("direct", "", "comma-separated resolver addresses to try directly")
+	// Under the stub's rate limit, so that each query meets its policy,
+	// not the limiter.
+	rate := fs.Int("rate", 150, "queries per second to the stub")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -144,12 +147,15 @@ func exfil(args []string) error {
 		types = append(types, t)
 	}
 	slices.Sort(types)
+	tick := time.NewTicker(time.Second / time.Duration(*rate))
+	defer tick.Stop()
 	for _, network := range []string{"udp", "tcp"} {
 		c := &dns.Client{Net: network, Timeout: 3 * time.Second}
 		for _, name := range hiddenNames(*marker, split(*under)) {
 			for _, qt := range types {
 				m := new(dns.Msg)
 				m.SetQuestion(name, qt)
+				<-tick.C
 				rep.Asked++
 				r, _, err := c.Exchange(m, stub)
 				if err != nil {
