@@ -174,10 +174,13 @@ func helloFrom(name string) func(*testing.T, *trial, string) {
 	}
 }
 
-// pythonHas says why python3 cannot import module, "" when it can.
+// pythonHas says why the Trials' python3 (the one on trialPath, not the
+// operator's) cannot import module, "" when it can.
 func pythonHas(module string) func() string {
 	return func() string {
-		if out, err := exec.Command("python3", "-c", "import "+module).CombinedOutput(); err != nil {
+		cmd := exec.Command("sh", "-c", `exec python3 -c "import $1"`, "sh", module)
+		cmd.Env = []string{"PATH=" + trialPath}
+		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Sprintf("python3 cannot import %s ('make test-deps' installs it): %v %s", module, err, strings.TrimSpace(string(out)))
 		}
 		return ""
