@@ -57,6 +57,14 @@ type Config struct {
 	// valid name is admitted, and Learn is told each name the first time
 	// it is given an address. Called concurrently; it must not block.
 	Learn func(name string)
+	// Restore are the names an earlier stub of the same Trial gave
+	// addresses (Pool.Restore): they keep them.
+	Restore []Assigned
+	// Record, when not nil, is told each name given an address, and the
+	// address, before the answer is sent, so that it can be kept for
+	// Restore; a name it fails to record is answered REFUSED. Called
+	// one at a time; it must not block for long.
+	Record func(name string, addr netip.Addr) error
 
 	Pool          netip.Prefix  // zero: DefaultPoolCIDR
 	MaxNames      int           // zero: DefaultMaxNames
@@ -76,7 +84,7 @@ type Stats struct {
 	FormErr     uint64 // not one parsable question, or larger than maxQuery
 	NotImp      uint64 // an opcode other than QUERY
 	RateLimited uint64 // REFUSED: past the query rate
-	PoolFull    uint64 // REFUSED: a new name past MaxNames
+	PoolFull    uint64 // REFUSED: a new name past MaxNames, or one Record failed for
 	Dropped     uint64 // not answered: shorter than a header, or itself a response
 	TCPRefused  uint64 // TCP connections closed on accept: MaxTCPConns open
 	TCPTooLarge uint64 // TCP connections closed: a length prefix past maxQuery
@@ -112,6 +120,12 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dns stub: %w", err)
 	}
+	for _, r := range cfg.Restore {
+		if err := pool.Restore(r.Name, r.Addr); err != nil {
+			return nil, fmt.Errorf("dns stub: %w", err)
+		}
+	}
+	pool.record = cfg.Record
 	admit := cfg.Admit
 	if admit == nil {
 		admit = func(string) bool { return false }
