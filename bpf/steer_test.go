@@ -51,8 +51,8 @@ func dialMapped(t *testing.T, ip4 string, port int) error {
 	return unix.Connect(fd, &unix.SockaddrInet6{Port: port, Addr: netip.MustParseAddr("::ffff:" + ip4).As16()})
 }
 
-// acceptOne accepts one connection on ln, bounded in time.
-func acceptOne(t *testing.T, ln *net.TCPListener) net.Conn {
+// acceptSteered accepts one connection on ln, bounded in time.
+func acceptSteered(t *testing.T, ln *net.TCPListener) net.Conn {
 	t.Helper()
 	_ = ln.SetDeadline(time.Now().Add(10 * time.Second))
 	c, err := ln.Accept()
@@ -122,7 +122,7 @@ func TestPrivilegedSkLookup(t *testing.T) {
 		if err != nil {
 			t.Fatalf("dial %s: %v", to, err)
 		}
-		c := acceptOne(t, ln)
+		c := acceptSteered(t, ln)
 		if got := c.LocalAddr().(*net.TCPAddr).AddrPort(); got.String() != to {
 			t.Errorf("connection to %s accepted with local address %s", to, got)
 		}
@@ -135,7 +135,7 @@ func TestPrivilegedSkLookup(t *testing.T) {
 	if err := ns.Do(func() error { return dialMapped(t, "127.100.0.7", 8080) }); err != nil {
 		t.Fatalf("dial a v4-mapped pool address from an IPv6 socket: %v", err)
 	}
-	if got := acceptOne(t, ln).LocalAddr().String(); got != "127.100.0.7:8080" {
+	if got := acceptSteered(t, ln).LocalAddr().String(); got != "127.100.0.7:8080" {
 		t.Errorf("v4-mapped connection accepted with local address %s, want 127.100.0.7:8080", got)
 	}
 	if n := pending(t, own); n != 0 {
@@ -170,7 +170,7 @@ func TestPrivilegedSkLookup(t *testing.T) {
 	if _, err := dialIn(t, ns, ln.Addr().String()); err != nil {
 		t.Fatalf("dial the listener's own address: %v", err)
 	}
-	if got := acceptOne(t, ln).LocalAddr().String(); got != ln.Addr().String() {
+	if got := acceptSteered(t, ln).LocalAddr().String(); got != ln.Addr().String() {
 		t.Errorf("the listener's own address accepted as %s", got)
 	}
 
@@ -266,7 +266,7 @@ func TestPrivilegedSteerListenerFamily(t *testing.T) {
 	if _, err := dialIn(t, ns, "127.100.0.1:443"); err != nil {
 		t.Fatal(err)
 	}
-	got := acceptOne(t, dual).LocalAddr().(*net.TCPAddr).AddrPort()
+	got := acceptSteered(t, dual).LocalAddr().(*net.TCPAddr).AddrPort()
 	if netip.AddrPortFrom(got.Addr().Unmap(), got.Port()).String() != "127.100.0.1:443" {
 		t.Errorf("dual-stack listener accepted a pool connection as %s", got)
 	}
@@ -319,7 +319,7 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 	if _, err := dialIn(t, ns, "127.100.0.1:443"); err != nil {
 		t.Fatalf("with the Steer closed but pinned: %v", err)
 	}
-	_ = acceptOne(t, first).Close()
+	_ = acceptSteered(t, first).Close()
 
 	second := listen()
 	s, err = OpenSteer(pin, ns.Path, steerPool, second)
@@ -332,7 +332,7 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 	if _, err := dialIn(t, ns, "127.100.0.2:22"); err != nil {
 		t.Fatal(err)
 	}
-	_ = acceptOne(t, second).Close()
+	_ = acceptSteered(t, second).Close()
 	if n := pending(t, first); n != 0 {
 		t.Fatalf("the replaced listener got %d connections", n)
 	}
