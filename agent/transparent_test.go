@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
@@ -298,6 +300,70 @@ func TestPrivilegedTransparentRestart(t *testing.T) {
 		t.Fatalf("curl exit %d: %s", code, out)
 	}
 	if _, err := b.Destroy(context.Background(), info.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPrivilegedTransparentHandover: a new agent takes over while a
+// transparent tunnel is open; the tunnel stays (the old agent drains
+// it), and a connection after the hand-over to an address handed out
+// before it maps to the same name, through the new agent.
+func TestPrivilegedTransparentHandover(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 225, "upstream.example.test")
+	echoLn, err := w.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(w.host.Addr4, 8082).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = echoLn.Close() })
+	go testhost.Echo(echoLn)
+	p := startAgentWithTrial(t, w, "agt-transp-ho")
+	if _, err := p.c.ChangeAllow(context.Background(), p.info.ID, AllowChange{Add: []string{"upstream.example.test:8082"}}); err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := stubLookup(t, p.info.Netns, "udp", "upstream.example.test")
+	if !addr.IsValid() {
+		t.Fatal("the stub gave no address")
+	}
+	var c net.Conn
+	if err := netns.Do(p.info.Netns, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, 8082).String(), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	echoes := func(s string) error {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, s); err != nil {
+			return err
+		}
+		b := make([]byte, len(s))
+		if _, err := io.ReadFull(c, b); err != nil || string(b) != s {
+			return fmt.Errorf("echo %q: %v", b, err)
+		}
+		return nil
+	}
+	if err := echoes("before\n"); err != nil {
+		t.Fatal(err)
+	}
+	next := runAgent(t, p.bin, p.args...)
+	waitLog(t, p.first, "the new agent serves every listener", 1)
+	if err := echoes("after\n"); err != nil {
+		t.Fatalf("the open transparent tunnel after the hand-over: %v\n%s", err, p.first.stderr.String())
+	}
+	// Before any lookup at the new agent's stub: the address means what
+	// it meant because the names were kept, not because it was asked again.
+	code, out := transparentCurl(t, p.info, "-H", "Host: upstream.example.test", fmt.Sprintf("http://%s:%d/", addr, upstreamPort))
+	if code != 0 || !strings.Contains(out, "hello from upstream.example.test") {
+		t.Fatalf("a new connection after the hand-over: curl exit %d: %s\n%s", code, out, next.stderr.String())
+	}
+	if again, _ := stubLookup(t, p.info.Netns, "tcp", "upstream.example.test"); again != addr {
+		t.Fatalf("after the hand-over the stub gives %s, before %s", again, addr)
+	}
+	_ = c.Close()
+	if _, err := p.c.Destroy(context.Background(), p.info.ID); err != nil {
 		t.Fatal(err)
 	}
 }
