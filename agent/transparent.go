@@ -166,7 +166,7 @@ func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transpare
 	if err := tp.startStub(a); err != nil {
 		return nil, err
 	}
-	if tp.steer, err = bpf.OpenSteer(a.host.BPF.SteerPin(lt.tr.CgroupID), nsPath, tp.stub.Pool(), tp.socks.steered); err != nil {
+	if tp.steer, err = a.steer(lt, tp); err != nil {
 		return nil, fmt.Errorf("transparent mode of Trial %s: %w", id, err)
 	}
 	tp.ln = make(chan struct{})
@@ -281,6 +281,23 @@ func closeAll(files []*os.File) {
 	for _, f := range files {
 		_ = f.Close()
 	}
+}
+
+// steer attaches the Trial's steering, pinned; where it cannot be pinned
+// (bpffs gone from under the pin directory), unpinned, as the kernel
+// layers go on enforcing from this process's hold then too: its pool
+// connections are then refused while no agent runs, never let through.
+func (a *Agent) steer(lt *trial, tp *transparent) (*bpf.Steer, error) {
+	s, err := bpf.OpenSteer(a.host.BPF.SteerPin(lt.tr.CgroupID), lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered)
+	if err == nil {
+		return s, nil
+	}
+	s, aerr := bpf.AttachSteer(lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered)
+	if aerr != nil {
+		return nil, errors.Join(err, aerr)
+	}
+	a.log.Warn("transparent mode: the steering is not pinned; while no agent runs, connections to the Trial's pool addresses are refused", "trial", lt.info.ID, "error", err)
+	return s, nil
 }
 
 // admitter is the stub's policy for Trial id: its allowlist as it is at
