@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
@@ -34,6 +35,10 @@ type Stats struct {
 	// the bound (forks refused, OOM kills).
 	Pools   []sandbox.PoolUse `json:"pools"`
 	Verdict string            `json:"verdict"`
+	// DNS are the counts of the Trial's DNS stub (transparent mode; absent
+	// without it), since this agent process started it: a restart starts
+	// them again, except names, which the Trial keeps.
+	DNS *dnsstub.Stats `json:"dns,omitempty"`
 	// TopRefused are the most refused targets (host:port as asked for).
 	TopRefused []record.TargetCount `json:"top_refused"`
 	At         time.Time            `json:"at"`
@@ -56,7 +61,7 @@ func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) Stats 
 		pools = lt.tr.PoolUse()
 	}
 	return Stats{Trial: info.ID, Learning: info.Learning, Kernel: k.Map(), Proxy: p, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
-		Layers: l, Pools: pools, Verdict: v, TopRefused: p.TopRefused(topRefused), At: time.Now().UTC()}
+		Layers: l, Pools: pools, Verdict: v, DNS: lt.dnsStats(), TopRefused: p.TopRefused(topRefused), At: time.Now().UTC()}
 }
 
 // Stats reads a live Trial's counters; of a destroyed one, the final

@@ -453,6 +453,13 @@ func (l *Loader) CheckPins() error {
 	return nil
 }
 
+// SteerPin is where OpenSteer pins the sk_lookup link and map of the Trial
+// in cgroup cgroupID: beside the other pins, so that Uninstall removes
+// them too, under a name no other pin has (never "link_").
+func (l *Loader) SteerPin(cgroupID uint64) string {
+	return filepath.Join(l.pinDir, fmt.Sprintf("steer_%d", cgroupID))
+}
+
 // UnixHooks reports whether the unix socket hooks are attached.
 func (l *Loader) UnixHooks() bool { return l.unixHook }
 

@@ -21,12 +21,91 @@ import (
 // address and port the client dialled as their local address. Each
 // namespace has its own program, map and listener.
 //
-// The link is not pinned: Close, or the end of the process that attached
-// it, detaches it, and connections to the pool are then refused (nothing
-// listens on those addresses).
+// AttachSteer's link is not pinned: Close, or the end of the process that
+// attached it, detaches it, and connections to the pool are then refused
+// (nothing listens on those addresses). OpenSteer's is pinned, and
+// outlives its process.
 type Steer struct {
-	objs steerObjects
-	link *link.NetNsLink
+	objs steerObjects // zero when adopted from pins
+	m    *ebpf.Map    // steer_map: objs.SteerMap, or the pinned one
+	link link.Link
+	pin  string // OpenSteer's; "" for AttachSteer
+}
+
+// OpenSteer is AttachSteer with the link and its map pinned at pin+"_link"
+// and pin+"_map" (Loader.SteerPin names them for a Trial), so that the
+// pool stays steered while no agent runs: to the listener the map holds
+// (a keeper's copy of it keeps it there), or, with none, refused. Pins an
+// earlier process left for the same namespace are adopted: ln replaces
+// the listener in the pinned map, and the link is never detached, so no
+// connection to the pool is refused meanwhile. Pins of another namespace
+// (a namespace that is gone) are replaced.
+func OpenSteer(pin, netnsPath string, pool netip.Prefix, ln syscall.Conn) (*Steer, error) {
+	s, err := adoptSteer(pin, netnsPath, ln)
+	if s != nil || err != nil {
+		return s, err
+	}
+	if s, err = AttachSteer(netnsPath, pool, ln); err != nil {
+		return nil, err
+	}
+	if err := errors.Join(s.link.Pin(pin+"_link"), s.m.Pin(pin+"_map")); err != nil {
+		_ = s.Unpin()
+		_ = s.Close()
+		return nil, fmt.Errorf("pin the steer program's link and map at %s: %w", pin, err)
+	}
+	s.pin = pin
+	return s, nil
+}
+
+// adoptSteer opens the pins at pin when they steer the namespace at
+// netnsPath and puts ln in their map; nil, nil when there are none to
+// adopt (any of another namespace are removed).
+func adoptSteer(pin, netnsPath string, ln syscall.Conn) (*Steer, error) {
+	lk, err := link.LoadPinnedLink(pin+"_link", nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, RemoveSteerPins(pin) // a map without its link steers nothing
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open the pinned steer link %s_link: %w", pin, err)
+	}
+	s := &Steer{link: lk, pin: pin}
+	var st unix.Stat_t
+	info, err := lk.Info()
+	if err == nil {
+		err = unix.Stat(netnsPath, &st)
+	}
+	if err != nil || info.NetNs() == nil || uint64(info.NetNs().NetnsInode) != st.Ino {
+		_ = s.Close()
+		return nil, errors.Join(err, RemoveSteerPins(pin))
+	}
+	if s.m, err = ebpf.LoadPinnedMap(pin+"_map", nil); err == nil {
+		err = putListener(s.m, ln)
+	}
+	if err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("adopt the pinned steer map %s_map: %w", pin, err)
+	}
+	return s, nil
+}
+
+// RemoveSteerPins removes the pins OpenSteer made at pin, if any: the
+// link detaches once no process holds it. For a Trial being removed.
+func RemoveSteerPins(pin string) error {
+	var errs []error
+	for _, p := range []string{pin + "_link", pin + "_map"} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Unpin removes the Steer's pins (OpenSteer's): Close then detaches it.
+func (s *Steer) Unpin() error {
+	if s.pin == "" {
+		return nil
+	}
+	return RemoveSteerPins(s.pin)
 }
 
 // AttachSteer loads the program for pool, an IPv4 range inside
@@ -64,7 +143,8 @@ func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer
 			_ = s.Close()
 		}
 	}()
-	if err := putListener(s.objs.SteerMap, ln); err != nil {
+	s.m = s.objs.SteerMap
+	if err := putListener(s.m, ln); err != nil {
 		return nil, err
 	}
 	ns, err := os.Open(netnsPath)
@@ -152,11 +232,14 @@ func maskOf(bits int) [4]byte {
 }
 
 // Close detaches the program and frees it, its map and the map's hold on
-// the listener.
+// the listener; a pinned Steer's stay, steering, until Unpin.
 func (s *Steer) Close() error {
 	var errs []error
 	if s.link != nil {
 		errs = append(errs, s.link.Close())
+	}
+	if s.m != nil && s.m != s.objs.SteerMap {
+		errs = append(errs, s.m.Close())
 	}
 	errs = append(errs, s.objs.Close())
 	return errors.Join(errs...)

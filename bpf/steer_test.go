@@ -271,3 +271,76 @@ func TestPrivilegedSteerListenerFamily(t *testing.T) {
 		t.Errorf("dual-stack listener accepted a pool connection as %s", got)
 	}
 }
+
+// TestPrivilegedSteerPinned: a pinned Steer keeps steering once its
+// process lets go of it (the agent's restart), and a later OpenSteer
+// adopts it, with a new listener, never detaching; Unpin ends it.
+func TestPrivilegedSteerPinned(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireKernel(t, features.HaveProgramType(ebpf.SkLookup))
+	if err := ensurePinDir(DefaultPinDir); err != nil {
+		t.Fatal(err)
+	}
+	pin := DefaultPinDir + "/steer_test_" + strings.ReplaceAll(t.Name(), "/", "_")
+	t.Cleanup(func() { _ = RemoveSteerPins(pin) })
+	ns, err := netns.Create(t.TempDir(), "steerpin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	listen := func() *net.TCPListener {
+		var ln *net.TCPListener
+		if err := ns.Do(func() error {
+			var lc net.ListenConfig
+			lc.SetMultipathTCP(false)
+			l, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+			if err == nil {
+				ln = l.(*net.TCPListener)
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		return ln
+	}
+	first := listen()
+	s, err := OpenSteer(pin, ns.Path, steerPool, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.link.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil { // the process lets go; the pins stay
+		t.Fatal(err)
+	}
+	if _, err := dialIn(t, ns, "127.100.0.1:443"); err != nil {
+		t.Fatalf("with the Steer closed but pinned: %v", err)
+	}
+	_ = acceptSteered(t, first).Close()
+
+	second := listen()
+	s, err = OpenSteer(pin, ns.Path, steerPool, second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.link.Info(); err != nil || again.ID != info.ID {
+		t.Fatalf("adopted link %v (%v), want the pinned link %d", again, err, info.ID)
+	}
+	if _, err := dialIn(t, ns, "127.100.0.2:22"); err != nil {
+		t.Fatal(err)
+	}
+	_ = acceptSteered(t, second).Close()
+	if n := pending(t, first); n != 0 {
+		t.Fatalf("the replaced listener got %d connections", n)
+	}
+
+	if err := errors.Join(s.Unpin(), s.Close()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dialIn(t, ns, "127.100.0.3:22"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("unpinned and closed, a pool connection: %v; want refused", err)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+
+	"github.com/trialnet/trialnet/wire"
 )
 
 // DefaultPoolCIDR is the range a Trial's names get their addresses from:
@@ -28,10 +30,20 @@ type Pool struct {
 	prefix netip.Prefix
 	max    int
 
+	// record, if set, is told each new name and address before Assign
+	// returns it; when it fails, the name gets none.
+	record func(name string, addr netip.Addr) error
+
 	mu     sync.Mutex
 	byName map[string]netip.Addr
 	byAddr map[netip.Addr]string
 	next   netip.Addr
+}
+
+// Assigned is one name and the address it was given.
+type Assigned struct {
+	Name string
+	Addr netip.Addr
 }
 
 // NewPool returns a pool over prefix, an IPv4 range inside 127.0.0.0/8
@@ -81,10 +93,44 @@ func (p *Pool) Assign(name string) (addr netip.Addr, fresh bool, err error) {
 		return netip.Addr{}, false, fmt.Errorf("%q: %w (%d names, the bound)", name, ErrPoolFull, p.max)
 	}
 	a := p.next
+	if p.record != nil {
+		if err := p.record(name, a); err != nil {
+			return netip.Addr{}, false, fmt.Errorf("%q: the address is not given, as it could not be recorded: %w", name, err)
+		}
+	}
 	p.next = a.Next()
 	p.byName[name] = a
 	p.byAddr[a] = name
 	return a, true, nil
+}
+
+// Restore gives name the address a, as an earlier pool of the same Trial
+// did, so that a connection to a keeps meaning name: an agent that
+// restarts restores what its predecessor handed out. Addresses handed
+// out later follow the highest restored one. It refuses what this pool
+// could not have handed out: a name that is not one, an address outside
+// its range or its first, a name or address it has already, or one past
+// its bound.
+func (p *Pool) Restore(name string, a netip.Addr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n, err := wire.NormaliseName(name); err != nil || n != name {
+		return fmt.Errorf("restore %q: not a normalised host name", name)
+	}
+	switch _, have := p.byName[name]; {
+	case !p.prefix.Contains(a) || a == p.prefix.Addr():
+		return fmt.Errorf("restore %q: %s is not an address this pool (%s) hands out", name, a, p.prefix)
+	case have || p.byAddr[a] != "":
+		return fmt.Errorf("restore %q at %s: the name or the address is given already", name, a)
+	case len(p.byName) >= p.max:
+		return fmt.Errorf("restore %q: %w (%d names, the bound)", name, ErrPoolFull, p.max)
+	}
+	p.byName[name] = a
+	p.byAddr[a] = name
+	if a.Compare(p.next) >= 0 {
+		p.next = a.Next()
+	}
+	return nil
 }
 
 // Name is the name addr was given to; false for an address never handed

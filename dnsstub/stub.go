@@ -57,6 +57,14 @@ type Config struct {
 	// valid name is admitted, and Learn is told each name the first time
 	// it is given an address. Called concurrently; it must not block.
 	Learn func(name string)
+	// Restore are the names an earlier stub of the same Trial gave
+	// addresses (Pool.Restore): they keep them.
+	Restore []Assigned
+	// Record, when not nil, is told each name given an address, and the
+	// address, before the answer is sent, so that it can be kept for
+	// Restore; a name it fails to record is answered REFUSED. Called
+	// one at a time; it must not block for long.
+	Record func(name string, addr netip.Addr) error
 
 	Pool          netip.Prefix  // zero: DefaultPoolCIDR
 	MaxNames      int           // zero: DefaultMaxNames
@@ -69,17 +77,18 @@ type Config struct {
 
 // Stats counts what the stub answered. Every query is counted once.
 type Stats struct {
-	Answered    uint64 // an address given
-	NoData      uint64 // an admitted name, a type other than A (AAAA among them)
-	NXDomain    uint64 // a name the policy does not admit, or a reverse name
-	Refused     uint64 // a class, type or name this stub never answers
-	FormErr     uint64 // not one parsable question, or larger than maxQuery
-	NotImp      uint64 // an opcode other than QUERY
-	RateLimited uint64 // REFUSED: past the query rate
-	PoolFull    uint64 // REFUSED: a new name past MaxNames
-	Dropped     uint64 // not answered: shorter than a header, or itself a response
-	TCPRefused  uint64 // TCP connections closed on accept: MaxTCPConns open
-	TCPTooLarge uint64 // TCP connections closed: a length prefix past maxQuery
+	Answered    uint64 `json:"answered"`      // an address given
+	NoData      uint64 `json:"nodata"`        // an admitted name, a type other than A (AAAA among them)
+	NXDomain    uint64 `json:"nxdomain"`      // a name the policy does not admit, or a reverse name
+	Refused     uint64 `json:"refused"`       // a class, type or name this stub never answers
+	FormErr     uint64 `json:"formerr"`       // not one parsable question, or larger than maxQuery
+	NotImp      uint64 `json:"notimp"`        // an opcode other than QUERY
+	RateLimited uint64 `json:"rate_limited"`  // REFUSED: past the query rate
+	PoolFull    uint64 `json:"pool_full"`     // REFUSED: a new name past MaxNames, or one Record failed for
+	Dropped     uint64 `json:"dropped"`       // not answered: shorter than a header, or itself a response
+	TCPRefused  uint64 `json:"tcp_refused"`   // TCP connections closed on accept: MaxTCPConns open
+	TCPTooLarge uint64 `json:"tcp_too_large"` // TCP connections closed: a length prefix past maxQuery
+	Names       uint64 `json:"names"`         // names with an address (restored ones included)
 }
 
 // Server is a Trial's stub; it serves the sockets it is given with Serve*
@@ -112,6 +121,12 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dns stub: %w", err)
 	}
+	for _, r := range cfg.Restore {
+		if err := pool.Restore(r.Name, r.Addr); err != nil {
+			return nil, fmt.Errorf("dns stub: %w", err)
+		}
+	}
+	pool.record = cfg.Record
 	admit := cfg.Admit
 	if admit == nil {
 		admit = func(string) bool { return false }
@@ -156,7 +171,7 @@ func (s *Server) Stats() Stats {
 		Answered: c(statAnswered), NoData: c(statNoData), NXDomain: c(statNXDomain),
 		Refused: c(statRefused), FormErr: c(statFormErr), NotImp: c(statNotImp),
 		RateLimited: c(statRateLimited), PoolFull: c(statPoolFull), Dropped: c(statDropped),
-		TCPRefused: c(statTCPRefused), TCPTooLarge: c(statTCPTooLarge),
+		TCPRefused: c(statTCPRefused), TCPTooLarge: c(statTCPTooLarge), Names: uint64(s.pool.Len()),
 	}
 }
 

@@ -542,3 +542,59 @@ func TestConfigRefusesWhatItCannotBound(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoreAndRecord: what a stub records is what a later stub of the
+// same Trial restores, so an address keeps its name across a restart.
+func TestRestoreAndRecord(t *testing.T) {
+	var kept []Assigned
+	record := func(name string, a netip.Addr) error {
+		kept = append(kept, Assigned{name, a})
+		return nil
+	}
+	s, err := New(Config{Admit: func(string) bool { return true }, Record: record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a.example.com", "b.example.com", "a.example.com"} {
+		if _, _, err := s.pool.Assign(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(kept) != 2 {
+		t.Fatalf("recorded %v, want each new name once", kept)
+	}
+	later, err := New(Config{Restore: kept})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kept {
+		if n, ok := later.Lookup(k.Addr); !ok || n != k.Name {
+			t.Fatalf("after a restore %s is %q (%v), want %s", k.Addr, n, ok, k.Name)
+		}
+	}
+	if a, fresh, err := later.pool.Assign("c.example.com"); err != nil || !fresh || a != netip.MustParseAddr("127.100.0.3") {
+		t.Fatalf("the next name got %s %v %v, want 127.100.0.3, after the restored ones", a, fresh, err)
+	}
+	// A name the record fails for gets no address.
+	failing, _ := New(Config{Record: func(string, netip.Addr) error { return errors.New("disk full") }})
+	if _, _, err := failing.pool.Assign("d.example.com"); err == nil {
+		t.Fatal("a name whose address could not be recorded got one")
+	}
+	if _, ok := failing.Lookup(netip.MustParseAddr("127.100.0.1")); ok {
+		t.Fatal("an unrecorded address maps to a name")
+	}
+	for _, bad := range []Assigned{
+		{"A.example.com", netip.MustParseAddr("127.100.0.9")},  // not normalised
+		{"x.example.com", netip.MustParseAddr("127.100.0.0")},  // the pool's first
+		{"x.example.com", netip.MustParseAddr("127.0.0.1")},    // outside it
+		{"a.example.com", netip.MustParseAddr("127.100.0.20")}, // the name twice
+		{"y.example.com", kept[0].Addr},                        // the address twice
+	} {
+		if _, err := New(Config{Restore: append(slices.Clone(kept), bad)}); err == nil {
+			t.Errorf("restored %v", bad)
+		}
+	}
+	if _, err := New(Config{MaxNames: 1, Restore: kept}); !errors.Is(err, ErrPoolFull) {
+		t.Errorf("restored %d names into a pool of 1: %v", len(kept), err)
+	}
+}

@@ -158,3 +158,75 @@ func checkFraming(h *head) error {
 	}
 	return nil
 }
+
+// ParseTransparentHead validates a peeked head sent to a transparent
+// address, which stands for host:port: the same strict lines, methods,
+// versions and framing as ParseHTTPHead, an origin-form target ("/path")
+// or an absolute-form one naming host:port, and a Host field (required
+// on HTTP/1.1) naming host, with port if it names one. A Host or target
+// naming anything else is ReasonHostMismatch: the upstream reached is
+// host's, and a shared front there would route by the other name. The
+// returned Request carries host and port, and the target as sent.
+func ParseTransparentHead(raw []byte, host string, port uint16) (*Request, error) {
+	h, err := readHead(bufio.NewReader(bytes.NewReader(raw)))
+	if h == nil {
+		return nil, err
+	}
+	req := &Request{Method: h.method, Target: h.target, Version: h.version, Host: host, Port: port}
+	if err != nil {
+		return req, err
+	}
+	if !forwardedMethods[h.method] {
+		return req, record.Deny(record.ReasonMethodNotAllowed, "method %q: plain HTTP to %s forwards %s", Truncate(h.method), req.HostPort(), forwardedMethodList)
+	}
+	if err := checkVersion(h.version); err != nil {
+		return req, err
+	}
+	switch {
+	case strings.IndexByte(h.target, '#') >= 0:
+		return req, record.Deny(record.ReasonBadTarget, "target %q holds a fragment", Truncate(h.target))
+	case strings.HasPrefix(h.target, "/"):
+	case strings.Contains(h.target, "://"):
+		th, tp, err := parseAbsoluteTarget(h.target)
+		if err != nil {
+			return req, err
+		}
+		if th != host || tp != port {
+			return req, record.Deny(record.ReasonHostMismatch, "target %q names another host than %s, which this address stands for", Truncate(h.target), req.HostPort())
+		}
+	default:
+		return req, record.Deny(record.ReasonBadTarget, "target %q: want a path starting with '/'", Truncate(h.target))
+	}
+	if h.host == "" && h.version == "HTTP/1.1" {
+		return req, record.Deny(record.ReasonBadRequest, "an HTTP/1.1 request without a Host field")
+	}
+	if h.host != "" {
+		hh, hp, err := splitHostHeader(h.host)
+		if err != nil || hh != host || (hp != 0 && hp != port) {
+			return req, record.Deny(record.ReasonHostMismatch, "Host %q names another host than %s, which this address stands for", Truncate(h.host), req.HostPort())
+		}
+	}
+	return req, checkFraming(h)
+}
+
+// httpMethods are the methods of RFC 9110 and PATCH: a stream that starts
+// with one and a space is HTTP.
+var httpMethods = []string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "CONNECT ", "OPTIONS ", "TRACE ", "PATCH "}
+
+// MaxMethodPrefix is the most bytes ClassifyHTTP needs to decide.
+const MaxMethodPrefix = len("CONNECT ")
+
+// ClassifyHTTP says whether the first bytes of a stream start an HTTP
+// request line (a method and a space): more is true while b is a strict
+// prefix of one and more bytes would decide.
+func ClassifyHTTP(b []byte) (isHTTP, more bool) {
+	for _, m := range httpMethods {
+		switch {
+		case len(b) >= len(m) && string(b[:len(m)]) == m:
+			return true, false
+		case len(b) < len(m) && string(b) == m[:len(b)]:
+			more = true
+		}
+	}
+	return false, more
+}

@@ -1,0 +1,62 @@
+package wire
+
+import (
+	"testing"
+
+	"github.com/trialnet/trialnet/record"
+)
+
+func TestParseTransparentHead(t *testing.T) {
+	const host, port = "api.example.com", 8080
+	for _, c := range []struct {
+		head string
+		want record.Reason // "" accepted
+	}{
+		{"GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", ""},
+		{"GET /a?b HTTP/1.1\r\nHost: API.example.com.:8080\r\n\r\n", ""},
+		{"GET / HTTP/1.0\r\n\r\n", ""},
+		{"GET http://api.example.com:8080/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n", ""},
+		{"GET / HTTP/1.1\r\n\r\n", record.ReasonBadRequest},
+		{"GET / HTTP/1.1\r\nHost: other.example.com\r\n\r\n", record.ReasonHostMismatch},
+		{"GET / HTTP/1.1\r\nHost: api.example.com:9090\r\n\r\n", record.ReasonHostMismatch},
+		{"GET / HTTP/1.1\r\nHost: 127.100.0.1\r\n\r\n", record.ReasonHostMismatch},
+		{"GET http://other.example.com:8080/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonHostMismatch},
+		{"GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonHostMismatch}, // port 80, not 8080
+		{"GET * HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonBadTarget},
+		{"GET /#f HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonBadTarget},
+		{"CONNECT api.example.com:8080 HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonMethodNotAllowed},
+		{"GET / HTTP/2.0\r\nHost: api.example.com\r\n\r\n", record.ReasonBadVersion},
+		{"POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", record.ReasonBadRequest},
+		{"GET / HTTP/1.1\r\nHost: api.example.com\r\nHost: other.example.com\r\n\r\n", record.ReasonBadRequest},
+	} {
+		req, err := ParseTransparentHead([]byte(c.head), host, port)
+		if got := record.ReasonOf(err); got != c.want || (err != nil && c.want == "") {
+			t.Errorf("%q: reason %q (%v), want %q", c.head, got, err, c.want)
+			continue
+		}
+		if err == nil && (req.Host != host || req.Port != port) {
+			t.Errorf("%q: request for %s, want %s:%d", c.head, req.HostPort(), host, port)
+		}
+	}
+}
+
+func TestClassifyHTTP(t *testing.T) {
+	for _, c := range []struct {
+		in           string
+		isHTTP, more bool
+	}{
+		{"GET / HTTP/1.1", true, false},
+		{"PATCH ", true, false},
+		{"G", false, true},
+		{"CONNEC", false, true},
+		{"", false, true},
+		{"\x16\x03\x01", false, false},
+		{"SSH-2.0-OpenSSH", false, false},
+		{"get / HTTP/1.1", false, false},
+		{"GETX", false, false},
+	} {
+		if h, m := ClassifyHTTP([]byte(c.in)); h != c.isHTTP || m != c.more {
+			t.Errorf("ClassifyHTTP(%q) = %v, %v; want %v, %v", c.in, h, m, c.isHTTP, c.more)
+		}
+	}
+}
