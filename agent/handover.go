@@ -16,10 +16,12 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/record"
+	trialspec "github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
 
@@ -119,12 +121,12 @@ type hoMsg struct {
 	Offsets map[string]int64 `json:"offsets,omitempty"`
 	Slots   map[string]int   `json:"slots,omitempty"`
 	// records, allow, remove, done
-	Trial string            `json:"trial,omitempty"`
-	Lines []json.RawMessage `json:"lines,omitempty"`
-	Seq   uint64            `json:"seq,omitempty"`
-	Allow []AllowEntry      `json:"allow,omitempty"`
-	Cut   []string          `json:"cut,omitempty"`
-	N     int               `json:"n,omitempty"`
+	Trial string                 `json:"trial,omitempty"`
+	Lines []json.RawMessage      `json:"lines,omitempty"`
+	Seq   uint64                 `json:"seq,omitempty"`
+	Allow []trialspec.AllowEntry `json:"allow,omitempty"`
+	Cut   []string               `json:"cut,omitempty"`
+	N     int                    `json:"n,omitempty"`
 	// open: each Trial's tunnels and requests the predecessor serves
 	Open map[string]int64 `json:"open,omitempty"`
 }
@@ -138,8 +140,8 @@ const (
 
 // errHandedOver answers a call that waited on a hand-over: this process
 // no longer serves, and did nothing of it. Clients retry it.
-func errHandedOver() *Error {
-	return errf(CodeHandedOver, "this agent handed over to a new agent process while the call waited; it did nothing, and the new agent serves a retry")
+func errHandedOver() *client.Error {
+	return errf(client.CodeHandedOver, "this agent handed over to a new agent process while the call waited; it did nothing, and the new agent serves a retry")
 }
 
 // enter admits a call that changes Trials (create, destroy, allowlist,
@@ -764,9 +766,9 @@ func (d *daemon) follow(s *successor) {
 		case hoAllow:
 			list, err := parseEntries(m.Allow, nil)
 			if err == nil {
-				var cut []AllowEntry
+				var cut []trialspec.AllowEntry
 				for _, c := range m.Cut {
-					cut = append(cut, AllowEntry{Entry: c})
+					cut = append(cut, trialspec.AllowEntry{Entry: c})
 				}
 				cutEntries, _ := parseEntries(cut, nil)
 				reply.N, err = a.proxy.SetAllow(m.Trial, allow.New(list...), cutEntries)

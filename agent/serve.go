@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/keeper"
 )
@@ -93,7 +94,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	oomErr := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(AgentOOMScoreAdj)), 0)
 	d := &daemon{cfg: cfg, sock: cfg.Socket, handedOff: make(chan struct{})}
 	if d.sock == "" {
-		d.sock = DefaultSocket
+		d.sock = client.DefaultSocket
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -449,7 +450,7 @@ func (d *daemon) run(ctx context.Context) error {
 		case <-ctx.Done():
 			return d.stop()
 		case sig := <-d.cfg.Reload:
-			if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
+			if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
 				a.log.Error("reload", "signal", sig.String(), "error", err)
 			}
 		case <-d.cfg.Upgrade:
