@@ -18,9 +18,10 @@ import (
 	trialspec "github.com/trialnet/trialnet/trial"
 )
 
-// The control API: HTTP+JSON on a Unix socket that only root can open.
+// The control API: HTTP+JSON on a Unix socket that only root can open;
+// package client calls it, and holds its types.
 //
-//	POST   /v1/trials              CreateRequest -> TrialInfo (owned: the caller's
+//	POST   /v1/trials              trial.Request -> TrialInfo (owned: the caller's
 //	                                  process, as the kernel names it, owns it)
 //	GET    /v1/trials              -> []TrialInfo
 //	GET    /v1/trials/{id}         -> TrialInfo

@@ -18,7 +18,10 @@ type Launch struct {
 	Command sandbox.Command
 }
 
-var _ client.Launcher = Launch{}
+var (
+	_ client.Launcher   = Launch{}
+	_ client.StartError = (*sandbox.StartError)(nil) // so Run sees a command that never ran
+)
 
 // Exec runs l.Command in the Trial info describes (ExecIn).
 func (l Launch) Exec(ctx context.Context, info client.TrialInfo, sigs <-chan os.Signal) (int, error) {

@@ -69,12 +69,12 @@ type RunResult struct {
 	Took            time.Duration
 }
 
-// Run makes an owned Trial through t, has spec.Launch run its command until it
-// exits or the timeout passes, and destroys the Trial, recording the
-// exit in its receipt. The error is for a run that never got its command
-// going: the Trial could not be made, the timeout's watchdog could not
-// start, or the command could not start (a StartError, with Exit
-// set and the Trial destroyed).
+// Run makes an owned Trial through t, has spec.Launch run its command
+// until it exits or the timeout passes, and destroys the Trial, recording
+// the exit in its receipt. The error is for a run that never got its
+// command going: the Trial could not be made, the timeout's watchdog
+// could not start, or the command could not start (a StartError, with
+// Exit set and the Trial destroyed).
 func Run(ctx context.Context, t Trials, spec RunSpec) (RunResult, error) {
 	req := spec.Create
 	req.Owned = true
