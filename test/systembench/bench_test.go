@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/trial"
 
 	"github.com/trialnet/trialnet/agent"
@@ -119,7 +120,7 @@ func serveHTTP(ln net.Listener) {
 
 // firstByte sends a byte through the Trial's proxy from inside its
 // namespace and waits for the echo.
-func firstByte(info agent.TrialInfo) error {
+func firstByte(info client.TrialInfo) error {
 	ns, err := netns.Open(filepath.Dir(info.Netns), filepath.Base(info.Netns))
 	if err != nil {
 		return err
@@ -155,7 +156,7 @@ func BenchmarkTrialLifecycle(b *testing.B) {
 		b.Run("live="+strconv.Itoa(live), func(b *testing.B) {
 			for i := range live - 1 {
 				id := fmt.Sprintf("idle-%d", i)
-				if _, err := e.a.Create(context.Background(), agent.CreateRequest{ID: id, Allow: []string{target}}); err != nil {
+				if _, err := e.a.Create(context.Background(), trial.Request{ID: id, Allow: []string{target}}); err != nil {
 					b.Fatal(err)
 				}
 				b.Cleanup(func() { _, _ = e.a.Destroy(context.Background(), id) })
@@ -164,7 +165,7 @@ func BenchmarkTrialLifecycle(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				t0 := time.Now()
-				info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "bench-" + strconv.Itoa(i), Allow: []string{target}})
+				info, err := e.a.Create(context.Background(), trial.Request{ID: "bench-" + strconv.Itoa(i), Allow: []string{target}})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -191,11 +192,11 @@ func BenchmarkSandboxWithProcess(b *testing.B) {
 		lat := make([]time.Duration, 0, b.N)
 		for i := range b.N {
 			t0 := time.Now()
-			info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "proc-" + strconv.Itoa(i), Allow: []string{target}})
+			info, err := e.a.Create(context.Background(), trial.Request{ID: "proc-" + strconv.Itoa(i), Allow: []string{target}})
 			if err != nil {
 				b.Fatal(err)
 			}
-			tr, err := info.Attach()
+			tr, err := agent.Attach(info)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -281,7 +282,7 @@ func BenchmarkIdleTrialMemory(b *testing.B) {
 	{ // measured once whatever b.N: a size, not a rate
 		before := selfRSSBytes()
 		for i := range n {
-			if _, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "mem-" + strconv.Itoa(i), Allow: []string{target}}); err != nil {
+			if _, err := e.a.Create(context.Background(), trial.Request{ID: "mem-" + strconv.Itoa(i), Allow: []string{target}}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -298,7 +299,7 @@ func BenchmarkIdleTrialMemory(b *testing.B) {
 // the same request made directly from the host.
 func BenchmarkRequestLatency(b *testing.B) {
 	e := setup(b)
-	info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "latency", Allow: []string{fmt.Sprintf("%s:%d", upstreamName, httpPort)}})
+	info, err := e.a.Create(context.Background(), trial.Request{ID: "latency", Allow: []string{fmt.Sprintf("%s:%d", upstreamName, httpPort)}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -398,11 +399,11 @@ func BenchmarkLaunch(b *testing.B) {
 		lat := make([]time.Duration, 0, b.N)
 		for i := range b.N {
 			b.StopTimer()
-			info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "launch-" + strconv.Itoa(i), Allow: []string{target}})
+			info, err := e.a.Create(context.Background(), trial.Request{ID: "launch-" + strconv.Itoa(i), Allow: []string{target}})
 			if err != nil {
 				b.Fatal(err)
 			}
-			tr, err := info.Attach()
+			tr, err := agent.Attach(info)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -419,12 +420,12 @@ func BenchmarkLaunch(b *testing.B) {
 		report(b, lat)
 	})
 	b.Run("trial-next-command", func(b *testing.B) {
-		info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "launch-next", Allow: []string{target}})
+		info, err := e.a.Create(context.Background(), trial.Request{ID: "launch-next", Allow: []string{target}})
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _, _ = e.a.Destroy(context.Background(), info.ID) })
-		tr, err := info.Attach()
+		tr, err := agent.Attach(info)
 		if err != nil {
 			b.Fatal(err)
 		}
