@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/internal/counts"
@@ -29,6 +30,7 @@ import (
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // newProxy makes the agent's proxy from its config file, counting in its
@@ -55,7 +57,6 @@ func (a *Agent) newProxy() error {
 const (
 	DefaultStateDir = "/run/trialnet/trials"     // live Trials, for re-adoption after a restart
 	DefaultDataDir  = "/var/lib/trialnet/trials" // final stats and decision logs, kept after destroy
-	DefaultSocket   = "/run/trialnet/agent.sock"
 )
 
 // AgentConfig configures an Agent. Zero values are defaults, except that
@@ -90,7 +91,8 @@ type AgentConfig struct {
 	RetentionEvery time.Duration
 }
 
-// Agent owns the eBPF layer, the proxy and the registry of Trials.
+// Agent owns the eBPF layer, the proxy and the registry of Trials, and
+// serves the control API (Handler) that package client calls.
 type Agent struct {
 	cfg   AgentConfig
 	host  *Host
@@ -128,6 +130,10 @@ type Agent struct {
 	gcPending atomic.Bool
 	owners    sync.WaitGroup // the goroutines watching owned Trials' owners
 }
+
+// An Agent serves the Trial API in process, as a client.Client does over
+// the control socket.
+var _ client.Trials = (*Agent)(nil)
 
 // ProxyURL is what a Trial's processes get as HTTPS_PROXY.
 var ProxyURL = "http://" + ProxyEndpoints[0].String()
@@ -281,9 +287,9 @@ func (a *Agent) inheritedFor(id string) inherited {
 // endpoint listening inside its namespace, served with the Trial's
 // allowlist. It is all-or-nothing. An owned Trial is made through the
 // control socket only (Handler), whose peer owns it.
-func (a *Agent) Create(ctx context.Context, req CreateRequest) (TrialInfo, error) {
+func (a *Agent) Create(ctx context.Context, req trialspec.Request) (client.TrialInfo, error) {
 	if err := ctx.Err(); err != nil {
-		return TrialInfo{}, err
+		return client.TrialInfo{}, err
 	}
 	return a.create(req, callerConn(ctx))
 }
@@ -293,7 +299,7 @@ func (a *Agent) register(id string, lt *trial) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, ok := a.trials[id]; ok {
-		return errf(CodeDuplicateID, "a Trial with id %q already exists; pick another id or destroy it first", id)
+		return errf(client.CodeDuplicateID, "a Trial with id %q already exists; pick another id or destroy it first", id)
 	}
 	a.trials[id] = lt
 	return nil
@@ -361,17 +367,17 @@ func (a *Agent) releaseSoon() {
 }
 
 // Get returns a live Trial's description.
-func (a *Agent) Get(_ context.Context, id string) (TrialInfo, error) {
+func (a *Agent) Get(_ context.Context, id string) (client.TrialInfo, error) {
 	lt, err := a.lookup(id)
 	if err != nil {
-		return TrialInfo{}, err
+		return client.TrialInfo{}, err
 	}
 	return a.info(lt), nil
 }
 
 // info is lt's description; ChangeAllow and a reload --reprofile replace
 // its allowlist under mu.
-func (a *Agent) info(lt *trial) TrialInfo {
+func (a *Agent) info(lt *trial) client.TrialInfo {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return lt.info
@@ -382,50 +388,50 @@ func (a *Agent) lookup(id string) (*trial, error) {
 	defer a.mu.Unlock()
 	lt := a.trials[id]
 	if lt == nil || lt.state != stateLive {
-		return nil, errf(CodeUnknownTrial, "no live Trial %q ('trialnet list' shows the live ones)", id)
+		return nil, errf(client.CodeUnknownTrial, "no live Trial %q ('trialnet list' shows the live ones)", id)
 	}
 	return lt, nil
 }
 
 // List returns the live Trials, sorted by id.
-func (a *Agent) List(context.Context) ([]TrialInfo, error) { return a.list(), nil }
+func (a *Agent) List(context.Context) ([]client.TrialInfo, error) { return a.list(), nil }
 
-func (a *Agent) list() []TrialInfo {
+func (a *Agent) list() []client.TrialInfo {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var out []TrialInfo
+	var out []client.TrialInfo
 	for _, lt := range a.trials {
 		if lt.state == stateLive {
 			out = append(out, lt.info)
 		}
 	}
-	slices.SortFunc(out, func(x, y TrialInfo) int { return strings.Compare(x.ID, y.ID) })
+	slices.SortFunc(out, func(x, y client.TrialInfo) int { return strings.Compare(x.ID, y.ID) })
 	return out
 }
 
 // Destroy kills everything in the Trial, closes its proxy endpoint and
 // removes its namespace, cgroup and policy entry. The final stats, the
 // signed receipt and the decision log stay in the data directory.
-func (a *Agent) Destroy(ctx context.Context, id string) (Stats, error) {
+func (a *Agent) Destroy(ctx context.Context, id string) (client.Stats, error) {
 	return a.DestroyExit(ctx, id, nil)
 }
 
 // DestroyExit is Destroy for a runner that knows how the Trial's command
 // ended: exit goes into the receipt.
-func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (Stats, error) {
+func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (client.Stats, error) {
 	leave, err := a.enter()
 	if err != nil {
-		return Stats{}, err
+		return client.Stats{}, err
 	}
 	defer leave()
 	lt, err := a.lookup(id)
 	if err != nil {
-		return Stats{}, err
+		return client.Stats{}, err
 	}
 	a.mu.Lock()
 	if lt.state != stateLive { // another destroy got here first
 		a.mu.Unlock()
-		return Stats{}, errf(CodeUnknownTrial, "no live Trial %q ('trialnet list' shows the live ones)", id)
+		return client.Stats{}, errf(client.CodeUnknownTrial, "no live Trial %q ('trialnet list' shows the live ones)", id)
 	}
 	lt.state = stateDestroying // the id stays taken until done
 	a.mu.Unlock()
@@ -462,7 +468,7 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (Stats, e
 	a.releaseSoon()
 	a.ret.soon()
 	if err != nil {
-		return st, errf(CodeInternal, "destroy %s: %v", id, err)
+		return st, errf(client.CodeInternal, "destroy %s: %v", id, err)
 	}
 	return st, nil
 }
@@ -478,17 +484,17 @@ func (a *Agent) decisionLog(id string) string {
 // audit with its line number: a record is never half-read.
 func (a *Agent) Audit(_ context.Context, id string) ([]record.Event, error) {
 	if err := sandbox.ValidID(id); err != nil {
-		return nil, errf(CodeBadID, "%v", err)
+		return nil, errf(client.CodeBadID, "%v", err)
 	}
 	if a.cfg.DataDir == "" {
-		return nil, errf(CodeBadRequest, "this agent keeps no decision log (no data directory)")
+		return nil, errf(client.CodeBadRequest, "this agent keeps no decision log (no data directory)")
 	}
 	recs, err := record.ReadFile(a.decisionLog(id))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, errf(CodeUnknownTrial, "no decision log for Trial %q", id)
+		return nil, errf(client.CodeUnknownTrial, "no decision log for Trial %q", id)
 	}
 	if err != nil {
-		return nil, errf(CodeInternal, "decision log of Trial %q: %v", id, err)
+		return nil, errf(client.CodeInternal, "decision log of Trial %q: %v", id, err)
 	}
 	return recs, nil
 }

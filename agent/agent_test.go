@@ -19,9 +19,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 func TestMain(m *testing.M) {
@@ -122,9 +124,9 @@ func curl(t *testing.T, a *Agent, id string, args ...string) (int, string) {
 
 // curlIn runs curl in a Trial as nobody, from this process, the way
 // `trialnet exec` does: attached by the paths the agent reports.
-func curlIn(t *testing.T, info TrialInfo, args ...string) (int, string) {
+func curlIn(t *testing.T, info client.TrialInfo, args ...string) (int, string) {
 	t.Helper()
-	tr, err := info.Attach()
+	tr, err := Attach(info)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +155,7 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	var journal lockedBuffer // the agent's log: decision records go there too
 	cfg.Logger = slog.New(slog.NewTextHandler(&journal, nil))
 	a := startAgent(t, cfg)
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-allow", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-allow", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +231,7 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var signed SignedReceipt
+	var signed client.SignedReceipt
 	if err := json.Unmarshal(b, &signed); err != nil {
 		t.Fatal(err)
 	}
@@ -256,11 +258,11 @@ func TestPrivilegedTwoTrialsSeparateAllowlists(t *testing.T) {
 	a := startAgent(t, w.config(t))
 	for _, id := range []string{"agt-a", "agt-b"} {
 		name := id[len(id)-1:] + ".example.test"
-		if _, err := a.Create(context.Background(), CreateRequest{ID: id, Allow: []string{fmt.Sprintf("%s:%d", name, upstreamPort)}}); err != nil {
+		if _, err := a.Create(context.Background(), trialspec.Request{ID: id, Allow: []string{fmt.Sprintf("%s:%d", name, upstreamPort)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-a"}); err == nil || !strings.Contains(err.Error(), "already exists") {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-a"}); err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Fatalf("duplicate id: %v", err)
 	}
 	for _, c := range []struct {
@@ -328,16 +330,16 @@ func TestPrivilegedCreateRefusals(t *testing.T) {
 	w := newWorld(t, 223)
 	a := startAgent(t, w.config(t))
 	for _, c := range []struct {
-		req  CreateRequest
+		req  trialspec.Request
 		code string
 	}{
-		{CreateRequest{ID: "Bad/ID"}, CodeBadID},
-		{CreateRequest{ID: "agt-p", Profiles: []string{"nosuch"}}, CodeUnknownProfile},
-		{CreateRequest{ID: "agt-q", Allow: []string{"*.com:443"}}, CodeBadAllowlist},
-		{CreateRequest{ID: "agt-r", Allow: []string{"127.0.0.1:443"}}, CodeBadAllowlist},
+		{trialspec.Request{ID: "Bad/ID"}, client.CodeBadID},
+		{trialspec.Request{ID: "agt-p", Profiles: []string{"nosuch"}}, client.CodeUnknownProfile},
+		{trialspec.Request{ID: "agt-q", Allow: []string{"*.com:443"}}, client.CodeBadAllowlist},
+		{trialspec.Request{ID: "agt-r", Allow: []string{"127.0.0.1:443"}}, client.CodeBadAllowlist},
 	} {
 		_, err := a.Create(context.Background(), c.req)
-		var e *Error
+		var e *client.Error
 		if !errors.As(err, &e) || e.Code != c.code {
 			t.Errorf("%+v: %v, want code %s", c.req, err, c.code)
 		}
@@ -357,7 +359,7 @@ func TestPrivilegedReusedIDStartsAFreshLog(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 233)
 	a := startAgent(t, w.config(t))
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-reuse"}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-reuse"}); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := through(t, a, "agt-reuse", "http://denied.example.test:443/"); code == 0 {
@@ -366,7 +368,7 @@ func TestPrivilegedReusedIDStartsAFreshLog(t *testing.T) {
 	if _, err := a.Destroy(context.Background(), "agt-reuse"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-reuse"}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-reuse"}); err != nil {
 		t.Fatal(err)
 	}
 	if recs, err := a.Audit(context.Background(), "agt-reuse"); err != nil || len(recs) != 0 {

@@ -3,28 +3,25 @@
 package agent
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/url"
-	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/record"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
-// The control API: HTTP+JSON on a Unix socket that only root can open.
+// The control API: HTTP+JSON on a Unix socket that only root can open;
+// package client calls it, and holds its types.
 //
-//	POST   /v1/trials              CreateRequest -> TrialInfo (owned: the caller's
+//	POST   /v1/trials              trial.Request -> TrialInfo (owned: the caller's
 //	                                  process, as the kernel names it, owns it)
 //	GET    /v1/trials              -> []TrialInfo
 //	GET    /v1/trials/{id}         -> TrialInfo
@@ -43,11 +40,11 @@ import (
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/trials", func(w http.ResponseWriter, r *http.Request) {
-		var req CreateRequest
+		var req trialspec.Request
 		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil {
-			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
+			writeErr(w, errf(client.CodeBadRequest, "request body: %v", err))
 			return
 		}
 		reply(w, http.StatusCreated)(a.Create(r.Context(), req))
@@ -55,7 +52,7 @@ func (a *Agent) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/trials", func(w http.ResponseWriter, r *http.Request) {
 		list := a.list()
 		if list == nil {
-			list = []TrialInfo{}
+			list = []client.TrialInfo{}
 		}
 		reply(w, http.StatusOK)(list, nil)
 	})
@@ -67,7 +64,7 @@ func (a *Agent) Handler() http.Handler {
 		if v := r.URL.Query().Get("exit_code"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil {
-				reply(w, http.StatusOK)(Stats{}, errf(CodeBadRequest, "exit_code %q: want an integer", v))
+				reply(w, http.StatusOK)(client.Stats{}, errf(client.CodeBadRequest, "exit_code %q: want an integer", v))
 				return
 			}
 			exit = &n
@@ -82,21 +79,21 @@ func (a *Agent) Handler() http.Handler {
 	})
 	mux.HandleFunc("GET /v1/trials/{id}/decisions", a.serveDecisions)
 	mux.HandleFunc("PATCH /v1/trials/{id}/allow", func(w http.ResponseWriter, r *http.Request) {
-		var ch AllowChange
+		var ch client.AllowChange
 		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&ch); err != nil {
-			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
+			writeErr(w, errf(client.CodeBadRequest, "request body: %v", err))
 			return
 		}
 		reply(w, http.StatusOK)(a.ChangeAllow(r.Context(), r.PathValue("id"), ch))
 	})
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
-		var req ReloadRequest
+		var req client.ReloadRequest
 		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil && !errors.Is(err, io.EOF) {
-			writeErr(w, errf(CodeBadRequest, "request body: %v", err))
+			writeErr(w, errf(client.CodeBadRequest, "request body: %v", err))
 			return
 		}
 		reply(w, http.StatusOK)(a.Reload(r.Context(), req))
@@ -119,7 +116,7 @@ func (a *Agent) Server() *http.Server {
 func rootOnly(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if uid := callerUID(r.Context()); uid != 0 {
-			writeErr(w, errf(CodeNotRoot, "the trialnet agent serves root only, and this caller runs as uid %d (try: sudo trialnet ...)", uid))
+			writeErr(w, errf(client.CodeNotRoot, "the trialnet agent serves root only, and this caller runs as uid %d (try: sudo trialnet ...)", uid))
 			return
 		}
 		h.ServeHTTP(w, r)
@@ -158,28 +155,28 @@ func reply(w http.ResponseWriter, status int) func(v any, err error) {
 }
 
 func writeErr(w http.ResponseWriter, err error) {
-	var e *Error
+	var e *client.Error
 	if !errors.As(err, &e) {
-		e = &Error{Code: CodeInternal, Message: err.Error()}
+		e = &client.Error{Code: client.CodeInternal, Message: err.Error()}
 	}
 	status := http.StatusInternalServerError
 	switch e.Code {
-	case CodeBadRequest, CodeBadID, CodeUnknownProfile, CodeBadAllowlist, CodeBadConfig:
+	case client.CodeBadRequest, client.CodeBadID, client.CodeUnknownProfile, client.CodeBadAllowlist, client.CodeBadConfig:
 		status = http.StatusBadRequest
-	case CodeDuplicateID:
+	case client.CodeDuplicateID:
 		status = http.StatusConflict
-	case CodeUnknownTrial:
+	case client.CodeUnknownTrial:
 		status = http.StatusNotFound
-	case CodeNotRoot:
+	case client.CodeNotRoot:
 		status = http.StatusForbidden
-	case CodeHandedOver:
+	case client.CodeHandedOver:
 		status = http.StatusServiceUnavailable
 		// The retry must reach the socket's path anew: the new agent.
 		w.Header().Set("Connection", "close")
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]*Error{"error": e})
+	_ = json.NewEncoder(w).Encode(map[string]*client.Error{"error": e})
 }
 
 // ListenSocket creates the control socket, mode 0600 (root only). A stale
@@ -195,327 +192,4 @@ func ListenSocket(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("another trialnet agent is already serving %s, and offers no hand-over (an older trialnet, from before agents handed over). It keeps serving. To replace it: stop it (systemctl stop trialnet: its Trials stay enforced, their open tunnels are cut), then start this one", path)
 	}
 	return fdpass.ListenAt("unix", path)
-}
-
-// ErrNoAgent means no agent answers on the control socket.
-var ErrNoAgent = errors.New("no trialnet agent is running")
-
-// Client talks to an agent over its control socket.
-type Client struct {
-	Socket string
-	hc     *http.Client
-}
-
-// NewClient returns a client for the agent at socket ("" : DefaultSocket).
-func NewClient(socket string) *Client {
-	if socket == "" {
-		socket = DefaultSocket
-	}
-	return &Client{Socket: socket, hc: &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return dialAgent(ctx, socket)
-		},
-	}}}
-}
-
-// Running reports whether an agent answers on the socket. An error means
-// something answers that is not trialnet's agent.
-func (c *Client) Running(ctx context.Context) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, time.Second) // a listener answers a dial at once
-	defer cancel()
-	conn, err := dialAgent(ctx, c.Socket)
-	var imp *impostorError
-	if errors.As(err, &imp) {
-		return false, err
-	}
-	if err != nil {
-		return false, nil
-	}
-	_ = conn.Close()
-	return true, nil
-}
-
-// dialAgent connects to the control socket and checks who listens on it:
-// root, in this PID namespace. The answers of whoever listens there say
-// which namespace and cgroup a command runs in; a socket bound by a
-// process inside a Trial (its own PID namespace) or by another user must
-// never be taken for the agent.
-func dialAgent(ctx context.Context, socket string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", socket)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkAgentPeer(c.(*net.UnixConn), socket); err != nil {
-		_ = c.Close()
-		return nil, err
-	}
-	return c, nil
-}
-
-// impostorError is a socket whose listener is not trialnet's agent.
-type impostorError struct{ msg string }
-
-func (e *impostorError) Error() string { return e.msg }
-
-func checkAgentPeer(c *net.UnixConn, socket string) error {
-	why, err := fdpass.RootPeer(c)
-	if err != nil {
-		return fmt.Errorf("who listens on %s: %w", socket, err)
-	}
-	if why == "" {
-		return nil
-	}
-	if strings.Contains(why, "cannot see") {
-		why += " (run trialnet in the agent's PID namespace: on Kubernetes, a pod with hostPID)"
-	}
-	return &impostorError{fmt.Sprintf("the process listening on %s is not trialnet's agent: it %s. Something took the agent's socket; see who (ss -xlp | grep %s), end it, and restart the agent (systemctl restart trialnet)",
-		socket, why, filepath.Base(socket))}
-}
-
-// DefaultCallTimeout bounds a control API call whose context has no
-// deadline of its own: an agent that accepts and never answers (stuck,
-// or still starting) is reported, not waited for without end. A destroy
-// kills the Trial's processes and waits for them, hence the room.
-const DefaultCallTimeout = 2 * time.Minute
-
-func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultCallTimeout)
-		defer cancel()
-	}
-	var b []byte
-	if body != nil {
-		var err error
-		if b, err = json.Marshal(body); err != nil {
-			return err
-		}
-	}
-	for attempt := 1; ; attempt++ {
-		err := c.once(ctx, method, path, b, out)
-		var e *Error
-		// An agent that handed over while the call waited did nothing of
-		// it: its successor, on the same socket, serves it.
-		if attempt < 5 && errors.As(err, &e) && e.Code == CodeHandedOver {
-			c.hc.CloseIdleConnections()
-			select {
-			case <-ctx.Done():
-				return err
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
-		return err
-	}
-}
-
-func (c *Client) once(ctx context.Context, method, path string, body []byte, out any) error {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://trialnet"+path, rd)
-	if err != nil {
-		return err
-	}
-	resp, err := c.send(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	return json.NewDecoder(resp.Body).Decode(out)
-}
-
-// Create asks for a Trial.
-func (c *Client) Create(ctx context.Context, req CreateRequest) (TrialInfo, error) {
-	var out TrialInfo
-	err := c.do(ctx, http.MethodPost, "/v1/trials", req, &out)
-	var e *Error
-	if req.Owned && errors.As(err, &e) && e.Code == CodeBadRequest && strings.Contains(e.Message, `unknown field "owned"`) {
-		return out, fmt.Errorf("the agent on %s is older than this trialnet: it cannot end a Trial when the process that asked for it dies, so nothing was created (a run killed outright would leave its Trial behind). Restart the agent on this trialnet (systemctl restart trialnet): %w", c.Socket, err)
-	}
-	return out, err
-}
-
-// List returns the live Trials.
-func (c *Client) List(ctx context.Context) ([]TrialInfo, error) {
-	var out []TrialInfo
-	return out, c.do(ctx, http.MethodGet, "/v1/trials", nil, &out)
-}
-
-// Get describes one Trial.
-func (c *Client) Get(ctx context.Context, id string) (TrialInfo, error) {
-	var out TrialInfo
-	return out, c.do(ctx, http.MethodGet, "/v1/trials/"+url.PathEscape(id), nil, &out)
-}
-
-// send makes a request to the agent: a transport failure says whether an
-// agent runs there at all, and an answer of 300 or more is the agent's
-// *Error.
-func (c *Client) send(req *http.Request) (*http.Response, error) {
-	resp, err := c.roundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode >= 300 {
-		defer resp.Body.Close()
-		var e struct {
-			Error *Error `json:"error"`
-		}
-		if json.NewDecoder(resp.Body).Decode(&e) == nil && e.Error != nil {
-			return nil, e.Error
-		}
-		return nil, &Error{Code: CodeInternal, Message: "agent answered " + resp.Status}
-	}
-	return resp, nil
-}
-
-// roundTrip makes a request to the agent; its error says what stands in
-// the way when no answer comes: no socket, a socket left by an agent that
-// is gone, no permission, or an agent that does not answer in time.
-func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := c.hc.Do(req)
-	var imp *impostorError
-	switch {
-	case err == nil:
-		return resp, nil
-	case errors.As(err, &imp):
-		return nil, imp // says all there is; the URL would only blur it
-	case errors.Is(err, syscall.ENOENT):
-		return nil, fmt.Errorf("%w on %s: there is no socket (start one with 'sudo trialnet agent', or 'systemctl start trialnet')", ErrNoAgent, c.Socket)
-	case errors.Is(err, syscall.ECONNREFUSED):
-		// What a killed agent leaves: its socket file, with no listener.
-		return nil, fmt.Errorf("%w on %s: the socket is left over from an agent that is gone (killed or crashed) and nothing listens on it (start one with 'sudo trialnet agent', or 'systemctl start trialnet'; it replaces the socket)", ErrNoAgent, c.Socket)
-	case errors.Is(err, syscall.EACCES):
-		return nil, fmt.Errorf("cannot reach the trialnet agent on %s: permission denied (the control socket is root only; try sudo)", c.Socket)
-	case errors.Is(err, context.Canceled):
-		return nil, fmt.Errorf("interrupted: the request to the trialnet agent on %s was abandoned before it answered (the agent may still carry it out: 'trialnet list' shows what it did)", c.Socket)
-	case errors.Is(err, context.DeadlineExceeded):
-		// The socket is taken before the eBPF layer is loaded and Trials
-		// are re-adopted, and connections wait in its backlog meanwhile.
-		return nil, fmt.Errorf("the trialnet agent on %s did not answer in time: it is still starting (loading eBPF, re-adopting Trials) or it is stuck; its log says which (journalctl -u trialnet, or kubectl logs)", c.Socket)
-	}
-	return nil, fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
-}
-
-// Health asks the agent whether it is healthy (GET /healthz). An agent
-// that answers, healthy or not, gives its Health and no error. ctx bounds
-// the wait: a starting or stuck agent accepts connections it does not
-// answer.
-func (c *Client) Health(ctx context.Context) (Health, error) {
-	var h Health
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://trialnet/healthz", nil)
-	if err != nil {
-		return h, err
-	}
-	resp, err := c.roundTrip(req)
-	if err != nil {
-		return h, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusServiceUnavailable {
-		return h, fmt.Errorf("trialnet agent on %s answered /healthz with %s", c.Socket, resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
-		return h, fmt.Errorf("trialnet agent on %s: its /healthz answer: %w", c.Socket, err)
-	}
-	return h, nil
-}
-
-// Stats reads one Trial's counters.
-func (c *Client) Stats(ctx context.Context, id string) (Stats, error) {
-	var out Stats
-	return out, c.do(ctx, http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/stats", nil, &out)
-}
-
-// Destroy tears a Trial down and returns its final stats.
-func (c *Client) Destroy(ctx context.Context, id string) (Stats, error) {
-	var out Stats
-	return out, c.do(ctx, http.MethodDelete, "/v1/trials/"+url.PathEscape(id), nil, &out)
-}
-
-// DestroyExit is Destroy saying how the Trial's command ended, for the
-// receipt.
-func (c *Client) DestroyExit(ctx context.Context, id string, exit *int) (Stats, error) {
-	if exit == nil {
-		return c.Destroy(ctx, id)
-	}
-	var out Stats
-	return out, c.do(ctx, http.MethodDelete, "/v1/trials/"+url.PathEscape(id)+"?exit_code="+strconv.Itoa(*exit), nil, &out)
-}
-
-// Watch calls fn with each decision of a live Trial as the agent makes
-// it, until ctx ends or the Trial is destroyed.
-//
-// A stream ends when the Trial does, or when its agent hands over to a
-// new one: then, the Trial still live, Watch follows it there (records
-// made in between are in its log, not in the stream).
-func (c *Client) Watch(ctx context.Context, id string, fn func(record.Event)) error {
-	for quick := 0; ; {
-		opened := time.Now()
-		if err := c.watchOnce(ctx, id, fn); err != nil || ctx.Err() != nil {
-			return err
-		}
-		var e *Error
-		if _, err := c.Get(ctx, id); errors.As(err, &e) && e.Code == CodeUnknownTrial {
-			return nil // the Trial ended
-		}
-		// Still live, or its agent not answering yet: try again, a few
-		// times in quick succession at most.
-		if time.Since(opened) < time.Second {
-			if quick++; quick == 10 {
-				return fmt.Errorf("decision stream of %s: it keeps ending while the Trial lives", id)
-			}
-		} else {
-			quick = 0
-		}
-		c.hc.CloseIdleConnections()
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(time.Duration(quick+1) * 100 * time.Millisecond):
-		}
-	}
-}
-
-func (c *Client) watchOnce(ctx context.Context, id string, fn func(record.Event)) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://trialnet/v1/trials/"+url.PathEscape(id)+"/decisions", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.send(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
-	for {
-		var ev record.Event
-		if err := dec.Decode(&ev); err != nil {
-			if errors.Is(err, io.EOF) || ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("decision stream of %s: %w", id, err)
-		}
-		fn(ev)
-	}
-}
-
-// Audit returns a Trial's decision log.
-func (c *Client) Audit(ctx context.Context, id string) ([]record.Event, error) {
-	var out []record.Event
-	return out, c.do(ctx, http.MethodGet, "/v1/trials/"+url.PathEscape(id)+"/audit", nil, &out)
-}
-
-// ChangeAllow changes a live Trial's allowlist.
-func (c *Client) ChangeAllow(ctx context.Context, id string, ch AllowChange) (AllowChanged, error) {
-	var out AllowChanged
-	return out, c.do(ctx, http.MethodPatch, "/v1/trials/"+url.PathEscape(id)+"/allow", ch, &out)
-}
-
-// Reload asks the agent to read its config file again.
-func (c *Client) Reload(ctx context.Context, req ReloadRequest) (ReloadResult, error) {
-	var out ReloadResult
-	return out, c.do(ctx, http.MethodPost, "/v1/reload", req, &out)
 }

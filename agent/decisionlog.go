@@ -174,7 +174,7 @@ func (l *decisionLog) watch(ctx context.Context, fn func(record.Event)) error {
 }
 
 // endWatchers ends every watcher of every Trial: after a hand-over they
-// follow the Trial to the new agent (Client.Watch).
+// follow the Trial to the new agent (client.Client.Watch).
 func (a *Agent) endWatchers() {
 	a.mu.Lock()
 	defer a.mu.Unlock()

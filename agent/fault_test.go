@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	trialspec "github.com/trialnet/trialnet/trial"
 
 	"github.com/trialnet/trialnet/bpf"
@@ -26,7 +27,7 @@ import (
 
 // tunnelFrom opens a CONNECT tunnel through a Trial's proxy from inside
 // its namespace (the test plays the Trial's process).
-func tunnelFrom(t *testing.T, info TrialInfo, target string) (net.Conn, *bufio.Reader) {
+func tunnelFrom(t *testing.T, info client.TrialInfo, target string) (net.Conn, *bufio.Reader) {
 	t.Helper()
 	ns, err := netns.Open(filepath.Dir(info.Netns), filepath.Base(info.Netns))
 	if err != nil {
@@ -110,7 +111,7 @@ func TestPrivilegedFaultKilledMidCreate(t *testing.T) {
 		t.Fatalf("its namespace is still there: %v", err)
 	}
 	// The id is free again.
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-mid"}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-mid"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -121,14 +122,14 @@ func TestPrivilegedFaultForkBombIgnoringTERM(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 229)
 	a := startAgent(t, w.config(t))
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-forks"})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-forks"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	started := make(chan struct{})
 	go func() {
 		close(started)
-		tr, err := info.Attach()
+		tr, err := Attach(info)
 		if err != nil {
 			t.Error(err)
 			return
@@ -174,7 +175,7 @@ func TestPrivilegedFaultPinDeleted(t *testing.T) {
 	w := newWorld(t, 230, "upstream.example.test")
 	cfg := w.config(t)
 	a := startAgent(t, cfg)
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-pin", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-pin", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +197,7 @@ func TestPrivilegedFaultPinDeleted(t *testing.T) {
 	if code, out := through(t, a, info.ID, fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort)); code != 0 {
 		t.Fatalf("the proxy stopped working after a pin was deleted: %d %s", code, out)
 	}
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-pin2"}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-pin2"}); err != nil {
 		t.Fatalf("create after a pin was deleted: %v", err)
 	}
 }
@@ -207,7 +208,7 @@ func TestPrivilegedFaultTunnelLimit(t *testing.T) {
 	w := newWorld(t, 231, "upstream.example.test")
 	a := startAgent(t, w.config(t))
 	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-limit", Allow: []string{target}, Limits: &trialspec.Limits{ProxyLimits: trialspec.ProxyLimits{MaxTunnels: 2}}})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-limit", Allow: []string{target}, Limits: &trialspec.Limits{ProxyLimits: trialspec.ProxyLimits{MaxTunnels: 2}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +245,7 @@ func TestPrivilegedFaultBPFFSUnmounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-bpffs", Allow: []string{target}})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-bpffs", Allow: []string{target}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +258,7 @@ func TestPrivilegedFaultBPFFSUnmounted(t *testing.T) {
 	if code, out := through(t, a, info.ID, "http://"+target+"/"); code != 0 {
 		t.Fatalf("the proxy stopped with bpffs unmounted: %d %s", code, out)
 	}
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-bpffs2"}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-bpffs2"}); err != nil {
 		t.Fatalf("create with bpffs unmounted: %v", err)
 	}
 	a.Close(false)

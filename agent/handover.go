@@ -14,11 +14,13 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/internal/lname"
 	"github.com/trialnet/trialnet/record"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // The hand-over's protocol, both sides, is package handover; this file is
@@ -36,8 +38,8 @@ func HandoverSocket(sock string) string {
 
 // errHandedOver answers a call that waited on a hand-over: this process
 // no longer serves, and did nothing of it. Clients retry it.
-func errHandedOver() *Error {
-	return errf(CodeHandedOver, "this agent handed over to a new agent process while the call waited; it did nothing, and the new agent serves a retry")
+func errHandedOver() *client.Error {
+	return errf(client.CodeHandedOver, "this agent handed over to a new agent process while the call waited; it did nothing, and the new agent serves a retry")
 }
 
 // enter admits a call that changes Trials (create, destroy, allowlist,
@@ -191,7 +193,7 @@ func (g giver) Drained(ctx context.Context) bool { return g.d.a.proxy.Drained(ct
 func (g giver) CutAll(why string) int            { return g.d.a.proxy.CutAll(why) }
 func (g giver) Remove(trial string)              { g.d.a.proxy.RemoveTrial(trial) }
 func (g giver) SetAllow(trial string, raw json.RawMessage, cut []string) (int, error) {
-	var entries []AllowEntry
+	var entries []trialspec.AllowEntry
 	if len(raw) > 0 {
 		if err := json.Unmarshal(raw, &entries); err != nil {
 			return 0, fmt.Errorf("the allowlist: %w", err)
@@ -201,9 +203,9 @@ func (g giver) SetAllow(trial string, raw json.RawMessage, cut []string) (int, e
 	if err != nil {
 		return 0, err
 	}
-	var cutList []AllowEntry
+	var cutList []trialspec.AllowEntry
 	for _, c := range cut {
-		cutList = append(cutList, AllowEntry{Entry: c})
+		cutList = append(cutList, trialspec.AllowEntry{Entry: c})
 	}
 	cutEntries, _ := parseEntries(cutList, nil)
 	return g.d.a.proxy.SetAllow(trial, allow.New(list...), cutEntries)

@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
@@ -104,39 +105,9 @@ var ProxyEndpoints = []netip.AddrPort{
 	netip.MustParseAddrPort("[::1]:3128"),
 }
 
-// Layers says which of a Trial's defences this host has active. The
-// process boundary's PID namespace, seccomp filter and own session are
-// part of the one launch path and always on; the BPF LSM layer depends on
-// the kernel.
-type Layers struct {
-	NetworkNamespace bool `json:"network_namespace"`
-	CgroupEBPF       bool `json:"cgroup_ebpf"`
-	UnixSocketHooks  bool `json:"unix_socket_hooks"`
-	PIDNamespace     bool `json:"pid_namespace"`
-	Seccomp          bool `json:"seccomp"`
-	OwnSession       bool `json:"own_session"`
-	// LandlockABI is the kernel's Landlock ABI (0: none); each command gets
-	// a domain of its own, which keeps it from ptrace, pidfd_getfd and
-	// /proc/PID/mem of anything outside, and from ABI 6 from signalling it.
-	LandlockABI int  `json:"landlock_abi"`
-	BPFLSM      bool `json:"bpf_lsm"`
-	// BPFLSMMissing says why the BPF LSM layer is not active.
-	BPFLSMMissing string `json:"bpf_lsm_missing,omitempty"`
-	// Pools say what bounds each Trial's share of the host's tasks and
-	// memory here, or why nothing does.
-	Pools []sandbox.PoolBound `json:"pools,omitempty"`
-	// Nested: the Trial these layers are reported for may make user
-	// namespaces and run sandboxes of its own (its stats say so).
-	Nested bool `json:"nested,omitempty"`
-	// Transparent: the Trial these layers are reported for has transparent
-	// mode (its stats say so): a DNS stub, and its name pool steered to
-	// the proxy's checks by sk_lookup.
-	Transparent bool `json:"transparent,omitempty"`
-}
-
 // Layers reports this host's active defences.
-func (h *Host) Layers() Layers {
-	l := Layers{NetworkNamespace: true, CgroupEBPF: true, UnixSocketHooks: h.BPF.UnixHooks(),
+func (h *Host) Layers() client.Layers {
+	l := client.Layers{NetworkNamespace: true, CgroupEBPF: true, UnixSocketHooks: h.BPF.UnixHooks(),
 		PIDNamespace: true, Seccomp: true, OwnSession: true, LandlockABI: sandbox.LandlockABI(), BPFLSM: h.BPF.LSM(),
 		Pools: h.Host.PoolBounds()}
 	if err := h.BPF.LSMError(); err != nil && !l.BPFLSM {
@@ -145,65 +116,11 @@ func (h *Host) Layers() Layers {
 	return l
 }
 
-// String lists the layers, active ones first.
-func (l Layers) String() string {
-	on := []string{"network namespace", "cgroup eBPF", "PID namespace", "seccomp", "own session"}
-	var off []string
-	if l.UnixSocketHooks {
-		on = append(on, "unix socket hooks")
-	}
-	if l.LandlockABI > 0 {
-		on = append(on, fmt.Sprintf("Landlock (ABI %d)", l.LandlockABI))
-	} else {
-		off = append(off, "Landlock (the kernel offers none)")
-	}
-	if l.BPFLSM {
-		on = append(on, "BPF LSM")
-	} else {
-		off = append(off, "BPF LSM ("+l.BPFLSMMissing+")")
-	}
-	if l.Nested {
-		on = append(on, "nested sandboxes allowed (user namespaces)")
-	}
-	if l.Transparent {
-		on = append(on, "transparent (DNS stub, sk_lookup to the proxy's checks)")
-	}
-	for _, p := range l.Pools {
-		if p.Bounded {
-			on = append(on, p.Pool+" bound")
-		} else {
-			off = append(off, p.Pool+" bound ("+p.Bound+")")
-		}
-	}
-	if len(off) == 0 {
-		return "layers: " + strings.Join(on, ", ")
-	}
-	return "layers: " + strings.Join(on, ", ") + "; inactive: " + strings.Join(off, "; ")
-}
-
 // verdictOf is the one line that says whether anything left a Trial: the
 // direct egress packets the last wall saw, and the uses of sockets made
 // outside the Trial that the BPF LSM layer refused. It says "ok" only
 // about what an active layer observed.
-// Brief is the verdict in a few words, for run's one summary line: what
-// verdictOf says, without the reasons.
-func (st Stats) Brief() string {
-	v := "0 direct egress packets (ok)"
-	switch {
-	case st.Egress > 0:
-		v = fmt.Sprintf("ALARM: %d direct egress packets dropped", st.Egress)
-	case !st.Layers.BPFLSM:
-		v = "0 direct egress packets (ok; foreign sockets unwatched)"
-	case st.Foreign > 0:
-		v = fmt.Sprintf("0 direct egress packets; ALERT: %d foreign-socket uses refused", st.Foreign)
-	}
-	if st.Learning {
-		v += "; LEARNING: allowlist not enforced"
-	}
-	return v
-}
-
-func verdictOf(c bpf.Counters, l Layers) string {
+func verdictOf(c bpf.Counters, l client.Layers) string {
 	if c.EgressOtherPackets > 0 {
 		return fmt.Sprintf("verdict: ALARM: %d direct egress packets (%d bytes) left a Trial socket and were dropped by the last wall; %d foreign-socket uses refused", c.EgressOtherPackets, c.EgressOtherBytes, c.ForeignSocketDenied)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/trialnet/trialnet/internal/keepertest"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/keeper"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // A keeper that missed a Trial's end and the reuse of its id still holds
@@ -30,7 +31,7 @@ func TestPrivilegedKeeperReusedID(t *testing.T) {
 	ctx := context.Background()
 	kc := keepertest.Start(t, "") // it holds what it is given: it hears nothing of what follows
 	d := &daemon{cfg: ServeConfig{AgentConfig: cfg}, sock: filepath.Join(t.TempDir(), "agent.sock")}
-	req := CreateRequest{ID: "kr", Allow: []string{fmt.Sprintf("kr.test:%d", upstreamPort)}}
+	req := trialspec.Request{ID: "kr", Allow: []string{fmt.Sprintf("kr.test:%d", upstreamPort)}}
 	a1, err := start(cfg, nil, nil, kc)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 func cgroupChildren(t *testing.T, parent string) int {
@@ -38,7 +39,7 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	a := startAgent(t, w.config(t))
 	// One Trial first, so lazily made things (pools, watchers) exist
 	// before the baseline.
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-warm"}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-warm"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Destroy(context.Background(), "agt-warm"); err != nil {
@@ -49,7 +50,7 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	cgs := cgroupChildren(t, a.host.Parent)
 	for i := range 200 {
 		id := fmt.Sprintf("agt-leak-%d", i)
-		if _, err := a.Create(context.Background(), CreateRequest{ID: id, Allow: []string{"api.example.test:443"}}); err != nil {
+		if _, err := a.Create(context.Background(), trialspec.Request{ID: id, Allow: []string{"api.example.test:443"}}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := a.Destroy(context.Background(), id); err != nil {

@@ -15,11 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // A learning Trial reaches names off its (empty) allowlist through curl,
@@ -47,7 +49,7 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 	closeA := sync.OnceFunc(func() { a.Close(true) })
 	t.Cleanup(closeA)
 
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-learn", Learn: true})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-learn", Learn: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,10 +59,10 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 	// deny on a learning Trial says what it cannot do (another Trial: its
 	// policy-change records would be this one's log's).
 	add := fmt.Sprintf("%s:%d", names[0], upstreamPort)
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "agt-learn-deny", Learn: true, Allow: []string{add}}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-learn-deny", Learn: true, Allow: []string{add}}); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := a.ChangeAllow(WithCallerUID(context.Background(), 0), "agt-learn-deny", AllowChange{Remove: []string{add}}); err != nil || !strings.Contains(res.Note, "learning") {
+	if res, err := a.ChangeAllow(WithCallerUID(context.Background(), 0), "agt-learn-deny", client.AllowChange{Remove: []string{add}}); err != nil || !strings.Contains(res.Note, "learning") {
 		t.Fatalf("deny on a learning Trial: note %q, %v; want it to say the name still gets through", res.Note, err)
 	}
 	if _, err := a.Destroy(context.Background(), "agt-learn-deny"); err != nil {
@@ -116,7 +118,7 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 	closeA()
 	cfg.File = file
 	b := startAgent(t, cfg)
-	info, err = b.Create(context.Background(), CreateRequest{ID: "agt-enforce", Profiles: []string{"learned"}})
+	info, err = b.Create(context.Background(), trialspec.Request{ID: "agt-enforce", Profiles: []string{"learned"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,9 +139,9 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 
 // holdIn starts curl in a Trial on a request the test host holds open,
 // through a tunnel; its exit code arrives on the channel.
-func holdIn(t *testing.T, info TrialInfo, name string) <-chan int {
+func holdIn(t *testing.T, info client.TrialInfo, name string) <-chan int {
 	t.Helper()
-	tr, err := info.Attach()
+	tr, err := Attach(info)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +191,7 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 	a := startAgent(t, w.config(t))
 	entry := func(n string) string { return fmt.Sprintf("%s.live.test:%d", n, upstreamPort) }
 	url := func(n string) string { return fmt.Sprintf("http://%s.live.test:%d/", n, upstreamPort) }
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-live", Allow: []string{entry("a")}})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-live", Allow: []string{entry("a")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +199,7 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 		t.Fatalf("b before allow: %s", out)
 	}
 	const uid = 4242
-	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, AllowChange{Add: []string{entry("b")}}); err != nil {
+	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, client.AllowChange{Add: []string{entry("b")}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := through(t, a, info.ID, url("b")); code != 0 {
@@ -205,20 +207,20 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 		t.Fatalf("b after allow: curl exit %d: %s\n%+v", code, out, recs[len(recs)-1])
 	}
 	for _, c := range []struct {
-		ch   AllowChange
+		ch   client.AllowChange
 		code string
 	}{
-		{AllowChange{Add: []string{"*.test:8081"}}, CodeBadAllowlist},
-		{AllowChange{Add: []string{w.host.Addr4.String() + ":8081"}}, CodeBadAllowlist},
-		{AllowChange{Remove: []string{entry("c")}}, CodeBadAllowlist},
-		{AllowChange{}, CodeBadRequest},
+		{client.AllowChange{Add: []string{"*.test:8081"}}, client.CodeBadAllowlist},
+		{client.AllowChange{Add: []string{w.host.Addr4.String() + ":8081"}}, client.CodeBadAllowlist},
+		{client.AllowChange{Remove: []string{entry("c")}}, client.CodeBadAllowlist},
+		{client.AllowChange{}, client.CodeBadRequest},
 	} {
-		var e *Error
+		var e *client.Error
 		if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, c.ch); !errors.As(err, &e) || e.Code != c.code {
 			t.Errorf("%+v: %v, want %s", c.ch, err, c.code)
 		}
 	}
-	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), "agt-none", AllowChange{Add: []string{entry("b")}}); err == nil {
+	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), "agt-none", client.AllowChange{Add: []string{entry("b")}}); err == nil {
 		t.Error("a change of an unknown Trial was accepted")
 	}
 
@@ -228,7 +230,7 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 	// the entry goes is refused as it re-decides, and is no tunnel cut
 	// (seen under emulation, where that window is wide).
 	w.waitHolding(t, 2)
-	res, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, AllowChange{Remove: []string{entry("a")}, Cut: true})
+	res, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, client.AllowChange{Remove: []string{entry("a")}, Cut: true})
 	if err != nil || res.TunnelsCut != 1 {
 		t.Fatalf("deny --cut a: %+v %v", res, err)
 	}
@@ -250,7 +252,7 @@ func TestPrivilegedLiveAllowDeny(t *testing.T) {
 		t.Fatalf("a after deny: %s", out)
 	}
 	// Without cut, b's open tunnel stays while new CONNECTs are refused.
-	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, AllowChange{Remove: []string{entry("b")}}); err != nil {
+	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), uid), info.ID, client.AllowChange{Remove: []string{entry("b")}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := through(t, a, info.ID, url("b")); code == 0 {
@@ -291,7 +293,7 @@ func TestPrivilegedAllowSurvivesRestart(t *testing.T) {
 	c, info := p.c, p.info
 	late := fmt.Sprintf("late.example.test:%d", upstreamPort)
 	up := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
-	if _, err := c.ChangeAllow(context.Background(), info.ID, AllowChange{Add: []string{late}, Remove: []string{up}}); err != nil {
+	if _, err := c.ChangeAllow(context.Background(), info.ID, client.AllowChange{Add: []string{late}, Remove: []string{up}}); err != nil {
 		t.Fatal(err)
 	}
 	recs, err := c.Audit(context.Background(), info.ID)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -178,26 +179,10 @@ func (o *observers) observe(ev *record.Event) {
 	}
 }
 
-// Health is what /healthz reports.
-type Health struct {
-	OK bool `json:"ok"`
-	// EBPF is "attached" when every link is pinned and is the loaded
-	// program's, else why not.
-	EBPF   string `json:"ebpf"`
-	Agent  string `json:"agent"` // "serving", or why not
-	Trials int    `json:"trials_live"`
-	// PID is the answering agent's process: during a hand-over the old
-	// or the new one (health --pid-file tells them apart).
-	PID int `json:"pid"`
-	// Layers are the defences this host gives a Trial; the optional ones
-	// (Landlock, BPF LSM) being off does not make the agent unhealthy.
-	Layers Layers `json:"layers"`
-}
-
 // Health checks that the eBPF layer is attached (so it outlives this
 // process) and that the agent serves.
-func (a *Agent) Health(context.Context) (Health, error) {
-	h := Health{OK: true, EBPF: "attached", Agent: "serving", Trials: len(a.list()), Layers: a.host.Layers(), PID: os.Getpid()}
+func (a *Agent) Health(context.Context) (client.Health, error) {
+	h := client.Health{OK: true, EBPF: "attached", Agent: "serving", Trials: len(a.list()), Layers: a.host.Layers(), PID: os.Getpid()}
 	if err := a.host.BPF.CheckPins(); err != nil {
 		h.OK, h.EBPF = false, err.Error()
 	}

@@ -18,6 +18,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // The metrics pass the linter and the pedantic registry (every series
@@ -31,7 +32,7 @@ func TestPrivilegedMetrics(t *testing.T) {
 	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
 	for i := range trials {
 		id := fmt.Sprintf("agt-m%d", i)
-		if _, err := a.Create(context.Background(), CreateRequest{ID: id, Allow: []string{target}}); err != nil {
+		if _, err := a.Create(context.Background(), trialspec.Request{ID: id, Allow: []string{target}}); err != nil {
 			t.Fatal(err)
 		}
 		if code, out := through(t, a, id, "http://"+target+"/"); code != 0 {

@@ -6,8 +6,10 @@ import (
 	"context"
 	"testing"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // A Trial's process limit is the request's, else the config's
@@ -23,7 +25,7 @@ func TestPrivilegedMaxProcesses(t *testing.T) {
 		req  int
 		want int
 	}{{"np-config", 0, 50}, {"np-own", 20, 20}} {
-		if _, err := a.Create(context.Background(), CreateRequest{ID: c.id, MaxProcesses: c.req}); err != nil {
+		if _, err := a.Create(context.Background(), trialspec.Request{ID: c.id, MaxProcesses: c.req}); err != nil {
 			t.Fatal(err)
 		}
 		info, err := a.Get(context.Background(), c.id)
@@ -35,8 +37,8 @@ func TestPrivilegedMaxProcesses(t *testing.T) {
 		}
 	}
 	for _, n := range []int{-1, sandbox.MaxMaxProcs + 1} {
-		_, err := a.Create(context.Background(), CreateRequest{ID: "np-bad", MaxProcesses: n})
-		wantCode(t, err, CodeBadRequest, "max_processes")
+		_, err := a.Create(context.Background(), trialspec.Request{ID: "np-bad", MaxProcesses: n})
+		wantCode(t, err, client.CodeBadRequest, "max_processes")
 	}
 	if len(a.list()) != 2 {
 		t.Fatalf("refused creates left Trials: %v", a.list())
@@ -47,14 +49,14 @@ func TestPrivilegedMaxProcesses(t *testing.T) {
 		"limits:\n  max_processes: 5000000\n": "max_processes",
 	} {
 		writeConfig(t, path, yaml)
-		_, err := a.Reload(context.Background(), ReloadRequest{})
-		wantCode(t, err, CodeBadConfig, says)
+		_, err := a.Reload(context.Background(), client.ReloadRequest{})
+		wantCode(t, err, client.CodeBadConfig, says)
 	}
 	writeConfig(t, path, "limits:\n  max_processes: 60\n")
-	if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
+	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "np-reloaded"}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "np-reloaded"}); err != nil {
 		t.Fatal(err)
 	}
 	for id, want := range map[string]int{"np-reloaded": 60, "np-config": 50} {

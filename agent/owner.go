@@ -15,13 +15,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/internal/procstat"
 	trialspec "github.com/trialnet/trialnet/trial"
 )
 
-func self() *Owner {
-	o := &Owner{PID: os.Getpid()}
+func self() *trialspec.Owner {
+	o := &trialspec.Owner{PID: os.Getpid()}
 	o.Start, _ = procstat.StartTime(o.PID)
 	return o
 }
@@ -42,7 +43,7 @@ var errOwnerExited = errors.New("the process has exited")
 // peerOwner is the process at the other end of c, as the kernel names it,
 // with a pidfd of it. SO_PEERPIDFD (Linux 6.5+) gives a pidfd of the
 // process that connected: unlike a pid, no reuse can make it another's.
-func peerOwner(c *net.UnixConn) (*Owner, *os.File, error) {
+func peerOwner(c *net.UnixConn) (*trialspec.Owner, *os.File, error) {
 	fd, err := fdpass.SocketPidfd(c)
 	if err != nil {
 		return nil, nil, fmt.Errorf("SO_PEERPIDFD: %w", err)
@@ -57,7 +58,7 @@ func peerOwner(c *net.UnixConn) (*Owner, *os.File, error) {
 
 // openOwner opens a pidfd of o if o still runs: the process with its pid
 // has its start time.
-func openOwner(o Owner) (*os.File, error) {
+func openOwner(o trialspec.Owner) (*os.File, error) {
 	fd, err := unix.PidfdOpen(o.PID, 0)
 	if err != nil {
 		return nil, errOwnerExited
@@ -77,7 +78,7 @@ func openOwner(o Owner) (*os.File, error) {
 // pidfd, the start time from /proc; as the pidfd's process still runs
 // after /proc was read, its pid was not reused in between, and the start
 // time read is its own.
-func pidfdOwner(pidfd int) (*Owner, error) {
+func pidfdOwner(pidfd int) (*trialspec.Owner, error) {
 	pid, err := pidfdPID(pidfd)
 	switch {
 	case err != nil:
@@ -91,7 +92,7 @@ func pidfdOwner(pidfd int) (*Owner, error) {
 	if err != nil || exited(pidfd) {
 		return nil, errOwnerExited
 	}
-	return &Owner{PID: pid, Start: start}, nil
+	return &trialspec.Owner{PID: pid, Start: start}, nil
 }
 
 // pidfdPID is the pid of pidfd's process in this process's PID namespace
@@ -130,21 +131,21 @@ func pidFile(pidfd int) *os.File {
 }
 
 // callerOwner is the owner of a Trial asked for over conn: its peer.
-func callerOwner(conn *net.UnixConn) (*Owner, *os.File, error) {
+func callerOwner(conn *net.UnixConn) (*trialspec.Owner, *os.File, error) {
 	o, pidfd, err := peerOwner(conn)
 	switch {
 	case errors.Is(err, unix.ENOPROTOOPT):
-		return nil, nil, errf(CodeInternal, "cannot tie the Trial to the life of the process that asks: this kernel does not name a unix socket's peer by pidfd (SO_PEERPIDFD, Linux 6.5+). Use 'trialnet create', 'exec' and 'destroy' instead, or stop the agent so that 'trialnet run' embeds its own")
+		return nil, nil, errf(client.CodeInternal, "cannot tie the Trial to the life of the process that asks: this kernel does not name a unix socket's peer by pidfd (SO_PEERPIDFD, Linux 6.5+). Use 'trialnet create', 'exec' and 'destroy' instead, or stop the agent so that 'trialnet run' embeds its own")
 	case errors.Is(err, errOwnerExited):
-		return nil, nil, errf(CodeBadRequest, "the process that asked for this Trial exited before it was made; nothing was created")
+		return nil, nil, errf(client.CodeBadRequest, "the process that asked for this Trial exited before it was made; nothing was created")
 	case err != nil:
-		return nil, nil, errf(CodeBadRequest, "cannot tie the Trial to the life of the process that asks: %v; run it where the agent runs, or use 'trialnet create' and 'destroy'", err)
+		return nil, nil, errf(client.CodeBadRequest, "cannot tie the Trial to the life of the process that asks: %v; run it where the agent runs, or use 'trialnet create' and 'destroy'", err)
 	}
 	return o, pidfd, nil
 }
 
 // ownerPID is o's pid for the log; 0: no owner.
-func ownerPID(o *Owner) int {
+func ownerPID(o *trialspec.Owner) int {
 	if o == nil {
 		return 0
 	}
@@ -183,8 +184,8 @@ func (a *Agent) watchOwner(lt *trial) {
 			return
 		}
 		a.log.Warn("destroying a Trial whose owner exited", "trial", id, "reason", fmt.Sprintf("owner pid %d exited", pid))
-		var e *Error
-		if _, err := a.Destroy(context.Background(), id); err != nil && !(errors.As(err, &e) && e.Code == CodeUnknownTrial) {
+		var e *client.Error
+		if _, err := a.Destroy(context.Background(), id); err != nil && !(errors.As(err, &e) && e.Code == client.CodeUnknownTrial) {
 			a.log.Error("destroy a Trial whose owner exited", "trial", id, "error", err)
 		}
 	}()

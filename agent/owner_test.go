@@ -4,6 +4,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,10 +21,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/procstat"
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 const (
@@ -34,9 +37,9 @@ const (
 // ownerMain is the test binary as an owner: it asks the agent on sock for
 // owned Trials ids, says "created", and lives until its stdin closes.
 func ownerMain(sock string, ids []string) int {
-	c := NewClient(sock)
+	c := client.NewClient(sock)
 	for _, id := range ids {
-		if _, err := c.Create(context.Background(), CreateRequest{ID: id, Owned: true}); err != nil {
+		if _, err := c.Create(context.Background(), trialspec.Request{ID: id, Owned: true}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -110,7 +113,7 @@ func TestOpenOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := Owner{PID: cmd.Process.Pid, Start: start}
+	o := trialspec.Owner{PID: cmd.Process.Pid, Start: start}
 	f, err := openOwner(o)
 	if err != nil {
 		t.Fatalf("openOwner of a running process: %v", err)
@@ -128,7 +131,7 @@ func TestOpenOwner(t *testing.T) {
 	if gone() {
 		t.Fatal("a running process reads as exited")
 	}
-	if _, err := openOwner(Owner{PID: o.PID, Start: o.Start + 1}); !errors.Is(err, errOwnerExited) {
+	if _, err := openOwner(trialspec.Owner{PID: o.PID, Start: o.Start + 1}); !errors.Is(err, errOwnerExited) {
 		t.Fatalf("openOwner with another start time: %v, want errOwnerExited", err)
 	}
 	_ = cmd.Process.Kill()
@@ -178,21 +181,26 @@ func TestPeerOwnerIsTheConnectingProcess(t *testing.T) {
 func TestOwnedCreateTakesNoOwnerFromTheRequest(t *testing.T) {
 	a := &Agent{log: slog.New(slog.DiscardHandler), trials: make(map[string]*trial)}
 	sock := serveControl(t, a)
-	c := NewClient(sock)
-	req, err := http.NewRequest(http.MethodPost, "http://trialnet/v1/trials", strings.NewReader(`{"id":"agt-own-x","owned":true,"owner":{"pid":1,"start":1}}`))
+	// Raw, as a Client's Create has no way to send an owner.
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := hc.Post("http://trialnet/v1/trials", "application/json", strings.NewReader(`{"id":"agt-own-x","owned":true,"owner":{"pid":1,"start":1}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.send(req)
-	var e *Error
-	if !errors.As(err, &e) || e.Code != CodeBadRequest || !strings.Contains(e.Message, `unknown field "owner"`) {
-		t.Fatalf("a create naming its owner: %v, want bad_request", err)
+	defer resp.Body.Close()
+	var body struct{ Error *client.Error }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || body.Error == nil ||
+		body.Error.Code != client.CodeBadRequest || !strings.Contains(body.Error.Message, `unknown field "owner"`) {
+		t.Fatalf("a create naming its owner: %s, %+v (%v), want bad_request", resp.Status, body.Error, err)
 	}
 }
 
 // trialGone waits, bounded, until nothing of Trial info is left: the
 // agent's registry, its namespace, cgroup, record and policy entry.
-func trialGone(t *testing.T, a *Agent, info TrialInfo, d time.Duration) {
+func trialGone(t *testing.T, a *Agent, info client.TrialInfo, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -207,7 +215,7 @@ func trialGone(t *testing.T, a *Agent, info TrialInfo, d time.Duration) {
 	}
 }
 
-func leftOf(a *Agent, info TrialInfo) []string {
+func leftOf(a *Agent, info client.TrialInfo) []string {
 	var left []string
 	if _, err := a.Get(context.Background(), info.ID); err == nil {
 		left = append(left, "listed")
@@ -223,7 +231,7 @@ func leftOf(a *Agent, info TrialInfo) []string {
 	return left
 }
 
-func ids(l []TrialInfo) []string {
+func ids(l []client.TrialInfo) []string {
 	var out []string
 	for _, i := range l {
 		out = append(out, i.ID)
@@ -248,10 +256,10 @@ func TestPrivilegedOwnedTrialsAcrossRestart(t *testing.T) {
 	sock := serveControl(t, a)
 	dead, _ := ownerProcess(t, sock, "agt-own-dead")
 	live, liveIn := ownerProcess(t, sock, "agt-own-live")
-	if _, err := NewClient(sock).Create(context.Background(), CreateRequest{ID: "agt-own-none"}); err != nil {
+	if _, err := client.NewClient(sock).Create(context.Background(), trialspec.Request{ID: "agt-own-none"}); err != nil {
 		t.Fatal(err)
 	}
-	infos := map[string]TrialInfo{}
+	infos := map[string]client.TrialInfo{}
 	for _, info := range a.list() {
 		infos[info.ID] = info
 	}
@@ -346,7 +354,7 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 		t.Errorf("%d goroutines still watch the owner of Trials destroyed while it lives", n)
 	}
 	dier, _ := ownerProcess(t, sock, dropped...)
-	var infos []TrialInfo
+	var infos []client.TrialInfo
 	for _, id := range dropped {
 		info, err := a.Get(context.Background(), id)
 		if err != nil {
@@ -424,12 +432,12 @@ func TestOwnedCreateOnAnOlderAgentSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeErr(w, errf(CodeBadRequest, "request body: json: unknown field \"owned\""))
+		writeErr(w, errf(client.CodeBadRequest, "request body: json: unknown field \"owned\""))
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	_, err = NewClient(sock).Create(context.Background(), CreateRequest{Owned: true})
-	var e *Error
+	_, err = client.NewClient(sock).Create(context.Background(), trialspec.Request{Owned: true})
+	var e *client.Error
 	if err == nil || !strings.Contains(err.Error(), "older than this trialnet") || !strings.Contains(err.Error(), "Restart the agent") || !errors.As(err, &e) {
 		t.Fatalf("owned create on an older agent: %v", err)
 	}

@@ -14,29 +14,10 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
-
-// AllowChange changes a live Trial's allowlist (PATCH /v1/trials/{id}/allow).
-// Entries are parsed and refused exactly as at create. The change applies
-// to every CONNECT not yet answered; open tunnels stay unless Cut is set,
-// and then only those a removed entry allowed are ended.
-type AllowChange struct {
-	Add        []string `json:"add,omitempty"`
-	Remove     []string `json:"remove,omitempty"`
-	RequireTLS bool     `json:"require_tls,omitempty"` // for the added entries
-	Cut        bool     `json:"cut,omitempty"`
-}
-
-// AllowChanged is the answer to an AllowChange.
-type AllowChanged struct {
-	Trial      TrialInfo `json:"trial"`
-	TunnelsCut int       `json:"tunnels_cut"`
-	// Note says what the change does not do: on a learning Trial, a
-	// removed name is still let through (as would_deny).
-	Note string `json:"note,omitempty"`
-}
 
 // uidUnknown is the uid recorded for a change whose caller's credentials
 // could not be read (an embedded agent's own caller, for one).
@@ -49,29 +30,29 @@ const uidUnknown = -1
 // new list), the change is logged as a policy-change record, and the
 // proxy switches to the list, cutting tunnels if asked. Changes of one
 // Trial are serialised.
-func (a *Agent) ChangeAllow(ctx context.Context, id string, ch AllowChange) (AllowChanged, error) {
+func (a *Agent) ChangeAllow(ctx context.Context, id string, ch client.AllowChange) (client.AllowChanged, error) {
 	uid := callerUID(ctx)
 	leave, err := a.enter()
 	if err != nil {
-		return AllowChanged{}, err
+		return client.AllowChanged{}, err
 	}
 	defer leave()
 	lt, err := a.lookup(id)
 	if err != nil {
-		return AllowChanged{}, err
+		return client.AllowChanged{}, err
 	}
 	if len(ch.Add) == 0 && len(ch.Remove) == 0 {
-		return AllowChanged{}, errf(CodeBadRequest, "an allowlist change needs entries to add or remove")
+		return client.AllowChanged{}, errf(client.CodeBadRequest, "an allowlist change needs entries to add or remove")
 	}
 	add, err := allow.Parse(ch.Add, ch.RequireTLS)
 	if err != nil {
-		return AllowChanged{}, errf(CodeBadAllowlist, "%v", err)
+		return client.AllowChanged{}, errf(client.CodeBadAllowlist, "%v", err)
 	}
 	var remove []allow.Entry
 	for _, s := range ch.Remove {
 		e, err := allow.ParseEntry(s)
 		if err != nil {
-			return AllowChanged{}, errf(CodeBadAllowlist, "%v", err)
+			return client.AllowChanged{}, errf(client.CodeBadAllowlist, "%v", err)
 		}
 		remove = append(remove, e)
 	}
@@ -79,17 +60,17 @@ func (a *Agent) ChangeAllow(ctx context.Context, id string, ch AllowChange) (All
 	defer lt.policy.Unlock()
 	cur, ok := a.proxy.Allow(id)
 	if !ok {
-		return AllowChanged{}, errf(CodeUnknownTrial, "no live Trial %q", id)
+		return client.AllowChanged{}, errf(client.CodeUnknownTrial, "no live Trial %q", id)
 	}
 	next, err := cur.Change(add.Entries(), remove)
 	if err != nil {
-		return AllowChanged{}, errf(CodeBadAllowlist, "Trial %s: %v", id, err)
+		return client.AllowChanged{}, errf(client.CodeBadAllowlist, "Trial %s: %v", id, err)
 	}
 	info := a.info(lt)
 	info.Allow = config.AllowEntries(next)
 	info.Denied = denied(info.Denied, allow.Strings(add.Entries()), allow.Strings(remove))
 	if err := lt.tr.SetSpec(info.Spec); err != nil {
-		return AllowChanged{}, errf(CodeInternal, "store the allowlist of %s: %v", id, err)
+		return client.AllowChanged{}, errf(client.CodeInternal, "store the allowlist of %s: %v", id, err)
 	}
 	a.mu.Lock()
 	lt.info.Allow, lt.info.Denied = info.Allow, info.Denied
@@ -105,12 +86,12 @@ func (a *Agent) ChangeAllow(ctx context.Context, id string, ch AllowChange) (All
 	}
 	n, err := a.proxy.SetAllow(id, next, cut)
 	if err != nil {
-		return AllowChanged{}, errf(CodeUnknownTrial, "%v", err)
+		return client.AllowChanged{}, errf(client.CodeUnknownTrial, "%v", err)
 	}
 	pn, unconfirmed := a.allowOnPredecessor(ctx, id, next, cut)
 	n += pn
 	a.log.Info("allowlist changed", "trial", id, "uid", uid, "added", pc.Added, "removed", pc.Removed, "tunnels_cut", n)
-	res := AllowChanged{Trial: info, TunnelsCut: n, Note: unconfirmed}
+	res := client.AllowChanged{Trial: info, TunnelsCut: n, Note: unconfirmed}
 	if info.Learning && len(remove) > 0 {
 		res.Note = strings.TrimPrefix(res.Note+"; this Trial is learning: names off its allowlist, the removed ones included, are still let through and recorded as would_deny", "; ")
 	}

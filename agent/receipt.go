@@ -16,9 +16,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/rootdir"
-	"github.com/trialnet/trialnet/record"
-	"github.com/trialnet/trialnet/sandbox"
 )
 
 // DefaultReceiptKey is the host's receipt signing key (ed25519, PKCS#8
@@ -26,48 +25,13 @@ import (
 // public half is beside it, ReceiptPublicKey(path), for anyone.
 const DefaultReceiptKey = "/var/lib/trialnet/receipt.key"
 
-// receiptSchema is the version of Receipt.
-const receiptSchema = 1
-
-// Receipt is what an evaluation attaches in place of a terminal's text:
-// a Trial's end, as the host saw it, signed with a key only root reads.
-type Receipt struct {
-	Schema int    `json:"schema"`
-	Trial  string `json:"trial"`
-	// Nonce is the harness's value given to run or create (empty: none),
-	// which binds the receipt to the run the harness started.
-	Nonce    string            `json:"nonce,omitempty"`
-	Host     string            `json:"host"`
-	Start    time.Time         `json:"start"`
-	End      time.Time         `json:"end"`
-	ExitCode *int              `json:"exit_code"` // as the runner reported it; null when it reported none
-	Learning bool              `json:"learning"`
-	Verdict  string            `json:"verdict"`
-	Kernel   map[string]uint64 `json:"kernel"`
-	Proxy    record.TrialStats `json:"proxy"`
-	Pools    []sandbox.PoolUse `json:"pools"`
-	Layers   Layers            `json:"layers"`
-	// Programs are the tags of the eBPF programs that enforced the Trial
-	// (name → tag, as bpftool shows them).
-	Programs map[string]string `json:"programs"`
-	// DecisionLog is the SHA-256 and size of the Trial's decisions.jsonl
-	// when the receipt was made; empty where no log was kept.
-	DecisionLog *LogDigest `json:"decision_log"`
-}
-
-// LogDigest identifies a decision log's content.
-type LogDigest struct {
-	SHA256 string `json:"sha256"`
-	Bytes  int64  `json:"bytes"`
-}
-
-// SignedReceipt is a receipt as written: its bytes, and the signature
-// over them, compacted (json.Compact: an indented copy, as in a run
-// report, verifies too), with the key whose public half is given.
-type SignedReceipt struct {
-	Receipt   json.RawMessage `json:"receipt"`
-	Signature []byte          `json:"signature"`
-	PublicKey []byte          `json:"public_key"`
+// signReceipt encodes r once and signs those bytes.
+func signReceipt(r client.Receipt, key ed25519.PrivateKey) (client.SignedReceipt, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return client.SignedReceipt{}, err
+	}
+	return client.SignedReceipt{Receipt: b, Signature: ed25519.Sign(key, b), PublicKey: key.Public().(ed25519.PublicKey)}, nil
 }
 
 // ReceiptPublicKey is where the public half of the key at path is kept.
@@ -155,7 +119,7 @@ func makeKey(path string) error {
 
 // DigestLog is the digest of the decision log at path, nil if there is
 // none.
-func DigestLog(path string) (*LogDigest, error) {
+func DigestLog(path string) (*client.LogDigest, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -169,48 +133,7 @@ func DigestLog(path string) (*LogDigest, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &LogDigest{SHA256: hex.EncodeToString(h.Sum(nil)), Bytes: n}, nil
-}
-
-// Sign encodes r once and signs those bytes.
-func (r Receipt) Sign(key ed25519.PrivateKey) (SignedReceipt, error) {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return SignedReceipt{}, err
-	}
-	return SignedReceipt{Receipt: b, Signature: ed25519.Sign(key, b), PublicKey: key.Public().(ed25519.PublicKey)}, nil
-}
-
-// ErrReceiptForged is wrapped by Verify for a receipt whose signature or
-// key does not hold.
-var ErrReceiptForged = errors.New("the receipt does not verify")
-
-// ErrReceiptOtherRun is for a genuine receipt of another run than the
-// one expected: another nonce, or none, or another Trial.
-var ErrReceiptOtherRun = errors.New("the receipt is of another run")
-
-// Verify checks s against the host key pub (the public half of the key
-// that signs this host's receipts) and returns what it says. A receipt
-// signed by another key, or changed after it was signed, fails.
-func (s SignedReceipt) Verify(pub ed25519.PublicKey) (Receipt, error) {
-	if !bytes.Equal(s.PublicKey, pub) {
-		return Receipt{}, fmt.Errorf("%w: it was signed with another key than this host's", ErrReceiptForged)
-	}
-	var compact bytes.Buffer
-	if err := json.Compact(&compact, s.Receipt); err != nil {
-		return Receipt{}, fmt.Errorf("%w: %v", ErrReceiptForged, err)
-	}
-	if !ed25519.Verify(pub, compact.Bytes(), s.Signature) {
-		return Receipt{}, fmt.Errorf("%w: its signature does not match its content", ErrReceiptForged)
-	}
-	var r Receipt
-	if err := json.Unmarshal(s.Receipt, &r); err != nil {
-		return Receipt{}, fmt.Errorf("%w: %v", ErrReceiptForged, err)
-	}
-	if r.Schema > receiptSchema {
-		return Receipt{}, fmt.Errorf("receipt schema %d is newer than the %d this trialnet reads", r.Schema, receiptSchema)
-	}
-	return r, nil
+	return &client.LogDigest{SHA256: hex.EncodeToString(h.Sum(nil)), Bytes: n}, nil
 }
 
 // ReportSignature signs a whole run report: every field beside the
@@ -234,7 +157,7 @@ func SignReport(keyPath string, b []byte) (ReportSignature, error) {
 // Verify checks s over b against the host key pub.
 func (s ReportSignature) Verify(pub ed25519.PublicKey, b []byte) error {
 	if !bytes.Equal(s.PublicKey, pub) || !ed25519.Verify(pub, b, s.Signature) {
-		return fmt.Errorf("%w: the report's own fields (exit code, verdict, counters, summary) are not what trialnet wrote, or another host's key signed them", ErrReceiptForged)
+		return fmt.Errorf("%w: the report's own fields (exit code, verdict, counters, summary) are not what trialnet wrote, or another host's key signed them", client.ErrReceiptForged)
 	}
 	return nil
 }
@@ -251,7 +174,7 @@ func ReadPublicKey(path string) (ed25519.PublicKey, error) {
 // sign makes the receipt of a Trial just torn down, signs it, keeps it in
 // the Trial's data directory and gives it to st. An agent without a key
 // (made by hand, as in tests) signs nothing.
-func (a *Agent) sign(lt *trial, st *Stats, exit *int) error {
+func (a *Agent) sign(lt *trial, st *client.Stats, exit *int) error {
 	if a.cfg.ReceiptKey == "" {
 		return nil
 	}
@@ -260,7 +183,7 @@ func (a *Agent) sign(lt *trial, st *Stats, exit *int) error {
 		return fmt.Errorf("sign the Trial's receipt: %w", err)
 	}
 	host, _ := os.Hostname()
-	r := Receipt{Schema: receiptSchema, Trial: st.Trial, Nonce: lt.info.Nonce, Host: host, Start: lt.info.Created, End: time.Now().UTC(), ExitCode: exit,
+	r := client.Receipt{Schema: client.ReceiptSchema, Trial: st.Trial, Nonce: lt.info.Nonce, Host: host, Start: lt.info.Created, End: time.Now().UTC(), ExitCode: exit,
 		Learning: st.Learning, Verdict: st.Verdict, Kernel: st.Kernel, Proxy: st.Proxy, Pools: st.Pools, Layers: st.Layers,
 		Programs: a.host.BPF.ProgramTags()}
 	if a.cfg.DataDir != "" {
@@ -268,7 +191,7 @@ func (a *Agent) sign(lt *trial, st *Stats, exit *int) error {
 			return fmt.Errorf("digest the decision log for the receipt: %w", err)
 		}
 	}
-	signed, err := r.Sign(key)
+	signed, err := signReceipt(r, key)
 	if err != nil {
 		return err
 	}

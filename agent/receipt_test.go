@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/trialnet/trialnet/client"
 )
 
 // Makers racing for a fresh key all get the one key on disk, and its
@@ -44,7 +46,7 @@ func TestReceiptKeyAndVerify(t *testing.T) {
 	}
 
 	exit := 3
-	signed, err := Receipt{Schema: receiptSchema, Trial: "t1", ExitCode: &exit, Verdict: "verdict: 0 direct egress packets (ok)"}.Sign(keys[0])
+	signed, err := signReceipt(client.Receipt{Schema: client.ReceiptSchema, Trial: "t1", ExitCode: &exit, Verdict: "verdict: 0 direct egress packets (ok)"}, keys[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,17 +57,17 @@ func TestReceiptKeyAndVerify(t *testing.T) {
 	if err := json.Indent(&indented, signed.Receipt, "", "  "); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (SignedReceipt{Receipt: indented.Bytes(), Signature: signed.Signature, PublicKey: signed.PublicKey}).Verify(pub); err != nil {
+	if _, err := (client.SignedReceipt{Receipt: indented.Bytes(), Signature: signed.Signature, PublicKey: signed.PublicKey}).Verify(pub); err != nil {
 		t.Fatalf("an indented copy: %v", err)
 	}
 	changed := signed
 	changed.Receipt = bytes.Replace(signed.Receipt, []byte(`"exit_code":3`), []byte(`"exit_code":0`), 1)
-	if _, err := changed.Verify(pub); !errors.Is(err, ErrReceiptForged) {
+	if _, err := changed.Verify(pub); !errors.Is(err, client.ErrReceiptForged) {
 		t.Fatalf("a changed receipt: %v", err)
 	}
 	_, other, _ := ed25519.GenerateKey(nil)
-	forged, _ := Receipt{Schema: receiptSchema, Trial: "t1"}.Sign(other)
-	if _, err := forged.Verify(pub); !errors.Is(err, ErrReceiptForged) {
+	forged, _ := signReceipt(client.Receipt{Schema: client.ReceiptSchema, Trial: "t1"}, other)
+	if _, err := forged.Verify(pub); !errors.Is(err, client.ErrReceiptForged) {
 		t.Fatalf("a receipt signed by another key: %v", err)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.key")

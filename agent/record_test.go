@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	trialspec "github.com/trialnet/trialnet/trial"
 
 	"github.com/trialnet/trialnet/allow"
@@ -134,7 +135,7 @@ func TestDecisionRecordRoundTrip(t *testing.T) {
 			t.Errorf("record %d read back as\n%+v\nwant\n%+v", i, g, w)
 		}
 	}
-	replayed := a.replayStats(&trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}})
+	replayed := a.replayStats(&trial{info: client.TrialInfo{Spec: trialspec.Spec{ID: id}}})
 	final.Active = 0
 	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
 		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
@@ -166,7 +167,7 @@ func TestDecisionLogFloodSummarised(t *testing.T) {
 	if final.Denied != n || len(live) != 1 || live[0].Count != n || live[0].Target != recs[0].Target {
 		t.Fatalf("live: stats %+v, refused %+v; want all %d", final, live, n)
 	}
-	replayed := a.replayStats(&trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}})
+	replayed := a.replayStats(&trial{info: client.TrialInfo{Spec: trialspec.Spec{ID: id}}})
 	final.Active = 0
 	if replayed == nil || !reflect.DeepEqual(*replayed, final) {
 		t.Fatalf("replayed counters %+v, want the proxy's %+v", replayed, final)
@@ -205,7 +206,7 @@ func TestDecisionLogSchemas(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "line 3: decision record has schema 5, newer than the 4") || recs != nil {
 		t.Fatalf("audit with a newer record: %d records, %v; want a schema error naming line 3", len(recs), err)
 	}
-	st := a.replayStats(&trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}})
+	st := a.replayStats(&trial{info: client.TrialInfo{Spec: trialspec.Spec{ID: id}}})
 	if st == nil || st.Allowed != 1 || st.Denied != 1 || st.BytesUp != 5 || st.BytesDown != 7 {
 		t.Fatalf("replayed %+v; want the old and current records only", st)
 	}
@@ -252,7 +253,7 @@ func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.Li
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.proxy.Close() })
-	lt := &trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}}
+	lt := &trial{info: client.TrialInfo{Spec: trialspec.Spec{ID: id}}}
 	if lim != nil {
 		lt.info.Limits = &trialspec.Limits{ProxyLimits: *lim}
 	}
@@ -372,7 +373,7 @@ func TestTopRefusedSurvivesARestart(t *testing.T) {
 	}
 	final, _ := a.proxy.RemoveTrial(id)
 	live := final.TopRefused(topRefused)
-	replayed := a.replayStats(&trial{info: TrialInfo{Spec: trialspec.Spec{ID: id}}})
+	replayed := a.replayStats(&trial{info: client.TrialInfo{Spec: trialspec.Spec{ID: id}}})
 	if replayed == nil || !reflect.DeepEqual(replayed.TopRefused(topRefused), live) {
 		t.Fatalf("most refused after a replay %+v, live %+v", replayed.TopRefused(topRefused), live)
 	}

@@ -11,31 +11,12 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
-
-// CodeBadConfig: a reload found the config file unreadable or invalid,
-// or changing what cannot change while the agent runs.
-const CodeBadConfig = "bad_config"
-
-// ReloadRequest asks the agent to read its config file again.
-type ReloadRequest struct {
-	// Reprofile also gives every live Trial made from profiles the new
-	// allowlist of its profiles (its explicit --allow entries stay).
-	Reprofile bool `json:"reprofile,omitempty"`
-}
-
-// ReloadResult says what a reload applied.
-type ReloadResult struct {
-	Config     string   `json:"config"`
-	Profiles   []string `json:"profiles"`
-	Reprofiled []string `json:"reprofiled"` // Trials whose allowlist was replaced
-	// Note says what the reload did not do: the agent this one took over
-	// from, still draining, did not confirm a reprofiled Trial's list.
-	Note string `json:"note,omitempty"`
-}
 
 // proxySettings are what the proxy serves new Trials with under file
 // (nil: none) and the agent's own settings.
@@ -51,7 +32,7 @@ func (a *Agent) proxySettings(file *config.File) (config.ProxySettings, error) {
 // reprofiled is one live Trial's new allowlist, ready to apply.
 type reprofiled struct {
 	lt       *trial
-	old, new TrialInfo
+	old, new client.TrialInfo
 	allow    *allow.List
 }
 
@@ -61,35 +42,35 @@ type reprofiled struct {
 // says why. Profiles, resolvers, allowed CIDRs, limits and retention
 // apply to Trials created afterwards; live Trials keep the policy they
 // were created with unless Reprofile is set.
-func (a *Agent) Reload(ctx context.Context, req ReloadRequest) (ReloadResult, error) {
+func (a *Agent) Reload(ctx context.Context, req client.ReloadRequest) (client.ReloadResult, error) {
 	leave, err := a.enter()
 	if err != nil {
-		return ReloadResult{}, err
+		return client.ReloadResult{}, err
 	}
 	defer leave()
 	a.reloadMu.Lock()
 	defer a.reloadMu.Unlock()
 	path := a.cfg.ConfigPath
 	if path == "" {
-		return ReloadResult{}, errf(CodeBadRequest, "this agent was started without --config: there is no file to reload")
+		return client.ReloadResult{}, errf(client.CodeBadRequest, "this agent was started without --config: there is no file to reload")
 	}
 	f, err := config.LoadFile(path)
 	if err != nil {
-		return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %v", err)
+		return client.ReloadResult{}, errf(client.CodeBadConfig, "reload refused, nothing changed: %v", err)
 	}
 	if err := samePaths(a.file.Load(), f); err != nil {
-		return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
+		return client.ReloadResult{}, errf(client.CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
 	}
 	set, err := a.proxySettings(f)
 	if err != nil {
-		return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
+		return client.ReloadResult{}, errf(client.CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
 	}
 	var plan []reprofiled
 	if req.Reprofile {
 		var unlock func()
 		plan, unlock, err = a.planReprofile(f)
 		if err != nil {
-			return ReloadResult{}, errf(CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
+			return client.ReloadResult{}, errf(client.CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
 		}
 		defer unlock() // no allow/deny between the plan and the swap
 	}
@@ -101,12 +82,12 @@ func (a *Agent) Reload(ctx context.Context, req ReloadRequest) (ReloadResult, er
 					a.log.Error("reload: restore a Trial's record", "trial", plan[j].new.ID, "error", uerr)
 				}
 			}
-			return ReloadResult{}, errf(CodeInternal, "reload refused, nothing changed: record of Trial %s: %v", plan[i].new.ID, err)
+			return client.ReloadResult{}, errf(client.CodeInternal, "reload refused, nothing changed: record of Trial %s: %v", plan[i].new.ID, err)
 		}
 	}
 	a.proxy.Reconfigure(set)
 	a.file.Store(f)
-	res := ReloadResult{Config: path, Profiles: f.ProfileNames(), Reprofiled: []string{}}
+	res := client.ReloadResult{Config: path, Profiles: f.ProfileNames(), Reprofiled: []string{}}
 	for _, r := range plan {
 		if _, err := a.proxy.SetAllow(r.new.ID, r.allow, nil); err != nil {
 			continue // destroyed meanwhile
@@ -177,7 +158,7 @@ func (a *Agent) planReprofile(f *config.File) (_ []reprofiled, unlock func(), er
 		if err != nil {
 			return nil, nil, fmt.Errorf("live Trial %s: %w", old.ID, err)
 		}
-		explicit, err := parseEntries(old.Allow, func(e AllowEntry) bool { return e.Profile == "" })
+		explicit, err := parseEntries(old.Allow, func(e trialspec.AllowEntry) bool { return e.Profile == "" })
 		if err != nil {
 			return nil, nil, fmt.Errorf("live Trial %s: %w", old.ID, err)
 		}
@@ -223,7 +204,7 @@ func (a *Agent) recordReprofile(r reprofiled) {
 
 // parseEntries parses a Trial's stored entries that keep says to keep
 // (nil: all).
-func parseEntries(list []AllowEntry, keep func(AllowEntry) bool) ([]allow.Entry, error) {
+func parseEntries(list []trialspec.AllowEntry, keep func(trialspec.AllowEntry) bool) ([]allow.Entry, error) {
 	var out []allow.Entry
 	for _, e := range list {
 		if keep != nil && !keep(e) {
@@ -243,7 +224,7 @@ func parseEntries(list []AllowEntry, keep func(AllowEntry) bool) ([]allow.Entry,
 // Trial's record and its description in memory, under a.mu so that a
 // destroy cannot remove the record in between and have it written back.
 // A Trial destroyed meanwhile is skipped.
-func (a *Agent) writeInfo(r *reprofiled, info TrialInfo) error {
+func (a *Agent) writeInfo(r *reprofiled, info client.TrialInfo) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if r.lt.state != stateLive {

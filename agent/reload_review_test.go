@@ -8,9 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/record"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // Found by an attacker's read of reload, learning and live changes.
@@ -39,10 +41,10 @@ func TestPrivilegedReloadLearnOffStopsLearning(t *testing.T) {
 	cfg, path := reloadable(t, w, "profiles:\n  dev:\n    learn: true\n    allow: ["+up+"]\n")
 	a := startAgent(t, cfg)
 	writeConfig(t, path, "profiles:\n  dev:\n    allow: ["+up+"]\n")
-	if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
+	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	info, err := a.Create(context.Background(), CreateRequest{ID: "rv-learn", Profiles: []string{"dev"}})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "rv-learn", Profiles: []string{"dev"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,10 +67,10 @@ func TestPrivilegedReprofileKeepsDenied(t *testing.T) {
 	other := fmt.Sprintf("other.example.test:%d", upstreamPort)
 	cfg, _ := reloadable(t, w, "profiles:\n  p1: ["+up+", "+other+"]\n")
 	a := startAgent(t, cfg)
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "rv-rp", Profiles: []string{"p1"}}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "rv-rp", Profiles: []string{"p1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), 0), "rv-rp", AllowChange{Remove: []string{other}, Cut: true}); err != nil {
+	if _, err := a.ChangeAllow(WithCallerUID(context.Background(), 0), "rv-rp", client.AllowChange{Remove: []string{other}, Cut: true}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := through(t, a, "rv-rp", "http://"+up+"/"); code != 0 {
@@ -77,7 +79,7 @@ func TestPrivilegedReprofileKeepsDenied(t *testing.T) {
 	if code, reason := refusedFor(t, a, "rv-rp", "http://"+other+"/"); code == 0 || reason != string(record.ReasonPolicyDenied) {
 		t.Fatalf("deny did not apply: exit %d, reason %q", code, reason)
 	}
-	if _, err := a.Reload(context.Background(), ReloadRequest{Reprofile: true}); err != nil { // same file
+	if _, err := a.Reload(context.Background(), client.ReloadRequest{Reprofile: true}); err != nil { // same file
 		t.Fatal(err)
 	}
 	code, reason := refusedFor(t, a, "rv-rp", "http://"+other+"/")
@@ -100,16 +102,16 @@ func TestPrivilegedRestartKeepsCreatedCIDRs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "rv-old", Profiles: []string{"p1"}}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "rv-old", Profiles: []string{"p1"}}); err != nil {
 		t.Fatal(err)
 	}
 	writeConfig(t, path, "profiles:\n  p1: ["+target+"]\nallow_cidrs: [198.18.0.0/15]\n")
-	if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
+	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	// A Trial created after the reload reaches the target: it is up, and
 	// the reload did apply to new Trials.
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "rv-new", Profiles: []string{"p1"}}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "rv-new", Profiles: []string{"p1"}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := through(t, a, "rv-new", url); code != 0 {

@@ -12,8 +12,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // reloadable is an in-process agent started from a config file that the
@@ -40,7 +42,7 @@ func writeConfig(t *testing.T, path, yaml string) {
 
 func wantCode(t *testing.T, err error, code, contains string) {
 	t.Helper()
-	var e *Error
+	var e *client.Error
 	if !errors.As(err, &e) || e.Code != code || !strings.Contains(e.Message, contains) {
 		t.Fatalf("got %v, want a %s error saying %q", err, code, contains)
 	}
@@ -57,7 +59,7 @@ func TestPrivilegedReloadAppliesToNewTrials(t *testing.T) {
 	cfg, path := reloadable(t, w, "profiles:\n  p1: ["+target+"]\n")
 	cfg.AllowCIDRs = nil // the test host (198.18.0.0/15) is reserved: refused until the file allows it
 	a := startAgent(t, cfg)
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "rl-old", Profiles: []string{"p1"}}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "rl-old", Profiles: []string{"p1"}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, out := through(t, a, "rl-old", url); code == 0 || !strings.Contains(out, "403") {
@@ -75,29 +77,29 @@ func TestPrivilegedReloadAppliesToNewTrials(t *testing.T) {
 	for name, b := range bad {
 		t.Run(name, func(t *testing.T) {
 			writeConfig(t, path, b.yaml)
-			_, err := a.Reload(context.Background(), ReloadRequest{})
-			wantCode(t, err, CodeBadConfig, b.says)
+			_, err := a.Reload(context.Background(), client.ReloadRequest{})
+			wantCode(t, err, client.CodeBadConfig, b.says)
 			if !strings.Contains(err.Error(), "nothing changed") {
 				t.Fatalf("the error does not say nothing changed: %v", err)
 			}
-			_, err = a.Create(context.Background(), CreateRequest{ID: "rl-p2", Profiles: []string{"p2"}})
-			wantCode(t, err, CodeUnknownProfile, "p2")
+			_, err = a.Create(context.Background(), trialspec.Request{ID: "rl-p2", Profiles: []string{"p2"}})
+			wantCode(t, err, client.CodeUnknownProfile, "p2")
 		})
 	}
 	// The old profile still works after the refusals.
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "rl-p1", Profiles: []string{"p1"}}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "rl-p1", Profiles: []string{"p1"}}); err != nil {
 		t.Fatalf("the old profile after refused reloads: %v", err)
 	}
 
 	writeConfig(t, path, "profiles:\n  p1: ["+target+"]\n  p2: ["+target+"]\nallow_cidrs: [198.18.0.0/15]\n")
-	res, err := a.Reload(context.Background(), ReloadRequest{})
+	res, err := a.Reload(context.Background(), client.ReloadRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(res.Profiles, []string{"p1", "p2"}) || len(res.Reprofiled) != 0 {
 		t.Fatalf("reload result %+v", res)
 	}
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "rl-new", Profiles: []string{"p2"}}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "rl-new", Profiles: []string{"p2"}}); err != nil {
 		t.Fatalf("the new profile: %v", err)
 	}
 	if code, out := through(t, a, "rl-new", url); code != 0 {
@@ -124,10 +126,10 @@ func TestPrivilegedReloadReprofile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "rp-prof", Profiles: []string{"p1"}}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "rp-prof", Profiles: []string{"p1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Create(context.Background(), CreateRequest{ID: "rp-allow", Allow: []string{up}}); err != nil {
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "rp-allow", Allow: []string{up}}); err != nil {
 		t.Fatal(err)
 	}
 	reach := func(a *Agent, id, target string) bool {
@@ -136,20 +138,20 @@ func TestPrivilegedReloadReprofile(t *testing.T) {
 	}
 
 	writeConfig(t, path, "profiles:\n  p9: ["+other+"]\n")
-	_, err = a.Reload(context.Background(), ReloadRequest{Reprofile: true})
-	wantCode(t, err, CodeBadConfig, "rp-prof")
+	_, err = a.Reload(context.Background(), client.ReloadRequest{Reprofile: true})
+	wantCode(t, err, client.CodeBadConfig, "rp-prof")
 	if !reach(a, "rp-prof", up) {
 		t.Fatal("a refused reprofile changed the Trial's allowlist")
 	}
 
 	writeConfig(t, path, "profiles:\n  p1: ["+other+"]\n")
-	if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
+	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	if !reach(a, "rp-prof", up) || reach(a, "rp-prof", other) {
 		t.Fatal("a reload without --reprofile changed a live Trial's allowlist")
 	}
-	res, err := a.Reload(context.Background(), ReloadRequest{Reprofile: true})
+	res, err := a.Reload(context.Background(), client.ReloadRequest{Reprofile: true})
 	if err != nil {
 		t.Fatal(err)
 	}

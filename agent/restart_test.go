@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/keeper"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // agentProc is a `trialnet agent` process of the test's own.
@@ -60,7 +62,7 @@ func runAgent(t *testing.T, bin string, args ...string) *agentProc {
 	return p
 }
 
-func waitReady(t *testing.T, c *Client, p *agentProc) {
+func waitReady(t *testing.T, c *client.Client, p *agentProc) {
 	t.Helper()
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if _, err := c.List(context.Background()); err == nil {
@@ -71,7 +73,7 @@ func waitReady(t *testing.T, c *Client, p *agentProc) {
 }
 
 // waitAllowed waits until the Trial's proxy counted n allowed tunnels.
-func waitAllowed(t *testing.T, c *Client, id string, n uint64) Stats {
+func waitAllowed(t *testing.T, c *client.Client, id string, n uint64) client.Stats {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -94,9 +96,9 @@ func waitAllowed(t *testing.T, c *Client, id string, n uint64) Stats {
 type agentWithTrial struct {
 	bin   string
 	args  []string // the agent's arguments, to start it again
-	c     *Client
+	c     *client.Client
 	first *agentProc
-	info  TrialInfo
+	info  client.TrialInfo
 }
 
 // startAgentWithTrial builds trialnet, starts its agent with isolated
@@ -117,7 +119,7 @@ func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
 		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := agentWithTrial{bin: bin, args: []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}, c: NewClient(sock)}
+	p := agentWithTrial{bin: bin, args: []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}, c: client.NewClient(sock)}
 	// The keeper its agents start ends with the test.
 	t.Cleanup(func() {
 		if err := keeper.Stop(keeper.DefaultSocket(sock)); err != nil {
@@ -127,7 +129,7 @@ func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
 	p.first = runAgent(t, bin, p.args...)
 	waitReady(t, p.c, p.first)
 	var err error
-	if p.info, err = p.c.Create(context.Background(), CreateRequest{ID: id, Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}}); err != nil {
+	if p.info, err = p.c.Create(context.Background(), trialspec.Request{ID: id, Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}}); err != nil {
 		t.Fatal(err)
 	}
 	return p // the isolated host's cleanup (uninstall --force) removes the Trial
@@ -211,7 +213,7 @@ func TestPrivilegedReadoptCleansUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"agt-keep", "agt-gone"} {
-		if _, err := a.Create(context.Background(), CreateRequest{ID: id}); err != nil {
+		if _, err := a.Create(context.Background(), trialspec.Request{ID: id}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // The retention rule removes exactly the destroyed Trials' data it names:
@@ -111,7 +112,7 @@ func TestPrivilegedRetentionAfterDestroy(t *testing.T) {
 	cfg.File = &config.File{Retention: config.Retention{KeepTrials: 1}}
 	a := startAgent(t, cfg)
 	for _, id := range []string{"ret-live", "ret-a", "ret-b"} {
-		if _, err := a.Create(context.Background(), CreateRequest{ID: id}); err != nil {
+		if _, err := a.Create(context.Background(), trialspec.Request{ID: id}); err != nil {
 			t.Fatal(err)
 		}
 	}

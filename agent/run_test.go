@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // Run, driven as a library: an owned Trial made, the command run in it
@@ -32,9 +34,9 @@ func TestPrivilegedRunAsALibrary(t *testing.T) {
 	var refused []string
 	c := cmd(`curl -sS --max-time 5 -o /dev/null "http://other.example.test/" ; curl -sS --max-time 5 "http://upstream.example.test:` + fmt.Sprint(upstreamPort) + `/"; exit 3`)
 	c.Stdout, c.Stderr = &out, &out
-	res, err := Run(ctx, a, RunSpec{
-		Create:  CreateRequest{ID: "run-lib-1", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}},
-		Command: c,
+	res, err := client.Run(ctx, a, client.RunSpec{
+		Create: trialspec.Request{ID: "run-lib-1", Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}},
+		Launch: Launch{Command: c},
 		OnDecision: func(ev record.Event) {
 			if ev.Decision == record.DecisionDeny {
 				refused = append(refused, ev.Target)
@@ -55,12 +57,12 @@ func TestPrivilegedRunAsALibrary(t *testing.T) {
 	}
 
 	start := time.Now()
-	res, err = Run(ctx, a, RunSpec{Create: CreateRequest{ID: "run-lib-2"}, Command: cmd("sleep 30"), Timeout: 300 * time.Millisecond})
-	if err != nil || !res.TimedOut || res.Exit != ExitTimeout || time.Since(start) > 10*time.Second {
+	res, err = client.Run(ctx, a, client.RunSpec{Create: trialspec.Request{ID: "run-lib-2"}, Launch: Launch{Command: cmd("sleep 30")}, Timeout: 300 * time.Millisecond})
+	if err != nil || !res.TimedOut || res.Exit != client.ExitTimeout || time.Since(start) > 10*time.Second {
 		t.Fatalf("run past its deadline: %+v, %v after %v", res, err, time.Since(start))
 	}
 
-	res, err = Run(ctx, a, RunSpec{Create: CreateRequest{ID: "run-lib-3"}, Command: sandbox.Command{Args: []string{"no-such-command-trialnet"}, UID: 65534, GID: 65534}})
+	res, err = client.Run(ctx, a, client.RunSpec{Create: trialspec.Request{ID: "run-lib-3"}, Launch: Launch{Command: sandbox.Command{Args: []string{"no-such-command-trialnet"}, UID: 65534, GID: 65534}}})
 	var se *sandbox.StartError
 	if !errors.As(err, &se) || res.Exit != 127 || res.Info.ID != "run-lib-3" {
 		t.Fatalf("a command that cannot start: %+v, %v", res, err)

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/internal/lname"
@@ -96,7 +97,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	oomErr := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(AgentOOMScoreAdj)), 0)
 	d := &daemon{cfg: cfg, sock: cfg.Socket, handedOff: make(chan struct{})}
 	if d.sock == "" {
-		d.sock = DefaultSocket
+		d.sock = client.DefaultSocket
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -445,7 +446,7 @@ func (d *daemon) run(ctx context.Context) error {
 		case <-ctx.Done():
 			return d.stop()
 		case sig := <-d.cfg.Reload:
-			if _, err := a.Reload(context.Background(), ReloadRequest{}); err != nil {
+			if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
 				a.log.Error("reload", "signal", sig.String(), "error", err)
 			}
 		case <-d.cfg.Upgrade:

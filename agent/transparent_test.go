@@ -22,11 +22,13 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 const tlsPort = 8443
@@ -80,9 +82,9 @@ func stubLookup(t *testing.T, nsPath, network, name string) (netip.Addr, int) {
 // transparentCurl runs curl in the Trial with no proxy in its
 // environment or its arguments, name resolved to addr (as the Trial's
 // resolv.conf leads to the stub; curl here cannot be pointed at it).
-func transparentCurl(t *testing.T, info TrialInfo, args ...string) (int, string) {
+func transparentCurl(t *testing.T, info client.TrialInfo, args ...string) (int, string) {
 	t.Helper()
-	tr, err := info.Attach()
+	tr, err := Attach(info)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +137,7 @@ func TestPrivilegedTransparent(t *testing.T) {
 	}))
 	a := startAgent(t, w.config(t))
 	httpEntry, tlsEntry := fmt.Sprintf("upstream.example.test:%d", upstreamPort), fmt.Sprintf("upstream.example.test:%d", tlsPort)
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-transp", Allow: []string{httpEntry, tlsEntry}})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-transp", Allow: []string{httpEntry, tlsEntry}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +214,7 @@ func TestPrivilegedTransparent(t *testing.T) {
 			done <- out
 		}()
 		w.waitHolding(t, 1)
-		ch, err := a.ChangeAllow(context.Background(), info.ID, AllowChange{Remove: []string{tlsEntry}, Cut: true})
+		ch, err := a.ChangeAllow(context.Background(), info.ID, client.AllowChange{Remove: []string{tlsEntry}, Cut: true})
 		if err != nil || ch.TunnelsCut != 1 {
 			t.Fatalf("cut %d, %v; want 1", ch.TunnelsCut, err)
 		}
@@ -226,7 +228,7 @@ func TestPrivilegedTransparent(t *testing.T) {
 		}
 		// The stub follows the live allowlist: its last entry for the
 		// name gone, the name is gone.
-		if _, err := a.ChangeAllow(context.Background(), info.ID, AllowChange{Remove: []string{httpEntry}}); err != nil {
+		if _, err := a.ChangeAllow(context.Background(), info.ID, client.AllowChange{Remove: []string{httpEntry}}); err != nil {
 			t.Fatal(err)
 		}
 		if _, rcode := stubLookup(t, info.Netns, "tcp", "upstream.example.test"); rcode != dns.RcodeNameError {
@@ -269,7 +271,7 @@ func TestPrivilegedTransparentRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	allowed := []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort), fmt.Sprintf("second.example.test:%d", upstreamPort)}
-	info, err := a.Create(context.Background(), CreateRequest{ID: "agt-transp-rs", Allow: allowed})
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-transp-rs", Allow: allowed})
 	if err != nil {
 		a.Close(true)
 		t.Fatal(err)
@@ -318,7 +320,7 @@ func TestPrivilegedTransparentHandover(t *testing.T) {
 	t.Cleanup(func() { _ = echoLn.Close() })
 	go testhost.Echo(echoLn)
 	p := startAgentWithTrial(t, w, "agt-transp-ho")
-	if _, err := p.c.ChangeAllow(context.Background(), p.info.ID, AllowChange{Add: []string{"upstream.example.test:8082"}}); err != nil {
+	if _, err := p.c.ChangeAllow(context.Background(), p.info.ID, client.AllowChange{Add: []string{"upstream.example.test:8082"}}); err != nil {
 		t.Fatal(err)
 	}
 	addr, _ := stubLookup(t, p.info.Netns, "udp", "upstream.example.test")

@@ -14,6 +14,7 @@ import (
 	"unicode"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/internal/counts"
@@ -22,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // trial is one Trial as the agent owns it: its description, its sandbox
@@ -31,7 +33,7 @@ import (
 // that failed, and when the agent closes.
 type trial struct {
 	a     *Agent
-	info  TrialInfo
+	info  client.TrialInfo
 	tr    *sandbox.Trial
 	state trialState // guarded by Agent.mu
 	// policy orders changes of the allowlist (ChangeAllow): each reads
@@ -117,14 +119,18 @@ func (lt *trial) Stop() {
 
 // dnsStats are the counts of the Trial's stub: live, or as it stopped
 // (nil: none, or paused for a hand-over).
-func (lt *trial) dnsStats() *dnsstub.Stats {
+func (lt *trial) dnsStats() *client.DNSStats {
 	lt.mu.Lock()
 	defer lt.mu.Unlock()
 	if lt.tp != nil && lt.tp.stub != nil {
-		st := lt.tp.stub.Stats()
+		st := client.DNSStats(lt.tp.stub.Stats())
 		return &st
 	}
-	return lt.finalDNS
+	if lt.finalDNS == nil {
+		return nil
+	}
+	st := client.DNSStats(*lt.finalDNS)
+	return &st
 }
 
 // release gives back everything the agent holds of the Trial: its place
@@ -147,15 +153,15 @@ func (lt *trial) release() {
 
 // create makes a Trial for the caller at the other end of conn (nil: a
 // caller in this process).
-func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err error) {
+func (a *Agent) create(req trialspec.Request, conn *net.UnixConn) (_ client.TrialInfo, err error) {
 	leave, err := a.enter()
 	if err != nil {
-		return TrialInfo{}, err
+		return client.TrialInfo{}, err
 	}
 	defer leave()
 	lt, list, err := a.newTrial(req, conn)
 	if err != nil {
-		return TrialInfo{}, err
+		return client.TrialInfo{}, err
 	}
 	defer func() {
 		if err != nil {
@@ -163,27 +169,27 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 		}
 	}()
 	if err := a.keepOldData(lt.info.ID); err != nil {
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
+		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
 	}
 	a.removeLedgers(lt.info.ID) // an earlier Trial's of this id, whose tunnels are not this one's
 	if err := a.prepare(lt, list, nil); err != nil {
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
+		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
 	}
 	info := lt.info
 	tr, err := a.host.Create(info.Spec, lt)
 	switch {
 	case errors.Is(err, sandbox.ErrExists):
-		return TrialInfo{}, errf(CodeDuplicateID, "%v", err)
+		return client.TrialInfo{}, errf(client.CodeDuplicateID, "%v", err)
 	case errors.Is(err, sandbox.ErrNestingUnavailable):
-		return TrialInfo{}, errf(CodeBadRequest, "%v", err)
+		return client.TrialInfo{}, errf(client.CodeBadRequest, "%v", err)
 	case err != nil:
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
+		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
 	}
 	lt.setTrial(tr)
 	if err := a.startTransparent(lt, transparentSockets{}); err != nil {
 		_, _ = tr.Close()
 		a.dropTransparent(info.ID, tr.CgroupID)
-		return TrialInfo{}, errf(CodeInternal, "%v", err)
+		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
 	}
 	a.setState(lt, stateLive)
 	a.watchOwner(lt)
@@ -193,14 +199,14 @@ func (a *Agent) create(req CreateRequest, conn *net.UnixConn) (_ TrialInfo, err 
 
 // newTrial checks a create request into a Trial's description and takes
 // its id: the owner, the id, the allowlist and the limits it keeps.
-func (a *Agent) newTrial(req CreateRequest, conn *net.UnixConn) (_ *trial, _ *allow.List, err error) {
+func (a *Agent) newTrial(req trialspec.Request, conn *net.UnixConn) (_ *trial, _ *allow.List, err error) {
 	lt := &trial{a: a}
 	defer func() {
 		if err != nil {
 			a.dropOwner(lt)
 		}
 	}()
-	var owner *Owner
+	var owner *trialspec.Owner
 	switch {
 	case a.cfg.Ephemeral, req.Owned && conn == nil:
 		// This process's own: it ends with this process, which the next
@@ -215,28 +221,28 @@ func (a *Agent) newTrial(req CreateRequest, conn *net.UnixConn) (_ *trial, _ *al
 		req.ID = NewID()
 	}
 	if err := sandbox.ValidID(req.ID); err != nil {
-		return nil, nil, errf(CodeBadID, "%v", err)
+		return nil, nil, errf(client.CodeBadID, "%v", err)
 	}
 	if req.Nonce != "" {
 		if err := ValidNonce(req.Nonce); err != nil {
-			return nil, nil, errf(CodeBadRequest, "%v", err)
+			return nil, nil, errf(client.CodeBadRequest, "%v", err)
 		}
 	}
 	if req.Report != "" && (!filepath.IsAbs(req.Report) || strings.ContainsFunc(req.Report, unicode.IsControl)) {
-		return nil, nil, errf(CodeBadRequest, "invalid report path %q: give an absolute path without control characters", req.Report)
+		return nil, nil, errf(client.CodeBadRequest, "invalid report path %q: give an absolute path without control characters", req.Report)
 	}
 	spec, list, err := a.file.Load().Spec(req, a.proxy.Guard().Allowed())
 	switch {
 	case errors.Is(err, config.ErrUnknownProfile):
-		return nil, nil, errf(CodeUnknownProfile, "%v", err)
+		return nil, nil, errf(client.CodeUnknownProfile, "%v", err)
 	case err != nil:
-		return nil, nil, errf(CodeBadAllowlist, "%v", err)
+		return nil, nil, errf(client.CodeBadAllowlist, "%v", err)
 	}
 	if err := sandbox.CheckMaxProcs(spec.Limits.MaxProcesses); err != nil {
-		return nil, nil, errf(CodeBadRequest, "max_processes: %v", err)
+		return nil, nil, errf(client.CodeBadRequest, "max_processes: %v", err)
 	}
 	spec.Owner = owner
-	lt.info = TrialInfo{Spec: spec, ProxyURL: ProxyURL}
+	lt.info = client.TrialInfo{Spec: spec, ProxyURL: ProxyURL}
 	if err := a.register(req.ID, lt); err != nil {
 		return nil, nil, err
 	}
@@ -387,7 +393,7 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 	if r.Err != nil {
 		return nil, r.Err
 	}
-	info := TrialInfo{Spec: r.Record.Trial, ProxyURL: ProxyURL}
+	info := client.TrialInfo{Spec: r.Record.Trial, ProxyURL: ProxyURL}
 	entries, err := parseEntries(info.Allow, nil)
 	if err != nil {
 		return nil, err

@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/client"
 )
 
 // The verdict never calls a layer ok that was not active, and never says
 // 0 while the last wall saw a packet.
 func TestVerdict(t *testing.T) {
-	on := Layers{BPFLSM: true}
-	off := Layers{BPFLSMMissing: "the kernel refused to load a BPF LSM program"}
+	on := client.Layers{BPFLSM: true}
+	off := client.Layers{BPFLSMMissing: "the kernel refused to load a BPF LSM program"}
 	// Promoted fields (bpf.Counters embeds the generated struct) cannot be
 	// named in a literal.
 	var foreign, egress, egress1 bpf.Counters
@@ -23,7 +24,7 @@ func TestVerdict(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		c         bpf.Counters
-		l         Layers
+		l         client.Layers
 		want      []string
 		mustNotBe []string
 	}{
@@ -48,7 +49,7 @@ func TestVerdict(t *testing.T) {
 	if s := off.String(); !strings.Contains(s, "BPF LSM (the kernel refused") || !strings.Contains(s, "inactive:") {
 		t.Errorf("layers without LSM: %q", s)
 	}
-	if s := (Layers{BPFLSM: true, Transparent: true}).String(); !strings.Contains(s, ", transparent (DNS stub, sk_lookup") || strings.Contains(on.String(), "transparent") {
+	if s := (client.Layers{BPFLSM: true, Transparent: true}).String(); !strings.Contains(s, ", transparent (DNS stub, sk_lookup") || strings.Contains(on.String(), "transparent") {
 		t.Errorf("the transparent layer: %q, and without it %q", s, on.String())
 	}
 }
@@ -56,17 +57,17 @@ func TestVerdict(t *testing.T) {
 // The summary line's verdict says as little as the full one allows: never
 // "(ok)" alone where foreign sockets went unwatched.
 func TestBrief(t *testing.T) {
-	on := Layers{BPFLSM: true}
+	on := client.Layers{BPFLSM: true}
 	for _, tc := range []struct {
-		st   Stats
+		st   client.Stats
 		want string
 	}{
-		{Stats{Layers: on}, "0 direct egress packets (ok)"},
-		{Stats{}, "0 direct egress packets (ok; foreign sockets unwatched)"},
-		{Stats{Layers: on, Egress: 2}, "ALARM: 2 direct egress packets dropped"},
-		{Stats{Egress: 2}, "ALARM: 2 direct egress packets dropped"},
-		{Stats{Layers: on, Foreign: 1}, "0 direct egress packets; ALERT: 1 foreign-socket uses refused"},
-		{Stats{Layers: on, Learning: true}, "0 direct egress packets (ok); LEARNING: allowlist not enforced"},
+		{client.Stats{Layers: on}, "0 direct egress packets (ok)"},
+		{client.Stats{}, "0 direct egress packets (ok; foreign sockets unwatched)"},
+		{client.Stats{Layers: on, Egress: 2}, "ALARM: 2 direct egress packets dropped"},
+		{client.Stats{Egress: 2}, "ALARM: 2 direct egress packets dropped"},
+		{client.Stats{Layers: on, Foreign: 1}, "0 direct egress packets; ALERT: 1 foreign-socket uses refused"},
+		{client.Stats{Layers: on, Learning: true}, "0 direct egress packets (ok); LEARNING: allowlist not enforced"},
 	} {
 		if got := tc.st.Brief(); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.st, got, tc.want)

@@ -143,6 +143,10 @@ type StartError struct {
 
 func (e *StartError) Error() string { return e.Msg }
 
+// StartCode is Code: it makes a StartError a client.StartError, which
+// client.Run matches without linking the sandbox.
+func (e *StartError) StartCode() int { return e.Code }
+
 // hideSockets keeps every stdio descriptor that is not a pipe, FIFO,
 // regular file or character device (a terminal among them, which becomes a
 // pty) out of the Trial: such stdio is copied through a pipe instead. A

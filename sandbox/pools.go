@@ -73,21 +73,14 @@ func (c controller) boundText() string {
 	return "unbounded: " + c.err.Error()
 }
 
-// PoolBound is what bounds one pool on a host.
-type PoolBound struct {
-	Pool    string `json:"pool"`
-	Bounded bool   `json:"bounded"`
-	Bound   string `json:"bound"`
-}
-
 // PoolBounds says what bounds each pool for the Trials of h.
-func (h *Host) PoolBounds() []PoolBound { return PoolBoundsFor(h.Parent) }
+func (h *Host) PoolBounds() []trial.PoolBound { return PoolBoundsFor(h.Parent) }
 
 // PoolBoundsFor says what bounds each pool for the Trials under parent.
-func PoolBoundsFor(parent string) []PoolBound {
-	var out []PoolBound
+func PoolBoundsFor(parent string) []trial.PoolBound {
+	var out []trial.PoolBound
 	for _, c := range controllersFor(parent) {
-		out = append(out, PoolBound{Pool: c.name, Bounded: c.bounded(), Bound: c.boundText()})
+		out = append(out, trial.PoolBound{Pool: c.name, Bounded: c.bounded(), Bound: c.boundText()})
 	}
 	return out
 }
@@ -353,27 +346,16 @@ func (t *Launcher) removePools() error {
 	return errors.Join(errs...)
 }
 
-// PoolUse is a Trial's use of one pool: now, at its peak, its bound,
-// and how often the bound was met (forks refused at pids.max; OOM kills).
-type PoolUse struct {
-	Pool    string `json:"pool"`
-	Bound   string `json:"bound"`
-	Max     int64  `json:"max,omitempty"`
-	Current int64  `json:"current"`
-	Peak    int64  `json:"peak"`
-	Events  int64  `json:"events"` // pids: forks refused at the bound; memory: OOM kills
-}
-
 // PoolUse reads the Trial's use of each pool (unbounded ones by name
 // only); once the Trial is closed, its use as the teardown found it.
-func (t *Trial) PoolUse() []PoolUse {
+func (t *Trial) PoolUse() []trial.PoolUse {
 	if f := t.finalPools.Load(); f != nil {
 		return *f
 	}
 	lim := t.poolLimits()
-	var out []PoolUse
+	var out []trial.PoolUse
 	for _, c := range t.controllers() {
-		u := PoolUse{Pool: c.name, Bound: c.boundText()}
+		u := trial.PoolUse{Pool: c.name, Bound: c.boundText()}
 		if !c.bounded() {
 			out = append(out, u)
 			continue

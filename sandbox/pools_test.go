@@ -252,7 +252,7 @@ func TestPrivilegedTrialPidsBounded(t *testing.T) {
 	if _, err := tr.Start(Command{Args: []string{"true"}, Env: env, UID: nobody, GID: nobody}); err == nil || !strings.Contains(err.Error(), "pids.max") {
 		t.Fatalf("a command in a Trial at its task bound: %v, want refused naming pids.max", err)
 	}
-	var use PoolUse
+	var use trial.PoolUse
 	for _, u := range tr.PoolUse() {
 		if u.Pool == PoolPids {
 			use = u
@@ -283,7 +283,7 @@ func TestPrivilegedTrialMemoryBounded(t *testing.T) {
 	if code == probeOK {
 		t.Fatalf("a Trial bounded at 64 MiB allocated 256 MiB: %s", out)
 	}
-	var use PoolUse
+	var use trial.PoolUse
 	for _, u := range tr.PoolUse() {
 		if u.Pool == PoolMemory {
 			use = u

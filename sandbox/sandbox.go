@@ -121,7 +121,7 @@ type Trial struct {
 	closeOnce sync.Once
 	final     bpf.Counters
 	// finalPools is the Trial's pool use as the teardown found it.
-	finalPools atomic.Pointer[[]PoolUse]
+	finalPools atomic.Pointer[[]trial.PoolUse]
 	closeErr   error
 }
 

@@ -100,3 +100,23 @@ func (l ProxyLimits) WithDefaults() ProxyLimits {
 	}
 	return l
 }
+
+// PoolBound is what bounds one pool (PoolLimits' tasks or memory) on a
+// host: the sandbox finds it, a Trial's layers report it.
+type PoolBound struct {
+	Pool    string `json:"pool"`
+	Bounded bool   `json:"bounded"`
+	Bound   string `json:"bound"`
+}
+
+// PoolUse is a Trial's use of one pool: now, at its peak, its bound,
+// and how often the bound was met (forks refused at pids.max; OOM kills).
+// The sandbox reads it; stats and receipts carry it.
+type PoolUse struct {
+	Pool    string `json:"pool"`
+	Bound   string `json:"bound"`
+	Max     int64  `json:"max,omitempty"`
+	Current int64  `json:"current"`
+	Peak    int64  `json:"peak"`
+	Events  int64  `json:"events"` // pids: forks refused at the bound; memory: OOM kills
+}

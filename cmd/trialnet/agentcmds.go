@@ -20,12 +20,14 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,15 +38,15 @@ const exitRefused = 3
 // agentCode maps an agent error to an exit code: refusals and failures
 // differ, as the issue asks.
 func agentCode(err error) int {
-	var e *agent.Error
-	if errors.As(err, &e) && e.Code != agent.CodeInternal {
+	var e *client.Error
+	if errors.As(err, &e) && e.Code != client.CodeInternal {
 		return exitRefused
 	}
 	return exitFailure
 }
 
 func socketFlag(fs *flag.FlagSet) *string {
-	return fs.String("socket", agent.DefaultSocket, "the agent's control socket")
+	return fs.String("socket", client.DefaultSocket, "the agent's control socket")
 }
 
 func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -52,7 +54,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		"sudo trialnet agent --config /etc/trialnet/trialnet.yaml --metrics-addr 127.0.0.1:9464", stderr)
 	var cf configFlags
 	cf.register(fs, "profiles, resolvers, allowed CIDRs, limits, paths")
-	socket := fs.String("socket", "", "control socket (default: the config's paths.socket, else "+agent.DefaultSocket+")")
+	socket := fs.String("socket", "", "control socket (default: the config's paths.socket, else "+client.DefaultSocket+")")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics on ADDR (e.g. 127.0.0.1:9464)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	teardown := fs.Bool("teardown-on-exit", false, "destroy every Trial on SIGTERM/SIGINT (default: leave them enforced for the next agent)")
@@ -135,7 +137,7 @@ func restarts(sc *agent.ServeConfig, file *config.File, keeperSock string) {
 	switch keeperSock {
 	case "off":
 	case "":
-		sc.Keeper, sc.SpawnKeeper = keeper.DefaultSocket(or(sc.Socket, agent.DefaultSocket)), true
+		sc.Keeper, sc.SpawnKeeper = keeper.DefaultSocket(or(sc.Socket, client.DefaultSocket)), true
 	default:
 		sc.Keeper = keeperSock
 	}
@@ -144,7 +146,7 @@ func restarts(sc *agent.ServeConfig, file *config.File, keeperSock string) {
 // cmdKeeper holds the agent's listeners (keeper.Run).
 func cmdKeeper(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("keeper", "keeper [--socket PATH] [--trials DIR]", "sudo trialnet keeper --socket /run/trialnet/agent.keeper --trials /run/trialnet/trials", stderr)
-	sock := fs.String("socket", keeper.DefaultSocket(agent.DefaultSocket), "where the agent reaches the keeper")
+	sock := fs.String("socket", keeper.DefaultSocket(client.DefaultSocket), "where the agent reaches the keeper")
 	trials := fs.String("trials", agent.DefaultStateDir, "the agent's state directory: a Trial's listeners go once its record there does")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
@@ -231,7 +233,7 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err := af.check(); err != nil {
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
-	info, err := agent.NewClient(*socket).Create(ctx, agent.CreateRequest{ID: *id, Nonce: *nonce, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
+	info, err := client.NewClient(*socket).Create(ctx, trialspec.Request{ID: *id, Nonce: *nonce, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
 		Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Nested: *nested, NoTransparent: *noTransparent})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
@@ -267,7 +269,7 @@ func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stdout, stderr, false, exitUsage, err)
 	}
-	info, err := agent.NewClient(*socket).Get(ctx, *id)
+	info, err := client.NewClient(*socket).Get(ctx, *id)
 	if err != nil {
 		return fail(stdout, stderr, false, agentCode(err), err)
 	}
@@ -296,7 +298,7 @@ func cmdList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
-	list, err := agent.NewClient(*socket).List(ctx)
+	list, err := client.NewClient(*socket).List(ctx)
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
@@ -326,7 +328,7 @@ func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
-	c := agent.NewClient(*socket)
+	c := client.NewClient(*socket)
 	// On a terminal, --watch redraws in place; elsewhere it appends.
 	redraw := *watch && !*asJSON && isTerminal(stdout)
 	for {
@@ -341,7 +343,7 @@ func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 				ids = append(ids, t.ID)
 			}
 		}
-		var all []agent.Stats
+		var all []client.Stats
 		for _, t := range ids {
 			st, err := c.Stats(ctx, t)
 			if err != nil {
@@ -478,7 +480,7 @@ func cmdDestroy(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fs.Usage()
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"destroy: give exactly one Trial id"})
 	}
-	st, err := agent.NewClient(*socket).Destroy(ctx, fs.Arg(0))
+	st, err := client.NewClient(*socket).Destroy(ctx, fs.Arg(0))
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
@@ -498,7 +500,7 @@ func cmdReload(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
-	res, err := agent.NewClient(*socket).Reload(ctx, agent.ReloadRequest{Reprofile: *reprofile})
+	res, err := client.NewClient(*socket).Reload(ctx, client.ReloadRequest{Reprofile: *reprofile})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
@@ -537,7 +539,7 @@ func cmdHealth(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	c := agent.NewClient(*socket)
+	c := client.NewClient(*socket)
 	h, err := c.Health(ctx)
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, exitFailure, err)
@@ -565,7 +567,7 @@ func cmdHealth(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 // healthVerdict is health's last line: ready, or why not and what to do.
-func healthVerdict(socket string, h agent.Health) string {
+func healthVerdict(socket string, h client.Health) string {
 	if h.OK {
 		return "the trialnet agent on " + socket + " is ready: its eBPF programs are attached and pinned, and it serves"
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	trialspec "github.com/trialnet/trialnet/trial"
 
 	"github.com/trialnet/trialnet/agent"
@@ -43,7 +44,7 @@ func TestPrivilegedCLIWithAgent(t *testing.T) {
 	dir, sock := servedAgent(t, "cli")
 
 	code, out, errOut := trialnet("create", "--socket", sock, "--id", "cli-1", "--allow", "api.example.test:443", "-j")
-	var info agent.TrialInfo
+	var info client.TrialInfo
 	if code != 0 || json.Unmarshal([]byte(out), &info) != nil || info.ID != "cli-1" || info.ProxyURL == "" || info.Netns == "" || info.Cgroup == "" {
 		t.Fatalf("create -j: exit %d, %q %q", code, out, errOut)
 	}
@@ -349,7 +350,7 @@ func TestPrivilegedReceiptBoundToRun(t *testing.T) {
 	})
 }
 
-func healthAnswer(status int, h agent.Health) http.HandlerFunc {
+func healthAnswer(status int, h client.Health) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/healthz" {
 			http.NotFound(w, r)
@@ -365,9 +366,9 @@ func healthAnswer(status int, h agent.Health) http.HandlerFunc {
 // in the way: no socket, a socket a killed agent left, an agent that
 // accepts but does not answer.
 func TestHealth(t *testing.T) {
-	ready := fakeAgent(t, healthAnswer(http.StatusOK, agent.Health{OK: true, EBPF: "attached", Agent: "serving", Trials: 2}))
+	ready := fakeAgent(t, healthAnswer(http.StatusOK, client.Health{OK: true, EBPF: "attached", Agent: "serving", Trials: 2}))
 	unready := fakeAgent(t, healthAnswer(http.StatusServiceUnavailable,
-		agent.Health{EBPF: "link trialnet_bind4: load pinned link: no such file or directory", Agent: "serving"}))
+		client.Health{EBPF: "link trialnet_bind4: load pinned link: no such file or directory", Agent: "serving"}))
 	notFound := fakeAgent(t, func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
 
 	// What a SIGKILLed agent leaves: the socket file, nobody listening.

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 
@@ -138,7 +139,7 @@ func TestPrivilegedHealthOfARunningAgent(t *testing.T) {
 		t.Errorf("the agent's oom_score_adj: %q %v (want %d where root has CAP_SYS_RESOURCE, else a warning)\nagent log:\n%s", b, err, agent.AgentOOMScoreAdj, logged)
 	}
 	code, out, errOut := trialnet("health", "--socket", a.sock, "-j")
-	var h agent.Health
+	var h client.Health
 	if code != exitOK || json.Unmarshal([]byte(out), &h) != nil || !h.OK || h.EBPF != "attached" || h.Agent != "serving" || !h.Layers.CgroupEBPF {
 		t.Fatalf("health -j of a ready agent: exit %d, %q %q", code, out, errOut)
 	}
@@ -274,7 +275,7 @@ func TestPrivilegedAgentWorksWithTheUnitsCapabilities(t *testing.T) {
 	run("reload")
 
 	// A Trial torn down with a process in it.
-	var info agent.TrialInfo
+	var info client.TrialInfo
 	if err := json.Unmarshal([]byte(run("create", "--id", "caps-2", "-j")), &info); err != nil {
 		t.Fatal(err)
 	}

@@ -183,7 +183,7 @@ func TestNoTransparentFlag(t *testing.T) {
 		if err := fs.Parse(c.args); err != nil {
 			t.Fatal(err)
 		}
-		spec, err := f.spec(fs, "x", 65534, 65534, io.Discard)
+		spec, _, err := f.spec(fs, "x", 65534, 65534, io.Discard)
 		if err != nil || spec.Create.NoTransparent != c.want {
 			t.Errorf("run %q: NoTransparent %v (%v), want %v", c.args, spec.Create.NoTransparent, err, c.want)
 		}

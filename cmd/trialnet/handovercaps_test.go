@@ -18,9 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	trialspec "github.com/trialnet/trialnet/trial"
 
-	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/record"
 )
@@ -198,7 +198,7 @@ func TestPrivilegedAgentHandoverSharesCaps(t *testing.T) {
 	privtest.RequireTool(t, "python3")
 	a := newAgentWithConfig(t, "handovercaps", echoWorld(t))
 	a.start(t)
-	c := agent.NewClient(a.sock)
+	c := client.NewClient(a.sock)
 	ctx := context.Background()
 	const (
 		maxTunnels  = 4
@@ -210,7 +210,7 @@ func TestPrivilegedAgentHandoverSharesCaps(t *testing.T) {
 		"capr": {ConnectRate: rate, ConnectBurst: burst},
 		"capl": {MaxLogBytes: maxLog, RecordRate: 1, RecordBurst: 1, ConnectRate: 1000, ConnectBurst: 1000},
 	} {
-		if _, err := c.Create(ctx, agent.CreateRequest{ID: id, Allow: []string{echoTarget}, Limits: &trialspec.Limits{ProxyLimits: lim}}); err != nil {
+		if _, err := c.Create(ctx, trialspec.Request{ID: id, Allow: []string{echoTarget}, Limits: &trialspec.Limits{ProxyLimits: lim}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/sandbox"
 )
@@ -23,9 +24,9 @@ import (
 // Exit codes of trialnet itself; a command run in a Trial passes its own.
 const (
 	exitOK      = 0
-	exitUsage   = 2                 // bad flags or arguments
-	exitFailure = 125               // trialnet refused or failed before or around CMD
-	exitTimeout = agent.ExitTimeout // --timeout expired; everything in the Trial was killed
+	exitUsage   = 2                  // bad flags or arguments
+	exitFailure = 125                // trialnet refused or failed before or around CMD
+	exitTimeout = client.ExitTimeout // --timeout expired; everything in the Trial was killed
 )
 
 func main() {

@@ -17,7 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/record"
 )
@@ -49,7 +49,7 @@ func fail(stdout, stderr io.Writer, asJSON bool, code int, err error) int {
 
 // printStats prints a Trial's counters in aligned columns, bpftool-style,
 // ending with the verdict line. Every string goes through termsafe.
-func printStats(w io.Writer, st agent.Stats) {
+func printStats(w io.Writer, st client.Stats) {
 	q := termsafe.String
 	fmt.Fprintf(w, "trial %s (%s)\n", q(st.Trial), mode(st.Learning))
 	tw := newTable(w)
@@ -104,7 +104,7 @@ func mode(learning bool) string {
 // Trial, CMD's exit code and time, tunnels allowed and refused with the
 // most refused targets, and the verdict in a few words. The layers and
 // the reasons are -v's, stats' and the report's.
-func summary(st agent.Stats, code int, took time.Duration) string {
+func summary(st client.Stats, code int, took time.Duration) string {
 	var top []string
 	for i, t := range st.TopRefused {
 		if i == summaryTargets {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/netns"
@@ -63,7 +64,7 @@ func TestPrivilegedRunThroughAgentKilledIsRemoved(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var info agent.TrialInfo
+	var info client.TrialInfo
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if l, _ := a.List(context.Background()); len(l) == 1 {
 			info = l[0]

@@ -9,8 +9,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
@@ -24,7 +24,7 @@ func learnFlag(fs *flag.FlagSet) *bool {
 // used, and the rest reported.
 func auditRecords(ctx context.Context, id, from, socket string, stderr io.Writer) ([]record.Event, int, error) {
 	if from == "" {
-		recs, err := agent.NewClient(socket).Audit(ctx, id)
+		recs, err := client.NewClient(socket).Audit(ctx, id)
 		if err != nil {
 			return nil, agentCode(err), err
 		}
@@ -112,13 +112,13 @@ func changeAllow(ctx context.Context, verb string, args []string, stdout, stderr
 			return fail(stdout, stderr, *asJSON, exitUsage, usageError{fmt.Sprintf("%s: %v", verb, err)})
 		}
 	}
-	ch := agent.AllowChange{}
+	ch := client.AllowChange{}
 	if verb == "allow" {
 		ch.Add, ch.RequireTLS = fs.Args(), *requireTLS
 	} else {
 		ch.Remove, ch.Cut = fs.Args(), *cut
 	}
-	res, err := agent.NewClient(*socket).ChangeAllow(ctx, *id, ch)
+	res, err := client.NewClient(*socket).ChangeAllow(ctx, *id, ch)
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}

@@ -14,9 +14,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/trialnet/trialnet/client"
 	trialspec "github.com/trialnet/trialnet/trial"
 
-	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/record"
 )
@@ -65,7 +65,7 @@ func TestAuditFromFileProfile(t *testing.T) {
 func TestPolicyCommandsFlagsAfterArguments(t *testing.T) {
 	type call struct {
 		method, path string
-		change       agent.AllowChange
+		change       client.AllowChange
 	}
 	var mu sync.Mutex
 	var calls []call
@@ -86,9 +86,9 @@ func TestPolicyCommandsFlagsAfterArguments(t *testing.T) {
 		calls = append(calls, c)
 		mu.Unlock()
 		if r.Method == http.MethodPatch {
-			_ = json.NewEncoder(w).Encode(agent.AllowChanged{Trial: agent.TrialInfo{Spec: trialspec.Spec{ID: "t1"}}})
+			_ = json.NewEncoder(w).Encode(client.AllowChanged{Trial: client.TrialInfo{Spec: trialspec.Spec{ID: "t1"}}})
 		} else {
-			_ = json.NewEncoder(w).Encode(agent.Stats{Trial: "t1"})
+			_ = json.NewEncoder(w).Encode(client.Stats{Trial: "t1"})
 		}
 	})}
 	go func() { _ = srv.Serve(ln) }()
@@ -99,12 +99,12 @@ func TestPolicyCommandsFlagsAfterArguments(t *testing.T) {
 		want call
 	}{
 		{[]string{"deny", "--trial", "t1", "api.example.test:443", "--cut"},
-			call{"PATCH", "/v1/trials/t1/allow", agent.AllowChange{Remove: []string{"api.example.test:443"}, Cut: true}}},
+			call{"PATCH", "/v1/trials/t1/allow", client.AllowChange{Remove: []string{"api.example.test:443"}, Cut: true}}},
 		{[]string{"deny", "api.example.test:443", "--trial", "t1", "b.example.test:443"},
-			call{"PATCH", "/v1/trials/t1/allow", agent.AllowChange{Remove: []string{"api.example.test:443", "b.example.test:443"}}}},
+			call{"PATCH", "/v1/trials/t1/allow", client.AllowChange{Remove: []string{"api.example.test:443", "b.example.test:443"}}}},
 		{[]string{"allow", "--trial", "t1", "api.example.test:443", "--require-tls", "-j"},
-			call{"PATCH", "/v1/trials/t1/allow", agent.AllowChange{Add: []string{"api.example.test:443"}, RequireTLS: true}}},
-		{[]string{"destroy", "t1", "-j"}, call{"DELETE", "/v1/trials/t1", agent.AllowChange{}}},
+			call{"PATCH", "/v1/trials/t1/allow", client.AllowChange{Add: []string{"api.example.test:443"}, RequireTLS: true}}},
+		{[]string{"destroy", "t1", "-j"}, call{"DELETE", "/v1/trials/t1", client.AllowChange{}}},
 	} {
 		before := len(seen())
 		code, out, errOut := trialnet(append([]string{tc.args[0], "--socket", sock}, tc.args[1:]...)...)

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/sandbox"
@@ -358,53 +359,53 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // report, which must then verify whole) and checks it against the public
 // key at key. The JSON is read strictly: a key twice in one object (in
 // any case) is refused, since readers differ on which one they take.
-func verifyReceipt(path, key string) (agent.Receipt, int, error) {
+func verifyReceipt(path, key string) (client.Receipt, int, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return agent.Receipt{}, exitUsage, err
+		return client.Receipt{}, exitUsage, err
 	}
 	if err := uniqueKeys(b); err != nil {
-		return agent.Receipt{}, exitFailure, fmt.Errorf("%w: it is truncated, not JSON, or ambiguous: %v", agent.ErrReceiptForged, err)
+		return client.Receipt{}, exitFailure, fmt.Errorf("%w: it is truncated, not JSON, or ambiguous: %v", client.ErrReceiptForged, err)
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(b, &fields); err != nil {
-		return agent.Receipt{}, exitUsage, errors.New("it is not a JSON object, and holds no signed receipt")
+		return client.Receipt{}, exitUsage, errors.New("it is not a JSON object, and holds no signed receipt")
 	}
 	pub, err := agent.ReadPublicKey(key)
 	if err != nil {
-		return agent.Receipt{}, exitUsage, fmt.Errorf("the host's receipt key: %w (give --key)", err)
+		return client.Receipt{}, exitUsage, fmt.Errorf("the host's receipt key: %w (give --key)", err)
 	}
 	signed := fields
 	if _, ok := fields[reportSignatureKey]; ok && fields["receipt"] == nil {
 		code, err := failedRun(fields, pub)
-		return agent.Receipt{}, code, err
+		return client.Receipt{}, code, err
 	}
 	if inner, ok := fields["receipt"]; ok && fields["signature"] == nil {
 		// A run report: its own fields are signed whole, and the receipt
 		// is one of them.
 		var sig agent.ReportSignature
 		if json.Unmarshal(fields[reportSignatureKey], &sig) != nil || sig.Signature == nil {
-			return agent.Receipt{}, exitFailure, fmt.Errorf("%w: the report has no %s, so its own fields (exit code, verdict, counters) cannot be trusted", agent.ErrReceiptForged, reportSignatureKey)
+			return client.Receipt{}, exitFailure, fmt.Errorf("%w: the report has no %s, so its own fields (exit code, verdict, counters) cannot be trusted", client.ErrReceiptForged, reportSignatureKey)
 		}
 		c, err := canonicalReport(fields)
 		if err == nil {
 			err = sig.Verify(pub, c)
 		}
 		if err != nil {
-			return agent.Receipt{}, exitFailure, err
+			return client.Receipt{}, exitFailure, err
 		}
 		if json.Unmarshal(inner, &signed) != nil {
 			signed = nil
 		}
 	}
-	var s agent.SignedReceipt
+	var s client.SignedReceipt
 	if json.Unmarshal(signed["signature"], &s.Signature) != nil || json.Unmarshal(signed["public_key"], &s.PublicKey) != nil || s.Signature == nil {
-		return agent.Receipt{}, exitUsage, errors.New("it holds no signed receipt")
+		return client.Receipt{}, exitUsage, errors.New("it holds no signed receipt")
 	}
 	s.Receipt = signed["receipt"]
 	r, err := s.Verify(pub)
 	if err != nil {
-		return agent.Receipt{}, exitFailure, err
+		return client.Receipt{}, exitFailure, err
 	}
 	return r, exitOK, nil
 }
@@ -492,14 +493,14 @@ func uniqueKeys(b []byte) error {
 }
 
 // verifyRun checks that r is of the run the harness started.
-func verifyRun(r agent.Receipt, nonce, trial string) (int, error) {
+func verifyRun(r client.Receipt, nonce, trial string) (int, error) {
 	switch {
 	case nonce != "" && r.Nonce == "":
-		return exitFailure, fmt.Errorf("%w: it carries no nonce, and %q was expected: it is of a run started without --nonce, not this one", agent.ErrReceiptOtherRun, nonce)
+		return exitFailure, fmt.Errorf("%w: it carries no nonce, and %q was expected: it is of a run started without --nonce, not this one", client.ErrReceiptOtherRun, nonce)
 	case nonce != "" && r.Nonce != nonce:
-		return exitFailure, fmt.Errorf("%w: it carries nonce %q, not %q", agent.ErrReceiptOtherRun, termsafe.String(r.Nonce), nonce)
+		return exitFailure, fmt.Errorf("%w: it carries nonce %q, not %q", client.ErrReceiptOtherRun, termsafe.String(r.Nonce), nonce)
 	case trial != "" && r.Trial != trial:
-		return exitFailure, fmt.Errorf("%w: it is of Trial %q, not %q", agent.ErrReceiptOtherRun, termsafe.String(r.Trial), trial)
+		return exitFailure, fmt.Errorf("%w: it is of Trial %q, not %q", client.ErrReceiptOtherRun, termsafe.String(r.Trial), trial)
 	}
 	return exitOK, nil
 }
@@ -507,7 +508,7 @@ func verifyRun(r agent.Receipt, nonce, trial string) (int, error) {
 // verifyLog checks the decision log r was signed with: at logPath,
 // beside the receipt at path, or in the agent's data directory. A Trial
 // whose log was signed but is not found is exitNoLog, unless noLog.
-func verifyLog(r agent.Receipt, path, logPath string, noLog bool) (string, int, error) {
+func verifyLog(r client.Receipt, path, logPath string, noLog bool) (string, int, error) {
 	switch {
 	case noLog:
 		return "no decision log checked (--no-log)", exitOK, nil
@@ -537,7 +538,7 @@ func verifyLog(r agent.Receipt, path, logPath string, noLog bool) (string, int, 
 	case err != nil:
 		return "", exitFailure, err
 	case d == nil || r.DecisionLog == nil || *d != *r.DecisionLog:
-		return "", exitFailure, fmt.Errorf("%w: the decision log %s is not the one it was signed with", agent.ErrReceiptForged, lp)
+		return "", exitFailure, fmt.Errorf("%w: the decision log %s is not the one it was signed with", client.ErrReceiptForged, lp)
 	}
 	return "decision log " + lp + " matches", exitOK, nil
 }

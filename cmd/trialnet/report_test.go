@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testpty"
 	"github.com/trialnet/trialnet/record"
@@ -33,12 +33,12 @@ echo '{"verdict":"forged"}' >&3 2>/dev/null
 exit 0`
 
 type runReport struct {
-	Trial   string              `json:"trial"`
-	Exit    int                 `json:"exit_code"`
-	Proxy   record.TrialStats   `json:"proxy"`
-	Verdict string              `json:"verdict"`
-	Summary string              `json:"summary"`
-	Receipt agent.SignedReceipt `json:"receipt"`
+	Trial   string               `json:"trial"`
+	Exit    int                  `json:"exit_code"`
+	Proxy   record.TrialStats    `json:"proxy"`
+	Verdict string               `json:"verdict"`
+	Summary string               `json:"summary"`
+	Receipt client.SignedReceipt `json:"receipt"`
 }
 
 // reportFixture is what the report tests share: a directory the Trial's
@@ -125,7 +125,7 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		if err := json.Unmarshal(b, &fields); err != nil {
 			t.Fatal(err)
 		}
-		var sr agent.SignedReceipt
+		var sr client.SignedReceipt
 		if err := json.Unmarshal(fields["receipt"], &sr); err != nil {
 			t.Fatal(err)
 		}

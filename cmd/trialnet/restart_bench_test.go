@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/netns"
 )
@@ -41,7 +42,7 @@ func benchRestart(b *testing.B, mode string) {
 	a := newAgentWithConfig(b, "bench-"+mode, echoWorld(b)+"limits:\n  connects_per_second: 5000\n  connect_burst: 5000\n  records_per_second: 5000\n  record_burst: 5000\n")
 	a.start(b)
 	createTrial(b, a.sock, "rb")
-	info, err := agent.NewClient(a.sock).Get(b.Context(), "rb")
+	info, err := client.NewClient(a.sock).Get(b.Context(), "rb")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/internal/testkit"
@@ -393,7 +394,7 @@ print("connected", s.recv(1 << 20)[:40])`, path)
 	if want := r.Connects + len(r.Tunnels); allowed != want {
 		t.Errorf("the log has %d allowed records, want %d (every CONNECT and tunnel once)", allowed, want)
 	}
-	var st agent.Stats
+	var st client.Stats
 	code, out, _ := trialnet("stats", "--socket", a.sock, "-j", "--trial", "ho")
 	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil {
 		t.Fatalf("stats: exit %d %s", code, out)
@@ -438,7 +439,7 @@ for fd in fds:
 // Trial id.
 func waitActiveAtLeast(t *testing.T, sock, id string, n int64) {
 	t.Helper()
-	var st agent.Stats
+	var st client.Stats
 	for end := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if code, out, _ := trialnet("stats", "--socket", sock, "-j", "--trial", id); code == exitOK && json.Unmarshal([]byte(out), &st) == nil && st.Proxy.Active >= n {
 			return
@@ -569,7 +570,7 @@ func TestPrivilegedAgentDrainFollowsPolicy(t *testing.T) {
 	waitActiveAtLeast(t, a.sock, "dp", 4)
 	old := a.cmd
 	a.startNext(t)
-	var st agent.Stats
+	var st client.Stats
 	if code, out, _ := trialnet("stats", "--socket", a.sock, "-j", "--trial", "dp"); code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Proxy.Active != 4 {
 		t.Errorf("the new agent counts %d open tunnels (exit %d), want the old agent's 4: %s", st.Proxy.Active, code, out)
 	}

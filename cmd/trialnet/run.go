@@ -12,14 +12,16 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--no-transparent] [--show-refusals] [--id ID] [--nonce STR] [--report FILE | --report-dir DIR | --report-fd N] [-v] [-j] -- CMD [ARGS]"
 
-// cmdRun runs CMD in an ephemeral Trial (agent.Run) and says how it went.
+// cmdRun runs CMD in an ephemeral Trial (client.Run) and says how it went.
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("run", runUsage, "sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
 	var f runFlags
@@ -65,12 +67,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return fail(stdout, stderr, false, code, err)
 	}
-	spec, err := f.spec(fs, id, u, g, stderr)
+	spec, cmd, err := f.spec(fs, id, u, g, stderr)
 	if err != nil {
 		return failRun(exitUsage, err)
 	}
 	var notices heldNotices
-	spec.Command.Notices = &notices
+	cmd.Notices = &notices
+	spec.Launch = agent.Launch{Command: cmd}
 	if report != nil && report.path != "" {
 		spec.Create.Report = report.path
 		if *f.reportDir != "" {
@@ -82,7 +85,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return failRun(code, err)
 	}
 	defer closeTrials()
-	res, err := agent.Run(ctx, trials, spec)
+	res, err := client.Run(ctx, trials, spec)
 	// The Trial is over and its output drained: undo what it may have
 	// left the terminal in, so that what follows reads as trialnet's.
 	resetTerminal(stderr)
@@ -90,7 +93,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return failRun(runErrCode(res, err), err)
 	}
-	return f.finish(res, spec.Command.Args[0], report, stderr)
+	return f.finish(res, cmd.Args[0], report, stderr)
 }
 
 // runFlags are run's flags.
@@ -131,9 +134,9 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.nonce = nonceFlag(fs, nonceUsage)
 }
 
-// spec checks the flags and CMD into the run: its Trial, its command, as
-// whom, and its deadline. Every error is a usage error.
-func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writer) (agent.RunSpec, error) {
+// spec checks the flags and CMD into the run (its Trial and deadline)
+// and its command, as whom. Every error is a usage error.
+func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writer) (client.RunSpec, sandbox.Command, error) {
 	argv := fs.Args()
 	for _, p := range hostOwnDirPaths(argv) {
 		fmt.Fprintf(stderr, "trialnet: note: %s is in the host's %s; the Trial has its own (empty) /tmp, /var/tmp and /dev/shm and will not find it: put what CMD needs in a directory outside them\n",
@@ -143,10 +146,9 @@ func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writ
 	if err == nil && *f.nested && u == 0 {
 		err = usageError{"run --nested: a nested Trial runs no command as uid 0 (its /proc is left unmasked for the sandboxes inside, and uid 0 owns what is there); pass --uid N"}
 	}
-	spec := agent.RunSpec{
-		Create: agent.CreateRequest{ID: id, Nonce: *f.nonce, Allow: f.af.allow, Profiles: f.af.profiles, RequireTLS: f.af.requireTLS, Strict: *f.strict,
+	spec := client.RunSpec{
+		Create: trialspec.Request{ID: id, Nonce: *f.nonce, Allow: f.af.allow, Profiles: f.af.profiles, RequireTLS: f.af.requireTLS, Strict: *f.strict,
 			Learn: *f.learn, MaxProcesses: int(f.procs), UnixAllow: *f.unixAllow, UnixOpen: *f.noUnix, Nested: *f.nested, NoTransparent: *f.noTransparent},
-		Command: sandbox.Command{Args: argv, Env: os.Environ(), UID: u, GID: g, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr},
 		Timeout: *f.timeout,
 		Signals: forwardedSignals,
 	}
@@ -157,16 +159,17 @@ func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writ
 			}
 		}
 	}
-	return spec, err
+	cmd := sandbox.Command{Args: argv, Env: os.Environ(), UID: u, GID: g, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}
+	return spec, cmd, err
 }
 
 // trials is the agent that serves the run: the one running on the
 // socket, or, without one, an agent embedded for the life of this
 // command, so that a laptop needs no daemon. On an error, code is the
 // exit code it calls for.
-func (f *runFlags) trials(ctx context.Context) (_ agent.Trials, closeTrials func(), code int, _ error) {
-	client := agent.NewClient(*f.socket)
-	running, err := client.Running(ctx)
+func (f *runFlags) trials(ctx context.Context) (_ client.Trials, closeTrials func(), code int, _ error) {
+	c := client.NewClient(*f.socket)
+	running, err := c.Running(ctx)
 	if err != nil {
 		return nil, nil, exitFailure, err
 	}
@@ -174,7 +177,7 @@ func (f *runFlags) trials(ctx context.Context) (_ agent.Trials, closeTrials func
 		if f.cf.given() {
 			return nil, nil, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *f.socket + " with its own configuration; drop them or stop that agent"}
 		}
-		return client, func() {}, exitOK, nil
+		return c, func() {}, exitOK, nil
 	}
 	file, cidrs, err := f.cf.load()
 	if err != nil {
@@ -195,7 +198,7 @@ func (f *runFlags) trials(ctx context.Context) (_ agent.Trials, closeTrials func
 
 // runErrCode is the exit code of a run that never got CMD going: the
 // agent's refusal of the Trial, or why CMD could not start.
-func runErrCode(res agent.RunResult, err error) int {
+func runErrCode(res client.RunResult, err error) int {
 	var se *sandbox.StartError
 	switch {
 	case errors.As(err, &se):
@@ -208,7 +211,7 @@ func runErrCode(res agent.RunResult, err error) int {
 
 // finish says how the run went, on stderr and in the report, and
 // returns run's exit code: CMD's, or why trialnet failed around it.
-func (f *runFlags) finish(res agent.RunResult, cmd string, report *reportSink, stderr io.Writer) int {
+func (f *runFlags) finish(res client.RunResult, cmd string, report *reportSink, stderr io.Writer) int {
 	code := res.Exit
 	switch {
 	case res.TimedOut:

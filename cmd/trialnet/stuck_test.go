@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 )
 
@@ -53,7 +53,7 @@ func TestPrivilegedClientCallHasADeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := agent.NewClient(sock).Destroy(ctx, "stuck-1")
+	_, err := client.NewClient(sock).Destroy(ctx, "stuck-1")
 	if err == nil || !strings.Contains(err.Error(), "did not answer in time") || time.Since(start) > 5*time.Second {
 		t.Fatalf("destroy against a stuck agent: %v after %v", err, time.Since(start))
 	}

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/record"
@@ -32,15 +32,15 @@ func hostileRecords(h string) []record.Event {
 	}
 }
 
-func hostileStats(h string) agent.Stats {
-	return agent.Stats{Trial: h, Kernel: map[string]uint64{h: 1},
+func hostileStats(h string) client.Stats {
+	return client.Stats{Trial: h, Kernel: map[string]uint64{h: 1},
 		Proxy:      record.TrialStats{Denied: 3, ByReason: map[record.Reason]uint64{record.Reason(h): 3}},
 		TopRefused: []record.TargetCount{{Target: h + ":443", Count: 3}}, Verdict: "verdict: " + h}
 }
 
 // fakeStats serves a Trial's stats on a control socket, as the agent
 // would, and returns the socket.
-func fakeStats(t *testing.T, st agent.Stats) string {
+func fakeStats(t *testing.T, st client.Stats) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", sock)
@@ -112,7 +112,7 @@ func TestPrintingCommandsEscapeTrialText(t *testing.T) {
 			if err := json.Unmarshal([]byte(out["audit -j"]), &got); err != nil || !reflect.DeepEqual(got, testkit.JSONRoundTrip(t, recs)) {
 				t.Errorf("audit -j reads back as %+v (%v), want %+v", got, err, recs)
 			}
-			var gotSt agent.Stats
+			var gotSt client.Stats
 			if err := json.Unmarshal([]byte(out["stats -j"]), &gotSt); err != nil || !reflect.DeepEqual(gotSt, testkit.JSONRoundTrip(t, st)) {
 				t.Errorf("stats -j reads back as %+v (%v), want %+v", gotSt, err, st)
 			}

@@ -27,8 +27,10 @@ import (
 	"testing"
 	"time"
 
+	agentclient "github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/record"
+	trialspec "github.com/trialnet/trialnet/trial"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/testenv"
@@ -159,7 +161,7 @@ func (w *world) caEnv() []string {
 type trial struct {
 	t    *testing.T
 	w    *world
-	info agent.TrialInfo
+	info agentclient.TrialInfo
 	tr   *sandbox.Launcher
 	home string
 	uid  uint32
@@ -169,7 +171,7 @@ type trial struct {
 
 func (w *world) newTrial(t *testing.T, name string, uid uint32, allow ...string) *trial {
 	t.Helper()
-	tc, err := w.tryTrial(t, name, uid, agent.CreateRequest{Allow: allow})
+	tc, err := w.tryTrial(t, name, uid, trialspec.Request{Allow: allow})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +180,7 @@ func (w *world) newTrial(t *testing.T, name string, uid uint32, allow ...string)
 
 // tryTrial makes the Trial req asks for, named after name, or says why
 // the agent would not.
-func (w *world) tryTrial(t *testing.T, name string, uid uint32, req agent.CreateRequest) (*trial, error) {
+func (w *world) tryTrial(t *testing.T, name string, uid uint32, req trialspec.Request) (*trial, error) {
 	t.Helper()
 	req.ID = "cl-" + name
 	info, err := w.agent.Create(context.Background(), req)
@@ -186,7 +188,7 @@ func (w *world) tryTrial(t *testing.T, name string, uid uint32, req agent.Create
 		return nil, err
 	}
 	t.Cleanup(func() { _, _ = w.agent.Destroy(context.Background(), info.ID) })
-	tr, err := info.Attach()
+	tr, err := agent.Attach(info)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,16 +13,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // nestedTrial makes a nested Trial, or, where this host cannot nest,
 // shows that it refuses to, saying why, and returns nil.
-func (w *world) nestedTrial(t *testing.T, name string, req agent.CreateRequest) *trial {
+func (w *world) nestedTrial(t *testing.T, name string, req trialspec.Request) *trial {
 	t.Helper()
 	req.Nested = true
 	tc, err := w.tryTrial(t, name, nobody, req)
@@ -61,7 +61,7 @@ func TestPrivilegedNestedSandbox(t *testing.T) {
 	host, reached := hostSocket(t)
 	allowedSock := filepath.Join(privtest.SharedDir(t, "allowed-"), "allowed.sock")
 	allowedHits := privtest.ServeUnix(t, allowedSock, "allowed-socket\n")
-	tc := w.nestedTrial(t, "nested", agent.CreateRequest{Allow: []string{"allowed." + domain + ":443"}, UnixAllow: []string{allowedSock}})
+	tc := w.nestedTrial(t, "nested", trialspec.Request{Allow: []string{"allowed." + domain + ":443"}, UnixAllow: []string{allowedSock}})
 	if tc == nil {
 		return
 	}
@@ -171,7 +171,7 @@ func TestPrivilegedNestedSignalsAndCleanup(t *testing.T) {
 	privtest.Require(t)
 	privtest.RequireTool(t, "bwrap")
 	w := newAgentWorld(t)
-	tc := w.nestedTrial(t, "nested-signals", agent.CreateRequest{Allow: []string{"allowed." + domain + ":443"}})
+	tc := w.nestedTrial(t, "nested-signals", trialspec.Request{Allow: []string{"allowed." + domain + ":443"}})
 	if tc == nil {
 		return
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
+	"github.com/trialnet/trialnet/trial"
 )
 
 // hostNS holds the host's network namespace open from before any test
@@ -303,11 +304,11 @@ func TestPrivilegedEscapeTrial(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close(true) })
-	info, err := a.Create(context.Background(), agent.CreateRequest{ID: "escape", Strict: true, Allow: []string{"allowed.example.test:443"}})
+	info, err := a.Create(context.Background(), trial.Request{ID: "escape", Strict: true, Allow: []string{"allowed.example.test:443"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := info.Attach()
+	tr, err := agent.Attach(info)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,12 +63,12 @@ func TestPrivilegedEscapeNested(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close(true) })
-	info, err := a.Create(context.Background(), agent.CreateRequest{ID: "escape-nested", Strict: true, Nested: true, Allow: []string{"allowed.example.test:443"}})
+	info, err := a.Create(context.Background(), trial.Request{ID: "escape-nested", Strict: true, Nested: true, Allow: []string{"allowed.example.test:443"}})
 	if err != nil {
 		nestingRefused(t, err)
 		return
 	}
-	tr, err := info.Attach()
+	tr, err := agent.Attach(info)
 	if err != nil {
 		t.Fatal(err)
 	}

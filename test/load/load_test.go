@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
@@ -34,6 +35,7 @@ import (
 	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/trial"
 )
 
 const (
@@ -103,7 +105,7 @@ func TestPrivilegedLoad(t *testing.T) {
 		_ = proc.Wait()
 		_ = keeper.Stop(keeper.DefaultSocket(sock))
 	})
-	a := agent.NewClient(sock)
+	a := client.NewClient(sock)
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := a.List(context.Background()); err == nil {
 			break
@@ -116,9 +118,9 @@ func TestPrivilegedLoad(t *testing.T) {
 
 	fd0, mem0 := fds(pid), testkit.RSSBytes(pid)
 	target := fmt.Sprintf("%s:%d", name, echoPort)
-	var infos []agent.TrialInfo
+	var infos []client.TrialInfo
 	for i := range trials {
-		info, err := a.Create(context.Background(), agent.CreateRequest{ID: "load-" + strconv.Itoa(i), Allow: []string{target}})
+		info, err := a.Create(context.Background(), trial.Request{ID: "load-" + strconv.Itoa(i), Allow: []string{target}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/trial"
 
 	"github.com/miekg/dns"
@@ -124,7 +125,7 @@ func serveHTTP(ln net.Listener) {
 
 // firstByte sends a byte through the Trial's proxy from inside its
 // namespace and waits for the echo.
-func firstByte(info agent.TrialInfo) error {
+func firstByte(info client.TrialInfo) error {
 	ns, err := netns.Open(filepath.Dir(info.Netns), filepath.Base(info.Netns))
 	if err != nil {
 		return err
@@ -160,7 +161,7 @@ func BenchmarkTrialLifecycle(b *testing.B) {
 		b.Run("live="+strconv.Itoa(live), func(b *testing.B) {
 			for i := range live - 1 {
 				id := fmt.Sprintf("idle-%d", i)
-				if _, err := e.a.Create(context.Background(), agent.CreateRequest{ID: id, Allow: []string{target}}); err != nil {
+				if _, err := e.a.Create(context.Background(), trial.Request{ID: id, Allow: []string{target}}); err != nil {
 					b.Fatal(err)
 				}
 				b.Cleanup(func() { _, _ = e.a.Destroy(context.Background(), id) })
@@ -169,7 +170,7 @@ func BenchmarkTrialLifecycle(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				t0 := time.Now()
-				info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "bench-" + strconv.Itoa(i), Allow: []string{target}})
+				info, err := e.a.Create(context.Background(), trial.Request{ID: "bench-" + strconv.Itoa(i), Allow: []string{target}})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -196,11 +197,11 @@ func BenchmarkSandboxWithProcess(b *testing.B) {
 		lat := make([]time.Duration, 0, b.N)
 		for i := range b.N {
 			t0 := time.Now()
-			info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "proc-" + strconv.Itoa(i), Allow: []string{target}})
+			info, err := e.a.Create(context.Background(), trial.Request{ID: "proc-" + strconv.Itoa(i), Allow: []string{target}})
 			if err != nil {
 				b.Fatal(err)
 			}
-			tr, err := info.Attach()
+			tr, err := agent.Attach(info)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -286,7 +287,7 @@ func BenchmarkIdleTrialMemory(b *testing.B) {
 	{ // measured once whatever b.N: a size, not a rate
 		before := selfRSSBytes()
 		for i := range n {
-			if _, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "mem-" + strconv.Itoa(i), Allow: []string{target}}); err != nil {
+			if _, err := e.a.Create(context.Background(), trial.Request{ID: "mem-" + strconv.Itoa(i), Allow: []string{target}}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -303,7 +304,7 @@ func BenchmarkIdleTrialMemory(b *testing.B) {
 // the same request made directly from the host.
 func BenchmarkRequestLatency(b *testing.B) {
 	e := setup(b)
-	info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "latency", Allow: []string{fmt.Sprintf("%s:%d", upstreamName, httpPort)}})
+	info, err := e.a.Create(context.Background(), trial.Request{ID: "latency", Allow: []string{fmt.Sprintf("%s:%d", upstreamName, httpPort)}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -403,11 +404,11 @@ func BenchmarkLaunch(b *testing.B) {
 		lat := make([]time.Duration, 0, b.N)
 		for i := range b.N {
 			b.StopTimer()
-			info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "launch-" + strconv.Itoa(i), Allow: []string{target}})
+			info, err := e.a.Create(context.Background(), trial.Request{ID: "launch-" + strconv.Itoa(i), Allow: []string{target}})
 			if err != nil {
 				b.Fatal(err)
 			}
-			tr, err := info.Attach()
+			tr, err := agent.Attach(info)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -424,12 +425,12 @@ func BenchmarkLaunch(b *testing.B) {
 		report(b, lat)
 	})
 	b.Run("trial-next-command", func(b *testing.B) {
-		info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "launch-next", Allow: []string{target}})
+		info, err := e.a.Create(context.Background(), trial.Request{ID: "launch-next", Allow: []string{target}})
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _, _ = e.a.Destroy(context.Background(), info.ID) })
-		tr, err := info.Attach()
+		tr, err := agent.Attach(info)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -456,7 +457,7 @@ func BenchmarkLaunch(b *testing.B) {
 // the issue asks for no more than 1.
 func BenchmarkTransparentVsConnect(b *testing.B) {
 	e := setup(b)
-	info, err := e.a.Create(context.Background(), agent.CreateRequest{ID: "transparent", Allow: []string{target}})
+	info, err := e.a.Create(context.Background(), trial.Request{ID: "transparent", Allow: []string{target}})
 	if err != nil {
 		b.Fatal(err)
 	}

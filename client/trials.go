@@ -1,19 +1,20 @@
-package agent
+package client
 
 import (
 	"context"
 
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/trial"
 )
 
 // Trials is the Trial API. An Agent serves it in process, and a Client
 // serves it over the agent's control socket, so that a caller (trialnet
 // run, a test, an embedder) is written once for both. Every call takes a
 // context, which bounds it (a Client's request is cancelled with it) and
-// names the caller where the API needs to know (WithCallerUID; over the
-// socket, the peer's credentials).
+// names the caller where the API needs to know (agent.WithCallerUID;
+// over the socket, the peer's credentials).
 type Trials interface {
-	Create(ctx context.Context, req CreateRequest) (TrialInfo, error)
+	Create(ctx context.Context, req trial.Request) (TrialInfo, error)
 	List(ctx context.Context) ([]TrialInfo, error)
 	Get(ctx context.Context, id string) (TrialInfo, error)
 	Stats(ctx context.Context, id string) (Stats, error)
@@ -29,8 +30,3 @@ type Trials interface {
 	Reload(ctx context.Context, req ReloadRequest) (ReloadResult, error)
 	Health(ctx context.Context) (Health, error)
 }
-
-var (
-	_ Trials = (*Agent)(nil)
-	_ Trials = (*Client)(nil)
-)

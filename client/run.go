@@ -1,4 +1,4 @@
-package agent
+package client
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/record"
-	"github.com/trialnet/trialnet/sandbox"
+	"github.com/trialnet/trialnet/trial"
 )
 
 // ExitTimeout is a run's exit code when its deadline passed: everything
@@ -20,10 +20,11 @@ type RunSpec struct {
 	// Create describes the Trial; Run makes it owned, so that it ends
 	// with this process however that ends (an in-process agent records
 	// this process as its owner, for the next agent to see).
-	Create CreateRequest
-	// Command is what runs in the Trial; its proxy variables, socket
-	// rule and process limit come from the Trial.
-	Command sandbox.Command
+	Create trial.Request
+	// Launch runs the command in the Trial once it is made (agent.Launch
+	// does, with the sandbox); its proxy variables, socket rule and
+	// process limit come from the Trial.
+	Launch Launcher
 	// Timeout bounds the run, wall clock, suspended or not (0: none).
 	Timeout time.Duration
 	// Signals, if set, starts forwarding signals to the command, from
@@ -33,10 +34,33 @@ type RunSpec struct {
 	OnDecision func(record.Event)
 }
 
+// A Launcher starts the command of a run in its Trial. It is the part of
+// Run that needs the sandbox: this package leaves it to the caller
+// (agent.Launch), so that a harness that only asks for Trials links none
+// of it.
+type Launcher interface {
+	// Exec runs the command in the Trial info describes until it exits,
+	// forwarding sigs to it, and returns its exit code. An error that is
+	// a StartError means it never ran.
+	Exec(ctx context.Context, info TrialInfo, sigs <-chan os.Signal) (int, error)
+	// WatchDeadline starts what kills everything in the Trial once
+	// deadline passes, even while this process is stopped (^Z) or
+	// blocked; release ends the watch.
+	WatchDeadline(info TrialInfo, deadline time.Time) (release func(), err error)
+}
+
+// StartError is a Launcher's error for a command that never ran
+// (sandbox.StartError is one): StartCode is its exit code, a shell's for
+// the same failure (126: not executable, 127: not found).
+type StartError interface {
+	error
+	StartCode() int
+}
+
 // RunResult is how a run ended.
 type RunResult struct {
 	Info     TrialInfo
-	Exit     int  // the command's exit code, ExitTimeout, or why it could not start (StartError.Code)
+	Exit     int  // the command's exit code, ExitTimeout, or why it could not start (StartError's StartCode)
 	TimedOut bool // Timeout passed: Exit is ExitTimeout
 	// Err is what went wrong in running the command after it started,
 	// DestroyErr what went wrong in tearing the Trial down.
@@ -45,11 +69,11 @@ type RunResult struct {
 	Took            time.Duration
 }
 
-// Run makes an owned Trial through t, runs spec.Command in it until it
-// exits or the timeout passes, and destroys the Trial, recording the
-// exit in its receipt. The error is for a run that never got its command
-// going: the Trial could not be made, the timeout's watchdog could not
-// start, or the command could not start (a *sandbox.StartError, with
+// Run makes an owned Trial through t, has spec.Launch run its command
+// until it exits or the timeout passes, and destroys the Trial, recording
+// the exit in its receipt. The error is for a run that never got its
+// command going: the Trial could not be made, the timeout's watchdog
+// could not start, or the command could not start (a StartError, with
 // Exit set and the Trial destroyed).
 func Run(ctx context.Context, t Trials, spec RunSpec) (RunResult, error) {
 	req := spec.Create
@@ -73,27 +97,27 @@ func Run(ctx context.Context, t Trials, spec RunSpec) (RunResult, error) {
 		defer cancel()
 		// This process's own timer cannot fire while it is stopped (^Z)
 		// or blocked: a process of its own enforces the deadline too.
-		wd, err := sandbox.WatchDeadline(info.Cgroup, deadline)
+		release, err := spec.Launch.WatchDeadline(info, deadline)
 		if err != nil {
 			_, derr := t.DestroyExit(bg, info.ID, nil)
 			return res, errors.Join(fmt.Errorf("%w; a timeout needs it, so the command was not started (run without one to go without)", err), derr)
 		}
-		defer wd.Release()
+		defer release()
 	}
 	var sigs <-chan os.Signal
 	stopSignals := func() {}
 	if spec.Signals != nil {
 		sigs, stopSignals = spec.Signals()
 	}
-	res.Exit, res.Err = ExecIn(ctx, info, spec.Command, sigs)
+	res.Exit, res.Err = spec.Launch.Exec(ctx, info, sigs)
 	stopSignals() // the command is over: signals are this process's again
 	// Not ctx.Err(): continued by the watchdog after the deadline, this
 	// process may get here before its own timer has fired.
 	res.TimedOut = !deadline.IsZero() && !time.Now().Before(deadline)
-	var se *sandbox.StartError
+	var se StartError
 	switch {
 	case errors.As(res.Err, &se):
-		res.Exit = se.Code
+		res.Exit = se.StartCode()
 	case res.TimedOut:
 		res.Exit = ExitTimeout
 	}
@@ -104,17 +128,6 @@ func Run(ctx context.Context, t Trials, spec RunSpec) (RunResult, error) {
 		return res, errors.Join(res.Err, res.DestroyErr)
 	}
 	return res, nil
-}
-
-// ExecIn runs c in the Trial info describes, with the Trial's proxy
-// variables, socket rule and process limit, forwarding sigs to it.
-func ExecIn(ctx context.Context, info TrialInfo, c sandbox.Command, sigs <-chan os.Signal) (int, error) {
-	tr, err := info.Attach()
-	if err != nil {
-		return -1, err
-	}
-	c.ProxyURL = info.ProxyURL // the unix rule and process limit are the launcher's, from info.Spec
-	return tr.Exec(ctx, c, sigs)
 }
 
 // watchDecisions calls fn with each decision of Trial id until it is

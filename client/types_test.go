@@ -1,6 +1,4 @@
-//go:build linux
-
-package agent
+package client
 
 import (
 	"encoding/json"
@@ -10,19 +8,19 @@ import (
 	"testing"
 	"time"
 
-	trialspec "github.com/trialnet/trialnet/trial"
+	"github.com/trialnet/trialnet/trial"
 )
 
 // TrialInfo's JSON (create -j, list -j, the control API) is an interface:
 // its keys are those of the build before trial.Spec, and "schema".
 func TestTrialInfoKeys(t *testing.T) {
 	info := TrialInfo{
-		Spec: trialspec.Spec{Schema: trialspec.Schema, ID: "k", Strict: true, UnixOpen: true, Nested: true, UnixAllow: []string{"/a"},
-			Learning: true, Allow: []AllowEntry{{Entry: "a:1"}}, Profiles: []string{"p"}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
-			Owner: &Owner{PID: 1, Start: 2}, Denied: []string{"b:1"},
-			Limits:  &trialspec.Limits{ProxyLimits: trialspec.ProxyLimits{MaxTunnels: 1}, PoolLimits: trialspec.PoolLimits{MaxProcesses: 1, MaxPids: 1, MaxMemory: 1}},
+		Spec: trial.Spec{Schema: trial.Schema, ID: "k", Strict: true, UnixOpen: true, Nested: true, UnixAllow: []string{"/a"},
+			Learning: true, Allow: []trial.AllowEntry{{Entry: "a:1"}}, Profiles: []string{"p"}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
+			Owner: &trial.Owner{PID: 1, Start: 2}, Denied: []string{"b:1"},
+			Limits:  &trial.Limits{ProxyLimits: trial.ProxyLimits{MaxTunnels: 1}, PoolLimits: trial.PoolLimits{MaxProcesses: 1, MaxPids: 1, MaxMemory: 1}},
 			Created: time.Now(), Nonce: "n", Report: "/r"},
-		Netns: "/n", Cgroup: "/c", CgroupID: 1, ProxyURL: ProxyURL,
+		Netns: "/n", Cgroup: "/c", CgroupID: 1, ProxyURL: "http://127.0.0.1:3128",
 	}
 	b, err := json.Marshal(info)
 	if err != nil {

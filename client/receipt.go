@@ -1,0 +1,90 @@
+package client
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/trial"
+)
+
+// ReceiptSchema is the version of Receipt this build writes; Verify
+// refuses a newer one.
+const ReceiptSchema = 1
+
+// Receipt is what an evaluation attaches in place of a terminal's text:
+// a Trial's end, as the host saw it, signed with a key only root reads.
+type Receipt struct {
+	Schema int    `json:"schema"`
+	Trial  string `json:"trial"`
+	// Nonce is the harness's value given to run or create (empty: none),
+	// which binds the receipt to the run the harness started.
+	Nonce    string            `json:"nonce,omitempty"`
+	Host     string            `json:"host"`
+	Start    time.Time         `json:"start"`
+	End      time.Time         `json:"end"`
+	ExitCode *int              `json:"exit_code"` // as the runner reported it; null when it reported none
+	Learning bool              `json:"learning"`
+	Verdict  string            `json:"verdict"`
+	Kernel   map[string]uint64 `json:"kernel"`
+	Proxy    record.TrialStats `json:"proxy"`
+	Pools    []trial.PoolUse   `json:"pools"`
+	Layers   Layers            `json:"layers"`
+	// Programs are the tags of the eBPF programs that enforced the Trial
+	// (name → tag, as bpftool shows them).
+	Programs map[string]string `json:"programs"`
+	// DecisionLog is the SHA-256 and size of the Trial's decisions.jsonl
+	// when the receipt was made; empty where no log was kept.
+	DecisionLog *LogDigest `json:"decision_log"`
+}
+
+// LogDigest identifies a decision log's content.
+type LogDigest struct {
+	SHA256 string `json:"sha256"`
+	Bytes  int64  `json:"bytes"`
+}
+
+// SignedReceipt is a receipt as written: its bytes, and the signature
+// over them, compacted (json.Compact: an indented copy, as in a run
+// report, verifies too), with the key whose public half is given.
+type SignedReceipt struct {
+	Receipt   json.RawMessage `json:"receipt"`
+	Signature []byte          `json:"signature"`
+	PublicKey []byte          `json:"public_key"`
+}
+
+// ErrReceiptForged is wrapped by Verify for a receipt whose signature or
+// key does not hold.
+var ErrReceiptForged = errors.New("the receipt does not verify")
+
+// ErrReceiptOtherRun is for a genuine receipt of another run than the
+// one expected: another nonce, or none, or another Trial.
+var ErrReceiptOtherRun = errors.New("the receipt is of another run")
+
+// Verify checks s against the host key pub (the public half of the key
+// that signs this host's receipts) and returns what it says. A receipt
+// signed by another key, or changed after it was signed, fails.
+func (s SignedReceipt) Verify(pub ed25519.PublicKey) (Receipt, error) {
+	if !bytes.Equal(s.PublicKey, pub) {
+		return Receipt{}, fmt.Errorf("%w: it was signed with another key than this host's", ErrReceiptForged)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, s.Receipt); err != nil {
+		return Receipt{}, fmt.Errorf("%w: %v", ErrReceiptForged, err)
+	}
+	if !ed25519.Verify(pub, compact.Bytes(), s.Signature) {
+		return Receipt{}, fmt.Errorf("%w: its signature does not match its content", ErrReceiptForged)
+	}
+	var r Receipt
+	if err := json.Unmarshal(s.Receipt, &r); err != nil {
+		return Receipt{}, fmt.Errorf("%w: %v", ErrReceiptForged, err)
+	}
+	if r.Schema > ReceiptSchema {
+		return Receipt{}, fmt.Errorf("receipt schema %d is newer than the %d this trialnet reads", r.Schema, ReceiptSchema)
+	}
+	return r, nil
+}

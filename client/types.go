@@ -1,0 +1,227 @@
+package client
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/trial"
+)
+
+// TrialInfo describes a live Trial: its description and where it lives.
+type TrialInfo struct {
+	trial.Spec
+	Netns    string `json:"netns"`
+	Cgroup   string `json:"cgroup"`
+	CgroupID uint64 `json:"cgroup_id"`
+	ProxyURL string `json:"proxy_url"`
+}
+
+// Error is an error with a stable code, as the control API returns it.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Error codes.
+const (
+	CodeBadRequest     = "bad_request"
+	CodeBadID          = "bad_id"
+	CodeUnknownProfile = "unknown_profile"
+	CodeBadAllowlist   = "bad_allowlist"
+	CodeDuplicateID    = "duplicate_id"
+	CodeUnknownTrial   = "unknown_trial"
+	CodeInternal       = "internal"
+	CodeNotRoot        = "not_root"
+	// CodeHandedOver: the agent handed over to a new process while the
+	// call waited, and did nothing of it; Client retries it there.
+	CodeHandedOver = "handed_over"
+	// CodeBadConfig: a reload found the config file unreadable or invalid,
+	// or changing what cannot change while the agent runs.
+	CodeBadConfig = "bad_config"
+)
+
+// AllowChange changes a live Trial's allowlist (PATCH /v1/trials/{id}/allow).
+// Entries are parsed and refused exactly as at create. The change applies
+// to every CONNECT not yet answered; open tunnels stay unless Cut is set,
+// and then only those a removed entry allowed are ended.
+type AllowChange struct {
+	Add        []string `json:"add,omitempty"`
+	Remove     []string `json:"remove,omitempty"`
+	RequireTLS bool     `json:"require_tls,omitempty"` // for the added entries
+	Cut        bool     `json:"cut,omitempty"`
+}
+
+// AllowChanged is the answer to an AllowChange.
+type AllowChanged struct {
+	Trial      TrialInfo `json:"trial"`
+	TunnelsCut int       `json:"tunnels_cut"`
+	// Note says what the change does not do: on a learning Trial, a
+	// removed name is still let through (as would_deny).
+	Note string `json:"note,omitempty"`
+}
+
+// ReloadRequest asks the agent to read its config file again.
+type ReloadRequest struct {
+	// Reprofile also gives every live Trial made from profiles the new
+	// allowlist of its profiles (its explicit --allow entries stay).
+	Reprofile bool `json:"reprofile,omitempty"`
+}
+
+// ReloadResult says what a reload applied.
+type ReloadResult struct {
+	Config     string   `json:"config"`
+	Profiles   []string `json:"profiles"`
+	Reprofiled []string `json:"reprofiled"` // Trials whose allowlist was replaced
+	// Note says what the reload did not do: the agent this one took over
+	// from, still draining, did not confirm a reprofiled Trial's list.
+	Note string `json:"note,omitempty"`
+}
+
+// Health is what /healthz reports.
+type Health struct {
+	OK bool `json:"ok"`
+	// EBPF is "attached" when every link is pinned and is the loaded
+	// program's, else why not.
+	EBPF   string `json:"ebpf"`
+	Agent  string `json:"agent"` // "serving", or why not
+	Trials int    `json:"trials_live"`
+	// PID is the answering agent's process: during a hand-over the old
+	// or the new one (health --pid-file tells them apart).
+	PID int `json:"pid"`
+	// Layers are the defences this host gives a Trial; the optional ones
+	// (Landlock, BPF LSM) being off does not make the agent unhealthy.
+	Layers Layers `json:"layers"`
+}
+
+// Stats are a Trial's kernel and proxy counters with the egress verdict.
+type Stats struct {
+	Trial string `json:"trial"`
+	// Learning: the Trial let names off its allowlist through; always
+	// written, and said in the verdict.
+	Learning bool              `json:"learning"`
+	Kernel   map[string]uint64 `json:"kernel"`
+	Proxy    record.TrialStats `json:"proxy"`
+	Egress   uint64            `json:"direct_egress_packets"`
+	Foreign  uint64            `json:"foreign_socket_uses"`
+	Layers   Layers            `json:"layers"`
+	// Receipt is the signed receipt of a destroyed Trial (Destroy's stats
+	// only): what an evaluation attaches, not the terminal's text.
+	Receipt *SignedReceipt `json:"receipt,omitempty"`
+	// Pools are the Trial's use of the host's tasks and memory: now (at
+	// destroy: as the teardown found it), at the peak, and the events at
+	// the bound (forks refused, OOM kills).
+	Pools   []trial.PoolUse `json:"pools"`
+	Verdict string          `json:"verdict"`
+	// DNS are the counts of the Trial's DNS stub (transparent mode; absent
+	// without it), since this agent process started it: a restart starts
+	// them again, except names, which the Trial keeps.
+	DNS *DNSStats `json:"dns,omitempty"`
+	// TopRefused are the most refused targets (host:port as asked for).
+	TopRefused []record.TargetCount `json:"top_refused"`
+	At         time.Time            `json:"at"`
+}
+
+// Brief is the verdict in a few words, for run's one summary line: what
+// verdictOf says, without the reasons.
+func (st Stats) Brief() string {
+	v := "0 direct egress packets (ok)"
+	switch {
+	case st.Egress > 0:
+		v = fmt.Sprintf("ALARM: %d direct egress packets dropped", st.Egress)
+	case !st.Layers.BPFLSM:
+		v = "0 direct egress packets (ok; foreign sockets unwatched)"
+	case st.Foreign > 0:
+		v = fmt.Sprintf("0 direct egress packets; ALERT: %d foreign-socket uses refused", st.Foreign)
+	}
+	if st.Learning {
+		v += "; LEARNING: allowlist not enforced"
+	}
+	return v
+}
+
+// Layers says which of a Trial's defences this host has active. The
+// process boundary's PID namespace, seccomp filter and own session are
+// part of the one launch path and always on; the BPF LSM layer depends on
+// the kernel.
+type Layers struct {
+	NetworkNamespace bool `json:"network_namespace"`
+	CgroupEBPF       bool `json:"cgroup_ebpf"`
+	UnixSocketHooks  bool `json:"unix_socket_hooks"`
+	PIDNamespace     bool `json:"pid_namespace"`
+	Seccomp          bool `json:"seccomp"`
+	OwnSession       bool `json:"own_session"`
+	// LandlockABI is the kernel's Landlock ABI (0: none); each command gets
+	// a domain of its own, which keeps it from ptrace, pidfd_getfd and
+	// /proc/PID/mem of anything outside, and from ABI 6 from signalling it.
+	LandlockABI int  `json:"landlock_abi"`
+	BPFLSM      bool `json:"bpf_lsm"`
+	// BPFLSMMissing says why the BPF LSM layer is not active.
+	BPFLSMMissing string `json:"bpf_lsm_missing,omitempty"`
+	// Pools say what bounds each Trial's share of the host's tasks and
+	// memory here, or why nothing does.
+	Pools []trial.PoolBound `json:"pools,omitempty"`
+	// Nested: the Trial these layers are reported for may make user
+	// namespaces and run sandboxes of its own (its stats say so).
+	Nested bool `json:"nested,omitempty"`
+	// Transparent: the Trial these layers are reported for has transparent
+	// mode (its stats say so): a DNS stub, and its name pool steered to
+	// the proxy's checks by sk_lookup.
+	Transparent bool `json:"transparent,omitempty"`
+}
+
+// String lists the layers, active ones first.
+func (l Layers) String() string {
+	on := []string{"network namespace", "cgroup eBPF", "PID namespace", "seccomp", "own session"}
+	var off []string
+	if l.UnixSocketHooks {
+		on = append(on, "unix socket hooks")
+	}
+	if l.LandlockABI > 0 {
+		on = append(on, fmt.Sprintf("Landlock (ABI %d)", l.LandlockABI))
+	} else {
+		off = append(off, "Landlock (the kernel offers none)")
+	}
+	if l.BPFLSM {
+		on = append(on, "BPF LSM")
+	} else {
+		off = append(off, "BPF LSM ("+l.BPFLSMMissing+")")
+	}
+	if l.Nested {
+		on = append(on, "nested sandboxes allowed (user namespaces)")
+	}
+	if l.Transparent {
+		on = append(on, "transparent (DNS stub, sk_lookup to the proxy's checks)")
+	}
+	for _, p := range l.Pools {
+		if p.Bounded {
+			on = append(on, p.Pool+" bound")
+		} else {
+			off = append(off, p.Pool+" bound ("+p.Bound+")")
+		}
+	}
+	if len(off) == 0 {
+		return "layers: " + strings.Join(on, ", ")
+	}
+	return "layers: " + strings.Join(on, ", ") + "; inactive: " + strings.Join(off, "; ")
+}
+
+// DNSStats are a Trial's DNS stub's counts, as package dnsstub keeps them
+// (a dnsstub.Stats converts to it): what each question was answered.
+type DNSStats struct {
+	Answered    uint64 `json:"answered"`      // an address given
+	NoData      uint64 `json:"nodata"`        // an admitted name, a type other than A (AAAA among them)
+	NXDomain    uint64 `json:"nxdomain"`      // a name the policy does not admit, or a reverse name
+	Refused     uint64 `json:"refused"`       // a class, type or name the stub never answers
+	FormErr     uint64 `json:"formerr"`       // not one parsable question, or too large
+	NotImp      uint64 `json:"notimp"`        // an opcode other than QUERY
+	RateLimited uint64 `json:"rate_limited"`  // REFUSED: past the query rate
+	PoolFull    uint64 `json:"pool_full"`     // REFUSED: a new name past the pool's bound, or one not recorded
+	Dropped     uint64 `json:"dropped"`       // not answered: shorter than a header, or itself a response
+	TCPRefused  uint64 `json:"tcp_refused"`   // TCP connections closed on accept: too many open
+	TCPTooLarge uint64 `json:"tcp_too_large"` // TCP connections closed: a length prefix too large
+	Names       uint64 `json:"names"`         // names with an address (restored ones included)
+}
