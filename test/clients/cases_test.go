@@ -35,10 +35,13 @@ type client struct {
 	// asRoot runs the client as uid 0 (without capabilities) instead of
 	// nobody.
 	asRoot bool
-	port   uint16 // 443 unless set
-	setup  func(t *testing.T, tc *trial)
-	fetch  func(tc *trial, host string, proxied bool) (int, string)
-	works  func(t *testing.T, tc *trial, out string)
+	// lookupOnly: the client only resolves the name (getent), so it
+	// leaves no connection decision.
+	lookupOnly bool
+	port       uint16 // 443 unless set
+	setup      func(t *testing.T, tc *trial)
+	fetch      func(tc *trial, host string, proxied bool) (int, string)
+	works      func(t *testing.T, tc *trial, out string)
 }
 
 func need(bins ...string) func() string {
