@@ -4,6 +4,8 @@ package proxy
 
 import (
 	"bufio"
+	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"strconv"
@@ -104,10 +106,13 @@ func (p *Proxy) serveTransparent(k *clientConn, req *wire.Request) {
 }
 
 // clientSpeaksHTTP waits until the client or the upstream has something
-// to say, or ends, and reports whether the client spoke first with an
-// HTTP request line (its first bytes stay in br). The wait is as long as
-// the connection is silent, like an idle tunnel; telling a method from
-// its first bytes, once some came, takes at most HeaderTimeout.
+// to say, or ends, and reports whether the client spoke first with what
+// may be an HTTP request (wire.ClassifyHTTP; its first bytes stay in br).
+// The wait is as long as the connection is silent, like an idle tunnel;
+// telling HTTP from its first line, once some came, takes at most
+// HeaderTimeout. Bytes still undecided then (a request line held back,
+// or longer than br) go to the forwarder, which refuses what is no
+// request: a tunnel would let a request's rest, sent later, pass unjudged.
 func (p *Proxy) clientSpeaksHTTP(c net.Conn, br *bufio.Reader, up net.Conn) bool {
 	upReady := make(chan struct{})
 	go func() {
@@ -127,12 +132,13 @@ func (p *Proxy) clientSpeaksHTTP(c net.Conn, br *bufio.Reader, up net.Conn) bool
 	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	for {
 		b, _ := br.Peek(br.Buffered())
-		isHTTP, more := wire.ClassifyHTTP(b)
-		if !more || len(b) >= wire.MaxMethodPrefix {
+		isHTTP, more := wire.ClassifyHTTP(b, false)
+		if !more || len(b) == br.Size() {
 			return isHTTP
 		}
 		if _, err := br.Peek(len(b) + 1); err != nil {
-			return false
+			isHTTP, _ = wire.ClassifyHTTP(b, errors.Is(err, io.EOF))
+			return isHTTP
 		}
 	}
 }

@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -266,14 +267,55 @@ func TestTransparentHTTP(t *testing.T) {
 	})
 }
 
+// TestTransparentHTTPHostCheckNotSteppedAround: plain HTTP naming
+// another host, sent to an allowed name's address in shapes a lenient
+// server takes as a request (a request line in pieces with a pause past
+// header_timeout, a blank line first, a method outside RFC 9110's,
+// lowercase, a tab), is judged by the forwarder and refused: it never
+// reaches the upstream, the echo server that would send it back.
+func TestTransparentHTTPHostCheckNotSteppedAround(t *testing.T) {
+	const headerTimeout = 100 * time.Millisecond
+	tp, to := newTransparentProxy(t, proxyOpts{configure: func(c *Config) { c.HeaderTimeout = headerTimeout }})
+	const rest = " /x HTTP/1.1\r\nHost: other.example.com\r\n\r\n"
+	for _, c := range []struct {
+		name  string
+		parts []string // sent with a pause past header_timeout between them
+	}{
+		{"a method in pieces", []string{"GE", "T" + rest}},
+		{"a blank line first", []string{"\r\nGET" + rest}},
+		{"an extension method", []string{"PROPFIND" + rest}},
+		{"a lowercase method", []string{"get" + rest}},
+		{"a tab after the method", []string{"GET\t/x HTTP/1.1\r\nHost: other.example.com\r\n\r\n"}},
+		{"CONNECT", []string{"CONNECT other.example.com:80 HTTP/1.1\r\nHost: other.example.com:80\r\n\r\n"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn := dialTransparent(t, to)
+			for i, part := range c.parts {
+				if i > 0 {
+					time.Sleep(3 * headerTimeout)
+				}
+				_, _ = io.WriteString(conn, part)
+			}
+			_ = conn.(*net.TCPConn).CloseWrite()
+			b, _ := io.ReadAll(conn) // a reset ends it too
+			if bytes.Contains(b, []byte("other.example.com")) {
+				t.Fatalf("the upstream got the request naming another host: it echoed %q", b)
+			}
+			if ev := tp.event(t); ev.Decision != record.DecisionDeny || !ev.Transparent {
+				t.Fatalf("record %+v; want a transparent refusal", ev)
+			}
+		})
+	}
+}
+
 // TestTransparentCut: deny --cut ends an open transparent tunnel.
 func TestTransparentCut(t *testing.T) {
 	tp, to := newTransparentProxy(t, proxyOpts{})
 	c := dialTransparent(t, to)
-	if _, err := io.WriteString(c, "a"); err != nil {
+	if _, err := io.WriteString(c, "a\n"); err != nil { // no HTTP: tunnelled
 		t.Fatal(err)
 	}
-	b := make([]byte, 1)
+	b := make([]byte, 2)
 	if _, err := io.ReadFull(c, b); err != nil {
 		t.Fatal(err)
 	}

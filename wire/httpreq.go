@@ -209,24 +209,38 @@ func ParseTransparentHead(raw []byte, host string, port uint16) (*Request, error
 	return req, checkFraming(h)
 }
 
-// httpMethods are the methods of RFC 9110 and PATCH: a stream that starts
-// with one and a space is HTTP.
-var httpMethods = []string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "CONNECT ", "OPTIONS ", "TRACE ", "PATCH "}
+// h2cPreface is the first line of HTTP/2 with prior knowledge.
+const h2cPreface = "PRI * HTTP/2.0"
 
-// MaxMethodPrefix is the most bytes ClassifyHTTP needs to decide.
-const MaxMethodPrefix = len("CONNECT ")
-
-// ClassifyHTTP says whether the first bytes of a stream start an HTTP
-// request line (a method and a space): more is true while b is a strict
-// prefix of one and more bytes would decide.
-func ClassifyHTTP(b []byte) (isHTTP, more bool) {
-	for _, m := range httpMethods {
-		switch {
-		case len(b) >= len(m) && string(b[:len(m)]) == m:
-			return true, false
-		case len(b) < len(m) && string(b) == m[:len(b)]:
-			more = true
-		}
+// ClassifyHTTP says whether the first bytes a client sent to a
+// transparent address may be an HTTP/1 request, which the forwarder must
+// judge: false only once b shows it is not one, more while more bytes
+// could tell. Servers differ in what they take as a request (blank lines
+// before it, any method token, a tab for a space) and a request line may
+// come in pieces, so b is HTTP unless it starts with a byte no method
+// starts with, its first token ends in anything but a space or a tab, or
+// its whole first line names no HTTP version. The h2c preface is not
+// HTTP/1: it is tunnelled, as through CONNECT. ended says no more bytes
+// will come: a bare token is then no request, and the line is whole.
+func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
+	b = bytes.TrimLeft(b, "\r\n")
+	n := 0
+	for n < len(b) && isTokenChar(b[n]) {
+		n++
 	}
-	return false, more
+	switch {
+	case n == len(b):
+		return !ended, !ended
+	case n == 0 || (b[n] != ' ' && b[n] != '\t'):
+		return false, false
+	}
+	line, _, ok := bytes.Cut(b, []byte("\n"))
+	if !ok && !ended {
+		return true, true
+	}
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	if string(line) == h2cPreface {
+		return false, false
+	}
+	return bytes.Contains(bytes.ToUpper(line), []byte("HTTP/")), false
 }

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/trialnet/trialnet/record"
@@ -43,20 +44,35 @@ func TestParseTransparentHead(t *testing.T) {
 func TestClassifyHTTP(t *testing.T) {
 	for _, c := range []struct {
 		in           string
+		ended        bool
 		isHTTP, more bool
 	}{
-		{"GET / HTTP/1.1", true, false},
-		{"PATCH ", true, false},
-		{"G", false, true},
-		{"CONNEC", false, true},
-		{"", false, true},
-		{"\x16\x03\x01", false, false},
-		{"SSH-2.0-OpenSSH", false, false},
-		{"get / HTTP/1.1", false, false},
-		{"GETX", false, false},
+		{"GET / HTTP/1.1\r\n", false, true, false},
+		{"GET / HTTP/1.1", false, true, true}, // the line may go on
+		{"GET / HTTP/1.1", true, true, false},
+		{"G", false, true, true},
+		{"G", true, false, false}, // a bare token is no request
+		{"", false, true, true},
+		{"\r\n\r\nGET / HTTP/1.1\r\n", false, true, false},
+		{"\r\n", true, false, false},
+		{"PROPFIND /x HTTP/1.1\r\n", false, true, false},
+		{"get / http/1.0\n", false, true, false},
+		{"GET\t/ HTTP/1.1\r\n", false, true, false},
+		{"CONNECT other.example.com:443 HTTP/1.1\r\n", false, true, false},
+		{"GET /" + strings.Repeat("a", 2000), false, true, true},
+		{"\x16\x03\x01", false, false, false},
+		{"\x00\x00\x00\x08", false, false, false},     // PostgreSQL's startup
+		{"*1\r\n$4\r\nPING\r\n", false, false, false}, // RESP
+		{"SSH-2.0-OpenSSH_9.6\r\n", false, false, false},
+		{"SSH-2.0-OpenSSH_9.6p1 Debian-5\r\n", false, false, false},
+		{"SSH-2.0-OpenSSH_9.6p1 Debian-5", false, true, true},
+		{"get foo\r\n", false, false, false}, // memcached
+		{"OPTIONS rtsp://cam/ RTSP/1.0\r\n", false, false, false},
+		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false, false, false}, // h2c: tunnelled
+		{"GETX:", false, false, false},
 	} {
-		if h, m := ClassifyHTTP([]byte(c.in)); h != c.isHTTP || m != c.more {
-			t.Errorf("ClassifyHTTP(%q) = %v, %v; want %v, %v", c.in, h, m, c.isHTTP, c.more)
+		if h, m := ClassifyHTTP([]byte(c.in), c.ended); h != c.isHTTP || m != c.more {
+			t.Errorf("ClassifyHTTP(%q, %v) = %v, %v; want %v, %v", c.in, c.ended, h, m, c.isHTTP, c.more)
 		}
 	}
 }
