@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/trialnet/trialnet/bpf"
@@ -45,6 +46,12 @@ type transparent struct {
 	steer    *bpf.Steer
 	names    *os.File      // nil without a state directory
 	stubDone chan struct{} // closed when the stub's two goroutines end
+	// last is the stub serving, or serving until a pause, which the
+	// proxy's lookups (lookup) read beside pause and resume.
+	last   atomic.Pointer[dnsstub.Server]
+	paused atomic.Bool
+	// fileNames is the names file as lookup last read it while paused.
+	fileNames namesCache
 	ln       chan struct{} // closed when the proxy stops serving socks.steered
 	// held are the stub's sockets while it is paused for a hand-over.
 	held []*os.File
@@ -172,7 +179,7 @@ func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transpare
 	tp.ln = make(chan struct{})
 	go func() {
 		defer close(tp.ln)
-		if err := a.proxy.ServeTransparent(tp.socks.steered, id, tp.stub.Lookup); err != nil {
+		if err := a.proxy.ServeTransparent(tp.socks.steered, id, tp.lookup); err != nil {
 			a.log.Error("transparent mode", "trial", id, "error", err)
 		}
 	}()
@@ -209,6 +216,8 @@ func (tp *transparent) startStub(a *Agent) error {
 		return fmt.Errorf("transparent mode of Trial %s: %w", tp.id, err)
 	}
 	tp.stub, tp.stubDone = stub, make(chan struct{})
+	tp.last.Store(stub)
+	tp.paused.Store(false)
 	udp, tcp, done := tp.socks.udp, tp.socks.tcp, tp.stubDone
 	var left sync.WaitGroup
 	for _, serve := range []func() error{func() error { return stub.ServeUDP(udp) }, func() error { return stub.ServeTCP(tcp) }} {
@@ -249,6 +258,7 @@ func (tp *transparent) pause() error {
 		}
 		held = append(held, f)
 	}
+	tp.paused.Store(true)
 	tp.stopStub()
 	tp.held = held
 	return nil
@@ -298,6 +308,72 @@ func (a *Agent) steer(lt *trial, tp *transparent) (*bpf.Steer, error) {
 	}
 	a.log.Warn("transparent mode: the steering is not pinned; while no agent runs, connections to the Trial's pool addresses are refused", "trial", lt.info.ID, "error", err)
 	return s, nil
+}
+
+// lookup maps a pool address to its name for the proxy, through the
+// stub serving or paused. From the offer of a hand-over until it stops
+// accepting, this agent's stub is paused while it still accepts, and the
+// successor's stub answers, writing each name to the names file before
+// its answer: an address this stub never handed out is looked for there.
+func (tp *transparent) lookup(a netip.Addr) (string, bool) {
+	s := tp.last.Load()
+	if s == nil {
+		return "", false
+	}
+	if n, ok := s.Lookup(a); ok || !tp.paused.Load() || tp.names == nil {
+		return n, ok
+	}
+	return tp.fileNames.lookup(tp.names.Name(), s.Pool(), a)
+}
+
+// namesCache is a names file as last read, read again when its size
+// changes (a stub appended a name), and checked as a stub restoring it
+// would check it.
+type namesCache struct {
+	mu   sync.Mutex
+	size int64
+	pool *dnsstub.Pool
+}
+
+// lookup is the name the file at path gives a, in a pool over prefix;
+// false for none, and for a file that cannot be read or checked.
+func (c *namesCache) lookup(path string, prefix netip.Prefix, a netip.Addr) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", false
+	}
+	if c.pool == nil || st.Size() != c.size {
+		if c.pool, err = readPool(path, prefix); err != nil {
+			return "", false
+		}
+		c.size = st.Size()
+	}
+	return c.pool.Name(a)
+}
+
+// readPool is the pool the names file at path restores.
+func readPool(path string, prefix netip.Prefix) (*dnsstub.Pool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	names, err := readNames(f)
+	_ = f.Close()
+	if err != nil {
+		return nil, err
+	}
+	pool, err := dnsstub.NewPool(prefix, dnsstub.DefaultMaxNames)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if err := pool.Restore(n.Name, n.Addr); err != nil {
+			return nil, err
+		}
+	}
+	return pool, nil
 }
 
 // admitter is the stub's policy for Trial id: its allowlist as it is at

@@ -259,6 +259,57 @@ func TestPrivilegedTransparent(t *testing.T) {
 	}
 }
 
+// TestPrivilegedTransparentNamesAcrossAPause: from the offer of a
+// hand-over until it stops accepting, an agent's stub is paused while it
+// still accepts pool connections, and the successor's stub answers: a
+// name first handed out there (written to the names file before its
+// answer, as every stub does) must map for a connection this agent
+// accepts. After a hand-over that failed, the stub serving again hands
+// out names that map too.
+func TestPrivilegedTransparentNamesAcrossAPause(t *testing.T) {
+	privtest.Require(t)
+	names := []string{"upstream.example.test", "second.example.test", "third.example.test"}
+	w := newWorld(t, 243, names...)
+	a := startAgent(t, w.config(t))
+	var allowed []string
+	for _, n := range names {
+		allowed = append(allowed, fmt.Sprintf("%s:%d", n, upstreamPort))
+	}
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-transp-pause", Allow: allowed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(addr netip.Addr, host string) {
+		t.Helper()
+		code, out := transparentCurl(t, info, "-i", fmt.Sprintf("http://%s:%d/", addr, upstreamPort), "-H", "Host: "+host)
+		if code != 0 || !strings.Contains(out, "hello from "+host) {
+			t.Fatalf("%s at %s: curl exit %d: %s", host, addr, code, out)
+		}
+	}
+	first, _ := stubLookup(t, info.Netns, "udp", names[0])
+	if err := a.pauseStubs(); err != nil {
+		t.Fatal(err)
+	}
+	// The successor's stub gives the second name the next address.
+	second := first.Next()
+	f, err := os.OpenFile(a.namesFile(info.ID), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = fmt.Fprintf(f, "%s %s\n", second, names[1])
+	if cerr := f.Close(); err != nil || cerr != nil {
+		t.Fatal(err, cerr)
+	}
+	get(second, names[1])
+	a.resumeStubs() // the hand-over failed
+	third, _ := stubLookup(t, info.Netns, "udp", names[2])
+	if third != second.Next() {
+		t.Fatalf("the stub serving again gave %s %s, want %s", names[2], third, second.Next())
+	}
+	get(third, names[2])
+	get(first, names[0])
+}
+
 // TestPrivilegedTransparentRestart: an agent that ends without tearing
 // its Trials down leaves the steering pinned; the next one adopts it and
 // gives each address handed out before the same name.
