@@ -52,7 +52,7 @@ type transparent struct {
 	paused atomic.Bool
 	// fileNames is the names file as lookup last read it while paused.
 	fileNames namesCache
-	ln       chan struct{} // closed when the proxy stops serving socks.steered
+	ln        chan struct{} // closed when the proxy stops serving socks.steered
 	// held are the stub's sockets while it is paused for a hand-over.
 	held []*os.File
 }
