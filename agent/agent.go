@@ -123,7 +123,7 @@ type Agent struct {
 	// passed on, until each Trial is adopted. Both are set before Start
 	// adopts anything and read-only after.
 	offsets   map[string]int64
-	inherited map[string][]net.Listener
+	inherited map[string]*inherited
 	keeper    *keeper.Client // nil: none
 
 	reloadMu  sync.Mutex // one Reload at a time
@@ -146,7 +146,7 @@ func Start(cfg AgentConfig) (*Agent, error) { return start(cfg, nil, nil, nil) }
 // Trial id, in index order), from a predecessor (nil: none)
 // whose logs it replays up to the offsets it gave, and that gives its
 // listeners to a keeper.
-func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *handover.Predecessor, kc *keeper.Client) (*Agent, error) {
+func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Predecessor, kc *keeper.Client) (*Agent, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -171,10 +171,8 @@ func start(cfg AgentConfig, inherited map[string][]net.Listener, pred *handover.
 		if pred != nil {
 			pred.CloseCounts()
 		}
-		for name, lns := range a.inherited {
-			for _, l := range lns {
-				_ = l.Close()
-			}
+		for name, inh := range a.inherited {
+			inh.close()
 			delete(a.inherited, name)
 		}
 	}()
@@ -260,12 +258,29 @@ func (a *Agent) stopWatching() {
 // takingOver reports whether this agent is starting by a hand-over.
 func (a *Agent) takingOver() bool { return a.offsets != nil }
 
-// inheritedFor takes the listeners inherited for Trial id (nil: none;
-// its endpoint listens anew).
-func (a *Agent) inheritedFor(id string) []net.Listener {
-	lns := a.inherited[id]
+// inherited are the sockets of one Trial an earlier process passed on:
+// its endpoint's listeners, in index order, and its transparent sockets.
+type inherited struct {
+	lns []net.Listener
+	tp  transparentSockets
+}
+
+func (i *inherited) close() {
+	for _, l := range i.lns {
+		_ = l.Close()
+	}
+	i.tp.close()
+}
+
+// inheritedFor takes the sockets inherited for Trial id (none: its
+// endpoint listens anew, and its transparent sockets too).
+func (a *Agent) inheritedFor(id string) inherited {
+	inh := a.inherited[id]
 	delete(a.inherited, id)
-	return lns
+	if inh == nil {
+		return inherited{}
+	}
+	return *inh
 }
 
 // Create makes a Trial: cgroup, namespaces, policy entry, and the proxy
@@ -432,6 +447,7 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (client.S
 	// still reach the log), then processes, cgroup, policy, namespaces.
 	k, err := lt.tr.Close()
 	a.unkeep(id)
+	a.dropTransparent(id, lt.tr.CgroupID)
 	lt.mu.Lock()
 	pst := lt.final
 	lt.mu.Unlock()

@@ -165,6 +165,10 @@ func (g giver) Offer(shares bool, forward func(string, []byte)) (handover.Goods,
 		g.d.a.proxy.Share(true)
 		files = append(files, cf...)
 	}
+	if err := g.d.a.pauseStubs(); err != nil {
+		closeFiles(files)
+		return handover.Goods{}, err
+	}
 	offsets := g.d.a.startForwarding(forward)
 	return handover.Goods{Files: files, Offsets: offsets, Open: g.d.a.proxy.Open()}, nil
 }
@@ -175,9 +179,11 @@ func (g giver) Release(stopped bool) {
 		a.handedOver = true
 		g.d.srv.SetKeepAlivesEnabled(false)
 		a.proxy.StopAccepting()
+		a.releaseStubs()
 	} else {
 		a.proxy.Unshare() // what it had open is no more
 		a.stopForwarding()
+		a.resumeStubs()
 	}
 	a.hmu.Unlock()
 }
@@ -264,6 +270,19 @@ func (d *daemon) listenerFiles() (files []handover.File, err error) {
 	for id, lns := range d.a.trialListeners() {
 		for i, ln := range lns {
 			add(lname.EndpointName(id, i), ln)
+		}
+	}
+	for _, lt := range d.a.liveTrials() {
+		if err != nil {
+			break
+		}
+		names, tfiles, terr := d.a.transparentFiles(lt)
+		if terr != nil {
+			err = terr
+			break
+		}
+		for i, n := range names {
+			files = append(files, handover.File{Name: n, File: tfiles[i]})
 		}
 	}
 	if err != nil {

@@ -30,6 +30,8 @@ import (
 //	trialnet_proxy_tunnels_active{trial}                  CONNECTs being served
 //	trialnet_proxy_dns_failures_total{trial}              refusals because DNS failed
 //	trialnet_direct_egress_packets_total{trial}           the verdict: must stay 0
+//	trialnet_dns_stub_queries_total{trial,answer}         the transparent DNS stub's answers (dnsstub.Stats, by JSON key)
+//	trialnet_dns_stub_names{trial}                        names the stub gave an address
 //	trialnet_proxy_dns_seconds                            histogram: all DNS for one request
 //	trialnet_proxy_dial_seconds                           histogram: all dial attempts for one request
 //	trialnet_proxy_first_byte_seconds                     histogram: request start to the upstream's first byte
@@ -54,6 +56,8 @@ var (
 	descBytes     = prometheus.NewDesc(metricPrefix+"proxy_tunnel_bytes_total", "Bytes through tunnels; up is Trial to upstream.", []string{"trial", "direction"}, nil)
 	descActive    = prometheus.NewDesc(metricPrefix+"proxy_tunnels_active", "CONNECTs being served.", []string{"trial"}, nil)
 	descDNS       = prometheus.NewDesc(metricPrefix+"proxy_dns_failures_total", "CONNECTs refused because DNS failed or had no answer.", []string{"trial"}, nil)
+	descStub      = prometheus.NewDesc(metricPrefix+"dns_stub_queries_total", "The transparent DNS stub's answers and closed connections, by kind.", []string{"trial", "answer"}, nil)
+	descStubNames = prometheus.NewDesc(metricPrefix+"dns_stub_names", "Names the transparent DNS stub gave an address.", []string{"trial"}, nil)
 	descEgress    = prometheus.NewDesc(metricPrefix+"direct_egress_packets_total", "Packets that tried to leave a Trial other than through loopback (dropped); anything but 0 is an alarm.", []string{"trial"}, nil)
 	// descKernel describes each kernel counter. The names come from the
 	// BTF struct through bpf2go, so they are fixed for a build: every one
@@ -90,7 +94,7 @@ func buildLabels() [3]string {
 }
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBuild, descLive, descDecisions, descBytes, descActive, descDNS, descEgress} {
+	for _, d := range []*prometheus.Desc{descBuild, descLive, descDecisions, descBytes, descActive, descDNS, descEgress, descStub, descStubNames} {
 		ch <- d
 	}
 	for _, d := range descKernel {
@@ -121,6 +125,17 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(st.Proxy.Active), info.ID)
 		ch <- prometheus.MustNewConstMetric(descDNS, prometheus.CounterValue, float64(st.Proxy.DNSFailures), info.ID)
 		ch <- prometheus.MustNewConstMetric(descEgress, prometheus.CounterValue, float64(st.Egress), info.ID)
+		if s := st.DNS; s != nil {
+			for _, x := range []struct {
+				answer string
+				n      uint64
+			}{{"answered", s.Answered}, {"nodata", s.NoData}, {"nxdomain", s.NXDomain}, {"refused", s.Refused}, {"formerr", s.FormErr},
+				{"notimp", s.NotImp}, {"rate_limited", s.RateLimited}, {"pool_full", s.PoolFull}, {"dropped", s.Dropped},
+				{"tcp_refused", s.TCPRefused}, {"tcp_too_large", s.TCPTooLarge}} {
+				ch <- prometheus.MustNewConstMetric(descStub, prometheus.CounterValue, float64(x.n), info.ID, x.answer)
+			}
+			ch <- prometheus.MustNewConstMetric(descStubNames, prometheus.GaugeValue, float64(s.Names), info.ID)
+		}
 	}
 }
 

@@ -112,10 +112,8 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		return err
 	}
 	closeRest := func() {
-		for _, lns := range inh {
-			for _, l := range lns {
-				_ = l.Close()
-			}
+		for _, i := range inh {
+			i.close()
 		}
 	}
 	// A predecessor keeps its socket paths until this agent has started:
@@ -176,7 +174,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 // and watches the Trials' owners. Any failure before that leaves the
 // predecessor serving (this process's copies of its listeners closed
 // first, then the connection).
-func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *handover.Predecessor, kc *keeper.Client) (*Agent, error) {
+func (d *daemon) startTakingOver(inh map[string]*inherited, pred *handover.Predecessor, kc *keeper.Client) (*Agent, error) {
 	var beat chan struct{}
 	if pred != nil {
 		beat = make(chan struct{})
@@ -215,7 +213,7 @@ func (d *daemon) startTakingOver(inh map[string][]net.Listener, pred *handover.P
 // hand-over), else from the keeper (an agent that died). It returns the
 // Trials' listeners by id, in index order, and puts the metrics listener
 // in d.met.
-func (d *daemon) inherit(kc *keeper.Client, log *slog.Logger) (*handover.Predecessor, map[string][]net.Listener, error) {
+func (d *daemon) inherit(kc *keeper.Client, log *slog.Logger) (*handover.Predecessor, map[string]*inherited, error) {
 	pred, files, err := takeOver(HandoverSocket(d.sock), handover.Config{Paths: d.paths(), Log: log})
 	switch {
 	case errors.Is(err, errNoPredecessor):
@@ -223,10 +221,22 @@ func (d *daemon) inherit(kc *keeper.Client, log *slog.Logger) (*handover.Predece
 	case err != nil:
 		return nil, nil, err
 	}
-	inh := make(map[string][]net.Listener)
+	inh := make(map[string]*inherited)
+	of := func(id string) *inherited {
+		if inh[id] == nil {
+			inh[id] = &inherited{}
+		}
+		return inh[id]
+	}
 	names := slices.SortedFunc(maps.Keys(files), func(x, y lname.Name) int { return cmpBool(lname.Less(x, y), lname.Less(y, x)) })
 	for _, n := range names {
 		f := files[n]
+		if n.OfTrial() && n.Kind != lname.Endpoint {
+			if err := of(n.Trial).tp.take(n, f); err != nil {
+				log.Warn("a transparent socket handed over is not one; dropped", "name", n, "error", err)
+			}
+			continue
+		}
 		ln, lerr := net.FileListener(f)
 		_ = f.Close()
 		switch {
@@ -235,7 +245,7 @@ func (d *daemon) inherit(kc *keeper.Client, log *slog.Logger) (*handover.Predece
 		case n.Kind == lname.Metrics && d.met == nil:
 			d.met = ln
 		case n.Kind == lname.Endpoint:
-			inh[n.Trial] = append(inh[n.Trial], ln)
+			of(n.Trial).lns = append(of(n.Trial).lns, ln)
 		default:
 			_ = ln.Close() // not one this build serves
 		}
@@ -287,7 +297,7 @@ func (d *daemon) fromKeeper(kc *keeper.Client, log *slog.Logger) map[lname.Name]
 func (d *daemon) dropEarlierTrials(files map[string]*os.File, created map[string]string, log *slog.Logger) {
 	for n, f := range files {
 		name, err := lname.Parse(n)
-		if err != nil || name.Kind != lname.Endpoint {
+		if err != nil || !name.OfTrial() {
 			continue
 		}
 		id := name.Trial
@@ -480,12 +490,25 @@ func (d *daemon) tendKeeper() {
 			names, created, lns = append(names, lname.EndpointName(id, i).String()), append(created, at), append(lns, ln)
 		}
 	}
-	if len(names) == 0 {
+	var tnames, tcreated []string
+	var tfiles []*os.File
+	defer func() { closeAll(tfiles) }()
+	for _, lt := range d.a.liveTrials() {
+		ns, fs, err := d.a.transparentFiles(lt)
+		if err != nil {
+			continue
+		}
+		for i := range ns {
+			tnames, tcreated, tfiles = append(tnames, ns[i].String()), append(tcreated, keeper.TrialCreated(lt.info.Created)), append(tfiles, fs[i])
+		}
+	}
+	if len(names)+len(tnames) == 0 {
 		return // nothing to keep: no keeper is started for it
 	}
-	if n, err := kc.Held(); err != nil || n < len(names) {
-		d.a.log.Info("the keeper holds fewer listeners than this agent serves: giving it every one again", "held", n, "served", len(names))
+	if n, err := kc.Held(); err != nil || n < len(names)+len(tnames) {
+		d.a.log.Info("the keeper holds fewer listeners than this agent serves: giving it every one again", "held", n, "served", len(names)+len(tnames))
 		kc.Put(names, created, lns)
+		kc.PutFiles(tnames, tcreated, tfiles)
 	}
 }
 

@@ -24,6 +24,7 @@ func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) client
 	}
 	l := a.host.Layers()
 	l.Nested = info.Nested
+	l.Transparent = info.Transparent
 	v := verdictOf(k, l)
 	if info.Learning {
 		v += fmt.Sprintf("; LEARNING: the allowlist was not enforced, %d requests to names off it were let through (would_deny); the kernel layers and the address guard were", p.WouldDeny)
@@ -33,7 +34,7 @@ func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) client
 		pools = lt.tr.PoolUse()
 	}
 	return client.Stats{Trial: info.ID, Learning: info.Learning, Kernel: k.Map(), Proxy: p, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
-		Layers: l, Pools: pools, Verdict: v, TopRefused: p.TopRefused(topRefused), At: time.Now().UTC()}
+		Layers: l, Pools: pools, Verdict: v, DNS: lt.dnsStats(), TopRefused: p.TopRefused(topRefused), At: time.Now().UTC()}
 }
 
 // Stats reads a live Trial's counters; of a destroyed one, the final

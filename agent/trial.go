@@ -16,6 +16,7 @@ import (
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/lname"
 	"github.com/trialnet/trialnet/ledger"
@@ -47,6 +48,10 @@ type trial struct {
 	// lns are the endpoint's listeners this process serves, which a
 	// hand-over passes on; guarded by mu.
 	lns []net.Listener
+	// tp is its transparent mode (nil: off); guarded by mu. finalDNS are
+	// its stub's counts when it stopped.
+	tp       *transparent
+	finalDNS *dnsstub.Stats
 	// counts keep the counts behind the Trial's limits, this process's in
 	// slot slot, where an agent handing over to this one, or taking over
 	// from it, counts its own; a hand-over passes them on.
@@ -99,6 +104,33 @@ func (lt *trial) Stop() {
 		lt.final = st
 		lt.mu.Unlock()
 	}
+	lt.mu.Lock()
+	tp := lt.tp
+	lt.tp = nil
+	if tp != nil && tp.stub != nil {
+		st := tp.stub.Stats()
+		lt.finalDNS = &st
+	}
+	lt.mu.Unlock()
+	if tp != nil {
+		tp.close()
+	}
+}
+
+// dnsStats are the counts of the Trial's stub: live, or as it stopped
+// (nil: none, or paused for a hand-over).
+func (lt *trial) dnsStats() *client.DNSStats {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	if lt.tp != nil && lt.tp.stub != nil {
+		st := client.DNSStats(lt.tp.stub.Stats())
+		return &st
+	}
+	if lt.finalDNS == nil {
+		return nil
+	}
+	st := client.DNSStats(*lt.finalDNS)
+	return &st
 }
 
 // release gives back everything the agent holds of the Trial: its place
@@ -154,6 +186,11 @@ func (a *Agent) create(req trialspec.Request, conn *net.UnixConn) (_ client.Tria
 		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
 	}
 	lt.setTrial(tr)
+	if err := a.startTransparent(lt, transparentSockets{}); err != nil {
+		_, _ = tr.Close()
+		a.dropTransparent(info.ID, tr.CgroupID)
+		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
+	}
 	a.setState(lt, stateLive)
 	a.watchOwner(lt)
 	a.log.Info("trial created", "trial", info.ID, "allow", len(info.Allow), "strict", req.Strict, "learning", info.Learning, "owner_pid", ownerPID(info.Owner))
@@ -318,6 +355,7 @@ func (a *Agent) readopt() error {
 			a.log.Warn("trial not re-adopted; removing what is left of it", "trial", r.ID, "reason", err)
 			a.removeLedgers(r.ID)
 			a.unkeep(r.ID)
+			a.dropTransparent(r.ID, r.Record.CgroupID)
 			if rerr := a.host.Remove(r.ID); rerr != nil {
 				a.log.Error("remove leftover trial", "trial", r.ID, "error", rerr)
 			}
@@ -385,10 +423,15 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 		return nil, err
 	}
 	a.recordEvents(r.ID, lost)
-	tr, err := a.host.Open(r.Record, lt, a.inheritedFor(r.ID))
+	inh := a.inheritedFor(r.ID)
+	tr, err := a.host.Open(r.Record, lt, inh.lns)
 	if err != nil {
+		inh.tp.close()
 		return nil, err
 	}
 	lt.setTrial(tr)
+	if err := a.startTransparent(lt, inh.tp); err != nil {
+		return nil, err
+	}
 	return lt, nil
 }

@@ -49,6 +49,9 @@ func TestVerdict(t *testing.T) {
 	if s := off.String(); !strings.Contains(s, "BPF LSM (the kernel refused") || !strings.Contains(s, "inactive:") {
 		t.Errorf("layers without LSM: %q", s)
 	}
+	if s := (client.Layers{BPFLSM: true, Transparent: true}).String(); !strings.Contains(s, ", transparent (DNS stub, sk_lookup") || strings.Contains(on.String(), "transparent") {
+		t.Errorf("the transparent layer: %q, and without it %q", s, on.String())
+	}
 }
 
 // The summary line's verdict says as little as the full one allows: never

@@ -163,6 +163,26 @@ func (a *List) Match(host string, port uint16) (Entry, bool) {
 	return found, ok
 }
 
+// AdmitsName reports whether some entry, on any port, matches host: the
+// question a DNS answer asks, before there is a port to ask about. The
+// port is judged when the connection comes. host must be normalised.
+func (a *List) AdmitsName(host string) bool {
+	if a == nil {
+		return false
+	}
+	for _, e := range a.exact {
+		if e.Name == host {
+			return true
+		}
+	}
+	for _, e := range a.wildcard {
+		if WildcardCovers(host, e.Name) {
+			return true
+		}
+	}
+	return false
+}
+
 // Entries lists the allowlist, exact entries first, each group sorted.
 func (a *List) Entries() []Entry {
 	if a == nil {

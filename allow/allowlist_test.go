@@ -111,5 +111,34 @@ func TestWildcardsStopAtPublicSuffixes(t *testing.T) {
 		if _, ok := a.Match(host, 443); ok != want {
 			t.Errorf("Match(%s) = %v, want %v", host, ok, want)
 		}
+		if ok := a.AdmitsName(host); ok != want {
+			t.Errorf("AdmitsName(%s) = %v, want %v", host, ok, want)
+		}
+	}
+}
+
+// A DNS question has no port: a name any entry matches, on any port, is
+// admitted, and nothing else is.
+func TestAdmitsNameOnAnyPort(t *testing.T) {
+	a, err := Parse([]string{"api.example.com:443", "db.example.com:5432", "*.svc.example.com:22"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]bool{
+		"api.example.com":         true,
+		"db.example.com":          true,
+		"x.svc.example.com":       true,
+		"x.y.svc.example.com":     true,
+		"svc.example.com":         false,
+		"example.com":             false,
+		"api.example.com.evil.io": false,
+		"evil.io":                 false,
+	} {
+		if got := a.AdmitsName(host); got != want {
+			t.Errorf("AdmitsName(%s) = %v, want %v", host, got, want)
+		}
+	}
+	if New().AdmitsName("api.example.com") || (*List)(nil).AdmitsName("api.example.com") {
+		t.Fatal("an empty allowlist admitted a name")
 	}
 }

@@ -58,6 +58,7 @@ func Probe() []Check {
 	add("bounded loops", false, features.HaveBoundedLoops())
 	add("connect_unix/sendmsg_unix hooks (Linux 6.7+)", false, haveUnixHooks())
 	add("BPF LSM (bpf in the active LSM list)", false, HaveLSM())
+	add("sk_lookup programs (transparent mode: connections to a Trial's name pool reach the agent; Linux 5.9+, else --no-transparent)", false, features.HaveProgramType(ebpf.SkLookup))
 	return checks
 }
 

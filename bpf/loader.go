@@ -453,6 +453,13 @@ func (l *Loader) CheckPins() error {
 	return nil
 }
 
+// SteerPin is where OpenSteer pins the sk_lookup link and map of the Trial
+// in cgroup cgroupID: beside the other pins, so that Uninstall removes
+// them too, under a name no other pin has (never "link_").
+func (l *Loader) SteerPin(cgroupID uint64) string {
+	return filepath.Join(l.pinDir, fmt.Sprintf("steer_%d", cgroupID))
+}
+
 // UnixHooks reports whether the unix socket hooks are attached.
 func (l *Loader) UnixHooks() bool { return l.unixHook }
 
@@ -534,6 +541,12 @@ type Policy struct {
 	// a mismatch, and gets the Trial's policy there (nothing but loopback
 	// exists in it).
 	Nested bool
+	// Pool, when valid, is the Trial's name pool in transparent mode
+	// (docs/transparent.md): strict mode then also allows TCP to any port
+	// of it, and UDP and TCP to the DNS stub at StubAddr. Outside strict
+	// mode all of 127.0.0.0/8 is allowed already. It is a range as
+	// AttachSteer takes (CheckPool), clear of the proxy endpoints.
+	Pool netip.Prefix
 	// MaxPtys bounds the pty masters the Trial's tasks hold open at once,
 	// from any devpts instance (the BPF LSM layer counts them); 0 allows
 	// none. Where the layer is not attached, only the devpts instances'
@@ -549,6 +562,8 @@ const (
 	// flagPeerCheck: the BPF LSM layer judges each unix peer (AddTrial).
 	flagPeerCheck = trialnetTrialFlagTRIAL_F_PEER_CHECK
 	flagNested    = trialnetTrialFlagTRIAL_F_NESTED
+	// flagTransparent: Pool is set, and strict mode allows it and the stub.
+	flagTransparent = trialnetTrialFlagTRIAL_F_TRANSPARENT
 )
 
 func (p Policy) encode() (trialnetTrialPolicy, error) {
@@ -589,6 +604,19 @@ func (p Policy) encode() (trialnetTrialPolicy, error) {
 		if len(p.Proxy) == 0 {
 			return v, errors.New("policy: strict mode needs a proxy endpoint; without one it would allow nothing at all")
 		}
+	}
+	if p.Pool.IsValid() {
+		if err := CheckPool(p.Pool); err != nil {
+			return v, fmt.Errorf("policy: %w", err)
+		}
+		for _, ap := range p.Proxy {
+			if p.Pool.Contains(ap.Addr().Unmap()) {
+				return v, fmt.Errorf("policy: pool %s holds the proxy endpoint %s, which would then answer for names", p.Pool, ap)
+			}
+		}
+		v.Flags |= flagTransparent
+		net4 := p.Pool.Addr().As4()
+		v.PoolIp4, v.PoolBits = nativeU32(net4[:]), uint16(p.Pool.Bits())
 	}
 	if p.UnixOpen {
 		v.Flags |= flagUnixOpen

@@ -138,6 +138,12 @@ func TestPolicyRefusesWhatItCannotEnforce(t *testing.T) {
 		{"proxy ports differ", Policy{NetnsCookie: 1, Proxy: []netip.AddrPort{lo, netip.MustParseAddrPort("[::1]:8080")}}, "same non-zero port"},
 		{"two IPv4 proxies", Policy{NetnsCookie: 1, Proxy: []netip.AddrPort{lo, netip.MustParseAddrPort("127.0.0.2:3128")}}, "only one IPv4"},
 		{"strict without proxy", Policy{NetnsCookie: 1, Strict: true}, "strict mode needs a proxy"},
+		{"pool outside loopback", Policy{NetnsCookie: 1, Pool: netip.MustParsePrefix("10.100.0.0/16")}, "inside 127.0.0.0/8"},
+		{"pool holding 127.0.0.1", Policy{NetnsCookie: 1, Pool: netip.MustParsePrefix("127.0.0.0/24")}, "leaves out 127.0.0.1"},
+		{"pool holding the stub", Policy{NetnsCookie: 1, Pool: netip.MustParsePrefix("127.0.0.32/27")}, "127.0.0.53"},
+		{"pool unmasked", Policy{NetnsCookie: 1, Pool: netip.MustParsePrefix("127.100.0.1/16")}, "masked"},
+		{"pool holding the proxy", Policy{NetnsCookie: 1, Proxy: []netip.AddrPort{netip.MustParseAddrPort("127.100.0.9:3128")},
+			Pool: netip.MustParsePrefix("127.100.0.0/16")}, "holds the proxy endpoint"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.p.encode()
@@ -154,6 +160,10 @@ func TestPolicyRefusesWhatItCannotEnforce(t *testing.T) {
 	v, err := Policy{NetnsCookie: 1, Strict: true, Proxy: []netip.AddrPort{lo}}.encode()
 	if err != nil || v.ProxyPort != 3128 || v.ProxyIp4 != 0x0100007f || v.Flags != flagStrict {
 		t.Fatalf("encode: %+v %v", v, err)
+	}
+	v, err = Policy{NetnsCookie: 1, Strict: true, Proxy: []netip.AddrPort{lo}, Pool: netip.MustParsePrefix("127.100.0.0/16")}.encode()
+	if err != nil || v.PoolIp4 != 0x0000647f || v.PoolBits != 16 || v.Flags != flagStrict|flagTransparent {
+		t.Fatalf("encode with a pool: %+v %v", v, err)
 	}
 }
 

@@ -33,6 +33,7 @@
 #define AF_INET6 10
 #define AF_NETLINK 16
 
+#define SOCK_STREAM 1
 #define SOCK_DGRAM 2
 #define SOCK_RAW   3
 
@@ -46,6 +47,7 @@ enum trial_flag {
 	TRIAL_F_OWN_DIRS = 1 << 2,  /* /tmp, /var/tmp, /dev/shm are the Trial's, viewed under /run/trialnet */
 	TRIAL_F_PEER_CHECK = 1 << 3, /* the LSM layer judges unix peers (unix_peer_verdict) */
 	TRIAL_F_NESTED = 1 << 4,     /* user namespaces allowed: its own nested netns are its */
+	TRIAL_F_TRANSPARENT = 1 << 5, /* a DNS stub and a name pool: strict mode allows them too */
 };
 
 struct trial_policy {
@@ -54,8 +56,12 @@ struct trial_policy {
 	__u32 proxy_ip4;    /* network byte order; 0 = no IPv4 proxy address */
 	__u32 proxy_ip6[4]; /* network byte order; all zero = no IPv6 proxy address */
 	__u16 proxy_port;   /* host byte order; 0 = no proxy */
-	__u16 pad;
-	__u32 pad2;
+	/*
+	 * TRIAL_F_TRANSPARENT's name pool, in what were two pads (older
+	 * trialnets' entries hold zeros there, and lack the flag).
+	 */
+	__u16 pool_bits;    /* prefix length, 8-32 */
+	__u32 pool_ip4;     /* network byte order, masked */
 };
 
 /* One set of counters per Trial; key 0 collects what no Trial owns. */
@@ -227,24 +233,66 @@ static __always_inline struct trial_policy *policy_in_netns(void *ctx, __u64 cgi
 	return p;
 }
 
-static __always_inline int ip4_allowed(struct trial_policy *p, __u32 ip4, __u16 port)
+/* The Trial's DNS stub in transparent mode, as systemd-resolved's stub: 127.0.0.53:53. */
+#define STUB_IP4  0x7f000035 /* host byte order */
+#define STUB_PORT 53
+
+/* What a destination is asked for: a verdict may differ by socket and call. */
+enum dest_use {
+	USE_CONNECT,        /* connect() of a socket that is not TCP (UDP) */
+	USE_CONNECT_STREAM, /* connect() of a TCP (or MPTCP) socket */
+	USE_SEND,           /* sendmsg() to an address: unconnected UDP */
+};
+
+static __always_inline enum dest_use connect_use(struct bpf_sock_addr *ctx)
 {
-	if (p->flags & TRIAL_F_STRICT)
-		return p->proxy_port != 0 && p->proxy_ip4 != 0 && ip4 == p->proxy_ip4 &&
-		       port == p->proxy_port;
-	return (bpf_ntohl(ip4) >> 24) == 127;
+	if (ctx->type == SOCK_STREAM &&
+	    (ctx->protocol == IPPROTO_TCP || ctx->protocol == IPPROTO_MPTCP))
+		return USE_CONNECT_STREAM;
+	return USE_CONNECT;
 }
 
-static __always_inline int ip6_allowed(struct trial_policy *p, __u32 ip6[4], __u16 port)
+/*
+ * transparent_allowed is what transparent mode adds to strict mode: the
+ * stub, by UDP and TCP, and TCP to any port of the pool (steered to the
+ * agent, which judges name:port). Nothing else.
+ */
+static __always_inline int transparent_allowed(struct trial_policy *p, __u32 ip4, __u16 port,
+					       enum dest_use use)
+{
+	if (!(p->flags & TRIAL_F_TRANSPARENT))
+		return 0;
+	if (bpf_ntohl(ip4) == STUB_IP4 && port == STUB_PORT)
+		return 1;
+	if (use != USE_CONNECT_STREAM || p->pool_bits < 8 || p->pool_bits > 32)
+		return 0;
+	__u32 mask = bpf_htonl(0xffffffffU << (32 - p->pool_bits));
+	return (ip4 & mask) == p->pool_ip4;
+}
+
+static __always_inline int ip4_allowed(struct trial_policy *p, __u32 ip4, __u16 port,
+				       enum dest_use use)
+{
+	if (!(p->flags & TRIAL_F_STRICT))
+		return (bpf_ntohl(ip4) >> 24) == 127;
+	if (transparent_allowed(p, ip4, port, use))
+		return 1;
+	/* The proxy speaks TCP: strict mode sends it no datagrams. */
+	return use != USE_SEND && p->proxy_port != 0 && p->proxy_ip4 != 0 &&
+	       ip4 == p->proxy_ip4 && port == p->proxy_port;
+}
+
+static __always_inline int ip6_allowed(struct trial_policy *p, __u32 ip6[4], __u16 port,
+				       enum dest_use use)
 {
 	/* ::ffff:a.b.c.d is IPv4 on the wire: judge it as IPv4. */
 	if (ip6[0] == 0 && ip6[1] == 0 && ip6[2] == bpf_htonl(0x0000ffff))
-		return ip4_allowed(p, ip6[3], port);
+		return ip4_allowed(p, ip6[3], port, use);
 
 	int loopback = ip6[0] == 0 && ip6[1] == 0 && ip6[2] == 0 && ip6[3] == bpf_htonl(1);
 	if (!(p->flags & TRIAL_F_STRICT))
 		return loopback;
-	return loopback && p->proxy_port != 0 && port == p->proxy_port &&
+	return use != USE_SEND && loopback && p->proxy_port != 0 && port == p->proxy_port &&
 	       p->proxy_ip6[0] == ip6[0] && p->proxy_ip6[1] == ip6[1] &&
 	       p->proxy_ip6[2] == ip6[2] && p->proxy_ip6[3] == ip6[3];
 }
@@ -261,7 +309,7 @@ int trialnet_connect4(struct bpf_sock_addr *ctx)
 	struct trial_counters *c = counters_for(cgid);
 	struct trial_policy *p = policy_in_netns(ctx, cgid, c);
 
-	if (p && ip4_allowed(p, ctx->user_ip4, bpf_ntohs(ctx->user_port))) {
+	if (p && ip4_allowed(p, ctx->user_ip4, bpf_ntohs(ctx->user_port), connect_use(ctx))) {
 		COUNT(c, connect4_allowed);
 		return SYS_PROCEED;
 	}
@@ -277,7 +325,7 @@ int trialnet_connect6(struct bpf_sock_addr *ctx)
 	struct trial_policy *p = policy_in_netns(ctx, cgid, c);
 	__u32 ip6[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
 
-	if (p && ip6_allowed(p, ip6, bpf_ntohs(ctx->user_port))) {
+	if (p && ip6_allowed(p, ip6, bpf_ntohs(ctx->user_port), connect_use(ctx))) {
 		COUNT(c, connect6_allowed);
 		return SYS_PROCEED;
 	}
@@ -285,7 +333,7 @@ int trialnet_connect6(struct bpf_sock_addr *ctx)
 	return SYS_REJECT;
 }
 
-/* Unconnected UDP. The proxy speaks TCP, so strict mode allows no datagrams. */
+/* Unconnected UDP: strict mode allows none but the DNS stub's (transparent). */
 SEC("cgroup/sendmsg4")
 int trialnet_sendmsg4(struct bpf_sock_addr *ctx)
 {
@@ -293,8 +341,7 @@ int trialnet_sendmsg4(struct bpf_sock_addr *ctx)
 	struct trial_counters *c = counters_for(cgid);
 	struct trial_policy *p = policy_in_netns(ctx, cgid, c);
 
-	if (p && !(p->flags & TRIAL_F_STRICT) &&
-	    ip4_allowed(p, ctx->user_ip4, bpf_ntohs(ctx->user_port))) {
+	if (p && ip4_allowed(p, ctx->user_ip4, bpf_ntohs(ctx->user_port), USE_SEND)) {
 		COUNT(c, sendmsg4_allowed);
 		return SYS_PROCEED;
 	}
@@ -310,7 +357,7 @@ int trialnet_sendmsg6(struct bpf_sock_addr *ctx)
 	struct trial_policy *p = policy_in_netns(ctx, cgid, c);
 	__u32 ip6[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
 
-	if (p && !(p->flags & TRIAL_F_STRICT) && ip6_allowed(p, ip6, bpf_ntohs(ctx->user_port))) {
+	if (p && ip6_allowed(p, ip6, bpf_ntohs(ctx->user_port), USE_SEND)) {
 		COUNT(c, sendmsg6_allowed);
 		return SYS_PROCEED;
 	}

@@ -46,11 +46,12 @@ type trialnetTrialCounters struct {
 type trialnetTrialFlag uint32
 
 const (
-	trialnetTrialFlagTRIAL_F_STRICT     trialnetTrialFlag = 1
-	trialnetTrialFlagTRIAL_F_UNIX_OPEN  trialnetTrialFlag = 2
-	trialnetTrialFlagTRIAL_F_OWN_DIRS   trialnetTrialFlag = 4
-	trialnetTrialFlagTRIAL_F_PEER_CHECK trialnetTrialFlag = 8
-	trialnetTrialFlagTRIAL_F_NESTED     trialnetTrialFlag = 16
+	trialnetTrialFlagTRIAL_F_STRICT      trialnetTrialFlag = 1
+	trialnetTrialFlagTRIAL_F_UNIX_OPEN   trialnetTrialFlag = 2
+	trialnetTrialFlagTRIAL_F_OWN_DIRS    trialnetTrialFlag = 4
+	trialnetTrialFlagTRIAL_F_PEER_CHECK  trialnetTrialFlag = 8
+	trialnetTrialFlagTRIAL_F_NESTED      trialnetTrialFlag = 16
+	trialnetTrialFlagTRIAL_F_TRANSPARENT trialnetTrialFlag = 32
 )
 
 type trialnetTrialPolicy struct {
@@ -60,8 +61,8 @@ type trialnetTrialPolicy struct {
 	ProxyIp4    uint32
 	ProxyIp6    [4]uint32
 	ProxyPort   uint16
-	Pad         uint16
-	Pad2        uint32
+	PoolBits    uint16
+	PoolIp4     uint32
 }
 
 type trialnetTrialPtys struct {

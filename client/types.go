@@ -116,6 +116,10 @@ type Stats struct {
 	// the bound (forks refused, OOM kills).
 	Pools   []trial.PoolUse `json:"pools"`
 	Verdict string          `json:"verdict"`
+	// DNS are the counts of the Trial's DNS stub (transparent mode; absent
+	// without it), since this agent process started it: a restart starts
+	// them again, except names, which the Trial keeps.
+	DNS *DNSStats `json:"dns,omitempty"`
 	// TopRefused are the most refused targets (host:port as asked for).
 	TopRefused []record.TargetCount `json:"top_refused"`
 	At         time.Time            `json:"at"`
@@ -163,6 +167,10 @@ type Layers struct {
 	// Nested: the Trial these layers are reported for may make user
 	// namespaces and run sandboxes of its own (its stats say so).
 	Nested bool `json:"nested,omitempty"`
+	// Transparent: the Trial these layers are reported for has transparent
+	// mode (its stats say so): a DNS stub, and its name pool steered to
+	// the proxy's checks by sk_lookup.
+	Transparent bool `json:"transparent,omitempty"`
 }
 
 // String lists the layers, active ones first.
@@ -185,6 +193,9 @@ func (l Layers) String() string {
 	if l.Nested {
 		on = append(on, "nested sandboxes allowed (user namespaces)")
 	}
+	if l.Transparent {
+		on = append(on, "transparent (DNS stub, sk_lookup to the proxy's checks)")
+	}
 	for _, p := range l.Pools {
 		if p.Bounded {
 			on = append(on, p.Pool+" bound")
@@ -196,4 +207,21 @@ func (l Layers) String() string {
 		return "layers: " + strings.Join(on, ", ")
 	}
 	return "layers: " + strings.Join(on, ", ") + "; inactive: " + strings.Join(off, "; ")
+}
+
+// DNSStats are a Trial's DNS stub's counts, as package dnsstub keeps them
+// (a dnsstub.Stats converts to it): what each question was answered.
+type DNSStats struct {
+	Answered    uint64 `json:"answered"`      // an address given
+	NoData      uint64 `json:"nodata"`        // an admitted name, a type other than A (AAAA among them)
+	NXDomain    uint64 `json:"nxdomain"`      // a name the policy does not admit, or a reverse name
+	Refused     uint64 `json:"refused"`       // a class, type or name the stub never answers
+	FormErr     uint64 `json:"formerr"`       // not one parsable question, or too large
+	NotImp      uint64 `json:"notimp"`        // an opcode other than QUERY
+	RateLimited uint64 `json:"rate_limited"`  // REFUSED: past the query rate
+	PoolFull    uint64 `json:"pool_full"`     // REFUSED: a new name past the pool's bound, or one not recorded
+	Dropped     uint64 `json:"dropped"`       // not answered: shorter than a header, or itself a response
+	TCPRefused  uint64 `json:"tcp_refused"`   // TCP connections closed on accept: too many open
+	TCPTooLarge uint64 `json:"tcp_too_large"` // TCP connections closed: a length prefix too large
+	Names       uint64 `json:"names"`         // names with an address (restored ones included)
 }

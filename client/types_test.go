@@ -31,7 +31,7 @@ func TestTrialInfoKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"allow", "allow_cidrs", "cgroup", "cgroup_id", "created", "denied", "id", "learning", "limits", "nested", "netns",
-		"nonce", "owner", "profiles", "proxy_url", "report", "schema", "strict", "unix_allow", "unix_open"}
+		"nonce", "owner", "profiles", "proxy_url", "report", "schema", "strict", "transparent", "unix_allow", "unix_open"}
 	if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, want) {
 		t.Errorf("TrialInfo's keys are %v, want %v", keys, want)
 	}

@@ -78,6 +78,9 @@ type Profile struct {
 	// Nested: a Trial with this profile may run sandboxes of its own
 	// (user namespaces), as --nested asks.
 	Nested bool `yaml:"nested"`
+	// Transparent: false turns transparent mode off for a Trial with
+	// this profile, as --no-transparent does; absent or true: on.
+	Transparent *bool `yaml:"transparent"`
 
 	list *allow.List
 }
@@ -89,14 +92,14 @@ func (p *Profile) UnmarshalYAML(n *yaml.Node) error {
 		return n.Decode(&p.Allow)
 	case yaml.MappingNode:
 		for i := 0; i < len(n.Content); i += 2 {
-			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" && k != "nested" {
-				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested)", n.Content[i].Line, k)
+			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" && k != "nested" && k != "transparent" {
+				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested, transparent)", n.Content[i].Line, k)
 			}
 		}
 		type plain Profile
 		return n.Decode((*plain)(p))
 	}
-	return fmt.Errorf("line %d: a profile is a list of host:port entries or a mapping with allow, require_tls, learn and nested", n.Line)
+	return fmt.Errorf("line %d: a profile is a list of host:port entries or a mapping with allow, require_tls, learn, nested and transparent", n.Line)
 }
 
 // LoadFile reads and validates a configuration file.
@@ -211,6 +214,18 @@ func (f *File) nests(profiles []string) bool {
 		return false
 	}
 	return slices.ContainsFunc(profiles, func(n string) bool { return f.Profiles[n].Nested })
+}
+
+// opaque reports whether any of the named profiles turns transparent
+// mode off.
+func (f *File) opaque(profiles []string) bool {
+	if f == nil {
+		return false
+	}
+	return slices.ContainsFunc(profiles, func(n string) bool {
+		t := f.Profiles[n].Transparent
+		return t != nil && !*t
+	})
 }
 
 // cidrList returns the validated allowed cidrList.

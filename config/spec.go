@@ -13,7 +13,8 @@ import (
 // (nil: no file), with its allowlist parsed: entries from req and from
 // the profiles it names (one f does not define wraps ErrUnknownProfile;
 // a bad entry is allow's error), learning or nesting if req or one of
-// its profiles asks, the limits req gives or else those of f (the
+// its profiles asks, transparent mode unless req or one of them turns
+// it off, the limits req gives or else those of f (the
 // proxy's at their defaults) with req's process limit, and cidrs, the
 // allowed CIDRs in force, which a reload will not widen for it. The
 // caller checks the id, nonce, report path and process limit, and names
@@ -35,20 +36,22 @@ func (f *File) Spec(req trial.Request, cidrs []netip.Prefix) (trial.Spec, *allow
 		lim.MaxProcesses = req.MaxProcesses
 	}
 	return trial.Spec{
-		Schema:     trial.Schema,
-		ID:         req.ID,
-		Strict:     req.Strict,
-		UnixOpen:   req.UnixOpen,
-		Nested:     req.Nested || f.nests(req.Profiles),
-		UnixAllow:  slices.Clone(req.UnixAllow),
-		Learning:   req.Learn || f.learns(req.Profiles),
-		Allow:      AllowEntries(list),
-		Profiles:   slices.Clone(req.Profiles),
-		AllowCIDRs: slices.Clone(cidrs),
-		Limits:     &lim,
-		Created:    time.Now().UTC(),
-		Nonce:      req.Nonce,
-		Report:     req.Report,
+		Schema:   trial.Schema,
+		ID:       req.ID,
+		Strict:   req.Strict,
+		UnixOpen: req.UnixOpen,
+		Nested:   req.Nested || f.nests(req.Profiles),
+		// On unless asked off: by the request or by any of its profiles.
+		Transparent: !req.NoTransparent && !f.opaque(req.Profiles),
+		UnixAllow:   slices.Clone(req.UnixAllow),
+		Learning:    req.Learn || f.learns(req.Profiles),
+		Allow:       AllowEntries(list),
+		Profiles:    slices.Clone(req.Profiles),
+		AllowCIDRs:  slices.Clone(cidrs),
+		Limits:      &lim,
+		Created:     time.Now().UTC(),
+		Nonce:       req.Nonce,
+		Report:      req.Report,
 	}, list, nil
 }
 

@@ -59,3 +59,39 @@ limits:
 		t.Errorf("no file: %+v, %v", s.Limits, err)
 	}
 }
+
+// Transparent mode is on unless the request or one of its profiles
+// turns it off; a profile that says nothing, or true, leaves it on.
+func TestSpecTransparent(t *testing.T) {
+	f, err := ParseFile([]byte(`profiles:
+  plain: [a.example.com:443]
+  on: {transparent: true, allow: [b.example.com:443]}
+  off: {transparent: false, allow: [c.example.com:443]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		req  trial.Request
+		want bool
+	}{
+		{trial.Request{ID: "a"}, true},
+		{trial.Request{ID: "b", Profiles: []string{"plain", "on"}}, true},
+		{trial.Request{ID: "c", NoTransparent: true, Profiles: []string{"on"}}, false},
+		{trial.Request{ID: "d", Profiles: []string{"on", "off"}}, false},
+	} {
+		s, _, err := f.Spec(c.req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Transparent != c.want {
+			t.Errorf("%+v: transparent %v, want %v", c.req, s.Transparent, c.want)
+		}
+	}
+	if s, _, err := (*File)(nil).Spec(trial.Request{ID: "e"}, nil); err != nil || !s.Transparent {
+		t.Errorf("no config file: transparent %v (%v), want on", s.Transparent, err)
+	}
+	if _, err := ParseFile([]byte("profiles:\n  x: {transparent: maybe}\n")); err == nil {
+		t.Error("transparent: maybe was accepted")
+	}
+}

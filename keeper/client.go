@@ -147,6 +147,12 @@ func (k *Client) Put(names, created []string, lns []net.Listener) {
 		}
 		files = append(files, f)
 	}
+	k.PutFiles(names, created, files)
+}
+
+// PutFiles is Put for sockets given as files (a UDP socket is no
+// listener); the caller closes them.
+func (k *Client) PutFiles(names, created []string, files []*os.File) {
 	for i := 0; i < len(files); i += fdpass.MaxFiles {
 		j := min(i+fdpass.MaxFiles, len(files))
 		m := msg{Op: "put", Names: names[i:j]}

@@ -45,7 +45,7 @@ func DefaultSocket(sock string) string {
 // if any: the keeper drops a Trial's listeners once the Trial is gone.
 func trialOf(name string) (string, bool) {
 	n, err := lname.Parse(name)
-	return n.Trial, err == nil && n.Kind == lname.Endpoint
+	return n.Trial, err == nil && n.OfTrial()
 }
 
 // msg is one request to the keeper, or its answer.

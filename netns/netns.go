@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -44,8 +45,9 @@ type Namespace struct {
 var errExists = errors.New("network namespace already exists")
 
 // Create makes a new network namespace with lo up, bind-mounted at dir/id.
-// On error nothing is left behind.
-func Create(dir, id string) (_ *Namespace, err error) {
+// lo carries loAddrs besides its own 127.0.0.1/8 and ::1 (an IPv6 one is
+// left out where the kernel has no IPv6). On error nothing is left behind.
+func Create(dir, id string, loAddrs ...netip.Prefix) (_ *Namespace, err error) {
 	if err := checkName(id); err != nil {
 		return nil, err
 	}
@@ -90,7 +92,7 @@ func Create(dir, id string) (_ *Namespace, err error) {
 			return restore, fmt.Errorf("bind-mount netns at %s: %w", path, err)
 		}
 		mounted = true
-		if err := loUp(); err != nil {
+		if err := loUp(loAddrs); err != nil {
 			return restore, err
 		}
 		ns.Cookie, err = currentCookie()
@@ -102,9 +104,9 @@ func Create(dir, id string) (_ *Namespace, err error) {
 	return ns, nil
 }
 
-// loUp brings up loopback in the current thread's namespace. A handle
-// made here opens its netlink socket in this namespace.
-func loUp() error {
+// loUp brings up loopback in the current thread's namespace, with addrs
+// added. A handle made here opens its netlink socket in this namespace.
+func loUp(addrs []netip.Prefix) error {
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return fmt.Errorf("netlink in new netns: %w", err)
@@ -116,6 +118,16 @@ func loUp() error {
 	}
 	if err := h.LinkSetUp(lo); err != nil {
 		return fmt.Errorf("bring lo up: %w", err)
+	}
+	for _, a := range addrs {
+		ipn := &net.IPNet{IP: a.Addr().AsSlice(), Mask: net.CIDRMask(a.Bits(), a.Addr().BitLen())}
+		err := h.AddrAdd(lo, &netlink.Addr{IPNet: ipn})
+		if a.Addr().Is6() && errors.Is(err, unix.EAFNOSUPPORT) {
+			continue // no IPv6 in this kernel: nothing to add it to
+		}
+		if err != nil {
+			return fmt.Errorf("add %s to lo: %w", a, err)
+		}
 	}
 	return nil
 }

@@ -66,6 +66,9 @@ type httpConn struct {
 	r   *bufio.Reader // holds a whole head: MaxHeaderBytes
 	ctx context.Context
 	tr  *http.Transport
+	// dest is the name:port a transparent connection stands for, which
+	// every request on it must name; nil on a proxy client's connection.
+	dest *wire.Request
 	// reached: bytes of the last request reached the upstream, over a
 	// connection no check refused, so its record is allow.
 	reached bool
@@ -80,11 +83,12 @@ type httpConn struct {
 
 // serveHTTP serves forwarded requests on c until the client or a refusal
 // ends the connection. headDone is called once the first head is in.
-// It returns the last request's event, not yet emitted, or nil.
-func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *record.Event, headDone func()) *record.Event {
+// dest is the name:port of a transparent connection (nil: a proxy
+// client's). It returns the last request's event, not yet emitted, or nil.
+func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *record.Event, headDone func(), dest *wire.Request) *record.Event {
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
-	h := &httpConn{p: p, t: t, c: c, r: bufio.NewReaderSize(br, wire.MaxHeaderBytes), ctx: ctx}
+	h := &httpConn{p: p, t: t, c: c, r: bufio.NewReaderSize(br, wire.MaxHeaderBytes), ctx: ctx, dest: dest}
 	h.tr = &http.Transport{
 		Proxy:               nil, // never the environment's proxy
 		DialContext:         h.dial,
@@ -102,6 +106,7 @@ func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *record.Eve
 			// A kept-alive connection gets HeaderTimeout for its next head.
 			_ = c.SetReadDeadline(time.Now().Add(p.cfg.HeaderTimeout))
 			ev = p.newEvent(t, c)
+			ev.Transparent = dest != nil
 		}
 		keep, err := h.serveOne(ev, headDone, first)
 		if errors.Is(err, wire.ErrClientDone) {
@@ -151,7 +156,12 @@ func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep
 	if err != nil {
 		return false, err
 	}
-	req, err := wire.ParseHTTPHead(raw)
+	var req *wire.Request
+	if h.dest != nil {
+		req, err = wire.ParseTransparentHead(raw, h.dest.Host, h.dest.Port)
+	} else {
+		req, err = wire.ParseHTTPHead(raw)
+	}
 	if req != nil {
 		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port
 	}

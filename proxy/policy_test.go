@@ -268,7 +268,7 @@ func TestCutBeforeAnswerRefuses(t *testing.T) {
 	defer peer.Close()
 	ot := &openTunnel{entry: e, ruled: true, client: client, up: nil}
 	ot.cut(record.ReasonPolicyDenied, "its allowlist entry a.example.com:443 was removed")
-	err := ot.establish()
+	err := ot.establish(connectAnswer)
 	var d *record.Denial
 	if !errors.As(err, &d) || d.Reason != record.ReasonPolicyDenied || !strings.Contains(d.Detail, "while the tunnel was being opened") {
 		t.Fatalf("establish after a cut: %v, want a policy denial", err)
@@ -292,7 +292,7 @@ func TestCutBeforeAnswerRefuses(t *testing.T) {
 		line, _ := bufio.NewReader(peer2).ReadString('\n')
 		got <- line
 	}()
-	if err := ot2.establish(); err != nil {
+	if err := ot2.establish(connectAnswer); err != nil {
 		t.Fatal(err)
 	}
 	if line := <-got; !strings.HasPrefix(line, "HTTP/1.1 200") {

@@ -439,11 +439,12 @@ func (ot *openTunnel) attach(up net.Conn) error {
 	return nil
 }
 
-// establish answers a registered CONNECT with 200, unless a policy change
-// cut it first: then the client is refused like a CONNECT decided after
-// the change. The write is held under mu; it cannot block, as nothing
-// was written on the fresh connection before.
-func (ot *openTunnel) establish() error {
+// establish answers a registered CONNECT with answer (200; nothing for
+// a transparent connection), unless a policy change cut it first: then
+// the client is refused like a CONNECT decided after the change. The
+// write is held under mu; it cannot block, as nothing was written on the
+// fresh connection before.
+func (ot *openTunnel) establish(answer string) error {
 	ot.mu.Lock()
 	defer ot.mu.Unlock()
 	if c := ot.cutBecause.Load(); c != nil {
@@ -451,7 +452,10 @@ func (ot *openTunnel) establish() error {
 		// not close the connection before the refusal is written.
 		return record.Deny(c.reason, "%s while the tunnel was being opened", c.why)
 	}
-	_, err := io.WriteString(ot.client, "HTTP/1.1 200 Connection established\r\n\r\n")
+	var err error
+	if answer != "" {
+		_, err = io.WriteString(ot.client, answer)
+	}
 	ot.answered = true
 	return err
 }
@@ -636,6 +640,13 @@ func (t *trial) shutdown() {
 // ln is closed, the Trial is removed or the proxy is closed; then it
 // returns nil.
 func (p *Proxy) Serve(ln net.Listener, id string) error {
+	return p.serve(ln, id, p.handle)
+}
+
+// serve accepts on ln for Trial id, handing each connection to handle on
+// a goroutine of its own, which must call p.wg.Done and
+// t.handlers.Done when it is done.
+func (p *Proxy) serve(ln net.Listener, id string, handle func(net.Conn, *trial)) error {
 	p.mu.Lock()
 	t, ok := p.trials[id]
 	if ok && !p.closed {
@@ -683,7 +694,7 @@ func (p *Proxy) Serve(ln net.Listener, id string) error {
 			continue
 		}
 		p.wg.Add(1)
-		go p.handle(c, t)
+		go handle(c, t)
 	}
 }
 
@@ -757,6 +768,10 @@ type clientConn struct {
 	ev        *record.Event // nil: a forwarding connection ended between requests
 	undo      []func()
 	handedOff bool
+	// silent: a transparent connection whose client has not been
+	// answered in HTTP, and must not be: a refusal resets it instead.
+	silent bool
+	reset  bool // refused silently: closed with a reset
 }
 
 // onDone adds f to what is undone, in reverse order, when the
@@ -782,36 +797,15 @@ func (k *clientConn) releaseReader() {
 // handle serves one client connection: admit it, then serve a CONNECT
 // or forward plain HTTP requests.
 func (p *Proxy) handle(c net.Conn, t *trial) {
-	k := &clientConn{p: p, t: t, c: c, ev: p.newEvent(t, c)}
-	k.onDone(p.wg.Done)
-	k.onDone(t.handlers.Done)
-	k.onDone(func() { t.untrack(c) })
-	start := k.ev.Time
-	k.onDone(func() {
-		if ev := k.ev; ev != nil {
-			ev.Duration = time.Since(ev.Time)
-			p.emit(t, ev)
-		}
-		switch {
-		case k.handedOff:
-		case k.ev != nil && k.ev.Decision == record.DecisionDeny:
-			lingerClose(c) // refused with an HTTP answer: let the client read it
-		default:
-			_ = c.Close()
-		}
-	})
-	defer func() {
-		if !k.handedOff {
-			k.done()
-		}
-	}()
+	k := p.newClientConn(c, t)
+	defer k.finish()
 	if err := p.admit(t); err != nil {
 		p.refuse(c, k.ev, err)
 		return
 	}
 	k.onDone(func() { p.conns.Add(-1); t.clients.Add(-1) })
 
-	_ = c.SetReadDeadline(start.Add(p.cfg.HeaderTimeout))
+	_ = c.SetReadDeadline(k.ev.Time.Add(p.cfg.HeaderTimeout))
 	k.br = getReader(c)
 	if !startsWithConnect(k.br) {
 		// Forwarding: the reader stays with the connection (the
@@ -820,12 +814,57 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 		br := k.br
 		k.br = nil
 		headDone := sync.OnceFunc(func() { t.pending.Add(-1) })
-		k.ev = p.serveHTTP(c, t, br, k.ev, headDone)
+		k.ev = p.serveHTTP(c, t, br, k.ev, headDone, nil)
 		headDone()
 		return
 	}
 	k.onDone(k.releaseReader)
 	p.serveConnect(k)
+}
+
+// newClientConn starts serving an accepted connection: its record, and
+// what its end undoes (the record emitted, the connection closed, its
+// handler counted out).
+func (p *Proxy) newClientConn(c net.Conn, t *trial) *clientConn {
+	k := &clientConn{p: p, t: t, c: c, ev: p.newEvent(t, c)}
+	k.onDone(p.wg.Done)
+	k.onDone(t.handlers.Done)
+	k.onDone(func() { t.untrack(c) })
+	k.onDone(func() {
+		if ev := k.ev; ev != nil {
+			ev.Duration = time.Since(ev.Time)
+			p.emit(t, ev)
+		}
+		switch {
+		case k.handedOff:
+		case k.reset:
+			resetClose(c)
+		case k.ev != nil && k.ev.Decision == record.DecisionDeny:
+			lingerClose(c) // refused with an HTTP answer: let the client read it
+		default:
+			_ = c.Close()
+		}
+	})
+	return k
+}
+
+// finish undoes everything, unless a tunnel was handed off (its last
+// pump then does).
+func (k *clientConn) finish() {
+	if !k.handedOff {
+		k.done()
+	}
+}
+
+// deny refuses the request: answered in HTTP, or on a silent
+// (transparent) connection only recorded, and the connection reset.
+func (k *clientConn) deny(err error) {
+	if k.silent {
+		denyEvent(k.ev, err)
+		k.reset = true
+		return
+	}
+	k.p.refuse(k.c, k.ev, err)
 }
 
 // serveConnect serves a CONNECT: parse, decide, dial, and hand an allowed
@@ -850,43 +889,62 @@ func (p *Proxy) serveConnect(k *clientConn) {
 		return
 	}
 	k.onDone(func() { t.tunnels.Add(-1) })
-	if n := t.tunnels.Add(1) + t.otherTunnels(); n > int64(t.limits.MaxTunnels) {
-		p.refuse(c, ev, record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels))
-		return
-	}
-	if _, err := t.judge(req, ev, false); err != nil {
+	up, err := p.judgeAndDial(t, req, ev)
+	if err != nil {
 		p.refuse(c, ev, err)
 		return
+	}
+	k.onDone(func() { t.untrack(up) })
+	_ = c.SetReadDeadline(time.Time{})
+	p.openTunnel(k, req, up, connectAnswer)
+}
+
+// connectAnswer opens a CONNECT's tunnel.
+const connectAnswer = "HTTP/1.1 200 Connection established\r\n\r\n"
+
+// judgeAndDial takes a tunnel slot (the caller gives it back, whatever
+// the outcome), decides req and dials it. The upstream connection it
+// returns is tracked by the Trial (the caller untracks it).
+func (p *Proxy) judgeAndDial(t *trial, req *wire.Request, ev *record.Event) (net.Conn, error) {
+	if n := t.tunnels.Add(1) + t.otherTunnels(); n > int64(t.limits.MaxTunnels) {
+		return nil, record.Deny(record.ReasonTunnelLimit, "this Trial already has %d tunnels open, its limit", t.limits.MaxTunnels)
+	}
+	if _, err := t.judge(req, ev, false); err != nil {
+		return nil, err
 	}
 	up, err := p.connect(t.ctx, t.set, req, ev)
 	if err != nil {
 		if t.ctx.Err() != nil {
 			err = &record.Denial{Reason: record.ReasonShutdown, Detail: "the Trial is being removed", Err: err}
 		}
-		p.refuse(c, ev, err)
-		return
+		return nil, err
 	}
 	// Tracked like the client side, so that removing the Trial also ends
 	// a tunnel whose client already half-closed.
 	if !t.track(up) {
 		_ = up.Close()
-		p.refuse(c, ev, record.Deny(record.ReasonShutdown, "the Trial is being removed"))
-		return
+		return nil, record.Deny(record.ReasonShutdown, "the Trial is being removed")
 	}
-	k.onDone(func() { t.untrack(up) })
-	ot, err := t.register(req, ev, c, up, nil)
+	return up, nil
+}
+
+// openTunnel registers a dialed tunnel, answers it (answer; "" for a
+// transparent connection, which asked nothing) and hands it to the
+// relay, or refuses it if a policy change came first.
+func (p *Proxy) openTunnel(k *clientConn, req *wire.Request, up net.Conn, answer string) {
+	t, ev := k.t, k.ev
+	ot, err := t.register(req, ev, k.c, up, nil)
 	if err != nil {
 		_ = up.Close()
-		p.refuse(c, ev, err)
+		k.deny(err)
 		return
 	}
 	k.onDone(func() { t.unregister(ot) })
-	_ = c.SetReadDeadline(time.Time{})
-	if err := ot.establish(); err != nil {
+	if err := ot.establish(answer); err != nil {
 		_ = up.Close()
 		var d *record.Denial
 		if errors.As(err, &d) {
-			p.refuse(c, ev, err)
+			k.deny(err)
 			return
 		}
 		ev.Reason, ev.Detail = record.ReasonAllowed, "client went away before the tunnel opened"
@@ -973,17 +1031,33 @@ func (p *Proxy) connect(trialCtx context.Context, set *settings, req *wire.Reque
 // refuse answers a refused request with its status and reason, then
 // closes without resetting, so the client reads the answer.
 func (p *Proxy) refuse(c net.Conn, ev *record.Event, err error) {
-	var d *record.Denial
-	if !errors.As(err, &d) {
-		d = &record.Denial{Reason: record.ReasonBadRequest, Detail: err.Error(), Err: err}
-	}
-	ev.Decision, ev.Reason, ev.Detail = record.DecisionDeny, d.Reason, d.Detail
+	d := denyEvent(ev, err)
 	status := d.Reason.Status()
 	body := "trialnet: " + sanitize(d.Error()) + "\n"
 	resp := fmt.Sprintf("HTTP/1.1 %d %s\r\nTrialnet-Reason: %s\r\nTrialnet-Detail: %s\r\nProxy-Status: %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 		status, http.StatusText(status), d.Reason, sanitize(d.Detail), d.ProxyStatus(), len(body), body)
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = io.WriteString(c, resp)
+}
+
+// denyEvent marks ev refused for err, and returns err as a denial.
+func denyEvent(ev *record.Event, err error) *record.Denial {
+	var d *record.Denial
+	if !errors.As(err, &d) {
+		d = &record.Denial{Reason: record.ReasonBadRequest, Detail: err.Error(), Err: err}
+	}
+	ev.Decision, ev.Reason, ev.Detail = record.DecisionDeny, d.Reason, d.Detail
+	return d
+}
+
+// resetClose closes with a reset: a transparent client refused before
+// any answer sees ECONNRESET at once, not an orderly end it might take
+// for the server's.
+func resetClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
 }
 
 // lingerClose half-closes and drains briefly before closing: closing a

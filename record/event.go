@@ -93,6 +93,11 @@ type Event struct {
 	// RequireTLS says the entry that allowed the request wanted TLS, so
 	// that a profile learned from the records asks for it too.
 	RequireTLS bool
+	// Transparent says the request came to a pool address the Trial's DNS
+	// stub handed out, not through the proxy endpoint: its target is the
+	// name:port that address and port map to, and the client never named
+	// a proxy (docs/transparent.md).
+	Transparent bool
 	// PolicyChange is set on DecisionPolicyChange records only.
 	PolicyChange *PolicyChange
 	// Suppressed is set on DecisionSuppressed records only.
@@ -136,6 +141,7 @@ type eventJSON struct {
 	Learning    bool      `json:"learning"`
 	WouldDeny   Reason    `json:"would_deny"`
 	RequireTLS  bool      `json:"require_tls"`
+	Transparent bool      `json:"transparent"`
 	// Policy-change records only; null or absent on decisions.
 	PolicyChange *PolicyChange `json:"policy_change"`
 	// Summary records only; null or absent on decisions.
@@ -235,7 +241,7 @@ func (e *Event) wire() eventJSON {
 		Dialed: dialed, SNI: e.SNI, BytesUp: e.BytesUp, BytesDown: e.BytesDown,
 		DurationUS: e.Duration.Microseconds(), ID: e.ID, Rule: e.Rule, Profile: e.Profile,
 		DNSUS: e.DNS.Microseconds(), DialUS: e.Dial.Microseconds(), FirstByteUS: e.FirstByte.Microseconds(),
-		Learning: e.Learning, WouldDeny: e.WouldDeny, RequireTLS: e.RequireTLS, PolicyChange: e.PolicyChange, Suppressed: e.Suppressed,
+		Learning: e.Learning, WouldDeny: e.WouldDeny, RequireTLS: e.RequireTLS, Transparent: e.Transparent, PolicyChange: e.PolicyChange, Suppressed: e.Suppressed,
 	}
 }
 
@@ -261,7 +267,7 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 		SNI: w.SNI, Rule: w.Rule, Profile: w.Profile, BytesUp: w.BytesUp, BytesDown: w.BytesDown,
 		Duration: time.Duration(w.DurationUS) * time.Microsecond, DNS: time.Duration(w.DNSUS) * time.Microsecond,
 		Dial: time.Duration(w.DialUS) * time.Microsecond, FirstByte: time.Duration(w.FirstByteUS) * time.Microsecond,
-		Learning: w.Learning, WouldDeny: w.WouldDeny, RequireTLS: w.RequireTLS, PolicyChange: w.PolicyChange, Suppressed: w.Suppressed,
+		Learning: w.Learning, WouldDeny: w.WouldDeny, RequireTLS: w.RequireTLS, Transparent: w.Transparent, PolicyChange: w.PolicyChange, Suppressed: w.Suppressed,
 	}
 	for _, s := range w.Resolved {
 		a, err := netip.ParseAddr(s)

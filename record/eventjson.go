@@ -77,6 +77,8 @@ func (e *Event) AppendJSON(b []byte) ([]byte, error) {
 	b = appendJSONString(b, string(e.WouldDeny))
 	b = append(b, `,"require_tls":`...)
 	b = strconv.AppendBool(b, e.RequireTLS)
+	b = append(b, `,"transparent":`...)
+	b = strconv.AppendBool(b, e.Transparent)
 	b = append(b, `,"policy_change":`...)
 	b, err = appendRare(b, e.PolicyChange) // a policy change, not a decision
 	if err != nil {

@@ -35,7 +35,13 @@ const (
 	ReasonHeaderTimeout     Reason = "header_timeout" // the head did not arrive in time (slowloris)
 
 	// Policy and DNS.
-	ReasonPolicyDenied   Reason = "policy_denied"    // host:port is not on the Trial's allowlist
+	ReasonPolicyDenied Reason = "policy_denied" // host:port is not on the Trial's allowlist
+	// A transparent connection to a pool address the Trial's DNS stub
+	// never handed out: it names nothing the allowlist could judge.
+	ReasonUnknownAddress Reason = "unknown_address"
+	// Plain HTTP on a transparent connection whose Host (or absolute
+	// target) names another host than the address was handed out for.
+	ReasonHostMismatch   Reason = "host_mismatch"
 	ReasonAddressDenied  Reason = "address_denied"   // an answer is loopback, private, metadata, ...
 	ReasonDNSNXDomain    Reason = "dns_nxdomain"     // the name does not exist
 	ReasonDNSFailed      Reason = "dns_failed"       // SERVFAIL, REFUSED, timeout, unreachable resolver
@@ -101,6 +107,8 @@ var reasons = map[Reason]reasonInfo{
 	ReasonHeaderTimeout:     {http.StatusRequestTimeout, "http_request_error", false},
 
 	ReasonPolicyDenied:        {http.StatusForbidden, "http_request_denied", true},
+	ReasonUnknownAddress:      {http.StatusForbidden, "destination_ip_prohibited", false},
+	ReasonHostMismatch:        {http.StatusForbidden, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
 	ReasonAddressDenied:       {http.StatusForbidden, "destination_ip_prohibited", true},
 	ReasonDNSNXDomain:         {http.StatusBadGateway, "dns_error", true},               // rcode="NXDOMAIN"
 	ReasonDNSFailed:           {http.StatusBadGateway, "dns_error", true},               // with the rcode, or dns_timeout

@@ -259,7 +259,7 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 	pidfd := -1
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
-		Args:       initArgs(t.Spec.Nested, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow),
+		Args:       initArgs(t.Spec.Nested, t.Spec.Transparent, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow),
 		Stderr:     stderrW,
 		ExtraFiles: []*os.File{readyW},
 		SysProcAttr: &syscall.SysProcAttr{
@@ -314,30 +314,40 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 }
 
 // initArgs are the init's arguments: whether the Trial is nested (its
-// /proc then stays unmasked: nested.go), the directories to hide, "--",
-// and the allowed unix sockets (those beneath the Trial's own directories
-// are bound into them).
-func initArgs(nested bool, hide, keep []string) []string {
-	mode := initMasked
+// /proc then stays unmasked: nested.go), whose resolv.conf it reads (the
+// stub's in transparent mode), the directories to hide, "--", and the
+// allowed unix sockets (those beneath the Trial's own directories are
+// bound into them).
+func initArgs(nested, transparent bool, hide, keep []string) []string {
+	mode, dns := initMasked, initHostDNS
 	if nested {
 		mode = nestedMode
 	}
-	args := append([]string{initSetupArg0, mode}, hide...)
+	if transparent {
+		dns = initStubDNS
+	}
+	args := append([]string{initSetupArg0, mode, dns}, hide...)
 	return append(append(args, "--"), keep...)
 }
 
-// initMasked is a Trial's init that masks /proc (initArgs).
-const initMasked = "masked"
+const (
+	// initMasked is a Trial's init that masks /proc (initArgs).
+	initMasked = "masked"
+	// initStubDNS: the Trial's resolv.conf names its stub; initHostDNS:
+	// it is the host's.
+	initStubDNS = "stub-dns"
+	initHostDNS = "host-dns"
+)
 
-func splitInitArgs(args []string) (nested bool, hide, keep []string) {
-	if len(args) > 0 {
-		nested, args = args[0] == nestedMode, args[1:]
+func splitInitArgs(args []string) (nested, transparent bool, hide, keep []string) {
+	if len(args) > 1 {
+		nested, transparent, args = args[0] == nestedMode, args[1] == initStubDNS, args[2:]
 	}
 	i := slices.Index(args, "--")
 	if i < 0 {
-		return nested, args, nil
+		return nested, transparent, args, nil
 	}
-	return nested, args[:i], args[i+1:]
+	return nested, transparent, args[:i], args[i+1:]
 }
 
 // runInit is the Trial's PID 1; initArgs says what its arguments are.
@@ -350,8 +360,8 @@ func runInit() {
 	// thread, which then execs the reaper, so that every thread of PID 1
 	// starts from them.
 	runtime.LockOSThread()
-	nested, hide, keep := splitInitArgs(os.Args[1:])
-	err := setupInit(nested, hide, keep)
+	nested, transparent, hide, keep := splitInitArgs(os.Args[1:])
+	err := setupInit(nested, transparent, hide, keep)
 	if err == nil {
 		err = oomFirst()
 	}
@@ -427,7 +437,7 @@ func runReaper() {
 // see or change; the caller then drops every capability (PID 1 needs none to reap) and puts
 // it under the commands' seccomp filter: were a command to take init over
 // (a uid-0 Trial on a kernel without Landlock), it would gain nothing.
-func setupInit(nested bool, hide, keep []string) error {
+func setupInit(nested, transparent bool, hide, keep []string) error {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later (another Trial's netns among it) leaks in.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -480,6 +490,12 @@ func setupInit(nested bool, hide, keep []string) error {
 	}
 	if err := ensureRunDir(); err != nil {
 		return err
+	}
+	if transparent {
+		// rootdir.Run is free until maskHost covers it.
+		if err := mountResolvConf(resolvPath, rootdir.Run); err != nil {
+			return err
+		}
 	}
 	return maskHost(nested, hide)
 }

@@ -79,6 +79,13 @@ func probe(args []string) int {
 		return list(target)
 	case "open-write":
 		err = openWrite(target)
+	case "read":
+		var b []byte
+		if b, err = os.ReadFile(target); err == nil {
+			fmt.Print(string(b))
+		}
+	case "umount":
+		err = unix.Unmount(target, unix.MNT_DETACH)
 	case "write":
 		err = os.WriteFile(target, []byte(args[2]), 0)
 	case "bind-unix":

@@ -186,7 +186,7 @@ func (h *Host) Create(spec trial.Spec, ep Endpoint) (_ *Trial, err error) {
 	if err := t.setupPools(); err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
-	if t.Netns, err = netns.Create(h.netnsDir(), spec.ID); err != nil {
+	if t.Netns, err = netns.Create(h.netnsDir(), spec.ID, t.loAddrs()...); err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
 	if err := h.BPF.AddTrial(t.CgroupID, t.policy()); err != nil {
@@ -211,6 +211,7 @@ func (t *Trial) policy() bpf.Policy {
 		UnixOpen:    t.Spec.UnixOpen,
 		OwnDirs:     true, // the init mounts them (mountOwnDirs)
 		Nested:      t.Spec.Nested,
+		Pool:        t.pool(),
 		MaxPtys:     MaxPtys,
 	}
 }
@@ -336,8 +337,8 @@ func (t *Trial) SetSpec(spec trial.Spec) error {
 // sameSandbox refuses a change of what the sandbox enforces.
 func sameSandbox(was, now trial.Spec) error {
 	if was.ID != now.ID || was.Strict != now.Strict || was.UnixOpen != now.UnixOpen || was.Nested != now.Nested ||
-		!slices.Equal(was.UnixAllow, now.UnixAllow) || was.Pools() != now.Pools() {
-		return errors.New("its id, loopback, unix, nesting and pool rules are fixed when it is made")
+		was.Transparent != now.Transparent || !slices.Equal(was.UnixAllow, now.UnixAllow) || was.Pools() != now.Pools() {
+		return errors.New("its id, loopback, unix, nesting, transparent and pool rules are fixed when it is made")
 	}
 	return nil
 }

@@ -41,6 +41,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("TRIALNET_LOADER") != "" {
 		os.Exit(loaderHelper())
 	}
+	if os.Getenv("TRIALNET_RESOLV") != "" {
+		os.Exit(resolvHelper())
+	}
 	var err error
 	if hostNS, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 		fmt.Fprintln(os.Stderr, err)

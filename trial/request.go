@@ -20,6 +20,10 @@ type Request struct {
 	// Nested lets the Trial run sandboxes of its own (as does a profile
 	// with nested: true); it needs the BPF LSM layer.
 	Nested bool `json:"nested,omitempty"`
+	// NoTransparent turns transparent mode off (as does a profile with
+	// transparent: false); it is on by default, also for callers that
+	// predate it.
+	NoTransparent bool `json:"no_transparent,omitempty"`
 	// Owned ties the Trial to the life of the process that asks: the agent
 	// destroys it when that process exits, however it ends. The owner is
 	// the control socket's peer as the kernel names it, never a field of

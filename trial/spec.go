@@ -74,6 +74,11 @@ type Spec struct {
 	// Report is where the caller writes this Trial's report (run
 	// --report/--report-dir), shown by list; the agent writes nothing there.
 	Report string `json:"report,omitempty"`
+	// Transparent: the Trial has a DNS stub that gives the names its
+	// allowlist admits pool addresses, and connections to those on any
+	// port reach the proxy's checks without CONNECT. Always written;
+	// absent (records older than it): off, as those Trials were made.
+	Transparent bool `json:"transparent"`
 	// Schema is the version of this description (the package's Schema).
 	Schema int `json:"schema"`
 }

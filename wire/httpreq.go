@@ -158,3 +158,89 @@ func checkFraming(h *head) error {
 	}
 	return nil
 }
+
+// ParseTransparentHead validates a peeked head sent to a transparent
+// address, which stands for host:port: the same strict lines, methods,
+// versions and framing as ParseHTTPHead, an origin-form target ("/path")
+// or an absolute-form one naming host:port, and a Host field (required
+// on HTTP/1.1) naming host, with port if it names one. A Host or target
+// naming anything else is ReasonHostMismatch: the upstream reached is
+// host's, and a shared front there would route by the other name. The
+// returned Request carries host and port, and the target as sent.
+func ParseTransparentHead(raw []byte, host string, port uint16) (*Request, error) {
+	h, err := readHead(bufio.NewReader(bytes.NewReader(raw)))
+	if h == nil {
+		return nil, err
+	}
+	req := &Request{Method: h.method, Target: h.target, Version: h.version, Host: host, Port: port}
+	if err != nil {
+		return req, err
+	}
+	if !forwardedMethods[h.method] {
+		return req, record.Deny(record.ReasonMethodNotAllowed, "method %q: plain HTTP to %s forwards %s", Truncate(h.method), req.HostPort(), forwardedMethodList)
+	}
+	if err := checkVersion(h.version); err != nil {
+		return req, err
+	}
+	switch {
+	case strings.IndexByte(h.target, '#') >= 0:
+		return req, record.Deny(record.ReasonBadTarget, "target %q holds a fragment", Truncate(h.target))
+	case strings.HasPrefix(h.target, "/"):
+	case strings.Contains(h.target, "://"):
+		th, tp, err := parseAbsoluteTarget(h.target)
+		if err != nil {
+			return req, err
+		}
+		if th != host || tp != port {
+			return req, record.Deny(record.ReasonHostMismatch, "target %q names another host than %s, which this address stands for", Truncate(h.target), req.HostPort())
+		}
+	default:
+		return req, record.Deny(record.ReasonBadTarget, "target %q: want a path starting with '/'", Truncate(h.target))
+	}
+	if h.host == "" && h.version == "HTTP/1.1" {
+		return req, record.Deny(record.ReasonBadRequest, "an HTTP/1.1 request without a Host field")
+	}
+	if h.host != "" {
+		hh, hp, err := splitHostHeader(h.host)
+		if err != nil || hh != host || (hp != 0 && hp != port) {
+			return req, record.Deny(record.ReasonHostMismatch, "Host %q names another host than %s, which this address stands for", Truncate(h.host), req.HostPort())
+		}
+	}
+	return req, checkFraming(h)
+}
+
+// h2cPreface is the first line of HTTP/2 with prior knowledge.
+const h2cPreface = "PRI * HTTP/2.0"
+
+// ClassifyHTTP says whether the first bytes a client sent to a
+// transparent address may be an HTTP/1 request, which the forwarder must
+// judge: false only once b shows it is not one, more while more bytes
+// could tell. Servers differ in what they take as a request (blank lines
+// before it, any method token, a tab for a space) and a request line may
+// come in pieces, so b is HTTP unless it starts with a byte no method
+// starts with, its first token ends in anything but a space or a tab, or
+// its whole first line names no HTTP version. The h2c preface is not
+// HTTP/1: it is tunnelled, as through CONNECT. ended says no more bytes
+// will come: a bare token is then no request, and the line is whole.
+func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
+	b = bytes.TrimLeft(b, "\r\n")
+	n := 0
+	for n < len(b) && isTokenChar(b[n]) {
+		n++
+	}
+	switch {
+	case n == len(b):
+		return !ended, !ended
+	case n == 0 || (b[n] != ' ' && b[n] != '\t'):
+		return false, false
+	}
+	line, _, ok := bytes.Cut(b, []byte("\n"))
+	if !ok && !ended {
+		return true, true
+	}
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	if string(line) == h2cPreface {
+		return false, false
+	}
+	return bytes.Contains(bytes.ToUpper(line), []byte("HTTP/")), false
+}

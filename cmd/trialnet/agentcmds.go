@@ -183,6 +183,10 @@ func unixFlags(fs *flag.FlagSet) (*stringList, *bool) {
 	return &allow, fs.Bool("no-unix-confine", false, "do not confine pathname unix sockets (needed on kernels before 6.7 without the BPF LSM layer)")
 }
 
+func noTransparentFlag(fs *flag.FlagSet) *bool {
+	return fs.Bool("no-transparent", false, "no transparent mode: no DNS stub in the Trial, and only clients that use the proxy (HTTPS_PROXY) get out (as does a profile with transparent: false)")
+}
+
 func nestedFlag(fs *flag.FlagSet) *bool {
 	return fs.Bool("nested", false, "let the Trial run sandboxes of its own (bwrap): user namespaces, never as uid 0; needs the BPF LSM layer")
 }
@@ -208,7 +212,7 @@ func strictFlag(fs *flag.FlagSet) *bool {
 }
 
 func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--nonce STR] [-j]",
+	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--no-transparent] [--nonce STR] [-j]",
 		"sudo trialnet create --id eval-42 --profile claude --nonce 3f1c9e0a -j", stderr)
 	id := fs.String("id", "", "the Trial's id (default: generated)")
 	nonce := nonceFlag(fs, nonceUsage)
@@ -220,6 +224,7 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	procs.register(fs, "limits.max_processes of the agent's config, else "+procsDefault)
 	unixAllow, noUnix := unixFlags(fs)
 	nested := nestedFlag(fs)
+	noTransparent := noTransparentFlag(fs)
 	socket := socketFlag(fs)
 	asJSON := jsonFlag(fs)
 	if err := parseNoArgs(fs, args); err != nil {
@@ -229,7 +234,7 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
 	info, err := client.NewClient(*socket).Create(ctx, trialspec.Request{ID: *id, Nonce: *nonce, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
-		Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Nested: *nested})
+		Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Nested: *nested, NoTransparent: *noTransparent})
 	if err != nil {
 		return fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}

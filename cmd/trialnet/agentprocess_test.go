@@ -186,12 +186,13 @@ func unitCapabilities(t *testing.T) []string {
 // capBits numbers the capabilities the unit may name; a test that meets
 // another fails, asking for it here.
 var capBits = map[string]uint{
-	"CAP_SYS_ADMIN":       unix.CAP_SYS_ADMIN,
-	"CAP_NET_ADMIN":       unix.CAP_NET_ADMIN,
-	"CAP_BPF":             unix.CAP_BPF,
-	"CAP_PERFMON":         unix.CAP_PERFMON,
-	"CAP_DAC_READ_SEARCH": unix.CAP_DAC_READ_SEARCH,
-	"CAP_SYS_CHROOT":      unix.CAP_SYS_CHROOT,
+	"CAP_SYS_ADMIN":        unix.CAP_SYS_ADMIN,
+	"CAP_NET_ADMIN":        unix.CAP_NET_ADMIN,
+	"CAP_BPF":              unix.CAP_BPF,
+	"CAP_PERFMON":          unix.CAP_PERFMON,
+	"CAP_DAC_READ_SEARCH":  unix.CAP_DAC_READ_SEARCH,
+	"CAP_SYS_CHROOT":       unix.CAP_SYS_CHROOT,
+	"CAP_NET_BIND_SERVICE": unix.CAP_NET_BIND_SERVICE,
 }
 
 // effectiveCaps is the CapEff mask of process pid.

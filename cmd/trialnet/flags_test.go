@@ -165,3 +165,32 @@ func TestAgentRefusesNegativeDrainTimeout(t *testing.T) {
 		t.Errorf("left behind: %v", entries)
 	}
 }
+
+// --no-transparent reaches the request (run's; create's is built the
+// same way from its flag) and is offered by both; without it the request
+// leaves transparent mode on.
+func TestNoTransparentFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--no-transparent", "--", "true"}, true},
+		{[]string{"--", "true"}, false},
+	} {
+		fs := newFlags("run", runUsage, "", io.Discard)
+		var f runFlags
+		f.register(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		spec, _, err := f.spec(fs, "x", 65534, 65534, io.Discard)
+		if err != nil || spec.Create.NoTransparent != c.want {
+			t.Errorf("run %q: NoTransparent %v (%v), want %v", c.args, spec.Create.NoTransparent, err, c.want)
+		}
+	}
+	for _, cmd := range []string{"create", "run"} {
+		if _, _, help := trialnet(cmd, "-h"); !strings.Contains(help, "[--no-transparent]") || !strings.Contains(help, "-no-transparent\n") {
+			t.Errorf("%s -h does not offer --no-transparent:\n%s", cmd, help)
+		}
+	}
+}

@@ -19,7 +19,7 @@ import (
 	trialspec "github.com/trialnet/trialnet/trial"
 )
 
-const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--show-refusals] [--id ID] [--nonce STR] [--report FILE | --report-dir DIR | --report-fd N] [-v] [-j] -- CMD [ARGS]"
+const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--no-transparent] [--show-refusals] [--id ID] [--nonce STR] [--report FILE | --report-dir DIR | --report-fd N] [-v] [-j] -- CMD [ARGS]"
 
 // cmdRun runs CMD in an ephemeral Trial (client.Run) and says how it went.
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -103,6 +103,7 @@ type runFlags struct {
 	user                          userFlags
 	procs                         procsFlag
 	strict, learn, noUnix, nested *bool
+	noTransparent                 *bool
 	asJSON, verbose, showRefusals *bool
 	unixAllow                     *stringList
 	timeout                       *time.Duration
@@ -121,6 +122,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.timeout = fs.Duration("timeout", 0, "kill everything in the Trial after this long, wall-clock, suspended (^Z) or not (0: no limit)")
 	f.unixAllow, f.noUnix = unixFlags(fs)
 	f.nested = nestedFlag(fs)
+	f.noTransparent = noTransparentFlag(fs)
 	f.socket = socketFlag(fs)
 	f.asJSON = jsonFlag(fs)
 	f.verbose = fs.Bool("v", false, "when CMD ends, print the full counter table instead of the one summary line")
@@ -146,7 +148,7 @@ func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writ
 	}
 	spec := client.RunSpec{
 		Create: trialspec.Request{ID: id, Nonce: *f.nonce, Allow: f.af.allow, Profiles: f.af.profiles, RequireTLS: f.af.requireTLS, Strict: *f.strict,
-			Learn: *f.learn, MaxProcesses: int(f.procs), UnixAllow: *f.unixAllow, UnixOpen: *f.noUnix, Nested: *f.nested},
+			Learn: *f.learn, MaxProcesses: int(f.procs), UnixAllow: *f.unixAllow, UnixOpen: *f.noUnix, Nested: *f.nested, NoTransparent: *f.noTransparent},
 		Timeout: *f.timeout,
 		Signals: forwardedSignals,
 	}

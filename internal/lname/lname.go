@@ -25,7 +25,25 @@ const (
 	Endpoint
 	// Counts is a counts page: the proxy's (no Trial), or a Trial's.
 	Counts
+	// StubUDP and StubTCP are a transparent Trial's DNS stub sockets,
+	// Steered its transparent listener (docs/transparent.md).
+	StubUDP
+	StubTCP
+	Steered
 )
+
+// transparentWords are the wire words of the transparent kinds, after
+// TrialPrefix: an earlier build parses none of them (no index), so it
+// closes such files, and a keeper drops them with the Trial's prefix.
+var transparentWords = map[Kind]string{StubUDP: "dns-udp", StubTCP: "dns-tcp", Steered: "steer"}
+
+// TransparentName names Trial id's file of kind k (StubUDP, StubTCP or
+// Steered).
+func TransparentName(id string, k Kind) Name { return Name{Kind: k, Trial: id} }
+
+// OfTrial reports whether n names one of a Trial's sockets (an endpoint
+// or a transparent one), which a keeper drops with the Trial.
+func (n Name) OfTrial() bool { return n.Kind == Endpoint || transparentWords[n.Kind] != "" }
 
 // Name names one file: its Kind, and for a Trial's the Trial's id and,
 // for an endpoint, its index (0: the IPv4 endpoint HTTPS_PROXY names).
@@ -62,6 +80,8 @@ func (n Name) String() string {
 		return wordMetrics
 	case Endpoint:
 		return TrialPrefix(n.Trial) + strconv.Itoa(n.Index)
+	case StubUDP, StubTCP, Steered:
+		return TrialPrefix(n.Trial) + transparentWords[n.Kind]
 	case Counts:
 		if n.Trial == "" {
 			return wordCounts
@@ -86,12 +106,17 @@ func Parse(s string) (Name, error) {
 		return CountsName(rest), nil
 	case word == wordTrial:
 		id, idx, ok := strings.Cut(rest, ":")
+		for k, w := range transparentWords {
+			if ok && idx == w && ident.Valid(id) {
+				return TransparentName(id, k), nil
+			}
+		}
 		i, err := strconv.Atoi(idx)
 		if ok && ident.Valid(id) && err == nil && i >= 0 && strconv.Itoa(i) == idx {
 			return EndpointName(id, i), nil
 		}
 	}
-	return Name{}, fmt.Errorf("%q names no file this build knows (metrics, trial:ID:INDEX, counts, counts:ID)", s)
+	return Name{}, fmt.Errorf("%q names no file this build knows (metrics, trial:ID:INDEX, trial:ID:dns-udp, trial:ID:dns-tcp, trial:ID:steer, counts, counts:ID)", s)
 }
 
 // Less orders names so that a Trial's endpoints come together, in index

@@ -17,6 +17,9 @@ func TestNameWire(t *testing.T) {
 		{EndpointName("a-b_c", 12), "trial:a-b_c:12"},
 		{CountsName(""), "counts"},
 		{CountsName("t1"), "counts:t1"},
+		{TransparentName("t1", StubUDP), "trial:t1:dns-udp"},
+		{TransparentName("t1", StubTCP), "trial:t1:dns-tcp"},
+		{TransparentName("t1", Steered), "trial:t1:steer"},
 	} {
 		if got := c.n.String(); got != c.wire {
 			t.Errorf("%+v is %q on the wire, want %q", c.n, got, c.wire)
@@ -36,7 +39,7 @@ func TestNameParseRefuses(t *testing.T) {
 		"", "metrics:", "metrics:x", "Metrics", "control", "trial", "trial:", "trial:t1",
 		"trial:t1:", "trial::0", "trial:t1:-1", "trial:t1:01", "trial:t1:+1", "trial:t1:1:2",
 		"trial:T1:0", "trial:../x:0", "trial:t1:0x1", "counts:", "counts:../x", "counts:t1:0",
-		"trial:t1: 1", " metrics",
+		"trial:t1: 1", " metrics", "trial:t1:dns", "trial:T1:steer", "trial::steer", "trial:t1:steer:0", "counts:t1:steer",
 	} {
 		if n, err := Parse(s); err == nil {
 			t.Errorf("Parse(%q) = %+v; want a refusal", s, n)

@@ -3,9 +3,12 @@
 package testhost
 
 import (
+	"context"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/miekg/dns"
 )
@@ -66,4 +69,69 @@ func serveDNS(lookup func(fqdn string) (netip.Addr, bool)) (string, func(), erro
 	srv := &dns.Server{PacketConn: pc, Handler: mux}
 	go func() { _ = srv.ActivateAndServe() }()
 	return pc.LocalAddr().String(), func() { _ = srv.Shutdown() }, nil
+}
+
+// DNSLog is every question a test host's DNS server was asked, UDP and
+// TCP, in arrival order.
+type DNSLog struct {
+	mu sync.Mutex
+	qs []dns.Question
+}
+
+// Questions is a copy of the log so far.
+func (l *DNSLog) Questions() []dns.Question {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.qs)
+}
+
+// Asked reports the questions whose name contains s (compared without
+// case: a resolver may randomise it).
+func (l *DNSLog) Asked(s string) []dns.Question {
+	var out []dns.Question
+	for _, q := range l.Questions() {
+		if strings.Contains(strings.ToLower(q.Name), strings.ToLower(s)) {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
+// ServeDNS runs a DNS server on the test host itself, at its IPv4
+// address, port 53, UDP and TCP, in its namespace: it answers A queries
+// for every name with answer, NODATA for other types, and logs every
+// question. Close stops it. It is both a resolver an agent may use and a
+// server a Trial must never reach: its log says what reached it.
+func (h *Host) ServeDNS(answer netip.Addr) (*DNSLog, error) {
+	log := &DNSLog{}
+	handler := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		log.mu.Lock()
+		log.qs = append(log.qs, r.Question...)
+		log.mu.Unlock()
+		m := new(dns.Msg)
+		m.SetReply(r)
+		if len(r.Question) == 1 && r.Question[0].Qtype == dns.TypeA && answer.Is4() {
+			q := r.Question[0]
+			m.Answer = []dns.RR{&dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 3600}, A: answer.AsSlice()}}
+		}
+		_ = w.WriteMsg(m)
+	})
+	addr := netip.AddrPortFrom(h.Addr4, 53).String()
+	ln, err := h.NS.Listen(context.Background(), "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	var pc net.PacketConn
+	if err := h.NS.Do(func() (err error) { pc, err = net.ListenPacket("udp", addr); return }); err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	for _, srv := range []*dns.Server{{Listener: ln, Handler: handler}, {PacketConn: pc, Handler: handler}} {
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
+		go func() { _ = srv.ActivateAndServe() }()
+		<-started
+		h.closers = append(h.closers, srv.Shutdown)
+	}
+	return log, nil
 }

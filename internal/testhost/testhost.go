@@ -15,6 +15,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -257,4 +260,36 @@ func Echo(ln net.Listener) {
 			}
 		}()
 	}
+}
+
+// Received counts what reached the test host's namespace from anywhere:
+// TCP connections it accepted (PassiveOpens, any port, listener or not
+// counted once a handshake completes) and UDP datagrams it received,
+// delivered or not (InDatagrams, NoPorts, InErrors), from the kernel's
+// own counters for the namespace. A difference of zero between two calls
+// means nothing new arrived, whatever the port.
+func (h *Host) Received() (uint64, error) {
+	var snmp []byte
+	if err := h.NS.Do(func() (err error) { snmp, err = os.ReadFile("/proc/thread-self/net/snmp"); return }); err != nil {
+		return 0, err
+	}
+	want := map[string][]string{"Tcp:": {"PassiveOpens"}, "Udp:": {"InDatagrams", "NoPorts", "InErrors"}}
+	var sum uint64
+	lines := strings.Split(string(snmp), "\n")
+	for i := 0; i+1 < len(lines); i += 2 {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || len(names) != len(values) || names[0] != values[0] {
+			return 0, fmt.Errorf("/proc/net/snmp: unexpected lines %q, %q", lines[i], lines[i+1])
+		}
+		for j, n := range names {
+			if slices.Contains(want[names[0]], n) {
+				v, err := strconv.ParseUint(values[j], 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("/proc/net/snmp %s%s: %w", names[0], n, err)
+				}
+				sum += v
+			}
+		}
+	}
+	return sum, nil
 }

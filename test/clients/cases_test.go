@@ -35,10 +35,13 @@ type client struct {
 	// asRoot runs the client as uid 0 (without capabilities) instead of
 	// nobody.
 	asRoot bool
-	port   uint16 // 443 unless set
-	setup  func(t *testing.T, tc *trial)
-	fetch  func(tc *trial, host string, proxied bool) (int, string)
-	works  func(t *testing.T, tc *trial, out string)
+	// lookupOnly: the client only resolves the name (getent), so it
+	// leaves no connection decision.
+	lookupOnly bool
+	port       uint16 // 443 unless set
+	setup      func(t *testing.T, tc *trial)
+	fetch      func(tc *trial, host string, proxied bool) (int, string)
+	works      func(t *testing.T, tc *trial, out string)
 }
 
 func need(bins ...string) func() string {
@@ -174,10 +177,13 @@ func helloFrom(name string) func(*testing.T, *trial, string) {
 	}
 }
 
-// pythonHas says why python3 cannot import module, "" when it can.
+// pythonHas says why the Trials' python3 (the one on trialPath, not the
+// operator's) cannot import module, "" when it can.
 func pythonHas(module string) func() string {
 	return func() string {
-		if out, err := exec.Command("python3", "-c", "import "+module).CombinedOutput(); err != nil {
+		cmd := exec.Command("sh", "-c", `exec python3 -c "import $1"`, "sh", module)
+		cmd.Env = []string{"PATH=" + trialPath}
+		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Sprintf("python3 cannot import %s ('make test-deps' installs it): %v %s", module, err, strings.TrimSpace(string(out)))
 		}
 		return ""

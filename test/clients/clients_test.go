@@ -50,17 +50,23 @@ const (
 	nobody     = 65534
 	// runTimeout bounds one client run; clients are told to give up sooner.
 	runTimeout = 3 * time.Minute
+	// trialPath is the PATH of commands in the Trials (and the go command's
+	// directory): Debian's tools, not the operator's.
+	trialPath = "/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
-// world is a test host with the upstreams on port 443 (and sshd on 22
-// when the ssh case starts it), a DNS server naming it for every name of
-// the test domain, and an agent whose Trials may reach the test host's
+// world is a test host with the upstreams on port 443 (TLS) and 80
+// (plain HTTP), sshd on 22 when the ssh case starts it, a DNS server on
+// the test host naming it for every name (the agent's resolver, which logs
+// what it is asked), and an agent whose Trials may reach the test host's
 // range.
 type world struct {
 	host    *testhost.Host
+	dns     *testhost.DNSLog
 	agent   *agent.Agent
 	dir     string // world-readable: the CA, the Trials' homes
 	caFile  string
+	cert    tls.Certificate // *.clients.test, under the CA in caFile
 	gitRoot string
 	commit  func() string // pushes a commit to demo.git, returns its hash
 
@@ -80,34 +86,39 @@ func newAgentWorld(t *testing.T) *world {
 	}
 	w.commit = gitRepo(t, w.gitRoot)
 	w.commit()
-	cert := testCA(t, w.caFile)
+	w.cert = testCA(t, w.caFile)
 
-	ln, err := w.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(w.host.Addr4, 443).String())
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := upstreams(t, w.gitRoot)
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-			w.mu.Lock()
-			w.hits[r.Host]++
-			w.mu.Unlock()
-			h.ServeHTTP(rw, r)
-		}),
-		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}},
-		ReadHeaderTimeout: 10 * time.Second,
+	for _, port := range []uint16{443, 80} {
+		ln, err := w.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(w.host.Addr4, port).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{
+			Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+				w.mu.Lock()
+				w.hits[r.Host]++
+				w.mu.Unlock()
+				h.ServeHTTP(rw, r)
+			}),
+			TLSConfig:         &tls.Config{Certificates: []tls.Certificate{w.cert}},
+			ReadHeaderTimeout: 10 * time.Second,
+		}
+		if port == 443 {
+			go func() { _ = srv.ServeTLS(countingListener{ln, &w.accepts}, "", "") }()
+		} else {
+			go func() { _ = srv.Serve(countingListener{ln, &w.accepts}) }()
+		}
+		t.Cleanup(func() { _ = srv.Close() })
 	}
-	go func() { _ = srv.ServeTLS(countingListener{ln, &w.accepts}, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
 
-	dnsAddr, stop, err := testhost.ServeDNS(w.host.Addr4)
-	if err != nil {
+	var err error
+	if w.dns, err = w.host.ServeDNS(w.host.Addr4); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(stop)
 	w.agent, err = agent.Start(agent.AgentConfig{
 		Host: testenv.IsolatedHost(t, "clients"), DataDir: t.TempDir(),
-		Resolvers: []string{dnsAddr}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
+		Resolvers: []string{netip.AddrPortFrom(w.host.Addr4, 53).String()}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +199,7 @@ func (w *world) tryTrial(t *testing.T, name string, uid uint32, req trialspec.Re
 	if err := os.Chown(home, int(uid), int(uid)); err != nil {
 		t.Fatal(err)
 	}
-	path := "/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
+	path := trialPath
 	if goBin, err := exec.LookPath("go"); err == nil {
 		path += ":" + filepath.Dir(goBin)
 	}

@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
 	"net/http/cgi"
@@ -30,6 +31,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/net/websocket"
 )
 
 // The packages every registry serves: one small package each, built here.
@@ -66,7 +69,7 @@ func testCA(t *testing.T, caFile string) tls.Certificate {
 	}
 	leaf := &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "*." + domain},
-		DNSNames: []string{"*." + domain}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		DNSNames: []string{"*." + domain, "*.wild." + domain}, NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
@@ -80,7 +83,7 @@ func testCA(t *testing.T, caFile string) tls.Certificate {
 }
 
 // upstreams serves every registry on every name of the test domain, by
-// path: /hello, /git/ (smart HTTP), /simple/ and /files/ (a PEP 503
+// path: /hello, /ws (a WebSocket echo), /git/ (smart HTTP), /simple/ and /files/ (a PEP 503
 // index), /npm/ (a registry), /goproxy/ (a GOPROXY), /index/ and /crates/
 // (a cargo sparse registry). URLs in documents name the host asked for.
 func upstreams(t *testing.T, gitRoot string) http.Handler {
@@ -107,6 +110,9 @@ func upstreams(t *testing.T, gitRoot string) http.Handler {
 	mux.HandleFunc("GET /hello", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from %s\n", r.Host)
 	})
+	// A WebSocket echo. Server, not Handler: Handler refuses a client that
+	// sends no Origin, as Python's websockets does not.
+	mux.Handle("GET /ws", websocket.Server{Handler: func(c *websocket.Conn) { _, _ = io.Copy(c, c) }})
 	mux.Handle("/git/", &cgi.Handler{Path: gitPath, Root: "/git", Args: []string{"http-backend"},
 		Env: []string{"GIT_PROJECT_ROOT=" + gitRoot, "GIT_HTTP_EXPORT_ALL=1", "GIT_CONFIG_NOSYSTEM=1", "HOME=" + gitRoot}})
 

@@ -66,8 +66,11 @@ var suite = []suiteEntry{
 	{"./agent", 20 * time.Minute, ""},
 	{"./cmd/trialnet", 15 * time.Minute, ""},
 	// What runs in a Trial over its own unix sockets, and sandboxes nested
-	// in one: the LSM layer decides both where it is active.
-	{"./test/clients", 15 * time.Minute, "TestPrivilegedOwnUnixTools|TestPrivilegedNested"},
+	// in one: the LSM layer decides both where it is active. Transparent
+	// mode: its sk_lookup program and the connect hooks' allowances for it
+	// are the kernel's; its clients are the host's, read through the
+	// guest's share of the host's root.
+	{"./test/clients", 25 * time.Minute, "TestPrivilegedOwnUnixTools|TestPrivilegedNested|TestPrivilegedTransparent"},
 }
 
 type suiteEntry struct {
@@ -220,6 +223,7 @@ type built struct {
 	previous string // trialnet of the build before hand-overs (cmd/trialnet/testdata/previous-build)
 	demo     string
 	escapee  string
+	probe    string // test/clients/transprobe
 	init     string
 }
 
@@ -244,12 +248,14 @@ func build(ctx context.Context, o *options) (*built, error) {
 		previous: filepath.Join(dir, "trialnet-previous"),
 		demo:     filepath.Join(dir, "trialnet-demo"),
 		escapee:  filepath.Join(dir, "escapee"),
+		probe:    filepath.Join(dir, "transprobe"),
 		init:     filepath.Join(dir, "vminit"),
 	}
 	cmds := [][]string{
 		{"build", "-o", b.trialnet, "./cmd/trialnet"},
 		{"build", "-o", b.demo, "./cmd/trialnet-demo"},
 		{"build", "-o", b.escapee, "./test/escape/escapee"},
+		{"build", "-o", b.probe, "./test/clients/transprobe"},
 		{"build", "-o", b.init, "./test/vmtest"},
 	}
 	for _, t := range o.tests() {
@@ -308,7 +314,7 @@ func (o *options) tests() []builtTest {
 // plan is the list of steps for one guest.
 func (b *built) plan(k kernel, o *options) plan {
 	cwd, _ := os.Getwd()
-	env := []string{"TRIALNET_TEST_BIN=" + b.trialnet, "TRIALNET_TEST_ESCAPEE=" + b.escapee,
+	env := []string{"TRIALNET_TEST_BIN=" + b.trialnet, "TRIALNET_TEST_ESCAPEE=" + b.escapee, "TRIALNET_TEST_TRANSPROBE=" + b.probe,
 		"TRIALNET_UPGRADE_TO=" + b.trialnet, "TRIALNET_PREVIOUS_AGENT=" + b.previous}
 	p := plan{Kernel: k.Name, Modules: []string{"veth", "vsock_loopback"}}
 	for _, t := range b.tests {

@@ -1,0 +1,649 @@
+//go:build linux
+
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/dnsstub"
+	"github.com/trialnet/trialnet/internal/lname"
+	"github.com/trialnet/trialnet/keeper"
+	"github.com/trialnet/trialnet/netns"
+	"golang.org/x/sys/unix"
+)
+
+// steeredListen is where a Trial's transparent listener listens, in its
+// namespace: beside the stub, on a port the kernel picks. Nothing is
+// served there in its own right: the steering hands it the pool's
+// connections, and a connection made to this address itself maps to no
+// name and is refused (unknown_address).
+const steeredListen = "127.0.0.53:0"
+
+// transparent is one Trial's transparent mode as the agent runs it
+// (docs/transparent.md): its DNS stub on two sockets in the Trial's
+// namespace, the listener the steering hands pool connections to (served
+// by the proxy), the steering (pinned, so that it outlives this process),
+// and the file that keeps the names the stub handed out.
+type transparent struct {
+	id       string
+	learning bool
+	stub     *dnsstub.Server // nil while paused
+	socks    transparentSockets
+	steer    *bpf.Steer
+	names    *os.File      // nil without a state directory
+	stubDone chan struct{} // closed when the stub's two goroutines end
+	// last is the stub serving, or serving until a pause, which the
+	// proxy's lookups (lookup) read beside pause and resume.
+	last   atomic.Pointer[dnsstub.Server]
+	paused atomic.Bool
+	// fileNames is the names file as lookup last read it while paused.
+	fileNames namesCache
+	ln        chan struct{} // closed when the proxy stops serving socks.steered
+	// held are the stub's sockets while it is paused for a hand-over.
+	held []*os.File
+}
+
+// transparentSockets are a Trial's transparent sockets, as one process
+// passes them to the next (a hand-over, the keeper).
+type transparentSockets struct {
+	udp          *net.UDPConn
+	tcp, steered *net.TCPListener
+}
+
+func (s transparentSockets) close() {
+	if s.udp != nil {
+		_ = s.udp.Close()
+	}
+	if s.tcp != nil {
+		_ = s.tcp.Close()
+	}
+	if s.steered != nil {
+		_ = s.steered.Close()
+	}
+}
+
+// files are dups of the sockets, by name, for a successor or the keeper;
+// the caller closes them.
+func (s transparentSockets) files(id string) (names []lname.Name, files []*os.File, err error) {
+	for _, x := range []struct {
+		k lname.Kind
+		f interface{ File() (*os.File, error) }
+	}{{lname.StubUDP, s.udp}, {lname.StubTCP, s.tcp}, {lname.Steered, s.steered}} {
+		f, ferr := x.f.File()
+		if ferr != nil {
+			for _, f := range files {
+				_ = f.Close()
+			}
+			return nil, nil, fmt.Errorf("transparent socket %s: %w", lname.TransparentName(id, x.k), ferr)
+		}
+		names, files = append(names, lname.TransparentName(id, x.k)), append(files, f)
+	}
+	return names, files, nil
+}
+
+// take sets the socket f names from a predecessor or the keeper; f is
+// closed. A file of the wrong type is dropped.
+func (s *transparentSockets) take(n lname.Name, f *os.File) error {
+	defer f.Close()
+	if n.Kind == lname.StubUDP {
+		pc, err := net.FilePacketConn(f)
+		if err != nil {
+			return err
+		}
+		u, ok := pc.(*net.UDPConn)
+		if !ok {
+			_ = pc.Close()
+			return fmt.Errorf("a %T, not a UDP socket", pc)
+		}
+		s.udp = u
+		return nil
+	}
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return err
+	}
+	tl, ok := ln.(*net.TCPListener)
+	if !ok {
+		_ = ln.Close()
+		return fmt.Errorf("a %T, not a TCP listener", ln)
+	}
+	if n.Kind == lname.StubTCP {
+		s.tcp = tl
+	} else {
+		s.steered = tl
+	}
+	return nil
+}
+
+// whole reports whether every socket is there.
+func (s transparentSockets) whole() bool {
+	return s.udp != nil && s.tcp != nil && s.steered != nil
+}
+
+// openTransparent starts Trial lt's transparent mode, on the sockets an
+// earlier process passed on (inh, checked to be this Trial's) or on new
+// ones: the names its stub handed out come back from their file, the
+// stub serves, the steering is attached (or its pins adopted), and the
+// proxy serves the steered listener. On error nothing is left running;
+// pins and the names file stay for the caller's teardown to remove.
+func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transparent, err error) {
+	id, nsPath := lt.info.ID, lt.tr.Netns.Path
+	tp := &transparent{id: id, learning: lt.info.Learning}
+	defer func() {
+		if err != nil {
+			tp.close()
+			inh.close()
+		}
+	}()
+	if inh.whole() {
+		if err := checkTransparent(inh, lt.tr.Netns.Cookie); err != nil {
+			a.log.Warn("transparent sockets handed over are not this Trial's; listening anew", "trial", id, "error", err)
+			inh.close()
+			inh = transparentSockets{}
+		}
+	} else {
+		inh.close()
+		inh = transparentSockets{}
+	}
+	tp.socks = inh
+	if !inh.whole() {
+		if tp.socks, err = listenTransparent(nsPath); err != nil {
+			return nil, fmt.Errorf("transparent mode of Trial %s: %w", id, err)
+		}
+	}
+	if a.cfg.Host.StateDir != "" {
+		if tp.names, err = os.OpenFile(a.namesFile(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {
+			return nil, fmt.Errorf("transparent names: %w", err)
+		}
+	}
+	if err := tp.startStub(a); err != nil {
+		return nil, err
+	}
+	if tp.steer, err = a.steer(lt, tp); err != nil {
+		return nil, fmt.Errorf("transparent mode of Trial %s: %w", id, err)
+	}
+	tp.ln = make(chan struct{})
+	go func() {
+		defer close(tp.ln)
+		if err := a.proxy.ServeTransparent(tp.socks.steered, id, tp.lookup); err != nil {
+			a.log.Error("transparent mode", "trial", id, "error", err)
+		}
+	}()
+	return tp, nil
+}
+
+// startStub makes the Trial's stub, with the names its earlier stubs
+// handed out (their file), and serves it on socks.udp and socks.tcp.
+func (tp *transparent) startStub(a *Agent) error {
+	var restore []dnsstub.Assigned
+	if tp.names != nil {
+		f, err := os.Open(a.namesFile(tp.id))
+		if err != nil {
+			return fmt.Errorf("transparent names: %w", err)
+		}
+		restore, err = readNames(f)
+		_ = f.Close()
+		if err != nil {
+			return fmt.Errorf("transparent names %s: %w", a.namesFile(tp.id), err)
+		}
+	}
+	cfg := dnsstub.Config{Admit: a.admitter(tp.id), Restore: restore}
+	if tp.names != nil {
+		cfg.Record = tp.recordName
+	}
+	if tp.learning {
+		id := tp.id
+		cfg.Learn = func(name string) {
+			a.log.Info("learning: a name off the allowlist was given an address", "trial", id, "name", name)
+		}
+	}
+	stub, err := dnsstub.New(cfg)
+	if err != nil {
+		return fmt.Errorf("transparent mode of Trial %s: %w", tp.id, err)
+	}
+	tp.stub, tp.stubDone = stub, make(chan struct{})
+	tp.last.Store(stub)
+	tp.paused.Store(false)
+	udp, tcp, done := tp.socks.udp, tp.socks.tcp, tp.stubDone
+	var left sync.WaitGroup
+	for _, serve := range []func() error{func() error { return stub.ServeUDP(udp) }, func() error { return stub.ServeTCP(tcp) }} {
+		left.Go(func() {
+			if err := serve(); err != nil {
+				a.log.Error("transparent mode: the DNS stub", "trial", tp.id, "error", err)
+			}
+		})
+	}
+	go func() { left.Wait(); close(done) }()
+	return nil
+}
+
+// stopStub stops the stub, closing its sockets, and waits for it.
+func (tp *transparent) stopStub() {
+	if tp.stub == nil {
+		return
+	}
+	_ = tp.stub.Close()
+	<-tp.stubDone
+	tp.stub, tp.socks.udp, tp.socks.tcp = nil, nil, nil
+}
+
+// pause stops the stub for a hand-over: the successor's stub answers on
+// copies of the same sockets, with the names this one handed out (their
+// file), and two stubs handing out addresses at once could give one
+// address two names. It keeps copies of the sockets for resume.
+func (tp *transparent) pause() error {
+	if tp.stub == nil {
+		return nil
+	}
+	var held []*os.File
+	for _, c := range []interface{ File() (*os.File, error) }{tp.socks.udp, tp.socks.tcp} {
+		f, err := c.File()
+		if err != nil {
+			closeAll(held)
+			return fmt.Errorf("transparent mode of Trial %s: keep the stub's sockets: %w", tp.id, err)
+		}
+		held = append(held, f)
+	}
+	tp.paused.Store(true)
+	tp.stopStub()
+	tp.held = held
+	return nil
+}
+
+// resume serves the stub again after a hand-over that did not happen.
+func (tp *transparent) resume(a *Agent) error {
+	held := tp.held
+	tp.held = nil
+	if held == nil {
+		return nil
+	}
+	var s transparentSockets
+	errs := []error{s.take(lname.TransparentName(tp.id, lname.StubUDP), held[0]), s.take(lname.TransparentName(tp.id, lname.StubTCP), held[1])}
+	if err := errors.Join(errs...); err != nil {
+		s.close()
+		return fmt.Errorf("transparent mode of Trial %s: the stub's sockets: %w", tp.id, err)
+	}
+	tp.socks.udp, tp.socks.tcp = s.udp, s.tcp
+	return tp.startStub(a)
+}
+
+// release drops the copies pause kept: the successor serves the stub.
+func (tp *transparent) release() {
+	closeAll(tp.held)
+	tp.held = nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		_ = f.Close()
+	}
+}
+
+// steer attaches the Trial's steering, pinned; where it cannot be pinned
+// (bpffs gone from under the pin directory), unpinned, as the kernel
+// layers go on enforcing from this process's hold then too: its pool
+// connections are then refused while no agent runs, never let through.
+func (a *Agent) steer(lt *trial, tp *transparent) (*bpf.Steer, error) {
+	s, err := bpf.OpenSteer(a.host.BPF.SteerPin(lt.tr.CgroupID), lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered)
+	if err == nil {
+		return s, nil
+	}
+	s, aerr := bpf.AttachSteer(lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered)
+	if aerr != nil {
+		return nil, errors.Join(err, aerr)
+	}
+	a.log.Warn("transparent mode: the steering is not pinned; while no agent runs, connections to the Trial's pool addresses are refused", "trial", lt.info.ID, "error", err)
+	return s, nil
+}
+
+// lookup maps a pool address to its name for the proxy, through the
+// stub serving or paused. From the offer of a hand-over until it stops
+// accepting, this agent's stub is paused while it still accepts, and the
+// successor's stub answers, writing each name to the names file before
+// its answer: an address this stub never handed out is looked for there.
+func (tp *transparent) lookup(a netip.Addr) (string, bool) {
+	s := tp.last.Load()
+	if s == nil {
+		return "", false
+	}
+	if n, ok := s.Lookup(a); ok || !tp.paused.Load() || tp.names == nil {
+		return n, ok
+	}
+	return tp.fileNames.lookup(tp.names.Name(), s.Pool(), a)
+}
+
+// namesCache is a names file as last read, read again when its size
+// changes (a stub appended a name), and checked as a stub restoring it
+// would check it.
+type namesCache struct {
+	mu   sync.Mutex
+	size int64
+	pool *dnsstub.Pool
+}
+
+// lookup is the name the file at path gives a, in a pool over prefix;
+// false for none, and for a file that cannot be read or checked.
+func (c *namesCache) lookup(path string, prefix netip.Prefix, a netip.Addr) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", false
+	}
+	if c.pool == nil || st.Size() != c.size {
+		if c.pool, err = readPool(path, prefix); err != nil {
+			return "", false
+		}
+		c.size = st.Size()
+	}
+	return c.pool.Name(a)
+}
+
+// readPool is the pool the names file at path restores.
+func readPool(path string, prefix netip.Prefix) (*dnsstub.Pool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	names, err := readNames(f)
+	_ = f.Close()
+	if err != nil {
+		return nil, err
+	}
+	pool, err := dnsstub.NewPool(prefix, dnsstub.DefaultMaxNames)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if err := pool.Restore(n.Name, n.Addr); err != nil {
+			return nil, err
+		}
+	}
+	return pool, nil
+}
+
+// admitter is the stub's policy for Trial id: its allowlist as it is at
+// each question, so that allow and deny apply to lookups at once.
+func (a *Agent) admitter(id string) func(string) bool {
+	return func(name string) bool {
+		l, ok := a.proxy.Allow(id)
+		return ok && l.AdmitsName(name)
+	}
+}
+
+// close stops what tp serves in this process and waits for it: the
+// stub, its sockets and the steered listener (the proxy's Trial removal
+// closes that one too). The steering and its pins stay (dropTransparent
+// removes them), as a successor or the keeper may hold the sockets.
+func (tp *transparent) close() {
+	tp.stopStub()
+	tp.release()
+	tp.socks.close()
+	if tp.ln != nil {
+		<-tp.ln
+	}
+	if tp.steer != nil {
+		_ = tp.steer.Close()
+	}
+	if tp.names != nil {
+		_ = tp.names.Close()
+	}
+}
+
+// checkTransparent refuses sockets handed over that are not a Trial's
+// transparent ones in the namespace with cookie: served as this Trial's,
+// another's would get this Trial's policy.
+func checkTransparent(s transparentSockets, cookie uint64) error {
+	for _, x := range []struct {
+		c    syscall.Conn
+		addr net.Addr
+		want string
+	}{{s.udp, s.udp.LocalAddr(), dnsstub.DefaultListen}, {s.tcp, s.tcp.Addr(), dnsstub.DefaultListen}, {s.steered, s.steered.Addr(), steeredListen}} {
+		ap, err := netip.ParseAddrPort(x.addr.String())
+		want := netip.MustParseAddrPort(x.want)
+		if err != nil || ap.Addr().Unmap() != want.Addr() || (want.Port() != 0 && ap.Port() != want.Port()) {
+			return fmt.Errorf("a socket on %s, not %s", x.addr, x.want)
+		}
+		got, err := netnsCookie(x.c)
+		if err != nil {
+			return err
+		}
+		if got != cookie {
+			return fmt.Errorf("the socket on %s lives in another network namespace", x.addr)
+		}
+	}
+	return nil
+}
+
+func netnsCookie(c syscall.Conn) (uint64, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cookie uint64
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cookie, cerr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE) }); err != nil {
+		return 0, err
+	}
+	return cookie, cerr
+}
+
+// listenTransparent opens the stub's sockets and the steered listener in
+// the namespace at nsPath. The listeners are plain TCP: a sockmap holds
+// no MPTCP socket, which Go listens with by default.
+func listenTransparent(nsPath string) (s transparentSockets, err error) {
+	err = netns.Do(nsPath, func() error {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		ctx := context.Background()
+		pc, err := lc.ListenPacket(ctx, "udp4", dnsstub.DefaultListen)
+		if err != nil {
+			return err
+		}
+		s.udp = pc.(*net.UDPConn)
+		ln, err := lc.Listen(ctx, "tcp4", dnsstub.DefaultListen)
+		if err != nil {
+			return err
+		}
+		s.tcp = ln.(*net.TCPListener)
+		ln, err = lc.Listen(ctx, "tcp4", steeredListen)
+		if err != nil {
+			return err
+		}
+		s.steered = ln.(*net.TCPListener)
+		return nil
+	})
+	if err != nil {
+		s.close()
+		return transparentSockets{}, fmt.Errorf("open the DNS stub's sockets and the transparent listener (lo needs %s): %w", netip.MustParseAddrPort(dnsstub.DefaultListen).Addr(), err)
+	}
+	return s, nil
+}
+
+// namesFile keeps, per Trial, the names its stub handed out and their
+// addresses, one "ADDRESS NAME" a line, so that an agent that restarts
+// gives each address the same name: a connection to an address handed
+// out before the restart must mean what it meant. Root-only, appended to
+// before each answer, at most dnsstub.DefaultMaxNames lines.
+func (a *Agent) namesFile(id string) string {
+	return filepath.Join(a.cfg.Host.StateDir, id+".names")
+}
+
+// readNames reads a names file: at most DefaultMaxNames lines, each an
+// address and a name (the stub checks both again). A last line without
+// its newline is a write cut short: its answer was never sent, and it is
+// left out.
+func readNames(r io.Reader) ([]dnsstub.Assigned, error) {
+	const maxLine = 64 + 253
+	br := bufio.NewReaderSize(io.LimitReader(r, int64(dnsstub.DefaultMaxNames+1)*(maxLine+1)), maxLine+1)
+	var out []dnsstub.Assigned
+	for {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", len(out)+1, err)
+		}
+		addr, name, ok := strings.Cut(string(bytes.TrimSuffix(line, []byte("\n"))), " ")
+		a, perr := netip.ParseAddr(addr)
+		if !ok || perr != nil {
+			return nil, fmt.Errorf("line %d is not an address and a name", len(out)+1)
+		}
+		if len(out) == dnsstub.DefaultMaxNames {
+			return nil, fmt.Errorf("more than %d names", dnsstub.DefaultMaxNames)
+		}
+		out = append(out, dnsstub.Assigned{Name: name, Addr: a})
+	}
+}
+
+// recordName appends one name the stub hands out, before its answer.
+func (tp *transparent) recordName(name string, a netip.Addr) error {
+	_, err := tp.names.WriteString(a.String() + " " + name + "\n")
+	return err
+}
+
+// dropTransparent removes what a Trial's transparent mode keeps beyond
+// this process (the steering's pins, the names file): the Trial is gone.
+func (a *Agent) dropTransparent(id string, cgroupID uint64) {
+	if cgroupID != 0 {
+		if err := bpf.RemoveSteerPins(a.host.BPF.SteerPin(cgroupID)); err != nil {
+			a.log.Warn("the steering's pins were not removed", "trial", id, "error", err)
+		}
+	}
+	if a.cfg.Host.StateDir != "" {
+		_ = os.Remove(a.namesFile(id))
+	}
+}
+
+// startTransparent starts Trial lt's transparent mode if its Spec asks
+// for it, on the sockets inh (a predecessor's or the keeper's, else
+// new), and gives the keeper copies of them.
+func (a *Agent) startTransparent(lt *trial, inh transparentSockets) error {
+	if !lt.info.Transparent {
+		inh.close()
+		return nil
+	}
+	tp, err := a.openTransparent(lt, inh)
+	if err != nil {
+		return err
+	}
+	lt.mu.Lock()
+	lt.tp = tp
+	lt.mu.Unlock()
+	if a.keeper != nil {
+		names, files, err := a.transparentFiles(lt)
+		if err != nil {
+			a.log.Warn("keeper: transparent sockets not kept", "trial", lt.info.ID, "error", err)
+			return nil
+		}
+		created := make([]string, len(names))
+		for i := range created {
+			created[i] = keeper.TrialCreated(lt.info.Created)
+		}
+		a.keeper.PutFiles(lnameStrings(names), created, files)
+		closeAll(files)
+	}
+	return nil
+}
+
+// transparentFiles are copies of Trial lt's transparent sockets, by
+// name (none when it has no transparent mode); the caller closes them.
+func (a *Agent) transparentFiles(lt *trial) ([]lname.Name, []*os.File, error) {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	tp := lt.tp
+	if tp == nil {
+		return nil, nil, nil
+	}
+	if tp.held != nil {
+		return nil, nil, nil // paused for a hand-over: the successor's to keep
+	}
+	return tp.socks.files(lt.info.ID)
+}
+
+func lnameStrings(ns []lname.Name) []string {
+	out := make([]string, len(ns))
+	for i, n := range ns {
+		out[i] = n.String()
+	}
+	return out
+}
+
+// liveTrials are the live Trials.
+func (a *Agent) liveTrials() []*trial {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	lts := make([]*trial, 0, len(a.trials))
+	for _, lt := range a.trials {
+		if lt.state == stateLive {
+			lts = append(lts, lt)
+		}
+	}
+	return lts
+}
+
+// pauseStubs stops every Trial's stub for a hand-over (transparent.pause);
+// if one cannot be paused, those paused resume and the hand-over fails.
+func (a *Agent) pauseStubs() error {
+	var paused []*trial
+	for _, lt := range a.liveTrials() {
+		lt.mu.Lock()
+		tp := lt.tp
+		var err error
+		if tp != nil {
+			err = tp.pause()
+		}
+		lt.mu.Unlock()
+		if err != nil {
+			for _, p := range paused {
+				a.resumeStub(p)
+			}
+			return err
+		}
+		paused = append(paused, lt)
+	}
+	return nil
+}
+
+// resumeStubs serves every paused stub again: the hand-over failed.
+func (a *Agent) resumeStubs() {
+	for _, lt := range a.liveTrials() {
+		a.resumeStub(lt)
+	}
+}
+
+func (a *Agent) resumeStub(lt *trial) {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	if lt.tp != nil {
+		if err := lt.tp.resume(a); err != nil {
+			a.log.Error("transparent mode: the DNS stub could not serve again after a failed hand-over; lookups in the Trial fail until the agent restarts", "trial", lt.info.ID, "error", err)
+		}
+	}
+}
+
+// releaseStubs drops the sockets paused stubs kept: the successor serves.
+func (a *Agent) releaseStubs() {
+	for _, lt := range a.liveTrials() {
+		lt.mu.Lock()
+		if lt.tp != nil {
+			lt.tp.release()
+		}
+		lt.mu.Unlock()
+	}
+}

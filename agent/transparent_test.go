@@ -1,0 +1,422 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
+)
+
+const tlsPort = 8443
+
+// serveTLS serves the world's handler over TLS on tlsPort of its test
+// host, with a certificate for every name (the client does not verify).
+func (w *world) serveTLS(t *testing.T, h http.Handler) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := w.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(w.host.Addr4, tlsPort).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = srv.Close() })
+}
+
+// stubLookup asks the Trial's stub for name's A record over network
+// (udp or tcp), from inside the Trial's namespace, and returns the one
+// address, or the answer's code.
+func stubLookup(t *testing.T, nsPath, network, name string) (netip.Addr, int) {
+	t.Helper()
+	var in *dns.Msg
+	err := netns.Do(nsPath, func() error {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		c := &dns.Client{Net: network, Timeout: 5 * time.Second}
+		var err error
+		in, _, err = c.Exchange(m, "127.0.0.53:53")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%s query for %s: %v", network, name, err)
+	}
+	if len(in.Answer) != 1 {
+		return netip.Addr{}, in.Rcode
+	}
+	a, _ := netip.AddrFromSlice(in.Answer[0].(*dns.A).A.To4())
+	return a, in.Rcode
+}
+
+// transparentCurl runs curl in the Trial with no proxy in its
+// environment or its arguments, name resolved to addr (as the Trial's
+// resolv.conf leads to the stub; curl here cannot be pointed at it).
+func transparentCurl(t *testing.T, info client.TrialInfo, args ...string) (int, string) {
+	t.Helper()
+	tr, err := Attach(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out strings.Builder
+	code, err := tr.Exec(ctx, sandbox.Command{
+		Args: append([]string{"curl", "-sS", "--max-time", "5", "--noproxy", "*"}, args...), Env: []string{"PATH=/usr/bin:/bin"},
+		UID: 65534, GID: 65534, Stdout: &out, Stderr: &out,
+	}, nil)
+	if err != nil && code < 0 {
+		t.Fatalf("exec curl: %v", err)
+	}
+	return code, out.String()
+}
+
+// lastRecord waits for the Trial's last decision record to have reason.
+func lastRecord(t *testing.T, a *Agent, id string, reason record.Reason) record.Event {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		recs, err := a.Audit(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(recs); n > 0 && recs[n-1].Reason == reason {
+			return recs[n-1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no record with reason %s last: %+v", reason, recs)
+		}
+	}
+}
+
+// TestPrivilegedTransparent: a Trial with no proxy variables looks a name
+// up at its stub (UDP and TCP) and connects to the address it got, on the
+// allowed port; what a CONNECT would be refused is refused, and counted.
+func TestPrivilegedTransparent(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 223, "upstream.example.test", "other.example.test")
+	w.serveTLS(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			w.holding.Add(1)
+			defer w.holding.Add(-1)
+			rw.WriteHeader(http.StatusOK)
+			rw.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return
+		}
+		fmt.Fprintf(rw, "tls hello from %s", r.Host)
+	}))
+	a := startAgent(t, w.config(t))
+	httpEntry, tlsEntry := fmt.Sprintf("upstream.example.test:%d", upstreamPort), fmt.Sprintf("upstream.example.test:%d", tlsPort)
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-transp", Allow: []string{httpEntry, tlsEntry}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Transparent {
+		t.Fatal("transparent mode is not on by default")
+	}
+	addr, _ := stubLookup(t, info.Netns, "udp", "upstream.example.test")
+	if byTCP, _ := stubLookup(t, info.Netns, "tcp", "Upstream.Example.Test."); !addr.IsValid() || byTCP != addr || !netip.MustParsePrefix("127.100.0.0/16").Contains(addr) {
+		t.Fatalf("the stub gave %s over UDP, %s over TCP; want one pool address", addr, byTCP)
+	}
+	if _, rcode := stubLookup(t, info.Netns, "udp", "other.example.test"); rcode != dns.RcodeNameError {
+		t.Fatalf("a name off the allowlist: rcode %d, want NXDOMAIN", rcode)
+	}
+	resolve := func(port int) string { return fmt.Sprintf("upstream.example.test:%d:%s", port, addr) }
+
+	t.Run("plain HTTP with the name's Host", func(t *testing.T) {
+		code, out := transparentCurl(t, info, "--resolve", resolve(upstreamPort), fmt.Sprintf("http://upstream.example.test:%d/", upstreamPort))
+		if code != 0 || !strings.Contains(out, "hello from upstream.example.test") {
+			t.Fatalf("curl exit %d: %s", code, out)
+		}
+		if ev := lastRecord(t, a, info.ID, record.ReasonAllowed); !ev.Transparent || ev.Method != "GET" || ev.Host != "upstream.example.test" {
+			t.Fatalf("record %+v", ev)
+		}
+	})
+	t.Run("plain HTTP naming another Host", func(t *testing.T) {
+		before := w.requests.Load()
+		code, out := transparentCurl(t, info, "-i", "-H", "Host: other.example.test", fmt.Sprintf("http://%s:%d/", addr, upstreamPort))
+		if !strings.Contains(out, "403") || !strings.Contains(out, string(record.ReasonHostMismatch)) {
+			t.Fatalf("curl exit %d: %s", code, out)
+		}
+		if w.requests.Load() != before {
+			t.Fatal("the request reached the upstream")
+		}
+		if ev := lastRecord(t, a, info.ID, record.ReasonHostMismatch); !ev.Transparent {
+			t.Fatalf("record %+v", ev)
+		}
+	})
+	t.Run("TLS with the name's SNI", func(t *testing.T) {
+		code, out := transparentCurl(t, info, "-k", "--resolve", resolve(tlsPort), fmt.Sprintf("https://upstream.example.test:%d/", tlsPort))
+		if code != 0 || !strings.Contains(out, "tls hello from upstream.example.test") {
+			t.Fatalf("curl exit %d: %s", code, out)
+		}
+		if ev := lastRecord(t, a, info.ID, record.ReasonAllowed); !ev.Transparent || ev.SNI != "upstream.example.test" || ev.Method != "" {
+			t.Fatalf("record %+v", ev)
+		}
+	})
+	t.Run("TLS naming another host (fronting)", func(t *testing.T) {
+		code, out := transparentCurl(t, info, "-k", "--resolve", fmt.Sprintf("other.example.test:%d:%s", tlsPort, addr), fmt.Sprintf("https://other.example.test:%d/", tlsPort))
+		if code == 0 {
+			t.Fatalf("fronting through an allowed name's address: %s", out)
+		}
+		if ev := lastRecord(t, a, info.ID, record.ReasonSNIMismatch); !ev.Transparent {
+			t.Fatalf("record %+v", ev)
+		}
+	})
+	t.Run("a port the allowlist does not name", func(t *testing.T) {
+		if code, out := transparentCurl(t, info, "--resolve", resolve(9999), "http://upstream.example.test:9999/"); code == 0 {
+			t.Fatalf("reached: %s", out)
+		}
+		if ev := lastRecord(t, a, info.ID, record.ReasonPolicyDenied); !ev.Transparent || ev.Port != 9999 {
+			t.Fatalf("record %+v", ev)
+		}
+	})
+	t.Run("an address never handed out", func(t *testing.T) {
+		if code, out := transparentCurl(t, info, fmt.Sprintf("http://127.100.0.200:%d/", upstreamPort)); code == 0 {
+			t.Fatalf("reached: %s", out)
+		}
+		lastRecord(t, a, info.ID, record.ReasonUnknownAddress)
+	})
+	t.Run("deny --cut ends a transparent tunnel", func(t *testing.T) {
+		done := make(chan string, 1)
+		go func() {
+			_, out := transparentCurl(t, info, "-k", "--resolve", resolve(tlsPort), fmt.Sprintf("https://upstream.example.test:%d/hold", tlsPort))
+			done <- out
+		}()
+		w.waitHolding(t, 1)
+		ch, err := a.ChangeAllow(context.Background(), info.ID, client.AllowChange{Remove: []string{tlsEntry}, Cut: true})
+		if err != nil || ch.TunnelsCut != 1 {
+			t.Fatalf("cut %d, %v; want 1", ch.TunnelsCut, err)
+		}
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the tunnel was not cut")
+		}
+		if _, rcode := stubLookup(t, info.Netns, "udp", "upstream.example.test"); rcode != dns.RcodeSuccess {
+			t.Fatalf("the name is still allowed on port %d, yet the stub answers %d", upstreamPort, rcode)
+		}
+		// The stub follows the live allowlist: its last entry for the
+		// name gone, the name is gone.
+		if _, err := a.ChangeAllow(context.Background(), info.ID, client.AllowChange{Remove: []string{httpEntry}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, rcode := stubLookup(t, info.Netns, "tcp", "upstream.example.test"); rcode != dns.RcodeNameError {
+			t.Fatalf("a name the allowlist no longer names: rcode %d, want NXDOMAIN", rcode)
+		}
+	})
+	st, err := a.Stats(context.Background(), info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.DNS == nil || st.DNS.Answered < 2 || st.DNS.NXDomain < 1 || st.DNS.Names != 1 {
+		t.Fatalf("stub counts %+v", st.DNS)
+	}
+	if st.Proxy.ByReason[record.ReasonUnknownAddress] != 1 || st.Proxy.ByReason[record.ReasonPolicyDenied] != 1 {
+		t.Fatalf("proxy decisions %v", st.Proxy.ByReason)
+	}
+	pin := a.host.BPF.SteerPin(info.CgroupID)
+	if _, err := os.Stat(pin + "_link"); err != nil {
+		t.Fatalf("the steering is not pinned: %v", err)
+	}
+	if _, err := a.Destroy(context.Background(), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{pin + "_link", pin + "_map", a.namesFile(info.ID)} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s outlives the Trial: %v", p, err)
+		}
+	}
+}
+
+// TestPrivilegedTransparentNamesAcrossAPause: from the offer of a
+// hand-over until it stops accepting, an agent's stub is paused while it
+// still accepts pool connections, and the successor's stub answers: a
+// name first handed out there (written to the names file before its
+// answer, as every stub does) must map for a connection this agent
+// accepts. After a hand-over that failed, the stub serving again hands
+// out names that map too.
+func TestPrivilegedTransparentNamesAcrossAPause(t *testing.T) {
+	privtest.Require(t)
+	names := []string{"upstream.example.test", "second.example.test", "third.example.test"}
+	w := newWorld(t, 243, names...)
+	a := startAgent(t, w.config(t))
+	var allowed []string
+	for _, n := range names {
+		allowed = append(allowed, fmt.Sprintf("%s:%d", n, upstreamPort))
+	}
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-transp-pause", Allow: allowed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(addr netip.Addr, host string) {
+		t.Helper()
+		code, out := transparentCurl(t, info, "-i", fmt.Sprintf("http://%s:%d/", addr, upstreamPort), "-H", "Host: "+host)
+		if code != 0 || !strings.Contains(out, "hello from "+host) {
+			t.Fatalf("%s at %s: curl exit %d: %s", host, addr, code, out)
+		}
+	}
+	first, _ := stubLookup(t, info.Netns, "udp", names[0])
+	if err := a.pauseStubs(); err != nil {
+		t.Fatal(err)
+	}
+	// The successor's stub gives the second name the next address.
+	second := first.Next()
+	f, err := os.OpenFile(a.namesFile(info.ID), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = fmt.Fprintf(f, "%s %s\n", second, names[1])
+	if cerr := f.Close(); err != nil || cerr != nil {
+		t.Fatal(err, cerr)
+	}
+	get(second, names[1])
+	a.resumeStubs() // the hand-over failed
+	third, _ := stubLookup(t, info.Netns, "udp", names[2])
+	if third != second.Next() {
+		t.Fatalf("the stub serving again gave %s %s, want %s", names[2], third, second.Next())
+	}
+	get(third, names[2])
+	get(first, names[0])
+}
+
+// TestPrivilegedTransparentRestart: an agent that ends without tearing
+// its Trials down leaves the steering pinned; the next one adopts it and
+// gives each address handed out before the same name.
+func TestPrivilegedTransparentRestart(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 224, "upstream.example.test", "second.example.test")
+	cfg := w.config(t)
+	a, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort), fmt.Sprintf("second.example.test:%d", upstreamPort)}
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-transp-rs", Allow: allowed})
+	if err != nil {
+		a.Close(true)
+		t.Fatal(err)
+	}
+	first, _ := stubLookup(t, info.Netns, "udp", "upstream.example.test")
+	a.Close(false)
+
+	// No agent: the steering stays (pinned), with no listener in its map:
+	// the pool is refused, never left to a socket of the Trial's.
+	var dialErr error
+	_ = netns.Do(info.Netns, func() error {
+		_, dialErr = net.DialTimeout("tcp4", netip.AddrPortFrom(first, upstreamPort).String(), 5*time.Second)
+		return nil
+	})
+	if dialErr == nil {
+		t.Fatal("a pool connection was accepted with no agent and no keeper")
+	}
+
+	b := startAgent(t, cfg)
+	second, _ := stubLookup(t, info.Netns, "udp", "second.example.test")
+	if again, _ := stubLookup(t, info.Netns, "tcp", "upstream.example.test"); again != first || second == first || !second.IsValid() {
+		t.Fatalf("after the restart upstream is %s (was %s), second got %s", again, first, second)
+	}
+	// A connection to the address handed out before the restart maps to
+	// the same name, and reaches it.
+	code, out := transparentCurl(t, info, "-i", fmt.Sprintf("http://%s:%d/", first, upstreamPort), "-H", "Host: upstream.example.test")
+	if code != 0 || !strings.Contains(out, "hello from upstream.example.test") {
+		t.Fatalf("curl exit %d: %s", code, out)
+	}
+	if _, err := b.Destroy(context.Background(), info.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPrivilegedTransparentHandover: a new agent takes over while a
+// transparent tunnel is open; the tunnel stays (the old agent drains
+// it), and a connection after the hand-over to an address handed out
+// before it maps to the same name, through the new agent.
+func TestPrivilegedTransparentHandover(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 225, "upstream.example.test")
+	echoLn, err := w.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(w.host.Addr4, 8082).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = echoLn.Close() })
+	go testhost.Echo(echoLn)
+	p := startAgentWithTrial(t, w, "agt-transp-ho")
+	if _, err := p.c.ChangeAllow(context.Background(), p.info.ID, client.AllowChange{Add: []string{"upstream.example.test:8082"}}); err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := stubLookup(t, p.info.Netns, "udp", "upstream.example.test")
+	if !addr.IsValid() {
+		t.Fatal("the stub gave no address")
+	}
+	var c net.Conn
+	if err := netns.Do(p.info.Netns, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, 8082).String(), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	echoes := func(s string) error {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, s); err != nil {
+			return err
+		}
+		b := make([]byte, len(s))
+		if _, err := io.ReadFull(c, b); err != nil || string(b) != s {
+			return fmt.Errorf("echo %q: %v", b, err)
+		}
+		return nil
+	}
+	if err := echoes("before\n"); err != nil {
+		t.Fatal(err)
+	}
+	next := runAgent(t, p.bin, p.args...)
+	waitLog(t, p.first, "the new agent serves every listener", 1)
+	if err := echoes("after\n"); err != nil {
+		t.Fatalf("the open transparent tunnel after the hand-over: %v\n%s", err, p.first.stderr.String())
+	}
+	// Before any lookup at the new agent's stub: the address means what
+	// it meant because the names were kept, not because it was asked again.
+	code, out := transparentCurl(t, p.info, "-H", "Host: upstream.example.test", fmt.Sprintf("http://%s:%d/", addr, upstreamPort))
+	if code != 0 || !strings.Contains(out, "hello from upstream.example.test") {
+		t.Fatalf("a new connection after the hand-over: curl exit %d: %s\n%s", code, out, next.stderr.String())
+	}
+	if again, _ := stubLookup(t, p.info.Netns, "tcp", "upstream.example.test"); again != addr {
+		t.Fatalf("after the hand-over the stub gives %s, before %s", again, addr)
+	}
+	_ = c.Close()
+	if _, err := p.c.Destroy(context.Background(), p.info.ID); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,78 @@
+package wire
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/record"
+)
+
+func TestParseTransparentHead(t *testing.T) {
+	const host, port = "api.example.com", 8080
+	for _, c := range []struct {
+		head string
+		want record.Reason // "" accepted
+	}{
+		{"GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n", ""},
+		{"GET /a?b HTTP/1.1\r\nHost: API.example.com.:8080\r\n\r\n", ""},
+		{"GET / HTTP/1.0\r\n\r\n", ""},
+		{"GET http://api.example.com:8080/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n", ""},
+		{"GET / HTTP/1.1\r\n\r\n", record.ReasonBadRequest},
+		{"GET / HTTP/1.1\r\nHost: other.example.com\r\n\r\n", record.ReasonHostMismatch},
+		{"GET / HTTP/1.1\r\nHost: api.example.com:9090\r\n\r\n", record.ReasonHostMismatch},
+		{"GET / HTTP/1.1\r\nHost: 127.100.0.1\r\n\r\n", record.ReasonHostMismatch},
+		{"GET http://other.example.com:8080/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonHostMismatch},
+		{"GET http://api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonHostMismatch}, // port 80, not 8080
+		{"GET * HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonBadTarget},
+		{"GET /#f HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonBadTarget},
+		{"CONNECT api.example.com:8080 HTTP/1.1\r\nHost: api.example.com\r\n\r\n", record.ReasonMethodNotAllowed},
+		{"GET / HTTP/2.0\r\nHost: api.example.com\r\n\r\n", record.ReasonBadVersion},
+		{"POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", record.ReasonBadRequest},
+		{"GET / HTTP/1.1\r\nHost: api.example.com\r\nHost: other.example.com\r\n\r\n", record.ReasonBadRequest},
+	} {
+		req, err := ParseTransparentHead([]byte(c.head), host, port)
+		if got := record.ReasonOf(err); got != c.want || (err != nil && c.want == "") {
+			t.Errorf("%q: reason %q (%v), want %q", c.head, got, err, c.want)
+			continue
+		}
+		if err == nil && (req.Host != host || req.Port != port) {
+			t.Errorf("%q: request for %s, want %s:%d", c.head, req.HostPort(), host, port)
+		}
+	}
+}
+
+func TestClassifyHTTP(t *testing.T) {
+	for _, c := range []struct {
+		in           string
+		ended        bool
+		isHTTP, more bool
+	}{
+		{"GET / HTTP/1.1\r\n", false, true, false},
+		{"GET / HTTP/1.1", false, true, true}, // the line may go on
+		{"GET / HTTP/1.1", true, true, false},
+		{"G", false, true, true},
+		{"G", true, false, false}, // a bare token is no request
+		{"", false, true, true},
+		{"\r\n\r\nGET / HTTP/1.1\r\n", false, true, false},
+		{"\r\n", true, false, false},
+		{"PROPFIND /x HTTP/1.1\r\n", false, true, false},
+		{"get / http/1.0\n", false, true, false},
+		{"GET\t/ HTTP/1.1\r\n", false, true, false},
+		{"CONNECT other.example.com:443 HTTP/1.1\r\n", false, true, false},
+		{"GET /" + strings.Repeat("a", 2000), false, true, true},
+		{"\x16\x03\x01", false, false, false},
+		{"\x00\x00\x00\x08", false, false, false},     // PostgreSQL's startup
+		{"*1\r\n$4\r\nPING\r\n", false, false, false}, // RESP
+		{"SSH-2.0-OpenSSH_9.6\r\n", false, false, false},
+		{"SSH-2.0-OpenSSH_9.6p1 Debian-5\r\n", false, false, false},
+		{"SSH-2.0-OpenSSH_9.6p1 Debian-5", false, true, true},
+		{"get foo\r\n", false, false, false}, // memcached
+		{"OPTIONS rtsp://cam/ RTSP/1.0\r\n", false, false, false},
+		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false, false, false}, // h2c: tunnelled
+		{"GETX:", false, false, false},
+	} {
+		if h, m := ClassifyHTTP([]byte(c.in), c.ended); h != c.isHTTP || m != c.more {
+			t.Errorf("ClassifyHTTP(%q, %v) = %v, %v; want %v, %v", c.in, c.ended, h, m, c.isHTTP, c.more)
+		}
+	}
+}
