@@ -58,9 +58,22 @@ func (t *Launcher) populated() bool {
 	return p
 }
 
-// removeCgroup removes an empty cgroup directory; one already gone is fine.
+// removeCgroup removes a cgroup directory whose processes are gone, with
+// the cgroups under it (a container's, which its runtime made in the
+// Trial's and may not have removed yet); one already gone is fine.
 func removeCgroup(dir string) error {
-	err := unix.Rmdir(dir)
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove cgroup %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := removeCgroup(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	err = unix.Rmdir(dir)
 	if err == nil || errors.Is(err, unix.ENOENT) {
 		return nil
 	}
