@@ -95,3 +95,25 @@ func SeedBwrap(home, login string, extra ...string) []string {
 		"--unshare-pid", "--new-session", "--die-with-parent"}
 	return append(append(args, extra...), "--")
 }
+
+// ServedAgent starts an agent on an isolated host, with a data directory,
+// serving its control API on dir/agent.sock; everything ends with the
+// test.
+func ServedAgent(t testing.TB, name string) (a *agent.Agent, dir, sock string) {
+	t.Helper()
+	dir = t.TempDir()
+	a, err := agent.Start(agent.AgentConfig{Host: IsolatedHost(t, name), DataDir: filepath.Join(dir, "data"), Resolvers: []string{"127.0.0.1:9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(true) })
+	sock = filepath.Join(dir, "agent.sock")
+	ln, err := agent.ListenSocket(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := a.Server()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return a, dir, sock
+}
