@@ -20,8 +20,11 @@ deps: ## install the Debian packages a fresh machine lacks (clang, libbpf header
 # openssh-server is installed for its sshd binary, which the ssh case runs
 # itself on a test host: a policy-rc.d that refuses every service start
 # keeps the package from starting a host sshd while it installs.
-TEST_DEBS := git python3-pip python3-requests nodejs openssh-client openssh-server netcat-openbsd cpio tmux redis-server bubblewrap socat
-test-deps: deps ## install the clients test/clients runs (git, pip, requests, node, npm, ssh, sshd, nc, tmux, redis, bwrap, socat) and cpio
+# podman, crun, runc and a static busybox (the containers' root file
+# system) are for test/containers, which runs in the kernel matrix's guests.
+TEST_DEBS := git python3-pip python3-requests nodejs openssh-client openssh-server netcat-openbsd cpio tmux redis-server bubblewrap socat \
+	podman crun runc busybox-static
+test-deps: deps ## install the clients test/clients runs (git, pip, requests, node, npm, ssh, sshd, nc, tmux, redis, bwrap, socat), cpio, and the container runtimes test/containers runs (podman, crun, runc, busybox)
 	@missing=""; for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \

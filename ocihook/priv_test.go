@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
@@ -28,7 +29,7 @@ import (
 func TestPrivilegedHookRealProcesses(t *testing.T) {
 	privtest.Require(t)
 	privtest.RequireTool(t, "nsenter")
-	a, dir, sock := testenv.ServedAgent(t, "ocihook")
+	a, dir, sock := testenv.ServedAgent(t, "ocihook", agent.AgentConfig{})
 	ctx := context.Background()
 	info, err := a.Create(ctx, trial.Request{ID: "hook-1"})
 	if err != nil {

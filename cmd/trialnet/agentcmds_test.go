@@ -268,7 +268,7 @@ func fakeAgent(t *testing.T, h http.HandlerFunc) string {
 // serving its control API on sock in dir; both end with the test.
 func servedAgent(t *testing.T, name string) (dir, sock string) {
 	t.Helper()
-	_, dir, sock = testenv.ServedAgent(t, name)
+	_, dir, sock = testenv.ServedAgent(t, name, agent.AgentConfig{})
 	return dir, sock
 }
 

@@ -96,13 +96,18 @@ func SeedBwrap(home, login string, extra ...string) []string {
 	return append(append(args, extra...), "--")
 }
 
-// ServedAgent starts an agent on an isolated host, with a data directory,
-// serving its control API on dir/agent.sock; everything ends with the
-// test.
-func ServedAgent(t testing.TB, name string) (a *agent.Agent, dir, sock string) {
+// ServedAgent starts an agent of cfg on an isolated host, with a data
+// directory (and, unless cfg names some, a resolver that answers
+// nothing), serving its control API on dir/agent.sock; everything ends
+// with the test.
+func ServedAgent(t testing.TB, name string, cfg agent.AgentConfig) (a *agent.Agent, dir, sock string) {
 	t.Helper()
 	dir = t.TempDir()
-	a, err := agent.Start(agent.AgentConfig{Host: IsolatedHost(t, name), DataDir: filepath.Join(dir, "data"), Resolvers: []string{"127.0.0.1:9"}})
+	cfg.Host, cfg.DataDir = IsolatedHost(t, name), filepath.Join(dir, "data")
+	if cfg.Resolvers == nil {
+		cfg.Resolvers = []string{"127.0.0.1:9"}
+	}
+	a, err := agent.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,6 +68,9 @@ var suite = []suiteEntry{
 	// What runs in a Trial over its own unix sockets, and sandboxes nested
 	// in one: the LSM layer decides both where it is active.
 	{"./test/clients", 15 * time.Minute, "TestPrivilegedOwnUnixTools|TestPrivilegedNested"},
+	// Containers in a Trial: podman with crun and a runc bundle, which
+	// need cgroup v2 alone (the guests have it, the hosts do not).
+	{"./test/containers", 10 * time.Minute, ""},
 }
 
 type suiteEntry struct {
@@ -309,7 +312,9 @@ func (o *options) tests() []builtTest {
 func (b *built) plan(k kernel, o *options) plan {
 	cwd, _ := os.Getwd()
 	env := []string{"TRIALNET_TEST_BIN=" + b.trialnet, "TRIALNET_TEST_ESCAPEE=" + b.escapee,
-		"TRIALNET_UPGRADE_TO=" + b.trialnet, "TRIALNET_PREVIOUS_AGENT=" + b.previous}
+		"TRIALNET_UPGRADE_TO=" + b.trialnet, "TRIALNET_PREVIOUS_AGENT=" + b.previous,
+		// Every guest has cgroup v2 alone: the container tests must run.
+		"TRIALNET_REQUIRE_CONTAINERS=1"}
 	p := plan{Kernel: k.Name, Modules: []string{"veth", "vsock_loopback"}}
 	for _, t := range b.tests {
 		args := []string{t.bin, "-test.v", "-test.count=" + strconv.Itoa(o.count), "-test.timeout=" + (t.timeout - 30*time.Second).String()}
