@@ -85,7 +85,7 @@ func requireRuntimes(t *testing.T) {
 	}
 }
 
-func newWorld(t *testing.T, id string) *world {
+func newContainerTrial(t *testing.T, id string) *world {
 	t.Helper()
 	requireRuntimes(t)
 	w := &world{t: t, host: testhost.NewT(t, subnet)}
@@ -280,7 +280,7 @@ func tarDir(w io.Writer, dir string) error {
 // Trial but are outside it, privileged, or on the host's network are
 // refused by the hook, and start without it.
 func TestPrivilegedContainerPodman(t *testing.T) {
-	w := newWorld(t, "ctr-podman")
+	w := newContainerTrial(t, "ctr-podman")
 	p := newPodman(w)
 	out, err := p.run(w.hooks, p.trialFlags(), w.script())
 	if err != nil {
@@ -322,7 +322,7 @@ func TestPrivilegedContainerPodman(t *testing.T) {
 // the Trial; the same bundle with another network namespace is refused,
 // and starts without the hook.
 func TestPrivilegedContainerRuncBundle(t *testing.T) {
-	w := newWorld(t, "ctr-runc")
+	w := newContainerTrial(t, "ctr-runc")
 	state := t.TempDir()
 	run := func(name string, netns string, hook bool, script string) (string, error) {
 		bundle := w.bundle(name, netns, hook, script)
