@@ -7,7 +7,7 @@
 // but would be outside it or could leave it; each refusal is shown to be
 // the hook's by the same container starting without it. The runtimes
 // need the unified cgroup hierarchy alone, so these tests run in the
-// kernel matrix's guests (make vmtest) and skip on a hybrid host.
+// kernel matrix's guests (make vmtest); on a hybrid host only runc runs.
 package containers
 
 import (
@@ -28,6 +28,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
@@ -65,29 +66,29 @@ type world struct {
 	cgroup  string // the Trial's cgroup, relative to the cgroup2 mount
 }
 
-// requireRuntimes skips where no container runtime can run: a hybrid
-// cgroup host (crun and runc refuse it). The VM's guests set
-// TRIALNET_REQUIRE_CONTAINERS=1, which makes that a failure.
-func requireRuntimes(t *testing.T) {
+// requireRuntimes skips where the runtimes cannot run: crun (and so
+// podman here) needs cgroup v2 alone on /sys/fs/cgroup (unified), which
+// hybrid hosts lack; runc runs on both. The VM's guests set
+// TRIALNET_REQUIRE_CONTAINERS=1, which makes a skip a failure.
+func requireRuntimes(t *testing.T, unified bool, tools ...string) {
 	t.Helper()
 	privtest.Require(t)
 	var st unix.Statfs_t
 	err := unix.Statfs("/sys/fs/cgroup", &st)
-	if err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
-		msg := "container runtimes need cgroup v2 alone on /sys/fs/cgroup, which this host does not have (make vmtest runs this test)"
+	if unified && (err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC) {
+		msg := "crun needs cgroup v2 alone on /sys/fs/cgroup, which this host does not have (make vmtest runs this test)"
 		if os.Getenv("TRIALNET_REQUIRE_CONTAINERS") == "1" {
 			t.Fatalf("TRIALNET_REQUIRE_CONTAINERS=1: %s", msg)
 		}
 		t.Skip(msg)
 	}
-	for _, tool := range []string{"podman", "crun", "runc", "conmon", "busybox"} {
+	for _, tool := range append(tools, "busybox") {
 		privtest.RequireTool(t, tool)
 	}
 }
 
 func newContainerTrial(t *testing.T, id string) *world {
 	t.Helper()
-	requireRuntimes(t)
 	w := &world{t: t, host: testhost.NewT(t, subnet)}
 	ln, err := w.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(w.host.Addr4, 80).String())
 	if err != nil {
@@ -107,7 +108,11 @@ func newContainerTrial(t *testing.T, id string) *world {
 	if w.info, err = w.agent.Create(context.Background(), trial.Request{ID: id, Allow: []string{"allowed.test:80"}}); err != nil {
 		t.Fatal(err)
 	}
-	w.cgroup = strings.TrimPrefix(w.info.Cgroup, "/sys/fs/cgroup")
+	mount, err := cgroup2.Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.cgroup = strings.TrimPrefix(w.info.Cgroup, mount)
 	w.bin = os.Getenv("TRIALNET_TEST_BIN") // the kernel matrix builds it on the host
 	if w.bin == "" {
 		w.bin = filepath.Join(t.TempDir(), "trialnet")
@@ -280,6 +285,7 @@ func tarDir(w io.Writer, dir string) error {
 // Trial but are outside it, privileged, or on the host's network are
 // refused by the hook, and start without it.
 func TestPrivilegedContainerPodman(t *testing.T) {
+	requireRuntimes(t, true, "podman", "crun", "conmon")
 	w := newContainerTrial(t, "ctr-podman")
 	p := newPodman(w)
 	out, err := p.run(w.hooks, p.trialFlags(), w.script())
@@ -322,6 +328,7 @@ func TestPrivilegedContainerPodman(t *testing.T) {
 // the Trial; the same bundle with another network namespace is refused,
 // and starts without the hook.
 func TestPrivilegedContainerRuncBundle(t *testing.T) {
+	requireRuntimes(t, false, "runc")
 	w := newContainerTrial(t, "ctr-runc")
 	state := t.TempDir()
 	run := func(name string, netns string, hook bool, script string) (string, error) {
@@ -331,10 +338,12 @@ func TestPrivilegedContainerRuncBundle(t *testing.T) {
 		_ = exec.Command("runc", "--root", state, "delete", "--force", name).Run()
 		return string(out), err
 	}
+	t.Cleanup(func() { removeV1Cgroups(t, w.cgroup) })
 	out, err := run("runc-in", w.info.Netns, true, w.script())
 	if err != nil {
 		t.Fatalf("runc run in the Trial: %v\n%s", err, out)
 	}
+	t.Logf("runc in the Trial:\n%s", out)
 	w.checkConfined(out, 1)
 	out, err = run("runc-out", "", true, "echo "+started)
 	if err == nil || strings.Contains(out, started) {
@@ -393,4 +402,33 @@ func (w *world) bundle(name, netns string, hook bool, script string) string {
 		w.t.Fatal(err)
 	}
 	return dir
+}
+
+// removeV1Cgroups removes what runc made for cgroupsPath under rel in
+// each cgroup v1 hierarchy of a hybrid host (runc delete removes the
+// leaf only), from the bottom up to rel's first component, the isolated
+// host's parent.
+func removeV1Cgroups(t *testing.T, rel string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	top := strings.SplitN(strings.TrimPrefix(rel, "/"), "/", 2)[0]
+	for line := range strings.Lines(string(b)) {
+		pre, post, ok := strings.Cut(line, " - ")
+		if f := strings.Fields(pre); ok && len(f) >= 5 && strings.HasPrefix(post, "cgroup ") {
+			root := filepath.Join(cgroup2.UnescapeMountPath(f[4]), top)
+			var dirs []string
+			_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+				if err == nil && d.IsDir() {
+					dirs = append(dirs, p)
+				}
+				return nil
+			})
+			for i := len(dirs) - 1; i >= 0; i-- {
+				_ = unix.Rmdir(dirs[i])
+			}
+		}
+	}
 }
