@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/syslog"
 	"os"
 	"path/filepath"
 	"time"
@@ -39,9 +40,23 @@ func cmdOCIHook(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	if _, err := h.Run(ctx, os.Stdin); err != nil {
 		fmt.Fprintf(stderr, "trialnet oci-hook: %v\n", err)
+		logRefusal(err)
 		return exitFailure
 	}
 	return exitOK
+}
+
+// logRefusal writes a refusal to syslog too: runc shows a hook's
+// standard error, but crun under podman reports only that the hook
+// failed (journalctl -t trialnet-oci-hook shows why). No syslog: the
+// standard error is all there is.
+func logRefusal(err error) {
+	w, serr := syslog.New(syslog.LOG_WARNING|syslog.LOG_DAEMON, "trialnet-oci-hook")
+	if serr != nil {
+		return
+	}
+	_ = w.Warning(err.Error())
+	_ = w.Close()
 }
 
 func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {

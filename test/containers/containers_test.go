@@ -201,7 +201,12 @@ type podman struct {
 }
 
 func newPodman(w *world) *podman {
-	dir := w.t.TempDir()
+	// podman refuses a run root longer than 50 bytes: t.TempDir's are.
+	dir, err := os.MkdirTemp("", "pm-")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	p := &podman{w: w, base: []string{"--root", filepath.Join(dir, "root"), "--runroot", filepath.Join(dir, "run"),
 		"--tmpdir", filepath.Join(dir, "tmp"), "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
 		"--events-backend", "none", "--runtime", "crun"}}
@@ -296,20 +301,24 @@ func TestPrivilegedContainerPodman(t *testing.T) {
 
 	claim := []string{"--annotation", "trialnet.io/trial=" + w.info.ID}
 	for _, tc := range []struct {
-		name, reason string
-		flags        []string
+		name  string
+		flags []string
 	}{
-		{"outside its Trial", "network namespace is not the Trial's", append(claim, "--network", "none")},
-		{"privileged", "CAP_SYS_ADMIN", append(p.trialFlags(), "--privileged")},
-		{"host network", "no network namespace of its own", append(claim, "--cgroups", "no-conmon", "--cgroup-parent", w.cgroup, "--network", "host")},
+		{"outside its Trial", append(claim, "--network", "none")},
+		{"privileged", append(p.trialFlags(), "--privileged")},
+		{"host network", append(claim, "--cgroups", "no-conmon", "--cgroup-parent", w.cgroup, "--network", "host")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := p.run(w.hooks, tc.flags, "echo "+started)
 			if err == nil || strings.Contains(out, started) {
 				t.Errorf("with the hook: started (%v):\n%s", err, out)
 			}
-			if !strings.Contains(out, tc.reason) {
-				t.Errorf("the refusal does not say %q:\n%s", tc.reason, out)
+			// crun does not pass a hook's standard error on to podman;
+			// the hook logs its reasons to syslog as well (not checked
+			// here: the guest runs no syslog). The bundle test checks a
+			// reason as runc shows it.
+			if !strings.Contains(out, "error executing hook") {
+				t.Errorf("the refusal is not the hook's:\n%s", out)
 			}
 			// The same container without the hook starts: the refusal
 			// above is the hook's.
@@ -346,8 +355,8 @@ func TestPrivilegedContainerRuncBundle(t *testing.T) {
 	t.Logf("runc in the Trial:\n%s", out)
 	w.checkConfined(out, 1)
 	out, err = run("runc-out", "", true, "echo "+started)
-	if err == nil || strings.Contains(out, started) {
-		t.Errorf("a bundle outside its Trial's network namespace started (%v):\n%s", err, out)
+	if err == nil || strings.Contains(out, started) || !strings.Contains(out, "network namespace is not the Trial's") {
+		t.Errorf("a bundle outside its Trial's network namespace: want refused, saying why (%v):\n%s", err, out)
 	}
 	if out, err := run("runc-out-nohook", "", false, "echo "+started); err != nil || !strings.Contains(out, started) {
 		t.Errorf("without the hook the bundle did not start either (%v):\n%s", err, out)
