@@ -30,6 +30,7 @@ import (
 //	GET    /v1/trials/{id}/audit   -> []record.Event
 //	GET    /v1/trials/{id}/decisions -> decision events as they happen, one JSON
 //	                                  object a line, until the Trial is destroyed
+//	POST   /v1/trials/{id}/containers Container -> TrialInfo (trialnet oci-hook)
 //	PATCH  /v1/trials/{id}/allow   AllowChange -> AllowChanged
 //	POST   /v1/reload              ReloadRequest -> ReloadResult
 //	GET    /healthz                -> Health (503 when not healthy)
@@ -78,6 +79,16 @@ func (a *Agent) Handler() http.Handler {
 		reply(w, http.StatusOK)(a.Audit(r.Context(), r.PathValue("id")))
 	})
 	mux.HandleFunc("GET /v1/trials/{id}/decisions", a.serveDecisions)
+	mux.HandleFunc("POST /v1/trials/{id}/containers", func(w http.ResponseWriter, r *http.Request) {
+		var c client.Container
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			writeErr(w, errf(client.CodeBadRequest, "request body: %v", err))
+			return
+		}
+		reply(w, http.StatusOK)(a.AddContainer(r.Context(), r.PathValue("id"), c))
+	})
 	mux.HandleFunc("PATCH /v1/trials/{id}/allow", func(w http.ResponseWriter, r *http.Request) {
 		var ch client.AllowChange
 		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))

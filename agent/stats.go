@@ -25,6 +25,7 @@ func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) client
 	l := a.host.Layers()
 	l.Nested = info.Nested
 	l.Transparent = info.Transparent
+	l.Containers = a.containers(lt, info.ID)
 	v := verdictOf(k, l)
 	if info.Learning {
 		v += fmt.Sprintf("; LEARNING: the allowlist was not enforced, %d requests to names off it were let through (would_deny); the kernel layers and the address guard were", p.WouldDeny)

@@ -60,6 +60,9 @@ type trial struct {
 	// owner is a pidfd of an owned Trial's owner, which the agent watches
 	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
 	owner *os.File
+	// containers counts the containers that joined it (AddContainer)
+	// when there is no data directory to keep them; guarded by mu.
+	containers int
 }
 
 // trialState: only live Trials are listed and served to API calls; the

@@ -187,6 +187,14 @@ func (c *Client) Get(ctx context.Context, id string) (TrialInfo, error) {
 	return out, c.do(ctx, http.MethodGet, "/v1/trials/"+url.PathEscape(id), nil, &out)
 }
 
+// AddContainer records that a container joins Trial id: trialnet
+// oci-hook calls it once the container passed its checks, before the
+// runtime starts it.
+func (c *Client) AddContainer(ctx context.Context, id string, ct Container) (TrialInfo, error) {
+	var out TrialInfo
+	return out, c.do(ctx, http.MethodPost, "/v1/trials/"+url.PathEscape(id)+"/containers", ct, &out)
+}
+
 // send makes a request to the agent: a transport failure says whether an
 // agent runs there at all, and an answer of 300 or more is the agent's
 // *Error.

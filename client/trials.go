@@ -18,6 +18,9 @@ type Trials interface {
 	List(ctx context.Context) ([]TrialInfo, error)
 	Get(ctx context.Context, id string) (TrialInfo, error)
 	Stats(ctx context.Context, id string) (Stats, error)
+	// AddContainer records a container an OCI runtime starts in the
+	// Trial, which its layers then report.
+	AddContainer(ctx context.Context, id string, c Container) (TrialInfo, error)
 	Destroy(ctx context.Context, id string) (Stats, error)
 	// DestroyExit is Destroy saying how the Trial's command ended, for
 	// its receipt.

@@ -145,8 +145,9 @@ func (st Stats) Brief() string {
 
 // Layers says which of a Trial's defences this host has active. The
 // process boundary's PID namespace, seccomp filter and own session are
-// part of the one launch path and always on; the BPF LSM layer depends on
-// the kernel.
+// part of the one launch path and always on for the commands trialnet
+// starts (not for containers a runtime starts: Containers); the BPF LSM
+// layer depends on the kernel.
 type Layers struct {
 	NetworkNamespace bool `json:"network_namespace"`
 	CgroupEBPF       bool `json:"cgroup_ebpf"`
@@ -171,7 +172,18 @@ type Layers struct {
 	// mode (its stats say so): a DNS stub, and its name pool steered to
 	// the proxy's checks by sk_lookup.
 	Transparent bool `json:"transparent,omitempty"`
+	// Containers is how many containers an OCI runtime started in the
+	// Trial (trialnet oci-hook let them in). Their process boundary (PID
+	// namespace, seccomp, capabilities, session; no Landlock) is the
+	// runtime's: trialnet's launcher does not start them. The network
+	// layers, BPF LSM and the pool bounds hold them as any Trial process.
+	Containers int `json:"containers,omitempty"`
 }
+
+// ContainerLayers says whose each layer is for a Trial's containers.
+const ContainerLayers = "PID namespace, seccomp, capabilities and session are the container runtime's (no Landlock), " +
+	"checked at start by trialnet oci-hook (no host namespace, no capability that leaves); " +
+	"network namespace, cgroup eBPF, BPF LSM and pool bounds are trialnet's"
 
 // String lists the layers, active ones first.
 func (l Layers) String() string {
@@ -203,10 +215,30 @@ func (l Layers) String() string {
 			off = append(off, p.Pool+" bound ("+p.Bound+")")
 		}
 	}
-	if len(off) == 0 {
-		return "layers: " + strings.Join(on, ", ")
+	line := "layers: " + strings.Join(on, ", ")
+	if len(off) > 0 {
+		line += "; inactive: " + strings.Join(off, "; ")
 	}
-	return "layers: " + strings.Join(on, ", ") + "; inactive: " + strings.Join(off, "; ")
+	if l.Containers > 0 {
+		line += fmt.Sprintf("; in its %d container(s): %s", l.Containers, ContainerLayers)
+	}
+	return line
+}
+
+// Container is a container an OCI runtime started in a Trial, as
+// trialnet oci-hook saw it before letting it start: what the runtime
+// gives it of the process boundary, since trialnet's launcher does not
+// start it (POST /v1/trials/{id}/containers).
+type Container struct {
+	ID     string `json:"id"` // the runtime's container id
+	PID    int    `json:"pid"`
+	Bundle string `json:"bundle"`
+	// Seccomp: the runtime installs a seccomp filter of its own.
+	Seccomp bool `json:"seccomp"`
+	// UserNamespace: the container has a user namespace of its own.
+	UserNamespace bool `json:"user_namespace"`
+	// Capabilities are its bounding set.
+	Capabilities []string `json:"capabilities"`
 }
 
 // DNSStats are a Trial's DNS stub's counts, as package dnsstub keeps them

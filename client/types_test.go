@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,5 +48,22 @@ func TestTrialInfoKeys(t *testing.T) {
 	var back TrialInfo
 	if err := json.Unmarshal(b, &back); err != nil || back.Owner == nil || *back.Limits != *info.Limits || back.CgroupID != 1 {
 		t.Errorf("TrialInfo does not read back: %+v, %v", back, err)
+	}
+}
+
+// A Trial with containers says whose their process boundary is; one
+// without says nothing of containers.
+func TestLayersSayWhoseForContainers(t *testing.T) {
+	l := Layers{LandlockABI: 6, BPFLSM: true}
+	if s := l.String(); strings.Contains(s, "container") {
+		t.Errorf("a Trial without containers: %s", s)
+	}
+	l.Containers = 2
+	if s := l.String(); !strings.HasSuffix(s, "; in its 2 container(s): "+ContainerLayers) {
+		t.Errorf("a Trial with 2 containers: %s", s)
+	}
+	b, _ := json.Marshal(l)
+	if !strings.Contains(string(b), `"containers":2`) {
+		t.Errorf("JSON: %s", b)
 	}
 }

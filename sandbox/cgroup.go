@@ -3,63 +3,20 @@
 package sandbox
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"golang.org/x/sys/unix"
 )
 
 // Cgroup2Mount finds where the cgroup2 hierarchy is mounted, from
 // /proc/self/mountinfo (on hybrid hosts it is not /sys/fs/cgroup).
-func Cgroup2Mount() (string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return "", fmt.Errorf("read mountinfo: %w", err)
-	}
-	return parseCgroup2Mount(b)
-}
-
-func parseCgroup2Mount(mountinfo []byte) (string, error) {
-	sc := bufio.NewScanner(bytes.NewReader(mountinfo))
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(pre)
-		if len(fields) < 5 || !strings.HasPrefix(post, "cgroup2 ") {
-			continue
-		}
-		return unescapeMountPath(fields[4]), nil
-	}
-	return "", errors.New("no cgroup2 file system is mounted (trialnet needs the unified hierarchy; mount it with 'mount -t cgroup2 none /sys/fs/cgroup/unified')")
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
+func Cgroup2Mount() (string, error) { return cgroup2.Mount() }
 
 // killCgroup kills every process in the cgroup and waits, bounded, until
 // it is empty.
@@ -101,9 +58,22 @@ func (t *Launcher) populated() bool {
 	return p
 }
 
-// removeCgroup removes an empty cgroup directory; one already gone is fine.
+// removeCgroup removes a cgroup directory whose processes are gone, with
+// the cgroups under it (a container's, which its runtime made in the
+// Trial's and may not have removed yet); one already gone is fine.
 func removeCgroup(dir string) error {
-	err := unix.Rmdir(dir)
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove cgroup %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := removeCgroup(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	err = unix.Rmdir(dir)
 	if err == nil || errors.Is(err, unix.ENOENT) {
 		return nil
 	}

@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/internal/rootdir"
 )
 
@@ -515,7 +516,7 @@ func dropNsMounts() error {
 		if !ok || len(fields) < 5 || !strings.HasPrefix(post, "nsfs ") {
 			continue
 		}
-		path := unescapeMountPath(fields[4])
+		path := cgroup2.UnescapeMountPath(fields[4])
 		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("detach %s: %w", path, err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/internal/rootdir"
 )
 
@@ -141,7 +142,7 @@ func readOnlySys() error {
 		if len(fields) < 6 {
 			continue
 		}
-		path := unescapeMountPath(fields[4])
+		path := cgroup2.UnescapeMountPath(fields[4])
 		if !under(path, "/sys") {
 			continue
 		}

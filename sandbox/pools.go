@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/trial"
 
 	"golang.org/x/sys/unix"
@@ -187,7 +188,7 @@ func v1Mount(name string) (string, error) {
 			continue
 		}
 		if slices.Contains(strings.Split(g[2], ","), name) {
-			return unescapeMountPath(f[4]), nil
+			return cgroup2.UnescapeMountPath(f[4]), nil
 		}
 	}
 	return "", fmt.Errorf("no cgroup v1 hierarchy carries the %s controller", name)

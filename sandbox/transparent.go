@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"golang.org/x/sys/unix"
 )
 
@@ -138,7 +139,7 @@ func mountsBelow(dir string) string {
 		if len(fields) < 5 {
 			continue
 		}
-		if p := unescapeMountPath(fields[4]); p != dir && under(p, dir) {
+		if p := cgroup2.UnescapeMountPath(fields[4]); p != dir && under(p, dir) {
 			return p
 		}
 	}

@@ -268,20 +268,7 @@ func fakeAgent(t *testing.T, h http.HandlerFunc) string {
 // serving its control API on sock in dir; both end with the test.
 func servedAgent(t *testing.T, name string) (dir, sock string) {
 	t.Helper()
-	dir = t.TempDir()
-	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, name), DataDir: filepath.Join(dir, "data"), Resolvers: []string{"127.0.0.1:9"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(true) })
-	sock = filepath.Join(dir, "agent.sock")
-	ln, err := agent.ListenSocket(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := a.Server()
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	_, dir, sock = testenv.ServedAgent(t, name, agent.AgentConfig{})
 	return dir, sock
 }
 

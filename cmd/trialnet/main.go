@@ -63,6 +63,7 @@ var commands = []struct {
 	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy, true},
 	{"verify", "check a Trial's signed receipt against this host's key", cmdVerify, false},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy, false},
+	{"oci-hook", "check a container that claims a Trial, as an OCI runtime's createRuntime hook ('oci-hook install' registers it)", cmdOCIHook, true},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall, false},
 }
 

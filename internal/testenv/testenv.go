@@ -95,3 +95,30 @@ func SeedBwrap(home, login string, extra ...string) []string {
 		"--unshare-pid", "--new-session", "--die-with-parent"}
 	return append(append(args, extra...), "--")
 }
+
+// ServedAgent starts an agent of cfg on an isolated host, with a data
+// directory (and, unless cfg names some, a resolver that answers
+// nothing), serving its control API on dir/agent.sock; everything ends
+// with the test.
+func ServedAgent(t testing.TB, name string, cfg agent.AgentConfig) (a *agent.Agent, dir, sock string) {
+	t.Helper()
+	dir = t.TempDir()
+	cfg.Host, cfg.DataDir = IsolatedHost(t, name), filepath.Join(dir, "data")
+	if cfg.Resolvers == nil {
+		cfg.Resolvers = []string{"127.0.0.1:9"}
+	}
+	a, err := agent.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(true) })
+	sock = filepath.Join(dir, "agent.sock")
+	ln, err := agent.ListenSocket(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := a.Server()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return a, dir, sock
+}

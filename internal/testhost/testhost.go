@@ -71,7 +71,7 @@ func (h *Host) AddrPort6() netip.AddrPort { return netip.AddrPortFrom(h.Addr6, P
 // several hosts can coexist. Packages' tests run at the same time, so each
 // package has subnets of its own (within one, tests run one after another):
 // sandbox 61-64, escape 171-174, proxybench 180, clients 190, demo 200,
-// proxy 210, cmd/trialnet 211, agent 221-239, systembench 240, load 241.
+// proxy 210, cmd/trialnet 211, agent 221-239, systembench 240, load 241, containers 242.
 func New(subnet uint8) (_ *Host, err error) {
 	var b [3]byte
 	_, _ = rand.Read(b[:])

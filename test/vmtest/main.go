@@ -71,6 +71,9 @@ var suite = []suiteEntry{
 	// are the kernel's; its clients are the host's, read through the
 	// guest's share of the host's root.
 	{"./test/clients", 25 * time.Minute, "TestPrivilegedOwnUnixTools|TestPrivilegedNested|TestPrivilegedTransparent"},
+	// Containers in a Trial: podman with crun and a runc bundle, which
+	// need cgroup v2 alone (the guests have it, the hosts do not).
+	{"./test/containers", 10 * time.Minute, ""},
 }
 
 type suiteEntry struct {
@@ -315,7 +318,9 @@ func (o *options) tests() []builtTest {
 func (b *built) plan(k kernel, o *options) plan {
 	cwd, _ := os.Getwd()
 	env := []string{"TRIALNET_TEST_BIN=" + b.trialnet, "TRIALNET_TEST_ESCAPEE=" + b.escapee, "TRIALNET_TEST_TRANSPROBE=" + b.probe,
-		"TRIALNET_UPGRADE_TO=" + b.trialnet, "TRIALNET_PREVIOUS_AGENT=" + b.previous}
+		"TRIALNET_UPGRADE_TO=" + b.trialnet, "TRIALNET_PREVIOUS_AGENT=" + b.previous,
+		// Every guest has cgroup v2 alone: the container tests must run.
+		"TRIALNET_REQUIRE_CONTAINERS=1"}
 	p := plan{Kernel: k.Name, Modules: []string{"veth", "vsock_loopback"}}
 	for _, t := range b.tests {
 		args := []string{t.bin, "-test.v", "-test.count=" + strconv.Itoa(o.count), "-test.timeout=" + (t.timeout - 30*time.Second).String()}

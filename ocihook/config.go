@@ -1,0 +1,192 @@
+//go:build linux
+
+package ocihook
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// config is what the hook reads of a bundle's config.json (the OCI
+// runtime spec): the rest is the runtime's business.
+type config struct {
+	Process *struct {
+		Capabilities *struct {
+			Bounding    []string `json:"bounding"`
+			Effective   []string `json:"effective"`
+			Inheritable []string `json:"inheritable"`
+			Permitted   []string `json:"permitted"`
+			Ambient     []string `json:"ambient"`
+		} `json:"capabilities"`
+	} `json:"process"`
+	Mounts []struct {
+		Destination string   `json:"destination"`
+		Type        string   `json:"type"`
+		Source      string   `json:"source"`
+		Options     []string `json:"options"`
+	} `json:"mounts"`
+	Linux *struct {
+		Namespaces []struct {
+			Type string `json:"type"`
+			Path string `json:"path"`
+		} `json:"namespaces"`
+		Seccomp *struct{} `json:"seccomp"`
+	} `json:"linux"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+func readConfig(bundle string) (*config, error) {
+	f, err := os.Open(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("read the bundle's config: %w", err)
+	}
+	defer f.Close()
+	b, err := readBounded(f, maxConfig, "the bundle's config.json")
+	if err != nil {
+		return nil, err
+	}
+	var c config
+	if err := decodeStrict(b, &c); err != nil {
+		return nil, fmt.Errorf("the bundle's config.json: %w", err)
+	}
+	return &c, nil
+}
+
+// refusedCaps are the capabilities that let a container in a Trial
+// leave it or undo it: in the host's user namespace (or granted to a
+// root that the hook does not see mapped) they reach past the Trial's
+// network namespace and cgroup. CAP_NET_RAW is not among them: the
+// Trial's sock_create hook refuses raw and ICMP sockets, and a packet
+// socket sees only the Trial namespace's loopback (Docker grants it by
+// default; refusing it would refuse every default container).
+var refusedCaps = map[string]string{
+	"CAP_SYS_ADMIN":          "mounts, setns into other namespaces, and most of the rest",
+	"CAP_NET_ADMIN":          "reconfigures the Trial's network namespace (addresses, routes, the proxy's loopback)",
+	"CAP_SYS_PTRACE":         "traces and reads processes outside the container",
+	"CAP_BPF":                "loads eBPF programs and reads maps, trialnet's among them",
+	"CAP_PERFMON":            "attaches tracing programs and reads kernel memory through them",
+	"CAP_SYS_MODULE":         "loads kernel modules",
+	"CAP_SYS_RAWIO":          "raw device and I/O port access",
+	"CAP_DAC_READ_SEARCH":    "opens host files by handle (open_by_handle_at), past the container's root",
+	"CAP_MAC_ADMIN":          "changes the LSM policy",
+	"CAP_MAC_OVERRIDE":       "overrides the LSM policy",
+	"CAP_SYS_BOOT":           "kexec and reboot",
+	"CAP_CHECKPOINT_RESTORE": "checkpoint/restore powers over other processes",
+}
+
+var capName = regexp.MustCompile(`^CAP_[A-Z_]+$`)
+
+// refusedCapsOf lists the refused capabilities in any of the sets (an
+// ambient or inheritable one can become effective), named as the
+// runtimes name them; a name that is not a capability is refused too,
+// since runtimes differ on whether they ignore it or upper-case it.
+func (c *config) refusedCapsOf() []string {
+	if c.Process == nil || c.Process.Capabilities == nil {
+		return nil
+	}
+	cp := c.Process.Capabilities
+	var out []string
+	for _, set := range [][]string{cp.Bounding, cp.Effective, cp.Inheritable, cp.Permitted, cp.Ambient} {
+		for _, name := range set {
+			n := strings.ToUpper(strings.TrimSpace(name))
+			if !strings.HasPrefix(n, "CAP_") {
+				n = "CAP_" + n
+			}
+			bad := ""
+			if !capName.MatchString(n) {
+				bad = fmt.Sprintf("%q (not a capability name)", name)
+			} else if why, ok := refusedCaps[n]; ok {
+				bad = n + ": " + why
+			}
+			if bad != "" && !slices.Contains(out, bad) {
+				out = append(out, bad)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// boundingCaps are the capabilities the container may hold, for the
+// agent's record.
+func (c *config) boundingCaps() []string {
+	if c.Process == nil || c.Process.Capabilities == nil {
+		return []string{}
+	}
+	return append([]string{}, c.Process.Capabilities.Bounding...)
+}
+
+// namespaces maps each namespace type the container gets to its path
+// ("" for a new one); a type missing is one shared with the runtime.
+func (c *config) namespaces() map[string]string {
+	out := map[string]string{}
+	if c.Linux != nil {
+		for _, ns := range c.Linux.Namespaces {
+			out[ns.Type] = ns.Path
+		}
+	}
+	return out
+}
+
+// hostNamespaces are the namespace types a container in a Trial must
+// not share with the host: its network is the Trial's, its PID
+// namespace keeps it from the host's processes, its cgroup namespace
+// from the cgroups outside the Trial's, its mount namespace from the
+// host's file system.
+var hostNamespaces = []struct{ typ, why string }{
+	{"network", "it would use the host's network (host networking), not its Trial's"},
+	{"pid", "it would see and signal the host's processes (a host PID namespace)"},
+	{"cgroup", "it would see the host's cgroups and could move out of its Trial's (a host cgroup namespace)"},
+	{"mount", "it would share the host's mounts"},
+}
+
+// checkConfig refuses a config that would let the container leave its
+// Trial: a namespace shared with the host, a refused capability, a
+// writable cgroup file system, or a bind mount of trialnet's own state.
+// protected are the host paths no container may mount (nor any
+// directory above them).
+func (c *config) check(bundle string, protected []string) []string {
+	var why []string
+	ns := c.namespaces()
+	for _, h := range hostNamespaces {
+		if _, ok := ns[h.typ]; !ok {
+			why = append(why, fmt.Sprintf("it has no %s namespace of its own: %s", h.typ, h.why))
+		}
+	}
+	if caps := c.refusedCapsOf(); len(caps) > 0 {
+		why = append(why, "it would hold capabilities that let it leave its Trial: "+strings.Join(caps, "; "))
+	}
+	for _, m := range c.Mounts {
+		ro := slices.Contains(m.Options, "ro")
+		if (m.Type == "cgroup" || m.Type == "cgroup2") && !ro {
+			why = append(why, fmt.Sprintf("it mounts a writable cgroup file system on %s (mount it ro)", m.Destination))
+		}
+		if m.Type != "bind" && !slices.Contains(m.Options, "bind") && !slices.Contains(m.Options, "rbind") {
+			continue
+		}
+		src := m.Source
+		if !filepath.IsAbs(src) {
+			src = filepath.Join(bundle, src)
+		}
+		src = filepath.Clean(src)
+		if real, err := filepath.EvalSymlinks(src); err == nil {
+			src = real // the runtime binds what a link points at
+		}
+		for _, p := range protected {
+			if within(p, src) || within(src, p) {
+				why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
+				break
+			}
+		}
+	}
+	return why
+}
+
+// within: path is dir or under it.
+func within(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
+}

@@ -1,0 +1,243 @@
+//go:build linux
+
+// Package ocihook is trialnet's OCI createRuntime hook (trialnet
+// oci-hook): for a container annotated trialnet.io/trial=ID it checks,
+// before the container's first instruction, that the runtime placed it
+// in that Trial (its cgroup the Trial's or under it, its network
+// namespace the Trial's) and that its bundle gives it nothing to leave
+// by (a host namespace, a capability that reaches past the Trial, a
+// bind mount of trialnet's own state); then it tells the agent, whose
+// layers report the container. Anything else, a check it cannot make
+// included, makes the runtime refuse the container. A container without
+// the annotation passes without a word to the agent, so that the
+// agent's own container, started through the same hook, never waits on
+// the agent (cilium/tetragon#2402).
+//
+// It imports only package client of trialnet's: a hook links no eBPF.
+package ocihook
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/cgroup2"
+	"golang.org/x/sys/unix"
+)
+
+// Agent is what the hook asks of the agent (client.Client serves it).
+type Agent interface {
+	Get(ctx context.Context, id string) (client.TrialInfo, error)
+	AddContainer(ctx context.Context, id string, c client.Container) (client.TrialInfo, error)
+}
+
+// Hook checks one container. The zero values of Proc, CgroupMount and
+// Protected are the host's.
+type Hook struct {
+	// Agent returns the agent to ask; called only for a container that
+	// claims a Trial.
+	Agent func() Agent
+	// Proc is where /proc is ("": /proc).
+	Proc string
+	// CgroupMount is the cgroup2 mount ("": found in mountinfo).
+	CgroupMount string
+	// Socket is the agent's control socket ("": client.DefaultSocket),
+	// whose directory is protected.
+	Socket string
+	// Protected are host paths no container in a Trial may bind, nor a
+	// directory above them (nil: DefaultProtected).
+	Protected []string
+}
+
+// DefaultProtected are trialnet's own paths: the control socket's
+// directory (a root in the container that reached it could change its
+// own Trial's allowlist), the data directory with the receipt key, the
+// bpffs pins and the cgroup2 tree.
+func DefaultProtected(socket, cgroupMount string) []string {
+	p := []string{filepath.Dir(socket), "/var/lib/trialnet", "/sys/fs/bpf", "/proc"}
+	if cgroupMount != "" {
+		p = append(p, cgroupMount)
+	}
+	return p
+}
+
+// Refusal is a container the hook refuses, with every reason found.
+type Refusal struct {
+	Container, Trial string
+	Reasons          []string
+}
+
+func (r *Refusal) Error() string {
+	what := "container " + r.Container
+	if r.Trial != "" {
+		what += " (Trial " + r.Trial + ")"
+	}
+	return fmt.Sprintf("refused %s: %s", what, strings.Join(r.Reasons, "; "))
+}
+
+// Result says what the hook did with a container that it let start.
+type Result struct {
+	Trial string // "": no claim, not looked at
+}
+
+// Run reads the runtime's state from stdin and checks the container.
+// A nil error lets the runtime start it.
+func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
+	st, err := ParseState(stdin)
+	if err != nil {
+		return Result{}, fmt.Errorf("refused a container: %w", err)
+	}
+	cfg, cfgErr := readConfig(st.Bundle)
+	var cfgAnn map[string]string
+	if cfgErr == nil {
+		cfgAnn = cfg.Annotations
+	}
+	cl, err := claimOf(st.Annotations, cfgAnn)
+	if err != nil {
+		return Result{}, &Refusal{Container: st.ID, Reasons: []string{err.Error()}}
+	}
+	if !cl.any() {
+		if cfgErr != nil && st.Annotations == nil {
+			// Annotations may be only in config.json: unread, the claim
+			// is unknown.
+			return Result{}, &Refusal{Container: st.ID, Reasons: []string{cfgErr.Error()}}
+		}
+		return Result{}, nil
+	}
+	refuse := func(reasons ...string) (Result, error) {
+		return Result{}, &Refusal{Container: st.ID, Trial: cl.trial, Reasons: reasons}
+	}
+	switch {
+	case cfgErr != nil:
+		return refuse(cfgErr.Error())
+	case len(cl.other) > 0:
+		return refuse(fmt.Sprintf("annotations %s are not ones this trialnet knows (%s, %s)", strings.Join(cl.other, ", "), AnnotationTrial, AnnotationProfile))
+	case cl.profile != "":
+		return refuse(fmt.Sprintf("%s=%s: creating a Trial around a container is not supported yet; create the Trial first (trialnet create --profile %s -j) and annotate the container %s=ID", AnnotationProfile, cl.profile, cl.profile, AnnotationTrial))
+	case st.Pid <= 0:
+		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
+	}
+	if why := cfg.check(st.Bundle, h.protected()); len(why) > 0 {
+		return refuse(why...)
+	}
+	info, err := h.Agent().Get(ctx, cl.trial)
+	if err != nil {
+		return refuse(fmt.Sprintf("cannot look Trial %q up: %v", cl.trial, err))
+	}
+	if why := h.checkProcess(st.Pid, info); len(why) > 0 {
+		return refuse(why...)
+	}
+	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.Linux.Seccomp != nil,
+		Capabilities: cfg.boundingCaps()}
+	_, c.UserNamespace = cfg.namespaces()["user"]
+	if _, err := h.Agent().AddContainer(ctx, cl.trial, c); err != nil {
+		return refuse(fmt.Sprintf("the agent did not record it: %v", err))
+	}
+	return Result{Trial: cl.trial}, nil
+}
+
+func (h *Hook) proc() string {
+	if h.Proc == "" {
+		return "/proc"
+	}
+	return h.Proc
+}
+
+func (h *Hook) protected() []string {
+	if h.Protected != nil {
+		return h.Protected
+	}
+	sock := h.Socket
+	if sock == "" {
+		sock = client.DefaultSocket
+	}
+	mount, _ := h.cgroupMount() // unknown: checkCgroup refuses the container
+	return DefaultProtected(sock, mount)
+}
+
+func (h *Hook) cgroupMount() (string, error) {
+	if h.CgroupMount != "" {
+		return h.CgroupMount, nil
+	}
+	return cgroup2.Mount()
+}
+
+// checkProcess looks at the container's process as the kernel has it:
+// the runtime made its namespaces and placed it in its cgroup before
+// this stage, and it runs nothing of the image yet.
+func (h *Hook) checkProcess(pid int, info client.TrialInfo) []string {
+	var why []string
+	p := filepath.Join(h.proc(), strconv.Itoa(pid))
+	same, err := sameFile(filepath.Join(p, "ns", "net"), info.Netns)
+	switch {
+	case err != nil:
+		why = append(why, fmt.Sprintf("cannot compare its network namespace with the Trial's: %v", err))
+	case !same:
+		why = append(why, fmt.Sprintf("its network namespace is not the Trial's (%s): give the runtime --network ns:%s (podman) or that path as the bundle's network namespace", info.Netns, info.Netns))
+	}
+	if w := h.checkCgroup(p, info); w != "" {
+		why = append(why, w)
+	}
+	self := filepath.Join(h.proc(), "self", "ns")
+	for _, ns := range []string{"pid", "cgroup"} {
+		same, err := sameFile(filepath.Join(p, "ns", ns), filepath.Join(self, ns))
+		switch {
+		case err != nil:
+			why = append(why, fmt.Sprintf("cannot compare its %s namespace with the runtime's: %v", ns, err))
+		case same:
+			why = append(why, fmt.Sprintf("it shares the runtime's (the host's) %s namespace", ns))
+		}
+	}
+	return why
+}
+
+// checkCgroup: the process's cgroup is the Trial's or under it, and the
+// Trial's cgroup directory is the one whose id the agent gave.
+func (h *Hook) checkCgroup(p string, info client.TrialInfo) string {
+	mount, err := h.cgroupMount()
+	if err != nil {
+		return err.Error()
+	}
+	b, err := os.ReadFile(filepath.Join(p, "cgroup"))
+	if err != nil {
+		return fmt.Sprintf("cannot read its cgroup: %v", err)
+	}
+	var rel string
+	found := false
+	for line := range strings.Lines(string(b)) {
+		if r, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "0::"); ok {
+			rel, found = r, true
+		}
+	}
+	if !found {
+		return "it has no cgroup v2 cgroup"
+	}
+	var fi unix.Stat_t
+	if err := unix.Stat(info.Cgroup, &fi); err != nil || fi.Ino != info.CgroupID {
+		return fmt.Sprintf("the Trial's cgroup %s is not the one the agent created (id %d): %v", info.Cgroup, info.CgroupID, err)
+	}
+	cg := filepath.Join(mount, rel)
+	if !within(cg, filepath.Clean(info.Cgroup)) {
+		return fmt.Sprintf("its cgroup %s is not the Trial's (%s) nor under it: give the runtime --cgroup-parent %s (podman, with --cgroup-manager cgroupfs) or a cgroupsPath under it in the bundle",
+			cg, info.Cgroup, strings.TrimPrefix(info.Cgroup, mount))
+	}
+	return ""
+}
+
+// sameFile: a and b are the same inode on the same device (for
+// namespaces: the same namespace).
+func sameFile(a, b string) (bool, error) {
+	var sa, sb unix.Stat_t
+	if err := unix.Stat(a, &sa); err != nil {
+		return false, fmt.Errorf("stat %s: %w", a, err)
+	}
+	if err := unix.Stat(b, &sb); err != nil {
+		return false, fmt.Errorf("stat %s: %w", b, err)
+	}
+	return sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
+}

@@ -1,0 +1,389 @@
+//go:build linux
+
+package ocihook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/client"
+	"golang.org/x/sys/unix"
+)
+
+func TestParseState(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, err string
+	}{
+		{"ok", `{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":42,"bundle":"/b","annotations":{"trialnet.io/trial":"t"}}`, ""},
+		{"unknown keys pass", `{"ociVersion":"1.1.0","id":"c1","pid":42,"bundle":"/b","extra":1}`, ""},
+		{"no version", `{"id":"c1","pid":42,"bundle":"/b"}`, "no ociVersion"},
+		{"no id", `{"ociVersion":"1","pid":42,"bundle":"/b"}`, "no container id"},
+		{"relative bundle", `{"ociVersion":"1","id":"c","pid":42,"bundle":"b"}`, "not an absolute path"},
+		{"duplicate key", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"trialnet.io/trial":"a","trialnet.io/trial":"b"}}`, "appears twice"},
+		{"duplicate key by case", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","Pid":7}`, "appears twice"},
+		{"duplicate key by Go's folding", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"a":"1"},"annotationſ":{}}`, "appears twice"},
+		{"nested objects, keys again", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"id":"x"},"x":[{"id":1},{"id":2}]}`, ""},
+		{"two values", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b"} {}`, "more than one"},
+		{"not JSON", `ociVersion=1`, "invalid character"},
+		{"too large", `{"ociVersion":"1","id":"` + strings.Repeat("x", maxState) + `"}`, "larger than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseState(strings.NewReader(tc.in))
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("ParseState: %v, want %q", err, tc.err)
+			}
+		})
+	}
+}
+
+// world is a container's surroundings made of real files: a cgroup2
+// "mount" with a Trial's cgroup in it, a "/proc" whose namespace links
+// point at files standing for namespaces, and a bundle.
+type world struct {
+	t                    *testing.T
+	dir, proc, mount     string
+	bundle               string
+	info                 client.TrialInfo
+	agent                *fakeAgent
+	hostNet, hostPID     string
+	hostCgroupNS, trialN string
+}
+
+type fakeAgent struct {
+	trials map[string]client.TrialInfo
+	err    error // every call fails with it
+	addErr error // AddContainer fails with it
+	added  []client.Container
+	calls  int
+}
+
+func (f *fakeAgent) Get(_ context.Context, id string) (client.TrialInfo, error) {
+	f.calls++
+	if f.err != nil {
+		return client.TrialInfo{}, f.err
+	}
+	info, ok := f.trials[id]
+	if !ok {
+		return client.TrialInfo{}, &client.Error{Code: client.CodeUnknownTrial, Message: "no live Trial " + id}
+	}
+	return info, nil
+}
+
+func (f *fakeAgent) AddContainer(_ context.Context, id string, c client.Container) (client.TrialInfo, error) {
+	f.calls++
+	if f.err != nil {
+		return client.TrialInfo{}, f.err
+	}
+	if f.addErr != nil {
+		return client.TrialInfo{}, f.addErr
+	}
+	f.added = append(f.added, c)
+	return f.trials[id], nil
+}
+
+const testPID = 4242
+
+func newContainerWorld(t *testing.T) *world {
+	t.Helper()
+	dir := t.TempDir()
+	w := &world{t: t, dir: dir, proc: filepath.Join(dir, "proc"), mount: filepath.Join(dir, "cgroup"), bundle: filepath.Join(dir, "bundle")}
+	for _, d := range []string{w.proc, w.mount, w.bundle, filepath.Join(w.mount, "trialnet", "eval-1", "libpod-c1"), filepath.Join(w.mount, "other")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.hostNet, w.hostPID, w.hostCgroupNS, w.trialN = w.file("ns-host-net"), w.file("ns-host-pid"), w.file("ns-host-cgroup"), w.file("ns-trial-net")
+	cg := filepath.Join(w.mount, "trialnet", "eval-1")
+	var st unix.Stat_t
+	if err := unix.Stat(cg, &st); err != nil {
+		t.Fatal(err)
+	}
+	w.info = client.TrialInfo{Netns: w.trialN, Cgroup: cg, CgroupID: st.Ino}
+	w.info.ID = "eval-1"
+	w.agent = &fakeAgent{trials: map[string]client.TrialInfo{"eval-1": w.info}}
+	w.procNS("self", w.hostNet, w.hostPID, w.hostCgroupNS, "/")
+	// The container as a runtime makes it: new PID and cgroup
+	// namespaces, the Trial's network, a cgroup under the Trial's.
+	w.procNS("4242", w.trialN, w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/trialnet/eval-1/libpod-c1")
+	w.writeConfig(goodConfig())
+	return w
+}
+
+func (w *world) file(name string) string {
+	p := filepath.Join(w.dir, name)
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		w.t.Fatal(err)
+	}
+	return p
+}
+
+// procNS makes proc/PID with ns links to the given files and a cgroup
+// file naming cg.
+func (w *world) procNS(pid, net, pidNS, cgNS, cg string) {
+	d := filepath.Join(w.proc, pid)
+	_ = os.RemoveAll(d)
+	if err := os.MkdirAll(filepath.Join(d, "ns"), 0o755); err != nil {
+		w.t.Fatal(err)
+	}
+	for name, target := range map[string]string{"net": net, "pid": pidNS, "cgroup": cgNS} {
+		if err := os.Symlink(target, filepath.Join(d, "ns", name)); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(d, "cgroup"), []byte("0::"+cg+"\n"), 0o644); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func goodConfig() map[string]any {
+	return map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{"capabilities": map[string]any{
+			"bounding":  []string{"CAP_CHOWN", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_KILL"},
+			"effective": []string{"CAP_CHOWN", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_KILL"},
+		}},
+		"mounts": []map[string]any{
+			{"destination": "/proc", "type": "proc", "source": "proc"},
+			{"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": []string{"nosuid", "ro"}},
+			{"destination": "/etc/hosts", "type": "bind", "source": "/etc/hosts", "options": []string{"rbind", "ro"}},
+		},
+		"linux": map[string]any{
+			"namespaces": []map[string]any{{"type": "pid"}, {"type": "network", "path": "/run/trialnet/netns/eval-1"},
+				{"type": "mount"}, {"type": "cgroup"}, {"type": "ipc"}, {"type": "uts"}},
+			"seccomp": map[string]any{"defaultAction": "SCMP_ACT_ERRNO"},
+		},
+		"annotations": map[string]string{AnnotationTrial: "eval-1"},
+	}
+}
+
+func (w *world) writeConfig(c map[string]any) {
+	b, err := json.Marshal(c)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(w.bundle, "config.json"), b, 0o644); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) hook() *Hook {
+	return &Hook{Agent: func() Agent { return w.agent }, Proc: w.proc, CgroupMount: w.mount,
+		Protected: DefaultProtected("/run/trialnet/agent.sock", w.mount)}
+}
+
+func (w *world) state(ann map[string]string) string {
+	b, _ := json.Marshal(State{OCIVersion: "1.0.2", ID: "c1", Status: "creating", Pid: testPID, Bundle: w.bundle, Annotations: ann})
+	return string(b)
+}
+
+func (w *world) run(state string) (Result, error) {
+	return w.hook().Run(context.Background(), strings.NewReader(state))
+}
+
+func TestHookLetsInAContainerInItsTrial(t *testing.T) {
+	w := newContainerWorld(t)
+	res, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"}))
+	if err != nil || res.Trial != "eval-1" {
+		t.Fatalf("a container in its Trial: %v, %+v", err, res)
+	}
+	if len(w.agent.added) != 1 {
+		t.Fatalf("the agent recorded %d containers, want 1", len(w.agent.added))
+	}
+	c := w.agent.added[0]
+	if c.ID != "c1" || c.PID != testPID || !c.Seccomp || c.UserNamespace || len(c.Capabilities) != 4 {
+		t.Errorf("recorded %+v", c)
+	}
+	// The cgroup may be the Trial's own.
+	w.procNS("4242", w.trialN, w.file("p2"), w.file("c2"), "/trialnet/eval-1")
+	if _, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"})); err != nil {
+		t.Errorf("a container in the Trial's own cgroup: %v", err)
+	}
+}
+
+// A container without the annotation never reaches the agent: the
+// agent's own container is started through the same hook.
+func TestHookPassesUnannotatedWithoutTheAgent(t *testing.T) {
+	w := newContainerWorld(t)
+	cfg := goodConfig()
+	delete(cfg, "annotations")
+	cfg["process"] = map[string]any{"capabilities": map[string]any{"bounding": []string{"CAP_SYS_ADMIN"}}}
+	w.writeConfig(cfg)
+	w.agent.err = errors.New("the agent is not reachable")
+	for _, ann := range []map[string]string{nil, {"io.podman.annotations.autoremove": "TRUE"}} {
+		if _, err := w.run(w.state(ann)); err != nil {
+			t.Errorf("unannotated container (%v): %v", ann, err)
+		}
+	}
+	if w.agent.calls != 0 {
+		t.Errorf("the hook called the agent %d times for containers that claim no Trial", w.agent.calls)
+	}
+}
+
+func TestHookRefuses(t *testing.T) {
+	trial := map[string]string{AnnotationTrial: "eval-1"}
+	for _, tc := range []struct {
+		name  string
+		setup func(w *world) string // returns the state
+		want  string
+	}{
+		{"agent unreachable", func(w *world) string {
+			w.agent.err = client.ErrNoAgent
+			return w.state(trial)
+		}, "cannot look Trial"},
+		{"unknown Trial", func(w *world) string {
+			delete(w.agent.trials, "eval-1")
+			return w.state(trial)
+		}, "no live Trial eval-1"},
+		{"profile", func(w *world) string {
+			return w.state(map[string]string{AnnotationProfile: "claude"})
+		}, "not supported yet"},
+		{"unknown trialnet annotation", func(w *world) string {
+			return w.state(map[string]string{AnnotationTrial: "eval-1", "trialnet.io/mode": "lax"})
+		}, "not ones this trialnet knows"},
+		{"state and config disagree", func(w *world) string {
+			return w.state(map[string]string{AnnotationTrial: "other"})
+		}, "in the state and"},
+		{"annotated only in config.json", func(w *world) string {
+			w.procNS("4242", w.hostNet, w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
+			return w.state(nil)
+		}, "network namespace is not the Trial's"},
+		{"no pid", func(w *world) string {
+			b, _ := json.Marshal(State{OCIVersion: "1", ID: "c1", Bundle: w.bundle, Annotations: trial})
+			return string(b)
+		}, "no container process"},
+		{"no config.json", func(w *world) string {
+			_ = os.Remove(filepath.Join(w.bundle, "config.json"))
+			return w.state(trial)
+		}, "read the bundle's config"},
+		{"config with a key twice", func(w *world) string {
+			_ = os.WriteFile(filepath.Join(w.bundle, "config.json"), []byte(`{"process":{"capabilities":{"bounding":["CAP_SYS_ADMIN"]},"Capabilities":{"bounding":[]}},"annotations":{"trialnet.io/trial":"eval-1"}}`), 0o644)
+			return w.state(trial)
+		}, "appears twice"},
+		{"host network", func(w *world) string {
+			w.setNamespaces("pid", "mount", "cgroup")
+			w.procNS("4242", w.hostNet, w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
+			return w.state(trial)
+		}, "no network namespace of its own"},
+		{"another network namespace", func(w *world) string {
+			w.procNS("4242", w.file("ns-other"), w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
+			return w.state(trial)
+		}, "network namespace is not the Trial's"},
+		{"host PID namespace in the config", func(w *world) string {
+			w.setNamespaces("network", "mount", "cgroup")
+			return w.state(trial)
+		}, "no pid namespace of its own"},
+		{"host PID namespace joined by path", func(w *world) string {
+			w.procNS("4242", w.trialN, w.hostPID, w.file("c"), "/trialnet/eval-1/libpod-c1")
+			return w.state(trial)
+		}, "shares the runtime's (the host's) pid namespace"},
+		{"host cgroup namespace", func(w *world) string {
+			w.setNamespaces("network", "mount", "pid")
+			return w.state(trial)
+		}, "no cgroup namespace of its own"},
+		{"cgroup outside the Trial", func(w *world) string {
+			w.procNS("4242", w.trialN, w.file("p"), w.file("c"), "/other")
+			return w.state(trial)
+		}, "is not the Trial's"},
+		{"cgroup beside the Trial's, same prefix", func(w *world) string {
+			_ = os.MkdirAll(filepath.Join(w.mount, "trialnet", "eval-10"), 0o755)
+			w.procNS("4242", w.trialN, w.file("p"), w.file("c"), "/trialnet/eval-10")
+			return w.state(trial)
+		}, "is not the Trial's"},
+		{"cgroup dot-dot", func(w *world) string {
+			w.procNS("4242", w.trialN, w.file("p"), w.file("c"), "/trialnet/eval-1/../../other")
+			return w.state(trial)
+		}, "is not the Trial's"},
+		{"Trial cgroup replaced", func(w *world) string {
+			w.agent.trials["eval-1"] = client.TrialInfo{Netns: w.trialN, Cgroup: w.info.Cgroup, CgroupID: w.info.CgroupID + 1}
+			return w.state(trial)
+		}, "not the one the agent created"},
+		{"privileged", func(w *world) string {
+			w.setCaps("bounding", "CAP_CHOWN", "CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_PTRACE", "CAP_BPF")
+			return w.state(trial)
+		}, "CAP_NET_ADMIN: "},
+		{"capability lower case, no prefix", func(w *world) string {
+			w.setCaps("permitted", "sys_admin")
+			return w.state(trial)
+		}, "CAP_SYS_ADMIN"},
+		{"capability only ambient", func(w *world) string {
+			w.setCaps("ambient", "CAP_DAC_READ_SEARCH")
+			return w.state(trial)
+		}, "CAP_DAC_READ_SEARCH"},
+		{"not a capability", func(w *world) string {
+			w.setCaps("bounding", "CAP_SYS_ADMIN\x00")
+			return w.state(trial)
+		}, "not a capability name"},
+		{"writable cgroup mount", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/sys/fs/cgroup", "type": "cgroup2", "source": "cgroup2", "options": []string{"rw"}})
+			return w.state(trial)
+		}, "writable cgroup"},
+		{"control socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/agent", "type": "bind", "source": "/run/trialnet", "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "/run/trialnet"},
+		{"host root bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/host", "source": "/", "options": []string{"bind", "ro"}})
+			return w.state(trial)
+		}, "binds / on /host"},
+		{"receipt key through a link", func(w *world) string {
+			link := filepath.Join(w.dir, "innocent")
+			_ = os.Symlink("/var/lib/trialnet", link)
+			w.setMount(map[string]any{"destination": "/x", "type": "bind", "source": link, "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "/var/lib/trialnet"},
+		{"the cgroup tree bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
+			return w.state(trial)
+		}, "on /cg"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newContainerWorld(t)
+			st := tc.setup(w)
+			_, err := w.run(st)
+			if r := (*Refusal)(nil); !errors.As(err, &r) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want refused with %q", err, tc.want)
+			}
+			if len(w.agent.added) != 0 {
+				t.Errorf("the agent recorded a refused container: %+v", w.agent.added)
+			}
+		})
+	}
+}
+
+// A container the agent does not record is refused: its Trial's layers
+// would not say whose process boundary holds it.
+func TestHookRefusesWhatTheAgentDoesNotRecord(t *testing.T) {
+	w := newContainerWorld(t)
+	w.agent.addErr = errors.New("disk full")
+	_, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"}))
+	if err == nil || !strings.Contains(err.Error(), "did not record it: disk full") {
+		t.Fatalf("got %v, want refused: not recorded", err)
+	}
+}
+
+func (w *world) setNamespaces(types ...string) {
+	c := goodConfig()
+	var ns []map[string]any
+	for _, typ := range types {
+		ns = append(ns, map[string]any{"type": typ})
+	}
+	c["linux"].(map[string]any)["namespaces"] = ns
+	w.writeConfig(c)
+}
+
+func (w *world) setCaps(set string, caps ...string) {
+	c := goodConfig()
+	c["process"].(map[string]any)["capabilities"].(map[string]any)[set] = caps
+	w.writeConfig(c)
+}
+
+func (w *world) setMount(m map[string]any) {
+	c := goodConfig()
+	c["mounts"] = append(c["mounts"].([]map[string]any), m)
+	w.writeConfig(c)
+}
