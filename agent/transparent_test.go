@@ -27,7 +27,6 @@ import (
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/record"
-	"github.com/trialnet/trialnet/sandbox"
 	trialspec "github.com/trialnet/trialnet/trial"
 )
 
@@ -84,21 +83,8 @@ func stubLookup(t *testing.T, nsPath, network, name string) (netip.Addr, int) {
 // resolv.conf leads to the stub; curl here cannot be pointed at it).
 func transparentCurl(t *testing.T, info client.TrialInfo, args ...string) (int, string) {
 	t.Helper()
-	tr, err := Attach(info)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var out strings.Builder
-	code, err := tr.Exec(ctx, sandbox.Command{
-		Args: append([]string{"curl", "-sS", "--max-time", "5", "--noproxy", "*"}, args...), Env: []string{"PATH=/usr/bin:/bin"},
-		UID: 65534, GID: 65534, Stdout: &out, Stderr: &out,
-	}, nil)
-	if err != nil && code < 0 {
-		t.Fatalf("exec curl: %v", err)
-	}
-	return code, out.String()
+	info.ProxyURL = ""
+	return curlIn(t, info, append([]string{"--noproxy", "*"}, args...)...)
 }
 
 // lastRecord waits for the Trial's last decision record to have reason.
