@@ -469,6 +469,10 @@ func listenTransparent(nsPath string) (s transparentSockets, err error) {
 	})
 	if err != nil {
 		s.close()
+		if errors.Is(err, syscall.EACCES) {
+			// Port 53 is privileged in the Trial's namespace as anywhere.
+			return transparentSockets{}, fmt.Errorf("open the DNS stub's sockets on %s: %w: binding port 53 needs CAP_NET_BIND_SERVICE, which this agent runs without; give it the capability (deploy/trialnet.service and the Kubernetes manifest list it), or create the Trial with --no-transparent", dnsstub.DefaultListen, err)
+		}
 		return transparentSockets{}, fmt.Errorf("open the DNS stub's sockets and the transparent listener (lo needs %s): %w", netip.MustParseAddrPort(dnsstub.DefaultListen).Addr(), err)
 	}
 	return s, nil

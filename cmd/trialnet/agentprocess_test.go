@@ -223,17 +223,7 @@ func TestPrivilegedAgentWorksWithTheUnitsCapabilities(t *testing.T) {
 	privtest.RequireTool(t, "setpriv")
 	privtest.RequireTool(t, "curl")
 	caps := unitCapabilities(t)
-	bounding, want := "-all", uint64(0)
-	for _, c := range caps {
-		bit, ok := capBits[c]
-		if !ok {
-			t.Fatalf("trialnet.service names %s: add it to capBits", c)
-		}
-		want |= 1 << bit
-		bounding += ",+" + strings.ToLower(strings.TrimPrefix(c, "CAP_"))
-	}
-	// As root, what execs gets the bounding set and nothing inherited.
-	wrapper := []string{"setpriv", "--bounding-set=" + bounding, "--inh-caps=-all", "--ambient-caps=-all", "--"}
+	wrapper, want := capsWrapper(t, caps)
 	// What the unit's ExecStartPre does with full privileges.
 	if err := sandbox.PreparePools(); err != nil {
 		t.Fatal(err)
@@ -310,5 +300,59 @@ func TestPrivilegedAgentWorksWithTheUnitsCapabilities(t *testing.T) {
 	}
 	run("exec", "--trial", "caps-1", "--uid", "65534", "--", "true")
 	run("destroy", "caps-1")
+	a.stop(t, syscall.SIGTERM)
+}
+
+// capsWrapper is the command prefix that runs a program with no
+// capability but caps (its bounding set, nothing inherited: what a root
+// process execs then has), and the CapEff mask it will have.
+func capsWrapper(t *testing.T, caps []string) ([]string, uint64) {
+	t.Helper()
+	bounding, mask := "-all", uint64(0)
+	for _, c := range caps {
+		bit, ok := capBits[c]
+		if !ok {
+			t.Fatalf("trialnet.service names %s: add it to capBits", c)
+		}
+		mask |= 1 << bit
+		bounding += ",+" + strings.ToLower(strings.TrimPrefix(c, "CAP_"))
+	}
+	return []string{"setpriv", "--bounding-set=" + bounding, "--inh-caps=-all", "--ambient-caps=-all", "--"}, mask
+}
+
+// An agent run without CAP_NET_BIND_SERVICE (a unit file from before
+// transparent mode) cannot bind a Trial's DNS stub: its create says so and
+// what to do, leaves nothing behind, and --no-transparent still works.
+func TestPrivilegedAgentWithoutBindServiceSaysSo(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "setpriv")
+	if err := sandbox.PreparePools(); err != nil {
+		t.Fatal(err)
+	}
+	var caps []string
+	for _, c := range unitCapabilities(t) {
+		if c != "CAP_NET_BIND_SERVICE" {
+			caps = append(caps, c)
+		}
+	}
+	wrapper, want := capsWrapper(t, caps)
+	a := newAgentUnderTest(t, "nobind")
+	a.start(t, wrapper...)
+	if got := effectiveCaps(t, a.cmd.Process.Pid); got != want {
+		t.Fatalf("the agent runs with capabilities %#x, want %#x: the test would show nothing", got, want)
+	}
+	code, _, errOut := trialnet("create", "--socket", a.sock, "--id", "nobind-1")
+	if code == exitOK || !strings.Contains(errOut, "CAP_NET_BIND_SERVICE") || !strings.Contains(errOut, "--no-transparent") {
+		t.Errorf("create without CAP_NET_BIND_SERVICE: exit %d, %q; want a refusal naming the capability and --no-transparent", code, errOut)
+	}
+	if code, out, _ := trialnet("list", "--socket", a.sock); code != exitOK || strings.Contains(out, "nobind-1") {
+		t.Errorf("after the refused create, list: exit %d, %q; want no nobind-1", code, out)
+	}
+	if code, out, errOut := trialnet("create", "--socket", a.sock, "--id", "nobind-2", "--no-transparent"); code != exitOK {
+		t.Errorf("create --no-transparent without CAP_NET_BIND_SERVICE: exit %d, %q %q", code, out, errOut)
+	}
+	if code, _, errOut := trialnet("destroy", "--socket", a.sock, "nobind-2"); code != exitOK {
+		t.Errorf("destroy nobind-2: exit %d, %q", code, errOut)
+	}
 	a.stop(t, syscall.SIGTERM)
 }
