@@ -82,8 +82,11 @@ func adoptSteer(pin, netnsPath string, ln syscall.Conn) (*Steer, error) {
 		err = putListener(s.m, ln)
 	}
 	if err != nil {
+		// Unpinned and closed, the stale link detaches: a program attached
+		// after it would otherwise run second, behind one whose map holds
+		// an old listener or none.
 		_ = s.Close()
-		return nil, fmt.Errorf("adopt the pinned steer map %s_map: %w", pin, err)
+		return nil, errors.Join(fmt.Errorf("adopt the pinned steer map %s_map: %w", pin, err), RemoveSteerPins(pin))
 	}
 	return s, nil
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -343,4 +344,71 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 	if _, err := dialIn(t, ns, "127.100.0.3:22"); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("unpinned and closed, a pool connection: %v; want refused", err)
 	}
+}
+
+// A pinned steering that cannot be adopted (its map pin replaced by one it
+// cannot use) is removed, not left attached in front of the steering the
+// agent attaches instead: the pool's connections reach the new listener.
+func TestPrivilegedSteerAdoptFailureLeavesOneProgram(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireKernel(t, features.HaveProgramType(ebpf.SkLookup))
+	if err := ensurePinDir(DefaultPinDir); err != nil {
+		t.Fatal(err)
+	}
+	pin := DefaultPinDir + "/steer_test_" + t.Name()
+	t.Cleanup(func() { _ = RemoveSteerPins(pin) })
+	ns, err := netns.Create(t.TempDir(), "steerbad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	var first, second *net.TCPListener
+	if err := ns.Do(func() error {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		for _, ln := range []**net.TCPListener{&first, &second} {
+			l, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+			if err != nil {
+				return err
+			}
+			*ln = l.(*net.TCPListener)
+			t.Cleanup(func() { _ = l.Close() })
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenSteer(pin, ns.Path, steerPool, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil { // pinned, it steers on to first
+		t.Fatal(err)
+	}
+	wrong, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	if err := os.Remove(pin + "_map"); err != nil {
+		t.Fatal(err)
+	}
+	if err := wrong.Pin(pin + "_map"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenSteer(pin, ns.Path, steerPool, second); err == nil {
+		t.Fatal("a steer map pin of another type was adopted")
+	}
+	s, err = AttachSteer(ns.Path, steerPool, second) // as the agent does then
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := dialIn(t, ns, "127.100.0.4:443"); err != nil {
+		t.Fatal(err)
+	}
+	if n := pending(t, first); n != 0 {
+		t.Fatalf("the stale pinned steering, still attached in front, took %d connections to the old listener", n)
+	}
+	_ = acceptSteered(t, second).Close()
 }
