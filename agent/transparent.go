@@ -515,10 +515,18 @@ func readNames(r io.Reader) ([]dnsstub.Assigned, error) {
 	}
 }
 
-// recordName appends one name the stub hands out, before its answer.
+// recordName appends one name the stub hands out, before its answer. A
+// line written in part (the disk full) is cut off again: a later line
+// appended to it would make the file unreadable to the next agent.
 func (tp *transparent) recordName(name string, a netip.Addr) error {
-	_, err := tp.names.WriteString(a.String() + " " + name + "\n")
-	return err
+	st, err := tp.names.Stat()
+	if err != nil {
+		return err
+	}
+	if _, err = tp.names.WriteString(a.String() + " " + name + "\n"); err != nil {
+		return errors.Join(err, tp.names.Truncate(st.Size()))
+	}
+	return nil
 }
 
 // dropTransparent removes what a Trial's transparent mode keeps beyond

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -17,6 +18,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +30,7 @@ import (
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/record"
 	trialspec "github.com/trialnet/trialnet/trial"
+	"golang.org/x/sys/unix"
 )
 
 const tlsPort = 8443
@@ -404,5 +407,52 @@ func TestPrivilegedTransparentHandover(t *testing.T) {
 	_ = c.Close()
 	if _, err := p.c.Destroy(context.Background(), p.info.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A names file on a full disk keeps whole lines only: the line that did
+// not fit is cut off, so a name written once there is room again is read
+// by the next agent, with every name before it.
+func TestPrivilegedNamesFileOnAFullDisk(t *testing.T) {
+	privtest.Require(t)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=16k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	filler := filepath.Join(dir, "filler")
+	if err := os.WriteFile(filler, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "t.names"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tp := &transparent{names: f}
+	name := func(i int) string { return fmt.Sprintf("n%d.%s.example.com", i, strings.Repeat("x", 40)) }
+	addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{127, 100, byte(i >> 8), byte(i)}) }
+	written := 0
+	for ; written < 1000; written++ {
+		if err := tp.recordName(name(written), addr(written)); err != nil {
+			break
+		}
+	}
+	if written == 1000 {
+		t.Fatal("16 KiB held 1,000 names: the disk never filled, the test shows nothing")
+	}
+	if err := os.Remove(filler); err != nil { // room again
+		t.Fatal(err)
+	}
+	if err := tp.recordName(name(written), addr(written)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := readNames(bytes.NewReader(got))
+	if err != nil || len(names) != written+1 || names[written].Name != name(written) || names[written].Addr != addr(written) {
+		t.Fatalf("read %d names (%v), want the %d written whole, the last %s at %s", len(names), err, written+1, name(written), addr(written))
 	}
 }
