@@ -26,6 +26,7 @@ import (
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/lname"
 	"github.com/trialnet/trialnet/keeper"
+	"github.com/trialnet/trialnet/ledger"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -195,7 +196,10 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 	}
 	host.Logger = log
 	if cfg.Ephemeral {
-		host.Sweep(ownerAlive)
+		host.Sweep(ownerAlive, func(id string, cgroupID uint64) {
+			a.dropTransparent(id, cgroupID)
+			ledger.RemoveAll(cfg.Host.StateDir, id)
+		})
 	} else if err := a.readopt(); err != nil {
 		a.Close(false)
 		return nil, err

@@ -501,8 +501,9 @@ func (h *Host) Open(rec Record, ep Endpoint, lns []net.Listener) (_ *Trial, err 
 // claim: for hosts whose Trials belong to one process each (an embedded
 // agent), where a process killed outright leaves its Trial behind. A
 // Trial alive claims, a live owner's (being made or in use), is left
-// alone.
-func (h *Host) Sweep(alive func(trial.Spec) bool) {
+// alone. gone is told each one removed, for what its creator kept beside
+// the sandbox's.
+func (h *Host) Sweep(alive func(trial.Spec) bool, gone func(id string, cgroupID uint64)) {
 	if h.StateDir == "" {
 		return
 	}
@@ -512,13 +513,15 @@ func (h *Host) Sweep(alive func(trial.Spec) bool) {
 		if ValidID(id) != nil {
 			continue
 		}
-		if rec, err := h.readRecord(id); err == nil && alive(rec.Trial) {
+		rec, err := h.readRecord(id)
+		if err == nil && alive(rec.Trial) {
 			continue
 		}
 		h.log().Warn("removing a Trial whose owner is gone", "trial", id)
 		if err := h.Remove(id); err != nil {
 			h.log().Error("remove leftover trial", "trial", id, "error", err)
 		}
+		gone(id, rec.CgroupID) // 0 for a record that could not be read
 	}
 }
 

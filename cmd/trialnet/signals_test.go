@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
@@ -255,6 +257,24 @@ func TestPrivilegedRunKilledIsCleanedUpByTheNext(t *testing.T) {
 	}
 	killed, gone := start()
 	live, kept := start()
+	// What the agent keeps beside the sandbox's: the transparent mode's
+	// pinned steering and names file, the tunnel ledger.
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(parent, gone), &st); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := agent.DefaultStateDir + "-ephemeral"
+	kept2 := []string{filepath.Join(bpf.DefaultPinDir, fmt.Sprintf("steer_%d_link", st.Ino)), filepath.Join(stateDir, gone+".names")}
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err1 := os.Stat(kept2[0])
+		_, err2 := os.Stat(kept2[1])
+		if err1 == nil && err2 == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the run's Trial has no steering pin or names file (%v, %v): the test cannot tell", err1, err2)
+		}
+	}
 	_ = killed.Process.Kill()
 	_, _ = killed.Process.Wait()
 	if !trials()[gone] {
@@ -269,6 +289,12 @@ func TestPrivilegedRunKilledIsCleanedUpByTheNext(t *testing.T) {
 	}
 	if !now[kept] {
 		t.Errorf("the next run removed a live run's Trial %s", kept)
+	}
+	ledgers, _ := filepath.Glob(filepath.Join(stateDir, gone+".open.*"))
+	for _, p := range append(kept2, ledgers...) {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("the killed run's %s is still there after the next run removed its Trial", p)
+		}
 	}
 	_ = live.Process.Signal(syscall.SIGTERM)
 	_, _ = live.Process.Wait()
