@@ -49,7 +49,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if escDir != "" {
+		_ = os.RemoveAll(escDir) // the escapee built for this run
+	}
+	os.Exit(code)
 }
 
 const dnsPort = 53
@@ -156,6 +160,7 @@ func (c *canaries) knock(at netip.AddrPort, stop <-chan struct{}) {
 var (
 	buildOnce sync.Once
 	escBin    string
+	escDir    string // made for escBin by this run; TestMain removes it
 	buildErr  error
 )
 
@@ -174,7 +179,7 @@ func escapee(t *testing.T) string {
 			buildErr = err
 			return
 		}
-		escBin = filepath.Join(dir, "escapee")
+		escDir, escBin = dir, filepath.Join(dir, "escapee")
 		cmd := exec.Command("go", "build", "-o", escBin, "./escapee")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -184,7 +189,6 @@ func escapee(t *testing.T) string {
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	t.Cleanup(func() {}) // the binary is shared by the subtests; removed by the OS temp cleaner
 	return escBin
 }
 
