@@ -70,12 +70,7 @@ func newWorld(t *testing.T, subnet uint8, names ...string) *world {
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		w.requests.Add(1)
-		if r.URL.Path == "/hold" { // a request held open, as a long tunnel
-			w.holding.Add(1)
-			defer w.holding.Add(-1)
-			rw.WriteHeader(http.StatusOK)
-			rw.(http.Flusher).Flush()
-			<-r.Context().Done()
+		if w.hold(rw, r) {
 			return
 		}
 		fmt.Fprintf(rw, "hello from %s", r.Host)
@@ -378,4 +373,18 @@ func TestPrivilegedReusedIDStartsAFreshLog(t *testing.T) {
 	if len(old) != 1 {
 		t.Fatalf("the earlier Trial's log was not kept: %v", old)
 	}
+}
+
+// hold serves /hold, a request held open as a long tunnel (counted in
+// holding until its client goes), and says whether r was it.
+func (w *world) hold(rw http.ResponseWriter, r *http.Request) bool {
+	if r.URL.Path != "/hold" {
+		return false
+	}
+	w.holding.Add(1)
+	defer w.holding.Add(-1)
+	rw.WriteHeader(http.StatusOK)
+	rw.(http.Flusher).Flush()
+	<-r.Context().Done()
+	return true
 }

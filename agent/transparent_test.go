@@ -114,12 +114,7 @@ func TestPrivilegedTransparent(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 223, "upstream.example.test", "other.example.test")
 	w.serveTLS(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/hold" {
-			w.holding.Add(1)
-			defer w.holding.Add(-1)
-			rw.WriteHeader(http.StatusOK)
-			rw.(http.Flusher).Flush()
-			<-r.Context().Done()
+		if w.hold(rw, r) {
 			return
 		}
 		fmt.Fprintf(rw, "tls hello from %s", r.Host)

@@ -277,34 +277,8 @@ func TestPrivilegedSteerListenerFamily(t *testing.T) {
 // process lets go of it (the agent's restart), and a later OpenSteer
 // adopts it, with a new listener, never detaching; Unpin ends it.
 func TestPrivilegedSteerPinned(t *testing.T) {
-	privtest.Require(t)
-	privtest.RequireKernel(t, features.HaveProgramType(ebpf.SkLookup))
-	if err := ensurePinDir(DefaultPinDir); err != nil {
-		t.Fatal(err)
-	}
-	pin := DefaultPinDir + "/steer_test_" + strings.ReplaceAll(t.Name(), "/", "_")
-	t.Cleanup(func() { _ = RemoveSteerPins(pin) })
-	ns, err := netns.Create(t.TempDir(), "steerpin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Delete() })
-	listen := func() *net.TCPListener {
-		var ln *net.TCPListener
-		if err := ns.Do(func() error {
-			var lc net.ListenConfig
-			lc.SetMultipathTCP(false)
-			l, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
-			if err == nil {
-				ln = l.(*net.TCPListener)
-			}
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ln.Close() })
-		return ln
-	}
+	pin, ns := pinnedSteerWorld(t, "steerpin")
+	listen := func() *net.TCPListener { return plainListener(t, ns) }
 	first := listen()
 	s, err := OpenSteer(pin, ns.Path, steerPool, first)
 	if err != nil {
@@ -350,34 +324,8 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 // cannot use) is removed, not left attached in front of the steering the
 // agent attaches instead: the pool's connections reach the new listener.
 func TestPrivilegedSteerAdoptFailureLeavesOneProgram(t *testing.T) {
-	privtest.Require(t)
-	privtest.RequireKernel(t, features.HaveProgramType(ebpf.SkLookup))
-	if err := ensurePinDir(DefaultPinDir); err != nil {
-		t.Fatal(err)
-	}
-	pin := DefaultPinDir + "/steer_test_" + t.Name()
-	t.Cleanup(func() { _ = RemoveSteerPins(pin) })
-	ns, err := netns.Create(t.TempDir(), "steerbad")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ns.Delete() })
-	var first, second *net.TCPListener
-	if err := ns.Do(func() error {
-		var lc net.ListenConfig
-		lc.SetMultipathTCP(false)
-		for _, ln := range []**net.TCPListener{&first, &second} {
-			l, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
-			if err != nil {
-				return err
-			}
-			*ln = l.(*net.TCPListener)
-			t.Cleanup(func() { _ = l.Close() })
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	pin, ns := pinnedSteerWorld(t, "steerbad")
+	first, second := plainListener(t, ns), plainListener(t, ns)
 	s, err := OpenSteer(pin, ns.Path, steerPool, first)
 	if err != nil {
 		t.Fatal(err)
@@ -411,4 +359,43 @@ func TestPrivilegedSteerAdoptFailureLeavesOneProgram(t *testing.T) {
 		t.Fatalf("the stale pinned steering, still attached in front, took %d connections to the old listener", n)
 	}
 	_ = acceptSteered(t, second).Close()
+}
+
+// pinnedSteerWorld is a fresh namespace and a pin path for its steering,
+// both removed after t.
+func pinnedSteerWorld(t *testing.T, name string) (string, *netns.Namespace) {
+	t.Helper()
+	privtest.Require(t)
+	privtest.RequireKernel(t, features.HaveProgramType(ebpf.SkLookup))
+	if err := ensurePinDir(DefaultPinDir); err != nil {
+		t.Fatal(err)
+	}
+	pin := DefaultPinDir + "/steer_test_" + strings.ReplaceAll(t.Name(), "/", "_")
+	t.Cleanup(func() { _ = RemoveSteerPins(pin) })
+	ns, err := netns.Create(t.TempDir(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	return pin, ns
+}
+
+// plainListener listens on 127.0.0.1 in ns with plain TCP (a sockmap
+// holds no MPTCP socket), closed after t.
+func plainListener(t *testing.T, ns *netns.Namespace) *net.TCPListener {
+	t.Helper()
+	var ln *net.TCPListener
+	if err := ns.Do(func() error {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		l, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+		if err == nil {
+			ln = l.(*net.TCPListener)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	return ln
 }
