@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,7 +37,9 @@ type corpProxy struct {
 	ln   net.Listener
 	mu   sync.Mutex
 	asks []corpAsk
-	mode string // "" (tunnel), "407", "silent", "flood"
+	mode string // "" (tunnel), "quiet" (no banner), "407", "silent", "flood"
+	// tunnelled counts the bytes that came through its tunnels.
+	tunnelled atomic.Int64
 }
 
 type corpAsk struct{ target, auth string }
@@ -90,9 +93,21 @@ func (cp *corpProxy) serve(c net.Conn) {
 		}
 		return
 	}
-	_, _ = io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\nupstream-proxy:"+req.Host+"\n")
-	_, _ = io.Copy(c, br)
+	banner := "upstream-proxy:" + req.Host + "\n"
+	if mode == "quiet" { // the client speaks first, as TLS does
+		banner = ""
+	}
+	_, _ = io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"+banner)
+	_, _ = io.Copy(c, &countConn{Conn: readerConn{c, br}, n: &cp.tunnelled})
 }
+
+// readerConn reads from r, what a bufio.Reader holds of the connection.
+type readerConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c readerConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 func (cp *corpProxy) asked() []corpAsk {
 	cp.mu.Lock()
@@ -229,6 +244,27 @@ func TestPrivilegedUpstreamProxyByName(t *testing.T) {
 		t.Errorf("the upstream proxy was asked %+v; only api.example.test should have reached it", a)
 	}
 	w.noSecret(t)
+}
+
+// The TLS name check still runs before anything reaches the upstream
+// proxy's tunnel: a ClientHello for another name is refused, and the
+// upstream proxy receives not one byte of it.
+func TestPrivilegedUpstreamProxySNIChecked(t *testing.T) {
+	w := newUpstreamWorld(t, uproxy.Config{}, "api.example.test:443")
+	w.corp.set("quiet")
+	_, err := tlsClientThrough(t, w.tp, "api.example.test:443", "other.example.test")
+	if err == nil {
+		t.Fatal("a ClientHello for another name made a TLS session")
+	}
+	if ev := w.tp.event(t); ev.Reason != record.ReasonSNIMismatch {
+		t.Fatalf("reason %s (%s), want sni_mismatch", ev.Reason, ev.Detail)
+	}
+	if n := w.corp.tunnelled.Load(); n != 0 {
+		t.Fatalf("the upstream proxy's tunnel received %d bytes of the refused ClientHello", n)
+	}
+	if a := w.corp.asked(); len(a) != 1 || a[0].target != "api.example.test:443" {
+		t.Fatalf("the upstream proxy was asked %+v", a)
+	}
 }
 
 // With resolve: local the agent resolves, the guard checks every answer,
