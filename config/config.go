@@ -99,6 +99,21 @@ type HostService struct {
 	Address string `yaml:"address"`
 }
 
+// UnmarshalYAML refuses unknown keys, which a profile's own decoding
+// would not see.
+func (h *HostService) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: a host service is a mapping with port and address", n.Line)
+	}
+	for i := 0; i < len(n.Content); i += 2 {
+		if k := n.Content[i].Value; k != "port" && k != "address" {
+			return fmt.Errorf("line %d: unknown host service key %q (want port, address)", n.Content[i].Line, k)
+		}
+	}
+	type plain HostService
+	return n.Decode((*plain)(h))
+}
+
 // defaultHostServiceAddr is where a host service listens when its entry
 // names no address.
 var defaultHostServiceAddr = netip.AddrFrom4([4]byte{127, 0, 0, 1})
