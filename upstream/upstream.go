@@ -214,7 +214,9 @@ func (p *Proxy) DirectAddr(a netip.Addr) bool {
 // bound. Its errors are *record.Denial saying which hop failed; none
 // carries the credentials.
 func (p *Proxy) Dial(ctx context.Context, target string) (net.Conn, error) {
-	var d net.Dialer
+	// The keepalive of the proxy's own direct dials: a dead hop is
+	// noticed in minutes, an idle tunnel (a long model call) never cut.
+	d := net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, Interval: 10 * time.Second, Count: 9}}
 	c, err := d.DialContext(ctx, "tcp", p.addr)
 	if err != nil {
 		return nil, p.hopError(ctx, "connecting to the upstream proxy "+p.addr, err)
