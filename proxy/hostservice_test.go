@@ -116,6 +116,9 @@ func TestHostServiceOnlyItsAddressAndPort(t *testing.T) {
 			t.Errorf("CONNECT %s recorded %s", c.target, ev.Decision)
 		}
 	}
+	if n := tp.dns.count(trialspec.HostServiceName); n != 0 {
+		t.Errorf("DNS was asked %d times for %s: a rebinding could answer", n, trialspec.HostServiceName)
+	}
 	// Trial "t1" (newTestProxy's) has no host service: the name leads
 	// nowhere for it, whatever its allowlist.
 	if err := tp.SetAllowStrings(t, "t1", host(port)); err != nil {
