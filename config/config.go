@@ -22,6 +22,7 @@ import (
 	"github.com/trialnet/trialnet/internal/ident"
 	"github.com/trialnet/trialnet/resolve"
 	"github.com/trialnet/trialnet/trial"
+	"github.com/trialnet/trialnet/upstream"
 )
 
 // File is the proxy part of trialnet's YAML configuration: named
@@ -43,6 +44,9 @@ type File struct {
 	// serves its open tunnels before it cuts them (a Go duration, e.g.
 	// "15m"); empty: the agent's default.
 	DrainTimeout string `yaml:"drain_timeout"`
+	// UpstreamProxy is the HTTP proxy allowed connections go out through
+	// (docs/upstream.md); absent: they are dialled directly.
+	UpstreamProxy upstream.Config `yaml:"upstream_proxy"`
 
 	cidrs []netip.Prefix
 	facts guard.HostFacts
@@ -81,8 +85,62 @@ type Profile struct {
 	// Transparent: false turns transparent mode off for a Trial with
 	// this profile, as --no-transparent does; absent or true: on.
 	Transparent *bool `yaml:"transparent"`
+	// HostServices are services of the host the Trial reaches as
+	// host.trialnet.internal:PORT (docs/upstream.md).
+	HostServices []HostService `yaml:"host_services"`
 
 	list *allow.List
+}
+
+// HostService is a profile's host_services entry: a port, and the host
+// address the service listens on (default 127.0.0.1).
+type HostService struct {
+	Port    uint16 `yaml:"port"`
+	Address string `yaml:"address"`
+}
+
+// UnmarshalYAML refuses unknown keys, which a profile's own decoding
+// would not see.
+func (h *HostService) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: a host service is a mapping with port and address", n.Line)
+	}
+	for i := 0; i < len(n.Content); i += 2 {
+		if k := n.Content[i].Value; k != "port" && k != "address" {
+			return fmt.Errorf("line %d: unknown host service key %q (want port, address)", n.Content[i].Line, k)
+		}
+	}
+	type plain HostService
+	return n.Decode((*plain)(h))
+}
+
+// defaultHostServiceAddr is where a host service listens when its entry
+// names no address.
+var defaultHostServiceAddr = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+
+// hostServices checks a profile's host services and returns them with
+// their addresses parsed, and the allowlist entries that name them.
+func (p Profile) hostServices(profile string) ([]trial.HostService, []string, error) {
+	var out []trial.HostService
+	var entries []string
+	for _, h := range p.HostServices {
+		a := defaultHostServiceAddr
+		if h.Address != "" {
+			var err error
+			if a, err = netip.ParseAddr(h.Address); err != nil || a.Zone() != "" || a.Is4In6() || a.IsUnspecified() || a.IsMulticast() {
+				return nil, nil, fmt.Errorf("profile %q: host_services: address %q: want the host's own unicast address the service listens on, IPv4 written as IPv4 (for example 127.0.0.1)", profile, h.Address)
+			}
+		}
+		if h.Port == 0 {
+			return nil, nil, fmt.Errorf("profile %q: host_services: each entry needs a port in 1-65535", profile)
+		}
+		if i := slices.IndexFunc(out, func(o trial.HostService) bool { return o.Port == h.Port }); i >= 0 {
+			return nil, nil, fmt.Errorf("profile %q: host_services: port %d is listed twice", profile, h.Port)
+		}
+		out = append(out, trial.HostService{Port: h.Port, Address: a})
+		entries = append(entries, fmt.Sprintf("%s:%d", trial.HostServiceName, h.Port))
+	}
+	return out, entries, nil
 }
 
 // UnmarshalYAML accepts both profile forms, refusing unknown keys.
@@ -92,8 +150,8 @@ func (p *Profile) UnmarshalYAML(n *yaml.Node) error {
 		return n.Decode(&p.Allow)
 	case yaml.MappingNode:
 		for i := 0; i < len(n.Content); i += 2 {
-			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" && k != "nested" && k != "transparent" {
-				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested, transparent)", n.Content[i].Line, k)
+			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" && k != "nested" && k != "transparent" && k != "host_services" {
+				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested, transparent, host_services)", n.Content[i].Line, k)
 			}
 		}
 		type plain Profile
@@ -136,10 +194,19 @@ func (f *File) validate() error {
 		if !ident.Valid(name) {
 			return fmt.Errorf("profile name %q: use lower-case letters, digits, '-' and '_'", name)
 		}
-		if len(p.Allow) == 0 && !p.Learn {
+		_, hostEntries, err := p.hostServices(name)
+		if err != nil {
+			return err
+		}
+		if len(p.Allow) == 0 && len(hostEntries) == 0 && !p.Learn {
 			return fmt.Errorf("profile %q allows nothing; list its host:port entries (or set learn: true to learn them)", name)
 		}
-		l, err := allow.ParseProfile(p.Allow, p.RequireTLS, name)
+		for _, e := range p.Allow {
+			if ae, err := allow.ParseEntry(e); err == nil && ae.Name == trial.HostServiceName {
+				return fmt.Errorf("profile %q: allow: %q: the host's services are named under host_services, with the address they listen on", name, e)
+			}
+		}
+		l, err := allow.ParseProfile(append(slices.Clone(p.Allow), hostEntries...), p.RequireTLS, name)
 		if err != nil {
 			return fmt.Errorf("profile %q: %w", name, err)
 		}
@@ -182,6 +249,9 @@ func (f *File) validate() error {
 		return errors.New("retention: keep_days and keep_trials cannot be negative (0 means no such limit)")
 	}
 	if _, err := f.Drain(); err != nil {
+		return err
+	}
+	if _, err := upstream.Parse(f.UpstreamProxy); err != nil {
 		return err
 	}
 	return nil
@@ -301,6 +371,9 @@ type ProxySettings struct {
 	// the proxy's default). Being proxy-wide, a new cap applies at once
 	// to new connections of every Trial; it never closes an admitted one.
 	MaxConnections int
+	// Upstream is the proxy allowed connections go out through; nil:
+	// dialled directly.
+	Upstream *upstream.Proxy
 }
 
 // ProxySettings merges f (nil: no file) with what its caller adds: the
@@ -312,6 +385,11 @@ func (f *File) ProxySettings(cidrs []netip.Prefix, resolvers []string, r resolve
 		s.AllowCIDRs = append(f.cidrList(), cidrs...)
 		s.HostFacts = f.hostFacts()
 		s.Limits, s.MaxConnections = f.Limits.ProxyLimits, f.MaxConnections
+		up, err := upstream.Load(f.UpstreamProxy)
+		if err != nil {
+			return ProxySettings{}, err
+		}
+		s.Upstream = up
 		if len(resolvers) == 0 {
 			resolvers = f.Resolvers
 		}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"time"
@@ -35,6 +36,10 @@ func (f *File) Spec(req trial.Request, cidrs []netip.Prefix) (trial.Spec, *allow
 	if req.MaxProcesses != 0 {
 		lim.MaxProcesses = req.MaxProcesses
 	}
+	hosts, err := f.hostServices(req.Profiles)
+	if err != nil {
+		return trial.Spec{}, nil, err
+	}
 	return trial.Spec{
 		Schema:   trial.Schema,
 		ID:       req.ID,
@@ -42,17 +47,46 @@ func (f *File) Spec(req trial.Request, cidrs []netip.Prefix) (trial.Spec, *allow
 		UnixOpen: req.UnixOpen,
 		Nested:   req.Nested || f.nests(req.Profiles),
 		// On unless asked off: by the request or by any of its profiles.
-		Transparent: !req.NoTransparent && !f.opaque(req.Profiles),
-		UnixAllow:   slices.Clone(req.UnixAllow),
-		Learning:    req.Learn || f.learns(req.Profiles),
-		Allow:       AllowEntries(list),
-		Profiles:    slices.Clone(req.Profiles),
-		AllowCIDRs:  slices.Clone(cidrs),
-		Limits:      &lim,
-		Created:     time.Now().UTC(),
-		Nonce:       req.Nonce,
-		Report:      req.Report,
+		Transparent:  !req.NoTransparent && !f.opaque(req.Profiles),
+		UnixAllow:    slices.Clone(req.UnixAllow),
+		Learning:     req.Learn || f.learns(req.Profiles),
+		Allow:        AllowEntries(list),
+		Profiles:     slices.Clone(req.Profiles),
+		AllowCIDRs:   slices.Clone(cidrs),
+		Limits:       &lim,
+		Created:      time.Now().UTC(),
+		Nonce:        req.Nonce,
+		Report:       req.Report,
+		HostServices: hosts,
 	}, list, nil
+}
+
+// hostServices gathers the host services of the named profiles; two
+// that give one port different addresses are refused, not guessed
+// between.
+func (f *File) hostServices(profiles []string) ([]trial.HostService, error) {
+	if f == nil {
+		return nil, nil
+	}
+	var out []trial.HostService
+	from := map[uint16]string{}
+	for _, name := range profiles {
+		hs, _, err := f.Profiles[name].hostServices(name)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range hs {
+			i := slices.IndexFunc(out, func(o trial.HostService) bool { return o.Port == h.Port })
+			switch {
+			case i < 0:
+				out = append(out, h)
+				from[h.Port] = name
+			case out[i].Address != h.Address:
+				return nil, fmt.Errorf("profiles %q and %q give host service port %d different addresses (%s, %s): one Trial reaches one service per port", from[h.Port], name, h.Port, out[i].Address, h.Address)
+			}
+		}
+	}
+	return out, nil
 }
 
 // AllowEntries is an allowlist as a Trial's description keeps it.

@@ -375,6 +375,37 @@ func (g *Guard) isProxy(a netip.Addr) bool {
 	return ok
 }
 
+// CheckHostService returns nil if a may be dialed as a host service
+// the configuration names: loopback or one of this host's own addresses
+// (never another machine's). The proxy's own addresses are not refused
+// here as Check refuses them: the proxy listens in the Trials'
+// namespaces, so their 127.0.0.1 is not the host's, and only the one
+// port the operator named is dialed.
+func (g *Guard) CheckHostService(a netip.Addr) error {
+	a = a.WithZone("")
+	if !a.IsValid() || a.Is4In6() {
+		return record.Deny(record.ReasonAddressDenied, "host service address %s: want an IPv4 or IPv6 address, IPv4 written as IPv4", a)
+	}
+	if a.IsLoopback() {
+		return nil
+	}
+	for _, p := range g.facts.Load().Addrs {
+		if p.Contains(a) {
+			return nil
+		}
+	}
+	if g.host != nil {
+		own, err := g.host.Contains(a)
+		if err != nil {
+			return &record.Denial{Reason: record.ReasonAddressDenied, Detail: fmt.Sprintf("host service address %s: the host's own addresses are unknown, so nothing is dialed", a), Err: err}
+		}
+		if own {
+			return nil
+		}
+	}
+	return record.Deny(record.ReasonAddressDenied, "host service address %s is not loopback nor one of this host's addresses", a)
+}
+
 // CheckAllowCIDR validates a CIDR for the allow list: it must be in
 // canonical form and must not reach loopback or unspecified addresses,
 // which can never be allowed (so "0.0.0.0/0" is refused, not widened).

@@ -410,7 +410,7 @@ func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, er
 	defer cancel()
 	defer context.AfterFunc(f.rctx, cancel)()
 	dev := &record.Event{} // the request may end while this dial runs: f.dialed copies
-	up, err := h.p.connect(ctx, h.t.set, f.req, dev)
+	up, err := h.p.connect(ctx, h.t, f.req, dev)
 	if c := f.ot.cutBecause.Load(); c != nil && err == nil {
 		_ = up.Close()
 		err = record.Deny(c.reason, "%s while the request was being opened", c.why)

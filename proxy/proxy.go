@@ -31,6 +31,7 @@ import (
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
 	trialspec "github.com/trialnet/trialnet/trial"
+	uproxy "github.com/trialnet/trialnet/upstream"
 	"github.com/trialnet/trialnet/wire"
 	vns "github.com/vishvananda/netns"
 )
@@ -144,7 +145,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.conns = &p.cfg.Counts.Slot(p.cfg.Slot).Clients
 	g := guard.New(cfg.AllowCIDRs, host)
 	g.SetHostFacts(cfg.HostFacts)
-	p.cur.Store(p.settingsFor(g, resolver, cfg.Limits))
+	p.cur.Store(p.settingsFor(g, resolver, cfg.Limits, cfg.Upstream))
 	return p, nil
 }
 
@@ -156,14 +157,15 @@ type settings struct {
 	resolver resolve.Resolver
 	dialer   Dialer
 	limits   trialspec.ProxyLimits // the defaults, for a Trial without its own
+	upstream *uproxy.Proxy         // nil: allowed connections are dialled directly
 }
 
-func (p *Proxy) settingsFor(g *guard.Guard, r resolve.Resolver, lim trialspec.ProxyLimits) *settings {
+func (p *Proxy) settingsFor(g *guard.Guard, r resolve.Resolver, lim trialspec.ProxyLimits, up *uproxy.Proxy) *settings {
 	d := p.cfg.Dialer
 	if d == nil {
 		d = newNetDialer(g)
 	}
-	return &settings{guard: g, resolver: r, dialer: d, limits: lim}
+	return &settings{guard: g, resolver: r, dialer: d, limits: lim, upstream: up}
 }
 
 // Reconfigure applies s to the Trials added after it returns. Trials
@@ -180,7 +182,7 @@ func (p *Proxy) Reconfigure(s config.ProxySettings) {
 		mc = defaultMaxConnections
 	}
 	cur.guard.SetHostFacts(s.HostFacts)
-	p.cur.Store(p.settingsFor(cur.guard.WithAllow(s.AllowCIDRs), r, s.Limits.WithDefaults()))
+	p.cur.Store(p.settingsFor(cur.guard.WithAllow(s.AllowCIDRs), r, s.Limits.WithDefaults(), s.Upstream))
 	p.maxConns.Store(int64(mc))
 }
 
@@ -233,7 +235,8 @@ type trial struct {
 	id      string
 	allow   atomic.Pointer[allow.List] // replaced whole by SetAllow, under mu
 	learn   bool
-	set     *settings // as the proxy's were when the Trial was added
+	set     *settings                 // as the proxy's were when the Trial was added
+	hosts   map[uint16]netip.AddrPort // its host services, by the port asked for
 	limits  trialspec.ProxyLimits
 	bucket  *ratelimit.Bucket
 	records *record.Gate // bounds what its decision records cost
@@ -274,7 +277,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	}
 	set := p.cur.Load()
 	if spec.AllowCIDRs != nil {
-		set = p.settingsFor(set.guard.WithAllow(spec.AllowCIDRs), set.resolver, set.limits)
+		set = p.settingsFor(set.guard.WithAllow(spec.AllowCIDRs), set.resolver, set.limits, set.upstream)
 	}
 	lim := set.limits
 	if spec.Limits != nil {
@@ -308,6 +311,10 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		tunnels: &own.Tunnels, clients: &own.Clients, pending: &own.Pending, counts: c, slot: tp.Slot,
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel, ledger: tp.Ledger,
+		hosts: make(map[uint16]netip.AddrPort, len(spec.HostServices)),
+	}
+	for _, h := range spec.HostServices {
+		t.hosts[h.Port] = netip.AddrPortFrom(h.Address, h.Port)
 	}
 	if p.sharing.Load() {
 		t.peer.Store(c.Slot(1 - tp.Slot))
@@ -912,7 +919,7 @@ func (p *Proxy) judgeAndDial(t *trial, req *wire.Request, ev *record.Event) (net
 	if _, err := t.judge(req, ev, false); err != nil {
 		return nil, err
 	}
-	up, err := p.connect(t.ctx, t.set, req, ev)
+	up, err := p.connect(t.ctx, t, req, ev)
 	if err != nil {
 		if t.ctx.Err() != nil {
 			err = &record.Denial{Reason: record.ReasonShutdown, Detail: "the Trial is being removed", Err: err}
@@ -986,9 +993,9 @@ func (p *Proxy) admit(t *trial) error {
 	return nil
 }
 
-// connect resolves req's name, checks every address and dials the
-// checked ones.
-func (p *Proxy) connect(trialCtx context.Context, set *settings, req *wire.Request, ev *record.Event) (net.Conn, error) {
+// resolveChecked resolves req's name and checks every address: one
+// refused answer refuses the name. It returns the addresses to dial.
+func (p *Proxy) resolveChecked(trialCtx context.Context, set *settings, req *wire.Request, ev *record.Event) ([]netip.AddrPort, error) {
 	ctx, cancel := context.WithTimeout(trialCtx, p.cfg.DNSTimeout)
 	t0 := time.Now()
 	ans, err := set.resolver.Resolve(ctx, req.Host)
@@ -1016,10 +1023,16 @@ func (p *Proxy) connect(trialCtx context.Context, set *settings, req *wire.Reque
 		}
 		targets = append(targets, netip.AddrPortFrom(a.Unmap(), req.Port))
 	}
-	ctx, cancel = context.WithTimeout(trialCtx, p.cfg.DialTimeout)
+	return targets, nil
+}
+
+// dialChecked dials the first of the checked targets that answers, with
+// d, within the dial timeout.
+func (p *Proxy) dialChecked(trialCtx context.Context, d Dialer, targets []netip.AddrPort, ev *record.Event) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(trialCtx, p.cfg.DialTimeout)
 	defer cancel()
-	t0 = time.Now()
-	up, dialed, err := dialAny(ctx, set.dialer, targets, p.cfg.FallbackDelay)
+	t0 := time.Now()
+	up, dialed, err := dialAny(ctx, d, targets, p.cfg.FallbackDelay)
 	ev.Dial = time.Since(t0)
 	if err != nil {
 		return nil, err

@@ -53,6 +53,9 @@ const (
 	// A forwarded request's upstream closed or spoke malformed HTTP
 	// before its response head.
 	ReasonUpstreamBadResponse Reason = "upstream_bad_response"
+	// The configured upstream proxy answered a CONNECT with other than
+	// 2xx (407: its credentials; 403: its own policy; 502: its next hop).
+	ReasonUpstreamProxyRefused Reason = "upstream_proxy_refused"
 
 	// Limits and lifecycle.
 	ReasonTunnelLimit Reason = "tunnel_limit" // the Trial's concurrent tunnel limit
@@ -116,6 +119,9 @@ var reasons = map[Reason]reasonInfo{
 	ReasonUpstreamUnreachable: {http.StatusBadGateway, "destination_unavailable", true}, // connection_refused when it was
 	ReasonUpstreamTimeout:     {http.StatusGatewayTimeout, "connection_timeout", true},
 	ReasonUpstreamBadResponse: {http.StatusBadGateway, "http_response_incomplete", true},
+	// RFC 9209 has no "next proxy refused"; it is the destination that
+	// is unavailable through it.
+	ReasonUpstreamProxyRefused: {http.StatusBadGateway, "destination_unavailable", true},
 
 	ReasonTunnelLimit:      {http.StatusTooManyRequests, "connection_limit_reached", true},
 	ReasonRateLimited:      {http.StatusTooManyRequests, "connection_limit_reached", false},

@@ -79,8 +79,25 @@ type Spec struct {
 	// port reach the proxy's checks without CONNECT. Always written;
 	// absent (records older than it): off, as those Trials were made.
 	Transparent bool `json:"transparent"`
+	// HostServices are the services of the host the Trial reaches as
+	// HostServiceName:PORT, each exactly at its address and port; fixed
+	// when the Trial is made, from its profiles.
+	HostServices []HostService `json:"host_services,omitempty"`
 	// Schema is the version of this description (the package's Schema).
 	Schema int `json:"schema"`
+}
+
+// HostServiceName is the name a Trial reaches its host services by: it
+// is never looked up in DNS, and only the ports of the Trial's
+// HostServices lead anywhere.
+const HostServiceName = "host.trialnet.internal"
+
+// HostService is one service of the host a Trial may reach: the port it
+// is asked for on HostServiceName, which is also the port it listens on
+// at Address.
+type HostService struct {
+	Port    uint16     `json:"port"`
+	Address netip.Addr `json:"address"`
 }
 
 // AllowEntry is one allowlist entry as resolved at create time.

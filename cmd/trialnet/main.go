@@ -120,12 +120,20 @@ func jsonFlag(fs *flag.FlagSet) *bool {
 }
 
 func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("doctor", "doctor [-j]", "sudo trialnet doctor", stderr)
+	fs := newFlags("doctor", "doctor [-j] [--config F]", "sudo trialnet doctor --config /etc/trialnet/trialnet.yaml", stderr)
 	asJSON := jsonFlag(fs)
+	configPath := fs.String("config", "", "the agent's YAML config file: also check what it relies on this host for (upstream proxy, host services)")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	checks := agent.Doctor()
+	if *configPath != "" {
+		file, err := config.LoadFile(*configPath)
+		if err != nil {
+			return fail(stdout, stderr, *asJSON, exitUsage, err)
+		}
+		checks = append(checks, agent.ConfigChecks(file)...)
+	}
 	bad := bpf.CanEnforce(checks)
 	if *asJSON {
 		type row struct {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
@@ -302,13 +303,71 @@ func deniedTotal(k map[string]uint64) uint64 {
 // and the kernel counted every network attempt.
 func TestPrivilegedEscapeTrial(t *testing.T) {
 	privtest.Require(t)
+	escapeTrial(t, nil, nil)
+}
+
+// A host service widens nothing else: with one configured (a listener on
+// the host's loopback), everything is still blocked, the service is not
+// reached by any attempt, and it is reached through the proxy by its
+// name, as the positive control.
+func TestPrivilegedEscapeTrialWithHostService(t *testing.T) {
+	privtest.Require(t)
+	var arrivals atomic.Int64
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go testhost.CountAccepts(ln, &arrivals)
+	port := ln.Addr().(*net.TCPAddr).Port
+	file, err := config.ParseFile(fmt.Appendf(nil, "profiles:\n  svc:\n    host_services:\n      - port: %d\n", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := escapeTrial(t, file, []string{"svc"})
+	if n := arrivals.Load(); n != 0 {
+		t.Fatalf("the host service saw %d connections from the escape attempts", n)
+	}
+	// The positive control: the service is there, by its name, through
+	// the proxy, from the Trial's namespace.
+	err = tr.Netns.Do(func() error {
+		c, err := net.DialTimeout("tcp", agent.ProxyEndpoints[0].String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		target := fmt.Sprintf("%s:%d", trial.HostServiceName, port)
+		if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || !strings.Contains(line, " 200 ") {
+			return fmt.Errorf("CONNECT %s: %q %v", target, line, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); arrivals.Load() != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the host service saw %d connections, want the control's one", arrivals.Load())
+		}
+	}
+}
+
+// escapeTrial runs the escape suite in a strict Trial made with file's
+// profiles (file may be nil) and returns the Trial.
+func escapeTrial(t *testing.T, file *config.File, profiles []string) *sandbox.Launcher {
+	t.Helper()
 	c := newCanaries(t, 171)
-	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "escape"), DataDir: t.TempDir()})
+	a, err := agent.Start(agent.AgentConfig{Host: testenv.IsolatedHost(t, "escape"), DataDir: t.TempDir(), File: file})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close(true) })
-	info, err := a.Create(context.Background(), trial.Request{ID: "escape", Strict: true, Allow: []string{"allowed.example.test:443"}})
+	info, err := a.Create(context.Background(), trial.Request{ID: "escape", Strict: true, Allow: []string{"allowed.example.test:443"}, Profiles: profiles})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,6 +395,7 @@ func TestPrivilegedEscapeTrial(t *testing.T) {
 	if st.Proxy.ByReason["policy_denied"] != 1 {
 		t.Errorf("proxy decisions %v", st.Proxy.ByReason)
 	}
+	return tr
 }
 
 // With the namespace layer removed (the escapee in the host's namespace,

@@ -1,0 +1,136 @@
+package upstream
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		err  string
+	}{
+		{"empty is off", Config{}, ""},
+		{"name and port", Config{Address: "proxy.corp.example:3128"}, ""},
+		{"no port", Config{Address: "proxy.corp.example"}, "want host:port"},
+		{"bad port", Config{Address: "proxy.corp.example:99999"}, "port"},
+		{"direct without address", Config{Direct: []string{"a.example"}}, "want host:port"},
+		{"bad resolve", Config{Address: "p.example:3128", Resolve: "both"}, "resolve"},
+		{"bad direct", Config{Address: "p.example:3128", Direct: []string{"*"}}, "direct"},
+		{"single label direct", Config{Address: "p.example:3128", Direct: []string{"localhost"}}, "direct"},
+		{"relative credentials", Config{Address: "p.example:3128", CredentialsFile: "cred"}, "absolute"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := Parse(c.cfg)
+			if c.err == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if (p == nil) != (c.cfg.Address == "") {
+					t.Fatalf("Parse(%+v) = %v", c.cfg, p)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Fatalf("Parse(%+v) = %v, want an error with %q", c.cfg, err, c.err)
+			}
+		})
+	}
+}
+
+func TestDirect(t *testing.T) {
+	p, err := Parse(Config{Address: "p.example:3128", Direct: []string{"Registry.Corp.Example.", "*.git.corp.example", "10.0.0.0/8", "fd00::/8"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{
+		"registry.corp.example": true, "x.registry.corp.example": false, "corp.example": false,
+		"a.git.corp.example": true, "a.b.git.corp.example": true, "git.corp.example": false, "evilgit.corp.example": false,
+	} {
+		if got := p.DirectName(name); got != want {
+			t.Errorf("DirectName(%q) = %v, want %v", name, got, want)
+		}
+	}
+	for a, want := range map[string]bool{"10.1.2.3": true, "::ffff:10.1.2.3": true, "11.0.0.1": false, "fd12::1": true, "fe80::1": false} {
+		if got := p.DirectAddr(netip.MustParseAddr(a)); got != want {
+			t.Errorf("DirectAddr(%s) = %v, want %v", a, got, want)
+		}
+	}
+}
+
+// The credentials file is the agent's alone: group or other bits, a
+// link, or another owner refuse it, and no error shows its content.
+func TestCredentialsFile(t *testing.T) {
+	dir := t.TempDir()
+	secret := "hunter2-do-not-print"
+	write := func(name string, mode os.FileMode, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good", 0o600, "user:"+secret+"\n")
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(good, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, path, err string
+	}{
+		{"root-only", good, ""},
+		{"read-only owner", write("ro", 0o400, "user:"+secret), ""},
+		{"group readable", write("g", 0o640, "user:"+secret), "chmod 600"},
+		{"world readable", write("o", 0o604, "user:"+secret), "chmod 600"},
+		{"a symlink", link, "symbolic link"},
+		{"no colon", write("nocolon", 0o600, secret), "user:password"},
+		{"two lines", write("two", 0o600, "user:"+secret+"\nmore\n"), "user:password"},
+		{"missing", filepath.Join(dir, "none"), "no such file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := Load(Config{Address: "p.example:3128", CredentialsFile: c.path})
+			if c.err == "" {
+				if err != nil || p.auth == "" {
+					t.Fatalf("Load: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Fatalf("Load = %v, want an error with %q", err, c.err)
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Fatalf("the error shows the secret: %v", err)
+			}
+		})
+	}
+	if os.Geteuid() == 0 {
+		other := write("other", 0o600, "user:"+secret)
+		if err := os.Chown(other, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Load(Config{Address: "p.example:3128", CredentialsFile: other}); err == nil || !strings.Contains(err.Error(), "chown") {
+			t.Fatalf("a file owned by another user: %v", err)
+		}
+	}
+}
+
+func TestStatusOf(t *testing.T) {
+	for head, want := range map[string]int{
+		"HTTP/1.1 200 Connection established\r\n\r\n": 200,
+		"HTTP/1.0 407 Auth\r\n\r\n":                   407,
+		"SSH-2.0-OpenSSH\r\n\r\n":                     0,
+		"HTTP/1.1 20 x\r\n\r\n":                       0,
+	} {
+		code, _, err := statusOf([]byte(head))
+		if code != want || (want == 0) != (err != nil) {
+			t.Errorf("statusOf(%q) = %d, %v", head, code, err)
+		}
+	}
+}
