@@ -88,8 +88,8 @@ func Next(procs, max int, l Load, quiet int) int {
 // back. It does nothing when GOMAXPROCS was set in the environment (an
 // operator's choice) or there is one CPU.
 func Run(ctx context.Context) {
-	max := runtime.GOMAXPROCS(0)
-	if _, set := os.LookupEnv("GOMAXPROCS"); set || max <= 1 {
+	max, ok := adapts()
+	if !ok {
 		return
 	}
 	procs := 1
@@ -119,6 +119,14 @@ func Run(ctx context.Context) {
 			quiet = 0
 		}
 	}
+}
+
+// adapts returns the Ps the process has, and whether Run may change
+// them: not when GOMAXPROCS is set in the environment, nor on one CPU.
+func adapts() (int, bool) {
+	max := runtime.GOMAXPROCS(0)
+	_, set := os.LookupEnv("GOMAXPROCS")
+	return max, !set && max > 1
 }
 
 // meter reads the process's load since its last read.
