@@ -86,7 +86,10 @@ func Next(procs, max int, l Load, quiet int) int {
 
 // Run adapts GOMAXPROCS until ctx ends, then gives the process every CPU
 // back. It does nothing when GOMAXPROCS was set in the environment (an
-// operator's choice) or there is one CPU.
+// operator's choice) or there is one CPU. "Every CPU" is the runtime's
+// default at the start (the cgroup's CPU limit, if lower); setting
+// GOMAXPROCS stops the runtime from following a later change of that
+// limit, which a restart picks up.
 func Run(ctx context.Context) {
 	max, ok := adapts()
 	if !ok {
