@@ -19,6 +19,7 @@ import (
 	trialspec "github.com/trialnet/trialnet/trial"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/internal/procscale"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
@@ -131,6 +132,10 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	if err := timerslack.Set(timerslack.Proxy); err != nil {
 		fmt.Fprintf(stderr, "trialnet proxy: kept the default timer slack, which only costs CPU per CONNECT: %v\n", err)
 	}
+	// One P while the load fits on one CPU: see internal/procscale.
+	scaleCtx, stopScale := context.WithCancel(ctx)
+	defer stopScale()
+	go procscale.Run(scaleCtx)
 	p, err := proxy.New(cfg)
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("proxy: %w", err))

@@ -56,6 +56,7 @@ const (
 var (
 	rounds   = flag.Int("rounds", 5, "interleaved rounds of BenchmarkPeers (at least 2)")
 	onlyMode = flag.String("modes", "", "comma-separated modes of BenchmarkPeers to run (default: all), for profiling one")
+	onlyPeer = flag.String("peers", "", "comma-separated routes of BenchmarkPeers to run besides trialnet and its baselines (default: all), for comparing builds quickly")
 )
 
 // env is one run: a test host, a DNS server, and the peers' binaries and
@@ -271,6 +272,9 @@ func BenchmarkPeers(b *testing.B) {
 	e := newEnv(b)
 	routes := []*route{{name: "direct"}}
 	for _, p := range e.peers() {
+		if *onlyPeer != "" && p.name != "trialnet" && !strings.HasPrefix(p.name, baselinePrefix) && !slices.Contains(strings.Split(*onlyPeer, ","), p.name) {
+			continue
+		}
 		proc, err := p.start()
 		if err != nil {
 			b.Fatal(err)
@@ -317,12 +321,14 @@ func BenchmarkPeers(b *testing.B) {
 		}
 	}
 	order := []string{"direct", "tinyproxy", "squid", "smokescreen", "naive Go", "trialnet"}
-	if os.Getenv("TRIALNET_BASELINE_BIN") != "" {
-		order = slices.Insert(order, len(order)-1, baselineRoute)
+	for _, bl := range baselines() {
+		order = slices.Insert(order, len(order)-1, bl.route)
 	}
+	order = slices.DeleteFunc(order, func(rt string) bool { return !slices.ContainsFunc(routes, func(r *route) bool { return r.name == rt }) })
 	table, ratios := res.table(order)
 	fmt.Printf("\nproxybench: %d interleaved rounds in %s, %s; median over rounds\n\n%s\n",
 		n, time.Since(start).Round(time.Second), time.Now().UTC().Format("2006-01-02"), table)
+	fmt.Print(res.rounds(order))
 	for _, k := range slices.Sorted(maps.Keys(ratios)) {
 		b.ReportMetric(ratios[k], k)
 	}
@@ -620,7 +626,7 @@ func (s *results) table(order []string) (string, map[string]float64) {
 		}
 		best, bold := "", "" // the best peer; the best of the peers and trialnet
 		for _, rt := range order {
-			if _, ok := med[rt]; !ok || rt == "direct" || rt == baselineRoute {
+			if _, ok := med[rt]; !ok || rt == "direct" || strings.HasPrefix(rt, baselinePrefix) {
 				continue
 			}
 			if rt != "trialnet" && better(rt, best) {
@@ -661,6 +667,29 @@ func (s *results) table(order []string) (string, map[string]float64) {
 		fmt.Fprintf(&t, "| %s |\n", strings.Join(cells, " | "))
 	}
 	return t.String(), ratios
+}
+
+// rounds renders every round's figures in the benchmark format, one line
+// per route and round, for benchstat (-col /route, with the route names'
+// spaces and commas as dashes): the spread between builds in one run.
+func (s *results) rounds(order []string) string {
+	var b strings.Builder
+	for _, rt := range order {
+		name := strings.NewReplacer(" ", "-", ",", "").Replace(rt)
+		for i := 0; ; i++ {
+			var line strings.Builder
+			for _, f := range figures {
+				if vs := s.vals[f.key][rt]; i < len(vs) {
+					fmt.Fprintf(&line, " %.*f %s", f.decimals+1, vs[i], f.metric[:strings.IndexByte(f.metric, '/')])
+				}
+			}
+			if line.Len() == 0 {
+				break
+			}
+			fmt.Fprintf(&b, "BenchmarkRound/route=%s 1%s\n", name, line.String())
+		}
+	}
+	return b.String()
 }
 
 func median(vs []float64) float64 {

@@ -53,10 +53,33 @@ func (e *env) peers() []peer {
 		{"smokescreen", name, e.startSmokescreen},
 		{"naive Go", addr, e.startNaive},
 	}
-	if base := os.Getenv("TRIALNET_BASELINE_BIN"); base != "" {
-		ps = append(ps, peer{baselineRoute, name, func() (*process, error) { return e.startTrialnetBin(base) }})
+	for _, b := range baselines() {
+		ps = append(ps, peer{b.route, name, func() (*process, error) { return e.startTrialnetBin(b.bin) }})
 	}
 	return ps
+}
+
+// baseline is another build of trialnet run beside this tree's.
+type baseline struct{ route, bin string }
+
+// baselines parses TRIALNET_BASELINE_BIN: a comma-separated list of
+// builds, each PATH or LABEL=PATH. A lone PATH is the route "trialnet,
+// baseline build"; a LABEL makes the route "trialnet, LABEL", so that
+// several candidates can run in one interleaved run.
+func baselines() []baseline {
+	env := os.Getenv("TRIALNET_BASELINE_BIN")
+	if env == "" {
+		return nil
+	}
+	var bs []baseline
+	for _, item := range strings.Split(env, ",") {
+		label, bin, ok := strings.Cut(item, "=")
+		if !ok {
+			label, bin = "baseline build", item
+		}
+		bs = append(bs, baseline{baselinePrefix + label, bin})
+	}
+	return bs
 }
 
 // build compiles what the peers need into e.dir: trialnet, the naive
@@ -75,10 +98,10 @@ func (e *env) build() error {
 	return nil
 }
 
-// baselineRoute is another build of trialnet (TRIALNET_BASELINE_BIN, an
+// baselinePrefix starts the route of another build of trialnet (TRIALNET_BASELINE_BIN, an
 // earlier commit's, say) run in the same rounds: a change's effect, side
 // by side. It is neither a peer nor trialnet in the ratios.
-const baselineRoute = "trialnet, baseline build"
+const baselinePrefix = "trialnet, "
 
 // startTrialnet starts this tree's `trialnet proxy`.
 func (e *env) startTrialnet() (*process, error) {
