@@ -351,7 +351,7 @@ func writeJSON(path string, v any) error {
 
 // report prints one table per kernel and an error naming each failure.
 func report(boots []*boot, filtered bool, took time.Duration) error {
-	var failures []string
+	var failures, tails []string
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nkernel\trelease\tLSMs\tstep\tpassed\tfailed\tskipped\texit\tseconds")
 	for _, b := range boots {
@@ -373,10 +373,12 @@ func report(boots []*boot, filtered bool, took time.Duration) error {
 					what = "failed " + strings.Join(s.Failed, ", ")
 				}
 				failures = append(failures, fmt.Sprintf("%s: %s: %s (output: %s, console: %s)", b.k.Name, s.Name, what, b.resultsFile(), b.console()))
+				tails = append(tails, excerpt(b.k.Name+" "+s.Name, stepTail(b.resultsFile(), s.Name, tailLines)))
 			}
 		}
 		if !b.res.Done && b.err == nil {
 			failures = append(failures, fmt.Sprintf("%s: the guest did not finish its plan (console: %s)", b.k.Name, b.console()))
+			tails = append(tails, excerpt(b.k.Name+" console", lastLines(b.console(), tailLines)))
 		}
 		if hasBPF := slices.Contains(strings.Split(b.res.LSMs, ","), "bpf"); hasBPF != b.k.LSM {
 			failures = append(failures, fmt.Sprintf("%s: the guest's active LSM list is %q; bpf in it: %v, want %v", b.k.Name, b.res.LSMs, hasBPF, b.k.LSM))
@@ -398,7 +400,47 @@ func report(boots []*boot, filtered bool, took time.Duration) error {
 	_ = tw.Flush()
 	fmt.Printf("\nvmtest: %d kernels in %.0fs\n", len(boots), took.Seconds())
 	if len(failures) > 0 {
+		// The ends of what failed, last: a CI log shows only its tail,
+		// and the files named above stay on the machine that ran it.
+		fmt.Print(strings.Join(tails, ""))
 		return fmt.Errorf("%d failures:\n  %s", len(failures), strings.Join(failures, "\n  "))
 	}
 	return nil
+}
+
+// tailLines is how much of a failed step's output, or of the console of a
+// guest that died, the report repeats.
+const tailLines = 12
+
+func excerpt(what string, lines []string) string {
+	if len(lines) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("--- the end of %s:\n%s\n", what, strings.Join(lines, "\n"))
+}
+
+// lastLines are the last n lines of the file at path (none if unreadable).
+func lastLines(path string, n int) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return lines[max(0, len(lines)-n):]
+}
+
+// stepTail are the last n lines the step wrote to the results file,
+// before its end marker (or the file's end, if it never ended).
+func stepTail(path, step string, n int) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	_, out, ok := strings.Cut(string(b), markBegin+step+"\n")
+	if !ok {
+		return nil
+	}
+	out, _, _ = strings.Cut(out, markEnd+step+" ")
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	return lines[max(0, len(lines)-n):]
 }

@@ -150,3 +150,22 @@ func TestGuestKeeps(t *testing.T) {
 		}
 	}
 }
+
+// A failed step's excerpt is its own output's end, not the next step's.
+func TestStepTail(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "results.log")
+	log := markBegin + "./a\nok a\n" + markEnd + "./a exit=0 seconds=1\n" +
+		markBegin + "./b\none\ntwo\nthree\n" + markEnd + "./b exit=1 seconds=2\n" +
+		markBegin + "./c\nstill running\n"
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		step string
+		want []string
+	}{{"./b", []string{"two", "three"}}, {"./c", []string{"still running"}}, {"./gone", nil}} {
+		if got := stepTail(path, c.step, 2); !slices.Equal(got, c.want) {
+			t.Errorf("stepTail(%s) = %q, want %q", c.step, got, c.want)
+		}
+	}
+}
