@@ -81,6 +81,9 @@ type Profile struct {
 	// Transparent: false turns transparent mode off for a Trial with
 	// this profile, as --no-transparent does; absent or true: on.
 	Transparent *bool `yaml:"transparent"`
+	// Gateway are credential gateway routes (docs/gateway.md); each
+	// upstream must be on Allow.
+	Gateway []trial.GatewayRoute `yaml:"gateway"`
 
 	list *allow.List
 }
@@ -92,8 +95,8 @@ func (p *Profile) UnmarshalYAML(n *yaml.Node) error {
 		return n.Decode(&p.Allow)
 	case yaml.MappingNode:
 		for i := 0; i < len(n.Content); i += 2 {
-			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" && k != "nested" && k != "transparent" {
-				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested, transparent)", n.Content[i].Line, k)
+			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" && k != "nested" && k != "transparent" && k != "gateway" {
+				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested, transparent, gateway)", n.Content[i].Line, k)
 			}
 		}
 		type plain Profile
@@ -144,6 +147,9 @@ func (f *File) validate() error {
 			return fmt.Errorf("profile %q: %w", name, err)
 		}
 		p.list = l
+		if err := checkRoutes(p.Gateway, l); err != nil {
+			return fmt.Errorf("profile %q: %w", name, err)
+		}
 		f.Profiles[name] = p
 	}
 	for _, s := range f.Resolvers {
