@@ -69,10 +69,9 @@ type httpConn struct {
 	// dest is the name:port a transparent connection stands for, which
 	// every request on it must name; nil on a proxy client's connection.
 	dest *wire.Request
-	// gateway: a credential gateway connection, whose requests each name
-	// a route (route: the current request's).
-	gateway bool
-	route   *GatewayRoute
+	// route is the credential gateway route of the request being
+	// served; nil for a forwarded one.
+	route *GatewayRoute
 	// reached: bytes of the last request reached the upstream, over a
 	// connection no check refused, so its record is allow.
 	reached bool
@@ -102,7 +101,7 @@ func (p *Proxy) serveConn(h *httpConn, ev *record.Event, headDone func()) *recor
 	h.tr = &http.Transport{
 		Proxy:               nil, // never the environment's proxy
 		DialContext:         h.dial,
-		DialTLSContext:      h.dialTLS, // a gateway route's upstream only
+		DialTLSContext:      h.dialTLS, // a gateway route's upstream only (https)
 		DisableCompression:  true,      // bytes pass as they are
 		MaxIdleConnsPerHost: 1,         // requests on one client connection are sequential
 		// and only the last host's connection is worth keeping: idle
@@ -170,10 +169,10 @@ func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep
 	var req *wire.Request
 	h.route = nil
 	switch {
-	case h.gateway:
-		req, h.route, err = h.t.gatewayRequest(raw)
 	case h.dest != nil:
 		req, err = wire.ParseTransparentHead(raw, h.dest.Host, h.dest.Port)
+	case len(h.t.gateway) > 0 && originForm(raw):
+		req, h.route, err = h.t.gatewayRequest(raw)
 	default:
 		req, err = wire.ParseHTTPHead(raw)
 	}
@@ -360,7 +359,7 @@ func (h *httpConn) outgoing(in *http.Request, req *wire.Request, ev *record.Even
 		hdr["User-Agent"] = []string{""} // net/http would add its own
 	}
 	body := &countBody{r: in.Body}
-	if h.gateway {
+	if h.route != nil {
 		if in.ContentLength > maxGatewayBody {
 			return nil, nil, record.Deny(record.ReasonBodyTooLarge, "a gateway request body of %d bytes, over its bound of %d", in.ContentLength, maxGatewayBody)
 		}

@@ -3,7 +3,7 @@
 package proxy
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/wire"
@@ -56,30 +55,12 @@ func gatewayTLS(roots *x509.CertPool) *tls.Config {
 	return &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
 }
 
-// ServeGateway accepts the credential gateway connections of Trial id
-// on ln until ln is closed, the Trial is removed or the proxy is
-// closed: each request is matched to one of the Trial's routes by its
-// path and forwarded over TLS the proxy opens itself, through the same
-// allowlist, address guard, limits and records as a forwarded request,
-// with the route's header set to its secret (docs/gateway.md).
-func (p *Proxy) ServeGateway(ln net.Listener, id string) error {
-	return p.serve(ln, id, p.handleGateway)
-}
-
-// handleGateway serves one gateway client connection.
-func (p *Proxy) handleGateway(c net.Conn, t *trial) {
-	k := p.newClientConn(c, t)
-	defer k.finish()
-	if err := p.admit(t); err != nil {
-		p.refuse(c, k.ev, err)
-		return
-	}
-	k.onDone(func() { p.conns.Add(-1); t.clients.Add(-1) })
-	_ = c.SetReadDeadline(k.ev.Time.Add(p.cfg.HeaderTimeout))
-	headDone := sync.OnceFunc(func() { t.pending.Add(-1) })
-	h := &httpConn{p: p, t: t, c: c, r: bufio.NewReaderSize(getReader(c), wire.MaxHeaderBytes), gateway: true}
-	k.ev = p.serveConn(h, k.ev, headDone)
-	headDone()
+// originForm reports whether a request head's target is a path
+// ("GET /route/... HTTP/1.1"): a request to the gateway, which a proxy
+// client never sends (its targets are absolute or host:port).
+func originForm(raw []byte) bool {
+	_, rest, ok := bytes.Cut(raw, []byte(" "))
+	return ok && len(rest) > 0 && rest[0] == '/'
 }
 
 // gatewayRequest validates a gateway request head and finds its route.
@@ -229,7 +210,8 @@ func (b *boundedBody) Read(p []byte) (int, error) {
 // checked dial of the request being served (dial), then TLS with the
 // route's name verified against the Trial's trust store.
 func (h *httpConn) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
-	if h.t.gwTLS == nil {
+	f, _ := ctx.Value(fwdKey{}).(*fwdReq)
+	if f == nil || !f.req.TLS || h.t.gwTLS == nil {
 		return nil, record.Deny(record.ReasonPolicyDenied, "TLS to %q outside a gateway request", wire.Truncate(addr))
 	}
 	c, err := h.dial(ctx, network, addr)
@@ -237,7 +219,6 @@ func (h *httpConn) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 		return nil, err
 	}
 	tc := c.(*trackedConn)
-	f, _ := ctx.Value(fwdKey{}).(*fwdReq) // dial checked it is there
 	cfg := h.t.gwTLS.Clone()
 	cfg.ServerName = f.req.Host
 	conn := tls.Client(tc.Conn, cfg)

@@ -120,12 +120,21 @@ func jsonFlag(fs *flag.FlagSet) *bool {
 }
 
 func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("doctor", "doctor [-j]", "sudo trialnet doctor", stderr)
+	fs := newFlags("doctor", "doctor [-j] [--config FILE]", "sudo trialnet doctor --config /etc/trialnet/config.yaml", stderr)
 	asJSON := jsonFlag(fs)
+	configPath := fs.String("config", "", "also check what this config file needs of the host (credential gateway secret files and trust store)")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	checks := agent.Doctor()
+	if *configPath != "" {
+		f, err := config.LoadFile(*configPath)
+		if err != nil {
+			fmt.Fprintf(stderr, "trialnet doctor: %v\n", err)
+			return exitUsage
+		}
+		checks = append(checks, agent.GatewayChecks(f)...)
+	}
 	bad := bpf.CanEnforce(checks)
 	if *asJSON {
 		type row struct {
