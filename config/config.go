@@ -99,6 +99,9 @@ func (p *Profile) UnmarshalYAML(n *yaml.Node) error {
 				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested, transparent, gateway)", n.Content[i].Line, k)
 			}
 		}
+		if err := checkRouteKeys(n); err != nil {
+			return err
+		}
 		type plain Profile
 		return n.Decode((*plain)(p))
 	}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/trial"
 	"github.com/trialnet/trialnet/wire"
@@ -74,6 +76,26 @@ func checkRoutePath(p string) error {
 		for _, c := range seg {
 			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
 				return fmt.Errorf("path %q: use lower-case letters, digits, '-', '_' and '.'", p)
+			}
+		}
+	}
+	return nil
+}
+
+// checkRouteKeys refuses an unknown key in a profile's gateway routes
+// (a decoder's known-fields check does not reach inside a profile).
+func checkRouteKeys(profile *yaml.Node) error {
+	for i := 0; i+1 < len(profile.Content); i += 2 {
+		if profile.Content[i].Value != "gateway" {
+			continue
+		}
+		for _, r := range profile.Content[i+1].Content {
+			for j := 0; j < len(r.Content); j += 2 {
+				switch k := r.Content[j].Value; k {
+				case "path", "upstream", "header", "secret_file":
+				default:
+					return fmt.Errorf("line %d: unknown gateway route key %q (want path, upstream, header, secret_file; a secret is never in the config, only its file)", r.Content[j].Line, k)
+				}
 			}
 		}
 	}

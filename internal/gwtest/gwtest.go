@@ -62,11 +62,11 @@ type Seen struct {
 	Body              string
 }
 
-// Upstream is the fake provider. Want maps a header (canonical) to the
-// value every request must carry: one without it is answered 401, as a
-// provider would, and still recorded.
+// Upstream is the fake provider. Check, if set, judges each request's
+// credential: one it refuses is answered 401, as a provider would, and
+// still recorded.
 type Upstream struct {
-	Want map[string]string
+	Check func(*http.Request) error
 	// Hold, if set, is waited for after the first event of a streamed
 	// answer: a test that sees that event before closing Hold shows the
 	// stream was not buffered on the way.
@@ -88,11 +88,12 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.got = append(u.got, Seen{r.Method, r.Host, r.RequestURI, r.Header.Clone(), string(body)})
 	u.mu.Unlock()
-	for k, v := range u.Want {
-		if r.Header.Get(k) != v {
+	if u.Check != nil {
+		if err := u.Check(r); err != nil {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusUnauthorized)
-			_, _ = io.WriteString(w, `{"type":"error","error":{"type":"authentication_error","message":"gwtest: wrong or missing `+k+`"}}`)
+			b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]any{"type": "authentication_error", "message": "gwtest: " + err.Error()}})
+			_, _ = w.Write(b)
 			return
 		}
 	}
