@@ -126,6 +126,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'ConnectHook' -benchtime 10x ./sandbox
 	$(GO) test -run '^$$' -bench 'Peers' -benchtime 1x ./test/proxybench
 	$(GO) test -run '^$$' -bench 'EventJSON' -benchmem ./record
+	$(GO) test -run '^$$' -bench 'GatewayVsDirectTLS' -benchtime 300x -benchmem ./proxy
 	$(GO) test -run '^$$' -bench 'TrialLifecycle|SandboxWithProcess|Launch|RequestLatency' -benchtime 200x ./test/systembench
 	$(GO) test -run '^$$' -bench 'IdleTrialMemory' -benchtime 1x ./test/systembench
 	$(GO) test -run '^$$' -bench 'RunTrue' -benchtime 50x ./test/systembench

@@ -32,10 +32,18 @@ type gwWorld struct {
 	tp    *testProxy
 	up    *gwtest.Upstream
 	addr  string // the gateway Trial's proxy endpoint, which serves its routes
+	upTLS string // the upstream's own address, for a direct request
+	ca    []byte
 	lines chan string
 }
 
-func newGatewayWorld(t *testing.T, roots func(ca []byte) *x509.CertPool) *gwWorld {
+func newGatewayWorld(t testing.TB, roots func(ca []byte) *x509.CertPool) *gwWorld {
+	return newGatewayWorldLimits(t, roots, nil)
+}
+
+// newGatewayWorldLimits is newGatewayWorld with the gateway Trial's proxy
+// limits (nil: the defaults).
+func newGatewayWorldLimits(t testing.TB, roots func(ca []byte) *x509.CertPool, lim *trialspec.ProxyLimits) *gwWorld {
 	t.Helper()
 	caPEM, cert := gwtest.NewCA(t, gwHost)
 	up := &gwtest.Upstream{}
@@ -58,7 +66,7 @@ func newGatewayWorld(t *testing.T, roots func(ca []byte) *x509.CertPool) *gwWorl
 		{Path: "/a/", Host: gwHost, Port: 443, Header: "x-api-key", Secret: []byte(gwSecret)},
 		{Path: "/o/", Host: gwHost, Port: 443, Header: "authorization", Secret: []byte(gwSecret)},
 	}
-	if err := tp.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "gw"}, Allow: list, Gateway: routes, GatewayRoots: roots(caPEM)}); err != nil {
+	if err := tp.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "gw", Limits: proxyHalf(lim)}, Allow: list, Gateway: routes, GatewayRoots: roots(caPEM)}); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -66,7 +74,7 @@ func newGatewayWorld(t *testing.T, roots func(ca []byte) *x509.CertPool) *gwWorl
 		t.Fatal(err)
 	}
 	go func() { _ = tp.Serve(ln, "gw") }()
-	return &gwWorld{tp: tp, up: up, addr: ln.Addr().String(), lines: lines}
+	return &gwWorld{tp: tp, up: up, addr: ln.Addr().String(), upTLS: srv.Listener.Addr().String(), ca: caPEM, lines: lines}
 }
 
 func withCA(ca []byte) *x509.CertPool {

@@ -145,7 +145,7 @@ var reasons = map[Reason]reasonInfo{
 	ReasonTLSRecordBeforeHello: {http.StatusBadRequest, "tls_protocol_error", true},
 	ReasonTLSSSLv2:             {http.StatusBadRequest, "tls_protocol_error", true},
 
-	ReasonGatewayNoRoute:     {http.StatusNotFound, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
+	ReasonGatewayNoRoute:     {http.StatusNotFound, "http_request_denied", true},  // charged where it is decided (chargeRefusal)
 	ReasonPlaceholderMisused: {http.StatusForbidden, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
 	ReasonBodyTooLarge:       {http.StatusRequestEntityTooLarge, "http_request_error", true},
 	ReasonUpstreamTLS:        {http.StatusBadGateway, "tls_certificate_error", true},

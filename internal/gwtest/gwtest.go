@@ -184,7 +184,7 @@ func (u *Upstream) chat(w http.ResponseWriter, model string, stream bool) {
 	if !stream {
 		writeJSON(w, map[string]any{"id": "chatcmpl-gwtest", "object": "chat.completion", "created": created, "model": model,
 			"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": Answer}, "finish_reason": "stop"}},
-			"usage": map[string]any{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+			"usage":   map[string]any{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
 		return
 	}
 	s := u.stream(w)
