@@ -267,3 +267,32 @@ func TestPlaceholderRefusedOutsideTheGateway(t *testing.T) {
 		t.Errorf("%d dials for refused requests", n)
 	}
 }
+
+// TestGatewayBoundsAChunkedBody: a body without a length is cut at the
+// bound, and the request refused.
+func TestGatewayBoundsAChunkedBody(t *testing.T) {
+	g := newGatewayWorld(t, withCA)
+	c, err := net.Dial("tcp", g.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+	go func() {
+		_, _ = io.WriteString(c, "POST /a/v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+		chunk := fmt.Sprintf("%x\r\n%s\r\n", 1<<20, strings.Repeat("x", 1<<20))
+		for range maxGatewayBody>>20 + 2 {
+			if _, err := io.WriteString(c, chunk); err != nil {
+				return // refused: the gateway stopped reading
+			}
+		}
+	}()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resp.Header.Get("Trialnet-Reason"); r != string(record.ReasonBodyTooLarge) {
+		t.Fatalf("got %d %q, want request_body_too_large", resp.StatusCode, r)
+	}
+	g.lastLine(t)
+}
