@@ -158,7 +158,8 @@ func (w *world) newTrial(t *testing.T, name string) *trial {
 		t.Fatal(err)
 	}
 	home := filepath.Join(w.dir, "home-"+name)
-	if err := os.Mkdir(home, 0o700); err == nil {
+	err = os.Mkdir(home, 0o700)
+	if err == nil {
 		err = os.Chown(home, nobody, nobody)
 	}
 	if err != nil {
