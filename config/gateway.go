@@ -17,7 +17,6 @@ import (
 
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/trial"
-	"github.com/trialnet/trialnet/wire"
 )
 
 // MaxSecretBytes bounds a gateway secret file: an API key is tens of
@@ -56,11 +55,11 @@ func ParseUpstream(s string) (Upstream, error) {
 	if u.Port() == "" {
 		authority = strings.TrimSuffix(authority, ":") + ":443"
 	}
-	req, err := wire.ParseAuthority(authority)
-	if err != nil {
-		return Upstream{}, fmt.Errorf("upstream %q: %w", s, err)
+	e, err := allow.ParseEntry(authority) // a name, never an address, as an allowlist entry
+	if err != nil || e.Wildcard {
+		return Upstream{}, fmt.Errorf("upstream %q: want one DNS name, not an address or a wildcard (%v)", s, err)
 	}
-	return Upstream{Host: req.Host, Port: req.Port}, nil
+	return Upstream{Host: e.Name, Port: e.Port}, nil
 }
 
 // checkRoutePath refuses a route prefix that is not "/word/.../": lower

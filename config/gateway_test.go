@@ -35,7 +35,7 @@ func TestGatewayRouteRefusals(t *testing.T) {
 		{"upstream off the allowlist", "      - {path: /o/, upstream: https://api.openai.com, header: authorization, secret_file: /s}\n", "not on the profile's allowlist"},
 		{"port off the allowlist", "      - {path: /o/, upstream: 'https://api.anthropic.com:8443', header: authorization, secret_file: /s}\n", "not on the profile's allowlist"},
 		{"plain http", "      - {path: /o/, upstream: http://api.anthropic.com, header: authorization, secret_file: /s}\n", "want https"},
-		{"address", "      - {path: /o/, upstream: https://1.2.3.4, header: authorization, secret_file: /s}\n", "ip_literal"},
+		{"address", "      - {path: /o/, upstream: https://1.2.3.4, header: authorization, secret_file: /s}\n", "not an address"},
 		{"upstream path", "      - {path: /o/, upstream: https://api.anthropic.com/v1, header: authorization, secret_file: /s}\n", "want only"},
 		{"path without slashes", "      - {path: anthropic, upstream: https://api.anthropic.com, header: x-api-key, secret_file: /s}\n", "prefix"},
 		{"dot segment", "      - {path: /a/../, upstream: https://api.anthropic.com, header: x-api-key, secret_file: /s}\n", "segment"},

@@ -59,13 +59,3 @@ func checkGatewayPath(target string) error {
 	}
 	return nil
 }
-
-// ParseAuthority validates host:port as a CONNECT target is validated (a
-// DNS name, never an address) and returns it normalised.
-func ParseAuthority(s string) (*Request, error) {
-	host, port, err := parseTarget(s)
-	if err != nil {
-		return nil, err
-	}
-	return &Request{Host: host, Port: port, Target: s}, nil
-}

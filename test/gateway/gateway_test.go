@@ -66,7 +66,7 @@ type world struct {
 	state   string
 }
 
-func newWorld(t *testing.T) *world {
+func newHarnessWorld(t *testing.T) *world {
 	privtest.Require(t)
 	w := &world{host: testhost.NewT(t, subnet), dir: privtest.SharedDir(t, "gateway-"), secret: "sk-gwtest-" + rand.Text()}
 	caPEM, cert := gwtest.NewCA(t, anthropic, openai)
@@ -204,7 +204,7 @@ func requireHarness(t *testing.T, name string) string {
 // placeholder and its base URL under TRIALNET_GATEWAY, finishes a turn;
 // the provider saw the secret in the route's header on every request.
 func TestPrivilegedHarnessesThroughGateway(t *testing.T) {
-	w := newWorld(t)
+	w := newHarnessWorld(t)
 	base := func(tc *trial) string { return tc.info.GatewayURL } // what $TRIALNET_GATEWAY says inside
 	cases := []struct {
 		name, host string
@@ -299,7 +299,7 @@ echo search-done
 // decision log, the receipt, the state and data directories or the
 // metrics.
 func TestPrivilegedSecretNowhereInTheTrial(t *testing.T) {
-	w := newWorld(t)
+	w := newHarnessWorld(t)
 	tc := w.newTrial(t, "search")
 	m := &matcher{needle: []byte(w.secret)}
 	code, errs := tc.run(m, []string{"PH=" + proxy.GatewayPlaceholder}, "sh", "-c", searchScript, "search", w.dataDir, w.state)
@@ -380,7 +380,7 @@ func TestPrivilegedGatewayRefusals(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not on the profile's allowlist") {
 		t.Fatalf("a route off the allowlist: %v", err)
 	}
-	w := newWorld(t)
+	w := newHarnessWorld(t)
 	secrets := t.TempDir()
 	leaky := filepath.Join(secrets, "leaky")
 	if err := os.WriteFile(leaky, []byte(w.secret), 0o644); err != nil {
