@@ -58,7 +58,7 @@ func newGatewayWorldLimits(t testing.TB, roots func(ca []byte) *x509.CertPool, l
 			c.OnEvent = func(e *record.Event, line []byte) { lines <- string(line); events(e, line) }
 		}})
 	tp.dns.set(gwHost, 60, "93.184.216.34")
-	list, err := allow.Parse([]string{gwHost + ":443"}, false)
+	list, err := allow.Parse([]string{gwHost + ":443"}, true) // require_tls: the gateway speaks TLS, so it admits a route
 	if err != nil {
 		t.Fatal(err)
 	}
