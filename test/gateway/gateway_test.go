@@ -64,6 +64,7 @@ type world struct {
 	dir     string // world-readable: the Trials' homes
 	dataDir string
 	state   string
+	cfg     agent.AgentConfig // the agent's, for a restart
 }
 
 func newHarnessWorld(t *testing.T) *world {
@@ -106,9 +107,9 @@ profiles:
 	}
 	host := testenv.IsolatedHost(t, "gateway")
 	w.dataDir, w.state = t.TempDir(), host.StateDir
-	w.agent, err = agent.Start(agent.AgentConfig{Host: host, DataDir: w.dataDir, File: f,
-		Resolvers: []string{netip.AddrPortFrom(w.host.Addr4, 53).String()}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}})
-	if err != nil {
+	w.cfg = agent.AgentConfig{Host: host, DataDir: w.dataDir, File: f,
+		Resolvers: []string{netip.AddrPortFrom(w.host.Addr4, 53).String()}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}}
+	if w.agent, err = agent.Start(w.cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.agent.Close(true) })
@@ -149,7 +150,7 @@ func (w *world) newTrial(t *testing.T, name string) *trial {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = w.agent.Destroy(context.Background(), info.ID) })
+	t.Cleanup(func() { _, _ = w.agent.Destroy(context.Background(), info.ID) }) // the agent of the time
 	if info.GatewayURL == "" {
 		t.Fatal("a Trial with gateway routes has no gateway_url")
 	}
@@ -400,4 +401,34 @@ func TestPrivilegedGatewayRefusals(t *testing.T) {
 		t.Fatalf("create with a world-readable secret: %v", err)
 	}
 	t.Logf("refused: %v", err)
+}
+
+// TestPrivilegedGatewaySurvivesRestart: an agent that re-adopts a Trial
+// reads its routes' secrets again and serves them.
+func TestPrivilegedGatewaySurvivesRestart(t *testing.T) {
+	w := newHarnessWorld(t)
+	tc := w.newTrial(t, "restart")
+	curl := []string{"curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-H", "x-api-key: " + proxy.GatewayPlaceholder}
+	get := func() string {
+		var out bytes.Buffer
+		code, errs := tc.run(&out, nil, append(curl, tc.info.GatewayURL+"/anthropic/v1/models")...)
+		if code != 0 {
+			t.Fatalf("curl exit %d: %s", code, errs)
+		}
+		return out.String()
+	}
+	if got := get(); got != "200" {
+		t.Fatalf("before the restart: %s", got)
+	}
+	w.agent.Close(false) // the Trial stays, enforced, for the next agent
+	var err error
+	if w.agent, err = agent.Start(w.cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(); got != "200" {
+		t.Fatalf("after the restart: %s", got)
+	}
+	if n := len(w.up.Requests()); n != 2 {
+		t.Fatalf("the provider got %d requests with the secret, want 2", n)
+	}
 }
