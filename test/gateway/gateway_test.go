@@ -432,3 +432,37 @@ func TestPrivilegedGatewaySurvivesRestart(t *testing.T) {
 		t.Fatalf("the provider got %d requests with the secret, want 2", n)
 	}
 }
+
+// TestPrivilegedPlaceholderElsewhereInTrial: from inside a Trial, the
+// placeholder sent to another route's header, in a forwarded request or
+// in a CONNECT head is refused, recorded, and reaches no provider.
+func TestPrivilegedPlaceholderElsewhereInTrial(t *testing.T) {
+	w := newHarnessWorld(t)
+	tc := w.newTrial(t, "misplaced")
+	ph := proxy.GatewayPlaceholder
+	for _, argv := range [][]string{
+		{"curl", "-sS", "-H", "x-api-key: " + ph, tc.info.GatewayURL + "/openai/v1/models"},
+		{"curl", "-sS", "-H", "x-api-key: " + ph, "http://" + anthropic + "/v1/models"},
+		{"curl", "-sS", "--proxy-header", "Proxy-Authorization: Bearer " + ph, "https://" + anthropic + "/v1/models"},
+	} {
+		var out bytes.Buffer
+		code, errs := tc.run(&out, nil, argv...)
+		t.Logf("%q: exit %d: %s%s", argv, code, truncate(out.String()), errs)
+	}
+	recs, err := w.agent.Audit(context.Background(), tc.info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	for _, e := range recs {
+		if e.Reason == "placeholder_misused" {
+			refused++
+		}
+	}
+	if refused != 3 {
+		t.Errorf("%d of 3 requests refused as placeholder_misused: %+v", refused, recs)
+	}
+	if n := len(w.up.Requests()); n != 0 {
+		t.Errorf("the provider got %d requests", n)
+	}
+}
