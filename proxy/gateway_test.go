@@ -296,3 +296,15 @@ func TestGatewayBoundsAChunkedBody(t *testing.T) {
 	}
 	g.lastLine(t)
 }
+
+// TestGatewayBoundsTheResponseHead: an upstream's response head past the
+// bound is refused, not held whole.
+func TestGatewayBoundsTheResponseHead(t *testing.T) {
+	g := newGatewayWorld(t, withCA)
+	g.up.Header = http.Header{"X-Big": {strings.Repeat("b", maxResponseHeaderBytes)}}
+	resp, _ := g.do(t, messagesRequest("/a/v1/messages", ""))
+	if r := resp.Header.Get("Trialnet-Reason"); r != string(record.ReasonUpstreamBadResponse) {
+		t.Fatalf("got %d %q, want upstream_bad_response", resp.StatusCode, r)
+	}
+	g.lastLine(t)
+}

@@ -71,6 +71,8 @@ type Upstream struct {
 	// answer: a test that sees that event before closing Hold shows the
 	// stream was not buffered on the way.
 	Hold chan struct{}
+	// Header is added to every response.
+	Header http.Header
 
 	mu  sync.Mutex
 	got []Seen
@@ -88,6 +90,9 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.got = append(u.got, Seen{r.Method, r.Host, r.RequestURI, r.Header.Clone(), string(body)})
 	u.mu.Unlock()
+	for k, v := range u.Header {
+		w.Header()[k] = v
+	}
 	if u.Check != nil {
 		if err := u.Check(r); err != nil {
 			w.Header().Set("Content-Type", "application/json")
