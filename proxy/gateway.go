@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -38,8 +39,18 @@ type GatewayRoute struct {
 	Host   string // the upstream, a DNS name the allowlist judges
 	Port   uint16
 	Header string // lower case; authorization gets "Bearer " + Secret
-	Secret []byte // never written anywhere but the upstream request
+	Secret Secret // never written anywhere but the upstream request
 }
+
+// Secret is a route's credential. It prints, logs and encodes as
+// "[secret]", so that no error or log line that names a route by
+// mistake carries it.
+type Secret []byte
+
+func (Secret) String() string               { return "[secret]" }
+func (Secret) GoString() string             { return "[secret]" }
+func (Secret) LogValue() slog.Value         { return slog.StringValue("[secret]") }
+func (Secret) MarshalJSON() ([]byte, error) { return []byte(`"[secret]"`), nil }
 
 // value is what the route's header is set to.
 func (r *GatewayRoute) value() string {

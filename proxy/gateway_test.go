@@ -6,8 +6,10 @@ import (
 	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -307,4 +309,17 @@ func TestGatewayBoundsTheResponseHead(t *testing.T) {
 		t.Fatalf("got %d %q, want upstream_bad_response", resp.StatusCode, r)
 	}
 	g.lastLine(t)
+}
+
+// A route printed, logged or encoded by mistake does not show its secret.
+func TestGatewaySecretDoesNotPrint(t *testing.T) {
+	r := GatewayRoute{Path: "/a/", Host: gwHost, Port: 443, Header: "x-api-key", Secret: Secret(gwSecret)}
+	var logged strings.Builder
+	slog.New(slog.NewTextHandler(&logged, nil)).Info("route", "route", r, "secret", r.Secret)
+	j, _ := json.Marshal(r)
+	for _, s := range []string{fmt.Sprint(r), fmt.Sprintf("%+v %#v %s %x %q", r, r, r.Secret, r.Secret, r.Secret), logged.String(), string(j)} {
+		if strings.Contains(s, gwSecret) || strings.Contains(s, fmt.Sprintf("%x", gwSecret)) || strings.Contains(s, fmt.Sprint([]byte(gwSecret))) {
+			t.Errorf("the secret shows: %s", s)
+		}
+	}
 }
