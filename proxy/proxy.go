@@ -5,8 +5,10 @@
 // every resolved address, dials only the addresses it checked, and relays
 // the tunnel like TCP (half-close, no idle timeout). Plain http:// requests
 // in absolute form are forwarded through the same checks, one decision per
-// request. One Proxy serves many Trials; every listener belongs to one
-// Trial and every decision names it.
+// request. A Trial with credential gateway routes also gets path-only
+// requests served on its endpoint: over TLS the proxy opens itself, with
+// the route's secret set (gateway.go). One Proxy serves many Trials;
+// every listener belongs to one Trial and every decision names it.
 package proxy
 
 import (
