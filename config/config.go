@@ -88,6 +88,9 @@ type Profile struct {
 	// HostServices are services of the host the Trial reaches as
 	// host.trialnet.internal:PORT (docs/upstream.md).
 	HostServices []HostService `yaml:"host_services"`
+	// Gateway are credential gateway routes (docs/gateway.md); each
+	// upstream must be on Allow.
+	Gateway []trial.GatewayRoute `yaml:"gateway"`
 
 	list *allow.List
 }
@@ -150,9 +153,12 @@ func (p *Profile) UnmarshalYAML(n *yaml.Node) error {
 		return n.Decode(&p.Allow)
 	case yaml.MappingNode:
 		for i := 0; i < len(n.Content); i += 2 {
-			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" && k != "nested" && k != "transparent" && k != "host_services" {
-				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested, transparent, host_services)", n.Content[i].Line, k)
+			if k := n.Content[i].Value; k != "allow" && k != "require_tls" && k != "learn" && k != "nested" && k != "transparent" && k != "host_services" && k != "gateway" {
+				return fmt.Errorf("line %d: unknown profile key %q (want allow, require_tls, learn, nested, transparent, host_services, gateway)", n.Content[i].Line, k)
 			}
+		}
+		if err := checkRouteKeys(n); err != nil {
+			return err
 		}
 		type plain Profile
 		return n.Decode((*plain)(p))
@@ -211,6 +217,9 @@ func (f *File) validate() error {
 			return fmt.Errorf("profile %q: %w", name, err)
 		}
 		p.list = l
+		if err := checkRoutes(p.Gateway, l); err != nil {
+			return fmt.Errorf("profile %q: %w", name, err)
+		}
 		f.Profiles[name] = p
 	}
 	for _, s := range f.Resolvers {

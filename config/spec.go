@@ -25,6 +25,10 @@ func (f *File) Spec(req trial.Request, cidrs []netip.Prefix) (trial.Spec, *allow
 	if err != nil {
 		return trial.Spec{}, nil, err
 	}
+	gw, err := f.gatewayOf(req.Profiles)
+	if err != nil {
+		return trial.Spec{}, nil, err
+	}
 	var lim trial.Limits
 	if f != nil {
 		lim = f.Limits
@@ -48,6 +52,7 @@ func (f *File) Spec(req trial.Request, cidrs []netip.Prefix) (trial.Spec, *allow
 		Nested:   req.Nested || f.nests(req.Profiles),
 		// On unless asked off: by the request or by any of its profiles.
 		Transparent:  !req.NoTransparent && !f.opaque(req.Profiles),
+		Gateway:      gw,
 		UnixAllow:    slices.Clone(req.UnixAllow),
 		Learning:     req.Learn || f.learns(req.Profiles),
 		Allow:        AllowEntries(list),

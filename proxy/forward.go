@@ -69,6 +69,9 @@ type httpConn struct {
 	// dest is the name:port a transparent connection stands for, which
 	// every request on it must name; nil on a proxy client's connection.
 	dest *wire.Request
+	// route is the credential gateway route of the request being
+	// served; nil for a forwarded one.
+	route *GatewayRoute
 	// reached: bytes of the last request reached the upstream, over a
 	// connection no check refused, so its record is allow.
 	reached bool
@@ -86,14 +89,21 @@ type httpConn struct {
 // dest is the name:port of a transparent connection (nil: a proxy
 // client's). It returns the last request's event, not yet emitted, or nil.
 func (p *Proxy) serveHTTP(c net.Conn, t *trial, br *bufio.Reader, ev *record.Event, headDone func(), dest *wire.Request) *record.Event {
+	return p.serveConn(&httpConn{p: p, t: t, c: c, r: bufio.NewReaderSize(br, wire.MaxHeaderBytes), dest: dest}, ev, headDone)
+}
+
+// serveConn serves h's requests, as serveHTTP says.
+func (p *Proxy) serveConn(h *httpConn, ev *record.Event, headDone func()) *record.Event {
+	c, t, dest := h.c, h.t, h.dest
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
-	h := &httpConn{p: p, t: t, c: c, r: bufio.NewReaderSize(br, wire.MaxHeaderBytes), ctx: ctx, dest: dest}
+	h.ctx = ctx
 	h.tr = &http.Transport{
 		Proxy:               nil, // never the environment's proxy
 		DialContext:         h.dial,
-		DisableCompression:  true, // bytes pass as they are
-		MaxIdleConnsPerHost: 1,    // requests on one client connection are sequential
+		DialTLSContext:      h.dialTLS, // a gateway route's upstream only (https)
+		DisableCompression:  true,      // bytes pass as they are
+		MaxIdleConnsPerHost: 1,         // requests on one client connection are sequential
 		// and only the last host's connection is worth keeping: idle
 		// upstream sockets count against no limit of the Trial's.
 		MaxIdleConns:           1,
@@ -157,13 +167,24 @@ func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep
 		return false, err
 	}
 	var req *wire.Request
-	if h.dest != nil {
+	h.route = nil
+	switch {
+	case h.dest != nil:
 		req, err = wire.ParseTransparentHead(raw, h.dest.Host, h.dest.Port)
-	} else {
+	case len(h.t.gateway) > 0 && originForm(raw):
+		req, h.route, err = h.t.gatewayRequest(raw)
+	default:
 		req, err = wire.ParseHTTPHead(raw)
 	}
 	if req != nil {
 		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port
+	}
+	own := ""
+	if h.route != nil {
+		ev.Route, own = h.route.Path, h.route.Header
+	}
+	if err == nil && misplaced(raw, own) {
+		err = placeholderDenial("outside its route's header")
 	}
 	if err != nil {
 		return false, h.t.chargeRefusal(err)
@@ -200,6 +221,7 @@ func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep
 		return false, h.roundTripError(err, body, ot)
 	}
 	ev.FirstByte = time.Since(ev.Time)
+	ev.Status = resp.StatusCode
 	defer resp.Body.Close()
 	ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
 	keep, err = h.respond(in, resp, ev)
@@ -271,7 +293,7 @@ func (f *fwdReq) gotConn(info httptrace.GotConnInfo) {
 	f.up, f.w0, f.r0 = tc, tc.wrote.Load(), tc.read.Load()
 	// The bare connection: a cut closes it under the Trial's lock, which
 	// the tracked one's Close takes (the Transport closes that after).
-	if err := f.ot.attach(tc.Conn); err != nil {
+	if err := f.ot.attach(tc.bare()); err != nil {
 		_ = tc.Close() // cut while being opened: nothing may be written
 	}
 }
@@ -300,6 +322,10 @@ func (h *httpConn) roundTripError(err error, body *countBody, ot *openTunnel) er
 		return record.Deny(c.reason, "%s while the request was being forwarded", c.why)
 	}
 	if berr := body.readErr(); berr != nil {
+		var d *record.Denial
+		if errors.As(berr, &d) {
+			return d // the gateway's body bound
+		}
 		return &record.Denial{Reason: record.ReasonBadRequest, Detail: "the client's request body: " + berr.Error(), Err: berr}
 	}
 	return upstreamError(h.t.ctx, err)
@@ -333,6 +359,12 @@ func (h *httpConn) outgoing(in *http.Request, req *wire.Request, ev *record.Even
 		hdr["User-Agent"] = []string{""} // net/http would add its own
 	}
 	body := &countBody{r: in.Body}
+	if h.route != nil {
+		if in.ContentLength > maxGatewayBody {
+			return nil, nil, record.Deny(record.ReasonBodyTooLarge, "a gateway request body of %d bytes, over its bound of %d", in.ContentLength, maxGatewayBody)
+		}
+		body.r = &boundedBody{r: in.Body, n: maxGatewayBody}
+	}
 	if exp := hdr.Get("Expect"); exp != "" {
 		if !strings.EqualFold(exp, "100-continue") || len(hdr.Values("Expect")) > 1 {
 			return nil, nil, record.Deny(record.ReasonBadRequest, "Expect %q: only 100-continue is supported", wire.Truncate(exp))
@@ -358,6 +390,9 @@ func (h *httpConn) outgoing(in *http.Request, req *wire.Request, ev *record.Even
 			RawQuery: in.URL.RawQuery, ForceQuery: in.URL.ForceQuery},
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: hdr, Host: hostField, ContentLength: in.ContentLength,
+	}
+	if h.route != nil {
+		h.gatewayOutgoing(out, in.URL)
 	}
 	if in.Body != nil && in.Body != http.NoBody {
 		out.Body = body
@@ -453,6 +488,9 @@ func upstreamError(trialCtx context.Context, err error) error {
 // removing the Trial closes it, with the bytes that crossed it each way.
 type trackedConn struct {
 	net.Conn
+	// raw is the TCP connection under a gateway's TLS one (Conn); nil
+	// when Conn is that connection itself.
+	raw         net.Conn
 	t           *trial
 	wrote, read atomic.Int64
 	// writing counts Writes under way: their bytes may have reached the
@@ -488,8 +526,16 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 }
 
 func (c *trackedConn) Close() error {
-	c.t.untrack(c.Conn)
+	c.t.untrack(c.bare())
 	return c.Conn.Close()
+}
+
+// bare is the TCP connection: the one the Trial tracks, and a cut closes.
+func (c *trackedConn) bare() net.Conn {
+	if c.raw != nil {
+		return c.raw
+	}
+	return c.Conn
 }
 
 // countBody is the client's request body as the upstream request reads

@@ -5,13 +5,17 @@
 // every resolved address, dials only the addresses it checked, and relays
 // the tunnel like TCP (half-close, no idle timeout). Plain http:// requests
 // in absolute form are forwarded through the same checks, one decision per
-// request. One Proxy serves many Trials; every listener belongs to one
-// Trial and every decision names it.
+// request. A Trial with credential gateway routes also gets path-only
+// requests served on its endpoint: over TLS the proxy opens itself, with
+// the route's secret set (gateway.go). One Proxy serves many Trials;
+// every listener belongs to one Trial and every decision names it.
 package proxy
 
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -221,6 +225,11 @@ type TrialPolicy struct {
 	// nil: memory of the Trial's own.
 	Counts *counts.Region
 	Slot   int
+	// Gateway are the Trial's credential gateway routes, which
+	// ServeGateway serves, verified against GatewayRoots (nil: the
+	// system's trust store).
+	Gateway      []GatewayRoute
+	GatewayRoots *x509.CertPool
 }
 
 // Ledger keeps the open tunnels and requests of a Trial where they
@@ -254,6 +263,10 @@ type trial struct {
 	// counts, this one took over from, while it drains.
 	elsewhere atomic.Int64
 	ledger    Ledger
+	// gateway are its credential gateway routes, gwTLS their TLS (nil:
+	// none).
+	gateway []GatewayRoute
+	gwTLS   *tls.Config
 
 	handlers sync.WaitGroup // connections being handled; Add under mu, before removed is set
 	// ctx ends when the Trial is removed, cutting its DNS and dials short
@@ -315,6 +328,9 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	}
 	for _, h := range spec.HostServices {
 		t.hosts[h.Port] = netip.AddrPortFrom(h.Address, h.Port)
+	}
+	if len(tp.Gateway) > 0 {
+		t.gateway, t.gwTLS = tp.Gateway, gatewayTLS(tp.GatewayRoots)
 	}
 	if p.sharing.Load() {
 		t.peer.Store(c.Slot(1 - tp.Slot))
@@ -501,7 +517,7 @@ func (t *trial) judge(req *wire.Request, ev *record.Event, forwarded bool) (verd
 		return v, record.Deny(record.ReasonPolicyDenied, "%s is not on this Trial's allowlist", req.HostPort())
 	}
 	v.note(ev)
-	if forwarded && v.ruled && v.entry.RequireTLS {
+	if forwarded && !req.TLS && v.ruled && v.entry.RequireTLS {
 		return v, record.Deny(record.ReasonTLSRequired, "%s requires TLS: use CONNECT (https://), not plain HTTP", req.HostPort())
 	}
 	return v, nil
@@ -880,7 +896,7 @@ func (k *clientConn) deny(err error) {
 // stay on this goroutine, which then exits.
 func (p *Proxy) serveConnect(k *clientConn) {
 	c, t, ev := k.c, k.t, k.ev
-	req, err := wire.ReadRequest(k.br)
+	req, err := wire.ReadRequestCheck(k.br, connectLineCheck)
 	t.pending.Add(-1)
 	if req != nil {
 		ev.Method, ev.Target, ev.Host, ev.Port = req.Method, req.Target, req.Host, req.Port

@@ -98,6 +98,11 @@ type Event struct {
 	// name:port that address and port map to, and the client never named
 	// a proxy (docs/transparent.md).
 	Transparent bool
+	// Route is the credential gateway route a request came to (its
+	// path prefix), and Status the upstream's HTTP status on a gateway or
+	// forwarded request that got a response; "" and 0 otherwise.
+	Route  string
+	Status int
 	// PolicyChange is set on DecisionPolicyChange records only.
 	PolicyChange *PolicyChange
 	// Suppressed is set on DecisionSuppressed records only.
@@ -142,6 +147,8 @@ type eventJSON struct {
 	WouldDeny   Reason    `json:"would_deny"`
 	RequireTLS  bool      `json:"require_tls"`
 	Transparent bool      `json:"transparent"`
+	Route       string    `json:"route"`
+	Status      int       `json:"status"`
 	// Policy-change records only; null or absent on decisions.
 	PolicyChange *PolicyChange `json:"policy_change"`
 	// Summary records only; null or absent on decisions.
@@ -241,7 +248,7 @@ func (e *Event) wire() eventJSON {
 		Dialed: dialed, SNI: e.SNI, BytesUp: e.BytesUp, BytesDown: e.BytesDown,
 		DurationUS: e.Duration.Microseconds(), ID: e.ID, Rule: e.Rule, Profile: e.Profile,
 		DNSUS: e.DNS.Microseconds(), DialUS: e.Dial.Microseconds(), FirstByteUS: e.FirstByte.Microseconds(),
-		Learning: e.Learning, WouldDeny: e.WouldDeny, RequireTLS: e.RequireTLS, Transparent: e.Transparent, PolicyChange: e.PolicyChange, Suppressed: e.Suppressed,
+		Learning: e.Learning, WouldDeny: e.WouldDeny, RequireTLS: e.RequireTLS, Transparent: e.Transparent, Route: e.Route, Status: e.Status, PolicyChange: e.PolicyChange, Suppressed: e.Suppressed,
 	}
 }
 
@@ -267,7 +274,7 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 		SNI: w.SNI, Rule: w.Rule, Profile: w.Profile, BytesUp: w.BytesUp, BytesDown: w.BytesDown,
 		Duration: time.Duration(w.DurationUS) * time.Microsecond, DNS: time.Duration(w.DNSUS) * time.Microsecond,
 		Dial: time.Duration(w.DialUS) * time.Microsecond, FirstByte: time.Duration(w.FirstByteUS) * time.Microsecond,
-		Learning: w.Learning, WouldDeny: w.WouldDeny, RequireTLS: w.RequireTLS, Transparent: w.Transparent, PolicyChange: w.PolicyChange, Suppressed: w.Suppressed,
+		Learning: w.Learning, WouldDeny: w.WouldDeny, RequireTLS: w.RequireTLS, Transparent: w.Transparent, Route: w.Route, Status: w.Status, PolicyChange: w.PolicyChange, Suppressed: w.Suppressed,
 	}
 	for _, s := range w.Resolved {
 		a, err := netip.ParseAddr(s)

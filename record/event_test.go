@@ -24,7 +24,7 @@ func fullEvent(t testing.TB) Event {
 		Rule: "*.example.com:443", Profile: "claude", BytesUp: 517, BytesDown: 7,
 		Duration: 9 * time.Millisecond, DNS: 2 * time.Millisecond, Dial: 3 * time.Millisecond, FirstByte: 8 * time.Millisecond,
 		// Not a combination the proxy writes, but every field must round-trip.
-		Learning: true, WouldDeny: ReasonPolicyDenied, RequireTLS: true, Transparent: true,
+		Learning: true, WouldDeny: ReasonPolicyDenied, RequireTLS: true, Transparent: true, Route: "/anthropic/", Status: 200,
 		PolicyChange: &PolicyChange{UID: 1000, Added: []string{"a.example.com:443"}, Removed: []string{}, Cut: true},
 		Suppressed: &Suppressed{Records: 3, ByReason: map[Reason]uint64{ReasonBadTarget: 2, ReasonAllowed: 1}, WouldDeny: 1,
 			BytesUp: 5, BytesDown: 6, Refused: map[string]uint64{"a<b>:443": 2}, LogFull: true},

@@ -79,6 +79,10 @@ func (e *Event) AppendJSON(b []byte) ([]byte, error) {
 	b = strconv.AppendBool(b, e.RequireTLS)
 	b = append(b, `,"transparent":`...)
 	b = strconv.AppendBool(b, e.Transparent)
+	b = append(b, `,"route":`...)
+	b = appendJSONString(b, e.Route)
+	b = append(b, `,"status":`...)
+	b = strconv.AppendInt(b, int64(e.Status), 10)
 	b = append(b, `,"policy_change":`...)
 	b, err = appendRare(b, e.PolicyChange) // a policy change, not a decision
 	if err != nil {

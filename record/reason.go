@@ -80,6 +80,17 @@ const (
 	// check if the upstream skips them).
 	ReasonTLSRecordBeforeHello Reason = "tls_record_before_hello"
 	ReasonTLSSSLv2             Reason = "tls_sslv2" // an SSLv2-style ClientHello, which carries no server name
+
+	// The credential gateway (docs/gateway.md).
+	ReasonGatewayNoRoute Reason = "gateway_no_route" // the path is under no route of the Trial's
+	// The gateway's placeholder credential anywhere but the header of
+	// the route it was sent to: a client configured to send its key
+	// somewhere else.
+	ReasonPlaceholderMisused Reason = "placeholder_misused"
+	ReasonBodyTooLarge       Reason = "request_body_too_large" // a gateway request body over its bound
+	// The gateway's TLS connection to the route's upstream failed: its
+	// certificate did not verify, or the handshake did not complete.
+	ReasonUpstreamTLS Reason = "upstream_tls_failed"
 )
 
 // reasonInfo is how a refusal is answered: its HTTP status and its RFC
@@ -139,6 +150,11 @@ var reasons = map[Reason]reasonInfo{
 	ReasonTLSECH:               {http.StatusForbidden, "http_request_denied", true},
 	ReasonTLSRecordBeforeHello: {http.StatusBadRequest, "tls_protocol_error", true},
 	ReasonTLSSSLv2:             {http.StatusBadRequest, "tls_protocol_error", true},
+
+	ReasonGatewayNoRoute:     {http.StatusNotFound, "http_request_denied", true},  // charged where it is decided (chargeRefusal)
+	ReasonPlaceholderMisused: {http.StatusForbidden, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
+	ReasonBodyTooLarge:       {http.StatusRequestEntityTooLarge, "http_request_error", true},
+	ReasonUpstreamTLS:        {http.StatusBadGateway, "tls_certificate_error", true},
 }
 
 func (r Reason) info() reasonInfo {

@@ -39,3 +39,16 @@ func TestEnvironProxyConventions(t *testing.T) {
 		t.Errorf("without a proxy: %q", env)
 	}
 }
+
+// TRIALNET_GATEWAY is the Trial's own or absent: an inherited one could
+// point a Harness's credential somewhere else.
+func TestEnvironGateway(t *testing.T) {
+	c := Command{Env: []string{"TRIALNET_GATEWAY=http://evil:1", "HOME=/tmp"}}
+	if env := c.environ(); !slices.Equal(env, []string{"HOME=/tmp"}) {
+		t.Errorf("without a gateway: %q", env)
+	}
+	c.GatewayURL = "http://127.0.0.1:3128"
+	if env := c.environ(); !slices.Equal(env, []string{"HOME=/tmp", "TRIALNET_GATEWAY=http://127.0.0.1:3128"}) {
+		t.Errorf("with a gateway: %q", env)
+	}
+}

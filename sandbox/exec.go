@@ -55,7 +55,10 @@ type Command struct {
 	// case forms, with NO_PROXY for loopback and NODE_USE_ENV_PROXY=1 (see
 	// proxyEnv).
 	ProxyURL string
-	UID, GID uint32
+	// GatewayURL, when set, becomes TRIALNET_GATEWAY: where the Trial's
+	// credential gateway routes are served.
+	GatewayURL string
+	UID, GID   uint32
 	// MaxProcs is the command's RLIMIT_NPROC (soft and hard): forks past
 	// it fail with EAGAIN. The kernel counts every process and thread of
 	// the real uid, in this Trial, in others and outside any, so Trials
@@ -106,7 +109,11 @@ const noProxy = "127.0.0.1,localhost,::1"
 // ALL_PROXY is dropped and never set: curl reads it as a SOCKS proxy
 // for every scheme, and a Trial has no SOCKS listener.
 var proxyVars = []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy",
-	"ALL_PROXY", "all_proxy", "NODE_USE_ENV_PROXY"}
+	"ALL_PROXY", "all_proxy", "NODE_USE_ENV_PROXY", GatewayVar}
+
+// GatewayVar names the variable that tells a Trial's processes where its
+// credential gateway routes are served (docs/gateway.md).
+const GatewayVar = "TRIALNET_GATEWAY"
 
 // proxyEnv is the environment that points a Trial's clients at the proxy
 // at proxyURL without any configuration of theirs: both cases of
@@ -131,6 +138,9 @@ func (c Command) environ() []string {
 	}
 	if c.ProxyURL != "" {
 		env = append(env, proxyEnv(c.ProxyURL)...)
+	}
+	if c.GatewayURL != "" {
+		env = append(env, GatewayVar+"="+c.GatewayURL)
 	}
 	return env
 }

@@ -83,6 +83,11 @@ type Spec struct {
 	// HostServiceName:PORT, each exactly at its address and port; fixed
 	// when the Trial is made, from its profiles.
 	HostServices []HostService `json:"host_services,omitempty"`
+	// Gateway are the credential gateway's routes (docs/gateway.md),
+	// from the Trial's profiles: served on its loopback at the gateway
+	// endpoint, each with a credential the agent reads from SecretFile.
+	// The secret itself is never part of a description. Absent: none.
+	Gateway []GatewayRoute `json:"gateway,omitempty"`
 	// Schema is the version of this description (the package's Schema).
 	Schema int `json:"schema"`
 }
@@ -107,6 +112,17 @@ type AllowEntry struct {
 	// Profile is the profile the entry came from; empty for an explicit
 	// entry.
 	Profile string `json:"profile,omitempty"`
+}
+
+// GatewayRoute is one credential gateway route: requests under Path
+// on the gateway endpoint go to Upstream (https://host[:port]), the
+// rest of their path kept, with Header set from the secret in
+// SecretFile ("Bearer <secret>" when Header is authorization).
+type GatewayRoute struct {
+	Path       string `json:"path" yaml:"path"`
+	Upstream   string `json:"upstream" yaml:"upstream"`
+	Header     string `json:"header" yaml:"header"`
+	SecretFile string `json:"secret_file" yaml:"secret_file"`
 }
 
 // Owner is a process, named by its pid and its start time (clock ticks

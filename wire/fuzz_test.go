@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -160,6 +161,52 @@ func FuzzHTTPHead(f *testing.F) {
 		}
 		if len(in.Header.Values("Content-Length")) > 0 && len(in.TransferEncoding) > 0 {
 			t.Fatalf("accepted both Content-Length and Transfer-Encoding: %q", data[:end])
+		}
+	})
+}
+
+func FuzzGatewayHead(f *testing.F) {
+	f.Add([]byte("POST /anthropic/v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:3128\r\nX-Api-Key: k\r\nContent-Length: 2\r\n\r\n"))
+	f.Add([]byte("GET /a/../b/%2e%2E/x HTTP/1.1\r\nHost: x\r\n\r\n"))
+	f.Add([]byte("GET /a/b\\c#d HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		end := headEnd(data)
+		if end == 0 {
+			return
+		}
+		req, err := ParseGatewayHead(data[:end])
+		if err != nil {
+			if record.ReasonOf(err) == "" {
+				t.Fatalf("refusal without a reason: %v", err)
+			}
+			return
+		}
+		// Whatever passes is a path with no segment that could climb out
+		// of its route, and net/http frames it with one body length and
+		// reads the same path.
+		path, _, _ := strings.Cut(req.Target, "?")
+		if !strings.HasPrefix(path, "/") || !forwardedMethods[req.Method] {
+			t.Fatalf("accepted %+v", req)
+		}
+		for _, seg := range strings.Split(path, "/") {
+			if seg == "." || seg == ".." {
+				t.Fatalf("accepted a dot segment: %q", req.Target)
+			}
+		}
+		in, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(data[:end])))
+		if err != nil {
+			t.Fatalf("accepted a head net/http refuses: %v", err)
+		}
+		if len(in.Header.Values("Content-Length")) > 0 && len(in.TransferEncoding) > 0 {
+			t.Fatalf("accepted both Content-Length and Transfer-Encoding: %q", data[:end])
+		}
+		if in.URL.Path != "" && in.URL.Path != path && in.URL.RawPath == "" {
+			if u, _ := url.PathUnescape(path); u != in.URL.Path {
+				t.Fatalf("net/http reads path %q, the gateway matched %q", in.URL.Path, path)
+			}
+		}
+		if strings.Contains(in.URL.Path, "/../") || strings.HasSuffix(in.URL.Path, "/..") {
+			t.Fatalf("net/http decodes a dot segment from %q: %q", req.Target, in.URL.Path)
 		}
 	})
 }

@@ -37,6 +37,9 @@ type Request struct {
 	Port    uint16
 	Target  string // the request-target exactly as sent
 	Version string // "HTTP/1.1" or "HTTP/1.0"
+	// TLS: the proxy itself speaks TLS to the upstream (a credential
+	// gateway route), so an entry that requires TLS admits it.
+	TLS bool
 }
 
 // HostPort is the normalised "host:port".
@@ -57,11 +60,20 @@ type head struct {
 // at most. It consumes exactly the head. A refusal is a *Denial; the
 // returned head carries whatever was parsed so far (nil if the request
 // line did not parse).
-func readHead(br *bufio.Reader) (*head, error) {
+func readHead(br *bufio.Reader) (*head, error) { return readHeadCheck(br, nil) }
+
+// readHeadCheck is readHead, with check (if not nil) called on the
+// request line and each field line as read: its error refuses the head.
+func readHeadCheck(br *bufio.Reader, check func(line string) error) (*head, error) {
 	budget := MaxHeaderBytes
 	line, err := readLine(br, MaxRequestLine, &budget)
 	if err != nil {
 		return nil, err
+	}
+	if check != nil {
+		if err := check(line); err != nil {
+			return nil, err
+		}
 	}
 	method, rest, ok1 := strings.Cut(line, " ")
 	target, version, ok2 := strings.Cut(rest, " ")
@@ -85,6 +97,11 @@ func readHead(br *bufio.Reader) (*head, error) {
 		}
 		if l == "" {
 			return h, nil
+		}
+		if check != nil {
+			if err := check(l); err != nil {
+				return h, err
+			}
 		}
 		if fields++; fields > MaxHeaders {
 			return h, record.Deny(record.ReasonTooManyHeaders, "more than %d header fields", MaxHeaders)
@@ -111,8 +128,13 @@ func readHead(br *bufio.Reader) (*head, error) {
 // CONNECT to host:port. It consumes exactly the head; bytes the client
 // pipelined after it stay buffered in br. A refusal is a *Denial, and the
 // returned Request carries whatever was parsed so far (for the event).
-func ReadRequest(br *bufio.Reader) (*Request, error) {
-	h, err := readHead(br)
+func ReadRequest(br *bufio.Reader) (*Request, error) { return ReadRequestCheck(br, nil) }
+
+// ReadRequestCheck is ReadRequest with check (if not nil) called on
+// each line of the head as it is read (the request line, then each
+// field); its error refuses the request.
+func ReadRequestCheck(br *bufio.Reader, check func(line string) error) (*Request, error) {
+	h, err := readHeadCheck(br, check)
 	if h == nil {
 		return nil, err
 	}

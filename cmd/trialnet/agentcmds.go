@@ -244,6 +244,9 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	tw := newTable(stdout)
 	fmt.Fprintf(tw, "id\t%s\nmode\t%s\nnetns\t%s\ncgroup\t%s\nproxy_url\t%s\n", info.ID, mode(info.Learning), info.Netns, info.Cgroup, info.ProxyURL)
+	if info.GatewayURL != "" {
+		fmt.Fprintf(tw, "gateway_url\t%s\n", info.GatewayURL)
+	}
 	_ = tw.Flush()
 	return exitOK
 }

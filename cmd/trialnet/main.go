@@ -120,9 +120,9 @@ func jsonFlag(fs *flag.FlagSet) *bool {
 }
 
 func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("doctor", "doctor [-j] [--config F]", "sudo trialnet doctor --config /etc/trialnet/trialnet.yaml", stderr)
+	fs := newFlags("doctor", "doctor [-j] [--config FILE]", "sudo trialnet doctor --config /etc/trialnet/trialnet.yaml", stderr)
 	asJSON := jsonFlag(fs)
-	configPath := fs.String("config", "", "the agent's YAML config file: also check what it relies on this host for (upstream proxy, host services)")
+	configPath := fs.String("config", "", "the agent's YAML config file: also check what it needs of this host (upstream proxy, host services, gateway secret files and trust store)")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
@@ -133,6 +133,7 @@ func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			return fail(stdout, stderr, *asJSON, exitUsage, err)
 		}
 		checks = append(checks, agent.ConfigChecks(file)...)
+		checks = append(checks, agent.GatewayChecks(file)...)
 	}
 	bad := bpf.CanEnforce(checks)
 	if *asJSON {

@@ -19,6 +19,7 @@ import (
 	trialspec "github.com/trialnet/trialnet/trial"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/procscale"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
@@ -112,6 +113,9 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	if len(list.Entries()) == 0 {
 		return fail(stdout, stderr, false, exitUsage, usageError{"proxy: nothing is allowed; give --allow HOST:PORT or --profile NAME --config FILE"})
 	}
+	if err := noGateway(&af, &cf); err != nil {
+		return fail(stdout, stderr, false, exitUsage, err)
+	}
 	if err := checkListen(&listen); err != nil {
 		return fail(stdout, stderr, false, exitUsage, err)
 	}
@@ -173,4 +177,23 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	_ = p.Close()
 	wg.Wait()
 	return exitOK
+}
+
+// noGateway refuses a profile with credential gateway routes: they are
+// served to Trials by the agent (run, create), which keeps the secrets
+// out of them; a bare proxy has no Trial to keep them from.
+func noGateway(af *allowFlags, cf *configFlags) error {
+	if cf.path == "" {
+		return nil
+	}
+	f, err := config.LoadFile(cf.path)
+	if err != nil {
+		return err
+	}
+	for _, name := range af.profiles {
+		if len(f.Profiles[name].Gateway) > 0 {
+			return usageError{fmt.Sprintf("proxy: profile %q has credential gateway routes, which only Trials get (trialnet run or create --profile %s); give trialnet proxy a profile without them", name, name)}
+		}
+	}
+	return nil
 }

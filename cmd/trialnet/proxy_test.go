@@ -39,6 +39,7 @@ func TestProxyRefusesBadInputBeforeListening(t *testing.T) {
 		{[]string{"--allow", "api.anthropic.com"}, "host:port"},
 		{[]string{"--profile", "claude"}, "--config"},
 		{[]string{"--profile", "nosuch", "--config", "../../examples/trialnet.yaml"}, "unknown profile"},
+		{[]string{"--profile", "claude-gateway", "--config", "../../examples/trialnet.yaml"}, "credential gateway routes"},
 		{[]string{"--config", badConfig, "--allow", "a.example.com:443"}, "too broad"},
 		{[]string{"--config", "/nonexistent.yaml", "--allow", "a.example.com:443"}, "no such file"},
 		{[]string{"--allow", "a.example.com:443", "--allow-cidr", "0.0.0.0/0"}, "never be allowed"},

@@ -1,0 +1,244 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/wire"
+)
+
+// GatewayPlaceholder is the credential a Trial's client is given instead
+// of the real one (ANTHROPIC_API_KEY=trialnet-gateway-placeholder): the
+// gateway strips it from its route's header and sets the secret there.
+// Anywhere else the proxy sees it — another route's path, query or
+// fields, a forwarded request, a CONNECT head — the request is refused
+// (ReasonPlaceholderMisused): a client configured to send its key
+// somewhere else.
+const GatewayPlaceholder = "trialnet-gateway-placeholder"
+
+// maxGatewayBody bounds a gateway request's body: a model request with
+// a long context and images is tens of megabytes at most.
+const maxGatewayBody = 32 << 20
+
+// GatewayRoute is one credential gateway route as the proxy serves it.
+type GatewayRoute struct {
+	Path   string // the prefix it serves, "/name/"
+	Host   string // the upstream, a DNS name the allowlist judges
+	Port   uint16
+	Header string // lower case; authorization gets "Bearer " + Secret
+	Secret Secret // never written anywhere but the upstream request
+}
+
+// Secret is a route's credential. It prints, logs and encodes as
+// "[secret]", so that no error or log line that names a route by
+// mistake carries it.
+type Secret []byte
+
+func (Secret) String() string               { return "[secret]" }
+func (Secret) GoString() string             { return "[secret]" }
+func (Secret) LogValue() slog.Value         { return slog.StringValue("[secret]") }
+func (Secret) MarshalJSON() ([]byte, error) { return []byte(`"[secret]"`), nil }
+
+// value is what the route's header is set to.
+func (r *GatewayRoute) value() string {
+	if r.Header == "authorization" {
+		return "Bearer " + string(r.Secret)
+	}
+	return string(r.Secret)
+}
+
+// gatewayTLS is the TLS configuration of a Trial's gateway upstreams:
+// verified against roots (nil: the system's), HTTP/1.1 only.
+func gatewayTLS(roots *x509.CertPool) *tls.Config {
+	return &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
+}
+
+// originForm reports whether a request head's target is a path
+// ("GET /route/... HTTP/1.1"): a request to the gateway, which a proxy
+// client never sends (its targets are absolute or host:port).
+func originForm(raw []byte) bool {
+	_, rest, ok := bytes.Cut(raw, []byte(" "))
+	return ok && len(rest) > 0 && rest[0] == '/'
+}
+
+// gatewayRequest validates a gateway request head and finds its route.
+func (t *trial) gatewayRequest(raw []byte) (*wire.Request, *GatewayRoute, error) {
+	req, err := wire.ParseGatewayHead(raw)
+	if err != nil {
+		return req, nil, err
+	}
+	path, _, _ := strings.Cut(req.Target, "?")
+	for i := range t.gateway {
+		r := &t.gateway[i]
+		if strings.HasPrefix(path, r.Path) {
+			req.Host, req.Port, req.TLS = r.Host, r.Port, true
+			return req, r, nil
+		}
+	}
+	return req, nil, record.Deny(record.ReasonGatewayNoRoute, "no gateway route of this Trial serves %q (its routes: %s)", wire.Truncate(path), t.routeList())
+}
+
+func (t *trial) routeList() string {
+	if len(t.gateway) == 0 {
+		return "none"
+	}
+	var b strings.Builder
+	for i, r := range t.gateway {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(r.Path)
+	}
+	return b.String()
+}
+
+// misplaced reports whether a request head carries the placeholder
+// anywhere but in fields named own (lower case; "" for none), as sent or
+// percent-decoded, in any case.
+func misplaced(raw []byte, own string) bool {
+	for line := range strings.Lines(string(raw)) {
+		if own != "" {
+			if name, _, ok := strings.Cut(line, ":"); ok && strings.EqualFold(strings.TrimSpace(name), own) {
+				continue
+			}
+		}
+		if lineMisplaces(line) {
+			return true
+		}
+	}
+	return false
+}
+
+// lineMisplaces reports whether one head line holds the placeholder, as
+// sent or percent-decoded, in any case. It allocates only for a line
+// with a '%'.
+func lineMisplaces(line string) bool {
+	if containsFold(line, GatewayPlaceholder) {
+		return true
+	}
+	if strings.IndexByte(line, '%') < 0 {
+		return false
+	}
+	return containsFold(unescapeLenient(line), GatewayPlaceholder)
+}
+
+// unescapeLenient decodes every well-formed %XX in s and keeps any other
+// '%' as it is: one bad escape must not hide the others.
+func unescapeLenient(s string) string {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+3], 16, 8); err == nil {
+				b = append(b, byte(v))
+				i += 2
+				continue
+			}
+		}
+		b = append(b, s[i])
+	}
+	return string(b)
+}
+
+// containsFold reports whether s holds sub (lower case) in any case.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// connectLineCheck refuses a CONNECT head line that carries the
+// placeholder.
+func connectLineCheck(line string) error {
+	if lineMisplaces(line) {
+		return placeholderDenial("in a CONNECT head")
+	}
+	return nil
+}
+
+// placeholderDenial is the refusal of a request that carries the
+// placeholder where no route reads it.
+func placeholderDenial(where string) error {
+	return record.Deny(record.ReasonPlaceholderMisused, "the request carries the gateway's placeholder credential %s; send it only in the header of its own route ($TRIALNET_GATEWAY/route/), where the gateway replaces it", where)
+}
+
+// gatewayOutgoing points the upstream request of a gateway request at
+// its route: https, the path after the route's prefix, and the route's
+// header holding the secret instead of whatever the Trial sent in it.
+func (h *httpConn) gatewayOutgoing(out *http.Request, in *url.URL) {
+	r := h.route
+	out.URL.Scheme = "https"
+	out.URL.Path = "/" + strings.TrimPrefix(in.Path, r.Path)
+	if in.RawPath != "" {
+		out.URL.RawPath = "/" + strings.TrimPrefix(in.RawPath, r.Path)
+	}
+	if r.Port != 443 {
+		out.Host = out.URL.Host
+	} else {
+		out.Host = r.Host
+	}
+	out.Header.Del(r.Header)
+	out.Header.Set(r.Header, r.value())
+}
+
+// boundedBody refuses a body past n bytes.
+type boundedBody struct {
+	r io.Reader
+	n int64
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.n < 0 {
+		return 0, record.Deny(record.ReasonBodyTooLarge, "a gateway request body over %d bytes", maxGatewayBody)
+	}
+	if int64(len(p)) > b.n+1 {
+		p = p[:b.n+1]
+	}
+	n, err := b.r.Read(p)
+	b.n -= int64(n)
+	if b.n < 0 {
+		return 0, record.Deny(record.ReasonBodyTooLarge, "a gateway request body over %d bytes", maxGatewayBody)
+	}
+	return n, err
+}
+
+// dialTLS is the gateway Transport's way to an https upstream: the
+// checked dial of the request being served (dial), then TLS with the
+// route's name verified against the Trial's trust store.
+func (h *httpConn) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
+	f, _ := ctx.Value(fwdKey{}).(*fwdReq)
+	if f == nil || !f.req.TLS || h.t.gwTLS == nil {
+		return nil, record.Deny(record.ReasonPolicyDenied, "TLS to %q outside a gateway request", wire.Truncate(addr))
+	}
+	c, err := h.dial(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*trackedConn)
+	cfg := h.t.gwTLS.Clone()
+	cfg.ServerName = f.req.Host
+	conn := tls.Client(tc.Conn, cfg)
+	hctx, cancel := context.WithTimeout(ctx, h.p.cfg.TLSTimeout)
+	defer cancel()
+	if err := conn.HandshakeContext(hctx); err != nil {
+		_ = tc.Close()
+		return nil, &record.Denial{Reason: record.ReasonUpstreamTLS, Detail: fmt.Sprintf("TLS with %s: %v", f.req.HostPort(), err), Err: err}
+	}
+	tc.raw, tc.Conn = tc.Conn, conn
+	return tc, nil
+}
