@@ -1,0 +1,103 @@
+//go:build linux
+
+package nriplugin
+
+import (
+	"net"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/client"
+)
+
+// deadAgent is a control socket that answers no call: each connection is
+// counted and closed at once (an agent that is not trialnet's, or gone).
+func deadAgent(t *testing.T) (sock string, calls *atomic.Int64) {
+	t.Helper()
+	sock = filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	calls = &atomic.Int64{}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			calls.Add(1)
+			c.Close()
+		}
+	}()
+	return sock, calls
+}
+
+// With no agent answering, an annotated pod's containers are refused,
+// saying why; unannotated pods and exempt namespaces' pods pass untouched
+// without a connection to the agent (the agent's own pod never waits on
+// it: cilium/tetragon#2402).
+func TestAgentUnreachableFailsClosed(t *testing.T) {
+	sock, calls := deadAgent(t)
+	r := newRuntime(t)
+	p := &Plugin{Agent: client.NewClient(sock), Socket: sock, HookPath: "/opt/trialnet/bin/trialnet"}
+	r.connect(p)
+	// The sweep after synchronizing asks the agent (in the background);
+	// it fails, and waits for an annotated pod's container to try again.
+	for calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	p.mu.Lock() // the sweep holds it to its end
+	pending, after := p.pending, calls.Load()
+	p.mu.Unlock()
+	if !pending {
+		t.Fatalf("the sweep passed with no agent answering")
+	}
+
+	for _, pod := range []struct{ ns, name, profile string }{
+		{"default", "web", ""},
+		{"trialnet", "trialnet-agent-x1", ""},
+		{"kube-system", "annotated", "claude"}, // exempt namespace
+	} {
+		adj, err := r.create(testPod(pod.ns, pod.name, pod.profile), testContainer("c-"+pod.name))
+		if err != nil || adj.GetLinux().GetCgroupsPath() != "" || len(adj.GetEnv()) > 0 || len(adj.GetHooks().GetCreateRuntime()) > 0 {
+			t.Errorf("pod %s/%s (profile %q): adjusted %v, error %v; want untouched", pod.ns, pod.name, pod.profile, adj, err)
+		}
+	}
+	if err := r.stopPod(testPod("default", "web", "")); err != nil {
+		t.Errorf("stopping an unannotated pod: %v", err)
+	}
+	if calls.Load() != after {
+		t.Fatalf("unannotated or exempt pods made %d calls to the agent", calls.Load()-after)
+	}
+
+	_, err := r.create(testPod("evals", "task-1", "claude"), testContainer("c1"))
+	if err == nil || !strings.Contains(err.Error(), "trialnet refused container main-c1 of pod evals/task-1") ||
+		!strings.Contains(err.Error(), "could not be made") {
+		t.Fatalf("an annotated pod's container with no agent answering: %v; want refused, saying why", err)
+	}
+	t.Logf("refused: %v", err)
+}
+
+// A pod that names trialnet as a required plugin is refused by the
+// runtime's default validator while the plugin is not connected (its
+// container would otherwise run unplaced, on the pod network), and
+// created once it is.
+func TestRequiredPluginAbsentRefuses(t *testing.T) {
+	r := newRuntime(t, withValidator())
+	pod := testPod("default", "web", "")
+	pod.Annotations["required-plugins.noderesource.dev"] = `["` + Name + `"]`
+	_, err := r.create(pod, testContainer("c1"))
+	if err == nil || !strings.Contains(err.Error(), `required plugin "trialnet" not present`) {
+		t.Fatalf("with the plugin absent: %v; want refused by the validator", err)
+	}
+	sock, _ := deadAgent(t)
+	r.connect(&Plugin{Agent: client.NewClient(sock), HookPath: "/opt/trialnet/bin/trialnet"})
+	if _, err := r.create(pod, testContainer("c2")); err != nil {
+		t.Fatalf("with the plugin connected: %v", err)
+	}
+}
