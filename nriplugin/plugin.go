@@ -178,14 +178,17 @@ func (p *Plugin) ensureTrial(ctx context.Context, pod *api.PodSandbox, profiles 
 	info, err := p.Agent.Get(ctx, id)
 	if isCode(err, client.CodeUnknownTrial) {
 		info, err = p.Agent.Create(ctx, trial.Request{ID: id, Profiles: profiles})
-		if isCode(err, client.CodeDuplicateID) {
+		switch {
+		case isCode(err, client.CodeDuplicateID):
 			info, err = p.Agent.Get(ctx, id) // made by another plugin instance meanwhile
-		} else if err == nil {
+		case err != nil:
+			return info, fmt.Errorf("the agent could not make its Trial %s from profiles %s: %w", id, strings.Join(profiles, ","), err)
+		default:
 			p.log().Info("made a pod's Trial", "pod", podName(pod), "trial", id, "profiles", profiles)
 		}
 	}
 	if err != nil {
-		return info, fmt.Errorf("its Trial %s (profiles %s) is not there and could not be made: %w", id, strings.Join(profiles, ","), err)
+		return info, fmt.Errorf("cannot ask trialnet's agent for its Trial %s (an annotated pod's containers wait for the agent; the kubelet retries): %w", id, err)
 	}
 	if !slices.Equal(info.Profiles, profiles) {
 		return info, fmt.Errorf("its Trial %s was made from profiles %q, and the pod now asks for %q: a Trial's profiles do not change; recreate the pod", id, info.Profiles, profiles)

@@ -77,7 +77,7 @@ func TestAgentUnreachableFailsClosed(t *testing.T) {
 
 	_, err := r.create(testPod("evals", "task-1", "claude"), testContainer("c1"))
 	if err == nil || !strings.Contains(err.Error(), "trialnet refused container main-c1 of pod evals/task-1") ||
-		!strings.Contains(err.Error(), "could not be made") {
+		!strings.Contains(err.Error(), "cannot ask trialnet's agent for its Trial") {
 		t.Fatalf("an annotated pod's container with no agent answering: %v; want refused, saying why", err)
 	}
 	t.Logf("refused: %v", err)
