@@ -70,7 +70,8 @@ type Plugin struct {
 	// Exempt are namespaces whose pods pass untouched (nil: DefaultExempt).
 	Exempt []string
 	// Protected are the node's paths no container in a Trial may bind
-	// (nil: ocihook.DefaultProtected).
+	// (nil: ocihook.DefaultProtected, runtimeDirs, and the directories of
+	// HookPath and ResolvConf).
 	Protected    []string
 	AgentTimeout time.Duration
 	Log          *slog.Logger
@@ -123,11 +124,26 @@ func (p *Plugin) socket() string {
 	return p.Socket
 }
 
+// protected are the node's paths no container in a Trial may bind: the
+// hook's, the runtimes' (runtimeDirs), and the directories of the hook's
+// binary and of resolv.conf, which the runtime runs and binds as root.
+func (p *Plugin) protected() []string {
+	if p.Protected != nil {
+		return p.Protected
+	}
+	out := append(ocihook.DefaultProtected(p.socket(), p.cgroupMount()), runtimeDirs...)
+	out = append(out, filepath.Dir(p.HookPath))
+	if p.ResolvConf != "" {
+		out = append(out, filepath.Dir(p.ResolvConf))
+	}
+	return out
+}
+
 // ours: the pod's containers are the plugin's business.
 func (p *Plugin) ours(pod *api.PodSandbox) bool {
 	exempt := p.Exempt
 	if exempt == nil {
-		exempt = DefaultExempt
+		exempt = DefaultExempt()
 	}
 	return !slices.Contains(exempt, pod.GetNamespace()) && claimOf(pod).any()
 }
@@ -149,11 +165,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	if why := cl.problems(); len(why) > 0 {
 		return refuse(why...)
 	}
-	protected := p.Protected
-	if protected == nil {
-		protected = ocihook.DefaultProtected(p.socket(), p.cgroupMount())
-	}
-	if why := refusals(pod, ctr, protected); len(why) > 0 {
+	if why := refusals(pod, ctr, p.protected()); len(why) > 0 {
 		return refuse(why...)
 	}
 	info, err := p.ensureTrial(ctx, pod, cl.profiles)

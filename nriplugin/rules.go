@@ -25,7 +25,7 @@ const IDPrefix = "k8s-"
 // DefaultExempt are the namespaces whose pods pass untouched whatever
 // their annotations: the cluster's own, and trialnet's (the agent's pod
 // must never wait on the agent: cilium/tetragon#2402).
-var DefaultExempt = []string{"kube-system", "trialnet"}
+func DefaultExempt() []string { return []string{"kube-system", "trialnet"} }
 
 // TrialID is the id of a pod's Trial: the prefix, as much of its
 // namespace and name as fits in a Trial id, and a hash of namespace,
@@ -105,6 +105,11 @@ var podNamespaces = []struct{ typ, why string }{
 	{"ipc", "it would share System V IPC and POSIX message queues with the node (hostIPC)"},
 }
 
+// runtimeDirs are the node's container runtimes' and NRI's sockets and
+// state, under both spellings of /run: a container that binds one can
+// start containers outside any Trial, or register as an NRI plugin.
+var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio", "/var/run/crio", "/run/nri", "/var/run/nri"}
+
 // refusals says why a container of an annotated pod is refused, before
 // anything is made for it: the OCI hook's rules applied to what NRI shows
 // of its spec (namespaces and mounts; NRI shows no capabilities, which
@@ -123,6 +128,9 @@ func refusals(pod *api.PodSandbox, ctr *api.Container, protected []string) []str
 		if _, ok := spec.Namespaces[h.typ]; !ok {
 			why = append(why, fmt.Sprintf("it has no %s namespace of its own: %s", h.typ, h.why))
 		}
+	}
+	if path := spec.Namespaces["pid"]; path != "" {
+		why = append(why, fmt.Sprintf("it joins the PID namespace %s (shareProcessNamespace): the pod's sandbox (pause) process, which stays in the pod's network namespace, would be a process it could trace or signal, and through it reach that network; give each container its own (shareProcessNamespace: false)", path))
 	}
 	if strings.Contains(ctr.GetLinux().GetCgroupsPath(), ":") {
 		why = append(why, fmt.Sprintf("the runtime gives it the systemd cgroup path %q: a Trial's cgroup is not a systemd slice, so the runtime must use the cgroupfs driver (containerd: SystemdCgroup = false; CRI-O: cgroup_manager = \"cgroupfs\"; the kubelet's cgroupDriver with it)", ctr.GetLinux().GetCgroupsPath()))

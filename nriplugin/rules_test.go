@@ -9,7 +9,6 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/trialnet/trialnet/internal/ident"
-	"github.com/trialnet/trialnet/ocihook"
 )
 
 // testPod is a pod as containerd presents it to NRI, annotated with
@@ -48,7 +47,7 @@ func withoutNS(c *api.Container, typ string) *api.Container {
 	return c
 }
 
-var testProtected = ocihook.DefaultProtected("/run/trialnet/agent.sock", "/sys/fs/cgroup")
+var testProtected = (&Plugin{HookPath: "/opt/trialnet/bin/trialnet", ResolvConf: "/opt/trialnet/resolv.conf"}).protected()
 
 // Each way a pod's container would leave its Trial, as NRI shows it, is
 // refused before anything is made for it, with the reason; an ordinary
@@ -85,6 +84,21 @@ func TestRefusals(t *testing.T) {
 			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: "/sys/fs", Options: []string{"rbind", "ro"}})
 			return c
 		}(), "binds /sys/fs"},
+		{"shareProcessNamespace", func() *api.Container {
+			c := testContainer("c9")
+			c.Linux.Namespaces[0].Path = "/proc/42/ns/pid"
+			return c
+		}(), "shareProcessNamespace"},
+		{"the hook's binary", func() *api.Container {
+			c := testContainer("c10")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: "/opt/trialnet", Options: []string{"rbind"}})
+			return c
+		}(), "binds /opt/trialnet"},
+		{"containerd's socket", func() *api.Container {
+			c := testContainer("c11")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: "/run/containerd/containerd.sock", Options: []string{"rbind"}})
+			return c
+		}(), "binds /run/containerd/containerd.sock"},
 		{"systemd cgroup driver", func() *api.Container {
 			c := testContainer("c8")
 			c.Linux.CgroupsPath = "kubepods-besteffort-poduid.slice:cri-containerd:c8"
