@@ -101,3 +101,28 @@ func TestRequiredPluginAbsentRefuses(t *testing.T) {
 		t.Fatalf("with the plugin connected: %v", err)
 	}
 }
+
+// The adjustment leaves the hook one claim to read: the Trial's id,
+// whatever trialnet.io/ annotations a pass-through copied to the
+// container from the pod.
+func TestAdjustmentLeavesOneClaim(t *testing.T) {
+	p := &Plugin{HookPath: "/opt/trialnet/bin/trialnet", CgroupMount: "/sys/fs/cgroup"}
+	ctr := testContainer("c1")
+	ctr.Annotations[AnnotationProfile] = "claude"
+	ctr.Annotations["trialnet.io/trial"] = "someone-elses"
+	info := client.TrialInfo{Netns: "/run/trialnet/netns/k8s-x", Cgroup: "/sys/fs/cgroup/trialnet/k8s-x", ProxyURL: "http://127.0.0.1:3128"}
+	info.ID = "k8s-x"
+	adj := p.adjust(ctr, info)
+	removed, set := []string{}, adj.GetAnnotations()
+	for k := range set {
+		if after, ok := strings.CutPrefix(k, "-"); ok { // NRI's mark for a removal
+			removed = append(removed, after)
+		}
+	}
+	if set["trialnet.io/trial"] != "k8s-x" || len(removed) != 1 || removed[0] != AnnotationProfile {
+		t.Errorf("annotations %v: want trialnet.io/trial=k8s-x and %s removed", set, AnnotationProfile)
+	}
+	if got := adj.GetLinux().GetCgroupsPath(); got != "/trialnet/k8s-x/ctr-c1" {
+		t.Errorf("cgroups path %q", got)
+	}
+}
