@@ -3,11 +3,9 @@
 package nriplugin
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -35,7 +33,7 @@ type world struct {
 	rt    *runtime
 }
 
-func newWorld(t *testing.T) *world {
+func newNRIWorld(t *testing.T) *world {
 	privtest.Require(t)
 	f, err := config.ParseFile([]byte("profiles:\n  claude:\n    allow: [\"api.example.test:443\"]\n  pypi:\n    allow: [\"pypi.org:443\"]\n"))
 	if err != nil {
@@ -72,7 +70,7 @@ func (w *world) trial(id string) (client.TrialInfo, bool) {
 // adjustment says, lets it in; a privileged container of the pod is
 // refused; the Trial goes with the pod.
 func TestPrivilegedPodIsATrial(t *testing.T) {
-	w := newWorld(t)
+	w := newNRIWorld(t)
 	w.rt.connect(w.plugin())
 	pod := testPod("evals", "task-1", "claude")
 	id := TrialID(pod)
@@ -159,7 +157,8 @@ func hookLetsIn(t *testing.T, w *world, adj *api.ContainerAdjustment, info clien
 	if err := os.Mkdir(cg, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	pid := startIn(t, cg, adj.GetLinux().GetNamespaces()[0].GetPath())
+	privtest.RequireTool(t, "nsenter")
+	pid := testenv.StartIn(t, cg, adj.GetLinux().GetNamespaces()[0].GetPath(), syscall.CLONE_NEWPID|syscall.CLONE_NEWCGROUP|syscall.CLONE_NEWNS)
 	bundle := t.TempDir()
 	ctr := testContainer("c1")
 	var ns []map[string]string
@@ -189,40 +188,12 @@ func hookLetsIn(t *testing.T, w *world, adj *api.ContainerAdjustment, info clien
 	}
 }
 
-// startIn starts a process in cgroup and the network namespace at netns,
-// with new PID, cgroup and mount namespaces, as a runtime places a
-// container before its hooks run; it is killed with the test.
-func startIn(t *testing.T, cgroup, netns string) int {
-	t.Helper()
-	privtest.RequireTool(t, "nsenter")
-	cg, err := os.Open(cgroup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Close()
-	cmd := exec.Command("nsenter", "--net="+netns, "--", "sh", "-c", "echo ready; exec sleep 600")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS,
-		UseCgroupFD: true, CgroupFD: int(cg.Fd())}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
-		t.Fatalf("the process did not start: %q %v", line, err)
-	}
-	return cmd.Process.Pid
-}
-
 // A plugin that restarts finds the runtime's pods: the Trial of a pod that
 // went while it was away is destroyed, those of live pods are kept and
 // serve their next containers, and a Trial not of the plugin's making is
 // left alone.
 func TestPrivilegedRestartSynchronizes(t *testing.T) {
-	w := newWorld(t)
+	w := newNRIWorld(t)
 	stay, gone := testPod("evals", "stay", "claude"), testPod("evals", "gone", "claude,pypi")
 	w.rt.pods = []*api.PodSandbox{stay, gone}
 	stop := w.rt.connect(w.plugin())
