@@ -3,7 +3,10 @@
 package nriplugin
 
 import (
+	"bytes"
+	"context"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/trial"
 )
 
 // deadAgent is a control socket that answers no call: each connection is
@@ -124,5 +128,42 @@ func TestAdjustmentLeavesOneClaim(t *testing.T) {
 	}
 	if got := adj.GetLinux().GetCgroupsPath(); got != "/trialnet/k8s-x/ctr-c1" {
 		t.Errorf("cgroups path %q", got)
+	}
+}
+
+// Install puts this binary where the runtime runs the hook and the
+// stub's resolv.conf where it binds it, replacing whatever was there.
+func TestInstall(t *testing.T) {
+	dir := t.TempDir()
+	p := &Plugin{HookPath: filepath.Join(dir, "bin", "trialnet"), ResolvConf: filepath.Join(dir, "resolv.conf")}
+	if err := os.WriteFile(p.ResolvConf, []byte("nameserver 10.0.0.10\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Install(); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook, err := os.ReadFile(p.HookPath)
+	if fi, _ := os.Stat(p.HookPath); err != nil || !bytes.Equal(hook, self) || fi.Mode().Perm() != 0o755 {
+		t.Errorf("the hook at %s is not this binary, executable: %v", p.HookPath, err)
+	}
+	if b, err := os.ReadFile(p.ResolvConf); err != nil || string(b) != trial.ResolvConf {
+		t.Errorf("resolv.conf %q, %v", b, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*", ".*")); len(left) > 0 {
+		t.Errorf("temporary files left: %q", left)
+	}
+}
+
+// A node whose runtime has no NRI socket: the plugin says so and what
+// to check.
+func TestRunWithoutNRI(t *testing.T) {
+	p := &Plugin{HookPath: "/opt/trialnet/bin/trialnet"}
+	err := p.Run(context.Background(), filepath.Join(t.TempDir(), "nri.sock"), DefaultIndex)
+	if err == nil || !strings.Contains(err.Error(), "is NRI enabled in containerd or CRI-O?") {
+		t.Fatalf("got %v", err)
 	}
 }

@@ -112,6 +112,27 @@ func TestPrivilegedPodIsATrial(t *testing.T) {
 	}
 }
 
+// A pod's profiles are the agent's to check: one it does not know
+// refuses the container, saying so; two, in any order and spacing, make
+// one Trial that serves each container.
+func TestPrivilegedPodProfiles(t *testing.T) {
+	w := newNRIWorld(t)
+	w.rt.connect(w.plugin())
+	_, err := w.rt.create(testPod("evals", "typo", "claud"), testContainer("c1"))
+	if err == nil || !strings.Contains(err.Error(), "the agent could not make its Trial") || !strings.Contains(err.Error(), "claud") {
+		t.Errorf("an unknown profile: %v; want refused, naming it", err)
+	}
+	pod := testPod("evals", "two", "pypi, claude")
+	for _, c := range []string{"c2", "c3"} {
+		if _, err := w.rt.create(pod, testContainer(c)); err != nil {
+			t.Fatalf("container %s of a pod with two profiles: %v", c, err)
+		}
+	}
+	if trials, _ := w.a.List(context.Background()); len(trials) != 1 {
+		t.Errorf("%d Trials, want the one of the pod with two profiles", len(trials))
+	}
+}
+
 func checkAdjustment(t *testing.T, adj *api.ContainerAdjustment, info client.TrialInfo, mount, ctr string) {
 	t.Helper()
 	cg := filepath.Join(mount, adj.GetLinux().GetCgroupsPath())
