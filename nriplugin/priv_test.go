@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/trialnet/trialnet/agent"
@@ -233,12 +234,20 @@ func TestPrivilegedRestartSynchronizes(t *testing.T) {
 	w.rt.pods = []*api.PodSandbox{stay} // "gone" was removed meanwhile
 	p := w.plugin()
 	w.rt.connect(p)
-	p.mu.Lock() // the sweep runs in the background: wait for its end
-	for p.pending {
-		p.mu.Unlock()
+	// The sweep runs in the background: wait for its end (bounded, so
+	// that a sweep that never ends fails rather than hangs the test).
+	for i := 0; ; i++ {
 		p.mu.Lock()
+		pending := p.pending
+		p.mu.Unlock()
+		if !pending {
+			break
+		}
+		if i == 10000 {
+			t.Fatal("the sweep did not finish")
+		}
+		time.Sleep(time.Millisecond)
 	}
-	p.mu.Unlock()
 
 	if _, ok := w.trial(TrialID(gone)); ok {
 		t.Errorf("the Trial of a pod removed while the plugin was away is still there")
