@@ -5,6 +5,7 @@ package nriplugin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -27,14 +28,14 @@ import (
 // world is a real agent with a profile, the NRI library's runtime side,
 // and the plugin between them over their sockets.
 type world struct {
-	t     *testing.T
+	t     testing.TB
 	a     *agent.Agent
 	sock  string
 	mount string
 	rt    *runtime
 }
 
-func newNRIWorld(t *testing.T) *world {
+func newNRIWorld(t testing.TB) *world {
 	privtest.Require(t)
 	f, err := config.ParseFile([]byte("profiles:\n  claude:\n    allow: [\"api.example.test:443\"]\n  pypi:\n    allow: [\"pypi.org:443\"]\n"))
 	if err != nil {
@@ -262,4 +263,38 @@ func TestPrivilegedRestartSynchronizes(t *testing.T) {
 	if err != nil || adj.GetAnnotations()[ocihook.AnnotationTrial] != TrialID(stay) {
 		t.Errorf("the live pod's next container: %v, annotations %v", err, adj.GetAnnotations())
 	}
+}
+
+// The plugin's part of a pod's container creation, through the NRI
+// runtime side to a real agent: the first container of a pod makes its
+// Trial; the next one finds it. The runtime bounds a plugin's call (2 s
+// by default in containerd and CRI-O).
+func BenchmarkPrivilegedCreateContainer(b *testing.B) {
+	w := newNRIWorld(b)
+	w.rt.connect(w.plugin())
+	b.Run("first-makes-trial", func(b *testing.B) {
+		for i := range b.N {
+			pod := testPod("evals", fmt.Sprintf("bench-%d", i), "claude")
+			if _, err := w.rt.create(pod, testContainer("c1")); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := w.rt.stopPod(pod); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	})
+	b.Run("next-finds-trial", func(b *testing.B) {
+		pod := testPod("evals", "bench-next", "claude")
+		if _, err := w.rt.create(pod, testContainer("c0")); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = w.rt.stopPod(pod) })
+		for i := range b.N {
+			if _, err := w.rt.create(pod, testContainer(fmt.Sprintf("c%d", i+1))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -19,13 +19,13 @@ import (
 // containerd and CRI-O embed it, on a socket of the test's: the plugin
 // talks to it over ttrpc exactly as to a node's runtime.
 type runtime struct {
-	t    *testing.T
+	t    testing.TB
 	dir  string
 	nri  *nri.Adaptation
 	pods []*api.PodSandbox // what Synchronize tells a plugin that connects
 }
 
-func newRuntime(t *testing.T, opts ...nri.Option) *runtime {
+func newRuntime(t testing.TB, opts ...nri.Option) *runtime {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "nri") // short: a socket path has 108 bytes
 	if err != nil {
