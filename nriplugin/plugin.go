@@ -85,6 +85,9 @@ type Plugin struct {
 	pending bool
 }
 
+// resolvPath is where resolvers read their configuration.
+const resolvPath = "/etc/resolv.conf"
+
 // Refusal is a container the plugin refuses to create, with the reasons.
 type Refusal struct {
 	Pod, Container string
@@ -139,6 +142,12 @@ func (p *Plugin) protected() []string {
 	return out
 }
 
+// ownMount: m is the read-only resolv.conf bind that adjust adds.
+func (p *Plugin) ownMount(m *api.Mount) bool {
+	return p.ResolvConf != "" && m.GetSource() == p.ResolvConf && m.GetDestination() == resolvPath &&
+		slices.Contains(m.GetOptions(), "ro")
+}
+
 // ours: the pod's containers are the plugin's business.
 func (p *Plugin) ours(pod *api.PodSandbox) bool {
 	exempt := p.Exempt
@@ -165,7 +174,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	if why := cl.problems(); len(why) > 0 {
 		return refuse(why...)
 	}
-	if why := refusals(pod, ctr, p.protected()); len(why) > 0 {
+	if why := refusals(ctr, p.protected(), p.ownMount); len(why) > 0 {
 		return refuse(why...)
 	}
 	info, err := p.ensureTrial(ctx, pod, cl.profiles)
@@ -219,7 +228,7 @@ func (p *Plugin) adjust(ctr *api.Container, info client.TrialInfo) *api.Containe
 		a.AddEnv(k, v)
 	}
 	if info.Transparent && p.ResolvConf != "" {
-		a.AddMount(&api.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: p.ResolvConf,
+		a.AddMount(&api.Mount{Destination: resolvPath, Type: "bind", Source: p.ResolvConf,
 			Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	args := []string{"trialnet", "oci-hook"}

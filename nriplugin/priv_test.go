@@ -298,3 +298,24 @@ func BenchmarkPrivilegedCreateContainer(b *testing.B) {
 		}
 	})
 }
+
+// A rolling update's overlap: while two plugins are registered, an
+// annotated pod's container is refused (both set its annotation and
+// cgroups path, a conflict the runtime refuses), never created unplaced; once the old one
+// is gone, the same container is placed in the Trial.
+func TestPrivilegedTwoPluginsRefuseUntilOneGoes(t *testing.T) {
+	w := newNRIWorld(t)
+	stopOld := w.rt.connect(w.plugin())
+	w.rt.connect(w.plugin())
+	pod := testPod("evals", "rollout", "claude")
+	_, err := w.rt.create(pod, testContainer("c1"))
+	if err == nil || !strings.Contains(err.Error(), `plugins "50-trialnet" and "50-trialnet" both tried to set`) {
+		t.Fatalf("with two plugins registered: %v; want refused as a conflict", err)
+	}
+	t.Logf("refused during the overlap: %v", err)
+	stopOld()
+	adj, err := w.rt.create(pod, testContainer("c1"))
+	if err != nil || adj.GetAnnotations()[ocihook.AnnotationTrial] != TrialID(pod) {
+		t.Fatalf("with one plugin left: %v, annotations %v", err, adj.GetAnnotations())
+	}
+}

@@ -114,13 +114,18 @@ var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio"
 // anything is made for it: the OCI hook's rules applied to what NRI shows
 // of its spec (namespaces and mounts; NRI shows no capabilities, which
 // the hook checks at createRuntime), and the pod-level namespaces.
-// protected are the node's paths no container may mount.
-func refusals(pod *api.PodSandbox, ctr *api.Container, protected []string) []string {
+// protected are the node's paths no container may mount; own tells the
+// plugin's own mount (an earlier plugin instance's adjustment, during a
+// rolling update), which is not the pod's doing.
+func refusals(ctr *api.Container, protected []string, own func(*api.Mount) bool) []string {
 	spec := ocihook.Spec{Namespaces: map[string]string{}}
 	for _, n := range ctr.GetLinux().GetNamespaces() {
 		spec.Namespaces[n.GetType()] = n.GetPath()
 	}
 	for _, m := range ctr.GetMounts() {
+		if own(m) {
+			continue
+		}
 		spec.Mounts = append(spec.Mounts, ocihook.Mount{Destination: m.GetDestination(), Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
 	}
 	why := spec.Refusals(protected)

@@ -8,7 +8,9 @@ import (
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/ident"
+	"github.com/trialnet/trialnet/trial"
 )
 
 // testPod is a pod as containerd presents it to NRI, annotated with
@@ -47,15 +49,24 @@ func withoutNS(c *api.Container, typ string) *api.Container {
 	return c
 }
 
-var testProtected = (&Plugin{HookPath: "/opt/trialnet/bin/trialnet", ResolvConf: "/opt/trialnet/resolv.conf"}).protected()
+var (
+	testPlugin    = &Plugin{HookPath: "/opt/trialnet/bin/trialnet", ResolvConf: "/opt/trialnet/resolv.conf"}
+	testProtected = testPlugin.protected()
+)
 
 // Each way a pod's container would leave its Trial, as NRI shows it, is
 // refused before anything is made for it, with the reason; an ordinary
 // container is not.
 func TestRefusals(t *testing.T) {
-	pod := testPod("evals", "task-1", "claude")
-	if why := refusals(pod, testContainer("c0"), testProtected); len(why) > 0 {
+	ordinary := testContainer("c0")
+	if why := refusals(ordinary, testProtected, testPlugin.ownMount); len(why) > 0 {
 		t.Fatalf("an ordinary container is refused: %q", why)
+	}
+	// As a second plugin instance sees it during a rolling update: the
+	// first one's adjustment (its read-only resolv.conf) is not the pod's.
+	ordinary.Mounts = append(ordinary.Mounts, testPlugin.adjust(ordinary, client.TrialInfo{Spec: trial.Spec{Transparent: true}}).GetMounts()...)
+	if why := refusals(ordinary, testProtected, testPlugin.ownMount); len(why) > 0 {
+		t.Fatalf("a container with the plugin's own resolv.conf is refused: %q", why)
 	}
 	for _, tc := range []struct {
 		name string
@@ -99,6 +110,11 @@ func TestRefusals(t *testing.T) {
 			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: "/run/containerd/containerd.sock", Options: []string{"rbind"}})
 			return c
 		}(), "binds /run/containerd/containerd.sock"},
+		{"resolv.conf writable", func() *api.Container {
+			c := testContainer("c12")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: "/opt/trialnet/resolv.conf", Options: []string{"rbind", "rw"}})
+			return c
+		}(), "binds /opt/trialnet/resolv.conf"},
 		{"systemd cgroup driver", func() *api.Container {
 			c := testContainer("c8")
 			c.Linux.CgroupsPath = "kubepods-besteffort-poduid.slice:cri-containerd:c8"
@@ -106,7 +122,7 @@ func TestRefusals(t *testing.T) {
 		}(), "cgroupfs driver"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			why := refusals(pod, tc.ctr, testProtected)
+			why := refusals(tc.ctr, testProtected, testPlugin.ownMount)
 			if !strings.Contains(strings.Join(why, "; "), tc.want) {
 				t.Fatalf("refusals %q, want one saying %q", why, tc.want)
 			}

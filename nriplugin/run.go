@@ -19,8 +19,9 @@ import (
 // names (required-plugins.noderesource.dev: '["trialnet"]'), and the
 // index, which orders plugins: trialnet's adjustments come after
 // those of plugins with a lower one, and conflict with any that sets the
-// same cgroup path or network namespace (the runtime then refuses the
-// container).
+// same annotation, cgroup path or network namespace (the runtime then
+// refuses the container; so do two instances of this one, during a
+// rolling update).
 const (
 	Name         = "trialnet"
 	DefaultIndex = "50"
