@@ -14,29 +14,39 @@ import (
 // config is what the hook reads of a bundle's config.json (the OCI
 // runtime spec): the rest is the runtime's business.
 type config struct {
-	Process *struct {
-		Capabilities *struct {
-			Bounding    []string `json:"bounding"`
-			Effective   []string `json:"effective"`
-			Inheritable []string `json:"inheritable"`
-			Permitted   []string `json:"permitted"`
-			Ambient     []string `json:"ambient"`
-		} `json:"capabilities"`
-	} `json:"process"`
-	Mounts []struct {
-		Destination string   `json:"destination"`
-		Type        string   `json:"type"`
-		Source      string   `json:"source"`
-		Options     []string `json:"options"`
-	} `json:"mounts"`
-	Linux *struct {
-		Namespaces []struct {
-			Type string `json:"type"`
-			Path string `json:"path"`
-		} `json:"namespaces"`
-		Seccomp *struct{} `json:"seccomp"`
-	} `json:"linux"`
+	Process     *processOf        `json:"process"`
+	Mounts      []mountOf         `json:"mounts"`
+	Linux       *linuxOf          `json:"linux"`
 	Annotations map[string]string `json:"annotations"`
+}
+
+type processOf struct {
+	Capabilities *capsOf `json:"capabilities"`
+}
+
+type capsOf struct {
+	Bounding    []string `json:"bounding"`
+	Effective   []string `json:"effective"`
+	Inheritable []string `json:"inheritable"`
+	Permitted   []string `json:"permitted"`
+	Ambient     []string `json:"ambient"`
+}
+
+type mountOf struct {
+	Destination string   `json:"destination"`
+	Type        string   `json:"type"`
+	Source      string   `json:"source"`
+	Options     []string `json:"options"`
+}
+
+type linuxOf struct {
+	Namespaces []namespaceOf `json:"namespaces"`
+	Seccomp    *struct{}     `json:"seccomp"`
+}
+
+type namespaceOf struct {
+	Type string `json:"type"`
+	Path string `json:"path"`
 }
 
 func readConfig(bundle string) (*config, error) {

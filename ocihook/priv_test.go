@@ -3,11 +3,9 @@
 package ocihook
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -58,7 +56,7 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 		return err
 	}
 
-	pid := startIn(t, inTrial, info.Netns, newNS)
+	pid := testenv.StartIn(t, inTrial, info.Netns, newNS)
 	if err := run(pid); err != nil {
 		t.Fatalf("a process in its Trial's network namespace and a child of its cgroup: %v", err)
 	}
@@ -81,7 +79,7 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 		{"host PID namespace", inTrial, info.Netns, syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS, "shares the runtime's (the host's) pid namespace", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := run(startIn(t, tc.cgroup, tc.netns, tc.flags))
+			err := run(testenv.StartIn(t, tc.cgroup, tc.netns, tc.flags))
 			if err == nil || !strings.Contains(err.Error(), tc.want1) || !strings.Contains(err.Error(), tc.want2) {
 				t.Fatalf("got %v, want refused: %q, %q", err, tc.want1, tc.want2)
 			}
@@ -104,34 +102,4 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-// startIn starts a process in cgroup, in the network namespace at netns
-// ("": the host's), with new namespaces flags, and returns its pid once
-// it is there; it is killed with the test.
-func startIn(t *testing.T, cgroup, netns string, flags uintptr) int {
-	t.Helper()
-	cg, err := os.Open(cgroup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Close()
-	args := []string{"sh", "-c", "echo ready; exec sleep 600"}
-	if netns != "" {
-		args = append([]string{"nsenter", "--net=" + netns, "--"}, args...)
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, UseCgroupFD: true, CgroupFD: int(cg.Fd())}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
-		t.Fatalf("the process did not start: %q %v", line, err)
-	}
-	return cmd.Process.Pid
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 )
@@ -53,7 +54,7 @@ type Command struct {
 	Dir string
 	// ProxyURL, when set, becomes HTTPS_PROXY, HTTP_PROXY and their lower
 	// case forms, with NO_PROXY for loopback and NODE_USE_ENV_PROXY=1 (see
-	// proxyEnv).
+	// trial.ProxyEnv).
 	ProxyURL string
 	// GatewayURL, when set, becomes TRIALNET_GATEWAY: where the Trial's
 	// credential gateway routes are served.
@@ -101,32 +102,12 @@ func CheckMaxProcs(n int) error {
 	return nil
 }
 
-// noProxy is what a Trial's processes get as NO_PROXY and no_proxy: the
-// Trial's own loopback, which is never worth a trip through the proxy.
-const noProxy = "127.0.0.1,localhost,::1"
-
-// proxyVars are replaced, never merged: a Trial must not inherit a proxy.
-// ALL_PROXY is dropped and never set: curl reads it as a SOCKS proxy
-// for every scheme, and a Trial has no SOCKS listener.
 var proxyVars = []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy",
 	"ALL_PROXY", "all_proxy", "NODE_USE_ENV_PROXY", GatewayVar}
 
 // GatewayVar names the variable that tells a Trial's processes where its
 // credential gateway routes are served (docs/gateway.md).
 const GatewayVar = "TRIALNET_GATEWAY"
-
-// proxyEnv is the environment that points a Trial's clients at the proxy
-// at proxyURL without any configuration of theirs: both cases of
-// HTTPS_PROXY and HTTP_PROXY (curl reads only http_proxy in lower case,
-// Go reads upper case first), NO_PROXY and no_proxy for loopback, and
-// NODE_USE_ENV_PROXY=1, which makes Node's fetch and https (22.21+, 24.5+)
-// read them too.
-func proxyEnv(proxyURL string) []string {
-	return []string{
-		"HTTPS_PROXY=" + proxyURL, "HTTP_PROXY=" + proxyURL, "https_proxy=" + proxyURL, "http_proxy=" + proxyURL,
-		"NO_PROXY=" + noProxy, "no_proxy=" + noProxy, "NODE_USE_ENV_PROXY=1",
-	}
-}
 
 func (c Command) environ() []string {
 	env := make([]string, 0, len(c.Env)+len(proxyVars))
@@ -137,7 +118,7 @@ func (c Command) environ() []string {
 		}
 	}
 	if c.ProxyURL != "" {
-		env = append(env, proxyEnv(c.ProxyURL)...)
+		env = append(env, trial.ProxyEnv(c.ProxyURL)...)
 	}
 	if c.GatewayURL != "" {
 		env = append(env, GatewayVar+"="+c.GatewayURL)

@@ -111,6 +111,11 @@ const manifest = "trialnet-agent.yaml"
 // containers by name.
 func load(t *testing.T) (map[string]doc, map[string]container) {
 	t.Helper()
+	return loadFile(t, manifest)
+}
+
+func loadFile(t *testing.T, manifest string) (map[string]doc, map[string]container) {
+	t.Helper()
 	b, err := os.ReadFile(manifest)
 	if err != nil {
 		t.Fatal(err)

@@ -6,10 +6,13 @@
 package testenv
 
 import (
+	"bufio"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,4 +124,35 @@ func ServedAgent(t testing.TB, name string, cfg agent.AgentConfig) (a *agent.Age
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return a, dir, sock
+}
+
+// StartIn starts a process in cgroup, in the network namespace at netns
+// ("": the host's), with new namespaces flags, as a runtime places a
+// container before its hooks run; it returns the pid once the process is
+// there, and kills it with the test.
+func StartIn(t testing.TB, cgroup, netns string, flags uintptr) int {
+	t.Helper()
+	cg, err := os.Open(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	args := []string{"sh", "-c", "echo ready; exec sleep 600"}
+	if netns != "" {
+		args = append([]string{"nsenter", "--net=" + netns, "--"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("the process did not start: %q %v", line, err)
+	}
+	return cmd.Process.Pid
 }

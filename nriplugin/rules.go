@@ -1,0 +1,144 @@
+//go:build linux
+
+package nriplugin
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/trialnet/trialnet/internal/ident"
+	"github.com/trialnet/trialnet/ocihook"
+)
+
+// AnnotationProfile on a pod asks for a Trial made from these profiles
+// (comma-separated) around its containers: the key the OCI hook reads.
+const AnnotationProfile = ocihook.AnnotationProfile
+
+// IDPrefix begins the id of every Trial the plugin makes: at a restart
+// it destroys those of them whose pod is gone, and no other.
+const IDPrefix = "k8s-"
+
+// DefaultExempt are the namespaces whose pods pass untouched whatever
+// their annotations: the cluster's own, and trialnet's (the agent's pod
+// must never wait on the agent: cilium/tetragon#2402).
+func DefaultExempt() []string { return []string{"kube-system", "trialnet"} }
+
+// TrialID is the id of a pod's Trial: the prefix, as much of its
+// namespace and name as fits in a Trial id, and a hash of namespace,
+// name and uid, so that two pods (or a pod and its recreation under the
+// same name) never share one.
+func TrialID(pod *api.PodSandbox) string {
+	sum := sha256.Sum256([]byte(pod.GetNamespace() + "/" + pod.GetName() + "/" + pod.GetUid()))
+	hash := hex.EncodeToString(sum[:])[:12]
+	readable := sanitize(pod.GetNamespace() + "-" + pod.GetName())
+	room := 63 - len(IDPrefix) - 1 - len(hash)
+	if len(readable) > room {
+		readable = readable[:room]
+	}
+	id := IDPrefix + strings.Trim(readable, "-_") + "-" + hash
+	if !ident.Valid(id) {
+		panic("nriplugin: a Trial id out of the rules: " + id) // sanitize keeps to them
+	}
+	return id
+}
+
+// sanitize keeps a-z, 0-9 and '-' of s, lower-cased; anything else is '-'.
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, s)
+}
+
+// claim is what a pod asks of trialnet.
+type claim struct {
+	profiles []string
+	other    []string // trialnet.io/ keys the plugin does not take
+}
+
+// claimOf reads a pod's trialnet.io/ annotations. No profile and no
+// other key: the pod is not trialnet's.
+func claimOf(pod *api.PodSandbox) claim {
+	var c claim
+	for k, v := range pod.GetAnnotations() {
+		switch {
+		case k == AnnotationProfile:
+			for p := range strings.SplitSeq(v, ",") {
+				c.profiles = append(c.profiles, strings.TrimSpace(p))
+			}
+		case strings.HasPrefix(strings.ToLower(k), "trialnet.io/"):
+			c.other = append(c.other, k)
+		}
+	}
+	slices.Sort(c.other)
+	return c
+}
+
+func (c claim) any() bool { return len(c.profiles) > 0 || len(c.other) > 0 }
+
+// problems says why a claim cannot be served as it stands.
+func (c claim) problems() []string {
+	var why []string
+	if len(c.other) > 0 {
+		why = append(why, fmt.Sprintf("annotations %s are not ones the NRI plugin takes: a pod asks for a Trial with %s=PROFILE[,PROFILE]", strings.Join(c.other, ", "), AnnotationProfile))
+	}
+	if slices.Contains(c.profiles, "") {
+		why = append(why, fmt.Sprintf("%s names an empty profile", AnnotationProfile))
+	}
+	return why
+}
+
+// podNamespaces are the namespaces a pod in a Trial must not share with
+// the node, beyond those the OCI hook's rule covers (network, PID,
+// cgroup, mount): IPC, whose System V objects and message queues would be
+// shared with every hostIPC process on the node, a channel out.
+var podNamespaces = []struct{ typ, why string }{
+	{"ipc", "it would share System V IPC and POSIX message queues with the node (hostIPC)"},
+}
+
+// runtimeDirs are the node's container runtimes' and NRI's sockets and
+// state, under both spellings of /run: a container that binds one can
+// start containers outside any Trial, or register as an NRI plugin.
+var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio", "/var/run/crio", "/run/nri", "/var/run/nri"}
+
+// refusals says why a container of an annotated pod is refused, before
+// anything is made for it: the OCI hook's rules applied to what NRI shows
+// of its spec (namespaces and mounts; NRI shows no capabilities, which
+// the hook checks at createRuntime), and the pod-level namespaces.
+// protected are the node's paths no container may mount; own tells the
+// plugin's own mount (an earlier plugin instance's adjustment, during a
+// rolling update), which is not the pod's doing.
+func refusals(ctr *api.Container, protected []string, own func(*api.Mount) bool) []string {
+	spec := ocihook.Spec{Namespaces: map[string]string{}}
+	for _, n := range ctr.GetLinux().GetNamespaces() {
+		spec.Namespaces[n.GetType()] = n.GetPath()
+	}
+	for _, m := range ctr.GetMounts() {
+		if own(m) {
+			continue
+		}
+		spec.Mounts = append(spec.Mounts, ocihook.Mount{Destination: m.GetDestination(), Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
+	}
+	why := spec.Refusals(protected)
+	for _, h := range podNamespaces {
+		if _, ok := spec.Namespaces[h.typ]; !ok {
+			why = append(why, fmt.Sprintf("it has no %s namespace of its own: %s", h.typ, h.why))
+		}
+	}
+	if path := spec.Namespaces["pid"]; path != "" {
+		why = append(why, fmt.Sprintf("it joins the PID namespace %s (shareProcessNamespace): the pod's sandbox (pause) process, which stays in the pod's network namespace, would be a process it could trace or signal, and through it reach that network; give each container its own (shareProcessNamespace: false)", path))
+	}
+	if strings.Contains(ctr.GetLinux().GetCgroupsPath(), ":") {
+		why = append(why, fmt.Sprintf("the runtime gives it the systemd cgroup path %q: a Trial's cgroup is not a systemd slice, so the runtime must use the cgroupfs driver (containerd: SystemdCgroup = false; CRI-O: cgroup_manager = \"cgroupfs\"; the kubelet's cgroupDriver with it)", ctr.GetLinux().GetCgroupsPath()))
+	}
+	return why
+}

@@ -1,0 +1,177 @@
+//go:build linux
+
+package nriplugin
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/ident"
+	"github.com/trialnet/trialnet/trial"
+)
+
+// testPod is a pod as containerd presents it to NRI, annotated with
+// profiles (none: not annotated).
+func testPod(ns, name string, profiles string) *api.PodSandbox {
+	pod := &api.PodSandbox{Id: "sandbox-" + name, Name: name, Namespace: ns, Uid: "uid-" + ns + "-" + name,
+		Annotations: map[string]string{"kubernetes.io/config.source": "api"},
+		Linux: &api.LinuxPodSandbox{Namespaces: []*api.LinuxNamespace{
+			{Type: "network", Path: "/var/run/netns/cni-1234"}, {Type: "ipc"}, {Type: "uts"}, {Type: "pid"}, {Type: "mount"}}}}
+	if profiles != "" {
+		pod.Annotations[AnnotationProfile] = profiles
+	}
+	return pod
+}
+
+// testContainer is an unprivileged container of a pod, as containerd
+// (cgroupfs driver, cgroup v2) presents it to NRI.
+func testContainer(id string) *api.Container {
+	return &api.Container{Id: id, Name: "main-" + id, Args: []string{"sleep", "inf"},
+		Env:         []string{"PATH=/usr/bin:/bin", "HTTPS_PROXY=http://corp-proxy:8080"},
+		Annotations: map[string]string{"io.kubernetes.cri.container-type": "container"},
+		Mounts: []*api.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+			{Destination: "/etc/hosts", Type: "bind", Source: "/var/lib/kubelet/pods/uid/etc-hosts", Options: []string{"rbind", "rprivate", "rw"}},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/sandboxes/resolv.conf", Options: []string{"rbind", "rprivate", "rw"}},
+		},
+		Linux: &api.LinuxContainer{CgroupsPath: "/kubepods/besteffort/poduid/" + id,
+			Namespaces: []*api.LinuxNamespace{{Type: "pid"}, {Type: "ipc", Path: "/proc/42/ns/ipc"}, {Type: "uts", Path: "/proc/42/ns/uts"},
+				{Type: "mount"}, {Type: "network", Path: "/var/run/netns/cni-1234"}, {Type: "cgroup"}}}}
+}
+
+func withoutNS(c *api.Container, typ string) *api.Container {
+	c.Linux.Namespaces = slices.DeleteFunc(c.Linux.Namespaces, func(n *api.LinuxNamespace) bool { return n.Type == typ })
+	return c
+}
+
+var (
+	testPlugin    = &Plugin{HookPath: "/opt/trialnet/bin/trialnet", ResolvConf: "/opt/trialnet/resolv.conf"}
+	testProtected = testPlugin.protected()
+)
+
+// Each way a pod's container would leave its Trial, as NRI shows it, is
+// refused before anything is made for it, with the reason; an ordinary
+// container is not.
+func TestRefusals(t *testing.T) {
+	ordinary := testContainer("c0")
+	if why := refusals(ordinary, testProtected, testPlugin.ownMount); len(why) > 0 {
+		t.Fatalf("an ordinary container is refused: %q", why)
+	}
+	// As a second plugin instance sees it during a rolling update: the
+	// first one's adjustment (its read-only resolv.conf) is not the pod's.
+	ordinary.Mounts = append(ordinary.Mounts, testPlugin.adjust(ordinary, client.TrialInfo{Spec: trial.Spec{Transparent: true}}).GetMounts()...)
+	if why := refusals(ordinary, testProtected, testPlugin.ownMount); len(why) > 0 {
+		t.Fatalf("a container with the plugin's own resolv.conf is refused: %q", why)
+	}
+	for _, tc := range []struct {
+		name string
+		ctr  *api.Container
+		want string
+	}{
+		{"host network", withoutNS(testContainer("c1"), "network"), "no network namespace of its own"},
+		{"host PID", withoutNS(testContainer("c2"), "pid"), "no pid namespace of its own"},
+		{"host IPC", withoutNS(testContainer("c3"), "ipc"), "no ipc namespace of its own"},
+		// containerd's privileged container: a writable cgroup file system
+		// and no cgroup namespace (it holds every capability too, which
+		// the hook refuses at createRuntime: NRI does not show them).
+		{"privileged", func() *api.Container {
+			c := withoutNS(testContainer("c4"), "cgroup")
+			c.Mounts[2].Options = []string{"nosuid", "noexec", "nodev", "relatime", "rw"}
+			return c
+		}(), "writable cgroup file system"},
+		{"privileged (cgroup namespace)", withoutNS(testContainer("c5"), "cgroup"), "no cgroup namespace of its own"},
+		{"the control socket's directory", func() *api.Container {
+			c := testContainer("c6")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: "/run/trialnet", Options: []string{"rbind"}})
+			return c
+		}(), "binds /run/trialnet"},
+		{"bpffs", func() *api.Container {
+			c := testContainer("c7")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: "/sys/fs", Options: []string{"rbind", "ro"}})
+			return c
+		}(), "binds /sys/fs"},
+		{"shareProcessNamespace", func() *api.Container {
+			c := testContainer("c9")
+			c.Linux.Namespaces[0].Path = "/proc/42/ns/pid"
+			return c
+		}(), "shareProcessNamespace"},
+		{"the hook's binary", func() *api.Container {
+			c := testContainer("c10")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: "/opt/trialnet", Options: []string{"rbind"}})
+			return c
+		}(), "binds /opt/trialnet"},
+		{"containerd's socket", func() *api.Container {
+			c := testContainer("c11")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: "/run/containerd/containerd.sock", Options: []string{"rbind"}})
+			return c
+		}(), "binds /run/containerd/containerd.sock"},
+		{"resolv.conf writable", func() *api.Container {
+			c := testContainer("c12")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: "/opt/trialnet/resolv.conf", Options: []string{"rbind", "rw"}})
+			return c
+		}(), "binds /opt/trialnet/resolv.conf"},
+		{"systemd cgroup driver", func() *api.Container {
+			c := testContainer("c8")
+			c.Linux.CgroupsPath = "kubepods-besteffort-poduid.slice:cri-containerd:c8"
+			return c
+		}(), "cgroupfs driver"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			why := refusals(tc.ctr, testProtected, testPlugin.ownMount)
+			if !strings.Contains(strings.Join(why, "; "), tc.want) {
+				t.Fatalf("refusals %q, want one saying %q", why, tc.want)
+			}
+		})
+	}
+}
+
+// A pod's trialnet.io/ annotations other than the profile are refused,
+// not ignored: a pod that asks to join a Trial by id is not let run on
+// the pod network.
+func TestClaimProblems(t *testing.T) {
+	for _, tc := range []struct {
+		ann  map[string]string
+		want string // "": no problem
+		any  bool
+	}{
+		{map[string]string{"app": "x"}, "", false},
+		{map[string]string{AnnotationProfile: "claude"}, "", true},
+		{map[string]string{AnnotationProfile: "claude, pypi"}, "", true},
+		{map[string]string{"trialnet.io/trial": "eval-1"}, "not ones the NRI plugin takes", true},
+		{map[string]string{"TrialNet.io/Profile": "x"}, "not ones the NRI plugin takes", true},
+		{map[string]string{AnnotationProfile: "claude,"}, "empty profile", true},
+		{map[string]string{AnnotationProfile: ""}, "empty profile", true},
+	} {
+		c := claimOf(&api.PodSandbox{Annotations: tc.ann})
+		why := strings.Join(c.problems(), "; ")
+		if c.any() != tc.any || (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+			t.Errorf("%v: any %v, problems %q; want any %v and %q", tc.ann, c.any(), why, tc.any, tc.want)
+		}
+	}
+}
+
+// A pod's Trial id keeps to the Trial id rules whatever the pod's names,
+// and differs for pods that differ in namespace, name or uid.
+func TestTrialID(t *testing.T) {
+	long := strings.Repeat("a-very-long-name", 20)
+	seen := map[string]bool{}
+	for _, p := range []*api.PodSandbox{
+		{Namespace: "evals", Name: "task-1", Uid: "u1"},
+		{Namespace: "evals", Name: "task-1", Uid: "u2"},
+		{Namespace: "evals-task", Name: "1", Uid: "u1"},
+		{Namespace: "Evals", Name: "Task.1_x", Uid: "u1"},
+		{Namespace: long, Name: long, Uid: "u1"},
+		{Namespace: "-", Name: "-", Uid: ""},
+	} {
+		id := TrialID(p)
+		if !ident.Valid(id) || !strings.HasPrefix(id, IDPrefix) || seen[id] {
+			t.Errorf("pod %s/%s/%s: id %q (valid %v, seen %v)", p.Namespace, p.Name, p.Uid, id, ident.Valid(id), seen[id])
+		}
+		seen[id] = true
+	}
+}

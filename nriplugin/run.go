@@ -1,0 +1,92 @@
+//go:build linux
+
+package nriplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/nri/pkg/stub"
+	"github.com/trialnet/trialnet/trial"
+)
+
+// Plugin registration: the name a pod's required-plugins annotation
+// names (required-plugins.noderesource.dev: '["trialnet"]'), and the
+// index, which orders plugins: trialnet's adjustments come after
+// those of plugins with a lower one, and conflict with any that sets the
+// same annotation, cgroup path or network namespace (the runtime then
+// refuses the container; so do two instances of this one, during a
+// rolling update).
+const (
+	Name         = "trialnet"
+	DefaultIndex = "50"
+)
+
+// Run registers the plugin with the runtime on nriSocket and serves it
+// until ctx ends or the runtime closes the connection (it restarted:
+// the plugin's container is restarted, and synchronizes again).
+func (p *Plugin) Run(ctx context.Context, nriSocket, index string) error {
+	s, err := stub.New(p, stub.WithPluginName(Name), stub.WithPluginIdx(index), stub.WithSocketPath(nriSocket))
+	if err != nil {
+		return fmt.Errorf("NRI plugin: %w", err)
+	}
+	err = s.Run(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err == nil {
+		err = errors.New("the runtime closed the connection")
+	}
+	return fmt.Errorf("NRI plugin on %s: %w (is NRI enabled in containerd or CRI-O? docs/containers.md says how)", nriSocket, err)
+}
+
+// Install puts what the runtime reads on the node: this binary at
+// HookPath, which it runs as the hook, and trial.ResolvConf at
+// ResolvConf. Each is replaced whole (a rename), never rewritten in
+// place under a runtime that is running it.
+func (p *Plugin) Install() error {
+	self, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return fmt.Errorf("install the hook: this binary: %w", err)
+	}
+	defer self.Close()
+	if err := writeAtomic(p.HookPath, self, 0o755); err != nil {
+		return fmt.Errorf("install the hook at %s: %w", p.HookPath, err)
+	}
+	if p.ResolvConf == "" {
+		return nil
+	}
+	if err := writeAtomic(p.ResolvConf, strings.NewReader(trial.ResolvConf), 0o644); err != nil {
+		return fmt.Errorf("install transparent mode's resolv.conf at %s: %w", p.ResolvConf, err)
+	}
+	return nil
+}
+
+func writeAtomic(path string, r io.Reader, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // gone after the rename; left only by a failure
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
