@@ -186,8 +186,9 @@ func TestPrivilegedInitCrashIsReported(t *testing.T) {
 	if err != nil || init.pidfd < 0 {
 		t.Fatalf("the Trial's init: %v", err)
 	}
-	// SIGABRT is one signal the reaper does not ignore: the Go runtime
-	// dumps its goroutines and exits, as a crash would. A PID 1 gets only
+	// SIGABRT is one signal the reaper does not ignore: it says so and
+	// dies of it, as a crash would (the Go reaper of a CGO_ENABLED=0
+	// build dumps its goroutines). A PID 1 gets only
 	// signals it handles, so wait until the reaper runs (it ignores
 	// SIGTERM then, and handles the rest).
 	for deadline := time.Now().Add(5 * time.Second); !ignores(init.pid, unix.SIGTERM); time.Sleep(5 * time.Millisecond) {
@@ -253,8 +254,12 @@ func TestPrivilegedExecWaitsForTheReadyInit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		filter, err := seccompFile(false)
+		if err != nil {
+			t.Fatal(err)
+		}
 		cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "0", "0", "64", socketsAnywhere, "--", "touch", ran},
-			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR}}
+			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}

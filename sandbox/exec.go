@@ -405,7 +405,8 @@ func (p execPipes) closeChildEnds() {
 }
 
 // execCmd is the trialnet-exec that becomes c: cloned straight into cg,
-// in a session of its own, with the pipes as its fds 3 and 4.
+// in a session of its own, with the pipes as its fds 3 and 4 and the
+// seccomp filter as its fd 5 (seccompFiles).
 func (t *Launcher) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, error) {
 	sockets := socketsConfined
 	switch {
@@ -417,6 +418,10 @@ func (t *Launcher) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, 
 	case c.SocketsAnywhere || t.Spec.UnixOpen:
 		sockets = socketsAnywhere
 	}
+	filter, err := seccompFile(t.Spec.Nested)
+	if err != nil {
+		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+	}
 	args := append([]string{execArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10),
 		strconv.Itoa(c.MaxProcs), sockets, "--"}, c.Args...)
 	return &exec.Cmd{
@@ -427,7 +432,7 @@ func (t *Launcher) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, 
 		Stdin:      c.Stdin,
 		Stdout:     c.Stdout,
 		Stderr:     c.Stderr,
-		ExtraFiles: []*os.File{pipes.errW, pipes.goR},
+		ExtraFiles: []*os.File{pipes.errW, pipes.goR, filter},
 		SysProcAttr: &syscall.SysProcAttr{
 			Setsid:      true,
 			UseCgroupFD: true,
