@@ -23,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 	"github.com/trialnet/trialnet/trial"
+	"golang.org/x/sys/unix"
 )
 
 // Bounds of BenchmarkScale: its largest step holds the lock for a few
@@ -49,7 +50,9 @@ func BenchmarkScale(b *testing.B) {
 	outer := b
 	e := setup(b)
 	base := selfRSSBytes()
+	baseFDs := openFDs()
 	var live []*scaleTrial
+	perTrial := 30 // until a step has measured it
 	stop := make(chan struct{})
 	var busy sync.WaitGroup
 	b.Cleanup(func() {
@@ -61,6 +64,9 @@ func BenchmarkScale(b *testing.B) {
 	})
 	for _, n := range []int{1, 100, 1000} {
 		b.Run("live="+strconv.Itoa(n), func(b *testing.B) {
+			if need, limit := n*perTrial, nofile(b); need > limit {
+				b.Skipf("%d live Trials need about %d descriptors in this process (%d a Trial, agent and clients), over its RLIMIT_NOFILE of %d; raising the hard limit needs CAP_SYS_RESOURCE", n, need, perTrial, limit)
+			}
 			for len(live) < n {
 				t, err := newScaleTrial(e, "scale-"+strconv.Itoa(len(live)))
 				if err != nil {
@@ -100,8 +106,50 @@ func BenchmarkScale(b *testing.B) {
 			b.ReportMetric(q(cycles, 0.99), "cycle-p99-ms")
 			b.ReportMetric(float64(selfRSSBytes()-base)/(1<<10)/float64(len(live)), "agent-KiB/Trial")
 			b.ReportMetric(float64(pss)/(1<<10)/float64(len(live)), "procs-KiB/Trial")
+			var grown int
+			var kinds []string
+			for kind, c := range openFDs() {
+				if d := c - baseFDs[kind]; d > 0 {
+					grown += d
+					kinds = append(kinds, fmt.Sprintf("%s %.1f", kind, float64(d)/float64(len(live))))
+				}
+			}
+			slices.Sort(kinds)
+			b.ReportMetric(float64(grown)/float64(len(live)), "fds/Trial")
+			perTrial = grown/len(live) + 1
+			b.Logf("descriptors per live Trial, by kind: %s", strings.Join(kinds, ", "))
 		})
 	}
+}
+
+// nofile is this process's descriptor limit (Go raises the soft limit
+// to the hard one at start).
+func nofile(b *testing.B) int {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		b.Fatal(err)
+	}
+	return int(lim.Cur)
+}
+
+// openFDs counts the descriptors this process (agent and clients) has
+// open, by what they are: "socket", "anon_inode:bpf-map", "pipe", a
+// file's directory.
+func openFDs() map[string]int {
+	n := map[string]int{}
+	e, _ := os.ReadDir("/proc/self/fd")
+	for _, f := range e {
+		to, err := os.Readlink("/proc/self/fd/" + f.Name())
+		if err != nil {
+			continue
+		}
+		kind, _, _ := strings.Cut(to, ":[")
+		if strings.HasPrefix(to, "/") {
+			kind = filepath.Dir(to)
+		}
+		n[kind]++
+	}
+	return n
 }
 
 // scaleTrial is one live Trial of BenchmarkScale: its process and tunnel.
