@@ -283,6 +283,54 @@ func TestPrivilegedExecWaitsForTheReadyInit(t *testing.T) {
 	}
 }
 
+// (uid_t)-1 and (gid_t)-1 mean "no change" to setresuid and setresgid:
+// trialnet-exec handed either must refuse it, not run the command as the
+// root it starts as.
+func TestPrivilegedExecRefusesNoChangeIDs(t *testing.T) {
+	privtest.Require(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	filter, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ids := range [][2]string{{"4294967295", "0"}, {"65534", "4294967295"}} {
+		dir := t.TempDir()
+		if err := os.Chmod(dir, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		ran := filepath.Join(dir, "ran")
+		errR, errW, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		goR, goW, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, ids[0], ids[1], "64", socketsAnywhere, "--", "touch", ran},
+			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		_ = errW.Close()
+		_ = goR.Close()
+		_, _ = goW.Write([]byte{0})
+		_ = goW.Close()
+		msg, _ := io.ReadAll(errR)
+		_ = errR.Close()
+		_ = cmd.Wait()
+		var st unix.Stat_t
+		statErr := unix.Stat(ran, &st)
+		if statErr == nil || cmd.ProcessState.ExitCode() != ExitCannotExecute || !strings.Contains(string(msg), "bad arguments") {
+			t.Errorf("uid %s gid %s: exit %d, %q, command ran: %v (as uid %d); want exit %d, bad arguments, nothing run",
+				ids[0], ids[1], cmd.ProcessState.ExitCode(), msg, statErr == nil, st.Uid, ExitCannotExecute)
+		}
+	}
+}
+
 // unconfinedProbe runs the probe as uid outside any Trial.
 func unconfinedProbe(t testing.TB, uid uint32, args ...string) (int, string) {
 	t.Helper()

@@ -95,11 +95,13 @@ static const char *quoted(const char *s) {
 	return buf;
 }
 
+// parse_id reads a decimal id below UINT32_MAX, which is (uid_t)-1:
+// "no change" to setresuid, which would leave the command root.
 static int parse_id(const char *s, uint64_t *out) {
 	char *end;
 	errno = 0;
 	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || *s < '0' || *s > '9' || *end || v > UINT32_MAX)
+	if (errno || *s < '0' || *s > '9' || *end || v >= UINT32_MAX)
 		return -1;
 	*out = v;
 	return 0;

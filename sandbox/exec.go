@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -640,6 +641,10 @@ func parseExecArgs(args []string) (execArgs, error) {
 	nproc, err3 := strconv.ParseUint(args[2], 10, 32)
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return execArgs{}, fmt.Errorf("trialnet-exec: %w", err)
+	}
+	// (uid_t)-1 is "no change" to setresuid: the command would stay root.
+	if uid == math.MaxUint32 || gid == math.MaxUint32 {
+		return execArgs{}, errors.New("trialnet-exec: bad arguments")
 	}
 	return execArgs{
 		uid: uid, gid: gid, nproc: nproc,
