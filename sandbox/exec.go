@@ -358,6 +358,9 @@ func (c Command) checked(trialMax int) (Command, error) {
 	if len(c.Args) == 0 {
 		return c, errors.New("start: no command given")
 	}
+	if c.UID == math.MaxUint32 || c.GID == math.MaxUint32 {
+		return c, fmt.Errorf("start: uid and gid must be below %d, which the kernel reads as \"no change\" (the command would keep root)", uint32(math.MaxUint32))
+	}
 	if c.MaxProcs == 0 {
 		c.MaxProcs = trialMax
 	}
