@@ -83,9 +83,12 @@ func adoptSteer(pin, netnsPath string, ln syscall.Conn) (*Steer, error) {
 		err = putListener(s.m, ln)
 	}
 	if err != nil {
-		// Unpinned and closed, the stale link detaches: a program attached
-		// after it would otherwise run second, behind one whose map holds
-		// an old listener or none.
+		// The stale link is detached now: a program attached after it
+		// would otherwise run second, behind one whose map holds an old
+		// listener or none. Closing alone detaches it only once the
+		// kernel's deferred release of the link has run, which a new
+		// Trial's steering, attached at once, can beat.
+		_ = lk.Detach()
 		_ = s.Close()
 		return nil, errors.Join(fmt.Errorf("adopt the pinned steer map %s_map: %w", pin, err), RemoveSteerPins(pin))
 	}
