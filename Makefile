@@ -130,6 +130,8 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'TrialLifecycle|SandboxWithProcess|Launch|RequestLatency' -benchtime 200x ./test/systembench
 	$(GO) test -run '^$$' -bench 'IdleTrialMemory' -benchtime 1x ./test/systembench
 	$(GO) test -run '^$$' -bench 'RunTrue' -benchtime 50x ./test/systembench
+	$(GO) test -run '^$$' -bench 'NextCommand' -benchtime 500x ./test/systembench
+	$(GO) test -v -run '^$$' -bench 'Scale' -benchtime 1x -timeout 20m ./test/systembench
 	$(GO) test -run '^$$' -bench 'TransparentVsConnect' -benchtime 500x ./test/systembench
 	$(GO) test -run '^$$' -bench 'AgentRestart' -benchtime 5x ./cmd/trialnet
 	$(GO) test -run '^$$' -bench 'Keeper' -benchmem ./keeper

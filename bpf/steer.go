@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 
 	"github.com/cilium/ebpf"
@@ -82,9 +83,12 @@ func adoptSteer(pin, netnsPath string, ln syscall.Conn) (*Steer, error) {
 		err = putListener(s.m, ln)
 	}
 	if err != nil {
-		// Unpinned and closed, the stale link detaches: a program attached
-		// after it would otherwise run second, behind one whose map holds
-		// an old listener or none.
+		// The stale link is detached now: a program attached after it
+		// would otherwise run second, behind one whose map holds an old
+		// listener or none. Closing alone detaches it only once the
+		// kernel's deferred release of the link has run, which a new
+		// Trial's steering, attached at once, can beat.
+		_ = lk.Detach()
 		_ = s.Close()
 		return nil, errors.Join(fmt.Errorf("adopt the pinned steer map %s_map: %w", pin, err), RemoveSteerPins(pin))
 	}
@@ -124,7 +128,7 @@ func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer
 	if err := CheckPool(pool); err != nil {
 		return nil, fmt.Errorf("steer %w", err)
 	}
-	spec, err := loadSteer()
+	spec, err := steerSpec()
 	if err != nil {
 		return nil, fmt.Errorf("load the steer program's spec: %w", err)
 	}
@@ -160,6 +164,34 @@ func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer
 		return nil, fmt.Errorf("attach sk_lookup to netns %s: %w", netnsPath, err)
 	}
 	return s, nil
+}
+
+// steerParsed is the steer program's spec, parsed from the embedded ELF
+// once per process: each Trial loads a copy with its own pool.
+var steerParsed = sync.OnceValues(func() (*ebpf.CollectionSpec, error) {
+	spec, err := loadSteer()
+	if err != nil {
+		return nil, err
+	}
+	// A sockmap takes no BTF for its key and value: the kernel refuses
+	// the create, and the library retries without. The refused map's
+	// teardown (sock_map_free) waits out an RCU grace period, 20 ms and
+	// more on a busy machine, on every Trial's way to its first command.
+	m, ok := spec.Maps["steer_map"]
+	if !ok {
+		return nil, errors.New("no steer_map in the steer program")
+	}
+	m.Key, m.Value = nil, nil
+	return spec, nil
+})
+
+// steerSpec is a copy of steerParsed's spec, for one Trial to set its pool in.
+func steerSpec() (*ebpf.CollectionSpec, error) {
+	spec, err := steerParsed()
+	if err != nil {
+		return nil, err
+	}
+	return spec.Copy(), nil
 }
 
 // StubAddr is where a transparent Trial's DNS stub listens, UDP and TCP:

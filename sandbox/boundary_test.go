@@ -186,8 +186,9 @@ func TestPrivilegedInitCrashIsReported(t *testing.T) {
 	if err != nil || init.pidfd < 0 {
 		t.Fatalf("the Trial's init: %v", err)
 	}
-	// SIGABRT is one signal the reaper does not ignore: the Go runtime
-	// dumps its goroutines and exits, as a crash would. A PID 1 gets only
+	// SIGABRT is one signal the reaper does not ignore: it says so and
+	// dies of it, as a crash would (the Go reaper of a CGO_ENABLED=0
+	// build dumps its goroutines). A PID 1 gets only
 	// signals it handles, so wait until the reaper runs (it ignores
 	// SIGTERM then, and handles the rest).
 	for deadline := time.Now().Add(5 * time.Second); !ignores(init.pid, unix.SIGTERM); time.Sleep(5 * time.Millisecond) {
@@ -253,8 +254,12 @@ func TestPrivilegedExecWaitsForTheReadyInit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		filter, err := seccompFile(false)
+		if err != nil {
+			t.Fatal(err)
+		}
 		cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "0", "0", "64", socketsAnywhere, "--", "touch", ran},
-			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR}}
+			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -274,6 +279,54 @@ func TestPrivilegedExecWaitsForTheReadyInit(t *testing.T) {
 		if !ready && (statErr == nil || cmd.ProcessState.ExitCode() != ExitCannotExecute || !strings.Contains(string(msg), "did not become ready")) {
 			t.Errorf("without the byte: the command ran (%v), exit %d, %q; want exit %d and nothing run",
 				statErr == nil, cmd.ProcessState.ExitCode(), msg, ExitCannotExecute)
+		}
+	}
+}
+
+// (uid_t)-1 and (gid_t)-1 mean "no change" to setresuid and setresgid:
+// trialnet-exec handed either must refuse it, not run the command as the
+// root it starts as.
+func TestPrivilegedExecRefusesNoChangeIDs(t *testing.T) {
+	privtest.Require(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	filter, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ids := range [][2]string{{"4294967295", "0"}, {"65534", "4294967295"}} {
+		dir := t.TempDir()
+		if err := os.Chmod(dir, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		ran := filepath.Join(dir, "ran")
+		errR, errW, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		goR, goW, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, ids[0], ids[1], "64", socketsAnywhere, "--", "touch", ran},
+			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		_ = errW.Close()
+		_ = goR.Close()
+		_, _ = goW.Write([]byte{0})
+		_ = goW.Close()
+		msg, _ := io.ReadAll(errR)
+		_ = errR.Close()
+		_ = cmd.Wait()
+		var st unix.Stat_t
+		statErr := unix.Stat(ran, &st)
+		if statErr == nil || cmd.ProcessState.ExitCode() != ExitCannotExecute || !strings.Contains(string(msg), "bad arguments") {
+			t.Errorf("uid %s gid %s: exit %d, %q, command ran: %v (as uid %d); want exit %d, bad arguments, nothing run",
+				ids[0], ids[1], cmd.ProcessState.ExitCode(), msg, statErr == nil, st.Uid, ExitCannotExecute)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -348,6 +349,9 @@ func (c Command) checked(trialMax int) (Command, error) {
 	if len(c.Args) == 0 {
 		return c, errors.New("start: no command given")
 	}
+	if c.UID == math.MaxUint32 || c.GID == math.MaxUint32 {
+		return c, fmt.Errorf("start: uid and gid must be below %d, which the kernel reads as \"no change\" (the command would keep root)", uint32(math.MaxUint32))
+	}
 	if c.MaxProcs == 0 {
 		c.MaxProcs = trialMax
 	}
@@ -396,7 +400,8 @@ func (p execPipes) closeChildEnds() {
 }
 
 // execCmd is the trialnet-exec that becomes c: cloned straight into cg,
-// in a session of its own, with the pipes as its fds 3 and 4.
+// in a session of its own, with the pipes as its fds 3 and 4 and the
+// seccomp filter as its fd 5 (seccompFiles).
 func (t *Launcher) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, error) {
 	sockets := socketsConfined
 	switch {
@@ -408,6 +413,10 @@ func (t *Launcher) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, 
 	case c.SocketsAnywhere || t.Spec.UnixOpen:
 		sockets = socketsAnywhere
 	}
+	filter, err := seccompFile(t.Spec.Nested)
+	if err != nil {
+		return nil, fmt.Errorf("start %s in Trial %s: %w", c.Args[0], t.ID, err)
+	}
 	args := append([]string{execArg0, strconv.FormatUint(uint64(c.UID), 10), strconv.FormatUint(uint64(c.GID), 10),
 		strconv.Itoa(c.MaxProcs), sockets, "--"}, c.Args...)
 	return &exec.Cmd{
@@ -418,7 +427,7 @@ func (t *Launcher) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, 
 		Stdin:      c.Stdin,
 		Stdout:     c.Stdout,
 		Stderr:     c.Stderr,
-		ExtraFiles: []*os.File{pipes.errW, pipes.goR},
+		ExtraFiles: []*os.File{pipes.errW, pipes.goR, filter},
 		SysProcAttr: &syscall.SysProcAttr{
 			Setsid:      true,
 			UseCgroupFD: true,
@@ -626,6 +635,10 @@ func parseExecArgs(args []string) (execArgs, error) {
 	nproc, err3 := strconv.ParseUint(args[2], 10, 32)
 	if err := errors.Join(err1, err2, err3); err != nil {
 		return execArgs{}, fmt.Errorf("trialnet-exec: %w", err)
+	}
+	// (uid_t)-1 is "no change" to setresuid: the command would stay root.
+	if uid == math.MaxUint32 || gid == math.MaxUint32 {
+		return execArgs{}, errors.New("trialnet-exec: bad arguments")
 	}
 	return execArgs{
 		uid: uid, gid: gid, nproc: nproc,

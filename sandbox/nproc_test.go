@@ -180,3 +180,15 @@ func TestCheckMaxProcs(t *testing.T) {
 		t.Errorf("Start with a negative limit: %v", err)
 	}
 }
+
+// Start refuses (uid_t)-1 and (gid_t)-1 before it touches the Trial.
+func TestCheckedRefusesNoChangeIDs(t *testing.T) {
+	for _, c := range []Command{{Args: []string{"true"}, UID: 1<<32 - 1}, {Args: []string{"true"}, UID: 65534, GID: 1<<32 - 1}} {
+		if _, err := c.checked(0); err == nil || !strings.Contains(err.Error(), "no change") {
+			t.Errorf("uid %d gid %d: %v, want a refusal", c.UID, c.GID, err)
+		}
+	}
+	if _, err := (Command{Args: []string{"true"}, UID: 1<<32 - 2, GID: 1<<32 - 2}).checked(0); err != nil {
+		t.Errorf("uid and gid 4294967294: %v", err)
+	}
+}

@@ -4,7 +4,9 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/net/bpf"
@@ -245,6 +247,47 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	a.label("allow")
 	a.ret(retAllow)
 	return a.assemble()
+}
+
+// seccompFiles hold the commands' filter (plain, then nested) once per
+// process, each in a sealed memfd that every trialnet-exec gets as its
+// fd 5: early.c, which runs before the Go runtime and cannot assemble it,
+// installs the filter from there. Sealed, since every launch shares it.
+var seccompFiles = [2]func() (*os.File, error){
+	sync.OnceValues(func() (*os.File, error) { return seccompMemfd(false) }),
+	sync.OnceValues(func() (*os.File, error) { return seccompMemfd(true) }),
+}
+
+// seccompFile is the memfd holding the commands' filter (seccompFiles).
+func seccompFile(userns bool) (*os.File, error) {
+	if userns {
+		return seccompFiles[1]()
+	}
+	return seccompFiles[0]()
+}
+
+func seccompMemfd(userns bool) (*os.File, error) {
+	prog, err := seccompProgram(userns)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.MemfdCreate("trialnet-seccomp", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp filter memfd: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "trialnet-seccomp")
+	// bpf.RawInstruction is struct sock_filter, field for field.
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&prog[0])), len(prog)*int(unsafe.Sizeof(prog[0])))
+	if _, err := f.Write(b); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("seccomp filter memfd: %w", err)
+	}
+	const seals = unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("seal the seccomp filter memfd: %w", err)
+	}
+	return f, nil
 }
 
 // installSeccomp loads the filter on the calling thread, which must then

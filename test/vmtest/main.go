@@ -235,8 +235,11 @@ type builtTest struct {
 	timeout       time.Duration
 }
 
-// build compiles every binary the guests run, static (CGO_ENABLED=0):
-// the guest's libc is the host's, but a static binary does not care.
+// build compiles every binary the guests run. The guest's libc is the
+// host's (its root is the host's), so they are built as the host builds
+// them, with cgo: the sandbox's early C path (sandbox/early.c) is what
+// runs Trials' commands there too. The guest's init alone runs before
+// that root is mounted, and is static.
 func build(ctx context.Context, o *options) (*built, error) {
 	dir := filepath.Join(o.out, "bin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -268,7 +271,9 @@ func build(ctx context.Context, o *options) (*built, error) {
 	}
 	for _, args := range cmds {
 		cmd := exec.CommandContext(ctx, "go", args...)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if slices.Contains(args, b.init) {
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		}
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 		}

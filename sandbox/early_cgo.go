@@ -1,0 +1,22 @@
+//go:build linux && cgo
+
+package sandbox
+
+// early.c runs trialnet-exec and the Trial's reaper before the Go
+// runtime starts; this file links it in.
+
+/*
+extern const char *const trialnet_early_own_dirs[];
+static const char *trialnet_early_own_dir(int i) { return trialnet_early_own_dirs[i]; }
+*/
+import "C"
+
+// earlyOwnDirs are the directories early.c lets a confined command make
+// sockets beneath: ownDirs' (TestEarlyOwnDirs).
+func earlyOwnDirs() []string {
+	var dirs []string
+	for i := C.int(0); C.trialnet_early_own_dir(i) != nil; i++ {
+		dirs = append(dirs, C.GoString(C.trialnet_early_own_dir(i)))
+	}
+	return dirs
+}
