@@ -241,6 +241,27 @@ type Container struct {
 	Capabilities []string `json:"capabilities"`
 }
 
+// ContainerTrial asks for a Trial made around a container from a
+// profile (trialnet oci-hook, for trialnet.io/profile=NAME): the agent
+// takes on the container's network namespace and cgroup as the Trial's,
+// and destroys the Trial when the container ends (POST /v1/containers).
+type ContainerTrial struct {
+	Profile   string    `json:"profile"`
+	Container Container `json:"container"`
+}
+
+// ContainerEnd is what the agent did when a container ended (DELETE
+// /v1/containers/{id}, trialnet oci-hook at poststop).
+type ContainerEnd struct {
+	// Trial is the Trial the container was in ("": none live).
+	Trial string `json:"trial,omitempty"`
+	// Destroyed: the Trial was made around the container and ended with
+	// it; Stats are its final stats, as destroy gives them. Otherwise the
+	// Trial lives on, and the container is no longer listed in it.
+	Destroyed bool   `json:"destroyed"`
+	Stats     *Stats `json:"stats,omitempty"`
+}
+
 // DNSStats are a Trial's DNS stub's counts, as package dnsstub keeps them
 // (a dnsstub.Stats converts to it): what each question was answered.
 type DNSStats struct {

@@ -1,0 +1,143 @@
+//go:build linux
+
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// ErrNotBare is wrapped by Adopt when the namespace has an interface
+// besides lo or a socket: a way out that no Trial's namespace has.
+var ErrNotBare = errors.New("the network namespace has interfaces besides lo")
+
+// Adopt makes the network namespace nsFile refers to (a container's, made
+// by its runtime) a Trial's: bind-mounted at dir/id like one Create
+// makes, lo up with loAddrs added. It refuses one with any interface but
+// lo, or with any socket in it (ErrNotBare). Delete later drops the mount, trialnet's one hold on
+// it; the namespace lives on while the container does. On error nothing
+// is left behind.
+func Adopt(dir, id string, nsFile *os.File, loAddrs ...netip.Prefix) (_ *Namespace, err error) {
+	if err := checkName(id); err != nil {
+		return nil, err
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(nsFile.Fd()), &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		return nil, fmt.Errorf("adopt a network namespace: %s is not a namespace file (%v)", nsFile.Name(), err)
+	}
+	h, err := netlink.NewHandleAt(netns.NsHandle(int(nsFile.Fd())), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in the namespace to adopt: %w", err)
+	}
+	defer h.Close()
+	if err := bare(h); err != nil {
+		return nil, err
+	}
+	if err := noSockets(nsFile); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create netns directory %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, id)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("netns %s: %w (a Trial with this id is live, or a crashed one left it; 'trialnet destroy %s' removes it)", path, errExists, id)
+		}
+		return nil, fmt.Errorf("create netns mount point: %w", err)
+	}
+	_ = f.Close()
+	defer func() {
+		if err != nil {
+			_ = Delete(dir, id)
+		}
+	}()
+	src := fmt.Sprintf("/proc/self/fd/%d", nsFile.Fd())
+	if err := unix.Mount(src, path, "none", unix.MS_BIND, ""); err != nil {
+		return nil, fmt.Errorf("bind-mount the adopted netns at %s: %w", path, err)
+	}
+	if err := loUpWith(h, loAddrs); err != nil {
+		return nil, err
+	}
+	return Open(dir, id)
+}
+
+// bare refuses a namespace with a link other than the loopback.
+func bare(h *netlink.Handle) error {
+	links, err := h.LinkList()
+	for range 3 {
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+		links, err = h.LinkList()
+	}
+	if err != nil {
+		return fmt.Errorf("list the interfaces of the namespace to adopt: %w", err)
+	}
+	var other []string
+	for _, l := range links {
+		if a := l.Attrs(); a.Name != "lo" || l.Type() != "device" {
+			other = append(other, fmt.Sprintf("%s (%s)", a.Name, l.Type()))
+		}
+	}
+	if len(other) > 0 {
+		slices.Sort(other)
+		return fmt.Errorf("%w: %s", ErrNotBare, strings.Join(other, ", "))
+	}
+	return nil
+}
+
+// socketTables are the /proc/net tables that list a namespace's sockets
+// of each family a Trial's processes could reach another process by.
+var socketTables = []string{"tcp", "tcp6", "udp", "udp6", "raw", "raw6", "unix", "packet"}
+
+// noSockets refuses a namespace in which any socket exists: at a
+// container's createRuntime stage nothing of it has run, so a socket
+// there is another process's, one outside the container that would serve
+// it on its loopback (a relay that no Trial hook sees).
+func noSockets(nsFile *os.File) error {
+	var found []string
+	err := onNewThread(func() (func() error, error) {
+		orig, err := netns.Get()
+		if err != nil {
+			return nil, fmt.Errorf("open current netns: %w", err)
+		}
+		restore := func() error {
+			defer orig.Close()
+			return netns.Set(orig)
+		}
+		if err := netns.Set(netns.NsHandle(int(nsFile.Fd()))); err != nil {
+			return restore, fmt.Errorf("enter the namespace to adopt: %w", err)
+		}
+		for _, tab := range socketTables {
+			b, err := os.ReadFile("/proc/thread-self/net/" + tab)
+			if errors.Is(err, os.ErrNotExist) {
+				continue // a family this kernel lacks (IPv6)
+			}
+			if err != nil {
+				return restore, fmt.Errorf("read its %s sockets: %w", tab, err)
+			}
+			if n := strings.Count(string(b), "\n") - 1; n > 0 {
+				found = append(found, fmt.Sprintf("%d %s", n, tab))
+			}
+		}
+		return restore, nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(found) > 0 {
+		return fmt.Errorf("%w: it already has sockets (%s), which only another process can have made", ErrNotBare, strings.Join(found, ", "))
+	}
+	return nil
+}
