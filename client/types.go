@@ -178,12 +178,22 @@ type Layers struct {
 	// runtime's: trialnet's launcher does not start them. The network
 	// layers, BPF LSM and the pool bounds hold them as any Trial process.
 	Containers int `json:"containers,omitempty"`
+	// Container is the container the Trial was made around (a profile
+	// annotation): its network namespace and cgroup are the container's,
+	// which trialnet took on as the Trial's; its pool bounds are the
+	// runtime's.
+	Container string `json:"container,omitempty"`
 }
 
 // ContainerLayers says whose each layer is for a Trial's containers.
 const ContainerLayers = "PID namespace, seccomp, capabilities and session are the container runtime's (no Landlock), " +
 	"checked at start by trialnet oci-hook (no host namespace, no capability that leaves); " +
-	"network namespace, cgroup eBPF, BPF LSM and pool bounds are trialnet's"
+	"network namespace, cgroup eBPF and BPF LSM are trialnet's, and the pool bounds of a Trial made with create"
+
+// AroundContainerLayers says what a Trial made around a container holds
+// of its network namespace and cgroup.
+const AroundContainerLayers = "network namespace and cgroup are the container's, taken on by trialnet at its start " +
+	"(a fresh namespace with only lo, a cgroup where a Trial's is): the network layers are trialnet's on them, and the Trial ends with the container"
 
 // String lists the layers, active ones first.
 func (l Layers) String() string {
@@ -221,6 +231,9 @@ func (l Layers) String() string {
 	}
 	if l.Containers > 0 {
 		line += fmt.Sprintf("; in its %d container(s): %s", l.Containers, ContainerLayers)
+	}
+	if l.Container != "" {
+		line += fmt.Sprintf("; made around container %s: %s", l.Container, AroundContainerLayers)
 	}
 	return line
 }
