@@ -21,12 +21,12 @@ import (
 var ErrNotBare = errors.New("the network namespace has interfaces besides lo")
 
 // Adopt makes the network namespace nsFile refers to (a container's, made
-// by its runtime) a Trial's: bind-mounted at dir/id like one Create
+// by its runtime, whose process pid is in it) a Trial's: bind-mounted at dir/id like one Create
 // makes, lo up with loAddrs added. It refuses one with any interface but
 // lo, or with any socket in it (ErrNotBare). Delete later drops the mount, trialnet's one hold on
 // it; the namespace lives on while the container does. On error nothing
 // is left behind.
-func Adopt(dir, id string, nsFile *os.File, loAddrs ...netip.Prefix) (_ *Namespace, err error) {
+func Adopt(dir, id string, nsFile *os.File, pid int, loAddrs ...netip.Prefix) (_ *Namespace, err error) {
 	if err := checkName(id); err != nil {
 		return nil, err
 	}
@@ -42,7 +42,10 @@ func Adopt(dir, id string, nsFile *os.File, loAddrs ...netip.Prefix) (_ *Namespa
 	if err := bare(h); err != nil {
 		return nil, err
 	}
-	if err := noSockets(nsFile); err != nil {
+	if err := sameNamespace(nsFile, pid); err != nil {
+		return nil, err
+	}
+	if err := noSockets(fmt.Sprintf("/proc/%d/net", pid)); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -104,40 +107,44 @@ var socketTables = []string{"tcp", "tcp6", "udp", "udp6", "raw", "raw6", "unix",
 // noSockets refuses a namespace in which any socket exists: at a
 // container's createRuntime stage nothing of it has run, so a socket
 // there is another process's, one outside the container that would serve
-// it on its loopback (a relay that no Trial hook sees).
-func noSockets(nsFile *os.File) error {
+// it on its loopback (a relay that no Trial hook sees). procNet is a
+// /proc/PID/net of a process in the namespace: its tables are the
+// namespace's, read without entering it.
+func noSockets(procNet string) error {
+	if _, err := os.Stat(procNet); err != nil {
+		return fmt.Errorf("read its sockets: %w", err)
+	}
 	var found []string
-	err := onNewThread(func() (func() error, error) {
-		orig, err := netns.Get()
+	for _, tab := range socketTables {
+		b, err := os.ReadFile(filepath.Join(procNet, tab))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a family this kernel lacks (IPv6)
+		}
 		if err != nil {
-			return nil, fmt.Errorf("open current netns: %w", err)
+			return fmt.Errorf("read its %s sockets: %w", tab, err)
 		}
-		restore := func() error {
-			defer orig.Close()
-			return netns.Set(orig)
+		if n := strings.Count(string(b), "\n") - 1; n > 0 {
+			found = append(found, fmt.Sprintf("%d %s", n, tab))
 		}
-		if err := netns.Set(netns.NsHandle(int(nsFile.Fd()))); err != nil {
-			return restore, fmt.Errorf("enter the namespace to adopt: %w", err)
-		}
-		for _, tab := range socketTables {
-			b, err := os.ReadFile("/proc/thread-self/net/" + tab)
-			if errors.Is(err, os.ErrNotExist) {
-				continue // a family this kernel lacks (IPv6)
-			}
-			if err != nil {
-				return restore, fmt.Errorf("read its %s sockets: %w", tab, err)
-			}
-			if n := strings.Count(string(b), "\n") - 1; n > 0 {
-				found = append(found, fmt.Sprintf("%d %s", n, tab))
-			}
-		}
-		return restore, nil
-	})
-	if err != nil {
-		return err
 	}
 	if len(found) > 0 {
 		return fmt.Errorf("%w: it already has sockets (%s), which only another process can have made", ErrNotBare, strings.Join(found, ", "))
+	}
+	return nil
+}
+
+// sameNamespace checks that process pid is in the namespace nsFile
+// refers to, so that its /proc/PID/net tables are that namespace's.
+func sameNamespace(nsFile *os.File, pid int) error {
+	var a, b unix.Stat_t
+	if err := unix.Fstat(int(nsFile.Fd()), &a); err != nil {
+		return fmt.Errorf("the namespace to adopt: %w", err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &b); err != nil {
+		return fmt.Errorf("the namespace of process %d: %w", pid, err)
+	}
+	if a.Dev != b.Dev || a.Ino != b.Ino {
+		return fmt.Errorf("process %d is not in the namespace to adopt", pid)
 	}
 	return nil
 }

@@ -91,10 +91,14 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 			_, _ = t.Close()
 		}
 	}()
-	if t.Netns, err = netns.Adopt(h.netnsDir(), spec.ID, nsFile, t.loAddrs()...); errors.Is(err, netns.ErrNotBare) {
+	if t.Netns, err = netns.Adopt(h.netnsDir(), spec.ID, nsFile, c.PID, t.loAddrs()...); errors.Is(err, netns.ErrNotBare) {
 		return refuse("%v: run it with --network none (podman) or a new network namespace in the bundle", err)
 	} else if err != nil {
 		return nil, fmt.Errorf("adopt a container as Trial %s: %w", spec.ID, err)
+	}
+	if exited(c.Pidfd) {
+		// What netns.Adopt read of it by pid may be a reused pid's.
+		return refuse("its process %d exited", c.PID)
 	}
 	if err := h.BPF.AddTrial(t.CgroupID, t.policy()); err != nil {
 		return nil, fmt.Errorf("adopt a container as Trial %s: %w", spec.ID, err)
@@ -134,12 +138,11 @@ func (h *Host) notFresh(nsFile *os.File, cg string) string {
 			return fmt.Sprintf("it is Trial %s's network namespace (annotate the container trialnet.io/trial=%s to join it)", id, id)
 		}
 	}
-	tasks, _ := filepath.Glob("/proc/[0-9]*/task/[0-9]*/ns/net")
-	for _, p := range tasks {
-		if !same(p) {
+	for _, task := range tasks() {
+		if !same(filepath.Join(task, "ns", "net")) {
 			continue
 		}
-		pid := strings.Split(p, "/")[2]
+		pid := strings.Split(task, "/")[2]
 		own, err := procCgroupOf(pid)
 		if err != nil || !within(own, cg) {
 			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
@@ -147,6 +150,33 @@ func (h *Host) notFresh(nsFile *os.File, cg string) string {
 		}
 	}
 	return ""
+}
+
+// tasks are the /proc/PID/task/TID directories of every task: a thread
+// can be in another network namespace than its process (setns). Read
+// directory by directory, as a glob over /proc costs several times more.
+func tasks() []string {
+	var out []string
+	for _, pid := range dirNames("/proc") {
+		if pid[0] < '0' || pid[0] > '9' {
+			continue
+		}
+		for _, tid := range dirNames("/proc/" + pid + "/task") {
+			out = append(out, "/proc/"+pid+"/task/"+tid)
+		}
+	}
+	return out
+}
+
+// dirNames lists dir; one that is gone (a process that exited) is empty.
+func dirNames(dir string) []string {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	names, _ := f.Readdirnames(-1)
+	return names
 }
 
 // procCgroup is the cgroup v2 directory of process pid.

@@ -58,7 +58,7 @@ const (
 // serving its socket, trialnet's binary, the hook installed in a hooks
 // directory of the test's own, and a busybox root file system.
 type world struct {
-	t       *testing.T
+	t       testing.TB
 	host    *testhost.Host
 	agent   *agent.Agent
 	sock    string
@@ -75,7 +75,7 @@ type world struct {
 // podman here) needs cgroup v2 alone on /sys/fs/cgroup (unified), which
 // hybrid hosts lack; runc runs on both. The VM's guests set
 // TRIALNET_REQUIRE_CONTAINERS=1, which makes a skip a failure.
-func requireRuntimes(t *testing.T, unified bool, tools ...string) {
+func requireRuntimes(t testing.TB, unified bool, tools ...string) {
 	t.Helper()
 	privtest.Require(t)
 	var st unix.Statfs_t
@@ -92,7 +92,7 @@ func requireRuntimes(t *testing.T, unified bool, tools ...string) {
 	}
 }
 
-func newContainerTrial(t *testing.T, id string) *world {
+func newContainerTrial(t testing.TB, id string) *world {
 	t.Helper()
 	w := &world{t: t, host: testhost.NewT(t, subnet)}
 	ln, err := w.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(w.host.Addr4, 80).String())
@@ -451,7 +451,7 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 // each cgroup v1 hierarchy of a hybrid host (runc delete removes the
 // leaf only), from the bottom up to rel's first component, the isolated
 // host's parent.
-func removeV1Cgroups(t *testing.T, rel string) {
+func removeV1Cgroups(t testing.TB, rel string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Error(err)
