@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -257,4 +258,59 @@ func nsFd(t *testing.T, path string) int {
 	}
 	t.Cleanup(func() { _ = unix.Close(fd) })
 	return fd
+}
+
+// A podman container (crun) run with docs/containers.md's profile flags
+// becomes a Trial of its own and ends with it; with a network other
+// than none it is refused, and starts without the hook.
+func TestPrivilegedContainerPodmanProfile(t *testing.T) {
+	requireRuntimes(t, true, "podman", "crun", "conmon")
+	w := newContainerTrial(t, "ctr-pmprof")
+	p := newPodman(w)
+	base := []string{"--annotation", "trialnet.io/profile=" + profile, "--cgroups", "no-conmon",
+		"--cgroup-parent", filepath.Dir(w.cgroup)}
+	for _, e := range proxyEnv() {
+		base = append(base, "--env", e)
+	}
+	out, err := p.run(w.hooks, append(slices.Clone(base), "--network", "none"), w.script())
+	t.Logf("podman with a profile:\n%s", out)
+	if err != nil {
+		t.Fatalf("podman run with a profile: %v", err)
+	}
+	for _, want := range []string{started, "nc-exit=1", greeting, "wget-exit=0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the container's output lacks %q", want)
+		}
+	}
+	list, err := w.agent.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, info := range list {
+		if info.Container != "" {
+			if err := w.waitGone(info.ID); err != nil {
+				t.Errorf("the container ended and its Trial did not: %v", err)
+			}
+		}
+	}
+	w.onlyTrials(w.info.ID)
+	// A namespace with a way out: a veth pair, as a runtime's bridge
+	// network would give it.
+	ns := testNetns(t, t.TempDir(), "pm-veth")
+	h, err := netlink.NewHandleAt(vnetns.NsHandle(nsFd(t, ns.Path)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth1"}); err != nil {
+		t.Fatal(err)
+	}
+	bridged := append(slices.Clone(base), "--network", "ns:"+ns.Path)
+	if out, err := p.run(w.hooks, bridged, "echo "+started); err == nil || strings.Contains(out, started) {
+		t.Errorf("a profile container with a network: started (%v):\n%s", err, out)
+	}
+	w.onlyTrials(w.info.ID)
+	if out, err := p.run(w.noHooks, bridged, "echo "+started); err != nil || !strings.Contains(out, started) {
+		t.Errorf("without the hook it did not start either (%v):\n%s", err, out)
+	}
 }
