@@ -124,7 +124,8 @@ func servingPID(sock string) int {
 // A Trial made around a container survives an agent hand-over: a
 // tunnel its container opened before keeps carrying bytes after, the
 // new agent's proxy serves its new requests, and the new agent destroys
-// the Trial when the container ends.
+// the Trial when the container ends (and not before, when told so while
+// it runs).
 func TestPrivilegedContainerTrialSurvivesHandover(t *testing.T) {
 	requireRuntimes(t, false, "runc")
 	w, config := daemonWorld(t)
@@ -163,6 +164,14 @@ wget -q -O - http://allowed.test/; echo wget-exit=$?`, started, echoPort, echoPo
 		if time.Now().After(end) {
 			t.Fatalf("the container's tunnel did not open:\n%s\nagent:\n%s", &out, logged())
 		}
+	}
+	// A container's end told while it runs (another runtime's container
+	// of the same id) does not end its Trial.
+	if end, err := cl.EndContainer(context.Background(), "prof-ho"); err == nil || !strings.Contains(err.Error(), "still runs") {
+		t.Errorf("ending a running container's Trial: %+v, %v; want refused", end, err)
+	}
+	if _, err := cl.Get(context.Background(), "prof-ho"); err != nil {
+		t.Fatalf("the Trial of a running container: %v", err)
 	}
 	next := w.startAgent(config, log)
 	if err := os.WriteFile(filepath.Join(ctl, "go"), nil, 0o644); err != nil {
