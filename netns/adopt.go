@@ -18,14 +18,14 @@ import (
 
 // ErrNotBare is wrapped by Adopt when the namespace has an interface
 // besides lo or a socket: a way out that no Trial's namespace has.
-var ErrNotBare = errors.New("the network namespace has interfaces besides lo")
+var ErrNotBare = errors.New("its network namespace is not a fresh one")
 
-// Adopt makes the network namespace nsFile refers to (a container's, made
-// by its runtime, whose process pid is in it) a Trial's: bind-mounted at dir/id like one Create
-// makes, lo up with loAddrs added. It refuses one with any interface but
-// lo, or with any socket in it (ErrNotBare). Delete later drops the mount, trialnet's one hold on
-// it; the namespace lives on while the container does. On error nothing
-// is left behind.
+// Adopt makes the network namespace nsFile refers to (a container's,
+// made by its runtime; process pid is in it) a Trial's: bind-mounted at
+// dir/id like one Create makes, lo up with loAddrs added. It refuses one
+// with any interface but lo, or with any socket in it (ErrNotBare).
+// Delete later drops the mount, trialnet's one hold on it; the namespace
+// lives on while the container does. On error nothing is left behind.
 func Adopt(dir, id string, nsFile *os.File, pid int, loAddrs ...netip.Prefix) (_ *Namespace, err error) {
 	if err := checkName(id); err != nil {
 		return nil, err
@@ -95,7 +95,7 @@ func bare(h *netlink.Handle) error {
 	}
 	if len(other) > 0 {
 		slices.Sort(other)
-		return fmt.Errorf("%w: %s", ErrNotBare, strings.Join(other, ", "))
+		return fmt.Errorf("%w: it has interfaces besides lo: %s", ErrNotBare, strings.Join(other, ", "))
 	}
 	return nil
 }
