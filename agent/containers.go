@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -46,7 +47,57 @@ func (a *Agent) AddContainer(_ context.Context, id string, c client.Container) (
 		return client.TrialInfo{}, errf(client.CodeInternal, "record container %s of %s: %v", c.ID, id, err)
 	}
 	a.log.Info("container joined trial", "trial", id, "container", c.ID, "pid", c.PID, "seccomp", c.Seccomp, "user_namespace", c.UserNamespace)
+	a.watchContainer(lt, c)
 	return a.info(lt), nil
+}
+
+// watchContainer moves container c of lt to its ended ones when c's
+// init exits, as the hook's poststop does, so that a runtime that skips
+// poststop leaves no container listed live. It is this process's watch:
+// an agent that takes over leaves the containers then live to poststop.
+func (a *Agent) watchContainer(lt *trial, c client.Container) {
+	if a.cfg.DataDir == "" || a.closed.Load() {
+		return
+	}
+	fd, err := unix.PidfdOpen(c.PID, 0)
+	if err != nil {
+		a.log.Warn("cannot watch a container's init: its end is seen at poststop only", "trial", lt.info.ID, "container", c.ID, "pid", c.PID, "error", err)
+		return
+	}
+	pf := pidFile(fd)
+	lt.mu.Lock()
+	lt.joined = append(lt.joined, pf)
+	lt.mu.Unlock()
+	a.owners.Add(1)
+	go func() {
+		defer a.owners.Done()
+		rc, err := pf.SyscallConn()
+		if err == nil {
+			err = rc.Read(func(fd uintptr) bool { return exited(int(fd)) })
+		}
+		lt.mu.Lock()
+		watched := slices.Contains(lt.joined, pf)
+		lt.mu.Unlock()
+		if err != nil || !watched || a.closed.Load() {
+			return // dropped: the Trial ended, or this agent stops
+		}
+		if err := a.endContainer(lt, c.ID); err != nil {
+			a.log.Error("move an ended container to the ended ones", "trial", lt.info.ID, "container", c.ID, "error", err)
+			return
+		}
+		a.log.Info("container left trial", "trial", lt.info.ID, "container", c.ID, "pid", c.PID)
+	}()
+}
+
+// dropJoined stops watching the containers that joined lt.
+func (lt *trial) dropJoined() {
+	lt.mu.Lock()
+	joined := lt.joined
+	lt.joined = nil
+	lt.mu.Unlock()
+	for _, pf := range joined {
+		_ = pf.Close()
+	}
 }
 
 // keepContainer appends c to lt's record, or counts it without one.

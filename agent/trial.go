@@ -63,6 +63,10 @@ type trial struct {
 	// containers counts the containers that joined it (AddContainer)
 	// when there is no data directory to keep them; guarded by mu.
 	containers int
+	// joined are pidfds of the inits of containers that joined it, which
+	// the agent watches to move each to the ended ones (watchContainer);
+	// guarded by mu, closed by dropJoined.
+	joined []*os.File
 }
 
 // trialState: only live Trials are listed and served to API calls; the
@@ -141,6 +145,7 @@ func (lt *trial) dnsStats() *client.DNSStats {
 // sandbox Trial itself is the caller's: torn down (Close) before, or
 // left enforced for the next agent.
 func (lt *trial) release() {
+	lt.dropJoined()
 	lt.Stop()
 	if lt.counts != nil {
 		_ = lt.counts.Close() // the proxy no longer counts in it

@@ -131,8 +131,9 @@ func TestPrivilegedContainerProfileRunc(t *testing.T) {
 
 // A Trial made around a container ends when the agent sees the
 // container's init exit, with no poststop hook (a runtime that skips it
-// leaks no Trial); a Trial made with create lives on after a container
-// that joined it ends, which it lists among its ended containers.
+// leaks no Trial); a Trial made with create lives on after containers
+// that joined it end, which it lists among its ended containers, told
+// at poststop or seen by the agent.
 func TestPrivilegedContainerEndsItsTrial(t *testing.T) {
 	requireRuntimes(t, false, "runc")
 	w := newContainerTrial(t, "ctr-keep")
@@ -152,18 +153,31 @@ func TestPrivilegedContainerEndsItsTrial(t *testing.T) {
 	if out, err := r.run("joined", o); err != nil || !strings.Contains(out, started) {
 		t.Fatalf("runc run in the created Trial: %v\n%s", err, out)
 	}
-	st, err := w.agent.Stats(context.Background(), w.info.ID)
-	if err != nil {
-		t.Fatalf("the created Trial after its container ended: %v", err)
-	}
-	if st.Layers.Containers != 1 {
-		t.Errorf("the created Trial counts %d containers, want 1 (ended ones too)", st.Layers.Containers)
+	// With no poststop, the agent sees the container's init exit.
+	o.cgroupsPath, o.hooks = w.cgroup+"/joined-nopost", []string{"createRuntime"}
+	if out, err := r.run("joined-nopost", o); err != nil || !strings.Contains(out, started) {
+		t.Fatalf("runc run in the created Trial: %v\n%s", err, out)
 	}
 	data := filepath.Join(w.dir, "data", w.info.ID)
-	live, _ := os.ReadFile(filepath.Join(data, "containers.jsonl"))
-	ended, _ := os.ReadFile(filepath.Join(data, "containers-ended.jsonl"))
-	if strings.Contains(string(live), `"joined"`) || !strings.Contains(string(ended), `"joined"`) {
-		t.Errorf("the ended container is still listed live (%q), or not among the ended (%q)", live, ended)
+	var live, ended []byte
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		live, _ = os.ReadFile(filepath.Join(data, "containers.jsonl"))
+		ended, _ = os.ReadFile(filepath.Join(data, "containers-ended.jsonl"))
+		if strings.Count(string(ended), "\n") == 2 || time.Now().After(end) {
+			break
+		}
+	}
+	for _, id := range []string{`"joined"`, `"joined-nopost"`} {
+		if strings.Contains(string(live), id) || !strings.Contains(string(ended), id) {
+			t.Errorf("ended container %s is still listed live (%q), or not among the ended (%q)", id, live, ended)
+		}
+	}
+	st, err := w.agent.Stats(context.Background(), w.info.ID)
+	if err != nil {
+		t.Fatalf("the created Trial after its containers ended: %v", err)
+	}
+	if st.Layers.Containers != 2 {
+		t.Errorf("the created Trial counts %d containers, want 2 (ended ones too)", st.Layers.Containers)
 	}
 	w.onlyTrials(w.info.ID)
 }
