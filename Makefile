@@ -135,6 +135,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'TransparentVsConnect' -benchtime 500x ./test/systembench
 	$(GO) test -run '^$$' -bench 'AgentRestart' -benchtime 5x ./cmd/trialnet
 	$(GO) test -run '^$$' -bench 'Keeper' -benchmem ./keeper
+	$(GO) test -run '^$$' -bench 'ContainerStart' -benchtime 20x ./test/containers
 
 FUZZTIME ?= 50000x
 FUZZTIME_FORWARD ?= 5000x

@@ -255,6 +255,7 @@ func (a *Agent) stopWatching() {
 	a.mu.Unlock()
 	for _, lt := range lts {
 		a.dropOwner(lt)
+		lt.dropJoined()
 	}
 	a.owners.Wait()
 }

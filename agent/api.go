@@ -31,6 +31,8 @@ import (
 //	GET    /v1/trials/{id}/decisions -> decision events as they happen, one JSON
 //	                                  object a line, until the Trial is destroyed
 //	POST   /v1/trials/{id}/containers Container -> TrialInfo (trialnet oci-hook)
+//	POST   /v1/containers             ContainerTrial -> TrialInfo (oci-hook, a profile)
+//	DELETE /v1/containers/{id}        -> ContainerEnd (oci-hook at poststop)
 //	PATCH  /v1/trials/{id}/allow   AllowChange -> AllowChanged
 //	POST   /v1/reload              ReloadRequest -> ReloadResult
 //	GET    /healthz                -> Health (503 when not healthy)
@@ -88,6 +90,19 @@ func (a *Agent) Handler() http.Handler {
 			return
 		}
 		reply(w, http.StatusOK)(a.AddContainer(r.Context(), r.PathValue("id"), c))
+	})
+	mux.HandleFunc("POST /v1/containers", func(w http.ResponseWriter, r *http.Request) {
+		var req client.ContainerTrial
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeErr(w, errf(client.CodeBadRequest, "request body: %v", err))
+			return
+		}
+		reply(w, http.StatusOK)(a.ContainerTrial(r.Context(), req))
+	})
+	mux.HandleFunc("DELETE /v1/containers/{id}", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, http.StatusOK)(a.EndContainer(r.Context(), r.PathValue("id")))
 	})
 	mux.HandleFunc("PATCH /v1/trials/{id}/allow", func(w http.ResponseWriter, r *http.Request) {
 		var ch client.AllowChange

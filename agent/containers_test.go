@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/sandbox"
 )
 
 // What a hook sends is kept for the Trial's life and printed in logs:
@@ -25,6 +26,22 @@ func TestCheckContainer(t *testing.T) {
 	} {
 		if err := checkContainer(c); err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// A Trial made around a container takes the container's id where that
+// is a valid Trial id, cut and lowered as podman's and Docker's are.
+func TestContainerTrialID(t *testing.T) {
+	long := strings.Repeat("ab", 32)
+	for cid, want := range map[string]string{"prof-1": "prof-1", "Prof-1": "prof-1", long: long[:63]} {
+		if got := containerTrialID(cid); got != want {
+			t.Errorf("containerTrialID(%q) = %q, want %q", cid, got, want)
+		}
+	}
+	for _, cid := range []string{"a/b", "-x", "ctr.1"} {
+		if got := containerTrialID(cid); got == strings.ToLower(cid) || sandbox.ValidID(got) != nil {
+			t.Errorf("containerTrialID(%q) = %q, want a new valid id", cid, got)
 		}
 	}
 }

@@ -183,7 +183,11 @@ func (a *Agent) watchOwner(lt *trial) {
 			a.log.Error("cannot watch the owner of a Trial: it stays until destroyed", "trial", id, "owner_pid", pid, "error", err)
 			return
 		}
-		a.log.Warn("destroying a Trial whose owner exited", "trial", id, "reason", fmt.Sprintf("owner pid %d exited", pid))
+		if c := lt.info.Container; c != "" {
+			a.log.Info("destroying a Trial whose container ended", "trial", id, "container", c, "pid", pid)
+		} else {
+			a.log.Warn("destroying a Trial whose owner exited", "trial", id, "reason", fmt.Sprintf("owner pid %d exited", pid))
+		}
 		var e *client.Error
 		if _, err := a.Destroy(context.Background(), id); err != nil && !(errors.As(err, &e) && e.Code == client.CodeUnknownTrial) {
 			a.log.Error("destroy a Trial whose owner exited", "trial", id, "error", err)

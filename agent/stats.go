@@ -26,6 +26,11 @@ func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) client
 	l.Nested = info.Nested
 	l.Transparent = info.Transparent
 	l.Containers = a.containers(lt, info.ID)
+	if l.Container = info.Container; l.Container != "" {
+		for i := range l.Pools {
+			l.Pools[i] = trialspec.PoolBound{Pool: l.Pools[i].Pool, Bound: "the container runtime's (--pids-limit, --memory)"}
+		}
+	}
 	v := verdictOf(k, l)
 	if info.Learning {
 		v += fmt.Sprintf("; LEARNING: the allowlist was not enforced, %d requests to names off it were let through (would_deny); the kernel layers and the address guard were", p.WouldDeny)

@@ -68,6 +68,10 @@ type trial struct {
 	// containers counts the containers that joined it (AddContainer)
 	// when there is no data directory to keep them; guarded by mu.
 	containers int
+	// joined are pidfds of the inits of containers that joined it, which
+	// the agent watches to move each to the ended ones (watchContainer);
+	// guarded by mu, closed by dropJoined.
+	joined []*os.File
 }
 
 // trialState: only live Trials are listed and served to API calls; the
@@ -146,6 +150,7 @@ func (lt *trial) dnsStats() *client.DNSStats {
 // sandbox Trial itself is the caller's: torn down (Close) before, or
 // left enforced for the next agent.
 func (lt *trial) release() {
+	lt.dropJoined()
 	lt.Stop()
 	if lt.counts != nil {
 		_ = lt.counts.Close() // the proxy no longer counts in it
@@ -171,38 +176,48 @@ func (a *Agent) create(req trialspec.Request, conn *net.UnixConn) (_ client.Tria
 	if err != nil {
 		return client.TrialInfo{}, err
 	}
+	if err := a.build(lt, list, a.host.Create); err != nil {
+		return client.TrialInfo{}, err
+	}
+	a.setState(lt, stateLive)
+	a.watchOwner(lt)
+	a.log.Info("trial created", "trial", lt.info.ID, "allow", len(lt.info.Allow), "strict", req.Strict, "learning", lt.info.Learning, "owner_pid", ownerPID(lt.info.Owner))
+	return a.info(lt), nil
+}
+
+// build makes the sandbox Trial of lt, a Trial newTrial took the id of,
+// with makeIt (the host's Create, or an Adopt), and readies everything the
+// agent serves of it; on error, all of it is given back (release).
+func (a *Agent) build(lt *trial, list *allow.List, makeIt func(trialspec.Spec, sandbox.Endpoint) (*sandbox.Trial, error)) (err error) {
 	defer func() {
 		if err != nil {
 			lt.release()
 		}
 	}()
 	if err := a.keepOldData(lt.info.ID); err != nil {
-		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
+		return errf(client.CodeInternal, "%v", err)
 	}
 	a.removeLedgers(lt.info.ID) // an earlier Trial's of this id, whose tunnels are not this one's
 	if err := a.prepare(lt, list, nil); err != nil {
-		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
+		return errf(client.CodeInternal, "%v", err)
 	}
 	info := lt.info
-	tr, err := a.host.Create(info.Spec, lt)
+	tr, err := makeIt(info.Spec, lt)
 	switch {
 	case errors.Is(err, sandbox.ErrExists):
-		return client.TrialInfo{}, errf(client.CodeDuplicateID, "%v", err)
-	case errors.Is(err, sandbox.ErrNestingUnavailable):
-		return client.TrialInfo{}, errf(client.CodeBadRequest, "%v", err)
+		return errf(client.CodeDuplicateID, "%v", err)
+	case errors.Is(err, sandbox.ErrNestingUnavailable), errors.Is(err, sandbox.ErrNotAdoptable):
+		return errf(client.CodeBadRequest, "%v", err)
 	case err != nil:
-		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
+		return errf(client.CodeInternal, "%v", err)
 	}
 	lt.setTrial(tr)
 	if err := a.startTransparent(lt, transparentSockets{}); err != nil {
 		_, _ = tr.Close()
 		a.dropTransparent(info.ID, tr.CgroupID)
-		return client.TrialInfo{}, errf(client.CodeInternal, "%v", err)
+		return errf(client.CodeInternal, "%v", err)
 	}
-	a.setState(lt, stateLive)
-	a.watchOwner(lt)
-	a.log.Info("trial created", "trial", info.ID, "allow", len(info.Allow), "strict", req.Strict, "learning", info.Learning, "owner_pid", ownerPID(info.Owner))
-	return a.info(lt), nil
+	return nil
 }
 
 // newTrial checks a create request into a Trial's description and takes

@@ -13,8 +13,14 @@ import (
 // Attach returns a handle for launching commands into the Trial info
 // describes, from any process: with the Trial's own unix, nesting and
 // process limit rules, which its init and commands are made from when
-// this launch is the first.
+// this launch is the first. A Trial made around a container is its
+// runtime's to launch into.
 func Attach(info client.TrialInfo) (*sandbox.Launcher, error) {
+	if info.Container != "" {
+		// Its cgroup holds the container's init, which a launch would
+		// take for the Trial's and join.
+		return nil, fmt.Errorf("the Trial %s was made around container %s: run commands in it with its runtime (podman exec, runc exec), which keeps them in the container", info.ID, info.Container)
+	}
 	tr, err := sandbox.Attach(info.ID, info.Cgroup, info.Netns)
 	if err != nil {
 		return nil, err

@@ -195,6 +195,21 @@ func (c *Client) AddContainer(ctx context.Context, id string, ct Container) (Tri
 	return out, c.do(ctx, http.MethodPost, "/v1/trials/"+url.PathEscape(id)+"/containers", ct, &out)
 }
 
+// ContainerTrial makes a Trial around a container from a profile:
+// trialnet oci-hook calls it at createRuntime for a container annotated
+// trialnet.io/profile=NAME.
+func (c *Client) ContainerTrial(ctx context.Context, req ContainerTrial) (TrialInfo, error) {
+	var out TrialInfo
+	return out, c.do(ctx, http.MethodPost, "/v1/containers", req, &out)
+}
+
+// EndContainer tells the agent that container id ended: a Trial made
+// around it is destroyed, a Trial it joined no longer lists it.
+func (c *Client) EndContainer(ctx context.Context, id string) (ContainerEnd, error) {
+	var out ContainerEnd
+	return out, c.do(ctx, http.MethodDelete, "/v1/containers/"+url.PathEscape(id), nil, &out)
+}
+
 // send makes a request to the agent: a transport failure says whether an
 // agent runs there at all, and an answer of 300 or more is the agent's
 // *Error.

@@ -21,6 +21,11 @@ type Trials interface {
 	// AddContainer records a container an OCI runtime starts in the
 	// Trial, which its layers then report.
 	AddContainer(ctx context.Context, id string, c Container) (TrialInfo, error)
+	// ContainerTrial makes a Trial around a container from a profile,
+	// which ends with the container.
+	ContainerTrial(ctx context.Context, req ContainerTrial) (TrialInfo, error)
+	// EndContainer says that a container ended.
+	EndContainer(ctx context.Context, id string) (ContainerEnd, error)
 	Destroy(ctx context.Context, id string) (Stats, error)
 	// DestroyExit is Destroy saying how the Trial's command ended, for
 	// its receipt.

@@ -182,12 +182,22 @@ type Layers struct {
 	// runtime's: trialnet's launcher does not start them. The network
 	// layers, BPF LSM and the pool bounds hold them as any Trial process.
 	Containers int `json:"containers,omitempty"`
+	// Container is the container the Trial was made around (a profile
+	// annotation): its network namespace and cgroup are the container's,
+	// which trialnet took on as the Trial's; its pool bounds are the
+	// runtime's.
+	Container string `json:"container,omitempty"`
 }
 
 // ContainerLayers says whose each layer is for a Trial's containers.
 const ContainerLayers = "PID namespace, seccomp, capabilities and session are the container runtime's (no Landlock), " +
 	"checked at start by trialnet oci-hook (no host namespace, no capability that leaves); " +
-	"network namespace, cgroup eBPF, BPF LSM and pool bounds are trialnet's"
+	"network namespace, cgroup eBPF and BPF LSM are trialnet's, and the pool bounds of a Trial made with create"
+
+// AroundContainerLayers says what a Trial made around a container holds
+// of its network namespace and cgroup.
+const AroundContainerLayers = "network namespace and cgroup are the container's, taken on by trialnet at its start " +
+	"(a fresh namespace with only lo, a cgroup where a Trial's is): the network layers are trialnet's on them, and the Trial ends with the container"
 
 // String lists the layers, active ones first.
 func (l Layers) String() string {
@@ -226,6 +236,9 @@ func (l Layers) String() string {
 	if l.Containers > 0 {
 		line += fmt.Sprintf("; in its %d container(s): %s", l.Containers, ContainerLayers)
 	}
+	if l.Container != "" {
+		line += fmt.Sprintf("; made around container %s: %s", l.Container, AroundContainerLayers)
+	}
 	return line
 }
 
@@ -243,6 +256,27 @@ type Container struct {
 	UserNamespace bool `json:"user_namespace"`
 	// Capabilities are its bounding set.
 	Capabilities []string `json:"capabilities"`
+}
+
+// ContainerTrial asks for a Trial made around a container from a
+// profile (trialnet oci-hook, for trialnet.io/profile=NAME): the agent
+// takes on the container's network namespace and cgroup as the Trial's,
+// and destroys the Trial when the container ends (POST /v1/containers).
+type ContainerTrial struct {
+	Profile   string    `json:"profile"`
+	Container Container `json:"container"`
+}
+
+// ContainerEnd is what the agent did when a container ended (DELETE
+// /v1/containers/{id}, trialnet oci-hook at poststop).
+type ContainerEnd struct {
+	// Trial is the Trial the container was in ("": none live).
+	Trial string `json:"trial,omitempty"`
+	// Destroyed: the Trial was made around the container and ended with
+	// it; Stats are its final stats, as destroy gives them. Otherwise the
+	// Trial lives on, and the container is no longer listed in it.
+	Destroyed bool   `json:"destroyed"`
+	Stats     *Stats `json:"stats,omitempty"`
 }
 
 // DNSStats are a Trial's DNS stub's counts, as package dnsstub keeps them

@@ -112,6 +112,11 @@ func loUp(addrs []netip.Prefix) error {
 		return fmt.Errorf("netlink in new netns: %w", err)
 	}
 	defer h.Close()
+	return loUpWith(h, addrs)
+}
+
+// loUpWith brings up loopback in h's namespace, with addrs added.
+func loUpWith(h *netlink.Handle, addrs []netip.Prefix) error {
 	lo, err := h.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("find lo: %w", err)
@@ -124,6 +129,9 @@ func loUp(addrs []netip.Prefix) error {
 		err := h.AddrAdd(lo, &netlink.Addr{IPNet: ipn})
 		if a.Addr().Is6() && errors.Is(err, unix.EAFNOSUPPORT) {
 			continue // no IPv6 in this kernel: nothing to add it to
+		}
+		if errors.Is(err, unix.EEXIST) {
+			continue // an adopted namespace's runtime added it already
 		}
 		if err != nil {
 			return fmt.Errorf("add %s to lo: %w", a, err)

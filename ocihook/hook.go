@@ -34,6 +34,9 @@ import (
 type Agent interface {
 	Get(ctx context.Context, id string) (client.TrialInfo, error)
 	AddContainer(ctx context.Context, id string, c client.Container) (client.TrialInfo, error)
+	ContainerTrial(ctx context.Context, req client.ContainerTrial) (client.TrialInfo, error)
+	EndContainer(ctx context.Context, id string) (client.ContainerEnd, error)
+	Destroy(ctx context.Context, id string) (client.Stats, error)
 }
 
 // Hook checks one container. The zero values of Proc, CgroupMount and
@@ -80,10 +83,19 @@ func (r *Refusal) Error() string {
 	return fmt.Sprintf("refused %s: %s", what, strings.Join(r.Reasons, "; "))
 }
 
-// Result says what the hook did with a container that it let start.
+// Result says what the hook did with a container that it let start, or
+// that ended.
 type Result struct {
 	Trial string // "": no claim, not looked at
+	// Made: the Trial was made around the container (a profile).
+	Made bool
+	// Ended is what the agent did as the container ended (poststop).
+	Ended *client.ContainerEnd
 }
+
+// statusStopped is the state's status at poststop, the one stage at
+// which the hook is run for a container that ended.
+const statusStopped = "stopped"
 
 // Run reads the runtime's state from stdin and checks the container.
 // A nil error lets the runtime start it.
@@ -109,6 +121,9 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		}
 		return Result{}, nil
 	}
+	if st.Status == statusStopped {
+		return h.ended(ctx, st)
+	}
 	refuse := func(reasons ...string) (Result, error) {
 		return Result{}, &Refusal{Container: st.ID, Trial: cl.trial, Reasons: reasons}
 	}
@@ -117,13 +132,19 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		return refuse(cfgErr.Error())
 	case len(cl.other) > 0:
 		return refuse(fmt.Sprintf("annotations %s are not ones this trialnet knows (%s, %s)", strings.Join(cl.other, ", "), AnnotationTrial, AnnotationProfile))
-	case cl.profile != "":
-		return refuse(fmt.Sprintf("%s=%s: creating a Trial around a container is not supported yet; create the Trial first (trialnet create --profile %s -j) and annotate the container %s=ID", AnnotationProfile, cl.profile, cl.profile, AnnotationTrial))
+	case cl.profile != "" && cl.trial != "":
+		return refuse(fmt.Sprintf("it names both a Trial (%s) and a profile (%s): annotate one", AnnotationTrial, AnnotationProfile))
 	case st.Pid <= 0:
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	}
 	if why := cfg.check(st.Bundle, h.protected()); len(why) > 0 {
 		return refuse(why...)
+	}
+	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.Linux.Seccomp != nil,
+		Capabilities: cfg.boundingCaps()}
+	_, c.UserNamespace = cfg.namespaces()["user"]
+	if cl.profile != "" {
+		return h.makeTrial(ctx, st, cl.profile, c)
 	}
 	info, err := h.Agent().Get(ctx, cl.trial)
 	if err != nil {
@@ -132,13 +153,40 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	if why := h.checkProcess(st.Pid, info); len(why) > 0 {
 		return refuse(why...)
 	}
-	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.Linux.Seccomp != nil,
-		Capabilities: cfg.boundingCaps()}
-	_, c.UserNamespace = cfg.namespaces()["user"]
 	if _, err := h.Agent().AddContainer(ctx, cl.trial, c); err != nil {
 		return refuse(fmt.Sprintf("the agent did not record it: %v", err))
 	}
 	return Result{Trial: cl.trial}, nil
+}
+
+// makeTrial asks the agent for a Trial made from profile around the
+// container, then checks the container is in it as for a Trial it
+// joins. A container that fails the check is refused, and its Trial
+// destroyed: nothing is left half-made.
+func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container) (Result, error) {
+	info, err := h.Agent().ContainerTrial(ctx, client.ContainerTrial{Profile: profile, Container: c})
+	if err != nil {
+		return Result{}, &Refusal{Container: st.ID, Reasons: []string{fmt.Sprintf("no Trial from profile %s could be made around it: %v", profile, err)}}
+	}
+	if why := h.checkProcess(st.Pid, info); len(why) > 0 {
+		if _, err := h.Agent().Destroy(ctx, info.ID); err != nil {
+			why = append(why, fmt.Sprintf("and its Trial could not be destroyed (trialnet destroy %s): %v", info.ID, err))
+		}
+		return Result{}, &Refusal{Container: st.ID, Trial: info.ID, Reasons: why}
+	}
+	return Result{Trial: info.ID, Made: true}, nil
+}
+
+// ended tells the agent that a container that claimed a Trial ended
+// (poststop): a Trial made around it is destroyed, one it joined no
+// longer lists it. The runtime only logs a poststop hook's failure; the
+// agent also sees a container Trial's init exit by itself.
+func (h *Hook) ended(ctx context.Context, st State) (Result, error) {
+	end, err := h.Agent().EndContainer(ctx, st.ID)
+	if err != nil {
+		return Result{}, fmt.Errorf("container %s ended, and the agent was not told: %w", st.ID, err)
+	}
+	return Result{Trial: end.Trial, Ended: &end}, nil
 }
 
 func (h *Hook) proc() string {

@@ -60,6 +60,10 @@ type fakeAgent struct {
 	addErr error // AddContainer fails with it
 	added  []client.Container
 	calls  int
+	// made, ended and destroyed are the calls for containers made Trials.
+	made      []client.ContainerTrial
+	ended     []string
+	destroyed []string
 }
 
 func (f *fakeAgent) Get(_ context.Context, id string) (client.TrialInfo, error) {
@@ -84,6 +88,30 @@ func (f *fakeAgent) AddContainer(_ context.Context, id string, c client.Containe
 	}
 	f.added = append(f.added, c)
 	return f.trials[id], nil
+}
+
+func (f *fakeAgent) ContainerTrial(_ context.Context, req client.ContainerTrial) (client.TrialInfo, error) {
+	f.calls++
+	if f.err != nil {
+		return client.TrialInfo{}, f.err
+	}
+	f.made = append(f.made, req)
+	return f.trials["eval-1"], nil
+}
+
+func (f *fakeAgent) EndContainer(_ context.Context, id string) (client.ContainerEnd, error) {
+	f.calls++
+	if f.err != nil {
+		return client.ContainerEnd{}, f.err
+	}
+	f.ended = append(f.ended, id)
+	return client.ContainerEnd{Trial: "eval-1", Destroyed: true}, nil
+}
+
+func (f *fakeAgent) Destroy(_ context.Context, id string) (client.Stats, error) {
+	f.calls++
+	f.destroyed = append(f.destroyed, id)
+	return client.Stats{}, f.err
 }
 
 const testPID = 4242
@@ -239,9 +267,9 @@ func TestHookRefuses(t *testing.T) {
 			delete(w.agent.trials, "eval-1")
 			return w.state(trial)
 		}, "no live Trial eval-1"},
-		{"profile", func(w *world) string {
-			return w.state(map[string]string{AnnotationProfile: "claude"})
-		}, "not supported yet"},
+		{"profile and Trial both", func(w *world) string {
+			return w.state(map[string]string{AnnotationProfile: "claude", AnnotationTrial: "eval-1"})
+		}, "annotate one"},
 		{"unknown trialnet annotation", func(w *world) string {
 			return w.state(map[string]string{AnnotationTrial: "eval-1", "trialnet.io/mode": "lax"})
 		}, "not ones this trialnet knows"},
@@ -386,4 +414,98 @@ func (w *world) setMount(m map[string]any) {
 	c := goodConfig()
 	c["mounts"] = append(c["mounts"].([]map[string]any), m)
 	w.writeConfig(c)
+}
+
+// profileWorld is a container annotated with a profile: its config and
+// state name no Trial, and the fake agent's Trial is what ContainerTrial
+// makes around it.
+func profileWorld(t *testing.T, mutate func(map[string]any)) (*world, string) {
+	w := newContainerWorld(t)
+	c := goodConfig()
+	c["annotations"] = map[string]string{AnnotationProfile: "claude"}
+	if mutate != nil {
+		mutate(c)
+	}
+	w.writeConfig(c)
+	return w, w.state(map[string]string{AnnotationProfile: "claude"})
+}
+
+// A container annotated with a profile gets a Trial made around it, and
+// is checked to be in it as one that joins a Trial is.
+func TestHookMakesATrialForAProfile(t *testing.T) {
+	w, st := profileWorld(t, nil)
+	res, err := w.run(st)
+	if err != nil || res.Trial != "eval-1" || !res.Made {
+		t.Fatalf("a profile container: %v, %+v", err, res)
+	}
+	if len(w.agent.made) != 1 || w.agent.made[0].Profile != "claude" || w.agent.made[0].Container.PID != testPID || w.agent.made[0].Container.ID != "c1" {
+		t.Errorf("asked the agent for %+v", w.agent.made)
+	}
+	if len(w.agent.added) != 0 || len(w.agent.destroyed) != 0 {
+		t.Errorf("added %v, destroyed %v", w.agent.added, w.agent.destroyed)
+	}
+}
+
+// A profile container gets every refusal of the config checks before
+// the agent is asked for anything; one the agent's Trial does not hold
+// is refused and its Trial destroyed.
+func TestHookRefusesAProfileContainer(t *testing.T) {
+	t.Run("privileged", func(t *testing.T) {
+		w, st := profileWorld(t, func(c map[string]any) {
+			c["process"].(map[string]any)["capabilities"].(map[string]any)["bounding"] = []string{"CAP_SYS_ADMIN"}
+		})
+		_, err := w.run(st)
+		if err == nil || !strings.Contains(err.Error(), "CAP_SYS_ADMIN") || w.agent.calls != 0 {
+			t.Errorf("got %v after %d agent calls, want refused before any", err, w.agent.calls)
+		}
+	})
+	t.Run("host network", func(t *testing.T) {
+		w, st := profileWorld(t, func(c map[string]any) {
+			c["linux"].(map[string]any)["namespaces"] = []map[string]any{{"type": "pid"}, {"type": "mount"}, {"type": "cgroup"}}
+		})
+		_, err := w.run(st)
+		if err == nil || !strings.Contains(err.Error(), "no network namespace of its own") || w.agent.calls != 0 {
+			t.Errorf("got %v after %d agent calls, want refused before any", err, w.agent.calls)
+		}
+	})
+	t.Run("outside the Trial made", func(t *testing.T) {
+		w, st := profileWorld(t, nil)
+		w.procNS("4242", w.file("ns-other"), w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
+		_, err := w.run(st)
+		if err == nil || !strings.Contains(err.Error(), "network namespace is not the Trial's") {
+			t.Fatalf("got %v, want refused", err)
+		}
+		if len(w.agent.destroyed) != 1 || w.agent.destroyed[0] != "eval-1" {
+			t.Errorf("the Trial made for a refused container was not destroyed: %v", w.agent.destroyed)
+		}
+	})
+	t.Run("agent refuses", func(t *testing.T) {
+		w, st := profileWorld(t, nil)
+		w.agent.err = errors.New("its network namespace has interfaces besides lo")
+		_, err := w.run(st)
+		if err == nil || !strings.Contains(err.Error(), "no Trial from profile claude could be made around it: its network namespace has interfaces besides lo") {
+			t.Errorf("got %v", err)
+		}
+	})
+}
+
+// At poststop the hook tells the agent the container ended, for either
+// claim; an unannotated container's poststop never reaches it.
+func TestHookTellsTheAgentAContainerEnded(t *testing.T) {
+	for _, ann := range []map[string]string{{AnnotationProfile: "claude"}, {AnnotationTrial: "eval-1"}, nil} {
+		w := newContainerWorld(t)
+		c := goodConfig()
+		c["annotations"] = ann
+		w.writeConfig(c)
+		b, _ := json.Marshal(State{OCIVersion: "1.0.2", ID: "c1", Status: "stopped", Bundle: w.bundle, Annotations: ann})
+		res, err := w.run(string(b))
+		switch {
+		case err != nil:
+			t.Errorf("%v: %v", ann, err)
+		case ann == nil && w.agent.calls != 0:
+			t.Errorf("an unannotated container's end reached the agent")
+		case ann != nil && (len(w.agent.ended) != 1 || w.agent.ended[0] != "c1" || res.Ended == nil):
+			t.Errorf("%v: ended %v, result %+v", ann, w.agent.ended, res)
+		}
+	}
 }

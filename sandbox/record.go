@@ -24,6 +24,9 @@ type Record struct {
 	Cgroup   string           `json:"cgroup,omitempty"`
 	CgroupID uint64           `json:"cgroup_id,omitempty"`
 	Netns    string           `json:"netns,omitempty"`
+	// Adopted: Cgroup and Netns are a container runtime's, made into a
+	// Trial (Host.Adopt); the teardown removes neither.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 // Record phases.
@@ -121,7 +124,7 @@ func (t *Trial) writeRecord(phase string, first bool) error {
 			return fmt.Errorf("create Trial %s: a state record %s %w (a live Trial has this id, or a crashed one left it)", t.ID, path, ErrExists)
 		}
 	}
-	rec := Record{Phase: phase, Trial: t.recorded, Proxy: t.proxy, Cgroup: t.Cgroup, CgroupID: t.CgroupID}
+	rec := Record{Phase: phase, Trial: t.recorded, Proxy: t.proxy, Cgroup: t.Cgroup, CgroupID: t.CgroupID, Adopted: t.adopted}
 	if t.Netns != nil {
 		rec.Netns = t.Netns.Path
 	}

@@ -113,6 +113,9 @@ type Trial struct {
 	proxy    []netip.AddrPort // its proxy endpoints
 	host     *Host
 	endpoint Endpoint // serves its proxy endpoint; nil: none
+	// adopted: its cgroup and network namespace are a container
+	// runtime's (Adopt), which its teardown leaves to the runtime.
+	adopted bool
 
 	recMu    sync.Mutex // orders SetSpec and the teardown's removal of the record
 	recorded trial.Spec // the description its record keeps; under recMu
@@ -145,23 +148,8 @@ var ErrExists = errors.New("already exists")
 // proxy endpoint (nil: none is opened), and is stopped first by its
 // teardown.
 func (h *Host) Create(spec trial.Spec, ep Endpoint) (_ *Trial, err error) {
-	if err := ValidID(spec.ID); err != nil {
+	if err := h.checkSpec(spec); err != nil {
 		return nil, err
-	}
-	if err := checkUnixPathsVisible(spec.UnixAllow, hiddenDirs(h.netnsDir())); err != nil {
-		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
-	}
-	if spec.Nested {
-		if err := h.canNest(); err != nil {
-			return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
-		}
-	}
-	if !spec.UnixOpen && !h.BPF.LSM() {
-		for _, p := range spec.UnixAllow {
-			if err := checkUnixPathSafe(p); err != nil {
-				return nil, fmt.Errorf("create Trial %s: %w; without the BPF LSM layer (%v) trialnet allows only sockets whose path only root can change: put the socket under a root-owned directory, or confine no unix sockets (unix_open)", spec.ID, err, h.BPF.LSMError())
-			}
-		}
 	}
 	t := &Trial{Launcher: Launcher{ID: spec.ID, Cgroup: filepath.Join(h.Parent, spec.ID), Spec: spec}, recorded: spec,
 		proxy: slices.Clone(h.Proxy), host: h, endpoint: ep}
@@ -199,6 +187,29 @@ func (h *Host) Create(spec trial.Spec, ep Endpoint) (_ *Trial, err error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// checkSpec refuses a description this host cannot make a Trial of.
+func (h *Host) checkSpec(spec trial.Spec) error {
+	if err := ValidID(spec.ID); err != nil {
+		return err
+	}
+	if err := checkUnixPathsVisible(spec.UnixAllow, hiddenDirs(h.netnsDir())); err != nil {
+		return fmt.Errorf("create Trial %s: %w", spec.ID, err)
+	}
+	if spec.Nested {
+		if err := h.canNest(); err != nil {
+			return fmt.Errorf("create Trial %s: %w", spec.ID, err)
+		}
+	}
+	if !spec.UnixOpen && !h.BPF.LSM() {
+		for _, p := range spec.UnixAllow {
+			if err := checkUnixPathSafe(p); err != nil {
+				return fmt.Errorf("create Trial %s: %w; without the BPF LSM layer (%v) trialnet allows only sockets whose path only root can change: put the socket under a root-owned directory, or confine no unix sockets (unix_open)", spec.ID, err, h.BPF.LSMError())
+			}
+		}
+	}
+	return nil
 }
 
 // policy is the Trial's BPF policy entry, as its Spec and endpoints say.
@@ -354,8 +365,10 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 	if t.endpoint != nil {
 		t.endpoint.Stop()
 	}
-	// cgroup.kill is safe here: the cgroup is removed right after.
-	if err := killCgroup(t.Cgroup, killWait); err != nil {
+	// cgroup.kill is safe here: the cgroup is removed right after, or,
+	// adopted, is left with no policy entry. An adopted path that names
+	// another cgroup now (its runtime made one again) is not this Trial's.
+	if err := t.killAll(); err != nil {
 		errs = append(errs, err)
 	}
 	var final bpf.Counters
@@ -367,13 +380,17 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 	}
 	use := t.PoolUse() // peaks and events: read while the groups are there
 	t.finalPools.Store(&use)
+	// An adopted cgroup is its runtime's to remove, emptied here; with
+	// no policy entry left, the eBPF programs deny it everything.
 	cgroupGone := true
-	if err := removeCgroup(t.Cgroup); err != nil {
-		errs = append(errs, err)
-		cgroupGone = false
-	}
-	if err := t.removePools(); err != nil {
-		errs = append(errs, err)
+	if !t.adopted {
+		if err := removeCgroup(t.Cgroup); err != nil {
+			errs = append(errs, err)
+			cgroupGone = false
+		}
+		if err := t.removePools(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if t.host.BPF != nil && t.CgroupID != 0 {
 		if err := t.host.BPF.RemoveTrial(t.CgroupID); err != nil {
@@ -395,6 +412,16 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 	return final, nil
 }
 
+// killAll kills every process in the Trial's cgroup.
+func (t *Trial) killAll() error {
+	if t.adopted {
+		if id, err := bpf.CgroupID(t.Cgroup); err != nil || id != t.CgroupID {
+			return nil
+		}
+	}
+	return killCgroup(t.Cgroup, killWait)
+}
+
 // Remove tears down whatever is left of Trial id (processes, cgroup,
 // policy entry, namespace, record) when it cannot be opened whole, as
 // after a crash mid-create, or when the eBPF layer itself is going (a Host
@@ -407,8 +434,11 @@ func (h *Host) Remove(id string) error {
 	if rec, err := h.readRecord(id); err == nil && rec.CgroupID != 0 {
 		// The cgroup may be gone already; its policy entry is not.
 		t.CgroupID = rec.CgroupID
+		if rec.Adopted {
+			t.Cgroup, t.adopted = rec.Cgroup, true
+		}
 	}
-	if cgid, err := bpf.CgroupID(t.Cgroup); err == nil {
+	if cgid, err := bpf.CgroupID(t.Cgroup); err == nil && !t.adopted {
 		if t.CgroupID != 0 && t.CgroupID != cgid && h.BPF != nil {
 			_ = h.BPF.RemoveTrial(t.CgroupID)
 		}
@@ -473,7 +503,13 @@ func (h *Host) Open(rec Record, ep Endpoint, lns []net.Listener) (_ *Trial, err 
 		return nil, errors.New("it was being created when the previous agent stopped")
 	}
 	t := &Trial{Launcher: Launcher{ID: id, Cgroup: filepath.Join(h.Parent, id), Spec: rec.Trial}, recorded: rec.Trial,
-		proxy: rec.Proxy, host: h, endpoint: ep}
+		proxy: rec.Proxy, host: h, endpoint: ep, adopted: rec.Adopted}
+	if rec.Adopted {
+		if filepath.Dir(rec.Cgroup) != filepath.Clean(h.Parent) {
+			return nil, fmt.Errorf("its recorded cgroup %s is not under %s", rec.Cgroup, h.Parent)
+		}
+		t.Cgroup = rec.Cgroup
+	}
 	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
 		return nil, fmt.Errorf("its cgroup is gone: %w", err)
 	}

@@ -61,6 +61,11 @@ type Spec struct {
 	// Owner is the process whose Trial this is: an ephemeral agent's, or
 	// the caller of an owned create, whose exit ends the Trial.
 	Owner *Owner `json:"owner,omitempty"`
+	// Container is the runtime's id of the container the Trial was made
+	// around (trialnet oci-hook, trialnet.io/profile): its cgroup and
+	// network namespace are the container's, and the Trial ends with it
+	// (Owner is its init process).
+	Container string `json:"container,omitempty"`
 	// Denied are entries removed from the live Trial with deny: a reload
 	// --reprofile does not bring them back from its profiles.
 	Denied []string `json:"denied,omitempty"`

@@ -93,7 +93,7 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: %w", err))
 	}
 	if changed {
-		fmt.Fprintf(stdout, "wrote %s: containers annotated trialnet.io/trial=ID are checked by %s oci-hook before they start\n", path, self)
+		fmt.Fprintf(stdout, "wrote %s: containers annotated trialnet.io/trial=ID are checked by %s oci-hook before they start, those annotated trialnet.io/profile=NAME get a Trial that ends with them\n", path, self)
 	} else {
 		fmt.Fprintf(stdout, "%s is already this entry\n", path)
 	}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
@@ -48,16 +49,20 @@ const (
 	// started is what a container prints first: a container the hook
 	// refused never prints it.
 	started = "container-started"
+	// profile is the agent's profile that allows the test host's web
+	// server, for containers that have a Trial made around them.
+	profile = "ctr"
 )
 
 // world is a Trial, a test host with an allowed web server, the agent
 // serving its socket, trialnet's binary, the hook installed in a hooks
 // directory of the test's own, and a busybox root file system.
 type world struct {
-	t       *testing.T
+	t       testing.TB
 	host    *testhost.Host
 	agent   *agent.Agent
 	sock    string
+	dir     string // the agent's: its data directory is dir/data
 	bin     string
 	hooks   string // hooks.d with trialnet's entry
 	noHooks string // an empty hooks.d: the same runtime without the hook
@@ -70,7 +75,7 @@ type world struct {
 // podman here) needs cgroup v2 alone on /sys/fs/cgroup (unified), which
 // hybrid hosts lack; runc runs on both. The VM's guests set
 // TRIALNET_REQUIRE_CONTAINERS=1, which makes a skip a failure.
-func requireRuntimes(t *testing.T, unified bool, tools ...string) {
+func requireRuntimes(t testing.TB, unified bool, tools ...string) {
 	t.Helper()
 	privtest.Require(t)
 	var st unix.Statfs_t
@@ -87,7 +92,7 @@ func requireRuntimes(t *testing.T, unified bool, tools ...string) {
 	}
 }
 
-func newContainerTrial(t *testing.T, id string) *world {
+func newContainerTrial(t testing.TB, id string) *world {
 	t.Helper()
 	w := &world{t: t, host: testhost.NewT(t, subnet)}
 	ln, err := w.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(w.host.Addr4, 80).String())
@@ -103,7 +108,11 @@ func newContainerTrial(t *testing.T, id string) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	w.agent, _, w.sock = testenv.ServedAgent(t, "containers", agent.AgentConfig{
+	file, err := config.ParseFile([]byte("profiles:\n  " + profile + ":\n    allow: [\"allowed.test:80\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.agent, w.dir, w.sock = testenv.ServedAgent(t, "containers", agent.AgentConfig{File: file,
 		Resolvers: []string{dnsAddr}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}})
 	if w.info, err = w.agent.Create(context.Background(), trial.Request{ID: id, Allow: []string{"allowed.test:80"}}); err != nil {
 		t.Fatal(err)
@@ -140,7 +149,7 @@ func (w *world) makeRootfs() {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	for _, d := range []string{"bin", "proc", "sys", "dev", "etc", "tmp"} {
+	for _, d := range []string{"bin", "proc", "sys", "dev", "etc", "tmp", "ctl"} {
 		if err := os.MkdirAll(filepath.Join(w.rootfs, d), 0o755); err != nil {
 			w.t.Fatal(err)
 		}
@@ -148,7 +157,7 @@ func (w *world) makeRootfs() {
 	if err := os.WriteFile(filepath.Join(w.rootfs, "bin", "busybox"), b, 0o755); err != nil {
 		w.t.Fatal(err)
 	}
-	for _, app := range []string{"sh", "nc", "wget", "sleep", "cat", "echo"} {
+	for _, app := range []string{"sh", "nc", "wget", "sleep", "cat", "echo", "touch"} {
 		if err := os.Symlink("busybox", filepath.Join(w.rootfs, "bin", app)); err != nil {
 			w.t.Fatal(err)
 		}
@@ -368,16 +377,36 @@ func TestPrivilegedContainerRuncBundle(t *testing.T) {
 // network namespace at netns ("": a new one) and, with hook, trialnet
 // oci-hook at createRuntime.
 func (w *world) bundle(name, netns string, hook bool, script string) string {
+	o := bundleOpts{netns: netns, cgroupsPath: w.cgroup + "/" + name, script: script,
+		annotations: map[string]string{"trialnet.io/trial": w.info.ID}}
+	if hook {
+		o.hooks = []string{"createRuntime"}
+	}
+	return w.bundleWith(name, o)
+}
+
+// bundleOpts say what a test bundle is: its network namespace ("": a
+// new one), cgroup, annotations, the stages it runs trialnet oci-hook
+// at, the script it runs, and host directories bound in (destination:
+// source).
+type bundleOpts struct {
+	netns, cgroupsPath, script string
+	annotations                map[string]string
+	hooks                      []string
+	binds                      map[string]string
+}
+
+func (w *world) bundleWith(name string, o bundleOpts) string {
 	dir := filepath.Join(w.t.TempDir(), name)
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		w.t.Fatal(err)
 	}
-	ns := []map[string]string{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"}, {"type": "network", "path": netns}}
+	ns := []map[string]string{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"}, {"type": "network", "path": o.netns}}
 	caps := []string{"CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_AUDIT_WRITE"}
 	cfg := map[string]any{
 		"ociVersion": "1.0.2",
 		"process": map[string]any{
-			"user": map[string]int{"uid": 0, "gid": 0}, "cwd": "/", "args": []string{"sh", "-c", script},
+			"user": map[string]int{"uid": 0, "gid": 0}, "cwd": "/", "args": []string{"sh", "-c", o.script},
 			"env":             append([]string{"PATH=/bin"}, proxyEnv()...),
 			"capabilities":    map[string][]string{"bounding": caps, "effective": caps, "permitted": caps},
 			"noNewPrivileges": true,
@@ -393,16 +422,21 @@ func (w *world) bundle(name, netns string, hook bool, script string) string {
 		},
 		"linux": map[string]any{
 			"namespaces":  ns,
-			"cgroupsPath": w.cgroup + "/" + name,
+			"cgroupsPath": o.cgroupsPath,
 		},
-		"annotations": map[string]string{"trialnet.io/trial": w.info.ID},
+		"annotations": o.annotations,
 	}
-	if netns == "" {
+	if o.netns == "" {
 		ns[len(ns)-1] = map[string]string{"type": "network"}
 	}
-	if hook {
-		cfg["hooks"] = map[string]any{"createRuntime": []map[string]any{{"path": w.bin, "args": []string{"trialnet", "oci-hook", "--socket", w.sock}, "timeout": 30}}}
+	for dst, src := range o.binds {
+		cfg["mounts"] = append(cfg["mounts"].([]map[string]any), map[string]any{"destination": dst, "type": "bind", "source": src, "options": []string{"rbind", "rw"}})
 	}
+	hooks := map[string]any{}
+	for _, stage := range o.hooks {
+		hooks[stage] = []map[string]any{{"path": w.bin, "args": []string{"trialnet", "oci-hook", "--socket", w.sock}, "timeout": 30}}
+	}
+	cfg["hooks"] = hooks
 	b, err := json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
 		w.t.Fatal(err)
@@ -417,7 +451,7 @@ func (w *world) bundle(name, netns string, hook bool, script string) string {
 // each cgroup v1 hierarchy of a hybrid host (runc delete removes the
 // leaf only), from the bottom up to rel's first component, the isolated
 // host's parent.
-func removeV1Cgroups(t *testing.T, rel string) {
+func removeV1Cgroups(t testing.TB, rel string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Error(err)

@@ -1,0 +1,95 @@
+//go:build linux
+
+package containers
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/trial"
+)
+
+// BenchmarkContainerStart puts a runc container's whole run (runc run of
+// a bundle whose process exits at once, then runc delete) side by side
+// in one run, alternating: with no Trial and no hook; joining a live
+// Trial by id (the hook at createRuntime and poststop: look-up, checks,
+// record); and with a Trial made around it from a profile (the hook: the
+// Trial adopted at createRuntime, destroyed with its receipt at
+// poststop). Beside them, a Trial's create+destroy alone through the
+// same agent, which is what a profile container's extra time is to be
+// compared with. The agent runs in this process; the hook is trialnet's
+// binary, started by runc.
+func BenchmarkContainerStart(b *testing.B) {
+	requireRuntimes(b, false, "runc")
+	w := newContainerTrial(b, "ctr-bench")
+	w.t.Cleanup(func() { removeV1Cgroups(w.t, w.cgroup) })
+	state := b.TempDir()
+	plain := testenv.PlainCgroup(b, "ctr-bench")
+	mount := strings.TrimSuffix(w.info.Cgroup, w.cgroup)
+	b.Cleanup(func() { removeV1Cgroups(b, strings.TrimPrefix(plain, mount)) })
+	both := []string{"createRuntime", "poststop"}
+	run := func(name string, o bundleOpts) error {
+		bundle := w.bundleWith(name, o)
+		out, err := exec.Command("runc", "--root", state, "run", "--bundle", bundle, name).CombinedOutput()
+		_ = exec.Command("runc", "--root", state, "delete", "--force", name).Run()
+		if err != nil || !strings.Contains(string(out), started) {
+			return fmt.Errorf("%s: %v\n%s", name, err, out)
+		}
+		return nil
+	}
+	script := "echo " + started
+	kinds := []struct {
+		name string
+		once func(i int) error
+		lat  []time.Duration
+	}{
+		{name: "plain", once: func(i int) error {
+			n := fmt.Sprintf("plain-%d", i)
+			return run(n, bundleOpts{cgroupsPath: strings.TrimPrefix(plain, mount) + "/" + n, script: script})
+		}},
+		{name: "by-id", once: func(i int) error {
+			n := fmt.Sprintf("byid-%d", i)
+			return run(n, bundleOpts{netns: w.info.Netns, cgroupsPath: w.cgroup + "/" + n, script: script, hooks: both,
+				annotations: map[string]string{"trialnet.io/trial": w.info.ID}})
+		}},
+		{name: "profile", once: func(i int) error {
+			n := fmt.Sprintf("prof-%d", i)
+			return run(n, w.profileBundle(n, script, both...))
+		}},
+		{name: "create-destroy", once: func(i int) error {
+			info, err := w.agent.Create(context.Background(), trial.Request{ID: fmt.Sprintf("cd-%d", i), Profiles: []string{profile}})
+			if err == nil {
+				_, err = w.agent.Destroy(context.Background(), info.ID)
+			}
+			return err
+		}},
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range kinds {
+			start := time.Now()
+			if err := kinds[k].once(i); err != nil {
+				b.Fatal(err)
+			}
+			kinds[k].lat = append(kinds[k].lat, time.Since(start))
+		}
+	}
+	b.StopTimer()
+	p50 := map[string]float64{}
+	for _, k := range kinds {
+		slices.Sort(k.lat)
+		p50[k.name] = float64(k.lat[len(k.lat)/2].Microseconds()) / 1000
+		b.ReportMetric(p50[k.name], k.name+"-p50-ms")
+		b.ReportMetric(float64(k.lat[len(k.lat)*99/100].Microseconds())/1000, k.name+"-p99-ms")
+	}
+	b.ReportMetric(p50["by-id"]/p50["plain"], "by-id/plain")
+	b.ReportMetric(p50["profile"]/p50["plain"], "profile/plain")
+	// What a profile adds over a plain container, in Trial create+destroys.
+	b.ReportMetric((p50["profile"]-p50["plain"])/p50["create-destroy"], "profile-extra/create-destroy")
+}
