@@ -312,11 +312,20 @@ public class Fetch {
 }
 `
 
+// underTCG: this is a vmtest guest under QEMU's TCG (test/vmtest).
+var underTCG = os.Getenv("TRIALNET_VM_TCG") != ""
+
 // javaClient runs Fetch.java in source-file mode, trusting the test CA
 // through a PKCS#12 trust store (Java reads no SSL_CERT_FILE).
 func javaClient(name string) client {
 	return client{
-		name: name, port: 443, missing: need("java", "keytool"),
+		name: name, port: 443, optional: underTCG,
+		missing: func() string {
+			if why := need("java", "keytool")(); why != "" || !underTCG {
+				return why
+			}
+			return "the JVM's JIT crashes now and then under QEMU's TCG (SIGSEGV in C1-compiled code, keytool's too, on 6.1 and 6.12 guests): the JVM clients run on the host"
+		},
 		setup: func(t *testing.T, tc *trial) {
 			tc.write(filepath.Join(tc.home, "Fetch.java"), fetchJava)
 			store := filepath.Join(tc.home, "ca.p12")

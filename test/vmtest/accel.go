@@ -24,10 +24,7 @@ const probeTimeout = 30 * time.Second
 // The probe boots vmlinuz with no root, which panics and powers off.
 // TRIALNET_VM_ACCEL=tcg or kvm decides instead.
 func chooseAccel(ctx context.Context, vmlinuz string) (accel, string) {
-	// TCG's AVX and AVX2, new in QEMU 7.2, crash JIT-compiled code now
-	// and then (the JVM's SIGSEGV in C1 code on 6.1 and 6.12 guests):
-	// guests under TCG get the rest of what QEMU emulates.
-	tcg := accel{"tcg", "max,avx=off,avx2=off,fma=off,f16c=off"}
+	tcg := accel{"tcg", "max"}
 	switch v := os.Getenv("TRIALNET_VM_ACCEL"); v {
 	case "tcg":
 		return tcg, "TCG (TRIALNET_VM_ACCEL=tcg)"
