@@ -30,7 +30,9 @@ func cmdOCIRuntime(ctx context.Context, args []string, stdout, stderr io.Writer)
 	socket := socketFlag(fs)
 	sep := slices.Index(args, "--")
 	if sep < 0 {
-		fmt.Fprintln(stderr, "trialnet oci-runtime: no '--' before runc's arguments: is this run as the runtime daemon.json names ('trialnet oci-runtime install --print')?")
+		if err := parseNoArgs(fs, args); err == nil { // -h and bad flags are answered there
+			fmt.Fprintln(stderr, "trialnet oci-runtime: no '--' before runc's arguments: is this run as the runtime daemon.json names ('trialnet oci-runtime install --print')?")
+		}
 		return exitUsage
 	}
 	if err := parseNoArgs(fs, args[:sep]); err != nil {
