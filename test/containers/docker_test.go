@@ -40,8 +40,9 @@ const dockerImage = "localhost/trialnet-test:latest"
 // daemon.json has the trialnet runtime merged in by trialnet
 // oci-runtime install.
 type dockerd struct {
-	w   *world
-	dir string
+	w      *world
+	dir    string
+	parent string // the cgroup of containers outside a Trial
 }
 
 func startDockerd(w *world) *dockerd {
@@ -54,8 +55,15 @@ func startDockerd(w *world) *dockerd {
 	d := &dockerd{w: w, dir: dir}
 	t.Cleanup(func() { removeMounted(t, dir) })
 	// An existing daemon.json, as a host has one: install keeps its keys.
+	// They keep this daemon off the host's paths: its trust key (else
+	// /etc/docker/key.json, read-only in the kernel matrix's guests) and
+	// the cgroup parent of containers outside a Trial (else /docker).
+	d.parent = "trialnet-test-" + filepath.Base(dir)
+	t.Cleanup(func() { removeTopCgroup(t, d.parent) })
 	conf := filepath.Join(dir, "daemon.json")
-	if err := os.WriteFile(conf, []byte(`{"storage-driver": "vfs", "log-level": "warn"}`+"\n"), 0o644); err != nil {
+	pre, _ := json.Marshal(map[string]string{"storage-driver": "vfs", "log-level": "warn",
+		"deprecated-key-path": filepath.Join(dir, "key.json"), "cgroup-parent": "/" + d.parent})
+	if err := os.WriteFile(conf, pre, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command(w.bin, "oci-runtime", "install", "--daemon-json", conf, "--socket", w.sock).CombinedOutput(); err != nil {
@@ -173,13 +181,13 @@ func trialFlags(id string) []string {
 	return f
 }
 
-// removeSliceCgroups removes the cgroup runc makes for a relative
-// cgroup parent when the container runs without the wrapper.
-func removeSliceCgroups(t *testing.T, id string) {
-	slice := ociruntime.SlicePrefix + id + ociruntime.SliceSuffix
-	removeV1Cgroups(t, slice)
+// removeTopCgroup removes a cgroup runc made at the top of each
+// hierarchy: a daemon's cgroup parent, or a Trial's slice name given to
+// plain runc, which takes it as a path of its own.
+func removeTopCgroup(t *testing.T, name string) {
+	removeV1Cgroups(t, name)
 	if mount, err := cgroup2.Mount(); err == nil {
-		_ = unix.Rmdir(filepath.Join(mount, slice))
+		_ = unix.Rmdir(filepath.Join(mount, name))
 	}
 }
 
@@ -199,7 +207,7 @@ func requireDocker(t *testing.T) {
 func TestPrivilegedContainerDocker(t *testing.T) {
 	requireDocker(t)
 	w := newContainerTrial(t, "ctr-docker")
-	t.Cleanup(func() { removeV1Cgroups(t, w.cgroup); removeSliceCgroups(t, w.info.ID) })
+	t.Cleanup(func() { removeV1Cgroups(t, w.cgroup); removeTopCgroup(t, ociruntime.SlicePrefix+w.info.ID+ociruntime.SliceSuffix) })
 	d := startDockerd(w)
 	flags := trialFlags(w.info.ID)
 	out, err := d.run(flags, "sh", "-c", w.script())
