@@ -248,6 +248,40 @@ func TestPrivilegedContainerDocker(t *testing.T) {
 	if st, err := w.agent.Stats(context.Background(), w.info.ID); err != nil || st.Layers.Containers != 1 {
 		t.Errorf("refused containers were recorded: %d containers, %v", st.Layers.Containers, err)
 	}
+	t.Run("a Docker network", func(t *testing.T) { dockerNetworkStaysOut(t, d, flags) })
+}
+
+// A container in a Trial run on a Docker network, and connected to a
+// second one while it runs, has only the Trial namespace's loopback:
+// the wrapper took Docker's network setup hook out, so Docker's network
+// controller never reaches the Trial's namespace (its records say
+// otherwise; --network none keeps them true).
+func dockerNetworkStaysOut(t *testing.T, d *dockerd, flags []string) {
+	for i, subnet := range []string{"10.231.1.0/24", "10.231.2.0/24"} {
+		name := "tn" + strconv.Itoa(i)
+		if out, err := d.cmd("network", "create", "--subnet", subnet, name).CombinedOutput(); err != nil {
+			t.Fatalf("docker network create: %v\n%s", err, out)
+		}
+		t.Cleanup(func() { _ = d.cmd("network", "rm", name).Run() })
+	}
+	out, err := d.cmd(append(append([]string{"run", "-d", "--name", "on-a-network"}, replaceNetwork(flags, "tn0")...), dockerImage, "sleep", "600")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker run on a network: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = d.cmd("rm", "-f", "on-a-network").Run() })
+	if out, err := d.cmd("network", "connect", "tn1", "on-a-network").CombinedOutput(); err != nil {
+		t.Logf("docker network connect refused (%v): %s", err, out)
+	}
+	out, err = d.cmd("exec", "on-a-network", "cat", "/proc/net/dev").CombinedOutput()
+	var ifaces []string
+	for line := range strings.Lines(string(out)) {
+		if name, _, ok := strings.Cut(line, ":"); ok && !strings.Contains(name, "|") {
+			ifaces = append(ifaces, strings.TrimSpace(name))
+		}
+	}
+	if err != nil || !slices.Equal(ifaces, []string{"lo"}) {
+		t.Errorf("the container's interfaces: %q (%v), want only lo:\n%s", ifaces, err, out)
+	}
 }
 
 // fullBoundingSet: this process may hold every capability, as a
