@@ -249,6 +249,11 @@ func TestPrivilegedContainerDocker(t *testing.T) {
 		t.Errorf("refused containers were recorded: %d containers, %v", st.Layers.Containers, err)
 	}
 	t.Run("a Docker network", func(t *testing.T) { dockerNetworkStaysOut(t, d, flags) })
+	// The wrapper's own refusal reaches docker run through runc's log.
+	if out, err := d.run(trialFlags("no-such-trial"), "echo", started); err == nil || strings.Contains(out, started) ||
+		!strings.Contains(out, `trialnet oci-runtime: container `) || !strings.Contains(out, `cannot look Trial "no-such-trial" up`) {
+		t.Errorf("a container naming no live Trial: want refused by the wrapper, saying why (%v):\n%s", err, out)
+	}
 }
 
 // A container in a Trial run on a Docker network, and connected to a
