@@ -207,7 +207,10 @@ func requireDocker(t *testing.T) {
 func TestPrivilegedContainerDocker(t *testing.T) {
 	requireDocker(t)
 	w := newContainerTrial(t, "ctr-docker")
-	t.Cleanup(func() { removeV1Cgroups(t, w.cgroup); removeTopCgroup(t, ociruntime.SlicePrefix+w.info.ID+ociruntime.SliceSuffix) })
+	t.Cleanup(func() {
+		removeV1Cgroups(t, w.cgroup)
+		removeTopCgroup(t, ociruntime.SlicePrefix+w.info.ID+ociruntime.SliceSuffix)
+	})
 	d := startDockerd(w)
 	flags := trialFlags(w.info.ID)
 	out, err := d.run(flags, "sh", "-c", w.script())
