@@ -23,12 +23,13 @@ deps: ## install the Debian packages a fresh machine lacks (clang, libbpf header
 # The transparent cases add a JDK (javac's keytool, java's source-file
 # mode), PostgreSQL (its server runs on the test host; Debian's package
 # start is held off by the same guard) and Python's aiohttp and
-# websockets, as Debian packages them. podman, crun, runc and a static
-# busybox (the containers' root file system) are for test/containers,
-# which runs in the kernel matrix's guests.
+# websockets, as Debian packages them. podman, crun, runc, docker.io (its
+# dockerd runs in the test, never as a service) and a static busybox (the
+# containers' root file system) are for test/containers, which runs in the
+# kernel matrix's guests.
 TEST_DEBS := git python3-pip python3-requests nodejs openssh-client openssh-server netcat-openbsd cpio tmux redis-server bubblewrap socat \
-	openjdk-17-jdk-headless postgresql postgresql-client python3-aiohttp python3-websockets podman crun runc busybox-static
-test-deps: deps ## install the clients test/clients runs (git, pip, requests, aiohttp, websockets, node, npm, java, ssh, sshd, nc, tmux, redis, postgres, bwrap, socat), cpio, and the container runtimes test/containers runs (podman, crun, runc, busybox)
+	openjdk-17-jdk-headless postgresql postgresql-client python3-aiohttp python3-websockets podman crun runc docker.io busybox-static
+test-deps: deps ## install the clients test/clients runs (git, pip, requests, aiohttp, websockets, node, npm, java, ssh, sshd, nc, tmux, redis, postgres, bwrap, socat), cpio, and the container runtimes test/containers runs (podman, crun, runc, docker.io, busybox)
 	@missing=""; for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \

@@ -221,17 +221,23 @@ func (h *Hook) cgroupMount() (string, error) {
 func (h *Hook) checkProcess(pid int, info client.TrialInfo) []string {
 	var why []string
 	p := filepath.Join(h.proc(), strconv.Itoa(pid))
+	self := filepath.Join(h.proc(), "self", "ns")
 	same, err := sameFile(filepath.Join(p, "ns", "net"), info.Netns)
 	switch {
 	case err != nil:
 		why = append(why, fmt.Sprintf("cannot compare its network namespace with the Trial's: %v", err))
 	case !same:
-		why = append(why, fmt.Sprintf("its network namespace is not the Trial's (%s): give the runtime --network ns:%s (podman) or that path as the bundle's network namespace", info.Netns, info.Netns))
+		// Docker's host network is a namespace joined by path, so the
+		// config check does not see it: say so here.
+		if host, _ := sameFile(filepath.Join(p, "ns", "net"), filepath.Join(self, "net")); host {
+			why = append(why, "its network namespace is not the Trial's: it is the host's (host networking)")
+		} else {
+			why = append(why, fmt.Sprintf("its network namespace is not the Trial's (%s): give the runtime --network ns:%s (podman) or that path as the bundle's network namespace", info.Netns, info.Netns))
+		}
 	}
 	if w := h.checkCgroup(p, info); w != "" {
 		why = append(why, w)
 	}
-	self := filepath.Join(h.proc(), "self", "ns")
 	for _, ns := range []string{"pid", "cgroup"} {
 		same, err := sameFile(filepath.Join(p, "ns", ns), filepath.Join(self, ns))
 		switch {

@@ -1,0 +1,118 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/ociruntime"
+	"golang.org/x/sys/unix"
+)
+
+// cmdOCIRuntime is the runtime Docker runs in place of runc ("install"
+// registers it in daemon.json): trialnet oci-runtime [--runc R]
+// [--socket S] -- RUNC-ARGS. It prepares the bundle of a container that
+// names a Trial and becomes runc; on any error it refuses, and runc
+// never runs.
+func cmdOCIRuntime(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "install" {
+		return cmdOCIRuntimeInstall(args[1:], stdout, stderr)
+	}
+	fs := newFlags("oci-runtime", "oci-runtime [--runc PATH] [--socket S] -- RUNC-ARGS...   (run by Docker as its runtime)\n       trialnet oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print]",
+		"docker run --runtime trialnet --cgroup-parent trialnet-eval-42.slice --network none IMAGE   (after: sudo trialnet oci-runtime install)", stderr)
+	runc := fs.String("runc", ociruntime.DefaultRunc, "the OCI runtime to run")
+	socket := socketFlag(fs)
+	sep := slices.Index(args, "--")
+	if sep < 0 {
+		if err := parseNoArgs(fs, args); err == nil { // -h and bad flags are answered there
+			fmt.Fprintln(stderr, "trialnet oci-runtime: no '--' before runc's arguments: is this run as the runtime daemon.json names ('trialnet oci-runtime install --print')?")
+		}
+		return exitUsage
+	}
+	if err := parseNoArgs(fs, args[:sep]); err != nil {
+		return exitUsage
+	}
+	runcArgs := args[sep+1:]
+	refuse := func(err error) int {
+		fmt.Fprintf(stderr, "trialnet oci-runtime: %v\n", err)
+		ociruntime.LogRefusal(runcArgs, err)
+		logRefusal(err)
+		return exitFailure
+	}
+	self, err := executable()
+	if err != nil {
+		return refuse(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, hookAgentTimeout)
+	defer cancel()
+	w := &ociruntime.Wrapper{
+		Agent:    func() ociruntime.Agent { return client.NewClient(*socket) },
+		Hook:     self,
+		HookArgs: ociruntime.HookArgs(*socket),
+	}
+	out, err := w.Prepare(ctx, runcArgs)
+	if err != nil {
+		return refuse(err)
+	}
+	// runc in this process's place: its exit status, signals and
+	// standard streams are the caller's, as if it had run runc.
+	return refuse(fmt.Errorf("run %s: %w", *runc, unix.Exec(*runc, append([]string{*runc}, out...), os.Environ())))
+}
+
+func executable() (string, error) {
+	self, err := os.Executable()
+	if err == nil {
+		self, err = filepath.EvalSymlinks(self)
+	}
+	if err != nil {
+		return "", fmt.Errorf("where is this trialnet: %w", err)
+	}
+	return self, nil
+}
+
+func cmdOCIRuntimeInstall(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("oci-runtime install", "oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print] [--socket S]",
+		"sudo trialnet oci-runtime install && sudo systemctl reload docker   # then: docker run --runtime trialnet ...", stderr)
+	path := fs.String("daemon-json", ociruntime.DefaultDaemonJSON, "dockerd's configuration file")
+	name := fs.String("name", ociruntime.DefaultName, "the runtime's name (docker run --runtime NAME)")
+	runc := fs.String("runc", ociruntime.DefaultRunc, "the OCI runtime the wrapper runs")
+	force := fs.Bool("force", false, "replace a different runtime of that name")
+	printOnly := fs.Bool("print", false, "print the daemon.json entry instead of merging it")
+	socket := socketFlag(fs)
+	if err := parseNoArgs(fs, args); err != nil {
+		return exitUsage
+	}
+	self, err := executable()
+	if err != nil {
+		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-runtime install: %w", err))
+	}
+	rt, err := ociruntime.Entry(self, *runc, *socket)
+	if err != nil {
+		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-runtime install: %w", err))
+	}
+	if *printOnly {
+		b, err := ociruntime.Fragment(*name, rt)
+		if err != nil {
+			return fail(stdout, stderr, false, exitFailure, err)
+		}
+		_, _ = stdout.Write(b)
+		return exitOK
+	}
+	changed, err := ociruntime.Install(*path, *name, rt, *force)
+	if err != nil {
+		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-runtime install: %w", err))
+	}
+	if changed {
+		fmt.Fprintf(stdout, "wrote runtimes.%s to %s: reload dockerd (systemctl reload docker, or SIGHUP) and run containers with --runtime %s --cgroup-parent %sID%s --network none\n",
+			*name, *path, *name, ociruntime.SlicePrefix, ociruntime.SliceSuffix)
+	} else {
+		fmt.Fprintf(stdout, "%s already has this runtime %s\n", *path, *name)
+	}
+	return exitOK
+}

@@ -1,0 +1,264 @@
+//go:build linux
+
+package ociruntime
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/trialnet/trialnet/internal/ident"
+	"github.com/trialnet/trialnet/ocihook"
+)
+
+// maxConfig bounds the config.json read, as the hook bounds it.
+const maxConfig = 16 << 20
+
+// SlicePrefix and SliceSuffix make the cgroup parent that names a
+// Trial: docker run --cgroup-parent trialnet-ID.slice. Docker 20.10
+// passes no label or annotation to the runtime, and cannot name a
+// network namespace or a cgroup outside its own; its --cgroup-parent
+// reaches config.json with either cgroup driver (cgroupfs:
+// "trialnet-ID.slice/CTR", systemd: "trialnet-ID.slice:docker:CTR",
+// where a parent must be a slice name) and an image cannot set it.
+const (
+	SlicePrefix = "trialnet-"
+	SliceSuffix = ".slice"
+)
+
+// bundle is a config.json read whole: every field kept as it was read
+// (numbers as written), those the wrapper changes reached through it.
+type bundle struct {
+	path string
+	doc  map[string]any
+}
+
+func readBundle(dir string) (*bundle, error) {
+	path := filepath.Join(dir, "config.json")
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read the bundle's config: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxConfig+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(b) > maxConfig {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxConfig)
+	}
+	if err := ocihook.DecodeStrict(b, new(any)); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber() // a uid or a memory limit past 2^53 stays as written
+	var doc map[string]any
+	if err := d.Decode(&doc); err != nil || doc == nil {
+		return nil, fmt.Errorf("%s is not a JSON object: %v", path, err)
+	}
+	return &bundle{path: path, doc: doc}, nil
+}
+
+// object is the object at key in m, made if absent; nil if key holds
+// something else.
+func object(m map[string]any, key string) map[string]any {
+	v, ok := m[key]
+	if !ok || v == nil {
+		o := map[string]any{}
+		m[key] = o
+		return o
+	}
+	o, _ := v.(map[string]any)
+	return o
+}
+
+func (b *bundle) linux() (map[string]any, error) {
+	l := object(b.doc, "linux")
+	if l == nil {
+		return nil, fmt.Errorf("%s: linux is not an object", b.path)
+	}
+	return l, nil
+}
+
+func (b *bundle) annotations() (map[string]any, error) {
+	a := object(b.doc, "annotations")
+	if a == nil {
+		return nil, fmt.Errorf("%s: annotations is not an object", b.path)
+	}
+	return a, nil
+}
+
+// claim is the Trial a container asks for: by annotation (a runtime
+// that passes them, Docker 24 and later with --annotation) or by the
+// cgroup parent trialnet-ID.slice. profile is the annotation of that
+// name, which only the hook acts on.
+type claim struct {
+	trial, profile string
+	bySlice        bool
+}
+
+func (b *bundle) claim() (claim, error) {
+	ann, err := b.annotations()
+	if err != nil {
+		return claim{}, err
+	}
+	var c claim
+	c.trial, _ = ann[ocihook.AnnotationTrial].(string)
+	c.profile, _ = ann[ocihook.AnnotationProfile].(string)
+	l, err := b.linux()
+	if err != nil {
+		return claim{}, err
+	}
+	cp, _ := l["cgroupsPath"].(string)
+	parent := cp
+	if before, _, ok := strings.Cut(cp, ":"); ok { // systemd: slice:prefix:name
+		parent = before
+	} else {
+		parent = filepath.Dir(strings.TrimPrefix(cp, "/"))
+	}
+	if id, ok := strings.CutPrefix(parent, SlicePrefix); ok && strings.HasSuffix(id, SliceSuffix) {
+		id = strings.TrimSuffix(id, SliceSuffix)
+		if !ident.Valid(id) {
+			return claim{}, fmt.Errorf("the cgroup parent %s names no valid Trial id (%q)", parent, id)
+		}
+		if c.trial != "" && c.trial != id {
+			return claim{}, fmt.Errorf("the cgroup parent %s and the annotation %s=%s name different Trials", parent, ocihook.AnnotationTrial, c.trial)
+		}
+		c.trial, c.bySlice = id, true
+	}
+	return c, nil
+}
+
+// place puts the container in its Trial: a new network namespace
+// becomes the Trial's (one joined by path, or none at all, stays as it
+// is for the hook to judge), its cgroup one under the Trial's, Docker's
+// network setup hook goes (the network is the Trial's, not Docker's to
+// configure), the annotation names the Trial, and the proxy variables
+// are the Trial's.
+func (b *bundle) place(trial, netns, cgroupRel, ctrID, proxyURL string) error {
+	l, err := b.linux()
+	if err != nil {
+		return err
+	}
+	nss, _ := l["namespaces"].([]any)
+	for _, n := range nss {
+		if ns, ok := n.(map[string]any); ok && ns["type"] == "network" {
+			if p, _ := ns["path"].(string); p == "" {
+				ns["path"] = netns
+				b.dropNetworkSetup()
+			}
+		}
+	}
+	l["cgroupsPath"] = strings.TrimSuffix(cgroupRel, "/") + "/" + ctrID
+	ann, err := b.annotations()
+	if err != nil {
+		return err
+	}
+	ann[ocihook.AnnotationTrial] = trial
+	return b.setProxyEnv(proxyURL)
+}
+
+// dropNetworkSetup removes Docker's libnetwork-setkey hook: it would
+// hand the Trial's namespace to Docker's network controller, which
+// configures it (interfaces, routes, IPv6 on its loopback) as a
+// container's own.
+func (b *bundle) dropNetworkSetup() {
+	hooks, _ := b.doc["hooks"].(map[string]any)
+	for stage, v := range hooks {
+		list, _ := v.([]any)
+		hooks[stage] = slices.DeleteFunc(slices.Clone(list), func(h any) bool {
+			m, _ := h.(map[string]any)
+			args, _ := m["args"].([]any)
+			return len(args) > 0 && args[0] == "libnetwork-setkey"
+		})
+	}
+}
+
+// proxyVars are replaced, never merged, as trialnet's launcher does:
+// a Trial must not inherit a proxy.
+var proxyVars = []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy",
+	"ALL_PROXY", "all_proxy", "NODE_USE_ENV_PROXY"}
+
+const noProxy = "127.0.0.1,localhost,::1"
+
+func (b *bundle) setProxyEnv(proxyURL string) error {
+	p := object(b.doc, "process")
+	if p == nil {
+		return fmt.Errorf("%s: process is not an object", b.path)
+	}
+	env, _ := p["env"].([]any)
+	env = slices.DeleteFunc(slices.Clone(env), func(e any) bool {
+		s, _ := e.(string)
+		name, _, _ := strings.Cut(s, "=")
+		return slices.Contains(proxyVars, name)
+	})
+	for _, kv := range []string{"HTTPS_PROXY=" + proxyURL, "HTTP_PROXY=" + proxyURL, "https_proxy=" + proxyURL,
+		"http_proxy=" + proxyURL, "NO_PROXY=" + noProxy, "no_proxy=" + noProxy, "NODE_USE_ENV_PROXY=1"} {
+		env = append(env, kv)
+	}
+	p["env"] = env
+	return nil
+}
+
+// addHook appends trialnet oci-hook at createRuntime, after the hooks
+// the bundle has: it checks the container as the kernel has it once the
+// runtime has made it.
+func (b *bundle) addHook(binary string, args []string) error {
+	hooks := object(b.doc, "hooks")
+	if hooks == nil {
+		return fmt.Errorf("%s: hooks is not an object", b.path)
+	}
+	list, ok := hooks["createRuntime"].([]any)
+	if !ok && hooks["createRuntime"] != nil {
+		return fmt.Errorf("%s: hooks.createRuntime is not a list", b.path)
+	}
+	argv := make([]any, len(args))
+	for i, a := range args {
+		argv[i] = a
+	}
+	hooks["createRuntime"] = append(list, map[string]any{"path": binary, "args": argv, "timeout": ocihook.HookTimeout})
+	return nil
+}
+
+// write replaces config.json atomically with the same mode: the runtime
+// reads the old file or the new one, never a part.
+func (b *bundle) write() error {
+	out, err := json.Marshal(b.doc)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(b.path)
+	if err != nil {
+		return err
+	}
+	return writeAtomic(b.path, out, fi.Mode().Perm())
+}
+
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".trialnet-*.tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after the rename: nothing to remove
+	if _, err := tmp.Write(data); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

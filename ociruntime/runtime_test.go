@@ -1,0 +1,310 @@
+//go:build linux
+
+package ociruntime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/ocihook"
+)
+
+func TestParseArgs(t *testing.T) {
+	const root = "--root"
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		command string
+		bundle  string
+		id      string
+		log     string
+		systemd int
+		err     string
+	}{
+		{"containerd's create", []string{root, "/r", "--log", "/b/log.json", "--log-format", "json", "create", "--bundle", "/b", "--pid-file", "/b/init.pid", "ctr"},
+			"create", "/b", "ctr", "/b/log.json", 0, ""},
+		{"systemd driver", []string{"--root=/r", "--systemd-cgroup", "create", "-b=/b", "ctr"}, "create", "/b", "ctr", "", 1, ""},
+		{"options after the id", []string{"create", "ctr", "--bundle", "/b", "--no-pivot"}, "create", "/b", "ctr", "", 0, ""},
+		{"single dash", []string{"-root", "/r", "run", "-bundle", "/b", "-d", "ctr"}, "run", "/b", "ctr", "", 0, ""},
+		{"the last bundle wins", []string{"create", "-b", "/a", "--bundle", "/b", "ctr"}, "create", "/b", "ctr", "", 0, ""},
+		{"after --", []string{"create", "--bundle", "/b", "--", "-ctr"}, "create", "/b", "-ctr", "", 0, ""},
+		{"no bundle", []string{"create", "ctr"}, "create", "", "ctr", "", 0, ""},
+		{"state passes", []string{root, "/r", "state", "--weird", "ctr"}, "state", "", "", "", 0, ""},
+		{"exec passes", []string{root, "/r", "exec", "--process", "/p.json", "ctr"}, "exec", "", "", "", 0, ""},
+		{"version", []string{"--version"}, "", "", "", "", 0, ""},
+		{"unknown global", []string{"--frob", "create", "ctr"}, "", "", "", "", 0, "not one this wrapper knows"},
+		{"unknown create option", []string{"create", "--frob", "ctr"}, "", "", "", "", 0, "not one this wrapper knows"},
+		{"triple dash", []string{"---root", "/r", "create", "ctr"}, "", "", "", "", 0, "malformed"},
+		{"no id", []string{"create", "--bundle", "/b"}, "", "", "", "", 0, "no container id"},
+		{"no value", []string{"create", "ctr", "--bundle"}, "", "", "", "", 0, "has no value"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inv, err := parseArgs(tc.args)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if inv.command != tc.command || inv.bundle != tc.bundle || inv.id != tc.id || inv.log != tc.log || len(inv.systemd) != tc.systemd {
+				t.Errorf("got %+v", inv)
+			}
+			if tc.systemd > 0 && slices.Contains(inv.withoutSystemd(), "--systemd-cgroup") {
+				t.Errorf("--systemd-cgroup stays: %q", inv.withoutSystemd())
+			}
+		})
+	}
+}
+
+type fakeAgent struct {
+	info client.TrialInfo
+	err  error
+	asks []string
+}
+
+func (f *fakeAgent) Get(_ context.Context, id string) (client.TrialInfo, error) {
+	f.asks = append(f.asks, id)
+	return f.info, f.err
+}
+
+// dockerBundle is a bundle holding the config.json Docker 20.10 wrote
+// for docker run --network none --cgroup-parent trialnet-eval-42.slice,
+// with cgroupsPath and edit applied.
+func dockerBundle(t *testing.T, cgroupsPath string, edit func(map[string]any)) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/docker-20.10.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["linux"].(map[string]any)["cgroupsPath"] = cgroupsPath
+	if edit != nil {
+		edit(doc)
+	}
+	dir := t.TempDir()
+	b, _ = json.Marshal(doc)
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func readDoc(t *testing.T, dir string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}
+
+const ctr = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func newWrapper(a *fakeAgent) *Wrapper {
+	return &Wrapper{Agent: func() Agent { return a }, Hook: "/usr/bin/trialnet", HookArgs: HookArgs("/run/t.sock"), CgroupMount: "/sys/fs/cgroup"}
+}
+
+var eval42 = client.TrialInfo{Netns: "/run/trialnet/netns/eval-42", Cgroup: "/sys/fs/cgroup/trialnet/eval-42", ProxyURL: "http://127.0.0.1:3128"}
+
+// Both cgroup drivers' spellings of --cgroup-parent trialnet-eval-42.slice
+// put the container in the Trial: its new network namespace becomes the
+// Trial's, its cgroup one under the Trial's (and runc leaves systemd's
+// manager), Docker's network setup hook goes, the hook is added last,
+// the annotation and the proxy's variables are the Trial's; everything
+// else in the bundle stays.
+func TestPrepareSlice(t *testing.T) {
+	for _, tc := range []struct{ driver, path string }{
+		{"cgroupfs", "trialnet-eval-42.slice/" + ctr},
+		{"systemd", "trialnet-eval-42.slice:docker:" + ctr},
+	} {
+		t.Run(tc.driver, func(t *testing.T) {
+			dir := dockerBundle(t, tc.path, nil)
+			before := readDoc(t, dir)
+			a := &fakeAgent{info: eval42}
+			args := []string{"--root", "/r", "--systemd-cgroup", "create", "--bundle", dir, ctr}
+			out, err := newWrapper(a).Prepare(context.Background(), args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(out, []string{"--root", "/r", "create", "--bundle", dir, ctr}) || !slices.Equal(a.asks, []string{"eval-42"}) {
+				t.Errorf("runc args %q, agent asked %q", out, a.asks)
+			}
+			doc := readDoc(t, dir)
+			l := doc["linux"].(map[string]any)
+			if l["cgroupsPath"] != "/trialnet/eval-42/"+ctr {
+				t.Errorf("cgroupsPath %v", l["cgroupsPath"])
+			}
+			nets := 0
+			for _, n := range l["namespaces"].([]any) {
+				if ns := n.(map[string]any); ns["type"] == "network" {
+					nets++
+					if ns["path"] != eval42.Netns {
+						t.Errorf("network namespace %v", ns)
+					}
+				}
+			}
+			hooks := doc["hooks"].(map[string]any)
+			if nets != 1 || len(hooks["prestart"].([]any)) != 0 {
+				t.Errorf("%d network namespaces; prestart hooks %v (Docker's setkey must go)", nets, hooks["prestart"])
+			}
+			cr := hooks["createRuntime"].([]any)
+			if h := cr[len(cr)-1].(map[string]any); h["path"] != "/usr/bin/trialnet" || len(h["args"].([]any)) != 4 {
+				t.Errorf("createRuntime %v", cr)
+			}
+			if doc["annotations"].(map[string]any)[ocihook.AnnotationTrial] != "eval-42" {
+				t.Errorf("annotations %v", doc["annotations"])
+			}
+			env := doc["process"].(map[string]any)["env"].([]any)
+			if slices.Contains(env, any("HTTPS_PROXY=http://elsewhere:8080")) || !slices.Contains(env, any("HTTPS_PROXY=http://127.0.0.1:3128")) ||
+				!slices.Contains(env, any("no_proxy=127.0.0.1,localhost,::1")) || !slices.Contains(env, any("HOSTNAME=0123456789ab")) {
+				t.Errorf("env %v", env)
+			}
+			for _, k := range []string{"mounts", "root", "hostname", "ociVersion"} {
+				if b1, _ := json.Marshal(before[k]); string(b1) != jsonOf(doc[k]) {
+					t.Errorf("%s changed", k)
+				}
+			}
+			if b1, _ := json.Marshal(before["process"].(map[string]any)["capabilities"]); string(b1) != jsonOf(doc["process"].(map[string]any)["capabilities"]) {
+				t.Error("capabilities changed")
+			}
+			if fi, err := os.Stat(filepath.Join(dir, "config.json")); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("config.json mode %v, %v", fi.Mode(), err)
+			}
+		})
+	}
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// What the wrapper leaves to the hook: a host network (no namespace to
+// point at the Trial's), a namespace joined by path, capabilities. The
+// hook is in the bundle to refuse them.
+func TestPrepareLeavesTheVerdictToTheHook(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(map[string]any)
+		want string // the network namespace's path afterwards; "-": none
+	}{
+		{"host network", func(d map[string]any) {
+			l := d["linux"].(map[string]any)
+			l["namespaces"] = slices.DeleteFunc(l["namespaces"].([]any), func(n any) bool { return n.(map[string]any)["type"] == "network" })
+		}, "-"},
+		{"another container's network", func(d map[string]any) {
+			for _, n := range d["linux"].(map[string]any)["namespaces"].([]any) {
+				if ns := n.(map[string]any); ns["type"] == "network" {
+					ns["path"] = "/proc/99/ns/net"
+				}
+			}
+		}, "/proc/99/ns/net"},
+		{"privileged", func(d map[string]any) {
+			d["process"].(map[string]any)["capabilities"].(map[string]any)["bounding"] = []any{"CAP_SYS_ADMIN", "CAP_NET_ADMIN"}
+		}, eval42.Netns},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := dockerBundle(t, "trialnet-eval-42.slice/"+ctr, tc.edit)
+			if _, err := newWrapper(&fakeAgent{info: eval42}).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err != nil {
+				t.Fatal(err)
+			}
+			doc := readDoc(t, dir)
+			got := "-"
+			for _, n := range doc["linux"].(map[string]any)["namespaces"].([]any) {
+				if ns := n.(map[string]any); ns["type"] == "network" {
+					got, _ = ns["path"].(string)
+				}
+			}
+			cr, _ := doc["hooks"].(map[string]any)["createRuntime"].([]any)
+			if got != tc.want || len(cr) != 1 {
+				t.Errorf("network namespace %q (want %q), createRuntime hooks %v", got, tc.want, cr)
+			}
+		})
+	}
+}
+
+// A container that names no Trial reaches runc as it came, its bundle
+// untouched and the agent not asked; one that names a Trial the agent
+// does not know, or whose bundle cannot be read, is refused.
+func TestPrepareUnclaimedAndRefused(t *testing.T) {
+	dir := dockerBundle(t, "/docker/"+ctr, nil)
+	before, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+	a := &fakeAgent{err: errors.New("no agent")}
+	args := []string{"--root", "/r", "--systemd-cgroup", "create", "--bundle", dir, ctr}
+	out, err := newWrapper(a).Prepare(context.Background(), args)
+	after, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil || !slices.Equal(out, args) || len(a.asks) != 0 || string(before) != string(after) {
+		t.Errorf("unclaimed: %q, %v, asked %q, changed %v", out, err, a.asks, string(before) != string(after))
+	}
+	for _, tc := range []struct {
+		name, path string
+		edit       func(map[string]any)
+		want       string
+	}{
+		{"unknown Trial", "trialnet-eval-42.slice/" + ctr, nil, "cannot look Trial \"eval-42\" up: no agent"},
+		{"bad id", "trialnet-Eval.42.slice/" + ctr, nil, "names no valid Trial id"},
+		{"two Trials", "trialnet-eval-42.slice/" + ctr, func(d map[string]any) {
+			d["annotations"] = map[string]any{ocihook.AnnotationTrial: "other"}
+		}, "name different Trials"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := dockerBundle(t, tc.path, tc.edit)
+			if _, err := newWrapper(a).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err %v, want %q", err, tc.want)
+			}
+		})
+	}
+	dup := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dup, "config.json"), []byte(`{"linux": {"cgroupsPath": "/docker/x", "CgroupsPath": "trialnet-eval-42.slice/x"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newWrapper(a).Prepare(context.Background(), []string{"create", "-b", dup, "x"}); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("a config that reads two ways: %v", err)
+	}
+	if _, err := newWrapper(a).Prepare(context.Background(), []string{"create", "-b", t.TempDir(), "x"}); err == nil {
+		t.Error("a bundle without config.json passed")
+	}
+}
+
+// An annotation under trialnet.io/ the wrapper does not act on (a
+// profile) still gets the hook, which decides.
+func TestPrepareProfileGetsTheHook(t *testing.T) {
+	dir := dockerBundle(t, "/docker/"+ctr, func(d map[string]any) {
+		d["annotations"] = map[string]any{"trialnet.io/Profile": "claude"}
+	})
+	a := &fakeAgent{}
+	if _, err := newWrapper(a).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err != nil {
+		t.Fatal(err)
+	}
+	doc := readDoc(t, dir)
+	if cr, _ := doc["hooks"].(map[string]any)["createRuntime"].([]any); len(cr) != 1 || len(a.asks) != 0 || doc["linux"].(map[string]any)["cgroupsPath"] != "/docker/"+ctr {
+		t.Errorf("hooks %v, asked %q, cgroupsPath %v", cr, a.asks, doc["linux"].(map[string]any)["cgroupsPath"])
+	}
+}
+
+func TestLogRefusal(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "log.json")
+	LogRefusal([]string{"--log", log, "--log-format", "json", "create", "--frob", "x"}, errors.New("no"))
+	b, err := os.ReadFile(log)
+	var line struct{ Level, Msg string }
+	if err != nil || json.Unmarshal(b, &line) != nil || line.Level != "error" || line.Msg != "trialnet oci-runtime: no" {
+		t.Errorf("log %q, %v", b, err)
+	}
+}
