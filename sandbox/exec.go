@@ -108,13 +108,14 @@ const noProxy = "127.0.0.1,localhost,::1"
 var proxyVars = []string{"HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "NO_PROXY", "no_proxy",
 	"ALL_PROXY", "all_proxy", "NODE_USE_ENV_PROXY"}
 
-// proxyEnv is the environment that points a Trial's clients at the proxy
+// ProxyEnv is the environment that points a Trial's clients at the proxy
 // at proxyURL without any configuration of theirs: both cases of
 // HTTPS_PROXY and HTTP_PROXY (curl reads only http_proxy in lower case,
 // Go reads upper case first), NO_PROXY and no_proxy for loopback, and
 // NODE_USE_ENV_PROXY=1, which makes Node's fetch and https (22.21+, 24.5+)
-// read them too.
-func proxyEnv(proxyURL string) []string {
+// read them too. A container in a Trial is given the same
+// (docs/containers.md).
+func ProxyEnv(proxyURL string) []string {
 	return []string{
 		"HTTPS_PROXY=" + proxyURL, "HTTP_PROXY=" + proxyURL, "https_proxy=" + proxyURL, "http_proxy=" + proxyURL,
 		"NO_PROXY=" + noProxy, "no_proxy=" + noProxy, "NODE_USE_ENV_PROXY=1",
@@ -130,7 +131,7 @@ func (c Command) environ() []string {
 		}
 	}
 	if c.ProxyURL != "" {
-		env = append(env, proxyEnv(c.ProxyURL)...)
+		env = append(env, ProxyEnv(c.ProxyURL)...)
 	}
 	return env
 }

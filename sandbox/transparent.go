@@ -49,11 +49,12 @@ func (t *Launcher) pool() netip.Prefix {
 	return transparentPool
 }
 
-// resolvConf is a transparent Trial's /etc/resolv.conf. No search
+// TransparentResolvConf is a transparent Trial's /etc/resolv.conf, and
+// what docs/containers.md has its containers read. No search
 // domains (a short name is not sent out with the host's appended), no
 // EDNS (the stub's answers are one record), and a short wait: the stub
 // is on the Trial's own loopback, and answers at once or not at all.
-const resolvConf = `# trialnet: this Trial's own DNS stub (transparent mode), in this
+const TransparentResolvConf = `# trialnet: this Trial's own DNS stub (transparent mode), in this
 # Trial's view only. It answers the names the Trial's allowlist admits
 # with addresses its connections are checked at, and forwards nothing.
 nameserver 127.0.0.53
@@ -63,7 +64,7 @@ options timeout:2 attempts:2
 // resolvPath is where resolvers read their configuration.
 const resolvPath = "/etc/resolv.conf"
 
-// mountResolvConf makes path read resolvConf, read-only, in the calling
+// mountResolvConf makes path read TransparentResolvConf, read-only, in the calling
 // process's mount namespace (private: nothing leaks to the host or other
 // Trials), whatever the host has there: a file, a symlink (to
 // systemd-resolved's stub-resolv.conf, or dangling) or nothing. No host
@@ -81,7 +82,7 @@ func mountResolvConf(path, scratch string) error {
 		return fmt.Errorf("transparent mode: %w", err)
 	}
 	src := filepath.Join(top, filepath.Base(path))
-	if err := os.WriteFile(src, []byte(resolvConf), 0o644); err != nil {
+	if err := os.WriteFile(src, []byte(TransparentResolvConf), 0o644); err != nil {
 		return fmt.Errorf("transparent mode: write the Trial's resolv.conf: %w", err)
 	}
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)

@@ -38,8 +38,8 @@ func TestTransparentAddressesAgree(t *testing.T) {
 	if transparentLo[0] != netip.PrefixFrom(stub.Addr(), 32) {
 		t.Errorf("lo carries %s, the stub listens on %s", transparentLo[0], stub)
 	}
-	if !strings.Contains(resolvConf, "\nnameserver "+stub.Addr().String()+"\n") || strings.Count(resolvConf, "nameserver") != 1 {
-		t.Errorf("resolv.conf names another server than %s:\n%s", stub.Addr(), resolvConf)
+	if !strings.Contains(TransparentResolvConf, "\nnameserver "+stub.Addr().String()+"\n") || strings.Count(TransparentResolvConf, "nameserver") != 1 {
+		t.Errorf("resolv.conf names another server than %s:\n%s", stub.Addr(), TransparentResolvConf)
 	}
 	if err := bpf.CheckPool(transparentPool); err != nil {
 		t.Error(err)
@@ -165,7 +165,7 @@ func TestPrivilegedResolvConfWhateverTheHostHas(t *testing.T) {
 			if r.Err != "" {
 				t.Fatal(r.Err)
 			}
-			if r.Content != resolvConf {
+			if r.Content != TransparentResolvConf {
 				t.Errorf("the Trial's resolv.conf reads %q", r.Content)
 			}
 			if r.WriteErr != "EROFS" {
@@ -258,7 +258,7 @@ func TestPrivilegedTransparentTrialNames(t *testing.T) {
 	tr := newTrial(t, h, trial.Spec{Transparent: true, UnixOpen: true})
 	plain := newTrial(t, h, trial.Spec{UnixOpen: true})
 	code, out := runProbe(t, tr, "read", resolvPath)
-	if code != probeOK || out != strings.TrimSpace(resolvConf+"ok") {
+	if code != probeOK || out != strings.TrimSpace(TransparentResolvConf+"ok") {
 		t.Fatalf("the transparent Trial's resolv.conf: exit %d, %q", code, out)
 	}
 	if code, out := runProbe(t, tr, "open-write", resolvPath); code != probeOther || out != "EROFS" {

@@ -31,6 +31,7 @@ import (
 	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testkit"
+	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,8 +39,8 @@ import (
 type Cmd struct {
 	Trial client.TrialInfo
 	Args  []string
-	// Env is the process's whole environment but for the proxy's
-	// variables, which every container in a Trial gets (ProxyEnv).
+	// Env is the process's whole environment: add ProxyEnv for the
+	// proxy's variables.
 	Env      []string
 	UID, GID int
 	Dir      string // the working directory ("": /)
@@ -68,17 +69,11 @@ type Runner interface {
 	Run(ctx context.Context, c Cmd) (int, error)
 }
 
-// The proxy's variables, as trialnet's launcher gives them to a Trial's
-// commands and docs/containers.md to its containers.
-const (
-	proxyURL = "http://127.0.0.1:3128"
-	noProxy  = "127.0.0.1,localhost,::1"
-)
-
-// ProxyEnv is the proxy's environment of every container in a Trial.
-func ProxyEnv() []string {
-	return []string{"HTTPS_PROXY=" + proxyURL, "HTTP_PROXY=" + proxyURL, "https_proxy=" + proxyURL, "http_proxy=" + proxyURL,
-		"NO_PROXY=" + noProxy, "no_proxy=" + noProxy}
+// ProxyEnv is the proxy's environment of every container in a Trial:
+// what trialnet's launcher gives the commands it starts there, which
+// docs/containers.md gives containers.
+func ProxyEnv(info client.TrialInfo) []string {
+	return sandbox.ProxyEnv(info.ProxyURL)
 }
 
 // Env is what every runner shares: trialnet's binary, the agent's control

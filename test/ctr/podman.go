@@ -59,7 +59,7 @@ func (p *podman) Run(ctx context.Context, c Cmd) (int, error) {
 	if c.ResolvConf != "" {
 		args = append(args, "-v", c.ResolvConf+":/etc/resolv.conf:ro")
 	}
-	for _, e := range append(append([]string{}, c.Env...), ProxyEnv()...) {
+	for _, e := range c.Env {
 		args = append(args, "--env", e)
 	}
 	cmd := exec.CommandContext(ctx, "podman")

@@ -104,7 +104,7 @@ func (r *runc) config(c Cmd, argv []string, name string) map[string]any {
 		"ociVersion": "1.0.2",
 		"process": map[string]any{
 			"user": map[string]int{"uid": c.UID, "gid": c.GID}, "cwd": cwd, "args": argv,
-			"env": append(append([]string{}, c.Env...), ProxyEnv()...), "capabilities": caps, "noNewPrivileges": true,
+			"env": c.Env, "capabilities": caps, "noNewPrivileges": true,
 		},
 		"root":     map[string]any{"path": r.e.root, "readonly": true},
 		"hostname": name,

@@ -30,6 +30,9 @@ func inContainer(r ctr.Runner, info client.TrialInfo, ro ...string) runner {
 	return func(ctx context.Context, c sandbox.Command) (int, error) {
 		cc := ctr.Cmd{Trial: info, Args: c.Args, Env: c.Env, UID: int(c.UID), GID: int(c.GID), Dir: c.Dir,
 			ReadOnly: ro, Stdout: c.Stdout, ErrOut: c.Stderr}
+		if c.ProxyURL != "" {
+			cc.Env = append(slices.Clone(c.Env), ctr.ProxyEnv(info)...)
+		}
 		if f, ok := c.Stdin.(*os.File); ok {
 			cc.Stdin = f
 		}
