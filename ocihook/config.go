@@ -23,6 +23,9 @@ type config struct {
 			Ambient     []string `json:"ambient"`
 		} `json:"capabilities"`
 	} `json:"process"`
+	Root *struct {
+		Path string `json:"path"`
+	} `json:"root"`
 	Mounts []struct {
 		Destination string   `json:"destination"`
 		Type        string   `json:"type"`
@@ -146,7 +149,8 @@ var hostNamespaces = []struct{ typ, why string }{
 
 // checkConfig refuses a config that would let the container leave its
 // Trial: a namespace shared with the host, a refused capability, a
-// writable cgroup file system, or a bind mount of trialnet's own state.
+// writable cgroup file system, or a root or bind mount that holds
+// trialnet's own state.
 // protected are the host paths no container may mount (nor any
 // directory above them).
 func (c *config) check(bundle string, protected []string) []string {
@@ -160,6 +164,14 @@ func (c *config) check(bundle string, protected []string) []string {
 	if caps := c.refusedCapsOf(); len(caps) > 0 {
 		why = append(why, "it would hold capabilities that let it leave its Trial: "+strings.Join(caps, "; "))
 	}
+	// The root is a host directory as a bind mount's source is: "/" (podman
+	// --rootfs /) would show the container the control socket and the
+	// receipt key as surely as binding them.
+	if c.Root != nil && c.Root.Path != "" {
+		if p := holds(bundle, c.Root.Path, protected); p != "" {
+			why = append(why, fmt.Sprintf("its root file system %s holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", c.Root.Path, p))
+		}
+	}
 	for _, m := range c.Mounts {
 		ro := slices.Contains(m.Options, "ro")
 		if (m.Type == "cgroup" || m.Type == "cgroup2") && !ro {
@@ -168,22 +180,29 @@ func (c *config) check(bundle string, protected []string) []string {
 		if m.Type != "bind" && !slices.Contains(m.Options, "bind") && !slices.Contains(m.Options, "rbind") {
 			continue
 		}
-		src := m.Source
-		if !filepath.IsAbs(src) {
-			src = filepath.Join(bundle, src)
-		}
-		src = filepath.Clean(src)
-		if real, err := filepath.EvalSymlinks(src); err == nil {
-			src = real // the runtime binds what a link points at
-		}
-		for _, p := range protected {
-			if within(p, src) || within(src, p) {
-				why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
-				break
-			}
+		if p := holds(bundle, m.Source, protected); p != "" {
+			why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
 		}
 	}
 	return why
+}
+
+// holds is the protected path that the host directory src (relative to
+// the bundle if not absolute) holds or is inside, or "".
+func holds(bundle, src string, protected []string) string {
+	if !filepath.IsAbs(src) {
+		src = filepath.Join(bundle, src)
+	}
+	src = filepath.Clean(src)
+	if real, err := filepath.EvalSymlinks(src); err == nil {
+		src = real // the runtime uses what a link points at
+	}
+	for _, p := range protected {
+		if within(p, src) || within(src, p) {
+			return p
+		}
+	}
+	return ""
 }
 
 // within: path is dir or under it.

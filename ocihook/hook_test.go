@@ -336,6 +336,18 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/x", "type": "bind", "source": link, "options": []string{"rbind"}})
 			return w.state(trial)
 		}, "/var/lib/trialnet"},
+		{"host root as its root", func(w *world) string {
+			c := goodConfig()
+			c["root"] = map[string]any{"path": "/", "readonly": true}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its root file system / holds"},
+		{"a root above the receipt key", func(w *world) string {
+			c := goodConfig()
+			c["root"] = map[string]any{"path": "/var/lib/../lib"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/var/lib/trialnet"},
 		{"the cgroup tree bound in", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
 			return w.state(trial)

@@ -58,6 +58,9 @@ type Cmd struct {
 	// Stdout is the process's standard output; ErrOut its standard error
 	// when Stderr is nil, and the runtime's own messages.
 	Stdout, ErrOut io.Writer
+	// Root, if set, is the container's root in place of the Debian one
+	// (an attacker's bundle: the host's /).
+	Root string
 	// Annotations are more annotations for the container.
 	Annotations map[string]string
 }
@@ -103,7 +106,7 @@ func New(t testing.TB, sock string) *Env {
 	if out, err := exec.Command(e.Bin, "oci-hook", "install", "--hooks-dir", e.Hooks, "--socket", sock).CombinedOutput(); err != nil {
 		t.Fatalf("trialnet oci-hook install: %v\n%s", err, out)
 	}
-	if err := debianRoot(e.root); err != nil {
+	if err := DebianRoot(e.root); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -124,10 +127,10 @@ func moduleRoot(t testing.TB) string {
 	return ""
 }
 
-// debianRoot is a root whose /usr and /etc are the host's (bound by each
-// runner, read-only) and whose /bin, /sbin and /lib* lead into /usr, as on
-// a merged-/usr Debian.
-func debianRoot(root string) error {
+// DebianRoot makes root a root whose /usr and /etc are the host's (bound
+// by each runner, read-only) and whose /bin, /sbin and /lib* lead into
+// /usr, as on a merged-/usr Debian.
+func DebianRoot(root string) error {
 	for _, d := range []string{"usr", "etc", "proc", "sys", "dev", "tmp", "run", "root", "var/tmp"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			return err
@@ -207,6 +210,14 @@ func handDown(c Cmd) ([]*os.File, []string) {
 		return nil, c.Args
 	}
 	return files, append([]string{"/bin/sh", "-c", script + ` "$@"`, "sh"}, c.Args...)
+}
+
+// rootOf is c's root.
+func (e *Env) rootOf(c Cmd) string {
+	if c.Root != "" {
+		return c.Root
+	}
+	return e.root
 }
 
 // exitCode is the status of a run that ended, or err.

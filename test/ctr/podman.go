@@ -71,6 +71,6 @@ func (p *podman) Run(ctx context.Context, c Cmd) (int, error) {
 	}
 	// --rootfs makes the first argument after the options the root, in
 	// the image's place; the command follows it.
-	cmd.Args = append(append(append([]string{"podman"}, args...), "--rootfs", p.e.root), argv...)
+	cmd.Args = append(append(append([]string{"podman"}, args...), "--rootfs", p.e.rootOf(c)), argv...)
 	return exitCode(cmd.Run())
 }

@@ -106,7 +106,7 @@ func (r *runc) config(c Cmd, argv []string, name string) map[string]any {
 			"user": map[string]int{"uid": c.UID, "gid": c.GID}, "cwd": cwd, "args": argv,
 			"env": c.Env, "capabilities": caps, "noNewPrivileges": true,
 		},
-		"root":     map[string]any{"path": r.e.root, "readonly": true},
+		"root":     map[string]any{"path": r.e.rootOf(c), "readonly": true},
 		"hostname": name,
 		"mounts":   mounts,
 		"linux": map[string]any{

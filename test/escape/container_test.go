@@ -43,6 +43,46 @@ func inContainer(r ctr.Runner, info client.TrialInfo, ro ...string) runner {
 	}
 }
 
+// A container whose root is a host directory that holds trialnet's own
+// state (podman --rootfs DIR, a bundle's root.path: here a root that
+// holds the agent's control socket, as "/" holds /run/trialnet) sees it
+// as surely as one that binds it, and as uid 0 may talk to the agent: the
+// hook refuses it.
+func TestPrivilegedEscapeContainerRootHoldsTheAgent(t *testing.T) {
+	privtest.Require(t)
+	a, _, _ := testenv.ServedAgent(t, "escroot", agent.AgentConfig{})
+	root := filepath.Join(t.TempDir(), "root")
+	if err := ctr.DebianRoot(root); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(root, "run", "agent.sock")
+	ln, err := agent.ListenSocket(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := a.Server()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	for _, r := range ctr.New(t, sock).Runners(t) {
+		t.Run(r.Name(), func(t *testing.T) {
+			info := networkTrial(t, a, "root-"+r.Name())
+			var out strings.Builder
+			code, err := r.Run(context.Background(), ctr.Cmd{Trial: info, Root: root, Stdout: &out, ErrOut: &out,
+				Args: []string{"/bin/sh", "-c", "echo container-started; curl -sS --max-time 5 --unix-socket /run/agent.sock http://agent/v1/trials"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("exit %d:\n%s", code, out.String())
+			if code == 0 || strings.Contains(out.String(), "container-started") {
+				t.Errorf("a container whose root holds the agent's socket started in its Trial")
+			}
+			if st, err := a.Stats(context.Background(), info.ID); err != nil || st.Layers.Containers != 0 {
+				t.Errorf("the agent recorded it: %d containers, %v", st.Layers.Containers, err)
+			}
+		})
+	}
+}
+
 // containerAgent is an agent serving its control socket (the hook asks
 // it) and the container runtimes this host runs, with the hook installed.
 func containerAgent(t *testing.T) (*agent.Agent, []ctr.Runner) {
