@@ -62,15 +62,18 @@ var suite = []suiteEntry{
 	{"./bpf", 10 * time.Minute, ""},
 	{"./netns", 5 * time.Minute, ""},
 	{"./sandbox", 15 * time.Minute, ""},
-	{"./test/escape", 15 * time.Minute, ""},
+	// With the network and process-boundary suites inside a container of
+	// each runtime (podman with crun, a runc bundle).
+	{"./test/escape", 20 * time.Minute, ""},
 	{"./agent", 20 * time.Minute, ""},
 	{"./cmd/trialnet", 15 * time.Minute, ""},
 	// What runs in a Trial over its own unix sockets, and sandboxes nested
 	// in one: the LSM layer decides both where it is active. Transparent
 	// mode: its sk_lookup program and the connect hooks' allowances for it
 	// are the kernel's; its clients are the host's, read through the
-	// guest's share of the host's root.
-	{"./test/clients", 25 * time.Minute, "TestPrivilegedOwnUnixTools|TestPrivilegedNested|TestPrivilegedTransparent"},
+	// guest's share of the host's root. The client suites again inside
+	// podman containers, which only the guests can run.
+	{"./test/clients", 35 * time.Minute, "TestPrivilegedOwnUnixTools|TestPrivilegedNested|TestPrivilegedTransparent|TestPrivilegedContainerClients"},
 	// Containers in a Trial: podman with crun and a runc bundle, which
 	// need cgroup v2 alone (the guests have it, the hosts do not).
 	{"./test/containers", 10 * time.Minute, ""},
