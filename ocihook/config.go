@@ -38,6 +38,18 @@ type config struct {
 			Path string `json:"path"`
 		} `json:"namespaces"`
 		Seccomp *struct{} `json:"seccomp"`
+		Devices []struct {
+			Path  string `json:"path"`
+			Type  string `json:"type"`
+			Major int64  `json:"major"`
+			Minor int64  `json:"minor"`
+		} `json:"devices"`
+		Resources *struct {
+			Devices []struct {
+				Allow bool   `json:"allow"`
+				Type  string `json:"type"`
+			} `json:"devices"`
+		} `json:"resources"`
 	} `json:"linux"`
 	Annotations map[string]string `json:"annotations"`
 }
@@ -161,6 +173,7 @@ func (c *config) check(bundle string, protected []string) []string {
 			why = append(why, fmt.Sprintf("it has no %s namespace of its own: %s", h.typ, h.why))
 		}
 	}
+	why = append(why, c.blockDevices()...)
 	if caps := c.refusedCapsOf(); len(caps) > 0 {
 		why = append(why, "it would hold capabilities that let it leave its Trial: "+strings.Join(caps, "; "))
 	}
@@ -182,6 +195,31 @@ func (c *config) check(bundle string, protected []string) []string {
 		}
 		if p := holds(bundle, m.Source, protected); p != "" {
 			why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
+		}
+	}
+	return why
+}
+
+// blockDevices refuses a host block device given to the container, and a
+// device cgroup rule that would let it open one (of type b, or a: all): a
+// container reads the host's disk through it, trialnet's receipt key and
+// the agent's state with it, whatever its mounts.
+func (c *config) blockDevices() []string {
+	var why []string
+	if c.Linux == nil {
+		return nil
+	}
+	for _, d := range c.Linux.Devices {
+		if d.Type == "b" {
+			why = append(why, fmt.Sprintf("it is given the block device %s (%d:%d): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor))
+		}
+	}
+	if c.Linux.Resources != nil {
+		for _, r := range c.Linux.Resources.Devices {
+			if r.Allow && (r.Type == "" || r.Type == "a" || r.Type == "b") {
+				why = append(why, fmt.Sprintf("its device cgroup allows block devices (a rule of type %q): with a node of the host's disk it could read it", r.Type))
+				break
+			}
 		}
 	}
 	return why

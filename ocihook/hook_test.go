@@ -348,6 +348,18 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "/var/lib/trialnet"},
+		{"a host block device", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/vda", "type": "b", "major": 254, "minor": 0}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "the block device /dev/vda (254:0)"},
+		{"every device allowed", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"}, {"allow": true, "access": "rwm"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "allows block devices"},
 		{"the cgroup tree bound in", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
 			return w.state(trial)

@@ -58,6 +58,9 @@ type Cmd struct {
 	// Stdout is the process's standard output; ErrOut its standard error
 	// when Stderr is nil, and the runtime's own messages.
 	Stdout, ErrOut io.Writer
+	// Devices are host block devices the container is given, read-only,
+	// at the same path (an attacker's bundle: the host's disk).
+	Devices []string
 	// Root, if set, is the container's root in place of the Debian one
 	// (an attacker's bundle: the host's /).
 	Root string

@@ -59,6 +59,9 @@ func (p *podman) Run(ctx context.Context, c Cmd) (int, error) {
 	if c.ResolvConf != "" {
 		args = append(args, "-v", c.ResolvConf+":/etc/resolv.conf:ro")
 	}
+	for _, d := range c.Devices {
+		args = append(args, "--device", d+":"+d+":r")
+	}
 	for _, e := range c.Env {
 		args = append(args, "--env", e)
 	}

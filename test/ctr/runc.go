@@ -55,7 +55,11 @@ func (r *runc) Run(ctx context.Context, c Cmd) (int, error) {
 	}
 	defer os.RemoveAll(bundle)
 	files, argv := handDown(c)
-	b, err := json.MarshalIndent(r.config(c, argv, name), "", "  ")
+	cfg := r.config(c, argv, name)
+	if err := devices(cfg, c.Devices); err != nil {
+		return -1, err
+	}
+	b, err := json.MarshalIndent(cfg, "", "  ")
 	if err == nil {
 		err = os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o644)
 	}
@@ -121,6 +125,27 @@ func (r *runc) config(c Cmd, argv []string, name string) map[string]any {
 			"args": []string{"trialnet", "oci-hook", "--socket", r.e.Sock}, "timeout": 30}}},
 		"annotations": annotations(c),
 	}
+}
+
+// devices gives the bundle cfg the host block devices at paths, each with
+// a device cgroup rule to read it, as podman --device does.
+func devices(cfg map[string]any, paths []string) error {
+	var nodes, rules []map[string]any
+	for _, p := range paths {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return err
+		}
+		maj, minor := int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+		nodes = append(nodes, map[string]any{"path": p, "type": "b", "major": maj, "minor": minor, "fileMode": 0o440, "uid": 0, "gid": 0})
+		rules = append(rules, map[string]any{"allow": true, "type": "b", "major": maj, "minor": minor, "access": "r"})
+	}
+	if len(paths) > 0 {
+		linux := cfg["linux"].(map[string]any)
+		linux["devices"] = nodes
+		linux["resources"] = map[string]any{"devices": append([]map[string]any{{"allow": false, "access": "rwm"}}, rules...)}
+	}
+	return nil
 }
 
 func bind(src, dst string, ro bool) map[string]any {

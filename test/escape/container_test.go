@@ -4,9 +4,11 @@ package escape
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -78,6 +80,42 @@ func TestPrivilegedEscapeContainerRootHoldsTheAgent(t *testing.T) {
 			}
 			if st, err := a.Stats(context.Background(), info.ID); err != nil || st.Layers.Containers != 0 {
 				t.Errorf("the agent recorded it: %d containers, %v", st.Layers.Containers, err)
+			}
+		})
+	}
+}
+
+// A container given a host block device (podman --device, a bundle's
+// linux.devices) reads the host's disk whatever its mounts, trialnet's
+// receipt key and the agent's state with it: the hook refuses it. The disk
+// here is a loop device over a file holding a secret.
+func TestPrivilegedEscapeContainerHostDisk(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "losetup")
+	secret := fmt.Sprintf("host-disk-secret-%d", time.Now().UnixNano())
+	img := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(img, append([]byte(secret), make([]byte, 1<<20)...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", "--read-only", img).Output()
+	if err != nil {
+		t.Fatalf("losetup: %v", err)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+	a, _, sock := testenv.ServedAgent(t, "escdisk", agent.AgentConfig{})
+	for _, r := range ctr.New(t, sock).Runners(t) {
+		t.Run(r.Name(), func(t *testing.T) {
+			info := networkTrial(t, a, "disk-"+r.Name())
+			var out strings.Builder
+			code, err := r.Run(context.Background(), ctr.Cmd{Trial: info, Devices: []string{dev}, Stdout: &out, ErrOut: &out,
+				Args: []string{"/bin/sh", "-c", "echo container-started; head -c 64 " + dev}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("exit %d:\n%s", code, out.String())
+			if code == 0 || strings.Contains(out.String(), "container-started") || strings.Contains(out.String(), secret) {
+				t.Errorf("a container given the host's block device started in its Trial")
 			}
 		})
 	}

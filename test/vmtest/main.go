@@ -324,7 +324,8 @@ func (b *built) plan(k kernel, o *options) plan {
 		"TRIALNET_UPGRADE_TO=" + b.trialnet, "TRIALNET_PREVIOUS_AGENT=" + b.previous,
 		// Every guest has cgroup v2 alone: the container tests must run.
 		"TRIALNET_REQUIRE_CONTAINERS=1"}
-	p := plan{Kernel: k.Name, Modules: []string{"veth", "vsock_loopback"}}
+	// loop: test/escape gives a container a loop device for a host disk.
+	p := plan{Kernel: k.Name, Modules: []string{"veth", "vsock_loopback", "loop"}}
 	for _, t := range b.tests {
 		args := []string{t.bin, "-test.v", "-test.count=" + strconv.Itoa(o.count), "-test.timeout=" + (t.timeout - 30*time.Second).String()}
 		switch {
