@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -66,7 +67,9 @@ func (r *runc) Run(ctx context.Context, c Cmd) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	r.top = append(r.top, r.e.cgroupOf(c.Trial))
+	if cg := r.e.cgroupOf(c.Trial); !slices.Contains(r.top, cg) {
+		r.top = append(r.top, cg)
+	}
 	cmd := exec.CommandContext(ctx, "runc", "--root", r.state, "run", "--preserve-fds", strconv.Itoa(len(files)), "--bundle", bundle, name)
 	cmd.Stdout, cmd.Stderr, cmd.ExtraFiles = c.Stdout, c.ErrOut, files
 	code, err := exitCode(cmd.Run())
