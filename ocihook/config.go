@@ -46,8 +46,9 @@ type config struct {
 		} `json:"devices"`
 		Resources *struct {
 			Devices []struct {
-				Allow bool   `json:"allow"`
-				Type  string `json:"type"`
+				Allow  bool   `json:"allow"`
+				Type   string `json:"type"`
+				Access string `json:"access"`
 			} `json:"devices"`
 		} `json:"resources"`
 	} `json:"linux"`
@@ -201,7 +202,8 @@ func (c *config) check(bundle string, protected []string) []string {
 }
 
 // blockDevices refuses a host block device given to the container, and a
-// device cgroup rule that would let it open one (of type b, or a: all): a
+// device cgroup rule that would let it read or write one (of type b, or
+// a: all; Docker's default rule "b *:* m" lets it make nodes only): a
 // container reads the host's disk through it, trialnet's receipt key and
 // the agent's state with it, whatever its mounts.
 func (c *config) blockDevices() []string {
@@ -216,8 +218,9 @@ func (c *config) blockDevices() []string {
 	}
 	if c.Linux.Resources != nil {
 		for _, r := range c.Linux.Resources.Devices {
-			if r.Allow && (r.Type == "" || r.Type == "a" || r.Type == "b") {
-				why = append(why, fmt.Sprintf("its device cgroup allows block devices (a rule of type %q): with a node of the host's disk it could read it", r.Type))
+			opens := r.Access == "" || strings.ContainsAny(r.Access, "rw") // "": rwm
+			if r.Allow && opens && (r.Type == "" || r.Type == "a" || r.Type == "b") {
+				why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
 				break
 			}
 		}

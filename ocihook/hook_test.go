@@ -156,6 +156,11 @@ func goodConfig() map[string]any {
 			"namespaces": []map[string]any{{"type": "pid"}, {"type": "network", "path": "/run/trialnet/netns/eval-1"},
 				{"type": "mount"}, {"type": "cgroup"}, {"type": "ipc"}, {"type": "uts"}},
 			"seccomp": map[string]any{"defaultAction": "SCMP_ACT_ERRNO"},
+			// Docker's default rules: every node may be made, only the
+			// usual character devices opened.
+			"resources": map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"},
+				{"allow": true, "type": "c", "access": "m"}, {"allow": true, "type": "b", "access": "m"},
+				{"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}}},
 		},
 		"annotations": map[string]string{AnnotationTrial: "eval-1"},
 	}
@@ -356,10 +361,16 @@ func TestHookRefuses(t *testing.T) {
 		}, "the block device /dev/vda (254:0)"},
 		{"every device allowed", func(w *world) string {
 			c := goodConfig()
-			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"}, {"allow": true, "access": "rwm"}}}
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"}, {"allow": true, "type": "a", "access": "rwm"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "allows block devices"},
+		}, "lets it open block devices"},
+		{"block devices opened by a rule without access", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "b", "major": 254}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "lets it open block devices"},
 		{"the cgroup tree bound in", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
 			return w.state(trial)
