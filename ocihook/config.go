@@ -15,6 +15,7 @@ import (
 // runtime spec): the rest is the runtime's business.
 type config struct {
 	Process     *processOf        `json:"process"`
+	Root        *rootOf           `json:"root"`
 	Mounts      []mountOf         `json:"mounts"`
 	Linux       *linuxOf          `json:"linux"`
 	Annotations map[string]string `json:"annotations"`
@@ -39,9 +40,32 @@ type mountOf struct {
 	Options     []string `json:"options"`
 }
 
+type rootOf struct {
+	Path string `json:"path"`
+}
+
 type linuxOf struct {
 	Namespaces []namespaceOf `json:"namespaces"`
 	Seccomp    *struct{}     `json:"seccomp"`
+	Devices    []deviceOf    `json:"devices"`
+	Resources  *resourcesOf  `json:"resources"`
+}
+
+type deviceOf struct {
+	Path  string `json:"path"`
+	Type  string `json:"type"`
+	Major int64  `json:"major"`
+	Minor int64  `json:"minor"`
+}
+
+type resourcesOf struct {
+	Devices []deviceRuleOf `json:"devices"`
+}
+
+type deviceRuleOf struct {
+	Allow  bool   `json:"allow"`
+	Type   string `json:"type"`
+	Access string `json:"access"`
 }
 
 type namespaceOf struct {
@@ -156,7 +180,8 @@ var hostNamespaces = []struct{ typ, why string }{
 
 // checkConfig refuses a config that would let the container leave its
 // Trial: a namespace shared with the host, a refused capability, a
-// writable cgroup file system, or a bind mount of trialnet's own state.
+// writable cgroup file system, or a root or bind mount that holds
+// trialnet's own state.
 // protected are the host paths no container may mount (nor any
 // directory above them).
 func (c *config) check(bundle string, protected []string) []string {
@@ -167,8 +192,17 @@ func (c *config) check(bundle string, protected []string) []string {
 			why = append(why, fmt.Sprintf("it has no %s namespace of its own: %s", h.typ, h.why))
 		}
 	}
+	why = append(why, c.blockDevices()...)
 	if caps := c.refusedCapsOf(); len(caps) > 0 {
 		why = append(why, "it would hold capabilities that let it leave its Trial: "+strings.Join(caps, "; "))
+	}
+	// The root is a host directory as a bind mount's source is: "/" (podman
+	// --rootfs /) would show the container the control socket and the
+	// receipt key as surely as binding them.
+	if c.Root != nil && c.Root.Path != "" {
+		if p := holds(bundle, c.Root.Path, protected); p != "" {
+			why = append(why, fmt.Sprintf("its root file system %s holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", c.Root.Path, p))
+		}
 	}
 	for _, m := range c.Mounts {
 		ro := slices.Contains(m.Options, "ro")
@@ -178,22 +212,56 @@ func (c *config) check(bundle string, protected []string) []string {
 		if m.Type != "bind" && !slices.Contains(m.Options, "bind") && !slices.Contains(m.Options, "rbind") {
 			continue
 		}
-		src := m.Source
-		if !filepath.IsAbs(src) {
-			src = filepath.Join(bundle, src)
+		if p := holds(bundle, m.Source, protected); p != "" {
+			why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
 		}
-		src = filepath.Clean(src)
-		if real, err := filepath.EvalSymlinks(src); err == nil {
-			src = real // the runtime binds what a link points at
+	}
+	return why
+}
+
+// blockDevices refuses a host block device given to the container, and a
+// device cgroup rule that would let it read or write one (of type b, or
+// a: all; Docker's default rule "b *:* m" lets it make nodes only): a
+// container reads the host's disk through it, trialnet's receipt key and
+// the agent's state with it, whatever its mounts.
+func (c *config) blockDevices() []string {
+	var why []string
+	if c.Linux == nil {
+		return nil
+	}
+	for _, d := range c.Linux.Devices {
+		if d.Type == "b" {
+			why = append(why, fmt.Sprintf("it is given the block device %s (%d:%d): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor))
 		}
-		for _, p := range protected {
-			if within(p, src) || within(src, p) {
-				why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
+	}
+	if c.Linux.Resources != nil {
+		for _, r := range c.Linux.Resources.Devices {
+			opens := r.Access == "" || strings.ContainsAny(r.Access, "rw") // "": rwm
+			if r.Allow && opens && (r.Type == "" || r.Type == "a" || r.Type == "b") {
+				why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
 				break
 			}
 		}
 	}
 	return why
+}
+
+// holds is the protected path that the host directory src (relative to
+// the bundle if not absolute) holds or is inside, or "".
+func holds(bundle, src string, protected []string) string {
+	if !filepath.IsAbs(src) {
+		src = filepath.Join(bundle, src)
+	}
+	src = filepath.Clean(src)
+	if real, err := filepath.EvalSymlinks(src); err == nil {
+		src = real // the runtime uses what a link points at
+	}
+	for _, p := range protected {
+		if within(p, src) || within(src, p) {
+			return p
+		}
+	}
+	return ""
 }
 
 // within: path is dir or under it.

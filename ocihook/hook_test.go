@@ -184,6 +184,11 @@ func goodConfig() map[string]any {
 			"namespaces": []map[string]any{{"type": "pid"}, {"type": "network", "path": "/run/trialnet/netns/eval-1"},
 				{"type": "mount"}, {"type": "cgroup"}, {"type": "ipc"}, {"type": "uts"}},
 			"seccomp": map[string]any{"defaultAction": "SCMP_ACT_ERRNO"},
+			// Docker's default rules: every node may be made, only the
+			// usual character devices opened.
+			"resources": map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"},
+				{"allow": true, "type": "c", "access": "m"}, {"allow": true, "type": "b", "access": "m"},
+				{"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}}},
 		},
 		"annotations": map[string]string{AnnotationTrial: "eval-1"},
 	}
@@ -364,6 +369,36 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/x", "type": "bind", "source": link, "options": []string{"rbind"}})
 			return w.state(trial)
 		}, "/var/lib/trialnet"},
+		{"host root as its root", func(w *world) string {
+			c := goodConfig()
+			c["root"] = map[string]any{"path": "/", "readonly": true}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its root file system / holds"},
+		{"a root above the receipt key", func(w *world) string {
+			c := goodConfig()
+			c["root"] = map[string]any{"path": "/var/lib/../lib"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/var/lib/trialnet"},
+		{"a host block device", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/vda", "type": "b", "major": 254, "minor": 0}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "the block device /dev/vda (254:0)"},
+		{"every device allowed", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"}, {"allow": true, "type": "a", "access": "rwm"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "lets it open block devices"},
+		{"block devices opened by a rule without access", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "b", "major": 254}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "lets it open block devices"},
 		{"the cgroup tree bound in", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
 			return w.state(trial)

@@ -36,6 +36,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/sandbox"
+	"github.com/trialnet/trialnet/test/ctr"
 )
 
 func TestMain(m *testing.M) {
@@ -69,6 +70,11 @@ type world struct {
 	cert    tls.Certificate // *.clients.test, under the CA in caFile
 	gitRoot string
 	commit  func() string // pushes a commit to demo.git, returns its hash
+
+	// ctr, when set, runs the Trials' commands in containers of its
+	// runtime instead of through trialnet's launch path (container_test.go).
+	ctr  ctr.Runner
+	sock string // the agent's control socket
 
 	accepts atomic.Int64 // TCP connections the upstreams accepted
 	mu      sync.Mutex
@@ -116,14 +122,11 @@ func newAgentWorld(t *testing.T) *world {
 	if w.dns, err = w.host.ServeDNS(w.host.Addr4); err != nil {
 		t.Fatal(err)
 	}
-	w.agent, err = agent.Start(agent.AgentConfig{
-		Host: testenv.IsolatedHost(t, "clients"), DataDir: t.TempDir(),
+	// Served on its control socket: trialnet oci-hook asks it about the
+	// containers of container_test.go.
+	w.agent, _, w.sock = testenv.ServedAgent(t, "clients", agent.AgentConfig{
 		Resolvers: []string{netip.AddrPortFrom(w.host.Addr4, 53).String()}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.agent.Close(true) })
 	return w
 }
 
@@ -167,6 +170,7 @@ type trial struct {
 	uid  uint32
 	path string // PATH inside the Trial
 	seq  int    // numbers each run's working directory
+	ctr  ctr.Runner
 }
 
 func (w *world) newTrial(t *testing.T, name string, uid uint32, allow ...string) *trial {
@@ -203,7 +207,7 @@ func (w *world) tryTrial(t *testing.T, name string, uid uint32, req trialspec.Re
 	if goBin, err := exec.LookPath("go"); err == nil {
 		path += ":" + filepath.Dir(goBin)
 	}
-	return &trial{t: t, w: w, info: info, tr: tr, home: home, uid: uid, path: path}, nil
+	return &trial{t: t, w: w, info: info, tr: tr, home: home, uid: uid, path: path, ctr: w.ctr}, nil
 }
 
 // workdir is a fresh directory in the Trial's home, owned by its user.
@@ -245,6 +249,9 @@ func (tc *trial) run(proxied bool, env []string, argv ...string) (int, string) {
 	}
 	if proxied {
 		c.ProxyURL = tc.info.ProxyURL
+	}
+	if tc.ctr != nil {
+		return tc.runInContainer(ctx, c, &out)
 	}
 	code, err := tc.tr.Exec(ctx, c, nil)
 	var se *sandbox.StartError

@@ -53,21 +53,7 @@ const (
 func TestPrivilegedTransparentClients(t *testing.T) {
 	privtest.Require(t)
 	w := newAgentWorld(t)
-	for _, c := range transparentClients(w) {
-		t.Run(c.name, func(t *testing.T) {
-			if why := c.missing(); why != "" {
-				if c.optional {
-					t.Skipf("CLIENT NOT RUN: %s", why)
-				}
-				t.Fatalf("client not available: %s", why)
-			}
-			if c.note != nil {
-				msg, _ := c.note()
-				t.Log(msg)
-			}
-			exerciseTransparent(t, w, c)
-		})
-	}
+	eachClient(t, transparentClients(w), false, func(t *testing.T, c client) { exerciseTransparent(t, w, c) })
 }
 
 func exerciseTransparent(t *testing.T, w *world, c client) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/internal/testenv"
+	"github.com/trialnet/trialnet/test/ctr"
 	"github.com/trialnet/trialnet/trial"
 )
 
@@ -28,11 +29,11 @@ import (
 func BenchmarkContainerStart(b *testing.B) {
 	requireRuntimes(b, false, "runc")
 	w := newContainerTrial(b, "ctr-bench")
-	w.t.Cleanup(func() { removeV1Cgroups(w.t, w.cgroup) })
+	w.t.Cleanup(func() { ctr.RemoveV1Cgroups(w.cgroup) })
 	state := b.TempDir()
 	plain := testenv.PlainCgroup(b, "ctr-bench")
 	mount := strings.TrimSuffix(w.info.Cgroup, w.cgroup)
-	b.Cleanup(func() { removeV1Cgroups(b, strings.TrimPrefix(plain, mount)) })
+	b.Cleanup(func() { ctr.RemoveV1Cgroups(strings.TrimPrefix(plain, mount)) })
 	both := []string{"createRuntime", "poststop"}
 	run := func(name string, o bundleOpts) error {
 		bundle := w.bundleWith(name, o)

@@ -34,6 +34,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/internal/testkit"
+	"github.com/trialnet/trialnet/test/ctr"
 	"github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
@@ -356,7 +357,7 @@ func TestPrivilegedContainerRuncBundle(t *testing.T) {
 		_ = exec.Command("runc", "--root", state, "delete", "--force", name).Run()
 		return string(out), err
 	}
-	t.Cleanup(func() { removeV1Cgroups(t, w.cgroup) })
+	t.Cleanup(func() { ctr.RemoveV1Cgroups(w.cgroup) })
 	out, err := run("runc-in", w.info.Netns, true, w.script())
 	if err != nil {
 		t.Fatalf("runc run in the Trial: %v\n%s", err, out)
@@ -445,33 +446,4 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 		w.t.Fatal(err)
 	}
 	return dir
-}
-
-// removeV1Cgroups removes what runc made for cgroupsPath under rel in
-// each cgroup v1 hierarchy of a hybrid host (runc delete removes the
-// leaf only), from the bottom up to rel's first component, the isolated
-// host's parent.
-func removeV1Cgroups(t testing.TB, rel string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	top := strings.SplitN(strings.TrimPrefix(rel, "/"), "/", 2)[0]
-	for line := range strings.Lines(string(b)) {
-		pre, post, ok := strings.Cut(line, " - ")
-		if f := strings.Fields(pre); ok && len(f) >= 5 && strings.HasPrefix(post, "cgroup ") {
-			root := filepath.Join(cgroup2.UnescapeMountPath(f[4]), top)
-			var dirs []string
-			_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-				if err == nil && d.IsDir() {
-					dirs = append(dirs, p)
-				}
-				return nil
-			})
-			for i := len(dirs) - 1; i >= 0; i-- {
-				_ = unix.Rmdir(dirs[i])
-			}
-		}
-	}
 }

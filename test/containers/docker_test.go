@@ -29,6 +29,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/ociruntime"
+	"github.com/trialnet/trialnet/test/ctr"
 	"github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
@@ -185,7 +186,7 @@ func trialFlags(id string) []string {
 // hierarchy: a daemon's cgroup parent, or a Trial's slice name given to
 // plain runc, which takes it as a path of its own.
 func removeTopCgroup(t testing.TB, name string) {
-	removeV1Cgroups(t, name)
+	ctr.RemoveV1Cgroups(name)
 	if mount, err := cgroup2.Mount(); err == nil {
 		_ = unix.Rmdir(filepath.Join(mount, name))
 	}
@@ -208,7 +209,7 @@ func TestPrivilegedContainerDocker(t *testing.T) {
 	requireDocker(t)
 	w := newContainerTrial(t, "ctr-docker")
 	t.Cleanup(func() {
-		removeV1Cgroups(t, w.cgroup)
+		ctr.RemoveV1Cgroups(w.cgroup)
 		removeTopCgroup(t, ociruntime.SlicePrefix+w.info.ID+ociruntime.SliceSuffix)
 	})
 	d := startDockerd(w)
@@ -352,7 +353,7 @@ type escapeResult struct{ Name, Result, Reason string }
 func TestPrivilegedContainerDockerEscape(t *testing.T) {
 	requireDocker(t)
 	w := newContainerTrial(t, "ctr-docker-esc-world")
-	t.Cleanup(func() { removeV1Cgroups(t, w.cgroup) })
+	t.Cleanup(func() { ctr.RemoveV1Cgroups(w.cgroup) })
 	esc := escapeeBin(t)
 	b, err := os.ReadFile(esc)
 	if err != nil {

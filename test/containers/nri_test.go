@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	testctr "github.com/trialnet/trialnet/test/ctr"
+
 	"github.com/containerd/nri/pkg/api"
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
@@ -90,7 +92,7 @@ func TestPrivilegedContainerNRIPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.cgroup = strings.TrimPrefix(w.info.Cgroup, mount)
-	t.Cleanup(func() { removeV1Cgroups(t, w.cgroup) })
+	t.Cleanup(func() { testctr.RemoveV1Cgroups(w.cgroup) })
 
 	state := t.TempDir()
 	run := func(name, script string, ignore ...string) ([]byte, error) {

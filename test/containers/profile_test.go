@@ -18,6 +18,7 @@ import (
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/test/ctr"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -57,7 +58,7 @@ type runc struct {
 }
 
 func newRunc(w *world) *runc {
-	w.t.Cleanup(func() { removeV1Cgroups(w.t, w.cgroup) })
+	w.t.Cleanup(func() { ctr.RemoveV1Cgroups(w.cgroup) })
 	return &runc{w: w, state: w.t.TempDir()}
 }
 
@@ -228,7 +229,7 @@ func TestPrivilegedContainerProfileRefused(t *testing.T) {
 	nsDir := t.TempDir()
 	plain := testenv.PlainCgroup(t, "ctr-ref")
 	mount := strings.TrimSuffix(w.info.Cgroup, w.cgroup)
-	t.Cleanup(func() { removeV1Cgroups(t, strings.TrimPrefix(plain, mount)) })
+	t.Cleanup(func() { ctr.RemoveV1Cgroups(strings.TrimPrefix(plain, mount)) })
 	for _, tc := range []struct {
 		name  string
 		setup func(t *testing.T, o *bundleOpts)

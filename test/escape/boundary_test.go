@@ -5,7 +5,6 @@ package escape
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -302,7 +300,7 @@ func requireNoneArrived(t *testing.T, w *boundaryWorld, res map[string]Result, s
 		}
 	}
 	for name, r := range res {
-		if strings.HasPrefix(name, "socket-") && r.Result == "escaped" {
+		if strings.HasPrefix(name, "socket-") && r.Result == "escaped" && !skip[name] {
 			t.Errorf("ESCAPE: %s: a socket of that family was created", name)
 		}
 	}
@@ -336,15 +334,7 @@ func runInTrial(t *testing.T, w *boundaryWorld, tr *sandbox.Trial) map[string]Re
 // sandbox's command line, ending in "--").
 func runInTrialIn(t *testing.T, w *boundaryWorld, tr *sandbox.Trial, wrap []string) map[string]Result {
 	t.Helper()
-	var out bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	code, err := tr.Exec(ctx, sandbox.Command{Args: append(slices.Clone(wrap), w.args(t)...), Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534,
-		Stdin: w.peer, Stdout: &out, Stderr: w.opSlave}, nil)
-	if err != nil || code != 0 {
-		t.Fatalf("escapee: exit %d, %v", code, err)
-	}
-	return parseResults(t, out.Bytes())
+	return runBoundary(t, w, launched(&tr.Launcher, wrap))
 }
 
 // runPlain runs the boundary escapee as uid 65534 without trialnet's

@@ -27,6 +27,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
@@ -193,15 +194,34 @@ func escapee(t *testing.T) string {
 	return escBin
 }
 
+// runner runs a command in a Trial: trialnet's launch path (launched) or
+// a container runtime (container_test.go).
+type runner func(ctx context.Context, c sandbox.Command) (int, error)
+
+// launched runs commands through tr's launch path, each in wrap (a nested
+// sandbox's command line, ending in "--") if given.
+func launched(tr *sandbox.Launcher, wrap []string) runner {
+	return func(ctx context.Context, c sandbox.Command) (int, error) {
+		c.Args = append(slices.Clone(wrap), c.Args...)
+		return tr.Exec(ctx, c, nil)
+	}
+}
+
 // runEscapee runs escapee in tr as nobody and returns its results by name.
 func runEscapee(t *testing.T, c *canaries, tr *sandbox.Launcher, inboundAt netip.Addr, args ...string) map[string]Result {
 	t.Helper()
-	return runEscapeeIn(t, c, tr, inboundAt, nil, args...)
+	return runEscapeeWith(t, c, launched(tr, nil), inboundAt, args...)
 }
 
 // runEscapeeIn is runEscapee with the escapee run by wrap (a nested
 // sandbox's command line, ending in "--").
 func runEscapeeIn(t *testing.T, c *canaries, tr *sandbox.Launcher, inboundAt netip.Addr, wrap []string, args ...string) map[string]Result {
+	t.Helper()
+	return runEscapeeWith(t, c, launched(tr, wrap), inboundAt, args...)
+}
+
+// runEscapeeWith runs escapee as nobody by run.
+func runEscapeeWith(t *testing.T, c *canaries, run runner, inboundAt netip.Addr, args ...string) map[string]Result {
 	t.Helper()
 	bin := escapee(t)
 	// A port free on this host: in two of the runs escapee listens in the
@@ -213,10 +233,10 @@ func runEscapeeIn(t *testing.T, c *canaries, tr *sandbox.Launcher, inboundAt net
 	var out, errOut bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	all := append(slices.Clone(wrap), bin, "-v4", c.host.Addr4.String(), "-v6", c.host.Addr6.String(), "-port", strconv.Itoa(testhost.Port),
-		"-dns-port", strconv.Itoa(dnsPort), "-inbound-port", strconv.Itoa(int(port)))
+	all := []string{bin, "-v4", c.host.Addr4.String(), "-v6", c.host.Addr6.String(), "-port", strconv.Itoa(testhost.Port),
+		"-dns-port", strconv.Itoa(dnsPort), "-inbound-port", strconv.Itoa(int(port))}
 	all = append(all, args...)
-	code, err := tr.Exec(ctx, sandbox.Command{Args: all, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534, Stdout: &out, Stderr: &errOut}, nil)
+	code, err := run(ctx, sandbox.Command{Args: all, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534, Stdout: &out, Stderr: &errOut})
 	close(stop)
 	wg.Wait()
 	if err != nil || code != 0 {
@@ -375,9 +395,35 @@ func escapeTrial(t *testing.T, file *config.File, profiles []string) *sandbox.La
 	if err != nil {
 		t.Fatal(err)
 	}
+	escapeNetworkTrial(t, a, c, info, launched(tr, nil))
+	return tr
+}
+
+// networkTrial is the network suite's Trial: strict mode, one allowed name.
+func networkTrial(t *testing.T, a *agent.Agent, id string) client.TrialInfo {
+	t.Helper()
+	info, err := a.Create(context.Background(), trial.Request{ID: id, Strict: true, Allow: []string{"allowed.example.test:443"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+// escapeNetworkTrial runs the network suite by run in the Trial info and
+// checks what a Trial must show: every attempt blocked at the sender and
+// at the receivers, no loopback port but the proxy's reached, the CONNECT
+// to a denied name refused by policy, every blocked network attempt
+// counted by the kernel and no direct egress. It returns the results and
+// the Trial's kernel counters, for a comparison with another run.
+func escapeNetworkTrial(t *testing.T, a *agent.Agent, c *canaries, info client.TrialInfo, run runner) (map[string]Result, map[string]uint64) {
+	t.Helper()
+	ns, err := netns.Open(filepath.Dir(info.Netns), filepath.Base(info.Netns))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var loop atomic.Int64
-	loopPort := listenLoopback(t, tr.Netns, &loop)
-	res := runEscapee(t, c, tr, c.host.Local4, "-loopback-port", loopPort, "-proxy", agent.ProxyEndpoints[0].String())
+	loopPort := listenLoopback(t, ns, &loop)
+	res := runEscapeeWith(t, c, run, c.host.Local4, "-loopback-port", loopPort, "-proxy", agent.ProxyEndpoints[0].String())
 	blocked := requireAllBlocked(t, c, res)
 	if loop.Load() != 0 {
 		t.Error("a loopback port other than the proxy's was reached in strict mode")
@@ -395,7 +441,7 @@ func escapeTrial(t *testing.T, file *config.File, profiles []string) *sandbox.La
 	if st.Proxy.ByReason["policy_denied"] != 1 {
 		t.Errorf("proxy decisions %v", st.Proxy.ByReason)
 	}
-	return tr
+	return res, st.Kernel
 }
 
 // With the namespace layer removed (the escapee in the host's namespace,

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
 )
@@ -166,6 +167,33 @@ func TestStepTail(t *testing.T) {
 	}{{"./b", []string{"two", "three"}}, {"./c", []string{"still running"}}, {"./gone", nil}} {
 		if got := stepTail(path, c.step, 2); !slices.Equal(got, c.want) {
 			t.Errorf("stepTail(%s) = %q, want %q", c.step, got, c.want)
+		}
+	}
+}
+
+// An entry for one kernel runs in that guest only, unless a -run pattern
+// replaces every entry's own: then each package runs once per guest.
+func TestPlanKernelEntries(t *testing.T) {
+	b := &built{tests: []builtTest{{pkg: "./p", run: "TestA", timeout: time.Minute},
+		{pkg: "./p", run: "TestB", kernel: "6.12", timeout: time.Minute}}}
+	runs := func(k string, o *options) []string {
+		var out []string
+		for _, s := range b.plan(kernel{Name: k}, o).Steps {
+			out = append(out, s.Args[len(s.Args)-1])
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		kernel, run string
+		want        []string
+	}{
+		{"6.12", "", []string{"-test.run=TestA", "-test.run=TestB"}},
+		{"6.1", "", []string{"-test.run=TestA"}},
+		{"6.1", "TestC", []string{"-test.run=TestC"}},
+	} {
+		got := runs(tc.kernel, &options{run: tc.run, noDemo: true, count: 1})
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("kernel %s, -run %q: steps %v, want %v", tc.kernel, tc.run, got, tc.want)
 		}
 	}
 }
