@@ -243,10 +243,11 @@ type builtTest struct {
 }
 
 // build compiles every binary the guests run. The guest's libc is the
-// host's (its root is the host's), so they are built as the host builds
-// them, with cgo: the sandbox's early C path (sandbox/early.c) is what
-// runs Trials' commands there too. The guest's init alone runs before
-// that root is mounted, and is static.
+// host's (its root is the host's), so trialnet and the tests are built as
+// the host builds them, with cgo: the sandbox's early C path
+// (sandbox/early.c) is what runs Trials' commands there too. The guest's
+// init runs before that root is mounted, and the escapee and the probe
+// run in containers' roots too: those are static.
 func build(ctx context.Context, o *options) (*built, error) {
 	dir := filepath.Join(o.out, "bin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -280,7 +281,7 @@ func build(ctx context.Context, o *options) (*built, error) {
 	}
 	for _, args := range cmds {
 		cmd := exec.CommandContext(ctx, "go", args...)
-		if slices.Contains(args, b.init) {
+		if slices.Contains(args, b.init) || slices.Contains(args, b.escapee) || slices.Contains(args, b.probe) {
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		}
 		if out, err := cmd.CombinedOutput(); err != nil {
