@@ -83,10 +83,9 @@ func TestPrivilegedLearnThenEnforce(t *testing.T) {
 			t.Fatalf("learning, %s: curl exit %d: %s; want the address guard's refusal", n, code, out)
 		}
 	}
-	st, err := a.Stats(context.Background(), info.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A refusal is counted as its record is written, just after curl
+	// has its answer.
+	st := waitStats(t, a, info.ID, func(st client.Stats) bool { return st.Proxy.ByReason["address_denied"] == 2 })
 	if !st.Learning || st.Proxy.WouldDeny != 4 || !strings.Contains(st.Verdict, "LEARNING") || st.Proxy.ByReason["address_denied"] != 2 {
 		t.Fatalf("stats of a learning Trial: learning %v, would_deny %d, verdict %q, reasons %v", st.Learning, st.Proxy.WouldDeny, st.Verdict, st.Proxy.ByReason)
 	}
@@ -167,16 +166,23 @@ func holdIn(t *testing.T, info client.TrialInfo, name string) <-chan int {
 // waitActive waits until the Trial has n tunnels being served.
 func waitActive(t *testing.T, a *Agent, id string, n int64) {
 	t.Helper()
+	waitStats(t, a, id, func(st client.Stats) bool { return st.Proxy.Active == n })
+}
+
+// waitStats waits (10 s at most) until the Trial's stats satisfy ok, and
+// returns them.
+func waitStats(t *testing.T, a *Agent, id string, ok func(client.Stats) bool) client.Stats {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		st, err := a.Stats(context.Background(), id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Proxy.Active == n {
-			return
+		if ok(st) {
+			return st
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d tunnels active, want %d", st.Proxy.Active, n)
+			t.Fatalf("the Trial's stats never came to what the test waits for: %+v", st.Proxy)
 		}
 	}
 }
