@@ -5,6 +5,7 @@ package containers
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -191,12 +192,15 @@ wget -q -O - http://allowed.test/; echo wget-exit=$?`, started, echoPort, echoPo
 	if err := old.Wait(); err != nil {
 		t.Errorf("the old agent after its drain: %v", err)
 	}
+	// Gone means unknown to the agent: any other error (the socket
+	// between agents) is not an answer.
 	for end := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := cl.Get(context.Background(), "prof-ho"); err != nil {
+		_, err := cl.Get(context.Background(), "prof-ho")
+		if e := (*client.Error)(nil); errors.As(err, &e) && e.Code == client.CodeUnknownTrial {
 			break
 		}
 		if time.Now().After(end) {
-			t.Fatalf("the new agent did not end the Trial with its container:\n%s", logged())
+			t.Fatalf("the new agent did not end the Trial with its container (%v):\n%s", err, logged())
 		}
 	}
 	st, err := w.finalStats("prof-ho")

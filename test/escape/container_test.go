@@ -167,7 +167,8 @@ var containerNetwork = map[string]string{
 }
 
 // sameCounters fails unless the kernel counted in the container what it
-// counted for the process Trial, each counter, and one refusal more for
+// counted for the process Trial, each counter but loopback traffic's, and
+// one refusal more for
 // every network attempt that reached a hook in the container only (one
 // in containerNetwork).
 func sameCounters(t *testing.T, process, container map[string]Result, pk, ck map[string]uint64) {
@@ -179,6 +180,11 @@ func sameCounters(t *testing.T, process, container map[string]Result, pk, ck map
 		}
 	}
 	for k, v := range pk {
+		// Loopback traffic (the proxy's own connection, ACKs) is
+		// counted, not refused: its packets vary with TCP's timing.
+		if strings.HasPrefix(k, "egress_loopback_") {
+			continue
+		}
 		if ck[k] < v {
 			t.Errorf("%s: %d in the container, %d for the process Trial", k, ck[k], v)
 		}
