@@ -14,6 +14,20 @@ import (
 // accel is how QEMU runs the guests: KVM where it works, TCG otherwise.
 type accel struct{ name, cpu string }
 
+// arg is QEMU's -accel value. TCG runs each guest's vCPUs on one host
+// thread: with a thread per vCPU (QEMU 7.2's default), code one vCPU
+// patches while another runs it can trap, and did: the 6.12 guest's
+// kernel died of an int3 Oops in __alloc_pages as a static key flipped
+// ("Fatal exception in interrupt"), and the JVM's JIT-compiled code took
+// SIGSEGVs. Two guests already share this machine's two cores, so it
+// costs little.
+func (a accel) arg() string {
+	if a.name == "tcg" {
+		return "tcg,thread=single"
+	}
+	return a.name
+}
+
 // probeTimeout bounds the KVM probe: a kernel with no root panics within
 // a second or two under KVM.
 const probeTimeout = 30 * time.Second

@@ -148,7 +148,7 @@ func (b *boot) qemuArgs(o *options, initrd, sock, planPath string) []string {
 		cmdline += " " + b.k.Append
 	}
 	return []string{
-		"-accel", o.accel.name, "-cpu", o.accel.cpu, "-m", o.mem, "-smp", fmt.Sprint(o.smp),
+		"-accel", o.accel.arg(), "-cpu", o.accel.cpu, "-m", o.mem, "-smp", fmt.Sprint(o.smp),
 		"-nodefaults", "-display", "none", "-no-reboot",
 		"-kernel", b.vmlinuz, "-initrd", initrd, "-append", cmdline,
 		"-serial", "file:" + b.console(), "-serial", "file:" + b.resultsFile(),
