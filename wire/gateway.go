@@ -3,6 +3,7 @@ package wire
 import (
 	"bufio"
 	"bytes"
+	"net/url"
 	"strings"
 
 	"github.com/trialnet/trialnet/record"
@@ -45,6 +46,11 @@ func checkGatewayPath(target string) error {
 		return record.Deny(record.ReasonBadTarget, "target %q: the gateway takes a path starting with '/' ($TRIALNET_GATEWAY/route/...)", Truncate(target))
 	case strings.ContainsAny(target, "#\\"):
 		return record.Deny(record.ReasonBadTarget, "target %q holds a fragment or a backslash", Truncate(target))
+	}
+	// What net/http would refuse (a bad percent-escape among it) never
+	// reaches the upstream as something else.
+	if _, err := url.ParseRequestURI(target); err != nil {
+		return record.Deny(record.ReasonBadTarget, "target %q is not a valid request target: %v", Truncate(target), err)
 	}
 	lower := strings.ToLower(path)
 	for _, enc := range []string{"%2f", "%5c", "%2e"} {
