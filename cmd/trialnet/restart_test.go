@@ -185,6 +185,10 @@ type loadResult struct {
 	} `json:"tunnels"`
 }
 
+// longTunnel is how long (seconds) a tunnel lasts that a test expects to
+// be cut: a cut one ends at once, one that is not fails the test late.
+const longTunnel = 90
+
 // load is the load script running in a Trial.
 type load struct {
 	cmd *exec.Cmd
@@ -487,10 +491,12 @@ func TestPrivilegedAgentKilledListenersWait(t *testing.T) {
 	a.start(t)
 	createTrial(t, a.sock, "kill")
 	// The long tunnels first, alone, so that all three are open at the
-	// kill (under TCG they can take a while); then the new CONNECTs.
-	lt := startLoad(t, a.sock, "kill", 6, 3, 0)
+	// kill (under TCG they can take a while); then the new CONNECTs. The
+	// tunnels would last far longer than a loaded guest takes to reach the
+	// kill: they end there, cut, not on their own before it.
+	lt := startLoad(t, a.sock, "kill", longTunnel, 3, 0)
 	waitActiveAtLeast(t, a.sock, "kill", 3)
-	lc := startLoad(t, a.sock, "kill", 4, 0, 2)
+	lc := startLoad(t, a.sock, "kill", 6, 0, 2)
 	// Killed only once the churn runs in the Trial (one of its tunnels
 	// closed; the held ones close only at their end): its exec must not
 	// be what meets the dead agent.
@@ -544,14 +550,18 @@ func TestPrivilegedAgentDrainTimeout(t *testing.T) {
 	a := newAgentWithConfig(t, "draintime", echoWorld(t)+"drain_timeout: 2s\n")
 	a.start(t)
 	createTrial(t, a.sock, "dt")
-	l := startLoad(t, a.sock, "dt", 8, 3, 2)
+	// Tunnels that outlast any slow hand-over, so that the timeout is what
+	// ends them; new CONNECTs meanwhile.
+	lt := startLoad(t, a.sock, "dt", longTunnel, 3, 0)
 	waitActiveAtLeast(t, a.sock, "dt", 3)
+	lc := startLoad(t, a.sock, "dt", 8, 0, 2)
 	old := a.cmd
 	a.startNext(t)
 	if err := waitExit(t, a, old, 20*time.Second); err != nil {
 		t.Errorf("the old agent after its drain: %v", err)
 	}
-	r := l.wait(t)
+	r, rt := lc.wait(t), lt.wait(t)
+	r.Tunnels = rt.Tunnels
 	if r.Failed != 0 {
 		t.Errorf("%d CONNECTs failed: %v", r.Failed, r.Errors)
 	}

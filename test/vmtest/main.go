@@ -404,7 +404,13 @@ func report(boots []*boot, filtered bool, took time.Duration) error {
 					what = "failed " + strings.Join(s.Failed, ", ")
 				}
 				failures = append(failures, fmt.Sprintf("%s: %s: %s (output: %s, console: %s)", b.k.Name, s.Name, what, b.resultsFile(), b.console()))
-				tails = append(tails, excerpt(b.k.Name+" "+s.Name, stepTail(b.resultsFile(), s.Name, tailLines)))
+				out := stepOutput(b.resultsFile(), s.Name)
+				for _, f := range s.Failed {
+					if !strings.Contains(f, "/") {
+						tails = append(tails, excerpt(b.k.Name+" "+s.Name+" "+f, failedTest(out, f, failLines)))
+					}
+				}
+				tails = append(tails, excerpt(b.k.Name+" "+s.Name, lastOf(out, tailLines)))
 			}
 		}
 		if !b.res.Done && b.err == nil {
@@ -440,8 +446,12 @@ func report(boots []*boot, filtered bool, took time.Duration) error {
 }
 
 // tailLines is how much of a failed step's output, or of the console of a
-// guest that died, the report repeats.
-const tailLines = 12
+// guest that died, the report repeats; failLines, how much of each failed
+// test's own output (its errors are near its end).
+const (
+	tailLines = 12
+	failLines = 40
+)
 
 func excerpt(what string, lines []string) string {
 	if len(lines) == 0 {
@@ -460,9 +470,9 @@ func lastLines(path string, n int) []string {
 	return lines[max(0, len(lines)-n):]
 }
 
-// stepTail are the last n lines the step wrote to the results file,
-// before its end marker (or the file's end, if it never ended).
-func stepTail(path, step string, n int) []string {
+// stepOutput is the lines the step wrote to the results file, before its
+// end marker (or the file's end, if it never ended).
+func stepOutput(path, step string) []string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil
@@ -472,6 +482,23 @@ func stepTail(path, step string, n int) []string {
 		return nil
 	}
 	out, _, _ = strings.Cut(out, markEnd+step+" ")
-	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	return lines[max(0, len(lines)-n):]
+	return strings.Split(strings.TrimRight(out, "\n"), "\n")
+}
+
+func lastOf(lines []string, n int) []string { return lines[max(0, len(lines)-n):] }
+
+// failedTest is the last n lines of a failed top-level test's own output:
+// from its last "=== RUN" to its "--- FAIL", where its errors are. A step's
+// tail alone shows only the tests that ran after it.
+func failedTest(lines []string, name string, n int) []string {
+	start := -1
+	for i, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "=== RUN   "+name) && strings.TrimPrefix(l, "=== RUN   "+name) == "":
+			start = i
+		case start >= 0 && strings.HasPrefix(l, "--- FAIL: "+name+" ("):
+			return lastOf(lines[start:i+1], n)
+		}
+	}
+	return nil
 }

@@ -152,11 +152,12 @@ func TestGuestKeeps(t *testing.T) {
 	}
 }
 
-// A failed step's excerpt is its own output's end, not the next step's.
+// A failed step's excerpt is its own output's end, not the next step's,
+// and each failed test's own lines, however much ran after it.
 func TestStepTail(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "results.log")
 	log := markBegin + "./a\nok a\n" + markEnd + "./a exit=0 seconds=1\n" +
-		markBegin + "./b\none\ntwo\nthree\n" + markEnd + "./b exit=1 seconds=2\n" +
+		markBegin + "./b\n=== RUN   TestX\nx_test.go:1: why\n--- FAIL: TestX (1.00s)\n=== RUN   TestXY\nthree\n" + markEnd + "./b exit=1 seconds=2\n" +
 		markBegin + "./c\nstill running\n"
 	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
 		t.Fatal(err)
@@ -164,9 +165,18 @@ func TestStepTail(t *testing.T) {
 	for _, c := range []struct {
 		step string
 		want []string
-	}{{"./b", []string{"two", "three"}}, {"./c", []string{"still running"}}, {"./gone", nil}} {
-		if got := stepTail(path, c.step, 2); !slices.Equal(got, c.want) {
-			t.Errorf("stepTail(%s) = %q, want %q", c.step, got, c.want)
+	}{{"./b", []string{"=== RUN   TestXY", "three"}}, {"./c", []string{"still running"}}, {"./gone", nil}} {
+		if got := lastOf(stepOutput(path, c.step), 2); !slices.Equal(got, c.want) {
+			t.Errorf("the end of %s = %q, want %q", c.step, got, c.want)
+		}
+	}
+	out := stepOutput(path, "./b")
+	for _, c := range []struct {
+		test string
+		want []string
+	}{{"TestX", []string{"x_test.go:1: why", "--- FAIL: TestX (1.00s)"}}, {"TestXY", nil}} {
+		if got := failedTest(out, c.test, 2); !slices.Equal(got, c.want) {
+			t.Errorf("failedTest(%s) = %q, want %q", c.test, got, c.want)
 		}
 	}
 }
