@@ -155,6 +155,11 @@ func (p *Proxy) serveConn(h *httpConn, ev *record.Event, headDone func()) *recor
 // serveOne serves one request; keep says the connection may carry
 // another.
 func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep bool, err error) {
+	defer func() {
+		if h.route != nil {
+			err = redactSecret(err, h.route.Secret)
+		}
+	}()
 	h.wrote, h.reached = false, false
 	h.wmu.Lock()
 	h.responding = false
@@ -409,6 +414,12 @@ func (h *httpConn) respond(in *http.Request, resp *http.Response, ev *record.Eve
 	h.responding = true
 	h.wmu.Unlock()
 	removeHopByHop(resp.Header)
+	if r := h.route; r != nil {
+		if err := checkGatewayHead(resp, r.Secret); err != nil {
+			return false, err
+		}
+		resp.Body = &secretFilter{body: resp.Body, resp: resp, secret: r.Secret}
+	}
 	resp.ProtoMajor, resp.ProtoMinor, resp.Proto = 1, 1, "HTTP/1.1"
 	// An unsolicited 101 (Upgrade is never forwarded) switches nothing
 	// here: it is relayed, and the connection ends with it.

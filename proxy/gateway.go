@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -192,6 +193,9 @@ func (h *httpConn) gatewayOutgoing(out *http.Request, in *url.URL) {
 	} else {
 		out.Host = r.Host
 	}
+	for _, name := range gatewayRequestFields {
+		out.Header.Del(name)
+	}
 	out.Header.Del(r.Header)
 	out.Header.Set(r.Header, r.value())
 }
@@ -241,4 +245,131 @@ func (h *httpConn) dialTLS(ctx context.Context, network, addr string) (net.Conn,
 	}
 	tc.raw, tc.Conn = tc.Conn, conn
 	return tc, nil
+}
+
+// The gateway's answer is checked for the route's secret, because an
+// upstream that reflects the request (an echo endpoint, a debug header,
+// an error quoting the key it refused) would otherwise hand the Trial
+// the very thing the gateway keeps from it. Only the secret as sent is
+// found: a transformed echo (case-changed, encoded, cut in pieces by the
+// upstream) is not, which SECURITY.md says.
+
+// gatewayRequestFields are the Trial's fields a gateway request never
+// carries upstream: a coded answer (Accept-Encoding) or a range of one
+// (Range, If-Range) would hide an echoed secret from the check.
+var gatewayRequestFields = []string{"Accept-Encoding", "Range", "If-Range"}
+
+// holdsSecret reports whether s holds the secret as sent or as Go's %q
+// quotes it (an error that quotes an upstream's line).
+func holdsSecret(s string, secret Secret) bool {
+	if len(secret) == 0 {
+		return false
+	}
+	q := strconv.Quote(string(secret))
+	return strings.Contains(s, string(secret)) || strings.Contains(s, q[1:len(q)-1])
+}
+
+// checkGatewayHead refuses an upstream's answer whose head holds the
+// route's secret, or whose body is coded so that the check cannot see
+// it.
+func checkGatewayHead(resp *http.Response, secret Secret) error {
+	echo := holdsSecret(resp.Status, secret)
+	for name, vs := range resp.Header {
+		for _, v := range vs {
+			echo = echo || holdsSecret(name, secret) || holdsSecret(v, secret)
+		}
+	}
+	if echo {
+		return record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer repeats the route's credential in its head; it is not passed on")
+	}
+	if ce := resp.Header.Values("Content-Encoding"); len(ce) > 0 && !(len(ce) == 1 && strings.EqualFold(strings.TrimSpace(ce[0]), "identity")) {
+		return record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer is coded (Content-Encoding %q), which the gateway cannot check for the route's credential; the gateway asks for none", wire.Truncate(strings.Join(ce, ", ")))
+	}
+	return nil
+}
+
+// errEchoedSecret ends an answer whose body or trailer holds the secret.
+var errEchoedSecret = record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer repeats the route's credential; the answer was cut before it")
+
+// secretFilter passes an upstream's body on as it arrives, except the
+// longest tail that could begin the secret, held until the next bytes
+// show it does not; the body, or its trailer, holding the secret ends
+// the read. Normal streams (server-sent events end in a newline, which
+// no secret holds) are held back by nothing.
+type secretFilter struct {
+	body   io.ReadCloser
+	resp   *http.Response // its Trailer is read at the body's end
+	secret Secret
+	held   []byte // the tail that may begin the secret
+	out    []byte // released, not yet read
+	err    error
+}
+
+func (f *secretFilter) Read(p []byte) (int, error) {
+	for len(f.out) == 0 && f.err == nil {
+		buf := make([]byte, 32<<10)
+		n, err := f.body.Read(buf)
+		f.held = append(f.held, buf[:n]...)
+		switch {
+		case bytes.Contains(f.held, f.secret):
+			f.held, f.err = nil, errEchoedSecret
+		case err != nil && f.trailerEchoes():
+			f.held, f.err = nil, errEchoedSecret
+		case err != nil:
+			f.out, f.held, f.err = f.held, nil, err
+		default:
+			keep := prefixTail(f.held, f.secret)
+			f.out = append(f.out, f.held[:len(f.held)-keep]...)
+			f.held = append(f.held[:0], f.held[len(f.held)-keep:]...)
+		}
+	}
+	n := copy(p, f.out)
+	f.out = f.out[n:]
+	if len(f.out) == 0 && f.err != nil {
+		return n, f.err
+	}
+	return n, nil
+}
+
+func (f *secretFilter) Close() error { return f.body.Close() }
+
+func (f *secretFilter) trailerEchoes() bool {
+	for name, vs := range f.resp.Trailer {
+		for _, v := range vs {
+			if holdsSecret(name, f.secret) || holdsSecret(v, f.secret) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// prefixTail is the length of the longest end of b that begins secret
+// (shorter than secret: the whole is found before this is asked).
+func prefixTail(b []byte, secret Secret) int {
+	start := max(0, len(b)-len(secret)+1)
+	for i := start; i < len(b); i++ {
+		if b[i] == secret[0] && bytes.HasPrefix(secret, b[i:]) {
+			return len(b) - i
+		}
+	}
+	return 0
+}
+
+// redactSecret takes the route's secret out of an error's detail, which
+// may quote what the upstream sent (net/http quotes a malformed line):
+// the detail reaches the Trial's answer and the record. The wrapped
+// error, which holds it too, is dropped.
+func redactSecret(err error, secret Secret) error {
+	if err == nil || !holdsSecret(err.Error(), secret) {
+		return err
+	}
+	d := &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: err.Error()}
+	var orig *record.Denial
+	if errors.As(err, &orig) {
+		d.Reason, d.Detail, d.DNS = orig.Reason, orig.Detail, orig.DNS
+	}
+	q := strconv.Quote(string(secret))
+	d.Detail = strings.ReplaceAll(strings.ReplaceAll(d.Detail, string(secret), "[secret]"), q[1:len(q)-1], "[secret]")
+	return d
 }

@@ -46,10 +46,24 @@ func newGatewayWorld(t testing.TB, roots func(ca []byte) *x509.CertPool) *gwWorl
 // newGatewayWorldLimits is newGatewayWorld with the gateway Trial's proxy
 // limits (nil: the defaults).
 func newGatewayWorldLimits(t testing.TB, roots func(ca []byte) *x509.CertPool, lim *trialspec.ProxyLimits) *gwWorld {
+	return newGatewayWorldServing(t, roots, lim, nil)
+}
+
+// newGatewayWorldServing is newGatewayWorldLimits with the upstream's
+// answers written by serve, after the fake provider has recorded the
+// request (nil: the fake provider answers).
+func newGatewayWorldServing(t testing.TB, roots func(ca []byte) *x509.CertPool, lim *trialspec.ProxyLimits, serve http.HandlerFunc) *gwWorld {
 	t.Helper()
 	caPEM, cert := gwtest.NewCA(t, gwHost)
 	up := &gwtest.Upstream{}
-	srv := httptest.NewUnstartedServer(up)
+	var h http.Handler = up
+	if serve != nil {
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			up.ServeHTTP(httptest.NewRecorder(), r.Clone(r.Context())) // recorded only
+			serve(w, r)
+		})
+	}
+	srv := httptest.NewUnstartedServer(h)
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
