@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -124,16 +125,56 @@ func misplaced(raw []byte, own string) bool {
 }
 
 // lineMisplaces reports whether one head line holds the placeholder, as
-// sent or percent-decoded, in any case. It allocates only for a line
-// with a '%'.
+// sent, percent-decoded (up to maxDecodes rounds: a server may decode
+// twice) or base64'd (Basic credentials, a token wrapping it), in any
+// case. It allocates only for a line with a '%' or a long base64 run.
 func lineMisplaces(line string) bool {
-	if containsFold(line, GatewayPlaceholder) {
-		return true
+	for range maxDecodes {
+		if containsFold(line, GatewayPlaceholder) || base64Holds(line) {
+			return true
+		}
+		next := line
+		if strings.IndexByte(line, '%') >= 0 {
+			next = unescapeLenient(line)
+		}
+		if next == line {
+			return false
+		}
+		line = next
 	}
-	if strings.IndexByte(line, '%') < 0 {
-		return false
+	return containsFold(line, GatewayPlaceholder) || base64Holds(line)
+}
+
+// maxDecodes bounds the rounds of percent-decoding lineMisplaces tries.
+const maxDecodes = 3
+
+// minBase64Run is the shortest run of base64 that can hold the
+// placeholder's bytes.
+var minBase64Run = (len(GatewayPlaceholder)*4 + 2) / 3
+
+// base64Holds reports whether a run of base64 (standard or URL-safe,
+// padded or not, from any of the four alignments) in s decodes to bytes
+// holding the placeholder in any case.
+func base64Holds(s string) bool {
+	notB64 := func(r rune) bool {
+		return !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '+' || r == '/' || r == '-' || r == '_')
 	}
-	return containsFold(unescapeLenient(line), GatewayPlaceholder)
+	for _, run := range strings.FieldsFunc(s, notB64) {
+		if len(run) < minBase64Run {
+			continue
+		}
+		std := strings.NewReplacer("-", "+", "_", "/").Replace(run)
+		for off := range 4 {
+			r := std[off:]
+			if len(r)%4 == 1 {
+				r = r[:len(r)-1] // a lone last character decodes to nothing
+			}
+			if b, err := base64.RawStdEncoding.DecodeString(r); err == nil && containsFold(string(b), GatewayPlaceholder) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // unescapeLenient decodes every well-formed %XX in s and keeps any other

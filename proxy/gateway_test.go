@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -335,5 +336,59 @@ func TestGatewaySecretDoesNotPrint(t *testing.T) {
 		if strings.Contains(s, gwSecret) || strings.Contains(s, fmt.Sprintf("%x", gwSecret)) || strings.Contains(s, fmt.Sprint([]byte(gwSecret))) {
 			t.Errorf("the secret shows: %s", s)
 		}
+	}
+}
+
+// TestPlaceholderEncodedIsFound: the placeholder base64'd (Basic
+// credentials, a token that wraps it, URL-safe or padded or not) or
+// percent-encoded twice is refused wherever the proxy sees it outside its
+// route's header: another route, a forwarded request, a CONNECT head.
+func TestPlaceholderEncodedIsFound(t *testing.T) {
+	b64 := func(s string) []string {
+		return []string{base64.StdEncoding.EncodeToString([]byte(s)), base64.RawURLEncoding.EncodeToString([]byte(s))}
+	}
+	var forms []string
+	for _, s := range []string{"user:" + GatewayPlaceholder, GatewayPlaceholder, `{"k":"` + strings.ToUpper(GatewayPlaceholder) + `"}`, "ab" + GatewayPlaceholder} {
+		forms = append(forms, b64(s)...)
+	}
+	fields := []string{}
+	for _, f := range forms {
+		fields = append(fields, "Authorization: Basic "+f, "Proxy-Authorization: Basic "+f, "Cookie: s="+f+"; a=b")
+	}
+	twice := "%2574rialnet-gateway-placeholder" // 't' percent-encoded twice
+	for _, field := range fields {
+		if !misplaced([]byte("GET /a/ HTTP/1.1\r\n"+field+"\r\n\r\n"), "x-api-key") {
+			t.Errorf("not found in %q", field)
+		}
+	}
+	if !lineMisplaces("GET /v1?k=" + twice + " HTTP/1.1") {
+		t.Errorf("not found percent-encoded twice: %q", twice)
+	}
+	// The route's own header keeps its placeholder; nothing near it is found.
+	for _, line := range []string{"X-Api-Key: " + GatewayPlaceholder, "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("user:trialnet-gateway")), "Cookie: " + strings.Repeat("QUJD", 40)} {
+		if misplaced([]byte(line+"\r\n"), "x-api-key") {
+			t.Errorf("found in %q", line)
+		}
+	}
+
+	g := newGatewayWorld(t, withCA)
+	basic := "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("u:"+GatewayPlaceholder)) + "\r\n"
+	resp, _ := g.do(t, messagesRequest("/a/v1/messages", basic))
+	if r := resp.Header.Get("Trialnet-Reason"); r != string(record.ReasonPlaceholderMisused) {
+		t.Errorf("Basic credentials on another route's field: %d %q", resp.StatusCode, r)
+	}
+	g.lastLine(t)
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80", "api.example.com:443"}})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	for _, head := range []string{
+		"GET http://api.example.com/v1 HTTP/1.1\r\nHost: api.example.com\r\n" + basic + "\r\n",
+		"GET http://api.example.com/v1?k=" + twice + " HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+		"CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com:443\r\nProxy-" + basic + "\r\n",
+	} {
+		resp, _, _ := tp.connect(t, head)
+		if r := resp.Header.Get("Trialnet-Reason"); r != string(record.ReasonPlaceholderMisused) {
+			t.Errorf("%q: got %d %q, want placeholder_misused", head, resp.StatusCode, r)
+		}
+		tp.event(t)
 	}
 }
