@@ -62,7 +62,8 @@ type Config struct {
 // Proxy is a checked upstream proxy, ready to dial through.
 type Proxy struct {
 	addr    string
-	auth    string // the Proxy-Authorization value; never printed
+	auth    string   // the Proxy-Authorization value; never printed
+	hide    []string // auth's forms a refusal must not repeat
 	local   bool
 	names   []string // exact names
 	suffix  []string // "*.suffix" without the "*."
@@ -81,7 +82,13 @@ func Load(c Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream_proxy: credentials_file %s: %w", c.CredentialsFile, err)
 	}
-	p.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass))
+	token := base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))
+	p.auth = "Basic " + token
+	// Longest first, so that no piece of a longer one is left.
+	p.hide = []string{token, strings.TrimRight(token, "="), user + ":" + pass}
+	if pass != "" {
+		p.hide = append(p.hide, pass)
+	}
 	return p, nil
 }
 
@@ -268,7 +275,7 @@ func (p *Proxy) handshake(ctx context.Context, c net.Conn, target string) error 
 		return p.hopError(ctx, "reading the upstream proxy "+p.addr+"'s answer", err)
 	}
 	_ = c.SetDeadline(time.Time{})
-	code, status, err := statusOf(head)
+	code, status, err := statusOf(head, p.scrub)
 	if err != nil {
 		return &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: "the upstream proxy " + p.addr + " " + err.Error(), Err: err}
 	}
@@ -299,9 +306,18 @@ func readHead(c net.Conn) ([]byte, error) {
 	return head, nil
 }
 
+// scrub replaces the credentials in s, which a proxy may have repeated
+// in its answer, before the answer is quoted where a Trial reads it.
+func (p *Proxy) scrub(s string) string {
+	for _, h := range p.hide {
+		s = strings.ReplaceAll(s, h, "[credentials]")
+	}
+	return s
+}
+
 // statusOf parses the status line of head: its code, and the line
-// itself, cut short and made printable for a detail.
-func statusOf(head []byte) (int, string, error) {
+// itself, scrubbed, cut short and made printable for a detail.
+func statusOf(head []byte, scrub func(string) string) (int, string, error) {
 	line, _, _ := bufio.NewReader(bytes.NewReader(head)).ReadLine()
 	s := string(line)
 	printable := strings.Map(func(r rune) rune {
@@ -309,7 +325,7 @@ func statusOf(head []byte) (int, string, error) {
 			return '?'
 		}
 		return r
-	}, s)
+	}, scrub(s))
 	if len(printable) > 80 {
 		printable = printable[:80]
 	}

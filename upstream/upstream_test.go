@@ -1,6 +1,12 @@
 package upstream
 
 import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -128,9 +134,58 @@ func TestStatusOf(t *testing.T) {
 		"SSH-2.0-OpenSSH\r\n\r\n":                     0,
 		"HTTP/1.1 20 x\r\n\r\n":                       0,
 	} {
-		code, _, err := statusOf([]byte(head))
+		code, _, err := statusOf([]byte(head), func(s string) string { return s })
 		if code != want || (want == 0) != (err != nil) {
 			t.Errorf("statusOf(%q) = %d, %v", head, code, err)
+		}
+	}
+}
+
+// TestRefusalNeverShowsTheCredentials: an upstream proxy that repeats the
+// Proxy-Authorization it was sent (its value, or the user:password it
+// decodes to) in a refusal's status line, or in an answer that is no
+// status line at all, does not put the credentials in the error a Trial
+// and the record read.
+func TestRefusalNeverShowsTheCredentials(t *testing.T) {
+	dir := t.TempDir()
+	cred := filepath.Join(dir, "cred")
+	const pass = "hunter2-do-not-print"
+	if err := os.WriteFile(cred, []byte("corpuser:"+pass+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, answer := range []func(auth, plain string) string{
+		func(auth, _ string) string { return "HTTP/1.1 407 you sent " + auth + "\r\n\r\n" },
+		func(_, plain string) string { return "HTTP/1.1 403 user " + plain + " is not allowed\r\n\r\n" },
+		func(auth, _ string) string { return "NOPE " + strings.TrimPrefix(auth, "Basic ") + "\r\n\r\n" },
+		func(_, plain string) string { return "HTTP/1.1 407 " + strings.Repeat("x", 50) + plain + "\r\n\r\n" }, // cut inside it
+	} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			req, err := http.ReadRequest(bufio.NewReader(c))
+			if err != nil {
+				return
+			}
+			auth := req.Header.Get("Proxy-Authorization")
+			raw, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(auth, "Basic "))
+			_, _ = io.WriteString(c, answer(auth, string(raw)))
+		}()
+		p, err := Load(Config{Address: ln.Addr().String(), CredentialsFile: cred})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = p.Dial(context.Background(), "api.example.com:443")
+		_ = ln.Close()
+		b64 := base64.StdEncoding.EncodeToString([]byte("corpuser:" + pass))
+		if err == nil || strings.Contains(err.Error(), pass[:4]) || strings.Contains(err.Error(), b64[4:20]) {
+			t.Errorf("the refusal shows the credentials: %v", err)
 		}
 	}
 }
