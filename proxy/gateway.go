@@ -86,6 +86,11 @@ func (t *trial) gatewayRequest(raw []byte) (*wire.Request, *GatewayRoute, error)
 	for i := range t.gateway {
 		r := &t.gateway[i]
 		if strings.HasPrefix(path, r.Path) {
+			if strings.HasPrefix(path[len(r.Path):], "/") {
+				// "//name/..." upstream is a network-path reference to
+				// any parser that resolves it against a base URL.
+				return req, nil, record.Deny(record.ReasonBadTarget, "target %q: the path after the route %s starts with '/', which an upstream may read as another host (\"//host/...\"); drop the trailing '/' of the base URL", wire.Truncate(path), r.Path)
+			}
 			req.Host, req.Port, req.TLS = r.Host, r.Port, true
 			return req, r, nil
 		}

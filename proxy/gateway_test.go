@@ -212,6 +212,7 @@ func TestGatewayRefusals(t *testing.T) {
 		{"placeholder encoded in the path", messagesRequest("/a/v1/%74rialnet-gateway-placeholder", ""), record.ReasonPlaceholderMisused},
 		{"dot segment", messagesRequest("/a/../o/v1/messages", ""), record.ReasonBadTarget},
 		{"encoded slash", messagesRequest("/a/..%2fo/v1", ""), record.ReasonBadTarget},
+		{"a network-path reference upstream", messagesRequest("/a//evil.test/v1/messages", ""), record.ReasonBadTarget},
 		{"body over the bound", fmt.Sprintf("POST /a/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", maxGatewayBody+1), record.ReasonBodyTooLarge},
 	} {
 		t.Run(c.name, func(t *testing.T) {
