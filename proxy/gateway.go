@@ -346,6 +346,7 @@ type secretFilter struct {
 	body   io.ReadCloser
 	resp   *http.Response // its Trailer is read at the body's end
 	secret Secret
+	buf    []byte // what one read of the body takes
 	held   []byte // the tail that may begin the secret
 	out    []byte // released, not yet read
 	err    error
@@ -353,9 +354,11 @@ type secretFilter struct {
 
 func (f *secretFilter) Read(p []byte) (int, error) {
 	for len(f.out) == 0 && f.err == nil {
-		buf := make([]byte, 32<<10)
-		n, err := f.body.Read(buf)
-		f.held = append(f.held, buf[:n]...)
+		if f.buf == nil {
+			f.buf = make([]byte, 32<<10)
+		}
+		n, err := f.body.Read(f.buf)
+		f.held = append(f.held, f.buf[:n]...)
 		switch {
 		case bytes.Contains(f.held, f.secret):
 			f.held, f.err = nil, errEchoedSecret
