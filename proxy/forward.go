@@ -157,7 +157,7 @@ func (p *Proxy) serveConn(h *httpConn, ev *record.Event, headDone func()) *recor
 func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep bool, err error) {
 	defer func() {
 		if h.route != nil {
-			err = redactSecret(err, h.route.Secret)
+			err = redactSecret(err, secretForms(h.route.Secret))
 		}
 	}()
 	h.wrote, h.reached = false, false
@@ -415,10 +415,11 @@ func (h *httpConn) respond(in *http.Request, resp *http.Response, ev *record.Eve
 	h.wmu.Unlock()
 	removeHopByHop(resp.Header)
 	if r := h.route; r != nil {
-		if err := checkGatewayHead(resp, r.Secret); err != nil {
+		forms := secretForms(r.Secret)
+		if err := checkGatewayHead(resp, forms); err != nil {
 			return false, err
 		}
-		resp.Body = &secretFilter{body: resp.Body, resp: resp, secret: r.Secret}
+		resp.Body = &secretFilter{body: resp.Body, resp: resp, forms: forms}
 	}
 	resp.ProtoMajor, resp.ProtoMinor, resp.Proto = 1, 1, "HTTP/1.1"
 	// An unsolicited 101 (Upgrade is never forwarded) switches nothing

@@ -6,9 +6,15 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -149,10 +155,64 @@ func TestSecretFilterPassesNearMisses(t *testing.T) {
 		{near, near, false},
 		{"data: x\n\n" + gwSecret[:4] + gwSecret + "tail", "data: x\n\n" + gwSecret[:4], true},
 	} {
-		f := &secretFilter{body: io.NopCloser(iotest.OneByteReader(strings.NewReader(c.body))), resp: &http.Response{}, secret: s}
+		f := &secretFilter{body: io.NopCloser(iotest.OneByteReader(strings.NewReader(c.body))), resp: &http.Response{}, forms: secretForms(s)}
 		got, err := io.ReadAll(iotest.OneByteReader(f))
 		if string(got) != c.want || (err != nil) != c.echoing {
 			t.Errorf("%q: passed %q, %v; want %q", c.body, got, err, c.want)
+		}
+	}
+}
+
+// TestGatewayTransformedEchoNeverReachesTheTrial: an upstream that echoes
+// the credential re-coded — another case, base64 at each alignment
+// (standard or URL-safe), hex — in a body or a field hands the Trial
+// none of those forms either.
+func TestGatewayTransformedEchoNeverReachesTheTrial(t *testing.T) {
+	forms := map[string]func(string) string{
+		"upper case":       strings.ToUpper,
+		"base64":           func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) },
+		"base64 after one": func(s string) string { return base64.StdEncoding.EncodeToString([]byte("{" + s))[4:] },
+		"url-safe after two": func(s string) string {
+			return base64.RawURLEncoding.EncodeToString([]byte("{\"" + s))[4:]
+		},
+		"hex":       func(s string) string { return hex.EncodeToString([]byte(s)) },
+		"upper hex": func(s string) string { return strings.ToUpper(hex.EncodeToString([]byte(s))) },
+	}
+	for name, form := range forms {
+		for _, inHead := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, in the head %v", name, inHead), func(t *testing.T) {
+				g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
+					if inHead {
+						w.Header().Set("X-Echo", form(r.Header.Get("X-Api-Key")))
+					}
+					_, _ = io.WriteString(w, "data: "+form(r.Header.Get("X-Api-Key"))+"\n\n")
+				})
+				wireBytes, decoded := g.readAllOf(t, messagesRequest("/a/v1/messages", ""))
+				if len(g.up.Requests()) == 0 {
+					t.Fatal("the request never reached the upstream")
+				}
+				if f := form(gwSecret); strings.Contains(wireBytes, f) || strings.Contains(decoded, f) {
+					t.Errorf("the Trial got the secret as %q:\n%s", f, wireBytes)
+				}
+				t.Logf("%s", g.lastLine(t))
+			})
+		}
+	}
+}
+
+// TestSecretFormsOfAnAwkwardSecret: a secret with characters that
+// quoting changes is found as JSON (with and without "\/"), %q and
+// percent-encoding spell it, and never let through.
+func TestSecretFormsOfAnAwkwardSecret(t *testing.T) {
+	secret := `ab/c+d"e\f=gh-0123456789`
+	j, _ := json.Marshal(secret)
+	q := strconv.Quote(secret)
+	for _, form := range []string{string(j[1 : len(j)-1]), strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`), q[1 : len(q)-1], url.QueryEscape(secret), url.PathEscape(secret)} {
+		body := `{"echo":"` + form + `"}`
+		f := &secretFilter{body: io.NopCloser(strings.NewReader(body)), resp: &http.Response{}, forms: secretForms(Secret(secret))}
+		got, err := io.ReadAll(f)
+		if err == nil || strings.Contains(string(got), form[:10]) {
+			t.Errorf("%s: passed %q, %v", form, got, err)
 		}
 	}
 }
