@@ -96,3 +96,62 @@ func TestReadSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestReadSecretRefusesAParentOthersCanChange: a secret file under a
+// directory that someone but root can change (writable by others, owned
+// by another user, or reached through a link another user owns) is
+// refused: that user could put another root-only file there, whose
+// content the gateway would then send upstream. A root-owned link in
+// root's directories, and a sticky directory such as /tmp, are fine.
+func TestReadSecretRefusesAParentOthersCanChange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the checks need directories owned by root and by others: run as root")
+	}
+	dir := t.TempDir()
+	mkdir := func(name string, mode os.FileMode, uid int) string {
+		p := filepath.Join(dir, name)
+		if err := os.Mkdir(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(p, "key"), []byte("sk-secret"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	safe := mkdir("safe", 0o700, 0)
+	open := mkdir("open", 0o777, 0)
+	owned := mkdir("owned", 0o700, 65534)
+	sticky := mkdir("sticky", 0o777|os.ModeSticky, 0)
+	link := func(name string, uid int) string {
+		p := filepath.Join(dir, name)
+		if err := os.Symlink(safe, p); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(p, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	rootLink, userLink := link("root-link", 0), link("user-link", 65534)
+	for _, ok := range []string{safe, sticky, rootLink} {
+		if b, err := ReadSecret(filepath.Join(ok, "key")); err != nil || string(b) != "sk-secret" {
+			t.Errorf("%s/key: %q %v", ok, b, err)
+		}
+	}
+	for _, c := range []struct{ path, want string }{
+		{open, "writable by others"},
+		{owned, "owned by uid 65534"},
+		{userLink, "owned by uid 65534"},
+	} {
+		_, err := ReadSecret(filepath.Join(c.path, "key"))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s/key: got %v, want an error with %q", c.path, err, c.want)
+		}
+	}
+}
