@@ -107,6 +107,10 @@ func checkGatewayHead(resp *http.Response, forms [][]byte) error {
 			echo = echo || holdsForm(name, forms) || holdsForm(v, forms)
 		}
 	}
+	for name := range resp.Trailer {
+		// Announced in the head the Trial gets ("Trailer: name").
+		echo = echo || holdsForm(name, forms)
+	}
 	if echo {
 		return record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer repeats the route's credential in its head; it is not passed on")
 	}
