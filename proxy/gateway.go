@@ -241,6 +241,8 @@ func (h *httpConn) gatewayOutgoing(out *http.Request, in *url.URL) {
 	for _, name := range gatewayRequestFields {
 		out.Header.Del(name)
 	}
+	// No field would leave any coding acceptable (RFC 9110 12.5.3).
+	out.Header.Set("Accept-Encoding", "identity")
 	out.Header.Del(r.Header)
 	out.Header.Set(r.Header, r.value())
 }

@@ -99,7 +99,9 @@ func TestGatewayUpstreamEchoNeverReachesTheTrial(t *testing.T) {
 			}
 		}},
 		{"compressed at the Trial's asking", "Accept-Encoding: gzip\r\n", func(w http.ResponseWriter, r *http.Request) {
-			if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			// Compressed unless identity alone is asked for: no field at
+			// all leaves any coding acceptable.
+			if r.Header.Get("Accept-Encoding") == "identity" {
 				_, _ = io.WriteString(w, "plain")
 				return
 			}
@@ -220,5 +222,29 @@ func TestSecretFormsOfAnAwkwardSecret(t *testing.T) {
 		if err == nil || strings.Contains(string(got), form[:10]) {
 			t.Errorf("%s: passed %q, %v", form, got, err)
 		}
+	}
+}
+
+// TestGatewayAsksForNoCoding: the gateway asks for identity whatever the
+// Trial asked, so that an upstream that may code its answer (no field
+// leaves any coding acceptable) answers one the check can read, and the
+// Trial gets it rather than a refusal.
+func TestGatewayAsksForNoCoding(t *testing.T) {
+	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Accept-Encoding") != "identity" {
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			_, _ = io.WriteString(zw, "coded")
+			_ = zw.Close()
+			return
+		}
+		_, _ = io.WriteString(w, "plain")
+	})
+	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n"} {
+		resp, body := g.do(t, messagesRequest("/a/v1/messages", asked))
+		if resp.StatusCode != 200 || body != "plain" {
+			t.Errorf("asking %q: %d %q %s", asked, resp.StatusCode, body, resp.Header.Get("Trialnet-Detail"))
+		}
+		g.lastLine(t)
 	}
 }
