@@ -160,22 +160,33 @@ var minBase64Run = (len(GatewayPlaceholder)*4 + 2) / 3
 // padded or not, from any of the four alignments) in s decodes to bytes
 // holding the placeholder in any case.
 func base64Holds(s string) bool {
-	notB64 := func(r rune) bool {
-		return !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '+' || r == '/' || r == '-' || r == '_')
-	}
-	for _, run := range strings.FieldsFunc(s, notB64) {
-		if len(run) < minBase64Run {
-			continue
+	for i := 0; i < len(s); {
+		j := i
+		for j < len(s) && isBase64(s[j]) {
+			j++
 		}
-		std := strings.NewReplacer("-", "+", "_", "/").Replace(run)
-		for off := range 4 {
-			r := std[off:]
-			if len(r)%4 == 1 {
-				r = r[:len(r)-1] // a lone last character decodes to nothing
-			}
-			if b, err := base64.RawStdEncoding.DecodeString(r); err == nil && containsFold(string(b), GatewayPlaceholder) {
-				return true
-			}
+		if j-i >= minBase64Run && runHolds(s[i:j]) {
+			return true
+		}
+		i = j + 1
+	}
+	return false
+}
+
+func isBase64(c byte) bool {
+	return c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/' || c == '-' || c == '_'
+}
+
+// runHolds reports whether one run of base64 holds the placeholder.
+func runHolds(run string) bool {
+	std := strings.NewReplacer("-", "+", "_", "/").Replace(run)
+	for off := range 4 {
+		r := std[off:]
+		if len(r)%4 == 1 {
+			r = r[:len(r)-1] // a lone last character decodes to nothing
+		}
+		if b, err := base64.RawStdEncoding.DecodeString(r); err == nil && containsFold(string(b), GatewayPlaceholder) {
+			return true
 		}
 	}
 	return false
