@@ -1,0 +1,26 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+// early.c's one-exec launch, as launch_cgo.go calls it.
+
+#ifndef TRIALNET_EARLY_H
+#define TRIALNET_EARLY_H
+
+struct trialnet_launch {
+	// trialnet-exec's arguments and environment, NULL-terminated.
+	int argc;
+	char **argv, **envp;
+	// The working directory, or NULL.
+	const char *dir;
+	// The launcher's descriptors that become the child's 0-5: stdio, the
+	// error pipe, the ready pipe and the seccomp filter.
+	int fds[6];
+	// Whether the child's fd ctty becomes its controlling terminal.
+	int setctty, ctty;
+	// The cgroup the child is cloned into.
+	int cgroup;
+};
+
+// trialnet_launch clones a process into l->cgroup that runs trialnet-exec's
+// steps and execs the command, and returns its pid, or -errno.
+long trialnet_launch(const struct trialnet_launch *l);
+
+#endif

@@ -1,0 +1,141 @@
+//go:build linux && cgo
+
+package sandbox
+
+/*
+#include <stdlib.h>
+#include "early.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"unsafe"
+)
+
+// startCommand starts cmd, a trialnet-exec as execCmd makes it, with one
+// exec instead of two: early.c's trialnet_launch clones the process into
+// the cgroup, on this thread (in the Trial's namespaces), and runs the
+// constructor's steps in it before it execs the command, so trialnet
+// itself is never executed. What exec.Cmd.Start would do around the fork
+// (stdio, the environment's duplicates) is done here, as it does it; the
+// returned launchIO is its copying, which Process.Wait waits for.
+func startCommand(cmd *exec.Cmd) (*launchIO, error) {
+	attr := cmd.SysProcAttr
+	if len(cmd.ExtraFiles) != 3 || attr == nil || !attr.Setsid || !attr.UseCgroupFD {
+		return nil, errors.New("start: not a trialnet-exec command") // execCmd makes every one
+	}
+	env, err := dedupEnv(cmd.Env)
+	if err != nil {
+		return nil, err
+	}
+	argv, err := cStrings(cmd.Args)
+	if err != nil {
+		return nil, err
+	}
+	defer freeCStrings(argv)
+	envp, err := cStrings(env)
+	if err != nil {
+		return nil, err
+	}
+	defer freeCStrings(envp)
+	l := C.struct_trialnet_launch{argc: C.int(len(cmd.Args)), argv: argv, envp: envp, cgroup: C.int(attr.CgroupFD)}
+	if cmd.Dir != "" {
+		if strings.IndexByte(cmd.Dir, 0) >= 0 {
+			return nil, fmt.Errorf("start: the working directory %q holds a NUL byte", cmd.Dir)
+		}
+		l.dir = C.CString(cmd.Dir)
+		defer C.free(unsafe.Pointer(l.dir))
+	}
+	if attr.Setctty {
+		l.setctty, l.ctty = 1, C.int(attr.Ctty)
+	}
+	stdio, err := newLaunchIO(cmd)
+	if err != nil {
+		return nil, err
+	}
+	files := append(stdio.child[:], cmd.ExtraFiles...)
+	for i, f := range files {
+		l.fds[i] = C.int(f.Fd())
+	}
+	// As Go's fork: no descriptor is half made (not yet close-on-exec)
+	// while the child copies the table.
+	syscall.ForkLock.Lock()
+	pid := C.trialnet_launch(&l)
+	syscall.ForkLock.Unlock()
+	runtime.KeepAlive(files)
+	if pid < 0 {
+		stdio.abort()
+		return nil, os.NewSyscallError("clone3", syscall.Errno(-pid))
+	}
+	// Its own pidfd: the child is not reaped before Wait, so pid is it.
+	cmd.Process, err = os.FindProcess(int(pid))
+	if err != nil {
+		stdio.abort()
+		return nil, err
+	}
+	stdio.started()
+	return stdio, nil
+}
+
+// dedupEnv is exec.Cmd's: the last of each name wins, and a variable with
+// a NUL byte is refused.
+func dedupEnv(env []string) ([]string, error) {
+	seen := make(map[string]bool, len(env))
+	out := make([]string, 0, len(env))
+	for i := len(env) - 1; i >= 0; i-- {
+		kv := env[i]
+		if strings.IndexByte(kv, 0) >= 0 {
+			return nil, errors.New("exec: environment variable contains NUL")
+		}
+		eq := strings.Index(kv, "=")
+		if eq == 0 {
+			eq = strings.Index(kv[1:], "=") + 1 // a name may begin with '='
+		}
+		if eq < 0 {
+			if kv != "" {
+				out = append(out, kv)
+			}
+			continue
+		}
+		if seen[kv[:eq]] {
+			continue
+		}
+		seen[kv[:eq]] = true
+		out = append(out, kv)
+	}
+	slices.Reverse(out)
+	return out, nil
+}
+
+// cStrings is ss as a NULL-terminated array of C strings, in C memory;
+// a NUL byte in one is EINVAL, as exec's.
+func cStrings(ss []string) (**C.char, error) {
+	arr := (**C.char)(C.calloc(C.size_t(len(ss)+1), C.size_t(unsafe.Sizeof((*C.char)(nil)))))
+	ptrs := unsafe.Slice(arr, len(ss)+1)
+	for i, s := range ss {
+		if strings.IndexByte(s, 0) >= 0 {
+			freeCStrings(arr)
+			return nil, fmt.Errorf("start: %q holds a NUL byte: %w", s, syscall.EINVAL)
+		}
+		ptrs[i] = C.CString(s)
+	}
+	return arr, nil
+}
+
+func freeCStrings(arr **C.char) {
+	for _, p := range unsafe.Slice(arr, 1<<20) {
+		if p == nil {
+			break
+		}
+		C.free(unsafe.Pointer(p))
+	}
+	C.free(unsafe.Pointer(arr))
+}
