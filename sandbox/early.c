@@ -389,7 +389,7 @@ __attribute__((noreturn)) static void launch_child(const struct trialnet_launch 
 	// Trial's may read it (ptrace, /proc/PID/mem). exec resets this.
 	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
 		fail(exit_cannot_execute, errno, "trialnet-exec: set not dumpable", NULL);
-	if (setsid() < 0)
+	if (l->setsid && setsid() < 0)
 		fail(exit_cannot_execute, errno, "trialnet-exec: setsid", NULL);
 	if (l->dir && chdir(l->dir) < 0) {
 		char q[512];
@@ -405,6 +405,13 @@ __attribute__((noreturn)) static void launch_child(const struct trialnet_launch 
 		if (dup2(moved[i], i) < 0)
 			fail(exit_cannot_execute, errno, "trialnet-exec: place descriptors", NULL);
 	errors_fd = fd_errors;
+	// The rest of the launcher's table goes now, not at exec: this child
+	// waits for the ready byte with it, and a copy of a ready pipe's write
+	// end (its own launch's or another's) would keep that read from
+	// seeing the launcher give up, as one of an error pipe would keep
+	// another launch from seeing its command's exec.
+	if (syscall(SYS_close_range, fd_count, ~0U, 0) < 0)
+		fail(exit_cannot_execute, errno, "trialnet-exec: close the launcher's descriptors", NULL);
 	if (l->setctty && ioctl(l->ctty, TIOCSCTTY, 1) < 0)
 		fail(exit_cannot_execute, errno, "trialnet-exec: set the controlling terminal", NULL);
 	if (have_start_nofile && setrlimit(RLIMIT_NOFILE, &start_nofile) < 0)
@@ -418,7 +425,9 @@ long trialnet_launch(const struct trialnet_launch *l) {
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	struct clone_args args = {.flags = CLONE_INTO_CGROUP, .exit_signal = SIGCHLD, .cgroup = l->cgroup};
+	struct clone_args args = {.exit_signal = SIGCHLD};
+	if (l->cgroup >= 0)
+		args.flags = CLONE_INTO_CGROUP, args.cgroup = l->cgroup;
 	long pid = syscall(SYS_clone3, &args, sizeof args);
 	if (pid == 0)
 		launch_child(l);

@@ -13,9 +13,10 @@ struct trialnet_launch {
 	// The launcher's descriptors that become the child's 0-5: stdio, the
 	// error pipe, the ready pipe and the seccomp filter.
 	int fds[6];
-	// Whether the child's fd ctty becomes its controlling terminal.
-	int setctty, ctty;
-	// The cgroup the child is cloned into.
+	// Whether the child leads a session of its own, and whether its fd
+	// ctty becomes its controlling terminal.
+	int setsid, setctty, ctty;
+	// The cgroup the child is cloned into, or -1: the launcher's.
 	int cgroup;
 };
 

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -28,9 +29,24 @@ import (
 // (stdio, the environment's duplicates) is done here, as it does it; the
 // returned launchIO is its copying, which Process.Wait waits for.
 func startCommand(cmd *exec.Cmd) (*launchIO, error) {
-	attr := cmd.SysProcAttr
-	if len(cmd.ExtraFiles) != 3 || attr == nil || !attr.Setsid || !attr.UseCgroupFD {
-		return nil, errors.New("start: not a trialnet-exec command") // execCmd makes every one
+	var attr syscall.SysProcAttr
+	if cmd.SysProcAttr != nil {
+		attr = *cmd.SysProcAttr
+	}
+	l := C.struct_trialnet_launch{cgroup: -1}
+	if attr.Setsid {
+		l.setsid = 1
+	}
+	if attr.Setctty {
+		l.setctty, l.ctty = 1, C.int(attr.Ctty)
+	}
+	if attr.UseCgroupFD {
+		l.cgroup = C.int(attr.CgroupFD)
+	}
+	// What exec.Cmd would do and this does not is refused, not dropped.
+	attr.Setsid, attr.Setctty, attr.Ctty, attr.UseCgroupFD, attr.CgroupFD = false, false, 0, false, 0
+	if len(cmd.ExtraFiles) != 3 || !reflect.DeepEqual(attr, syscall.SysProcAttr{}) {
+		return nil, errors.New("start: not a trialnet-exec command as execCmd makes it")
 	}
 	env, err := dedupEnv(cmd.Env)
 	if err != nil {
@@ -46,16 +62,13 @@ func startCommand(cmd *exec.Cmd) (*launchIO, error) {
 		return nil, err
 	}
 	defer freeCStrings(envp)
-	l := C.struct_trialnet_launch{argc: C.int(len(cmd.Args)), argv: argv, envp: envp, cgroup: C.int(attr.CgroupFD)}
+	l.argc, l.argv, l.envp = C.int(len(cmd.Args)), argv, envp
 	if cmd.Dir != "" {
 		if strings.IndexByte(cmd.Dir, 0) >= 0 {
 			return nil, fmt.Errorf("start: the working directory %q holds a NUL byte", cmd.Dir)
 		}
 		l.dir = C.CString(cmd.Dir)
 		defer C.free(unsafe.Pointer(l.dir))
-	}
-	if attr.Setctty {
-		l.setctty, l.ctty = 1, C.int(attr.Ctty)
 	}
 	stdio, err := newLaunchIO(cmd)
 	if err != nil {
