@@ -15,11 +15,13 @@
 // trialnet_launch (launch_cgo.go) saves the exec of trialnet too: it
 // clones the command's process itself and runs trial_exec, the very steps
 // of the constructor, in the child, which then execs the command. That
-// child is a copy of a multi-threaded Go process: another thread may have
-// held a lock of libc's when it was cloned. So everything trial_exec calls
-// is async-signal-safe (signal-safety(7)) or a bare system call wrapper:
-// no stdio, no malloc, no locale; messages are built by hand, and the
-// errno text is left to the launcher (a NUL, then the number).
+// child starts as a copy of a multi-threaded Go process, on x86-64 one
+// that shares its memory (see sys6). So everything trial_exec calls is a
+// bare system call or a pure function of its arguments (strlen, memcpy):
+// no stdio, no malloc, no locale, no static and no errno written, nothing
+// that could wait on a lock another thread held at the clone
+// (signal-safety(7)); messages are built by hand, and the errno text is
+// left to the launcher (a NUL, then the number).
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -48,6 +50,8 @@
 
 #include "early.h"
 
+#include <sys/mman.h>
+
 #ifndef LANDLOCK_SCOPE_SIGNAL
 #define LANDLOCK_SCOPE_SIGNAL (1ULL << 1)
 #endif
@@ -66,22 +70,71 @@ const char *const trialnet_early_own_dirs[] = {"/tmp", "/var/tmp", "/dev/shm", N
 // The most instructions a filter may have (BPF_MAXINSNS).
 #define max_filter 4096
 
-// Where fail writes: fd 3 once the descriptors are in place (a launch's
-// child writes to the launcher's pipe where it inherited it until then).
-static int errors_fd = fd_errors;
+#if defined(__x86_64__)
+// On x86-64 a launch's child shares the launcher's memory until it execs
+// (CLONE_VM, as posix_spawn's vfork does), so that cloning a large Go
+// process copies no page table. It then writes nothing but its own stack:
+// no static, and not errno either, which is the launcher thread's (the
+// child runs on its TLS). sys is the bare instruction.
+static inline long sys6(long n, long a, long b, long c, long d, long e, long f) {
+	register long r10 __asm__("r10") = d, r8 __asm__("r8") = e, r9 __asm__("r9") = f;
+	long ret;
+	__asm__ volatile("syscall"
+	                 : "=a"(ret)
+	                 : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+	                 : "rcx", "r11", "memory");
+	return ret;
+}
 
-// fail writes why trialnet-exec gave up to the launcher and exits: the
+// The kernel's struct sigaction on x86-64.
+struct ksigaction {
+	void (*handler)(int);
+	unsigned long flags;
+	void (*restorer)(void);
+	uint64_t mask;
+};
+
+// signal_ignored and signal_default are sigaction's, without libc.
+static int signal_ignored(int s) {
+	struct ksigaction old;
+	return sys6(SYS_rt_sigaction, s, 0, (long)&old, 8, 0, 0) == 0 && old.handler == SIG_IGN;
+}
+
+static void signal_default(int s) {
+	struct ksigaction dfl = {.handler = SIG_DFL};
+	sys6(SYS_rt_sigaction, s, (long)&dfl, 0, 8, 0, 0);
+}
+#else
+// Elsewhere the child is a copy (fork), whose memory is its own: libc's
+// wrappers may set errno there.
+static inline long sys6(long n, long a, long b, long c, long d, long e, long f) {
+	long r = syscall(n, a, b, c, d, e, f);
+	return r < 0 ? -errno : r;
+}
+
+static int signal_ignored(int s) {
+	struct sigaction old;
+	return sigaction(s, NULL, &old) == 0 && old.sa_handler == SIG_IGN;
+}
+
+static void signal_default(int s) {
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	sigaction(s, &dfl, NULL);
+}
+#endif
+
+// sys is a system call that returns -errno on failure.
+#define sys(n, a, b, c, d) sys6((n), (long)(a), (long)(b), (long)(c), (long)(d), 0, 0)
+
+// vfail writes why trialnet-exec gave up to fd and exits: the
 // NULL-terminated pieces of the message, then, when err is not 0, a NUL
 // and err in decimal, which the launcher spells (execMessage).
-__attribute__((noreturn, sentinel)) static void fail(int code, int err, ...) {
+__attribute__((noreturn)) static void vfail(int fd, int code, int err, va_list ap) {
 	char msg[1024];
 	size_t n = 0;
-	va_list ap;
-	va_start(ap, err);
 	for (const char *s; (s = va_arg(ap, const char *));)
 		for (; *s && n < sizeof msg - 16; s++)
 			msg[n++] = *s;
-	va_end(ap);
 	if (err) {
 		char d[12];
 		int i = 0;
@@ -91,8 +144,24 @@ __attribute__((noreturn, sentinel)) static void fail(int code, int err, ...) {
 		while (i)
 			msg[n++] = d[--i];
 	}
-	(void)!write(errors_fd, msg, n);
-	_exit(code);
+	sys(SYS_write, fd, msg, n, 0);
+	for (;;)
+		sys(SYS_exit_group, code, 0, 0, 0);
+}
+
+// fail is vfail to fd 3, where trialnet-exec's error pipe is; err is an
+// errno, or -errno as sys returns it.
+__attribute__((noreturn, sentinel)) static void fail(int code, long err, ...) {
+	va_list ap;
+	va_start(ap, err);
+	vfail(fd_errors, code, err < 0 ? -err : err, ap);
+}
+
+// fail_at is fail to fd, before the child's descriptors are in place.
+__attribute__((noreturn, sentinel)) static void fail_at(int fd, int code, long err, ...) {
+	va_list ap;
+	va_start(ap, err);
+	vfail(fd, code, err < 0 ? -err : err, ap);
 }
 
 // decimal writes v into buf, which must hold 21 bytes.
@@ -143,17 +212,18 @@ static int parse_id(const char *s, uint64_t *out) {
 }
 
 // find_executable is exec.LookPath's check of one candidate: a file,
-// executable for the caller (root: any execute bit).
+// executable for the caller (root: any execute bit); it returns an errno.
 static int find_executable(const char *path) {
 	struct stat st;
-	if (stat(path, &st) < 0)
-		return errno;
+	long r = sys(SYS_newfstatat, AT_FDCWD, path, &st, 0);
+	if (r < 0)
+		return -r;
 	if (S_ISDIR(st.st_mode))
 		return EISDIR;
-	if (syscall(SYS_faccessat2, AT_FDCWD, path, X_OK, AT_EACCESS) == 0)
+	if ((r = sys(SYS_faccessat2, AT_FDCWD, path, X_OK, AT_EACCESS)) == 0)
 		return 0;
-	if (errno != ENOSYS && errno != EPERM)
-		return errno;
+	if (r != -ENOSYS && r != -EPERM)
+		return -r;
 	return (st.st_mode & 0111) ? 0 : EACCES;
 }
 
@@ -188,11 +258,12 @@ static void look_path(const char *file, char **envp, char *out, uint64_t uid) {
 	// (filepath.SplitList); an empty PATH has none.
 	for (int more = *path != 0; more;) {
 		const char *end = strchrnul(path, ':');
+		const char *dir = path;
 		size_t n = end - path;
 		if (!n)
-			path = ".", n = 1;
+			dir = ".", n = 1;
 		if (n + 1 + flen < PATH_MAX) {
-			memcpy(out, path, n);
+			memcpy(out, dir, n);
 			out[n] = '/';
 			memcpy(out + n + 1, file, flen + 1);
 			if (find_executable(out) == 0) {
@@ -211,33 +282,35 @@ static void look_path(const char *file, char **envp, char *out, uint64_t uid) {
 // memfd, seccompFile), before anything is dropped.
 static int read_filter(struct sock_filter *prog) {
 	struct stat st;
-	if (fstat(fd_filter, &st) < 0 || st.st_size <= 0 || st.st_size % sizeof *prog ||
+	if (sys(SYS_fstat, fd_filter, &st, 0, 0) < 0 || st.st_size <= 0 || st.st_size % sizeof *prog ||
 	    st.st_size > (off_t)(max_filter * sizeof *prog))
 		fail(exit_cannot_execute, 0, "trialnet-exec: no seccomp filter from the launcher on fd 5", NULL);
-	if (pread(fd_filter, prog, st.st_size, 0) != st.st_size)
-		fail(exit_cannot_execute, errno, "trialnet-exec: read the seccomp filter", NULL);
+	long r = sys(SYS_pread64, fd_filter, prog, st.st_size, 0);
+	if (r != st.st_size)
+		fail(exit_cannot_execute, r < 0 ? r : EIO, "trialnet-exec: read the seccomp filter", NULL);
 	return st.st_size / sizeof *prog;
 }
 
 // isolate is exec.go's isolate.
 static void isolate(void) {
-	if (unshare(CLONE_NEWCGROUP) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: unshare cgroup namespace", NULL);
-	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-	if (fd < 0 || write(fd, "1000", 4) != 4)
-		fail(exit_cannot_execute, errno, "trialnet-exec: make the Trial the OOM killer's first choice", NULL);
-	close(fd);
-	if (syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: close inherited descriptors", NULL);
+	long r;
+	if ((r = sys(SYS_unshare, CLONE_NEWCGROUP, 0, 0, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: unshare cgroup namespace", NULL);
+	long fd = sys(SYS_openat, AT_FDCWD, "/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC, 0);
+	if (fd < 0 || (r = sys(SYS_write, fd, "1000", 4, 0)) != 4)
+		fail(exit_cannot_execute, fd < 0 ? fd : r < 0 ? r : EIO, "trialnet-exec: make the Trial the OOM killer's first choice", NULL);
+	sys(SYS_close, fd, 0, 0, 0);
+	if ((r = sys(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: close inherited descriptors", NULL);
 }
 
 // last_cap reads /proc/sys/kernel/cap_last_cap.
 static int last_cap(void) {
 	char buf[16] = {0};
-	int fd = open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: read cap_last_cap", NULL);
-	close(fd);
+	long r, fd = sys(SYS_openat, AT_FDCWD, "/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC, 0);
+	if (fd < 0 || (r = sys(SYS_read, fd, buf, sizeof buf - 1, 0)) <= 0)
+		fail(exit_cannot_execute, fd < 0 ? fd : r < 0 ? r : EIO, "trialnet-exec: read cap_last_cap", NULL);
+	sys(SYS_close, fd, 0, 0, 0);
 	int last = 0;
 	for (char *c = buf; *c >= '0' && *c <= '9'; c++)
 		last = last * 10 + (*c - '0');
@@ -247,31 +320,32 @@ static int last_cap(void) {
 // drop_privileges is exec.go's dropPrivileges for a command's uid and gid.
 static void drop_privileges(uint64_t uid, uint64_t gid) {
 	char d[21];
+	long r;
 	int last = last_cap();
 	for (int c = 0; c <= last; c++)
-		if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0)
-			fail(exit_cannot_execute, errno, "trialnet-exec: drop capability ", decimal(d, c), " from the bounding set", NULL);
+		if ((r = sys(SYS_prctl, PR_CAPBSET_DROP, c, 0, 0)) < 0)
+			fail(exit_cannot_execute, r, "trialnet-exec: drop capability ", decimal(d, c), " from the bounding set", NULL);
 	// Raw: glibc's wrappers would signal every thread; there is one.
-	if (syscall(SYS_setgroups, 0, NULL) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: setgroups", NULL);
-	if (syscall(SYS_setresgid, gid, gid, gid) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: setgid ", decimal(d, gid), NULL);
-	if (syscall(SYS_setresuid, uid, uid, uid) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: setuid ", decimal(d, uid), NULL);
-	if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: clear ambient capabilities", NULL);
+	if ((r = sys(SYS_setgroups, 0, NULL, 0, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: setgroups", NULL);
+	if ((r = sys(SYS_setresgid, gid, gid, gid, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: setgid ", decimal(d, gid), NULL);
+	if ((r = sys(SYS_setresuid, uid, uid, uid, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: setuid ", decimal(d, uid), NULL);
+	if ((r = sys(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: clear ambient capabilities", NULL);
 	struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3};
 	struct __user_cap_data_struct data[2] = {0};
-	if (syscall(SYS_capset, &hdr, data) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: clear capabilities", NULL);
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: set no_new_privs", NULL);
+	if ((r = sys(SYS_capset, &hdr, data, 0, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: clear capabilities", NULL);
+	if ((r = sys(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: set no_new_privs", NULL);
 }
 
 // enter_landlock is landlock.go's enterLandlock; no Landlock is not an
 // error (the layers report it).
 static void enter_landlock(int confine_sockets, int nested) {
-	long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+	long abi = sys(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION, 0);
 	if (abi < 1 || (nested && abi < 6))
 		return;
 	struct {
@@ -287,23 +361,23 @@ static void enter_landlock(int confine_sockets, int nested) {
 		size = offsetof(typeof(attr), scoped);
 	if (abi >= 6)
 		attr.scoped = LANDLOCK_SCOPE_SIGNAL, size = sizeof attr;
-	int fd = syscall(SYS_landlock_create_ruleset, &attr, size, 0);
+	long r, fd = sys(SYS_landlock_create_ruleset, &attr, size, 0, 0);
 	if (fd < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: landlock ruleset", NULL);
+		fail(exit_cannot_execute, fd, "trialnet-exec: landlock ruleset", NULL);
 	for (const char *const *d = trialnet_early_own_dirs; confine_sockets && *d; d++) {
-		int dir = open(*d, O_PATH | O_DIRECTORY | O_CLOEXEC);
-		if (dir < 0 && errno == ENOENT)
+		long dir = sys(SYS_openat, AT_FDCWD, *d, O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
+		if (dir == -ENOENT)
 			continue; // the host has no such directory, so the Trial has none
 		if (dir < 0)
-			fail(exit_cannot_execute, errno, "trialnet-exec: landlock: open ", *d, NULL);
+			fail(exit_cannot_execute, dir, "trialnet-exec: landlock: open ", *d, NULL);
 		struct landlock_path_beneath_attr rule = {.allowed_access = sockets, .parent_fd = dir};
-		if (syscall(SYS_landlock_add_rule, fd, LANDLOCK_RULE_PATH_BENEATH, &rule, 0) < 0)
-			fail(exit_cannot_execute, errno, "trialnet-exec: landlock: allow sockets beneath ", *d, NULL);
-		close(dir);
+		if ((r = sys(SYS_landlock_add_rule, fd, LANDLOCK_RULE_PATH_BENEATH, &rule, 0)) < 0)
+			fail(exit_cannot_execute, r, "trialnet-exec: landlock: allow sockets beneath ", *d, NULL);
+		sys(SYS_close, dir, 0, 0, 0);
 	}
-	if (syscall(SYS_landlock_restrict_self, fd, 0) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: landlock restrict_self", NULL);
-	close(fd);
+	if ((r = sys(SYS_landlock_restrict_self, fd, 0, 0, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: landlock restrict_self", NULL);
+	sys(SYS_close, fd, 0, 0, 0);
 }
 
 // default_signals gives the command default dispositions and no blocked
@@ -311,18 +385,15 @@ static void enter_landlock(int confine_sockets, int nested) {
 // is reset, as the Go runtime's exec resets what it caught (SIGHUP and
 // SIGINT ignored at start stay ignored there too).
 static void default_signals(void) {
-	struct sigaction dfl = {.sa_handler = SIG_DFL};
 	for (int s = 1; s < NSIG; s++) {
-		struct sigaction old;
-		if (s == SIGKILL || s == SIGSTOP || sigaction(s, NULL, &old) < 0)
+		if (s == SIGKILL || s == SIGSTOP)
 			continue;
-		if ((s == SIGHUP || s == SIGINT) && old.sa_handler == SIG_IGN)
+		if ((s == SIGHUP || s == SIGINT) && signal_ignored(s))
 			continue;
-		sigaction(s, &dfl, NULL);
+		signal_default(s);
 	}
-	sigset_t none;
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
+	uint64_t none = 0;
+	sys(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
 }
 
 // trial_exec is exec.go's trialExec and becomeCommand: argv is
@@ -337,32 +408,31 @@ __attribute__((noreturn)) static void trial_exec(int argc, char **argv, char **e
 	char **cmd = argv + 6;
 	default_signals();
 
-	// Static: 32 KiB; each process that runs this has its own copy.
-	static struct sock_filter filter[max_filter];
+	struct sock_filter filter[max_filter]; // 32 KiB: the launch stack has room
 	int n = read_filter(filter);
 	isolate();
 	// Found as root; a command the uid may not execute fails at exec.
-	static char path[PATH_MAX];
+	char path[PATH_MAX];
 	look_path(cmd[0], envp, path, uid);
 	// Nothing of CMD runs before the launcher's byte: the init is ready.
 	char b;
-	if (read(fd_go, &b, 1) != 1)
+	if (sys(SYS_read, fd_go, &b, 1, 0) != 1)
 		fail(exit_cannot_execute, 0, "trialnet-exec: the Trial's init did not become ready", NULL);
 	struct rlimit lim = {nproc, nproc}, none_lim = {0, 0};
-	if (setrlimit(RLIMIT_NPROC, &lim) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: set the process limit", NULL);
-	if (setrlimit(RLIMIT_CORE, &none_lim) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: set the core size limit", NULL);
+	long r;
+	if ((r = sys(SYS_prlimit64, 0, RLIMIT_NPROC, &lim, NULL)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: set the process limit", NULL);
+	if ((r = sys(SYS_prlimit64, 0, RLIMIT_CORE, &none_lim, NULL)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: set the core size limit", NULL);
 	drop_privileges(uid, gid);
-	if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, 0, 0, 0, 0) < 0 && errno != ENOSYS)
-		fail(exit_cannot_execute, errno, "trialnet-exec: join a session keyring of its own", NULL);
+	if ((r = sys(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, 0, 0, 0)) < 0 && r != -ENOSYS)
+		fail(exit_cannot_execute, r, "trialnet-exec: join a session keyring of its own", NULL);
 	enter_landlock(confine, nested);
 	// Last before exec: inherited by everything CMD starts.
 	struct sock_fprog prog = {.len = n, .filter = filter};
-	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: install seccomp filter", NULL);
-	execve(path, cmd, envp);
-	int e = errno;
+	if ((r = sys(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: install seccomp filter", NULL);
+	long e = -sys(SYS_execve, path, cmd, envp, 0);
 	char q[512], u[21], p[21];
 	if (e == EACCES)
 		fail(exit_not_found, e, "command ", quoted(q, cmd[0]), " not found or not executable as uid ", decimal(u, uid), NULL);
@@ -374,66 +444,118 @@ __attribute__((noreturn)) static void trial_exec(int argc, char **argv, char **e
 
 // The descriptor limit this process started with, before the Go runtime
 // raised its soft limit to the hard one: a launch gives it back to the
-// command, as Go's own exec does.
+// command, as Go's own exec does. Written once, by the constructor.
 static struct rlimit start_nofile;
 static int have_start_nofile;
 
 // launch_child is what a launch's child does before trial_exec: what Go's
 // fork would do for trialnet-exec (a session of its own, the working
 // directory, descriptors 0-5, the terminal, the descriptor limit), then
-// the constructor's steps. It runs on a copy of the launcher, whose
-// signals are all blocked.
-__attribute__((noreturn)) static void launch_child(const struct trialnet_launch *l) {
-	errors_fd = l->fds[fd_errors];
-	// The copy holds the launcher's memory until exec: no process of the
-	// Trial's may read it (ptrace, /proc/PID/mem). exec resets this.
-	if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: set not dumpable", NULL);
-	if (l->setsid && setsid() < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: setsid", NULL);
-	if (l->dir && chdir(l->dir) < 0) {
+// the constructor's steps. Its signals are all blocked until it has set
+// its own: a handler of the Go runtime must not run on it.
+__attribute__((noreturn)) static void launch_child(struct trialnet_launch *l) {
+	int errfd = l->fds[fd_errors];
+	long r;
+	// The child holds the launcher's memory until exec: no process of
+	// the Trial's may read it (ptrace, /proc/PID/mem), nor a core dump
+	// carry it. exec resets this.
+	if ((r = sys(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0)) < 0)
+		fail_at(errfd, exit_cannot_execute, r, "trialnet-exec: set not dumpable", NULL);
+	if (l->setsid && (r = sys(SYS_setsid, 0, 0, 0, 0)) < 0)
+		fail_at(errfd, exit_cannot_execute, r, "trialnet-exec: setsid", NULL);
+	if (l->dir && (r = sys(SYS_chdir, l->dir, 0, 0, 0)) < 0) {
 		char q[512];
-		fail(exit_cannot_execute, errno, "trialnet-exec: chdir ", quoted(q, l->dir), NULL);
+		fail_at(errfd, exit_cannot_execute, r, "trialnet-exec: chdir ", quoted(q, l->dir), NULL);
 	}
 	// Out of the way first, so that no source is overwritten before it
 	// is moved.
-	int moved[fd_count];
+	long moved[fd_count];
 	for (int i = 0; i < fd_count; i++)
-		if ((moved[i] = fcntl(l->fds[i], F_DUPFD_CLOEXEC, fd_count)) < 0)
-			fail(exit_cannot_execute, errno, "trialnet-exec: move descriptors", NULL);
+		if ((moved[i] = sys(SYS_fcntl, l->fds[i], F_DUPFD_CLOEXEC, fd_count, 0)) < 0)
+			fail_at(errfd, exit_cannot_execute, moved[i], "trialnet-exec: move descriptors", NULL);
 	for (int i = 0; i < fd_count; i++)
-		if (dup2(moved[i], i) < 0)
-			fail(exit_cannot_execute, errno, "trialnet-exec: place descriptors", NULL);
-	errors_fd = fd_errors;
+		if ((r = sys(SYS_dup3, moved[i], i, 0, 0)) < 0)
+			fail_at(errfd, exit_cannot_execute, r, "trialnet-exec: place descriptors", NULL);
 	// The rest of the launcher's table goes now, not at exec: this child
 	// waits for the ready byte with it, and a copy of a ready pipe's write
 	// end (its own launch's or another's) would keep that read from
 	// seeing the launcher give up, as one of an error pipe would keep
 	// another launch from seeing its command's exec.
-	if (syscall(SYS_close_range, fd_count, ~0U, 0) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: close the launcher's descriptors", NULL);
-	if (l->setctty && ioctl(l->ctty, TIOCSCTTY, 1) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: set the controlling terminal", NULL);
-	if (have_start_nofile && setrlimit(RLIMIT_NOFILE, &start_nofile) < 0)
-		fail(exit_cannot_execute, errno, "trialnet-exec: give back the descriptor limit", NULL);
+	if ((r = sys(SYS_close_range, fd_count, ~0U, 0, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: close the launcher's descriptors", NULL);
+	if (l->setctty && (r = sys(SYS_ioctl, l->ctty, TIOCSCTTY, 1, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: set the controlling terminal", NULL);
+	if (have_start_nofile && (r = sys(SYS_prlimit64, 0, RLIMIT_NOFILE, &start_nofile, NULL)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: give back the descriptor limit", NULL);
 	trial_exec(l->argc, l->argv, l->envp);
 }
 
-long trialnet_launch(const struct trialnet_launch *l) {
-	// The child starts with every signal blocked: a handler of the Go
-	// runtime must not run on it. It sets its own before it unblocks.
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
+// The launch child's stack, and a guard page below it.
+enum { launch_stack = 256 << 10, launch_guard = 4096 };
+
+#if defined(__x86_64__)
+// clone3_run clones with a stack of its own and calls fn(arg) there: the
+// child cannot return into this function's frames, which the launcher
+// goes on using.
+static long clone3_run(struct clone_args *args, void (*fn)(struct trialnet_launch *), struct trialnet_launch *arg) {
+	register long rax __asm__("rax") = SYS_clone3;
+	register struct clone_args *rdi __asm__("rdi") = args;
+	register long rsi __asm__("rsi") = sizeof *args;
+	register void (*r12)(struct trialnet_launch *) __asm__("r12") = fn;
+	register struct trialnet_launch *r13 __asm__("r13") = arg;
+	__asm__ volatile("syscall\n\t"
+	                 "testq %%rax, %%rax\n\t"
+	                 "jnz 1f\n\t"
+	                 "xorl %%ebp, %%ebp\n\t"
+	                 "movq %%r13, %%rdi\n\t"
+	                 "callq *%%r12\n\t"
+	                 "ud2\n"
+	                 "1:"
+	                 : "+r"(rax)
+	                 : "r"(rdi), "r"(rsi), "r"(r12), "r"(r13)
+	                 : "rcx", "r11", "memory", "cc");
+	return rax;
+}
+#endif
+
+long trialnet_launch(struct trialnet_launch *l) {
 	struct clone_args args = {.exit_signal = SIGCHLD};
 	if (l->cgroup >= 0)
 		args.flags = CLONE_INTO_CGROUP, args.cgroup = l->cgroup;
-	long pid = syscall(SYS_clone3, &args, sizeof args);
+#if defined(__x86_64__)
+	void *stack = mmap(NULL, launch_stack + launch_guard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+	if (stack == MAP_FAILED)
+		return -errno;
+	if (mprotect(stack, launch_guard, PROT_NONE) < 0) {
+		long e = -errno;
+		munmap(stack, launch_stack + launch_guard);
+		return e;
+	}
+	l->stack = stack;
+	args.flags |= CLONE_VM;
+	args.stack = (uint64_t)(uintptr_t)stack;
+	args.stack_size = launch_stack + launch_guard;
+#endif
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+#if defined(__x86_64__)
+	long pid = clone3_run(&args, launch_child, l);
+#else
+	long pid = sys(SYS_clone3, &args, sizeof args, 0, 0);
 	if (pid == 0)
 		launch_child(l);
-	long ret = pid < 0 ? -errno : pid;
+#endif
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return ret;
+	if (pid < 0)
+		trialnet_launch_done(l);
+	return pid;
+}
+
+void trialnet_launch_done(struct trialnet_launch *l) {
+	if (l->stack)
+		munmap(l->stack, launch_stack + launch_guard);
+	l->stack = NULL;
 }
 
 // crashed says which signal ended the reaper, on its stderr, which only

@@ -18,10 +18,17 @@ struct trialnet_launch {
 	int setsid, setctty, ctty;
 	// The cgroup the child is cloned into, or -1: the launcher's.
 	int cgroup;
+	// The child's stack, where it has one (trialnet_launch sets it).
+	void *stack;
 };
 
 // trialnet_launch clones a process into l->cgroup that runs trialnet-exec's
-// steps and execs the command, and returns its pid, or -errno.
-long trialnet_launch(const struct trialnet_launch *l);
+// steps and execs the command, and returns its pid, or -errno. The child
+// may use l, what it points to and its stack until it has exec'd or
+// exited: only then may the caller call trialnet_launch_done and free l.
+long trialnet_launch(struct trialnet_launch *l);
+
+// trialnet_launch_done frees what trialnet_launch allocated for l.
+void trialnet_launch_done(struct trialnet_launch *l);
 
 #endif

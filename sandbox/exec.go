@@ -227,6 +227,7 @@ func (p *Process) Signal(sig os.Signal) error {
 // by a signal exits 128+signal, as in a shell.
 func (p *Process) Wait() (int, error) {
 	err := p.cmd.Wait()
+	p.io.gone()
 	if cerr := p.io.wait(p.cmd.WaitDelay); err == nil {
 		err = cerr
 	}
@@ -492,6 +493,7 @@ func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) (*launchIO, error) {
 	if err := t.joinPools(cmd.Process.Pid); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
+		stdio.gone()
 		_ = stdio.wait(cmd.WaitDelay)
 		return nil, err
 	}
@@ -514,12 +516,14 @@ func (t *Launcher) release(p *Process, c Command, ready func() error, pipes exec
 	// carries why trialnet-exec gave up.
 	msg, _ := io.ReadAll(pipes.errR)
 	if len(msg) > 0 {
+		// Wait lets the launch know its child is gone.
 		code, _ := p.Wait()
 		if code != ExitCannotExecute {
 			code = ExitNotFound
 		}
 		return &StartError{Code: code, Msg: execMessage(msg)}
 	}
+	p.io.gone() // end of file, and no word: it exec'd (or died)
 	return nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -33,7 +34,8 @@ func startCommand(cmd *exec.Cmd) (*launchIO, error) {
 	if cmd.SysProcAttr != nil {
 		attr = *cmd.SysProcAttr
 	}
-	l := C.struct_trialnet_launch{cgroup: -1}
+	l := (*C.struct_trialnet_launch)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_trialnet_launch{}))))
+	l.cgroup = -1
 	if attr.Setsid {
 		l.setsid = 1
 	}
@@ -46,32 +48,16 @@ func startCommand(cmd *exec.Cmd) (*launchIO, error) {
 	// What exec.Cmd would do and this does not is refused, not dropped.
 	attr.Setsid, attr.Setctty, attr.Ctty, attr.UseCgroupFD, attr.CgroupFD = false, false, 0, false, 0
 	if len(cmd.ExtraFiles) != 3 || !reflect.DeepEqual(attr, syscall.SysProcAttr{}) {
+		freeLaunch(l)
 		return nil, errors.New("start: not a trialnet-exec command as execCmd makes it")
 	}
-	env, err := dedupEnv(cmd.Env)
-	if err != nil {
+	if err := fillLaunch(l, cmd); err != nil {
+		freeLaunch(l)
 		return nil, err
-	}
-	argv, err := cStrings(cmd.Args)
-	if err != nil {
-		return nil, err
-	}
-	defer freeCStrings(argv)
-	envp, err := cStrings(env)
-	if err != nil {
-		return nil, err
-	}
-	defer freeCStrings(envp)
-	l.argc, l.argv, l.envp = C.int(len(cmd.Args)), argv, envp
-	if cmd.Dir != "" {
-		if strings.IndexByte(cmd.Dir, 0) >= 0 {
-			return nil, fmt.Errorf("start: the working directory %q holds a NUL byte", cmd.Dir)
-		}
-		l.dir = C.CString(cmd.Dir)
-		defer C.free(unsafe.Pointer(l.dir))
 	}
 	stdio, err := newLaunchIO(cmd)
 	if err != nil {
+		freeLaunch(l)
 		return nil, err
 	}
 	files := append(stdio.child[:], cmd.ExtraFiles...)
@@ -81,21 +67,54 @@ func startCommand(cmd *exec.Cmd) (*launchIO, error) {
 	// As Go's fork: no descriptor is half made (not yet close-on-exec)
 	// while the child copies the table.
 	syscall.ForkLock.Lock()
-	pid := C.trialnet_launch(&l)
+	pid := C.trialnet_launch(l)
 	syscall.ForkLock.Unlock()
 	runtime.KeepAlive(files)
 	if pid < 0 {
+		freeLaunch(l)
 		stdio.abort()
 		return nil, os.NewSyscallError("clone3", syscall.Errno(-pid))
 	}
-	// Its own pidfd: the child is not reaped before Wait, so pid is it.
-	cmd.Process, err = os.FindProcess(int(pid))
-	if err != nil {
-		stdio.abort()
-		return nil, err
-	}
+	// The child reads l (and runs on its stack) until it has exec'd or
+	// exited: freed only then.
+	stdio.childGone = sync.OnceFunc(func() { freeLaunch(l) })
+	// A pidfd of its own (FindProcess fails on no pid): the child is not
+	// reaped before Wait, so the pid is it.
+	cmd.Process, _ = os.FindProcess(int(pid))
 	stdio.started()
 	return stdio, nil
+}
+
+// fillLaunch puts cmd's arguments, environment (deduplicated, as
+// exec.Cmd does) and working directory into l, in C memory.
+func fillLaunch(l *C.struct_trialnet_launch, cmd *exec.Cmd) error {
+	env, err := dedupEnv(cmd.Env)
+	if err != nil {
+		return err
+	}
+	if l.argv, err = cStrings(cmd.Args); err != nil {
+		return err
+	}
+	l.argc = C.int(len(cmd.Args))
+	if l.envp, err = cStrings(env); err != nil {
+		return err
+	}
+	if cmd.Dir != "" {
+		if strings.IndexByte(cmd.Dir, 0) >= 0 {
+			return fmt.Errorf("start: the working directory %q holds a NUL byte", cmd.Dir)
+		}
+		l.dir = C.CString(cmd.Dir)
+	}
+	return nil
+}
+
+// freeLaunch frees l and all it holds.
+func freeLaunch(l *C.struct_trialnet_launch) {
+	C.trialnet_launch_done(l)
+	freeCStrings(l.argv)
+	freeCStrings(l.envp)
+	C.free(unsafe.Pointer(l.dir))
+	C.free(unsafe.Pointer(l))
 }
 
 // dedupEnv is exec.Cmd's: the last of each name wins, and a variable with
@@ -144,6 +163,9 @@ func cStrings(ss []string) (**C.char, error) {
 }
 
 func freeCStrings(arr **C.char) {
+	if arr == nil {
+		return
+	}
 	for _, p := range unsafe.Slice(arr, 1<<20) {
 		if p == nil {
 			break
