@@ -536,9 +536,9 @@ long trialnet_launch(struct trialnet_launch *l) {
 	args.stack = (uint64_t)(uintptr_t)stack;
 	args.stack_size = launch_stack + launch_guard;
 #endif
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
+	// Raw: libc's pthread_sigmask leaves its own two signals unblocked.
+	uint64_t all = ~0ULL, old;
+	sys(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, 8);
 #if defined(__x86_64__)
 	long pid = clone3_run(&args, launch_child, l);
 #else
@@ -546,7 +546,7 @@ long trialnet_launch(struct trialnet_launch *l) {
 	if (pid == 0)
 		launch_child(l);
 #endif
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, 8);
 	if (pid < 0)
 		trialnet_launch_done(l);
 	return pid;
