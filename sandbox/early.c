@@ -15,8 +15,8 @@
 // trialnet_launch (launch_cgo.go) saves the exec of trialnet too: it
 // clones the command's process itself and runs trial_exec, the very steps
 // of the constructor, in the child, which then execs the command. That
-// child starts as a copy of a multi-threaded Go process, on x86-64 one
-// that shares its memory (see sys6). So everything trial_exec calls is a
+// child comes from a multi-threaded Go process: on x86-64 it shares its
+// memory (see sys6), elsewhere it is a copy. So everything trial_exec calls is a
 // bare system call or a pure function of its arguments (strlen, memcpy):
 // no stdio, no malloc, no locale, no static and no errno written, nothing
 // that could wait on a lock another thread held at the clone

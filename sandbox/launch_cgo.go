@@ -78,8 +78,8 @@ func startCommand(cmd *exec.Cmd) (*launchIO, error) {
 	// The child reads l (and runs on its stack) until it has exec'd or
 	// exited: freed only then.
 	stdio.childGone = sync.OnceFunc(func() { freeLaunch(l) })
-	// A pidfd of its own (FindProcess fails on no pid): the child is not
-	// reaped before Wait, so the pid is it.
+	// FindProcess opens a pidfd (it returns no error on Linux): the child
+	// is not reaped before Wait, so the pid is still the child's.
 	cmd.Process, _ = os.FindProcess(int(pid))
 	stdio.started()
 	return stdio, nil
