@@ -235,6 +235,22 @@ func ignores(pid int, sig unix.Signal) bool {
 	return false
 }
 
+// execStarts are the two ways a trialnet-exec starts: an exec of
+// trialnet, whose constructor (or trialExec) does its steps, and
+// startCommand's one clone, whose child does them (the first again in a
+// CGO_ENABLED=0 build).
+// start returns what to call once the process is waited for.
+var execStarts = []struct {
+	name  string
+	start func(*exec.Cmd) (waited func(), err error)
+}{
+	{"exec of trialnet", func(cmd *exec.Cmd) (func(), error) { return func() {}, cmd.Start() }},
+	{"one clone", func(cmd *exec.Cmd) (func(), error) {
+		stdio, err := startCommand(cmd)
+		return stdio.gone, err
+	}},
+}
+
 // trialnet-exec starts while a new Trial's init still sets the Trial up:
 // it must run nothing of the command until the launcher's byte says the
 // init is ready, and nothing at all when the launcher gives up instead.
@@ -244,41 +260,45 @@ func TestPrivilegedExecWaitsForTheReadyInit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ready := range []bool{false, true} {
-		ran := filepath.Join(t.TempDir(), "ran")
-		errR, errW, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		goR, goW, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		filter, err := seccompFile(false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "0", "0", "64", socketsAnywhere, "--", "touch", ran},
-			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		_ = errW.Close()
-		_ = goR.Close()
-		if ready {
-			_, _ = goW.Write([]byte{0})
-		}
-		_ = goW.Close()
-		msg, _ := io.ReadAll(errR)
-		_ = errR.Close()
-		_ = cmd.Wait()
-		_, statErr := os.Stat(ran)
-		if ready && (statErr != nil || len(msg) > 0) {
-			t.Errorf("with the byte: the command did not run (%v; %q)", statErr, msg)
-		}
-		if !ready && (statErr == nil || cmd.ProcessState.ExitCode() != ExitCannotExecute || !strings.Contains(string(msg), "did not become ready")) {
-			t.Errorf("without the byte: the command ran (%v), exit %d, %q; want exit %d and nothing run",
-				statErr == nil, cmd.ProcessState.ExitCode(), msg, ExitCannotExecute)
+	for _, start := range execStarts {
+		for _, ready := range []bool{false, true} {
+			ran := filepath.Join(t.TempDir(), "ran")
+			errR, errW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			goR, goW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			filter, err := seccompFile(false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "0", "0", "64", socketsAnywhere, "--", "touch", ran},
+				Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
+			waited, err := start.start(cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = errW.Close()
+			_ = goR.Close()
+			if ready {
+				_, _ = goW.Write([]byte{0})
+			}
+			_ = goW.Close()
+			msg, _ := io.ReadAll(errR)
+			_ = errR.Close()
+			_ = cmd.Wait()
+			waited()
+			_, statErr := os.Stat(ran)
+			if ready && (statErr != nil || len(msg) > 0) {
+				t.Errorf("%s, with the byte: the command did not run (%v; %q)", start.name, statErr, msg)
+			}
+			if !ready && (statErr == nil || cmd.ProcessState.ExitCode() != ExitCannotExecute || !strings.Contains(string(msg), "did not become ready")) {
+				t.Errorf("%s, without the byte: the command ran (%v), exit %d, %q; want exit %d and nothing run",
+					start.name, statErr == nil, cmd.ProcessState.ExitCode(), msg, ExitCannotExecute)
+			}
 		}
 	}
 }
@@ -296,37 +316,41 @@ func TestPrivilegedExecRefusesNoChangeIDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ids := range [][2]string{{"4294967295", "0"}, {"65534", "4294967295"}} {
-		dir := t.TempDir()
-		if err := os.Chmod(dir, 0o777); err != nil {
-			t.Fatal(err)
-		}
-		ran := filepath.Join(dir, "ran")
-		errR, errW, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		goR, goW, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, ids[0], ids[1], "64", socketsAnywhere, "--", "touch", ran},
-			Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		_ = errW.Close()
-		_ = goR.Close()
-		_, _ = goW.Write([]byte{0})
-		_ = goW.Close()
-		msg, _ := io.ReadAll(errR)
-		_ = errR.Close()
-		_ = cmd.Wait()
-		var st unix.Stat_t
-		statErr := unix.Stat(ran, &st)
-		if statErr == nil || cmd.ProcessState.ExitCode() != ExitCannotExecute || !strings.Contains(string(msg), "bad arguments") {
-			t.Errorf("uid %s gid %s: exit %d, %q, command ran: %v (as uid %d); want exit %d, bad arguments, nothing run",
-				ids[0], ids[1], cmd.ProcessState.ExitCode(), msg, statErr == nil, st.Uid, ExitCannotExecute)
+	for _, start := range execStarts {
+		for _, ids := range [][2]string{{"4294967295", "0"}, {"65534", "4294967295"}} {
+			dir := t.TempDir()
+			if err := os.Chmod(dir, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			ran := filepath.Join(dir, "ran")
+			errR, errW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			goR, goW, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, ids[0], ids[1], "64", socketsAnywhere, "--", "touch", ran},
+				Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
+			waited, err := start.start(cmd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = errW.Close()
+			_ = goR.Close()
+			_, _ = goW.Write([]byte{0})
+			_ = goW.Close()
+			msg, _ := io.ReadAll(errR)
+			_ = errR.Close()
+			_ = cmd.Wait()
+			waited()
+			var st unix.Stat_t
+			statErr := unix.Stat(ran, &st)
+			if statErr == nil || cmd.ProcessState.ExitCode() != ExitCannotExecute || !strings.Contains(string(msg), "bad arguments") {
+				t.Errorf("%s, uid %s gid %s: exit %d, %q, command ran: %v (as uid %d); want exit %d, bad arguments, nothing run",
+					start.name, ids[0], ids[1], cmd.ProcessState.ExitCode(), msg, statErr == nil, st.Uid, ExitCannotExecute)
+			}
 		}
 	}
 }

@@ -199,6 +199,7 @@ type Process struct {
 	cmd   *exec.Cmd
 	tty   *terminal   // nil unless the caller's stdio is a terminal
 	stdin *stdinRelay // nil unless the caller's stdin was a socket
+	io    *launchIO   // nil unless startCommand copies its stdio
 	// initWords is the Trial init's lastWords when this launch started
 	// the init, whose stderr only this process reads.
 	initWords func() []byte
@@ -226,6 +227,10 @@ func (p *Process) Signal(sig os.Signal) error {
 // by a signal exits 128+signal, as in a shell.
 func (p *Process) Wait() (int, error) {
 	err := p.cmd.Wait()
+	p.io.gone()
+	if cerr := p.io.wait(p.cmd.WaitDelay); err == nil {
+		err = cerr
+	}
 	p.tty.close()
 	p.stdin.stop()
 	if errors.Is(err, exec.ErrWaitDelay) {
@@ -324,7 +329,7 @@ func (t *Launcher) Start(c Command) (_ *Process, err error) {
 	if err != nil {
 		return nil, t.startFailed(c, err)
 	}
-	err = t.spawn(cmd, init)
+	stdio, err := t.spawn(cmd, init)
 	launched()
 	pipes.closeChildEnds()
 	tty.started()
@@ -334,7 +339,7 @@ func (t *Launcher) Start(c Command) (_ *Process, err error) {
 		relay.stop()
 		return nil, t.startFailed(c, errors.Join(err, ready()))
 	}
-	p := &Process{cmd: cmd, tty: tty, stdin: relay, initWords: init.lastWords}
+	p := &Process{cmd: cmd, tty: tty, stdin: relay, io: stdio, initWords: init.lastWords}
 	if err := t.release(p, c, ready, pipes); err != nil {
 		return nil, err
 	}
@@ -467,8 +472,13 @@ func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready f
 
 // spawn forks trialnet-exec from a thread in the init's namespaces and
 // puts it in the Trial's pools before it may run anything of the command.
-func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) error {
-	err := netns.EnterProcess(init.pidfd, t.Netns.Path, cmd.Start)
+// It returns startCommand's stdio copying.
+func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) (*launchIO, error) {
+	var stdio *launchIO
+	err := netns.EnterProcess(init.pidfd, t.Netns.Path, func() (err error) {
+		stdio, err = startCommand(cmd)
+		return err
+	})
 	if errors.Is(err, unix.EAGAIN) {
 		// Cloned into a cgroup v2 group at its pids.max: say which bound.
 		if perr := t.pidsBound(); perr != nil {
@@ -476,16 +486,18 @@ func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) error {
 		}
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Before it runs anything: the byte that lets it exec comes later
 	// (release).
 	if err := t.joinPools(cmd.Process.Pid); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return err
+		stdio.gone()
+		_ = stdio.wait(cmd.WaitDelay)
+		return nil, err
 	}
-	return nil
+	return stdio, nil
 }
 
 // release lets the started trialnet-exec exec the command once the init
@@ -504,13 +516,30 @@ func (t *Launcher) release(p *Process, c Command, ready func() error, pipes exec
 	// carries why trialnet-exec gave up.
 	msg, _ := io.ReadAll(pipes.errR)
 	if len(msg) > 0 {
+		// Wait lets the launch know its child is gone.
 		code, _ := p.Wait()
 		if code != ExitCannotExecute {
 			code = ExitNotFound
 		}
-		return &StartError{Code: code, Msg: string(msg)}
+		return &StartError{Code: code, Msg: execMessage(msg)}
 	}
+	p.io.gone() // end of file, and no word: it exec'd (or died)
 	return nil
+}
+
+// execMessage spells what trialnet-exec wrote on giving up: early.c ends
+// its text with a NUL and the errno in decimal, which is spelt here, as
+// the Go path spells it.
+func execMessage(msg []byte) string {
+	text, num, ok := bytes.Cut(msg, []byte{0})
+	if !ok {
+		return string(msg)
+	}
+	n, err := strconv.ParseUint(string(num), 10, 16)
+	if err != nil {
+		return string(text) + ": errno " + string(printable(num))
+	}
+	return string(text) + ": " + syscall.Errno(n).Error()
 }
 
 // Exec starts c in the Trial and waits for it, forwarding each signal

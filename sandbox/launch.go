@@ -1,0 +1,184 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+)
+
+// launchIO is the stdio plumbing exec.Cmd.Start would have done for a
+// command that startCommand started without it: a file passes as it is,
+// nil is /dev/null, and any other reader or writer is copied through a
+// pipe, as exec.Cmd does, WaitDelay included.
+type launchIO struct {
+	child           [3]*os.File // the command's stdin, stdout and stderr
+	closeAfterStart []*os.File  // the command's ends, and /dev/null
+	parentEnds      []*os.File  // the launcher's ends, closed after Wait
+	copiers         []func() error
+	done            chan error
+	// childGone is called once the command's process has exec'd or
+	// exited (nil: nothing to do then).
+	childGone func()
+}
+
+// gone tells the launch that its child has exec'd or exited.
+func (l *launchIO) gone() {
+	if l != nil && l.childGone != nil {
+		l.childGone()
+	}
+}
+
+// newLaunchIO sets up cmd's stdio; on failure it leaves nothing open.
+func newLaunchIO(cmd *exec.Cmd) (*launchIO, error) {
+	l := &launchIO{}
+	var err error
+	if l.child[0], err = l.input(cmd.Stdin); err == nil {
+		l.child[1], err = l.output(cmd.Stdout)
+	}
+	if err == nil {
+		if cmd.Stderr != nil && interfaceEqual(cmd.Stderr, cmd.Stdout) {
+			l.child[2] = l.child[1] // one pipe: the two interleave as written
+		} else {
+			l.child[2], err = l.output(cmd.Stderr)
+		}
+	}
+	if err != nil {
+		l.abort()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *launchIO) input(r io.Reader) (*os.File, error) {
+	if r == nil {
+		f, err := os.Open(os.DevNull)
+		if err == nil {
+			l.closeAfterStart = append(l.closeAfterStart, f)
+		}
+		return f, err
+	}
+	if f, ok := r.(*os.File); ok {
+		return f, nil
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	l.closeAfterStart = append(l.closeAfterStart, pr)
+	l.parentEnds = append(l.parentEnds, pw)
+	l.copiers = append(l.copiers, func() error {
+		_, err := io.Copy(pw, r)
+		if errors.Is(err, syscall.EPIPE) {
+			err = nil // the command stopped reading: not an error, as in exec.Cmd
+		}
+		return errors.Join(err, ignoreClosed(pw.Close()))
+	})
+	return pr, nil
+}
+
+func (l *launchIO) output(w io.Writer) (*os.File, error) {
+	if w == nil {
+		f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+		if err == nil {
+			l.closeAfterStart = append(l.closeAfterStart, f)
+		}
+		return f, err
+	}
+	if f, ok := w.(*os.File); ok {
+		return f, nil
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	l.closeAfterStart = append(l.closeAfterStart, pw)
+	l.parentEnds = append(l.parentEnds, pr)
+	l.copiers = append(l.copiers, func() error {
+		_, err := io.Copy(w, pr)
+		_ = pr.Close()
+		return err
+	})
+	return pw, nil
+}
+
+// ignoreClosed drops the error of closing what WaitDelay closed already.
+func ignoreClosed(err error) error {
+	if errors.Is(err, os.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// interfaceEqual is exec.Cmd's: a == b, false for types that cannot be
+// compared.
+func interfaceEqual(a, b any) (eq bool) {
+	defer func() {
+		if recover() != nil {
+			eq = false
+		}
+	}()
+	return a == b
+}
+
+// started closes the command's ends and starts the copying.
+func (l *launchIO) started() {
+	for _, f := range l.closeAfterStart {
+		_ = f.Close()
+	}
+	l.done = make(chan error, len(l.copiers))
+	for _, c := range l.copiers {
+		go func() { l.done <- c() }()
+	}
+}
+
+// abort closes everything of a launch that did not start.
+func (l *launchIO) abort() {
+	for _, f := range l.closeAfterStart {
+		_ = f.Close()
+	}
+	l.closeParentEnds()
+}
+
+func (l *launchIO) closeParentEnds() {
+	for _, f := range l.parentEnds {
+		_ = f.Close()
+	}
+}
+
+// wait waits for the copying once the command has exited, at most delay
+// (0: for ever) before it closes the pipes, as exec.Cmd.Wait does; it
+// returns the first copy error, or exec.ErrWaitDelay.
+func (l *launchIO) wait(delay time.Duration) error {
+	if l == nil {
+		return nil
+	}
+	var timeout <-chan time.Time
+	if delay > 0 {
+		timer := time.NewTimer(delay)
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	var first error
+	for i := range l.copiers {
+		select {
+		case err := <-l.done:
+			if first == nil {
+				first = err
+			}
+		case <-timeout:
+			// The copies' errors are those of the closing: not reported.
+			l.closeParentEnds()
+			for range len(l.copiers) - i {
+				<-l.done
+			}
+			return exec.ErrWaitDelay
+		}
+	}
+	l.closeParentEnds()
+	return first
+}
