@@ -219,9 +219,12 @@ const h2cPreface = "PRI * HTTP/2.0"
 // before it, any method token, a tab for a space) and a request line may
 // come in pieces, so b is HTTP unless it starts with a byte no method
 // starts with, its first token ends in anything but a space or a tab, or
-// its whole first line names no HTTP version. The h2c preface is not
-// HTTP/1: it is tunnelled, as through CONNECT. ended says no more bytes
-// will come: a bare token is then no request, and the line is whole.
+// its whole first line names neither an HTTP version nor a target of
+// HTTP/0.9 ("GET /x", "GET http://host/": no version, and a front that
+// still takes it routes by the absolute target's host). The h2c preface
+// is not HTTP/1: it is tunnelled, as through CONNECT. ended says no more
+// bytes will come: a bare token is then no request, and the line is
+// whole.
 func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	b = bytes.TrimLeft(b, "\r\n")
 	n := 0
@@ -242,5 +245,17 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	if string(line) == h2cPreface {
 		return false, false
 	}
-	return bytes.Contains(bytes.ToUpper(line), []byte("HTTP/")), false
+	return bytes.Contains(bytes.ToUpper(line), []byte("HTTP/")) || http09Target(line[n:]), false
+}
+
+// http09Target reports whether rest, the request line after its method,
+// starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI.
+// A bare CR ends the target too, as some servers end a line there.
+func http09Target(rest []byte) bool {
+	target := bytes.TrimLeft(rest, " \t")
+	if i := bytes.IndexAny(target, " \t\r"); i >= 0 {
+		target = target[:i]
+	}
+	t := bytes.ToLower(target)
+	return bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://"))
 }

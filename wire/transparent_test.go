@@ -70,6 +70,15 @@ func TestClassifyHTTP(t *testing.T) {
 		{"OPTIONS rtsp://cam/ RTSP/1.0\r\n", false, false, false},
 		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false, false, false}, // h2c: tunnelled
 		{"GETX:", false, false, false},
+		// HTTP/0.9 (no version): a lenient front takes it as a request,
+		// routed by an absolute target.
+		{"GET http://other.example.com/\r\n", false, true, false},
+		{"GET HTTPS://other.example.com/\n", false, true, false},
+		{"GET  //other.example.com/x\r\n", false, true, false},
+		{"GET /x\r\n", false, true, false},
+		{"GET http://other.example.com/\rHost: a\r\n", false, true, false},
+		{"GET /x", true, true, false},
+		{"get /key\r\n", false, true, false}, // a memcached key like a path: the forwarder's
 	} {
 		if h, m := ClassifyHTTP([]byte(c.in), c.ended); h != c.isHTTP || m != c.more {
 			t.Errorf("ClassifyHTTP(%q, %v) = %v, %v; want %v, %v", c.in, c.ended, h, m, c.isHTTP, c.more)
