@@ -293,6 +293,11 @@ func TestTransparentHTTPHostCheckNotSteppedAround(t *testing.T) {
 		{"HTTP/0.9 with an absolute target, uppercase", []string{"GET HTTP://other.example.com/x\n"}},
 		{"a bare CR before the version", []string{"GET http://other.example.com/x\rHost: a\r\n\r\n"}},
 		{"HTTP/0.9 with an https target", []string{"GET  https://other.example.com/x\r\n"}},
+		// Python's http.server splits its request line on any whitespace
+		// str.split knows, leading whitespace included.
+		{"a vertical tab first", []string{"\x0bGET" + rest}},
+		{"a form feed after the method", []string{"GET\x0c/x\x1fHTTP/1.1\r\nHost: other.example.com\r\n\r\n"}},
+		{"a Latin-1 no-break space first", []string{"\xa0GET" + rest}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			conn := dialTransparent(t, to)

@@ -216,9 +216,10 @@ const h2cPreface = "PRI * HTTP/2.0"
 // transparent address may be an HTTP/1 request, which the forwarder must
 // judge: false only once b shows it is not one, more while more bytes
 // could tell. Servers differ in what they take as a request (blank lines
-// before it, any method token, a tab for a space) and a request line may
-// come in pieces, so b is HTTP unless it starts with a byte no method
-// starts with, its first token ends in anything but a space or a tab, or
+// before it, any method token, any whitespace Python's str.split knows
+// for a space, before the method too) and a request line may come in
+// pieces, so b is HTTP unless it starts with a byte no method starts
+// with, its first token ends in anything but such whitespace, or
 // its whole first line names neither an HTTP version nor a target of
 // HTTP/0.9 ("GET /x", "GET http://host/": no version, and a front that
 // still takes it routes by the absolute target's host). The h2c preface
@@ -226,7 +227,9 @@ const h2cPreface = "PRI * HTTP/2.0"
 // bytes will come: a bare token is then no request, and the line is
 // whole.
 func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
-	b = bytes.TrimLeft(b, "\r\n")
+	for len(b) > 0 && (b[0] == '\r' || b[0] == '\n' || lenientSpace(b[0])) {
+		b = b[1:]
+	}
 	n := 0
 	for n < len(b) && isTokenChar(b[n]) {
 		n++
@@ -234,7 +237,7 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	switch {
 	case n == len(b):
 		return !ended, !ended
-	case n == 0 || (b[n] != ' ' && b[n] != '\t'):
+	case n == 0 || !lenientSpace(b[n]):
 		return false, false
 	}
 	line, _, ok := bytes.Cut(b, []byte("\n"))
@@ -252,10 +255,25 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 // starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI.
 // A bare CR ends the target too, as some servers end a line there.
 func http09Target(rest []byte) bool {
-	target := bytes.TrimLeft(rest, " \t")
-	if i := bytes.IndexAny(target, " \t\r"); i >= 0 {
-		target = target[:i]
+	for len(rest) > 0 && lenientSpace(rest[0]) {
+		rest = rest[1:]
 	}
-	t := bytes.ToLower(target)
+	end := 0
+	for end < len(rest) && rest[end] != '\r' && !lenientSpace(rest[end]) {
+		end++
+	}
+	t := bytes.ToLower(rest[:end])
 	return bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://"))
+}
+
+// lenientSpace reports the bytes, other than CR and LF, that some server
+// splits a request line on: space and tab, and the rest of what Python's
+// str.split takes for whitespace in a line decoded as Latin-1 (its
+// http.server does): VT, FF, the separators 0x1c-0x1f, NEL and NBSP.
+func lenientSpace(c byte) bool {
+	switch c {
+	case ' ', '\t', '\v', '\f', 0x1c, 0x1d, 0x1e, 0x1f, 0x85, 0xa0:
+		return true
+	}
+	return false
 }
