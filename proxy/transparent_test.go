@@ -298,6 +298,7 @@ func TestTransparentHTTPHostCheckNotSteppedAround(t *testing.T) {
 		{"a vertical tab first", []string{"\x0bGET" + rest}},
 		{"a form feed after the method", []string{"GET\x0c/x\x1fHTTP/1.1\r\nHost: other.example.com\r\n\r\n"}},
 		{"a Latin-1 no-break space first", []string{"\xa0GET" + rest}},
+		{"a bare CR after the method", []string{"GET\r/x\rHTTP/1.1\r\nHost: other.example.com\r\n\r\n"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			conn := dialTransparent(t, to)

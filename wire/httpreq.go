@@ -219,7 +219,8 @@ const h2cPreface = "PRI * HTTP/2.0"
 // before it, any method token, any whitespace Python's str.split knows
 // for a space, before the method too) and a request line may come in
 // pieces, so b is HTTP unless it starts with a byte no method starts
-// with, its first token ends in anything but such whitespace, or
+// with, its first token ends in anything but such whitespace (a CR not
+// before LF included), or
 // its whole first line names neither an HTTP version nor a target of
 // HTTP/0.9 ("GET /x", "GET http://host/": no version, and a front that
 // still takes it routes by the absolute target's host). The h2c preface
@@ -235,9 +236,9 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 		n++
 	}
 	switch {
-	case n == len(b):
+	case n == len(b), b[n] == '\r' && n+1 == len(b): // a line end, or a bare CR: a space to some
 		return !ended, !ended
-	case n == 0 || !lenientSpace(b[n]):
+	case n == 0 || !lenientSpace(b[n]) && (b[n] != '\r' || b[n+1] == '\n'):
 		return false, false
 	}
 	line, _, ok := bytes.Cut(b, []byte("\n"))
@@ -269,7 +270,8 @@ func http09Target(rest []byte) bool {
 // lenientSpace reports the bytes, other than CR and LF, that some server
 // splits a request line on: space and tab, and the rest of what Python's
 // str.split takes for whitespace in a line decoded as Latin-1 (its
-// http.server does): VT, FF, the separators 0x1c-0x1f, NEL and NBSP.
+// http.server does): VT, FF, the separators 0x1c-0x1f, NEL and NBSP. A
+// CR not before LF is one too, to the same server.
 func lenientSpace(c byte) bool {
 	switch c {
 	case ' ', '\t', '\v', '\f', 0x1c, 0x1d, 0x1e, 0x1f, 0x85, 0xa0:

@@ -87,7 +87,11 @@ func TestClassifyHTTP(t *testing.T) {
 		{"GET\x0c/\x0cHTTP/1.1\r\n", false, true, false},
 		{"GET\x0bhttp://other.example.com/\r\n", false, true, false},
 		{"\x0c", false, true, true},
-		{"\x0c\x00\x00\x00", false, false, false}, // a length prefix
+		{"\x0c\x00\x00\x00", false, false, false},     // a length prefix
+		{"GET\r/x\rHTTP/1.1\r\n", false, true, false}, // a bare CR: whitespace to str.split
+		{"GET\r", false, true, true},                  // a line end, or a space
+		{"GET\r", true, false, false},
+		{"*1\r", false, true, true},
 	} {
 		if h, m := ClassifyHTTP([]byte(c.in), c.ended); h != c.isHTTP || m != c.more {
 			t.Errorf("ClassifyHTTP(%q, %v) = %v, %v; want %v, %v", c.in, c.ended, h, m, c.isHTTP, c.more)
