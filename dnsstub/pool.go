@@ -93,6 +93,11 @@ func (p *Pool) Assign(name string) (addr netip.Addr, fresh bool, err error) {
 		return netip.Addr{}, false, fmt.Errorf("%q: %w (%d names, the bound)", name, ErrPoolFull, p.max)
 	}
 	a := p.next
+	if !p.prefix.Contains(a) {
+		// Restored names may sit at the range's end, leaving gaps below:
+		// an address past the range is one the steering does not cover.
+		return netip.Addr{}, false, fmt.Errorf("%q: %w (no address left after %s in %s)", name, ErrPoolFull, a.Prev(), p.prefix)
+	}
 	if p.record != nil {
 		if err := p.record(name, a); err != nil {
 			return netip.Addr{}, false, fmt.Errorf("%q: the address is not given, as it could not be recorded: %w", name, err)

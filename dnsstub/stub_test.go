@@ -598,3 +598,33 @@ func TestRestoreAndRecord(t *testing.T) {
 		t.Errorf("restored %d names into a pool of 1: %v", len(kept), err)
 	}
 }
+
+// TestPoolNeverHandsOutPastItsRange: a name restored at the pool's last
+// address leaves no next address in the range; a new name is then
+// refused, never given the address after the range, which the steering
+// does not cover (a connection to it would reach the Trial's own
+// listener, or nothing, instead of the agent).
+func TestPoolNeverHandsOutPastItsRange(t *testing.T) {
+	p, err := NewPool(netip.MustParsePrefix("127.100.0.0/30"), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Restore("last.example.com", netip.MustParseAddr("127.100.0.3")); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a.example.com", "b.example.com"} {
+		a, _, err := p.Assign(n)
+		if err == nil && !p.Prefix().Contains(a) {
+			t.Fatalf("%s was given %s, outside the pool %s", n, a, p.Prefix())
+		}
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, ErrPoolFull) {
+			t.Fatalf("%s: %v, want ErrPoolFull", n, err)
+		}
+	}
+	if a, _, err := p.Assign("last.example.com"); err != nil || a != netip.MustParseAddr("127.100.0.3") {
+		t.Fatalf("the restored name now has %s, %v", a, err)
+	}
+}

@@ -287,6 +287,18 @@ func TestTransparentHTTPHostCheckNotSteppedAround(t *testing.T) {
 		{"a lowercase method", []string{"get" + rest}},
 		{"a tab after the method", []string{"GET\t/x HTTP/1.1\r\nHost: other.example.com\r\n\r\n"}},
 		{"CONNECT", []string{"CONNECT other.example.com:80 HTTP/1.1\r\nHost: other.example.com:80\r\n\r\n"}},
+		// No version: HTTP/0.9, which a front that still takes it routes by
+		// an absolute target (nginx), or with a bare CR as its line end.
+		{"HTTP/0.9 with an absolute target", []string{"GET http://other.example.com/x\r\n"}},
+		{"HTTP/0.9 with an absolute target, uppercase", []string{"GET HTTP://other.example.com/x\n"}},
+		{"a bare CR before the version", []string{"GET http://other.example.com/x\rHost: a\r\n\r\n"}},
+		{"HTTP/0.9 with an https target", []string{"GET  https://other.example.com/x\r\n"}},
+		// Python's http.server splits its request line on any whitespace
+		// str.split knows, leading whitespace included.
+		{"a vertical tab first", []string{"\x0bGET" + rest}},
+		{"a form feed after the method", []string{"GET\x0c/x\x1fHTTP/1.1\r\nHost: other.example.com\r\n\r\n"}},
+		{"a Latin-1 no-break space first", []string{"\xa0GET" + rest}},
+		{"a bare CR after the method", []string{"GET\r/x\rHTTP/1.1\r\nHost: other.example.com\r\n\r\n"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			conn := dialTransparent(t, to)

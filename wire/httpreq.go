@@ -216,22 +216,29 @@ const h2cPreface = "PRI * HTTP/2.0"
 // transparent address may be an HTTP/1 request, which the forwarder must
 // judge: false only once b shows it is not one, more while more bytes
 // could tell. Servers differ in what they take as a request (blank lines
-// before it, any method token, a tab for a space) and a request line may
-// come in pieces, so b is HTTP unless it starts with a byte no method
-// starts with, its first token ends in anything but a space or a tab, or
-// its whole first line names no HTTP version. The h2c preface is not
-// HTTP/1: it is tunnelled, as through CONNECT. ended says no more bytes
-// will come: a bare token is then no request, and the line is whole.
+// before it, any method token, any whitespace Python's str.split knows
+// for a space, before the method too) and a request line may come in
+// pieces, so b is HTTP unless it starts with a byte no method starts
+// with, its first token ends in anything but such whitespace (a CR not
+// before LF included), or
+// its whole first line names neither an HTTP version nor a target of
+// HTTP/0.9 ("GET /x", "GET http://host/": no version, and a front that
+// still takes it routes by the absolute target's host). The h2c preface
+// is not HTTP/1: it is tunnelled, as through CONNECT. ended says no more
+// bytes will come: a bare token is then no request, and the line is
+// whole.
 func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
-	b = bytes.TrimLeft(b, "\r\n")
+	for len(b) > 0 && (b[0] == '\r' || b[0] == '\n' || lenientSpace(b[0])) {
+		b = b[1:]
+	}
 	n := 0
 	for n < len(b) && isTokenChar(b[n]) {
 		n++
 	}
 	switch {
-	case n == len(b):
+	case n == len(b), b[n] == '\r' && n+1 == len(b): // a line end, or a bare CR: a space to some
 		return !ended, !ended
-	case n == 0 || (b[n] != ' ' && b[n] != '\t'):
+	case n == 0 || !lenientSpace(b[n]) && (b[n] != '\r' || b[n+1] == '\n'):
 		return false, false
 	}
 	line, _, ok := bytes.Cut(b, []byte("\n"))
@@ -242,5 +249,33 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	if string(line) == h2cPreface {
 		return false, false
 	}
-	return bytes.Contains(bytes.ToUpper(line), []byte("HTTP/")), false
+	return bytes.Contains(bytes.ToUpper(line), []byte("HTTP/")) || http09Target(line[n:]), false
+}
+
+// http09Target reports whether rest, the request line after its method,
+// starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI.
+// A bare CR ends the target too, as some servers end a line there.
+func http09Target(rest []byte) bool {
+	for len(rest) > 0 && lenientSpace(rest[0]) {
+		rest = rest[1:]
+	}
+	end := 0
+	for end < len(rest) && rest[end] != '\r' && !lenientSpace(rest[end]) {
+		end++
+	}
+	t := bytes.ToLower(rest[:end])
+	return bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://"))
+}
+
+// lenientSpace reports the bytes, other than CR and LF, that some server
+// splits a request line on: space and tab, and the rest of what Python's
+// str.split takes for whitespace in a line decoded as Latin-1 (its
+// http.server does): VT, FF, the separators 0x1c-0x1f, NEL and NBSP. A
+// CR not before LF is one too, to the same server.
+func lenientSpace(c byte) bool {
+	switch c {
+	case ' ', '\t', '\v', '\f', 0x1c, 0x1d, 0x1e, 0x1f, 0x85, 0xa0:
+		return true
+	}
+	return false
 }

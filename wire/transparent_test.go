@@ -70,6 +70,28 @@ func TestClassifyHTTP(t *testing.T) {
 		{"OPTIONS rtsp://cam/ RTSP/1.0\r\n", false, false, false},
 		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false, false, false}, // h2c: tunnelled
 		{"GETX:", false, false, false},
+		// HTTP/0.9 (no version): a lenient front takes it as a request,
+		// routed by an absolute target.
+		{"GET http://other.example.com/\r\n", false, true, false},
+		{"GET HTTPS://other.example.com/\n", false, true, false},
+		{"GET  //other.example.com/x\r\n", false, true, false},
+		{"GET /x\r\n", false, true, false},
+		{"GET http://other.example.com/\rHost: a\r\n", false, true, false},
+		{"GET /x", true, true, false},
+		{"get /key\r\n", false, true, false}, // a memcached key like a path: the forwarder's
+		// Whitespace Python's str.split knows (http.server splits on it).
+		{"\x0bGET / HTTP/1.1\r\n", false, true, false},
+		{"\x1c\x1d\x1e\x1fGET / HTTP/1.1\r\n", false, true, false},
+		{"\xa0GET / HTTP/1.1\r\n", false, true, false},
+		{"\x85GET / HTTP/1.1\r\n", false, true, false},
+		{"GET\x0c/\x0cHTTP/1.1\r\n", false, true, false},
+		{"GET\x0bhttp://other.example.com/\r\n", false, true, false},
+		{"\x0c", false, true, true},
+		{"\x0c\x00\x00\x00", false, false, false},     // a length prefix
+		{"GET\r/x\rHTTP/1.1\r\n", false, true, false}, // a bare CR: whitespace to str.split
+		{"GET\r", false, true, true},                  // a line end, or a space
+		{"GET\r", true, false, false},
+		{"*1\r", false, true, true},
 	} {
 		if h, m := ClassifyHTTP([]byte(c.in), c.ended); h != c.isHTTP || m != c.more {
 			t.Errorf("ClassifyHTTP(%q, %v) = %v, %v; want %v, %v", c.in, c.ended, h, m, c.isHTTP, c.more)
