@@ -144,6 +144,12 @@ type ReportSignature struct {
 	PublicKey []byte `json:"public_key"`
 }
 
+// reportDomain starts what a report's signature covers. The host key
+// signs receipts too, and a receipt is JSON, so it never starts so: a
+// report's canonical bytes, set out as a receipt, never verify as one
+// (nor a receipt's as a report).
+const reportDomain = "trialnet run report v1\n"
+
 // SignReport signs b, a report's canonical bytes, with the host key at
 // keyPath (made the first time).
 func SignReport(keyPath string, b []byte) (ReportSignature, error) {
@@ -151,12 +157,12 @@ func SignReport(keyPath string, b []byte) (ReportSignature, error) {
 	if err != nil {
 		return ReportSignature{}, fmt.Errorf("sign the report: %w", err)
 	}
-	return ReportSignature{Signature: ed25519.Sign(key, b), PublicKey: key.Public().(ed25519.PublicKey)}, nil
+	return ReportSignature{Signature: ed25519.Sign(key, append([]byte(reportDomain), b...)), PublicKey: key.Public().(ed25519.PublicKey)}, nil
 }
 
 // Verify checks s over b against the host key pub.
 func (s ReportSignature) Verify(pub ed25519.PublicKey, b []byte) error {
-	if !bytes.Equal(s.PublicKey, pub) || !ed25519.Verify(pub, b, s.Signature) {
+	if !bytes.Equal(s.PublicKey, pub) || !ed25519.Verify(pub, append([]byte(reportDomain), b...), s.Signature) {
 		return fmt.Errorf("%w: the report's own fields (exit code, verdict, counters, summary) are not what trialnet wrote, or another host's key signed them", client.ErrReceiptForged)
 	}
 	return nil

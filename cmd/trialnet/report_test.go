@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testpty"
@@ -541,5 +542,68 @@ func TestVerifyBadInput(t *testing.T) {
 	}
 	if code, _, errOut := trialnet("verify", "--key", empty, signed); code != exitUsage || !strings.Contains(errOut, "is not an ed25519 public key") {
 		t.Errorf("verify with a key file that is no key: exit %d, %q", code, errOut)
+	}
+}
+
+// asBareReceipt makes, from a genuine signed run report, a bare receipt
+// file whose "receipt" is the report's signed canonical bytes and whose
+// signature is the report's own: what a Trial holding a report could
+// write where a harness verifies.
+func asBareReceipt(t *testing.T, report string) string {
+	t.Helper()
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		t.Fatal(err)
+	}
+	var sig agent.ReportSignature
+	if err := json.Unmarshal(fields[reportSignatureKey], &sig); err != nil || sig.Signature == nil {
+		t.Fatalf("the report is not signed: %v\n%s", err, b)
+	}
+	delete(fields, reportSignatureKey)
+	canonical, err := json.Marshal(fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare, err := json.Marshal(client.SignedReceipt{Receipt: canonical, Signature: sig.Signature, PublicKey: sig.PublicKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "receipt.json")
+	if err := os.WriteFile(path, bare, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A report's signature is no receipt's: the same host key signs both, so
+// a report's signed bytes, set out as a bare receipt, must not verify.
+// Else a run that ended without a verdict (its report carries the
+// harness's nonce and no counters) becomes a receipt of this run with
+// nothing refused and no decision log to check.
+func TestPrivilegedReportSignatureIsNoReceipt(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	dir := filepath.Join(t.TempDir(), "reports")
+	if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "sig-ok", "--", "true"); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, errOut)
+	}
+	if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "sig-failed", "--nonce", "harness-run-f", "--allow", "*.com:443", "--", "true"); code != exitUsage {
+		t.Fatalf("run refused after its report opened: exit %d\n%s", code, errOut)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"a run's report", []string{asBareReceipt(t, filepath.Join(dir, "sig-ok.json"))}},
+		{"a run without a verdict", []string{"--nonce", "harness-run-f", "--trial", "sig-failed", asBareReceipt(t, filepath.Join(dir, "sig-failed.json"))}},
+	} {
+		code, out, errOut := trialnet(append([]string{"verify"}, c.args...)...)
+		if code != exitFailure || !strings.Contains(errOut, "does not verify") {
+			t.Errorf("verify %s set out as a receipt: exit %d, want %d (forged)\n%s%s", c.name, code, exitFailure, out, errOut)
+		}
 	}
 }
