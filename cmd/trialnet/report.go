@@ -327,7 +327,7 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"verify: give exactly one receipt file, and --log or --no-log, not both"})
 	}
 	path := fs.Arg(0)
-	r, code, err := verifyReceipt(path, *key)
+	r, code, err := verifyReceipt(path, *key, *nonce, *trial)
 	if err == nil {
 		code, err = verifyRun(r, *nonce, *trial)
 	}
@@ -358,8 +358,9 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // verifyReceipt reads the signed receipt at path (alone, or in a run
 // report, which must then verify whole) and checks it against the public
 // key at key. The JSON is read strictly: a key twice in one object (in
-// any case) is refused, since readers differ on which one they take.
-func verifyReceipt(path, key string) (client.Receipt, int, error) {
+// any case) is refused, since readers differ on which one they take. A
+// report without a receipt is checked against nonce and trial here.
+func verifyReceipt(path, key, nonce, trial string) (client.Receipt, int, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return client.Receipt{}, exitUsage, err
@@ -377,7 +378,7 @@ func verifyReceipt(path, key string) (client.Receipt, int, error) {
 	}
 	signed := fields
 	if _, ok := fields[reportSignatureKey]; ok && fields["receipt"] == nil {
-		code, err := failedRun(fields, pub)
+		code, err := failedRun(fields, pub, nonce, trial)
 		return client.Receipt{}, code, err
 	}
 	if inner, ok := fields["receipt"]; ok && fields["signature"] == nil {
@@ -412,8 +413,10 @@ func verifyReceipt(path, key string) (client.Receipt, int, error) {
 
 // failedRun is verify's answer to a report without a receipt: a run
 // refused, or failed before its Trial's end. Genuine (its signature
-// holds), it is exitNoVerdict with the run's error; else forged.
-func failedRun(fields map[string]json.RawMessage, pub ed25519.PublicKey) (int, error) {
+// holds) and of the run expected (nonce, trial), it is exitNoVerdict
+// with the run's error; another run's is exitFailure, as its receipt
+// would be; else forged.
+func failedRun(fields map[string]json.RawMessage, pub ed25519.PublicKey, nonce, trial string) (int, error) {
 	var sig agent.ReportSignature
 	c, err := canonicalReport(fields)
 	if err == nil {
@@ -432,6 +435,9 @@ func failedRun(fields map[string]json.RawMessage, pub ed25519.PublicKey) (int, e
 		Error string `json:"error"`
 	}
 	_ = json.Unmarshal(c, &failed) // the signed fields
+	if code, err := verifyRun(client.Receipt{Trial: failed.Trial, Nonce: failed.Nonce}, nonce, trial); err != nil {
+		return code, fmt.Errorf("a run that ended without a verdict, and %w", err)
+	}
 	return exitNoVerdict, fmt.Errorf("no verdict: run of Trial %s (nonce %q) ended with exit %d before its Trial's end: %s",
 		termsafe.String(failed.Trial), termsafe.String(failed.Nonce), failed.Exit, termsafe.String(failed.Error))
 }

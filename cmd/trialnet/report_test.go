@@ -383,6 +383,8 @@ func TestPrivilegedReportMovedDuringTheRun(t *testing.T) {
 
 // A report is bound to its run: its nonce and its Trial.
 func TestPrivilegedReportBoundToItsRun(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
 
 	// --report-dir: DIR/ID.json, made if missing, its path said before
 	// the Trial starts; the receipt carries the harness's nonce, and
@@ -412,6 +414,10 @@ func TestPrivilegedReportBoundToItsRun(t *testing.T) {
 			{[]string{"--trial", "nonce-b", path}, exitFailure, `of Trial "nonce-a", not "nonce-b"`},
 			{[]string{"--nonce", "harness-run-a", filepath.Join(dir, "nonce-b.json")}, exitFailure, "carries no nonce"},
 			{[]string{"--nonce", "harness-run-c", filepath.Join(dir, "nonce-c.json")}, exitNoVerdict, `no verdict: run of Trial nonce-c (nonce "harness-run-c") ended with exit 2`},
+			// Another run's failure is not this run's: a harness would
+			// take it for why its own run has no verdict.
+			{[]string{"--nonce", "harness-run-a", filepath.Join(dir, "nonce-c.json")}, exitFailure, `carries nonce "harness-run-c", not "harness-run-a"`},
+			{[]string{"--trial", "nonce-a", filepath.Join(dir, "nonce-c.json")}, exitFailure, `of Trial "nonce-c", not "nonce-a"`},
 		} {
 			code, out, errOut := trialnet(append([]string{"verify"}, c.args...)...)
 			if code != c.code || !strings.Contains(out+errOut, c.want) {
