@@ -77,12 +77,12 @@ func openReport(path, dir string, fd int, id string, uid, gid uint32) (*reportSi
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, usageError{fmt.Sprintf("run: --report-dir %s: %v", dir, err)}
 		}
-		return openReportFile(path, "--report-dir "+dir)
+		return openReportFile(path, "--report-dir "+dir, uid, gid)
 	case path != "":
 		if err := checkReportPath(path, uid, gid); err != nil {
 			return nil, err
 		}
-		return openReportFile(path, "--report "+path)
+		return openReportFile(path, "--report "+path, uid, gid)
 	case fd >= 0:
 		return openReportFd(fd, uid, gid)
 	}
@@ -98,7 +98,7 @@ func checkReportPath(path string, uid, gid uint32) error {
 	return nil
 }
 
-func openReportFile(path, flag string) (*reportSink, error) {
+func openReportFile(path, flag string, uid, gid uint32) (*reportSink, error) {
 	// As the kernel resolves it, and a harness reading it will: not
 	// cleaned, so "link/.." is the symlink's parent, not ".".
 	abs, err := rootdir.Unclean(path)
@@ -116,7 +116,31 @@ func openReportFile(path, flag string) (*reportSink, error) {
 	if err != nil {
 		return nil, usageError{fmt.Sprintf("run: %s: its directory %s: %v", flag, strings.TrimSuffix(dir, "/"), err)}
 	}
+	if err := recheckReportDir(d, abs, dir, uid, gid); err != nil {
+		d.Close()
+		return nil, err
+	}
 	return &reportSink{path: abs, name: name, dir: d}, nil
+}
+
+// recheckReportDir checks path again once its directory d is open: a
+// part missing at the first check, beneath a sticky directory the
+// Trial's uid can write, may since have been made by a process of that
+// uid (another Trial's), and MkdirAll or the open took it as it found
+// it. Checked out of reach now, the path cannot change; d must be what
+// it names.
+func recheckReportDir(d *os.File, path, dir string, uid, gid uint32) error {
+	if err := checkReportPath(path, uid, gid); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
+		return err
+	}
+	if id, err := rootdir.IDOf(dir); err != nil || id != (rootdir.FileID{Dev: st.Dev, Ino: st.Ino}) {
+		return usageError{fmt.Sprintf("run: the report's directory %s changed while trialnet opened it (another process made or moved it): %s", dir, reportSafely)}
+	}
+	return nil
 }
 
 // openReportFd takes descriptor fd for the report, refusing one the

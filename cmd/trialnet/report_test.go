@@ -613,3 +613,40 @@ func TestPrivilegedReportSignatureIsNoReceipt(t *testing.T) {
 		}
 	}
 }
+
+// What --report-dir makes is checked again once it is there: a part of
+// DIR missing at the first check, beneath a sticky directory the Trial's
+// uid can write (/var/tmp), can be made first by another process of
+// that uid (another Trial's, running beside), and MkdirAll then takes
+// it as it finds it. Here the race is already lost: the directory is
+// the Trial's when the report's directory is opened.
+func TestPrivilegedReportDirMadeFirstByTheTrial(t *testing.T) {
+	privtest.Require(t)
+	sticky := filepath.Join(t.TempDir(), "sticky")
+	if err := os.Mkdir(sticky, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Chmod(sticky, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(sticky, "reports")
+	path := filepath.Join(dir, "race.json")
+	if err := checkReportPath(path, 65534, 65534); err != nil {
+		t.Fatalf("the first check, DIR not yet made: %v", err)
+	}
+	// The other process wins: DIR is made, and is the Trial's.
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	r, err := openReportFile(path, "--report-dir "+dir, 65534, 65534)
+	if err == nil {
+		r.dir.Close()
+		t.Fatalf("the report's directory, made first by the Trial's uid, was taken")
+	}
+	if !strings.Contains(err.Error(), "is owned by uid 65534") {
+		t.Fatalf("refused, but not for the Trial's directory: %v", err)
+	}
+}
