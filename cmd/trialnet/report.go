@@ -13,6 +13,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -401,6 +402,9 @@ func verifyReceipt(path, key, nonce, trial string) (client.Receipt, int, error) 
 		return client.Receipt{}, exitUsage, fmt.Errorf("the host's receipt key: %w (give --key)", err)
 	}
 	signed := fields
+	if err := bareReceiptOnly(fields); err != nil {
+		return client.Receipt{}, exitFailure, err
+	}
 	if _, ok := fields[reportSignatureKey]; ok && fields["receipt"] == nil {
 		code, err := failedRun(fields, pub, nonce, trial)
 		return client.Receipt{}, code, err
@@ -433,6 +437,25 @@ func verifyReceipt(path, key, nonce, trial string) (client.Receipt, int, error) 
 		return client.Receipt{}, exitFailure, err
 	}
 	return r, exitOK, nil
+}
+
+// bareReceiptKeys are all a bare receipt (receipt.json) holds.
+var bareReceiptKeys = []string{"receipt", "signature", "public_key"}
+
+// bareReceiptOnly refuses a file shaped as a bare receipt (a signature
+// at the top) that holds anything else: a report's fields there (its
+// exit code, verdict, summary) would pass unsigned beside a genuine
+// receipt, and a harness reading them would take them as trialnet's.
+func bareReceiptOnly(fields map[string]json.RawMessage) error {
+	if fields["signature"] == nil {
+		return nil
+	}
+	for k := range fields {
+		if !slices.Contains(bareReceiptKeys, k) {
+			return fmt.Errorf("%w: it is a bare receipt (a signature at the top) that holds %q too, which no signature covers: a bare receipt holds only %s", client.ErrReceiptForged, termsafe.String(k), strings.Join(bareReceiptKeys, ", "))
+		}
+	}
+	return nil
 }
 
 // failedRun is verify's answer to a report without a receipt: a run

@@ -585,6 +585,38 @@ func asBareReceipt(t *testing.T, report string) string {
 	return path
 }
 
+// hoistedReceipt makes, from a genuine run report, a file with its
+// receipt at the top (a bare receipt's shape) beside the report's fields,
+// changed: the exit code, the verdict and the summary a harness reads.
+func hoistedReceipt(t *testing.T, report string) string {
+	t.Helper()
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		t.Fatal(err)
+	}
+	var inner map[string]json.RawMessage
+	if err := json.Unmarshal(fields["receipt"], &inner); err != nil || inner["signature"] == nil {
+		t.Fatalf("the report holds no signed receipt: %v\n%s", err, b)
+	}
+	maps.Copy(fields, inner)
+	fields["exit_code"] = json.RawMessage(`0`)
+	fields["verdict"] = json.RawMessage(`"verdict: 0 direct egress packets (ok)"`)
+	fields["summary"] = json.RawMessage(`"trialnet: all clear"`)
+	out, err := json.Marshal(fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "hoisted.json")
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // A report's signature is no receipt's: the same host key signs both, so
 // a report's signed bytes, set out as a bare receipt, must not verify.
 // Else a run that ended without a verdict (its report carries the
@@ -594,7 +626,7 @@ func TestPrivilegedReportSignatureIsNoReceipt(t *testing.T) {
 	privtest.Require(t)
 	installedByTest(t)
 	dir := filepath.Join(t.TempDir(), "reports")
-	if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "sig-ok", "--", "true"); code != 0 {
+	if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "sig-ok", "--", "sh", "-c", "exit 3"); code != 3 {
 		t.Fatalf("run: exit %d\n%s", code, errOut)
 	}
 	if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "sig-failed", "--nonce", "harness-run-f", "--allow", "*.com:443", "--", "true"); code != exitUsage {
@@ -606,6 +638,7 @@ func TestPrivilegedReportSignatureIsNoReceipt(t *testing.T) {
 	}{
 		{"a run's report", []string{asBareReceipt(t, filepath.Join(dir, "sig-ok.json"))}},
 		{"a run without a verdict", []string{"--nonce", "harness-run-f", "--trial", "sig-failed", asBareReceipt(t, filepath.Join(dir, "sig-failed.json"))}},
+		{"a receipt beside forged report fields", []string{"--trial", "sig-ok", hoistedReceipt(t, filepath.Join(dir, "sig-ok.json"))}},
 	} {
 		code, out, errOut := trialnet(append([]string{"verify"}, c.args...)...)
 		if code != exitFailure || !strings.Contains(errOut, "does not verify") {
