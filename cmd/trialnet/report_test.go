@@ -683,3 +683,36 @@ func TestPrivilegedReportDirMadeFirstByTheTrial(t *testing.T) {
 		t.Fatalf("refused, but not for the Trial's directory: %v", err)
 	}
 }
+
+// --report-dir DIR is taken as the kernel resolves it, as a harness
+// reading DIR/ID.json will: "link/.." in DIR is the parent of where link
+// leads, not DIR without it. Here that is the Trial's directory, while
+// DIR cleaned is root's: checked and written cleaned, the report went to
+// root's and the harness read the Trial's.
+func TestPrivilegedReportDirDotDotAfterSymlink(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	base := t.TempDir()
+	trials := filepath.Join(base, "project")
+	sub := filepath.Join(trials, "run-17")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(trials, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(sub, filepath.Join(base, "current")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(base, "reports"), 0o755); err != nil { // DIR cleaned: root's
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "current") + "/../reports"
+	code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "dotdot", "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, "is owned by uid 65534") {
+		t.Errorf("--report-dir %s, which leads into the Trial's directory: exit %d, want %d\n%s", dir, code, exitUsage, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(trials, "reports")); err == nil {
+		t.Error("root made the report's directory in the Trial's")
+	}
+}
