@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/rootdir"
 )
@@ -118,9 +120,10 @@ func makeKey(path string) error {
 }
 
 // DigestLog is the digest of the decision log at path, nil if there is
-// none.
+// none. It reads a regular file only: verify, as root, may be pointed at
+// a FIFO or a device, which would hang it or never end.
 func DigestLog(path string) (*client.LogDigest, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -128,6 +131,11 @@ func DigestLog(path string) (*client.LogDigest, error) {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("the decision log %s is not a regular file (%v)", path, fi.Mode().Type())
+	}
 	h := sha256.New()
 	n, err := io.Copy(h, f)
 	if err != nil {

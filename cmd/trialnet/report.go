@@ -388,7 +388,7 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // any case) is refused, since readers differ on which one they take. A
 // report without a receipt is checked against nonce and trial here.
 func verifyReceipt(path, key, nonce, trial string) (client.Receipt, int, error) {
-	b, err := os.ReadFile(path)
+	b, err := readReceiptFile(path)
 	if err != nil {
 		return client.Receipt{}, exitUsage, err
 	}
@@ -458,6 +458,33 @@ func bareReceiptOnly(fields map[string]json.RawMessage) error {
 		}
 	}
 	return nil
+}
+
+// maxReceiptFile bounds what verify reads of a receipt or report: a
+// report is a few kilobytes.
+const maxReceiptFile = 4 << 20
+
+// readReceiptFile reads the receipt or report at path, a regular file
+// of at most maxReceiptFile bytes: a FIFO would hang verify, and
+// /dev/zero fill its memory.
+func readReceiptFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, err
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("it is not a regular file (%v): a receipt or report is one", fi.Mode().Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxReceiptFile+1))
+	if err == nil && len(b) > maxReceiptFile {
+		err = fmt.Errorf("it is larger than %d bytes, which no receipt or report is", maxReceiptFile)
+	}
+	return b, err
 }
 
 // failedRun is verify's answer to a report without a receipt: a run

@@ -716,3 +716,30 @@ func TestPrivilegedReportDirDotDotAfterSymlink(t *testing.T) {
 		t.Error("root made the report's directory in the Trial's")
 	}
 }
+
+// verify reads regular files only: a receipt or decision log that is a
+// FIFO (or a symlink to /dev/zero) where a Trial could put one would hang
+// verify, run as root, or fill its memory, and the harness with it.
+func TestPrivilegedVerifyReadsRegularFilesOnly(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	zero := filepath.Join(dir, "zero")
+	if err := os.Symlink("/dev/zero", zero); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "report.json")
+	if code, _, errOut := trialnet("run", "--uid", "65534", "--report", report, "--", "true"); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, errOut)
+	}
+	for _, args := range [][]string{{fifo}, {zero}, {"--log", fifo, report}, {"--log", zero, report}} {
+		code, out, errOut := trialnet(append([]string{"verify"}, args...)...)
+		if code == exitOK || !strings.Contains(errOut, "not a regular file") {
+			t.Errorf("verify %q: exit %d, want refused as not a regular file\n%s%s", args, code, out, errOut)
+		}
+	}
+}
