@@ -10,7 +10,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -741,5 +743,46 @@ func TestPrivilegedVerifyReadsRegularFilesOnly(t *testing.T) {
 		if code == exitOK || !strings.Contains(errOut, "not a regular file") {
 			t.Errorf("verify %q: exit %d, want refused as not a regular file\n%s%s", args, code, out, errOut)
 		}
+	}
+}
+
+// The report's place is checked against the Trial's uid and gid alone:
+// sound only while a Trial holds no supplementary group. Here trialnet's
+// own groups include the group that may write the report's directory;
+// the Trial, started by it, must not.
+func TestPrivilegedReportTrialHasNoSupplementaryGroups(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	const group = 4242
+	before, err := syscall.Getgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// syscall's, which sets every thread's (x/sys/unix's sets one).
+	if err := syscall.Setgroups(append(slices.Clone(before), group)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Setgroups(before); err != nil {
+			t.Error(err)
+		}
+	})
+	dir := filepath.Join(privtest.SharedDir(t, "groups-"), "reports") // a place the Trial sees
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 0, group); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Chmod(dir, 0o775); err != nil {
+		t.Fatal(err)
+	}
+	planted := filepath.Join(dir, "planted")
+	code, _, errOut := trialnet("run", "--uid", "65534", "--gid", "65534", "--report", filepath.Join(dir, "report.json"), "--", "sh", "-c", "touch "+planted+"; grep '^Groups:' /proc/self/status >&2")
+	if _, err := os.Stat(planted); err == nil {
+		t.Fatalf("the Trial wrote the report's directory by trialnet's supplementary group %d (exit %d)\n%s", group, code, errOut)
+	}
+	if code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, errOut)
 	}
 }
