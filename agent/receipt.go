@@ -44,6 +44,9 @@ func ReceiptPublicKey(path string) string { return path + ".pub" }
 // repaired, from the key on disk: two makers racing never leave one that
 // does not match).
 func receiptKey(path string) (ed25519.PrivateKey, error) {
+	if err := keyDirOurs(filepath.Dir(path)); err != nil {
+		return nil, err
+	}
 	key, err := readKey(path)
 	if errors.Is(err, os.ErrNotExist) {
 		if err = makeKey(path); err == nil {
@@ -62,7 +65,33 @@ func receiptKey(path string) (ed25519.PrivateKey, error) {
 	return key, nil
 }
 
+// keyDirOurs refuses a key directory that another user may write: a
+// key planted there, or one of theirs made in its place, would sign
+// receipts and reports that verify. A missing one is made by us.
+func keyDirOurs(dir string) error {
+	var st unix.Stat_t
+	err := unix.Stat(dir, &st)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case err != nil:
+		return fmt.Errorf("the receipt key's directory %s: %w", dir, err)
+	case (st.Uid != 0 && int(st.Uid) != os.Geteuid()) || st.Mode&0o022 != 0:
+		return fmt.Errorf("the receipt key's directory %s is uid %d's with mode %04o: another user could plant or replace the key there and forge receipts; make it root's, writable by root alone", dir, st.Uid, st.Mode&0o7777)
+	}
+	return nil
+}
+
+// readKey reads the key at path, which must be ours and no one else's
+// to read: a regular file, not a symlink, with no group or other access.
 func readKey(path string) (ed25519.PrivateKey, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return nil, &os.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+		return nil, fmt.Errorf("the receipt key %s is not a file of uid %d's with mode 0600 (it is uid %d's, mode %o): someone else may have read or planted it; remove it, and the next Trial's end makes a new one", path, os.Geteuid(), st.Uid, st.Mode)
+	}
 	k, err := readHex(path, ed25519.PrivateKeySize)
 	if errors.Is(err, errNotKey) {
 		return nil, fmt.Errorf("the receipt key %s is not an ed25519 key in hex: remove it, and the next Trial's end makes a new one", path)
