@@ -166,6 +166,9 @@ func openReportFd(fd int, uid, gid uint32) (*reportSink, error) {
 			return nil, usageError{fmt.Sprintf("run: --report-fd %d is the same pipe or file as descriptor %d, which the Trial writes to: a report there could be forged (3>&1 alone does this; add 1>&2); %s", fd, std, reportSafely)}
 		}
 	}
+	if err := namedPeer(fd, st.Mode); err != nil {
+		return nil, err
+	}
 	r := &reportSink{fdNum: fd}
 	p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
 	if t := st.Mode & unix.S_IFMT; err == nil && (t == unix.S_IFREG || t == unix.S_IFIFO) && (t == unix.S_IFREG || filepath.IsAbs(p)) {
@@ -191,6 +194,21 @@ func openReportFd(fd int, uid, gid uint32) (*reportSink, error) {
 	unix.CloseOnExec(fd)
 	r.fd = os.NewFile(uintptr(dup), "report")
 	return r, nil
+}
+
+// namedPeer refuses a socket fd connected to a listener at a path: the
+// Trial may connect to that path as well and send its own report first,
+// as it may write a named FIFO. (An abstract name is its network
+// namespace's, and the Trial has its own.)
+func namedPeer(fd int, mode uint32) error {
+	if mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil
+	}
+	peer, err := unix.Getpeername(fd)
+	if u, ok := peer.(*unix.SockaddrUnix); err == nil && ok && u.Name != "" && u.Name[0] != '@' {
+		return usageError{fmt.Sprintf("run: --report-fd %d is a socket connected to %s, which the Trial may connect to as well and send its own report: use a pipe or a socket pair; %s", fd, termsafe.String(u.Name), reportSafely)}
+	}
+	return nil
 }
 
 // signedReport is v as the report's JSON, signed whole with the host's

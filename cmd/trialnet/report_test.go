@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -784,5 +785,56 @@ func TestPrivilegedReportTrialHasNoSupplementaryGroups(t *testing.T) {
 	}
 	if code != 0 {
 		t.Fatalf("run: exit %d\n%s", code, errOut)
+	}
+}
+
+// --report-fd on a socket connected to a listener at a path: the Trial
+// may connect to that path too, and send its own report first, as it
+// may write a named FIFO. Refused; an anonymous pair stays fine.
+func TestPrivilegedReportFdOnANamedSocket(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	sock := filepath.Join(privtest.SharedDir(t, "sock-"), "harness.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := os.Chmod(sock, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f, err := c.(*net.UnixConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	code, _, errOut := trialnet("run", "--uid", "65534", "--report-fd", fmt.Sprint(f.Fd()), "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, sock) {
+		t.Errorf("--report-fd on a socket connected to %s: exit %d, want %d\n%s", sock, code, exitUsage, errOut)
+	}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pair[0])
+	go func() { _, _ = io.Copy(io.Discard, os.NewFile(uintptr(pair[0]), "harness")) }()
+	code, _, errOut = trialnet("run", "--uid", "65534", "--report-fd", fmt.Sprint(pair[1]), "--", "true")
+	unix.Close(pair[1])
+	if code != 0 {
+		t.Errorf("--report-fd on a socket pair: exit %d\n%s", code, errOut)
 	}
 }
