@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/rootdir"
 )
@@ -42,6 +44,9 @@ func ReceiptPublicKey(path string) string { return path + ".pub" }
 // repaired, from the key on disk: two makers racing never leave one that
 // does not match).
 func receiptKey(path string) (ed25519.PrivateKey, error) {
+	if err := keyDirOurs(filepath.Dir(path)); err != nil {
+		return nil, err
+	}
 	key, err := readKey(path)
 	if errors.Is(err, os.ErrNotExist) {
 		if err = makeKey(path); err == nil {
@@ -60,7 +65,33 @@ func receiptKey(path string) (ed25519.PrivateKey, error) {
 	return key, nil
 }
 
+// keyDirOurs refuses a key directory that another user may write: a
+// key planted there, or one of theirs made in its place, would sign
+// receipts and reports that verify. A missing one is made by us.
+func keyDirOurs(dir string) error {
+	var st unix.Stat_t
+	err := unix.Stat(dir, &st)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case err != nil:
+		return fmt.Errorf("the receipt key's directory %s: %w", dir, err)
+	case (st.Uid != 0 && int(st.Uid) != os.Geteuid()) || st.Mode&0o022 != 0:
+		return fmt.Errorf("the receipt key's directory %s is uid %d's with mode %04o: another user could plant or replace the key there and forge receipts; make it root's, writable by root alone", dir, st.Uid, st.Mode&0o7777)
+	}
+	return nil
+}
+
+// readKey reads the key at path, which must be ours and no one else's
+// to read: a regular file, not a symlink, with no group or other access.
 func readKey(path string) (ed25519.PrivateKey, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return nil, &os.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+		return nil, fmt.Errorf("the receipt key %s is not a file of uid %d's with mode 0600 (it is uid %d's, mode %o): someone else may have read or planted it; remove it, and the next Trial's end makes a new one", path, os.Geteuid(), st.Uid, st.Mode)
+	}
 	k, err := readHex(path, ed25519.PrivateKeySize)
 	if errors.Is(err, errNotKey) {
 		return nil, fmt.Errorf("the receipt key %s is not an ed25519 key in hex: remove it, and the next Trial's end makes a new one", path)
@@ -118,9 +149,10 @@ func makeKey(path string) error {
 }
 
 // DigestLog is the digest of the decision log at path, nil if there is
-// none.
+// none. It reads a regular file only: verify, as root, may be pointed at
+// a FIFO or a device, which would hang it or never end.
 func DigestLog(path string) (*client.LogDigest, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -128,6 +160,11 @@ func DigestLog(path string) (*client.LogDigest, error) {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("the decision log %s is not a regular file (%v)", path, fi.Mode().Type())
+	}
 	h := sha256.New()
 	n, err := io.Copy(h, f)
 	if err != nil {
@@ -144,6 +181,12 @@ type ReportSignature struct {
 	PublicKey []byte `json:"public_key"`
 }
 
+// reportDomain starts what a report's signature covers. The host key
+// signs receipts too, and a receipt is JSON, so it never starts so: a
+// report's canonical bytes, set out as a receipt, never verify as one
+// (nor a receipt's as a report).
+const reportDomain = "trialnet run report v1\n"
+
 // SignReport signs b, a report's canonical bytes, with the host key at
 // keyPath (made the first time).
 func SignReport(keyPath string, b []byte) (ReportSignature, error) {
@@ -151,12 +194,12 @@ func SignReport(keyPath string, b []byte) (ReportSignature, error) {
 	if err != nil {
 		return ReportSignature{}, fmt.Errorf("sign the report: %w", err)
 	}
-	return ReportSignature{Signature: ed25519.Sign(key, b), PublicKey: key.Public().(ed25519.PublicKey)}, nil
+	return ReportSignature{Signature: ed25519.Sign(key, append([]byte(reportDomain), b...)), PublicKey: key.Public().(ed25519.PublicKey)}, nil
 }
 
 // Verify checks s over b against the host key pub.
 func (s ReportSignature) Verify(pub ed25519.PublicKey, b []byte) error {
-	if !bytes.Equal(s.PublicKey, pub) || !ed25519.Verify(pub, b, s.Signature) {
+	if !bytes.Equal(s.PublicKey, pub) || !ed25519.Verify(pub, append([]byte(reportDomain), b...), s.Signature) {
 		return fmt.Errorf("%w: the report's own fields (exit code, verdict, counters, summary) are not what trialnet wrote, or another host's key signed them", client.ErrReceiptForged)
 	}
 	return nil

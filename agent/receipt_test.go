@@ -78,3 +78,48 @@ func TestReceiptKeyAndVerify(t *testing.T) {
 		t.Fatal("a key file that is not a key was taken")
 	}
 }
+
+// The signing key is taken only where no one else could have read or
+// planted it: a key file others may read, a symlink, or one in a
+// directory others may write is refused (whoever holds or chose the key
+// forges every receipt and report). Nothing is made or changed there.
+func TestReceiptKeyOnlyOurs(t *testing.T) {
+	good := filepath.Join(t.TempDir(), "receipt.key")
+	if _, err := receiptKey(good); err != nil {
+		t.Fatal(err)
+	}
+	key, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readable := filepath.Join(t.TempDir(), "receipt.key")
+	if err := os.WriteFile(readable, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(readable, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	open := filepath.Join(t.TempDir(), "open")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	planted := filepath.Join(open, "receipt.key")
+	if err := os.WriteFile(planted, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "receipt.key")
+	if err := os.Symlink(good, link); err != nil {
+		t.Fatal(err)
+	}
+	for name, path := range map[string]string{"readable by others": readable, "in a world-writable directory": planted, "a symlink": link} {
+		if _, err := receiptKey(path); err == nil {
+			t.Errorf("a key %s was taken", name)
+		}
+	}
+	if _, err := receiptKey(filepath.Join(open, "new.key")); err == nil {
+		t.Error("a key was made in a world-writable directory")
+	}
+}

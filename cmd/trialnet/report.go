@@ -13,6 +13,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -68,7 +69,9 @@ func openReport(path, dir string, fd int, id string, uid, gid uint32) (*reportSi
 		if !filepath.IsAbs(dir) {
 			return nil, usageError{fmt.Sprintf("run: --report-dir %s: give an absolute path", dir)}
 		}
-		path = filepath.Join(dir, id+".json")
+		// Not cleaned, as for --report: the kernel (and a harness
+		// reading DIR/ID.json) takes "link/.." as link's target's parent.
+		path = strings.TrimSuffix(dir, "/") + "/" + id + ".json"
 		// Checked before it is made: what is missing of DIR is made by
 		// root beneath directories the Trial cannot change.
 		if err := checkReportPath(path, uid, gid); err != nil {
@@ -77,12 +80,12 @@ func openReport(path, dir string, fd int, id string, uid, gid uint32) (*reportSi
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, usageError{fmt.Sprintf("run: --report-dir %s: %v", dir, err)}
 		}
-		return openReportFile(path, "--report-dir "+dir)
+		return openReportFile(path, "--report-dir "+dir, uid, gid)
 	case path != "":
 		if err := checkReportPath(path, uid, gid); err != nil {
 			return nil, err
 		}
-		return openReportFile(path, "--report "+path)
+		return openReportFile(path, "--report "+path, uid, gid)
 	case fd >= 0:
 		return openReportFd(fd, uid, gid)
 	}
@@ -98,7 +101,7 @@ func checkReportPath(path string, uid, gid uint32) error {
 	return nil
 }
 
-func openReportFile(path, flag string) (*reportSink, error) {
+func openReportFile(path, flag string, uid, gid uint32) (*reportSink, error) {
 	// As the kernel resolves it, and a harness reading it will: not
 	// cleaned, so "link/.." is the symlink's parent, not ".".
 	abs, err := rootdir.Unclean(path)
@@ -116,7 +119,31 @@ func openReportFile(path, flag string) (*reportSink, error) {
 	if err != nil {
 		return nil, usageError{fmt.Sprintf("run: %s: its directory %s: %v", flag, strings.TrimSuffix(dir, "/"), err)}
 	}
+	if err := recheckReportDir(d, abs, dir, uid, gid); err != nil {
+		d.Close()
+		return nil, err
+	}
 	return &reportSink{path: abs, name: name, dir: d}, nil
+}
+
+// recheckReportDir checks path again once its directory d is open: a
+// part missing at the first check, beneath a sticky directory the
+// Trial's uid can write, may since have been made by a process of that
+// uid (another Trial's), and MkdirAll or the open took it as it found
+// it. Checked out of reach now, the path cannot change; d must be what
+// it names.
+func recheckReportDir(d *os.File, path, dir string, uid, gid uint32) error {
+	if err := checkReportPath(path, uid, gid); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
+		return err
+	}
+	if id, err := rootdir.IDOf(dir); err != nil || id != (rootdir.FileID{Dev: st.Dev, Ino: st.Ino}) {
+		return usageError{fmt.Sprintf("run: the report's directory %s changed while trialnet opened it (another process made or moved it): %s", dir, reportSafely)}
+	}
+	return nil
 }
 
 // openReportFd takes descriptor fd for the report, refusing one the
@@ -138,6 +165,9 @@ func openReportFd(fd int, uid, gid uint32) (*reportSink, error) {
 		if unix.Fstat(std, &o) == nil && o.Dev == st.Dev && o.Ino == st.Ino {
 			return nil, usageError{fmt.Sprintf("run: --report-fd %d is the same pipe or file as descriptor %d, which the Trial writes to: a report there could be forged (3>&1 alone does this; add 1>&2); %s", fd, std, reportSafely)}
 		}
+	}
+	if err := namedPeer(fd, st.Mode); err != nil {
+		return nil, err
 	}
 	r := &reportSink{fdNum: fd}
 	p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
@@ -164,6 +194,21 @@ func openReportFd(fd int, uid, gid uint32) (*reportSink, error) {
 	unix.CloseOnExec(fd)
 	r.fd = os.NewFile(uintptr(dup), "report")
 	return r, nil
+}
+
+// namedPeer refuses a socket fd connected to a listener at a path: the
+// Trial may connect to that path as well and send its own report first,
+// as it may write a named FIFO. (An abstract name is its network
+// namespace's, and the Trial has its own.)
+func namedPeer(fd int, mode uint32) error {
+	if mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil
+	}
+	peer, err := unix.Getpeername(fd)
+	if u, ok := peer.(*unix.SockaddrUnix); err == nil && ok && u.Name != "" && u.Name[0] != '@' {
+		return usageError{fmt.Sprintf("run: --report-fd %d is a socket connected to %s, which the Trial may connect to as well and send its own report: use a pipe or a socket pair; %s", fd, termsafe.String(u.Name), reportSafely)}
+	}
+	return nil
 }
 
 // signedReport is v as the report's JSON, signed whole with the host's
@@ -327,7 +372,7 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"verify: give exactly one receipt file, and --log or --no-log, not both"})
 	}
 	path := fs.Arg(0)
-	r, code, err := verifyReceipt(path, *key)
+	r, code, err := verifyReceipt(path, *key, *nonce, *trial)
 	if err == nil {
 		code, err = verifyRun(r, *nonce, *trial)
 	}
@@ -358,9 +403,10 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // verifyReceipt reads the signed receipt at path (alone, or in a run
 // report, which must then verify whole) and checks it against the public
 // key at key. The JSON is read strictly: a key twice in one object (in
-// any case) is refused, since readers differ on which one they take.
-func verifyReceipt(path, key string) (client.Receipt, int, error) {
-	b, err := os.ReadFile(path)
+// any case) is refused, since readers differ on which one they take. A
+// report without a receipt is checked against nonce and trial here.
+func verifyReceipt(path, key, nonce, trial string) (client.Receipt, int, error) {
+	b, err := readReceiptFile(path)
 	if err != nil {
 		return client.Receipt{}, exitUsage, err
 	}
@@ -376,8 +422,11 @@ func verifyReceipt(path, key string) (client.Receipt, int, error) {
 		return client.Receipt{}, exitUsage, fmt.Errorf("the host's receipt key: %w (give --key)", err)
 	}
 	signed := fields
+	if err := bareReceiptOnly(fields); err != nil {
+		return client.Receipt{}, exitFailure, err
+	}
 	if _, ok := fields[reportSignatureKey]; ok && fields["receipt"] == nil {
-		code, err := failedRun(fields, pub)
+		code, err := failedRun(fields, pub, nonce, trial)
 		return client.Receipt{}, code, err
 	}
 	if inner, ok := fields["receipt"]; ok && fields["signature"] == nil {
@@ -410,10 +459,58 @@ func verifyReceipt(path, key string) (client.Receipt, int, error) {
 	return r, exitOK, nil
 }
 
+// bareReceiptKeys are all a bare receipt (receipt.json) holds.
+var bareReceiptKeys = []string{"receipt", "signature", "public_key"}
+
+// bareReceiptOnly refuses a file shaped as a bare receipt (a signature
+// at the top) that holds anything else: a report's fields there (its
+// exit code, verdict, summary) would pass unsigned beside a genuine
+// receipt, and a harness reading them would take them as trialnet's.
+func bareReceiptOnly(fields map[string]json.RawMessage) error {
+	if fields["signature"] == nil {
+		return nil
+	}
+	for k := range fields {
+		if !slices.Contains(bareReceiptKeys, k) {
+			return fmt.Errorf("%w: it is a bare receipt (a signature at the top) that holds %q too, which no signature covers: a bare receipt holds only %s", client.ErrReceiptForged, termsafe.String(k), strings.Join(bareReceiptKeys, ", "))
+		}
+	}
+	return nil
+}
+
+// maxReceiptFile bounds what verify reads of a receipt or report: a
+// report is a few kilobytes.
+const maxReceiptFile = 4 << 20
+
+// readReceiptFile reads the receipt or report at path, a regular file
+// of at most maxReceiptFile bytes: a FIFO would hang verify, and
+// /dev/zero fill its memory.
+func readReceiptFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, err
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("it is not a regular file (%v): a receipt or report is one", fi.Mode().Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxReceiptFile+1))
+	if err == nil && len(b) > maxReceiptFile {
+		err = fmt.Errorf("it is larger than %d bytes, which no receipt or report is", maxReceiptFile)
+	}
+	return b, err
+}
+
 // failedRun is verify's answer to a report without a receipt: a run
 // refused, or failed before its Trial's end. Genuine (its signature
-// holds), it is exitNoVerdict with the run's error; else forged.
-func failedRun(fields map[string]json.RawMessage, pub ed25519.PublicKey) (int, error) {
+// holds) and of the run expected (nonce, trial), it is exitNoVerdict
+// with the run's error; another run's is exitFailure, as its receipt
+// would be; else forged.
+func failedRun(fields map[string]json.RawMessage, pub ed25519.PublicKey, nonce, trial string) (int, error) {
 	var sig agent.ReportSignature
 	c, err := canonicalReport(fields)
 	if err == nil {
@@ -432,6 +529,9 @@ func failedRun(fields map[string]json.RawMessage, pub ed25519.PublicKey) (int, e
 		Error string `json:"error"`
 	}
 	_ = json.Unmarshal(c, &failed) // the signed fields
+	if code, err := verifyRun(client.Receipt{Trial: failed.Trial, Nonce: failed.Nonce}, nonce, trial); err != nil {
+		return code, fmt.Errorf("a run that ended without a verdict, and %w", err)
+	}
 	return exitNoVerdict, fmt.Errorf("no verdict: run of Trial %s (nonce %q) ended with exit %d before its Trial's end: %s",
 		termsafe.String(failed.Trial), termsafe.String(failed.Nonce), failed.Exit, termsafe.String(failed.Error))
 }

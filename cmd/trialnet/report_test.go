@@ -8,14 +8,18 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testpty"
@@ -382,6 +386,8 @@ func TestPrivilegedReportMovedDuringTheRun(t *testing.T) {
 
 // A report is bound to its run: its nonce and its Trial.
 func TestPrivilegedReportBoundToItsRun(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
 
 	// --report-dir: DIR/ID.json, made if missing, its path said before
 	// the Trial starts; the receipt carries the harness's nonce, and
@@ -411,6 +417,10 @@ func TestPrivilegedReportBoundToItsRun(t *testing.T) {
 			{[]string{"--trial", "nonce-b", path}, exitFailure, `of Trial "nonce-a", not "nonce-b"`},
 			{[]string{"--nonce", "harness-run-a", filepath.Join(dir, "nonce-b.json")}, exitFailure, "carries no nonce"},
 			{[]string{"--nonce", "harness-run-c", filepath.Join(dir, "nonce-c.json")}, exitNoVerdict, `no verdict: run of Trial nonce-c (nonce "harness-run-c") ended with exit 2`},
+			// Another run's failure is not this run's: a harness would
+			// take it for why its own run has no verdict.
+			{[]string{"--nonce", "harness-run-a", filepath.Join(dir, "nonce-c.json")}, exitFailure, `carries nonce "harness-run-c", not "harness-run-a"`},
+			{[]string{"--trial", "nonce-a", filepath.Join(dir, "nonce-c.json")}, exitFailure, `of Trial "nonce-c", not "nonce-a"`},
 		} {
 			code, out, errOut := trialnet(append([]string{"verify"}, c.args...)...)
 			if code != c.code || !strings.Contains(out+errOut, c.want) {
@@ -541,5 +551,290 @@ func TestVerifyBadInput(t *testing.T) {
 	}
 	if code, _, errOut := trialnet("verify", "--key", empty, signed); code != exitUsage || !strings.Contains(errOut, "is not an ed25519 public key") {
 		t.Errorf("verify with a key file that is no key: exit %d, %q", code, errOut)
+	}
+}
+
+// asBareReceipt makes, from a genuine signed run report, a bare receipt
+// file whose "receipt" is the report's signed canonical bytes and whose
+// signature is the report's own: what a Trial holding a report could
+// write where a harness verifies.
+func asBareReceipt(t *testing.T, report string) string {
+	t.Helper()
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		t.Fatal(err)
+	}
+	var sig agent.ReportSignature
+	if err := json.Unmarshal(fields[reportSignatureKey], &sig); err != nil || sig.Signature == nil {
+		t.Fatalf("the report is not signed: %v\n%s", err, b)
+	}
+	delete(fields, reportSignatureKey)
+	canonical, err := json.Marshal(fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare, err := json.Marshal(client.SignedReceipt{Receipt: canonical, Signature: sig.Signature, PublicKey: sig.PublicKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "receipt.json")
+	if err := os.WriteFile(path, bare, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// hoistedReceipt makes, from a genuine run report, a file with its
+// receipt at the top (a bare receipt's shape) beside the report's fields,
+// changed: the exit code, the verdict and the summary a harness reads.
+func hoistedReceipt(t *testing.T, report string) string {
+	t.Helper()
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		t.Fatal(err)
+	}
+	var inner map[string]json.RawMessage
+	if err := json.Unmarshal(fields["receipt"], &inner); err != nil || inner["signature"] == nil {
+		t.Fatalf("the report holds no signed receipt: %v\n%s", err, b)
+	}
+	maps.Copy(fields, inner)
+	fields["exit_code"] = json.RawMessage(`0`)
+	fields["verdict"] = json.RawMessage(`"verdict: 0 direct egress packets (ok)"`)
+	fields["summary"] = json.RawMessage(`"trialnet: all clear"`)
+	out, err := json.Marshal(fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "hoisted.json")
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A report's signature is no receipt's: the same host key signs both, so
+// a report's signed bytes, set out as a bare receipt, must not verify.
+// Else a run that ended without a verdict (its report carries the
+// harness's nonce and no counters) becomes a receipt of this run with
+// nothing refused and no decision log to check.
+func TestPrivilegedReportSignatureIsNoReceipt(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	dir := filepath.Join(t.TempDir(), "reports")
+	if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "sig-ok", "--", "sh", "-c", "exit 3"); code != 3 {
+		t.Fatalf("run: exit %d\n%s", code, errOut)
+	}
+	if code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "sig-failed", "--nonce", "harness-run-f", "--allow", "*.com:443", "--", "true"); code != exitUsage {
+		t.Fatalf("run refused after its report opened: exit %d\n%s", code, errOut)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"a run's report", []string{asBareReceipt(t, filepath.Join(dir, "sig-ok.json"))}},
+		{"a run without a verdict", []string{"--nonce", "harness-run-f", "--trial", "sig-failed", asBareReceipt(t, filepath.Join(dir, "sig-failed.json"))}},
+		{"a receipt beside forged report fields", []string{"--trial", "sig-ok", hoistedReceipt(t, filepath.Join(dir, "sig-ok.json"))}},
+	} {
+		code, out, errOut := trialnet(append([]string{"verify"}, c.args...)...)
+		if code != exitFailure || !strings.Contains(errOut, "does not verify") {
+			t.Errorf("verify %s set out as a receipt: exit %d, want %d (forged)\n%s%s", c.name, code, exitFailure, out, errOut)
+		}
+	}
+}
+
+// What --report-dir makes is checked again once it is there: a part of
+// DIR missing at the first check, beneath a sticky directory the Trial's
+// uid can write (/var/tmp), can be made first by another process of
+// that uid (another Trial's, running beside), and MkdirAll then takes
+// it as it finds it. Here the race is already lost: the directory is
+// the Trial's when the report's directory is opened.
+func TestPrivilegedReportDirMadeFirstByTheTrial(t *testing.T) {
+	privtest.Require(t)
+	sticky := filepath.Join(t.TempDir(), "sticky")
+	if err := os.Mkdir(sticky, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Chmod(sticky, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(sticky, "reports")
+	path := filepath.Join(dir, "race.json")
+	if err := checkReportPath(path, 65534, 65534); err != nil {
+		t.Fatalf("the first check, DIR not yet made: %v", err)
+	}
+	// The other process wins: DIR is made, and is the Trial's.
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	r, err := openReportFile(path, "--report-dir "+dir, 65534, 65534)
+	if err == nil {
+		r.dir.Close()
+		t.Fatalf("the report's directory, made first by the Trial's uid, was taken")
+	}
+	if !strings.Contains(err.Error(), "is owned by uid 65534") {
+		t.Fatalf("refused, but not for the Trial's directory: %v", err)
+	}
+}
+
+// --report-dir DIR is taken as the kernel resolves it, as a harness
+// reading DIR/ID.json will: "link/.." in DIR is the parent of where link
+// leads, not DIR without it. Here that is the Trial's directory, while
+// DIR cleaned is root's: checked and written cleaned, the report went to
+// root's and the harness read the Trial's.
+func TestPrivilegedReportDirDotDotAfterSymlink(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	base := t.TempDir()
+	trials := filepath.Join(base, "project")
+	sub := filepath.Join(trials, "run-17")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(trials, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(sub, filepath.Join(base, "current")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(base, "reports"), 0o755); err != nil { // DIR cleaned: root's
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, "current") + "/../reports"
+	code, _, errOut := trialnet("run", "--uid", "65534", "--report-dir", dir, "--id", "dotdot", "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, "is owned by uid 65534") {
+		t.Errorf("--report-dir %s, which leads into the Trial's directory: exit %d, want %d\n%s", dir, code, exitUsage, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(trials, "reports")); err == nil {
+		t.Error("root made the report's directory in the Trial's")
+	}
+}
+
+// verify reads regular files only: a receipt or decision log that is a
+// FIFO (or a symlink to /dev/zero) where a Trial could put one would hang
+// verify, run as root, or fill its memory, and the harness with it.
+func TestPrivilegedVerifyReadsRegularFilesOnly(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	zero := filepath.Join(dir, "zero")
+	if err := os.Symlink("/dev/zero", zero); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "report.json")
+	if code, _, errOut := trialnet("run", "--uid", "65534", "--report", report, "--", "true"); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, errOut)
+	}
+	for _, args := range [][]string{{fifo}, {zero}, {"--log", fifo, report}, {"--log", zero, report}} {
+		code, out, errOut := trialnet(append([]string{"verify"}, args...)...)
+		if code == exitOK || !strings.Contains(errOut, "not a regular file") {
+			t.Errorf("verify %q: exit %d, want refused as not a regular file\n%s%s", args, code, out, errOut)
+		}
+	}
+}
+
+// The report's place is checked against the Trial's uid and gid alone:
+// sound only while a Trial holds no supplementary group. Here trialnet's
+// own groups include the group that may write the report's directory;
+// the Trial, started by it, must not.
+func TestPrivilegedReportTrialHasNoSupplementaryGroups(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	const group = 4242
+	before, err := syscall.Getgroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// syscall's, which sets every thread's (x/sys/unix's sets one).
+	if err := syscall.Setgroups(append(slices.Clone(before), group)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Setgroups(before); err != nil {
+			t.Error(err)
+		}
+	})
+	dir := filepath.Join(privtest.SharedDir(t, "groups-"), "reports") // a place the Trial sees
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 0, group); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Chmod(dir, 0o775); err != nil {
+		t.Fatal(err)
+	}
+	planted := filepath.Join(dir, "planted")
+	code, _, errOut := trialnet("run", "--uid", "65534", "--gid", "65534", "--report", filepath.Join(dir, "report.json"), "--", "sh", "-c", "touch "+planted+"; grep '^Groups:' /proc/self/status >&2")
+	if _, err := os.Stat(planted); err == nil {
+		t.Fatalf("the Trial wrote the report's directory by trialnet's supplementary group %d (exit %d)\n%s", group, code, errOut)
+	}
+	if code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, errOut)
+	}
+}
+
+// --report-fd on a socket connected to a listener at a path: the Trial
+// may connect to that path too, and send its own report first, as it
+// may write a named FIFO. Refused; an anonymous pair stays fine.
+func TestPrivilegedReportFdOnANamedSocket(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	sock := filepath.Join(privtest.SharedDir(t, "sock-"), "harness.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := os.Chmod(sock, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f, err := c.(*net.UnixConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	code, _, errOut := trialnet("run", "--uid", "65534", "--report-fd", fmt.Sprint(f.Fd()), "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, sock) {
+		t.Errorf("--report-fd on a socket connected to %s: exit %d, want %d\n%s", sock, code, exitUsage, errOut)
+	}
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pair[0])
+	go func() { _, _ = io.Copy(io.Discard, os.NewFile(uintptr(pair[0]), "harness")) }()
+	code, _, errOut = trialnet("run", "--uid", "65534", "--report-fd", fmt.Sprint(pair[1]), "--", "true")
+	unix.Close(pair[1])
+	if code != 0 {
+		t.Errorf("--report-fd on a socket pair: exit %d\n%s", code, errOut)
 	}
 }
