@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -256,6 +257,11 @@ func TestPrivilegedContainerProfileRefused(t *testing.T) {
 			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 			o.netns = ns.Path
 		}, "(sleep) outside the container is in its network namespace"},
+		{"a thread of a host process in its namespace", func(t *testing.T, o *bundleOpts) {
+			ns := testNetns(t, nsDir, "nb-thread")
+			threadIn(t, ns.Path)
+			o.netns = ns.Path
+		}, fmt.Sprintf("process %d (", os.Getpid())},
 		{"a socket in its namespace", func(t *testing.T, o *bundleOpts) {
 			ns := testNetns(t, nsDir, "nb-sock")
 			ln, err := ns.Listen(context.Background(), "tcp", "127.0.0.1:9999")
@@ -288,6 +294,39 @@ func TestPrivilegedContainerProfileRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// threadIn puts one thread of this process in the network namespace at
+// path until the test ends, the process and its other threads staying
+// in the host's: a process that only a thread of shares a namespace.
+func threadIn(t *testing.T, path string) {
+	t.Helper()
+	entered, leave := make(chan error), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		orig, err := vnetns.Get()
+		if err != nil {
+			entered <- err
+			return // the thread ends with the goroutine
+		}
+		defer orig.Close()
+		ns, err := vnetns.GetFromPath(path)
+		if err == nil {
+			err = vnetns.Set(ns)
+			_ = ns.Close()
+		}
+		entered <- err
+		if err == nil {
+			<-leave
+		}
+		if vnetns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	if err := <-entered; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { close(leave) })
 }
 
 // testNetns is a network namespace of the test's own, mounted in dir.
