@@ -4,6 +4,7 @@ package bpf
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -296,5 +297,27 @@ func TestPrivilegedIncompatiblePinsReplacedOnlyWhenUnused(t *testing.T) {
 		}
 		_ = l.Close()
 		t.Fatal("the replaced policy map still has the old entry")
+	}
+}
+
+// ProgramTags, kept from the first call, are the kernel's tags of the
+// programs enforcing now, on every call.
+func TestPrivilegedProgramTags(t *testing.T) {
+	l, _ := loadTest(t)
+	first := l.ProgramTags()
+	if len(first) == 0 {
+		t.Fatal("no program tags")
+	}
+	for name, tag := range first {
+		info, err := l.coll.Programs[name].Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tag != info.Tag || tag == "" {
+			t.Errorf("%s: tag %q, the kernel's %q", name, tag, info.Tag)
+		}
+	}
+	if again := l.ProgramTags(); !maps.Equal(first, again) {
+		t.Errorf("a second call: %v, the first: %v", again, first)
 	}
 }
