@@ -20,7 +20,7 @@ import (
 )
 
 // testCgroup makes a throwaway parent cgroup on the cgroup2 mount.
-func testCgroup(t *testing.T) string {
+func testCgroup(t testing.TB) string {
 	t.Helper()
 	root := cgroup2Mount(t)
 	dir, err := os.MkdirTemp(root, "trialnet-bpftest-")
@@ -31,7 +31,7 @@ func testCgroup(t *testing.T) string {
 	return dir
 }
 
-func cgroup2Mount(t *testing.T) string {
+func cgroup2Mount(t testing.TB) string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -48,13 +48,13 @@ func cgroup2Mount(t *testing.T) string {
 }
 
 // testPins is a pin directory of the test's own for cg, removed afterwards.
-func testPins(t *testing.T, cg string) string {
+func testPins(t testing.TB, cg string) string {
 	pins := DefaultPinDir + "-test-" + filepath.Base(cg)
 	t.Cleanup(func() { _ = Uninstall(pins) })
 	return pins
 }
 
-func loadTest(t *testing.T) (*Loader, Options) {
+func loadTest(t testing.TB) (*Loader, Options) {
 	t.Helper()
 	privtest.Require(t)
 	cg := testCgroup(t)
@@ -319,5 +319,14 @@ func TestPrivilegedProgramTags(t *testing.T) {
 	}
 	if again := l.ProgramTags(); !maps.Equal(first, again) {
 		t.Errorf("a second call: %v, the first: %v", again, first)
+	}
+}
+
+func BenchmarkProgramTags(b *testing.B) {
+	l, _ := loadTest(b)
+	for b.Loop() {
+		if len(l.ProgramTags()) == 0 {
+			b.Fatal("no tags")
+		}
 	}
 }
