@@ -176,3 +176,29 @@ func timeWait() (io.Closer, error) {
 	}
 	return io.NopCloser(nil), s.Close()
 }
+
+// BenchmarkAdoptNoSockets is the adoption's check that a fresh namespace
+// holds no socket, read through its process's /proc/PID/net.
+func BenchmarkAdoptNoSockets(b *testing.B) {
+	privtest.Require(b)
+	cmd := exec.Command("unshare", "--net", "sleep", "60")
+	if err := cmd.Start(); err != nil {
+		b.Skipf("unshare: %v", err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	procNet := "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/net"
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var a, s unix.Stat_t
+		if unix.Stat("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/net", &a) == nil && unix.Stat("/proc/self/ns/net", &s) == nil && a.Ino != s.Ino {
+			break
+		}
+		if time.Now().After(end) {
+			b.Fatal("unshare did not enter a namespace of its own")
+		}
+	}
+	for b.Loop() {
+		if err := noSockets(procNet); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
