@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -46,6 +47,11 @@ type Loader struct {
 	lsmErr   error // why the LSM layer is absent
 	pinDir   string
 	unixHook bool
+	// tags are the programs' tags read so far: a loaded program's tag
+	// never changes, and reading one is a syscall per program on every
+	// receipt.
+	tagMu sync.Mutex
+	tags  map[string]string
 }
 
 // hook ties a program to its cgroup attach type.
@@ -968,10 +974,19 @@ func (l *Loader) RunStats() ([]ProgStats, error) {
 // that layer is.
 func (l *Loader) ProgramTags() map[string]string {
 	out := make(map[string]string)
+	l.tagMu.Lock()
+	defer l.tagMu.Unlock()
 	add := func(name string) {
+		if tag, ok := l.tags[name]; ok {
+			out[name] = tag
+			return
+		}
 		if p := l.coll.Programs[name]; p != nil {
 			if info, err := p.Info(); err == nil {
-				out[name] = info.Tag
+				if l.tags == nil {
+					l.tags = make(map[string]string)
+				}
+				l.tags[name], out[name] = info.Tag, info.Tag
 			}
 		}
 	}

@@ -4,6 +4,7 @@ package bpf
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -19,7 +20,7 @@ import (
 )
 
 // testCgroup makes a throwaway parent cgroup on the cgroup2 mount.
-func testCgroup(t *testing.T) string {
+func testCgroup(t testing.TB) string {
 	t.Helper()
 	root := cgroup2Mount(t)
 	dir, err := os.MkdirTemp(root, "trialnet-bpftest-")
@@ -30,7 +31,7 @@ func testCgroup(t *testing.T) string {
 	return dir
 }
 
-func cgroup2Mount(t *testing.T) string {
+func cgroup2Mount(t testing.TB) string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -47,13 +48,13 @@ func cgroup2Mount(t *testing.T) string {
 }
 
 // testPins is a pin directory of the test's own for cg, removed afterwards.
-func testPins(t *testing.T, cg string) string {
+func testPins(t testing.TB, cg string) string {
 	pins := DefaultPinDir + "-test-" + filepath.Base(cg)
 	t.Cleanup(func() { _ = Uninstall(pins) })
 	return pins
 }
 
-func loadTest(t *testing.T) (*Loader, Options) {
+func loadTest(t testing.TB) (*Loader, Options) {
 	t.Helper()
 	privtest.Require(t)
 	cg := testCgroup(t)
@@ -296,5 +297,36 @@ func TestPrivilegedIncompatiblePinsReplacedOnlyWhenUnused(t *testing.T) {
 		}
 		_ = l.Close()
 		t.Fatal("the replaced policy map still has the old entry")
+	}
+}
+
+// ProgramTags, kept from the first call, are the kernel's tags of the
+// programs enforcing now, on every call.
+func TestPrivilegedProgramTags(t *testing.T) {
+	l, _ := loadTest(t)
+	first := l.ProgramTags()
+	if len(first) == 0 {
+		t.Fatal("no program tags")
+	}
+	for name, tag := range first {
+		info, err := l.coll.Programs[name].Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tag != info.Tag || tag == "" {
+			t.Errorf("%s: tag %q, the kernel's %q", name, tag, info.Tag)
+		}
+	}
+	if again := l.ProgramTags(); !maps.Equal(first, again) {
+		t.Errorf("a second call: %v, the first: %v", again, first)
+	}
+}
+
+func BenchmarkProgramTags(b *testing.B) {
+	l, _ := loadTest(b)
+	for b.Loop() {
+		if len(l.ProgramTags()) == 0 {
+			b.Fatal("no tags")
+		}
 	}
 }

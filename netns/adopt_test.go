@@ -5,6 +5,8 @@ package netns
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -90,33 +92,113 @@ func TestPrivilegedAdopt(t *testing.T) {
 			t.Errorf("a refused namespace left its mount point: %v", err)
 		}
 	})
-	t.Run("a socket in it", func(t *testing.T) {
-		cmd, f := holder(t)
-		var ln net.PacketConn
-		err := onNewThread(func() (func() error, error) {
-			orig, err := netns.Get()
-			if err != nil {
-				return nil, err
-			}
-			restore := func() error { defer orig.Close(); return netns.Set(orig) }
-			if err := netns.Set(netns.NsHandle(int(f.Fd()))); err != nil {
+	// The TCP tables are skipped when the namespace's counters say they
+	// are empty: a listener of each family and a connection that ended
+	// (time-wait, no socket of any process left) must each still be
+	// found there.
+	for _, c := range []struct {
+		name, want string
+		make       func() (io.Closer, error)
+	}{
+		{"a udp socket", "1 udp", func() (io.Closer, error) { return net.ListenPacket("udp4", "127.0.0.1:0") }},
+		{"a tcp listener", "1 tcp)", func() (io.Closer, error) { return net.Listen("tcp4", "127.0.0.1:0") }},
+		{"a tcp6 listener", "1 tcp6", func() (io.Closer, error) { return net.Listen("tcp6", "[::]:0") }},
+		{"a connection in time-wait", "1 tcp)", timeWait},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd, f := holder(t)
+			var sock io.Closer
+			err := onNewThread(func() (func() error, error) {
+				orig, err := netns.Get()
+				if err != nil {
+					return nil, err
+				}
+				restore := func() error { defer orig.Close(); return netns.Set(orig) }
+				if err := netns.Set(netns.NsHandle(int(f.Fd()))); err != nil {
+					return restore, err
+				}
+				sock, err = c.make()
 				return restore, err
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
-			ln, err = net.ListenPacket("udp4", "127.0.0.1:0")
-			return restore, err
+			defer sock.Close()
+			ns, err := Adopt(dir, "sock", f, cmd.Process.Pid)
+			if err == nil {
+				_ = ns.Delete()
+			}
+			if !errors.Is(err, ErrNotBare) || !strings.Contains(err.Error(), "already has sockets ("+c.want) {
+				t.Errorf("got %v, want refused: %s", err, c.want)
+			}
+			if _, err := os.Stat(dir + "/sock"); !os.IsNotExist(err) {
+				t.Errorf("a refused namespace left its mount point: %v", err)
+			}
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		if _, err := Adopt(dir, "sock", f, cmd.Process.Pid); !errors.Is(err, ErrNotBare) || !strings.Contains(err.Error(), "already has sockets (1 udp)") {
-			t.Errorf("got %v, want refused: a socket", err)
-		}
-	})
+	}
 	t.Run("another process's pid", func(t *testing.T) {
 		_, f := holder(t)
 		if _, err := Adopt(dir, "pid", f, os.Getpid()); err == nil || !strings.Contains(err.Error(), "is not in the namespace to adopt") {
 			t.Errorf("got %v, want refused: the pid is elsewhere", err)
 		}
 	})
+}
+
+// timeWait leaves, in the calling thread's namespace, one TCP connection
+// in time-wait and no socket open: lo brought up, a connection made over
+// it and closed by the client first.
+func timeWait() (io.Closer, error) {
+	lo, err := netlink.LinkByName("lo")
+	if err == nil {
+		err = netlink.LinkSetUp(lo)
+	}
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	_ = c.Close()
+	if _, err := s.Read(make([]byte, 1)); err != io.EOF {
+		_ = s.Close()
+		return nil, fmt.Errorf("the server saw %v, want the client's close", err)
+	}
+	return io.NopCloser(nil), s.Close()
+}
+
+// BenchmarkAdoptNoSockets is the adoption's check that a fresh namespace
+// holds no socket, read through its process's /proc/PID/net.
+func BenchmarkAdoptNoSockets(b *testing.B) {
+	privtest.Require(b)
+	cmd := exec.Command("unshare", "--net", "sleep", "60")
+	if err := cmd.Start(); err != nil {
+		b.Skipf("unshare: %v", err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	procNet := "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/net"
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var a, s unix.Stat_t
+		if unix.Stat("/proc/"+strconv.Itoa(cmd.Process.Pid)+"/ns/net", &a) == nil && unix.Stat("/proc/self/ns/net", &s) == nil && a.Ino != s.Ino {
+			break
+		}
+		if time.Now().After(end) {
+			b.Fatal("unshare did not enter a namespace of its own")
+		}
+	}
+	for b.Loop() {
+		if err := noSockets(procNet); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -53,12 +53,15 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 	refuse := func(format string, a ...any) (*Trial, error) {
 		return nil, fmt.Errorf("adopt a container as Trial %s: %w: %s", spec.ID, ErrNotAdoptable, fmt.Sprintf(format, a...))
 	}
-	cg, err := procCgroup(c.PID)
+	mount, err := cgroup2.Mount()
+	if err != nil {
+		return nil, fmt.Errorf("adopt a container as Trial %s: %w", spec.ID, err)
+	}
+	cg, err := procCgroup(mount, strconv.Itoa(c.PID))
 	if err != nil {
 		return refuse("%v", err)
 	}
 	if filepath.Dir(cg) != filepath.Clean(h.Parent) {
-		mount, _ := cgroup2.Mount()
 		rel := strings.TrimPrefix(h.Parent, mount)
 		return refuse("its cgroup %s is not directly under trialnet's %s, where a Trial's cgroup is: give the runtime --cgroup-parent %s (podman, --cgroup-manager cgroupfs) or a cgroupsPath %s/NAME in the bundle", cg, h.Parent, rel, rel)
 	}
@@ -78,7 +81,7 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 		// The cgroup and namespace read above may be a reused pid's.
 		return refuse("its process %d exited", c.PID)
 	}
-	if why := h.notFresh(nsFile, cg); why != "" {
+	if why := h.notFresh(nsFile, mount, cg); why != "" {
 		return refuse("%s: run it with a network namespace of its own and nothing in it (podman --network none, a bundle's network namespace without a path)", why)
 	}
 	t := &Trial{Launcher: Launcher{ID: spec.ID, Cgroup: cg, CgroupID: cgid, Spec: spec}, recorded: spec,
@@ -116,8 +119,9 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 // made a Trial's ("": it can): it is the host's, this process's or a
 // Trial's, or a task outside the container's cgroup cg is in it (a
 // namespace shared with another container, or entered by a host
-// process), whose sockets there no Trial hook would judge.
-func (h *Host) notFresh(nsFile *os.File, cg string) string {
+// process), whose sockets there no Trial hook would judge. mount is the
+// cgroup2 mount.
+func (h *Host) notFresh(nsFile *os.File, mount, cg string) string {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(nsFile.Fd()), &st); err != nil {
 		return fmt.Sprintf("cannot read its network namespace: %v", err)
@@ -138,12 +142,12 @@ func (h *Host) notFresh(nsFile *os.File, cg string) string {
 			return fmt.Sprintf("it is Trial %s's network namespace (annotate the container trialnet.io/trial=%s to join it)", id, id)
 		}
 	}
-	for _, task := range tasks() {
-		if !same(filepath.Join(task, "ns", "net")) {
-			continue
-		}
-		pid := strings.Split(task, "/")[2]
-		own, err := procCgroupOf(pid)
+	pids, err := pidsIn(&st)
+	if err != nil {
+		return fmt.Sprintf("cannot tell which processes are in its network namespace: %v", err)
+	}
+	for _, pid := range pids {
+		own, err := procCgroup(mount, pid)
 		if err != nil || !within(own, cg) {
 			comm, _ := os.ReadFile("/proc/" + pid + "/comm")
 			return fmt.Sprintf("process %s (%s) outside the container is in its network namespace", pid, strings.TrimSpace(string(comm)))
@@ -152,20 +156,51 @@ func (h *Host) notFresh(nsFile *os.File, cg string) string {
 	return ""
 }
 
-// tasks are the /proc/PID/task/TID directories of every task: a thread
-// can be in another network namespace than its process (setns). Read
-// directory by directory, as a glob over /proc costs several times more.
-func tasks() []string {
+// pidsIn are the processes with a task in the network namespace ns: any
+// thread, since a thread can be in another network namespace than its
+// process (setns). A process's task directory links two more than its
+// threads: one of a single thread is read as /proc/PID/ns/net, its one
+// thread's, and only the others' task lists are read: listing every
+// process's costs twice as much on a host of mostly single-threaded
+// processes.
+func pidsIn(ns *unix.Stat_t) ([]string, error) {
+	proc, err := os.Open("/proc")
+	if err != nil {
+		return nil, err
+	}
+	defer proc.Close()
+	names, err := proc.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	fd := int(proc.Fd())
+	in := func(path string) bool {
+		var st unix.Stat_t
+		return unix.Fstatat(fd, path, &st, 0) == nil && st.Dev == ns.Dev && st.Ino == ns.Ino
+	}
 	var out []string
-	for _, pid := range dirNames("/proc") {
+	for _, pid := range names {
 		if pid[0] < '0' || pid[0] > '9' {
 			continue
 		}
+		var task unix.Stat_t
+		if unix.Fstatat(fd, pid+"/task", &task, 0) != nil {
+			continue // exited
+		}
+		if task.Nlink <= 3 {
+			if in(pid + "/ns/net") {
+				out = append(out, pid)
+			}
+			continue
+		}
 		for _, tid := range dirNames("/proc/" + pid + "/task") {
-			out = append(out, "/proc/"+pid+"/task/"+tid)
+			if in(pid + "/task/" + tid + "/ns/net") {
+				out = append(out, pid)
+				break
+			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // dirNames lists dir; one that is gone (a process that exited) is empty.
@@ -179,14 +214,9 @@ func dirNames(dir string) []string {
 	return names
 }
 
-// procCgroup is the cgroup v2 directory of process pid.
-func procCgroup(pid int) (string, error) { return procCgroupOf(strconv.Itoa(pid)) }
-
-func procCgroupOf(pid string) (string, error) {
-	mount, err := cgroup2.Mount()
-	if err != nil {
-		return "", err
-	}
+// procCgroup is the cgroup v2 directory of process pid; mount is the
+// cgroup2 mount.
+func procCgroup(mount, pid string) (string, error) {
 	b, err := os.ReadFile("/proc/" + pid + "/cgroup")
 	if err != nil {
 		return "", fmt.Errorf("read its cgroup: %w", err)

@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -139,4 +140,46 @@ func BenchmarkConnectHook(b *testing.B) {
 	b.ReportMetric(mp, "ns/connect-unhooked")
 	b.ReportMetric(mh-mp, "ns/connect-added")
 	b.ReportMetric(mh/mp, "ratio")
+}
+
+// BenchmarkAdoptFreshness is what an adoption checks of a container's
+// namespace besides its links and sockets (netns's own): that it is no
+// host's or Trial's, and that no task outside the container's cgroup is
+// in it, a scan of every task on the host. The namespace is a process's
+// own, unshared; this host's processes are the rest.
+func BenchmarkAdoptFreshness(b *testing.B) {
+	h := newHost(b)
+	cmd := exec.Command("unshare", "--net", "sleep", "60")
+	if err := cmd.Start(); err != nil {
+		b.Skipf("unshare: %v", err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := strconv.Itoa(cmd.Process.Pid)
+	mount, err := Cgroup2Mount()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var f *os.File
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		// Any cgroup passes ("/"): until unshare is in a namespace of its
+		// own, this process's is refused.
+		if f, err = os.Open("/proc/" + pid + "/ns/net"); err == nil && h.notFresh(f, mount, "/") == "" {
+			break
+		} else if err == nil {
+			_ = f.Close()
+		}
+		if time.Now().After(end) {
+			b.Fatal("unshare did not enter a namespace of its own")
+		}
+	}
+	b.Cleanup(func() { _ = f.Close() })
+	cg, err := procCgroup(mount, pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if why := h.notFresh(f, mount, cg); why != "" {
+			b.Fatal(why)
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -79,13 +80,19 @@ func (w *world) profileBundle(name, script string, stages ...string) bundleOpts 
 }
 
 // finalStats are the stats the agent wrote when it destroyed Trial id.
+// The destroy writes them last, after the Trial stops being live (which
+// waitGone waits for), in place: wait, bounded, until they read whole.
 func (w *world) finalStats(id string) (client.Stats, error) {
-	var st client.Stats
-	b, err := os.ReadFile(filepath.Join(w.dir, "data", id, "stats.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &st)
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var st client.Stats
+		b, err := os.ReadFile(filepath.Join(w.dir, "data", id, "stats.json"))
+		if err == nil {
+			err = json.Unmarshal(b, &st)
+		}
+		if err == nil || time.Now().After(end) {
+			return st, err
+		}
 	}
-	return st, err
 }
 
 // waitGone waits, bounded, until the agent no longer has Trial id live.
@@ -256,6 +263,11 @@ func TestPrivilegedContainerProfileRefused(t *testing.T) {
 			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 			o.netns = ns.Path
 		}, "(sleep) outside the container is in its network namespace"},
+		{"a thread of a host process in its namespace", func(t *testing.T, o *bundleOpts) {
+			ns := testNetns(t, nsDir, "nb-thread")
+			threadIn(t, ns.Path)
+			o.netns = ns.Path
+		}, fmt.Sprintf("process %d (", os.Getpid())},
 		{"a socket in its namespace", func(t *testing.T, o *bundleOpts) {
 			ns := testNetns(t, nsDir, "nb-sock")
 			ln, err := ns.Listen(context.Background(), "tcp", "127.0.0.1:9999")
@@ -289,6 +301,57 @@ func TestPrivilegedContainerProfileRefused(t *testing.T) {
 		})
 	}
 }
+
+// threadIn puts one thread of this process in the network namespace at
+// path until the test ends, the process and its other threads staying
+// in the host's: a process that only a thread of shares a namespace.
+// Not the leader thread, whose namespace /proc/PID/ns shows as the
+// process's: a goroutine that lands on it keeps it locked, so that the
+// next cannot.
+func threadIn(t *testing.T, path string) {
+	t.Helper()
+	leave := make(chan struct{})
+	t.Cleanup(func() { close(leave) })
+	for {
+		entered := make(chan error)
+		go func() {
+			runtime.LockOSThread()
+			if unix.Gettid() == unix.Getpid() {
+				entered <- errLeader
+				<-leave
+				runtime.UnlockOSThread()
+				return
+			}
+			orig, err := vnetns.Get()
+			if err != nil {
+				entered <- err
+				return // the thread ends with the goroutine
+			}
+			defer orig.Close()
+			ns, err := vnetns.GetFromPath(path)
+			if err == nil {
+				err = vnetns.Set(ns)
+				_ = ns.Close()
+			}
+			entered <- err
+			if err == nil {
+				<-leave
+			}
+			if vnetns.Set(orig) == nil {
+				runtime.UnlockOSThread()
+			}
+		}()
+		err := <-entered
+		if err == nil {
+			return
+		}
+		if err != errLeader {
+			t.Fatal(err)
+		}
+	}
+}
+
+var errLeader = errors.New("on the leader thread")
 
 // testNetns is a network namespace of the test's own, mounted in dir.
 func testNetns(t *testing.T, dir, name string) *netns.Namespace {
