@@ -3,11 +3,15 @@
 package sandbox
 
 import (
+	"io"
 	"os"
 	"os/exec"
 	"slices"
 	"syscall"
 	"testing"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+	"golang.org/x/sys/unix"
 )
 
 // startCommand hands the command the environment exec.Cmd would: the last
@@ -29,5 +33,63 @@ func TestStartCommandRefusesWhatItCannotDo(t *testing.T) {
 		if _, err := startCommand(cmd); err == nil {
 			t.Errorf("startCommand took %+v", attr)
 		}
+	}
+}
+
+// The one clone's child shares the launcher's memory until it execs, and
+// its uid change resets the memory's dumpable flag to fs.suid_dumpable:
+// at 1, a process of the Trial's uid could then open /proc/PID/mem of the
+// child, the launcher's memory (the agent's credentials), for good. The
+// flag must be 0 once the child has its uid, which the launcher, sharing
+// the memory, sees after the command ran.
+func TestPrivilegedLaunchLeavesTheLauncherUndumpable(t *testing.T) {
+	privtest.Require(t)
+	const sysctl = "/proc/sys/fs/suid_dumpable"
+	was, err := os.ReadFile(sysctl)
+	if err != nil {
+		t.Skipf("no %s: %v", sysctl, err)
+	}
+	if err := os.WriteFile(sysctl, []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(sysctl, was, 0)
+		_ = unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0)
+	})
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	filter, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errR.Close()
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "65534", "65534", "64", socketsAnywhere, "--", "true"},
+		Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
+	stdio, err := startCommand(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = errW.Close()
+	_ = goR.Close()
+	_, _ = goW.Write([]byte{0})
+	_ = goW.Close()
+	msg, _ := io.ReadAll(errR)
+	err = cmd.Wait()
+	stdio.gone()
+	if err != nil || len(msg) > 0 {
+		t.Fatalf("the command did not run: %v, %q", err, msg)
+	}
+	if d, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil || d != 0 {
+		t.Errorf("after a launch with fs.suid_dumpable=1 the launcher's memory is dumpable (%d, %v): the child's uid change made it so, and a process of uid 65534 could have read it", d, err)
 	}
 }
