@@ -3,9 +3,12 @@
 package sandbox
 
 import (
+	"debug/elf"
+	"go/build"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -91,5 +94,61 @@ func TestPrivilegedLaunchLeavesTheLauncherUndumpable(t *testing.T) {
 	}
 	if d, err := unix.PrctlRetInt(unix.PR_GET_DUMPABLE, 0, 0, 0, 0); err != nil || d != 0 {
 		t.Errorf("after a launch with fs.suid_dumpable=1 the launcher's memory is dumpable (%d, %v): the child's uid change made it so, and a process of uid 65534 could have read it", d, err)
+	}
+}
+
+// A launch's child runs on the launcher thread's TLS (%fs), and that
+// thread is discarded as soon as the launch returns (netns.offMain), its
+// stack unmapped or another thread's. So nothing on the child's path may
+// go through the dynamic linker's lazy binding, whose resolver writes the
+// calling thread's TLS (its global scope flag): every symbol is bound at
+// load.
+func TestLaunchBindsAtLoad(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := elf.Open(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	flags, _ := f.DynValue(elf.DT_FLAGS)
+	flags1, _ := f.DynValue(elf.DT_FLAGS_1)
+	now := slices.ContainsFunc(flags, func(v uint64) bool { return v&uint64(elf.DF_BIND_NOW) != 0 }) ||
+		slices.ContainsFunc(flags1, func(v uint64) bool { return v&uint64(elf.DF_1_NOW) != 0 })
+	if !now {
+		t.Errorf("%s binds its symbols lazily (DT_FLAGS %#x, DT_FLAGS_1 %#x): a launch's child resolving strchr would write the launcher thread's TLS", exe, flags, flags1)
+	}
+}
+
+// Nor may the compiler put a stack protector's canary, read from %fs, into
+// early.c, whatever the C compiler's default (Ubuntu's and Fedora's turn it
+// on): the package's own flags must turn it off.
+func TestEarlyHasNoStackProtector(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler:", err)
+	}
+	pkg, err := build.ImportDir(".", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := filepath.Join(t.TempDir(), "early.o")
+	args := append([]string{"-O2", "-fstack-protector-all"}, pkg.CgoCFLAGS...)
+	if out, err := exec.Command(cc, append(args, "-c", "early.c", "-o", obj)...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %q: %v\n%s", cc, args, err, out)
+	}
+	f, err := elf.Open(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.Symbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(syms, func(s elf.Symbol) bool { return s.Name == "__stack_chk_fail" }) {
+		t.Errorf("early.c built with %q has stack canaries: a launch's child would read them from the launcher thread's TLS", args)
 	}
 }
