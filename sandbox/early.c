@@ -467,6 +467,9 @@ static int have_start_nofile;
 __attribute__((noreturn)) static void launch_child(struct trialnet_launch *l) {
 	int errfd = l->fds[fd_errors];
 	long r;
+	// The launcher learns the pid (l->pid, set by the kernel before this
+	// runs) from this byte: its own thread waits in clone3 until exec.
+	sys(SYS_write, l->started, "", 1, 0);
 	// The child holds the launcher's memory until exec: no process of
 	// the Trial's may read it (ptrace, /proc/PID/mem), nor a core dump
 	// carry it. exec resets this.
@@ -530,9 +533,9 @@ static long clone3_run(struct clone_args *args, void (*fn)(struct trialnet_launc
 #endif
 
 long trialnet_launch(struct trialnet_launch *l) {
-	struct clone_args args = {.exit_signal = SIGCHLD};
+	struct clone_args args = {.flags = CLONE_PARENT_SETTID, .parent_tid = (uint64_t)(uintptr_t)&l->pid, .exit_signal = SIGCHLD};
 	if (l->cgroup >= 0)
-		args.flags = CLONE_INTO_CGROUP, args.cgroup = l->cgroup;
+		args.flags |= CLONE_INTO_CGROUP, args.cgroup = l->cgroup;
 #if defined(__x86_64__)
 	void *stack = mmap(NULL, launch_stack + launch_guard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 	if (stack == MAP_FAILED)
@@ -542,8 +545,12 @@ long trialnet_launch(struct trialnet_launch *l) {
 		munmap(stack, launch_stack + launch_guard);
 		return e;
 	}
-	l->stack = stack;
-	args.flags |= CLONE_VM;
+	// CLONE_VFORK too: the kernel gives an oom_score_adj written by one
+	// process to every other that shares its memory, unless the writer
+	// is a vfork child, and the child's 1000 must not become the
+	// launcher's (the agent's -900). This thread waits until the child
+	// has exec'd or exited; the launcher's others go on.
+	args.flags |= CLONE_VM | CLONE_VFORK;
 	args.stack = (uint64_t)(uintptr_t)stack;
 	args.stack_size = launch_stack + launch_guard;
 #endif
@@ -558,15 +565,11 @@ long trialnet_launch(struct trialnet_launch *l) {
 		launch_child(l);
 #endif
 	sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, 8);
-	if (pid < 0)
-		trialnet_launch_done(l);
+#if defined(__x86_64__)
+	// The child has exec'd or exited: its stack is free.
+	munmap(stack, launch_stack + launch_guard);
+#endif
 	return pid;
-}
-
-void trialnet_launch_done(struct trialnet_launch *l) {
-	if (l->stack)
-		munmap(l->stack, launch_stack + launch_guard);
-	l->stack = NULL;
 }
 
 // crashed says which signal ended the reaper, on its stderr, which only

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -33,7 +34,7 @@ func TestDedupEnv(t *testing.T) {
 func TestStartCommandRefusesWhatItCannotDo(t *testing.T) {
 	for _, attr := range []*syscall.SysProcAttr{{Credential: &syscall.Credential{Uid: 1}}, {Pdeathsig: syscall.SIGKILL}, {Setpgid: true}} {
 		cmd := &exec.Cmd{Args: []string{execArg0}, ExtraFiles: []*os.File{os.Stdin, os.Stdin, os.Stdin}, SysProcAttr: attr}
-		if _, err := startCommand(cmd); err == nil {
+		if _, err := startCommand(cmd, func(fn func() error) error { return fn() }); err == nil {
 			t.Errorf("startCommand took %+v", attr)
 		}
 	}
@@ -59,36 +60,7 @@ func TestPrivilegedLaunchLeavesTheLauncherUndumpable(t *testing.T) {
 		_ = os.WriteFile(sysctl, was, 0)
 		_ = unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0)
 	})
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	filter, err := seccompFile(false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer errR.Close()
-	goR, goW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "65534", "65534", "64", socketsAnywhere, "--", "true"},
-		Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
-	stdio, err := startCommand(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = errW.Close()
-	_ = goR.Close()
-	_, _ = goW.Write([]byte{0})
-	_ = goW.Close()
-	msg, _ := io.ReadAll(errR)
-	err = cmd.Wait()
-	stdio.gone()
+	msg, err := launchTrue(t)
 	if err != nil || len(msg) > 0 {
 		t.Fatalf("the command did not run: %v, %q", err, msg)
 	}
@@ -151,4 +123,64 @@ func TestEarlyHasNoStackProtector(t *testing.T) {
 	if slices.ContainsFunc(syms, func(s elf.Symbol) bool { return s.Name == "__stack_chk_fail" }) {
 		t.Errorf("early.c built with %q has stack canaries: a launch's child would read them from the launcher thread's TLS", args)
 	}
+}
+
+// A command is the OOM killer's first choice (oom_score_adj 1000), the
+// agent far from it (-900). The kernel gives an oom_score_adj written by
+// a process to every process that shares its memory (MMF_MULTIPROCESS),
+// so the one clone's child, which shares the launcher's, must not hand
+// its 1000 to the launcher.
+func TestPrivilegedLaunchLeavesTheLauncherOOMScore(t *testing.T) {
+	privtest.Require(t)
+	const adj = "/proc/self/oom_score_adj"
+	was, err := os.ReadFile(adj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Raising needs no capability, and back down to where it was neither.
+	if err := os.WriteFile(adj, []byte("500"), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(adj, was, 0) })
+	msg, err := launchTrue(t)
+	if err != nil || len(msg) > 0 {
+		t.Fatalf("the command did not run: %v, %q", err, msg)
+	}
+	if got, err := os.ReadFile(adj); err != nil || strings.TrimSpace(string(got)) != "500" {
+		t.Errorf("after a launch the launcher's oom_score_adj is %q (%v), want 500: the command's 1000 reached the launcher", got, err)
+	}
+}
+
+// launchTrue runs true as uid 65534 through the one clone and returns
+// what it wrote on its error pipe and how it exited.
+func launchTrue(t *testing.T) ([]byte, error) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	filter, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errR.Close()
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "65534", "65534", "64", socketsAnywhere, "--", "true"},
+		Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
+	if _, err := startCommand(cmd, func(fn func() error) error { return fn() }); err != nil {
+		t.Fatal(err)
+	}
+	_ = errW.Close()
+	_ = goR.Close()
+	_, _ = goW.Write([]byte{0})
+	_ = goW.Close()
+	msg, _ := io.ReadAll(errR)
+	return msg, cmd.Wait()
 }
