@@ -4,12 +4,15 @@ package sandbox
 
 import (
 	"debug/elf"
+	"errors"
+	"fmt"
 	"go/build"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -159,28 +162,72 @@ func launchTrue(t *testing.T) ([]byte, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return launch(exe, "true")
+}
+
+// launch runs args as uid 65534 through the one clone, as the Launcher
+// does in a Trial, and returns what it wrote on its error pipe and how it
+// exited.
+func launch(exe string, args ...string) ([]byte, error) {
 	filter, err := seccompFile(false)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer errR.Close()
 	goR, goW, err := os.Pipe()
 	if err != nil {
-		t.Fatal(err)
+		_ = errW.Close()
+		return nil, err
 	}
-	cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "65534", "65534", "64", socketsAnywhere, "--", "true"},
+	cmd := &exec.Cmd{Path: exe, Args: append([]string{execArg0, "65534", "65534", "64", socketsAnywhere, "--"}, args...),
 		Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
-	if _, err := startCommand(cmd, func(fn func() error) error { return fn() }); err != nil {
-		t.Fatal(err)
-	}
+	_, err = startCommand(cmd, func(fn func() error) error { return fn() })
 	_ = errW.Close()
 	_ = goR.Close()
+	if err != nil {
+		_ = goW.Close()
+		return nil, err
+	}
 	_, _ = goW.Write([]byte{0})
 	_ = goW.Close()
 	msg, _ := io.ReadAll(errR)
 	return msg, cmd.Wait()
+}
+
+// Launches side by side each learn their own child's pid and see their
+// own command run: a launch's pipe copied into another's child (cloned
+// between its pipe and its clone) only delays that child's end of file.
+func TestPrivilegedLaunchesSideBySide(t *testing.T) {
+	privtest.Require(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error)
+	const n = 16
+	for i := range n {
+		go func() {
+			msg, err := launch(exe, "sh", "-c", "exit "+strconv.Itoa(i))
+			var exit *exec.ExitError
+			switch {
+			case len(msg) > 0:
+				err = fmt.Errorf("launch %d: %q", i, msg)
+			case i == 0 && err == nil:
+			case errors.As(err, &exit) && exit.ExitCode() == i:
+				err = nil
+			default:
+				err = fmt.Errorf("launch %d: exit %v, want %d", i, err, i)
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
 }
