@@ -334,8 +334,9 @@ static void drop_privileges(uint64_t uid, uint64_t gid) {
 	// fs.suid_dumpable, and a launch's child shares the launcher's memory:
 	// at 1, the Trial's uid could open its /proc/PID/mem. Kept
 	// capabilities keep that uid out (ptrace needs the tracee's permitted
-	// set) until the flag is 0 again.
-	if ((r = sys(SYS_prctl, PR_SET_KEEPCAPS, 1, 0, 0)) < 0)
+	// set) until the flag is 0 again. A launcher whose keep-caps bit is
+	// locked (EPERM) goes without: the flag is cleared right after.
+	if ((r = sys(SYS_prctl, PR_SET_KEEPCAPS, 1, 0, 0)) < 0 && r != -EPERM)
 		fail(exit_cannot_execute, r, "trialnet-exec: keep capabilities across setuid", NULL);
 	if ((r = sys(SYS_setresuid, uid, uid, uid, 0)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: setuid ", decimal(d, uid), NULL);
@@ -347,7 +348,7 @@ static void drop_privileges(uint64_t uid, uint64_t gid) {
 	struct __user_cap_data_struct data[2] = {0};
 	if ((r = sys(SYS_capset, &hdr, data, 0, 0)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: clear capabilities", NULL);
-	if ((r = sys(SYS_prctl, PR_SET_KEEPCAPS, 0, 0, 0)) < 0)
+	if ((r = sys(SYS_prctl, PR_SET_KEEPCAPS, 0, 0, 0)) < 0 && r != -EPERM)
 		fail(exit_cannot_execute, r, "trialnet-exec: stop keeping capabilities", NULL);
 	if ((r = sys(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: set no_new_privs", NULL);

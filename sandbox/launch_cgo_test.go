@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -169,25 +170,14 @@ func launchTrue(t *testing.T) ([]byte, error) {
 // does in a Trial, and returns what it wrote on its error pipe and how it
 // exited.
 func launch(exe string, args ...string) ([]byte, error) {
-	filter, err := seccompFile(false)
-	if err != nil {
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
+	cmd, errR, goW, err := launchCmd(exe, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer errR.Close()
-	goR, goW, err := os.Pipe()
-	if err != nil {
-		_ = errW.Close()
-		return nil, err
-	}
-	cmd := &exec.Cmd{Path: exe, Args: append([]string{execArg0, "65534", "65534", "64", socketsAnywhere, "--"}, args...),
-		Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
 	_, err = startCommand(cmd, func(fn func() error) error { return fn() })
-	_ = errW.Close()
-	_ = goR.Close()
+	_ = cmd.ExtraFiles[0].Close()
+	_ = cmd.ExtraFiles[1].Close()
 	if err != nil {
 		_ = goW.Close()
 		return nil, err
@@ -196,6 +186,28 @@ func launch(exe string, args ...string) ([]byte, error) {
 	_ = goW.Close()
 	msg, _ := io.ReadAll(errR)
 	return msg, cmd.Wait()
+}
+
+// launchCmd is the trialnet-exec that runs args as uid 65534, with the
+// launcher's ends of its error and ready pipes.
+func launchCmd(exe string, args ...string) (cmd *exec.Cmd, errR, goW *os.File, err error) {
+	filter, err := seccompFile(false)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		_ = errR.Close()
+		_ = errW.Close()
+		return nil, nil, nil, err
+	}
+	cmd = &exec.Cmd{Path: exe, Args: append([]string{execArg0, "65534", "65534", "64", socketsAnywhere, "--"}, args...),
+		Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
+	return cmd, errR, goW, nil
 }
 
 // Launches side by side each learn their own child's pid and see their
@@ -229,5 +241,42 @@ func TestPrivilegedLaunchesSideBySide(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// A launcher whose keep-caps securebit is locked (systemd's SecureBits=
+// keep-caps-locked) cannot set PR_SET_KEEPCAPS: its commands run all the
+// same, with the flag cleared again right after the uid change.
+func TestPrivilegedLaunchUnderLockedKeepCaps(t *testing.T) {
+	privtest.Require(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keepCapsLocked = 1 << 5 // SECBIT_KEEP_CAPS_LOCKED
+	cmd, errR, goW, err := launchCmd(exe, "true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errR.Close()
+	// On a thread of its own, discarded after: the bit cannot be unset.
+	_, err = startCommand(cmd, func(fn func() error) error {
+		runtime.LockOSThread()
+		if err := unix.Prctl(unix.PR_SET_SECUREBITS, keepCapsLocked, 0, 0, 0); err != nil {
+			return err
+		}
+		return fn()
+	})
+	_ = cmd.ExtraFiles[0].Close()
+	_ = cmd.ExtraFiles[1].Close()
+	if err != nil {
+		_ = goW.Close()
+		t.Fatal(err)
+	}
+	_, _ = goW.Write([]byte{0})
+	_ = goW.Close()
+	msg, _ := io.ReadAll(errR)
+	if err := cmd.Wait(); err != nil || len(msg) > 0 {
+		t.Errorf("under a locked keep-caps bit: %v, %q; want the command run", err, execMessage(msg))
 	}
 }
