@@ -239,15 +239,14 @@ func ignores(pid int, sig unix.Signal) bool {
 // trialnet, whose constructor (or trialExec) does its steps, and
 // startCommand's one clone, whose child does them (the first again in a
 // CGO_ENABLED=0 build).
-// start returns what to call once the process is waited for.
 var execStarts = []struct {
 	name  string
-	start func(*exec.Cmd) (waited func(), err error)
+	start func(*exec.Cmd) error
 }{
-	{"exec of trialnet", func(cmd *exec.Cmd) (func(), error) { return func() {}, cmd.Start() }},
-	{"one clone", func(cmd *exec.Cmd) (func(), error) {
-		stdio, err := startCommand(cmd)
-		return stdio.gone, err
+	{"exec of trialnet", (*exec.Cmd).Start},
+	{"one clone", func(cmd *exec.Cmd) error {
+		_, err := startCommand(cmd, func(fn func() error) error { return fn() })
+		return err
 	}},
 }
 
@@ -277,8 +276,7 @@ func TestPrivilegedExecWaitsForTheReadyInit(t *testing.T) {
 			}
 			cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, "0", "0", "64", socketsAnywhere, "--", "touch", ran},
 				Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
-			waited, err := start.start(cmd)
-			if err != nil {
+			if err := start.start(cmd); err != nil {
 				t.Fatal(err)
 			}
 			_ = errW.Close()
@@ -290,7 +288,6 @@ func TestPrivilegedExecWaitsForTheReadyInit(t *testing.T) {
 			msg, _ := io.ReadAll(errR)
 			_ = errR.Close()
 			_ = cmd.Wait()
-			waited()
 			_, statErr := os.Stat(ran)
 			if ready && (statErr != nil || len(msg) > 0) {
 				t.Errorf("%s, with the byte: the command did not run (%v; %q)", start.name, statErr, msg)
@@ -333,8 +330,7 @@ func TestPrivilegedExecRefusesNoChangeIDs(t *testing.T) {
 			}
 			cmd := &exec.Cmd{Path: exe, Args: []string{execArg0, ids[0], ids[1], "64", socketsAnywhere, "--", "touch", ran},
 				Env: []string{"PATH=/usr/bin:/bin"}, ExtraFiles: []*os.File{errW, goR, filter}}
-			waited, err := start.start(cmd)
-			if err != nil {
+			if err := start.start(cmd); err != nil {
 				t.Fatal(err)
 			}
 			_ = errW.Close()
@@ -344,7 +340,6 @@ func TestPrivilegedExecRefusesNoChangeIDs(t *testing.T) {
 			msg, _ := io.ReadAll(errR)
 			_ = errR.Close()
 			_ = cmd.Wait()
-			waited()
 			var st unix.Stat_t
 			statErr := unix.Stat(ran, &st)
 			if statErr == nil || cmd.ProcessState.ExitCode() != ExitCannotExecute || !strings.Contains(string(msg), "bad arguments") {

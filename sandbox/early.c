@@ -330,14 +330,26 @@ static void drop_privileges(uint64_t uid, uint64_t gid) {
 		fail(exit_cannot_execute, r, "trialnet-exec: setgroups", NULL);
 	if ((r = sys(SYS_setresgid, gid, gid, gid, 0)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: setgid ", decimal(d, gid), NULL);
+	// The uid change resets the memory's dumpable flag to
+	// fs.suid_dumpable, and a launch's child shares the launcher's memory:
+	// at 1, the Trial's uid could open its /proc/PID/mem. Kept
+	// capabilities keep that uid out (ptrace needs the tracee's permitted
+	// set) until the flag is 0 again. A launcher whose keep-caps bit is
+	// locked (EPERM) goes without: the flag is cleared right after.
+	if ((r = sys(SYS_prctl, PR_SET_KEEPCAPS, 1, 0, 0)) < 0 && r != -EPERM)
+		fail(exit_cannot_execute, r, "trialnet-exec: keep capabilities across setuid", NULL);
 	if ((r = sys(SYS_setresuid, uid, uid, uid, 0)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: setuid ", decimal(d, uid), NULL);
+	if ((r = sys(SYS_prctl, PR_SET_DUMPABLE, 0, 0, 0)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: set not dumpable", NULL);
 	if ((r = sys(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: clear ambient capabilities", NULL);
 	struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3};
 	struct __user_cap_data_struct data[2] = {0};
 	if ((r = sys(SYS_capset, &hdr, data, 0, 0)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: clear capabilities", NULL);
+	if ((r = sys(SYS_prctl, PR_SET_KEEPCAPS, 0, 0, 0)) < 0 && r != -EPERM)
+		fail(exit_cannot_execute, r, "trialnet-exec: stop keeping capabilities", NULL);
 	if ((r = sys(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: set no_new_privs", NULL);
 }
@@ -456,6 +468,9 @@ static int have_start_nofile;
 __attribute__((noreturn)) static void launch_child(struct trialnet_launch *l) {
 	int errfd = l->fds[fd_errors];
 	long r;
+	// The launcher learns the pid (l->pid, set by the kernel before this
+	// runs) from this byte: its own thread waits in clone3 until exec.
+	sys(SYS_write, l->started, "", 1, 0);
 	// The child holds the launcher's memory until exec: no process of
 	// the Trial's may read it (ptrace, /proc/PID/mem), nor a core dump
 	// carry it. exec resets this.
@@ -519,9 +534,9 @@ static long clone3_run(struct clone_args *args, void (*fn)(struct trialnet_launc
 #endif
 
 long trialnet_launch(struct trialnet_launch *l) {
-	struct clone_args args = {.exit_signal = SIGCHLD};
+	struct clone_args args = {.flags = CLONE_PARENT_SETTID, .parent_tid = (uint64_t)(uintptr_t)&l->pid, .exit_signal = SIGCHLD};
 	if (l->cgroup >= 0)
-		args.flags = CLONE_INTO_CGROUP, args.cgroup = l->cgroup;
+		args.flags |= CLONE_INTO_CGROUP, args.cgroup = l->cgroup;
 #if defined(__x86_64__)
 	void *stack = mmap(NULL, launch_stack + launch_guard, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 	if (stack == MAP_FAILED)
@@ -531,8 +546,12 @@ long trialnet_launch(struct trialnet_launch *l) {
 		munmap(stack, launch_stack + launch_guard);
 		return e;
 	}
-	l->stack = stack;
-	args.flags |= CLONE_VM;
+	// CLONE_VFORK too: the kernel gives an oom_score_adj written by one
+	// process to every other that shares its memory, unless the writer
+	// is a vfork child, and the child's 1000 must not become the
+	// launcher's (the agent's -900). This thread waits until the child
+	// has exec'd or exited; the launcher's others go on.
+	args.flags |= CLONE_VM | CLONE_VFORK;
 	args.stack = (uint64_t)(uintptr_t)stack;
 	args.stack_size = launch_stack + launch_guard;
 #endif
@@ -547,15 +566,11 @@ long trialnet_launch(struct trialnet_launch *l) {
 		launch_child(l);
 #endif
 	sys(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, 8);
-	if (pid < 0)
-		trialnet_launch_done(l);
+#if defined(__x86_64__)
+	// The child has exec'd or exited: its stack is free.
+	munmap(stack, launch_stack + launch_guard);
+#endif
 	return pid;
-}
-
-void trialnet_launch_done(struct trialnet_launch *l) {
-	if (l->stack)
-		munmap(l->stack, launch_stack + launch_guard);
-	l->stack = NULL;
 }
 
 // crashed says which signal ended the reaper, on its stderr, which only

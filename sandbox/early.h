@@ -18,17 +18,16 @@ struct trialnet_launch {
 	int setsid, setctty, ctty;
 	// The cgroup the child is cloned into, or -1: the launcher's.
 	int cgroup;
-	// The child's stack, where it has one (trialnet_launch sets it).
-	void *stack;
+	// The launcher's descriptor the child writes one byte to as it
+	// starts, by which time the kernel has set pid to its pid.
+	int started;
+	int pid;
 };
 
 // trialnet_launch clones a process into l->cgroup that runs trialnet-exec's
-// steps and execs the command, and returns its pid, or -errno. The child
-// may use l, what it points to and its stack until it has exec'd or
-// exited: only then may the caller call trialnet_launch_done and free l.
+// steps and execs the command, and returns its pid, or -errno. It returns
+// once the child has exec'd or exited (the child may use l until then);
+// the byte on l->started says it runs before that.
 long trialnet_launch(struct trialnet_launch *l);
-
-// trialnet_launch_done frees what trialnet_launch allocated for l.
-void trialnet_launch_done(struct trialnet_launch *l);
 
 #endif

@@ -6,6 +6,11 @@ package sandbox
 // runtime starts; this file links it in.
 
 /*
+// A launch's child runs on the launcher thread's TLS, which that thread
+// may take with it before the child execs: no stack canary read from it,
+// and no lazy binding, whose resolver writes it (launch_cgo_test.go).
+#cgo CFLAGS: -fno-stack-protector
+#cgo LDFLAGS: -Wl,-z,now
 extern const char *const trialnet_early_own_dirs[];
 static const char *trialnet_early_own_dir(int i) { return trialnet_early_own_dirs[i]; }
 */

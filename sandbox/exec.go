@@ -227,7 +227,6 @@ func (p *Process) Signal(sig os.Signal) error {
 // by a signal exits 128+signal, as in a shell.
 func (p *Process) Wait() (int, error) {
 	err := p.cmd.Wait()
-	p.io.gone()
 	if cerr := p.io.wait(p.cmd.WaitDelay); err == nil {
 		err = cerr
 	}
@@ -474,10 +473,8 @@ func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready f
 // puts it in the Trial's pools before it may run anything of the command.
 // It returns startCommand's stdio copying.
 func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) (*launchIO, error) {
-	var stdio *launchIO
-	err := netns.EnterProcess(init.pidfd, t.Netns.Path, func() (err error) {
-		stdio, err = startCommand(cmd)
-		return err
+	stdio, err := startCommand(cmd, func(fn func() error) error {
+		return netns.EnterProcess(init.pidfd, t.Netns.Path, fn)
 	})
 	if errors.Is(err, unix.EAGAIN) {
 		// Cloned into a cgroup v2 group at its pids.max: say which bound.
@@ -493,7 +490,6 @@ func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) (*launchIO, error) {
 	if err := t.joinPools(cmd.Process.Pid); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		stdio.gone()
 		_ = stdio.wait(cmd.WaitDelay)
 		return nil, err
 	}
@@ -516,14 +512,12 @@ func (t *Launcher) release(p *Process, c Command, ready func() error, pipes exec
 	// carries why trialnet-exec gave up.
 	msg, _ := io.ReadAll(pipes.errR)
 	if len(msg) > 0 {
-		// Wait lets the launch know its child is gone.
 		code, _ := p.Wait()
 		if code != ExitCannotExecute {
 			code = ExitNotFound
 		}
 		return &StartError{Code: code, Msg: execMessage(msg)}
 	}
-	p.io.gone() // end of file, and no word: it exec'd (or died)
 	return nil
 }
 

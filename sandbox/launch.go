@@ -21,16 +21,6 @@ type launchIO struct {
 	parentEnds      []*os.File  // the launcher's ends, closed after Wait
 	copiers         []func() error
 	done            chan error
-	// childGone is called once the command's process has exec'd or
-	// exited (nil: nothing to do then).
-	childGone func()
-}
-
-// gone tells the launch that its child has exec'd or exited.
-func (l *launchIO) gone() {
-	if l != nil && l.childGone != nil {
-		l.childGone()
-	}
 }
 
 // newLaunchIO sets up cmd's stdio; on failure it leaves nothing open.

@@ -17,19 +17,82 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"unsafe"
 )
 
 // startCommand starts cmd, a trialnet-exec as execCmd makes it, with one
 // exec instead of two: early.c's trialnet_launch clones the process into
-// the cgroup, on this thread (in the Trial's namespaces), and runs the
-// constructor's steps in it before it execs the command, so trialnet
-// itself is never executed. What exec.Cmd.Start would do around the fork
-// (stdio, the environment's duplicates) is done here, as it does it; the
-// returned launchIO is its copying, which Process.Wait waits for.
-func startCommand(cmd *exec.Cmd) (*launchIO, error) {
+// the cgroup, on a thread that enter runs it on (in the Trial's
+// namespaces), and runs the constructor's steps in it before it execs the
+// command, so trialnet itself is never executed. That thread waits until
+// the child has exec'd (a vfork), which needs the ready byte sent after
+// this returns: so the launch runs on a goroutine of its own, and its
+// child's first byte says it started. What exec.Cmd.Start would do around
+// the fork (stdio, the environment's duplicates) is done here, as it does
+// it; the returned launchIO is its copying, which Process.Wait waits for.
+func startCommand(cmd *exec.Cmd, enter func(func() error) error) (*launchIO, error) {
+	l, err := newLaunch(cmd)
+	if err != nil {
+		return nil, err
+	}
+	stdio, err := newLaunchIO(cmd)
+	if err != nil {
+		freeLaunch(l)
+		return nil, err
+	}
+	startR, startW, err := os.Pipe()
+	if err != nil {
+		freeLaunch(l)
+		stdio.abort()
+		return nil, err
+	}
+	defer startR.Close()
+	files := append(stdio.child[:], cmd.ExtraFiles...)
+	for i, f := range files {
+		l.fds[i] = C.int(f.Fd())
+	}
+	l.started = C.int(startW.Fd())
+	// As Go's fork: no descriptor is half made (not yet close-on-exec)
+	// while the child copies the table; unlocked once it has.
+	syscall.ForkLock.Lock()
+	result := make(chan error, 1)
+	took := make(chan struct{})
+	go func() {
+		err := enter(func() error {
+			if pid := C.trialnet_launch(l); pid < 0 {
+				return os.NewSyscallError("clone3", syscall.Errno(-pid))
+			}
+			return nil
+		})
+		runtime.KeepAlive(files)
+		_ = startW.Close() // no byte: end of file
+		result <- err
+		<-took
+		freeLaunch(l)
+	}()
+	n, _ := startR.Read(make([]byte, 1))
+	syscall.ForkLock.Unlock()
+	pid := int(l.pid)
+	close(took)
+	if n != 1 {
+		err := <-result
+		stdio.abort()
+		if err == nil {
+			err = errors.New("start: the launched process ended before it started")
+		}
+		return nil, err
+	}
+	// FindProcess opens a pidfd (it returns no error on Linux): the child
+	// is not reaped before Wait, so the pid is still the child's.
+	cmd.Process, _ = os.FindProcess(pid)
+	stdio.started()
+	return stdio, nil
+}
+
+// newLaunch is cmd in C memory for trialnet_launch, or why it cannot be
+// started as exec.Cmd would start it.
+func newLaunch(cmd *exec.Cmd) (*C.struct_trialnet_launch, error) {
 	var attr syscall.SysProcAttr
 	if cmd.SysProcAttr != nil {
 		attr = *cmd.SysProcAttr
@@ -55,34 +118,7 @@ func startCommand(cmd *exec.Cmd) (*launchIO, error) {
 		freeLaunch(l)
 		return nil, err
 	}
-	stdio, err := newLaunchIO(cmd)
-	if err != nil {
-		freeLaunch(l)
-		return nil, err
-	}
-	files := append(stdio.child[:], cmd.ExtraFiles...)
-	for i, f := range files {
-		l.fds[i] = C.int(f.Fd())
-	}
-	// As Go's fork: no descriptor is half made (not yet close-on-exec)
-	// while the child copies the table.
-	syscall.ForkLock.Lock()
-	pid := C.trialnet_launch(l)
-	syscall.ForkLock.Unlock()
-	runtime.KeepAlive(files)
-	if pid < 0 {
-		freeLaunch(l)
-		stdio.abort()
-		return nil, os.NewSyscallError("clone3", syscall.Errno(-pid))
-	}
-	// The child reads l (and runs on its stack) until it has exec'd or
-	// exited: freed only then.
-	stdio.childGone = sync.OnceFunc(func() { freeLaunch(l) })
-	// FindProcess opens a pidfd (it returns no error on Linux): the child
-	// is not reaped before Wait, so the pid is still the child's.
-	cmd.Process, _ = os.FindProcess(int(pid))
-	stdio.started()
-	return stdio, nil
+	return l, nil
 }
 
 // fillLaunch puts cmd's arguments, environment (deduplicated, as
@@ -110,7 +146,6 @@ func fillLaunch(l *C.struct_trialnet_launch, cmd *exec.Cmd) error {
 
 // freeLaunch frees l and all it holds.
 func freeLaunch(l *C.struct_trialnet_launch) {
-	C.trialnet_launch_done(l)
 	freeCStrings(l.argv)
 	freeCStrings(l.envp)
 	C.free(unsafe.Pointer(l.dir))

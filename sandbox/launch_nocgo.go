@@ -4,6 +4,9 @@ package sandbox
 
 import "os/exec"
 
-// startCommand starts cmd as exec.Cmd does: trialnet-exec is executed, and
-// its Go path (trialExec) execs the command.
-func startCommand(cmd *exec.Cmd) (*launchIO, error) { return nil, cmd.Start() }
+// startCommand starts cmd as exec.Cmd does, on the thread enter runs it
+// on: trialnet-exec is executed, and its Go path (trialExec) execs the
+// command.
+func startCommand(cmd *exec.Cmd, enter func(func() error) error) (*launchIO, error) {
+	return nil, enter(cmd.Start)
+}
