@@ -137,10 +137,14 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	case st.Pid <= 0:
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	}
-	if why := cfg.check(st.Bundle, h.protected()); len(why) > 0 {
+	why := cfg.check(st.Bundle, h.protected())
+	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
+		why = append(why, "its seccomp profile lets it use the kernel's keyrings ("+strings.Join(keys, "; ")+"): "+keyCallsAdvice(DefaultSeccompProfile))
+	}
+	if len(why) > 0 {
 		return refuse(why...)
 	}
-	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.Linux.Seccomp != nil,
+	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.seccomp() != nil,
 		Capabilities: cfg.boundingCaps()}
 	_, c.UserNamespace = cfg.namespaces()["user"]
 	if cl.profile != "" {
