@@ -92,8 +92,8 @@ func ProxyEnv(info client.TrialInfo) []string {
 // that install wrote beside it, and the root.
 type Env struct {
 	Bin, Sock, Hooks, Seccomp string
-	root             string
-	mount            string // the cgroup2 mount
+	root                      string
+	mount                     string // the cgroup2 mount
 }
 
 // New prepares containers for the agent serving sock: it builds trialnet
