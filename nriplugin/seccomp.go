@@ -16,9 +16,10 @@ import (
 // Localhost profile) with the kernel's key calls refused and nothing else
 // changed, or, for an Unconfined container, the least policy that
 // refuses them. nil: NRI shows neither a policy nor that there is none
-// (a runtime that does not fill them in), and the plugin leaves the
-// runtime's in place for the hook to judge at createRuntime: replacing a
-// policy it cannot see would undo the runtime's other refusals.
+// (CRI-O shows neither, containerd before 2.2.1 no profile type, and no
+// runtime the policy yet), and the plugin leaves the runtime's in place
+// for the hook to judge at createRuntime: replacing a policy it cannot
+// see would undo the runtime's other refusals.
 func keyCallsPolicy(ctr *api.Container) *api.LinuxSeccomp {
 	l := ctr.GetLinux()
 	if pol := l.GetSeccompPolicy(); pol != nil {

@@ -208,7 +208,8 @@ func toAny(s []string) []any {
 // keyCallsAdvice is what a refused container's operator does.
 func keyCallsAdvice(profile string) string {
 	return strings.Join([]string{
-		"a container in a Trial must not reach the kernel's keyrings: keyrings belong to a uid, not to a container, so a container running as a uid a host process also uses reads that process's keys, and request_key makes the kernel run /sbin/request-key on the host as root",
-		"give it a seccomp profile that refuses " + strings.Join(KeyCalls, ", ") + ": with podman, --security-opt seccomp=" + profile + " (written by 'trialnet oci-hook install': the runtime's default with these refused); in a bundle, a linux.seccomp whose rules refuse them (SCMP_ACT_ERRNO) with no rule letting them run; Docker through trialnet oci-runtime and the NRI plugin add the refusal themselves",
+		"a container in a Trial must not reach the kernel's keyrings: they belong to a uid, not to a container, so a container running as a uid a host process also uses reads that process's keys, and request_key makes the kernel run /sbin/request-key on the host as root",
+		"give it a seccomp profile that refuses " + strings.Join(KeyCalls, ", ") + " with no rule letting them run: with podman, --security-opt seccomp=" + profile +
+			" (written by 'trialnet oci-hook install': podman's default with these refused); on Kubernetes with CRI-O, a pod seccompProfile of type Localhost naming that file copied to /var/lib/kubelet/seccomp/; in a bundle, a linux.seccomp with a rule refusing them (SCMP_ACT_ERRNO); trialnet oci-runtime (Docker) and trialnet nri on containerd add the refusal themselves (docs/containers.md, \"The kernel's keyrings\")",
 	}, "; ")
 }
