@@ -475,8 +475,9 @@ func TestPrivilegedContainerDockerEscape(t *testing.T) {
 // A Docker container in a Trial run with seccomp=unconfined has no
 // profile of Docker's, and the wrapper gives it one that refuses the
 // kernel's key calls: the hook admits it, and the key calls fail with
-// ENOSYS as a launched command's do. The same container outside any
-// Trial (no wrapper's rewrite) reaches the key service.
+// ENOSYS as a launched command's do, through the i386 entry too. The
+// same container outside any Trial (no wrapper's rewrite) reaches the
+// key service.
 func TestPrivilegedContainerDockerKeyCalls(t *testing.T) {
 	requireDocker(t)
 	w := newContainerTrial(t, "ctr-docker-keys")
@@ -502,7 +503,7 @@ func TestPrivilegedContainerDockerKeyCalls(t *testing.T) {
 		return parseEscapee(t, strings.NewReader(out))
 	}
 	in := keys(trialFlags(w.info.ID))
-	for _, name := range []string{"keyring-read", "request-key-upcall"} {
+	for _, name := range []string{"keyring-read", "keyctl-i386", "request-key-upcall"} {
 		if r := in[name]; r.Result != "blocked" || !strings.Contains(r.Reason, "function not implemented") {
 			t.Errorf("%s in the Trial: %+v, want refused by the seccomp profile (ENOSYS)", name, r)
 		}
@@ -511,7 +512,7 @@ func TestPrivilegedContainerDockerKeyCalls(t *testing.T) {
 		t.Errorf("the container was not recorded: %d containers, %v", st.Layers.Containers, err)
 	}
 	out := keys([]string{"--network", "none"})
-	if r := out["keyring-read"]; strings.Contains(r.Reason, "function not implemented") || out["request-key-upcall"].Result != "escaped" {
+	if r := out["keyring-read"]; strings.Contains(r.Reason, "function not implemented") || out["request-key-upcall"].Result != "escaped" || out["keyctl-i386"].Result != "escaped" {
 		t.Errorf("outside a Trial the key calls were refused too (the test shows nothing): %+v", out)
 	}
 }

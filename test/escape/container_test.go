@@ -340,7 +340,7 @@ func TestPrivilegedEscapeContainerKeyring(t *testing.T) {
 			}
 
 			res := runBoundary(t, w, inContainer(r, info, ro...))
-			for _, name := range []string{"keyring-read", "request-key-upcall"} {
+			for _, name := range []string{"keyring-read", "keyctl-i386", "request-key-upcall"} {
 				if got := res[name]; got.Result != "blocked" || strings.Contains(got.Reason, w.keySecret) {
 					t.Errorf("%s with the profile: %+v, want blocked", name, got)
 				}
