@@ -313,7 +313,7 @@ func TestPrivilegedContainerPodman(t *testing.T) {
 	}
 	w.checkConfined(out, 1)
 
-	claim := []string{"--annotation", "trialnet.io/trial=" + w.info.ID}
+	claim := []string{"--annotation", "trialnet.io/trial=" + w.info.ID, "--security-opt", "seccomp=" + w.seccomp}
 	for _, tc := range []struct {
 		name  string
 		flags []string
