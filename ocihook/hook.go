@@ -6,7 +6,8 @@
 // in that Trial (its cgroup the Trial's or under it, its network
 // namespace the Trial's) and that its bundle gives it nothing to leave
 // by (a host namespace, a capability that reaches past the Trial, a
-// bind mount of trialnet's own state); then it tells the agent, whose
+// bind mount of trialnet's own state, a seccomp profile that lets it use
+// the kernel's keyrings); then it tells the agent, whose
 // layers report the container. Anything else, a check it cannot make
 // included, makes the runtime refuse the container. A container without
 // the annotation passes without a word to the agent, so that the
