@@ -191,7 +191,7 @@ type Layers struct {
 
 // ContainerLayers says whose each layer is for a Trial's containers.
 const ContainerLayers = "PID namespace, seccomp, capabilities and session are the container runtime's (no Landlock), " +
-	"checked at start by trialnet oci-hook (no host namespace, no capability that leaves); " +
+	"checked at start by trialnet oci-hook (no host namespace, no capability that leaves, no key calls); " +
 	"network namespace, cgroup eBPF and BPF LSM are trialnet's, and the pool bounds of a Trial made with create"
 
 // AroundContainerLayers says what a Trial made around a container holds

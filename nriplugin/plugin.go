@@ -6,7 +6,8 @@
 // profile (the id from the pod's namespace, name and uid), and adjusts
 // each of the pod's containers into it before the runtime writes its
 // spec: its cgroup a child of the Trial's, its network namespace the
-// Trial's, the proxy's environment, transparent mode's resolv.conf, and
+// Trial's, the proxy's environment, transparent mode's resolv.conf, its
+// seccomp policy with the kernel's key calls refused, and
 // trialnet oci-hook at createRuntime with trialnet.io/trial=ID, so that
 // the hook checks the container where the runtime put it. It refuses a
 // container that would leave (the hook's rules on what NRI shows of its
@@ -226,6 +227,9 @@ func (p *Plugin) adjust(ctr *api.Container, info client.TrialInfo) *api.Containe
 	for _, kv := range trial.ProxyEnv(info.ProxyURL) {
 		k, v, _ := strings.Cut(kv, "=")
 		a.AddEnv(k, v)
+	}
+	if pol := keyCallsPolicy(ctr); pol != nil {
+		a.SetLinuxSeccompPolicy(pol)
 	}
 	if info.Transparent && p.ResolvConf != "" {
 		a.AddMount(&api.Mount{Destination: resolvPath, Type: "bind", Source: p.ResolvConf,

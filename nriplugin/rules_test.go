@@ -41,7 +41,14 @@ func testContainer(id string) *api.Container {
 		},
 		Linux: &api.LinuxContainer{CgroupsPath: "/kubepods/besteffort/poduid/" + id,
 			Namespaces: []*api.LinuxNamespace{{Type: "pid"}, {Type: "ipc", Path: "/proc/42/ns/ipc"}, {Type: "uts", Path: "/proc/42/ns/uts"},
-				{Type: "mount"}, {Type: "network", Path: "/var/run/netns/cni-1234"}, {Type: "cgroup"}}}}
+				{Type: "mount"}, {Type: "network", Path: "/var/run/netns/cni-1234"}, {Type: "cgroup"}},
+			// CRI-O's runtime default (containers-common's) lets the key
+			// calls run.
+			SeccompProfile: &api.SecurityProfile{ProfileType: api.SecurityProfile_RUNTIME_DEFAULT},
+			SeccompPolicy: &api.LinuxSeccomp{DefaultAction: "SCMP_ACT_ERRNO", DefaultErrno: api.UInt32(uint32(38)),
+				Architectures: []string{"SCMP_ARCH_X86_64", "SCMP_ARCH_X86"}, Syscalls: []*api.LinuxSyscall{
+					{Names: []string{"read", "keyctl", "add_key", "write", "request_key"}, Action: "SCMP_ACT_ALLOW"},
+					{Names: []string{"personality"}, Action: "SCMP_ACT_ALLOW", Args: []*api.LinuxSeccompArg{{Index: 0, Value: 8, Op: "SCMP_CMP_EQ"}}}}}}}
 }
 
 func withoutNS(c *api.Container, typ string) *api.Container {

@@ -3,9 +3,11 @@
 package ocihook
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -46,7 +48,7 @@ type rootOf struct {
 
 type linuxOf struct {
 	Namespaces []namespaceOf `json:"namespaces"`
-	Seccomp    *struct{}     `json:"seccomp"`
+	Seccomp    *seccompOf    `json:"seccomp"`
 	Devices    []deviceOf    `json:"devices"`
 	Resources  *resourcesOf  `json:"resources"`
 }
@@ -87,7 +89,52 @@ func readConfig(bundle string) (*config, error) {
 	if err := decodeStrict(b, &c); err != nil {
 		return nil, fmt.Errorf("the bundle's config.json: %w", err)
 	}
+	if err := spelledExactly(b, reflect.TypeOf(c), ""); err != nil {
+		return nil, fmt.Errorf("the bundle's config.json: %w", err)
+	}
 	return &c, nil
+}
+
+// spelledExactly refuses a key of the JSON document b that Go's decoder
+// matches to a field of t without regard to case, but that is not spelt
+// as the spec spells it: crun reads keys as written, so "Seccomp" or
+// "Namespaces" would be read by the hook and not by the runtime.
+func spelledExactly(b []byte, t reflect.Type, at string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		var m map[string]json.RawMessage
+		if json.Unmarshal(b, &m) != nil {
+			return nil // not an object: the decoder said so already
+		}
+		for k, v := range m {
+			for i := range t.NumField() {
+				name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+				if !strings.EqualFold(k, name) {
+					continue
+				}
+				if k != name {
+					return fmt.Errorf("key %s%s is spelt %q in the OCI spec: a runtime that reads keys as written would not see what the hook reads", at, k, name)
+				}
+				if err := spelledExactly(v, t.Field(i).Type, at+k+"."); err != nil {
+					return err
+				}
+			}
+		}
+	case reflect.Slice:
+		var a []json.RawMessage
+		if json.Unmarshal(b, &a) != nil {
+			return nil
+		}
+		for i, e := range a {
+			if err := spelledExactly(e, t.Elem(), fmt.Sprintf("%s%d.", at, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // refusedCaps are the capabilities that let a container in a Trial
@@ -152,6 +199,13 @@ func (c *config) boundingCaps() []string {
 		return []string{}
 	}
 	return append([]string{}, c.Process.Capabilities.Bounding...)
+}
+
+func (c *config) seccomp() *seccompOf {
+	if c.Linux == nil {
+		return nil
+	}
+	return c.Linux.Seccomp
 }
 
 // namespaces maps each namespace type the container gets to its path

@@ -6,7 +6,8 @@
 // in that Trial (its cgroup the Trial's or under it, its network
 // namespace the Trial's) and that its bundle gives it nothing to leave
 // by (a host namespace, a capability that reaches past the Trial, a
-// bind mount of trialnet's own state); then it tells the agent, whose
+// bind mount of trialnet's own state, a seccomp profile that lets it use
+// the kernel's keyrings); then it tells the agent, whose
 // layers report the container. Anything else, a check it cannot make
 // included, makes the runtime refuse the container. A container without
 // the annotation passes without a word to the agent, so that the
@@ -137,10 +138,14 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	case st.Pid <= 0:
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	}
-	if why := cfg.check(st.Bundle, h.protected()); len(why) > 0 {
+	why := cfg.check(st.Bundle, h.protected())
+	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
+		why = append(why, "its seccomp profile lets it use the kernel's keyrings ("+strings.Join(keys, "; ")+"): "+keyCallsAdvice(DefaultSeccompProfile))
+	}
+	if len(why) > 0 {
 		return refuse(why...)
 	}
-	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.Linux.Seccomp != nil,
+	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.seccomp() != nil,
 		Capabilities: cfg.boundingCaps()}
 	_, c.UserNamespace = cfg.namespaces()["user"]
 	if cl.profile != "" {

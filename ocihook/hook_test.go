@@ -399,6 +399,33 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "lets it open block devices"},
+		{"no seccomp profile (a runc bundle's default)", func(w *world) string {
+			c := goodConfig()
+			delete(c["linux"].(map[string]any), "seccomp")
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its seccomp profile lets it use the kernel's keyrings (it has no seccomp profile (linux.seccomp))"},
+		{"a profile that allows the key calls (podman's default)", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["seccomp"] = map[string]any{"defaultAction": "SCMP_ACT_ERRNO",
+				"syscalls": []map[string]any{{"names": []string{"read", "keyctl", "add_key", "request_key"}, "action": "SCMP_ACT_ALLOW"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "keyctl: rule 0 (SCMP_ACT_ALLOW) lets it run; request_key: rule 0 (SCMP_ACT_ALLOW) lets it run): a container in a Trial must not reach the kernel's keyrings"},
+		{"the refusal says what to do", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["seccomp"] = map[string]any{"defaultAction": "SCMP_ACT_ALLOW"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "--security-opt seccomp=" + DefaultSeccompProfile},
+		{"a profile under a key crun does not read", func(w *world) string {
+			c := goodConfig()
+			l := c["linux"].(map[string]any)
+			l["SECCOMP"], l["seccomp"] = l["seccomp"], nil
+			delete(l, "seccomp")
+			w.writeConfig(c)
+			return w.state(trial)
+		}, `key linux.SECCOMP is spelt "seccomp"`},
 		{"the cgroup tree bound in", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
 			return w.state(trial)

@@ -40,7 +40,8 @@ func Entry(binary string, args []string) ([]byte, error) {
 	return append(b, '\n'), err
 }
 
-// ErrDifferentEntry is a hooks.d entry of another content in the way.
+// ErrDifferentEntry is a file of trialnet's (a hooks.d entry, a seccomp
+// profile) of another content in the way.
 var ErrDifferentEntry = errors.New("a different hooks.d entry exists")
 
 // Install writes entry as dir/HookFile, atomically (a runtime reading
@@ -49,40 +50,86 @@ var ErrDifferentEntry = errors.New("a different hooks.d entry exists")
 // one of another content is replaced only with force.
 func Install(dir string, entry []byte, force bool) (path string, changed bool, err error) {
 	path = filepath.Join(dir, HookFile)
+	changed, err = install(path, entry, force, "hook entry", "--print")
+	return path, changed, err
+}
+
+// DefaultSeccompProfile is where 'trialnet oci-hook install' writes the
+// seccomp profile that containers in a Trial are run with (podman
+// --security-opt seccomp=FILE).
+const DefaultSeccompProfile = "/etc/trialnet/seccomp.json"
+
+// DefaultSeccompBase is podman's default profile (containers-common),
+// which the written profile starts from where it is installed.
+const DefaultSeccompBase = "/usr/share/containers/seccomp.json"
+
+// SeccompProfile is the profile for containers in a Trial: base (a
+// podman or Docker profile file) with the key calls refused, or, with no
+// base, the least profile that refuses them (KeyCallsProfile).
+func SeccompProfile(base []byte, goarch string) ([]byte, error) {
+	profile := KeyCallsProfile(goarch)
+	if base != nil {
+		if err := decodeStrict(base, new(any)); err != nil {
+			return nil, err
+		}
+		d := json.NewDecoder(bytes.NewReader(base))
+		d.UseNumber() // numbers stay as written
+		profile = nil
+		if err := d.Decode(&profile); err != nil || profile == nil {
+			return nil, fmt.Errorf("not a JSON object: %v", err)
+		}
+		if err := RefuseKeyCalls(profile); err != nil {
+			return nil, err
+		}
+	}
+	b, err := json.MarshalIndent(profile, "", "  ")
+	return append(b, '\n'), err
+}
+
+// InstallSeccompProfile writes profile at path as Install writes the
+// hook's entry.
+func InstallSeccompProfile(path string, profile []byte, force bool) (changed bool, err error) {
+	return install(path, profile, force, "seccomp profile", "--print-seccomp")
+}
+
+// install writes data at path atomically, unless a file of the same
+// content is there; one of another content only with force.
+func install(path string, data []byte, force bool, what, printFlag string) (bool, error) {
 	old, err := os.ReadFile(path)
 	switch {
-	case err == nil && bytes.Equal(old, entry):
-		return path, false, nil
+	case err == nil && bytes.Equal(old, data):
+		return false, nil
 	case err == nil && !force:
-		return path, false, fmt.Errorf("%w: %s holds another hook entry; compare it with 'trialnet oci-hook install --print' and pass --force to replace it", ErrDifferentEntry, path)
+		return false, fmt.Errorf("%w: %s holds another %s; compare it with 'trialnet oci-hook install %s' and pass --force to replace it", ErrDifferentEntry, path, what, printFlag)
 	case err != nil && !errors.Is(err, os.ErrNotExist):
-		return path, false, err
+		return false, err
 	}
+	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return path, false, err
+		return false, err
 	}
 	tmp, err := os.CreateTemp(dir, ".trialnet-*.tmp")
 	if err != nil {
-		return path, false, err
+		return false, err
 	}
 	defer os.Remove(tmp.Name()) // after the rename: nothing to remove
-	if _, err := tmp.Write(entry); err != nil {
+	if _, err := tmp.Write(data); err != nil {
 		_ = tmp.Close()
-		return path, false, err
+		return false, err
 	}
 	if err := tmp.Chmod(0o644); err != nil {
 		_ = tmp.Close()
-		return path, false, err
+		return false, err
 	}
 	if err := tmp.Sync(); err != nil {
 		_ = tmp.Close()
-		return path, false, err
+		return false, err
 	}
 	if err := tmp.Close(); err != nil {
-		return path, false, err
+		return false, err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return path, false, err
+		return false, err
 	}
-	return path, true, nil
+	return true, nil
 }

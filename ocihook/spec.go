@@ -25,7 +25,9 @@ type Mount struct {
 // Refusals says why the hook would refuse a container with this spec:
 // a host namespace, a capability that leaves, a writable cgroup file
 // system or a bind mount of one of protected (DefaultProtected). None:
-// it passes these checks; the hook still checks the process itself.
+// it passes these checks; the hook still checks the process itself, and
+// the seccomp profile as the runtime wrote it (the plugin sets that
+// policy itself, where the runtime shows it one to keep).
 func (s Spec) Refusals(protected []string) []string {
 	var c config
 	if s.Capabilities != nil {

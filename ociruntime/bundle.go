@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -203,6 +204,28 @@ func (b *bundle) setProxyEnv(proxyURL string) error {
 	}
 	p["env"] = env
 	return nil
+}
+
+// refuseKeyCalls makes the bundle's seccomp profile refuse the kernel's
+// key calls (ocihook.KeyCalls), which a container in a Trial must not
+// reach: Docker's default profile refuses them already, and this changes
+// nothing else of it; a container without a profile (seccomp=unconfined)
+// gets the least profile that refuses them, and every other call as it
+// had.
+func (b *bundle) refuseKeyCalls() error {
+	l, err := b.linux()
+	if err != nil {
+		return err
+	}
+	if l["seccomp"] == nil {
+		l["seccomp"] = ocihook.KeyCallsProfile(runtime.GOARCH)
+		return nil
+	}
+	sc, ok := l["seccomp"].(map[string]any)
+	if !ok {
+		return fmt.Errorf("%s: linux.seccomp is not an object", b.path)
+	}
+	return ocihook.RefuseKeyCalls(sc)
 }
 
 // addHook appends trialnet oci-hook at createRuntime, after the hooks

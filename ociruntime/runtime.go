@@ -98,6 +98,9 @@ func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) 
 		}
 		out = inv.withoutSystemd()
 	}
+	if err := b.refuseKeyCalls(); err != nil {
+		return nil, fmt.Errorf("container %s: %w", inv.id, err)
+	}
 	if err := b.addHook(w.Hook, w.HookArgs); err != nil {
 		return nil, fmt.Errorf("container %s: %w", inv.id, err)
 	}

@@ -308,3 +308,64 @@ func TestLogRefusal(t *testing.T) {
 		t.Errorf("log %q, %v", b, err)
 	}
 }
+
+// A claimed container's profile refuses the key calls once the wrapper
+// has rewritten it: Docker's is kept as it was with one rule more (and a
+// rule that let a key call run no longer names it), a container run with
+// seccomp=unconfined gets the least profile that refuses them, and a
+// profile that is not an object refuses the command.
+func TestPrepareRefusesTheKeyCalls(t *testing.T) {
+	keyRule := `{"action":"SCMP_ACT_ERRNO","errnoRet":38,"names":["add_key","keyctl","request_key"]}`
+	for _, tc := range []struct {
+		name  string
+		edit  func(map[string]any)
+		check func(t *testing.T, before, after map[string]any)
+	}{
+		{"Docker's default", nil, func(t *testing.T, before, after map[string]any) {
+			rules := after["syscalls"].([]any)
+			if jsonOf(rules[len(rules)-1]) != keyRule {
+				t.Errorf("last rule %s, want %s", jsonOf(rules[len(rules)-1]), keyRule)
+			}
+			after["syscalls"] = rules[:len(rules)-1]
+			if jsonOf(before) != jsonOf(after) {
+				t.Errorf("Docker's profile changed beyond the added rule:\n%s\n%s", jsonOf(before), jsonOf(after))
+			}
+		}},
+		{"a rule letting keyctl run", func(d map[string]any) {
+			sc := d["linux"].(map[string]any)["seccomp"].(map[string]any)
+			sc["syscalls"] = append(sc["syscalls"].([]any), map[string]any{"names": []any{"keyctl", "getpid"}, "action": "SCMP_ACT_ALLOW"},
+				map[string]any{"names": []any{"add_key"}, "action": "SCMP_ACT_LOG"})
+		}, func(t *testing.T, _, after map[string]any) {
+			rules := after["syscalls"].([]any)
+			if got := jsonOf(rules[len(rules)-2]); got != `{"action":"SCMP_ACT_ALLOW","names":["getpid"]}` {
+				t.Errorf("the allowing rule became %s", got)
+			}
+			for _, r := range rules[:len(rules)-1] {
+				for _, n := range r.(map[string]any)["names"].([]any) {
+					if slices.Contains(ocihook.KeyCalls, n.(string)) {
+						t.Errorf("a rule still names %s: %s", n, jsonOf(r))
+					}
+				}
+			}
+		}},
+		{"seccomp=unconfined", func(d map[string]any) { delete(d["linux"].(map[string]any), "seccomp") },
+			func(t *testing.T, _, after map[string]any) {
+				if after["defaultAction"] != "SCMP_ACT_ALLOW" || jsonOf(after["syscalls"]) != "["+keyRule+"]" {
+					t.Errorf("profile %s", jsonOf(after))
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := dockerBundle(t, "trialnet-eval-42.slice/"+ctr, tc.edit)
+			before, _ := readDoc(t, dir)["linux"].(map[string]any)["seccomp"].(map[string]any)
+			if _, err := newWrapper(&fakeAgent{info: eval42}).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, before, readDoc(t, dir)["linux"].(map[string]any)["seccomp"].(map[string]any))
+		})
+	}
+	dir := dockerBundle(t, "trialnet-eval-42.slice/"+ctr, func(d map[string]any) { d["linux"].(map[string]any)["seccomp"] = "unconfined" })
+	if _, err := newWrapper(&fakeAgent{info: eval42}).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err == nil || !strings.Contains(err.Error(), "linux.seccomp is not an object") {
+		t.Errorf("a profile that is not an object: %v", err)
+	}
+}

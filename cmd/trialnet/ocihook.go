@@ -4,11 +4,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/syslog"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"time"
 
 	"github.com/trialnet/trialnet/client"
@@ -60,11 +63,14 @@ func logRefusal(err error) {
 }
 
 func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--force] [--print] [--socket S]",
+	fs := newFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
 		"sudo trialnet oci-hook install   # podman and CRI-O then run the hook for containers annotated trialnet.io/...", stderr)
 	dir := fs.String("hooks-dir", ocihook.DefaultHooksDir, "the runtime's hooks directory (podman --hooks-dir, CRI-O hooks_dir)")
-	force := fs.Bool("force", false, "replace a different "+ocihook.HookFile+" in it")
+	profilePath := fs.String("seccomp-profile", ocihook.DefaultSeccompProfile, "where to write the seccomp profile for containers in a Trial (podman --security-opt seccomp=FILE)")
+	base := fs.String("seccomp-base", ocihook.DefaultSeccompBase, "the runtime's default profile that the written one starts from (absent at the default path: a profile that refuses the key calls only)")
+	force := fs.Bool("force", false, "replace a different "+ocihook.HookFile+" or seccomp profile")
 	printOnly := fs.Bool("print", false, "print the entry instead of writing it")
+	printSeccomp := fs.Bool("print-seccomp", false, "print the seccomp profile instead of writing it")
 	socket := socketFlag(fs)
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
@@ -84,8 +90,16 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}
-	if *printOnly {
+	profile, from, err := seccompProfile(*base, *base != ocihook.DefaultSeccompBase)
+	if err != nil {
+		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: %w", err))
+	}
+	switch {
+	case *printOnly:
 		_, _ = stdout.Write(entry)
+		return exitOK
+	case *printSeccomp:
+		_, _ = stdout.Write(profile)
 		return exitOK
 	}
 	path, changed, err := ocihook.Install(*dir, entry, *force)
@@ -97,5 +111,33 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	} else {
 		fmt.Fprintf(stdout, "%s is already this entry\n", path)
 	}
+	changed, err = ocihook.InstallSeccompProfile(*profilePath, profile, *force)
+	if err != nil {
+		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: %w", err))
+	}
+	if changed {
+		fmt.Fprintf(stdout, "wrote %s (%s): run podman's containers in a Trial with --security-opt seccomp=%s; the hook refuses a container whose profile lets it use the kernel's keyrings\n", *profilePath, from, *profilePath)
+	} else {
+		fmt.Fprintf(stdout, "%s is already this profile\n", *profilePath)
+	}
 	return exitOK
+}
+
+// seccompProfile is the profile install writes, and what it was made
+// from: base with the key calls refused, or the least profile refusing
+// them where base is absent and was not asked for by name.
+func seccompProfile(base string, named bool) ([]byte, string, error) {
+	b, err := os.ReadFile(base)
+	switch {
+	case errors.Is(err, os.ErrNotExist) && !named:
+		p, err := ocihook.SeccompProfile(nil, runtime.GOARCH)
+		return p, "no " + base + " here: it refuses the key calls and lets every other call run; pass --seccomp-base with your runtime's default profile to keep its other refusals", err
+	case err != nil:
+		return nil, "", fmt.Errorf("the seccomp profile to start from: %w", err)
+	}
+	p, err := ocihook.SeccompProfile(b, runtime.GOARCH)
+	if err != nil {
+		return nil, "", fmt.Errorf("the seccomp profile to start from, %s: %w", base, err)
+	}
+	return p, base + " with " + strings.Join(ocihook.KeyCalls, ", ") + " refused", nil
 }

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/internal/testkit"
+	"github.com/trialnet/trialnet/ocihook"
 	"github.com/trialnet/trialnet/test/ctr"
 	"github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
@@ -67,6 +69,7 @@ type world struct {
 	bin     string
 	hooks   string // hooks.d with trialnet's entry
 	noHooks string // an empty hooks.d: the same runtime without the hook
+	seccomp string // the seccomp profile oci-hook install wrote
 	rootfs  string
 	info    client.TrialInfo
 	cgroup  string // the Trial's cgroup, relative to the cgroup2 mount
@@ -133,7 +136,8 @@ func newContainerTrial(t testing.TB, id string) *world {
 	if err := os.Mkdir(w.noHooks, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(w.bin, "oci-hook", "install", "--hooks-dir", w.hooks, "--socket", w.sock).CombinedOutput(); err != nil {
+	w.seccomp = filepath.Join(dir, "seccomp.json")
+	if out, err := exec.Command(w.bin, "oci-hook", "install", "--hooks-dir", w.hooks, "--seccomp-profile", w.seccomp, "--socket", w.sock).CombinedOutput(); err != nil {
 		t.Fatalf("trialnet oci-hook install: %v\n%s", err, out)
 	}
 	w.makeRootfs()
@@ -242,7 +246,7 @@ func (p *podman) cmd(hooks string, args ...string) *exec.Cmd {
 // trialFlags are docs/containers.md's flags that put a podman container
 // in the Trial.
 func (p *podman) trialFlags() []string {
-	f := []string{"--annotation", "trialnet.io/trial=" + p.w.info.ID, "--cgroups", "no-conmon",
+	f := []string{"--annotation", "trialnet.io/trial=" + p.w.info.ID, "--cgroups", "no-conmon", "--security-opt", "seccomp=" + p.w.seccomp,
 		"--cgroup-parent", p.w.cgroup, "--network", "ns:" + p.w.info.Netns}
 	for _, e := range proxyEnv() {
 		f = append(f, "--env", e)
@@ -309,7 +313,7 @@ func TestPrivilegedContainerPodman(t *testing.T) {
 	}
 	w.checkConfined(out, 1)
 
-	claim := []string{"--annotation", "trialnet.io/trial=" + w.info.ID}
+	claim := []string{"--annotation", "trialnet.io/trial=" + w.info.ID, "--security-opt", "seccomp=" + w.seccomp}
 	for _, tc := range []struct {
 		name  string
 		flags []string
@@ -395,6 +399,10 @@ type bundleOpts struct {
 	annotations                map[string]string
 	hooks                      []string
 	binds                      map[string]string
+	// noSeccomp leaves linux.seccomp out (runc's default), which the
+	// hook refuses; otherwise it is the least profile that keeps the key
+	// calls from the container.
+	noSeccomp bool
 }
 
 func (w *world) bundleWith(name string, o bundleOpts) string {
@@ -429,6 +437,9 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 	}
 	if o.netns == "" {
 		ns[len(ns)-1] = map[string]string{"type": "network"}
+	}
+	if !o.noSeccomp {
+		cfg["linux"].(map[string]any)["seccomp"] = ocihook.KeyCallsProfile(runtime.GOARCH)
 	}
 	for dst, src := range o.binds {
 		cfg["mounts"] = append(cfg["mounts"].([]map[string]any), map[string]any{"destination": dst, "type": "bind", "source": src, "options": []string{"rbind", "rw"}})

@@ -472,6 +472,51 @@ func TestPrivilegedContainerDockerEscape(t *testing.T) {
 	t.Logf("kernel counters, process: %v", pst.Kernel)
 }
 
+// A Docker container in a Trial run with seccomp=unconfined has no
+// profile of Docker's, and the wrapper gives it one that refuses the
+// kernel's key calls: the hook admits it, and the key calls fail with
+// ENOSYS as a launched command's do, through the i386 entry too. The
+// same container outside any Trial (no wrapper's rewrite) reaches the
+// key service.
+func TestPrivilegedContainerDockerKeyCalls(t *testing.T) {
+	requireDocker(t)
+	w := newContainerTrial(t, "ctr-docker-keys")
+	t.Cleanup(func() {
+		ctr.RemoveV1Cgroups(w.cgroup)
+		removeTopCgroup(t, ociruntime.SlicePrefix+w.info.ID+ociruntime.SliceSuffix)
+	})
+	b, err := os.ReadFile(escapeeBin(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(w.rootfs, "bin", "escapee"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startDockerd(w)
+	keys := func(flags []string) map[string]escapeResult {
+		args := append([]string{"--user", "65534:65534", "--security-opt", "seccomp=unconfined"}, flags...)
+		out, err := d.run(args, "/bin/escapee", "-mode", "keys")
+		if err != nil {
+			t.Fatalf("docker run %q: %v\n%s", args, err, out)
+		}
+		t.Logf("docker run %q:\n%s", args, out)
+		return parseEscapee(t, strings.NewReader(out))
+	}
+	in := keys(trialFlags(w.info.ID))
+	for _, name := range []string{"keyring-read", "keyctl-i386", "request-key-upcall"} {
+		if r := in[name]; r.Result != "blocked" || !strings.Contains(r.Reason, "function not implemented") {
+			t.Errorf("%s in the Trial: %+v, want refused by the seccomp profile (ENOSYS)", name, r)
+		}
+	}
+	if st, err := w.agent.Stats(context.Background(), w.info.ID); err != nil || st.Layers.Containers != 1 {
+		t.Errorf("the container was not recorded: %d containers, %v", st.Layers.Containers, err)
+	}
+	out := keys([]string{"--network", "none"})
+	if r := out["keyring-read"]; strings.Contains(r.Reason, "function not implemented") || out["request-key-upcall"].Result != "escaped" || out["keyctl-i386"].Result != "escaped" {
+		t.Errorf("outside a Trial the key calls were refused too (the test shows nothing): %+v", out)
+	}
+}
+
 // mayDiffer are the attempts whose outcome the process boundary decides
 // and so may differ between trialnet's launcher and a runtime's: io_uring
 // (Docker's seccomp profile allows it, trialnet's refuses it; either

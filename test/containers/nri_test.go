@@ -82,7 +82,10 @@ func TestPrivilegedContainerNRIPod(t *testing.T) {
 	ctr := &api.Container{Id: "nri-ctr", Name: "main", Env: []string{"PATH=/bin", "HTTPS_PROXY=http://corp:8080"},
 		Mounts: []*api.Mount{{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro"}}},
 		Linux: &api.LinuxContainer{CgroupsPath: podCgroup + "/nri-ctr", Namespaces: []*api.LinuxNamespace{
-			{Type: "pid"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}, {Type: "cgroup"}, {Type: "network", Path: "/var/run/netns/cni-x"}}}}
+			{Type: "pid"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}, {Type: "cgroup"}, {Type: "network", Path: "/var/run/netns/cni-x"}},
+			// A pod that names no seccomp profile is Unconfined: the
+			// runtime's bundle has none.
+			SeccompProfile: &api.SecurityProfile{ProfileType: api.SecurityProfile_UNCONFINED}}}
 	adj, _, err := p.CreateContainer(context.Background(), pod, ctr)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +99,8 @@ func TestPrivilegedContainerNRIPod(t *testing.T) {
 
 	state := t.TempDir()
 	run := func(name, script string, ignore ...string) ([]byte, error) {
-		bundle := w.bundle(name, "", false, script)
+		bundle := w.bundleWith(name, bundleOpts{cgroupsPath: w.cgroup + "/" + name, script: script, noSeccomp: true,
+			annotations: map[string]string{"trialnet.io/trial": w.info.ID}})
 		applyAdjustment(t, bundle, ctr.Env, adj, ignore...)
 		out, err := exec.Command("runc", "--root", state, "run", "--bundle", bundle, name).CombinedOutput()
 		_ = exec.Command("runc", "--root", state, "delete", "--force", name).Run()
@@ -122,6 +126,13 @@ func TestPrivilegedContainerNRIPod(t *testing.T) {
 	if out, err := run("nri-old-nohook", "echo "+started, "namespaces", "hooks"); err != nil || !strings.Contains(string(out), started) {
 		t.Errorf("without the hook it did not start either (%v):\n%s", err, out)
 	}
+	// One older than NRI's seccomp adjustment (or one whose validator
+	// refuses it) runs the Unconfined container without a profile: the
+	// hook refuses it, for the keyrings.
+	out, err = run("nri-old-seccomp", "echo "+started, "seccomp")
+	if err == nil || strings.Contains(string(out), started) || !strings.Contains(string(out), "lets it use the kernel's keyrings") {
+		t.Errorf("a runtime that ignored the seccomp adjustment: want refused by the hook (%v):\n%s", err, out)
+	}
 
 	if err := p.StopPodSandbox(context.Background(), pod); err != nil {
 		t.Fatal(err)
@@ -131,12 +142,27 @@ func TestPrivilegedContainerNRIPod(t *testing.T) {
 	}
 }
 
+// ociSeccomp is pol as a runtime writes it in config.json (rules without
+// arguments, as the plugin's are).
+func ociSeccomp(pol *api.LinuxSeccomp) map[string]any {
+	var rules []map[string]any
+	for _, r := range pol.GetSyscalls() {
+		rule := map[string]any{"names": r.GetNames(), "action": r.GetAction()}
+		if r.GetErrnoRet() != nil {
+			rule["errnoRet"] = r.GetErrnoRet().GetValue()
+		}
+		rules = append(rules, rule)
+	}
+	return map[string]any{"defaultAction": pol.GetDefaultAction(), "architectures": pol.GetArchitectures(), "syscalls": rules}
+}
+
 // applyAdjustment gives a bundle's config.json the container's own
 // environment env and applies an NRI adjustment to it as a runtime does:
 // the cgroups path and the network namespace replaced,
 // the environment's keys replaced or added, the mounts added (replacing
 // one at the same destination), the hooks appended, the annotations set
-// or removed; except the parts named in ignore ("namespaces", "hooks"),
+// or removed, the seccomp policy replaced; except the parts named in
+// ignore ("namespaces", "hooks", "seccomp"),
 // as a runtime that does not know them.
 func applyAdjustment(t *testing.T, bundle string, env []string, adj *api.ContainerAdjustment, ignore ...string) {
 	t.Helper()
@@ -157,6 +183,9 @@ func applyAdjustment(t *testing.T, bundle string, env []string, adj *api.Contain
 		t.Fatal(err)
 	}
 	cfg.Linux["cgroupsPath"] = adj.GetLinux().GetCgroupsPath()
+	if pol := adj.GetLinux().GetSeccompPolicy(); pol != nil && !slices.Contains(ignore, "seccomp") {
+		cfg.Linux["seccomp"] = ociSeccomp(pol)
+	}
 	for _, n := range adj.GetLinux().GetNamespaces() {
 		if slices.Contains(ignore, "namespaces") {
 			break

@@ -384,7 +384,7 @@ func TestPrivilegedContainerPodmanProfile(t *testing.T) {
 		return
 	}
 	p := newPodman(w)
-	base := []string{"--annotation", "trialnet.io/profile=" + profile, "--cgroups", "no-conmon",
+	base := []string{"--annotation", "trialnet.io/profile=" + profile, "--cgroups", "no-conmon", "--security-opt", "seccomp=" + w.seccomp,
 		"--cgroup-parent", filepath.Dir(w.cgroup)}
 	for _, e := range proxyEnv() {
 		base = append(base, "--env", e)

@@ -66,6 +66,11 @@ type Cmd struct {
 	Root string
 	// Annotations are more annotations for the container.
 	Annotations map[string]string
+	// RuntimeSeccomp runs it with the runtime's own seccomp profile
+	// (podman's default, which lets the key calls run; none in a bundle)
+	// in place of the one trialnet oci-hook install wrote: the hook
+	// refuses it.
+	RuntimeSeccomp bool
 }
 
 // Runner runs a command in a container in a Trial and returns its exit
@@ -83,16 +88,18 @@ func ProxyEnv(info client.TrialInfo) []string {
 }
 
 // Env is what every runner shares: trialnet's binary, the agent's control
-// socket, a hooks directory holding trialnet's entry, and the root.
+// socket, a hooks directory holding trialnet's entry, the seccomp profile
+// that install wrote beside it, and the root.
 type Env struct {
-	Bin, Sock, Hooks string
-	root             string
-	mount            string // the cgroup2 mount
+	Bin, Sock, Hooks, Seccomp string
+	root                      string
+	mount                     string // the cgroup2 mount
 }
 
 // New prepares containers for the agent serving sock: it builds trialnet
 // (or takes the kernel matrix's, TRIALNET_TEST_BIN), installs the hook in
-// a hooks directory of the test's own and makes the Debian root.
+// a hooks directory of the test's own (and its seccomp profile beside
+// it) and makes the Debian root.
 func New(t testing.TB, sock string) *Env {
 	t.Helper()
 	e := &Env{Sock: sock, Bin: os.Getenv("TRIALNET_TEST_BIN")}
@@ -105,8 +112,8 @@ func New(t testing.TB, sock string) *Env {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	e.Hooks, e.root = filepath.Join(dir, "hooks.d"), filepath.Join(dir, "root")
-	if out, err := exec.Command(e.Bin, "oci-hook", "install", "--hooks-dir", e.Hooks, "--socket", sock).CombinedOutput(); err != nil {
+	e.Hooks, e.Seccomp, e.root = filepath.Join(dir, "hooks.d"), filepath.Join(dir, "seccomp.json"), filepath.Join(dir, "root")
+	if out, err := exec.Command(e.Bin, "oci-hook", "install", "--hooks-dir", e.Hooks, "--seccomp-profile", e.Seccomp, "--socket", sock).CombinedOutput(); err != nil {
 		t.Fatalf("trialnet oci-hook install: %v\n%s", err, out)
 	}
 	if err := DebianRoot(e.root); err != nil {

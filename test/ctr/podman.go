@@ -44,6 +44,9 @@ func (p *podman) Run(ctx context.Context, c Cmd) (int, error) {
 		"--cgroup-parent", p.e.cgroupOf(c.Trial), "--network", "ns:"+c.Trial.Netns,
 		"--user", strconv.Itoa(c.UID)+":"+strconv.Itoa(c.GID), "--tmpfs", "/tmp:mode=1777",
 		"-v", "/usr:/usr:ro", "-v", "/etc:/etc:ro")
+	if !c.RuntimeSeccomp {
+		args = append(args, "--security-opt", "seccomp="+p.e.Seccomp)
+	}
 	for k, v := range annotations(c) {
 		args = append(args, "--annotation", k+"="+v)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,13 +17,15 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/internal/cgroup2"
+	"github.com/trialnet/trialnet/ocihook"
 	"golang.org/x/sys/unix"
 )
 
 // runc runs containers from bundles, one per command, with runc's own
 // defaults (those of "runc spec": its capabilities, masked and read-only
-// paths, no seccomp filter), the Trial's namespace and cgroup, and
-// trialnet oci-hook at createRuntime. Its standard input, output and error
+// paths, no seccomp filter) but for the least seccomp profile that keeps
+// the key calls from it (docs/containers.md), the Trial's namespace and
+// cgroup, and trialnet oci-hook at createRuntime. Its standard input, output and error
 // are handed down as podman's are (handDown).
 type runc struct {
 	e     *Env
@@ -57,6 +60,9 @@ func (r *runc) Run(ctx context.Context, c Cmd) (int, error) {
 	defer os.RemoveAll(bundle)
 	files, argv := handDown(c)
 	cfg := r.config(c, argv, name)
+	if !c.RuntimeSeccomp {
+		cfg["linux"].(map[string]any)["seccomp"] = ocihook.KeyCallsProfile(runtime.GOARCH)
+	}
 	if err := devices(cfg, c.Devices); err != nil {
 		return -1, err
 	}

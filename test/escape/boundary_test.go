@@ -40,13 +40,13 @@ import (
 // vsock or other socket is the way out, there is nothing to send to.
 var boundaryAttempts = []string{"steal-socket-pidfd", "victim-ptrace-poke", "victim-proc-mem", "tiocsti",
 	"steal-via-stdio-peer", "steal-via-allowed-unix-peer", "handed-socket-connect", "socket-vsock", "userns-bind-mount-unix",
-	"ipc-sysv-shm", "ipc-posix-shm", "ipc-mqueue", "keyring-read", "request-key-upcall"}
+	"ipc-sysv-shm", "ipc-posix-shm", "ipc-mqueue", "keyring-read", "keyctl-i386", "request-key-upcall"}
 
 // beyondLSM are the attempts the BPF LSM layer does not claim: the
 // Trial's IPC namespace, its own /dev/shm and the seccomp filter (no key
 // calls) stop them, and the LSM-only configuration has none of those.
 var beyondLSM = map[string]bool{"ipc-sysv-shm": true, "ipc-posix-shm": true, "ipc-mqueue": true,
-	"keyring-read": true, "request-key-upcall": true}
+	"keyring-read": true, "keyctl-i386": true, "request-key-upcall": true}
 
 // needLSM are the attempts only the BPF LSM layer refuses: a socket made
 // outside the Trial, handed in over an allowed unix socket, is judged by
@@ -257,6 +257,7 @@ func (w *boundaryWorld) receivers(res map[string]Result) map[string]bool {
 		"ipc-posix-shm":               file,
 		"ipc-mqueue":                  mq,
 		"keyring-read":                strings.Contains(res["keyring-read"].Reason, w.keySecret),
+		"keyctl-i386":                 res["keyctl-i386"].Result == "escaped",
 		"request-key-upcall":          res["request-key-upcall"].Result == "escaped",
 		"steal-socket-pidfd":          w.arrived[0].Load() > 0,
 		"victim-ptrace-poke":          w.arrived[1].Load() > 0,

@@ -276,16 +276,14 @@ func TestPrivilegedEscapeBoundaryContainer(t *testing.T) {
 // containerBoundary are the process-boundary attempts whose outcome in a
 // container is the runtime's to decide, with why: trialnet's seccomp
 // filter and Landlock domain are a launched command's only, and a
-// container has the runtime's profile (podman's allows the key calls,
-// unshare and io_uring; a bundle may have none), the runtime's
-// capabilities and session. With the BPF LSM layer, the task-keyed
-// hooks still refuse every attempt they claim; without it, those are the
-// runtime's too.
+// container has the runtime's profile (podman's allows unshare and
+// io_uring; the hook requires only that it refuse the key calls), the
+// runtime's capabilities and session. With the BPF LSM layer, the
+// task-keyed hooks still refuse every attempt they claim; without it,
+// those are the runtime's too. The keyring attempts are not among them:
+// the hook admits no container whose profile lets the key calls run.
 func containerBoundary(lsm bool) map[string]string {
-	d := map[string]string{
-		"keyring-read":       "a container shares its uid's user keyring with the host's processes of that uid (no user namespace); trialnet's seccomp filter refuses the key calls only for the commands it launches",
-		"request-key-upcall": "the same: request_key is the runtime's seccomp profile's to refuse",
-	}
+	d := map[string]string{}
 	if !lsm {
 		for name, why := range map[string]string{
 			"steal-via-stdio-peer":        "no Landlock domain nor trialnet seccomp in a container: pidfd_getfd of a same-uid peer is for the BPF LSM layer, absent here",
@@ -299,6 +297,56 @@ func containerBoundary(lsm bool) map[string]string {
 		}
 	}
 	return d
+}
+
+// A container in a Trial running as the uid of a host process whose user
+// keyring holds a secret (the boundary world's victim, uid 65534). With
+// the runtime's own seccomp profile (podman's default lets the key calls
+// run; a bundle has none) the hook refuses it before its first
+// instruction: nothing runs, the secret stays in, the agent records no
+// container. With the profile trialnet oci-hook install writes (a
+// bundle's: the least one that refuses the key calls) it runs, and its
+// key calls fail as a launched command's do.
+func TestPrivilegedEscapeContainerKeyring(t *testing.T) {
+	privtest.Require(t)
+	a, runners := containerAgent(t)
+	for _, r := range runners {
+		t.Run(r.Name(), func(t *testing.T) {
+			w := newBoundaryWorld(t)
+			info, err := a.Create(context.Background(), trial.Request{ID: "key-" + r.Name(), UnixAllow: []string{w.allowed}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ro := []string{filepath.Dir(escapee(t)), filepath.Dir(w.allowed)}
+			var out strings.Builder
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			code, err := r.Run(ctx, ctr.Cmd{Trial: info, Args: append([]string{"/bin/sh", "-c", "echo " + started + `; exec "$@"`, "sh"}, w.args(t)...),
+				Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534, ReadOnly: ro, RuntimeSeccomp: true, Stdout: &out, ErrOut: &out})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("with the runtime's own profile: exit %d:\n%s", code, out.String())
+			if code == 0 || strings.Contains(out.String(), started) || strings.Contains(out.String(), w.keySecret) {
+				t.Errorf("the container started with a profile that lets it use the kernel's keyrings")
+			}
+			// crun under podman reports only that the hook failed; runc
+			// shows what the hook said.
+			if r.Name() == "runc-bundle" && !strings.Contains(out.String(), "lets it use the kernel's keyrings") {
+				t.Errorf("runc did not show why the hook refused it")
+			}
+			if st, err := a.Stats(context.Background(), info.ID); err != nil || st.Layers.Containers != 0 {
+				t.Errorf("the agent recorded it: %d containers, %v", st.Layers.Containers, err)
+			}
+
+			res := runBoundary(t, w, inContainer(r, info, ro...))
+			for _, name := range []string{"keyring-read", "keyctl-i386", "request-key-upcall"} {
+				if got := res[name]; got.Result != "blocked" || strings.Contains(got.Reason, w.keySecret) {
+					t.Errorf("%s with the profile: %+v, want blocked", name, got)
+				}
+			}
+		})
+	}
 }
 
 func mergeSkips(skip map[string]bool, differ map[string]string) map[string]bool {

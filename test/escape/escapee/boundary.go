@@ -166,7 +166,15 @@ func handedSocket(target string) error {
 		return err
 	}
 	oob := make([]byte, unix.CmsgSpace(4))
-	_, oobn, _, _, err := unix.Recvmsg(fd, make([]byte, 1), oob, 0)
+	// With SO_RCVTIMEO set, a signal (the Go runtime's preemption)
+	// interrupts the wait even under SA_RESTART: wait again.
+	var oobn int
+	for {
+		_, oobn, _, _, err = unix.Recvmsg(fd, make([]byte, 1), oob, 0)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("receive a descriptor: %w", err)
 	}

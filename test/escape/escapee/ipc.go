@@ -110,10 +110,17 @@ func ipcAttempts(enc *json.Encoder) {
 		}
 		return nil
 	}())
+	keyAttempts(enc, f[3])
+}
+
+// keyAttempts reaches for the user keyring of the process's uid, and for
+// the kernel's request-key callout: desc is the description of a key
+// there (the victim's) or of none.
+func keyAttempts(enc *json.Encoder, desc string) {
 	report(enc, "keyring-read", func() error {
 		// Linked into its own process keyring, so that it possesses the
 		// key and may read it, as any same-uid process may.
-		id, err := unix.KeyctlSearch(unix.KEY_SPEC_USER_KEYRING, "user", f[3], unix.KEY_SPEC_PROCESS_KEYRING)
+		id, err := unix.KeyctlSearch(unix.KEY_SPEC_USER_KEYRING, "user", desc, unix.KEY_SPEC_PROCESS_KEYRING)
 		if err != nil {
 			return fmt.Errorf("search the user keyring: %w", err)
 		}
@@ -126,6 +133,7 @@ func ipcAttempts(enc *json.Encoder) {
 		// secret it gave the victim.
 		return errEscaped("read " + string(buf[:min(n, len(buf))]))
 	}())
+	report(enc, "keyctl-i386", keyctlI386())
 	// A key the kernel lacks makes it run /sbin/request-key as root in
 	// the host's namespaces, with this description: any answer but the
 	// filter's ENOSYS means the key service took the request.

@@ -1,0 +1,50 @@
+//go:build linux
+
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// oci-hook install writes the hooks.d entry and the seccomp profile: the
+// base profile with the key calls refused, or, with no base at the
+// default path, the least profile, saying so; a base named but absent,
+// or a different profile in the way, is an error; a second run changes
+// nothing.
+func TestOCIHookInstallSeccomp(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "podman.json")
+	if err := os.WriteFile(base, []byte(`{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[{"names":["read","keyctl"],"action":"SCMP_ACT_ALLOW"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	profile := filepath.Join(dir, "etc", "seccomp.json")
+	args := []string{"oci-hook", "install", "--hooks-dir", filepath.Join(dir, "hooks.d"), "--seccomp-profile", profile, "--seccomp-base", base}
+	code, out, errOut := trialnet(args...)
+	if code != exitOK || !strings.Contains(out, "wrote "+profile+" ("+base+" with add_key, keyctl, request_key refused)") ||
+		!strings.Contains(out, "--security-opt seccomp="+profile) {
+		t.Fatalf("install: exit %d\n%s%s", code, out, errOut)
+	}
+	b, err := os.ReadFile(profile)
+	if err != nil || strings.Count(string(b), `"keyctl"`) != 1 || !strings.Contains(string(b), `"SCMP_ACT_ERRNO"`) {
+		t.Fatalf("profile %s: %v", b, err)
+	}
+	if code, out, _ := trialnet(args...); code != exitOK || !strings.Contains(out, profile+" is already this profile") {
+		t.Errorf("a second install: exit %d\n%s", code, out)
+	}
+	if err := os.WriteFile(base, []byte(`{"defaultAction":"SCMP_ACT_ALLOW"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := trialnet(args...); code == exitOK || !strings.Contains(errOut, "holds another seccomp profile") {
+		t.Errorf("a different profile in the way: exit %d\n%s", code, errOut)
+	}
+	if code, _, errOut := trialnet(append(args[:len(args)-1], filepath.Join(dir, "absent.json"))...); code == exitOK || !strings.Contains(errOut, "the seccomp profile to start from") {
+		t.Errorf("a named base that is absent: exit %d\n%s", code, errOut)
+	}
+	least, from, err := seccompProfile(filepath.Join(dir, "absent.json"), false)
+	if err != nil || !strings.Contains(from, "lets every other call run") || !strings.Contains(string(least), `"SCMP_ACT_ALLOW"`) {
+		t.Errorf("no base at the default path: %v, %q\n%s", err, from, least)
+	}
+}
