@@ -19,6 +19,7 @@ import (
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/cgroup2"
+	"github.com/trialnet/trialnet/internal/nritest"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/ocihook"
@@ -195,7 +196,7 @@ func hookLetsIn(t *testing.T, w *world, adj *api.ContainerAdjustment, info clien
 		"ociVersion":  "1.0.2",
 		"process":     map[string]any{"capabilities": map[string]any{"bounding": []string{"CAP_CHOWN", "CAP_KILL", "CAP_NET_BIND_SERVICE"}}},
 		"mounts":      ctr.Mounts,
-		"linux":       map[string]any{"namespaces": ns, "seccomp": ociSeccomp(adj.GetLinux().GetSeccompPolicy())},
+		"linux":       map[string]any{"namespaces": ns, "seccomp": nritest.OCISeccomp(adj.GetLinux().GetSeccompPolicy())},
 		"annotations": adj.GetAnnotations(),
 	})
 	if err != nil {
@@ -209,20 +210,6 @@ func hookLetsIn(t *testing.T, w *world, adj *api.ContainerAdjustment, info clien
 	if _, err := h.Run(context.Background(), strings.NewReader(string(st))); err != nil {
 		t.Fatalf("the hook refuses a container placed as the plugin's adjustment says: %v", err)
 	}
-}
-
-// ociSeccomp is pol as the runtime writes it in config.json (rules
-// without arguments, as the plugin's tests' are).
-func ociSeccomp(pol *api.LinuxSeccomp) map[string]any {
-	var rules []map[string]any
-	for _, r := range pol.GetSyscalls() {
-		rule := map[string]any{"names": r.GetNames(), "action": r.GetAction()}
-		if r.GetErrnoRet() != nil {
-			rule["errnoRet"] = r.GetErrnoRet().GetValue()
-		}
-		rules = append(rules, rule)
-	}
-	return map[string]any{"defaultAction": pol.GetDefaultAction(), "architectures": pol.GetArchitectures(), "syscalls": rules}
 }
 
 // A plugin that restarts finds the runtime's pods: the Trial of a pod that

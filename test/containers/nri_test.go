@@ -23,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/cgroup2"
+	"github.com/trialnet/trialnet/internal/nritest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/internal/testkit"
@@ -142,20 +143,6 @@ func TestPrivilegedContainerNRIPod(t *testing.T) {
 	}
 }
 
-// ociSeccomp is pol as a runtime writes it in config.json (rules without
-// arguments, as the plugin's are).
-func ociSeccomp(pol *api.LinuxSeccomp) map[string]any {
-	var rules []map[string]any
-	for _, r := range pol.GetSyscalls() {
-		rule := map[string]any{"names": r.GetNames(), "action": r.GetAction()}
-		if r.GetErrnoRet() != nil {
-			rule["errnoRet"] = r.GetErrnoRet().GetValue()
-		}
-		rules = append(rules, rule)
-	}
-	return map[string]any{"defaultAction": pol.GetDefaultAction(), "architectures": pol.GetArchitectures(), "syscalls": rules}
-}
-
 // applyAdjustment gives a bundle's config.json the container's own
 // environment env and applies an NRI adjustment to it as a runtime does:
 // the cgroups path and the network namespace replaced,
@@ -184,7 +171,7 @@ func applyAdjustment(t *testing.T, bundle string, env []string, adj *api.Contain
 	}
 	cfg.Linux["cgroupsPath"] = adj.GetLinux().GetCgroupsPath()
 	if pol := adj.GetLinux().GetSeccompPolicy(); pol != nil && !slices.Contains(ignore, "seccomp") {
-		cfg.Linux["seccomp"] = ociSeccomp(pol)
+		cfg.Linux["seccomp"] = nritest.OCISeccomp(pol)
 	}
 	for _, n := range adj.GetLinux().GetNamespaces() {
 		if slices.Contains(ignore, "namespaces") {

@@ -1,0 +1,19 @@
+// Package nritest holds what the NRI plugin's own tests and the container
+// suite both need to play a runtime's part.
+package nritest
+
+import "github.com/containerd/nri/pkg/api"
+
+// OCISeccomp is pol as a runtime writes it in config.json (rules without
+// arguments, as the plugin's are).
+func OCISeccomp(pol *api.LinuxSeccomp) map[string]any {
+	var rules []map[string]any
+	for _, r := range pol.GetSyscalls() {
+		rule := map[string]any{"names": r.GetNames(), "action": r.GetAction()}
+		if r.GetErrnoRet() != nil {
+			rule["errnoRet"] = r.GetErrnoRet().GetValue()
+		}
+		rules = append(rules, rule)
+	}
+	return map[string]any{"defaultAction": pol.GetDefaultAction(), "architectures": pol.GetArchitectures(), "syscalls": rules}
+}
