@@ -21,6 +21,10 @@ type launchIO struct {
 	parentEnds      []*os.File  // the launcher's ends, closed after Wait
 	copiers         []func() error
 	done            chan error
+	// launched is closed once the launch's own goroutine has let go of
+	// what it held (its end of the started pipe): wait waits for it, so
+	// that no descriptor outlives the command's Wait.
+	launched chan struct{}
 }
 
 // newLaunchIO sets up cmd's stdio; on failure it leaves nothing open.
@@ -146,6 +150,9 @@ func (l *launchIO) closeParentEnds() {
 func (l *launchIO) wait(delay time.Duration) error {
 	if l == nil {
 		return nil
+	}
+	if l.launched != nil {
+		<-l.launched
 	}
 	var timeout <-chan time.Time
 	if delay > 0 {

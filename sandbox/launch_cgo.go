@@ -58,7 +58,9 @@ func startCommand(cmd *exec.Cmd, enter func(func() error) error) (*launchIO, err
 	syscall.ForkLock.Lock()
 	result := make(chan error, 1)
 	took := make(chan struct{})
+	stdio.launched = make(chan struct{})
 	go func() {
+		defer close(stdio.launched)
 		err := enter(func() error {
 			if pid := C.trialnet_launch(l); pid < 0 {
 				return os.NewSyscallError("clone3", syscall.Errno(-pid))
