@@ -52,6 +52,7 @@ type world struct {
 	agent                *fakeAgent
 	hostNet, hostPID     string
 	hostCgroupNS, trialN string
+	hostMnt              string
 }
 
 type fakeAgent struct {
@@ -126,6 +127,7 @@ func newContainerWorld(t *testing.T) *world {
 		}
 	}
 	w.hostNet, w.hostPID, w.hostCgroupNS, w.trialN = w.file("ns-host-net"), w.file("ns-host-pid"), w.file("ns-host-cgroup"), w.file("ns-trial-net")
+	w.hostMnt = w.file("ns-host-mnt")
 	cg := filepath.Join(w.mount, "trialnet", "eval-1")
 	var st unix.Stat_t
 	if err := unix.Stat(cg, &st); err != nil {
@@ -151,14 +153,19 @@ func (w *world) file(name string) string {
 }
 
 // procNS makes proc/PID with ns links to the given files and a cgroup
-// file naming cg.
+// file naming cg; its mount namespace is the host's for self, its own
+// for any other.
 func (w *world) procNS(pid, net, pidNS, cgNS, cg string) {
 	d := filepath.Join(w.proc, pid)
 	_ = os.RemoveAll(d)
 	if err := os.MkdirAll(filepath.Join(d, "ns"), 0o755); err != nil {
 		w.t.Fatal(err)
 	}
-	for name, target := range map[string]string{"net": net, "pid": pidNS, "cgroup": cgNS} {
+	mnt := w.hostMnt
+	if pid != "self" {
+		mnt = w.file("ns-mnt-" + pid)
+	}
+	for name, target := range map[string]string{"net": net, "pid": pidNS, "cgroup": cgNS, "mnt": mnt} {
 		if err := os.Symlink(target, filepath.Join(d, "ns", name)); err != nil {
 			w.t.Fatal(err)
 		}
@@ -426,6 +433,33 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, `key linux.SECCOMP is spelt "seccomp"`},
+		{"the host's mount namespace, joined by path", func(w *world) string {
+			mnt := filepath.Join(w.proc, "4242", "ns", "mnt")
+			_ = os.Remove(mnt)
+			if err := os.Symlink(w.hostMnt, mnt); err != nil {
+				w.t.Fatal(err)
+			}
+			c := goodConfig()
+			l := c["linux"].(map[string]any)
+			l["namespaces"] = append(l["namespaces"].([]map[string]any), map[string]any{"type": "mount", "path": "/proc/1/ns/mnt"})
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "it shares the runtime's (the host's) mnt namespace"},
+		{"a PID namespace shared with a process outside the Trial", func(w *world) string {
+			// podman --pid container:X, X a container of no Trial: root in
+			// the Trial's container could ptrace X's processes, which
+			// run in another network namespace.
+			w.procNS("777", w.hostNet, filepath.Join(w.dir, "ns-ctr-pid"), w.file("c-777"), "/other")
+			return w.state(trial)
+		}, "its PID namespace holds process 777, which is not in the Trial"},
+		{"the Docker daemon's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/var/run/docker.sock", "type": "bind", "source": "/var/run/docker.sock", "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "on /var/run/docker.sock"},
+		{"containerd's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/c.sock", "type": "bind", "source": "/run/containerd/containerd.sock", "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "on /c.sock"},
 		{"the cgroup tree bound in", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
 			return w.state(trial)
