@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -67,6 +68,7 @@ type resourcesOf struct {
 type deviceRuleOf struct {
 	Allow  bool   `json:"allow"`
 	Type   string `json:"type"`
+	Major  *int64 `json:"major"` // nil: every major
 	Access string `json:"access"`
 }
 
@@ -277,27 +279,73 @@ func (c *config) check(bundle string, protected []string) []string {
 // device cgroup rule that would let it read or write one (of type b, or
 // a: all; Docker's default rule "b *:* m" lets it make nodes only): a
 // container reads the host's disk through it, trialnet's receipt key and
-// the agent's state with it, whatever its mounts.
+// the agent's state with it, whatever its mounts. A character device
+// that passes commands through to a disk (SCSI generic, NVMe generic)
+// reads it as well, with no capability for a READ: so it, and a rule
+// opening every character device, are refused too.
 func (c *config) blockDevices() []string {
 	var why []string
 	if c.Linux == nil {
 		return nil
 	}
+	pass := passthroughMajors()
 	for _, d := range c.Linux.Devices {
 		if d.Type == "b" {
 			why = append(why, fmt.Sprintf("it is given the block device %s (%d:%d): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor))
+		} else if name, ok := pass[d.Major]; ok {
+			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), which passes commands through to a disk (%s): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor, name))
 		}
 	}
-	if c.Linux.Resources != nil {
-		for _, r := range c.Linux.Resources.Devices {
-			opens := r.Access == "" || strings.ContainsAny(r.Access, "rw") // "": rwm
-			if r.Allow && opens && (r.Type == "" || r.Type == "a" || r.Type == "b") {
-				why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
-				break
-			}
+	if c.Linux.Resources == nil {
+		return why
+	}
+	for _, r := range c.Linux.Resources.Devices {
+		opens := r.Access == "" || strings.ContainsAny(r.Access, "rw") // "": rwm
+		if !r.Allow || !opens {
+			continue
+		}
+		switch name, pt := pass[deref(r.Major)]; {
+		case r.Type == "" || r.Type == "a" || r.Type == "b":
+			why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
+		case r.Major == nil:
+			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk; allow the majors it needs", r.Type, r.Access))
+		case pt:
+			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), which pass commands through to a disk: it could read the host's disk", *r.Major, name))
 		}
 	}
 	return why
+}
+
+func deref(p *int64) int64 {
+	if p == nil {
+		return -1
+	}
+	return *p
+}
+
+// passthroughMajors are the character device majors that reach a disk
+// beneath its block device: sg's is fixed, the rest are given out at
+// boot and named in /proc/devices.
+func passthroughMajors() map[int64]string {
+	out := map[int64]string{21: "sg"}
+	b, err := os.ReadFile("/proc/devices")
+	if err != nil {
+		return out
+	}
+	chars, _, _ := strings.Cut(string(b), "Block devices:")
+	for line := range strings.Lines(chars) {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		switch f[1] {
+		case "sg", "bsg", "nvme-generic", "dax", "mtd", "ubi":
+			if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				out[n] = f[1]
+			}
+		}
+	}
+	return out
 }
 
 // holds is the protected path that the host directory src (relative to

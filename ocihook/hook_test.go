@@ -406,6 +406,27 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "lets it open block devices"},
+		{"every character device opened (--device-cgroup-rule 'c *:* rwm')", func(w *world) string {
+			// With CAP_MKNOD (Docker's default) it makes /dev/sg0 and
+			// reads the host's disk with SG_IO READ commands, which want
+			// no capability.
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "access": "rwm"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "lets it open every character device"},
+		{"SCSI generic devices opened by a rule", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 21, "access": "r"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "lets it open character devices of major 21 (sg)"},
+		{"a SCSI generic device given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/sg0", "type": "c", "major": 21, "minor": 0}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "the device /dev/sg0 (21:0), which passes commands through to a disk (sg)"},
 		{"no seccomp profile (a runc bundle's default)", func(w *world) string {
 			c := goodConfig()
 			delete(c["linux"].(map[string]any), "seccomp")
