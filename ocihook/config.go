@@ -52,6 +52,9 @@ type linuxOf struct {
 	Seccomp    *seccompOf    `json:"seccomp"`
 	Devices    []deviceOf    `json:"devices"`
 	Resources  *resourcesOf  `json:"resources"`
+	// ReadonlyPaths and MaskedPaths are paths in the container.
+	ReadonlyPaths []string `json:"readonlyPaths"`
+	MaskedPaths   []string `json:"maskedPaths"`
 }
 
 type deviceOf struct {
@@ -265,11 +268,42 @@ func (c *config) check(bundle string, protected []string) []string {
 		if (m.Type == "cgroup" || m.Type == "cgroup2") && !ro {
 			why = append(why, fmt.Sprintf("it mounts a writable cgroup file system on %s (mount it ro)", m.Destination))
 		}
+		if m.Type == "sysfs" && !ro {
+			// /sys/kernel/uevent_helper is a program the kernel runs as
+			// the host's root; root writes it with no capability.
+			why = append(why, fmt.Sprintf("it mounts sysfs writable on %s: root in it could set the kernel's uevent helper, run as the host's root (mount it ro)", m.Destination))
+		}
 		if m.Type != "bind" && !slices.Contains(m.Options, "bind") && !slices.Contains(m.Options, "rbind") {
 			continue
 		}
 		if p := holds(bundle, m.Source, protected); p != "" {
 			why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
+		}
+	}
+	return why
+}
+
+// procKnobs refuses a proc mount whose kernel knobs are writable: root
+// needs no capability to set kernel.core_pattern ("|/path": a program
+// the kernel runs as the host's root at the next core dump) nor to write
+// /proc/sysrq-trigger. The runtime makes linux.readonlyPaths and
+// maskedPaths read-only or hidden; they name paths, so a proc mounted
+// elsewhere than /proc is not covered by "/proc/sys".
+func (c *config) procKnobs() []string {
+	var why []string
+	var covered []string
+	if c.Linux != nil {
+		covered = append(slices.Clone(c.Linux.ReadonlyPaths), c.Linux.MaskedPaths...)
+	}
+	for _, m := range c.Mounts {
+		if m.Type != "proc" || slices.Contains(m.Options, "ro") {
+			continue
+		}
+		for _, knob := range []string{"sys", "sysrq-trigger"} {
+			p := filepath.Join("/", m.Destination, knob)
+			if !slices.ContainsFunc(covered, func(dir string) bool { return within(p, filepath.Join("/", dir)) }) {
+				why = append(why, fmt.Sprintf("%s is writable (in neither linux.readonlyPaths nor maskedPaths): root in it could have the kernel run a program as the host's root (core_pattern) or reboot it; keep the runtime's default paths (no systempaths=unconfined)", p))
+			}
 		}
 	}
 	return why

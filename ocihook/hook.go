@@ -152,6 +152,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	}
 	why := cfg.check(st.Bundle, h.protected())
+	why = append(why, cfg.procKnobs()...)
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
 		why = append(why, "its seccomp profile lets it use the kernel's keyrings ("+strings.Join(keys, "; ")+"): "+keyCallsAdvice(DefaultSeccompProfile))
 	}

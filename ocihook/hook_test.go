@@ -191,6 +191,9 @@ func goodConfig() map[string]any {
 			"namespaces": []map[string]any{{"type": "pid"}, {"type": "network", "path": "/run/trialnet/netns/eval-1"},
 				{"type": "mount"}, {"type": "cgroup"}, {"type": "ipc"}, {"type": "uts"}},
 			"seccomp": map[string]any{"defaultAction": "SCMP_ACT_ERRNO"},
+			// Docker's and runc spec's: the kernel's knobs in /proc read-only.
+			"readonlyPaths": []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+			"maskedPaths":   []string{"/proc/kcore", "/proc/keys", "/sys/firmware"},
 			// Docker's default rules: every node may be made, only the
 			// usual character devices opened.
 			"resources": map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"},
@@ -427,6 +430,31 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "the device /dev/sg0 (21:0), which passes commands through to a disk (sg)"},
+		{"/proc/sys writable (--security-opt systempaths=unconfined)", func(w *world) string {
+			// Root needs no capability to write kernel.core_pattern: a
+			// "|/path" there is run by the kernel as the host's root.
+			c := goodConfig()
+			delete(c["linux"].(map[string]any), "readonlyPaths")
+			delete(c["linux"].(map[string]any), "maskedPaths")
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/sys is writable"},
+		{"/proc/sysrq-trigger writable", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["readonlyPaths"] = []string{"/proc/sys"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/sysrq-trigger is writable"},
+		{"a second proc mount, where readonlyPaths do not reach", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/p2/", "type": "proc", "source": "proc"})
+			return w.state(trial)
+		}, "/p2/sys is writable"},
+		{"sysfs writable", func(w *world) string {
+			// /sys/kernel/uevent_helper: run by the kernel as the host's
+			// root on the next uevent, written by root with no capability.
+			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "rw"}})
+			return w.state(trial)
+		}, "it mounts sysfs writable on /sys"},
 		{"no seccomp profile (a runc bundle's default)", func(w *world) string {
 			c := goodConfig()
 			delete(c["linux"].(map[string]any), "seccomp")
