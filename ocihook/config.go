@@ -264,21 +264,45 @@ func (c *config) check(bundle string, protected []string) []string {
 		}
 	}
 	for _, m := range c.Mounts {
-		ro := slices.Contains(m.Options, "ro")
-		if (m.Type == "cgroup" || m.Type == "cgroup2") && !ro {
-			why = append(why, fmt.Sprintf("it mounts a writable cgroup file system on %s (mount it ro)", m.Destination))
-		}
-		if m.Type == "sysfs" && !ro {
-			// /sys/kernel/uevent_helper is a program the kernel runs as
-			// the host's root; root writes it with no capability.
-			why = append(why, fmt.Sprintf("it mounts sysfs writable on %s: root in it could set the kernel's uevent helper, run as the host's root (mount it ro)", m.Destination))
-		}
-		if m.Type != "bind" && !slices.Contains(m.Options, "bind") && !slices.Contains(m.Options, "rbind") {
-			continue
-		}
+		why = append(why, m.refusals(bundle, protected)...)
+	}
+	return why
+}
+
+// virtualFS are the file system types a container may have mounted
+// that show it nothing of the host's disk nor a kernel knob: the
+// runtimes' own (bind and overlay are checked for their sources, sysfs
+// and cgroups for ro). Any other type is the runtime, as root, mounting
+// what the container could not: a disk, tracefs, debugfs.
+var virtualFS = []string{"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "ramfs"}
+
+// refusals says why mount m would let the container leave its Trial.
+func (m mountOf) refusals(bundle string, protected []string) []string {
+	var why []string
+	ro := slices.Contains(m.Options, "ro")
+	bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+	switch {
+	case bind:
 		if p := holds(bundle, m.Source, protected); p != "" {
 			why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
 		}
+	case m.Type == "overlay":
+		for _, o := range m.Options {
+			_, dirs, ok := strings.Cut(o, "=")
+			for _, d := range strings.Split(dirs, ":") {
+				if p := holds(bundle, d, protected); ok && d != "" && p != "" {
+					why = append(why, fmt.Sprintf("its overlay on %s is made of %s, which holds or is inside %s (trialnet's own)", m.Destination, d, p))
+				}
+			}
+		}
+	case !slices.Contains(virtualFS, m.Type):
+		why = append(why, fmt.Sprintf("it mounts a file system of type %q (%s) on %s: the runtime would mount, as the host's root, what the container could not (a disk, tracefs); bind a host directory instead", m.Type, m.Source, m.Destination))
+	case (m.Type == "cgroup" || m.Type == "cgroup2") && !ro:
+		why = append(why, fmt.Sprintf("it mounts a writable cgroup file system on %s (mount it ro)", m.Destination))
+	case m.Type == "sysfs" && !ro:
+		// /sys/kernel/uevent_helper is a program the kernel runs as
+		// the host's root; root writes it with no capability.
+		why = append(why, fmt.Sprintf("it mounts sysfs writable on %s: root in it could set the kernel's uevent helper, run as the host's root (mount it ro)", m.Destination))
 	}
 	return why
 }

@@ -449,6 +449,19 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/p2/", "type": "proc", "source": "proc"})
 			return w.state(trial)
 		}, "/p2/sys is writable"},
+		{"the host's disk mounted by the runtime", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/disk", "type": "ext4", "source": "/dev/vda1", "options": []string{"ro"}})
+			return w.state(trial)
+		}, `it mounts a file system of type "ext4" (/dev/vda1) on /disk`},
+		{"tracefs mounted (kprobes need only root's uid)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/t", "type": "tracefs", "source": "tracefs"})
+			return w.state(trial)
+		}, `type "tracefs"`},
+		{"an overlay over the receipt key's directory", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay",
+				"options": []string{"lowerdir=/tmp:/var/lib/trialnet", "upperdir=/tmp/u", "workdir=/tmp/w"}})
+			return w.state(trial)
+		}, "its overlay on /o is made of /var/lib/trialnet"},
 		{"sysfs writable", func(w *world) string {
 			// /sys/kernel/uevent_helper: run by the kernel as the host's
 			// root on the next uevent, written by root with no capability.
