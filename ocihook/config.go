@@ -162,6 +162,8 @@ var refusedCaps = map[string]string{
 	"CAP_MAC_OVERRIDE":       "overrides the LSM policy",
 	"CAP_SYS_BOOT":           "kexec and reboot",
 	"CAP_CHECKPOINT_RESTORE": "checkpoint/restore powers over other processes",
+	"CAP_SYS_TIME":           "sets the host's clock, which no namespace holds (the receipts', logs' and certificates' time)",
+	"CAP_SYSLOG":             "reads and clears the host's kernel log, and kernel addresses",
 }
 
 var capName = regexp.MustCompile(`^CAP_[A-Z_]+$`)

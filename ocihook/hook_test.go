@@ -357,6 +357,20 @@ func TestHookRefuses(t *testing.T) {
 			w.setCaps("ambient", "CAP_DAC_READ_SEARCH")
 			return w.state(trial)
 		}, "CAP_DAC_READ_SEARCH"},
+		{"the host's clock", func(w *world) string {
+			w.setCaps("effective", "sys_time")
+			return w.state(trial)
+		}, "CAP_SYS_TIME"},
+		{"the host's kernel log", func(w *world) string {
+			w.setCaps("inheritable", "CAP_SYSLOG")
+			return w.state(trial)
+		}, "CAP_SYSLOG"},
+		{"a name in Unicode that upper-cases to one refused", func(w *world) string {
+			// runc looks names up as written and ignores this one; the hook
+			// refuses what it folds to, the safer reading.
+			w.setCaps("bounding", "cap_\u017fys_admin")
+			return w.state(trial)
+		}, "CAP_SYS_ADMIN"},
 		{"not a capability", func(w *world) string {
 			w.setCaps("bounding", "CAP_SYS_ADMIN\x00")
 			return w.state(trial)
