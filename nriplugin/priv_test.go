@@ -193,10 +193,13 @@ func hookLetsIn(t *testing.T, w *world, adj *api.ContainerAdjustment, info clien
 	}
 	ns = append(ns, map[string]string{"type": "network", "path": info.Netns})
 	cfg, err := json.Marshal(map[string]any{
-		"ociVersion":  "1.0.2",
-		"process":     map[string]any{"capabilities": map[string]any{"bounding": []string{"CAP_CHOWN", "CAP_KILL", "CAP_NET_BIND_SERVICE"}}},
-		"mounts":      ctr.Mounts,
-		"linux":       map[string]any{"namespaces": ns, "seccomp": nritest.OCISeccomp(adj.GetLinux().GetSeccompPolicy())},
+		"ociVersion": "1.0.2",
+		"process":    map[string]any{"capabilities": map[string]any{"bounding": []string{"CAP_CHOWN", "CAP_KILL", "CAP_NET_BIND_SERVICE"}}},
+		"mounts":     ctr.Mounts,
+		"linux": map[string]any{"namespaces": ns, "seccomp": nritest.OCISeccomp(adj.GetLinux().GetSeccompPolicy()),
+			// containerd's defaults for a container that is not privileged
+			"readonlyPaths": []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+			"maskedPaths":   []string{"/proc/kcore", "/proc/keys", "/sys/firmware"}},
 		"annotations": adj.GetAnnotations(),
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -51,6 +52,9 @@ type linuxOf struct {
 	Seccomp    *seccompOf    `json:"seccomp"`
 	Devices    []deviceOf    `json:"devices"`
 	Resources  *resourcesOf  `json:"resources"`
+	// ReadonlyPaths and MaskedPaths are paths in the container.
+	ReadonlyPaths []string `json:"readonlyPaths"`
+	MaskedPaths   []string `json:"maskedPaths"`
 }
 
 type deviceOf struct {
@@ -67,6 +71,7 @@ type resourcesOf struct {
 type deviceRuleOf struct {
 	Allow  bool   `json:"allow"`
 	Type   string `json:"type"`
+	Major  *int64 `json:"major"` // nil: every major
 	Access string `json:"access"`
 }
 
@@ -157,6 +162,8 @@ var refusedCaps = map[string]string{
 	"CAP_MAC_OVERRIDE":       "overrides the LSM policy",
 	"CAP_SYS_BOOT":           "kexec and reboot",
 	"CAP_CHECKPOINT_RESTORE": "checkpoint/restore powers over other processes",
+	"CAP_SYS_TIME":           "sets the host's clock, which no namespace holds (the receipts', logs' and certificates' time)",
+	"CAP_SYSLOG":             "reads and clears the host's kernel log, and kernel addresses",
 }
 
 var capName = regexp.MustCompile(`^CAP_[A-Z_]+$`)
@@ -259,15 +266,70 @@ func (c *config) check(bundle string, protected []string) []string {
 		}
 	}
 	for _, m := range c.Mounts {
-		ro := slices.Contains(m.Options, "ro")
-		if (m.Type == "cgroup" || m.Type == "cgroup2") && !ro {
-			why = append(why, fmt.Sprintf("it mounts a writable cgroup file system on %s (mount it ro)", m.Destination))
-		}
-		if m.Type != "bind" && !slices.Contains(m.Options, "bind") && !slices.Contains(m.Options, "rbind") {
-			continue
-		}
+		why = append(why, m.refusals(bundle, protected)...)
+	}
+	return why
+}
+
+// virtualFS are the file system types a container may have mounted
+// that show it nothing of the host's disk nor a kernel knob: the
+// runtimes' own (bind and overlay are checked for their sources, sysfs
+// and cgroups for ro). Any other type is the runtime, as root, mounting
+// what the container could not: a disk, tracefs, debugfs.
+var virtualFS = []string{"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "ramfs"}
+
+// refusals says why mount m would let the container leave its Trial.
+func (m mountOf) refusals(bundle string, protected []string) []string {
+	var why []string
+	ro := slices.Contains(m.Options, "ro")
+	bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+	switch {
+	case bind:
 		if p := holds(bundle, m.Source, protected); p != "" {
 			why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
+		}
+	case m.Type == "overlay":
+		for _, o := range m.Options {
+			_, dirs, ok := strings.Cut(o, "=")
+			for _, d := range strings.Split(dirs, ":") {
+				if p := holds(bundle, d, protected); ok && d != "" && p != "" {
+					why = append(why, fmt.Sprintf("its overlay on %s is made of %s, which holds or is inside %s (trialnet's own)", m.Destination, d, p))
+				}
+			}
+		}
+	case !slices.Contains(virtualFS, m.Type):
+		why = append(why, fmt.Sprintf("it mounts a file system of type %q (%s) on %s: the runtime would mount, as the host's root, what the container could not (a disk, tracefs); bind a host directory instead", m.Type, m.Source, m.Destination))
+	case (m.Type == "cgroup" || m.Type == "cgroup2") && !ro:
+		why = append(why, fmt.Sprintf("it mounts a writable cgroup file system on %s (mount it ro)", m.Destination))
+	case m.Type == "sysfs" && !ro:
+		// /sys/kernel/uevent_helper is a program the kernel runs as
+		// the host's root; root writes it with no capability.
+		why = append(why, fmt.Sprintf("it mounts sysfs writable on %s: root in it could set the kernel's uevent helper, run as the host's root (mount it ro)", m.Destination))
+	}
+	return why
+}
+
+// procKnobs refuses a proc mount whose kernel knobs are writable: root
+// needs no capability to set kernel.core_pattern ("|/path": a program
+// the kernel runs as the host's root at the next core dump) nor to write
+// /proc/sysrq-trigger. The runtime makes linux.readonlyPaths and
+// maskedPaths read-only or hidden; they name paths, so a proc mounted
+// elsewhere than /proc is not covered by "/proc/sys".
+func (c *config) procKnobs() []string {
+	var why []string
+	var covered []string
+	if c.Linux != nil {
+		covered = append(slices.Clone(c.Linux.ReadonlyPaths), c.Linux.MaskedPaths...)
+	}
+	for _, m := range c.Mounts {
+		if m.Type != "proc" || slices.Contains(m.Options, "ro") {
+			continue
+		}
+		for _, knob := range []string{"sys", "sysrq-trigger"} {
+			p := filepath.Join("/", m.Destination, knob)
+			if !slices.ContainsFunc(covered, func(dir string) bool { return within(p, filepath.Join("/", dir)) }) {
+				why = append(why, fmt.Sprintf("%s is writable (in neither linux.readonlyPaths nor maskedPaths): root in it could have the kernel run a program as the host's root (core_pattern) or reboot it; keep the runtime's default paths (no systempaths=unconfined)", p))
+			}
 		}
 	}
 	return why
@@ -277,27 +339,73 @@ func (c *config) check(bundle string, protected []string) []string {
 // device cgroup rule that would let it read or write one (of type b, or
 // a: all; Docker's default rule "b *:* m" lets it make nodes only): a
 // container reads the host's disk through it, trialnet's receipt key and
-// the agent's state with it, whatever its mounts.
+// the agent's state with it, whatever its mounts. A character device
+// that passes commands through to a disk (SCSI generic, NVMe generic)
+// reads it as well, with no capability for a READ: so it, and a rule
+// opening every character device, are refused too.
 func (c *config) blockDevices() []string {
 	var why []string
 	if c.Linux == nil {
 		return nil
 	}
+	pass := passthroughMajors()
 	for _, d := range c.Linux.Devices {
 		if d.Type == "b" {
 			why = append(why, fmt.Sprintf("it is given the block device %s (%d:%d): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor))
+		} else if name, ok := pass[d.Major]; ok {
+			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), which passes commands through to a disk (%s): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor, name))
 		}
 	}
-	if c.Linux.Resources != nil {
-		for _, r := range c.Linux.Resources.Devices {
-			opens := r.Access == "" || strings.ContainsAny(r.Access, "rw") // "": rwm
-			if r.Allow && opens && (r.Type == "" || r.Type == "a" || r.Type == "b") {
-				why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
-				break
-			}
+	if c.Linux.Resources == nil {
+		return why
+	}
+	for _, r := range c.Linux.Resources.Devices {
+		opens := r.Access == "" || strings.ContainsAny(r.Access, "rw") // "": rwm
+		if !r.Allow || !opens {
+			continue
+		}
+		switch name, pt := pass[deref(r.Major)]; {
+		case r.Type == "" || r.Type == "a" || r.Type == "b":
+			why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
+		case r.Major == nil:
+			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk; allow the majors it needs", r.Type, r.Access))
+		case pt:
+			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), which pass commands through to a disk: it could read the host's disk", *r.Major, name))
 		}
 	}
 	return why
+}
+
+func deref(p *int64) int64 {
+	if p == nil {
+		return -1
+	}
+	return *p
+}
+
+// passthroughMajors are the character device majors that reach a disk
+// beneath its block device: sg's is fixed, the rest are given out at
+// boot and named in /proc/devices.
+func passthroughMajors() map[int64]string {
+	out := map[int64]string{21: "sg"}
+	b, err := os.ReadFile("/proc/devices")
+	if err != nil {
+		return out
+	}
+	chars, _, _ := strings.Cut(string(b), "Block devices:")
+	for line := range strings.Lines(chars) {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		switch f[1] {
+		case "sg", "bsg", "nvme-generic", "dax", "mtd", "ubi":
+			if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				out[n] = f[1]
+			}
+		}
+	}
+	return out
 }
 
 // holds is the protected path that the host directory src (relative to

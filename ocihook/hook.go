@@ -19,8 +19,10 @@ package ocihook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -64,11 +66,22 @@ type Hook struct {
 // bpffs pins and the cgroup2 tree.
 func DefaultProtected(socket, cgroupMount string) []string {
 	p := []string{filepath.Dir(socket), "/var/lib/trialnet", "/sys/fs/bpf", "/proc"}
+	// A container runtime's API socket starts containers as the host's
+	// root: a privileged one on the host's network is out of the Trial.
+	for _, s := range runtimeSockets {
+		p = append(p, s, "/var"+s)
+	}
 	if cgroupMount != "" {
 		p = append(p, cgroupMount)
 	}
 	return p
 }
+
+// runtimeSockets are where container runtimes serve their APIs (each
+// also under /var/run, a link to /run that a bind source need not
+// resolve through when the socket is absent).
+var runtimeSockets = []string{"/run/docker.sock", "/run/docker", "/run/containerd",
+	"/run/podman", "/run/crio", "/run/dockershim.sock", "/run/buildkit"}
 
 // Refusal is a container the hook refuses, with every reason found.
 type Refusal struct {
@@ -139,6 +152,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	}
 	why := cfg.check(st.Bundle, h.protected())
+	why = append(why, cfg.procKnobs()...)
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
 		why = append(why, "its seccomp profile lets it use the kernel's keyrings ("+strings.Join(keys, "; ")+"): "+keyCallsAdvice(DefaultSeccompProfile))
 	}
@@ -243,7 +257,9 @@ func (h *Hook) checkProcess(pid int, info client.TrialInfo) []string {
 	if w := h.checkCgroup(p, info); w != "" {
 		why = append(why, w)
 	}
-	for _, ns := range []string{"pid", "cgroup"} {
+	// mnt: a mount namespace joined by path (/proc/1/ns/mnt) is not in
+	// the config's view, and would show it the control socket and keys.
+	for _, ns := range []string{"pid", "cgroup", "mnt"} {
 		same, err := sameFile(filepath.Join(p, "ns", ns), filepath.Join(self, ns))
 		switch {
 		case err != nil:
@@ -252,35 +268,72 @@ func (h *Hook) checkProcess(pid int, info client.TrialInfo) []string {
 			why = append(why, fmt.Sprintf("it shares the runtime's (the host's) %s namespace", ns))
 		}
 	}
+	return append(why, h.pidNSOutsiders(pid, info)...)
+}
+
+// pidNSOutsiders refuses a PID namespace that the container shares with
+// a process outside the Trial (podman --pid container:X, a bundle's pid
+// path to another container's): root in the container could ptrace it,
+// or signal it, and through it use another network namespace.
+func (h *Hook) pidNSOutsiders(pid int, info client.TrialInfo) []string {
+	own := filepath.Join(h.proc(), strconv.Itoa(pid), "ns", "pid")
+	ents, err := os.ReadDir(h.proc())
+	if err != nil {
+		return []string{fmt.Sprintf("cannot list the processes that share its PID namespace: %v", err)}
+	}
+	var why []string
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil || n == pid {
+			continue
+		}
+		p := filepath.Join(h.proc(), e.Name())
+		same, err := sameFile(filepath.Join(p, "ns", "pid"), own)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) || !same {
+			continue // gone, or elsewhere
+		}
+		cg, err := h.cgroupOf(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH):
+		case err != nil:
+			why = append(why, fmt.Sprintf("its PID namespace holds process %d, whose cgroup is unknown: %v", n, err))
+		case !within(cg, filepath.Clean(info.Cgroup)):
+			why = append(why, fmt.Sprintf("its PID namespace holds process %d, which is not in the Trial (cgroup %s): it could trace or signal it, and reach its network; give it a PID namespace of its own", n, cg))
+		}
+	}
 	return why
+}
+
+// cgroupOf is the cgroup v2 directory of the process at p.
+func (h *Hook) cgroupOf(p string) (string, error) {
+	mount, err := h.cgroupMount()
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(filepath.Join(p, "cgroup"))
+	if err != nil {
+		return "", fmt.Errorf("cannot read its cgroup: %w", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if r, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "0::"); ok {
+			return filepath.Join(mount, r), nil
+		}
+	}
+	return "", errors.New("it has no cgroup v2 cgroup")
 }
 
 // checkCgroup: the process's cgroup is the Trial's or under it, and the
 // Trial's cgroup directory is the one whose id the agent gave.
 func (h *Hook) checkCgroup(p string, info client.TrialInfo) string {
-	mount, err := h.cgroupMount()
+	cg, err := h.cgroupOf(p)
 	if err != nil {
 		return err.Error()
 	}
-	b, err := os.ReadFile(filepath.Join(p, "cgroup"))
-	if err != nil {
-		return fmt.Sprintf("cannot read its cgroup: %v", err)
-	}
-	var rel string
-	found := false
-	for line := range strings.Lines(string(b)) {
-		if r, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "0::"); ok {
-			rel, found = r, true
-		}
-	}
-	if !found {
-		return "it has no cgroup v2 cgroup"
-	}
+	mount, _ := h.cgroupMount() // cgroupOf found it
 	var fi unix.Stat_t
 	if err := unix.Stat(info.Cgroup, &fi); err != nil || fi.Ino != info.CgroupID {
 		return fmt.Sprintf("the Trial's cgroup %s is not the one the agent created (id %d): %v", info.Cgroup, info.CgroupID, err)
 	}
-	cg := filepath.Join(mount, rel)
 	if !within(cg, filepath.Clean(info.Cgroup)) {
 		return fmt.Sprintf("its cgroup %s is not the Trial's (%s) nor under it: give the runtime --cgroup-parent %s (podman, with --cgroup-manager cgroupfs) or a cgroupsPath under it in the bundle",
 			cg, info.Cgroup, strings.TrimPrefix(info.Cgroup, mount))

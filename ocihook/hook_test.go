@@ -52,6 +52,7 @@ type world struct {
 	agent                *fakeAgent
 	hostNet, hostPID     string
 	hostCgroupNS, trialN string
+	hostMnt              string
 }
 
 type fakeAgent struct {
@@ -126,6 +127,7 @@ func newContainerWorld(t *testing.T) *world {
 		}
 	}
 	w.hostNet, w.hostPID, w.hostCgroupNS, w.trialN = w.file("ns-host-net"), w.file("ns-host-pid"), w.file("ns-host-cgroup"), w.file("ns-trial-net")
+	w.hostMnt = w.file("ns-host-mnt")
 	cg := filepath.Join(w.mount, "trialnet", "eval-1")
 	var st unix.Stat_t
 	if err := unix.Stat(cg, &st); err != nil {
@@ -151,14 +153,19 @@ func (w *world) file(name string) string {
 }
 
 // procNS makes proc/PID with ns links to the given files and a cgroup
-// file naming cg.
+// file naming cg; its mount namespace is the host's for self, its own
+// for any other.
 func (w *world) procNS(pid, net, pidNS, cgNS, cg string) {
 	d := filepath.Join(w.proc, pid)
 	_ = os.RemoveAll(d)
 	if err := os.MkdirAll(filepath.Join(d, "ns"), 0o755); err != nil {
 		w.t.Fatal(err)
 	}
-	for name, target := range map[string]string{"net": net, "pid": pidNS, "cgroup": cgNS} {
+	mnt := w.hostMnt
+	if pid != "self" {
+		mnt = w.file("ns-mnt-" + pid)
+	}
+	for name, target := range map[string]string{"net": net, "pid": pidNS, "cgroup": cgNS, "mnt": mnt} {
 		if err := os.Symlink(target, filepath.Join(d, "ns", name)); err != nil {
 			w.t.Fatal(err)
 		}
@@ -184,6 +191,9 @@ func goodConfig() map[string]any {
 			"namespaces": []map[string]any{{"type": "pid"}, {"type": "network", "path": "/run/trialnet/netns/eval-1"},
 				{"type": "mount"}, {"type": "cgroup"}, {"type": "ipc"}, {"type": "uts"}},
 			"seccomp": map[string]any{"defaultAction": "SCMP_ACT_ERRNO"},
+			// Docker's and runc spec's: the kernel's knobs in /proc read-only.
+			"readonlyPaths": []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+			"maskedPaths":   []string{"/proc/kcore", "/proc/keys", "/sys/firmware"},
 			// Docker's default rules: every node may be made, only the
 			// usual character devices opened.
 			"resources": map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"},
@@ -347,6 +357,20 @@ func TestHookRefuses(t *testing.T) {
 			w.setCaps("ambient", "CAP_DAC_READ_SEARCH")
 			return w.state(trial)
 		}, "CAP_DAC_READ_SEARCH"},
+		{"the host's clock", func(w *world) string {
+			w.setCaps("effective", "sys_time")
+			return w.state(trial)
+		}, "CAP_SYS_TIME"},
+		{"the host's kernel log", func(w *world) string {
+			w.setCaps("inheritable", "CAP_SYSLOG")
+			return w.state(trial)
+		}, "CAP_SYSLOG"},
+		{"a name in Unicode that upper-cases to one refused", func(w *world) string {
+			// runc looks names up as written and ignores this one; the hook
+			// refuses what it folds to, the safer reading.
+			w.setCaps("bounding", "cap_\u017fys_admin")
+			return w.state(trial)
+		}, "CAP_SYS_ADMIN"},
 		{"not a capability", func(w *world) string {
 			w.setCaps("bounding", "CAP_SYS_ADMIN\x00")
 			return w.state(trial)
@@ -399,6 +423,65 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "lets it open block devices"},
+		{"every character device opened (--device-cgroup-rule 'c *:* rwm')", func(w *world) string {
+			// With CAP_MKNOD (Docker's default) it makes /dev/sg0 and
+			// reads the host's disk with SG_IO READ commands, which want
+			// no capability.
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "access": "rwm"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "lets it open every character device"},
+		{"SCSI generic devices opened by a rule", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 21, "access": "r"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "lets it open character devices of major 21 (sg)"},
+		{"a SCSI generic device given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/sg0", "type": "c", "major": 21, "minor": 0}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "the device /dev/sg0 (21:0), which passes commands through to a disk (sg)"},
+		{"/proc/sys writable (--security-opt systempaths=unconfined)", func(w *world) string {
+			// Root needs no capability to write kernel.core_pattern: a
+			// "|/path" there is run by the kernel as the host's root.
+			c := goodConfig()
+			delete(c["linux"].(map[string]any), "readonlyPaths")
+			delete(c["linux"].(map[string]any), "maskedPaths")
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/sys is writable"},
+		{"/proc/sysrq-trigger writable", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["readonlyPaths"] = []string{"/proc/sys"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/sysrq-trigger is writable"},
+		{"a second proc mount, where readonlyPaths do not reach", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/p2/", "type": "proc", "source": "proc"})
+			return w.state(trial)
+		}, "/p2/sys is writable"},
+		{"the host's disk mounted by the runtime", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/disk", "type": "ext4", "source": "/dev/vda1", "options": []string{"ro"}})
+			return w.state(trial)
+		}, `it mounts a file system of type "ext4" (/dev/vda1) on /disk`},
+		{"tracefs mounted (kprobes need only root's uid)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/t", "type": "tracefs", "source": "tracefs"})
+			return w.state(trial)
+		}, `type "tracefs"`},
+		{"an overlay over the receipt key's directory", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay",
+				"options": []string{"lowerdir=/tmp:/var/lib/trialnet", "upperdir=/tmp/u", "workdir=/tmp/w"}})
+			return w.state(trial)
+		}, "its overlay on /o is made of /var/lib/trialnet"},
+		{"sysfs writable", func(w *world) string {
+			// /sys/kernel/uevent_helper: run by the kernel as the host's
+			// root on the next uevent, written by root with no capability.
+			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "rw"}})
+			return w.state(trial)
+		}, "it mounts sysfs writable on /sys"},
 		{"no seccomp profile (a runc bundle's default)", func(w *world) string {
 			c := goodConfig()
 			delete(c["linux"].(map[string]any), "seccomp")
@@ -426,6 +509,33 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, `key linux.SECCOMP is spelt "seccomp"`},
+		{"the host's mount namespace, joined by path", func(w *world) string {
+			mnt := filepath.Join(w.proc, "4242", "ns", "mnt")
+			_ = os.Remove(mnt)
+			if err := os.Symlink(w.hostMnt, mnt); err != nil {
+				w.t.Fatal(err)
+			}
+			c := goodConfig()
+			l := c["linux"].(map[string]any)
+			l["namespaces"] = append(l["namespaces"].([]map[string]any), map[string]any{"type": "mount", "path": "/proc/1/ns/mnt"})
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "it shares the runtime's (the host's) mnt namespace"},
+		{"a PID namespace shared with a process outside the Trial", func(w *world) string {
+			// podman --pid container:X, X a container of no Trial: root in
+			// the Trial's container could ptrace X's processes, which
+			// run in another network namespace.
+			w.procNS("777", w.hostNet, filepath.Join(w.dir, "ns-ctr-pid"), w.file("c-777"), "/other")
+			return w.state(trial)
+		}, "its PID namespace holds process 777, which is not in the Trial"},
+		{"the Docker daemon's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/var/run/docker.sock", "type": "bind", "source": "/var/run/docker.sock", "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "on /var/run/docker.sock"},
+		{"containerd's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/c.sock", "type": "bind", "source": "/run/containerd/containerd.sock", "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "on /c.sock"},
 		{"the cgroup tree bound in", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
 			return w.state(trial)

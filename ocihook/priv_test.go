@@ -3,10 +3,14 @@
 package ocihook
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -77,6 +81,7 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 		{"outside the Trial", testenv.PlainCgroup(t, "ocihook"), "", newNS, "network namespace is not the Trial's", "is not the Trial's (" + info.Cgroup},
 		{"host network", inTrial, "", newNS, "network namespace is not the Trial's", ""},
 		{"host PID namespace", inTrial, info.Netns, syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS, "shares the runtime's (the host's) pid namespace", ""},
+		{"host mount namespace", inTrial, info.Netns, syscall.CLONE_NEWPID | syscall.CLONE_NEWCGROUP, "shares the runtime's (the host's) mnt namespace", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := run(testenv.StartIn(t, tc.cgroup, tc.netns, tc.flags))
@@ -85,6 +90,13 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a PID namespace shared with a process outside the Trial", func(t *testing.T) {
+		out := testenv.StartIn(t, testenv.PlainCgroup(t, "ocihook-pidns"), "", newNS)
+		err := run(joinPIDNS(t, inTrial, info.Netns, out))
+		if want := fmt.Sprintf("its PID namespace holds process %d, which is not in the Trial", out); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("got %v, want refused: %q", err, want)
+		}
+	})
 	st, err = a.Destroy(ctx, "hook-1")
 	if err != nil {
 		t.Fatalf("destroy a Trial with a container's cgroup in it: %v", err)
@@ -93,6 +105,41 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 	if st.Receipt == nil || json.Unmarshal(st.Receipt.Receipt, &r) != nil || r.Layers.Containers != 1 {
 		t.Errorf("the receipt does not count the container: %+v", st.Receipt)
 	}
+}
+
+// joinPIDNS starts a process in cgroup and netns that is in the PID
+// namespace of process other (podman --pid container:X), and returns it.
+func joinPIDNS(t *testing.T, cgroup, netns string, other int) int {
+	t.Helper()
+	cg, err := os.Open(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	// Its cgroup and mount namespaces are other's too, so that the PID
+	// namespace is the one thing that lets it out.
+	ns := func(typ string) string { return fmt.Sprintf("--%s=/proc/%d/ns/%s", typ, other, typ) }
+	cmd := exec.Command("nsenter", ns("pid"), ns("cgroup"), "--mount="+fmt.Sprintf("/proc/%d/ns/mnt", other), "--net="+netns, "--", "sh", "-c", "echo ready; exec sleep 600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("the process did not start: %q %v", line, err)
+	}
+	// nsenter forks into the PID namespace: its child is the process.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+	pid, aerr := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || aerr != nil {
+		t.Fatalf("nsenter's child: %q %v %v", b, err, aerr)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	return pid
 }
 
 func mustJSON(t *testing.T, v any) []byte {

@@ -33,6 +33,10 @@ type invocation struct {
 	id      string
 	log     string // the --log file, where the caller looks for runc's last error
 	systemd []int  // indexes of --systemd-cgroup in args
+	root    string // --root: where runc keeps its state ("": runc's default)
+	// Of exec only: its process file and --cap values.
+	process string
+	caps    []string
 }
 
 // creates: the command makes a container from a bundle.
@@ -76,6 +80,8 @@ func parseArgs(args []string) (*invocation, error) {
 		switch name {
 		case "log":
 			inv.log = value
+		case "root":
+			inv.root = value
 		case "systemd-cgroup":
 			inv.systemd = append(inv.systemd, i)
 		}
@@ -85,6 +91,9 @@ func parseArgs(args []string) (*invocation, error) {
 		return inv, nil
 	}
 	inv.command = args[i]
+	if inv.command == "exec" {
+		return inv, inv.parseExec(args[i+1:])
+	}
 	if !inv.creates() {
 		return inv, nil
 	}

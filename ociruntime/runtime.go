@@ -57,6 +57,9 @@ func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) 
 	if err != nil {
 		return nil, err
 	}
+	if inv.command == "exec" {
+		return args, inv.checkExec()
+	}
 	if !inv.creates() {
 		return args, nil
 	}

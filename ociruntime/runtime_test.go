@@ -37,7 +37,8 @@ func TestParseArgs(t *testing.T) {
 		{"after --", []string{"create", "--bundle", "/b", "--", "-ctr"}, "create", "/b", "-ctr", "", 0, ""},
 		{"no bundle", []string{"create", "ctr"}, "create", "", "ctr", "", 0, ""},
 		{"state passes", []string{root, "/r", "state", "--weird", "ctr"}, "state", "", "", "", 0, ""},
-		{"exec passes", []string{root, "/r", "exec", "--process", "/p.json", "ctr"}, "exec", "", "", "", 0, ""},
+		{"exec reads its container", []string{root, "/r", "exec", "--process", "/p.json", "ctr"}, "exec", "", "ctr", "", 0, ""},
+		{"unknown exec option", []string{"exec", "--frob", "ctr"}, "", "", "", "", 0, "not one this wrapper knows"},
 		{"version", []string{"--version"}, "", "", "", "", 0, ""},
 		{"unknown global", []string{"--frob", "create", "ctr"}, "", "", "", "", 0, "not one this wrapper knows"},
 		{"unknown create option", []string{"create", "--frob", "ctr"}, "", "", "", "", 0, "not one this wrapper knows"},
@@ -367,5 +368,50 @@ func TestPrepareRefusesTheKeyCalls(t *testing.T) {
 	dir := dockerBundle(t, "trialnet-eval-42.slice/"+ctr, func(d map[string]any) { d["linux"].(map[string]any)["seccomp"] = "unconfined" })
 	if _, err := newWrapper(&fakeAgent{info: eval42}).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err == nil || !strings.Contains(err.Error(), "linux.seccomp is not an object") {
 		t.Errorf("a profile that is not an object: %v", err)
+	}
+}
+
+// runc runs no hook for exec: docker exec --privileged (or --cap-add)
+// into a Trial's container would give a process in the Trial the
+// capabilities the hook refused at its start.
+func TestPrepareRefusesAPrivilegedExec(t *testing.T) {
+	root := t.TempDir()
+	state := func(id string, labels ...string) {
+		if err := os.MkdirAll(filepath.Join(root, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(map[string]any{"id": id, "config": map[string]any{"labels": labels}})
+		if err := os.WriteFile(filepath.Join(root, id, "state.json"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state("in", "trialnet.io/trial=eval-42", "bundle=/b")
+	state("out", "bundle=/b2")
+	process := func(caps ...string) string {
+		p := filepath.Join(t.TempDir(), "process.json")
+		b, _ := json.Marshal(map[string]any{"args": []string{"sh"}, "capabilities": map[string]any{"bounding": []string{"CAP_KILL"}, "ambient": caps}})
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	w := newWrapper(&fakeAgent{info: eval42})
+	for _, tc := range []struct {
+		args []string
+		want string // "": let through
+	}{
+		{[]string{"--root", root, "exec", "--process", process("CAP_SYS_ADMIN"), "--detach", "in"}, "CAP_SYS_ADMIN"},
+		{[]string{"--root", root, "exec", "-c", "net_admin", "in", "sh"}, "CAP_NET_ADMIN"},
+		{[]string{"--root", root, "exec", "--process=" + process("CAP_KILL"), "in"}, ""},
+		{[]string{"--root", root, "exec", "--process", process("CAP_SYS_ADMIN"), "out"}, ""},
+		{[]string{"--root", root, "exec", "gone", "sh"}, "cannot tell whether container gone is in a Trial"},
+	} {
+		_, err := w.Prepare(context.Background(), tc.args)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: refused: %v", tc.args, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: got %v, want refused with %q", tc.args, err, tc.want)
+		}
 	}
 }

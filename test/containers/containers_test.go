@@ -430,8 +430,10 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 			{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": []string{"nosuid", "nodev"}},
 		},
 		"linux": map[string]any{
-			"namespaces":  ns,
-			"cgroupsPath": o.cgroupsPath,
+			"namespaces":    ns,
+			"cgroupsPath":   o.cgroupsPath,
+			"readonlyPaths": []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+			"maskedPaths":   []string{"/proc/kcore", "/proc/keys", "/sys/firmware"},
 		},
 		"annotations": o.annotations,
 	}

@@ -302,6 +302,12 @@ func dockerNetworkStaysOut(t *testing.T, d *dockerd, flags []string) {
 	if err != nil || !slices.Equal(ifaces, []string{"lo"}) {
 		t.Errorf("the container's interfaces: %q (%v), want only lo:\n%s", ifaces, err, out)
 	}
+	// runc runs no hook for an exec: the wrapper refuses one that would
+	// give a process in the Trial what the hook refused at its start.
+	out, err = d.cmd("exec", "--privileged", "on-a-network", "true").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "capabilities that let it leave its Trial") {
+		t.Errorf("docker exec --privileged into a Trial's container: want refused by the wrapper, saying why (%v):\n%s", err, out)
+	}
 }
 
 // fullBoundingSet: this process may hold every capability, as a
