@@ -179,6 +179,9 @@ func (a *Agent) create(req trialspec.Request, conn *net.UnixConn) (_ client.Tria
 	if err := a.build(lt, list, a.host.Create); err != nil {
 		return client.TrialInfo{}, err
 	}
+	if a.cfg.ReceiptKey != "" {
+		warmSigner()
+	}
 	a.setState(lt, stateLive)
 	a.watchOwner(lt)
 	a.log.Info("trial created", "trial", lt.info.ID, "allow", len(lt.info.Allow), "strict", req.Strict, "learning", lt.info.Learning, "owner_pid", ownerPID(lt.info.Owner))

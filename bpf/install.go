@@ -222,11 +222,19 @@ type adoption struct {
 // adoptHook adopts the link pinned for the program name, and the program
 // into l's collection, so that the cgroup and LSM hooks are checked alike.
 func (l *Loader) adoptHook(name string, want adoption) (namedLink, error) {
-	nl, prog, err := adoptLink(l.pinDir, name, want.spec.Programs[name], want.tags[name], want.mapIDs, want.rodata)
+	nl, prog, tag, err := adoptLink(l.pinDir, name, want.spec.Programs[name], want.tags[name], want.mapIDs, want.rodata)
 	if err != nil {
 		return namedLink{}, err
 	}
 	l.coll.Programs[name] = prog
+	// The tag just checked is the one a receipt names (ProgramTags): kept,
+	// so that no receipt reads the program's info again.
+	l.tagMu.Lock()
+	if l.tags == nil {
+		l.tags = make(map[string]string)
+	}
+	l.tags[name] = tag
+	l.tagMu.Unlock()
 	return nl, nil
 }
 
@@ -301,31 +309,33 @@ func pinnedMapID(name string, m *ebpf.Map) (ebpf.MapID, error) {
 // that the program is spec over the pinned maps and rodata: by the tag
 // computed from spec, or for a program fixed up at load by the tag
 // recorded when this same object was installed.
-func adoptLink(pinDir, name string, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (namedLink, *ebpf.Program, error) {
+func adoptLink(pinDir, name string, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (namedLink, *ebpf.Program, string, error) {
 	if spec == nil {
-		return namedLink{}, nil, fmt.Errorf("%w: no embedded program %s", errPinsDiffer, name)
+		return namedLink{}, nil, "", fmt.Errorf("%w: no embedded program %s", errPinsDiffer, name)
 	}
 	lk, err := link.LoadPinnedLink(filepath.Join(pinDir, "link_"+name), nil)
 	if err != nil {
-		return namedLink{}, nil, fmt.Errorf("%w: link %s: %w", errPinsDiffer, name, err)
+		return namedLink{}, nil, "", fmt.Errorf("%w: link %s: %w", errPinsDiffer, name, err)
 	}
 	nl := namedLink{name, lk}
-	prog, err := linkedProgram(lk, spec, recorded, mapIDs, rodata)
+	prog, tag, err := linkedProgram(lk, spec, recorded, mapIDs, rodata)
 	if err != nil {
 		_ = lk.Close()
-		return namedLink{}, nil, fmt.Errorf("%w: %s: %w", errPinsDiffer, name, err)
+		return namedLink{}, nil, "", fmt.Errorf("%w: %s: %w", errPinsDiffer, name, err)
 	}
-	return nl, prog, nil
+	return nl, prog, tag, nil
 }
 
-func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (_ *ebpf.Program, err error) {
+// linkedProgram opens the program lk runs, checks it as adoptLink says,
+// and returns it with its tag.
+func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (_ *ebpf.Program, _ string, err error) {
 	info, err := lk.Info()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	prog, err := ebpf.NewProgramFromID(info.Program)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer func() {
 		if err != nil {
@@ -334,25 +344,25 @@ func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs
 	}()
 	pi, err := prog.Info()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if err := spec.Compatible(pi); err != nil && (recorded == "" || recorded != pi.Tag) {
-		return nil, err
+		return nil, "", err
 	}
 	ids, ok := pi.MapIDs()
 	if !ok {
-		return nil, errors.New("the kernel does not list a program's maps")
+		return nil, "", errors.New("the kernel does not list a program's maps")
 	}
 	for _, id := range ids {
 		if mapIDs[id] {
 			continue
 		}
 		if err := sameRodata(id, rodata); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		mapIDs[id] = true
 	}
-	return prog, nil
+	return prog, pi.Tag, nil
 }
 
 // sameRodata checks that the map with id is a .rodata holding want: the

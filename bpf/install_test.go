@@ -5,6 +5,7 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"strings"
@@ -109,6 +110,7 @@ func TestPrivilegedLoadAdoptsPins(t *testing.T) {
 	l, opts := loadTest(t)
 	before := attached(t, opts.Cgroup)
 	lsm, unixHooks, lsmErr := l.LSM(), l.UnixHooks(), l.LSMError()
+	tags := l.ProgramTags()
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +127,19 @@ func TestPrivilegedLoadAdoptsPins(t *testing.T) {
 	}
 	if l2.LSM() != lsm || l2.UnixHooks() != unixHooks || (l2.LSMError() == nil) != (lsmErr == nil) {
 		t.Errorf("adopted: LSM %v unix %v lsmErr %v; installed: %v %v %v", l2.LSM(), l2.UnixHooks(), l2.LSMError(), lsm, unixHooks, lsmErr)
+	}
+	// The tags a receipt names, kept from adoption, are the kernel's.
+	if got := l2.ProgramTags(); len(got) == 0 || !maps.Equal(got, tags) {
+		t.Errorf("adopted loader's program tags %v, the installed one's %v", got, tags)
+	}
+	for name, tag := range l2.ProgramTags() {
+		info, err := l2.coll.Programs[name].Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Tag != tag {
+			t.Errorf("%s: tag %q, the kernel's %q", name, tag, info.Tag)
+		}
 	}
 	if err := l2.AddTrial(42, Policy{NetnsCookie: 7, UnixOpen: true}); err != nil {
 		t.Fatal(err)
