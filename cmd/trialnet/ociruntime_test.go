@@ -35,12 +35,21 @@ func TestOCIRuntimePassesThroughAndFailsClosed(t *testing.T) {
 		return b
 	}
 	plain := bundle("/docker/c1")
+	// runc's state of c1, a container in no Trial (its labels are its
+	// annotations): an exec into it passes through.
+	root := filepath.Join(dir, "root")
+	if err := os.MkdirAll(filepath.Join(root, "c1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "c1", "state.json"), []byte(`{"config":{"labels":["bundle=/b"]}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	log := filepath.Join(dir, "log.json")
 	wrap := []string{"oci-runtime", "--runc", runc, "--socket", filepath.Join(dir, "none.sock"), "--"}
 	for _, args := range [][]string{
 		{"--root", "/r", "--log", log, "state", "c1"},
 		{"--root", "/r", "kill", "c1", "9"},
-		{"--root", "/r", "exec", "--process", "/p.json", "--detach", "c1"},
+		{"--root", root, "exec", "--process", "/p.json", "--detach", "c1"},
 		{"--root", "/r", "--systemd-cgroup", "create", "--bundle", plain, "--pid-file", "/p", "c1"},
 	} {
 		_ = os.Remove(seen)
