@@ -73,7 +73,6 @@ func unescapeMount(s string) string {
 type protectedFile struct {
 	path, inFS string
 	dev        uint64
-	fstype     string
 }
 
 // locate finds each protected path that exists in the hook's own mount
@@ -101,7 +100,7 @@ func locate(self []mountEntry, protected []string) []protectedFile {
 		}
 		m := self[best]
 		rel, _ := filepath.Rel(m.point, real)
-		out = append(out, protectedFile{path: p, inFS: filepath.Join(m.root, rel), dev: st.Dev, fstype: m.fstype})
+		out = append(out, protectedFile{path: p, inFS: filepath.Join(m.root, rel), dev: st.Dev})
 	}
 	return out
 }
