@@ -408,6 +408,22 @@ func passthroughMajors() map[int64]string {
 	return out
 }
 
+// rootfs is the host directory of the container's root file system,
+// resolved as the runtime resolves it, or "" when the config names none.
+func (c *config) rootfs(bundle string) string {
+	if c.Root == nil || c.Root.Path == "" {
+		return ""
+	}
+	p := c.Root.Path
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(bundle, p)
+	}
+	if real, err := filepath.EvalSymlinks(p); err == nil {
+		return real
+	}
+	return filepath.Clean(p)
+}
+
 // holds is the protected path that the host directory src (relative to
 // the bundle if not absolute) holds or is inside, or "".
 func holds(bundle, src string, protected []string) string {

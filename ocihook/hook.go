@@ -162,14 +162,15 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.seccomp() != nil,
 		Capabilities: cfg.boundingCaps()}
 	_, c.UserNamespace = cfg.namespaces()["user"]
+	rootfs := cfg.rootfs(st.Bundle)
 	if cl.profile != "" {
-		return h.makeTrial(ctx, st, cl.profile, c)
+		return h.makeTrial(ctx, st, cl.profile, c, rootfs)
 	}
 	info, err := h.Agent().Get(ctx, cl.trial)
 	if err != nil {
 		return refuse(fmt.Sprintf("cannot look Trial %q up: %v", cl.trial, err))
 	}
-	if why := h.checkProcess(st.Pid, info); len(why) > 0 {
+	if why := h.checkProcess(st.Pid, rootfs, info); len(why) > 0 {
 		return refuse(why...)
 	}
 	if _, err := h.Agent().AddContainer(ctx, cl.trial, c); err != nil {
@@ -182,12 +183,12 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 // container, then checks the container is in it as for a Trial it
 // joins. A container that fails the check is refused, and its Trial
 // destroyed: nothing is left half-made.
-func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container) (Result, error) {
+func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container, rootfs string) (Result, error) {
 	info, err := h.Agent().ContainerTrial(ctx, client.ContainerTrial{Profile: profile, Container: c})
 	if err != nil {
 		return Result{}, &Refusal{Container: st.ID, Reasons: []string{fmt.Sprintf("no Trial from profile %s could be made around it: %v", profile, err)}}
 	}
-	if why := h.checkProcess(st.Pid, info); len(why) > 0 {
+	if why := h.checkProcess(st.Pid, rootfs, info); len(why) > 0 {
 		if _, err := h.Agent().Destroy(ctx, info.ID); err != nil {
 			why = append(why, fmt.Sprintf("and its Trial could not be destroyed (trialnet destroy %s): %v", info.ID, err))
 		}
@@ -236,8 +237,9 @@ func (h *Hook) cgroupMount() (string, error) {
 
 // checkProcess looks at the container's process as the kernel has it:
 // the runtime made its namespaces and placed it in its cgroup before
-// this stage, and it runs nothing of the image yet.
-func (h *Hook) checkProcess(pid int, info client.TrialInfo) []string {
+// this stage, and it runs nothing of the image yet. rootfs is the host
+// directory of its root file system.
+func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo) []string {
 	var why []string
 	p := filepath.Join(h.proc(), strconv.Itoa(pid))
 	self := filepath.Join(h.proc(), "self", "ns")
@@ -268,6 +270,7 @@ func (h *Hook) checkProcess(pid int, info client.TrialInfo) []string {
 			why = append(why, fmt.Sprintf("it shares the runtime's (the host's) %s namespace", ns))
 		}
 	}
+	why = append(why, h.checkMounts(pid, rootfs, info.Cgroup)...)
 	return append(why, h.pidNSOutsiders(pid, info)...)
 }
 

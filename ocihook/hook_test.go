@@ -173,11 +173,21 @@ func (w *world) procNS(pid, net, pidNS, cgNS, cg string) {
 	if err := os.WriteFile(filepath.Join(d, "cgroup"), []byte("0::"+cg+"\n"), 0o644); err != nil {
 		w.t.Fatal(err)
 	}
+	// Its mounts, as runc has them at createRuntime: the host's copy, its
+	// root not yet pivoted, nothing under the bundle's rootfs (the
+	// kernel's view is tested on real processes, in priv_test.go).
+	if err := os.WriteFile(filepath.Join(d, "mountinfo"), []byte("1 0 253:99 / / rw - ext4 /dev/vda1 rw\n"), 0o644); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.Symlink("/", filepath.Join(d, "root")); err != nil {
+		w.t.Fatal(err)
+	}
 }
 
 func goodConfig() map[string]any {
 	return map[string]any{
 		"ociVersion": "1.0.2",
+		"root":       map[string]any{"path": "rootfs"},
 		"process": map[string]any{"capabilities": map[string]any{
 			"bounding":  []string{"CAP_CHOWN", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_KILL"},
 			"effective": []string{"CAP_CHOWN", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_KILL"},

@@ -31,15 +31,18 @@ import (
 func TestPrivilegedHookRealProcesses(t *testing.T) {
 	privtest.Require(t)
 	privtest.RequireTool(t, "nsenter")
-	a, dir, sock := testenv.ServedAgent(t, "ocihook", agent.AgentConfig{})
+	a, _, sock := testenv.ServedAgent(t, "ocihook", agent.AgentConfig{})
 	ctx := context.Background()
 	info, err := a.Create(ctx, trial.Request{ID: "hook-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hook := &Hook{Agent: func() Agent { return client.NewClient(sock) }, Socket: sock}
-	bundle := filepath.Join(dir, "bundle")
-	if err := os.Mkdir(bundle, 0o755); err != nil {
+	// Not under dir: the socket's directory is protected.
+	bundle := t.TempDir()
+	harmless := t.TempDir()
+	mnt := filepath.Join(bundle, "rootfs", "mnt")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	cfg := goodConfig()
@@ -61,6 +64,9 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 	}
 
 	pid := testenv.StartIn(t, inTrial, info.Netns, newNS)
+	// A bind the runtime made, of a directory on the same file system as
+	// the agent's state: not refused for its device alone.
+	bindIn(t, pid, harmless, mnt)
 	if err := run(pid); err != nil {
 		t.Fatalf("a process in its Trial's network namespace and a child of its cgroup: %v", err)
 	}
@@ -94,6 +100,18 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 		out := testenv.StartIn(t, testenv.PlainCgroup(t, "ocihook-pidns"), "", newNS)
 		err := run(joinPIDNS(t, inTrial, info.Netns, out))
 		if want := fmt.Sprintf("its PID namespace holds process %d, which is not in the Trial", out); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("got %v, want refused: %q", err, want)
+		}
+	})
+	// A bind source swapped to the agent's own directory after the
+	// runtime resolved it (or a mount the config never named): config.json
+	// shows nothing, the kernel shows the mount.
+	t.Run("a mount of trialnet's state that the config does not name", func(t *testing.T) {
+		pid := testenv.StartIn(t, inTrial, info.Netns, newNS)
+		bindIn(t, pid, filepath.Dir(sock), mnt)
+		err := run(pid)
+		want := fmt.Sprintf("the kernel shows a mount on %s", mnt)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "inside "+filepath.Dir(sock)) {
 			t.Fatalf("got %v, want refused: %q", err, want)
 		}
 	})
@@ -140,6 +158,18 @@ func joinPIDNS(t *testing.T, cgroup, netns string, other int) int {
 	}
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
 	return pid
+}
+
+// bindIn bind-mounts src on dst in the mount namespace of process pid,
+// as a runtime does before createRuntime; private first, so that nothing
+// propagates to the host's (the mount goes with the process).
+func bindIn(t *testing.T, pid int, src, dst string) {
+	t.Helper()
+	out, err := exec.Command("nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", pid), "--",
+		"sh", "-c", `mount --make-rprivate / && mount --bind "$0" "$1"`, src, dst).CombinedOutput()
+	if err != nil {
+		t.Fatalf("bind %s on %s in process %d's mount namespace: %v: %s", src, dst, pid, err, out)
+	}
 }
 
 func mustJSON(t *testing.T, v any) []byte {

@@ -96,6 +96,31 @@ func TestPrivilegedEscapeContainerHostDisk(t *testing.T) {
 	})
 }
 
+// A container that binds a harmless host directory recursively (every
+// runtime's -v, a bundle's rbind) gets the mounts beneath it too: one of
+// the agent's own directory there is named by no config, and shows the
+// container its data and control socket (the Trial's unix socket hooks
+// then the one layer left). The hook sees it in the kernel's mount
+// table, as it sees a bind source swapped after the runtime resolved it.
+func TestPrivilegedEscapeContainerSubmount(t *testing.T) {
+	privtest.Require(t)
+	a, dir, sock := testenv.ServedAgent(t, "escsub", agent.AgentConfig{})
+	outer := t.TempDir()
+	inner := filepath.Join(outer, "inner")
+	if err := os.Mkdir(inner, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "--bind", dir, inner).CombinedOutput(); err != nil {
+		t.Fatalf("mount --bind %s %s: %v: %s", dir, inner, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", inner).Run() })
+	reached := filepath.Join(inner, filepath.Base(sock))
+	refusedByEachRuntime(t, a, sock, "sub", "", func(c *ctr.Cmd) {
+		c.Binds = []string{outer}
+		c.Args = []string{"/bin/sh", "-c", "echo " + started + "; curl -sS --max-time 5 --unix-socket " + reached + " http://agent/v1/trials"}
+	})
+}
+
 // started is what a container prints first: one the hook refused never
 // prints it.
 const started = "container-started"

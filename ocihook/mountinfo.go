@@ -1,0 +1,180 @@
+//go:build linux
+
+package ocihook
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// mountEntry is one line of /proc/<pid>/mountinfo: what the kernel has
+// mounted, whatever a config said.
+type mountEntry struct {
+	dev    uint64 // st_dev of the file system
+	root   string // the mounted directory, as a path within its file system
+	point  string // where, relative to the reading process's root
+	ro     bool   // the mount (not the file system) is read-only
+	fstype string
+}
+
+// readMountinfo parses a mountinfo file (proc(5)).
+func readMountinfo(path string) ([]mountEntry, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []mountEntry
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		sep := slices.Index(f, "-")
+		if sep < 6 || len(f) < sep+2 {
+			return nil, fmt.Errorf("%s: a line the hook cannot read: %q", path, line)
+		}
+		maj, min, ok := strings.Cut(f[2], ":")
+		ma, err1 := strconv.ParseUint(maj, 10, 32)
+		mi, err2 := strconv.ParseUint(min, 10, 32)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("%s: a device the hook cannot read: %q", path, f[2])
+		}
+		out = append(out, mountEntry{dev: unix.Mkdev(uint32(ma), uint32(mi)), root: unescapeMount(f[3]),
+			point: unescapeMount(f[4]), ro: slices.Contains(strings.Split(f[5], ","), "ro"), fstype: f[sep+1]})
+	}
+	return out, nil
+}
+
+// unescapeMount undoes the kernel's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// protectedFile is a protected host path as the kernel knows it: its
+// file system's device and its path within that file system, so that a
+// mount of it is seen whatever name it was mounted by.
+type protectedFile struct {
+	path, inFS string
+	dev        uint64
+}
+
+// locate finds each protected path that exists in the hook's own mount
+// table (the runtime's, the host's).
+func locate(self []mountEntry, protected []string) []protectedFile {
+	var out []protectedFile
+	for _, p := range protected {
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			continue // absent: nothing to mount
+		}
+		var st unix.Stat_t
+		if unix.Stat(real, &st) != nil {
+			continue
+		}
+		// The last mount on the longest prefix is the one the path is on.
+		best := -1
+		for i, m := range self {
+			if within(real, m.point) && (best < 0 || len(m.point) >= len(self[best].point)) {
+				best = i
+			}
+		}
+		if best < 0 || self[best].dev != st.Dev {
+			continue // on no mount the hook sees as the kernel does
+		}
+		m := self[best]
+		rel, _ := filepath.Rel(m.point, real)
+		out = append(out, protectedFile{path: p, inFS: filepath.Join(m.root, rel), dev: st.Dev})
+	}
+	return out
+}
+
+// kernelFS are file system types no container in a Trial may have
+// mounted at all: bpffs holds trialnet's pins, the others read the
+// kernel's memory and tracing.
+var kernelFS = []string{"bpf", "debugfs", "tracefs"}
+
+// checkMounts judges the container's mounts as the kernel has made
+// them, the second line behind the config's: a bind source swapped
+// after the runtime resolved it, a mount that propagated in, or one the
+// runtime added itself is named by no config. At createRuntime the
+// runtime has made the container's mounts; before pivot_root (runc) its
+// mount namespace still holds a copy of the host's, which the pivot
+// drops, so only the mounts at or under its root file system are its.
+func (h *Hook) checkMounts(pid int, rootfs, trialCgroup string) []string {
+	p := filepath.Join(h.proc(), strconv.Itoa(pid))
+	mounts, err := readMountinfo(filepath.Join(p, "mountinfo"))
+	if err != nil {
+		return []string{fmt.Sprintf("cannot read its mounts as the kernel has them: %v", err)}
+	}
+	self, err := readMountinfo(filepath.Join(h.proc(), "self", "mountinfo"))
+	if err != nil {
+		return []string{fmt.Sprintf("cannot read the runtime's mounts: %v", err)}
+	}
+	hostRoot, err := sameFile(filepath.Join(p, "root"), filepath.Join(h.proc(), "self", "root"))
+	if err != nil {
+		return []string{fmt.Sprintf("cannot tell its root from the runtime's: %v", err)}
+	}
+	base := "/" // after pivot_root every mount it sees is its
+	if hostRoot {
+		base = rootfs
+	}
+	if base == "" {
+		return []string{"its bundle names no root file system, so its mounts cannot be told from the runtime's"}
+	}
+	mount, _ := h.cgroupMount() // unknown: checkCgroup refuses the container
+	rel := "/" + strings.TrimPrefix(strings.TrimPrefix(trialCgroup, mount), "/")
+	prot := locate(self, h.protected())
+	var why []string
+	for _, m := range mounts {
+		if !within(m.point, base) {
+			continue
+		}
+		if w := m.refusal(prot, rel); w != "" {
+			why = append(why, fmt.Sprintf("the kernel shows a mount on %s (%s, %s within its file system) that %s", m.point, m.fstype, m.root, w))
+		}
+	}
+	return why
+}
+
+// refusal says why the container must not have mount m, or "".
+func (m mountEntry) refusal(prot []protectedFile, trialCgroup string) string {
+	switch {
+	case slices.Contains(kernelFS, m.fstype):
+		return "shows it the kernel's own state (trialnet's pins, tracing)"
+	case m.fstype == "cgroup2":
+		if !within(m.root, trialCgroup) {
+			return fmt.Sprintf("is of the cgroup tree above its Trial's (%s): it could move out of it", trialCgroup)
+		}
+		if !m.ro {
+			return "is a writable cgroup file system"
+		}
+		return ""
+	case m.fstype == "cgroup" && !m.ro:
+		return "is a writable cgroup file system"
+	case m.fstype == "sysfs" && !m.ro:
+		return "is sysfs, writable: root in it could set the kernel's uevent helper"
+	}
+	for _, p := range prot {
+		if m.dev == p.dev && (within(p.inFS, m.root) || within(m.root, p.inFS)) {
+			return fmt.Sprintf("holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", p.path)
+		}
+	}
+	return ""
+}

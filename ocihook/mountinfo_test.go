@@ -1,0 +1,71 @@
+//go:build linux
+
+package ocihook
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestReadMountinfo(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "mountinfo")
+	lines := "25 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n" +
+		"40 25 8:1 /var/lib/trial\\040net /root\\040fs/mnt ro,nosuid master:2 propagate_from:1 - ext4 /dev/sda1 rw\n"
+	if err := os.WriteFile(p, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readMountinfo(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := mountEntry{dev: unix.Mkdev(8, 1), root: "/var/lib/trial net", point: "/root fs/mnt", ro: true, fstype: "ext4"}
+	if len(got) != 2 || got[1] != want || got[0].ro {
+		t.Fatalf("got %+v, want [1] = %+v", got, want)
+	}
+	if err := os.WriteFile(p, []byte("25 1 8:1 / / rw\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readMountinfo(p); err == nil {
+		t.Fatal("a line with no separator was read")
+	}
+}
+
+// The rules on one mount as the kernel reports it: the device and path
+// within its file system decide, not the name it was mounted by.
+func TestMountRefusal(t *testing.T) {
+	disk, other := unix.Mkdev(8, 1), unix.Mkdev(8, 2)
+	prot := []protectedFile{{path: "/var/lib/trialnet", inFS: "/var/lib/trialnet", dev: disk}}
+	const trial = "/trialnet/eval-1"
+	for _, tc := range []struct {
+		name string
+		m    mountEntry
+		want string // "": let in
+	}{
+		{"the state dir by another name", mountEntry{dev: disk, root: "/var/lib/trialnet", fstype: "ext4"}, "inside /var/lib/trialnet"},
+		{"a file in the state dir", mountEntry{dev: disk, root: "/var/lib/trialnet/receipt.key", fstype: "ext4"}, "inside /var/lib/trialnet"},
+		{"the host's root disk", mountEntry{dev: disk, root: "/", fstype: "ext4"}, "holds or is inside /var/lib/trialnet"},
+		{"a directory beside it", mountEntry{dev: disk, root: "/var/lib/trialnet-other", fstype: "ext4"}, ""},
+		{"the same path on another disk", mountEntry{dev: other, root: "/var/lib/trialnet", fstype: "ext4"}, ""},
+		{"bpffs", mountEntry{dev: unix.Mkdev(0, 30), root: "/", fstype: "bpf", ro: true}, "kernel's own state"},
+		{"tracefs", mountEntry{dev: unix.Mkdev(0, 31), root: "/", fstype: "tracefs", ro: true}, "kernel's own state"},
+		{"the cgroup2 root", mountEntry{root: "/", fstype: "cgroup2", ro: true}, "above its Trial's"},
+		{"a sibling Trial's cgroup", mountEntry{root: "/trialnet/eval-10", fstype: "cgroup2", ro: true}, "above its Trial's"},
+		{"its own cgroup, writable", mountEntry{root: trial + "/ctr", fstype: "cgroup2"}, "writable cgroup"},
+		{"its own cgroup, ro", mountEntry{root: trial + "/ctr", fstype: "cgroup2", ro: true}, ""},
+		{"a v1 cgroup, writable", mountEntry{root: "/", fstype: "cgroup"}, "writable cgroup"},
+		{"sysfs writable", mountEntry{root: "/", fstype: "sysfs"}, "uevent helper"},
+		{"sysfs ro", mountEntry{root: "/", fstype: "sysfs", ro: true}, ""},
+		{"its own tmpfs", mountEntry{dev: unix.Mkdev(0, 99), root: "/", fstype: "tmpfs"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.m.refusal(prot, trial)
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Fatalf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
