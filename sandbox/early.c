@@ -436,6 +436,9 @@ __attribute__((noreturn)) static void trial_exec(int argc, char **argv, char **e
 		fail(exit_cannot_execute, r, "trialnet-exec: set the process limit", NULL);
 	if ((r = sys(SYS_prlimit64, 0, RLIMIT_CORE, &none_lim, NULL)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: set the core size limit", NULL);
+	struct rlimit mq_lim = {TRIALNET_MSGQUEUE_BYTES, TRIALNET_MSGQUEUE_BYTES};
+	if ((r = sys(SYS_prlimit64, 0, RLIMIT_MSGQUEUE, &mq_lim, NULL)) < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: set the message queue limit", NULL);
 	drop_privileges(uid, gid);
 	if ((r = sys(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, 0, 0, 0)) < 0 && r != -ENOSYS)
 		fail(exit_cannot_execute, r, "trialnet-exec: join a session keyring of its own", NULL);

@@ -4,6 +4,9 @@
 #ifndef TRIALNET_EARLY_H
 #define TRIALNET_EARLY_H
 
+// A command's RLIMIT_MSGQUEUE, soft and hard: MsgQueueBytes in pools.go.
+#define TRIALNET_MSGQUEUE_BYTES 204800
+
 struct trialnet_launch {
 	// trialnet-exec's arguments and environment, NULL-terminated.
 	int argc;

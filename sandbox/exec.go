@@ -710,6 +710,9 @@ func becomeCommand(a execArgs, path string) (int, error) {
 	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: set the core size limit: %w", err)
 	}
+	if err := unix.Setrlimit(unix.RLIMIT_MSGQUEUE, &unix.Rlimit{Cur: MsgQueueBytes, Max: MsgQueueBytes}); err != nil {
+		return ExitCannotExecute, fmt.Errorf("trialnet-exec: set the message queue limit: %w", err)
+	}
 	if err := dropPrivileges(int(a.uid), int(a.gid)); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}

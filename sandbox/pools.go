@@ -34,6 +34,16 @@ const (
 
 var poolNames = []string{PoolPids, PoolMemory}
 
+// MsgQueueBytes is every command's RLIMIT_MSGQUEUE (soft and hard; early.h
+// has it too): a quarter of the kernel's default. The kernel counts
+// message queue bytes per uid on the whole host, a Trial's own IPC
+// namespace notwithstanding, and checks the caller's limit against that
+// total: a Trial that shares a uid with host processes (the operator's,
+// under sudo) took all 819,200 bytes with nine queues, and the host's
+// mq_open failed with EMFILE until it ended. Two queues of glibc's
+// default size still fit.
+const MsgQueueBytes = 204800
+
 // defaultMaxPids bounds a Trial's tasks (processes and threads, all its
 // commands together) where the pids controller is there.
 const defaultMaxPids = DefaultMaxProcs

@@ -165,6 +165,32 @@ func TestPrivilegedTrialNoCoreDumps(t *testing.T) {
 	t.Fatalf("no core limit in:\n%s", b.String())
 }
 
+// A Trial's commands take at most MsgQueueBytes of their uid's message
+// queue bytes, which the kernel counts across the whole host (see
+// MsgQueueBytes): the rest stays for the uid's processes outside.
+func TestPrivilegedTrialMsgQueueBounded(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	var b strings.Builder
+	p, err := tr.Start(Command{Args: []string{"cat", "/proc/self/limits"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &b, Stderr: &b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, err := p.Wait(); err != nil || code != 0 {
+		t.Fatalf("cat /proc/self/limits: exit %d, %v: %s", code, err, b.String())
+	}
+	want := strconv.Itoa(MsgQueueBytes)
+	for line := range strings.Lines(b.String()) {
+		if f := strings.Fields(line); len(f) >= 5 && f[0] == "Max" && f[1] == "msgqueue" {
+			if f[3] != want || f[4] != want {
+				t.Fatalf("message queue limit in the Trial: %q, want %s %s", line, want, want)
+			}
+			return
+		}
+	}
+	t.Fatalf("no message queue limit in:\n%s", b.String())
+}
+
 // No process joins a Trial whose teardown has begun: the teardown waits
 // for a launch under way (in this process or another) to have its process
 // in the cgroup, where cgroup.kill reaches it, and a launch after the
