@@ -5,6 +5,7 @@ package nriplugin
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	nri "github.com/containerd/nri/pkg/adaptation"
+	"github.com/containerd/nri/pkg/api"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/trial"
 )
@@ -165,5 +168,55 @@ func TestRunWithoutNRI(t *testing.T) {
 	err := p.Run(context.Background(), filepath.Join(t.TempDir(), "nri.sock"), DefaultIndex)
 	if err == nil || !strings.Contains(err.Error(), "is NRI enabled in containerd or CRI-O?") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// slowAgent is a control socket that accepts and never answers (an agent
+// stuck or overloaded): each call waits out its deadline.
+func slowAgent(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return sock
+}
+
+// An agent slower than the runtime's request timeout: the runtime gives
+// up on the plugin, and an annotated pod's container must be refused,
+// not created as if the plugin were not there (unplaced, on the pod
+// network); nor is the plugin dropped, which would pass every later one.
+func TestSlowAgentFailsClosed(t *testing.T) {
+	nri.SetPluginRequestTimeout(300 * time.Millisecond)
+	t.Cleanup(func() { nri.SetPluginRequestTimeout(api.DefaultPluginRequestTimeout) })
+	sock := slowAgent(t)
+	r := newRuntime(t)
+	r.connect(&Plugin{Agent: client.NewClient(sock), Socket: sock, HookPath: "/opt/trialnet/bin/trialnet"})
+	for i, name := range []string{"task-1", "task-2"} {
+		adj, err := r.create(testPod("evals", name, "claude"), testContainer(fmt.Sprintf("c%d", i)))
+		if err == nil {
+			t.Fatalf("pod evals/%s's container with the agent not answering in time: created, adjusted %v; want refused", name, adj)
+		}
+		t.Logf("refused: %v", err)
 	}
 }

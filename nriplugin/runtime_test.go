@@ -80,7 +80,7 @@ func (s *syncing) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs 
 func (r *runtime) connect(p *Plugin) (stop func()) {
 	r.t.Helper()
 	w := &syncing{Plugin: p, done: make(chan struct{})}
-	s, err := stub.New(w, stub.WithPluginName(Name), stub.WithPluginIdx(DefaultIndex), stub.WithSocketPath(r.socket()))
+	s, err := stub.New(w, stubOptions(r.socket(), DefaultIndex)...)
 	if err != nil {
 		r.t.Fatal(err)
 	}
