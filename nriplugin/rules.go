@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -110,6 +111,40 @@ var podNamespaces = []struct{ typ, why string }{
 // start containers outside any Trial, or register as an NRI plugin.
 var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio", "/var/run/crio", "/run/nri", "/var/run/nri"}
 
+// nodeCode are the node's paths whose files its root runs or takes as
+// configuration: a container that can write one runs code outside its
+// Trial (a static pod manifest the kubelet starts on the host network,
+// a cron entry, a binary, the runtimes' and the kubelet's settings).
+// podVolumes, the kubelet's directories of pods' volumes, are the
+// exception under /var/lib/kubelet.
+var nodeCode = []string{"/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/root",
+	"/var/spool", "/var/lib/kubelet"}
+
+const podVolumes = "/var/lib/kubelet/pods"
+
+// writesNodeCode says why bind m lets a container write nodeCode.
+func writesNodeCode(m *api.Mount) string {
+	bind := m.GetType() == "bind" || slices.Contains(m.GetOptions(), "bind") || slices.Contains(m.GetOptions(), "rbind")
+	if !bind || slices.Contains(m.GetOptions(), "ro") {
+		return ""
+	}
+	src := filepath.Clean("/" + m.GetSource())
+	if within(src, podVolumes) {
+		return ""
+	}
+	for _, d := range nodeCode {
+		if within(src, d) || within(d, src) {
+			return fmt.Sprintf("it binds %s writable on %s, which holds or is inside %s, where the node's root runs code or reads its configuration from (a static pod, a cron entry, a binary would run outside the Trial); bind it read-only (readOnly: true) or use a volume", m.GetSource(), m.GetDestination(), d)
+		}
+	}
+	return ""
+}
+
+// within: path p is dir or under it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
 // refusals says why a container of an annotated pod is refused, before
 // anything is made for it: the OCI hook's rules applied to what NRI shows
 // of its spec (namespaces and mounts; NRI shows no capabilities, which
@@ -119,6 +154,7 @@ var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio"
 // rolling update), which is not the pod's doing.
 func refusals(ctr *api.Container, protected []string, own func(*api.Mount) bool) []string {
 	spec := ocihook.Spec{Namespaces: map[string]string{}}
+	var extra []string
 	for _, n := range ctr.GetLinux().GetNamespaces() {
 		spec.Namespaces[n.GetType()] = n.GetPath()
 	}
@@ -126,9 +162,12 @@ func refusals(ctr *api.Container, protected []string, own func(*api.Mount) bool)
 		if own(m) {
 			continue
 		}
+		if w := writesNodeCode(m); w != "" {
+			extra = append(extra, w)
+		}
 		spec.Mounts = append(spec.Mounts, ocihook.Mount{Destination: m.GetDestination(), Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
 	}
-	why := spec.Refusals(protected)
+	why := append(spec.Refusals(protected), extra...)
 	for _, h := range podNamespaces {
 		if _, ok := spec.Namespaces[h.typ]; !ok {
 			why = append(why, fmt.Sprintf("it has no %s namespace of its own: %s", h.typ, h.why))

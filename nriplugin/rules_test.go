@@ -182,3 +182,33 @@ func TestTrialID(t *testing.T) {
 		seen[id] = true
 	}
 }
+
+// A writable hostPath of what the node's root runs or reads as its
+// configuration lets a container's process run outside its Trial: a
+// static pod manifest the kubelet starts on the host network, a cron
+// entry, a binary. Each is refused, whatever it is under (subPath: the
+// runtime's source is the file itself); read-only, or the kubelet's own
+// pod directories, are not.
+func TestRefusalsNodeCode(t *testing.T) {
+	for _, src := range []string{"/etc/kubernetes/manifests", "/etc/kubernetes/manifests/evil.yaml", "/etc", "/etc/cron.d",
+		"/usr/local/bin", "/usr", "/bin", "/sbin", "/lib/systemd/system", "/lib64", "/boot", "/root/.ssh", "/var/spool/cron",
+		"/etc/containerd/config.toml", "/etc/crio", "/etc//cron.d/", "/var/lib/kubelet/config.yaml", "/var/lib/kubelet"} {
+		c := testContainer("c1")
+		c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: src, Options: []string{"rbind", "rprivate", "rw"}})
+		why := strings.Join(refusals(c, testProtected, testPlugin.ownMount), "; ")
+		if !strings.Contains(why, "writable") {
+			t.Errorf("a writable bind of %s: refusals %q, want one saying it is writable", src, why)
+		}
+	}
+	for _, m := range []*api.Mount{
+		{Destination: "/x", Type: "bind", Source: "/etc/ssl/certs", Options: []string{"rbind", "ro"}},
+		{Destination: "/data", Type: "bind", Source: "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~empty-dir/data", Options: []string{"rbind", "rw"}},
+		{Destination: "/data", Type: "bind", Source: "/mnt/datasets", Options: []string{"rbind", "rw"}},
+	} {
+		c := testContainer("c2")
+		c.Mounts = append(c.Mounts, m)
+		if why := refusals(c, testProtected, testPlugin.ownMount); len(why) > 0 {
+			t.Errorf("a bind of %s (%v): refused %q", m.Source, m.Options, why)
+		}
+	}
+}
