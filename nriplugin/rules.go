@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -171,6 +172,12 @@ func refusals(ctr *api.Container, protected []string, own func(*api.Mount) bool)
 	for _, h := range podNamespaces {
 		if _, ok := spec.Namespaces[h.typ]; !ok {
 			why = append(why, fmt.Sprintf("it has no %s namespace of its own: %s", h.typ, h.why))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(ctr.GetLinux().GetSysctl())) {
+		// runc takes "/" for "."; the kernel's names are lower-case.
+		if n := strings.ToLower(strings.ReplaceAll(k, "/", ".")); strings.HasPrefix(n, "net.") {
+			why = append(why, fmt.Sprintf("it sets sysctl %s, which the runtime would write in the Trial's network namespace (the agent's, shared by its other containers); drop it from the pod's securityContext.sysctls", k))
 		}
 	}
 	if path := spec.Namespaces["pid"]; path != "" {

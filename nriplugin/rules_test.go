@@ -212,3 +212,22 @@ func TestRefusalsNodeCode(t *testing.T) {
 		}
 	}
 }
+
+// A network sysctl in the container's spec would be written by the
+// runtime, as root, in the namespace the plugin puts it in: the Trial's,
+// set up by the agent and shared by its other containers. Refused, in
+// either spelling; the others (IPC's, in the pod's own namespace) are not.
+func TestRefusalsNetSysctls(t *testing.T) {
+	for _, k := range []string{"net.ipv4.ping_group_range", "net/ipv4/ip_unprivileged_port_start", "net.ipv4.conf.all.route_localnet", "Net.core.somaxconn"} {
+		c := testContainer("c1")
+		c.Linux.Sysctl = map[string]string{k: "0"}
+		if why := strings.Join(refusals(c, testProtected, testPlugin.ownMount), "; "); !strings.Contains(why, "sysctl") {
+			t.Errorf("sysctl %s: refusals %q, want one naming it", k, why)
+		}
+	}
+	c := testContainer("c2")
+	c.Linux.Sysctl = map[string]string{"kernel.shm_rmid_forced": "1"}
+	if why := refusals(c, testProtected, testPlugin.ownMount); len(why) > 0 {
+		t.Errorf("an IPC sysctl refused: %q", why)
+	}
+}
