@@ -81,6 +81,10 @@ type Plugin struct {
 	// live are the Trials of the runtime's pods, as Synchronize found them
 	// and the events since changed them.
 	live map[string]bool
+	// unplaced are the Trial ids of pods that Synchronize found with a
+	// container running outside the Trial (made while the plugin was
+	// away): their later containers are refused.
+	unplaced map[string]bool
 	// pending: Synchronize could not sweep the Trials of gone pods (the
 	// agent did not answer); the next container's creation tries again.
 	pending bool
@@ -192,6 +196,9 @@ func (p *Plugin) ensureTrial(ctx context.Context, pod *api.PodSandbox, profiles 
 	ctx, cancel := p.ctx(ctx)
 	defer cancel()
 	id := TrialID(pod)
+	if p.unplaced[id] {
+		return client.TrialInfo{}, fmt.Errorf("the pod was made while trialnet's NRI plugin was away, and another of its containers runs outside any Trial, on the pod network, sharing the pod's IPC namespace and volumes: delete and recreate the pod (and name %q in its required-plugins.noderesource.dev annotation)", Name)
+	}
 	if p.live == nil {
 		p.live = map[string]bool{}
 	}
@@ -283,27 +290,41 @@ func (p *Plugin) destroy(ctx context.Context, pod *api.PodSandbox) error {
 		p.log().Error("a pod's Trial not destroyed", "error", err)
 	}
 	delete(p.live, id)
+	delete(p.unplaced, id)
 	return err
 }
 
 // Synchronize is the runtime's pods and containers as the plugin
 // (re)connects: the plugin's Trials whose pod is not among them went
 // while it was away, and are destroyed; the others are kept as they are.
+// An annotated pod with a container running outside a Trial was made
+// while it was away: its later containers are refused, since they would
+// share the pod's IPC namespace and volumes with that one.
 // The sweep runs after it returns: the runtime holds every container's
 // creation while a plugin synchronizes, and the agent's own pod must not
 // wait on the agent. Until the sweep has looked at every Trial, each
 // container's creation tries it again.
-func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*api.Container) ([]*api.ContainerUpdate, error) {
+func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.live = map[string]bool{}
+	byID := map[string]*api.PodSandbox{}
 	for _, pod := range pods {
 		if p.ours(pod) {
 			p.live[TrialID(pod)] = true
+			byID[pod.GetId()] = pod
+		}
+	}
+	p.unplaced = map[string]bool{}
+	for _, c := range ctrs {
+		if pod := byID[c.GetPodSandboxId()]; pod != nil && c.GetState() != api.ContainerState_CONTAINER_STOPPED && inPodNetwork(pod, c) {
+			p.unplaced[TrialID(pod)] = true
+			p.log().Error("a Trial pod's container runs outside its Trial (made while the plugin was away); its later containers are refused: recreate the pod",
+				"pod", podName(pod), "container", c.GetName())
 		}
 	}
 	p.pending = true
-	p.log().Info("synchronized", "pods", len(pods), "trials_of_pods", len(p.live))
+	p.log().Info("synchronized", "pods", len(pods), "trials_of_pods", len(p.live), "pods_running_unplaced", len(p.unplaced))
 	go func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -312,6 +333,23 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*api
 		p.sweep(ctx)
 	}()
 	return nil, nil
+}
+
+// inPodNetwork: container c is in its pod's network namespace or the
+// node's, not a Trial's (the plugin's adjustment was not applied).
+func inPodNetwork(pod *api.PodSandbox, c *api.Container) bool {
+	podNet := ""
+	for _, n := range pod.GetLinux().GetNamespaces() {
+		if n.GetType() == "network" {
+			podNet = n.GetPath()
+		}
+	}
+	for _, n := range c.GetLinux().GetNamespaces() {
+		if n.GetType() == "network" {
+			return n.GetPath() == "" || n.GetPath() == podNet
+		}
+	}
+	return true
 }
 
 // sweep destroys the plugin's Trials whose pod is not live, and clears

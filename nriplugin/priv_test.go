@@ -329,3 +329,51 @@ func TestPrivilegedTwoPluginsRefuseUntilOneGoes(t *testing.T) {
 		t.Fatalf("with one plugin left: %v, annotations %v", err, adj.GetAnnotations())
 	}
 }
+
+// A pod made while the plugin was away has containers running unplaced,
+// on the pod network, sharing the pod's IPC namespace and volumes with
+// any later container of it. As the plugin reconnects, no later
+// container of that pod (a restart, an ephemeral one) is put in a Trial
+// beside them: each is refused, saying to recreate the pod. A pod whose
+// containers the plugin placed goes on as before.
+func TestPrivilegedSynchronizeRefusesPodRunningUnplaced(t *testing.T) {
+	w := newNRIWorld(t)
+	placed, unplaced := testPod("evals", "placed", "claude"), testPod("evals", "while-away", "claude")
+	w.rt.pods = []*api.PodSandbox{placed}
+	stop := w.rt.connect(w.plugin())
+	adj, err := w.rt.create(placed, testContainer("c-placed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	t.Cleanup(func() { _ = w.rt.stopPod(placed) })
+
+	// As the runtime shows them at the next Synchronize: the placed one
+	// with the adjustment applied, the other as the runtime made it.
+	c1 := testContainer("c-placed")
+	c1.PodSandboxId, c1.State = placed.Id, api.ContainerState_CONTAINER_RUNNING
+	for _, n := range c1.Linux.Namespaces {
+		if n.Type == "network" {
+			n.Path = adj.GetLinux().GetNamespaces()[0].GetPath()
+		}
+	}
+	c1.Linux.CgroupsPath = adj.GetLinux().GetCgroupsPath()
+	c2 := testContainer("c-away")
+	c2.PodSandboxId, c2.State = unplaced.Id, api.ContainerState_CONTAINER_RUNNING
+	w.rt.pods, w.rt.ctrs = []*api.PodSandbox{placed, unplaced}, []*api.Container{c1, c2}
+	w.rt.connect(w.plugin())
+
+	if _, err := w.rt.create(placed, testContainer("c-placed-2")); err != nil {
+		t.Fatalf("a placed pod's next container: %v", err)
+	}
+	for _, id := range []string{"c-away-restart", "c-debug"} {
+		_, err := w.rt.create(unplaced, testContainer(id))
+		if err == nil || !strings.Contains(err.Error(), "recreate the pod") {
+			t.Fatalf("container %s of a pod running unplaced: %v; want refused", id, err)
+		}
+		t.Logf("refused: %v", err)
+	}
+	if _, ok := w.trial(TrialID(unplaced)); ok {
+		t.Errorf("a Trial was made for the pod running unplaced")
+	}
+}

@@ -23,6 +23,7 @@ type runtime struct {
 	dir  string
 	nri  *nri.Adaptation
 	pods []*api.PodSandbox // what Synchronize tells a plugin that connects
+	ctrs []*api.Container
 }
 
 func newRuntime(t testing.TB, opts ...nri.Option) *runtime {
@@ -39,7 +40,7 @@ func newRuntime(t testing.TB, opts ...nri.Option) *runtime {
 		nri.WithSocketPath(r.socket()),
 	}, opts...)
 	sync := func(ctx context.Context, cb nri.SyncCB) error {
-		_, err := cb(ctx, r.pods, nil)
+		_, err := cb(ctx, r.pods, r.ctrs)
 		return err
 	}
 	update := func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) { return nil, nil }
