@@ -113,15 +113,20 @@ var podNamespaces = []struct{ typ, why string }{
 var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio", "/var/run/crio", "/run/nri", "/var/run/nri"}
 
 // nodeCode are the node's paths whose files its root runs or takes as
-// configuration: a container that can write one runs code outside its
-// Trial (a static pod manifest the kubelet starts on the host network,
-// a cron entry, a binary, the runtimes' and the kubelet's settings).
-// podVolumes, the kubelet's directories of pods' volumes, are the
-// exception under /var/lib/kubelet.
-var nodeCode = []string{"/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/root",
-	"/var/spool", "/var/lib/kubelet"}
-
-const podVolumes = "/var/lib/kubelet/pods"
+// configuration, or that hold other containers' root file systems and
+// images: a container that can write one runs code outside its Trial (a
+// static pod manifest the kubelet starts on the host network, a cron
+// entry, a binary, a file in another container's root). Each maps to
+// the directories under it that a pod's own mounts come from: the
+// kubelet's pods' volumes, containerd's pods' hostname and resolv.conf,
+// CRI-O's containers' own files.
+var nodeCode = map[string][]string{
+	"/etc": nil, "/usr": nil, "/bin": nil, "/sbin": nil, "/lib": nil, "/lib32": nil, "/lib64": nil, "/libx32": nil,
+	"/boot": nil, "/root": nil, "/var/spool": nil, "/var/lib/docker": nil,
+	"/var/lib/kubelet":    {"/var/lib/kubelet/pods"},
+	"/var/lib/containerd": {"/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes"},
+	"/var/lib/containers": {"/var/lib/containers/storage/overlay-containers"},
+}
 
 // writesNodeCode says why bind m lets a container write nodeCode.
 func writesNodeCode(m *api.Mount) string {
@@ -130,12 +135,10 @@ func writesNodeCode(m *api.Mount) string {
 		return ""
 	}
 	src := filepath.Clean("/" + m.GetSource())
-	if within(src, podVolumes) {
-		return ""
-	}
-	for _, d := range nodeCode {
-		if within(src, d) || within(d, src) {
-			return fmt.Sprintf("it binds %s writable on %s, which holds or is inside %s, where the node's root runs code or reads its configuration from (a static pod, a cron entry, a binary would run outside the Trial); bind it read-only (readOnly: true) or use a volume", m.GetSource(), m.GetDestination(), d)
+	for _, d := range slices.Sorted(maps.Keys(nodeCode)) {
+		own := slices.ContainsFunc(nodeCode[d], func(e string) bool { return within(src, e) })
+		if !own && (within(src, d) || within(d, src)) {
+			return fmt.Sprintf("it binds %s writable on %s, which holds or is inside %s, where the node's root or another container runs code or reads its configuration from (a static pod, a cron entry, a binary would run outside the Trial); bind it read-only (readOnly: true) or use a volume", m.GetSource(), m.GetDestination(), d)
 		}
 	}
 	return ""

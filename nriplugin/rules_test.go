@@ -37,7 +37,7 @@ func testContainer(id string) *api.Container {
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 			{Destination: "/etc/hosts", Type: "bind", Source: "/var/lib/kubelet/pods/uid/etc-hosts", Options: []string{"rbind", "rprivate", "rw"}},
-			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/sandboxes/resolv.conf", Options: []string{"rbind", "rprivate", "rw"}},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/sandbox-x/resolv.conf", Options: []string{"rbind", "rprivate", "rw"}},
 		},
 		Linux: &api.LinuxContainer{CgroupsPath: "/kubepods/besteffort/poduid/" + id,
 			Namespaces: []*api.LinuxNamespace{{Type: "pid"}, {Type: "ipc", Path: "/proc/42/ns/ipc"}, {Type: "uts", Path: "/proc/42/ns/uts"},
@@ -192,7 +192,10 @@ func TestTrialID(t *testing.T) {
 func TestRefusalsNodeCode(t *testing.T) {
 	for _, src := range []string{"/etc/kubernetes/manifests", "/etc/kubernetes/manifests/evil.yaml", "/etc", "/etc/cron.d",
 		"/usr/local/bin", "/usr", "/bin", "/sbin", "/lib/systemd/system", "/lib64", "/boot", "/root/.ssh", "/var/spool/cron",
-		"/etc/containerd/config.toml", "/etc/crio", "/etc//cron.d/", "/var/lib/kubelet/config.yaml", "/var/lib/kubelet"} {
+		"/etc/containerd/config.toml", "/etc/crio", "/etc//cron.d/", "/var/lib/kubelet/config.yaml", "/var/lib/kubelet",
+		// other containers' root file systems and the images they start from
+		"/var/lib/containerd", "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots/12/fs",
+		"/var/lib/containerd/io.containerd.content.v1.content", "/var/lib/containers/storage/overlay", "/var/lib/docker", "/var/lib"} {
 		c := testContainer("c1")
 		c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: src, Options: []string{"rbind", "rprivate", "rw"}})
 		why := strings.Join(refusals(c, testProtected, testPlugin.ownMount), "; ")
@@ -204,6 +207,7 @@ func TestRefusalsNodeCode(t *testing.T) {
 		{Destination: "/x", Type: "bind", Source: "/etc/ssl/certs", Options: []string{"rbind", "ro"}},
 		{Destination: "/data", Type: "bind", Source: "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~empty-dir/data", Options: []string{"rbind", "rw"}},
 		{Destination: "/data", Type: "bind", Source: "/mnt/datasets", Options: []string{"rbind", "rw"}},
+		{Destination: "/etc/hostname", Type: "bind", Source: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/x/hostname", Options: []string{"rbind", "rw"}},
 	} {
 		c := testContainer("c2")
 		c.Mounts = append(c.Mounts, m)
