@@ -15,9 +15,10 @@
 // answer. The Trial is destroyed with the pod; at a restart the plugin
 // destroys the Trials of pods that went meanwhile, and keeps the others.
 //
-// Pods without a trialnet.io/ annotation, and every pod of an exempt
-// namespace, pass untouched and without a word to the agent, so that
-// the agent's own pod never waits on the agent (cilium/tetragon#2402).
+// Pods without a trialnet.io/ annotation pass untouched, and every pod
+// of an exempt namespace without a word to the agent (an annotated one
+// there is refused), so that the agent's own pod never waits on the
+// agent (cilium/tetragon#2402).
 //
 // It imports package client and ocihook's rules: it links no eBPF.
 package nriplugin
@@ -155,11 +156,15 @@ func (p *Plugin) ownMount(m *api.Mount) bool {
 
 // ours: the pod's containers are the plugin's business.
 func (p *Plugin) ours(pod *api.PodSandbox) bool {
+	return !p.exempt(pod) && claimOf(pod).any()
+}
+
+func (p *Plugin) exempt(pod *api.PodSandbox) bool {
 	exempt := p.Exempt
 	if exempt == nil {
 		exempt = DefaultExempt()
 	}
-	return !slices.Contains(exempt, pod.GetNamespace()) && claimOf(pod).any()
+	return slices.Contains(exempt, pod.GetNamespace())
 }
 
 func podName(pod *api.PodSandbox) string { return pod.GetNamespace() + "/" + pod.GetName() }
@@ -167,13 +172,18 @@ func podName(pod *api.PodSandbox) string { return pod.GetNamespace() + "/" + pod
 // CreateContainer puts a container of an annotated pod in the pod's
 // Trial, making the Trial for its first one, or refuses it.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	if !p.ours(pod) {
-		return nil, nil, nil
-	}
 	refuse := func(why ...string) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 		err := &Refusal{Pod: podName(pod), Container: ctr.GetName(), Reasons: why}
 		p.log().Warn("refused a container", "pod", podName(pod), "container", ctr.GetName(), "error", err)
 		return nil, nil, err
+	}
+	if !p.ours(pod) {
+		// An exempt namespace's pod never waits on the agent; one that
+		// asks for a Trial there is refused rather than run unconfined.
+		if p.exempt(pod) && claimOf(pod).any() {
+			return refuse(fmt.Sprintf("it asks for a Trial (trialnet.io/ annotations) in namespace %s, which the plugin exempts (--exempt): no Trial is made there; run it in another namespace", pod.GetNamespace()))
+		}
+		return nil, nil, nil
 	}
 	cl := claimOf(pod)
 	if why := cl.problems(); len(why) > 0 {

@@ -45,7 +45,8 @@ func deadAgent(t *testing.T) (sock string, calls *atomic.Int64) {
 }
 
 // With no agent answering, an annotated pod's containers are refused,
-// saying why; unannotated pods and exempt namespaces' pods pass untouched
+// saying why; unannotated pods and exempt namespaces' unannotated pods
+// pass untouched, an exempt namespace's annotated one is refused, each
 // without a connection to the agent (the agent's own pod never waits on
 // it: cilium/tetragon#2402).
 func TestAgentUnreachableFailsClosed(t *testing.T) {
@@ -68,12 +69,17 @@ func TestAgentUnreachableFailsClosed(t *testing.T) {
 	for _, pod := range []struct{ ns, name, profile string }{
 		{"default", "web", ""},
 		{"trialnet", "trialnet-agent-x1", ""},
-		{"kube-system", "annotated", "claude"}, // exempt namespace
 	} {
 		adj, err := r.create(testPod(pod.ns, pod.name, pod.profile), testContainer("c-"+pod.name))
 		if err != nil || adj.GetLinux().GetCgroupsPath() != "" || len(adj.GetEnv()) > 0 || len(adj.GetHooks().GetCreateRuntime()) > 0 {
 			t.Errorf("pod %s/%s (profile %q): adjusted %v, error %v; want untouched", pod.ns, pod.name, pod.profile, adj, err)
 		}
+	}
+	// An exempt namespace's pod that asks for a Trial is refused, not run
+	// unconfined, and without a word to the agent either.
+	_, err := r.create(testPod("kube-system", "annotated", "claude"), testContainer("c-annotated"))
+	if err == nil || !strings.Contains(err.Error(), "exempt") {
+		t.Errorf("an annotated pod in exempt namespace kube-system: %v; want refused", err)
 	}
 	if err := r.stopPod(testPod("default", "web", "")); err != nil {
 		t.Errorf("stopping an unannotated pod: %v", err)
@@ -82,7 +88,7 @@ func TestAgentUnreachableFailsClosed(t *testing.T) {
 		t.Fatalf("unannotated or exempt pods made %d calls to the agent", calls.Load()-after)
 	}
 
-	_, err := r.create(testPod("evals", "task-1", "claude"), testContainer("c1"))
+	_, err = r.create(testPod("evals", "task-1", "claude"), testContainer("c1"))
 	if err == nil || !strings.Contains(err.Error(), "trialnet refused container main-c1 of pod evals/task-1") ||
 		!strings.Contains(err.Error(), "cannot ask trialnet's agent for its Trial") {
 		t.Fatalf("an annotated pod's container with no agent answering: %v; want refused, saying why", err)
