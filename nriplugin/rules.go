@@ -109,8 +109,15 @@ var podNamespaces = []struct{ typ, why string }{
 
 // runtimeDirs are the node's container runtimes' and NRI's sockets and
 // state, under both spellings of /run: a container that binds one can
-// start containers outside any Trial, or register as an NRI plugin.
-var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio", "/var/run/crio", "/run/nri", "/var/run/nri"}
+// start containers outside any Trial, or register as an NRI plugin. So
+// can one that binds systemd's or the system bus's socket (container
+// root is uid 0 to the peer: systemd-run as the node's root), or the
+// kubelet's device and CSI plugin registries (a plugin's answer gives
+// other pods' containers devices and mounts). A read-only bind does not
+// stop connect(2), so any bind of these is refused.
+var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio", "/var/run/crio", "/run/nri", "/var/run/nri",
+	"/run/dbus", "/var/run/dbus", "/run/systemd", "/var/run/systemd",
+	"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/lib/kubelet/pod-resources"}
 
 // nodeCode are the node's paths whose files its root runs or takes as
 // configuration, or that hold other containers' root file systems and

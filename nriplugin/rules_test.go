@@ -235,3 +235,18 @@ func TestRefusalsNetSysctls(t *testing.T) {
 		t.Errorf("an IPC sysctl refused: %q", why)
 	}
 }
+
+// A socket of the node's init or of the kubelet's plugin registries
+// starts processes or hands devices and mounts to containers outside the
+// Trial: container root is uid 0 to the peer, and a read-only bind does
+// not stop connect(2). Each is refused, read-only too.
+func TestRefusalsNodeSockets(t *testing.T) {
+	for _, src := range []string{"/run/dbus/system_bus_socket", "/var/run/dbus", "/run/systemd/private", "/run/systemd",
+		"/var/lib/kubelet/device-plugins/kubelet.sock", "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/pod-resources", "/var/lib/kubelet/plugins"} {
+		c := testContainer("c1")
+		c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: src, Options: []string{"rbind", "ro"}})
+		if why := strings.Join(refusals(c, testProtected, testPlugin.ownMount), "; "); !strings.Contains(why, "binds "+src) {
+			t.Errorf("a read-only bind of %s: refusals %q, want one naming it", src, why)
+		}
+	}
+}
