@@ -15,9 +15,10 @@
 // answer. The Trial is destroyed with the pod; at a restart the plugin
 // destroys the Trials of pods that went meanwhile, and keeps the others.
 //
-// Pods without a trialnet.io/ annotation, and every pod of an exempt
-// namespace, pass untouched and without a word to the agent, so that
-// the agent's own pod never waits on the agent (cilium/tetragon#2402).
+// Pods without a trialnet.io/ annotation pass untouched, and every pod
+// of an exempt namespace without a word to the agent (an annotated one
+// there is refused), so that the agent's own pod never waits on the
+// agent (cilium/tetragon#2402).
 //
 // It imports package client and ocihook's rules: it links no eBPF.
 package nriplugin
@@ -81,6 +82,10 @@ type Plugin struct {
 	// live are the Trials of the runtime's pods, as Synchronize found them
 	// and the events since changed them.
 	live map[string]bool
+	// unplaced are the Trial ids of pods that Synchronize found with a
+	// container running outside the Trial (made while the plugin was
+	// away): their later containers are refused.
+	unplaced map[string]bool
 	// pending: Synchronize could not sweep the Trials of gone pods (the
 	// agent did not answer); the next container's creation tries again.
 	pending bool
@@ -151,11 +156,15 @@ func (p *Plugin) ownMount(m *api.Mount) bool {
 
 // ours: the pod's containers are the plugin's business.
 func (p *Plugin) ours(pod *api.PodSandbox) bool {
+	return !p.exempt(pod) && claimOf(pod).any()
+}
+
+func (p *Plugin) exempt(pod *api.PodSandbox) bool {
 	exempt := p.Exempt
 	if exempt == nil {
 		exempt = DefaultExempt()
 	}
-	return !slices.Contains(exempt, pod.GetNamespace()) && claimOf(pod).any()
+	return slices.Contains(exempt, pod.GetNamespace())
 }
 
 func podName(pod *api.PodSandbox) string { return pod.GetNamespace() + "/" + pod.GetName() }
@@ -163,13 +172,18 @@ func podName(pod *api.PodSandbox) string { return pod.GetNamespace() + "/" + pod
 // CreateContainer puts a container of an annotated pod in the pod's
 // Trial, making the Trial for its first one, or refuses it.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	if !p.ours(pod) {
-		return nil, nil, nil
-	}
 	refuse := func(why ...string) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 		err := &Refusal{Pod: podName(pod), Container: ctr.GetName(), Reasons: why}
 		p.log().Warn("refused a container", "pod", podName(pod), "container", ctr.GetName(), "error", err)
 		return nil, nil, err
+	}
+	if !p.ours(pod) {
+		// An exempt namespace's pod never waits on the agent; one that
+		// asks for a Trial there is refused rather than run unconfined.
+		if p.exempt(pod) && claimOf(pod).any() {
+			return refuse(fmt.Sprintf("it asks for a Trial (trialnet.io/ annotations) in namespace %s, which the plugin exempts (--exempt): no Trial is made there; run it in another namespace", pod.GetNamespace()))
+		}
+		return nil, nil, nil
 	}
 	cl := claimOf(pod)
 	if why := cl.problems(); len(why) > 0 {
@@ -192,6 +206,9 @@ func (p *Plugin) ensureTrial(ctx context.Context, pod *api.PodSandbox, profiles 
 	ctx, cancel := p.ctx(ctx)
 	defer cancel()
 	id := TrialID(pod)
+	if p.unplaced[id] {
+		return client.TrialInfo{}, fmt.Errorf("the pod was made while trialnet's NRI plugin was away, and another of its containers runs outside any Trial, on the pod network, sharing the pod's IPC namespace and volumes: delete and recreate the pod (and name %q in its required-plugins.noderesource.dev annotation)", Name)
+	}
 	if p.live == nil {
 		p.live = map[string]bool{}
 	}
@@ -283,27 +300,41 @@ func (p *Plugin) destroy(ctx context.Context, pod *api.PodSandbox) error {
 		p.log().Error("a pod's Trial not destroyed", "error", err)
 	}
 	delete(p.live, id)
+	delete(p.unplaced, id)
 	return err
 }
 
 // Synchronize is the runtime's pods and containers as the plugin
 // (re)connects: the plugin's Trials whose pod is not among them went
 // while it was away, and are destroyed; the others are kept as they are.
+// An annotated pod with a container running outside a Trial was made
+// while it was away: its later containers are refused, since they would
+// share the pod's IPC namespace and volumes with that one.
 // The sweep runs after it returns: the runtime holds every container's
 // creation while a plugin synchronizes, and the agent's own pod must not
 // wait on the agent. Until the sweep has looked at every Trial, each
 // container's creation tries it again.
-func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*api.Container) ([]*api.ContainerUpdate, error) {
+func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.live = map[string]bool{}
+	byID := map[string]*api.PodSandbox{}
 	for _, pod := range pods {
 		if p.ours(pod) {
 			p.live[TrialID(pod)] = true
+			byID[pod.GetId()] = pod
+		}
+	}
+	p.unplaced = map[string]bool{}
+	for _, c := range ctrs {
+		if pod := byID[c.GetPodSandboxId()]; pod != nil && c.GetState() != api.ContainerState_CONTAINER_STOPPED && inPodNetwork(pod, c) {
+			p.unplaced[TrialID(pod)] = true
+			p.log().Error("a Trial pod's container runs outside its Trial (made while the plugin was away); its later containers are refused: recreate the pod",
+				"pod", podName(pod), "container", c.GetName())
 		}
 	}
 	p.pending = true
-	p.log().Info("synchronized", "pods", len(pods), "trials_of_pods", len(p.live))
+	p.log().Info("synchronized", "pods", len(pods), "trials_of_pods", len(p.live), "pods_running_unplaced", len(p.unplaced))
 	go func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
@@ -312,6 +343,23 @@ func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, _ []*api
 		p.sweep(ctx)
 	}()
 	return nil, nil
+}
+
+// inPodNetwork: container c is in its pod's network namespace or the
+// node's, not a Trial's (the plugin's adjustment was not applied).
+func inPodNetwork(pod *api.PodSandbox, c *api.Container) bool {
+	podNet := ""
+	for _, n := range pod.GetLinux().GetNamespaces() {
+		if n.GetType() == "network" {
+			podNet = n.GetPath()
+		}
+	}
+	for _, n := range c.GetLinux().GetNamespaces() {
+		if n.GetType() == "network" {
+			return n.GetPath() == "" || n.GetPath() == podNet
+		}
+	}
+	return true
 }
 
 // sweep destroys the plugin's Trials whose pod is not live, and clears

@@ -5,6 +5,7 @@ package nriplugin
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	nri "github.com/containerd/nri/pkg/adaptation"
+	"github.com/containerd/nri/pkg/api"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/trial"
 )
@@ -42,7 +45,8 @@ func deadAgent(t *testing.T) (sock string, calls *atomic.Int64) {
 }
 
 // With no agent answering, an annotated pod's containers are refused,
-// saying why; unannotated pods and exempt namespaces' pods pass untouched
+// saying why; unannotated pods and exempt namespaces' unannotated pods
+// pass untouched, an exempt namespace's annotated one is refused, each
 // without a connection to the agent (the agent's own pod never waits on
 // it: cilium/tetragon#2402).
 func TestAgentUnreachableFailsClosed(t *testing.T) {
@@ -65,12 +69,17 @@ func TestAgentUnreachableFailsClosed(t *testing.T) {
 	for _, pod := range []struct{ ns, name, profile string }{
 		{"default", "web", ""},
 		{"trialnet", "trialnet-agent-x1", ""},
-		{"kube-system", "annotated", "claude"}, // exempt namespace
 	} {
 		adj, err := r.create(testPod(pod.ns, pod.name, pod.profile), testContainer("c-"+pod.name))
 		if err != nil || adj.GetLinux().GetCgroupsPath() != "" || len(adj.GetEnv()) > 0 || len(adj.GetHooks().GetCreateRuntime()) > 0 {
 			t.Errorf("pod %s/%s (profile %q): adjusted %v, error %v; want untouched", pod.ns, pod.name, pod.profile, adj, err)
 		}
+	}
+	// An exempt namespace's pod that asks for a Trial is refused, not run
+	// unconfined, and without a word to the agent either.
+	_, err := r.create(testPod("kube-system", "annotated", "claude"), testContainer("c-annotated"))
+	if err == nil || !strings.Contains(err.Error(), "exempt") {
+		t.Errorf("an annotated pod in exempt namespace kube-system: %v; want refused", err)
 	}
 	if err := r.stopPod(testPod("default", "web", "")); err != nil {
 		t.Errorf("stopping an unannotated pod: %v", err)
@@ -79,7 +88,7 @@ func TestAgentUnreachableFailsClosed(t *testing.T) {
 		t.Fatalf("unannotated or exempt pods made %d calls to the agent", calls.Load()-after)
 	}
 
-	_, err := r.create(testPod("evals", "task-1", "claude"), testContainer("c1"))
+	_, err = r.create(testPod("evals", "task-1", "claude"), testContainer("c1"))
 	if err == nil || !strings.Contains(err.Error(), "trialnet refused container main-c1 of pod evals/task-1") ||
 		!strings.Contains(err.Error(), "cannot ask trialnet's agent for its Trial") {
 		t.Fatalf("an annotated pod's container with no agent answering: %v; want refused, saying why", err)
@@ -165,5 +174,55 @@ func TestRunWithoutNRI(t *testing.T) {
 	err := p.Run(context.Background(), filepath.Join(t.TempDir(), "nri.sock"), DefaultIndex)
 	if err == nil || !strings.Contains(err.Error(), "is NRI enabled in containerd or CRI-O?") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// slowAgent is a control socket that accepts and never answers (an agent
+// stuck or overloaded): each call waits out its deadline.
+func slowAgent(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return sock
+}
+
+// An agent slower than the runtime's request timeout: the runtime gives
+// up on the plugin, and an annotated pod's container must be refused,
+// not created as if the plugin were not there (unplaced, on the pod
+// network); nor is the plugin dropped, which would pass every later one.
+func TestSlowAgentFailsClosed(t *testing.T) {
+	nri.SetPluginRequestTimeout(300 * time.Millisecond)
+	t.Cleanup(func() { nri.SetPluginRequestTimeout(api.DefaultPluginRequestTimeout) })
+	sock := slowAgent(t)
+	r := newRuntime(t)
+	r.connect(&Plugin{Agent: client.NewClient(sock), Socket: sock, HookPath: "/opt/trialnet/bin/trialnet"})
+	for i, name := range []string{"task-1", "task-2"} {
+		adj, err := r.create(testPod("evals", name, "claude"), testContainer(fmt.Sprintf("c%d", i)))
+		if err == nil {
+			t.Fatalf("pod evals/%s's container with the agent not answering in time: created, adjusted %v; want refused", name, adj)
+		}
+		t.Logf("refused: %v", err)
 	}
 }

@@ -305,8 +305,8 @@ func BenchmarkPrivilegedCreateContainer(b *testing.B) {
 
 // A rolling update's overlap: while two plugins are registered, an
 // annotated pod's container is refused (both set its annotation and
-// cgroups path, a conflict the runtime refuses), never created unplaced; once the old one
-// is gone, the same container is placed in the Trial.
+// cgroups path, a conflict the runtime refuses), never created unplaced;
+// once the old one is gone, the same container is placed in the Trial.
 func TestPrivilegedTwoPluginsRefuseUntilOneGoes(t *testing.T) {
 	w := newNRIWorld(t)
 	stopOld := w.rt.connect(w.plugin())
@@ -318,8 +318,62 @@ func TestPrivilegedTwoPluginsRefuseUntilOneGoes(t *testing.T) {
 	}
 	t.Logf("refused during the overlap: %v", err)
 	stopOld()
+	// The runtime may learn of the old one's departure from this request:
+	// fail closed, it refuses it (the kubelet retries), and drops it.
 	adj, err := w.rt.create(pod, testContainer("c1"))
+	if err != nil {
+		t.Logf("refused as the old plugin went: %v", err)
+		adj, err = w.rt.create(pod, testContainer("c1"))
+	}
 	if err != nil || adj.GetAnnotations()[ocihook.AnnotationTrial] != TrialID(pod) {
 		t.Fatalf("with one plugin left: %v, annotations %v", err, adj.GetAnnotations())
+	}
+}
+
+// A pod made while the plugin was away has containers running unplaced,
+// on the pod network, sharing the pod's IPC namespace and volumes with
+// any later container of it. As the plugin reconnects, no later
+// container of that pod (a restart, an ephemeral one) is put in a Trial
+// beside them: each is refused, saying to recreate the pod. A pod whose
+// containers the plugin placed goes on as before.
+func TestPrivilegedSynchronizeRefusesPodRunningUnplaced(t *testing.T) {
+	w := newNRIWorld(t)
+	placed, unplaced := testPod("evals", "placed", "claude"), testPod("evals", "while-away", "claude")
+	w.rt.pods = []*api.PodSandbox{placed}
+	stop := w.rt.connect(w.plugin())
+	adj, err := w.rt.create(placed, testContainer("c-placed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	t.Cleanup(func() { _ = w.rt.stopPod(placed) })
+
+	// As the runtime shows them at the next Synchronize: the placed one
+	// with the adjustment applied, the other as the runtime made it.
+	c1 := testContainer("c-placed")
+	c1.PodSandboxId, c1.State = placed.Id, api.ContainerState_CONTAINER_RUNNING
+	for _, n := range c1.Linux.Namespaces {
+		if n.Type == "network" {
+			n.Path = adj.GetLinux().GetNamespaces()[0].GetPath()
+		}
+	}
+	c1.Linux.CgroupsPath = adj.GetLinux().GetCgroupsPath()
+	c2 := testContainer("c-away")
+	c2.PodSandboxId, c2.State = unplaced.Id, api.ContainerState_CONTAINER_RUNNING
+	w.rt.pods, w.rt.ctrs = []*api.PodSandbox{placed, unplaced}, []*api.Container{c1, c2}
+	w.rt.connect(w.plugin())
+
+	if _, err := w.rt.create(placed, testContainer("c-placed-2")); err != nil {
+		t.Fatalf("a placed pod's next container: %v", err)
+	}
+	for _, id := range []string{"c-away-restart", "c-debug"} {
+		_, err := w.rt.create(unplaced, testContainer(id))
+		if err == nil || !strings.Contains(err.Error(), "recreate the pod") {
+			t.Fatalf("container %s of a pod running unplaced: %v; want refused", id, err)
+		}
+		t.Logf("refused: %v", err)
+	}
+	if _, ok := w.trial(TrialID(unplaced)); ok {
+		t.Errorf("a Trial was made for the pod running unplaced")
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -107,8 +109,52 @@ var podNamespaces = []struct{ typ, why string }{
 
 // runtimeDirs are the node's container runtimes' and NRI's sockets and
 // state, under both spellings of /run: a container that binds one can
-// start containers outside any Trial, or register as an NRI plugin.
-var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio", "/var/run/crio", "/run/nri", "/var/run/nri"}
+// start containers outside any Trial, or register as an NRI plugin. So
+// can one that binds systemd's or the system bus's socket (container
+// root is uid 0 to the peer: systemd-run as the node's root), or the
+// kubelet's device and CSI plugin registries (a plugin's answer gives
+// other pods' containers devices and mounts). A read-only bind does not
+// stop connect(2), so any bind of these is refused.
+var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio", "/var/run/crio", "/run/nri", "/var/run/nri",
+	"/run/dbus", "/var/run/dbus", "/run/systemd", "/var/run/systemd",
+	"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/lib/kubelet/pod-resources"}
+
+// nodeCode are the node's paths whose files its root runs or takes as
+// configuration, or that hold other containers' root file systems and
+// images: a container that can write one runs code outside its Trial (a
+// static pod manifest the kubelet starts on the host network, a cron
+// entry, a binary, a file in another container's root). Each maps to
+// the directories under it that a pod's own mounts come from: the
+// kubelet's pods' volumes, containerd's pods' hostname and resolv.conf,
+// CRI-O's containers' own files.
+var nodeCode = map[string][]string{
+	"/etc": nil, "/usr": nil, "/bin": nil, "/sbin": nil, "/lib": nil, "/lib32": nil, "/lib64": nil, "/libx32": nil,
+	"/boot": nil, "/root": nil, "/var/spool": nil, "/var/lib/docker": nil,
+	"/var/lib/kubelet":    {"/var/lib/kubelet/pods"},
+	"/var/lib/containerd": {"/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes"},
+	"/var/lib/containers": {"/var/lib/containers/storage/overlay-containers"},
+}
+
+// writesNodeCode says why bind m lets a container write nodeCode.
+func writesNodeCode(m *api.Mount) string {
+	bind := m.GetType() == "bind" || slices.Contains(m.GetOptions(), "bind") || slices.Contains(m.GetOptions(), "rbind")
+	if !bind || slices.Contains(m.GetOptions(), "ro") {
+		return ""
+	}
+	src := filepath.Clean("/" + m.GetSource())
+	for _, d := range slices.Sorted(maps.Keys(nodeCode)) {
+		own := slices.ContainsFunc(nodeCode[d], func(e string) bool { return within(src, e) })
+		if !own && (within(src, d) || within(d, src)) {
+			return fmt.Sprintf("it binds %s writable on %s, which holds or is inside %s, where the node's root or another container runs code or reads its configuration from (a static pod, a cron entry, a binary would run outside the Trial); bind it read-only (readOnly: true) or use a volume", m.GetSource(), m.GetDestination(), d)
+		}
+	}
+	return ""
+}
+
+// within: path p is dir or under it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
 
 // refusals says why a container of an annotated pod is refused, before
 // anything is made for it: the OCI hook's rules applied to what NRI shows
@@ -119,6 +165,7 @@ var runtimeDirs = []string{"/run/containerd", "/var/run/containerd", "/run/crio"
 // rolling update), which is not the pod's doing.
 func refusals(ctr *api.Container, protected []string, own func(*api.Mount) bool) []string {
 	spec := ocihook.Spec{Namespaces: map[string]string{}}
+	var extra []string
 	for _, n := range ctr.GetLinux().GetNamespaces() {
 		spec.Namespaces[n.GetType()] = n.GetPath()
 	}
@@ -126,12 +173,21 @@ func refusals(ctr *api.Container, protected []string, own func(*api.Mount) bool)
 		if own(m) {
 			continue
 		}
+		if w := writesNodeCode(m); w != "" {
+			extra = append(extra, w)
+		}
 		spec.Mounts = append(spec.Mounts, ocihook.Mount{Destination: m.GetDestination(), Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
 	}
-	why := spec.Refusals(protected)
+	why := append(spec.Refusals(protected), extra...)
 	for _, h := range podNamespaces {
 		if _, ok := spec.Namespaces[h.typ]; !ok {
 			why = append(why, fmt.Sprintf("it has no %s namespace of its own: %s", h.typ, h.why))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(ctr.GetLinux().GetSysctl())) {
+		// runc takes "/" for "."; the kernel's names are lower-case.
+		if n := strings.ToLower(strings.ReplaceAll(k, "/", ".")); strings.HasPrefix(n, "net.") {
+			why = append(why, fmt.Sprintf("it sets sysctl %s, which the runtime would write in the Trial's network namespace (the agent's, shared by its other containers); drop it from the pod's securityContext.sysctls", k))
 		}
 	}
 	if path := spec.Namespaces["pid"]; path != "" {

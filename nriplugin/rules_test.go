@@ -37,7 +37,7 @@ func testContainer(id string) *api.Container {
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 			{Destination: "/etc/hosts", Type: "bind", Source: "/var/lib/kubelet/pods/uid/etc-hosts", Options: []string{"rbind", "rprivate", "rw"}},
-			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/sandboxes/resolv.conf", Options: []string{"rbind", "rprivate", "rw"}},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/sandbox-x/resolv.conf", Options: []string{"rbind", "rprivate", "rw"}},
 		},
 		Linux: &api.LinuxContainer{CgroupsPath: "/kubepods/besteffort/poduid/" + id,
 			Namespaces: []*api.LinuxNamespace{{Type: "pid"}, {Type: "ipc", Path: "/proc/42/ns/ipc"}, {Type: "uts", Path: "/proc/42/ns/uts"},
@@ -180,5 +180,73 @@ func TestTrialID(t *testing.T) {
 			t.Errorf("pod %s/%s/%s: id %q (valid %v, seen %v)", p.Namespace, p.Name, p.Uid, id, ident.Valid(id), seen[id])
 		}
 		seen[id] = true
+	}
+}
+
+// A writable hostPath of what the node's root runs or reads as its
+// configuration lets a container's process run outside its Trial: a
+// static pod manifest the kubelet starts on the host network, a cron
+// entry, a binary. Each is refused, whatever it is under (subPath: the
+// runtime's source is the file itself); read-only, or the kubelet's own
+// pod directories, are not.
+func TestRefusalsNodeCode(t *testing.T) {
+	for _, src := range []string{"/etc/kubernetes/manifests", "/etc/kubernetes/manifests/evil.yaml", "/etc", "/etc/cron.d",
+		"/usr/local/bin", "/usr", "/bin", "/sbin", "/lib/systemd/system", "/lib64", "/boot", "/root/.ssh", "/var/spool/cron",
+		"/etc/containerd/config.toml", "/etc/crio", "/etc//cron.d/", "/var/lib/kubelet/config.yaml", "/var/lib/kubelet",
+		// other containers' root file systems and the images they start from
+		"/var/lib/containerd", "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots/12/fs",
+		"/var/lib/containerd/io.containerd.content.v1.content", "/var/lib/containers/storage/overlay", "/var/lib/docker", "/var/lib"} {
+		c := testContainer("c1")
+		c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: src, Options: []string{"rbind", "rprivate", "rw"}})
+		why := strings.Join(refusals(c, testProtected, testPlugin.ownMount), "; ")
+		if !strings.Contains(why, "writable") {
+			t.Errorf("a writable bind of %s: refusals %q, want one saying it is writable", src, why)
+		}
+	}
+	for _, m := range []*api.Mount{
+		{Destination: "/x", Type: "bind", Source: "/etc/ssl/certs", Options: []string{"rbind", "ro"}},
+		{Destination: "/data", Type: "bind", Source: "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~empty-dir/data", Options: []string{"rbind", "rw"}},
+		{Destination: "/data", Type: "bind", Source: "/mnt/datasets", Options: []string{"rbind", "rw"}},
+		{Destination: "/etc/hostname", Type: "bind", Source: "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/x/hostname", Options: []string{"rbind", "rw"}},
+	} {
+		c := testContainer("c2")
+		c.Mounts = append(c.Mounts, m)
+		if why := refusals(c, testProtected, testPlugin.ownMount); len(why) > 0 {
+			t.Errorf("a bind of %s (%v): refused %q", m.Source, m.Options, why)
+		}
+	}
+}
+
+// A network sysctl in the container's spec would be written by the
+// runtime, as root, in the namespace the plugin puts it in: the Trial's,
+// set up by the agent and shared by its other containers. Refused, in
+// either spelling; the others (IPC's, in the pod's own namespace) are not.
+func TestRefusalsNetSysctls(t *testing.T) {
+	for _, k := range []string{"net.ipv4.ping_group_range", "net/ipv4/ip_unprivileged_port_start", "net.ipv4.conf.all.route_localnet", "Net.core.somaxconn"} {
+		c := testContainer("c1")
+		c.Linux.Sysctl = map[string]string{k: "0"}
+		if why := strings.Join(refusals(c, testProtected, testPlugin.ownMount), "; "); !strings.Contains(why, "sysctl") {
+			t.Errorf("sysctl %s: refusals %q, want one naming it", k, why)
+		}
+	}
+	c := testContainer("c2")
+	c.Linux.Sysctl = map[string]string{"kernel.shm_rmid_forced": "1"}
+	if why := refusals(c, testProtected, testPlugin.ownMount); len(why) > 0 {
+		t.Errorf("an IPC sysctl refused: %q", why)
+	}
+}
+
+// A socket of the node's init or of the kubelet's plugin registries
+// starts processes or hands devices and mounts to containers outside the
+// Trial: container root is uid 0 to the peer, and a read-only bind does
+// not stop connect(2). Each is refused, read-only too.
+func TestRefusalsNodeSockets(t *testing.T) {
+	for _, src := range []string{"/run/dbus/system_bus_socket", "/var/run/dbus", "/run/systemd/private", "/run/systemd",
+		"/var/lib/kubelet/device-plugins/kubelet.sock", "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/pod-resources", "/var/lib/kubelet/plugins"} {
+		c := testContainer("c1")
+		c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: src, Options: []string{"rbind", "ro"}})
+		if why := strings.Join(refusals(c, testProtected, testPlugin.ownMount), "; "); !strings.Contains(why, "binds "+src) {
+			t.Errorf("a read-only bind of %s: refusals %q, want one naming it", src, why)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/trialnet/trialnet/trial"
 )
@@ -31,7 +32,7 @@ const (
 // until ctx ends or the runtime closes the connection (it restarted:
 // the plugin's container is restarted, and synchronizes again).
 func (p *Plugin) Run(ctx context.Context, nriSocket, index string) error {
-	s, err := stub.New(p, stub.WithPluginName(Name), stub.WithPluginIdx(index), stub.WithSocketPath(nriSocket))
+	s, err := stub.New(p, stubOptions(nriSocket, index)...)
 	if err != nil {
 		return fmt.Errorf("NRI plugin: %w", err)
 	}
@@ -43,6 +44,22 @@ func (p *Plugin) Run(ctx context.Context, nriSocket, index string) error {
 		err = errors.New("the runtime closed the connection")
 	}
 	return fmt.Errorf("NRI plugin on %s: %w (is NRI enabled in containerd or CRI-O? docs/containers.md says how)", nriSocket, err)
+}
+
+// failClosed is the failure policy the plugin registers with: a request
+// it does not answer in the runtime's time (an agent slow to make a
+// Trial) fails the container's creation, and the plugin stays
+// connected. NRI's default proceeds without the plugin and drops it:
+// that container, and every later one until the plugin reconnects,
+// would run unplaced on the pod network. A runtime whose NRI predates
+// failure policies (v0.12) ignores it: docs/containers.md says so.
+var failClosed = &api.FailurePolicy{FailRequest: true, KeepConnected: true}
+
+// stubOptions are the plugin's registration with the runtime on
+// nriSocket, at index.
+func stubOptions(nriSocket, index string) []stub.Option {
+	return []stub.Option{stub.WithPluginName(Name), stub.WithPluginIdx(index), stub.WithSocketPath(nriSocket),
+		stub.WithFailurePolicy(failClosed)}
 }
 
 // Install puts what the runtime reads on the node: this binary at

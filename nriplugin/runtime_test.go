@@ -23,6 +23,7 @@ type runtime struct {
 	dir  string
 	nri  *nri.Adaptation
 	pods []*api.PodSandbox // what Synchronize tells a plugin that connects
+	ctrs []*api.Container
 }
 
 func newRuntime(t testing.TB, opts ...nri.Option) *runtime {
@@ -39,7 +40,7 @@ func newRuntime(t testing.TB, opts ...nri.Option) *runtime {
 		nri.WithSocketPath(r.socket()),
 	}, opts...)
 	sync := func(ctx context.Context, cb nri.SyncCB) error {
-		_, err := cb(ctx, r.pods, nil)
+		_, err := cb(ctx, r.pods, r.ctrs)
 		return err
 	}
 	update := func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) { return nil, nil }
@@ -80,7 +81,7 @@ func (s *syncing) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs 
 func (r *runtime) connect(p *Plugin) (stop func()) {
 	r.t.Helper()
 	w := &syncing{Plugin: p, done: make(chan struct{})}
-	s, err := stub.New(w, stub.WithPluginName(Name), stub.WithPluginIdx(DefaultIndex), stub.WithSocketPath(r.socket()))
+	s, err := stub.New(w, stubOptions(r.socket(), DefaultIndex)...)
 	if err != nil {
 		r.t.Fatal(err)
 	}
