@@ -22,7 +22,7 @@ func cmdNRI(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	nriSocket := fs.String("nri-socket", "/var/run/nri/nri.sock", "the runtime's NRI socket")
 	hookPath := fs.String("hook-path", "/opt/trialnet/bin/trialnet", "where this binary is installed for the runtime to run as the createRuntime hook: the same path in this container and on the node")
 	resolv := fs.String("resolv-conf", "/opt/trialnet/resolv.conf", "where transparent Trials' resolv.conf is installed, the same path here and on the node (\"\": containers keep the runtime's)")
-	exempt := fs.String("exempt", strings.Join(nriplugin.DefaultExempt(), ","), "namespaces whose pods pass untouched, comma-separated")
+	exempt := fs.String("exempt", strings.Join(nriplugin.DefaultExempt(), ","), "namespaces whose pods pass untouched (an annotated pod there is refused), comma-separated")
 	index := fs.String("index", nriplugin.DefaultIndex, "the plugin's NRI index (two digits): its place among the runtime's plugins")
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
