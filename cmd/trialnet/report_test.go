@@ -830,8 +830,12 @@ func TestPrivilegedReportFdOnANamedSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(pair[0])
-	go func() { _, _ = io.Copy(io.Discard, os.NewFile(uintptr(pair[0]), "harness")) }()
+	// The harness's end is the File's alone: a second close of its number
+	// (a defer, then the File's finalizer) would close whatever later
+	// took that number, another test's descriptor.
+	harness := os.NewFile(uintptr(pair[0]), "harness")
+	defer harness.Close()
+	go func() { _, _ = io.Copy(io.Discard, harness) }()
 	code, _, errOut = trialnet("run", "--uid", "65534", "--report-fd", fmt.Sprint(pair[1]), "--", "true")
 	unix.Close(pair[1])
 	if code != 0 {
