@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"golang.org/x/sys/unix"
 )
 
@@ -42,29 +43,10 @@ func readMountinfo(path string) ([]mountEntry, error) {
 		if !ok || err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("%s: a device the hook cannot read: %q", path, f[2])
 		}
-		out = append(out, mountEntry{dev: unix.Mkdev(uint32(ma), uint32(mi)), root: unescapeMount(f[3]),
-			point: unescapeMount(f[4]), ro: slices.Contains(strings.Split(f[5], ","), "ro"), fstype: f[sep+1]})
+		out = append(out, mountEntry{dev: unix.Mkdev(uint32(ma), uint32(mi)), root: cgroup2.UnescapeMountPath(f[3]),
+			point: cgroup2.UnescapeMountPath(f[4]), ro: slices.Contains(strings.Split(f[5], ","), "ro"), fstype: f[sep+1]})
 	}
 	return out, nil
-}
-
-// unescapeMount undoes the kernel's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // protectedFile is a protected host path as the kernel knows it: its
