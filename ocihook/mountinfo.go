@@ -20,7 +20,6 @@ type mountEntry struct {
 	dev    uint64 // st_dev of the file system
 	root   string // the mounted directory, as a path within its file system
 	point  string // where, relative to the reading process's root
-	ro     bool   // the mount (not the file system) is read-only
 	fstype string
 }
 
@@ -44,7 +43,7 @@ func readMountinfo(path string) ([]mountEntry, error) {
 			return nil, fmt.Errorf("%s: a device the hook cannot read: %q", path, f[2])
 		}
 		out = append(out, mountEntry{dev: unix.Mkdev(uint32(ma), uint32(mi)), root: cgroup2.UnescapeMountPath(f[3]),
-			point: cgroup2.UnescapeMountPath(f[4]), ro: slices.Contains(strings.Split(f[5], ","), "ro"), fstype: f[sep+1]})
+			point: cgroup2.UnescapeMountPath(f[4]), fstype: f[sep+1]})
 	}
 	return out, nil
 }
@@ -135,7 +134,11 @@ func (h *Hook) checkMounts(pid int, rootfs, trialCgroup string) []string {
 	return why
 }
 
-// refusal says why the container must not have mount m, or "".
+// refusal says why the container must not have mount m, or "". Whether
+// a mount is read-only is the config's check alone: at createRuntime
+// runc and crun have not yet made read-only what the config says is
+// (crun's /sys and /sys/fs/cgroup, runc's readonlyPaths), so the kernel
+// still shows them writable.
 func (m mountEntry) refusal(prot []protectedFile, trialCgroup string) string {
 	switch {
 	case slices.Contains(kernelFS, m.fstype):
@@ -144,14 +147,7 @@ func (m mountEntry) refusal(prot []protectedFile, trialCgroup string) string {
 		if !within(m.root, trialCgroup) {
 			return fmt.Sprintf("is of the cgroup tree above its Trial's (%s): it could move out of it", trialCgroup)
 		}
-		if !m.ro {
-			return "is a writable cgroup file system"
-		}
-		return ""
-	case m.fstype == "cgroup" && !m.ro:
-		return "is a writable cgroup file system"
-	case m.fstype == "sysfs" && !m.ro:
-		return "is sysfs, writable: root in it could set the kernel's uevent helper"
+		return "" // its own part of the tree, which the protected cgroup tree holds
 	}
 	for _, p := range prot {
 		if m.dev == p.dev && (within(p.inFS, m.root) || within(m.root, p.inFS)) {

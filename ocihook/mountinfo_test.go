@@ -22,8 +22,8 @@ func TestReadMountinfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := mountEntry{dev: unix.Mkdev(8, 1), root: "/var/lib/trial net", point: "/root fs/mnt", ro: true, fstype: "ext4"}
-	if len(got) != 2 || got[1] != want || got[0].ro {
+	want := mountEntry{dev: unix.Mkdev(8, 1), root: "/var/lib/trial net", point: "/root fs/mnt", fstype: "ext4"}
+	if len(got) != 2 || got[1] != want {
 		t.Fatalf("got %+v, want [1] = %+v", got, want)
 	}
 	if err := os.WriteFile(p, []byte("25 1 8:1 / / rw\n"), 0o644); err != nil {
@@ -50,15 +50,14 @@ func TestMountRefusal(t *testing.T) {
 		{"the host's root disk", mountEntry{dev: disk, root: "/", fstype: "ext4"}, "holds or is inside /var/lib/trialnet"},
 		{"a directory beside it", mountEntry{dev: disk, root: "/var/lib/trialnet-other", fstype: "ext4"}, ""},
 		{"the same path on another disk", mountEntry{dev: other, root: "/var/lib/trialnet", fstype: "ext4"}, ""},
-		{"bpffs", mountEntry{dev: unix.Mkdev(0, 30), root: "/", fstype: "bpf", ro: true}, "kernel's own state"},
-		{"tracefs", mountEntry{dev: unix.Mkdev(0, 31), root: "/", fstype: "tracefs", ro: true}, "kernel's own state"},
-		{"the cgroup2 root", mountEntry{root: "/", fstype: "cgroup2", ro: true}, "above its Trial's"},
-		{"a sibling Trial's cgroup", mountEntry{root: "/trialnet/eval-10", fstype: "cgroup2", ro: true}, "above its Trial's"},
-		{"its own cgroup, writable", mountEntry{root: trial + "/ctr", fstype: "cgroup2"}, "writable cgroup"},
-		{"its own cgroup, ro", mountEntry{root: trial + "/ctr", fstype: "cgroup2", ro: true}, ""},
-		{"a v1 cgroup, writable", mountEntry{root: "/", fstype: "cgroup"}, "writable cgroup"},
-		{"sysfs writable", mountEntry{root: "/", fstype: "sysfs"}, "uevent helper"},
-		{"sysfs ro", mountEntry{root: "/", fstype: "sysfs", ro: true}, ""},
+		{"bpffs", mountEntry{dev: unix.Mkdev(0, 30), root: "/", fstype: "bpf"}, "kernel's own state"},
+		{"tracefs", mountEntry{dev: unix.Mkdev(0, 31), root: "/", fstype: "tracefs"}, "kernel's own state"},
+		{"the cgroup2 root", mountEntry{root: "/", fstype: "cgroup2"}, "above its Trial's"},
+		{"a sibling Trial's cgroup", mountEntry{root: "/trialnet/eval-10", fstype: "cgroup2"}, "above its Trial's"},
+		{"its own cgroup", mountEntry{root: trial + "/ctr", fstype: "cgroup2"}, ""},
+		// Read-only or not is the config's check: runtimes make mounts
+		// read-only after createRuntime.
+		{"sysfs", mountEntry{root: "/", fstype: "sysfs"}, ""},
 		{"its own tmpfs", mountEntry{dev: unix.Mkdev(0, 99), root: "/", fstype: "tmpfs"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
