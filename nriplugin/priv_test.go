@@ -192,8 +192,12 @@ func hookLetsIn(t *testing.T, w *world, adj *api.ContainerAdjustment, info clien
 		}
 	}
 	ns = append(ns, map[string]string{"type": "network", "path": info.Netns})
+	if err := os.Mkdir(filepath.Join(bundle, "rootfs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	cfg, err := json.Marshal(map[string]any{
 		"ociVersion": "1.0.2",
+		"root":       map[string]any{"path": "rootfs"},
 		"process":    map[string]any{"capabilities": map[string]any{"bounding": []string{"CAP_CHOWN", "CAP_KILL", "CAP_NET_BIND_SERVICE"}}},
 		"mounts":     ctr.Mounts,
 		"linux": map[string]any{"namespaces": ns, "seccomp": nritest.OCISeccomp(adj.GetLinux().GetSeccompPolicy()),
