@@ -75,10 +75,10 @@ func recordsTo(stdout, stderr io.Writer) record.Sink {
 }
 
 // listenAll listens on every address, or on none.
-func listenAll(listen []string) ([]net.Listener, error) {
+func listenAll(ctx context.Context, listen []string) ([]net.Listener, error) {
 	var lns []net.Listener
 	for _, l := range listen {
-		ln, err := net.Listen("tcp", l)
+		ln, err := proxy.ListenConfig().Listen(ctx, "tcp", l)
 		if err != nil {
 			for _, o := range lns {
 				_ = o.Close()
@@ -148,7 +148,7 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	if err := p.AddTrial(proxy.TrialPolicy{Spec: trialspec.Spec{ID: *trial}, Allow: list}); err != nil {
 		return fail(stdout, stderr, false, exitUsage, err)
 	}
-	lns, err := listenAll(listen)
+	lns, err := listenAll(ctx, listen)
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}
