@@ -51,11 +51,13 @@ func cmdOCIHook(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return exitOK
 }
 
-// logRefusal writes a refusal to syslog too: runc shows a hook's
-// standard error, but crun under podman reports only that the hook
-// failed (journalctl -t trialnet-oci-hook shows why). No syslog: the
-// standard error is all there is.
+// logRefusal writes a refusal to syslog and to the kernel's log too:
+// runc shows a hook's standard error, but crun reports only that the
+// hook failed (journalctl -t trialnet-oci-hook shows why, and dmesg or
+// the console, where no syslog runs). Either may be missing: the
+// standard error is then all there is.
 func logRefusal(err error) {
+	_ = ocihook.WriteKmsg(ocihook.Kmsg, err.Error())
 	w, serr := syslog.New(syslog.LOG_WARNING|syslog.LOG_DAEMON, "trialnet-oci-hook")
 	if serr != nil {
 		return
