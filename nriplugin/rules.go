@@ -164,7 +164,7 @@ func within(p, dir string) bool {
 // plugin's own mount (an earlier plugin instance's adjustment, during a
 // rolling update), which is not the pod's doing.
 func refusals(ctr *api.Container, protected []string, own func(*api.Mount) bool) []string {
-	spec := ocihook.Spec{Namespaces: map[string]string{}}
+	spec := ocihook.Spec{Namespaces: map[string]string{}, PodSandbox: ctr.GetPodSandboxId()}
 	var extra []string
 	for _, n := range ctr.GetLinux().GetNamespaces() {
 		spec.Namespaces[n.GetType()] = n.GetPath()

@@ -250,3 +250,50 @@ func TestRefusalsNodeSockets(t *testing.T) {
 		}
 	}
 }
+
+// containerd binds each pod's /dev/shm, a tmpfs of the pod's own, from
+// under its state in /run/containerd, which is protected: that bind
+// passes in exactly containerd's shape for the container's own pod, and
+// nothing else under /run/containerd passes by being named shm.
+func TestRefusalsContainerdPodShm(t *testing.T) {
+	const sb = "6f1b3a0e9c4d2b7a8e5f0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f"
+	const other = "0f1b3a0e9c4d2b7a8e5f0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f"
+	dir := "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/"
+	shm := func(c *api.Container, m *api.Mount) *api.Container {
+		c.PodSandboxId = sb
+		c.Mounts = append(c.Mounts, m)
+		return c
+	}
+	own := &api.Mount{Destination: "/dev/shm", Type: "bind", Source: dir + sb + "/shm", Options: []string{"rbind", "rprivate", "rw"}}
+	if why := refusals(shm(testContainer("c1"), own), testProtected, testPlugin.ownMount); len(why) > 0 {
+		t.Fatalf("containerd's own /dev/shm bind refused: %q", why)
+	}
+	for name, m := range map[string]*api.Mount{
+		"another pod's":           {Destination: "/dev/shm", Type: "bind", Source: dir + other + "/shm", Options: []string{"rbind", "rprivate", "rw"}},
+		"the sandbox's dir":       {Destination: "/dev/shm", Type: "bind", Source: dir + sb, Options: []string{"rbind", "rw"}},
+		"under its shm":           {Destination: "/dev/shm", Type: "bind", Source: dir + sb + "/shm/x", Options: []string{"rbind", "rw"}},
+		"a sibling named shmx":    {Destination: "/dev/shm", Type: "bind", Source: dir + sb + "/shmx", Options: []string{"rbind", "rw"}},
+		"dot-dot to the state":    {Destination: "/dev/shm", Type: "bind", Source: dir + sb + "/shm/../../..", Options: []string{"rbind", "rw"}},
+		"dot-dot back to shm":     {Destination: "/dev/shm", Type: "bind", Source: dir + sb + "/../" + sb + "/shm", Options: []string{"rbind", "rw"}},
+		"the sandboxes":           {Destination: "/dev/shm", Type: "bind", Source: dir + "shm", Options: []string{"rbind", "rw"}},
+		"elsewhere than /dev/shm": {Destination: "/data", Type: "bind", Source: dir + sb + "/shm", Options: []string{"rbind", "rw"}},
+		"not a bind":              {Destination: "/dev/shm", Type: "overlay", Source: dir + sb + "/shm", Options: []string{"lowerdir=" + dir + sb + "/shm"}},
+		"shared propagation":      {Destination: "/dev/shm", Type: "bind", Source: dir + sb + "/shm", Options: []string{"rbind", "rshared", "rw"}},
+		"/var/run's spelling":     {Destination: "/dev/shm", Type: "bind", Source: "/var" + dir + sb + "/shm", Options: []string{"rbind", "rw"}},
+		"an id not containerd's":  {Destination: "/dev/shm", Type: "bind", Source: dir + "..%2f/shm", Options: []string{"rbind", "rw"}},
+	} {
+		c := shm(testContainer("c1"), m)
+		if name == "an id not containerd's" {
+			c.PodSandboxId = "..%2f"
+		}
+		if why := refusals(c, testProtected, testPlugin.ownMount); len(why) == 0 {
+			t.Errorf("%s (%s on %s): not refused", name, m.Source, m.Destination)
+		}
+	}
+	// No pod id: no exception.
+	c := shm(testContainer("c1"), own)
+	c.PodSandboxId = ""
+	if why := refusals(c, testProtected, testPlugin.ownMount); len(why) == 0 {
+		t.Error("a pod's shm bind with no pod id: not refused")
+	}
+}

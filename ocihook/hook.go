@@ -58,6 +58,9 @@ type Hook struct {
 	// Protected are host paths no container in a Trial may bind, nor a
 	// directory above them (nil: DefaultProtected).
 	Protected []string
+	// ContainerdShmDir is where containerd makes its pods' /dev/shm
+	// ("": ContainerdShmDir).
+	ContainerdShmDir string
 }
 
 // DefaultProtected are trialnet's own paths: the control socket's
@@ -151,6 +154,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	case st.Pid <= 0:
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	}
+	cfg.podShm = h.podShm(cfg.Annotations[AnnotationSandboxID])
 	why := cfg.check(st.Bundle, h.protected())
 	why = append(why, cfg.procKnobs()...)
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
@@ -207,6 +211,17 @@ func (h *Hook) ended(ctx context.Context, st State) (Result, error) {
 		return Result{}, fmt.Errorf("container %s ended, and the agent was not told: %w", st.ID, err)
 	}
 	return Result{Trial: end.Trial, Ended: &end}, nil
+}
+
+// podShm accepts the bind of the /dev/shm that containerd made for
+// the container's pod, named by the pod's sandbox id: its shape, and a
+// tmpfs of its own there.
+func (h *Hook) podShm(sandbox string) func(mountOf) bool {
+	dir := h.ContainerdShmDir
+	if dir == "" {
+		dir = ContainerdShmDir
+	}
+	return func(m mountOf) bool { return m.podShm(dir, sandbox) && ownTmpfs(m.Source) }
 }
 
 func (h *Hook) proc() string {

@@ -7,51 +7,111 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 )
 
 // DefaultHooksDir is where podman and CRI-O read hooks.d entries.
 const DefaultHooksDir = "/etc/containers/oci/hooks.d"
 
-// HookFile is the name of trialnet's entry in a hooks directory.
-const HookFile = "trialnet.json"
+// HookFile is the name of trialnet's createRuntime entry in a hooks
+// directory, PoststopFile that of its poststop entry.
+const (
+	HookFile     = "trialnet.json"
+	PoststopFile = "trialnet-poststop.json"
+)
 
 // hookTimeout bounds the hook's run as the runtime counts it, in
 // seconds: above the hook's own bound on the agent's answers, so that
 // the hook says why it gives up rather than being killed mid-sentence.
 const hookTimeout = 30
 
-// Entry is the hooks.d entry (containers/common pkg/hooks, version
-// 1.0.0) that runs trialnet oci-hook at createRuntime and poststop for
-// every container with a trialnet.io/ annotation; the rest never start
-// it. The hook tells the stages apart by the state's status.
-func Entry(binary string, args []string) ([]byte, error) {
+// Entries are the hooks.d entries (containers/common pkg/hooks, version
+// 1.0.0), by file name. One runs trialnet oci-hook at createRuntime for
+// every container with a trialnet.io/ annotation, so that a key this
+// build does not know is refused; the rest never start it. The other
+// runs it at poststop for the same containers but those whose only such
+// key is trialnet.io/profile: the agent ends a Trial made around a
+// container by itself when the container's init exits (its owner), so a
+// second process start there would only repeat it. A container that
+// joined a Trial keeps poststop, which moves it to the Trial's ended
+// containers. One entry cannot say this: a runtime runs all of an
+// entry's stages when any annotation matches its key pattern
+// (unanchored, Go's regexp, which has no lookahead), hence two files and
+// the poststop key pattern written as the complement of the profile key.
+func Entries(binary string, args []string) (map[string][]byte, error) {
 	if !filepath.IsAbs(binary) {
 		return nil, fmt.Errorf("the hook's binary %q is not an absolute path", binary)
 	}
-	e := map[string]any{
-		"version": "1.0.0",
-		"hook":    map[string]any{"path": binary, "args": args, "timeout": hookTimeout},
-		"when":    map[string]any{"annotations": map[string]string{`^trialnet\.io/`: ".*"}},
-		"stages":  []string{"createRuntime", "poststop"},
+	out := map[string][]byte{}
+	for file, e := range map[string]struct{ key, stage string }{
+		HookFile:     {keyPattern, "createRuntime"},
+		PoststopFile: {poststopKeyPattern, "poststop"},
+	} {
+		b, err := json.MarshalIndent(map[string]any{
+			"version": "1.0.0",
+			"hook":    map[string]any{"path": binary, "args": args, "timeout": hookTimeout},
+			"when":    map[string]any{"annotations": map[string]string{e.key: ".*"}},
+			"stages":  []string{e.stage},
+		}, "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		out[file] = append(b, '\n')
 	}
-	b, err := json.MarshalIndent(e, "", "  ")
-	return append(b, '\n'), err
+	return out, nil
+}
+
+// keyPattern matches every trialnet.io/ annotation key.
+const keyPattern = `^trialnet\.io/`
+
+// poststopKeyPattern matches the keys keyPattern matches but
+// trialnet.io/profile exactly.
+var poststopKeyPattern = "(?s)" + keyPattern + notExactly("profile")
+
+// notExactly is a pattern matching, at its start, any text but exactly
+// word (anchored at the end): text that stops short of word, leaves it at
+// some letter, or goes on past it. RE2 has no (?!word).
+func notExactly(word string) string {
+	if word == "" {
+		return "."
+	}
+	c := regexp.QuoteMeta(word[:1])
+	return "(?:$|[^" + c + "]|" + c + notExactly(word[1:]) + ")"
 }
 
 // ErrDifferentEntry is a file of trialnet's (a hooks.d entry, a seccomp
 // profile) of another content in the way.
 var ErrDifferentEntry = errors.New("a different hooks.d entry exists")
 
-// Install writes entry as dir/HookFile, atomically (a runtime reading
-// the directory at that moment sees the old file or the new one). An
-// existing file of the same content is left as it is (changed false);
-// one of another content is replaced only with force.
-func Install(dir string, entry []byte, force bool) (path string, changed bool, err error) {
-	path = filepath.Join(dir, HookFile)
-	changed, err = install(path, entry, force, "hook entry", "--print")
-	return path, changed, err
+// Install writes entries (file name → content, Entries) into dir, each
+// atomically (a runtime reading the directory at that moment sees the
+// old file or the new one). Files of the same content are left as they
+// are; if one of another content is there, nothing is written unless
+// force. changed: a file was written.
+func Install(dir string, entries map[string][]byte, force bool) (paths []string, changed bool, err error) {
+	names := slices.Sorted(maps.Keys(entries))
+	for _, name := range names {
+		paths = append(paths, filepath.Join(dir, name))
+	}
+	if !force {
+		for i, name := range names {
+			if err := differs(paths[i], entries[name], "hook entry", "--print"); err != nil {
+				return paths, false, err
+			}
+		}
+	}
+	for i, name := range names {
+		c, err := install(paths[i], entries[name], force, "hook entry", "--print")
+		if err != nil {
+			return paths, changed, err
+		}
+		changed = changed || c
+	}
+	return paths, changed, nil
 }
 
 // DefaultSeccompProfile is where 'trialnet oci-hook install' writes the
@@ -92,17 +152,29 @@ func InstallSeccompProfile(path string, profile []byte, force bool) (changed boo
 	return install(path, profile, force, "seccomp profile", "--print-seccomp")
 }
 
+// differs refuses a file at path of another content than data.
+func differs(path string, data []byte, what, printFlag string) error {
+	old, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist), err == nil && bytes.Equal(old, data):
+		return nil
+	case err == nil:
+		return fmt.Errorf("%w: %s holds another %s; compare it with 'trialnet oci-hook install %s' and pass --force to replace it", ErrDifferentEntry, path, what, printFlag)
+	}
+	return err
+}
+
 // install writes data at path atomically, unless a file of the same
 // content is there; one of another content only with force.
 func install(path string, data []byte, force bool, what, printFlag string) (bool, error) {
 	old, err := os.ReadFile(path)
-	switch {
-	case err == nil && bytes.Equal(old, data):
+	if err == nil && bytes.Equal(old, data) {
 		return false, nil
-	case err == nil && !force:
-		return false, fmt.Errorf("%w: %s holds another %s; compare it with 'trialnet oci-hook install %s' and pass --force to replace it", ErrDifferentEntry, path, what, printFlag)
-	case err != nil && !errors.Is(err, os.ErrNotExist):
-		return false, err
+	}
+	if !force {
+		if err := differs(path, data, what, printFlag); err != nil {
+			return false, err
+		}
 	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {

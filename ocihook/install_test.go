@@ -5,83 +5,194 @@ package ocihook
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 )
 
-func TestEntry(t *testing.T) {
-	if _, err := Entry("trialnet", nil); err == nil {
+// hooksdEntry is what a runtime reads of a hooks.d entry.
+type hooksdEntry struct {
+	Version string `json:"version"`
+	Hook    struct {
+		Path    string   `json:"path"`
+		Args    []string `json:"args"`
+		Timeout int      `json:"timeout"`
+	} `json:"hook"`
+	When struct {
+		Annotations map[string]string `json:"annotations"`
+		Always      *bool             `json:"always"`
+	} `json:"when"`
+	Stages []string `json:"stages"`
+}
+
+// matches is containers/common's When.Match (pkg/hooks/1.0.0) for an
+// entry with annotations only: every key pattern must match some
+// annotation whose value matches its value pattern, both unanchored
+// (regexp.MatchString).
+func (e hooksdEntry) matches(t *testing.T, annotations map[string]string) bool {
+	t.Helper()
+	for kp, vp := range e.When.Annotations {
+		found := false
+		for k, v := range annotations {
+			km, err := regexp.MatchString(kp, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if vm, err := regexp.MatchString(vp, v); km && err == nil && vm {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return len(e.When.Annotations) > 0
+}
+
+// stagesFor are the stages at which a runtime runs the hook for a
+// container with annotations, as podman and CRI-O read the entries.
+func stagesFor(t *testing.T, entries map[string][]byte, annotations map[string]string) []string {
+	t.Helper()
+	var stages []string
+	for _, b := range entries {
+		var e hooksdEntry
+		if err := json.Unmarshal(b, &e); err != nil {
+			t.Fatal(err)
+		}
+		if e.matches(t, annotations) {
+			stages = append(stages, e.Stages...)
+		}
+	}
+	slices.Sort(stages)
+	return stages
+}
+
+func TestEntries(t *testing.T) {
+	if _, err := Entries("trialnet", nil); err == nil {
 		t.Error("a relative binary path was accepted")
 	}
-	b, err := Entry("/usr/bin/trialnet", []string{"trialnet", "oci-hook"})
+	entries, err := Entries("/usr/bin/trialnet", []string{"trialnet", "oci-hook"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var e struct {
-		Version string `json:"version"`
-		Hook    struct {
-			Path    string   `json:"path"`
-			Args    []string `json:"args"`
-			Timeout int      `json:"timeout"`
-		} `json:"hook"`
-		When struct {
-			Annotations map[string]string `json:"annotations"`
-			Always      *bool             `json:"always"`
-		} `json:"when"`
-		Stages []string `json:"stages"`
+	if got := slices.Sorted(maps.Keys(entries)); !slices.Equal(got, []string{PoststopFile, HookFile}) {
+		t.Fatalf("entries %v", got)
 	}
-	if err := json.Unmarshal(b, &e); err != nil {
-		t.Fatal(err)
-	}
-	if e.Version != "1.0.0" || e.Hook.Path != "/usr/bin/trialnet" || !slices.Equal(e.Stages, []string{"createRuntime", "poststop"}) || e.When.Always != nil || e.Hook.Timeout <= 0 {
-		t.Fatalf("entry %s", b)
-	}
-	// The runtime matches each key and value pattern against each
-	// annotation (unanchored, as Go's regexp MatchString).
-	for key, want := range map[string]bool{AnnotationTrial: true, AnnotationProfile: true, "io.trialnet.io/x": false, "x.trialnet.io/trial": false, "io.podman.annotations.autoremove": false} {
-		got := false
-		for k, v := range e.When.Annotations {
-			if regexp.MustCompile(k).MatchString(key) && regexp.MustCompile(v).MatchString("eval-1") {
-				got = true
-			}
+	for name, b := range entries {
+		var e hooksdEntry
+		if err := json.Unmarshal(b, &e); err != nil {
+			t.Fatal(err)
 		}
-		if got != want {
-			t.Errorf("annotation %s runs the hook: %v, want %v", key, got, want)
+		if e.Version != "1.0.0" || e.Hook.Path != "/usr/bin/trialnet" || len(e.Stages) != 1 || e.When.Always != nil || e.Hook.Timeout <= 0 || len(e.When.Annotations) != 1 {
+			t.Errorf("%s: %s", name, b)
+		}
+	}
+	both, create := []string{"createRuntime", "poststop"}, []string{"createRuntime"}
+	for _, c := range []struct {
+		ann  map[string]string
+		want []string
+	}{
+		{map[string]string{AnnotationTrial: "eval-1"}, both},
+		{map[string]string{AnnotationProfile: "claude"}, create},
+		{map[string]string{AnnotationProfile: ""}, create},
+		// Both keys: refused at createRuntime; poststop still runs (the
+		// trial key), and finds no container to end.
+		{map[string]string{AnnotationTrial: "eval-1", AnnotationProfile: "claude"}, both},
+		// A key this build does not know reaches the hook, which refuses it.
+		{map[string]string{"trialnet.io/trials": "x"}, both},
+		{map[string]string{"trialnet.io/profiles": "x"}, both},
+		{map[string]string{"trialnet.io/profile\n": "x"}, both},
+		{map[string]string{"trialnet.io/profil": "x"}, both},
+		{map[string]string{"trialnet.io/Profile": "x"}, both},
+		{map[string]string{"trialnet.io/": "x"}, both},
+		{map[string]string{"trialnet.io/x": "a\nb"}, both},
+		{map[string]string{AnnotationProfile: "claude", "trialnet.io/x": "y"}, both},
+		{map[string]string{AnnotationProfile: "claude", "io.podman.annotations.autoremove": "TRUE"}, create},
+		// Not trialnet's: the hook never starts.
+		{map[string]string{"io.trialnet.io/x": "y"}, nil},
+		{map[string]string{"x.trialnet.io/trial": "y"}, nil},
+		{map[string]string{"trialnetxio/trial": "y"}, nil},
+		{map[string]string{"io.podman.annotations.autoremove": "TRUE"}, nil},
+		{nil, nil},
+	} {
+		if got := stagesFor(t, entries, c.ann); !slices.Equal(got, c.want) {
+			t.Errorf("annotations %q: the hook runs at %v, want %v", c.ann, got, c.want)
+		}
+	}
+}
+
+// The poststop key pattern is the complement of the profile key among
+// trialnet.io/ keys, for every key near it.
+func TestPoststopKeyPattern(t *testing.T) {
+	re := regexp.MustCompile(poststopKeyPattern)
+	keys := []string{"", "x", "trialnet.io", AnnotationTrial, AnnotationProfile}
+	word := strings.TrimPrefix(AnnotationProfile, annotationPrefix)
+	for i := range len(word) + 1 {
+		for _, tail := range []string{"", "x", "\n", "p", "e", "é", word} {
+			keys = append(keys, annotationPrefix+word[:i]+tail, annotationPrefix+word[:i]+tail+word[i:],
+				annotationPrefix+strings.ToUpper(word[:i])+word[i:]+tail)
+		}
+	}
+	for _, k := range keys {
+		want := strings.HasPrefix(k, annotationPrefix) && k != AnnotationProfile
+		if got := re.MatchString(k); got != want {
+			t.Errorf("key %q: poststop %v, want %v", k, got, want)
 		}
 	}
 }
 
 func TestInstall(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "hooks.d")
-	one, _ := Entry("/usr/bin/trialnet", []string{"trialnet", "oci-hook"})
-	two, _ := Entry("/opt/trialnet", []string{"trialnet", "oci-hook"})
-	path, changed, err := Install(dir, one, false)
-	if err != nil || !changed || path != filepath.Join(dir, HookFile) {
-		t.Fatalf("first install: %s %v %v", path, changed, err)
+	one, _ := Entries("/usr/bin/trialnet", []string{"trialnet", "oci-hook"})
+	two, _ := Entries("/opt/trialnet", []string{"trialnet", "oci-hook"})
+	paths, changed, err := Install(dir, one, false)
+	if err != nil || !changed || !slices.Equal(paths, []string{filepath.Join(dir, PoststopFile), filepath.Join(dir, HookFile)}) {
+		t.Fatalf("first install: %s %v %v", paths, changed, err)
 	}
 	if _, changed, err := Install(dir, one, false); err != nil || changed {
 		t.Errorf("the same entry again: changed %v, %v", changed, err)
 	}
+	// An earlier trialnet's single entry in the way: nothing is written.
+	old := filepath.Join(t.TempDir(), "hooks.d")
+	if err := os.MkdirAll(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(old, HookFile), []byte("{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Install(old, one, false); !errors.Is(err, ErrDifferentEntry) {
+		t.Errorf("over an earlier entry without force: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(old, PoststopFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused install wrote %s: %v", PoststopFile, err)
+	}
 	if _, _, err := Install(dir, two, false); !errors.Is(err, ErrDifferentEntry) {
 		t.Errorf("a different entry without force: %v", err)
 	}
-	if b, _ := os.ReadFile(path); string(b) != string(one) {
-		t.Errorf("a refused install changed the file: %s", b)
+	check := func(what string, want map[string][]byte) {
+		t.Helper()
+		for i, p := range paths {
+			if b, _ := os.ReadFile(p); string(b) != string(want[filepath.Base(p)]) {
+				t.Errorf("%s: %s holds %s", what, paths[i], b)
+			}
+		}
 	}
+	check("a refused install", one)
 	if _, changed, err := Install(dir, two, true); err != nil || !changed {
 		t.Errorf("with force: %v %v", changed, err)
 	}
-	if b, _ := os.ReadFile(path); string(b) != string(two) {
-		t.Errorf("force did not replace the file: %s", b)
-	}
+	check("with force", two)
 	entries, _ := os.ReadDir(dir)
-	if len(entries) != 1 {
-		t.Errorf("the hooks directory holds %d files, want only %s", len(entries), HookFile)
+	if len(entries) != 2 {
+		t.Errorf("the hooks directory holds %d files, want only %s and %s", len(entries), HookFile, PoststopFile)
 	}
-	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o644 {
-		t.Errorf("mode %v, want 0644 (runtimes read it as root, anyone may)", fi.Mode())
+	for _, p := range paths {
+		if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o644 {
+			t.Errorf("%s: mode %v, want 0644 (runtimes read it as root, anyone may)", p, fi.Mode())
+		}
 	}
 }

@@ -38,7 +38,10 @@ func TestReadMountinfo(t *testing.T) {
 // within its file system decide, not the name it was mounted by.
 func TestMountRefusal(t *testing.T) {
 	disk, other := unix.Mkdev(8, 1), unix.Mkdev(8, 2)
-	prot := []protectedFile{{path: "/var/lib/trialnet", inFS: "/var/lib/trialnet", dev: disk}}
+	run, podShm := unix.Mkdev(0, 25), unix.Mkdev(0, 77)
+	prot := []protectedFile{{path: "/var/lib/trialnet", inFS: "/var/lib/trialnet", dev: disk},
+		{path: "/run/containerd", inFS: "/containerd", dev: run}}
+	const shm = "/containerd/io.containerd.grpc.v1.cri/sandboxes/6f1b3a0e9c4d2b7a8e5f0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f/shm"
 	const trial = "/trialnet/eval-1"
 	for _, tc := range []struct {
 		name string
@@ -59,6 +62,11 @@ func TestMountRefusal(t *testing.T) {
 		// read-only after createRuntime.
 		{"sysfs", mountEntry{root: "/", fstype: "sysfs"}, ""},
 		{"its own tmpfs", mountEntry{dev: unix.Mkdev(0, 99), root: "/", fstype: "tmpfs"}, ""},
+		// containerd's pod /dev/shm is a tmpfs of its own, whatever path
+		// it was mounted at; the same path as a directory of /run is the
+		// runtime's state.
+		{"containerd's pod shm tmpfs", mountEntry{dev: podShm, root: "/", fstype: "tmpfs"}, ""},
+		{"a directory named shm in containerd's state", mountEntry{dev: run, root: shm, fstype: "tmpfs"}, "inside /run/containerd"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.m.refusal(prot, trial)

@@ -14,6 +14,10 @@ type Spec struct {
 	// the caller cannot see them (the hook checks them at createRuntime).
 	Capabilities []string
 	Mounts       []Mount
+	// PodSandbox is the id of the container's pod sandbox, whose
+	// /dev/shm containerd binds from under its state (ContainerdShmDir);
+	// "": no pod.
+	PodSandbox string
 }
 
 // Mount is one of a Spec's mounts.
@@ -41,6 +45,8 @@ func (s Spec) Refusals(protected []string) []string {
 	for _, m := range s.Mounts {
 		c.Mounts = append(c.Mounts, mountOf(m))
 	}
+	// The shape only: the hook finds the pod's tmpfs there at createRuntime.
+	c.podShm = func(m mountOf) bool { return m.podShm(ContainerdShmDir, s.PodSandbox) }
 	// Sources are absolute in a spec the runtime has not written yet:
 	// no bundle to resolve a relative one against but the root.
 	return c.check("/", protected)

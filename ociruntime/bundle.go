@@ -230,21 +230,29 @@ func (b *bundle) refuseKeyCalls() error {
 
 // addHook appends trialnet oci-hook at createRuntime, after the hooks
 // the bundle has: it checks the container as the kernel has it once the
-// runtime has made it.
-func (b *bundle) addHook(binary string, args []string) error {
+// runtime has made it. With poststop, also at poststop, as the hooks.d
+// entries run it (ocihook.Entries): for every claim but a profile alone,
+// whose Trial the agent ends by itself.
+func (b *bundle) addHook(binary string, args []string, poststop bool) error {
 	hooks := object(b.doc, "hooks")
 	if hooks == nil {
 		return fmt.Errorf("%s: hooks is not an object", b.path)
-	}
-	list, ok := hooks["createRuntime"].([]any)
-	if !ok && hooks["createRuntime"] != nil {
-		return fmt.Errorf("%s: hooks.createRuntime is not a list", b.path)
 	}
 	argv := make([]any, len(args))
 	for i, a := range args {
 		argv[i] = a
 	}
-	hooks["createRuntime"] = append(list, map[string]any{"path": binary, "args": argv, "timeout": ocihook.HookTimeout})
+	stages := []string{"createRuntime"}
+	if poststop {
+		stages = append(stages, "poststop")
+	}
+	for _, stage := range stages {
+		list, ok := hooks[stage].([]any)
+		if !ok && hooks[stage] != nil {
+			return fmt.Errorf("%s: hooks.%s is not a list", b.path, stage)
+		}
+		hooks[stage] = append(list, map[string]any{"path": binary, "args": argv, "timeout": ocihook.HookTimeout})
+	}
 	return nil
 }
 

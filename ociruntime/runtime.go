@@ -25,6 +25,7 @@ import (
 
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/cgroup2"
+	"github.com/trialnet/trialnet/ocihook"
 )
 
 // DefaultRunc is the runtime the wrapper runs: Debian's runc, the one
@@ -104,7 +105,7 @@ func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) 
 	if err := b.refuseKeyCalls(); err != nil {
 		return nil, fmt.Errorf("container %s: %w", inv.id, err)
 	}
-	if err := b.addHook(w.Hook, w.HookArgs); err != nil {
+	if err := b.addHook(w.Hook, w.HookArgs, c.poststop(b)); err != nil {
 		return nil, fmt.Errorf("container %s: %w", inv.id, err)
 	}
 	if err := b.write(); err != nil {
@@ -123,6 +124,21 @@ func (c claim) any(b *bundle) bool {
 	ann, _ := b.annotations()
 	for k := range ann {
 		if strings.HasPrefix(strings.ToLower(k), "trialnet.io/") {
+			return true
+		}
+	}
+	return false
+}
+
+// poststop: the container claims more than a profile alone (a Trial it
+// joins, or a key the hook refuses), so the hook runs at poststop too.
+func (c claim) poststop(b *bundle) bool {
+	if c.trial != "" {
+		return true
+	}
+	ann, _ := b.annotations()
+	for k := range ann {
+		if strings.HasPrefix(strings.ToLower(k), "trialnet.io/") && k != ocihook.AnnotationProfile {
 			return true
 		}
 	}

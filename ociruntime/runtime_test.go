@@ -165,9 +165,11 @@ func TestPrepareSlice(t *testing.T) {
 			if nets != 1 || len(hooks["prestart"].([]any)) != 0 {
 				t.Errorf("%d network namespaces; prestart hooks %v (Docker's setkey must go)", nets, hooks["prestart"])
 			}
-			cr := hooks["createRuntime"].([]any)
-			if h := cr[len(cr)-1].(map[string]any); h["path"] != "/usr/bin/trialnet" || len(h["args"].([]any)) != 4 {
-				t.Errorf("createRuntime %v", cr)
+			for _, stage := range []string{"createRuntime", "poststop"} {
+				hs, _ := hooks[stage].([]any)
+				if len(hs) == 0 || hs[len(hs)-1].(map[string]any)["path"] != "/usr/bin/trialnet" || len(hs[len(hs)-1].(map[string]any)["args"].([]any)) != 4 {
+					t.Errorf("%s %v: want the hook last (a joined container's end moves it to the Trial's ended ones)", stage, hs)
+				}
 			}
 			if doc["annotations"].(map[string]any)[ocihook.AnnotationTrial] != "eval-42" {
 				t.Errorf("annotations %v", doc["annotations"])
@@ -285,18 +287,28 @@ func TestPrepareUnclaimedAndRefused(t *testing.T) {
 }
 
 // An annotation under trialnet.io/ the wrapper does not act on (a
-// profile) still gets the hook, which decides.
+// profile, a key the hook refuses) still gets the hook, which decides;
+// a profile alone gets it at createRuntime only, as the hooks.d entries
+// run it (the agent ends its Trial).
 func TestPrepareProfileGetsTheHook(t *testing.T) {
-	dir := dockerBundle(t, "/docker/"+ctr, func(d map[string]any) {
-		d["annotations"] = map[string]any{"trialnet.io/Profile": "claude"}
-	})
-	a := &fakeAgent{}
-	if _, err := newWrapper(a).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err != nil {
-		t.Fatal(err)
-	}
-	doc := readDoc(t, dir)
-	if cr, _ := doc["hooks"].(map[string]any)["createRuntime"].([]any); len(cr) != 1 || len(a.asks) != 0 || doc["linux"].(map[string]any)["cgroupsPath"] != "/docker/"+ctr {
-		t.Errorf("hooks %v, asked %q, cgroupsPath %v", cr, a.asks, doc["linux"].(map[string]any)["cgroupsPath"])
+	for _, tc := range []struct {
+		key      string
+		poststop int
+	}{{ocihook.AnnotationProfile, 0}, {"trialnet.io/Profile", 1}} {
+		dir := dockerBundle(t, "/docker/"+ctr, func(d map[string]any) {
+			d["annotations"] = map[string]any{tc.key: "claude"}
+		})
+		a := &fakeAgent{}
+		if _, err := newWrapper(a).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err != nil {
+			t.Fatal(err)
+		}
+		doc := readDoc(t, dir)
+		hooks := doc["hooks"].(map[string]any)
+		cr, _ := hooks["createRuntime"].([]any)
+		ps, _ := hooks["poststop"].([]any)
+		if len(cr) != 1 || len(ps) != tc.poststop || len(a.asks) != 0 || doc["linux"].(map[string]any)["cgroupsPath"] != "/docker/"+ctr {
+			t.Errorf("%s: hooks %v, asked %q, cgroupsPath %v", tc.key, hooks, a.asks, doc["linux"].(map[string]any)["cgroupsPath"])
+		}
 	}
 }
 

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/syslog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,11 +51,13 @@ func cmdOCIHook(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return exitOK
 }
 
-// logRefusal writes a refusal to syslog too: runc shows a hook's
-// standard error, but crun under podman reports only that the hook
-// failed (journalctl -t trialnet-oci-hook shows why). No syslog: the
-// standard error is all there is.
+// logRefusal writes a refusal to syslog and to the kernel's log too:
+// runc shows a hook's standard error, but crun reports only that the
+// hook failed (journalctl -t trialnet-oci-hook shows why, and dmesg or
+// the console, where no syslog runs). Either may be missing: the
+// standard error is then all there is.
 func logRefusal(err error) {
+	_ = ocihook.WriteKmsg(ocihook.Kmsg, err.Error())
 	w, serr := syslog.New(syslog.LOG_WARNING|syslog.LOG_DAEMON, "trialnet-oci-hook")
 	if serr != nil {
 		return
@@ -68,8 +72,8 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	dir := fs.String("hooks-dir", ocihook.DefaultHooksDir, "the runtime's hooks directory (podman --hooks-dir, CRI-O hooks_dir)")
 	profilePath := fs.String("seccomp-profile", ocihook.DefaultSeccompProfile, "where to write the seccomp profile for containers in a Trial (podman --security-opt seccomp=FILE)")
 	base := fs.String("seccomp-base", ocihook.DefaultSeccompBase, "the runtime's default profile that the written one starts from (absent at the default path: a profile that refuses the key calls only)")
-	force := fs.Bool("force", false, "replace a different "+ocihook.HookFile+" or seccomp profile")
-	printOnly := fs.Bool("print", false, "print the entry instead of writing it")
+	force := fs.Bool("force", false, "replace a different "+ocihook.HookFile+", "+ocihook.PoststopFile+" or seccomp profile")
+	printOnly := fs.Bool("print", false, "print the entries instead of writing them")
 	printSeccomp := fs.Bool("print-seccomp", false, "print the seccomp profile instead of writing it")
 	socket := socketFlag(fs)
 	if err := parseNoArgs(fs, args); err != nil {
@@ -86,7 +90,7 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	if *socket != client.DefaultSocket {
 		hookArgs = append(hookArgs, "--socket", *socket)
 	}
-	entry, err := ocihook.Entry(self, hookArgs)
+	entries, err := ocihook.Entries(self, hookArgs)
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}
@@ -96,20 +100,22 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case *printOnly:
-		_, _ = stdout.Write(entry)
+		for _, name := range slices.Sorted(maps.Keys(entries)) {
+			fmt.Fprintf(stdout, "==> %s <==\n%s", name, entries[name])
+		}
 		return exitOK
 	case *printSeccomp:
 		_, _ = stdout.Write(profile)
 		return exitOK
 	}
-	path, changed, err := ocihook.Install(*dir, entry, *force)
+	paths, changed, err := ocihook.Install(*dir, entries, *force)
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: %w", err))
 	}
 	if changed {
-		fmt.Fprintf(stdout, "wrote %s: containers annotated trialnet.io/trial=ID are checked by %s oci-hook before they start, those annotated trialnet.io/profile=NAME get a Trial that ends with them\n", path, self)
+		fmt.Fprintf(stdout, "wrote %s: containers annotated trialnet.io/trial=ID are checked by %s oci-hook before they start, those annotated trialnet.io/profile=NAME get a Trial that ends with them\n", strings.Join(paths, " and "), self)
 	} else {
-		fmt.Fprintf(stdout, "%s is already this entry\n", path)
+		fmt.Fprintf(stdout, "%s are already these entries\n", strings.Join(paths, " and "))
 	}
 	changed, err = ocihook.InstallSeccompProfile(*profilePath, profile, *force)
 	if err != nil {

@@ -128,7 +128,9 @@ func servingPID(sock string) int {
 // tunnel its container opened before keeps carrying bytes after, the
 // new agent's proxy serves its new requests, and the new agent destroys
 // the Trial when the container ends (and not before, when told so while
-// it runs).
+// it runs). The hook runs at createRuntime only, as its installed entries
+// run it for a profile: no poststop tells the new agent the container
+// ended, it sees the init exit itself.
 func TestPrivilegedContainerTrialSurvivesHandover(t *testing.T) {
 	requireRuntimes(t, false, "runc")
 	w, config := daemonWorld(t)
@@ -144,7 +146,7 @@ func TestPrivilegedContainerTrialSurvivesHandover(t *testing.T) {
 	script := fmt.Sprintf(`echo %s
 ( printf 'CONNECT allowed.test:%d HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n'; echo before-handover; while [ ! -e /ctl/go ]; do sleep 0.1; done; echo after-handover; sleep 1 ) | nc 127.0.0.1 3128
 wget -q -O - http://allowed.test/; echo wget-exit=$?`, started, echoPort, echoPort)
-	o := w.profileBundle("prof-ho", script, "createRuntime", "poststop")
+	o := w.profileBundle("prof-ho", script, "createRuntime")
 	o.binds = map[string]string{"/ctl": ctl}
 	bundle := w.bundleWith("prof-ho", o)
 	var out bytes.Buffer
