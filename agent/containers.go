@@ -179,6 +179,11 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 	// A cgroup prepared for it is this call's from here: adopted, or
 	// dropped with a failure.
 	p := a.pend.take(c.ID)
+	if p == nil {
+		if cgid, err := initCgroupID(c.PID); err == nil {
+			p = a.pend.takeCgroup(cgid)
+		}
+	}
 	var prepared uint64
 	if p != nil {
 		prepared = p.cgid

@@ -42,6 +42,9 @@ const maxPending = 256
 
 // pending is one prepared cgroup, waiting for its container's hook.
 type pending struct {
+	// key is the container's id, or for one prepared with none (podman's
+	// precreate stage) "cgroup:" and its cgroup.
+	key                string
 	container, profile string
 	cgroup             string // absolute
 	cgid               uint64
@@ -69,11 +72,25 @@ func (ps *pendings) take(cid string) *pending {
 func (ps *pendings) takeIf(p *pending) bool {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	if ps.m[p.container] != p {
+	if ps.m[p.key] != p {
 		return false
 	}
-	delete(ps.m, p.container)
+	delete(ps.m, p.key)
 	return true
+}
+
+// takeCgroup takes the entry prepared with no container id for the
+// cgroup with id cgid, if any.
+func (ps *pendings) takeCgroup(cgid uint64) *pending {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for k, p := range ps.m {
+		if p.container == "" && p.cgid == cgid {
+			delete(ps.m, k)
+			return p
+		}
+	}
+	return nil
 }
 
 func (ps *pendings) takeAll() []*pending {
@@ -93,13 +110,17 @@ func (ps *pendings) takeAll() []*pending {
 // container req.Container with profile req.Profile, for ContainerTrial
 // to adopt. The caller's process (the control socket's peer) is watched:
 // when it exits with the entry not adopted, the entry and the cgroup go.
+// With no container id (podman's precreate stage, whose config names
+// none and whose hook process ends at once) the entry is for whichever
+// container's init is in that cgroup at the hook, and only its bound or
+// the hook's refusal ends it.
 func (a *Agent) PrepareContainer(ctx context.Context, req client.ContainerPrepare) (client.PreparedContainer, error) {
 	leave, err := a.enter()
 	if err != nil {
 		return client.PreparedContainer{}, err
 	}
 	defer leave()
-	if err := checkContainer(client.Container{ID: req.Container, PID: 1}); err != nil {
+	if err := checkContainer(client.Container{ID: req.Container, PID: 1}); err != nil && req.Container != "" {
 		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container: %v", err)
 	}
 	if _, _, err := a.file.Load().Spec(trialspec.Request{ID: "prepare", Profiles: []string{req.Profile}}, a.proxy.Guard().Allowed()); err != nil || req.Profile == "" {
@@ -109,22 +130,26 @@ func (a *Agent) PrepareContainer(ctx context.Context, req client.ContainerPrepar
 	if err != nil {
 		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container %s: %v", req.Container, err)
 	}
-	p := &pending{container: req.Container, profile: req.Profile, cgroup: cg}
+	p := &pending{key: req.Container, container: req.Container, profile: req.Profile, cgroup: cg}
+	conn := callerConn(ctx)
+	if p.key == "" {
+		p.key, conn = "cgroup:"+cg, nil
+	}
 	a.pend.mu.Lock()
 	defer a.pend.mu.Unlock()
 	if a.pend.m == nil {
 		a.pend.m = map[string]*pending{}
 	}
 	switch {
-	case a.pend.m[p.container] != nil:
-		return client.PreparedContainer{}, errf(client.CodeDuplicateID, "container %s is prepared already (cgroup %s)", p.container, a.pend.m[p.container].cgroup)
+	case a.pend.m[p.key] != nil:
+		return client.PreparedContainer{}, errf(client.CodeDuplicateID, "container %s is prepared already (cgroup %s)", p.key, a.pend.m[p.key].cgroup)
 	case len(a.pend.m) >= maxPending:
 		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container %s: %d containers are prepared and not yet created; retry when their runtimes are done", p.container, maxPending)
 	}
-	if err := a.makePending(p, callerConn(ctx)); err != nil {
+	if err := a.makePending(p, conn); err != nil {
 		return client.PreparedContainer{}, err
 	}
-	a.pend.m[p.container] = p
+	a.pend.m[p.key] = p
 	for_ := a.cfg.PendingFor
 	if for_ <= 0 {
 		for_ = DefaultPendingFor
@@ -269,4 +294,22 @@ func dirNames(dir string) []string {
 		}
 	}
 	return out
+}
+
+// initCgroupID is the id of the cgroup v2 cgroup process pid is in.
+func initCgroupID(pid int) (uint64, error) {
+	mount, err := cgroup2.Mount()
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if rel, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "0::"); ok {
+			return bpf.CgroupID(filepath.Join(mount, rel))
+		}
+	}
+	return 0, errors.New("no cgroup v2 cgroup")
 }

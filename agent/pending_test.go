@@ -398,6 +398,10 @@ func TestPrivilegedPrepareRefusals(t *testing.T) {
 			}
 		})
 	}
+	// The second wall, below the mkdir: no pending entry over a Trial's.
+	if err := w.a.host.BPF.AddPending(liveID, 0); err == nil {
+		t.Error("a pending entry was written over a live Trial's")
+	}
 	if w.a.host.BPF.IsPending(liveID) || !w.a.host.BPF.HasTrial(liveID) {
 		t.Error("the live Trial's entry changed")
 	}

@@ -767,6 +767,10 @@ const pendingCookie = ^uint64(0)
 // cgroup reaches anything until AddTrial replaces the entry with the
 // Trial's. maxPtys bounds its pty masters as a Trial's are.
 func (l *Loader) AddPending(cgroupID uint64, maxPtys uint32) (err error) {
+	if l.HasTrial(cgroupID) {
+		// Checked first: the clean-up below would remove that entry.
+		return fmt.Errorf("add pending policy: cgroup %d has a policy entry already", cgroupID)
+	}
 	v := trialnetTrialPolicy{NetnsCookie: pendingCookie, Flags: flagStrict}
 	if l.LSM() {
 		v.Flags |= flagPeerCheck

@@ -23,9 +23,11 @@ const HookFile = "trialnet.json"
 const hookTimeout = 30
 
 // Entry is the hooks.d entry (containers/common pkg/hooks, version
-// 1.0.0) that runs trialnet oci-hook at createRuntime and poststop for
-// every container with a trialnet.io/ annotation; the rest never start
-// it. The hook tells the stages apart by the state's status.
+// 1.0.0) that runs trialnet oci-hook at podman's precreate stage,
+// createRuntime and poststop for every container with a trialnet.io/
+// annotation; the rest never start it. The hook tells the stages apart
+// by its input: the config at precreate (IsConfig), then the state's
+// status.
 func Entry(binary string, args []string) ([]byte, error) {
 	if !filepath.IsAbs(binary) {
 		return nil, fmt.Errorf("the hook's binary %q is not an absolute path", binary)
@@ -34,7 +36,7 @@ func Entry(binary string, args []string) ([]byte, error) {
 		"version": "1.0.0",
 		"hook":    map[string]any{"path": binary, "args": args, "timeout": hookTimeout},
 		"when":    map[string]any{"annotations": map[string]string{`^trialnet\.io/`: ".*"}},
-		"stages":  []string{"createRuntime", "poststop"},
+		"stages":  []string{"precreate", "createRuntime", "poststop"},
 	}
 	b, err := json.MarshalIndent(e, "", "  ")
 	return append(b, '\n'), err

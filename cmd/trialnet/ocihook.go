@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -41,13 +42,23 @@ func cmdOCIHook(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		Agent:  func() ocihook.Agent { return client.NewClient(*socket) },
 		Socket: *socket,
 	}
-	if _, err := h.Run(ctx, os.Stdin); err != nil {
+	in, err := io.ReadAll(io.LimitReader(os.Stdin, maxHookInput+1))
+	if err == nil && ocihook.IsConfig(in) {
+		err = ocihook.Precreate(ctx, client.NewClient(*socket), in, stdout)
+	} else if err == nil {
+		_, err = h.Run(ctx, bytes.NewReader(in))
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "trialnet oci-hook: %v\n", err)
 		logRefusal(err)
 		return exitFailure
 	}
 	return exitOK
 }
+
+// maxHookInput bounds the hook's standard input: a state, or podman's
+// config at precreate (each bounded again where it is read).
+const maxHookInput = 16 << 20
 
 // logRefusal writes a refusal to syslog too: runc shows a hook's
 // standard error, but crun under podman reports only that the hook
