@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/netns"
@@ -70,6 +71,10 @@ func newRunc(w *world) *runc {
 // there), else runc with the bundle's hooks.
 func (w *world) profileRunc(t *testing.T) *runc {
 	r := newRunc(w)
+	if w.agent == nil { // a daemon of its own: the kernel says
+		r.wrapped = bpf.HaveLSM() == nil
+		return r
+	}
 	r.wrapped = w.unpreparedRefused(t)
 	return r
 }
