@@ -23,11 +23,9 @@ const HookFile = "trialnet.json"
 const hookTimeout = 30
 
 // Entry is the hooks.d entry (containers/common pkg/hooks, version
-// 1.0.0) that runs trialnet oci-hook at podman's precreate stage,
-// createRuntime and poststop for every container with a trialnet.io/
-// annotation; the rest never start it. The hook tells the stages apart
-// by its input: the config at precreate (IsConfig), then the state's
-// status.
+// 1.0.0) that runs trialnet oci-hook at createRuntime and poststop for
+// every container with a trialnet.io/ annotation; the rest never start
+// it. The hook tells the stages apart by the state's status.
 func Entry(binary string, args []string) ([]byte, error) {
 	if !filepath.IsAbs(binary) {
 		return nil, fmt.Errorf("the hook's binary %q is not an absolute path", binary)
@@ -36,8 +34,25 @@ func Entry(binary string, args []string) ([]byte, error) {
 		"version": "1.0.0",
 		"hook":    map[string]any{"path": binary, "args": args, "timeout": hookTimeout},
 		"when":    map[string]any{"annotations": map[string]string{`^trialnet\.io/`: ".*"}},
-		"stages":  []string{"precreate", "createRuntime", "poststop"},
+		"stages":  []string{"createRuntime", "poststop"},
 	}
+	b, err := json.MarshalIndent(e, "", "  ")
+	return append(b, '\n'), err
+}
+
+// WithPrecreate is entry (Entry's) with podman's precreate stage first:
+// podman runs it before the runtime, with the config on standard input
+// (the hook tells it from a state: IsConfig), so that the agent prepares
+// a profile container's cgroup where the BPF LSM layer needs it. Only
+// for a hooks directory podman alone reads: CRI-O's hooks library knows
+// no precreate stage and refuses an entry that names one.
+func WithPrecreate(entry []byte) ([]byte, error) {
+	var e map[string]any
+	if err := json.Unmarshal(entry, &e); err != nil {
+		return nil, err
+	}
+	stages, _ := e["stages"].([]any)
+	e["stages"] = append([]any{"precreate"}, stages...)
 	b, err := json.MarshalIndent(e, "", "  ")
 	return append(b, '\n'), err
 }

@@ -36,7 +36,7 @@ func TestEntry(t *testing.T) {
 	if err := json.Unmarshal(b, &e); err != nil {
 		t.Fatal(err)
 	}
-	if e.Version != "1.0.0" || e.Hook.Path != "/usr/bin/trialnet" || !slices.Equal(e.Stages, []string{"precreate", "createRuntime", "poststop"}) || e.When.Always != nil || e.Hook.Timeout <= 0 {
+	if e.Version != "1.0.0" || e.Hook.Path != "/usr/bin/trialnet" || !slices.Equal(e.Stages, []string{"createRuntime", "poststop"}) || e.When.Always != nil || e.Hook.Timeout <= 0 {
 		t.Fatalf("entry %s", b)
 	}
 	// The runtime matches each key and value pattern against each

@@ -54,6 +54,17 @@ func TestPrecreate(t *testing.T) {
 	if err := Precreate(context.Background(), p, []byte(cfg), &out); err == nil || !strings.Contains(err.Error(), "unknown profile") || out.Len() != 0 {
 		t.Errorf("an agent that refused: %v, out %q", err, out.String())
 	}
+	entry, err := Entry("/usr/bin/trialnet", []string{"trialnet", "oci-hook"})
+	if err == nil {
+		entry, err = WithPrecreate(entry)
+	}
+	if err != nil || !strings.Contains(string(entry), `"stages": [
+    "precreate",
+    "createRuntime",
+    "poststop"
+  ]`) {
+		t.Errorf("the entry with precreate: %v\n%s", err, entry)
+	}
 	dup := `{"ociVersion":"1.0.0","process":{},"annotations":{"trialnet.io/profile":"a","trialnet.io/profile":"b"}}`
 	if err := Precreate(context.Background(), &fakePreparer{}, []byte(dup), &out); err == nil {
 		t.Error("a config with a key twice passed")

@@ -74,7 +74,7 @@ func logRefusal(err error) {
 }
 
 func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
+	fs := newFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--precreate] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
 		"sudo trialnet oci-hook install   # podman and CRI-O then run the hook for containers annotated trialnet.io/...", stderr)
 	dir := fs.String("hooks-dir", ocihook.DefaultHooksDir, "the runtime's hooks directory (podman --hooks-dir, CRI-O hooks_dir)")
 	profilePath := fs.String("seccomp-profile", ocihook.DefaultSeccompProfile, "where to write the seccomp profile for containers in a Trial (podman --security-opt seccomp=FILE)")
@@ -82,6 +82,7 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	force := fs.Bool("force", false, "replace a different "+ocihook.HookFile+" or seccomp profile")
 	printOnly := fs.Bool("print", false, "print the entry instead of writing it")
 	printSeccomp := fs.Bool("print-seccomp", false, "print the seccomp profile instead of writing it")
+	precreate := fs.Bool("precreate", false, "add podman's precreate stage, which profile containers need where the BPF LSM layer is active (podman only: CRI-O refuses an entry with it)")
 	socket := socketFlag(fs)
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
@@ -98,6 +99,9 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 		hookArgs = append(hookArgs, "--socket", *socket)
 	}
 	entry, err := ocihook.Entry(self, hookArgs)
+	if err == nil && *precreate {
+		entry, err = ocihook.WithPrecreate(entry)
+	}
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}
