@@ -123,7 +123,10 @@ func (a *Agent) PrepareContainer(ctx context.Context, req client.ContainerPrepar
 	if err := checkContainer(client.Container{ID: req.Container, PID: 1}); err != nil && req.Container != "" {
 		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container: %v", err)
 	}
-	if _, _, err := a.file.Load().Spec(trialspec.Request{ID: "prepare", Profiles: []string{req.Profile}}, a.proxy.Guard().Allowed()); err != nil || req.Profile == "" {
+	if req.Profile == "" {
+		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container %s: a Trial around a container needs a profile", req.Container)
+	}
+	if _, _, err := a.file.Load().Spec(trialspec.Request{ID: "prepare", Profiles: []string{req.Profile}}, a.proxy.Guard().Allowed()); err != nil {
 		return client.PreparedContainer{}, errf(client.CodeUnknownProfile, "container %s: profile %q: %v", req.Container, req.Profile, err)
 	}
 	cg, err := a.pendingPath(req.CgroupsPath)
@@ -150,16 +153,16 @@ func (a *Agent) PrepareContainer(ctx context.Context, req client.ContainerPrepar
 		return client.PreparedContainer{}, err
 	}
 	a.pend.m[p.key] = p
-	for_ := a.cfg.PendingFor
-	if for_ <= 0 {
-		for_ = DefaultPendingFor
+	bound := a.cfg.PendingFor
+	if bound <= 0 {
+		bound = DefaultPendingFor
 	}
-	p.timer = time.AfterFunc(for_, func() { a.dropPending(p, "its hook did not adopt it in time") })
+	p.timer = time.AfterFunc(bound, func() { a.dropPending(p, "its hook did not adopt it in time") })
 	if p.caller != nil {
 		go a.watchCaller(p)
 	}
 	a.log.Info("container prepared", "container", p.container, "profile", p.profile, "cgroup", p.cgroup, "cgroup_id", p.cgid)
-	return client.PreparedContainer{Cgroup: cg, Expires: time.Now().Add(for_).UTC()}, nil
+	return client.PreparedContainer{Cgroup: cg, Expires: time.Now().Add(bound).UTC()}, nil
 }
 
 // pendingPath is the cgroup a bundle's cgroupsPath names, which must be
