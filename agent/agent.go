@@ -87,6 +87,9 @@ type AgentConfig struct {
 	// ConfigPath is the file File was read from, which Reload reads
 	// again; empty: Reload refuses.
 	ConfigPath string
+	// PendingFor bounds how long a prepared container's pending entry
+	// waits for its hook (PrepareContainer); 0: DefaultPendingFor.
+	PendingFor time.Duration
 	// RetentionEvery is how often the retention rule is applied besides
 	// at start and after each destroy; 0: one hour (defaultRetentionEvery).
 	RetentionEvery time.Duration
@@ -130,6 +133,7 @@ type Agent struct {
 	reloadMu  sync.Mutex // one Reload at a time
 	gcPending atomic.Bool
 	owners    sync.WaitGroup // the goroutines watching owned Trials' owners
+	pend      pendings       // prepared containers' cgroups, not yet adopted
 }
 
 // An Agent serves the Trial API in process, as a client.Client does over
@@ -203,6 +207,8 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 	} else if err := a.readopt(); err != nil {
 		a.Close(false)
 		return nil, err
+	} else {
+		a.sweepPending()
 	}
 	if a.takingOver() {
 		// A Trial the predecessor serves but this agent has no record of
@@ -250,6 +256,7 @@ func (a *Agent) Close(teardown bool) {
 // owner's exit after this is the next agent's to see.
 func (a *Agent) stopWatching() {
 	a.ret.stop()
+	a.dropPendingAll("the agent stops or hands over")
 	a.mu.Lock()
 	lts := slices.Collect(maps.Values(a.trials))
 	a.mu.Unlock()

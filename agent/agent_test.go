@@ -33,6 +33,12 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv(ownerSocketEnv); sock != "" {
 		os.Exit(ownerMain(sock, strings.Split(os.Getenv(ownerIDsEnv), ",")))
 	}
+	if sock := os.Getenv(preparerEnv); sock != "" {
+		os.Exit(preparerMain(sock))
+	}
+	if os.Getenv(probeEnv) != "" {
+		os.Exit(probeMain())
+	}
 	if sock := os.Getenv(lostPredecessorEnv); sock != "" {
 		os.Exit(lostPredecessorMain(sock))
 	}

@@ -33,6 +33,9 @@ import (
 //	POST   /v1/trials/{id}/containers Container -> TrialInfo (trialnet oci-hook)
 //	POST   /v1/containers             ContainerTrial -> TrialInfo (oci-hook, a profile)
 //	DELETE /v1/containers/{id}        -> ContainerEnd (oci-hook at poststop)
+//	POST   /v1/containers/prepare     ContainerPrepare -> PreparedContainer
+//	                                  (oci-runtime, before the runtime creates a
+//	                                  profile container; pending until the caller exits)
 //	PATCH  /v1/trials/{id}/allow   AllowChange -> AllowChanged
 //	POST   /v1/reload              ReloadRequest -> ReloadResult
 //	GET    /healthz                -> Health (503 when not healthy)
@@ -100,6 +103,16 @@ func (a *Agent) Handler() http.Handler {
 			return
 		}
 		reply(w, http.StatusOK)(a.ContainerTrial(r.Context(), req))
+	})
+	mux.HandleFunc("POST /v1/containers/prepare", func(w http.ResponseWriter, r *http.Request) {
+		var req client.ContainerPrepare
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeErr(w, errf(client.CodeBadRequest, "request body: %v", err))
+			return
+		}
+		reply(w, http.StatusOK)(a.PrepareContainer(r.Context(), req))
 	})
 	mux.HandleFunc("DELETE /v1/containers/{id}", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusOK)(a.EndContainer(r.Context(), r.PathValue("id")))

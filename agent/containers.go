@@ -176,6 +176,31 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 	if req.Profile == "" {
 		return client.TrialInfo{}, errf(client.CodeBadRequest, "container %s: a Trial around a container needs a profile", c.ID)
 	}
+	// A cgroup prepared for it is this call's from here: adopted, or
+	// dropped with a failure.
+	p := a.pend.take(c.ID)
+	if p == nil {
+		if cgid, err := initCgroupID(c.PID); err == nil {
+			p = a.pend.takeCgroup(cgid)
+		}
+	}
+	var prepared uint64
+	if p != nil {
+		prepared = p.cgid
+		defer func() {
+			if err != nil {
+				a.removePending(p, "its hook's adoption failed")
+				return
+			}
+			p.timer.Stop()
+			if p.caller != nil {
+				_ = p.caller.Close()
+			}
+		}()
+		if p.profile != req.Profile {
+			return client.TrialInfo{}, errf(client.CodeBadRequest, "container %s was prepared with profile %s, and its hook asks for %s", c.ID, p.profile, req.Profile)
+		}
+	}
 	pidfd, err := unix.PidfdOpen(c.PID, 0)
 	if err != nil {
 		return client.TrialInfo{}, errf(client.CodeBadRequest, "container %s: its process %d: %v", c.ID, c.PID, err)
@@ -202,7 +227,7 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 		lt.info.Limits = &nl
 	}
 	err = a.build(lt, list, func(spec trialspec.Spec, ep sandbox.Endpoint) (*sandbox.Trial, error) {
-		return a.host.Adopt(spec, ep, sandbox.Container{PID: c.PID, Pidfd: pf})
+		return a.host.Adopt(spec, ep, sandbox.Container{PID: c.PID, Pidfd: pf, Prepared: prepared})
 	})
 	if err != nil {
 		return client.TrialInfo{}, err
@@ -212,7 +237,7 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 	}
 	a.setState(lt, stateLive)
 	a.watchOwner(lt)
-	a.log.Info("trial created around a container", "trial", lt.info.ID, "container", c.ID, "pid", c.PID, "profile", req.Profile)
+	a.log.Info("trial created around a container", "trial", lt.info.ID, "container", c.ID, "pid", c.PID, "profile", req.Profile, "prepared", p != nil)
 	return a.info(lt), nil
 }
 

@@ -720,7 +720,7 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 	if err := l.addCounters(cgroupID); err != nil {
 		return fmt.Errorf("add trial counters: %w", err)
 	}
-	if err := l.ptys.Update(&cgroupID, &trialnetTrialPtys{Max: uint64(p.MaxPtys)}, ebpf.UpdateAny); err != nil {
+	if err := l.setPtyBound(cgroupID, p.MaxPtys); err != nil {
 		return fmt.Errorf("add trial pty bound: %w", err)
 	}
 	one := uint8(1)
@@ -739,6 +739,79 @@ func (l *Loader) AddTrial(cgroupID uint64, p Policy) (err error) {
 		return fmt.Errorf("add trial policy: %w", err)
 	}
 	return nil
+}
+
+// setPtyBound sets cgroupID's pty bound to max, keeping the counts of a
+// pending entry's (AddPending): a master its tasks hold open is given
+// back at its close, which must find it counted.
+func (l *Loader) setPtyBound(cgroupID uint64, max uint32) error {
+	var v trialnetTrialPtys
+	if err := l.ptys.Lookup(&cgroupID, &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	v.Max = uint64(max)
+	return l.ptys.Update(&cgroupID, &v, ebpf.UpdateAny)
+}
+
+// pendingCookie is a pending entry's network namespace cookie: none has
+// it (the kernel hands cookies out counting up from 1), so every socket
+// a task of that cgroup uses is in "another" namespace than its own.
+const pendingCookie = ^uint64(0)
+
+// AddPending gives cgroupID, a new cgroup under the parent that no task
+// is in yet, a pending entry: a Trial's rules with no network namespace
+// and no proxy. Its tasks are judged as a Trial's (the BPF LSM layer
+// lets a container runtime's init use the sockets it makes and is
+// handed, and ptrace its own), while every cgroup hook refuses them
+// everything (their namespace is never the entry's): nothing in the
+// cgroup reaches anything until AddTrial replaces the entry with the
+// Trial's. maxPtys bounds its pty masters as a Trial's are.
+func (l *Loader) AddPending(cgroupID uint64, maxPtys uint32) (err error) {
+	if l.HasTrial(cgroupID) {
+		// Checked first: the clean-up below would remove that entry.
+		return fmt.Errorf("add pending policy: cgroup %d has a policy entry already", cgroupID)
+	}
+	v := trialnetTrialPolicy{NetnsCookie: pendingCookie, Flags: flagStrict}
+	if l.LSM() {
+		v.Flags |= flagPeerCheck
+	}
+	defer func() {
+		if err != nil {
+			_ = l.RemoveTrial(cgroupID)
+		}
+	}()
+	if err := l.addCounters(cgroupID); err != nil {
+		return fmt.Errorf("add pending counters: %w", err)
+	}
+	if err := l.ptys.Update(&cgroupID, &trialnetTrialPtys{Max: uint64(maxPtys)}, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("add pending pty bound: %w", err)
+	}
+	if err := l.policy.Update(&cgroupID, &v, ebpf.UpdateNoExist); err != nil {
+		return fmt.Errorf("add pending policy: %w", err)
+	}
+	return nil
+}
+
+// Pending lists the cgroup ids with a pending entry (AddPending).
+func (l *Loader) Pending() []uint64 {
+	var (
+		id  uint64
+		v   trialnetTrialPolicy
+		out []uint64
+	)
+	it := l.policy.Iterate()
+	for it.Next(&id, &v) {
+		if v.NetnsCookie == pendingCookie {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// IsPending reports whether cgroupID's entry is a pending one.
+func (l *Loader) IsPending(cgroupID uint64) bool {
+	var v trialnetTrialPolicy
+	return l.policy.Lookup(&cgroupID, &v) == nil && v.NetnsCookie == pendingCookie
 }
 
 // RemoveTrial deletes the Trial's policy (denying it everything from then

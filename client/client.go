@@ -203,6 +203,16 @@ func (c *Client) ContainerTrial(ctx context.Context, req ContainerTrial) (TrialI
 	return out, c.do(ctx, http.MethodPost, "/v1/containers", req, &out)
 }
 
+// PrepareContainer has the agent make a profile container's cgroup,
+// with a pending entry, before its runtime creates it: trialnet
+// oci-runtime calls it, then runs the runtime in its own place. The
+// entry goes when the caller exits without the hook having adopted the
+// container, or when it expires.
+func (c *Client) PrepareContainer(ctx context.Context, req ContainerPrepare) (PreparedContainer, error) {
+	var out PreparedContainer
+	return out, c.do(ctx, http.MethodPost, "/v1/containers/prepare", req, &out)
+}
+
 // EndContainer tells the agent that container id ended: a Trial made
 // around it is destroyed, a Trial it joined no longer lists it.
 func (c *Client) EndContainer(ctx context.Context, id string) (ContainerEnd, error) {

@@ -267,6 +267,28 @@ type ContainerTrial struct {
 	Container Container `json:"container"`
 }
 
+// ContainerPrepare announces a container that will have a Trial made
+// around it from Profile (POST /v1/containers/prepare), before its
+// runtime creates it: trialnet oci-runtime sends it for a bundle
+// annotated trialnet.io/profile=NAME. The agent makes the cgroup at
+// CgroupsPath (the bundle's linux.cgroupsPath: a path under the cgroup2
+// mount, directly under the Trial parent) with a pending policy entry,
+// so that the runtime's init may set the container up where the BPF LSM
+// layer is active, and nothing in it reaches anything until the hook
+// adopts it for Container (its runtime id).
+type ContainerPrepare struct {
+	Container   string `json:"container"`
+	Profile     string `json:"profile"`
+	CgroupsPath string `json:"cgroups_path"`
+}
+
+// PreparedContainer is the cgroup prepared for a container, and until
+// when its pending entry waits for the hook.
+type PreparedContainer struct {
+	Cgroup  string    `json:"cgroup"`
+	Expires time.Time `json:"expires"`
+}
+
 // ContainerEnd is what the agent did when a container ended (DELETE
 // /v1/containers/{id}, trialnet oci-hook at poststop).
 type ContainerEnd struct {

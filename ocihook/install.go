@@ -83,6 +83,23 @@ func notExactly(word string) string {
 	return "(?:$|[^" + c + "]|" + c + notExactly(word[1:]) + ")"
 }
 
+// WithPrecreate is entry (Entry's) with podman's precreate stage first:
+// podman runs it before the runtime, with the config on standard input
+// (the hook tells it from a state: IsConfig), so that the agent prepares
+// a profile container's cgroup where the BPF LSM layer needs it. Only
+// for a hooks directory podman alone reads: CRI-O's hooks library knows
+// no precreate stage and refuses an entry that names one.
+func WithPrecreate(entry []byte) ([]byte, error) {
+	var e map[string]any
+	if err := json.Unmarshal(entry, &e); err != nil {
+		return nil, err
+	}
+	stages, _ := e["stages"].([]any)
+	e["stages"] = append([]any{"precreate"}, stages...)
+	b, err := json.MarshalIndent(e, "", "  ")
+	return append(b, '\n'), err
+}
+
 // ErrDifferentEntry is a file of trialnet's (a hooks.d entry, a seccomp
 // profile) of another content in the way.
 var ErrDifferentEntry = errors.New("a different hooks.d entry exists")

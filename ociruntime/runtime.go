@@ -35,6 +35,7 @@ const DefaultRunc = "/usr/sbin/runc"
 // Agent is what the wrapper asks of the agent (client.Client serves it).
 type Agent interface {
 	Get(ctx context.Context, id string) (client.TrialInfo, error)
+	PrepareContainer(ctx context.Context, req client.ContainerPrepare) (client.PreparedContainer, error)
 }
 
 // Wrapper prepares one runc command line.
@@ -111,7 +112,32 @@ func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) 
 	if err := b.write(); err != nil {
 		return nil, fmt.Errorf("container %s: rewrite its bundle: %w", inv.id, err)
 	}
+	if c.profile != "" && c.trial == "" {
+		// Last: the entry lives while this process (runc, once exec'd)
+		// does, and goes with a create that fails.
+		if err := w.prepare(ctx, inv.id, c.profile, b); err != nil {
+			return nil, fmt.Errorf("container %s: %w", inv.id, err)
+		}
+	}
 	return out, nil
+}
+
+// prepare has the agent make the cgroup of a container that is to have
+// a Trial made around it, with a pending entry, before runc puts its
+// init there: where the BPF LSM layer is active, a task in a cgroup
+// under the Trial parent without one is refused everything, runc's init
+// with it. The hook adopts it as it adopts any; both refuse what they
+// must.
+func (w *Wrapper) prepare(ctx context.Context, id, profile string, b *bundle) error {
+	l, err := b.linux()
+	if err != nil {
+		return err
+	}
+	cp, _ := l["cgroupsPath"].(string)
+	if _, err := w.Agent().PrepareContainer(ctx, client.ContainerPrepare{Container: id, Profile: profile, CgroupsPath: cp}); err != nil {
+		return fmt.Errorf("the agent could not prepare a Trial from profile %s for it: %w", profile, err)
+	}
+	return nil
 }
 
 // any: the bundle asks something of trialnet, so the hook must see it

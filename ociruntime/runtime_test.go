@@ -68,9 +68,23 @@ func TestParseArgs(t *testing.T) {
 }
 
 type fakeAgent struct {
-	info client.TrialInfo
-	err  error
-	asks []string
+	info     client.TrialInfo
+	err      error
+	asks     []string
+	prepares []client.ContainerPrepare
+	// bundle is the bundle's directory, whose config.json the fake reads
+	// at prepare: the wrapper must have written it by then.
+	bundle string
+	seen   string
+}
+
+func (f *fakeAgent) PrepareContainer(_ context.Context, req client.ContainerPrepare) (client.PreparedContainer, error) {
+	f.prepares = append(f.prepares, req)
+	if f.bundle != "" {
+		b, _ := os.ReadFile(filepath.Join(f.bundle, "config.json"))
+		f.seen = string(b)
+	}
+	return client.PreparedContainer{}, f.err
 }
 
 func (f *fakeAgent) Get(_ context.Context, id string) (client.TrialInfo, error) {
@@ -309,6 +323,48 @@ func TestPrepareProfileGetsTheHook(t *testing.T) {
 		if len(cr) != 1 || len(ps) != tc.poststop || len(a.asks) != 0 || doc["linux"].(map[string]any)["cgroupsPath"] != "/docker/"+ctr {
 			t.Errorf("%s: hooks %v, asked %q, cgroupsPath %v", tc.key, hooks, a.asks, doc["linux"].(map[string]any)["cgroupsPath"])
 		}
+	}
+}
+
+// A container annotated with a profile gets the hook, which decides,
+// and is prepared with the agent last, after its bundle is written: its
+// id, profile and cgroups path as runc reads them. An agent that cannot
+// prepare it refuses the command. An annotation the wrapper does not
+// know (a different spelling of the key) gets the hook alone.
+func TestPrepareProfile(t *testing.T) {
+	dir := dockerBundle(t, "/trialnet/"+ctr, func(d map[string]any) {
+		d["annotations"] = map[string]any{"trialnet.io/profile": "claude"}
+	})
+	a := &fakeAgent{bundle: dir}
+	if _, err := newWrapper(a).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err != nil {
+		t.Fatal(err)
+	}
+	doc := readDoc(t, dir)
+	want := client.ContainerPrepare{Container: ctr, Profile: "claude", CgroupsPath: "/trialnet/" + ctr}
+	if cr, _ := doc["hooks"].(map[string]any)["createRuntime"].([]any); len(cr) != 1 || len(a.asks) != 0 || len(a.prepares) != 1 || a.prepares[0] != want {
+		t.Errorf("hooks %v, asked %q, prepared %+v (want %+v)", cr, a.asks, a.prepares, want)
+	}
+	if !strings.Contains(a.seen, `"createRuntime"`) {
+		t.Errorf("prepared before the bundle was written: %s", a.seen)
+	}
+
+	dir = dockerBundle(t, "/trialnet/"+ctr, func(d map[string]any) {
+		d["annotations"] = map[string]any{"trialnet.io/profile": "claude"}
+	})
+	a = &fakeAgent{err: errors.New("no such profile")}
+	if _, err := newWrapper(a).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err == nil || !strings.Contains(err.Error(), "could not prepare") {
+		t.Errorf("an agent that refused to prepare: %v", err)
+	}
+
+	dir = dockerBundle(t, "/docker/"+ctr, func(d map[string]any) {
+		d["annotations"] = map[string]any{"trialnet.io/Profile": "claude"}
+	})
+	a = &fakeAgent{}
+	if _, err := newWrapper(a).Prepare(context.Background(), []string{"create", "-b", dir, ctr}); err != nil {
+		t.Fatal(err)
+	}
+	if cr, _ := readDoc(t, dir)["hooks"].(map[string]any)["createRuntime"].([]any); len(cr) != 1 || len(a.prepares) != 0 {
+		t.Errorf("hooks %v, prepared %+v", cr, a.prepares)
 	}
 }
 

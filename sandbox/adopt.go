@@ -30,6 +30,11 @@ var ErrNotAdoptable = errors.New("cannot become a Trial")
 type Container struct {
 	PID   int
 	Pidfd *os.File
+	// Prepared is the cgroup id the agent gave a pending entry for this
+	// container (bpf AddPending), 0 for none: that entry is the one
+	// cgroup entry Adopt replaces; any other is a Trial's, or another
+	// container's pending one, and refused.
+	Prepared uint64
 }
 
 // Adopt makes a Trial of a container's own network namespace and cgroup,
@@ -69,7 +74,12 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 	if err != nil {
 		return refuse("%v", err)
 	}
-	if h.BPF.HasTrial(cgid) {
+	switch {
+	case c.Prepared != 0 && cgid != c.Prepared:
+		return refuse("its cgroup %s is not the one prepared for it", cg)
+	case c.Prepared == 0 && h.BPF.IsPending(cgid):
+		return refuse("its cgroup %s was prepared for another container", cg)
+	case c.Prepared == 0 && h.BPF.HasTrial(cgid):
 		return refuse("its cgroup %s is a live Trial's already", cg)
 	}
 	nsFile, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", c.PID))

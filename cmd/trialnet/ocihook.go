@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -43,13 +44,23 @@ func cmdOCIHook(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		Agent:  func() ocihook.Agent { return client.NewClient(*socket) },
 		Socket: *socket,
 	}
-	if _, err := h.Run(ctx, os.Stdin); err != nil {
+	in, err := io.ReadAll(io.LimitReader(os.Stdin, maxHookInput+1))
+	if err == nil && ocihook.IsConfig(in) {
+		err = ocihook.Precreate(ctx, client.NewClient(*socket), in, stdout)
+	} else if err == nil {
+		_, err = h.Run(ctx, bytes.NewReader(in))
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "trialnet oci-hook: %v\n", err)
 		logRefusal(err)
 		return exitFailure
 	}
 	return exitOK
 }
+
+// maxHookInput bounds the hook's standard input: a state, or podman's
+// config at precreate (each bounded again where it is read).
+const maxHookInput = 16 << 20
 
 // logRefusal writes a refusal to syslog and to the kernel's log too:
 // runc shows a hook's standard error, but crun reports only that the
@@ -67,7 +78,7 @@ func logRefusal(err error) {
 }
 
 func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
+	fs := newFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--precreate] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
 		"sudo trialnet oci-hook install   # podman and CRI-O then run the hook for containers annotated trialnet.io/...", stderr)
 	dir := fs.String("hooks-dir", ocihook.DefaultHooksDir, "the runtime's hooks directory (podman --hooks-dir, CRI-O hooks_dir)")
 	profilePath := fs.String("seccomp-profile", ocihook.DefaultSeccompProfile, "where to write the seccomp profile for containers in a Trial (podman --security-opt seccomp=FILE)")
@@ -75,6 +86,7 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	force := fs.Bool("force", false, "replace a different "+ocihook.HookFile+", "+ocihook.PoststopFile+" or seccomp profile")
 	printOnly := fs.Bool("print", false, "print the entries instead of writing them")
 	printSeccomp := fs.Bool("print-seccomp", false, "print the seccomp profile instead of writing it")
+	precreate := fs.Bool("precreate", false, "add podman's precreate stage, which profile containers need where the BPF LSM layer is active (podman only: CRI-O refuses an entry with it)")
 	socket := socketFlag(fs)
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
@@ -91,6 +103,9 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 		hookArgs = append(hookArgs, "--socket", *socket)
 	}
 	entries, err := ocihook.Entries(self, hookArgs)
+	if err == nil && *precreate {
+		entries[ocihook.HookFile], err = ocihook.WithPrecreate(entries[ocihook.HookFile])
+	}
 	if err != nil {
 		return fail(stdout, stderr, false, exitFailure, err)
 	}

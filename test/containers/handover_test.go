@@ -141,16 +141,16 @@ func TestPrivilegedContainerTrialSurvivesHandover(t *testing.T) {
 	defer log.Close()
 	logged := func() string { b, _ := os.ReadFile(log.Name()); return string(b) }
 	old := w.startAgent(config, log)
-	r := newRunc(w)
+	r := w.profileRunc(t)
 	ctl := t.TempDir()
 	script := fmt.Sprintf(`echo %s
 ( printf 'CONNECT allowed.test:%d HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n'; echo before-handover; while [ ! -e /ctl/go ]; do sleep 0.1; done; echo after-handover; sleep 1 ) | nc 127.0.0.1 3128
 wget -q -O - http://allowed.test/; echo wget-exit=$?`, started, echoPort, echoPort)
 	o := w.profileBundle("prof-ho", script, "createRuntime")
 	o.binds = map[string]string{"/ctl": ctl}
-	bundle := w.bundleWith("prof-ho", o)
+	bundle := r.bundle("prof-ho", o)
 	var out bytes.Buffer
-	ctr := exec.Command("runc", "--root", r.state, "run", "--bundle", bundle, "prof-ho")
+	ctr := r.command("run", "--bundle", bundle, "prof-ho")
 	ctr.Stdout, ctr.Stderr = &out, &out
 	if err := ctr.Start(); err != nil {
 		t.Fatal(err)

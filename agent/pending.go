@@ -1,0 +1,318 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/cgroup2"
+	"github.com/trialnet/trialnet/internal/fdpass"
+	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
+	"golang.org/x/sys/unix"
+)
+
+// A profile container's cgroup is made before its runtime creates it
+// (PrepareContainer): where the BPF LSM layer is active, a task in a
+// cgroup under the Trial parent with no policy entry is refused
+// everything, and the runtime puts the container's init there before any
+// hook runs. The agent makes the cgroup itself and gives it a pending
+// entry (bpf AddPending: a Trial's rules, no namespace, no proxy), which
+// the hook's adoption replaces with the Trial's. An entry not adopted
+// goes when the process that asked exits (its runtime's create ended),
+// after DefaultPendingFor, and when the agent stops or hands over.
+
+// DefaultPendingFor bounds how long a pending entry waits for its hook:
+// the runtime's create, image mounts included, runs between.
+const DefaultPendingFor = time.Minute
+
+// maxPending bounds the pending entries at once: each takes a policy,
+// counters and pty entry of the maps' 16384.
+const maxPending = 256
+
+// pending is one prepared cgroup, waiting for its container's hook.
+type pending struct {
+	// key is the container's id, or for one prepared with none (podman's
+	// precreate stage) "cgroup:" and its cgroup.
+	key                string
+	container, profile string
+	cgroup             string // absolute
+	cgid               uint64
+	caller             *os.File // pidfd of the process that asked; nil: none
+	timer              *time.Timer
+}
+
+// pendings are an agent's pending entries by container id.
+type pendings struct {
+	mu sync.Mutex
+	m  map[string]*pending
+}
+
+// take removes container cid's pending entry from the set and returns
+// it: the taker then owns it (adopts or drops it).
+func (ps *pendings) take(cid string) *pending {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p := ps.m[cid]
+	delete(ps.m, cid)
+	return p
+}
+
+// takeIf is take, if the entry is still p.
+func (ps *pendings) takeIf(p *pending) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.m[p.key] != p {
+		return false
+	}
+	delete(ps.m, p.key)
+	return true
+}
+
+// takeCgroup takes the entry prepared with no container id for the
+// cgroup with id cgid, if any.
+func (ps *pendings) takeCgroup(cgid uint64) *pending {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for k, p := range ps.m {
+		if p.container == "" && p.cgid == cgid {
+			delete(ps.m, k)
+			return p
+		}
+	}
+	return nil
+}
+
+func (ps *pendings) takeAll() []*pending {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var out []*pending
+	for cid, p := range ps.m {
+		out = append(out, p)
+		delete(ps.m, cid)
+	}
+	return out
+}
+
+// PrepareContainer makes the cgroup at req.CgroupsPath, directly under
+// the Trial parent and new (an existing one, a live Trial's or a
+// leftover with tasks in it, is refused), with a pending entry for
+// container req.Container with profile req.Profile, for ContainerTrial
+// to adopt. The caller's process (the control socket's peer) is watched:
+// when it exits with the entry not adopted, the entry and the cgroup go.
+// With no container id (podman's precreate stage, whose config names
+// none and whose hook process ends at once) the entry is for whichever
+// container's init is in that cgroup at the hook, and only its bound or
+// the hook's refusal ends it.
+func (a *Agent) PrepareContainer(ctx context.Context, req client.ContainerPrepare) (client.PreparedContainer, error) {
+	leave, err := a.enter()
+	if err != nil {
+		return client.PreparedContainer{}, err
+	}
+	defer leave()
+	if err := checkContainer(client.Container{ID: req.Container, PID: 1}); err != nil && req.Container != "" {
+		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container: %v", err)
+	}
+	if req.Profile == "" {
+		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container %s: a Trial around a container needs a profile", req.Container)
+	}
+	if _, _, err := a.file.Load().Spec(trialspec.Request{ID: "prepare", Profiles: []string{req.Profile}}, a.proxy.Guard().Allowed()); err != nil {
+		return client.PreparedContainer{}, errf(client.CodeUnknownProfile, "container %s: profile %q: %v", req.Container, req.Profile, err)
+	}
+	cg, err := a.pendingPath(req.CgroupsPath)
+	if err != nil {
+		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container %s: %v", req.Container, err)
+	}
+	p := &pending{key: req.Container, container: req.Container, profile: req.Profile, cgroup: cg}
+	conn := callerConn(ctx)
+	if p.key == "" {
+		p.key, conn = "cgroup:"+cg, nil
+	}
+	a.pend.mu.Lock()
+	defer a.pend.mu.Unlock()
+	if a.pend.m == nil {
+		a.pend.m = map[string]*pending{}
+	}
+	switch {
+	case a.pend.m[p.key] != nil:
+		return client.PreparedContainer{}, errf(client.CodeDuplicateID, "container %s is prepared already (cgroup %s)", p.key, a.pend.m[p.key].cgroup)
+	case len(a.pend.m) >= maxPending:
+		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container %s: %d containers are prepared and not yet created; retry when their runtimes are done", p.container, maxPending)
+	}
+	if err := a.makePending(p, conn); err != nil {
+		return client.PreparedContainer{}, err
+	}
+	a.pend.m[p.key] = p
+	bound := a.cfg.PendingFor
+	if bound <= 0 {
+		bound = DefaultPendingFor
+	}
+	p.timer = time.AfterFunc(bound, func() { a.dropPending(p, "its hook did not adopt it in time") })
+	if p.caller != nil {
+		go a.watchCaller(p)
+	}
+	a.log.Info("container prepared", "container", p.container, "profile", p.profile, "cgroup", p.cgroup, "cgroup_id", p.cgid)
+	return client.PreparedContainer{Cgroup: cg, Expires: time.Now().Add(bound).UTC()}, nil
+}
+
+// pendingPath is the cgroup a bundle's cgroupsPath names, which must be
+// a cgroupfs path directly under the Trial parent.
+func (a *Agent) pendingPath(cp string) (string, error) {
+	mount, err := cgroup2.Mount()
+	if err != nil {
+		return "", err
+	}
+	parent := filepath.Clean(a.host.Parent)
+	rel := strings.TrimPrefix(parent, mount)
+	name := filepath.Base(cp)
+	if !strings.HasPrefix(cp, "/") || filepath.Clean(cp) != cp || filepath.Dir(filepath.Join(mount, cp)) != parent ||
+		strings.HasPrefix(name, ".") || strings.HasPrefix(name, "cgroup.") || len(name) > 255 {
+		return "", fmt.Errorf("its cgroups path %q is not a cgroup directly under trialnet's %s: give the runtime a cgroups path %s/NAME (podman: --cgroup-manager cgroupfs --cgroup-parent %s)", cp, parent, rel, rel)
+	}
+	return filepath.Join(mount, cp), nil
+}
+
+// makePending makes p's cgroup, new, and its pending entry, and takes a
+// pidfd of conn's peer (nil: an in-process caller, whose entry only
+// expires); all or nothing.
+func (a *Agent) makePending(p *pending, conn *net.UnixConn) (err error) {
+	if conn != nil {
+		fd, _, err := fdpass.PeerPidfd(conn)
+		if err != nil {
+			return errf(client.CodeInternal, "container %s: the process that asks: %v", p.container, err)
+		}
+		p.caller = pidFile(fd)
+	}
+	defer func() {
+		if err != nil && p.caller != nil {
+			_ = p.caller.Close()
+		}
+	}()
+	if err := os.Mkdir(p.cgroup, 0o755); errors.Is(err, os.ErrExist) {
+		return errf(client.CodeBadRequest, "container %s: its cgroup %s exists already: a prepared cgroup is a new one the agent makes, never one in use; give the container a cgroups path of its own", p.container, p.cgroup)
+	} else if err != nil {
+		return errf(client.CodeInternal, "container %s: make its cgroup: %v", p.container, err)
+	}
+	if p.cgid, err = bpf.CgroupID(p.cgroup); err == nil {
+		err = a.host.BPF.AddPending(p.cgid, sandbox.MaxPtys)
+	}
+	if err != nil {
+		_ = unix.Rmdir(p.cgroup)
+		return errf(client.CodeInternal, "container %s: %v", p.container, err)
+	}
+	return nil
+}
+
+// watchCaller drops p when the process that prepared it exits first: its
+// runtime's create ended, and the hook did not adopt it (a create that
+// succeeded ran the hook before it returned).
+func (a *Agent) watchCaller(p *pending) {
+	rc, err := p.caller.SyscallConn()
+	if err == nil {
+		err = rc.Read(func(fd uintptr) bool { return exited(int(fd)) })
+	}
+	if err == nil {
+		a.dropPending(p, "the runtime's create ended without its hook adopting it")
+	}
+}
+
+// dropPending removes p's entry and its cgroup, unless it was taken.
+func (a *Agent) dropPending(p *pending, why string) {
+	if !a.pend.takeIf(p) {
+		return
+	}
+	a.removePending(p, why)
+}
+
+// removePending removes p's entry, then its cgroup if empty: one with a
+// task in it (a runtime that went on without its hook) keeps no entry,
+// so the kernel refuses that task everything, and its runtime removes it.
+func (a *Agent) removePending(p *pending, why string) {
+	p.timer.Stop()
+	if p.caller != nil {
+		_ = p.caller.Close()
+	}
+	if err := a.host.BPF.RemoveTrial(p.cgid); err != nil {
+		a.log.Error("remove a pending entry", "container", p.container, "cgroup", p.cgroup, "error", err)
+	}
+	err := unix.Rmdir(p.cgroup)
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		a.log.Warn("a prepared cgroup not adopted is left to its runtime, without an entry", "container", p.container, "cgroup", p.cgroup, "error", err)
+	}
+	a.log.Info("prepared container dropped", "container", p.container, "cgroup", p.cgroup, "why", why)
+}
+
+// dropPendingAll drops every pending entry: the agent stops or hands
+// over, and a successor does not take them (a container between its
+// prepare and its hook then fails to create, closed; a retry prepares it
+// anew with the successor).
+func (a *Agent) dropPendingAll(why string) {
+	for _, p := range a.pend.takeAll() {
+		a.removePending(p, why)
+	}
+}
+
+// sweepPending removes the pending entries an agent left (it died, or
+// handed over, between a prepare and its hook), with their cgroups where
+// empty: no record names them, and none is a Trial's.
+func (a *Agent) sweepPending() {
+	left := map[uint64]bool{}
+	for _, id := range a.host.BPF.Pending() {
+		left[id] = true
+	}
+	if len(left) == 0 {
+		return
+	}
+	for _, name := range dirNames(a.host.Parent) {
+		dir := filepath.Join(a.host.Parent, name)
+		if id, err := bpf.CgroupID(dir); err == nil && left[id] {
+			_ = unix.Rmdir(dir)
+		}
+	}
+	for id := range left {
+		if err := a.host.BPF.RemoveTrial(id); err != nil {
+			a.log.Error("remove a pending entry left by an earlier agent", "cgroup_id", id, "error", err)
+		}
+	}
+	a.log.Info("removed pending entries an earlier agent left", "count", len(left))
+}
+
+// dirNames are the subdirectories of dir.
+func dirNames(dir string) []string {
+	ents, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// initCgroupID is the id of the cgroup v2 cgroup process pid is in.
+func initCgroupID(pid int) (uint64, error) {
+	mount, err := cgroup2.Mount()
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if rel, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "0::"); ok {
+			return bpf.CgroupID(filepath.Join(mount, rel))
+		}
+	}
+	return 0, errors.New("no cgroup v2 cgroup")
+}

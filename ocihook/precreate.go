@@ -1,0 +1,61 @@
+//go:build linux
+
+package ocihook
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/trialnet/trialnet/client"
+)
+
+// Preparer is what the precreate stage asks of the agent.
+type Preparer interface {
+	PrepareContainer(ctx context.Context, req client.ContainerPrepare) (client.PreparedContainer, error)
+}
+
+// IsConfig reports whether in, a hook's standard input, is a runtime
+// config (podman's precreate stage, which runs before the runtime) and
+// not a state (every OCI stage): a state has a status, a config none.
+func IsConfig(in []byte) bool {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(in, &top) != nil {
+		return false
+	}
+	_, status := top["status"]
+	_, process := top["process"]
+	return !status && process
+}
+
+// Precreate is the hook at podman's precreate stage: before the runtime
+// creates a container annotated trialnet.io/profile=NAME, the agent
+// prepares its cgroup (client.ContainerPrepare, with no container id:
+// podman's config names none, and the hook's own process ends at once,
+// so the entry waits for the container whose init the runtime puts in
+// that cgroup, bounded in time). The config goes to out unchanged, as
+// podman takes the stage's output for the config. Any failure refuses
+// the container, whose runtime then never runs.
+func Precreate(ctx context.Context, p Preparer, in []byte, out io.Writer) error {
+	if int64(len(in)) > maxConfig {
+		return fmt.Errorf("the config on standard input is larger than %d bytes", maxConfig)
+	}
+	var cfg struct {
+		Annotations map[string]string `json:"annotations"`
+		Linux       struct {
+			CgroupsPath string `json:"cgroupsPath"`
+		} `json:"linux"`
+	}
+	if err := decodeStrict(in, &cfg); err != nil {
+		return fmt.Errorf("the config on standard input: %w", err)
+	}
+	if profile := cfg.Annotations[AnnotationProfile]; profile != "" && cfg.Annotations[AnnotationTrial] == "" {
+		req := client.ContainerPrepare{Profile: profile, CgroupsPath: cfg.Linux.CgroupsPath}
+		if _, err := p.PrepareContainer(ctx, req); err != nil {
+			return fmt.Errorf("refused container: the agent could not prepare a Trial from profile %s for it: %w", profile, err)
+		}
+	}
+	_, err := out.Write(in)
+	return err
+}
