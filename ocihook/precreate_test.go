@@ -54,14 +54,14 @@ func TestPrecreate(t *testing.T) {
 	if err := Precreate(context.Background(), p, []byte(cfg), &out); err == nil || !strings.Contains(err.Error(), "unknown profile") || out.Len() != 0 {
 		t.Errorf("an agent that refused: %v, out %q", err, out.String())
 	}
-	entry, err := Entry("/usr/bin/trialnet", []string{"trialnet", "oci-hook"})
+	entries, err := Entries("/usr/bin/trialnet", []string{"trialnet", "oci-hook"})
+	var entry []byte
 	if err == nil {
-		entry, err = WithPrecreate(entry)
+		entry, err = WithPrecreate(entries[HookFile])
 	}
 	if err != nil || !strings.Contains(string(entry), `"stages": [
     "precreate",
-    "createRuntime",
-    "poststop"
+    "createRuntime"
   ]`) {
 		t.Errorf("the entry with precreate: %v\n%s", err, entry)
 	}
