@@ -283,8 +283,7 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 	listen := func() *net.TCPListener { return plainListener(t, ns) }
 	first := listen()
 	before := bpfFDs(t)
-	s, err := OpenSteer(pin, ns.Path, steerPool, first)
-	if err != nil {
+	if _, err := OpenSteer(pin, ns.Path, steerPool, first); err != nil {
 		t.Fatal(err)
 	}
 	if held := bpfFDs(t) - before; held != 0 {
@@ -297,7 +296,8 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 	_ = acceptSteered(t, first).Close()
 
 	second := listen()
-	if s, err = OpenSteer(pin, ns.Path, steerPool, second); err != nil {
+	s, err := OpenSteer(pin, ns.Path, steerPool, second)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if held := bpfFDs(t) - before; held != 0 {
