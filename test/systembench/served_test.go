@@ -18,6 +18,7 @@ import (
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/keeper"
+	"golang.org/x/sys/unix"
 )
 
 // servedAgent is a `trialnet agent` process on an isolated host,
@@ -56,6 +57,12 @@ func startServedAgent(b *testing.B, e *env) *servedAgent {
 		b.Fatal(err)
 	}
 	defer log.Close()
+	// A descriptor this process inherited (flock's hold on the lock of
+	// privileged runs) would reach the agent and the keeper it starts,
+	// which outlives a killed benchmark.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		b.Fatal(err)
+	}
 	a.cmd = exec.Command(bin, "agent", "--config", conf)
 	a.cmd.Stdout, a.cmd.Stderr = log, log
 	if err := a.cmd.Start(); err != nil {
