@@ -68,7 +68,12 @@ func startServedAgent(b *testing.B, e *env) *servedAgent {
 	if err := a.cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(a.stop)
+	b.Cleanup(func() {
+		a.stop()
+		if b.Failed() {
+			b.Logf("the agent's log:\n%s", a.logged())
+		}
+	})
 	for end := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if h, err := a.Health(context.Background()); err == nil && h.OK {
 			break
