@@ -100,12 +100,17 @@ func BenchmarkScale(b *testing.B) {
 				}
 				connects = append(connects, time.Since(t0))
 			}
+			phases := make([][]time.Duration, len(cyclePhases))
 			for i := range scaleCycles {
 				t0 := time.Now()
-				if err := cycle(a, fmt.Sprintf("scale-cycle-%d-%d", n, i)); err != nil {
+				var took [4]time.Duration
+				if err := cycle(a, fmt.Sprintf("scale-cycle-%d-%d", n, i), &took); err != nil {
 					b.Fatal(err)
 				}
 				cycles = append(cycles, time.Since(t0))
+				for p, d := range took {
+					phases[p] = append(phases[p], d)
+				}
 			}
 			var pss int64
 			for _, t := range live {
@@ -117,6 +122,11 @@ func BenchmarkScale(b *testing.B) {
 			}
 			b.ReportMetric(q(connects, 0.5), "connect-p50-ms")
 			b.ReportMetric(q(connects, 0.99), "connect-p99-ms")
+			var parts []string
+			for p, d := range phases {
+				parts = append(parts, fmt.Sprintf("%s %.1f / %.1f ms", cyclePhases[p], q(d, 0.5), q(d, 0.99)))
+			}
+			b.Logf("cycle by phase, p50 / p99: %s", strings.Join(parts, ", "))
 			b.ReportMetric(q(cycles, 0.5), "cycle-p50-ms")
 			b.ReportMetric(q(cycles, 0.99), "cycle-p99-ms")
 			b.ReportMetric(float64(pss)/(1<<10)/float64(len(live)), "procs-KiB/Trial")
@@ -333,16 +343,25 @@ func openTunnel(ns *netns.Namespace) (net.Conn, *bufio.Reader, error) {
 	return c, br, nil
 }
 
+// cyclePhases are the parts of a cycle, in order.
+var cyclePhases = []string{"create", "command", "byte", "destroy"}
+
 // cycle is one more Trial's whole life: created, a command run in it
 // (true, as uid 65534: its init started, the process boundary crossed),
-// a byte through its proxy, destroyed.
-func cycle(a client.Trials, id string) (err error) {
+// a byte through its proxy, destroyed. took gets each phase's time.
+func cycle(a client.Trials, id string, took *[4]time.Duration) (err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), scaleWait)
 	defer cancel()
+	t0, phase := time.Now(), 0
+	lap := func() {
+		now := time.Now()
+		took[phase], t0, phase = now.Sub(t0), now, phase+1
+	}
 	info, err := a.Create(ctx, trial.Request{ID: id, Allow: []string{target}})
 	if err != nil {
 		return err
 	}
+	lap()
 	destroyed := false
 	defer func() {
 		if !destroyed {
@@ -356,10 +375,13 @@ func cycle(a client.Trials, id string) (err error) {
 	if code, err := tr.Exec(ctx, sandbox.Command{Args: []string{"/bin/true"}, UID: 65534, GID: 65534}, nil); err != nil || code != 0 {
 		return fmt.Errorf("true in %s: %d %v", id, code, err)
 	}
+	lap()
 	if err := firstByte(info); err != nil {
 		return err
 	}
+	lap()
 	destroyed = true
 	_, err = a.Destroy(ctx, id)
+	lap()
 	return err
 }
