@@ -55,7 +55,17 @@ func OpenSteer(pin, netnsPath string, pool netip.Prefix, ln syscall.Conn) (*Stee
 		return nil, fmt.Errorf("pin the steer program's link and map at %s: %w", pin, err)
 	}
 	s.pin = pin
-	return s, nil
+	return s.release(), nil
+}
+
+// release closes a pinned Steer's descriptors: the pins hold what
+// steers (the link, through it the program and its BTF, and the map,
+// through it the listener), and nothing in this process uses them again.
+// An agent holds none of them per Trial, 4 descriptors fewer against its
+// limit (1,000 Trials, docs/measured.md).
+func (s *Steer) release() *Steer {
+	_ = s.Close()
+	return &Steer{pin: s.pin}
 }
 
 // adoptSteer opens the pins at pin when they steer the namespace at
@@ -92,13 +102,18 @@ func adoptSteer(pin, netnsPath string, ln syscall.Conn) (*Steer, error) {
 		_ = s.Close()
 		return nil, errors.Join(fmt.Errorf("adopt the pinned steer map %s_map: %w", pin, err), RemoveSteerPins(pin))
 	}
-	return s, nil
+	return s.release(), nil
 }
 
-// RemoveSteerPins removes the pins OpenSteer made at pin, if any: the
-// link detaches once no process holds it. For a Trial being removed.
+// RemoveSteerPins detaches the link pinned at pin and removes the pins
+// OpenSteer made there, if any. For a Trial being removed. Detached here,
+// not when the pin's hold ends: the kernel releases a link whose last
+// hold was a pin later, in a work queue, and no process holds it.
 func RemoveSteerPins(pin string) error {
 	var errs []error
+	if lk, err := link.LoadPinnedLink(pin+"_link", nil); err == nil {
+		errs = append(errs, lk.Detach(), lk.Close())
+	}
 	for _, p := range []string{pin + "_link", pin + "_map"} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
@@ -107,7 +122,7 @@ func RemoveSteerPins(pin string) error {
 	return errors.Join(errs...)
 }
 
-// Unpin removes the Steer's pins (OpenSteer's): Close then detaches it.
+// Unpin detaches an OpenSteer's steering and removes its pins.
 func (s *Steer) Unpin() error {
 	if s.pin == "" {
 		return nil
@@ -266,8 +281,9 @@ func maskOf(bits int) [4]byte {
 	return [4]byte{byte(m >> 24), byte(m >> 16), byte(m >> 8), byte(m)}
 }
 
-// Close detaches the program and frees it, its map and the map's hold on
-// the listener; a pinned Steer's stay, steering, until Unpin.
+// Close detaches an AttachSteer's program and frees it, its map and the
+// map's hold on the listener; an OpenSteer's holds nothing (its pins
+// steer on until Unpin).
 func (s *Steer) Close() error {
 	var errs []error
 	if s.link != nil {

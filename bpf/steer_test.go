@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/netns"
 	"golang.org/x/sys/unix"
@@ -273,36 +274,37 @@ func TestPrivilegedSteerListenerFamily(t *testing.T) {
 	}
 }
 
-// TestPrivilegedSteerPinned: a pinned Steer keeps steering once its
-// process lets go of it (the agent's restart), and a later OpenSteer
-// adopts it, with a new listener, never detaching; Unpin ends it.
+// TestPrivilegedSteerPinned: a pinned Steer steers with no descriptor of
+// its process open (the pins hold it: an agent's restart, and an agent
+// of 1,000 Trials, need none), and a later OpenSteer adopts it, with a
+// new listener, never detaching; Unpin ends it.
 func TestPrivilegedSteerPinned(t *testing.T) {
 	pin, ns := pinnedSteerWorld(t, "steerpin")
 	listen := func() *net.TCPListener { return plainListener(t, ns) }
 	first := listen()
-	s, err := OpenSteer(pin, ns.Path, steerPool, first)
-	if err != nil {
+	before := bpfFDs(t)
+	if _, err := OpenSteer(pin, ns.Path, steerPool, first); err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.link.Info()
-	if err != nil {
-		t.Fatal(err)
+	if held := bpfFDs(t) - before; held != 0 {
+		t.Errorf("a pinned Steer holds %d eBPF descriptors, want none", held)
 	}
-	if err := s.Close(); err != nil { // the process lets go; the pins stay
-		t.Fatal(err)
-	}
+	id := pinnedLinkID(t, pin)
 	if _, err := dialIn(t, ns, "127.100.0.1:443"); err != nil {
-		t.Fatalf("with the Steer closed but pinned: %v", err)
+		t.Fatalf("pinned, with no descriptor held: %v", err)
 	}
 	_ = acceptSteered(t, first).Close()
 
 	second := listen()
-	s, err = OpenSteer(pin, ns.Path, steerPool, second)
+	s, err := OpenSteer(pin, ns.Path, steerPool, second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, err := s.link.Info(); err != nil || again.ID != info.ID {
-		t.Fatalf("adopted link %v (%v), want the pinned link %d", again, err, info.ID)
+	if held := bpfFDs(t) - before; held != 0 {
+		t.Errorf("an adopted Steer holds %d eBPF descriptors, want none", held)
+	}
+	if again := pinnedLinkID(t, pin); again != id {
+		t.Fatalf("adopted link %d, want the pinned link %d", again, id)
 	}
 	if _, err := dialIn(t, ns, "127.100.0.2:22"); err != nil {
 		t.Fatal(err)
@@ -359,6 +361,38 @@ func TestPrivilegedSteerAdoptFailureLeavesOneProgram(t *testing.T) {
 		t.Fatalf("the stale pinned steering, still attached in front, took %d connections to the old listener", n)
 	}
 	_ = acceptSteered(t, second).Close()
+}
+
+// bpfFDs counts this process's eBPF descriptors (programs, maps, links,
+// BTF).
+func bpfFDs(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range fds {
+		if to, _ := os.Readlink("/proc/self/fd/" + f.Name()); strings.HasPrefix(to, "anon_inode:bpf") || to == "anon_inode:btf" {
+			n++
+		}
+	}
+	return n
+}
+
+// pinnedLinkID is the id of the link pinned at pin+"_link".
+func pinnedLinkID(t *testing.T, pin string) link.ID {
+	t.Helper()
+	lk, err := link.LoadPinnedLink(pin+"_link", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Close()
+	info, err := lk.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.ID
 }
 
 // pinnedSteerWorld is a fresh namespace and a pin path for its steering,

@@ -70,6 +70,30 @@ type env struct {
 
 func setup(b *testing.B) *env {
 	b.Helper()
+	e := setupHost(b)
+	a, err := agent.Start(agent.AgentConfig{
+		Host: testenv.IsolatedHost(b, "sysbench"), DataDir: b.TempDir(),
+		Resolvers: []string{e.dns}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix(benchCIDR)},
+		File: &config.File{Limits: benchLimits},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { a.Close(true) })
+	e.a = a
+	return e
+}
+
+// The agent's settings in every benchmark: the test host's addresses
+// allowed, and no CONNECT rate limit in the way of a measured load.
+const benchCIDR = "198.18.0.0/15"
+
+var benchLimits = trial.Limits{ProxyLimits: trial.ProxyLimits{ConnectRate: 1e6, ConnectBurst: 1 << 20}}
+
+// setupHost is the test host (echo, HTTP and DNS servers) and the
+// firstbyte binary, without an agent.
+func setupHost(b *testing.B) *env {
+	b.Helper()
 	privtest.Require(b)
 	e := &env{host: testhost.NewT(b, 240)}
 	for _, s := range []struct {
@@ -89,16 +113,6 @@ func setup(b *testing.B) *env {
 	}
 	b.Cleanup(stopDNS)
 	e.dns = dnsAddr
-	a, err := agent.Start(agent.AgentConfig{
-		Host: testenv.IsolatedHost(b, "sysbench"), DataDir: b.TempDir(),
-		Resolvers: []string{e.dns}, AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")},
-		File: &config.File{Limits: trial.Limits{ProxyLimits: trial.ProxyLimits{ConnectRate: 1e6, ConnectBurst: 1 << 20}}},
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { a.Close(true) })
-	e.a = a
 	dir := privtest.SharedDir(b, "firstbyte-")
 	e.bin = filepath.Join(dir, "firstbyte")
 	cmd := exec.Command("go", "build", "-o", e.bin, "./firstbyte")
@@ -135,6 +149,7 @@ func firstByte(info client.TrialInfo) error {
 		return err
 	}
 	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
