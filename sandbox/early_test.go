@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"unsafe"
+
+	"github.com/trialnet/trialnet/trial"
 )
 
 // early.c keeps its own list of the Trial's directories, where a confined
@@ -42,5 +44,22 @@ func TestSeccompFileIsTheSealedFilter(t *testing.T) {
 		if _, err := f.WriteAt([]byte{0}, 0); err == nil {
 			t.Errorf("nested %v: the filter's memfd took a write", nested)
 		}
+	}
+}
+
+// init_early.c mounts the Trial's own directories, its devpts and its
+// resolv.conf with its own copies of the Go side's bounds and text.
+func TestEarlyInitTables(t *testing.T) {
+	tmp, shm, ptys, resolv := earlyInitTables()
+	if tmp != TmpBytes || shm != ShmBytes || ptys != MaxPtys || resolv != trial.ResolvConf {
+		t.Errorf("init_early.c's tables: tmp %d, shm %d, ptys %d, resolv.conf %q; want %d, %d, %d, %q",
+			tmp, shm, ptys, resolv, TmpBytes, ShmBytes, MaxPtys, trial.ResolvConf)
+	}
+	var want []string
+	for _, d := range ownDirs {
+		want = append(want, d.dir+"="+d.view)
+	}
+	if got := earlyInitOwnDirs(); !slices.Equal(got, want) {
+		t.Errorf("init_early.c's own directories are %q, ownDirs' %q", got, want)
 	}
 }
