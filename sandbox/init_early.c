@@ -344,6 +344,7 @@ static void mount_resolv_conf(void) {
 	size_t len = strlen(trialnet_init_resolv_conf);
 	if (f < 0)
 		init_fail(errno, NULL, "transparent mode: write the Trial's resolv.conf: open %s", src);
+	errno = 0;
 	if (write(f, trialnet_init_resolv_conf, len) != (ssize_t)len)
 		init_fail(errno ? errno : EIO, NULL, "transparent mode: write the Trial's resolv.conf: write %s", src);
 	close(f);
@@ -521,6 +522,7 @@ static void setup_init(int nested, int transparent, char **hide, int nhide, char
 // drop_capabilities is exec.go's dropCapabilities.
 static void drop_capabilities(void) {
 	char buf[16] = {0};
+	errno = 0; // a short read leaves it as it was
 	int fd = open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
 	if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0)
 		init_fail(errno ? errno : EIO, NULL, "read cap_last_cap");
@@ -546,6 +548,7 @@ static void install_filter(void) {
 	struct stat st;
 	if (fstat(fd_init_filter, &st) < 0 || st.st_size <= 0 || st.st_size % sizeof *prog || st.st_size > (off_t)sizeof prog)
 		init_fail(0, NULL, "no seccomp filter from the launcher on fd 4");
+	errno = 0;
 	if (pread(fd_init_filter, prog, st.st_size, 0) != st.st_size)
 		init_fail(errno ? errno : EIO, NULL, "read the seccomp filter");
 	struct sock_fprog fprog = {.len = st.st_size / sizeof *prog, .filter = prog};
@@ -569,6 +572,7 @@ void trialnet_init_setup(int argc, char **argv) {
 	char **keep = nhide < n ? args + nhide + 1 : args + n;
 	int nkeep = nhide < n ? n - nhide - 1 : 0;
 	setup_init(nested, transparent, args, nhide, keep, nkeep);
+	errno = 0;
 	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 	if (fd < 0 || write(fd, "1000", 4) != 4)
 		init_fail(errno ? errno : EIO, NULL, "make the Trial the OOM killer's first choice");
@@ -581,6 +585,7 @@ void trialnet_init_setup(int argc, char **argv) {
 		init_fail(errno, NULL, "ready pipe");
 	if (syscall(SYS_close_range, 4, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
 		init_fail(errno, NULL, "close inherited descriptors");
+	errno = 0;
 	if (write(fd_ready, "", 1) != 1)
 		init_fail(errno ? errno : EIO, NULL, "ready pipe");
 	char *reaper[] = {"trialnet-init", NULL}, *env[] = {NULL};
