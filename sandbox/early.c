@@ -628,5 +628,7 @@ __attribute__((constructor)) static void trialnet_early(int argc, char **argv, c
 		trial_exec(argc, argv, envp);
 	if (argc == 1 && !strcmp(argv[0], "trialnet-init"))
 		reap();
+	if (!strcmp(argv[0], "trialnet-init-setup"))
+		trialnet_init_setup(argc, argv);
 	have_start_nofile = getrlimit(RLIMIT_NOFILE, &start_nofile) == 0;
 }

@@ -7,6 +7,24 @@
 // A command's RLIMIT_MSGQUEUE, soft and hard: MsgQueueBytes in pools.go.
 #define TRIALNET_MSGQUEUE_BYTES 204800
 
+// The Trial's init's bounds and files, as init_early.c mounts them
+// (TestEarlyInitTables holds them to the Go side's): TmpBytes, ShmBytes,
+// MaxPtys and trial.ResolvConf.
+#define TRIALNET_TMP_BYTES (1LL << 30)
+#define TRIALNET_SHM_BYTES (256LL << 20)
+#define TRIALNET_MAX_PTYS 256
+#define TRIALNET_RESOLV_CONF \
+	"# trialnet: this Trial's own DNS stub (transparent mode), in this\n" \
+	"# Trial's view only. It answers the names the Trial's allowlist admits\n" \
+	"# with addresses its connections are checked at, and forwards nothing.\n" \
+	"nameserver 127.0.0.53\n" \
+	"options timeout:2 attempts:2\n"
+
+// trialnet_init_setup is the Trial's init's set-up (init.go's runInit)
+// for argv trialnet-init-setup MODE DNS HIDE... -- KEEP...: it execs the
+// reaper, or reports why not on fd 3 and exits.
+__attribute__((noreturn)) void trialnet_init_setup(int argc, char **argv);
+
 struct trialnet_launch {
 	// trialnet-exec's arguments and environment, NULL-terminated.
 	int argc;

@@ -521,19 +521,21 @@ func (t *Launcher) release(p *Process, c Command, ready func() error, pipes exec
 	return nil
 }
 
-// execMessage spells what trialnet-exec wrote on giving up: early.c ends
-// its text with a NUL and the errno in decimal, which is spelt here, as
-// the Go path spells it.
+// execMessage spells what trialnet-exec (or the Trial's init) wrote on
+// giving up: early.c ends its text with a NUL and the errno in decimal,
+// which is spelt here, as the Go path spells it, and the init may follow
+// it with a NUL and the rest of its text (a Go error's words after %w).
 func execMessage(msg []byte) string {
 	text, num, ok := bytes.Cut(msg, []byte{0})
 	if !ok {
 		return string(msg)
 	}
+	num, tail, _ := bytes.Cut(num, []byte{0})
 	n, err := strconv.ParseUint(string(num), 10, 16)
 	if err != nil {
-		return string(text) + ": errno " + string(printable(num))
+		return string(text) + ": errno " + string(printable(num)) + string(tail)
 	}
-	return string(text) + ": " + syscall.Errno(n).Error()
+	return string(text) + ": " + syscall.Errno(n).Error() + string(tail)
 }
 
 // Exec starts c in the Trial and waits for it, forwarding each signal

@@ -257,12 +257,20 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 		_ = readyW.Close()
 		return fail, nil, err
 	}
+	extra, err := initFiles(readyW)
+	if err != nil {
+		_ = readyR.Close()
+		_ = readyW.Close()
+		_ = stderrR.Close()
+		_ = stderrW.Close()
+		return fail, nil, err
+	}
 	pidfd := -1
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
 		Args:       initArgs(t.Spec.Nested, t.Spec.Transparent, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow),
 		Stderr:     stderrW,
-		ExtraFiles: []*os.File{readyW},
+		ExtraFiles: extra,
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC,
 			Setsid:      true,
@@ -303,7 +311,8 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 			return nil
 		}
 		defer stderrR.Close()
-		msg = bytes.TrimPrefix(msg, []byte{0})
+		// early.c's set-up sends an errno as a number (execMessage).
+		msg = []byte(execMessage(bytes.TrimPrefix(msg, []byte{0})))
 		// Everything else in its PID namespace dies with it.
 		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
 		if len(msg) == 0 {
@@ -318,8 +327,14 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 // /proc then stays unmasked: nested.go), whose resolv.conf it reads (the
 // stub's in transparent mode), the directories to hide, "--", and the
 // allowed unix sockets (those beneath the Trial's own directories are
-// bound into them).
+// bound into them), clean, sorted and each once, as both set-ups (Go's
+// and early.c's) take them.
 func initArgs(nested, transparent bool, hide, keep []string) []string {
+	clean := make([]string, 0, len(keep))
+	for _, k := range keep {
+		clean = append(clean, filepath.Clean(k))
+	}
+	keep = slices.Compact(slices.Sorted(slices.Values(clean)))
 	mode, dns := initMasked, initHostDNS
 	if nested {
 		mode = nestedMode

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -60,8 +59,9 @@ func OwnDirOf(path string) string {
 // /tmp), the tmpfs goes where it leads, in the Trial's mount namespace
 // only: Landlock's rules and the views follow the same link, so they
 // must find the Trial's tmpfs there, never a host directory. An allowed
-// socket of the host beneath one (keep) is bound at its path in the new
-// tmpfs, so that the Trial still reaches it there.
+// socket of the host beneath one (keep: clean, sorted, each once) is
+// bound at its path in the new tmpfs, so that the Trial still reaches it
+// there.
 func mountOwnDirs(keep []string) error {
 	// Every allowed socket is opened before the first tmpfs hides any of
 	// them (with /var/tmp leading to /tmp, covering /tmp hides both).
@@ -71,7 +71,7 @@ func mountOwnDirs(keep []string) error {
 			closeAll(fs)
 		}
 	}()
-	for _, p := range slices.Compact(slices.Sorted(slices.Values(keep))) {
+	for _, p := range keep {
 		d := OwnDirOf(p)
 		if d == "" {
 			continue

@@ -1,0 +1,599 @@
+//go:build linux && cgo
+
+// The Trial's init, set up before the Go runtime starts.
+//
+// init.go's runInit and setupInit are what CGO_ENABLED=0 builds run: the
+// init was a whole start of the Go binary (5-8 ms of CPU here) to mount,
+// mask and drop its capabilities before it execs itself as the reaper.
+// trialnet_init_setup, called by early.c's constructor, does the same
+// steps in the same order and reports a failure the same way, so that a
+// Trial's first command waits for no Go runtime at all. The process is a
+// fresh exec with one thread (the constructor runs before the runtime):
+// unlike a launch's child, it may use libc freely.
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <linux/close_range.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "early.h"
+
+#ifndef STATX_MNT_ID
+#define STATX_MNT_ID 0x00001000U
+#endif
+#ifndef MS_NOSYMFOLLOW
+#define MS_NOSYMFOLLOW 256
+#endif
+
+// The descriptors runInit's launcher gives it: the ready pipe, and in a
+// cgo build the commands' seccomp filter (a sealed memfd, seccompFile).
+enum { fd_ready = 3, fd_init_filter = 4 };
+
+#define run_dir "/run/trialnet" // rootdir.Run
+#define resolv_path "/etc/resolv.conf"
+
+// The Trial's own directories: owndirs.go's ownDirs (TestEarlyInitTables).
+static const struct {
+	const char *dir, *view;
+	long long size;
+} own_dirs[] = {
+    {"/tmp", "t", TRIALNET_TMP_BYTES},
+    {"/var/tmp", "v", TRIALNET_TMP_BYTES},
+    {"/dev/shm", "d", TRIALNET_SHM_BYTES},
+};
+enum { n_own_dirs = sizeof own_dirs / sizeof own_dirs[0] };
+
+const char *const trialnet_init_resolv_conf = TRIALNET_RESOLV_CONF;
+
+const char *trialnet_init_own_dir(int i, const char **view) {
+	if (i < 0 || i >= n_own_dirs)
+		return NULL;
+	*view = own_dirs[i].view;
+	return own_dirs[i].dir;
+}
+
+// init_fail writes why setting the Trial up failed to the ready pipe, as
+// runInit writes its error, and exits: "trialnet-init: " and the message,
+// then, when err is not 0, a NUL and err in decimal, and when tail is not
+// NULL a NUL and tail. The launcher puts the errno's text in the NUL's
+// place and tail after it (execMessage): a Go error's text, word for word.
+__attribute__((noreturn, format(printf, 3, 4))) static void init_fail(int err, const char *tail, const char *fmt, ...) {
+	char msg[4096];
+	int n = snprintf(msg, sizeof msg, "trialnet-init: ");
+	va_list ap;
+	va_start(ap, fmt);
+	n += vsnprintf(msg + n, sizeof msg - n, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof msg - 256)
+		n = sizeof msg - 256;
+	if (err) {
+		n += 1 + snprintf(msg + n + 1, 16, "%d", err);
+		if (tail)
+			n += 1 + snprintf(msg + n + 1, sizeof msg - n - 1, "%s", tail);
+	}
+	(void)!write(fd_ready, msg, n);
+	_exit(1);
+}
+
+// mask_fail is maskErr.
+#define mask_fail(err, ...) \
+	init_fail((err), "; trialnet does not start a Trial without it: check that nothing (an AppArmor or SELinux policy, a container runtime) stops root mounting", __VA_ARGS__)
+
+// read_mountinfo reads this namespace's mount table, NUL-terminated.
+static char *read_mountinfo(void) {
+	int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		init_fail(errno, NULL, "read mountinfo");
+	size_t cap = 64 << 10, len = 0;
+	char *b = malloc(cap);
+	for (;;) {
+		if (!b)
+			init_fail(ENOMEM, NULL, "read mountinfo");
+		ssize_t r = read(fd, b + len, cap - len - 1);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			init_fail(errno, NULL, "read mountinfo");
+		if (r == 0)
+			break;
+		len += r;
+		if (cap - len < 4096)
+			b = realloc(b, cap *= 2);
+	}
+	close(fd);
+	b[len] = 0;
+	return b;
+}
+
+// A line of mountinfo, split: its mount point unescaped, its per-mount
+// options, and what follows " - " (the file system type first).
+struct mount_line {
+	char point[PATH_MAX];
+	const char *opts, *post;
+	int fields;
+};
+
+// unescape is cgroup2.UnescapeMountPath: \NNN octal escapes undone.
+static void unescape(const char *s, size_t len, char *out, size_t outlen) {
+	size_t o = 0;
+	for (size_t i = 0; i < len && o < outlen - 1; i++) {
+		if (s[i] == '\\' && i + 3 < len && s[i + 1] >= '0' && s[i + 1] <= '3' && s[i + 2] >= '0' && s[i + 2] <= '7' &&
+		    s[i + 3] >= '0' && s[i + 3] <= '7') {
+			out[o++] = (s[i + 1] - '0') << 6 | (s[i + 2] - '0') << 3 | (s[i + 3] - '0');
+			i += 3;
+			continue;
+		}
+		out[o++] = s[i];
+	}
+	out[o] = 0;
+}
+
+// split_line fills m from line (modified: the options end in a NUL).
+static void split_line(char *line, struct mount_line *m) {
+	char *sep = strstr(line, " - ");
+	m->post = sep ? sep + 3 : NULL;
+	m->opts = NULL;
+	m->point[0] = 0;
+	m->fields = 0;
+	char *end = sep ? sep : line + strlen(line);
+	for (char *p = line; p < end;) {
+		while (p < end && *p == ' ')
+			p++;
+		if (p == end)
+			break;
+		char *f = p;
+		while (p < end && *p != ' ')
+			p++;
+		if (m->fields == 4)
+			unescape(f, p - f, m->point, sizeof m->point);
+		if (m->fields == 5) {
+			m->opts = f;
+			if (p < end)
+				*p++ = 0;
+		}
+		m->fields++;
+	}
+}
+
+// next_line returns the next line of *s (NUL-terminated in place), or NULL.
+static char *next_line(char **s) {
+	if (!**s)
+		return NULL;
+	char *line = *s, *nl = strchr(line, '\n');
+	if (nl)
+		*nl = 0, *s = nl + 1;
+	else
+		*s = line + strlen(line);
+	return line;
+}
+
+static int under(const char *path, const char *dir) {
+	size_t n = strlen(dir);
+	return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
+}
+
+// drop_ns_mounts is dropNsMounts.
+static void drop_ns_mounts(void) {
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	while ((line = next_line(&s))) {
+		split_line(line, &m);
+		if (!m.post || m.fields < 5 || strncmp(m.post, "nsfs ", 5))
+			continue;
+		if (umount2(m.point, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+			init_fail(errno, NULL, "detach %s", m.point);
+	}
+	free(b);
+}
+
+// mkdir_all is os.MkdirAll; it fails as it does ("mkdir PATH").
+static int mkdir_all(const char *path, mode_t mode, char *failed) {
+	struct stat st;
+	if (stat(path, &st) == 0) {
+		if (S_ISDIR(st.st_mode))
+			return 0;
+		snprintf(failed, PATH_MAX + 8, "mkdir %s", path);
+		return ENOTDIR;
+	}
+	char parent[PATH_MAX];
+	snprintf(parent, sizeof parent, "%s", path);
+	char *slash = strrchr(parent, '/');
+	if (slash && slash != parent) {
+		*slash = 0;
+		int e = mkdir_all(parent, mode, failed);
+		if (e)
+			return e;
+	}
+	if (mkdir(path, mode) < 0) {
+		int e = errno;
+		if (e == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+			return 0;
+		snprintf(failed, PATH_MAX + 8, "mkdir %s", path);
+		return e;
+	}
+	return 0;
+}
+
+// mount_id is mountID: the id of the mount path (followed) is on, or 0
+// with *err set (0 too when the kernel gives none).
+static uint64_t mount_id(const char *path, int *err) {
+	struct statx st;
+	*err = 0;
+	if (statx(AT_FDCWD, path, 0, STATX_MNT_ID, &st) < 0) {
+		*err = errno;
+		return 0;
+	}
+	return (st.stx_mask & STATX_MNT_ID) ? st.stx_mnt_id : 0;
+}
+
+static const char *own_dir_of(const char *path) {
+	for (int i = 0; i < n_own_dirs; i++)
+		if (under(path, own_dirs[i].dir))
+			return own_dirs[i].dir;
+	return NULL;
+}
+
+// bind_socket is bindSockets for one socket, fd opened at path.
+static void bind_socket(const char *own, const char *path, int fd) {
+	char failed[PATH_MAX + 8], parent[PATH_MAX];
+	snprintf(parent, sizeof parent, "%s", path);
+	*strrchr(parent, '/') = 0;
+	int e = mkdir_all(*parent ? parent : "/", 0755, failed);
+	if (e)
+		init_fail(e, NULL, "mount the Trial's own %s: %s", own, failed);
+	int mp = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+	if (mp < 0 && errno == EEXIST) {
+		struct stat a, b;
+		if (stat(path, &a) == 0 && fstat(fd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+			return; // the same socket, by another spelling of its path
+		errno = EEXIST;
+	}
+	if (mp < 0)
+		init_fail(errno, NULL, "mount the Trial's own %s: open %s", own, path);
+	close(mp);
+	char src[32];
+	snprintf(src, sizeof src, "/proc/self/fd/%d", fd);
+	if (mount(src, path, "", MS_BIND, "") < 0)
+		init_fail(errno, NULL, "mount the Trial's own %s: bind allowed unix socket %s", own, path);
+}
+
+// mount_own_dirs is mountOwnDirs; keep is clean, sorted and without
+// duplicates (initArgs).
+static void mount_own_dirs(char **keep, int nkeep) {
+	int *fds = calloc(nkeep + 1, sizeof *fds);
+	if (!fds)
+		init_fail(ENOMEM, NULL, "mount the Trial's own directories");
+	for (int i = 0; i < nkeep; i++) {
+		const char *d = own_dir_of(keep[i]);
+		fds[i] = -1;
+		if (d && (fds[i] = open(keep[i], O_PATH | O_CLOEXEC)) < 0)
+			init_fail(errno, NULL, "open allowed unix socket %s to keep it in the Trial's own %s: open %s", keep[i], d, keep[i]);
+	}
+	char real[n_own_dirs][PATH_MAX];
+	uint64_t ids[n_own_dirs];
+	int nmounted = 0;
+	for (int i = 0; i < n_own_dirs; i++) {
+		const char *dir = own_dirs[i].dir;
+		char r[PATH_MAX];
+		if (!realpath(dir, r))
+			continue; // none on this host: its paths lead nowhere
+		uint64_t id = 0;
+		for (int j = 0; j < nmounted; j++)
+			if (!strcmp(real[j], r))
+				id = ids[j];
+		int err;
+		if (!id) {
+			char data[64];
+			snprintf(data, sizeof data, "mode=1777,size=%lld", own_dirs[i].size);
+			if (mount("tmpfs", r, "tmpfs", MS_NOSUID | MS_NODEV, data) < 0)
+				init_fail(errno, NULL, "mount the Trial's own %s", dir);
+			if (!(id = mount_id(r, &err)) && err)
+				init_fail(err, NULL, "mount the Trial's own %s: statx %s", dir, r);
+			if (!id)
+				init_fail(0, NULL, "mount the Trial's own %s: statx %s: no mount id (Linux 5.8+)", dir, r);
+			snprintf(real[nmounted], PATH_MAX, "%s", r);
+			ids[nmounted++] = id;
+		}
+		// Followed as Landlock and the views follow it, the directory is
+		// the tmpfs just mounted.
+		uint64_t got = mount_id(dir, &err);
+		if (got != id)
+			init_fail(err, NULL, "the Trial's own %s is not the tmpfs mounted for it at %s (mount %llu, want %llu)", dir, r,
+			          (unsigned long long)got, (unsigned long long)id);
+		for (int k = 0; k < nkeep; k++) {
+			const char *d = own_dir_of(keep[k]);
+			if (d && !strcmp(d, dir))
+				bind_socket(dir, keep[k], fds[k]);
+		}
+	}
+	for (int i = 0; i < nkeep; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	free(fds);
+}
+
+// mount_resolv_conf is mountResolvConf at resolv_path, with run_dir
+// (free until mask_host covers it) as the scratch directory.
+static void overlay_resolv_conf(const char *dir, const char *top);
+
+static void mount_resolv_conf(void) {
+	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+	if (mount("tmpfs", run_dir, "tmpfs", flags, "mode=0755,size=16k") < 0)
+		init_fail(errno, NULL, "transparent mode: mount a tmpfs for the Trial's resolv.conf");
+	const char *top = run_dir "/top", *src = run_dir "/top/resolv.conf";
+	if (mkdir(top, 0755) < 0)
+		init_fail(errno, NULL, "transparent mode: mkdir %s", top);
+	int f = open(src, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	size_t len = strlen(trialnet_init_resolv_conf);
+	if (f < 0)
+		init_fail(errno, NULL, "transparent mode: write the Trial's resolv.conf: open %s", src);
+	errno = 0;
+	if (write(f, trialnet_init_resolv_conf, len) != (ssize_t)len)
+		init_fail(errno ? errno : EIO, NULL, "transparent mode: write the Trial's resolv.conf: write %s", src);
+	close(f);
+	int fd = open(resolv_path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT) {
+		overlay_resolv_conf("/etc", top);
+	} else {
+		if (fd < 0)
+			init_fail(errno, NULL, "transparent mode: open %s", resolv_path);
+		struct stat st;
+		if (fstat(fd, &st) < 0)
+			init_fail(errno, NULL, "transparent mode: %s", resolv_path);
+		if (S_ISDIR(st.st_mode))
+			init_fail(0, NULL, "transparent mode: %s is a directory on this host, which a resolv.conf cannot cover: make it a file, or turn transparent mode off (--no-transparent)", resolv_path);
+		// On the path itself, through the descriptor, never where a
+		// symlink there leads.
+		char at[32];
+		snprintf(at, sizeof at, "/proc/self/fd/%d", fd);
+		if (mount(src, at, "", MS_BIND, "") < 0)
+			init_fail(errno, NULL, "transparent mode: bind the Trial's resolv.conf over %s", resolv_path);
+		if (mount("", resolv_path, "", MS_BIND | MS_REMOUNT | MS_RDONLY | flags, "") < 0)
+			init_fail(errno, NULL, "transparent mode: make the Trial's %s read-only", resolv_path);
+		close(fd);
+	}
+	// What is mounted from it keeps it: the scratch mount point is free again.
+	umount2(run_dir, MNT_DETACH);
+}
+
+// overlay_resolv_conf is overlayResolvConf.
+static void overlay_resolv_conf(const char *dir, const char *top) {
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	while ((line = next_line(&s))) {
+		split_line(line, &m);
+		if (m.fields >= 5 && strcmp(m.point, dir) && under(m.point, dir))
+			init_fail(0, NULL, "transparent mode: this host has no %s/resolv.conf, and giving a Trial one would hide the mount at %s: create the file on the host (any content: the Trial sees its own), or turn transparent mode off (--no-transparent)", dir, m.point);
+	}
+	free(b);
+	char opts[2 * PATH_MAX + 16];
+	snprintf(opts, sizeof opts, "lowerdir=%s:%s", top, dir);
+	if (mount("overlay", dir, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts) < 0)
+		init_fail(errno, "; create the file on the host (any content: the Trial sees its own), or turn transparent mode off (--no-transparent)",
+		          "transparent mode: this host has no %s/resolv.conf, and an overlay to give the Trial one failed", dir);
+}
+
+// read_only_sys is readOnlySys.
+static void read_only_sys(void) {
+	static const struct {
+		const char *opt;
+		unsigned long flag;
+	} kept[] = {{"nosuid", MS_NOSUID},   {"nodev", MS_NODEV},           {"noexec", MS_NOEXEC},
+	            {"noatime", MS_NOATIME}, {"nodiratime", MS_NODIRATIME}, {"relatime", MS_RELATIME}};
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	while ((line = next_line(&s))) {
+		split_line(line, &m);
+		if (m.fields < 6 || !under(m.point, "/sys"))
+			continue;
+		unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY;
+		char *save, *o = strtok_r((char *)m.opts, ",", &save);
+		for (; o; o = strtok_r(NULL, ",", &save))
+			for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
+				if (!strcmp(o, kept[i].opt))
+					flags |= kept[i].flag;
+		if (mount("", m.point, "", flags, "") < 0) {
+			if (errno == ENOENT)
+				continue; // covered by a later mount: unreachable anyway
+			mask_fail(errno, "make %s read-only (a Trial must not change the host's devices or kernel state)", m.point);
+		}
+	}
+	free(b);
+}
+
+// cgroup2_mount is cgroup2.Mount: where the unified hierarchy is mounted.
+static void cgroup2_mount(char *out) {
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	while ((line = next_line(&s))) {
+		split_line(line, &m);
+		if (m.post && m.fields >= 5 && !strncmp(m.post, "cgroup2 ", 8)) {
+			snprintf(out, PATH_MAX, "%s", m.point);
+			free(b);
+			return;
+		}
+	}
+	init_fail(0, NULL, "no cgroup2 file system is mounted (trialnet needs the unified hierarchy; mount it with 'mount -t cgroup2 none /sys/fs/cgroup/unified')");
+}
+
+// mount_views is mountViews.
+static void mount_views(const char *dir) {
+	for (int i = 0; i < n_own_dirs; i++) {
+		char v[PATH_MAX];
+		snprintf(v, sizeof v, "%s/%s", dir, own_dirs[i].view);
+		if (mkdir(v, 0755) < 0)
+			init_fail(errno, NULL, "make the view of %s: mkdir %s", own_dirs[i].dir, v);
+		struct stat st;
+		if (stat(own_dirs[i].dir, &st) < 0)
+			continue; // none on this host: its paths lead nowhere
+		if (mount(own_dirs[i].dir, v, "", MS_BIND | MS_REC, "") < 0)
+			init_fail(errno, NULL, "bind the view of %s", own_dirs[i].dir);
+		if (mount("", v, "", MS_BIND | MS_REMOUNT | MS_NOSYMFOLLOW | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
+			init_fail(errno, NULL, "make the view of %s follow no symlinks", own_dirs[i].dir);
+	}
+}
+
+// mask_host is maskHost.
+static void mask_host(int nested, char **hide, int nhide) {
+	char cg[PATH_MAX];
+	cgroup2_mount(cg);
+	static const char *const procs[] = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"};
+	for (size_t i = 0; !nested && i < sizeof procs / sizeof procs[0]; i++) {
+		const char *p = procs[i];
+		struct stat st;
+		if (lstat(p, &st) < 0)
+			continue; // not on this kernel: nothing to protect
+		if (mount(p, p, "", MS_BIND, "") < 0)
+			mask_fail(errno, "bind %s (to make it read-only)", p);
+		if (mount("", p, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
+			mask_fail(errno, "make %s read-only (a Trial must not change the host's kernel settings)", p);
+	}
+	read_only_sys();
+	if (umount2(cg, MNT_DETACH) < 0)
+		mask_fail(errno, "detach the host's cgroup2 from %s (it shows every Trial)", cg);
+	if (mount("cgroup2", cg, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
+		mask_fail(errno, "mount the Trial's own cgroup2 on %s (the host's shows every Trial)", cg);
+	if (mount("", cg, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
+		mask_fail(errno, "make the Trial's cgroup2 on %s read-only (a Trial must not change its own limits)", cg);
+	for (int i = 0; i < nhide; i++) {
+		const char *d = hide[i];
+		struct stat st;
+		if (stat(d, &st) < 0 || !S_ISDIR(st.st_mode))
+			continue; // nothing there to hide
+		const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+		if (mount("tmpfs", d, "tmpfs", flags, "mode=0755,size=4k") < 0)
+			mask_fail(errno, "hide %s (it names other Trials and holds trialnet's sockets)", d);
+		if (!strcmp(d, run_dir))
+			mount_views(d);
+		// Read-only: a uid-0 Trial owns the tmpfs's root.
+		if (mount("", d, "", MS_REMOUNT | MS_RDONLY | flags, "mode=0755,size=4k") < 0)
+			mask_fail(errno, "make %s read-only (a uid-0 Trial could put a socket where a client looks for trialnet's)", d);
+	}
+}
+
+// setup_init is setupInit.
+static void setup_init(int nested, int transparent, char **hide, int nhide, char **keep, int nkeep) {
+	// Private: nothing made here leaks out, and nothing mounted on the
+	// host later leaks in.
+	if (mount("", "/", "", MS_REC | MS_PRIVATE, "") < 0)
+		init_fail(errno, NULL, "make mounts private");
+	drop_ns_mounts();
+	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
+		init_fail(errno, NULL, "mount the Trial's /proc");
+	char data[128];
+	snprintf(data, sizeof data, "newinstance,ptmxmode=0666,mode=0620,max=%d", TRIALNET_MAX_PTYS);
+	if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, data) < 0)
+		init_fail(errno, NULL, "mount the Trial's /dev/pts");
+	if (mount("/dev/pts/ptmx", "/dev/ptmx", "", MS_BIND, "") < 0)
+		init_fail(errno, NULL, "bind the Trial's /dev/ptmx");
+	struct stat st;
+	if (stat("/dev/mqueue", &st) == 0 && S_ISDIR(st.st_mode) &&
+	    mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
+		init_fail(errno, NULL, "mount the Trial's /dev/mqueue");
+	mount_own_dirs(keep, nkeep);
+	if (unshare(CLONE_NEWCGROUP) < 0)
+		init_fail(errno, NULL, "unshare cgroup namespace");
+	char failed[PATH_MAX + 8];
+	int e = mkdir_all(run_dir, 0755, failed);
+	if (e)
+		init_fail(e, NULL, "make %s, where the Trial's own directories are viewed: %s", run_dir, failed);
+	if (transparent)
+		mount_resolv_conf();
+	mask_host(nested, hide, nhide);
+}
+
+// drop_capabilities is exec.go's dropCapabilities.
+static void drop_capabilities(void) {
+	char buf[16] = {0};
+	errno = 0; // a short read leaves it as it was
+	int fd = open("/proc/sys/kernel/cap_last_cap", O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0)
+		init_fail(errno ? errno : EIO, NULL, "read cap_last_cap");
+	close(fd);
+	int last = atoi(buf);
+	for (int c = 0; c <= last; c++)
+		if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0)
+			init_fail(errno, NULL, "drop capability %d from the bounding set", c);
+	if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
+		init_fail(errno, NULL, "clear ambient capabilities");
+	struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3};
+	struct __user_cap_data_struct data[2] = {0};
+	if (syscall(SYS_capset, &hdr, data) < 0)
+		init_fail(errno, NULL, "clear capabilities");
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		init_fail(errno, NULL, "set no_new_privs");
+}
+
+// install_filter is installSeccomp(false), from the filter the launcher
+// assembled (seccompProgram): the commands' own.
+static void install_filter(void) {
+	static struct sock_filter prog[4096];
+	struct stat st;
+	if (fstat(fd_init_filter, &st) < 0 || st.st_size <= 0 || st.st_size % sizeof *prog || st.st_size > (off_t)sizeof prog)
+		init_fail(0, NULL, "no seccomp filter from the launcher on fd 4");
+	errno = 0;
+	if (pread(fd_init_filter, prog, st.st_size, 0) != st.st_size)
+		init_fail(errno ? errno : EIO, NULL, "read the seccomp filter");
+	struct sock_fprog fprog = {.len = st.st_size / sizeof *prog, .filter = prog};
+	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog) < 0)
+		init_fail(errno, NULL, "install seccomp filter");
+}
+
+void trialnet_init_setup(int argc, char **argv) {
+	// initArgs: MODE DNS HIDE... -- KEEP...
+	int nested = 0, transparent = 0;
+	char **args = argv + 1;
+	int n = argc - 1;
+	if (n > 1) {
+		nested = !strcmp(args[0], "nested");
+		transparent = !strcmp(args[1], "stub-dns");
+		args += 2, n -= 2;
+	}
+	int nhide = 0;
+	while (nhide < n && strcmp(args[nhide], "--"))
+		nhide++;
+	char **keep = nhide < n ? args + nhide + 1 : args + n;
+	int nkeep = nhide < n ? n - nhide - 1 : 0;
+	setup_init(nested, transparent, args, nhide, keep, nkeep);
+	errno = 0;
+	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write(fd, "1000", 4) != 4)
+		init_fail(errno ? errno : EIO, NULL, "make the Trial the OOM killer's first choice");
+	close(fd);
+	drop_capabilities();
+	install_filter();
+	// As runInit: ready once the reaper's exec has begun (the pipe's end
+	// comes with it), and nothing the launcher left open lives on in it.
+	if (fcntl(fd_ready, F_SETFD, FD_CLOEXEC) < 0)
+		init_fail(errno, NULL, "ready pipe");
+	if (syscall(SYS_close_range, 4, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
+		init_fail(errno, NULL, "close inherited descriptors");
+	errno = 0;
+	if (write(fd_ready, "", 1) != 1)
+		init_fail(errno ? errno : EIO, NULL, "ready pipe");
+	char *reaper[] = {"trialnet-init", NULL}, *env[] = {NULL};
+	execve("/proc/self/exe", reaper, env);
+	int err = errno;
+	char msg[32];
+	int m = snprintf(msg, sizeof msg, "trialnet-init") + 1;
+	m += snprintf(msg + m, sizeof msg - m, "%d", err);
+	(void)!write(fd_ready, msg, m);
+	_exit(1);
+}

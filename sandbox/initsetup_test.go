@@ -1,0 +1,135 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/trialnet/trialnet/internal/cgroup2"
+	"github.com/trialnet/trialnet/internal/rootdir"
+	"github.com/trialnet/trialnet/trial"
+	"golang.org/x/sys/unix"
+)
+
+// Every step of the Trial's init's set-up leaves its mark on the init,
+// whichever set-up ran it (init_early.c in a cgo build, runInit without
+// cgo): read from the host, each must be there. A step skipped, in either
+// set-up, fails here by name.
+func TestPrivilegedInitIsSetUp(t *testing.T) {
+	mountTracefs(t)
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{Transparent: true, UnixOpen: true})
+	if code, out := runProbe(t, tr, "procs"); code != probeOK {
+		t.Fatalf("%d %s", code, out)
+	}
+	init, err := findInit(tr.Cgroup)
+	if err != nil || init.pidfd < 0 {
+		t.Fatalf("the Trial's init: %+v, %v", init, err)
+	}
+	t.Cleanup(func() { _ = unix.Close(init.pidfd) })
+	proc := func(name string) string {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", init.pid, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+
+	status := strings.Join(strings.Fields(proc("status")), " ")
+	for _, want := range []string{
+		"CapInh: 0000000000000000", "CapPrm: 0000000000000000", "CapEff: 0000000000000000",
+		"CapBnd: 0000000000000000", "CapAmb: 0000000000000000", "NoNewPrivs: 1", "Seccomp: 2",
+	} {
+		if !strings.Contains(status, want) {
+			t.Errorf("the init's status lacks %q", want)
+		}
+	}
+	if got := strings.TrimSpace(proc("oom_score_adj")); got != "1000" {
+		t.Errorf("the init's oom_score_adj is %s, want 1000", got)
+	}
+	own, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/cgroup", init.pid))
+	if host, _ := os.Readlink("/proc/self/ns/cgroup"); own == host {
+		t.Errorf("the init shares the host's cgroup namespace %s", own)
+	}
+	if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", init.pid)); err != nil || len(fds) != 3 {
+		t.Errorf("the init holds %d descriptors (%v), want its stdio only", len(fds), err)
+	}
+
+	mounts := initMounts(t, proc("mountinfo"))
+	want := func(point, fstype string, opts ...string) {
+		t.Helper()
+		m, ok := mounts[point]
+		if !ok {
+			t.Errorf("the init has no mount on %s", point)
+			return
+		}
+		if fstype != "" && m.fstype != fstype {
+			t.Errorf("the init's %s is %s, want %s", point, m.fstype, fstype)
+		}
+		for _, o := range opts {
+			if !slices.Contains(m.opts, o) {
+				t.Errorf("the init's %s (%s) lacks %s: %q", point, m.fstype, o, m.opts)
+			}
+		}
+	}
+	for p, m := range mounts {
+		if m.fstype == "nsfs" {
+			t.Errorf("the init keeps the host's namespace file %s", p)
+		}
+		if under(p, "/sys") {
+			want(p, "", "ro")
+		}
+	}
+	want("/proc", "proc", "nosuid", "nodev", "noexec")
+	want("/dev/pts", "devpts", "nosuid", "noexec", fmt.Sprintf("max=%d", MaxPtys), "ptmxmode=666")
+	want("/dev/ptmx", "devpts")
+	if fi, err := os.Stat("/dev/mqueue"); err == nil && fi.IsDir() {
+		want("/dev/mqueue", "mqueue", "nosuid", "nodev", "noexec")
+	}
+	for _, d := range ownDirs {
+		if real, err := filepath.EvalSymlinks(d.dir); err == nil {
+			want(real, "tmpfs", "nosuid", "nodev")
+		}
+		want(filepath.Join(rootdir.Run, d.view), "tmpfs", "nosymfollow", "nosuid", "nodev", "noexec")
+	}
+	for _, p := range maskedProc(false) {
+		if _, err := os.Lstat(p); err == nil {
+			want(p, "", "ro")
+		}
+	}
+	cg, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(cg, "cgroup2", "ro")
+	want(rootdir.Run, "tmpfs", "ro", "nosuid", "nodev", "noexec")
+	want(resolvPath, "", "ro")
+}
+
+type initMount struct {
+	fstype string
+	opts   []string // the mount's and its super block's
+}
+
+// initMounts reads mountinfo into the topmost mount on each point.
+func initMounts(t *testing.T, mountinfo string) map[string]initMount {
+	mounts := map[string]initMount{}
+	for _, line := range strings.Split(mountinfo, "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 6 || len(g) < 3 {
+			continue
+		}
+		opts := append(strings.Split(f[5], ","), strings.Split(g[2], ",")...)
+		mounts[cgroup2.UnescapeMountPath(f[4])] = initMount{g[0], opts}
+	}
+	if len(mounts) == 0 {
+		t.Fatalf("no mounts in the init's mountinfo:\n%s", mountinfo)
+	}
+	return mounts
+}
