@@ -73,12 +73,12 @@ func ReleaseDir(dir string) error {
 	return fmt.Errorf("unmount netns directory %s: %w", dir, err)
 }
 
-// isMountPoint reports whether dir is the root of a mount: its mount id
-// differs from its parent's.
+// isMountPoint reports whether dir (followed) is the root of a mount: its
+// mount id differs from its parent's.
 func isMountPoint(dir string) (bool, error) {
 	id := func(p string) (uint64, error) {
 		var st unix.Statx_t
-		if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &st); err != nil {
+		if err := unix.Statx(unix.AT_FDCWD, p, 0, unix.STATX_MNT_ID, &st); err != nil {
 			return 0, fmt.Errorf("statx %s: %w", p, err)
 		}
 		if st.Mask&unix.STATX_MNT_ID == 0 {
@@ -90,7 +90,9 @@ func isMountPoint(dir string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	parent, err := id(filepath.Join(dir, ".."))
+	// Not filepath.Join, which would take ".." off the path's text: dir
+	// may be a symlink, and its target's parent is the one mounted on.
+	parent, err := id(dir + "/..")
 	return err == nil && self != parent, err
 }
 

@@ -92,3 +92,27 @@ func TestPrivilegedMountDirKeepsLiveNamespaces(t *testing.T) {
 		})
 	}
 }
+
+// A netns directory named through a symlink is made a mount once, not
+// once more at each agent's start.
+func TestPrivilegedMountDirThroughSymlink(t *testing.T) {
+	privtest.Require(t)
+	parent := t.TempDir()
+	real, link := filepath.Join(parent, "real"), filepath.Join(parent, "link")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ReleaseDir(real) })
+	for range 2 {
+		if err := MountDir(link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	if n := strings.Count(string(b), " "+real+" "); n != 1 {
+		t.Errorf("%s is mounted %d times, want once", real, n)
+	}
+}
