@@ -17,11 +17,11 @@ import (
 // detaches every Trial's namespace mount in it with one umount2 (one RCU
 // grace period) instead of one each (sandbox's dropNsMounts).
 //
-// Shared, as `ip netns` makes it: a namespace mounted in it, or unmounted
-// at destroy, shows in every mount namespace that holds a peer of it
-// (one copied from the agent's, by a tool or a service), as it did when
-// the directory was part of its parent's mount. A Trial's init makes its
-// own copy private before it detaches it.
+// Shared, as `ip netns` makes it, but in a peer group of its own: a
+// namespace mounted in it, or unmounted at destroy, shows in every mount
+// namespace copied from the agent's after this (by a tool or a service);
+// one copied before sees the directory as it was then. A Trial's init
+// makes its own copy private before it detaches it.
 //
 // A directory that is a mount already (an agent's restart or hand-over,
 // `ip netns`, the operator's) is left as it is. One that is not, but holds
@@ -51,10 +51,16 @@ func MountDir(dir string) error {
 	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("make netns directory %s a mount of its own: %w", dir, err)
 	}
-	if len(entries) > 0 {
-		if err := dropCovered(dir, below, entries); err != nil {
-			return err
-		}
+	// Out of the parent's peer group, if it has one (/run under systemd):
+	// as a peer of its parent, a namespace mounted in it would also be
+	// mounted on the parent's copy of the path, covered, where a Trial's
+	// init, detaching the directory, would keep it. As a peer, too, the
+	// copies of the originals that dropCovered detaches would go with them.
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make netns directory %s private: %w", dir, err)
+	}
+	if err := dropCovered(below, entries); err != nil {
+		return err
 	}
 	if err := unix.Mount("", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("make netns directory %s shared: %w", dir, err)
@@ -96,21 +102,15 @@ func isMountPoint(dir string) (bool, error) {
 	return err == nil && self != parent, err
 }
 
-// dropCovered detaches the namespace mounts that dir's new mount covers,
-// reached through below, the directory as its parent's mount holds it.
-// The new mount is made private first: were the parent shared, the new
-// mount and its copies of the namespaces would be peers of the parent and
-// of the originals, and detaching an original would detach its copy too.
-// It is then a peer of no other mount namespace's copy of the parent.
-func dropCovered(dir string, below int, entries []os.DirEntry) error {
-	if err := unix.Mount("", dir, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("make netns directory %s private: %w", dir, err)
-	}
+// dropCovered detaches the namespace mounts that the directory's new
+// mount covers, reached through below, the directory as its parent's
+// mount holds it.
+func dropCovered(below int, entries []os.DirEntry) error {
 	base := "/proc/self/fd/" + strconv.Itoa(below)
 	for _, e := range entries {
 		err := unix.Unmount(filepath.Join(base, e.Name()), unix.MNT_DETACH)
 		if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("detach the netns mount under %s, covered by its new mount: %w", filepath.Join(dir, e.Name()), err)
+			return fmt.Errorf("detach the netns mount %s, covered by its directory's new mount: %w", e.Name(), err)
 		}
 	}
 	return nil

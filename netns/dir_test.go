@@ -33,8 +33,8 @@ func nsfsMounts(t *testing.T, ns string) int {
 // earlier agent left live Trials' namespaces in it (an upgrade), keeps
 // each where it was, mounted once (the original, covered by the new
 // mount, would hold the namespace past its Trial and keep its file from
-// being removed), whether the directory's parent propagates (shared, as
-// /run is under systemd) or not. A directory that is a mount already (a
+// being removed), and one made after it is mounted once, whether the
+// directory's parent propagates (shared, as /run is under systemd) or not. A directory that is a mount already (a
 // restart, a hand-over) is left as it is.
 func TestPrivilegedMountDirKeepsLiveNamespaces(t *testing.T) {
 	privtest.Require(t)
@@ -72,6 +72,19 @@ func TestPrivilegedMountDirKeepsLiveNamespaces(t *testing.T) {
 				if err != nil || got.Cookie != ns.Cookie {
 					t.Fatalf("the live namespace after MountDir: %+v, %v", got, err)
 				}
+			}
+			later, err := Create(dir, "later")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Stat(later.Path, &st); err != nil {
+				t.Fatal(err)
+			}
+			if n := nsfsMounts(t, fmt.Sprintf("net:[%d]", st.Ino)); n != 1 {
+				t.Errorf("a namespace made after MountDir is mounted %d times, want once (a copy on the parent, covered?)", n)
+			}
+			if err := later.Delete(); err != nil {
+				t.Fatal(err)
 			}
 			b, _ := os.ReadFile("/proc/self/mountinfo")
 			if n := strings.Count(string(b), " "+dir+" "); n != 1 {
@@ -114,5 +127,37 @@ func TestPrivilegedMountDirThroughSymlink(t *testing.T) {
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	if n := strings.Count(string(b), " "+real+" "); n != 1 {
 		t.Errorf("%s is mounted %d times, want once", real, n)
+	}
+}
+
+// On a fresh host (an empty directory) under a shared parent, a
+// namespace made after MountDir is mounted once: as a peer of the parent,
+// the directory's mount would pass each one on to the parent's copy of
+// the path, covered, where an init detaching the directory would keep it.
+func TestPrivilegedMountDirFreshUnderShared(t *testing.T) {
+	privtest.Require(t)
+	parent := t.TempDir()
+	if err := unix.Mount("tmpfs", parent, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(parent, unix.MNT_DETACH) })
+	if err := unix.Mount("", parent, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(parent, "netns")
+	if err := MountDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := Create(dir, "fresh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	var st unix.Stat_t
+	if err := unix.Stat(ns.Path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if n := nsfsMounts(t, fmt.Sprintf("net:[%d]", st.Ino)); n != 1 {
+		t.Errorf("the namespace is mounted %d times, want once", n)
 	}
 }

@@ -139,9 +139,20 @@ func initMounts(t *testing.T, mountinfo string) map[string]initMount {
 // A Trial's init holds no namespace mount of the host's: not another
 // Trial's, whose namespace its copy would keep alive past that Trial's
 // destroy, in the agent's netns directory made a mount of its own (one
-// detach takes them all), nor one elsewhere (detached one by one).
+// detach takes them all) under a shared parent (which must not receive
+// copies of them), nor one elsewhere (detached one by one).
 func TestPrivilegedInitHoldsNoNamespaceMount(t *testing.T) {
 	h := newHost(t)
+	// Under a shared parent, as /run is under systemd.
+	parent := privtest.SharedDir(t, "netns-parent-")
+	if err := unix.Mount("tmpfs", parent, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(parent, unix.MNT_DETACH) })
+	if err := unix.Mount("", parent, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	h.NetnsDir = filepath.Join(parent, "netns")
 	if err := netns.MountDir(h.NetnsDir); err != nil {
 		t.Fatal(err)
 	}
