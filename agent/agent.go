@@ -199,6 +199,11 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 		}
 	}
 	host.Logger = log
+	if d := cfg.Host.StateDir; d != "" {
+		if err := ledger.MoveLegacy(d); err != nil {
+			log.Warn("a tunnel ledger of an earlier agent could not be moved: the tunnels it kept may not be recorded as cut", "error", err)
+		}
+	}
 	if cfg.Ephemeral {
 		host.Sweep(ownerAlive, func(id string, cgroupID uint64) {
 			a.dropTransparent(id, cgroupID)

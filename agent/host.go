@@ -5,6 +5,7 @@
 package agent
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -73,6 +74,13 @@ func OpenHost(cfg Config) (*Host, error) {
 		if parent, err = sandbox.EnsureParent(); err != nil {
 			return nil, err
 		}
+	}
+	nsDir := cfg.NetnsDir
+	if nsDir == "" {
+		nsDir = netns.DefaultDir
+	}
+	if err := netns.MountDir(nsDir); err != nil {
+		return nil, err
 	}
 	l, err := bpf.Load(bpf.Options{Cgroup: parent, PinDir: cfg.PinDir})
 	if err != nil {
@@ -187,5 +195,5 @@ func Uninstall(cfg Config, force bool) error {
 	if err := unix.Rmdir(parent); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("uninstall: remove parent cgroup %s: %w", parent, err)
 	}
-	return nil
+	return netns.ReleaseDir(cmp.Or(cfg.NetnsDir, netns.DefaultDir))
 }

@@ -8,8 +8,9 @@
 // agent killed outright (SIGKILL, the OOM killer) takes the records of
 // its open tunnels with it, and the Trial's log would not show that they
 // were ever allowed, nor that they were cut. So each agent process keeps
-// a ledger per Trial: a file on the state directory's tmpfs, mapped
-// shared, with one slot per open tunnel or forwarded request holding its
+// a ledger per Trial: a file on the state directory's tmpfs, in a
+// directory of the Trial's own (so that finding one Trial's ledgers
+// reads that directory, not every live Trial's files), mapped shared, with one slot per open tunnel or forwarded request holding its
 // record as it stood when it was allowed. Taking a slot is a copy into
 // memory and one atomic store; nothing is written to a disk. The agent
 // that serves the Trial next finds the ledgers of processes that are
@@ -51,16 +52,33 @@ type Ledger struct {
 	free []int // slots not in use
 }
 
+// trialDir is the directory of Trial id's ledgers under dir.
+func trialDir(dir, id string) string {
+	return filepath.Join(dir, id+".ledgers")
+}
+
 // ledgerPath names pid's ledger of Trial id under dir.
 func ledgerPath(dir, id string, pid int) string {
-	return filepath.Join(dir, id+".open."+strconv.Itoa(pid))
+	return filepath.Join(trialDir(dir, id), strconv.Itoa(pid))
 }
 
 // Create makes this process's ledger of Trial id under dir (the state
 // directory, a tmpfs), with one slot per tunnel it may have open.
 func Create(dir, id string, slots int) (*Ledger, error) {
 	path := ledgerPath(dir, id, os.Getpid())
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	var f *os.File
+	var err error
+	// Twice: another agent process (one draining after a hand-over)
+	// removes the directory when its own last ledger in it goes.
+	for range 2 {
+		if err = os.Mkdir(trialDir(dir, id), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, err
+		}
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		if !errors.Is(err, os.ErrNotExist) {
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -130,6 +148,7 @@ func (l *Ledger) Remove() {
 	_ = unix.Munmap(l.mem)
 	l.mem = nil
 	_ = os.Remove(l.path)
+	_ = os.Remove(filepath.Dir(l.path)) // fails while another process's ledger is in it
 }
 
 // Lost reads and removes the ledgers of Trial id under dir that
@@ -138,10 +157,12 @@ func (l *Ledger) Remove() {
 // A ledger of a live process other than this one is left alone: an
 // agent draining after a hand-over.
 func Lost(dir, id string) ([]record.Event, error) {
-	files, _ := filepath.Glob(filepath.Join(dir, id+".open.*"))
+	d := trialDir(dir, id)
+	files, _ := os.ReadDir(d)
 	var out []record.Event
 	var errs []error
-	for _, path := range files {
+	for _, f := range files {
+		path := filepath.Join(d, f.Name())
 		evs, err := readLedger(path)
 		if errors.Is(err, errLedgerLive) {
 			continue
@@ -155,6 +176,7 @@ func Lost(dir, id string) ([]record.Event, error) {
 		out = append(out, evs...)
 		_ = os.Remove(path)
 	}
+	_ = os.Remove(d) // left while a live process's ledger is in it
 	return out, errors.Join(errs...)
 }
 
@@ -178,10 +200,7 @@ func processRuns(pid int, start uint64) bool {
 // RemoveAll removes every ledger of Trial id under dir, unread: what
 // they kept is no Trial's any more.
 func RemoveAll(dir, id string) {
-	files, _ := filepath.Glob(filepath.Join(dir, id+".open.*"))
-	for _, f := range files {
-		_ = os.Remove(f)
-	}
+	_ = os.RemoveAll(trialDir(dir, id))
 }
 
 func readLedger(path string) ([]record.Event, error) {
@@ -193,7 +212,7 @@ func readLedger(path string) ([]record.Event, error) {
 		return nil, fmt.Errorf("%s: not a tunnel ledger", path)
 	}
 	pid := int(binary.LittleEndian.Uint64(mem[8:]))
-	if !strings.HasSuffix(path, "."+strconv.Itoa(pid)) {
+	if filepath.Base(path) != strconv.Itoa(pid) {
 		return nil, fmt.Errorf("%s: its header names pid %d", path, pid)
 	}
 	if processRuns(pid, binary.LittleEndian.Uint64(mem[16:])) {
@@ -223,4 +242,33 @@ func readLedger(path string) ([]record.Event, error) {
 		out = append(out, ev)
 	}
 	return out, nil
+}
+
+// MoveLegacy moves the ledgers an agent before per-Trial directories left
+// under dir (<id>.open.<pid>) into their Trial's directory, so that the
+// agent serving the Trial next finds them. A process still writing one
+// keeps its mapping, which a rename leaves in place.
+func MoveLegacy(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		id, pid, ok := strings.Cut(e.Name(), ".open.")
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		if _, err := strconv.Atoi(pid); err != nil {
+			continue
+		}
+		if err := os.Mkdir(trialDir(dir, id), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			errs = append(errs, err)
+			continue
+		}
+		if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(trialDir(dir, id), pid)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -86,7 +86,7 @@ func TestLedgerOfAReusedPid(t *testing.T) {
 	if evs, err := Lost(dir, "lt2"); err != nil || len(evs) != 1 {
 		t.Errorf("a dead process's ledger under this pid: %+v %v", evs, err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "lt2.open."+strconv.Itoa(os.Getpid()))); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, "lt2.ledgers", strconv.Itoa(os.Getpid()))); !os.IsNotExist(err) {
 		t.Errorf("it was not removed: %v", err)
 	}
 }
@@ -207,4 +207,33 @@ func FuzzLedgerSlot(f *testing.F) {
 			}
 		}
 	})
+}
+
+// An earlier agent's ledger, named <id>.open.<pid> beside every other
+// Trial's files, is found once moved into the Trial's directory.
+func TestLedgerMovesLegacy(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Create(dir, "lt3", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Open(&record.Event{Schema: record.EventSchema, ID: "x", Time: time.Now(), Trial: "lt3", Method: "CONNECT", Target: "d.example.com:443"})
+	dead := 1<<22 - 2
+	asDead(t, dir, "lt3", dead)
+	legacy := filepath.Join(dir, "lt3.open."+strconv.Itoa(dead))
+	if err := os.Rename(ledgerPath(dir, "lt3", dead), legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lt3.json"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := MoveLegacy(dir); err != nil {
+		t.Fatal(err)
+	}
+	if evs, err := Lost(dir, "lt3"); err != nil || len(evs) != 1 || evs[0].Target != "d.example.com:443" {
+		t.Errorf("the moved ledger's tunnels: %+v %v", evs, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "lt3.json")); err != nil {
+		t.Errorf("another file was moved: %v", err)
+	}
 }

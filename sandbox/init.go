@@ -518,22 +518,55 @@ func setupInit(nested, transparent bool, hide, keep []string) error {
 
 // dropNsMounts detaches the namespace files bind-mounted on the host (every
 // Trial's netns among them): a copy here would keep a destroyed Trial's
-// namespace alive for as long as this one lives.
+// namespace alive for as long as this one lives. The agent's netns
+// directory, a mount of its own (netns.MountDir), goes in one call, with
+// every Trial's namespace in it: each umount2 waits out an RCU grace
+// period, so one per live Trial would grow every Trial's start with the
+// number live. Found as the directory of this Trial's own namespace
+// mount; the directory is hidden from the Trial whatever it is (maskHost).
 func dropNsMounts() error {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return fmt.Errorf("read mountinfo: %w", err)
 	}
+	var nsfs [][]string // root and mount point of each nsfs mount
+	points := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		pre, post, ok := strings.Cut(sc.Text(), " - ")
 		fields := strings.Fields(pre)
-		if !ok || len(fields) < 5 || !strings.HasPrefix(post, "nsfs ") {
+		if !ok || len(fields) < 5 {
 			continue
 		}
-		path := cgroup2.UnescapeMountPath(fields[4])
-		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("detach %s: %w", path, err)
+		point := cgroup2.UnescapeMountPath(fields[4])
+		points[point] = true
+		if strings.HasPrefix(post, "nsfs ") {
+			nsfs = append(nsfs, []string{fields[3], point})
+		}
+	}
+	dir := ""
+	if own, err := os.Readlink("/proc/self/ns/net"); err == nil {
+		for _, m := range nsfs {
+			if m[0] == own {
+				dir = filepath.Dir(m[1])
+				break
+			}
+		}
+	}
+	if dir == "/" || !points[dir] {
+		dir = "" // not a mount of its own: one by one
+	}
+	if dir != "" {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("detach %s: %w", dir, err)
+		}
+	}
+	for _, m := range nsfs {
+		if dir != "" && (m[1] == dir || strings.HasPrefix(m[1], dir+"/")) {
+			continue // gone with dir
+		}
+		if err := unix.Unmount(m[1], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("detach %s: %w", m[1], err)
 		}
 	}
 	return nil

@@ -189,14 +189,51 @@ static int under(const char *path, const char *dir) {
 	return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
 }
 
+// ns_dir finds, in mountinfo b (left as it is), the agent's netns
+// directory as dropNsMounts does: the directory of this Trial's own
+// namespace mount, when it is a mount of its own. 0: none.
+static int ns_dir(const char *b, char *dir) {
+	char own[64], root[PATH_MAX], *line;
+	ssize_t n = readlink("/proc/self/ns/net", own, sizeof own - 1);
+	if (n <= 0)
+		return 0;
+	own[n] = 0;
+	struct mount_line m;
+	char *c = strdup(b), *s = c;
+	if (!c)
+		init_fail(ENOMEM, NULL, "read mountinfo");
+	while (!*dir && (line = next_line(&s))) {
+		if (sscanf(line, "%*s %*s %*s %4095s", root) != 1)
+			continue;
+		split_line(line, &m);
+		if (m.post && m.fields >= 5 && !strncmp(m.post, "nsfs ", 5) && !strcmp(root, own) && strrchr(m.point, '/') != m.point) {
+			snprintf(dir, PATH_MAX, "%s", m.point);
+			*strrchr(dir, '/') = 0;
+		}
+	}
+	memcpy(c, b, strlen(b) + 1);
+	int found = 0;
+	for (s = c; *dir && !found && (line = next_line(&s));) {
+		split_line(line, &m);
+		found = m.fields >= 5 && !strcmp(m.point, dir);
+	}
+	free(c);
+	return found;
+}
+
 // drop_ns_mounts is dropNsMounts.
 static void drop_ns_mounts(void) {
-	char *b = read_mountinfo(), *s = b, *line;
+	char *b = read_mountinfo(), *s = b, *line, dir[PATH_MAX] = "";
+	int whole = ns_dir(b, dir);
+	if (whole && umount2(dir, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+		init_fail(errno, NULL, "detach %s", dir);
 	struct mount_line m;
 	while ((line = next_line(&s))) {
 		split_line(line, &m);
 		if (!m.post || m.fields < 5 || strncmp(m.post, "nsfs ", 5))
 			continue;
+		if (whole && under(m.point, dir))
+			continue; // gone with dir
 		if (umount2(m.point, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
 			init_fail(errno, NULL, "detach %s", m.point);
 	}

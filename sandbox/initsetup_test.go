@@ -11,7 +11,9 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/internal/cgroup2"
+	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/rootdir"
+	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
@@ -132,4 +134,58 @@ func initMounts(t *testing.T, mountinfo string) map[string]initMount {
 		t.Fatalf("no mounts in the init's mountinfo:\n%s", mountinfo)
 	}
 	return mounts
+}
+
+// A Trial's init holds no namespace mount of the host's: not another
+// Trial's, whose namespace its copy would keep alive past that Trial's
+// destroy, in the agent's netns directory made a mount of its own (one
+// detach takes them all) under a shared parent (which must not receive
+// copies of them), nor one elsewhere (detached one by one).
+func TestPrivilegedInitHoldsNoNamespaceMount(t *testing.T) {
+	h := newHost(t)
+	// Under a shared parent, as /run is under systemd.
+	parent := privtest.SharedDir(t, "netns-parent-")
+	if err := unix.Mount("tmpfs", parent, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(parent, unix.MNT_DETACH) })
+	if err := unix.Mount("", parent, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	h.NetnsDir = filepath.Join(parent, "netns")
+	if err := netns.MountDir(h.NetnsDir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := netns.ReleaseDir(h.NetnsDir); err != nil {
+			t.Error(err)
+		}
+	})
+	elsewhere := privtest.SharedDir(t, "netns-elsewhere-")
+	other, err := netns.Create(elsewhere, "outside")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Delete() })
+	first := newTrial(t, h, trial.Spec{})
+	second := newTrial(t, h, trial.Spec{})
+	for _, tr := range []*Trial{first, second} {
+		if code, out := runProbe(t, tr, "procs"); code != probeOK {
+			t.Fatalf("%d %s", code, out)
+		}
+		init, err := findInit(tr.Cgroup)
+		if err != nil || init.pidfd < 0 {
+			t.Fatalf("the Trial's init: %+v, %v", init, err)
+		}
+		_ = unix.Close(init.pidfd)
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", init.pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p, m := range initMounts(t, string(b)) {
+			if m.fstype == "nsfs" {
+				t.Errorf("Trial %s's init keeps the host's namespace file %s", tr.ID, p)
+			}
+		}
+	}
 }

@@ -290,8 +290,7 @@ func TestPrivilegedRunKilledIsCleanedUpByTheNext(t *testing.T) {
 	if !now[kept] {
 		t.Errorf("the next run removed a live run's Trial %s", kept)
 	}
-	ledgers, _ := filepath.Glob(filepath.Join(stateDir, gone+".open.*"))
-	for _, p := range append(kept2, ledgers...) {
+	for _, p := range append(kept2, filepath.Join(stateDir, gone+".ledgers")) {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("the killed run's %s is still there after the next run removed its Trial", p)
 		}
