@@ -582,8 +582,10 @@ func (a *Agent) transparentFiles(lt *trial) ([]lname.Name, []*os.File, error) {
 	if tp == nil {
 		return nil, nil, nil
 	}
-	if tp.held != nil {
-		return nil, nil, nil // paused for a hand-over: the successor's to keep
+	if tp.held != nil || tp.socks.udp == nil || tp.socks.tcp == nil || tp.socks.steered == nil {
+		// Paused for a hand-over, or handed over (the stub stopped, its
+		// copies released): the successor's to keep.
+		return nil, nil, nil
 	}
 	return tp.socks.files(lt.info.ID)
 }

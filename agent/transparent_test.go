@@ -451,3 +451,15 @@ func TestPrivilegedNamesFileOnAFullDisk(t *testing.T) {
 		t.Fatalf("read %d names (%v), want the %d written whole, the last %s at %s", len(names), err, written+1, name(written), addr(written))
 	}
 }
+
+// A draining agent's keeper tending, after the hand-over took the stub's
+// sockets, finds none to give (it once called File on a nil socket and
+// the draining agent crashed, cutting the tunnels it was draining).
+func TestTransparentFilesAfterHandOver(t *testing.T) {
+	lt := &trial{tp: &transparent{}}
+	lt.info.ID = "handed-over"
+	names, files, err := (&Agent{}).transparentFiles(lt)
+	if err != nil || len(names) != 0 || len(files) != 0 {
+		t.Fatalf("a handed-over Trial's transparent files: %v %v %v", names, files, err)
+	}
+}
