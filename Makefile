@@ -1,11 +1,16 @@
 # trialnet — every target has a "## help" comment; "make help" lists them.
 GO      ?= go
 BIN     := bin/trialnet
+# The NRI plugin is a binary of its own (trialnet nri execs it from beside
+# trialnet): trialnet, started by every run, exec and OCI hook, links
+# none of NRI's dependencies.
+NRIBIN  := bin/trialnet-nri
+PREFIX  ?= /usr/local
 PKGS    := ./...
 # Privileged tests need root; in CI (CI=true) they fail rather than skip.
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: help deps test-deps test-node test-harnesses bench-deps generate check-generate build test bench demo lint fuzz clean vm-deps vmtest
+.PHONY: help deps test-deps test-node test-harnesses bench-deps generate check-generate build install test bench demo lint fuzz clean vm-deps vmtest
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -81,8 +86,15 @@ check-generate: generate ## regenerate and fail if the committed bpf2go output d
 	git diff --exit-code -- 'bpf/*_bpfel.go' 'bpf/*_bpfel.o'
 	@test -z "$$(git status --porcelain -- 'bpf/*_bpfel.*')" || { git status --porcelain -- 'bpf/*_bpfel.*'; exit 1; }
 
-build: ## build bin/trialnet
+build: ## build bin/trialnet and the NRI plugin bin/trialnet-nri
 	$(GO) build -o $(BIN) ./cmd/trialnet
+	$(GO) build -o $(NRIBIN) ./cmd/trialnet-nri
+
+# install(1) writes a new file in place of the old one, so a running
+# agent keeps its binary; the plugin must sit beside trialnet.
+install: build ## install bin/trialnet and bin/trialnet-nri side by side in $(PREFIX)/bin (PREFIX=/usr/local)
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/trialnet
+	install -D -m 0755 $(NRIBIN) $(DESTDIR)$(PREFIX)/bin/trialnet-nri
 
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -287,12 +287,8 @@ func TestPrivilegedTwoTrialsSeparateAllowlists(t *testing.T) {
 	}
 	var seen map[string]float64
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		mfs, err := a.Registry().Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
 		seen = map[string]float64{}
-		for _, mf := range mfs {
+		for _, mf := range scrape(t, a.MetricsHandler(), false) {
 			for _, m := range mf.GetMetric() {
 				labels := ""
 				for _, l := range m.GetLabel() {

@@ -3,19 +3,19 @@
 package agent
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"runtime"
 	"runtime/debug"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"strings"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/promtext"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -38,41 +38,22 @@ import (
 //	go_*, process_*                                       the Go runtime and the agent process
 const metricPrefix = "trialnet_"
 
-// collector reads the counters at scrape time, so nothing is double-kept.
-type collector struct{ a *Agent }
-
-// Registry returns a Prometheus registry exposing the agent's metrics.
-func (a *Agent) Registry() *prometheus.Registry {
-	r := prometheus.NewRegistry()
-	r.MustRegister(collector{a}, a.obs.dns, a.obs.dial, a.obs.firstByte,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return r
-}
-
-var (
-	descBuild     = prometheus.NewDesc(metricPrefix+"build_info", "The agent's build: always 1.", []string{"version", "goversion", "revision"}, nil)
-	descLive      = prometheus.NewDesc(metricPrefix+"trials_live", "Live Trials.", nil, nil)
-	descDecisions = prometheus.NewDesc(metricPrefix+"proxy_decisions_total", "CONNECT decisions by outcome and reason.", []string{"trial", "decision", "reason"}, nil)
-	descBytes     = prometheus.NewDesc(metricPrefix+"proxy_tunnel_bytes_total", "Bytes through tunnels; up is Trial to upstream.", []string{"trial", "direction"}, nil)
-	descActive    = prometheus.NewDesc(metricPrefix+"proxy_tunnels_active", "CONNECTs being served.", []string{"trial"}, nil)
-	descDNS       = prometheus.NewDesc(metricPrefix+"proxy_dns_failures_total", "CONNECTs refused because DNS failed or had no answer.", []string{"trial"}, nil)
-	descStub      = prometheus.NewDesc(metricPrefix+"dns_stub_queries_total", "The transparent DNS stub's answers and closed connections, by kind.", []string{"trial", "answer"}, nil)
-	descStubNames = prometheus.NewDesc(metricPrefix+"dns_stub_names", "Names the transparent DNS stub gave an address.", []string{"trial"}, nil)
-	descEgress    = prometheus.NewDesc(metricPrefix+"direct_egress_packets_total", "Packets that tried to leave a Trial other than through loopback (dropped); anything but 0 is an alarm.", []string{"trial"}, nil)
-	// descKernel describes each kernel counter. The names come from the
-	// BTF struct through bpf2go, so they are fixed for a build: every one
-	// is described, and the registry checks what is collected against them.
-	descKernel = kernelDescs()
-	buildLabel = buildLabels()
+// The families' help texts, one per name; the kernel counters' come
+// from their names.
+const (
+	helpBuild     = "The agent's build: always 1."
+	helpLive      = "Live Trials."
+	helpDecisions = "CONNECT decisions by outcome and reason."
+	helpBytes     = "Bytes through tunnels; up is Trial to upstream."
+	helpActive    = "CONNECTs being served."
+	helpDNS       = "CONNECTs refused because DNS failed or had no answer."
+	helpStub      = "The transparent DNS stub's answers and closed connections, by kind."
+	helpStubNames = "Names the transparent DNS stub gave an address."
+	helpEgress    = "Packets that tried to leave a Trial other than through loopback (dropped); anything but 0 is an alarm."
 )
 
-func kernelDescs() map[string]*prometheus.Desc {
-	m := make(map[string]*prometheus.Desc)
-	for _, f := range (bpf.Counters{}).Fields() {
-		m[f.Name] = prometheus.NewDesc(metricPrefix+"kernel_"+f.Name+"_total", "Kernel counter "+f.Name+" (see bpf/trialnet.bpf.c).", []string{"trial"}, nil)
-	}
-	return m
-}
+// buildLabel is this binary's version, Go version and VCS revision.
+var buildLabel = buildLabels()
 
 // buildLabels are the version, Go version and VCS revision this binary
 // was built with ("unknown" where the build did not record one).
@@ -93,38 +74,64 @@ func buildLabels() [3]string {
 	return l
 }
 
-func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBuild, descLive, descDecisions, descBytes, descActive, descDNS, descEgress, descStub, descStubNames} {
-		ch <- d
+// families reads the agent's metrics at scrape time, so nothing is
+// double-kept: the Trials' counters, the latency histograms, the Go
+// runtime's and the process's.
+func (a *Agent) families() []promtext.Family {
+	fams := a.trialFamilies()
+	if o := a.obs; o != nil {
+		fams = append(fams,
+			promtext.Family{Name: metricPrefix + "proxy_dns_seconds", Help: helpObsDNS, Type: promtext.Histogram, Series: []promtext.Series{o.dns.Series()}},
+			promtext.Family{Name: metricPrefix + "proxy_dial_seconds", Help: helpObsDial, Type: promtext.Histogram, Series: []promtext.Series{o.dial.Series()}},
+			promtext.Family{Name: metricPrefix + "proxy_first_byte_seconds", Help: helpObsFirstByte, Type: promtext.Histogram, Series: []promtext.Series{o.firstByte.Series()}})
 	}
-	for _, d := range descKernel {
-		ch <- d
-	}
+	fams = append(fams, promtext.GoFamilies()...)
+	return append(fams, promtext.ProcessFamilies()...)
 }
 
-func (c collector) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(descBuild, prometheus.GaugeValue, 1, buildLabel[:]...)
-	trials := c.a.list()
-	ch <- prometheus.MustNewConstMetric(descLive, prometheus.GaugeValue, float64(len(trials)))
+// trialFamilies are the per-Trial families, each series labelled with
+// its Trial, and the agent's build and live count.
+func (a *Agent) trialFamilies() []promtext.Family {
+	type fam = promtext.Family
+	type label = promtext.Label
+	trials := a.list()
+	build := fam{Name: metricPrefix + "build_info", Help: helpBuild, Type: promtext.Gauge, Series: []promtext.Series{{Value: 1,
+		Labels: []label{{Name: "version", Value: buildLabel[0]}, {Name: "goversion", Value: buildLabel[1]}, {Name: "revision", Value: buildLabel[2]}}}}}
+	live := fam{Name: metricPrefix + "trials_live", Help: helpLive, Type: promtext.Gauge, Series: []promtext.Series{{Value: float64(len(trials))}}}
+	decisions := fam{Name: metricPrefix + "proxy_decisions_total", Help: helpDecisions, Type: promtext.Counter}
+	bytes := fam{Name: metricPrefix + "proxy_tunnel_bytes_total", Help: helpBytes, Type: promtext.Counter}
+	active := fam{Name: metricPrefix + "proxy_tunnels_active", Help: helpActive, Type: promtext.Gauge}
+	dns := fam{Name: metricPrefix + "proxy_dns_failures_total", Help: helpDNS, Type: promtext.Counter}
+	egress := fam{Name: metricPrefix + "direct_egress_packets_total", Help: helpEgress, Type: promtext.Counter}
+	stub := fam{Name: metricPrefix + "dns_stub_queries_total", Help: helpStub, Type: promtext.Counter}
+	stubNames := fam{Name: metricPrefix + "dns_stub_names", Help: helpStubNames, Type: promtext.Gauge}
+	// The kernel counters' names come from the BTF struct through bpf2go:
+	// one family each, fixed for a build.
+	kernel := map[string]*fam{}
+	for _, f := range (bpf.Counters{}).Fields() {
+		kernel[f.Name] = &fam{Name: metricPrefix + "kernel_" + f.Name + "_total", Help: "Kernel counter " + f.Name + " (see bpf/trialnet.bpf.c).", Type: promtext.Counter}
+	}
 	for _, info := range trials {
-		st, err := c.a.Stats(context.Background(), info.ID)
+		st, err := a.Stats(context.Background(), info.ID)
 		if err != nil {
 			continue // destroyed between List and Stats
 		}
+		one := func(f *fam, v float64, more ...label) {
+			f.Series = append(f.Series, promtext.Series{Value: v, Labels: append([]label{{Name: "trial", Value: info.ID}}, more...)})
+		}
 		for name, v := range st.Kernel {
-			if d := descKernel[name]; d != nil {
-				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), info.ID)
+			if f := kernel[name]; f != nil {
+				one(f, float64(v))
 			}
 		}
 		for reason, n := range st.Proxy.ByReason {
-			decision := reason.Decision()
-			ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(n), info.ID, string(decision), string(reason))
+			one(&decisions, float64(n), label{Name: "decision", Value: string(reason.Decision())}, label{Name: "reason", Value: string(reason)})
 		}
-		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(st.Proxy.BytesUp), info.ID, "up")
-		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(st.Proxy.BytesDown), info.ID, "down")
-		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(st.Proxy.Active), info.ID)
-		ch <- prometheus.MustNewConstMetric(descDNS, prometheus.CounterValue, float64(st.Proxy.DNSFailures), info.ID)
-		ch <- prometheus.MustNewConstMetric(descEgress, prometheus.CounterValue, float64(st.Egress), info.ID)
+		one(&bytes, float64(st.Proxy.BytesUp), label{Name: "direction", Value: "up"})
+		one(&bytes, float64(st.Proxy.BytesDown), label{Name: "direction", Value: "down"})
+		one(&active, float64(st.Proxy.Active))
+		one(&dns, float64(st.Proxy.DNSFailures))
+		one(&egress, float64(st.Egress))
 		if s := st.DNS; s != nil {
 			for _, x := range []struct {
 				answer string
@@ -132,11 +139,16 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			}{{"answered", s.Answered}, {"nodata", s.NoData}, {"nxdomain", s.NXDomain}, {"refused", s.Refused}, {"formerr", s.FormErr},
 				{"notimp", s.NotImp}, {"rate_limited", s.RateLimited}, {"pool_full", s.PoolFull}, {"dropped", s.Dropped},
 				{"tcp_refused", s.TCPRefused}, {"tcp_too_large", s.TCPTooLarge}} {
-				ch <- prometheus.MustNewConstMetric(descStub, prometheus.CounterValue, float64(x.n), info.ID, x.answer)
+				one(&stub, float64(x.n), label{Name: "answer", Value: x.answer})
 			}
-			ch <- prometheus.MustNewConstMetric(descStubNames, prometheus.GaugeValue, float64(s.Names), info.ID)
+			one(&stubNames, float64(s.Names))
 		}
 	}
+	out := []fam{build, live, decisions, bytes, active, dns, egress, stub, stubNames}
+	for _, f := range kernel {
+		out = append(out, *f)
+	}
+	return out
 }
 
 // observers are the latency histograms, fed from the decision events.
@@ -146,21 +158,24 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 // upstreams, not of a Trial. A Trial's own timings are in its decision
 // log (dns_us, dial_us, first_byte_us).
 type observers struct {
-	dns, dial, firstByte prometheus.Histogram
+	dns, dial, firstByte *promtext.Observer
 }
+
+const (
+	helpObsDNS       = "Time spent resolving the name of one CONNECT or forwarded request (all queries), when it was resolved."
+	helpObsDial      = "Time spent connecting to the upstream of one request (all attempts), when it was dialed."
+	helpObsFirstByte = "From the start of a request to the upstream's first byte: the setup a client waits out."
+)
 
 // latencyBuckets span 0.5 ms (a cached name, a LAN dial) to 10 s (the
 // dial timeout).
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 func newObservers() *observers {
-	h := func(name, help string) prometheus.Histogram {
-		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: metricPrefix + name, Help: help, Buckets: latencyBuckets})
-	}
 	return &observers{
-		dns:       h("proxy_dns_seconds", "Time spent resolving the name of one CONNECT or forwarded request (all queries), when it was resolved."),
-		dial:      h("proxy_dial_seconds", "Time spent connecting to the upstream of one request (all attempts), when it was dialed."),
-		firstByte: h("proxy_first_byte_seconds", "From the start of a request to the upstream's first byte: the setup a client waits out."),
+		dns:       promtext.NewObserver(latencyBuckets),
+		dial:      promtext.NewObserver(latencyBuckets),
+		firstByte: promtext.NewObserver(latencyBuckets),
 	}
 }
 
@@ -201,11 +216,39 @@ func (a *Agent) serveHealth(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(h)
 }
 
-// MetricsHandler serves GET /metrics and GET /healthz (200 when healthy,
-// 503 otherwise), for the metrics address.
+// MetricsHandler serves GET /metrics (Prometheus's text format 0.0.4,
+// gzipped when the scraper accepts it) and GET /healthz (200 when
+// healthy, 503 otherwise), for the metrics address.
 func (a *Agent) MetricsHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.Registry(), promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /metrics", a.serveMetrics)
 	mux.HandleFunc("GET /healthz", a.serveHealth)
 	return mux
+}
+
+func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", promtext.ContentType)
+	w.Header().Set("Vary", "Accept-Encoding")
+	var out io.Writer = w
+	if acceptsGzip(r.Header.Get("Accept-Encoding")) {
+		w.Header().Set("Content-Encoding", "gzip")
+		gz := gzip.NewWriter(w)
+		defer gz.Close()
+		out = gz
+	}
+	// A write error is the scraper gone: nothing to tell it.
+	_ = promtext.Write(out, a.families())
+}
+
+// acceptsGzip says whether an Accept-Encoding header takes gzip (and
+// does not refuse it with q=0).
+func acceptsGzip(h string) bool {
+	for part := range strings.SplitSeq(h, ",") {
+		coding, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.EqualFold(strings.TrimSpace(coding), "gzip") {
+			q := strings.ReplaceAll(params, " ", "")
+			return q != "q=0" && q != "q=0.0" && q != "q=0.00" && q != "q=0.000"
+		}
+	}
+	return false
 }

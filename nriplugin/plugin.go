@@ -1,6 +1,6 @@
 //go:build linux
 
-// Package nriplugin is trialnet's NRI plugin (trialnet nri), which
+// Package nriplugin is trialnet's NRI plugin (trialnet-nri), which
 // containerd 1.7+ and CRI-O run beside every container they create: for
 // a pod annotated trialnet.io/profile=NAME it makes a Trial from that
 // profile (the id from the pod's namespace, name and uid), and adjusts
@@ -60,6 +60,9 @@ type Plugin struct {
 	// HookPath is trialnet's binary as the runtime sees it (on the node),
 	// which it runs as the createRuntime hook.
 	HookPath string
+	// HookBinary is the trialnet binary Install copies to HookPath (the
+	// plugin is a binary of its own: cmd/trialnet-nri).
+	HookBinary string
 	// Socket is the agent's control socket on the node ("":
 	// client.DefaultSocket), passed to the hook.
 	Socket string

@@ -144,26 +144,59 @@ func TestAdjustmentLeavesOneClaim(t *testing.T) {
 // stub's resolv.conf where it binds it, replacing whatever was there.
 func TestInstall(t *testing.T) {
 	dir := t.TempDir()
-	p := &Plugin{HookPath: filepath.Join(dir, "bin", "trialnet"), ResolvConf: filepath.Join(dir, "resolv.conf")}
+	bin := filepath.Join(dir, "trialnet")
+	if err := os.WriteFile(bin, []byte("\x7fELF the trialnet binary"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p := &Plugin{HookPath: filepath.Join(dir, "bin", "trialnet"), HookBinary: bin, ResolvConf: filepath.Join(dir, "resolv.conf")}
 	if err := os.WriteFile(p.ResolvConf, []byte("nameserver 10.0.0.10\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Install(); err != nil {
 		t.Fatal(err)
 	}
-	self, err := os.ReadFile("/proc/self/exe")
+	want, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
 	hook, err := os.ReadFile(p.HookPath)
-	if fi, _ := os.Stat(p.HookPath); err != nil || !bytes.Equal(hook, self) || fi.Mode().Perm() != 0o755 {
-		t.Errorf("the hook at %s is not this binary, executable: %v", p.HookPath, err)
+	if fi, _ := os.Stat(p.HookPath); err != nil || !bytes.Equal(hook, want) || fi.Mode().Perm() != 0o755 {
+		t.Errorf("the hook at %s is not %s, executable: %v", p.HookPath, bin, err)
 	}
 	if b, err := os.ReadFile(p.ResolvConf); err != nil || string(b) != trial.ResolvConf {
 		t.Errorf("resolv.conf %q, %v", b, err)
 	}
 	if left, _ := filepath.Glob(filepath.Join(dir, "*", ".*")); len(left) > 0 {
 		t.Errorf("temporary files left: %q", left)
+	}
+}
+
+// The hook installed is the trialnet binary, never the plugin's own (the
+// runtime would run it as trialnet oci-hook and refuse every placed
+// container) nor nothing: each refused with what to give instead, and
+// the hook path left as it was.
+func TestInstallRefusesNoHookBinary(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, c := range []struct{ name, bin, want string }{
+		{"none given", "", "no trialnet binary given"},
+		{"missing", filepath.Join(dir, "trialnet"), "installed beside trialnet-nri, or named by --hook-binary"},
+		{"a directory", dir, "not a regular file"},
+		{"the plugin itself", self, "is the plugin itself, not trialnet"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := &Plugin{HookPath: filepath.Join(dir, "bin", "trialnet"), HookBinary: c.bin}
+			err := p.Install()
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error saying %q", err, c.want)
+			}
+			if _, err := os.Stat(p.HookPath); !os.IsNotExist(err) {
+				t.Errorf("hook path written: %v", err)
+			}
+		})
 	}
 }
 

@@ -4,8 +4,8 @@ package ocihook
 
 import (
 	"path/filepath"
-	"regexp"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,8 +22,11 @@ const ContainerdShmDir = "/run/containerd/io.containerd.grpc.v1.cri/sandboxes"
 // pod: the pod sandbox's id.
 const AnnotationSandboxID = "io.kubernetes.cri.sandbox-id"
 
-// sandboxIDShape is containerd's sandbox id: 32 random bytes in hex.
-var sandboxIDShape = regexp.MustCompile(`^[0-9a-f]{64}$`)
+// isSandboxID says whether s is shaped as containerd's sandbox id: 32
+// random bytes in lower-case hex.
+func isSandboxID(s string) bool {
+	return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == ""
+}
 
 // podShmOptions are the options containerd gives the bind, and those
 // that only take from it.
@@ -35,7 +38,7 @@ var podShmOptions = []string{"rbind", "bind", "rprivate", "private", "rw", "ro",
 // with sandbox in containerd's id shape, with no option but
 // podShmOptions. Nothing else under dir passes by being named shm.
 func (m mountOf) podShm(dir, sandbox string) bool {
-	return sandboxIDShape.MatchString(sandbox) &&
+	return isSandboxID(sandbox) &&
 		filepath.Clean(m.Destination) == "/dev/shm" && m.Type == "bind" &&
 		m.Source == dir+"/"+sandbox+"/shm" &&
 		!slices.ContainsFunc(m.Options, func(o string) bool { return !slices.Contains(podShmOptions, o) })

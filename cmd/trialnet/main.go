@@ -64,7 +64,7 @@ var commands = []struct {
 	{"verify", "check a Trial's signed receipt against this host's key", cmdVerify, false},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy, false},
 	{"oci-hook", "check a container that claims a Trial, as an OCI runtime's createRuntime hook ('oci-hook install' registers it)", cmdOCIHook, true},
-	{"nri", "run the NRI plugin that makes a Trial of each pod annotated trialnet.io/profile (containerd 1.7+, CRI-O)", cmdNRI, true},
+	{"nri", "run the NRI plugin that makes a Trial of each pod annotated trialnet.io/profile (containerd 1.7+, CRI-O): execs trialnet-nri, installed beside trialnet", cmdNRI, false},
 	{"oci-runtime", "run runc for Docker, a container that names a Trial put in it and checked by oci-hook ('oci-runtime install' registers it in daemon.json)", cmdOCIRuntime, false},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall, false},
 }
