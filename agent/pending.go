@@ -9,9 +9,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/client"
@@ -43,7 +45,7 @@ const maxPending = 256
 // pending is one prepared cgroup, waiting for its container's hook.
 type pending struct {
 	// key is the container's id, or for one prepared with none (podman's
-	// precreate stage) "cgroup:" and its cgroup.
+	// precreate stage) cgroupKey of its cgroup.
 	key                string
 	container, profile string
 	cgroup             string // absolute
@@ -123,20 +125,24 @@ func (a *Agent) PrepareContainer(ctx context.Context, req client.ContainerPrepar
 	if err := checkContainer(client.Container{ID: req.Container, PID: 1}); err != nil && req.Container != "" {
 		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container: %v", err)
 	}
+	who := "container " + req.Container
+	if req.Container == "" {
+		who = fmt.Sprintf("the container for cgroups path %q", req.CgroupsPath)
+	}
 	if req.Profile == "" {
-		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container %s: a Trial around a container needs a profile", req.Container)
+		return client.PreparedContainer{}, errf(client.CodeBadRequest, "%s: a Trial around a container needs a profile", who)
 	}
 	if _, _, err := a.file.Load().Spec(trialspec.Request{ID: "prepare", Profiles: []string{req.Profile}}, a.proxy.Guard().Allowed()); err != nil {
-		return client.PreparedContainer{}, errf(client.CodeUnknownProfile, "container %s: profile %q: %v", req.Container, req.Profile, err)
+		return client.PreparedContainer{}, errf(client.CodeUnknownProfile, "%s: profile %q: %v", who, req.Profile, err)
 	}
 	cg, err := a.pendingPath(req.CgroupsPath)
 	if err != nil {
-		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container %s: %v", req.Container, err)
+		return client.PreparedContainer{}, errf(client.CodeBadRequest, "%s: %v", who, err)
 	}
 	p := &pending{key: req.Container, container: req.Container, profile: req.Profile, cgroup: cg}
 	conn := callerConn(ctx)
 	if p.key == "" {
-		p.key, conn = "cgroup:"+cg, nil
+		p.key, conn = cgroupKey(cg), nil
 	}
 	a.pend.mu.Lock()
 	defer a.pend.mu.Unlock()
@@ -145,11 +151,11 @@ func (a *Agent) PrepareContainer(ctx context.Context, req client.ContainerPrepar
 	}
 	switch {
 	case a.pend.m[p.key] != nil:
-		return client.PreparedContainer{}, errf(client.CodeDuplicateID, "container %s is prepared already (cgroup %s)", p.key, a.pend.m[p.key].cgroup)
+		return client.PreparedContainer{}, errf(client.CodeDuplicateID, "%s is prepared already (cgroup %s): a runtime that retries must wait for that create to end", who, a.pend.m[p.key].cgroup)
 	case len(a.pend.m) >= maxPending:
-		return client.PreparedContainer{}, errf(client.CodeBadRequest, "container %s: %d containers are prepared and not yet created; retry when their runtimes are done", p.container, maxPending)
+		return client.PreparedContainer{}, errf(client.CodeBadRequest, "%s: %d containers are prepared and not yet created; retry when their runtimes are done", who, maxPending)
 	}
-	if err := a.makePending(p, conn); err != nil {
+	if err := a.makePending(p, who, conn); err != nil {
 		return client.PreparedContainer{}, err
 	}
 	a.pend.m[p.key] = p
@@ -165,8 +171,13 @@ func (a *Agent) PrepareContainer(ctx context.Context, req client.ContainerPrepar
 	return client.PreparedContainer{Cgroup: cg, Expires: time.Now().Add(bound).UTC()}, nil
 }
 
+// cgroupKey is the key of an entry prepared with no container id: a NUL
+// first, so that no container's id (printable: checkContainer) is it,
+// takes it, or stands in its way.
+func cgroupKey(cg string) string { return "\x00" + cg }
+
 // pendingPath is the cgroup a bundle's cgroupsPath names, which must be
-// a cgroupfs path directly under the Trial parent.
+// a cgroupfs path directly under the Trial parent, with a plain name.
 func (a *Agent) pendingPath(cp string) (string, error) {
 	mount, err := cgroup2.Mount()
 	if err != nil {
@@ -174,22 +185,38 @@ func (a *Agent) pendingPath(cp string) (string, error) {
 	}
 	parent := filepath.Clean(a.host.Parent)
 	rel := strings.TrimPrefix(parent, mount)
-	name := filepath.Base(cp)
-	if !strings.HasPrefix(cp, "/") || filepath.Clean(cp) != cp || filepath.Dir(filepath.Join(mount, cp)) != parent ||
-		strings.HasPrefix(name, ".") || strings.HasPrefix(name, "cgroup.") || len(name) > 255 {
+	if !strings.HasPrefix(cp, "/") || filepath.Clean(cp) != cp || filepath.Dir(filepath.Join(mount, cp)) != parent {
 		return "", fmt.Errorf("its cgroups path %q is not a cgroup directly under trialnet's %s: give the runtime a cgroups path %s/NAME (podman: --cgroup-manager cgroupfs --cgroup-parent %s)", cp, parent, rel, rel)
+	}
+	if name := filepath.Base(cp); !plainCgroupName(name) {
+		return "", fmt.Errorf("its cgroup's name %q is not one the agent makes: a name of at most 255 printable characters, no space, not starting with a dot, and not an interface file's (cgroup.*, memory.*, pids.* and the other controllers'), which the kernel may yet add to %s", name, parent)
 	}
 	return filepath.Join(mount, cp), nil
 }
 
+// interfacePrefixes are the prefixes of cgroup v2 interface file names:
+// the core's and each controller's. A child named like one blocks the
+// kernel from adding that file to the parent when the controller is
+// enabled above it, and reads as a file in a listing and in a message.
+var interfacePrefixes = []string{"cgroup", "cpu", "cpuset", "io", "memory", "hugetlb", "pids", "rdma", "misc", "dmem"}
+
+// plainCgroupName: name is printable, without space, not hidden, not an
+// interface file's, and fits a directory entry.
+func plainCgroupName(name string) bool {
+	pre, _, dotted := strings.Cut(name, ".")
+	return name != "" && len(name) <= 255 && !strings.HasPrefix(name, ".") &&
+		!(dotted && slices.Contains(interfacePrefixes, pre)) &&
+		strings.IndexFunc(name, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) < 0
+}
+
 // makePending makes p's cgroup, new, and its pending entry, and takes a
 // pidfd of conn's peer (nil: an in-process caller, whose entry only
-// expires); all or nothing.
-func (a *Agent) makePending(p *pending, conn *net.UnixConn) (err error) {
+// expires); all or nothing. who names its container in errors.
+func (a *Agent) makePending(p *pending, who string, conn *net.UnixConn) (err error) {
 	if conn != nil {
 		fd, _, err := fdpass.PeerPidfd(conn)
 		if err != nil {
-			return errf(client.CodeInternal, "container %s: the process that asks: %v", p.container, err)
+			return errf(client.CodeInternal, "%s: the process that asks: %v", who, err)
 		}
 		p.caller = pidFile(fd)
 	}
@@ -199,16 +226,16 @@ func (a *Agent) makePending(p *pending, conn *net.UnixConn) (err error) {
 		}
 	}()
 	if err := os.Mkdir(p.cgroup, 0o755); errors.Is(err, os.ErrExist) {
-		return errf(client.CodeBadRequest, "container %s: its cgroup %s exists already: a prepared cgroup is a new one the agent makes, never one in use; give the container a cgroups path of its own", p.container, p.cgroup)
+		return errf(client.CodeBadRequest, "%s: its cgroup %s exists already: a prepared cgroup is a new one the agent makes, never one in use; give the container a cgroups path of its own", who, p.cgroup)
 	} else if err != nil {
-		return errf(client.CodeInternal, "container %s: make its cgroup: %v", p.container, err)
+		return errf(client.CodeInternal, "%s: make its cgroup: %v", who, err)
 	}
 	if p.cgid, err = bpf.CgroupID(p.cgroup); err == nil {
 		err = a.host.BPF.AddPending(p.cgid, sandbox.MaxPtys)
 	}
 	if err != nil {
 		_ = unix.Rmdir(p.cgroup)
-		return errf(client.CodeInternal, "container %s: %v", p.container, err)
+		return errf(client.CodeInternal, "%s: %v", who, err)
 	}
 	return nil
 }
@@ -245,9 +272,13 @@ func (a *Agent) removePending(p *pending, why string) {
 	if err := a.host.BPF.RemoveTrial(p.cgid); err != nil {
 		a.log.Error("remove a pending entry", "container", p.container, "cgroup", p.cgroup, "error", err)
 	}
-	err := unix.Rmdir(p.cgroup)
-	if err != nil && !errors.Is(err, unix.ENOENT) {
-		a.log.Warn("a prepared cgroup not adopted is left to its runtime, without an entry", "container", p.container, "cgroup", p.cgroup, "error", err)
+	// Its own cgroup only: one its runtime removed (a create that
+	// failed) leaves the path to whoever makes it next, a Trial or
+	// another container among them.
+	if id, err := bpf.CgroupID(p.cgroup); err == nil && id == p.cgid {
+		if err := unix.Rmdir(p.cgroup); err != nil && !errors.Is(err, unix.ENOENT) {
+			a.log.Warn("a prepared cgroup not adopted is left to its runtime, without an entry", "container", p.container, "cgroup", p.cgroup, "error", err)
+		}
 	}
 	a.log.Info("prepared container dropped", "container", p.container, "cgroup", p.cgroup, "why", why)
 }

@@ -385,7 +385,13 @@ func TestPrivilegedPrepareRefusals(t *testing.T) {
 		{"deeper", "c3", "pend", w.path(t, "pend-live/x"), "not a cgroup directly under"},
 		{"escaping", "c4", "pend", w.path(t, "../x"), "not a cgroup directly under"},
 		{"relative", "c5", "pend", "x", "not a cgroup directly under"},
-		{"a control file's name", "c6", "pend", w.path(t, "cgroup.procs"), "not a cgroup directly under"},
+		{"a control file's name", "c6", "pend", w.path(t, "cgroup.procs"), "not one the agent makes"},
+		{"a controller file's name", "c10", "pend", w.path(t, "memory.max"), "not one the agent makes"},
+		{"another controller's", "c11", "pend", w.path(t, "pids.x"), "not one the agent makes"},
+		{"a terminal escape", "c12", "pend", w.path(t, "ctr\x1b]0;owned\x07"), "not one the agent makes"},
+		{"a right-to-left override", "c13", "pend", w.path(t, "ctr\u202egnp.x"), "not one the agent makes"},
+		{"a space", "c14", "pend", w.path(t, "ctr x"), "not one the agent makes"},
+		{"too long", "c15", "pend", w.path(t, strings.Repeat("x", 256)), "not one the agent makes"},
 		{"systemd's form", "c7", "pend", "machine.slice:libpod:x", "not a cgroup directly under"},
 		{"an unknown profile", "c8", "nope", w.path(t, "c8"), "unknown profile"},
 		{"no profile", "c9", "", w.path(t, "c9"), "profile"},
@@ -405,9 +411,79 @@ func TestPrivilegedPrepareRefusals(t *testing.T) {
 	if w.a.host.BPF.IsPending(liveID) || !w.a.host.BPF.HasTrial(liveID) {
 		t.Error("the live Trial's entry changed")
 	}
-	for _, name := range []string{"c8", "c9", "ctr-once2"} {
+	for _, name := range []string{"c8", "c9", "ctr-once2", "memory.max", "pids.x", "ctr\x1b]0;owned\x07", "ctr\u202egnp.x", "ctr x"} {
 		if _, err := os.Stat(filepath.Join(w.a.host.Parent, name)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("a refused prepare left cgroup %s", name)
 		}
+	}
+}
+
+// A prepared cgroup that its runtime removed (runc and crun remove the
+// cgroup of a create that failed) leaves its path free, and a live
+// Trial, or another container's cgroup, may stand there before the
+// pending entry goes: the drop removes its own cgroup, never what
+// stands at its path now.
+func TestPrivilegedPendingDropSparesItsPathReused(t *testing.T) {
+	w := newPendWorld(t, time.Hour)
+	ctx := context.Background()
+	pc, id := w.prepare(t, "ctr-reuse", "pend-reuse")
+	if err := unix.Rmdir(pc.Cgroup); err != nil {
+		t.Fatal(err)
+	}
+	live, err := w.a.Create(ctx, trialspec.Request{ID: "pend-reuse"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	liveID, err := bpf.CgroupID(live.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its hook refuses the container (another profile): the entry goes,
+	// at once.
+	_, err = w.a.ContainerTrial(ctx, client.ContainerTrial{Profile: "other", Container: client.Container{ID: "ctr-reuse", PID: os.Getpid()}})
+	if err == nil {
+		t.Fatal("a container prepared with another profile was adopted")
+	}
+	if w.a.host.BPF.HasTrial(id) {
+		t.Error("the refused container's pending entry stayed")
+	}
+	if _, err := os.Stat(live.Cgroup); err != nil || !w.a.host.BPF.HasTrial(liveID) {
+		t.Errorf("dropping a pending entry took the live Trial's cgroup at its path (%v), or its entry (%v)", err, w.a.host.BPF.HasTrial(liveID))
+	}
+}
+
+// An entry prepared with no container id (podman's precreate stage) is
+// for the container whose init is in its cgroup: a container whose id
+// spells the entry's key takes nothing of it, nor does a prepare under
+// that id stand in its way.
+func TestPrivilegedPreparedWithoutIDKeyedApart(t *testing.T) {
+	w := newPendWorld(t, time.Hour)
+	ctx := context.Background()
+	pc, err := w.a.PrepareContainer(ctx, client.ContainerPrepare{Profile: "pend", CgroupsPath: w.path(t, "pend-noid")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Rmdir(pc.Cgroup) })
+	id, err := bpf.CgroupID(pc.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = w.a.ContainerTrial(ctx, client.ContainerTrial{Profile: "pend", Container: client.Container{ID: "cgroup:" + pc.Cgroup, PID: os.Getpid()}})
+	if err == nil {
+		t.Fatal("a container outside the Trial parent was adopted")
+	}
+	if !w.a.host.BPF.IsPending(id) {
+		t.Errorf("a container whose id spells an id-less entry's key took it: %v", err)
+	}
+	other := w.path(t, "pend-noid2")
+	if _, err := w.a.PrepareContainer(ctx, client.ContainerPrepare{Container: "cgroup:" + filepath.Join(filepath.Dir(pc.Cgroup), "pend-noid2"), Profile: "pend", CgroupsPath: w.path(t, "pend-noid3")}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Rmdir(filepath.Join(w.a.host.Parent, "pend-noid3")) })
+	pc2, err := w.a.PrepareContainer(ctx, client.ContainerPrepare{Profile: "pend", CgroupsPath: other})
+	if err != nil {
+		t.Errorf("a prepare under an id that spells an id-less key stood in the way of one: %v", err)
+	} else {
+		_ = unix.Rmdir(pc2.Cgroup)
 	}
 }

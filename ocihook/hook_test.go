@@ -298,6 +298,20 @@ func TestHookRefuses(t *testing.T) {
 		{"unknown trialnet annotation", func(w *world) string {
 			return w.state(map[string]string{AnnotationTrial: "eval-1", "trialnet.io/mode": "lax"})
 		}, "not ones this trialnet knows"},
+		// An unset variable in a template (--annotation
+		// trialnet.io/profile=$PROFILE) asks for a Trial all the same.
+		{"an empty profile", func(w *world) string {
+			cfg := goodConfig()
+			cfg["annotations"] = map[string]string{AnnotationProfile: ""}
+			w.writeConfig(cfg)
+			return w.state(map[string]string{AnnotationProfile: ""})
+		}, "is empty"},
+		{"an empty Trial", func(w *world) string {
+			cfg := goodConfig()
+			cfg["annotations"] = map[string]string{AnnotationTrial: ""}
+			w.writeConfig(cfg)
+			return w.state(nil)
+		}, "is empty"},
 		{"state and config disagree", func(w *world) string {
 			return w.state(map[string]string{AnnotationTrial: "other"})
 		}, "in the state and"},

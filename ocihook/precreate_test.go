@@ -69,4 +69,18 @@ func TestPrecreate(t *testing.T) {
 	if err := Precreate(context.Background(), &fakePreparer{}, []byte(dup), &out); err == nil {
 		t.Error("a config with a key twice passed")
 	}
+	// Go's decoder matches keys without regard to case, crun does not:
+	// a prepare read from keys the runtime skips would be for a profile
+	// or a cgroup the container never has.
+	for name, in := range map[string]string{
+		"Annotations": `{"ociVersion":"1.0.0","process":{},"Annotations":{"trialnet.io/profile":"claude"},"linux":{"cgroupsPath":"/trialnet/libpod-abc"}}`,
+		"Linux":       `{"ociVersion":"1.0.0","process":{},"annotations":{"trialnet.io/profile":"claude"},"Linux":{"cgroupsPath":"/trialnet/libpod-abc"}}`,
+		"CgroupsPath": `{"ociVersion":"1.0.0","process":{},"annotations":{"trialnet.io/profile":"claude"},"linux":{"CgroupsPath":"/trialnet/libpod-abc"}}`,
+	} {
+		p, out := &fakePreparer{}, bytes.Buffer{}
+		err := Precreate(context.Background(), p, []byte(in), &out)
+		if err == nil || !strings.Contains(err.Error(), "spelt") || len(p.got) != 0 || out.Len() != 0 {
+			t.Errorf("a config with key %s: %v, prepared %+v, out %q; want it refused, nothing prepared", name, err, p.got, out.String())
+		}
+	}
 }

@@ -84,6 +84,12 @@ func claimOf(state, config map[string]string) (claim, error) {
 	}
 	var c claim
 	for k, v := range merged {
+		if v == "" && (k == AnnotationTrial || k == AnnotationProfile) {
+			// A template's unset variable (trialnet.io/profile=$PROFILE)
+			// asks for a Trial all the same: read as no claim, the
+			// container would start outside any.
+			return claim{}, fmt.Errorf("annotation %s is empty: give it the name it asks for, or leave it out", k)
+		}
 		switch k {
 		case AnnotationTrial:
 			c.trial = v

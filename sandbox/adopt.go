@@ -76,9 +76,9 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 	}
 	switch {
 	case c.Prepared != 0 && cgid != c.Prepared:
-		return refuse("its cgroup %s is not the one prepared for it", cg)
+		return refuse("its cgroup %s is not the one prepared for it: its runtime put it elsewhere than the cgroups path it was prepared with; run it again with one cgroups path throughout", cg)
 	case c.Prepared == 0 && h.BPF.IsPending(cgid):
-		return refuse("its cgroup %s was prepared for another container", cg)
+		return refuse("its cgroup %s was prepared for another container: give each container a cgroups path of its own", cg)
 	case c.Prepared == 0 && h.BPF.HasTrial(cgid):
 		return refuse("its cgroup %s is a live Trial's already", cg)
 	}
