@@ -407,7 +407,7 @@ func runInit() {
 		_, err = ready.Write([]byte{0})
 	}
 	if err == nil {
-		err = unix.Exec("/proc/self/exe", []string{initArg0}, []string{})
+		err = unix.Exec("/proc/self/exe", []string{initArg0}, reaperEnv)
 	}
 	_, _ = fmt.Fprintf(ready, "trialnet-init: %v", err)
 	os.Exit(1)
@@ -430,6 +430,14 @@ const (
 	// for browsers and test runners that map large segments.
 	ShmBytes = 256 << 20
 )
+
+// reaperEnv is the Go reaper's whole environment. The runtime's
+// cgroup-aware GOMAXPROCS (Go 1.25) otherwise keeps its cgroup's CPU
+// files open for as long as it runs: on a host with a cgroup v1 cpu
+// hierarchy, the host's, held by a uid-0 process of the Trial. Off, the
+// runtime reads them once at start and closes them, and PID 1 holds its
+// stdio only.
+var reaperEnv = []string{"GODEBUG=containermaxprocs=0"}
 
 func runReaper() {
 	// PID 1 ignores what it does not handle; a Go program handles every

@@ -59,7 +59,12 @@ func TestPrivilegedInitIsSetUp(t *testing.T) {
 		t.Errorf("the init shares the host's cgroup namespace %s", own)
 	}
 	if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", init.pid)); err != nil || len(fds) != 3 {
-		t.Errorf("the init holds %d descriptors (%v), want its stdio only", len(fds), err)
+		var held []string
+		for _, fd := range fds {
+			target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", init.pid, fd.Name()))
+			held = append(held, fd.Name()+"="+target)
+		}
+		t.Errorf("the init holds %d descriptors (%v), want its stdio only: %s", len(fds), err, strings.Join(held, " "))
 	}
 
 	mounts := initMounts(t, proc("mountinfo"))
