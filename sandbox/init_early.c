@@ -189,6 +189,22 @@ static int under(const char *path, const char *dir) {
 	return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
 }
 
+// is_mount_point says whether mountinfo b (left as it is) lists a mount
+// on dir.
+static int is_mount_point(const char *b, const char *dir) {
+	char *c = strdup(b), *s = c, *line;
+	if (!c)
+		init_fail(ENOMEM, NULL, "read mountinfo");
+	struct mount_line m;
+	int found = 0;
+	while (!found && (line = next_line(&s))) {
+		split_line(line, &m);
+		found = m.fields >= 5 && !strcmp(m.point, dir);
+	}
+	free(c);
+	return found;
+}
+
 // ns_dir finds, in mountinfo b (left as it is), the agent's netns
 // directory as dropNsMounts does: the directory of this Trial's own
 // namespace mount, when it is a mount of its own. 0: none.
@@ -211,31 +227,35 @@ static int ns_dir(const char *b, char *dir) {
 			*strrchr(dir, '/') = 0;
 		}
 	}
-	memcpy(c, b, strlen(b) + 1);
-	int found = 0;
-	for (s = c; *dir && !found && (line = next_line(&s));) {
-		split_line(line, &m);
-		found = m.fields >= 5 && !strcmp(m.point, dir);
-	}
 	free(c);
-	return found;
+	return *dir && is_mount_point(b, dir);
 }
 
-// drop_ns_mounts is dropNsMounts.
+// detach_ns is detachNs.
+static int detach_ns(const char *point) {
+	if (umount2(point, MNT_DETACH) == 0)
+		return 1;
+	if (errno != EINVAL && errno != ENOENT)
+		init_fail(errno, NULL, "detach %s", point);
+	return 0;
+}
+
+// drop_ns_mounts is dropNsMounts: the directory, then every nsfs mount
+// the mount table lists once it is gone (what its detach uncovered).
 static void drop_ns_mounts(void) {
-	char *b = read_mountinfo(), *s = b, *line, dir[PATH_MAX] = "";
-	int whole = ns_dir(b, dir);
-	if (whole && umount2(dir, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
-		init_fail(errno, NULL, "detach %s", dir);
+	char *b = read_mountinfo(), *s, *line, dir[PATH_MAX] = "";
+	// Each mount on the directory in turn (one mounted twice holds
+	// copies beneath the top one), while the path reaches one.
+	for (int more = ns_dir(b, dir); more; more = more && is_mount_point(b, dir)) {
+		more = detach_ns(dir);
+		free(b);
+		b = read_mountinfo();
+	}
 	struct mount_line m;
-	while ((line = next_line(&s))) {
+	for (s = b; (line = next_line(&s));) {
 		split_line(line, &m);
-		if (!m.post || m.fields < 5 || strncmp(m.post, "nsfs ", 5))
-			continue;
-		if (whole && under(m.point, dir))
-			continue; // gone with dir
-		if (umount2(m.point, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
-			init_fail(errno, NULL, "detach %s", m.point);
+		if (m.post && m.fields >= 5 && !strncmp(m.post, "nsfs ", 5))
+			detach_ns(m.point);
 	}
 	free(b);
 }

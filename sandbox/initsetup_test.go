@@ -143,10 +143,46 @@ func initMounts(t *testing.T, mountinfo string) map[string]initMount {
 
 // A Trial's init holds no namespace mount of the host's: not another
 // Trial's, whose namespace its copy would keep alive past that Trial's
-// destroy, in the agent's netns directory made a mount of its own (one
-// detach takes them all) under a shared parent (which must not receive
-// copies of them), nor one elsewhere (detached one by one).
+// destroy and whose id its mountinfo would show, in the agent's netns
+// directory made a mount of its own (one detach takes them all) under a
+// shared parent (which must not receive copies of them), nor one
+// elsewhere (detached one by one). The directory may be a mount already
+// when the agent starts: as `ip netns` makes it (bound onto itself, a
+// peer of its shared parent, which then holds a covered copy of every
+// namespace mounted in it), or mounted twice (a copy under the top
+// mount). Whatever the detach uncovers goes too.
 func TestPrivilegedInitHoldsNoNamespaceMount(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		premade func(t *testing.T, dir string)
+	}{
+		{"MountDir", nil},
+		{"ip-netns", func(t *testing.T, dir string) { bindOnto(t, dir) }},
+		{"stacked", func(t *testing.T, dir string) {
+			bindOnto(t, dir)
+			bindOnto(t, dir)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) { testInitHoldsNoNamespaceMount(t, c.premade) })
+	}
+}
+
+// bindOnto binds dir onto itself, as `ip netns` makes /run/netns a
+// mount, and makes it shared.
+func bindOnto(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testInitHoldsNoNamespaceMount(t *testing.T, premade func(t *testing.T, dir string)) {
 	h := newHost(t)
 	// Under a shared parent, as /run is under systemd.
 	parent := privtest.SharedDir(t, "netns-parent-")
@@ -158,6 +194,9 @@ func TestPrivilegedInitHoldsNoNamespaceMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.NetnsDir = filepath.Join(parent, "netns")
+	if premade != nil {
+		premade(t, h.NetnsDir)
+	}
 	if err := netns.MountDir(h.NetnsDir); err != nil {
 		t.Fatal(err)
 	}
@@ -187,9 +226,9 @@ func TestPrivilegedInitHoldsNoNamespaceMount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for p, m := range initMounts(t, string(b)) {
-			if m.fstype == "nsfs" {
-				t.Errorf("Trial %s's init keeps the host's namespace file %s", tr.ID, p)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, " - nsfs ") {
+				t.Errorf("Trial %s's init keeps the host's namespace mount %s", tr.ID, line)
 			}
 		}
 	}
