@@ -281,6 +281,12 @@ static void look_path(const char *file, char **envp, char *out, uint64_t uid) {
 // read_filter reads the seccomp program the launcher passes (a sealed
 // memfd, seccompFile), before anything is dropped.
 static int read_filter(struct sock_filter *prog) {
+	// Sealed (seccompMemfd): what is read is what the launcher wrote, and
+	// stays so between the size and the read.
+	const long seals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+	long got = sys(SYS_fcntl, fd_filter, F_GET_SEALS, 0, 0);
+	if (got < 0 || (got & seals) != seals)
+		fail(exit_cannot_execute, got < 0 ? got : EPERM, "trialnet-exec: the seccomp filter on fd 5 is not a sealed memfd", NULL);
 	struct stat st;
 	if (sys(SYS_fstat, fd_filter, &st, 0, 0) < 0 || st.st_size <= 0 || st.st_size % sizeof *prog ||
 	    st.st_size > (off_t)(max_filter * sizeof *prog))

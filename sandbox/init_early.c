@@ -602,6 +602,12 @@ static void drop_capabilities(void) {
 // assembled (seccompProgram): the commands' own.
 static void install_filter(void) {
 	static struct sock_filter prog[4096];
+	// Sealed (seccompMemfd): what is read is what the launcher wrote, and
+	// stays so between the size and the read.
+	const int seals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+	int got = fcntl(fd_init_filter, F_GET_SEALS);
+	if (got < 0 || (got & seals) != seals)
+		init_fail(got < 0 ? errno : EPERM, NULL, "the seccomp filter on fd 4 is not a sealed memfd");
 	struct stat st;
 	if (fstat(fd_init_filter, &st) < 0 || st.st_size <= 0 || st.st_size % sizeof *prog || st.st_size > (off_t)sizeof prog)
 		init_fail(0, NULL, "no seccomp filter from the launcher on fd 4");
