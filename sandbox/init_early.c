@@ -82,12 +82,15 @@ __attribute__((noreturn, format(printf, 3, 4))) static void init_fail(int err, c
 	n += vsnprintf(msg + n, sizeof msg - n, fmt, ap);
 	va_end(ap);
 	if (n > (int)sizeof msg - 256)
-		n = sizeof msg - 256;
+		n = sizeof msg - 256; // cut short: room for the errno and tail
 	if (err) {
+		msg[n] = 0; // the separator, which a text cut short lacks
 		n += 1 + snprintf(msg + n + 1, 16, "%d", err);
 		if (tail)
 			n += 1 + snprintf(msg + n + 1, sizeof msg - n - 1, "%s", tail);
 	}
+	if (n > (int)sizeof msg - 1)
+		n = sizeof msg - 1;
 	(void)!write(fd_ready, msg, n);
 	_exit(1);
 }
@@ -123,17 +126,21 @@ static char *read_mountinfo(void) {
 }
 
 // A line of mountinfo, split: its mount point unescaped, its per-mount
-// options, and what follows " - " (the file system type first).
+// options, and what follows " - " (the file system type first). A mount
+// point may be longer than PATH_MAX (made through relative paths), which
+// no call takes whole: point then holds its start, and too_long is set,
+// so that nothing acts on another path, a prefix of it.
 struct mount_line {
 	char point[PATH_MAX];
 	const char *opts, *post;
-	int fields;
+	int fields, too_long;
 };
 
-// unescape is cgroup2.UnescapeMountPath: \NNN octal escapes undone.
-static void unescape(const char *s, size_t len, char *out, size_t outlen) {
-	size_t o = 0;
-	for (size_t i = 0; i < len && o < outlen - 1; i++) {
+// unescape is cgroup2.UnescapeMountPath: \NNN octal escapes undone. It
+// returns 0 if out holds all of it.
+static int unescape(const char *s, size_t len, char *out, size_t outlen) {
+	size_t o = 0, i = 0;
+	for (; i < len && o < outlen - 1; i++) {
 		if (s[i] == '\\' && i + 3 < len && s[i + 1] >= '0' && s[i + 1] <= '3' && s[i + 2] >= '0' && s[i + 2] <= '7' &&
 		    s[i + 3] >= '0' && s[i + 3] <= '7') {
 			out[o++] = (s[i + 1] - '0') << 6 | (s[i + 2] - '0') << 3 | (s[i + 3] - '0');
@@ -143,6 +150,7 @@ static void unescape(const char *s, size_t len, char *out, size_t outlen) {
 		out[o++] = s[i];
 	}
 	out[o] = 0;
+	return i < len;
 }
 
 // split_line fills m from line (modified: the options end in a NUL).
@@ -152,6 +160,7 @@ static void split_line(char *line, struct mount_line *m) {
 	m->opts = NULL;
 	m->point[0] = 0;
 	m->fields = 0;
+	m->too_long = 0;
 	char *end = sep ? sep : line + strlen(line);
 	for (char *p = line; p < end;) {
 		while (p < end && *p == ' ')
@@ -162,7 +171,7 @@ static void split_line(char *line, struct mount_line *m) {
 		while (p < end && *p != ' ')
 			p++;
 		if (m->fields == 4)
-			unescape(f, p - f, m->point, sizeof m->point);
+			m->too_long = unescape(f, p - f, m->point, sizeof m->point);
 		if (m->fields == 5) {
 			m->opts = f;
 			if (p < end)
@@ -254,8 +263,11 @@ static void drop_ns_mounts(void) {
 	struct mount_line m;
 	for (s = b; (line = next_line(&s));) {
 		split_line(line, &m);
-		if (m.post && m.fields >= 5 && !strncmp(m.post, "nsfs ", 5))
-			detach_ns(m.point);
+		if (!m.post || m.fields < 5 || strncmp(m.post, "nsfs ", 5))
+			continue;
+		if (m.too_long)
+			init_fail(ENAMETOOLONG, NULL, "detach %s", m.point);
+		detach_ns(m.point);
 	}
 	free(b);
 }
@@ -460,6 +472,8 @@ static void read_only_sys(void) {
 		split_line(line, &m);
 		if (m.fields < 6 || !under(m.point, "/sys"))
 			continue;
+		if (m.too_long)
+			mask_fail(ENAMETOOLONG, "make %s read-only (a Trial must not change the host's devices or kernel state)", m.point);
 		unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY;
 		char *save, *o = strtok_r((char *)m.opts, ",", &save);
 		for (; o; o = strtok_r(NULL, ",", &save))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -232,4 +233,84 @@ func testInitHoldsNoNamespaceMount(t *testing.T, premade func(t *testing.T, dir 
 			}
 		}
 	}
+}
+
+// A mount point longer than PATH_MAX (made through relative paths) is
+// listed in full in mountinfo, and no call takes it whole: the init's
+// set-up must not act on a cut-short copy of it. Here a namespace is
+// mounted at one: whichever set-up runs, the Trial does not start with
+// it in its mount table (the detach fails with ENAMETOOLONG, and so does
+// the start); C that cut the path to fit its buffer detached nothing
+// (ENOENT, taken for "gone") and started the Trial holding it.
+func TestPrivilegedInitActsOnNoCutShortMountPoint(t *testing.T) {
+	h := newHost(t)
+	base := privtest.SharedDir(t, "longpath-")
+	if err := unix.Mount("tmpfs", base, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(base, unix.MNT_DETACH) }) // the namespace's mount with it
+	ns, err := netns.Create(privtest.SharedDir(t, "longpath-ns-"), "deep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	if err := mountDeep(base, ns.Path, unix.PathMax+200); err != nil {
+		t.Fatal(err)
+	}
+	tr := newTrial(t, h, trial.Spec{})
+	p, err := tr.Start(Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534})
+	if err != nil {
+		if !strings.Contains(err.Error(), "file name too long") {
+			t.Errorf("the start failed, not for the long mount point: %v", err)
+		}
+		return
+	}
+	_, _ = p.Wait()
+	init, err := findInit(tr.Cgroup)
+	if err != nil || init.pidfd < 0 {
+		t.Fatalf("the Trial's init: %+v, %v", init, err)
+	}
+	_ = unix.Close(init.pidfd)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", init.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, " - nsfs ") {
+			t.Errorf("the Trial started, its init holding the namespace mount at a path of %d bytes", len(strings.Fields(line)[4]))
+		}
+	}
+}
+
+// mountDeep binds src at a path beneath base at least depth bytes long,
+// reached step by step from a thread with a working directory of its own.
+func mountDeep(base, src string, depth int) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread, its working directory changed, ends
+		// with this goroutine.
+		runtime.LockOSThread()
+		errc <- func() error {
+			if err := unix.Unshare(unix.CLONE_FS); err != nil {
+				return err
+			}
+			if err := unix.Chdir(base); err != nil {
+				return err
+			}
+			name := strings.Repeat("d", 250)
+			for n := len(base); n < depth; n += len(name) + 1 {
+				if err := unix.Mkdir(name, 0o755); err != nil {
+					return err
+				}
+				if err := unix.Chdir(name); err != nil {
+					return err
+				}
+			}
+			if err := os.WriteFile("ns", nil, 0o600); err != nil {
+				return err
+			}
+			return unix.Mount(src, "ns", "", unix.MS_BIND, "")
+		}()
+	}()
+	return <-errc
 }
