@@ -317,9 +317,21 @@ static int last_cap(void) {
 	if (fd < 0 || (r = sys(SYS_read, fd, buf, sizeof buf - 1, 0)) <= 0)
 		fail(exit_cannot_execute, fd < 0 ? fd : r < 0 ? r : EIO, "trialnet-exec: read cap_last_cap", NULL);
 	sys(SYS_close, fd, 0, 0, 0);
+	int last = trialnet_parse_last_cap(buf);
+	if (last < 0)
+		fail(exit_cannot_execute, EINVAL, "trialnet-exec: read cap_last_cap", NULL);
+	return last;
+}
+
+int trialnet_parse_last_cap(const char *buf) {
 	int last = 0;
-	for (char *c = buf; *c >= '0' && *c <= '9'; c++)
+	const char *c = buf;
+	for (; *c >= '0' && *c <= '9' && c - buf < 3; c++)
 		last = last * 10 + (*c - '0');
+	// The number, and nothing but its newline after it; a capability
+	// set has 64 bits.
+	if (c == buf || (*c && strcmp(c, "\n")) || last > 63)
+		return -1;
 	return last;
 }
 

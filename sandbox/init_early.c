@@ -598,7 +598,9 @@ static void drop_capabilities(void) {
 	if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0)
 		init_fail(errno ? errno : EIO, NULL, "read cap_last_cap");
 	close(fd);
-	int last = atoi(buf);
+	int last = trialnet_parse_last_cap(buf);
+	if (last < 0)
+		init_fail(EINVAL, NULL, "read cap_last_cap");
 	for (int c = 0; c <= last; c++)
 		if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0)
 			init_fail(errno, NULL, "drop capability %d from the bounding set", c);
