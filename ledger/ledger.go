@@ -157,7 +157,14 @@ func createFile(dir, id string) (*os.File, error) {
 			}
 			return nil, err
 		}
-		f, ferr := openAt(trial, name, path, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o600)
+		// A new file, never one already there: a stale ledger, or a hard
+		// link a Trial planted to a file it wants written.
+		if err := unix.Unlinkat(int(trial.Fd()), name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			_ = trial.Close()
+			_ = state.Close()
+			return nil, &os.PathError{Op: "remove", Path: path, Err: err}
+		}
+		f, ferr := openAt(trial, name, path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o600)
 		_ = trial.Close()
 		_ = state.Close()
 		if err = ferr; !errors.Is(err, os.ErrNotExist) {

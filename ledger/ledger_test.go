@@ -296,3 +296,28 @@ func TestLedgerFollowsNoSymlink(t *testing.T) {
 		t.Errorf("RemoveAll reached through the symlink: %v", err)
 	}
 }
+
+// A file already at this process's ledger's name (a hard link a uid-0
+// Trial planted to a file of the same file system, a stale ledger) is
+// replaced, never truncated and written through.
+func TestLedgerWritesThroughNoPlantedFile(t *testing.T) {
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "precious")
+	if err := os.WriteFile(keep, []byte("not a ledger"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(trialDir(dir, "t1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(keep, ledgerPath(dir, "t1", os.Getpid())); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Create(dir, "t1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Remove()
+	if b, err := os.ReadFile(keep); err != nil || string(b) != "not a ledger" {
+		t.Errorf("the file linked at the ledger's name was written: %d bytes, %v", len(b), err)
+	}
+}
