@@ -231,7 +231,10 @@ static int ns_dir(const char *b, char *dir) {
 		if (sscanf(line, "%*s %*s %*s %4095s", root) != 1)
 			continue;
 		split_line(line, &m);
-		if (m.post && m.fields >= 5 && !strncmp(m.post, "nsfs ", 5) && !strcmp(root, own) && strrchr(m.point, '/') != m.point) {
+		// A mount point cut short names another directory: the
+		// one-by-one detach refuses it instead.
+		if (m.post && m.fields >= 5 && !m.too_long && !strncmp(m.post, "nsfs ", 5) && !strcmp(root, own) &&
+		    strrchr(m.point, '/') != m.point) {
 			snprintf(dir, PATH_MAX, "%s", m.point);
 			*strrchr(dir, '/') = 0;
 		}
