@@ -22,6 +22,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -46,62 +47,145 @@ const (
 // Ledger is one process's open tunnels of one Trial. It is a
 // proxy.Ledger.
 type Ledger struct {
-	path string
-	mem  []byte
-	mu   sync.Mutex
-	free []int // slots not in use
+	dir, id string // the state directory and the Trial
+	mem     []byte
+	mu      sync.Mutex
+	free    []int // slots not in use
 }
 
 // trialDir is the directory of Trial id's ledgers under dir.
 func trialDir(dir, id string) string {
-	return filepath.Join(dir, id+".ledgers")
+	return filepath.Join(dir, trialDirName(id))
 }
+
+func trialDirName(id string) string { return id + ".ledgers" }
 
 // ledgerPath names pid's ledger of Trial id under dir.
 func ledgerPath(dir, id string, pid int) string {
 	return filepath.Join(trialDir(dir, id), strconv.Itoa(pid))
 }
 
+// Each name below the state directory is resolved beneath the directory
+// it is in, through no symlink: a state directory configured outside the
+// hidden /run/trialnet is one a uid-0 Trial can write (it owns root's
+// files), and the agent, root outside every Trial, must not create,
+// truncate, read, move or remove a file wherever a link planted there
+// leads.
+var beneath = &unix.OpenHow{Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS}
+
+// openAt opens name beneath the directory at, with flags (close-on-exec
+// added) and mode; path names it in errors.
+func openAt(at *os.File, name, path string, flags int, mode uint32) (*os.File, error) {
+	how := *beneath
+	how.Flags, how.Mode = uint64(flags|unix.O_CLOEXEC), uint64(mode)
+	fd, err := unix.Openat2(int(at.Fd()), name, &how)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// openTrialDir opens the state directory dir and Trial id's ledger
+// directory in it, which it makes first if create is set.
+func openTrialDir(dir, id string, create bool) (state, trial *os.File, _ error) {
+	state, err := os.Open(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if create {
+		if err := unix.Mkdirat(int(state.Fd()), trialDirName(id), 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			_ = state.Close()
+			return nil, nil, &os.PathError{Op: "mkdir", Path: trialDir(dir, id), Err: err}
+		}
+	}
+	trial, err = openAt(state, trialDirName(id), trialDir(dir, id), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		_ = state.Close()
+		return nil, nil, err
+	}
+	return state, trial, nil
+}
+
+// removeTrialDir removes Trial id's ledger directory from the state
+// directory if it is empty (and a directory).
+func removeTrialDir(state *os.File, id string) {
+	_ = unix.Unlinkat(int(state.Fd()), trialDirName(id), unix.AT_REMOVEDIR)
+}
+
 // Create makes this process's ledger of Trial id under dir (the state
 // directory, a tmpfs), with one slot per tunnel it may have open.
 func Create(dir, id string, slots int) (*Ledger, error) {
-	path := ledgerPath(dir, id, os.Getpid())
-	var f *os.File
-	var err error
-	// Twice: another agent process (one draining after a hand-over)
-	// removes the directory when its own last ledger in it goes.
-	for range 2 {
-		if err = os.Mkdir(trialDir(dir, id), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, err
-		}
-		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-		if !errors.Is(err, os.ErrNotExist) {
-			break
-		}
-	}
+	f, err := createFile(dir, id)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close() // the mapping stays
+	l := &Ledger{dir: dir, id: id}
 	size := ledgerHeader + slots*ledgerSlot
 	if err := f.Truncate(int64(size)); err != nil {
-		_ = os.Remove(path)
+		l.unlink()
 		return nil, err
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		_ = os.Remove(path)
+		l.unlink()
 		return nil, err
 	}
 	start, _ := procstat.StartTime(os.Getpid())
 	copy(mem, ledgerMagic)
 	binary.LittleEndian.PutUint64(mem[8:], uint64(os.Getpid()))
 	binary.LittleEndian.PutUint64(mem[16:], start)
-	l := &Ledger{path: path, mem: mem, free: make([]int, slots)}
+	l.mem, l.free = mem, make([]int, slots)
 	for i := range l.free {
 		l.free[i] = slots - 1 - i
 	}
 	return l, nil
+}
+
+// createFile makes this process's ledger file of Trial id under dir,
+// empty.
+func createFile(dir, id string) (*os.File, error) {
+	name, path := strconv.Itoa(os.Getpid()), ledgerPath(dir, id, os.Getpid())
+	var err error
+	// Twice: another agent process (one draining after a hand-over)
+	// removes the directory when its own last ledger in it goes.
+	for range 2 {
+		var state, trial *os.File
+		if state, trial, err = openTrialDir(dir, id, true); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return nil, err
+		}
+		// A new file, never one already there: a stale ledger, or a hard
+		// link a Trial planted to a file it wants written.
+		if err := unix.Unlinkat(int(trial.Fd()), name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			_ = trial.Close()
+			_ = state.Close()
+			return nil, &os.PathError{Op: "remove", Path: path, Err: err}
+		}
+		f, ferr := openAt(trial, name, path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o600)
+		_ = trial.Close()
+		_ = state.Close()
+		if err = ferr; !errors.Is(err, os.ErrNotExist) {
+			return f, err
+		}
+	}
+	return nil, err
+}
+
+// unlink removes this process's ledger file, and the Trial's ledger
+// directory if it is left empty (it is not while another process's
+// ledger is in it).
+func (l *Ledger) unlink() {
+	state, trial, err := openTrialDir(l.dir, l.id, false)
+	if err != nil {
+		return
+	}
+	_ = unix.Unlinkat(int(trial.Fd()), strconv.Itoa(os.Getpid()), 0)
+	_ = trial.Close()
+	removeTrialDir(state, l.id)
+	_ = state.Close()
 }
 
 func slotState(mem []byte, i int) *atomic.Uint32 {
@@ -147,8 +231,7 @@ func (l *Ledger) Remove() {
 	}
 	_ = unix.Munmap(l.mem)
 	l.mem = nil
-	_ = os.Remove(l.path)
-	_ = os.Remove(filepath.Dir(l.path)) // fails while another process's ledger is in it
+	l.unlink()
 }
 
 // Lost reads and removes the ledgers of Trial id under dir that
@@ -157,13 +240,20 @@ func (l *Ledger) Remove() {
 // A ledger of a live process other than this one is left alone: an
 // agent draining after a hand-over.
 func Lost(dir, id string) ([]record.Event, error) {
-	d := trialDir(dir, id)
-	files, _ := os.ReadDir(d)
+	state, trial, err := openTrialDir(dir, id, false)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // no ledger
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer state.Close()
+	defer trial.Close()
+	files, _ := trial.ReadDir(-1)
 	var out []record.Event
 	var errs []error
 	for _, f := range files {
-		path := filepath.Join(d, f.Name())
-		evs, err := readLedger(path)
+		evs, err := readLedger(trial, f.Name(), filepath.Join(trialDir(dir, id), f.Name()))
 		if errors.Is(err, errLedgerLive) {
 			continue
 		}
@@ -174,9 +264,9 @@ func Lost(dir, id string) ([]record.Event, error) {
 			evs[i].Trial = id // the ledger's Trial, whatever its slot held
 		}
 		out = append(out, evs...)
-		_ = os.Remove(path)
+		_ = unix.Unlinkat(int(trial.Fd()), f.Name(), 0) // the name, even a symlink's: never where it leads
 	}
-	_ = os.Remove(d) // left while a live process's ledger is in it
+	removeTrialDir(state, id) // left while a live process's ledger is in it
 	return out, errors.Join(errs...)
 }
 
@@ -203,8 +293,15 @@ func RemoveAll(dir, id string) {
 	_ = os.RemoveAll(trialDir(dir, id))
 }
 
-func readLedger(path string) ([]record.Event, error) {
-	mem, err := os.ReadFile(path)
+// readLedger reads the ledger name in the directory trial (path names
+// it in errors).
+func readLedger(trial *os.File, name, path string) ([]record.Event, error) {
+	f, err := openAt(trial, name, path, unix.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	mem, err := io.ReadAll(f)
+	_ = f.Close()
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +309,7 @@ func readLedger(path string) ([]record.Event, error) {
 		return nil, fmt.Errorf("%s: not a tunnel ledger", path)
 	}
 	pid := int(binary.LittleEndian.Uint64(mem[8:]))
-	if filepath.Base(path) != strconv.Itoa(pid) {
+	if name != strconv.Itoa(pid) {
 		return nil, fmt.Errorf("%s: its header names pid %d", path, pid)
 	}
 	if processRuns(pid, binary.LittleEndian.Uint64(mem[16:])) {
@@ -262,13 +359,16 @@ func MoveLegacy(dir string) error {
 		if _, err := strconv.Atoi(pid); err != nil {
 			continue
 		}
-		if err := os.Mkdir(trialDir(dir, id), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		state, trial, err := openTrialDir(dir, id, true)
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if err := os.Rename(filepath.Join(dir, e.Name()), filepath.Join(trialDir(dir, id), pid)); err != nil {
-			errs = append(errs, err)
+		if err := unix.Renameat(int(state.Fd()), e.Name(), int(trial.Fd()), pid); err != nil {
+			errs = append(errs, &os.LinkError{Op: "rename", Old: filepath.Join(dir, e.Name()), New: filepath.Join(trialDir(dir, id), pid), Err: err})
 		}
+		_ = trial.Close()
+		_ = state.Close()
 	}
 	return errors.Join(errs...)
 }

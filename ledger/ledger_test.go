@@ -237,3 +237,87 @@ func TestLedgerMovesLegacy(t *testing.T) {
 		t.Errorf("another file was moved: %v", err)
 	}
 }
+
+// A Trial's ledger directory that is a symlink (planted where the state
+// directory is one a uid-0 Trial can write, which it is when configured
+// outside the hidden /run/trialnet) is not followed: the agent, root
+// outside the Trial, would otherwise create and truncate a file wherever
+// it leads, read and remove every file there, or move a legacy ledger
+// into it. Nor is a ledger that is a symlink read.
+func TestLedgerFollowsNoSymlink(t *testing.T) {
+	dir, victim := t.TempDir(), t.TempDir()
+	keep := filepath.Join(victim, "precious")
+	if err := os.WriteFile(keep, []byte("not a ledger"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Planted again before each step: one that removes it must not hide
+	// what the next does.
+	plant := func() {
+		_ = os.Remove(trialDir(dir, "t1"))
+		if err := os.Symlink(victim, trialDir(dir, "t1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plant()
+	if l, err := Create(dir, "t1", 1); err == nil {
+		l.Remove()
+		t.Errorf("a ledger was created through the symlinked directory")
+	}
+	plant()
+	if _, err := Lost(dir, "t1"); err == nil {
+		t.Errorf("Lost read the symlinked directory without an error")
+	}
+	// A legacy ledger is moved into no symlinked directory.
+	plant()
+	legacy := filepath.Join(dir, "t1.open.42")
+	if err := os.WriteFile(legacy, []byte(ledgerMagic), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := MoveLegacy(dir); err == nil {
+		t.Errorf("MoveLegacy moved into the symlinked directory without an error")
+	}
+	plant()
+	// A ledger that is a symlink, in a real directory.
+	if err := os.Mkdir(trialDir(dir, "t2"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(keep, filepath.Join(trialDir(dir, "t2"), "43")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Lost(dir, "t2"); err == nil {
+		t.Errorf("Lost read a symlinked ledger without an error")
+	}
+	ents, _ := os.ReadDir(victim)
+	if b, err := os.ReadFile(keep); err != nil || string(b) != "not a ledger" || len(ents) != 1 {
+		t.Errorf("the directory the symlinks lead to was changed: %q, %v, %d entries", b, err, len(ents))
+	}
+	RemoveAll(dir, "t1")
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("RemoveAll reached through the symlink: %v", err)
+	}
+}
+
+// A file already at this process's ledger's name (a hard link a uid-0
+// Trial planted to a file of the same file system, a stale ledger) is
+// replaced, never truncated and written through.
+func TestLedgerWritesThroughNoPlantedFile(t *testing.T) {
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "precious")
+	if err := os.WriteFile(keep, []byte("not a ledger"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(trialDir(dir, "t1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(keep, ledgerPath(dir, "t1", os.Getpid())); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Create(dir, "t1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Remove()
+	if b, err := os.ReadFile(keep); err != nil || string(b) != "not a ledger" {
+		t.Errorf("the file linked at the ledger's name was written: %d bytes, %v", len(b), err)
+	}
+}

@@ -281,6 +281,12 @@ static void look_path(const char *file, char **envp, char *out, uint64_t uid) {
 // read_filter reads the seccomp program the launcher passes (a sealed
 // memfd, seccompFile), before anything is dropped.
 static int read_filter(struct sock_filter *prog) {
+	// Sealed (seccompMemfd): what is read is what the launcher wrote, and
+	// stays so between the size and the read.
+	const long seals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+	long got = sys(SYS_fcntl, fd_filter, F_GET_SEALS, 0, 0);
+	if (got < 0 || (got & seals) != seals)
+		fail(exit_cannot_execute, got < 0 ? got : EPERM, "trialnet-exec: the seccomp filter on fd 5 is not a sealed memfd", NULL);
 	struct stat st;
 	if (sys(SYS_fstat, fd_filter, &st, 0, 0) < 0 || st.st_size <= 0 || st.st_size % sizeof *prog ||
 	    st.st_size > (off_t)(max_filter * sizeof *prog))
@@ -311,9 +317,21 @@ static int last_cap(void) {
 	if (fd < 0 || (r = sys(SYS_read, fd, buf, sizeof buf - 1, 0)) <= 0)
 		fail(exit_cannot_execute, fd < 0 ? fd : r < 0 ? r : EIO, "trialnet-exec: read cap_last_cap", NULL);
 	sys(SYS_close, fd, 0, 0, 0);
+	int last = trialnet_parse_last_cap(buf);
+	if (last < 0)
+		fail(exit_cannot_execute, EINVAL, "trialnet-exec: read cap_last_cap", NULL);
+	return last;
+}
+
+int trialnet_parse_last_cap(const char *buf) {
 	int last = 0;
-	for (char *c = buf; *c >= '0' && *c <= '9'; c++)
+	const char *c = buf;
+	for (; *c >= '0' && *c <= '9' && c - buf < 3; c++)
 		last = last * 10 + (*c - '0');
+	// The number, and nothing but its newline after it; a capability
+	// set has 64 bits.
+	if (c == buf || (*c && strcmp(c, "\n")) || last > 63)
+		return -1;
 	return last;
 }
 

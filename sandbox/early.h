@@ -25,6 +25,10 @@
 // reaper, or reports why not on fd 3 and exits.
 __attribute__((noreturn)) void trialnet_init_setup(int argc, char **argv);
 
+// trialnet_parse_last_cap reads /proc/sys/kernel/cap_last_cap's text, or
+// returns -1 if it is not a capability's number (Go's Atoi refuses it).
+int trialnet_parse_last_cap(const char *buf);
+
 struct trialnet_launch {
 	// trialnet-exec's arguments and environment, NULL-terminated.
 	int argc;

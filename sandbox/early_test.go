@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -71,7 +72,7 @@ func TestEarlyInitTables(t *testing.T) {
 }
 
 // The init's C set-up reports a failure on fd 3 as runInit does, and
-// exits: here the launcher's filter is missing, the last step before
+// exits: here the launcher's filter is empty, the last step before
 // the ready byte. It runs in mount and PID namespaces of its own, which
 // its mounts and it end with.
 func TestPrivilegedEarlyInitReportsFailure(t *testing.T) {
@@ -81,11 +82,16 @@ func TestPrivilegedEarlyInitReportsFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	empty, err := os.Open(os.DevNull)
+	// Sealed as the launcher's is, and empty.
+	fd, err := unix.MemfdCreate("empty", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		t.Fatal(err)
 	}
+	empty := os.NewFile(uintptr(fd), "empty")
 	defer empty.Close()
+	if _, err := unix.FcntlInt(empty.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
+		t.Fatal(err)
+	}
 	cmd := &exec.Cmd{
 		Path:        "/proc/self/exe",
 		Args:        initArgs(false, false, nil, nil),
@@ -102,5 +108,139 @@ func TestPrivilegedEarlyInitReportsFailure(t *testing.T) {
 	want := "trialnet-init: no seccomp filter from the launcher on fd 4"
 	if got := execMessage(msg); got != want || cmd.ProcessState.ExitCode() != 1 {
 		t.Errorf("the init's set-up without a filter: %q, %v; want %q and exit 1", got, err, want)
+	}
+}
+
+// unsealedFilter is the commands' filter in a plain file: what a launcher
+// that lost the sealed memfd, or a substitute for it, would pass.
+func unsealedFilter(t *testing.T) *os.File {
+	t.Helper()
+	sealed, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := io.ReadAll(io.NewSectionReader(sealed, 0, 1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.CreateTemp(t.TempDir(), "filter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	if _, err := f.Write(prog); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// Both C set-ups install the filter only from a memfd sealed against
+// change: a file another process may still write could hold a different
+// filter by the time it is read, or one program's size and another's
+// instructions. The init's set-up refuses one before it changes anything.
+func TestPrivilegedEarlyInitRefusesUnsealedFilter(t *testing.T) {
+	privtest.Require(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd := &exec.Cmd{
+		Path:        "/proc/self/exe",
+		Args:        initArgs(false, false, nil, nil),
+		ExtraFiles:  []*os.File{w, unsealedFilter(t)},
+		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC},
+	}
+	err = cmd.Start()
+	_ = w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(r)
+	_ = cmd.Process.Kill() // an init that took the filter is the reaper by now
+	err = cmd.Wait()
+	want := "trialnet-init: the seccomp filter on fd 4 is not a sealed memfd: invalid argument"
+	if got := execMessage(msg); got != want || cmd.ProcessState.ExitCode() != 1 {
+		t.Errorf("the init's set-up with an unsealed filter: %q, %v; want %q and exit 1", got, err, want)
+	}
+}
+
+// trialnet-exec refuses an unsealed filter too, first thing.
+func TestPrivilegedEarlyExecRefusesUnsealedFilter(t *testing.T) {
+	privtest.Require(t)
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errR.Close()
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = goW.Close() // never ready: a filter taken goes no further
+	defer goR.Close()
+	cmd := &exec.Cmd{
+		Path:       "/proc/self/exe",
+		Args:       []string{execArg0, "65534", "65534", "16", socketsAnywhere, "--", "true"},
+		ExtraFiles: []*os.File{errW, goR, unsealedFilter(t)},
+	}
+	err = cmd.Start()
+	_ = errW.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(errR)
+	err = cmd.Wait()
+	want := "trialnet-exec: the seccomp filter on fd 5 is not a sealed memfd: invalid argument"
+	if got := execMessage(msg); got != want || cmd.ProcessState.ExitCode() != ExitCannotExecute {
+		t.Errorf("trialnet-exec with an unsealed filter: %q, %v; want %q and exit %d", got, err, want, ExitCannotExecute)
+	}
+}
+
+// cap_last_cap is the kernel's, but trialnet-exec takes nothing it could
+// not parse for the last capability to drop: the Go path's Atoi refuses
+// it, and C that read no digit as capability 0 left every other one in
+// the bounding set. Here the file is covered, in a mount namespace of the
+// test's, by one that says nothing.
+func TestPrivilegedEarlyExecRefusesUnreadableCapLastCap(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "bash")
+	garbage := filepath.Join(t.TempDir(), "cap_last_cap")
+	if err := os.WriteFile(garbage, []byte("forty\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	filter, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer errR.Close()
+	goR, goW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer goR.Close()
+	_, _ = goW.Write([]byte{0}) // ready at once
+	_ = goW.Close()
+	cmd := &exec.Cmd{
+		Path: "/bin/bash",
+		Args: []string{"bash", "-c", `mount --make-rprivate / && mount --bind "$1" /proc/sys/kernel/cap_last_cap && exec -a trialnet-exec /proc/$PPID/exe 65534 65534 16 sockets=anywhere -- true`,
+			"bash", garbage},
+		ExtraFiles:  []*os.File{errW, goR, filter},
+		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS},
+	}
+	err = cmd.Start()
+	_ = errW.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(errR)
+	err = cmd.Wait()
+	want := "trialnet-exec: read cap_last_cap: invalid argument"
+	if got := execMessage(msg); got != want || cmd.ProcessState.ExitCode() != ExitCannotExecute {
+		t.Errorf("trialnet-exec with cap_last_cap %q: %q, %v; want %q and exit %d", "forty", got, err, want, ExitCannotExecute)
 	}
 }

@@ -407,7 +407,7 @@ func runInit() {
 		_, err = ready.Write([]byte{0})
 	}
 	if err == nil {
-		err = unix.Exec("/proc/self/exe", []string{initArg0}, []string{})
+		err = unix.Exec("/proc/self/exe", []string{initArg0}, reaperEnv)
 	}
 	_, _ = fmt.Fprintf(ready, "trialnet-init: %v", err)
 	os.Exit(1)
@@ -430,6 +430,14 @@ const (
 	// for browsers and test runners that map large segments.
 	ShmBytes = 256 << 20
 )
+
+// reaperEnv is the Go reaper's whole environment. The runtime's
+// cgroup-aware GOMAXPROCS (Go 1.25) otherwise keeps its cgroup's CPU
+// files open for as long as it runs: on a host with a cgroup v1 cpu
+// hierarchy, the host's, held by a uid-0 process of the Trial. Off, the
+// runtime reads them once at start and closes them, and PID 1 holds its
+// stdio only.
+var reaperEnv = []string{"GODEBUG=containermaxprocs=0"}
 
 func runReaper() {
 	// PID 1 ignores what it does not handle; a Go program handles every
@@ -518,19 +526,56 @@ func setupInit(nested, transparent bool, hide, keep []string) error {
 
 // dropNsMounts detaches the namespace files bind-mounted on the host (every
 // Trial's netns among them): a copy here would keep a destroyed Trial's
-// namespace alive for as long as this one lives. The agent's netns
-// directory, a mount of its own (netns.MountDir), goes in one call, with
-// every Trial's namespace in it: each umount2 waits out an RCU grace
-// period, so one per live Trial would grow every Trial's start with the
-// number live. Found as the directory of this Trial's own namespace
-// mount; the directory is hidden from the Trial whatever it is (maskHost).
+// namespace alive for as long as this one lives, and show its id in the
+// Trial's mountinfo. The agent's netns directory, a mount of its own
+// (netns.MountDir), goes in one call, with every Trial's namespace in it:
+// each umount2 waits out an RCU grace period, so one per live Trial would
+// grow every Trial's start with the number live. Found as the directory of
+// this Trial's own namespace mount; the directory is hidden from the Trial
+// whatever it is (maskHost). What that detach uncovers goes one by one:
+// copies under the directory on the mount below it, where a directory
+// mounted before the agent's start (`ip netns`, as a peer of a shared
+// parent; one mounted twice) has them.
 func dropNsMounts() error {
+	nsfs, points, err := nsfsMounts()
+	if err != nil {
+		return err
+	}
+	dir := ""
+	if own, err := os.Readlink("/proc/self/ns/net"); err == nil {
+		for _, m := range nsfs {
+			if m[0] == own {
+				dir = filepath.Dir(m[1])
+				break
+			}
+		}
+	}
+	// Each mount on the directory in turn (one mounted twice holds copies
+	// beneath the top one), while the path reaches one.
+	for detached := true; detached && dir != "/" && points[dir]; {
+		if detached, err = detachNs(dir); err != nil {
+			return err
+		}
+		if nsfs, points, err = nsfsMounts(); err != nil {
+			return err
+		}
+	}
+	for _, m := range nsfs {
+		if _, err := detachNs(m[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nsfsMounts reads the root and mount point of each nsfs mount in this
+// mount namespace, and every mount point.
+func nsfsMounts() (nsfs [][]string, points map[string]bool, _ error) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return fmt.Errorf("read mountinfo: %w", err)
+		return nil, nil, fmt.Errorf("read mountinfo: %w", err)
 	}
-	var nsfs [][]string // root and mount point of each nsfs mount
-	points := map[string]bool{}
+	points = map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		pre, post, ok := strings.Cut(sc.Text(), " - ")
@@ -544,30 +589,15 @@ func dropNsMounts() error {
 			nsfs = append(nsfs, []string{fields[3], point})
 		}
 	}
-	dir := ""
-	if own, err := os.Readlink("/proc/self/ns/net"); err == nil {
-		for _, m := range nsfs {
-			if m[0] == own {
-				dir = filepath.Dir(m[1])
-				break
-			}
-		}
+	return nsfs, points, nil
+}
+
+// detachNs detaches the mount at point, and says whether there was one:
+// one gone already (with a directory detached before it) is not an error.
+func detachNs(point string) (bool, error) {
+	err := unix.Unmount(point, unix.MNT_DETACH)
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return false, fmt.Errorf("detach %s: %w", point, err)
 	}
-	if dir == "/" || !points[dir] {
-		dir = "" // not a mount of its own: one by one
-	}
-	if dir != "" {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("detach %s: %w", dir, err)
-		}
-	}
-	for _, m := range nsfs {
-		if dir != "" && (m[1] == dir || strings.HasPrefix(m[1], dir+"/")) {
-			continue // gone with dir
-		}
-		if err := unix.Unmount(m[1], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("detach %s: %w", m[1], err)
-		}
-	}
-	return nil
+	return err == nil, nil
 }

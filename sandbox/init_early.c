@@ -82,12 +82,15 @@ __attribute__((noreturn, format(printf, 3, 4))) static void init_fail(int err, c
 	n += vsnprintf(msg + n, sizeof msg - n, fmt, ap);
 	va_end(ap);
 	if (n > (int)sizeof msg - 256)
-		n = sizeof msg - 256;
+		n = sizeof msg - 256; // cut short: room for the errno and tail
 	if (err) {
+		msg[n] = 0; // the separator, which a text cut short lacks
 		n += 1 + snprintf(msg + n + 1, 16, "%d", err);
 		if (tail)
 			n += 1 + snprintf(msg + n + 1, sizeof msg - n - 1, "%s", tail);
 	}
+	if (n > (int)sizeof msg - 1)
+		n = sizeof msg - 1;
 	(void)!write(fd_ready, msg, n);
 	_exit(1);
 }
@@ -123,17 +126,21 @@ static char *read_mountinfo(void) {
 }
 
 // A line of mountinfo, split: its mount point unescaped, its per-mount
-// options, and what follows " - " (the file system type first).
+// options, and what follows " - " (the file system type first). A mount
+// point may be longer than PATH_MAX (made through relative paths), which
+// no call takes whole: point then holds its start, and too_long is set,
+// so that nothing acts on another path, a prefix of it.
 struct mount_line {
 	char point[PATH_MAX];
 	const char *opts, *post;
-	int fields;
+	int fields, too_long;
 };
 
-// unescape is cgroup2.UnescapeMountPath: \NNN octal escapes undone.
-static void unescape(const char *s, size_t len, char *out, size_t outlen) {
-	size_t o = 0;
-	for (size_t i = 0; i < len && o < outlen - 1; i++) {
+// unescape is cgroup2.UnescapeMountPath: \NNN octal escapes undone. It
+// returns 0 if out holds all of it.
+static int unescape(const char *s, size_t len, char *out, size_t outlen) {
+	size_t o = 0, i = 0;
+	for (; i < len && o < outlen - 1; i++) {
 		if (s[i] == '\\' && i + 3 < len && s[i + 1] >= '0' && s[i + 1] <= '3' && s[i + 2] >= '0' && s[i + 2] <= '7' &&
 		    s[i + 3] >= '0' && s[i + 3] <= '7') {
 			out[o++] = (s[i + 1] - '0') << 6 | (s[i + 2] - '0') << 3 | (s[i + 3] - '0');
@@ -143,6 +150,7 @@ static void unescape(const char *s, size_t len, char *out, size_t outlen) {
 		out[o++] = s[i];
 	}
 	out[o] = 0;
+	return i < len;
 }
 
 // split_line fills m from line (modified: the options end in a NUL).
@@ -152,6 +160,7 @@ static void split_line(char *line, struct mount_line *m) {
 	m->opts = NULL;
 	m->point[0] = 0;
 	m->fields = 0;
+	m->too_long = 0;
 	char *end = sep ? sep : line + strlen(line);
 	for (char *p = line; p < end;) {
 		while (p < end && *p == ' ')
@@ -162,7 +171,7 @@ static void split_line(char *line, struct mount_line *m) {
 		while (p < end && *p != ' ')
 			p++;
 		if (m->fields == 4)
-			unescape(f, p - f, m->point, sizeof m->point);
+			m->too_long = unescape(f, p - f, m->point, sizeof m->point);
 		if (m->fields == 5) {
 			m->opts = f;
 			if (p < end)
@@ -189,6 +198,22 @@ static int under(const char *path, const char *dir) {
 	return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
 }
 
+// is_mount_point says whether mountinfo b (left as it is) lists a mount
+// on dir.
+static int is_mount_point(const char *b, const char *dir) {
+	char *c = strdup(b), *s = c, *line;
+	if (!c)
+		init_fail(ENOMEM, NULL, "read mountinfo");
+	struct mount_line m;
+	int found = 0;
+	while (!found && (line = next_line(&s))) {
+		split_line(line, &m);
+		found = m.fields >= 5 && !strcmp(m.point, dir);
+	}
+	free(c);
+	return found;
+}
+
 // ns_dir finds, in mountinfo b (left as it is), the agent's netns
 // directory as dropNsMounts does: the directory of this Trial's own
 // namespace mount, when it is a mount of its own. 0: none.
@@ -206,36 +231,46 @@ static int ns_dir(const char *b, char *dir) {
 		if (sscanf(line, "%*s %*s %*s %4095s", root) != 1)
 			continue;
 		split_line(line, &m);
-		if (m.post && m.fields >= 5 && !strncmp(m.post, "nsfs ", 5) && !strcmp(root, own) && strrchr(m.point, '/') != m.point) {
+		// A mount point cut short names another directory: the
+		// one-by-one detach refuses it instead.
+		if (m.post && m.fields >= 5 && !m.too_long && !strncmp(m.post, "nsfs ", 5) && !strcmp(root, own) &&
+		    strrchr(m.point, '/') != m.point) {
 			snprintf(dir, PATH_MAX, "%s", m.point);
 			*strrchr(dir, '/') = 0;
 		}
 	}
-	memcpy(c, b, strlen(b) + 1);
-	int found = 0;
-	for (s = c; *dir && !found && (line = next_line(&s));) {
-		split_line(line, &m);
-		found = m.fields >= 5 && !strcmp(m.point, dir);
-	}
 	free(c);
-	return found;
+	return *dir && is_mount_point(b, dir);
 }
 
-// drop_ns_mounts is dropNsMounts.
+// detach_ns is detachNs.
+static int detach_ns(const char *point) {
+	if (umount2(point, MNT_DETACH) == 0)
+		return 1;
+	if (errno != EINVAL && errno != ENOENT)
+		init_fail(errno, NULL, "detach %s", point);
+	return 0;
+}
+
+// drop_ns_mounts is dropNsMounts: the directory, then every nsfs mount
+// the mount table lists once it is gone (what its detach uncovered).
 static void drop_ns_mounts(void) {
-	char *b = read_mountinfo(), *s = b, *line, dir[PATH_MAX] = "";
-	int whole = ns_dir(b, dir);
-	if (whole && umount2(dir, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
-		init_fail(errno, NULL, "detach %s", dir);
+	char *b = read_mountinfo(), *s, *line, dir[PATH_MAX] = "";
+	// Each mount on the directory in turn (one mounted twice holds
+	// copies beneath the top one), while the path reaches one.
+	for (int more = ns_dir(b, dir); more; more = more && is_mount_point(b, dir)) {
+		more = detach_ns(dir);
+		free(b);
+		b = read_mountinfo();
+	}
 	struct mount_line m;
-	while ((line = next_line(&s))) {
+	for (s = b; (line = next_line(&s));) {
 		split_line(line, &m);
 		if (!m.post || m.fields < 5 || strncmp(m.post, "nsfs ", 5))
 			continue;
-		if (whole && under(m.point, dir))
-			continue; // gone with dir
-		if (umount2(m.point, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
-			init_fail(errno, NULL, "detach %s", m.point);
+		if (m.too_long)
+			init_fail(ENAMETOOLONG, NULL, "detach %s", m.point);
+		detach_ns(m.point);
 	}
 	free(b);
 }
@@ -440,6 +475,8 @@ static void read_only_sys(void) {
 		split_line(line, &m);
 		if (m.fields < 6 || !under(m.point, "/sys"))
 			continue;
+		if (m.too_long)
+			mask_fail(ENAMETOOLONG, "make %s read-only (a Trial must not change the host's devices or kernel state)", m.point);
 		unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY;
 		char *save, *o = strtok_r((char *)m.opts, ",", &save);
 		for (; o; o = strtok_r(NULL, ",", &save))
@@ -564,7 +601,9 @@ static void drop_capabilities(void) {
 	if (fd < 0 || read(fd, buf, sizeof buf - 1) <= 0)
 		init_fail(errno ? errno : EIO, NULL, "read cap_last_cap");
 	close(fd);
-	int last = atoi(buf);
+	int last = trialnet_parse_last_cap(buf);
+	if (last < 0)
+		init_fail(EINVAL, NULL, "read cap_last_cap");
 	for (int c = 0; c <= last; c++)
 		if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0)
 			init_fail(errno, NULL, "drop capability %d from the bounding set", c);
@@ -582,6 +621,12 @@ static void drop_capabilities(void) {
 // assembled (seccompProgram): the commands' own.
 static void install_filter(void) {
 	static struct sock_filter prog[4096];
+	// Sealed (seccompMemfd): what is read is what the launcher wrote, and
+	// stays so between the size and the read.
+	const int seals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+	int got = fcntl(fd_init_filter, F_GET_SEALS);
+	if (got < 0 || (got & seals) != seals)
+		init_fail(got < 0 ? errno : EPERM, NULL, "the seccomp filter on fd 4 is not a sealed memfd");
 	struct stat st;
 	if (fstat(fd_init_filter, &st) < 0 || st.st_size <= 0 || st.st_size % sizeof *prog || st.st_size > (off_t)sizeof prog)
 		init_fail(0, NULL, "no seccomp filter from the launcher on fd 4");

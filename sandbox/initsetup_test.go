@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -59,7 +60,12 @@ func TestPrivilegedInitIsSetUp(t *testing.T) {
 		t.Errorf("the init shares the host's cgroup namespace %s", own)
 	}
 	if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", init.pid)); err != nil || len(fds) != 3 {
-		t.Errorf("the init holds %d descriptors (%v), want its stdio only", len(fds), err)
+		var held []string
+		for _, fd := range fds {
+			target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", init.pid, fd.Name()))
+			held = append(held, fd.Name()+"="+target)
+		}
+		t.Errorf("the init holds %d descriptors (%v), want its stdio only: %s", len(fds), err, strings.Join(held, " "))
 	}
 
 	mounts := initMounts(t, proc("mountinfo"))
@@ -138,10 +144,46 @@ func initMounts(t *testing.T, mountinfo string) map[string]initMount {
 
 // A Trial's init holds no namespace mount of the host's: not another
 // Trial's, whose namespace its copy would keep alive past that Trial's
-// destroy, in the agent's netns directory made a mount of its own (one
-// detach takes them all) under a shared parent (which must not receive
-// copies of them), nor one elsewhere (detached one by one).
+// destroy and whose id its mountinfo would show, in the agent's netns
+// directory made a mount of its own (one detach takes them all) under a
+// shared parent (which must not receive copies of them), nor one
+// elsewhere (detached one by one). The directory may be a mount already
+// when the agent starts: as `ip netns` makes it (bound onto itself, a
+// peer of its shared parent, which then holds a covered copy of every
+// namespace mounted in it), or mounted twice (a copy under the top
+// mount). Whatever the detach uncovers goes too.
 func TestPrivilegedInitHoldsNoNamespaceMount(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		premade func(t *testing.T, dir string)
+	}{
+		{"MountDir", nil},
+		{"ip-netns", func(t *testing.T, dir string) { bindOnto(t, dir) }},
+		{"stacked", func(t *testing.T, dir string) {
+			bindOnto(t, dir)
+			bindOnto(t, dir)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) { testInitHoldsNoNamespaceMount(t, c.premade) })
+	}
+}
+
+// bindOnto binds dir onto itself, as `ip netns` makes /run/netns a
+// mount, and makes it shared.
+func bindOnto(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testInitHoldsNoNamespaceMount(t *testing.T, premade func(t *testing.T, dir string)) {
 	h := newHost(t)
 	// Under a shared parent, as /run is under systemd.
 	parent := privtest.SharedDir(t, "netns-parent-")
@@ -153,6 +195,9 @@ func TestPrivilegedInitHoldsNoNamespaceMount(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.NetnsDir = filepath.Join(parent, "netns")
+	if premade != nil {
+		premade(t, h.NetnsDir)
+	}
 	if err := netns.MountDir(h.NetnsDir); err != nil {
 		t.Fatal(err)
 	}
@@ -182,10 +227,90 @@ func TestPrivilegedInitHoldsNoNamespaceMount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for p, m := range initMounts(t, string(b)) {
-			if m.fstype == "nsfs" {
-				t.Errorf("Trial %s's init keeps the host's namespace file %s", tr.ID, p)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, " - nsfs ") {
+				t.Errorf("Trial %s's init keeps the host's namespace mount %s", tr.ID, line)
 			}
 		}
 	}
+}
+
+// A mount point longer than PATH_MAX (made through relative paths) is
+// listed in full in mountinfo, and no call takes it whole: the init's
+// set-up must not act on a cut-short copy of it. Here a namespace is
+// mounted at one: whichever set-up runs, the Trial does not start with
+// it in its mount table (the detach fails with ENAMETOOLONG, and so does
+// the start); C that cut the path to fit its buffer detached nothing
+// (ENOENT, taken for "gone") and started the Trial holding it.
+func TestPrivilegedInitActsOnNoCutShortMountPoint(t *testing.T) {
+	h := newHost(t)
+	base := privtest.SharedDir(t, "longpath-")
+	if err := unix.Mount("tmpfs", base, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(base, unix.MNT_DETACH) }) // the namespace's mount with it
+	ns, err := netns.Create(privtest.SharedDir(t, "longpath-ns-"), "deep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	if err := mountDeep(base, ns.Path, unix.PathMax+200); err != nil {
+		t.Fatal(err)
+	}
+	tr := newTrial(t, h, trial.Spec{})
+	p, err := tr.Start(Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534})
+	if err != nil {
+		if !strings.Contains(err.Error(), "file name too long") {
+			t.Errorf("the start failed, not for the long mount point: %v", err)
+		}
+		return
+	}
+	_, _ = p.Wait()
+	init, err := findInit(tr.Cgroup)
+	if err != nil || init.pidfd < 0 {
+		t.Fatalf("the Trial's init: %+v, %v", init, err)
+	}
+	_ = unix.Close(init.pidfd)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", init.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, " - nsfs ") {
+			t.Errorf("the Trial started, its init holding the namespace mount at a path of %d bytes", len(strings.Fields(line)[4]))
+		}
+	}
+}
+
+// mountDeep binds src at a path beneath base at least depth bytes long,
+// reached step by step from a thread with a working directory of its own.
+func mountDeep(base, src string, depth int) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread, its working directory changed, ends
+		// with this goroutine.
+		runtime.LockOSThread()
+		errc <- func() error {
+			if err := unix.Unshare(unix.CLONE_FS); err != nil {
+				return err
+			}
+			if err := unix.Chdir(base); err != nil {
+				return err
+			}
+			name := strings.Repeat("d", 250)
+			for n := len(base); n < depth; n += len(name) + 1 {
+				if err := unix.Mkdir(name, 0o755); err != nil {
+					return err
+				}
+				if err := unix.Chdir(name); err != nil {
+					return err
+				}
+			}
+			if err := os.WriteFile("ns", nil, 0o600); err != nil {
+				return err
+			}
+			return unix.Mount(src, "ns", "", unix.MS_BIND, "")
+		}()
+	}()
+	return <-errc
 }
