@@ -331,9 +331,10 @@ func joinPools(gs []v1Group, pid int) error {
 // starts in its parent thread's groups), and back out after it. A thread
 // that moves itself (`tasks`, pid 0) is the one migration the kernel
 // makes without the threadgroup lock (cgroup_procs_write_start: "If the
-// thread is `current`... we can skip the global lock", since 5.17;
-// CGRP_ATTACH_LOCK_NONE since 6.18), where moving the command afterwards
-// (joinPools) waits out an RCU grace period, ~10 ms.
+// thread is `current`... we can skip the global lock": `pid ||
+// threadgroup` in 6.1 and 6.12, CGRP_ATTACH_LOCK_NONE in 6.18), where
+// moving the command afterwards (joinPools) waits out an RCU grace
+// period, ~10 ms.
 //
 // While it is there the thread counts as one of the Trial's tasks, and
 // what the kernel allocates for the clone is charged to the Trial's
