@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -469,15 +470,27 @@ func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready f
 	return tty, relay, nil
 }
 
-// spawn forks trialnet-exec from a thread in the init's namespaces and
-// puts it in the Trial's pools before it may run anything of the command.
-// It returns startCommand's stdio copying.
+// spawn forks trialnet-exec from a thread in the init's namespaces, in
+// the Trial's cgroup v1 groups where there are any (poolMove takes the
+// thread there, or joinPools the process after), before it may run
+// anything of the command. It returns startCommand's stdio copying.
 func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) (*launchIO, error) {
+	groups, err := t.v1Groups()
+	if err != nil {
+		return nil, err
+	}
+	move := newPoolMove(groups)
+	var entered atomic.Bool
 	stdio, err := startCommand(cmd, func(fn func() error) error {
-		return netns.EnterProcess(init.pidfd, t.Netns.Path, fn)
+		entered.Store(true)
+		// EnterProcess's thread is discarded after fn, as poolMove needs.
+		return netns.EnterProcess(init.pidfd, t.Netns.Path, move.around(fn))
 	})
+	if !entered.Load() {
+		move.close()
+	}
 	if errors.Is(err, unix.EAGAIN) {
-		// Cloned into a cgroup v2 group at its pids.max: say which bound.
+		// Cloned into a group at its pids.max: say which bound.
 		if perr := t.pidsBound(); perr != nil {
 			err = perr
 		}
@@ -485,9 +498,12 @@ func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) (*launchIO, error) {
 	if err != nil {
 		return nil, err
 	}
+	if move.Joined() {
+		return stdio, nil // born in the Trial's groups
+	}
 	// Before it runs anything: the byte that lets it exec comes later
 	// (release).
-	if err := t.joinPools(cmd.Process.Pid); err != nil {
+	if err := joinPools(groups, cmd.Process.Pid); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		_ = stdio.wait(cmd.WaitDelay)

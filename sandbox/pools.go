@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/trialnet/trialnet/bpf"
@@ -275,36 +276,185 @@ func (t *Launcher) setupPools() error {
 	return nil
 }
 
-// joinPools puts process pid, just cloned into the Trial's cgroup and
-// not yet running its command, into the Trial's cgroup v1 groups (on v2
-// the cgroup is the group). A group not there (a Trial made before
-// trialnet bounded pools) is made first.
-func (t *Launcher) joinPools(pid int) error {
+// v1Groups are the Trial's cgroup v1 groups (on v2 the cgroup is the
+// group), each made if it is not there (a Trial made before trialnet
+// bounded pools), once its pids group is checked for room for one more
+// command.
+func (t *Launcher) v1Groups() ([]v1Group, error) {
+	var gs []v1Group
 	for _, c := range t.controllers() {
 		if c.dir == "" {
 			continue
 		}
 		dir, err := t.poolDir(c)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 			if err := t.setupPools(); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		if c.name == PoolPids {
 			// A command in a Trial at its bound could not even start its
 			// runtime's threads: say so rather than crash.
 			if err := atPidsBound(dir); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-			return fmt.Errorf("put the command in the Trial's %s group: %w", c.name, err)
+		gs = append(gs, v1Group{c, dir})
+	}
+	return gs, nil
+}
+
+type v1Group struct {
+	controller
+	dir string // the Trial's group
+}
+
+// joinPools puts process pid, just cloned into the Trial's cgroup and
+// not yet running its command, into the Trial's cgroup v1 groups: the
+// way a command gets there when the launching thread did not take it
+// there (poolMove). Moving another process takes the kernel's
+// threadgroup lock for writing, which waits out an RCU grace period.
+func joinPools(gs []v1Group, pid int) error {
+	for _, g := range gs {
+		if err := os.WriteFile(filepath.Join(g.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			return fmt.Errorf("put the command in the Trial's %s group: %w", g.name, err)
 		}
 	}
 	return nil
+}
+
+// poolMove takes the launching thread itself into the Trial's cgroup v1
+// groups for the clone, so that the command is born there (a child
+// starts in its parent thread's groups), and back out after it. A thread
+// that moves itself (`tasks`, pid 0) is the one migration the kernel
+// makes without the threadgroup lock (cgroup_procs_write_start: "If the
+// thread is `current`... we can skip the global lock": `pid ||
+// threadgroup` in 6.1 and 6.12, CGRP_ATTACH_LOCK_NONE in 6.18), where
+// moving the command afterwards (joinPools) waits out an RCU grace
+// period, ~10 ms.
+//
+// While it is there the thread counts as one of the Trial's tasks, and
+// what the kernel allocates for the clone is charged to the Trial's
+// memory. It is never an OOM victim there: the memory controller's OOM
+// killer looks at thread-group leaders only (mem_cgroup_scan_tasks,
+// CSS_TASK_ITER_PROCS), and the launching thread is never the main one
+// (netns.EnterProcess). That thread is discarded after the launch: a
+// move back that fails cannot leave it in the Trial.
+type poolMove struct {
+	into, back []int // the tasks files of the Trial's groups and of the launcher's own
+	joined     atomic.Bool
+	closed     sync.Once
+}
+
+// newPoolMove opens what the thread needs, in this (the host's) mount
+// namespace: the thread writes them from inside the Trial's. nil, with
+// no error, means the command is to be moved the old way: no cgroup v1
+// controller, the Trial one task short of its pids bound (the thread
+// would take that place, and the clone be refused), or a group of the
+// launcher's own that cannot be found.
+func newPoolMove(gs []v1Group) *poolMove {
+	if len(gs) == 0 {
+		return nil
+	}
+	own, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil
+	}
+	m := &poolMove{}
+	for _, g := range gs {
+		if g.name == PoolPids {
+			cur, lim := readCgroupInt(filepath.Join(g.dir, "pids.current"), ""), readCgroupInt(filepath.Join(g.dir, "pids.max"), "")
+			if lim >= 0 && cur+1 >= lim {
+				m.close()
+				return nil
+			}
+		}
+		mnt, err := cachedV1Mount(g.name)
+		path, ok := v1Path(string(own), g.name)
+		if err != nil || !ok {
+			m.close()
+			return nil
+		}
+		into, err := unix.Open(filepath.Join(g.dir, "tasks"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			m.close()
+			return nil
+		}
+		m.into = append(m.into, into)
+		back, err := unix.Open(filepath.Join(mnt, path, "tasks"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			m.close()
+			return nil
+		}
+		m.back = append(m.back, back)
+	}
+	return m
+}
+
+// v1Path is the group of the cgroup v1 hierarchy that carries controller
+// name in a /proc/PID/cgroup text.
+func v1Path(procCgroup, name string) (string, bool) {
+	for line := range strings.Lines(procCgroup) {
+		f := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(f) == 3 && slices.Contains(strings.Split(f[1], ","), name) {
+			return f[2], true
+		}
+	}
+	return "", false
+}
+
+// around runs launch on the calling thread, which must be one that is
+// discarded after it, in the Trial's groups if the thread can get there;
+// Joined says whether it did.
+func (m *poolMove) around(launch func() error) func() error {
+	return func() error {
+		if m == nil {
+			return launch()
+		}
+		defer m.close()
+		n := 0
+		for _, fd := range m.into {
+			if _, err := unix.Write(fd, []byte("0")); err != nil {
+				break
+			}
+			n++
+		}
+		m.joined.Store(n == len(m.into))
+		if n < len(m.into) {
+			// Part way: back out, and joinPools moves the command.
+			m.leave(n)
+			n = 0
+		}
+		err := launch()
+		m.leave(n)
+		return err
+	}
+}
+
+// leave moves the thread back into the launcher's own groups of the
+// first n.
+func (m *poolMove) leave(n int) {
+	for _, fd := range m.back[:n] {
+		_, _ = unix.Write(fd, []byte("0"))
+	}
+}
+
+// Joined says whether the command was cloned in the Trial's groups.
+func (m *poolMove) Joined() bool { return m != nil && m.joined.Load() }
+
+// close closes the files; a move that never ran closes them too.
+func (m *poolMove) close() {
+	if m == nil {
+		return
+	}
+	m.closed.Do(func() {
+		for _, fd := range slices.Concat(m.into, m.back) {
+			_ = unix.Close(fd)
+		}
+	})
 }
 
 // atPidsBound says, if the pids group at dir is at its bound, why a new

@@ -5,12 +5,14 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -408,4 +410,157 @@ func holdingProbe(t *testing.T, tr *Trial, args []string, env ...string) (string
 		t.Fatal(err)
 	}
 	return line, release
+}
+
+// On a host whose pids and memory controllers are cgroup v1, a command is
+// born in the Trial's groups: the launching thread moves itself there
+// for the clone and back after it, so that no thread of the launcher
+// stays in a Trial's group (a Trial's OOM kill or pids bound must never
+// reach the launcher). A Trial one task short of its bound still starts
+// a command (the thread would take that place: the command is moved the
+// old way), one at its bound is refused naming pids.max, and the teardown
+// removes the groups.
+func TestPrivilegedCommandBornInV1Pools(t *testing.T) {
+	h := newHost(t)
+	const limit = 10 // room for trialnet-exec's Go runtime in a CGO_ENABLED=0 build
+	tr := newTrial(t, h, trial.Spec{Limits: &trial.Limits{PoolLimits: trial.PoolLimits{MaxPids: limit}}})
+	groups, err := tr.v1Groups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(groups) == 0 {
+		t.Skip("no cgroup v1 pids or memory controller on this host: a command's cgroup v2 clone is its group")
+	}
+	// The thread's own move, on a thread discarded after it as
+	// netns.EnterProcess's is.
+	move := newPoolMove(groups)
+	if move == nil {
+		t.Fatal("no move for an empty Trial")
+	}
+	during, after := make(chan string, 1), make(chan string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		_ = move.around(func() error {
+			b, _ := os.ReadFile("/proc/thread-self/cgroup")
+			during <- string(b)
+			return nil
+		})()
+		b, _ := os.ReadFile("/proc/thread-self/cgroup")
+		after <- string(b)
+	}()
+	own, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, out := <-during, <-after
+	for _, g := range groups {
+		want := trialV1Path(t, g)
+		if got, _ := v1Path(in, g.name); got != want || !move.Joined() {
+			t.Errorf("the launching thread in %s %q (joined %v), want the Trial's %q", g.name, got, move.Joined(), want)
+		}
+		home, _ := v1Path(string(own), g.name)
+		if got, _ := v1Path(out, g.name); got != home {
+			t.Errorf("the launching thread after the launch in %s %q, want the launcher's %q", g.name, got, home)
+		}
+	}
+
+	// A command, through Start: born in the Trial's groups. It leaves the
+	// Trial one task short of its bound.
+	env := []string{"PATH=/usr/bin:/bin"}
+	p, grow, stop := holdTasks(t, tr, limit-1)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range groups {
+		if got, _ := v1Path(string(b), g.name); got != trialV1Path(t, g) {
+			t.Errorf("the command in %s %q, want the Trial's %q", g.name, got, trialV1Path(t, g))
+		}
+	}
+	// One task short of the bound: the thread takes no place there.
+	if move := newPoolMove(groups); move != nil {
+		move.close()
+		t.Error("a move into a Trial one task short of its pids bound")
+	}
+	if code, err := tr.Exec(context.Background(), Command{Args: []string{"true"}, Env: env, UID: nobody, GID: nobody}, nil); code != 0 || err != nil {
+		t.Fatalf("a command in a Trial one task short of its bound: exit %d, %v", code, err)
+	}
+	grow()
+	if _, err := tr.Start(Command{Args: []string{"true"}, Env: env, UID: nobody, GID: nobody}); err == nil || !strings.Contains(err.Error(), "pids.max") {
+		t.Fatalf("a command in a Trial at its task bound: %v, want refused naming pids.max", err)
+	}
+	stop()
+	noThreadIn(t, groups)
+	if _, err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range groups {
+		if _, err := os.Stat(g.dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the Trial's %s group after its teardown: %v, want removed", g.name, err)
+		}
+	}
+}
+
+// holdTasks starts a command in tr that holds n tasks of it (a shell and
+// n-1 sleeps) until stop, and grow has it fork one more (the sleeps
+// stay until the Trial ends).
+func holdTasks(t *testing.T, tr *Trial, n int) (p *Process, grow, stop func()) {
+	t.Helper()
+	stdinR, stdinW, _ := os.Pipe()
+	outR, outW, _ := os.Pipe()
+	script := fmt.Sprintf("i=1; while [ $i -lt %d ]; do sleep 1000 & i=$((i+1)); done; echo ready; read x; sleep 1000 & echo grown; read x", n)
+	p, err := tr.Start(Command{Args: []string{"/bin/sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"},
+		UID: nobody, GID: nobody, Stdin: stdinR, Stdout: outW})
+	_ = stdinR.Close()
+	_ = outW.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = func() { _ = stdinW.Close(); _, _ = p.Wait(); _ = outR.Close() }
+	t.Cleanup(stop)
+	_ = outR.SetReadDeadline(time.Now().Add(30 * time.Second))
+	out := bufio.NewReader(outR)
+	if line, err := out.ReadString('\n'); line != "ready\n" {
+		t.Fatalf("a command holding %d tasks: %q, %v", n, line, err)
+	}
+	grow = func() {
+		_, _ = stdinW.Write([]byte("\n"))
+		if line, err := out.ReadString('\n'); line != "grown\n" {
+			t.Fatalf("a command forking one more task: %q, %v", line, err)
+		}
+	}
+	return p, grow, stop
+}
+
+// trialV1Path is g's group as /proc/PID/cgroup names it.
+func trialV1Path(t *testing.T, g v1Group) string {
+	mnt, err := cachedV1Mount(g.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(mnt, g.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "/" + rel
+}
+
+// noThreadIn fails if any thread of this process is in one of groups.
+func noThreadIn(t *testing.T, groups []v1Group) {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/cgroup")
+		if err != nil {
+			continue // ended
+		}
+		for _, g := range groups {
+			if got, _ := v1Path(string(b), g.name); got == trialV1Path(t, g) {
+				t.Errorf("thread %s of the launcher is in the Trial's %s group", task.Name(), g.name)
+			}
+		}
+	}
 }
