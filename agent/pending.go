@@ -179,7 +179,7 @@ func cgroupKey(cg string) string { return "\x00" + cg }
 // pendingPath is the cgroup a bundle's cgroupsPath names, which must be
 // a cgroupfs path directly under the Trial parent, with a plain name.
 func (a *Agent) pendingPath(cp string) (string, error) {
-	mount, err := cgroup2.Mount()
+	mount, err := cgroup2.Cached()
 	if err != nil {
 		return "", err
 	}
@@ -332,7 +332,7 @@ func dirNames(dir string) []string {
 
 // initCgroupID is the id of the cgroup v2 cgroup process pid is in.
 func initCgroupID(pid int) (uint64, error) {
-	mount, err := cgroup2.Mount()
+	mount, err := cgroup2.Cached()
 	if err != nil {
 		return 0, err
 	}

@@ -141,6 +141,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	if st.Status == statusStopped {
 		return h.ended(ctx, st)
 	}
+	h = h.resolved()
 	refuse := func(reasons ...string) (Result, error) {
 		return Result{}, &Refusal{Container: st.ID, Trial: cl.trial, Reasons: reasons}
 	}
@@ -224,6 +225,19 @@ func (h *Hook) podShm(sandbox string) func(mountOf) bool {
 	return func(m mountOf) bool { return m.podShm(dir, sandbox) && ownTmpfs(m.Source) }
 }
 
+// resolved is h with the cgroup2 mount and the protected paths found
+// once for the checks of one container, each of which would otherwise
+// read the host's mountinfo again (six times a container). A mount not
+// found stays unknown, and checkCgroup refuses the container.
+func (h *Hook) resolved() *Hook {
+	r := *h
+	if r.CgroupMount == "" {
+		r.CgroupMount, _ = cgroup2.Mount()
+	}
+	r.Protected = r.protected()
+	return &r
+}
+
 func (h *Hook) proc() string {
 	if h.Proc == "" {
 		return "/proc"
@@ -294,7 +308,12 @@ func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo) []str
 // path to another container's): root in the container could ptrace it,
 // or signal it, and through it use another network namespace.
 func (h *Hook) pidNSOutsiders(pid int, info client.TrialInfo) []string {
-	own := filepath.Join(h.proc(), strconv.Itoa(pid), "ns", "pid")
+	// A process's own PID namespace is fixed for its life: read once,
+	// not once per process on the host.
+	var own unix.Stat_t
+	if err := unix.Stat(filepath.Join(h.proc(), strconv.Itoa(pid), "ns", "pid"), &own); err != nil {
+		return []string{fmt.Sprintf("cannot read its PID namespace: %v", err)}
+	}
 	ents, err := os.ReadDir(h.proc())
 	if err != nil {
 		return []string{fmt.Sprintf("cannot list the processes that share its PID namespace: %v", err)}
@@ -306,8 +325,8 @@ func (h *Hook) pidNSOutsiders(pid int, info client.TrialInfo) []string {
 			continue
 		}
 		p := filepath.Join(h.proc(), e.Name())
-		same, err := sameFile(filepath.Join(p, "ns", "pid"), own)
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) || !same {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(p, "ns", "pid"), &st); err != nil || st.Dev != own.Dev || st.Ino != own.Ino {
 			continue // gone, or elsewhere
 		}
 		cg, err := h.cgroupOf(p)

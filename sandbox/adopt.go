@@ -58,7 +58,7 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 	refuse := func(format string, a ...any) (*Trial, error) {
 		return nil, fmt.Errorf("adopt a container as Trial %s: %w: %s", spec.ID, ErrNotAdoptable, fmt.Sprintf(format, a...))
 	}
-	mount, err := cgroup2.Mount()
+	mount, err := cgroup2.Cached()
 	if err != nil {
 		return nil, fmt.Errorf("adopt a container as Trial %s: %w", spec.ID, err)
 	}

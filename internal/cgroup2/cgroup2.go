@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // Mount is where the cgroup2 hierarchy is mounted, from
@@ -24,6 +25,25 @@ func Mount() (string, error) {
 		return "", fmt.Errorf("read mountinfo: %w", err)
 	}
 	return parseMount(b)
+}
+
+// cached is the first mount Cached found.
+var cached atomic.Pointer[string]
+
+// Cached is Mount's answer, found once per process: a long-lived agent
+// would otherwise read the host's whole mountinfo (hundreds of lines on
+// a busy host) for each container it adopts. Its Trial parent, a path
+// under this mount, is fixed when it starts, so the mount can be too. A
+// failure is not kept: the next call reads again.
+func Cached() (string, error) {
+	if m := cached.Load(); m != nil {
+		return *m, nil
+	}
+	m, err := Mount()
+	if err == nil {
+		cached.Store(&m)
+	}
+	return m, err
 }
 
 func parseMount(mountinfo []byte) (string, error) {
