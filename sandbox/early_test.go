@@ -88,7 +88,7 @@ func TestPrivilegedEarlyInitReportsFailure(t *testing.T) {
 	defer empty.Close()
 	cmd := &exec.Cmd{
 		Path:        "/proc/self/exe",
-		Args:        initArgs(false, false, nil, nil),
+		Args:        initArgs(false, false, "", nil, nil),
 		ExtraFiles:  []*os.File{w, empty},
 		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC},
 	}

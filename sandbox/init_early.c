@@ -189,51 +189,38 @@ static int under(const char *path, const char *dir) {
 	return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
 }
 
-// ns_dir finds, in mountinfo b (left as it is), the agent's netns
-// directory as dropNsMounts does: the directory of this Trial's own
-// namespace mount, when it is a mount of its own. 0: none.
-static int ns_dir(const char *b, char *dir) {
-	char own[64], root[PATH_MAX], *line;
-	ssize_t n = readlink("/proc/self/ns/net", own, sizeof own - 1);
-	if (n <= 0)
+static uint64_t mount_id(const char *path, int *err);
+
+// own_ns_dir is ownNsDir: the directory of ns_path, when ns_path is this
+// Trial's own namespace mount and the directory a mount of its own.
+static int own_ns_dir(const char *ns_path, char *dir) {
+	struct stat own, got;
+	if (!*ns_path || stat("/proc/self/ns/net", &own) < 0 || stat(ns_path, &got) < 0 || own.st_dev != got.st_dev ||
+	    own.st_ino != got.st_ino)
 		return 0;
-	own[n] = 0;
-	struct mount_line m;
-	char *c = strdup(b), *s = c;
-	if (!c)
-		init_fail(ENOMEM, NULL, "read mountinfo");
-	while (!*dir && (line = next_line(&s))) {
-		if (sscanf(line, "%*s %*s %*s %4095s", root) != 1)
-			continue;
-		split_line(line, &m);
-		if (m.post && m.fields >= 5 && !strncmp(m.post, "nsfs ", 5) && !strcmp(root, own) && strrchr(m.point, '/') != m.point) {
-			snprintf(dir, PATH_MAX, "%s", m.point);
-			*strrchr(dir, '/') = 0;
-		}
-	}
-	memcpy(c, b, strlen(b) + 1);
-	int found = 0;
-	for (s = c; *dir && !found && (line = next_line(&s));) {
-		split_line(line, &m);
-		found = m.fields >= 5 && !strcmp(m.point, dir);
-	}
-	free(c);
-	return found;
+	snprintf(dir, PATH_MAX, "%s", ns_path);
+	char *slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return 0;
+	*slash = 0;
+	char up[PATH_MAX + 4];
+	snprintf(up, sizeof up, "%s/..", dir);
+	int err;
+	uint64_t self = mount_id(dir, &err), parent = mount_id(up, &err);
+	return self && parent && self != parent;
 }
 
 // drop_ns_mounts is dropNsMounts.
-static void drop_ns_mounts(void) {
-	char *b = read_mountinfo(), *s = b, *line, dir[PATH_MAX] = "";
-	int whole = ns_dir(b, dir);
-	if (whole && umount2(dir, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+static void drop_ns_mounts(const char *ns_path) {
+	char dir[PATH_MAX] = "";
+	if (own_ns_dir(ns_path, dir) && umount2(dir, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
 		init_fail(errno, NULL, "detach %s", dir);
+	char *b = read_mountinfo(), *s = b, *line;
 	struct mount_line m;
 	while ((line = next_line(&s))) {
 		split_line(line, &m);
 		if (!m.post || m.fields < 5 || strncmp(m.post, "nsfs ", 5))
 			continue;
-		if (whole && under(m.point, dir))
-			continue; // gone with dir
 		if (umount2(m.point, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
 			init_fail(errno, NULL, "detach %s", m.point);
 	}
@@ -526,12 +513,12 @@ static void mask_host(int nested, char **hide, int nhide) {
 }
 
 // setup_init is setupInit.
-static void setup_init(int nested, int transparent, char **hide, int nhide, char **keep, int nkeep) {
+static void setup_init(int nested, int transparent, const char *ns_path, char **hide, int nhide, char **keep, int nkeep) {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later leaks in.
 	if (mount("", "/", "", MS_REC | MS_PRIVATE, "") < 0)
 		init_fail(errno, NULL, "make mounts private");
-	drop_ns_mounts();
+	drop_ns_mounts(ns_path);
 	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 		init_fail(errno, NULL, "mount the Trial's /proc");
 	char data[128];
@@ -594,21 +581,23 @@ static void install_filter(void) {
 }
 
 void trialnet_init_setup(int argc, char **argv) {
-	// initArgs: MODE DNS HIDE... -- KEEP...
+	// initArgs: MODE DNS NETNS HIDE... -- KEEP...
 	int nested = 0, transparent = 0;
+	const char *ns_path = "";
 	char **args = argv + 1;
 	int n = argc - 1;
-	if (n > 1) {
+	if (n > 2) {
 		nested = !strcmp(args[0], "nested");
 		transparent = !strcmp(args[1], "stub-dns");
-		args += 2, n -= 2;
+		ns_path = args[2];
+		args += 3, n -= 3;
 	}
 	int nhide = 0;
 	while (nhide < n && strcmp(args[nhide], "--"))
 		nhide++;
 	char **keep = nhide < n ? args + nhide + 1 : args + n;
 	int nkeep = nhide < n ? n - nhide - 1 : 0;
-	setup_init(nested, transparent, args, nhide, keep, nkeep);
+	setup_init(nested, transparent, ns_path, args, nhide, keep, nkeep);
 	errno = 0;
 	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 	if (fd < 0 || write(fd, "1000", 4) != 4)
