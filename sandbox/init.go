@@ -557,7 +557,8 @@ func dropNsMounts(nsPath string) error {
 // trusted: anything else is left to dropNsMounts's walk.
 func ownNsDir(nsPath string) (string, bool) {
 	var own, got unix.Stat_t
-	if nsPath == "" || unix.Stat("/proc/self/ns/net", &own) != nil || unix.Stat(nsPath, &got) != nil ||
+	// Lstat: a symlink there would lead to a mount in another directory.
+	if nsPath == "" || unix.Stat("/proc/self/ns/net", &own) != nil || unix.Lstat(nsPath, &got) != nil ||
 		own.Dev != got.Dev || own.Ino != got.Ino {
 		return "", false
 	}

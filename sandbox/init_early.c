@@ -195,7 +195,7 @@ static uint64_t mount_id(const char *path, int *err);
 // Trial's own namespace mount and the directory a mount of its own.
 static int own_ns_dir(const char *ns_path, char *dir) {
 	struct stat own, got;
-	if (!*ns_path || stat("/proc/self/ns/net", &own) < 0 || stat(ns_path, &got) < 0 || own.st_dev != got.st_dev ||
+	if (!*ns_path || stat("/proc/self/ns/net", &own) < 0 || lstat(ns_path, &got) < 0 || own.st_dev != got.st_dev ||
 	    own.st_ino != got.st_ino)
 		return 0;
 	snprintf(dir, PATH_MAX, "%s", ns_path);

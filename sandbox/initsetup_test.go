@@ -194,8 +194,8 @@ func TestPrivilegedInitHoldsNoNamespaceMount(t *testing.T) {
 // detaches that path's directory whole only when the path is its own
 // namespace and the directory a mount of its own: a wrong word (another
 // namespace's file, a directory that is only part of its parent's mount,
-// such as /run itself) must not make it detach anything but the
-// namespaces' directory.
+// such as /run itself, a symlink to a namespace elsewhere) must not make
+// it detach anything but the namespaces' directory.
 func TestPrivilegedOwnNsDirIsChecked(t *testing.T) {
 	privtest.Require(t)
 	base := privtest.SharedDir(t, "ownnsdir-")
@@ -230,6 +230,13 @@ func TestPrivilegedOwnNsDirIsChecked(t *testing.T) {
 			t.Error(err)
 		}
 	})
+	// A symlink in the directory mount to the namespace mounted in the
+	// plain directory: followed, the directory to detach would be the
+	// wrong one.
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(inPlain, link); err != nil {
+		t.Fatal(err)
+	}
 	empty := filepath.Join(dir, "empty")
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -241,6 +248,7 @@ func TestPrivilegedOwnNsDirIsChecked(t *testing.T) {
 		{"another namespace", other.Path, ""},
 		{"a file that is no namespace", empty, ""},
 		{"own namespace in a directory that is no mount", inPlain, ""},
+		{"a symlink to its own namespace", link, ""},
 		{"no path", "", ""},
 		{"a relative path", "own", ""},
 	} {
