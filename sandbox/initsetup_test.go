@@ -203,6 +203,12 @@ func TestPrivilegedOwnNsDirIsChecked(t *testing.T) {
 	if err := netns.MountDir(dir); err != nil {
 		t.Fatal(err)
 	}
+	// Registered first, so it runs last: after every mount in dir is gone.
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
 	plain := filepath.Join(base, "plain")
 	if err := os.Mkdir(plain, 0o755); err != nil {
 		t.Fatal(err)
@@ -224,12 +230,7 @@ func TestPrivilegedOwnNsDirIsChecked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = other.Delete()
-		if err := netns.ReleaseDir(dir); err != nil {
-			t.Error(err)
-		}
-	})
+	t.Cleanup(func() { _ = other.Delete() })
 	// A symlink in the directory mount to the namespace mounted in the
 	// plain directory: followed, the directory to detach would be the
 	// wrong one.
