@@ -94,7 +94,7 @@ func TestPrivilegedEarlyInitReportsFailure(t *testing.T) {
 	}
 	cmd := &exec.Cmd{
 		Path:        "/proc/self/exe",
-		Args:        initArgs(false, false, nil, nil),
+		Args:        initArgs(false, false, "", nil, nil),
 		ExtraFiles:  []*os.File{w, empty},
 		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC},
 	}
@@ -147,7 +147,7 @@ func TestPrivilegedEarlyInitRefusesUnsealedFilter(t *testing.T) {
 	defer r.Close()
 	cmd := &exec.Cmd{
 		Path:        "/proc/self/exe",
-		Args:        initArgs(false, false, nil, nil),
+		Args:        initArgs(false, false, "", nil, nil),
 		ExtraFiles:  []*os.File{w, unsealedFilter(t)},
 		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC},
 	}

@@ -268,7 +268,7 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 	pidfd := -1
 	cmd := &exec.Cmd{
 		Path:       "/proc/self/exe",
-		Args:       initArgs(t.Spec.Nested, t.Spec.Transparent, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow),
+		Args:       initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow),
 		Stderr:     stderrW,
 		ExtraFiles: extra,
 		SysProcAttr: &syscall.SysProcAttr{
@@ -325,11 +325,12 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 
 // initArgs are the init's arguments: whether the Trial is nested (its
 // /proc then stays unmasked: nested.go), whose resolv.conf it reads (the
-// stub's in transparent mode), the directories to hide, "--", and the
+// stub's in transparent mode), where its network namespace is mounted
+// (dropNsMounts), the directories to hide, "--", and the
 // allowed unix sockets (those beneath the Trial's own directories are
 // bound into them), clean, sorted and each once, as both set-ups (Go's
 // and early.c's) take them.
-func initArgs(nested, transparent bool, hide, keep []string) []string {
+func initArgs(nested, transparent bool, nsPath string, hide, keep []string) []string {
 	clean := make([]string, 0, len(keep))
 	for _, k := range keep {
 		clean = append(clean, filepath.Clean(k))
@@ -342,7 +343,7 @@ func initArgs(nested, transparent bool, hide, keep []string) []string {
 	if transparent {
 		dns = initStubDNS
 	}
-	args := append([]string{initSetupArg0, mode, dns}, hide...)
+	args := append([]string{initSetupArg0, mode, dns, nsPath}, hide...)
 	return append(append(args, "--"), keep...)
 }
 
@@ -355,15 +356,15 @@ const (
 	initHostDNS = "host-dns"
 )
 
-func splitInitArgs(args []string) (nested, transparent bool, hide, keep []string) {
-	if len(args) > 1 {
-		nested, transparent, args = args[0] == nestedMode, args[1] == initStubDNS, args[2:]
+func splitInitArgs(args []string) (nested, transparent bool, nsPath string, hide, keep []string) {
+	if len(args) > 2 {
+		nested, transparent, nsPath, args = args[0] == nestedMode, args[1] == initStubDNS, args[2], args[3:]
 	}
 	i := slices.Index(args, "--")
 	if i < 0 {
-		return nested, transparent, args, nil
+		return nested, transparent, nsPath, args, nil
 	}
-	return nested, transparent, args[:i], args[i+1:]
+	return nested, transparent, nsPath, args[:i], args[i+1:]
 }
 
 // runInit is the Trial's PID 1; initArgs says what its arguments are.
@@ -376,8 +377,8 @@ func runInit() {
 	// thread, which then execs the reaper, so that every thread of PID 1
 	// starts from them.
 	runtime.LockOSThread()
-	nested, transparent, hide, keep := splitInitArgs(os.Args[1:])
-	err := setupInit(nested, transparent, hide, keep)
+	nested, transparent, nsPath, hide, keep := splitInitArgs(os.Args[1:])
+	err := setupInit(nested, transparent, nsPath, hide, keep)
 	if err == nil {
 		err = oomFirst()
 	}
@@ -461,13 +462,13 @@ func runReaper() {
 // see or change; the caller then drops every capability (PID 1 needs none to reap) and puts
 // it under the commands' seccomp filter: were a command to take init over
 // (a uid-0 Trial on a kernel without Landlock), it would gain nothing.
-func setupInit(nested, transparent bool, hide, keep []string) error {
+func setupInit(nested, transparent bool, nsPath string, hide, keep []string) error {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later (another Trial's netns among it) leaks in.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	if err := dropNsMounts(); err != nil {
+	if err := dropNsMounts(nsPath); err != nil {
 		return err
 	}
 	// A /proc of this PID namespace: the Trial cannot name, read or open
@@ -535,8 +536,16 @@ func setupInit(nested, transparent bool, hide, keep []string) error {
 // whatever it is (maskHost). What that detach uncovers goes one by one:
 // copies under the directory on the mount below it, where a directory
 // mounted before the agent's start (`ip netns`, as a peer of a shared
-// parent; one mounted twice) has them.
-func dropNsMounts() error {
+// parent; one mounted twice) has them. The launcher's word for the
+// directory (nsPath, checked by ownNsDir) goes first, before the mount
+// table is read: the kernel prints a line of it for each mount, one per
+// live Trial while the directory is there.
+func dropNsMounts(nsPath string) error {
+	if dir, ok := ownNsDir(nsPath); ok {
+		if _, err := detachNs(dir); err != nil {
+			return err
+		}
+	}
 	nsfs, points, err := nsfsMounts()
 	if err != nil {
 		return err
@@ -600,4 +609,28 @@ func detachNs(point string) (bool, error) {
 		return false, fmt.Errorf("detach %s: %w", point, err)
 	}
 	return err == nil, nil
+}
+
+// ownNsDir is the directory of nsPath (the launcher's word for where this
+// Trial's namespace is mounted), when nsPath is this Trial's own
+// namespace mount and the directory a mount of its own. Checked, not
+// trusted: anything else is left to dropNsMounts's walk.
+func ownNsDir(nsPath string) (string, bool) {
+	var own, got unix.Stat_t
+	// Lstat: a symlink there would lead to a mount in another directory.
+	if nsPath == "" || unix.Stat("/proc/self/ns/net", &own) != nil || unix.Lstat(nsPath, &got) != nil ||
+		own.Dev != got.Dev || own.Ino != got.Ino {
+		return "", false
+	}
+	i := strings.LastIndexByte(nsPath, '/')
+	if i <= 0 {
+		return "", false
+	}
+	dir := nsPath[:i]
+	self, err := mountID(dir)
+	if err != nil || self == 0 {
+		return "", false
+	}
+	parent, err := mountID(dir + "/..")
+	return dir, err == nil && parent != 0 && parent != self
 }

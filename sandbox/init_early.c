@@ -198,6 +198,27 @@ static int under(const char *path, const char *dir) {
 	return !strncmp(path, dir, n) && (path[n] == 0 || path[n] == '/');
 }
 
+static uint64_t mount_id(const char *path, int *err);
+
+// own_ns_dir is ownNsDir: the directory of ns_path, when ns_path is this
+// Trial's own namespace mount and the directory a mount of its own.
+static int own_ns_dir(const char *ns_path, char *dir) {
+	struct stat own, got;
+	if (!*ns_path || strlen(ns_path) >= PATH_MAX || stat("/proc/self/ns/net", &own) < 0 || lstat(ns_path, &got) < 0 || own.st_dev != got.st_dev ||
+	    own.st_ino != got.st_ino)
+		return 0;
+	snprintf(dir, PATH_MAX, "%s", ns_path);
+	char *slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return 0;
+	*slash = 0;
+	char up[PATH_MAX + 4];
+	snprintf(up, sizeof up, "%s/..", dir);
+	int err;
+	uint64_t self = mount_id(dir, &err), parent = mount_id(up, &err);
+	return self && parent && self != parent;
+}
+
 // is_mount_point says whether mountinfo b (left as it is) lists a mount
 // on dir.
 static int is_mount_point(const char *b, const char *dir) {
@@ -252,10 +273,15 @@ static int detach_ns(const char *point) {
 	return 0;
 }
 
-// drop_ns_mounts is dropNsMounts: the directory, then every nsfs mount
-// the mount table lists once it is gone (what its detach uncovered).
-static void drop_ns_mounts(void) {
-	char *b = read_mountinfo(), *s, *line, dir[PATH_MAX] = "";
+// drop_ns_mounts is dropNsMounts: the launcher's directory, checked,
+// then the directory found in the mount table (a stacked one), then every
+// nsfs mount the table still lists.
+static void drop_ns_mounts(const char *ns_path) {
+	char *b, *s, *line, dir[PATH_MAX] = "";
+	if (own_ns_dir(ns_path, dir))
+		detach_ns(dir);
+	dir[0] = 0;
+	b = read_mountinfo();
 	// Each mount on the directory in turn (one mounted twice holds
 	// copies beneath the top one), while the path reaches one.
 	for (int more = ns_dir(b, dir); more; more = more && is_mount_point(b, dir)) {
@@ -563,12 +589,12 @@ static void mask_host(int nested, char **hide, int nhide) {
 }
 
 // setup_init is setupInit.
-static void setup_init(int nested, int transparent, char **hide, int nhide, char **keep, int nkeep) {
+static void setup_init(int nested, int transparent, const char *ns_path, char **hide, int nhide, char **keep, int nkeep) {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later leaks in.
 	if (mount("", "/", "", MS_REC | MS_PRIVATE, "") < 0)
 		init_fail(errno, NULL, "make mounts private");
-	drop_ns_mounts();
+	drop_ns_mounts(ns_path);
 	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 		init_fail(errno, NULL, "mount the Trial's /proc");
 	char data[128];
@@ -639,21 +665,23 @@ static void install_filter(void) {
 }
 
 void trialnet_init_setup(int argc, char **argv) {
-	// initArgs: MODE DNS HIDE... -- KEEP...
+	// initArgs: MODE DNS NETNS HIDE... -- KEEP...
 	int nested = 0, transparent = 0;
+	const char *ns_path = "";
 	char **args = argv + 1;
 	int n = argc - 1;
-	if (n > 1) {
+	if (n > 2) {
 		nested = !strcmp(args[0], "nested");
 		transparent = !strcmp(args[1], "stub-dns");
-		args += 2, n -= 2;
+		ns_path = args[2];
+		args += 3, n -= 3;
 	}
 	int nhide = 0;
 	while (nhide < n && strcmp(args[nhide], "--"))
 		nhide++;
 	char **keep = nhide < n ? args + nhide + 1 : args + n;
 	int nkeep = nhide < n ? n - nhide - 1 : 0;
-	setup_init(nested, transparent, args, nhide, keep, nkeep);
+	setup_init(nested, transparent, ns_path, args, nhide, keep, nkeep);
 	errno = 0;
 	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 	if (fd < 0 || write(fd, "1000", 4) != 4)

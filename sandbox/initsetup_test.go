@@ -314,3 +314,78 @@ func mountDeep(base, src string, depth int) error {
 	}()
 	return <-errc
 }
+
+// The launcher names where the Trial's namespace is mounted, and the init
+// detaches that path's directory whole only when the path is its own
+// namespace and the directory a mount of its own: a wrong word (another
+// namespace's file, a directory that is only part of its parent's mount,
+// such as /run itself, a symlink to a namespace elsewhere) must not make
+// it detach anything but the namespaces' directory.
+func TestPrivilegedOwnNsDirIsChecked(t *testing.T) {
+	privtest.Require(t)
+	base := privtest.SharedDir(t, "ownnsdir-")
+	dir := filepath.Join(base, "netns")
+	if err := netns.MountDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	// Registered first, so it runs last: after every mount in dir is gone.
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	plain := filepath.Join(base, "plain")
+	if err := os.Mkdir(plain, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bind := func(path string) {
+		t.Helper()
+		if err := os.WriteFile(path, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("/proc/self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(path, unix.MNT_DETACH) })
+	}
+	own, inPlain := filepath.Join(dir, "own"), filepath.Join(plain, "own")
+	bind(own)
+	bind(inPlain)
+	other, err := netns.Create(dir, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Delete() })
+	// A symlink in the directory mount to the namespace mounted in the
+	// plain directory: followed, the directory to detach would be the
+	// wrong one.
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(inPlain, link); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, path, dir string
+	}{
+		{"own namespace in the directory mount", own, dir},
+		{"another namespace", other.Path, ""},
+		{"a file that is no namespace", empty, ""},
+		{"own namespace in a directory that is no mount", inPlain, ""},
+		{"a symlink to its own namespace", link, ""},
+		{"no path", "", ""},
+		{"a relative path", "own", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := ownNsDir(c.path)
+			if !ok {
+				got = ""
+			}
+			if got != c.dir {
+				t.Errorf("ownNsDir(%q) = %q, %v; want %q", c.path, got, ok, c.dir)
+			}
+		})
+	}
+}

@@ -50,7 +50,9 @@ const (
 // (the agent's RSS growth, the proportional set size of every process in
 // the Trials) and descriptors per live Trial in each process. The issue
 // asks all of them to stay flat from 1 to 1,000. Run with -benchtime 1x:
-// each step measures a fixed count, whatever b.N.
+// each step measures a fixed count, whatever b.N. TRIALNET_SCALE_STEPS
+// (e.g. "1,300,1000") and TRIALNET_SCALE_CYCLES change the steps and the
+// cycles timed at each, for a profile that needs longer windows.
 func BenchmarkScale(b *testing.B) {
 	outer := b
 	e := setupHost(b)
@@ -73,7 +75,22 @@ func BenchmarkScale(b *testing.B) {
 			t.close(a)
 		}
 	})
-	for _, n := range []int{1, 100, 1000} {
+	steps := []int{1, 100, 1000}
+	if v := os.Getenv("TRIALNET_SCALE_STEPS"); v != "" {
+		steps = nil
+		for f := range strings.SplitSeq(v, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 {
+				b.Fatalf("TRIALNET_SCALE_STEPS=%q: want live Trial counts, each at least 1, separated by commas", v)
+			}
+			steps = append(steps, n)
+		}
+	}
+	nCycles := scaleCycles
+	if v, _ := strconv.Atoi(os.Getenv("TRIALNET_SCALE_CYCLES")); v > 0 {
+		nCycles = v
+	}
+	for _, n := range steps {
 		b.Run("live="+strconv.Itoa(n), func(b *testing.B) {
 			for _, p := range procs {
 				if need, limit := n*p.perTrial, nofile(b, p.pid); need > limit {
@@ -101,7 +118,7 @@ func BenchmarkScale(b *testing.B) {
 				connects = append(connects, time.Since(t0))
 			}
 			phases := make([][]time.Duration, len(cyclePhases))
-			for i := range scaleCycles {
+			for i := range nCycles {
 				t0 := time.Now()
 				var took [4]time.Duration
 				if err := cycle(a, fmt.Sprintf("scale-cycle-%d-%d", n, i), &took); err != nil {
