@@ -123,12 +123,19 @@ func unsealedFilter(t *testing.T) *os.File {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.CreateTemp(t.TempDir(), "filter")
+	// A memfd sealed in every way but against writes: whoever holds it
+	// could still change the filter under the reader. (A plain file's
+	// answer to F_GET_SEALS depends on its file system: tmpfs has seals.)
+	fd, err := unix.MemfdCreate("filter", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		t.Fatal(err)
 	}
+	f := os.NewFile(uintptr(fd), "filter")
 	t.Cleanup(func() { _ = f.Close() })
 	if _, err := f.Write(prog); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -159,7 +166,7 @@ func TestPrivilegedEarlyInitRefusesUnsealedFilter(t *testing.T) {
 	msg, _ := io.ReadAll(r)
 	_ = cmd.Process.Kill() // an init that took the filter is the reaper by now
 	err = cmd.Wait()
-	want := "trialnet-init: the seccomp filter on fd 4 is not a sealed memfd: invalid argument"
+	want := "trialnet-init: the seccomp filter on fd 4 is not a sealed memfd: operation not permitted"
 	if got := execMessage(msg); got != want || cmd.ProcessState.ExitCode() != 1 {
 		t.Errorf("the init's set-up with an unsealed filter: %q, %v; want %q and exit 1", got, err, want)
 	}
@@ -191,7 +198,7 @@ func TestPrivilegedEarlyExecRefusesUnsealedFilter(t *testing.T) {
 	}
 	msg, _ := io.ReadAll(errR)
 	err = cmd.Wait()
-	want := "trialnet-exec: the seccomp filter on fd 5 is not a sealed memfd: invalid argument"
+	want := "trialnet-exec: the seccomp filter on fd 5 is not a sealed memfd: operation not permitted"
 	if got := execMessage(msg); got != want || cmd.ProcessState.ExitCode() != ExitCannotExecute {
 		t.Errorf("trialnet-exec with an unsealed filter: %q, %v; want %q and exit %d", got, err, want, ExitCannotExecute)
 	}
