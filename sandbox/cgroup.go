@@ -21,6 +21,16 @@ func Cgroup2Mount() (string, error) { return cgroup2.Mount() }
 // killCgroup kills every process in the cgroup and waits, bounded, until
 // it is empty.
 func killCgroup(dir string, wait time.Duration) error {
+	// Opened before the kill, so that the change the kill brings about is
+	// one this file's poll sees (kernfs compares against the last read).
+	events, err := os.Open(filepath.Join(dir, "cgroup.events"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("kill cgroup %s: %w", dir, err)
+	}
+	defer events.Close()
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
@@ -29,15 +39,39 @@ func killCgroup(dir string, wait time.Duration) error {
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		populated, err := cgroupPopulated(dir)
+		populated, err := eventsPopulated(events)
 		if err != nil || !populated {
 			return err
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("cgroup %s still has processes %v after cgroup.kill", dir, wait)
 		}
-		time.Sleep(time.Millisecond)
+		awaitEvent(events)
 	}
+}
+
+// eventsPopulated reads an open cgroup.events from its start. A cgroup
+// removed meanwhile (ENODEV on its open file) has no processes.
+func eventsPopulated(f *os.File) (bool, error) {
+	var buf [256]byte
+	n, err := unix.Pread(int(f.Fd()), buf[:], 0)
+	if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read cgroup.events: %w", err)
+	}
+	return bytes.Contains(buf[:n], []byte("populated 1")), nil
+}
+
+// awaitEvent waits until cgroup.events changes or a millisecond passes,
+// whichever is first. The kernel wakes a poller of the file with POLLPRI
+// when its values change, but spaces its notifications of one file at
+// least 10 ms apart (cgroup_file_notify), so the millisecond re-read, the
+// cadence this wait had before, stays as the bound.
+func awaitEvent(f *os.File) {
+	fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLPRI}}
+	_, _ = unix.Poll(fds, 1)
 }
 
 func cgroupPopulated(dir string) (bool, error) {
