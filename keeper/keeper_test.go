@@ -152,8 +152,16 @@ func TestPrivilegedKeeperServesDuringPrune(t *testing.T) {
 			t.Fatal("the keeper's pass never read slow's record")
 		}
 	}
+	// Unblocked, the pass reads the record, and later passes a file in
+	// its place.
 	unblock := sync.OnceFunc(func() {
-		_, _ = w.WriteString(`{"phase":"live","trial":{"id":"slow"}}`)
+		rec := `{"phase":"live","trial":{"id":"slow"}}`
+		if err := os.WriteFile(fifo+".new", []byte(rec), 0o600); err != nil {
+			t.Error(err)
+		} else if err := os.Rename(fifo+".new", fifo); err != nil {
+			t.Error(err)
+		}
+		_, _ = w.WriteString(rec)
 		_ = w.Close()
 	})
 	t.Cleanup(unblock)
