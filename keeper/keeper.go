@@ -132,7 +132,7 @@ func Run(ctx context.Context, path, trials string, log *slog.Logger) error {
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
-	k := &keeper{files: make(map[string]*os.File), created: make(map[string]string), trials: trials}
+	k := newKeeper(trials)
 	defer k.closeAll()
 	go k.prune(ctx, cancel, log)
 	log.Info("trialnet keeper ready", "socket", path, "pid", os.Getpid())
@@ -157,7 +157,51 @@ type keeper struct {
 	mu      sync.Mutex
 	files   map[string]*os.File
 	created map[string]string // of a Trial's listener: its Trial's creation time, if known
+	// byTrial is, for each Trial id, the names held that carry it: keep
+	// and prune visit one Trial's, not every Trial's.
+	byTrial map[string]map[string]struct{}
 	trials  string
+}
+
+func newKeeper(trials string) *keeper {
+	return &keeper{files: make(map[string]*os.File), created: make(map[string]string),
+		byTrial: make(map[string]map[string]struct{}), trials: trials}
+}
+
+// pruneGone drops the listeners of Trials whose record is gone or names
+// another Trial. The records are read once a Trial and without k.mu, so
+// that an agent's put or del (a create or destroy) does not wait for a
+// pass over every live Trial's record; a listener put meanwhile under a
+// name (another file) is not the one judged, and stays.
+func (k *keeper) pruneGone(log *slog.Logger) {
+	if k.trials == "" {
+		return
+	}
+	type held struct {
+		name, created string
+		f             *os.File
+	}
+	k.mu.Lock()
+	byTrial := make(map[string][]held, len(k.byTrial))
+	for id, names := range k.byTrial {
+		for n := range names {
+			if _, ok := trialOf(n); ok {
+				byTrial[id] = append(byTrial[id], held{n, k.created[n], k.files[n]})
+			}
+		}
+	}
+	k.mu.Unlock()
+	for id, hs := range byTrial {
+		created, ok := RecordedCreated(k.trials, id)
+		k.mu.Lock()
+		for _, h := range hs {
+			if k.files[h.name] == h.f && (!ok || OtherTrial(h.created, created)) {
+				k.drop(h.name)
+				log.Info("keeper: dropped the listener of a Trial that is gone", "name", h.name, "created", h.created)
+			}
+		}
+		k.mu.Unlock()
+	}
 }
 
 // idle is how long a keeper holding nothing waits for an agent.
@@ -177,15 +221,8 @@ func (k *keeper) prune(ctx context.Context, cancel context.CancelFunc, log *slog
 			return
 		case <-tick.C:
 		}
+		k.pruneGone(log)
 		k.mu.Lock()
-		for n := range k.files {
-			if id, ok := trialOf(n); ok && k.trials != "" {
-				if created, ok := RecordedCreated(k.trials, id); !ok || OtherTrial(k.created[n], created) {
-					k.drop(n)
-					log.Info("keeper: dropped the listener of a Trial that is gone", "name", n, "created", k.created[n])
-				}
-			}
-		}
 		n := len(k.files)
 		k.mu.Unlock()
 		switch {
@@ -206,6 +243,12 @@ func (k *keeper) drop(n string) {
 	}
 	delete(k.files, n)
 	delete(k.created, n)
+	if id, _ := trialOf(n); id != "" {
+		delete(k.byTrial[id], n)
+		if len(k.byTrial[id]) == 0 {
+			delete(k.byTrial, id)
+		}
+	}
 }
 
 // keep holds f as the listener named n of the Trial created at created
@@ -213,9 +256,10 @@ func (k *keeper) drop(n string) {
 // name, and of every listener it held for another Trial of the same id;
 // k.mu is held.
 func (k *keeper) keep(n string, f *os.File, created string) {
-	if id, ok := trialOf(n); ok && created != "" {
-		for m := range k.files {
-			if mid, _ := trialOf(m); mid == id && OtherTrial(k.created[m], created) {
+	id, ofTrial := trialOf(n)
+	if ofTrial && created != "" {
+		for m := range k.byTrial[id] {
+			if OtherTrial(k.created[m], created) {
 				k.drop(m)
 			}
 		}
@@ -224,6 +268,12 @@ func (k *keeper) keep(n string, f *os.File, created string) {
 	k.files[n] = f
 	if created != "" {
 		k.created[n] = created
+	}
+	if id != "" {
+		if k.byTrial[id] == nil {
+			k.byTrial[id] = make(map[string]struct{})
+		}
+		k.byTrial[id][n] = struct{}{}
 	}
 }
 

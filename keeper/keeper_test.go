@@ -4,11 +4,14 @@ package keeper_test
 
 import (
 	"context"
+	"errors"
 	"github.com/trialnet/trialnet/internal/lname"
+	"golang.org/x/sys/unix"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,5 +117,71 @@ func TestRecordedCreated(t *testing.T) {
 	}
 	if _, ok := keeper.RecordedCreated(dir, "gone"); ok {
 		t.Error("a Trial with no record has one")
+	}
+}
+
+// A put (an agent's create) does not wait for the keeper's pass over
+// every Trial's record: with 1,000 Trials that pass reads 1,000 records,
+// and it reads them without holding what a put, a del or a fetch takes.
+// One Trial's record here is a FIFO, whose read blocks the pass until it
+// is written.
+func TestPrivilegedKeeperServesDuringPrune(t *testing.T) {
+	privtest.Require(t)
+	trials := t.TempDir()
+	fifo := filepath.Join(trials, "slow.json")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(trials, "quick.json"), []byte(`{"phase":"live","trial":{"id":"quick"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kc := keepertest.Start(t, trials)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	kc.Put([]string{lname.EndpointName("slow", 0).String()}, nil, []net.Listener{ln})
+	// The pass (every 2 s) opens slow's record: a writer can open the
+	// FIFO once it does.
+	var w *os.File
+	for end := time.Now().Add(30 * time.Second); w == nil; time.Sleep(20 * time.Millisecond) {
+		if w, err = os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+			t.Fatal(err)
+		} else if time.Now().After(end) {
+			t.Fatal("the keeper's pass never read slow's record")
+		}
+	}
+	// Unblocked, the pass reads the record, and later passes a file in
+	// its place.
+	unblock := sync.OnceFunc(func() {
+		rec := `{"phase":"live","trial":{"id":"slow"}}`
+		if err := os.WriteFile(fifo+".new", []byte(rec), 0o600); err != nil {
+			t.Error(err)
+		} else if err := os.Rename(fifo+".new", fifo); err != nil {
+			t.Error(err)
+		}
+		_, _ = w.WriteString(rec)
+		_ = w.Close()
+	})
+	t.Cleanup(unblock)
+	done := make(chan map[string]*os.File)
+	go func() {
+		kc.Put([]string{lname.EndpointName("quick", 0).String()}, nil, []net.Listener{ln})
+		got, _, _ := kc.Fetch()
+		done <- got
+	}()
+	select {
+	case got := <-done:
+		for _, f := range got {
+			_ = f.Close()
+		}
+		if got[lname.EndpointName("quick", 0).String()] == nil {
+			t.Errorf("quick's listener is not held: %v", got)
+		}
+	case <-time.After(20 * time.Second): // a hang, not a speed: the pass is blocked for good
+		unblock()
+		<-done
+		t.Fatal("a put and a fetch waited for the keeper's pass over the Trials' records")
 	}
 }
