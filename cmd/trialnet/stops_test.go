@@ -442,16 +442,33 @@ func TestPrivilegedRunTeardownPastABlockedTerminal(t *testing.T) {
 		}
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
-		// Read up to ready, then no more: the terminal fills up.
-		var seen []byte
-		buf := make([]byte, 4096)
-		_ = m.SetReadDeadline(time.Now().Add(20 * time.Second))
-		for !bytes.Contains(seen, []byte("ready")) {
-			n, err := m.Read(buf)
-			if err != nil {
-				t.Fatalf("no ready: %v (%q)", err, seen)
+		// Read up to ready, then no more: the terminal fills up. The
+		// master is in blocking mode (testpty takes its Fd), so no read
+		// deadline: the reader stops itself at ready, the wait is bounded.
+		seenc := make(chan []byte, 1)
+		go func() {
+			var seen []byte
+			buf := make([]byte, 4096)
+			for !bytes.Contains(seen, []byte("ready")) {
+				n, err := m.Read(buf)
+				seen = append(seen, buf[:n]...)
+				select {
+				case <-seenc:
+				default:
+				}
+				seenc <- append([]byte(nil), seen...)
+				if err != nil {
+					return
+				}
 			}
-			seen = append(seen, buf[:n]...)
+		}()
+		var seen []byte
+		for deadline := time.After(20 * time.Second); !bytes.Contains(seen, []byte("ready")); {
+			select {
+			case seen = <-seenc:
+			case <-deadline:
+				t.Fatalf("no ready within 20s; trialnet said %q", seen[:min(len(seen), 2048)])
+			}
 		}
 		tr := trialOf(t, cmd.Process.Pid)
 		// Torn down while nobody reads; trialnet then waits to write its
@@ -465,7 +482,6 @@ func TestPrivilegedRunTeardownPastABlockedTerminal(t *testing.T) {
 				t.Fatalf("not torn down within %v of the --timeout while the terminal was full: %v", stopGrace, left)
 			}
 		}
-		_ = m.SetReadDeadline(time.Time{})
 		go func() { _, _ = io.Copy(io.Discard, m) }()
 		select {
 		case err := <-exited:
