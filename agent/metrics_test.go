@@ -14,12 +14,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/promtext/promtexttest"
 	trialspec "github.com/trialnet/trialnet/trial"
 )
 
@@ -48,23 +46,7 @@ func scrape(t *testing.T, h http.Handler, gzipped bool) map[string]*dto.MetricFa
 		}
 		body = zr
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(body)
-	if err != nil {
-		t.Fatalf("the text parser refuses /metrics: %v", err)
-	}
-	var all []*dto.MetricFamily
-	for _, mf := range fams {
-		all = append(all, mf)
-	}
-	problems, err := promlint.NewWithMetricFamilies(all).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("lint: %s: %s", p.Metric, p.Text)
-	}
-	return fams
+	return promtexttest.Parse(t, body)
 }
 
 // The metrics parse and pass the linter, each family has its type and

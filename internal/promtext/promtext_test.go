@@ -11,33 +11,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+
+	"github.com/trialnet/trialnet/internal/promtext/promtexttest"
 )
 
 // parse reads text as Prometheus does and lints it: a format mistake
 // fails the test.
 func parse(t *testing.T, text string) map[string]*dto.MetricFamily {
 	t.Helper()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("the text parser refuses the output: %v\n%s", err, text)
-	}
-	var all []*dto.MetricFamily
-	for _, f := range fams {
-		all = append(all, f)
-	}
-	problems, err := promlint.NewWithMetricFamilies(all).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("lint: %s: %s", p.Metric, p.Text)
-	}
-	return fams
+	return promtexttest.Parse(t, strings.NewReader(text))
 }
 
 func clientText(t *testing.T, cs ...prometheus.Collector) string {
