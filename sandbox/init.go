@@ -258,6 +258,10 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 		return fail, nil, err
 	}
 	extra, err := initFiles(readyW)
+	var cmd *exec.Cmd
+	if err == nil {
+		cmd, err = initCommand(initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow), extra...)
+	}
 	if err != nil {
 		_ = readyR.Close()
 		_ = readyW.Close()
@@ -266,18 +270,13 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 		return fail, nil, err
 	}
 	pidfd := -1
-	cmd := &exec.Cmd{
-		Path:       "/proc/self/exe",
-		Args:       initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow),
-		Stderr:     stderrW,
-		ExtraFiles: extra,
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC,
-			Setsid:      true,
-			UseCgroupFD: true,
-			CgroupFD:    int(cg.Fd()),
-			PidFD:       &pidfd,
-		},
+	cmd.Stderr = stderrW
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC,
+		Setsid:      true,
+		UseCgroupFD: true,
+		CgroupFD:    int(cg.Fd()),
+		PidFD:       &pidfd,
 	}
 	err = t.Netns.Do(cmd.Start)
 	_ = readyW.Close()
