@@ -8,15 +8,21 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/trial"
 )
 
@@ -83,7 +89,7 @@ func TestInitImageIsSealed(t *testing.T) {
 	}
 	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
 	if err != nil || seals&initSeals != initSeals {
-		t.Fatalf("the init's memfd has seals %#x (%v), want at least %#x", seals, err, initSeals)
+		t.Errorf("the init's memfd has seals %#x (%v), want at least %#x", seals, err, initSeals)
 	}
 	// On a kernel with F_SEAL_EXEC (6.3+), its mode is sealed too.
 	if execSealable(t) && seals&unix.F_SEAL_EXEC == 0 {
@@ -220,5 +226,91 @@ func TestPrivilegedInitExeIsTheSealedImage(t *testing.T) {
 	f, err := image.ReadAt(got, 0)
 	if !bytes.Equal(got[:f], initELF) {
 		t.Errorf("the init's memfd changed: %v", err)
+	}
+}
+
+// BenchmarkInitStart times a Trial's init alone, from its start to its
+// ready byte and the end of its pipe (the set-up done, the reaper's exec
+// begun: what a first command waits for), and on to the reaper asleep,
+// with the CPU the init used in all. TRIALNET_BASELINE_BIN names an
+// earlier build of trialnet, whose init is that binary itself (early.c's
+// constructor), timed in the same loop.
+func BenchmarkInitStart(b *testing.B) {
+	privtest.Require(b)
+	filter, err := seccompFile(false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	args := initArgs(false, false, "", nil, nil)
+	builds := []struct {
+		name string
+		cmd  func(ready *os.File) (*exec.Cmd, error)
+	}{{"", func(ready *os.File) (*exec.Cmd, error) { return initCommand(args, ready, filter) }}}
+	if base := os.Getenv("TRIALNET_BASELINE_BIN"); base != "" {
+		builds = append(builds, struct {
+			name string
+			cmd  func(ready *os.File) (*exec.Cmd, error)
+		}{"baseline-", func(ready *os.File) (*exec.Cmd, error) {
+			return &exec.Cmd{Path: base, Args: args, ExtraFiles: []*os.File{ready, filter}}, nil
+		}})
+	}
+	ready := make([][]time.Duration, len(builds))
+	asleep := make([][]time.Duration, len(builds))
+	cpu := make([][]time.Duration, len(builds))
+	for b.Loop() {
+		for i, build := range builds {
+			r, a, c := startInitOnce(b, build.cmd)
+			ready[i], asleep[i], cpu[i] = append(ready[i], r), append(asleep[i], a), append(cpu[i], c)
+		}
+	}
+	for i, build := range builds {
+		for _, m := range []struct {
+			name string
+			ds   []time.Duration
+		}{{"ready", ready[i]}, {"asleep", asleep[i]}, {"cpu", cpu[i]}} {
+			slices.Sort(m.ds)
+			b.ReportMetric(float64(m.ds[len(m.ds)/2].Microseconds()), build.name+m.name+"-p50-µs")
+		}
+	}
+}
+
+// startInitOnce starts an init in PID, mount and IPC namespaces of its
+// own and ends it once its reaper sleeps.
+func startInitOnce(b *testing.B, command func(ready *os.File) (*exec.Cmd, error)) (ready, asleep, cpu time.Duration) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	cmd, err := command(w)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC}
+	start := time.Now()
+	err = cmd.Start()
+	_ = w.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}()
+	if msg, _ := io.ReadAll(r); len(msg) != 1 {
+		b.Fatalf("the init: %q", execMessage(msg))
+	}
+	ready = time.Since(start)
+	// The reaper, past its loader and its signals: asleep in pause.
+	stat := fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)
+	cmdline := fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid)
+	for {
+		c, _ := os.ReadFile(cmdline)
+		s, _ := os.ReadFile(stat)
+		if string(c) == initArg0+"\x00" && bytes.Contains(s, []byte(") S ")) {
+			return ready, time.Since(start), 0
+		}
+		runtime.Gosched()
 	}
 }
