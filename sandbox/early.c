@@ -1,16 +1,17 @@
 //go:build linux && cgo
 
-// trialnet-exec and the Trial's reaper, run before the Go runtime starts,
-// and the one-exec launch of a Trial command.
+// trialnet-exec, run before the Go runtime starts, and the one-exec launch
+// of a Trial command; off x86-64 also the Trial's init (init_early.c),
+// which on x86-64 is a static binary of its own (initimage_amd64.go).
 //
-// Both are re-executions of the trialnet binary (argv[0] names the role).
+// Each is a re-execution of the trialnet binary (argv[0] names the role).
 // Starting the Go runtime of a 20 MB binary costs 5-8 ms of CPU here, and
 // a later command in a live Trial paid it every time; a C constructor runs
 // from the dynamic loader, before the runtime, and execs the command or
-// becomes the reaper without it (runc's nsexec does its namespace work the
-// same way). exec.go's Go versions (trialExec, runReaper) are what
-// CGO_ENABLED=0 builds run; this file does the same steps in the same
-// order, and the same tests hold both.
+// becomes the init without it (runc's nsexec does its namespace work the
+// same way). exec.go's Go versions (trialExec; runInit, runReaper) are
+// what CGO_ENABLED=0 builds run; this file does the same steps in the
+// same order, and the same tests hold both.
 //
 // trialnet_launch (launch_cgo.go) saves the exec of trialnet too: it
 // clones the command's process itself and runs trial_exec, the very steps

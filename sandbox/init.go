@@ -310,7 +310,7 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 			return nil
 		}
 		defer stderrR.Close()
-		// early.c's set-up sends an errno as a number (execMessage).
+		// init_early.c's set-up sends an errno as a number (execMessage).
 		msg = []byte(execMessage(bytes.TrimPrefix(msg, []byte{0})))
 		// Everything else in its PID namespace dies with it.
 		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
@@ -366,9 +366,11 @@ func splitInitArgs(args []string) (nested, transparent bool, nsPath string, hide
 	return nested, transparent, nsPath, args[:i], args[i+1:]
 }
 
-// runInit is the Trial's PID 1; initArgs says what its arguments are.
-// fd 3 reports readiness (one NUL byte, then the end of the pipe) or why
-// setting up failed.
+// runInit is the Trial's PID 1 in a CGO_ENABLED=0 build off x86-64 (on
+// x86-64 the init is the embedded static binary, initimage_amd64.go; with
+// cgo, init_early.c in this binary); initArgs says what its arguments
+// are. fd 3 reports readiness (one NUL byte, then the end of the pipe) or
+// why setting up failed.
 func runInit() {
 	ready := os.NewFile(3, "trialnet-init-ready")
 	// Capabilities, the bounding set, no_new_privs and the seccomp filter
