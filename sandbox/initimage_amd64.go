@@ -48,8 +48,8 @@ func initMemfd() (*os.File, error) {
 		fd, err = unix.MemfdCreate("trialnet-init", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	}
 	if errors.Is(err, unix.EACCES) {
-		return nil, fmt.Errorf("make the memfd a Trial's init is executed from: %w (vm.memfd_noexec is 2 here, "+
-			"which forbids executable memfds; trialnet needs it at 0 or 1)", err)
+		return nil, fmt.Errorf("make the memfd a Trial's init is executed from: %w (vm.memfd_noexec is 2 in this PID namespace, "+
+			"which forbids executing any memfd: run trialnet where it is 0 or 1)", err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("make the memfd a Trial's init is executed from: %w", err)

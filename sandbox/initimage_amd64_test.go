@@ -314,3 +314,58 @@ func startInitOnce(b *testing.B, command func(ready *os.File) (*exec.Cmd, error)
 		runtime.Gosched()
 	}
 }
+
+// A build without its init (a checkout whose init_amd64.elf was emptied,
+// a merge that lost it) says so, and what to do, at the first Trial.
+func TestInitImageMissingSaysWhatToDo(t *testing.T) {
+	saved := initELF
+	t.Cleanup(func() { initELF = saved })
+	for _, image := range [][]byte{nil, []byte("version https://git-lfs.github.com/spec/v1\n")} {
+		initELF = image
+		f, err := initMemfd()
+		if err == nil {
+			_ = f.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "missing from this build") || !strings.Contains(err.Error(), "make generate") {
+			t.Errorf("an init of %q: %v, want it named missing, with make generate", image, err)
+		}
+	}
+}
+
+// Where vm.memfd_noexec is 2 (Linux 6.3+, per PID namespace), no memfd
+// may be executed: the first Trial's start says that and what trialnet
+// needs, rather than a bare EACCES. The setting is made in a PID
+// namespace of the test's own, which it ends with.
+func TestPrivilegedInitImageUnderMemfdNoexec(t *testing.T) {
+	if os.Getenv("TRIALNET_MEMFD_NOEXEC") == "1" {
+		if err := os.WriteFile("/proc/sys/vm/memfd_noexec", []byte("2"), 0); err != nil {
+			fmt.Println("set vm.memfd_noexec:", err)
+			return
+		}
+		_, err := initMemfd()
+		fmt.Println("initMemfd:", err)
+		return
+	}
+	privtest.Require(t)
+	if _, err := os.Stat("/proc/sys/vm/memfd_noexec"); err != nil {
+		t.Skip("no vm.memfd_noexec (Linux 6.3+): every memfd may be executed")
+	}
+	host, err := os.ReadFile("/proc/sys/vm/memfd_noexec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPrivilegedInitImageUnderMemfdNoexec$")
+	cmd.Env = append(os.Environ(), "TRIALNET_MEMFD_NOEXEC=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	want := "initMemfd: make the memfd a Trial's init is executed from: permission denied (vm.memfd_noexec is 2 in this PID namespace"
+	if !strings.Contains(string(out), want) {
+		t.Errorf("under vm.memfd_noexec=2: %s; want %q", out, want)
+	}
+	if after, err := os.ReadFile("/proc/sys/vm/memfd_noexec"); err != nil || !bytes.Equal(after, host) {
+		t.Errorf("the host's vm.memfd_noexec was %q, is %q (%v)", host, after, err)
+	}
+}
