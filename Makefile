@@ -154,6 +154,7 @@ bench-deps: ## install what the benchmarks compare against (tinyproxy, squid, bu
 bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'TrialCreateDestroy|IPNetnsAddDel' -benchtime 300x ./sandbox
 	$(GO) test -run '^$$' -bench 'ConnectHook' -benchtime 10x ./sandbox
+	$(GO) test -run '^$$' -bench 'InitStart' -benchtime 200x ./sandbox
 	$(GO) test -run '^$$' -bench 'Peers' -benchtime 1x ./test/proxybench
 	$(GO) test -run '^$$' -bench 'EventJSON' -benchmem ./record
 	$(GO) test -run '^$$' -bench 'GatewayVsDirectTLS' -benchtime 300x -benchmem ./proxy
