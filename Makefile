@@ -81,7 +81,7 @@ test-harnesses: test-node ## install the pinned Harnesses test/gateway runs (TES
 
 # The Trial's init on x86-64 (sandbox/initimage_amd64.go embeds it): the
 # C set-up and reaper as a static binary of its own, linked against musl,
-# not glibc, whose static printf, realpath and malloc come to ten times
+# not glibc, whose static printf, realpath and malloc come to 11 times
 # the size. Everything that could differ between two machines with
 # Debian's musl-tools and gcc is left out (build id, the source
 # directory, .comment, debug info), so that check-generate rebuilds it

@@ -126,14 +126,16 @@ static char *read_mountinfo(void) {
 	return b;
 }
 
-// A line of mountinfo, split: its mount point unescaped, its per-mount
-// options, and what follows " - " (the file system type first). A mount
+// A line of mountinfo, split: its root, its mount point unescaped, its
+// per-mount options, and what follows " - " (the file system type first). A mount
 // point may be longer than PATH_MAX (made through relative paths), which
 // no call takes whole: point then holds its start, and too_long is set,
 // so that nothing acts on another path, a prefix of it.
 struct mount_line {
 	char point[PATH_MAX];
 	const char *opts, *post;
+	const char *root; // as the kernel wrote it, root_len bytes
+	size_t root_len;
 	int fields, too_long;
 };
 
@@ -159,6 +161,8 @@ static void split_line(char *line, struct mount_line *m) {
 	char *sep = strstr(line, " - ");
 	m->post = sep ? sep + 3 : NULL;
 	m->opts = NULL;
+	m->root = NULL;
+	m->root_len = 0;
 	m->point[0] = 0;
 	m->fields = 0;
 	m->too_long = 0;
@@ -171,6 +175,8 @@ static void split_line(char *line, struct mount_line *m) {
 		char *f = p;
 		while (p < end && *p != ' ')
 			p++;
+		if (m->fields == 3)
+			m->root = f, m->root_len = p - f;
 		if (m->fields == 4)
 			m->too_long = unescape(f, p - f, m->point, sizeof m->point);
 		if (m->fields == 5) {
@@ -240,7 +246,7 @@ static int is_mount_point(const char *b, const char *dir) {
 // directory as dropNsMounts does: the directory of this Trial's own
 // namespace mount, when it is a mount of its own. 0: none.
 static int ns_dir(const char *b, char *dir) {
-	char own[64], root[PATH_MAX], *line;
+	char own[64], *line;
 	ssize_t n = readlink("/proc/self/ns/net", own, sizeof own - 1);
 	if (n <= 0)
 		return 0;
@@ -250,12 +256,11 @@ static int ns_dir(const char *b, char *dir) {
 	if (!c)
 		init_fail(ENOMEM, NULL, "read mountinfo");
 	while (!*dir && (line = next_line(&s))) {
-		if (sscanf(line, "%*s %*s %*s %4095s", root) != 1)
-			continue;
 		split_line(line, &m);
 		// A mount point cut short names another directory: the
 		// one-by-one detach refuses it instead.
-		if (m.post && m.fields >= 5 && !m.too_long && !strncmp(m.post, "nsfs ", 5) && !strcmp(root, own) &&
+		if (m.post && m.fields >= 5 && !m.too_long && !strncmp(m.post, "nsfs ", 5) && m.root_len == (size_t)n &&
+		    !memcmp(m.root, own, n) &&
 		    strrchr(m.point, '/') != m.point) {
 			snprintf(dir, PATH_MAX, "%s", m.point);
 			*strrchr(dir, '/') = 0;

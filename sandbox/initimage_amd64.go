@@ -17,7 +17,7 @@ import (
 )
 
 // initELF is the Trial's init: init_early.c's set-up and reaper with
-// init_main.c, a static binary of its own (80 KB, `make generate`), so
+// init_main.c, a static binary of its own (68 KB, `make generate`), so
 // that a Trial's PID 1 loads neither this 20 MB binary nor a dynamic
 // loader, for its set-up and again for its reaper. It holds nothing of
 // the host's: only the code and the tables it mounts with.
