@@ -260,7 +260,10 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 	extra, err := initFiles(readyW)
 	var cmd *exec.Cmd
 	if err == nil {
-		cmd, err = initCommand(initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow), extra...)
+		args := initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow)
+		if cmd, err = initCommand(args, extra...); err != nil {
+			err = fmt.Errorf("start the Trial's init: %w", err)
+		}
 	}
 	if err != nil {
 		_ = readyR.Close()
