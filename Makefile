@@ -10,13 +10,13 @@ PKGS    := ./...
 # Privileged tests need root; in CI (CI=true) they fail rather than skip.
 TESTFLAGS ?= -count=1 -timeout 30m
 
-.PHONY: help deps test-deps test-node test-harnesses bench-deps generate check-generate build install test bench demo lint fuzz clean vm-deps vmtest
+.PHONY: help deps test-deps test-node test-harnesses bench-deps init-elf generate check-generate build install test bench demo lint fuzz clean vm-deps vmtest
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-deps: ## install the Debian packages a fresh machine lacks (clang, libbpf headers, iproute2, curl)
-	@missing=""; for p in clang llvm libbpf-dev iproute2 curl; do \
+deps: ## install the Debian packages a fresh machine lacks (clang, libbpf headers, musl, iproute2, curl)
+	@missing=""; for p in clang llvm libbpf-dev musl-tools linux-libc-dev iproute2 curl; do \
 		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update && apt-get install -y $$missing; fi
 
@@ -79,12 +79,29 @@ test-harnesses: test-node ## install the pinned Harnesses test/gateway runs (TES
 		echo "$$want" > $(TEST_HARNESS_DIR)/.pins || exit 1; fi; \
 	chmod a+rx /opt/trialnet-testdeps && chmod -R a+rX $(TEST_HARNESS_DIR)
 
-generate: ## regenerate the eBPF objects and Go bindings with bpf2go (needs clang)
+# The Trial's init on x86-64 (sandbox/initimage_amd64.go embeds it): the
+# C set-up and reaper as a static binary of its own, linked against musl,
+# not glibc, whose static printf, realpath and malloc come to 11 times
+# the size. Everything that could differ between two machines with
+# Debian's musl-tools and gcc is left out (build id, the source
+# directory, .comment, debug info), so that check-generate rebuilds it
+# byte for byte; its symbols stay (TestEarlyInitTables reads them).
+INIT_ELF    := sandbox/init_amd64.elf
+INIT_SRCS   := init_main.c init_early.c lastcap.c
+INIT_CFLAGS := -static -Os -Wall -Wextra -Werror -fno-asynchronous-unwind-tables -fno-ident \
+	-ffile-prefix-map=$(CURDIR)/sandbox=. \
+	-idirafter /usr/include -idirafter /usr/include/x86_64-linux-gnu
+INIT_LDFLAGS := -Wl,-S -Wl,--build-id=none -Wl,-z,noexecstack -Wl,-z,now
+
+init-elf: ## build the Trial's static init into INIT_ELF (sandbox/init_amd64.elf; needs musl-gcc)
+	cd sandbox && musl-gcc $(INIT_CFLAGS) $(INIT_LDFLAGS) -o $(abspath $(INIT_ELF)) $(INIT_SRCS)
+
+generate: init-elf ## regenerate the eBPF objects and Go bindings with bpf2go (needs clang) and the Trial's static init (needs musl-gcc)
 	$(GO) generate ./bpf
 
-check-generate: generate ## regenerate and fail if the committed bpf2go output differs
-	git diff --exit-code -- 'bpf/*_bpfel.go' 'bpf/*_bpfel.o'
-	@test -z "$$(git status --porcelain -- 'bpf/*_bpfel.*')" || { git status --porcelain -- 'bpf/*_bpfel.*'; exit 1; }
+check-generate: generate ## regenerate and fail if the committed bpf2go output or static init differs
+	git diff --exit-code -- 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' $(INIT_ELF)
+	@test -z "$$(git status --porcelain -- 'bpf/*_bpfel.*' $(INIT_ELF))" || { git status --porcelain -- 'bpf/*_bpfel.*' $(INIT_ELF); exit 1; }
 
 build: ## build bin/trialnet and the NRI plugin bin/trialnet-nri
 	$(GO) build -o $(BIN) ./cmd/trialnet
@@ -137,6 +154,7 @@ bench-deps: ## install what the benchmarks compare against (tinyproxy, squid, bu
 bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'TrialCreateDestroy|IPNetnsAddDel' -benchtime 300x ./sandbox
 	$(GO) test -run '^$$' -bench 'ConnectHook' -benchtime 10x ./sandbox
+	$(GO) test -run '^$$' -bench 'InitStart' -benchtime 200x ./sandbox
 	$(GO) test -run '^$$' -bench 'Peers' -benchtime 1x ./test/proxybench
 	$(GO) test -run '^$$' -bench 'EventJSON' -benchmem ./record
 	$(GO) test -run '^$$' -bench 'GatewayVsDirectTLS' -benchtime 300x -benchmem ./proxy

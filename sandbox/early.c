@@ -1,16 +1,17 @@
 //go:build linux && cgo
 
-// trialnet-exec and the Trial's reaper, run before the Go runtime starts,
-// and the one-exec launch of a Trial command.
+// trialnet-exec, run before the Go runtime starts, and the one-exec launch
+// of a Trial command; off x86-64 also the Trial's init (init_early.c),
+// which on x86-64 is a static binary of its own (initimage_amd64.go).
 //
-// Both are re-executions of the trialnet binary (argv[0] names the role).
+// Each is a re-execution of the trialnet binary (argv[0] names the role).
 // Starting the Go runtime of a 20 MB binary costs 5-8 ms of CPU here, and
 // a later command in a live Trial paid it every time; a C constructor runs
 // from the dynamic loader, before the runtime, and execs the command or
-// becomes the reaper without it (runc's nsexec does its namespace work the
-// same way). exec.go's Go versions (trialExec, runReaper) are what
-// CGO_ENABLED=0 builds run; this file does the same steps in the same
-// order, and the same tests hold both.
+// becomes the init without it (runc's nsexec does its namespace work the
+// same way). exec.go's Go versions (trialExec; runInit, runReaper) are
+// what CGO_ENABLED=0 builds run; this file does the same steps in the
+// same order, and the same tests hold both.
 //
 // trialnet_launch (launch_cgo.go) saves the exec of trialnet too: it
 // clones the command's process itself and runs trial_exec, the very steps
@@ -323,18 +324,6 @@ static int last_cap(void) {
 	return last;
 }
 
-int trialnet_parse_last_cap(const char *buf) {
-	int last = 0;
-	const char *c = buf;
-	for (; *c >= '0' && *c <= '9' && c - buf < 3; c++)
-		last = last * 10 + (*c - '0');
-	// The number, and nothing but its newline after it; a capability
-	// set has 64 bits.
-	if (c == buf || (*c && strcmp(c, "\n")) || last > 63)
-		return -1;
-	return last;
-}
-
 // drop_privileges is exec.go's dropPrivileges for a command's uid and gid.
 static void drop_privileges(uint64_t uid, uint64_t gid) {
 	char d[21];
@@ -594,59 +583,18 @@ long trialnet_launch(struct trialnet_launch *l) {
 	return pid;
 }
 
-// crashed says which signal ended the reaper, on its stderr, which only
-// the launcher that started the init reads (initProc.lastWords), and
-// exits: a crash of PID 1 ends the Trial, and the launch says why.
-static void crashed(int sig) {
-	char msg[64] = "trialnet-init: crashed: signal SIG";
-	const char *name = sigabbrev_np(sig);
-	size_t n = strlen(msg);
-	for (; name && *name && n < sizeof msg - 2; name++)
-		msg[n++] = *name;
-	msg[n++] = '\n';
-	(void)!write(2, msg, n);
-	// Not raise: the kernel drops a signal PID 1 sends itself without a
-	// handler.
-	_exit(128 + sig);
-}
-
-// reap is runReaper: the Trial's PID 1 once set up, with no capability,
-// under the filter (both survive the exec). Every other signal it could
-// catch is ignored, so nothing inside stops it, and SIGCHLD ignored makes
-// the kernel reap each orphan as it exits.
-__attribute__((noreturn)) static void reap(void) {
-	for (int s = 1; s < NSIG; s++) {
-		switch (s) {
-		case SIGKILL:
-		case SIGSTOP:
-			continue;
-		case SIGABRT:
-		case SIGSEGV:
-		case SIGBUS:
-		case SIGILL:
-		case SIGFPE:
-		case SIGSYS:
-			signal(s, crashed);
-			break;
-		default:
-			signal(s, SIG_IGN);
-		}
-	}
-	sigset_t none;
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
-	for (;;)
-		pause();
-}
-
 __attribute__((constructor)) static void trialnet_early(int argc, char **argv, char **envp) {
 	if (argc < 1 || !argv || !argv[0])
 		return;
 	if (!strcmp(argv[0], "trialnet-exec"))
 		trial_exec(argc, argv, envp);
+#if !defined(__x86_64__)
+	// On x86-64 the Trial's init is a static binary of its own
+	// (initimage_amd64.go); elsewhere it is this one.
 	if (argc == 1 && !strcmp(argv[0], "trialnet-init"))
-		reap();
+		trialnet_init_reap();
 	if (!strcmp(argv[0], "trialnet-init-setup"))
 		trialnet_init_setup(argc, argv);
+#endif
 	have_start_nofile = getrlimit(RLIMIT_NOFILE, &start_nofile) == 0;
 }

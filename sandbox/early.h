@@ -25,6 +25,17 @@
 // reaper, or reports why not on fd 3 and exits.
 __attribute__((noreturn)) void trialnet_init_setup(int argc, char **argv);
 
+// trialnet_init_reap is the Trial's init once set up (init.go's
+// runReaper), argv trialnet-init.
+__attribute__((noreturn)) void trialnet_init_reap(void);
+
+// A Trial's own directory as init_early.c mounts it: where, the name of
+// its view in /run/trialnet, and its tmpfs's size.
+struct trialnet_own_dir {
+	const char *dir, *view;
+	long long size;
+};
+
 // trialnet_parse_last_cap reads /proc/sys/kernel/cap_last_cap's text, or
 // returns -1 if it is not a capability's number (Go's Atoi refuses it).
 int trialnet_parse_last_cap(const char *buf);

@@ -14,7 +14,6 @@ import (
 	"unsafe"
 
 	"github.com/trialnet/trialnet/internal/privtest"
-	"github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,23 +53,6 @@ func TestSeccompFileIsTheSealedFilter(t *testing.T) {
 	}
 }
 
-// init_early.c mounts the Trial's own directories, its devpts and its
-// resolv.conf with its own copies of the Go side's bounds and text.
-func TestEarlyInitTables(t *testing.T) {
-	tmp, shm, ptys, resolv := earlyInitTables()
-	if tmp != TmpBytes || shm != ShmBytes || ptys != MaxPtys || resolv != trial.ResolvConf {
-		t.Errorf("init_early.c's tables: tmp %d, shm %d, ptys %d, resolv.conf %q; want %d, %d, %d, %q",
-			tmp, shm, ptys, resolv, TmpBytes, ShmBytes, MaxPtys, trial.ResolvConf)
-	}
-	var want []string
-	for _, d := range ownDirs {
-		want = append(want, d.dir+"="+d.view)
-	}
-	if got := earlyInitOwnDirs(); !slices.Equal(got, want) {
-		t.Errorf("init_early.c's own directories are %q, ownDirs' %q", got, want)
-	}
-}
-
 // The init's C set-up reports a failure on fd 3 as runInit does, and
 // exits: here the launcher's filter is empty, the last step before
 // the ready byte. It runs in mount and PID namespaces of its own, which
@@ -92,12 +74,11 @@ func TestPrivilegedEarlyInitReportsFailure(t *testing.T) {
 	if _, err := unix.FcntlInt(empty.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
 		t.Fatal(err)
 	}
-	cmd := &exec.Cmd{
-		Path:        "/proc/self/exe",
-		Args:        initArgs(false, false, "", nil, nil),
-		ExtraFiles:  []*os.File{w, empty},
-		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC},
+	cmd, err := initCommand(initArgs(false, false, "", nil, nil), w, empty)
+	if err != nil {
+		t.Fatal(err)
 	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC}
 	err = cmd.Start()
 	_ = w.Close()
 	if err != nil {
@@ -152,12 +133,11 @@ func TestPrivilegedEarlyInitRefusesUnsealedFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	cmd := &exec.Cmd{
-		Path:        "/proc/self/exe",
-		Args:        initArgs(false, false, "", nil, nil),
-		ExtraFiles:  []*os.File{w, unsealedFilter(t)},
-		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC},
+	cmd, err := initCommand(initArgs(false, false, "", nil, nil), w, unsealedFilter(t))
+	if err != nil {
+		t.Fatal(err)
 	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC}
 	err = cmd.Start()
 	_ = w.Close()
 	if err != nil {

@@ -258,6 +258,13 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 		return fail, nil, err
 	}
 	extra, err := initFiles(readyW)
+	var cmd *exec.Cmd
+	if err == nil {
+		args := initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow)
+		if cmd, err = initCommand(args, extra...); err != nil {
+			err = fmt.Errorf("start the Trial's init: %w", err)
+		}
+	}
 	if err != nil {
 		_ = readyR.Close()
 		_ = readyW.Close()
@@ -266,18 +273,13 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 		return fail, nil, err
 	}
 	pidfd := -1
-	cmd := &exec.Cmd{
-		Path:       "/proc/self/exe",
-		Args:       initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow),
-		Stderr:     stderrW,
-		ExtraFiles: extra,
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC,
-			Setsid:      true,
-			UseCgroupFD: true,
-			CgroupFD:    int(cg.Fd()),
-			PidFD:       &pidfd,
-		},
+	cmd.Stderr = stderrW
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWPID | unix.CLONE_NEWNS | unix.CLONE_NEWIPC,
+		Setsid:      true,
+		UseCgroupFD: true,
+		CgroupFD:    int(cg.Fd()),
+		PidFD:       &pidfd,
 	}
 	err = t.Netns.Do(cmd.Start)
 	_ = readyW.Close()
@@ -311,7 +313,7 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 			return nil
 		}
 		defer stderrR.Close()
-		// early.c's set-up sends an errno as a number (execMessage).
+		// init_early.c's set-up sends an errno as a number (execMessage).
 		msg = []byte(execMessage(bytes.TrimPrefix(msg, []byte{0})))
 		// Everything else in its PID namespace dies with it.
 		_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
@@ -367,9 +369,11 @@ func splitInitArgs(args []string) (nested, transparent bool, nsPath string, hide
 	return nested, transparent, nsPath, args[:i], args[i+1:]
 }
 
-// runInit is the Trial's PID 1; initArgs says what its arguments are.
-// fd 3 reports readiness (one NUL byte, then the end of the pipe) or why
-// setting up failed.
+// runInit is the Trial's PID 1 in a CGO_ENABLED=0 build off x86-64 (on
+// x86-64 the init is the embedded static binary, initimage_amd64.go; with
+// cgo, init_early.c in this binary); initArgs says what its arguments
+// are. fd 3 reports readiness (one NUL byte, then the end of the pipe) or
+// why setting up failed.
 func runInit() {
 	ready := os.NewFile(3, "trialnet-init-ready")
 	// Capabilities, the bounding set, no_new_privs and the seccomp filter

@@ -1,15 +1,17 @@
-//go:build linux && cgo
+//go:build linux && cgo && !amd64
 
-// The Trial's init, set up before the Go runtime starts.
+// The Trial's init: its set-up, then, exec'd again, its reaper.
 //
-// init.go's runInit and setupInit are what CGO_ENABLED=0 builds run: the
-// init was a whole start of the Go binary (5-8 ms of CPU here) to mount,
-// mask and drop its capabilities before it execs itself as the reaper.
-// trialnet_init_setup, called by early.c's constructor, does the same
-// steps in the same order and reports a failure the same way, so that a
-// Trial's first command waits for no Go runtime at all. The process is a
-// fresh exec with one thread (the constructor runs before the runtime):
-// unlike a launch's child, it may use libc freely.
+// On x86-64 this file and init_main.c are a static binary of their own
+// (musl, `make generate`: initimage_amd64.go embeds it), which a
+// launcher execs from a sealed memfd: a Trial's init loads neither the
+// 20 MB Go binary nor a dynamic loader, twice. Elsewhere early.c's
+// constructor calls trialnet_init_setup and trialnet_init_reap in the
+// trialnet binary before the Go runtime starts (and CGO_ENABLED=0 builds
+// run init.go's runInit, setupInit and runReaper). Either way the steps,
+// their order and the failure reports are init.go's. The process is a
+// fresh exec with one thread: unlike a launch's child, it may use libc
+// freely.
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -22,6 +24,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -35,6 +38,10 @@
 
 #include "early.h"
 
+#ifndef __GLIBC__
+// musl (1.2.3) has no statx wrapper nor its struct: the kernel's.
+#include <linux/stat.h>
+#endif
 #ifndef STATX_MNT_ID
 #define STATX_MNT_ID 0x00001000U
 #endif
@@ -49,25 +56,19 @@ enum { fd_ready = 3, fd_init_filter = 4 };
 #define run_dir "/run/trialnet" // rootdir.Run
 #define resolv_path "/etc/resolv.conf"
 
-// The Trial's own directories: owndirs.go's ownDirs (TestEarlyInitTables).
-static const struct {
-	const char *dir, *view;
-	long long size;
-} own_dirs[] = {
+// The Trial's own directories: owndirs.go's ownDirs. These tables have
+// names of their own, kept (used) where the compiler folds them into the
+// code, so that TestEarlyInitTables reads them from the very binary that
+// mounts with them.
+const struct trialnet_own_dir trialnet_init_own_dirs[] = {
     {"/tmp", "t", TRIALNET_TMP_BYTES},
     {"/var/tmp", "v", TRIALNET_TMP_BYTES},
     {"/dev/shm", "d", TRIALNET_SHM_BYTES},
 };
-enum { n_own_dirs = sizeof own_dirs / sizeof own_dirs[0] };
+enum { n_own_dirs = sizeof trialnet_init_own_dirs / sizeof trialnet_init_own_dirs[0] };
 
 const char *const trialnet_init_resolv_conf = TRIALNET_RESOLV_CONF;
-
-const char *trialnet_init_own_dir(int i, const char **view) {
-	if (i < 0 || i >= n_own_dirs)
-		return NULL;
-	*view = own_dirs[i].view;
-	return own_dirs[i].dir;
-}
+__attribute__((used)) const int trialnet_init_max_ptys = TRIALNET_MAX_PTYS;
 
 // init_fail writes why setting the Trial up failed to the ready pipe, as
 // runInit writes its error, and exits: "trialnet-init: " and the message,
@@ -125,14 +126,16 @@ static char *read_mountinfo(void) {
 	return b;
 }
 
-// A line of mountinfo, split: its mount point unescaped, its per-mount
-// options, and what follows " - " (the file system type first). A mount
+// A line of mountinfo, split: its root, its mount point unescaped, its
+// per-mount options, and what follows " - " (the file system type first). A mount
 // point may be longer than PATH_MAX (made through relative paths), which
 // no call takes whole: point then holds its start, and too_long is set,
 // so that nothing acts on another path, a prefix of it.
 struct mount_line {
 	char point[PATH_MAX];
 	const char *opts, *post;
+	const char *root; // as the kernel wrote it, root_len bytes
+	size_t root_len;
 	int fields, too_long;
 };
 
@@ -158,6 +161,8 @@ static void split_line(char *line, struct mount_line *m) {
 	char *sep = strstr(line, " - ");
 	m->post = sep ? sep + 3 : NULL;
 	m->opts = NULL;
+	m->root = NULL;
+	m->root_len = 0;
 	m->point[0] = 0;
 	m->fields = 0;
 	m->too_long = 0;
@@ -170,6 +175,8 @@ static void split_line(char *line, struct mount_line *m) {
 		char *f = p;
 		while (p < end && *p != ' ')
 			p++;
+		if (m->fields == 3)
+			m->root = f, m->root_len = p - f;
 		if (m->fields == 4)
 			m->too_long = unescape(f, p - f, m->point, sizeof m->point);
 		if (m->fields == 5) {
@@ -239,7 +246,7 @@ static int is_mount_point(const char *b, const char *dir) {
 // directory as dropNsMounts does: the directory of this Trial's own
 // namespace mount, when it is a mount of its own. 0: none.
 static int ns_dir(const char *b, char *dir) {
-	char own[64], root[PATH_MAX], *line;
+	char own[64], *line;
 	ssize_t n = readlink("/proc/self/ns/net", own, sizeof own - 1);
 	if (n <= 0)
 		return 0;
@@ -249,12 +256,11 @@ static int ns_dir(const char *b, char *dir) {
 	if (!c)
 		init_fail(ENOMEM, NULL, "read mountinfo");
 	while (!*dir && (line = next_line(&s))) {
-		if (sscanf(line, "%*s %*s %*s %4095s", root) != 1)
-			continue;
 		split_line(line, &m);
 		// A mount point cut short names another directory: the
 		// one-by-one detach refuses it instead.
-		if (m.post && m.fields >= 5 && !m.too_long && !strncmp(m.post, "nsfs ", 5) && !strcmp(root, own) &&
+		if (m.post && m.fields >= 5 && !m.too_long && !strncmp(m.post, "nsfs ", 5) && m.root_len == (size_t)n &&
+		    !memcmp(m.root, own, n) &&
 		    strrchr(m.point, '/') != m.point) {
 			snprintf(dir, PATH_MAX, "%s", m.point);
 			*strrchr(dir, '/') = 0;
@@ -334,7 +340,7 @@ static int mkdir_all(const char *path, mode_t mode, char *failed) {
 static uint64_t mount_id(const char *path, int *err) {
 	struct statx st;
 	*err = 0;
-	if (statx(AT_FDCWD, path, 0, STATX_MNT_ID, &st) < 0) {
+	if (syscall(SYS_statx, AT_FDCWD, path, 0, STATX_MNT_ID, &st) < 0) {
 		*err = errno;
 		return 0;
 	}
@@ -343,8 +349,8 @@ static uint64_t mount_id(const char *path, int *err) {
 
 static const char *own_dir_of(const char *path) {
 	for (int i = 0; i < n_own_dirs; i++)
-		if (under(path, own_dirs[i].dir))
-			return own_dirs[i].dir;
+		if (under(path, trialnet_init_own_dirs[i].dir))
+			return trialnet_init_own_dirs[i].dir;
 	return NULL;
 }
 
@@ -388,7 +394,7 @@ static void mount_own_dirs(char **keep, int nkeep) {
 	uint64_t ids[n_own_dirs];
 	int nmounted = 0;
 	for (int i = 0; i < n_own_dirs; i++) {
-		const char *dir = own_dirs[i].dir;
+		const char *dir = trialnet_init_own_dirs[i].dir;
 		char r[PATH_MAX];
 		if (!realpath(dir, r))
 			continue; // none on this host: its paths lead nowhere
@@ -399,7 +405,7 @@ static void mount_own_dirs(char **keep, int nkeep) {
 		int err;
 		if (!id) {
 			char data[64];
-			snprintf(data, sizeof data, "mode=1777,size=%lld", own_dirs[i].size);
+			snprintf(data, sizeof data, "mode=1777,size=%lld", trialnet_init_own_dirs[i].size);
 			if (mount("tmpfs", r, "tmpfs", MS_NOSUID | MS_NODEV, data) < 0)
 				init_fail(errno, NULL, "mount the Trial's own %s", dir);
 			if (!(id = mount_id(r, &err)) && err)
@@ -537,16 +543,16 @@ static void cgroup2_mount(char *out) {
 static void mount_views(const char *dir) {
 	for (int i = 0; i < n_own_dirs; i++) {
 		char v[PATH_MAX];
-		snprintf(v, sizeof v, "%s/%s", dir, own_dirs[i].view);
+		snprintf(v, sizeof v, "%s/%s", dir, trialnet_init_own_dirs[i].view);
 		if (mkdir(v, 0755) < 0)
-			init_fail(errno, NULL, "make the view of %s: mkdir %s", own_dirs[i].dir, v);
+			init_fail(errno, NULL, "make the view of %s: mkdir %s", trialnet_init_own_dirs[i].dir, v);
 		struct stat st;
-		if (stat(own_dirs[i].dir, &st) < 0)
+		if (stat(trialnet_init_own_dirs[i].dir, &st) < 0)
 			continue; // none on this host: its paths lead nowhere
-		if (mount(own_dirs[i].dir, v, "", MS_BIND | MS_REC, "") < 0)
-			init_fail(errno, NULL, "bind the view of %s", own_dirs[i].dir);
+		if (mount(trialnet_init_own_dirs[i].dir, v, "", MS_BIND | MS_REC, "") < 0)
+			init_fail(errno, NULL, "bind the view of %s", trialnet_init_own_dirs[i].dir);
 		if (mount("", v, "", MS_BIND | MS_REMOUNT | MS_NOSYMFOLLOW | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
-			init_fail(errno, NULL, "make the view of %s follow no symlinks", own_dirs[i].dir);
+			init_fail(errno, NULL, "make the view of %s follow no symlinks", trialnet_init_own_dirs[i].dir);
 	}
 }
 
@@ -598,7 +604,7 @@ static void setup_init(int nested, int transparent, const char *ns_path, char **
 	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 		init_fail(errno, NULL, "mount the Trial's /proc");
 	char data[128];
-	snprintf(data, sizeof data, "newinstance,ptmxmode=0666,mode=0620,max=%d", TRIALNET_MAX_PTYS);
+	snprintf(data, sizeof data, "newinstance,ptmxmode=0666,mode=0620,max=%d", trialnet_init_max_ptys);
 	if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, data) < 0)
 		init_fail(errno, NULL, "mount the Trial's /dev/pts");
 	if (mount("/dev/pts/ptmx", "/dev/ptmx", "", MS_BIND, "") < 0)
@@ -706,4 +712,69 @@ void trialnet_init_setup(int argc, char **argv) {
 	m += snprintf(msg + m, sizeof msg - m, "%d", err);
 	(void)!write(fd_ready, msg, m);
 	_exit(1);
+}
+
+// crash_name is sigabbrev_np (glibc's, not musl's) for the signals
+// crashed handles.
+static const char *crash_name(int sig) {
+	switch (sig) {
+	case SIGABRT:
+		return "ABRT";
+	case SIGSEGV:
+		return "SEGV";
+	case SIGBUS:
+		return "BUS";
+	case SIGILL:
+		return "ILL";
+	case SIGFPE:
+		return "FPE";
+	case SIGSYS:
+		return "SYS";
+	}
+	return NULL;
+}
+
+// crashed says which signal ended the reaper, on its stderr, which only
+// the launcher that started the init reads (initProc.lastWords), and
+// exits: a crash of PID 1 ends the Trial, and the launch says why.
+static void crashed(int sig) {
+	char msg[64] = "trialnet-init: crashed: signal SIG";
+	const char *name = crash_name(sig);
+	size_t n = strlen(msg);
+	for (; name && *name && n < sizeof msg - 2; name++)
+		msg[n++] = *name;
+	msg[n++] = '\n';
+	(void)!write(2, msg, n);
+	// Not raise: the kernel drops a signal PID 1 sends itself without a
+	// handler.
+	_exit(128 + sig);
+}
+
+// trialnet_init_reap is runReaper: the Trial's PID 1 once set up, with no capability,
+// under the filter (both survive the exec). Every other signal it could
+// catch is ignored, so nothing inside stops it, and SIGCHLD ignored makes
+// the kernel reap each orphan as it exits.
+void trialnet_init_reap(void) {
+	for (int s = 1; s < NSIG; s++) {
+		switch (s) {
+		case SIGKILL:
+		case SIGSTOP:
+			continue;
+		case SIGABRT:
+		case SIGSEGV:
+		case SIGBUS:
+		case SIGILL:
+		case SIGFPE:
+		case SIGSYS:
+			signal(s, crashed);
+			break;
+		default:
+			signal(s, SIG_IGN);
+		}
+	}
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	for (;;)
+		pause();
 }

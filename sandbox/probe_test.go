@@ -75,6 +75,8 @@ func probe(args []string) int {
 		err = reach(args[0], target)
 	case "procs":
 		return procs()
+	case "swap-init":
+		return swapInit()
 	case "ls":
 		return list(target)
 	case "open-write":
@@ -397,6 +399,29 @@ func procs() int {
 	}
 	cmdline, _ := os.ReadFile("/proc/1/cmdline")
 	fmt.Printf("procs %d pid1 %s self %d\n", n, strings.SplitN(string(cmdline), "\x00", 2)[0], os.Getpid())
+	return probeOK
+}
+
+// swapInit tries to change the file PID 1 runs (runc's CVE-2019-5736
+// wrote the host's runtime through it) and says what each try got: what
+// /proc/1/exe names, then the open's error, or each change's.
+func swapInit() int {
+	exe, err := os.Readlink("/proc/1/exe")
+	if err != nil {
+		exe = errName(err)
+	}
+	line := "exe " + exe
+	f, err := os.OpenFile("/proc/1/exe", os.O_RDWR, 0)
+	if err != nil {
+		fmt.Println(line + " open " + errName(err))
+		return probeOK
+	}
+	defer f.Close()
+	_, err = f.WriteAt([]byte("#!/bin/sh\n"), 0)
+	line += " write " + errName(err)
+	line += " truncate " + errName(f.Truncate(0))
+	line += " chmod " + errName(f.Chmod(0))
+	fmt.Println(line)
 	return probeOK
 }
 

@@ -1,0 +1,27 @@
+//go:build linux && cgo && !amd64
+
+package sandbox
+
+// Off x86-64 the Trial's init is this binary again: early.c's constructor
+// runs init_early.c's set-up and reaper before the Go runtime starts;
+// this file holds its tables to the Go side's (TestEarlyInitTables).
+
+/*
+#include "early.h"
+extern const int trialnet_init_max_ptys;
+extern const char *const trialnet_init_resolv_conf;
+extern const struct trialnet_own_dir trialnet_init_own_dirs[3];
+*/
+import "C"
+
+import "fmt"
+
+// earlyInitTables are what init_early.c mounts with: MaxPtys,
+// trial.ResolvConf, and its own directories, each "DIR=VIEW SIZE"
+// (TestEarlyInitTables).
+func earlyInitTables() (ptys int, resolv string, dirs []string) {
+	for _, d := range C.trialnet_init_own_dirs {
+		dirs = append(dirs, fmt.Sprintf("%s=%s %d", C.GoString(d.dir), C.GoString(d.view), d.size))
+	}
+	return int(C.trialnet_init_max_ptys), C.GoString(C.trialnet_init_resolv_conf), dirs
+}

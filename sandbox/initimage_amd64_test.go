@@ -1,0 +1,371 @@
+//go:build linux && amd64
+
+package sandbox
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/trial"
+)
+
+// earlyInitTables reads init_early.c's tables (TestEarlyInitTables) from
+// the embedded init itself, by their symbols: what it mounts with.
+func earlyInitTables() (ptys int, resolv string, dirs []string) {
+	f, err := elf.NewFile(bytes.NewReader(initELF))
+	if err != nil {
+		panic(fmt.Sprintf("the embedded init: %v", err))
+	}
+	syms, err := f.Symbols()
+	if err != nil {
+		panic(fmt.Sprintf("the embedded init's symbols: %v", err))
+	}
+	// at is n bytes of the image at virtual address addr.
+	at := func(addr, n uint64) []byte {
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_LOAD && addr >= p.Vaddr && addr+n <= p.Vaddr+p.Filesz {
+				b := make([]byte, n)
+				if _, err := p.ReadAt(b, int64(addr-p.Vaddr)); err == nil {
+					return b
+				}
+			}
+		}
+		panic(fmt.Sprintf("the embedded init has no %d bytes at %#x", n, addr))
+	}
+	str := func(addr uint64) string {
+		var s []byte
+		for b := at(addr, 1); b[0] != 0; b = at(addr, 1) {
+			s, addr = append(s, b[0]), addr+1
+		}
+		return string(s)
+	}
+	sym := func(name string) elf.Symbol {
+		for _, s := range syms {
+			if s.Name == name {
+				return s
+			}
+		}
+		panic("the embedded init has no symbol " + name)
+	}
+	le := binary.LittleEndian
+	ptys = int(int32(le.Uint32(at(sym("trialnet_init_max_ptys").Value, 4))))
+	resolv = str(le.Uint64(at(sym("trialnet_init_resolv_conf").Value, 8)))
+	// struct trialnet_own_dir: two pointers and a long long.
+	own := sym("trialnet_init_own_dirs")
+	for off := uint64(0); off < own.Size; off += 24 {
+		e := at(own.Value+off, 24)
+		dirs = append(dirs, fmt.Sprintf("%s=%s %d", str(le.Uint64(e)), str(le.Uint64(e[8:])), int64(le.Uint64(e[16:]))))
+	}
+	return ptys, resolv, dirs
+}
+
+// The memfd every Trial's init runs from is shared by all of this
+// process's Trials: nothing may change it, not even its holder.
+func TestInitImageIsSealed(t *testing.T) {
+	f, err := initImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(initELF)+1)
+	if n, _ := f.ReadAt(got, 0); !bytes.Equal(got[:n], initELF) {
+		t.Fatalf("the init's memfd holds %d bytes, not the %d of the embedded init", n, len(initELF))
+	}
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil || seals&initSeals != initSeals {
+		t.Errorf("the init's memfd has seals %#x (%v), want at least %#x", seals, err, initSeals)
+	}
+	// On a kernel with F_SEAL_EXEC (6.3+), its mode is sealed too.
+	if execSealable(t) && seals&unix.F_SEAL_EXEC == 0 {
+		t.Errorf("the init's memfd has seals %#x: no F_SEAL_EXEC, which this kernel has", seals)
+	}
+	// Another open of the same memfd, as /proc/1/exe would give one.
+	rw, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rw.Close()
+	for _, c := range []struct {
+		what string
+		do   func() error
+	}{
+		{"write", func() error { _, err := f.WriteAt([]byte{0}, 0); return err }},
+		{"write through another open", func() error { _, err := rw.WriteAt([]byte("#!/bin/sh\n"), 0); return err }},
+		{"append", func() error { _, err := rw.WriteAt([]byte{0}, int64(len(initELF))); return err }},
+		{"shrink", func() error { return rw.Truncate(0) }},
+		{"grow", func() error { return rw.Truncate(int64(len(initELF)) + 4096) }},
+		{"map writable", func() error {
+			b, err := unix.Mmap(int(rw.Fd()), 0, len(initELF), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err == nil {
+				_ = unix.Munmap(b)
+			}
+			return err
+		}},
+		{"add a seal", func() error { _, err := unix.FcntlInt(rw.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE); return err }},
+		{"chmod", func() error {
+			if seals&unix.F_SEAL_EXEC == 0 {
+				return unix.EPERM // no F_SEAL_EXEC on this kernel: checked above
+			}
+			return rw.Chmod(0)
+		}},
+	} {
+		if err := c.do(); !errors.Is(err, unix.EPERM) {
+			t.Errorf("%s on the init's memfd: %v, want EPERM", c.what, err)
+		}
+	}
+	if n, _ := f.ReadAt(got, 0); !bytes.Equal(got[:n], initELF) {
+		t.Errorf("the init's memfd changed")
+	}
+}
+
+// execSealable says whether this kernel knows F_SEAL_EXEC.
+func execSealable(t *testing.T) bool {
+	fd, err := unix.MemfdCreate("probe", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_EXEC)
+	return err == nil
+}
+
+// make generate rebuilds the committed init byte for byte (check-generate
+// in CI holds it so): what runs is what its sources say.
+func TestInitImageIsReproducible(t *testing.T) {
+	if _, err := exec.LookPath("musl-gcc"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no musl-gcc (make deps installs musl-tools): the committed init cannot be checked")
+		}
+		t.Skip("no musl-gcc (make deps installs musl-tools)")
+	}
+	out := filepath.Join(t.TempDir(), "init.elf")
+	cmd := exec.Command("make", "-s", "-C", "..", "init-elf", "INIT_ELF="+out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make init-elf: %v\n%s", err, b)
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, initELF) {
+		t.Errorf("the init built from these sources (%d bytes) is not the embedded one (%d bytes): run make generate and commit sandbox/init_amd64.elf", len(got), len(initELF))
+	}
+}
+
+// A Trial's PID 1 runs from the sealed memfd: its /proc/1/exe is not the
+// trialnet binary, and a uid-0 command of the Trial that opens it can
+// neither change nor replace what the next Trial's init runs.
+func TestPrivilegedInitExeIsTheSealedImage(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
+	code, out := runProbeAs(t, tr, 0, Command{}, "swap-init")
+	if code != probeOK {
+		t.Fatalf("swap-init: %d %s", code, out)
+	}
+	// Where Landlock scopes ptrace, a command cannot even open it (the
+	// init is outside its domain); elsewhere the seals hold.
+	if refused := strings.HasSuffix(out, " open EACCES") || strings.HasSuffix(out, " open EPERM"); !refused {
+		if !strings.HasPrefix(out, "exe /memfd:trialnet-init ") {
+			t.Errorf("inside the Trial, /proc/1/exe is %q, want the memfd trialnet-init", out)
+		}
+		want := " write EPERM truncate EPERM chmod "
+		if execSealable(t) {
+			want += "EPERM"
+		}
+		if !strings.Contains(out, want) {
+			t.Errorf("a uid-0 command's changes to /proc/1/exe: %q, want %q", out, want)
+		}
+	}
+	init, err := findInit(tr.Cgroup)
+	if err != nil || init.pidfd < 0 {
+		t.Fatalf("the Trial's init: %v", err)
+	}
+	defer unix.Close(init.pidfd)
+	var host, pid1 unix.Stat_t
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(self, &host); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat("/proc/"+strconv.Itoa(init.pid)+"/exe", &pid1); err != nil {
+		t.Fatal(err)
+	}
+	if pid1.Dev == host.Dev && pid1.Ino == host.Ino {
+		t.Errorf("the Trial's init runs the host's trialnet binary %s", self)
+	}
+	image, err := initImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mem unix.Stat_t
+	if err := unix.Fstat(int(image.Fd()), &mem); err != nil {
+		t.Fatal(err)
+	}
+	if pid1.Dev != mem.Dev || pid1.Ino != mem.Ino {
+		t.Errorf("the Trial's init runs %d:%d, not the sealed memfd %d:%d", pid1.Dev, pid1.Ino, mem.Dev, mem.Ino)
+	}
+	got := make([]byte, len(initELF)+1)
+	f, err := image.ReadAt(got, 0)
+	if !bytes.Equal(got[:f], initELF) {
+		t.Errorf("the init's memfd changed: %v", err)
+	}
+}
+
+// BenchmarkInitStart times a Trial's init alone, from its start to its
+// ready byte and the end of its pipe (the set-up done, the reaper's exec
+// begun: what a first command waits for), and on to the reaper asleep,
+// with the CPU the init used in all. TRIALNET_BASELINE_BIN names an
+// earlier build of trialnet, whose init is that binary itself (early.c's
+// constructor), timed in the same loop.
+func BenchmarkInitStart(b *testing.B) {
+	privtest.Require(b)
+	filter, err := seccompFile(false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	args := initArgs(false, false, "", nil, nil)
+	builds := []struct {
+		name string
+		cmd  func(ready *os.File) (*exec.Cmd, error)
+	}{{"", func(ready *os.File) (*exec.Cmd, error) { return initCommand(args, ready, filter) }}}
+	if base := os.Getenv("TRIALNET_BASELINE_BIN"); base != "" {
+		builds = append(builds, struct {
+			name string
+			cmd  func(ready *os.File) (*exec.Cmd, error)
+		}{"baseline-", func(ready *os.File) (*exec.Cmd, error) {
+			return &exec.Cmd{Path: base, Args: args, ExtraFiles: []*os.File{ready, filter}}, nil
+		}})
+	}
+	ready := make([][]time.Duration, len(builds))
+	asleep := make([][]time.Duration, len(builds))
+	cpu := make([][]time.Duration, len(builds))
+	for b.Loop() {
+		for i, build := range builds {
+			r, a, c := startInitOnce(b, build.cmd)
+			ready[i], asleep[i], cpu[i] = append(ready[i], r), append(asleep[i], a), append(cpu[i], c)
+		}
+	}
+	for i, build := range builds {
+		for _, m := range []struct {
+			name string
+			ds   []time.Duration
+		}{{"ready", ready[i]}, {"asleep", asleep[i]}, {"cpu", cpu[i]}} {
+			slices.Sort(m.ds)
+			b.ReportMetric(float64(m.ds[len(m.ds)/2].Microseconds()), build.name+m.name+"-p50-µs")
+		}
+	}
+}
+
+// startInitOnce starts an init in PID, mount and IPC namespaces of its
+// own and ends it once its reaper sleeps.
+func startInitOnce(b *testing.B, command func(ready *os.File) (*exec.Cmd, error)) (ready, asleep, cpu time.Duration) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	cmd, err := command(w)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC}
+	start := time.Now()
+	err = cmd.Start()
+	_ = w.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}()
+	if msg, _ := io.ReadAll(r); len(msg) != 1 {
+		b.Fatalf("the init: %q", execMessage(msg))
+	}
+	ready = time.Since(start)
+	// The reaper, past its loader and its signals: asleep in pause.
+	stat := fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)
+	cmdline := fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid)
+	for {
+		c, _ := os.ReadFile(cmdline)
+		s, _ := os.ReadFile(stat)
+		if string(c) == initArg0+"\x00" && bytes.Contains(s, []byte(") S ")) {
+			return ready, time.Since(start), 0
+		}
+		runtime.Gosched()
+	}
+}
+
+// A build without its init (a checkout whose init_amd64.elf was emptied,
+// a merge that lost it) says so, and what to do, at the first Trial.
+func TestInitImageMissingSaysWhatToDo(t *testing.T) {
+	saved := initELF
+	t.Cleanup(func() { initELF = saved })
+	for _, image := range [][]byte{nil, []byte("version https://git-lfs.github.com/spec/v1\n")} {
+		initELF = image
+		f, err := initMemfd()
+		if err == nil {
+			_ = f.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "missing from this build") || !strings.Contains(err.Error(), "make generate") {
+			t.Errorf("an init of %q: %v, want it named missing, with make generate", image, err)
+		}
+	}
+}
+
+// Where vm.memfd_noexec is 2 (Linux 6.3+, per PID namespace), no memfd
+// may be executed: the first Trial's start says that and what trialnet
+// needs, rather than a bare EACCES. The setting is made in a PID
+// namespace of the test's own, which it ends with.
+func TestPrivilegedInitImageUnderMemfdNoexec(t *testing.T) {
+	if os.Getenv("TRIALNET_MEMFD_NOEXEC") == "1" {
+		if err := os.WriteFile("/proc/sys/vm/memfd_noexec", []byte("2"), 0); err != nil {
+			fmt.Println("set vm.memfd_noexec:", err)
+			return
+		}
+		_, err := initMemfd()
+		fmt.Println("initMemfd:", err)
+		return
+	}
+	privtest.Require(t)
+	if _, err := os.Stat("/proc/sys/vm/memfd_noexec"); err != nil {
+		t.Skip("no vm.memfd_noexec (Linux 6.3+): every memfd may be executed")
+	}
+	host, err := os.ReadFile("/proc/sys/vm/memfd_noexec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPrivilegedInitImageUnderMemfdNoexec$")
+	cmd.Env = append(os.Environ(), "TRIALNET_MEMFD_NOEXEC=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	want := "initMemfd: make the memfd a Trial's init is executed from: permission denied (vm.memfd_noexec is 2 in this PID namespace"
+	if !strings.Contains(string(out), want) {
+		t.Errorf("under vm.memfd_noexec=2: %s; want %q", out, want)
+	}
+	if after, err := os.ReadFile("/proc/sys/vm/memfd_noexec"); err != nil || !bytes.Equal(after, host) {
+		t.Errorf("the host's vm.memfd_noexec was %q, is %q (%v)", host, after, err)
+	}
+}

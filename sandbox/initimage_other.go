@@ -1,0 +1,14 @@
+//go:build linux && !amd64
+
+package sandbox
+
+import (
+	"os"
+	"os/exec"
+)
+
+// initCommand is the Trial's init with args and, from fd 3 on, files:
+// off x86-64, this binary again (early.c's constructor, or runInit).
+func initCommand(args []string, files ...*os.File) (*exec.Cmd, error) {
+	return &exec.Cmd{Path: "/proc/self/exe", Args: args, ExtraFiles: files}, nil
+}
