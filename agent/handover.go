@@ -180,6 +180,7 @@ func (g giver) Release(stopped bool) {
 		g.d.srv.SetKeepAlivesEnabled(false)
 		a.proxy.StopAccepting()
 		a.releaseStubs()
+		a.shells.close() // creates go to the successor now
 	} else {
 		a.proxy.Unshare() // what it had open is no more
 		a.stopForwarding()

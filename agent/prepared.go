@@ -1,0 +1,170 @@
+//go:build linux
+
+package agent
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
+	"golang.org/x/sys/unix"
+)
+
+// shells keeps Trial shells ready (sandbox.Shell: the part of a Trial
+// that does not depend on its description), so that a create takes one
+// instead of making a network namespace, its listeners and pool groups.
+// One goroutine refills it, one shell at a time, and only while no
+// create runs: it never competes with the requests it is there to
+// speed up. Shells are this process's alone: never recorded, never
+// handed over, removed by Close.
+type shells struct {
+	a    *Agent
+	mu   sync.Mutex
+	// ready are the shells made, of the transparent mode in mode.
+	ready []*sandbox.Shell
+	// mode is the transparent mode of the last create: shells are made
+	// for that one (a shell of the other is not taken).
+	mode     atomic.Bool
+	creating atomic.Int32 // creates running
+	kickc    chan struct{}
+	stopc    chan struct{}
+	done     chan struct{}
+}
+
+// startShells sweeps what shells of stopped agents left and starts the
+// refill. An ephemeral agent (trialnet run) keeps none: it makes one
+// Trial.
+func (a *Agent) startShells() {
+	a.host.SweepShells(pidAlive)
+	s := &shells{a: a, kickc: make(chan struct{}, 1), stopc: make(chan struct{}), done: make(chan struct{})}
+	s.mode.Store(true) // a Trial's default (config.File.Spec)
+	a.shells = s
+	if a.cfg.Ephemeral {
+		close(s.done)
+		return
+	}
+	go s.refill()
+	s.kick()
+}
+
+// pidAlive reports whether process pid exists: a shell it made may be in
+// use. Its own shells are never swept (a pid reused by a live process
+// only leaves a crashed agent's groups until that process ends).
+func pidAlive(pid int) bool {
+	return pid == unix.Getpid() || !errors.Is(unix.Kill(pid, 0), unix.ESRCH)
+}
+
+func (s *shells) kick() {
+	select {
+	case s.kickc <- struct{}{}:
+	default:
+	}
+}
+
+// take takes a ready shell for a Trial of the given transparent mode,
+// or returns nil: the create makes everything itself.
+func (s *shells) take(transparent bool) *sandbox.Shell {
+	defer s.kick()
+	s.mode.Store(transparent)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, sh := range s.ready {
+		if sh.Transparent() == transparent {
+			s.ready = append(s.ready[:i], s.ready[i+1:]...)
+			return sh
+		}
+	}
+	return nil
+}
+
+// refill makes shells up to the configured number whenever kicked (a
+// create took one or ended, a reload), and removes those over it or of
+// the other mode.
+func (s *shells) refill() {
+	defer close(s.done)
+	for {
+		select {
+		case <-s.stopc:
+			return
+		case <-s.kickc:
+		}
+		for s.creating.Load() == 0 && s.fillOne() {
+		}
+	}
+}
+
+// fillOne makes one missing shell (dropping the unwanted first); false
+// when there is nothing to do or making one failed.
+func (s *shells) fillOne() bool {
+	want, mode := s.a.file.Load().PreparedShells(), s.mode.Load()
+	s.mu.Lock()
+	var keep, drop []*sandbox.Shell
+	for _, sh := range s.ready {
+		if sh.Transparent() == mode && len(keep) < want {
+			keep = append(keep, sh)
+		} else {
+			drop = append(drop, sh)
+		}
+	}
+	s.ready = keep
+	missing := len(keep) < want
+	s.mu.Unlock()
+	for _, sh := range drop {
+		sh.Close()
+	}
+	if !missing {
+		return false
+	}
+	sh, err := s.a.host.Prepare(mode)
+	if err != nil {
+		s.a.log.Warn("a Trial shell could not be prepared; creates make everything themselves until one can", "error", err)
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.stopc:
+		sh.Close() // closed meanwhile
+		return false
+	default:
+	}
+	s.ready = append(s.ready, sh)
+	return true
+}
+
+// close stops the refill and removes every ready shell.
+func (s *shells) close() {
+	s.mu.Lock()
+	select {
+	case <-s.stopc:
+	default:
+		close(s.stopc)
+	}
+	s.mu.Unlock()
+	<-s.done
+	s.mu.Lock()
+	ready := s.ready
+	s.ready = nil
+	s.mu.Unlock()
+	for _, sh := range ready {
+		sh.Close()
+	}
+}
+
+// makeTrial makes a Trial's sandbox from a ready shell, or, with none or
+// one that cannot be used, as Create does: a shell's failure never fails
+// a create.
+func (a *Agent) makeTrial(spec trialspec.Spec, ep sandbox.Endpoint) (*sandbox.Trial, error) {
+	sh := a.shells.take(spec.Transparent)
+	if sh == nil {
+		return a.host.Create(spec, ep)
+	}
+	tr, err := a.host.CreateFrom(sh, spec, ep)
+	if errors.Is(err, sandbox.ErrShell) {
+		a.log.Error("a prepared Trial shell was refused; making the Trial afresh", "trial", spec.ID, "shell", sh.Name, "error", err)
+		return a.host.Create(spec, ep)
+	}
+	return tr, err
+}
