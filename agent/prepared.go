@@ -20,8 +20,8 @@ import (
 // speed up. Shells are this process's alone: never recorded, never
 // handed over, removed by Close.
 type shells struct {
-	a    *Agent
-	mu   sync.Mutex
+	a  *Agent
+	mu sync.Mutex
 	// ready are the shells made, of the transparent mode in mode.
 	ready []*sandbox.Shell
 	// mode is the transparent mode of the last create: shells are made

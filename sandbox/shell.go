@@ -4,8 +4,8 @@ package sandbox
 
 import (
 	"errors"
-	mathrand "math/rand/v2"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
