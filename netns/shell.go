@@ -59,14 +59,15 @@ func Prepare(loAddrs ...netip.Prefix) (*Held, error) {
 	return held, nil
 }
 
-// path names the namespace through this process's descriptor.
-func (h *Held) path() string { return fmt.Sprintf("/proc/self/fd/%d", h.f.Fd()) }
+// Path names the namespace through this process's descriptor: for this
+// process alone.
+func (h *Held) Path() string { return fmt.Sprintf("/proc/self/fd/%d", h.f.Fd()) }
 
 // Listen opens a listening socket inside the namespace, as
 // Namespace.Listen does.
 func (h *Held) Listen(ctx context.Context, network, addr string) (net.Listener, error) {
 	var ln net.Listener
-	err := Do(h.path(), func() error {
+	err := Do(h.Path(), func() error {
 		var err error
 		ln, err = (&net.ListenConfig{}).Listen(ctx, network, addr)
 		return err
@@ -93,7 +94,7 @@ func (h *Held) Mount(dir, id string) (*Namespace, error) {
 		return nil, fmt.Errorf("create netns mount point: %w", err)
 	}
 	_ = f.Close()
-	if err := unix.Mount(h.path(), path, "none", unix.MS_BIND, ""); err != nil {
+	if err := unix.Mount(h.Path(), path, "none", unix.MS_BIND, ""); err != nil {
 		_ = os.Remove(path)
 		return nil, fmt.Errorf("bind-mount a prepared netns at %s: %w", path, err)
 	}
