@@ -28,6 +28,8 @@ type shells struct {
 	// for that one (a shell of the other is not taken).
 	mode     atomic.Bool
 	creating atomic.Int32 // creates running
+	// prepare makes a shell (the host's Prepare); under mu.
+	prepare func(transparent bool) (*sandbox.Shell, error)
 	kickc    chan struct{}
 	stopc    chan struct{}
 	done     chan struct{}
@@ -38,7 +40,7 @@ type shells struct {
 // Trial.
 func (a *Agent) startShells() {
 	a.host.SweepShells(pidAlive)
-	s := &shells{a: a, kickc: make(chan struct{}, 1), stopc: make(chan struct{}), done: make(chan struct{})}
+	s := &shells{a: a, prepare: a.host.Prepare, kickc: make(chan struct{}, 1), stopc: make(chan struct{}), done: make(chan struct{})}
 	s.mode.Store(true) // a Trial's default (config.File.Spec)
 	a.shells = s
 	if a.cfg.Ephemeral {
@@ -109,7 +111,7 @@ func (s *shells) fillOne() bool {
 		}
 	}
 	s.ready = keep
-	missing := len(keep) < want
+	missing, prepare := len(keep) < want, s.prepare
 	s.mu.Unlock()
 	for _, sh := range drop {
 		sh.Close()
@@ -117,7 +119,7 @@ func (s *shells) fillOne() bool {
 	if !missing {
 		return false
 	}
-	sh, err := s.a.host.Prepare(mode)
+	sh, err := prepare(mode)
 	if err != nil {
 		s.a.log.Warn("a Trial shell could not be prepared; creates make everything themselves until one can", "error", err)
 		return false
