@@ -30,9 +30,9 @@ type shells struct {
 	creating atomic.Int32 // creates running
 	// prepare makes a shell (the host's Prepare); under mu.
 	prepare func(transparent bool) (*sandbox.Shell, error)
-	kickc    chan struct{}
-	stopc    chan struct{}
-	done     chan struct{}
+	kickc   chan struct{}
+	stopc   chan struct{}
+	done    chan struct{}
 }
 
 // startShells sweeps what shells of stopped agents left and starts the
