@@ -44,6 +44,9 @@ type Shell struct {
 	ns          *netns.Held
 	lns         []net.Listener
 	pools       []shellPool // its cgroup v1 groups not yet given
+	// poolsOnV2: a pool is bounded on cgroup v2, in the Trial's cgroup,
+	// which only the create makes.
+	poolsOnV2 bool
 }
 
 type shellPool struct {
@@ -98,6 +101,7 @@ func (h *Host) Prepare(transparent bool) (_ *Shell, err error) {
 	}
 	lim := l.poolLimits()
 	for _, c := range controllersFor(h.Parent) {
+		s.poolsOnV2 = s.poolsOnV2 || c.v2
 		if c.dir == "" {
 			continue // on cgroup v2 the pool is the Trial's cgroup
 		}
@@ -169,19 +173,10 @@ func (s *Shell) givePools(t *Trial) error {
 		}
 		s.pools = s.pools[1:]
 	}
-	if t.Spec.Pools() == (trial.PoolLimits{}) && !poolOnV2(t.controllers()) {
-		return nil
+	if t.Spec.Pools() == (trial.PoolLimits{}) && !s.poolsOnV2 {
+		return nil // the groups are at the defaults already
 	}
 	return t.setupPools()
-}
-
-func poolOnV2(cs []controller) bool {
-	for _, c := range cs {
-		if c.v2 {
-			return true
-		}
-	}
-	return false
 }
 
 // backlog is the number of connections waiting on a listening TCP
