@@ -4,9 +4,15 @@ package agent
 
 import (
 	"errors"
+	"fmt"
+	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
+	"github.com/trialnet/trialnet/bpf"
+	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/sandbox"
 	trialspec "github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
@@ -23,13 +29,13 @@ type shells struct {
 	a  *Agent
 	mu sync.Mutex
 	// ready are the shells made, of the transparent mode in mode.
-	ready []*sandbox.Shell
+	ready []*prepShell
 	// mode is the transparent mode of the last create: shells are made
 	// for that one (a shell of the other is not taken).
 	mode     atomic.Bool
 	creating atomic.Int32 // creates running
 	// prepare makes a shell (the host's Prepare); under mu.
-	prepare func(transparent bool) (*sandbox.Shell, error)
+	prepare func(transparent bool) (*prepShell, error)
 	kickc   chan struct{}
 	stopc   chan struct{}
 	done    chan struct{}
@@ -40,7 +46,7 @@ type shells struct {
 // Trial.
 func (a *Agent) startShells() {
 	a.host.SweepShells(pidAlive)
-	s := &shells{a: a, prepare: a.host.Prepare, kickc: make(chan struct{}, 1), stopc: make(chan struct{}), done: make(chan struct{})}
+	s := &shells{a: a, prepare: a.prepareShell, kickc: make(chan struct{}, 1), stopc: make(chan struct{}), done: make(chan struct{})}
 	s.mode.Store(true) // a Trial's default (config.File.Spec)
 	a.shells = s
 	if a.cfg.Ephemeral {
@@ -67,13 +73,13 @@ func (s *shells) kick() {
 
 // take takes a ready shell for a Trial of the given transparent mode,
 // or returns nil: the create makes everything itself.
-func (s *shells) take(transparent bool) *sandbox.Shell {
+func (s *shells) take(transparent bool) *prepShell {
 	defer s.kick()
 	s.mode.Store(transparent)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, sh := range s.ready {
-		if sh.Transparent() == transparent {
+		if sh.sh.Transparent() == transparent {
 			s.ready = append(s.ready[:i], s.ready[i+1:]...)
 			return sh
 		}
@@ -102,9 +108,9 @@ func (s *shells) refill() {
 func (s *shells) fillOne() bool {
 	want, mode := s.a.file.Load().PreparedShells(), s.mode.Load()
 	s.mu.Lock()
-	var keep, drop []*sandbox.Shell
+	var keep, drop []*prepShell
 	for _, sh := range s.ready {
-		if sh.Transparent() == mode && len(keep) < want {
+		if sh.sh.Transparent() == mode && len(keep) < want {
 			keep = append(keep, sh)
 		} else {
 			drop = append(drop, sh)
@@ -114,7 +120,7 @@ func (s *shells) fillOne() bool {
 	missing, prepare := len(keep) < want, s.prepare
 	s.mu.Unlock()
 	for _, sh := range drop {
-		sh.Close()
+		sh.close()
 	}
 	if !missing {
 		return false
@@ -128,7 +134,7 @@ func (s *shells) fillOne() bool {
 	defer s.mu.Unlock()
 	select {
 	case <-s.stopc:
-		sh.Close() // closed meanwhile
+		sh.close() // closed meanwhile
 		return false
 	default:
 	}
@@ -151,22 +157,102 @@ func (s *shells) close() {
 	s.ready = nil
 	s.mu.Unlock()
 	for _, sh := range ready {
-		sh.Close()
+		sh.close()
 	}
 }
 
-// makeTrial makes a Trial's sandbox from a ready shell, or, with none or
-// one that cannot be used, as Create does: a shell's failure never fails
-// a create.
-func (a *Agent) makeTrial(spec trialspec.Spec, ep sandbox.Endpoint) (*sandbox.Trial, error) {
-	sh := a.shells.take(spec.Transparent)
-	if sh == nil {
-		return a.host.Create(spec, ep)
+// shellPool is the address pool a prepared shell's steering is for: the
+// stub's default, which every Trial's stub has.
+var shellPool = netip.MustParsePrefix(dnsstub.DefaultPoolCIDR)
+
+// prepShell is a ready shell with what the agent adds to it for a
+// transparent Trial: the stub's sockets and the steered listener in its
+// namespace, and the steering attached there (pinned when taken).
+type prepShell struct {
+	sh *sandbox.Shell
+	tp transparentSockets
+}
+
+func (p *prepShell) close() {
+	p.tp.close()
+	p.sh.Close()
+}
+
+// prepareShell makes a shell for Trials of the given transparent mode.
+func (a *Agent) prepareShell(transparent bool) (_ *prepShell, err error) {
+	sh, err := a.host.Prepare(transparent)
+	if err != nil {
+		return nil, err
 	}
-	tr, err := a.host.CreateFrom(sh, spec, ep)
-	if errors.Is(err, sandbox.ErrShell) {
-		a.log.Error("a prepared Trial shell was refused; making the Trial afresh", "trial", spec.ID, "shell", sh.Name, "error", err)
-		return a.host.Create(spec, ep)
+	p := &prepShell{sh: sh}
+	if !transparent {
+		return p, nil
 	}
-	return tr, err
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if p.tp, err = listenTransparent(sh.NetnsPath()); err != nil {
+		return nil, fmt.Errorf("prepare shell %s: %w", sh.Name, err)
+	}
+	if p.tp.steer, err = bpf.AttachSteer(sh.NetnsPath(), shellPool, p.tp.steered); err != nil {
+		return nil, fmt.Errorf("prepare shell %s: %w", sh.Name, err)
+	}
+	return p, nil
+}
+
+// untouched refuses transparent sockets of a shell on which something
+// waits: a connection or a datagram, which only a process in its
+// namespace can have sent.
+func (s transparentSockets) untouched() error {
+	type sock struct {
+		c    syscall.Conn
+		addr net.Addr
+	}
+	var socks []sock
+	if s.udp != nil {
+		socks = append(socks, sock{s.udp, s.udp.LocalAddr()})
+	}
+	for _, l := range []*net.TCPListener{s.tcp, s.steered} {
+		if l != nil {
+			socks = append(socks, sock{l, l.Addr()})
+		}
+	}
+	for _, x := range socks {
+		if n, err := sandbox.Waiting(x.c); err != nil || n > 0 {
+			return fmt.Errorf("%d waiting on its transparent socket %s before a create took it (%v)", n, x.addr, err)
+		}
+	}
+	return nil
+}
+
+// makeTrial makes lt's sandbox from a ready shell, or, with none or one
+// that cannot be used, as Create does: a shell's failure never fails a
+// create. A shell's transparent sockets are left in lt.fromShell.
+func (a *Agent) makeTrial(lt *trial) func(trialspec.Spec, sandbox.Endpoint) (*sandbox.Trial, error) {
+	return func(spec trialspec.Spec, ep sandbox.Endpoint) (*sandbox.Trial, error) {
+		p := a.shells.take(spec.Transparent)
+		if p == nil {
+			return a.host.Create(spec, ep)
+		}
+		refused := func(err error) (*sandbox.Trial, error) {
+			a.log.Error("a prepared Trial shell was refused; making the Trial afresh", "trial", spec.ID, "shell", p.sh.Name, "error", err)
+			p.close()
+			return a.host.Create(spec, ep)
+		}
+		if err := p.tp.untouched(); err != nil {
+			return refused(err)
+		}
+		tr, err := a.host.CreateFrom(p.sh, spec, ep)
+		if errors.Is(err, sandbox.ErrShell) {
+			return refused(err)
+		}
+		if err != nil {
+			p.tp.close()
+			return nil, err
+		}
+		lt.fromShell = p.tp
+		return tr, nil
+	}
 }

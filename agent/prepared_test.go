@@ -7,14 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/dnsstub"
+	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/sandbox"
 	trialspec "github.com/trialnet/trialnet/trial"
@@ -28,7 +32,7 @@ func readyShells(t *testing.T, a *Agent, n int) []string {
 		a.shells.mu.Lock()
 		var names []string
 		for _, sh := range a.shells.ready {
-			names = append(names, sh.Name)
+			names = append(names, sh.sh.Name)
 		}
 		a.shells.mu.Unlock()
 		if len(names) == n {
@@ -160,7 +164,7 @@ func TestPrivilegedAgentShellFailuresFallBack(t *testing.T) {
 		t.Log("no cgroup v1 pids hierarchy: shells have no group to enter; only the failure to make one is tested")
 	}
 	a.shells.mu.Lock()
-	a.shells.prepare = func(bool) (*sandbox.Shell, error) { return nil, errors.New("test: no shell") }
+	a.shells.prepare = func(bool) (*prepShell, error) { return nil, errors.New("test: no shell") }
 	a.shells.mu.Unlock()
 	for i := range 3 {
 		id := fmt.Sprintf("agt-fallback-%d", i)
@@ -182,5 +186,42 @@ func TestPrivilegedAgentShellFailuresFallBack(t *testing.T) {
 	}
 	if !strings.Contains(log, "test: no shell") {
 		t.Errorf("the failure to prepare a shell is not in the log:\n%s", log)
+	}
+}
+
+// A connection waiting on a transparent shell's stub socket, which only a
+// process in its namespace can make, refuses the shell; the create makes
+// the Trial afresh.
+func TestPrivilegedAgentTransparentShellWithWaitingConnection(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 229)
+	cfg := w.config(t)
+	var journal lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&journal, nil))
+	a := startAgent(t, cfg)
+	readyShells(t, a, config.DefaultPrepared)
+	a.shells.mu.Lock()
+	ready := slices.Clone(a.shells.ready)
+	a.shells.prepare = func(bool) (*prepShell, error) { return nil, errors.New("test: no more shells") }
+	a.shells.mu.Unlock()
+	for _, p := range ready {
+		var c net.Conn
+		if err := netns.Do(p.sh.NetnsPath(), func() (err error) {
+			c, err = net.Dial("tcp", dnsstub.DefaultListen)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-waiting"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Transparent {
+		t.Fatal("the Trial is not transparent")
+	}
+	if log := journal.String(); !strings.Contains(log, "a prepared Trial shell was refused") || !strings.Contains(log, "waiting on its transparent socket") {
+		t.Fatalf("no refused shell in the log:\n%s", log)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/trialnet/trialnet/netns"
@@ -117,6 +118,10 @@ func (h *Host) Prepare(transparent bool) (_ *Shell, err error) {
 	return s, nil
 }
 
+// NetnsPath names the shell's network namespace until a create takes it,
+// for this process alone (a descriptor of it), to open sockets in.
+func (s *Shell) NetnsPath() string { return s.ns.Path() }
+
 // Transparent reports the transparent mode of the Trials s is for.
 func (s *Shell) Transparent() bool { return s.transparent }
 
@@ -150,7 +155,11 @@ func (s *Shell) check(spec trial.Spec) error {
 		}
 	}
 	for _, ln := range s.lns {
-		if n, err := backlog(ln); err != nil || n > 0 {
+		c, _ := ln.(syscall.Conn)
+		if c == nil {
+			return fmt.Errorf("its listener %s is not a socket", ln.Addr())
+		}
+		if n, err := Waiting(c); err != nil || n > 0 {
 			return fmt.Errorf("its listener %s had %d connection(s) waiting before a create took it (%v)", ln.Addr(), n, err)
 		}
 	}
@@ -179,26 +188,27 @@ func (s *Shell) givePools(t *Trial) error {
 	return t.setupPools()
 }
 
-// backlog is the number of connections waiting on a listening TCP
-// socket to be accepted (tcpi_unacked, for a listener).
-func backlog(ln net.Listener) (uint32, error) {
-	tl, ok := ln.(*net.TCPListener)
-	if !ok {
-		return 0, errors.New("not a TCP listener")
-	}
-	raw, err := tl.SyscallConn()
+// Waiting is what waits on a socket of a shell: the connections not yet
+// accepted on a listening TCP socket, the bytes queued on a UDP one. A
+// shell's are all zero until a create takes it.
+func Waiting(c syscall.Conn) (int, error) {
+	raw, err := c.SyscallConn()
 	if err != nil {
 		return 0, err
 	}
-	var info *unix.TCPInfo
-	var ierr error
-	if err := raw.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
-		return 0, err
-	}
-	if ierr != nil {
-		return 0, ierr
-	}
-	return info.Unacked, nil
+	var n int
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		if _, ok := c.(*net.UDPConn); ok {
+			n, serr = unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+			return
+		}
+		var info *unix.TCPInfo
+		if info, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); serr == nil {
+			n = int(info.Unacked) // for a listener: its accept queue
+		}
+	})
+	return n, errors.Join(err, serr)
 }
 
 // groupProcs are the processes in cgroup v1 group dir, each killed: a
