@@ -18,8 +18,8 @@ import (
 
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/dnsstub"
-	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 	trialspec "github.com/trialnet/trialnet/trial"
 )
