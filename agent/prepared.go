@@ -42,10 +42,10 @@ type shells struct {
 }
 
 // startShells sweeps what shells of stopped agents left and starts the
-// refill. An ephemeral agent (trialnet run) keeps none: it makes one
-// Trial.
+// refill. An ephemeral agent (trialnet run) keeps none, as it makes one
+// Trial, and leaves the sweep to the daemon's start (a listing of every
+// Trial's group) off its path.
 func (a *Agent) startShells() {
-	a.host.SweepShells(pidAlive)
 	s := &shells{a: a, prepare: a.prepareShell, kickc: make(chan struct{}, 1), stopc: make(chan struct{}), done: make(chan struct{})}
 	s.mode.Store(true) // a Trial's default (config.File.Spec)
 	a.shells = s
@@ -53,6 +53,7 @@ func (a *Agent) startShells() {
 		close(s.done)
 		return
 	}
+	a.host.SweepShells(pidAlive)
 	go s.refill()
 	s.kick()
 }
