@@ -135,6 +135,7 @@ type Agent struct {
 	owners    sync.WaitGroup // the goroutines watching owned Trials' owners
 	pend      pendings       // prepared containers' cgroups, not yet adopted
 	shells    *shells        // Trial shells kept ready for creates; set by start
+	calls     atomic.Int32   // calls enter admitted, running
 }
 
 // An Agent serves the Trial API in process, as a client.Client does over

@@ -21,9 +21,9 @@ import (
 // shells keeps Trial shells ready (sandbox.Shell: the part of a Trial
 // that does not depend on its description), so that a create takes one
 // instead of making a network namespace, its listeners and pool groups.
-// One goroutine refills it, one shell at a time, and only while no
-// create runs: it never competes with the requests it is there to
-// speed up. Shells are this process's alone: never recorded, never
+// One goroutine refills it, one shell at a time, and only while no call
+// that changes Trials runs (enter): it does not compete with the
+// creates it is there to speed up, nor with destroys. Shells are this process's alone: never recorded, never
 // handed over, removed by Close.
 type shells struct {
 	a  *Agent
@@ -32,8 +32,7 @@ type shells struct {
 	ready []*prepShell
 	// mode is the transparent mode of the last create: shells are made
 	// for that one (a shell of the other is not taken).
-	mode     atomic.Bool
-	creating atomic.Int32 // creates running
+	mode atomic.Bool
 	// prepare makes a shell (the host's Prepare); under mu.
 	prepare func(transparent bool) (*prepShell, error)
 	kickc   chan struct{}
@@ -65,7 +64,11 @@ func pidAlive(pid int) bool {
 	return pid == unix.Getpid() || !errors.Is(unix.Kill(pid, 0), unix.ESRCH)
 }
 
+// kick wakes the refill; nil (an agent still starting) has none.
 func (s *shells) kick() {
+	if s == nil {
+		return
+	}
 	select {
 	case s.kickc <- struct{}{}:
 	default:
@@ -89,8 +92,8 @@ func (s *shells) take(transparent bool) *prepShell {
 }
 
 // refill makes shells up to the configured number whenever kicked (a
-// create took one or ended, a reload), and removes those over it or of
-// the other mode.
+// create took one, a call ended), and removes those over it or of the
+// other mode.
 func (s *shells) refill() {
 	defer close(s.done)
 	for {
@@ -99,7 +102,7 @@ func (s *shells) refill() {
 			return
 		case <-s.kickc:
 		}
-		for s.creating.Load() == 0 && s.fillOne() {
+		for s.a.calls.Load() == 0 && s.fillOne() {
 		}
 	}
 }

@@ -175,11 +175,6 @@ func (a *Agent) create(req trialspec.Request, conn *net.UnixConn) (_ client.Tria
 		return client.TrialInfo{}, err
 	}
 	defer leave()
-	a.shells.creating.Add(1)
-	defer func() {
-		a.shells.creating.Add(-1)
-		a.shells.kick() // the refill waits for no create to run
-	}()
 	lt, list, err := a.newTrial(req, conn)
 	if err != nil {
 		return client.TrialInfo{}, err
