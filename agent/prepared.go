@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/dnsstub"
@@ -102,7 +103,34 @@ func (s *shells) refill() {
 			return
 		case <-s.kickc:
 		}
-		for s.a.calls.Load() == 0 && s.fillOne() {
+		if !s.quiet() {
+			return
+		}
+		// One at a time; a call that came meanwhile kicked, and the
+		// next shell waits for quiet again.
+		for len(s.kickc) == 0 && s.a.calls.Load() == 0 && s.fillOne() {
+		}
+	}
+}
+
+// refillQuiet is how long the agent has had no call that changes Trials
+// before the refill makes a shell: a Trial's create is usually followed
+// at once by its launch (the caller's work, on the same cores) and, for
+// a short command, its destroy; making a shell there would slow both.
+const refillQuiet = 20 * time.Millisecond
+
+// quiet waits until nothing kicked for refillQuiet; false once stopped.
+func (s *shells) quiet() bool {
+	t := time.NewTimer(refillQuiet)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stopc:
+			return false
+		case <-s.kickc:
+			t.Reset(refillQuiet)
+		case <-t.C:
+			return true
 		}
 	}
 }
