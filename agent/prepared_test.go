@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -228,4 +229,29 @@ func TestPrivilegedAgentTransparentShellWithWaitingConnection(t *testing.T) {
 	if log := journal.String(); !strings.Contains(log, "a prepared Trial shell was refused") || !strings.Contains(log, "waiting on its transparent socket") {
 		t.Fatalf("no refused shell in the log:\n%s", log)
 	}
+}
+
+// A reload applies a new prepared at once: shells over it are removed,
+// and a larger number is made.
+func TestPrivilegedAgentReloadPrepared(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 230)
+	cfg, path := reloadable(t, w, "prepared: 1\n")
+	a := startAgent(t, cfg)
+	first := readyShells(t, a, 1)
+	writeConfig(t, path, "prepared: 0\n")
+	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	readyShells(t, a, 0)
+	for end := time.Now().Add(10 * time.Second); len(v1Groups(t, first[0])) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the shell dropped by the reload is left: %v", v1Groups(t, first[0]))
+		}
+	}
+	writeConfig(t, path, "prepared: 3\n")
+	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	readyShells(t, a, 3)
 }
