@@ -134,6 +134,8 @@ type Agent struct {
 	gcPending atomic.Bool
 	owners    sync.WaitGroup // the goroutines watching owned Trials' owners
 	pend      pendings       // prepared containers' cgroups, not yet adopted
+	shells    *shells        // Trial shells kept ready for creates; set by start
+	calls     atomic.Int32   // calls enter admitted, running
 }
 
 // An Agent serves the Trial API in process, as a client.Client does over
@@ -224,6 +226,7 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 			return nil, fmt.Errorf("the running agent serves Trial %s, which has no record in %s: this agent cannot take it over; the running agent keeps serving", id, cfg.Host.StateDir)
 		}
 	}
+	a.startShells()
 	a.startRetention()
 	return a, nil
 }
@@ -235,6 +238,9 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 func (a *Agent) Close(teardown bool) {
 	a.closed.Store(true)
 	a.stopWatching()
+	if a.shells != nil {
+		a.shells.close()
+	}
 	if teardown {
 		for _, info := range a.list() {
 			if _, err := a.Destroy(context.Background(), info.ID); err != nil {

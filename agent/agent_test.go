@@ -110,6 +110,10 @@ func startAgent(t *testing.T, cfg AgentConfig) *Agent {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close(true) })
+	if !cfg.Ephemeral {
+		// Its first creates take shells, as a running agent's do.
+		readyShells(t, a, a.file.Load().PreparedShells())
+	}
 	return a
 }
 

@@ -51,7 +51,12 @@ func (a *Agent) enter() (leave func(), err error) {
 		a.hmu.RUnlock()
 		return nil, errHandedOver()
 	}
-	return a.hmu.RUnlock, nil
+	a.calls.Add(1)
+	return func() {
+		a.calls.Add(-1)
+		a.hmu.RUnlock()
+		a.shells.kick() // the refill waits for no such call to run
+	}, nil
 }
 
 // paths are what an agent holds by path; a successor must have the same.
@@ -180,6 +185,7 @@ func (g giver) Release(stopped bool) {
 		g.d.srv.SetKeepAlivesEnabled(false)
 		a.proxy.StopAccepting()
 		a.releaseStubs()
+		a.shells.close() // creates go to the successor now
 	} else {
 		a.proxy.Unshare() // what it had open is no more
 		a.stopForwarding()

@@ -186,6 +186,7 @@ func Uninstall(cfg Config, force bool) error {
 	for _, id := range live {
 		errs = append(errs, h.Remove(id))
 	}
+	h.SweepShells(pidAlive) // a running agent's are its own
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("uninstall: %w", err)
 	}

@@ -100,7 +100,8 @@ func (a *Agent) Reload(ctx context.Context, req client.ReloadRequest) (client.Re
 			res.Note = note
 		}
 	}
-	a.ret.soon() // the retention rule may have changed
+	a.ret.soon()    // the retention rule may have changed
+	a.shells.kick() // and the number of shells to keep
 	a.log.Info("config reloaded", "config", path, "profiles", len(res.Profiles), "reprofiled", len(res.Reprofiled))
 	return res, nil
 }

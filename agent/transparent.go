@@ -62,9 +62,15 @@ type transparent struct {
 type transparentSockets struct {
 	udp          *net.UDPConn
 	tcp, steered *net.TCPListener
+	// steer, from a prepared shell only, steers the pool to steered,
+	// attached before the Trial had a name (not pinned); nil otherwise.
+	steer *bpf.Steer
 }
 
 func (s transparentSockets) close() {
+	if s.steer != nil {
+		_ = s.steer.Close()
+	}
 	if s.udp != nil {
 		_ = s.udp.Close()
 	}
@@ -143,10 +149,15 @@ func (s transparentSockets) whole() bool {
 func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transparent, err error) {
 	id, nsPath := lt.info.ID, lt.tr.Netns.Path
 	tp := &transparent{id: id, learning: lt.info.Learning}
+	pre := inh.steer // a shell's, used by steer or closed
+	inh.steer = nil
 	defer func() {
 		if err != nil {
 			tp.close()
 			inh.close()
+		}
+		if pre != nil {
+			_ = pre.Close()
 		}
 	}()
 	if inh.whole() {
@@ -154,6 +165,8 @@ func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transpare
 			a.log.Warn("transparent sockets handed over are not this Trial's; listening anew", "trial", id, "error", err)
 			inh.close()
 			inh = transparentSockets{}
+			_ = pre.Close() // it steers to the socket closed
+			pre = nil
 		}
 	} else {
 		inh.close()
@@ -173,7 +186,8 @@ func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transpare
 	if err := tp.startStub(a); err != nil {
 		return nil, err
 	}
-	if tp.steer, err = a.steer(lt, tp); err != nil {
+	tp.steer, pre, err = a.steer(lt, tp, pre)
+	if err != nil {
 		return nil, fmt.Errorf("transparent mode of Trial %s: %w", id, err)
 	}
 	tp.ln = make(chan struct{})
@@ -297,17 +311,27 @@ func closeAll(files []*os.File) {
 // (bpffs gone from under the pin directory), unpinned, as the kernel
 // layers go on enforcing from this process's hold then too: its pool
 // connections are then refused while no agent runs, never let through.
-func (a *Agent) steer(lt *trial, tp *transparent) (*bpf.Steer, error) {
-	s, err := bpf.OpenSteer(a.host.BPF.SteerPin(lt.tr.CgroupID), lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered)
+// A shell's steering attached ahead (pre, for shellPool) is pinned
+// instead when it can be; it is given back (nil) once used.
+func (a *Agent) steer(lt *trial, tp *transparent, pre *bpf.Steer) (_, _ *bpf.Steer, err error) {
+	pin := a.host.BPF.SteerPin(lt.tr.CgroupID)
+	if pre != nil && tp.stub.Pool() == shellPool {
+		s, err := pre.PinAt(pin)
+		if err == nil {
+			return s, nil, nil
+		}
+		a.log.Warn("transparent mode: a prepared shell's steering could not be pinned; attaching anew", "trial", lt.info.ID, "error", err)
+	}
+	s, err := bpf.OpenSteer(pin, lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered)
 	if err == nil {
-		return s, nil
+		return s, pre, nil
 	}
 	s, aerr := bpf.AttachSteer(lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered)
 	if aerr != nil {
-		return nil, errors.Join(err, aerr)
+		return nil, pre, errors.Join(err, aerr)
 	}
 	a.log.Warn("transparent mode: the steering is not pinned; while no agent runs, connections to the Trial's pool addresses are refused", "trial", lt.info.ID, "error", err)
-	return s, nil
+	return s, pre, nil
 }
 
 // lookup maps a pool address to its name for the proxy, through the

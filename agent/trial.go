@@ -68,6 +68,9 @@ type trial struct {
 	// containers counts the containers that joined it (AddContainer)
 	// when there is no data directory to keep them; guarded by mu.
 	containers int
+	// fromShell are the transparent sockets its prepared shell had, for
+	// build to start its transparent mode on; empty without one.
+	fromShell transparentSockets
 	// joined are pidfds of the inits of containers that joined it, which
 	// the agent watches to move each to the ended ones (watchContainer);
 	// guarded by mu, closed by dropJoined.
@@ -176,7 +179,7 @@ func (a *Agent) create(req trialspec.Request, conn *net.UnixConn) (_ client.Tria
 	if err != nil {
 		return client.TrialInfo{}, err
 	}
-	if err := a.build(lt, list, a.host.Create); err != nil {
+	if err := a.build(lt, list, a.makeTrial(lt)); err != nil {
 		return client.TrialInfo{}, err
 	}
 	if a.cfg.ReceiptKey != "" {
@@ -215,7 +218,9 @@ func (a *Agent) build(lt *trial, list *allow.List, makeIt func(trialspec.Spec, s
 		return errf(client.CodeInternal, "%v", err)
 	}
 	lt.setTrial(tr)
-	if err := a.startTransparent(lt, transparentSockets{}); err != nil {
+	inh := lt.fromShell
+	lt.fromShell = transparentSockets{}
+	if err := a.startTransparent(lt, inh); err != nil {
 		_, _ = tr.Close()
 		a.dropTransparent(info.ID, tr.CgroupID)
 		return errf(client.CodeInternal, "%v", err)

@@ -49,10 +49,25 @@ func OpenSteer(pin, netnsPath string, pool netip.Prefix, ln syscall.Conn) (*Stee
 	if s, err = AttachSteer(netnsPath, pool, ln); err != nil {
 		return nil, err
 	}
-	if err := errors.Join(s.link.Pin(pin+"_link"), s.m.Pin(pin+"_map")); err != nil {
-		_ = s.Unpin()
+	p, err := s.PinAt(pin)
+	if err != nil {
 		_ = s.Close()
-		return nil, fmt.Errorf("pin the steer program's link and map at %s: %w", pin, err)
+		return nil, err
+	}
+	return p, nil
+}
+
+// PinAt pins an AttachSteer's link and map at pin as OpenSteer does, for
+// steering attached before its Trial had a name (a prepared shell), and
+// returns the pinned Steer, s's descriptors released. On error nothing is
+// pinned and s is as it was.
+func (s *Steer) PinAt(pin string) (*Steer, error) {
+	if err := s.link.Pin(pin + "_link"); err != nil {
+		return nil, fmt.Errorf("pin the steer program's link at %s_link: %w", pin, err)
+	}
+	if err := s.m.Pin(pin + "_map"); err != nil {
+		_ = s.link.Unpin()
+		return nil, fmt.Errorf("pin the steer program's map at %s_map: %w", pin, err)
 	}
 	s.pin = pin
 	return s.release(), nil

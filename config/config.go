@@ -47,9 +47,29 @@ type File struct {
 	// UpstreamProxy is the HTTP proxy allowed connections go out through
 	// (docs/upstream.md); absent: they are dialled directly.
 	UpstreamProxy upstream.Config `yaml:"upstream_proxy"`
+	// Prepared is how many Trial shells (a Trial's network namespace,
+	// listeners and pool groups, made ahead) the agent keeps ready for
+	// the next creates; absent: DefaultPrepared, 0: none.
+	Prepared *int `yaml:"prepared"`
 
 	cidrs []netip.Prefix
 	facts guard.HostFacts
+}
+
+// DefaultPrepared is how many Trial shells an agent keeps ready when the
+// file does not say (prepared); MaxPrepared bounds what it may say: each
+// shell holds a network namespace.
+const (
+	DefaultPrepared = 2
+	MaxPrepared     = 16
+)
+
+// PreparedShells is how many Trial shells the agent keeps ready.
+func (f *File) PreparedShells() int {
+	if f == nil || f.Prepared == nil {
+		return DefaultPrepared
+	}
+	return *f.Prepared
 }
 
 // Paths are where the agent keeps its pieces; empty means the default.
@@ -256,6 +276,9 @@ func (f *File) validate() error {
 	}
 	if f.Retention.KeepDays < 0 || f.Retention.KeepTrials < 0 {
 		return errors.New("retention: keep_days and keep_trials cannot be negative (0 means no such limit)")
+	}
+	if p := f.Prepared; p != nil && (*p < 0 || *p > MaxPrepared) {
+		return fmt.Errorf("prepared: %d is out of range: give 0 (none) to %d", *p, MaxPrepared)
 	}
 	if _, err := f.Drain(); err != nil {
 		return err

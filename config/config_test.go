@@ -44,6 +44,8 @@ func TestParseFileRefusals(t *testing.T) {
 		"loopback CIDR":       "allow_cidrs: [127.0.0.0/8]\n",
 		"bad resolver":        "resolvers: [dns.google]\n",
 		"negative limit":      "limits: {max_tunnels: -1}\n",
+		"negative prepared":   "prepared: -1\n",
+		"too many prepared":   "prepared: 17\n",
 		"not yaml":            "profiles: [\n",
 	} {
 		if _, err := ParseFile([]byte(doc)); err == nil {
@@ -52,6 +54,23 @@ func TestParseFileRefusals(t *testing.T) {
 	}
 	if f, err := ParseFile(nil); err != nil || len(f.Profiles) != 0 {
 		t.Fatalf("empty file: %v", err)
+	}
+}
+
+// prepared: absent is the default, 0 is none.
+func TestPreparedShells(t *testing.T) {
+	for doc, want := range map[string]int{"": DefaultPrepared, "prepared: 0\n": 0, "prepared: 16\n": 16} {
+		f, err := ParseFile([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f.PreparedShells(); got != want {
+			t.Errorf("%q: %d shells, want %d", doc, got, want)
+		}
+	}
+	var none *File
+	if none.PreparedShells() != DefaultPrepared {
+		t.Error("no file: not the default")
 	}
 }
 

@@ -248,29 +248,38 @@ func (t *Launcher) setupPools() error {
 		if err != nil {
 			return err
 		}
-		if !c.v2 {
-			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-				return fmt.Errorf("create the Trial's %s group: %w", c.name, err)
-			}
+		if err := boundPool(c, dir, lim); err != nil {
+			return err
 		}
-		var files [][2]string
-		switch {
-		case c.name == PoolPids:
-			files = [][2]string{{"pids.max", strconv.FormatInt(lim.MaxPids, 10)}}
-		case c.v2:
-			files = [][2]string{{"memory.max", strconv.FormatInt(lim.MaxMemory, 10)}, {"memory.swap.max", "0"}}
-		default:
-			files = [][2]string{{"memory.limit_in_bytes", strconv.FormatInt(lim.MaxMemory, 10)},
-				{"memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MaxMemory, 10)}}
+	}
+	return nil
+}
+
+// boundPool makes dir, the group of c for one Trial (on v1; on v2 it is
+// the Trial's cgroup), if it is not there, and bounds it at lim.
+func boundPool(c controller, dir string, lim trial.PoolLimits) error {
+	if !c.v2 {
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("create the Trial's %s group: %w", c.name, err)
 		}
-		for _, f := range files {
-			err := os.WriteFile(filepath.Join(dir, f[0]), []byte(f[1]), 0)
-			if errors.Is(err, os.ErrNotExist) && strings.Contains(f[0], "sw") {
-				continue // no swap accounting on this host: nothing to bound
-			}
-			if err != nil {
-				return fmt.Errorf("bound the Trial's %s (%s): %w", c.name, f[0], err)
-			}
+	}
+	var files [][2]string
+	switch {
+	case c.name == PoolPids:
+		files = [][2]string{{"pids.max", strconv.FormatInt(lim.MaxPids, 10)}}
+	case c.v2:
+		files = [][2]string{{"memory.max", strconv.FormatInt(lim.MaxMemory, 10)}, {"memory.swap.max", "0"}}
+	default:
+		files = [][2]string{{"memory.limit_in_bytes", strconv.FormatInt(lim.MaxMemory, 10)},
+			{"memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MaxMemory, 10)}}
+	}
+	for _, f := range files {
+		err := os.WriteFile(filepath.Join(dir, f[0]), []byte(f[1]), 0)
+		if errors.Is(err, os.ErrNotExist) && strings.Contains(f[0], "sw") {
+			continue // no swap accounting on this host: nothing to bound
+		}
+		if err != nil {
+			return fmt.Errorf("bound the Trial's %s (%s): %w", c.name, f[0], err)
 		}
 	}
 	return nil

@@ -147,7 +147,26 @@ var ErrExists = errors.New("already exists")
 // behind. spec is kept in the record for Open; ep serves the Trial's
 // proxy endpoint (nil: none is opened), and is stopped first by its
 // teardown.
-func (h *Host) Create(spec trial.Spec, ep Endpoint) (_ *Trial, err error) {
+func (h *Host) Create(spec trial.Spec, ep Endpoint) (*Trial, error) {
+	return h.create(spec, ep, nil)
+}
+
+// CreateFrom is Create with what the shell s made ahead: its network
+// namespace, listeners and pool groups become the Trial's; what is made
+// after is made as Create makes it, so the Trial is one Create would
+// have made. s is used up either way (what the Trial did not take is
+// removed). An error that wraps ErrShell is the shell's: nothing of the
+// Trial is left, and Create can make it.
+func (h *Host) CreateFrom(s *Shell, spec trial.Spec, ep Endpoint) (*Trial, error) {
+	defer s.Close()
+	if err := s.check(spec); err != nil {
+		return nil, fmt.Errorf("create Trial %s: %w: %v", spec.ID, ErrShell, err)
+	}
+	return h.create(spec, ep, s)
+}
+
+// create is Create, from s where it is not nil.
+func (h *Host) create(spec trial.Spec, ep Endpoint, s *Shell) (_ *Trial, err error) {
 	if err := h.checkSpec(spec); err != nil {
 		return nil, err
 	}
@@ -171,22 +190,52 @@ func (h *Host) Create(spec trial.Spec, ep Endpoint) (_ *Trial, err error) {
 	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
 		return nil, err
 	}
-	if err := t.setupPools(); err != nil {
-		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
+	if s != nil {
+		err = t.takeShell(s)
+	} else {
+		err = t.makeFresh()
 	}
-	if t.Netns, err = netns.Create(h.netnsDir(), spec.ID, t.loAddrs()...); err != nil {
-		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
+	if err != nil {
+		return nil, err
 	}
 	if err := h.BPF.AddTrial(t.CgroupID, t.policy()); err != nil {
 		return nil, fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
-	if err := t.serve(nil); err != nil {
+	var lns []net.Listener
+	if s != nil {
+		lns, s.lns = s.lns, nil
+	}
+	if err := t.serve(lns); err != nil {
 		return nil, err
 	}
 	if err := t.writeRecord(PhaseLive, false); err != nil {
 		return nil, err
 	}
 	return t, nil
+}
+
+// makeFresh makes the Trial's pool groups and network namespace.
+func (t *Trial) makeFresh() (err error) {
+	if err := t.setupPools(); err != nil {
+		return fmt.Errorf("create Trial %s: %w", t.ID, err)
+	}
+	if t.Netns, err = netns.Create(t.host.netnsDir(), t.ID, t.loAddrs()...); err != nil {
+		return fmt.Errorf("create Trial %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+// takeShell makes the shell's pool groups and network namespace the
+// Trial's. Its errors are the shell's (ErrShell).
+func (t *Trial) takeShell(s *Shell) (err error) {
+	if err := s.givePools(t); err != nil {
+		return fmt.Errorf("create Trial %s: %w: %v", t.ID, ErrShell, err)
+	}
+	if t.Netns, err = s.ns.Mount(t.host.netnsDir(), t.ID); err != nil {
+		return fmt.Errorf("create Trial %s: %w: %v", t.ID, ErrShell, err)
+	}
+	s.ns = nil
+	return nil
 }
 
 // checkSpec refuses a description this host cannot make a Trial of.
@@ -252,27 +301,37 @@ func (t *Trial) serve(inherited []net.Listener) error {
 		}
 		return nil
 	}
-	var lns []net.Listener
-	for i, ap := range t.proxy {
-		ln, err := t.Netns.Listen(context.Background(), "tcp", ap.String())
-		if err != nil {
-			if i > 0 && ap.Addr().Is6() {
-				// No IPv6 on this kernel's loopback: the IPv4 endpoint,
-				// which HTTPS_PROXY names, is enough.
-				t.host.log().Warn("no IPv6 proxy endpoint", "trial", t.ID, "error", err)
-				continue
-			}
-			for _, l := range lns {
-				_ = l.Close()
-			}
-			return fmt.Errorf("proxy endpoint of Trial %s: %w", t.ID, err)
-		}
-		lns = append(lns, ln)
+	lns, err := t.host.listenProxy(t.Netns.Listen, t.proxy, t.ID)
+	if err != nil {
+		return fmt.Errorf("proxy endpoint of Trial %s: %w", t.ID, err)
 	}
 	if err := ep.Serve(lns); err != nil {
 		return fmt.Errorf("serve the proxy endpoint of Trial %s: %w", t.ID, err)
 	}
 	return nil
+}
+
+// listenProxy opens the proxy endpoints eps with listen (in a Trial's
+// namespace), for the Trial (or shell) named who.
+func (h *Host) listenProxy(listen func(context.Context, string, string) (net.Listener, error), eps []netip.AddrPort, who string) ([]net.Listener, error) {
+	var lns []net.Listener
+	for i, ap := range eps {
+		ln, err := listen(context.Background(), "tcp", ap.String())
+		if err != nil {
+			if i > 0 && ap.Addr().Is6() {
+				// No IPv6 on this kernel's loopback: the IPv4 endpoint,
+				// which HTTPS_PROXY names, is enough.
+				h.log().Warn("no IPv6 proxy endpoint", "trial", who, "error", err)
+				continue
+			}
+			for _, l := range lns {
+				_ = l.Close()
+			}
+			return nil, err
+		}
+		lns = append(lns, ln)
+	}
+	return lns, nil
 }
 
 // checkInherited refuses a listener handed over for this Trial that is

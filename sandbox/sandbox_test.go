@@ -44,6 +44,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("TRIALNET_RESOLV") != "" {
 		os.Exit(resolvHelper())
 	}
+	if parent := os.Getenv("TRIALNET_SHELL_HELPER"); parent != "" {
+		os.Exit(shellHelper(parent))
+	}
 	var err error
 	if hostNS, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -97,7 +100,11 @@ func newTrial(t testing.TB, h *Host, spec trial.Spec) *Trial {
 	if spec.ID == "" {
 		spec.ID = "t-" + randSuffix()
 	}
-	tr, err := h.Create(spec, nil)
+	create := h.Create
+	if viaShells {
+		create = func(spec trial.Spec, ep Endpoint) (*Trial, error) { return createViaShell(t, h, spec, ep) }
+	}
+	tr, err := create(spec, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

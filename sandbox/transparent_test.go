@@ -295,7 +295,7 @@ func TestPrivilegedTransparentTrialNames(t *testing.T) {
 }
 
 // loAddrsOf lists the addresses on tr's lo, IPv4 first.
-func loAddrsOf(t *testing.T, tr *Trial) []string {
+func loAddrsOf(t testing.TB, tr *Trial) []string {
 	t.Helper()
 	var got []string
 	err := tr.Netns.Do(func() error {

@@ -1,0 +1,257 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/dnsstub"
+	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/sandbox"
+	trialspec "github.com/trialnet/trialnet/trial"
+)
+
+// readyShells waits (bounded) until the agent has n shells ready and
+// returns their names.
+func readyShells(t *testing.T, a *Agent, n int) []string {
+	t.Helper()
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		a.shells.mu.Lock()
+		var names []string
+		for _, sh := range a.shells.ready {
+			names = append(names, sh.sh.Name)
+		}
+		a.shells.mu.Unlock()
+		if len(names) == n {
+			return names
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d shells ready, want %d", len(names), n)
+		}
+	}
+}
+
+// v1Groups are the cgroup v1 pool groups named name on this host.
+func v1Groups(t *testing.T, name string) []string {
+	t.Helper()
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(mi), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 3 || g[0] != "cgroup" {
+			continue
+		}
+		dir := filepath.Join(f[4], sandbox.ParentName, name)
+		if _, err := os.Stat(dir); err == nil {
+			out = append(out, dir)
+		}
+	}
+	return out
+}
+
+// A running agent keeps shells ready, a create takes one (its groups
+// become the Trial's), the refill makes another, and Close removes them.
+func TestPrivilegedAgentTakesAndRefillsShells(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 226)
+	a, err := Start(w.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			a.Close(true)
+		}
+	})
+	before := readyShells(t, a, config.DefaultPrepared)
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-shell", Allow: []string{"api.example.test:443"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := readyShells(t, a, config.DefaultPrepared)
+	taken := ""
+	for _, n := range before {
+		if !strings.Contains(strings.Join(after, " "), n) {
+			taken = n
+		}
+	}
+	if taken == "" {
+		t.Fatalf("the create took no shell: ready %v before, %v after", before, after)
+	}
+	if g := v1Groups(t, taken); len(g) != 0 {
+		t.Errorf("the taken shell's groups are still named for it: %v", g)
+	}
+	if info.Netns != filepath.Join(a.cfg.Host.NetnsDir, "agt-shell") || info.Cgroup != filepath.Join(a.host.Parent, "agt-shell") {
+		t.Errorf("paths: netns %s, cgroup %s", info.Netns, info.Cgroup)
+	}
+	a.Close(true)
+	closed = true
+	for _, n := range after {
+		if g := v1Groups(t, n); len(g) != 0 {
+			t.Errorf("shell %s outlived the agent's Close: %v", n, g)
+		}
+	}
+}
+
+// prepared: 0 keeps no shell, and creates work.
+func TestPrivilegedAgentPreparedOff(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 227)
+	cfg := w.config(t)
+	zero := 0
+	cfg.File = &config.File{Prepared: &zero}
+	a := startAgent(t, cfg)
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-noshell"}); err != nil {
+		t.Fatal(err)
+	}
+	if a.shells.fillOne() {
+		t.Fatal("a shell was made with prepared: 0")
+	}
+	if n := len(readyShells(t, a, 0)); n != 0 {
+		t.Fatalf("%d shells ready with prepared: 0", n)
+	}
+}
+
+// A shell that cannot be made, or that is refused when taken, fails no
+// create: the agent makes the Trial afresh and logs why.
+func TestPrivilegedAgentShellFailuresFallBack(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 228)
+	cfg := w.config(t)
+	var journal lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&journal, nil))
+	a := startAgent(t, cfg)
+	ready := readyShells(t, a, config.DefaultPrepared)
+
+	// Refused when taken: a process put into every ready shell's pids
+	// group.
+	var intruders []*exec.Cmd
+	for _, n := range ready {
+		for _, g := range v1Groups(t, n) {
+			if !strings.Contains(g, "/pids/") {
+				continue
+			}
+			cmd := exec.Command("sleep", "60")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+			if err := os.WriteFile(filepath.Join(g, "cgroup.procs"), []byte(fmt.Sprint(cmd.Process.Pid)), 0); err != nil {
+				t.Fatal(err)
+			}
+			intruders = append(intruders, cmd)
+		}
+	}
+	if len(intruders) == 0 {
+		t.Log("no cgroup v1 pids hierarchy: shells have no group to enter; only the failure to make one is tested")
+	}
+	a.shells.mu.Lock()
+	a.shells.prepare = func(bool) (*prepShell, error) { return nil, errors.New("test: no shell") }
+	a.shells.mu.Unlock()
+	for i := range 3 {
+		id := fmt.Sprintf("agt-fallback-%d", i)
+		if _, err := a.Create(context.Background(), trialspec.Request{ID: id}); err != nil {
+			t.Fatalf("create %d: %v", i, err)
+		}
+		if _, err := a.Destroy(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, cmd := range intruders {
+		if st, _ := cmd.Process.Wait(); st == nil || st.Exited() {
+			t.Errorf("the process put into a shell was not killed: %v", st)
+		}
+	}
+	log := journal.String()
+	if len(intruders) > 0 && !strings.Contains(log, "a prepared Trial shell was refused") {
+		t.Errorf("no refused shell in the log:\n%s", log)
+	}
+	// The refill tries once the agent is quiet.
+	for end := time.Now().Add(10 * time.Second); !strings.Contains(log, "test: no shell"); log = journal.String() {
+		if time.Now().After(end) {
+			t.Fatalf("the failure to prepare a shell is not in the log:\n%s", log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A connection waiting on a transparent shell's stub socket, which only a
+// process in its namespace can make, refuses the shell; the create makes
+// the Trial afresh.
+func TestPrivilegedAgentTransparentShellWithWaitingConnection(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 229)
+	cfg := w.config(t)
+	var journal lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&journal, nil))
+	a := startAgent(t, cfg)
+	readyShells(t, a, config.DefaultPrepared)
+	a.shells.mu.Lock()
+	ready := slices.Clone(a.shells.ready)
+	a.shells.prepare = func(bool) (*prepShell, error) { return nil, errors.New("test: no more shells") }
+	a.shells.mu.Unlock()
+	for _, p := range ready {
+		var c net.Conn
+		if err := netns.Do(p.sh.NetnsPath(), func() (err error) {
+			c, err = net.Dial("tcp", dnsstub.DefaultListen)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-waiting"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Transparent {
+		t.Fatal("the Trial is not transparent")
+	}
+	if log := journal.String(); !strings.Contains(log, "a prepared Trial shell was refused") || !strings.Contains(log, "waiting on its transparent socket") {
+		t.Fatalf("no refused shell in the log:\n%s", log)
+	}
+}
+
+// A reload applies a new prepared at once: shells over it are removed,
+// and a larger number is made.
+func TestPrivilegedAgentReloadPrepared(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 230)
+	cfg, path := reloadable(t, w, "prepared: 1\n")
+	a := startAgent(t, cfg)
+	first := readyShells(t, a, 1)
+	writeConfig(t, path, "prepared: 0\n")
+	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	readyShells(t, a, 0)
+	for end := time.Now().Add(10 * time.Second); len(v1Groups(t, first[0])) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the shell dropped by the reload is left: %v", v1Groups(t, first[0]))
+		}
+	}
+	writeConfig(t, path, "prepared: 3\n")
+	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	readyShells(t, a, 3)
+}
