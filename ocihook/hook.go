@@ -326,8 +326,14 @@ func (h *Hook) pidNSOutsiders(pid int, info client.TrialInfo) []string {
 		}
 		p := filepath.Join(h.proc(), e.Name())
 		var st unix.Stat_t
-		if err := unix.Stat(filepath.Join(p, "ns", "pid"), &st); err != nil || st.Dev != own.Dev || st.Ino != own.Ino {
-			continue // gone, or elsewhere
+		if err := unix.Stat(filepath.Join(p, "ns", "pid"), &st); err != nil {
+			if w := h.unreadablePIDNS(pid, n, err); w != "" {
+				why = append(why, w)
+			}
+			continue
+		}
+		if st.Dev != own.Dev || st.Ino != own.Ino {
+			continue
 		}
 		cg, err := h.cgroupOf(p)
 		switch {
@@ -339,6 +345,51 @@ func (h *Hook) pidNSOutsiders(pid int, info client.TrialInfo) []string {
 		}
 	}
 	return why
+}
+
+// unreadablePIDNS says why process n, whose PID namespace file the hook
+// could not read (err), may share container pid's PID namespace ("": it
+// does not). Gone (ENOENT, ESRCH) is fine. The kernel shows that file
+// only to whom may ptrace-read the process (EACCES: a hook run without
+// CAP_SYS_PTRACE, an LSM): such a process is not skipped, which would
+// let one made non-dumpable, or ptrace-attached, hide, but placed by the
+// depth of its PID namespace, the number of pids status's NSpid lists,
+// which any reader sees: one at another depth than the container's is
+// in another namespace.
+func (h *Hook) unreadablePIDNS(pid, n int, err error) string {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		return ""
+	}
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		own, oerr := h.pidNSDepth(pid)
+		other, nerr := h.pidNSDepth(n)
+		switch {
+		case errors.Is(nerr, fs.ErrNotExist) || errors.Is(nerr, unix.ESRCH):
+			return ""
+		case oerr == nil && nerr == nil && own != other:
+			return ""
+		case oerr == nil && nerr == nil:
+			err = fmt.Errorf("%w, and it is as deep in nested PID namespaces as the container (%d)", err, own)
+		default:
+			err = fmt.Errorf("%w (its PID namespace's depth: %w)", err, errors.Join(oerr, nerr))
+		}
+	}
+	return fmt.Sprintf("cannot tell whether process %d shares its PID namespace: reading /proc/%d/ns/pid: %v; the hook needs CAP_SYS_PTRACE to see every process's namespaces (runtimes run hooks as root with it), and no LSM may hide processes from it", n, n, err)
+}
+
+// pidNSDepth is how many PID namespaces process pid is in: the pids its
+// status's NSpid line lists, from the /proc mount's namespace down.
+func (h *Hook) pidNSDepth(pid int) (int, error) {
+	b, err := os.ReadFile(filepath.Join(h.proc(), strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			return len(strings.Fields(rest)), nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no NSpid line (Linux 4.1+)", pid)
 }
 
 // cgroupOf is the cgroup v2 directory of the process at p.
