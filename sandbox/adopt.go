@@ -5,6 +5,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -97,6 +98,9 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 	}
 	if why := h.notFresh(id, mount, cg); why != "" {
 		return refuse("%s: run it with a network namespace of its own and nothing in it (podman --network none, a bundle's network namespace without a path)", why)
+	}
+	if why := strangerIn(cg, c.PID); why != "" {
+		return refuse("%s", why)
 	}
 	t := &Trial{Launcher: Launcher{ID: spec.ID, Cgroup: cg, CgroupID: cgid, Spec: spec}, recorded: spec,
 		proxy: slices.Clone(h.Proxy), host: h, endpoint: ep, adopted: true}
@@ -289,6 +293,94 @@ func unreadable(task, file string, err error) error {
 	pid, _, _ := strings.Cut(task, "/")
 	comm, _ := os.ReadFile("/proc/" + pid + "/comm")
 	return fmt.Errorf("cannot read /proc/%s/%s of process %s (%s), which may be in it: %w; an LSM that hides processes from the agent hides them from this check too: let the agent read /proc", task, file, pid, strings.TrimSpace(string(comm)), err)
+}
+
+// strangerIn says which task in cgroup cg or below it is neither of the
+// container's init nor of a process it forked ("": none). The runtime
+// made cg for the container, or the agent prepared it, and put init in
+// it; anything else there was put by someone else (root writing
+// cgroup.procs), and would be judged as the Trial and counted in its
+// record. Threads are read, not processes: one thread of a stranger may
+// be in a threaded cgroup below cg.
+func strangerIn(cg string, init int) string {
+	var why string
+	err := filepath.WalkDir(cg, func(dir string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.threads"))
+		if err != nil {
+			return err
+		}
+		for _, f := range strings.Fields(string(b)) {
+			tid, err := strconv.Atoi(f)
+			if err != nil {
+				return fmt.Errorf("%s/cgroup.threads lists %q", dir, f)
+			}
+			ok, err := forkedBy(tid, init)
+			if err != nil {
+				return err
+			}
+			if ok {
+				continue
+			}
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", tid))
+			why = fmt.Sprintf("its cgroup %s holds task %d (%s), which is neither the container's init (process %d) nor forked by it: something else put it there; a Trial's cgroup holds its container's processes alone: remove that task from the cgroup and create the container again", dir, tid, strings.TrimSpace(string(comm)), init)
+			return fs.SkipAll
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Sprintf("cannot tell which tasks are in its cgroup %s: %v", cg, err)
+	}
+	return why
+}
+
+// forkedBy says whether task tid is one of process init's threads or of
+// a process init forked (its parent, or its parent's, ... is init). A
+// task that exited meanwhile is not counted; an ancestor that exited is
+// no proof of descent, and its descendant is not let pass.
+func forkedBy(tid, init int) (bool, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		return true, nil
+	}
+	for range maxAncestors {
+		if err != nil {
+			return false, err
+		}
+		tgid, ppid := statusField(b, "Tgid:"), statusField(b, "PPid:")
+		switch {
+		case tgid == init:
+			return true, nil
+		case ppid <= 1:
+			return false, nil
+		}
+		b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", ppid))
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			return false, nil
+		}
+	}
+	return false, nil
+}
+
+// maxAncestors bounds forkedBy's walk: deeper than any process tree a
+// runtime's init starts before its hooks run.
+const maxAncestors = 64
+
+// statusField is the number after key in a /proc/PID/status text (-1:
+// none).
+func statusField(status []byte, key string) int {
+	for line := range strings.Lines(string(status)) {
+		if v, ok := strings.CutPrefix(line, key); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
 }
 
 // procCgroup is the cgroup v2 directory of process pid; mount is the
