@@ -26,6 +26,10 @@ type config struct {
 	// /dev/shm as its runtime made it, which passes though its source is
 	// in a protected directory.
 	podShm func(mountOf) bool
+	// own are the container ids whose runtime data (containers/storage's
+	// per-container directories) the container may bind: its own and
+	// its pod's sandbox's. nil: not checked (a spec with no id yet).
+	own []string
 }
 
 type processOf struct {
@@ -280,6 +284,9 @@ func (c *config) check(bundle string, protected []string) []string {
 			continue
 		}
 		why = append(why, m.refusals(bundle, protected)...)
+		if c.own != nil {
+			why = append(why, m.otherContainersData(bundle, c.own)...)
+		}
 	}
 	return why
 }
@@ -440,13 +447,7 @@ func (c *config) rootfs(bundle string) string {
 // holds is the protected path that the host directory src (relative to
 // the bundle if not absolute) holds or is inside, or "".
 func holds(bundle, src string, protected []string) string {
-	if !filepath.IsAbs(src) {
-		src = filepath.Join(bundle, src)
-	}
-	src = filepath.Clean(src)
-	if real, err := filepath.EvalSymlinks(src); err == nil {
-		src = real // the runtime uses what a link points at
-	}
+	src = resolve(bundle, src)
 	for _, p := range protected {
 		if within(p, src) || within(src, p) {
 			return p

@@ -25,6 +25,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -71,7 +72,7 @@ func DefaultProtected(socket, cgroupMount string) []string {
 	p := []string{filepath.Dir(socket), "/var/lib/trialnet", "/sys/fs/bpf", "/proc"}
 	// A container runtime's API socket starts containers as the host's
 	// root: a privileged one on the host's network is out of the Trial.
-	for _, s := range runtimeSockets {
+	for _, s := range append(slices.Clone(runtimeSockets), runtimeState...) {
 		p = append(p, s, "/var"+s)
 	}
 	if cgroupMount != "" {
@@ -79,6 +80,11 @@ func DefaultProtected(socket, cgroupMount string) []string {
 	}
 	return p
 }
+
+// runtimeState are the low-level runtimes' state directories (each
+// container's state.json, pid, exec fifo, console socket) and podman's:
+// no runtime binds anything from them into a container.
+var runtimeState = []string{"/run/runc", "/run/crun", "/run/youki", "/run/libpod"}
 
 // runtimeSockets are where container runtimes serve their APIs (each
 // also under /var/run, a link to /run that a bind source need not
@@ -156,6 +162,10 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	}
 	cfg.podShm = h.podShm(cfg.Annotations[AnnotationSandboxID])
+	cfg.own = []string{st.ID}
+	if id := cfg.Annotations[AnnotationCRIOSandboxID]; id != "" {
+		cfg.own = append(cfg.own, id)
+	}
 	why := cfg.check(st.Bundle, h.protected())
 	why = append(why, cfg.procKnobs()...)
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
