@@ -17,7 +17,7 @@ func TestHookRuntimeData(t *testing.T) {
 	trial := map[string]string{AnnotationTrial: "eval-1"}
 	for _, tc := range []struct {
 		name, source, want string // want "": let in
-		ann                    map[string]string
+		ann                map[string]string
 	}{
 		{"its own shm", "/run/containers/storage/overlay-containers/c1/userdata/shm", "", nil},
 		{"its pod's shm (CRI-O)", "/run/containers/storage/overlay-containers/" + other + "/userdata/shm", "", map[string]string{AnnotationCRIOSandboxID: other}},
