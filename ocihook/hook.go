@@ -309,8 +309,21 @@ func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo) []str
 			why = append(why, fmt.Sprintf("it shares the runtime's (the host's) %s namespace", ns))
 		}
 	}
-	why = append(why, h.checkMounts(pid, rootfs, info.Cgroup)...)
+	why = append(why, h.withTrialDirs(info).checkMounts(pid, rootfs, info.Cgroup)...)
 	return append(why, h.pidNSOutsiders(pid, info)...)
+}
+
+// withTrialDirs is h with the directory of the Trial's namespace pins
+// (the agent's, wherever its config puts them) protected too: through
+// it a container would reach every Trial's network namespace.
+func (h *Hook) withTrialDirs(info client.TrialInfo) *Hook {
+	dir := filepath.Dir(filepath.Clean(info.Netns))
+	if !filepath.IsAbs(info.Netns) || dir == "/" {
+		return h
+	}
+	r := *h
+	r.Protected = append(slices.Clone(h.protected()), dir)
+	return &r
 }
 
 // pidNSOutsiders refuses a PID namespace that the container shares with
