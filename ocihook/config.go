@@ -26,10 +26,9 @@ type config struct {
 	// /dev/shm as its runtime made it, which passes though its source is
 	// in a protected directory.
 	podShm func(mountOf) bool
-	// own are the container ids whose runtime data (containers/storage's
-	// per-container directories) the container may bind: its own and
-	// its pod's sandbox's. nil: not checked (a spec with no id yet).
-	own []string
+	// data says whose runtime data a mount's source is; nil: not
+	// checked (a spec with no container id yet).
+	data *runtimeData
 }
 
 type processOf struct {
@@ -284,8 +283,8 @@ func (c *config) check(bundle string, protected []string) []string {
 			continue
 		}
 		why = append(why, m.refusals(bundle, protected)...)
-		if c.own != nil {
-			why = append(why, m.otherContainersData(bundle, c.own)...)
+		if c.data != nil {
+			why = append(why, c.data.refusals(bundle, m)...)
 		}
 	}
 	return why

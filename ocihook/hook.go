@@ -62,6 +62,20 @@ type Hook struct {
 	// ContainerdShmDir is where containerd makes its pods' /dev/shm
 	// ("": ContainerdShmDir).
 	ContainerdShmDir string
+	// StorageRoots are containers/storage's roots, whose per-container
+	// runtime data a container may mount only of its own (nil:
+	// DefaultStorageRoots).
+	StorageRoots []string
+
+	// data is the container's runtime data rule, once its id is known.
+	data *runtimeData
+}
+
+func (h *Hook) storageRoots() []string {
+	if h.StorageRoots == nil {
+		return DefaultStorageRoots
+	}
+	return h.StorageRoots
 }
 
 // DefaultProtected are trialnet's own paths: the control socket's
@@ -162,10 +176,11 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	}
 	cfg.podShm = h.podShm(cfg.Annotations[AnnotationSandboxID])
-	cfg.own = []string{st.ID}
+	h.data = &runtimeData{roots: h.storageRoots(), own: []string{st.ID}}
 	if id := cfg.Annotations[AnnotationCRIOSandboxID]; id != "" {
-		cfg.own = append(cfg.own, id)
+		h.data.own = append(h.data.own, id)
 	}
+	cfg.data = h.data
 	why := cfg.check(st.Bundle, h.protected())
 	why = append(why, cfg.procKnobs()...)
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
