@@ -173,9 +173,9 @@ func (h *Host) notFresh(id netnsID, mount, cg string) string {
 		return "it is the host's network namespace"
 	}
 	ids, _ := netns.List(h.netnsDir())
-	for _, id := range ids {
-		if same(filepath.Join(h.netnsDir(), id)) {
-			return fmt.Sprintf("it is Trial %s's network namespace (annotate the container trialnet.io/trial=%s to join it)", id, id)
+	for _, other := range ids {
+		if same(filepath.Join(h.netnsDir(), other)) {
+			return fmt.Sprintf("it is Trial %s's network namespace (annotate the container trialnet.io/trial=%s to join it)", other, other)
 		}
 	}
 	pids, err := pidsIn(id)
