@@ -14,6 +14,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,6 +61,11 @@ func receiptKey(path string) (ed25519.PrivateKey, error) {
 	key, err := readKey(path)
 	if errors.Is(err, os.ErrNotExist) {
 		if err = makeKey(path); err == nil {
+			// What was missing of the directory is checked now that it
+			// is there: another user may have made it first.
+			err = keyDirOurs(filepath.Dir(path))
+		}
+		if err == nil {
 			key, err = readKey(path) // the winner's, if another maker won
 		}
 	}
@@ -74,21 +81,92 @@ func receiptKey(path string) (ed25519.PrivateKey, error) {
 	return key, nil
 }
 
-// keyDirOurs refuses a key directory that another user may write: a
-// key planted there, or one of theirs made in its place, would sign
-// receipts and reports that verify. A missing one is made by us.
+// keyDirOurs refuses a key directory that another user may write, or
+// may swap: a key planted there, or one of theirs made in its place,
+// would sign receipts and reports that verify. Every directory the
+// kernel crosses to reach it is checked (keyPathOurs), those a symlink
+// on the way leads through among them. A missing one is made by us.
 func keyDirOurs(dir string) error {
-	var st unix.Stat_t
-	err := unix.Stat(dir, &st)
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		return nil
-	case err != nil:
+	abs, err := filepath.Abs(dir)
+	if err != nil {
 		return fmt.Errorf("the receipt key's directory %s: %w", dir, err)
-	case (st.Uid != 0 && int(st.Uid) != os.Geteuid()) || st.Mode&0o022 != 0:
-		return fmt.Errorf("the receipt key's directory %s is uid %d's with mode %04o: another user could plant or replace the key there and forge receipts; make it root's, writable by root alone", dir, st.Uid, st.Mode&0o7777)
+	}
+	return keyPathOurs(dir, abs, 0)
+}
+
+// maxKeyLinks bounds the symlinks keyPathOurs follows, as the kernel's
+// own limit (40) bounds a lookup.
+const maxKeyLinks = 40
+
+// keyPathOurs checks path (absolute, clean) from the root down: each
+// directory on it is ours (uid 0 or this process's) and writable by no
+// one else, but that an ancestor may be sticky (/tmp), where no one else
+// may move or remove the entry of ours below it; the last, the key's
+// own, must not be writable by anyone else at all. A symlink is followed
+// as the kernel would (links counts those followed); one whose target
+// climbs with ".." is refused rather than resolved by hand. dir is the
+// directory as configured, for messages.
+func keyPathOurs(dir, path string, links int) error {
+	refuse := func(format string, a ...any) error {
+		return fmt.Errorf("the receipt key's directory %s: %s: another user could plant or replace the key there and forge receipts; keep the key in a directory whose every ancestor is root's and writable by root alone (or sticky, as /tmp)", dir, fmt.Sprintf(format, a...))
+	}
+	var parent unix.Stat_t
+	if err := unix.Lstat("/", &parent); err != nil {
+		return fmt.Errorf("the receipt key's directory %s: %w", dir, err)
+	}
+	if why := notOurs(&parent, path == "/"); why != "" {
+		return refuse("/ %s", why)
+	}
+	cur := "/"
+	parts := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	for i, name := range parts {
+		if name == "" {
+			continue
+		}
+		next := filepath.Join(cur, name)
+		var st unix.Stat_t
+		err := unix.Lstat(next, &st)
+		switch {
+		case errors.Is(err, unix.ENOENT):
+			return nil // made by us, beneath directories checked
+		case err != nil:
+			return fmt.Errorf("the receipt key's directory %s: %w", dir, err)
+		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			if links++; links > maxKeyLinks {
+				return refuse("more than %d symlinks on the way", maxKeyLinks)
+			}
+			target, err := os.Readlink(next)
+			if err != nil {
+				return fmt.Errorf("the receipt key's directory %s: %w", dir, err)
+			}
+			if slices.Contains(strings.Split(target, "/"), "..") {
+				return refuse("the symlink %s leads to %s, climbing with ..", next, target)
+			}
+			if !filepath.IsAbs(target) {
+				target = filepath.Join(cur, target)
+			}
+			return keyPathOurs(dir, filepath.Join(append([]string{target}, parts[i+1:]...)...), links)
+		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+			return refuse("%s is not a directory", next)
+		}
+		if why := notOurs(&st, i == len(parts)-1); why != "" {
+			return refuse("%s %s", next, why)
+		}
+		cur = next
 	}
 	return nil
+}
+
+// notOurs says why a directory with st is not ours alone ("": it is);
+// last: it is the key's own, where sticky is no excuse.
+func notOurs(st *unix.Stat_t, last bool) string {
+	switch {
+	case st.Uid != 0 && int(st.Uid) != os.Geteuid():
+		return fmt.Sprintf("is uid %d's", st.Uid)
+	case st.Mode&0o022 != 0 && (last || st.Mode&unix.S_ISVTX == 0):
+		return fmt.Sprintf("has mode %04o (group or others may write it)", st.Mode&0o7777)
+	}
+	return ""
 }
 
 // readKey reads the key at path, which must be ours and no one else's

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -121,5 +122,61 @@ func TestReceiptKeyOnlyOurs(t *testing.T) {
 	}
 	if _, err := receiptKey(filepath.Join(open, "new.key")); err == nil {
 		t.Error("a key was made in a world-writable directory")
+	}
+}
+
+// A key directory that is ours is not enough: a directory above it that
+// another user may write (or owns) lets them move it aside and put one
+// of theirs, with their key, in its place; so does one a symlink on the
+// way leads through. A sticky one (/tmp, where the good key above is)
+// lets no one else move our entry, and passes.
+func TestReceiptKeyDirAncestorsOurs(t *testing.T) {
+	open := filepath.Join(t.TempDir(), "open")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	keys := filepath.Join(open, "keys")
+	if err := os.Mkdir(keys, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sticky := filepath.Join(t.TempDir(), "sticky")
+	if err := os.Mkdir(sticky, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(sticky, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	underSticky := filepath.Join(sticky, "keys")
+	if err := os.Mkdir(underSticky, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// ours/link -> open/keys: the link's own directory is ours, the
+	// directory it leads through is not.
+	ours := t.TempDir()
+	if err := os.Symlink(keys, filepath.Join(ours, "link")); err != nil {
+		t.Fatal(err)
+	}
+	// open/link -> ours: a link another user may replace.
+	if err := os.Symlink(ours, filepath.Join(open, "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, path, want string }{
+		{"a parent others may write", filepath.Join(keys, "receipt.key"), open + " has mode 0777"},
+		{"a missing one beneath such a parent", filepath.Join(keys, "new", "receipt.key"), open + " has mode 0777"},
+		{"through a symlink to such a directory", filepath.Join(ours, "link", "receipt.key"), open + " has mode 0777"},
+		{"through a symlink in such a directory", filepath.Join(open, "link", "receipt.key"), open + " has mode 0777"},
+	} {
+		if _, err := receiptKey(tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s (%s): %v; want refused, saying %q", tc.name, tc.path, err, tc.want)
+		}
+	}
+	if _, err := receiptKey(filepath.Join(underSticky, "receipt.key")); err != nil {
+		t.Errorf("a key in a directory of ours beneath a sticky one: %v", err)
+	}
+	if _, err := receiptKey(filepath.Join(sticky, "receipt.key")); err == nil {
+		t.Error("a key directory that is itself sticky and world-writable was taken")
 	}
 }

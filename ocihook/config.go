@@ -26,6 +26,9 @@ type config struct {
 	// /dev/shm as its runtime made it, which passes though its source is
 	// in a protected directory.
 	podShm func(mountOf) bool
+	// data says whose runtime data a mount's source is; nil: not
+	// checked (a spec with no container id yet).
+	data *runtimeData
 }
 
 type processOf struct {
@@ -280,6 +283,9 @@ func (c *config) check(bundle string, protected []string) []string {
 			continue
 		}
 		why = append(why, m.refusals(bundle, protected)...)
+		if c.data != nil {
+			why = append(why, c.data.refusals(bundle, m)...)
+		}
 	}
 	return why
 }
@@ -440,13 +446,7 @@ func (c *config) rootfs(bundle string) string {
 // holds is the protected path that the host directory src (relative to
 // the bundle if not absolute) holds or is inside, or "".
 func holds(bundle, src string, protected []string) string {
-	if !filepath.IsAbs(src) {
-		src = filepath.Join(bundle, src)
-	}
-	src = filepath.Clean(src)
-	if real, err := filepath.EvalSymlinks(src); err == nil {
-		src = real // the runtime uses what a link points at
-	}
+	src = resolve(bundle, src)
 	for _, p := range protected {
 		if within(p, src) || within(src, p) {
 			return p

@@ -25,6 +25,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -61,6 +62,20 @@ type Hook struct {
 	// ContainerdShmDir is where containerd makes its pods' /dev/shm
 	// ("": ContainerdShmDir).
 	ContainerdShmDir string
+	// StorageRoots are containers/storage's roots, whose per-container
+	// runtime data a container may mount only of its own (nil:
+	// DefaultStorageRoots).
+	StorageRoots []string
+
+	// data is the container's runtime data rule, once its id is known.
+	data *runtimeData
+}
+
+func (h *Hook) storageRoots() []string {
+	if h.StorageRoots == nil {
+		return DefaultStorageRoots
+	}
+	return h.StorageRoots
 }
 
 // DefaultProtected are trialnet's own paths: the control socket's
@@ -71,7 +86,7 @@ func DefaultProtected(socket, cgroupMount string) []string {
 	p := []string{filepath.Dir(socket), "/var/lib/trialnet", "/sys/fs/bpf", "/proc"}
 	// A container runtime's API socket starts containers as the host's
 	// root: a privileged one on the host's network is out of the Trial.
-	for _, s := range runtimeSockets {
+	for _, s := range append(slices.Clone(runtimeSockets), runtimeState...) {
 		p = append(p, s, "/var"+s)
 	}
 	if cgroupMount != "" {
@@ -79,6 +94,11 @@ func DefaultProtected(socket, cgroupMount string) []string {
 	}
 	return p
 }
+
+// runtimeState are the low-level runtimes' state directories (each
+// container's state.json, pid, exec fifo, console socket) and podman's:
+// no runtime binds anything from them into a container.
+var runtimeState = []string{"/run/runc", "/run/crun", "/run/youki", "/run/libpod"}
 
 // runtimeSockets are where container runtimes serve their APIs (each
 // also under /var/run, a link to /run that a bind source need not
@@ -156,6 +176,11 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	}
 	cfg.podShm = h.podShm(cfg.Annotations[AnnotationSandboxID])
+	h.data = &runtimeData{roots: h.storageRoots(), own: []string{st.ID}}
+	if id := cfg.Annotations[AnnotationCRIOSandboxID]; id != "" {
+		h.data.own = append(h.data.own, id)
+	}
+	cfg.data = h.data
 	why := cfg.check(st.Bundle, h.protected())
 	why = append(why, cfg.procKnobs()...)
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
@@ -299,8 +324,21 @@ func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo) []str
 			why = append(why, fmt.Sprintf("it shares the runtime's (the host's) %s namespace", ns))
 		}
 	}
-	why = append(why, h.checkMounts(pid, rootfs, info.Cgroup)...)
+	why = append(why, h.withTrialDirs(info).checkMounts(pid, rootfs, info.Cgroup)...)
 	return append(why, h.pidNSOutsiders(pid, info)...)
+}
+
+// withTrialDirs is h with the directory of the Trial's namespace pins
+// (the agent's, wherever its config puts them) protected too: through
+// it a container would reach every Trial's network namespace.
+func (h *Hook) withTrialDirs(info client.TrialInfo) *Hook {
+	dir := filepath.Dir(filepath.Clean(info.Netns))
+	if !filepath.IsAbs(info.Netns) || dir == "/" {
+		return h
+	}
+	r := *h
+	r.Protected = append(slices.Clone(h.protected()), dir)
+	return &r
 }
 
 // pidNSOutsiders refuses a PID namespace that the container shares with
@@ -326,8 +364,14 @@ func (h *Hook) pidNSOutsiders(pid int, info client.TrialInfo) []string {
 		}
 		p := filepath.Join(h.proc(), e.Name())
 		var st unix.Stat_t
-		if err := unix.Stat(filepath.Join(p, "ns", "pid"), &st); err != nil || st.Dev != own.Dev || st.Ino != own.Ino {
-			continue // gone, or elsewhere
+		if err := unix.Stat(filepath.Join(p, "ns", "pid"), &st); err != nil {
+			if w := h.unreadablePIDNS(pid, n, err); w != "" {
+				why = append(why, w)
+			}
+			continue
+		}
+		if st.Dev != own.Dev || st.Ino != own.Ino {
+			continue
 		}
 		cg, err := h.cgroupOf(p)
 		switch {
@@ -339,6 +383,51 @@ func (h *Hook) pidNSOutsiders(pid int, info client.TrialInfo) []string {
 		}
 	}
 	return why
+}
+
+// unreadablePIDNS says why process n, whose PID namespace file the hook
+// could not read (err), may share container pid's PID namespace ("": it
+// does not). Gone (ENOENT, ESRCH) is fine. The kernel shows that file
+// only to whom may ptrace-read the process (EACCES: a hook run without
+// CAP_SYS_PTRACE, an LSM): such a process is not skipped, which would
+// let one made non-dumpable, or ptrace-attached, hide, but placed by the
+// depth of its PID namespace, the number of pids status's NSpid lists,
+// which any reader sees: one at another depth than the container's is
+// in another namespace.
+func (h *Hook) unreadablePIDNS(pid, n int, err error) string {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		return ""
+	}
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		own, oerr := h.pidNSDepth(pid)
+		other, nerr := h.pidNSDepth(n)
+		switch {
+		case errors.Is(nerr, fs.ErrNotExist) || errors.Is(nerr, unix.ESRCH):
+			return ""
+		case oerr == nil && nerr == nil && own != other:
+			return ""
+		case oerr == nil && nerr == nil:
+			err = fmt.Errorf("%w, and it is as deep in nested PID namespaces as the container (%d)", err, own)
+		default:
+			err = fmt.Errorf("%w (its PID namespace's depth: %w)", err, errors.Join(oerr, nerr))
+		}
+	}
+	return fmt.Sprintf("cannot tell whether process %d shares its PID namespace: reading /proc/%d/ns/pid: %v; the hook needs CAP_SYS_PTRACE to see every process's namespaces (runtimes run hooks as root with it), and no LSM may hide processes from it", n, n, err)
+}
+
+// pidNSDepth is how many PID namespaces process pid is in: the pids its
+// status's NSpid line lists, from the /proc mount's namespace down.
+func (h *Hook) pidNSDepth(pid int) (int, error) {
+	b, err := os.ReadFile(filepath.Join(h.proc(), strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			return len(strings.Fields(rest)), nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no NSpid line (Linux 4.1+)", pid)
 }
 
 // cgroupOf is the cgroup v2 directory of the process at p.

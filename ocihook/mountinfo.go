@@ -122,12 +122,20 @@ func (h *Hook) checkMounts(pid int, rootfs, trialCgroup string) []string {
 	mount, _ := h.cgroupMount() // unknown: checkCgroup refuses the container
 	rel := "/" + strings.TrimPrefix(strings.TrimPrefix(trialCgroup, mount), "/")
 	prot := locate(self, h.protected())
+	var roots []protectedFile
+	if h.data != nil {
+		roots = locate(self, h.data.roots)
+	}
 	var why []string
 	for _, m := range mounts {
 		if !within(m.point, base) {
 			continue
 		}
-		if w := m.refusal(prot, rel); w != "" {
+		w := m.refusal(prot, rel)
+		if w == "" && h.data != nil {
+			w = h.data.mountRefusal(roots, m)
+		}
+		if w != "" {
 			why = append(why, fmt.Sprintf("the kernel shows a mount on %s (%s, %s within its file system) that %s", m.point, m.fstype, m.root, w))
 		}
 	}

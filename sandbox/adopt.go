@@ -5,6 +5,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -87,12 +88,19 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 		return refuse("open its network namespace: %v", err)
 	}
 	defer nsFile.Close()
+	id, err := readNetnsID(nsFile, c.PID)
+	if err != nil {
+		return refuse("%v", err)
+	}
 	if exited(c.Pidfd) {
 		// The cgroup and namespace read above may be a reused pid's.
 		return refuse("its process %d exited", c.PID)
 	}
-	if why := h.notFresh(nsFile, mount, cg); why != "" {
+	if why := h.notFresh(id, mount, cg); why != "" {
 		return refuse("%s: run it with a network namespace of its own and nothing in it (podman --network none, a bundle's network namespace without a path)", why)
+	}
+	if why := strangerIn(cg, c.PID); why != "" {
+		return refuse("%s", why)
 	}
 	t := &Trial{Launcher: Launcher{ID: spec.ID, Cgroup: cg, CgroupID: cgid, Spec: spec}, recorded: spec,
 		proxy: slices.Clone(h.Proxy), host: h, endpoint: ep, adopted: true}
@@ -125,17 +133,35 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 	return t, nil
 }
 
-// notFresh says why the network namespace nsFile refers to cannot be
-// made a Trial's ("": it can): it is the host's, this process's or a
-// Trial's, or a task outside the container's cgroup cg is in it (a
-// namespace shared with another container, or entered by a host
-// process), whose sockets there no Trial hook would judge. mount is the
-// cgroup2 mount.
-func (h *Host) notFresh(nsFile *os.File, mount, cg string) string {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(nsFile.Fd()), &st); err != nil {
-		return fmt.Sprintf("cannot read its network namespace: %v", err)
+// netnsID names a network namespace twice: by its namespace file, and
+// by its per-namespace procfs entry net/dev. The kernel lets a process
+// read another's namespace file only where it may ptrace-read it (an
+// agent without CAP_SYS_PTRACE: no process of another user, none that is
+// non-dumpable or holds a capability the agent lacks), while anyone may
+// stat /proc/PID/net/dev, whose inode is its namespace's own for as long
+// as the namespace lives.
+type netnsID struct{ ns, dev unix.Stat_t }
+
+// readNetnsID reads the identity of nsFile, process pid's network
+// namespace; the caller checks after that pid was not reused meanwhile.
+func readNetnsID(nsFile *os.File, pid int) (netnsID, error) {
+	var id netnsID
+	if err := unix.Fstat(int(nsFile.Fd()), &id.ns); err != nil {
+		return id, fmt.Errorf("cannot read its network namespace: %w", err)
 	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/net/dev", pid), &id.dev); err != nil {
+		return id, fmt.Errorf("cannot read its network namespace's /proc/%d/net/dev: %w", pid, err)
+	}
+	return id, nil
+}
+
+// notFresh says why the network namespace id names cannot be made a
+// Trial's ("": it can): it is the host's, this process's or a Trial's,
+// or a task outside the container's cgroup cg is in it (a namespace
+// shared with another container, or entered by a host process), whose
+// sockets there no Trial hook would judge. mount is the cgroup2 mount.
+func (h *Host) notFresh(id netnsID, mount, cg string) string {
+	st := id.ns
 	same := func(path string) bool {
 		var o unix.Stat_t
 		return unix.Stat(path, &o) == nil && o.Dev == st.Dev && o.Ino == st.Ino
@@ -147,12 +173,12 @@ func (h *Host) notFresh(nsFile *os.File, mount, cg string) string {
 		return "it is the host's network namespace"
 	}
 	ids, _ := netns.List(h.netnsDir())
-	for _, id := range ids {
-		if same(filepath.Join(h.netnsDir(), id)) {
-			return fmt.Sprintf("it is Trial %s's network namespace (annotate the container trialnet.io/trial=%s to join it)", id, id)
+	for _, other := range ids {
+		if same(filepath.Join(h.netnsDir(), other)) {
+			return fmt.Sprintf("it is Trial %s's network namespace (annotate the container trialnet.io/trial=%s to join it)", other, other)
 		}
 	}
-	pids, err := pidsIn(&st)
+	pids, err := pidsIn(id)
 	if err != nil {
 		return fmt.Sprintf("cannot tell which processes are in its network namespace: %v", err)
 	}
@@ -166,14 +192,16 @@ func (h *Host) notFresh(nsFile *os.File, mount, cg string) string {
 	return ""
 }
 
-// pidsIn are the processes with a task in the network namespace ns: any
+// pidsIn are the processes with a task in the network namespace id: any
 // thread, since a thread can be in another network namespace than its
 // process (setns). A process's task directory links two more than its
-// threads: one of a single thread is read as /proc/PID/ns/net, its one
+// threads: one of a single thread is read as /proc/PID, its one
 // thread's, and only the others' task lists are read: listing every
 // process's costs twice as much on a host of mostly single-threaded
-// processes.
-func pidsIn(ns *unix.Stat_t) ([]string, error) {
+// processes. A task whose namespace file the kernel will not show is
+// placed by its net/dev entry; one neither shows is an error, not
+// skipped: it may be in the namespace.
+func pidsIn(id netnsID) ([]string, error) {
 	proc, err := os.Open("/proc")
 	if err != nil {
 		return nil, err
@@ -184,27 +212,30 @@ func pidsIn(ns *unix.Stat_t) ([]string, error) {
 		return nil, err
 	}
 	fd := int(proc.Fd())
-	in := func(path string) bool {
-		var st unix.Stat_t
-		return unix.Fstatat(fd, path, &st, 0) == nil && st.Dev == ns.Dev && st.Ino == ns.Ino
-	}
 	var out []string
 	for _, pid := range names {
 		if pid[0] < '0' || pid[0] > '9' {
 			continue
 		}
 		var task unix.Stat_t
-		if unix.Fstatat(fd, pid+"/task", &task, 0) != nil {
-			continue // exited
-		}
-		if task.Nlink <= 3 {
-			if in(pid + "/ns/net") {
-				out = append(out, pid)
+		if err := unix.Fstatat(fd, pid+"/task", &task, 0); err != nil {
+			if err := unreadable(pid, "task", err); err != nil {
+				return nil, err
 			}
 			continue
 		}
-		for _, tid := range dirNames("/proc/" + pid + "/task") {
-			if in(pid + "/task/" + tid + "/ns/net") {
+		tasks := []string{pid}
+		if task.Nlink > 3 {
+			if tasks, err = taskDirs(fd, pid); err != nil {
+				return nil, err
+			}
+		}
+		for _, t := range tasks {
+			ok, err := taskIn(fd, t, id)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
 				out = append(out, pid)
 				break
 			}
@@ -213,15 +244,143 @@ func pidsIn(ns *unix.Stat_t) ([]string, error) {
 	return out, nil
 }
 
-// dirNames lists dir; one that is gone (a process that exited) is empty.
-func dirNames(dir string) []string {
-	f, err := os.Open(dir)
+// taskIn says whether the task whose directory is task (relative to
+// procFd, /proc) is in the network namespace id; false for one that has
+// exited.
+func taskIn(procFd int, task string, id netnsID) (bool, error) {
+	var st unix.Stat_t
+	err := unix.Fstatat(procFd, task+"/ns/net", &st, 0)
+	if err == nil {
+		return st.Dev == id.ns.Dev && st.Ino == id.ns.Ino, nil
+	}
+	if !errors.Is(err, unix.EACCES) && !errors.Is(err, unix.EPERM) {
+		return false, unreadable(task, "ns/net", err)
+	}
+	if err := unix.Fstatat(procFd, task+"/net/dev", &st, 0); err != nil {
+		return false, unreadable(task, "net/dev", err)
+	}
+	return st.Dev == id.dev.Dev && st.Ino == id.dev.Ino, nil
+}
+
+// taskDirs are the directories of process pid's threads, relative to
+// procFd (/proc); none when it has exited.
+func taskDirs(procFd int, pid string) ([]string, error) {
+	dfd, err := unix.Openat(procFd, pid+"/task", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
+		return nil, unreadable(pid, "task", err)
+	}
+	f := os.NewFile(uintptr(dfd), "/proc/"+pid+"/task")
+	defer f.Close()
+	tids, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, unreadable(pid, "task", err)
+	}
+	out := make([]string, 0, len(tids))
+	for _, tid := range tids {
+		out = append(out, pid+"/task/"+tid)
+	}
+	return out, nil
+}
+
+// unreadable is nil when file of the task directory task cannot be read
+// because the task exited (ENOENT; ESRCH; a zombie's namespace reads as
+// ENOENT): an exited task holds no socket. Any other error stops the
+// scan: skipping that task would let a process hide in the namespace.
+func unreadable(task, file string, err error) error {
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
 		return nil
 	}
-	defer f.Close()
-	names, _ := f.Readdirnames(-1)
-	return names
+	pid, _, _ := strings.Cut(task, "/")
+	comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+	return fmt.Errorf("cannot read /proc/%s/%s of process %s (%s), which may be in it: %w; an LSM that hides processes from the agent hides them from this check too: let the agent read /proc", task, file, pid, strings.TrimSpace(string(comm)), err)
+}
+
+// strangerIn says which task in cgroup cg or below it is neither of the
+// container's init nor of a process it forked ("": none). The runtime
+// made cg for the container, or the agent prepared it, and put init in
+// it; anything else there was put by someone else (root writing
+// cgroup.procs), and would be judged as the Trial and counted in its
+// record. Threads are read, not processes: one thread of a stranger may
+// be in a threaded cgroup below cg.
+func strangerIn(cg string, init int) string {
+	var why string
+	err := filepath.WalkDir(cg, func(dir string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.threads"))
+		if err != nil {
+			return err
+		}
+		for _, f := range strings.Fields(string(b)) {
+			tid, err := strconv.Atoi(f)
+			if err != nil {
+				return fmt.Errorf("%s/cgroup.threads lists %q", dir, f)
+			}
+			ok, err := forkedBy(tid, init)
+			if err != nil {
+				return err
+			}
+			if ok {
+				continue
+			}
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", tid))
+			why = fmt.Sprintf("its cgroup %s holds task %d (%s), which is neither the container's init (process %d) nor forked by it: something else put it there; a Trial's cgroup holds its container's processes alone: remove that task from the cgroup and create the container again", dir, tid, strings.TrimSpace(string(comm)), init)
+			return fs.SkipAll
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Sprintf("cannot tell which tasks are in its cgroup %s: %v", cg, err)
+	}
+	return why
+}
+
+// forkedBy says whether task tid is one of process init's threads or of
+// a process init forked (its parent, or its parent's, ... is init). A
+// task that exited meanwhile is not counted; an ancestor that exited is
+// no proof of descent, and its descendant is not let pass.
+func forkedBy(tid, init int) (bool, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		return true, nil
+	}
+	for range maxAncestors {
+		if err != nil {
+			return false, err
+		}
+		tgid, ppid := statusField(b, "Tgid:"), statusField(b, "PPid:")
+		switch {
+		case tgid == init:
+			return true, nil
+		case ppid <= 1:
+			return false, nil
+		}
+		b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", ppid))
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			return false, nil
+		}
+	}
+	return false, nil
+}
+
+// maxAncestors bounds forkedBy's walk: deeper than any process tree a
+// runtime's init starts before its hooks run.
+const maxAncestors = 64
+
+// statusField is the number after key in a /proc/PID/status text (-1:
+// none).
+func statusField(status []byte, key string) int {
+	for line := range strings.Lines(string(status)) {
+		if v, ok := strings.CutPrefix(line, key); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
 }
 
 // procCgroup is the cgroup v2 directory of process pid; mount is the

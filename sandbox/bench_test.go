@@ -4,7 +4,6 @@ package sandbox
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -159,26 +158,23 @@ func BenchmarkAdoptFreshness(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var f *os.File
+	var id netnsID
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		// Any cgroup passes ("/"): until unshare is in a namespace of its
 		// own, this process's is refused.
-		if f, err = os.Open("/proc/" + pid + "/ns/net"); err == nil && h.notFresh(f, mount, "/") == "" {
+		if id, err = nsIDOf(cmd.Process.Pid); err == nil && h.notFresh(id, mount, "/") == "" {
 			break
-		} else if err == nil {
-			_ = f.Close()
 		}
 		if time.Now().After(end) {
 			b.Fatal("unshare did not enter a namespace of its own")
 		}
 	}
-	b.Cleanup(func() { _ = f.Close() })
 	cg, err := procCgroup(mount, pid)
 	if err != nil {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if why := h.notFresh(f, mount, cg); why != "" {
+		if why := h.notFresh(id, mount, cg); why != "" {
 			b.Fatal(why)
 		}
 	}

@@ -277,9 +277,10 @@ func (r *reportSink) write(v any) error {
 	}
 	// Made new and renamed into place in the directory opened before the
 	// Trial ran: whatever sits at the name (a file, or a symlink a Trial
-	// planted there) is replaced, never written through.
+	// planted there) is replaced, never written through. The caller's
+	// alone: it names the hosts the Trial reached or tried.
 	defer r.dir.Close()
-	wrote, err := rootdir.WriteAt(r.dir, r.name, b, 0o644)
+	wrote, err := rootdir.WriteAt(r.dir, r.name, b, 0o600)
 	if err != nil {
 		return fmt.Errorf("write the report %s: %w", r.path, err)
 	}

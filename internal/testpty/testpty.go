@@ -7,6 +7,7 @@
 package testpty
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -23,12 +24,20 @@ func Open(t testing.TB, rows, cols uint16) (master, slave *os.File) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(m.Fd()), unix.TIOCGPTN)
+	// Through its raw conn, not m.Fd(), which would make the master
+	// blocking for good: a test's deadline on it would then be ignored,
+	// and a terminal that never answers would hang the test.
+	rc, err := m.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
+	}
+	var n int
+	if cerr := rc.Control(func(fd uintptr) {
+		if err = unix.IoctlSetPointerInt(int(fd), unix.TIOCSPTLCK, 0); err == nil {
+			n, err = unix.IoctlGetInt(int(fd), unix.TIOCGPTN)
+		}
+	}); cerr != nil || err != nil {
+		t.Fatal(errors.Join(cerr, err))
 	}
 	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
