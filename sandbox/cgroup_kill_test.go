@@ -156,7 +156,7 @@ func startIn(t *testing.T, dir string, argv []string) *exec.Cmd {
 }
 
 // waitForProcs waits until the cgroup at dir has at least n processes.
-func waitForProcs(t *testing.T, dir string, n int) {
+func waitForProcs(t testing.TB, dir string, n int) {
 	t.Helper()
 	for range 5000 {
 		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
