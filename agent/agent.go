@@ -463,8 +463,14 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (client.S
 	// The one teardown: the endpoint stops first (its last decision events
 	// still reach the log), then processes, cgroup, policy, namespaces.
 	k, err := lt.tr.Close()
-	a.unkeep(id)
-	a.dropTransparent(id, lt.tr.CgroupID)
+	// The keeper's copies of its listeners and its steering's pins are
+	// given back while the receipt is signed and made durable: neither
+	// waits on the other, and both are done before the destroy answers.
+	var dropped sync.WaitGroup
+	dropped.Go(func() {
+		a.unkeep(id)
+		a.dropTransparent(id, lt.tr.CgroupID)
+	})
 	lt.mu.Lock()
 	pst := lt.final
 	lt.mu.Unlock()
@@ -480,6 +486,7 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (client.S
 			err = errors.Join(err, os.WriteFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))
 		}
 	}
+	dropped.Wait()
 	lt.release()
 	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
 	a.releaseSoon()
