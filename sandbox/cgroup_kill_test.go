@@ -3,6 +3,7 @@
 package sandbox
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
 
@@ -169,4 +172,43 @@ func waitForProcs(t testing.TB, dir string, n int) {
 		time.Sleep(time.Millisecond)
 	}
 	t.Fatalf("the cgroup %s never had %d processes", dir, n)
+}
+
+// CloseWith runs its caller's work at the Trial's end once the Trial's
+// processes are gone and its final counters and pool use are read (what a
+// receipt is signed over), beside the removals, and returns its error; a
+// later CloseWith runs its own with the same counters.
+func TestPrivilegedCloseWithRunsAfterTheKill(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
+	p, err := tr.Start(Command{Args: []string{"sleep", "100"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = p.Wait() })
+	errDuring := errors.New("the caller's work failed")
+	var seen []bpf.Counters
+	during := func(k bpf.Counters) error {
+		if populated, err := cgroupPopulated(tr.Cgroup); err != nil || populated {
+			t.Errorf("during ran with the Trial's cgroup populated %v (%v): its processes must be gone", populated, err)
+		}
+		if tr.finalPools.Load() == nil {
+			t.Error("during ran before the Trial's final pool use was read")
+		}
+		seen = append(seen, k)
+		return errDuring
+	}
+	k, err := tr.CloseWith(during)
+	if !errors.Is(err, errDuring) {
+		t.Fatalf("CloseWith returned %v, want the error of during", err)
+	}
+	if _, err := os.Stat(tr.Cgroup); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the Trial's cgroup after CloseWith: %v, want removed", err)
+	}
+	if k2, err := tr.CloseWith(during); !errors.Is(err, errDuring) || k2 != k {
+		t.Fatalf("a second CloseWith: %+v, %v; want the first's counters and the error of its during", k2, err)
+	}
+	if len(seen) != 2 || seen[0] != k || seen[1] != k {
+		t.Fatalf("during saw %+v, want the final counters %+v twice", seen, k)
+	}
 }
