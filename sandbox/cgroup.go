@@ -89,13 +89,23 @@ type exitWait struct {
 	fds []unix.PollFd // one pidfd (POLLIN) a process not yet seen to exit
 }
 
-// watch opens a pidfd for each process cgroup.procs lists now.
+// maxWatched bounds the pidfds one wait holds: the agent's descriptors
+// are shared with every Trial's listeners, and a Trial may have thousands
+// of processes. The first ones' exits wake the wait; once they are gone,
+// the next are watched.
+const maxWatched = 64
+
+// watch opens a pidfd for each process cgroup.procs lists now, up to
+// maxWatched.
 func (w *exitWait) watch(dir string) {
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {
 		return
 	}
-	for _, f := range strings.Fields(string(b)) {
+	for f := range strings.FieldsSeq(string(b)) {
+		if len(w.fds) == maxWatched {
+			return
+		}
 		pid, err := strconv.Atoi(f)
 		if err != nil || pid <= 0 {
 			continue // 0: a process outside this PID namespace

@@ -92,9 +92,11 @@ func TestPrivilegedKillCgroupWaitsForEveryProcess(t *testing.T) {
 		// cmds run in the cgroup, or in its child "below" if below.
 		cmds  [][]string
 		below bool
+		procs int // processes to wait for before the kill; 0: a shell's children
 	}{
 		{name: "tree", cmds: [][]string{{"sh", "-c", "sleep 100 & (sleep 100 & sleep 100 & wait) & wait"}}},
 		{name: "forking", cmds: [][]string{{"sh", "-c", "while :; do sleep 100 & done"}}},
+		{name: "more than one wait watches", procs: 2 * maxWatched, cmds: [][]string{{"sh", "-c", "for i in $(seq 150); do sleep 100 & done; wait"}}},
 		{name: "pid namespace and outside it", cmds: [][]string{
 			{"unshare", "--pid", "--fork", "sh", "-c", "sleep 100 & sleep 100 & wait"},
 			{"sleep", "100"},
@@ -122,7 +124,10 @@ func TestPrivilegedKillCgroupWaitsForEveryProcess(t *testing.T) {
 				cmds = append(cmds, startIn(t, in, argv))
 			}
 			// Wait for the tree to grow: each shell's children are there.
-			waitForProcs(t, in, len(tc.cmds)+2)
+			if tc.procs == 0 {
+				tc.procs = len(tc.cmds) + 2
+			}
+			waitForProcs(t, in, tc.procs)
 			if err := killCgroup(dir, killWait); err != nil {
 				t.Fatal(err)
 			}
