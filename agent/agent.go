@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/handover"
@@ -467,25 +468,10 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (client.S
 		}
 	}
 	// The one teardown: the endpoint stops first (its last decision events
-	// still reach the log), then processes, cgroup, policy, namespaces.
-	k, err := lt.tr.Close()
-	a.unkeep(id)
-	a.dropTransparent(id, lt.tr.CgroupID)
-	lt.mu.Lock()
-	pst := lt.final
-	lt.mu.Unlock()
-	st := a.makeStats(lt, k, pst)
-	// Ended now, not at release: the receipt hashes the whole log.
-	lt.log.end()
-	lt.log.close()
-	if rerr := a.sign(lt, &st, exit); rerr != nil {
-		err = errors.Join(err, rerr)
-	}
-	if a.cfg.DataDir != "" {
-		if b, jerr := json.MarshalIndent(st, "", "  "); jerr == nil {
-			err = errors.Join(err, os.WriteFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))
-		}
-	}
+	// still reach the log), then processes; the receipt is made while the
+	// cgroup, policy and namespaces are removed.
+	var st client.Stats
+	_, err = lt.tr.CloseWith(func(k bpf.Counters) error { return a.finish(lt, k, exit, &st) })
 	lt.release()
 	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
 	a.releaseSoon()
@@ -494,6 +480,37 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (client.S
 		return st, errf(client.CodeInternal, "destroy %s: %v", id, err)
 	}
 	return st, nil
+}
+
+// finish writes what a destroyed Trial leaves (its final stats, and its
+// receipt signed over the counters k read after the kill and made
+// durable) and gives back, at the same time, what the agent holds of it
+// beside its sandbox (the keeper's copies of its listeners, its
+// steering's pins). It runs while the sandbox removes the Trial's
+// cgroups, namespace and entries (CloseWith); all of it is done before
+// the destroy answers.
+func (a *Agent) finish(lt *trial, k bpf.Counters, exit *int, st *client.Stats) error {
+	id := lt.info.ID
+	var dropped sync.WaitGroup
+	defer dropped.Wait()
+	dropped.Go(func() {
+		a.unkeep(id)
+		a.dropTransparent(id, lt.tr.CgroupID)
+	})
+	lt.mu.Lock()
+	pst := lt.final
+	lt.mu.Unlock()
+	*st = a.makeStats(lt, k, pst)
+	// Ended now, not at release: the receipt hashes the whole log.
+	lt.log.end()
+	lt.log.close()
+	err := a.sign(lt, st, exit)
+	if a.cfg.DataDir != "" {
+		if b, jerr := json.MarshalIndent(*st, "", "  "); jerr == nil {
+			err = errors.Join(err, os.WriteFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))
+		}
+	}
+	return err
 }
 
 // decisionLog is where a Trial's decision records are kept, one

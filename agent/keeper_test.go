@@ -8,6 +8,7 @@ import (
 	"github.com/trialnet/trialnet/internal/lname"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -110,6 +111,58 @@ func TestPrivilegedKeeperReusedID(t *testing.T) {
 		}
 		if time.Now().After(end) {
 			t.Fatalf("the keeper reading the state directory holds %v (%v); want none: their Trial is not the live one", files, err)
+		}
+	}
+}
+
+// A destroy gives back what the agent holds of the Trial beside its
+// sandbox before it answers (given back while the receipt is written):
+// when Destroy returns, the keeper holds none of the Trial's listeners
+// and its steering's pins and names file are gone.
+func TestPrivilegedDestroyDropsKeptBeforeItAnswers(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 243, "kd.test")
+	cfg := w.config(t)
+	kc := keepertest.Start(t, "")
+	a, err := start(cfg, nil, nil, kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(true) })
+	ctx := context.Background()
+	held := func() []string {
+		files, _, err := kc.Fetch()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for n, f := range files {
+			_ = f.Close()
+			if name, _ := lname.Parse(n); name.Trial == "kd" {
+				names = append(names, n)
+			}
+		}
+		return names
+	}
+	for i := range 5 { // the same id again: each destroy's drops are done before the next create
+		info, err := a.Create(ctx, trialspec.Request{ID: "kd", Allow: []string{fmt.Sprintf("kd.test:%d", upstreamPort)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !info.Transparent || len(held()) == 0 {
+			t.Fatalf("round %d: the test wants a transparent Trial whose listeners the keeper holds (transparent %v, held %v)", i, info.Transparent, held())
+		}
+		pin := a.host.BPF.SteerPin(info.CgroupID)
+		if _, err := a.Destroy(ctx, "kd"); err != nil {
+			t.Fatal(err)
+		}
+		if names := held(); len(names) > 0 {
+			t.Fatalf("round %d: after the destroy answered, the keeper still holds %v", i, names)
+		}
+		for _, p := range []string{pin + "_link", pin + "_map", a.namesFile("kd")} {
+			if _, err := os.Stat(p); !os.IsNotExist(err) {
+				t.Fatalf("round %d: %s outlives the destroy: %v", i, p, err)
+			}
 		}
 	}
 }

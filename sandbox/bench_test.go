@@ -4,12 +4,17 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/trial"
 
@@ -178,4 +183,77 @@ func BenchmarkAdoptFreshness(b *testing.B) {
 			b.Fatal(why)
 		}
 	}
+}
+
+// BenchmarkTrialCloseLive measures the teardown of a Trial whose command
+// still runs (sleep, as nobody, under the Trial's init), as a destroy
+// finds one: the kill and the wait for the empty cgroup, the final
+// counters and pool use, and the removals. Only Close is timed.
+func BenchmarkTrialCloseLive(b *testing.B) {
+	h := newHost(b)
+	ds := make([]time.Duration, 0, b.N)
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		tr, err := h.Create(trial.Spec{ID: "close-" + strconv.Itoa(i), UnixOpen: true}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p, err := tr.Start(Command{Args: []string{"sleep", "100"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		if _, err := tr.Close(); err != nil {
+			b.Fatal(err)
+		}
+		ds = append(ds, time.Since(start))
+		b.StopTimer()
+		_, _ = p.Wait()
+		b.StartTimer()
+	}
+	reportLatency(b, ds)
+}
+
+// BenchmarkKillCgroup measures killCgroup on a cgroup whose process
+// started just before, as in a short Trial: the kernel told the launch's
+// populated 0 -> 1 on cgroup.events then, so it holds back the 1 -> 0
+// of the kill for up to 10 ms. The process is the init of PID and mount
+// namespaces of its own, with a child, as a Trial's is: its exit takes
+// the namespaces down, which takes a while.
+func BenchmarkKillCgroup(b *testing.B) {
+	h := newHost(b)
+	ds := make([]time.Duration, 0, b.N)
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		dir := filepath.Join(h.Parent, "kill-"+strconv.Itoa(i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := exec.Command("unshare", "--mount", "--pid", "--fork", "sleep", "100")
+		c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+		err = c.Start()
+		waitForProcs(b, dir, 2)
+		_ = unix.Close(fd)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		if err := killCgroup(dir, killWait); err != nil {
+			b.Fatal(err)
+		}
+		ds = append(ds, time.Since(start))
+		b.StopTimer()
+		_ = c.Wait()
+		if err := unix.Rmdir(dir); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	reportLatency(b, ds)
 }

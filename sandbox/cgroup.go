@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/trialnet/trialnet/internal/cgroup2"
@@ -19,7 +21,8 @@ import (
 func Cgroup2Mount() (string, error) { return cgroup2.Mount() }
 
 // killCgroup kills every process in the cgroup and waits, bounded, until
-// it is empty.
+// it is empty. Empty is what cgroup.events says, never less: the
+// counters and receipt read after it depend on it.
 func killCgroup(dir string, wait time.Duration) error {
 	// Opened before the kill, so that the change the kill brings about is
 	// one this file's poll sees (kernfs compares against the last read).
@@ -37,6 +40,8 @@ func killCgroup(dir string, wait time.Duration) error {
 		}
 		return fmt.Errorf("kill cgroup %s: %w", dir, err)
 	}
+	var exits exitWait
+	defer exits.close()
 	deadline := time.Now().Add(wait)
 	for {
 		populated, err := eventsPopulated(events)
@@ -46,7 +51,10 @@ func killCgroup(dir string, wait time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("cgroup %s still has processes %v after cgroup.kill", dir, wait)
 		}
-		awaitEvent(events)
+		if len(exits.fds) == 0 {
+			exits.watch(dir)
+		}
+		exits.await(events)
 	}
 }
 
@@ -64,14 +72,75 @@ func eventsPopulated(f *os.File) (bool, error) {
 	return bytes.Contains(buf[:n], []byte("populated 1")), nil
 }
 
-// awaitEvent waits until cgroup.events changes or a millisecond passes,
-// whichever is first. The kernel wakes a poller of the file with POLLPRI
-// when its values change, but spaces its notifications of one file at
-// least 10 ms apart (cgroup_file_notify), so the millisecond re-read, the
-// cadence this wait had before, stays as the bound.
-func awaitEvent(f *os.File) {
-	fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLPRI}}
-	_, _ = unix.Poll(fds, 1)
+// exitWait wakes the wait for an empty cgroup when one of its processes
+// exits. cgroup.events alone comes late after a short life: the kernel
+// spaces one file's notifications 10 ms apart (cgroup_file_notify), so
+// the populated 1 -> 0 of a Trial killed within 10 ms of its launch's
+// 0 -> 1 is told only then. A pidfd is readable once its whole thread
+// group has exited, after the kernel took each of its tasks out of the
+// cgroup (cgroup_exit before exit_notify in do_exit).
+//
+// The pidfds only wake the wait; cgroup.events decides it. Processes of
+// the cgroup that none of them names (forked while the kill ran, in a
+// cgroup below, a pid reused before it was opened) keep it populated,
+// and await's re-read every millisecond, the bound of each wait, finds
+// them gone.
+type exitWait struct {
+	fds []unix.PollFd // one pidfd (POLLIN) a process not yet seen to exit
+}
+
+// maxWatched bounds the pidfds one wait holds: the agent's descriptors
+// are shared with every Trial's listeners, and a Trial may have thousands
+// of processes. The first ones' exits wake the wait; once they are gone,
+// the next are watched.
+const maxWatched = 64
+
+// watch opens a pidfd for each process cgroup.procs lists now, up to
+// maxWatched.
+func (w *exitWait) watch(dir string) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return
+	}
+	for f := range strings.FieldsSeq(string(b)) {
+		if len(w.fds) == maxWatched {
+			return
+		}
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			continue // 0: a process outside this PID namespace
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // gone already (ESRCH), or no pidfds: the re-read finds it
+		}
+		w.fds = append(w.fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	}
+}
+
+// await waits until cgroup.events changes, a watched process exits, or a
+// millisecond passes, whichever is first, and forgets the processes that
+// exited.
+func (w *exitWait) await(events *os.File) {
+	fds := append([]unix.PollFd{{Fd: int32(events.Fd()), Events: unix.POLLPRI}}, w.fds...)
+	if n, err := unix.Poll(fds, 1); err != nil || n == 0 {
+		return
+	}
+	w.fds = w.fds[:0]
+	for _, p := range fds[1:] {
+		if p.Revents == 0 {
+			w.fds = append(w.fds, p)
+			continue
+		}
+		_ = unix.Close(int(p.Fd))
+	}
+}
+
+func (w *exitWait) close() {
+	for _, p := range w.fds {
+		_ = unix.Close(int(p.Fd))
+	}
+	w.fds = nil
 }
 
 func cgroupPopulated(dir string) (bool, error) {

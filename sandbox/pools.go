@@ -85,13 +85,17 @@ func (c controller) boundText() string {
 	return "unbounded: " + c.err.Error()
 }
 
-// PoolBounds says what bounds each pool for the Trials of h.
-func (h *Host) PoolBounds() []trial.PoolBound { return PoolBoundsFor(h.Parent) }
+// PoolBounds says what bounds each pool for the Trials of h, as its
+// Trials are made.
+func (h *Host) PoolBounds() []trial.PoolBound { return boundsOf(controllersFor(h.Parent)) }
 
-// PoolBoundsFor says what bounds each pool for the Trials under parent.
-func PoolBoundsFor(parent string) []trial.PoolBound {
+// PoolBoundsFor says what bounds each pool for the Trials under parent,
+// found afresh (doctor).
+func PoolBoundsFor(parent string) []trial.PoolBound { return boundsOf(findControllers(parent)) }
+
+func boundsOf(cs []controller) []trial.PoolBound {
 	var out []trial.PoolBound
-	for _, c := range controllersFor(parent) {
+	for _, c := range cs {
 		out = append(out, trial.PoolBound{Pool: c.name, Bounded: c.bounded(), Bound: c.boundText()})
 	}
 	return out
@@ -101,11 +105,51 @@ func PoolBoundsFor(parent string) []trial.PoolBound {
 // to launch into (no Host) finds the same groups as its creator.
 func (t *Launcher) controllers() []controller { return controllersFor(filepath.Dir(t.Cgroup)) }
 
+// foundControllers keeps, per parent and pool, a controller found
+// bounded: where it is is the host's, the same for every Trial, and
+// finding it reads the parent's controller files and makes (or finds)
+// the cgroup v1 group, which each create, launch and destroy asked for
+// again. One not bounded is looked for anew each time, as before: it may
+// come. What it found may go while the agent runs (a parent removed and
+// made again loses what was enabled on it; an operator removes the v1
+// group, which is possible while no Trial has a group in it): a create
+// that cannot bound its Trial with what is kept forgets it and finds
+// again (setupPools), so it never runs unbounded on a stale answer.
+var foundControllers sync.Map // controllerKey → controller
+
+type controllerKey struct{ parent, name string }
+
 // controllersFor finds where each pool's controller is for the Trials
-// under parent, enabling it for parent's children on cgroup v2. Found
-// afresh each time (a few small reads): a parent removed and made again
-// (uninstall, then a new agent) has lost what was enabled on it.
+// under parent, enabling it for parent's children on cgroup v2, or takes
+// what an earlier call found bounded.
 func controllersFor(parent string) []controller {
+	parent = filepath.Clean(parent)
+	var cs []controller
+	for _, name := range poolNames {
+		k := controllerKey{parent, name}
+		if c, ok := foundControllers.Load(k); ok {
+			cs = append(cs, c.(controller))
+			continue
+		}
+		c := findController(parent, name)
+		if c.bounded() {
+			foundControllers.Store(k, c)
+		}
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// forgetControllers drops what controllersFor kept for parent.
+func forgetControllers(parent string) {
+	for _, name := range poolNames {
+		foundControllers.Delete(controllerKey{filepath.Clean(parent), name})
+	}
+}
+
+// findControllers finds where each pool's controller is for the Trials
+// under parent, as controllersFor does, keeping nothing.
+func findControllers(parent string) []controller {
 	var cs []controller
 	for _, name := range poolNames {
 		cs = append(cs, findController(parent, name))
@@ -238,9 +282,30 @@ func (t *Launcher) poolDir(c controller) (string, error) {
 
 // setupPools bounds the Trial's pools where their controllers are; a
 // controller that is there but refuses fails the Trial (all or nothing).
+// What controllersFor kept may be stale: a group or file of it missing,
+// it is found again and tried once more, and a pool that was bounded and
+// no longer can be fails the Trial rather than leave it unbounded.
 func (t *Launcher) setupPools() error {
+	kept := t.controllers()
+	err := t.boundPools(kept)
+	if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	parent := filepath.Dir(t.Cgroup)
+	forgetControllers(parent)
+	now := t.controllers()
+	for i, c := range now {
+		if kept[i].bounded() && !c.bounded() {
+			return fmt.Errorf("the Trial's %s cannot be bounded: its controller was there (%s) and is no longer (%w): %v", c.name, kept[i].boundText(), err, c.err)
+		}
+	}
+	return t.boundPools(now)
+}
+
+// boundPools makes the Trial's groups in cs and writes its bounds there.
+func (t *Launcher) boundPools(cs []controller) error {
 	lim := t.poolLimits()
-	for _, c := range t.controllers() {
+	for _, c := range cs {
 		if !c.bounded() {
 			continue
 		}

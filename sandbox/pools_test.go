@@ -564,3 +564,46 @@ func noThreadIn(t *testing.T, groups []v1Group) {
 		}
 	}
 }
+
+// A pids controller kept from an earlier create (controllersFor) that is
+// gone while the agent runs (on v2 disabled on the parent; on v1 the group
+// that holds Trials' groups removed) is found again by the next create:
+// its Trial is bounded, never made unbounded, nor refused, on a stale
+// answer.
+func TestPrivilegedPoolsFoundAgainWhenRemoved(t *testing.T) {
+	h := newHost(t)
+	if !poolBounded(h, PoolPids) {
+		requireBound(t, h, PoolPids)
+	}
+	newTrial(t, h, trial.Spec{}) // finds and keeps the controllers
+	var pids controller
+	for _, c := range controllersFor(h.Parent) {
+		if c.name == PoolPids {
+			pids = c
+		}
+	}
+	if _, ok := foundControllers.Load(controllerKey{filepath.Clean(h.Parent), PoolPids}); !ok {
+		t.Fatal("the pids controller was not kept after a create")
+	}
+	if pids.v2 {
+		if err := os.WriteFile(filepath.Join(h.Parent, "cgroup.subtree_control"), []byte("-pids"), 0); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		// The group that holds Trials' groups is shared by every agent
+		// of the host and cannot be removed while one has a Trial: the
+		// answer kept is made stale instead, as it is once an operator
+		// removed the group (the kept directory is not there).
+		gone := pids
+		gone.dir = filepath.Join(filepath.Dir(pids.dir), "trialnet-gone-"+randSuffix())
+		foundControllers.Store(controllerKey{filepath.Clean(h.Parent), PoolPids}, gone)
+	}
+	tr := newTrial(t, h, trial.Spec{Limits: &trial.Limits{PoolLimits: trial.PoolLimits{MaxPids: 40}}})
+	dir, err := tr.poolDir(pids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readCgroupInt(filepath.Join(dir, "pids.max"), ""); got != 40 {
+		t.Fatalf("pids.max of a Trial made after its pids group was removed: %d, want 40", got)
+	}
+}

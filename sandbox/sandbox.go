@@ -376,9 +376,31 @@ func (t *Trial) Counters() (bpf.Counters, error) {
 // even when one fails, and whatever is already gone is not an error, so
 // it also removes a half-made Trial. It returns the final counters; a
 // second Close returns what the first did.
-func (t *Trial) Close() (bpf.Counters, error) {
-	t.closeOnce.Do(func() { t.final, t.closeErr = t.teardown() })
-	return t.final, t.closeErr
+func (t *Trial) Close() (bpf.Counters, error) { return t.CloseWith(nil) }
+
+// CloseWith is Close that also runs during with the final counters, and
+// returns its error joined to the teardown's. In the Close that tears the
+// Trial down, during runs once the counters and pool use are read, beside
+// the removals that follow (cgroups, policy entry, namespace, locks,
+// record), so that a caller's own work at the Trial's end (its receipt,
+// made durable) overlaps them; the teardown returns when both are done.
+// After an earlier Close it runs on its own, with that Close's counters.
+func (t *Trial) CloseWith(during func(bpf.Counters) error) (bpf.Counters, error) {
+	var derr error
+	do := func(final bpf.Counters) {
+		if during != nil {
+			derr = during(final)
+		}
+	}
+	ran := false
+	t.closeOnce.Do(func() {
+		ran = true
+		t.final, t.closeErr = t.teardown(do)
+	})
+	if !ran {
+		do(t.final)
+	}
+	return t.final, errors.Join(t.closeErr, derr)
 }
 
 // SetSpec replaces the Trial's description in its record, so that a
@@ -413,7 +435,25 @@ func sameSandbox(was, now trial.Spec) error {
 	return nil
 }
 
-func (t *Trial) teardown() (bpf.Counters, error) {
+// teardown ends the Trial in Close's order: stop reads what the Trial
+// ended with, then remove takes it apart while during runs.
+func (t *Trial) teardown(during func(bpf.Counters)) (bpf.Counters, error) {
+	final, errs := t.stop()
+	var beside sync.WaitGroup
+	beside.Go(func() { during(final) })
+	errs = append(errs, t.remove()...)
+	beside.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return final, fmt.Errorf("close Trial %s: %w", t.ID, err)
+	}
+	return final, nil
+}
+
+// stop ends everything that runs in the Trial and reads what it ended
+// with: no launcher joins it from here, its proxy endpoint stops (no new
+// connection can reach a namespace that is going away), every process
+// is killed, and the final counters and pool use are read.
+func (t *Trial) stop() (bpf.Counters, []error) {
 	t.recMu.Lock()
 	t.closing = true
 	t.recMu.Unlock()
@@ -439,6 +479,13 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 	}
 	use := t.PoolUse() // peaks and events: read while the groups are there
 	t.finalPools.Store(&use)
+	return final, errs
+}
+
+// remove takes apart what stop left: the cgroups, the policy entry, the
+// namespace, the launch locks and, last, the record.
+func (t *Trial) remove() []error {
+	var errs []error
 	// An adopted cgroup is its runtime's to remove, emptied here; with
 	// no policy entry left, the eBPF programs deny it everything.
 	cgroupGone := true
@@ -465,10 +512,7 @@ func (t *Trial) teardown() (bpf.Counters, error) {
 		RemoveLaunchLock(t.CgroupID)
 	}
 	t.removeRecord()
-	if err := errors.Join(errs...); err != nil {
-		return final, fmt.Errorf("close Trial %s: %w", t.ID, err)
-	}
-	return final, nil
+	return errs
 }
 
 // killAll kills every process in the Trial's cgroup.
