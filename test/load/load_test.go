@@ -51,6 +51,23 @@ func fds(pid int) int {
 	return len(e)
 }
 
+// settledFDs is pid's descriptor count once it has held for half a
+// second (at most 10 s): an agent fills its pool of Trial shells (their
+// namespaces and sockets) just after it starts and again after creates,
+// so a count taken mid-refill is no baseline.
+func settledFDs(pid int) int {
+	n := fds(pid)
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+		time.Sleep(500 * time.Millisecond)
+		m := fds(pid)
+		if m == n {
+			break
+		}
+		n = m
+	}
+	return n
+}
+
 func TestPrivilegedLoad(t *testing.T) {
 	privtest.Require(t)
 	th := testhost.NewT(t, 241)
@@ -116,7 +133,7 @@ func TestPrivilegedLoad(t *testing.T) {
 	}
 	pid := proc.Process.Pid
 
-	fd0, mem0 := fds(pid), testkit.RSSBytes(pid)
+	fd0, mem0 := settledFDs(pid), testkit.RSSBytes(pid)
 	target := fmt.Sprintf("%s:%d", name, echoPort)
 	var infos []client.TrialInfo
 	for i := range trials {
