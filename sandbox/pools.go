@@ -339,7 +339,7 @@ func boundPool(c controller, dir string, lim trial.PoolLimits) error {
 			{"memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MaxMemory, 10)}}
 	}
 	for _, f := range files {
-		err := os.WriteFile(filepath.Join(dir, f[0]), []byte(f[1]), 0)
+		err := writeControl(filepath.Join(dir, f[0]), f[1])
 		if errors.Is(err, os.ErrNotExist) && strings.Contains(f[0], "sw") {
 			continue // no swap accounting on this host: nothing to bound
 		}
@@ -348,6 +348,19 @@ func boundPool(c controller, dir string, lim trial.PoolLimits) error {
 		}
 	}
 	return nil
+}
+
+// writeControl writes an interface file that must be there. Opened
+// without O_CREAT, a missing one (its controller disabled) fails ENOENT,
+// which setupPools takes for a controller gone; creating one in cgroupfs
+// fails EACCES, which it would take for a refusal.
+func writeControl(path, value string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(value)
+	return errors.Join(err, f.Close())
 }
 
 // v1Groups are the Trial's cgroup v1 groups (on v2 the cgroup is the
