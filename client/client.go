@@ -39,6 +39,10 @@ var ErrNoAgent = errors.New("no trialnet agent is running")
 type Client struct {
 	Socket string
 	hc     *http.Client
+	// held is the connection Running checked, kept for the next call so
+	// that a run dials the agent once: its peer was checked when it was
+	// dialled, and a connected socket's peer never changes.
+	held chan net.Conn
 }
 
 var _ Trials = (*Client)(nil)
@@ -48,15 +52,23 @@ func NewClient(socket string) *Client {
 	if socket == "" {
 		socket = DefaultSocket
 	}
-	return &Client{Socket: socket, hc: &http.Client{Transport: &http.Transport{
+	c := &Client{Socket: socket, held: make(chan net.Conn, 1)}
+	c.hc = &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return dialAgent(ctx, socket)
+			select {
+			case conn := <-c.held:
+				return conn, nil
+			default:
+				return dialAgent(ctx, socket)
+			}
 		},
-	}}}
+	}}
+	return c
 }
 
 // Running reports whether an agent answers on the socket. An error means
-// something answers that is not trialnet's agent.
+// something answers that is not trialnet's agent. The connection it
+// checked serves the next call (Release drops it if none comes).
 func (c *Client) Running(ctx context.Context) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second) // a listener answers a dial at once
 	defer cancel()
@@ -68,8 +80,18 @@ func (c *Client) Running(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, nil
 	}
-	_ = conn.Close()
+	c.Release()
+	c.held <- conn
 	return true, nil
+}
+
+// Release closes the connection Running kept, if no call took it.
+func (c *Client) Release() {
+	select {
+	case conn := <-c.held:
+		_ = conn.Close()
+	default:
+	}
 }
 
 // dialAgent connects to the control socket and checks who listens on it:

@@ -607,3 +607,48 @@ func TestPrivilegedPoolsFoundAgainWhenRemoved(t *testing.T) {
 		t.Fatalf("pids.max of a Trial made after its pids group was removed: %d, want 40", got)
 	}
 }
+
+// One read of mountinfo finds every pool's cgroup v1 hierarchy, which a
+// launch asks for in turn, and each as v1Mount finds it alone.
+func TestCachedV1MountKeepsEveryPool(t *testing.T) {
+	want := map[string]string{}
+	for _, name := range poolNames {
+		if m, err := v1Mount(name); err == nil {
+			want[name] = m
+		}
+	}
+	if len(want) < len(poolNames) {
+		t.Skipf("pools on cgroup v1 here: %v; the test needs all of %v", want, poolNames)
+	}
+	forget := func() {
+		for _, name := range poolNames {
+			v1Mounts.Delete(name)
+		}
+	}
+	forget()
+	t.Cleanup(forget)
+	if m, err := cachedV1Mount(poolNames[0]); err != nil || m != want[poolNames[0]] {
+		t.Fatalf("cachedV1Mount(%s) = %q, %v; want %q", poolNames[0], m, err, want[poolNames[0]])
+	}
+	for _, name := range poolNames[1:] {
+		if m, ok := v1Mounts.Load(name); !ok || m != want[name] {
+			t.Errorf("after asking for %s, %s kept as %v (%v); want %q from the same read", poolNames[0], name, m, ok, want[name])
+		}
+	}
+	if _, err := v1Mount("no-such-controller"); err == nil {
+		t.Error("v1Mount of a controller on no hierarchy: no error")
+	}
+}
+
+func BenchmarkV1MountsCold(b *testing.B) {
+	for b.Loop() {
+		for _, name := range poolNames {
+			v1Mounts.Delete(name)
+		}
+		for _, name := range poolNames {
+			if _, err := cachedV1Mount(name); err != nil {
+				b.Skip(err)
+			}
+		}
+	}
+}

@@ -175,9 +175,10 @@ func (f *runFlags) trials(ctx context.Context) (_ client.Trials, closeTrials fun
 	}
 	if running {
 		if f.cf.given() {
+			c.Release()
 			return nil, nil, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *f.socket + " with its own configuration; drop them or stop that agent"}
 		}
-		return c, func() {}, exitOK, nil
+		return c, c.Release, exitOK, nil
 	}
 	file, cidrs, err := f.cf.load()
 	if err != nil {
