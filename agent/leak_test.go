@@ -45,6 +45,8 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	if _, err := a.Destroy(context.Background(), "agt-warm"); err != nil {
 		t.Fatal(err)
 	}
+	// The shell pool full, before and after: its shells hold descriptors.
+	readyShells(t, a, a.file.Load().PreparedShells())
 	fds, gor := testkit.CountFDs(t), runtime.NumGoroutine()
 	ns, _ := netns.List(a.cfg.Host.NetnsDir)
 	cgs := cgroupChildren(t, a.host.Parent)
@@ -65,6 +67,7 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	}
 	// A destroyed Trial's last descriptors may close just after Destroy
 	// returns (a goroutine's); a leak stays.
+	readyShells(t, a, a.file.Load().PreparedShells())
 	deadline := time.Now().Add(5 * time.Second)
 	for testkit.CountFDs(t) > fds && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)

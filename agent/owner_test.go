@@ -331,6 +331,8 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 		}
 		return runtime.NumGoroutine()
 	}
+	// The shell pool full, before and after: its shells hold descriptors.
+	readyShells(t, a, a.file.Load().PreparedShells())
 	gor := runtime.NumGoroutine()
 	fds := testkit.CountFDs(t)
 	ns, _ := netns.List(cfg.Host.NetnsDir)
@@ -381,6 +383,7 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 	if n := waitGoroutines(gor); n > gor {
 		t.Errorf("goroutines: %d before, %d after", gor, n)
 	}
+	readyShells(t, a, a.file.Load().PreparedShells())
 	n := testkit.CountFDs(t)
 	for end := time.Now().Add(5 * time.Second); n > fds && time.Now().Before(end); n = testkit.CountFDs(t) {
 		time.Sleep(20 * time.Millisecond)
