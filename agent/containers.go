@@ -176,6 +176,9 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 	if req.Profile == "" {
 		return client.TrialInfo{}, errf(client.CodeBadRequest, "container %s: a Trial around a container needs a profile", c.ID)
 	}
+	// The adoption's scan of /proc for the tasks in its network
+	// namespace runs beside the Trial's preparation (sandbox.NetnsScan).
+	scan := sandbox.ScanNetns(c.PID)
 	// A cgroup prepared for it is this call's from here: adopted, or
 	// dropped with a failure.
 	p := a.pend.take(c.ID)
@@ -227,7 +230,7 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 		lt.info.Limits = &nl
 	}
 	err = a.build(lt, list, func(spec trialspec.Spec, ep sandbox.Endpoint) (*sandbox.Trial, error) {
-		return a.host.Adopt(spec, ep, sandbox.Container{PID: c.PID, Pidfd: pf, Prepared: prepared})
+		return a.host.Adopt(spec, ep, sandbox.Container{PID: c.PID, Pidfd: pf, Prepared: prepared, Scan: scan})
 	})
 	if err != nil {
 		return client.TrialInfo{}, err
