@@ -176,9 +176,6 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 	if req.Profile == "" {
 		return client.TrialInfo{}, errf(client.CodeBadRequest, "container %s: a Trial around a container needs a profile", c.ID)
 	}
-	// The adoption's scan of /proc for the tasks in its network
-	// namespace runs beside the Trial's preparation (sandbox.NetnsScan).
-	scan := sandbox.ScanNetns(c.PID)
 	// A cgroup prepared for it is this call's from here: adopted, or
 	// dropped with a failure.
 	p := a.pend.take(c.ID)
@@ -230,7 +227,7 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 		lt.info.Limits = &nl
 	}
 	err = a.build(lt, list, func(spec trialspec.Spec, ep sandbox.Endpoint) (*sandbox.Trial, error) {
-		return a.host.Adopt(spec, ep, sandbox.Container{PID: c.PID, Pidfd: pf, Prepared: prepared, Scan: scan})
+		return a.host.Adopt(spec, ep, sandbox.Container{PID: c.PID, Pidfd: pf, Prepared: prepared})
 	})
 	if err != nil {
 		return client.TrialInfo{}, err

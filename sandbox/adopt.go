@@ -36,60 +36,6 @@ type Container struct {
 	// cgroup entry Adopt replaces; any other is a Trial's, or another
 	// container's pending one, and refused.
 	Prepared uint64
-	// Scan is the freshness scan of its network namespace, started
-	// ahead by ScanNetns (nil: Adopt scans).
-	Scan *NetnsScan
-}
-
-// NetnsScan is Adopt's scan of all of /proc for the tasks in a
-// container's network namespace, started ahead (ScanNetns) so that it
-// runs beside the caller's preparation of the Trial (its ledger, logs,
-// secrets) rather than after it: on a host of a few hundred tasks it is
-// the adoption's largest part. Its result is only the list of tasks in
-// the namespace at the container's createRuntime stage, as Adopt's own
-// scan would see it; Adopt still judges each of them (their cgroups),
-// and uses it only for the namespace Adopt itself reads of the
-// container after checking that its process is the same.
-type NetnsScan struct {
-	id   netnsID
-	done chan struct{}
-	pids []string
-	err  error
-}
-
-// ScanNetns starts the scan of process pid's network namespace; nil
-// when that cannot be read (Adopt then reads it, and refuses it, itself).
-func ScanNetns(pid int) *NetnsScan {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	id, err := readNetnsID(f, pid)
-	if err != nil {
-		return nil
-	}
-	s := &NetnsScan{id: id, done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		s.pids, s.err = pidsIn(id)
-	}()
-	return s
-}
-
-// pidsIn is the scan's result for namespace id: the early scan's when it
-// was of that namespace (the same namespace file and net/dev), else a
-// scan made now: an early scan of a reused pid's namespace is not taken.
-func (s *NetnsScan) pidsIn(id netnsID) ([]string, error) {
-	if s == nil || !sameNetns(s.id, id) {
-		return pidsIn(id)
-	}
-	<-s.done
-	return s.pids, s.err
-}
-
-func sameNetns(a, b netnsID) bool {
-	return a.ns.Dev == b.ns.Dev && a.ns.Ino == b.ns.Ino && a.dev.Dev == b.dev.Dev && a.dev.Ino == b.dev.Ino
 }
 
 // Adopt makes a Trial of a container's own network namespace and cgroup,
@@ -150,7 +96,7 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 		// The cgroup and namespace read above may be a reused pid's.
 		return refuse("its process %d exited", c.PID)
 	}
-	if why := h.notFresh(id, mount, cg, c.Scan); why != "" {
+	if why := h.notFresh(id, mount, cg); why != "" {
 		return refuse("%s: run it with a network namespace of its own and nothing in it (podman --network none, a bundle's network namespace without a path)", why)
 	}
 	if why := strangerIn(cg, c.PID); why != "" {
@@ -213,9 +159,8 @@ func readNetnsID(nsFile *os.File, pid int) (netnsID, error) {
 // Trial's ("": it can): it is the host's, this process's or a Trial's,
 // or a task outside the container's cgroup cg is in it (a namespace
 // shared with another container, or entered by a host process), whose
-// sockets there no Trial hook would judge. mount is the cgroup2 mount;
-// scan is the scan of /proc started ahead, or nil.
-func (h *Host) notFresh(id netnsID, mount, cg string, scan *NetnsScan) string {
+// sockets there no Trial hook would judge. mount is the cgroup2 mount.
+func (h *Host) notFresh(id netnsID, mount, cg string) string {
 	st := id.ns
 	same := func(path string) bool {
 		var o unix.Stat_t
@@ -233,7 +178,7 @@ func (h *Host) notFresh(id netnsID, mount, cg string, scan *NetnsScan) string {
 			return fmt.Sprintf("it is Trial %s's network namespace (annotate the container trialnet.io/trial=%s to join it)", other, other)
 		}
 	}
-	pids, err := scan.pidsIn(id)
+	pids, err := pidsIn(id)
 	if err != nil {
 		return fmt.Sprintf("cannot tell which processes are in its network namespace: %v", err)
 	}

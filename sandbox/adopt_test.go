@@ -58,29 +58,3 @@ func nsIDOf(pid int) (netnsID, error) {
 	defer f.Close()
 	return readNetnsID(f, pid)
 }
-
-// A scan of /proc started ahead of an adoption is taken only for the
-// namespace it scanned: one started for a pid that the kernel then gave
-// another process names another namespace, and its tasks are not those
-// of the namespace Adopt reads.
-func TestNetnsScanOnlyForItsNamespace(t *testing.T) {
-	self := os.Getpid()
-	scan := ScanNetns(self)
-	if scan == nil {
-		t.Fatal("ScanNetns of this process's namespace: nil")
-	}
-	own, err := nsIDOf(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pids, err := scan.pidsIn(own)
-	if err != nil || !slices.Contains(pids, strconv.Itoa(self)) {
-		t.Fatalf("the scan of this process's namespace found %v, %v; want this process, %d", pids, err, self)
-	}
-	// No namespace has inode 0: no task is in it.
-	other := own
-	other.ns.Ino, other.dev.Ino = 0, 0
-	if pids, err := scan.pidsIn(other); err != nil || len(pids) > 0 {
-		t.Fatalf("asked for another namespace, the scan started ahead gave %v, %v: its own namespace's tasks; want none", pids, err)
-	}
-}

@@ -167,7 +167,7 @@ func BenchmarkAdoptFreshness(b *testing.B) {
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		// Any cgroup passes ("/"): until unshare is in a namespace of its
 		// own, this process's is refused.
-		if id, err = nsIDOf(cmd.Process.Pid); err == nil && h.notFresh(id, mount, "/", nil) == "" {
+		if id, err = nsIDOf(cmd.Process.Pid); err == nil && h.notFresh(id, mount, "/") == "" {
 			break
 		}
 		if time.Now().After(end) {
@@ -179,7 +179,7 @@ func BenchmarkAdoptFreshness(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if why := h.notFresh(id, mount, cg, nil); why != "" {
+		if why := h.notFresh(id, mount, cg); why != "" {
 			b.Fatal(why)
 		}
 	}
