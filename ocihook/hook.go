@@ -193,14 +193,18 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		Capabilities: cfg.boundingCaps()}
 	_, c.UserNamespace = cfg.namespaces()["user"]
 	rootfs := cfg.rootfs(st.Bundle)
+	// The scan of /proc for its PID namespace's other processes runs
+	// while the agent makes or looks up its Trial; they are judged
+	// against the Trial's cgroup after its answer.
+	peers := h.scanPIDNS(st.Pid)
 	if cl.profile != "" {
-		return h.makeTrial(ctx, st, cl.profile, c, rootfs)
+		return h.makeTrial(ctx, st, cl.profile, c, rootfs, peers)
 	}
 	info, err := h.Agent().Get(ctx, cl.trial)
 	if err != nil {
 		return refuse(fmt.Sprintf("cannot look Trial %q up: %v", cl.trial, err))
 	}
-	if why := h.checkProcess(st.Pid, rootfs, info); len(why) > 0 {
+	if why := h.checkProcess(st.Pid, rootfs, info, peers); len(why) > 0 {
 		return refuse(why...)
 	}
 	if _, err := h.Agent().AddContainer(ctx, cl.trial, c); err != nil {
@@ -213,12 +217,12 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 // container, then checks the container is in it as for a Trial it
 // joins. A container that fails the check is refused, and its Trial
 // destroyed: nothing is left half-made.
-func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container, rootfs string) (Result, error) {
+func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container, rootfs string, peers *pidNSScan) (Result, error) {
 	info, err := h.Agent().ContainerTrial(ctx, client.ContainerTrial{Profile: profile, Container: c})
 	if err != nil {
 		return Result{}, &Refusal{Container: st.ID, Reasons: []string{fmt.Sprintf("no Trial from profile %s could be made around it: %v", profile, err)}}
 	}
-	if why := h.checkProcess(st.Pid, rootfs, info); len(why) > 0 {
+	if why := h.checkProcess(st.Pid, rootfs, info, peers); len(why) > 0 {
 		if _, err := h.Agent().Destroy(ctx, info.ID); err != nil {
 			why = append(why, fmt.Sprintf("and its Trial could not be destroyed (trialnet destroy %s): %v", info.ID, err))
 		}
@@ -292,8 +296,9 @@ func (h *Hook) cgroupMount() (string, error) {
 // checkProcess looks at the container's process as the kernel has it:
 // the runtime made its namespaces and placed it in its cgroup before
 // this stage, and it runs nothing of the image yet. rootfs is the host
-// directory of its root file system.
-func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo) []string {
+// directory of its root file system; peers the scan for the processes
+// that share its PID namespace.
+func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo, peers *pidNSScan) []string {
 	var why []string
 	p := filepath.Join(h.proc(), strconv.Itoa(pid))
 	self := filepath.Join(h.proc(), "self", "ns")
@@ -325,7 +330,7 @@ func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo) []str
 		}
 	}
 	why = append(why, h.withTrialDirs(info).checkMounts(pid, rootfs, info.Cgroup)...)
-	return append(why, h.pidNSOutsiders(pid, info)...)
+	return append(why, h.outsiders(peers, info)...)
 }
 
 // withTrialDirs is h with the directory of the Trial's namespace pins
@@ -341,39 +346,37 @@ func (h *Hook) withTrialDirs(info client.TrialInfo) *Hook {
 	return &r
 }
 
-// pidNSOutsiders refuses a PID namespace that the container shares with
-// a process outside the Trial (podman --pid container:X, a bundle's pid
+// pidNSScan is a scan of /proc, started by scanPIDNS, for the processes
+// other than the container's init that share its PID namespace, and the
+// reasons found while scanning (a namespace that cannot be read).
+type pidNSScan struct {
+	done  chan struct{}
+	peers []int
+	why   []string
+}
+
+// scanPIDNS starts the scan for the processes that share process pid's
+// PID namespace.
+func (h *Hook) scanPIDNS(pid int) *pidNSScan {
+	s := &pidNSScan{done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		s.peers, s.why = h.pidNSPeers(pid)
+	}()
+	return s
+}
+
+// outsiders refuses a PID namespace that the container shares with a
+// process outside the Trial (podman --pid container:X, a bundle's pid
 // path to another container's): root in the container could ptrace it,
-// or signal it, and through it use another network namespace.
-func (h *Hook) pidNSOutsiders(pid int, info client.TrialInfo) []string {
-	// A process's own PID namespace is fixed for its life: read once,
-	// not once per process on the host.
-	var own unix.Stat_t
-	if err := unix.Stat(filepath.Join(h.proc(), strconv.Itoa(pid), "ns", "pid"), &own); err != nil {
-		return []string{fmt.Sprintf("cannot read its PID namespace: %v", err)}
-	}
-	ents, err := os.ReadDir(h.proc())
-	if err != nil {
-		return []string{fmt.Sprintf("cannot list the processes that share its PID namespace: %v", err)}
-	}
-	var why []string
-	for _, e := range ents {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil || n == pid {
-			continue
-		}
-		p := filepath.Join(h.proc(), e.Name())
-		var st unix.Stat_t
-		if err := unix.Stat(filepath.Join(p, "ns", "pid"), &st); err != nil {
-			if w := h.unreadablePIDNS(pid, n, err); w != "" {
-				why = append(why, w)
-			}
-			continue
-		}
-		if st.Dev != own.Dev || st.Ino != own.Ino {
-			continue
-		}
-		cg, err := h.cgroupOf(p)
+// or signal it, and through it use another network namespace. It waits
+// for scan, and says which of the processes it found is outside the
+// Trial of info, or could not be placed.
+func (h *Hook) outsiders(scan *pidNSScan, info client.TrialInfo) []string {
+	<-scan.done
+	why := slices.Clone(scan.why)
+	for _, n := range scan.peers {
+		cg, err := h.cgroupOf(filepath.Join(h.proc(), strconv.Itoa(n)))
 		switch {
 		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH):
 		case err != nil:
@@ -383,6 +386,40 @@ func (h *Hook) pidNSOutsiders(pid int, info client.TrialInfo) []string {
 		}
 	}
 	return why
+}
+
+// pidNSPeers are the processes other than pid in pid's PID namespace,
+// and why one could not be placed.
+func (h *Hook) pidNSPeers(pid int) ([]int, []string) {
+	// A process's own PID namespace is fixed for its life: read once,
+	// not once per process on the host.
+	var own unix.Stat_t
+	if err := unix.Stat(filepath.Join(h.proc(), strconv.Itoa(pid), "ns", "pid"), &own); err != nil {
+		return nil, []string{fmt.Sprintf("cannot read its PID namespace: %v", err)}
+	}
+	ents, err := os.ReadDir(h.proc())
+	if err != nil {
+		return nil, []string{fmt.Sprintf("cannot list the processes that share its PID namespace: %v", err)}
+	}
+	var peers []int
+	var why []string
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil || n == pid {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(h.proc(), e.Name(), "ns", "pid"), &st); err != nil {
+			if w := h.unreadablePIDNS(pid, n, err); w != "" {
+				why = append(why, w)
+			}
+			continue
+		}
+		if st.Dev == own.Dev && st.Ino == own.Ino {
+			peers = append(peers, n)
+		}
+	}
+	return peers, why
 }
 
 // unreadablePIDNS says why process n, whose PID namespace file the hook

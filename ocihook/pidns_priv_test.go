@@ -46,7 +46,7 @@ func TestPrivilegedHookPIDNamespaceUnreadable(t *testing.T) {
 	h := &Hook{CgroupMount: mount}
 	info := client.TrialInfo{Cgroup: filepath.Join(mount, "trialnet-test-none")}
 	want := fmt.Sprintf("process %d", other)
-	if why := h.pidNSOutsiders(ctr, info); !strings.Contains(strings.Join(why, "; "), want) {
+	if why := outsidersNow(h, ctr, info); !strings.Contains(strings.Join(why, "; "), want) {
 		t.Fatalf("with CAP_SYS_PTRACE: %q; want %q refused", why, want)
 	}
 	var why []string
@@ -54,7 +54,7 @@ func TestPrivilegedHookPIDNamespaceUnreadable(t *testing.T) {
 	privtest.WithoutCap(t, unix.CAP_SYS_PTRACE, func() {
 		var st unix.Stat_t
 		hidden = unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", other), &st)
-		why = h.pidNSOutsiders(ctr, info)
+		why = outsidersNow(h, ctr, info)
 	})
 	t.Logf("without CAP_SYS_PTRACE: %q", why)
 	if hidden == nil {
@@ -83,4 +83,14 @@ func startReady(t *testing.T, flags uintptr, args ...string) int {
 		t.Fatalf("%s did not start: %q %v", args[0], line, err)
 	}
 	return cmd.Process.Pid
+}
+
+// outsidersNow is the hook's PID namespace check with its scan on the
+// calling thread: privtest.WithoutCap drops a capability from one thread,
+// where a hook's process has one set for all.
+func outsidersNow(h *Hook, pid int, info client.TrialInfo) []string {
+	s := &pidNSScan{done: make(chan struct{})}
+	s.peers, s.why = h.pidNSPeers(pid)
+	close(s.done)
+	return h.outsiders(s, info)
 }
