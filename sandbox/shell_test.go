@@ -378,3 +378,29 @@ func TestPrivilegedShellTakenRaisesMemoryBound(t *testing.T) {
 		}
 	}
 }
+
+// A datagram of no bytes waiting on a shell's UDP socket (the stub's) is
+// waiting all the same: SIOCINQ, the first datagram's length, says 0 for
+// it.
+func TestWaitingSeesAnEmptyDatagram(t *testing.T) {
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n, err := Waiting(c); err != nil || n != 0 {
+		t.Fatalf("an untouched socket: %d waiting (%v)", n, err)
+	}
+	s, err := net.DialUDP("udp", nil, c.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Write(nil); err != nil {
+		t.Fatal(err)
+	}
+	// The datagram is queued on loopback before the write returns.
+	if n, err := Waiting(c); err != nil || n == 0 {
+		t.Fatalf("an empty datagram queued: %d waiting (%v), want it seen", n, err)
+	}
+}
