@@ -74,10 +74,11 @@ func TestPrivilegedEarlyInitReportsFailure(t *testing.T) {
 	if _, err := unix.FcntlInt(empty.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
 		t.Fatal(err)
 	}
-	cmd, err := initCommand(initArgs(false, false, "", nil, nil), w, empty)
+	cmd, release, err := initCommand(initArgs(false, false, "", nil, nil), w, empty)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer release()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC}
 	err = cmd.Start()
 	_ = w.Close()
@@ -133,10 +134,11 @@ func TestPrivilegedEarlyInitRefusesUnsealedFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	cmd, err := initCommand(initArgs(false, false, "", nil, nil), w, unsealedFilter(t))
+	cmd, release, err := initCommand(initArgs(false, false, "", nil, nil), w, unsealedFilter(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer release()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC}
 	err = cmd.Start()
 	_ = w.Close()

@@ -259,12 +259,14 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 	}
 	extra, err := initFiles(readyW)
 	var cmd *exec.Cmd
+	release := func() {}
 	if err == nil {
 		args := initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow)
-		if cmd, err = initCommand(args, extra...); err != nil {
+		if cmd, release, err = initCommand(args, extra...); err != nil {
 			err = fmt.Errorf("start the Trial's init: %w", err)
 		}
 	}
+	defer release()
 	if err != nil {
 		_ = readyR.Close()
 		_ = readyW.Close()

@@ -25,15 +25,50 @@ import (
 //go:embed init_amd64.elf
 var initELF []byte
 
-// initImage is the sealed memfd every Trial's init is executed from, made
-// once per process. A Trial's PID 1 is uid 0: its /proc/1/exe is this
-// memfd, never the trialnet binary on the host (runc's CVE-2019-5736 was
-// a container writing through its init's /proc/self/exe), and the seals
-// keep anyone from changing what the next Trial's init runs.
-var initImage = sync.OnceValues(initMemfd)
+// sharedImage is the sealed memfd every Trial's init is executed from,
+// made once per process. A Trial's PID 1 is uid 0: its /proc/1/exe is
+// this memfd, never the trialnet binary on the host (runc's
+// CVE-2019-5736 was a container writing through its init's
+// /proc/self/exe), and the seals keep anyone from changing what the next
+// Trial's init runs. It is nil where the kernel cannot seal its mode
+// (initImage).
+var sharedImage = sync.OnceValues(newSharedImage)
+
+func newSharedImage() (*os.File, error) {
+	f, err := initMemfd()
+	if err != nil {
+		return nil, err
+	}
+	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&unix.F_SEAL_EXEC == 0 {
+		_ = f.Close()
+		return nil, nil
+	}
+	return f, nil
+}
+
+// initImage is the sealed memfd a Trial's init is executed from: the
+// shared one, or, where the kernel cannot seal its mode (no F_SEAL_EXEC,
+// before 6.3), one of its own (own), which the caller closes once the
+// init has started. There its owner, uid 0, may chmod it, as a Trial's
+// uid-0 command can through /proc/1/exe wherever nothing scopes ptrace
+// to its own domain (no Landlock; a nested Trial below Landlock ABI 6):
+// a shared image made unexecutable would stop every later Trial's init.
+// Its own init has exec'd its reaper before any command runs, and
+// nothing execs the image after.
+func initImage() (f *os.File, own bool, err error) {
+	if f, err = sharedImage(); f != nil || err != nil {
+		return f, false, err
+	}
+	f, err = initMemfd()
+	return f, true, err
+}
 
 // initSeals: no write, no resize, no further change to the seals.
 const initSeals = unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK | unix.F_SEAL_SEAL
+
+// initSealExec is F_SEAL_EXEC, asked for where the kernel has it (6.3+);
+// a test sets it to 0 to be a kernel without it.
+var initSealExec = unix.F_SEAL_EXEC
 
 func initMemfd() (*os.File, error) {
 	if !bytes.HasPrefix(initELF, []byte("\x7fELF")) {
@@ -61,7 +96,7 @@ func initMemfd() (*os.File, error) {
 	}
 	// F_SEAL_EXEC (6.3+) keeps its mode too: its owner, uid 0, needs no
 	// capability to chmod it.
-	_, err = unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, initSeals|unix.F_SEAL_EXEC)
+	_, err = unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, initSeals|initSealExec)
 	if errors.Is(err, unix.EINVAL) {
 		_, err = unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, initSeals)
 	}
@@ -76,12 +111,17 @@ func initMemfd() (*os.File, error) {
 // sealed image, passed as the descriptor after them and executed through
 // it (an exec.Cmd cannot execveat). Like every descriptor past 3, it is
 // closed as the set-up execs the reaper, from /proc/self/exe: the same
-// memfd.
-func initCommand(args []string, files ...*os.File) (*exec.Cmd, error) {
-	image, err := initImage()
+// memfd. The caller calls release once the command has started (or will
+// not).
+func initCommand(args []string, files ...*os.File) (_ *exec.Cmd, release func(), _ error) {
+	image, own, err := initImage()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	release = func() {}
+	if own {
+		release = func() { _ = image.Close() }
 	}
 	files = append(slices.Clip(files), image)
-	return &exec.Cmd{Path: "/proc/self/fd/" + strconv.Itoa(2+len(files)), Args: args, ExtraFiles: files}, nil
+	return &exec.Cmd{Path: "/proc/self/fd/" + strconv.Itoa(2+len(files)), Args: args, ExtraFiles: files}, release, nil
 }

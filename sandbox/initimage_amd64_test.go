@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -79,9 +80,12 @@ func earlyInitTables() (ptys int, resolv string, dirs []string) {
 // The memfd every Trial's init runs from is shared by all of this
 // process's Trials: nothing may change it, not even its holder.
 func TestInitImageIsSealed(t *testing.T) {
-	f, err := initImage()
+	f, own, err := initImage()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if own {
+		defer f.Close()
 	}
 	got := make([]byte, len(initELF)+1)
 	if n, _ := f.ReadAt(got, 0); !bytes.Equal(got[:n], initELF) {
@@ -211,20 +215,21 @@ func TestPrivilegedInitExeIsTheSealedImage(t *testing.T) {
 	if pid1.Dev == host.Dev && pid1.Ino == host.Ino {
 		t.Errorf("the Trial's init runs the host's trialnet binary %s", self)
 	}
-	image, err := initImage()
+	image, err := sharedImage()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mem unix.Stat_t
-	if err := unix.Fstat(int(image.Fd()), &mem); err != nil {
-		t.Fatal(err)
+	if image != nil { // nil: each init has a memfd of its own (initImage)
+		var mem unix.Stat_t
+		if err := unix.Fstat(int(image.Fd()), &mem); err != nil {
+			t.Fatal(err)
+		}
+		if pid1.Dev != mem.Dev || pid1.Ino != mem.Ino {
+			t.Errorf("the Trial's init runs %d:%d, not the sealed memfd %d:%d", pid1.Dev, pid1.Ino, mem.Dev, mem.Ino)
+		}
 	}
-	if pid1.Dev != mem.Dev || pid1.Ino != mem.Ino {
-		t.Errorf("the Trial's init runs %d:%d, not the sealed memfd %d:%d", pid1.Dev, pid1.Ino, mem.Dev, mem.Ino)
-	}
-	got := make([]byte, len(initELF)+1)
-	f, err := image.ReadAt(got, 0)
-	if !bytes.Equal(got[:f], initELF) {
+	got, err := os.ReadFile("/proc/" + strconv.Itoa(init.pid) + "/exe")
+	if !bytes.Equal(got, initELF) {
 		t.Errorf("the init's memfd changed: %v", err)
 	}
 }
@@ -245,7 +250,13 @@ func BenchmarkInitStart(b *testing.B) {
 	builds := []struct {
 		name string
 		cmd  func(ready *os.File) (*exec.Cmd, error)
-	}{{"", func(ready *os.File) (*exec.Cmd, error) { return initCommand(args, ready, filter) }}}
+	}{{"", func(ready *os.File) (*exec.Cmd, error) {
+		cmd, release, err := initCommand(args, ready, filter)
+		if err == nil {
+			b.Cleanup(release)
+		}
+		return cmd, err
+	}}}
 	if base := os.Getenv("TRIALNET_BASELINE_BIN"); base != "" {
 		builds = append(builds, struct {
 			name string
@@ -367,5 +378,35 @@ func TestPrivilegedInitImageUnderMemfdNoexec(t *testing.T) {
 	}
 	if after, err := os.ReadFile("/proc/sys/vm/memfd_noexec"); err != nil || !bytes.Equal(after, host) {
 		t.Errorf("the host's vm.memfd_noexec was %q, is %q (%v)", host, after, err)
+	}
+}
+
+// Where the kernel cannot seal the init image's mode (no F_SEAL_EXEC,
+// before 6.3), its owner, uid 0, may chmod it: a Trial's uid-0 command
+// can, through its init's /proc/1/exe, wherever nothing scopes ptrace to
+// its own domain (no Landlock, or a nested Trial below Landlock ABI 6,
+// which the LSM layer lets reach its own PID 1). The test does that
+// chmod from the host, on a kernel made to lack F_SEAL_EXEC: the next
+// Trial's init still starts.
+func TestPrivilegedInitImageChmodStopsNoLaterTrial(t *testing.T) {
+	shared := sharedImage
+	initSealExec, sharedImage = 0, sync.OnceValues(newSharedImage)
+	t.Cleanup(func() { initSealExec, sharedImage = unix.F_SEAL_EXEC, shared })
+	h := newHost(t)
+	first := newTrial(t, h, trial.Spec{UnixOpen: true})
+	if code, out := runProbeAs(t, first, 0, Command{}, "read", "/proc/self/comm"); code != probeOK {
+		t.Fatalf("the first Trial's command: %d %s", code, out)
+	}
+	init, err := findInit(first.Cgroup)
+	if err != nil || init.pidfd < 0 {
+		t.Fatalf("the first Trial's init: %v", err)
+	}
+	defer unix.Close(init.pidfd)
+	if err := os.Chmod("/proc/"+strconv.Itoa(init.pid)+"/exe", 0); err != nil {
+		t.Fatalf("chmod the first Trial's init image: %v (the test needs an image whose mode is not sealed)", err)
+	}
+	next := newTrial(t, h, trial.Spec{UnixOpen: true})
+	if code, out := runProbeAs(t, next, 0, Command{}, "read", "/proc/self/comm"); code != probeOK {
+		t.Fatalf("the next Trial's command after the first's uid 0 chmodded its init image: %d %s", code, out)
 	}
 }

@@ -8,7 +8,8 @@ import (
 )
 
 // initCommand is the Trial's init with args and, from fd 3 on, files:
-// off x86-64, this binary again (early.c's constructor, or runInit).
-func initCommand(args []string, files ...*os.File) (*exec.Cmd, error) {
-	return &exec.Cmd{Path: "/proc/self/exe", Args: args, ExtraFiles: files}, nil
+// off x86-64, this binary again (early.c's constructor, or runInit); it
+// holds nothing for release to close.
+func initCommand(args []string, files ...*os.File) (_ *exec.Cmd, release func(), _ error) {
+	return &exec.Cmd{Path: "/proc/self/exe", Args: args, ExtraFiles: files}, func() {}, nil
 }

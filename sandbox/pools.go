@@ -364,6 +364,12 @@ func boundPool(c controller, dir string, lim trial.PoolLimits) error {
 	default:
 		files = [][2]string{{"memory.limit_in_bytes", strconv.FormatInt(lim.MaxMemory, 10)},
 			{"memory.memsw.limit_in_bytes", strconv.FormatInt(lim.MaxMemory, 10)}}
+		// cgroup v1 refuses a memory limit above the memory+swap one:
+		// a group bounded already (a prepared shell's, at the defaults)
+		// is raised swap-first.
+		if lim.MaxMemory > readCgroupInt(filepath.Join(dir, "memory.limit_in_bytes"), "") {
+			slices.Reverse(files)
+		}
 	}
 	for _, f := range files {
 		err := writeControl(filepath.Join(dir, f[0]), f[1])

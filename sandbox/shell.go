@@ -189,8 +189,9 @@ func (s *Shell) givePools(t *Trial) error {
 }
 
 // Waiting is what waits on a socket of a shell: the connections not yet
-// accepted on a listening TCP socket, the bytes queued on a UDP one. A
-// shell's are all zero until a create takes it.
+// accepted on a listening TCP socket, on a UDP one the first datagram's
+// bytes, or 1 for an empty datagram. A shell's are all zero until a
+// create takes it.
 func Waiting(c syscall.Conn) (int, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -200,7 +201,14 @@ func Waiting(c syscall.Conn) (int, error) {
 	var serr error
 	err = raw.Control(func(fd uintptr) {
 		if _, ok := c.(*net.UDPConn); ok {
-			n, serr = unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+			// SIOCINQ is 0 for a datagram of no bytes too: a peek
+			// tells it from none.
+			if n, serr = unix.IoctlGetInt(int(fd), unix.SIOCINQ); serr == nil && n == 0 {
+				_, _, perr := unix.Recvfrom(int(fd), nil, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+				if !errors.Is(perr, unix.EAGAIN) {
+					n, serr = 1, perr
+				}
+			}
 			return
 		}
 		var info *unix.TCPInfo

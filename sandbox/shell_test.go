@@ -348,3 +348,59 @@ func TestPrivilegedTakenShellRefusesEveryWayOut(t *testing.T) {
 	t.Cleanup(func() { viaShells = was })
 	TestPrivilegedTrialRefusesEveryWayOut(t)
 }
+
+// A description that raises the memory bound above the default gets it
+// on a shell's groups too: cgroup v1 refuses a memory.limit_in_bytes
+// above the group's memory.memsw.limit_in_bytes, which a shell set at the
+// default, so the bounds are raised swap-first.
+func TestPrivilegedShellTakenRaisesMemoryBound(t *testing.T) {
+	h := newHost(t)
+	want := defaultMaxMemory() + 1<<30
+	tr, err := createViaShell(t, h, trial.Spec{ID: "raise-" + randSuffix(), UnixOpen: true, Limits: &trial.Limits{PoolLimits: trial.PoolLimits{MaxMemory: want}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = tr.Close() })
+	for _, c := range tr.controllers() {
+		if c.name != PoolMemory || c.dir == "" {
+			continue
+		}
+		dir, _ := tr.poolDir(c)
+		for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
+			b, err := os.ReadFile(filepath.Join(dir, f))
+			if errors.Is(err, os.ErrNotExist) && strings.Contains(f, "sw") {
+				continue
+			}
+			// The kernel rounds down to a page.
+			if got := strings.TrimSpace(string(b)); err != nil || got != fmt.Sprint(want&^int64(os.Getpagesize()-1)) {
+				t.Errorf("%s = %q (%v), want %d", f, got, err, want)
+			}
+		}
+	}
+}
+
+// A datagram of no bytes waiting on a shell's UDP socket (the stub's) is
+// waiting all the same: SIOCINQ, the first datagram's length, says 0 for
+// it.
+func TestWaitingSeesAnEmptyDatagram(t *testing.T) {
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n, err := Waiting(c); err != nil || n != 0 {
+		t.Fatalf("an untouched socket: %d waiting (%v)", n, err)
+	}
+	s, err := net.DialUDP("udp", nil, c.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Write(nil); err != nil {
+		t.Fatal(err)
+	}
+	// The datagram is queued on loopback before the write returns.
+	if n, err := Waiting(c); err != nil || n == 0 {
+		t.Fatalf("an empty datagram queued: %d waiting (%v), want it seen", n, err)
+	}
+}
