@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -77,8 +79,21 @@ func PlainCgroup(t testing.TB, name string) string {
 func KillAndRemove(dir string) error {
 	if id, err := bpf.CgroupID(dir); err == nil {
 		defer sandbox.RemoveLaunchLock(id)
+		// A launch into a cgroup made by hand (sandbox.Attach) makes its
+		// cgroup v1 pool groups, which only a Trial's own Close removes.
+		defer func() {
+			for _, g := range v1PoolGroups(id) {
+				_ = rmdirSoon(g)
+			}
+		}()
 	}
 	_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+	return rmdirSoon(dir)
+}
+
+// rmdirSoon removes the cgroup dir once its killed processes are gone
+// (bounded).
+func rmdirSoon(dir string) error {
 	for range 100 {
 		if err := unix.Rmdir(dir); err == nil || os.IsNotExist(err) {
 			return nil
@@ -86,6 +101,26 @@ func KillAndRemove(dir string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return unix.Rmdir(dir)
+}
+
+// v1PoolGroups are the cgroup v1 pool groups of the cgroup whose id is
+// cgroupID, in each v1 hierarchy mounted here.
+func v1PoolGroups(cgroupID uint64) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	name := "trialnet-" + strconv.FormatUint(cgroupID, 10)
+	var out []string
+	for sc := bufio.NewScanner(f); sc.Scan(); {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		fields, fstype := strings.Fields(pre), strings.Fields(post)
+		if ok && len(fields) >= 5 && len(fstype) > 0 && fstype[0] == "cgroup" {
+			out = append(out, filepath.Join(fields[4], sandbox.ParentName, name))
+		}
+	}
+	return out
 }
 
 // SeedBwrap is bwrap in the shape the seed runs each Harness in: the host
