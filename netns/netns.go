@@ -75,17 +75,8 @@ func Create(dir, id string, loAddrs ...netip.Prefix) (_ *Namespace, err error) {
 
 	ns := &Namespace{ID: id, Path: path}
 	err = onNewThread(func() (restore func() error, err error) {
-		orig, err := netns.Get()
-		if err != nil {
-			return nil, fmt.Errorf("open current netns: %w", err)
-		}
-		restore = func() error {
-			defer orig.Close()
-			return netns.Set(orig)
-		}
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			_ = orig.Close()
-			return nil, fmt.Errorf("unshare network namespace: %w", err)
+		if restore, err = unshareNet(); err != nil {
+			return nil, err
 		}
 		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
 		if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
@@ -102,6 +93,23 @@ func Create(dir, id string, loAddrs ...netip.Prefix) (_ *Namespace, err error) {
 		return nil, err
 	}
 	return ns, nil
+}
+
+// unshareNet moves the calling thread (onNewThread's) into a new network
+// namespace; restore moves it back.
+func unshareNet() (restore func() error, _ error) {
+	orig, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("open current netns: %w", err)
+	}
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		_ = orig.Close()
+		return nil, fmt.Errorf("unshare network namespace: %w", err)
+	}
+	return func() error {
+		defer orig.Close()
+		return netns.Set(orig)
+	}, nil
 }
 
 // loUp brings up loopback in the current thread's namespace, with addrs

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,17 +30,8 @@ type Held struct {
 func Prepare(loAddrs ...netip.Prefix) (*Held, error) {
 	held := &Held{}
 	err := onNewThread(func() (restore func() error, err error) {
-		orig, err := netns.Get()
-		if err != nil {
-			return nil, fmt.Errorf("open current netns: %w", err)
-		}
-		restore = func() error {
-			defer orig.Close()
-			return netns.Set(orig)
-		}
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			_ = orig.Close()
-			return nil, fmt.Errorf("unshare network namespace: %w", err)
+		if restore, err = unshareNet(); err != nil {
+			return nil, err
 		}
 		if held.f, err = os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())); err != nil {
 			return restore, fmt.Errorf("open the new netns: %w", err)
