@@ -137,7 +137,7 @@ func newContainerTrial(t testing.TB, id string) *world {
 		t.Fatal(err)
 	}
 	w.seccomp = filepath.Join(dir, "seccomp.json")
-	if out, err := exec.Command(w.bin, "oci-hook", "install", "--precreate", "--hooks-dir", w.hooks, "--seccomp-profile", w.seccomp, "--socket", w.sock).CombinedOutput(); err != nil {
+	if out, err := exec.Command(w.bin, "oci-hook", "install", "--hooks-dir", w.hooks, "--seccomp-profile", w.seccomp, "--socket", w.sock).CombinedOutput(); err != nil {
 		t.Fatalf("trialnet oci-hook install: %v\n%s", err, out)
 	}
 	w.makeRootfs()
