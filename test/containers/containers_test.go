@@ -223,7 +223,7 @@ func newPodman(w *world) *podman {
 	w.t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	p := &podman{w: w, base: []string{"--root", filepath.Join(dir, "root"), "--runroot", filepath.Join(dir, "run"),
 		"--tmpdir", filepath.Join(dir, "tmp"), "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
-		"--events-backend", "none", "--runtime", "crun"}}
+		"--events-backend", "none", "--runtime", "crun", "--network-config-dir", filepath.Join(dir, "networks")}}
 	var tb bytes.Buffer
 	if err := tarDir(&tb, w.rootfs); err != nil {
 		w.t.Fatal(err)
