@@ -396,7 +396,21 @@ func (a *Agent) Get(_ context.Context, id string) (client.TrialInfo, error) {
 	if err != nil {
 		return client.TrialInfo{}, err
 	}
-	return a.info(lt), nil
+	return a.withDirs(a.info(lt)), nil
+}
+
+// withDirs is info with the agent's own directories, wherever its config
+// puts them, for the OCI hook: it knows only their defaults, and the
+// agent's answer is one no container can change, as it could a config
+// file bound into it.
+func (a *Agent) withDirs(info client.TrialInfo) client.TrialInfo {
+	h := a.cfg.Host.withDefaults()
+	for _, d := range []string{h.StateDir, a.cfg.DataDir, filepath.Dir(a.cfg.ReceiptKey), h.NetnsDir, h.PinDir} {
+		if filepath.IsAbs(d) && !slices.Contains(info.AgentDirs, d) {
+			info.AgentDirs = append(info.AgentDirs, d)
+		}
+	}
+	return info
 }
 
 // info is lt's description; ChangeAllow and a reload --reprofile replace

@@ -238,7 +238,7 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 	a.setState(lt, stateLive)
 	a.watchOwner(lt)
 	a.log.Info("trial created around a container", "trial", lt.info.ID, "container", c.ID, "pid", c.PID, "profile", req.Profile, "prepared", p != nil)
-	return a.info(lt), nil
+	return a.withDirs(a.info(lt)), nil
 }
 
 // containerTrialID is the id of the Trial made around container cid:

@@ -32,6 +32,11 @@ func Doctor() []bpf.Check {
 	checks = append(checks, bpf.Check{Name: "BTF (/sys/kernel/btf/vmlinux)", Required: true, Err: statErr("/sys/kernel/btf/vmlinux")})
 	checks = append(checks, bpf.Check{Name: "network namespaces", Required: true, Err: statErr("/proc/self/ns/net")})
 	checks = append(checks, bpf.Check{Name: "PID and mount namespaces (a Trial's own /proc)", Required: true, Err: errors.Join(statErr("/proc/self/ns/pid"), statErr("/proc/self/ns/mnt"))})
+	image, imageErr := sandbox.CheckInitImage()
+	if imageErr != nil {
+		image = "none"
+	}
+	checks = append(checks, bpf.Check{Name: "an image for a Trial's init that no Trial can change: " + image, Required: true, Err: imageErr})
 	checks = append(checks, bpf.Check{Name: "seccomp filters with errno", Required: true, Err: seccompErr()})
 	checks = append(checks, bpf.Check{Name: "Landlock (a domain per Trial command: no ptrace or pidfd_getfd outside it)", Required: false, Err: landlockErr()})
 	checks = append(checks, poolChecks()...)

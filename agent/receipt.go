@@ -229,6 +229,11 @@ func makeKey(path string) error {
 			err = nil
 		}
 	}
+	if err == nil {
+		// The link is the directory's: a key lost to a crash after it
+		// signed receipts would leave them unverifiable.
+		err = rootdir.SyncDir(filepath.Dir(path))
+	}
 	if err != nil {
 		return fmt.Errorf("make the receipt key: %w", err)
 	}

@@ -20,6 +20,11 @@ type TrialInfo struct {
 	// TRIALNET_GATEWAY: its proxy endpoint, which serves the routes
 	// under their paths; empty without routes.
 	GatewayURL string `json:"gateway_url,omitempty"`
+	// AgentDirs are the directories the agent keeps its own state in, as
+	// its config puts them (state, data, receipt key, namespace and bpffs
+	// pins): trialnet oci-hook refuses a container that mounts one. Only
+	// Get and ContainerTrial fill it.
+	AgentDirs []string `json:"agent_dirs,omitempty"`
 }
 
 // Error is an error with a stable code, as the control API returns it.

@@ -333,16 +333,20 @@ func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo, peers
 	return append(why, h.outsiders(peers, info)...)
 }
 
-// withTrialDirs is h with the directory of the Trial's namespace pins
-// (the agent's, wherever its config puts them) protected too: through
-// it a container would reach every Trial's network namespace.
+// withTrialDirs is h with the agent's own directories, wherever its
+// config puts them, protected too: the ones its answer names (state,
+// data, receipt key, namespace and bpffs pins) and the directory of the
+// Trial's namespace pin, which an agent from before AgentDirs names
+// alone. Through one a container would reach every Trial's network
+// namespace, or the records and keys that hold them.
 func (h *Hook) withTrialDirs(info client.TrialInfo) *Hook {
-	dir := filepath.Dir(filepath.Clean(info.Netns))
-	if !filepath.IsAbs(info.Netns) || dir == "/" {
-		return h
-	}
 	r := *h
-	r.Protected = append(slices.Clone(h.protected()), dir)
+	r.Protected = slices.Clone(h.protected())
+	for _, d := range append(slices.Clone(info.AgentDirs), filepath.Dir(filepath.Clean(info.Netns))) {
+		if filepath.IsAbs(d) && filepath.Clean(d) != "/" {
+			r.Protected = append(r.Protected, filepath.Clean(d))
+		}
+	}
 	return &r
 }
 

@@ -65,8 +65,12 @@ func Entries(binary string, args []string) (map[string][]byte, error) {
 	return out, nil
 }
 
-// keyPattern matches every trialnet.io/ annotation key.
-const keyPattern = `^trialnet\.io/`
+// keyPattern matches every trialnet.io/ annotation key, in any case: the
+// hook, the Docker wrapper and the NRI plugin take any case of the prefix
+// as a claim (and refuse what they do not know), so a runtime that did
+// not run the hook for one would start a container whose claim no one
+// judged.
+const keyPattern = `(?i:^trialnet\.io/)`
 
 // poststopKeyPattern matches the keys keyPattern matches but
 // trialnet.io/profile exactly.

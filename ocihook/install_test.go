@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // hooksdEntry is what a runtime reads of a hooks.d entry.
@@ -112,6 +113,10 @@ func TestEntries(t *testing.T) {
 		{map[string]string{"trialnet.io/x": "a\nb"}, both},
 		{map[string]string{AnnotationProfile: "claude", "trialnet.io/x": "y"}, both},
 		{map[string]string{AnnotationProfile: "claude", "io.podman.annotations.autoremove": "TRUE"}, create},
+		// The prefix in another case: the hook reads it as a claim.
+		{map[string]string{"Trialnet.io/trial": "eval-1"}, both},
+		{map[string]string{"TRIALNET.IO/PROFILE": "claude"}, both},
+		{map[string]string{"trialnet.IO/profile": "claude"}, create},
 		// Not trialnet's: the hook never starts.
 		{map[string]string{"io.trialnet.io/x": "y"}, nil},
 		{map[string]string{"x.trialnet.io/trial": "y"}, nil},
@@ -137,11 +142,57 @@ func TestPoststopKeyPattern(t *testing.T) {
 				annotationPrefix+strings.ToUpper(word[:i])+word[i:]+tail)
 		}
 	}
+	for _, k := range slices.Clone(keys) {
+		keys = append(keys, strings.ToUpper(k), "Trialnet.IO/"+strings.TrimPrefix(k, annotationPrefix))
+	}
 	for _, k := range keys {
-		want := strings.HasPrefix(k, annotationPrefix) && k != AnnotationProfile
+		want := strings.HasPrefix(strings.ToLower(k), annotationPrefix) && k[len(annotationPrefix):] != "profile"
 		if got := re.MatchString(k); got != want {
 			t.Errorf("key %q: poststop %v, want %v", k, got, want)
 		}
+	}
+}
+
+// Every annotation key that the hook reads as a claim (one it takes, or
+// one it refuses) makes the runtime run it at createRuntime: each case of
+// the prefix, with the keys the hook knows and others, and characters
+// before and after. A claim the runtime did not show the hook would start
+// its container unjudged.
+func TestEveryClaimRunsTheHook(t *testing.T) {
+	entries, err := Entries("/usr/bin/trialnet", []string{"trialnet", "oci-hook"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const prefix = annotationPrefix
+	var prefixes []string
+	for mask := range 1 << len(prefix) {
+		p := []byte(prefix)
+		for i := range p {
+			if mask&(1<<i) != 0 {
+				p[i] = byte(unicode.ToUpper(rune(p[i])))
+			}
+		}
+		prefixes = append(prefixes, string(p))
+	}
+	prefixes = slices.Compact(slices.Sorted(slices.Values(prefixes)))
+	claims := 0
+	for _, p := range prefixes {
+		for _, lead := range []string{"", " ", "\t", "\n", "x", "\u212a"} {
+			for _, word := range []string{"trial", "profile", "Trial", "PROFILE", "trial ", " profile", "x", "", "\n"} {
+				k := lead + p + word
+				cl, err := claimOf(map[string]string{k: "v"}, nil)
+				if err == nil && !cl.any() {
+					continue
+				}
+				claims++
+				if got := stagesFor(t, entries, map[string]string{k: "v"}); !slices.Contains(got, "createRuntime") {
+					t.Errorf("key %q: the hook reads a claim (%+v, %v), and the runtime runs it at %v", k, cl, err, got)
+				}
+			}
+		}
+	}
+	if claims < len(prefixes)*9 {
+		t.Errorf("%d keys read as claims, want every one with a bare prefix (%d)", claims, len(prefixes)*9)
 	}
 }
 

@@ -159,7 +159,7 @@ func (m mountEntry) refusal(prot []protectedFile, trialCgroup string) string {
 	}
 	for _, p := range prot {
 		if m.dev == p.dev && (within(p.inFS, m.root) || within(m.root, p.inFS)) {
-			return fmt.Sprintf("holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", p.path)
+			return fmt.Sprintf("holds or is inside %s (trialnet's own: its control socket, state, data, keys, pins or cgroups): bind nothing of it", p.path)
 		}
 	}
 	return ""

@@ -111,3 +111,46 @@ func TestPrivilegedHookRefusesOtherContainersDataMounted(t *testing.T) {
 		})
 	}
 }
+
+// An agent whose config moves its state, data, receipt key and pin
+// directories away from the defaults (and from the control socket's
+// directory) tells the hook where they are: a bind of each is refused.
+func TestPrivilegedHookRefusesMovedAgentDirs(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "nsenter")
+	host := testenv.IsolatedHost(t, "ocihook-moved")
+	moved := map[string]string{"state": host.StateDir, "netns pins": host.NetnsDir,
+		"data": filepath.Join(t.TempDir(), "data"), "receipt key": t.TempDir()}
+	cfg := agent.AgentConfig{Host: host, DataDir: moved["data"], ReceiptKey: filepath.Join(moved["receipt key"], "receipt.key"),
+		Resolvers: []string{"127.0.0.1:9"}}
+	a, err := agent.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(true) })
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := agent.ListenSocket(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := a.Server()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	info, err := a.Create(context.Background(), trial.Request{ID: "hook-moved"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &mountWorld{info: info, sock: sock, roots: []string{filepath.Join(t.TempDir(), "storage")}}
+	for what, dir := range moved {
+		if strings.HasPrefix(dir, filepath.Dir(sock)+"/") || strings.HasPrefix(dir, "/var/lib/trialnet") {
+			t.Fatalf("the %s directory (%s) is protected anyway: the test shows nothing", what, dir)
+		}
+		t.Run(what, func(t *testing.T) {
+			mnt, err := w.run(t, "ctr-"+strings.ReplaceAll(what, " ", "-"), dir)
+			want := fmt.Sprintf("the kernel shows a mount on %s", mnt)
+			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), dir) {
+				t.Fatalf("got %v, want refused: %q, naming %s", err, want, dir)
+			}
+		})
+	}
+}

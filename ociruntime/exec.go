@@ -81,7 +81,8 @@ func (inv *invocation) checkExec() error {
 	}
 	claimed := false
 	for _, l := range st.Config.Labels {
-		claimed = claimed || strings.HasPrefix(l, "trialnet.io/")
+		// In any case, as the hook reads a claim.
+		claimed = claimed || strings.HasPrefix(strings.ToLower(l), "trialnet.io/")
 	}
 	if !claimed {
 		return nil

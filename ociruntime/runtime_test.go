@@ -455,6 +455,7 @@ func TestPrepareRefusesAPrivilegedExec(t *testing.T) {
 	}
 	state("in", "trialnet.io/trial=eval-42", "bundle=/b")
 	state("out", "bundle=/b2")
+	state("in-case", "Trialnet.IO/trial=eval-42", "bundle=/b3") // a claim in the hook's reading
 	process := func(caps ...string) string {
 		p := filepath.Join(t.TempDir(), "process.json")
 		b, _ := json.Marshal(map[string]any{"args": []string{"sh"}, "capabilities": map[string]any{"bounding": []string{"CAP_KILL"}, "ambient": caps}})
@@ -472,6 +473,7 @@ func TestPrepareRefusesAPrivilegedExec(t *testing.T) {
 		{[]string{"--root", root, "exec", "-c", "net_admin", "in", "sh"}, "CAP_NET_ADMIN"},
 		{[]string{"--root", root, "exec", "--process=" + process("CAP_KILL"), "in"}, ""},
 		{[]string{"--root", root, "exec", "--process", process("CAP_SYS_ADMIN"), "out"}, ""},
+		{[]string{"--root", root, "exec", "--process", process("CAP_SYS_ADMIN"), "in-case"}, "CAP_SYS_ADMIN"},
 		{[]string{"--root", root, "exec", "gone", "sh"}, "cannot tell whether container gone is in a Trial"},
 	} {
 		_, err := w.Prepare(context.Background(), tc.args)

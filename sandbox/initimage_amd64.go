@@ -36,6 +36,9 @@ var sharedImage = sync.OnceValues(newSharedImage)
 
 func newSharedImage() (*os.File, error) {
 	f, err := initMemfd()
+	if errors.Is(err, errMemfdNoexec) {
+		return initTmpfs(err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -83,8 +86,7 @@ func initMemfd() (*os.File, error) {
 		fd, err = unix.MemfdCreate("trialnet-init", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	}
 	if errors.Is(err, unix.EACCES) {
-		return nil, fmt.Errorf("make the memfd a Trial's init is executed from: %w (vm.memfd_noexec is 2 in this PID namespace, "+
-			"which forbids executing any memfd: run trialnet where it is 0 or 1)", err)
+		return nil, fmt.Errorf("%w (%v)", errMemfdNoexec, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("make the memfd a Trial's init is executed from: %w", err)
@@ -107,18 +109,105 @@ func initMemfd() (*os.File, error) {
 	return f, nil
 }
 
+// errMemfdNoexec is memfd_create refusing an executable memfd: only
+// vm.memfd_noexec does (2, in this PID namespace or one above it).
+var errMemfdNoexec = errors.New("vm.memfd_noexec is 2 in this PID namespace, which forbids executing any memfd")
+
+// initTmpfs is the image where no memfd may be executed: a file on a
+// tmpfs of its own, mounted nowhere (a detached mount, which only the
+// descriptors to it reach), whose superblock is made read-only once the
+// file is written. Writing it, changing its mode or making the file
+// system writable again all need CAP_SYS_ADMIN (EROFS otherwise, to
+// root too), which no Trial's command has: like the sealed memfd, it can
+// be shared by every Trial's init. vm.memfd_noexec is kept as meant: no
+// memfd becomes executable, and this takes the mount capability that the
+// sysctl's target, an unprivileged process loading code without a file,
+// does not have. noexec is the memfd's refusal, for the error.
+func initTmpfs(noexec error) (*os.File, error) {
+	fail := func(step string, err error) (*os.File, error) {
+		return nil, fmt.Errorf("make the image a Trial's init is executed from: %w, and the fall-back, a read-only tmpfs of "+
+			"trialnet's own, failed to %s: %w: set vm.memfd_noexec to 1 or 0 where the agent runs (sysctl -w vm.memfd_noexec=1, "+
+			"on the host or in the PID namespace that set 2; 1 still makes memfds unexecutable unless asked), "+
+			"or let the agent mount a tmpfs (CAP_SYS_ADMIN)", noexec, step, err)
+	}
+	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fail("open a tmpfs", err)
+	}
+	defer unix.Close(fs)
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return fail("create it", err)
+	}
+	mnt, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOSUID)
+	if err != nil {
+		return fail("mount it", err)
+	}
+	defer unix.Close(mnt)
+	w, err := unix.Openat(mnt, "init", unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o500)
+	if err != nil {
+		return fail("create the init in it", err)
+	}
+	wf := os.NewFile(uintptr(w), "trialnet-init")
+	_, err = wf.Write(initELF)
+	if cerr := wf.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fail("write the init", err)
+	}
+	// No open writable descriptor is left: the superblock may turn
+	// read-only.
+	ro, err := unix.Fspick(mnt, "", unix.FSPICK_EMPTY_PATH|unix.FSPICK_CLOEXEC)
+	if err != nil {
+		return fail("reopen it", err)
+	}
+	defer unix.Close(ro)
+	if err := unix.FsconfigSetFlag(ro, "ro"); err != nil {
+		return fail("make it read-only", err)
+	}
+	if err := unix.FsconfigReconfigure(ro); err != nil {
+		return fail("make it read-only", err)
+	}
+	r, err := unix.Openat(mnt, "init", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fail("open the init", err)
+	}
+	return os.NewFile(uintptr(r), "trialnet-init"), nil
+}
+
+// CheckInitImage makes the image a Trial's init is executed from, as the
+// first Trial would, and says from what: the doctor's check.
+func CheckInitImage() (string, error) {
+	f, own, err := initImage()
+	if err != nil {
+		return "", err
+	}
+	if own {
+		defer f.Close()
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err == nil && st.Type == unix.TMPFS_MAGIC && st.Flags&unix.ST_RDONLY != 0 {
+		return "a read-only tmpfs of its own (vm.memfd_noexec is 2: no memfd may be executed)", nil
+	}
+	if own {
+		return "a sealed memfd per Trial (no F_SEAL_EXEC before Linux 6.3)", nil
+	}
+	return "a sealed memfd", nil
+}
+
 // initCommand is the Trial's init with args and, from fd 3 on, files: the
 // sealed image, passed as the descriptor after them and executed through
 // it (an exec.Cmd cannot execveat). Like every descriptor past 3, it is
 // closed as the set-up execs the reaper, from /proc/self/exe: the same
 // memfd. The caller calls release once the command has started (or will
-// not).
+// not: release is never nil, as the launcher defers it before it looks
+// at the error).
 func initCommand(args []string, files ...*os.File) (_ *exec.Cmd, release func(), _ error) {
+	release = func() {}
 	image, own, err := initImage()
 	if err != nil {
-		return nil, nil, err
+		return nil, release, err
 	}
-	release = func() {}
 	if own {
 		release = func() { _ = image.Close() }
 	}

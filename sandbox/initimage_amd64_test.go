@@ -344,17 +344,58 @@ func TestInitImageMissingSaysWhatToDo(t *testing.T) {
 }
 
 // Where vm.memfd_noexec is 2 (Linux 6.3+, per PID namespace), no memfd
-// may be executed: the first Trial's start says that and what trialnet
-// needs, rather than a bare EACCES. The setting is made in a PID
-// namespace of the test's own, which it ends with.
+// may be executed: the init runs from a read-only tmpfs of trialnet's
+// own instead, which neither root's write nor its chmod changes, and the
+// doctor says so. The setting is made in a PID namespace of the test's
+// own, which it ends with.
 func TestPrivilegedInitImageUnderMemfdNoexec(t *testing.T) {
-	if os.Getenv("TRIALNET_MEMFD_NOEXEC") == "1" {
+	if mode := os.Getenv("TRIALNET_MEMFD_NOEXEC"); mode != "" {
 		if err := os.WriteFile("/proc/sys/vm/memfd_noexec", []byte("2"), 0); err != nil {
 			fmt.Println("set vm.memfd_noexec:", err)
 			return
 		}
+		if mode == "nomount" {
+			// No CAP_SYS_ADMIN on this thread, which makes the image:
+			// the fall-back cannot mount its tmpfs either.
+			runtime.LockOSThread()
+			hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+			var caps [2]unix.CapUserData
+			err := unix.Capget(&hdr, &caps[0])
+			if err == nil {
+				caps[0].Effective &^= 1 << unix.CAP_SYS_ADMIN
+				err = unix.Capset(&hdr, &caps[0])
+			}
+			if err != nil {
+				fmt.Println("drop CAP_SYS_ADMIN:", err)
+				return
+			}
+			_, release, err := initCommand([]string{initArg0})
+			release()
+			fmt.Println("initCommand:", err)
+			return
+		}
 		_, err := initMemfd()
 		fmt.Println("initMemfd:", err)
+		from, err := CheckInitImage()
+		fmt.Printf("CheckInitImage: %s %v\n", from, err)
+		image, _, err := initImage()
+		if err != nil {
+			return
+		}
+		self := "/proc/self/fd/" + strconv.Itoa(int(image.Fd()))
+		_, err = os.OpenFile(self, os.O_WRONLY, 0)
+		fmt.Println("write:", errors.Is(err, unix.EROFS))
+		fmt.Println("chmod:", errors.Is(os.Chmod(self, 0o777), unix.EROFS), errors.Is(unix.Fchmod(int(image.Fd()), 0o777), unix.EROFS))
+		cmd, release, err := initCommand([]string{initArg0})
+		if err == nil {
+			err = cmd.Start()
+			release()
+		}
+		if err == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		fmt.Println("exec:", err)
 		return
 	}
 	privtest.Require(t)
@@ -372,9 +413,29 @@ func TestPrivilegedInitImageUnderMemfdNoexec(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	want := "initMemfd: make the memfd a Trial's init is executed from: permission denied (vm.memfd_noexec is 2 in this PID namespace"
+	for _, want := range []string{
+		"initMemfd: vm.memfd_noexec is 2 in this PID namespace, which forbids executing any memfd (permission denied)",
+		"CheckInitImage: a read-only tmpfs of its own (vm.memfd_noexec is 2: no memfd may be executed) <nil>",
+		"write: true", "chmod: true true", "exec: <nil>",
+	} {
+		if !strings.Contains(string(out), want+"\n") {
+			t.Errorf("under vm.memfd_noexec=2: %s; want %q", out, want)
+		}
+	}
+	// Neither: the error says why each failed and what to do, and the
+	// launcher's deferred release does not panic.
+	cmd = exec.Command(os.Args[0], "-test.run=^TestPrivilegedInitImageUnderMemfdNoexec$")
+	cmd.Env = append(os.Environ(), "TRIALNET_MEMFD_NOEXEC=nomount")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID}
+	out, err = cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("without CAP_SYS_ADMIN: %v: %s", err, out)
+	}
+	want := "initCommand: make the image a Trial's init is executed from: vm.memfd_noexec is 2 in this PID namespace, " +
+		"which forbids executing any memfd (permission denied), and the fall-back, a read-only tmpfs of trialnet's own, " +
+		"failed to open a tmpfs: operation not permitted: set vm.memfd_noexec to 1 or 0 where the agent runs"
 	if !strings.Contains(string(out), want) {
-		t.Errorf("under vm.memfd_noexec=2: %s; want %q", out, want)
+		t.Errorf("under vm.memfd_noexec=2 without CAP_SYS_ADMIN: %s; want %q", out, want)
 	}
 	if after, err := os.ReadFile("/proc/sys/vm/memfd_noexec"); err != nil || !bytes.Equal(after, host) {
 		t.Errorf("the host's vm.memfd_noexec was %q, is %q (%v)", host, after, err)

@@ -6,11 +6,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/syslog"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -78,7 +80,7 @@ func logRefusal(err error) {
 }
 
 func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--precreate] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
+	fs := newFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--precreate=false] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
 		"sudo trialnet oci-hook install   # podman and CRI-O then run the hook for containers annotated trialnet.io/...", stderr)
 	dir := fs.String("hooks-dir", ocihook.DefaultHooksDir, "the runtime's hooks directory (podman --hooks-dir, CRI-O hooks_dir)")
 	profilePath := fs.String("seccomp-profile", ocihook.DefaultSeccompProfile, "where to write the seccomp profile for containers in a Trial (podman --security-opt seccomp=FILE)")
@@ -86,7 +88,7 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	force := fs.Bool("force", false, "replace a different "+ocihook.HookFile+", "+ocihook.PoststopFile+" or seccomp profile")
 	printOnly := fs.Bool("print", false, "print the entries instead of writing them")
 	printSeccomp := fs.Bool("print-seccomp", false, "print the seccomp profile instead of writing it")
-	precreate := fs.Bool("precreate", false, "add podman's precreate stage, which profile containers need where the BPF LSM layer is active (podman only: CRI-O refuses an entry with it)")
+	precreate := fs.Bool("precreate", true, "run the hook at podman's precreate stage too, which profile containers need where the BPF LSM layer is active; false for CRI-O or a podman before 4.3, whose hooks library refuses an entry with it")
 	socket := socketFlag(fs)
 	if err := parseNoArgs(fs, args); err != nil {
 		return exitUsage
@@ -101,6 +103,11 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	hookArgs := []string{"trialnet", "oci-hook"}
 	if *socket != client.DefaultSocket {
 		hookArgs = append(hookArgs, "--socket", *socket)
+	}
+	if *precreate && !flagSet(fs, "precreate") {
+		if err := precreateRefused(); err != nil {
+			return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: %w", err))
+		}
 	}
 	entries, err := ocihook.Entries(self, hookArgs)
 	if err == nil && *precreate {
@@ -142,6 +149,42 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s is already this profile\n", *profilePath)
 	}
 	return exitOK
+}
+
+// flagSet says whether name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) (set bool) {
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// precreateRefused says why the default entry, with podman's precreate
+// stage, would break a runtime installed here: CRI-O's hooks library and
+// podman's before 4.3 know no such stage, and refuse every container
+// while an entry names it. An operator's explicit --precreate is kept.
+func precreateRefused() error {
+	const choose = "pass --precreate=false (profile containers under the BPF LSM layer then need trialnet oci-runtime, the NRI plugin, " +
+		"or a Trial made first and trialnet.io/trial=ID), or --precreate with --hooks-dir a directory only a podman 4.3 or later reads"
+	if crio, err := exec.LookPath("crio"); err == nil {
+		return fmt.Errorf("CRI-O is installed here (%s): its hooks library refuses an entry with podman's precreate stage, "+
+			"which the default entry has, and would run no container while it is there: %s", crio, choose)
+	}
+	podman, err := exec.LookPath("podman")
+	if err != nil {
+		return nil
+	}
+	out, err := exec.Command(podman, "--version").Output()
+	if err != nil {
+		return fmt.Errorf("%s --version: %v: the default entry has podman's precreate stage, which a podman before 4.3 refuses; %s", podman, err, choose)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(out)), "podman version %d.%d", &major, &minor); err != nil {
+		return fmt.Errorf("%s --version said %q: the default entry has podman's precreate stage, which a podman before 4.3 refuses; %s", podman, out, choose)
+	}
+	if major < 4 || major == 4 && minor < 3 {
+		return fmt.Errorf("this podman is %d.%d (%s): the default entry has podman's precreate stage, which a podman before 4.3 refuses, "+
+			"and would run no container while it is there: %s", major, minor, podman, choose)
+	}
+	return nil
 }
 
 // seccompProfile is the profile install writes, and what it was made

@@ -5,6 +5,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -46,5 +47,50 @@ func TestOCIHookInstallSeccomp(t *testing.T) {
 	least, from, err := seccompProfile(filepath.Join(dir, "absent.json"), false)
 	if err != nil || !strings.Contains(from, "lets every other call run") || !strings.Contains(string(least), `"SCMP_ACT_ALLOW"`) {
 		t.Errorf("no base at the default path: %v, %q\n%s", err, from, least)
+	}
+}
+
+// The default entry runs the hook at podman's precreate stage too, which
+// a profile container needs where the BPF LSM layer is active; where a
+// runtime installed here would refuse an entry with that stage (CRI-O, a
+// podman before 4.3) the default is refused with the choices, and an
+// explicit --precreate or --precreate=false is kept.
+func TestOCIHookInstallPrecreate(t *testing.T) {
+	bin := t.TempDir()
+	t.Setenv("PATH", bin)
+	args := []string{"oci-hook", "install", "--print"}
+	stages := func(extra ...string) (int, string, string) {
+		t.Helper()
+		code, out, errOut := trialnet(append(slices.Clone(args), extra...)...)
+		_, entry, _ := strings.Cut(out, "==> trialnet.json <==")
+		entry, _, _ = strings.Cut(entry, "==>")
+		return code, entry, errOut
+	}
+	if code, entry, errOut := stages(); code != exitOK || !strings.Contains(entry, `"precreate",`) {
+		t.Fatalf("no runtime here: exit %d, want precreate in trialnet.json:\n%s%s", code, entry, errOut)
+	}
+	fake := func(name, script string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"+script+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fake("podman", "echo podman version 4.2.1")
+	if code, _, errOut := stages(); code == exitOK || !strings.Contains(errOut, "this podman is 4.2") || !strings.Contains(errOut, "--precreate=false") {
+		t.Errorf("podman 4.2: exit %d, want refused with the choices:\n%s", code, errOut)
+	}
+	fake("podman", "echo podman version 4.3.1")
+	if code, entry, errOut := stages(); code != exitOK || !strings.Contains(entry, `"precreate",`) {
+		t.Errorf("podman 4.3.1: exit %d, want precreate:\n%s%s", code, entry, errOut)
+	}
+	fake("crio", "exit 0")
+	if code, _, errOut := stages(); code == exitOK || !strings.Contains(errOut, "CRI-O is installed here") || !strings.Contains(errOut, "--precreate=false") {
+		t.Errorf("CRI-O: exit %d, want refused with the choices:\n%s", code, errOut)
+	}
+	if code, entry, errOut := stages("--precreate=false"); code != exitOK || strings.Contains(entry, "precreate") || !strings.Contains(entry, `"createRuntime"`) {
+		t.Errorf("CRI-O, --precreate=false: exit %d, want createRuntime alone:\n%s%s", code, entry, errOut)
+	}
+	if code, entry, errOut := stages("--precreate"); code != exitOK || !strings.Contains(entry, `"precreate",`) {
+		t.Errorf("CRI-O, --precreate asked for: exit %d, want it:\n%s%s", code, entry, errOut)
 	}
 }

@@ -52,7 +52,9 @@ func OpenLock(dir, name string) (*os.File, error) {
 // WriteFileAtomic writes data to path by way of a new temporary file in
 // the same directory, renamed over path: a reader sees the old file or
 // the new one, and a symlink or file planted at path is replaced, never
-// followed or written through.
+// followed or written through. Once it returns nil, the new file is on
+// disk under its name: its data is synced before the rename, and the
+// directory, which holds the name, after it.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	dir, err := os.OpenFile(filepath.Dir(path), os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -83,7 +85,7 @@ func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) (FileID, 
 		_, err = f.Write(data)
 	}
 	if err == nil {
-		err = f.Sync()
+		err = fsync(f)
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -93,6 +95,27 @@ func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) (FileID, 
 	}
 	if err != nil {
 		_ = unix.Unlinkat(dfd, tmp, 0)
+		return id, err
 	}
-	return id, err
+	// The rename changed only the directory: until it is synced, a crash
+	// may leave the old file, or none, under the name.
+	if err := fsync(dir); err != nil {
+		return id, fmt.Errorf("sync the directory of %s, which now names the new file: %w (it may not survive a crash; write it again)", name, err)
+	}
+	return id, nil
 }
+
+// SyncDir syncs directory path: the names made, renamed or removed in it
+// are on disk once it returns nil.
+func SyncDir(path string) error {
+	dir, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return fsync(dir)
+}
+
+// fsync is File.Sync: a test reads through it the order in which files
+// and directories are synced.
+var fsync = (*os.File).Sync

@@ -137,7 +137,7 @@ func newContainerTrial(t testing.TB, id string) *world {
 		t.Fatal(err)
 	}
 	w.seccomp = filepath.Join(dir, "seccomp.json")
-	if out, err := exec.Command(w.bin, "oci-hook", "install", "--precreate", "--hooks-dir", w.hooks, "--seccomp-profile", w.seccomp, "--socket", w.sock).CombinedOutput(); err != nil {
+	if out, err := exec.Command(w.bin, "oci-hook", "install", "--hooks-dir", w.hooks, "--seccomp-profile", w.seccomp, "--socket", w.sock).CombinedOutput(); err != nil {
 		t.Fatalf("trialnet oci-hook install: %v\n%s", err, out)
 	}
 	w.makeRootfs()
@@ -223,7 +223,7 @@ func newPodman(w *world) *podman {
 	w.t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	p := &podman{w: w, base: []string{"--root", filepath.Join(dir, "root"), "--runroot", filepath.Join(dir, "run"),
 		"--tmpdir", filepath.Join(dir, "tmp"), "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
-		"--events-backend", "none", "--runtime", "crun"}}
+		"--events-backend", "none", "--runtime", "crun", "--network-config-dir", filepath.Join(dir, "networks")}}
 	var tb bytes.Buffer
 	if err := tarDir(&tb, w.rootfs); err != nil {
 		w.t.Fatal(err)

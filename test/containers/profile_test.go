@@ -410,7 +410,7 @@ func nsFd(t *testing.T, path string) int {
 func TestPrivilegedContainerPodmanProfile(t *testing.T) {
 	requireRuntimes(t, true, "podman", "crun", "conmon")
 	w := newContainerTrial(t, "ctr-pmprof")
-	p := newPodman(w) // the hooks.d entry prepares it at podman's precreate stage
+	p := newPodman(w) // the default hooks.d entry prepares it at podman's precreate stage
 	base := []string{"--annotation", "trialnet.io/profile=" + profile, "--cgroups", "no-conmon", "--security-opt", "seccomp=" + w.seccomp,
 		"--cgroup-parent", filepath.Dir(w.cgroup)}
 	for _, e := range proxyEnv() {

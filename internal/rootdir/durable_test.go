@@ -1,0 +1,69 @@
+//go:build linux
+
+package rootdir
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// WriteFileAtomic syncs the new file's data before the rename, and the
+// directory after it, which holds the new name: without the second, a
+// crash may leave the old file, or none, under the name. Real files are
+// written; the sync calls are watched, each noting what it syncs and
+// what the name holds at that moment.
+func TestWriteFileAtomicSyncsTheDirectoryAfterTheRename(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "receipt.json")
+	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var calls []string
+	t.Cleanup(func() { fsync = (*os.File).Sync })
+	fsync = func(f *os.File) error {
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		now, _ := os.ReadFile(path)
+		what := "file"
+		if st.IsDir() {
+			what = "dir " + filepath.Base(f.Name())
+		}
+		calls = append(calls, fmt.Sprintf("%s: the name holds %q", what, now))
+		return f.Sync()
+	}
+	if err := WriteFileAtomic(path, []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`file: the name holds "old"`, `dir ` + filepath.Base(dir) + `: the name holds "new"`}
+	if strings.Join(calls, "\n") != strings.Join(want, "\n") {
+		t.Errorf("syncs:\n%s\nwant:\n%s", strings.Join(calls, "\n"), strings.Join(want, "\n"))
+	}
+	if b, err := os.ReadFile(path); err != nil || !bytes.Equal(b, []byte("new")) {
+		t.Errorf("the file: %q, %v", b, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("a temporary file was left: %v", ents)
+	}
+}
+
+// BenchmarkWriteFileAtomic is a receipt's write: a 2.5 KB file made in
+// a directory of its own and synced.
+func BenchmarkWriteFileAtomic(b *testing.B) {
+	base := b.TempDir()
+	data := bytes.Repeat([]byte("x"), 2500)
+	for i := 0; b.Loop(); i++ {
+		dir := filepath.Join(base, fmt.Sprint(i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := WriteFileAtomic(filepath.Join(dir, "receipt.json"), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
