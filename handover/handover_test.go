@@ -238,6 +238,9 @@ type testTaker struct {
 	// Lost counts a call while it does in early.
 	alive func() bool
 	early int
+	// hold, if set, holds each Counted until it is closed; holding (of
+	// room for every call) hears of each as it starts.
+	hold, holding chan struct{}
 }
 
 func newTestTaker() *testTaker {
@@ -245,6 +248,10 @@ func newTestTaker() *testTaker {
 }
 
 func (k *testTaker) Counted(trial string, lines []json.RawMessage) {
+	if k.hold != nil {
+		k.holding <- struct{}{}
+		<-k.hold
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, l := range lines {

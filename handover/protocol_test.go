@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/internal/lname"
@@ -199,6 +200,39 @@ func TestPolicyChangeDuringDrain(t *testing.T) {
 	}
 	if _, _, ok := p.Allow(ctx, "t1", list, nil); ok {
 		t.Error("an old agent that has drained confirmed an allowlist change")
+	}
+}
+
+// An old agent that drains and closes just as the new one removes a
+// Trial: the removal no longer reaches it, and returns only once what it
+// sent before its end is counted, for the new agent closes the Trial's
+// counters next (its final stats, its receipt). Here the count of its
+// last record is held until Remove returns, so Remove must wait until
+// its context ends.
+func TestRemoveAfterTheDrainWaitsForItsRecords(t *testing.T) {
+	g := newTestGiver(t, 2)
+	k := newTestTaker()
+	k.hold, k.holding = make(chan struct{}), make(chan struct{}, 1)
+	p, _, drained := handOver(t, g, k)
+	g.forward("t1", []byte(`{"n":1}`))
+	<-k.holding
+	close(g.drain)
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	why, ok := p.Remove(ctx, "t1")
+	if ctx.Err() == nil {
+		t.Errorf("Remove returned (%v, %q) while a record the old agent sent before it closed was still being counted", ok, why)
+	}
+	close(k.hold)
+	<-k.followed
+	if got := k.counted("t1"); !slices.Equal(got, []string{`{"n":1}`}) {
+		t.Errorf("counted %q, want the old agent's record", got)
+	}
+	if p.State() != StateDrained {
+		t.Errorf("the hand-over is %s, want drained", p.State())
 	}
 }
 
