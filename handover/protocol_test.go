@@ -212,27 +212,60 @@ func TestPolicyChangeDuringDrain(t *testing.T) {
 func TestRemoveAfterTheDrainWaitsForItsRecords(t *testing.T) {
 	g := newTestGiver(t, 2)
 	k := newTestTaker()
-	k.hold, k.holding = make(chan struct{}), make(chan struct{}, 1)
+	held, release := k.holdOne("counted")
 	p, _, drained := handOver(t, g, k)
 	g.forward("t1", []byte(`{"n":1}`))
-	<-k.holding
+	<-held
 	close(g.drain)
 	if err := <-drained; err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	why, ok := p.Remove(ctx, "t1")
-	if ctx.Err() == nil {
-		t.Errorf("Remove returned (%v, %q) while a record the old agent sent before it closed was still being counted", ok, why)
-	}
-	close(k.hold)
+	removeWaits(t, p, "a record the old agent sent before it closed was still being counted")
+	close(release)
 	<-k.followed
 	if got := k.counted("t1"); !slices.Equal(got, []string{`{"n":1}`}) {
 		t.Errorf("counted %q, want the old agent's record", got)
 	}
 	if p.State() != StateDrained {
 		t.Errorf("the hand-over is %s, want drained", p.State())
+	}
+}
+
+// An old agent that dies while it drains: a removal then returns only
+// once the tunnels it left open are recorded (Lost), for the same reason.
+func TestRemoveAfterALossWaitsForTheLostTunnels(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "old.handover")
+	startOtherAgent(t, "predecessor-dies", sock)
+	p, files, err := Take(dialOtherAgent(t, sock), Config{Paths: testPaths})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		_ = f.Close()
+	}
+	k := newTestTaker()
+	held, release := k.holdOne("lost")
+	if err := p.Serve(k); err != nil {
+		t.Fatal(err)
+	}
+	<-held
+	removeWaits(t, p, "the tunnels the dead old agent left were still being recorded")
+	close(release)
+	<-k.followed
+	if p.State() != StateLost || k.lost != 1 {
+		t.Errorf("the hand-over is %s, Lost called %d times; want lost, once", p.State(), k.lost)
+	}
+}
+
+// removeWaits fails unless p.Remove, while what it must wait for is held,
+// returns only as its context ends.
+func removeWaits(t *testing.T, p *Predecessor, held string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	why, ok := p.Remove(ctx, "t1")
+	if ctx.Err() == nil {
+		t.Errorf("Remove returned (%v, %q) while %s", ok, why, held)
 	}
 }
 
