@@ -475,9 +475,11 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (client.S
 	a.mu.Unlock()
 	a.dropOwner(lt)
 	// A predecessor still draining ends its connections of the Trial
-	// first, and writes their records.
+	// first, and writes their records. One that has drained meanwhile
+	// ended them itself, and Remove returns once their records are
+	// counted here.
 	if p := a.pred.Load(); p != nil {
-		if why, ok := p.Remove(ctx, id); !ok {
+		if why, ok := p.Remove(ctx, id); !ok && p.State() != handover.StateDrained {
 			a.log.Warn("the draining agent did not confirm that it ended the Trial's connections; records it writes later are not in the receipt", "trial", id, "pid", p.PID(), "error", why)
 		}
 	}

@@ -238,6 +238,9 @@ type testTaker struct {
 	// Lost counts a call while it does in early.
 	alive func() bool
 	early int
+	// hold, if set, is called as Counted ("counted") and Lost ("lost")
+	// start: it may hold them.
+	hold func(call string)
 }
 
 func newTestTaker() *testTaker {
@@ -245,6 +248,9 @@ func newTestTaker() *testTaker {
 }
 
 func (k *testTaker) Counted(trial string, lines []json.RawMessage) {
+	if k.hold != nil {
+		k.hold("counted")
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, l := range lines {
@@ -259,6 +265,9 @@ func (k *testTaker) Elsewhere(open map[string]int64) {
 }
 
 func (k *testTaker) Lost() {
+	if k.hold != nil {
+		k.hold("lost")
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.lost++
@@ -284,6 +293,19 @@ func (k *testTaker) counted(trial string) []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return append([]string(nil), k.lines[trial]...)
+}
+
+// holdOne makes k hold its first call named call until the channel
+// returned is closed; held is closed once that call has started.
+func (k *testTaker) holdOne(call string) (held <-chan struct{}, release chan struct{}) {
+	h, r := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	k.hold = func(c string) {
+		if c == call {
+			once.Do(func() { close(h); <-r })
+		}
+	}
+	return h, r
 }
 
 // handOver runs a whole hand-over in this process over a socket pair, g

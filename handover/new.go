@@ -52,6 +52,9 @@ type Predecessor struct {
 	seq     uint64
 	waiting map[uint64]chan Done
 	closed  bool // no ask waits any more: it has drained, or is gone
+	// followed is closed once follow has ended: every record the old
+	// agent sent is counted, the tunnels it lost are recorded.
+	followed chan struct{}
 
 	// Its messages are read from the offer on, so that its records never
 	// wait on this agent's start; follow takes them in order.
@@ -96,7 +99,7 @@ func (e *RefusedError) Error() string {
 // An error says what to do; the old agent serves on.
 func Take(c *net.UnixConn, cfg Config) (*Predecessor, map[lname.Name]*os.File, error) {
 	p := &Predecessor{c: c, pid: fdpass.PeerPID(c), pidfd: -1, m: newMachine(), log: cfg.log(),
-		counts: make(map[lname.Name]*os.File), waiting: make(map[uint64]chan Done)}
+		counts: make(map[lname.Name]*os.File), waiting: make(map[uint64]chan Done), followed: make(chan struct{})}
 	p.qcond = sync.NewCond(&p.qmu)
 	files := make(map[lname.Name]*os.File)
 	fail := func(err error) (*Predecessor, map[lname.Name]*os.File, error) {
@@ -333,6 +336,7 @@ func (p *Predecessor) follow(t Taker) {
 		_ = unix.Close(p.pidfd)
 	}
 	t.Followed(p)
+	close(p.followed)
 }
 
 // readAll takes the old agent's messages until it has drained or the
@@ -410,13 +414,26 @@ func (p *Predecessor) Remove(ctx context.Context, trial string) (why string, ok 
 	return d.Error, ok
 }
 
-// ask sends the request numbered seq and waits for its Done.
+// ask sends the request numbered seq and waits for its Done. An old
+// agent that ends first (it drained, or died) answers nothing, but what
+// it sent before its end may still wait in the queue: ask returns only
+// once follow has taken all of it, so that a caller that goes on to
+// close the Trial's counters (a removal) has every record it wrote.
 func (p *Predecessor) ask(ctx context.Context, request func(seq uint64) Message) (Done, bool) {
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
+	ended := func(d Done) (Done, bool) {
+		select {
+		case <-p.followed:
+		case <-ctx.Done():
+		}
+		return d, false
+	}
 	ch := make(chan Done, 1)
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return Done{}, false
+		return ended(Done{})
 	}
 	p.seq++
 	seq := p.seq
@@ -428,13 +445,15 @@ func (p *Predecessor) ask(ctx context.Context, request func(seq uint64) Message)
 		p.mu.Unlock()
 	}()
 	if err := p.send(request(seq)); err != nil {
-		return Done{Error: err.Error()}, false
+		// It may have closed the connection, drained or dead, just now.
+		return ended(Done{Error: err.Error()})
 	}
-	ctx, cancel := context.WithTimeout(ctx, askTimeout)
-	defer cancel()
 	select {
 	case d, ok := <-ch:
-		return d, ok && d.Error == ""
+		if !ok {
+			return ended(d)
+		}
+		return d, d.Error == ""
 	case <-ctx.Done():
 		return Done{}, false
 	}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/internal/lname"
@@ -199,6 +200,72 @@ func TestPolicyChangeDuringDrain(t *testing.T) {
 	}
 	if _, _, ok := p.Allow(ctx, "t1", list, nil); ok {
 		t.Error("an old agent that has drained confirmed an allowlist change")
+	}
+}
+
+// An old agent that drains and closes just as the new one removes a
+// Trial: the removal no longer reaches it, and returns only once what it
+// sent before its end is counted, for the new agent closes the Trial's
+// counters next (its final stats, its receipt). Here the count of its
+// last record is held until Remove returns, so Remove must wait until
+// its context ends.
+func TestRemoveAfterTheDrainWaitsForItsRecords(t *testing.T) {
+	g := newTestGiver(t, 2)
+	k := newTestTaker()
+	held, release := k.holdOne("counted")
+	p, _, drained := handOver(t, g, k)
+	g.forward("t1", []byte(`{"n":1}`))
+	<-held
+	close(g.drain)
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	removeWaits(t, p, "a record the old agent sent before it closed was still being counted")
+	close(release)
+	<-k.followed
+	if got := k.counted("t1"); !slices.Equal(got, []string{`{"n":1}`}) {
+		t.Errorf("counted %q, want the old agent's record", got)
+	}
+	if p.State() != StateDrained {
+		t.Errorf("the hand-over is %s, want drained", p.State())
+	}
+}
+
+// An old agent that dies while it drains: a removal then returns only
+// once the tunnels it left open are recorded (Lost), for the same reason.
+func TestRemoveAfterALossWaitsForTheLostTunnels(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "old.handover")
+	startOtherAgent(t, "predecessor-dies", sock)
+	p, files, err := Take(dialOtherAgent(t, sock), Config{Paths: testPaths})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		_ = f.Close()
+	}
+	k := newTestTaker()
+	held, release := k.holdOne("lost")
+	if err := p.Serve(k); err != nil {
+		t.Fatal(err)
+	}
+	<-held
+	removeWaits(t, p, "the tunnels the dead old agent left were still being recorded")
+	close(release)
+	<-k.followed
+	if p.State() != StateLost || k.lost != 1 {
+		t.Errorf("the hand-over is %s, Lost called %d times; want lost, once", p.State(), k.lost)
+	}
+}
+
+// removeWaits fails unless p.Remove, while what it must wait for is held,
+// returns only as its context ends.
+func removeWaits(t *testing.T, p *Predecessor, held string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	why, ok := p.Remove(ctx, "t1")
+	if ctx.Err() == nil {
+		t.Errorf("Remove returned (%v, %q) while %s", ok, why, held)
 	}
 }
 

@@ -387,7 +387,9 @@ print("connected", s.recv(1 << 20)[:40])`, path)
 		}
 	}
 	// Every CONNECT and tunnel has its record, from whichever process
-	// served it, and the new agent's counters count them all.
+	// served it, and the new agent's counters count them all: once it has
+	// taken what the old one sent, which its exit does not wait for.
+	waitFollowed(t, a)
 	recs := auditAll(t, a, "ho")
 	allowed := 0
 	for _, ev := range recs {
@@ -407,6 +409,21 @@ print("connected", s.recv(1 << 20)[:40])`, path)
 		t.Errorf("the new agent counts %d allowed, %d active; the log has %d allowed, and nothing is open", st.Proxy.Allowed, st.Proxy.Active, allowed)
 	}
 	a.stop(t, syscall.SIGTERM)
+}
+
+// waitFollowed waits (bounded) until the new agent has taken everything
+// the old one sent it, up to its Drained, which it logs: its counters
+// hold every record the old agent wrote.
+func waitFollowed(t *testing.T, a *agentUnderTest) {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if b, _ := os.ReadFile(a.log); bytes.Contains(b, []byte("the agent this one took over from has drained and exits")) {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the new agent did not hear the old one drain:\n%s", a.events())
+		}
+	}
 }
 
 // abortedHandover is a successor, a process of its own, that takes an
