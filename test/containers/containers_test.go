@@ -130,6 +130,7 @@ func newContainerTrial(t testing.TB, id string) *world {
 	if w.bin == "" {
 		w.bin = filepath.Join(t.TempDir(), "trialnet")
 		testkit.BuildTrialnet(t, "../..", w.bin)
+		testkit.BuildTrialnetOCI(t, "../..", w.bin) // what oci-hook install and oci-runtime install write
 	}
 	dir := t.TempDir()
 	w.hooks, w.noHooks, w.rootfs = filepath.Join(dir, "hooks.d"), filepath.Join(dir, "empty.d"), filepath.Join(dir, "rootfs")

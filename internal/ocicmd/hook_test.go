@@ -1,13 +1,24 @@
 //go:build linux
 
-package main
+package ocicmd
 
 import (
+	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/trialnet/trialnet/internal/cli"
 )
+
+// hook runs oci-hook with args as trialnet-oci at a made-up path.
+func hook(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := Hook(context.Background(), args, &out, &errOut, func() (string, error) { return "/opt/trialnet/bin/trialnet-oci", nil })
+	return code, out.String(), errOut.String()
+}
 
 // oci-hook install writes the hooks.d entry and the seccomp profile: the
 // base profile with the key calls refused, or, with no base at the
@@ -21,9 +32,9 @@ func TestOCIHookInstallSeccomp(t *testing.T) {
 		t.Fatal(err)
 	}
 	profile := filepath.Join(dir, "etc", "seccomp.json")
-	args := []string{"oci-hook", "install", "--hooks-dir", filepath.Join(dir, "hooks.d"), "--seccomp-profile", profile, "--seccomp-base", base}
-	code, out, errOut := trialnet(args...)
-	if code != exitOK || !strings.Contains(out, "wrote "+profile+" ("+base+" with add_key, keyctl, request_key refused)") ||
+	args := []string{"install", "--hooks-dir", filepath.Join(dir, "hooks.d"), "--seccomp-profile", profile, "--seccomp-base", base}
+	code, out, errOut := hook(args...)
+	if code != cli.ExitOK || !strings.Contains(out, "wrote "+profile+" ("+base+" with add_key, keyctl, request_key refused)") ||
 		!strings.Contains(out, "--security-opt seccomp="+profile) {
 		t.Fatalf("install: exit %d\n%s%s", code, out, errOut)
 	}
@@ -31,16 +42,16 @@ func TestOCIHookInstallSeccomp(t *testing.T) {
 	if err != nil || strings.Count(string(b), `"keyctl"`) != 1 || !strings.Contains(string(b), `"SCMP_ACT_ERRNO"`) {
 		t.Fatalf("profile %s: %v", b, err)
 	}
-	if code, out, _ := trialnet(args...); code != exitOK || !strings.Contains(out, profile+" is already this profile") {
+	if code, out, _ := hook(args...); code != cli.ExitOK || !strings.Contains(out, profile+" is already this profile") {
 		t.Errorf("a second install: exit %d\n%s", code, out)
 	}
 	if err := os.WriteFile(base, []byte(`{"defaultAction":"SCMP_ACT_ALLOW"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, errOut := trialnet(args...); code == exitOK || !strings.Contains(errOut, "holds another seccomp profile") {
+	if code, _, errOut := hook(args...); code == cli.ExitOK || !strings.Contains(errOut, "holds another seccomp profile") {
 		t.Errorf("a different profile in the way: exit %d\n%s", code, errOut)
 	}
-	if code, _, errOut := trialnet(append(args[:len(args)-1], filepath.Join(dir, "absent.json"))...); code == exitOK || !strings.Contains(errOut, "the seccomp profile to start from") {
+	if code, _, errOut := hook(append(args[:len(args)-1], filepath.Join(dir, "absent.json"))...); code == cli.ExitOK || !strings.Contains(errOut, "the seccomp profile to start from") {
 		t.Errorf("a named base that is absent: exit %d\n%s", code, errOut)
 	}
 	least, from, err := seccompProfile(filepath.Join(dir, "absent.json"), false)
