@@ -64,9 +64,9 @@ var commands = []struct {
 	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy, true},
 	{"verify", "check a Trial's signed receipt against this host's key", cmdVerify, false},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy, false},
-	{"oci-hook", "check a container that claims a Trial, as an OCI runtime's createRuntime hook ('oci-hook install' registers it)", cmdOCIHook, true},
+	{"oci-hook", "check a container that claims a Trial, as an OCI runtime's createRuntime hook ('oci-hook install' registers it as trialnet-oci, installed beside trialnet)", cmdOCIHook, true},
 	{"nri", "run the NRI plugin that makes a Trial of each pod annotated trialnet.io/profile (containerd 1.7+, CRI-O): execs trialnet-nri, installed beside trialnet", cmdNRI, false},
-	{"oci-runtime", "run runc for Docker, a container that names a Trial put in it and checked by oci-hook ('oci-runtime install' registers it in daemon.json)", cmdOCIRuntime, false},
+	{"oci-runtime", "run runc for Docker, a container that names a Trial put in it and checked by oci-hook ('oci-runtime install' registers it in daemon.json as trialnet-oci, installed beside trialnet)", cmdOCIRuntime, false},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall, false},
 }
 
