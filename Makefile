@@ -5,6 +5,12 @@ BIN     := bin/trialnet
 # trialnet): trialnet, started by every run, exec and OCI hook, links
 # none of NRI's dependencies.
 NRIBIN  := bin/trialnet-nri
+# The OCI hook and Docker runtime wrapper are a binary of their own too,
+# which 'trialnet oci-hook install' and 'trialnet oci-runtime install'
+# write from beside trialnet: a container's start waits on each of their
+# starts, and this one links only the client and the OCI code, without
+# cgo (no dynamic loader, no libc).
+OCIBIN  := bin/trialnet-oci
 PREFIX  ?= /usr/local
 PKGS    := ./...
 # Privileged tests need root; in CI (CI=true) they fail rather than skip.
@@ -103,15 +109,18 @@ check-generate: generate ## regenerate and fail if the committed bpf2go output o
 	git diff --exit-code -- 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' $(INIT_ELF)
 	@test -z "$$(git status --porcelain -- 'bpf/*_bpfel.*' $(INIT_ELF))" || { git status --porcelain -- 'bpf/*_bpfel.*' $(INIT_ELF); exit 1; }
 
-build: ## build bin/trialnet and the NRI plugin bin/trialnet-nri
+build: ## build bin/trialnet, the NRI plugin bin/trialnet-nri and the OCI hook and runtime wrapper bin/trialnet-oci
 	$(GO) build -o $(BIN) ./cmd/trialnet
 	$(GO) build -o $(NRIBIN) ./cmd/trialnet-nri
+	CGO_ENABLED=0 $(GO) build -o $(OCIBIN) ./cmd/trialnet-oci
 
 # install(1) writes a new file in place of the old one, so a running
-# agent keeps its binary; the plugin must sit beside trialnet.
-install: build ## install bin/trialnet and bin/trialnet-nri side by side in $(PREFIX)/bin (PREFIX=/usr/local)
+# agent keeps its binary; the plugin and trialnet-oci must sit beside
+# trialnet.
+install: build ## install bin/trialnet, bin/trialnet-nri and bin/trialnet-oci side by side in $(PREFIX)/bin (PREFIX=/usr/local)
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/trialnet
 	install -D -m 0755 $(NRIBIN) $(DESTDIR)$(PREFIX)/bin/trialnet-nri
+	install -D -m 0755 $(OCIBIN) $(DESTDIR)$(PREFIX)/bin/trialnet-oci
 
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

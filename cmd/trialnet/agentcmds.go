@@ -22,6 +22,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/keeper"
@@ -45,12 +46,8 @@ func agentCode(err error) int {
 	return exitFailure
 }
 
-func socketFlag(fs *flag.FlagSet) *string {
-	return fs.String("socket", client.DefaultSocket, "the agent's control socket")
-}
-
 func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("agent", "agent [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--metrics-addr ADDR] [--log-format text|json] [--teardown-on-exit] [--drain-timeout D] [--keeper PATH|off]",
+	fs := cli.NewFlags("agent", "agent [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--metrics-addr ADDR] [--log-format text|json] [--teardown-on-exit] [--drain-timeout D] [--keeper PATH|off]",
 		"sudo trialnet agent --config /etc/trialnet/trialnet.yaml --metrics-addr 127.0.0.1:9464", stderr)
 	var cf configFlags
 	cf.register(fs, "profiles, resolvers, allowed CIDRs, limits, paths")
@@ -61,11 +58,11 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	drain := fs.Duration("drain-timeout", 0, "after handing over to a new agent, serve open tunnels this long before cutting them (default: the config's drain_timeout, else 15m)")
 	keeperSock := fs.String("keeper", "", "the keeper's socket, which holds the listeners across an agent crash (default: beside the control socket, started if none runs); off: none")
 	pidFile := fs.String("pid-file", "", "write this agent's pid to F once it serves (health --pid-file checks it)")
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	if *drain < 0 {
-		return fail(stdout, stderr, false, exitUsage, usageError{"agent: --drain-timeout must be positive (e.g. 15m), or left out for the config's drain_timeout"})
+		return cli.Fail(stdout, stderr, false, exitUsage, usageError{"agent: --drain-timeout must be positive (e.g. 15m), or left out for the config's drain_timeout"})
 	}
 	var handler slog.Handler = slog.NewTextHandler(stderr, nil)
 	switch *logFormat {
@@ -73,7 +70,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	case "json":
 		handler = slog.NewJSONHandler(stderr, nil)
 	default:
-		return fail(stdout, stderr, false, exitUsage, usageError{"agent: --log-format is text or json"})
+		return cli.Fail(stdout, stderr, false, exitUsage, usageError{"agent: --log-format is text or json"})
 	}
 	log := slog.New(handler)
 	if err := timerslack.Set(timerslack.Proxy); err != nil {
@@ -81,7 +78,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	file, cidrs, err := cf.load()
 	if err != nil {
-		return fail(stdout, stderr, false, exitUsage, err)
+		return cli.Fail(stdout, stderr, false, exitUsage, err)
 	}
 	cfg := agent.AgentConfig{
 		Host:       hostConfig(file),
@@ -93,7 +90,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if cf.path != "" {
 		if cfg.ConfigPath, err = filepath.Abs(cf.path); err != nil {
-			return fail(stdout, stderr, false, exitUsage, err)
+			return cli.Fail(stdout, stderr, false, exitUsage, err)
 		}
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
@@ -121,7 +118,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	restarts(&sc, file, *keeperSock)
 	err = agent.Serve(ctx, sc)
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, err)
+		return cli.Fail(stdout, stderr, false, exitFailure, err)
 	}
 	return exitOK
 }
@@ -145,10 +142,10 @@ func restarts(sc *agent.ServeConfig, file *config.File, keeperSock string) {
 
 // cmdKeeper holds the agent's listeners (keeper.Run).
 func cmdKeeper(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("keeper", "keeper [--socket PATH] [--trials DIR]", "sudo trialnet keeper --socket /run/trialnet/agent.keeper --trials /run/trialnet/trials", stderr)
+	fs := cli.NewFlags("keeper", "keeper [--socket PATH] [--trials DIR]", "sudo trialnet keeper --socket /run/trialnet/agent.keeper --trials /run/trialnet/trials", stderr)
 	sock := fs.String("socket", keeper.DefaultSocket(client.DefaultSocket), "where the agent reaches the keeper")
 	trials := fs.String("trials", agent.DefaultStateDir, "the agent's state directory: a Trial's listeners go once its record there does")
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	// The agent's own signals (a ^C in its terminal, a setsid child's
@@ -158,7 +155,7 @@ func cmdKeeper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
 	defer stop()
 	if err := keeper.Run(ctx, *sock, *trials, slog.New(slog.NewTextHandler(stderr, nil))); err != nil {
-		return fail(stdout, stderr, false, exitFailure, err)
+		return cli.Fail(stdout, stderr, false, exitFailure, err)
 	}
 	return exitOK
 }
@@ -212,7 +209,7 @@ func strictFlag(fs *flag.FlagSet) *bool {
 }
 
 func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--no-transparent] [--nonce STR] [-j]",
+	fs := cli.NewFlags("create", "create [--id ID] [--allow HOST:PORT]... [--profile NAME]... [--learn] [--strict] [--max-procs N] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--no-transparent] [--nonce STR] [-j]",
 		"sudo trialnet create --id eval-42 --profile claude --nonce 3f1c9e0a -j", stderr)
 	id := fs.String("id", "", "the Trial's id (default: generated)")
 	nonce := nonceFlag(fs, nonceUsage)
@@ -225,21 +222,21 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	unixAllow, noUnix := unixFlags(fs)
 	nested := nestedFlag(fs)
 	noTransparent := noTransparentFlag(fs)
-	socket := socketFlag(fs)
+	socket := cli.SocketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	if err := af.check(); err != nil {
-		return fail(stdout, stderr, *asJSON, exitUsage, err)
+		return cli.Fail(stdout, stderr, *asJSON, exitUsage, err)
 	}
 	info, err := client.NewClient(*socket).Create(ctx, trialspec.Request{ID: *id, Nonce: *nonce, Allow: af.allow, Profiles: af.profiles, RequireTLS: af.requireTLS, Strict: *strict,
 		Learn: *learn, MaxProcesses: int(procs), UnixAllow: *unixAllow, UnixOpen: *noUnix, Nested: *nested, NoTransparent: *noTransparent})
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+		return cli.Fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		printJSON(stdout, info)
+		cli.PrintJSON(stdout, info)
 		return exitOK
 	}
 	tw := newTable(stdout)
@@ -252,29 +249,29 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("exec", "exec --trial ID [--uid N] [--gid N] [--max-procs N] -- CMD [ARGS]",
+	fs := cli.NewFlags("exec", "exec --trial ID [--uid N] [--gid N] [--max-procs N] -- CMD [ARGS]",
 		"sudo trialnet exec --trial eval-42 -- claude -p 'fix the tests'", stderr)
 	id := fs.String("trial", "", "the Trial to run CMD in")
 	var user userFlags
 	user.register(fs)
 	var procs procsFlag
 	procs.register(fs, "the Trial's")
-	socket := socketFlag(fs)
+	socket := cli.SocketFlag(fs)
 	// Flags end at CMD (or "--"): everything from CMD on is its own.
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
 	if *id == "" || fs.NArg() == 0 {
 		fs.Usage()
-		return fail(stdout, stderr, false, exitUsage, usageError{"exec: give --trial ID and a command after --"})
+		return cli.Fail(stdout, stderr, false, exitUsage, usageError{"exec: give --trial ID and a command after --"})
 	}
 	u, g, err := trialUser(user)
 	if err != nil {
-		return fail(stdout, stderr, false, exitUsage, err)
+		return cli.Fail(stdout, stderr, false, exitUsage, err)
 	}
 	info, err := client.NewClient(*socket).Get(ctx, *id)
 	if err != nil {
-		return fail(stdout, stderr, false, agentCode(err), err)
+		return cli.Fail(stdout, stderr, false, agentCode(err), err)
 	}
 	sigs, stopSignals := forwardedSignals()
 	defer stopSignals()
@@ -286,7 +283,7 @@ func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	notices.say(stderr, true)
 	var se *sandbox.StartError
 	if errors.As(err, &se) {
-		return fail(stdout, stderr, false, se.Code, err)
+		return cli.Fail(stdout, stderr, false, se.Code, err)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "trialnet: %v\n", err)
@@ -295,18 +292,18 @@ func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("list", "list [-j]", "sudo trialnet list", stderr)
-	socket := socketFlag(fs)
+	fs := cli.NewFlags("list", "list [-j]", "sudo trialnet list", stderr)
+	socket := cli.SocketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	list, err := client.NewClient(*socket).List(ctx)
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+		return cli.Fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		printJSON(stdout, list)
+		cli.PrintJSON(stdout, list)
 		return exitOK
 	}
 	tw := newTable(stdout)
@@ -323,12 +320,12 @@ func cmdList(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("stats", "stats [--trial ID] [-j] [--watch]", "sudo trialnet stats --trial eval-42 --watch", stderr)
+	fs := cli.NewFlags("stats", "stats [--trial ID] [-j] [--watch]", "sudo trialnet stats --trial eval-42 --watch", stderr)
 	id := fs.String("trial", "", "one Trial (default: every live Trial)")
 	watch := fs.Bool("watch", false, "print again every second until interrupted")
-	socket := socketFlag(fs)
+	socket := cli.SocketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	c := client.NewClient(*socket)
@@ -356,9 +353,9 @@ func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		if *asJSON {
 			if *id != "" {
-				printJSON(stdout, all[0])
+				cli.PrintJSON(stdout, all[0])
 			} else {
-				printJSON(stdout, all)
+				cli.PrintJSON(stdout, all)
 			}
 		} else {
 			var buf bytes.Buffer
@@ -398,26 +395,26 @@ func watchEnd(ctx context.Context, watch bool, stdout, stderr io.Writer, asJSON 
 	if watch && ctx.Err() != nil {
 		return exitOK
 	}
-	return fail(stdout, stderr, asJSON, agentCode(err), err)
+	return cli.Fail(stdout, stderr, asJSON, agentCode(err), err)
 }
 
 func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("audit", "audit (--trial ID | --from FILE) [--profile NAME] [-j]", "sudo trialnet audit --trial eval-42 --profile eval >> /etc/trialnet/profiles.yaml", stderr)
+	fs := cli.NewFlags("audit", "audit (--trial ID | --from FILE) [--profile NAME] [-j]", "sudo trialnet audit --trial eval-42 --profile eval >> /etc/trialnet/profiles.yaml", stderr)
 	id := fs.String("trial", "", "the Trial (live or destroyed)")
 	from := fs.String("from", "", "read a saved decision log (decisions.jsonl) instead of asking the agent")
 	profile := fs.String("profile", "", "print, as YAML config, a profile NAME allowing exactly what the Trial was let through to")
-	socket := socketFlag(fs)
+	socket := cli.SocketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	if (*id == "") == (*from == "") {
 		fs.Usage()
-		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"audit: give --trial ID or --from FILE"})
+		return cli.Fail(stdout, stderr, *asJSON, exitUsage, usageError{"audit: give --trial ID or --from FILE"})
 	}
 	recs, code, err := auditRecords(ctx, *id, *from, *socket, stderr)
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, code, err)
+		return cli.Fail(stdout, stderr, *asJSON, code, err)
 	}
 	if *profile != "" {
 		return printProfile(stdout, stderr, *asJSON, *profile, recs)
@@ -426,7 +423,7 @@ func cmdAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if recs == nil {
 			recs = []record.Event{}
 		}
-		printJSON(stdout, recs)
+		cli.PrintJSON(stdout, recs)
 		return exitOK
 	}
 	printAudit(stdout, recs)
@@ -473,22 +470,22 @@ func printAudit(w io.Writer, recs []record.Event) {
 }
 
 func cmdDestroy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("destroy", "destroy [-j] ID", "sudo trialnet destroy eval-42", stderr)
-	socket := socketFlag(fs)
+	fs := cli.NewFlags("destroy", "destroy [-j] ID", "sudo trialnet destroy eval-42", stderr)
+	socket := cli.SocketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := parseInterspersed(fs, args); err != nil {
+	if err := cli.ParseInterspersed(fs, args); err != nil {
 		return exitUsage
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()
-		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"destroy: give exactly one Trial id"})
+		return cli.Fail(stdout, stderr, *asJSON, exitUsage, usageError{"destroy: give exactly one Trial id"})
 	}
 	st, err := client.NewClient(*socket).Destroy(ctx, fs.Arg(0))
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+		return cli.Fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		printJSON(stdout, st)
+		cli.PrintJSON(stdout, st)
 		return exitOK
 	}
 	printStats(stdout, st)
@@ -496,19 +493,19 @@ func cmdDestroy(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 func cmdReload(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("reload", "reload [--reprofile] [-j]", "sudo trialnet reload --reprofile", stderr)
+	fs := cli.NewFlags("reload", "reload [--reprofile] [-j]", "sudo trialnet reload --reprofile", stderr)
 	reprofile := fs.Bool("reprofile", false, "also give live Trials made from profiles their profiles' new allowlists (explicit --allow entries stay)")
-	socket := socketFlag(fs)
+	socket := cli.SocketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	res, err := client.NewClient(*socket).Reload(ctx, client.ReloadRequest{Reprofile: *reprofile})
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+		return cli.Fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		printJSON(stdout, res)
+		cli.PrintJSON(stdout, res)
 		return exitOK
 	}
 	tw := newTable(stdout)
@@ -526,26 +523,26 @@ func cmdReload(ctx context.Context, args []string, stdout, stderr io.Writer) int
 const healthTimeout = 5 * time.Second
 
 func cmdHealth(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("health", "health [--live] [--timeout D] [--pid-file F] [-j]",
+	fs := cli.NewFlags("health", "health [--live] [--timeout D] [--pid-file F] [-j]",
 		"sudo trialnet health -j", stderr)
 	live := fs.Bool("live", false, "exit 0 whenever the agent answers, ready or not: for a liveness probe, as restarting an agent whose pins are gone would detach the programs it still holds until the next one attaches")
 	timeout := fs.Duration("timeout", healthTimeout, "give up when the agent has not answered within this long")
 	pidFile := fs.String("pid-file", "", "ready only if the agent answering is the one whose pid is in F (its --pid-file): during a hand-over, a new pod's probe must not be answered by the old agent")
-	socket := socketFlag(fs)
+	socket := cli.SocketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	if *timeout <= 0 {
 		fs.Usage()
-		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"health: --timeout must be positive"})
+		return cli.Fail(stdout, stderr, *asJSON, exitUsage, usageError{"health: --timeout must be positive"})
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	c := client.NewClient(*socket)
 	h, err := c.Health(ctx)
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, exitFailure, err)
+		return cli.Fail(stdout, stderr, *asJSON, exitFailure, err)
 	}
 	if *pidFile != "" {
 		b, rerr := os.ReadFile(*pidFile)
@@ -555,7 +552,7 @@ func cmdHealth(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 	}
 	if *asJSON {
-		printJSON(stdout, h)
+		cli.PrintJSON(stdout, h)
 	} else {
 		tw := newTable(stdout)
 		fmt.Fprintf(tw, "agent\t%s\nebpf\t%s\ntrials_live\t%d\n", h.Agent, h.EBPF, h.Trials)

@@ -16,62 +16,6 @@ import (
 	"github.com/trialnet/trialnet/sandbox"
 )
 
-// parseInterspersed parses a command's flags wherever they stand among
-// its arguments (deny --trial ID pypi.org:443 --cut), up to a "--" after
-// which everything is an argument. Nothing changes kind: an argument
-// starting with '-' is a flag (no Trial id or HOST:PORT entry can start
-// with one), and a flag that takes a value takes the next argument,
-// whatever it looks like, as the flag package does. run and exec do not
-// use it: everything from CMD on is CMD's.
-func parseInterspersed(fs *flag.FlagSet, args []string) error {
-	var flags, pos []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			pos = append(pos, args[i+1:]...)
-			break
-		}
-		if len(a) < 2 || a[0] != '-' {
-			pos = append(pos, a)
-			continue
-		}
-		flags = append(flags, a)
-		name, _, inline := strings.Cut(strings.TrimPrefix(a[1:], "-"), "=")
-		if f := fs.Lookup(name); f != nil && !inline && !isBool(f) && i+1 < len(args) {
-			i++
-			flags = append(flags, args[i])
-		}
-	}
-	if err := fs.Parse(flags); err != nil {
-		return err
-	}
-	// A second Parse, of "--" and the arguments, is how a FlagSet is told
-	// its arguments without reading any of them as a flag.
-	return fs.Parse(append([]string{"--"}, pos...))
-}
-
-func isBool(f *flag.Flag) bool {
-	b, ok := f.Value.(interface{ IsBoolFlag() bool })
-	return ok && b.IsBoolFlag()
-}
-
-// parseNoArgs is parseInterspersed for a command that takes no arguments.
-// It refuses any, as the flag package refuses an unknown flag: a stray
-// word (create --allow a.example.com:443 b.example.com:443) would
-// otherwise be dropped without a word.
-func parseNoArgs(fs *flag.FlagSet, args []string) error {
-	if err := parseInterspersed(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		err := usageError{fmt.Sprintf("%s: unexpected argument %q: it takes flags only", fs.Name(), fs.Arg(0))}
-		fmt.Fprintf(fs.Output(), "trialnet: %v\n", err)
-		fs.Usage()
-		return err
-	}
-	return nil
-}
-
 type stringList []string
 
 func (s *stringList) String() string     { return strings.Join(*s, ",") }

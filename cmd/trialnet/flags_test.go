@@ -3,6 +3,8 @@
 package main
 
 import (
+	"github.com/trialnet/trialnet/internal/cli"
+
 	"flag"
 	"io"
 	"os"
@@ -44,7 +46,7 @@ func TestParseInterspersed(t *testing.T) {
 		cut := fs.Bool("cut", false, "")
 		var allow stringList
 		fs.Var(&allow, "allow", "")
-		err := parseInterspersed(fs, tc.args)
+		err := cli.ParseInterspersed(fs, tc.args)
 		if tc.fails {
 			if err == nil {
 				t.Errorf("%q: parsed, want an error", tc.args)
@@ -180,7 +182,7 @@ func TestNoTransparentFlag(t *testing.T) {
 		{[]string{"--no-transparent", "--", "true"}, true},
 		{[]string{"--", "true"}, false},
 	} {
-		fs := newFlags("run", runUsage, "", io.Discard)
+		fs := cli.NewFlags("run", runUsage, "", io.Discard)
 		var f runFlags
 		f.register(fs)
 		if err := fs.Parse(c.args); err != nil {

@@ -18,14 +18,15 @@ import (
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
 // Exit codes of trialnet itself; a command run in a Trial passes its own.
 const (
-	exitOK      = 0
-	exitUsage   = 2                  // bad flags or arguments
-	exitFailure = 125                // trialnet refused or failed before or around CMD
+	exitOK      = cli.ExitOK
+	exitUsage   = cli.ExitUsage      // bad flags or arguments
+	exitFailure = cli.ExitFailure    // trialnet refused or failed before or around CMD
 	exitTimeout = client.ExitTimeout // --timeout expired; everything in the Trial was killed
 )
 
@@ -63,9 +64,9 @@ var commands = []struct {
 	{"destroy", "destroy a Trial (its stats and log stay in /var/lib/trialnet)", cmdDestroy, true},
 	{"verify", "check a Trial's signed receipt against this host's key", cmdVerify, false},
 	{"proxy", "run the allowlisting CONNECT proxy on its own", cmdProxy, false},
-	{"oci-hook", "check a container that claims a Trial, as an OCI runtime's createRuntime hook ('oci-hook install' registers it)", cmdOCIHook, true},
+	{"oci-hook", "check a container that claims a Trial, as an OCI runtime's createRuntime hook ('oci-hook install' registers it as trialnet-oci, installed beside trialnet)", cmdOCIHook, true},
 	{"nri", "run the NRI plugin that makes a Trial of each pod annotated trialnet.io/profile (containerd 1.7+, CRI-O): execs trialnet-nri, installed beside trialnet", cmdNRI, false},
-	{"oci-runtime", "run runc for Docker, a container that names a Trial put in it and checked by oci-hook ('oci-runtime install' registers it in daemon.json)", cmdOCIRuntime, false},
+	{"oci-runtime", "run runc for Docker, a container that names a Trial put in it and checked by oci-hook ('oci-runtime install' registers it in daemon.json as trialnet-oci, installed beside trialnet)", cmdOCIRuntime, false},
 	{"uninstall", "detach trialnet's eBPF programs and remove its pins", cmdUninstall, false},
 }
 
@@ -103,17 +104,6 @@ func printHelp(w io.Writer) {
 	fmt.Fprintln(w, "\n'trialnet COMMAND -h' shows a command's flags and an example.")
 }
 
-func newFlags(name, usage, example string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: trialnet %s\n\n", usage)
-		fs.PrintDefaults()
-		fmt.Fprintf(stderr, "\nExample:\n  %s\n", example)
-	}
-	return fs
-}
-
 func jsonFlag(fs *flag.FlagSet) *bool {
 	j := new(bool)
 	fs.BoolVar(j, "j", false, "print JSON")
@@ -122,17 +112,17 @@ func jsonFlag(fs *flag.FlagSet) *bool {
 }
 
 func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("doctor", "doctor [-j] [--config FILE]", "sudo trialnet doctor --config /etc/trialnet/trialnet.yaml", stderr)
+	fs := cli.NewFlags("doctor", "doctor [-j] [--config FILE]", "sudo trialnet doctor --config /etc/trialnet/trialnet.yaml", stderr)
 	asJSON := jsonFlag(fs)
 	configPath := fs.String("config", "", "the agent's YAML config file: also check what it needs of this host (upstream proxy, host services, gateway secret files and trust store)")
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	checks := agent.Doctor()
 	if *configPath != "" {
 		file, err := config.LoadFile(*configPath)
 		if err != nil {
-			return fail(stdout, stderr, *asJSON, exitUsage, err)
+			return cli.Fail(stdout, stderr, *asJSON, exitUsage, err)
 		}
 		checks = append(checks, agent.ConfigChecks(file)...)
 		checks = append(checks, agent.GatewayChecks(file)...)
@@ -156,7 +146,7 @@ func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			}
 			out.Checks = append(out.Checks, r)
 		}
-		printJSON(stdout, out)
+		cli.PrintJSON(stdout, out)
 	} else {
 		tw := newTable(stdout)
 		for _, c := range checks {
@@ -186,23 +176,23 @@ func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }
 
 func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("uninstall", "uninstall [--config F] [--force]", "sudo trialnet uninstall --config /etc/trialnet/trialnet.yaml --force", stderr)
+	fs := cli.NewFlags("uninstall", "uninstall [--config F] [--force]", "sudo trialnet uninstall --config /etc/trialnet/trialnet.yaml --force", stderr)
 	configPath := fs.String("config", "", "the agent's YAML config file, whose paths: (cgroup parent, pins, namespaces, state) are the ones to remove")
 	force := fs.Bool("force", false, "uninstall even while Trials are live, destroying them first (their processes are killed)")
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	file := &config.File{}
 	if *configPath != "" {
 		f, err := config.LoadFile(*configPath)
 		if err != nil {
-			return fail(stdout, stderr, false, exitUsage, err)
+			return cli.Fail(stdout, stderr, false, exitUsage, err)
 		}
 		file = f
 	}
 	cfg := hostConfig(file)
 	if err := agent.Uninstall(cfg, *force); err != nil {
-		return fail(stdout, stderr, false, exitFailure, err)
+		return cli.Fail(stdout, stderr, false, exitFailure, err)
 	}
 	fmt.Fprintf(stdout, "removed trialnet's pins from %s; its eBPF programs are detached\n", or(cfg.PinDir, bpf.DefaultPinDir))
 	return exitOK

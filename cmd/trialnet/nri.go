@@ -3,6 +3,8 @@
 package main
 
 import (
+	"github.com/trialnet/trialnet/internal/cli"
+
 	"context"
 	"fmt"
 	"io"
@@ -22,9 +24,9 @@ const nriBinary = "trialnet-nri"
 func cmdNRI(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	self, err := os.Executable()
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("nri: find %s beside this binary: %w (run %s itself)", nriBinary, err, nriBinary))
+		return cli.Fail(stdout, stderr, false, exitFailure, fmt.Errorf("nri: find %s beside this binary: %w (run %s itself)", nriBinary, err, nriBinary))
 	}
 	path := filepath.Join(filepath.Dir(self), nriBinary)
 	err = syscall.Exec(path, append([]string{nriBinary}, args...), os.Environ())
-	return fail(stdout, stderr, false, exitFailure, fmt.Errorf("nri: the NRI plugin is its own binary now, %s: %w (install it beside trialnet, as 'make install' does)", path, err))
+	return cli.Fail(stdout, stderr, false, exitFailure, fmt.Errorf("nri: the NRI plugin is its own binary now, %s: %w (install it beside trialnet, as 'make install' does)", path, err))
 }

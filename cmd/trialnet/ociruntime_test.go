@@ -72,14 +72,4 @@ func TestOCIRuntimePassesThroughAndFailsClosed(t *testing.T) {
 		t.Errorf("a container naming a Trial without an agent: exit %d, runc ran: %v, bundle changed: %v\n%s\nlog: %s",
 			cmd.ProcessState.ExitCode(), err == nil, string(before) != string(after), out, logged)
 	}
-	code, out2, _ := trialnet("oci-runtime", "install", "--print", "--runc", runc)
-	var frag struct {
-		Runtimes map[string]struct {
-			Path        string   `json:"path"`
-			RuntimeArgs []string `json:"runtimeArgs"`
-		} `json:"runtimes"`
-	}
-	if err := json.Unmarshal([]byte(out2), &frag); code != exitOK || err != nil || frag.Runtimes["trialnet"].RuntimeArgs[0] != "oci-runtime" {
-		t.Errorf("install --print: exit %d, %v\n%s", code, err, out2)
-	}
 }

@@ -2,13 +2,13 @@
 
 package main
 
-// Printing, in one place: tables (newTable), JSON (printJSON), the one
-// error of a command (fail), a Trial's stats, run's summary line and
-// refusal lines. Everything a Trial could have written (a target, an
-// error's text) goes through termsafe first.
+// Printing, in one place: tables (newTable), a Trial's stats, run's
+// summary line and refusal lines (JSON and the one error of a command
+// are internal/cli's, which trialnet-oci shares). Everything a Trial
+// could have written (a target, an error's text) goes through termsafe
+// first.
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -25,27 +25,6 @@ import (
 // newTable is the one table layout of every command's plain output:
 // columns two spaces apart; flush it when done.
 func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
-
-// printJSON writes v as json.Encoder does, one line, with what a terminal
-// could act on escaped (termsafe.JSON): the JSON holds the same values.
-func printJSON(w io.Writer, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return
-	}
-	_, _ = w.Write(append(termsafe.JSON(b), '\n'))
-}
-
-// fail reports err once, as JSON under -j (bpftool's convention) or as a
-// line on stderr, and returns the exit code.
-func fail(stdout, stderr io.Writer, asJSON bool, code int, err error) int {
-	if asJSON {
-		printJSON(stdout, map[string]string{"error": err.Error()})
-	} else {
-		fmt.Fprintf(stderr, "trialnet: %v\n", err)
-	}
-	return code
-}
 
 // printStats prints a Trial's counters in aligned columns, bpftool-style,
 // ending with the verdict line. Every string goes through termsafe.

@@ -12,6 +12,7 @@ import (
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -45,7 +46,7 @@ func printProfile(stdout, stderr io.Writer, asJSON bool, name string, recs []rec
 	l := config.Learn(recs, config.DefaultWildcardHosts)
 	y, err := l.Profile(name)
 	if err != nil {
-		return fail(stdout, stderr, asJSON, exitFailure, err)
+		return cli.Fail(stdout, stderr, asJSON, exitFailure, err)
 	}
 	if asJSON {
 		type entry struct {
@@ -69,7 +70,7 @@ func printProfile(stdout, stderr io.Writer, asJSON bool, name string, recs []rec
 		for _, w := range l.Wildcards {
 			out.Wildcards = append(out.Wildcards, wildcard{w.Entry.String(), w.Hosts})
 		}
-		printJSON(stdout, out)
+		cli.PrintJSON(stdout, out)
 		return exitOK
 	}
 	_, _ = stdout.Write(y)
@@ -90,7 +91,7 @@ func changeAllow(ctx context.Context, verb string, args []string, stdout, stderr
 	if verb == "deny" {
 		usage, example = "deny --trial ID [--cut] [-j] HOST:PORT...", "sudo trialnet deny --trial eval-42 --cut pypi.org:443"
 	}
-	fs := newFlags(verb, usage, example, stderr)
+	fs := cli.NewFlags(verb, usage, example, stderr)
 	id := fs.String("trial", "", "the live Trial")
 	var requireTLS, cut *bool
 	if verb == "allow" {
@@ -98,18 +99,18 @@ func changeAllow(ctx context.Context, verb string, args []string, stdout, stderr
 	} else {
 		cut = fs.Bool("cut", false, "also end the open tunnels these entries allowed (default: only new CONNECTs are refused)")
 	}
-	socket := socketFlag(fs)
+	socket := cli.SocketFlag(fs)
 	asJSON := jsonFlag(fs)
-	if err := parseInterspersed(fs, args); err != nil {
+	if err := cli.ParseInterspersed(fs, args); err != nil {
 		return exitUsage
 	}
 	if *id == "" || fs.NArg() == 0 {
 		fs.Usage()
-		return fail(stdout, stderr, *asJSON, exitUsage, usageError{verb + ": give --trial ID and HOST:PORT entries"})
+		return cli.Fail(stdout, stderr, *asJSON, exitUsage, usageError{verb + ": give --trial ID and HOST:PORT entries"})
 	}
 	for _, s := range fs.Args() {
 		if _, err := allow.ParseEntry(s); err != nil {
-			return fail(stdout, stderr, *asJSON, exitUsage, usageError{fmt.Sprintf("%s: %v", verb, err)})
+			return cli.Fail(stdout, stderr, *asJSON, exitUsage, usageError{fmt.Sprintf("%s: %v", verb, err)})
 		}
 	}
 	ch := client.AllowChange{}
@@ -120,10 +121,10 @@ func changeAllow(ctx context.Context, verb string, args []string, stdout, stderr
 	}
 	res, err := client.NewClient(*socket).ChangeAllow(ctx, *id, ch)
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, agentCode(err), err)
+		return cli.Fail(stdout, stderr, *asJSON, agentCode(err), err)
 	}
 	if *asJSON {
-		printJSON(stdout, res)
+		cli.PrintJSON(stdout, res)
 		return exitOK
 	}
 	var allow []string

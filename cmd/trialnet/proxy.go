@@ -20,6 +20,7 @@ import (
 
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/internal/procscale"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
@@ -93,7 +94,7 @@ func listenAll(ctx context.Context, listen []string) ([]net.Listener, error) {
 // serveProxy runs the standalone proxy until ctx ends. ready, if set, is
 // told the listening addresses (tests use port 0).
 func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, ready func([]net.Addr)) int {
-	fs := newFlags("proxy", "proxy [--listen ADDR]... (--allow HOST:PORT | --profile NAME --config FILE)... [--resolver ADDR]... [--allow-cidr CIDR]... [--require-tls] [--trial ID] [--pprof-dir DIR]",
+	fs := cli.NewFlags("proxy", "proxy [--listen ADDR]... (--allow HOST:PORT | --profile NAME --config FILE)... [--resolver ADDR]... [--allow-cidr CIDR]... [--require-tls] [--trial ID] [--pprof-dir DIR]",
 		"trialnet proxy --listen 127.0.0.1:3128 --allow api.anthropic.com:443   # then HTTPS_PROXY=http://127.0.0.1:3128 (http_proxy too for http:// URLs)", stderr)
 	var listen stringList
 	fs.Var(&listen, "listen", "listen on ADDR:PORT (repeatable; default 127.0.0.1:3128)")
@@ -103,26 +104,26 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	af.register(fs, "the config file")
 	var cf configFlags
 	cf.register(fs, "profiles, resolvers, allowed CIDRs and limits")
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
 	}
 	list, cfg, err := proxyConfig(&af, &cf)
 	if err != nil {
-		return fail(stdout, stderr, false, exitUsage, fmt.Errorf("proxy: %w", err))
+		return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("proxy: %w", err))
 	}
 	if len(list.Entries()) == 0 {
-		return fail(stdout, stderr, false, exitUsage, usageError{"proxy: nothing is allowed; give --allow HOST:PORT or --profile NAME --config FILE"})
+		return cli.Fail(stdout, stderr, false, exitUsage, usageError{"proxy: nothing is allowed; give --allow HOST:PORT or --profile NAME --config FILE"})
 	}
 	if err := noGateway(&af, &cf); err != nil {
-		return fail(stdout, stderr, false, exitUsage, err)
+		return cli.Fail(stdout, stderr, false, exitUsage, err)
 	}
 	if err := checkListen(&listen); err != nil {
-		return fail(stdout, stderr, false, exitUsage, err)
+		return cli.Fail(stdout, stderr, false, exitUsage, err)
 	}
 	if *pprofDir != "" {
 		stopProfiles, err := startProfiles(*pprofDir)
 		if err != nil {
-			return fail(stdout, stderr, false, exitFailure, err)
+			return cli.Fail(stdout, stderr, false, exitFailure, err)
 		}
 		defer func() {
 			if err := stopProfiles(); err != nil {
@@ -142,15 +143,15 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	go procscale.Run(scaleCtx)
 	p, err := proxy.New(cfg)
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("proxy: %w", err))
+		return cli.Fail(stdout, stderr, false, exitFailure, fmt.Errorf("proxy: %w", err))
 	}
 	defer p.Close()
 	if err := p.AddTrial(proxy.TrialPolicy{Spec: trialspec.Spec{ID: *trial}, Allow: list}); err != nil {
-		return fail(stdout, stderr, false, exitUsage, err)
+		return cli.Fail(stdout, stderr, false, exitUsage, err)
 	}
 	lns, err := listenAll(ctx, listen)
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, err)
+		return cli.Fail(stdout, stderr, false, exitFailure, err)
 	}
 	var addrs []net.Addr
 	var wg sync.WaitGroup
@@ -172,7 +173,7 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	select {
 	case <-ctx.Done():
 	case err := <-errs:
-		return fail(stdout, stderr, false, exitFailure, err)
+		return cli.Fail(stdout, stderr, false, exitFailure, err)
 	}
 	_ = p.Close()
 	wg.Wait()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/sandbox"
@@ -352,7 +353,7 @@ const (
 // against this host's receipt key, the run it is expected to be of
 // (--nonce, --trial), and the decision log it was signed with.
 func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("verify", "verify [--nonce STR] [--trial ID] [--key PUBLIC_KEY] [--log DECISIONS | --no-log] [-j] RECEIPT",
+	fs := cli.NewFlags("verify", "verify [--nonce STR] [--trial ID] [--key PUBLIC_KEY] [--log DECISIONS | --no-log] [-j] RECEIPT",
 		"trialnet verify --nonce 3f1c9e0a --trial eval-42 /var/lib/trialnet/reports/eval-42.json\n\n"+
 			"Exit: 0 verified; 125 forged, or another run's (nonce, Trial) or log; 3 the Trial kept a decision log and none was found (give --log, or --no-log); 4 a genuine report of a run that ended without a verdict; 2 usage.", stderr)
 	key := fs.String("key", agent.ReceiptPublicKey(agent.DefaultReceiptKey), "the host's receipt public key")
@@ -365,12 +366,12 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return sandbox.ValidID(v)
 	})
 	asJSON := jsonFlag(fs)
-	if err := parseInterspersed(fs, args); err != nil {
+	if err := cli.ParseInterspersed(fs, args); err != nil {
 		return exitUsage
 	}
 	if fs.NArg() != 1 || (*noLog && *logPath != "") {
 		fs.Usage()
-		return fail(stdout, stderr, *asJSON, exitUsage, usageError{"verify: give exactly one receipt file, and --log or --no-log, not both"})
+		return cli.Fail(stdout, stderr, *asJSON, exitUsage, usageError{"verify: give exactly one receipt file, and --log or --no-log, not both"})
 	}
 	path := fs.Arg(0)
 	r, code, err := verifyReceipt(path, *key, *nonce, *trial)
@@ -382,10 +383,10 @@ func cmdVerify(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		logState, code, err = verifyLog(r, path, *logPath, *noLog)
 	}
 	if err != nil {
-		return fail(stdout, stderr, *asJSON, code, fmt.Errorf("verify %s: %w", path, err))
+		return cli.Fail(stdout, stderr, *asJSON, code, fmt.Errorf("verify %s: %w", path, err))
 	}
 	if *asJSON {
-		printJSON(stdout, r)
+		cli.PrintJSON(stdout, r)
 		return exitOK
 	}
 	exit := "none reported"

@@ -13,6 +13,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
@@ -23,7 +24,7 @@ const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--co
 
 // cmdRun runs CMD in an ephemeral Trial (client.Run) and says how it went.
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", runUsage, "sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
+	fs := cli.NewFlags("run", runUsage, "sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
 	var f runFlags
 	f.register(fs)
 	// Flags end at CMD (or "--"): everything from CMD on is its own.
@@ -32,24 +33,24 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
-		return fail(stdout, stderr, *f.asJSON, exitUsage, usageError{"run: no command given; put it after --"})
+		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, usageError{"run: no command given; put it after --"})
 	}
 	id := *f.id
 	if id == "" {
 		id = agent.NewID()
 	} else if err := sandbox.ValidID(id); err != nil {
-		return fail(stdout, stderr, *f.asJSON, exitUsage, usageError{"run --id: " + err.Error()})
+		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, usageError{"run --id: " + err.Error()})
 	}
 	u, g, err := trialUser(f.user)
 	if err != nil {
-		return fail(stdout, stderr, *f.asJSON, exitUsage, err)
+		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, err)
 	}
 	report, err := openReport(*f.reportFile, *f.reportDir, *f.reportFD, id, u, g)
 	if err != nil {
-		return fail(stdout, stderr, *f.asJSON, exitUsage, err)
+		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, err)
 	}
 	if *f.asJSON && report == nil {
-		return fail(stdout, stderr, true, exitUsage, usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE, --report-dir DIR or --report-fd N"})
+		return cli.Fail(stdout, stderr, true, exitUsage, usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE, --report-dir DIR or --report-fd N"})
 	}
 	// Every way out from here writes the report, a refusal included: a
 	// report left at FILE by an earlier run is not read as this one's. It
@@ -65,7 +66,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				code = exitFailure
 			}
 		}
-		return fail(stdout, stderr, false, code, err)
+		return cli.Fail(stdout, stderr, false, code, err)
 	}
 	spec, cmd, err := f.spec(fs, id, u, g, stderr)
 	if err != nil {
@@ -123,7 +124,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.unixAllow, f.noUnix = unixFlags(fs)
 	f.nested = nestedFlag(fs)
 	f.noTransparent = noTransparentFlag(fs)
-	f.socket = socketFlag(fs)
+	f.socket = cli.SocketFlag(fs)
 	f.asJSON = jsonFlag(fs)
 	f.verbose = fs.Bool("v", false, "when CMD ends, print the full counter table instead of the one summary line")
 	f.showRefusals = fs.Bool("show-refusals", false, "print each refusal by the proxy on stderr as it happens")

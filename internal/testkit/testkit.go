@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -68,6 +69,18 @@ func BuildTrialnet(t testing.TB, dir, out string) {
 	cmd.Dir = dir
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build trialnet in %s: %v\n%s", dir, err, b)
+	}
+}
+
+// BuildTrialnetOCI builds cmd/trialnet-oci from the source tree at dir
+// beside the trialnet binary at trialnet, without cgo, as the Makefile
+// does: trialnet's oci-hook install and oci-runtime install write it.
+func BuildTrialnetOCI(t testing.TB, dir, trialnet string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-o", filepath.Join(filepath.Dir(trialnet), "trialnet-oci"), "./cmd/trialnet-oci")
+	cmd.Dir, cmd.Env = dir, append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build trialnet-oci in %s: %v\n%s", dir, err, b)
 	}
 }
 

@@ -130,6 +130,7 @@ func newContainerTrial(t testing.TB, id string) *world {
 	if w.bin == "" {
 		w.bin = filepath.Join(t.TempDir(), "trialnet")
 		testkit.BuildTrialnet(t, "../..", w.bin)
+		testkit.BuildTrialnetOCI(t, "../..", w.bin) // what oci-hook install and oci-runtime install write
 	}
 	dir := t.TempDir()
 	w.hooks, w.noHooks, w.rootfs = filepath.Join(dir, "hooks.d"), filepath.Join(dir, "empty.d"), filepath.Join(dir, "rootfs")
@@ -403,6 +404,10 @@ type bundleOpts struct {
 	// hook refuses; otherwise it is the least profile that keeps the key
 	// calls from the container.
 	noSeccomp bool
+	// hookBin is the hook's binary: trialnet-oci beside trialnet, as
+	// oci-hook install writes it, unless set (trialnet, as entries
+	// written before it run).
+	hookBin string
 }
 
 func (w *world) bundleWith(name string, o bundleOpts) string {
@@ -447,8 +452,11 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 		cfg["mounts"] = append(cfg["mounts"].([]map[string]any), map[string]any{"destination": dst, "type": "bind", "source": src, "options": []string{"rbind", "rw"}})
 	}
 	hooks := map[string]any{}
+	if o.hookBin == "" {
+		o.hookBin = filepath.Join(filepath.Dir(w.bin), "trialnet-oci")
+	}
 	for _, stage := range o.hooks {
-		hooks[stage] = []map[string]any{{"path": w.bin, "args": []string{"trialnet", "oci-hook", "--socket", w.sock}, "timeout": 30}}
+		hooks[stage] = []map[string]any{{"path": o.hookBin, "args": []string{"trialnet", "oci-hook", "--socket", w.sock}, "timeout": 30}}
 	}
 	cfg["hooks"] = hooks
 	b, err := json.MarshalIndent(cfg, "", "  ")

@@ -106,6 +106,7 @@ func New(t testing.TB, sock string) *Env {
 	if e.Bin == "" {
 		e.Bin = filepath.Join(t.TempDir(), "trialnet")
 		testkit.BuildTrialnet(t, moduleRoot(t), e.Bin)
+		testkit.BuildTrialnetOCI(t, moduleRoot(t), e.Bin) // what oci-hook install writes
 	}
 	var err error
 	if e.mount, err = cgroup2.Mount(); err != nil {

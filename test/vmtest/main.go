@@ -232,6 +232,7 @@ func run(ctx context.Context) error {
 type built struct {
 	tests    []builtTest
 	trialnet string
+	oci      string // trialnet-oci, beside trialnet: what its oci-hook install and oci-runtime install write
 	previous string // trialnet of the build before hand-overs (cmd/trialnet/testdata/previous-build)
 	demo     string
 	escapee  string
@@ -249,7 +250,8 @@ type builtTest struct {
 // the host builds them, with cgo: the sandbox's early C path
 // (sandbox/early.c) is what runs Trials' commands there too. The guest's
 // init runs before that root is mounted, and the escapee and the probe
-// run in containers' roots too: those are static.
+// run in containers' roots too: those are static, and trialnet-oci is
+// static as the Makefile builds it.
 func build(ctx context.Context, o *options) (*built, error) {
 	dir := filepath.Join(o.out, "bin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -261,6 +263,7 @@ func build(ctx context.Context, o *options) (*built, error) {
 	}
 	b := &built{
 		trialnet: filepath.Join(dir, "trialnet"),
+		oci:      filepath.Join(dir, "trialnet-oci"),
 		previous: filepath.Join(dir, "trialnet-previous"),
 		demo:     filepath.Join(dir, "trialnet-demo"),
 		escapee:  filepath.Join(dir, "escapee"),
@@ -269,6 +272,7 @@ func build(ctx context.Context, o *options) (*built, error) {
 	}
 	cmds := [][]string{
 		{"build", "-o", b.trialnet, "./cmd/trialnet"},
+		{"build", "-o", b.oci, "./cmd/trialnet-oci"},
 		{"build", "-o", b.demo, "./cmd/trialnet-demo"},
 		{"build", "-o", b.escapee, "./test/escape/escapee"},
 		{"build", "-o", b.probe, "./test/clients/transprobe"},
@@ -283,7 +287,7 @@ func build(ctx context.Context, o *options) (*built, error) {
 	}
 	for _, args := range cmds {
 		cmd := exec.CommandContext(ctx, "go", args...)
-		if slices.Contains(args, b.init) || slices.Contains(args, b.escapee) || slices.Contains(args, b.probe) {
+		if slices.Contains(args, b.init) || slices.Contains(args, b.escapee) || slices.Contains(args, b.probe) || slices.Contains(args, b.oci) {
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		}
 		if out, err := cmd.CombinedOutput(); err != nil {

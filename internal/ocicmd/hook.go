@@ -1,6 +1,13 @@
 //go:build linux
 
-package main
+// Package ocicmd is trialnet's OCI commands: oci-hook, the hook a
+// runtime runs for each container with a trialnet.io/ annotation, and
+// oci-runtime, the runtime Docker runs in place of runc for each of its
+// calls, with their install commands. trialnet-oci runs them; trialnet
+// runs them too, for the entries written before trialnet-oci was. It is a
+// package of its own so that trialnet-oci links nothing else: a
+// container's start waits on each of these processes' start.
+package ocicmd
 
 import (
 	"bytes"
@@ -13,13 +20,13 @@ import (
 	"maps"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/ocihook"
 )
 
@@ -27,18 +34,19 @@ import (
 // start waits on them, and an agent that does not answer refuses it.
 const hookAgentTimeout = 20 * time.Second
 
-// cmdOCIHook is run by an OCI runtime at createRuntime with the state
-// on stdin; "install" writes its hooks.d entry. Its exit status is the
-// verdict: non-zero makes the runtime refuse the container.
-func cmdOCIHook(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// Hook is oci-hook, run by an OCI runtime at createRuntime with the
+// state on stdin; "install" writes its hooks.d entries, which run bin.
+// Its exit status is the verdict: non-zero makes the runtime refuse the
+// container.
+func Hook(ctx context.Context, args []string, stdout, stderr io.Writer, bin Binary) int {
 	if len(args) > 0 && args[0] == "install" {
-		return cmdOCIHookInstall(args[1:], stdout, stderr)
+		return hookInstall(args[1:], stdout, stderr, bin)
 	}
-	fs := newFlags("oci-hook", "oci-hook [--socket S]   (run by an OCI runtime at createRuntime; reads the state on stdin)\n       trialnet oci-hook install [--hooks-dir DIR] [--force] [--print]",
+	fs := cli.NewFlags("oci-hook", "oci-hook [--socket S]   (run by an OCI runtime at createRuntime; reads the state on stdin)\n       trialnet oci-hook install [--hooks-dir DIR] [--force] [--print]",
 		"podman run --annotation trialnet.io/trial=eval-42 ...   (after: sudo trialnet oci-hook install)", stderr)
-	socket := socketFlag(fs)
-	if err := parseNoArgs(fs, args); err != nil {
-		return exitUsage
+	socket := cli.SocketFlag(fs)
+	if err := cli.ParseNoArgs(fs, args); err != nil {
+		return cli.ExitUsage
 	}
 	ctx, cancel := context.WithTimeout(ctx, hookAgentTimeout)
 	defer cancel()
@@ -55,9 +63,9 @@ func cmdOCIHook(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		fmt.Fprintf(stderr, "trialnet oci-hook: %v\n", err)
 		logRefusal(err)
-		return exitFailure
+		return cli.ExitFailure
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // maxHookInput bounds the hook's standard input: a state, or podman's
@@ -79,8 +87,8 @@ func logRefusal(err error) {
 	_ = w.Close()
 }
 
-func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--precreate=false] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
+func hookInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
+	fs := cli.NewFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--precreate=false] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
 		"sudo trialnet oci-hook install   # podman and CRI-O then run the hook for containers annotated trialnet.io/...", stderr)
 	dir := fs.String("hooks-dir", ocihook.DefaultHooksDir, "the runtime's hooks directory (podman --hooks-dir, CRI-O hooks_dir)")
 	profilePath := fs.String("seccomp-profile", ocihook.DefaultSeccompProfile, "where to write the seccomp profile for containers in a Trial (podman --security-opt seccomp=FILE)")
@@ -89,16 +97,13 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	printOnly := fs.Bool("print", false, "print the entries instead of writing them")
 	printSeccomp := fs.Bool("print-seccomp", false, "print the seccomp profile instead of writing it")
 	precreate := fs.Bool("precreate", true, "run the hook at podman's precreate stage too, which profile containers need where the BPF LSM layer is active; false for CRI-O or a podman before 4.3, whose hooks library refuses an entry with it")
-	socket := socketFlag(fs)
-	if err := parseNoArgs(fs, args); err != nil {
-		return exitUsage
+	socket := cli.SocketFlag(fs)
+	if err := cli.ParseNoArgs(fs, args); err != nil {
+		return cli.ExitUsage
 	}
-	self, err := os.Executable()
-	if err == nil {
-		self, err = filepath.EvalSymlinks(self)
-	}
+	self, err := bin()
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: where is this trialnet: %w", err))
+		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-hook install: %w", err))
 	}
 	hookArgs := []string{"trialnet", "oci-hook"}
 	if *socket != client.DefaultSocket {
@@ -106,7 +111,7 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	}
 	if *precreate && !flagSet(fs, "precreate") {
 		if err := precreateRefused(); err != nil {
-			return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: %w", err))
+			return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-hook install: %w", err))
 		}
 	}
 	entries, err := ocihook.Entries(self, hookArgs)
@@ -114,25 +119,25 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 		entries[ocihook.HookFile], err = ocihook.WithPrecreate(entries[ocihook.HookFile])
 	}
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, err)
+		return cli.Fail(stdout, stderr, false, cli.ExitFailure, err)
 	}
 	profile, from, err := seccompProfile(*base, *base != ocihook.DefaultSeccompBase)
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: %w", err))
+		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-hook install: %w", err))
 	}
 	switch {
 	case *printOnly:
 		for _, name := range slices.Sorted(maps.Keys(entries)) {
 			fmt.Fprintf(stdout, "==> %s <==\n%s", name, entries[name])
 		}
-		return exitOK
+		return cli.ExitOK
 	case *printSeccomp:
 		_, _ = stdout.Write(profile)
-		return exitOK
+		return cli.ExitOK
 	}
 	paths, changed, err := ocihook.Install(*dir, entries, *force)
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: %w", err))
+		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-hook install: %w", err))
 	}
 	if changed {
 		fmt.Fprintf(stdout, "wrote %s: containers annotated trialnet.io/trial=ID are checked by %s oci-hook before they start, those annotated trialnet.io/profile=NAME get a Trial that ends with them\n", strings.Join(paths, " and "), self)
@@ -141,14 +146,14 @@ func cmdOCIHookInstall(args []string, stdout, stderr io.Writer) int {
 	}
 	changed, err = ocihook.InstallSeccompProfile(*profilePath, profile, *force)
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-hook install: %w", err))
+		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-hook install: %w", err))
 	}
 	if changed {
 		fmt.Fprintf(stdout, "wrote %s (%s): run podman's containers in a Trial with --security-opt seccomp=%s; the hook refuses a container whose profile lets it use the kernel's keyrings\n", *profilePath, from, *profilePath)
 	} else {
 		fmt.Fprintf(stdout, "%s is already this profile\n", *profilePath)
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // flagSet says whether name was given on the command line.

@@ -1,49 +1,49 @@
 //go:build linux
 
-package main
+package ocicmd
 
 import (
 	"context"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/ociruntime"
 	"golang.org/x/sys/unix"
 )
 
-// cmdOCIRuntime is the runtime Docker runs in place of runc ("install"
-// registers it in daemon.json): trialnet oci-runtime [--runc R]
+// Runtime is oci-runtime, the runtime Docker runs in place of runc
+// ("install" registers bin in daemon.json): oci-runtime [--runc R]
 // [--socket S] -- RUNC-ARGS. It prepares the bundle of a container that
-// names a Trial and becomes runc; on any error it refuses, and runc
-// never runs.
-func cmdOCIRuntime(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// names a Trial, with this binary as its hook, and becomes runc; on any
+// error it refuses, and runc never runs.
+func Runtime(ctx context.Context, args []string, stdout, stderr io.Writer, bin Binary) int {
 	if len(args) > 0 && args[0] == "install" {
-		return cmdOCIRuntimeInstall(args[1:], stdout, stderr)
+		return runtimeInstall(args[1:], stdout, stderr, bin)
 	}
-	fs := newFlags("oci-runtime", "oci-runtime [--runc PATH] [--socket S] -- RUNC-ARGS...   (run by Docker as its runtime)\n       trialnet oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print]",
+	fs := cli.NewFlags("oci-runtime", "oci-runtime [--runc PATH] [--socket S] -- RUNC-ARGS...   (run by Docker as its runtime)\n       trialnet oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print]",
 		"docker run --runtime trialnet --cgroup-parent trialnet-eval-42.slice --network none IMAGE   (after: sudo trialnet oci-runtime install)", stderr)
 	runc := fs.String("runc", ociruntime.DefaultRunc, "the OCI runtime to run")
-	socket := socketFlag(fs)
+	socket := cli.SocketFlag(fs)
 	sep := slices.Index(args, "--")
 	if sep < 0 {
-		if err := parseNoArgs(fs, args); err == nil { // -h and bad flags are answered there
+		if err := cli.ParseNoArgs(fs, args); err == nil { // -h and bad flags are answered there
 			fmt.Fprintln(stderr, "trialnet oci-runtime: no '--' before runc's arguments: is this run as the runtime daemon.json names ('trialnet oci-runtime install --print')?")
 		}
-		return exitUsage
+		return cli.ExitUsage
 	}
-	if err := parseNoArgs(fs, args[:sep]); err != nil {
-		return exitUsage
+	if err := cli.ParseNoArgs(fs, args[:sep]); err != nil {
+		return cli.ExitUsage
 	}
 	runcArgs := args[sep+1:]
 	refuse := func(err error) int {
 		fmt.Fprintf(stderr, "trialnet oci-runtime: %v\n", err)
 		ociruntime.LogRefusal(runcArgs, err)
 		logRefusal(err)
-		return exitFailure
+		return cli.ExitFailure
 	}
 	self, err := executable()
 	if err != nil {
@@ -65,48 +65,37 @@ func cmdOCIRuntime(ctx context.Context, args []string, stdout, stderr io.Writer)
 	return refuse(fmt.Errorf("run %s: %w", *runc, unix.Exec(*runc, append([]string{*runc}, out...), os.Environ())))
 }
 
-func executable() (string, error) {
-	self, err := os.Executable()
-	if err == nil {
-		self, err = filepath.EvalSymlinks(self)
-	}
-	if err != nil {
-		return "", fmt.Errorf("where is this trialnet: %w", err)
-	}
-	return self, nil
-}
-
-func cmdOCIRuntimeInstall(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("oci-runtime install", "oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print] [--socket S]",
+func runtimeInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
+	fs := cli.NewFlags("oci-runtime install", "oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print] [--socket S]",
 		"sudo trialnet oci-runtime install && sudo systemctl reload docker   # then: docker run --runtime trialnet ...", stderr)
 	path := fs.String("daemon-json", ociruntime.DefaultDaemonJSON, "dockerd's configuration file")
 	name := fs.String("name", ociruntime.DefaultName, "the runtime's name (docker run --runtime NAME)")
 	runc := fs.String("runc", ociruntime.DefaultRunc, "the OCI runtime the wrapper runs")
 	force := fs.Bool("force", false, "replace a different runtime of that name")
 	printOnly := fs.Bool("print", false, "print the daemon.json entry instead of merging it")
-	socket := socketFlag(fs)
-	if err := parseNoArgs(fs, args); err != nil {
-		return exitUsage
+	socket := cli.SocketFlag(fs)
+	if err := cli.ParseNoArgs(fs, args); err != nil {
+		return cli.ExitUsage
 	}
-	self, err := executable()
+	self, err := bin()
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-runtime install: %w", err))
+		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-runtime install: %w", err))
 	}
 	rt, err := ociruntime.Entry(self, *runc, *socket)
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-runtime install: %w", err))
+		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-runtime install: %w", err))
 	}
 	if *printOnly {
 		b, err := ociruntime.Fragment(*name, rt)
 		if err != nil {
-			return fail(stdout, stderr, false, exitFailure, err)
+			return cli.Fail(stdout, stderr, false, cli.ExitFailure, err)
 		}
 		_, _ = stdout.Write(b)
-		return exitOK
+		return cli.ExitOK
 	}
 	changed, err := ociruntime.Install(*path, *name, rt, *force)
 	if err != nil {
-		return fail(stdout, stderr, false, exitFailure, fmt.Errorf("oci-runtime install: %w", err))
+		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-runtime install: %w", err))
 	}
 	if changed {
 		fmt.Fprintf(stdout, "wrote runtimes.%s to %s: reload dockerd (systemctl reload docker, or SIGHUP) and run containers with --runtime %s --cgroup-parent %sID%s --network none\n",
@@ -114,5 +103,5 @@ func cmdOCIRuntimeInstall(args []string, stdout, stderr io.Writer) int {
 	} else {
 		fmt.Fprintf(stdout, "%s already has this runtime %s\n", *path, *name)
 	}
-	return exitOK
+	return cli.ExitOK
 }

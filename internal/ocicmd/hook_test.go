@@ -1,14 +1,25 @@
 //go:build linux
 
-package main
+package ocicmd
 
 import (
+	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/trialnet/trialnet/internal/cli"
 )
+
+// hook runs oci-hook with args as trialnet-oci at a made-up path.
+func hook(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := Hook(context.Background(), args, &out, &errOut, func() (string, error) { return "/opt/trialnet/bin/trialnet-oci", nil })
+	return code, out.String(), errOut.String()
+}
 
 // oci-hook install writes the hooks.d entry and the seccomp profile: the
 // base profile with the key calls refused, or, with no base at the
@@ -22,9 +33,9 @@ func TestOCIHookInstallSeccomp(t *testing.T) {
 		t.Fatal(err)
 	}
 	profile := filepath.Join(dir, "etc", "seccomp.json")
-	args := []string{"oci-hook", "install", "--hooks-dir", filepath.Join(dir, "hooks.d"), "--seccomp-profile", profile, "--seccomp-base", base}
-	code, out, errOut := trialnet(args...)
-	if code != exitOK || !strings.Contains(out, "wrote "+profile+" ("+base+" with add_key, keyctl, request_key refused)") ||
+	args := []string{"install", "--hooks-dir", filepath.Join(dir, "hooks.d"), "--seccomp-profile", profile, "--seccomp-base", base}
+	code, out, errOut := hook(args...)
+	if code != cli.ExitOK || !strings.Contains(out, "wrote "+profile+" ("+base+" with add_key, keyctl, request_key refused)") ||
 		!strings.Contains(out, "--security-opt seccomp="+profile) {
 		t.Fatalf("install: exit %d\n%s%s", code, out, errOut)
 	}
@@ -32,16 +43,16 @@ func TestOCIHookInstallSeccomp(t *testing.T) {
 	if err != nil || strings.Count(string(b), `"keyctl"`) != 1 || !strings.Contains(string(b), `"SCMP_ACT_ERRNO"`) {
 		t.Fatalf("profile %s: %v", b, err)
 	}
-	if code, out, _ := trialnet(args...); code != exitOK || !strings.Contains(out, profile+" is already this profile") {
+	if code, out, _ := hook(args...); code != cli.ExitOK || !strings.Contains(out, profile+" is already this profile") {
 		t.Errorf("a second install: exit %d\n%s", code, out)
 	}
 	if err := os.WriteFile(base, []byte(`{"defaultAction":"SCMP_ACT_ALLOW"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if code, _, errOut := trialnet(args...); code == exitOK || !strings.Contains(errOut, "holds another seccomp profile") {
+	if code, _, errOut := hook(args...); code == cli.ExitOK || !strings.Contains(errOut, "holds another seccomp profile") {
 		t.Errorf("a different profile in the way: exit %d\n%s", code, errOut)
 	}
-	if code, _, errOut := trialnet(append(args[:len(args)-1], filepath.Join(dir, "absent.json"))...); code == exitOK || !strings.Contains(errOut, "the seccomp profile to start from") {
+	if code, _, errOut := hook(append(args[:len(args)-1], filepath.Join(dir, "absent.json"))...); code == cli.ExitOK || !strings.Contains(errOut, "the seccomp profile to start from") {
 		t.Errorf("a named base that is absent: exit %d\n%s", code, errOut)
 	}
 	least, from, err := seccompProfile(filepath.Join(dir, "absent.json"), false)
@@ -58,15 +69,15 @@ func TestOCIHookInstallSeccomp(t *testing.T) {
 func TestOCIHookInstallPrecreate(t *testing.T) {
 	bin := t.TempDir()
 	t.Setenv("PATH", bin)
-	args := []string{"oci-hook", "install", "--print"}
+	args := []string{"install", "--print"}
 	stages := func(extra ...string) (int, string, string) {
 		t.Helper()
-		code, out, errOut := trialnet(append(slices.Clone(args), extra...)...)
+		code, out, errOut := hook(append(slices.Clone(args), extra...)...)
 		_, entry, _ := strings.Cut(out, "==> trialnet.json <==")
 		entry, _, _ = strings.Cut(entry, "==>")
 		return code, entry, errOut
 	}
-	if code, entry, errOut := stages(); code != exitOK || !strings.Contains(entry, `"precreate",`) {
+	if code, entry, errOut := stages(); code != cli.ExitOK || !strings.Contains(entry, `"precreate",`) {
 		t.Fatalf("no runtime here: exit %d, want precreate in trialnet.json:\n%s%s", code, entry, errOut)
 	}
 	fake := func(name, script string) {
@@ -76,21 +87,21 @@ func TestOCIHookInstallPrecreate(t *testing.T) {
 		}
 	}
 	fake("podman", "echo podman version 4.2.1")
-	if code, _, errOut := stages(); code == exitOK || !strings.Contains(errOut, "this podman is 4.2") || !strings.Contains(errOut, "--precreate=false") {
+	if code, _, errOut := stages(); code == cli.ExitOK || !strings.Contains(errOut, "this podman is 4.2") || !strings.Contains(errOut, "--precreate=false") {
 		t.Errorf("podman 4.2: exit %d, want refused with the choices:\n%s", code, errOut)
 	}
 	fake("podman", "echo podman version 4.3.1")
-	if code, entry, errOut := stages(); code != exitOK || !strings.Contains(entry, `"precreate",`) {
+	if code, entry, errOut := stages(); code != cli.ExitOK || !strings.Contains(entry, `"precreate",`) {
 		t.Errorf("podman 4.3.1: exit %d, want precreate:\n%s%s", code, entry, errOut)
 	}
 	fake("crio", "exit 0")
-	if code, _, errOut := stages(); code == exitOK || !strings.Contains(errOut, "CRI-O is installed here") || !strings.Contains(errOut, "--precreate=false") {
+	if code, _, errOut := stages(); code == cli.ExitOK || !strings.Contains(errOut, "CRI-O is installed here") || !strings.Contains(errOut, "--precreate=false") {
 		t.Errorf("CRI-O: exit %d, want refused with the choices:\n%s", code, errOut)
 	}
-	if code, entry, errOut := stages("--precreate=false"); code != exitOK || strings.Contains(entry, "precreate") || !strings.Contains(entry, `"createRuntime"`) {
+	if code, entry, errOut := stages("--precreate=false"); code != cli.ExitOK || strings.Contains(entry, "precreate") || !strings.Contains(entry, `"createRuntime"`) {
 		t.Errorf("CRI-O, --precreate=false: exit %d, want createRuntime alone:\n%s%s", code, entry, errOut)
 	}
-	if code, entry, errOut := stages("--precreate"); code != exitOK || !strings.Contains(entry, `"precreate",`) {
+	if code, entry, errOut := stages("--precreate"); code != cli.ExitOK || !strings.Contains(entry, `"precreate",`) {
 		t.Errorf("CRI-O, --precreate asked for: exit %d, want it:\n%s%s", code, entry, errOut)
 	}
 }
