@@ -79,6 +79,11 @@ func TestPreparedLedgerTouchedIsRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "mode 100644"},
+		{"its owner changed", func(t *testing.T, path string) {
+			if err := os.Chown(path, 65534, 65534); err != nil {
+				t.Skip("not root:", err)
+			}
+		}, "owner 65534"},
 		{"a file beside it", func(t *testing.T, path string) {
 			if err := os.WriteFile(filepath.Join(filepath.Dir(path), "1"), nil, 0o600); err != nil {
 				t.Fatal(err)
