@@ -151,7 +151,7 @@ type probe struct {
 	out *bufio.Reader
 }
 
-func startProbe(t *testing.T, cgroup string) *probe {
+func startProbe(t testing.TB, cgroup string) *probe {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {

@@ -28,7 +28,7 @@ import (
 
 // readyShells waits (bounded) until the agent has n shells ready and
 // returns their names.
-func readyShells(t *testing.T, a *Agent, n int) []string {
+func readyShells(t testing.TB, a *Agent, n int) []string {
 	t.Helper()
 	for end := time.Now().Add(15 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		a.shells.mu.Lock()
