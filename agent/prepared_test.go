@@ -324,8 +324,16 @@ func TestPrivilegedAgentTakesPreparedFiles(t *testing.T) {
 	})
 	readyShells(t, a, config.DefaultPrepared)
 	logs, ledgers := preparedInodes(t, a)
+	time.Sleep(50 * time.Millisecond) // the prepared files' times are before this
+	start := time.Now()
 	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-files"}); err != nil {
 		t.Fatal(err)
+	}
+	// Dated as made now: the retention rule reads these times.
+	for _, p := range []string{filepath.Join(a.cfg.DataDir, "agt-files"), filepath.Join(a.cfg.DataDir, "agt-files", decisionsFile)} {
+		if st, err := os.Stat(p); err != nil || st.ModTime().Before(start.Add(-10*time.Millisecond)) {
+			t.Errorf("%s: modified %v, before the create at %v (%v)", p, st.ModTime(), start, err)
+		}
 	}
 	name, ok := logs[inode(t, filepath.Join(a.cfg.DataDir, "agt-files", decisionsFile))]
 	if !ok {

@@ -111,6 +111,13 @@ func (f *trialFiles) takeData(a *Agent, id string) *os.File {
 		}
 		return nil
 	}
+	// Its times are the Trial's start, as a directory and log made now
+	// have (the retention rule reads them of a Trial whose agent died).
+	now := []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
+	if err := errors.Join(unix.UtimesNanoAt(int(f.dir.Fd()), decisionsFile, now, unix.AT_SYMLINK_NOFOLLOW),
+		unix.UtimesNanoAt(int(f.data.Fd()), id, now, unix.AT_SYMLINK_NOFOLLOW)); err != nil {
+		a.log.Warn("a prepared Trial data directory's times could not be set to its start", "trial", id, "error", err)
+	}
 	_ = f.dir.Close()
 	f.dir = nil
 	return log
