@@ -250,6 +250,12 @@ func TestPrivilegedAgentReloadPrepared(t *testing.T) {
 			t.Fatalf("the shell dropped by the reload is left: %v", v1Groups(t, first[0]))
 		}
 	}
+	// The Trials' files kept beside the shells go with them.
+	for end := time.Now().Add(10 * time.Second); len(shellEntries(t, a.cfg.DataDir))+len(shellEntries(t, a.cfg.Host.StateDir)) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the Trial's files dropped by the reload are left: %v %v", shellEntries(t, a.cfg.DataDir), shellEntries(t, a.cfg.Host.StateDir))
+		}
+	}
 	writeConfig(t, path, "prepared: 3\n")
 	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
 		t.Fatal(err)
