@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/ledger"
 	"github.com/trialnet/trialnet/sandbox"
 	"golang.org/x/sys/unix"
@@ -126,7 +127,8 @@ func (f *trialFiles) takeData(a *Agent, id string) *os.File {
 // untouched refuses a prepared data directory, renamed to f.name, that
 // anything but this process changed: the directory at the name is the
 // one made, root's alone, and holds only its decision log, the file
-// made (one link, root's alone, empty).
+// made (one link, root's alone, empty, open here alone: an open
+// elsewhere could write records into it later).
 func (f *trialFiles) untouched(log *os.File) error {
 	var at, dir, inDir, held unix.Stat_t
 	if err := unix.Fstatat(int(f.data.Fd()), f.name, &at, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -160,6 +162,9 @@ func (f *trialFiles) untouched(log *os.File) error {
 		return errors.New("its decision log is another than the one made")
 	case held.Nlink != 1 || held.Uid != euid || held.Mode != unix.S_IFREG|0o600 || held.Size != 0:
 		return fmt.Errorf("its decision log has %d links, owner %d, mode %o, size %d", held.Nlink, held.Uid, held.Mode, held.Size)
+	}
+	if err := rootdir.OpenOnlyHere(log); err != nil {
+		return fmt.Errorf("its decision log: %w", err)
 	}
 	return nil
 }

@@ -35,6 +35,11 @@ func TestPreparedDataTouchedIsRefused(t *testing.T) {
 		{"its log's mode changed", func(t *testing.T, dir string) {
 			must(t, os.Chmod(filepath.Join(dir, decisionsFile), 0o644))
 		}, "mode 100644"},
+		{"its log held open elsewhere", func(t *testing.T, dir string) {
+			f, err := os.Open(filepath.Join(dir, decisionsFile))
+			must(t, err)
+			t.Cleanup(func() { _ = f.Close() })
+		}, "open elsewhere"},
 		{"its log's owner changed", func(t *testing.T, dir string) {
 			must(t, os.Chown(filepath.Join(dir, decisionsFile), 65534, 65534))
 		}, "owner 65534"},

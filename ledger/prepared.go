@@ -11,6 +11,8 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/trialnet/trialnet/internal/rootdir"
 )
 
 // Prepared is this process's ledger made ahead of its Trial (Prepare),
@@ -62,10 +64,11 @@ func (p *Prepared) Take(id string) (*Ledger, error) {
 	return p.l, nil
 }
 
-// untouched refuses a ledger that anything but this process wrote, and
-// a directory with anything in it but the ledger: the file at its path
-// is the one Prepare made (one link, root's alone, its size), and holds
-// nothing but the header its page starts with.
+// untouched refuses a ledger that anything but this process wrote or
+// holds open, and a directory with anything in it but the ledger: the
+// file at its path is the one Prepare made (one link, root's alone, its
+// size), holds nothing but the header its page starts with, and is open
+// here alone.
 func (p *Prepared) untouched(state *os.File) error {
 	dir, err := openAt(state, trialDirName(p.l.id), trialDir(p.l.dir, p.l.id), unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
@@ -101,7 +104,7 @@ func (p *Prepared) untouched(state *os.File) error {
 	if off, err := unix.Seek(int(p.f.Fd()), int64(page), unix.SEEK_DATA); !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("it holds data at %d (%v)", off, err)
 	}
-	return nil
+	return rootdir.OpenOnlyHere(p.f)
 }
 
 // Remove removes a ledger that was not taken.

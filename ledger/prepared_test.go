@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -84,6 +86,25 @@ func TestPreparedLedgerTouchedIsRefused(t *testing.T) {
 				t.Skip("not root:", err)
 			}
 		}, "owner 65534"},
+		{"it held open elsewhere", func(t *testing.T, path string) {
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = f.Close() })
+		}, "open elsewhere"},
+		{"it mapped elsewhere", func(t *testing.T, path string) {
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mem, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			_ = f.Close() // the mapping keeps it open
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = unix.Munmap(mem) })
+		}, "open elsewhere"},
 		{"a file beside it", func(t *testing.T, path string) {
 			if err := os.WriteFile(filepath.Join(filepath.Dir(path), "1"), nil, 0o600); err != nil {
 				t.Fatal(err)
