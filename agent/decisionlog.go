@@ -72,6 +72,12 @@ func (l *decisionLog) open(path string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return l.openFile(f)
+}
+
+// openFile is open with the file opened (read, write and append), which
+// the log owns from here.
+func (l *decisionLog) openFile(f *os.File) (int64, error) {
 	st, err := f.Stat()
 	if err != nil {
 		_ = f.Close()

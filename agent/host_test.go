@@ -82,7 +82,7 @@ func TestPrivilegedUninstallForceDestroysTrials(t *testing.T) {
 // isolatedHost is a host configuration of the test's own: its own parent
 // cgroup, pins and namespace directory, so that tests running at the same
 // time (other packages too) never see each other's Trials.
-func isolatedHost(t *testing.T) Config {
+func isolatedHost(t testing.TB) Config {
 	t.Helper()
 	mount, err := sandbox.Cgroup2Mount()
 	if err != nil {

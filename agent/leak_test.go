@@ -85,7 +85,13 @@ func TestPrivilegedCreateDestroy200NoLeaks(t *testing.T) {
 	if n := a.host.BPF.TrialCount(); n != 0 {
 		t.Errorf("%d policy entries left", n)
 	}
-	if entries, _ := os.ReadDir(a.cfg.Host.StateDir); len(entries) != 0 {
-		t.Errorf("state files left: %d", len(entries))
+	// The Trials' files kept ready beside the shells are the pool's.
+	if entries, _ := os.ReadDir(a.cfg.Host.StateDir); len(entries) != len(shellEntries(t, a.cfg.Host.StateDir)) {
+		t.Errorf("state files left: %d", len(entries)-len(shellEntries(t, a.cfg.Host.StateDir)))
+	}
+	for _, d := range []string{a.cfg.Host.StateDir, a.cfg.DataDir} {
+		if n := len(shellEntries(t, d)); n > a.file.Load().PreparedShells() {
+			t.Errorf("%d Trials' files kept in %s, more than prepared", n, d)
+		}
 	}
 }

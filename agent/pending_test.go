@@ -151,7 +151,7 @@ type probe struct {
 	out *bufio.Reader
 }
 
-func startProbe(t *testing.T, cgroup string) *probe {
+func startProbe(t testing.TB, cgroup string) *probe {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -219,9 +219,17 @@ func TestPrivilegedPreparedContainerAdopted(t *testing.T) {
 	if !w.a.host.BPF.IsPending(id) {
 		t.Fatal("a refused adoption took another container's pending entry")
 	}
+	logs, ledgers := preparedInodes(t, w.a)
 	info, err := w.a.ContainerTrial(ctx, client.ContainerTrial{Profile: "pend", Container: client.Container{ID: "ctr-a", PID: p.pid}})
 	if err != nil {
 		t.Fatalf("adopt the prepared container: %v", err)
+	}
+	// The adoption takes a Trial's files made ahead, as a create does.
+	if _, ok := logs[inode(t, filepath.Join(w.cfg.DataDir, info.ID, decisionsFile))]; !ok {
+		t.Error("the adopted Trial's decision log is not a prepared one")
+	}
+	if _, ok := ledgers[inode(t, filepath.Join(w.cfg.Host.StateDir, info.ID+".ledgers", fmt.Sprint(os.Getpid())))]; !ok {
+		t.Error("the adopted Trial's ledger is not a prepared one")
 	}
 	if info.Cgroup != pc.Cgroup || w.a.host.BPF.IsPending(id) || !w.a.host.BPF.HasTrial(id) {
 		t.Errorf("adopted: cgroup %s (prepared %s), pending %v, entry %v", info.Cgroup, pc.Cgroup, w.a.host.BPF.IsPending(id), w.a.host.BPF.HasTrial(id))

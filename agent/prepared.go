@@ -25,20 +25,26 @@ import (
 // One goroutine refills it, one shell at a time, and only while no call
 // that changes Trials runs (enter): it does not compete with the
 // creates it is there to speed up, nor with destroys. Shells are this process's alone: never recorded, never
-// handed over, removed by Close.
+// handed over, removed by Close. Beside them it keeps as many Trials'
+// files (trialFiles), which a create takes with a shell and a container's
+// adoption, which brings its own namespace and cgroup, without one.
 type shells struct {
 	a  *Agent
 	mu sync.Mutex
 	// ready are the shells made, of the transparent mode in mode.
 	ready []*prepShell
+	// files are the Trials' files made.
+	files []*trialFiles
 	// mode is the transparent mode of the last create: shells are made
 	// for that one (a shell of the other is not taken).
 	mode atomic.Bool
-	// prepare makes a shell (the host's Prepare); under mu.
-	prepare func(transparent bool) (*prepShell, error)
-	kickc   chan struct{}
-	stopc   chan struct{}
-	done    chan struct{}
+	// prepare makes a shell (the host's Prepare), prepareFiles a
+	// Trial's files; under mu.
+	prepare      func(transparent bool) (*prepShell, error)
+	prepareFiles func() (*trialFiles, error)
+	kickc        chan struct{}
+	stopc        chan struct{}
+	done         chan struct{}
 }
 
 // startShells sweeps what shells of stopped agents left and starts the
@@ -46,7 +52,7 @@ type shells struct {
 // Trial, and leaves the sweep to the daemon's start (a listing of every
 // Trial's group) off its path.
 func (a *Agent) startShells() {
-	s := &shells{a: a, prepare: a.prepareShell, kickc: make(chan struct{}, 1), stopc: make(chan struct{}), done: make(chan struct{})}
+	s := &shells{a: a, prepare: a.prepareShell, prepareFiles: a.prepareFiles, kickc: make(chan struct{}, 1), stopc: make(chan struct{}), done: make(chan struct{})}
 	s.mode.Store(true) // a Trial's default (config.File.Spec)
 	a.shells = s
 	if a.cfg.Ephemeral {
@@ -54,6 +60,7 @@ func (a *Agent) startShells() {
 		return
 	}
 	a.host.SweepShells(pidAlive)
+	a.sweepFiles(pidAlive)
 	go s.refill()
 	s.kick()
 }
@@ -90,6 +97,20 @@ func (s *shells) take(transparent bool) *prepShell {
 		}
 	}
 	return nil
+}
+
+// takeFiles takes a Trial's files made ahead, or returns nil: the
+// Trial's are made afresh.
+func (s *shells) takeFiles() *trialFiles {
+	defer s.kick()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.files) == 0 {
+		return nil
+	}
+	f := s.files[len(s.files)-1]
+	s.files = s.files[:len(s.files)-1]
+	return f
 }
 
 // refill makes shells up to the configured number whenever kicked (a
@@ -135,10 +156,39 @@ func (s *shells) quiet() bool {
 	}
 }
 
-// fillOne makes one missing shell (dropping the unwanted first); false
-// when there is nothing to do or making one failed.
+// fillOne makes one missing Trial's files or, with none missing, one
+// missing shell (dropping the unwanted first); false when there is
+// nothing to do or making one failed. The files come first: they are
+// cheaper, and an adoption uses them alone.
 func (s *shells) fillOne() bool {
 	want, mode := s.a.file.Load().PreparedShells(), s.mode.Load()
+	s.mu.Lock()
+	var dropFiles []*trialFiles
+	if len(s.files) > want {
+		s.files, dropFiles = s.files[:want], s.files[want:]
+	}
+	missingFiles, prepareFiles := len(s.files) < want, s.prepareFiles
+	s.mu.Unlock()
+	for _, f := range dropFiles {
+		f.close()
+	}
+	if missingFiles {
+		f, err := prepareFiles()
+		if err != nil {
+			s.a.log.Warn("a Trial's files could not be prepared; creates make them themselves until they can", "error", err)
+			return false
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		select {
+		case <-s.stopc:
+			f.close() // closed meanwhile
+			return false
+		default:
+		}
+		s.files = append(s.files, f)
+		return true
+	}
 	s.mu.Lock()
 	var keep, drop []*prepShell
 	for _, sh := range s.ready {
@@ -185,11 +235,14 @@ func (s *shells) close() {
 	s.mu.Unlock()
 	<-s.done
 	s.mu.Lock()
-	ready := s.ready
-	s.ready = nil
+	ready, files := s.ready, s.files
+	s.ready, s.files = nil, nil
 	s.mu.Unlock()
 	for _, sh := range ready {
 		sh.close()
+	}
+	for _, f := range files {
+		f.close()
 	}
 }
 

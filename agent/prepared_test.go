@@ -23,11 +23,12 @@ import (
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 	trialspec "github.com/trialnet/trialnet/trial"
+	"golang.org/x/sys/unix"
 )
 
 // readyShells waits (bounded) until the agent has n shells ready and
 // returns their names.
-func readyShells(t *testing.T, a *Agent, n int) []string {
+func readyShells(t testing.TB, a *Agent, n int) []string {
 	t.Helper()
 	for end := time.Now().Add(15 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		a.shells.mu.Lock()
@@ -249,9 +250,193 @@ func TestPrivilegedAgentReloadPrepared(t *testing.T) {
 			t.Fatalf("the shell dropped by the reload is left: %v", v1Groups(t, first[0]))
 		}
 	}
+	// The Trials' files kept beside the shells go with them.
+	for end := time.Now().Add(10 * time.Second); len(shellEntries(t, a.cfg.DataDir))+len(shellEntries(t, a.cfg.Host.StateDir)) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the Trial's files dropped by the reload are left: %v %v", shellEntries(t, a.cfg.DataDir), shellEntries(t, a.cfg.Host.StateDir))
+		}
+	}
 	writeConfig(t, path, "prepared: 3\n")
 	if _, err := a.Reload(context.Background(), client.ReloadRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	readyShells(t, a, 3)
+}
+
+// preparedInodes waits (bounded) until a has as many Trials' files
+// ready as shells to keep, and returns the inodes of their decision logs
+// and ledgers.
+func preparedInodes(t *testing.T, a *Agent) (logs, ledgers map[uint64]string) {
+	t.Helper()
+	logs, ledgers = map[uint64]string{}, map[uint64]string{}
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		a.shells.mu.Lock()
+		if len(a.shells.files) == a.file.Load().PreparedShells() {
+			break
+		}
+		a.shells.mu.Unlock()
+		if time.Now().After(end) {
+			t.Fatal("the Trials' files to keep are not ready")
+		}
+	}
+	defer a.shells.mu.Unlock()
+	for _, f := range a.shells.files {
+		logs[inode(t, filepath.Join(a.cfg.DataDir, f.name, decisionsFile))] = f.name
+		ledgers[inode(t, filepath.Join(a.cfg.Host.StateDir, f.name+".ledgers", fmt.Sprint(os.Getpid())))] = f.name
+	}
+	return logs, ledgers
+}
+
+func inode(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// shellEntries are the names in dir that prepared files have.
+func shellEntries(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), sandbox.ShellPrefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// A create takes a Trial's files made ahead: its decision log and
+// ledger are the prepared ones, renamed to the Trial's; Close removes
+// the ones not taken.
+func TestPrivilegedAgentTakesPreparedFiles(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 232)
+	a, err := Start(w.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			a.Close(true)
+		}
+	})
+	readyShells(t, a, config.DefaultPrepared)
+	logs, ledgers := preparedInodes(t, a)
+	time.Sleep(50 * time.Millisecond) // the prepared files' times are before this
+	start := time.Now()
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-files"}); err != nil {
+		t.Fatal(err)
+	}
+	// Dated as made now: the retention rule reads these times.
+	for _, p := range []string{filepath.Join(a.cfg.DataDir, "agt-files"), filepath.Join(a.cfg.DataDir, "agt-files", decisionsFile)} {
+		if st, err := os.Stat(p); err != nil || st.ModTime().Before(start.Add(-10*time.Millisecond)) {
+			t.Errorf("%s: modified %v, before the create at %v (%v)", p, st.ModTime(), start, err)
+		}
+	}
+	name, ok := logs[inode(t, filepath.Join(a.cfg.DataDir, "agt-files", decisionsFile))]
+	if !ok {
+		t.Fatal("the Trial's decision log is not a prepared one")
+	}
+	if _, ok := ledgers[inode(t, filepath.Join(a.cfg.Host.StateDir, "agt-files.ledgers", fmt.Sprint(os.Getpid())))]; !ok {
+		t.Fatal("the Trial's ledger is not a prepared one")
+	}
+	for _, p := range []string{filepath.Join(a.cfg.DataDir, name), filepath.Join(a.cfg.Host.StateDir, name+".ledgers")} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the taken files' %s is left: %v", p, err)
+		}
+	}
+	readyShells(t, a, config.DefaultPrepared)
+	a.Close(true)
+	closed = true
+	for _, d := range []string{a.cfg.DataDir, a.cfg.Host.StateDir} {
+		if left := shellEntries(t, d); len(left) > 0 {
+			t.Errorf("prepared files outlived the agent's Close in %s: %v", d, left)
+		}
+	}
+}
+
+// Prepared files that something wrote to before a create took them are
+// refused: the Trial's decision log starts empty and its ledger is a new
+// one, and what was planted is moved aside as an earlier Trial's data.
+func TestPrivilegedAgentTouchedPreparedFilesRefused(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 233)
+	cfg := w.config(t)
+	var journal lockedBuffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&journal, nil))
+	a := startAgent(t, cfg)
+	logs, _ := preparedInodes(t, a)
+	planted := `{"schema":1,"decision":"allow","target":"planted.example:443"}` + "\n"
+	for _, name := range logs {
+		if err := os.WriteFile(filepath.Join(a.cfg.DataDir, name, decisionsFile), []byte(planted), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(filepath.Join(a.cfg.Host.StateDir, name+".ledgers", fmt.Sprint(os.Getpid())), os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.WriteAt([]byte{1}, 64)
+		_ = f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-forged"}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(a.cfg.DataDir, "agt-forged", decisionsFile))
+	if err != nil || len(b) != 0 {
+		t.Errorf("the Trial's decision log holds %q (%v); want it empty", b, err)
+	}
+	if l, err := os.ReadFile(filepath.Join(a.cfg.Host.StateDir, "agt-forged.ledgers", fmt.Sprint(os.Getpid()))); err != nil || len(l) < 65 || l[64] != 0 {
+		t.Errorf("the Trial's ledger is not a new one (%v)", err)
+	}
+	aside, _ := filepath.Glob(filepath.Join(a.cfg.DataDir, "agt-forged.*", decisionsFile))
+	if len(aside) != 1 {
+		t.Errorf("the changed data directory moved aside: %v", aside)
+	}
+	log := journal.String()
+	for _, want := range []string{"a prepared Trial data directory was changed before it was taken", "a prepared tunnel ledger was refused"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("%q is not in the log:\n%s", want, log)
+		}
+	}
+}
+
+// A starting agent removes the prepared files of agents that are gone,
+// and leaves those of a process that runs.
+func TestPrivilegedAgentSweepsPreparedFiles(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 234)
+	cfg := w.config(t)
+	zero := 0
+	cfg.File = &config.File{Prepared: &zero}
+	if err := os.MkdirAll(cfg.Host.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dead, live := fmt.Sprintf("%s%d-7", sandbox.ShellPrefix, 1<<22-1), sandbox.ShellPrefix+"1-7"
+	for _, name := range []string{dead, live} {
+		for _, p := range []string{filepath.Join(cfg.DataDir, name, decisionsFile), filepath.Join(cfg.Host.StateDir, name+".ledgers", "1")} {
+			if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	startAgent(t, cfg)
+	for _, d := range []string{cfg.DataDir, cfg.Host.StateDir} {
+		if got := shellEntries(t, d); len(got) != 1 || !strings.HasPrefix(got[0], live) {
+			t.Errorf("prepared files in %s after the start: %v; want only %s's", d, got, live)
+		}
+	}
 }

@@ -260,7 +260,7 @@ func recordingAgent(t *testing.T, id string, r resolve.Resolver, allow *allow.Li
 	if err := a.register(id, lt); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.prepare(lt, allow, nil); err != nil {
+	if err := a.prepare(lt, allow, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(lt.log.close)

@@ -204,7 +204,7 @@ func (a *Agent) build(lt *trial, list *allow.List, makeIt func(trialspec.Spec, s
 		return errf(client.CodeInternal, "%v", err)
 	}
 	a.removeLedgers(lt.info.ID) // an earlier Trial's of this id, whose tunnels are not this one's
-	if err := a.prepare(lt, list, nil); err != nil {
+	if err := a.prepare(lt, list, nil, a.shells.takeFiles()); err != nil {
 		return errf(client.CodeInternal, "%v", err)
 	}
 	info := lt.info
@@ -302,15 +302,21 @@ func (a *Agent) keepOldData(id string) error {
 // prepare readies what serving a Trial needs before its endpoint
 // listens: the decision log (its processes may connect at once, a
 // re-adopted Trial's at the very moment it is served) and the proxy's
-// policy for it. What it made, release gives back.
-func (a *Agent) prepare(lt *trial, list *allow.List, stats *record.TrialStats) error {
+// policy for it. What it made, release gives back. A new Trial's
+// decision log and ledger are the prepared files' (nil: none), where
+// they can be taken (takeData, takeLedger); what is not taken of them is
+// removed.
+func (a *Agent) prepare(lt *trial, list *allow.List, stats *record.TrialStats, files *trialFiles) error {
+	defer files.close()
 	var written int64
 	if a.cfg.DataDir != "" {
-		if err := os.MkdirAll(filepath.Join(a.cfg.DataDir, lt.info.ID), 0o700); err != nil {
-			return err
-		}
 		var err error
-		if written, err = lt.log.open(a.decisionLog(lt.info.ID)); err != nil {
+		if f := files.takeData(a, lt.info.ID); f != nil {
+			written, err = lt.log.openFile(f)
+		} else if err = os.MkdirAll(filepath.Join(a.cfg.DataDir, lt.info.ID), 0o700); err == nil {
+			written, err = lt.log.open(a.decisionLog(lt.info.ID))
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -330,8 +336,10 @@ func (a *Agent) prepare(lt *trial, list *allow.List, stats *record.TrialStats) e
 		if l := lt.info.Limits; l != nil {
 			lim = l.ProxyLimits.WithDefaults()
 		}
-		if lt.ledger, err = ledger.Create(dir, lt.info.ID, lim.MaxTunnels); err != nil {
-			return fmt.Errorf("tunnel ledger: %w", err)
+		if lt.ledger = files.takeLedger(a, lt.info.ID, lim.MaxTunnels); lt.ledger == nil {
+			if lt.ledger, err = ledger.Create(dir, lt.info.ID, lim.MaxTunnels); err != nil {
+				return fmt.Errorf("tunnel ledger: %w", err)
+			}
 		}
 		tp.Ledger = lt.ledger
 	}
@@ -461,7 +469,7 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 	// What dead processes' ledgers kept is read before this process's
 	// own ledger is made: a pid of the dead can be this process's.
 	lost := a.takeLost(r.ID)
-	if err := a.prepare(lt, allow.New(entries...), a.replayStats(lt)); err != nil {
+	if err := a.prepare(lt, allow.New(entries...), a.replayStats(lt), nil); err != nil {
 		return nil, err
 	}
 	a.recordEvents(r.ID, lost)

@@ -115,21 +115,33 @@ func removeTrialDir(state *os.File, id string) {
 // Create makes this process's ledger of Trial id under dir (the state
 // directory, a tmpfs), with one slot per tunnel it may have open.
 func Create(dir, id string, slots int) (*Ledger, error) {
-	f, err := createFile(dir, id)
+	l, f, err := create(dir, id, slots)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close() // the mapping stays
+	_ = f.Close() // the mapping stays
+	return l, nil
+}
+
+// create is Create, which also returns the ledger's file, open.
+func create(dir, id string, slots int) (*Ledger, *os.File, error) {
+	f, err := createFile(dir, id)
+	if err != nil {
+		return nil, nil, err
+	}
 	l := &Ledger{dir: dir, id: id}
+	fail := func(err error) (*Ledger, *os.File, error) {
+		_ = f.Close()
+		l.unlink()
+		return nil, nil, err
+	}
 	size := ledgerHeader + slots*ledgerSlot
 	if err := f.Truncate(int64(size)); err != nil {
-		l.unlink()
-		return nil, err
+		return fail(err)
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		l.unlink()
-		return nil, err
+		return fail(err)
 	}
 	start, _ := procstat.StartTime(os.Getpid())
 	copy(mem, ledgerMagic)
@@ -139,7 +151,7 @@ func Create(dir, id string, slots int) (*Ledger, error) {
 	for i := range l.free {
 		l.free[i] = slots - 1 - i
 	}
-	return l, nil
+	return l, f, nil
 }
 
 // createFile makes this process's ledger file of Trial id under dir,

@@ -39,7 +39,7 @@ var ErrShell = errors.New("the prepared shell cannot be used")
 // does not rename cgroup v2 groups, and a Trial's cgroup is named by its
 // id. A shell holds no process.
 type Shell struct {
-	// Name names its cgroup v1 groups (newShellName).
+	// Name names its cgroup v1 groups (NewShellName).
 	Name        string
 	transparent bool
 	ns          *netns.Held
@@ -62,15 +62,15 @@ var shellSeq atomic.Uint32
 
 func init() { shellSeq.Store(mathrand.Uint32()) }
 
-// newShellName names a new shell: ShellPrefix, this process's pid, a
+// NewShellName names a new shell: ShellPrefix, this process's pid, a
 // sequence number.
-func newShellName() string {
+func NewShellName() string {
 	return ShellPrefix + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatUint(uint64(shellSeq.Add(1)), 10)
 }
 
-// shellPID is the pid in a shell's name, or false for a name that is not
+// ShellPID is the pid in a shell's name, or false for a name that is not
 // a shell's.
-func shellPID(name string) (int, bool) {
+func ShellPID(name string) (int, bool) {
 	rest, ok := strings.CutPrefix(name, ShellPrefix)
 	if !ok {
 		return 0, false
@@ -86,7 +86,7 @@ func shellPID(name string) (int, bool) {
 // Prepare makes a shell for Trials of the given transparent mode (its
 // loopback carries that mode's addresses). On error nothing is left.
 func (h *Host) Prepare(transparent bool) (_ *Shell, err error) {
-	name := newShellName()
+	name := NewShellName()
 	s := &Shell{Name: name, transparent: transparent}
 	defer func() {
 		if err != nil {
@@ -286,7 +286,7 @@ func (h *Host) SweepShells(alive func(pid int) bool) {
 		}
 		entries, _ := os.ReadDir(c.dir)
 		for _, e := range entries {
-			pid, ok := shellPID(e.Name())
+			pid, ok := ShellPID(e.Name())
 			if !ok || !e.IsDir() || alive(pid) {
 				continue
 			}
