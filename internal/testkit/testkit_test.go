@@ -4,8 +4,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // RSSBytes counts bytes: a Go test binary holds several MiB resident,
@@ -22,8 +25,12 @@ func TestRSSBytes(t *testing.T) {
 // ProcState reads the letter after the command name, even a name with
 // ") S (" in it, and 0 for a process that is gone.
 func TestProcState(t *testing.T) {
-	if st := ProcState(os.Getpid()); st != 'R' {
-		t.Fatalf("this process's state %q, want 'R' (it is reading)", st)
+	// The reading thread's own state: the process's is its main
+	// thread's, which may sleep while this goroutine runs elsewhere.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if st := ProcState(unix.Gettid()); st != 'R' {
+		t.Fatalf("this thread's state %q, want 'R' (it is reading)", st)
 	}
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
