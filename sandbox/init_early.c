@@ -434,10 +434,11 @@ static void mount_own_dirs(char **keep, int nkeep) {
 }
 
 // mount_resolv_conf is mountResolvConf at resolv_path, with run_dir
-// (free until mask_host covers it) as the scratch directory.
+// (free until mask_host covers it) as the scratch directory; covered says
+// mask_host covers run_dir.
 static void overlay_resolv_conf(const char *dir, const char *top);
 
-static void mount_resolv_conf(void) {
+static void mount_resolv_conf(int covered) {
 	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
 	if (mount("tmpfs", run_dir, "tmpfs", flags, "mode=0755,size=16k") < 0)
 		init_fail(errno, NULL, "transparent mode: mount a tmpfs for the Trial's resolv.conf");
@@ -473,8 +474,10 @@ static void mount_resolv_conf(void) {
 			init_fail(errno, NULL, "transparent mode: make the Trial's %s read-only", resolv_path);
 		close(fd);
 	}
-	// What is mounted from it keeps it: the scratch mount point is free again.
-	umount2(run_dir, MNT_DETACH);
+	// What is mounted from it keeps it: the scratch mount point is free
+	// again, unless mask_host covers it anyway (as mountResolvConf).
+	if (!covered)
+		umount2(run_dir, MNT_DETACH);
 }
 
 // overlay_resolv_conf is overlayResolvConf.
@@ -620,8 +623,12 @@ static void setup_init(int nested, int transparent, const char *ns_path, char **
 	int e = mkdir_all(run_dir, 0755, failed);
 	if (e)
 		init_fail(e, NULL, "make %s, where the Trial's own directories are viewed: %s", run_dir, failed);
-	if (transparent)
-		mount_resolv_conf();
+	if (transparent) {
+		int covered = 0;
+		for (int i = 0; i < nhide; i++)
+			covered |= !strcmp(hide[i], run_dir);
+		mount_resolv_conf(covered);
+	}
 	mask_host(nested, hide, nhide);
 }
 
