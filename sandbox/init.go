@@ -524,7 +524,7 @@ func setupInit(nested, transparent bool, nsPath string, hide, keep []string) err
 	}
 	if transparent {
 		// rootdir.Run is free until maskHost covers it.
-		if err := mountResolvConf(resolvPath, rootdir.Run); err != nil {
+		if err := mountResolvConf(resolvPath, rootdir.Run, slices.Contains(hide, rootdir.Run)); err != nil {
 			return err
 		}
 	}

@@ -100,13 +100,20 @@ __attribute__((noreturn, format(printf, 3, 4))) static void init_fail(int err, c
 #define mask_fail(err, ...) \
 	init_fail((err), "; trialnet does not start a Trial without it: check that nothing (an AppArmor or SELinux policy, a container runtime) stops root mounting", __VA_ARGS__)
 
-// read_mountinfo reads this namespace's mount table, NUL-terminated.
+// read_mountinfo reads this namespace's mount table, NUL-terminated,
+// into one buffer that each read reuses (the last read's table is gone):
+// musl maps a buffer this large afresh and unmaps it at free, and each
+// unmap flushes the TLB, a hypercall in a paravirtualized guest, four
+// times on a Trial's first command's path.
 static char *read_mountinfo(void) {
+	static char *b;
+	static size_t cap = 64 << 10;
 	int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		init_fail(errno, NULL, "read mountinfo");
-	size_t cap = 64 << 10, len = 0;
-	char *b = malloc(cap);
+	size_t len = 0;
+	if (!b)
+		b = malloc(cap);
 	for (;;) {
 		if (!b)
 			init_fail(ENOMEM, NULL, "read mountinfo");
@@ -118,8 +125,8 @@ static char *read_mountinfo(void) {
 		if (r == 0)
 			break;
 		len += r;
-		if (cap - len < 4096)
-			b = realloc(b, cap *= 2);
+		if (cap - len < 4096 && !(b = realloc(b, cap *= 2)))
+			init_fail(ENOMEM, NULL, "read mountinfo");
 	}
 	close(fd);
 	b[len] = 0;
@@ -292,7 +299,6 @@ static void drop_ns_mounts(const char *ns_path) {
 	// copies beneath the top one), while the path reaches one.
 	for (int more = ns_dir(b, dir); more; more = more && is_mount_point(b, dir)) {
 		more = detach_ns(dir);
-		free(b);
 		b = read_mountinfo();
 	}
 	struct mount_line m;
@@ -304,7 +310,6 @@ static void drop_ns_mounts(const char *ns_path) {
 			init_fail(ENAMETOOLONG, NULL, "detach %s", m.point);
 		detach_ns(m.point);
 	}
-	free(b);
 }
 
 // mkdir_all is os.MkdirAll; it fails as it does ("mkdir PATH").
@@ -434,10 +439,11 @@ static void mount_own_dirs(char **keep, int nkeep) {
 }
 
 // mount_resolv_conf is mountResolvConf at resolv_path, with run_dir
-// (free until mask_host covers it) as the scratch directory.
+// (free until mask_host covers it) as the scratch directory; covered says
+// mask_host covers run_dir.
 static void overlay_resolv_conf(const char *dir, const char *top);
 
-static void mount_resolv_conf(void) {
+static void mount_resolv_conf(int covered) {
 	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
 	if (mount("tmpfs", run_dir, "tmpfs", flags, "mode=0755,size=16k") < 0)
 		init_fail(errno, NULL, "transparent mode: mount a tmpfs for the Trial's resolv.conf");
@@ -473,8 +479,10 @@ static void mount_resolv_conf(void) {
 			init_fail(errno, NULL, "transparent mode: make the Trial's %s read-only", resolv_path);
 		close(fd);
 	}
-	// What is mounted from it keeps it: the scratch mount point is free again.
-	umount2(run_dir, MNT_DETACH);
+	// What is mounted from it keeps it: the scratch mount point is free
+	// again, unless mask_host covers it anyway (as mountResolvConf).
+	if (!covered)
+		umount2(run_dir, MNT_DETACH);
 }
 
 // overlay_resolv_conf is overlayResolvConf.
@@ -486,7 +494,6 @@ static void overlay_resolv_conf(const char *dir, const char *top) {
 		if (m.fields >= 5 && strcmp(m.point, dir) && under(m.point, dir))
 			init_fail(0, NULL, "transparent mode: this host has no %s/resolv.conf, and giving a Trial one would hide the mount at %s: create the file on the host (any content: the Trial sees its own), or turn transparent mode off (--no-transparent)", dir, m.point);
 	}
-	free(b);
 	char opts[2 * PATH_MAX + 16];
 	snprintf(opts, sizeof opts, "lowerdir=%s:%s", top, dir);
 	if (mount("overlay", dir, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts) < 0)
@@ -521,7 +528,6 @@ static void read_only_sys(void) {
 			mask_fail(errno, "make %s read-only (a Trial must not change the host's devices or kernel state)", m.point);
 		}
 	}
-	free(b);
 }
 
 // cgroup2_mount is cgroup2.Mount: where the unified hierarchy is mounted.
@@ -532,7 +538,6 @@ static void cgroup2_mount(char *out) {
 		split_line(line, &m);
 		if (m.post && m.fields >= 5 && !strncmp(m.post, "cgroup2 ", 8)) {
 			snprintf(out, PATH_MAX, "%s", m.point);
-			free(b);
 			return;
 		}
 	}
@@ -620,8 +625,12 @@ static void setup_init(int nested, int transparent, const char *ns_path, char **
 	int e = mkdir_all(run_dir, 0755, failed);
 	if (e)
 		init_fail(e, NULL, "make %s, where the Trial's own directories are viewed: %s", run_dir, failed);
-	if (transparent)
-		mount_resolv_conf();
+	if (transparent) {
+		int covered = 0;
+		for (int i = 0; i < nhide; i++)
+			covered |= !strcmp(hide[i], run_dir);
+		mount_resolv_conf(covered);
+	}
 	mask_host(nested, hide, nhide);
 }
 

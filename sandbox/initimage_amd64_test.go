@@ -241,12 +241,22 @@ func TestPrivilegedInitExeIsTheSealedImage(t *testing.T) {
 // earlier build of trialnet, whose init is that binary itself (early.c's
 // constructor), timed in the same loop.
 func BenchmarkInitStart(b *testing.B) {
+	benchInitStart(b, initArgs(false, false, "", nil, nil))
+}
+
+// BenchmarkInitStartMasked is BenchmarkInitStart with the set-up a
+// launcher asks for by default: transparent mode (the Trial's
+// resolv.conf) and trialnet's directories hidden.
+func BenchmarkInitStartMasked(b *testing.B) {
+	benchInitStart(b, initArgs(false, true, "", hiddenDirs(b.TempDir()), nil))
+}
+
+func benchInitStart(b *testing.B, args []string) {
 	privtest.Require(b)
 	filter, err := seccompFile(false)
 	if err != nil {
 		b.Fatal(err)
 	}
-	args := initArgs(false, false, "", nil, nil)
 	builds := []struct {
 		name string
 		cmd  func(ready *os.File) (*exec.Cmd, error)

@@ -117,6 +117,15 @@ func TestPrivilegedInitIsSetUp(t *testing.T) {
 	want(cg, "cgroup2", "ro")
 	want(rootdir.Run, "tmpfs", "ro", "nosuid", "nodev", "noexec")
 	want(resolvPath, "", "ro")
+	// The resolv.conf's scratch tmpfs is left beneath maskHost's (one
+	// umount2 fewer): through the Trial's root, only the views show.
+	if names, err := os.ReadDir(fmt.Sprintf("/proc/%d/root%s", init.pid, rootdir.Run)); err != nil || len(names) != len(ownDirs) {
+		var got []string
+		for _, n := range names {
+			got = append(got, n.Name())
+		}
+		t.Errorf("the Trial's %s holds %q (%v), want only the views of its own directories", rootdir.Run, got, err)
+	}
 }
 
 type initMount struct {

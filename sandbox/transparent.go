@@ -58,14 +58,22 @@ const resolvPath = "/etc/resolv.conf"
 // Trials), whatever the host has there: a file, a symlink (to
 // systemd-resolved's stub-resolv.conf, or dangling) or nothing. No host
 // file is written. scratch is an empty directory of this namespace, where
-// the file's own tmpfs is mounted while it is written.
-func mountResolvConf(path, scratch string) error {
+// the file's own tmpfs is mounted while it is written; covered says that a
+// later mount covers scratch (maskHost's, in setupInit), and the tmpfs is
+// then left beneath it.
+func mountResolvConf(path, scratch string, covered bool) error {
 	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 	if err := unix.Mount("tmpfs", scratch, "tmpfs", flags, "mode=0755,size=16k"); err != nil {
 		return fmt.Errorf("transparent mode: mount a tmpfs for the Trial's resolv.conf: %w", err)
 	}
-	// What is mounted from it keeps it: the scratch mount point is free again.
-	defer unix.Unmount(scratch, unix.MNT_DETACH)
+	// What is mounted from it keeps it: the scratch mount point is free
+	// again. Unless a later mount covers it anyway: each umount2 waits
+	// out an RCU grace period, on a Trial's first command's path, and
+	// beneath the cover the tmpfs is reachable by no path (the Trial can
+	// no more take a mount it was given off than the hidden host's).
+	if !covered {
+		defer unix.Unmount(scratch, unix.MNT_DETACH)
+	}
 	top := filepath.Join(scratch, "top")
 	if err := os.Mkdir(top, 0o755); err != nil {
 		return fmt.Errorf("transparent mode: %w", err)

@@ -64,7 +64,7 @@ func resolvHelper() int {
 	path, scratch, _ := strings.Cut(os.Getenv("TRIALNET_RESOLV"), " ")
 	dir := filepath.Dir(path)
 	_, absent := os.Lstat(path)
-	if err := mountResolvConf(path, scratch); err != nil {
+	if err := mountResolvConf(path, scratch, false); err != nil {
 		r.Err = err.Error()
 	} else {
 		b, err := os.ReadFile(path)
