@@ -290,6 +290,23 @@ func (c *config) check(bundle string, protected []string) []string {
 	return why
 }
 
+// mountRefusals are check's refusals of the root and the mounts alone,
+// against protected.
+func (c *config) mountRefusals(bundle string, protected []string) []string {
+	var why []string
+	if c.Root != nil && c.Root.Path != "" {
+		if p := holds(bundle, c.Root.Path, protected); p != "" {
+			why = append(why, fmt.Sprintf("its root file system %s holds or is inside %s (trialnet's own: its state, data, keys or pins)", c.Root.Path, p))
+		}
+	}
+	for _, m := range c.Mounts {
+		if c.podShm == nil || !c.podShm(m) {
+			why = append(why, m.refusals(bundle, protected)...)
+		}
+	}
+	return why
+}
+
 // virtualFS are the file system types a container may have mounted
 // that show it nothing of the host's disk nor a kernel knob: the
 // runtimes' own (bind and overlay are checked for their sources, sysfs

@@ -192,19 +192,18 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.seccomp() != nil,
 		Capabilities: cfg.boundingCaps()}
 	_, c.UserNamespace = cfg.namespaces()["user"]
-	rootfs := cfg.rootfs(st.Bundle)
 	// The scan of /proc for its PID namespace's other processes runs
 	// while the agent makes or looks up its Trial; they are judged
 	// against the Trial's cgroup after its answer.
 	peers := h.scanPIDNS(st.Pid)
 	if cl.profile != "" {
-		return h.makeTrial(ctx, st, cl.profile, c, rootfs, peers)
+		return h.makeTrial(ctx, st, cl.profile, c, cfg, peers)
 	}
 	info, err := h.Agent().Get(ctx, cl.trial)
 	if err != nil {
 		return refuse(fmt.Sprintf("cannot look Trial %q up: %v", cl.trial, err))
 	}
-	if why := h.checkProcess(st.Pid, rootfs, info, peers); len(why) > 0 {
+	if why := h.checkProcess(st, cfg, info, peers); len(why) > 0 {
 		return refuse(why...)
 	}
 	if _, err := h.Agent().AddContainer(ctx, cl.trial, c); err != nil {
@@ -217,12 +216,12 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 // container, then checks the container is in it as for a Trial it
 // joins. A container that fails the check is refused, and its Trial
 // destroyed: nothing is left half-made.
-func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container, rootfs string, peers *pidNSScan) (Result, error) {
+func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container, cfg *config, peers *pidNSScan) (Result, error) {
 	info, err := h.Agent().ContainerTrial(ctx, client.ContainerTrial{Profile: profile, Container: c})
 	if err != nil {
 		return Result{}, &Refusal{Container: st.ID, Reasons: []string{fmt.Sprintf("no Trial from profile %s could be made around it: %v", profile, err)}}
 	}
-	if why := h.checkProcess(st.Pid, rootfs, info, peers); len(why) > 0 {
+	if why := h.checkProcess(st, cfg, info, peers); len(why) > 0 {
 		if _, err := h.Agent().Destroy(ctx, info.ID); err != nil {
 			why = append(why, fmt.Sprintf("and its Trial could not be destroyed (trialnet destroy %s): %v", info.ID, err))
 		}
@@ -295,11 +294,21 @@ func (h *Hook) cgroupMount() (string, error) {
 
 // checkProcess looks at the container's process as the kernel has it:
 // the runtime made its namespaces and placed it in its cgroup before
-// this stage, and it runs nothing of the image yet. rootfs is the host
-// directory of its root file system; peers the scan for the processes
-// that share its PID namespace.
-func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo, peers *pidNSScan) []string {
-	var why []string
+// this stage, and it runs nothing of the image yet. It also checks the
+// config's mounts against the agent's own directories, which only the
+// agent's answer names: an overlay made of one shows in the kernel's
+// view as an overlay alone. peers is the scan for the processes that
+// share its PID namespace.
+func (h *Hook) checkProcess(st State, cfg *config, info client.TrialInfo, peers *pidNSScan) []string {
+	pid, rootfs := st.Pid, cfg.rootfs(st.Bundle)
+	dirs := agentDirs(info)
+	for _, d := range dirs {
+		// A bind source or overlay layer is compared resolved.
+		if real, err := filepath.EvalSymlinks(d); err == nil && real != d {
+			dirs = append(dirs, real)
+		}
+	}
+	why := cfg.mountRefusals(st.Bundle, dirs)
 	p := filepath.Join(h.proc(), strconv.Itoa(pid))
 	self := filepath.Join(h.proc(), "self", "ns")
 	same, err := sameFile(filepath.Join(p, "ns", "net"), info.Netns)
@@ -341,13 +350,19 @@ func (h *Hook) checkProcess(pid int, rootfs string, info client.TrialInfo, peers
 // namespace, or the records and keys that hold them.
 func (h *Hook) withTrialDirs(info client.TrialInfo) *Hook {
 	r := *h
-	r.Protected = slices.Clone(h.protected())
+	r.Protected = append(slices.Clone(h.protected()), agentDirs(info)...)
+	return &r
+}
+
+// agentDirs are the agent's own directories that its answer info names.
+func agentDirs(info client.TrialInfo) []string {
+	var out []string
 	for _, d := range append(slices.Clone(info.AgentDirs), filepath.Dir(filepath.Clean(info.Netns))) {
 		if filepath.IsAbs(d) && filepath.Clean(d) != "/" {
-			r.Protected = append(r.Protected, filepath.Clean(d))
+			out = append(out, filepath.Clean(d))
 		}
 	}
-	return &r
+	return out
 }
 
 // pidNSScan is a scan of /proc, started by scanPIDNS, for the processes

@@ -126,7 +126,7 @@ func newContainerWorld(t *testing.T) *world {
 			t.Fatal(err)
 		}
 	}
-	w.hostNet, w.hostPID, w.hostCgroupNS, w.trialN = w.file("ns-host-net"), w.file("ns-host-pid"), w.file("ns-host-cgroup"), w.file("ns-trial-net")
+	w.hostNet, w.hostPID, w.hostCgroupNS, w.trialN = w.file("ns-host-net"), w.file("ns-host-pid"), w.file("ns-host-cgroup"), w.file("pins/ns-trial-net")
 	w.hostMnt = w.file("ns-host-mnt")
 	cg := filepath.Join(w.mount, "trialnet", "eval-1")
 	var st unix.Stat_t
@@ -146,6 +146,11 @@ func newContainerWorld(t *testing.T) *world {
 
 func (w *world) file(name string) string {
 	p := filepath.Join(w.dir, name)
+	// The Trial's pin in a directory of its own, as the agent's are: the
+	// hook protects it, and the world's bundle is not in it.
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		w.t.Fatal(err)
+	}
 	if err := os.WriteFile(p, nil, 0o644); err != nil {
 		w.t.Fatal(err)
 	}
@@ -703,5 +708,45 @@ func TestHookTellsTheAgentAContainerEnded(t *testing.T) {
 		case ann != nil && (len(w.agent.ended) != 1 || w.agent.ended[0] != "c1" || res.Ended == nil):
 			t.Errorf("%v: ended %v, result %+v", ann, w.agent.ended, res)
 		}
+	}
+}
+
+// The agent's own directories, which only its answer names, are checked
+// against the config's mounts too: an overlay made of one shows in the
+// kernel's view as an overlay alone, and a directory named through a
+// symlink is compared resolved.
+func TestHookRefusesAgentDirsInTheConfig(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(state, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, named string
+		mount       map[string]any
+	}{
+		{"overlay upperdir", state, map[string]any{"destination": "/mnt", "type": "overlay", "source": "overlay",
+			"options": []string{"lowerdir=/usr", "upperdir=" + state + "/upper", "workdir=" + state + "/work"}}},
+		{"overlay lowerdir", state, map[string]any{"destination": "/mnt", "type": "overlay", "source": "overlay",
+			"options": []string{"lowerdir=" + state}}},
+		{"bind, the dir named through a symlink", link, map[string]any{"destination": "/mnt", "type": "bind", "source": state,
+			"options": []string{"rbind", "ro"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newContainerWorld(t)
+			w.info.AgentDirs = []string{tc.named}
+			w.agent.trials["eval-1"] = w.info
+			w.setMount(tc.mount)
+			_, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"}))
+			if err == nil || !strings.Contains(err.Error(), "inside "+state) {
+				t.Fatalf("got %v, want refused naming %s", err, state)
+			}
+			if len(w.agent.added) != 0 {
+				t.Errorf("the agent recorded %v", w.agent.added)
+			}
+		})
 	}
 }

@@ -69,8 +69,9 @@ func Entries(binary string, args []string) (map[string][]byte, error) {
 // hook, the Docker wrapper and the NRI plugin take any case of the prefix
 // as a claim (and refuse what they do not know), so a runtime that did
 // not run the hook for one would start a container whose claim no one
-// judged.
-const keyPattern = `(?i:^trialnet\.io/)`
+// judged. They read the case with strings.ToLower, which lowers U+0130
+// (İ) to i; (?i) does not fold it to i, so the pattern names it.
+const keyPattern = `(?i:^tr[iİ]alnet\.[iİ]o/)`
 
 // poststopKeyPattern matches the keys keyPattern matches but
 // trialnet.io/profile exactly.

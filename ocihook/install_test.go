@@ -194,6 +194,29 @@ func TestEveryClaimRunsTheHook(t *testing.T) {
 	if claims < len(prefixes)*9 {
 		t.Errorf("%d keys read as claims, want every one with a bare prefix (%d)", claims, len(prefixes)*9)
 	}
+	// strings.ToLower, which the readers use, maps a few runes outside
+	// ASCII to a letter of the prefix (U+0130 to i) that Go's (?i), which
+	// containers/common matches with, does not fold to it.
+	folded := 0
+	for r := rune(0x80); r <= unicode.MaxRune; r++ {
+		l := strings.ToLower(string(r))
+		for i := range len(prefix) {
+			if l != prefix[i:i+1] {
+				continue
+			}
+			k := prefix[:i] + string(r) + prefix[i+1:] + "trial"
+			if cl, err := claimOf(map[string]string{k: "v"}, nil); err == nil && !cl.any() {
+				continue // not a claim to the hook
+			}
+			folded++
+			if got := stagesFor(t, entries, map[string]string{k: "v"}); !slices.Contains(got, "createRuntime") {
+				t.Errorf("key %q: the hook reads a claim, and the runtime runs it at %v", k, got)
+			}
+		}
+	}
+	if folded == 0 {
+		t.Error("no rune outside ASCII lowers to a letter of the prefix: the loop above tests nothing")
+	}
 }
 
 func TestInstall(t *testing.T) {

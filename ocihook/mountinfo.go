@@ -17,7 +17,8 @@ import (
 // mountEntry is one line of /proc/<pid>/mountinfo: what the kernel has
 // mounted, whatever a config said.
 type mountEntry struct {
-	dev    uint64 // st_dev of the file system
+	id     uint64 // the mount's id, as statx's STATX_MNT_ID gives it
+	dev    uint64 // the file system's device (not always stat's st_dev: btrfs)
 	root   string // the mounted directory, as a path within its file system
 	point  string // where, relative to the reading process's root
 	fstype string
@@ -36,13 +37,17 @@ func readMountinfo(path string) ([]mountEntry, error) {
 		if sep < 6 || len(f) < sep+2 {
 			return nil, fmt.Errorf("%s: a line the hook cannot read: %q", path, line)
 		}
+		id, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: a mount id the hook cannot read: %q", path, f[0])
+		}
 		maj, min, ok := strings.Cut(f[2], ":")
 		ma, err1 := strconv.ParseUint(maj, 10, 32)
 		mi, err2 := strconv.ParseUint(min, 10, 32)
 		if !ok || err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("%s: a device the hook cannot read: %q", path, f[2])
 		}
-		out = append(out, mountEntry{dev: unix.Mkdev(uint32(ma), uint32(mi)), root: cgroup2.UnescapeMountPath(f[3]),
+		out = append(out, mountEntry{id: id, dev: unix.Mkdev(uint32(ma), uint32(mi)), root: cgroup2.UnescapeMountPath(f[3]),
 			point: cgroup2.UnescapeMountPath(f[4]), fstype: f[sep+1]})
 	}
 	return out, nil
@@ -65,23 +70,36 @@ func locate(self []mountEntry, protected []string) []protectedFile {
 		if err != nil {
 			continue // absent: nothing to mount
 		}
-		var st unix.Stat_t
-		if unix.Stat(real, &st) != nil {
+		var st unix.Statx_t
+		if unix.Statx(unix.AT_FDCWD, real, 0, unix.STATX_MNT_ID, &st) != nil {
 			continue
 		}
-		// The last mount on the longest prefix is the one the path is on.
+		// The mount the path is on, by the id the kernel gives: its device
+		// as mountinfo says it, which the container's mounts are told by.
+		// stat's st_dev is not it on btrfs (each subvolume's own), so a
+		// match on st_dev would leave every path there unprotected.
 		best := -1
-		for i, m := range self {
-			if within(real, m.point) && (best < 0 || len(m.point) >= len(self[best].point)) {
-				best = i
+		if st.Mask&unix.STATX_MNT_ID != 0 {
+			best = slices.IndexFunc(self, func(m mountEntry) bool { return m.id == st.Mnt_id })
+		}
+		if best < 0 {
+			// Before Linux 5.8: the last mount on the longest prefix is
+			// the one the path is on, if its device is stat's.
+			for i, m := range self {
+				if within(real, m.point) && (best < 0 || len(m.point) >= len(self[best].point)) {
+					best = i
+				}
+			}
+			if best >= 0 && self[best].dev != unix.Mkdev(st.Dev_major, st.Dev_minor) {
+				best = -1
 			}
 		}
-		if best < 0 || self[best].dev != st.Dev {
+		if best < 0 || !within(real, self[best].point) {
 			continue // on no mount the hook sees as the kernel does
 		}
 		m := self[best]
 		rel, _ := filepath.Rel(m.point, real)
-		out = append(out, protectedFile{path: p, inFS: filepath.Join(m.root, rel), dev: st.Dev})
+		out = append(out, protectedFile{path: p, inFS: filepath.Join(m.root, rel), dev: m.dev})
 	}
 	return out
 }

@@ -22,7 +22,7 @@ func TestReadMountinfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := mountEntry{dev: unix.Mkdev(8, 1), root: "/var/lib/trial net", point: "/root fs/mnt", fstype: "ext4"}
+	want := mountEntry{id: 40, dev: unix.Mkdev(8, 1), root: "/var/lib/trial net", point: "/root fs/mnt", fstype: "ext4"}
 	if len(got) != 2 || got[1] != want {
 		t.Fatalf("got %+v, want [1] = %+v", got, want)
 	}
@@ -31,6 +31,33 @@ func TestReadMountinfo(t *testing.T) {
 	}
 	if _, err := readMountinfo(p); err == nil {
 		t.Fatal("a line with no separator was read")
+	}
+}
+
+// A protected path is found on its mount by the mount's id, and takes
+// the device mountinfo gives it: on btrfs that is not stat's st_dev
+// (each subvolume has its own), which the devices below stand for.
+func TestLocateByMountID(t *testing.T) {
+	self, err := readMountinfo("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range self {
+		self[i].dev = unix.Mkdev(0, 1000+uint32(i))
+	}
+	dir := t.TempDir()
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, 0, unix.STATX_MNT_ID, &st); err != nil || st.Mask&unix.STATX_MNT_ID == 0 {
+		t.Skipf("no STATX_MNT_ID: %v", err)
+	}
+	got := locate(self, []string{dir})
+	if len(got) != 1 {
+		t.Fatalf("%s was located on no mount (%+v): a mount of it would not be refused", dir, got)
+	}
+	for _, m := range self {
+		if m.id == st.Mnt_id && got[0].dev != m.dev {
+			t.Errorf("located on device %d, its mount's is %d", got[0].dev, m.dev)
+		}
 	}
 }
 
