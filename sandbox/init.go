@@ -114,9 +114,15 @@ func beginJoin(cg *os.File) (func(), error) {
 
 // markClosing writes the closing mark into the join lock of the cgroup at
 // dir, under the lock, once every launch under way has its process in.
+// A cgroup that is gone (its runtime removed it first) needs no mark: a
+// launch opens it by path, which fails, and one that opened it before
+// cannot clone into it (ENOENT: no live cgroup behind it).
 func markClosing(dir string) error {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
 		return err
 	}
 	f, err := rootdir.OpenLock(initLockDir, filepath.Base(joinLockPath(st.Ino)))

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -226,6 +228,49 @@ func TestPrivilegedNoJoinAfterTeardownBegins(t *testing.T) {
 	_, err = tr.Start(Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
 	if !errors.Is(err, errClosing) {
 		t.Fatalf("a command started in a Trial being torn down: %v, want ErrClosing", err)
+	}
+}
+
+// A Trial whose cgroup its runtime removed before the teardown (runc
+// does, for a container whose init exited) takes no process any more:
+// a launch opens it by path, which fails, and one that opened it before
+// cannot clone into it. So the teardown has nothing to mark closing, and
+// does not warn that it could not.
+func TestPrivilegedGoneCgroupTakesNoLaunchAndNoWarning(t *testing.T) {
+	h := newHost(t)
+	var logged bytes.Buffer
+	h.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	tr := newTrial(t, h, trial.Spec{})
+	cg, err := os.Open(tr.Cgroup) // a launch under way
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	clone := func() error {
+		c := exec.Command("/bin/true")
+		c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+		return c.Run()
+	}
+	if err := clone(); err != nil {
+		t.Fatalf("a process cloned into the Trial's cgroup: %v", err)
+	}
+	if err := removeCgroup(tr.Cgroup); err != nil { // as its runtime would
+		t.Fatal(err)
+	}
+	// The kernel finds no live cgroup behind the open directory
+	// (css_tryget_online_from_dir).
+	if err := clone(); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("a process cloned into the Trial's cgroup once removed: %v, want ENOENT", err)
+	}
+	_, err = tr.Start(Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a command started in a Trial whose cgroup is gone: %v, want ENOENT", err)
+	}
+	if _, err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if logged.Len() > 0 {
+		t.Errorf("the teardown of a Trial whose cgroup is gone warned:\n%s", logged.String())
 	}
 }
 
