@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/rootdir"
@@ -250,4 +251,52 @@ func TestDirSyncShared(t *testing.T) {
 	if n.Load() != 3 {
 		t.Errorf("two callers that came during a sync begun before their ticket: %d syncs in all, want 3 (that one, and one they share)", n.Load())
 	}
+}
+
+// BenchmarkKeepReceipt: a receipt kept at destroy as the build before
+// kept it (WriteFileAtomic into the Trial's directory) and as keepReceipt
+// does (the same, then DataDir synced), each into a directory made just
+// before, as at create, alternating in one loop under the same load.
+func BenchmarkKeepReceipt(b *testing.B) {
+	before, after := b.TempDir(), b.TempDir()
+	a := &Agent{cfg: AgentConfig{DataDir: after}}
+	data := bytes.Repeat([]byte("x"), 2500)
+	var tb, ta []time.Duration
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprint(i)
+		for _, d := range []string{before, after} {
+			if err := os.Mkdir(filepath.Join(d, id), 0o700); err != nil {
+				b.Fatal(err)
+			}
+		}
+		old := func() {
+			t0 := time.Now()
+			if err := rootdir.WriteFileAtomic(filepath.Join(before, id, "receipt.json"), data, 0o644); err != nil {
+				b.Fatal(err)
+			}
+			tb = append(tb, time.Since(t0))
+		}
+		kept := func() {
+			t0 := time.Now()
+			if err := a.keepReceipt(id, data); err != nil {
+				b.Fatal(err)
+			}
+			ta = append(ta, time.Since(t0))
+		}
+		if i%2 == 0 {
+			old()
+			kept()
+		} else {
+			kept()
+			old()
+		}
+	}
+	med := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	mb, ma := med(tb), med(ta)
+	b.ReportMetric(mb, "before-p50-ms")
+	b.ReportMetric(ma, "after-p50-ms")
+	b.ReportMetric(ma/mb, "after/before")
 }
