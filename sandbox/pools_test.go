@@ -212,7 +212,7 @@ func TestPrivilegedNoJoinAfterTeardownBegins(t *testing.T) {
 		t.Fatal(err)
 	}
 	marked := make(chan error, 1)
-	go func() { marked <- markClosing(tr.Cgroup) }() // the teardown's first step
+	go func() { marked <- markClosing(tr.Cgroup, tr.CgroupID) }() // the teardown's first step
 	select {
 	case err := <-marked:
 		t.Fatalf("the teardown began while a launch was under way (%v)", err)
@@ -272,6 +272,38 @@ func TestPrivilegedGoneCgroupTakesNoLaunchAndNoWarning(t *testing.T) {
 	if logged.Len() > 0 {
 		t.Errorf("the teardown of a Trial whose cgroup is gone warned:\n%s", logged.String())
 	}
+}
+
+// A cgroup made at a Trial's path since its own was removed (a restarted
+// container's, which a Trial of its own adopts) is not marked closing by
+// the old Trial's teardown: launches into it go on.
+func TestPrivilegedNoClosingMarkOnANewCgroupAtThePath(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	if err := removeCgroup(tr.Cgroup); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(tr.Cgroup, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := os.Open(tr.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(cg.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { RemoveLaunchLock(st.Ino) })
+	if _, err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	end, err := beginJoin(cg)
+	if err != nil {
+		t.Fatalf("a launch into the new cgroup at the path after the old Trial's teardown: %v", err)
+	}
+	end()
 }
 
 // The pids controller bounds the Trial's tasks, all its commands and uids
