@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"syscall"
 
 	"github.com/trialnet/trialnet/internal/cli"
@@ -23,10 +24,11 @@ const nriBinary = "trialnet-nri"
 // protobuf, wazero) would otherwise be initialised in every start of
 // trialnet: every run, exec and OCI hook.
 func cmdNRI(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	path, err := ocicmd.Companion(nriBinary, "the NRI plugin's own binary now")
+	self, err := ocicmd.Executable()
 	if err != nil {
-		return cli.Fail(stdout, stderr, false, exitFailure, fmt.Errorf("nri: %w", err))
+		return cli.Fail(stdout, stderr, false, exitFailure, fmt.Errorf("nri: find %s beside this binary: %w (run %s itself)", nriBinary, err, nriBinary))
 	}
+	path := filepath.Join(filepath.Dir(self), nriBinary)
 	err = syscall.Exec(path, append([]string{nriBinary}, args...), os.Environ())
-	return cli.Fail(stdout, stderr, false, exitFailure, fmt.Errorf("nri: run the NRI plugin, %s: %w (install it beside trialnet, as 'make install' does)", path, err))
+	return cli.Fail(stdout, stderr, false, exitFailure, fmt.Errorf("nri: the NRI plugin is its own binary now, %s: %w (install it beside trialnet, as 'make install' does)", path, err))
 }

@@ -72,8 +72,7 @@ func TestNRIExecsThePluginBinary(t *testing.T) {
 	if err := os.Remove(plugin); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := cli(); code != exitFailure || !strings.Contains(out, plugin+", the NRI plugin's own binary now, is not an executable beside this trialnet") ||
-		!strings.Contains(out, "install it beside trialnet") {
+	if out, code := cli(); code != exitFailure || !strings.Contains(out, plugin+": no such file") || !strings.Contains(out, "install it beside trialnet") {
 		t.Errorf("trialnet nri without the plugin beside it: exit %d, %q", code, out)
 	}
 }

@@ -23,20 +23,14 @@ func Self() (string, error) { return executable() }
 // Beside is trialnet-oci beside this binary's real path, never one found
 // through PATH: trialnet installs it, so that each container's hook and
 // runtime call starts the small binary.
-func Beside() (string, error) { return Companion(Name, "the binary the entries run") }
-
-// Companion is the binary name (what it is, for the error) beside this
-// binary's real path, resolved: the companions trialnet runs or installs
-// (trialnet-oci, trialnet-nri) are those installed with it, wherever a
-// symlink to it (/usr/local/bin/trialnet) lives.
-func Companion(name, what string) (string, error) {
+func Beside() (string, error) {
 	self, err := executable()
 	if err != nil {
 		return "", err
 	}
-	path := filepath.Join(filepath.Dir(self), name)
+	path := filepath.Join(filepath.Dir(self), Name)
 	if err := unix.Access(path, unix.X_OK); err != nil {
-		return "", fmt.Errorf("%s, %s, is not an executable beside this trialnet: %w (install it beside trialnet, as 'make install' does)", path, what, err)
+		return "", fmt.Errorf("%s, the binary the entries run, is not an executable beside this trialnet: %w (install it beside trialnet, as 'make install' does)", path, err)
 	}
 	return filepath.EvalSymlinks(path)
 }
@@ -52,3 +46,8 @@ func executable() (string, error) {
 	}
 	return self, nil
 }
+
+// Executable is this binary's real path, for a command that runs a
+// companion installed beside it (trialnet nri's trialnet-nri): beside a
+// symlink to trialnet (/usr/local/bin/trialnet) there is none.
+func Executable() (string, error) { return executable() }
