@@ -111,6 +111,7 @@ type Agent struct {
 	file       atomic.Pointer[config.File] // the configuration in force; Reload swaps it
 	obs        *observers
 	ret        retainer
+	dataSync   dirSync // of DataDir, for the receipts' directories
 
 	mu     sync.Mutex
 	trials map[string]*trial // every id in use, in any state

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -16,6 +17,7 @@ import (
 
 	trialspec "github.com/trialnet/trialnet/trial"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/internal/counts"
@@ -154,4 +156,86 @@ func lostPredecessorMain(sock string) int {
 	_ = c.Close()
 	time.Sleep(time.Hour)
 	return 0
+}
+
+// An allowlist change that reaches a predecessor only after it drained
+// (the agent loaded it just before its end) is not confirmed by it, but
+// it ended every tunnel of the Trial itself: the caller is not told that
+// it "still drains" and may serve them by the old list.
+func TestAllowOnADrainedPredecessorNeedsNoNote(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "old.handover")
+	ln, err := fdpass.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	old := make(chan error, 1)
+	go func() { old <- drainAtOnce(ln) }()
+
+	a := &Agent{log: slog.New(slog.DiscardHandler), trials: make(map[string]*trial)}
+	a.proxy, err = proxy.New(proxy.Config{ProxySettings: config.ProxySettings{Resolver: manyAddrs(1)}, HostAddrs: noHostAddrs{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.proxy.Close() })
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, files, err := handover.Take(c, handover.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		_ = f.Close()
+	}
+	a.pred.Store(p)
+	if err := p.Serve(taker{a}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-old; err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); a.pred.Load() != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the predecessor drained 10s ago and is still followed; the hand-over is %s", p.State())
+		}
+	}
+	a.pred.Store(p) // as a change that loaded it just before its end has it
+	list, err := allow.Parse([]string{"a.example.test:443"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, note := a.allowOnPredecessor(context.Background(), "t1", list, list.Entries()); n != 0 || note != "" {
+		t.Errorf("a change after the predecessor drained: %d cut there, note %q; want none and no note", n, note)
+	}
+}
+
+// drainAtOnce is an old agent that hands over with nothing open and
+// drains at once: it stops accepting, says it drained and closes.
+func drainAtOnce(ln *net.UnixListener) error {
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, _, err := handover.Recv(c); err != nil { // its hello
+		return err
+	}
+	if err := handover.Send(c, handover.Offer{Version: handover.Version, PID: os.Getpid()}); err != nil {
+		return err
+	}
+	for {
+		m, _, err := handover.Recv(c)
+		if err != nil {
+			return err
+		}
+		if _, ok := m.(handover.Serving); ok {
+			break
+		}
+	}
+	if err := handover.Send(c, handover.Stopped{}); err != nil {
+		return err
+	}
+	return handover.Send(c, handover.Drained{})
 }

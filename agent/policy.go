@@ -16,6 +16,7 @@ import (
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -101,7 +102,8 @@ func (a *Agent) ChangeAllow(ctx context.Context, id string, ch client.AllowChang
 // allowOnPredecessor applies Trial id's new allowlist, and the cut of
 // the entries in cut, in the agent this one took over from: it may still
 // serve tunnels and requests of the Trial. It returns how many it cut
-// there, and a note for the caller when it did not confirm the change.
+// there, and a note for the caller when it did not confirm the change
+// and may still serve them by the old list.
 func (a *Agent) allowOnPredecessor(ctx context.Context, id string, list *allow.List, cut []allow.Entry) (int, string) {
 	p := a.pred.Load()
 	if p == nil {
@@ -114,6 +116,11 @@ func (a *Agent) allowOnPredecessor(ctx context.Context, id string, list *allow.L
 	n, why, ok := p.Allow(ctx, id, raw, allow.Strings(cut))
 	if ok {
 		return n, ""
+	}
+	if p.State() == handover.StateDrained {
+		// It drained meanwhile: it ended every tunnel and request of the
+		// Trial itself, so none follows the old list.
+		return 0, ""
 	}
 	a.log.Warn("allowlist change not confirmed by the draining agent", "trial", id, "pid", p.PID(), "error", why)
 	return 0, fmt.Sprintf("the agent this one took over from (pid %d), which still drains, did not confirm the change: its open tunnels may follow the old allowlist until they end (at most its drain_timeout)", p.PID())

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -338,5 +339,53 @@ func (a *Agent) sign(lt *trial, st *client.Stats, exit *int) error {
 	if err != nil {
 		return err
 	}
-	return rootdir.WriteFileAtomic(filepath.Join(a.cfg.DataDir, st.Trial, "receipt.json"), append(b, '\n'), 0o644)
+	return a.keepReceipt(st.Trial, append(b, '\n'))
+}
+
+// keepReceipt writes Trial id's receipt into the Trial's data directory,
+// durably as a whole: WriteFileAtomic syncs the directory that names the
+// receipt, and the directory's own name in DataDir, made at create, is
+// synced here, by a sync of DataDir begun after the receipt's write.
+func (a *Agent) keepReceipt(id string, b []byte) error {
+	if err := rootdir.WriteFileAtomic(filepath.Join(a.cfg.DataDir, id, "receipt.json"), b, 0o644); err != nil {
+		return err
+	}
+	if err := a.dataSync.after(a.cfg.DataDir, a.dataSync.ticket()); err != nil {
+		return fmt.Errorf("sync %s, which names Trial %s's data directory: %w (its receipt may not survive a crash: keep the one this destroy returns)", a.cfg.DataDir, id, err)
+	}
+	return nil
+}
+
+// dirSync syncs a directory for callers that each need a sync of it begun
+// after a moment of theirs (a ticket): those that wait while one runs
+// share the next, so that destroys ending together pay for one.
+type dirSync struct {
+	begun  atomic.Uint64 // syncs begun
+	mu     sync.Mutex    // held while one runs
+	synced uint64        // under mu: the number of the last one done
+	// sync syncs a directory; nil: rootdir.SyncDir (a test watches).
+	sync func(dir string) error
+}
+
+// ticket is the moment from which a sync counts: the syncs begun so far
+// do not.
+func (s *dirSync) ticket() uint64 { return s.begun.Load() }
+
+// after returns once a sync of dir begun after ticket t is done.
+func (s *dirSync) after(dir string, t uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.synced > t {
+		return nil
+	}
+	n := s.begun.Add(1)
+	do := s.sync
+	if do == nil {
+		do = rootdir.SyncDir
+	}
+	if err := do(dir); err != nil {
+		return err
+	}
+	s.synced = n
+	return nil
 }

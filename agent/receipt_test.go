@@ -7,13 +7,18 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/rootdir"
 )
 
 // Makers racing for a fresh key all get the one key on disk, and its
@@ -179,4 +184,119 @@ func TestReceiptKeyDirAncestorsOurs(t *testing.T) {
 	if _, err := receiptKey(filepath.Join(sticky, "receipt.key")); err == nil {
 		t.Error("a key directory that is itself sticky and world-writable was taken")
 	}
+}
+
+// A receipt kept at destroy survives a crash as a whole: WriteFileAtomic
+// syncs the receipt and the Trial's directory that names it, and the
+// directory's own name in DataDir (made at create) is synced by a sync of
+// DataDir begun once the receipt is in place, before keepReceipt returns.
+func TestKeepReceiptSyncsTheDataDir(t *testing.T) {
+	data := t.TempDir()
+	if err := os.Mkdir(filepath.Join(data, "t1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{cfg: AgentConfig{DataDir: data}}
+	var synced []string
+	a.dataSync.sync = func(dir string) error {
+		b, _ := os.ReadFile(filepath.Join(data, "t1", "receipt.json"))
+		synced = append(synced, fmt.Sprintf("%s, the receipt %q", dir, b))
+		return rootdir.SyncDir(dir)
+	}
+	if err := a.keepReceipt("t1", []byte("signed")); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{data + `, the receipt "signed"`}; !slices.Equal(synced, want) {
+		t.Errorf("syncs %q, want %q", synced, want)
+	}
+}
+
+// Callers that wait while a sync runs share the next one: a sync begun
+// after a caller's ticket is enough for it, one begun before is not.
+func TestDirSyncShared(t *testing.T) {
+	dir := t.TempDir()
+	var s dirSync
+	var n atomic.Int32
+	var arm atomic.Bool // the next sync is held until hold is closed
+	hold, holding := make(chan struct{}), make(chan struct{})
+	s.sync = func(string) error {
+		n.Add(1)
+		if arm.CompareAndSwap(true, false) {
+			holding <- struct{}{}
+			<-hold
+		}
+		return nil
+	}
+	t0 := s.ticket()
+	if err := s.after(dir, t0); err != nil || n.Load() != 1 {
+		t.Fatalf("a first caller: %d syncs, %v; want 1", n.Load(), err)
+	}
+	if err := s.after(dir, t0); err != nil || n.Load() != 1 {
+		t.Fatalf("a caller whose ticket is older than the sync done: %d syncs, %v; want that one", n.Load(), err)
+	}
+	t1 := s.ticket()
+	errs := make(chan error, 3)
+	arm.Store(true)
+	go func() { errs <- s.after(dir, t1) }()
+	<-holding // the second sync runs
+	t2 := s.ticket()
+	for range 2 {
+		go func() { errs <- s.after(dir, t2) }()
+	}
+	close(hold)
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n.Load() != 3 {
+		t.Errorf("two callers that came during a sync begun before their ticket: %d syncs in all, want 3 (that one, and one they share)", n.Load())
+	}
+}
+
+// BenchmarkKeepReceipt: a receipt kept at destroy as the build before
+// kept it (WriteFileAtomic into the Trial's directory) and as keepReceipt
+// does (the same, then DataDir synced), each into a directory made just
+// before, as at create, alternating in one loop under the same load.
+func BenchmarkKeepReceipt(b *testing.B) {
+	before, after := b.TempDir(), b.TempDir()
+	a := &Agent{cfg: AgentConfig{DataDir: after}}
+	data := bytes.Repeat([]byte("x"), 2500)
+	var tb, ta []time.Duration
+	for i := 0; b.Loop(); i++ {
+		id := fmt.Sprint(i)
+		for _, d := range []string{before, after} {
+			if err := os.Mkdir(filepath.Join(d, id), 0o700); err != nil {
+				b.Fatal(err)
+			}
+		}
+		old := func() {
+			t0 := time.Now()
+			if err := rootdir.WriteFileAtomic(filepath.Join(before, id, "receipt.json"), data, 0o644); err != nil {
+				b.Fatal(err)
+			}
+			tb = append(tb, time.Since(t0))
+		}
+		kept := func() {
+			t0 := time.Now()
+			if err := a.keepReceipt(id, data); err != nil {
+				b.Fatal(err)
+			}
+			ta = append(ta, time.Since(t0))
+		}
+		if i%2 == 0 {
+			old()
+			kept()
+		} else {
+			kept()
+			old()
+		}
+	}
+	med := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	mb, ma := med(tb), med(ta)
+	b.ReportMetric(mb, "before-p50-ms")
+	b.ReportMetric(ma, "after-p50-ms")
+	b.ReportMetric(ma/mb, "after/before")
 }

@@ -113,11 +113,22 @@ func beginJoin(cg *os.File) (func(), error) {
 }
 
 // markClosing writes the closing mark into the join lock of the cgroup at
-// dir, under the lock, once every launch under way has its process in.
-func markClosing(dir string) error {
+// dir (id: its inode, 0 if unknown), under the lock, once every launch
+// under way has its process in. A cgroup that is gone (its runtime
+// removed it first) needs no mark: a launch opens it by path, which
+// fails, and one that opened it before cannot clone into it (ENOENT: no
+// live cgroup behind it). Nor does another cgroup made at the path since
+// (a restarted container's): it is not this Trial's to close.
+func markClosing(dir string, id uint64) error {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
 		return err
+	}
+	if id != 0 && st.Ino != id {
+		return nil
 	}
 	f, err := rootdir.OpenLock(initLockDir, filepath.Base(joinLockPath(st.Ino)))
 	if err != nil {

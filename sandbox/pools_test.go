@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -210,7 +212,7 @@ func TestPrivilegedNoJoinAfterTeardownBegins(t *testing.T) {
 		t.Fatal(err)
 	}
 	marked := make(chan error, 1)
-	go func() { marked <- markClosing(tr.Cgroup) }() // the teardown's first step
+	go func() { marked <- markClosing(tr.Cgroup, tr.CgroupID) }() // the teardown's first step
 	select {
 	case err := <-marked:
 		t.Fatalf("the teardown began while a launch was under way (%v)", err)
@@ -227,6 +229,81 @@ func TestPrivilegedNoJoinAfterTeardownBegins(t *testing.T) {
 	if !errors.Is(err, errClosing) {
 		t.Fatalf("a command started in a Trial being torn down: %v, want ErrClosing", err)
 	}
+}
+
+// A Trial whose cgroup its runtime removed before the teardown (runc
+// does, for a container whose init exited) takes no process any more:
+// a launch opens it by path, which fails, and one that opened it before
+// cannot clone into it. So the teardown has nothing to mark closing, and
+// does not warn that it could not.
+func TestPrivilegedGoneCgroupTakesNoLaunchAndNoWarning(t *testing.T) {
+	h := newHost(t)
+	var logged bytes.Buffer
+	h.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	tr := newTrial(t, h, trial.Spec{})
+	cg, err := os.Open(tr.Cgroup) // a launch under way
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	clone := func() error {
+		c := exec.Command("/bin/true")
+		c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+		return c.Run()
+	}
+	if err := clone(); err != nil {
+		t.Fatalf("a process cloned into the Trial's cgroup: %v", err)
+	}
+	if err := removeCgroup(tr.Cgroup); err != nil { // as its runtime would
+		t.Fatal(err)
+	}
+	// The kernel finds no live cgroup behind the open directory
+	// (css_tryget_online_from_dir).
+	if err := clone(); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("a process cloned into the Trial's cgroup once removed: %v, want ENOENT", err)
+	}
+	_, err = tr.Start(Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody})
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a command started in a Trial whose cgroup is gone: %v, want ENOENT", err)
+	}
+	if _, err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if logged.Len() > 0 {
+		t.Errorf("the teardown of a Trial whose cgroup is gone warned:\n%s", logged.String())
+	}
+}
+
+// A cgroup made at a Trial's path since its own was removed (a restarted
+// container's, which a Trial of its own adopts) is not marked closing by
+// the old Trial's teardown: launches into it go on.
+func TestPrivilegedNoClosingMarkOnANewCgroupAtThePath(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	if err := removeCgroup(tr.Cgroup); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(tr.Cgroup, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := os.Open(tr.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(cg.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { RemoveLaunchLock(st.Ino) })
+	if _, err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	end, err := beginJoin(cg)
+	if err != nil {
+		t.Fatalf("a launch into the new cgroup at the path after the old Trial's teardown: %v", err)
+	}
+	end()
 }
 
 // The pids controller bounds the Trial's tasks, all its commands and uids

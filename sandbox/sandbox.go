@@ -457,7 +457,7 @@ func (t *Trial) stop() (bpf.Counters, []error) {
 	t.recMu.Lock()
 	t.closing = true
 	t.recMu.Unlock()
-	if err := markClosing(t.Cgroup); err != nil {
+	if err := markClosing(t.Cgroup, t.CgroupID); err != nil {
 		t.host.log().Warn("mark the Trial closing for other launchers", "trial", t.ID, "error", err)
 	}
 	var errs []error

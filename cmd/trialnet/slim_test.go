@@ -39,19 +39,25 @@ func TestTrialnetLinksNoPluginDeps(t *testing.T) {
 	}
 }
 
-// 'trialnet nri' execs trialnet-nri from beside the binary, arguments
-// and all, so that manifests written for it keep working; without the
-// plugin's binary there it says what to install.
+// 'trialnet nri' execs trialnet-nri from beside the binary's real path,
+// arguments and all, so that manifests written for it keep working;
+// without the plugin's binary there it says what to install.
 func TestNRIExecsThePluginBinary(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "trialnet")
 	copyExecutable(t, bin)
+	// Through a symlink elsewhere, as /usr/local/bin/trialnet to
+	// /opt/...: the plugin is the one beside the real path.
+	link := filepath.Join(t.TempDir(), "trialnet")
+	if err := os.Symlink(bin, link); err != nil {
+		t.Fatal(err)
+	}
 	plugin := filepath.Join(dir, nriBinary)
 	if err := os.WriteFile(plugin, []byte("#!/bin/sh\necho \"plugin: $0 $*\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	cli := func() (string, int) {
-		cmd := exec.Command(bin, "nri", "--index", "42", "--exempt", "a,b")
+		cmd := exec.Command(link, "nri", "--index", "42", "--exempt", "a,b")
 		cmd.Env = append(os.Environ(), "TRIALNET_CLI_MAIN=1")
 		out, err := cmd.CombinedOutput()
 		var ee *exec.ExitError
@@ -66,7 +72,7 @@ func TestNRIExecsThePluginBinary(t *testing.T) {
 	if err := os.Remove(plugin); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := cli(); code != exitFailure || !strings.Contains(out, "install it beside trialnet") {
+	if out, code := cli(); code != exitFailure || !strings.Contains(out, plugin+": no such file") || !strings.Contains(out, "install it beside trialnet") {
 		t.Errorf("trialnet nri without the plugin beside it: exit %d, %q", code, out)
 	}
 }

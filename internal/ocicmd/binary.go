@@ -82,3 +82,8 @@ func executable() (string, error) {
 	}
 	return self, nil
 }
+
+// Executable is this binary's real path, for a command that runs a
+// companion installed beside it (trialnet nri's trialnet-nri): beside a
+// symlink to trialnet (/usr/local/bin/trialnet) there is none.
+func Executable() (string, error) { return executable() }
