@@ -509,8 +509,13 @@ func TestPrivilegedContainerDockerKeyCalls(t *testing.T) {
 		return parseEscapee(t, strings.NewReader(out))
 	}
 	in := keys(trialFlags(w.info.ID))
+	// Where int $0x80 faults (no i386 entry: the escapee says "skipped")
+	// there is no such call to refuse, inside or out.
+	noI386 := func(r escapeResult) bool { return r.Name == "keyctl-i386" && r.Result == "skipped" }
 	for _, name := range []string{"keyring-read", "keyctl-i386", "request-key-upcall"} {
-		if r := in[name]; r.Result != "blocked" || !strings.Contains(r.Reason, "function not implemented") {
+		if r := in[name]; noI386(r) {
+			t.Logf("%s: %s", name, r.Reason)
+		} else if r.Result != "blocked" || !strings.Contains(r.Reason, "function not implemented") {
 			t.Errorf("%s in the Trial: %+v, want refused by the seccomp profile (ENOSYS)", name, r)
 		}
 	}
@@ -518,7 +523,8 @@ func TestPrivilegedContainerDockerKeyCalls(t *testing.T) {
 		t.Errorf("the container was not recorded: %d containers, %v", st.Layers.Containers, err)
 	}
 	out := keys([]string{"--network", "none"})
-	if r := out["keyring-read"]; strings.Contains(r.Reason, "function not implemented") || out["request-key-upcall"].Result != "escaped" || out["keyctl-i386"].Result != "escaped" {
+	if r := out["keyring-read"]; strings.Contains(r.Reason, "function not implemented") || out["request-key-upcall"].Result != "escaped" ||
+		out["keyctl-i386"].Result != "escaped" && !noI386(out["keyctl-i386"]) {
 		t.Errorf("outside a Trial the key calls were refused too (the test shows nothing): %+v", out)
 	}
 }

@@ -74,6 +74,7 @@ func daemonWorld(t *testing.T) (*world, string) {
 	if w.bin == "" {
 		w.bin = filepath.Join(t.TempDir(), "trialnet")
 		testkit.BuildTrialnet(t, "../..", w.bin)
+		testkit.BuildTrialnetOCI(t, "../..", w.bin) // the bundles' hook
 	}
 	// Not in dir: the hook refuses a root that holds the control
 	// socket's directory.

@@ -55,6 +55,11 @@ var beyondLSM = map[string]bool{"ipc-sysv-shm": true, "ipc-posix-shm": true, "ip
 // gets out, and SECURITY.md says so.
 var needLSM = map[string]bool{"handed-socket-connect": true}
 
+// noI386Entry is keyctl-i386 where there is no i386 entry to try: a
+// kernel whose int $0x80 faults, or another architecture. The kernel
+// matrix's guests have the entry.
+func noI386Entry(r Result) bool { return r.Name == "keyctl-i386" && r.Result == "skipped" }
+
 // victimSockets matches escapee's: one TCP socket, and one host listener,
 // per attempt that takes one.
 const victimSockets = 6
@@ -451,6 +456,10 @@ func TestPrivilegedEscapeBoundaryUnconfinedIsSeen(t *testing.T) {
 	for name, arrived := range w.receivers(res) {
 		if name == "tiocsti" && noTIOCSTI {
 			t.Logf("dev.tty.legacy_tiocsti=0: this kernel refuses TIOCSTI to every unprivileged process")
+			continue
+		}
+		if noI386Entry(res[name]) {
+			t.Logf("%s: %s", name, res[name].Reason)
 			continue
 		}
 		if strings.HasPrefix(name, "steal-via-") && noPeerPidfd {

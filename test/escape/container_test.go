@@ -366,7 +366,9 @@ func TestPrivilegedEscapeContainerKeyring(t *testing.T) {
 
 			res := runBoundary(t, w, inContainer(r, info, ro...))
 			for _, name := range []string{"keyring-read", "keyctl-i386", "request-key-upcall"} {
-				if got := res[name]; got.Result != "blocked" || strings.Contains(got.Reason, w.keySecret) {
+				if got := res[name]; noI386Entry(got) {
+					t.Logf("%s: %s", name, got.Reason)
+				} else if got.Result != "blocked" || strings.Contains(got.Reason, w.keySecret) {
 					t.Errorf("%s with the profile: %+v, want blocked", name, got)
 				}
 			}
