@@ -49,6 +49,7 @@ func Doctor() []bpf.Check {
 	// run' will get, with the pins and attachments it makes.
 	layer, loadErr := loadOnce(mount)
 	checks = append(checks, bpf.Check{Name: LoadCheck, Required: true, Err: loadErr})
+	checks = append(checks, bpf.Check{Name: "a task iterator for the processes in a container's network namespace (else adoptions walk /proc)", Err: sandbox.NetnsScanError()})
 	if loadErr == nil {
 		for i := range probe {
 			if strings.HasPrefix(probe[i].Name, "BPF LSM") {
