@@ -49,6 +49,7 @@ func Doctor() []bpf.Check {
 	// run' will get, with the pins and attachments it makes.
 	layer, loadErr := loadOnce(mount)
 	checks = append(checks, bpf.Check{Name: LoadCheck, Required: true, Err: loadErr})
+	checks = append(checks, bpf.Check{Name: NetnsScanCheck, Err: sandbox.NetnsScanError()})
 	if loadErr == nil {
 		for i := range probe {
 			if strings.HasPrefix(probe[i].Name, "BPF LSM") {
@@ -75,6 +76,7 @@ func Doctor() []bpf.Check {
 const (
 	rootCheck        = "root directory is its mount namespace's root (not a chroot: a Trial's commands start there)"
 	LoadCheck        = "load, attach and pin trialnet's eBPF programs (a scratch cgroup and pin directory, removed after)"
+	NetnsScanCheck   = "a task iterator for the processes in a container's network namespace (else adoptions walk /proc)"
 	UnixConfineCheck = "pathname unix socket confinement (cgroup connect_unix hook or BPF LSM layer)"
 	nestedCheck      = "nested sandboxes (--nested: bwrap in a Trial; user namespaces and the BPF LSM layer, which also bounds their ptys)"
 )

@@ -24,6 +24,7 @@ import (
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/internal/lname"
 	"github.com/trialnet/trialnet/keeper"
+	"github.com/trialnet/trialnet/sandbox"
 )
 
 // ServeConfig is the daemon: an agent, where its control API listens,
@@ -145,6 +146,13 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		a.log.Warn("could not lower the agent's OOM score: the OOM killer may choose it before a Trial (set OOMScoreAdjust in the unit, or give it CAP_SYS_RESOURCE)",
 			"oom_score_adj", AgentOOMScoreAdj, "error", oomErr)
 	}
+	// Loaded now rather than at the first container adopted, which
+	// would wait the 25-85 ms a load takes (docs/measured.md).
+	go func() {
+		if err := sandbox.NetnsScanError(); err != nil {
+			a.log.Warn("adoptions walk /proc for the processes in a container's network namespace, 3 ms and more on a busy host, rather than read a task iterator", "error", err)
+		}
+	}()
 	d.srv = a.Server()
 	go a.serveHTTP(d.srv, d.ctl, "control socket")
 	if d.met != nil {

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/cgroup2"
@@ -192,16 +194,55 @@ func (h *Host) notFresh(id netnsID, mount, cg string) string {
 	return ""
 }
 
+// netnsScan is this process's task iterator for pidsIn, loaded at its
+// first adoption (or NetnsScanError) and kept: a load parses the
+// kernel's BTF, an adoption's scan is then one read.
+var netnsScan = sync.OnceValues(bpf.OpenNetnsScan)
+
+// NetnsScanError says why adoptions scan /proc rather than read the task
+// iterator (nil: they read it), loading it if not yet loaded.
+func NetnsScanError() error {
+	_, err := netnsScan()
+	return err
+}
+
 // pidsIn are the processes with a task in the network namespace id: any
 // thread, since a thread can be in another network namespace than its
-// process (setns). A process's task directory links two more than its
+// process (setns). The task iterator lists them with one read, whatever
+// the agent may read of them; where it cannot load (NetnsScanError),
+// walkPidsIn walks /proc.
+func pidsIn(id netnsID) ([]string, error) {
+	s, err := netnsScan()
+	if err != nil {
+		return walkPidsIn(id)
+	}
+	return iterPidsIn(s, id)
+}
+
+// iterPidsIn is pidsIn by the task iterator s.
+func iterPidsIn(s *bpf.NetnsScan, id netnsID) ([]string, error) {
+	if id.ns.Ino > math.MaxUint32 {
+		return nil, fmt.Errorf("its namespace's inode number %d is not an nsfs one", id.ns.Ino)
+	}
+	pids, err := s.Pids(uint32(id.ns.Ino))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(pids))
+	for i, pid := range pids {
+		out[i] = strconv.Itoa(pid)
+	}
+	return out, nil
+}
+
+// walkPidsIn is pidsIn by a walk of /proc. A process's task directory links two more than its
 // threads: one of a single thread is read as /proc/PID, its one
 // thread's, and only the others' task lists are read: listing every
 // process's costs twice as much on a host of mostly single-threaded
 // processes. A task whose namespace file the kernel will not show is
 // placed by its net/dev entry; one neither shows is an error, not
 // skipped: it may be in the namespace.
-func pidsIn(id netnsID) ([]string, error) {
+func walkPidsIn(id netnsID) ([]string, error) {
 	proc, err := os.Open("/proc")
 	if err != nil {
 		return nil, err

@@ -323,6 +323,9 @@ func TestPrivilegedDoctor(t *testing.T) {
 	if lsm < 0 || load < 0 || !res.Checks[load].OK {
 		t.Fatalf("doctor made no real Load, or it failed: %s", out)
 	}
+	if !slices.ContainsFunc(res.Checks, func(c check) bool { return c.Check == agent.NetnsScanCheck && c.OK }) {
+		t.Errorf("doctor does not say the adoption scan's task iterator loads: %s", out)
+	}
 	h, err := agent.OpenHost(testenv.IsolatedHost(t, "doctorcheck"))
 	if err != nil {
 		t.Fatal(err)
