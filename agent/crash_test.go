@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -25,6 +26,7 @@ import (
 	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/sandbox"
 	trialspec "github.com/trialnet/trialnet/trial"
+	"golang.org/x/sys/unix"
 )
 
 // The agent SIGKILLed at random points (seeded: TRIALNET_CRASH_SEED
@@ -61,7 +63,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	host := isolatedHost(t)
 	paths := struct{ sock, state, data string }{filepath.Join(dir, "agent.sock"), filepath.Join(dir, "state"), filepath.Join(dir, "data")}
 	cfgFile := filepath.Join(dir, "trialnet.yaml")
-	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s\n  data_dir: %s\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
+	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s\n  data_dir: %s\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\nprofiles:\n  ctr:\n    allow: [\"allowed.test:443\"]\n",
 		paths.sock, paths.state, paths.data, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +76,9 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	var (
 		mu      sync.Mutex
 		created = map[string]bool{} // every id a create was asked for
+		// made and adopted count the creates and container adoptions
+		// that succeeded: a run that made none tested nothing.
+		made, adopted int
 	)
 	// churn creates Trials (some transparent, some running a process)
 	// and destroys some, until stop; errors are expected (the agent dies).
@@ -95,6 +100,9 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 				continue
 			}
+			mu.Lock()
+			made++
+			mu.Unlock()
 			if r.IntN(2) == 0 {
 				startSleeper(info)
 			}
@@ -103,8 +111,91 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 				_, _ = c.Destroy(ctx, id)
 				cancel()
 			}
+			if r.IntN(4) == 0 {
+				// A pause: the refill makes shells and files in it.
+				time.Sleep(time.Duration(20+r.IntN(80)) * time.Millisecond)
+			}
 		}
 	}
+
+	mount, err := sandbox.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		inits      []*exec.Cmd // the containers' inits: their runtime's
+		containers []string    // their cgroups, the runtime's to remove
+	)
+	// containerChurn plays a runtime and its hooks: a cgroup prepared by
+	// the agent, an init in it (in a namespace of its own), the Trial
+	// made around it, and destroyed or left.
+	containerChurn := func(stop <-chan struct{}, iter int, r *rand.Rand) {
+		for j := 0; ; j++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			cid := fmt.Sprintf("ctr-%d-%d", iter, j)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			pc, err := c.PrepareContainer(ctx, client.ContainerPrepare{Container: cid, Profile: "ctr", CgroupsPath: strings.TrimPrefix(host.Parent, mount) + "/" + cid})
+			cancel()
+			if err != nil {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			mu.Lock()
+			containers = append(containers, pc.Cgroup)
+			mu.Unlock()
+			cg, err := os.Open(pc.Cgroup)
+			if err != nil {
+				continue // dropped meanwhile (the agent died)
+			}
+			init := exec.Command(self)
+			init.Env = append(os.Environ(), probeEnv+"=1")
+			init.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+			if _, err := init.StdinPipe(); err != nil { // it runs while this is open
+				t.Error(err)
+				return
+			}
+			err = init.Start()
+			_ = cg.Close()
+			if err != nil {
+				continue
+			}
+			mu.Lock()
+			inits = append(inits, init)
+			mu.Unlock()
+			ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+			info, err := c.ContainerTrial(ctx, client.ContainerTrial{Profile: "ctr", Container: client.Container{ID: cid, PID: init.Process.Pid}})
+			cancel()
+			if err == nil {
+				mu.Lock()
+				created[info.ID] = true
+				adopted++
+				mu.Unlock()
+				if r.IntN(2) == 0 {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					_, _ = c.Destroy(ctx, info.ID)
+					cancel()
+				}
+			}
+		}
+	}
+	killInits := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, p := range inits {
+			_ = p.Process.Kill()
+			_ = p.Wait()
+		}
+		inits = nil
+	}
+	t.Cleanup(killInits)
 
 	const iterations = 10
 	deadline := time.Now().Add(35 * time.Second)
@@ -119,6 +210,8 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 			wg.Add(1)
 			go func() { defer wg.Done(); churn(stop, g, i, r) }()
 		}
+		wg.Add(1)
+		go func() { defer wg.Done(); containerChurn(stop, i, rand.New(rand.NewPCG(seed, uint64(1000+i)))) }()
 		victim := cur
 		delay := time.Duration(rng.IntN(700)) * time.Millisecond
 		if rng.IntN(3) == 0 {
@@ -151,6 +244,10 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 		agents = agents[:0]
 	}
 
+	t.Logf("%d Trials made, %d containers adopted", made, adopted)
+	if made == 0 || adopted == 0 {
+		t.Error("the agents made no Trial or adopted no container between the kills")
+	}
 	last := runAgent(t, bin, args...)
 	waitReady(t, c, last)
 	mu.Lock()
@@ -181,6 +278,14 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("the last agent's log:\n%s", last.stderr.String())
+	}
+	// The runtime's part: its inits end, and it removes the cgroups it
+	// asked for (an adopted Trial's is left to it, emptied).
+	killInits()
+	for _, cg := range containers {
+		if err := unix.Rmdir(cg); err != nil && !errors.Is(err, unix.ENOENT) {
+			t.Errorf("a container's cgroup %s: %v", cg, err)
+		}
 	}
 
 	for _, d := range []string{host.Parent, paths.state, paths.data} {
@@ -250,7 +355,11 @@ func checkWhole(t *testing.T, c *client.Client, state, data string, info client.
 // but its data (kept for a destroyed Trial).
 func checkGone(t *testing.T, state string, host Config, id string) {
 	t.Helper()
-	for _, p := range []string{filepath.Join(state, id+".json"), filepath.Join(state, id+".ledgers"), filepath.Join(host.Parent, id), filepath.Join(host.NetnsDir, id)} {
+	left := []string{filepath.Join(state, id+".json"), filepath.Join(state, id+".ledgers"), filepath.Join(host.NetnsDir, id)}
+	if !strings.HasPrefix(id, "ctr-") { // a container's cgroup is its runtime's
+		left = append(left, filepath.Join(host.Parent, id))
+	}
+	for _, p := range left {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("Trial %s is not reported but %s is there (%v)", id, p, err)
 		}
