@@ -22,6 +22,7 @@ import (
 
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/sandbox"
@@ -79,6 +80,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 		// made and adopted count the creates and container adoptions
 		// that succeeded: a run that made none tested nothing.
 		made, adopted int
+		cgroupIDs     []uint64 // of the Trials made
 	)
 	// churn creates Trials (some transparent, some running a process)
 	// and destroys some, until stop; errors are expected (the agent dies).
@@ -102,6 +104,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 			}
 			mu.Lock()
 			made++
+			cgroupIDs = append(cgroupIDs, info.CgroupID)
 			mu.Unlock()
 			if r.IntN(2) == 0 {
 				startSleeper(info)
@@ -177,6 +180,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 				mu.Lock()
 				created[info.ID] = true
 				adopted++
+				cgroupIDs = append(cgroupIDs, info.CgroupID)
 				mu.Unlock()
 				if r.IntN(2) == 0 {
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -322,6 +326,14 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 			t.Errorf("state left in %s: %v", paths.state, names)
 		}
 	}
+	for _, id := range cgroupIDs {
+		for _, name := range []string{"init-", "join-"} { // sandbox's launch locks
+			p := filepath.Join(rootdir.Locks, name+strconv.FormatUint(id, 10))
+			if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a Trial's launch lock %s is left (%v)", p, err)
+			}
+		}
+	}
 	checkReceipts(t, paths.data)
 }
 
@@ -348,6 +360,21 @@ func checkWhole(t *testing.T, c *client.Client, state, data string, info client.
 	}
 	if st, err := c.Stats(context.Background(), info.ID); err != nil || st.Kernel == nil {
 		t.Errorf("Trial %s is reported but has no policy counters: %v", info.ID, err)
+	}
+	if info.Container != "" {
+		return // commands run in it through its runtime
+	}
+	// A command runs in it: a destroy cut short did not leave it closed
+	// to launches.
+	tr, err := Attach(info)
+	if err != nil {
+		t.Errorf("Trial %s is reported but cannot be attached: %v", info.ID, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if code, err := tr.Exec(ctx, sandbox.Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534}, nil); code != 0 || err != nil {
+		t.Errorf("Trial %s is reported but runs no command: exit %d, %v", info.ID, code, err)
 	}
 }
 

@@ -427,7 +427,15 @@ func (a *Agent) recordEvents(id string, evs []record.Event) {
 func (a *Agent) readopt() error {
 	for _, r := range a.host.Recorded() {
 		_, served := a.inherited[r.ID]
-		lt, err := a.adopt(r)
+		var lt *trial
+		var err error
+		if !a.takingOver() && sandbox.Closing(r.Record.CgroupID) {
+			// Its processes were killed: the destroy is finished here,
+			// as it would have been (taking over, the running agent's).
+			err = errors.New("its destroy was under way when the previous agent stopped")
+		} else {
+			lt, err = a.adopt(r)
+		}
 		switch {
 		case err != nil && a.takingOver() && served:
 			return fmt.Errorf("the running agent serves Trial %s, and this one cannot adopt it (%w); the running agent keeps serving", r.ID, err)
