@@ -338,15 +338,18 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 }
 
 // startSleeper runs a process in the Trial that outlives the test unless
-// a destroy (or the sweep of a half-made Trial) ends it.
+// a destroy (or the sweep of a half-made Trial) ends it. It is started
+// before the caller goes on to destroy the Trial: a launch racing a
+// destroy is not what this test is about.
 func startSleeper(info client.TrialInfo) {
 	tr, err := Attach(info)
 	if err != nil {
 		return
 	}
-	go func() {
-		_, _ = tr.Exec(context.Background(), sandbox.Command{Args: []string{"sleep", "120"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534}, nil)
-	}()
+	p, err := tr.Start(sandbox.Command{Args: []string{"sleep", "120"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: 65534, GID: 65534})
+	if err == nil {
+		go func() { _, _ = p.Wait() }()
+	}
 }
 
 // checkWhole fails unless every part of a Trial the agent reports is
