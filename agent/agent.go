@@ -218,6 +218,10 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 		return nil, err
 	} else {
 		a.sweepPending()
+		if !a.takingOver() { // else the running agent may be writing them
+			a.host.SweepPartialRecords()
+			a.sweepLedgers()
+		}
 	}
 	if a.takingOver() {
 		// A Trial the predecessor serves but this agent has no record of

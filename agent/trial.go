@@ -372,6 +372,39 @@ func (a *Agent) removeLedgers(id string) {
 	ledger.RemoveAll(a.cfg.Host.StateDir, id)
 }
 
+// sweepLedgers removes the tunnel ledgers of Trials this agent did not
+// adopt, as an agent killed in a create (before the Trial's record) or in
+// a destroy (after its record was removed) leaves them: no record names
+// them, and what they kept is no Trial's. A live process's ledger is
+// left (ledger.Lost); prepared ones are sweepFiles'.
+func (a *Agent) sweepLedgers() {
+	dir := a.cfg.Host.StateDir
+	if dir == "" {
+		return
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ledgersSuffix)
+		if !ok || !e.IsDir() || strings.HasPrefix(id, sandbox.ShellPrefix) {
+			continue
+		}
+		a.mu.Lock()
+		_, adopted := a.trials[id]
+		a.mu.Unlock()
+		if adopted {
+			continue
+		}
+		a.log.Warn("removing the tunnel ledgers of a Trial that has no record (an agent stopped in its create or destroy)", "trial", id)
+		if _, err := ledger.Lost(dir, id); err != nil {
+			a.log.Error("remove a leftover tunnel ledger", "trial", id, "error", err)
+		}
+	}
+}
+
+// ledgersSuffix ends the name of a Trial's ledgers' directory in the
+// state directory.
+const ledgersSuffix = ".ledgers"
+
 // recordEvents records evs, made by no decision of this process, in
 // Trial id's log and counters.
 func (a *Agent) recordEvents(id string, evs []record.Event) {
@@ -394,7 +427,15 @@ func (a *Agent) recordEvents(id string, evs []record.Event) {
 func (a *Agent) readopt() error {
 	for _, r := range a.host.Recorded() {
 		_, served := a.inherited[r.ID]
-		lt, err := a.adopt(r)
+		var lt *trial
+		var err error
+		if !a.takingOver() && sandbox.Closing(r.Record.CgroupID) {
+			// Its processes were killed: the destroy is finished here,
+			// as it would have been (taking over, the running agent's).
+			err = errors.New("its destroy was under way when the previous agent stopped")
+		} else {
+			lt, err = a.adopt(r)
+		}
 		switch {
 		case err != nil && a.takingOver() && served:
 			return fmt.Errorf("the running agent serves Trial %s, and this one cannot adopt it (%w); the running agent keeps serving", r.ID, err)

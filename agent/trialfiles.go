@@ -239,5 +239,5 @@ func (a *Agent) sweepFiles(alive func(pid int) bool) {
 			a.log.Error("remove a Trial's leftover prepared files", "error", err)
 		}
 	})
-	sweep(a.cfg.Host.StateDir, ".ledgers", func(name string) { ledger.RemoveAll(a.cfg.Host.StateDir, name) })
+	sweep(a.cfg.Host.StateDir, ledgersSuffix, func(name string) { ledger.RemoveAll(a.cfg.Host.StateDir, name) })
 }

@@ -89,6 +89,14 @@ func joinLockPath(cgroupID uint64) string {
 	return filepath.Join(initLockDir, "join-"+strconv.FormatUint(cgroupID, 10))
 }
 
+// Closing reports whether the teardown of the Trial with cgroup id
+// cgroupID began: its processes were killed, and no launch joins it. An
+// agent killed in a destroy leaves it so, for its successor to finish.
+func Closing(cgroupID uint64) bool {
+	b, err := os.ReadFile(joinLockPath(cgroupID))
+	return err == nil && strings.HasPrefix(string(b), closingMark)
+}
+
 // beginJoin takes the join lock of the cgroup cg is open on, shared, and
 // fails if its Trial is closing; the returned func releases it.
 func beginJoin(cg *os.File) (func(), error) {

@@ -142,6 +142,21 @@ func (t *Trial) writeRecord(phase string, first bool) error {
 	return nil
 }
 
+// SweepPartialRecords removes the new records an agent killed while
+// writing them left unrenamed: the record each was to replace, or none,
+// is whole. Only with no other agent at work in StateDir: one may be
+// writing its own.
+func (h *Host) SweepPartialRecords() {
+	if h.StateDir == "" {
+		return
+	}
+	left, _ := filepath.Glob(filepath.Join(h.StateDir, "*.json.tmp"))
+	for _, f := range left {
+		h.log().Warn("removing a state record an earlier agent did not finish writing", "file", f)
+		_ = os.Remove(f)
+	}
+}
+
 func (t *Trial) removeRecord() {
 	if t.host.StateDir != "" {
 		_ = os.Remove(t.host.recordPath(t.ID))

@@ -443,6 +443,10 @@ func (t *Trial) teardown(during func(bpf.Counters)) (bpf.Counters, error) {
 	beside.Go(func() { during(final) })
 	errs = append(errs, t.remove()...)
 	beside.Wait()
+	// Last, once what runs beside is done too: until then a successor
+	// of an agent killed here finds the record, and removes what is
+	// left of the Trial, the agent's own (its steering's pins) with it.
+	t.removeRecord()
 	if err := errors.Join(errs...); err != nil {
 		return final, fmt.Errorf("close Trial %s: %w", t.ID, err)
 	}
@@ -483,7 +487,7 @@ func (t *Trial) stop() (bpf.Counters, []error) {
 }
 
 // remove takes apart what stop left: the cgroups, the policy entry, the
-// namespace, the launch locks and, last, the record.
+// namespace and the launch locks; the record is teardown's to remove.
 func (t *Trial) remove() []error {
 	var errs []error
 	// An adopted cgroup is its runtime's to remove, emptied here; with
@@ -511,7 +515,6 @@ func (t *Trial) remove() []error {
 		// lock's closing mark keeps launchers out of what is left.
 		RemoveLaunchLock(t.CgroupID)
 	}
-	t.removeRecord()
 	return errs
 }
 
