@@ -72,7 +72,6 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	c := client.NewClient(paths.sock)
 	t.Cleanup(func() { _ = keeper.Stop(keeper.DefaultSocket(paths.sock)) })
 	v1Before := v1PoolGroups(t)
-	nsfsBefore := nsfsMounts(t)
 
 	var (
 		mu      sync.Mutex
@@ -303,14 +302,21 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	if procs := treeProcs(host.Parent); len(procs) > 0 {
 		t.Errorf("processes left under %s: %v", host.Parent, procs)
 	}
-	if left := slices.DeleteFunc(v1PoolGroups(t), func(g string) bool { return slices.Contains(v1Before, g) }); len(left) > 0 {
+	// The v1 pools' parents are shared with every other test binary that
+	// runs meanwhile (go test runs packages side by side): only this
+	// test's groups count, its agents' shells and its Trials' groups.
+	var pids []int
+	for _, a := range agents {
+		pids = append(pids, a.cmd.Process.Pid)
+	}
+	if left := ownV1Groups(t, v1Before, pids, cgroupIDs); len(left) > 0 {
 		t.Errorf("cgroup v1 pool groups left: %v", left)
 	}
 	if ns, _ := os.ReadDir(host.NetnsDir); len(ns) > 0 {
 		t.Errorf("namespaces left in %s: %d", host.NetnsDir, len(ns))
 	}
-	if n := nsfsMounts(t); n > nsfsBefore {
-		t.Errorf("nsfs mounts: %d before, %d after", nsfsBefore, n)
+	if n := nsfsMountsUnder(t, host.NetnsDir); n > 0 {
+		t.Errorf("nsfs mounts left under %s: %d", host.NetnsDir, n)
 	}
 	if pins := trialPins(t, host.PinDir); len(pins) > 0 {
 		t.Errorf("Trials' pins left in %s: %v", host.PinDir, pins)
@@ -436,7 +442,9 @@ func treeProcs(dir string) []string {
 	return out
 }
 
-func nsfsMounts(t *testing.T) int {
+// nsfsMountsUnder counts the nsfs mounts at or below dir (other tests'
+// namespaces are mounted elsewhere meanwhile).
+func nsfsMountsUnder(t *testing.T, dir string) int {
 	t.Helper()
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -445,11 +453,68 @@ func nsfsMounts(t *testing.T) int {
 	defer f.Close()
 	n := 0
 	for s := bufio.NewScanner(f); s.Scan(); {
-		if strings.Contains(s.Text(), " - nsfs ") {
+		if fields := strings.Fields(s.Text()); len(fields) > 4 && strings.Contains(s.Text(), " - nsfs ") &&
+			(fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
 			n++
 		}
 	}
 	return n
+}
+
+// ownV1Groups are the v1 pool groups, not there before, that this
+// test's agents (pids) made: their shells' groups, and the Trials'
+// (named by cgroup id). A Trial whose create answer the kill cut off is
+// not in ids: a Trial's group whose v2 cgroup no longer exists anywhere
+// counts too, if it stays (another test's destroy may be between its
+// two removals).
+func ownV1Groups(t *testing.T, before []string, pids []int, ids []uint64) []string {
+	t.Helper()
+	suspect := func() []string {
+		live := liveCgroupIDs(t)
+		var out []string
+		for _, g := range v1PoolGroups(t) {
+			name := filepath.Base(g)
+			switch {
+			case slices.Contains(before, g):
+			case strings.HasPrefix(name, "_shell-"):
+				pid, _, _ := strings.Cut(strings.TrimPrefix(name, "_shell-"), "-")
+				if n, err := strconv.Atoi(pid); err == nil && slices.Contains(pids, n) {
+					out = append(out, g)
+				}
+			case strings.HasPrefix(name, "trialnet-"):
+				id, err := strconv.ParseUint(strings.TrimPrefix(name, "trialnet-"), 10, 64)
+				if err == nil && (slices.Contains(ids, id) || !live[id]) {
+					out = append(out, g)
+				}
+			}
+		}
+		return out
+	}
+	left := suspect()
+	for end := time.Now().Add(2 * time.Second); len(left) > 0 && time.Now().Before(end); left = suspect() {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return left
+}
+
+// liveCgroupIDs are the ids (inode numbers) of every cgroup v2 group.
+func liveCgroupIDs(t *testing.T) map[uint64]bool {
+	t.Helper()
+	mount, err := sandbox.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[uint64]bool{}
+	_ = filepath.WalkDir(mount, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			var st unix.Stat_t
+			if unix.Stat(p, &st) == nil {
+				ids[st.Ino] = true
+			}
+		}
+		return nil
+	})
+	return ids
 }
 
 // trialPins are the pins in dir a Trial's policy or steering has.

@@ -179,8 +179,10 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer f.Close()
+		// bash, not sh: dash reads ">&12" as a syntax error, and the
+		// descriptor's number is whatever this process gets.
 		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report-fd", fmt.Sprint(f.Fd()), "--",
-			"sh", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", f.Fd())))
+			"bash", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", f.Fd())))
 		if code != 0 {
 			t.Fatalf("run: exit %d\n%s", code, errOut)
 		}
@@ -201,7 +203,7 @@ func TestPrivilegedRunReportIsTheVerdict(t *testing.T) {
 		got := make(chan []byte, 1)
 		go func() { b, _ := io.ReadAll(r); got <- b }()
 		code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report-fd", fmt.Sprint(w.Fd()), "--",
-			"sh", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", w.Fd())))
+			"bash", "-c", strings.ReplaceAll(forger, ">&3", fmt.Sprintf(">&%d", w.Fd())))
 		_ = w.Close()
 		if code != 0 {
 			t.Fatalf("run: exit %d\n%s", code, errOut)
