@@ -26,6 +26,7 @@ import (
 	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/internal/counts"
 	"github.com/trialnet/trialnet/internal/lname"
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/ledger"
 	"github.com/trialnet/trialnet/proxy"
@@ -528,7 +529,9 @@ func (a *Agent) finish(lt *trial, k bpf.Counters, exit *int, st *client.Stats) e
 	err := a.sign(lt, st, exit)
 	if a.cfg.DataDir != "" {
 		if b, jerr := json.MarshalIndent(*st, "", "  "); jerr == nil {
-			err = errors.Join(err, os.WriteFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))
+			// Whole or not at all, as a destroy killed mid-write leaves
+			// it; not synced: only the receipt is promised durable.
+			err = errors.Join(err, rootdir.ReplaceFile(filepath.Join(a.cfg.DataDir, id, "stats.json"), append(b, '\n'), 0o600))
 		}
 	}
 	return err

@@ -75,7 +75,7 @@ func (t *Launcher) init(cg *os.File) (_ initProc, ready func() error, _ error) {
 }
 
 // errClosing is returned by Start in a Trial whose teardown has begun.
-var errClosing = errors.New("the Trial is being destroyed")
+var errClosing = errors.New("the Trial is being destroyed: its processes are killed and no command starts in it any more; start the command in another Trial")
 
 // The join lock orders launches against the teardown, across processes
 // (the agent, and trialnet run or exec): a launch holds it shared from
@@ -100,17 +100,9 @@ func Closing(cgroupID uint64) bool {
 // beginJoin takes the join lock of the cgroup cg is open on, shared, and
 // fails if its Trial is closing; the returned func releases it.
 func beginJoin(cg *os.File) (func(), error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(cg.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("join lock: %w", err)
-	}
-	f, err := rootdir.OpenLock(initLockDir, filepath.Base(joinLockPath(st.Ino)))
+	f, err := openTrialLock(cg, joinLockPath, unix.LOCK_SH)
 	if err != nil {
-		return nil, fmt.Errorf("join lock: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("join lock: %w", err)
+		return nil, lockErr("join lock", err)
 	}
 	var b [len(closingMark)]byte
 	if n, _ := f.ReadAt(b[:], 0); n == len(b) && string(b[:]) == closingMark {
@@ -119,6 +111,67 @@ func beginJoin(cg *os.File) (func(), error) {
 	}
 	return func() { _ = f.Close() }, nil
 }
+
+// openTrialLock opens (creating it if missing) and locks (how: LOCK_SH or
+// LOCK_EX) the lock of the cgroup cg is open on that path names. A launch
+// that opened the cgroup just before the teardown removed it and its
+// locks would make the lock again, to stay until reboot: so, locked, it
+// checks that the cgroup is still there and that the path still names the
+// file it holds. Else the Trial is gone or going: it removes the lock it
+// made (the path names its file, and no launch can use a lock of a
+// removed cgroup any more) and fails. Whoever makes a lock file checks
+// after making it, so none is made after the teardown's last look.
+func openTrialLock(cg *os.File, path func(uint64) string, how int) (*os.File, error) {
+	var cst unix.Stat_t
+	if err := unix.Fstat(int(cg.Fd()), &cst); err != nil {
+		return nil, err
+	}
+	p := path(cst.Ino)
+	f, err := rootdir.OpenLock(initLockDir, filepath.Base(p))
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), how); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	var held, named unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	same := unix.Stat(p, &named) == nil && named.Dev == held.Dev && named.Ino == held.Ino
+	// A removed cgroup's files are gone with it, even through a
+	// directory opened before.
+	var ignored unix.Stat_t
+	if err := unix.Fstatat(int(cg.Fd()), "cgroup.procs", &ignored, 0); err != nil {
+		if same {
+			_ = os.Remove(p)
+		}
+		_ = f.Close()
+		if errors.Is(err, unix.ENOENT) {
+			return nil, errGone
+		}
+		return nil, fmt.Errorf("check the Trial's cgroup: %w", err)
+	}
+	if !same {
+		_ = f.Close()
+		return nil, errClosing // the teardown removed the lock meanwhile
+	}
+	return f, nil
+}
+
+// lockErr names the lock in an error of openTrialLock's, but for the
+// Trial's end, which says all.
+func lockErr(lock string, err error) error {
+	if errors.Is(err, errClosing) || errors.Is(err, errGone) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", lock, err)
+}
+
+// errGone is returned by Start in a Trial whose cgroup was removed.
+var errGone = fmt.Errorf("the Trial's cgroup was removed (the Trial was destroyed, or its container's runtime ended it): %w; start the command in another Trial", os.ErrNotExist)
 
 // markClosing writes the closing mark into the join lock of the cgroup at
 // dir (id: its inode, 0 if unknown), under the lock, once every launch
@@ -160,17 +213,9 @@ func initLockPath(cgroupID uint64) string {
 
 // lockInit locks the launch lock of the cgroup cg is open on.
 func lockInit(cg *os.File) (*os.File, error) {
-	var cst unix.Stat_t
-	if err := unix.Fstat(int(cg.Fd()), &cst); err != nil {
-		return nil, fmt.Errorf("launch lock: %w", err)
-	}
-	f, err := rootdir.OpenLock(initLockDir, filepath.Base(initLockPath(cst.Ino)))
+	f, err := openTrialLock(cg, initLockPath, unix.LOCK_EX)
 	if err != nil {
-		return nil, fmt.Errorf("launch lock: %w", err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("launch lock: %w", err)
+		return nil, lockErr("launch lock", err)
 	}
 	return f, nil
 }

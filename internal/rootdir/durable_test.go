@@ -67,3 +67,45 @@ func BenchmarkWriteFileAtomic(b *testing.B) {
 		}
 	}
 }
+
+// ReplaceFile writes a temporary file that the rename makes visible: a
+// reader running beside it sees the old file or the new one, never a
+// part (os.WriteFile truncates the file in place, then writes it). Two
+// contents of 1 MiB, of one byte each, are written in turn.
+func TestReplaceFileIsNeverSeenInPart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stats.json")
+	const size = 1 << 20
+	contents := [][]byte{bytes.Repeat([]byte("a"), size), bytes.Repeat([]byte("b"), size)}
+	if err := ReplaceFile(path, contents[0], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	seen := make(chan string, 1)
+	go func() {
+		defer close(seen)
+		for reads := 0; ; reads++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			b, err := os.ReadFile(path)
+			if err != nil || len(b) != size || bytes.Count(b, b[:1]) != size {
+				seen <- fmt.Sprintf("read %d: %d bytes, %v", reads, len(b), err)
+				return
+			}
+		}
+	}()
+	for i := range 200 {
+		if err := ReplaceFile(path, contents[i%2], 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(done)
+	if part, ok := <-seen; ok {
+		t.Fatalf("a reader saw part of the file: %s", part)
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
+		t.Errorf("a temporary file was left: %v", ents)
+	}
+}

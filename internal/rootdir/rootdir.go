@@ -65,11 +65,30 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	return err
 }
 
+// ReplaceFile is WriteFileAtomic without the syncs, for a file that need
+// not outlive a crash of the machine: a reader, and a process killed
+// mid-write, see the old file or the new one whole; after a crash the
+// name may hold the old file, the new one, none, or an empty file.
+func ReplaceFile(path string, data []byte, perm os.FileMode) error {
+	dir, err := os.OpenFile(filepath.Dir(path), os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	_, err = writeAt(dir, filepath.Base(path), data, perm, false)
+	return err
+}
+
 // WriteAt is WriteFileAtomic relative to an open directory: a directory
 // on the way swapped for a symlink since it was opened redirects nothing.
 // It returns the identity of the file it wrote, for a caller that checks
 // later that the name still leads there.
 func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) (FileID, error) {
+	return writeAt(dir, name, data, perm, true)
+}
+
+// writeAt is WriteAt, syncing the file and the directory if durable.
+func writeAt(dir *os.File, name string, data []byte, perm os.FileMode, durable bool) (FileID, error) {
 	dfd := int(dir.Fd())
 	tmp := "." + name + ".tmp-" + rand.Text()[:8]
 	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -84,7 +103,7 @@ func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) (FileID, 
 	if err == nil {
 		_, err = f.Write(data)
 	}
-	if err == nil {
+	if err == nil && durable {
 		err = fsync(f)
 	}
 	if cerr := f.Close(); err == nil {
@@ -96,6 +115,9 @@ func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) (FileID, 
 	if err != nil {
 		_ = unix.Unlinkat(dfd, tmp, 0)
 		return id, err
+	}
+	if !durable {
+		return id, nil
 	}
 	// The rename changed only the directory: until it is synced, a crash
 	// may leave the old file, or none, under the name.
