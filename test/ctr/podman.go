@@ -29,7 +29,10 @@ func (e *Env) Podman(t testing.TB) Runner {
 	}
 	p := &podman{e: e, base: []string{"--root", filepath.Join(dir, "root"), "--runroot", filepath.Join(dir, "run"),
 		"--tmpdir", filepath.Join(dir, "tmp"), "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
-		"--events-backend", "none", "--runtime", "crun", "--hooks-dir", e.Hooks}}
+		"--events-backend", "none", "--runtime", "crun", "--hooks-dir", e.Hooks,
+		// Not /etc/containers/networks: podman makes it if it is missing,
+		// and the kernel matrix's guests see the host's /etc read-only.
+		"--network-config-dir", filepath.Join(dir, "networks")}}
 	t.Cleanup(func() {
 		_ = exec.Command("podman", append(p.base, "rm", "--all", "--force")...).Run()
 		_ = os.RemoveAll(dir)
