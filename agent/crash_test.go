@@ -202,10 +202,21 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 
 	const iterations = 10
 	deadline := time.Now().Add(35 * time.Second)
-	var agents []*agentProc
-	for i := 0; i < iterations && time.Now().Before(deadline); i++ {
+	var (
+		agents    []*agentProc
+		agentPIDs []int // every agent's, for the shells' groups they name
+	)
+	// More iterations while none made a Trial or adopted a container (a
+	// slow guest), to the deadline.
+	short := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return made == 0 || adopted == 0
+	}
+	for i := 0; (i < iterations || short()) && time.Now().Before(deadline); i++ {
 		cur := runAgent(t, bin, args...)
 		agents = append(agents, cur)
+		agentPIDs = append(agentPIDs, cur.cmd.Process.Pid)
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		for g := range 2 {
@@ -217,6 +228,10 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 		go func() { defer wg.Done(); containerChurn(stop, i, rand.New(rand.NewPCG(seed, uint64(1000+i)))) }()
 		victim := cur
 		delay := time.Duration(rng.IntN(700)) * time.Millisecond
+		// One kill in four falls in the agent's start-up; the others
+		// count from its first answer, which a slow guest takes long
+		// to give.
+		startUp := rng.IntN(4) == 0
 		if rng.IntN(3) == 0 {
 			// A hand-over: a successor starts beside the running agent;
 			// one of the two dies at a random point of it.
@@ -224,12 +239,16 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 			time.Sleep(time.Duration(rng.IntN(200)) * time.Millisecond)
 			next := runAgent(t, bin, args...)
 			agents = append(agents, next)
+			agentPIDs = append(agentPIDs, next.cmd.Process.Pid)
 			if rng.IntN(2) == 0 {
 				victim = next
 			}
 			t.Logf("iteration %d: hand-over, kill the %s after %v", i, map[bool]string{true: "successor", false: "predecessor"}[victim == next], delay)
+		} else if startUp {
+			t.Logf("iteration %d: kill in the start-up, after %v", i, delay)
 		} else {
-			t.Logf("iteration %d: kill after %v", i, delay)
+			waitReady(t, c, cur)
+			t.Logf("iteration %d: kill %v after the first answer", i, delay)
 		}
 		time.Sleep(delay)
 		_ = victim.cmd.Process.Signal(syscall.SIGKILL)
@@ -252,6 +271,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 		t.Error("the agents made no Trial or adopted no container between the kills")
 	}
 	last := runAgent(t, bin, args...)
+	agentPIDs = append(agentPIDs, last.cmd.Process.Pid)
 	waitReady(t, c, last)
 	mu.Lock()
 	ids := created
@@ -305,11 +325,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	// The v1 pools' parents are shared with every other test binary that
 	// runs meanwhile (go test runs packages side by side): only this
 	// test's groups count, its agents' shells and its Trials' groups.
-	var pids []int
-	for _, a := range agents {
-		pids = append(pids, a.cmd.Process.Pid)
-	}
-	if left := ownV1Groups(t, v1Before, pids, cgroupIDs); len(left) > 0 {
+	if left := ownV1Groups(t, v1Before, agentPIDs, cgroupIDs); len(left) > 0 {
 		t.Errorf("cgroup v1 pool groups left: %v", left)
 	}
 	if ns, _ := os.ReadDir(host.NetnsDir); len(ns) > 0 {
