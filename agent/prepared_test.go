@@ -73,16 +73,7 @@ func v1Groups(t *testing.T, name string) []string {
 func TestPrivilegedAgentTakesAndRefillsShells(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 226)
-	a, err := Start(w.config(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			a.Close(true)
-		}
-	})
+	a, closeAgent := startAgentToClose(t, w.config(t))
 	before := readyShells(t, a, config.DefaultPrepared)
 	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-shell", Allow: []string{"api.example.test:443"}})
 	if err != nil {
@@ -104,8 +95,7 @@ func TestPrivilegedAgentTakesAndRefillsShells(t *testing.T) {
 	if info.Netns != filepath.Join(a.cfg.Host.NetnsDir, "agt-shell") || info.Cgroup != filepath.Join(a.host.Parent, "agt-shell") {
 		t.Errorf("paths: netns %s, cgroup %s", info.Netns, info.Cgroup)
 	}
-	a.Close(true)
-	closed = true
+	closeAgent(true)
 	for _, n := range after {
 		if g := v1Groups(t, n); len(g) != 0 {
 			t.Errorf("shell %s outlived the agent's Close: %v", n, g)
@@ -299,17 +289,7 @@ func inode(t *testing.T, path string) uint64 {
 // shellEntries are the names in dir that prepared files have.
 func shellEntries(t *testing.T, dir string) []string {
 	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), sandbox.ShellPrefix) {
-			out = append(out, e.Name())
-		}
-	}
-	return out
+	return namesWithPrefix(t, dir, sandbox.ShellPrefix)
 }
 
 // A create takes a Trial's files made ahead: its decision log and
@@ -318,16 +298,7 @@ func shellEntries(t *testing.T, dir string) []string {
 func TestPrivilegedAgentTakesPreparedFiles(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 232)
-	a, err := Start(w.config(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			a.Close(true)
-		}
-	})
+	a, closeAgent := startAgentToClose(t, w.config(t))
 	readyShells(t, a, config.DefaultPrepared)
 	logs, ledgers := preparedInodes(t, a)
 	time.Sleep(50 * time.Millisecond) // the prepared files' times are before this
@@ -354,8 +325,7 @@ func TestPrivilegedAgentTakesPreparedFiles(t *testing.T) {
 		}
 	}
 	readyShells(t, a, config.DefaultPrepared)
-	a.Close(true)
-	closed = true
+	closeAgent(true)
 	for _, d := range []string{a.cfg.DataDir, a.cfg.Host.StateDir} {
 		if left := shellEntries(t, d); len(left) > 0 {
 			t.Errorf("prepared files outlived the agent's Close in %s: %v", d, left)
