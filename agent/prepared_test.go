@@ -392,9 +392,20 @@ func TestPrivilegedAgentSweepsPreparedFiles(t *testing.T) {
 	if err := os.MkdirAll(cfg.Host.StateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	onlyLive := leavePreparedFiles(t, cfg.DataDir, cfg.Host.StateDir)
+	startAgent(t, cfg)
+	onlyLive("the start")
+}
+
+// leavePreparedFiles makes in dataDir and stateDir the files prepared
+// for Trials that a stopped agent (a pid no process has) and a running
+// one (pid 1) would have, and returns a check, after when, that only
+// the running one's are left.
+func leavePreparedFiles(t *testing.T, dataDir, stateDir string) (onlyLive func(when string)) {
+	t.Helper()
 	dead, live := fmt.Sprintf("%s%d-7", sandbox.ShellPrefix, 1<<22-1), sandbox.ShellPrefix+"1-7"
 	for _, name := range []string{dead, live} {
-		for _, p := range []string{filepath.Join(cfg.DataDir, name, decisionsFile), filepath.Join(cfg.Host.StateDir, name+".ledgers", "1")} {
+		for _, p := range []string{filepath.Join(dataDir, name, decisionsFile), filepath.Join(stateDir, name+ledgersSuffix, "1")} {
 			if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 				t.Fatal(err)
 			}
@@ -403,10 +414,12 @@ func TestPrivilegedAgentSweepsPreparedFiles(t *testing.T) {
 			}
 		}
 	}
-	startAgent(t, cfg)
-	for _, d := range []string{cfg.DataDir, cfg.Host.StateDir} {
-		if got := shellEntries(t, d); len(got) != 1 || !strings.HasPrefix(got[0], live) {
-			t.Errorf("prepared files in %s after the start: %v; want only %s's", d, got, live)
+	return func(when string) {
+		t.Helper()
+		for _, d := range []string{dataDir, stateDir} {
+			if got := shellEntries(t, d); len(got) != 1 || !strings.HasPrefix(got[0], live) {
+				t.Errorf("prepared files in %s after %s: %v; want only %s's", d, when, got, live)
+			}
 		}
 	}
 }
