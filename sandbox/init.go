@@ -240,10 +240,12 @@ func markClosing(dir string, id uint64) error {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 		return err
 	}
-	if err := unix.Fsetxattr(int(d.Fd()), closingAttr, []byte(closingMark), 0); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("mark its cgroup: %w", err)
-	}
+	// Both under the lock, each whatever the other did: no launch looks
+	// before the lock is released.
 	_, err = f.WriteAt([]byte(closingMark), 0)
+	if xerr := unix.Fsetxattr(int(d.Fd()), closingAttr, []byte(closingMark), 0); xerr != nil && !errors.Is(xerr, unix.ENOENT) {
+		err = errors.Join(err, fmt.Errorf("mark its cgroup: %w", xerr))
+	}
 	return err
 }
 
