@@ -31,8 +31,16 @@ func noLocksLeft(t *testing.T, id uint64) {
 // refused, and makes no lock again to stay until reboot.
 func TestPrivilegedLaunchAfterTeardownLeavesNoLock(t *testing.T) {
 	h := newHost(t)
-	tr := newTrial(t, h, trial.Spec{})
-	cg, err := os.Open(tr.Cgroup) // the launch's first step
+	lockAfterTeardown(t, newTrial(t, h, trial.Spec{}), errGone)
+}
+
+// lockAfterTeardown opens tr's cgroup, as a launch does first, tears tr
+// down, then takes its join and launch locks through the opened
+// directory, as the launch does next: both must fail with want, and
+// leave no lock file.
+func lockAfterTeardown(t *testing.T, tr *Trial, want error) {
+	t.Helper()
+	cg, err := os.Open(tr.Cgroup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,11 +48,17 @@ func TestPrivilegedLaunchAfterTeardownLeavesNoLock(t *testing.T) {
 	if _, err := tr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := beginJoin(cg); !errors.Is(err, errGone) {
-		t.Errorf("join lock taken after the teardown: %v, want errGone", err)
+	if end, err := beginJoin(cg); !errors.Is(err, want) {
+		t.Errorf("join lock taken after the teardown: %v, want %v", err, want)
+		if err == nil {
+			end()
+		}
 	}
-	if _, err := lockInit(cg); !errors.Is(err, errGone) {
-		t.Errorf("launch lock taken after the teardown: %v, want errGone", err)
+	if f, err := lockInit(cg); !errors.Is(err, want) {
+		t.Errorf("launch lock taken after the teardown: %v, want %v", err, want)
+		if err == nil {
+			_ = f.Close()
+		}
 	}
 	noLocksLeft(t, tr.CgroupID)
 }
@@ -105,11 +119,7 @@ func adoptTrial(t *testing.T, h *Host) *Trial {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if _, err := tr.Close(); err != nil {
-			t.Error(err)
-		}
-	})
+	closeAtCleanup(t, tr)
 	return tr
 }
 
@@ -120,30 +130,10 @@ func adoptTrial(t *testing.T, h *Host) *Trial {
 func TestPrivilegedLaunchAfterAdoptedTeardownLeavesNoLock(t *testing.T) {
 	h := newHost(t)
 	tr := adoptTrial(t, h)
-	cg, err := os.Open(tr.Cgroup) // the launch's first step
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Close()
-	if _, err := tr.Close(); err != nil {
-		t.Fatal(err)
-	}
+	lockAfterTeardown(t, tr, errClosing)
 	if _, err := os.Stat(filepath.Join(tr.Cgroup, "cgroup.procs")); err != nil {
 		t.Fatalf("the adopted cgroup went with its Trial: %v", err)
 	}
-	if end, err := beginJoin(cg); !errors.Is(err, errClosing) {
-		t.Errorf("join lock taken after the teardown: %v, want errClosing", err)
-		if err == nil {
-			end()
-		}
-	}
-	if f, err := lockInit(cg); !errors.Is(err, errClosing) {
-		t.Errorf("launch lock taken after the teardown: %v, want errClosing", err)
-		if err == nil {
-			_ = f.Close()
-		}
-	}
-	noLocksLeft(t, tr.CgroupID)
 	// The whole launch, by path as trialnet exec's: refused before it
 	// starts anything in the cgroup.
 	if p, err := tr.Start(Command{Args: []string{"true"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody}); !errors.Is(err, errClosing) {
