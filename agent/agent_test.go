@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -115,6 +116,37 @@ func startAgent(t testing.TB, cfg AgentConfig) *Agent {
 		readyShells(t, a, a.file.Load().PreparedShells())
 	}
 	return a
+}
+
+// startAgentToClose starts an agent that the test closes itself, with
+// closeAgent (Close's teardown), which closes it once; the cleanup
+// closes it (tearing down) where the test did not get that far.
+func startAgentToClose(t testing.TB, cfg AgentConfig) (a *Agent, closeAgent func(teardown bool)) {
+	t.Helper()
+	a, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	closeAgent = func(teardown bool) { once.Do(func() { a.Close(teardown) }) }
+	t.Cleanup(func() { closeAgent(true) })
+	return a, closeAgent
+}
+
+// namesWithPrefix are the names in dir that begin with prefix.
+func namesWithPrefix(t *testing.T, dir, prefix string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
 
 // curl runs curl in the Trial as nobody and returns its exit code and output.

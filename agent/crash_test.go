@@ -23,8 +23,6 @@ import (
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/rootdir"
-	"github.com/trialnet/trialnet/internal/testkit"
-	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/sandbox"
 	trialspec "github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
@@ -55,22 +53,8 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	})
 	rng := rand.New(rand.NewPCG(seed, 0))
 	w := newWorld(t, 236)
-	bin := os.Getenv("TRIALNET_TEST_BIN")
-	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "trialnet")
-		testkit.BuildTrialnet(t, "..", bin)
-	}
-	dir := t.TempDir()
-	host := isolatedHost(t)
-	paths := struct{ sock, state, data string }{filepath.Join(dir, "agent.sock"), filepath.Join(dir, "state"), filepath.Join(dir, "data")}
-	cfgFile := filepath.Join(dir, "trialnet.yaml")
-	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s\n  data_dir: %s\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\nprofiles:\n  ctr:\n    allow: [\"allowed.test:443\"]\n",
-		paths.sock, paths.state, paths.data, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"--config", cfgFile, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}
-	c := client.NewClient(paths.sock)
-	t.Cleanup(func() { _ = keeper.Stop(keeper.DefaultSocket(paths.sock)) })
+	ac := newAgentCmd(t, w, "profiles:\n  ctr:\n    allow: [\"allowed.test:443\"]\n")
+	bin, args, c, host := ac.bin, ac.args, ac.c, ac.host
 	v1Before := v1PoolGroups(t)
 
 	var (
@@ -283,11 +267,11 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	listed := map[string]bool{}
 	for _, info := range list {
 		listed[info.ID] = true
-		checkWhole(t, c, paths.state, paths.data, info)
+		checkWhole(t, c, ac.state, ac.data, info)
 	}
 	for id := range ids {
 		if !listed[id] {
-			checkGone(t, paths.state, host, id)
+			checkGone(t, ac.state, host, id)
 		}
 	}
 	for _, info := range list {
@@ -311,7 +295,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 		}
 	}
 
-	for _, d := range []string{host.Parent, paths.state, paths.data} {
+	for _, d := range []string{host.Parent, ac.state, ac.data} {
 		if left := shellEntries(t, d); len(left) > 0 {
 			t.Errorf("prepared shells or files left in %s: %v", d, left)
 		}
@@ -337,7 +321,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	if pins := trialPins(t, host.PinDir); len(pins) > 0 {
 		t.Errorf("Trials' pins left in %s: %v", host.PinDir, pins)
 	}
-	if ents, _ := os.ReadDir(paths.state); len(ents) > 0 {
+	if ents, _ := os.ReadDir(ac.state); len(ents) > 0 {
 		var names []string
 		for _, e := range ents {
 			if !strings.HasPrefix(e.Name(), ".") && !strings.HasSuffix(e.Name(), ".sock") {
@@ -345,7 +329,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 			}
 		}
 		if len(names) > 0 {
-			t.Errorf("state left in %s: %v", paths.state, names)
+			t.Errorf("state left in %s: %v", ac.state, names)
 		}
 	}
 	for _, id := range cgroupIDs {
@@ -356,7 +340,7 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 			}
 		}
 	}
-	checkReceipts(t, paths.data)
+	checkReceipts(t, ac.data)
 }
 
 // startSleeper runs a process in the Trial that outlives the test unless
@@ -536,17 +520,7 @@ func liveCgroupIDs(t *testing.T) map[uint64]bool {
 // trialPins are the pins in dir a Trial's policy or steering has.
 func trialPins(t *testing.T, dir string) []string {
 	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "steer_") {
-			out = append(out, e.Name())
-		}
-	}
-	return out
+	return namesWithPrefix(t, dir, "steer_")
 }
 
 // checkReceipts verifies every receipt kept in data against the host's

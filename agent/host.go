@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -142,11 +143,14 @@ func verdictOf(c bpf.Counters, l client.Layers) string {
 }
 
 // Uninstall detaches trialnet: it removes the pins (so the programs
-// detach) and the parent cgroup. Live Trials would keep only their
-// namespace, so it refuses while any exists unless force is set, in
-// which case it destroys them first (processes, cgroups, namespaces,
-// records), through the same teardown as destroy.
-func Uninstall(cfg Config, force bool) error {
+// detach) and the parent cgroup, and what stopped agents left of the
+// Trials they prepared ahead (shells' groups, and their files in
+// dataDir, the agent's data directory, "" for none, and the state
+// directory). Live Trials would keep only their namespace, so it refuses
+// while any exists unless force is set, in which case it destroys them
+// first (processes, cgroups, namespaces, records), through the same
+// teardown as destroy.
+func Uninstall(cfg Config, dataDir string, force bool) error {
 	if os.Geteuid() != 0 {
 		return ErrNotRoot
 	}
@@ -186,7 +190,11 @@ func Uninstall(cfg Config, force bool) error {
 	for _, id := range live {
 		errs = append(errs, h.Remove(id))
 	}
-	h.SweepShells(pidAlive) // a running agent's are its own
+	// A running agent's are its own.
+	h.SweepShells(pidAlive)
+	if err := sweepPrepared(dataDir, cfg.StateDir, pidAlive, slog.New(slog.DiscardHandler)); err != nil {
+		errs = append(errs, fmt.Errorf("remove the files a stopped agent prepared for Trials: %w", err))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("uninstall: %w", err)
 	}

@@ -29,7 +29,7 @@ func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Uninstall(cfg, false); err == nil || !strings.Contains(err.Error(), "live") {
+	if err := Uninstall(cfg, "", false); err == nil || !strings.Contains(err.Error(), "live") {
 		t.Fatalf("uninstall with a live Trial: %v; want a refusal naming it", err)
 	}
 	if _, err := os.Stat(cfg.PinDir); err != nil {
@@ -38,7 +38,7 @@ func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 	if _, err := tr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := Uninstall(cfg, false); err != nil {
+	if err := Uninstall(cfg, "", false); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{cfg.PinDir, cfg.Parent} {
@@ -66,7 +66,7 @@ func TestPrivilegedUninstallForceDestroysTrials(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = h.Close()
-	if err := Uninstall(cfg, true); err != nil {
+	if err := Uninstall(cfg, "", true); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := p.Wait(); code != 128+9 && code != -1 {
@@ -75,6 +75,34 @@ func TestPrivilegedUninstallForceDestroysTrials(t *testing.T) {
 	for _, path := range []string{cfg.PinDir, cfg.Parent, tr.Cgroup, tr.Netns.Path} {
 		if _, err := os.Stat(path); !os.IsNotExist(err) {
 			t.Fatalf("%s left after uninstall --force", path)
+		}
+	}
+}
+
+// Uninstall removes the files a stopped agent prepared for Trials (its
+// data directories and ledgers), and leaves a running agent's and the
+// Trials' own.
+func TestPrivilegedUninstallSweepsPreparedFiles(t *testing.T) {
+	privtest.Require(t)
+	cfg := isolatedHost(t)
+	data := t.TempDir()
+	onlyLive := leavePreparedFiles(t, data, cfg.StateDir)
+	kept := []string{filepath.Join(data, "t-kept", decisionsFile), filepath.Join(cfg.StateDir, "t-kept"+ledgersSuffix, "1")}
+	for _, p := range kept {
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Uninstall(cfg, data, false); err != nil {
+		t.Fatal(err)
+	}
+	onlyLive("uninstall")
+	for _, p := range kept {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("a Trial's own file is gone after uninstall: %v", err)
 		}
 	}
 }
@@ -100,6 +128,6 @@ func isolatedHost(t testing.TB) Config {
 	if err := os.Mkdir(cfg.Parent, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = Uninstall(cfg, true); _ = os.Remove(cfg.Parent) })
+	t.Cleanup(func() { _ = Uninstall(cfg, "", true); _ = os.Remove(cfg.Parent) })
 	return cfg
 }

@@ -307,16 +307,7 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 	privtest.Require(t)
 	privtest.RequireKernel(t, HavePeerPidfd())
 	cfg := AgentConfig{Host: isolatedHost(t), DataDir: t.TempDir(), Resolvers: []string{"127.0.0.1:9"}}
-	a, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			a.Close(true)
-		}
-	})
+	a, closeAgent := startAgentToClose(t, cfg)
 	sock := serveControl(t, a)
 	// One round first, so lazily made things exist before the baseline.
 	warm, warmIn := ownerProcess(t, sock, "agt-ownleak-warm")
@@ -399,8 +390,7 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 	if n := waitWatching(2); n != 2 {
 		t.Fatalf("%d goroutines watch owners, want 2", n)
 	}
-	closed = true
-	a.Close(false)
+	closeAgent(false)
 	if n := waitWatching(0); n != 0 {
 		t.Errorf("%d goroutines still watch owners after Close", n)
 	}

@@ -73,16 +73,7 @@ func v1Groups(t *testing.T, name string) []string {
 func TestPrivilegedAgentTakesAndRefillsShells(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 226)
-	a, err := Start(w.config(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			a.Close(true)
-		}
-	})
+	a, closeAgent := startAgentToClose(t, w.config(t))
 	before := readyShells(t, a, config.DefaultPrepared)
 	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-shell", Allow: []string{"api.example.test:443"}})
 	if err != nil {
@@ -104,8 +95,7 @@ func TestPrivilegedAgentTakesAndRefillsShells(t *testing.T) {
 	if info.Netns != filepath.Join(a.cfg.Host.NetnsDir, "agt-shell") || info.Cgroup != filepath.Join(a.host.Parent, "agt-shell") {
 		t.Errorf("paths: netns %s, cgroup %s", info.Netns, info.Cgroup)
 	}
-	a.Close(true)
-	closed = true
+	closeAgent(true)
 	for _, n := range after {
 		if g := v1Groups(t, n); len(g) != 0 {
 			t.Errorf("shell %s outlived the agent's Close: %v", n, g)
@@ -299,17 +289,7 @@ func inode(t *testing.T, path string) uint64 {
 // shellEntries are the names in dir that prepared files have.
 func shellEntries(t *testing.T, dir string) []string {
 	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), sandbox.ShellPrefix) {
-			out = append(out, e.Name())
-		}
-	}
-	return out
+	return namesWithPrefix(t, dir, sandbox.ShellPrefix)
 }
 
 // A create takes a Trial's files made ahead: its decision log and
@@ -318,16 +298,7 @@ func shellEntries(t *testing.T, dir string) []string {
 func TestPrivilegedAgentTakesPreparedFiles(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 232)
-	a, err := Start(w.config(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			a.Close(true)
-		}
-	})
+	a, closeAgent := startAgentToClose(t, w.config(t))
 	readyShells(t, a, config.DefaultPrepared)
 	logs, ledgers := preparedInodes(t, a)
 	time.Sleep(50 * time.Millisecond) // the prepared files' times are before this
@@ -354,8 +325,7 @@ func TestPrivilegedAgentTakesPreparedFiles(t *testing.T) {
 		}
 	}
 	readyShells(t, a, config.DefaultPrepared)
-	a.Close(true)
-	closed = true
+	closeAgent(true)
 	for _, d := range []string{a.cfg.DataDir, a.cfg.Host.StateDir} {
 		if left := shellEntries(t, d); len(left) > 0 {
 			t.Errorf("prepared files outlived the agent's Close in %s: %v", d, left)
@@ -422,9 +392,20 @@ func TestPrivilegedAgentSweepsPreparedFiles(t *testing.T) {
 	if err := os.MkdirAll(cfg.Host.StateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	onlyLive := leavePreparedFiles(t, cfg.DataDir, cfg.Host.StateDir)
+	startAgent(t, cfg)
+	onlyLive("the start")
+}
+
+// leavePreparedFiles makes in dataDir and stateDir the files prepared
+// for Trials that a stopped agent (a pid no process has) and a running
+// one (pid 1) would have, and returns a check, after when, that only
+// the running one's are left.
+func leavePreparedFiles(t *testing.T, dataDir, stateDir string) (onlyLive func(when string)) {
+	t.Helper()
 	dead, live := fmt.Sprintf("%s%d-7", sandbox.ShellPrefix, 1<<22-1), sandbox.ShellPrefix+"1-7"
 	for _, name := range []string{dead, live} {
-		for _, p := range []string{filepath.Join(cfg.DataDir, name, decisionsFile), filepath.Join(cfg.Host.StateDir, name+".ledgers", "1")} {
+		for _, p := range []string{filepath.Join(dataDir, name, decisionsFile), filepath.Join(stateDir, name+ledgersSuffix, "1")} {
 			if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 				t.Fatal(err)
 			}
@@ -433,10 +414,12 @@ func TestPrivilegedAgentSweepsPreparedFiles(t *testing.T) {
 			}
 		}
 	}
-	startAgent(t, cfg)
-	for _, d := range []string{cfg.DataDir, cfg.Host.StateDir} {
-		if got := shellEntries(t, d); len(got) != 1 || !strings.HasPrefix(got[0], live) {
-			t.Errorf("prepared files in %s after the start: %v; want only %s's", d, got, live)
+	return func(when string) {
+		t.Helper()
+		for _, d := range []string{dataDir, stateDir} {
+			if got := shellEntries(t, d); len(got) != 1 || !strings.HasPrefix(got[0], live) {
+				t.Errorf("prepared files in %s after %s: %v; want only %s's", d, when, got, live)
+			}
 		}
 	}
 }

@@ -91,19 +91,21 @@ func waitAllowed(t *testing.T, c *client.Client, id string, n uint64) client.Sta
 	}
 }
 
-// agentWithTrial is a trialnet agent process with one Trial, allowed
-// to reach upstream.example.test.
-type agentWithTrial struct {
-	bin   string
-	args  []string // the agent's arguments, to start it again
-	c     *client.Client
-	first *agentProc
-	info  client.TrialInfo
+// agentCmd is a trialnet agent's command line with paths of the test's
+// own: its isolated host's (host), and a socket, state and data
+// directory.
+type agentCmd struct {
+	bin               string
+	args              []string // the agent's arguments, to start it (again)
+	c                 *client.Client
+	host              Config
+	sock, state, data string
 }
 
-// startAgentWithTrial builds trialnet, starts its agent with isolated
-// paths and creates Trial id through it.
-func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
+// newAgentCmd builds trialnet and writes the agent's config: those
+// paths, then more (YAML at the top level). The keeper its agents start
+// ends with the test.
+func newAgentCmd(t *testing.T, w *world, more string) agentCmd {
 	t.Helper()
 	// The kernel matrix builds trialnet on the host for its guests.
 	bin := os.Getenv("TRIALNET_TEST_BIN")
@@ -112,21 +114,36 @@ func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
 		testkit.BuildTrialnet(t, "..", bin)
 	}
 	dir := t.TempDir()
-	host := isolatedHost(t)
-	sock := filepath.Join(dir, "agent.sock")
+	a := agentCmd{bin: bin, host: isolatedHost(t), sock: filepath.Join(dir, "agent.sock"), state: filepath.Join(dir, "state"), data: filepath.Join(dir, "data")}
 	cfg := filepath.Join(dir, "trialnet.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s/state\n  data_dir: %s/data\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n",
-		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("paths:\n  socket: %s\n  state_dir: %s\n  data_dir: %s\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n%s",
+		a.sock, a.state, a.data, a.host.PinDir, a.host.NetnsDir, a.host.Parent, more)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := agentWithTrial{bin: bin, args: []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}, c: client.NewClient(sock)}
-	// The keeper its agents start ends with the test.
+	a.args = []string{"--config", cfg, "--resolver", w.dnsAddr, "--allow-cidr", "198.18.0.0/15"}
+	a.c = client.NewClient(a.sock)
 	t.Cleanup(func() {
-		if err := keeper.Stop(keeper.DefaultSocket(sock)); err != nil {
+		if err := keeper.Stop(keeper.DefaultSocket(a.sock)); err != nil {
 			t.Errorf("stop the keeper: %v", err)
 		}
 	})
-	p.first = runAgent(t, bin, p.args...)
+	return a
+}
+
+// agentWithTrial is a trialnet agent process with one Trial, allowed
+// to reach upstream.example.test.
+type agentWithTrial struct {
+	agentCmd
+	first *agentProc
+	info  client.TrialInfo
+}
+
+// startAgentWithTrial builds trialnet, starts its agent with isolated
+// paths and creates Trial id through it.
+func startAgentWithTrial(t *testing.T, w *world, id string) agentWithTrial {
+	t.Helper()
+	p := agentWithTrial{agentCmd: newAgentCmd(t, w, "")}
+	p.first = runAgent(t, p.bin, p.args...)
 	waitReady(t, p.c, p.first)
 	var err error
 	if p.info, err = p.c.Create(context.Background(), trialspec.Request{ID: id, Allow: []string{fmt.Sprintf("upstream.example.test:%d", upstreamPort)}}); err != nil {

@@ -5,6 +5,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -216,9 +217,19 @@ func (f *trialFiles) close() {
 }
 
 // sweepFiles removes the prepared files of agents that are gone (alive
-// says), as a crash leaves them: only names a shell's can be are looked
-// at.
+// says), as a crash leaves them.
 func (a *Agent) sweepFiles(alive func(pid int) bool) {
+	if err := sweepPrepared(a.cfg.DataDir, a.cfg.Host.StateDir, alive, a.log); err != nil {
+		a.log.Error("remove a Trial's leftover prepared files", "error", err)
+	}
+}
+
+// sweepPrepared removes the prepared files (data directories in
+// dataDir, ledgers in stateDir; "" for none) of agents that are gone
+// (alive says): only names a shell's can be are looked at. It tries
+// each, and returns what failed.
+func sweepPrepared(dataDir, stateDir string, alive func(pid int) bool, log *slog.Logger) error {
+	var errs []error
 	sweep := func(dir, suffix string, remove func(name string)) {
 		if dir == "" {
 			return
@@ -230,14 +241,11 @@ func (a *Agent) sweepFiles(alive func(pid int) bool) {
 			if !ok || !shell || !e.IsDir() || alive(pid) {
 				continue
 			}
-			a.log.Warn("removing a Trial's files prepared by a stopped agent", "path", filepath.Join(dir, e.Name()))
+			log.Warn("removing a Trial's files prepared by a stopped agent", "path", filepath.Join(dir, e.Name()))
 			remove(name)
 		}
 	}
-	sweep(a.cfg.DataDir, "", func(name string) {
-		if err := os.RemoveAll(filepath.Join(a.cfg.DataDir, name)); err != nil {
-			a.log.Error("remove a Trial's leftover prepared files", "error", err)
-		}
-	})
-	sweep(a.cfg.Host.StateDir, ledgersSuffix, func(name string) { ledger.RemoveAll(a.cfg.Host.StateDir, name) })
+	sweep(dataDir, "", func(name string) { errs = append(errs, os.RemoveAll(filepath.Join(dataDir, name))) })
+	sweep(stateDir, ledgersSuffix, func(name string) { ledger.RemoveAll(stateDir, name) })
+	return errors.Join(errs...)
 }

@@ -104,8 +104,7 @@ func beginJoin(cg *os.File) (func(), error) {
 	if err != nil {
 		return nil, lockErr("join lock", err)
 	}
-	var b [len(closingMark)]byte
-	if n, _ := f.ReadAt(b[:], 0); n == len(b) && string(b[:]) == closingMark {
+	if lockMarked(f) {
 		_ = f.Close()
 		return nil, errClosing
 	}
@@ -114,13 +113,17 @@ func beginJoin(cg *os.File) (func(), error) {
 
 // openTrialLock opens (creating it if missing) and locks (how: LOCK_SH or
 // LOCK_EX) the lock of the cgroup cg is open on that path names. A launch
-// that opened the cgroup just before the teardown removed it and its
-// locks would make the lock again, to stay until reboot: so, locked, it
-// checks that the cgroup is still there and that the path still names the
-// file it holds. Else the Trial is gone or going: it removes the lock it
-// made (the path names its file, and no launch can use a lock of a
-// removed cgroup any more) and fails. Whoever makes a lock file checks
-// after making it, so none is made after the teardown's last look.
+// that opened the cgroup just before the teardown removed its locks
+// (and the cgroup, unless adopted: a container's outlives its Trial)
+// would make the lock again, to stay until reboot, and an adopted
+// Trial's would start its command in a cgroup with no policy entry: so,
+// locked, it checks that the cgroup is still there, that no teardown
+// marked it closing (closingAttr, set before the locks go) and that the
+// path still names the file it holds. Else the Trial is gone or going:
+// it removes the lock it made (the path names its file, and no launch
+// can use a lock of a removed or marked cgroup any more) and fails.
+// Whoever makes a lock file checks after making it, so none is made
+// after the teardown's last look.
 func openTrialLock(cg *os.File, path func(uint64) string, how int) (*os.File, error) {
 	var cst unix.Stat_t
 	if err := unix.Fstat(int(cg.Fd()), &cst); err != nil {
@@ -154,11 +157,43 @@ func openTrialLock(cg *os.File, path func(uint64) string, how int) (*os.File, er
 		}
 		return nil, fmt.Errorf("check the Trial's cgroup: %w", err)
 	}
+	if cgroupClosing(cg) {
+		// The cgroup outlived its Trial (a container's: its runtime's to
+		// remove). A lock made after the teardown removed the locks
+		// goes; a marked one is the teardown's (or its successor's).
+		if same && !lockMarked(f) {
+			_ = os.Remove(p)
+		}
+		_ = f.Close()
+		return nil, errClosing
+	}
 	if !same {
 		_ = f.Close()
 		return nil, errClosing // the teardown removed the lock meanwhile
 	}
 	return f, nil
+}
+
+// closingAttr marks a Trial's cgroup itself closing, for as long as the
+// cgroup lives: an adopted Trial's cgroup is its runtime's and outlives
+// the Trial's teardown, which removes the locks that hold the closing
+// mark. A trusted xattr: only the host's root sets or removes it, never
+// a process of the container.
+const closingAttr = "trusted.trialnet.closing"
+
+// cgroupClosing reports whether the cgroup cg is open on was marked
+// closing by a Trial's teardown.
+func cgroupClosing(cg *os.File) bool {
+	var b [len(closingMark)]byte
+	_, err := unix.Fgetxattr(int(cg.Fd()), closingAttr, b[:])
+	return err == nil
+}
+
+// lockMarked reports whether the join lock f holds the closing mark.
+func lockMarked(f *os.File) bool {
+	var b [len(closingMark)]byte
+	n, _ := f.ReadAt(b[:], 0)
+	return n == len(b) && string(b[:]) == closingMark
 }
 
 // lockErr names the lock in an error of openTrialLock's, but for the
@@ -174,18 +209,24 @@ func lockErr(lock string, err error) error {
 var errGone = fmt.Errorf("the Trial's cgroup was removed (the Trial was destroyed, or its container's runtime ended it): %w; start the command in another Trial", os.ErrNotExist)
 
 // markClosing writes the closing mark into the join lock of the cgroup at
-// dir (id: its inode, 0 if unknown), under the lock, once every launch
-// under way has its process in. A cgroup that is gone (its runtime
-// removed it first) needs no mark: a launch opens it by path, which
-// fails, and one that opened it before cannot clone into it (ENOENT: no
-// live cgroup behind it). Nor does another cgroup made at the path since
-// (a restarted container's): it is not this Trial's to close.
+// dir (id: its inode, 0 if unknown), and onto the cgroup itself
+// (closingAttr), under the lock, once every launch under way has its
+// process in. A cgroup that is gone (its runtime removed it first) needs
+// no mark: a launch opens it by path, which fails, and one that opened
+// it before cannot clone into it (ENOENT: no live cgroup behind it). Nor
+// does another cgroup made at the path since (a restarted container's):
+// it is not this Trial's to close.
 func markClosing(dir string, id uint64) error {
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
+	d, err := os.Open(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
+		return err
+	}
+	defer d.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
 		return err
 	}
 	if id != 0 && st.Ino != id {
@@ -199,7 +240,12 @@ func markClosing(dir string, id uint64) error {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 		return err
 	}
+	// Both under the lock, each whatever the other did: no launch looks
+	// before the lock is released.
 	_, err = f.WriteAt([]byte(closingMark), 0)
+	if xerr := unix.Fsetxattr(int(d.Fd()), closingAttr, []byte(closingMark), 0); xerr != nil && !errors.Is(xerr, unix.ENOENT) {
+		err = errors.Join(err, fmt.Errorf("mark its cgroup: %w", xerr))
+	}
 	return err
 }
 

@@ -108,12 +108,18 @@ func newTrial(t testing.TB, h *Host, spec trial.Spec) *Trial {
 	if err != nil {
 		t.Fatal(err)
 	}
+	closeAtCleanup(t, tr)
+	return tr
+}
+
+// closeAtCleanup closes tr when the test ends (after a Close of the
+// test's own, Close returns what that one did).
+func closeAtCleanup(t testing.TB, tr *Trial) {
 	t.Cleanup(func() {
 		if _, err := tr.Close(); err != nil {
 			t.Error(err)
 		}
 	})
-	return tr
 }
 
 // runProbe runs one probe inside tr as uid 0 with every capability dropped

@@ -24,6 +24,7 @@ import (
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/record"
+	"github.com/trialnet/trialnet/sandbox"
 )
 
 func TestNoAgentSaysHowToStartOne(t *testing.T) {
@@ -174,7 +175,8 @@ func TestPrivilegedAgentMetricsPortInUse(t *testing.T) {
 }
 
 // uninstall --config removes what lives at the config's paths: its
-// Trials (through the one teardown), records, pins and cgroup parent.
+// Trials (through the one teardown), records, pins, cgroup parent, and
+// the files a stopped agent prepared for Trials.
 func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 	privtest.Require(t)
 	hc := testenv.IsolatedHost(t, "uninst")
@@ -187,8 +189,20 @@ func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = h.Close()
+	data := t.TempDir()
+	// A stopped agent's (a pid no process has) Trial files made ahead.
+	shell := fmt.Sprintf("%s%d-7", sandbox.ShellPrefix, 1<<22-1)
+	prepared := []string{filepath.Join(data, shell, "decisions.jsonl"), filepath.Join(hc.StateDir, shell+".ledgers", "1")}
+	for _, p := range prepared {
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cfg := filepath.Join(t.TempDir(), "trialnet.yaml")
-	yaml := fmt.Sprintf("paths:\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n  state_dir: %s\n", hc.PinDir, hc.NetnsDir, hc.Parent, hc.StateDir)
+	yaml := fmt.Sprintf("paths:\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n  state_dir: %s\n  data_dir: %s\n", hc.PinDir, hc.NetnsDir, hc.Parent, hc.StateDir, data)
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +212,7 @@ func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 	if code, out, errOut := trialnet("uninstall", "--config", cfg, "--force"); code != exitOK || !strings.Contains(out, hc.PinDir) {
 		t.Fatalf("uninstall --force: exit %d %q %q", code, out, errOut)
 	}
-	for _, p := range []string{hc.PinDir, hc.Parent, tr.Cgroup, tr.Netns.Path, filepath.Join(hc.StateDir, "u1.json")} {
+	for _, p := range append([]string{hc.PinDir, hc.Parent, tr.Cgroup, tr.Netns.Path, filepath.Join(hc.StateDir, "u1.json")}, filepath.Dir(prepared[0]), filepath.Dir(prepared[1])) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left after uninstall --force --config", p)
 		}

@@ -177,7 +177,7 @@ func cmdDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := cli.NewFlags("uninstall", "uninstall [--config F] [--force]", "sudo trialnet uninstall --config /etc/trialnet/trialnet.yaml --force", stderr)
-	configPath := fs.String("config", "", "the agent's YAML config file, whose paths: (cgroup parent, pins, namespaces, state) are the ones to remove")
+	configPath := fs.String("config", "", "the agent's YAML config file, whose paths: (cgroup parent, pins, namespaces, state and data directories) are the ones uninstall clears")
 	force := fs.Bool("force", false, "uninstall even while Trials are live, destroying them first (their processes are killed)")
 	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return exitUsage
@@ -191,7 +191,7 @@ func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		file = f
 	}
 	cfg := hostConfig(file)
-	if err := agent.Uninstall(cfg, *force); err != nil {
+	if err := agent.Uninstall(cfg, or(file.Paths.DataDir, agent.DefaultDataDir), *force); err != nil {
 		return cli.Fail(stdout, stderr, false, exitFailure, err)
 	}
 	fmt.Fprintf(stdout, "removed trialnet's pins from %s; its eBPF programs are detached\n", or(cfg.PinDir, bpf.DefaultPinDir))

@@ -127,7 +127,7 @@ func TestRunRefusesRoot(t *testing.T) {
 func installedByTest(t *testing.T) {
 	if _, err := os.Stat(bpf.DefaultPinDir); os.IsNotExist(err) {
 		t.Cleanup(func() {
-			if err := agent.Uninstall(agent.Config{}, false); err != nil {
+			if err := agent.Uninstall(agent.Config{}, "", false); err != nil {
 				t.Error(err)
 			}
 		})

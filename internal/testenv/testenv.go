@@ -55,7 +55,7 @@ func IsolatedHost(t testing.TB, name string) agent.Config {
 // Sweep removes everything under an isolated host, even what a failed
 // test left: Trials (processes, cgroups, namespaces), pins and the parent.
 func Sweep(cfg agent.Config) {
-	_ = agent.Uninstall(cfg, true)
+	_ = agent.Uninstall(cfg, "", true)
 	_ = os.Remove(cfg.Parent)
 }
 

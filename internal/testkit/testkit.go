@@ -8,6 +8,7 @@ package testkit
 
 import (
 	"bytes"
+	"debug/buildinfo"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -59,6 +60,30 @@ func CountFDs(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return len(fds)
+}
+
+// LinksNoModules fails t for each module the running test binary links
+// that is one of banned or below one: a binary that starts often runs
+// the init of every package it links. The test binary links package
+// main's imports and the tests' own; its build info lists each module,
+// so this holds where no go command is (the VM matrix).
+func LinksNoModules(t testing.TB, binary string, banned ...string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := buildinfo.ReadFile(self)
+	if err != nil {
+		t.Fatalf("read the test binary's build info: %v", err)
+	}
+	for _, m := range info.Deps {
+		for _, b := range banned {
+			if m.Path == b || strings.HasPrefix(m.Path, b+"/") {
+				t.Errorf("%s links module %s", binary, m.Path)
+			}
+		}
+	}
 }
 
 // BuildTrialnet builds cmd/trialnet from the source tree at dir (the
