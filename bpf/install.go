@@ -4,13 +4,12 @@ package bpf
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -88,10 +87,7 @@ type installNote struct {
 	tags    map[string]string
 }
 
-func objectHash() string {
-	h := sha256.Sum256(_TrialnetBytes)
-	return hex.EncodeToString(h[:])
-}
+func objectHash() string { return trialnetAdopt.object }
 
 func (k *installLock) note() installNote {
 	n := installNote{tags: map[string]string{}}
@@ -149,10 +145,6 @@ var errPinsDiffer = errors.New("pinned programs differ from the embedded ones")
 // loads nothing, so the verifier never runs. Anything else is
 // errPinsDiffer (or another error), and the caller installs.
 func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installLock) (_ *Loader, err error) {
-	spec, err := configuredSpec(level, parentID)
-	if err != nil {
-		return nil, err
-	}
 	coll := &ebpf.Collection{Programs: map[string]*ebpf.Program{}, Maps: map[string]*ebpf.Map{}}
 	l := &Loader{coll: coll, pinDir: pinDir}
 	defer func() {
@@ -160,11 +152,7 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 			_ = l.Close()
 		}
 	}()
-	mapIDs, err := l.adoptMaps(spec)
-	if err != nil {
-		return nil, err
-	}
-	rodata, err := rodataOf(spec)
+	mapIDs, err := l.adoptMaps()
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +160,7 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 	if note.object != objectHash() {
 		note.tags = nil // recorded by another build: its tags prove nothing
 	}
-	want := adoption{spec: spec, tags: note.tags, mapIDs: mapIDs, rodata: rodata}
+	want := adoption{tags: note.tags, mapIDs: mapIDs, rodata: trialnetAdopt.rodataFor(level, parentID)}
 	if err := l.adoptCgroupLinks(want, parentID); err != nil {
 		return nil, err
 	}
@@ -182,19 +170,22 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 	return l, nil
 }
 
+// adoptedMaps are the maps an install pins and an adoption opens.
+var adoptedMaps = []string{trialnetMapPolicyMap, trialnetMapCountersMap, trialnetMapUnixPathsMap, trialnetMapUnixIdsMap, trialnetMapPtysMap, trialnetMapPtyFilesMap}
+
 // adoptMaps opens the maps pinned in l.pinDir into l, each checked against
-// spec, and returns their ids for the programs' map checks.
-func (l *Loader) adoptMaps(spec *ebpf.CollectionSpec) (map[ebpf.MapID]bool, error) {
+// the embedded object's, and returns their ids for the programs' map checks.
+func (l *Loader) adoptMaps() (map[ebpf.MapID]bool, error) {
 	// The maps the programs may use: the pinned ones, and a .rodata once
 	// checked (all programs share one: it is checked once, not per program).
 	mapIDs := map[ebpf.MapID]bool{}
-	for _, name := range []string{trialnetMapPolicyMap, trialnetMapCountersMap, trialnetMapUnixPathsMap, trialnetMapUnixIdsMap, trialnetMapPtysMap, trialnetMapPtyFilesMap} {
+	for _, name := range adoptedMaps {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
 		}
 		l.coll.Maps[name] = m
-		if err := spec.Maps[name].Compatible(m); err != nil {
+		if err := trialnetAdopt.maps[name].compatible(m); err != nil {
 			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
 		}
 		id, err := pinnedMapID(name, m)
@@ -210,10 +201,9 @@ func (l *Loader) adoptMaps(spec *ebpf.CollectionSpec) (map[ebpf.MapID]bool, erro
 }
 
 // adoption is what adopt holds each pinned program to (adoptLink): the
-// embedded programs, the tags the installing Load recorded, and the maps
-// and .rodata the program may use.
+// tags the installing Load recorded, and the maps and .rodata the
+// program may use; the embedded programs' own tags are trialnetAdopt's.
 type adoption struct {
-	spec   *ebpf.CollectionSpec
 	tags   map[string]string
 	mapIDs map[ebpf.MapID]bool
 	rodata []byte
@@ -222,7 +212,7 @@ type adoption struct {
 // adoptHook adopts the link pinned for the program name, and the program
 // into l's collection, so that the cgroup and LSM hooks are checked alike.
 func (l *Loader) adoptHook(name string, want adoption) (namedLink, error) {
-	nl, prog, tag, err := adoptLink(l.pinDir, name, want.spec.Programs[name], want.tags[name], want.mapIDs, want.rodata)
+	nl, prog, tag, err := adoptLink(l.pinDir, name, want.tags[name], want.mapIDs, want.rodata)
 	if err != nil {
 		return namedLink{}, err
 	}
@@ -306,11 +296,12 @@ func pinnedMapID(name string, m *ebpf.Map) (ebpf.MapID, error) {
 }
 
 // adoptLink opens the link pinned for name and its program, and checks
-// that the program is spec over the pinned maps and rodata: by the tag
-// computed from spec, or for a program fixed up at load by the tag
-// recorded when this same object was installed.
-func adoptLink(pinDir, name string, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (namedLink, *ebpf.Program, string, error) {
-	if spec == nil {
+// that the program is the embedded one over the pinned maps and rodata:
+// by the tag it was compiled with, or for a program fixed up at load by
+// the tag recorded when this same object was installed.
+func adoptLink(pinDir, name string, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (namedLink, *ebpf.Program, string, error) {
+	compiled, ok := trialnetAdopt.tags[name]
+	if !ok {
 		return namedLink{}, nil, "", fmt.Errorf("%w: no embedded program %s", errPinsDiffer, name)
 	}
 	lk, err := link.LoadPinnedLink(filepath.Join(pinDir, "link_"+name), nil)
@@ -318,7 +309,7 @@ func adoptLink(pinDir, name string, spec *ebpf.ProgramSpec, recorded string, map
 		return namedLink{}, nil, "", fmt.Errorf("%w: link %s: %w", errPinsDiffer, name, err)
 	}
 	nl := namedLink{name, lk}
-	prog, tag, err := linkedProgram(lk, spec, recorded, mapIDs, rodata)
+	prog, tag, err := linkedProgram(lk, compiled, recorded, mapIDs, rodata)
 	if err != nil {
 		_ = lk.Close()
 		return namedLink{}, nil, "", fmt.Errorf("%w: %s: %w", errPinsDiffer, name, err)
@@ -328,7 +319,7 @@ func adoptLink(pinDir, name string, spec *ebpf.ProgramSpec, recorded string, map
 
 // linkedProgram opens the program lk runs, checks it as adoptLink says,
 // and returns it with its tag.
-func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (_ *ebpf.Program, _ string, err error) {
+func linkedProgram(lk link.Link, compiled [2]string, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (_ *ebpf.Program, _ string, err error) {
 	info, err := lk.Info()
 	if err != nil {
 		return nil, "", err
@@ -346,8 +337,8 @@ func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs
 	if err != nil {
 		return nil, "", err
 	}
-	if err := spec.Compatible(pi); err != nil && (recorded == "" || recorded != pi.Tag) {
-		return nil, "", err
+	if !slices.Contains(compiled[:], pi.Tag) && (recorded == "" || recorded != pi.Tag) {
+		return nil, "", fmt.Errorf("its tag %s is neither the embedded program's (%s) nor the one recorded at install", pi.Tag, strings.Join(compiled[:], " or "))
 	}
 	ids, ok := pi.MapIDs()
 	if !ok {
@@ -388,26 +379,6 @@ func sameRodata(id ebpf.MapID, want []byte) error {
 		return errors.New("its constants (trial level, parent cgroup) differ")
 	}
 	return nil
-}
-
-// rodataOf is the .rodata a load of spec would write: the section's
-// contents with the variables set on spec copied over them.
-func rodataOf(spec *ebpf.CollectionSpec) ([]byte, error) {
-	ms := spec.Maps[".rodata"]
-	if ms == nil || len(ms.Contents) != 1 {
-		return nil, errors.New("the embedded objects have no .rodata")
-	}
-	src, ok := ms.Contents[0].Value.([]byte)
-	if !ok {
-		return nil, errors.New("the embedded .rodata is not bytes")
-	}
-	out := bytes.Clone(src)
-	for _, v := range spec.Variables {
-		if v.SectionName == ".rodata" && int(v.Offset)+len(v.Value) <= len(out) {
-			copy(out[v.Offset:], v.Value)
-		}
-	}
-	return out, nil
 }
 
 func cgroupOf(l link.Link) uint64 {
