@@ -4,13 +4,16 @@ package bpf
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -333,16 +336,12 @@ func linkedProgram(lk link.Link, compiled [2]string, recorded string, mapIDs map
 			_ = prog.Close()
 		}
 	}()
-	pi, err := prog.Info()
+	tag, ids, err := tagAndMaps(prog)
 	if err != nil {
 		return nil, "", err
 	}
-	if !slices.Contains(compiled[:], pi.Tag) && (recorded == "" || recorded != pi.Tag) {
-		return nil, "", fmt.Errorf("its tag %s is neither the embedded program's (%s) nor the one recorded at install", pi.Tag, strings.Join(compiled[:], " or "))
-	}
-	ids, ok := pi.MapIDs()
-	if !ok {
-		return nil, "", errors.New("the kernel does not list a program's maps")
+	if !slices.Contains(compiled[:], tag) && (recorded == "" || recorded != tag) {
+		return nil, "", fmt.Errorf("its tag %s is neither the embedded program's (%s) nor the one recorded at install", tag, strings.Join(compiled[:], " or "))
 	}
 	for _, id := range ids {
 		if mapIDs[id] {
@@ -353,7 +352,65 @@ func linkedProgram(lk link.Link, compiled [2]string, recorded string, mapIDs map
 		}
 		mapIDs[id] = true
 	}
-	return prog, pi.Tag, nil
+	return prog, tag, nil
+}
+
+// progInfo is the head of the kernel's struct bpf_prog_info, up to the
+// map ids: a shorter info_len is read as far as it goes.
+type progInfo struct {
+	typ, id                           uint32
+	tag                               [8]byte
+	jitedLen, xlatedLen               uint32
+	jitedInsns, xlatedInsns, loadTime uint64
+	createdByUID, nrMapIDs            uint32
+	mapIDs                            ptr64
+}
+
+// ptr64 is a __aligned_u64 that holds a pointer (little-endian: the
+// first word), as a pointer: the runtime keeps what it points to, and
+// adjusts it if a stack moves.
+type ptr64 [8 / unsafe.Sizeof(uintptr(0))]unsafe.Pointer
+
+// tagAndMaps is the kernel's tag of prog and the ids of the maps it uses:
+// two BPF_OBJ_GET_INFO_BY_FD calls for these fields only, where
+// ebpf.Program.Info also copies out the program's instructions, line and
+// jit infos, reads its fdinfo and, for a name of 15 characters or more,
+// loads and parses its BTF (1.7 ms of CPU for the ten hooks of a start).
+func tagAndMaps(prog *ebpf.Program) (string, []ebpf.MapID, error) {
+	var info progInfo
+	if err := objInfo(prog.FD(), &info); err != nil {
+		return "", nil, fmt.Errorf("read the program's info: %w", err)
+	}
+	if info.nrMapIDs == 0 {
+		return hex.EncodeToString(info.tag[:]), nil, nil
+	}
+	ids := make([]uint32, info.nrMapIDs)
+	more := progInfo{nrMapIDs: info.nrMapIDs, mapIDs: ptr64{unsafe.Pointer(&ids[0])}}
+	if err := objInfo(prog.FD(), &more); err != nil {
+		return "", nil, fmt.Errorf("read the program's maps: %w", err)
+	}
+	if more.nrMapIDs != info.nrMapIDs {
+		return "", nil, fmt.Errorf("the program's maps changed while read (%d, then %d)", info.nrMapIDs, more.nrMapIDs)
+	}
+	out := make([]ebpf.MapID, len(ids))
+	for i, id := range ids {
+		out[i] = ebpf.MapID(id)
+	}
+	return hex.EncodeToString(info.tag[:]), out, nil
+}
+
+// objInfo is BPF_OBJ_GET_INFO_BY_FD for the program fd into info.
+func objInfo(fd int, info *progInfo) error {
+	attr := struct {
+		fd, infoLen uint32
+		info        ptr64
+	}{uint32(fd), uint32(unsafe.Sizeof(*info)), ptr64{unsafe.Pointer(info)}}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_OBJ_GET_INFO_BY_FD, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(info)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // sameRodata checks that the map with id is a .rodata holding want: the
