@@ -77,6 +77,10 @@ type AgentConfig struct {
 	// Trials whose owner died without tearing them down, instead of
 	// re-adopting anything.
 	Ephemeral bool
+	// SteerAhead: an Ephemeral agent about to make a transparent Trial
+	// (trialnet run without --no-transparent) loads its steering while it
+	// starts.
+	SteerAhead bool
 	// File holds profiles, resolvers, allowed CIDRs and limits; nil: none.
 	File *config.File
 	// Resolvers override File's; AllowCIDRs add to File's.
@@ -165,7 +169,7 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 	// An embedded agent makes one Trial, at once: its steering loads
 	// meanwhile, as a daemon's shells have theirs ahead.
 	var ahead *steerAhead
-	if cfg.Ephemeral {
+	if cfg.Ephemeral && cfg.SteerAhead {
 		ahead = loadSteerAhead()
 	}
 	host, err := OpenHost(cfg.Host)

@@ -472,7 +472,7 @@ func TestPrivilegedEmbeddedAgentSteersWithWhatItLoadedAhead(t *testing.T) {
 	privtest.Require(t)
 	w := newWorld(t, 227, "upstream.example.test")
 	cfg := w.config(t)
-	cfg.Ephemeral = true
+	cfg.Ephemeral, cfg.SteerAhead = true, true
 	a := startAgent(t, cfg)
 	if a.ahead == nil {
 		t.Fatal("an embedded agent started with no steering loading ahead")
