@@ -102,12 +102,13 @@ INIT_LDFLAGS := -Wl,-S -Wl,--build-id=none -Wl,-z,noexecstack -Wl,-z,now
 init-elf: ## build the Trial's static init into INIT_ELF (sandbox/init_amd64.elf; needs musl-gcc)
 	cd sandbox && musl-gcc $(INIT_CFLAGS) $(INIT_LDFLAGS) -o $(abspath $(INIT_ELF)) $(INIT_SRCS)
 
-generate: init-elf ## regenerate the eBPF objects and Go bindings with bpf2go (needs clang) and the Trial's static init (needs musl-gcc)
+generate: init-elf ## regenerate the eBPF objects and Go bindings with bpf2go (needs clang), what adoption checks pins against, and the Trial's static init (needs musl-gcc)
 	$(GO) generate ./bpf
+	$(GO) test -count=1 -run '^TestAdoptSpecMatchesObject$$' ./bpf -update-adopt-spec
 
 check-generate: generate ## regenerate and fail if the committed bpf2go output or static init differs
-	git diff --exit-code -- 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' $(INIT_ELF)
-	@test -z "$$(git status --porcelain -- 'bpf/*_bpfel.*' $(INIT_ELF))" || { git status --porcelain -- 'bpf/*_bpfel.*' $(INIT_ELF); exit 1; }
+	git diff --exit-code -- 'bpf/*_bpfel.go' 'bpf/*_bpfel.o' bpf/adoptspec_gen.go $(INIT_ELF)
+	@test -z "$$(git status --porcelain -- 'bpf/*_bpfel.*' bpf/adoptspec_gen.go $(INIT_ELF))" || { git status --porcelain -- 'bpf/*_bpfel.*' bpf/adoptspec_gen.go $(INIT_ELF); exit 1; }
 
 build: ## build bin/trialnet, the NRI plugin bin/trialnet-nri and the OCI hook and runtime wrapper bin/trialnet-oci
 	$(GO) build -o $(BIN) ./cmd/trialnet

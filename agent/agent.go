@@ -77,6 +77,10 @@ type AgentConfig struct {
 	// Trials whose owner died without tearing them down, instead of
 	// re-adopting anything.
 	Ephemeral bool
+	// SteerAhead: an Ephemeral agent about to make a transparent Trial
+	// (trialnet run without --no-transparent) loads its steering while it
+	// starts.
+	SteerAhead bool
 	// File holds profiles, resolvers, allowed CIDRs and limits; nil: none.
 	File *config.File
 	// Resolvers override File's; AllowCIDRs add to File's.
@@ -138,6 +142,7 @@ type Agent struct {
 	owners    sync.WaitGroup // the goroutines watching owned Trials' owners
 	pend      pendings       // prepared containers' cgroups, not yet adopted
 	shells    *shells        // Trial shells kept ready for creates; set by start
+	ahead     *steerAhead    // an embedded agent's steering loaded at its start; nil: none
 	calls     atomic.Int32   // calls enter admitted, running
 }
 
@@ -161,15 +166,22 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// An embedded agent makes one Trial, at once: its steering loads
+	// meanwhile, as a daemon's shells have theirs ahead.
+	var ahead *steerAhead
+	if cfg.Ephemeral && cfg.SteerAhead {
+		ahead = loadSteerAhead()
+	}
 	host, err := OpenHost(cfg.Host)
 	if err != nil {
+		ahead.close()
 		return nil, err
 	}
 	if cfg.ReceiptKey == "" {
 		cfg.ReceiptKey = DefaultReceiptKey
 	}
 	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*trial), obs: newObservers(),
-		inherited: inherited, keeper: kc}
+		inherited: inherited, keeper: kc, ahead: ahead}
 	if pred != nil {
 		// Calls to its Trials go to the predecessor too from the start.
 		a.offsets = pred.Offsets()
@@ -263,6 +275,7 @@ func (a *Agent) Close(teardown bool) {
 	for _, lt := range lts {
 		lt.release()
 	}
+	a.ahead.close()
 	_ = a.proxy.Close()
 	if a.counts != nil {
 		_ = a.counts.Close() // after the proxy: it counts in it to the end

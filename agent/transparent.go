@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -322,7 +323,7 @@ func (a *Agent) steer(lt *trial, tp *transparent, pre *bpf.Steer) (_, _ *bpf.Ste
 		}
 		a.log.Warn("transparent mode: a prepared shell's steering could not be pinned; attaching anew", "trial", lt.info.ID, "error", err)
 	}
-	s, err := bpf.OpenSteer(pin, lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered)
+	s, err := bpf.OpenSteer(pin, lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered, a.ahead.take(a.log))
 	if err == nil {
 		return s, pre, nil
 	}
@@ -683,5 +684,48 @@ func (a *Agent) releaseStubs() {
 			lt.tp.release()
 		}
 		lt.mu.Unlock()
+	}
+}
+
+// steerAhead is the steering an embedded agent loads while it starts,
+// for its Trial's default pool (shellPool): a program load (2.5 ms of
+// CPU, most of a transparent create's own) off the way to the command.
+type steerAhead struct {
+	done  chan struct{}
+	s     *bpf.Steer
+	err   error
+	taken atomic.Bool
+}
+
+func loadSteerAhead() *steerAhead {
+	sa := &steerAhead{done: make(chan struct{})}
+	go func() {
+		defer close(sa.done)
+		sa.s, sa.err = bpf.LoadSteer(shellPool)
+	}()
+	return sa
+}
+
+// take is the steering loaded ahead, once, when it loaded (nil: OpenSteer
+// loads one, and says why if it cannot either).
+func (sa *steerAhead) take(log *slog.Logger) *bpf.Steer {
+	if sa == nil || !sa.taken.CompareAndSwap(false, true) {
+		return nil
+	}
+	<-sa.done
+	if sa.err != nil {
+		log.Warn("transparent mode: the steering loaded ahead failed; loading it again", "error", sa.err)
+	}
+	return sa.s
+}
+
+// close frees the steering loaded ahead if no Trial took it.
+func (sa *steerAhead) close() {
+	if sa == nil || !sa.taken.CompareAndSwap(false, true) {
+		return
+	}
+	<-sa.done
+	if sa.s != nil {
+		_ = sa.s.Close()
 	}
 }

@@ -463,3 +463,31 @@ func TestTransparentFilesAfterHandOver(t *testing.T) {
 		t.Fatalf("a handed-over Trial's transparent files: %v %v %v", names, files, err)
 	}
 }
+
+// An embedded agent (trialnet run's) loads its Trial's steering while it
+// starts, and its transparent Trial is steered by that one (OpenSteer's
+// loaded: TestPrivilegedSteerLoadedAhead), not by a program loaded on
+// the way to the command.
+func TestPrivilegedEmbeddedAgentSteersWithWhatItLoadedAhead(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 227, "upstream.example.test")
+	cfg := w.config(t)
+	cfg.Ephemeral, cfg.SteerAhead = true, true
+	a := startAgent(t, cfg)
+	if a.ahead == nil {
+		t.Fatal("an embedded agent started with no steering loading ahead")
+	}
+	entry := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
+	info, err := a.Create(context.Background(), trialspec.Request{ID: "agt-ahead", Allow: []string{entry}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.ahead.taken.Load() || a.ahead.s == nil || a.ahead.err != nil {
+		t.Fatalf("the transparent Trial's create did not take the steering loaded ahead (taken %v, loaded %v, error %v)", a.ahead.taken.Load(), a.ahead.s != nil, a.ahead.err)
+	}
+	addr, _ := stubLookup(t, info.Netns, "udp", "upstream.example.test")
+	code, out := transparentCurl(t, info, "--resolve", fmt.Sprintf("%s:%s", entry, addr), fmt.Sprintf("http://%s/", entry))
+	if code != 0 || !strings.Contains(out, "hello from upstream.example.test") {
+		t.Fatalf("curl through the steering loaded ahead: exit %d: %s", code, out)
+	}
+}

@@ -4,14 +4,16 @@ package bpf
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -88,10 +90,7 @@ type installNote struct {
 	tags    map[string]string
 }
 
-func objectHash() string {
-	h := sha256.Sum256(_TrialnetBytes)
-	return hex.EncodeToString(h[:])
-}
+func objectHash() string { return trialnetAdopt.object }
 
 func (k *installLock) note() installNote {
 	n := installNote{tags: map[string]string{}}
@@ -149,10 +148,6 @@ var errPinsDiffer = errors.New("pinned programs differ from the embedded ones")
 // loads nothing, so the verifier never runs. Anything else is
 // errPinsDiffer (or another error), and the caller installs.
 func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installLock) (_ *Loader, err error) {
-	spec, err := configuredSpec(level, parentID)
-	if err != nil {
-		return nil, err
-	}
 	coll := &ebpf.Collection{Programs: map[string]*ebpf.Program{}, Maps: map[string]*ebpf.Map{}}
 	l := &Loader{coll: coll, pinDir: pinDir}
 	defer func() {
@@ -160,11 +155,7 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 			_ = l.Close()
 		}
 	}()
-	mapIDs, err := l.adoptMaps(spec)
-	if err != nil {
-		return nil, err
-	}
-	rodata, err := rodataOf(spec)
+	mapIDs, err := l.adoptMaps()
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +163,7 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 	if note.object != objectHash() {
 		note.tags = nil // recorded by another build: its tags prove nothing
 	}
-	want := adoption{spec: spec, tags: note.tags, mapIDs: mapIDs, rodata: rodata}
+	want := adoption{tags: note.tags, mapIDs: mapIDs, rodata: trialnetAdopt.rodataFor(level, parentID)}
 	if err := l.adoptCgroupLinks(want, parentID); err != nil {
 		return nil, err
 	}
@@ -182,19 +173,22 @@ func adopt(opts Options, parentID uint64, level int, pinDir string, lk *installL
 	return l, nil
 }
 
+// adoptedMaps are the maps an install pins and an adoption opens.
+var adoptedMaps = []string{trialnetMapPolicyMap, trialnetMapCountersMap, trialnetMapUnixPathsMap, trialnetMapUnixIdsMap, trialnetMapPtysMap, trialnetMapPtyFilesMap}
+
 // adoptMaps opens the maps pinned in l.pinDir into l, each checked against
-// spec, and returns their ids for the programs' map checks.
-func (l *Loader) adoptMaps(spec *ebpf.CollectionSpec) (map[ebpf.MapID]bool, error) {
+// the embedded object's, and returns their ids for the programs' map checks.
+func (l *Loader) adoptMaps() (map[ebpf.MapID]bool, error) {
 	// The maps the programs may use: the pinned ones, and a .rodata once
 	// checked (all programs share one: it is checked once, not per program).
 	mapIDs := map[ebpf.MapID]bool{}
-	for _, name := range []string{trialnetMapPolicyMap, trialnetMapCountersMap, trialnetMapUnixPathsMap, trialnetMapUnixIdsMap, trialnetMapPtysMap, trialnetMapPtyFilesMap} {
+	for _, name := range adoptedMaps {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(l.pinDir, name), nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
 		}
 		l.coll.Maps[name] = m
-		if err := spec.Maps[name].Compatible(m); err != nil {
+		if err := trialnetAdopt.maps[name].compatible(m); err != nil {
 			return nil, fmt.Errorf("%w: map %s: %w", errPinsDiffer, name, err)
 		}
 		id, err := pinnedMapID(name, m)
@@ -210,10 +204,9 @@ func (l *Loader) adoptMaps(spec *ebpf.CollectionSpec) (map[ebpf.MapID]bool, erro
 }
 
 // adoption is what adopt holds each pinned program to (adoptLink): the
-// embedded programs, the tags the installing Load recorded, and the maps
-// and .rodata the program may use.
+// tags the installing Load recorded, and the maps and .rodata the
+// program may use; the embedded programs' own tags are trialnetAdopt's.
 type adoption struct {
-	spec   *ebpf.CollectionSpec
 	tags   map[string]string
 	mapIDs map[ebpf.MapID]bool
 	rodata []byte
@@ -222,7 +215,7 @@ type adoption struct {
 // adoptHook adopts the link pinned for the program name, and the program
 // into l's collection, so that the cgroup and LSM hooks are checked alike.
 func (l *Loader) adoptHook(name string, want adoption) (namedLink, error) {
-	nl, prog, tag, err := adoptLink(l.pinDir, name, want.spec.Programs[name], want.tags[name], want.mapIDs, want.rodata)
+	nl, prog, tag, err := adoptLink(l.pinDir, name, want.tags[name], want.mapIDs, want.rodata)
 	if err != nil {
 		return namedLink{}, err
 	}
@@ -306,11 +299,12 @@ func pinnedMapID(name string, m *ebpf.Map) (ebpf.MapID, error) {
 }
 
 // adoptLink opens the link pinned for name and its program, and checks
-// that the program is spec over the pinned maps and rodata: by the tag
-// computed from spec, or for a program fixed up at load by the tag
-// recorded when this same object was installed.
-func adoptLink(pinDir, name string, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (namedLink, *ebpf.Program, string, error) {
-	if spec == nil {
+// that the program is the embedded one over the pinned maps and rodata:
+// by the tag it was compiled with, or for a program fixed up at load by
+// the tag recorded when this same object was installed.
+func adoptLink(pinDir, name string, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (namedLink, *ebpf.Program, string, error) {
+	compiled, ok := trialnetAdopt.tags[name]
+	if !ok {
 		return namedLink{}, nil, "", fmt.Errorf("%w: no embedded program %s", errPinsDiffer, name)
 	}
 	lk, err := link.LoadPinnedLink(filepath.Join(pinDir, "link_"+name), nil)
@@ -318,7 +312,7 @@ func adoptLink(pinDir, name string, spec *ebpf.ProgramSpec, recorded string, map
 		return namedLink{}, nil, "", fmt.Errorf("%w: link %s: %w", errPinsDiffer, name, err)
 	}
 	nl := namedLink{name, lk}
-	prog, tag, err := linkedProgram(lk, spec, recorded, mapIDs, rodata)
+	prog, tag, err := linkedProgram(lk, compiled, recorded, mapIDs, rodata)
 	if err != nil {
 		_ = lk.Close()
 		return namedLink{}, nil, "", fmt.Errorf("%w: %s: %w", errPinsDiffer, name, err)
@@ -328,7 +322,7 @@ func adoptLink(pinDir, name string, spec *ebpf.ProgramSpec, recorded string, map
 
 // linkedProgram opens the program lk runs, checks it as adoptLink says,
 // and returns it with its tag.
-func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (_ *ebpf.Program, _ string, err error) {
+func linkedProgram(lk link.Link, compiled [2]string, recorded string, mapIDs map[ebpf.MapID]bool, rodata []byte) (_ *ebpf.Program, _ string, err error) {
 	info, err := lk.Info()
 	if err != nil {
 		return nil, "", err
@@ -342,16 +336,12 @@ func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs
 			_ = prog.Close()
 		}
 	}()
-	pi, err := prog.Info()
+	tag, ids, err := tagAndMaps(prog)
 	if err != nil {
 		return nil, "", err
 	}
-	if err := spec.Compatible(pi); err != nil && (recorded == "" || recorded != pi.Tag) {
-		return nil, "", err
-	}
-	ids, ok := pi.MapIDs()
-	if !ok {
-		return nil, "", errors.New("the kernel does not list a program's maps")
+	if !slices.Contains(compiled[:], tag) && (recorded == "" || recorded != tag) {
+		return nil, "", fmt.Errorf("its tag %s is neither the embedded program's (%s) nor the one recorded at install", tag, strings.Join(compiled[:], " or "))
 	}
 	for _, id := range ids {
 		if mapIDs[id] {
@@ -362,7 +352,65 @@ func linkedProgram(lk link.Link, spec *ebpf.ProgramSpec, recorded string, mapIDs
 		}
 		mapIDs[id] = true
 	}
-	return prog, pi.Tag, nil
+	return prog, tag, nil
+}
+
+// progInfo is the head of the kernel's struct bpf_prog_info, up to the
+// map ids: a shorter info_len is read as far as it goes.
+type progInfo struct {
+	typ, id                           uint32
+	tag                               [8]byte
+	jitedLen, xlatedLen               uint32
+	jitedInsns, xlatedInsns, loadTime uint64
+	createdByUID, nrMapIDs            uint32
+	mapIDs                            ptr64
+}
+
+// ptr64 is a __aligned_u64 that holds a pointer (little-endian: the
+// first word), as a pointer: the runtime keeps what it points to, and
+// adjusts it if a stack moves.
+type ptr64 [8 / unsafe.Sizeof(uintptr(0))]unsafe.Pointer
+
+// tagAndMaps is the kernel's tag of prog and the ids of the maps it uses:
+// two BPF_OBJ_GET_INFO_BY_FD calls for these fields only, where
+// ebpf.Program.Info also copies out the program's instructions, line and
+// jit infos, reads its fdinfo and, for a name of 15 characters or more,
+// loads and parses its BTF (1.7 ms of CPU for the ten hooks of a start).
+func tagAndMaps(prog *ebpf.Program) (string, []ebpf.MapID, error) {
+	var info progInfo
+	if err := objInfo(prog.FD(), &info); err != nil {
+		return "", nil, fmt.Errorf("read the program's info: %w", err)
+	}
+	if info.nrMapIDs == 0 {
+		return hex.EncodeToString(info.tag[:]), nil, nil
+	}
+	ids := make([]uint32, info.nrMapIDs)
+	more := progInfo{nrMapIDs: info.nrMapIDs, mapIDs: ptr64{unsafe.Pointer(&ids[0])}}
+	if err := objInfo(prog.FD(), &more); err != nil {
+		return "", nil, fmt.Errorf("read the program's maps: %w", err)
+	}
+	if more.nrMapIDs != info.nrMapIDs {
+		return "", nil, fmt.Errorf("the program's maps changed while read (%d, then %d)", info.nrMapIDs, more.nrMapIDs)
+	}
+	out := make([]ebpf.MapID, len(ids))
+	for i, id := range ids {
+		out[i] = ebpf.MapID(id)
+	}
+	return hex.EncodeToString(info.tag[:]), out, nil
+}
+
+// objInfo is BPF_OBJ_GET_INFO_BY_FD for the program fd into info.
+func objInfo(fd int, info *progInfo) error {
+	attr := struct {
+		fd, infoLen uint32
+		info        ptr64
+	}{uint32(fd), uint32(unsafe.Sizeof(*info)), ptr64{unsafe.Pointer(info)}}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_OBJ_GET_INFO_BY_FD, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(info)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // sameRodata checks that the map with id is a .rodata holding want: the
@@ -388,26 +436,6 @@ func sameRodata(id ebpf.MapID, want []byte) error {
 		return errors.New("its constants (trial level, parent cgroup) differ")
 	}
 	return nil
-}
-
-// rodataOf is the .rodata a load of spec would write: the section's
-// contents with the variables set on spec copied over them.
-func rodataOf(spec *ebpf.CollectionSpec) ([]byte, error) {
-	ms := spec.Maps[".rodata"]
-	if ms == nil || len(ms.Contents) != 1 {
-		return nil, errors.New("the embedded objects have no .rodata")
-	}
-	src, ok := ms.Contents[0].Value.([]byte)
-	if !ok {
-		return nil, errors.New("the embedded .rodata is not bytes")
-	}
-	out := bytes.Clone(src)
-	for _, v := range spec.Variables {
-		if v.SectionName == ".rodata" && int(v.Offset)+len(v.Value) <= len(out) {
-			copy(out[v.Offset:], v.Value)
-		}
-	}
-	return out, nil
 }
 
 func cgroupOf(l link.Link) uint64 {

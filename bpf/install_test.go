@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -139,6 +140,12 @@ func TestPrivilegedLoadAdoptsPins(t *testing.T) {
 		}
 		if info.Tag != tag {
 			t.Errorf("%s: tag %q, the kernel's %q", name, tag, info.Tag)
+		}
+		// What adoption read of it, with two calls for two fields.
+		want, _ := info.MapIDs()
+		gotTag, got, err := tagAndMaps(l2.coll.Programs[name])
+		if err != nil || gotTag != info.Tag || !slices.Equal(got, want) || len(got) == 0 {
+			t.Errorf("%s: tagAndMaps = %q, %v, %v; Info says %q, %v", name, gotTag, got, err, info.Tag, want)
 		}
 	}
 	if err := l2.AddTrial(42, Policy{NetnsCookie: 7, UnixOpen: true}); err != nil {

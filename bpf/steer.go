@@ -30,7 +30,8 @@ type Steer struct {
 	objs steerObjects // zero when adopted from pins
 	m    *ebpf.Map    // steer_map: objs.SteerMap, or the pinned one
 	link link.Link
-	pin  string // OpenSteer's; "" for AttachSteer
+	pin  string       // OpenSteer's; "" for AttachSteer
+	pool netip.Prefix // LoadSteer's
 }
 
 // OpenSteer is AttachSteer with the link and its map pinned at pin+"_link"
@@ -40,13 +41,26 @@ type Steer struct {
 // earlier process left for the same namespace are adopted: ln replaces
 // the listener in the pinned map, and the link is never detached, so no
 // connection to the pool is refused meanwhile. Pins of another namespace
-// (a namespace that is gone) are replaced.
-func OpenSteer(pin, netnsPath string, pool netip.Prefix, ln syscall.Conn) (*Steer, error) {
+// (a namespace that is gone) are replaced. loaded, a LoadSteer's for pool
+// (nil: none), is attached rather than a program loaded anew; OpenSteer
+// takes it, used or not.
+func OpenSteer(pin, netnsPath string, pool netip.Prefix, ln syscall.Conn, loaded *Steer) (*Steer, error) {
+	defer func() {
+		if loaded != nil {
+			_ = loaded.Close()
+		}
+	}()
 	s, err := adoptSteer(pin, netnsPath, ln)
 	if s != nil || err != nil {
 		return s, err
 	}
-	if s, err = AttachSteer(netnsPath, pool, ln); err != nil {
+	if loaded != nil && loaded.pool == pool && loaded.link == nil {
+		s, loaded = loaded, nil
+		if err := s.attach(netnsPath, ln); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+	} else if s, err = AttachSteer(netnsPath, pool, ln); err != nil {
 		return nil, err
 	}
 	p, err := s.PinAt(pin)
@@ -154,7 +168,22 @@ func (s *Steer) Unpin() error {
 // that namespace: the kernel hands the SYN to a listener of another
 // namespace too, which never answers it. On error nothing is left
 // attached.
-func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer, err error) {
+func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (*Steer, error) {
+	s, err := LoadSteer(pool)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.attach(netnsPath, ln); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// LoadSteer is AttachSteer's load of the program for pool, without the
+// listener or the namespace: for an agent that loads it ahead of the
+// Trial it is for (OpenSteer's loaded). Close frees it.
+func LoadSteer(pool netip.Prefix) (*Steer, error) {
 	if err := CheckPool(pool); err != nil {
 		return nil, fmt.Errorf("steer %w", err)
 	}
@@ -171,29 +200,29 @@ func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer
 	if err := spec.Variables[steerVarPoolMask].Set(binary.NativeEndian.Uint32(mask[:])); err != nil {
 		return nil, fmt.Errorf("set pool_mask: %w", err)
 	}
-	s := &Steer{}
+	s := &Steer{pool: pool}
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
 		return nil, fmt.Errorf("load the steer program (sk_lookup, Linux 5.9+): %w", err)
 	}
-	defer func() {
-		if err != nil {
-			_ = s.Close()
-		}
-	}()
 	s.m = s.objs.SteerMap
+	return s, nil
+}
+
+// attach puts ln in a loaded s's map and attaches s to the namespace at
+// netnsPath; on error s is loaded and not attached.
+func (s *Steer) attach(netnsPath string, ln syscall.Conn) error {
 	if err := putListener(s.m, ln); err != nil {
-		return nil, err
+		return err
 	}
 	ns, err := os.Open(netnsPath)
 	if err != nil {
-		return nil, fmt.Errorf("open netns %s: %w", netnsPath, err)
+		return fmt.Errorf("open netns %s: %w", netnsPath, err)
 	}
 	defer ns.Close()
-	s.link, err = link.AttachNetNs(int(ns.Fd()), s.objs.TrialnetSteer)
-	if err != nil {
-		return nil, fmt.Errorf("attach sk_lookup to netns %s: %w", netnsPath, err)
+	if s.link, err = link.AttachNetNs(int(ns.Fd()), s.objs.TrialnetSteer); err != nil {
+		return fmt.Errorf("attach sk_lookup to netns %s: %w", netnsPath, err)
 	}
-	return s, nil
+	return nil
 }
 
 // steerParsed is the steer program's spec, parsed from the embedded ELF

@@ -283,7 +283,7 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 	listen := func() *net.TCPListener { return plainListener(t, ns) }
 	first := listen()
 	before := bpfFDs(t)
-	if _, err := OpenSteer(pin, ns.Path, steerPool, first); err != nil {
+	if _, err := OpenSteer(pin, ns.Path, steerPool, first, nil); err != nil {
 		t.Fatal(err)
 	}
 	if held := bpfFDs(t) - before; held != 0 {
@@ -296,7 +296,7 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 	_ = acceptSteered(t, first).Close()
 
 	second := listen()
-	s, err := OpenSteer(pin, ns.Path, steerPool, second)
+	s, err := OpenSteer(pin, ns.Path, steerPool, second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,13 +322,62 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 	}
 }
 
+// OpenSteer attaches the program a LoadSteer loaded ahead (an embedded
+// agent's), not one of its own; one for another pool it frees unused.
+func TestPrivilegedSteerLoadedAhead(t *testing.T) {
+	pin, ns := pinnedSteerWorld(t, "steerahead")
+	ln := plainListener(t, ns)
+	loaded, err := LoadSteer(steerPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := loaded.objs.TrialnetSteer.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := info.ID()
+	other, err := LoadSteer(netip.MustParsePrefix("127.200.0.0/16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenSteer(pin, ns.Path, steerPool, ln, loaded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = errors.Join(s.Unpin(), s.Close()) })
+	lk, err := link.LoadPinnedLink(pin+"_link", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	li, err := lk.Info()
+	_ = lk.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if li.Program != want {
+		t.Errorf("the pinned link runs program %d, not %d loaded ahead", li.Program, want)
+	}
+	if _, err := dialIn(t, ns, "127.100.0.1:443"); err != nil {
+		t.Fatal(err)
+	}
+	_ = acceptSteered(t, ln).Close()
+
+	// Adopted pins keep their program; the one loaded ahead is freed.
+	if _, err := OpenSteer(pin, ns.Path, steerPool, ln, other); err != nil {
+		t.Fatal(err)
+	}
+	if fd := other.objs.TrialnetSteer.FD(); fd >= 0 {
+		t.Errorf("a steering loaded ahead and not used is still open (fd %d)", fd)
+	}
+}
+
 // A pinned steering that cannot be adopted (its map pin replaced by one it
 // cannot use) is removed, not left attached in front of the steering the
 // agent attaches instead: the pool's connections reach the new listener.
 func TestPrivilegedSteerAdoptFailureLeavesOneProgram(t *testing.T) {
 	pin, ns := pinnedSteerWorld(t, "steerbad")
 	first, second := plainListener(t, ns), plainListener(t, ns)
-	s, err := OpenSteer(pin, ns.Path, steerPool, first)
+	s, err := OpenSteer(pin, ns.Path, steerPool, first, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +395,7 @@ func TestPrivilegedSteerAdoptFailureLeavesOneProgram(t *testing.T) {
 	if err := wrong.Pin(pin + "_map"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenSteer(pin, ns.Path, steerPool, second); err == nil {
+	if _, err := OpenSteer(pin, ns.Path, steerPool, second, nil); err == nil {
 		t.Fatal("a steer map pin of another type was adopted")
 	}
 	s, err = AttachSteer(ns.Path, steerPool, second) // as the agent does then

@@ -191,7 +191,7 @@ func (f *runFlags) trials(ctx context.Context) (_ client.Trials, closeTrials fun
 	// leaves nothing that the next run does not remove.
 	host := hostConfig(file)
 	host.StateDir += "-ephemeral"
-	a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: f.cf.resolvers, AllowCIDRs: cidrs, Ephemeral: true})
+	a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: f.cf.resolvers, AllowCIDRs: cidrs, Ephemeral: true, SteerAhead: !*f.noTransparent})
 	if err != nil {
 		return nil, nil, exitFailure, err
 	}
