@@ -42,11 +42,33 @@ type Steer struct {
 // connection to the pool is refused meanwhile. Pins of another namespace
 // (a namespace that is gone) are replaced.
 func OpenSteer(pin, netnsPath string, pool netip.Prefix, ln syscall.Conn) (*Steer, error) {
+	return openSteer(pin, netnsPath, ln, func() (*Steer, error) { return LoadSteer(pool) })
+}
+
+// OpenLoadedSteer is OpenSteer with loaded, a LoadSteer's, in place of a
+// load of its own (a load is most of an attach: the verifier, the map).
+// loaded is taken in every case: attached and pinned, or closed.
+func OpenLoadedSteer(pin, netnsPath string, loaded *Steer, ln syscall.Conn) (*Steer, error) {
+	used := false
+	s, err := openSteer(pin, netnsPath, ln, func() (*Steer, error) {
+		used = true
+		return loaded, nil
+	})
+	if !used {
+		_ = loaded.Close()
+	}
+	return s, err
+}
+
+func openSteer(pin, netnsPath string, ln syscall.Conn, load func() (*Steer, error)) (*Steer, error) {
 	s, err := adoptSteer(pin, netnsPath, ln)
 	if s != nil || err != nil {
 		return s, err
 	}
-	if s, err = AttachSteer(netnsPath, pool, ln); err != nil {
+	if s, err = load(); err != nil {
+		return nil, err
+	}
+	if err := s.attach(netnsPath, ln); err != nil {
 		return nil, err
 	}
 	p, err := s.PinAt(pin)
@@ -154,7 +176,22 @@ func (s *Steer) Unpin() error {
 // that namespace: the kernel hands the SYN to a listener of another
 // namespace too, which never answers it. On error nothing is left
 // attached.
-func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer, err error) {
+func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (*Steer, error) {
+	s, err := LoadSteer(pool)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.attach(netnsPath, ln); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// LoadSteer loads the program for pool (AttachSteer says which pools
+// may be steered), attached nowhere, its map empty: OpenLoadedSteer
+// attaches it. An agent loads one ahead for a container it will adopt,
+// whose namespace it cannot know before.
+func LoadSteer(pool netip.Prefix) (*Steer, error) {
 	if err := CheckPool(pool); err != nil {
 		return nil, fmt.Errorf("steer %w", err)
 	}
@@ -175,25 +212,31 @@ func AttachSteer(netnsPath string, pool netip.Prefix, ln syscall.Conn) (_ *Steer
 	if err := spec.LoadAndAssign(&s.objs, nil); err != nil {
 		return nil, fmt.Errorf("load the steer program (sk_lookup, Linux 5.9+): %w", err)
 	}
+	s.m = s.objs.SteerMap
+	return s, nil
+}
+
+// attach puts ln in a loaded s's map and attaches its program to the
+// network namespace mounted at netnsPath; on error s is closed.
+func (s *Steer) attach(netnsPath string, ln syscall.Conn) (err error) {
 	defer func() {
 		if err != nil {
 			_ = s.Close()
 		}
 	}()
-	s.m = s.objs.SteerMap
 	if err := putListener(s.m, ln); err != nil {
-		return nil, err
+		return err
 	}
 	ns, err := os.Open(netnsPath)
 	if err != nil {
-		return nil, fmt.Errorf("open netns %s: %w", netnsPath, err)
+		return fmt.Errorf("open netns %s: %w", netnsPath, err)
 	}
 	defer ns.Close()
 	s.link, err = link.AttachNetNs(int(ns.Fd()), s.objs.TrialnetSteer)
 	if err != nil {
-		return nil, fmt.Errorf("attach sk_lookup to netns %s: %w", netnsPath, err)
+		return fmt.Errorf("attach sk_lookup to netns %s: %w", netnsPath, err)
 	}
-	return s, nil
+	return nil
 }
 
 // steerParsed is the steer program's spec, parsed from the embedded ELF
