@@ -5,12 +5,12 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"github.com/trialnet/trialnet/bpf"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/ledger"
 	"github.com/trialnet/trialnet/sandbox"
