@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/sandbox"
 	trialspec "github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
@@ -236,6 +238,23 @@ func TestPrivilegedPreparedContainerAdopted(t *testing.T) {
 	}
 	if got := p.try(t); !strings.Contains(got, "unix=ok") {
 		t.Errorf("in the adopted Trial: %s", got)
+	}
+	// Its steering, attached from the program the files held loaded,
+	// takes a connection to the pool's addresses in its namespace, which
+	// nothing listens on: refused, it steers nothing. (Steered, this one,
+	// from the test's process outside the Trial, is reset.)
+	if !info.Transparent {
+		t.Fatal("the adopted Trial is not transparent")
+	}
+	err = netns.Do(info.Netns, func() error {
+		c, err := net.DialTimeout("tcp", "127.100.0.1:443", 5*time.Second)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	})
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("a connection to a pool address in the adopted Trial: %v; want it steered to the proxy", err)
 	}
 	if _, err := w.a.Destroy(ctx, info.ID); err != nil {
 		t.Fatal(err)

@@ -41,7 +41,7 @@ type shells struct {
 	// prepare makes a shell (the host's Prepare), prepareFiles a
 	// Trial's files; under mu.
 	prepare      func(transparent bool) (*prepShell, error)
-	prepareFiles func() (*trialFiles, error)
+	prepareFiles func(transparent bool) (*trialFiles, error)
 	kickc        chan struct{}
 	stopc        chan struct{}
 	done         chan struct{}
@@ -173,7 +173,7 @@ func (s *shells) fillOne() bool {
 		f.close()
 	}
 	if missingFiles {
-		f, err := prepareFiles()
+		f, err := prepareFiles(mode)
 		if err != nil {
 			s.a.log.Warn("a Trial's files could not be prepared; creates make them themselves until they can", "error", err)
 			return false

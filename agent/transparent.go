@@ -66,11 +66,19 @@ type transparentSockets struct {
 	// steer, from a prepared shell only, steers the pool to steered,
 	// attached before the Trial had a name (not pinned); nil otherwise.
 	steer *bpf.Steer
+	// loaded, from a Trial's files only, is the steer program for
+	// shellPool loaded ahead and attached nowhere, for a Trial whose
+	// sockets are made in its own namespace (an adoption's); nil
+	// otherwise.
+	loaded *bpf.Steer
 }
 
 func (s transparentSockets) close() {
 	if s.steer != nil {
 		_ = s.steer.Close()
+	}
+	if s.loaded != nil {
+		_ = s.loaded.Close()
 	}
 	if s.udp != nil {
 		_ = s.udp.Close()
@@ -150,8 +158,9 @@ func (s transparentSockets) whole() bool {
 func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transparent, err error) {
 	id, nsPath := lt.info.ID, lt.tr.Netns.Path
 	tp := &transparent{id: id, learning: lt.info.Learning}
-	pre := inh.steer // a shell's, used by steer or closed
-	inh.steer = nil
+	pre := inh.steer     // a shell's, used by steer or closed
+	loaded := inh.loaded // likewise: taken by steer, or closed
+	inh.steer, inh.loaded = nil, nil
 	defer func() {
 		if err != nil {
 			tp.close()
@@ -159,6 +168,9 @@ func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transpare
 		}
 		if pre != nil {
 			_ = pre.Close()
+		}
+		if loaded != nil {
+			_ = loaded.Close()
 		}
 	}()
 	if inh.whole() {
@@ -187,7 +199,9 @@ func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transpare
 	if err := tp.startStub(a); err != nil {
 		return nil, err
 	}
-	tp.steer, pre, err = a.steer(lt, tp, pre)
+	l := loaded
+	loaded = nil
+	tp.steer, pre, err = a.steer(lt, tp, pre, l)
 	if err != nil {
 		return nil, fmt.Errorf("transparent mode of Trial %s: %w", id, err)
 	}
@@ -313,8 +327,15 @@ func closeAll(files []*os.File) {
 // layers go on enforcing from this process's hold then too: its pool
 // connections are then refused while no agent runs, never let through.
 // A shell's steering attached ahead (pre, for shellPool) is pinned
-// instead when it can be; it is given back (nil) once used.
-func (a *Agent) steer(lt *trial, tp *transparent, pre *bpf.Steer) (_, _ *bpf.Steer, err error) {
+// instead when it can be; it is given back (nil) once used. Else a
+// program loaded ahead (loaded, for shellPool) is attached rather than
+// one loaded now; loaded is steer's to use or close.
+func (a *Agent) steer(lt *trial, tp *transparent, pre, loaded *bpf.Steer) (_, _ *bpf.Steer, err error) {
+	defer func() {
+		if loaded != nil {
+			_ = loaded.Close()
+		}
+	}()
 	pin := a.host.BPF.SteerPin(lt.tr.CgroupID)
 	if pre != nil && tp.stub.Pool() == shellPool {
 		s, err := pre.PinAt(pin)
@@ -323,7 +344,11 @@ func (a *Agent) steer(lt *trial, tp *transparent, pre *bpf.Steer) (_, _ *bpf.Ste
 		}
 		a.log.Warn("transparent mode: a prepared shell's steering could not be pinned; attaching anew", "trial", lt.info.ID, "error", err)
 	}
-	s, err := bpf.OpenSteer(pin, lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered, a.ahead.take(a.log))
+	if loaded == nil {
+		loaded = a.ahead.take(a.log)
+	}
+	s, err := bpf.OpenSteer(pin, lt.tr.Netns.Path, tp.stub.Pool(), tp.socks.steered, loaded)
+	loaded = nil // OpenSteer's, used or closed
 	if err == nil {
 		return s, pre, nil
 	}

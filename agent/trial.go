@@ -204,7 +204,14 @@ func (a *Agent) build(lt *trial, list *allow.List, makeIt func(trialspec.Spec, s
 		return errf(client.CodeInternal, "%v", err)
 	}
 	a.removeLedgers(lt.info.ID) // an earlier Trial's of this id, whose tunnels are not this one's
-	if err := a.prepare(lt, list, nil, a.shells.takeFiles()); err != nil {
+	files := a.shells.takeFiles()
+	loaded := files.takeSteer()
+	defer func() {
+		if loaded != nil {
+			_ = loaded.Close()
+		}
+	}()
+	if err := a.prepare(lt, list, nil, files); err != nil {
 		return errf(client.CodeInternal, "%v", err)
 	}
 	info := lt.info
@@ -220,6 +227,7 @@ func (a *Agent) build(lt *trial, list *allow.List, makeIt func(trialspec.Spec, s
 	lt.setTrial(tr)
 	inh := lt.fromShell
 	lt.fromShell = transparentSockets{}
+	inh.loaded, loaded = loaded, nil
 	if err := a.startTransparent(lt, inh); err != nil {
 		_, _ = tr.Close()
 		a.dropTransparent(info.ID, tr.CgroupID)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/ledger"
 	"github.com/trialnet/trialnet/sandbox"
@@ -36,6 +37,10 @@ type trialFiles struct {
 	// without a StateDir.
 	ledger *ledger.Prepared
 	slots  int
+	// steer is the steer program loaded for shellPool, attached nowhere,
+	// when Trials are transparent: a Trial made without a shell's (a
+	// container's adoption) attaches it rather than loading its own.
+	steer *bpf.Steer
 }
 
 // beneath resolves a name in the agent's directories through no
@@ -55,7 +60,7 @@ func openBeneath(at *os.File, name string, flags int, mode uint32) (*os.File, er
 
 // prepareFiles makes a Trial's files ahead of it; on error nothing is
 // left.
-func (a *Agent) prepareFiles() (_ *trialFiles, err error) {
+func (a *Agent) prepareFiles(transparent bool) (_ *trialFiles, err error) {
 	f := &trialFiles{name: sandbox.NewShellName()}
 	defer func() {
 		if err != nil {
@@ -82,7 +87,23 @@ func (a *Agent) prepareFiles() (_ *trialFiles, err error) {
 			return nil, fmt.Errorf("tunnel ledger: %w", err)
 		}
 	}
+	if transparent {
+		if f.steer, err = bpf.LoadSteer(shellPool); err != nil {
+			return nil, err
+		}
+	}
 	return f, nil
+}
+
+// takeSteer is the steer program loaded ahead, the caller's from here
+// (nil: none).
+func (f *trialFiles) takeSteer() *bpf.Steer {
+	if f == nil {
+		return nil
+	}
+	s := f.steer
+	f.steer = nil
+	return s
 }
 
 // decisionsFile is a Trial's decision log in its data directory.
@@ -212,6 +233,9 @@ func (f *trialFiles) close() {
 	}
 	if f.ledger != nil {
 		f.ledger.Remove()
+	}
+	if f.steer != nil {
+		_ = f.steer.Close()
 	}
 	*f = trialFiles{}
 }

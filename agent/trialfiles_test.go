@@ -64,7 +64,7 @@ func TestPreparedDataTouchedIsRefused(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var journal bytes.Buffer
 			a := &Agent{cfg: AgentConfig{DataDir: t.TempDir()}, log: slog.New(slog.NewTextHandler(&journal, nil))}
-			f, err := a.prepareFiles()
+			f, err := a.prepareFiles(false)
 			if err != nil {
 				t.Fatal(err)
 			}

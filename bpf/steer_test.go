@@ -482,3 +482,51 @@ func plainListener(t *testing.T, ns *netns.Namespace) *net.TCPListener {
 	t.Cleanup(func() { _ = ln.Close() })
 	return ln
 }
+
+// TestPrivilegedLoadedSteerPinned: a program loaded ahead, before its
+// namespace is known (an agent's for a container it will adopt), steers
+// once OpenSteer attaches and pins it, holding no descriptor after;
+// where pins of the namespace are there to adopt, it is closed unused.
+func TestPrivilegedLoadedSteerPinned(t *testing.T) {
+	pin, ns := pinnedSteerWorld(t, "steerload")
+	before := bpfFDs(t)
+	loaded, err := LoadSteer(steerPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := plainListener(t, ns)
+	if _, err := OpenSteer(pin, ns.Path, steerPool, first, loaded); err != nil {
+		t.Fatal(err)
+	}
+	if held := bpfFDs(t) - before; held != 0 {
+		t.Errorf("a Steer loaded ahead and pinned holds %d eBPF descriptors, want none", held)
+	}
+	id := pinnedLinkID(t, pin)
+	if _, err := dialIn(t, ns, "127.100.0.1:443"); err != nil {
+		t.Fatalf("loaded ahead, then attached: %v", err)
+	}
+	_ = acceptSteered(t, first).Close()
+
+	unused, err := LoadSteer(steerPool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := plainListener(t, ns)
+	s, err := OpenSteer(pin, ns.Path, steerPool, second, unused)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again := pinnedLinkID(t, pin); again != id {
+		t.Fatalf("link %d, want the pinned link %d adopted", again, id)
+	}
+	if held := bpfFDs(t) - before; held != 0 {
+		t.Errorf("the program loaded ahead and not used left %d eBPF descriptors open, want none", held)
+	}
+	if _, err := dialIn(t, ns, "127.100.0.2:22"); err != nil {
+		t.Fatal(err)
+	}
+	_ = acceptSteered(t, second).Close()
+	if err := errors.Join(s.Unpin(), s.Close()); err != nil {
+		t.Fatal(err)
+	}
+}

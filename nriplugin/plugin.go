@@ -36,6 +36,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/ocicmd"
 	"github.com/trialnet/trialnet/ocihook"
 	"github.com/trialnet/trialnet/trial"
 )
@@ -57,10 +58,10 @@ const DefaultAgentTimeout = 10 * time.Second
 // are the node's defaults.
 type Plugin struct {
 	Agent Agent
-	// HookPath is trialnet's binary as the runtime sees it (on the node),
-	// which it runs as the createRuntime hook.
+	// HookPath is the hook's binary, trialnet-oci, as the runtime sees it
+	// (on the node), which it runs as the createRuntime hook.
 	HookPath string
-	// HookBinary is the trialnet binary Install copies to HookPath (the
+	// HookBinary is the trialnet-oci binary Install copies to HookPath (the
 	// plugin is a binary of its own: cmd/trialnet-nri).
 	HookBinary string
 	// Socket is the agent's control socket on the node ("":
@@ -255,7 +256,7 @@ func (p *Plugin) adjust(ctr *api.Container, info client.TrialInfo) *api.Containe
 		a.AddMount(&api.Mount{Destination: resolvPath, Type: "bind", Source: p.ResolvConf,
 			Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}})
 	}
-	args := []string{"trialnet", "oci-hook"}
+	args := []string{ocicmd.Name, "oci-hook"}
 	if p.socket() != client.DefaultSocket {
 		args = append(args, "--socket", p.socket())
 	}

@@ -52,7 +52,7 @@ func deadAgent(t *testing.T) (sock string, calls *atomic.Int64) {
 func TestAgentUnreachableFailsClosed(t *testing.T) {
 	sock, calls := deadAgent(t)
 	r := newRuntime(t)
-	p := &Plugin{Agent: client.NewClient(sock), Socket: sock, HookPath: "/opt/trialnet/bin/trialnet"}
+	p := &Plugin{Agent: client.NewClient(sock), Socket: sock, HookPath: "/opt/trialnet/bin/trialnet-oci"}
 	r.connect(p)
 	// The sweep after synchronizing asks the agent (in the background);
 	// it fails, and waits for an annotated pod's container to try again.
@@ -109,7 +109,7 @@ func TestRequiredPluginAbsentRefuses(t *testing.T) {
 		t.Fatalf("with the plugin absent: %v; want refused by the validator", err)
 	}
 	sock, _ := deadAgent(t)
-	r.connect(&Plugin{Agent: client.NewClient(sock), HookPath: "/opt/trialnet/bin/trialnet"})
+	r.connect(&Plugin{Agent: client.NewClient(sock), HookPath: "/opt/trialnet/bin/trialnet-oci"})
 	if _, err := r.create(pod, testContainer("c2")); err != nil {
 		t.Fatalf("with the plugin connected: %v", err)
 	}
@@ -119,7 +119,7 @@ func TestRequiredPluginAbsentRefuses(t *testing.T) {
 // whatever trialnet.io/ annotations a pass-through copied to the
 // container from the pod.
 func TestAdjustmentLeavesOneClaim(t *testing.T) {
-	p := &Plugin{HookPath: "/opt/trialnet/bin/trialnet", CgroupMount: "/sys/fs/cgroup"}
+	p := &Plugin{HookPath: "/opt/trialnet/bin/trialnet-oci", CgroupMount: "/sys/fs/cgroup"}
 	ctr := testContainer("c1")
 	ctr.Annotations[AnnotationProfile] = "claude"
 	ctr.Annotations["trialnet.io/trial"] = "someone-elses"
@@ -182,10 +182,10 @@ func TestInstallRefusesNoHookBinary(t *testing.T) {
 	}
 	dir := t.TempDir()
 	for _, c := range []struct{ name, bin, want string }{
-		{"none given", "", "no trialnet binary given"},
+		{"none given", "", "no trialnet-oci binary given"},
 		{"missing", filepath.Join(dir, "trialnet"), "installed beside trialnet-nri, or named by --hook-binary"},
 		{"a directory", dir, "not a regular file"},
-		{"the plugin itself", self, "is the plugin itself, not trialnet"},
+		{"the plugin itself", self, "is the plugin itself, not the hook"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := &Plugin{HookPath: filepath.Join(dir, "bin", "trialnet"), HookBinary: c.bin}
@@ -203,7 +203,7 @@ func TestInstallRefusesNoHookBinary(t *testing.T) {
 // A node whose runtime has no NRI socket: the plugin says so and what
 // to check.
 func TestRunWithoutNRI(t *testing.T) {
-	p := &Plugin{HookPath: "/opt/trialnet/bin/trialnet"}
+	p := &Plugin{HookPath: "/opt/trialnet/bin/trialnet-oci"}
 	err := p.Run(context.Background(), filepath.Join(t.TempDir(), "nri.sock"), DefaultIndex)
 	if err == nil || !strings.Contains(err.Error(), "is NRI enabled in containerd or CRI-O?") {
 		t.Fatalf("got %v", err)
@@ -250,7 +250,7 @@ func TestSlowAgentFailsClosed(t *testing.T) {
 	t.Cleanup(func() { nri.SetPluginRequestTimeout(api.DefaultPluginRequestTimeout) })
 	sock := slowAgent(t)
 	r := newRuntime(t)
-	r.connect(&Plugin{Agent: client.NewClient(sock), Socket: sock, HookPath: "/opt/trialnet/bin/trialnet"})
+	r.connect(&Plugin{Agent: client.NewClient(sock), Socket: sock, HookPath: "/opt/trialnet/bin/trialnet-oci"})
 	for i, name := range []string{"task-1", "task-2"} {
 		adj, err := r.create(testPod("evals", name, "claude"), testContainer(fmt.Sprintf("c%d", i)))
 		if err == nil {

@@ -52,7 +52,7 @@ func newNRIWorld(t testing.TB) *world {
 
 func (w *world) plugin() *Plugin {
 	return &Plugin{Agent: client.NewClient(w.sock), Socket: w.sock, CgroupMount: w.mount,
-		HookPath: "/opt/trialnet/bin/trialnet", ResolvConf: "/opt/trialnet/resolv.conf"}
+		HookPath: "/opt/trialnet/bin/trialnet-oci", ResolvConf: "/opt/trialnet/resolv.conf"}
 }
 
 func (w *world) trial(id string) (client.TrialInfo, bool) {
@@ -164,7 +164,7 @@ func checkAdjustment(t *testing.T, adj *api.ContainerAdjustment, info client.Tri
 		t.Errorf("transparent %v, mounts %v: want the stub's resolv.conf, read-only", info.Transparent, adj.GetMounts())
 	}
 	hooks := adj.GetHooks().GetCreateRuntime()
-	if len(hooks) != 1 || hooks[0].GetPath() != "/opt/trialnet/bin/trialnet" || !slices.Equal(hooks[0].GetArgs()[:2], []string{"trialnet", "oci-hook"}) {
+	if len(hooks) != 1 || hooks[0].GetPath() != "/opt/trialnet/bin/trialnet-oci" || !slices.Equal(hooks[0].GetArgs()[:2], []string{"trialnet-oci", "oci-hook"}) {
 		t.Errorf("createRuntime hooks %v", hooks)
 	}
 	if adj.GetAnnotations()[ocihook.AnnotationTrial] != info.ID {

@@ -57,7 +57,7 @@ func withoutNS(c *api.Container, typ string) *api.Container {
 }
 
 var (
-	testPlugin    = &Plugin{HookPath: "/opt/trialnet/bin/trialnet", ResolvConf: "/opt/trialnet/resolv.conf"}
+	testPlugin    = &Plugin{HookPath: "/opt/trialnet/bin/trialnet-oci", ResolvConf: "/opt/trialnet/resolv.conf"}
 	testProtected = testPlugin.protected()
 )
 

@@ -68,19 +68,19 @@ func stubOptions(nriSocket, index string) []stub.Option {
 // place under a runtime that is running it.
 func (p *Plugin) Install() error {
 	if p.HookBinary == "" {
-		return errors.New("install the hook: no trialnet binary given to install (--hook-binary)")
+		return errors.New("install the hook: no trialnet-oci binary given to install (--hook-binary)")
 	}
 	hook, err := os.Open(p.HookBinary)
 	if err != nil {
-		return fmt.Errorf("install the hook: %w (the trialnet binary, installed beside trialnet-nri, or named by --hook-binary)", err)
+		return fmt.Errorf("install the hook: %w (the trialnet-oci binary, installed beside trialnet-nri, or named by --hook-binary)", err)
 	}
 	defer hook.Close()
 	// The plugin's own binary is no hook: the runtime would run it as
-	// trialnet oci-hook and refuse every container placed in a Trial.
+	// trialnet-oci oci-hook and refuse every container placed in a Trial.
 	if fi, err := hook.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return fmt.Errorf("install the hook: %s is not a regular file (%v): give the trialnet binary", p.HookBinary, err)
+		return fmt.Errorf("install the hook: %s is not a regular file (%v): give the trialnet-oci binary", p.HookBinary, err)
 	} else if self, err := os.Stat("/proc/self/exe"); err == nil && os.SameFile(fi, self) {
-		return fmt.Errorf("install the hook: %s is the plugin itself, not trialnet: give the trialnet binary", p.HookBinary)
+		return fmt.Errorf("install the hook: %s is the plugin itself, not the hook: give the trialnet-oci binary", p.HookBinary)
 	}
 	if err := writeAtomic(p.HookPath, hook, 0o755); err != nil {
 		return fmt.Errorf("install the hook at %s: %w", p.HookPath, err)

@@ -5,8 +5,9 @@
 // binary of its own so that trialnet, which every run, exec and OCI hook
 // starts, links none of NRI's dependencies (ttrpc, protobuf, wazero,
 // gRPC status), whose package inits would run in every one of those
-// starts. It installs the trialnet binary beside it (--hook-binary) at
-// --hook-path, for the runtime to run as the createRuntime hook.
+// starts. It installs the trialnet-oci binary beside it (--hook-binary)
+// at --hook-path, for the runtime to run as the createRuntime hook: the
+// hook's own small binary, whose start each container's start waits on.
 package main
 
 import (
@@ -23,6 +24,7 @@ import (
 	"syscall"
 
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/ocicmd"
 	"github.com/trialnet/trialnet/nriplugin"
 )
 
@@ -47,12 +49,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "\nRuns the NRI plugin that makes a Trial of each pod annotated trialnet.io/profile (containerd 1.7+, CRI-O).")
 		fmt.Fprintln(stderr)
 		fs.PrintDefaults()
-		fmt.Fprintln(stderr, "\nExample:\n  trialnet-nri --hook-path /opt/trialnet/bin/trialnet   # in the DaemonSet, with /opt/trialnet a hostPath at the same path")
+		fmt.Fprintln(stderr, "\nExample:\n  trialnet-nri --hook-path /opt/trialnet/bin/trialnet-oci   # in the DaemonSet, with /opt/trialnet a hostPath at the same path")
 	}
 	socket := fs.String("socket", client.DefaultSocket, "the agent's control socket")
 	nriSocket := fs.String("nri-socket", "/var/run/nri/nri.sock", "the runtime's NRI socket")
-	hookPath := fs.String("hook-path", "/opt/trialnet/bin/trialnet", "where the trialnet binary is installed for the runtime to run as the createRuntime hook: the same path in this container and on the node")
-	hookBinary := fs.String("hook-binary", "", "the trialnet binary to install at --hook-path (default: trialnet beside this binary)")
+	hookPath := fs.String("hook-path", "/opt/trialnet/bin/"+ocicmd.Name, "where the hook's binary is installed for the runtime to run as the createRuntime hook: the same path in this container and on the node")
+	hookBinary := fs.String("hook-binary", "", "the hook's binary to install at --hook-path (default: "+ocicmd.Name+" beside this binary)")
 	resolv := fs.String("resolv-conf", "/opt/trialnet/resolv.conf", "where transparent Trials' resolv.conf is installed, the same path here and on the node (\"\": containers keep the runtime's)")
 	exempt := fs.String("exempt", strings.Join(nriplugin.DefaultExempt(), ","), "namespaces whose pods pass untouched (an annotated pod there is refused), comma-separated")
 	index := fs.String("index", nriplugin.DefaultIndex, "the plugin's NRI index (two digits): its place among the runtime's plugins")
@@ -70,9 +72,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	if *hookBinary == "" {
 		self, err := os.Executable()
 		if err != nil {
-			return failed(stderr, fmt.Errorf("find the trialnet binary beside this one: %w (give it with --hook-binary)", err))
+			return failed(stderr, fmt.Errorf("find the %s binary beside this one: %w (give it with --hook-binary)", ocicmd.Name, err))
 		}
-		*hookBinary = filepath.Join(filepath.Dir(self), "trialnet")
+		*hookBinary = filepath.Join(filepath.Dir(self), ocicmd.Name)
 	}
 	p := &nriplugin.Plugin{
 		Agent:      client.NewClient(*socket),

@@ -43,6 +43,11 @@ func TestRunRefuses(t *testing.T) {
 		{[]string{"stray"}, exitUsage, `unexpected argument "stray"`},
 		{[]string{"--hook-binary", filepath.Join(dir, "none"), "--hook-path", filepath.Join(dir, "bin", "trialnet"),
 			"--nri-socket", filepath.Join(dir, "nri.sock")}, exitFailure, "installed beside trialnet-nri, or named by --hook-binary"},
+		// By default the hook installed is trialnet-oci beside the plugin
+		// (none beside the test binary): the small binary, whose start
+		// each container's waits on, not trialnet.
+		{[]string{"--hook-path", filepath.Join(dir, "bin", "trialnet-oci"), "--nri-socket", filepath.Join(dir, "nri.sock")},
+			exitFailure, "/trialnet-oci: no such file or directory (the trialnet-oci binary, installed beside trialnet-nri"},
 	} {
 		var stderr bytes.Buffer
 		if code := run(context.Background(), c.args, &stderr); code != c.code || !strings.Contains(stderr.String(), c.want) {

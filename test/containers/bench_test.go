@@ -4,6 +4,7 @@ package containers
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/test/ctr"
 	"github.com/trialnet/trialnet/trial"
@@ -29,7 +31,12 @@ import (
 // profile container's extra time is to be compared with. The agent
 // runs in this process; the hook is trialnet-oci, started by runc, as
 // the installed entries run it, and in profile-trialnet trialnet itself,
-// as entries written before trialnet-oci run it.
+// as entries written before trialnet-oci run it. What a user faces
+// without the annotation is the CLI's Trial: cli-create-destroy is
+// trialnet create --profile then trialnet destroy, each a process of
+// its own, and cli-trial the same around the container joined by id,
+// so that a profile container's extra time can be read against a
+// Trial's create+destroy as a user pays it, beside the in-agent one.
 func BenchmarkContainerStart(b *testing.B) {
 	requireRuntimes(b, false, "runc")
 	w := newContainerTrial(b, "ctr-bench")
@@ -79,6 +86,26 @@ func BenchmarkContainerStart(b *testing.B) {
 			n := fmt.Sprintf("profpost-%d", i)
 			return run(n, w.profileBundle(n, script, both...))
 		}},
+		{name: "cli-create-destroy", once: func(i int) error {
+			info, err := w.cliCreate(fmt.Sprintf("clicd-%d", i))
+			if err == nil {
+				err = w.cliDestroy(info.ID)
+			}
+			return err
+		}},
+		{name: "cli-trial", once: func(i int) error {
+			info, err := w.cliCreate(fmt.Sprintf("clitr-%d", i))
+			if err != nil {
+				return err
+			}
+			n := fmt.Sprintf("clictr-%d", i)
+			err = run(n, bundleOpts{netns: info.Netns, cgroupsPath: strings.TrimPrefix(info.Cgroup, mount) + "/" + n, script: script, hooks: both,
+				annotations: map[string]string{"trialnet.io/trial": info.ID}})
+			if derr := w.cliDestroy(info.ID); err == nil {
+				err = derr
+			}
+			return err
+		}},
 		{name: "create-destroy", once: func(i int) error {
 			info, err := w.agent.Create(context.Background(), trial.Request{ID: fmt.Sprintf("cd-%d", i), Profiles: []string{profile}})
 			if err == nil {
@@ -109,6 +136,31 @@ func BenchmarkContainerStart(b *testing.B) {
 	b.ReportMetric(p50["profile"]/p50["plain"], "profile/plain")
 	b.ReportMetric(p50["profile"]/p50["profile-trialnet"], "profile/profile-trialnet")
 	b.ReportMetric(p50["profile-poststop"]/p50["plain"], "profile-poststop/plain")
-	// What a profile adds over a plain container, in Trial create+destroys.
+	// What a profile adds over a plain container, in Trial create+destroys:
+	// the agent's own, and the CLI's as a user runs them.
 	b.ReportMetric((p50["profile"]-p50["plain"])/p50["create-destroy"], "profile-extra/create-destroy")
+	b.ReportMetric((p50["profile"]-p50["plain"])/p50["cli-create-destroy"], "profile-extra/cli-create-destroy")
+	b.ReportMetric(p50["profile"]/p50["cli-trial"], "profile/cli-trial")
+}
+
+// cliCreate makes Trial id from the test's profile with trialnet
+// create, as a user would, and returns what it printed.
+func (w *world) cliCreate(id string) (client.TrialInfo, error) {
+	var info client.TrialInfo
+	out, err := exec.Command(w.bin, "create", "--socket", w.sock, "--id", id, "--profile", profile, "-j").Output()
+	if err != nil {
+		return info, fmt.Errorf("trialnet create: %w\n%s", err, out)
+	}
+	if err := json.Unmarshal(out, &info); err != nil {
+		return info, fmt.Errorf("trialnet create printed %q: %w", out, err)
+	}
+	return info, nil
+}
+
+// cliDestroy destroys Trial id with trialnet destroy.
+func (w *world) cliDestroy(id string) error {
+	if out, err := exec.Command(w.bin, "destroy", "--socket", w.sock, id).CombinedOutput(); err != nil {
+		return fmt.Errorf("trialnet destroy %s: %w\n%s", id, err, out)
+	}
+	return nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/internal/nritest"
+	"github.com/trialnet/trialnet/internal/ocicmd"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/internal/testkit"
@@ -64,6 +65,7 @@ func TestPrivilegedContainerNRIPod(t *testing.T) {
 	if w.bin == "" {
 		w.bin = filepath.Join(t.TempDir(), "trialnet")
 		testkit.BuildTrialnet(t, "../..", w.bin)
+		testkit.BuildTrialnetOCI(t, "../..", w.bin)
 	}
 	w.rootfs = filepath.Join(t.TempDir(), "rootfs")
 	w.makeRootfs()
@@ -73,7 +75,7 @@ func TestPrivilegedContainerNRIPod(t *testing.T) {
 	}
 
 	p := &nriplugin.Plugin{Agent: client.NewClient(w.sock), Socket: w.sock, CgroupMount: mount,
-		HookPath: w.bin, ResolvConf: filepath.Join(t.TempDir(), "resolv.conf")}
+		HookPath: filepath.Join(filepath.Dir(w.bin), ocicmd.Name), ResolvConf: filepath.Join(t.TempDir(), "resolv.conf")}
 	if err := os.WriteFile(p.ResolvConf, []byte(trial.ResolvConf), 0o644); err != nil {
 		t.Fatal(err)
 	}
