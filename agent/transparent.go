@@ -91,10 +91,13 @@ func (s transparentSockets) close() {
 	}
 }
 
+// transparentKept is how many sockets files copies.
+const transparentKept = 3
+
 // files are dups of the sockets, by name, for a successor or the keeper;
 // the caller closes them.
 func (s transparentSockets) files(id string) (names []lname.Name, files []*os.File, err error) {
-	for _, x := range []struct {
+	for _, x := range [transparentKept]struct {
 		k lname.Kind
 		f interface{ File() (*os.File, error) }
 	}{{lname.StubUDP, s.udp}, {lname.StubTCP, s.tcp}, {lname.Steered, s.steered}} {
@@ -628,16 +631,35 @@ func (a *Agent) startTransparent(lt *trial, inh transparentSockets) error {
 func (a *Agent) transparentFiles(lt *trial) ([]lname.Name, []*os.File, error) {
 	lt.mu.Lock()
 	defer lt.mu.Unlock()
+	if !lt.keepsTransparent() {
+		return nil, nil, nil
+	}
+	return lt.tp.socks.files(lt.info.ID)
+}
+
+// keepsTransparent reports whether the keeper is to hold copies of the
+// Trial's transparent sockets (transparentSockets.files); lt.mu is held.
+func (lt *trial) keepsTransparent() bool {
 	tp := lt.tp
-	if tp == nil {
-		return nil, nil, nil
+	// Paused for a hand-over, or handed over (the stub stopped, its
+	// copies released): the successor's to keep.
+	return tp != nil && tp.held == nil && tp.socks.udp != nil && tp.socks.tcp != nil && tp.socks.steered != nil
+}
+
+// keptCount is how many of the Trials' sockets the keeper is to hold:
+// their endpoint listeners and the transparent sockets transparentFiles
+// copies, counted without copying them.
+func (a *Agent) keptCount() int {
+	n := 0
+	for _, lt := range a.liveTrials() {
+		lt.mu.Lock()
+		n += len(lt.lns)
+		if lt.keepsTransparent() {
+			n += transparentKept
+		}
+		lt.mu.Unlock()
 	}
-	if tp.held != nil || tp.socks.udp == nil || tp.socks.tcp == nil || tp.socks.steered == nil {
-		// Paused for a hand-over, or handed over (the stub stopped, its
-		// copies released): the successor's to keep.
-		return nil, nil, nil
-	}
-	return tp.socks.files(lt.info.ID)
+	return n
 }
 
 func lnameStrings(ns []lname.Name) []string {

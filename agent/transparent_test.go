@@ -491,3 +491,48 @@ func TestPrivilegedEmbeddedAgentSteersWithWhatItLoadedAhead(t *testing.T) {
 		t.Fatalf("curl through the steering loaded ahead: exit %d: %s", code, out)
 	}
 }
+
+// The keeper's tending counts, without copying them, the sockets it would
+// copy: a count below what it copies would have it give a keeper that
+// lost some nothing back, one above would copy every Trial's sockets
+// each time for nothing.
+func TestKeptCountIsWhatTendingCopies(t *testing.T) {
+	listen := func() *net.TCPListener {
+		l, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		return l
+	}
+	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = udp.Close() })
+	a := &Agent{trials: map[string]*trial{}}
+	add := func(id string, st trialState, lns []net.Listener, tp *transparent) {
+		lt := &trial{state: st, lns: lns, tp: tp}
+		lt.info.ID = id
+		a.trials[id] = lt
+	}
+	add("plain", stateLive, []net.Listener{listen(), listen()}, nil)
+	add("transparent", stateLive, []net.Listener{listen()}, &transparent{socks: transparentSockets{udp: udp, tcp: listen(), steered: listen()}})
+	add("handed-over", stateLive, []net.Listener{listen()}, &transparent{})
+	add("going", stateDestroying, []net.Listener{listen()}, nil)
+	copied := 0
+	for _, tl := range a.trialListeners() {
+		copied += len(tl)
+	}
+	for _, lt := range a.liveTrials() {
+		names, files, err := a.transparentFiles(lt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		closeAll(files)
+		copied += len(names)
+	}
+	if got := a.keptCount(); got != copied || copied != 7 {
+		t.Fatalf("keptCount %d, tending copies %d (want 7: 2 + 1 + 3 + 1)", got, copied)
+	}
+}

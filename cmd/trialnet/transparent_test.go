@@ -283,3 +283,35 @@ func TestPrivilegedAgentKilledTransparentWaits(t *testing.T) {
 	}
 	a.stop(t, syscall.SIGTERM)
 }
+
+// A keeper that went away while the agent runs (stopped, crashed, a
+// Kubernetes container restarted) is given every listener again, the
+// transparent Trial's stub sockets and listener with its endpoint's,
+// by the agent's tending, which now counts them before it copies any.
+func TestPrivilegedAgentRefillsARestartedKeeper(t *testing.T) {
+	privtest.Require(t)
+	a := newAgentWithConfig(t, "refill", echoWorld(t))
+	a.start(t)
+	createTrial(t, a.sock, "refill")
+	path := keeper.DefaultSocket(a.sock)
+	kc := keeper.NewClient(path, a.host.StateDir, false, slog.New(slog.DiscardHandler))
+	kept, err := kc.Held()
+	if err != nil || kept < 4 { // the endpoint, the stub's two sockets, the steered listener
+		t.Fatalf("the keeper holds %d listeners (%v), want the Trial's 4 or more", kept, err)
+	}
+	if err := keeper.Stop(path); err != nil {
+		t.Fatal(err)
+	}
+	// The agent tends its keeper every 10 s: one that answers none
+	// starts anew and is refilled.
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		n, err := kc.Held()
+		if err == nil && n == kept {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("30 s after its keeper stopped, a keeper holds %d listeners (%v), want the %d it held before", n, err, kept)
+		}
+	}
+	a.stop(t, syscall.SIGTERM)
+}
