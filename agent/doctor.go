@@ -132,7 +132,7 @@ func poolChecks() []bpf.Check {
 		fmt.Sprintf("/tmp and /var/tmp: %d MiB each, its own tmpfs (counted in its memory)", sandbox.TmpBytes>>20),
 		fmt.Sprintf("processes per command: %d (RLIMIT_NPROC, per uid)", sandbox.DefaultMaxProcs),
 		"AIO contexts: none (io_setup refused)",
-		"core dumps: none (RLIMIT_CORE 0)",
+		"core dumps: none (RLIMIT_CORE 1, which a command cannot change: 0 would not stop a core_pattern pipe)",
 	} {
 		out = append(out, bpf.Check{Name: "per-Trial " + b})
 	}

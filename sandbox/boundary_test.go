@@ -621,12 +621,26 @@ func TestPrivilegedUnixAllowPathsOnlyRootCanChange(t *testing.T) {
 	if err := os.Symlink(inOpen, link); err != nil {
 		t.Fatal(err)
 	}
+	// A sticky directory outside the Trial's own ones (as /run/lock is):
+	// root's socket there cannot be moved, but while it is gone (its
+	// service restarting) a Trial may put a symlink to another socket at
+	// its name, which the Trial then reaches by the allowed path.
+	sticky, err := os.MkdirTemp("/run", "trialnet-test-sticky-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(sticky) })
+	if err := os.Chmod(sticky, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	inSticky := filepath.Join(sticky, "x.sock")
+	bind(inSticky)
 	if _, err := h.Create(trial.Spec{ID: "u-safe", UnixAllow: []string{safe}}, nil); err != nil {
 		t.Fatalf("a root-only path was refused: %v", err)
 	} else {
 		t.Cleanup(func() { _ = h.Remove("u-safe") })
 	}
-	for i, p := range []string{inOpen, owned, link} {
+	for i, p := range []string{inOpen, owned, link, inSticky} {
 		tr, err := h.Create(trial.Spec{ID: fmt.Sprintf("u-%d", i), UnixAllow: []string{p}}, nil)
 		if h.BPF.LSM() {
 			if err != nil {

@@ -437,7 +437,7 @@ __attribute__((noreturn)) static void trial_exec(int argc, char **argv, char **e
 	char b;
 	if (sys(SYS_read, fd_go, &b, 1, 0) != 1)
 		fail(exit_cannot_execute, 0, "trialnet-exec: the Trial's init did not become ready", NULL);
-	struct rlimit lim = {nproc, nproc}, none_lim = {0, 0};
+	struct rlimit lim = {nproc, nproc}, none_lim = {TRIALNET_CORE_LIMIT, TRIALNET_CORE_LIMIT};
 	long r;
 	if ((r = sys(SYS_prlimit64, 0, RLIMIT_NPROC, &lim, NULL)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: set the process limit", NULL);

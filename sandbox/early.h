@@ -6,6 +6,8 @@
 
 // A command's RLIMIT_MSGQUEUE, soft and hard: MsgQueueBytes in pools.go.
 #define TRIALNET_MSGQUEUE_BYTES 204800
+// A command's RLIMIT_CORE, soft and hard: CoreLimit in pools.go.
+#define TRIALNET_CORE_LIMIT 1
 
 // The Trial's init's bounds and files, as init_early.c mounts them
 // (TestEarlyInitTables holds them to the Go side's): TmpBytes, ShmBytes,

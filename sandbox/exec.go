@@ -724,8 +724,8 @@ func becomeCommand(a execArgs, path string) (int, error) {
 	}
 	// No core dumps, hard limit too: where core_pattern pipes to a helper
 	// (systemd-coredump, apport), that helper runs as root outside the
-	// Trial and is handed the crashed process's memory.
-	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{}); err != nil {
+	// Trial and is handed the crashed process's memory. See CoreLimit.
+	if err := unix.Setrlimit(unix.RLIMIT_CORE, &unix.Rlimit{Cur: CoreLimit, Max: CoreLimit}); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: set the core size limit: %w", err)
 	}
 	if err := unix.Setrlimit(unix.RLIMIT_MSGQUEUE, &unix.Rlimit{Cur: MsgQueueBytes, Max: MsgQueueBytes}); err != nil {

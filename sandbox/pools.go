@@ -45,6 +45,13 @@ var poolNames = []string{PoolPids, PoolMemory}
 // default size still fit.
 const MsgQueueBytes = 204800
 
+// CoreLimit is every command's RLIMIT_CORE (soft and hard; early.h has it
+// too), which the seccomp filter keeps: 1 byte, not 0. Where core_pattern
+// pipes to a helper (systemd-coredump, apport: root, outside the Trial,
+// handed the crashed process's memory), the kernel ignores the limit but
+// for 1, where it dumps nothing; a core file needs a page at least.
+const CoreLimit = 1
+
 // defaultMaxPids bounds a Trial's tasks (processes and threads, all its
 // commands together) where the pids controller is there.
 const defaultMaxPids = DefaultMaxProcs

@@ -151,17 +151,22 @@ func TestPrivilegedTrialNoCoreDumps(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, trial.Spec{})
 	var b strings.Builder
-	p, err := tr.Start(Command{Args: []string{"cat", "/proc/self/limits"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &b, Stderr: &b})
+	// A limit of 0 would not do: where core_pattern pipes to a helper the
+	// kernel ignores it (it refuses a dump only at 1), and the helper runs
+	// as root outside the Trial. So the Trial must not lower it either.
+	p, err := tr.Start(Command{Args: []string{"sh", "-c", "ulimit -c 0; ulimit -H -c 0; exec cat /proc/self/limits"},
+		Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &b, Stderr: &b})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if code, err := p.Wait(); err != nil || code != 0 {
-		t.Fatalf("cat /proc/self/limits: exit %d, %v: %s", code, err, b.String())
+		t.Fatalf("ulimit -c 0, then cat /proc/self/limits: exit %d, %v: %s", code, err, b.String())
 	}
+	want := strconv.Itoa(CoreLimit)
 	for line := range strings.Lines(b.String()) {
 		if f := strings.Fields(line); len(f) >= 6 && f[0] == "Max" && f[1] == "core" {
-			if f[4] != "0" || f[5] != "0" {
-				t.Fatalf("core limit in the Trial: %q, want 0 0", line)
+			if f[4] != want || f[5] != want {
+				t.Fatalf("core limit in the Trial after ulimit -c 0: %q, want %s %s", line, want, want)
 			}
 			return
 		}

@@ -37,6 +37,7 @@ const (
 	seccompArg0 = 16 // low 32 bits of args[0]
 	seccompArg1 = 24 // low 32 bits of args[1]
 	seccompArg2 = 32 // low 32 bits of args[2]
+	seccompArg3 = 40 // low 32 bits of args[3]
 )
 
 const (
@@ -171,7 +172,36 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	for _, nr := range refusedCalls {
 		a.jumpIf(bpf.JumpEqual, nr, "enosys")
 	}
+	a.jumpIf(bpf.JumpEqual, unix.SYS_SETRLIMIT, "setrlimit")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_PRLIMIT64, "prlimit")
 	a.ret(retAllow)
+
+	// The core size limit stays at CoreLimit: 0 would not stop a dump
+	// where core_pattern pipes to a helper (the kernel ignores the limit
+	// for a pipe, but for 1), which runs as root outside the Trial. A
+	// change is answered 0 and made to nothing, as lowering needs no
+	// privilege and programs that hold keys (ssh-agent) exit if it fails;
+	// no core is dumped either way. A prlimit64 that also asks for the
+	// old limit gets EPERM: it would not be filled in.
+	a.label("setrlimit")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg0, Size: 4})
+	a.jumpIf(bpf.JumpEqual, unix.RLIMIT_CORE, "unchanged")
+	a.ret(retAllow)
+	a.label("prlimit")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg1, Size: 4})
+	a.jumpIfNot(unix.RLIMIT_CORE, "allow")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg2, Size: 4}) // new_limit: NULL only reads
+	a.jumpIf(bpf.JumpNotEqual, 0, "core_set")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg2 + 4, Size: 4})
+	a.jumpIf(bpf.JumpNotEqual, 0, "core_set")
+	a.ret(retAllow)
+	a.label("core_set")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg3, Size: 4}) // old_limit
+	a.jumpIf(bpf.JumpNotEqual, 0, "eperm")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg3 + 4, Size: 4})
+	a.jumpIf(bpf.JumpNotEqual, 0, "eperm")
+	a.label("unchanged")
+	a.ret(retErrno) // errno 0: the call "succeeds", unmade
 
 	// No user namespace: inside one a Trial would hold CAP_SYS_ADMIN over
 	// mounts of its own and could bind another socket over an allowed

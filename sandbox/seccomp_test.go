@@ -145,4 +145,25 @@ func testSeccomp(t *testing.T, nested bool) {
 			t.Errorf("syscall %d: filter returns %#x, want %#x whether nested or not", nr, got, want)
 		}
 	}
+	// The core size limit is kept: a change of it "succeeds" unmade
+	// (retErrno, errno 0), reads and other limits pass.
+	const ptr = 0x1000
+	for _, c := range []struct {
+		name string
+		nr   uint32
+		args []uint32
+		want uint32
+	}{
+		{"setrlimit core", unix.SYS_SETRLIMIT, []uint32{unix.RLIMIT_CORE, ptr}, retErrno},
+		{"setrlimit nofile", unix.SYS_SETRLIMIT, []uint32{unix.RLIMIT_NOFILE, ptr}, retAllow},
+		{"prlimit64 core, set", unix.SYS_PRLIMIT64, []uint32{0, unix.RLIMIT_CORE, ptr, 0}, retErrno},
+		{"prlimit64 core of another, set", unix.SYS_PRLIMIT64, []uint32{7, unix.RLIMIT_CORE, ptr, 0}, retErrno},
+		{"prlimit64 core, set and read", unix.SYS_PRLIMIT64, []uint32{0, unix.RLIMIT_CORE, ptr, ptr}, retErrno | uint32(unix.EPERM)},
+		{"prlimit64 core, read", unix.SYS_PRLIMIT64, []uint32{0, unix.RLIMIT_CORE, 0, ptr}, retAllow},
+		{"prlimit64 nofile, set", unix.SYS_PRLIMIT64, []uint32{0, unix.RLIMIT_NOFILE, ptr, ptr}, retAllow},
+	} {
+		if got := run(c.nr, c.args...); got != c.want {
+			t.Errorf("%s: filter returns %#x, want %#x", c.name, got, c.want)
+		}
+	}
 }

@@ -19,12 +19,17 @@ import (
 // another socket there. So every component of the path, and of where it
 // resolves, must be owned by root, and every directory must be writable
 // by root alone or sticky (where others cannot rename or remove what
-// root owns).
+// root owns). Sticky only beneath the Trial's own directories, where the
+// socket is bound in at start: elsewhere the Trial looks the path up in
+// the host's directories, and once the socket is gone for a moment (its
+// service restarting) anyone who may write a sticky directory on the way
+// can put a symlink to another socket at the name.
 func checkUnixPathSafe(path string) error {
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		return fmt.Errorf("unix path %s: %w", path, err)
 	}
+	boundIn := OwnDirOf(path) != ""
 	for _, p := range []string{path, real} {
 		prefix := "/"
 		parts := strings.Split(strings.TrimPrefix(p, "/"), "/")
@@ -39,6 +44,9 @@ func checkUnixPathSafe(path string) error {
 			dir := st.Mode&unix.S_IFMT == unix.S_IFDIR
 			if dir && st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 {
 				return fmt.Errorf("unix path %s: directory %s is writable by group or others (mode %o), who could replace what the path leads to", path, prefix, st.Mode&0o7777)
+			}
+			if dir && st.Mode&0o022 != 0 && !boundIn {
+				return fmt.Errorf("unix path %s: directory %s is sticky but writable by group or others (mode %o): while the socket is gone (its service restarting) they could put a symlink to another socket at its name", path, prefix, st.Mode&0o7777)
 			}
 			if i == len(parts) {
 				break

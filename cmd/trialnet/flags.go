@@ -143,5 +143,5 @@ type userFlags struct{ uid, gid idFlag }
 
 func (u *userFlags) register(fs *flag.FlagSet) {
 	fs.Var(&u.uid, "uid", "run CMD as this user id `N` (default: $SUDO_UID under sudo; required otherwise; never 0: root owns the files that hold Trials in place)")
-	fs.Var(&u.gid, "gid", "run CMD with this group id `N` (default: $SUDO_GID under sudo, else the number of the uid: pass --gid when that number is a system group, such as 6, disk, which reads raw disks)")
+	fs.Var(&u.gid, "gid", "run CMD with this group id `N` (default: $SUDO_GID under sudo, else the number of the uid, refused where that number is another group, such as 6, disk, which reads raw disks: then pass --gid)")
 }

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"os/user"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -89,6 +90,46 @@ func TestRunNeedsAUser(t *testing.T) {
 			if code != exitUsage || !strings.Contains(errOut, "--uid") {
 				t.Errorf("SUDO_UID=%q %v: exit %d, %q: want a usage error naming --uid", sudoUID, cmd, code, errOut)
 			}
+		}
+	}
+}
+
+// A uid whose number is another group's (disk is 6 on Debian, user 6 is
+// man) is refused without --gid: the gid taken by default would be that
+// group, and the Trial could open what it may (raw disks). The user's own
+// group, or a --gid given, is not.
+func TestRunRefusesAnotherGroupByDefault(t *testing.T) {
+	t.Setenv("SUDO_UID", "")
+	t.Setenv("SUDO_GID", "")
+	b, err := os.ReadFile("/etc/group")
+	if err != nil {
+		t.Skip("no /etc/group to find a group in:", err)
+	}
+	other := ""
+	for line := range strings.Lines(string(b)) {
+		f := strings.Split(line, ":")
+		if len(f) < 3 || f[2] == "0" {
+			continue
+		}
+		if u, err := user.LookupId(f[2]); err != nil || (u.Username != f[0] && u.Gid != f[2]) {
+			other = f[2]
+			break
+		}
+	}
+	if other == "" {
+		t.Skip("every group in /etc/group is its same-numbered user's own")
+	}
+	// Each fails just after the user is chosen, before any Trial is made:
+	// a relative report directory, an agent socket that is not there.
+	for cmd, after := range map[string][]string{"run": {"--report-dir", "relative"}, "exec": {"--trial", "x", "--socket", "/nonexistent/trialnet.sock"}} {
+		args := append([]string{cmd, "--uid", other}, after...)
+		code, _, errOut := trialnet(append(args, "--", "true")...)
+		if code != exitUsage || !strings.Contains(errOut, "without --gid") {
+			t.Errorf("%v (gid %s is another group): exit %d, %q: want a usage error asking for --gid", args, other, code, errOut)
+		}
+		code, _, errOut = trialnet(append(args, "--gid", "65534", "--", "true")...)
+		if strings.Contains(errOut, "without --gid") {
+			t.Errorf("%v --gid 65534: exit %d, %q: refused as if no --gid was given", args, code, errOut)
 		}
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -295,11 +297,34 @@ func trialUser(u userFlags) (uint32, uint32, error) {
 			_ = gid.Set(os.Getenv("SUDO_GID")) // unset or not an id: the uid's, below
 		}
 	}
-	if !gid.set {
+	defaulted := !gid.set
+	if defaulted {
 		gid = uid
 	}
 	if uid.id == 0 || gid.id == 0 {
 		return 0, 0, usageError{"a Trial never runs as uid 0 or gid 0: even without capabilities, root owns the files that hold every Trial in place (trialnet's state and runtime directory, other Trials' cgroups, /proc/sys), and the root group many of them. Pass --uid N (and --gid N) for a dedicated user; what needs root (installing packages) belongs in the environment prepared before the Trial"}
 	}
+	if defaulted {
+		if err := notAnotherGroup(uid.id); err != nil {
+			return 0, 0, err
+		}
+	}
 	return uid.id, gid.id, nil
+}
+
+// notAnotherGroup refuses the number of uid as a gid, taken by default,
+// where it is a group other than the user's own: the Trial could open
+// what that group may (disk, 6 on Debian, reads raw disks: trialnet's
+// receipt key and state among them). A gid no group has, or the user's
+// own (its name, or its primary group), is fine.
+func notAnotherGroup(uid uint32) error {
+	n := strconv.FormatUint(uint64(uid), 10)
+	g, err := user.LookupGroupId(n)
+	if err != nil {
+		return nil
+	}
+	if u, err := user.LookupId(n); err == nil && (u.Username == g.Name || u.Gid == n) {
+		return nil
+	}
+	return usageError{fmt.Sprintf("uid %s without --gid would run as gid %s too, which is the group %s, not this user's own: the Trial could open whatever %s may (disk reads raw disks). Pass --gid N, the user's own group or one with no files (65534)", n, n, termsafe.String(g.Name), termsafe.String(g.Name))}
 }
