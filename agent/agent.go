@@ -200,6 +200,7 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 	}()
 	a.file.Store(cfg.File)
 	if err := a.newProxy(); err != nil {
+		ahead.close()
 		_ = host.Close()
 		return nil, err
 	}

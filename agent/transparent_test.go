@@ -25,6 +25,7 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
@@ -534,5 +535,41 @@ func TestKeptCountIsWhatTendingCopies(t *testing.T) {
 	}
 	if got := a.keptCount(); got != copied || copied != 7 {
 		t.Fatalf("keptCount %d, tending copies %d (want 7: 2 + 1 + 3 + 1)", got, copied)
+	}
+}
+
+// An embedded agent that fails to start frees the steering it loaded
+// ahead: Start is a library call, and a caller that goes on after the
+// failure would hold the program (and its map) until it exits.
+func TestPrivilegedStartFailureFreesSteerAhead(t *testing.T) {
+	privtest.Require(t)
+	held := func() int {
+		ents, err := os.ReadDir("/proc/self/fdinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join("/proc/self/fdinfo", e.Name()))
+			if err == nil && strings.Contains(string(b), fmt.Sprintf("prog_type:\t%d\n", unix.BPF_PROG_TYPE_SK_LOOKUP)) {
+				n++
+			}
+		}
+		return n
+	}
+	before := held()
+	cfg := AgentConfig{Host: isolatedHost(t), DataDir: t.TempDir(), ReceiptKey: filepath.Join(t.TempDir(), "receipt.key"),
+		Ephemeral: true, SteerAhead: true, File: &config.File{}}
+	cfg.File.Limits.MaxProcesses = -1 // refused by the proxy's settings, after the host opened
+	if a, err := Start(cfg); err == nil {
+		a.Close(true)
+		t.Fatal("an agent started with max_processes -1")
+	}
+	// The load runs beside the start: a second is ample for one to end
+	// that Start left running.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if n := held(); n != before {
+			t.Fatalf("%d steer programs held after a failed start, %d before", n, before)
+		}
 	}
 }

@@ -371,6 +371,30 @@ func TestPrivilegedSteerLoadedAhead(t *testing.T) {
 	}
 }
 
+// A program loaded ahead for another pool is never attached: with no
+// pins to adopt, OpenSteer frees it and attaches one for its own pool,
+// whose connections reach the listener.
+func TestPrivilegedSteerLoadedForAnotherPoolUnused(t *testing.T) {
+	pin, ns := pinnedSteerWorld(t, "steerother")
+	ln := plainListener(t, ns)
+	other, err := LoadSteer(netip.MustParsePrefix("127.200.0.0/16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenSteer(pin, ns.Path, steerPool, ln, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = errors.Join(s.Unpin(), s.Close()) })
+	if fd := other.objs.TrialnetSteer.FD(); fd >= 0 {
+		t.Errorf("the program loaded for another pool is still open (fd %d)", fd)
+	}
+	if _, err := dialIn(t, ns, "127.100.0.1:443"); err != nil {
+		t.Fatalf("a connection to the pool, steered by what OpenSteer attached: %v", err)
+	}
+	_ = acceptSteered(t, ln).Close()
+}
+
 // A pinned steering that cannot be adopted (its map pin replaced by one it
 // cannot use) is removed, not left attached in front of the steering the
 // agent attaches instead: the pool's connections reach the new listener.

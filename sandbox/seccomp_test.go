@@ -38,22 +38,9 @@ func testSeccomp(t *testing.T, nested bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// run judges one call. The kernel loads struct seccomp_data in native
-	// order and the interpreter in network order: the fields are written
-	// big-endian at their native offsets, each argument's low 32 bits
-	// where a little-endian kernel keeps them.
+	// run judges one call whose arguments' high halves are 0.
 	run := func(nr uint32, args ...uint32) uint32 {
-		data := make([]byte, 64)
-		binary.BigEndian.PutUint32(data[seccompNR:], nr)
-		binary.BigEndian.PutUint32(data[seccompArch:], arch)
-		for i, a := range args {
-			binary.BigEndian.PutUint32(data[seccompArg0+8*i:], a)
-		}
-		v, err := vm.Run(data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return uint32(v)
+		return run64(vm, t, arch, nr, widen(args)...)
 	}
 	protoRefused := retErrno | uint32(unix.EPROTONOSUPPORT)
 	for _, c := range []struct {
@@ -166,4 +153,48 @@ func testSeccomp(t *testing.T, nested bool) {
 			t.Errorf("%s: filter returns %#x, want %#x", c.name, got, c.want)
 		}
 	}
+	// A pointer is 64 bits: one whose low half is 0 (memory mapped at
+	// 0x7f00_0000_0000) is no NULL, for new_limit nor old_limit.
+	const high = 0x7f00_0000_0000
+	for _, c := range []struct {
+		name string
+		args []uint64
+		want uint32
+	}{
+		{"prlimit64 core, set from a high pointer", []uint64{0, unix.RLIMIT_CORE, high, 0}, retErrno},
+		{"prlimit64 core, set and read into a high pointer", []uint64{0, unix.RLIMIT_CORE, ptr, high}, retErrno | uint32(unix.EPERM)},
+		{"prlimit64 core, read into a high pointer", []uint64{0, unix.RLIMIT_CORE, 0, high}, retAllow},
+	} {
+		if got := run64(vm, t, arch, unix.SYS_PRLIMIT64, c.args...); got != c.want {
+			t.Errorf("%s: filter returns %#x, want %#x", c.name, got, c.want)
+		}
+	}
+}
+
+// run64 judges one call with 64-bit arguments. The kernel loads struct
+// seccomp_data in native order and the interpreter in network order: the
+// fields are written big-endian at their native offsets, each argument's
+// halves where a little-endian kernel keeps them (low, then high).
+func run64(vm *bpf.VM, t *testing.T, arch, nr uint32, args ...uint64) uint32 {
+	t.Helper()
+	data := make([]byte, 64)
+	binary.BigEndian.PutUint32(data[seccompNR:], nr)
+	binary.BigEndian.PutUint32(data[seccompArch:], arch)
+	for i, a := range args {
+		binary.BigEndian.PutUint32(data[seccompArg0+8*i:], uint32(a))
+		binary.BigEndian.PutUint32(data[seccompArg0+8*i+4:], uint32(a>>32))
+	}
+	v, err := vm.Run(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint32(v)
+}
+
+func widen(args []uint32) []uint64 {
+	out := make([]uint64, len(args))
+	for i, a := range args {
+		out[i] = uint64(a)
+	}
+	return out
 }
