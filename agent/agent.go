@@ -139,6 +139,7 @@ type Agent struct {
 
 	reloadMu sync.Mutex // one Reload at a time
 	gcSoon   quietTimer
+	adopts   atomic.Bool    // a container came for a Trial: Trials' files made ahead hold a steer program
 	owners   sync.WaitGroup // the goroutines watching owned Trials' owners
 	pend     pendings       // prepared containers' cgroups, not yet adopted
 	shells   *shells        // Trial shells kept ready for creates; set by start

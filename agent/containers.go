@@ -176,6 +176,7 @@ func (a *Agent) ContainerTrial(_ context.Context, req client.ContainerTrial) (_ 
 	if req.Profile == "" {
 		return client.TrialInfo{}, errf(client.CodeBadRequest, "container %s: a Trial around a container needs a profile", c.ID)
 	}
+	a.adopts.Store(true)
 	// A cgroup prepared for it is this call's from here: adopted, or
 	// dropped with a failure.
 	p := a.pend.take(c.ID)

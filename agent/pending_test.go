@@ -221,6 +221,11 @@ func TestPrivilegedPreparedContainerAdopted(t *testing.T) {
 	if !w.a.host.BPF.IsPending(id) {
 		t.Fatal("a refused adoption took another container's pending entry")
 	}
+	// Until a container comes for a Trial, no files made ahead hold a
+	// steer program: a create's shell has its own steering.
+	if sets, steered := preparedSteers(w.a); sets == 0 || steered != 0 {
+		t.Errorf("before any adoption: %d of %d file sets made ahead hold a steer program; want none of at least one", steered, sets)
+	}
 	logs, ledgers := preparedInodes(t, w.a)
 	info, err := w.a.ContainerTrial(ctx, client.ContainerTrial{Profile: "pend", Container: client.Container{ID: "ctr-a", PID: p.pid}})
 	if err != nil {
@@ -259,6 +264,32 @@ func TestPrivilegedPreparedContainerAdopted(t *testing.T) {
 	if _, err := w.a.Destroy(ctx, info.ID); err != nil {
 		t.Fatal(err)
 	}
+	// Once one has, the refill's file sets hold one for the next.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sets, steered := preparedSteers(w.a)
+		if steered > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after an adoption: %d file sets made ahead, none holding a steer program", sets)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// preparedSteers counts a's Trial file sets made ahead, and those of them
+// holding a steer program loaded ahead.
+func preparedSteers(a *Agent) (sets, steered int) {
+	a.shells.mu.Lock()
+	defer a.shells.mu.Unlock()
+	for _, f := range a.shells.files {
+		sets++
+		if f.steer != nil {
+			steered++
+		}
+	}
+	return sets, steered
 }
 
 // A prepared cgroup that no hook adopts goes, with its entry: when it

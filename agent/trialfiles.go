@@ -87,7 +87,10 @@ func (a *Agent) prepareFiles(transparent bool) (_ *trialFiles, err error) {
 			return nil, fmt.Errorf("tunnel ledger: %w", err)
 		}
 	}
-	if transparent {
+	// Only an adoption uses it (a create's shell has its steering), so
+	// only on a host whose containers come for Trials: elsewhere each set
+	// would load a program (2.5 ms of CPU) to close it unused.
+	if transparent && a.adopts.Load() {
 		if f.steer, err = bpf.LoadSteer(shellPool); err != nil {
 			return nil, err
 		}
