@@ -317,7 +317,7 @@ var virtualFS = []string{"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup",
 // refusals says why mount m would let the container leave its Trial.
 func (m mountOf) refusals(bundle string, protected []string) []string {
 	var why []string
-	ro := slices.Contains(m.Options, "ro")
+	ro := ReadOnly(m.Options)
 	bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
 	switch {
 	case bind:
@@ -345,6 +345,22 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 	return why
 }
 
+// ReadOnly says whether a mount with these options is read-only as runc
+// and crun read them: in order, "rw" clearing what an "ro" before it set,
+// so that ["ro", "rw"] is writable.
+func ReadOnly(options []string) bool {
+	ro := false
+	for _, o := range options {
+		switch o {
+		case "ro":
+			ro = true
+		case "rw":
+			ro = false
+		}
+	}
+	return ro
+}
+
 // procKnobs refuses a proc mount whose kernel knobs are writable: root
 // needs no capability to set kernel.core_pattern ("|/path": a program
 // the kernel runs as the host's root at the next core dump) nor to write
@@ -358,7 +374,7 @@ func (c *config) procKnobs() []string {
 		covered = append(slices.Clone(c.Linux.ReadonlyPaths), c.Linux.MaskedPaths...)
 	}
 	for _, m := range c.Mounts {
-		if m.Type != "proc" || slices.Contains(m.Options, "ro") {
+		if m.Type != "proc" || ReadOnly(m.Options) {
 			continue
 		}
 		for _, knob := range []string{"sys", "sysrq-trigger"} {

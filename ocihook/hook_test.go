@@ -511,6 +511,19 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "rw"}})
 			return w.state(trial)
 		}, "it mounts sysfs writable on /sys"},
+		{"sysfs ro, then rw", func(w *world) string {
+			// runc and crun read options in order: the "rw" clears the "ro".
+			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "ro", "rw"}})
+			return w.state(trial)
+		}, "it mounts sysfs writable on /sys"},
+		{"cgroup ro, then rw", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/sys/fs/cgroup", "type": "cgroup2", "source": "cgroup2", "options": []string{"ro", "rw"}})
+			return w.state(trial)
+		}, "writable cgroup"},
+		{"a second proc ro, then rw", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/p2", "type": "proc", "source": "proc", "options": []string{"ro", "nosuid", "rw"}})
+			return w.state(trial)
+		}, "/p2/sys is writable"},
 		{"no seccomp profile (a runc bundle's default)", func(w *world) string {
 			c := goodConfig()
 			delete(c["linux"].(map[string]any), "seccomp")
