@@ -323,6 +323,10 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 	case bind:
 		if p := holds(bundle, m.Source, protected); p != "" {
 			why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
+		} else if !ro && within(resolve(bundle, m.Source), "/sys") {
+			// The host's sysfs, bound in part (/sys/kernel), is as
+			// writable as a sysfs mount: its uevent helper with it.
+			why = append(why, fmt.Sprintf("it binds %s, of the host's sysfs, writable on %s: root in it could set the kernel's uevent helper, run as the host's root (bind it ro)", m.Source, m.Destination))
 		}
 	case m.Type == "overlay":
 		for _, o := range m.Options {

@@ -511,6 +511,11 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "rw"}})
 			return w.state(trial)
 		}, "it mounts sysfs writable on /sys"},
+		{"part of the host's sysfs bound writable", func(w *world) string {
+			// It holds no protected path, and is not of type sysfs.
+			w.setMount(map[string]any{"destination": "/k", "type": "bind", "source": "/sys/kernel", "options": []string{"bind", "rw"}})
+			return w.state(trial)
+		}, "it binds /sys/kernel, of the host's sysfs, writable on /k"},
 		{"sysfs ro, then rw", func(w *world) string {
 			// runc and crun read options in order: the "rw" clears the "ro".
 			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "ro", "rw"}})
