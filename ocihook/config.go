@@ -319,6 +319,11 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 	var why []string
 	ro := ReadOnly(m.Options)
 	bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+	if slices.Contains(m.Options, "remount") {
+		// runc and crun pass it to mount(2): it changes the mount already
+		// on the destination, whatever this one's type and source say.
+		why = append(why, fmt.Sprintf("it remounts what is on %s (option remount): a read-only sysfs, cgroup or bind mounted before it would be made writable; drop the option", m.Destination))
+	}
 	switch {
 	case bind:
 		if p := holds(bundle, m.Source, protected); p != "" {

@@ -516,6 +516,15 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/k", "type": "bind", "source": "/sys/kernel", "options": []string{"bind", "rw"}})
 			return w.state(trial)
 		}, "it binds /sys/kernel, of the host's sysfs, writable on /k"},
+		{"a tmpfs entry that remounts the read-only sysfs rw", func(w *world) string {
+			// runc 1.1.5: /sys, mounted ro, shows rw after this entry.
+			c := goodConfig()
+			c["mounts"] = append(c["mounts"].([]map[string]any),
+				map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"ro"}},
+				map[string]any{"destination": "/sys", "type": "tmpfs", "source": "tmpfs", "options": []string{"remount", "rw"}})
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "it remounts what is on /sys (option remount)"},
 		{"sysfs ro, then rw", func(w *world) string {
 			// runc and crun read options in order: the "rw" clears the "ro".
 			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "ro", "rw"}})
