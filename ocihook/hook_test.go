@@ -592,6 +592,22 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/c.sock", "type": "bind", "source": "/run/containerd/containerd.sock", "options": []string{"rbind"}})
 			return w.state(trial)
 		}, "on /c.sock"},
+		{"systemd's private socket bound in (systemd-run on the host)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/s", "type": "bind", "source": "/run/systemd/private", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /s, which holds or is inside /run/systemd"},
+		{"NRI's socket bound in (a plugin adjusts other containers)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/nri", "type": "bind", "source": "/run/nri", "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "on /nri"},
+		{"the system D-Bus bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/bus", "type": "bind", "source": "/var/run/dbus/system_bus_socket", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /bus"},
+		{"k3s's containerd socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/k.sock", "type": "bind", "source": "/run/k3s/containerd/containerd.sock", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /k.sock"},
 		{"the cgroup tree bound in", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
 			return w.state(trial)
