@@ -428,7 +428,7 @@ func (c *config) blockDevices() []string {
 		switch name, pt := pass[deref(r.Major)]; {
 		case r.Type == "" || r.Type == "a" || r.Type == "b":
 			why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
-		case r.Major == nil:
+		case r.Major == nil || *r.Major < 0: // runc and crun: -1 is any major
 			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk; allow the majors it needs", r.Type, r.Access))
 		case pt:
 			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), which pass commands through to a disk: it could read the host's disk", *r.Major, name))

@@ -461,6 +461,14 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "lets it open every character device"},
+		{"every character device opened by major -1", func(w *world) string {
+			// runc 1.1.5 reads -1 as any major: a node of 10:229, refused
+			// without this rule, opened with it.
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": -1, "access": "rwm"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "lets it open every character device"},
 		{"SCSI generic devices opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 21, "access": "r"}}}
