@@ -356,16 +356,22 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 
 // ReadOnly says whether a mount with these options is read-only as runc
 // and crun read them: in order, "rw" clearing what an "ro" before it set,
-// so that ["ro", "rw"] is writable.
+// so that ["ro", "rw"] is writable; and the recursive "rro" or "rrw"
+// (the last of them), set on the mount after it is made, over both.
 func ReadOnly(options []string) bool {
-	ro := false
+	ro, rec := false, ""
 	for _, o := range options {
 		switch o {
 		case "ro":
 			ro = true
 		case "rw":
 			ro = false
+		case "rro", "rrw":
+			rec = o
 		}
+	}
+	if rec != "" {
+		return rec == "rro"
 	}
 	return ro
 }

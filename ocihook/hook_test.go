@@ -533,6 +533,11 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "it remounts what is on /sys (option remount)"},
+		{"part of the host's sysfs bound ro, made rw by rrw", func(w *world) string {
+			// runc 1.1.5: rrw clears the read-only flag after the bind.
+			w.setMount(map[string]any{"destination": "/k", "type": "bind", "source": "/sys/kernel", "options": []string{"rbind", "ro", "rrw"}})
+			return w.state(trial)
+		}, "it binds /sys/kernel, of the host's sysfs, writable on /k"},
 		{"sysfs ro, then rw", func(w *world) string {
 			// runc and crun read options in order: the "rw" clears the "ro".
 			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "ro", "rw"}})
