@@ -335,10 +335,15 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 		}
 	case m.Type == "overlay":
 		for _, o := range m.Options {
-			_, dirs, ok := strings.Cut(o, "=")
+			key, dirs, ok := strings.Cut(o, "=")
 			for _, d := range strings.Split(dirs, ":") {
 				if p := holds(bundle, d, protected); ok && d != "" && p != "" {
 					why = append(why, fmt.Sprintf("its overlay on %s is made of %s, which holds or is inside %s (trialnet's own)", m.Destination, d, p))
+				} else if ok && d != "" && !filepath.IsAbs(d) && slices.Contains([]string{"lowerdir", "upperdir", "workdir"}, key) {
+					// The kernel resolves it from the runtime's working
+					// directory (runc's: the root file system, whose links
+					// the image makes), not from the bundle.
+					why = append(why, fmt.Sprintf("its overlay on %s names %s by a relative path, which the runtime resolves from its working directory, through the image's links: give its layers as absolute paths", m.Destination, d))
 				}
 			}
 		}

@@ -513,6 +513,20 @@ func TestHookRefuses(t *testing.T) {
 				"options": []string{"lowerdir=/tmp:/var/lib/trialnet", "upperdir=/tmp/u", "workdir=/tmp/w"}})
 			return w.state(trial)
 		}, "its overlay on /o is made of /var/lib/trialnet"},
+		{"an overlay layer by a relative path, through the image's link", func(w *world) string {
+			// runc resolves it from the root file system (its init's
+			// working directory), following the image's own links: with
+			// runc 1.1.5, rootfs/x -> a host directory showed that
+			// directory's files on /o. The bundle has no x.
+			if err := os.MkdirAll(filepath.Join(w.bundle, "rootfs"), 0o755); err != nil {
+				w.t.Fatal(err)
+			}
+			if err := os.Symlink("/var/lib/trialnet", filepath.Join(w.bundle, "rootfs", "x")); err != nil {
+				w.t.Fatal(err)
+			}
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir=x:e"}})
+			return w.state(trial)
+		}, "its overlay on /o names x by a relative path"},
 		{"sysfs writable", func(w *world) string {
 			// /sys/kernel/uevent_helper: run by the kernel as the host's
 			// root on the next uevent, written by root with no capability.
