@@ -155,7 +155,7 @@ func (p *Plugin) protected() []string {
 // ownMount: m is the read-only resolv.conf bind that adjust adds.
 func (p *Plugin) ownMount(m *api.Mount) bool {
 	return p.ResolvConf != "" && m.GetSource() == p.ResolvConf && m.GetDestination() == resolvPath &&
-		slices.Contains(m.GetOptions(), "ro")
+		ocihook.ReadOnly(m.GetOptions())
 }
 
 // ours: the pod's containers are the plugin's business.

@@ -138,7 +138,7 @@ var nodeCode = map[string][]string{
 // writesNodeCode says why bind m lets a container write nodeCode.
 func writesNodeCode(m *api.Mount) string {
 	bind := m.GetType() == "bind" || slices.Contains(m.GetOptions(), "bind") || slices.Contains(m.GetOptions(), "rbind")
-	if !bind || slices.Contains(m.GetOptions(), "ro") {
+	if !bind || ocihook.ReadOnly(m.GetOptions()) {
 		return ""
 	}
 	src := filepath.Clean("/" + m.GetSource())

@@ -122,6 +122,11 @@ func TestRefusals(t *testing.T) {
 			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: "/opt/trialnet/resolv.conf", Options: []string{"rbind", "rw"}})
 			return c
 		}(), "binds /opt/trialnet/resolv.conf"},
+		{"resolv.conf ro, then rw", func() *api.Container {
+			c := testContainer("c13")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: "/opt/trialnet/resolv.conf", Options: []string{"rbind", "ro", "rw"}})
+			return c
+		}(), "binds /opt/trialnet/resolv.conf"},
 		{"systemd cgroup driver", func() *api.Container {
 			c := testContainer("c8")
 			c.Linux.CgroupsPath = "kubepods-besteffort-poduid.slice:cri-containerd:c8"
@@ -196,11 +201,14 @@ func TestRefusalsNodeCode(t *testing.T) {
 		// other containers' root file systems and the images they start from
 		"/var/lib/containerd", "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots/12/fs",
 		"/var/lib/containerd/io.containerd.content.v1.content", "/var/lib/containers/storage/overlay", "/var/lib/docker", "/var/lib"} {
-		c := testContainer("c1")
-		c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: src, Options: []string{"rbind", "rprivate", "rw"}})
-		why := strings.Join(refusals(c, testProtected, testPlugin.ownMount), "; ")
-		if !strings.Contains(why, "writable") {
-			t.Errorf("a writable bind of %s: refusals %q, want one saying it is writable", src, why)
+		// "ro" then "rw": the runtime reads options in order, and the last wins.
+		for _, opts := range [][]string{{"rbind", "rprivate", "rw"}, {"rbind", "ro", "rw"}} {
+			c := testContainer("c1")
+			c.Mounts = append(c.Mounts, &api.Mount{Destination: "/x", Type: "bind", Source: src, Options: opts})
+			why := strings.Join(refusals(c, testProtected, testPlugin.ownMount), "; ")
+			if !strings.Contains(why, "writable") {
+				t.Errorf("a writable bind of %s (%v): refusals %q, want one saying it is writable", src, opts, why)
+			}
 		}
 	}
 	for _, m := range []*api.Mount{

@@ -317,19 +317,33 @@ var virtualFS = []string{"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup",
 // refusals says why mount m would let the container leave its Trial.
 func (m mountOf) refusals(bundle string, protected []string) []string {
 	var why []string
-	ro := slices.Contains(m.Options, "ro")
+	ro := ReadOnly(m.Options)
 	bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+	if slices.Contains(m.Options, "remount") {
+		// runc and crun pass it to mount(2): it changes the mount already
+		// on the destination, whatever this one's type and source say.
+		why = append(why, fmt.Sprintf("it remounts what is on %s (option remount): a read-only sysfs, cgroup or bind mounted before it would be made writable; drop the option", m.Destination))
+	}
 	switch {
 	case bind:
 		if p := holds(bundle, m.Source, protected); p != "" {
 			why = append(why, fmt.Sprintf("it binds %s on %s, which holds or is inside %s (trialnet's own: its control socket, keys, pins or cgroups)", m.Source, m.Destination, p))
+		} else if !ro && within(resolve(bundle, m.Source), "/sys") {
+			// The host's sysfs, bound in part (/sys/kernel), is as
+			// writable as a sysfs mount: its uevent helper with it.
+			why = append(why, fmt.Sprintf("it binds %s, of the host's sysfs, writable on %s: root in it could set the kernel's uevent helper, run as the host's root (bind it ro)", m.Source, m.Destination))
 		}
 	case m.Type == "overlay":
 		for _, o := range m.Options {
-			_, dirs, ok := strings.Cut(o, "=")
+			key, dirs, ok := strings.Cut(o, "=")
 			for _, d := range strings.Split(dirs, ":") {
 				if p := holds(bundle, d, protected); ok && d != "" && p != "" {
 					why = append(why, fmt.Sprintf("its overlay on %s is made of %s, which holds or is inside %s (trialnet's own)", m.Destination, d, p))
+				} else if ok && d != "" && !filepath.IsAbs(d) && slices.Contains([]string{"lowerdir", "upperdir", "workdir"}, key) {
+					// The kernel resolves it from the runtime's working
+					// directory (runc's: the root file system, whose links
+					// the image makes), not from the bundle.
+					why = append(why, fmt.Sprintf("its overlay on %s names %s by a relative path, which the runtime resolves from its working directory, through the image's links: give its layers as absolute paths", m.Destination, d))
 				}
 			}
 		}
@@ -345,6 +359,28 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 	return why
 }
 
+// ReadOnly says whether a mount with these options is read-only as runc
+// and crun read them: in order, "rw" clearing what an "ro" before it set,
+// so that ["ro", "rw"] is writable; and the recursive "rro" or "rrw"
+// (the last of them), set on the mount after it is made, over both.
+func ReadOnly(options []string) bool {
+	ro, rec := false, ""
+	for _, o := range options {
+		switch o {
+		case "ro":
+			ro = true
+		case "rw":
+			ro = false
+		case "rro", "rrw":
+			rec = o
+		}
+	}
+	if rec != "" {
+		return rec == "rro"
+	}
+	return ro
+}
+
 // procKnobs refuses a proc mount whose kernel knobs are writable: root
 // needs no capability to set kernel.core_pattern ("|/path": a program
 // the kernel runs as the host's root at the next core dump) nor to write
@@ -358,7 +394,7 @@ func (c *config) procKnobs() []string {
 		covered = append(slices.Clone(c.Linux.ReadonlyPaths), c.Linux.MaskedPaths...)
 	}
 	for _, m := range c.Mounts {
-		if m.Type != "proc" || slices.Contains(m.Options, "ro") {
+		if m.Type != "proc" || ReadOnly(m.Options) {
 			continue
 		}
 		for _, knob := range []string{"sys", "sysrq-trigger"} {
@@ -403,7 +439,7 @@ func (c *config) blockDevices() []string {
 		switch name, pt := pass[deref(r.Major)]; {
 		case r.Type == "" || r.Type == "a" || r.Type == "b":
 			why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
-		case r.Major == nil:
+		case r.Major == nil || *r.Major < 0: // runc and crun: -1 is any major
 			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk; allow the majors it needs", r.Type, r.Access))
 		case pt:
 			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), which pass commands through to a disk: it could read the host's disk", *r.Major, name))

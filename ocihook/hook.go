@@ -102,9 +102,13 @@ var runtimeState = []string{"/run/runc", "/run/crun", "/run/youki", "/run/libpod
 
 // runtimeSockets are where container runtimes serve their APIs (each
 // also under /var/run, a link to /run that a bind source need not
-// resolve through when the socket is absent).
+// resolve through when the socket is absent), NRI's (a plugin adjusts
+// other containers), and as the NRI plugin refuses them, systemd's and
+// the system bus's: root on one runs a unit on the host (systemd-run)
+// as surely as a runtime starts a container.
 var runtimeSockets = []string{"/run/docker.sock", "/run/docker", "/run/containerd",
-	"/run/podman", "/run/crio", "/run/dockershim.sock", "/run/buildkit"}
+	"/run/podman", "/run/crio", "/run/dockershim.sock", "/run/buildkit",
+	"/run/k3s", "/run/cri-dockerd.sock", "/run/nri", "/run/systemd", "/run/dbus"}
 
 // Refusal is a container the hook refuses, with every reason found.
 type Refusal struct {

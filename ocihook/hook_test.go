@@ -461,6 +461,14 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "lets it open every character device"},
+		{"every character device opened by major -1", func(w *world) string {
+			// runc 1.1.5 reads -1 as any major: a node of 10:229, refused
+			// without this rule, opened with it.
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": -1, "access": "rwm"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "lets it open every character device"},
 		{"SCSI generic devices opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 21, "access": "r"}}}
@@ -505,12 +513,58 @@ func TestHookRefuses(t *testing.T) {
 				"options": []string{"lowerdir=/tmp:/var/lib/trialnet", "upperdir=/tmp/u", "workdir=/tmp/w"}})
 			return w.state(trial)
 		}, "its overlay on /o is made of /var/lib/trialnet"},
+		{"an overlay layer by a relative path, through the image's link", func(w *world) string {
+			// runc resolves it from the root file system (its init's
+			// working directory), following the image's own links: with
+			// runc 1.1.5, rootfs/x -> a host directory showed that
+			// directory's files on /o. The bundle has no x.
+			if err := os.MkdirAll(filepath.Join(w.bundle, "rootfs"), 0o755); err != nil {
+				w.t.Fatal(err)
+			}
+			if err := os.Symlink("/var/lib/trialnet", filepath.Join(w.bundle, "rootfs", "x")); err != nil {
+				w.t.Fatal(err)
+			}
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir=x:e"}})
+			return w.state(trial)
+		}, "its overlay on /o names x by a relative path"},
 		{"sysfs writable", func(w *world) string {
 			// /sys/kernel/uevent_helper: run by the kernel as the host's
 			// root on the next uevent, written by root with no capability.
 			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "rw"}})
 			return w.state(trial)
 		}, "it mounts sysfs writable on /sys"},
+		{"part of the host's sysfs bound writable", func(w *world) string {
+			// It holds no protected path, and is not of type sysfs.
+			w.setMount(map[string]any{"destination": "/k", "type": "bind", "source": "/sys/kernel", "options": []string{"bind", "rw"}})
+			return w.state(trial)
+		}, "it binds /sys/kernel, of the host's sysfs, writable on /k"},
+		{"a tmpfs entry that remounts the read-only sysfs rw", func(w *world) string {
+			// runc 1.1.5: /sys, mounted ro, shows rw after this entry.
+			c := goodConfig()
+			c["mounts"] = append(c["mounts"].([]map[string]any),
+				map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"ro"}},
+				map[string]any{"destination": "/sys", "type": "tmpfs", "source": "tmpfs", "options": []string{"remount", "rw"}})
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "it remounts what is on /sys (option remount)"},
+		{"part of the host's sysfs bound ro, made rw by rrw", func(w *world) string {
+			// runc 1.1.5: rrw clears the read-only flag after the bind.
+			w.setMount(map[string]any{"destination": "/k", "type": "bind", "source": "/sys/kernel", "options": []string{"rbind", "ro", "rrw"}})
+			return w.state(trial)
+		}, "it binds /sys/kernel, of the host's sysfs, writable on /k"},
+		{"sysfs ro, then rw", func(w *world) string {
+			// runc and crun read options in order: the "rw" clears the "ro".
+			w.setMount(map[string]any{"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": []string{"nosuid", "ro", "rw"}})
+			return w.state(trial)
+		}, "it mounts sysfs writable on /sys"},
+		{"cgroup ro, then rw", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/sys/fs/cgroup", "type": "cgroup2", "source": "cgroup2", "options": []string{"ro", "rw"}})
+			return w.state(trial)
+		}, "writable cgroup"},
+		{"a second proc ro, then rw", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/p2", "type": "proc", "source": "proc", "options": []string{"ro", "nosuid", "rw"}})
+			return w.state(trial)
+		}, "/p2/sys is writable"},
 		{"no seccomp profile (a runc bundle's default)", func(w *world) string {
 			c := goodConfig()
 			delete(c["linux"].(map[string]any), "seccomp")
@@ -565,6 +619,22 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/c.sock", "type": "bind", "source": "/run/containerd/containerd.sock", "options": []string{"rbind"}})
 			return w.state(trial)
 		}, "on /c.sock"},
+		{"systemd's private socket bound in (systemd-run on the host)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/s", "type": "bind", "source": "/run/systemd/private", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /s, which holds or is inside /run/systemd"},
+		{"NRI's socket bound in (a plugin adjusts other containers)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/nri", "type": "bind", "source": "/run/nri", "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "on /nri"},
+		{"the system D-Bus bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/bus", "type": "bind", "source": "/var/run/dbus/system_bus_socket", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /bus"},
+		{"k3s's containerd socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/k.sock", "type": "bind", "source": "/run/k3s/containerd/containerd.sock", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /k.sock"},
 		{"the cgroup tree bound in", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/cg", "type": "bind", "source": filepath.Join(w.mount, "trialnet"), "options": []string{"rbind", "ro"}})
 			return w.state(trial)

@@ -105,9 +105,14 @@ func locate(self []mountEntry, protected []string) []protectedFile {
 }
 
 // kernelFS are file system types no container in a Trial may have
-// mounted at all: bpffs holds trialnet's pins, the others read the
-// kernel's memory and tracing.
-var kernelFS = []string{"bpf", "debugfs", "tracefs"}
+// mounted at all: bpffs holds trialnet's pins, debugfs and tracefs read
+// the kernel's memory and tracing, configfs makes kernel objects (an
+// NVMe-over-TCP target, listening in the host's network, that exports a
+// disk) and efivarfs writes the firmware's boot entries; root needs no
+// capability for the last two. A recursive bind of /sys/kernel or
+// /sys/firmware brings them in, writable under a read-only top (runc
+// makes rbind,ro read-only at the top mount only).
+var kernelFS = []string{"bpf", "debugfs", "tracefs", "configfs", "efivarfs"}
 
 // checkMounts judges the container's mounts as the kernel has made
 // them, the second line behind the config's: a bind source swapped
