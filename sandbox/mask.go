@@ -61,7 +61,7 @@ func checkUnixPathsVisible(paths []string, hidden []string) error {
 // maskHost narrows what the Trial's mount namespace shows of the host:
 // kernel settings and sysfs read-only, a cgroup2 mount rooted at the
 // Trial's own cgroup (the caller has unshared the cgroup namespace), the
-// cgroup v1 hierarchies showing only the Trial's own groups v1 (hideV1),
+// cgroup v1 hierarchies showing only the Trial's own groups, v1 (hideV1),
 // and hidden the directories naming other Trials. Even a uid-0 Trial owns
 // root's files: these mounts, not permissions, keep it from the host's
 // core_pattern, other Trials' cgroup.kill and trialnet's sockets.
