@@ -74,7 +74,7 @@ func TestPrivilegedEarlyInitReportsFailure(t *testing.T) {
 	if _, err := unix.FcntlInt(empty.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
 		t.Fatal(err)
 	}
-	cmd, release, err := initCommand(initArgs(false, false, "", nil, nil), w, empty)
+	cmd, release, err := initCommand(initArgs(false, false, "", nil, nil, nil), w, empty)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestPrivilegedEarlyInitRefusesUnsealedFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	cmd, release, err := initCommand(initArgs(false, false, "", nil, nil), w, unsealedFilter(t))
+	cmd, release, err := initCommand(initArgs(false, false, "", nil, nil, nil), w, unsealedFilter(t))
 	if err != nil {
 		t.Fatal(err)
 	}

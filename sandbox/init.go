@@ -371,7 +371,7 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 	var cmd *exec.Cmd
 	release := func() {}
 	if err == nil {
-		args := initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.Spec.UnixAllow)
+		args := initArgs(t.Spec.Nested, t.Spec.Transparent, t.Netns.Path, hiddenDirs(filepath.Dir(t.Netns.Path)), t.v1Dirs(), t.Spec.UnixAllow)
 		if cmd, release, err = initCommand(args, extra...); err != nil {
 			err = fmt.Errorf("start the Trial's init: %w", err)
 		}
@@ -440,11 +440,12 @@ func (t *Launcher) startInit(cg *os.File) (_ initProc, ready func() error, _ err
 // initArgs are the init's arguments: whether the Trial is nested (its
 // /proc then stays unmasked: nested.go), whose resolv.conf it reads (the
 // stub's in transparent mode), where its network namespace is mounted
-// (dropNsMounts), the directories to hide, "--", and the
-// allowed unix sockets (those beneath the Trial's own directories are
+// (dropNsMounts), the directories to hide, "--v1" and the Trial's cgroup
+// v1 groups (the only groups its v1 hierarchies show: hideV1), "--", and
+// the allowed unix sockets (those beneath the Trial's own directories are
 // bound into them), clean, sorted and each once, as both set-ups (Go's
 // and early.c's) take them.
-func initArgs(nested, transparent bool, nsPath string, hide, keep []string) []string {
+func initArgs(nested, transparent bool, nsPath string, hide, v1, keep []string) []string {
 	clean := make([]string, 0, len(keep))
 	for _, k := range keep {
 		clean = append(clean, filepath.Clean(k))
@@ -458,6 +459,7 @@ func initArgs(nested, transparent bool, nsPath string, hide, keep []string) []st
 		dns = initStubDNS
 	}
 	args := append([]string{initSetupArg0, mode, dns, nsPath}, hide...)
+	args = append(append(args, initV1Sep), v1...)
 	return append(append(args, "--"), keep...)
 }
 
@@ -468,17 +470,22 @@ const (
 	// it is the host's.
 	initStubDNS = "stub-dns"
 	initHostDNS = "host-dns"
+	// initV1Sep ends the hidden directories; the Trial's cgroup v1 groups
+	// follow. Those directories are absolute: none is this.
+	initV1Sep = "--v1"
 )
 
-func splitInitArgs(args []string) (nested, transparent bool, nsPath string, hide, keep []string) {
+func splitInitArgs(args []string) (nested, transparent bool, nsPath string, hide, v1, keep []string) {
 	if len(args) > 2 {
 		nested, transparent, nsPath, args = args[0] == nestedMode, args[1] == initStubDNS, args[2], args[3:]
 	}
-	i := slices.Index(args, "--")
-	if i < 0 {
-		return nested, transparent, nsPath, args, nil
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, keep = args[:i], args[i+1:]
 	}
-	return nested, transparent, nsPath, args[:i], args[i+1:]
+	if i := slices.Index(args, initV1Sep); i >= 0 {
+		args, v1 = args[:i], args[i+1:]
+	}
+	return nested, transparent, nsPath, args, v1, keep
 }
 
 // runInit is the Trial's PID 1 in a CGO_ENABLED=0 build off x86-64 (on
@@ -493,8 +500,8 @@ func runInit() {
 	// thread, which then execs the reaper, so that every thread of PID 1
 	// starts from them.
 	runtime.LockOSThread()
-	nested, transparent, nsPath, hide, keep := splitInitArgs(os.Args[1:])
-	err := setupInit(nested, transparent, nsPath, hide, keep)
+	nested, transparent, nsPath, hide, v1, keep := splitInitArgs(os.Args[1:])
+	err := setupInit(nested, transparent, nsPath, hide, v1, keep)
 	if err == nil {
 		err = oomFirst()
 	}
@@ -578,7 +585,7 @@ func runReaper() {
 // see or change; the caller then drops every capability (PID 1 needs none to reap) and puts
 // it under the commands' seccomp filter: were a command to take init over
 // (a uid-0 Trial on a kernel without Landlock), it would gain nothing.
-func setupInit(nested, transparent bool, nsPath string, hide, keep []string) error {
+func setupInit(nested, transparent bool, nsPath string, hide, v1, keep []string) error {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later (another Trial's netns among it) leaks in.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -638,7 +645,7 @@ func setupInit(nested, transparent bool, nsPath string, hide, keep []string) err
 			return err
 		}
 	}
-	return maskHost(nested, hide)
+	return maskHost(nested, hide, v1)
 }
 
 // dropNsMounts detaches the namespace files bind-mounted on the host (every

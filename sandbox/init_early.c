@@ -561,8 +561,62 @@ static void mount_views(const char *dir) {
 	}
 }
 
+// hide_v1_mount is hideV1Mount.
+static void hide_v1_mount(const char *mnt, char **own, int nown) {
+	int fds[nown > 0 ? nown : 1];
+	const char *groups[nown > 0 ? nown : 1];
+	int n = 0;
+	for (int i = 0; i < nown; i++) {
+		if (!under(own[i], mnt) || !strcmp(own[i], mnt))
+			continue;
+		int fd = open(own[i], O_PATH | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0 && errno == ENOENT)
+			continue; // removed (by an operator): not there to show
+		if (fd < 0)
+			mask_fail(errno, "open the Trial's cgroup v1 group %s (to show it alone)", own[i]);
+		fds[n] = fd, groups[n++] = own[i];
+	}
+	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+	if (mount("tmpfs", mnt, "tmpfs", flags, "mode=0755,size=4k") < 0) {
+		if (errno == ENOENT) {
+			for (int i = 0; i < n; i++)
+				close(fds[i]);
+			return; // covered by an earlier cover: unreachable anyway
+		}
+		mask_fail(errno, "cover the cgroup v1 hierarchy on %s (it shows every Trial's groups and the host's)", mnt);
+	}
+	for (int i = 0; i < n; i++) {
+		char failed[PATH_MAX + 8], src[32];
+		int e = mkdir_all(groups[i], 0755, failed);
+		if (e)
+			mask_fail(e, "make the place of the Trial's cgroup v1 group %s (to show it alone): %s", groups[i], failed);
+		snprintf(src, sizeof src, "/proc/self/fd/%d", fds[i]);
+		if (mount(src, groups[i], "", MS_BIND, "") < 0)
+			mask_fail(errno, "bind the Trial's cgroup v1 group %s (to show it alone)", groups[i]);
+		if (mount("", groups[i], "", MS_BIND | MS_REMOUNT | MS_RDONLY | flags, "") < 0)
+			mask_fail(errno, "make the Trial's cgroup v1 group %s read-only (a Trial must not change its own limits)", groups[i]);
+		close(fds[i]);
+	}
+	if (mount("", mnt, "", MS_REMOUNT | MS_RDONLY | flags, "mode=0755,size=4k") < 0)
+		mask_fail(errno, "make the cover of %s read-only (a uid-0 Trial could make groups of its own names there)", mnt);
+}
+
+// hide_v1 is hideV1.
+static void hide_v1(char **own, int nown) {
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	while ((line = next_line(&s))) {
+		split_line(line, &m);
+		if (!m.post || m.fields < 5 || strncmp(m.post, "cgroup ", 7))
+			continue;
+		if (m.too_long)
+			mask_fail(ENAMETOOLONG, "cover the cgroup v1 hierarchy on %s... (it shows every Trial's groups and the host's)", m.point);
+		hide_v1_mount(m.point, own, nown);
+	}
+}
+
 // mask_host is maskHost.
-static void mask_host(int nested, char **hide, int nhide) {
+static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	char cg[PATH_MAX];
 	cgroup2_mount(cg);
 	static const char *const procs[] = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"};
@@ -583,6 +637,7 @@ static void mask_host(int nested, char **hide, int nhide) {
 		mask_fail(errno, "mount the Trial's own cgroup2 on %s (the host's shows every Trial)", cg);
 	if (mount("", cg, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 		mask_fail(errno, "make the Trial's cgroup2 on %s read-only (a Trial must not change its own limits)", cg);
+	hide_v1(v1, nv1);
 	for (int i = 0; i < nhide; i++) {
 		const char *d = hide[i];
 		struct stat st;
@@ -600,7 +655,7 @@ static void mask_host(int nested, char **hide, int nhide) {
 }
 
 // setup_init is setupInit.
-static void setup_init(int nested, int transparent, const char *ns_path, char **hide, int nhide, char **keep, int nkeep) {
+static void setup_init(int nested, int transparent, const char *ns_path, char **hide, int nhide, char **v1, int nv1, char **keep, int nkeep) {
 	// Private: nothing made here leaks out, and nothing mounted on the
 	// host later leaks in.
 	if (mount("", "/", "", MS_REC | MS_PRIVATE, "") < 0)
@@ -631,7 +686,7 @@ static void setup_init(int nested, int transparent, const char *ns_path, char **
 			covered |= !strcmp(hide[i], run_dir);
 		mount_resolv_conf(covered);
 	}
-	mask_host(nested, hide, nhide);
+	mask_host(nested, hide, nhide, v1, nv1);
 }
 
 // drop_capabilities is exec.go's dropCapabilities.
@@ -680,7 +735,7 @@ static void install_filter(void) {
 }
 
 void trialnet_init_setup(int argc, char **argv) {
-	// initArgs: MODE DNS NETNS HIDE... -- KEEP...
+	// initArgs: MODE DNS NETNS HIDE... --v1 V1... -- KEEP...
 	int nested = 0, transparent = 0;
 	const char *ns_path = "";
 	char **args = argv + 1;
@@ -691,12 +746,17 @@ void trialnet_init_setup(int argc, char **argv) {
 		ns_path = args[2];
 		args += 3, n -= 3;
 	}
+	int nfront = 0;
+	while (nfront < n && strcmp(args[nfront], "--"))
+		nfront++;
+	char **keep = nfront < n ? args + nfront + 1 : args + n;
+	int nkeep = nfront < n ? n - nfront - 1 : 0;
 	int nhide = 0;
-	while (nhide < n && strcmp(args[nhide], "--"))
+	while (nhide < nfront && strcmp(args[nhide], "--v1"))
 		nhide++;
-	char **keep = nhide < n ? args + nhide + 1 : args + n;
-	int nkeep = nhide < n ? n - nhide - 1 : 0;
-	setup_init(nested, transparent, ns_path, args, nhide, keep, nkeep);
+	char **v1 = nhide < nfront ? args + nhide + 1 : args + nfront;
+	int nv1 = nhide < nfront ? nfront - nhide - 1 : 0;
+	setup_init(nested, transparent, ns_path, args, nhide, v1, nv1, keep, nkeep);
 	errno = 0;
 	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
 	if (fd < 0 || write(fd, "1000", 4) != 4)

@@ -241,14 +241,14 @@ func TestPrivilegedInitExeIsTheSealedImage(t *testing.T) {
 // earlier build of trialnet, whose init is that binary itself (early.c's
 // constructor), timed in the same loop.
 func BenchmarkInitStart(b *testing.B) {
-	benchInitStart(b, initArgs(false, false, "", nil, nil))
+	benchInitStart(b, initArgs(false, false, "", nil, nil, nil))
 }
 
 // BenchmarkInitStartMasked is BenchmarkInitStart with the set-up a
 // launcher asks for by default: transparent mode (the Trial's
 // resolv.conf) and trialnet's directories hidden.
 func BenchmarkInitStartMasked(b *testing.B) {
-	benchInitStart(b, initArgs(false, true, "", hiddenDirs(b.TempDir()), nil))
+	benchInitStart(b, initArgs(false, true, "", hiddenDirs(b.TempDir()), nil, nil))
 }
 
 func benchInitStart(b *testing.B, args []string) {

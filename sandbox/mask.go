@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -59,11 +60,12 @@ func checkUnixPathsVisible(paths []string, hidden []string) error {
 
 // maskHost narrows what the Trial's mount namespace shows of the host:
 // kernel settings and sysfs read-only, a cgroup2 mount rooted at the
-// Trial's own cgroup (the caller has unshared the cgroup namespace), and
-// hidden the directories naming other Trials. Even a uid-0 Trial owns
+// Trial's own cgroup (the caller has unshared the cgroup namespace), the
+// cgroup v1 hierarchies showing only the Trial's own groups, v1 (hideV1),
+// and hidden the directories naming other Trials. Even a uid-0 Trial owns
 // root's files: these mounts, not permissions, keep it from the host's
 // core_pattern, other Trials' cgroup.kill and trialnet's sockets.
-func maskHost(nested bool, hide []string) error {
+func maskHost(nested bool, hide, v1 []string) error {
 	cgroup2, err := Cgroup2Mount()
 	if err != nil {
 		return err
@@ -100,6 +102,9 @@ func maskHost(nested bool, hide []string) error {
 	if err := unix.Mount("", cgroup2, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return maskErr("make the Trial's cgroup2 on "+cgroup2+" read-only", "a Trial must not change its own limits", err)
 	}
+	if err := hideV1(v1); err != nil {
+		return err
+	}
 	for _, d := range hide {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
 			continue // nothing there to hide
@@ -118,6 +123,81 @@ func maskHost(nested bool, hide []string) error {
 		if err := unix.Mount("", d, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "mode=0755,size=4k"); err != nil {
 			return maskErr("make "+d+" read-only", "a uid-0 Trial could put a socket where a client looks for trialnet's", err)
 		}
+	}
+	return nil
+}
+
+// hideV1 covers each cgroup v1 hierarchy mounted here with a read-only
+// tmpfs that holds only those of own (the Trial's groups, as the host
+// names them) that are below it, each bound back read-only at its path.
+// A fresh v1 mount would not do: the init is not in the Trial's v1 groups
+// (its commands are born there: poolMove), so its cgroup namespace is
+// rooted at the host's groups, and a mount would show every Trial's.
+// Nothing is left half made on a failure: these mounts are the init's
+// namespace's, which dies with it.
+func hideV1(own []string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("read mountinfo: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 || !strings.HasPrefix(post, "cgroup ") {
+			continue
+		}
+		if err := hideV1Mount(cgroup2.UnescapeMountPath(f[4]), own); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func hideV1Mount(mnt string, own []string) error {
+	// Opened before the tmpfs covers them; a group gone (an operator
+	// removed it) is not there to show.
+	var fds []int
+	var groups []string
+	defer func() {
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+	}()
+	for _, g := range own {
+		if !under(g, mnt) || g == mnt {
+			continue
+		}
+		fd, err := unix.Open(g, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return maskErr("open the Trial's cgroup v1 group "+g, "to show it alone", err)
+		}
+		fds, groups = append(fds, fd), append(groups, g)
+	}
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	err := unix.Mount("tmpfs", mnt, "tmpfs", flags, "mode=0755,size=4k")
+	if errors.Is(err, unix.ENOENT) {
+		return nil // covered by an earlier cover: unreachable anyway
+	}
+	if err != nil {
+		return maskErr("cover the cgroup v1 hierarchy on "+mnt, "it shows every Trial's groups and the host's", err)
+	}
+	for i, g := range groups {
+		if err := os.MkdirAll(g, 0o755); err != nil {
+			return maskErr("make the place of the Trial's cgroup v1 group "+g, "to show it alone", err)
+		}
+		if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(fds[i]), g, "", unix.MS_BIND, ""); err != nil {
+			return maskErr("bind the Trial's cgroup v1 group "+g, "to show it alone", err)
+		}
+		if err := unix.Mount("", g, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|flags, ""); err != nil {
+			return maskErr("make the Trial's cgroup v1 group "+g+" read-only", "a Trial must not change its own limits", err)
+		}
+	}
+	if err := unix.Mount("", mnt, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "mode=0755,size=4k"); err != nil {
+		return maskErr("make the cover of "+mnt+" read-only", "a uid-0 Trial could make groups of its own names there", err)
 	}
 	return nil
 }

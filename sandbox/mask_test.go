@@ -3,14 +3,18 @@
 package sandbox
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/trialnet/trialnet/trial"
 
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/internal/rootdir"
 	"golang.org/x/sys/unix"
 )
@@ -154,4 +158,169 @@ func TestUnixAllowUnderHiddenDirIsRefused(t *testing.T) {
 	if err := checkUnixPathsVisible([]string{"/run/trialnetx/a.sock", "/tmp/a.sock"}, hiddenDirs(h.NetnsDir)); err != nil {
 		t.Errorf("a path outside the hidden directories: %v", err)
 	}
+}
+
+// v1MountPoints are where this mount namespace has cgroup v1
+// hierarchies mounted.
+func v1MountPoints(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		pre, post, ok := strings.Cut(line, " - ")
+		if f := strings.Fields(pre); ok && len(f) >= 5 && strings.HasPrefix(post, "cgroup ") {
+			out = append(out, cgroup2.UnescapeMountPath(f[4]))
+		}
+	}
+	return out
+}
+
+// On a host with cgroup v1 hierarchies beside the unified one, a Trial
+// sees in each only its own groups (pids, memory), read-only: none of
+// another Trial's, nor the host's own files and groups. Seen red with
+// hideV1's call taken out of both init_early.c and mask.go: the sibling's
+// cgroup.procs and the host's root files were read, and every
+// hierarchy listed in full.
+func TestPrivilegedV1ShowsOnlyTheTrialsOwnGroups(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	sibling := newTrial(t, h, trial.Spec{})
+	own, err := tr.v1Groups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := sibling.v1Groups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(own) == 0 {
+		t.Skip("no cgroup v1 pids or memory controller on this host: the Trial's cgroup2 mount is all it has")
+	}
+	if code, out := runProbeAs(t, sibling, nobody, Command{}, "procs"); code != probeOK {
+		t.Fatalf("sibling: %d %s", code, out)
+	}
+	mounts := v1MountPoints(t)
+	for i, g := range own {
+		mnt, err := cachedV1Mount(g.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Each there on the host: the refusals below are the mounts'.
+		for _, p := range []string{filepath.Join(theirs[i].dir, "cgroup.procs"), filepath.Join(mnt, "cgroup.procs")} {
+			if _, err := os.Stat(p); err != nil {
+				t.Fatal(err)
+			}
+			if code, out := runProbeAs(t, tr, 0, Command{}, "read", p); code == probeOK || out != "ENOENT" {
+				t.Errorf("a uid-0 Trial reading %s: %d %q, want ENOENT", p, code, out)
+			}
+		}
+		if code, out := runProbeAs(t, tr, 0, Command{}, "ls", theirs[i].dir); code == probeOK {
+			t.Errorf("a Trial listed its sibling's %s group %s: %q", g.name, theirs[i].dir, out)
+		}
+		for dir, want := range map[string]string{mnt: ParentName, filepath.Dir(g.dir): filepath.Base(g.dir)} {
+			if code, out := runProbeAs(t, tr, nobody, Command{}, "ls", dir); code != probeOK || out != want {
+				t.Errorf("%s in the Trial: %d %q, want only %q", dir, code, out, want)
+			}
+		}
+		limit := map[string]string{PoolPids: "pids.max", PoolMemory: "memory.limit_in_bytes"}[g.name]
+		path := filepath.Join(g.dir, limit)
+		host, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, out := runProbeAs(t, tr, nobody, Command{}, "read", path); code != probeOK || out != string(host)+"ok" {
+			t.Errorf("the Trial's own %s in the Trial: %d %q, want %q as the host reads it", path, code, out, host)
+		}
+		if code, out := runProbeAs(t, tr, 0, Command{}, "open-write", path); code == probeOK || out != "EROFS" {
+			t.Errorf("a uid-0 Trial opening its own %s for writing: %d %q, want EROFS", path, code, out)
+		}
+		mounts = slices.DeleteFunc(mounts, func(m string) bool { return m == mnt })
+	}
+	// The host's other v1 hierarchies show nothing.
+	for _, m := range mounts {
+		if code, out := runProbeAs(t, tr, 0, Command{}, "ls", m); code != probeOK || out != "" {
+			t.Errorf("%s in the Trial: %d %q, want it empty", m, code, out)
+		}
+	}
+}
+
+// hideV1, the Go init's (runInit: off x86-64 without cgo, which this
+// host's tests do not run as the init), leaves the same view as
+// init_early.c's: run here on a thread of its own in a mount namespace of
+// its own, discarded after. Seen red with its cover taken out (the
+// sibling's group and the host's files were read).
+func TestPrivilegedGoHideV1(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	sibling := newTrial(t, h, trial.Spec{})
+	own, err := tr.v1Groups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(own) == 0 {
+		t.Skip("no cgroup v1 pids or memory controller on this host")
+	}
+	theirs, err := sibling.v1Groups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts := v1MountPoints(t)
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := hideV1(tr.v1Dirs()); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		shown := map[string]bool{}
+		for i, g := range own {
+			mnt, _ := cachedV1Mount(g.name)
+			shown[mnt] = true
+			for _, p := range []string{filepath.Join(theirs[i].dir, "cgroup.procs"), filepath.Join(mnt, "cgroup.procs")} {
+				if _, err := os.ReadFile(p); !errors.Is(err, os.ErrNotExist) {
+					bad = append(bad, fmt.Sprintf("read %s: %v, want ENOENT", p, err))
+				}
+			}
+			if names, err := dirNames(mnt); err != nil || names != ParentName {
+				bad = append(bad, fmt.Sprintf("%s: %q %v, want only %s", mnt, names, err, ParentName))
+			}
+			limit := filepath.Join(g.dir, map[string]string{PoolPids: "pids.max", PoolMemory: "memory.limit_in_bytes"}[g.name])
+			if _, err := os.ReadFile(limit); err != nil {
+				bad = append(bad, fmt.Sprintf("the Trial's own %s: %v", limit, err))
+			}
+			if err := openWrite(limit); !errors.Is(err, unix.EROFS) {
+				bad = append(bad, fmt.Sprintf("open %s for writing: %v, want EROFS", limit, err))
+			}
+		}
+		for _, m := range mounts {
+			if names, err := dirNames(m); !shown[m] && (err != nil || names != "") {
+				bad = append(bad, fmt.Sprintf("%s: %q %v, want it empty", m, names, err))
+			}
+		}
+	}()
+	for _, e := range <-errs {
+		t.Error(e)
+	}
+}
+
+func dirNames(dir string) (string, error) {
+	entries, err := os.ReadDir(dir)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return strings.Join(names, " "), err
 }

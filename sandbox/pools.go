@@ -434,6 +434,21 @@ func (t *Launcher) v1Groups() ([]v1Group, error) {
 	return gs, nil
 }
 
+// v1Dirs are the Trial's cgroup v1 groups, made or not, that its init
+// shows it (hideV1); none where no v1 controller bounds a pool.
+func (t *Launcher) v1Dirs() []string {
+	var dirs []string
+	for _, c := range t.controllers() {
+		if c.dir == "" {
+			continue
+		}
+		if dir, err := t.poolDir(c); err == nil {
+			dirs = append(dirs, dir)
+		}
+	}
+	return dirs
+}
+
 type v1Group struct {
 	controller
 	dir string // the Trial's group
