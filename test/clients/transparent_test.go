@@ -422,13 +422,16 @@ func (w *world) startPostgres(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.startServer(t, "postgres", netip.AddrPortFrom(w.host.Addr4, postgresPort), asNobody, postgresBin("postgres"), "-D", data, "-k", data,
+	// postgres listens before it takes connections ("the database system
+	// is starting up"): its log says when it does.
+	w.startServer(t, "postgres", netip.AddrPortFrom(w.host.Addr4, postgresPort), "ready to accept connections", asNobody, postgresBin("postgres"), "-D", data, "-k", data,
 		"-h", w.host.Addr4.String(), "-p", fmt.Sprint(postgresPort), "-c", "fsync=off")
 }
 
 // startServer runs argv in the test host's namespace until the test ends,
-// and waits (bounded) until it accepts on addr.
-func (w *world) startServer(t *testing.T, name string, addr netip.AddrPort, attr *syscall.SysProcAttr, argv ...string) {
+// and waits (bounded) until it accepts on addr and, if ready is not
+// empty, its output says ready.
+func (w *world) startServer(t *testing.T, name string, addr netip.AddrPort, ready string, attr *syscall.SysProcAttr, argv ...string) {
 	t.Helper()
 	var log privtest.SyncBuffer
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -448,7 +451,10 @@ func (w *world) startServer(t *testing.T, name string, addr netip.AddrPort, attr
 		c, err := net.DialTimeout("tcp", addr.String(), time.Second)
 		if err == nil {
 			_ = c.Close()
-			return
+			if strings.Contains(log.String(), ready) {
+				return
+			}
+			err = fmt.Errorf("listening, but its output does not say %q yet", ready)
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s did not listen on %s: %v\n%s", name, addr, err, log.String())
@@ -463,7 +469,7 @@ func redisClient(w *world) client {
 	return client{
 		name: "redis-cli", port: redisPort, missing: need("redis-cli", "redis-server"),
 		setup: func(t *testing.T, _ *trial) {
-			w.startServer(t, "redis-server", netip.AddrPortFrom(w.host.Addr4, redisPort), nil, "redis-server",
+			w.startServer(t, "redis-server", netip.AddrPortFrom(w.host.Addr4, redisPort), "", nil, "redis-server",
 				"--bind", w.host.Addr4.String(), "--port", fmt.Sprint(redisPort), "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", w.dir)
 		},
 		fetch: func(tc *trial, host string, _ bool) (int, string) {
