@@ -185,20 +185,7 @@ func v1MountPoints(t *testing.T) []string {
 // cgroup.procs and the host's root files were read, and every
 // hierarchy listed in full.
 func TestPrivilegedV1ShowsOnlyTheTrialsOwnGroups(t *testing.T) {
-	h := newHost(t)
-	tr := newTrial(t, h, trial.Spec{})
-	sibling := newTrial(t, h, trial.Spec{})
-	own, err := tr.v1Groups()
-	if err != nil {
-		t.Fatal(err)
-	}
-	theirs, err := sibling.v1Groups()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(own) == 0 {
-		t.Skip("no cgroup v1 pids or memory controller on this host: the Trial's cgroup2 mount is all it has")
-	}
+	tr, sibling, own, theirs := v1Siblings(t)
 	if code, out := runProbeAs(t, sibling, nobody, Command{}, "procs"); code != probeOK {
 		t.Fatalf("sibling: %d %s", code, out)
 	}
@@ -253,20 +240,7 @@ func TestPrivilegedV1ShowsOnlyTheTrialsOwnGroups(t *testing.T) {
 // its own, discarded after. Seen red with its cover taken out (the
 // sibling's group and the host's files were read).
 func TestPrivilegedGoHideV1(t *testing.T) {
-	h := newHost(t)
-	tr := newTrial(t, h, trial.Spec{})
-	sibling := newTrial(t, h, trial.Spec{})
-	own, err := tr.v1Groups()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(own) == 0 {
-		t.Skip("no cgroup v1 pids or memory controller on this host")
-	}
-	theirs, err := sibling.v1Groups()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr, _, own, theirs := v1Siblings(t)
 	mounts := v1MountPoints(t)
 	errs := make(chan []string, 1)
 	go func() {
@@ -323,4 +297,25 @@ func dirNames(dir string) (string, error) {
 		names = append(names, e.Name())
 	}
 	return strings.Join(names, " "), err
+}
+
+// v1Siblings makes two Trials on one host and their cgroup v1 groups;
+// it skips where the host has no v1 pids or memory controller (then the
+// Trial's cgroup2 mount is all it has to hide).
+func v1Siblings(t *testing.T) (tr, sibling *Trial, own, theirs []v1Group) {
+	t.Helper()
+	h := newHost(t)
+	tr = newTrial(t, h, trial.Spec{})
+	sibling = newTrial(t, h, trial.Spec{})
+	own, err := tr.v1Groups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(own) == 0 {
+		t.Skip("no cgroup v1 pids or memory controller on this host: the Trial's cgroup2 mount is all it has")
+	}
+	if theirs, err = sibling.v1Groups(); err != nil {
+		t.Fatal(err)
+	}
+	return tr, sibling, own, theirs
 }
