@@ -322,55 +322,6 @@ func TestPrivilegedSteerPinned(t *testing.T) {
 	}
 }
 
-// OpenSteer attaches the program a LoadSteer loaded ahead (an embedded
-// agent's), not one of its own; one for another pool it frees unused.
-func TestPrivilegedSteerLoadedAhead(t *testing.T) {
-	pin, ns := pinnedSteerWorld(t, "steerahead")
-	ln := plainListener(t, ns)
-	loaded, err := LoadSteer(steerPool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := loaded.objs.TrialnetSteer.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, _ := info.ID()
-	other, err := LoadSteer(netip.MustParsePrefix("127.200.0.0/16"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := OpenSteer(pin, ns.Path, steerPool, ln, loaded)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = errors.Join(s.Unpin(), s.Close()) })
-	lk, err := link.LoadPinnedLink(pin+"_link", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	li, err := lk.Info()
-	_ = lk.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if li.Program != want {
-		t.Errorf("the pinned link runs program %d, not %d loaded ahead", li.Program, want)
-	}
-	if _, err := dialIn(t, ns, "127.100.0.1:443"); err != nil {
-		t.Fatal(err)
-	}
-	_ = acceptSteered(t, ln).Close()
-
-	// Adopted pins keep their program; the one loaded ahead is freed.
-	if _, err := OpenSteer(pin, ns.Path, steerPool, ln, other); err != nil {
-		t.Fatal(err)
-	}
-	if fd := other.objs.TrialnetSteer.FD(); fd >= 0 {
-		t.Errorf("a steering loaded ahead and not used is still open (fd %d)", fd)
-	}
-}
-
 // A program loaded ahead for another pool is never attached: with no
 // pins to adopt, OpenSteer frees it and attaches one for its own pool,
 // whose connections reach the listener.
@@ -508,9 +459,10 @@ func plainListener(t *testing.T, ns *netns.Namespace) *net.TCPListener {
 }
 
 // TestPrivilegedLoadedSteerPinned: a program loaded ahead, before its
-// namespace is known (an agent's for a container it will adopt), steers
-// once OpenSteer attaches and pins it, holding no descriptor after;
-// where pins of the namespace are there to adopt, it is closed unused.
+// namespace is known (an agent's for a container it will adopt, an
+// embedded agent's for its Trial), is the one OpenSteer attaches and
+// pins, and steers, holding no descriptor after; where pins of the
+// namespace are there to adopt, it is closed unused.
 func TestPrivilegedLoadedSteerPinned(t *testing.T) {
 	pin, ns := pinnedSteerWorld(t, "steerload")
 	before := bpfFDs(t)
@@ -518,12 +470,29 @@ func TestPrivilegedLoadedSteerPinned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	info, err := loaded.objs.TrialnetSteer.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := info.ID()
 	first := plainListener(t, ns)
 	if _, err := OpenSteer(pin, ns.Path, steerPool, first, loaded); err != nil {
 		t.Fatal(err)
 	}
 	if held := bpfFDs(t) - before; held != 0 {
 		t.Errorf("a Steer loaded ahead and pinned holds %d eBPF descriptors, want none", held)
+	}
+	lk, err := link.LoadPinnedLink(pin+"_link", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	li, err := lk.Info()
+	_ = lk.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if li.Program != want {
+		t.Errorf("the pinned link runs program %d, not %d loaded ahead", li.Program, want)
 	}
 	id := pinnedLinkID(t, pin)
 	if _, err := dialIn(t, ns, "127.100.0.1:443"); err != nil {
