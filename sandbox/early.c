@@ -298,11 +298,16 @@ static int read_filter(struct sock_filter *prog) {
 	return st.st_size / sizeof *prog;
 }
 
-// isolate is exec.go's isolate.
-static void isolate(void) {
+// own_cgroup_namespace is exec.go's ownCgroupNamespace.
+static void own_cgroup_namespace(void) {
 	long r;
 	if ((r = sys(SYS_unshare, CLONE_NEWCGROUP, 0, 0, 0)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: unshare cgroup namespace", NULL);
+}
+
+// isolate is exec.go's isolate.
+static void isolate(void) {
+	long r;
 	long fd = sys(SYS_openat, AT_FDCWD, "/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC, 0);
 	if (fd < 0 || (r = sys(SYS_write, fd, "1000", 4, 0)) != 4)
 		fail(exit_cannot_execute, fd < 0 ? fd : r < 0 ? r : EIO, "trialnet-exec: make the Trial the OOM killer's first choice", NULL);
@@ -437,6 +442,7 @@ __attribute__((noreturn)) static void trial_exec(int argc, char **argv, char **e
 	char b;
 	if (sys(SYS_read, fd_go, &b, 1, 0) != 1)
 		fail(exit_cannot_execute, 0, "trialnet-exec: the Trial's init did not become ready", NULL);
+	own_cgroup_namespace();
 	struct rlimit lim = {nproc, nproc}, none_lim = {TRIALNET_CORE_LIMIT, TRIALNET_CORE_LIMIT};
 	long r;
 	if ((r = sys(SYS_prlimit64, 0, RLIMIT_NPROC, &lim, NULL)) < 0)

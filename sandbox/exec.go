@@ -654,6 +654,9 @@ func trialExec(args []string) (int, error) {
 	if n, _ := unix.Read(4, b[:]); n != 1 {
 		return ExitCannotExecute, errors.New("trialnet-exec: the Trial's init did not become ready")
 	}
+	if err := ownCgroupNamespace(); err != nil {
+		return ExitCannotExecute, err
+	}
 	return becomeCommand(a, path)
 }
 
@@ -688,15 +691,23 @@ func parseExecArgs(args []string) (execArgs, error) {
 	}, nil
 }
 
-// isolate cuts trialnet-exec off from what it inherited, while it is still
-// root: the host's cgroup tree, its OOM standing and every descriptor but
-// stdio.
-func isolate() error {
-	// A cgroup namespace rooted at the Trial's cgroup: even a uid-0 Trial
-	// cannot move itself into a cgroup outside it.
+// ownCgroupNamespace roots trialnet-exec's cgroup namespace at the
+// Trial's cgroup, so that even a uid-0 Trial cannot move itself into a
+// cgroup outside it. It comes after the launcher's byte: a command not
+// born in the Trial's cgroup v1 groups is moved there before that byte
+// (joinPools), and a namespace made before the move would name them
+// outside it, where a JVM, joining /proc/self/cgroup with the mounts,
+// finds no memory limit.
+func ownCgroupNamespace() error {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("trialnet-exec: unshare cgroup namespace: %w", err)
 	}
+	return nil
+}
+
+// isolate cuts trialnet-exec off from what it inherited, while it is still
+// root: its OOM standing and every descriptor but stdio.
+func isolate() error {
 	if err := oomFirst(); err != nil {
 		return fmt.Errorf("trialnet-exec: %w", err)
 	}

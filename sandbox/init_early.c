@@ -22,6 +22,7 @@
 #include <linux/capability.h>
 #include <linux/close_range.h>
 #include <linux/filter.h>
+#include <linux/magic.h>
 #include <linux/seccomp.h>
 #include <sched.h>
 #include <signal.h>
@@ -33,6 +34,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -561,56 +563,67 @@ static void mount_views(const char *dir) {
 	}
 }
 
+// From linux/mount.h, which clashes with sys/mount.h.
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+
 // hide_v1_mount is hideV1Mount.
 static void hide_v1_mount(const char *mnt, char **own, int nown) {
-	int fds[nown > 0 ? nown : 1];
-	const char *groups[nown > 0 ? nown : 1];
-	int n = 0;
+	int tree = -1;
+	const char *group = NULL;
 	for (int i = 0; i < nown; i++) {
 		if (!under(own[i], mnt) || !strcmp(own[i], mnt))
 			continue;
-		int fd = open(own[i], O_PATH | O_DIRECTORY | O_CLOEXEC);
-		if (fd < 0 && errno == ENOENT)
+		if (tree >= 0)
+			mask_fail(EINVAL, "show the Trial's cgroup v1 groups %s and %s (they share one hierarchy, whose mount point shows one group)", group, own[i]);
+		tree = syscall(SYS_open_tree, AT_FDCWD, own[i], OPEN_TREE_CLONE | O_CLOEXEC);
+		if (tree < 0 && errno == ENOENT)
 			continue; // removed (by an operator): not there to show
-		if (fd < 0)
-			mask_fail(errno, "open the Trial's cgroup v1 group %s (to show it alone)", own[i]);
-		fds[n] = fd, groups[n++] = own[i];
+		if (tree < 0)
+			mask_fail(errno, "copy the Trial's cgroup v1 group %s (to show it alone)", own[i]);
+		group = own[i];
 	}
+	// Every cgroup v1 mount stacked there, and only those: what the host
+	// put over one (a tmpfs) already hides it.
+	struct statfs st;
+	while (statfs(mnt, &st) == 0 && st.f_type == CGROUP_SUPER_MAGIC)
+		if (umount2(mnt, MNT_DETACH) < 0)
+			mask_fail(errno, "detach the host's cgroup v1 hierarchy from %s (it shows every Trial's groups and the host's)", mnt);
+	if (tree < 0)
+		return;
+	if (syscall(SYS_move_mount, tree, "", AT_FDCWD, mnt, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+		mask_fail(errno, "mount the Trial's cgroup v1 group %s on %s (to show it alone)", group, mnt);
 	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
-	if (mount("tmpfs", mnt, "tmpfs", flags, "mode=0755,size=4k") < 0) {
-		if (errno == ENOENT) {
-			for (int i = 0; i < n; i++)
-				close(fds[i]);
-			return; // covered by an earlier cover: unreachable anyway
-		}
-		mask_fail(errno, "cover the cgroup v1 hierarchy on %s (it shows every Trial's groups and the host's)", mnt);
-	}
-	for (int i = 0; i < n; i++) {
-		char failed[PATH_MAX + 8], src[32];
-		int e = mkdir_all(groups[i], 0755, failed);
-		if (e)
-			mask_fail(e, "make the place of the Trial's cgroup v1 group %s (to show it alone): %s", groups[i], failed);
-		snprintf(src, sizeof src, "/proc/self/fd/%d", fds[i]);
-		if (mount(src, groups[i], "", MS_BIND, "") < 0)
-			mask_fail(errno, "bind the Trial's cgroup v1 group %s (to show it alone)", groups[i]);
-		if (mount("", groups[i], "", MS_BIND | MS_REMOUNT | MS_RDONLY | flags, "") < 0)
-			mask_fail(errno, "make the Trial's cgroup v1 group %s read-only (a Trial must not change its own limits)", groups[i]);
-		close(fds[i]);
-	}
-	if (mount("", mnt, "", MS_REMOUNT | MS_RDONLY | flags, "mode=0755,size=4k") < 0)
-		mask_fail(errno, "make the cover of %s read-only (a uid-0 Trial could make groups of its own names there)", mnt);
+	if (mount("", mnt, "", MS_BIND | MS_REMOUNT | MS_RDONLY | flags, "") < 0)
+		mask_fail(errno, "make the Trial's cgroup v1 group on %s read-only (a Trial must not change its own limits)", mnt);
+	close(tree);
 }
 
 // hide_v1 is hideV1.
 static void hide_v1(char **own, int nown) {
 	char *b = read_mountinfo(), *s = b, *line;
 	struct mount_line m;
+	const char *done[64];
+	int ndone = 0;
 	while ((line = next_line(&s))) {
 		split_line(line, &m);
 		if (!m.post || m.fields < 5 || strncmp(m.post, "cgroup ", 7))
 			continue;
 		if (m.too_long)
-			mask_fail(ENAMETOOLONG, "cover the cgroup v1 hierarchy on %s... (it shows every Trial's groups and the host's)", m.point);
+			mask_fail(ENAMETOOLONG, "hide the cgroup v1 hierarchy on %s... (it shows every Trial's groups and the host's)", m.point);
+		int seen = 0;
+		for (int i = 0; i < ndone; i++)
+			seen |= !strcmp(done[i], m.point);
+		if (seen)
+			continue;
+		if (ndone == (int)(sizeof done / sizeof done[0]))
+			mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d cgroup v1 mount points)", m.point, ndone);
+		if (!(done[ndone++] = strdup(m.point)))
+			mask_fail(ENOMEM, "hide the cgroup v1 hierarchy on %s", m.point);
 		hide_v1_mount(m.point, own, nown);
 	}
 }

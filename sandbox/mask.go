@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -127,19 +126,24 @@ func maskHost(nested bool, hide, v1 []string) error {
 	return nil
 }
 
-// hideV1 covers each cgroup v1 hierarchy mounted here with a read-only
-// tmpfs that holds only those of own (the Trial's groups, as the host
-// names them) that are below it, each bound back read-only at its path.
-// A fresh v1 mount would not do: the init is not in the Trial's v1 groups
-// (its commands are born there: poolMove), so its cgroup namespace is
-// rooted at the host's groups, and a mount would show every Trial's.
-// Nothing is left half made on a failure: these mounts are the init's
-// namespace's, which dies with it.
+// hideV1 replaces each cgroup v1 hierarchy mounted here with the
+// Trial's own group in it (the entry of own, the Trial's groups as the
+// host names them, below its mount point), bound read-only at the mount
+// point, as container runtimes mount a container's; a hierarchy with no
+// group of the Trial's is taken away. The Trial's commands unshare their
+// cgroup namespace in those groups, so /proc/self/cgroup names each "/",
+// and a reader that joins the two, as a JVM does to find its memory
+// limit, finds the group at the mount point. The host's mounts are
+// detached, not covered: mountinfo would still list them first, with a
+// root outside the namespace's ("/../.."), which a JVM cannot place (its
+// ManagementFactory threw). Nothing is left half made on a failure:
+// these mounts are the init's namespace's, which dies with it.
 func hideV1(own []string) error {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return fmt.Errorf("read mountinfo: %w", err)
 	}
+	done := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		pre, post, ok := strings.Cut(sc.Text(), " - ")
@@ -147,7 +151,12 @@ func hideV1(own []string) error {
 		if !ok || len(f) < 5 || !strings.HasPrefix(post, "cgroup ") {
 			continue
 		}
-		if err := hideV1Mount(cgroup2.UnescapeMountPath(f[4]), own); err != nil {
+		mnt := cgroup2.UnescapeMountPath(f[4])
+		if done[mnt] {
+			continue
+		}
+		done[mnt] = true
+		if err := hideV1Mount(mnt, own); err != nil {
 			return err
 		}
 	}
@@ -155,49 +164,53 @@ func hideV1(own []string) error {
 }
 
 func hideV1Mount(mnt string, own []string) error {
-	// Opened before the tmpfs covers them; a group gone (an operator
-	// removed it) is not there to show.
-	var fds []int
-	var groups []string
-	defer func() {
-		for _, fd := range fds {
-			_ = unix.Close(fd)
-		}
-	}()
+	// A copy of the group's mount, made through the host's before it
+	// goes (a bind's source must be attached; the copy is attached
+	// nowhere until moved there); a group gone (an operator removed it)
+	// is not there to show.
+	tree := -1
+	var group string
 	for _, g := range own {
 		if !under(g, mnt) || g == mnt {
 			continue
 		}
-		fd, err := unix.Open(g, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if tree >= 0 {
+			_ = unix.Close(tree)
+			return maskErr("show the Trial's cgroup v1 groups "+group+" and "+g, "they share one hierarchy, whose mount point shows one group", unix.EINVAL)
+		}
+		var err error
+		tree, err = unix.OpenTree(unix.AT_FDCWD, g, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 		if errors.Is(err, unix.ENOENT) {
 			continue
 		}
 		if err != nil {
-			return maskErr("open the Trial's cgroup v1 group "+g, "to show it alone", err)
+			return maskErr("copy the Trial's cgroup v1 group "+g, "to show it alone", err)
 		}
-		fds, groups = append(fds, fd), append(groups, g)
+		group = g
+	}
+	if tree >= 0 {
+		defer unix.Close(tree)
+	}
+	// Every cgroup v1 mount stacked there, and only those: what the host
+	// put over one (a tmpfs) already hides it.
+	for {
+		var st unix.Statfs_t
+		if err := unix.Statfs(mnt, &st); err != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+			break
+		}
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			return maskErr("detach the host's cgroup v1 hierarchy from "+mnt, "it shows every Trial's groups and the host's", err)
+		}
+	}
+	if tree < 0 {
+		return nil
+	}
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, mnt, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return maskErr("mount the Trial's cgroup v1 group "+group+" on "+mnt, "to show it alone", err)
 	}
 	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
-	err := unix.Mount("tmpfs", mnt, "tmpfs", flags, "mode=0755,size=4k")
-	if errors.Is(err, unix.ENOENT) {
-		return nil // covered by an earlier cover: unreachable anyway
-	}
-	if err != nil {
-		return maskErr("cover the cgroup v1 hierarchy on "+mnt, "it shows every Trial's groups and the host's", err)
-	}
-	for i, g := range groups {
-		if err := os.MkdirAll(g, 0o755); err != nil {
-			return maskErr("make the place of the Trial's cgroup v1 group "+g, "to show it alone", err)
-		}
-		if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(fds[i]), g, "", unix.MS_BIND, ""); err != nil {
-			return maskErr("bind the Trial's cgroup v1 group "+g, "to show it alone", err)
-		}
-		if err := unix.Mount("", g, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|flags, ""); err != nil {
-			return maskErr("make the Trial's cgroup v1 group "+g+" read-only", "a Trial must not change its own limits", err)
-		}
-	}
-	if err := unix.Mount("", mnt, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "mode=0755,size=4k"); err != nil {
-		return maskErr("make the cover of "+mnt+" read-only", "a uid-0 Trial could make groups of its own names there", err)
+	if err := unix.Mount("", mnt, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|flags, ""); err != nil {
+		return maskErr("make the Trial's cgroup v1 group on "+mnt+" read-only", "a Trial must not change its own limits", err)
 	}
 	return nil
 }

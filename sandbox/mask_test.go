@@ -179,24 +179,39 @@ func v1MountPoints(t *testing.T) []string {
 }
 
 // On a host with cgroup v1 hierarchies beside the unified one, a Trial
-// sees in each only its own groups (pids, memory), read-only: none of
-// another Trial's, nor the host's own files and groups. Seen red with
-// hideV1's call taken out of both init_early.c and mask.go: the sibling's
-// cgroup.procs and the host's root files were read, and every
-// hierarchy listed in full.
+// sees at the mount point of each hierarchy that holds a group of its
+// own (pids, memory) that group, read-only, as a container does: none of
+// another Trial's, nor the host's own files and groups; the other
+// hierarchies show nothing. Its /proc/self/cgroup and mountinfo agree,
+// as a JVM joins them to find its memory limit: each such controller's
+// group is "/", and its one mount is rooted there. Seen red with
+// hideV1's call taken out of both init_early.c and mask.go: the
+// sibling's cgroup.procs and the host's root files were read, and every
+// hierarchy listed in full; and with the cover of before (a tmpfs over
+// the host's mount, the group bound at its host path): the host's mount
+// listed first, rooted at "/../..".
 func TestPrivilegedV1ShowsOnlyTheTrialsOwnGroups(t *testing.T) {
 	tr, sibling, own, theirs := v1Siblings(t)
 	if code, out := runProbeAs(t, sibling, nobody, Command{}, "procs"); code != probeOK {
 		t.Fatalf("sibling: %d %s", code, out)
 	}
 	mounts := v1MountPoints(t)
+	code, cgroups := runProbeAs(t, tr, nobody, Command{}, "read", "/proc/self/cgroup")
+	if code != probeOK {
+		t.Fatalf("/proc/self/cgroup in the Trial: %d %s", code, cgroups)
+	}
+	code, mountinfo := runProbeAs(t, tr, nobody, Command{}, "read", "/proc/self/mountinfo")
+	if code != probeOK {
+		t.Fatalf("mountinfo in the Trial: %d %s", code, mountinfo)
+	}
 	for i, g := range own {
 		mnt, err := cachedV1Mount(g.name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Each there on the host: the refusals below are the mounts'.
-		for _, p := range []string{filepath.Join(theirs[i].dir, "cgroup.procs"), filepath.Join(mnt, "cgroup.procs")} {
+		// cgroup.sane_behavior is only in a v1 hierarchy's root.
+		for _, p := range []string{filepath.Join(theirs[i].dir, "cgroup.procs"), filepath.Join(mnt, "cgroup.sane_behavior")} {
 			if _, err := os.Stat(p); err != nil {
 				t.Fatal(err)
 			}
@@ -207,31 +222,60 @@ func TestPrivilegedV1ShowsOnlyTheTrialsOwnGroups(t *testing.T) {
 		if code, out := runProbeAs(t, tr, 0, Command{}, "ls", theirs[i].dir); code == probeOK {
 			t.Errorf("a Trial listed its sibling's %s group %s: %q", g.name, theirs[i].dir, out)
 		}
-		for dir, want := range map[string]string{mnt: ParentName, filepath.Dir(g.dir): filepath.Base(g.dir)} {
-			if code, out := runProbeAs(t, tr, nobody, Command{}, "ls", dir); code != probeOK || out != want {
-				t.Errorf("%s in the Trial: %d %q, want only %q", dir, code, out, want)
-			}
-		}
-		limit := map[string]string{PoolPids: "pids.max", PoolMemory: "memory.limit_in_bytes"}[g.name]
-		path := filepath.Join(g.dir, limit)
-		host, err := os.ReadFile(path)
+		want, err := dirNames(g.dir)
 		if err != nil {
 			t.Fatal(err)
 		}
+		if code, out := runProbeAs(t, tr, nobody, Command{}, "ls", mnt); code != probeOK || strings.Join(strings.Fields(out), " ") != want {
+			t.Errorf("%s in the Trial: %d %q, want its own group's %q", mnt, code, out, want)
+		}
+		limit := map[string]string{PoolPids: "pids.max", PoolMemory: "memory.limit_in_bytes"}[g.name]
+		host, err := os.ReadFile(filepath.Join(g.dir, limit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(mnt, limit)
 		if code, out := runProbeAs(t, tr, nobody, Command{}, "read", path); code != probeOK || out != string(host)+"ok" {
-			t.Errorf("the Trial's own %s in the Trial: %d %q, want %q as the host reads it", path, code, out, host)
+			t.Errorf("the Trial's own %s, at %s in the Trial: %d %q, want %q as the host reads it", limit, path, code, out, host)
 		}
 		if code, out := runProbeAs(t, tr, 0, Command{}, "open-write", path); code == probeOK || out != "EROFS" {
 			t.Errorf("a uid-0 Trial opening its own %s for writing: %d %q, want EROFS", path, code, out)
 		}
+		if !slices.ContainsFunc(strings.Split(cgroups, "\n"), func(l string) bool {
+			_, rest, _ := strings.Cut(l, ":")
+			ctrls, path, _ := strings.Cut(rest, ":")
+			return slices.Contains(strings.Split(ctrls, ","), g.name) && path == "/"
+		}) {
+			t.Errorf("the Trial's /proc/self/cgroup does not name its %s group \"/\": %q", g.name, cgroups)
+		}
+		if got := v1MountsIn(mountinfo, g.name); len(got) != 1 || got[0] != "/ "+mnt {
+			t.Errorf("the Trial's mountinfo has %s mounts %q, want one, its own group (\"/\") on %s", g.name, got, mnt)
+		}
 		mounts = slices.DeleteFunc(mounts, func(m string) bool { return m == mnt })
 	}
-	// The host's other v1 hierarchies show nothing.
+	// The host's other v1 hierarchies show nothing, and are not mounted.
 	for _, m := range mounts {
 		if code, out := runProbeAs(t, tr, 0, Command{}, "ls", m); code != probeOK || out != "" {
 			t.Errorf("%s in the Trial: %d %q, want it empty", m, code, out)
 		}
+		if strings.Contains(mountinfo, " "+m+" ") {
+			t.Errorf("the Trial's mountinfo still lists %s", m)
+		}
 	}
+}
+
+// v1MountsIn are the cgroup v1 mounts of controller in mountinfo, each
+// as "ROOT MOUNTPOINT".
+func v1MountsIn(mountinfo, controller string) []string {
+	var out []string
+	for line := range strings.Lines(mountinfo) {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, p := strings.Fields(pre), strings.Fields(post)
+		if ok && len(f) >= 5 && len(p) >= 3 && p[0] == "cgroup" && slices.Contains(strings.Split(p[2], ","), controller) {
+			out = append(out, f[3]+" "+f[4])
+		}
+	}
+	return out
 }
 
 // hideV1, the Go init's (runInit: off x86-64 without cgo, which this
@@ -255,7 +299,21 @@ func TestPrivilegedGoHideV1(t *testing.T) {
 			bad = append(bad, err.Error())
 			return
 		}
+		want := map[string]string{}
+		for _, g := range own {
+			names, err := dirNames(g.dir)
+			if err != nil {
+				bad = append(bad, err.Error())
+				return
+			}
+			want[g.name] = names
+		}
 		if err := hideV1(tr.v1Dirs()); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		mi, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
 			bad = append(bad, err.Error())
 			return
 		}
@@ -263,20 +321,25 @@ func TestPrivilegedGoHideV1(t *testing.T) {
 		for i, g := range own {
 			mnt, _ := cachedV1Mount(g.name)
 			shown[mnt] = true
-			for _, p := range []string{filepath.Join(theirs[i].dir, "cgroup.procs"), filepath.Join(mnt, "cgroup.procs")} {
+			for _, p := range []string{filepath.Join(theirs[i].dir, "cgroup.procs"), filepath.Join(mnt, "cgroup.sane_behavior")} {
 				if _, err := os.ReadFile(p); !errors.Is(err, os.ErrNotExist) {
 					bad = append(bad, fmt.Sprintf("read %s: %v, want ENOENT", p, err))
 				}
 			}
-			if names, err := dirNames(mnt); err != nil || names != ParentName {
-				bad = append(bad, fmt.Sprintf("%s: %q %v, want only %s", mnt, names, err, ParentName))
+			if names, err := dirNames(mnt); err != nil || names != want[g.name] {
+				bad = append(bad, fmt.Sprintf("%s: %q %v, want its own group's %q", mnt, names, err, want[g.name]))
 			}
-			limit := filepath.Join(g.dir, map[string]string{PoolPids: "pids.max", PoolMemory: "memory.limit_in_bytes"}[g.name])
+			limit := filepath.Join(mnt, map[string]string{PoolPids: "pids.max", PoolMemory: "memory.limit_in_bytes"}[g.name])
 			if _, err := os.ReadFile(limit); err != nil {
 				bad = append(bad, fmt.Sprintf("the Trial's own %s: %v", limit, err))
 			}
 			if err := openWrite(limit); !errors.Is(err, unix.EROFS) {
 				bad = append(bad, fmt.Sprintf("open %s for writing: %v, want EROFS", limit, err))
+			}
+			// This thread's cgroup namespace is the test's: the group's
+			// root is its path there.
+			if got := v1MountsIn(string(mi), g.name); len(got) != 1 || !strings.HasSuffix(got[0], " "+mnt) {
+				bad = append(bad, fmt.Sprintf("%s mounts %q, want one, on %s", g.name, got, mnt))
 			}
 		}
 		for _, m := range mounts {

@@ -564,8 +564,17 @@ func TestPrivilegedCommandBornInV1Pools(t *testing.T) {
 		move.close()
 		t.Error("a move into a Trial one task short of its pids bound")
 	}
-	if code, err := tr.Exec(context.Background(), Command{Args: []string{"true"}, Env: env, UID: nobody, GID: nobody}, nil); code != 0 || err != nil {
+	// Moved the old way, it is still rooted in the Trial's groups: its
+	// cgroup namespace is made once it is there, so that it names each
+	// "/", as a JVM joining it with the mounts expects.
+	var cgroups bytes.Buffer
+	if code, err := tr.Exec(context.Background(), Command{Args: []string{"cat", "/proc/self/cgroup"}, Env: env, UID: nobody, GID: nobody, Stdout: &cgroups}, nil); code != 0 || err != nil {
 		t.Fatalf("a command in a Trial one task short of its bound: exit %d, %v", code, err)
+	}
+	for _, g := range groups {
+		if got, _ := v1Path(cgroups.String(), g.name); got != "/" {
+			t.Errorf("a command moved into the Trial's %s group names it %q in its /proc/self/cgroup, want \"/\"", g.name, got)
+		}
 	}
 	grow()
 	if _, err := tr.Start(Command{Args: []string{"true"}, Env: env, UID: nobody, GID: nobody}); err == nil || !strings.Contains(err.Error(), "pids.max") {

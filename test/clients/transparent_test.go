@@ -13,11 +13,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -262,8 +264,11 @@ func (n transparentNode) client(api, script string) client {
 
 // fetchJava is a JVM client with no proxy properties: java.net.http's
 // HttpClient (what Gradle and Maven use) or HttpURLConnection, with the
-// JDK's default ProxySelector.
+// JDK's default ProxySelector. It first reads the memory its container
+// allows, as Gradle sizes its daemons: the JDK joins /proc/self/cgroup
+// with the cgroup mounts, and threw where they did not match.
 const fetchJava = `import java.io.InputStream;
+import java.lang.management.ManagementFactory;
 import java.net.HttpURLConnection;
 import java.net.URI;
 import java.net.http.HttpClient;
@@ -273,6 +278,7 @@ import java.time.Duration;
 
 public class Fetch {
     public static void main(String[] args) throws Exception {
+        long memory = ((com.sun.management.OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean()).getTotalMemorySize();
         URI uri = URI.create(args[1]);
         int status;
         String body;
@@ -293,6 +299,7 @@ public class Fetch {
             }
         }
         System.out.print(body);
+        System.out.println("\njvm-memory " + memory);
         System.exit(status == 200 ? 0 : 1);
     }
 }
@@ -329,7 +336,30 @@ func javaClient(name string) client {
 				"-Djavax.net.ssl.trustStore="+filepath.Join(tc.home, "ca.p12"), "-Djavax.net.ssl.trustStorePassword=changeit",
 				filepath.Join(tc.home, "Fetch.java"), name, url(host, "/hello"))
 		},
-		works: helloFrom(name),
+		works: func(t *testing.T, tc *trial, out string) {
+			helloFrom(name)(t, tc, out)
+			jvmSawTrialMemory(t, out)
+		},
+	}
+}
+
+// jvmSawTrialMemory checks that the JVM's total memory (its container's
+// limit where it found one) is below the host's: it found the Trial's
+// memory bound (half the host's, by default).
+func jvmSawTrialMemory(t *testing.T, out string) {
+	t.Helper()
+	_, after, ok := strings.Cut(out, "jvm-memory ")
+	seen, err := strconv.ParseInt(strings.TrimSpace(after), 10, 64)
+	if !ok || err != nil {
+		t.Errorf("the JVM printed no memory size: %q", out)
+		return
+	}
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		t.Fatal(err)
+	}
+	if host := int64(si.Totalram) * int64(si.Unit); seen >= host {
+		t.Errorf("the JVM in the Trial sees %d bytes of memory, the host's %d: it did not find the Trial's memory bound", seen, host)
 	}
 }
 
