@@ -13,6 +13,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -218,8 +219,13 @@ func TestTunnelNonTLSWithoutRequireTLS(t *testing.T) {
 	}
 }
 
-// sslRequest is PostgreSQL's SSLRequest: its length (8) and code 80877103.
-var sslRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
+// sslRequest is PostgreSQL's SSLRequest: its length (8) and code
+// 80877103; gssRequest its GSSENCRequest (80877104), which libpq sends
+// first where it has Kerberos credentials.
+var (
+	sslRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
+	gssRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30}
+)
 
 // pgFront stands in for a PostgreSQL front that routes by SNI (Neon's,
 // Supabase's): it answers an SSLRequest with 'S' (TLS follows) or, with
@@ -233,7 +239,12 @@ func pgFront(t *testing.T, plain bool, snis chan<- string) func(*net.TCPConn) {
 	}
 	return func(c *net.TCPConn) {
 		b := make([]byte, len(sslRequest))
-		if _, err := io.ReadFull(c, b); err != nil || !bytes.Equal(b, sslRequest) {
+		_, err := io.ReadFull(c, b)
+		if err == nil && bytes.Equal(b, gssRequest) {
+			_, _ = c.Write([]byte("N")) // no GSSAPI here: the client goes on
+			_, err = io.ReadFull(c, b)
+		}
+		if err != nil || !bytes.Equal(b, sslRequest) {
 			return
 		}
 		if plain {
@@ -257,14 +268,17 @@ func pgFront(t *testing.T, plain bool, snis chan<- string) func(*net.TCPConn) {
 // the plaintext, as before.
 func TestTLSAfterPostgresSSLRequest(t *testing.T) {
 	for _, c := range []struct {
-		name, sni string
-		pipelined bool
-		want      record.Reason
+		name, sni      string
+		pipelined, gss bool
+		want           record.Reason
 	}{
-		{"matching SNI", "db.example.com", false, record.ReasonAllowed},
-		{"other SNI", "other.example.com", false, record.ReasonSNIMismatch},
-		{"other SNI sent with the SSLRequest", "other.example.com", true, record.ReasonSNIMismatch},
-		{"no SNI", "93.184.216.34", false, record.ReasonSNIMissing},
+		{"matching SNI", "db.example.com", false, false, record.ReasonAllowed},
+		{"other SNI", "other.example.com", false, false, record.ReasonSNIMismatch},
+		{"other SNI sent with the SSLRequest", "other.example.com", true, false, record.ReasonSNIMismatch},
+		{"no SNI", "93.184.216.34", false, false, record.ReasonSNIMissing},
+		{"matching SNI after a GSSENCRequest declined", "db.example.com", false, true, record.ReasonAllowed},
+		{"other SNI after a GSSENCRequest declined", "other.example.com", false, true, record.ReasonSNIMismatch},
+		{"other SNI sent with a GSSENCRequest and the SSLRequest", "other.example.com", true, true, record.ReasonSNIMismatch},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			snis := make(chan string, 4)
@@ -276,14 +290,26 @@ func TestTLSAfterPostgresSSLRequest(t *testing.T) {
 			}
 			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 			tc := tls.Client(&bufConn{Conn: conn, r: br}, &tls.Config{ServerName: c.sni, InsecureSkipVerify: true})
+			var prelude []byte
+			if c.gss {
+				prelude = gssRequest
+			}
 			if c.pipelined {
 				hello := tlstest.ClientHello(t, c.sni)
-				if _, err := conn.Write(append(append([]byte(nil), sslRequest...), hello...)); err != nil {
+				if _, err := conn.Write(slices.Concat(prelude, sslRequest, hello)); err != nil {
 					t.Fatal(err)
 				}
 				_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
 				_, _ = io.ReadAll(br) // the refusal's alert, or nothing
 			} else {
+				if c.gss {
+					if _, err := conn.Write(gssRequest); err != nil {
+						t.Fatal(err)
+					}
+					if b, err := br.ReadByte(); err != nil || b != 'N' {
+						t.Fatalf("the front's answer to the GSSENCRequest: %q %v", b, err)
+					}
+				}
 				if _, err := conn.Write(sslRequest); err != nil {
 					t.Fatal(err)
 				}

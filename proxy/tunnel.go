@@ -91,8 +91,9 @@ func (p *Proxy) tunnel(k *clientConn, up net.Conn, ot *openTunnel, req *wire.Req
 // unchecked.
 type helloWatch struct {
 	state atomic.Int32 // which side spoke first (watch* below)
-	// preludes counts the client's PostgreSQL SSLRequests sent upstream
-	// whose one-byte answers the upstream side has yet to pass on.
+	// preludes counts the client's PostgreSQL SSLRequests and
+	// GSSENCRequests sent upstream whose one-byte answers the upstream
+	// side has yet to pass on.
 	preludes atomic.Int32
 	// answers carries, per ClientHello sent upstream, whether the
 	// server answered it with a HelloRetryRequest. It is closed when the
@@ -165,7 +166,7 @@ func pumpDown(client, up net.Conn, ev *record.Event, w *helloWatch) (int64, erro
 		if !ready || w.preludes.Load() == 0 {
 			break
 		}
-		// The upstream's answer to an SSLRequest, one byte: passed on,
+		// The upstream's answer to a prelude, one byte: passed on,
 		// and what it sends next is watched as a first answer is.
 		if len(pre) == 0 {
 			if _, err := io.ReadFull(up, b[:]); err != nil {
@@ -280,16 +281,18 @@ func (p *Proxy) pumpUp(k *clientConn, up net.Conn, entry allow.Entry, req *wire.
 	defer k.releaseReader()
 	client, br, ev := k.c, k.br, k.ev
 	for {
-		isReq, err := p.sslRequest(client, br, entry)
+		isReq, err := p.postgresPrelude(client, br, entry)
 		if err != nil {
 			return refuseTLS(client, ev, err)
 		}
 		if !isReq {
 			break
 		}
-		_, _ = br.Discard(len(pgSSLRequest))
+		prelude, _ := br.Peek(pgPreludeLen)
+		prelude = append([]byte(nil), prelude...)
+		_, _ = br.Discard(pgPreludeLen)
 		w.preludes.Add(1) // before it goes: the answer may come at once
-		if err := writeUp(up, pgSSLRequest, ev); err != nil {
+		if err := writeUp(up, prelude, ev); err != nil {
 			return err
 		}
 	}
@@ -375,31 +378,38 @@ func refuseTLS(client net.Conn, ev *record.Event, err error) error {
 	return err
 }
 
-// pgSSLRequest is PostgreSQL's SSLRequest: its length (8) and code
-// 80877103. A server answers it with one byte, 'S' or 'N'; after 'S'
-// the client's next bytes are a ClientHello, which a front that routes
-// by name (Neon's, Supabase's) reads as it reads a TLS-first one.
-var pgSSLRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
+// pgPrelude is what PostgreSQL's SSLRequest and GSSENCRequest start
+// with: their length (8) and the first half of their codes; the last
+// byte tells them apart (0x2f, 80877103; 0x30, 80877104). A server
+// answers each with one byte: after 'N' the client may send the other
+// (libpq asks for GSSAPI first where it has Kerberos credentials), and
+// after an SSLRequest's 'S' its next bytes are a ClientHello, which a
+// front that routes by name (Neon's, Supabase's) reads as it reads a
+// TLS-first one.
+var pgPrelude = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16}
 
-// sslRequest reports whether the client's next bytes are an SSLRequest,
-// after which the tunnel's first bytes are judged again: TLS there is
-// held to the tunnel's name like TLS at the start. Only bytes that begin
-// one are waited for past the first, and for at most the TLS timeout.
-// Under require_tls it is none: the first bytes must be a ClientHello.
-func (p *Proxy) sslRequest(client net.Conn, br *bufio.Reader, entry allow.Entry) (bool, error) {
+const pgPreludeLen = 8
+
+// postgresPrelude reports whether the client's next bytes are an SSLRequest
+// or a GSSENCRequest, after which the tunnel's first bytes are judged
+// again: TLS there is held to the tunnel's name like TLS at the start.
+// Only bytes that begin one are waited for past the first, and for at
+// most the TLS timeout. Under require_tls it is none: the first bytes
+// must be a ClientHello.
+func (p *Proxy) postgresPrelude(client net.Conn, br *bufio.Reader, entry allow.Entry) (bool, error) {
 	if entry.RequireTLS {
 		return false, nil
 	}
 	first, err := p.peekFirst(client, br, entry)
-	if err != nil || len(first) == 0 || !bytes.HasPrefix(pgSSLRequest, first[:min(len(first), len(pgSSLRequest))]) {
+	if err != nil || len(first) == 0 || !bytes.HasPrefix(pgPrelude, first[:min(len(first), len(pgPrelude))]) {
 		return false, err
 	}
-	if len(first) < len(pgSSLRequest) {
+	if len(first) < pgPreludeLen {
 		_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
-		first, _ = br.Peek(len(pgSSLRequest))
+		first, _ = br.Peek(pgPreludeLen)
 		_ = client.SetReadDeadline(time.Time{})
 	}
-	return bytes.HasPrefix(first, pgSSLRequest), nil
+	return len(first) >= pgPreludeLen && bytes.HasPrefix(first, pgPrelude) && (first[7] == 0x2f || first[7] == 0x30), nil
 }
 
 // checkFirstBytes returns the first bytes of the tunnel once they are
