@@ -320,7 +320,7 @@ func (a *Agent) sign(lt *trial, st *client.Stats, exit *int) error {
 	}
 	host, _ := os.Hostname()
 	r := client.Receipt{Schema: client.ReceiptSchema, Trial: st.Trial, Nonce: lt.info.Nonce, Host: host, Start: lt.info.Created, End: time.Now().UTC(), ExitCode: exit,
-		Learning: st.Learning, Verdict: st.Verdict, Kernel: st.Kernel, Proxy: st.Proxy, Pools: st.Pools, Layers: st.Layers,
+		Learning: st.Learning, Verdict: st.Verdict, Kernel: st.Kernel, Proxy: st.Proxy, DNS: st.DNS, Pools: st.Pools, Layers: st.Layers,
 		Programs: a.host.BPF.ProgramTags()}
 	if a.cfg.DataDir != "" {
 		if r.DecisionLog, err = DigestLog(a.decisionLog(st.Trial)); err != nil {

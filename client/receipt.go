@@ -32,8 +32,11 @@ type Receipt struct {
 	Verdict  string            `json:"verdict"`
 	Kernel   map[string]uint64 `json:"kernel"`
 	Proxy    record.TrialStats `json:"proxy"`
-	Pools    []trial.PoolUse   `json:"pools"`
-	Layers   Layers            `json:"layers"`
+	// DNS are the transparent Trial's stub's counts (absent without
+	// one): a name it refused is a refused attempt no tunnel counts.
+	DNS    *DNSStats       `json:"dns,omitempty"`
+	Pools  []trial.PoolUse `json:"pools"`
+	Layers Layers          `json:"layers"`
 	// Programs are the tags of the eBPF programs that enforced the Trial
 	// (name → tag, as bpftool shows them).
 	Programs map[string]string `json:"programs"`

@@ -313,6 +313,7 @@ type DNSStats struct {
 	NoData      uint64 `json:"nodata"`        // an admitted name, a type other than A (AAAA among them)
 	NXDomain    uint64 `json:"nxdomain"`      // a name the policy does not admit, or a reverse name
 	Refused     uint64 `json:"refused"`       // a class, type or name the stub never answers
+	Denied      uint64 `json:"denied"`        // questions for a name the Trial may not resolve, whatever their type: off its allowlist, or no host name (reverse names and the root are not counted)
 	FormErr     uint64 `json:"formerr"`       // not one parsable question, or too large
 	NotImp      uint64 `json:"notimp"`        // an opcode other than QUERY
 	RateLimited uint64 `json:"rate_limited"`  // REFUSED: past the query rate

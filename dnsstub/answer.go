@@ -72,18 +72,23 @@ func (s *Server) answer(query []byte, oversize bool, out []byte) []byte {
 // decide answers one question: its rcode, and the address when it is an
 // answer. Only here does a name meet the policy and the pool.
 func (s *Server) decide(q dnsmessage.Question) (dnsmessage.RCode, netip.Addr) {
-	if q.Class != dnsmessage.ClassINET || metaType(q.Type) {
-		s.count(statRefused)
-		return dnsmessage.RCodeRefused, netip.Addr{}
-	}
 	name, err := wire.NormaliseName(q.Name.String())
-	if err != nil {
-		s.count(statRefused)
-		return dnsmessage.RCodeRefused, netip.Addr{}
-	}
 	// Reverse names are never a Trial's: no policy admits them, learning
 	// included, so that a PTR query carries nothing into a profile.
-	if name == "arpa" || strings.HasSuffix(name, ".arpa") || !(s.learn != nil || s.admit(name)) {
+	reverse := err == nil && (name == "arpa" || strings.HasSuffix(name, ".arpa"))
+	admitted := err == nil && !reverse && (s.learn != nil || s.admit(name))
+	// A name off the Trial's list is a refused attempt, as a refused
+	// CONNECT is, whatever type it is asked with: counted for the
+	// receipt. Any resolver asks for reverse names and the root, so
+	// those are not.
+	if !admitted && !reverse && q.Name.String() != "." {
+		s.count(statDenied)
+	}
+	switch {
+	case q.Class != dnsmessage.ClassINET || metaType(q.Type) || err != nil:
+		s.count(statRefused)
+		return dnsmessage.RCodeRefused, netip.Addr{}
+	case !admitted:
 		s.count(statNXDomain)
 		return dnsmessage.RCodeNameError, netip.Addr{}
 	}

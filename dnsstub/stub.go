@@ -81,6 +81,7 @@ type Stats struct {
 	NoData      uint64 `json:"nodata"`        // an admitted name, a type other than A (AAAA among them)
 	NXDomain    uint64 `json:"nxdomain"`      // a name the policy does not admit, or a reverse name
 	Refused     uint64 `json:"refused"`       // a class, type or name this stub never answers
+	Denied      uint64 `json:"denied"`        // questions for a name the Trial may not resolve, whatever their type: off its allowlist, or no host name (reverse names and the root are not counted)
 	FormErr     uint64 `json:"formerr"`       // not one parsable question, or larger than maxQuery
 	NotImp      uint64 `json:"notimp"`        // an opcode other than QUERY
 	RateLimited uint64 `json:"rate_limited"`  // REFUSED: past the query rate
@@ -169,7 +170,7 @@ func (s *Server) Stats() Stats {
 	c := func(i stat) uint64 { return s.stats[i].Load() }
 	return Stats{
 		Answered: c(statAnswered), NoData: c(statNoData), NXDomain: c(statNXDomain),
-		Refused: c(statRefused), FormErr: c(statFormErr), NotImp: c(statNotImp),
+		Refused: c(statRefused), Denied: c(statDenied), FormErr: c(statFormErr), NotImp: c(statNotImp),
 		RateLimited: c(statRateLimited), PoolFull: c(statPoolFull), Dropped: c(statDropped),
 		TCPRefused: c(statTCPRefused), TCPTooLarge: c(statTCPTooLarge), Names: uint64(s.pool.Len()),
 	}
@@ -182,6 +183,7 @@ const (
 	statNoData
 	statNXDomain
 	statRefused
+	statDenied
 	statFormErr
 	statNotImp
 	statRateLimited

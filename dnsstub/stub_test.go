@@ -252,6 +252,27 @@ func TestLearningAnswersAndReportsEveryName(t *testing.T) {
 	}
 }
 
+// Every question for a name off the list is counted as denied, whatever
+// its type or class (an ANY or a CH question refused before the policy
+// is read is no less an attempt), as is a name that is no host name;
+// admitted names, reverse names and the root are not.
+func TestDeniedNamesCounted(t *testing.T) {
+	s, addrs := newStub(t, Config{})
+	chaos := query("off.example.net.", dns.TypeA)
+	chaos.Question[0].Qclass = dns.ClassCHAOS
+	for _, q := range []*dns.Msg{
+		query("off.example.net.", dns.TypeA), query("off.example.net.", dns.TypeAAAA),
+		query("off.example.net.", dns.TypeANY), chaos, query("_x.example.net.", dns.TypeTXT),
+		query("api.example.com.", dns.TypeA), query("api.example.com.", dns.TypeANY),
+		query("1.0.100.127.in-addr.arpa.", dns.TypePTR), query(".", dns.TypeNS),
+	} {
+		ask(t, "udp", addrs.udp, q)
+	}
+	if st := s.Stats(); st.Denied != 5 || st.NXDomain != 3 {
+		t.Fatalf("stats %+v: want 5 denied, 3 NXDOMAIN", st)
+	}
+}
+
 // A Trial that asks for more names than its bound is refused the new
 // ones, keeps the ones it has, and the pool holds no more than the bound.
 func TestPoolExhaustion(t *testing.T) {

@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,6 +13,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -26,6 +28,21 @@ import (
 // counting the bytes it received before or without a handshake.
 func tlsUpstream(t *testing.T, received *atomic.Int64) func(*net.TCPConn) {
 	t.Helper()
+	cfg := testServerConfig(t)
+	return func(c *net.TCPConn) {
+		cc := &countConn{Conn: c, n: received}
+		s := tls.Server(cc, cfg)
+		if s.Handshake() != nil {
+			return
+		}
+		_, _ = io.Copy(s, s)
+	}
+}
+
+// testServerConfig is a TLS server's with a certificate for every name
+// the tests ask for.
+func testServerConfig(t *testing.T) *tls.Config {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -38,15 +55,7 @@ func tlsUpstream(t *testing.T, received *atomic.Int64) func(*net.TCPConn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
-	return func(c *net.TCPConn) {
-		cc := &countConn{Conn: c, n: received}
-		s := tls.Server(cc, cfg)
-		if s.Handshake() != nil {
-			return
-		}
-		_, _ = io.Copy(s, s)
-	}
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
 }
 
 type countConn struct {
@@ -208,4 +217,133 @@ func TestTunnelNonTLSWithoutRequireTLS(t *testing.T) {
 	if got := sendInPieces(t, tp, []byte("plain"), 1); string(got) != "plain" {
 		t.Fatalf("got %q", got)
 	}
+}
+
+// sslRequest is PostgreSQL's SSLRequest: its length (8) and code
+// 80877103; gssRequest its GSSENCRequest (80877104), which libpq sends
+// first where it has Kerberos credentials.
+var (
+	sslRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
+	gssRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x30}
+)
+
+// pgFront stands in for a PostgreSQL front that routes by SNI (Neon's,
+// Supabase's): it answers an SSLRequest with 'S' (TLS follows) or, with
+// plain, 'N' (then echoes the plaintext); it sends the SNI of each
+// ClientHello it reads on snis, then serves an echo over TLS.
+func pgFront(t *testing.T, plain bool, snis chan<- string) func(*net.TCPConn) {
+	cfg := testServerConfig(t)
+	cfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		snis <- h.ServerName
+		return nil, nil
+	}
+	return func(c *net.TCPConn) {
+		b := make([]byte, len(sslRequest))
+		_, err := io.ReadFull(c, b)
+		if err == nil && bytes.Equal(b, gssRequest) {
+			_, _ = c.Write([]byte("N")) // no GSSAPI here: the client goes on
+			_, err = io.ReadFull(c, b)
+		}
+		if err != nil || !bytes.Equal(b, sslRequest) {
+			return
+		}
+		if plain {
+			_, _ = c.Write([]byte("N"))
+			echo(c)
+			return
+		}
+		_, _ = c.Write([]byte("S"))
+		s := tls.Server(c, cfg)
+		if s.Handshake() != nil {
+			return
+		}
+		_, _ = io.Copy(s, s)
+	}
+}
+
+// A TLS stream after a PostgreSQL SSLRequest is a TLS stream like any
+// other: its ClientHello must name the tunnel's host, since a front that
+// routes by SNI would otherwise take the Trial to another tenant's
+// database behind the same name. A server that declines TLS ('N') gets
+// the plaintext, as before.
+func TestTLSAfterPostgresSSLRequest(t *testing.T) {
+	for _, c := range []struct {
+		name, sni      string
+		pipelined, gss bool
+		want           record.Reason
+	}{
+		{"matching SNI", "db.example.com", false, false, record.ReasonAllowed},
+		{"other SNI", "other.example.com", false, false, record.ReasonSNIMismatch},
+		{"other SNI sent with the SSLRequest", "other.example.com", true, false, record.ReasonSNIMismatch},
+		{"no SNI", "93.184.216.34", false, false, record.ReasonSNIMissing},
+		{"matching SNI after a GSSENCRequest declined", "db.example.com", false, true, record.ReasonAllowed},
+		{"other SNI after a GSSENCRequest declined", "other.example.com", false, true, record.ReasonSNIMismatch},
+		{"other SNI sent with a GSSENCRequest and the SSLRequest", "other.example.com", true, true, record.ReasonSNIMismatch},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			snis := make(chan string, 4)
+			tp := newTestProxy(t, proxyOpts{allow: []string{"db.example.com:5432"}, upstream: pgFront(t, false, snis)})
+			tp.dns.set("db.example.com", 60, "93.184.216.34")
+			resp, conn, br := tp.connect(t, connectHead("db.example.com:5432"))
+			if resp.StatusCode != 200 {
+				t.Fatalf("CONNECT: %s", resp.Status)
+			}
+			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+			tc := tls.Client(&bufConn{Conn: conn, r: br}, &tls.Config{ServerName: c.sni, InsecureSkipVerify: true})
+			var prelude []byte
+			if c.gss {
+				prelude = gssRequest
+			}
+			if c.pipelined {
+				hello := tlstest.ClientHello(t, c.sni)
+				if _, err := conn.Write(slices.Concat(prelude, sslRequest, hello)); err != nil {
+					t.Fatal(err)
+				}
+				_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+				_, _ = io.ReadAll(br) // the refusal's alert, or nothing
+			} else {
+				if c.gss {
+					if _, err := conn.Write(gssRequest); err != nil {
+						t.Fatal(err)
+					}
+					if b, err := br.ReadByte(); err != nil || b != 'N' {
+						t.Fatalf("the front's answer to the GSSENCRequest: %q %v", b, err)
+					}
+				}
+				if _, err := conn.Write(sslRequest); err != nil {
+					t.Fatal(err)
+				}
+				if b, err := br.ReadByte(); err != nil || b != 'S' {
+					t.Fatalf("the front's answer: %q %v", b, err)
+				}
+				err := tc.Handshake()
+				if (err == nil) != (c.want == record.ReasonAllowed) {
+					t.Fatalf("handshake: %v", err)
+				}
+			}
+			_ = conn.Close() // a tunnel's record is written as it ends
+			if ev := tp.event(t); ev.Reason != c.want {
+				t.Fatalf("event %+v, want %s", ev, c.want)
+			}
+			if c.want != record.ReasonAllowed && len(snis) > 0 {
+				t.Fatal("the refused ClientHello reached the front")
+			}
+		})
+	}
+	t.Run("declined", func(t *testing.T) {
+		tp := newTestProxy(t, proxyOpts{allow: []string{"db.example.com:5432"}, upstream: pgFront(t, true, make(chan string, 1))})
+		tp.dns.set("db.example.com", 60, "93.184.216.34")
+		resp, conn, br := tp.connect(t, connectHead("db.example.com:5432"))
+		if resp.StatusCode != 200 {
+			t.Fatalf("CONNECT: %s", resp.Status)
+		}
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := conn.Write(append(append([]byte(nil), sslRequest...), "startup"...)); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len("Nstartup"))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != "Nstartup" {
+			t.Fatalf("got %q %v", got, err)
+		}
+	})
 }

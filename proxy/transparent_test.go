@@ -155,6 +155,37 @@ func TestTransparentTLS(t *testing.T) {
 	})
 }
 
+// TLS after a PostgreSQL SSLRequest to a pool address is held to the
+// name the address stands for, as TLS at the start is.
+func TestTransparentTLSAfterSSLRequest(t *testing.T) {
+	snis := make(chan string, 4)
+	tp, to := newTransparentProxy(t, proxyOpts{upstream: pgFront(t, false, snis)})
+	for _, c := range []struct {
+		sni  string
+		want record.Reason
+	}{{"api.example.com", record.ReasonAllowed}, {"other.example.com", record.ReasonSNIMismatch}} {
+		conn := dialTransparent(t, to)
+		if _, err := conn.Write(sslRequest); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 1)
+		if _, err := io.ReadFull(conn, b); err != nil || b[0] != 'S' {
+			t.Fatalf("the front's answer: %q %v", b, err)
+		}
+		err := tls.Client(conn, &tls.Config{ServerName: c.sni, InsecureSkipVerify: true}).Handshake()
+		if (err == nil) != (c.want == record.ReasonAllowed) {
+			t.Fatalf("SNI %s: handshake %v", c.sni, err)
+		}
+		_ = conn.Close()
+		if ev := tp.event(t); ev.Reason != c.want || !ev.Transparent {
+			t.Fatalf("SNI %s: record %+v, want %s", c.sni, ev, c.want)
+		}
+	}
+	if got := <-snis; got != "api.example.com" || len(snis) > 0 {
+		t.Fatalf("the front was asked for %q and %d more names; want api.example.com alone", got, len(snis))
+	}
+}
+
 func TestTransparentRefusals(t *testing.T) {
 	tp, to := newTransparentProxy(t, proxyOpts{})
 

@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -90,6 +91,10 @@ func (p *Proxy) tunnel(k *clientConn, up net.Conn, ot *openTunnel, req *wire.Req
 // unchecked.
 type helloWatch struct {
 	state atomic.Int32 // which side spoke first (watch* below)
+	// preludes counts the client's PostgreSQL SSLRequests and
+	// GSSENCRequests sent upstream whose one-byte answers the upstream
+	// side has yet to pass on.
+	preludes atomic.Int32
 	// answers carries, per ClientHello sent upstream, whether the
 	// server answered it with a HelloRetryRequest. It is closed when the
 	// upstream side stops watching (no ServerHello came, or the answer
@@ -137,23 +142,44 @@ func (w *helloWatch) upstreamFirst(spoke bool) bool {
 // tunnel the server's ServerHello (and, after a HelloRetryRequest, the
 // next one) is read and judged first.
 func pumpDown(client, up net.Conn, ev *record.Event, w *helloWatch) (int64, error) {
-	ready, isSocket := waitReadable(up)
-	var pre []byte
-	if !isSocket {
-		var b [1]byte
-		n, err := up.Read(b[:])
-		if n == 0 && err != nil && !errors.Is(err, io.EOF) {
-			if w.upstreamFirst(false) {
-				close(w.answers)
-			}
-			return 0, err
-		}
-		ready, pre = n > 0, b[:n]
-	}
-	if ready {
-		ev.FirstByte = time.Since(ev.Time)
-	}
 	var n int64
+	var b [1]byte
+	var ready bool
+	var pre []byte
+	for {
+		var isSocket bool
+		ready, isSocket = waitReadable(up)
+		pre = nil
+		if !isSocket {
+			m, err := up.Read(b[:])
+			if m == 0 && err != nil && !errors.Is(err, io.EOF) {
+				if w.upstreamFirst(false) {
+					close(w.answers)
+				}
+				return n, err
+			}
+			ready, pre = m > 0, b[:m]
+		}
+		if ready && n == 0 {
+			ev.FirstByte = time.Since(ev.Time)
+		}
+		if !ready || w.preludes.Load() == 0 {
+			break
+		}
+		// The upstream's answer to a prelude, one byte: passed on,
+		// and what it sends next is watched as a first answer is.
+		if len(pre) == 0 {
+			if _, err := io.ReadFull(up, b[:]); err != nil {
+				return n, err
+			}
+		}
+		w.preludes.Add(-1)
+		m, err := client.Write(b[:])
+		n += int64(m)
+		if err != nil {
+			return n, err
+		}
+	}
 	if w.upstreamFirst(ready) {
 		m, err := watchServerHello(client, up, pre, w.answers)
 		close(w.answers)
@@ -162,10 +188,11 @@ func pumpDown(client, up net.Conn, ev *record.Event, w *helloWatch) (int64, erro
 			return n, err
 		}
 	} else if len(pre) > 0 {
-		if _, err := client.Write(pre); err != nil {
-			return 0, err
+		m, err := client.Write(pre)
+		n += int64(m)
+		if err != nil {
+			return n, err
 		}
-		n = int64(len(pre))
 	}
 	m, err := relay(client, up)
 	return n + m, err
@@ -253,6 +280,22 @@ func waitReadable(c net.Conn) (ready, ok bool) {
 func (p *Proxy) pumpUp(k *clientConn, up net.Conn, entry allow.Entry, req *wire.Request, w *helloWatch) error {
 	defer k.releaseReader()
 	client, br, ev := k.c, k.br, k.ev
+	for {
+		isReq, err := p.postgresPrelude(client, br, entry)
+		if err != nil {
+			return refuseTLS(client, ev, err)
+		}
+		if !isReq {
+			break
+		}
+		prelude, _ := br.Peek(pgPreludeLen)
+		prelude = append([]byte(nil), prelude...)
+		_, _ = br.Discard(pgPreludeLen)
+		w.preludes.Add(1) // before it goes: the answer may come at once
+		if err := writeUp(up, prelude, ev); err != nil {
+			return err
+		}
+	}
 	first, rest, isTLS, err := p.checkFirstBytes(client, br, entry, req, ev)
 	if err != nil {
 		return refuseTLS(client, ev, err)
@@ -333,6 +376,40 @@ func refuseTLS(client net.Conn, ev *record.Event, err error) error {
 		}
 	}
 	return err
+}
+
+// pgPrelude is what PostgreSQL's SSLRequest and GSSENCRequest start
+// with: their length (8) and the first half of their codes; the last
+// byte tells them apart (0x2f, 80877103; 0x30, 80877104). A server
+// answers each with one byte: after 'N' the client may send the other
+// (libpq asks for GSSAPI first where it has Kerberos credentials), and
+// after an SSLRequest's 'S' its next bytes are a ClientHello, which a
+// front that routes by name (Neon's, Supabase's) reads as it reads a
+// TLS-first one.
+var pgPrelude = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16}
+
+const pgPreludeLen = 8
+
+// postgresPrelude reports whether the client's next bytes are an SSLRequest
+// or a GSSENCRequest, after which the tunnel's first bytes are judged
+// again: TLS there is held to the tunnel's name like TLS at the start.
+// Only bytes that begin one are waited for past the first, and for at
+// most the TLS timeout. Under require_tls it is none: the first bytes
+// must be a ClientHello.
+func (p *Proxy) postgresPrelude(client net.Conn, br *bufio.Reader, entry allow.Entry) (bool, error) {
+	if entry.RequireTLS {
+		return false, nil
+	}
+	first, err := p.peekFirst(client, br, entry)
+	if err != nil || len(first) == 0 || !bytes.HasPrefix(pgPrelude, first[:min(len(first), len(pgPrelude))]) {
+		return false, err
+	}
+	if len(first) < pgPreludeLen {
+		_ = client.SetReadDeadline(time.Now().Add(p.cfg.TLSTimeout))
+		first, _ = br.Peek(pgPreludeLen)
+		_ = client.SetReadDeadline(time.Time{})
+	}
+	return len(first) >= pgPreludeLen && bytes.HasPrefix(first, pgPrelude) && (first[7] == 0x2f || first[7] == 0x30), nil
 }
 
 // checkFirstBytes returns the first bytes of the tunnel once they are

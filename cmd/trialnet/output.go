@@ -46,6 +46,9 @@ func printStats(w io.Writer, st client.Stats) {
 	if st.Learning {
 		fmt.Fprintf(tw, "\tproxy\twould_deny\t%d\n", p.WouldDeny)
 	}
+	if d := st.DNS; d != nil {
+		fmt.Fprintf(tw, "\tdns\tanswered\t%d\n\tdns\tnames_denied\t%d\n", d.Answered, d.Denied)
+	}
 	for _, r := range slices.Sorted(maps.Keys(p.ByReason)) {
 		fmt.Fprintf(tw, "\tproxy\treason:%s\t%d\n", q(string(r)), p.ByReason[r])
 	}
@@ -96,8 +99,14 @@ func summary(st client.Stats, code int, took time.Duration) string {
 	if len(top) > 0 {
 		refused += " (" + strings.Join(top, ", ") + ")"
 	}
-	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s",
-		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused, st.Brief())
+	// A transparent Trial's client that ignores the proxy is refused at
+	// its lookup, before any tunnel: said beside the tunnels.
+	names := ""
+	if st.DNS != nil && st.DNS.Denied > 0 {
+		names = fmt.Sprintf("names: %d refused by the DNS stub; ", st.DNS.Denied)
+	}
+	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s%s",
+		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused, names, st.Brief())
 }
 
 // shorten cuts s to at most n runes, marking the cut.

@@ -844,3 +844,69 @@ func TestPrivilegedReportFdOnANamedSocket(t *testing.T) {
 		t.Errorf("--report-fd on a socket pair: exit %d\n%s", code, errOut)
 	}
 }
+
+// askStub sends the Trial's DNS stub one UDP question for each argument,
+// NAME[/TYPE]=RCODE (TYPE a number, 1 by default), each once, and exits
+// 1 when an answer's rcode is not RCODE.
+const askStub = `
+import socket, struct, sys
+for i, arg in enumerate(sys.argv[1:]):
+    q, _, want = arg.partition("=")
+    name, _, typ = q.partition("/")
+    msg = struct.pack(">HHHHHH", i + 1, 0x0100, 1, 0, 0, 0)
+    for label in name.split("."):
+        msg += bytes([len(label)]) + label.encode()
+    msg += b"\0" + struct.pack(">HH", int(typ or 1), 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(10)
+    s.sendto(msg, ("127.0.0.53", 53))
+    got = struct.unpack(">HH", s.recv(512)[:4])[1] & 0xF
+    if got != int(want):
+        sys.exit("%s: rcode %d, want %s" % (q, got, want))
+`
+
+// A name a transparent Trial asked for and was refused is a refused
+// attempt like a refused CONNECT: a client that ignores the proxy
+// variables looks the name up, and the stub's NXDOMAIN is where it is
+// stopped. The signed receipt, the report and the summary count it; a
+// reverse name (any resolver's PTR lookup) and an allowed name do not.
+func TestPrivilegedReceiptCountsNamesTheStubRefused(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	installedByTest(t)
+	report := filepath.Join(t.TempDir(), "report.json")
+	code, _, errOut := trialnet("run", "--allow", "allowed.example.test:443", "--uid", "65534", "--report", report, "--",
+		"/usr/bin/python3", "-c", askStub, "exfil-marker.example.net=3", "allowed.example.test=0", "1.2.0.192.in-addr.arpa/12=3")
+	if code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, errOut)
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		runReport
+		DNS *client.DNSStats `json:"dns"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.DNS == nil || r.DNS.Denied != 1 {
+		t.Errorf("the report's dns: %+v; want 1 name denied\n%s", r.DNS, b)
+	}
+	const said = "names: 1 refused by the DNS stub"
+	if !strings.Contains(r.Summary, said) || !strings.Contains(errOut, said) {
+		t.Errorf("summary %q, stderr %q: want %q", r.Summary, errOut, said)
+	}
+	pub, err := agent.ReadPublicKey(agent.ReceiptPublicKey(agent.DefaultReceiptKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := r.Receipt.Verify(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.DNS == nil || rc.DNS.Denied != 1 {
+		t.Errorf("the signed receipt's dns: %+v; want 1 name denied", rc.DNS)
+	}
+}

@@ -234,7 +234,7 @@ func (f *runFlags) finish(res client.RunResult, cmd string, report *reportSink, 
 	}
 	st := res.Stats
 	if report != nil {
-		result := map[string]any{"trial": res.Info.ID, "learning": st.Learning, "exit_code": code, "counters": st.Kernel, "proxy": st.Proxy,
+		result := map[string]any{"trial": res.Info.ID, "learning": st.Learning, "exit_code": code, "counters": st.Kernel, "proxy": st.Proxy, "dns": st.DNS,
 			"pools": st.Pools, "direct_egress_packets": st.Egress, "foreign_socket_uses": st.Foreign, "layers": st.Layers,
 			"verdict": st.Verdict, "receipt": st.Receipt, "summary": summary(st, code, res.Took)}
 		// Whatever CMD's code: a harness must not take the run for one
