@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -173,21 +174,33 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 	if cfg.Ephemeral && cfg.SteerAhead {
 		ahead = loadSteerAhead()
 	}
-	host, err := OpenHost(cfg.Host)
-	if err != nil {
-		ahead.close()
-		return nil, err
-	}
+	warmEncoders()
 	if cfg.ReceiptKey == "" {
 		cfg.ReceiptKey = DefaultReceiptKey
 	}
-	a := &Agent{cfg: cfg, host: host, log: log, trials: make(map[string]*trial), obs: newObservers(),
+	a := &Agent{cfg: cfg, log: log, trials: make(map[string]*trial), obs: newObservers(),
 		inherited: inherited, keeper: kc, ahead: ahead}
 	if pred != nil {
 		// Calls to its Trials go to the predecessor too from the start.
 		a.offsets = pred.Offsets()
 		a.pred.Store(pred)
 	}
+	// The proxy needs nothing of the host's: it starts (the guard's dump
+	// of the host's addresses and routes, 2-4 ms) while the host opens
+	// (the pins' adoption). Neither is used before both are ready.
+	proxied := make(chan error, 1)
+	go func() { proxied <- a.newProxy() }()
+	host, err := OpenHost(cfg.Host)
+	if perr := <-proxied; err != nil || perr != nil {
+		if perr == nil {
+			a.closeProxy()
+		} else if err == nil {
+			_ = host.Close()
+		}
+		ahead.close()
+		return nil, cmp.Or(err, perr)
+	}
+	a.host = host
 	// Listeners of Trials that were not adopted close with their sockets,
 	// their counts with them.
 	defer func() {
@@ -200,11 +213,6 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 		}
 	}()
 	a.file.Store(cfg.File)
-	if err := a.newProxy(); err != nil {
-		ahead.close()
-		_ = host.Close()
-		return nil, err
-	}
 	if pred != nil && pred.Shares() {
 		a.proxy.Share(false) // every Trial from the first adopted: the predecessor counts this one's already
 	}
@@ -278,11 +286,16 @@ func (a *Agent) Close(teardown bool) {
 		lt.release()
 	}
 	a.ahead.close()
+	a.closeProxy()
+	_ = a.host.Close()
+}
+
+// closeProxy stops the proxy, then its counts: it counts in them to the end.
+func (a *Agent) closeProxy() {
 	_ = a.proxy.Close()
 	if a.counts != nil {
-		_ = a.counts.Close() // after the proxy: it counts in it to the end
+		_ = a.counts.Close()
 	}
-	_ = a.host.Close()
 }
 
 // stopWatching stops the retention rule and the watch on owners: an

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/sandbox"
@@ -426,4 +427,42 @@ func (w *world) hold(rw http.ResponseWriter, r *http.Request) bool {
 	rw.(http.Flusher).Flush()
 	<-r.Context().Done()
 	return true
+}
+
+// The proxy starts beside the host's opening: a start whose host cannot
+// open (pins outside bpffs) stops the proxy it started, its netlink
+// watches and counts region among it. Start is a library call, and a
+// caller that goes on after the failure would hold them until it exits.
+func TestPrivilegedStartFailureStopsTheProxy(t *testing.T) {
+	privtest.Require(t)
+	open := func() []string {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held []string
+		for _, e := range ents {
+			if l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && (strings.HasPrefix(l, "socket:") || strings.HasPrefix(l, "/memfd:")) {
+				held = append(held, l)
+			}
+		}
+		return held
+	}
+	host := isolatedHost(t)
+	host.PinDir = t.TempDir() // not on bpffs: the host does not open
+	cfg := AgentConfig{Host: host, DataDir: t.TempDir(), ReceiptKey: filepath.Join(t.TempDir(), "receipt.key"), Ephemeral: true, File: &config.File{}}
+	if a, err := Start(cfg); err == nil { // the runtime's own descriptors (netpoll) are made by the first start
+		a.Close(true)
+		t.Fatal("an agent started with its pins outside bpffs")
+	}
+	before := open()
+	if a, err := Start(cfg); err == nil {
+		a.Close(true)
+		t.Fatal("an agent started with its pins outside bpffs")
+	} else if !strings.Contains(err.Error(), "bpf") {
+		t.Fatalf("the start failed, but not at the host's opening: %v", err)
+	}
+	if after := open(); len(after) != len(before) {
+		t.Fatalf("%d sockets and memfds held after a failed start (%v), %d before (%v)", len(after), after, len(before), before)
+	}
 }

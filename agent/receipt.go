@@ -24,6 +24,7 @@ import (
 
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/rootdir"
+	"github.com/trialnet/trialnet/sandbox"
 )
 
 // DefaultReceiptKey is the host's receipt signing key (ed25519, PKCS#8
@@ -47,6 +48,18 @@ func signReceipt(r client.Receipt, key ed25519.PrivateKey) (client.SignedReceipt
 var warmSigner = sync.OnceFunc(func() {
 	go ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize))
 })
+
+// warmEncoders has encoding/json build its encoders of a Trial's state
+// record and of the receipt in the background (by reflection, ~1 ms of
+// CPU together, at their first use in a process): an embedded agent's one
+// Trial would otherwise build them on its way to its command and to its
+// exit. It encodes zero values, of no Trial.
+func warmEncoders() {
+	go func() {
+		_, _ = json.Marshal(sandbox.Record{})
+		_, _ = json.Marshal(client.Receipt{})
+	}()
+}
 
 // ReceiptPublicKey is where the public half of the key at path is kept.
 func ReceiptPublicKey(path string) string { return path + ".pub" }

@@ -6,6 +6,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -214,12 +215,23 @@ func (h *Host) create(spec trial.Spec, ep Endpoint, s *Shell) (_ *Trial, err err
 	return t, nil
 }
 
-// makeFresh makes the Trial's pool groups and network namespace.
-func (t *Trial) makeFresh() (err error) {
-	if err := t.setupPools(); err != nil {
-		return fmt.Errorf("create Trial %s: %w", t.ID, err)
+// makeFresh makes the Trial's pool groups and network namespace, side by
+// side: neither needs the other, and the namespace is made on a thread of
+// its own anyway. What was made of either is the Trial's, for its Close.
+func (t *Trial) makeFresh() error {
+	type made struct {
+		ns  *netns.Namespace
+		err error
 	}
-	if t.Netns, err = netns.Create(t.host.netnsDir(), t.ID, t.loAddrs()...); err != nil {
+	nsc := make(chan made, 1)
+	go func() {
+		ns, err := netns.Create(t.host.netnsDir(), t.ID, t.loAddrs()...)
+		nsc <- made{ns, err}
+	}()
+	perr := t.setupPools()
+	m := <-nsc
+	t.Netns = m.ns
+	if err := cmp.Or(perr, m.err); err != nil {
 		return fmt.Errorf("create Trial %s: %w", t.ID, err)
 	}
 	return nil
