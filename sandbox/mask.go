@@ -171,7 +171,9 @@ func hideV1Mount(mnt string, own []string) error {
 	tree := -1
 	var group string
 	for _, g := range own {
-		if !under(g, mnt) || g == mnt {
+		// One group named twice: the pids and memory controllers share
+		// this hierarchy.
+		if !under(g, mnt) || g == mnt || (tree >= 0 && g == group) {
 			continue
 		}
 		if tree >= 0 {

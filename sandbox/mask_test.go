@@ -382,3 +382,57 @@ func v1Siblings(t *testing.T) (tr, sibling *Trial, own, theirs []v1Group) {
 	}
 	return tr, sibling, own, theirs
 }
+
+// inOwnMounts runs fn on a thread of its own in a private mount
+// namespace of its own, after setup there, and reports what fn found
+// wrong; the thread and its mounts go with the goroutine.
+func inOwnMounts(t *testing.T, setup func() error, fn func() []string) {
+	t.Helper()
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := setup(); err != nil {
+			bad = append(bad, "set-up: "+err.Error())
+			return
+		}
+		bad = fn()
+	}()
+	for _, e := range <-errs {
+		t.Error(e)
+	}
+}
+
+// Where the pids and memory controllers share one cgroup v1 hierarchy,
+// the Trial's two groups are one directory, named twice: shown once,
+// not refused (every Trial's start failed). Seen red before: "show the
+// Trial's cgroup v1 groups ... and ...: they share one hierarchy".
+func TestPrivilegedGoHideV1OneGroupNamedTwice(t *testing.T) {
+	tr, _, own, _ := v1Siblings(t)
+	want, err := dirNames(own[0].dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt, err := cachedV1Mount(own[0].name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inOwnMounts(t, func() error { return nil }, func() []string {
+		if err := hideV1(append(tr.v1Dirs(), own[0].dir)); err != nil {
+			return []string{err.Error()}
+		}
+		if names, err := dirNames(mnt); err != nil || names != want {
+			return []string{fmt.Sprintf("%s: %q %v, want its own group's %q", mnt, names, err, want)}
+		}
+		return nil
+	})
+}
