@@ -412,6 +412,61 @@ func inOwnMounts(t *testing.T, setup func() error, fn func() []string) {
 	}
 }
 
+// A cgroup v1 hierarchy mounted over the directory that holds the
+// others (a named one over /sys/fs/cgroup, here) hides them, and
+// detaching it shows them again: the set-up must then take them away
+// too, rather than leave the host's pids and memory hierarchies (their
+// release_agent, every Trial's limits) in the Trial's view. Seen red
+// before hideV1 walked the mount table again: the host's release_agent
+// was read.
+func TestPrivilegedGoHideV1UnderAnOvermount(t *testing.T) {
+	tr, _, own, theirs := v1Siblings(t)
+	mnts := map[string]string{}
+	for _, g := range own {
+		mnt, err := cachedV1Mount(g.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mnts[g.name] = mnt
+	}
+	parent := filepath.Dir(mnts[own[0].name])
+	for _, mnt := range mnts {
+		if filepath.Dir(mnt) != parent {
+			t.Skipf("the pool hierarchies are not mounted in one directory (%s, %s)", parent, mnt)
+		}
+	}
+	want := map[string]string{}
+	for _, g := range own {
+		names, err := dirNames(g.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[g.name] = names
+	}
+	inOwnMounts(t, func() error {
+		// A hierarchy of its own, gone with the thread's mounts (it has no
+		// group but its root).
+		return unix.Mount("cgroup", parent, "cgroup", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "none,name=trialnet-test-over")
+	}, func() []string {
+		var bad []string
+		if err := hideV1(tr.v1Dirs()); err != nil {
+			return []string{err.Error()}
+		}
+		for i, g := range own {
+			mnt := mnts[g.name]
+			for _, p := range []string{filepath.Join(mnt, "release_agent"), filepath.Join(theirs[i].dir, "cgroup.procs")} {
+				if _, err := os.ReadFile(p); !errors.Is(err, os.ErrNotExist) {
+					bad = append(bad, fmt.Sprintf("read %s: %v, want ENOENT", p, err))
+				}
+			}
+			if names, err := dirNames(mnt); err != nil || names != want[g.name] {
+				bad = append(bad, fmt.Sprintf("%s: %q %v, want its own group's %q", mnt, names, err, want[g.name]))
+			}
+		}
+		return bad
+	})
+}
+
 // Where the pids and memory controllers share one cgroup v1 hierarchy,
 // the Trial's two groups are one directory, named twice: shown once,
 // not refused (every Trial's start failed). Seen red before: "show the
