@@ -571,12 +571,33 @@ static void mount_views(const char *dir) {
 #define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
 #endif
 
+// statx's STATX_MNT_ID: musl's headers have no struct statx, whose
+// mask is its first 4 bytes and whose stx_mnt_id is the 8 at 144.
+#define TRIALNET_STATX_MNT_ID 0x1000U
+
+// mount_id_at is mountIDAt.
+static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *what) {
+	uint64_t sx[32];
+	uint32_t mask;
+	if (syscall(SYS_statx, dirfd, path, flags | AT_NO_AUTOMOUNT, TRIALNET_STATX_MNT_ID, sx) < 0) {
+		if (errno == ENOENT || errno == ENOTDIR)
+			return 0;
+		mask_fail(errno, "find what is mounted on %s (to hide the host's cgroup v1 hierarchy there)", what);
+	}
+	memcpy(&mask, sx, sizeof mask);
+	if (!(mask & TRIALNET_STATX_MNT_ID))
+		mask_fail(ENOSYS, "find what is mounted on %s (to hide the host's cgroup v1 hierarchy there): the kernel gives no mount id (statx STATX_MNT_ID, Linux 5.8)", what);
+	return sx[18];
+}
+
 // hide_v1_mount is hideV1Mount.
-static void hide_v1_mount(const char *mnt, char **own, int nown) {
+static uint64_t hide_v1_mount(const char *mnt, char **own, int nown) {
 	int tree = -1;
 	const char *group = NULL;
 	for (int i = 0; i < nown; i++) {
-		if (!under(own[i], mnt) || !strcmp(own[i], mnt))
+		// One group named twice: the pids and memory controllers share
+		// this hierarchy.
+		if (!under(own[i], mnt) || !strcmp(own[i], mnt) || (tree >= 0 && !strcmp(own[i], group)))
 			continue;
 		if (tree >= 0)
 			mask_fail(EINVAL, "show the Trial's cgroup v1 groups %s and %s (they share one hierarchy, whose mount point shows one group)", group, own[i]);
@@ -594,37 +615,54 @@ static void hide_v1_mount(const char *mnt, char **own, int nown) {
 		if (umount2(mnt, MNT_DETACH) < 0)
 			mask_fail(errno, "detach the host's cgroup v1 hierarchy from %s (it shows every Trial's groups and the host's)", mnt);
 	if (tree < 0)
-		return;
+		return 0;
+	uint64_t id = mount_id_at(tree, "", AT_EMPTY_PATH, group);
 	if (syscall(SYS_move_mount, tree, "", AT_FDCWD, mnt, MOVE_MOUNT_F_EMPTY_PATH) < 0)
 		mask_fail(errno, "mount the Trial's cgroup v1 group %s on %s (to show it alone)", group, mnt);
 	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
 	if (mount("", mnt, "", MS_BIND | MS_REMOUNT | MS_RDONLY | flags, "") < 0)
 		mask_fail(errno, "make the Trial's cgroup v1 group on %s read-only (a Trial must not change its own limits)", mnt);
 	close(tree);
+	return id;
 }
 
 // hide_v1 is hideV1.
 static void hide_v1(char **own, int nown) {
-	char *b = read_mountinfo(), *s = b, *line;
-	struct mount_line m;
-	const char *done[64];
-	int ndone = 0;
-	while ((line = next_line(&s))) {
-		split_line(line, &m);
-		if (!m.post || m.fields < 5 || strncmp(m.post, "cgroup ", 7))
-			continue;
-		if (m.too_long)
-			mask_fail(ENAMETOOLONG, "hide the cgroup v1 hierarchy on %s... (it shows every Trial's groups and the host's)", m.point);
-		int seen = 0;
+	uint64_t placed[64];
+	int nplaced = 0;
+	for (int acted = 1; acted;) {
+		acted = 0;
+		char *b = read_mountinfo(), *s = b, *line;
+		struct mount_line m;
+		char *done[64];
+		int ndone = 0;
+		while ((line = next_line(&s))) {
+			uint64_t id = strtoull(line, NULL, 10);
+			split_line(line, &m);
+			if (!m.post || m.fields < 5 || strncmp(m.post, "cgroup ", 7))
+				continue;
+			if (m.too_long)
+				mask_fail(ENAMETOOLONG, "hide the cgroup v1 hierarchy on %s... (it shows every Trial's groups and the host's)", m.point);
+			int skip = 0;
+			for (int i = 0; i < nplaced; i++)
+				skip |= placed[i] == id;
+			for (int i = 0; i < ndone; i++)
+				skip |= !strcmp(done[i], m.point);
+			if (skip || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point) != id)
+				continue;
+			if (ndone == (int)(sizeof done / sizeof done[0]))
+				mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d cgroup v1 mount points)", m.point, ndone);
+			if (!(done[ndone++] = strdup(m.point)))
+				mask_fail(ENOMEM, "hide the cgroup v1 hierarchy on %s", m.point);
+			acted = 1;
+			uint64_t shown = hide_v1_mount(m.point, own, nown);
+			if (shown && nplaced == (int)(sizeof placed / sizeof placed[0]))
+				mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d groups of the Trial's shown)", m.point, nplaced);
+			if (shown)
+				placed[nplaced++] = shown;
+		}
 		for (int i = 0; i < ndone; i++)
-			seen |= !strcmp(done[i], m.point);
-		if (seen)
-			continue;
-		if (ndone == (int)(sizeof done / sizeof done[0]))
-			mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d cgroup v1 mount points)", m.point, ndone);
-		if (!(done[ndone++] = strdup(m.point)))
-			mask_fail(ENOMEM, "hide the cgroup v1 hierarchy on %s", m.point);
-		hide_v1_mount(m.point, own, nown);
+			free(done[i]);
 	}
 }
 
@@ -643,6 +681,9 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 		if (mount("", p, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 			mask_fail(errno, "make %s read-only (a Trial must not change the host's kernel settings)", p);
 	}
+	// Before /sys is made read-only: a v1 mount detached may uncover
+	// mounts below /sys that were out of reach (hide_v1).
+	hide_v1(v1, nv1);
 	read_only_sys();
 	if (umount2(cg, MNT_DETACH) < 0)
 		mask_fail(errno, "detach the host's cgroup2 from %s (it shows every Trial)", cg);
@@ -650,7 +691,6 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 		mask_fail(errno, "mount the Trial's own cgroup2 on %s (the host's shows every Trial)", cg);
 	if (mount("", cg, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 		mask_fail(errno, "make the Trial's cgroup2 on %s read-only (a Trial must not change its own limits)", cg);
-	hide_v1(v1, nv1);
 	for (int i = 0; i < nhide; i++) {
 		const char *d = hide[i];
 		struct stat st;

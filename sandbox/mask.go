@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -84,6 +85,11 @@ func maskHost(nested bool, hide, v1 []string) error {
 			return maskErr("make "+p+" read-only", "a Trial must not change the host's kernel settings", err)
 		}
 	}
+	// Before /sys is made read-only: a v1 mount detached may uncover
+	// mounts below /sys that were out of reach (hideV1).
+	if err := hideV1(v1); err != nil {
+		return err
+	}
 	if err := readOnlySys(); err != nil {
 		return err
 	}
@@ -100,9 +106,6 @@ func maskHost(nested bool, hide, v1 []string) error {
 	}
 	if err := unix.Mount("", cgroup2, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return maskErr("make the Trial's cgroup2 on "+cgroup2+" read-only", "a Trial must not change its own limits", err)
-	}
-	if err := hideV1(v1); err != nil {
-		return err
 	}
 	for _, d := range hide {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
@@ -138,32 +141,75 @@ func maskHost(nested bool, hide, v1 []string) error {
 // root outside the namespace's ("/../.."), which a JVM cannot place (its
 // ManagementFactory threw). Nothing is left half made on a failure:
 // these mounts are the init's namespace's, which dies with it.
+//
+// A mount detached shows what it covered, which may be another v1
+// mount (or a directory holding some, under a v1 hierarchy mounted over
+// it): the mount table is walked again, until a walk finds no v1 mount
+// of the host's on top at its point, and only such a mount is acted on
+// (one covered is reached once what covers it is gone).
 func hideV1(own []string) error {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return fmt.Errorf("read mountinfo: %w", err)
+	placed := map[uint64]bool{} // the mounts of the Trial's groups
+	for {
+		// This thread's: the namespace its mounts are made in.
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		acted := false
+		done := map[string]bool{}
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			pre, post, ok := strings.Cut(sc.Text(), " - ")
+			f := strings.Fields(pre)
+			if !ok || len(f) < 5 || !strings.HasPrefix(post, "cgroup ") {
+				continue
+			}
+			id, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+			}
+			mnt := cgroup2.UnescapeMountPath(f[4])
+			if placed[id] || done[mnt] {
+				continue
+			}
+			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+			if err != nil {
+				return maskErr("find what is mounted on "+mnt, "to hide the host's cgroup v1 hierarchy there", err)
+			}
+			if top != id {
+				continue
+			}
+			done[mnt], acted = true, true
+			shown, err := hideV1Mount(mnt, own)
+			if err != nil {
+				return err
+			}
+			placed[shown] = shown != 0
+		}
+		if !acted {
+			return nil
+		}
 	}
-	done := map[string]bool{}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		f := strings.Fields(pre)
-		if !ok || len(f) < 5 || !strings.HasPrefix(post, "cgroup ") {
-			continue
-		}
-		mnt := cgroup2.UnescapeMountPath(f[4])
-		if done[mnt] {
-			continue
-		}
-		done[mnt] = true
-		if err := hideV1Mount(mnt, own); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
-func hideV1Mount(mnt string, own []string) error {
+// mountIDAt is the id (mountinfo's) of the mount on top at path; 0 when
+// path cannot be reached (a mount over a directory above it hides it).
+func mountIDAt(dirfd int, path string, flags int) (uint64, error) {
+	var st unix.Statx_t
+	err := unix.Statx(dirfd, path, flags|unix.AT_NO_AUTOMOUNT, unix.STATX_MNT_ID, &st)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		return 0, nil
+	}
+	if err == nil && st.Mask&unix.STATX_MNT_ID == 0 {
+		err = errors.New("the kernel gives no mount id (statx STATX_MNT_ID, Linux 5.8)")
+	}
+	return st.Mnt_id, err
+}
+
+// hideV1Mount detaches every cgroup v1 mount stacked on mnt and moves
+// there a read-only copy of the Trial's group below it, if any; it
+// returns the copy's mount id (0: none).
+func hideV1Mount(mnt string, own []string) (uint64, error) {
 	// A copy of the group's mount, made through the host's before it
 	// goes (a bind's source must be attached; the copy is attached
 	// nowhere until moved there); a group gone (an operator removed it)
@@ -171,12 +217,14 @@ func hideV1Mount(mnt string, own []string) error {
 	tree := -1
 	var group string
 	for _, g := range own {
-		if !under(g, mnt) || g == mnt {
+		// One group named twice: the pids and memory controllers share
+		// this hierarchy.
+		if !under(g, mnt) || g == mnt || (tree >= 0 && g == group) {
 			continue
 		}
 		if tree >= 0 {
 			_ = unix.Close(tree)
-			return maskErr("show the Trial's cgroup v1 groups "+group+" and "+g, "they share one hierarchy, whose mount point shows one group", unix.EINVAL)
+			return 0, maskErr("show the Trial's cgroup v1 groups "+group+" and "+g, "they share one hierarchy, whose mount point shows one group", unix.EINVAL)
 		}
 		var err error
 		tree, err = unix.OpenTree(unix.AT_FDCWD, g, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
@@ -184,7 +232,7 @@ func hideV1Mount(mnt string, own []string) error {
 			continue
 		}
 		if err != nil {
-			return maskErr("copy the Trial's cgroup v1 group "+g, "to show it alone", err)
+			return 0, maskErr("copy the Trial's cgroup v1 group "+g, "to show it alone", err)
 		}
 		group = g
 	}
@@ -199,20 +247,24 @@ func hideV1Mount(mnt string, own []string) error {
 			break
 		}
 		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-			return maskErr("detach the host's cgroup v1 hierarchy from "+mnt, "it shows every Trial's groups and the host's", err)
+			return 0, maskErr("detach the host's cgroup v1 hierarchy from "+mnt, "it shows every Trial's groups and the host's", err)
 		}
 	}
 	if tree < 0 {
-		return nil
+		return 0, nil
+	}
+	id, err := mountIDAt(tree, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return 0, maskErr("find the mount id of the copy of the Trial's cgroup v1 group "+group, "to tell it from the host's", err)
 	}
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, mnt, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return maskErr("mount the Trial's cgroup v1 group "+group+" on "+mnt, "to show it alone", err)
+		return 0, maskErr("mount the Trial's cgroup v1 group "+group+" on "+mnt, "to show it alone", err)
 	}
 	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
 	if err := unix.Mount("", mnt, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|flags, ""); err != nil {
-		return maskErr("make the Trial's cgroup v1 group on "+mnt+" read-only", "a Trial must not change its own limits", err)
+		return 0, maskErr("make the Trial's cgroup v1 group on "+mnt+" read-only", "a Trial must not change its own limits", err)
 	}
-	return nil
+	return id, nil
 }
 
 func maskedProc(nested bool) []string {

@@ -5,11 +5,13 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/trialnet/trialnet/trial"
@@ -381,4 +383,205 @@ func v1Siblings(t *testing.T) (tr, sibling *Trial, own, theirs []v1Group) {
 		t.Fatal(err)
 	}
 	return tr, sibling, own, theirs
+}
+
+// inOwnMounts runs fn on a thread of its own in a private mount
+// namespace of its own, after setup there, and reports what fn found
+// wrong; the thread and its mounts go with the goroutine.
+func inOwnMounts(t *testing.T, setup func() error, fn func() []string) {
+	t.Helper()
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := setup(); err != nil {
+			bad = append(bad, "set-up: "+err.Error())
+			return
+		}
+		bad = fn()
+	}()
+	for _, e := range <-errs {
+		t.Error(e)
+	}
+}
+
+// A cgroup v1 hierarchy mounted over the directory that holds the
+// others (a named one over /sys/fs/cgroup, here) hides them, and
+// detaching it shows them again: the set-up must then take them away
+// too, rather than leave the host's pids and memory hierarchies (their
+// release_agent, every Trial's limits) in the Trial's view. Seen red
+// before hideV1 walked the mount table again: the host's release_agent
+// was read.
+func TestPrivilegedGoHideV1UnderAnOvermount(t *testing.T) {
+	tr, _, own, theirs := v1Siblings(t)
+	mnts := map[string]string{}
+	for _, g := range own {
+		mnt, err := cachedV1Mount(g.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mnts[g.name] = mnt
+	}
+	parent := filepath.Dir(mnts[own[0].name])
+	for _, mnt := range mnts {
+		if filepath.Dir(mnt) != parent {
+			t.Skipf("the pool hierarchies are not mounted in one directory (%s, %s)", parent, mnt)
+		}
+	}
+	want := map[string]string{}
+	for _, g := range own {
+		names, err := dirNames(g.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[g.name] = names
+	}
+	inOwnMounts(t, func() error {
+		// A hierarchy of its own, gone with the thread's mounts (it has no
+		// group but its root).
+		return unix.Mount("cgroup", parent, "cgroup", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "none,name=trialnet-test-over")
+	}, func() []string {
+		var bad []string
+		if err := hideV1(tr.v1Dirs()); err != nil {
+			return []string{err.Error()}
+		}
+		for i, g := range own {
+			mnt := mnts[g.name]
+			for _, p := range []string{filepath.Join(mnt, "release_agent"), filepath.Join(theirs[i].dir, "cgroup.procs")} {
+				if _, err := os.ReadFile(p); !errors.Is(err, os.ErrNotExist) {
+					bad = append(bad, fmt.Sprintf("read %s: %v, want ENOENT", p, err))
+				}
+			}
+			if names, err := dirNames(mnt); err != nil || names != want[g.name] {
+				bad = append(bad, fmt.Sprintf("%s: %q %v, want its own group's %q", mnt, names, err, want[g.name]))
+			}
+		}
+		return bad
+	})
+}
+
+// The init's set-up (C on x86-64) under the same overmount, with the
+// host's cgroup2 mounted elsewhere so that its replacement does not fail
+// first: the pool hierarchies the detach uncovers are hidden too, and
+// the directory it uncovers (the host's tmpfs) is read-only. Seen red
+// with the C of before (one walk, after /sys was made read-only): the
+// host's release_agent was read through the init's root, and a
+// directory made in the host's /sys/fs/cgroup.
+func TestPrivilegedInitHidesV1UnderAnOvermount(t *testing.T) {
+	tr, _, own, theirs := v1Siblings(t)
+	mnts := map[string]string{}
+	for _, g := range own {
+		mnt, err := cachedV1Mount(g.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mnts[g.name] = mnt
+	}
+	parent := filepath.Dir(mnts[own[0].name])
+	for _, mnt := range mnts {
+		if filepath.Dir(mnt) != parent {
+			t.Skipf("the pool hierarchies are not mounted in one directory (%s, %s)", parent, mnt)
+		}
+	}
+	cg2, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not under /tmp, which the init mounts afresh.
+	elsewhere, err := os.MkdirTemp("/run", "trialnet-test-cgroup2-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(elsewhere) })
+	filter, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inOwnMounts(t, func() error {
+		if err := unix.Unmount(cg2, unix.MNT_DETACH); err != nil {
+			return err
+		}
+		if err := unix.Mount("cgroup2", elsewhere, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			return err
+		}
+		// A hierarchy of its own, gone with the thread's mounts (it has no
+		// group but its root).
+		return unix.Mount("cgroup", parent, "cgroup", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "none,name=trialnet-test-over-init")
+	}, func() []string {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return []string{err.Error()}
+		}
+		defer r.Close()
+		// Forked from this thread: the init's mounts are a copy of its.
+		cmd, release, err := initCommand(initArgs(false, false, "", nil, tr.v1Dirs(), nil), w, filter)
+		if err != nil {
+			return []string{err.Error()}
+		}
+		defer release()
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWIPC}
+		err = cmd.Start()
+		_ = w.Close()
+		if err != nil {
+			return []string{err.Error()}
+		}
+		defer func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}()
+		if msg, _ := io.ReadAll(r); len(msg) != 1 {
+			return []string{"the init: " + execMessage(msg)}
+		}
+		root := fmt.Sprintf("/proc/%d/root", cmd.Process.Pid)
+		var bad []string
+		for i, g := range own {
+			for _, p := range []string{filepath.Join(mnts[g.name], "release_agent"), filepath.Join(theirs[i].dir, "cgroup.procs")} {
+				if _, err := os.ReadFile(root + p); !errors.Is(err, os.ErrNotExist) {
+					bad = append(bad, fmt.Sprintf("read %s in the init's mounts: %v, want ENOENT", p, err))
+				}
+			}
+		}
+		probe := filepath.Join(root, parent, "trialnet-test-probe")
+		if err := unix.Mkdir(probe, 0o755); !errors.Is(err, unix.EROFS) {
+			bad = append(bad, fmt.Sprintf("mkdir %s: %v, want EROFS", probe, err))
+			if err == nil {
+				_ = unix.Rmdir(probe)
+			}
+		}
+		return bad
+	})
+}
+
+// Where the pids and memory controllers share one cgroup v1 hierarchy,
+// the Trial's two groups are one directory, named twice: shown once,
+// not refused (every Trial's start failed). Seen red before: "show the
+// Trial's cgroup v1 groups ... and ...: they share one hierarchy".
+func TestPrivilegedGoHideV1OneGroupNamedTwice(t *testing.T) {
+	tr, _, own, _ := v1Siblings(t)
+	want, err := dirNames(own[0].dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt, err := cachedV1Mount(own[0].name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inOwnMounts(t, func() error { return nil }, func() []string {
+		if err := hideV1(append(tr.v1Dirs(), own[0].dir)); err != nil {
+			return []string{err.Error()}
+		}
+		if names, err := dirNames(mnt); err != nil || names != want {
+			return []string{fmt.Sprintf("%s: %q %v, want its own group's %q", mnt, names, err, want)}
+		}
+		return nil
+	})
 }
