@@ -196,10 +196,10 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.seccomp() != nil,
 		Capabilities: cfg.boundingCaps()}
 	_, c.UserNamespace = cfg.namespaces()["user"]
-	// The scan of /proc for its PID namespace's other processes, and the
-	// reads of its mounts, run while the agent makes or looks up its
-	// Trial; they are judged against the Trial after its answer.
-	peers := h.readKernel(st.Pid, cfg.rootfs(st.Bundle))
+	// The scan of /proc for its PID namespace's other processes runs
+	// while the agent makes or looks up its Trial; they are judged
+	// against the Trial's cgroup after its answer.
+	peers := h.scanPIDNS(st.Pid)
 	if cl.profile != "" {
 		return h.makeTrial(ctx, st, cl.profile, c, cfg, peers)
 	}
@@ -220,7 +220,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 // container, then checks the container is in it as for a Trial it
 // joins. A container that fails the check is refused, and its Trial
 // destroyed: nothing is left half-made.
-func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container, cfg *config, peers *kernelView) (Result, error) {
+func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container, cfg *config, peers *pidNSScan) (Result, error) {
 	info, err := h.Agent().ContainerTrial(ctx, client.ContainerTrial{Profile: profile, Container: c})
 	if err != nil {
 		return Result{}, &Refusal{Container: st.ID, Reasons: []string{fmt.Sprintf("no Trial from profile %s could be made around it: %v", profile, err)}}
@@ -301,10 +301,10 @@ func (h *Hook) cgroupMount() (string, error) {
 // this stage, and it runs nothing of the image yet. It also checks the
 // config's mounts against the agent's own directories, which only the
 // agent's answer names: an overlay made of one shows in the kernel's
-// view as an overlay alone. view is what the hook read of the kernel
-// while it waited for the answer.
-func (h *Hook) checkProcess(st State, cfg *config, info client.TrialInfo, view *kernelView) []string {
-	pid := st.Pid
+// view as an overlay alone. peers is the scan for the processes that
+// share its PID namespace.
+func (h *Hook) checkProcess(st State, cfg *config, info client.TrialInfo, peers *pidNSScan) []string {
+	pid, rootfs := st.Pid, cfg.rootfs(st.Bundle)
 	dirs := agentDirs(info)
 	for _, d := range dirs {
 		// A bind source or overlay layer is compared resolved.
@@ -342,15 +342,20 @@ func (h *Hook) checkProcess(st State, cfg *config, info client.TrialInfo, view *
 			why = append(why, fmt.Sprintf("it shares the runtime's (the host's) %s namespace", ns))
 		}
 	}
-	<-view.done
-	// The agent's own directories, wherever its config puts them, are
-	// protected too: the ones its answer names (state, data, receipt key,
-	// namespace and bpffs pins) and the directory of the Trial's namespace
-	// pin, which an agent from before AgentDirs names alone. Through one a
-	// container would reach every Trial's network namespace, or the
-	// records and keys that hold them.
-	why = append(why, h.checkMounts(view.mounts, agentDirs(info), info.Cgroup)...)
-	return append(why, h.outsiders(view, info)...)
+	why = append(why, h.withTrialDirs(info).checkMounts(pid, rootfs, info.Cgroup)...)
+	return append(why, h.outsiders(peers, info)...)
+}
+
+// withTrialDirs is h with the agent's own directories, wherever its
+// config puts them, protected too: the ones its answer names (state,
+// data, receipt key, namespace and bpffs pins) and the directory of the
+// Trial's namespace pin, which an agent from before AgentDirs names
+// alone. Through one a container would reach every Trial's network
+// namespace, or the records and keys that hold them.
+func (h *Hook) withTrialDirs(info client.TrialInfo) *Hook {
+	r := *h
+	r.Protected = append(slices.Clone(h.protected()), agentDirs(info)...)
+	return &r
 }
 
 // agentDirs are the agent's own directories that its answer info names.
@@ -364,28 +369,24 @@ func agentDirs(info client.TrialInfo) []string {
 	return out
 }
 
-// kernelView is what readKernel reads of the kernel, in the background:
-// the processes other than the container's init that share its PID
-// namespace, the reasons found while scanning (a namespace that cannot
-// be read), and the container's mounts.
-type kernelView struct {
-	done   chan struct{}
-	peers  []int
-	why    []string
-	mounts *mountView
+// pidNSScan is a scan of /proc, started by scanPIDNS, for the processes
+// other than the container's init that share its PID namespace, and the
+// reasons found while scanning (a namespace that cannot be read).
+type pidNSScan struct {
+	done  chan struct{}
+	peers []int
+	why   []string
 }
 
-// readKernel starts the scan for the processes that share process pid's
-// PID namespace, then the reads of its mounts (rootfs: its bundle's root
-// file system), on one goroutine: one thread more, not two.
-func (h *Hook) readKernel(pid int, rootfs string) *kernelView {
-	v := &kernelView{done: make(chan struct{})}
+// scanPIDNS starts the scan for the processes that share process pid's
+// PID namespace.
+func (h *Hook) scanPIDNS(pid int) *pidNSScan {
+	s := &pidNSScan{done: make(chan struct{})}
 	go func() {
-		defer close(v.done)
-		v.peers, v.why = h.pidNSPeers(pid)
-		v.mounts = h.readMountView(pid, rootfs)
+		defer close(s.done)
+		s.peers, s.why = h.pidNSPeers(pid)
 	}()
-	return v
+	return s
 }
 
 // outsiders refuses a PID namespace that the container shares with a
@@ -394,7 +395,7 @@ func (h *Hook) readKernel(pid int, rootfs string) *kernelView {
 // or signal it, and through it use another network namespace. It waits
 // for scan, and says which of the processes it found is outside the
 // Trial of info, or could not be placed.
-func (h *Hook) outsiders(scan *kernelView, info client.TrialInfo) []string {
+func (h *Hook) outsiders(scan *pidNSScan, info client.TrialInfo) []string {
 	<-scan.done
 	why := slices.Clone(scan.why)
 	for _, n := range scan.peers {

@@ -114,72 +114,49 @@ func locate(self []mountEntry, protected []string) []protectedFile {
 // makes rbind,ro read-only at the top mount only).
 var kernelFS = []string{"bpf", "debugfs", "tracefs", "configfs", "efivarfs"}
 
-// mountView is what the hook reads of the container's mounts, and of
-// its own, before the agent's answer: none of it depends on the Trial,
-// and the reads run while the agent makes or looks the Trial up.
-type mountView struct {
-	mounts []mountEntry // the container's, as the kernel shows them
-	self   []mountEntry // the hook's own (the runtime's, the host's)
-	base   string       // the container's mounts are those at or under it
-	// prot are the protected paths located in self, roots the storage
-	// roots (nil: no runtime data rule).
-	prot, roots []protectedFile
-	why         string // a read failed: the container is refused
-}
-
-// readMountView reads the container's mounts as the kernel has made
+// checkMounts judges the container's mounts as the kernel has made
 // them, the second line behind the config's: a bind source swapped
 // after the runtime resolved it, a mount that propagated in, or one the
 // runtime added itself is named by no config. At createRuntime the
 // runtime has made the container's mounts; before pivot_root (runc) its
 // mount namespace still holds a copy of the host's, which the pivot
 // drops, so only the mounts at or under its root file system are its.
-func (h *Hook) readMountView(pid int, rootfs string) *mountView {
+func (h *Hook) checkMounts(pid int, rootfs, trialCgroup string) []string {
 	p := filepath.Join(h.proc(), strconv.Itoa(pid))
 	mounts, err := readMountinfo(filepath.Join(p, "mountinfo"))
 	if err != nil {
-		return &mountView{why: fmt.Sprintf("cannot read its mounts as the kernel has them: %v", err)}
+		return []string{fmt.Sprintf("cannot read its mounts as the kernel has them: %v", err)}
 	}
 	self, err := readMountinfo(filepath.Join(h.proc(), "self", "mountinfo"))
 	if err != nil {
-		return &mountView{why: fmt.Sprintf("cannot read the runtime's mounts: %v", err)}
+		return []string{fmt.Sprintf("cannot read the runtime's mounts: %v", err)}
 	}
 	hostRoot, err := sameFile(filepath.Join(p, "root"), filepath.Join(h.proc(), "self", "root"))
 	if err != nil {
-		return &mountView{why: fmt.Sprintf("cannot tell its root from the runtime's: %v", err)}
+		return []string{fmt.Sprintf("cannot tell its root from the runtime's: %v", err)}
 	}
 	base := "/" // after pivot_root every mount it sees is its
 	if hostRoot {
 		base = rootfs
 	}
 	if base == "" {
-		return &mountView{why: "its bundle names no root file system, so its mounts cannot be told from the runtime's"}
-	}
-	v := &mountView{mounts: mounts, self: self, base: base, prot: locate(self, h.protected())}
-	if h.data != nil {
-		v.roots = locate(self, h.data.roots)
-	}
-	return v
-}
-
-// checkMounts judges the container's mounts of v, with the agent's own
-// directories that its answer named (trialDirs) protected too, and
-// trialCgroup the Trial's cgroup.
-func (h *Hook) checkMounts(v *mountView, trialDirs []string, trialCgroup string) []string {
-	if v.why != "" {
-		return []string{v.why}
+		return []string{"its bundle names no root file system, so its mounts cannot be told from the runtime's"}
 	}
 	mount, _ := h.cgroupMount() // unknown: checkCgroup refuses the container
 	rel := "/" + strings.TrimPrefix(strings.TrimPrefix(trialCgroup, mount), "/")
-	prot := append(slices.Clone(v.prot), locate(v.self, trialDirs)...)
+	prot := locate(self, h.protected())
+	var roots []protectedFile
+	if h.data != nil {
+		roots = locate(self, h.data.roots)
+	}
 	var why []string
-	for _, m := range v.mounts {
-		if !within(m.point, v.base) {
+	for _, m := range mounts {
+		if !within(m.point, base) {
 			continue
 		}
 		w := m.refusal(prot, rel)
 		if w == "" && h.data != nil {
-			w = h.data.mountRefusal(v.roots, m)
+			w = h.data.mountRefusal(roots, m)
 		}
 		if w != "" {
 			why = append(why, fmt.Sprintf("the kernel shows a mount on %s (%s, %s within its file system) that %s", m.point, m.fstype, m.root, w))

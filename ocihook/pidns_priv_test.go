@@ -107,7 +107,7 @@ func startReady(t *testing.T, flags uintptr, args ...string) int {
 // calling thread: privtest.WithoutCap drops a capability from one thread,
 // where a hook's process has one set for all.
 func outsidersNow(h *Hook, pid int, info client.TrialInfo) []string {
-	s := &kernelView{done: make(chan struct{})}
+	s := &pidNSScan{done: make(chan struct{})}
 	s.peers, s.why = h.pidNSPeers(pid)
 	close(s.done)
 	return h.outsiders(s, info)
