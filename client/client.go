@@ -9,6 +9,7 @@
 package client
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -43,6 +44,9 @@ type Client struct {
 	// that a run dials the agent once: its peer was checked when it was
 	// dialled, and a connected socket's peer never changes.
 	held chan net.Conn
+	// direct: each request on a connection of its own, written and read
+	// on the caller's goroutine (NewDirectClient).
+	direct bool
 }
 
 var _ Trials = (*Client)(nil)
@@ -63,6 +67,19 @@ func NewClient(socket string) *Client {
 			}
 		},
 	}}
+	return c
+}
+
+// NewDirectClient returns a client for a process that makes a call or
+// two and exits, trialnet oci-hook, which a container's start waits on:
+// each request goes on a connection of its own, dialled, written and
+// read on the caller's goroutine, without the transport's pool and its
+// goroutines (a container start waited about 3 ms from the hook's
+// request to the agent's handler). Its peer is checked as NewClient's,
+// and its errors are NewClient's.
+func NewDirectClient(socket string) *Client {
+	c := NewClient(socket)
+	c.direct = true
 	return c
 }
 
@@ -267,7 +284,13 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 // the way when no answer comes: no socket, a socket left by an agent that
 // is gone, no permission, or an agent that does not answer in time.
 func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := c.hc.Do(req)
+	var resp *http.Response
+	var err error
+	if c.direct {
+		resp, err = c.exchange(req)
+	} else {
+		resp, err = c.hc.Do(req)
+	}
 	var imp *impostorError
 	switch {
 	case err == nil:
@@ -289,6 +312,59 @@ func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("the trialnet agent on %s did not answer in time: it is still starting (loading eBPF, re-adopting Trials) or it is stuck; its log says which (journalctl -u trialnet, or kubectl logs)", c.Socket)
 	}
 	return nil, fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
+}
+
+// exchange makes req on a connection of its own, which the response's
+// body closes. The request asks the agent to close it after its answer,
+// so that nothing is left for a pool. A cancel or the deadline of req's
+// context ends the exchange with the context's error.
+func (c *Client) exchange(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	conn, err := dialAgent(ctx, c.Socket)
+	if err != nil {
+		return nil, err
+	}
+	// A past deadline wakes a blocked write or read once ctx is done (a
+	// cancel, its deadline), whose error is then the exchange's.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		_ = conn.Close()
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		return nil, err
+	}
+	req.Close = true
+	w := bufio.NewWriter(conn)
+	if err := req.Write(w); err != nil {
+		return fail(err)
+	}
+	if err := w.Flush(); err != nil {
+		return fail(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return fail(err)
+	}
+	resp.Body = &connBody{ReadCloser: resp.Body, conn: conn, stop: stop}
+	return resp, nil
+}
+
+// connBody is a response's body that closes its connection.
+type connBody struct {
+	io.ReadCloser
+	conn net.Conn
+	stop func() bool
+}
+
+func (b *connBody) Close() error {
+	b.stop()
+	err := b.ReadCloser.Close()
+	if cerr := b.conn.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Health asks the agent whether it is healthy (GET /healthz). An agent

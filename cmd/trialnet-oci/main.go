@@ -19,8 +19,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/internal/ocicmd"
@@ -40,9 +38,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx := context.Background()
 	switch args[0] {
 	case "oci-hook":
-		// It only asks the agent: ^C (or SIGTERM) cancels the call, as in trialnet.
-		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-		defer stop()
+		// No signal handler: ^C or SIGTERM ends the process, as the
+		// runtime's SIGKILL at the hook's timeout does, and the runtime
+		// refuses the container; a handler's set-up would cost each start
+		// a thread (0.6 ms here).
 		return ocicmd.Hook(ctx, args[1:], stdout, stderr, ocicmd.Self)
 	case "oci-runtime":
 		// runc, which it becomes, takes the signals.

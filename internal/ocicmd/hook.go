@@ -51,12 +51,12 @@ func Hook(ctx context.Context, args []string, stdout, stderr io.Writer, bin Bina
 	ctx, cancel := context.WithTimeout(ctx, hookAgentTimeout)
 	defer cancel()
 	h := &ocihook.Hook{
-		Agent:  func() ocihook.Agent { return client.NewClient(*socket) },
+		Agent:  func() ocihook.Agent { return client.NewDirectClient(*socket) },
 		Socket: *socket,
 	}
 	in, err := io.ReadAll(io.LimitReader(os.Stdin, maxHookInput+1))
 	if err == nil && ocihook.IsConfig(in) {
-		err = ocihook.Precreate(ctx, client.NewClient(*socket), in, stdout)
+		err = ocihook.Precreate(ctx, client.NewDirectClient(*socket), in, stdout)
 	} else if err == nil {
 		_, err = h.Run(ctx, bytes.NewReader(in))
 	}
