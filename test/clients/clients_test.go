@@ -107,8 +107,10 @@ func newAgentWorld(t *testing.T) *world {
 				w.mu.Unlock()
 				h.ServeHTTP(rw, r)
 			}),
-			TLSConfig:         &tls.Config{Certificates: []tls.Certificate{w.cert}},
-			ReadHeaderTimeout: 10 * time.Second,
+			TLSConfig: &tls.Config{Certificates: []tls.Certificate{w.cert}},
+			// It bounds the TLS handshake too, which a JVM under TCG
+			// can take past 10 s in.
+			ReadHeaderTimeout: time.Minute,
 		}
 		if port == 443 {
 			go func() { _ = srv.ServeTLS(countingListener{ln, &w.accepts}, "", "") }()

@@ -343,9 +343,8 @@ func (b *built) plan(k kernel, o *options) plan {
 		// Every guest has cgroup v2 alone: the container tests must run.
 		"TRIALNET_REQUIRE_CONTAINERS=1"}
 	if o.accel.name == "tcg" {
-		// The JVM's JIT dies under TCG now and then (SIGSEGV in
-		// C1-compiled code, keytool too): test/clients leaves its JVM
-		// clients to the host's run, saying so.
+		// A JVM takes about a minute under TCG: test/clients gives its
+		// JVM clients fewer threads to start (C1 alone, the serial GC).
 		env = append(env, "TRIALNET_VM_TCG=1")
 	}
 	// loop: test/escape gives a container a loop device for a host disk.
