@@ -381,13 +381,25 @@ func ReadOnly(options []string) bool {
 	return ro
 }
 
-// procKnobs refuses a proc mount whose kernel knobs are writable: root
+// procKnobs are the parts of proc whose files root writes with no
+// capability, each the host's, not a namespace's: what it is in every
+// runtime's default linux.readonlyPaths for.
+var procKnobs = []struct{ name, why string }{
+	{"sys", "root in it could have the kernel run a program as the host's root (kernel.core_pattern)"},
+	{"sysrq-trigger", "root in it could reboot or crash the host"},
+	{"irq", "root in it could steer the host's interrupts (smp_affinity)"},
+	{"bus", "root in it could write the host's PCI devices' configuration space (/proc/bus/pci)"},
+	{"fs", "root in it could set the host's file systems' knobs"},
+}
+
+// procKnobRefusals refuses a proc mount whose kernel knobs are writable: root
 // needs no capability to set kernel.core_pattern ("|/path": a program
-// the kernel runs as the host's root at the next core dump) nor to write
-// /proc/sysrq-trigger. The runtime makes linux.readonlyPaths and
-// maskedPaths read-only or hidden; they name paths, so a proc mounted
-// elsewhere than /proc is not covered by "/proc/sys".
-func (c *config) procKnobs() []string {
+// the kernel runs as the host's root at the next core dump), to write
+// /proc/sysrq-trigger, an interrupt's affinity or a PCI device's
+// configuration. The runtime makes linux.readonlyPaths and maskedPaths
+// read-only or hidden; they name paths, so a proc mounted elsewhere
+// than /proc is not covered by "/proc/sys".
+func (c *config) procKnobRefusals() []string {
 	var why []string
 	var covered []string
 	if c.Linux != nil {
@@ -397,10 +409,10 @@ func (c *config) procKnobs() []string {
 		if m.Type != "proc" || ReadOnly(m.Options) {
 			continue
 		}
-		for _, knob := range []string{"sys", "sysrq-trigger"} {
-			p := filepath.Join("/", m.Destination, knob)
+		for _, knob := range procKnobs {
+			p := filepath.Join("/", m.Destination, knob.name)
 			if !slices.ContainsFunc(covered, func(dir string) bool { return within(p, filepath.Join("/", dir)) }) {
-				why = append(why, fmt.Sprintf("%s is writable (in neither linux.readonlyPaths nor maskedPaths): root in it could have the kernel run a program as the host's root (core_pattern) or reboot it; keep the runtime's default paths (no systempaths=unconfined)", p))
+				why = append(why, fmt.Sprintf("%s is writable (in neither linux.readonlyPaths nor maskedPaths): %s; keep the runtime's default paths (no systempaths=unconfined)", p, knob.why))
 			}
 		}
 	}

@@ -186,7 +186,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	}
 	cfg.data = h.data
 	why := cfg.check(st.Bundle, h.protected())
-	why = append(why, cfg.procKnobs()...)
+	why = append(why, cfg.procKnobRefusals()...)
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
 		why = append(why, "its seccomp profile lets it use the kernel's keyrings ("+strings.Join(keys, "; ")+"): "+keyCallsAdvice(DefaultSeccompProfile))
 	}

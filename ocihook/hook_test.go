@@ -496,6 +496,28 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "/proc/sysrq-trigger is writable"},
+		// Root writes an interrupt's affinity and a PCI device's
+		// configuration space with no capability (runc 1.1.5 here: echo
+		// to /proc/irq/default_smp_affinity took, and /proc/bus/pci/00/00.0
+		// opened for writing, with runc's default capabilities).
+		{"/proc/irq writable", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["readonlyPaths"] = []string{"/proc/bus", "/proc/fs", "/proc/sys", "/proc/sysrq-trigger"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/irq is writable"},
+		{"/proc/bus writable", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["readonlyPaths"] = []string{"/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/bus is writable"},
+		{"/proc/fs writable", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["readonlyPaths"] = []string{"/proc/bus", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/fs is writable"},
 		{"a second proc mount, where readonlyPaths do not reach", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/p2/", "type": "proc", "source": "proc"})
 			return w.state(trial)
