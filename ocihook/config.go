@@ -79,6 +79,7 @@ type deviceRuleOf struct {
 	Allow  bool   `json:"allow"`
 	Type   string `json:"type"`
 	Major  *int64 `json:"major"` // nil: every major
+	Minor  *int64 `json:"minor"` // nil: every minor
 	Access string `json:"access"`
 }
 
@@ -171,6 +172,7 @@ var refusedCaps = map[string]string{
 	"CAP_CHECKPOINT_RESTORE": "checkpoint/restore powers over other processes",
 	"CAP_SYS_TIME":           "sets the host's clock, which no namespace holds (the receipts', logs' and certificates' time)",
 	"CAP_SYSLOG":             "reads and clears the host's kernel log, and kernel addresses",
+	"CAP_SYS_TTY_CONFIG":     "rebinds the host console's keys (KDSKBSENT: a key the host's root presses types its command) and hangs up terminals",
 }
 
 // isCapName says whether n is shaped as a capability's name: CAP_, then
@@ -267,6 +269,7 @@ func (c *config) check(bundle string, protected []string) []string {
 		}
 	}
 	why = append(why, c.blockDevices()...)
+	why = append(why, c.consoleDevices()...)
 	if caps := c.refusedCapsOf(); len(caps) > 0 {
 		why = append(why, "it would hold capabilities that let it leave its Trial: "+strings.Join(caps, "; "))
 	}
@@ -455,6 +458,55 @@ func (c *config) blockDevices() []string {
 			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk; allow the majors it needs", r.Type, r.Access))
 		case pt:
 			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), which pass commands through to a disk: it could read the host's disk", *r.Major, name))
+		}
+	}
+	return why
+}
+
+// consoleDevice names the host's console or input device of major maj
+// and minor min (-1: any), or "": a virtual console (4:0-63), which root
+// takes as its terminal when no session holds it, then switches the host's
+// display to (VT_ACTIVATE, a login prompt of its own drawn there); a
+// serial port (4:64 up, a host's console too); the consoles' screens
+// (vcs); input devices, the host's keystrokes read or injected; uinput, a
+// keyboard of its own.
+func consoleDevice(maj, min int64) string {
+	switch {
+	case maj == 4:
+		return "a virtual console or serial port of the host's: it could take it as its terminal and show the host's console a login prompt of its own"
+	case maj == 7:
+		return "a screen of the host's consoles (vcs): it could read what is shown there, and write it"
+	case maj == 13:
+		return "the host's input devices: it could read the keys typed there, or type its own"
+	case maj == 10 && (min < 0 || min == 223):
+		return "uinput: it could make a keyboard of its own and type into the host's console"
+	}
+	return ""
+}
+
+// consoleDevices refuses the host's console and input devices, given or
+// opened by a device cgroup rule (see consoleDevice); /dev/console (5:1),
+// which runc makes the container's own terminal, is let through.
+func (c *config) consoleDevices() []string {
+	if c.Linux == nil {
+		return nil
+	}
+	var why []string
+	for _, d := range c.Linux.Devices {
+		if w := consoleDevice(d.Major, d.Minor); w != "" && d.Type != "b" && d.Type != "p" {
+			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), %s", d.Path, d.Major, d.Minor, w))
+		}
+	}
+	if c.Linux.Resources == nil {
+		return why
+	}
+	for _, r := range c.Linux.Resources.Devices {
+		opens := r.Access == "" || strings.ContainsAny(r.Access, "rw")
+		if !r.Allow || !opens || r.Type != "c" || deref(r.Major) < 0 {
+			continue // type a, b and every major: blockDevices refuses them
+		}
+		if w := consoleDevice(*r.Major, deref(r.Minor)); w != "" {
+			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (minor %d, -1: any): %s; allow the devices it needs", *r.Major, deref(r.Minor), w))
 		}
 	}
 	return why

@@ -213,7 +213,10 @@ func goodConfig() map[string]any {
 			// usual character devices opened.
 			"resources": map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"},
 				{"allow": true, "type": "c", "access": "m"}, {"allow": true, "type": "b", "access": "m"},
-				{"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}}},
+				{"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 5, "minor": 1, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 136, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 10, "minor": 200, "access": "rwm"}}},
 		},
 		"annotations": map[string]string{AnnotationTrial: "eval-1"},
 	}
@@ -394,6 +397,12 @@ func TestHookRefuses(t *testing.T) {
 			w.setCaps("inheritable", "CAP_SYSLOG")
 			return w.state(trial)
 		}, "CAP_SYSLOG"},
+		// runc 1.1.5 here, with /dev/tty1: KDSKBSENT (F1's string) took
+		// with this capability, EPERM without.
+		{"the host console's keymap", func(w *world) string {
+			w.setCaps("bounding", "CAP_SYS_TTY_CONFIG")
+			return w.state(trial)
+		}, "CAP_SYS_TTY_CONFIG"},
 		{"a name in Unicode that upper-cases to one refused", func(w *world) string {
 			// runc looks names up as written and ignores this one; the hook
 			// refuses what it folds to, the safer reading.
@@ -481,6 +490,51 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "the device /dev/sg0 (21:0), which passes commands through to a disk (sg)"},
+		// runc 1.1.5 here, with runc's default capabilities and /dev/tty1:
+		// TIOCSCTTY took it (no session held it), then VT_ACTIVATE, which
+		// switches the host's display, was let through.
+		{"a virtual console given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/tty1", "type": "c", "major": 4, "minor": 1}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "the device /dev/tty1 (4:1), a virtual console"},
+		{"a console's screen given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/vcs1", "type": "c", "major": 7, "minor": 1}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "the device /dev/vcs1 (7:1), a screen"},
+		{"an input device given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/input/event0", "type": "c", "major": 13, "minor": 64}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "(13:64), the host's input devices"},
+		{"uinput given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/uinput", "type": "c", "major": 10, "minor": 223}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "(10:223), uinput"},
+		{"virtual consoles opened by a rule", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 4, "access": "rw"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "character devices of major 4 (minor -1"},
+		{"every misc device opened by a rule", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "access": "rw"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "character devices of major 10 (minor -1, -1: any): uinput"},
+		{"uinput opened by a rule", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "minor": 223, "access": "rw"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "of major 10 (minor 223"},
 		{"/proc/sys writable (--security-opt systempaths=unconfined)", func(w *world) string {
 			// Root needs no capability to write kernel.core_pattern: a
 			// "|/path" there is run by the kernel as the host's root.
