@@ -699,6 +699,34 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/s", "type": "bind", "source": "/run/systemd/private", "options": []string{"bind"}})
 			return w.state(trial)
 		}, "on /s, which holds or is inside /run/systemd"},
+		{"root's systemd user manager bound in (systemd-run --user on the host)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/u", "type": "bind", "source": "/run/user/0/systemd/private", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "holds or is inside /run/user"},
+		{"a user's session bus bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/b", "type": "bind", "source": "/var/run/user/1000/bus", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "holds or is inside /var/run/user"},
+		{"rootless Docker's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/d.sock", "type": "bind", "source": "/run/user/1000/docker.sock", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /d.sock"},
+		{"snapd's socket bound in (a snap installed as root)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/snapd.sock", "type": "bind", "source": "/run/snapd.socket", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /snapd.sock"},
+		{"libvirt's socket bound in (a guest defined with the host's disk)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/lv", "type": "bind", "source": "/run/libvirt/libvirt-sock", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /lv"},
+		{"LXD's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/lxd.sock", "type": "bind", "source": "/var/snap/lxd/common/lxd/unix.socket", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /lxd.sock"},
+		{"Incus's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/incus.sock", "type": "bind", "source": "/var/lib/incus/unix.socket", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /incus.sock"},
 		{"NRI's socket bound in (a plugin adjusts other containers)", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/nri", "type": "bind", "source": "/run/nri", "options": []string{"rbind"}})
 			return w.state(trial)
