@@ -550,14 +550,7 @@ func (c *config) rootfs(bundle string) string {
 	if c.Root == nil || c.Root.Path == "" {
 		return ""
 	}
-	p := c.Root.Path
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(bundle, p)
-	}
-	if real, err := filepath.EvalSymlinks(p); err == nil {
-		return real
-	}
-	return filepath.Clean(p)
+	return resolve(bundle, c.Root.Path)
 }
 
 // holds is the protected path that the host directory src (relative to

@@ -727,6 +727,29 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/incus.sock", "type": "bind", "source": "/var/lib/incus/unix.socket", "options": []string{"bind"}})
 			return w.state(trial)
 		}, "on /incus.sock"},
+		// runc 1.1.5 here bound /run for the source /tmp/x/l/.. with l a
+		// link to /run/lock: the kernel takes ".." after the link, a
+		// lexical Clean before it.
+		{"a bind's source that climbs out of a link (l/..)", func(w *world) string {
+			l := filepath.Join(w.t.TempDir(), "l")
+			if err := os.Symlink("/proc/sys", l); err != nil {
+				w.t.Fatal(err)
+			}
+			w.setMount(map[string]any{"destination": "/p", "type": "bind", "source": l + "/..", "options": []string{"rbind", "ro"}})
+			return w.state(trial)
+		}, "which holds or is inside /proc"},
+		{"an agent directory reached by l/..", func(w *world) string {
+			sub := filepath.Join(w.dir, "pins", "sub")
+			if err := os.Mkdir(sub, 0o755); err != nil {
+				w.t.Fatal(err)
+			}
+			l := filepath.Join(w.t.TempDir(), "l")
+			if err := os.Symlink(sub, l); err != nil {
+				w.t.Fatal(err)
+			}
+			w.setMount(map[string]any{"destination": "/p", "type": "bind", "source": l + "/..", "options": []string{"rbind", "ro"}})
+			return w.state(trial)
+		}, "/pins (trialnet's own"},
 		{"NRI's socket bound in (a plugin adjusts other containers)", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/nri", "type": "bind", "source": "/run/nri", "options": []string{"rbind"}})
 			return w.state(trial)
