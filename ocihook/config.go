@@ -246,12 +246,14 @@ func (c *config) namespaces() map[string]string {
 // not share with the host: its network is the Trial's, its PID
 // namespace keeps it from the host's processes, its cgroup namespace
 // from the cgroups outside the Trial's, its mount namespace from the
-// host's file system.
+// host's file system, its IPC namespace from the host's processes'
+// shared memory and queues (as a Trial's own init has one).
 var hostNamespaces = []struct{ typ, why string }{
 	{"network", "it would use the host's network (host networking), not its Trial's"},
 	{"pid", "it would see and signal the host's processes (a host PID namespace)"},
 	{"cgroup", "it would see the host's cgroups and could move out of its Trial's (a host cgroup namespace)"},
 	{"mount", "it would share the host's mounts"},
+	{"ipc", "it would share System V IPC and POSIX message queues with the host's processes (host IPC), a channel out: root in it attaches the host root's shared memory"},
 }
 
 // checkConfig refuses a config that would let the container leave its

@@ -341,9 +341,10 @@ func (h *Hook) checkProcess(st State, cfg *config, info client.TrialInfo, peers 
 	if w := h.checkCgroup(p, info); w != "" {
 		why = append(why, w)
 	}
-	// mnt: a mount namespace joined by path (/proc/1/ns/mnt) is not in
-	// the config's view, and would show it the control socket and keys.
-	for _, ns := range []string{"pid", "cgroup", "mnt"} {
+	// mnt and ipc: a namespace joined by path (/proc/1/ns/mnt) is not in
+	// the config's view, and would show it the control socket and keys,
+	// or the host's shared memory.
+	for _, ns := range []string{"pid", "cgroup", "mnt", "ipc"} {
 		same, err := sameFile(filepath.Join(p, "ns", ns), filepath.Join(self, ns))
 		switch {
 		case err != nil:

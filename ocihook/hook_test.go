@@ -52,7 +52,7 @@ type world struct {
 	agent                *fakeAgent
 	hostNet, hostPID     string
 	hostCgroupNS, trialN string
-	hostMnt              string
+	hostMnt, hostIPC     string
 }
 
 type fakeAgent struct {
@@ -127,7 +127,7 @@ func newContainerWorld(t *testing.T) *world {
 		}
 	}
 	w.hostNet, w.hostPID, w.hostCgroupNS, w.trialN = w.file("ns-host-net"), w.file("ns-host-pid"), w.file("ns-host-cgroup"), w.file("pins/ns-trial-net")
-	w.hostMnt = w.file("ns-host-mnt")
+	w.hostMnt, w.hostIPC = w.file("ns-host-mnt"), w.file("ns-host-ipc")
 	cg := filepath.Join(w.mount, "trialnet", "eval-1")
 	var st unix.Stat_t
 	if err := unix.Stat(cg, &st); err != nil {
@@ -166,11 +166,11 @@ func (w *world) procNS(pid, net, pidNS, cgNS, cg string) {
 	if err := os.MkdirAll(filepath.Join(d, "ns"), 0o755); err != nil {
 		w.t.Fatal(err)
 	}
-	mnt := w.hostMnt
+	mnt, ipc := w.hostMnt, w.hostIPC
 	if pid != "self" {
-		mnt = w.file("ns-mnt-" + pid)
+		mnt, ipc = w.file("ns-mnt-"+pid), w.file("ns-ipc-"+pid)
 	}
-	for name, target := range map[string]string{"net": net, "pid": pidNS, "cgroup": cgNS, "mnt": mnt} {
+	for name, target := range map[string]string{"net": net, "pid": pidNS, "cgroup": cgNS, "mnt": mnt, "ipc": ipc} {
 		if err := os.Symlink(target, filepath.Join(d, "ns", name)); err != nil {
 			w.t.Fatal(err)
 		}
@@ -344,6 +344,18 @@ func TestHookRefuses(t *testing.T) {
 			w.procNS("4242", w.hostNet, w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
 			return w.state(trial)
 		}, "no network namespace of its own"},
+		{"host IPC (--ipc host)", func(w *world) string {
+			w.setNamespaces("network", "pid", "mount", "cgroup")
+			return w.state(trial)
+		}, "no ipc namespace of its own"},
+		{"the runtime's IPC namespace joined by path", func(w *world) string {
+			w.procNS("4242", w.trialN, w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
+			_ = os.Remove(filepath.Join(w.proc, "4242", "ns", "ipc"))
+			if err := os.Symlink(w.hostIPC, filepath.Join(w.proc, "4242", "ns", "ipc")); err != nil {
+				w.t.Fatal(err)
+			}
+			return w.state(trial)
+		}, "shares the runtime's (the host's) ipc namespace"},
 		{"another network namespace", func(w *world) string {
 			w.procNS("4242", w.file("ns-other"), w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
 			return w.state(trial)

@@ -55,7 +55,7 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 	if err := os.Mkdir(inTrial, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	newNS := uintptr(syscall.CLONE_NEWPID | syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS)
+	newNS := uintptr(syscall.CLONE_NEWPID | syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC)
 	run := func(pid int) error {
 		st := mustJSON(t, State{OCIVersion: "1.0.2", ID: "ctr", Status: "creating", Pid: pid, Bundle: bundle,
 			Annotations: map[string]string{AnnotationTrial: "hook-1"}})
@@ -86,8 +86,12 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 	}{
 		{"outside the Trial", testenv.PlainCgroup(t, "ocihook"), "", newNS, "network namespace is not the Trial's", "is not the Trial's (" + info.Cgroup},
 		{"host network", inTrial, "", newNS, "network namespace is not the Trial's", ""},
-		{"host PID namespace", inTrial, info.Netns, syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS, "shares the runtime's (the host's) pid namespace", ""},
-		{"host mount namespace", inTrial, info.Netns, syscall.CLONE_NEWPID | syscall.CLONE_NEWCGROUP, "shares the runtime's (the host's) mnt namespace", ""},
+		{"host PID namespace", inTrial, info.Netns, newNS &^ syscall.CLONE_NEWPID, "shares the runtime's (the host's) pid namespace", ""},
+		{"host mount namespace", inTrial, info.Netns, newNS &^ syscall.CLONE_NEWNS, "shares the runtime's (the host's) mnt namespace", ""},
+		// A bundle's ipc path to /proc/1/ns/ipc, which the config's view
+		// reads as one of its own: runc 1.1.5 here, with no ipc namespace
+		// of its own, attached and rewrote a host root's shmget segment.
+		{"host IPC namespace", inTrial, info.Netns, newNS &^ syscall.CLONE_NEWIPC, "shares the runtime's (the host's) ipc namespace", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := run(testenv.StartIn(t, tc.cgroup, tc.netns, tc.flags))
