@@ -487,8 +487,9 @@ func consoleDevice(maj, min int64) string {
 }
 
 // consoleDevices refuses the host's console and input devices, given or
-// opened by a device cgroup rule (see consoleDevice); /dev/console (5:1),
-// which runc makes the container's own terminal, is let through.
+// opened by a device cgroup rule (see consoleDevice); a rule for
+// /dev/console (5:1), where runc puts the container's own terminal, is
+// let through.
 func (c *config) consoleDevices() []string {
 	if c.Linux == nil {
 		return nil

@@ -210,7 +210,8 @@ func goodConfig() map[string]any {
 			"readonlyPaths": []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 			"maskedPaths":   []string{"/proc/kcore", "/proc/keys", "/sys/firmware"},
 			// Docker's default rules: every node may be made, only the
-			// usual character devices opened.
+			// usual character devices opened (a console, ptys and tun
+			// among them, which pass).
 			"resources": map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"},
 				{"allow": true, "type": "c", "access": "m"}, {"allow": true, "type": "b", "access": "m"},
 				{"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
