@@ -441,8 +441,8 @@ func (c *config) blockDevices() []string {
 	for _, d := range c.Linux.Devices {
 		if d.Type == "b" {
 			why = append(why, fmt.Sprintf("it is given the block device %s (%d:%d): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor))
-		} else if name, ok := pass[d.Major]; ok {
-			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), which passes commands through to a disk (%s): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor, name))
+		} else if m, ok := pass[d.Major]; ok {
+			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), which %s (%s): %s", d.Path, d.Major, d.Minor, m.does, m.name, m.reach))
 		}
 	}
 	if c.Linux.Resources == nil {
@@ -453,13 +453,13 @@ func (c *config) blockDevices() []string {
 		if !r.Allow || !opens {
 			continue
 		}
-		switch name, pt := pass[deref(r.Major)]; {
+		switch m, pt := pass[deref(r.Major)]; {
 		case r.Type == "" || r.Type == "a" || r.Type == "b":
 			why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
 		case r.Major == nil || *r.Major < 0: // runc and crun: -1 is any major
 			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk; allow the majors it needs", r.Type, r.Access))
 		case pt:
-			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), which pass commands through to a disk: it could read the host's disk", *r.Major, name))
+			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), each of which %s: %s", *r.Major, m.name, m.does, m.reach))
 		}
 	}
 	return why
@@ -522,12 +522,37 @@ func deref(p *int64) int64 {
 	return *p
 }
 
-// passthroughMajors are the character device majors that reach a disk
-// beneath its block device: sg's is fixed, the rest are given out at
-// boot and named in /proc/devices.
-func passthroughMajors() map[int64]string {
-	out := map[int64]string{21: "sg"}
-	b, err := os.ReadFile("/proc/devices")
+// reachingMajor is a character device driver whose devices reach past
+// the container: a disk beneath its block device, or a host interface's
+// link.
+type reachingMajor struct{ name, does, reach string }
+
+const (
+	toDisk  = "passes commands through to a disk"
+	diskWhy = "it could read the host's disk, and trialnet's state on it"
+)
+
+// reachingNames are the drivers given a major at boot, as /proc/devices
+// names them: macvtap's and ipvtap's devices (/dev/tapN) send and take
+// frames on a host interface's link, whatever network namespace the
+// opener is in (runc 1.1.5 here: a container with only lo wrote frames
+// that a macvtap in another namespace put on its link).
+var reachingNames = map[string]reachingMajor{
+	"sg": {"sg", toDisk, diskWhy}, "bsg": {"bsg", toDisk, diskWhy}, "nvme-generic": {"nvme-generic", toDisk, diskWhy},
+	"dax": {"dax", toDisk, diskWhy}, "mtd": {"mtd", toDisk, diskWhy}, "ubi": {"ubi", toDisk, diskWhy},
+	"macvtap": {"macvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
+	"ipvtap":  {"ipvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
+}
+
+// procDevices lists the kernel's device majors (a test's copy in tests).
+var procDevices = "/proc/devices"
+
+// passthroughMajors are the character device majors that reach past the
+// container: sg's is fixed, the rest are given out at boot and named in
+// /proc/devices.
+func passthroughMajors() map[int64]reachingMajor {
+	out := map[int64]reachingMajor{21: reachingNames["sg"]}
+	b, err := os.ReadFile(procDevices)
 	if err != nil {
 		return out
 	}
@@ -537,10 +562,9 @@ func passthroughMajors() map[int64]string {
 		if len(f) != 2 {
 			continue
 		}
-		switch f[1] {
-		case "sg", "bsg", "nvme-generic", "dax", "mtd", "ubi":
+		if m, ok := reachingNames[f[1]]; ok {
 			if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
-				out[n] = f[1]
+				out[n] = m
 			}
 		}
 	}
