@@ -470,8 +470,8 @@ func (c *config) blockDevices() []string {
 // takes as its terminal when no session holds it, then switches the host's
 // display to (VT_ACTIVATE, a login prompt of its own drawn there); a
 // serial port (4:64 up, a host's console too); the consoles' screens
-// (vcs); input devices, the host's keystrokes read or injected; uinput, a
-// keyboard of its own.
+// (vcs); input devices, the host's keystrokes read or injected; uinput
+// and uhid, a keyboard of its own.
 func consoleDevice(maj, min int64) string {
 	switch {
 	case maj == 4:
@@ -480,8 +480,8 @@ func consoleDevice(maj, min int64) string {
 		return "a screen of the host's consoles (vcs): it could read what is shown there, and write it"
 	case maj == 13:
 		return "the host's input devices: it could read the keys typed there, or type its own"
-	case maj == 10 && (min < 0 || min == 223):
-		return "uinput: it could make a keyboard of its own and type into the host's console"
+	case maj == 10 && (min < 0 || min == 223 || min == 239):
+		return "uinput or uhid: it could make a keyboard of its own and type into the host's console"
 	}
 	return ""
 }

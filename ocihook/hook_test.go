@@ -529,7 +529,7 @@ func TestHookRefuses(t *testing.T) {
 			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/uinput", "type": "c", "major": 10, "minor": 223}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "(10:223), uinput"},
+		}, "(10:223), uinput or uhid"},
 		{"virtual consoles opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 4, "access": "rw"}}}
@@ -541,7 +541,13 @@ func TestHookRefuses(t *testing.T) {
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "access": "rw"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "character devices of major 10 (minor -1, -1: any): uinput"},
+		}, "character devices of major 10 (minor -1, -1: any): uinput or uhid"},
+		{"uhid given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/uhid", "type": "c", "major": 10, "minor": 239}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "(10:239), uinput or uhid"},
 		{"uinput opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "minor": 223, "access": "rw"}}}
