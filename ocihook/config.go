@@ -533,13 +533,16 @@ const (
 )
 
 // reachingNames are the drivers given a major at boot, as /proc/devices
-// names them: macvtap's and ipvtap's devices (/dev/tapN) send and take
-// frames on a host interface's link, whatever network namespace the
-// opener is in (runc 1.1.5 here: a container with only lo wrote frames
+// names them: the disks' pass-through devices; macvtap's and ipvtap's
+// (/dev/tapN), which send and take frames on a host interface's link,
+// whatever network namespace the opener is in (runc 1.1.5 here: a container with only lo wrote frames
 // that a macvtap in another namespace put on its link).
 var reachingNames = map[string]reachingMajor{
 	"sg": {"sg", toDisk, diskWhy}, "bsg": {"bsg", toDisk, diskWhy}, "nvme-generic": {"nvme-generic", toDisk, diskWhy},
 	"dax": {"dax", toDisk, diskWhy}, "mtd": {"mtd", toDisk, diskWhy}, "ubi": {"ubi", toDisk, diskWhy},
+	// An NVMe controller's (/dev/nvme0): NVME_IOCTL_IO_CMD there runs on
+	// its first namespace, and a READ wants no capability (Linux 6.2 up).
+	"nvme":    {"nvme", toDisk, diskWhy},
 	"macvtap": {"macvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
 	"ipvtap":  {"ipvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
 }

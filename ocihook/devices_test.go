@@ -9,7 +9,8 @@ import (
 	"testing"
 )
 
-// This host's /proc/devices (a 6.18 guest), with macvtap loaded.
+// This host's /proc/devices (a 6.18 guest), with macvtap loaded, and an
+// NVMe controller's major as a host with one names it.
 const hostDevices = `Character devices:
   1 mem
   4 /dev/vc/0
@@ -24,6 +25,7 @@ const hostDevices = `Character devices:
 248 bsg
 252 dax
 253 dimmctl
+239 nvme
 
 Block devices:
   7 loop
@@ -61,9 +63,16 @@ func TestTapDevicesRefused(t *testing.T) {
 			t.Errorf("%s: refusals %q, want %q", tc.name, why, tc.want)
 		}
 	}
-	// hidraw (245) and mei (247), beside it, are not among them.
+	// An NVMe controller's device reads its first namespace (not run
+	// here: no NVMe on this host).
+	nvme := int64(239)
+	c := config{Linux: &linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &nvme, Access: "r"}}}}}
+	if why := strings.Join(c.blockDevices(), "; "); !strings.Contains(why, "major 239 (nvme)") {
+		t.Errorf("an NVMe controller's major: refusals %q", why)
+	}
+	// hidraw (245) and mei (247), beside them, are not among them.
 	other := int64(245)
-	c := config{Linux: &linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &other, Access: "rw"}}}}}
+	c = config{Linux: &linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &other, Access: "rw"}}}}}
 	if why := c.blockDevices(); len(why) != 0 {
 		t.Errorf("hidraw's major refused: %q", why)
 	}
