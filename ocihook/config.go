@@ -340,11 +340,10 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 		}
 	case m.Type == "overlay":
 		for _, o := range m.Options {
-			key, dirs, ok := strings.Cut(o, "=")
-			for _, d := range strings.Split(dirs, ":") {
-				if p := holds(bundle, d, protected); ok && d != "" && p != "" {
+			for _, d := range overlayDirs(o) {
+				if p := holds(bundle, d, protected); d != "" && p != "" {
 					why = append(why, fmt.Sprintf("its overlay on %s is made of %s, which holds or is inside %s (trialnet's own)", m.Destination, d, p))
-				} else if ok && d != "" && !filepath.IsAbs(d) && slices.Contains([]string{"lowerdir", "upperdir", "workdir"}, key) {
+				} else if d != "" && !filepath.IsAbs(d) {
 					// The kernel resolves it from the runtime's working
 					// directory (runc's: the root file system, whose links
 					// the image makes), not from the bundle.
@@ -362,6 +361,40 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 		why = append(why, fmt.Sprintf("it mounts sysfs writable on %s: root in it could set the kernel's uevent helper, run as the host's root (mount it ro)", m.Destination))
 	}
 	return why
+}
+
+// overlayDirs are the directories an overlay mount option names, as the
+// kernel reads them: lowerdir's layers split at each colon that no
+// backslash escapes ("::" before data-only layers), a backslash taking
+// the character after it as it is, so that /tmp/l\:/x is one path
+// through /tmp/l:; upperdir and workdir unescaped the same way; the
+// one path of lowerdir+ and datadir+ (Linux 6.8 up, mount(2)'s data
+// among them) as written. Any other option names none.
+func overlayDirs(o string) []string {
+	key, val, _ := strings.Cut(o, "=")
+	switch key {
+	case "lowerdir+", "datadir+":
+		return []string{val}
+	case "upperdir", "workdir", "lowerdir":
+	default:
+		return nil
+	}
+	var dirs []string
+	var d strings.Builder
+	for i := 0; i < len(val); i++ {
+		switch c := val[i]; {
+		case c == '\\': // a last one is dropped, as the kernel drops it
+			if i++; i < len(val) {
+				d.WriteByte(val[i])
+			}
+		case c == ':' && key == "lowerdir":
+			dirs = append(dirs, d.String())
+			d.Reset()
+		default:
+			d.WriteByte(c)
+		}
+	}
+	return append(dirs, d.String())
 }
 
 // ReadOnly says whether a mount with these options is read-only as runc

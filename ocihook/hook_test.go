@@ -622,6 +622,33 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir=x:e"}})
 			return w.state(trial)
 		}, "its overlay on /o names x by a relative path"},
+		// lowerdir+= (Linux 6.8 up, in mount(2)'s data too) names one
+		// layer: runc 1.1.5 here, with rootfs/r2 a link climbing out to
+		// /run, showed /run/trialnet's files on /o through
+		// lowerdir+=r2/trialnet.
+		{"an overlay layer by a relative path in lowerdir+", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir+=/usr", "lowerdir+=r2/trialnet"}})
+			return w.state(trial)
+		}, "its overlay on /o names r2/trialnet by a relative path"},
+		{"an overlay data layer by a relative path", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir+=/usr", "datadir+=d"}})
+			return w.state(trial)
+		}, "its overlay on /o names d by a relative path"},
+		// The kernel reads "\:" in lowerdir as a colon in one layer's path,
+		// not a separator: here, with /tmp/l: a link to /run,
+		// lowerdir=/usr:/tmp/l\:/trialnet showed /run/trialnet's files.
+		{"an overlay layer whose path holds an escaped colon", func(w *world) string {
+			dir := w.t.TempDir()
+			if err := os.Symlink("/var/lib", filepath.Join(dir, "l:")); err != nil {
+				w.t.Fatal(err)
+			}
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir=/usr:" + dir + `/l\:/trialnet`}})
+			return w.state(trial)
+		}, "/l:/trialnet, which holds or is inside /var/lib/trialnet"},
+		{"an overlay layer with a last backslash, which the kernel drops", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{`lowerdir=/usr:/var/lib/trialnet\`}})
+			return w.state(trial)
+		}, "its overlay on /o is made of /var/lib/trialnet,"},
 		{"sysfs writable", func(w *world) string {
 			// /sys/kernel/uevent_helper: run by the kernel as the host's
 			// root on the next uevent, written by root with no capability.
