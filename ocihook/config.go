@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // config is what the hook reads of a bundle's config.json (the OCI
@@ -272,6 +274,7 @@ func (c *config) check(bundle string, protected []string) []string {
 	}
 	why = append(why, c.blockDevices()...)
 	why = append(why, c.consoleDevices()...)
+	why = append(why, c.devicesBound()...)
 	if caps := c.refusedCapsOf(); len(caps) > 0 {
 		why = append(why, "it would hold capabilities that let it leave its Trial: "+strings.Join(caps, "; "))
 	}
@@ -543,6 +546,35 @@ func (c *config) consoleDevices() []string {
 		}
 		if w := consoleDevice(*r.Major, deref(r.Minor)); w != "" {
 			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (minor %d, -1: any): %s; allow the devices it needs", *r.Major, deref(r.Minor), w))
+		}
+	}
+	return why
+}
+
+// devicesBound refuses, in a container with a user namespace, a device
+// that is not, on the host, the node its entry names: there runc makes
+// no node but binds the host's file at the entry's path (runc 1.1.5
+// here: a path to a host file showed its contents; /dev/pts/0, named as
+// c 136:0, was the host's terminal, written from the container). So a
+// file, a socket, a FIFO, another device or a host terminal would come
+// in under a device's name, which the mount rules never see.
+func (c *config) devicesBound() []string {
+	if _, userns := c.namespaces()["user"]; !userns || c.Linux == nil {
+		return nil
+	}
+	kinds := map[string]uint32{"c": unix.S_IFCHR, "u": unix.S_IFCHR, "b": unix.S_IFBLK}
+	var why []string
+	for _, d := range c.Linux.Devices {
+		var st unix.Stat_t
+		if unix.Stat(d.Path, &st) != nil {
+			continue // nothing there: the runtime has nothing to bind
+		}
+		kind, ok := kinds[d.Type]
+		switch {
+		case !ok || st.Mode&unix.S_IFMT != kind || int64(unix.Major(st.Rdev)) != d.Major || int64(unix.Minor(st.Rdev)) != d.Minor:
+			why = append(why, fmt.Sprintf("its device %s (%s %d:%d) is something else on the host, which the runtime would bind in its place (a user namespace makes no nodes): name the device by its host path", d.Path, d.Type, d.Major, d.Minor))
+		case d.Major >= 136 && d.Major <= 143:
+			why = append(why, fmt.Sprintf("its device %s (%d:%d) is a host terminal, which the runtime would bind in (a user namespace makes no nodes): it could read and type into it", d.Path, d.Major, d.Minor))
 		}
 	}
 	return why

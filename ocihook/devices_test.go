@@ -3,10 +3,13 @@
 package ocihook
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // This host's /proc/devices (a 6.18 guest), with macvtap loaded, and an
@@ -75,5 +78,57 @@ func TestTapDevicesRefused(t *testing.T) {
 	c = config{Linux: &linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &other, Access: "rw"}}}}}
 	if why := c.blockDevices(); len(why) != 0 {
 		t.Errorf("hidraw's major refused: %q", why)
+	}
+}
+
+// In a user namespace runc binds the host's file at a device's path
+// rather than make a node: a device entry must be, on the host, the node
+// it names, and not a host terminal.
+func TestDevicesBoundInAUserNamespace(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A pty of the test's own stands for the operator's terminal.
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pts := fmt.Sprintf("/dev/pts/%d", n)
+	var st unix.Stat_t
+	if err := unix.Stat(pts, &st); err != nil {
+		t.Fatal(err)
+	}
+	term := deviceOf{Path: pts, Type: "c", Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev))}
+	for _, tc := range []struct {
+		name   string
+		dev    deviceOf
+		userns bool
+		want   string
+	}{
+		{"a host file named as /dev/null's numbers", deviceOf{Path: secret, Type: "c", Major: 1, Minor: 3}, true, "is something else on the host"},
+		{"a FIFO's entry on a host file", deviceOf{Path: secret, Type: "p"}, true, "is something else on the host"},
+		{"/dev/null as another device's numbers", deviceOf{Path: "/dev/null", Type: "c", Major: 4, Minor: 1}, true, "is something else on the host"},
+		{"/dev/null as itself", deviceOf{Path: "/dev/null", Type: "c", Major: 1, Minor: 3}, true, ""},
+		{"a host file, no user namespace (runc makes a node)", deviceOf{Path: secret, Type: "c", Major: 1, Minor: 3}, false, ""},
+		{"a path the host lacks", deviceOf{Path: "/dev/no-such-node", Type: "c", Major: 1, Minor: 3}, true, ""},
+		{"a host terminal, named as itself", term, true, "is a host terminal"},
+	} {
+		c := config{Linux: &linuxOf{Devices: []deviceOf{tc.dev}}}
+		if tc.userns {
+			c.Linux.Namespaces = []namespaceOf{{Type: "user"}}
+		}
+		why := strings.Join(c.devicesBound(), "; ")
+		if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+			t.Errorf("%s: refusals %q, want %q", tc.name, why, tc.want)
+		}
 	}
 }

@@ -554,6 +554,14 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "of major 10 (minor 223"},
+		{"a host file under a device's name, in a user namespace", func(w *world) string {
+			c := goodConfig()
+			l := c["linux"].(map[string]any)
+			l["namespaces"] = append(l["namespaces"].([]map[string]any), map[string]any{"type": "user"})
+			l["devices"] = []map[string]any{{"path": w.file("secret"), "type": "c", "major": 1, "minor": 3}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/secret (c 1:3) is something else on the host"},
 		{"/proc/sys writable (--security-opt systempaths=unconfined)", func(w *world) string {
 			// Root needs no capability to write kernel.core_pattern: a
 			// "|/path" there is run by the kernel as the host's root.
