@@ -133,16 +133,14 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 // namespace of process other (podman --pid container:X), and returns it.
 func joinPIDNS(t *testing.T, cgroup, netns string, other int) int {
 	t.Helper()
-	cg, err := os.Open(cgroup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Close()
 	// Its cgroup and mount namespaces are other's too, so that the PID
-	// namespace is the one thing that lets it out.
+	// namespace is the one thing that lets it out. nsenter opens other's
+	// namespaces from outside the Trial (the BPF LSM layer refuses a
+	// Trial's task that reads an outsider's), and its child is moved in
+	// once it runs.
 	ns := func(typ string) string { return fmt.Sprintf("--%s=/proc/%d/ns/%s", typ, other, typ) }
 	cmd := exec.Command("nsenter", ns("pid"), ns("cgroup"), "--mount="+fmt.Sprintf("/proc/%d/ns/mnt", other), "--net="+netns, "--", "sh", "-c", "echo ready; exec sleep 600")
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -161,6 +159,9 @@ func joinPIDNS(t *testing.T, cgroup, netns string, other int) int {
 		t.Fatalf("nsenter's child: %q %v %v", b, err, aerr)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	if err := os.WriteFile(filepath.Join(cgroup, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	return pid
 }
 
