@@ -182,7 +182,7 @@ func hookLetsIn(t *testing.T, w *world, adj *api.ContainerAdjustment, info clien
 		t.Fatal(err)
 	}
 	privtest.RequireTool(t, "nsenter")
-	pid := testenv.StartIn(t, cg, adj.GetLinux().GetNamespaces()[0].GetPath(), syscall.CLONE_NEWPID|syscall.CLONE_NEWCGROUP|syscall.CLONE_NEWNS)
+	pid := testenv.StartIn(t, cg, adj.GetLinux().GetNamespaces()[0].GetPath(), syscall.CLONE_NEWPID|syscall.CLONE_NEWCGROUP|syscall.CLONE_NEWNS|syscall.CLONE_NEWIPC)
 	bundle := t.TempDir()
 	ctr := testContainer("c1")
 	var ns []map[string]string

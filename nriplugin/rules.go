@@ -99,14 +99,6 @@ func (c claim) problems() []string {
 	return why
 }
 
-// podNamespaces are the namespaces a pod in a Trial must not share with
-// the node, beyond those the OCI hook's rule covers (network, PID,
-// cgroup, mount): IPC, whose System V objects and message queues would be
-// shared with every hostIPC process on the node, a channel out.
-var podNamespaces = []struct{ typ, why string }{
-	{"ipc", "it would share System V IPC and POSIX message queues with the node (hostIPC)"},
-}
-
 // runtimeDirs are the node's container runtimes' and NRI's sockets and
 // state, under both spellings of /run: a container that binds one can
 // start containers outside any Trial, or register as an NRI plugin. So
@@ -159,7 +151,7 @@ func within(p, dir string) bool {
 // refusals says why a container of an annotated pod is refused, before
 // anything is made for it: the OCI hook's rules applied to what NRI shows
 // of its spec (namespaces and mounts; NRI shows no capabilities, which
-// the hook checks at createRuntime), and the pod-level namespaces.
+// the hook checks at createRuntime).
 // protected are the node's paths no container may mount; own tells the
 // plugin's own mount (an earlier plugin instance's adjustment, during a
 // rolling update), which is not the pod's doing.
@@ -179,11 +171,6 @@ func refusals(ctr *api.Container, protected []string, own func(*api.Mount) bool)
 		spec.Mounts = append(spec.Mounts, ocihook.Mount{Destination: m.GetDestination(), Type: m.GetType(), Source: m.GetSource(), Options: m.GetOptions()})
 	}
 	why := append(spec.Refusals(protected), extra...)
-	for _, h := range podNamespaces {
-		if _, ok := spec.Namespaces[h.typ]; !ok {
-			why = append(why, fmt.Sprintf("it has no %s namespace of its own: %s", h.typ, h.why))
-		}
-	}
 	for _, k := range slices.Sorted(maps.Keys(ctr.GetLinux().GetSysctl())) {
 		// runc takes "/" for "."; the kernel's names are lower-case.
 		if n := strings.ToLower(strings.ReplaceAll(k, "/", ".")); strings.HasPrefix(n, "net.") {

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // config is what the hook reads of a bundle's config.json (the OCI
@@ -79,6 +81,7 @@ type deviceRuleOf struct {
 	Allow  bool   `json:"allow"`
 	Type   string `json:"type"`
 	Major  *int64 `json:"major"` // nil: every major
+	Minor  *int64 `json:"minor"` // nil: every minor
 	Access string `json:"access"`
 }
 
@@ -171,6 +174,7 @@ var refusedCaps = map[string]string{
 	"CAP_CHECKPOINT_RESTORE": "checkpoint/restore powers over other processes",
 	"CAP_SYS_TIME":           "sets the host's clock, which no namespace holds (the receipts', logs' and certificates' time)",
 	"CAP_SYSLOG":             "reads and clears the host's kernel log, and kernel addresses",
+	"CAP_SYS_TTY_CONFIG":     "rebinds the host console's keys (KDSKBSENT: a key the host's root presses types its command) and hangs up terminals",
 }
 
 // isCapName says whether n is shaped as a capability's name: CAP_, then
@@ -244,12 +248,14 @@ func (c *config) namespaces() map[string]string {
 // not share with the host: its network is the Trial's, its PID
 // namespace keeps it from the host's processes, its cgroup namespace
 // from the cgroups outside the Trial's, its mount namespace from the
-// host's file system.
+// host's file system, its IPC namespace from the host's processes'
+// shared memory and queues (as a Trial's own init has one).
 var hostNamespaces = []struct{ typ, why string }{
 	{"network", "it would use the host's network (host networking), not its Trial's"},
 	{"pid", "it would see and signal the host's processes (a host PID namespace)"},
 	{"cgroup", "it would see the host's cgroups and could move out of its Trial's (a host cgroup namespace)"},
 	{"mount", "it would share the host's mounts"},
+	{"ipc", "it would share System V IPC and POSIX message queues with the host's processes (host IPC), a channel out: root in it attaches the host root's shared memory"},
 }
 
 // checkConfig refuses a config that would let the container leave its
@@ -267,6 +273,8 @@ func (c *config) check(bundle string, protected []string) []string {
 		}
 	}
 	why = append(why, c.blockDevices()...)
+	why = append(why, c.consoleDevices()...)
+	why = append(why, c.devicesBound()...)
 	if caps := c.refusedCapsOf(); len(caps) > 0 {
 		why = append(why, "it would hold capabilities that let it leave its Trial: "+strings.Join(caps, "; "))
 	}
@@ -335,11 +343,10 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 		}
 	case m.Type == "overlay":
 		for _, o := range m.Options {
-			key, dirs, ok := strings.Cut(o, "=")
-			for _, d := range strings.Split(dirs, ":") {
-				if p := holds(bundle, d, protected); ok && d != "" && p != "" {
+			for _, d := range overlayDirs(o) {
+				if p := holds(bundle, d, protected); d != "" && p != "" {
 					why = append(why, fmt.Sprintf("its overlay on %s is made of %s, which holds or is inside %s (trialnet's own)", m.Destination, d, p))
-				} else if ok && d != "" && !filepath.IsAbs(d) && slices.Contains([]string{"lowerdir", "upperdir", "workdir"}, key) {
+				} else if d != "" && !filepath.IsAbs(d) {
 					// The kernel resolves it from the runtime's working
 					// directory (runc's: the root file system, whose links
 					// the image makes), not from the bundle.
@@ -357,6 +364,40 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 		why = append(why, fmt.Sprintf("it mounts sysfs writable on %s: root in it could set the kernel's uevent helper, run as the host's root (mount it ro)", m.Destination))
 	}
 	return why
+}
+
+// overlayDirs are the directories an overlay mount option names, as the
+// kernel reads them: lowerdir's layers split at each colon that no
+// backslash escapes ("::" before data-only layers), a backslash taking
+// the character after it as it is, so that /tmp/l\:/x is one path
+// through /tmp/l:; upperdir and workdir unescaped the same way; the
+// one path of lowerdir+ and datadir+ (Linux 6.8 up, mount(2)'s data
+// among them) as written. Any other option names none.
+func overlayDirs(o string) []string {
+	key, val, _ := strings.Cut(o, "=")
+	switch key {
+	case "lowerdir+", "datadir+":
+		return []string{val}
+	case "upperdir", "workdir", "lowerdir":
+	default:
+		return nil
+	}
+	var dirs []string
+	var d strings.Builder
+	for i := 0; i < len(val); i++ {
+		switch c := val[i]; {
+		case c == '\\': // a last one is dropped, as the kernel drops it
+			if i++; i < len(val) {
+				d.WriteByte(val[i])
+			}
+		case c == ':' && key == "lowerdir":
+			dirs = append(dirs, d.String())
+			d.Reset()
+		default:
+			d.WriteByte(c)
+		}
+	}
+	return append(dirs, d.String())
 }
 
 // ReadOnly says whether a mount with these options is read-only as runc
@@ -381,13 +422,25 @@ func ReadOnly(options []string) bool {
 	return ro
 }
 
-// procKnobs refuses a proc mount whose kernel knobs are writable: root
+// procKnobs are the parts of proc whose files root writes with no
+// capability, each the host's, not a namespace's: what it is in every
+// runtime's default linux.readonlyPaths for.
+var procKnobs = []struct{ name, why string }{
+	{"sys", "root in it could have the kernel run a program as the host's root (kernel.core_pattern)"},
+	{"sysrq-trigger", "root in it could reboot or crash the host"},
+	{"irq", "root in it could steer the host's interrupts (smp_affinity)"},
+	{"bus", "root in it could write the host's PCI devices' configuration space (/proc/bus/pci)"},
+	{"fs", "root in it could set the host's file systems' knobs"},
+}
+
+// procKnobRefusals refuses a proc mount whose kernel knobs are writable: root
 // needs no capability to set kernel.core_pattern ("|/path": a program
-// the kernel runs as the host's root at the next core dump) nor to write
-// /proc/sysrq-trigger. The runtime makes linux.readonlyPaths and
-// maskedPaths read-only or hidden; they name paths, so a proc mounted
-// elsewhere than /proc is not covered by "/proc/sys".
-func (c *config) procKnobs() []string {
+// the kernel runs as the host's root at the next core dump), to write
+// /proc/sysrq-trigger, an interrupt's affinity or a PCI device's
+// configuration. The runtime makes linux.readonlyPaths and maskedPaths
+// read-only or hidden; they name paths, so a proc mounted elsewhere
+// than /proc is not covered by "/proc/sys".
+func (c *config) procKnobRefusals() []string {
 	var why []string
 	var covered []string
 	if c.Linux != nil {
@@ -397,10 +450,10 @@ func (c *config) procKnobs() []string {
 		if m.Type != "proc" || ReadOnly(m.Options) {
 			continue
 		}
-		for _, knob := range []string{"sys", "sysrq-trigger"} {
-			p := filepath.Join("/", m.Destination, knob)
+		for _, knob := range procKnobs {
+			p := filepath.Join("/", m.Destination, knob.name)
 			if !slices.ContainsFunc(covered, func(dir string) bool { return within(p, filepath.Join("/", dir)) }) {
-				why = append(why, fmt.Sprintf("%s is writable (in neither linux.readonlyPaths nor maskedPaths): root in it could have the kernel run a program as the host's root (core_pattern) or reboot it; keep the runtime's default paths (no systempaths=unconfined)", p))
+				why = append(why, fmt.Sprintf("%s is writable (in neither linux.readonlyPaths nor maskedPaths): %s; keep the runtime's default paths (no systempaths=unconfined)", p, knob.why))
 			}
 		}
 	}
@@ -424,8 +477,8 @@ func (c *config) blockDevices() []string {
 	for _, d := range c.Linux.Devices {
 		if d.Type == "b" {
 			why = append(why, fmt.Sprintf("it is given the block device %s (%d:%d): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor))
-		} else if name, ok := pass[d.Major]; ok {
-			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), which passes commands through to a disk (%s): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor, name))
+		} else if m, ok := pass[d.Major]; ok {
+			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), which %s (%s): %s", d.Path, d.Major, d.Minor, m.does, m.name, m.reach))
 		}
 	}
 	if c.Linux.Resources == nil {
@@ -436,13 +489,92 @@ func (c *config) blockDevices() []string {
 		if !r.Allow || !opens {
 			continue
 		}
-		switch name, pt := pass[deref(r.Major)]; {
+		switch m, pt := pass[deref(r.Major)]; {
 		case r.Type == "" || r.Type == "a" || r.Type == "b":
 			why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
 		case r.Major == nil || *r.Major < 0: // runc and crun: -1 is any major
 			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk; allow the majors it needs", r.Type, r.Access))
 		case pt:
-			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), which pass commands through to a disk: it could read the host's disk", *r.Major, name))
+			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), each of which %s: %s", *r.Major, m.name, m.does, m.reach))
+		}
+	}
+	return why
+}
+
+// consoleDevice names the host's console or input device of major maj
+// and minor min (-1: any), or "": a virtual console (4:0-63), which root
+// takes as its terminal when no session holds it, then switches the host's
+// display to (VT_ACTIVATE, a login prompt of its own drawn there); a
+// serial port (4:64 up, a host's console too); the consoles' screens
+// (vcs); input devices, the host's keystrokes read or injected; uinput
+// and uhid, a keyboard of its own.
+func consoleDevice(maj, min int64) string {
+	switch {
+	case maj == 4:
+		return "a virtual console or serial port of the host's: it could take it as its terminal and show the host's console a login prompt of its own"
+	case maj == 7:
+		return "a screen of the host's consoles (vcs): it could read what is shown there, and write it"
+	case maj == 13:
+		return "the host's input devices: it could read the keys typed there, or type its own"
+	case maj == 10 && (min < 0 || min == 223 || min == 239):
+		return "uinput or uhid: it could make a keyboard of its own and type into the host's console"
+	}
+	return ""
+}
+
+// consoleDevices refuses the host's console and input devices, given or
+// opened by a device cgroup rule (see consoleDevice); a rule for
+// /dev/console (5:1), where runc puts the container's own terminal, is
+// let through.
+func (c *config) consoleDevices() []string {
+	if c.Linux == nil {
+		return nil
+	}
+	var why []string
+	for _, d := range c.Linux.Devices {
+		if w := consoleDevice(d.Major, d.Minor); w != "" && d.Type != "b" && d.Type != "p" {
+			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), %s", d.Path, d.Major, d.Minor, w))
+		}
+	}
+	if c.Linux.Resources == nil {
+		return why
+	}
+	for _, r := range c.Linux.Resources.Devices {
+		opens := r.Access == "" || strings.ContainsAny(r.Access, "rw")
+		if !r.Allow || !opens || r.Type != "c" || deref(r.Major) < 0 {
+			continue // type a, b and every major: blockDevices refuses them
+		}
+		if w := consoleDevice(*r.Major, deref(r.Minor)); w != "" {
+			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (minor %d, -1: any): %s; allow the devices it needs", *r.Major, deref(r.Minor), w))
+		}
+	}
+	return why
+}
+
+// devicesBound refuses, in a container with a user namespace, a device
+// that is not, on the host, the node its entry names: there runc makes
+// no node but binds the host's file at the entry's path (runc 1.1.5
+// here: a path to a host file showed its contents; /dev/pts/0, named as
+// c 136:0, was the host's terminal, written from the container). So a
+// file, a socket, a FIFO, another device or a host terminal would come
+// in under a device's name, which the mount rules never see.
+func (c *config) devicesBound() []string {
+	if _, userns := c.namespaces()["user"]; !userns || c.Linux == nil {
+		return nil
+	}
+	kinds := map[string]uint32{"c": unix.S_IFCHR, "u": unix.S_IFCHR, "b": unix.S_IFBLK}
+	var why []string
+	for _, d := range c.Linux.Devices {
+		var st unix.Stat_t
+		if unix.Stat(d.Path, &st) != nil {
+			continue // nothing there: the runtime has nothing to bind
+		}
+		kind, ok := kinds[d.Type]
+		switch {
+		case !ok || st.Mode&unix.S_IFMT != kind || int64(unix.Major(st.Rdev)) != d.Major || int64(unix.Minor(st.Rdev)) != d.Minor:
+			why = append(why, fmt.Sprintf("its device %s (%s %d:%d) is something else on the host, which the runtime would bind in its place (a user namespace makes no nodes): name the device by its host path", d.Path, d.Type, d.Major, d.Minor))
+		case d.Major >= 136 && d.Major <= 143:
+			why = append(why, fmt.Sprintf("its device %s (%d:%d) is a host terminal, which the runtime would bind in (a user namespace makes no nodes): it could read and type into it", d.Path, d.Major, d.Minor))
 		}
 	}
 	return why
@@ -455,12 +587,40 @@ func deref(p *int64) int64 {
 	return *p
 }
 
-// passthroughMajors are the character device majors that reach a disk
-// beneath its block device: sg's is fixed, the rest are given out at
-// boot and named in /proc/devices.
-func passthroughMajors() map[int64]string {
-	out := map[int64]string{21: "sg"}
-	b, err := os.ReadFile("/proc/devices")
+// reachingMajor is a character device driver whose devices reach past
+// the container: a disk beneath its block device, or a host interface's
+// link.
+type reachingMajor struct{ name, does, reach string }
+
+const (
+	toDisk  = "passes commands through to a disk"
+	diskWhy = "it could read the host's disk, and trialnet's state on it"
+)
+
+// reachingNames are the drivers given a major at boot, as /proc/devices
+// names them: the disks' pass-through devices; macvtap's and ipvtap's
+// (/dev/tapN), which send and take frames on a host interface's link,
+// whatever network namespace the opener is in (runc 1.1.5 here: a container with only lo wrote frames
+// that a macvtap in another namespace put on its link).
+var reachingNames = map[string]reachingMajor{
+	"sg": {"sg", toDisk, diskWhy}, "bsg": {"bsg", toDisk, diskWhy}, "nvme-generic": {"nvme-generic", toDisk, diskWhy},
+	"dax": {"dax", toDisk, diskWhy}, "mtd": {"mtd", toDisk, diskWhy}, "ubi": {"ubi", toDisk, diskWhy},
+	// An NVMe controller's (/dev/nvme0): NVME_IOCTL_IO_CMD there runs on
+	// its first namespace, and a READ wants no capability (Linux 6.2 up).
+	"nvme":    {"nvme", toDisk, diskWhy},
+	"macvtap": {"macvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
+	"ipvtap":  {"ipvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
+}
+
+// procDevices lists the kernel's device majors (a test's copy in tests).
+var procDevices = "/proc/devices"
+
+// passthroughMajors are the character device majors that reach past the
+// container: sg's is fixed, the rest are given out at boot and named in
+// /proc/devices.
+func passthroughMajors() map[int64]reachingMajor {
+	out := map[int64]reachingMajor{21: reachingNames["sg"]}
+	b, err := os.ReadFile(procDevices)
 	if err != nil {
 		return out
 	}
@@ -470,10 +630,9 @@ func passthroughMajors() map[int64]string {
 		if len(f) != 2 {
 			continue
 		}
-		switch f[1] {
-		case "sg", "bsg", "nvme-generic", "dax", "mtd", "ubi":
+		if m, ok := reachingNames[f[1]]; ok {
 			if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
-				out[n] = f[1]
+				out[n] = m
 			}
 		}
 	}
@@ -486,14 +645,7 @@ func (c *config) rootfs(bundle string) string {
 	if c.Root == nil || c.Root.Path == "" {
 		return ""
 	}
-	p := c.Root.Path
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(bundle, p)
-	}
-	if real, err := filepath.EvalSymlinks(p); err == nil {
-		return real
-	}
-	return filepath.Clean(p)
+	return resolve(bundle, c.Root.Path)
 }
 
 // holds is the protected path that the host directory src (relative to

@@ -89,6 +89,7 @@ func DefaultProtected(socket, cgroupMount string) []string {
 	for _, s := range append(slices.Clone(runtimeSockets), runtimeState...) {
 		p = append(p, s, "/var"+s)
 	}
+	p = append(p, stateSockets...)
 	if cgroupMount != "" {
 		p = append(p, cgroupMount)
 	}
@@ -105,10 +106,19 @@ var runtimeState = []string{"/run/runc", "/run/crun", "/run/youki", "/run/libpod
 // resolve through when the socket is absent), NRI's (a plugin adjusts
 // other containers), and as the NRI plugin refuses them, systemd's and
 // the system bus's: root on one runs a unit on the host (systemd-run)
-// as surely as a runtime starts a container.
+// as surely as a runtime starts a container. So do the users' runtime
+// directories (each user's systemd manager and session bus, rootless
+// Docker's and podman's sockets: a process of that user's on the host's
+// network, root's among them), snapd's (a snap installed as root) and
+// libvirt's (a guest given the host's disk).
 var runtimeSockets = []string{"/run/docker.sock", "/run/docker", "/run/containerd",
 	"/run/podman", "/run/crio", "/run/dockershim.sock", "/run/buildkit",
-	"/run/k3s", "/run/cri-dockerd.sock", "/run/nri", "/run/systemd", "/run/dbus"}
+	"/run/k3s", "/run/cri-dockerd.sock", "/run/nri", "/run/systemd", "/run/dbus",
+	"/run/user", "/run/snapd.socket", "/run/libvirt"}
+
+// stateSockets are sockets that start a process as root (a container, a
+// guest) kept under /var, not /run: LXD's (snap and package) and Incus's.
+var stateSockets = []string{"/var/snap/lxd/common/lxd", "/var/lib/lxd", "/var/lib/incus"}
 
 // Refusal is a container the hook refuses, with every reason found.
 type Refusal struct {
@@ -186,7 +196,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	}
 	cfg.data = h.data
 	why := cfg.check(st.Bundle, h.protected())
-	why = append(why, cfg.procKnobs()...)
+	why = append(why, cfg.procKnobRefusals()...)
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
 		why = append(why, "its seccomp profile lets it use the kernel's keyrings ("+strings.Join(keys, "; ")+"): "+keyCallsAdvice(DefaultSeccompProfile))
 	}
@@ -331,9 +341,10 @@ func (h *Hook) checkProcess(st State, cfg *config, info client.TrialInfo, peers 
 	if w := h.checkCgroup(p, info); w != "" {
 		why = append(why, w)
 	}
-	// mnt: a mount namespace joined by path (/proc/1/ns/mnt) is not in
-	// the config's view, and would show it the control socket and keys.
-	for _, ns := range []string{"pid", "cgroup", "mnt"} {
+	// mnt and ipc: a namespace joined by path (/proc/1/ns/mnt) is not in
+	// the config's view, and would show it the control socket and keys,
+	// or the host's shared memory.
+	for _, ns := range []string{"pid", "cgroup", "mnt", "ipc"} {
 		same, err := sameFile(filepath.Join(p, "ns", ns), filepath.Join(self, ns))
 		switch {
 		case err != nil:

@@ -52,7 +52,7 @@ type world struct {
 	agent                *fakeAgent
 	hostNet, hostPID     string
 	hostCgroupNS, trialN string
-	hostMnt              string
+	hostMnt, hostIPC     string
 }
 
 type fakeAgent struct {
@@ -127,7 +127,7 @@ func newContainerWorld(t *testing.T) *world {
 		}
 	}
 	w.hostNet, w.hostPID, w.hostCgroupNS, w.trialN = w.file("ns-host-net"), w.file("ns-host-pid"), w.file("ns-host-cgroup"), w.file("pins/ns-trial-net")
-	w.hostMnt = w.file("ns-host-mnt")
+	w.hostMnt, w.hostIPC = w.file("ns-host-mnt"), w.file("ns-host-ipc")
 	cg := filepath.Join(w.mount, "trialnet", "eval-1")
 	var st unix.Stat_t
 	if err := unix.Stat(cg, &st); err != nil {
@@ -166,11 +166,11 @@ func (w *world) procNS(pid, net, pidNS, cgNS, cg string) {
 	if err := os.MkdirAll(filepath.Join(d, "ns"), 0o755); err != nil {
 		w.t.Fatal(err)
 	}
-	mnt := w.hostMnt
+	mnt, ipc := w.hostMnt, w.hostIPC
 	if pid != "self" {
-		mnt = w.file("ns-mnt-" + pid)
+		mnt, ipc = w.file("ns-mnt-"+pid), w.file("ns-ipc-"+pid)
 	}
-	for name, target := range map[string]string{"net": net, "pid": pidNS, "cgroup": cgNS, "mnt": mnt} {
+	for name, target := range map[string]string{"net": net, "pid": pidNS, "cgroup": cgNS, "mnt": mnt, "ipc": ipc} {
 		if err := os.Symlink(target, filepath.Join(d, "ns", name)); err != nil {
 			w.t.Fatal(err)
 		}
@@ -210,10 +210,14 @@ func goodConfig() map[string]any {
 			"readonlyPaths": []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 			"maskedPaths":   []string{"/proc/kcore", "/proc/keys", "/sys/firmware"},
 			// Docker's default rules: every node may be made, only the
-			// usual character devices opened.
+			// usual character devices opened (a console, ptys and tun
+			// among them, which pass).
 			"resources": map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"},
 				{"allow": true, "type": "c", "access": "m"}, {"allow": true, "type": "b", "access": "m"},
-				{"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}}},
+				{"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 5, "minor": 1, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 136, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 10, "minor": 200, "access": "rwm"}}},
 		},
 		"annotations": map[string]string{AnnotationTrial: "eval-1"},
 	}
@@ -341,6 +345,18 @@ func TestHookRefuses(t *testing.T) {
 			w.procNS("4242", w.hostNet, w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
 			return w.state(trial)
 		}, "no network namespace of its own"},
+		{"host IPC (--ipc host)", func(w *world) string {
+			w.setNamespaces("network", "pid", "mount", "cgroup")
+			return w.state(trial)
+		}, "no ipc namespace of its own"},
+		{"the runtime's IPC namespace joined by path", func(w *world) string {
+			w.procNS("4242", w.trialN, w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
+			_ = os.Remove(filepath.Join(w.proc, "4242", "ns", "ipc"))
+			if err := os.Symlink(w.hostIPC, filepath.Join(w.proc, "4242", "ns", "ipc")); err != nil {
+				w.t.Fatal(err)
+			}
+			return w.state(trial)
+		}, "shares the runtime's (the host's) ipc namespace"},
 		{"another network namespace", func(w *world) string {
 			w.procNS("4242", w.file("ns-other"), w.file("p"), w.file("c"), "/trialnet/eval-1/libpod-c1")
 			return w.state(trial)
@@ -394,6 +410,12 @@ func TestHookRefuses(t *testing.T) {
 			w.setCaps("inheritable", "CAP_SYSLOG")
 			return w.state(trial)
 		}, "CAP_SYSLOG"},
+		// runc 1.1.5 here, with /dev/tty1: KDSKBSENT (F1's string) took
+		// with this capability, EPERM without.
+		{"the host console's keymap", func(w *world) string {
+			w.setCaps("bounding", "CAP_SYS_TTY_CONFIG")
+			return w.state(trial)
+		}, "CAP_SYS_TTY_CONFIG"},
 		{"a name in Unicode that upper-cases to one refused", func(w *world) string {
 			// runc looks names up as written and ignores this one; the hook
 			// refuses what it folds to, the safer reading.
@@ -481,6 +503,65 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "the device /dev/sg0 (21:0), which passes commands through to a disk (sg)"},
+		// runc 1.1.5 here, with runc's default capabilities and /dev/tty1:
+		// TIOCSCTTY took it (no session held it), then VT_ACTIVATE, which
+		// switches the host's display, was let through.
+		{"a virtual console given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/tty1", "type": "c", "major": 4, "minor": 1}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "the device /dev/tty1 (4:1), a virtual console"},
+		{"a console's screen given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/vcs1", "type": "c", "major": 7, "minor": 1}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "the device /dev/vcs1 (7:1), a screen"},
+		{"an input device given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/input/event0", "type": "c", "major": 13, "minor": 64}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "(13:64), the host's input devices"},
+		{"uinput given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/uinput", "type": "c", "major": 10, "minor": 223}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "(10:223), uinput or uhid"},
+		{"virtual consoles opened by a rule", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 4, "access": "rw"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "character devices of major 4 (minor -1"},
+		{"every misc device opened by a rule", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "access": "rw"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "character devices of major 10 (minor -1, -1: any): uinput or uhid"},
+		{"uhid given", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/uhid", "type": "c", "major": 10, "minor": 239}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "(10:239), uinput or uhid"},
+		{"uinput opened by a rule", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "minor": 223, "access": "rw"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "of major 10 (minor 223"},
+		{"a host file under a device's name, in a user namespace", func(w *world) string {
+			c := goodConfig()
+			l := c["linux"].(map[string]any)
+			l["namespaces"] = append(l["namespaces"].([]map[string]any), map[string]any{"type": "user"})
+			l["devices"] = []map[string]any{{"path": w.file("secret"), "type": "c", "major": 1, "minor": 3}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/secret (c 1:3) is something else on the host"},
 		{"/proc/sys writable (--security-opt systempaths=unconfined)", func(w *world) string {
 			// Root needs no capability to write kernel.core_pattern: a
 			// "|/path" there is run by the kernel as the host's root.
@@ -496,6 +577,28 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "/proc/sysrq-trigger is writable"},
+		// Root writes an interrupt's affinity and a PCI device's
+		// configuration space with no capability (runc 1.1.5 here: echo
+		// to /proc/irq/default_smp_affinity took, and /proc/bus/pci/00/00.0
+		// opened for writing, with runc's default capabilities).
+		{"/proc/irq writable", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["readonlyPaths"] = []string{"/proc/bus", "/proc/fs", "/proc/sys", "/proc/sysrq-trigger"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/irq is writable"},
+		{"/proc/bus writable", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["readonlyPaths"] = []string{"/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/bus is writable"},
+		{"/proc/fs writable", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["readonlyPaths"] = []string{"/proc/bus", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "/proc/fs is writable"},
 		{"a second proc mount, where readonlyPaths do not reach", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/p2/", "type": "proc", "source": "proc"})
 			return w.state(trial)
@@ -527,6 +630,33 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir=x:e"}})
 			return w.state(trial)
 		}, "its overlay on /o names x by a relative path"},
+		// lowerdir+= (Linux 6.8 up, in mount(2)'s data too) names one
+		// layer: runc 1.1.5 here, with rootfs/r2 a link climbing out to
+		// /run, showed /run/trialnet's files on /o through
+		// lowerdir+=r2/trialnet.
+		{"an overlay layer by a relative path in lowerdir+", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir+=/usr", "lowerdir+=r2/trialnet"}})
+			return w.state(trial)
+		}, "its overlay on /o names r2/trialnet by a relative path"},
+		{"an overlay data layer by a relative path", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir+=/usr", "datadir+=d"}})
+			return w.state(trial)
+		}, "its overlay on /o names d by a relative path"},
+		// The kernel reads "\:" in lowerdir as a colon in one layer's path,
+		// not a separator: here, with /tmp/l: a link to /run,
+		// lowerdir=/usr:/tmp/l\:/trialnet showed /run/trialnet's files.
+		{"an overlay layer whose path holds an escaped colon", func(w *world) string {
+			dir := w.t.TempDir()
+			if err := os.Symlink("/var/lib", filepath.Join(dir, "l:")); err != nil {
+				w.t.Fatal(err)
+			}
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{"lowerdir=/usr:" + dir + `/l\:/trialnet`}})
+			return w.state(trial)
+		}, "/l:/trialnet, which holds or is inside /var/lib/trialnet"},
+		{"an overlay layer with a last backslash, which the kernel drops", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/o", "type": "overlay", "source": "overlay", "options": []string{`lowerdir=/usr:/var/lib/trialnet\`}})
+			return w.state(trial)
+		}, "its overlay on /o is made of /var/lib/trialnet,"},
 		{"sysfs writable", func(w *world) string {
 			// /sys/kernel/uevent_helper: run by the kernel as the host's
 			// root on the next uevent, written by root with no capability.
@@ -623,6 +753,57 @@ func TestHookRefuses(t *testing.T) {
 			w.setMount(map[string]any{"destination": "/s", "type": "bind", "source": "/run/systemd/private", "options": []string{"bind"}})
 			return w.state(trial)
 		}, "on /s, which holds or is inside /run/systemd"},
+		{"root's systemd user manager bound in (systemd-run --user on the host)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/u", "type": "bind", "source": "/run/user/0/systemd/private", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "holds or is inside /run/user"},
+		{"a user's session bus bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/b", "type": "bind", "source": "/var/run/user/1000/bus", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "holds or is inside /var/run/user"},
+		{"rootless Docker's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/d.sock", "type": "bind", "source": "/run/user/1000/docker.sock", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /d.sock"},
+		{"snapd's socket bound in (a snap installed as root)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/snapd.sock", "type": "bind", "source": "/run/snapd.socket", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /snapd.sock"},
+		{"libvirt's socket bound in (a guest defined with the host's disk)", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/lv", "type": "bind", "source": "/run/libvirt/libvirt-sock", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /lv"},
+		{"LXD's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/lxd.sock", "type": "bind", "source": "/var/snap/lxd/common/lxd/unix.socket", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /lxd.sock"},
+		{"Incus's socket bound in", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/incus.sock", "type": "bind", "source": "/var/lib/incus/unix.socket", "options": []string{"bind"}})
+			return w.state(trial)
+		}, "on /incus.sock"},
+		// runc 1.1.5 here bound /run for the source /tmp/x/l/.. with l a
+		// link to /run/lock: the kernel takes ".." after the link, a
+		// lexical Clean before it.
+		{"a bind's source that climbs out of a link (l/..)", func(w *world) string {
+			l := filepath.Join(w.t.TempDir(), "l")
+			if err := os.Symlink("/proc/sys", l); err != nil {
+				w.t.Fatal(err)
+			}
+			w.setMount(map[string]any{"destination": "/p", "type": "bind", "source": l + "/..", "options": []string{"rbind", "ro"}})
+			return w.state(trial)
+		}, "which holds or is inside /proc"},
+		{"an agent directory reached by l/..", func(w *world) string {
+			sub := filepath.Join(w.dir, "pins", "sub")
+			if err := os.Mkdir(sub, 0o755); err != nil {
+				w.t.Fatal(err)
+			}
+			l := filepath.Join(w.t.TempDir(), "l")
+			if err := os.Symlink(sub, l); err != nil {
+				w.t.Fatal(err)
+			}
+			w.setMount(map[string]any{"destination": "/p", "type": "bind", "source": l + "/..", "options": []string{"rbind", "ro"}})
+			return w.state(trial)
+		}, "/pins (trialnet's own"},
 		{"NRI's socket bound in (a plugin adjusts other containers)", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/nri", "type": "bind", "source": "/run/nri", "options": []string{"rbind"}})
 			return w.state(trial)

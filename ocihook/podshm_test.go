@@ -51,7 +51,7 @@ func TestPrivilegedHookPodShm(t *testing.T) {
 	h := &Hook{ContainerdShmDir: dir, Protected: []string{state}}
 	check := func(annotation, id string) []string {
 		c := config{Annotations: map[string]string{AnnotationSandboxID: annotation}, Linux: &linuxOf{Namespaces: []namespaceOf{
-			{Type: "network"}, {Type: "pid"}, {Type: "cgroup"}, {Type: "mount"}}},
+			{Type: "network"}, {Type: "pid"}, {Type: "cgroup"}, {Type: "mount"}, {Type: "ipc"}}},
 			Mounts: []mountOf{{Destination: "/dev/shm", Type: "bind", Source: filepath.Join(dir, id, "shm"), Options: []string{"rbind", "rprivate", "rw"}}}}
 		c.podShm = h.podShm(c.Annotations[AnnotationSandboxID])
 		return c.check("/", h.protected())

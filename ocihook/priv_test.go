@@ -55,7 +55,7 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 	if err := os.Mkdir(inTrial, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	newNS := uintptr(syscall.CLONE_NEWPID | syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS)
+	newNS := uintptr(syscall.CLONE_NEWPID | syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC)
 	run := func(pid int) error {
 		st := mustJSON(t, State{OCIVersion: "1.0.2", ID: "ctr", Status: "creating", Pid: pid, Bundle: bundle,
 			Annotations: map[string]string{AnnotationTrial: "hook-1"}})
@@ -86,8 +86,12 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 	}{
 		{"outside the Trial", testenv.PlainCgroup(t, "ocihook"), "", newNS, "network namespace is not the Trial's", "is not the Trial's (" + info.Cgroup},
 		{"host network", inTrial, "", newNS, "network namespace is not the Trial's", ""},
-		{"host PID namespace", inTrial, info.Netns, syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNS, "shares the runtime's (the host's) pid namespace", ""},
-		{"host mount namespace", inTrial, info.Netns, syscall.CLONE_NEWPID | syscall.CLONE_NEWCGROUP, "shares the runtime's (the host's) mnt namespace", ""},
+		{"host PID namespace", inTrial, info.Netns, newNS &^ syscall.CLONE_NEWPID, "shares the runtime's (the host's) pid namespace", ""},
+		{"host mount namespace", inTrial, info.Netns, newNS &^ syscall.CLONE_NEWNS, "shares the runtime's (the host's) mnt namespace", ""},
+		// A bundle's ipc path to /proc/1/ns/ipc, which the config's view
+		// reads as one of its own: runc 1.1.5 here, with no ipc namespace
+		// of its own, attached and rewrote a host root's shmget segment.
+		{"host IPC namespace", inTrial, info.Netns, newNS &^ syscall.CLONE_NEWIPC, "shares the runtime's (the host's) ipc namespace", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := run(testenv.StartIn(t, tc.cgroup, tc.netns, tc.flags))
@@ -129,16 +133,14 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 // namespace of process other (podman --pid container:X), and returns it.
 func joinPIDNS(t *testing.T, cgroup, netns string, other int) int {
 	t.Helper()
-	cg, err := os.Open(cgroup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Close()
 	// Its cgroup and mount namespaces are other's too, so that the PID
-	// namespace is the one thing that lets it out.
+	// namespace is the one thing that lets it out. nsenter opens other's
+	// namespaces from outside the Trial (the BPF LSM layer refuses a
+	// Trial's task that reads an outsider's), and its child is moved in
+	// once it runs.
 	ns := func(typ string) string { return fmt.Sprintf("--%s=/proc/%d/ns/%s", typ, other, typ) }
 	cmd := exec.Command("nsenter", ns("pid"), ns("cgroup"), "--mount="+fmt.Sprintf("/proc/%d/ns/mnt", other), "--net="+netns, "--", "sh", "-c", "echo ready; exec sleep 600")
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -157,6 +159,9 @@ func joinPIDNS(t *testing.T, cgroup, netns string, other int) int {
 		t.Fatalf("nsenter's child: %q %v %v", b, err, aerr)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	if err := os.WriteFile(filepath.Join(cgroup, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	return pid
 }
 

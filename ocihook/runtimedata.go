@@ -105,11 +105,15 @@ func (d *runtimeData) mountRefusal(roots []protectedFile, m mountEntry) string {
 // absolute), through its links as the runtime follows them.
 func resolve(bundle, src string) string {
 	if !filepath.IsAbs(src) {
+		// runc joins it to the bundle (cleaned): l/.. is the bundle.
 		src = filepath.Join(bundle, src)
 	}
-	src = filepath.Clean(src)
+	// An absolute one is not cleaned first: runc hands it to the kernel
+	// as written, which takes a ".." after a link from where the link led
+	// (l/.. is the link target's parent), as EvalSymlinks does; Clean
+	// would drop the link with it.
 	if real, err := filepath.EvalSymlinks(src); err == nil {
 		return real
 	}
-	return src
+	return filepath.Clean(src)
 }

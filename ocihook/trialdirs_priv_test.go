@@ -58,7 +58,7 @@ func (w *mountWorld) run(t *testing.T, cid, src string) (mnt string, err error) 
 	if err := os.Mkdir(inTrial, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	pid := testenv.StartIn(t, inTrial, w.info.Netns, syscall.CLONE_NEWPID|syscall.CLONE_NEWCGROUP|syscall.CLONE_NEWNS)
+	pid := testenv.StartIn(t, inTrial, w.info.Netns, syscall.CLONE_NEWPID|syscall.CLONE_NEWCGROUP|syscall.CLONE_NEWNS|syscall.CLONE_NEWIPC)
 	bindIn(t, pid, src, mnt)
 	hook := &Hook{Agent: func() Agent { return client.NewClient(w.sock) }, Socket: w.sock, StorageRoots: w.roots}
 	st := mustJSON(t, State{OCIVersion: "1.0.2", ID: cid, Status: "creating", Pid: pid, Bundle: bundle,
