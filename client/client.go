@@ -9,7 +9,6 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,22 +18,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/trialnet/trialnet/internal/fdpass"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/trial"
 )
-
-// DefaultSocket is the agent's control socket.
-const DefaultSocket = "/run/trialnet/agent.sock"
-
-// ErrNoAgent means no agent answers on the control socket.
-var ErrNoAgent = errors.New("no trialnet agent is running")
 
 // Client talks to an agent over its control socket.
 type Client struct {
@@ -44,9 +35,6 @@ type Client struct {
 	// that a run dials the agent once: its peer was checked when it was
 	// dialled, and a connected socket's peer never changes.
 	held chan net.Conn
-	// direct: each request on a connection of its own, written and read
-	// on the caller's goroutine (NewDirectClient).
-	direct bool
 }
 
 var _ Trials = (*Client)(nil)
@@ -63,23 +51,10 @@ func NewClient(socket string) *Client {
 			case conn := <-c.held:
 				return conn, nil
 			default:
-				return dialAgent(ctx, socket)
+				return agentwire.Dial(ctx, socket)
 			}
 		},
 	}}
-	return c
-}
-
-// NewDirectClient returns a client for a process that makes a call or
-// two and exits, trialnet oci-hook, which a container's start waits on:
-// each request goes on a connection of its own, dialled, written and
-// read on the caller's goroutine, without the transport's pool and its
-// goroutines (a container start waited about 3 ms from the hook's
-// request to the agent's handler). Its peer is checked as NewClient's,
-// and its errors are NewClient's.
-func NewDirectClient(socket string) *Client {
-	c := NewClient(socket)
-	c.direct = true
 	return c
 }
 
@@ -89,8 +64,8 @@ func NewDirectClient(socket string) *Client {
 func (c *Client) Running(ctx context.Context) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second) // a listener answers a dial at once
 	defer cancel()
-	conn, err := dialAgent(ctx, c.Socket)
-	var imp *impostorError
+	conn, err := agentwire.Dial(ctx, c.Socket)
+	var imp *agentwire.ImpostorError
 	if errors.As(err, &imp) {
 		return false, err
 	}
@@ -111,49 +86,9 @@ func (c *Client) Release() {
 	}
 }
 
-// dialAgent connects to the control socket and checks who listens on it:
-// root, in this PID namespace. The answers of whoever listens there say
-// which namespace and cgroup a command runs in; a socket bound by a
-// process inside a Trial (its own PID namespace) or by another user must
-// never be taken for the agent.
-func dialAgent(ctx context.Context, socket string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", socket)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkAgentPeer(c.(*net.UnixConn), socket); err != nil {
-		_ = c.Close()
-		return nil, err
-	}
-	return c, nil
-}
-
-// impostorError is a socket whose listener is not trialnet's agent.
-type impostorError struct{ msg string }
-
-func (e *impostorError) Error() string { return e.msg }
-
-func checkAgentPeer(c *net.UnixConn, socket string) error {
-	why, err := fdpass.RootPeer(c)
-	if err != nil {
-		return fmt.Errorf("who listens on %s: %w", socket, err)
-	}
-	if why == "" {
-		return nil
-	}
-	if strings.Contains(why, "cannot see") {
-		why += " (run trialnet in the agent's PID namespace: on Kubernetes, a pod with hostPID)"
-	}
-	return &impostorError{fmt.Sprintf("the process listening on %s is not trialnet's agent: it %s. Something took the agent's socket; see who (ss -xlp | grep %s), end it, and restart the agent (systemctl restart trialnet)",
-		socket, why, filepath.Base(socket))}
-}
-
 // DefaultCallTimeout bounds a control API call whose context has no
-// deadline of its own: an agent that accepts and never answers (stuck,
-// or still starting) is reported, not waited for without end. A destroy
-// kills the Trial's processes and waits for them, hence the room.
-const DefaultCallTimeout = 2 * time.Minute
+// deadline of its own (agentwire.DefaultCallTimeout).
+const DefaultCallTimeout = agentwire.DefaultCallTimeout
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
 	if _, ok := ctx.Deadline(); !ok {
@@ -281,90 +216,13 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 }
 
 // roundTrip makes a request to the agent; its error says what stands in
-// the way when no answer comes: no socket, a socket left by an agent that
-// is gone, no permission, or an agent that does not answer in time.
+// the way when no answer comes (agentwire.Unreached).
 func (c *Client) roundTrip(req *http.Request) (*http.Response, error) {
-	var resp *http.Response
-	var err error
-	if c.direct {
-		resp, err = c.exchange(req)
-	} else {
-		resp, err = c.hc.Do(req)
-	}
-	var imp *impostorError
-	switch {
-	case err == nil:
-		return resp, nil
-	case errors.As(err, &imp):
-		return nil, imp // says all there is; the URL would only blur it
-	case errors.Is(err, syscall.ENOENT):
-		return nil, fmt.Errorf("%w on %s: there is no socket (start one with 'sudo trialnet agent', or 'systemctl start trialnet')", ErrNoAgent, c.Socket)
-	case errors.Is(err, syscall.ECONNREFUSED):
-		// What a killed agent leaves: its socket file, with no listener.
-		return nil, fmt.Errorf("%w on %s: the socket is left over from an agent that is gone (killed or crashed) and nothing listens on it (start one with 'sudo trialnet agent', or 'systemctl start trialnet'; it replaces the socket)", ErrNoAgent, c.Socket)
-	case errors.Is(err, syscall.EACCES):
-		return nil, fmt.Errorf("cannot reach the trialnet agent on %s: permission denied (the control socket is root only; try sudo)", c.Socket)
-	case errors.Is(err, context.Canceled):
-		return nil, fmt.Errorf("interrupted: the request to the trialnet agent on %s was abandoned before it answered (the agent may still carry it out: 'trialnet list' shows what it did)", c.Socket)
-	case errors.Is(err, context.DeadlineExceeded):
-		// The socket is taken before the eBPF layer is loaded and Trials
-		// are re-adopted, and connections wait in its backlog meanwhile.
-		return nil, fmt.Errorf("the trialnet agent on %s did not answer in time: it is still starting (loading eBPF, re-adopting Trials) or it is stuck; its log says which (journalctl -u trialnet, or kubectl logs)", c.Socket)
-	}
-	return nil, fmt.Errorf("trialnet agent on %s: %w", c.Socket, err)
-}
-
-// exchange makes req on a connection of its own, which the response's
-// body closes. The request asks the agent to close it after its answer,
-// so that nothing is left for a pool. A cancel or the deadline of req's
-// context ends the exchange with the context's error.
-func (c *Client) exchange(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
-	conn, err := dialAgent(ctx, c.Socket)
+	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, agentwire.Unreached(c.Socket, err)
 	}
-	// A past deadline wakes a blocked write or read once ctx is done (a
-	// cancel, its deadline), whose error is then the exchange's.
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	fail := func(err error) (*http.Response, error) {
-		stop()
-		_ = conn.Close()
-		if cerr := ctx.Err(); cerr != nil {
-			return nil, cerr
-		}
-		return nil, err
-	}
-	req.Close = true
-	w := bufio.NewWriter(conn)
-	if err := req.Write(w); err != nil {
-		return fail(err)
-	}
-	if err := w.Flush(); err != nil {
-		return fail(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
-	if err != nil {
-		return fail(err)
-	}
-	resp.Body = &connBody{ReadCloser: resp.Body, conn: conn, stop: stop}
 	return resp, nil
-}
-
-// connBody is a response's body that closes its connection.
-type connBody struct {
-	io.ReadCloser
-	conn net.Conn
-	stop func() bool
-}
-
-func (b *connBody) Close() error {
-	b.stop()
-	err := b.ReadCloser.Close()
-	if cerr := b.conn.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // Health asks the agent whether it is healthy (GET /healthz). An agent

@@ -12,6 +12,7 @@ import (
 // netns, the cgroup code, github.com/cilium/ebpf, netlink).
 var linked = []string{
 	"github.com/trialnet/trialnet/client",
+	"github.com/trialnet/trialnet/internal/agentwire",
 	"github.com/trialnet/trialnet/internal/fdpass",
 	"github.com/trialnet/trialnet/internal/ratelimit",
 	"github.com/trialnet/trialnet/record",

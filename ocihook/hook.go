@@ -29,18 +29,18 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"github.com/trialnet/trialnet/internal/cgroup2"
 	"golang.org/x/sys/unix"
 )
 
-// Agent is what the hook asks of the agent (client.Client serves it).
+// Agent is what the hook asks of the agent (agentwire.Client serves it).
 type Agent interface {
-	Get(ctx context.Context, id string) (client.TrialInfo, error)
-	AddContainer(ctx context.Context, id string, c client.Container) (client.TrialInfo, error)
-	ContainerTrial(ctx context.Context, req client.ContainerTrial) (client.TrialInfo, error)
-	EndContainer(ctx context.Context, id string) (client.ContainerEnd, error)
-	Destroy(ctx context.Context, id string) (client.Stats, error)
+	Get(ctx context.Context, id string) (agentwire.TrialInfo, error)
+	AddContainer(ctx context.Context, id string, c agentwire.Container) (agentwire.TrialInfo, error)
+	ContainerTrial(ctx context.Context, req agentwire.ContainerTrial) (agentwire.TrialInfo, error)
+	EndContainer(ctx context.Context, id string) (agentwire.ContainerEnd, error)
+	Destroy(ctx context.Context, id string) (agentwire.Stats, error)
 }
 
 // Hook checks one container. The zero values of Proc, CgroupMount and
@@ -53,7 +53,7 @@ type Hook struct {
 	Proc string
 	// CgroupMount is the cgroup2 mount ("": found in mountinfo).
 	CgroupMount string
-	// Socket is the agent's control socket ("": client.DefaultSocket),
+	// Socket is the agent's control socket ("": agentwire.DefaultSocket),
 	// whose directory is protected.
 	Socket string
 	// Protected are host paths no container in a Trial may bind, nor a
@@ -141,7 +141,7 @@ type Result struct {
 	// Made: the Trial was made around the container (a profile).
 	Made bool
 	// Ended is what the agent did as the container ended (poststop).
-	Ended *client.ContainerEnd
+	Ended *agentwire.ContainerEnd
 }
 
 // statusStopped is the state's status at poststop, the one stage at
@@ -203,7 +203,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	if len(why) > 0 {
 		return refuse(why...)
 	}
-	c := client.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.seccomp() != nil,
+	c := agentwire.Container{ID: st.ID, PID: st.Pid, Bundle: st.Bundle, Seccomp: cfg.seccomp() != nil,
 		Capabilities: cfg.boundingCaps()}
 	_, c.UserNamespace = cfg.namespaces()["user"]
 	// The scan of /proc for its PID namespace's other processes runs
@@ -230,8 +230,8 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 // container, then checks the container is in it as for a Trial it
 // joins. A container that fails the check is refused, and its Trial
 // destroyed: nothing is left half-made.
-func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c client.Container, cfg *config, peers *pidNSScan) (Result, error) {
-	info, err := h.Agent().ContainerTrial(ctx, client.ContainerTrial{Profile: profile, Container: c})
+func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c agentwire.Container, cfg *config, peers *pidNSScan) (Result, error) {
+	info, err := h.Agent().ContainerTrial(ctx, agentwire.ContainerTrial{Profile: profile, Container: c})
 	if err != nil {
 		return Result{}, &Refusal{Container: st.ID, Reasons: []string{fmt.Sprintf("no Trial from profile %s could be made around it: %v", profile, err)}}
 	}
@@ -293,7 +293,7 @@ func (h *Hook) protected() []string {
 	}
 	sock := h.Socket
 	if sock == "" {
-		sock = client.DefaultSocket
+		sock = agentwire.DefaultSocket
 	}
 	mount, _ := h.cgroupMount() // unknown: checkCgroup refuses the container
 	return DefaultProtected(sock, mount)
@@ -313,7 +313,7 @@ func (h *Hook) cgroupMount() (string, error) {
 // agent's answer names: an overlay made of one shows in the kernel's
 // view as an overlay alone. peers is the scan for the processes that
 // share its PID namespace.
-func (h *Hook) checkProcess(st State, cfg *config, info client.TrialInfo, peers *pidNSScan) []string {
+func (h *Hook) checkProcess(st State, cfg *config, info agentwire.TrialInfo, peers *pidNSScan) []string {
 	pid, rootfs := st.Pid, cfg.rootfs(st.Bundle)
 	dirs := agentDirs(info)
 	for _, d := range dirs {
@@ -363,14 +363,14 @@ func (h *Hook) checkProcess(st State, cfg *config, info client.TrialInfo, peers 
 // Trial's namespace pin, which an agent from before AgentDirs names
 // alone. Through one a container would reach every Trial's network
 // namespace, or the records and keys that hold them.
-func (h *Hook) withTrialDirs(info client.TrialInfo) *Hook {
+func (h *Hook) withTrialDirs(info agentwire.TrialInfo) *Hook {
 	r := *h
 	r.Protected = append(slices.Clone(h.protected()), agentDirs(info)...)
 	return &r
 }
 
 // agentDirs are the agent's own directories that its answer info names.
-func agentDirs(info client.TrialInfo) []string {
+func agentDirs(info agentwire.TrialInfo) []string {
 	var out []string
 	for _, d := range append(slices.Clone(info.AgentDirs), filepath.Dir(filepath.Clean(info.Netns))) {
 		if filepath.IsAbs(d) && filepath.Clean(d) != "/" {
@@ -406,7 +406,7 @@ func (h *Hook) scanPIDNS(pid int) *pidNSScan {
 // or signal it, and through it use another network namespace. It waits
 // for scan, and says which of the processes it found is outside the
 // Trial of info, or could not be placed.
-func (h *Hook) outsiders(scan *pidNSScan, info client.TrialInfo) []string {
+func (h *Hook) outsiders(scan *pidNSScan, info agentwire.TrialInfo) []string {
 	<-scan.done
 	why := slices.Clone(scan.why)
 	for _, n := range scan.peers {
@@ -521,7 +521,7 @@ func (h *Hook) cgroupOf(p string) (string, error) {
 
 // checkCgroup: the process's cgroup is the Trial's or under it, and the
 // Trial's cgroup directory is the one whose id the agent gave.
-func (h *Hook) checkCgroup(p string, info client.TrialInfo) string {
+func (h *Hook) checkCgroup(p string, info agentwire.TrialInfo) string {
 	cg, err := h.cgroupOf(p)
 	if err != nil {
 		return err.Error()

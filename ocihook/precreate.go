@@ -9,12 +9,12 @@ import (
 	"io"
 	"reflect"
 
-	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 )
 
 // Preparer is what the precreate stage asks of the agent.
 type Preparer interface {
-	PrepareContainer(ctx context.Context, req client.ContainerPrepare) (client.PreparedContainer, error)
+	PrepareContainer(ctx context.Context, req agentwire.ContainerPrepare) (agentwire.PreparedContainer, error)
 }
 
 // IsConfig reports whether in, a hook's standard input, is a runtime
@@ -32,7 +32,7 @@ func IsConfig(in []byte) bool {
 
 // Precreate is the hook at podman's precreate stage: before the runtime
 // creates a container annotated trialnet.io/profile=NAME, the agent
-// prepares its cgroup (client.ContainerPrepare, with no container id:
+// prepares its cgroup (agentwire.ContainerPrepare, with no container id:
 // podman's config names none, and the hook's own process ends at once,
 // so the entry waits for the container whose init the runtime puts in
 // that cgroup, bounded in time). The config goes to out unchanged, as
@@ -58,7 +58,7 @@ func Precreate(ctx context.Context, p Preparer, in []byte, out io.Writer) error 
 		return fmt.Errorf("the config on standard input: %w", err)
 	}
 	if profile := cfg.Annotations[AnnotationProfile]; profile != "" && cfg.Annotations[AnnotationTrial] == "" {
-		req := client.ContainerPrepare{Profile: profile, CgroupsPath: cfg.Linux.CgroupsPath}
+		req := agentwire.ContainerPrepare{Profile: profile, CgroupsPath: cfg.Linux.CgroupsPath}
 		if _, err := p.PrepareContainer(ctx, req); err != nil {
 			return fmt.Errorf("refused container: the agent could not prepare a Trial from profile %s for it: %w", profile, err)
 		}

@@ -23,7 +23,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/ocihook"
 )
@@ -32,10 +32,10 @@ import (
 // Docker runs by default.
 const DefaultRunc = "/usr/sbin/runc"
 
-// Agent is what the wrapper asks of the agent (client.Client serves it).
+// Agent is what the wrapper asks of the agent (agentwire.Client serves it).
 type Agent interface {
-	Get(ctx context.Context, id string) (client.TrialInfo, error)
-	PrepareContainer(ctx context.Context, req client.ContainerPrepare) (client.PreparedContainer, error)
+	Get(ctx context.Context, id string) (agentwire.TrialInfo, error)
+	PrepareContainer(ctx context.Context, req agentwire.ContainerPrepare) (agentwire.PreparedContainer, error)
 }
 
 // Wrapper prepares one runc command line.
@@ -134,7 +134,7 @@ func (w *Wrapper) prepare(ctx context.Context, id, profile string, b *bundle) er
 		return err
 	}
 	cp, _ := l["cgroupsPath"].(string)
-	if _, err := w.Agent().PrepareContainer(ctx, client.ContainerPrepare{Container: id, Profile: profile, CgroupsPath: cp}); err != nil {
+	if _, err := w.Agent().PrepareContainer(ctx, agentwire.ContainerPrepare{Container: id, Profile: profile, CgroupsPath: cp}); err != nil {
 		return fmt.Errorf("the agent could not prepare a Trial from profile %s for it: %w", profile, err)
 	}
 	return nil
@@ -200,7 +200,7 @@ func LogRefusal(args []string, err error) {
 // HookArgs are the hook's arguments for an agent at socket.
 func HookArgs(socket string) []string {
 	a := []string{"trialnet", "oci-hook"}
-	if socket != client.DefaultSocket {
+	if socket != agentwire.DefaultSocket {
 		a = append(a, "--socket", socket)
 	}
 	return a

@@ -7,7 +7,6 @@ package record
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"syscall"
 )
@@ -93,8 +92,9 @@ const (
 	ReasonUpstreamTLS Reason = "upstream_tls_failed"
 )
 
-// reasonInfo is how a refusal is answered: its HTTP status and its RFC
-// 9209 Proxy-Status error type; and whether the request was charged to
+// reasonInfo is how a refusal is answered: its HTTP status (a number:
+// record links no net/http, which trialnet-oci, on every container's
+// start path, would pay for in initialisation) and its RFC 9209 Proxy-Status error type; and whether the request was charged to
 // the CONNECT rate before it was decided (so its record is bounded by
 // that rate) or its record is charged to the record rate instead.
 type reasonInfo struct {
@@ -107,61 +107,61 @@ type reasonInfo struct {
 // here is answered 503 proxy_internal_error; TestReasonTable keeps it
 // complete.
 var reasons = map[Reason]reasonInfo{
-	ReasonAllowed: {http.StatusOK, "", true},
+	ReasonAllowed: {200, "", true},
 
-	ReasonMethodNotAllowed:  {http.StatusMethodNotAllowed, "http_request_denied", false},
-	ReasonHTTPSNeedsConnect: {http.StatusBadRequest, "http_request_denied", false},
-	ReasonBadRequest:        {http.StatusBadRequest, "http_request_error", false},
-	ReasonBadVersion:        {http.StatusHTTPVersionNotSupported, "http_request_error", false},
-	ReasonBadTarget:         {http.StatusBadRequest, "http_request_error", false},
-	ReasonIPLiteral:         {http.StatusForbidden, "destination_ip_prohibited", true}, // charged where it is decided (chargeRefusal)
-	ReasonBadPort:           {http.StatusBadRequest, "http_request_error", false},
-	ReasonRequestTooLarge:   {http.StatusRequestHeaderFieldsTooLarge, "http_request_error", false},
-	ReasonTooManyHeaders:    {http.StatusRequestHeaderFieldsTooLarge, "http_request_error", false},
-	ReasonHeaderTimeout:     {http.StatusRequestTimeout, "http_request_error", false},
+	ReasonMethodNotAllowed:  {405, "http_request_denied", false},
+	ReasonHTTPSNeedsConnect: {400, "http_request_denied", false},
+	ReasonBadRequest:        {400, "http_request_error", false},
+	ReasonBadVersion:        {505, "http_request_error", false},
+	ReasonBadTarget:         {400, "http_request_error", false},
+	ReasonIPLiteral:         {403, "destination_ip_prohibited", true}, // charged where it is decided (chargeRefusal)
+	ReasonBadPort:           {400, "http_request_error", false},
+	ReasonRequestTooLarge:   {431, "http_request_error", false},
+	ReasonTooManyHeaders:    {431, "http_request_error", false},
+	ReasonHeaderTimeout:     {408, "http_request_error", false},
 
-	ReasonPolicyDenied:        {http.StatusForbidden, "http_request_denied", true},
-	ReasonUnknownAddress:      {http.StatusForbidden, "destination_ip_prohibited", false},
-	ReasonHostMismatch:        {http.StatusForbidden, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
-	ReasonAddressDenied:       {http.StatusForbidden, "destination_ip_prohibited", true},
-	ReasonDNSNXDomain:         {http.StatusBadGateway, "dns_error", true},               // rcode="NXDOMAIN"
-	ReasonDNSFailed:           {http.StatusBadGateway, "dns_error", true},               // with the rcode, or dns_timeout
-	ReasonDNSNoAddresses:      {http.StatusBadGateway, "dns_error", true},               // rcode="NOERROR": no A/AAAA
-	ReasonUpstreamUnreachable: {http.StatusBadGateway, "destination_unavailable", true}, // connection_refused when it was
-	ReasonUpstreamTimeout:     {http.StatusGatewayTimeout, "connection_timeout", true},
-	ReasonUpstreamBadResponse: {http.StatusBadGateway, "http_response_incomplete", true},
+	ReasonPolicyDenied:        {403, "http_request_denied", true},
+	ReasonUnknownAddress:      {403, "destination_ip_prohibited", false},
+	ReasonHostMismatch:        {403, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
+	ReasonAddressDenied:       {403, "destination_ip_prohibited", true},
+	ReasonDNSNXDomain:         {502, "dns_error", true},               // rcode="NXDOMAIN"
+	ReasonDNSFailed:           {502, "dns_error", true},               // with the rcode, or dns_timeout
+	ReasonDNSNoAddresses:      {502, "dns_error", true},               // rcode="NOERROR": no A/AAAA
+	ReasonUpstreamUnreachable: {502, "destination_unavailable", true}, // connection_refused when it was
+	ReasonUpstreamTimeout:     {504, "connection_timeout", true},
+	ReasonUpstreamBadResponse: {502, "http_response_incomplete", true},
 	// RFC 9209 has no "next proxy refused"; it is the destination that
 	// is unavailable through it.
-	ReasonUpstreamProxyRefused: {http.StatusBadGateway, "destination_unavailable", true},
+	ReasonUpstreamProxyRefused: {502, "destination_unavailable", true},
 
-	ReasonTunnelLimit:      {http.StatusTooManyRequests, "connection_limit_reached", true},
-	ReasonRateLimited:      {http.StatusTooManyRequests, "connection_limit_reached", false},
-	ReasonGlobalLimit:      {http.StatusServiceUnavailable, "connection_limit_reached", false},
-	ReasonTrialConnLimit:   {http.StatusTooManyRequests, "connection_limit_reached", false},
-	ReasonPendingHeadLimit: {http.StatusTooManyRequests, "connection_limit_reached", false},
-	ReasonShutdown:         {http.StatusServiceUnavailable, "proxy_internal_response", true},
+	ReasonTunnelLimit:      {429, "connection_limit_reached", true},
+	ReasonRateLimited:      {429, "connection_limit_reached", false},
+	ReasonGlobalLimit:      {503, "connection_limit_reached", false},
+	ReasonTrialConnLimit:   {429, "connection_limit_reached", false},
+	ReasonPendingHeadLimit: {429, "connection_limit_reached", false},
+	ReasonShutdown:         {503, "proxy_internal_response", true},
 
 	// Decided after the 200 and answered with a TLS alert, not HTTP; the
 	// error type is recorded for completeness.
-	ReasonSNIMismatch:          {http.StatusForbidden, "http_request_denied", true},
-	ReasonSNIMissing:           {http.StatusForbidden, "http_request_denied", true},
-	ReasonTLSMalformed:         {http.StatusBadRequest, "tls_protocol_error", true},
-	ReasonTLSRequired:          {http.StatusForbidden, "http_request_denied", true},
-	ReasonTLSECH:               {http.StatusForbidden, "http_request_denied", true},
-	ReasonTLSRecordBeforeHello: {http.StatusBadRequest, "tls_protocol_error", true},
-	ReasonTLSSSLv2:             {http.StatusBadRequest, "tls_protocol_error", true},
+	ReasonSNIMismatch:          {403, "http_request_denied", true},
+	ReasonSNIMissing:           {403, "http_request_denied", true},
+	ReasonTLSMalformed:         {400, "tls_protocol_error", true},
+	ReasonTLSRequired:          {403, "http_request_denied", true},
+	ReasonTLSECH:               {403, "http_request_denied", true},
+	ReasonTLSRecordBeforeHello: {400, "tls_protocol_error", true},
+	ReasonTLSSSLv2:             {400, "tls_protocol_error", true},
 
-	ReasonGatewayNoRoute:     {http.StatusNotFound, "http_request_denied", true},  // charged where it is decided (chargeRefusal)
-	ReasonPlaceholderMisused: {http.StatusForbidden, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
-	ReasonBodyTooLarge:       {http.StatusRequestEntityTooLarge, "http_request_error", true},
-	ReasonUpstreamTLS:        {http.StatusBadGateway, "tls_certificate_error", true},
+	ReasonGatewayNoRoute:     {404, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
+	ReasonPlaceholderMisused: {403, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
+	ReasonBodyTooLarge:       {413, "http_request_error", true},
+	ReasonUpstreamTLS:        {502, "tls_certificate_error", true},
 }
 
 func (r Reason) info() reasonInfo {
 	if i, ok := reasons[r]; ok {
 		return i
 	}
-	return reasonInfo{http.StatusServiceUnavailable, "proxy_internal_error", false}
+	return reasonInfo{503, "proxy_internal_error", false}
 }
 
 // Decision is the decision a reason belongs to: allow for ReasonAllowed,

@@ -6,9 +6,10 @@
 // oci-runtime, which Docker runs in place of runc for each of its calls
 // on a container (docs/containers.md). A container's start waits on
 // these processes, and Go runs the init of every linked package in each
-// start: this binary links the client and the OCI packages only, none of
-// the agent, the sandbox, cilium/ebpf, netlink, the proxy, YAML or DNS,
-// and the Makefile builds it without cgo. 'trialnet oci-hook install' and
+// start: this binary links the agent's wire types (internal/agentwire,
+// no net/http nor crypto/tls) and the OCI packages only, none of the
+// agent, the sandbox, cilium/ebpf, netlink, the proxy, YAML or DNS, and
+// the Makefile builds it without cgo. 'trialnet oci-hook install' and
 // 'trialnet oci-runtime install' write it, from beside trialnet, into
 // the runtime's configuration; trialnet runs the same commands for
 // entries written before.

@@ -14,7 +14,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"github.com/trialnet/trialnet/internal/termsafe"
 )
 
@@ -40,7 +40,7 @@ func NewFlags(name, usage, example string, stderr io.Writer) *flag.FlagSet {
 
 // SocketFlag is --socket, the agent's control socket.
 func SocketFlag(fs *flag.FlagSet) *string {
-	return fs.String("socket", client.DefaultSocket, "the agent's control socket")
+	return fs.String("socket", agentwire.DefaultSocket, "the agent's control socket")
 }
 
 // ParseInterspersed parses a command's flags wherever they stand among

@@ -25,7 +25,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/ocihook"
 )
@@ -51,12 +51,12 @@ func Hook(ctx context.Context, args []string, stdout, stderr io.Writer, bin Bina
 	ctx, cancel := context.WithTimeout(ctx, hookAgentTimeout)
 	defer cancel()
 	h := &ocihook.Hook{
-		Agent:  func() ocihook.Agent { return client.NewDirectClient(*socket) },
+		Agent:  func() ocihook.Agent { return agentwire.NewDirect(*socket) },
 		Socket: *socket,
 	}
 	in, err := io.ReadAll(io.LimitReader(os.Stdin, maxHookInput+1))
 	if err == nil && ocihook.IsConfig(in) {
-		err = ocihook.Precreate(ctx, client.NewDirectClient(*socket), in, stdout)
+		err = ocihook.Precreate(ctx, agentwire.NewDirect(*socket), in, stdout)
 	} else if err == nil {
 		_, err = h.Run(ctx, bytes.NewReader(in))
 	}
@@ -106,7 +106,7 @@ func hookInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
 		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-hook install: %w", err))
 	}
 	hookArgs := []string{"trialnet", "oci-hook"}
-	if *socket != client.DefaultSocket {
+	if *socket != agentwire.DefaultSocket {
 		hookArgs = append(hookArgs, "--socket", *socket)
 	}
 	if *precreate && !flagSet(fs, "precreate") {

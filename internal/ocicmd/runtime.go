@@ -9,7 +9,7 @@ import (
 	"os"
 	"slices"
 
-	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/ociruntime"
 	"golang.org/x/sys/unix"
@@ -52,7 +52,7 @@ func Runtime(ctx context.Context, args []string, stdout, stderr io.Writer, bin B
 	ctx, cancel := context.WithTimeout(ctx, hookAgentTimeout)
 	defer cancel()
 	w := &ociruntime.Wrapper{
-		Agent:    func() ociruntime.Agent { return client.NewClient(*socket) },
+		Agent:    func() ociruntime.Agent { return agentwire.NewDirect(*socket) },
 		Hook:     self,
 		HookArgs: ociruntime.HookArgs(*socket),
 	}
