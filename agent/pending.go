@@ -225,6 +225,15 @@ func (a *Agent) makePending(p *pending, who string, conn *net.UnixConn) (err err
 			_ = p.caller.Close()
 		}
 	}()
+	// Between the cgroup's making and its entry, only the mark names it
+	// for a sweep (sweepPending), should this agent die there.
+	mark := a.pendingMark(p.cgroup)
+	if mark != "" {
+		if err := os.WriteFile(mark, nil, 0o600); err != nil {
+			return errf(client.CodeInternal, "%s: mark its cgroup as being made: %v", who, err)
+		}
+		defer os.Remove(mark)
+	}
 	if err := os.Mkdir(p.cgroup, 0o755); errors.Is(err, os.ErrExist) {
 		return errf(client.CodeBadRequest, "%s: its cgroup %s exists already: a prepared cgroup is a new one the agent makes, never one in use; give the container a cgroups path of its own", who, p.cgroup)
 	} else if err != nil {
@@ -238,6 +247,19 @@ func (a *Agent) makePending(p *pending, who string, conn *net.UnixConn) (err err
 		return errf(client.CodeInternal, "%s: %v", who, err)
 	}
 	return nil
+}
+
+// pendingMarkSuffix ends the name of the mark, in the state directory,
+// of a prepared cgroup being made (pendingMark).
+const pendingMarkSuffix = ".preparing"
+
+// pendingMark is the file that marks cgroup as being made for a prepare,
+// "" without a state directory.
+func (a *Agent) pendingMark(cgroup string) string {
+	if a.cfg.Host.StateDir == "" {
+		return ""
+	}
+	return filepath.Join(a.cfg.Host.StateDir, filepath.Base(cgroup)+pendingMarkSuffix)
 }
 
 // watchCaller drops p when the process that prepared it exits first: its
@@ -269,16 +291,18 @@ func (a *Agent) removePending(p *pending, why string) {
 	if p.caller != nil {
 		_ = p.caller.Close()
 	}
-	if err := a.host.BPF.RemoveTrial(p.cgid); err != nil {
-		a.log.Error("remove a pending entry", "container", p.container, "cgroup", p.cgroup, "error", err)
-	}
 	// Its own cgroup only: one its runtime removed (a create that
 	// failed) leaves the path to whoever makes it next, a Trial or
-	// another container among them.
+	// another container among them. The cgroup goes before its entry: an
+	// agent that dies between leaves an entry, which the next one sweeps,
+	// not a cgroup no entry names.
 	if id, err := bpf.CgroupID(p.cgroup); err == nil && id == p.cgid {
 		if err := unix.Rmdir(p.cgroup); err != nil && !errors.Is(err, unix.ENOENT) {
 			a.log.Warn("a prepared cgroup not adopted is left to its runtime, without an entry", "container", p.container, "cgroup", p.cgroup, "error", err)
 		}
+	}
+	if err := a.host.BPF.RemoveTrial(p.cgid); err != nil {
+		a.log.Error("remove a pending entry", "container", p.container, "cgroup", p.cgroup, "error", err)
 	}
 	a.log.Info("prepared container dropped", "container", p.container, "cgroup", p.cgroup, "why", why)
 }
@@ -295,8 +319,20 @@ func (a *Agent) dropPendingAll(why string) {
 
 // sweepPending removes the pending entries an agent left (it died, or
 // handed over, between a prepare and its hook), with their cgroups where
-// empty: no record names them, and none is a Trial's.
+// empty: no record names them, and none is a Trial's; and, where no
+// agent is running to be making one, the empty cgroups an agent died
+// making (pendingMark), before their entries.
 func (a *Agent) sweepPending() {
+	if dir := a.cfg.Host.StateDir; dir != "" && !a.takingOver() {
+		marks, _ := filepath.Glob(filepath.Join(dir, "*"+pendingMarkSuffix))
+		for _, m := range marks {
+			cg := filepath.Join(a.host.Parent, strings.TrimSuffix(filepath.Base(m), pendingMarkSuffix))
+			if err := unix.Rmdir(cg); err == nil {
+				a.log.Info("removed a prepared cgroup an earlier agent died making", "cgroup", cg)
+			}
+			_ = os.Remove(m)
+		}
+	}
 	left := map[uint64]bool{}
 	for _, id := range a.host.BPF.Pending() {
 		left[id] = true

@@ -410,9 +410,25 @@ func TestPrivilegedPendingLeftIsSwept(t *testing.T) {
 	if _, err := os.Stat(pc.Cgroup); err != nil {
 		t.Fatalf("the pending cgroup went with the agent that lost it: %v", err)
 	}
+	// One it died making: the cgroup made, its entry not yet (the crash
+	// test's kills found this), named only by its mark.
+	midway := filepath.Join(w.a.host.Parent, "ctr-midway")
+	if err := os.Mkdir(midway, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Rmdir(midway) })
+	mark := w.a.pendingMark(midway)
+	if err := os.WriteFile(mark, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	a := startAgent(t, w.cfg)
 	if _, err := os.Stat(pc.Cgroup); !errors.Is(err, os.ErrNotExist) || a.host.BPF.HasTrial(id) {
 		t.Errorf("the next agent left the pending cgroup (%v) or its entry (%v)", err, a.host.BPF.HasTrial(id))
+	}
+	for _, p := range []string{midway, mark} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the next agent left %s of a prepared cgroup an agent died making: %v", p, err)
+		}
 	}
 }
 
