@@ -91,34 +91,7 @@ func (c *Client) Release() {
 const DefaultCallTimeout = agentwire.DefaultCallTimeout
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultCallTimeout)
-		defer cancel()
-	}
-	var b []byte
-	if body != nil {
-		var err error
-		if b, err = json.Marshal(body); err != nil {
-			return err
-		}
-	}
-	for attempt := 1; ; attempt++ {
-		err := c.once(ctx, method, path, b, out)
-		var e *Error
-		// An agent that handed over while the call waited did nothing of
-		// it: its successor, on the same socket, serves it.
-		if attempt < 5 && errors.As(err, &e) && e.Code == CodeHandedOver {
-			c.hc.CloseIdleConnections()
-			select {
-			case <-ctx.Done():
-				return err
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
-		return err
-	}
+	return agentwire.Call(ctx, body, func(ctx context.Context, b []byte) error { return c.once(ctx, method, path, b, out) }, c.hc.CloseIdleConnections)
 }
 
 func (c *Client) once(ctx context.Context, method, path string, body []byte, out any) error {

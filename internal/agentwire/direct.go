@@ -159,6 +159,15 @@ func (c *Direct) Destroy(ctx context.Context, id string) (Stats, error) {
 }
 
 func (c *Direct) do(ctx context.Context, method, path string, body, out any) error {
+	return Call(ctx, body, func(ctx context.Context, b []byte) error { return c.once(ctx, method, path, b, out) }, nil)
+}
+
+// Call is one control API call as both clients make it: body as JSON,
+// ctx bounded by DefaultCallTimeout where it has no deadline, and once
+// tried again (after handedOver, if any) while the agent answers that it
+// handed over: it did nothing of the call, and its successor, on the
+// same socket, serves it.
+func Call(ctx context.Context, body any, once func(ctx context.Context, body []byte) error, handedOver func()) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultCallTimeout)
@@ -172,11 +181,12 @@ func (c *Direct) do(ctx context.Context, method, path string, body, out any) err
 		}
 	}
 	for attempt := 1; ; attempt++ {
-		err := c.once(ctx, method, path, b, out)
+		err := once(ctx, b)
 		var e *Error
-		// An agent that handed over while the call waited did nothing of
-		// it: its successor, on the same socket, serves it.
 		if attempt < 5 && errors.As(err, &e) && e.Code == CodeHandedOver {
+			if handedOver != nil {
+				handedOver()
+			}
 			select {
 			case <-ctx.Done():
 				return err
