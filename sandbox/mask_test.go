@@ -355,6 +355,29 @@ func TestPrivilegedGoHideV1(t *testing.T) {
 	}
 }
 
+// v1Overmountable is v1Siblings, with each pool's v1 mount point by
+// controller and the one directory that holds them all (skipped where
+// they are mounted apart: one mount over it cannot hide them all).
+func v1Overmountable(t *testing.T) (tr *Trial, own, theirs []v1Group, mnts map[string]string, parent string) {
+	t.Helper()
+	tr, _, own, theirs = v1Siblings(t)
+	mnts = map[string]string{}
+	for _, g := range own {
+		mnt, err := cachedV1Mount(g.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mnts[g.name] = mnt
+	}
+	parent = filepath.Dir(mnts[own[0].name])
+	for _, mnt := range mnts {
+		if filepath.Dir(mnt) != parent {
+			t.Skipf("the pool hierarchies are not mounted in one directory (%s, %s)", parent, mnt)
+		}
+	}
+	return tr, own, theirs, mnts, parent
+}
+
 func dirNames(dir string) (string, error) {
 	entries, err := os.ReadDir(dir)
 	var names []string
@@ -422,21 +445,7 @@ func inOwnMounts(t *testing.T, setup func() error, fn func() []string) {
 // before hideV1 walked the mount table again: the host's release_agent
 // was read.
 func TestPrivilegedGoHideV1UnderAnOvermount(t *testing.T) {
-	tr, _, own, theirs := v1Siblings(t)
-	mnts := map[string]string{}
-	for _, g := range own {
-		mnt, err := cachedV1Mount(g.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mnts[g.name] = mnt
-	}
-	parent := filepath.Dir(mnts[own[0].name])
-	for _, mnt := range mnts {
-		if filepath.Dir(mnt) != parent {
-			t.Skipf("the pool hierarchies are not mounted in one directory (%s, %s)", parent, mnt)
-		}
-	}
+	tr, own, theirs, mnts, parent := v1Overmountable(t)
 	want := map[string]string{}
 	for _, g := range own {
 		names, err := dirNames(g.dir)
@@ -477,21 +486,7 @@ func TestPrivilegedGoHideV1UnderAnOvermount(t *testing.T) {
 // host's release_agent was read through the init's root, and a
 // directory made in the host's /sys/fs/cgroup.
 func TestPrivilegedInitHidesV1UnderAnOvermount(t *testing.T) {
-	tr, _, own, theirs := v1Siblings(t)
-	mnts := map[string]string{}
-	for _, g := range own {
-		mnt, err := cachedV1Mount(g.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mnts[g.name] = mnt
-	}
-	parent := filepath.Dir(mnts[own[0].name])
-	for _, mnt := range mnts {
-		if filepath.Dir(mnt) != parent {
-			t.Skipf("the pool hierarchies are not mounted in one directory (%s, %s)", parent, mnt)
-		}
-	}
+	tr, own, theirs, mnts, parent := v1Overmountable(t)
 	cg2, err := Cgroup2Mount()
 	if err != nil {
 		t.Fatal(err)
