@@ -315,6 +315,10 @@ func TestPrivilegedOwnerWatchNoLeaks(t *testing.T) {
 	_ = warmIn.Close()
 	_ = warm.Wait()
 	trialGone(t, a, info, 15*time.Second)
+	// Its watcher destroys it, so it outlives the Trial by Destroy's tail.
+	if n := waitWatching(0); n != 0 {
+		t.Fatalf("%d goroutines still watch the warm-up Trial's owner after it was destroyed", n)
+	}
 	waitGoroutines := func(n int) int {
 		deadline := time.Now().Add(5 * time.Second)
 		for runtime.NumGoroutine() > n && time.Now().Before(deadline) {
