@@ -5,6 +5,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testkit"
@@ -167,6 +169,13 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 		t.Fatalf("before the restart: curl exit %d", code)
 	}
 	before := waitAllowed(t, c, info.ID, 1) // the tunnel's event is written when it closes
+	// The DNS stub's counts are the Trial's: they go on past the kill.
+	if _, rcode := stubLookup(t, info.Netns, "udp", "off.example.test"); rcode != dns.RcodeNameError {
+		t.Fatalf("an off-list name: rcode %d, want NXDOMAIN", rcode)
+	}
+	if addr, _ := stubLookup(t, info.Netns, "udp", "upstream.example.test"); !addr.IsValid() {
+		t.Fatal("the stub gave no address for an allowed name")
+	}
 
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -210,8 +219,21 @@ func TestPrivilegedAgentRestartReadopts(t *testing.T) {
 	if after.Proxy.BytesDown <= before.Proxy.BytesDown {
 		t.Errorf("proxy bytes went %d -> %d: they should have continued", before.Proxy.BytesDown, after.Proxy.BytesDown)
 	}
+	if _, rcode := stubLookup(t, info.Netns, "tcp", "other.example.test"); rcode != dns.RcodeNameError {
+		t.Fatalf("an off-list name after the restart: rcode %d, want NXDOMAIN", rcode)
+	}
+	st, err := c.Stats(context.Background(), info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := st.DNS; d == nil || d.Denied != 2 || d.NXDomain != 2 || d.Answered != 1 || d.Names != 1 {
+		t.Fatalf("the stub's counts after the restart: %+v, want 2 denied and NXDOMAIN, 1 answered: one of each before the kill, a denial after", d)
+	}
 	if _, err := c.Destroy(context.Background(), info.ID); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(p.state, info.ID+".dnscounts")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the Trial's DNS counts file outlived it: %v", err)
 	}
 	_ = second.cmd.Process.Signal(syscall.SIGTERM)
 	if err := second.cmd.Wait(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/dnsstub"
@@ -45,7 +47,10 @@ type transparent struct {
 	stub     *dnsstub.Server // nil while paused
 	socks    transparentSockets
 	steer    *bpf.Steer
-	names    *os.File      // nil without a state directory
+	names    *os.File // nil without a state directory
+	// counts is the stub's counts file mapped (dnsCountsFile); nil
+	// without a state directory, where the stub counts in its own memory.
+	counts   []byte
 	stubDone chan struct{} // closed when the stub's two goroutines end
 	// last is the stub serving, or serving until a pause, which the
 	// proxy's lookups (lookup) read beside pause and resume.
@@ -198,6 +203,9 @@ func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transpare
 		if tp.names, err = os.OpenFile(a.namesFile(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {
 			return nil, fmt.Errorf("transparent names: %w", err)
 		}
+		if tp.counts, err = a.mapDNSCounts(id); err != nil {
+			return nil, fmt.Errorf("transparent mode of Trial %s: the DNS stub's counts: %w", id, err)
+		}
 	}
 	if err := tp.startStub(a); err != nil {
 		return nil, err
@@ -234,6 +242,9 @@ func (tp *transparent) startStub(a *Agent) error {
 		}
 	}
 	cfg := dnsstub.Config{Admit: a.admitter(tp.id), Restore: restore}
+	if tp.counts != nil {
+		cfg.Counts = (*dnsstub.Counts)(unsafe.Pointer(&tp.counts[dnsCountsHeader]))
+	}
 	if tp.names != nil {
 		cfg.Record = tp.recordName
 	}
@@ -455,6 +466,10 @@ func (tp *transparent) close() {
 	if tp.names != nil {
 		_ = tp.names.Close()
 	}
+	if tp.counts != nil {
+		_ = unix.Munmap(tp.counts) // the stub, which counted in it, has stopped
+		tp.counts = nil
+	}
 }
 
 // checkTransparent refuses sockets handed over that are not a Trial's
@@ -540,6 +555,62 @@ func (a *Agent) namesFile(id string) string {
 	return filepath.Join(a.cfg.Host.StateDir, id+".names")
 }
 
+// dnsCountsFile keeps, per Trial, its stub's counts (dnsstub.Counts),
+// mapped shared: a stub started by a later agent, after a restart, a
+// crash or a hand-over, counts on where the last one stopped, so the
+// receipt's DNS counts are the Trial's, not one process's. Root-only, a
+// header (dnsCountsMagic, then the counts' size) and the words.
+func (a *Agent) dnsCountsFile(id string) string {
+	return filepath.Join(a.cfg.Host.StateDir, id+".dnscounts")
+}
+
+const (
+	dnsCountsMagic  = "TNDNSCT1"
+	dnsCountsHeader = 64 // the words start on a cache line of their own
+	dnsCountsLen    = 4096
+)
+
+// mapDNSCounts maps Trial id's counts file, made zeroed if it is not
+// there. A file of another layout (an agent whose stub counts other
+// things) is started anew, and the log says so: its words would be read
+// as the wrong counts.
+func (a *Agent) mapDNSCounts(id string) ([]byte, error) {
+	path := a.dnsCountsFile(id)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	header := make([]byte, dnsCountsHeader)
+	copy(header, dnsCountsMagic)
+	binary.LittleEndian.PutUint32(header[len(dnsCountsMagic):], uint32(dnsstub.CountsSize))
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	got := make([]byte, dnsCountsHeader)
+	if st.Size() != 0 {
+		if _, err := f.ReadAt(got, 0); err != nil && !errors.Is(err, io.EOF) {
+			return nil, err
+		}
+	}
+	if st.Size() != dnsCountsLen || !bytes.Equal(got, header) {
+		if st.Size() != 0 {
+			a.log.Warn("the DNS stub's counts file is not this agent's layout: counting anew", "trial", id, "path", path)
+		}
+		if err := f.Truncate(0); err != nil {
+			return nil, err
+		}
+		if err := f.Truncate(dnsCountsLen); err != nil {
+			return nil, err
+		}
+		if _, err := f.WriteAt(header, 0); err != nil {
+			return nil, err
+		}
+	}
+	return unix.Mmap(int(f.Fd()), 0, dnsCountsLen, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+}
+
 // readNames reads a names file: at most DefaultMaxNames lines, each an
 // address and a name (the stub checks both again). A last line without
 // its newline is a write cut short: its answer was never sent, and it is
@@ -592,6 +663,7 @@ func (a *Agent) dropTransparent(id string, cgroupID uint64) {
 	}
 	if a.cfg.Host.StateDir != "" {
 		_ = os.Remove(a.namesFile(id))
+		_ = os.Remove(a.dnsCountsFile(id))
 	}
 }
 

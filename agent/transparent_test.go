@@ -13,6 +13,7 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -22,10 +23,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
@@ -386,6 +389,9 @@ func TestPrivilegedTransparentHandover(t *testing.T) {
 	if err := echoes("before\n"); err != nil {
 		t.Fatal(err)
 	}
+	if _, rcode := stubLookup(t, p.info.Netns, "udp", "off.example.test"); rcode != dns.RcodeNameError {
+		t.Fatalf("an off-list name: rcode %d, want NXDOMAIN", rcode)
+	}
 	next := runAgent(t, p.bin, p.args...)
 	waitLog(t, p.first, "the new agent serves every listener", 1)
 	if err := echoes("after\n"); err != nil {
@@ -399,6 +405,16 @@ func TestPrivilegedTransparentHandover(t *testing.T) {
 	}
 	if again, _ := stubLookup(t, p.info.Netns, "tcp", "upstream.example.test"); again != addr {
 		t.Fatalf("after the hand-over the stub gives %s, before %s", again, addr)
+	}
+	// Its counts went on from the predecessor's: one name refused before
+	// the hand-over, one after; one address given before, one after.
+	if _, rcode := stubLookup(t, p.info.Netns, "udp", "other.example.test"); rcode != dns.RcodeNameError {
+		t.Fatalf("an off-list name after the hand-over: rcode %d, want NXDOMAIN", rcode)
+	}
+	if st, err := p.c.Stats(context.Background(), p.info.ID); err != nil {
+		t.Fatal(err)
+	} else if d := st.DNS; d == nil || d.Denied != 2 || d.Answered != 2 {
+		t.Fatalf("the stub's counts after the hand-over: %+v, want 2 denied and 2 answered", d)
 	}
 	_ = c.Close()
 	if _, err := p.c.Destroy(context.Background(), p.info.ID); err != nil {
@@ -571,5 +587,47 @@ func TestPrivilegedStartFailureFreesSteerAhead(t *testing.T) {
 		if n := held(); n != before {
 			t.Fatalf("%d steer programs held after a failed start, %d before", n, before)
 		}
+	}
+}
+
+// The stub's counts file keeps its counts for the next process that maps
+// it; a file of another layout is counted anew, with a warning, never
+// read as the wrong counts.
+func TestDNSCountsFile(t *testing.T) {
+	var log bytes.Buffer
+	a := &Agent{log: slog.New(slog.NewTextHandler(&log, nil))}
+	a.cfg.Host.StateDir = t.TempDir()
+	mapped := func() (*dnsstub.Counts, func()) {
+		mem, err := a.mapDNSCounts("agt-counts")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return (*dnsstub.Counts)(unsafe.Pointer(&mem[dnsCountsHeader])), func() { _ = unix.Munmap(mem) }
+	}
+	c, unmap := mapped()
+	c[1].Add(5)
+	unmap()
+	c, unmap = mapped()
+	if got := c[1].Load(); got != 5 {
+		t.Fatalf("a count after mapping again: %d, want 5", got)
+	}
+	unmap()
+	if log.Len() != 0 {
+		t.Fatalf("the agent's own file was warned about: %s", log.String())
+	}
+	// An agent whose stub counted one word fewer wrote this file.
+	path := a.dnsCountsFile("agt-counts")
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{byte(dnsstub.CountsSize - 8)}, int64(len(dnsCountsMagic))); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	c, unmap = mapped()
+	defer unmap()
+	if got := c[1].Load(); got != 0 || !strings.Contains(log.String(), "counting anew") {
+		t.Fatalf("a file of another layout: count %d, log %q; want 0 and a warning", got, log.String())
 	}
 }

@@ -66,6 +66,12 @@ type Config struct {
 	// one at a time; it must not block for long.
 	Record func(name string, addr netip.Addr) error
 
+	// Counts, when not nil, is where the stub counts (Stats): memory an
+	// agent maps from a file, so that a stub of the same Trial in a later
+	// process, after a restart or a hand-over, counts on from it. Nil: a
+	// Counts of the stub's own.
+	Counts *Counts
+
 	Pool          netip.Prefix  // zero: DefaultPoolCIDR
 	MaxNames      int           // zero: DefaultMaxNames
 	MaxTCPConns   int           // zero: DefaultMaxTCPConns
@@ -109,7 +115,7 @@ type Server struct {
 	tcpOpen int
 	wg      sync.WaitGroup
 
-	stats [statsLen]atomic.Uint64
+	stats *Counts
 }
 
 // New makes a stub; it serves nothing until Serve* is called.
@@ -139,7 +145,12 @@ func New(cfg Config) (*Server, error) {
 	if rate == 0 {
 		rate = DefaultRate
 	}
+	counts := cfg.Counts
+	if counts == nil {
+		counts = new(Counts)
+	}
 	return &Server{
+		stats:         counts,
 		admit:         admit,
 		learn:         cfg.Learn,
 		pool:          pool,
@@ -175,6 +186,14 @@ func (s *Server) Stats() Stats {
 		TCPRefused: c(statTCPRefused), TCPTooLarge: c(statTCPTooLarge), Names: uint64(s.pool.Len()),
 	}
 }
+
+// Counts are the counters behind Stats, one word each, in the order of
+// the stat constants: a layout that a file mapped by one process and
+// then another keeps (CountsSize bytes).
+type Counts [statsLen]atomic.Uint64
+
+// CountsSize is the size of Counts in memory (TestCountsSize).
+const CountsSize = int(statsLen) * 8
 
 type stat int
 

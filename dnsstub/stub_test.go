@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/miekg/dns"
 	"github.com/trialnet/trialnet/allow"
@@ -647,5 +648,12 @@ func TestPoolNeverHandsOutPastItsRange(t *testing.T) {
 	}
 	if a, _, err := p.Assign("last.example.com"); err != nil || a != netip.MustParseAddr("127.100.0.3") {
 		t.Fatalf("the restored name now has %s, %v", a, err)
+	}
+}
+
+// CountsSize is what an agent maps a file for: the words themselves.
+func TestCountsSize(t *testing.T) {
+	if got := int(unsafe.Sizeof(Counts{})); got != CountsSize {
+		t.Fatalf("Counts is %d bytes, CountsSize says %d", got, CountsSize)
 	}
 }
