@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"golang.org/x/sys/unix"
 )
 
@@ -100,19 +101,19 @@ func (f *fakeAgent) ContainerTrial(_ context.Context, req client.ContainerTrial)
 	return f.trials["eval-1"], nil
 }
 
-func (f *fakeAgent) EndContainer(_ context.Context, id string) (client.ContainerEnd, error) {
+func (f *fakeAgent) EndContainer(_ context.Context, id string) (agentwire.ContainerEnd, error) {
 	f.calls++
 	if f.err != nil {
-		return client.ContainerEnd{}, f.err
+		return agentwire.ContainerEnd{}, f.err
 	}
 	f.ended = append(f.ended, id)
-	return client.ContainerEnd{Trial: "eval-1", Destroyed: true}, nil
+	return agentwire.ContainerEnd{Trial: "eval-1", Destroyed: true}, nil
 }
 
-func (f *fakeAgent) Destroy(_ context.Context, id string) (client.Stats, error) {
+func (f *fakeAgent) Destroy(_ context.Context, id string) error {
 	f.calls++
 	f.destroyed = append(f.destroyed, id)
-	return client.Stats{}, f.err
+	return f.err
 }
 
 const testPID = 4242
