@@ -6,11 +6,10 @@ import "github.com/trialnet/trialnet/internal/agentwire"
 
 // The control API's wire types live in agentwire, which links no
 // net/http, so that trialnet-oci (on every container's start path) starts
-// without it; client names them as before.
+// without it; client names them as before. Those that carry record's
+// counters or a receipt's signature are client's own (receipt.go):
+// trialnet-oci reads none of them.
 type (
-	Receipt           = agentwire.Receipt
-	LogDigest         = agentwire.LogDigest
-	SignedReceipt     = agentwire.SignedReceipt
 	TrialInfo         = agentwire.TrialInfo
 	Error             = agentwire.Error
 	AllowChange       = agentwire.AllowChange
@@ -18,20 +17,17 @@ type (
 	ReloadRequest     = agentwire.ReloadRequest
 	ReloadResult      = agentwire.ReloadResult
 	Health            = agentwire.Health
-	Stats             = agentwire.Stats
 	Layers            = agentwire.Layers
 	Container         = agentwire.Container
 	ContainerTrial    = agentwire.ContainerTrial
 	ContainerPrepare  = agentwire.ContainerPrepare
 	PreparedContainer = agentwire.PreparedContainer
-	ContainerEnd      = agentwire.ContainerEnd
 	DNSStats          = agentwire.DNSStats
 )
 
 // The control API's error codes, the Layers texts and the receipt's
 // schema.
 const (
-	ReceiptSchema         = agentwire.ReceiptSchema
 	CodeBadRequest        = agentwire.CodeBadRequest
 	CodeBadID             = agentwire.CodeBadID
 	CodeUnknownProfile    = agentwire.CodeUnknownProfile
@@ -51,9 +47,3 @@ const DefaultSocket = agentwire.DefaultSocket
 
 // ErrNoAgent means no agent answers on the control socket.
 var ErrNoAgent = agentwire.ErrNoAgent
-
-// SignedReceipt.Verify's errors.
-var (
-	ErrReceiptForged   = agentwire.ErrReceiptForged
-	ErrReceiptOtherRun = agentwire.ErrReceiptOtherRun
-)

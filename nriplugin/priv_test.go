@@ -18,6 +18,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/internal/nritest"
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -213,7 +214,7 @@ func hookLetsIn(t *testing.T, w *world, adj *api.ContainerAdjustment, info clien
 		t.Fatal(err)
 	}
 	st, _ := json.Marshal(ocihook.State{OCIVersion: "1.0.2", ID: "c1", Status: "creating", Pid: pid, Bundle: bundle, Annotations: adj.GetAnnotations()})
-	h := &ocihook.Hook{Agent: func() ocihook.Agent { return client.NewClient(w.sock) }, Socket: w.sock}
+	h := &ocihook.Hook{Agent: func() ocihook.Agent { return agentwire.NewDirect(w.sock) }, Socket: w.sock}
 	if _, err := h.Run(context.Background(), strings.NewReader(string(st))); err != nil {
 		t.Fatalf("the hook refuses a container placed as the plugin's adjustment says: %v", err)
 	}

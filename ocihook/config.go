@@ -3,11 +3,9 @@
 package ocihook
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,55 +99,10 @@ func readConfig(bundle string) (*config, error) {
 		return nil, err
 	}
 	var c config
-	if err := decodeStrict(b, &c); err != nil {
-		return nil, fmt.Errorf("the bundle's config.json: %w", err)
-	}
-	if err := spelledExactly(b, reflect.TypeOf(c), ""); err != nil {
+	if err := decodeSpec(b, &c); err != nil {
 		return nil, fmt.Errorf("the bundle's config.json: %w", err)
 	}
 	return &c, nil
-}
-
-// spelledExactly refuses a key of the JSON document b that Go's decoder
-// matches to a field of t without regard to case, but that is not spelt
-// as the spec spells it: crun reads keys as written, so "Seccomp" or
-// "Namespaces" would be read by the hook and not by the runtime.
-func spelledExactly(b []byte, t reflect.Type, at string) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	switch t.Kind() {
-	case reflect.Struct:
-		var m map[string]json.RawMessage
-		if json.Unmarshal(b, &m) != nil {
-			return nil // not an object: the decoder said so already
-		}
-		for k, v := range m {
-			for i := range t.NumField() {
-				name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-				if !strings.EqualFold(k, name) {
-					continue
-				}
-				if k != name {
-					return fmt.Errorf("key %s%s is spelt %q in the OCI spec: a runtime that reads keys as written would not see what the hook reads", at, k, name)
-				}
-				if err := spelledExactly(v, t.Field(i).Type, at+k+"."); err != nil {
-					return err
-				}
-			}
-		}
-	case reflect.Slice:
-		var a []json.RawMessage
-		if json.Unmarshal(b, &a) != nil {
-			return nil
-		}
-		for i, e := range a {
-			if err := spelledExactly(e, t.Elem(), fmt.Sprintf("%s%d.", at, i)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }
 
 // refusedCaps are the capabilities that let a container in a Trial

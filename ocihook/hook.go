@@ -34,13 +34,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Agent is what the hook asks of the agent (agentwire.Client serves it).
+// Agent is what the hook asks of the agent (agentwire.Direct serves it).
 type Agent interface {
 	Get(ctx context.Context, id string) (agentwire.TrialInfo, error)
 	AddContainer(ctx context.Context, id string, c agentwire.Container) (agentwire.TrialInfo, error)
 	ContainerTrial(ctx context.Context, req agentwire.ContainerTrial) (agentwire.TrialInfo, error)
 	EndContainer(ctx context.Context, id string) (agentwire.ContainerEnd, error)
-	Destroy(ctx context.Context, id string) (agentwire.Stats, error)
+	Destroy(ctx context.Context, id string) error
 }
 
 // Hook checks one container. The zero values of Proc, CgroupMount and
@@ -236,7 +236,7 @@ func (h *Hook) makeTrial(ctx context.Context, st State, profile string, c agentw
 		return Result{}, &Refusal{Container: st.ID, Reasons: []string{fmt.Sprintf("no Trial from profile %s could be made around it: %v", profile, err)}}
 	}
 	if why := h.checkProcess(st, cfg, info, peers); len(why) > 0 {
-		if _, err := h.Agent().Destroy(ctx, info.ID); err != nil {
+		if err := h.Agent().Destroy(ctx, info.ID); err != nil {
 			why = append(why, fmt.Sprintf("and its Trial could not be destroyed (trialnet destroy %s): %v", info.ID, err))
 		}
 		return Result{}, &Refusal{Container: st.ID, Trial: info.ID, Reasons: why}

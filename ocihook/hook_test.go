@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,6 +28,9 @@ func TestParseState(t *testing.T) {
 		{"duplicate key", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"trialnet.io/trial":"a","trialnet.io/trial":"b"}}`, "appears twice"},
 		{"duplicate key by case", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","Pid":7}`, "appears twice"},
 		{"duplicate key by Go's folding", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"a":"1"},"annotationſ":{}}`, "appears twice"},
+		{"duplicate key by an escape", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","\u0070id":7}`, "appears twice"},
+		{"duplicate key after a quote in a value", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"a":"x\"}, \"a\": ","a":"y"}}`, "appears twice"},
+		{"duplicate key in an array's object", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","x":[1,{"k":[]},{"k":1,"K":2}]}`, "appears twice"},
 		{"nested objects, keys again", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"id":"x"},"x":[{"id":1},{"id":2}]}`, ""},
 		{"two values", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b"} {}`, "more than one"},
 		{"not JSON", `ociVersion=1`, "invalid character"},
@@ -100,19 +104,19 @@ func (f *fakeAgent) ContainerTrial(_ context.Context, req client.ContainerTrial)
 	return f.trials["eval-1"], nil
 }
 
-func (f *fakeAgent) EndContainer(_ context.Context, id string) (client.ContainerEnd, error) {
+func (f *fakeAgent) EndContainer(_ context.Context, id string) (agentwire.ContainerEnd, error) {
 	f.calls++
 	if f.err != nil {
-		return client.ContainerEnd{}, f.err
+		return agentwire.ContainerEnd{}, f.err
 	}
 	f.ended = append(f.ended, id)
-	return client.ContainerEnd{Trial: "eval-1", Destroyed: true}, nil
+	return agentwire.ContainerEnd{Trial: "eval-1", Destroyed: true}, nil
 }
 
-func (f *fakeAgent) Destroy(_ context.Context, id string) (client.Stats, error) {
+func (f *fakeAgent) Destroy(_ context.Context, id string) error {
 	f.calls++
 	f.destroyed = append(f.destroyed, id)
-	return client.Stats{}, f.err
+	return f.err
 }
 
 const testPID = 4242

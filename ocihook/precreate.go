@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"reflect"
 
 	"github.com/trialnet/trialnet/internal/agentwire"
 )
@@ -48,13 +47,10 @@ func Precreate(ctx context.Context, p Preparer, in []byte, out io.Writer) error 
 			CgroupsPath string `json:"cgroupsPath"`
 		} `json:"linux"`
 	}
-	if err := decodeStrict(in, &cfg); err != nil {
-		return fmt.Errorf("the config on standard input: %w", err)
-	}
 	// As createRuntime reads config.json (readConfig): a key the runtime
 	// would not read as spelt would leave a prepare for a cgroup, or a
 	// profile, that the container never has.
-	if err := spelledExactly(in, reflect.TypeOf(cfg), ""); err != nil {
+	if err := decodeSpec(in, &cfg); err != nil {
 		return fmt.Errorf("the config on standard input: %w", err)
 	}
 	if profile := cfg.Annotations[AnnotationProfile]; profile != "" && cfg.Annotations[AnnotationTrial] == "" {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/trial"
@@ -37,7 +38,7 @@ func TestPrivilegedHookRealProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hook := &Hook{Agent: func() Agent { return client.NewClient(sock) }, Socket: sock}
+	hook := &Hook{Agent: func() Agent { return agentwire.NewDirect(sock) }, Socket: sock}
 	// Not under dir: the socket's directory is protected.
 	bundle := t.TempDir()
 	harmless := t.TempDir()

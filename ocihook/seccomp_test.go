@@ -88,6 +88,8 @@ func TestSeccompParsedStrictly(t *testing.T) {
 		{"defaultAction spelt otherwise", `{"linux":{"seccomp":{"defaultaction":"SCMP_ACT_ERRNO"}}}`, `key linux.seccomp.defaultaction is spelt "defaultAction"`},
 		{"a rule's action spelt otherwise", `{"linux":{"seccomp":{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["keyctl"],"ACTION":"SCMP_ACT_ERRNO"}]}}}`, `key linux.seccomp.syscalls.0.ACTION is spelt "action"`},
 		{"namespaces spelt otherwise", `{"linux":{"Namespaces":[{"type":"pid"}]}}`, `is spelt "namespaces"`},
+		{"seccomp spelt otherwise by an escape", `{"linux":{"\u0053eccomp":{"defaultAction":"SCMP_ACT_ERRNO"}}}`, `key linux.Seccomp is spelt "seccomp"`},
+		{"a second rule's action spelt otherwise", `{"linux":{"seccomp":{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["read"],"action":"SCMP_ACT_ALLOW"},{"names":["keyctl"],"Action":"SCMP_ACT_ERRNO"}]}}}`, `key linux.seccomp.syscalls.1.Action is spelt "action"`},
 		{"as the spec spells it", `{"linux":{"seccomp":{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[{"names":["keyctl"],"action":"SCMP_ACT_ERRNO","args":[{"index":0,"value":1,"valueTwo":0,"op":"SCMP_CMP_EQ"}]}]},"namespaces":[{"type":"pid"}]},"unknownTopLevel":1}`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,7 +9,10 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"reflect"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Annotations a container claims a Trial with.
@@ -118,11 +121,31 @@ func readBounded(r io.Reader, max int64, what string) ([]byte, error) {
 // of two, other runtimes (crun's yajl) may keep another: a document that
 // reads two ways is refused rather than read one of them.
 func decodeStrict(b []byte, v any) error {
-	if err := noDuplicateKeys(b); err != nil {
+	return decodeChecked(b, v, nil)
+}
+
+// decodeSpec is decodeStrict for a document the OCI spec spells (a
+// config): it also refuses a key that Go's decoder matches to a field of
+// v's type without regard to case, but that is not spelt as the spec
+// spells it. crun reads keys as written, so "Seccomp" or "Namespaces"
+// would be read by the hook and not by the runtime.
+func decodeSpec(b []byte, v any) error {
+	return decodeChecked(b, v, reflect.TypeOf(v))
+}
+
+func decodeChecked(b []byte, v any, spelt reflect.Type) error {
+	ks := keyScan{b: b}
+	err := ks.value(spelt, "", 0)
+	if err != nil && !errors.Is(err, errMalformed) {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(v); err != nil {
+	if derr := dec.Decode(v); derr != nil {
+		return derr
+	}
+	if err != nil {
+		// The scan read as malformed what the decoder read: refused
+		// all the same, its keys unchecked.
 		return err
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -131,51 +154,195 @@ func decodeStrict(b []byte, v any) error {
 	return nil
 }
 
-// noDuplicateKeys walks the document's tokens and refuses an object
-// that holds a key twice, compared without case.
-func noDuplicateKeys(b []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	type frame struct {
-		keys   map[string]bool
-		object bool
-		key    bool // the next string token is a key
+// errMalformed is a document that keyScan could not read: the decoder
+// says why.
+var errMalformed = errors.New("malformed JSON")
+
+// maxDepth bounds how deeply keyScan follows nested values, as the
+// decoder bounds them.
+const maxDepth = 10000
+
+// keyScan walks a JSON document's bytes once, before the decoder reads
+// it, and refuses an object that holds a key twice, compared without
+// case, and, where a value is read into a struct, a key that matches a
+// field's name only without regard to case. A scan of the bytes, not of
+// json.Decoder's tokens: a config's hook waits on it, and the tokens
+// (each one allocated) cost three times the decode itself. Keys are read
+// as the decoder reads them: as written where they hold no escape, no
+// control character and valid UTF-8 (its own fast path), otherwise
+// through json.Unmarshal. Anything it cannot read is errMalformed.
+type keyScan struct {
+	b []byte
+	i int
+}
+
+func (s *keyScan) space() {
+	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+		s.i++
 	}
-	var stack []*frame
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return nil
+}
+
+// value scans the value at s.i, read into t (nil: no key in it is
+// checked for its spelling); at is its path ("linux.seccomp.").
+func (s *keyScan) value(t reflect.Type, at string, depth int) error {
+	s.space()
+	if s.i >= len(s.b) || depth > maxDepth {
+		return errMalformed
+	}
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch s.b[s.i] {
+	case '{':
+		if t != nil && t.Kind() != reflect.Struct {
+			t = nil // a map's keys are its own; another shape the decoder refuses
 		}
-		if err != nil {
+		return s.object(t, at, depth)
+	case '[':
+		if t != nil && t.Kind() != reflect.Slice {
+			t = nil
+		}
+		return s.array(t, at, depth)
+	case '"':
+		_, err := s.str()
+		return err
+	}
+	// A number, true, false or null: the decoder checks which.
+	start := s.i
+	for s.i < len(s.b) && !strings.ContainsRune(",:]}\" \t\n\r{[", rune(s.b[s.i])) {
+		s.i++
+	}
+	if s.i == start {
+		return errMalformed
+	}
+	return nil
+}
+
+// array scans the array at s.i, read into slice t (or nil).
+func (s *keyScan) array(t reflect.Type, at string, depth int) error {
+	s.i++
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == ']' {
+		s.i++
+		return nil
+	}
+	var elem reflect.Type
+	if t != nil {
+		elem = t.Elem()
+	}
+	for n := 0; ; n++ {
+		elemAt := "" // a path only where a key below may be refused by it
+		if elem != nil {
+			elemAt = at + strconv.Itoa(n) + "."
+		}
+		if err := s.value(elem, elemAt, depth+1); err != nil {
 			return err
 		}
-		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
-			stack = stack[:len(stack)-1]
-		} else if top := last(stack); top != nil && top.object && top.key {
-			k, _ := tok.(string)
-			// Go's json folds ſ to s and the Kelvin sign to k as well.
-			lk := strings.ToLower(strings.ToUpper(k))
-			if top.keys[lk] {
-				return fmt.Errorf("key %q appears twice in one object", k)
-			}
-			top.keys[lk] = true
-			top.key = false
-			continue
-		} else if d == '{' || d == '[' {
-			stack = append(stack, &frame{keys: map[string]bool{}, object: d == '{', key: d == '{'})
-			continue
-		}
-		// A value ended: in an object the next token is a key.
-		if top := last(stack); top != nil && top.object {
-			top.key = true
+		if end, err := s.next(']'); end || err != nil {
+			return err
 		}
 	}
 }
 
-func last[T any](s []*T) *T {
-	if len(s) == 0 {
+// object scans the object at s.i, read into struct t (or nil).
+func (s *keyScan) object(t reflect.Type, at string, depth int) error {
+	s.i++
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == '}' {
+		s.i++
 		return nil
 	}
-	return s[len(s)-1]
+	keys := map[string]bool{}
+	for {
+		s.space()
+		raw, err := s.str()
+		if err != nil {
+			return err
+		}
+		k := string(raw[1 : len(raw)-1])
+		if !plainKey(raw[1:len(raw)-1]) && json.Unmarshal(raw, &k) != nil {
+			return errMalformed
+		}
+		// Go's json folds ſ to s and the Kelvin sign to k as well.
+		lk := strings.ToLower(strings.ToUpper(k))
+		if keys[lk] {
+			return fmt.Errorf("key %q appears twice in one object", k)
+		}
+		keys[lk] = true
+		var field reflect.Type
+		if t != nil {
+			for i := range t.NumField() {
+				name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+				if !strings.EqualFold(k, name) {
+					continue
+				}
+				if k != name {
+					return fmt.Errorf("key %s%s is spelt %q in the OCI spec: a runtime that reads keys as written would not see what the hook reads", at, k, name)
+				}
+				field = t.Field(i).Type
+			}
+		}
+		s.space()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return errMalformed
+		}
+		s.i++
+		fieldAt := ""
+		if field != nil {
+			fieldAt = at + k + "."
+		}
+		if err := s.value(field, fieldAt, depth+1); err != nil {
+			return err
+		}
+		if end, err := s.next('}'); end || err != nil {
+			return err
+		}
+	}
+}
+
+// next reads the comma before another member or element, or end, the
+// end of the object or array.
+func (s *keyScan) next(end byte) (bool, error) {
+	s.space()
+	switch {
+	case s.i >= len(s.b):
+		return false, errMalformed
+	case s.b[s.i] == ',':
+		s.i++
+		return false, nil
+	case s.b[s.i] == end:
+		s.i++
+		return true, nil
+	}
+	return false, errMalformed
+}
+
+// str scans the string at s.i and returns it as written, quotes and
+// escapes included.
+func (s *keyScan) str() ([]byte, error) {
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
+		return nil, errMalformed
+	}
+	for j := s.i + 1; j < len(s.b); j++ {
+		switch s.b[j] {
+		case '\\':
+			j++
+		case '"':
+			raw := s.b[s.i : j+1]
+			s.i = j + 1
+			return raw, nil
+		}
+	}
+	return nil, errMalformed
+}
+
+// plainKey: the decoder reads a key of these bytes as written (no
+// escape, no control character, valid UTF-8).
+func plainKey(b []byte) bool {
+	for _, c := range b {
+		if c < ' ' || c == '\\' {
+			return false
+		}
+	}
+	return utf8.Valid(b)
 }

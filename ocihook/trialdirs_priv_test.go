@@ -13,6 +13,7 @@ import (
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
+	"github.com/trialnet/trialnet/internal/agentwire"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/trial"
@@ -60,7 +61,7 @@ func (w *mountWorld) run(t *testing.T, cid, src string) (mnt string, err error) 
 	}
 	pid := testenv.StartIn(t, inTrial, w.info.Netns, syscall.CLONE_NEWPID|syscall.CLONE_NEWCGROUP|syscall.CLONE_NEWNS|syscall.CLONE_NEWIPC)
 	bindIn(t, pid, src, mnt)
-	hook := &Hook{Agent: func() Agent { return client.NewClient(w.sock) }, Socket: w.sock, StorageRoots: w.roots}
+	hook := &Hook{Agent: func() Agent { return agentwire.NewDirect(w.sock) }, Socket: w.sock, StorageRoots: w.roots}
 	st := mustJSON(t, State{OCIVersion: "1.0.2", ID: cid, Status: "creating", Pid: pid, Bundle: bundle,
 		Annotations: map[string]string{AnnotationTrial: w.info.ID}})
 	_, err = hook.Run(context.Background(), strings.NewReader(string(st)))

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/trial"
 )
 
@@ -104,52 +103,6 @@ type Health struct {
 	// Layers are the defences this host gives a Trial; the optional ones
 	// (Landlock, BPF LSM) being off does not make the agent unhealthy.
 	Layers Layers `json:"layers"`
-}
-
-// Stats are a Trial's kernel and proxy counters with the egress verdict.
-type Stats struct {
-	Trial string `json:"trial"`
-	// Learning: the Trial let names off its allowlist through; always
-	// written, and said in the verdict.
-	Learning bool              `json:"learning"`
-	Kernel   map[string]uint64 `json:"kernel"`
-	Proxy    record.TrialStats `json:"proxy"`
-	Egress   uint64            `json:"direct_egress_packets"`
-	Foreign  uint64            `json:"foreign_socket_uses"`
-	Layers   Layers            `json:"layers"`
-	// Receipt is the signed receipt of a destroyed Trial (Destroy's stats
-	// only): what an evaluation attaches, not the terminal's text.
-	Receipt *SignedReceipt `json:"receipt,omitempty"`
-	// Pools are the Trial's use of the host's tasks and memory: now (at
-	// destroy: as the teardown found it), at the peak, and the events at
-	// the bound (forks refused, OOM kills).
-	Pools   []trial.PoolUse `json:"pools"`
-	Verdict string          `json:"verdict"`
-	// DNS are the counts of the Trial's DNS stub (transparent mode; absent
-	// without it), since this agent process started it: a restart starts
-	// them again, except names, which the Trial keeps.
-	DNS *DNSStats `json:"dns,omitempty"`
-	// TopRefused are the most refused targets (host:port as asked for).
-	TopRefused []record.TargetCount `json:"top_refused"`
-	At         time.Time            `json:"at"`
-}
-
-// Brief is the verdict in a few words, for run's one summary line: what
-// verdictOf says, without the reasons.
-func (st Stats) Brief() string {
-	v := "0 direct egress packets (ok)"
-	switch {
-	case st.Egress > 0:
-		v = fmt.Sprintf("ALARM: %d direct egress packets dropped", st.Egress)
-	case !st.Layers.BPFLSM:
-		v = "0 direct egress packets (ok; foreign sockets unwatched)"
-	case st.Foreign > 0:
-		v = fmt.Sprintf("0 direct egress packets; ALERT: %d foreign-socket uses refused", st.Foreign)
-	}
-	if st.Learning {
-		v += "; LEARNING: allowlist not enforced"
-	}
-	return v
 }
 
 // Layers says which of a Trial's defences this host has active. The
@@ -295,15 +248,16 @@ type PreparedContainer struct {
 }
 
 // ContainerEnd is what the agent did when a container ended (DELETE
-// /v1/containers/{id}, trialnet oci-hook at poststop).
+// /v1/containers/{id}, trialnet oci-hook at poststop), as the hook reads
+// it: client.ContainerEnd has the final stats too, which the hook does
+// not read (and whose types would link record's into trialnet-oci).
 type ContainerEnd struct {
 	// Trial is the Trial the container was in ("": none live).
 	Trial string `json:"trial,omitempty"`
 	// Destroyed: the Trial was made around the container and ended with
-	// it; Stats are its final stats, as destroy gives them. Otherwise the
-	// Trial lives on, and the container is no longer listed in it.
-	Destroyed bool   `json:"destroyed"`
-	Stats     *Stats `json:"stats,omitempty"`
+	// it. Otherwise the Trial lives on, and the container is no longer
+	// listed in it.
+	Destroyed bool `json:"destroyed"`
 }
 
 // DNSStats are a Trial's DNS stub's counts, as package dnsstub keeps them

@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -37,7 +39,11 @@ import (
 // its own, and cli-trial the same around the container joined by id,
 // so that a profile container's extra time can be read against a
 // Trial's create+destroy as a user pays it, beside the in-agent one;
-// cli-create is the create of that pair alone.
+// cli-create is the create of that pair alone. TRIALNET_BASELINE_BIN
+// names another build's trialnet: its trialnet-oci is then the hook of
+// a profile-baseline row, run beside the profile row in each round (in
+// turn first and second), so that a change to the hook is measured
+// against the build before it under the same load.
 func BenchmarkContainerStart(b *testing.B) {
 	requireRuntimes(b, false, "runc")
 	w := newContainerTrial(b, "ctr-bench")
@@ -57,12 +63,14 @@ func BenchmarkContainerStart(b *testing.B) {
 		return nil
 	}
 	script := "echo " + started
+	baseline := os.Getenv("TRIALNET_BASELINE_BIN")
 	var cliCreate []time.Duration // the create alone, of cli-create-destroy
-	kinds := []struct {
+	type kind struct {
 		name string
 		once func(i int) error
 		lat  []time.Duration
-	}{
+	}
+	kinds := []kind{
 		{name: "plain", once: func(i int) error {
 			n := fmt.Sprintf("plain-%d", i)
 			return run(n, bundleOpts{cgroupsPath: strings.TrimPrefix(plain, mount) + "/" + n, script: script})
@@ -80,6 +88,12 @@ func BenchmarkContainerStart(b *testing.B) {
 			n := fmt.Sprintf("proftn-%d", i)
 			o := w.profileBundle(n, script, "createRuntime")
 			o.hookBin = w.bin
+			return run(n, o)
+		}},
+		{name: "profile-baseline", once: func(i int) error {
+			n := fmt.Sprintf("profbase-%d", i)
+			o := w.profileBundle(n, script, "createRuntime")
+			o.hookBin = filepath.Join(filepath.Dir(baseline), "trialnet-oci")
 			return run(n, o)
 		}},
 		// A hand-written bundle's hook at both stages: what the installed
@@ -118,9 +132,16 @@ func BenchmarkContainerStart(b *testing.B) {
 			return err
 		}},
 	}
+	if baseline == "" {
+		kinds = slices.DeleteFunc(kinds, func(k kind) bool { return k.name == "profile-baseline" })
+	}
+	prof := slices.IndexFunc(kinds, func(k kind) bool { return k.name == "profile" })
 	b.ResetTimer()
 	for i := range b.N {
 		for k := range kinds {
+			if baseline != "" && i%2 == 1 && (k == prof || k == prof+1) {
+				k = 2*prof + 1 - k // the baseline's hook first in odd rounds
+			}
 			start := time.Now()
 			if err := kinds[k].once(i); err != nil {
 				b.Fatal(err)
@@ -164,6 +185,15 @@ func BenchmarkContainerStart(b *testing.B) {
 	paired := float64(extra[len(extra)/2].Microseconds()) / 1000
 	b.ReportMetric(paired, "profile-extra-paired-p50-ms")
 	b.ReportMetric(paired/create, "profile-extra-paired/cli-create")
+	if baseline != "" {
+		b.ReportMetric((p50["profile"]-p50["plain"])/(p50["profile-baseline"]-p50["plain"]), "profile-extra/baseline-extra")
+		var diff []time.Duration
+		for i, base := range byName["profile-baseline"] {
+			diff = append(diff, byName["profile"][i]-base)
+		}
+		slices.Sort(diff)
+		b.ReportMetric(float64(diff[len(diff)/2].Microseconds())/1000, "profile-minus-baseline-paired-ms")
+	}
 }
 
 // cliCreate makes Trial id from the test's profile with trialnet
