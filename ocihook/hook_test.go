@@ -209,13 +209,15 @@ func goodConfig() map[string]any {
 			// Docker's and runc spec's: the kernel's knobs in /proc read-only.
 			"readonlyPaths": []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 			"maskedPaths":   []string{"/proc/kcore", "/proc/keys", "/sys/firmware"},
-			// Docker's default rules: every node may be made, only the
-			// usual character devices opened (a console, ptys and tun
-			// among them, which pass).
+			// Docker's default rules as trialnet's runtime wrapper leaves
+			// them: every node may be made, only the usual character
+			// devices opened (ptys, /dev/tty and tun among them, which
+			// pass; not the console, 5:1, which the wrapper drops).
 			"resources": map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"},
 				{"allow": true, "type": "c", "access": "m"}, {"allow": true, "type": "b", "access": "m"},
 				{"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
-				{"allow": true, "type": "c", "major": 5, "minor": 1, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 5, "minor": 0, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 5, "minor": 2, "access": "rwm"},
 				{"allow": true, "type": "c", "major": 136, "access": "rwm"},
 				{"allow": true, "type": "c", "major": 10, "minor": 200, "access": "rwm"}}},
 		},
@@ -496,13 +498,13 @@ func TestHookRefuses(t *testing.T) {
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 21, "access": "r"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "lets it open character devices of major 21 (sg)"},
+		}, "lets it open character devices 21:*, among them a device that passes commands through to a disk (sg)"},
 		{"a SCSI generic device given", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/sg0", "type": "c", "major": 21, "minor": 0}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "the device /dev/sg0 (21:0), which passes commands through to a disk (sg)"},
+		}, "the device /dev/sg0 (21:0), a device that passes commands through to a disk (sg)"},
 		// runc 1.1.5 here, with runc's default capabilities and /dev/tty1:
 		// TIOCSCTTY took it (no session held it), then VT_ACTIVATE, which
 		// switches the host's display, was let through.
@@ -529,31 +531,31 @@ func TestHookRefuses(t *testing.T) {
 			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/uinput", "type": "c", "major": 10, "minor": 223}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "(10:223), uinput or uhid"},
+		}, "(10:223), a keyboard of its own (uinput)"},
 		{"virtual consoles opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 4, "access": "rw"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "character devices of major 4 (minor -1"},
+		}, "character devices 4:*, among them a virtual console"},
 		{"every misc device opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "access": "rw"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "character devices of major 10 (minor -1, -1: any): uinput or uhid"},
+		}, "character devices 10:*, among them a keyboard of its own (uhid)"},
 		{"uhid given", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/uhid", "type": "c", "major": 10, "minor": 239}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "(10:239), uinput or uhid"},
+		}, "(10:239), a keyboard of its own (uhid)"},
 		{"uinput opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "minor": 223, "access": "rw"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "of major 10 (minor 223"},
+		}, "character devices 10:223, among them a keyboard of its own (uinput)"},
 		{"a host file under a device's name, in a user namespace", func(w *world) string {
 			c := goodConfig()
 			l := c["linux"].(map[string]any)

@@ -228,6 +228,31 @@ func (b *bundle) refuseKeyCalls() error {
 	return ocihook.RefuseKeyCalls(sc)
 }
 
+// dropConsoleRule removes the device cgroup rules that let the
+// container open the host's console, /dev/console (c 5:1), one of
+// Docker's defaults: the hook refuses them (a node of 5:1 from the image,
+// or made with CAP_MKNOD, opens the host's console, which the container
+// does not need: its own terminal is a pty its runtime binds on
+// /dev/console, opened by the rule c 136:*). Any other rule stays for the
+// hook to judge.
+func (b *bundle) dropConsoleRule() error {
+	l, err := b.linux()
+	if err != nil {
+		return err
+	}
+	res, _ := l["resources"].(map[string]any)
+	rules, ok := res["devices"].([]any)
+	if !ok {
+		return nil
+	}
+	res["devices"] = slices.DeleteFunc(slices.Clone(rules), func(r any) bool {
+		m, _ := r.(map[string]any)
+		// Numbers are read as written (json.Number).
+		return m["allow"] == true && m["type"] == "c" && fmt.Sprint(m["major"]) == "5" && fmt.Sprint(m["minor"]) == "1"
+	})
+	return nil
+}
+
 // addHook appends trialnet oci-hook at createRuntime, after the hooks
 // the bundle has: it checks the container as the kernel has it once the
 // runtime has made it. With poststop, also at poststop, as the hooks.d

@@ -103,6 +103,9 @@ func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) 
 		}
 		out = inv.withoutSystemd()
 	}
+	if err := b.dropConsoleRule(); err != nil {
+		return nil, fmt.Errorf("container %s: %w", inv.id, err)
+	}
 	if err := b.refuseKeyCalls(); err != nil {
 		return nil, fmt.Errorf("container %s: %w", inv.id, err)
 	}

@@ -201,6 +201,14 @@ func TestPrepareSlice(t *testing.T) {
 			if b1, _ := json.Marshal(before["process"].(map[string]any)["capabilities"]); string(b1) != jsonOf(doc["process"].(map[string]any)["capabilities"]) {
 				t.Error("capabilities changed")
 			}
+			// Docker's rule for /dev/console (c 5:1 rwm) goes, which the
+			// hook refuses (a node of 5:1 opens the host's console); the
+			// other rules stay.
+			rules := before["linux"].(map[string]any)["resources"].(map[string]any)["devices"].([]any)
+			rules = slices.DeleteFunc(rules, func(r any) bool { m := r.(map[string]any); return m["major"] == 5.0 && m["minor"] == 1.0 })
+			if got := jsonOf(l["resources"].(map[string]any)["devices"]); got != jsonOf(rules) || len(rules) != 7 {
+				t.Errorf("device rules %s, want Docker's %d without the console's: %s", got, len(rules), jsonOf(rules))
+			}
 			if fi, err := os.Stat(filepath.Join(dir, "config.json")); err != nil || fi.Mode().Perm() != 0o600 {
 				t.Errorf("config.json mode %v, %v", fi.Mode(), err)
 			}
