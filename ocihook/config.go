@@ -64,6 +64,7 @@ type linuxOf struct {
 	// ReadonlyPaths and MaskedPaths are paths in the container.
 	ReadonlyPaths []string `json:"readonlyPaths"`
 	MaskedPaths   []string `json:"maskedPaths"`
+	CgroupsPath   string   `json:"cgroupsPath"`
 }
 
 type deviceOf struct {

@@ -270,12 +270,18 @@ func TestHookLetsInAContainerInItsTrial(t *testing.T) {
 }
 
 // A container without the annotation never reaches the agent: the
-// agent's own container is started through the same hook.
+// agent's own container is started through the same hook. Outside every
+// Trial, privileged, it passes.
 func TestHookPassesUnannotatedWithoutTheAgent(t *testing.T) {
 	w := newContainerWorld(t)
+	w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/other/ctr")
 	cfg := goodConfig()
 	delete(cfg, "annotations")
 	cfg["process"] = map[string]any{"capabilities": map[string]any{"bounding": []string{"CAP_SYS_ADMIN"}}}
+	// A namespace of a process outside every Trial, joined by path.
+	w.procNS("77", w.file("ns-77-net"), w.file("ns-77-pid"), w.file("ns-77-cgroup"), "/other/x")
+	cfg["linux"].(map[string]any)["namespaces"] = []map[string]any{{"type": "pid", "path": filepath.Join(w.proc, "77", "ns", "pid")},
+		{"type": "network", "path": filepath.Join(w.proc, "77", "ns", "net")}, {"type": "ipc"}}
 	w.writeConfig(cfg)
 	w.agent.err = errors.New("the agent is not reachable")
 	for _, ann := range []map[string]string{nil, {"io.podman.annotations.autoremove": "TRUE"}} {
@@ -285,6 +291,68 @@ func TestHookPassesUnannotatedWithoutTheAgent(t *testing.T) {
 	}
 	if w.agent.calls != 0 {
 		t.Errorf("the hook called the agent %d times for containers that claim no Trial", w.agent.calls)
+	}
+}
+
+// A container without the annotation that shares a Trial's namespace or
+// cgroup is refused, without a word to the agent: a process of the
+// Trial's would trace or signal it, attach its shared memory or reach
+// it on a loopback, outside the Trial's layers.
+func TestHookRefusesUnannotatedInATrial(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(w *world, cfg map[string]any)
+		want string
+	}{
+		{"a Trial container's PID namespace joined (--pid container:X)", func(w *world, cfg map[string]any) {
+			w.setNS(cfg, "pid", filepath.Join(w.proc, "500", "ns", "pid"))
+		}, "joins the pid namespace of process 500"},
+		{"its IPC namespace, by a thread's file", func(w *world, cfg map[string]any) {
+			w.setNS(cfg, "ipc", filepath.Join(w.proc, "500", "task", "501", "ns", "ipc"))
+		}, "joins the ipc namespace of process 500"},
+		{"its network namespace file", func(w *world, cfg map[string]any) {
+			w.setNS(cfg, "network", w.trialN)
+		}, "joins Trial ns-trial-net's network namespace"},
+		{"a cgroupsPath in the Trial's", func(w *world, cfg map[string]any) {
+			cfg["linux"].(map[string]any)["cgroupsPath"] = "/trialnet/eval-1/sidecar"
+		}, "its cgroupsPath /trialnet/eval-1/sidecar is in Trial eval-1's cgroup"},
+		{"its process in the Trial's cgroup", func(w *world, cfg map[string]any) {
+			w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/trialnet/eval-1/sidecar")
+		}, "its process is in Trial eval-1's cgroup (/trialnet/eval-1/sidecar)"},
+		{"its process in the Trial's network namespace", func(w *world, cfg map[string]any) {
+			w.procNS("4242", w.trialN, w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/other/ctr")
+		}, "its process is in Trial ns-trial-net's network namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newContainerWorld(t)
+			// A Trial container's init, and the container outside.
+			w.procNS("500", w.trialN, w.file("ns-500-pid"), w.file("ns-500-cgroup"), "/trialnet/eval-1/libpod-c0")
+			w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/other/ctr")
+			cfg := goodConfig()
+			delete(cfg, "annotations")
+			w.setNS(cfg, "network", "")
+			tc.edit(w, cfg)
+			w.writeConfig(cfg)
+			h := w.hook()
+			h.NetnsDir = filepath.Dir(w.trialN)
+			_, err := h.Run(context.Background(), strings.NewReader(w.state(nil)))
+			var r *Refusal
+			if !errors.As(err, &r) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "annotate it trialnet.io/trial=ID") {
+				t.Errorf("got %v, want refused: %q", err, tc.want)
+			}
+			if w.agent.calls != 0 {
+				t.Errorf("the hook called the agent %d times for a container that claims no Trial", w.agent.calls)
+			}
+		})
+	}
+}
+
+// setNS sets the path of cfg's namespace typ.
+func (w *world) setNS(cfg map[string]any, typ, path string) {
+	for _, ns := range cfg["linux"].(map[string]any)["namespaces"].([]map[string]any) {
+		if ns["type"] == typ {
+			ns["path"] = path
+		}
 	}
 }
 

@@ -135,6 +135,27 @@ func (b *bundle) claim() (claim, error) {
 	return c, nil
 }
 
+// namespaces maps the namespace types the spec names to their paths
+// ("": a new one); one not well-formed is left out (runc refuses it).
+func (b *bundle) namespaces() map[string]string {
+	out := map[string]string{}
+	l, _ := b.linux()
+	nss, _ := l["namespaces"].([]any)
+	for _, n := range nss {
+		ns, _ := n.(map[string]any)
+		typ, _ := ns["type"].(string)
+		path, _ := ns["path"].(string)
+		out[typ] = path
+	}
+	return out
+}
+
+func (b *bundle) cgroupsPath() string {
+	l, _ := b.linux()
+	cp, _ := l["cgroupsPath"].(string)
+	return cp
+}
+
 // place puts the container in its Trial: a new network namespace
 // becomes the Trial's (one joined by path, or none at all, stays as it
 // is for the hook to judge), its cgroup one under the Trial's, Docker's

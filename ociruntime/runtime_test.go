@@ -265,6 +265,51 @@ func TestPrepareLeavesTheVerdictToTheHook(t *testing.T) {
 	}
 }
 
+// A container that names no Trial but shares a Trial container's PID or
+// IPC namespace (docker run --pid container:X), or whose cgroup is in a
+// Trial's, is refused without a word to the agent: no hook runs for it.
+func TestPrepareRefusesAnUnclaimedContainerInATrial(t *testing.T) {
+	proc := t.TempDir()
+	for pid, cg := range map[string]string{"500": "/trialnet/eval-42/" + ctr, "600": "/system.slice/docker-x.scope"} {
+		if err := os.MkdirAll(filepath.Join(proc, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte("0::"+cg+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	joins := func(typ, pid string) func(map[string]any) {
+		return func(d map[string]any) {
+			for _, n := range d["linux"].(map[string]any)["namespaces"].([]any) {
+				if ns := n.(map[string]any); ns["type"] == typ {
+					ns["path"] = filepath.Join(proc, pid, "ns", typ)
+				}
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name, path string
+		edit       func(map[string]any)
+		want       string
+	}{
+		{"--pid container:X of a Trial's", "/docker/" + ctr, joins("pid", "500"), "joins the pid namespace of process 500"},
+		{"--ipc container:X of a Trial's", "/docker/" + ctr, joins("ipc", "500"), "joins the ipc namespace of process 500"},
+		{"--cgroup-parent in a Trial's (cgroupfs)", "/trialnet/eval-42/" + ctr, nil, "in Trial eval-42's cgroup"},
+		{"--pid container:X of another container", "/docker/" + ctr, joins("pid", "600"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := dockerBundle(t, tc.path, tc.edit)
+			a := &fakeAgent{err: errors.New("no agent")}
+			w := newWrapper(a)
+			w.Trials = ocihook.Places{Proc: proc}
+			_, err := w.Prepare(context.Background(), []string{"create", "-b", dir, ctr})
+			if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) || len(a.asks) != 0 {
+				t.Errorf("err %v, want %q; agent asked %q", err, tc.want, a.asks)
+			}
+		})
+	}
+}
+
 // A container that names no Trial reaches runc as it came, its bundle
 // untouched and the agent not asked; one that names a Trial the agent
 // does not know, or whose bundle cannot be read, is refused.
