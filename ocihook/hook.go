@@ -67,8 +67,9 @@ type Hook struct {
 	// DefaultStorageRoots).
 	StorageRoots []string
 
-	// TrialParent and NetnsDir are where the agent keeps its Trials'
-	// cgroups and network namespaces ("": its defaults), where a
+	// TrialParent (a directory of the cgroup2 tree, as the agent's
+	// paths.cgroup_parent) and NetnsDir are where the agent keeps its
+	// Trials' cgroups and network namespaces ("": its defaults), where a
 	// container that claims no Trial is looked for (Places).
 	TrialParent, NetnsDir string
 
@@ -242,7 +243,16 @@ func (h *Hook) unclaimed(st State, cfg *config) []string {
 	if st.Status == statusStopped {
 		return nil
 	}
-	p := Places{Proc: h.Proc, TrialParent: h.TrialParent, NetnsDir: h.NetnsDir}
+	p := Places{Proc: h.Proc, NetnsDir: h.NetnsDir}
+	if h.TrialParent != "" {
+		// Only a moved parent costs the mount's lookup.
+		mount, err := h.cgroupMount()
+		rel, ok := strings.CutPrefix(filepath.Clean(h.TrialParent), filepath.Clean(mount)+"/")
+		if err != nil || !ok {
+			return []string{fmt.Sprintf("the Trials' cgroup parent %s (--cgroup-parent) is not under the cgroup2 mount %q (%v): give the agent's paths.cgroup_parent", h.TrialParent, mount, err)}
+		}
+		p.TrialParent = rel
+	}
 	var why []string
 	if cfg != nil {
 		var cgroupsPath string

@@ -347,6 +347,30 @@ func TestHookRefusesUnannotatedInATrial(t *testing.T) {
 	}
 }
 
+// The agent's Trials under a parent moved in its config (the hook's
+// --cgroup-parent): a container in one is found there, and one under
+// the default parent's name is in no Trial.
+func TestHookFindsTrialsUnderAMovedParent(t *testing.T) {
+	w := newContainerWorld(t)
+	cfg := goodConfig()
+	delete(cfg, "annotations")
+	w.setNS(cfg, "network", "")
+	w.writeConfig(cfg)
+	h := w.hook()
+	h.TrialParent = filepath.Join(w.mount, "evals")
+	for cg, want := range map[string]string{"/evals/eval-2/sidecar": "in Trial eval-2's cgroup", "/trialnet/eval-1/libpod-c1": ""} {
+		w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), cg)
+		_, err := h.Run(context.Background(), strings.NewReader(w.state(nil)))
+		if (want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), want) {
+			t.Errorf("a container in %s: %v, want %q", cg, err, want)
+		}
+	}
+	h.TrialParent = "/elsewhere/evals"
+	if _, err := h.Run(context.Background(), strings.NewReader(w.state(nil))); err == nil || !strings.Contains(err.Error(), "is not under the cgroup2 mount") {
+		t.Errorf("a parent outside the cgroup2 mount: %v", err)
+	}
+}
+
 // setNS sets the path of cfg's namespace typ.
 func (w *world) setNS(cfg map[string]any, typ, path string) {
 	for _, ns := range cfg["linux"].(map[string]any)["namespaces"].([]map[string]any) {

@@ -105,3 +105,17 @@ func TestOCIHookInstallPrecreate(t *testing.T) {
 		t.Errorf("CRI-O, --precreate asked for: exit %d, want it:\n%s%s", code, entry, errOut)
 	}
 }
+
+// A moved cgroup parent or namespace directory of the agent's reaches
+// the hook in both entries' arguments: the hook looks for a container
+// that claims no Trial in the Trials the agent keeps there.
+func TestOCIHookInstallPlaces(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	code, out, errOut := hook("install", "--print", "--cgroup-parent", "/sys/fs/cgroup/evals", "--netns-dir", "/run/evals/netns")
+	if code != cli.ExitOK || strings.Count(out, `"--cgroup-parent",
+      "/sys/fs/cgroup/evals",
+      "--netns-dir",
+      "/run/evals/netns"`) != 2 {
+		t.Errorf("exit %d, want both entries with the places:\n%s%s", code, out, errOut)
+	}
+}

@@ -408,6 +408,14 @@ type bundleOpts struct {
 	// oci-hook install writes it, unless set (trialnet, as entries
 	// written before it run).
 	hookBin string
+	// caps are added to its capabilities; devRules are its device
+	// cgroup rules (linux.resources.devices); nsPaths are namespaces it
+	// joins by path, by type.
+	caps     []string
+	devRules []map[string]any
+	nsPaths  map[string]string
+	// hookArgs are added to the hook's arguments.
+	hookArgs []string
 }
 
 func (w *world) bundleWith(name string, o bundleOpts) string {
@@ -416,7 +424,12 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 		w.t.Fatal(err)
 	}
 	ns := []map[string]string{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"}, {"type": "network", "path": o.netns}}
-	caps := []string{"CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_AUDIT_WRITE"}
+	for _, n := range ns {
+		if p, ok := o.nsPaths[n["type"]]; ok {
+			n["path"] = p
+		}
+	}
+	caps := append([]string{"CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_AUDIT_WRITE"}, o.caps...)
 	cfg := map[string]any{
 		"ociVersion": "1.0.2",
 		"process": map[string]any{
@@ -445,6 +458,9 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 	if o.netns == "" {
 		ns[len(ns)-1] = map[string]string{"type": "network"}
 	}
+	if o.devRules != nil {
+		cfg["linux"].(map[string]any)["resources"] = map[string]any{"devices": o.devRules}
+	}
 	if !o.noSeccomp {
 		cfg["linux"].(map[string]any)["seccomp"] = ocihook.KeyCallsProfile(runtime.GOARCH)
 	}
@@ -456,7 +472,7 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 		o.hookBin = filepath.Join(filepath.Dir(w.bin), "trialnet-oci")
 	}
 	for _, stage := range o.hooks {
-		hooks[stage] = []map[string]any{{"path": o.hookBin, "args": []string{"trialnet", "oci-hook", "--socket", w.sock}, "timeout": 30}}
+		hooks[stage] = []map[string]any{{"path": o.hookBin, "args": append([]string{"trialnet", "oci-hook", "--socket", w.sock}, o.hookArgs...), "timeout": 30}}
 	}
 	cfg["hooks"] = hooks
 	b, err := json.MarshalIndent(cfg, "", "  ")
