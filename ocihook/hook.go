@@ -243,16 +243,15 @@ func (h *Hook) unclaimed(st State, cfg *config) []string {
 	if st.Status == statusStopped {
 		return nil
 	}
-	p := Places{Proc: h.Proc, NetnsDir: h.NetnsDir}
-	if h.TrialParent != "" {
-		// Only a moved parent costs the mount's lookup.
-		mount, err := h.cgroupMount()
-		rel, ok := strings.CutPrefix(filepath.Clean(h.TrialParent), filepath.Clean(mount)+"/")
-		if err != nil || !ok {
-			return []string{fmt.Sprintf("the Trials' cgroup parent %s (--cgroup-parent) is not under the cgroup2 mount %q (%v): give the agent's paths.cgroup_parent", h.TrialParent, mount, err)}
-		}
-		p.TrialParent = rel
+	var mount string
+	if h.TrialParent != "" { // only a moved parent costs the mount's lookup
+		mount, _ = h.cgroupMount()
 	}
+	p, err := AgentPlaces(h.TrialParent, h.NetnsDir, mount)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	p.Proc = h.Proc
 	var why []string
 	if cfg != nil {
 		var cgroupsPath string

@@ -33,6 +33,22 @@ type Places struct {
 	NetnsDir string
 }
 
+// AgentPlaces are the Places of an agent whose paths.cgroup_parent is
+// parentDir, a directory of the cgroup2 tree mounted at mount ("": the
+// default), and whose paths.netns_dir is netnsDir.
+func AgentPlaces(parentDir, netnsDir, mount string) (Places, error) {
+	p := Places{NetnsDir: netnsDir}
+	if parentDir == "" {
+		return p, nil
+	}
+	rel, ok := strings.CutPrefix(filepath.Clean(parentDir), filepath.Clean(mount)+"/")
+	if !ok || mount == "" {
+		return Places{}, fmt.Errorf("the Trials' cgroup parent %s (--cgroup-parent) is not under the cgroup2 mount %q: give the agent's paths.cgroup_parent", parentDir, mount)
+	}
+	p.TrialParent = rel
+	return p, nil
+}
+
 func (p Places) proc() string {
 	if p.Proc == "" {
 		return "/proc"

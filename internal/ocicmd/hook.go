@@ -79,6 +79,19 @@ func placesFlags(fs *flag.FlagSet) (parent, netnsDir *string) {
 		fs.String("netns-dir", "", "the agent's paths.netns_dir, if moved (default "+ocihook.DefaultNetnsDir+")")
 }
 
+// placesArgs are the places flags' arguments for a command line: none
+// for the defaults.
+func placesArgs(parent, netnsDir string) []string {
+	var a []string
+	if parent != "" {
+		a = append(a, "--cgroup-parent", parent)
+	}
+	if netnsDir != "" {
+		a = append(a, "--netns-dir", netnsDir)
+	}
+	return a
+}
+
 // maxHookInput bounds the hook's standard input: a state, or podman's
 // config at precreate (each bounded again where it is read).
 const maxHookInput = 16 << 20
@@ -121,12 +134,7 @@ func hookInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
 	if *socket != agentwire.DefaultSocket {
 		hookArgs = append(hookArgs, "--socket", *socket)
 	}
-	if *parent != "" {
-		hookArgs = append(hookArgs, "--cgroup-parent", *parent)
-	}
-	if *netnsDir != "" {
-		hookArgs = append(hookArgs, "--netns-dir", *netnsDir)
-	}
+	hookArgs = append(hookArgs, placesArgs(*parent, *netnsDir)...)
 	if *precreate && !flagSet(fs, "precreate") {
 		if err := precreateRefused(); err != nil {
 			return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-hook install: %w", err))

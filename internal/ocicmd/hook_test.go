@@ -118,4 +118,15 @@ func TestOCIHookInstallPlaces(t *testing.T) {
       "/run/evals/netns"`) != 2 {
 		t.Errorf("exit %d, want both entries with the places:\n%s%s", code, out, errOut)
 	}
+	// Docker's wrapper, which judges an unclaimed bundle itself.
+	var rout, rerr strings.Builder
+	code = Runtime(context.Background(), []string{"install", "--print", "--cgroup-parent", "/sys/fs/cgroup/evals", "--netns-dir", "/run/evals/netns"},
+		&rout, &rerr, func() (string, error) { return "/usr/bin/trialnet-oci", nil })
+	if code != cli.ExitOK || !strings.Contains(rout.String(), `"--cgroup-parent",
+        "/sys/fs/cgroup/evals",
+        "--netns-dir",
+        "/run/evals/netns",
+        "--"`) {
+		t.Errorf("oci-runtime install: exit %d, want the places before runc's arguments:\n%s%s", code, rout.String(), rerr.String())
+	}
 }

@@ -138,11 +138,17 @@ func newContainerTrial(t testing.TB, id string) *world {
 		t.Fatal(err)
 	}
 	w.seccomp = filepath.Join(dir, "seccomp.json")
-	if out, err := exec.Command(w.bin, "oci-hook", "install", "--hooks-dir", w.hooks, "--seccomp-profile", w.seccomp, "--socket", w.sock).CombinedOutput(); err != nil {
+	if out, err := exec.Command(w.bin, append([]string{"oci-hook", "install", "--hooks-dir", w.hooks, "--seccomp-profile", w.seccomp, "--socket", w.sock}, w.places()...)...).CombinedOutput(); err != nil {
 		t.Fatalf("trialnet oci-hook install: %v\n%s", err, out)
 	}
 	w.makeRootfs()
 	return w
+}
+
+// places are the agent's paths as oci-hook and oci-runtime take them:
+// the test's agent keeps its Trials apart from the host's.
+func (w *world) places() []string {
+	return []string{"--cgroup-parent", filepath.Dir(w.info.Cgroup), "--netns-dir", filepath.Dir(w.info.Netns)}
 }
 
 // makeRootfs is a root file system of the host's static busybox.
@@ -344,6 +350,21 @@ func TestPrivilegedContainerPodman(t *testing.T) {
 	}
 	if st, err := w.agent.Stats(context.Background(), w.info.ID); err != nil || st.Layers.Containers != 1 {
 		t.Errorf("refused containers were recorded: %d containers, %v", st.Layers.Containers, err)
+	}
+	// A container that claims no Trial but joins a Trial container's PID
+	// namespace: no check of the hook's would run on it, and the Trial's
+	// processes could trace it.
+	if out, err := p.cmd(w.hooks, append(append([]string{"run", "-d", "--name", "trial-sleeper"}, p.trialFlags()...), "localhost/trialnet-test:latest", "sleep", "600")...).CombinedOutput(); err != nil {
+		t.Fatalf("podman run -d in the Trial: %v\n%s", err, out)
+	}
+	out, err = p.run(w.hooks, []string{"--pid", "container:trial-sleeper"}, "echo "+started)
+	if err == nil || strings.Contains(out, started) || !strings.Contains(out, "error executing hook") {
+		t.Errorf("unclaimed, in a Trial container's PID namespace: want refused by the hook (%v):\n%s", err, out)
+	}
+	if out, err := p.run(w.noHooks, []string{"--pid", "container:trial-sleeper"}, "echo "+started); err != nil || !strings.Contains(out, started) {
+		// Where the BPF LSM layer is active, a task outside the Trial may
+		// not open a Trial task's namespace (a ptrace access).
+		t.Logf("unclaimed, without the hook: not started either (%v):\n%s", err, out)
 	}
 }
 
