@@ -113,7 +113,7 @@ func logRefusal(err error) {
 
 func hookInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
 	fs := cli.NewFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--precreate=false] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S] [--cgroup-parent DIR] [--netns-dir DIR]",
-		"sudo trialnet oci-hook install   # podman and CRI-O then run the hook for containers annotated trialnet.io/...", stderr)
+		"sudo trialnet oci-hook install   # podman and CRI-O then run the hook for every container: those annotated trialnet.io/... join a Trial", stderr)
 	dir := fs.String("hooks-dir", ocihook.DefaultHooksDir, "the runtime's hooks directory (podman --hooks-dir, CRI-O hooks_dir)")
 	profilePath := fs.String("seccomp-profile", ocihook.DefaultSeccompProfile, "where to write the seccomp profile for containers in a Trial (podman --security-opt seccomp=FILE)")
 	base := fs.String("seccomp-base", ocihook.DefaultSeccompBase, "the runtime's default profile that the written one starts from (absent at the default path: a profile that refuses the key calls only)")
