@@ -274,8 +274,8 @@ func (c *config) check(bundle string, protected []string) []string {
 		}
 	}
 	why = append(why, c.blockDevices()...)
-	why = append(why, c.hostCharDevices()...)
 	classes := hostCharClasses()
+	why = append(why, c.hostCharDevices(classes)...)
 	why = append(why, c.devicesBound()...)
 	if caps := c.refusedCapsOf(); len(caps) > 0 {
 		why = append(why, "it would hold capabilities that let it leave its Trial: "+strings.Join(caps, "; "))
@@ -655,16 +655,15 @@ func hostCharClasses() []hostChar {
 	return out
 }
 
-// hostCharDevices refuses the host's character devices of
-// hostCharClasses, given (linux.devices: the runtime makes the node) or
+// hostCharDevices refuses the host's character devices of classes
+// (hostCharClasses), given (linux.devices: the runtime makes the node) or
 // opened by a device cgroup rule (a node from the image, or made with
 // CAP_MKNOD, then opens); a rule of type a, b or every major is
 // blockDevices' to refuse.
-func (c *config) hostCharDevices() []string {
+func (c *config) hostCharDevices(classes []hostChar) []string {
 	if c.Linux == nil {
 		return nil
 	}
-	classes := hostCharClasses()
 	var why []string
 	for _, d := range c.Linux.Devices {
 		if d.Type != "c" && d.Type != "u" {

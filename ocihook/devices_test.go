@@ -65,7 +65,7 @@ func TestTapDevicesRefused(t *testing.T) {
 			"character devices 246:*, among them a device that sends"},
 	} {
 		c := config{Linux: &tc.l}
-		if why := strings.Join(c.hostCharDevices(), "; "); !strings.Contains(why, tc.want) {
+		if why := strings.Join(c.hostCharDevices(hostCharClasses()), "; "); !strings.Contains(why, tc.want) {
 			t.Errorf("%s: refusals %q, want %q", tc.name, why, tc.want)
 		}
 	}
@@ -73,13 +73,13 @@ func TestTapDevicesRefused(t *testing.T) {
 	// here: no NVMe on this host).
 	nvme := int64(239)
 	c := config{Linux: &linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &nvme, Access: "r"}}}}}
-	if why := strings.Join(c.hostCharDevices(), "; "); !strings.Contains(why, "character devices 239:*, among them a device that passes commands through to a disk (nvme)") {
+	if why := strings.Join(c.hostCharDevices(hostCharClasses()), "; "); !strings.Contains(why, "character devices 239:*, among them a device that passes commands through to a disk (nvme)") {
 		t.Errorf("an NVMe controller's major: refusals %q", why)
 	}
 	// hidraw (245) and mei (247), beside them, are not among them.
 	other := int64(245)
 	c = config{Linux: &linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &other, Access: "rw"}}}}}
-	if why := c.hostCharDevices(); len(why) != 0 {
+	if why := c.hostCharDevices(hostCharClasses()); len(why) != 0 {
 		t.Errorf("hidraw's major refused: %q", why)
 	}
 }
@@ -184,7 +184,7 @@ func TestHostCharDevicesRefused(t *testing.T) {
 		{"vhost-net", given("/dev/vhost-net", 10, 238), ""},
 	} {
 		c := config{Linux: &tc.l}
-		why := strings.Join(c.hostCharDevices(), "; ")
+		why := strings.Join(c.hostCharDevices(hostCharClasses()), "; ")
 		if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 			t.Errorf("%s: refusals %q, want %q", tc.name, why, tc.want)
 		}
