@@ -610,7 +610,7 @@ var hostChars = []hostChar{
 // whatever network namespace the opener is in (runc 1.1.5 here: a
 // container with only lo wrote frames that a macvtap in another
 // namespace put on its link); VFIO's groups and device files; the
-// watchdog's numbered devices; usbmon, every USB bus's traffic.
+// watchdog's numbered devices; usbmon, every USB bus's traffic; hidraw.
 var reachingNames = map[string]hostChar{
 	"sg": {name: "sg", does: "a device that " + toDisk, reach: diskWhy}, "bsg": {name: "bsg", does: "a device that " + toDisk, reach: diskWhy},
 	"nvme-generic": {name: "nvme-generic", does: "a device that " + toDisk, reach: diskWhy},
@@ -624,7 +624,9 @@ var reachingNames = map[string]hostChar{
 	"vfio":     {name: "vfio", does: "a VFIO group of the host's", reach: "it drives a host PCI device: a NIC's network, not its Trial's, and DMA to the host's memory"},
 	"vfio-dev": {name: "vfio-dev", does: "a VFIO device of the host's", reach: "it drives a host PCI device: a NIC's network, not its Trial's, and DMA to the host's memory"},
 	"watchdog": {name: "watchdog", does: "the host's hardware watchdog", reach: "once opened and left, it reboots the host"},
-	"usbmon":   {name: "usbmon", does: "a device that captures every USB bus's traffic", reach: "it could read the keys typed on the host's keyboards, and a USB network adapter's frames"},
+	// A keyboard's raw reports are its keys, as the input devices' are.
+	"hidraw": {name: "hidraw", does: "a raw HID device of the host's", reach: "it could read the keys typed on the host's keyboards, or send reports to its devices"},
+	"usbmon": {name: "usbmon", does: "a device that captures every USB bus's traffic", reach: "it could read the keys typed on the host's keyboards, and a USB network adapter's frames"},
 }
 
 // procDevices lists the kernel's device majors (a test's copy in tests).

@@ -76,11 +76,11 @@ func TestTapDevicesRefused(t *testing.T) {
 	if why := strings.Join(c.hostCharDevices(hostCharClasses()), "; "); !strings.Contains(why, "character devices 239:*, among them a device that passes commands through to a disk (nvme)") {
 		t.Errorf("an NVMe controller's major: refusals %q", why)
 	}
-	// hidraw (245) and mei (247), beside them, are not among them.
-	other := int64(245)
+	// mei (247), beside them, is not among them.
+	other := int64(247)
 	c = config{Linux: &linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &other, Access: "rw"}}}}}
 	if why := c.hostCharDevices(hostCharClasses()); len(why) != 0 {
-		t.Errorf("hidraw's major refused: %q", why)
+		t.Errorf("mei's major refused: %q", why)
 	}
 }
 
@@ -176,6 +176,7 @@ func TestHostCharDevicesRefused(t *testing.T) {
 		{"usbmon", given("/dev/usbmon0", 243, 0), "every USB bus's traffic (usbmon)"},
 		{"a USB serial port", given("/dev/ttyUSB0", 188, 0), "a USB serial port of the host's (ttyUSB)"},
 		{"a USB modem", rule(166, -1), "a USB modem or serial port of the host's (ttyACM)"},
+		{"raw HID, a keyboard's reports", given("/dev/hidraw0", 245, 0), "a raw HID device of the host's (hidraw): it could read the keys typed on the host's keyboards"},
 		{"/dev/tty, its own terminal", rule(5, 0), ""},
 		{"/dev/ptmx", rule(5, 2), ""},
 		{"ptys", rule(136, -1), ""},
