@@ -58,6 +58,7 @@ func TestPrivilegedContainerRuncRefusals(t *testing.T) {
 			} else {
 				// Claiming nothing, it is outside the Trial too.
 				o.netns, o.cgroupsPath = "", "/"+name
+				t.Cleanup(func() { removeTopCgroup(t, name) })
 			}
 			run := func(hook bool) (string, error) {
 				o.hooks = nil
