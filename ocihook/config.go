@@ -62,6 +62,7 @@ type linuxOf struct {
 	// ReadonlyPaths and MaskedPaths are paths in the container.
 	ReadonlyPaths []string `json:"readonlyPaths"`
 	MaskedPaths   []string `json:"maskedPaths"`
+	CgroupsPath   string   `json:"cgroupsPath"`
 }
 
 type deviceOf struct {
@@ -226,7 +227,8 @@ func (c *config) check(bundle string, protected []string) []string {
 		}
 	}
 	why = append(why, c.blockDevices()...)
-	why = append(why, c.consoleDevices()...)
+	classes := hostCharClasses()
+	why = append(why, c.hostCharDevices(classes)...)
 	why = append(why, c.devicesBound()...)
 	if caps := c.refusedCapsOf(); len(caps) > 0 {
 		why = append(why, "it would hold capabilities that let it leave its Trial: "+strings.Join(caps, "; "))
@@ -244,6 +246,7 @@ func (c *config) check(bundle string, protected []string) []string {
 			continue
 		}
 		why = append(why, m.refusals(bundle, protected)...)
+		why = append(why, m.deviceBindRefusals(bundle, classes)...)
 		if c.data != nil {
 			why = append(why, c.data.refusals(bundle, m)...)
 		}
@@ -279,7 +282,7 @@ var virtualFS = []string{"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup",
 func (m mountOf) refusals(bundle string, protected []string) []string {
 	var why []string
 	ro := ReadOnly(m.Options)
-	bind := m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+	bind := m.isBind()
 	if slices.Contains(m.Options, "remount") {
 		// runc and crun pass it to mount(2): it changes the mount already
 		// on the destination, whatever this one's type and source say.
@@ -315,6 +318,49 @@ func (m mountOf) refusals(bundle string, protected []string) []string {
 		// /sys/kernel/uevent_helper is a program the kernel runs as
 		// the host's root; root writes it with no capability.
 		why = append(why, fmt.Sprintf("it mounts sysfs writable on %s: root in it could set the kernel's uevent helper, run as the host's root (mount it ro)", m.Destination))
+	}
+	return why
+}
+
+func (m mountOf) isBind() bool {
+	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+// deviceBindRefusals refuses a bind of the host's devices, as a device
+// entry of the same numbers is refused: the device cgroup judges a bound
+// node as a made one (runc 1.1.5 here, no user namespace: a bind of
+// /dev/pts, with runc's own default rules, wrote to a host terminal). A
+// directory of the host's devices (/dev and under it, or a devpts
+// wherever mounted) is refused whole: its terminals are the host's, and
+// the rule c 136:* that every runtime allows opens them.
+func (m mountOf) deviceBindRefusals(bundle string, classes []hostChar) []string {
+	if !m.isBind() {
+		return nil
+	}
+	src := resolve(bundle, m.Source)
+	var st unix.Stat_t
+	if unix.Stat(src, &st) != nil {
+		return nil // nothing to bind: the runtime fails
+	}
+	maj, min := int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+	var why []string
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFBLK:
+		why = append(why, fmt.Sprintf("it binds the host's block device %s (%d:%d) on %s: it could read the host's disk, and trialnet's state on it", m.Source, maj, min, m.Destination))
+	case unix.S_IFCHR:
+		if maj >= 136 && maj <= 143 {
+			why = append(why, fmt.Sprintf("it binds %s (%d:%d), a host terminal, on %s: it could read and type into it; leave it out", m.Source, maj, min, m.Destination))
+		}
+		for _, h := range classes {
+			if h.matches(maj, min) {
+				why = append(why, fmt.Sprintf("it binds %s (%d:%d) on %s, %s (%s): %s; leave it out", m.Source, maj, min, m.Destination, h.does, h.name, h.reach))
+			}
+		}
+	case unix.S_IFDIR:
+		var fs unix.Statfs_t
+		if within(src, "/dev") || unix.Statfs(src, &fs) == nil && fs.Type == unix.DEVPTS_SUPER_MAGIC {
+			why = append(why, fmt.Sprintf("it binds the host's device directory %s on %s: the host's terminals are in it (or under it), opened by the rule c 136:* that every runtime allows, with the host's console and shared memory; give it the devices it needs as devices (--device), not their directory", m.Source, m.Destination))
+		}
 	}
 	return why
 }
@@ -417,88 +463,188 @@ func (c *config) procKnobRefusals() []string {
 // device cgroup rule that would let it read or write one (of type b, or
 // a: all; Docker's default rule "b *:* m" lets it make nodes only): a
 // container reads the host's disk through it, trialnet's receipt key and
-// the agent's state with it, whatever its mounts. A character device
-// that passes commands through to a disk (SCSI generic, NVMe generic)
-// reads it as well, with no capability for a READ: so it, and a rule
-// opening every character device, are refused too.
+// the agent's state with it, whatever its mounts. A rule opening every
+// character device is refused too: it opens each of hostChars.
 func (c *config) blockDevices() []string {
 	var why []string
 	if c.Linux == nil {
 		return nil
 	}
-	pass := passthroughMajors()
 	for _, d := range c.Linux.Devices {
 		if d.Type == "b" {
 			why = append(why, fmt.Sprintf("it is given the block device %s (%d:%d): it could read the host's disk, and trialnet's state on it", d.Path, d.Major, d.Minor))
-		} else if m, ok := pass[d.Major]; ok {
-			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), which %s (%s): %s", d.Path, d.Major, d.Minor, m.does, m.name, m.reach))
 		}
 	}
 	if c.Linux.Resources == nil {
 		return why
 	}
 	for _, r := range c.Linux.Resources.Devices {
-		opens := r.Access == "" || strings.ContainsAny(r.Access, "rw") // "": rwm
-		if !r.Allow || !opens {
-			continue
-		}
-		switch m, pt := pass[deref(r.Major)]; {
+		switch {
+		case !r.opens():
 		case r.Type == "" || r.Type == "a" || r.Type == "b":
 			why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
 		case r.Major == nil || *r.Major < 0: // runc and crun: -1 is any major
-			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk; allow the majors it needs", r.Type, r.Access))
-		case pt:
-			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (%s), each of which %s: %s", *r.Major, m.name, m.does, m.reach))
+			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk, with the console's the host's terminal; allow the majors it needs", r.Type, r.Access))
 		}
 	}
 	return why
 }
 
-// consoleDevice names the host's console or input device of major maj
-// and minor min (-1: any), or "": a virtual console (4:0-63), which root
-// takes as its terminal when no session holds it, then switches the host's
-// display to (VT_ACTIVATE, a login prompt of its own drawn there); a
-// serial port (4:64 up, a host's console too); the consoles' screens
-// (vcs); input devices, the host's keystrokes read or injected; uinput
-// and uhid, a keyboard of its own.
-func consoleDevice(maj, min int64) string {
-	switch {
-	case maj == 4:
-		return "a virtual console or serial port of the host's: it could take it as its terminal and show the host's console a login prompt of its own"
-	case maj == 7:
-		return "a screen of the host's consoles (vcs): it could read what is shown there, and write it"
-	case maj == 13:
-		return "the host's input devices: it could read the keys typed there, or type its own"
-	case maj == 10 && (min < 0 || min == 223 || min == 239):
-		return "uinput or uhid: it could make a keyboard of its own and type into the host's console"
-	}
-	return ""
+// opens: the rule allows reading or writing a device, not only making
+// its node ("": rwm).
+func (r deviceRuleOf) opens() bool {
+	return r.Allow && (r.Access == "" || strings.ContainsAny(r.Access, "rw"))
 }
 
-// consoleDevices refuses the host's console and input devices, given or
-// opened by a device cgroup rule (see consoleDevice); a rule for
-// /dev/console (5:1), where runc puts the container's own terminal, is
-// let through.
-func (c *config) consoleDevices() []string {
+// hostChar is a class of the host's character devices that reach past
+// the container: minor -1 is every minor of the major.
+type hostChar struct {
+	major, minor int64
+	name, does   string
+	reach        string
+}
+
+// matches: device maj:min (-1: any, a rule's) may be one of class h.
+func (h hostChar) matches(maj, min int64) bool {
+	return maj == h.major && (h.minor < 0 || min < 0 || min == h.minor)
+}
+
+const (
+	toDisk     = "passes commands through to a disk"
+	diskWhy    = "it could read the host's disk, and trialnet's state on it"
+	toLink     = "sends and takes frames on a host interface's link"
+	linkWhy    = "it would reach that network, not its Trial's"
+	consoleWhy = "it could read the keys typed there and show the host's console a login prompt of its own"
+)
+
+// hostChars are the character devices a container in a Trial is neither
+// given nor let open by a rule, by fixed numbers; reachingNames adds
+// those whose major is given out at boot. A node of one reaches the
+// host whoever made it: root with CAP_MKNOD, or the image (runc 1.1.5
+// here: a node 5:1 in the root file system, no CAP_MKNOD, and a rule
+// "c 5:1 rwm" wrote to the host's console, ttyS0). Each is the host's,
+// not a namespace's:
+//   - consoles and terminals: a virtual console or serial port (4), the
+//     console (5:1; the container's own terminal is a pty its runtime
+//     binds on /dev/console, which 136:* opens), a console's screen
+//     (vcs, 7), input devices (13), uinput and uhid (a keyboard of its
+//     own), USB serial ports and modems (166, 188);
+//   - another network or the host's hardware: raw USB (189, usbfs: a USB
+//     network adapter or disk driven directly), VFIO (a PCI device, a
+//     NIC among them, and DMA), vhost-vsock (a VM's end of AF_VSOCK,
+//     which no network namespace holds: the host's vsock services);
+//   - the host's life: the hardware watchdog, which reboots the host
+//     once opened and left.
+//
+// Not among them: /dev/kvm (a guest's network is what its VMM, in the
+// Trial, gives it), vhost-net (it moves frames of a tap the container
+// holds: one in the Trial's namespace), tun (10:200: a device in the
+// Trial's namespace), ptys (a pty node made outside a devpts opens
+// nothing).
+var hostChars = []hostChar{
+	{4, -1, "tty", "a virtual console or serial port of the host's", "it could take it as its terminal, read the keys typed there and show the host's console a login prompt of its own"},
+	{5, 1, "console", "the host's console (/dev/console)", consoleWhy + "; its own terminal is a pty, bound there by its runtime, which the rule c 136:* opens"},
+	{7, -1, "vcs", "a screen of the host's consoles", "it could read what is shown there, and write it"},
+	{13, -1, "input", "the host's input devices", "it could read the keys typed there, or type its own"},
+	{10, 223, "uinput", "a keyboard of its own", "it could type into the host's console"},
+	{10, 239, "uhid", "a keyboard of its own", "it could type into the host's console"},
+	{10, 130, "watchdog", "the host's hardware watchdog", "once opened and left, it reboots the host"},
+	{10, 196, "vfio", "VFIO's container device", "with a group's it drives a host PCI device: a NIC's network, not its Trial's, and DMA to the host's memory"},
+	{10, 241, "vhost-vsock", "a VM's end of vsock", "it could talk to the host's vsock services, which no network namespace holds"},
+	{21, -1, "sg", "a device that " + toDisk, diskWhy},
+	{166, -1, "ttyACM", "a USB modem or serial port of the host's", "it could dial another network or reach the host's console"},
+	{188, -1, "ttyUSB", "a USB serial port of the host's", "it could dial another network or reach the host's console"},
+	{189, -1, "usb_device", "a raw USB device of the host's (/dev/bus/usb)", "it could drive any USB device, a network adapter's link or a disk among them"},
+}
+
+// reachingNames are the drivers given a major at boot, as /proc/devices
+// names them: the disks' pass-through devices; macvtap's and ipvtap's
+// (/dev/tapN), which send and take frames on a host interface's link,
+// whatever network namespace the opener is in (runc 1.1.5 here: a
+// container with only lo wrote frames that a macvtap in another
+// namespace put on its link); VFIO's groups and device files; the
+// watchdog's numbered devices; usbmon, every USB bus's traffic; hidraw.
+var reachingNames = map[string]hostChar{
+	"sg": {name: "sg", does: "a device that " + toDisk, reach: diskWhy}, "bsg": {name: "bsg", does: "a device that " + toDisk, reach: diskWhy},
+	"nvme-generic": {name: "nvme-generic", does: "a device that " + toDisk, reach: diskWhy},
+	"dax":          {name: "dax", does: "a device that " + toDisk, reach: diskWhy}, "mtd": {name: "mtd", does: "a device that " + toDisk, reach: diskWhy},
+	"ubi": {name: "ubi", does: "a device that " + toDisk, reach: diskWhy},
+	// An NVMe controller's (/dev/nvme0): NVME_IOCTL_IO_CMD there runs on
+	// its first namespace, and a READ wants no capability (Linux 6.2 up).
+	"nvme":     {name: "nvme", does: "a device that " + toDisk, reach: diskWhy},
+	"macvtap":  {name: "macvtap", does: "a device that " + toLink, reach: linkWhy},
+	"ipvtap":   {name: "ipvtap", does: "a device that " + toLink, reach: linkWhy},
+	"vfio":     {name: "vfio", does: "a VFIO group of the host's", reach: "it drives a host PCI device: a NIC's network, not its Trial's, and DMA to the host's memory"},
+	"vfio-dev": {name: "vfio-dev", does: "a VFIO device of the host's", reach: "it drives a host PCI device: a NIC's network, not its Trial's, and DMA to the host's memory"},
+	"watchdog": {name: "watchdog", does: "the host's hardware watchdog", reach: "once opened and left, it reboots the host"},
+	// A keyboard's raw reports are its keys, as the input devices' are.
+	"hidraw": {name: "hidraw", does: "a raw HID device of the host's", reach: "it could read the keys typed on the host's keyboards, or send reports to its devices"},
+	"usbmon": {name: "usbmon", does: "a device that captures every USB bus's traffic", reach: "it could read the keys typed on the host's keyboards, and a USB network adapter's frames"},
+}
+
+// procDevices lists the kernel's device majors (a test's copy in tests).
+var procDevices = "/proc/devices"
+
+// hostCharClasses are hostChars and the majors /proc/devices gives the
+// drivers of reachingNames.
+func hostCharClasses() []hostChar {
+	out := slices.Clone(hostChars)
+	b, err := os.ReadFile(procDevices)
+	if err != nil {
+		return out
+	}
+	chars, _, _ := strings.Cut(string(b), "Block devices:")
+	for line := range strings.Lines(chars) {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		if h, ok := reachingNames[f[1]]; ok {
+			n, err := strconv.ParseInt(f[0], 10, 64)
+			if err == nil && !slices.ContainsFunc(out, func(o hostChar) bool { return o.major == n && o.minor < 0 }) {
+				h.major, h.minor = n, -1
+				out = append(out, h)
+			}
+		}
+	}
+	return out
+}
+
+// hostCharDevices refuses the host's character devices of classes
+// (hostCharClasses), given (linux.devices: the runtime makes the node) or
+// opened by a device cgroup rule (a node from the image, or made with
+// CAP_MKNOD, then opens); a rule of type a, b or every major is
+// blockDevices' to refuse.
+func (c *config) hostCharDevices(classes []hostChar) []string {
 	if c.Linux == nil {
 		return nil
 	}
 	var why []string
 	for _, d := range c.Linux.Devices {
-		if w := consoleDevice(d.Major, d.Minor); w != "" && d.Type != "b" && d.Type != "p" {
-			why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), %s", d.Path, d.Major, d.Minor, w))
+		if d.Type != "c" && d.Type != "u" {
+			continue
+		}
+		for _, h := range classes {
+			if h.matches(d.Major, d.Minor) {
+				why = append(why, fmt.Sprintf("it is given the device %s (%d:%d), %s (%s): %s; leave it out", d.Path, d.Major, d.Minor, h.does, h.name, h.reach))
+			}
 		}
 	}
 	if c.Linux.Resources == nil {
 		return why
 	}
 	for _, r := range c.Linux.Resources.Devices {
-		opens := r.Access == "" || strings.ContainsAny(r.Access, "rw")
-		if !r.Allow || !opens || r.Type != "c" || deref(r.Major) < 0 {
-			continue // type a, b and every major: blockDevices refuses them
+		if !r.opens() || r.Type != "c" || deref(r.Major) < 0 {
+			continue
 		}
-		if w := consoleDevice(*r.Major, deref(r.Minor)); w != "" {
-			why = append(why, fmt.Sprintf("its device cgroup lets it open character devices of major %d (minor %d, -1: any): %s; allow the devices it needs", *r.Major, deref(r.Minor), w))
+		minor := "*"
+		if deref(r.Minor) >= 0 {
+			minor = strconv.FormatInt(*r.Minor, 10)
+		}
+		for _, h := range classes {
+			if h.matches(*r.Major, deref(r.Minor)) {
+				why = append(why, fmt.Sprintf("its device cgroup lets it open character devices %d:%s, among them %s (%s): %s; allow only the devices it needs", *r.Major, minor, h.does, h.name, h.reach))
+			}
 		}
 	}
 	return why
@@ -510,7 +656,10 @@ func (c *config) consoleDevices() []string {
 // here: a path to a host file showed its contents; /dev/pts/0, named as
 // c 136:0, was the host's terminal, written from the container). So a
 // file, a socket, a FIFO, another device or a host terminal would come
-// in under a device's name, which the mount rules never see.
+// in under a device's name, which the mount rules never see. Without a
+// user namespace the runtime makes a node of the entry's numbers, which
+// hostCharDevices judges; a host path bound in by a mount is
+// deviceBindRefusals'.
 func (c *config) devicesBound() []string {
 	if _, userns := c.namespaces()["user"]; !userns || c.Linux == nil {
 		return nil
@@ -538,58 +687,6 @@ func deref(p *int64) int64 {
 		return -1
 	}
 	return *p
-}
-
-// reachingMajor is a character device driver whose devices reach past
-// the container: a disk beneath its block device, or a host interface's
-// link.
-type reachingMajor struct{ name, does, reach string }
-
-const (
-	toDisk  = "passes commands through to a disk"
-	diskWhy = "it could read the host's disk, and trialnet's state on it"
-)
-
-// reachingNames are the drivers given a major at boot, as /proc/devices
-// names them: the disks' pass-through devices; macvtap's and ipvtap's
-// (/dev/tapN), which send and take frames on a host interface's link,
-// whatever network namespace the opener is in (runc 1.1.5 here: a container with only lo wrote frames
-// that a macvtap in another namespace put on its link).
-var reachingNames = map[string]reachingMajor{
-	"sg": {"sg", toDisk, diskWhy}, "bsg": {"bsg", toDisk, diskWhy}, "nvme-generic": {"nvme-generic", toDisk, diskWhy},
-	"dax": {"dax", toDisk, diskWhy}, "mtd": {"mtd", toDisk, diskWhy}, "ubi": {"ubi", toDisk, diskWhy},
-	// An NVMe controller's (/dev/nvme0): NVME_IOCTL_IO_CMD there runs on
-	// its first namespace, and a READ wants no capability (Linux 6.2 up).
-	"nvme":    {"nvme", toDisk, diskWhy},
-	"macvtap": {"macvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
-	"ipvtap":  {"ipvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
-}
-
-// procDevices lists the kernel's device majors (a test's copy in tests).
-var procDevices = "/proc/devices"
-
-// passthroughMajors are the character device majors that reach past the
-// container: sg's is fixed, the rest are given out at boot and named in
-// /proc/devices.
-func passthroughMajors() map[int64]reachingMajor {
-	out := map[int64]reachingMajor{21: reachingNames["sg"]}
-	b, err := os.ReadFile(procDevices)
-	if err != nil {
-		return out
-	}
-	chars, _, _ := strings.Cut(string(b), "Block devices:")
-	for line := range strings.Lines(chars) {
-		f := strings.Fields(line)
-		if len(f) != 2 {
-			continue
-		}
-		if m, ok := reachingNames[f[1]]; ok {
-			if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
-				out[n] = m
-			}
-		}
-	}
-	return out
 }
 
 // rootfs is the host directory of the container's root file system,

@@ -29,6 +29,9 @@ const hostDevices = `Character devices:
 252 dax
 253 dimmctl
 239 nvme
+249 watchdog
+242 vfio
+243 usbmon
 
 Block devices:
   7 loop
@@ -57,12 +60,12 @@ func TestTapDevicesRefused(t *testing.T) {
 		want string
 	}{
 		{"given", linuxOf{Devices: []deviceOf{{Path: "/dev/tap1", Type: "c", Major: 246, Minor: 1}}},
-			"the device /dev/tap1 (246:1), which sends and takes frames on a host interface's link (macvtap)"},
+			"the device /dev/tap1 (246:1), a device that sends and takes frames on a host interface's link (macvtap)"},
 		{"opened by a rule", linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &tap, Access: "rw"}}}},
-			"character devices of major 246 (macvtap)"},
+			"character devices 246:*, among them a device that sends"},
 	} {
 		c := config{Linux: &tc.l}
-		if why := strings.Join(c.blockDevices(), "; "); !strings.Contains(why, tc.want) {
+		if why := strings.Join(c.hostCharDevices(hostCharClasses()), "; "); !strings.Contains(why, tc.want) {
 			t.Errorf("%s: refusals %q, want %q", tc.name, why, tc.want)
 		}
 	}
@@ -70,14 +73,14 @@ func TestTapDevicesRefused(t *testing.T) {
 	// here: no NVMe on this host).
 	nvme := int64(239)
 	c := config{Linux: &linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &nvme, Access: "r"}}}}}
-	if why := strings.Join(c.blockDevices(), "; "); !strings.Contains(why, "major 239 (nvme)") {
+	if why := strings.Join(c.hostCharDevices(hostCharClasses()), "; "); !strings.Contains(why, "character devices 239:*, among them a device that passes commands through to a disk (nvme)") {
 		t.Errorf("an NVMe controller's major: refusals %q", why)
 	}
-	// hidraw (245) and mei (247), beside them, are not among them.
-	other := int64(245)
+	// mei (247), beside them, is not among them.
+	other := int64(247)
 	c = config{Linux: &linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{{Allow: true, Type: "c", Major: &other, Access: "rw"}}}}}
-	if why := c.blockDevices(); len(why) != 0 {
-		t.Errorf("hidraw's major refused: %q", why)
+	if why := c.hostCharDevices(hostCharClasses()); len(why) != 0 {
+		t.Errorf("mei's major refused: %q", why)
 	}
 }
 
@@ -130,5 +133,102 @@ func TestDevicesBoundInAUserNamespace(t *testing.T) {
 		if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 			t.Errorf("%s: refusals %q, want %q", tc.name, why, tc.want)
 		}
+	}
+}
+
+// The host's character devices, one list for a device given and one a
+// rule opens: a node reaches the host whoever made it (runc 1.1.5 here:
+// a node 5:1 made by the image, no CAP_MKNOD, and the rule c 5:1 rwm
+// wrote to the host's console). What a container in a Trial uses
+// passes: its own terminal (/dev/tty), ptys, tun, KVM, vhost-net.
+func TestHostCharDevicesRefused(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "devices")
+	if err := os.WriteFile(f, []byte(hostDevices), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := procDevices
+	procDevices = f
+	t.Cleanup(func() { procDevices = old })
+	rule := func(maj, min int64) linuxOf {
+		r := deviceRuleOf{Allow: true, Type: "c", Major: &maj, Access: "rw"}
+		if min >= 0 {
+			r.Minor = &min
+		}
+		return linuxOf{Resources: &resourcesOf{Devices: []deviceRuleOf{r}}}
+	}
+	given := func(path string, maj, min int64) linuxOf {
+		return linuxOf{Devices: []deviceOf{{Path: path, Type: "c", Major: maj, Minor: min}}}
+	}
+	for _, tc := range []struct {
+		name string
+		l    linuxOf
+		want string // "": passes
+	}{
+		{"Docker's console rule (c 5:1 rwm)", rule(5, 1), "character devices 5:1, among them the host's console (/dev/console) (console)"},
+		{"every minor of major 5", rule(5, -1), "the host's console"},
+		{"the console given", given("/dev/console", 5, 1), "the device /dev/console (5:1), the host's console"},
+		{"vhost-vsock given", given("/dev/vhost-vsock", 10, 241), "a VM's end of vsock (vhost-vsock): it could talk to the host's vsock services"},
+		{"the watchdog opened by a rule", rule(10, 130), "the host's hardware watchdog (watchdog): once opened and left, it reboots the host"},
+		{"a numbered watchdog given", given("/dev/watchdog0", 249, 0), "the host's hardware watchdog (watchdog)"},
+		{"VFIO's container device", given("/dev/vfio/vfio", 10, 196), "VFIO's container device (vfio)"},
+		{"a VFIO group", given("/dev/vfio/12", 242, 0), "a VFIO group of the host's (vfio)"},
+		{"raw USB opened by a rule", rule(189, -1), "a raw USB device of the host's (/dev/bus/usb) (usb_device)"},
+		{"usbmon", given("/dev/usbmon0", 243, 0), "every USB bus's traffic (usbmon)"},
+		{"a USB serial port", given("/dev/ttyUSB0", 188, 0), "a USB serial port of the host's (ttyUSB)"},
+		{"a USB modem", rule(166, -1), "a USB modem or serial port of the host's (ttyACM)"},
+		{"raw HID, a keyboard's reports", given("/dev/hidraw0", 245, 0), "a raw HID device of the host's (hidraw): it could read the keys typed on the host's keyboards"},
+		{"/dev/tty, its own terminal", rule(5, 0), ""},
+		{"/dev/ptmx", rule(5, 2), ""},
+		{"ptys", rule(136, -1), ""},
+		{"tun", given("/dev/net/tun", 10, 200), ""},
+		{"KVM", given("/dev/kvm", 10, 232), ""},
+		{"vhost-net", given("/dev/vhost-net", 10, 238), ""},
+	} {
+		c := config{Linux: &tc.l}
+		why := strings.Join(c.hostCharDevices(hostCharClasses()), "; ")
+		if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+			t.Errorf("%s: refusals %q, want %q", tc.name, why, tc.want)
+		}
+	}
+}
+
+// A bind of a host device node is judged as a device entry of its
+// numbers, and a bind of a directory of the host's devices is refused:
+// runc 1.1.5 here, no user namespace, a bind of /dev/pts with runc's
+// own default rules (c 136:* rwm) wrote to a host terminal.
+func TestDeviceBindsRefused(t *testing.T) {
+	// A pty of the test's own stands for the operator's terminal.
+	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	n, err := unix.IoctlGetInt(int(ptmx.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		src, want string
+	}{
+		{"/dev/pts", "it binds the host's device directory /dev/pts on /x"},
+		{"/dev", "it binds the host's device directory /dev on /x"},
+		{fmt.Sprintf("/dev/pts/%d", n), "a host terminal"},
+		{"/dev/console", "the host's console (/dev/console) (console)"},
+		{"/dev/null", ""},
+		{t.TempDir(), ""},
+	} {
+		for _, typ := range []string{"bind", "none"} {
+			m := mountOf{Destination: "/x", Type: typ, Source: tc.src, Options: []string{"rbind"}}
+			why := strings.Join(m.deviceBindRefusals("/", hostChars), "; ")
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("a %s of %s: refusals %q, want %q", typ, tc.src, why, tc.want)
+			}
+		}
+	}
+	// Through the hook's check: the same refusal.
+	c := config{Mounts: []mountOf{{Destination: "/hostpts", Type: "bind", Source: "/dev/pts", Options: []string{"rbind"}}},
+		Linux: &linuxOf{Namespaces: []namespaceOf{{Type: "pid"}, {Type: "network"}, {Type: "cgroup"}, {Type: "mount"}, {Type: "ipc"}}}}
+	if why := strings.Join(c.check("/", nil), "; "); !strings.Contains(why, "device directory /dev/pts") {
+		t.Errorf("check of a bind of /dev/pts: %q", why)
 	}
 }

@@ -67,6 +67,12 @@ type Hook struct {
 	// DefaultStorageRoots).
 	StorageRoots []string
 
+	// TrialParent (a directory of the cgroup2 tree, as the agent's
+	// paths.cgroup_parent) and NetnsDir are where the agent keeps its
+	// Trials' cgroups and network namespaces ("": its defaults), where a
+	// container that claims no Trial is looked for (Places).
+	TrialParent, NetnsDir string
+
 	// data is the container's runtime data rule, once its id is known.
 	data *runtimeData
 }
@@ -170,6 +176,9 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 			// is unknown.
 			return Result{}, &Refusal{Container: st.ID, Reasons: []string{cfgErr.Error()}}
 		}
+		if why := h.unclaimed(st, cfg); len(why) > 0 {
+			return Result{}, &Refusal{Container: st.ID, Reasons: why}
+		}
 		return Result{}, nil
 	}
 	if st.Status == statusStopped {
@@ -224,6 +233,37 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		return refuse(fmt.Sprintf("the agent did not record it: %v", err))
 	}
 	return Result{Trial: cl.trial}, nil
+}
+
+// unclaimed refuses a container that claims no Trial but is in one, or
+// shares one's namespace (Places.Unclaimed): by its spec, and at
+// createRuntime by its process as the kernel has it. At poststop it
+// ended: nothing to judge.
+func (h *Hook) unclaimed(st State, cfg *config) []string {
+	if st.Status == statusStopped {
+		return nil
+	}
+	var mount string
+	if h.TrialParent != "" { // only a moved parent costs the mount's lookup
+		mount, _ = h.cgroupMount()
+	}
+	p, err := AgentPlaces(h.TrialParent, h.NetnsDir, mount)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	p.Proc = h.Proc
+	var why []string
+	if cfg != nil {
+		var cgroupsPath string
+		if cfg.Linux != nil {
+			cgroupsPath = cfg.Linux.CgroupsPath
+		}
+		why = p.Unclaimed(cfg.namespaces(), cgroupsPath)
+	}
+	if st.Pid > 0 {
+		why = append(why, p.process(st.Pid)...)
+	}
+	return why
 }
 
 // makeTrial asks the agent for a Trial made from profile around the

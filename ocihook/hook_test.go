@@ -213,13 +213,15 @@ func goodConfig() map[string]any {
 			// Docker's and runc spec's: the kernel's knobs in /proc read-only.
 			"readonlyPaths": []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 			"maskedPaths":   []string{"/proc/kcore", "/proc/keys", "/sys/firmware"},
-			// Docker's default rules: every node may be made, only the
-			// usual character devices opened (a console, ptys and tun
-			// among them, which pass).
+			// Docker's default rules as trialnet's runtime wrapper leaves
+			// them: every node may be made, only the usual character
+			// devices opened (ptys, /dev/tty and tun among them, which
+			// pass; not the console, 5:1, which the wrapper drops).
 			"resources": map[string]any{"devices": []map[string]any{{"allow": false, "access": "rwm"},
 				{"allow": true, "type": "c", "access": "m"}, {"allow": true, "type": "b", "access": "m"},
 				{"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
-				{"allow": true, "type": "c", "major": 5, "minor": 1, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 5, "minor": 0, "access": "rwm"},
+				{"allow": true, "type": "c", "major": 5, "minor": 2, "access": "rwm"},
 				{"allow": true, "type": "c", "major": 136, "access": "rwm"},
 				{"allow": true, "type": "c", "major": 10, "minor": 200, "access": "rwm"}}},
 		},
@@ -272,12 +274,18 @@ func TestHookLetsInAContainerInItsTrial(t *testing.T) {
 }
 
 // A container without the annotation never reaches the agent: the
-// agent's own container is started through the same hook.
+// agent's own container is started through the same hook. Outside every
+// Trial, privileged, it passes.
 func TestHookPassesUnannotatedWithoutTheAgent(t *testing.T) {
 	w := newContainerWorld(t)
+	w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/other/ctr")
 	cfg := goodConfig()
 	delete(cfg, "annotations")
 	cfg["process"] = map[string]any{"capabilities": map[string]any{"bounding": []string{"CAP_SYS_ADMIN"}}}
+	// A namespace of a process outside every Trial, joined by path.
+	w.procNS("77", w.file("ns-77-net"), w.file("ns-77-pid"), w.file("ns-77-cgroup"), "/other/x")
+	cfg["linux"].(map[string]any)["namespaces"] = []map[string]any{{"type": "pid", "path": filepath.Join(w.proc, "77", "ns", "pid")},
+		{"type": "network", "path": filepath.Join(w.proc, "77", "ns", "net")}, {"type": "ipc"}}
 	w.writeConfig(cfg)
 	w.agent.err = errors.New("the agent is not reachable")
 	for _, ann := range []map[string]string{nil, {"io.podman.annotations.autoremove": "TRUE"}} {
@@ -287,6 +295,92 @@ func TestHookPassesUnannotatedWithoutTheAgent(t *testing.T) {
 	}
 	if w.agent.calls != 0 {
 		t.Errorf("the hook called the agent %d times for containers that claim no Trial", w.agent.calls)
+	}
+}
+
+// A container without the annotation that shares a Trial's namespace or
+// cgroup is refused, without a word to the agent: a process of the
+// Trial's would trace or signal it, attach its shared memory or reach
+// it on a loopback, outside the Trial's layers.
+func TestHookRefusesUnannotatedInATrial(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(w *world, cfg map[string]any)
+		want string
+	}{
+		{"a Trial container's PID namespace joined (--pid container:X)", func(w *world, cfg map[string]any) {
+			w.setNS(cfg, "pid", filepath.Join(w.proc, "500", "ns", "pid"))
+		}, "joins the pid namespace of process 500"},
+		{"its IPC namespace, by a thread's file", func(w *world, cfg map[string]any) {
+			w.setNS(cfg, "ipc", filepath.Join(w.proc, "500", "task", "501", "ns", "ipc"))
+		}, "joins the ipc namespace of process 500"},
+		{"its network namespace file", func(w *world, cfg map[string]any) {
+			w.setNS(cfg, "network", w.trialN)
+		}, "joins Trial ns-trial-net's network namespace"},
+		{"a cgroupsPath in the Trial's", func(w *world, cfg map[string]any) {
+			cfg["linux"].(map[string]any)["cgroupsPath"] = "/trialnet/eval-1/sidecar"
+		}, "its cgroupsPath /trialnet/eval-1/sidecar is in Trial eval-1's cgroup"},
+		{"its process in the Trial's cgroup", func(w *world, cfg map[string]any) {
+			w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/trialnet/eval-1/sidecar")
+		}, "its process is in Trial eval-1's cgroup (/trialnet/eval-1/sidecar)"},
+		{"its process in the Trial's network namespace", func(w *world, cfg map[string]any) {
+			w.procNS("4242", w.trialN, w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/other/ctr")
+		}, "its process is in Trial ns-trial-net's network namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newContainerWorld(t)
+			// A Trial container's init, and the container outside.
+			w.procNS("500", w.trialN, w.file("ns-500-pid"), w.file("ns-500-cgroup"), "/trialnet/eval-1/libpod-c0")
+			w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/other/ctr")
+			cfg := goodConfig()
+			delete(cfg, "annotations")
+			w.setNS(cfg, "network", "")
+			tc.edit(w, cfg)
+			w.writeConfig(cfg)
+			h := w.hook()
+			h.NetnsDir = filepath.Dir(w.trialN)
+			_, err := h.Run(context.Background(), strings.NewReader(w.state(nil)))
+			var r *Refusal
+			if !errors.As(err, &r) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "annotate it trialnet.io/trial=ID") {
+				t.Errorf("got %v, want refused: %q", err, tc.want)
+			}
+			if w.agent.calls != 0 {
+				t.Errorf("the hook called the agent %d times for a container that claims no Trial", w.agent.calls)
+			}
+		})
+	}
+}
+
+// The agent's Trials under a parent moved in its config (the hook's
+// --cgroup-parent): a container in one is found there, and one under
+// the default parent's name is in no Trial.
+func TestHookFindsTrialsUnderAMovedParent(t *testing.T) {
+	w := newContainerWorld(t)
+	cfg := goodConfig()
+	delete(cfg, "annotations")
+	w.setNS(cfg, "network", "")
+	w.writeConfig(cfg)
+	h := w.hook()
+	h.TrialParent = filepath.Join(w.mount, "evals")
+	for cg, want := range map[string]string{"/evals/eval-2/sidecar": "in Trial eval-2's cgroup", "/trialnet/eval-1/libpod-c1": ""} {
+		w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), cg)
+		_, err := h.Run(context.Background(), strings.NewReader(w.state(nil)))
+		if (want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), want) {
+			t.Errorf("a container in %s: %v, want %q", cg, err, want)
+		}
+	}
+	h.TrialParent = "/elsewhere/evals"
+	if _, err := h.Run(context.Background(), strings.NewReader(w.state(nil))); err == nil || !strings.Contains(err.Error(), "is not under the cgroup2 mount") {
+		t.Errorf("a parent outside the cgroup2 mount: %v", err)
+	}
+}
+
+// setNS sets the path of cfg's namespace typ.
+func (w *world) setNS(cfg map[string]any, typ, path string) {
+	for _, ns := range cfg["linux"].(map[string]any)["namespaces"].([]map[string]any) {
+		if ns["type"] == typ {
+			ns["path"] = path
+		}
 	}
 }
 
@@ -500,13 +594,13 @@ func TestHookRefuses(t *testing.T) {
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 21, "access": "r"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "lets it open character devices of major 21 (sg)"},
+		}, "lets it open character devices 21:*, among them a device that passes commands through to a disk (sg)"},
 		{"a SCSI generic device given", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/sg0", "type": "c", "major": 21, "minor": 0}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "the device /dev/sg0 (21:0), which passes commands through to a disk (sg)"},
+		}, "the device /dev/sg0 (21:0), a device that passes commands through to a disk (sg)"},
 		// runc 1.1.5 here, with runc's default capabilities and /dev/tty1:
 		// TIOCSCTTY took it (no session held it), then VT_ACTIVATE, which
 		// switches the host's display, was let through.
@@ -533,31 +627,31 @@ func TestHookRefuses(t *testing.T) {
 			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/uinput", "type": "c", "major": 10, "minor": 223}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "(10:223), uinput or uhid"},
+		}, "(10:223), a keyboard of its own (uinput)"},
 		{"virtual consoles opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 4, "access": "rw"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "character devices of major 4 (minor -1"},
+		}, "character devices 4:*, among them a virtual console"},
 		{"every misc device opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "access": "rw"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "character devices of major 10 (minor -1, -1: any): uinput or uhid"},
+		}, "character devices 10:*, among them a keyboard of its own (uhid)"},
 		{"uhid given", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/uhid", "type": "c", "major": 10, "minor": 239}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "(10:239), uinput or uhid"},
+		}, "(10:239), a keyboard of its own (uhid)"},
 		{"uinput opened by a rule", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 10, "minor": 223, "access": "rw"}}}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "of major 10 (minor 223"},
+		}, "character devices 10:223, among them a keyboard of its own (uinput)"},
 		{"a host file under a device's name, in a user namespace", func(w *world) string {
 			c := goodConfig()
 			l := c["linux"].(map[string]any)

@@ -31,9 +31,12 @@ const hookTimeout = 30
 
 // Entries are the hooks.d entries (containers/common pkg/hooks, version
 // 1.0.0), by file name. One runs trialnet oci-hook at createRuntime for
-// every container with a trialnet.io/ annotation, so that a key this
-// build does not know is refused; the rest never start it. The other
-// runs it at poststop for the same containers but those whose only such
+// every container: one with a trialnet.io/ annotation is judged (a key
+// this build does not know refused), and one without is refused only if
+// it shares a Trial's namespace or cgroup (Places.Unclaimed), which no
+// annotation says (no condition of an entry's can match a namespace
+// path), for the cost of one process start. The other
+// runs it at poststop for the containers with such an annotation but those whose only such
 // key is trialnet.io/profile: the agent ends a Trial made around a
 // container by itself when the container's init exits (its owner), so a
 // second process start there would only repeat it. A container that
@@ -47,14 +50,17 @@ func Entries(binary string, args []string) (map[string][]byte, error) {
 		return nil, fmt.Errorf("the hook's binary %q is not an absolute path", binary)
 	}
 	out := map[string][]byte{}
-	for file, e := range map[string]struct{ key, stage string }{
-		HookFile:     {keyPattern, "createRuntime"},
-		PoststopFile: {poststopKeyPattern, "poststop"},
+	for file, e := range map[string]struct {
+		when  map[string]any
+		stage string
+	}{
+		HookFile:     {map[string]any{"always": true}, "createRuntime"},
+		PoststopFile: {map[string]any{"annotations": map[string]string{poststopKeyPattern: ".*"}}, "poststop"},
 	} {
 		b, err := json.MarshalIndent(map[string]any{
 			"version": "1.0.0",
 			"hook":    map[string]any{"path": binary, "args": args, "timeout": hookTimeout},
-			"when":    map[string]any{"annotations": map[string]string{e.key: ".*"}},
+			"when":    e.when,
 			"stages":  []string{e.stage},
 		}, "", "  ")
 		if err != nil {
@@ -67,9 +73,8 @@ func Entries(binary string, args []string) (map[string][]byte, error) {
 
 // keyPattern matches every trialnet.io/ annotation key, in any case: the
 // hook, the Docker wrapper and the NRI plugin take any case of the prefix
-// as a claim (and refuse what they do not know), so a runtime that did
-// not run the hook for one would start a container whose claim no one
-// judged. They read the case with strings.ToLower, which lowers U+0130
+// as a claim (and refuse what they do not know), so the poststop entry
+// must reach every one that may have joined a Trial. They read the case with strings.ToLower, which lowers U+0130
 // (İ) to i; (?i) does not fold it to i, so the pattern names it.
 const keyPattern = `(?i:^tr[iİ]alnet\.[iİ]o/)`
 

@@ -31,11 +31,14 @@ type hooksdEntry struct {
 }
 
 // matches is containers/common's When.Match (pkg/hooks/1.0.0) for an
-// entry with annotations only: every key pattern must match some
-// annotation whose value matches its value pattern, both unanchored
-// (regexp.MatchString).
+// entry with always or annotations only: always matches every container;
+// otherwise every key pattern must match some annotation whose value
+// matches its value pattern, both unanchored (regexp.MatchString).
 func (e hooksdEntry) matches(t *testing.T, annotations map[string]string) bool {
 	t.Helper()
+	if e.When.Always != nil && *e.When.Always {
+		return true
+	}
 	for kp, vp := range e.When.Annotations {
 		found := false
 		for k, v := range annotations {
@@ -88,7 +91,11 @@ func TestEntries(t *testing.T) {
 		if err := json.Unmarshal(b, &e); err != nil {
 			t.Fatal(err)
 		}
-		if e.Version != "1.0.0" || e.Hook.Path != "/usr/bin/trialnet" || len(e.Stages) != 1 || e.When.Always != nil || e.Hook.Timeout <= 0 || len(e.When.Annotations) != 1 {
+		// createRuntime for every container (one that claims no Trial
+		// is refused if it shares a Trial's namespace), poststop for
+		// the claims.
+		always := name == HookFile
+		if e.Version != "1.0.0" || e.Hook.Path != "/usr/bin/trialnet" || len(e.Stages) != 1 || (e.When.Always != nil) != always || e.Hook.Timeout <= 0 || len(e.When.Annotations) != map[bool]int{true: 0, false: 1}[always] {
 			t.Errorf("%s: %s", name, b)
 		}
 	}
@@ -117,12 +124,13 @@ func TestEntries(t *testing.T) {
 		{map[string]string{"Trialnet.io/trial": "eval-1"}, both},
 		{map[string]string{"TRIALNET.IO/PROFILE": "claude"}, both},
 		{map[string]string{"trialnet.IO/profile": "claude"}, create},
-		// Not trialnet's: the hook never starts.
-		{map[string]string{"io.trialnet.io/x": "y"}, nil},
-		{map[string]string{"x.trialnet.io/trial": "y"}, nil},
-		{map[string]string{"trialnetxio/trial": "y"}, nil},
-		{map[string]string{"io.podman.annotations.autoremove": "TRUE"}, nil},
-		{nil, nil},
+		// Not trialnet's: the hook runs at createRuntime only, where it
+		// looks for a Trial's namespaces.
+		{map[string]string{"io.trialnet.io/x": "y"}, create},
+		{map[string]string{"x.trialnet.io/trial": "y"}, create},
+		{map[string]string{"trialnetxio/trial": "y"}, create},
+		{map[string]string{"io.podman.annotations.autoremove": "TRUE"}, create},
+		{nil, create},
 	} {
 		if got := stagesFor(t, entries, c.ann); !slices.Equal(got, c.want) {
 			t.Errorf("annotations %q: the hook runs at %v, want %v", c.ann, got, c.want)
@@ -154,10 +162,12 @@ func TestPoststopKeyPattern(t *testing.T) {
 }
 
 // Every annotation key that the hook reads as a claim (one it takes, or
-// one it refuses) makes the runtime run it at createRuntime: each case of
-// the prefix, with the keys the hook knows and others, and characters
-// before and after. A claim the runtime did not show the hook would start
-// its container unjudged.
+// one it refuses) but the profile key (in any case of the prefix: refused
+// or made a Trial at createRuntime, nothing to end) makes the runtime run
+// it at poststop too: each case of the prefix, with the keys the hook knows
+// and others, and characters before and after. (createRuntime runs for
+// every container.) A joined container the hook is not shown at its end
+// stays among its Trial's live ones.
 func TestEveryClaimRunsTheHook(t *testing.T) {
 	entries, err := Entries("/usr/bin/trialnet", []string{"trialnet", "oci-hook"})
 	if err != nil {
@@ -185,7 +195,7 @@ func TestEveryClaimRunsTheHook(t *testing.T) {
 					continue
 				}
 				claims++
-				if got := stagesFor(t, entries, map[string]string{k: "v"}); !slices.Contains(got, "createRuntime") {
+				if got := stagesFor(t, entries, map[string]string{k: "v"}); (lead != "" || word != "profile") && !slices.Contains(got, "poststop") {
 					t.Errorf("key %q: the hook reads a claim (%+v, %v), and the runtime runs it at %v", k, cl, err, got)
 				}
 			}
@@ -209,7 +219,7 @@ func TestEveryClaimRunsTheHook(t *testing.T) {
 				continue // not a claim to the hook
 			}
 			folded++
-			if got := stagesFor(t, entries, map[string]string{k: "v"}); !slices.Contains(got, "createRuntime") {
+			if got := stagesFor(t, entries, map[string]string{k: "v"}); !slices.Contains(got, "poststop") {
 				t.Errorf("key %q: the hook reads a claim, and the runtime runs it at %v", k, got)
 			}
 		}

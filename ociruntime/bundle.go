@@ -135,6 +135,27 @@ func (b *bundle) claim() (claim, error) {
 	return c, nil
 }
 
+// namespaces maps the namespace types the spec names to their paths
+// ("": a new one); one not well-formed is left out (runc refuses it).
+func (b *bundle) namespaces() map[string]string {
+	out := map[string]string{}
+	l, _ := b.linux()
+	nss, _ := l["namespaces"].([]any)
+	for _, n := range nss {
+		ns, _ := n.(map[string]any)
+		typ, _ := ns["type"].(string)
+		path, _ := ns["path"].(string)
+		out[typ] = path
+	}
+	return out
+}
+
+func (b *bundle) cgroupsPath() string {
+	l, _ := b.linux()
+	cp, _ := l["cgroupsPath"].(string)
+	return cp
+}
+
 // place puts the container in its Trial: a new network namespace
 // becomes the Trial's (one joined by path, or none at all, stays as it
 // is for the hook to judge), its cgroup one under the Trial's, Docker's
@@ -226,6 +247,31 @@ func (b *bundle) refuseKeyCalls() error {
 		return fmt.Errorf("%s: linux.seccomp is not an object", b.path)
 	}
 	return ocihook.RefuseKeyCalls(sc)
+}
+
+// dropConsoleRule removes the device cgroup rules that let the
+// container open the host's console, /dev/console (c 5:1), one of
+// Docker's defaults: the hook refuses them (a node of 5:1 from the image,
+// or made with CAP_MKNOD, opens the host's console, which the container
+// does not need: its own terminal is a pty its runtime binds on
+// /dev/console, opened by the rule c 136:*). Any other rule stays for the
+// hook to judge.
+func (b *bundle) dropConsoleRule() error {
+	l, err := b.linux()
+	if err != nil {
+		return err
+	}
+	res, _ := l["resources"].(map[string]any)
+	rules, ok := res["devices"].([]any)
+	if !ok {
+		return nil
+	}
+	res["devices"] = slices.DeleteFunc(slices.Clone(rules), func(r any) bool {
+		m, _ := r.(map[string]any)
+		// Numbers are read as written (json.Number).
+		return m["allow"] == true && m["type"] == "c" && fmt.Sprint(m["major"]) == "5" && fmt.Sprint(m["minor"]) == "1"
+	})
+	return nil
 }
 
 // addHook appends trialnet oci-hook at createRuntime, after the hooks

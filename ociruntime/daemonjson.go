@@ -30,8 +30,9 @@ type Runtime struct {
 }
 
 // Entry is the runtime entry that runs binary as trialnet oci-runtime in
-// front of runc, with the hook told of the agent's socket.
-func Entry(binary, runc, socket string) (Runtime, error) {
+// front of runc, with the hook told of the agent's socket, and extra
+// flags of oci-runtime's (the agent's places) before runc's arguments.
+func Entry(binary, runc, socket string, extra ...string) (Runtime, error) {
 	if !filepath.IsAbs(binary) || !filepath.IsAbs(runc) {
 		return Runtime{}, fmt.Errorf("the runtime %q and runc %q must be absolute paths", binary, runc)
 	}
@@ -39,7 +40,7 @@ func Entry(binary, runc, socket string) (Runtime, error) {
 	if len(HookArgs(socket)) > 2 {
 		args = append(args, "--socket", socket)
 	}
-	args = append(args, "--")
+	args = append(append(args, extra...), "--")
 	for _, a := range append([]string{binary}, args...) {
 		if strings.ContainsAny(a, " \t\n'\"\\$`") {
 			return Runtime{}, fmt.Errorf("%q holds a character Docker's runtime script would split or expand", a)

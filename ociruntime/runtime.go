@@ -49,6 +49,9 @@ type Wrapper struct {
 	HookArgs []string
 	// CgroupMount is the cgroup2 mount ("": found in mountinfo).
 	CgroupMount string
+	// Trials are where a container that names no Trial is looked for in
+	// one (the zero value: the host's, with the agent's defaults).
+	Trials ocihook.Places
 }
 
 // Prepare returns the command line to run runc with. For a create (or
@@ -80,6 +83,10 @@ func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) 
 		return nil, fmt.Errorf("container %s: %w", inv.id, err)
 	}
 	if !c.any(b) {
+		// No hook runs for it: the wrapper judges its spec itself.
+		if why := w.Trials.Unclaimed(b.namespaces(), b.cgroupsPath()); len(why) > 0 {
+			return nil, &ocihook.Refusal{Container: inv.id, Reasons: why}
+		}
 		return args, nil
 	}
 	out := args
@@ -102,6 +109,9 @@ func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) 
 			return nil, fmt.Errorf("container %s: %w", inv.id, err)
 		}
 		out = inv.withoutSystemd()
+	}
+	if err := b.dropConsoleRule(); err != nil {
+		return nil, fmt.Errorf("container %s: %w", inv.id, err)
 	}
 	if err := b.refuseKeyCalls(); err != nil {
 		return nil, fmt.Errorf("container %s: %w", inv.id, err)

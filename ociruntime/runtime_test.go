@@ -201,6 +201,14 @@ func TestPrepareSlice(t *testing.T) {
 			if b1, _ := json.Marshal(before["process"].(map[string]any)["capabilities"]); string(b1) != jsonOf(doc["process"].(map[string]any)["capabilities"]) {
 				t.Error("capabilities changed")
 			}
+			// Docker's rule for /dev/console (c 5:1 rwm) goes, which the
+			// hook refuses (a node of 5:1 opens the host's console); the
+			// other rules stay.
+			rules := before["linux"].(map[string]any)["resources"].(map[string]any)["devices"].([]any)
+			rules = slices.DeleteFunc(rules, func(r any) bool { m := r.(map[string]any); return m["major"] == 5.0 && m["minor"] == 1.0 })
+			if got := jsonOf(l["resources"].(map[string]any)["devices"]); got != jsonOf(rules) || len(rules) != 7 {
+				t.Errorf("device rules %s, want Docker's %d without the console's: %s", got, len(rules), jsonOf(rules))
+			}
 			if fi, err := os.Stat(filepath.Join(dir, "config.json")); err != nil || fi.Mode().Perm() != 0o600 {
 				t.Errorf("config.json mode %v, %v", fi.Mode(), err)
 			}
@@ -252,6 +260,51 @@ func TestPrepareLeavesTheVerdictToTheHook(t *testing.T) {
 			cr, _ := doc["hooks"].(map[string]any)["createRuntime"].([]any)
 			if got != tc.want || len(cr) != 1 {
 				t.Errorf("network namespace %q (want %q), createRuntime hooks %v", got, tc.want, cr)
+			}
+		})
+	}
+}
+
+// A container that names no Trial but shares a Trial container's PID or
+// IPC namespace (docker run --pid container:X), or whose cgroup is in a
+// Trial's, is refused without a word to the agent: no hook runs for it.
+func TestPrepareRefusesAnUnclaimedContainerInATrial(t *testing.T) {
+	proc := t.TempDir()
+	for pid, cg := range map[string]string{"500": "/trialnet/eval-42/" + ctr, "600": "/system.slice/docker-x.scope"} {
+		if err := os.MkdirAll(filepath.Join(proc, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte("0::"+cg+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	joins := func(typ, pid string) func(map[string]any) {
+		return func(d map[string]any) {
+			for _, n := range d["linux"].(map[string]any)["namespaces"].([]any) {
+				if ns := n.(map[string]any); ns["type"] == typ {
+					ns["path"] = filepath.Join(proc, pid, "ns", typ)
+				}
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name, path string
+		edit       func(map[string]any)
+		want       string
+	}{
+		{"--pid container:X of a Trial's", "/docker/" + ctr, joins("pid", "500"), "joins the pid namespace of process 500"},
+		{"--ipc container:X of a Trial's", "/docker/" + ctr, joins("ipc", "500"), "joins the ipc namespace of process 500"},
+		{"--cgroup-parent in a Trial's (cgroupfs)", "/trialnet/eval-42/" + ctr, nil, "in Trial eval-42's cgroup"},
+		{"--pid container:X of another container", "/docker/" + ctr, joins("pid", "600"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := dockerBundle(t, tc.path, tc.edit)
+			a := &fakeAgent{err: errors.New("no agent")}
+			w := newWrapper(a)
+			w.Trials = ocihook.Places{Proc: proc}
+			_, err := w.Prepare(context.Background(), []string{"create", "-b", dir, ctr})
+			if (tc.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.want) || len(a.asks) != 0 {
+				t.Errorf("err %v, want %q; agent asked %q", err, tc.want, a.asks)
 			}
 		})
 	}

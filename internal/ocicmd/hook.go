@@ -42,17 +42,20 @@ func Hook(ctx context.Context, args []string, stdout, stderr io.Writer, bin Bina
 	if len(args) > 0 && args[0] == "install" {
 		return hookInstall(args[1:], stdout, stderr, bin)
 	}
-	fs := cli.NewFlags("oci-hook", "oci-hook [--socket S]   (run by an OCI runtime at createRuntime; reads the state on stdin)\n       trialnet oci-hook install [--hooks-dir DIR] [--force] [--print]",
+	fs := cli.NewFlags("oci-hook", "oci-hook [--socket S] [--cgroup-parent DIR] [--netns-dir DIR]   (run by an OCI runtime at createRuntime; reads the state on stdin)\n       trialnet oci-hook install [--hooks-dir DIR] [--force] [--print]",
 		"podman run --annotation trialnet.io/trial=eval-42 ...   (after: sudo trialnet oci-hook install)", stderr)
 	socket := cli.SocketFlag(fs)
+	parent, netnsDir := placesFlags(fs)
 	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return cli.ExitUsage
 	}
 	ctx, cancel := context.WithTimeout(ctx, hookAgentTimeout)
 	defer cancel()
 	h := &ocihook.Hook{
-		Agent:  func() ocihook.Agent { return agentwire.NewDirect(*socket) },
-		Socket: *socket,
+		Agent:       func() ocihook.Agent { return agentwire.NewDirect(*socket) },
+		Socket:      *socket,
+		TrialParent: *parent,
+		NetnsDir:    *netnsDir,
 	}
 	in, err := io.ReadAll(io.LimitReader(os.Stdin, maxHookInput+1))
 	if err == nil && ocihook.IsConfig(in) {
@@ -66,6 +69,27 @@ func Hook(ctx context.Context, args []string, stdout, stderr io.Writer, bin Bina
 		return cli.ExitFailure
 	}
 	return cli.ExitOK
+}
+
+// placesFlags are where the agent keeps its Trials, as its config's
+// paths say, for the hook to find a container that claims no Trial in
+// one.
+func placesFlags(fs *flag.FlagSet) (parent, netnsDir *string) {
+	return fs.String("cgroup-parent", "", "the agent's paths.cgroup_parent, if moved (default: trialnet under the cgroup2 mount)"),
+		fs.String("netns-dir", "", "the agent's paths.netns_dir, if moved (default "+ocihook.DefaultNetnsDir+")")
+}
+
+// placesArgs are the places flags' arguments for a command line: none
+// for the defaults.
+func placesArgs(parent, netnsDir string) []string {
+	var a []string
+	if parent != "" {
+		a = append(a, "--cgroup-parent", parent)
+	}
+	if netnsDir != "" {
+		a = append(a, "--netns-dir", netnsDir)
+	}
+	return a
 }
 
 // maxHookInput bounds the hook's standard input: a state, or podman's
@@ -88,8 +112,8 @@ func logRefusal(err error) {
 }
 
 func hookInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
-	fs := cli.NewFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--precreate=false] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S]",
-		"sudo trialnet oci-hook install   # podman and CRI-O then run the hook for containers annotated trialnet.io/...", stderr)
+	fs := cli.NewFlags("oci-hook install", "oci-hook install [--hooks-dir DIR] [--precreate=false] [--seccomp-profile FILE] [--seccomp-base FILE] [--force] [--print|--print-seccomp] [--socket S] [--cgroup-parent DIR] [--netns-dir DIR]",
+		"sudo trialnet oci-hook install   # podman and CRI-O then run the hook for every container: those annotated trialnet.io/... join a Trial", stderr)
 	dir := fs.String("hooks-dir", ocihook.DefaultHooksDir, "the runtime's hooks directory (podman --hooks-dir, CRI-O hooks_dir)")
 	profilePath := fs.String("seccomp-profile", ocihook.DefaultSeccompProfile, "where to write the seccomp profile for containers in a Trial (podman --security-opt seccomp=FILE)")
 	base := fs.String("seccomp-base", ocihook.DefaultSeccompBase, "the runtime's default profile that the written one starts from (absent at the default path: a profile that refuses the key calls only)")
@@ -98,6 +122,7 @@ func hookInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
 	printSeccomp := fs.Bool("print-seccomp", false, "print the seccomp profile instead of writing it")
 	precreate := fs.Bool("precreate", true, "run the hook at podman's precreate stage too, which profile containers need where the BPF LSM layer is active; false for CRI-O or a podman before 4.3, whose hooks library refuses an entry with it")
 	socket := cli.SocketFlag(fs)
+	parent, netnsDir := placesFlags(fs)
 	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return cli.ExitUsage
 	}
@@ -109,6 +134,7 @@ func hookInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
 	if *socket != agentwire.DefaultSocket {
 		hookArgs = append(hookArgs, "--socket", *socket)
 	}
+	hookArgs = append(hookArgs, placesArgs(*parent, *netnsDir)...)
 	if *precreate && !flagSet(fs, "precreate") {
 		if err := precreateRefused(); err != nil {
 			return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-hook install: %w", err))

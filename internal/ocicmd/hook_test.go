@@ -105,3 +105,28 @@ func TestOCIHookInstallPrecreate(t *testing.T) {
 		t.Errorf("CRI-O, --precreate asked for: exit %d, want it:\n%s%s", code, entry, errOut)
 	}
 }
+
+// A moved cgroup parent or namespace directory of the agent's reaches
+// the hook in both entries' arguments: the hook looks for a container
+// that claims no Trial in the Trials the agent keeps there.
+func TestOCIHookInstallPlaces(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	code, out, errOut := hook("install", "--print", "--cgroup-parent", "/sys/fs/cgroup/evals", "--netns-dir", "/run/evals/netns")
+	if code != cli.ExitOK || strings.Count(out, `"--cgroup-parent",
+      "/sys/fs/cgroup/evals",
+      "--netns-dir",
+      "/run/evals/netns"`) != 2 {
+		t.Errorf("exit %d, want both entries with the places:\n%s%s", code, out, errOut)
+	}
+	// Docker's wrapper, which judges an unclaimed bundle itself.
+	var rout, rerr strings.Builder
+	code = Runtime(context.Background(), []string{"install", "--print", "--cgroup-parent", "/sys/fs/cgroup/evals", "--netns-dir", "/run/evals/netns"},
+		&rout, &rerr, func() (string, error) { return "/usr/bin/trialnet-oci", nil })
+	if code != cli.ExitOK || !strings.Contains(rout.String(), `"--cgroup-parent",
+        "/sys/fs/cgroup/evals",
+        "--netns-dir",
+        "/run/evals/netns",
+        "--"`) {
+		t.Errorf("oci-runtime install: exit %d, want the places before runc's arguments:\n%s%s", code, rout.String(), rerr.String())
+	}
+}

@@ -10,7 +10,9 @@ import (
 	"slices"
 
 	"github.com/trialnet/trialnet/internal/agentwire"
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"github.com/trialnet/trialnet/internal/cli"
+	"github.com/trialnet/trialnet/ocihook"
 	"github.com/trialnet/trialnet/ociruntime"
 	"golang.org/x/sys/unix"
 )
@@ -24,10 +26,11 @@ func Runtime(ctx context.Context, args []string, stdout, stderr io.Writer, bin B
 	if len(args) > 0 && args[0] == "install" {
 		return runtimeInstall(args[1:], stdout, stderr, bin)
 	}
-	fs := cli.NewFlags("oci-runtime", "oci-runtime [--runc PATH] [--socket S] -- RUNC-ARGS...   (run by Docker as its runtime)\n       trialnet oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print]",
+	fs := cli.NewFlags("oci-runtime", "oci-runtime [--runc PATH] [--socket S] [--cgroup-parent DIR] [--netns-dir DIR] -- RUNC-ARGS...   (run by Docker as its runtime)\n       trialnet oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print]",
 		"docker run --runtime trialnet --cgroup-parent trialnet-eval-42.slice --network none IMAGE   (after: sudo trialnet oci-runtime install)", stderr)
 	runc := fs.String("runc", ociruntime.DefaultRunc, "the OCI runtime to run")
 	socket := cli.SocketFlag(fs)
+	parent, netnsDir := placesFlags(fs)
 	sep := slices.Index(args, "--")
 	if sep < 0 {
 		if err := cli.ParseNoArgs(fs, args); err == nil { // -h and bad flags are answered there
@@ -54,7 +57,16 @@ func Runtime(ctx context.Context, args []string, stdout, stderr io.Writer, bin B
 	w := &ociruntime.Wrapper{
 		Agent:    func() ociruntime.Agent { return agentwire.NewDirect(*socket) },
 		Hook:     self,
-		HookArgs: ociruntime.HookArgs(*socket),
+		HookArgs: append(ociruntime.HookArgs(*socket), placesArgs(*parent, *netnsDir)...),
+	}
+	var mount string
+	if *parent != "" {
+		if mount, err = cgroup2.Mount(); err != nil {
+			return refuse(err)
+		}
+	}
+	if w.Trials, err = ocihook.AgentPlaces(*parent, *netnsDir, mount); err != nil {
+		return refuse(err)
 	}
 	out, err := w.Prepare(ctx, runcArgs)
 	if err != nil {
@@ -66,7 +78,7 @@ func Runtime(ctx context.Context, args []string, stdout, stderr io.Writer, bin B
 }
 
 func runtimeInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
-	fs := cli.NewFlags("oci-runtime install", "oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print] [--socket S]",
+	fs := cli.NewFlags("oci-runtime install", "oci-runtime install [--daemon-json F] [--name N] [--runc PATH] [--force] [--print] [--socket S] [--cgroup-parent DIR] [--netns-dir DIR]",
 		"sudo trialnet oci-runtime install && sudo systemctl reload docker   # then: docker run --runtime trialnet ...", stderr)
 	path := fs.String("daemon-json", ociruntime.DefaultDaemonJSON, "dockerd's configuration file")
 	name := fs.String("name", ociruntime.DefaultName, "the runtime's name (docker run --runtime NAME)")
@@ -74,6 +86,7 @@ func runtimeInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
 	force := fs.Bool("force", false, "replace a different runtime of that name")
 	printOnly := fs.Bool("print", false, "print the daemon.json entry instead of merging it")
 	socket := cli.SocketFlag(fs)
+	parent, netnsDir := placesFlags(fs)
 	if err := cli.ParseNoArgs(fs, args); err != nil {
 		return cli.ExitUsage
 	}
@@ -81,7 +94,7 @@ func runtimeInstall(args []string, stdout, stderr io.Writer, bin Binary) int {
 	if err != nil {
 		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-runtime install: %w", err))
 	}
-	rt, err := ociruntime.Entry(self, *runc, *socket)
+	rt, err := ociruntime.Entry(self, *runc, *socket, placesArgs(*parent, *netnsDir)...)
 	if err != nil {
 		return cli.Fail(stdout, stderr, false, cli.ExitFailure, fmt.Errorf("oci-runtime install: %w", err))
 	}

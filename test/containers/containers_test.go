@@ -138,11 +138,17 @@ func newContainerTrial(t testing.TB, id string) *world {
 		t.Fatal(err)
 	}
 	w.seccomp = filepath.Join(dir, "seccomp.json")
-	if out, err := exec.Command(w.bin, "oci-hook", "install", "--hooks-dir", w.hooks, "--seccomp-profile", w.seccomp, "--socket", w.sock).CombinedOutput(); err != nil {
+	if out, err := exec.Command(w.bin, append([]string{"oci-hook", "install", "--hooks-dir", w.hooks, "--seccomp-profile", w.seccomp, "--socket", w.sock}, w.places()...)...).CombinedOutput(); err != nil {
 		t.Fatalf("trialnet oci-hook install: %v\n%s", err, out)
 	}
 	w.makeRootfs()
 	return w
+}
+
+// places are the agent's paths as oci-hook and oci-runtime take them:
+// the test's agent keeps its Trials apart from the host's.
+func (w *world) places() []string {
+	return []string{"--cgroup-parent", filepath.Dir(w.info.Cgroup), "--netns-dir", filepath.Dir(w.info.Netns)}
 }
 
 // makeRootfs is a root file system of the host's static busybox.
@@ -345,6 +351,21 @@ func TestPrivilegedContainerPodman(t *testing.T) {
 	if st, err := w.agent.Stats(context.Background(), w.info.ID); err != nil || st.Layers.Containers != 1 {
 		t.Errorf("refused containers were recorded: %d containers, %v", st.Layers.Containers, err)
 	}
+	// A container that claims no Trial but joins a Trial container's PID
+	// namespace: no check of the hook's would run on it, and the Trial's
+	// processes could trace it.
+	if out, err := p.cmd(w.hooks, append(append([]string{"run", "-d", "--name", "trial-sleeper"}, p.trialFlags()...), "localhost/trialnet-test:latest", "sleep", "600")...).CombinedOutput(); err != nil {
+		t.Fatalf("podman run -d in the Trial: %v\n%s", err, out)
+	}
+	out, err = p.run(w.hooks, []string{"--pid", "container:trial-sleeper"}, "echo "+started)
+	if err == nil || strings.Contains(out, started) || !strings.Contains(out, "error executing hook") {
+		t.Errorf("unclaimed, in a Trial container's PID namespace: want refused by the hook (%v):\n%s", err, out)
+	}
+	if out, err := p.run(w.noHooks, []string{"--pid", "container:trial-sleeper"}, "echo "+started); err != nil || !strings.Contains(out, started) {
+		// Where the BPF LSM layer is active, a task outside the Trial may
+		// not open a Trial task's namespace (a ptrace access).
+		t.Logf("unclaimed, without the hook: not started either (%v):\n%s", err, out)
+	}
 }
 
 // A runc bundle that names the Trial's network namespace, a cgroup
@@ -408,6 +429,14 @@ type bundleOpts struct {
 	// oci-hook install writes it, unless set (trialnet, as entries
 	// written before it run).
 	hookBin string
+	// caps are added to its capabilities; devRules are its device
+	// cgroup rules (linux.resources.devices); nsPaths are namespaces it
+	// joins by path, by type.
+	caps     []string
+	devRules []map[string]any
+	nsPaths  map[string]string
+	// hookArgs are added to the hook's arguments.
+	hookArgs []string
 }
 
 func (w *world) bundleWith(name string, o bundleOpts) string {
@@ -416,7 +445,12 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 		w.t.Fatal(err)
 	}
 	ns := []map[string]string{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"}, {"type": "network", "path": o.netns}}
-	caps := []string{"CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_AUDIT_WRITE"}
+	for _, n := range ns {
+		if p, ok := o.nsPaths[n["type"]]; ok {
+			n["path"] = p
+		}
+	}
+	caps := append([]string{"CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_AUDIT_WRITE"}, o.caps...)
 	cfg := map[string]any{
 		"ociVersion": "1.0.2",
 		"process": map[string]any{
@@ -445,6 +479,9 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 	if o.netns == "" {
 		ns[len(ns)-1] = map[string]string{"type": "network"}
 	}
+	if o.devRules != nil {
+		cfg["linux"].(map[string]any)["resources"] = map[string]any{"devices": o.devRules}
+	}
 	if !o.noSeccomp {
 		cfg["linux"].(map[string]any)["seccomp"] = ocihook.KeyCallsProfile(runtime.GOARCH)
 	}
@@ -456,7 +493,7 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 		o.hookBin = filepath.Join(filepath.Dir(w.bin), "trialnet-oci")
 	}
 	for _, stage := range o.hooks {
-		hooks[stage] = []map[string]any{{"path": o.hookBin, "args": []string{"trialnet", "oci-hook", "--socket", w.sock}, "timeout": 30}}
+		hooks[stage] = []map[string]any{{"path": o.hookBin, "args": append([]string{"trialnet", "oci-hook", "--socket", w.sock}, o.hookArgs...), "timeout": 30}}
 	}
 	cfg["hooks"] = hooks
 	b, err := json.MarshalIndent(cfg, "", "  ")

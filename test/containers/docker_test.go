@@ -67,7 +67,7 @@ func startDockerd(w *world) *dockerd {
 	if err := os.WriteFile(conf, pre, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(w.bin, "oci-runtime", "install", "--daemon-json", conf, "--socket", w.sock).CombinedOutput(); err != nil {
+	if out, err := exec.Command(w.bin, append([]string{"oci-runtime", "install", "--daemon-json", conf, "--socket", w.sock}, w.places()...)...).CombinedOutput(); err != nil {
 		t.Fatalf("trialnet oci-runtime install: %v\n%s", err, out)
 	}
 	logf, err := os.Create(filepath.Join(dir, "dockerd.log"))
@@ -263,6 +263,20 @@ func TestPrivilegedContainerDocker(t *testing.T) {
 	if st, err := w.agent.Stats(context.Background(), w.info.ID); err != nil || st.Layers.Containers != 1 {
 		t.Errorf("refused containers were recorded: %d containers, %v", st.Layers.Containers, err)
 	}
+	t.Run("unclaimed, in a Trial container's PID namespace", func(t *testing.T) {
+		if out, err := d.cmd(append(append([]string{"run", "-d", "--name", "trial-sleeper"}, flags...), dockerImage, "sleep", "600")...).CombinedOutput(); err != nil {
+			t.Fatalf("docker run -d in the Trial: %v\n%s", err, out)
+		}
+		unclaimed := []string{"--runtime", ociruntime.DefaultName, "--pid", "container:trial-sleeper", "--network", "none"}
+		out, err := d.run(unclaimed, "echo", started)
+		if err == nil || strings.Contains(out, started) || !strings.Contains(out, "it claims no Trial but joins the pid namespace of process") {
+			t.Errorf("with the wrapper: want refused, saying why (%v):\n%s", err, out)
+		}
+		unclaimed[1] = "runc"
+		if out, err := d.run(unclaimed, "echo", started); err != nil || !strings.Contains(out, started) {
+			t.Logf("under plain runc: not started either (the BPF LSM layer, where active) (%v):\n%s", err, out)
+		}
+	})
 	t.Run("a Docker network", func(t *testing.T) { dockerNetworkStaysOut(t, d, flags) })
 	// The wrapper's own refusal reaches docker run through runc's log.
 	if out, err := d.run(trialFlags("no-such-trial"), "echo", started); err == nil || strings.Contains(out, started) ||

@@ -1,0 +1,183 @@
+//go:build linux
+
+package ocihook
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Defaults of Places: the agent's default cgroup parent of every Trial
+// (sandbox.ParentName under the cgroup2 root) and namespace directory
+// (netns.DefaultDir); the hook links neither package.
+const (
+	DefaultTrialParent = "/trialnet"
+	DefaultNetnsDir    = "/run/trialnet/netns"
+)
+
+// Places are where a container that claims no Trial is looked for in
+// one: the zero value is the host's, with the agent's defaults.
+type Places struct {
+	// Proc is where /proc is ("": /proc).
+	Proc string
+	// TrialParent is the cgroup of every Trial, from the cgroup2 root
+	// ("": DefaultTrialParent).
+	TrialParent string
+	// NetnsDir holds the Trials' network namespace files, each named by
+	// its Trial ("": DefaultNetnsDir).
+	NetnsDir string
+}
+
+// AgentPlaces are the Places of an agent whose paths.cgroup_parent is
+// parentDir, a directory of the cgroup2 tree mounted at mount ("": the
+// default), and whose paths.netns_dir is netnsDir.
+func AgentPlaces(parentDir, netnsDir, mount string) (Places, error) {
+	p := Places{NetnsDir: netnsDir}
+	if parentDir == "" {
+		return p, nil
+	}
+	rel, ok := strings.CutPrefix(filepath.Clean(parentDir), filepath.Clean(mount)+"/")
+	if !ok || mount == "" {
+		return Places{}, fmt.Errorf("the Trials' cgroup parent %s (--cgroup-parent) is not under the cgroup2 mount %q: give the agent's paths.cgroup_parent", parentDir, mount)
+	}
+	p.TrialParent = rel
+	return p, nil
+}
+
+func (p Places) proc() string {
+	if p.Proc == "" {
+		return "/proc"
+	}
+	return p.Proc
+}
+
+func (p Places) parent() string {
+	if p.TrialParent == "" {
+		return DefaultTrialParent
+	}
+	return filepath.Clean("/" + p.TrialParent)
+}
+
+func (p Places) netnsDir() string {
+	if p.NetnsDir == "" {
+		return DefaultNetnsDir
+	}
+	return p.NetnsDir
+}
+
+// unclaimedAdvice is what a container that shares a Trial's namespace
+// or cgroup without claiming it is told to do.
+const unclaimedAdvice = "annotate it " + AnnotationTrial + "=ID to join that Trial (the hook then checks it as the Trial's), or give it a namespace and a cgroup of its own"
+
+// Unclaimed says why a container that claims no Trial (no trialnet.io/
+// annotation) must not start as its spec has it: a namespace joined by
+// path that is a Trial's (the /proc/PID/ns file of a process in a
+// Trial's cgroup, podman's --pid container:X and Docker's alike, or a
+// Trial's network namespace file), or a cgroupsPath under the Trials'
+// parent. No check of the hook's ran on it: a process of the Trial's
+// would trace or signal it (a shared PID namespace), attach its shared
+// memory (IPC), or reach it on a loopback outside the Trial's layers,
+// and through it act outside the Trial. It asks nothing of the agent,
+// as the agent's own container is such a container. A /proc file or a
+// namespace directory it cannot read is let pass: the runtime then
+// fails to join it, or it is no Trial's.
+func (p Places) Unclaimed(namespaces map[string]string, cgroupsPath string) []string {
+	var why []string
+	for typ, path := range namespaces {
+		if path == "" {
+			continue
+		}
+		if pid, ok := procPID(p.proc(), path); ok {
+			if trial, cg := p.trialOf(pid); trial != "" {
+				why = append(why, fmt.Sprintf("it claims no Trial but joins the %s namespace of process %d (%s), which is in Trial %s (cgroup %s): a process of the Trial's could trace, signal or talk to it outside the Trial's layers; %s", typ, pid, path, trial, cg, unclaimedAdvice))
+			}
+			continue
+		}
+		if trial := p.netnsOf(path); trial != "" {
+			why = append(why, fmt.Sprintf("it claims no Trial but joins Trial %s's network namespace (%s): it would be in the Trial's network unchecked; %s", trial, path, unclaimedAdvice))
+		}
+	}
+	if cgroupsPath != "" && !strings.Contains(cgroupsPath, ":") { // systemd's slice:prefix:name is never under it
+		if trial := p.trialIn(filepath.Clean("/" + cgroupsPath)); trial != "" {
+			why = append(why, fmt.Sprintf("it claims no Trial but its cgroupsPath %s is in Trial %s's cgroup: %s", cgroupsPath, trial, unclaimedAdvice))
+		}
+	}
+	return why
+}
+
+// process says why the process pid of a container that claims no Trial
+// is in one as the kernel has it (its cgroup, its network namespace),
+// whatever path its spec spelled.
+func (p Places) process(pid int) []string {
+	var why []string
+	if trial, cg := p.trialOf(pid); trial != "" {
+		why = append(why, fmt.Sprintf("it claims no Trial but its process is in Trial %s's cgroup (%s): %s", trial, cg, unclaimedAdvice))
+	}
+	if trial := p.netnsOf(filepath.Join(p.proc(), strconv.Itoa(pid), "ns", "net")); trial != "" {
+		why = append(why, fmt.Sprintf("it claims no Trial but its process is in Trial %s's network namespace: %s", trial, unclaimedAdvice))
+	}
+	return why
+}
+
+// procPID is the process whose namespace file path names
+// (/proc/PID/ns/TYPE, /proc/PID/task/TID/ns/TYPE), if it names one.
+func procPID(proc, path string) (int, bool) {
+	rest, ok := strings.CutPrefix(filepath.Clean(path), filepath.Clean(proc)+"/")
+	if !ok {
+		return 0, false
+	}
+	first, _, _ := strings.Cut(rest, "/")
+	pid, err := strconv.Atoi(first)
+	return pid, err == nil && pid > 0
+}
+
+// trialOf is the Trial whose cgroup holds process pid, and its cgroup
+// from the cgroup2 root; "" when it is in none or cannot be read.
+func (p Places) trialOf(pid int) (trial, cgroup string) {
+	b, err := os.ReadFile(filepath.Join(p.proc(), strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return "", ""
+	}
+	for line := range strings.Lines(string(b)) {
+		if cg, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "0::"); ok {
+			return p.trialIn(cg), cg
+		}
+	}
+	return "", ""
+}
+
+// trialIn is the Trial whose cgroup holds cgroup cg (from the cgroup2
+// root), or "".
+func (p Places) trialIn(cg string) string {
+	rest, ok := strings.CutPrefix(filepath.Clean(cg), p.parent()+"/")
+	if !ok {
+		return ""
+	}
+	trial, _, _ := strings.Cut(rest, "/")
+	return trial
+}
+
+// netnsOf is the Trial whose network namespace file is the namespace at
+// path (the same inode), or "".
+func (p Places) netnsOf(path string) string {
+	var ns unix.Stat_t
+	if unix.Stat(path, &ns) != nil {
+		return ""
+	}
+	ents, err := os.ReadDir(p.netnsDir())
+	if err != nil {
+		return ""
+	}
+	for _, e := range ents {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(p.netnsDir(), e.Name()), &st) == nil && st.Dev == ns.Dev && st.Ino == ns.Ino {
+			return e.Name()
+		}
+	}
+	return ""
+}
