@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -158,24 +159,28 @@ func spelledExactly(b []byte, t reflect.Type, at string) error {
 // network namespace and cgroup. CAP_NET_RAW is not among them: the
 // Trial's sock_create hook refuses raw and ICMP sockets, and a packet
 // socket sees only the Trial namespace's loopback (Docker grants it by
-// default; refusing it would refuse every default container).
-var refusedCaps = map[string]string{
-	"CAP_SYS_ADMIN":          "mounts, setns into other namespaces, and most of the rest",
-	"CAP_NET_ADMIN":          "reconfigures the Trial's network namespace (addresses, routes, the proxy's loopback)",
-	"CAP_SYS_PTRACE":         "traces and reads processes outside the container",
-	"CAP_BPF":                "loads eBPF programs and reads maps, trialnet's among them",
-	"CAP_PERFMON":            "attaches tracing programs and reads kernel memory through them",
-	"CAP_SYS_MODULE":         "loads kernel modules",
-	"CAP_SYS_RAWIO":          "raw device and I/O port access",
-	"CAP_DAC_READ_SEARCH":    "opens host files by handle (open_by_handle_at), past the container's root",
-	"CAP_MAC_ADMIN":          "changes the LSM policy",
-	"CAP_MAC_OVERRIDE":       "overrides the LSM policy",
-	"CAP_SYS_BOOT":           "kexec and reboot",
-	"CAP_CHECKPOINT_RESTORE": "checkpoint/restore powers over other processes",
-	"CAP_SYS_TIME":           "sets the host's clock, which no namespace holds (the receipts', logs' and certificates' time)",
-	"CAP_SYSLOG":             "reads and clears the host's kernel log, and kernel addresses",
-	"CAP_SYS_TTY_CONFIG":     "rebinds the host console's keys (KDSKBSENT: a key the host's root presses types its command) and hangs up terminals",
-}
+// default; refusing it would refuse every default container). Built at
+// its first use: a package-level map is built by every start of the
+// binary, and trialnet's run and exec never read this one.
+var refusedCaps = sync.OnceValue(func() map[string]string {
+	return map[string]string{
+		"CAP_SYS_ADMIN":          "mounts, setns into other namespaces, and most of the rest",
+		"CAP_NET_ADMIN":          "reconfigures the Trial's network namespace (addresses, routes, the proxy's loopback)",
+		"CAP_SYS_PTRACE":         "traces and reads processes outside the container",
+		"CAP_BPF":                "loads eBPF programs and reads maps, trialnet's among them",
+		"CAP_PERFMON":            "attaches tracing programs and reads kernel memory through them",
+		"CAP_SYS_MODULE":         "loads kernel modules",
+		"CAP_SYS_RAWIO":          "raw device and I/O port access",
+		"CAP_DAC_READ_SEARCH":    "opens host files by handle (open_by_handle_at), past the container's root",
+		"CAP_MAC_ADMIN":          "changes the LSM policy",
+		"CAP_MAC_OVERRIDE":       "overrides the LSM policy",
+		"CAP_SYS_BOOT":           "kexec and reboot",
+		"CAP_CHECKPOINT_RESTORE": "checkpoint/restore powers over other processes",
+		"CAP_SYS_TIME":           "sets the host's clock, which no namespace holds (the receipts', logs' and certificates' time)",
+		"CAP_SYSLOG":             "reads and clears the host's kernel log, and kernel addresses",
+		"CAP_SYS_TTY_CONFIG":     "rebinds the host console's keys (KDSKBSENT: a key the host's root presses types its command) and hangs up terminals",
+	}
+})
 
 // isCapName says whether n is shaped as a capability's name: CAP_, then
 // one or more of A-Z and _. A function, not a regexp: trialnet compiles
@@ -204,7 +209,7 @@ func (c *config) refusedCapsOf() []string {
 			bad := ""
 			if !isCapName(n) {
 				bad = fmt.Sprintf("%q (not a capability name)", name)
-			} else if why, ok := refusedCaps[n]; ok {
+			} else if why, ok := refusedCaps()[n]; ok {
 				bad = n + ": " + why
 			}
 			if bad != "" && !slices.Contains(out, bad) {
@@ -601,16 +606,19 @@ const (
 // names them: the disks' pass-through devices; macvtap's and ipvtap's
 // (/dev/tapN), which send and take frames on a host interface's link,
 // whatever network namespace the opener is in (runc 1.1.5 here: a container with only lo wrote frames
-// that a macvtap in another namespace put on its link).
-var reachingNames = map[string]reachingMajor{
-	"sg": {"sg", toDisk, diskWhy}, "bsg": {"bsg", toDisk, diskWhy}, "nvme-generic": {"nvme-generic", toDisk, diskWhy},
-	"dax": {"dax", toDisk, diskWhy}, "mtd": {"mtd", toDisk, diskWhy}, "ubi": {"ubi", toDisk, diskWhy},
-	// An NVMe controller's (/dev/nvme0): NVME_IOCTL_IO_CMD there runs on
-	// its first namespace, and a READ wants no capability (Linux 6.2 up).
-	"nvme":    {"nvme", toDisk, diskWhy},
-	"macvtap": {"macvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
-	"ipvtap":  {"ipvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
-}
+// that a macvtap in another namespace put on its link). Built at its
+// first use, as refusedCaps.
+var reachingNames = sync.OnceValue(func() map[string]reachingMajor {
+	return map[string]reachingMajor{
+		"sg": {"sg", toDisk, diskWhy}, "bsg": {"bsg", toDisk, diskWhy}, "nvme-generic": {"nvme-generic", toDisk, diskWhy},
+		"dax": {"dax", toDisk, diskWhy}, "mtd": {"mtd", toDisk, diskWhy}, "ubi": {"ubi", toDisk, diskWhy},
+		// An NVMe controller's (/dev/nvme0): NVME_IOCTL_IO_CMD there runs on
+		// its first namespace, and a READ wants no capability (Linux 6.2 up).
+		"nvme":    {"nvme", toDisk, diskWhy},
+		"macvtap": {"macvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
+		"ipvtap":  {"ipvtap", "sends and takes frames on a host interface's link", "it would reach that network, not its Trial's"},
+	}
+})
 
 // procDevices lists the kernel's device majors (a test's copy in tests).
 var procDevices = "/proc/devices"
@@ -619,7 +627,7 @@ var procDevices = "/proc/devices"
 // container: sg's is fixed, the rest are given out at boot and named in
 // /proc/devices.
 func passthroughMajors() map[int64]reachingMajor {
-	out := map[int64]reachingMajor{21: reachingNames["sg"]}
+	out := map[int64]reachingMajor{21: reachingNames()["sg"]}
 	b, err := os.ReadFile(procDevices)
 	if err != nil {
 		return out
@@ -630,7 +638,7 @@ func passthroughMajors() map[int64]reachingMajor {
 		if len(f) != 2 {
 			continue
 		}
-		if m, ok := reachingNames[f[1]]; ok {
+		if m, ok := reachingNames()[f[1]]; ok {
 			if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
 				out[n] = m
 			}

@@ -49,7 +49,7 @@ func Entries(binary string, args []string) (map[string][]byte, error) {
 	out := map[string][]byte{}
 	for file, e := range map[string]struct{ key, stage string }{
 		HookFile:     {keyPattern, "createRuntime"},
-		PoststopFile: {poststopKeyPattern, "poststop"},
+		PoststopFile: {poststopKeyPattern(), "poststop"},
 	} {
 		b, err := json.MarshalIndent(map[string]any{
 			"version": "1.0.0",
@@ -74,8 +74,9 @@ func Entries(binary string, args []string) (map[string][]byte, error) {
 const keyPattern = `(?i:^tr[iİ]alnet\.[iİ]o/)`
 
 // poststopKeyPattern matches the keys keyPattern matches but
-// trialnet.io/profile exactly.
-var poststopKeyPattern = "(?s)" + keyPattern + notExactly("profile")
+// trialnet.io/profile exactly (made when asked for, not in every start of
+// the binary).
+func poststopKeyPattern() string { return "(?s)" + keyPattern + notExactly("profile") }
 
 // notExactly is a pattern matching, at its start, any text but exactly
 // word (anchored at the end): text that stops short of word, leaves it at
