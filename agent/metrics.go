@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/client"
@@ -52,8 +53,10 @@ const (
 	helpEgress    = "Packets that tried to leave a Trial other than through loopback (dropped); anything but 0 is an alarm."
 )
 
-// buildLabel is this binary's version, Go version and VCS revision.
-var buildLabel = buildLabels()
+// buildLabel is this binary's version, Go version and VCS revision, read
+// at the first scrape: parsing the build information in every start of
+// the binary would cost each run and exec.
+var buildLabel = sync.OnceValue(buildLabels)
 
 // buildLabels are the version, Go version and VCS revision this binary
 // was built with ("unknown" where the build did not record one).
@@ -95,8 +98,9 @@ func (a *Agent) trialFamilies() []promtext.Family {
 	type fam = promtext.Family
 	type label = promtext.Label
 	trials := a.list()
+	labels := buildLabel()
 	build := fam{Name: metricPrefix + "build_info", Help: helpBuild, Type: promtext.Gauge, Series: []promtext.Series{{Value: 1,
-		Labels: []label{{Name: "version", Value: buildLabel[0]}, {Name: "goversion", Value: buildLabel[1]}, {Name: "revision", Value: buildLabel[2]}}}}}
+		Labels: []label{{Name: "version", Value: labels[0]}, {Name: "goversion", Value: labels[1]}, {Name: "revision", Value: labels[2]}}}}}
 	live := fam{Name: metricPrefix + "trials_live", Help: helpLive, Type: promtext.Gauge, Series: []promtext.Series{{Value: float64(len(trials))}}}
 	decisions := fam{Name: metricPrefix + "proxy_decisions_total", Help: helpDecisions, Type: promtext.Counter}
 	bytes := fam{Name: metricPrefix + "proxy_tunnel_bytes_total", Help: helpBytes, Type: promtext.Counter}

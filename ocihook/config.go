@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -112,24 +113,28 @@ func readConfig(bundle string) (*config, error) {
 // network namespace and cgroup. CAP_NET_RAW is not among them: the
 // Trial's sock_create hook refuses raw and ICMP sockets, and a packet
 // socket sees only the Trial namespace's loopback (Docker grants it by
-// default; refusing it would refuse every default container).
-var refusedCaps = map[string]string{
-	"CAP_SYS_ADMIN":          "mounts, setns into other namespaces, and most of the rest",
-	"CAP_NET_ADMIN":          "reconfigures the Trial's network namespace (addresses, routes, the proxy's loopback)",
-	"CAP_SYS_PTRACE":         "traces and reads processes outside the container",
-	"CAP_BPF":                "loads eBPF programs and reads maps, trialnet's among them",
-	"CAP_PERFMON":            "attaches tracing programs and reads kernel memory through them",
-	"CAP_SYS_MODULE":         "loads kernel modules",
-	"CAP_SYS_RAWIO":          "raw device and I/O port access",
-	"CAP_DAC_READ_SEARCH":    "opens host files by handle (open_by_handle_at), past the container's root",
-	"CAP_MAC_ADMIN":          "changes the LSM policy",
-	"CAP_MAC_OVERRIDE":       "overrides the LSM policy",
-	"CAP_SYS_BOOT":           "kexec and reboot",
-	"CAP_CHECKPOINT_RESTORE": "checkpoint/restore powers over other processes",
-	"CAP_SYS_TIME":           "sets the host's clock, which no namespace holds (the receipts', logs' and certificates' time)",
-	"CAP_SYSLOG":             "reads and clears the host's kernel log, and kernel addresses",
-	"CAP_SYS_TTY_CONFIG":     "rebinds the host console's keys (KDSKBSENT: a key the host's root presses types its command) and hangs up terminals",
-}
+// default; refusing it would refuse every default container). Built at
+// its first use: a package-level map is built by every start of the
+// binary, and trialnet's run and exec never read this one.
+var refusedCaps = sync.OnceValue(func() map[string]string {
+	return map[string]string{
+		"CAP_SYS_ADMIN":          "mounts, setns into other namespaces, and most of the rest",
+		"CAP_NET_ADMIN":          "reconfigures the Trial's network namespace (addresses, routes, the proxy's loopback)",
+		"CAP_SYS_PTRACE":         "traces and reads processes outside the container",
+		"CAP_BPF":                "loads eBPF programs and reads maps, trialnet's among them",
+		"CAP_PERFMON":            "attaches tracing programs and reads kernel memory through them",
+		"CAP_SYS_MODULE":         "loads kernel modules",
+		"CAP_SYS_RAWIO":          "raw device and I/O port access",
+		"CAP_DAC_READ_SEARCH":    "opens host files by handle (open_by_handle_at), past the container's root",
+		"CAP_MAC_ADMIN":          "changes the LSM policy",
+		"CAP_MAC_OVERRIDE":       "overrides the LSM policy",
+		"CAP_SYS_BOOT":           "kexec and reboot",
+		"CAP_CHECKPOINT_RESTORE": "checkpoint/restore powers over other processes",
+		"CAP_SYS_TIME":           "sets the host's clock, which no namespace holds (the receipts', logs' and certificates' time)",
+		"CAP_SYSLOG":             "reads and clears the host's kernel log, and kernel addresses",
+		"CAP_SYS_TTY_CONFIG":     "rebinds the host console's keys (KDSKBSENT: a key the host's root presses types its command) and hangs up terminals",
+	}
+})
 
 // isCapName says whether n is shaped as a capability's name: CAP_, then
 // one or more of A-Z and _. A function, not a regexp: trialnet compiles
@@ -158,7 +163,7 @@ func (c *config) refusedCapsOf() []string {
 			bad := ""
 			if !isCapName(n) {
 				bad = fmt.Sprintf("%q (not a capability name)", name)
-			} else if why, ok := refusedCaps[n]; ok {
+			} else if why, ok := refusedCaps()[n]; ok {
 				bad = n + ": " + why
 			}
 			if bad != "" && !slices.Contains(out, bad) {
@@ -564,23 +569,26 @@ var hostChars = []hostChar{
 // container with only lo wrote frames that a macvtap in another
 // namespace put on its link); VFIO's groups and device files; the
 // watchdog's numbered devices; usbmon, every USB bus's traffic; hidraw.
-var reachingNames = map[string]hostChar{
-	"sg": {name: "sg", does: "a device that " + toDisk, reach: diskWhy}, "bsg": {name: "bsg", does: "a device that " + toDisk, reach: diskWhy},
-	"nvme-generic": {name: "nvme-generic", does: "a device that " + toDisk, reach: diskWhy},
-	"dax":          {name: "dax", does: "a device that " + toDisk, reach: diskWhy}, "mtd": {name: "mtd", does: "a device that " + toDisk, reach: diskWhy},
-	"ubi": {name: "ubi", does: "a device that " + toDisk, reach: diskWhy},
-	// An NVMe controller's (/dev/nvme0): NVME_IOCTL_IO_CMD there runs on
-	// its first namespace, and a READ wants no capability (Linux 6.2 up).
-	"nvme":     {name: "nvme", does: "a device that " + toDisk, reach: diskWhy},
-	"macvtap":  {name: "macvtap", does: "a device that " + toLink, reach: linkWhy},
-	"ipvtap":   {name: "ipvtap", does: "a device that " + toLink, reach: linkWhy},
-	"vfio":     {name: "vfio", does: "a VFIO group of the host's", reach: "it drives a host PCI device: a NIC's network, not its Trial's, and DMA to the host's memory"},
-	"vfio-dev": {name: "vfio-dev", does: "a VFIO device of the host's", reach: "it drives a host PCI device: a NIC's network, not its Trial's, and DMA to the host's memory"},
-	"watchdog": {name: "watchdog", does: "the host's hardware watchdog", reach: "once opened and left, it reboots the host"},
-	// A keyboard's raw reports are its keys, as the input devices' are.
-	"hidraw": {name: "hidraw", does: "a raw HID device of the host's", reach: "it could read the keys typed on the host's keyboards, or send reports to its devices"},
-	"usbmon": {name: "usbmon", does: "a device that captures every USB bus's traffic", reach: "it could read the keys typed on the host's keyboards, and a USB network adapter's frames"},
-}
+// Built at its first use, as refusedCaps.
+var reachingNames = sync.OnceValue(func() map[string]hostChar {
+	return map[string]hostChar{
+		"sg": {name: "sg", does: "a device that " + toDisk, reach: diskWhy}, "bsg": {name: "bsg", does: "a device that " + toDisk, reach: diskWhy},
+		"nvme-generic": {name: "nvme-generic", does: "a device that " + toDisk, reach: diskWhy},
+		"dax":          {name: "dax", does: "a device that " + toDisk, reach: diskWhy}, "mtd": {name: "mtd", does: "a device that " + toDisk, reach: diskWhy},
+		"ubi": {name: "ubi", does: "a device that " + toDisk, reach: diskWhy},
+		// An NVMe controller's (/dev/nvme0): NVME_IOCTL_IO_CMD there runs on
+		// its first namespace, and a READ wants no capability (Linux 6.2 up).
+		"nvme":     {name: "nvme", does: "a device that " + toDisk, reach: diskWhy},
+		"macvtap":  {name: "macvtap", does: "a device that " + toLink, reach: linkWhy},
+		"ipvtap":   {name: "ipvtap", does: "a device that " + toLink, reach: linkWhy},
+		"vfio":     {name: "vfio", does: "a VFIO group of the host's", reach: "it drives a host PCI device: a NIC's network, not its Trial's, and DMA to the host's memory"},
+		"vfio-dev": {name: "vfio-dev", does: "a VFIO device of the host's", reach: "it drives a host PCI device: a NIC's network, not its Trial's, and DMA to the host's memory"},
+		"watchdog": {name: "watchdog", does: "the host's hardware watchdog", reach: "once opened and left, it reboots the host"},
+		// A keyboard's raw reports are its keys, as the input devices' are.
+		"hidraw": {name: "hidraw", does: "a raw HID device of the host's", reach: "it could read the keys typed on the host's keyboards, or send reports to its devices"},
+		"usbmon": {name: "usbmon", does: "a device that captures every USB bus's traffic", reach: "it could read the keys typed on the host's keyboards, and a USB network adapter's frames"},
+	}
+})
 
 // procDevices lists the kernel's device majors (a test's copy in tests).
 var procDevices = "/proc/devices"
@@ -599,7 +607,7 @@ func hostCharClasses() []hostChar {
 		if len(f) != 2 {
 			continue
 		}
-		if h, ok := reachingNames[f[1]]; ok {
+		if h, ok := reachingNames()[f[1]]; ok {
 			n, err := strconv.ParseInt(f[0], 10, 64)
 			if err == nil && !slices.ContainsFunc(out, func(o hostChar) bool { return o.major == n && o.minor < 0 }) {
 				h.major, h.minor = n, -1

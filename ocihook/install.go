@@ -55,7 +55,7 @@ func Entries(binary string, args []string) (map[string][]byte, error) {
 		stage string
 	}{
 		HookFile:     {map[string]any{"always": true}, "createRuntime"},
-		PoststopFile: {map[string]any{"annotations": map[string]string{poststopKeyPattern: ".*"}}, "poststop"},
+		PoststopFile: {map[string]any{"annotations": map[string]string{poststopKeyPattern(): ".*"}}, "poststop"},
 	} {
 		b, err := json.MarshalIndent(map[string]any{
 			"version": "1.0.0",
@@ -79,8 +79,9 @@ func Entries(binary string, args []string) (map[string][]byte, error) {
 const keyPattern = `(?i:^tr[iİ]alnet\.[iİ]o/)`
 
 // poststopKeyPattern matches the keys keyPattern matches but
-// trialnet.io/profile exactly.
-var poststopKeyPattern = "(?s)" + keyPattern + notExactly("profile")
+// trialnet.io/profile exactly (made when asked for, not in every start of
+// the binary).
+func poststopKeyPattern() string { return "(?s)" + keyPattern + notExactly("profile") }
 
 // notExactly is a pattern matching, at its start, any text but exactly
 // word (anchored at the end): text that stops short of word, leaves it at

@@ -141,7 +141,7 @@ func TestEntries(t *testing.T) {
 // The poststop key pattern is the complement of the profile key among
 // trialnet.io/ keys, for every key near it.
 func TestPoststopKeyPattern(t *testing.T) {
-	re := regexp.MustCompile(poststopKeyPattern)
+	re := regexp.MustCompile(poststopKeyPattern())
 	keys := []string{"", "x", "trialnet.io", AnnotationTrial, AnnotationProfile}
 	word := strings.TrimPrefix(AnnotationProfile, annotationPrefix)
 	for i := range len(word) + 1 {

@@ -5,24 +5,31 @@ package ociruntime
 import (
 	"fmt"
 	"strings"
+	"sync"
 )
 
 // runc's global options (runc 1.1 and those containerd's go-runc
 // passes), true for those that take a value. An option not here before
 // the subcommand is refused: the wrapper could not tell which word is
-// the subcommand, nor so whether it creates a container.
-var globalOpts = map[string]bool{
-	"root": true, "log": true, "log-format": true, "criu": true, "rootless": true,
-	"debug": false, "systemd-cgroup": false, "help": false, "h": false, "version": false, "v": false,
-}
+// the subcommand, nor so whether it creates a container. Built at first
+// use, as the other option tables: a package-level map is built by every
+// start of the binary.
+var globalOpts = sync.OnceValue(func() map[string]bool {
+	return map[string]bool{
+		"root": true, "log": true, "log-format": true, "criu": true, "rootless": true,
+		"debug": false, "systemd-cgroup": false, "help": false, "h": false, "version": false, "v": false,
+	}
+})
 
 // The options of runc create and runc run, true for those that take a
 // value.
-var createOpts = map[string]bool{
-	"bundle": true, "b": true, "console-socket": true, "pid-file": true, "preserve-fds": true,
-	"no-pivot": false, "no-new-keyring": false, "detach": false, "d": false, "keep": false, "no-subreaper": false,
-	"help": false, "h": false,
-}
+var createOpts = sync.OnceValue(func() map[string]bool {
+	return map[string]bool{
+		"bundle": true, "b": true, "console-socket": true, "pid-file": true, "preserve-fds": true,
+		"no-pivot": false, "no-new-keyring": false, "detach": false, "d": false, "keep": false, "no-subreaper": false,
+		"help": false, "h": false,
+	}
+})
 
 // invocation is one runc command line as the wrapper reads it.
 type invocation struct {
@@ -73,7 +80,7 @@ func parseArgs(args []string) (*invocation, error) {
 	inv := &invocation{args: args}
 	i := 0
 	for ; i < len(args) && strings.HasPrefix(args[i], "-") && args[i] != "-"; i++ {
-		name, value, last, err := option(args, i, globalOpts)
+		name, value, last, err := option(args, i, globalOpts())
 		if err != nil {
 			return nil, err
 		}
@@ -108,7 +115,7 @@ func parseArgs(args []string) (*invocation, error) {
 			}
 			i = len(args)
 		case strings.HasPrefix(a, "-") && a != "-":
-			name, value, last, err := option(args, i, createOpts)
+			name, value, last, err := option(args, i, createOpts())
 			if err != nil {
 				return nil, fmt.Errorf("runc %s: %w", inv.command, err)
 			}

@@ -8,18 +8,21 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/trialnet/trialnet/ocihook"
 )
 
 // The options of runc exec, true for those that take a value.
-var execOpts = map[string]bool{
-	"console-socket": true, "cwd": true, "env": true, "e": true, "user": true, "u": true,
-	"additional-gids": true, "g": true, "process": true, "p": true, "pid-file": true,
-	"process-label": true, "apparmor": true, "cap": true, "c": true, "preserve-fds": true,
-	"cgroup": true, "tty": false, "t": false, "detach": false, "d": false, "no-new-privs": false,
-	"ignore-paused": false, "help": false, "h": false,
-}
+var execOpts = sync.OnceValue(func() map[string]bool {
+	return map[string]bool{
+		"console-socket": true, "cwd": true, "env": true, "e": true, "user": true, "u": true,
+		"additional-gids": true, "g": true, "process": true, "p": true, "pid-file": true,
+		"process-label": true, "apparmor": true, "cap": true, "c": true, "preserve-fds": true,
+		"cgroup": true, "tty": false, "t": false, "detach": false, "d": false, "no-new-privs": false,
+		"ignore-paused": false, "help": false, "h": false,
+	}
+})
 
 // defaultRoot is where runc keeps its containers' state without --root.
 const defaultRoot = "/run/runc"
@@ -38,7 +41,7 @@ func (inv *invocation) parseExec(args []string) error {
 			}
 			break
 		}
-		name, value, last, err := option(args, i, execOpts)
+		name, value, last, err := option(args, i, execOpts())
 		if err != nil {
 			return fmt.Errorf("runc exec: %w", err)
 		}

@@ -121,7 +121,8 @@ func checkGatewayHead(resp *http.Response, forms [][]byte) error {
 }
 
 // errEchoedSecret ends an answer whose body or trailer holds the secret.
-var errEchoedSecret = record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer repeats the route's credential; the answer was cut before it")
+// A literal, not record.Deny: that runs fmt, in every start of the binary.
+var errEchoedSecret = &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: "the upstream's answer repeats the route's credential; the answer was cut before it"}
 
 // secretFilter passes an upstream's body on as it arrives, except the
 // longest tail that could begin one of the secret's forms, held until the

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -301,21 +302,23 @@ func (e *Event) Level() slog.Level {
 	return slog.LevelWarn
 }
 
-// eventKeys are eventJSON's keys, by field index.
-var eventKeys = func() []string {
+// eventKeys are eventJSON's keys, by field index: read by reflection
+// when first needed, not in every start of the binary.
+var eventKeys = sync.OnceValue(func() []string {
 	t := reflect.TypeFor[eventJSON]()
 	keys := make([]string, t.NumField())
 	for i := range keys {
 		keys[i], _, _ = strings.Cut(t.Field(i).Tag.Get("json"), ",")
 	}
 	return keys
-}()
+})
 
 // Attrs are the event as log attributes, under its JSON keys.
 func (e *Event) Attrs() []slog.Attr {
 	v := reflect.ValueOf(e.wire())
-	out := make([]slog.Attr, len(eventKeys))
-	for i, k := range eventKeys {
+	keys := eventKeys()
+	out := make([]slog.Attr, len(keys))
+	for i, k := range keys {
 		switch f := v.Field(i); f.Kind() {
 		case reflect.String:
 			out[i] = slog.String(k, f.String())

@@ -88,7 +88,7 @@ func TestWorstCaseRecordSizes(t *testing.T) {
 	g := NewGate(ev.Trial, true, Bounds{Rate: 20, Burst: 200, MaxLogBytes: 1}, nil)
 	g.full = true
 	i := 0
-	for reason := range reasons { // every reason counted, and more refused targets than named
+	for reason := range reasons() { // every reason counted, and more refused targets than named
 		if reason.Decision() == DecisionAllow {
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -105,60 +106,63 @@ type reasonInfo struct {
 
 // reasons is the one table of every reason's answer. A reason missing
 // here is answered 503 proxy_internal_error; TestReasonTable keeps it
-// complete.
-var reasons = map[Reason]reasonInfo{
-	ReasonAllowed: {200, "", true},
+// complete. Built at its first use, by the first refusal: a package-level
+// map is built by every start of the binary.
+var reasons = sync.OnceValue(func() map[Reason]reasonInfo {
+	return map[Reason]reasonInfo{
+		ReasonAllowed: {200, "", true},
 
-	ReasonMethodNotAllowed:  {405, "http_request_denied", false},
-	ReasonHTTPSNeedsConnect: {400, "http_request_denied", false},
-	ReasonBadRequest:        {400, "http_request_error", false},
-	ReasonBadVersion:        {505, "http_request_error", false},
-	ReasonBadTarget:         {400, "http_request_error", false},
-	ReasonIPLiteral:         {403, "destination_ip_prohibited", true}, // charged where it is decided (chargeRefusal)
-	ReasonBadPort:           {400, "http_request_error", false},
-	ReasonRequestTooLarge:   {431, "http_request_error", false},
-	ReasonTooManyHeaders:    {431, "http_request_error", false},
-	ReasonHeaderTimeout:     {408, "http_request_error", false},
+		ReasonMethodNotAllowed:  {405, "http_request_denied", false},
+		ReasonHTTPSNeedsConnect: {400, "http_request_denied", false},
+		ReasonBadRequest:        {400, "http_request_error", false},
+		ReasonBadVersion:        {505, "http_request_error", false},
+		ReasonBadTarget:         {400, "http_request_error", false},
+		ReasonIPLiteral:         {403, "destination_ip_prohibited", true}, // charged where it is decided (chargeRefusal)
+		ReasonBadPort:           {400, "http_request_error", false},
+		ReasonRequestTooLarge:   {431, "http_request_error", false},
+		ReasonTooManyHeaders:    {431, "http_request_error", false},
+		ReasonHeaderTimeout:     {408, "http_request_error", false},
 
-	ReasonPolicyDenied:        {403, "http_request_denied", true},
-	ReasonUnknownAddress:      {403, "destination_ip_prohibited", false},
-	ReasonHostMismatch:        {403, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
-	ReasonAddressDenied:       {403, "destination_ip_prohibited", true},
-	ReasonDNSNXDomain:         {502, "dns_error", true},               // rcode="NXDOMAIN"
-	ReasonDNSFailed:           {502, "dns_error", true},               // with the rcode, or dns_timeout
-	ReasonDNSNoAddresses:      {502, "dns_error", true},               // rcode="NOERROR": no A/AAAA
-	ReasonUpstreamUnreachable: {502, "destination_unavailable", true}, // connection_refused when it was
-	ReasonUpstreamTimeout:     {504, "connection_timeout", true},
-	ReasonUpstreamBadResponse: {502, "http_response_incomplete", true},
-	// RFC 9209 has no "next proxy refused"; it is the destination that
-	// is unavailable through it.
-	ReasonUpstreamProxyRefused: {502, "destination_unavailable", true},
+		ReasonPolicyDenied:        {403, "http_request_denied", true},
+		ReasonUnknownAddress:      {403, "destination_ip_prohibited", false},
+		ReasonHostMismatch:        {403, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
+		ReasonAddressDenied:       {403, "destination_ip_prohibited", true},
+		ReasonDNSNXDomain:         {502, "dns_error", true},               // rcode="NXDOMAIN"
+		ReasonDNSFailed:           {502, "dns_error", true},               // with the rcode, or dns_timeout
+		ReasonDNSNoAddresses:      {502, "dns_error", true},               // rcode="NOERROR": no A/AAAA
+		ReasonUpstreamUnreachable: {502, "destination_unavailable", true}, // connection_refused when it was
+		ReasonUpstreamTimeout:     {504, "connection_timeout", true},
+		ReasonUpstreamBadResponse: {502, "http_response_incomplete", true},
+		// RFC 9209 has no "next proxy refused"; it is the destination that
+		// is unavailable through it.
+		ReasonUpstreamProxyRefused: {502, "destination_unavailable", true},
 
-	ReasonTunnelLimit:      {429, "connection_limit_reached", true},
-	ReasonRateLimited:      {429, "connection_limit_reached", false},
-	ReasonGlobalLimit:      {503, "connection_limit_reached", false},
-	ReasonTrialConnLimit:   {429, "connection_limit_reached", false},
-	ReasonPendingHeadLimit: {429, "connection_limit_reached", false},
-	ReasonShutdown:         {503, "proxy_internal_response", true},
+		ReasonTunnelLimit:      {429, "connection_limit_reached", true},
+		ReasonRateLimited:      {429, "connection_limit_reached", false},
+		ReasonGlobalLimit:      {503, "connection_limit_reached", false},
+		ReasonTrialConnLimit:   {429, "connection_limit_reached", false},
+		ReasonPendingHeadLimit: {429, "connection_limit_reached", false},
+		ReasonShutdown:         {503, "proxy_internal_response", true},
 
-	// Decided after the 200 and answered with a TLS alert, not HTTP; the
-	// error type is recorded for completeness.
-	ReasonSNIMismatch:          {403, "http_request_denied", true},
-	ReasonSNIMissing:           {403, "http_request_denied", true},
-	ReasonTLSMalformed:         {400, "tls_protocol_error", true},
-	ReasonTLSRequired:          {403, "http_request_denied", true},
-	ReasonTLSECH:               {403, "http_request_denied", true},
-	ReasonTLSRecordBeforeHello: {400, "tls_protocol_error", true},
-	ReasonTLSSSLv2:             {400, "tls_protocol_error", true},
+		// Decided after the 200 and answered with a TLS alert, not HTTP; the
+		// error type is recorded for completeness.
+		ReasonSNIMismatch:          {403, "http_request_denied", true},
+		ReasonSNIMissing:           {403, "http_request_denied", true},
+		ReasonTLSMalformed:         {400, "tls_protocol_error", true},
+		ReasonTLSRequired:          {403, "http_request_denied", true},
+		ReasonTLSECH:               {403, "http_request_denied", true},
+		ReasonTLSRecordBeforeHello: {400, "tls_protocol_error", true},
+		ReasonTLSSSLv2:             {400, "tls_protocol_error", true},
 
-	ReasonGatewayNoRoute:     {404, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
-	ReasonPlaceholderMisused: {403, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
-	ReasonBodyTooLarge:       {413, "http_request_error", true},
-	ReasonUpstreamTLS:        {502, "tls_certificate_error", true},
-}
+		ReasonGatewayNoRoute:     {404, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
+		ReasonPlaceholderMisused: {403, "http_request_denied", true}, // charged where it is decided (chargeRefusal)
+		ReasonBodyTooLarge:       {413, "http_request_error", true},
+		ReasonUpstreamTLS:        {502, "tls_certificate_error", true},
+	}
+})
 
 func (r Reason) info() reasonInfo {
-	if i, ok := reasons[r]; ok {
+	if i, ok := reasons()[r]; ok {
 		return i
 	}
 	return reasonInfo{503, "proxy_internal_error", false}

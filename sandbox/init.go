@@ -205,8 +205,18 @@ func lockErr(lock string, err error) error {
 	return fmt.Errorf("%s: %w", lock, err)
 }
 
-// errGone is returned by Start in a Trial whose cgroup was removed.
-var errGone = fmt.Errorf("the Trial's cgroup was removed (the Trial was destroyed, or its container's runtime ended it): %w; start the command in another Trial", os.ErrNotExist)
+// errGone is returned by Start in a Trial whose cgroup was removed. A
+// type of its own rather than fmt.Errorf's: a package-level fmt.Errorf
+// runs fmt in every start of the binary.
+var errGone error = goneError{}
+
+type goneError struct{}
+
+func (goneError) Error() string {
+	return "the Trial's cgroup was removed (the Trial was destroyed, or its container's runtime ended it): " + os.ErrNotExist.Error() + "; start the command in another Trial"
+}
+
+func (goneError) Unwrap() error { return os.ErrNotExist }
 
 // markClosing writes the closing mark into the join lock of the cgroup at
 // dir (id: its inode, 0 if unknown), and onto the cgroup itself

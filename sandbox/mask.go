@@ -293,7 +293,7 @@ func readOnlySys() error {
 		}
 		flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY)
 		for _, o := range strings.Split(fields[5], ",") {
-			flags |= mountFlags[o]
+			flags |= mountFlag(o)
 		}
 		err := unix.Mount("", path, "", flags, "")
 		if errors.Is(err, unix.ENOENT) {
@@ -306,10 +306,25 @@ func readOnlySys() error {
 	return nil
 }
 
-// mountFlags are mountinfo's per-mount options that a remount must repeat.
-var mountFlags = map[string]uintptr{
-	"nosuid": unix.MS_NOSUID, "nodev": unix.MS_NODEV, "noexec": unix.MS_NOEXEC,
-	"noatime": unix.MS_NOATIME, "nodiratime": unix.MS_NODIRATIME, "relatime": unix.MS_RELATIME,
+// mountFlag is the flag of a mountinfo per-mount option that a remount
+// must repeat, 0 for any other (a switch, not a map: a package-level map
+// is built by every start of the binary, docs/performance.md).
+func mountFlag(option string) uintptr {
+	switch option {
+	case "nosuid":
+		return unix.MS_NOSUID
+	case "nodev":
+		return unix.MS_NODEV
+	case "noexec":
+		return unix.MS_NOEXEC
+	case "noatime":
+		return unix.MS_NOATIME
+	case "nodiratime":
+		return unix.MS_NODIRATIME
+	case "relatime":
+		return unix.MS_RELATIME
+	}
+	return 0
 }
 
 func maskErr(what, why string, err error) error {

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -88,5 +90,45 @@ func copyExecutable(t *testing.T, path string) {
 	}
 	if err := dst.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Every run and exec starts trialnet, and Go runs every linked package's
+// initialisation first: a package-level map, regexp, fmt.Errorf or
+// reflection walk is paid in each start, by commands that never read it.
+// Read from this test binary started as trialnet (GODEBUG=inittrace=1
+// gives each package's initialisation and what it allocated): none of
+// trialnet's own packages allocates more than a few sync.OnceValue
+// wrappers and small values there. bpf's (the adoption's generated shape)
+// and guard's (the address classes) are exempt: every run's start reads
+// them. A table only some commands read goes behind a sync.OnceValue.
+func TestStartBuildsNoTables(t *testing.T) {
+	const budget = 1024 // bytes; the tables moved behind OnceValue took 1,000-4,000
+	exempt := map[string]bool{"github.com/trialnet/trialnet/bpf": true, "github.com/trialnet/trialnet/guard": true}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "--help")
+	cmd.Env = append(os.Environ(), "TRIALNET_CLI_MAIN=1", "GODEBUG=inittrace=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("trialnet --help: %v\n%s", err, out)
+	}
+	// init PKG @T ms, C ms clock, B bytes, N allocs
+	line := regexp.MustCompile(`(?m)^init (github\.com/trialnet/trialnet/\S+) @.* ms clock, (\d+) bytes, \d+ allocs$`)
+	matches := line.FindAllStringSubmatch(string(out), -1)
+	if len(matches) == 0 {
+		t.Fatalf("no initialisation of trialnet's packages in GODEBUG=inittrace=1's output:\n%s", out)
+	}
+	for _, m := range matches {
+		pkg := m[1]
+		last := pkg[strings.LastIndex(pkg, "/")+1:]
+		if exempt[pkg] || strings.HasPrefix(pkg, "github.com/trialnet/trialnet/cmd/") || strings.Contains(last, "test") {
+			continue // the exempt, this test binary's own main, and the tests' helpers
+		}
+		if n, _ := strconv.Atoi(m[2]); n > budget {
+			t.Errorf("%s allocates %d bytes in its initialisation, in every start of trialnet (budget %d): build its package-level tables at their first use (sync.OnceValue), or use a switch or a slice the compiler lays out statically", pkg, n, budget)
+		}
 	}
 }

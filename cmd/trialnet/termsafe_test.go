@@ -59,7 +59,8 @@ func fakeStats(t *testing.T, st client.Stats) string {
 // summary, stats and audit, as text and as JSON — prints each hostile
 // string escaped, never raw; the JSON still decodes to the same values.
 func TestPrintingCommandsEscapeTrialText(t *testing.T) {
-	for name, h := range termsafe.Hostile {
+	for _, hostile := range termsafe.Hostile {
+		name, h := hostile.Name, hostile.Text
 		t.Run(name, func(t *testing.T) {
 			recs := hostileRecords(h)
 			st := hostileStats(h)

@@ -23,7 +23,8 @@ func TestString(t *testing.T) {
 		"zero width":       `a\u200bb\ufeffc`,
 		"line separator":   `a\u2028b`,
 	}
-	for name, s := range Hostile {
+	for _, h := range Hostile {
+		name, s := h.Name, h.Text
 		got := String(s)
 		if got != want[name] {
 			t.Errorf("%s: String(%q) = %q, want %q", name, s, got, want[name])
@@ -40,7 +41,8 @@ func TestString(t *testing.T) {
 }
 
 func TestJSON(t *testing.T) {
-	for name, s := range Hostile {
+	for _, h := range Hostile {
+		name, s := h.Name, h.Text
 		in, err := json.Marshal(map[string]string{"k": s})
 		if err != nil {
 			t.Fatal(err)
