@@ -36,6 +36,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "early.h"
@@ -575,18 +576,21 @@ static void mount_views(const char *dir) {
 // mask is its first 4 bytes and whose stx_mnt_id is the 8 at 144.
 #define TRIALNET_STATX_MNT_ID 0x1000U
 
+#define V1_WHY "to hide the host's cgroup v1 hierarchy there"
+#define DEVPTS_WHY "to detach the host's terminals there"
+
 // mount_id_at is mountIDAt.
-static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *what) {
+static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *what, const char *why) {
 	uint64_t sx[32];
 	uint32_t mask;
 	if (syscall(SYS_statx, dirfd, path, flags | AT_NO_AUTOMOUNT, TRIALNET_STATX_MNT_ID, sx) < 0) {
 		if (errno == ENOENT || errno == ENOTDIR)
 			return 0;
-		mask_fail(errno, "find what is mounted on %s (to hide the host's cgroup v1 hierarchy there)", what);
+		mask_fail(errno, "find what is mounted on %s (%s)", what, why);
 	}
 	memcpy(&mask, sx, sizeof mask);
 	if (!(mask & TRIALNET_STATX_MNT_ID))
-		mask_fail(ENOSYS, "find what is mounted on %s (to hide the host's cgroup v1 hierarchy there): the kernel gives no mount id (statx STATX_MNT_ID, Linux 5.8)", what);
+		mask_fail(ENOSYS, "find what is mounted on %s (%s): the kernel gives no mount id (statx STATX_MNT_ID, Linux 5.8)", what, why);
 	return sx[18];
 }
 
@@ -616,7 +620,7 @@ static uint64_t hide_v1_mount(const char *mnt, char **own, int nown) {
 			mask_fail(errno, "detach the host's cgroup v1 hierarchy from %s (it shows every Trial's groups and the host's)", mnt);
 	if (tree < 0)
 		return 0;
-	uint64_t id = mount_id_at(tree, "", AT_EMPTY_PATH, group);
+	uint64_t id = mount_id_at(tree, "", AT_EMPTY_PATH, group, V1_WHY);
 	if (syscall(SYS_move_mount, tree, "", AT_FDCWD, mnt, MOVE_MOUNT_F_EMPTY_PATH) < 0)
 		mask_fail(errno, "mount the Trial's cgroup v1 group %s on %s (to show it alone)", group, mnt);
 	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
@@ -648,7 +652,7 @@ static void hide_v1(char **own, int nown) {
 				skip |= placed[i] == id;
 			for (int i = 0; i < ndone; i++)
 				skip |= !strcmp(done[i], m.point);
-			if (skip || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point) != id)
+			if (skip || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, V1_WHY) != id)
 				continue;
 			if (ndone == (int)(sizeof done / sizeof done[0]))
 				mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d cgroup v1 mount points)", m.point, ndone);
@@ -663,6 +667,40 @@ static void hide_v1(char **own, int nown) {
 		}
 		for (int i = 0; i < ndone; i++)
 			free(done[i]);
+	}
+}
+
+// drop_host_devpts is dropHostDevpts.
+static void drop_host_devpts(void) {
+	struct stat own;
+	if (stat("/dev/pts", &own) < 0)
+		mask_fail(errno, "find the Trial's own devpts on /dev/pts (to tell the host's terminals from it)");
+	for (int acted = 1; acted;) {
+		acted = 0;
+		char *b = read_mountinfo(), *s = b, *line;
+		struct mount_line m;
+		while ((line = next_line(&s))) {
+			// ID PARENT MAJOR:MINOR ...
+			char *e;
+			uint64_t id = strtoull(line, &e, 10);
+			strtoull(e, &e, 10);
+			unsigned long maj = strtoul(e, &e, 10);
+			if (*e != ':')
+				continue;
+			unsigned long min = strtoul(e + 1, NULL, 10);
+			split_line(line, &m);
+			if (!m.post || m.fields < 5 || strncmp(m.post, "devpts ", 7) || makedev(maj, min) == own.st_dev)
+				continue;
+			if (m.too_long)
+				mask_fail(ENAMETOOLONG, "detach the devpts on %s... (it holds terminals outside the Trial, the operator's among them)", m.point);
+			// Only a mount on top at its point: umount2 takes what is on
+			// top, and one covered is out of reach until that goes.
+			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, DEVPTS_WHY) != id)
+				continue;
+			if (umount2(m.point, MNT_DETACH) < 0)
+				mask_fail(errno, "detach the devpts on %s (it holds terminals outside the Trial, the operator's among them)", m.point);
+			acted = 1;
+		}
 	}
 }
 
@@ -684,6 +722,7 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	// Before /sys is made read-only: a v1 mount detached may uncover
 	// mounts below /sys that were out of reach (hide_v1).
 	hide_v1(v1, nv1);
+	drop_host_devpts();
 	read_only_sys();
 	if (umount2(cg, MNT_DETACH) < 0)
 		mask_fail(errno, "detach the host's cgroup2 from %s (it shows every Trial)", cg);

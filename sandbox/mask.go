@@ -90,6 +90,9 @@ func maskHost(nested bool, hide, v1 []string) error {
 	if err := hideV1(v1); err != nil {
 		return err
 	}
+	if err := dropHostDevpts(); err != nil {
+		return err
+	}
 	if err := readOnlySys(); err != nil {
 		return err
 	}
@@ -185,6 +188,64 @@ func hideV1(own []string) error {
 				return err
 			}
 			placed[shown] = shown != 0
+		}
+		if !acted {
+			return nil
+		}
+	}
+}
+
+// dropHostDevpts detaches every devpts mount but the Trial's own: the
+// Trial's /dev/pts covers the host's there, but the host's instance
+// mounted anywhere else (a chroot's /dev/pts, a bind of /dev with its
+// submounts) holds the host's terminals, and a Trial running as the
+// operator's uid opened the operator's pty there, read what was typed
+// into it and wrote to it. As hideV1, it walks the mount table until no
+// such mount is on top at its point.
+func dropHostDevpts() error {
+	var own unix.Stat_t
+	if err := unix.Stat("/dev/pts", &own); err != nil {
+		return maskErr("find the Trial's own devpts on /dev/pts", "to tell the host's terminals from it", err)
+	}
+	const why = "it holds terminals outside the Trial, the operator's among them"
+	for {
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		acted := false
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			pre, post, ok := strings.Cut(sc.Text(), " - ")
+			f := strings.Fields(pre)
+			if !ok || len(f) < 5 || !strings.HasPrefix(post, "devpts ") {
+				continue
+			}
+			id, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+			}
+			var maj, min uint32
+			if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
+				return fmt.Errorf("read mountinfo: device %q: %w", f[2], err)
+			}
+			if unix.Mkdev(maj, min) == own.Dev {
+				continue
+			}
+			mnt := cgroup2.UnescapeMountPath(f[4])
+			// Only a mount on top at its point: Unmount takes what is on
+			// top, and one covered is out of reach until that goes.
+			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+			if err != nil {
+				return maskErr("find what is mounted on "+mnt, "to detach the host's terminals there", err)
+			}
+			if top != id {
+				continue
+			}
+			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+				return maskErr("detach the devpts on "+mnt, why, err)
+			}
+			acted = true
 		}
 		if !acted {
 			return nil

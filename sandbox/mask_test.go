@@ -580,3 +580,115 @@ func TestPrivilegedGoHideV1OneGroupNamedTwice(t *testing.T) {
 		return nil
 	})
 }
+
+// The host's devpts mounted anywhere but /dev/pts (a chroot's /dev/pts, a
+// bind of /dev with its submounts) holds the host's terminals: a Trial
+// running as the operator's uid opened the operator's pty there, read
+// what was typed into it and wrote to it. The init detaches it, mounted
+// twice on one point too (the walk goes on until none is on top).
+func TestPrivilegedHostTerminalsOutOfReach(t *testing.T) {
+	dir := hostDevptsElsewhere(t)
+	// The operator's terminal: a pty of the host's, its slave the
+	// Trial's uid's, as login makes it.
+	master, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Close(master) })
+	if err := unix.IoctlSetPointerInt(master, unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(master, unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slave := filepath.Join(dir, fmt.Sprint(n))
+	if err := os.Chown(slave, nobody, -1); err != nil {
+		t.Fatalf("the host's pty at %s: %v", slave, err)
+	}
+	if err := os.Chmod(slave, 0o620); err != nil {
+		t.Fatal(err)
+	}
+
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "open-write", slave); code == probeOK || out != "ENOENT" {
+		t.Errorf("the Trial opening the host's pty %s: %d %q, want ENOENT (the host's devpts detached)", slave, code, out)
+	}
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "write", slave, "typed by the Trial"); code == probeOK {
+		t.Errorf("the Trial wrote to the host's pty %s: %d %q", slave, code, out)
+	}
+	buf := make([]byte, 64)
+	if m, err := unix.Read(master, buf); m > 0 {
+		t.Errorf("the host's terminal got %q from the Trial (%v)", buf[:m], err)
+	}
+	// The control: the Trial's own devpts gives it a pty.
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "open-write", "/dev/ptmx"); code != probeOK {
+		t.Errorf("the Trial opening its own /dev/ptmx: %d %q", code, out)
+	}
+}
+
+// hostDevptsElsewhere binds the host's devpts twice on a directory of its
+// own outside the Trial's own directories, and returns it.
+func hostDevptsElsewhere(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/run", "trialnet-test-devpts-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil { // as a chroot's /dev is
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := unix.Mount("/dev/pts", dir, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	}
+	return dir
+}
+
+// The Go set-up's dropHostDevpts, run on a thread in a mount namespace of
+// its own with a new devpts on /dev/pts as the init has: the host's
+// devpts is gone from the other point, and the Trial's own stays.
+func TestPrivilegedGoDropHostDevpts(t *testing.T) {
+	dir := hostDevptsElsewhere(t)
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666"); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		var own unix.Stat_t
+		if err := unix.Stat("/dev/pts", &own); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := dropHostDevpts(); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if names, err := dirNames(dir); err != nil || names != "" {
+			bad = append(bad, fmt.Sprintf("%s: %q %v, want it empty (the host's devpts detached)", dir, names, err))
+		}
+		var st unix.Stat_t
+		if err := unix.Stat("/dev/pts", &st); err != nil || st.Dev != own.Dev {
+			bad = append(bad, fmt.Sprintf("/dev/pts is no longer the new devpts (%v)", err))
+		}
+	}()
+	for _, b := range <-errs {
+		t.Error(b)
+	}
+}
