@@ -704,6 +704,83 @@ static void drop_host_devpts(void) {
 	}
 }
 
+#define AUTOFS_WHY "to keep the host's automount daemon from the Trial's lookups"
+#define AUTOFS_MAX_KEPT 64
+
+// cover_autofs is coverAutofs: the autofs mount id on point replaced by
+// what was mounted beneath it, each at its place on a read-only tmpfs.
+static void cover_autofs(const char *point, uint64_t id) {
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	char *rel[AUTOFS_MAX_KEPT];
+	int tree[AUTOFS_MAX_KEPT], n = 0;
+	while ((line = next_line(&s))) {
+		char *e;
+		strtoull(line, &e, 10);
+		if (strtoull(e, NULL, 10) != id)
+			continue;
+		split_line(line, &m);
+		if (m.fields < 5)
+			continue;
+		if (m.too_long)
+			mask_fail(ENAMETOOLONG, "keep what is mounted on %s beneath the autofs on %s (%s)", m.point, point, AUTOFS_WHY);
+		if (n == AUTOFS_MAX_KEPT)
+			mask_fail(E2BIG, "keep what is mounted beneath the autofs on %s: more than %d mounts (%s)", point, n, AUTOFS_WHY);
+		// A copy made before the autofs goes, through no automount.
+		tree[n] = syscall(SYS_open_tree, AT_FDCWD, m.point, OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE | AT_NO_AUTOMOUNT | AT_SYMLINK_NOFOLLOW);
+		if (tree[n] < 0)
+			mask_fail(errno, "copy what is mounted on %s beneath the autofs on %s (%s)", m.point, point, AUTOFS_WHY);
+		if (!(rel[n] = strdup(m.point + strlen(point))))
+			mask_fail(ENOMEM, "keep what is mounted on %s", m.point);
+		n++;
+	}
+	if (umount2(point, MNT_DETACH) < 0)
+		mask_fail(errno, "detach the autofs on %s (%s)", point, AUTOFS_WHY);
+	if (!n)
+		return;
+	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+	if (mount("tmpfs", point, "tmpfs", flags, "mode=0755,size=4k") < 0)
+		mask_fail(errno, "mount a tmpfs on %s for what the autofs there had mounted (%s)", point, AUTOFS_WHY);
+	for (int i = 0; i < n; i++) {
+		char at[PATH_MAX * 2], failed[PATH_MAX + 8];
+		snprintf(at, sizeof at, "%s%s", point, rel[i]);
+		int err = mkdir_all(at, 0755, failed);
+		if (err)
+			mask_fail(err, "make %s for what was mounted there: %s", at, failed);
+		if (syscall(SYS_move_mount, tree[i], "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+			mask_fail(errno, "mount again on %s what the autofs there had mounted (%s)", at, AUTOFS_WHY);
+		close(tree[i]);
+		free(rel[i]);
+	}
+	if (mount("", point, "", MS_REMOUNT | MS_RDONLY | flags, "mode=0755,size=4k") < 0)
+		mask_fail(errno, "make the tmpfs on %s read-only", point);
+}
+
+// hide_autofs is hideAutofs.
+static void hide_autofs(void) {
+	for (int pass = 0, acted = 1; acted; pass++) {
+		if (pass == AUTOFS_MAX_KEPT)
+			mask_fail(ELOOP, "detach the host's autofs mounts: still one after %d passes (%s)", pass, AUTOFS_WHY);
+		acted = 0;
+		char *b = read_mountinfo(), *s = b, *line;
+		struct mount_line m;
+		while (!acted && (line = next_line(&s))) {
+			uint64_t id = strtoull(line, NULL, 10);
+			split_line(line, &m);
+			if (!m.post || m.fields < 5 || strncmp(m.post, "autofs ", 7))
+				continue;
+			if (m.too_long)
+				mask_fail(ENAMETOOLONG, "detach the autofs on %s... (%s)", m.point, AUTOFS_WHY);
+			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, AUTOFS_WHY) != id)
+				continue;
+			char point[PATH_MAX];
+			snprintf(point, sizeof point, "%s", m.point);
+			cover_autofs(point, id); // reads the table again: this one is done with
+			acted = 1;
+		}
+	}
+}
+
 // mask_host is maskHost.
 static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	char cg[PATH_MAX];
@@ -723,6 +800,7 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	// mounts below /sys that were out of reach (hide_v1).
 	hide_v1(v1, nv1);
 	drop_host_devpts();
+	hide_autofs();
 	read_only_sys();
 	if (umount2(cg, MNT_DETACH) < 0)
 		mask_fail(errno, "detach the host's cgroup2 from %s (it shows every Trial)", cg);

@@ -93,6 +93,9 @@ func maskHost(nested bool, hide, v1 []string) error {
 	if err := dropHostDevpts(); err != nil {
 		return err
 	}
+	if err := hideAutofs(); err != nil {
+		return err
+	}
 	if err := readOnlySys(); err != nil {
 		return err
 	}
@@ -251,6 +254,117 @@ func dropHostDevpts() error {
 			return nil
 		}
 	}
+}
+
+const (
+	autofsWhy     = "to keep the host's automount daemon from the Trial's lookups"
+	autofsMaxKept = 64
+)
+
+// hideAutofs replaces each autofs mount with what was mounted beneath it
+// when the Trial started. A lookup under an autofs mount point hands the
+// name to the host's automount daemon (root, in the host's namespaces),
+// which acts on it outside the Trial: the -hosts map resolves it by DNS
+// and asks that host for its exports, a wildcard map asks the NFS server
+// for it, an LDAP map the directory; a name is data. What was already
+// mounted there (a home on NFS) stays, on a read-only tmpfs; nothing new
+// is mounted for the Trial. As hideV1, it walks the mount table until no
+// autofs mount is on top at its point (a copy kept may hold one).
+func hideAutofs() error {
+	for pass := 0; ; pass++ {
+		if pass == autofsMaxKept {
+			return maskErr("detach the host's autofs mounts", autofsWhy, fmt.Errorf("still one after %d passes: %w", pass, unix.ELOOP))
+		}
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		acted := false
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for !acted && sc.Scan() {
+			pre, post, ok := strings.Cut(sc.Text(), " - ")
+			f := strings.Fields(pre)
+			if !ok || len(f) < 5 || !strings.HasPrefix(post, "autofs ") {
+				continue
+			}
+			id, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+			}
+			mnt := cgroup2.UnescapeMountPath(f[4])
+			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+			if err != nil {
+				return maskErr("find what is mounted on "+mnt, autofsWhy, err)
+			}
+			if top != id {
+				continue
+			}
+			if err := coverAutofs(mnt, f[0], b); err != nil {
+				return err
+			}
+			acted = true
+		}
+		if !acted {
+			return nil
+		}
+	}
+}
+
+// coverAutofs replaces the autofs mount id on mnt (mountinfo b, read
+// before) with what was mounted beneath it, each at its place on a
+// read-only tmpfs.
+func coverAutofs(mnt, id string, b []byte) error {
+	type kept struct {
+		rel  string
+		tree int
+	}
+	var keep []kept
+	defer func() {
+		for _, k := range keep {
+			_ = unix.Close(k.tree)
+		}
+	}()
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		pre, _, _ := strings.Cut(sc.Text(), " - ")
+		f := strings.Fields(pre)
+		if len(f) < 5 || f[1] != id {
+			continue
+		}
+		point := cgroup2.UnescapeMountPath(f[4])
+		if len(keep) == autofsMaxKept {
+			return maskErr("keep what is mounted beneath the autofs on "+mnt, autofsWhy, fmt.Errorf("more than %d mounts: %w", autofsMaxKept, unix.E2BIG))
+		}
+		// A copy made before the autofs goes, through no automount.
+		tree, err := unix.OpenTree(unix.AT_FDCWD, point, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_NO_AUTOMOUNT|unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			return maskErr("copy what is mounted on "+point+" beneath the autofs on "+mnt, autofsWhy, err)
+		}
+		keep = append(keep, kept{strings.TrimPrefix(point, mnt), tree})
+	}
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		return maskErr("detach the autofs on "+mnt, autofsWhy, err)
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", flags, "mode=0755,size=4k"); err != nil {
+		return maskErr("mount a tmpfs on "+mnt+" for what the autofs there had mounted", autofsWhy, err)
+	}
+	for _, k := range keep {
+		at := mnt + k.rel
+		if err := os.MkdirAll(at, 0o755); err != nil {
+			return maskErr("make "+at+" for what was mounted there", autofsWhy, err)
+		}
+		if err := unix.MoveMount(k.tree, "", unix.AT_FDCWD, at, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return maskErr("mount again on "+at+" what the autofs there had mounted", autofsWhy, err)
+		}
+	}
+	if err := unix.Mount("", mnt, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "mode=0755,size=4k"); err != nil {
+		return maskErr("make the tmpfs on "+mnt+" read-only", autofsWhy, err)
+	}
+	return nil
 }
 
 // mountIDAt is the id (mountinfo's) of the mount on top at path; 0 when
