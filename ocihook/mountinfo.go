@@ -174,6 +174,9 @@ func (m mountEntry) refusal(prot []protectedFile, trialCgroup string) string {
 	switch {
 	case slices.Contains(kernelFS, m.fstype):
 		return "shows it the kernel's own state (trialnet's pins, tracing)"
+	case m.fstype == "autofs":
+		// A bind of a directory holding one (an rbind of /home or /net).
+		return "hands each name looked up beneath it to the host's automount daemon, which acts on it outside the Trial (resolves it, asks an NFS or LDAP server for it): bind what is mounted beneath it instead, non-recursively"
 	case m.fstype == "cgroup2":
 		if !within(m.root, trialCgroup) {
 			return fmt.Sprintf("is of the cgroup tree above its Trial's (%s): it could move out of it", trialCgroup)
