@@ -781,6 +781,28 @@ static void hide_autofs(void) {
 	}
 }
 
+// drop_host_cgroup2 is dropHostCgroup2.
+static void drop_host_cgroup2(void) {
+	for (int acted = 1; acted;) {
+		acted = 0;
+		char *b = read_mountinfo(), *s = b, *line;
+		struct mount_line m;
+		while ((line = next_line(&s))) {
+			uint64_t id = strtoull(line, NULL, 10);
+			split_line(line, &m);
+			if (!m.post || m.fields < 5 || strncmp(m.post, "cgroup2 ", 8))
+				continue;
+			if (m.too_long)
+				mask_fail(ENAMETOOLONG, "detach the host's cgroup2 from %s... (it shows every Trial)", m.point);
+			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, "to detach the host's cgroup2 there") != id)
+				continue;
+			if (umount2(m.point, MNT_DETACH) < 0)
+				mask_fail(errno, "detach the host's cgroup2 from %s (it shows every Trial)", m.point);
+			acted = 1;
+		}
+	}
+}
+
 // mask_host is maskHost.
 static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	char cg[PATH_MAX];
@@ -802,8 +824,7 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	drop_host_devpts();
 	hide_autofs();
 	read_only_sys();
-	if (umount2(cg, MNT_DETACH) < 0)
-		mask_fail(errno, "detach the host's cgroup2 from %s (it shows every Trial)", cg);
+	drop_host_cgroup2();
 	if (mount("cgroup2", cg, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 		mask_fail(errno, "mount the Trial's own cgroup2 on %s (the host's shows every Trial)", cg);
 	if (mount("", cg, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)

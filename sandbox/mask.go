@@ -104,8 +104,8 @@ func maskHost(nested bool, hide, v1 []string) error {
 	// refuses a superblock over its own mount), mounted read-write and
 	// then made read-only by a bind remount: the superblock is the
 	// host's, and only this mount's flag may change.
-	if err := unix.Unmount(cgroup2, unix.MNT_DETACH); err != nil {
-		return maskErr("detach the host's cgroup2 from "+cgroup2, "it shows every Trial", err)
+	if err := dropHostCgroup2(); err != nil {
+		return err
 	}
 	if err := unix.Mount("cgroup2", cgroup2, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return maskErr("mount the Trial's own cgroup2 on "+cgroup2, "the host's shows every Trial", err)
@@ -365,6 +365,49 @@ func coverAutofs(mnt, id string, b []byte) error {
 		return maskErr("make the tmpfs on "+mnt+" read-only", autofsWhy, err)
 	}
 	return nil
+}
+
+// dropHostCgroup2 detaches every cgroup2 mount, not only the first,
+// which the Trial's own replaces: another (the tree bound into a chroot,
+// a second mount of it) showed every Trial, and, outside /sys, a
+// subtree delegated to the Trial's uid (systemd's user@UID.service)
+// writable, its cgroup.kill among it. As hideV1, it walks the mount
+// table until none is on top at its point.
+func dropHostCgroup2() error {
+	for {
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		acted := false
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			pre, post, ok := strings.Cut(sc.Text(), " - ")
+			f := strings.Fields(pre)
+			if !ok || len(f) < 5 || !strings.HasPrefix(post, "cgroup2 ") {
+				continue
+			}
+			id, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+			}
+			mnt := cgroup2.UnescapeMountPath(f[4])
+			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+			if err != nil {
+				return maskErr("find what is mounted on "+mnt, "to detach the host's cgroup2 there", err)
+			}
+			if top != id {
+				continue
+			}
+			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+				return maskErr("detach the host's cgroup2 from "+mnt, "it shows every Trial", err)
+			}
+			acted = true
+		}
+		if !acted {
+			return nil
+		}
+	}
 }
 
 // mountIDAt is the id (mountinfo's) of the mount on top at path; 0 when

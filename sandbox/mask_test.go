@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -686,6 +687,109 @@ func TestPrivilegedGoDropHostDevpts(t *testing.T) {
 		var st unix.Stat_t
 		if err := unix.Stat("/dev/pts", &st); err != nil || st.Dev != own.Dev {
 			bad = append(bad, fmt.Sprintf("/dev/pts is no longer the new devpts (%v)", err))
+		}
+	}()
+	for _, b := range <-errs {
+		t.Error(b)
+	}
+}
+
+// The host's cgroup2 mounted a second time (the tree bound into a chroot)
+// showed every Trial, and a subtree delegated to the Trial's uid (as
+// systemd's user@UID.service is) writable: a Trial killed the processes
+// there through cgroup.kill. The init detaches every cgroup2 mount.
+func TestPrivilegedSecondCgroup2Detached(t *testing.T) {
+	cg2, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := os.MkdirTemp("/run", "trialnet-test-cgroup2-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(second) })
+	if err := os.Chmod(second, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("cgroup2", second, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(second, unix.MNT_DETACH) })
+	// The delegated subtree, with a host process in it.
+	name := "trialnet-test-delegated-" + randSuffix()
+	deleg := filepath.Join(cg2, name)
+	if err := os.Mkdir(deleg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(deleg) })
+	for _, f := range []string{"", "cgroup.procs", "cgroup.kill"} {
+		if err := os.Chown(filepath.Join(deleg, f), nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victim := exec.Command("sleep", "60")
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = victim.Process.Kill(); _ = victim.Wait() })
+	if err := os.WriteFile(filepath.Join(deleg, "cgroup.procs"), []byte(fmt.Sprint(victim.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	kill := filepath.Join(second, name, "cgroup.kill")
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "write", kill, "1"); code == probeOK || out != "ENOENT" {
+		t.Errorf("the Trial writing %s: %d %q, want ENOENT (the second cgroup2 mount detached)", kill, code, out)
+	}
+	// A zombie still takes signal 0; only a live process is listed.
+	if b, err := os.ReadFile(filepath.Join(deleg, "cgroup.procs")); err != nil || strings.TrimSpace(string(b)) != fmt.Sprint(victim.Process.Pid) {
+		t.Errorf("the host process in the delegated cgroup is gone: %q %v", b, err)
+	}
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "ls", second); code != probeOK || out != "" {
+		t.Errorf("%s in the Trial: %d %q, want it empty", second, code, out)
+	}
+}
+
+// The Go set-up's dropHostCgroup2, run on a thread in a mount namespace of
+// its own with the host's cgroup2 mounted a second time: no cgroup2 mount
+// is left for the Trial's own to replace.
+func TestPrivilegedGoDropHostCgroup2(t *testing.T) {
+	second, err := os.MkdirTemp("/run", "trialnet-test-cgroup2-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(second) })
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("cgroup2", second, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := dropHostCgroup2(); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		mi, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		for _, l := range strings.Split(string(mi), "\n") {
+			if _, post, _ := strings.Cut(l, " - "); strings.HasPrefix(post, "cgroup2 ") {
+				bad = append(bad, "a cgroup2 mount is left: "+l)
+			}
 		}
 	}()
 	for _, b := range <-errs {
