@@ -16,6 +16,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -803,6 +804,79 @@ static void drop_host_cgroup2(void) {
 	}
 }
 
+#define TTYS_WHY "a terminal login gave the Trial's uid, the operator's among them"
+
+// tty_majors is ttyMajors: the majors of the kernel's terminal drivers
+// but ptys (/proc/tty/drivers), as a bit set.
+static void tty_majors(uint64_t set[64]) {
+	memset(set, 0, 64 * sizeof *set);
+	int fd = open("/proc/tty/drivers", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		mask_fail(errno, "read /proc/tty/drivers (to find the host's terminals)");
+	char b[8192];
+	size_t len = 0;
+	ssize_t r;
+	while (len < sizeof b - 1 && (r = read(fd, b + len, sizeof b - 1 - len)) != 0) {
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			mask_fail(errno, "read /proc/tty/drivers (to find the host's terminals)");
+		len += r;
+	}
+	close(fd);
+	b[len] = 0;
+	char *s = b, *line;
+	while ((line = next_line(&s))) {
+		// NAME NODE MAJOR MINORS TYPE
+		char *f[5];
+		int n = 0;
+		for (char *save, *t = strtok_r(line, " ", &save); t && n < 5; t = strtok_r(NULL, " ", &save))
+			f[n++] = t;
+		if (n < 5 || !strncmp(f[4], "pty:", 4))
+			continue;
+		unsigned long major = strtoul(f[2], NULL, 10);
+		if (major < 64 * 64)
+			set[major / 64] |= 1ULL << (major % 64);
+	}
+}
+
+// hide_host_ttys is hideHostTtys.
+static void hide_host_ttys(void) {
+	uint64_t majors[64];
+	tty_majors(majors);
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	while ((line = next_line(&s))) {
+		uint64_t id = strtoull(line, NULL, 10);
+		split_line(line, &m);
+		if (!m.post || m.fields < 5 || strncmp(m.post, "devtmpfs ", 9))
+			continue;
+		if (m.too_long)
+			mask_fail(ENAMETOOLONG, "cover the host's terminals in %s... (%s)", m.point, TTYS_WHY);
+		if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, "to cover the host's terminals there") != id)
+			continue;
+		DIR *d = opendir(m.point);
+		if (!d)
+			mask_fail(errno, "list %s (to cover the host's terminals there)", m.point);
+		struct dirent *e;
+		while ((e = readdir(d))) {
+			if (e->d_type != DT_CHR)
+				continue;
+			struct stat st;
+			if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode) || !st.st_uid)
+				continue;
+			unsigned int major = major(st.st_rdev);
+			if (major >= 64 * 64 || !(majors[major / 64] & (1ULL << (major % 64))))
+				continue;
+			char path[PATH_MAX * 2];
+			snprintf(path, sizeof path, "%s/%s", strcmp(m.point, "/") ? m.point : "", e->d_name);
+			if (mount("/dev/null", path, "", MS_BIND, "") < 0)
+				mask_fail(errno, "cover the host's terminal %s with /dev/null (%s)", path, TTYS_WHY);
+		}
+		closedir(d);
+	}
+}
+
 // mask_host is maskHost.
 static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	char cg[PATH_MAX];
@@ -823,6 +897,7 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	hide_v1(v1, nv1);
 	drop_host_devpts();
 	hide_autofs();
+	hide_host_ttys();
 	read_only_sys();
 	drop_host_cgroup2();
 	if (mount("cgroup2", cg, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)

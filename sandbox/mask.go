@@ -96,6 +96,9 @@ func maskHost(nested bool, hide, v1 []string) error {
 	if err := hideAutofs(); err != nil {
 		return err
 	}
+	if err := hideHostTtys(); err != nil {
+		return err
+	}
 	if err := readOnlySys(); err != nil {
 		return err
 	}
@@ -408,6 +411,84 @@ func dropHostCgroup2() error {
 			return nil
 		}
 	}
+}
+
+const ttysWhy = "a terminal login gave the Trial's uid, the operator's among them"
+
+// ttyMajors are the majors of the kernel's terminal drivers but ptys, as
+// /proc/tty/drivers lists them.
+func ttyMajors() (map[uint32]bool, error) {
+	b, err := os.ReadFile("/proc/tty/drivers")
+	if err != nil {
+		return nil, maskErr("read /proc/tty/drivers", "to find the host's terminals", err)
+	}
+	majors := map[uint32]bool{}
+	for line := range strings.Lines(string(b)) {
+		// NAME NODE MAJOR MINORS TYPE
+		f := strings.Fields(line)
+		if len(f) < 5 || strings.HasPrefix(f[4], "pty:") {
+			continue
+		}
+		if m, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+			majors[uint32(m)] = true
+		}
+	}
+	return majors, nil
+}
+
+// hideHostTtys covers with /dev/null each terminal of the host's that
+// is not root's (a virtual console or serial line that a login gave its
+// user) in every devtmpfs mount: the Trial's own pty is relayed, but a
+// Trial running as that user opened the operator's console directly,
+// read what was typed there and wrote to it. The devpts ones are
+// dropHostDevpts's.
+func hideHostTtys() error {
+	majors, err := ttyMajors()
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("read mountinfo: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 || !strings.HasPrefix(post, "devtmpfs ") {
+			continue
+		}
+		id, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+		}
+		mnt := cgroup2.UnescapeMountPath(f[4])
+		top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			return maskErr("find what is mounted on "+mnt, "to cover the host's terminals there", err)
+		}
+		if top != id {
+			continue
+		}
+		entries, err := os.ReadDir(mnt)
+		if err != nil {
+			return maskErr("list "+mnt, "to cover the host's terminals there", err)
+		}
+		for _, e := range entries {
+			if e.Type()&os.ModeCharDevice == 0 {
+				continue
+			}
+			path := filepath.Join(mnt, e.Name())
+			var st unix.Stat_t
+			if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Uid == 0 || !majors[unix.Major(st.Rdev)] {
+				continue
+			}
+			if err := unix.Mount("/dev/null", path, "", unix.MS_BIND, ""); err != nil {
+				return maskErr("cover the host's terminal "+path+" with /dev/null", ttysWhy, err)
+			}
+		}
+	}
+	return nil
 }
 
 // mountIDAt is the id (mountinfo's) of the mount on top at path; 0 when

@@ -796,3 +796,72 @@ func TestPrivilegedGoDropHostCgroup2(t *testing.T) {
 		t.Error(b)
 	}
 }
+
+// A terminal outside devpts that a login gave its user (a virtual console,
+// a serial line) is the operator's terminal itself, past the relay: the
+// init covers each such node of the host's /dev with /dev/null. Made
+// here as a node of VT 63 in the host's /dev, the Trial's uid's.
+func TestPrivilegedHostConsoleCovered(t *testing.T) {
+	node := hostConsoleNode(t)
+	// A root-owned one is not covered (the Trial cannot open it anyway).
+	rootNode := node + "-root"
+	if err := unix.Mknod(rootNode, unix.S_IFCHR|0o620, int(unix.Mkdev(4, 62))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(rootNode) })
+
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", node); code != probeOK || strings.TrimSpace(out) != "1:3" {
+		t.Errorf("the host's console %s in the Trial: %d %q, want /dev/null (1:3) over it", node, code, out)
+	}
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", rootNode); code != probeOK || strings.TrimSpace(out) != "4:62" {
+		t.Errorf("a root-owned console %s in the Trial: %d %q, want it as it is (4:62)", rootNode, code, out)
+	}
+}
+
+// hostConsoleNode makes a node of VT 63 in the host's /dev, uid nobody's,
+// as a console login makes its terminal its user's.
+func hostConsoleNode(t *testing.T) string {
+	t.Helper()
+	node := "/dev/trialnet-test-tty-" + randSuffix()
+	if err := unix.Mknod(node, unix.S_IFCHR|0o620, int(unix.Mkdev(4, 63))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(node) })
+	if err := os.Chown(node, nobody, -1); err != nil {
+		t.Fatal(err)
+	}
+	return node
+}
+
+// The Go set-up's hideHostTtys, run on a thread in a mount namespace of
+// its own: the console node is /dev/null there.
+func TestPrivilegedGoHideHostTtys(t *testing.T) {
+	node := hostConsoleNode(t)
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := hideHostTtys(); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(node, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
+			bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", node, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
+		}
+	}()
+	for _, b := range <-errs {
+		t.Error(b)
+	}
+}
