@@ -804,12 +804,15 @@ static void drop_host_cgroup2(void) {
 	}
 }
 
+// vcs, vcsa, vcsu: a console's screen, which login may give its user too.
+#define VCS_MAJOR 7
 #define TTYS_WHY "a terminal login gave the Trial's uid, the operator's among them"
 
 // tty_majors is ttyMajors: the majors of the kernel's terminal drivers
-// but ptys (/proc/tty/drivers), as a bit set.
+// but ptys (/proc/tty/drivers), and the consoles' screens', as a bit set.
 static void tty_majors(uint64_t set[64]) {
 	memset(set, 0, 64 * sizeof *set);
+	set[0] |= 1ULL << VCS_MAJOR;
 	int fd = open("/proc/tty/drivers", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		mask_fail(errno, "read /proc/tty/drivers (to find the host's terminals)");

@@ -415,14 +415,18 @@ func dropHostCgroup2() error {
 
 const ttysWhy = "a terminal login gave the Trial's uid, the operator's among them"
 
+// vcsMajor is the major of vcs, vcsa and vcsu: a console's screen, which
+// login may give its user with the console.
+const vcsMajor = 7
+
 // ttyMajors are the majors of the kernel's terminal drivers but ptys, as
-// /proc/tty/drivers lists them.
+// /proc/tty/drivers lists them, and the consoles' screens'.
 func ttyMajors() (map[uint32]bool, error) {
 	b, err := os.ReadFile("/proc/tty/drivers")
 	if err != nil {
 		return nil, maskErr("read /proc/tty/drivers", "to find the host's terminals", err)
 	}
-	majors := map[uint32]bool{}
+	majors := map[uint32]bool{vcsMajor: true}
 	for line := range strings.Lines(string(b)) {
 		// NAME NODE MAJOR MINORS TYPE
 		f := strings.Fields(line)

@@ -812,25 +812,33 @@ func TestPrivilegedHostConsoleCovered(t *testing.T) {
 
 	h := newHost(t)
 	tr := newTrial(t, h, trial.Spec{})
-	if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", node); code != probeOK || strings.TrimSpace(out) != "1:3" {
-		t.Errorf("the host's console %s in the Trial: %d %q, want /dev/null (1:3) over it", node, code, out)
+	for _, n := range []string{node, node + "-vcs"} {
+		if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", n); code != probeOK || strings.TrimSpace(out) != "1:3" {
+			t.Errorf("the host's console %s in the Trial: %d %q, want /dev/null (1:3) over it", n, code, out)
+		}
 	}
 	if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", rootNode); code != probeOK || strings.TrimSpace(out) != "4:62" {
 		t.Errorf("a root-owned console %s in the Trial: %d %q, want it as it is (4:62)", rootNode, code, out)
 	}
 }
 
-// hostConsoleNode makes a node of VT 63 in the host's /dev, uid nobody's,
-// as a console login makes its terminal its user's.
+// hostConsoleNode makes a node of VT 63 in the host's /dev, and one of
+// its screen (vcs63) beside it with "-vcs" added, uid nobody's, as a
+// console login makes its terminal its user's.
 func hostConsoleNode(t *testing.T) string {
 	t.Helper()
 	node := "/dev/trialnet-test-tty-" + randSuffix()
-	if err := unix.Mknod(node, unix.S_IFCHR|0o620, int(unix.Mkdev(4, 63))); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.Remove(node) })
-	if err := os.Chown(node, nobody, -1); err != nil {
-		t.Fatal(err)
+	for _, n := range []struct {
+		path string
+		dev  uint64
+	}{{node, unix.Mkdev(4, 63)}, {node + "-vcs", unix.Mkdev(7, 63)}} {
+		if err := unix.Mknod(n.path, unix.S_IFCHR|0o620, int(n.dev)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Remove(n.path) })
+		if err := os.Chown(n.path, nobody, -1); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return node
 }
@@ -856,9 +864,11 @@ func TestPrivilegedGoHideHostTtys(t *testing.T) {
 			bad = append(bad, err.Error())
 			return
 		}
-		var st unix.Stat_t
-		if err := unix.Stat(node, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
-			bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", node, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
+		for _, n := range []string{node, node + "-vcs"} {
+			var st unix.Stat_t
+			if err := unix.Stat(n, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
+				bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", n, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
+			}
 		}
 	}()
 	for _, b := range <-errs {
