@@ -149,12 +149,25 @@ func (h *Hook) checkMounts(pid int, rootfs, trialCgroup string) []string {
 	if h.data != nil {
 		roots = locate(self, h.data.roots)
 	}
+	// The host's terminals: a devpts instance mounted in the runtime's
+	// own namespace (the operator's pty among them), bound in by path or
+	// with a recursive bind of /dev. Docker's default device rules open
+	// every pty (136:*), and its root reads any.
+	hostPts := map[uint64]bool{}
+	for _, m := range self {
+		if m.fstype == "devpts" {
+			hostPts[m.dev] = true
+		}
+	}
 	var why []string
 	for _, m := range mounts {
 		if !within(m.point, base) {
 			continue
 		}
 		w := m.refusal(prot, rel)
+		if w == "" && m.fstype == "devpts" && hostPts[m.dev] {
+			w = "is the host's devpts, which holds the host's terminals, the operator's among them: bind nothing of /dev/pts (nor /dev recursively); the runtime gives the container a devpts of its own"
+		}
 		if w == "" && h.data != nil {
 			w = h.data.mountRefusal(roots, m)
 		}
@@ -174,6 +187,9 @@ func (m mountEntry) refusal(prot []protectedFile, trialCgroup string) string {
 	switch {
 	case slices.Contains(kernelFS, m.fstype):
 		return "shows it the kernel's own state (trialnet's pins, tracing)"
+	case m.fstype == "autofs":
+		// A bind of a directory holding one (an rbind of /home or /net).
+		return "hands each name looked up beneath it to the host's automount daemon, which acts on it outside the Trial (resolves it, asks an NFS or LDAP server for it): bind what is mounted beneath it instead, non-recursively"
 	case m.fstype == "cgroup2":
 		if !within(m.root, trialCgroup) {
 			return fmt.Sprintf("is of the cgroup tree above its Trial's (%s): it could move out of it", trialCgroup)

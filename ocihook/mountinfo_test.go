@@ -84,6 +84,7 @@ func TestMountRefusal(t *testing.T) {
 		{"tracefs", mountEntry{dev: unix.Mkdev(0, 31), root: "/", fstype: "tracefs"}, "kernel's own state"},
 		{"configfs, under an rbind of /sys/kernel", mountEntry{dev: unix.Mkdev(0, 32), root: "/", fstype: "configfs"}, "kernel's own state"},
 		{"efivarfs, under an rbind of /sys/firmware", mountEntry{dev: unix.Mkdev(0, 33), root: "/", fstype: "efivarfs"}, "kernel's own state"},
+		{"autofs, under an rbind of /net", mountEntry{dev: unix.Mkdev(0, 34), root: "/", fstype: "autofs"}, "automount daemon"},
 		{"the cgroup2 root", mountEntry{root: "/", fstype: "cgroup2"}, "above its Trial's"},
 		{"a sibling Trial's cgroup", mountEntry{root: "/trialnet/eval-10", fstype: "cgroup2"}, "above its Trial's"},
 		{"its own cgroup", mountEntry{root: trial + "/ctr", fstype: "cgroup2"}, ""},

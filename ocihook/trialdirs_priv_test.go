@@ -155,3 +155,15 @@ func TestPrivilegedHookRefusesMovedAgentDirs(t *testing.T) {
 		})
 	}
 }
+
+// The host's devpts, bound in (by path, or under a recursive bind of
+// /dev), holds the host's terminals: the operator's pty, which the
+// container's root could read and write. Refused as the kernel shows it.
+func TestPrivilegedHookRefusesTheHostsDevpts(t *testing.T) {
+	w := newMountWorld(t, "hook-pts")
+	mnt, err := w.run(t, "ctr-pts", "/dev/pts")
+	want := fmt.Sprintf("the kernel shows a mount on %s", mnt)
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "the host's devpts") {
+		t.Fatalf("got %v, want refused: %q, the host's devpts", err, want)
+	}
+}

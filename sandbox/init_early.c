@@ -16,6 +16,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -36,6 +37,7 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "early.h"
@@ -575,18 +577,21 @@ static void mount_views(const char *dir) {
 // mask is its first 4 bytes and whose stx_mnt_id is the 8 at 144.
 #define TRIALNET_STATX_MNT_ID 0x1000U
 
+#define V1_WHY "to hide the host's cgroup v1 hierarchy there"
+#define DEVPTS_WHY "to detach the host's terminals there"
+
 // mount_id_at is mountIDAt.
-static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *what) {
+static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *what, const char *why) {
 	uint64_t sx[32];
 	uint32_t mask;
 	if (syscall(SYS_statx, dirfd, path, flags | AT_NO_AUTOMOUNT, TRIALNET_STATX_MNT_ID, sx) < 0) {
 		if (errno == ENOENT || errno == ENOTDIR)
 			return 0;
-		mask_fail(errno, "find what is mounted on %s (to hide the host's cgroup v1 hierarchy there)", what);
+		mask_fail(errno, "find what is mounted on %s (%s)", what, why);
 	}
 	memcpy(&mask, sx, sizeof mask);
 	if (!(mask & TRIALNET_STATX_MNT_ID))
-		mask_fail(ENOSYS, "find what is mounted on %s (to hide the host's cgroup v1 hierarchy there): the kernel gives no mount id (statx STATX_MNT_ID, Linux 5.8)", what);
+		mask_fail(ENOSYS, "find what is mounted on %s (%s): the kernel gives no mount id (statx STATX_MNT_ID, Linux 5.8)", what, why);
 	return sx[18];
 }
 
@@ -616,7 +621,7 @@ static uint64_t hide_v1_mount(const char *mnt, char **own, int nown) {
 			mask_fail(errno, "detach the host's cgroup v1 hierarchy from %s (it shows every Trial's groups and the host's)", mnt);
 	if (tree < 0)
 		return 0;
-	uint64_t id = mount_id_at(tree, "", AT_EMPTY_PATH, group);
+	uint64_t id = mount_id_at(tree, "", AT_EMPTY_PATH, group, V1_WHY);
 	if (syscall(SYS_move_mount, tree, "", AT_FDCWD, mnt, MOVE_MOUNT_F_EMPTY_PATH) < 0)
 		mask_fail(errno, "mount the Trial's cgroup v1 group %s on %s (to show it alone)", group, mnt);
 	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
@@ -648,7 +653,7 @@ static void hide_v1(char **own, int nown) {
 				skip |= placed[i] == id;
 			for (int i = 0; i < ndone; i++)
 				skip |= !strcmp(done[i], m.point);
-			if (skip || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point) != id)
+			if (skip || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, V1_WHY) != id)
 				continue;
 			if (ndone == (int)(sizeof done / sizeof done[0]))
 				mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d cgroup v1 mount points)", m.point, ndone);
@@ -663,6 +668,215 @@ static void hide_v1(char **own, int nown) {
 		}
 		for (int i = 0; i < ndone; i++)
 			free(done[i]);
+	}
+}
+
+// drop_host_devpts is dropHostDevpts.
+static void drop_host_devpts(void) {
+	struct stat own;
+	if (stat("/dev/pts", &own) < 0)
+		mask_fail(errno, "find the Trial's own devpts on /dev/pts (to tell the host's terminals from it)");
+	for (int acted = 1; acted;) {
+		acted = 0;
+		char *b = read_mountinfo(), *s = b, *line;
+		struct mount_line m;
+		while ((line = next_line(&s))) {
+			// ID PARENT MAJOR:MINOR ...
+			char *e;
+			uint64_t id = strtoull(line, &e, 10);
+			strtoull(e, &e, 10);
+			unsigned long maj = strtoul(e, &e, 10);
+			if (*e != ':')
+				continue;
+			unsigned long min = strtoul(e + 1, NULL, 10);
+			split_line(line, &m);
+			if (!m.post || m.fields < 5 || strncmp(m.post, "devpts ", 7) || makedev(maj, min) == own.st_dev)
+				continue;
+			if (m.too_long)
+				mask_fail(ENAMETOOLONG, "detach the devpts on %s... (it holds terminals outside the Trial, the operator's among them)", m.point);
+			// Only a mount on top at its point: umount2 takes what is on
+			// top, and one covered is out of reach until that goes.
+			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, DEVPTS_WHY) != id)
+				continue;
+			if (umount2(m.point, MNT_DETACH) < 0)
+				mask_fail(errno, "detach the devpts on %s (it holds terminals outside the Trial, the operator's among them)", m.point);
+			acted = 1;
+		}
+	}
+}
+
+#define AUTOFS_WHY "to keep the host's automount daemon from the Trial's lookups"
+#define AUTOFS_MAX_KEPT 64
+
+// cover_autofs is coverAutofs: the autofs mount id on point replaced by
+// what was mounted beneath it, each at its place on a read-only tmpfs.
+static void cover_autofs(const char *point, uint64_t id) {
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	char *rel[AUTOFS_MAX_KEPT];
+	int tree[AUTOFS_MAX_KEPT], n = 0;
+	while ((line = next_line(&s))) {
+		char *e;
+		strtoull(line, &e, 10);
+		if (strtoull(e, NULL, 10) != id)
+			continue;
+		split_line(line, &m);
+		if (m.fields < 5)
+			continue;
+		if (m.too_long)
+			mask_fail(ENAMETOOLONG, "keep what is mounted on %s beneath the autofs on %s (%s)", m.point, point, AUTOFS_WHY);
+		if (n == AUTOFS_MAX_KEPT)
+			mask_fail(E2BIG, "keep what is mounted beneath the autofs on %s: more than %d mounts (%s)", point, n, AUTOFS_WHY);
+		// A copy made before the autofs goes, through no automount.
+		tree[n] = syscall(SYS_open_tree, AT_FDCWD, m.point, OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE | AT_NO_AUTOMOUNT | AT_SYMLINK_NOFOLLOW);
+		if (tree[n] < 0)
+			mask_fail(errno, "copy what is mounted on %s beneath the autofs on %s (%s)", m.point, point, AUTOFS_WHY);
+		if (!(rel[n] = strdup(m.point + strlen(point))))
+			mask_fail(ENOMEM, "keep what is mounted on %s", m.point);
+		n++;
+	}
+	if (umount2(point, MNT_DETACH) < 0)
+		mask_fail(errno, "detach the autofs on %s (%s)", point, AUTOFS_WHY);
+	if (!n)
+		return;
+	const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+	if (mount("tmpfs", point, "tmpfs", flags, "mode=0755,size=4k") < 0)
+		mask_fail(errno, "mount a tmpfs on %s for what the autofs there had mounted (%s)", point, AUTOFS_WHY);
+	for (int i = 0; i < n; i++) {
+		char at[PATH_MAX * 2], failed[PATH_MAX + 8];
+		snprintf(at, sizeof at, "%s%s", point, rel[i]);
+		int err = mkdir_all(at, 0755, failed);
+		if (err)
+			mask_fail(err, "make %s for what was mounted there: %s", at, failed);
+		if (syscall(SYS_move_mount, tree[i], "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+			mask_fail(errno, "mount again on %s what the autofs there had mounted (%s)", at, AUTOFS_WHY);
+		close(tree[i]);
+		free(rel[i]);
+	}
+	if (mount("", point, "", MS_REMOUNT | MS_RDONLY | flags, "mode=0755,size=4k") < 0)
+		mask_fail(errno, "make the tmpfs on %s read-only", point);
+}
+
+// hide_autofs is hideAutofs.
+static void hide_autofs(void) {
+	for (int pass = 0, acted = 1; acted; pass++) {
+		if (pass == AUTOFS_MAX_KEPT)
+			mask_fail(ELOOP, "detach the host's autofs mounts: still one after %d passes (%s)", pass, AUTOFS_WHY);
+		acted = 0;
+		char *b = read_mountinfo(), *s = b, *line;
+		struct mount_line m;
+		while (!acted && (line = next_line(&s))) {
+			uint64_t id = strtoull(line, NULL, 10);
+			split_line(line, &m);
+			if (!m.post || m.fields < 5 || strncmp(m.post, "autofs ", 7))
+				continue;
+			if (m.too_long)
+				mask_fail(ENAMETOOLONG, "detach the autofs on %s... (%s)", m.point, AUTOFS_WHY);
+			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, AUTOFS_WHY) != id)
+				continue;
+			char point[PATH_MAX];
+			snprintf(point, sizeof point, "%s", m.point);
+			cover_autofs(point, id); // reads the table again: this one is done with
+			acted = 1;
+		}
+	}
+}
+
+// drop_host_cgroup2 is dropHostCgroup2.
+static void drop_host_cgroup2(void) {
+	for (int acted = 1; acted;) {
+		acted = 0;
+		char *b = read_mountinfo(), *s = b, *line;
+		struct mount_line m;
+		while ((line = next_line(&s))) {
+			uint64_t id = strtoull(line, NULL, 10);
+			split_line(line, &m);
+			if (!m.post || m.fields < 5 || strncmp(m.post, "cgroup2 ", 8))
+				continue;
+			if (m.too_long)
+				mask_fail(ENAMETOOLONG, "detach the host's cgroup2 from %s... (it shows every Trial)", m.point);
+			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, "to detach the host's cgroup2 there") != id)
+				continue;
+			if (umount2(m.point, MNT_DETACH) < 0)
+				mask_fail(errno, "detach the host's cgroup2 from %s (it shows every Trial)", m.point);
+			acted = 1;
+		}
+	}
+}
+
+// vcs, vcsa, vcsu: a console's screen, which login may give its user too.
+#define VCS_MAJOR 7
+#define TTYS_WHY "a terminal login gave the Trial's uid, the operator's among them"
+
+// tty_majors is ttyMajors: the majors of the kernel's terminal drivers
+// but ptys (/proc/tty/drivers), and the consoles' screens', as a bit set.
+static void tty_majors(uint64_t set[64]) {
+	memset(set, 0, 64 * sizeof *set);
+	set[0] |= 1ULL << VCS_MAJOR;
+	int fd = open("/proc/tty/drivers", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		mask_fail(errno, "read /proc/tty/drivers (to find the host's terminals)");
+	char b[8192];
+	size_t len = 0;
+	ssize_t r;
+	while (len < sizeof b - 1 && (r = read(fd, b + len, sizeof b - 1 - len)) != 0) {
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			mask_fail(errno, "read /proc/tty/drivers (to find the host's terminals)");
+		len += r;
+	}
+	close(fd);
+	b[len] = 0;
+	char *s = b, *line;
+	while ((line = next_line(&s))) {
+		// NAME NODE MAJOR MINORS TYPE
+		char *f[5];
+		int n = 0;
+		for (char *save, *t = strtok_r(line, " ", &save); t && n < 5; t = strtok_r(NULL, " ", &save))
+			f[n++] = t;
+		if (n < 5 || !strncmp(f[4], "pty:", 4))
+			continue;
+		unsigned long major = strtoul(f[2], NULL, 10);
+		if (major < 64 * 64)
+			set[major / 64] |= 1ULL << (major % 64);
+	}
+}
+
+// hide_host_ttys is hideHostTtys.
+static void hide_host_ttys(void) {
+	uint64_t majors[64];
+	tty_majors(majors);
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	while ((line = next_line(&s))) {
+		uint64_t id = strtoull(line, NULL, 10);
+		split_line(line, &m);
+		if (!m.post || m.fields < 5 || strncmp(m.post, "devtmpfs ", 9))
+			continue;
+		if (m.too_long)
+			mask_fail(ENAMETOOLONG, "cover the host's terminals in %s... (%s)", m.point, TTYS_WHY);
+		if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, "to cover the host's terminals there") != id)
+			continue;
+		DIR *d = opendir(m.point);
+		if (!d)
+			mask_fail(errno, "list %s (to cover the host's terminals there)", m.point);
+		struct dirent *e;
+		while ((e = readdir(d))) {
+			if (e->d_type != DT_CHR)
+				continue;
+			struct stat st;
+			if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode) || !st.st_uid)
+				continue;
+			unsigned int major = major(st.st_rdev);
+			if (major >= 64 * 64 || !(majors[major / 64] & (1ULL << (major % 64))))
+				continue;
+			char path[PATH_MAX * 2];
+			snprintf(path, sizeof path, "%s/%s", strcmp(m.point, "/") ? m.point : "", e->d_name);
+			if (mount("/dev/null", path, "", MS_BIND, "") < 0)
+				mask_fail(errno, "cover the host's terminal %s with /dev/null (%s)", path, TTYS_WHY);
+		}
+		closedir(d);
 	}
 }
 
@@ -684,9 +898,11 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	// Before /sys is made read-only: a v1 mount detached may uncover
 	// mounts below /sys that were out of reach (hide_v1).
 	hide_v1(v1, nv1);
+	drop_host_devpts();
+	hide_autofs();
+	hide_host_ttys();
 	read_only_sys();
-	if (umount2(cg, MNT_DETACH) < 0)
-		mask_fail(errno, "detach the host's cgroup2 from %s (it shows every Trial)", cg);
+	drop_host_cgroup2();
 	if (mount("cgroup2", cg, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 		mask_fail(errno, "mount the Trial's own cgroup2 on %s (the host's shows every Trial)", cg);
 	if (mount("", cg, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)

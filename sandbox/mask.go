@@ -90,6 +90,15 @@ func maskHost(nested bool, hide, v1 []string) error {
 	if err := hideV1(v1); err != nil {
 		return err
 	}
+	if err := dropHostDevpts(); err != nil {
+		return err
+	}
+	if err := hideAutofs(); err != nil {
+		return err
+	}
+	if err := hideHostTtys(); err != nil {
+		return err
+	}
 	if err := readOnlySys(); err != nil {
 		return err
 	}
@@ -98,8 +107,8 @@ func maskHost(nested bool, hide, v1 []string) error {
 	// refuses a superblock over its own mount), mounted read-write and
 	// then made read-only by a bind remount: the superblock is the
 	// host's, and only this mount's flag may change.
-	if err := unix.Unmount(cgroup2, unix.MNT_DETACH); err != nil {
-		return maskErr("detach the host's cgroup2 from "+cgroup2, "it shows every Trial", err)
+	if err := dropHostCgroup2(); err != nil {
+		return err
 	}
 	if err := unix.Mount("cgroup2", cgroup2, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return maskErr("mount the Trial's own cgroup2 on "+cgroup2, "the host's shows every Trial", err)
@@ -190,6 +199,300 @@ func hideV1(own []string) error {
 			return nil
 		}
 	}
+}
+
+// dropHostDevpts detaches every devpts mount but the Trial's own: the
+// Trial's /dev/pts covers the host's there, but the host's instance
+// mounted anywhere else (a chroot's /dev/pts, a bind of /dev with its
+// submounts) holds the host's terminals, and a Trial running as the
+// operator's uid opened the operator's pty there, read what was typed
+// into it and wrote to it. As hideV1, it walks the mount table until no
+// such mount is on top at its point.
+func dropHostDevpts() error {
+	var own unix.Stat_t
+	if err := unix.Stat("/dev/pts", &own); err != nil {
+		return maskErr("find the Trial's own devpts on /dev/pts", "to tell the host's terminals from it", err)
+	}
+	const why = "it holds terminals outside the Trial, the operator's among them"
+	for {
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		acted := false
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			pre, post, ok := strings.Cut(sc.Text(), " - ")
+			f := strings.Fields(pre)
+			if !ok || len(f) < 5 || !strings.HasPrefix(post, "devpts ") {
+				continue
+			}
+			id, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+			}
+			var maj, min uint32
+			if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
+				return fmt.Errorf("read mountinfo: device %q: %w", f[2], err)
+			}
+			if unix.Mkdev(maj, min) == own.Dev {
+				continue
+			}
+			mnt := cgroup2.UnescapeMountPath(f[4])
+			// Only a mount on top at its point: Unmount takes what is on
+			// top, and one covered is out of reach until that goes.
+			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+			if err != nil {
+				return maskErr("find what is mounted on "+mnt, "to detach the host's terminals there", err)
+			}
+			if top != id {
+				continue
+			}
+			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+				return maskErr("detach the devpts on "+mnt, why, err)
+			}
+			acted = true
+		}
+		if !acted {
+			return nil
+		}
+	}
+}
+
+const (
+	autofsWhy     = "to keep the host's automount daemon from the Trial's lookups"
+	autofsMaxKept = 64
+)
+
+// hideAutofs replaces each autofs mount with what was mounted beneath it
+// when the Trial started. A lookup under an autofs mount point hands the
+// name to the host's automount daemon (root, in the host's namespaces),
+// which acts on it outside the Trial: the -hosts map resolves it by DNS
+// and asks that host for its exports, a wildcard map asks the NFS server
+// for it, an LDAP map the directory; a name is data. What was already
+// mounted there (a home on NFS) stays, on a read-only tmpfs; nothing new
+// is mounted for the Trial. As hideV1, it walks the mount table until no
+// autofs mount is on top at its point (a copy kept may hold one).
+func hideAutofs() error {
+	for pass := 0; ; pass++ {
+		if pass == autofsMaxKept {
+			return maskErr("detach the host's autofs mounts", autofsWhy, fmt.Errorf("still one after %d passes: %w", pass, unix.ELOOP))
+		}
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		acted := false
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for !acted && sc.Scan() {
+			pre, post, ok := strings.Cut(sc.Text(), " - ")
+			f := strings.Fields(pre)
+			if !ok || len(f) < 5 || !strings.HasPrefix(post, "autofs ") {
+				continue
+			}
+			id, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+			}
+			mnt := cgroup2.UnescapeMountPath(f[4])
+			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+			if err != nil {
+				return maskErr("find what is mounted on "+mnt, autofsWhy, err)
+			}
+			if top != id {
+				continue
+			}
+			if err := coverAutofs(mnt, f[0], b); err != nil {
+				return err
+			}
+			acted = true
+		}
+		if !acted {
+			return nil
+		}
+	}
+}
+
+// coverAutofs replaces the autofs mount id on mnt (mountinfo b, read
+// before) with what was mounted beneath it, each at its place on a
+// read-only tmpfs.
+func coverAutofs(mnt, id string, b []byte) error {
+	type kept struct {
+		rel  string
+		tree int
+	}
+	var keep []kept
+	defer func() {
+		for _, k := range keep {
+			_ = unix.Close(k.tree)
+		}
+	}()
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		pre, _, _ := strings.Cut(sc.Text(), " - ")
+		f := strings.Fields(pre)
+		if len(f) < 5 || f[1] != id {
+			continue
+		}
+		point := cgroup2.UnescapeMountPath(f[4])
+		if len(keep) == autofsMaxKept {
+			return maskErr("keep what is mounted beneath the autofs on "+mnt, autofsWhy, fmt.Errorf("more than %d mounts: %w", autofsMaxKept, unix.E2BIG))
+		}
+		// A copy made before the autofs goes, through no automount.
+		tree, err := unix.OpenTree(unix.AT_FDCWD, point, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_NO_AUTOMOUNT|unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			return maskErr("copy what is mounted on "+point+" beneath the autofs on "+mnt, autofsWhy, err)
+		}
+		keep = append(keep, kept{strings.TrimPrefix(point, mnt), tree})
+	}
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		return maskErr("detach the autofs on "+mnt, autofsWhy, err)
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", flags, "mode=0755,size=4k"); err != nil {
+		return maskErr("mount a tmpfs on "+mnt+" for what the autofs there had mounted", autofsWhy, err)
+	}
+	for _, k := range keep {
+		at := mnt + k.rel
+		if err := os.MkdirAll(at, 0o755); err != nil {
+			return maskErr("make "+at+" for what was mounted there", autofsWhy, err)
+		}
+		if err := unix.MoveMount(k.tree, "", unix.AT_FDCWD, at, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return maskErr("mount again on "+at+" what the autofs there had mounted", autofsWhy, err)
+		}
+	}
+	if err := unix.Mount("", mnt, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "mode=0755,size=4k"); err != nil {
+		return maskErr("make the tmpfs on "+mnt+" read-only", autofsWhy, err)
+	}
+	return nil
+}
+
+// dropHostCgroup2 detaches every cgroup2 mount, not only the first,
+// which the Trial's own replaces: another (the tree bound into a chroot,
+// a second mount of it) showed every Trial, and, outside /sys, a
+// subtree delegated to the Trial's uid (systemd's user@UID.service)
+// writable, its cgroup.kill among it. As hideV1, it walks the mount
+// table until none is on top at its point.
+func dropHostCgroup2() error {
+	for {
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		acted := false
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			pre, post, ok := strings.Cut(sc.Text(), " - ")
+			f := strings.Fields(pre)
+			if !ok || len(f) < 5 || !strings.HasPrefix(post, "cgroup2 ") {
+				continue
+			}
+			id, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+			}
+			mnt := cgroup2.UnescapeMountPath(f[4])
+			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+			if err != nil {
+				return maskErr("find what is mounted on "+mnt, "to detach the host's cgroup2 there", err)
+			}
+			if top != id {
+				continue
+			}
+			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+				return maskErr("detach the host's cgroup2 from "+mnt, "it shows every Trial", err)
+			}
+			acted = true
+		}
+		if !acted {
+			return nil
+		}
+	}
+}
+
+const ttysWhy = "a terminal login gave the Trial's uid, the operator's among them"
+
+// vcsMajor is the major of vcs, vcsa and vcsu: a console's screen, which
+// login may give its user with the console.
+const vcsMajor = 7
+
+// ttyMajors are the majors of the kernel's terminal drivers but ptys, as
+// /proc/tty/drivers lists them, and the consoles' screens'.
+func ttyMajors() (map[uint32]bool, error) {
+	b, err := os.ReadFile("/proc/tty/drivers")
+	if err != nil {
+		return nil, maskErr("read /proc/tty/drivers", "to find the host's terminals", err)
+	}
+	majors := map[uint32]bool{vcsMajor: true}
+	for line := range strings.Lines(string(b)) {
+		// NAME NODE MAJOR MINORS TYPE
+		f := strings.Fields(line)
+		if len(f) < 5 || strings.HasPrefix(f[4], "pty:") {
+			continue
+		}
+		if m, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+			majors[uint32(m)] = true
+		}
+	}
+	return majors, nil
+}
+
+// hideHostTtys covers with /dev/null each terminal of the host's that
+// is not root's (a virtual console or serial line that a login gave its
+// user) in every devtmpfs mount: the Trial's own pty is relayed, but a
+// Trial running as that user opened the operator's console directly,
+// read what was typed there and wrote to it. The devpts ones are
+// dropHostDevpts's.
+func hideHostTtys() error {
+	majors, err := ttyMajors()
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("read mountinfo: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 || !strings.HasPrefix(post, "devtmpfs ") {
+			continue
+		}
+		id, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+		}
+		mnt := cgroup2.UnescapeMountPath(f[4])
+		top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			return maskErr("find what is mounted on "+mnt, "to cover the host's terminals there", err)
+		}
+		if top != id {
+			continue
+		}
+		entries, err := os.ReadDir(mnt)
+		if err != nil {
+			return maskErr("list "+mnt, "to cover the host's terminals there", err)
+		}
+		for _, e := range entries {
+			if e.Type()&os.ModeCharDevice == 0 {
+				continue
+			}
+			path := filepath.Join(mnt, e.Name())
+			var st unix.Stat_t
+			if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Uid == 0 || !majors[unix.Major(st.Rdev)] {
+				continue
+			}
+			if err := unix.Mount("/dev/null", path, "", unix.MS_BIND, ""); err != nil {
+				return maskErr("cover the host's terminal "+path+" with /dev/null", ttysWhy, err)
+			}
+		}
+	}
+	return nil
 }
 
 // mountIDAt is the id (mountinfo's) of the mount on top at path; 0 when

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -579,4 +580,298 @@ func TestPrivilegedGoHideV1OneGroupNamedTwice(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// The host's devpts mounted anywhere but /dev/pts (a chroot's /dev/pts, a
+// bind of /dev with its submounts) holds the host's terminals: a Trial
+// running as the operator's uid opened the operator's pty there, read
+// what was typed into it and wrote to it. The init detaches it, mounted
+// twice on one point too (the walk goes on until none is on top).
+func TestPrivilegedHostTerminalsOutOfReach(t *testing.T) {
+	dir := hostDevptsElsewhere(t)
+	// The operator's terminal: a pty of the host's, its slave the
+	// Trial's uid's, as login makes it.
+	master, err := unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Close(master) })
+	if err := unix.IoctlSetPointerInt(master, unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(master, unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slave := filepath.Join(dir, fmt.Sprint(n))
+	if err := os.Chown(slave, nobody, -1); err != nil {
+		t.Fatalf("the host's pty at %s: %v", slave, err)
+	}
+	if err := os.Chmod(slave, 0o620); err != nil {
+		t.Fatal(err)
+	}
+
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "open-write", slave); code == probeOK || out != "ENOENT" {
+		t.Errorf("the Trial opening the host's pty %s: %d %q, want ENOENT (the host's devpts detached)", slave, code, out)
+	}
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "write", slave, "typed by the Trial"); code == probeOK {
+		t.Errorf("the Trial wrote to the host's pty %s: %d %q", slave, code, out)
+	}
+	buf := make([]byte, 64)
+	if m, err := unix.Read(master, buf); m > 0 {
+		t.Errorf("the host's terminal got %q from the Trial (%v)", buf[:m], err)
+	}
+	// The control: the Trial's own devpts gives it a pty.
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "open-write", "/dev/ptmx"); code != probeOK {
+		t.Errorf("the Trial opening its own /dev/ptmx: %d %q", code, out)
+	}
+}
+
+// hostDevptsElsewhere binds the host's devpts twice on a directory of its
+// own outside the Trial's own directories, and returns it.
+func hostDevptsElsewhere(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/run", "trialnet-test-devpts-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil { // as a chroot's /dev is
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := unix.Mount("/dev/pts", dir, "", unix.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	}
+	return dir
+}
+
+// The Go set-up's dropHostDevpts, run on a thread in a mount namespace of
+// its own with a new devpts on /dev/pts as the init has: the host's
+// devpts is gone from the other point, and the Trial's own stays.
+func TestPrivilegedGoDropHostDevpts(t *testing.T) {
+	dir := hostDevptsElsewhere(t)
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666"); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		var own unix.Stat_t
+		if err := unix.Stat("/dev/pts", &own); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := dropHostDevpts(); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if names, err := dirNames(dir); err != nil || names != "" {
+			bad = append(bad, fmt.Sprintf("%s: %q %v, want it empty (the host's devpts detached)", dir, names, err))
+		}
+		var st unix.Stat_t
+		if err := unix.Stat("/dev/pts", &st); err != nil || st.Dev != own.Dev {
+			bad = append(bad, fmt.Sprintf("/dev/pts is no longer the new devpts (%v)", err))
+		}
+	}()
+	for _, b := range <-errs {
+		t.Error(b)
+	}
+}
+
+// The host's cgroup2 mounted a second time (the tree bound into a chroot)
+// showed every Trial, and a subtree delegated to the Trial's uid (as
+// systemd's user@UID.service is) writable: a Trial killed the processes
+// there through cgroup.kill. The init detaches every cgroup2 mount.
+func TestPrivilegedSecondCgroup2Detached(t *testing.T) {
+	cg2, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := os.MkdirTemp("/run", "trialnet-test-cgroup2-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(second) })
+	if err := os.Chmod(second, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("cgroup2", second, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(second, unix.MNT_DETACH) })
+	// The delegated subtree, with a host process in it.
+	name := "trialnet-test-delegated-" + randSuffix()
+	deleg := filepath.Join(cg2, name)
+	if err := os.Mkdir(deleg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(deleg) })
+	for _, f := range []string{"", "cgroup.procs", "cgroup.kill"} {
+		if err := os.Chown(filepath.Join(deleg, f), nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victim := exec.Command("sleep", "60")
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = victim.Process.Kill(); _ = victim.Wait() })
+	if err := os.WriteFile(filepath.Join(deleg, "cgroup.procs"), []byte(fmt.Sprint(victim.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	kill := filepath.Join(second, name, "cgroup.kill")
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "write", kill, "1"); code == probeOK || out != "ENOENT" {
+		t.Errorf("the Trial writing %s: %d %q, want ENOENT (the second cgroup2 mount detached)", kill, code, out)
+	}
+	// A zombie still takes signal 0; only a live process is listed.
+	if b, err := os.ReadFile(filepath.Join(deleg, "cgroup.procs")); err != nil || strings.TrimSpace(string(b)) != fmt.Sprint(victim.Process.Pid) {
+		t.Errorf("the host process in the delegated cgroup is gone: %q %v", b, err)
+	}
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "ls", second); code != probeOK || out != "" {
+		t.Errorf("%s in the Trial: %d %q, want it empty", second, code, out)
+	}
+}
+
+// The Go set-up's dropHostCgroup2, run on a thread in a mount namespace of
+// its own with the host's cgroup2 mounted a second time: no cgroup2 mount
+// is left for the Trial's own to replace.
+func TestPrivilegedGoDropHostCgroup2(t *testing.T) {
+	second, err := os.MkdirTemp("/run", "trialnet-test-cgroup2-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(second) })
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("cgroup2", second, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := dropHostCgroup2(); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		mi, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		for _, l := range strings.Split(string(mi), "\n") {
+			if _, post, _ := strings.Cut(l, " - "); strings.HasPrefix(post, "cgroup2 ") {
+				bad = append(bad, "a cgroup2 mount is left: "+l)
+			}
+		}
+	}()
+	for _, b := range <-errs {
+		t.Error(b)
+	}
+}
+
+// A terminal outside devpts that a login gave its user (a virtual console,
+// a serial line) is the operator's terminal itself, past the relay: the
+// init covers each such node of the host's /dev with /dev/null. Made
+// here as a node of VT 63 in the host's /dev, the Trial's uid's.
+func TestPrivilegedHostConsoleCovered(t *testing.T) {
+	node := hostConsoleNode(t)
+	// A root-owned one is not covered (the Trial cannot open it anyway).
+	rootNode := node + "-root"
+	if err := unix.Mknod(rootNode, unix.S_IFCHR|0o620, int(unix.Mkdev(4, 62))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(rootNode) })
+
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	for _, n := range []string{node, node + "-vcs"} {
+		if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", n); code != probeOK || strings.TrimSpace(out) != "1:3" {
+			t.Errorf("the host's console %s in the Trial: %d %q, want /dev/null (1:3) over it", n, code, out)
+		}
+	}
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", rootNode); code != probeOK || strings.TrimSpace(out) != "4:62" {
+		t.Errorf("a root-owned console %s in the Trial: %d %q, want it as it is (4:62)", rootNode, code, out)
+	}
+}
+
+// hostConsoleNode makes a node of VT 63 in the host's /dev, and one of
+// its screen (vcs63) beside it with "-vcs" added, uid nobody's, as a
+// console login makes its terminal its user's.
+func hostConsoleNode(t *testing.T) string {
+	t.Helper()
+	node := "/dev/trialnet-test-tty-" + randSuffix()
+	for _, n := range []struct {
+		path string
+		dev  uint64
+	}{{node, unix.Mkdev(4, 63)}, {node + "-vcs", unix.Mkdev(7, 63)}} {
+		if err := unix.Mknod(n.path, unix.S_IFCHR|0o620, int(n.dev)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Remove(n.path) })
+		if err := os.Chown(n.path, nobody, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return node
+}
+
+// The Go set-up's hideHostTtys, run on a thread in a mount namespace of
+// its own: the console node is /dev/null there.
+func TestPrivilegedGoHideHostTtys(t *testing.T) {
+	node := hostConsoleNode(t)
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := hideHostTtys(); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		for _, n := range []string{node, node + "-vcs"} {
+			var st unix.Stat_t
+			if err := unix.Stat(n, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
+				bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", n, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
+			}
+		}
+	}()
+	for _, b := range <-errs {
+		t.Error(b)
+	}
 }

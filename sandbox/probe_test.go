@@ -79,6 +79,12 @@ func probe(args []string) int {
 		return swapInit()
 	case "ls":
 		return list(target)
+	case "rdev":
+		var st unix.Stat_t
+		if err = unix.Stat(target, &st); err == nil {
+			fmt.Printf("%d:%d\n", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+			return probeOK
+		}
 	case "open-write":
 		err = openWrite(target)
 	case "read":
