@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
@@ -36,7 +37,7 @@ func newAutofsDaemon(t *testing.T) *autofsDaemon {
 	t.Helper()
 	if b, _ := os.ReadFile("/proc/filesystems"); !bytes.Contains(b, []byte("\tautofs\n")) {
 		if out, err := exec.Command("modprobe", "autofs4").CombinedOutput(); err != nil {
-			t.Skipf("no autofs in this kernel (modprobe autofs4: %v %s)", err, out)
+			privtest.RequireKernel(t, fmt.Errorf("no autofs (modprobe autofs4: %v %s)", err, out))
 		}
 	}
 	dir, err := os.MkdirTemp("/run", "trialnet-test-autofs-")
