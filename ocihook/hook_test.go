@@ -317,6 +317,19 @@ func TestHookRefusesUnannotatedInATrial(t *testing.T) {
 		{"its network namespace file", func(w *world, cfg map[string]any) {
 			w.setNS(cfg, "network", w.trialN)
 		}, "joins Trial ns-trial-net's network namespace"},
+		// runc opens the path as written: through pid 1's root, or a
+		// link, it is the Trial process's namespace all the same.
+		{"its IPC namespace through /proc/1/root", func(w *world, cfg map[string]any) {
+			w.procNS("1", w.hostNet, w.hostPID, w.hostCgroupNS, "/init.scope")
+			w.setNS(cfg, "ipc", filepath.Join(w.proc, "1", "root", w.proc, "500", "ns", "ipc"))
+		}, "joins the ipc namespace of thread 500"},
+		{"its PID namespace through a link", func(w *world, cfg map[string]any) {
+			link := filepath.Join(w.dir, "pidlink")
+			if err := os.Symlink(filepath.Join(w.proc, "500", "ns", "pid"), link); err != nil {
+				t.Fatal(err)
+			}
+			w.setNS(cfg, "pid", link)
+		}, "joins the pid namespace of thread 500"},
 		{"a cgroupsPath in the Trial's", func(w *world, cfg map[string]any) {
 			cfg["linux"].(map[string]any)["cgroupsPath"] = "/trialnet/eval-1/sidecar"
 		}, "its cgroupsPath /trialnet/eval-1/sidecar is in Trial eval-1's cgroup"},
@@ -331,6 +344,7 @@ func TestHookRefusesUnannotatedInATrial(t *testing.T) {
 			w := newContainerWorld(t)
 			// A Trial container's init, and the container outside.
 			w.procNS("500", w.trialN, w.file("ns-500-pid"), w.file("ns-500-cgroup"), "/trialnet/eval-1/libpod-c0")
+			w.threads("/trialnet/eval-1/libpod-c0", "500", "501")
 			w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/other/ctr")
 			cfg := goodConfig()
 			delete(cfg, "annotations")
@@ -372,6 +386,17 @@ func TestHookFindsTrialsUnderAMovedParent(t *testing.T) {
 	h.TrialParent = "/elsewhere/evals"
 	if _, err := h.Run(context.Background(), strings.NewReader(w.state(nil))); err == nil || !strings.Contains(err.Error(), "is not under the cgroup2 mount") {
 		t.Errorf("a parent outside the cgroup2 mount: %v", err)
+	}
+}
+
+// threads writes cgroup cg's cgroup.threads.
+func (w *world) threads(cg string, tids ...string) {
+	d := filepath.Join(w.mount, cg)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "cgroup.threads"), []byte(strings.Join(tids, "\n")+"\n"), 0o644); err != nil {
+		w.t.Fatal(err)
 	}
 }
 
