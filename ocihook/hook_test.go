@@ -620,6 +620,26 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "lets it open character devices 21:*, among them a device that passes commands through to a disk (sg)"},
+		// runc's cgroup v2 filter compares int32(major): 5+2^32 is 5.
+		{"the console opened by a rule, its major past 32 bits", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 5 + 1<<32, "minor": 1, "access": "rw"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its device cgroup rule c 4294967301:1 has numbers no device has"},
+		// mknod keeps a major's low 12 bits: 4101 is 5.
+		{"the console given, its major past 12 bits", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/c", "type": "c", "major": 5 + 1<<12, "minor": 1}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its device /dev/c (4101:1) has numbers no device has"},
+		{"a minor past 20 bits", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/c", "type": "c", "major": 5, "minor": 1 + 1<<20}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its device /dev/c (5:1048577) has numbers no device has"},
 		{"a SCSI generic device given", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/sg0", "type": "c", "major": 21, "minor": 0}}
