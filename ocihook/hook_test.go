@@ -32,6 +32,18 @@ func TestParseState(t *testing.T) {
 		{"duplicate key after a quote in a value", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"a":"x\"}, \"a\": ","a":"y"}}`, "appears twice"},
 		{"duplicate key in an array's object", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","x":[1,{"k":[]},{"k":1,"K":2}]}`, "appears twice"},
 		{"nested objects, keys again", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"id":"x"},"x":[{"id":1},{"id":2}]}`, ""},
+		// crun's yajl cuts a string at U+0000, reads a byte that is not
+		// UTF-8 as written and a lone surrogate as '?': Go reads each
+		// otherwise.
+		{"U+0000 in a key", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"a\u0000b":"1"}}`, "U+0000"},
+		{"U+0000 in a value", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\u0000x"}`, "U+0000"},
+		{"a lone high surrogate", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\ud800"}`, "not in a pair"},
+		{"a high surrogate, then no low", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\ud800\u0041"}`, "not in a pair"},
+		{"a lone low surrogate", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\udc00x"}`, "not in a pair"},
+		{"an overlong NUL", "{\"ociVersion\":\"1\",\"id\":\"c\",\"pid\":42,\"bundle\":\"/b\xc0\x80\"}", "not UTF-8"},
+		{"a surrogate pair passes", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\ud83d\ude00"}`, ""},
+		{"an escaped backslash before u0000 passes", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\\u0000"}`, ""},
+		{"UTF-8 passes", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b/é"}`, ""},
 		{"two values", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b"} {}`, "more than one"},
 		{"not JSON", `ociVersion=1`, "invalid character"},
 		{"too large", `{"ociVersion":"1","id":"` + strings.Repeat("x", maxState) + `"}`, "larger than"},
@@ -546,9 +558,21 @@ func TestHookRefuses(t *testing.T) {
 			return w.state(trial)
 		}, "CAP_SYS_ADMIN"},
 		{"not a capability", func(w *world) string {
-			w.setCaps("bounding", "CAP_SYS_ADMIN\x00")
+			w.setCaps("bounding", "CAP_SYS_ADMIN\x01")
 			return w.state(trial)
 		}, "not a capability name"},
+		// crun matches keys with strcmp, which stops at U+0000: this is
+		// a "mounts" to it (the first, written first), unknown to Go.
+		{"a key crun reads as mounts, cut at U+0000", func(w *world) string {
+			c := goodConfig()
+			c["mounts\x00"] = []map[string]any{{"destination": "/x", "type": "bind", "source": "/run/trialnet", "options": []string{"rbind"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "U+0000"},
+		{"a bind source crun reads cut at U+0000", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/x", "type": "bind", "source": "/run/trialnet\x00/x", "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "U+0000"},
 		{"writable cgroup mount", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/sys/fs/cgroup", "type": "cgroup2", "source": "cgroup2", "options": []string{"rw"}})
 			return w.state(trial)
