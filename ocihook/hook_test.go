@@ -335,6 +335,17 @@ func TestHookRefusesUnannotatedInATrial(t *testing.T) {
 			w.procNS("1", w.hostNet, w.hostPID, w.hostCgroupNS, "/init.scope")
 			w.setNS(cfg, "ipc", filepath.Join(w.proc, "1", "root", w.proc, "500", "ns", "ipc"))
 		}, "joins the ipc namespace of thread 500"},
+		{"its IPC namespace, held by a process outside it", func(w *world, cfg map[string]any) {
+			w.procNS("77", w.file("ns-77-net"), w.file("ns-77-pid"), w.file("ns-77-cgroup"), "/other/infra")
+			ipc := filepath.Join(w.proc, "77", "ns", "ipc")
+			if err := os.Remove(ipc); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(w.file("ns-ipc-500"), ipc); err != nil {
+				t.Fatal(err)
+			}
+			w.setNS(cfg, "ipc", ipc)
+		}, "joins the ipc namespace of thread 500"},
 		{"its PID namespace through a link", func(w *world, cfg map[string]any) {
 			link := filepath.Join(w.dir, "pidlink")
 			if err := os.Symlink(filepath.Join(w.proc, "500", "ns", "pid"), link); err != nil {

@@ -101,15 +101,16 @@ func (p Places) Unclaimed(namespaces map[string]string, cgroupsPath string) []st
 		if pid, ok := procPID(p.proc(), path); ok {
 			if trial, cg := p.trialOf(pid); trial != "" {
 				why = append(why, fmt.Sprintf("it claims no Trial but joins the %s namespace of process %d (%s), which is in Trial %s (cgroup %s): a process of the Trial's could trace, signal or talk to it outside the Trial's layers; %s", typ, pid, path, trial, cg, unclaimedAdvice))
+				continue
 			}
-			continue
-		}
-		if trial := p.netnsOf(path); trial != "" {
+		} else if trial := p.netnsOf(path); trial != "" {
 			why = append(why, fmt.Sprintf("it claims no Trial but joins Trial %s's network namespace (%s): it would be in the Trial's network unchecked; %s", trial, path, unclaimedAdvice))
 			continue
 		}
 		// Any other spelling (a symlink, /proc/1/root/proc/PID/ns/...,
-		// a bind-mounted file) is judged by the namespace it opens.
+		// a bind-mounted file), or a process outside the Trials that
+		// shares the namespace with one of theirs (a pod's infra
+		// container), is judged by the namespace it opens.
 		if trial, tid := p.threadIn(typ, path); trial != "" {
 			why = append(why, fmt.Sprintf("it claims no Trial but joins the %s namespace of thread %d (through %s), which is in Trial %s: a process of the Trial's could trace, signal or talk to it outside the Trial's layers; %s", typ, tid, path, trial, unclaimedAdvice))
 		}
@@ -174,7 +175,8 @@ func nsFile(typ string) string {
 // that path opens, of type typ; "" when none is, the namespace is the
 // host's (pid 1's: a Trial that shares it shares it with every process),
 // or either cannot be read. It reads every thread of the Trials' cgroups
-// (cgroup.threads), so it runs only for a path procPID does not name.
+// (cgroup.threads): it runs only for a namespace joined by path that
+// the cheaper checks found in no Trial.
 func (p Places) threadIn(typ, path string) (trial string, tid int) {
 	var ns, host unix.Stat_t
 	name := nsFile(typ)
