@@ -576,9 +576,11 @@ const (
 // as the wrong counts.
 func (a *Agent) mapDNSCounts(id string) ([]byte, error) {
 	path := a.dnsCountsFile(id)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	// Not through a link, nor onto another kind of file: the agent, as
+	// root, truncates and maps what it opens.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (a link or another kind of file there is not the agent's: remove it)", err)
 	}
 	defer f.Close()
 	header := make([]byte, dnsCountsHeader)
@@ -587,6 +589,9 @@ func (a *Agent) mapDNSCounts(id string) ([]byte, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is a %s, not the agent's file: remove it", path, st.Mode().Type())
 	}
 	got := make([]byte, dnsCountsHeader)
 	if st.Size() != 0 {

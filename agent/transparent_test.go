@@ -631,3 +631,33 @@ func TestDNSCountsFile(t *testing.T) {
 		t.Fatalf("a file of another layout: count %d, log %q; want 0 and a warning", got, log.String())
 	}
 }
+
+// A link or a FIFO where the counts file goes is refused, the file it
+// leads to left as it was: the agent, root, would truncate and map it.
+func TestDNSCountsFileNotALink(t *testing.T) {
+	a := &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	a.cfg.Host.StateDir = t.TempDir()
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("kept"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, a.dnsCountsFile("link")); err != nil {
+		t.Fatal(err)
+	}
+	if mem, err := a.mapDNSCounts("link"); err == nil {
+		_ = unix.Munmap(mem)
+		t.Error("a counts file that is a link was mapped")
+	}
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "kept" {
+		t.Errorf("the link's target: %d bytes, %v; want it kept", len(b), err)
+	}
+	if err := unix.Mkfifo(a.dnsCountsFile("fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if mem, err := a.mapDNSCounts("fifo"); err == nil || !strings.Contains(err.Error(), "not the agent's file") {
+		if err == nil {
+			_ = unix.Munmap(mem)
+		}
+		t.Errorf("a FIFO for the counts file: %v", err)
+	}
+}

@@ -232,6 +232,7 @@ func (c *config) check(bundle string, protected []string) []string {
 		}
 	}
 	why = append(why, c.blockDevices()...)
+	why = append(why, c.deviceNumbers()...)
 	classes := hostCharClasses()
 	why = append(why, c.hostCharDevices(classes)...)
 	why = append(why, c.devicesBound()...)
@@ -490,6 +491,38 @@ func (c *config) blockDevices() []string {
 			why = append(why, fmt.Sprintf("its device cgroup lets it open block devices (a rule of type %q, access %q): with a node of the host's disk it could read it", r.Type, r.Access))
 		case r.Major == nil || *r.Major < 0: // runc and crun: -1 is any major
 			why = append(why, fmt.Sprintf("its device cgroup lets it open every character device (a rule of type %q, access %q): with a node of a SCSI or NVMe generic device it could read the host's disk, with the console's the host's terminal; allow the majors it needs", r.Type, r.Access))
+		}
+	}
+	return why
+}
+
+// The widest device numbers the kernel has: a major of 12 bits, a minor
+// of 20.
+const maxMajor, maxMinor = 1<<12 - 1, 1<<20 - 1
+
+// deviceNumbers refuses a device entry, or a rule that allows, whose
+// numbers no device has: the runtime cuts them before the kernel sees
+// them (runc's cgroup v2 filter compares int32(major), so a rule
+// c 4294967301:1 opens the console, 5:1; mknod keeps a major's low 12
+// bits, so an entry 4101:1 is a node of 5:1), while the checks of
+// hostChars compare them whole and see no device of the host's.
+func (c *config) deviceNumbers() []string {
+	if c.Linux == nil {
+		return nil
+	}
+	var why []string
+	past := func(maj, min int64) bool { return maj > maxMajor || min > maxMinor }
+	for _, d := range c.Linux.Devices {
+		if past(d.Major, d.Minor) || d.Major < 0 || d.Minor < 0 {
+			why = append(why, fmt.Sprintf("its device %s (%d:%d) has numbers no device has (majors 0-%d, minors 0-%d): the runtime would cut them to another device's; give the device's own numbers", d.Path, d.Major, d.Minor, maxMajor, maxMinor))
+		}
+	}
+	if c.Linux.Resources == nil {
+		return why
+	}
+	for _, r := range c.Linux.Resources.Devices {
+		if r.Allow && past(deref(r.Major), deref(r.Minor)) {
+			why = append(why, fmt.Sprintf("its device cgroup rule %s %d:%d has numbers no device has (majors 0-%d, minors 0-%d): the runtime would cut them to another device's; allow the devices it needs by their own numbers", r.Type, deref(r.Major), deref(r.Minor), maxMajor, maxMinor))
 		}
 	}
 	return why

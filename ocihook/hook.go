@@ -252,6 +252,9 @@ func (h *Hook) unclaimed(st State, cfg *config) []string {
 		return []string{err.Error()}
 	}
 	p.Proc = h.Proc
+	if p.CgroupMount == "" {
+		p.CgroupMount = h.CgroupMount
+	}
 	var why []string
 	if cfg != nil {
 		var cgroupsPath string

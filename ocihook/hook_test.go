@@ -32,6 +32,18 @@ func TestParseState(t *testing.T) {
 		{"duplicate key after a quote in a value", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"a":"x\"}, \"a\": ","a":"y"}}`, "appears twice"},
 		{"duplicate key in an array's object", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","x":[1,{"k":[]},{"k":1,"K":2}]}`, "appears twice"},
 		{"nested objects, keys again", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"id":"x"},"x":[{"id":1},{"id":2}]}`, ""},
+		// crun's yajl cuts a string at U+0000, reads a byte that is not
+		// UTF-8 as written and a lone surrogate as '?': Go reads each
+		// otherwise.
+		{"U+0000 in a key", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b","annotations":{"a\u0000b":"1"}}`, "U+0000"},
+		{"U+0000 in a value", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\u0000x"}`, "U+0000"},
+		{"a lone high surrogate", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\ud800"}`, "not in a pair"},
+		{"a high surrogate, then no low", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\ud800\u0041"}`, "not in a pair"},
+		{"a lone low surrogate", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\udc00x"}`, "not in a pair"},
+		{"an overlong NUL", "{\"ociVersion\":\"1\",\"id\":\"c\",\"pid\":42,\"bundle\":\"/b\xc0\x80\"}", "not UTF-8"},
+		{"a surrogate pair passes", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\ud83d\ude00"}`, ""},
+		{"an escaped backslash before u0000 passes", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b\\u0000"}`, ""},
+		{"UTF-8 passes", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b/é"}`, ""},
 		{"two values", `{"ociVersion":"1","id":"c","pid":42,"bundle":"/b"} {}`, "more than one"},
 		{"not JSON", `ociVersion=1`, "invalid character"},
 		{"too large", `{"ociVersion":"1","id":"` + strings.Repeat("x", maxState) + `"}`, "larger than"},
@@ -317,6 +329,30 @@ func TestHookRefusesUnannotatedInATrial(t *testing.T) {
 		{"its network namespace file", func(w *world, cfg map[string]any) {
 			w.setNS(cfg, "network", w.trialN)
 		}, "joins Trial ns-trial-net's network namespace"},
+		// runc opens the path as written: through pid 1's root, or a
+		// link, it is the Trial process's namespace all the same.
+		{"its IPC namespace through /proc/1/root", func(w *world, cfg map[string]any) {
+			w.procNS("1", w.hostNet, w.hostPID, w.hostCgroupNS, "/init.scope")
+			w.setNS(cfg, "ipc", filepath.Join(w.proc, "1", "root", w.proc, "500", "ns", "ipc"))
+		}, "joins the ipc namespace of thread 500"},
+		{"its IPC namespace, held by a process outside it", func(w *world, cfg map[string]any) {
+			w.procNS("77", w.file("ns-77-net"), w.file("ns-77-pid"), w.file("ns-77-cgroup"), "/other/infra")
+			ipc := filepath.Join(w.proc, "77", "ns", "ipc")
+			if err := os.Remove(ipc); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(w.file("ns-ipc-500"), ipc); err != nil {
+				t.Fatal(err)
+			}
+			w.setNS(cfg, "ipc", ipc)
+		}, "joins the ipc namespace of thread 500"},
+		{"its PID namespace through a link", func(w *world, cfg map[string]any) {
+			link := filepath.Join(w.dir, "pidlink")
+			if err := os.Symlink(filepath.Join(w.proc, "500", "ns", "pid"), link); err != nil {
+				t.Fatal(err)
+			}
+			w.setNS(cfg, "pid", link)
+		}, "joins the pid namespace of thread 500"},
 		{"a cgroupsPath in the Trial's", func(w *world, cfg map[string]any) {
 			cfg["linux"].(map[string]any)["cgroupsPath"] = "/trialnet/eval-1/sidecar"
 		}, "its cgroupsPath /trialnet/eval-1/sidecar is in Trial eval-1's cgroup"},
@@ -331,6 +367,7 @@ func TestHookRefusesUnannotatedInATrial(t *testing.T) {
 			w := newContainerWorld(t)
 			// A Trial container's init, and the container outside.
 			w.procNS("500", w.trialN, w.file("ns-500-pid"), w.file("ns-500-cgroup"), "/trialnet/eval-1/libpod-c0")
+			w.threads("/trialnet/eval-1/libpod-c0", "500", "501")
 			w.procNS("4242", w.file("ns-own-net"), w.file("ns-ctr-pid"), w.file("ns-ctr-cgroup"), "/other/ctr")
 			cfg := goodConfig()
 			delete(cfg, "annotations")
@@ -372,6 +409,17 @@ func TestHookFindsTrialsUnderAMovedParent(t *testing.T) {
 	h.TrialParent = "/elsewhere/evals"
 	if _, err := h.Run(context.Background(), strings.NewReader(w.state(nil))); err == nil || !strings.Contains(err.Error(), "is not under the cgroup2 mount") {
 		t.Errorf("a parent outside the cgroup2 mount: %v", err)
+	}
+}
+
+// threads writes cgroup cg's cgroup.threads.
+func (w *world) threads(cg string, tids ...string) {
+	d := filepath.Join(w.mount, cg)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, "cgroup.threads"), []byte(strings.Join(tids, "\n")+"\n"), 0o644); err != nil {
+		w.t.Fatal(err)
 	}
 }
 
@@ -521,9 +569,21 @@ func TestHookRefuses(t *testing.T) {
 			return w.state(trial)
 		}, "CAP_SYS_ADMIN"},
 		{"not a capability", func(w *world) string {
-			w.setCaps("bounding", "CAP_SYS_ADMIN\x00")
+			w.setCaps("bounding", "CAP_SYS_ADMIN\x01")
 			return w.state(trial)
 		}, "not a capability name"},
+		// crun matches keys with strcmp, which stops at U+0000: this is
+		// a "mounts" to it (the first, written first), unknown to Go.
+		{"a key crun reads as mounts, cut at U+0000", func(w *world) string {
+			c := goodConfig()
+			c["mounts\x00"] = []map[string]any{{"destination": "/x", "type": "bind", "source": "/run/trialnet", "options": []string{"rbind"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "U+0000"},
+		{"a bind source crun reads cut at U+0000", func(w *world) string {
+			w.setMount(map[string]any{"destination": "/x", "type": "bind", "source": "/run/trialnet\x00/x", "options": []string{"rbind"}})
+			return w.state(trial)
+		}, "U+0000"},
 		{"writable cgroup mount", func(w *world) string {
 			w.setMount(map[string]any{"destination": "/sys/fs/cgroup", "type": "cgroup2", "source": "cgroup2", "options": []string{"rw"}})
 			return w.state(trial)
@@ -595,6 +655,26 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "lets it open character devices 21:*, among them a device that passes commands through to a disk (sg)"},
+		// runc's cgroup v2 filter compares int32(major): 5+2^32 is 5.
+		{"the console opened by a rule, its major past 32 bits", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["resources"] = map[string]any{"devices": []map[string]any{{"allow": true, "type": "c", "major": 5 + 1<<32, "minor": 1, "access": "rw"}}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its device cgroup rule c 4294967301:1 has numbers no device has"},
+		// mknod keeps a major's low 12 bits: 4101 is 5.
+		{"the console given, its major past 12 bits", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/c", "type": "c", "major": 5 + 1<<12, "minor": 1}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its device /dev/c (4101:1) has numbers no device has"},
+		{"a minor past 20 bits", func(w *world) string {
+			c := goodConfig()
+			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/c", "type": "c", "major": 5, "minor": 1 + 1<<20}}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its device /dev/c (5:1048577) has numbers no device has"},
 		{"a SCSI generic device given", func(w *world) string {
 			c := goodConfig()
 			c["linux"].(map[string]any)["devices"] = []map[string]any{{"path": "/dev/sg0", "type": "c", "major": 21, "minor": 0}}

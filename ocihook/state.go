@@ -158,6 +158,18 @@ func decodeChecked(b []byte, v any, spelt reflect.Type) error {
 // says why.
 var errMalformed = errors.New("malformed JSON")
 
+// errUnlikeC is a string that Go's decoder reads otherwise than crun's
+// parser (yajl, which matches keys with strcmp): Go reads U+0000 and
+// keeps it, yajl cuts the string there, so a key "seccomp\u0000" is
+// crun's "seccomp" and Go's unknown key, a bind source
+// "/run/trialnet\u0000x" crun's /run/trialnet and the hook's a path
+// that is nowhere; Go reads bytes that are not UTF-8, and a surrogate
+// escape not in a pair, as U+FFFD, yajl as written or as "?". No OCI
+// string holds one (the kernel and exec take C strings).
+func errUnlikeC(what, read string) error {
+	return fmt.Errorf("a string holds %s, which a runtime in C (crun) reads %s, not as the hook reads it: leave it out", what, read)
+}
+
 // maxDepth bounds how deeply keyScan follows nested values, as the
 // decoder bounds them.
 const maxDepth = 10000
@@ -318,19 +330,47 @@ func (s *keyScan) next(end byte) (bool, error) {
 }
 
 // str scans the string at s.i and returns it as written, quotes and
-// escapes included.
+// escapes included. A string that a runtime in C reads otherwise than
+// Go's decoder is refused (errUnlikeC).
 func (s *keyScan) str() ([]byte, error) {
 	if s.i >= len(s.b) || s.b[s.i] != '"' {
 		return nil, errMalformed
 	}
+	high, wide := false, false // the escape just before is a high surrogate's; a byte past ASCII seen
 	for j := s.i + 1; j < len(s.b); j++ {
-		switch s.b[j] {
-		case '\\':
+		c := s.b[j]
+		if c == '\\' && j+1 < len(s.b) && s.b[j+1] == 'u' {
+			if j+5 >= len(s.b) {
+				return nil, errMalformed
+			}
+			r, err := strconv.ParseUint(string(s.b[j+2:j+6]), 16, 16)
+			switch low := r >= 0xdc00 && r <= 0xdfff; {
+			case err != nil:
+				return nil, errMalformed
+			case r == 0:
+				return nil, errUnlikeC("U+0000 (\\u0000)", "cut there")
+			case low != high: // a low half with no high before it, or a high half's without one after
+				return nil, errUnlikeC("a surrogate escape not in a pair", "another character")
+			}
+			high = r >= 0xd800 && r <= 0xdbff
+			j += 5
+			continue
+		}
+		if high {
+			return nil, errUnlikeC("a surrogate escape not in a pair", "another character")
+		}
+		switch {
+		case c == '\\':
 			j++
-		case '"':
+		case c == '"':
 			raw := s.b[s.i : j+1]
+			if wide && !utf8.Valid(raw) {
+				return nil, errUnlikeC("bytes that are not UTF-8", "as written")
+			}
 			s.i = j + 1
 			return raw, nil
+		case c >= utf8.RuneSelf:
+			wide = true
 		}
 	}
 	return nil, errMalformed

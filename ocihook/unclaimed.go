@@ -4,11 +4,13 @@ package ocihook
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/trialnet/trialnet/internal/cgroup2"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,13 +33,16 @@ type Places struct {
 	// NetnsDir holds the Trials' network namespace files, each named by
 	// its Trial ("": DefaultNetnsDir).
 	NetnsDir string
+	// CgroupMount is where the cgroup2 tree is mounted ("": looked up
+	// when a namespace path needs the Trials' threads).
+	CgroupMount string
 }
 
 // AgentPlaces are the Places of an agent whose paths.cgroup_parent is
 // parentDir, a directory of the cgroup2 tree mounted at mount ("": the
 // default), and whose paths.netns_dir is netnsDir.
 func AgentPlaces(parentDir, netnsDir, mount string) (Places, error) {
-	p := Places{NetnsDir: netnsDir}
+	p := Places{NetnsDir: netnsDir, CgroupMount: mount}
 	if parentDir == "" {
 		return p, nil
 	}
@@ -77,9 +82,10 @@ const unclaimedAdvice = "annotate it " + AnnotationTrial + "=ID to join that Tri
 // Unclaimed says why a container that claims no Trial (no trialnet.io/
 // annotation) must not start as its spec has it: a namespace joined by
 // path that is a Trial's (the /proc/PID/ns file of a process in a
-// Trial's cgroup, podman's --pid container:X and Docker's alike, or a
-// Trial's network namespace file), or a cgroupsPath under the Trials'
-// parent. No check of the hook's ran on it: a process of the Trial's
+// Trial's cgroup, podman's --pid container:X and Docker's alike, a
+// Trial's network namespace file, or any other path that opens the
+// namespace of a thread in a Trial's cgroup), or a cgroupsPath under
+// the Trials' parent. No check of the hook's ran on it: a process of the Trial's
 // would trace or signal it (a shared PID namespace), attach its shared
 // memory (IPC), or reach it on a loopback outside the Trial's layers,
 // and through it act outside the Trial. It asks nothing of the agent,
@@ -95,11 +101,18 @@ func (p Places) Unclaimed(namespaces map[string]string, cgroupsPath string) []st
 		if pid, ok := procPID(p.proc(), path); ok {
 			if trial, cg := p.trialOf(pid); trial != "" {
 				why = append(why, fmt.Sprintf("it claims no Trial but joins the %s namespace of process %d (%s), which is in Trial %s (cgroup %s): a process of the Trial's could trace, signal or talk to it outside the Trial's layers; %s", typ, pid, path, trial, cg, unclaimedAdvice))
+				continue
 			}
+		} else if trial := p.netnsOf(path); trial != "" {
+			why = append(why, fmt.Sprintf("it claims no Trial but joins Trial %s's network namespace (%s): it would be in the Trial's network unchecked; %s", trial, path, unclaimedAdvice))
 			continue
 		}
-		if trial := p.netnsOf(path); trial != "" {
-			why = append(why, fmt.Sprintf("it claims no Trial but joins Trial %s's network namespace (%s): it would be in the Trial's network unchecked; %s", trial, path, unclaimedAdvice))
+		// Any other spelling (a symlink, /proc/1/root/proc/PID/ns/...,
+		// a bind-mounted file), or a process outside the Trials that
+		// shares the namespace with one of theirs (a pod's infra
+		// container), is judged by the namespace it opens.
+		if trial, tid := p.threadIn(typ, path); trial != "" {
+			why = append(why, fmt.Sprintf("it claims no Trial but joins the %s namespace of thread %d (through %s), which is in Trial %s: a process of the Trial's could trace, signal or talk to it outside the Trial's layers; %s", typ, tid, path, trial, unclaimedAdvice))
 		}
 	}
 	if cgroupsPath != "" && !strings.Contains(cgroupsPath, ":") { // systemd's slice:prefix:name is never under it
@@ -125,15 +138,84 @@ func (p Places) process(pid int) []string {
 }
 
 // procPID is the process whose namespace file path names
-// (/proc/PID/ns/TYPE, /proc/PID/task/TID/ns/TYPE), if it names one.
+// (/proc/PID/ns/TYPE, /proc/PID/task/TID/ns/TYPE), if it names one
+// directly: /proc/PID/root/... or /proc/PID/cwd/... names another
+// process's.
 func procPID(proc, path string) (int, bool) {
 	rest, ok := strings.CutPrefix(filepath.Clean(path), filepath.Clean(proc)+"/")
 	if !ok {
 		return 0, false
 	}
-	first, _, _ := strings.Cut(rest, "/")
-	pid, err := strconv.Atoi(first)
+	parts := strings.Split(rest, "/")
+	switch {
+	case len(parts) == 3 && parts[1] == "ns":
+	case len(parts) == 5 && parts[1] == "task" && parts[3] == "ns":
+		if _, err := strconv.Atoi(parts[2]); err != nil {
+			return 0, false
+		}
+	default:
+		return 0, false
+	}
+	pid, err := strconv.Atoi(parts[0])
 	return pid, err == nil && pid > 0
+}
+
+// nsFile is the /proc/PID/ns name of the OCI spec's namespace type.
+func nsFile(typ string) string {
+	switch typ {
+	case "network":
+		return "net"
+	case "mount":
+		return "mnt"
+	}
+	return typ
+}
+
+// threadIn is the Trial one of whose threads (tid) is in the namespace
+// that path opens, of type typ; "" when none is, the namespace is the
+// host's (pid 1's: a Trial that shares it shares it with every process),
+// or either cannot be read. It reads every thread of the Trials' cgroups
+// (cgroup.threads): it runs only for a namespace joined by path that
+// the cheaper checks found in no Trial.
+func (p Places) threadIn(typ, path string) (trial string, tid int) {
+	var ns, host unix.Stat_t
+	name := nsFile(typ)
+	if unix.Stat(path, &ns) != nil {
+		return "", 0
+	}
+	if unix.Stat(filepath.Join(p.proc(), "1", "ns", name), &host) == nil && host.Dev == ns.Dev && host.Ino == ns.Ino {
+		return "", 0
+	}
+	mount := p.CgroupMount
+	if mount == "" {
+		var err error
+		if mount, err = cgroup2.Mount(); err != nil {
+			return "", 0
+		}
+	}
+	root := filepath.Join(mount, p.parent())
+	_ = filepath.WalkDir(root, func(dir string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() || dir == root { // the parent holds no Trial's process
+			return nil
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.threads"))
+		if err != nil {
+			return nil
+		}
+		for line := range strings.Lines(string(b)) {
+			t, err := strconv.Atoi(strings.TrimSpace(line))
+			var st unix.Stat_t
+			if err != nil || unix.Stat(filepath.Join(p.proc(), strconv.Itoa(t), "ns", name), &st) != nil || st.Dev != ns.Dev || st.Ino != ns.Ino {
+				continue
+			}
+			rel, _ := filepath.Rel(root, dir)
+			trial, _, _ = strings.Cut(rel, "/")
+			tid = t
+			return fs.SkipAll
+		}
+		return nil
+	})
+	return trial, tid
 }
 
 // trialOf is the Trial whose cgroup holds process pid, and its cgroup

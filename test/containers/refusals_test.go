@@ -20,8 +20,9 @@ import (
 //     CAP_MKNOD: it makes a node of 5:1 and writes the host's console;
 //   - in its Trial, with the host's /dev/pts bound in: runc's own rule
 //     c 136:* opens the host's terminals there;
-//   - claiming no Trial, in a Trial process's IPC namespace: no check of
-//     the hook's ran on it, and it shares the Trial's shared memory.
+//   - claiming no Trial, in a Trial process's IPC namespace (by its
+//     /proc file, or through /proc/self/root): no check of the hook's ran
+//     on it, and it shares the Trial's shared memory.
 func TestPrivilegedContainerRuncRefusals(t *testing.T) {
 	requireRuntimes(t, false, "runc")
 	w := newContainerTrial(t, "ctr-refusals")
@@ -46,6 +47,9 @@ func TestPrivilegedContainerRuncRefusals(t *testing.T) {
 		{"unclaimed, in a Trial process's IPC namespace", bundleOpts{annotations: map[string]string{},
 			nsPaths: map[string]string{"ipc": filepath.Join("/proc", strconv.Itoa(inTrial), "ns", "ipc")}},
 			"echo " + started, "it claims no Trial but joins the ipc namespace of process " + strconv.Itoa(inTrial)},
+		{"unclaimed, in it through /proc/self/root", bundleOpts{annotations: map[string]string{},
+			nsPaths: map[string]string{"ipc": filepath.Join("/proc/self/root/proc", strconv.Itoa(inTrial), "ns", "ipc")}},
+			"echo " + started, "it claims no Trial but joins the ipc namespace of thread " + strconv.Itoa(inTrial)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			name := "refusal-" + strconv.Itoa(len(tc.name))
