@@ -570,6 +570,10 @@ const (
 	dnsCountsLen    = 4096
 )
 
+// The header and the counts fit the page mapped: a stub that counted
+// more than this would not compile.
+var _ [dnsCountsLen - dnsCountsHeader - dnsstub.CountsSize]byte
+
 // mapDNSCounts maps Trial id's counts file, made zeroed if it is not
 // there. A file of another layout (an agent whose stub counts other
 // things) is started anew, and the log says so: its words would be read
