@@ -896,6 +896,9 @@ func TestPrivilegedHostProcOutOfReach(t *testing.T) {
 	}{
 		{nobody, []string{"read", cmdline}},
 		{nobody, []string{"ls", filepath.Join(dir, pid, "root")}},
+		{nobody, []string{"ls", filepath.Join(dir, pid, "cwd")}},
+		{nobody, []string{"read", filepath.Join(dir, pid, "ns/net")}},
+		{nobody, []string{"read", filepath.Join(dir, pid, "environ")}},
 		{nobody, []string{"read", filepath.Join(dir, pid, "mountinfo")}},
 		{0, []string{"open-write", filepath.Join(dir, "sys/kernel/core_pattern")}},
 	} {
