@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/trialnet/trialnet/trial"
 
@@ -885,8 +886,16 @@ func TestPrivilegedHostProcOutOfReach(t *testing.T) {
 	dir := hostMountElsewhere(t, "proc", func(dir string) error { return unix.Mount("/proc", dir, "", unix.MS_BIND, "") })
 	pid := strconv.Itoa(victim(t))
 	cmdline := filepath.Join(dir, pid, "cmdline")
-	if b, err := os.ReadFile(cmdline); err != nil || !strings.HasPrefix(string(b), "sleep") {
-		t.Fatalf("the host's %s: %q %v (the test cannot tell)", cmdline, b, err)
+	// The victim may not have exec'd sleep yet (a slow guest): bounded.
+	for i := 0; ; i++ {
+		b, err := os.ReadFile(cmdline)
+		if err == nil && strings.HasPrefix(string(b), "sleep") {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("the host's %s: %q %v (the test cannot tell)", cmdline, b, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	h := newHost(t)
 	tr := newTrial(t, h, trial.Spec{})
