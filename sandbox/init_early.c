@@ -578,7 +578,9 @@ static void mount_views(const char *dir) {
 #define TRIALNET_STATX_MNT_ID 0x1000U
 
 #define V1_WHY "to hide the host's cgroup v1 hierarchy there"
-#define DEVPTS_WHY "to detach the host's terminals there"
+#define DEVPTS_HELD "it holds terminals outside the Trial, the operator's among them"
+#define PROC_HELD "it shows the host's processes, and its kernel settings writable"
+#define MQUEUE_HELD "it holds the host's POSIX message queues"
 
 // mount_id_at is mountIDAt.
 static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *what, const char *why) {
@@ -671,11 +673,17 @@ static void hide_v1(char **own, int nown) {
 	}
 }
 
-// drop_host_devpts is dropHostDevpts.
-static void drop_host_devpts(void) {
+// drop_foreign is dropForeign.
+static void drop_foreign(const char *fstype, const char *own_path, int optional, const char *held) {
 	struct stat own;
-	if (stat("/dev/pts", &own) < 0)
-		mask_fail(errno, "find the Trial's own devpts on /dev/pts (to tell the host's terminals from it)");
+	if (stat(own_path, &own) < 0) {
+		if (!optional || errno != ENOENT)
+			mask_fail(errno, "find the Trial's own %s on %s (to tell the host's from it)", fstype, own_path);
+		own.st_dev = 0; // no mount has device 0:0
+	}
+	char why[64];
+	snprintf(why, sizeof why, "to detach the host's %s there", fstype);
+	size_t n = strlen(fstype);
 	for (int acted = 1; acted;) {
 		acted = 0;
 		char *b = read_mountinfo(), *s = b, *line;
@@ -690,16 +698,16 @@ static void drop_host_devpts(void) {
 				continue;
 			unsigned long min = strtoul(e + 1, NULL, 10);
 			split_line(line, &m);
-			if (!m.post || m.fields < 5 || strncmp(m.post, "devpts ", 7) || makedev(maj, min) == own.st_dev)
+			if (!m.post || m.fields < 5 || strncmp(m.post, fstype, n) || m.post[n] != ' ' || makedev(maj, min) == own.st_dev)
 				continue;
 			if (m.too_long)
-				mask_fail(ENAMETOOLONG, "detach the devpts on %s... (it holds terminals outside the Trial, the operator's among them)", m.point);
+				mask_fail(ENAMETOOLONG, "detach the %s on %s... (%s)", fstype, m.point, held);
 			// Only a mount on top at its point: umount2 takes what is on
 			// top, and one covered is out of reach until that goes.
-			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, DEVPTS_WHY) != id)
+			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, why) != id)
 				continue;
 			if (umount2(m.point, MNT_DETACH) < 0)
-				mask_fail(errno, "detach the devpts on %s (it holds terminals outside the Trial, the operator's among them)", m.point);
+				mask_fail(errno, "detach the %s on %s (%s)", fstype, m.point, held);
 			acted = 1;
 		}
 	}
@@ -898,7 +906,9 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	// Before /sys is made read-only: a v1 mount detached may uncover
 	// mounts below /sys that were out of reach (hide_v1).
 	hide_v1(v1, nv1);
-	drop_host_devpts();
+	drop_foreign("devpts", "/dev/pts", 0, DEVPTS_HELD);
+	drop_foreign("proc", "/proc", 0, PROC_HELD);
+	drop_foreign("mqueue", "/dev/mqueue", 1, MQUEUE_HELD);
 	hide_autofs();
 	hide_host_ttys();
 	read_only_sys();

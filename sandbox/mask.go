@@ -90,8 +90,18 @@ func maskHost(nested bool, hide, v1 []string) error {
 	if err := hideV1(v1); err != nil {
 		return err
 	}
-	if err := dropHostDevpts(); err != nil {
-		return err
+	for _, d := range []struct {
+		fstype, own string
+		optional    bool
+		held        string
+	}{
+		{"devpts", "/dev/pts", false, devptsHeld},
+		{"proc", "/proc", false, procHeld},
+		{"mqueue", "/dev/mqueue", true, mqueueHeld},
+	} {
+		if err := dropForeign(d.fstype, d.own, d.optional, d.held); err != nil {
+			return err
+		}
 	}
 	if err := hideAutofs(); err != nil {
 		return err
@@ -201,19 +211,25 @@ func hideV1(own []string) error {
 	}
 }
 
-// dropHostDevpts detaches every devpts mount but the Trial's own: the
-// Trial's /dev/pts covers the host's there, but the host's instance
-// mounted anywhere else (a chroot's /dev/pts, a bind of /dev with its
-// submounts) holds the host's terminals, and a Trial running as the
-// operator's uid opened the operator's pty there, read what was typed
-// into it and wrote to it. As hideV1, it walks the mount table until no
-// such mount is on top at its point.
-func dropHostDevpts() error {
+// dropForeign detaches every mount of fstype but the Trial's own on
+// ownPath (every one where optional and ownPath is absent). The Trial's
+// own covers the host's there, but the host's mounted anywhere else (a
+// chroot's /dev/pts or /proc, a bind of /dev with its submounts) stays:
+// through the host's devpts a Trial running as the operator's uid opened
+// the operator's pty and read what was typed into it; through the host's
+// procfs it read every host process's command line and mount table, and
+// a uid-0 Trial opened core_pattern for writing; through the host's
+// mqueue (an instance per IPC namespace) it opened a queue of the
+// operator's. As hideV1, it walks the mount table until no such mount is
+// on top at its point.
+func dropForeign(fstype, ownPath string, optional bool, held string) error {
 	var own unix.Stat_t
-	if err := unix.Stat("/dev/pts", &own); err != nil {
-		return maskErr("find the Trial's own devpts on /dev/pts", "to tell the host's terminals from it", err)
+	if err := unix.Stat(ownPath, &own); err != nil {
+		if !optional || !errors.Is(err, unix.ENOENT) {
+			return maskErr("find the Trial's own "+fstype+" on "+ownPath, "to tell the host's from it", err)
+		}
+		own.Dev = 0 // no mount has device 0:0
 	}
-	const why = "it holds terminals outside the Trial, the operator's among them"
 	for {
 		b, err := os.ReadFile("/proc/thread-self/mountinfo")
 		if err != nil {
@@ -224,7 +240,7 @@ func dropHostDevpts() error {
 		for sc.Scan() {
 			pre, post, ok := strings.Cut(sc.Text(), " - ")
 			f := strings.Fields(pre)
-			if !ok || len(f) < 5 || !strings.HasPrefix(post, "devpts ") {
+			if !ok || len(f) < 5 || !strings.HasPrefix(post, fstype+" ") {
 				continue
 			}
 			id, err := strconv.ParseUint(f[0], 10, 64)
@@ -243,13 +259,13 @@ func dropHostDevpts() error {
 			// top, and one covered is out of reach until that goes.
 			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
 			if err != nil {
-				return maskErr("find what is mounted on "+mnt, "to detach the host's terminals there", err)
+				return maskErr("find what is mounted on "+mnt, "to detach the host's "+fstype+" there", err)
 			}
 			if top != id {
 				continue
 			}
 			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-				return maskErr("detach the devpts on "+mnt, why, err)
+				return maskErr("detach the "+fstype+" on "+mnt, held, err)
 			}
 			acted = true
 		}
@@ -258,6 +274,13 @@ func dropHostDevpts() error {
 		}
 	}
 }
+
+// What dropForeign's mounts hold, each the reason it is detached.
+const (
+	devptsHeld = "it holds terminals outside the Trial, the operator's among them"
+	procHeld   = "it shows the host's processes, and its kernel settings writable"
+	mqueueHeld = "it holds the host's POSIX message queues"
+)
 
 const (
 	autofsWhy     = "to keep the host's automount daemon from the Trial's lookups"

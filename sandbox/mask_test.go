@@ -11,9 +11,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/trialnet/trialnet/trial"
 
@@ -650,7 +652,7 @@ func hostDevptsElsewhere(t *testing.T) string {
 	return dir
 }
 
-// The Go set-up's dropHostDevpts, run on a thread in a mount namespace of
+// The Go set-up's dropForeign of devpts, run on a thread in a mount namespace of
 // its own with a new devpts on /dev/pts as the init has: the host's
 // devpts is gone from the other point, and the Trial's own stays.
 func TestPrivilegedGoDropHostDevpts(t *testing.T) {
@@ -677,7 +679,7 @@ func TestPrivilegedGoDropHostDevpts(t *testing.T) {
 			bad = append(bad, err.Error())
 			return
 		}
-		if err := dropHostDevpts(); err != nil {
+		if err := dropForeign("devpts", "/dev/pts", false, devptsHeld); err != nil {
 			bad = append(bad, err.Error())
 			return
 		}
@@ -868,6 +870,167 @@ func TestPrivilegedGoHideHostTtys(t *testing.T) {
 			var st unix.Stat_t
 			if err := unix.Stat(n, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
 				bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", n, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
+			}
+		}
+	}()
+	for _, b := range <-errs {
+		t.Error(b)
+	}
+}
+
+// The host's procfs mounted a second time (a chroot's /proc, bound by
+// schroot) shows every host process to a Trial: their command lines, and
+// the host's kernel settings writable by a uid-0 Trial, core_pattern
+// among them. The init detaches every proc mount but the Trial's own.
+func TestPrivilegedHostProcOutOfReach(t *testing.T) {
+	dir := hostMountElsewhere(t, "proc", func(dir string) error { return unix.Mount("/proc", dir, "", unix.MS_BIND, "") })
+	pid := strconv.Itoa(victim(t))
+	cmdline := filepath.Join(dir, pid, "cmdline")
+	// The victim may not have exec'd sleep yet (a slow guest): bounded.
+	for i := 0; ; i++ {
+		b, err := os.ReadFile(cmdline)
+		if err == nil && strings.HasPrefix(string(b), "sleep") {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("the host's %s: %q %v (the test cannot tell)", cmdline, b, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	for _, c := range []struct {
+		uid  uint32
+		args []string
+	}{
+		{nobody, []string{"read", cmdline}},
+		{nobody, []string{"ls", filepath.Join(dir, pid, "root")}},
+		{nobody, []string{"ls", filepath.Join(dir, pid, "cwd")}},
+		{nobody, []string{"read", filepath.Join(dir, pid, "ns/net")}},
+		{nobody, []string{"read", filepath.Join(dir, pid, "environ")}},
+		{nobody, []string{"read", filepath.Join(dir, pid, "mountinfo")}},
+		{0, []string{"open-write", filepath.Join(dir, "sys/kernel/core_pattern")}},
+	} {
+		if code, out := runProbeAs(t, tr, c.uid, Command{}, c.args...); code == probeOK || !strings.Contains(out, "ENOENT") && !strings.Contains(out, "no such file") {
+			t.Errorf("the Trial (uid %d) %v: %d %q, want ENOENT (the host's procfs detached)", c.uid, c.args, code, out)
+		}
+	}
+	// The control: the Trial's own /proc stays.
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "read", "/proc/self/cmdline"); code != probeOK {
+		t.Errorf("the Trial reading its own /proc/self/cmdline: %d %q", code, out)
+	}
+}
+
+// A mount of the host's mqueue file system holds the host IPC
+// namespace's POSIX message queues, though the Trial has an IPC
+// namespace of its own: a Trial of the queue owner's uid opened one
+// there. The init detaches every mqueue mount not of its namespace.
+func TestPrivilegedHostMqueueOutOfReach(t *testing.T) {
+	dir := hostMountElsewhere(t, "mqueue", func(dir string) error { return unix.Mount("mqueue", dir, "mqueue", 0, "") })
+	q := hostQueue(t, dir)
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	for _, args := range [][]string{{"open-write", q}, {"read", q}} {
+		if code, out := runProbeAs(t, tr, nobody, Command{}, args...); code == probeOK || !strings.Contains(out, "ENOENT") && !strings.Contains(out, "no such file") {
+			t.Errorf("the Trial %v: %d %q, want ENOENT (the host's mqueue detached)", args, code, out)
+		}
+	}
+}
+
+// hostQueue makes a POSIX message queue of uid nobody's in the host's IPC
+// namespace through its mqueue mount on dir (removed at cleanup), and
+// returns its path.
+func hostQueue(t *testing.T, dir string) string {
+	t.Helper()
+	q := filepath.Join(dir, "operator")
+	f, err := os.OpenFile(q, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatalf("make a host message queue at %s: %v", q, err)
+	}
+	_ = f.Close()
+	t.Cleanup(func() { _ = os.Remove(q) })
+	if err := os.Chown(q, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// hostMountElsewhere makes a directory of its own under /run (outside the
+// Trial's own directories), mounts on it with mount, binds that on top of
+// it (the walk must go on until none is left), and returns it.
+func hostMountElsewhere(t *testing.T, what string, mount func(dir string) error) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/run", "trialnet-test-"+what+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []func(string) error{mount, func(dir string) error { return unix.Mount(dir, dir, "", unix.MS_BIND, "") }} {
+		if err := m(dir); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	}
+	return dir
+}
+
+// The Go set-up's dropForeign of proc and mqueue, run on a thread in
+// mount and IPC namespaces of its own with a new procfs on /proc and a new
+// mqueue mounted, as the init has: the host's procfs and mqueue are gone
+// from their other points, and the thread's own stay.
+func TestPrivilegedGoDropHostProcMqueue(t *testing.T) {
+	procDir := hostMountElsewhere(t, "proc", func(dir string) error { return unix.Mount("/proc", dir, "", unix.MS_BIND, "") })
+	mqDir := hostMountElsewhere(t, "mqueue", func(dir string) error { return unix.Mount("mqueue", dir, "mqueue", 0, "") })
+	hostQueue(t, mqDir)
+	ownMq, err := os.MkdirTemp("/run", "trialnet-test-own-mqueue-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(ownMq) })
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		var bad []string
+		defer func() { errs <- bad }()
+		if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_NEWIPC); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			bad = append(bad, err.Error())
+			return
+		}
+		own := map[string]uint64{}
+		for _, m := range []struct{ fstype, dir string }{{"proc", "/proc"}, {"mqueue", ownMq}} {
+			if err := unix.Mount(m.fstype, m.dir, m.fstype, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+				bad = append(bad, err.Error())
+				return
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(m.dir, &st); err != nil {
+				bad = append(bad, err.Error())
+				return
+			}
+			own[m.dir] = st.Dev
+		}
+		for _, d := range []struct{ fstype, own, held string }{{"proc", "/proc", procHeld}, {"mqueue", ownMq, mqueueHeld}} {
+			if err := dropForeign(d.fstype, d.own, false, d.held); err != nil {
+				bad = append(bad, err.Error())
+				return
+			}
+		}
+		for _, dir := range []string{procDir, mqDir} {
+			if names, err := dirNames(dir); err != nil || names != "" {
+				bad = append(bad, fmt.Sprintf("%s: %q %v, want it empty (the host's mount detached)", dir, names, err))
+			}
+		}
+		for dir, dev := range own {
+			var st unix.Stat_t
+			if err := unix.Stat(dir, &st); err != nil || st.Dev != dev {
+				bad = append(bad, fmt.Sprintf("%s is no longer the thread's own mount (%v)", dir, err))
 			}
 		}
 	}()
