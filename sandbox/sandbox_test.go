@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,6 +33,13 @@ import (
 	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 )
+
+// The main goroutine keeps the main thread: several tests unshare their
+// mount namespace on a locked thread that ends with its goroutine, and
+// Go keeps the main thread when such a goroutine ends on it, so it would
+// stay in that namespace, and /proc/self (the main thread's view) with
+// it, for every later test.
+func init() { runtime.LockOSThread() }
 
 func TestMain(m *testing.M) {
 	Init()
