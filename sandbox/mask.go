@@ -397,44 +397,12 @@ func coverAutofs(mnt, id string, b []byte) error {
 // which the Trial's own replaces: another (the tree bound into a chroot,
 // a second mount of it) showed every Trial, and, outside /sys, a
 // subtree delegated to the Trial's uid (systemd's user@UID.service)
-// writable, its cgroup.kill among it. As hideV1, it walks the mount
-// table until none is on top at its point.
+// writable, its cgroup.kill among it. dropForeign with no own mount yet.
 func dropHostCgroup2() error {
-	for {
-		b, err := os.ReadFile("/proc/thread-self/mountinfo")
-		if err != nil {
-			return fmt.Errorf("read mountinfo: %w", err)
-		}
-		acted := false
-		sc := bufio.NewScanner(bytes.NewReader(b))
-		for sc.Scan() {
-			pre, post, ok := strings.Cut(sc.Text(), " - ")
-			f := strings.Fields(pre)
-			if !ok || len(f) < 5 || !strings.HasPrefix(post, "cgroup2 ") {
-				continue
-			}
-			id, err := strconv.ParseUint(f[0], 10, 64)
-			if err != nil {
-				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
-			}
-			mnt := cgroup2.UnescapeMountPath(f[4])
-			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
-			if err != nil {
-				return maskErr("find what is mounted on "+mnt, "to detach the host's cgroup2 there", err)
-			}
-			if top != id {
-				continue
-			}
-			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-				return maskErr("detach the host's cgroup2 from "+mnt, "it shows every Trial", err)
-			}
-			acted = true
-		}
-		if !acted {
-			return nil
-		}
-	}
+	return dropForeign("cgroup2", "", true, cgroup2Held)
 }
+
+const cgroup2Held = "it shows every Trial, and a subtree delegated to the Trial's uid writable"
 
 const ttysWhy = "a terminal login gave the Trial's uid, the operator's among them"
 
