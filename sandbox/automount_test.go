@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -157,19 +156,7 @@ func TestPrivilegedNoAutomountFromTheTrial(t *testing.T) {
 func TestPrivilegedGoHideAutofs(t *testing.T) {
 	d := newAutofsDaemon(t)
 	kept := d.mountKept(t)
-	errs := make(chan []string, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		var bad []string
-		defer func() { errs <- bad }()
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
 		if err := hideAutofs(); err != nil {
 			bad = append(bad, err.Error())
 			return
@@ -190,8 +177,6 @@ func TestPrivilegedGoHideAutofs(t *testing.T) {
 		if names, err := dirNames(d.dir); err != nil || names != "kept" {
 			bad = append(bad, fmt.Sprintf("%s: %q %v, want only what was mounted there", d.dir, names, err))
 		}
-	}()
-	for _, b := range <-errs {
-		t.Error(b)
-	}
+		return bad
+	})
 }

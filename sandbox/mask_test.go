@@ -291,19 +291,7 @@ func v1MountsIn(mountinfo, controller string) []string {
 func TestPrivilegedGoHideV1(t *testing.T) {
 	tr, _, own, theirs := v1Siblings(t)
 	mounts := v1MountPoints(t)
-	errs := make(chan []string, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		var bad []string
-		defer func() { errs <- bad }()
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
 		want := map[string]string{}
 		for _, g := range own {
 			names, err := dirNames(g.dir)
@@ -352,10 +340,8 @@ func TestPrivilegedGoHideV1(t *testing.T) {
 				bad = append(bad, fmt.Sprintf("%s: %q %v, want it empty", m, names, err))
 			}
 		}
-	}()
-	for _, e := range <-errs {
-		t.Error(e)
-	}
+		return bad
+	})
 }
 
 // v1Overmountable is v1Siblings, with each pool's v1 mount point by
@@ -416,28 +402,14 @@ func v1Siblings(t *testing.T) (tr, sibling *Trial, own, theirs []v1Group) {
 // wrong; the thread and its mounts go with the goroutine.
 func inOwnMounts(t *testing.T, setup func() error, fn func() []string) {
 	t.Helper()
-	errs := make(chan []string, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		var bad []string
-		defer func() { errs <- bad }()
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
 		if err := setup(); err != nil {
 			bad = append(bad, "set-up: "+err.Error())
 			return
 		}
 		bad = fn()
-	}()
-	for _, e := range <-errs {
-		t.Error(e)
-	}
+		return bad
+	})
 }
 
 // A cgroup v1 hierarchy mounted over the directory that holds the
@@ -657,19 +629,7 @@ func hostDevptsElsewhere(t *testing.T) string {
 // devpts is gone from the other point, and the Trial's own stays.
 func TestPrivilegedGoDropHostDevpts(t *testing.T) {
 	dir := hostDevptsElsewhere(t)
-	errs := make(chan []string, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		var bad []string
-		defer func() { errs <- bad }()
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
 		if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666"); err != nil {
 			bad = append(bad, err.Error())
 			return
@@ -690,10 +650,8 @@ func TestPrivilegedGoDropHostDevpts(t *testing.T) {
 		if err := unix.Stat("/dev/pts", &st); err != nil || st.Dev != own.Dev {
 			bad = append(bad, fmt.Sprintf("/dev/pts is no longer the new devpts (%v)", err))
 		}
-	}()
-	for _, b := range <-errs {
-		t.Error(b)
-	}
+		return bad
+	})
 }
 
 // The host's cgroup2 mounted a second time (the tree bound into a chroot)
@@ -762,19 +720,7 @@ func TestPrivilegedGoDropHostCgroup2(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.Remove(second) })
-	errs := make(chan []string, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		var bad []string
-		defer func() { errs <- bad }()
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
 		if err := unix.Mount("cgroup2", second, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 			bad = append(bad, err.Error())
 			return
@@ -793,10 +739,8 @@ func TestPrivilegedGoDropHostCgroup2(t *testing.T) {
 				bad = append(bad, "a cgroup2 mount is left: "+l)
 			}
 		}
-	}()
-	for _, b := range <-errs {
-		t.Error(b)
-	}
+		return bad
+	})
 }
 
 // A terminal outside devpts that a login gave its user (a virtual console,
@@ -849,19 +793,7 @@ func hostConsoleNode(t *testing.T) string {
 // its own: the console node is /dev/null there.
 func TestPrivilegedGoHideHostTtys(t *testing.T) {
 	node := hostConsoleNode(t)
-	errs := make(chan []string, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		var bad []string
-		defer func() { errs <- bad }()
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
 		if err := hideHostTtys(); err != nil {
 			bad = append(bad, err.Error())
 			return
@@ -872,10 +804,8 @@ func TestPrivilegedGoHideHostTtys(t *testing.T) {
 				bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", n, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
 			}
 		}
-	}()
-	for _, b := range <-errs {
-		t.Error(b)
-	}
+		return bad
+	})
 }
 
 // The host's procfs mounted a second time (a chroot's /proc, bound by
@@ -990,19 +920,7 @@ func TestPrivilegedGoDropHostProcMqueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.Remove(ownMq) })
-	errs := make(chan []string, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		var bad []string
-		defer func() { errs <- bad }()
-		if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_NEWIPC); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			bad = append(bad, err.Error())
-			return
-		}
+	inOwnNamespaces(t, unix.CLONE_NEWNS|unix.CLONE_NEWIPC, func() (bad []string) {
 		own := map[string]uint64{}
 		for _, m := range []struct{ fstype, dir string }{{"proc", "/proc"}, {"mqueue", ownMq}} {
 			if err := unix.Mount(m.fstype, m.dir, m.fstype, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
@@ -1033,6 +951,29 @@ func TestPrivilegedGoDropHostProcMqueue(t *testing.T) {
 				bad = append(bad, fmt.Sprintf("%s is no longer the thread's own mount (%v)", dir, err))
 			}
 		}
+		return bad
+	})
+}
+
+// inOwnNamespaces runs body on a thread of its own in new namespaces
+// (flags, CLONE_NEWNS among them) with every mount private, as the init
+// runs, and reports what body found wrong. The thread stays locked and is
+// discarded with its goroutine: it never comes back changed (the main
+// thread is the main goroutine's, see init).
+func inOwnNamespaces(t *testing.T, flags int, body func() (bad []string)) {
+	t.Helper()
+	errs := make(chan []string, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		if err := unix.Unshare(flags); err != nil {
+			errs <- []string{err.Error()}
+			return
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			errs <- []string{err.Error()}
+			return
+		}
+		errs <- body()
 	}()
 	for _, b := range <-errs {
 		t.Error(b)
