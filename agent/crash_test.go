@@ -391,7 +391,8 @@ func checkWhole(t *testing.T, c *client.Client, state, data string, info client.
 // but its data (kept for a destroyed Trial).
 func checkGone(t *testing.T, state string, host Config, id string) {
 	t.Helper()
-	left := []string{filepath.Join(state, id+".json"), filepath.Join(state, id+".ledgers"), filepath.Join(host.NetnsDir, id)}
+	left := []string{filepath.Join(state, id+".json"), filepath.Join(state, id+".ledgers"), filepath.Join(state, id+namesSuffix),
+		filepath.Join(state, id+dnsCountsSuffix), filepath.Join(host.NetnsDir, id)}
 	if !strings.HasPrefix(id, "ctr-") { // a container's cgroup is its runtime's
 		left = append(left, filepath.Join(host.Parent, id))
 	}

@@ -552,7 +552,7 @@ func listenTransparent(nsPath string) (s transparentSockets, err error) {
 // out before the restart must mean what it meant. Root-only, appended to
 // before each answer, at most dnsstub.DefaultMaxNames lines.
 func (a *Agent) namesFile(id string) string {
-	return filepath.Join(a.cfg.Host.StateDir, id+".names")
+	return filepath.Join(a.cfg.Host.StateDir, id+namesSuffix)
 }
 
 // dnsCountsFile keeps, per Trial, its stub's counts (dnsstub.Counts),
@@ -561,8 +561,14 @@ func (a *Agent) namesFile(id string) string {
 // receipt's DNS counts are the Trial's, not one process's. Root-only, a
 // header (dnsCountsMagic, then the counts' size) and the words.
 func (a *Agent) dnsCountsFile(id string) string {
-	return filepath.Join(a.cfg.Host.StateDir, id+".dnscounts")
+	return filepath.Join(a.cfg.Host.StateDir, id+dnsCountsSuffix)
 }
+
+// The suffixes of the names and counts files, after the Trial's id.
+const (
+	namesSuffix     = ".names"
+	dnsCountsSuffix = ".dnscounts"
+)
 
 const (
 	dnsCountsMagic  = "TNDNSCT1"

@@ -20,6 +20,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -659,5 +660,36 @@ func TestDNSCountsFileNotALink(t *testing.T) {
 			_ = unix.Munmap(mem)
 		}
 		t.Errorf("a FIFO for the counts file: %v", err)
+	}
+}
+
+// The stub's names and counts of a Trial no record names (an agent
+// stopped in its create or destroy) are removed at the start: a later
+// Trial given the same id would begin with another's names and refused
+// count. An adopted Trial's, and anything else by those names, stay.
+func TestSweepRemovesLeftoverStubFiles(t *testing.T) {
+	a := &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil)), trials: map[string]*trial{"live": nil}}
+	dir := t.TempDir()
+	a.cfg.Host.StateDir = dir
+	for _, name := range []string{"gone" + namesSuffix, "gone" + dnsCountsSuffix, "live" + namesSuffix, "live" + dnsCountsSuffix} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "odd"+namesSuffix), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	a.sweepLedgers()
+	var left []string
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	want := []string{"live" + dnsCountsSuffix, "live" + namesSuffix, "odd" + namesSuffix}
+	if !slices.Equal(left, want) {
+		t.Fatalf("left after the sweep: %v; want %v", left, want)
 	}
 }

@@ -380,11 +380,13 @@ func (a *Agent) removeLedgers(id string) {
 	ledger.RemoveAll(a.cfg.Host.StateDir, id)
 }
 
-// sweepLedgers removes the tunnel ledgers of Trials this agent did not
-// adopt, as an agent killed in a create (before the Trial's record) or in
-// a destroy (after its record was removed) leaves them: no record names
-// them, and what they kept is no Trial's. A live process's ledger is
-// left (ledger.Lost); prepared ones are sweepFiles'.
+// sweepLedgers removes the tunnel ledgers, the stub's names and its
+// counts of Trials this agent did not adopt, as an agent killed in a
+// create (before the Trial's record) or in a destroy (after its record
+// was removed) leaves them: no record names them, and what they kept is
+// no Trial's; a later Trial given the same id would start from another's
+// names and counts. A live process's ledger is left (ledger.Lost);
+// prepared ones are sweepFiles'.
 func (a *Agent) sweepLedgers() {
 	dir := a.cfg.Host.StateDir
 	if dir == "" {
@@ -392,8 +394,8 @@ func (a *Agent) sweepLedgers() {
 	}
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ledgersSuffix)
-		if !ok || !e.IsDir() || strings.HasPrefix(id, sandbox.ShellPrefix) {
+		id, kind := leftoverOf(e)
+		if kind == "" || strings.HasPrefix(id, sandbox.ShellPrefix) {
 			continue
 		}
 		a.mu.Lock()
@@ -402,11 +404,35 @@ func (a *Agent) sweepLedgers() {
 		if adopted {
 			continue
 		}
-		a.log.Warn("removing the tunnel ledgers of a Trial that has no record (an agent stopped in its create or destroy)", "trial", id)
-		if _, err := ledger.Lost(dir, id); err != nil {
-			a.log.Error("remove a leftover tunnel ledger", "trial", id, "error", err)
+		a.log.Warn("removing the "+kind+" of a Trial that has no record (an agent stopped in its create or destroy)", "trial", id)
+		var err error
+		if kind == "tunnel ledgers" {
+			_, err = ledger.Lost(dir, id)
+		} else if err = os.Remove(filepath.Join(dir, e.Name())); errors.Is(err, os.ErrNotExist) {
+			err = nil
+		}
+		if err != nil {
+			a.log.Error("remove a leftover "+kind, "trial", id, "error", err)
 		}
 	}
+}
+
+// leftoverOf names what state directory entry e keeps for a Trial, and
+// that Trial's id; kind is "" for anything else.
+func leftoverOf(e os.DirEntry) (id, kind string) {
+	if id, ok := strings.CutSuffix(e.Name(), ledgersSuffix); ok && e.IsDir() {
+		return id, "tunnel ledgers"
+	}
+	if !e.Type().IsRegular() {
+		return "", ""
+	}
+	if id, ok := strings.CutSuffix(e.Name(), namesSuffix); ok {
+		return id, "DNS stub's names"
+	}
+	if id, ok := strings.CutSuffix(e.Name(), dnsCountsSuffix); ok {
+		return id, "DNS stub's counts"
+	}
+	return "", ""
 }
 
 // ledgersSuffix ends the name of a Trial's ledgers' directory in the
