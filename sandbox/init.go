@@ -638,6 +638,10 @@ func setupInit(nested, transparent bool, nsPath string, hide, v1, keep []string)
 			return fmt.Errorf("mount the Trial's %s: %w", m.dir, err)
 		}
 	}
+	hostShm, err := hostShmDev() // before the Trial's own covers it
+	if err != nil {
+		return maskErr("find the host's /dev/shm", "to detach its other mounts", err)
+	}
 	// /tmp, /var/tmp and /dev/shm: exec as on most hosts (JITs map from
 	// /dev/shm), bounded, since what a tmpfs holds is the host's memory.
 	if err := mountOwnDirs(keep); err != nil {
@@ -655,7 +659,7 @@ func setupInit(nested, transparent bool, nsPath string, hide, v1, keep []string)
 			return err
 		}
 	}
-	return maskHost(nested, hide, v1)
+	return maskHost(nested, hide, v1, hostShm)
 }
 
 // dropNsMounts detaches the namespace files bind-mounted on the host (every

@@ -581,6 +581,7 @@ static void mount_views(const char *dir) {
 #define DEVPTS_HELD "it holds terminals outside the Trial, the operator's among them"
 #define PROC_HELD "it shows the host's processes, and its kernel settings writable"
 #define MQUEUE_HELD "it holds the host's POSIX message queues"
+#define SHM_HELD "it is the host's /dev/shm, with its POSIX shared memory and semaphores"
 
 // mount_id_at is mountIDAt.
 static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *what, const char *why) {
@@ -673,16 +674,15 @@ static void hide_v1(char **own, int nown) {
 	}
 }
 
-// drop_foreign is dropForeign.
-static void drop_foreign(const char *fstype, const char *own_path, int optional, const char *held) {
-	struct stat own;
-	if (stat(own_path, &own) < 0) {
-		if (!optional || errno != ENOENT)
-			mask_fail(errno, "find the Trial's own %s on %s (to tell the host's from it)", fstype, own_path);
-		own.st_dev = 0; // no mount has device 0:0
-	}
-	char why[64];
+// drop_mounts is dropMounts, its pick: a mount of fstype whose device is
+// not own and, where only is not 0, is only and whose point is beneath
+// none of the Trial's own directories.
+static void drop_mounts(const char *fstype, dev_t own, dev_t only, const char *held) {
+	char why[64], real[n_own_dirs][PATH_MAX];
 	snprintf(why, sizeof why, "to detach the host's %s there", fstype);
+	for (int i = 0; i < n_own_dirs; i++)
+		if (!only || !realpath(trialnet_init_own_dirs[i].dir, real[i]))
+			real[i][0] = 0;
 	size_t n = strlen(fstype);
 	for (int acted = 1; acted;) {
 		acted = 0;
@@ -696,21 +696,59 @@ static void drop_foreign(const char *fstype, const char *own_path, int optional,
 			unsigned long maj = strtoul(e, &e, 10);
 			if (*e != ':')
 				continue;
-			unsigned long min = strtoul(e + 1, NULL, 10);
+			dev_t dev = makedev(maj, strtoul(e + 1, NULL, 10));
 			split_line(line, &m);
-			if (!m.post || m.fields < 5 || strncmp(m.post, fstype, n) || m.post[n] != ' ' || makedev(maj, min) == own.st_dev)
+			if (!m.post || m.fields < 5 || strncmp(m.post, fstype, n) || m.post[n] != ' ' || dev == own || (only && dev != only))
 				continue;
 			if (m.too_long)
 				mask_fail(ENAMETOOLONG, "detach the %s on %s... (%s)", fstype, m.point, held);
+			int kept = 0;
+			for (int i = 0; i < n_own_dirs; i++)
+				kept |= real[i][0] && under(m.point, real[i]);
 			// Only a mount on top at its point: umount2 takes what is on
 			// top, and one covered is out of reach until that goes.
-			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, why) != id)
+			if (kept || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, why) != id)
 				continue;
 			if (umount2(m.point, MNT_DETACH) < 0)
 				mask_fail(errno, "detach the %s on %s (%s)", fstype, m.point, held);
 			acted = 1;
 		}
 	}
+}
+
+// drop_foreign is dropForeign.
+static void drop_foreign(const char *fstype, const char *own_path, int optional, const char *held) {
+	struct stat own;
+	if (stat(own_path, &own) < 0) {
+		if (!optional || errno != ENOENT)
+			mask_fail(errno, "find the Trial's own %s on %s (to tell the host's from it)", fstype, own_path);
+		own.st_dev = 0; // no mount has device 0:0
+	}
+	drop_mounts(fstype, own.st_dev, 0, held);
+}
+
+// host_shm_dev is hostShmDev.
+static dev_t host_shm_dev(void) {
+	char real[PATH_MAX];
+	if (!realpath("/dev/shm", real))
+		return 0; // none: nothing to detach
+	uint64_t want = mount_id_at(AT_FDCWD, real, 0, real, "to detach the host's /dev/shm's other mounts");
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	dev_t dev = 0;
+	while (want && (line = next_line(&s))) {
+		char *e;
+		if (strtoull(line, &e, 10) != want)
+			continue;
+		strtoull(e, &e, 10);
+		unsigned long maj = strtoul(e, &e, 10);
+		unsigned long min = *e == ':' ? strtoul(e + 1, NULL, 10) : 0;
+		split_line(line, &m);
+		if (*e == ':' && m.post && m.fields >= 5 && !m.too_long && !strncmp(m.post, "tmpfs ", 6) && m.root_len == 1 && m.root[0] == '/' && !strcmp(m.point, real))
+			dev = makedev(maj, min);
+		break;
+	}
+	return dev;
 }
 
 #define AUTOFS_WHY "to keep the host's automount daemon from the Trial's lookups"
@@ -889,7 +927,7 @@ static void hide_host_ttys(void) {
 }
 
 // mask_host is maskHost.
-static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
+static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1, dev_t host_shm) {
 	char cg[PATH_MAX];
 	cgroup2_mount(cg);
 	static const char *const procs[] = {"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"};
@@ -909,6 +947,8 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1) {
 	drop_foreign("devpts", "/dev/pts", 0, DEVPTS_HELD);
 	drop_foreign("proc", "/proc", 0, PROC_HELD);
 	drop_foreign("mqueue", "/dev/mqueue", 1, MQUEUE_HELD);
+	if (host_shm)
+		drop_mounts("tmpfs", 0, host_shm, SHM_HELD);
 	hide_autofs();
 	hide_host_ttys();
 	read_only_sys();
@@ -952,6 +992,7 @@ static void setup_init(int nested, int transparent, const char *ns_path, char **
 	if (stat("/dev/mqueue", &st) == 0 && S_ISDIR(st.st_mode) &&
 	    mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 		init_fail(errno, NULL, "mount the Trial's /dev/mqueue");
+	dev_t host_shm = host_shm_dev(); // before the Trial's own covers it
 	mount_own_dirs(keep, nkeep);
 	if (unshare(CLONE_NEWCGROUP) < 0)
 		init_fail(errno, NULL, "unshare cgroup namespace");
@@ -965,7 +1006,7 @@ static void setup_init(int nested, int transparent, const char *ns_path, char **
 			covered |= !strcmp(hide[i], run_dir);
 		mount_resolv_conf(covered);
 	}
-	mask_host(nested, hide, nhide, v1, nv1);
+	mask_host(nested, hide, nhide, v1, nv1, host_shm);
 }
 
 // drop_capabilities is exec.go's dropCapabilities.

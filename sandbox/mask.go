@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -65,7 +66,7 @@ func checkUnixPathsVisible(paths []string, hidden []string) error {
 // and hidden the directories naming other Trials. Even a uid-0 Trial owns
 // root's files: these mounts, not permissions, keep it from the host's
 // core_pattern, other Trials' cgroup.kill and trialnet's sockets.
-func maskHost(nested bool, hide, v1 []string) error {
+func maskHost(nested bool, hide, v1 []string, hostShm uint64) error {
 	cgroup2, err := Cgroup2Mount()
 	if err != nil {
 		return err
@@ -102,6 +103,9 @@ func maskHost(nested bool, hide, v1 []string) error {
 		if err := dropForeign(d.fstype, d.own, d.optional, d.held); err != nil {
 			return err
 		}
+	}
+	if err := dropHostShm(hostShm); err != nil {
+		return err
 	}
 	if err := hideAutofs(); err != nil {
 		return err
@@ -230,6 +234,71 @@ func dropForeign(fstype, ownPath string, optional bool, held string) error {
 		}
 		own.Dev = 0 // no mount has device 0:0
 	}
+	return dropMounts(fstype, held, func(dev uint64, _ string) bool { return dev != own.Dev })
+}
+
+// dropHostShm detaches every mount of the host's /dev/shm tmpfs (host,
+// hostShmDev's) but the sockets kept in the Trial's own directories:
+// through one (a chroot's /dev/shm, a bind for a container) a Trial
+// running as the operator's uid opened the operator's POSIX shared
+// memory and semaphores. The Trial's own tmpfs covers it on /dev/shm.
+func dropHostShm(host uint64) error {
+	if host == 0 {
+		return nil
+	}
+	var own []string
+	for _, d := range ownDirs {
+		if real, err := filepath.EvalSymlinks(d.dir); err == nil {
+			own = append(own, real)
+		}
+	}
+	return dropMounts("tmpfs", shmHeld, func(dev uint64, point string) bool {
+		return dev == host && !slices.ContainsFunc(own, func(d string) bool { return under(point, d) })
+	})
+}
+
+// hostShmDev is the device of the host's /dev/shm, read before the
+// Trial's own covers it, where it is a tmpfs mounted there whole (its
+// root "/"): every mount of that device holds the host's shared memory.
+// 0 where /dev/shm is anything else (a directory of /dev, part of a
+// larger tmpfs bound there), whose device another file system's mounts
+// share.
+func hostShmDev() (uint64, error) {
+	real, err := filepath.EvalSymlinks("/dev/shm")
+	if err != nil {
+		return 0, nil // none: nothing to detach
+	}
+	id, err := mountIDAt(unix.AT_FDCWD, real, 0)
+	if err != nil || id == 0 {
+		return 0, err
+	}
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return 0, fmt.Errorf("read mountinfo: %w", err)
+	}
+	want := strconv.FormatUint(id, 10)
+	for line := range strings.Lines(string(b)) {
+		pre, post, ok := strings.Cut(line, " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 || f[0] != want {
+			continue
+		}
+		if !strings.HasPrefix(post, "tmpfs ") || f[3] != "/" || cgroup2.UnescapeMountPath(f[4]) != real {
+			return 0, nil
+		}
+		var maj, min uint32
+		if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
+			return 0, fmt.Errorf("read mountinfo: device %q: %w", f[2], err)
+		}
+		return unix.Mkdev(maj, min), nil
+	}
+	return 0, nil
+}
+
+// dropMounts detaches each mount of fstype on top at its point that
+// drop picks by its device and point, walking the mount table until none
+// is left (held says why each goes).
+func dropMounts(fstype, held string, drop func(dev uint64, point string) bool) error {
 	for {
 		b, err := os.ReadFile("/proc/thread-self/mountinfo")
 		if err != nil {
@@ -251,10 +320,10 @@ func dropForeign(fstype, ownPath string, optional bool, held string) error {
 			if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
 				return fmt.Errorf("read mountinfo: device %q: %w", f[2], err)
 			}
-			if unix.Mkdev(maj, min) == own.Dev {
+			mnt := cgroup2.UnescapeMountPath(f[4])
+			if !drop(unix.Mkdev(maj, min), mnt) {
 				continue
 			}
-			mnt := cgroup2.UnescapeMountPath(f[4])
 			// Only a mount on top at its point: Unmount takes what is on
 			// top, and one covered is out of reach until that goes.
 			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
@@ -280,6 +349,7 @@ const (
 	devptsHeld = "it holds terminals outside the Trial, the operator's among them"
 	procHeld   = "it shows the host's processes, and its kernel settings writable"
 	mqueueHeld = "it holds the host's POSIX message queues"
+	shmHeld    = "it is the host's /dev/shm, with its POSIX shared memory and semaphores"
 )
 
 const (

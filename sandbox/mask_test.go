@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/trial"
 
 	"github.com/trialnet/trialnet/internal/cgroup2"
@@ -978,4 +979,104 @@ func inOwnNamespaces(t *testing.T, flags int, body func() (bad []string)) {
 	for _, b := range <-errs {
 		t.Error(b)
 	}
+}
+
+// hostShmFile makes a directory of root's in the host's /dev/shm, and in
+// it a file of uid nobody's (what a same-uid host process's POSIX shared
+// memory is), both removed at cleanup; it returns the directory.
+func hostShmFile(t *testing.T) string {
+	t.Helper()
+	if dev, err := hostShmDev(); err != nil || dev == 0 {
+		t.Fatalf("this host's /dev/shm is not a tmpfs of its own (%v): the test needs one", err)
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "trialnet-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(dir, "operator")
+	if err := os.WriteFile(f, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(f, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// A second mount of the host's /dev/shm tmpfs (a chroot's /dev/shm, a
+// bind for a container) holds the host's POSIX shared memory and
+// semaphores, past the Trial's own /dev/shm: a Trial of the owner's uid
+// read one there. The init detaches every mount of the host's /dev/shm
+// but the sockets it keeps in the Trial's own.
+func TestPrivilegedHostShmOutOfReach(t *testing.T) {
+	shm := hostShmFile(t)
+	dir := hostMountElsewhere(t, "shm", func(dir string) error { return unix.Mount("/dev/shm", dir, "", unix.MS_BIND, "") })
+	allowed := filepath.Join(shm, "allowed.sock")
+	self, err := netns.Open(filepath.Dir(selfNetns()), filepath.Base(selfNetns()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listenUnixIn(t, self, allowed, false)
+	if err := os.Chmod(allowed, 0o777); err != nil { // a socket's connect wants write
+		t.Fatal(err)
+	}
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{UnixAllow: []string{allowed}})
+	through := filepath.Join(dir, filepath.Base(shm), "operator")
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "read", through); code == probeOK || !strings.Contains(out, "ENOENT") && !strings.Contains(out, "no such file") {
+		t.Errorf("the Trial reading the host's shared memory at %s: %d %q, want ENOENT (the host's /dev/shm detached)", through, code, out)
+	}
+	// The controls: the allowed socket is still bound in the Trial's own
+	// /dev/shm, and that is the Trial's, not the host's.
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "unix", allowed); code != probeOK {
+		t.Errorf("the Trial connecting to the allowed socket %s in its own /dev/shm: %d %q", allowed, code, out)
+	}
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "read", filepath.Join(shm, "operator")); code == probeOK {
+		t.Errorf("the Trial read the host's shared memory through its own /dev/shm: %q", out)
+	}
+}
+
+// The Go set-up's dropHostShm, run on a thread in a mount namespace of
+// its own with a tmpfs of its own on /dev/shm, as the init has: the
+// host's /dev/shm is gone from its other point, a bind kept in the own
+// /dev/shm stays.
+func TestPrivilegedGoDropHostShm(t *testing.T) {
+	shm := hostShmFile(t)
+	dir := hostMountElsewhere(t, "shm", func(dir string) error { return unix.Mount("/dev/shm", dir, "", unix.MS_BIND, "") })
+	kept := filepath.Join(shm, "operator")
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
+		host, err := hostShmDev()
+		if err != nil || host == 0 {
+			return []string{fmt.Sprintf("the host's /dev/shm: %d %v", host, err)}
+		}
+		if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+			return []string{err.Error()}
+		}
+		// As mountOwnDirs keeps an allowed socket: the host's file bound
+		// at its path in the own tmpfs.
+		own := filepath.Join("/dev/shm", filepath.Base(shm), "operator")
+		if err := os.MkdirAll(filepath.Dir(own), 0o755); err != nil {
+			return []string{err.Error()}
+		}
+		if err := os.WriteFile(own, nil, 0o600); err != nil {
+			return []string{err.Error()}
+		}
+		if err := unix.Mount(filepath.Join(dir, filepath.Base(shm), "operator"), own, "", unix.MS_BIND, ""); err != nil {
+			return []string{err.Error()}
+		}
+		if err := dropHostShm(host); err != nil {
+			return []string{err.Error()}
+		}
+		if names, err := dirNames(dir); err != nil || names != "" {
+			bad = append(bad, fmt.Sprintf("%s: %q %v, want it empty (the host's /dev/shm detached)", dir, names, err))
+		}
+		if b, err := os.ReadFile(own); err != nil || string(b) != "secret" {
+			bad = append(bad, fmt.Sprintf("the bind kept in the own /dev/shm (%s): %q %v", kept, b, err))
+		}
+		return bad
+	})
 }
