@@ -581,6 +581,7 @@ static void mount_views(const char *dir) {
 #define DEVPTS_HELD "it holds terminals outside the Trial, the operator's among them"
 #define PROC_HELD "it shows the host's processes, and its kernel settings writable"
 #define MQUEUE_HELD "it holds the host's POSIX message queues"
+#define HUGETLBFS_HELD "it draws on the host's reserved huge pages, which no limit of the Trial's bounds"
 #define SHM_HELD "it is the host's /dev/shm, with its POSIX shared memory and semaphores"
 
 // mount_id_at is mountIDAt.
@@ -949,6 +950,7 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1, de
 	drop_foreign("mqueue", "/dev/mqueue", 1, MQUEUE_HELD);
 	if (host_shm)
 		drop_mounts("tmpfs", 0, host_shm, SHM_HELD);
+	drop_mounts("hugetlbfs", 0, 0, HUGETLBFS_HELD);
 	hide_autofs();
 	hide_host_ttys();
 	read_only_sys();

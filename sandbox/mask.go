@@ -107,6 +107,12 @@ func maskHost(nested bool, hide, v1 []string, hostShm uint64) error {
 	if err := dropHostShm(hostShm); err != nil {
 		return err
 	}
+	// A file of its own on the host's hugetlbfs (/dev/hugepages) would
+	// take the reserved pages that the seccomp filter's MAP_HUGETLB rule
+	// keeps from the Trial.
+	if err := dropMounts("hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }); err != nil {
+		return err
+	}
 	if err := hideAutofs(); err != nil {
 		return err
 	}
@@ -350,6 +356,8 @@ const (
 	procHeld   = "it shows the host's processes, and its kernel settings writable"
 	mqueueHeld = "it holds the host's POSIX message queues"
 	shmHeld    = "it is the host's /dev/shm, with its POSIX shared memory and semaphores"
+
+	hugetlbfsHeld = "it draws on the host's reserved huge pages, which no limit of the Trial's bounds"
 )
 
 const (

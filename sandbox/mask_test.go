@@ -1080,3 +1080,58 @@ func TestPrivilegedGoDropHostShm(t *testing.T) {
 		return bad
 	})
 }
+
+// The host's reserved huge pages (vm.nr_hugepages) are bounded by no
+// limit of a Trial's: a Trial that maps them (MAP_HUGETLB, or a file of
+// its own on the host's hugetlbfs) takes what a host database reserved.
+// The filter refuses the flag with ENOMEM and the init detaches every
+// hugetlbfs mount. The pool is given one page for the test, so that the
+// host's own map (the control) succeeds.
+func TestPrivilegedHostHugePagesOutOfReach(t *testing.T) {
+	const sysctl = "/proc/sys/vm/nr_hugepages"
+	b, err := os.ReadFile(sysctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err != nil || n == 0 {
+		if err := os.WriteFile(sysctl, []byte("1"), 0); err != nil {
+			t.Fatalf("reserve a huge page for the test: %v", err)
+		}
+		t.Cleanup(func() { _ = os.WriteFile(sysctl, b, 0) })
+	}
+	if err := hugePage(); err != nil {
+		t.Fatalf("the host's own huge page (the control): %v", err)
+	}
+	dir := hostMountElsewhere(t, "hugetlbfs", func(dir string) error { return unix.Mount("hugetlbfs", dir, "hugetlbfs", 0, "mode=0777") })
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "hugepage"); code == probeOK || out != "ENOMEM" {
+		t.Errorf("the Trial mapping a huge page: %d %q, want ENOMEM", code, out)
+	}
+	// A file there: what a uid-0 Trial could make and map.
+	file := filepath.Join(dir, "pages")
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	if code, out := runProbeAs(t, tr, 0, Command{}, "open-write", file); code == probeOK || out != "ENOENT" {
+		t.Errorf("the Trial (uid 0) opening %s on the host's hugetlbfs: %d %q, want ENOENT (detached)", file, code, out)
+	}
+}
+
+// The Go set-up's detach of hugetlbfs, run on a thread in a mount
+// namespace of its own.
+func TestPrivilegedGoDropHugetlbfs(t *testing.T) {
+	dir := hostMountElsewhere(t, "hugetlbfs", func(dir string) error { return unix.Mount("hugetlbfs", dir, "hugetlbfs", 0, "mode=0777") })
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
+		if err := dropMounts("hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }); err != nil {
+			return []string{err.Error()}
+		}
+		var fs unix.Statfs_t
+		if err := unix.Statfs(dir, &fs); err != nil || fs.Type == unix.HUGETLBFS_MAGIC {
+			bad = append(bad, fmt.Sprintf("%s is still a hugetlbfs (%v)", dir, err))
+		}
+		return bad
+	})
+}

@@ -123,6 +123,8 @@ func probe(args []string) int {
 		err = fill(target)
 	case "alloc":
 		err = alloc(target)
+	case "hugepage":
+		err = hugePage()
 	default:
 		fmt.Println("unknown probe", args[0])
 		return probeOther
@@ -549,6 +551,16 @@ func alloc(mib string) error {
 	}
 	fmt.Printf("%d ", len(keep))
 	return nil
+}
+
+// hugePage maps a huge page from the host's pool and touches it.
+func hugePage() error {
+	b, err := unix.Mmap(-1, 0, 2<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_HUGETLB)
+	if err != nil {
+		return err
+	}
+	b[0] = 1
+	return unix.Munmap(b)
 }
 
 // fill writes to path until the write fails, and says how many MiB it

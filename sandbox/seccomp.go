@@ -124,6 +124,10 @@ var netConfigIoctls = [][2]uint32{
 	{unix.TUNSETIFF, unix.TUNSETIFF},
 }
 
+// shmHugetlb is shmget's SHM_HUGETLB (linux/shm.h), which x/sys/unix
+// does not name.
+const shmHugetlb = 0o4000
+
 // refusedIoctls would let a Trial type into a terminal or read its
 // screen, or attach a line discipline to its terminal (TIOCSETD: rarely
 // used code, HDLC, GSM mux and the like, loaded as modules on demand).
@@ -172,6 +176,9 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	for _, nr := range refusedCalls {
 		a.jumpIf(bpf.JumpEqual, nr, "enosys")
 	}
+	a.jumpIf(bpf.JumpEqual, unix.SYS_MMAP, "mmap")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_SHMGET, "shmget")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_MEMFD_CREATE, "memfd")
 	a.jumpIf(bpf.JumpEqual, unix.SYS_SETRLIMIT, "setrlimit")
 	a.jumpIf(bpf.JumpEqual, unix.SYS_PRLIMIT64, "prlimit")
 	a.ret(retAllow)
@@ -202,6 +209,24 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	a.jumpIf(bpf.JumpNotEqual, 0, "eperm")
 	a.label("unchanged")
 	a.ret(retErrno) // errno 0: the call "succeeds", unmade
+
+	// No huge pages from the host's reserved pool (vm.nr_hugepages): no
+	// cgroup of the Trial's bounds its share, and one Trial could take
+	// the pages a host database or DPDK reserved. Refused with ENOMEM, as
+	// on a host whose pool is empty (most hosts): programs fall back to
+	// normal pages. Transparent huge pages are not the pool's.
+	a.label("mmap")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg3, Size: 4})
+	a.jumpIf(bpf.JumpBitsSet, unix.MAP_HUGETLB, "enomem")
+	a.ret(retAllow)
+	a.label("shmget")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg2, Size: 4})
+	a.jumpIf(bpf.JumpBitsSet, shmHugetlb, "enomem")
+	a.ret(retAllow)
+	a.label("memfd")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg1, Size: 4})
+	a.jumpIf(bpf.JumpBitsSet, unix.MFD_HUGETLB, "enomem")
+	a.ret(retAllow)
 
 	// No user namespace: inside one a Trial would hold CAP_SYS_ADMIN over
 	// mounts of its own and could bind another socket over an allowed
@@ -270,6 +295,8 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 
 	a.label("eperm")
 	a.ret(retErrno | uint32(unix.EPERM))
+	a.label("enomem")
+	a.ret(retErrno | uint32(unix.ENOMEM))
 	a.label("eopnotsupp")
 	a.ret(retErrno | uint32(unix.EOPNOTSUPP))
 	a.label("enosys")

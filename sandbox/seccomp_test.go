@@ -115,6 +115,28 @@ func testSeccomp(t *testing.T, nested bool) {
 			t.Errorf("ioctl %#x: filter returns %#x, want %#x", req, got, want)
 		}
 	}
+	// Huge pages from the host's pool are refused as an empty pool
+	// refuses them; normal pages and the other flags pass.
+	enomem := retErrno | uint32(unix.ENOMEM)
+	const mapHuge2MB = 21 << 26 // MAP_HUGE_2MB
+	for _, c := range []struct {
+		name string
+		nr   uint32
+		args []uint32
+		want uint32
+	}{
+		{"mmap MAP_HUGETLB", unix.SYS_MMAP, []uint32{0, 1 << 21, unix.PROT_READ, unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_HUGETLB}, enomem},
+		{"mmap MAP_HUGETLB|MAP_HUGE_2MB", unix.SYS_MMAP, []uint32{0, 1 << 21, unix.PROT_READ, unix.MAP_SHARED | unix.MAP_ANONYMOUS | unix.MAP_HUGETLB | mapHuge2MB}, enomem},
+		{"mmap anonymous", unix.SYS_MMAP, []uint32{0, 1 << 21, unix.PROT_READ, unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_NORESERVE}, retAllow},
+		{"shmget SHM_HUGETLB", unix.SYS_SHMGET, []uint32{0, 1 << 21, shmHugetlb | unix.IPC_CREAT | 0o600}, enomem},
+		{"shmget", unix.SYS_SHMGET, []uint32{0, 1 << 21, unix.IPC_CREAT | 0o600}, retAllow},
+		{"memfd_create MFD_HUGETLB", unix.SYS_MEMFD_CREATE, []uint32{0x1000, unix.MFD_CLOEXEC | unix.MFD_HUGETLB}, enomem},
+		{"memfd_create", unix.SYS_MEMFD_CREATE, []uint32{0x1000, unix.MFD_CLOEXEC | unix.MFD_ALLOW_SEALING}, retAllow},
+	} {
+		if got := run(c.nr, c.args...); got != c.want {
+			t.Errorf("%s: filter returns %#x, want %#x", c.name, got, c.want)
+		}
+	}
 	userns := uint32(retErrno | uint32(unix.EPERM))
 	if nested {
 		userns = retAllow
