@@ -362,8 +362,14 @@ func handshake(e *env, r *route, res *results) error {
 }
 
 // concurrent has concClients clients share concTunnels one-byte-echo
-// tunnels, and records tunnels per second.
+// tunnels, and records tunnels per second and the proxy's CPU per
+// tunnel: the two cores are busy throughout, so the proxy's share of
+// them bounds the rate.
 func concurrent(e *env, r *route, res *results) error {
+	var cpu0 time.Duration
+	if r.proc != nil {
+		cpu0 = treeCPU(r.proc.cmd.Process.Pid)
+	}
 	var next, done atomic.Int64
 	var firstErr error
 	var once sync.Once
@@ -390,6 +396,10 @@ func concurrent(e *env, r *route, res *results) error {
 		return fmt.Errorf("%d of %d tunnels done, then: %w", done.Load(), concTunnels, firstErr)
 	}
 	res.add("tps", r.name, float64(done.Load())/time.Since(start).Seconds())
+	if r.proc != nil {
+		cpu := treeCPU(r.proc.cmd.Process.Pid) - cpu0
+		res.add("cpu64", r.name, us(cpu)/float64(done.Load()))
+	}
 	return nil
 }
 
@@ -602,6 +612,7 @@ var figures = []figure{
 	{"p99", "handshake p99, µs", true, 0, "handshake-p99/best-peer"},
 	{"cpu", "proxy CPU per sequential tunnel, µs", true, 0, "cpu-per-tunnel/best-peer"},
 	{"tps", "tunnels/s, 64 concurrent clients", false, 0, "tunnels-per-s/best-peer"},
+	{"cpu64", "proxy CPU per tunnel, 64 concurrent clients, µs", true, 0, "cpu-per-tunnel-64/best-peer"},
 	{"up", "bulk up (client → upstream), MB/s, one tunnel", false, 0, "bulk-up/best-peer"},
 	{"down", "bulk down (upstream → client), MB/s, one tunnel", false, 0, "bulk-down/best-peer"},
 	{"idle", "KiB per idle tunnel (1,000 open, fresh process)", true, 1, "idle-KiB/best-peer"},
