@@ -4,10 +4,12 @@
 // one interleaved run, with a direct TCP connection (the physical limit
 // here) and with its peers: tinyproxy and squid (Debian's packages),
 // smokescreen (a Go module at a pinned version) and a naive net/http
-// proxy, each a process started by the benchmark. The upstream is a test
-// host in its own network namespace behind a veth; the DNS server answers
-// as a real authoritative one does (NODATA with an SOA, so negative
-// answers are cached).
+// proxy, each a process started by the benchmark; and, as a reference
+// that is not a peer, a CONNECT proxy on raw epoll without any checks
+// (the "epoll ceiling"). The upstream is a test host in its own network
+// namespace behind a veth; the DNS server answers as a real
+// authoritative one does (NODATA with an SOA, so negative answers are
+// cached).
 //
 //	make bench    # or: go test -run '^$' -bench Peers -benchtime 1x ./test/proxybench [-args -rounds N]
 package proxybench
@@ -320,7 +322,7 @@ func BenchmarkPeers(b *testing.B) {
 			}
 		}
 	}
-	order := []string{"direct", "tinyproxy", "squid", "smokescreen", "naive Go", "trialnet"}
+	order := []string{"direct", "tinyproxy", "squid", "smokescreen", "naive Go", ceilingRoute, "trialnet"}
 	for _, bl := range baselines() {
 		order = slices.Insert(order, len(order)-1, bl.route)
 	}
@@ -362,8 +364,14 @@ func handshake(e *env, r *route, res *results) error {
 }
 
 // concurrent has concClients clients share concTunnels one-byte-echo
-// tunnels, and records tunnels per second.
+// tunnels, and records tunnels per second and the proxy's CPU per
+// tunnel: the two cores are busy throughout, so the proxy's share of
+// them bounds the rate.
 func concurrent(e *env, r *route, res *results) error {
+	var cpu0 time.Duration
+	if r.proc != nil {
+		cpu0 = treeCPU(r.proc.cmd.Process.Pid)
+	}
 	var next, done atomic.Int64
 	var firstErr error
 	var once sync.Once
@@ -390,6 +398,10 @@ func concurrent(e *env, r *route, res *results) error {
 		return fmt.Errorf("%d of %d tunnels done, then: %w", done.Load(), concTunnels, firstErr)
 	}
 	res.add("tps", r.name, float64(done.Load())/time.Since(start).Seconds())
+	if r.proc != nil {
+		cpu := treeCPU(r.proc.cmd.Process.Pid) - cpu0
+		res.add("cpu64", r.name, us(cpu)/float64(done.Load()))
+	}
 	return nil
 }
 
@@ -602,6 +614,7 @@ var figures = []figure{
 	{"p99", "handshake p99, µs", true, 0, "handshake-p99/best-peer"},
 	{"cpu", "proxy CPU per sequential tunnel, µs", true, 0, "cpu-per-tunnel/best-peer"},
 	{"tps", "tunnels/s, 64 concurrent clients", false, 0, "tunnels-per-s/best-peer"},
+	{"cpu64", "proxy CPU per tunnel, 64 concurrent clients, µs", true, 0, "cpu-per-tunnel-64/best-peer"},
 	{"up", "bulk up (client → upstream), MB/s, one tunnel", false, 0, "bulk-up/best-peer"},
 	{"down", "bulk down (upstream → client), MB/s, one tunnel", false, 0, "bulk-down/best-peer"},
 	{"idle", "KiB per idle tunnel (1,000 open, fresh process)", true, 1, "idle-KiB/best-peer"},
@@ -626,7 +639,7 @@ func (s *results) table(order []string) (string, map[string]float64) {
 		}
 		best, bold := "", "" // the best peer; the best of the peers and trialnet
 		for _, rt := range order {
-			if _, ok := med[rt]; !ok || rt == "direct" || strings.HasPrefix(rt, baselinePrefix) {
+			if _, ok := med[rt]; !ok || rt == "direct" || rt == ceilingRoute || strings.HasPrefix(rt, baselinePrefix) {
 				continue
 			}
 			if rt != "trialnet" && better(rt, best) {

@@ -42,7 +42,10 @@ type peer struct {
 //   - smokescreen: the name, resolved through the test DNS server
 //     (--resolver-address), the test host's range allowed (it denies
 //     non-global ranges by default), no egress ACL;
-//   - naive Go: the address (it uses the system resolver).
+//   - naive Go: the address (it uses the system resolver);
+//   - epoll ceiling (not a peer: left out of the best peer and of the
+//     bold): the address; what an event loop leaves trialnet's proxy
+//     when its checks cost nothing (./epollproxy).
 func (e *env) peers() []peer {
 	name := fmt.Sprintf("%s:%d", upstreamName, benchPort)
 	addr := e.upstream.String()
@@ -52,12 +55,16 @@ func (e *env) peers() []peer {
 		{"squid", addr, e.startSquid},
 		{"smokescreen", name, e.startSmokescreen},
 		{"naive Go", addr, e.startNaive},
+		{ceilingRoute, addr, e.startEpoll},
 	}
 	for _, b := range baselines() {
 		ps = append(ps, peer{b.route, name, func() (*process, error) { return e.startTrialnetBin(b.bin) }})
 	}
 	return ps
 }
+
+// ceilingRoute is ./epollproxy's route: a reference, not a peer.
+const ceilingRoute = "epoll ceiling"
 
 // baseline is another build of trialnet run beside this tree's.
 type baseline struct{ route, bin string }
@@ -83,11 +90,12 @@ func baselines() []baseline {
 }
 
 // build compiles what the peers need into e.dir: trialnet, the naive
-// proxy and smokescreen.
+// proxy, the event-loop ceiling and smokescreen.
 func (e *env) build() error {
 	for _, c := range []*exec.Cmd{
 		exec.Command("go", "build", "-o", filepath.Join(e.dir, "trialnet"), "../../cmd/trialnet"),
 		exec.Command("go", "build", "-o", filepath.Join(e.dir, "naiveproxy"), "./naiveproxy"),
+		exec.Command("go", "build", "-o", filepath.Join(e.dir, "epollproxy"), "./epollproxy"),
 		exec.Command("go", "install", smokescreenModule),
 	} {
 		c.Env = append(os.Environ(), "GOBIN="+e.dir)
@@ -217,6 +225,15 @@ func (e *env) startNaive() (*process, error) {
 		return nil, err
 	}
 	return e.start("naiveproxy", addr, filepath.Join(e.dir, "naiveproxy"), "--listen", addr)
+}
+
+// startEpoll runs the event-loop ceiling (./epollproxy).
+func (e *env) startEpoll() (*process, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	return e.start("epollproxy", addr, filepath.Join(e.dir, "epollproxy"), "--listen", addr)
 }
 
 type process struct {
