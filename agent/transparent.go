@@ -284,6 +284,39 @@ func (tp *transparent) stopStub() {
 	tp.stub, tp.socks.udp, tp.socks.tcp = nil, nil, nil
 }
 
+// maxQueued bounds the queries finish counts: the socket's receive
+// buffer holds a few hundred, and the Trial, not killed yet, may still
+// be sending.
+const maxQueued = 4096
+
+// finish stops the stub at the Trial's end and counts the queries still
+// queued in its UDP socket, which no one will answer (a hand-over's
+// successor answers them: pause), and returns its final counts; nil
+// when no stub serves. The queue is read from a copy of the socket,
+// which the stub's close leaves open.
+func (tp *transparent) finish() *dnsstub.Stats {
+	stub := tp.stub
+	if stub == nil {
+		return nil
+	}
+	f, err := tp.socks.udp.File()
+	_ = stub.Close()
+	<-tp.stubDone
+	if err == nil {
+		buf := make([]byte, 1024) // past the stub's 512, a query is oversized whatever its length
+		for range maxQueued {
+			n, _, err := unix.Recvfrom(int(f.Fd()), buf, unix.MSG_DONTWAIT)
+			if err != nil {
+				break
+			}
+			stub.Tally(buf[:n])
+		}
+		_ = f.Close()
+	}
+	st := stub.Stats()
+	return &st
+}
+
 // pause stops the stub for a hand-over: the successor's stub answers on
 // copies of the same sockets, with the names this one handed out (their
 // file), and two stubs handing out addresses at once could give one

@@ -121,15 +121,21 @@ func (lt *trial) Stop() {
 	}
 	lt.mu.Lock()
 	tp := lt.tp
+	lt.mu.Unlock()
+	if tp == nil {
+		return
+	}
+	// The stub stops before its counts are read, and what the Trial
+	// sent it that it had not read yet is counted: no question the
+	// Trial asked is missing from the receipt.
+	st := tp.finish()
+	lt.mu.Lock()
 	lt.tp = nil
-	if tp != nil && tp.stub != nil {
-		st := tp.stub.Stats()
-		lt.finalDNS = &st
+	if st != nil {
+		lt.finalDNS = st
 	}
 	lt.mu.Unlock()
-	if tp != nil {
-		tp.close()
-	}
+	tp.close()
 }
 
 // dnsStats are the counts of the Trial's stub: live, or as it stopped

@@ -279,6 +279,16 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 	}
 }
 
+// Tally counts a query that will never be answered, as answering it
+// would have counted it: one a Trial sent just before it ended, still
+// queued in the stub's UDP socket when the stub was stopped (the agent
+// reads those from a copy of the socket). Without it, a burst sent as
+// the Trial exits would be missing from the counts its receipt signs.
+func (s *Server) Tally(datagram []byte) {
+	n := len(datagram)
+	_ = s.answer(datagram[:min(n, maxQuery)], n > maxQuery, make([]byte, 0, maxQuery))
+}
+
 // ServeTCP answers queries on the connections ln accepts, until Close
 // (then it returns nil) or an accept fails.
 func (s *Server) ServeTCP(ln net.Listener) error {
