@@ -345,12 +345,15 @@ func (s *Server) closeTCP(c net.Conn) {
 
 // serveConn answers up to MaxTCPQueries queries on c (RFC 7766 framing:
 // a two-byte length, then the message), each read and answered within
-// TCPIdle.
+// TCPIdle. Once an answer cannot be written (the client left without
+// reading), the queries it pipelined are still read and counted, as
+// every query is, unanswered.
 func (s *Server) serveConn(c net.Conn) {
 	in := make([]byte, maxQuery)
 	reply := make([]byte, 0, maxQuery)
 	out := make([]byte, 0, 2+maxQuery)
 	var size [2]byte
+	writable := true
 	for range s.maxTCPQueries {
 		if err := c.SetDeadline(time.Now().Add(s.tcpIdle)); err != nil {
 			return
@@ -367,12 +370,12 @@ func (s *Server) serveConn(c net.Conn) {
 			return
 		}
 		r := s.answer(in[:n], false, reply[:0])
-		if r == nil {
+		if r == nil || !writable {
 			continue
 		}
 		msg := append(binary.BigEndian.AppendUint16(out[:0], uint16(len(r))), r...)
 		if _, err := c.Write(msg); err != nil {
-			return
+			writable = false
 		}
 	}
 }
