@@ -289,20 +289,24 @@ func (tp *transparent) stopStub() {
 // be sending.
 const maxQueued = 4096
 
-// finish stops the stub at the Trial's end and counts the queries still
-// queued in its UDP socket, which no one will answer (a hand-over's
-// successor answers them: pause), and returns its final counts; nil
-// when no stub serves. The queue is read from a copy of the socket,
-// which the stub's close leaves open.
-func (tp *transparent) finish() *dnsstub.Stats {
+// finish stops the stub and returns its final counts; nil when no stub
+// serves. At the Trial's end (ending) it first counts the queries still
+// queued in its UDP socket, which no one will answer, read from a copy
+// of the socket that the stub's close leaves open; otherwise the next
+// agent answers them, as a hand-over's successor does (pause).
+func (tp *transparent) finish(ending bool) *dnsstub.Stats {
 	stub := tp.stub
 	if stub == nil {
 		return nil
 	}
-	f, err := tp.socks.udp.File()
+	var f *os.File
+	var err error
+	if ending {
+		f, err = tp.socks.udp.File()
+	}
 	_ = stub.Close()
 	<-tp.stubDone
-	if err == nil {
+	if ending && err == nil {
 		buf := make([]byte, 1024) // past the stub's 512, a query is oversized whatever its length
 		for range maxQueued {
 			n, _, err := unix.Recvfrom(int(f.Fd()), buf, unix.MSG_DONTWAIT)
