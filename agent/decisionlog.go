@@ -24,6 +24,9 @@ type decisionLog struct {
 	w        *record.Writer // writes to file
 	watchers map[chan record.Event]struct{}
 	ended    bool // no more records: watchers are closed and none are added
+	// unwritten are the records writes to file failed for, by this
+	// process, as of its close.
+	unwritten uint64
 	// fwd, if set, gets each record's line once written: a draining
 	// agent's successor counts them (see forward).
 	fwd func(line []byte)
@@ -105,9 +108,21 @@ func (l *decisionLog) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.file != nil {
+		l.unwritten += l.w.Unwritten()
 		_ = l.file.Close()
 		l.file, l.w = nil, nil
 	}
+}
+
+// lost is how many records could not be written to the file.
+func (l *decisionLog) lost() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.unwritten
+	if l.w != nil {
+		n += l.w.Unwritten()
+	}
+	return n
 }
 
 // add hands a record to the watchers and appends its line (see

@@ -339,6 +339,9 @@ func (a *Agent) sign(lt *trial, st *client.Stats, exit *int) error {
 		if r.DecisionLog, err = DigestLog(a.decisionLog(st.Trial)); err != nil {
 			return fmt.Errorf("digest the decision log for the receipt: %w", err)
 		}
+		if r.DecisionLog != nil {
+			r.DecisionLog.Unwritten = lt.log.lost()
+		}
 	}
 	signed, err := signReceipt(r, key)
 	if err != nil {

@@ -24,10 +24,12 @@ import (
 
 	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/config"
+	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
+	"golang.org/x/sys/unix"
 )
 
 // oneAddr resolves every name to one public address.
@@ -376,5 +378,81 @@ func TestTopRefusedSurvivesARestart(t *testing.T) {
 	replayed := a.replayStats(&trial{info: client.TrialInfo{Spec: trialspec.Spec{ID: id}}})
 	if replayed == nil || !reflect.DeepEqual(replayed.TopRefused(topRefused), live) {
 		t.Fatalf("most refused after a replay %+v, live %+v", replayed.TopRefused(topRefused), live)
+	}
+}
+
+// A decision log whose disk fills (a Trial's uid shares it, and disk is
+// not bounded) loses only the records there was no room for: the record
+// a failed write left in part spoils no record after it, and the receipt
+// says how many were not written. Before, a refusal's record torn by the
+// full disk glued the next one, written once there was room again, to
+// its line, and both were unreadable behind a receipt that said nothing
+// of them.
+func TestPrivilegedDecisionLogDiskFull(t *testing.T) {
+	privtest.Require(t)
+	const id = "rec-full"
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	al, err := allow.Parse([]string{"many.test:443"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, lt, proxyAddr := recordingAgent(t, id, manyAddrs(1), al, &trialspec.ProxyLimits{ConnectRate: 1e6, ConnectBurst: 1e6}, nil)
+	lt.log.close()
+	path := filepath.Join(dir, "decisions.jsonl")
+	if _, err := lt.log.open(path); err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	refuse := func(target string, n int) {
+		for range n {
+			if got := connectThrough(t, proxyAddr, target); got != http.StatusForbidden {
+				t.Fatalf("CONNECT %s: %d", target, got)
+			}
+			refused++
+		}
+		// Records are written after the answer: wait for each.
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			recs, _ := record.ReadFile(path)
+			if uint64(len(recs))+lt.log.lost() >= uint64(refused) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	refuse("before.test:443", 3)
+	fill := filepath.Join(dir, "fill")
+	f, err := os.Create(fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int{4096, 1} {
+		for b := make([]byte, size); ; {
+			if _, err := f.Write(b); err != nil {
+				break
+			}
+		}
+	}
+	_ = f.Close()
+	refuse("during.test:443", 8)
+	if err := os.Remove(fill); err != nil {
+		t.Fatal(err)
+	}
+	refuse("after.test:443", 2)
+	recs, rerr := record.ReadFile(path)
+	lost := lt.log.lost()
+	var after int
+	for _, r := range recs {
+		if r.Target == "after.test:443" {
+			after++
+		}
+	}
+	st, _ := a.proxy.Stats(id)
+	if lost == 0 || after != 2 || uint64(len(recs))+lost != uint64(refused) || st.Denied != uint64(refused) {
+		t.Fatalf("%d records read (%d after the disk had room again, want 2; error %v), %d counted unwritten, for %d refusals (the proxy counted %d)", len(recs), after, rerr, lost, refused, st.Denied)
 	}
 }

@@ -284,6 +284,43 @@ func (tp *transparent) stopStub() {
 	tp.stub, tp.socks.udp, tp.socks.tcp = nil, nil, nil
 }
 
+// maxQueued bounds the queries finish counts: the socket's receive
+// buffer holds a few hundred, and the Trial, not killed yet, may still
+// be sending.
+const maxQueued = 4096
+
+// finish stops the stub and returns its final counts; nil when no stub
+// serves. At the Trial's end (ending) it first counts the queries still
+// queued in its UDP socket, which no one will answer, read from a copy
+// of the socket that the stub's close leaves open; otherwise the next
+// agent answers them, as a hand-over's successor does (pause).
+func (tp *transparent) finish(ending bool) *dnsstub.Stats {
+	stub := tp.stub
+	if stub == nil {
+		return nil
+	}
+	var f *os.File
+	var err error
+	if ending {
+		f, err = tp.socks.udp.File()
+	}
+	_ = stub.Close()
+	<-tp.stubDone
+	if ending && err == nil {
+		buf := make([]byte, 1024) // past the stub's 512, a query is oversized whatever its length
+		for range maxQueued {
+			n, _, err := unix.Recvfrom(int(f.Fd()), buf, unix.MSG_DONTWAIT)
+			if err != nil {
+				break
+			}
+			stub.Tally(buf[:n])
+		}
+		_ = f.Close()
+	}
+	st := stub.Stats()
+	return &st
+}
+
 // pause stops the stub for a hand-over: the successor's stub answers on
 // copies of the same sockets, with the names this one handed out (their
 // file), and two stubs handing out addresses at once could give one

@@ -693,3 +693,86 @@ func TestSweepRemovesLeftoverStubFiles(t *testing.T) {
 		t.Fatalf("left after the sweep: %v; want %v", left, want)
 	}
 }
+
+// A Trial that ends with questions still queued in its stub's UDP socket
+// (sent in a burst just before it exits, or while the stub was busy) has
+// each of them in its final counts, which its receipt signs: an
+// attacker's review saw 273 of 300 off-list questions in a receipt. The
+// stub here is held inside its first question while the rest queue, and
+// the Trial's transparent mode is then stopped as a destroy stops it.
+// Stopped for the next agent instead (a restart), the queue is left to
+// that agent's stub, on the copy of the socket the keeper holds.
+func TestStopCountsQueuedQuestions(t *testing.T) {
+	for _, ending := range []bool{true, false} {
+		t.Run(fmt.Sprint("ending=", ending), func(t *testing.T) { stopWithQueuedQuestions(t, ending) })
+	}
+}
+
+func stopWithQueuedQuestions(t *testing.T, ending bool) {
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := pc.(*net.UDPConn).File() // the keeper's copy
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kept.Close()
+	inAdmit, release := make(chan struct{}), make(chan struct{})
+	var first bool
+	stub, err := dnsstub.New(dnsstub.Config{Rate: 1e6, Burst: 1e6, Admit: func(string) bool {
+		if !first {
+			first = true
+			close(inAdmit)
+			<-release
+		}
+		return false
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := &transparent{stub: stub, stubDone: make(chan struct{}), socks: transparentSockets{udp: pc.(*net.UDPConn)}}
+	go func() {
+		defer close(tp.stubDone)
+		_ = stub.ServeUDP(pc)
+	}()
+	c, err := net.Dial("udp4", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const sent = 50
+	for i := range sent {
+		m := new(dns.Msg)
+		m.SetQuestion(fmt.Sprintf("off%d.example.net.", i), dns.TypeA)
+		b, err := m.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			<-inAdmit // the stub is busy: the rest queue in its socket
+		}
+	}
+	final := make(chan *dnsstub.Stats, 1)
+	go func() { final <- tp.finish(ending) }()
+	time.Sleep(50 * time.Millisecond) // the stub is stopped while it answers the first
+	close(release)
+	st := <-final
+	tp.close()
+	queued := 0
+	for buf := make([]byte, 1024); ; queued++ {
+		if _, _, err := unix.Recvfrom(int(kept.Fd()), buf, unix.MSG_DONTWAIT); err != nil {
+			break
+		}
+	}
+	want, left := uint64(sent), 0
+	if !ending {
+		want, left = 1, sent-1
+	}
+	if st == nil || st.Denied != want || queued != left {
+		t.Fatalf("final counts %+v, %d questions left queued: want %d denied, %d left", st, queued, want, left)
+	}
+}

@@ -113,7 +113,11 @@ func (lt *trial) Serve(lns []net.Listener) error {
 // Stop removes the Trial from the proxy, closing its listeners and
 // connections and waiting for its last decisions, and keeps its final
 // proxy counters (sandbox.Endpoint; the teardown's first step).
-func (lt *trial) Stop() {
+func (lt *trial) Stop() { lt.stop(true) }
+
+// stop is Stop; ending says the Trial ends, rather than being left to
+// the next agent, whose stub answers the questions still queued.
+func (lt *trial) stop(ending bool) {
 	if st, ok := lt.a.proxy.RemoveTrial(lt.info.ID); ok {
 		lt.mu.Lock()
 		lt.final = st
@@ -121,15 +125,21 @@ func (lt *trial) Stop() {
 	}
 	lt.mu.Lock()
 	tp := lt.tp
+	lt.mu.Unlock()
+	if tp == nil {
+		return
+	}
+	// The stub stops before its counts are read, and at the Trial's end
+	// what it sent the stub that the stub had not read yet is counted:
+	// no question the Trial asked is missing from the receipt.
+	st := tp.finish(ending)
+	lt.mu.Lock()
 	lt.tp = nil
-	if tp != nil && tp.stub != nil {
-		st := tp.stub.Stats()
-		lt.finalDNS = &st
+	if st != nil {
+		lt.finalDNS = st
 	}
 	lt.mu.Unlock()
-	if tp != nil {
-		tp.close()
-	}
+	tp.close()
 }
 
 // dnsStats are the counts of the Trial's stub: live, or as it stopped
@@ -154,7 +164,7 @@ func (lt *trial) dnsStats() *client.DNSStats {
 // left enforced for the next agent.
 func (lt *trial) release() {
 	lt.dropJoined()
-	lt.Stop()
+	lt.stop(false) // when it was Stopped as it ended, there is nothing left to stop
 	if lt.counts != nil {
 		_ = lt.counts.Close() // the proxy no longer counts in it
 	}

@@ -55,6 +55,10 @@ type Receipt struct {
 type LogDigest struct {
 	SHA256 string `json:"sha256"`
 	Bytes  int64  `json:"bytes"`
+	// Unwritten are the records that could not be written to it (its
+	// disk full, say) by the agent that ended the Trial: the counters
+	// hold them, the log does not.
+	Unwritten uint64 `json:"unwritten,omitempty"`
 }
 
 // Stats are a Trial's kernel and proxy counters with the egress verdict.

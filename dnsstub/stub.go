@@ -279,6 +279,16 @@ func (s *Server) ServeUDP(pc net.PacketConn) error {
 	}
 }
 
+// Tally counts a query that will never be answered, as answering it
+// would have counted it: one a Trial sent just before it ended, still
+// queued in the stub's UDP socket when the stub was stopped (the agent
+// reads those from a copy of the socket). Without it, a burst sent as
+// the Trial exits would be missing from the counts its receipt signs.
+func (s *Server) Tally(datagram []byte) {
+	n := len(datagram)
+	_ = s.answer(datagram[:min(n, maxQuery)], n > maxQuery, make([]byte, 0, maxQuery))
+}
+
 // ServeTCP answers queries on the connections ln accepts, until Close
 // (then it returns nil) or an accept fails.
 func (s *Server) ServeTCP(ln net.Listener) error {
@@ -335,12 +345,15 @@ func (s *Server) closeTCP(c net.Conn) {
 
 // serveConn answers up to MaxTCPQueries queries on c (RFC 7766 framing:
 // a two-byte length, then the message), each read and answered within
-// TCPIdle.
+// TCPIdle. Once an answer cannot be written (the client left without
+// reading), the queries it pipelined are still read and counted, as
+// every query is, unanswered.
 func (s *Server) serveConn(c net.Conn) {
 	in := make([]byte, maxQuery)
 	reply := make([]byte, 0, maxQuery)
 	out := make([]byte, 0, 2+maxQuery)
 	var size [2]byte
+	writable := true
 	for range s.maxTCPQueries {
 		if err := c.SetDeadline(time.Now().Add(s.tcpIdle)); err != nil {
 			return
@@ -357,12 +370,12 @@ func (s *Server) serveConn(c net.Conn) {
 			return
 		}
 		r := s.answer(in[:n], false, reply[:0])
-		if r == nil {
+		if r == nil || !writable {
 			continue
 		}
 		msg := append(binary.BigEndian.AppendUint16(out[:0], uint16(len(r))), r...)
 		if _, err := c.Write(msg); err != nil {
-			return
+			writable = false
 		}
 	}
 }

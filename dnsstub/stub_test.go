@@ -657,3 +657,41 @@ func TestCountsSize(t *testing.T) {
 		t.Fatalf("Counts is %d bytes, CountsSize says %d", got, CountsSize)
 	}
 }
+
+// Questions pipelined on one TCP connection by a client that leaves
+// without reading the answers are counted, each of them: the stub reads
+// on after an answer it cannot write. An attacker's review sent 250
+// off-list questions that way from a Trial and exited; its receipt
+// counted 31 to 67 of them.
+func TestTCPQuestionsCountedWhenAnswersCannotBeWritten(t *testing.T) {
+	s, addrs := newStub(t, Config{})
+	c, err := net.Dial("tcp4", addrs.tcp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sent = 200
+	var b []byte
+	for i := range sent {
+		m, err := query("off"+strconv.Itoa(i)+".example.net.", dns.TypeA).Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = append(append(b, byte(len(m)>>8), byte(len(m))), m...)
+	}
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	// Gone without reading: the first answers written make the kernel
+	// reset the connection, and the next writes fail.
+	if err := c.(*net.TCPConn).SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Stats().Denied < sent && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := s.Stats(); st.Denied != sent {
+		t.Fatalf("stats %+v: want all %d questions denied", st, sent)
+	}
+}

@@ -13,11 +13,15 @@ import (
 
 // Writer writes decision records as JSON lines, each in one write call
 // under a lock, so that records from concurrent writers never interleave
-// mid-line.
+// mid-line. A record a failed write left in part (the disk full) is
+// ended with a newline before the next one, so that only its own line is
+// unreadable; the records not written are counted (Unwritten).
 type Writer struct {
-	mu  sync.Mutex
-	w   io.Writer
-	buf []byte
+	mu        sync.Mutex
+	w         io.Writer
+	buf       []byte
+	torn      bool   // the last write left part of a record, with no newline
+	unwritten uint64 // records a write failed for
 }
 
 // NewWriter returns a Writer to w.
@@ -34,9 +38,31 @@ func (w *Writer) Write(ev *Event, line []byte) error {
 			return fmt.Errorf("decision record %s not written: %w", ev.ID, err)
 		}
 	}
-	w.buf = append(append(w.buf[:0], line...), '\n')
-	_, err = w.w.Write(w.buf)
+	w.buf = w.buf[:0]
+	if w.torn {
+		w.buf = append(w.buf, '\n')
+	}
+	lead := len(w.buf)
+	w.buf = append(append(w.buf, line...), '\n')
+	n, err := w.w.Write(w.buf)
+	switch {
+	case err == nil:
+		w.torn = false
+		return nil
+	case n > lead:
+		w.torn = true
+	case n == lead:
+		w.torn = false // the newline went out, nothing of the record
+	}
+	w.unwritten++
 	return err
+}
+
+// Unwritten is how many records a write failed for.
+func (w *Writer) Unwritten() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.unwritten
 }
 
 // ReadFile reads a decision log: every record it can, and an error for

@@ -639,8 +639,10 @@ func verifyLog(r client.Receipt, path, logPath string, noLog bool) (string, int,
 		return "", exitNoLog, fmt.Errorf("the receipt verifies, but its decision log %s cannot be read here (%v): run verify as root, or give --log FILE or --no-log", lp, err)
 	case err != nil:
 		return "", exitFailure, err
-	case d == nil || r.DecisionLog == nil || *d != *r.DecisionLog:
+	case d == nil || r.DecisionLog == nil || d.SHA256 != r.DecisionLog.SHA256 || d.Bytes != r.DecisionLog.Bytes:
 		return "", exitFailure, fmt.Errorf("%w: the decision log %s is not the one it was signed with", client.ErrReceiptForged, lp)
+	case r.DecisionLog.Unwritten > 0:
+		return fmt.Sprintf("decision log %s matches, but %d records could not be written to it (its disk full?): the counters hold them, the log does not", lp, r.DecisionLog.Unwritten), exitOK, nil
 	}
 	return "decision log " + lp + " matches", exitOK, nil
 }

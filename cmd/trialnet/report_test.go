@@ -910,3 +910,24 @@ func TestPrivilegedReceiptCountsNamesTheStubRefused(t *testing.T) {
 		t.Errorf("the signed receipt's dns: %+v; want 1 name denied", rc.DNS)
 	}
 }
+
+// verify says when records could not be written to a decision log that
+// matches its receipt: the log is whole as signed, but not every
+// decision is in it (its disk was full), and a harness reading it for
+// what was tried must know.
+func TestVerifyLogSaysRecordsUnwritten(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "decisions.jsonl")
+	if err := os.WriteFile(log, []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := agent.DigestLog(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Unwritten = 3
+	state, code, err := verifyLog(client.Receipt{Trial: "t", DecisionLog: d}, filepath.Join(dir, "receipt.json"), "", false)
+	if err != nil || code != exitOK || !strings.Contains(state, "3 records could not be written") {
+		t.Fatalf("verify: %q, exit %d, %v: want the 3 unwritten records said", state, code, err)
+	}
+}
