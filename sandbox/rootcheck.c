@@ -7,13 +7,15 @@
 // root directory before and after. Joining a mount namespace needs a
 // thread whose filesystem state no other thread shares: once the Go
 // runtime runs, that is a thread made for it and discarded after
-// (netns.RootIsNamespaceRoot), 1-4 ms of thread creation and exit on a
-// paravirtualized guest. Here, from trialnet_early, the process has one
-// thread: it joins, looks, and takes its root and working directory back.
+// (netns.RootIsNamespaceRoot): in a starting process on a paravirtualized
+// guest, milliseconds of thread creation and exit. Here, from
+// trialnet_early, the process has one thread: it joins, looks, and takes
+// its root and working directory back.
 
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <string.h>
@@ -32,11 +34,16 @@ static int root_of(struct statx *st) {
 
 // fatal is for a root or working directory this process could not take
 // back: it must not go on where a chroot would no longer hold it.
-__attribute__((noreturn)) static void fatal(const char *what) {
-	static const char head[] = "trialnet: the chroot check could not restore this process's ";
-	static const char tail[] = " after joining its own mount namespace; nothing was run\n";
+__attribute__((noreturn)) static void fatal(const char *what, int err) {
+	static const char head[] = "trialnet: cannot take back this process's ";
+	static const char mid[] = " after joining its own mount namespace (the check that it runs in no chroot): ";
+	static const char tail[] = "; it stops rather than run outside its root. Allow it chroot(2) and fchdir(2) "
+	                           "(CAP_SYS_CHROOT; a security module may refuse them), or run it outside any chroot\n";
+	const char *why = strerror(err);
 	(void)!write(2, head, sizeof head - 1);
 	(void)!write(2, what, strlen(what));
+	(void)!write(2, mid, sizeof mid - 1);
+	(void)!write(2, why, strlen(why));
 	(void)!write(2, tail, sizeof tail - 1);
 	_exit(126);
 }
@@ -54,9 +61,9 @@ void trialnet_check_root(void) {
 		int seen = root_of(&ns);
 		// setns set both to the namespace's root: this process's own back.
 		if (fchdir(root) != 0 || chroot(".") != 0)
-			fatal("root directory");
+			fatal("root directory", errno);
 		if (fchdir(cwd) != 0)
-			fatal("working directory");
+			fatal("working directory", errno);
 		if (seen) {
 			trialnet_early_root.mnt = own.stx_mnt_id;
 			trialnet_early_root.dev_major = own.stx_dev_major;
