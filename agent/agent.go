@@ -168,28 +168,29 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	// An embedded agent makes one Trial, at once: its steering loads
-	// meanwhile, as a daemon's shells have theirs ahead.
-	var ahead *steerAhead
-	if cfg.Ephemeral && cfg.SteerAhead {
-		ahead = loadSteerAhead()
-	}
-	warmEncoders()
 	if cfg.ReceiptKey == "" {
 		cfg.ReceiptKey = DefaultReceiptKey
 	}
 	a := &Agent{cfg: cfg, log: log, trials: make(map[string]*trial), obs: newObservers(),
-		inherited: inherited, keeper: kc, ahead: ahead}
+		inherited: inherited, keeper: kc}
 	if pred != nil {
 		// Calls to its Trials go to the predecessor too from the start.
 		a.offsets = pred.Offsets()
 		a.pred.Store(pred)
 	}
-	// The proxy needs nothing of the host's: it starts (the guard's dump
-	// of the host's addresses and routes, 2-4 ms) while the host opens
-	// (the pins' adoption). Neither is used before both are ready.
+	// The proxy needs nothing of the host's: it starts (its settings, the
+	// guard's dump of the host's addresses and routes, 2-4 ms) while the
+	// host opens (the pins' adoption). Neither is used before both are
+	// ready. It is the longer of the two: it starts first, before what
+	// is needed only later takes a core.
 	proxied := make(chan error, 1)
 	go func() { proxied <- a.newProxy() }()
+	// An embedded agent makes one Trial, at once: its steering loads
+	// meanwhile, as a daemon's shells have theirs ahead.
+	if cfg.Ephemeral && cfg.SteerAhead {
+		a.ahead = loadSteerAhead()
+	}
+	warmEncoders()
 	host, err := OpenHost(cfg.Host)
 	if perr := <-proxied; err != nil || perr != nil {
 		if perr == nil {
@@ -197,7 +198,7 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 		} else if err == nil {
 			_ = host.Close()
 		}
-		ahead.close()
+		a.ahead.close()
 		return nil, cmp.Or(err, perr)
 	}
 	a.host = host

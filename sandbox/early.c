@@ -602,5 +602,6 @@ __attribute__((constructor)) static void trialnet_early(int argc, char **argv, c
 	if (!strcmp(argv[0], "trialnet-init-setup"))
 		trialnet_init_setup(argc, argv);
 #endif
+	trialnet_check_root();
 	have_start_nofile = getrlimit(RLIMIT_NOFILE, &start_nofile) == 0;
 }

@@ -68,4 +68,18 @@ struct trialnet_launch {
 // the byte on l->started says it runs before that.
 long trialnet_launch(struct trialnet_launch *l);
 
+// What trialnet_check_root saw at the process's start: whether it could
+// look (checked), the root directory it had (as netns.rootOf names one),
+// and whether that was its mount namespace's root.
+struct trialnet_early_root {
+	int checked, same;
+	unsigned long long mnt, dev_major, dev_minor, ino;
+};
+extern struct trialnet_early_root trialnet_early_root;
+
+// trialnet_check_root fills trialnet_early_root. The process must have
+// one thread: it joins its own mount namespace and then takes its root
+// and working directory back.
+void trialnet_check_root(void);
+
 #endif

@@ -21,8 +21,15 @@ var ErrChroot = errors.New("cannot run Trials from a chroot: this process's root
 // CheckRoot returns ErrChroot where this process's root directory is not
 // its mount namespace's root: the Trial's setup would mount its /proc,
 // devpts and masks under this root, and its commands would start at the
-// other, the host's files in view.
+// other, the host's files in view. It asks the kernel before the
+// runtime starts where it can (earlyRoot), else on a thread of its own.
 func CheckRoot() error {
+	if same, ok := earlyRoot(); ok {
+		if !same {
+			return ErrChroot
+		}
+		return nil
+	}
 	same, err := netns.RootIsNamespaceRoot()
 	if errors.Is(err, unix.EPERM) {
 		return fmt.Errorf("cannot tell whether this process's root directory is its mount namespace's root (a chroot, where Trials cannot run): %w: joining its own mount namespace needs CAP_SYS_CHROOT besides CAP_SYS_ADMIN; give the agent both (deploy/trialnet.service does)", err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,11 +28,20 @@ const (
 	// chrootPivotEnv=1 makes the directory the mount namespace's root
 	// instead (pivot_root, the old root detached), as a container does.
 	chrootPivotEnv = "TRIALNET_CLI_CHROOT_PIVOT"
+	// chrootExecEnv=1 has the test binary exec itself once in the root
+	// (execInRoot): its check before the Go runtime (sandbox's
+	// rootcheck.c) then runs there, where one started in the root's
+	// first process sees the root it had before.
+	chrootExecEnv = "TRIALNET_CLI_CHROOT_EXEC"
+	// execWorkDir is where in the root execInRoot starts the binary, if
+	// the root has it: a working directory that is not the root, which
+	// that check must keep.
+	execWorkDir = "/conf"
 )
 
 // enterChroot makes dir a root with the host's /usr, /etc, /proc, /sys
 // and /dev in it, and chroots there. It runs in a mount namespace of its
-// own (chrootTrialnet), whose mounts go with it.
+// own (rootedTrialnet), whose mounts go with it.
 func enterChroot(dir string) {
 	must := func(what string, err error) {
 		if err != nil {
@@ -69,22 +79,32 @@ func enterChroot(dir string) {
 	must("chdir", os.Chdir("/"))
 }
 
-// chrootTrialnet is trialnet started in a chroot at root, made a mount
-// point of its own if bind, in a mount namespace of its own.
-func chrootTrialnet(t *testing.T, root string, bind bool, args ...string) (int, string) {
-	t.Helper()
-	return rootedTrialnet(t, root, map[bool]string{true: chrootBindEnv}[bind], args...)
+// execInRoot execs this binary again in the root enterChroot entered,
+// without entering it again: the trialnet process then starts there.
+func execInRoot() {
+	env := slices.DeleteFunc(os.Environ(), func(e string) bool {
+		return strings.HasPrefix(e, chrootEnv+"=") || strings.HasPrefix(e, chrootExecEnv+"=")
+	})
+	if _, err := os.Stat(execWorkDir); err == nil {
+		if err := os.Chdir(execWorkDir); err != nil {
+			fmt.Fprintf(os.Stderr, "test chroot: %v\n", err)
+			os.Exit(126)
+		}
+	}
+	err := unix.Exec("/proc/self/exe", os.Args, env) // the host's /proc is bound in
+	fmt.Fprintf(os.Stderr, "test chroot: exec in the root: %v\n", err)
+	os.Exit(126)
 }
 
-// rootedTrialnet is trialnet started in root, entered as mode (an env
-// name set to 1: chrootBindEnv, chrootPivotEnv; "": a plain chroot), in
-// a mount namespace of its own.
-func rootedTrialnet(t *testing.T, root, mode string, args ...string) (int, string) {
+// rootedTrialnet is trialnet started in root, entered as modes (env
+// names set to 1: chrootBindEnv, chrootPivotEnv, chrootExecEnv; none: a
+// plain chroot), in a mount namespace of its own.
+func rootedTrialnet(t *testing.T, root string, modes []string, args ...string) (int, string) {
 	t.Helper()
 	cmd := trialnetProcess(t, args...)
 	cmd.Env = append(cmd.Env, chrootEnv+"="+root)
-	if mode != "" {
-		cmd.Env = append(cmd.Env, mode+"=1")
+	for _, m := range modes {
+		cmd.Env = append(cmd.Env, m+"=1")
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: unix.CLONE_NEWNS} // Go makes its mounts private
 	out, err := cmd.CombinedOutput()
@@ -104,8 +124,8 @@ func rootedTrialnet(t *testing.T, root, mode string, args ...string) (int, strin
 // setup ("make mounts private: invalid argument").
 func TestPrivilegedRefusedInAChroot(t *testing.T) {
 	privtest.Require(t)
-	for _, bind := range []bool{false, true} {
-		t.Run(fmt.Sprintf("mount point %v", bind), func(t *testing.T) {
+	for _, modes := range [][]string{nil, {chrootBindEnv}, {chrootExecEnv}, {chrootBindEnv, chrootExecEnv}} {
+		t.Run(fmt.Sprint(modes), func(t *testing.T) {
 			root := t.TempDir()
 			host := testenv.IsolatedHost(t, "chroot")
 			// A place outside the chroot the command would write to if it
@@ -117,15 +137,22 @@ func TestPrivilegedRefusedInAChroot(t *testing.T) {
 			marker := filepath.Join(outside, "escaped")
 			cfg := fmt.Sprintf("resolvers: [\"127.0.0.1:9\"]\npaths:\n  socket: /run/tn/agent.sock\n  state_dir: /run/tn/state\n  data_dir: /run/tn/data\n"+
 				"  pin_dir: %s\n  netns_dir: /run/tn/netns\n  cgroup_parent: %s\n", host.PinDir, host.Parent)
-			if err := os.WriteFile(filepath.Join(root, "trialnet.yaml"), []byte(cfg), 0o600); err != nil {
+			if err := errors.Join(os.Mkdir(filepath.Join(root, execWorkDir), 0o755),
+				os.WriteFile(filepath.Join(root, execWorkDir, "trialnet.yaml"), []byte(cfg), 0o600)); err != nil {
 				t.Fatal(err)
 			}
+			// Named from the working directory where the binary starts
+			// in one: it stays there through the check before the runtime.
+			cfgPath := filepath.Join(execWorkDir, "trialnet.yaml")
+			if slices.Contains(modes, chrootExecEnv) {
+				cfgPath = "trialnet.yaml"
+			}
 			reason := "this process's root directory is not its mount namespace's root"
-			code, out := chrootTrialnet(t, root, bind, "doctor")
+			code, out := rootedTrialnet(t, root, modes, "doctor")
 			if code == exitOK || !strings.Contains(out, reason) {
 				t.Errorf("doctor in a chroot: exit %d, want a failure naming the chroot:\n%s", code, out)
 			}
-			code, out = chrootTrialnet(t, root, bind, "run", "--config", "/trialnet.yaml", "--uid", "65534", "--gid", "65534", "--",
+			code, out = rootedTrialnet(t, root, modes, "run", "--config", cfgPath, "--uid", "65534", "--gid", "65534", "--",
 				"/bin/sh", "-c", "echo ran > "+marker)
 			if code == exitOK || !strings.Contains(out, sandbox.ErrChroot.Error()) {
 				t.Errorf("run in a chroot: exit %d, want the refusal (%q):\n%s", code, reason, out)
@@ -156,15 +183,21 @@ func TestPrivilegedRunsInAPivotedRoot(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "trialnet.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if code, o := rootedTrialnet(t, root, chrootPivotEnv, "doctor"); code != exitOK || strings.Contains(o, "is not its mount namespace's root") {
-		t.Errorf("doctor in a pivoted root: exit %d, want it to enforce, no chroot named:\n%s", code, o)
-	}
-	code, o := rootedTrialnet(t, root, chrootPivotEnv, "run", "--config", "/trialnet.yaml", "--uid", "65534", "--gid", "65534", "--",
-		"/bin/sh", "-c", "echo ran > /out/ran")
-	if code != exitOK {
-		t.Fatalf("run in a pivoted root: exit %d:\n%s", code, o)
-	}
-	if b, err := os.ReadFile(filepath.Join(out, "ran")); err != nil || string(b) != "ran\n" {
-		t.Fatalf("the Trial's command did not run inside the pivoted root: %q %v", b, err)
+	for _, modes := range [][]string{{chrootPivotEnv}, {chrootPivotEnv, chrootExecEnv}} {
+		t.Run(fmt.Sprint(modes), func(t *testing.T) {
+			ran := filepath.Join(out, "ran")
+			_ = os.Remove(ran)
+			if code, o := rootedTrialnet(t, root, modes, "doctor"); code != exitOK || strings.Contains(o, "is not its mount namespace's root") {
+				t.Errorf("doctor in a pivoted root: exit %d, want it to enforce, no chroot named:\n%s", code, o)
+			}
+			code, o := rootedTrialnet(t, root, modes, "run", "--config", "/trialnet.yaml", "--uid", "65534", "--gid", "65534", "--",
+				"/bin/sh", "-c", "echo ran > /out/ran")
+			if code != exitOK {
+				t.Fatalf("run in a pivoted root: exit %d:\n%s", code, o)
+			}
+			if b, err := os.ReadFile(ran); err != nil || string(b) != "ran\n" {
+				t.Fatalf("the Trial's command did not run inside the pivoted root: %q %v", b, err)
+			}
+		})
 	}
 }

@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("TRIALNET_CLI_MAIN") == "1" {
 		if dir := os.Getenv(chrootEnv); dir != "" {
 			enterChroot(dir)
+			if os.Getenv(chrootExecEnv) == "1" {
+				execInRoot()
+			}
 		}
 		if desc := os.Getenv("TRIALNET_CLI_SESSION_KEY"); desc != "" {
 			execWithSessionKey(desc)
