@@ -59,6 +59,36 @@ func checkUnixPathsVisible(paths []string, hidden []string) error {
 	return nil
 }
 
+// checkUnixPathsOffHostShm refuses an allowed unix socket on a mount of
+// the host's /dev/shm tmpfs other than /dev/shm (a bind of it, a
+// chroot's /dev/shm, /run/shm where that links to /dev/shm): the init
+// detaches those (dropHostShm), and binds into the Trial's own /dev/shm
+// only the sockets named beneath it, so such a socket would be out of
+// the Trial's reach without a word. The nearest existing directory
+// stands for a socket not made yet.
+func checkUnixPathsOffHostShm(paths []string) error {
+	host, err := hostShmDev()
+	if err != nil || host == 0 {
+		return err
+	}
+	for _, p := range paths {
+		p = filepath.Clean(p)
+		if OwnDirOf(p) != "" {
+			continue // bound into the Trial's own directory
+		}
+		var st unix.Stat_t
+		for q := p; ; q = filepath.Dir(q) {
+			if err := unix.Stat(q, &st); err == nil || q == "/" {
+				break
+			}
+		}
+		if st.Dev == host {
+			return fmt.Errorf("unix path %s is on a mount of the host's /dev/shm, which trialnet detaches from every Trial (it holds the host's POSIX shared memory): name the socket by its path under /dev/shm, or put it elsewhere", p)
+		}
+	}
+	return nil
+}
+
 // maskHost narrows what the Trial's mount namespace shows of the host:
 // kernel settings and sysfs read-only, a cgroup2 mount rooted at the
 // Trial's own cgroup (the caller has unshared the cgroup namespace), the

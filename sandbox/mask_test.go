@@ -1135,3 +1135,22 @@ func TestPrivilegedGoDropHugetlbfs(t *testing.T) {
 		return bad
 	})
 }
+
+// An allowed unix socket on another mount of the host's /dev/shm (a bind
+// of it, a chroot's /dev/shm) is refused at create: the init detaches
+// that mount, and the socket would be out of the Trial's reach without a
+// word. Named under /dev/shm itself, it is bound into the Trial's own.
+func TestPrivilegedUnixAllowOnHostShmIsRefused(t *testing.T) {
+	shm := hostShmFile(t)
+	dir := hostMountElsewhere(t, "shm", func(dir string) error { return unix.Mount("/dev/shm", dir, "", unix.MS_BIND, "") })
+	h := &Host{NetnsDir: t.TempDir()}
+	for _, p := range []string{filepath.Join(dir, filepath.Base(shm), "operator"), filepath.Join(dir, "not-yet", "app.sock")} {
+		// UnixOpen: no BPF layer here to judge the path's safety by.
+		if err := h.checkSpec(trial.Spec{ID: "u", UnixOpen: true, UnixAllow: []string{p}}); err == nil || !strings.Contains(err.Error(), "on a mount of the host's /dev/shm") {
+			t.Errorf("%s: %v, want a refusal naming the host's /dev/shm", p, err)
+		}
+	}
+	if err := h.checkSpec(trial.Spec{ID: "u", UnixOpen: true, UnixAllow: []string{filepath.Join(shm, "operator"), filepath.Join(dir, "..", "elsewhere.sock")}}); err != nil {
+		t.Errorf("a path under /dev/shm itself, and one off it: %v", err)
+	}
+}
