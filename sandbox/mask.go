@@ -121,26 +121,7 @@ func maskHost(nested bool, hide, v1 []string, hostShm uint64) error {
 	if err := hideV1(v1); err != nil {
 		return err
 	}
-	for _, d := range []struct {
-		fstype, own string
-		optional    bool
-		held        string
-	}{
-		{"devpts", "/dev/pts", false, devptsHeld},
-		{"proc", "/proc", false, procHeld},
-		{"mqueue", "/dev/mqueue", true, mqueueHeld},
-	} {
-		if err := dropForeign(d.fstype, d.own, d.optional, d.held); err != nil {
-			return err
-		}
-	}
-	if err := dropHostShm(hostShm); err != nil {
-		return err
-	}
-	// A file of its own on the host's hugetlbfs (/dev/hugepages) would
-	// take the reserved pages that the seccomp filter's MAP_HUGETLB rule
-	// keeps from the Trial.
-	if err := dropMounts("hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }); err != nil {
+	if err := dropHostMounts(hostShm); err != nil {
 		return err
 	}
 	if err := hideAutofs(); err != nil {
@@ -271,6 +252,49 @@ func dropForeign(fstype, ownPath string, optional bool, held string) error {
 		own.Dev = 0 // no mount has device 0:0
 	}
 	return dropMounts(fstype, held, func(dev uint64, _ string) bool { return dev != own.Dev })
+}
+
+// dropHostMounts detaches the host's devpts, procfs, mqueue, /dev/shm
+// tmpfs (hostShm, hostShmDev's) and hugetlbfs mounts, in rounds until
+// one detaches nothing: each pass takes only mounts on top at their
+// point, and one detached may uncover another kind's that an earlier
+// pass left as covered (a bind of the host's /dev/shm under a
+// hugetlbfs). The passes only detach: each round but the last makes the
+// mount table shorter.
+func dropHostMounts(hostShm uint64) error {
+	for before := -1; ; {
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		n := bytes.Count(b, []byte{'\n'})
+		if n == before {
+			return nil
+		}
+		before = n
+		for _, d := range []struct {
+			fstype, own string
+			optional    bool
+			held        string
+		}{
+			{"devpts", "/dev/pts", false, devptsHeld},
+			{"proc", "/proc", false, procHeld},
+			{"mqueue", "/dev/mqueue", true, mqueueHeld},
+		} {
+			if err := dropForeign(d.fstype, d.own, d.optional, d.held); err != nil {
+				return err
+			}
+		}
+		if err := dropHostShm(hostShm); err != nil {
+			return err
+		}
+		// A file of its own on the host's hugetlbfs (/dev/hugepages)
+		// would take the reserved pages that the seccomp filter's
+		// MAP_HUGETLB rule keeps from the Trial.
+		if err := dropMounts("hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }); err != nil {
+			return err
+		}
+	}
 }
 
 // dropHostShm detaches every mount of the host's /dev/shm tmpfs (host,
