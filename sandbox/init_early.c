@@ -927,6 +927,24 @@ static void hide_host_ttys(void) {
 	}
 }
 
+// drop_host_mounts is dropHostMounts.
+static void drop_host_mounts(dev_t host_shm) {
+	for (size_t before = (size_t)-1;;) {
+		size_t n = 0;
+		for (const char *p = read_mountinfo(); *p; p++)
+			n += *p == '\n';
+		if (n == before)
+			return;
+		before = n;
+		drop_foreign("devpts", "/dev/pts", 0, DEVPTS_HELD);
+		drop_foreign("proc", "/proc", 0, PROC_HELD);
+		drop_foreign("mqueue", "/dev/mqueue", 1, MQUEUE_HELD);
+		if (host_shm)
+			drop_mounts("tmpfs", 0, host_shm, SHM_HELD);
+		drop_mounts("hugetlbfs", 0, 0, HUGETLBFS_HELD);
+	}
+}
+
 // mask_host is maskHost.
 static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1, dev_t host_shm) {
 	char cg[PATH_MAX];
@@ -945,12 +963,7 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1, de
 	// Before /sys is made read-only: a v1 mount detached may uncover
 	// mounts below /sys that were out of reach (hide_v1).
 	hide_v1(v1, nv1);
-	drop_foreign("devpts", "/dev/pts", 0, DEVPTS_HELD);
-	drop_foreign("proc", "/proc", 0, PROC_HELD);
-	drop_foreign("mqueue", "/dev/mqueue", 1, MQUEUE_HELD);
-	if (host_shm)
-		drop_mounts("tmpfs", 0, host_shm, SHM_HELD);
-	drop_mounts("hugetlbfs", 0, 0, HUGETLBFS_HELD);
+	drop_host_mounts(host_shm);
 	hide_autofs();
 	hide_host_ttys();
 	read_only_sys();

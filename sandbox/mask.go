@@ -59,6 +59,36 @@ func checkUnixPathsVisible(paths []string, hidden []string) error {
 	return nil
 }
 
+// checkUnixPathsOffHostShm refuses an allowed unix socket on a mount of
+// the host's /dev/shm tmpfs other than /dev/shm (a bind of it, a
+// chroot's /dev/shm, /run/shm where that links to /dev/shm): the init
+// detaches those (dropHostShm), and binds into the Trial's own /dev/shm
+// only the sockets named beneath it, so such a socket would be out of
+// the Trial's reach without a word. The nearest existing directory
+// stands for a socket not made yet.
+func checkUnixPathsOffHostShm(paths []string) error {
+	host, err := hostShmDev()
+	if err != nil || host == 0 {
+		return err
+	}
+	for _, p := range paths {
+		p = filepath.Clean(p)
+		if OwnDirOf(p) != "" {
+			continue // bound into the Trial's own directory
+		}
+		var st unix.Stat_t
+		for q := p; ; q = filepath.Dir(q) {
+			if err := unix.Stat(q, &st); err == nil || q == "/" {
+				break
+			}
+		}
+		if st.Dev == host {
+			return fmt.Errorf("unix path %s is on a mount of the host's /dev/shm, which trialnet detaches from every Trial (it holds the host's POSIX shared memory): name the socket by its path under /dev/shm, or put it elsewhere", p)
+		}
+	}
+	return nil
+}
+
 // maskHost narrows what the Trial's mount namespace shows of the host:
 // kernel settings and sysfs read-only, a cgroup2 mount rooted at the
 // Trial's own cgroup (the caller has unshared the cgroup namespace), the
@@ -91,26 +121,7 @@ func maskHost(nested bool, hide, v1 []string, hostShm uint64) error {
 	if err := hideV1(v1); err != nil {
 		return err
 	}
-	for _, d := range []struct {
-		fstype, own string
-		optional    bool
-		held        string
-	}{
-		{"devpts", "/dev/pts", false, devptsHeld},
-		{"proc", "/proc", false, procHeld},
-		{"mqueue", "/dev/mqueue", true, mqueueHeld},
-	} {
-		if err := dropForeign(d.fstype, d.own, d.optional, d.held); err != nil {
-			return err
-		}
-	}
-	if err := dropHostShm(hostShm); err != nil {
-		return err
-	}
-	// A file of its own on the host's hugetlbfs (/dev/hugepages) would
-	// take the reserved pages that the seccomp filter's MAP_HUGETLB rule
-	// keeps from the Trial.
-	if err := dropMounts("hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }); err != nil {
+	if err := dropHostMounts(hostShm); err != nil {
 		return err
 	}
 	if err := hideAutofs(); err != nil {
@@ -241,6 +252,49 @@ func dropForeign(fstype, ownPath string, optional bool, held string) error {
 		own.Dev = 0 // no mount has device 0:0
 	}
 	return dropMounts(fstype, held, func(dev uint64, _ string) bool { return dev != own.Dev })
+}
+
+// dropHostMounts detaches the host's devpts, procfs, mqueue, /dev/shm
+// tmpfs (hostShm, hostShmDev's) and hugetlbfs mounts, in rounds until
+// one detaches nothing: each pass takes only mounts on top at their
+// point, and one detached may uncover another kind's that an earlier
+// pass left as covered (a bind of the host's /dev/shm under a
+// hugetlbfs). The passes only detach: each round but the last makes the
+// mount table shorter.
+func dropHostMounts(hostShm uint64) error {
+	for before := -1; ; {
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		n := bytes.Count(b, []byte{'\n'})
+		if n == before {
+			return nil
+		}
+		before = n
+		for _, d := range []struct {
+			fstype, own string
+			optional    bool
+			held        string
+		}{
+			{"devpts", "/dev/pts", false, devptsHeld},
+			{"proc", "/proc", false, procHeld},
+			{"mqueue", "/dev/mqueue", true, mqueueHeld},
+		} {
+			if err := dropForeign(d.fstype, d.own, d.optional, d.held); err != nil {
+				return err
+			}
+		}
+		if err := dropHostShm(hostShm); err != nil {
+			return err
+		}
+		// A file of its own on the host's hugetlbfs (/dev/hugepages)
+		// would take the reserved pages that the seccomp filter's
+		// MAP_HUGETLB rule keeps from the Trial.
+		if err := dropMounts("hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }); err != nil {
+			return err
+		}
+	}
 }
 
 // dropHostShm detaches every mount of the host's /dev/shm tmpfs (host,

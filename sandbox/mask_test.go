@@ -1135,3 +1135,70 @@ func TestPrivilegedGoDropHugetlbfs(t *testing.T) {
 		return bad
 	})
 }
+
+// An allowed unix socket on another mount of the host's /dev/shm (a bind
+// of it, a chroot's /dev/shm) is refused at create: the init detaches
+// that mount, and the socket would be out of the Trial's reach without a
+// word. Named under /dev/shm itself, it is bound into the Trial's own.
+func TestPrivilegedUnixAllowOnHostShmIsRefused(t *testing.T) {
+	shm := hostShmFile(t)
+	dir := hostMountElsewhere(t, "shm", func(dir string) error { return unix.Mount("/dev/shm", dir, "", unix.MS_BIND, "") })
+	h := &Host{NetnsDir: t.TempDir()}
+	for _, p := range []string{filepath.Join(dir, filepath.Base(shm), "operator"), filepath.Join(dir, "not-yet", "app.sock")} {
+		// UnixOpen: no BPF layer here to judge the path's safety by.
+		if err := h.checkSpec(trial.Spec{ID: "u", UnixOpen: true, UnixAllow: []string{p}}); err == nil || !strings.Contains(err.Error(), "on a mount of the host's /dev/shm") {
+			t.Errorf("%s: %v, want a refusal naming the host's /dev/shm", p, err)
+		}
+	}
+	if err := h.checkSpec(trial.Spec{ID: "u", UnixOpen: true, UnixAllow: []string{filepath.Join(shm, "operator"), filepath.Join(dir, "..", "elsewhere.sock")}}); err != nil {
+		t.Errorf("a path under /dev/shm itself, and one off it: %v", err)
+	}
+}
+
+// A bind of the host's /dev/shm covered by a hugetlbfs at the same point:
+// the /dev/shm pass leaves it (only a mount on top at its point can be
+// detached), the hugetlbfs pass then uncovers it. The Go set-up's passes
+// run again until one detaches nothing, on a thread in a mount namespace
+// of its own with a tmpfs of its own on /dev/shm, as the init has.
+func TestPrivilegedGoDropUncoveredHostShm(t *testing.T) {
+	shm := hostShmFile(t)
+	dir := hostMountElsewhere(t, "shm", func(dir string) error { return unix.Mount("/dev/shm", dir, "", unix.MS_BIND, "") })
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
+		host, err := hostShmDev()
+		if err != nil || host == 0 {
+			return []string{fmt.Sprintf("the host's /dev/shm: %d %v", host, err)}
+		}
+		if err := unix.Mount("tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+			return []string{err.Error()}
+		}
+		if err := unix.Mount("hugetlbfs", dir, "hugetlbfs", 0, "mode=0777"); err != nil {
+			return []string{err.Error()}
+		}
+		if err := dropHostMounts(host); err != nil {
+			return []string{err.Error()}
+		}
+		if names, err := dirNames(dir); err != nil || names != "" {
+			bad = append(bad, fmt.Sprintf("%s: %q %v, want it empty (the host's /dev/shm under the hugetlbfs detached too; %s)", dir, names, err, filepath.Base(shm)))
+		}
+		return bad
+	})
+}
+
+// The init's passes (C) run again until one detaches nothing: a bind of
+// the host's /dev/shm covered by a hugetlbfs at the same point is
+// uncovered by the hugetlbfs pass, after the /dev/shm pass left it. A
+// Trial of a segment's uid read the host's shared memory there.
+func TestPrivilegedHostShmUnderHugetlbfsOutOfReach(t *testing.T) {
+	shm := hostShmFile(t)
+	dir := hostMountElsewhere(t, "shm", func(dir string) error { return unix.Mount("/dev/shm", dir, "", unix.MS_BIND, "") })
+	if err := unix.Mount("hugetlbfs", dir, "hugetlbfs", 0, "mode=0777"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	through := filepath.Join(dir, filepath.Base(shm), "operator")
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "read", through); code == probeOK || !strings.Contains(out, "ENOENT") && !strings.Contains(out, "no such file") {
+		t.Errorf("the Trial reading the host's shared memory at %s: %d %q, want ENOENT (the host's /dev/shm detached)", through, code, out)
+	}
+}

@@ -258,6 +258,9 @@ func (h *Host) checkSpec(spec trial.Spec) error {
 	if err := checkUnixPathsVisible(spec.UnixAllow, hiddenDirs(h.netnsDir())); err != nil {
 		return fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
+	if err := checkUnixPathsOffHostShm(spec.UnixAllow); err != nil {
+		return fmt.Errorf("create Trial %s: %w", spec.ID, err)
+	}
 	if spec.Nested {
 		if err := h.canNest(); err != nil {
 			return fmt.Errorf("create Trial %s: %w", spec.ID, err)
