@@ -42,6 +42,13 @@ var boundaryAttempts = []string{"steal-socket-pidfd", "victim-ptrace-poke", "vic
 	"steal-via-stdio-peer", "steal-via-allowed-unix-peer", "handed-socket-connect", "socket-vsock", "userns-bind-mount-unix",
 	"ipc-sysv-shm", "ipc-posix-shm", "ipc-mqueue", "keyring-read", "keyctl-i386", "request-key-upcall"}
 
+// unixSpellings are the forbidden socket's path spelled otherwise by
+// escapee (procfs, relative, an O_PATH descriptor, the Trial's own /tmp).
+// A connect that succeeds reached that socket's listener, the only one
+// at its inode: the escapee's own word is the receiver.
+var unixSpellings = []string{"unix-via-proc-root", "unix-via-proc-cwd", "unix-relative", "unix-via-opath-dir",
+	"unix-via-opath-socket", "unix-tmp-symlink", "unix-tmp-dir-symlink", "unix-tmp-dotdot"}
+
 // beyondLSM are the attempts the BPF LSM layer does not claim: the
 // Trial's IPC namespace, its own /dev/shm and the seccomp filter (no key
 // calls) stop them, and the LSM-only configuration has none of those.
@@ -257,7 +264,7 @@ func (w *boundaryWorld) operatorTyped() string {
 func (w *boundaryWorld) receivers(res map[string]Result) map[string]bool {
 	time.Sleep(300 * time.Millisecond) // the victim polls its mailboxes every 5 ms
 	shm, file, mq := w.ipcMarked()
-	return map[string]bool{
+	arrived := map[string]bool{
 		"ipc-sysv-shm":                shm,
 		"ipc-posix-shm":               file,
 		"ipc-mqueue":                  mq,
@@ -274,6 +281,10 @@ func (w *boundaryWorld) receivers(res map[string]Result) map[string]bool {
 		"socket-vsock":                res["socket-vsock"].Result == "escaped",
 		"userns-bind-mount-unix":      w.reachedUnix.Load() > 0,
 	}
+	for _, name := range unixSpellings {
+		arrived[name] = res[name].Result == "escaped"
+	}
+	return arrived
 }
 
 func parseResults(t *testing.T, out []byte) map[string]Result {
@@ -288,7 +299,7 @@ func parseResults(t *testing.T, out []byte) map[string]Result {
 		res[r.Name] = r
 		t.Logf("%-26s %-8s %s", r.Name, r.Result, r.Reason)
 	}
-	for _, name := range boundaryAttempts {
+	for _, name := range append(boundaryAttempts, unixSpellings...) {
 		if _, ok := res[name]; !ok {
 			t.Fatalf("escapee did not report %s:\n%s", name, out)
 		}

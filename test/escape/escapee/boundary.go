@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -69,6 +70,7 @@ func boundary() {
 		report(enc, "socket-"+f.name, anySocket(f.family))
 	}
 	report(enc, "userns-bind-mount-unix", bindMountViaUserns())
+	unixSpellings(enc)
 	ipcAttempts(enc)
 	// The control: the allowed socket itself is reachable.
 	report(enc, "allowed-unix-connect", func() error {
@@ -302,6 +304,61 @@ func bindMountViaUserns() error {
 		return fmt.Errorf("%v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// unixSpellings connects to the forbidden socket by other spellings of
+// its path: through procfs (the process's root and cwd, an O_PATH
+// descriptor of its directory or of the socket itself), relative to the
+// working directory, and through the Trial's own /tmp (a symlink to the
+// socket or to its directory, "..").
+func unixSpellings(enc *json.Encoder) {
+	dir, base := filepath.Dir(*forbiddenUnix), filepath.Base(*forbiddenUnix)
+	connect := func(path string) error {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Connect(fd, &unix.SockaddrUnix{Name: path})
+	}
+	inDir := func(path string) error {
+		wd, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		if err := os.Chdir(dir); err != nil {
+			return err
+		}
+		defer func() { _ = os.Chdir(wd) }()
+		return connect(path)
+	}
+	opath := func(name, path string) error {
+		fd, err := unix.Open(name, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return connect(fmt.Sprintf("/proc/self/fd/%d%s", fd, path))
+	}
+	own, err := os.MkdirTemp("/tmp", "spell-")
+	if err != nil {
+		own = "/tmp"
+	}
+	defer os.RemoveAll(own)
+	linked := func(target, link, path string) error {
+		if err := os.Symlink(target, link); err != nil {
+			return err
+		}
+		return connect(path)
+	}
+	report(enc, "unix-via-proc-root", connect("/proc/self/root"+*forbiddenUnix))
+	report(enc, "unix-via-proc-cwd", inDir("/proc/self/cwd/"+base))
+	report(enc, "unix-relative", inDir(base))
+	report(enc, "unix-via-opath-dir", opath(dir, "/"+base))
+	report(enc, "unix-via-opath-socket", opath(*forbiddenUnix, ""))
+	report(enc, "unix-tmp-symlink", linked(*forbiddenUnix, own+"/s", own+"/s"))
+	report(enc, "unix-tmp-dir-symlink", linked(dir, own+"/d", own+"/d/"+base))
+	report(enc, "unix-tmp-dotdot", connect("/tmp/.."+*forbiddenUnix))
 }
 
 // bindConnect runs inside the user namespace: bind the forbidden socket
