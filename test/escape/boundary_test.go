@@ -39,13 +39,22 @@ import (
 // the bind mount. Socket families are confirmed by socket() itself: a
 // vsock or other socket is the way out, there is nothing to send to.
 var boundaryAttempts = []string{"steal-socket-pidfd", "victim-ptrace-poke", "victim-proc-mem", "tiocsti",
-	"steal-via-stdio-peer", "steal-via-allowed-unix-peer", "handed-socket-connect", "socket-vsock", "userns-bind-mount-unix",
+	"steal-via-stdio-peer", "steal-via-allowed-unix-peer", "signal-via-allowed-unix-peer", "handed-socket-connect", "socket-vsock", "userns-bind-mount-unix",
 	"ipc-sysv-shm", "ipc-posix-shm", "ipc-mqueue", "keyring-read", "keyctl-i386", "request-key-upcall"}
 
+// unixSpellings are the forbidden socket's path spelled otherwise by
+// escapee (procfs, relative, an O_PATH descriptor, the Trial's own /tmp).
+// A connect that succeeds reached that socket's listener, the only one
+// at its inode: the escapee's own word is the receiver.
+var unixSpellings = []string{"unix-via-proc-root", "unix-via-proc-cwd", "unix-relative", "unix-via-opath-dir",
+	"unix-via-opath-socket", "unix-tmp-symlink", "unix-tmp-dir-symlink", "unix-tmp-dotdot"}
+
 // beyondLSM are the attempts the BPF LSM layer does not claim: the
-// Trial's IPC namespace, its own /dev/shm and the seccomp filter (no key
-// calls) stop them, and the LSM-only configuration has none of those.
-var beyondLSM = map[string]bool{"ipc-sysv-shm": true, "ipc-posix-shm": true, "ipc-mqueue": true,
+// Trial's IPC namespace, its own /dev/shm, the seccomp filter (no key
+// calls) and its PID namespace (pidfd_send_signal reaches only that
+// namespace and those below it: EINVAL; the layer has no task_kill
+// program) stop them, and the LSM-only configuration has none of those.
+var beyondLSM = map[string]bool{"signal-via-allowed-unix-peer": true, "ipc-sysv-shm": true, "ipc-posix-shm": true, "ipc-mqueue": true,
 	"keyring-read": true, "keyctl-i386": true, "request-key-upcall": true}
 
 // needLSM are the attempts only the BPF LSM layer refuses: a socket made
@@ -62,7 +71,7 @@ func noI386Entry(r Result) bool { return r.Name == "keyctl-i386" && r.Result == 
 
 // victimSockets matches escapee's: one TCP socket, and one host listener,
 // per attempt that takes one.
-const victimSockets = 6
+const victimSockets = 7
 
 // boundaryWorld is what the attempts aim at, all outside any Trial.
 type boundaryWorld struct {
@@ -257,23 +266,28 @@ func (w *boundaryWorld) operatorTyped() string {
 func (w *boundaryWorld) receivers(res map[string]Result) map[string]bool {
 	time.Sleep(300 * time.Millisecond) // the victim polls its mailboxes every 5 ms
 	shm, file, mq := w.ipcMarked()
-	return map[string]bool{
-		"ipc-sysv-shm":                shm,
-		"ipc-posix-shm":               file,
-		"ipc-mqueue":                  mq,
-		"keyring-read":                strings.Contains(res["keyring-read"].Reason, w.keySecret),
-		"keyctl-i386":                 res["keyctl-i386"].Result == "escaped",
-		"request-key-upcall":          res["request-key-upcall"].Result == "escaped",
-		"steal-socket-pidfd":          w.arrived[0].Load() > 0,
-		"victim-ptrace-poke":          w.arrived[1].Load() > 0,
-		"victim-proc-mem":             w.arrived[2].Load() > 0,
-		"steal-via-stdio-peer":        w.arrived[3].Load() > 0,
-		"steal-via-allowed-unix-peer": w.arrived[4].Load() > 0,
-		"handed-socket-connect":       w.arrived[5].Load() > 0,
-		"tiocsti":                     strings.Contains(w.operatorTyped(), "trialnet-pwned"),
-		"socket-vsock":                res["socket-vsock"].Result == "escaped",
-		"userns-bind-mount-unix":      w.reachedUnix.Load() > 0,
+	arrived := map[string]bool{
+		"ipc-sysv-shm":                 shm,
+		"ipc-posix-shm":                file,
+		"ipc-mqueue":                   mq,
+		"keyring-read":                 strings.Contains(res["keyring-read"].Reason, w.keySecret),
+		"keyctl-i386":                  res["keyctl-i386"].Result == "escaped",
+		"request-key-upcall":           res["request-key-upcall"].Result == "escaped",
+		"steal-socket-pidfd":           w.arrived[0].Load() > 0,
+		"victim-ptrace-poke":           w.arrived[1].Load() > 0,
+		"victim-proc-mem":              w.arrived[2].Load() > 0,
+		"steal-via-stdio-peer":         w.arrived[3].Load() > 0,
+		"steal-via-allowed-unix-peer":  w.arrived[4].Load() > 0,
+		"handed-socket-connect":        w.arrived[5].Load() > 0,
+		"signal-via-allowed-unix-peer": w.arrived[6].Load() > 0,
+		"tiocsti":                      strings.Contains(w.operatorTyped(), "trialnet-pwned"),
+		"socket-vsock":                 res["socket-vsock"].Result == "escaped",
+		"userns-bind-mount-unix":       w.reachedUnix.Load() > 0,
 	}
+	for _, name := range unixSpellings {
+		arrived[name] = res[name].Result == "escaped"
+	}
+	return arrived
 }
 
 func parseResults(t *testing.T, out []byte) map[string]Result {
@@ -288,7 +302,7 @@ func parseResults(t *testing.T, out []byte) map[string]Result {
 		res[r.Name] = r
 		t.Logf("%-26s %-8s %s", r.Name, r.Result, r.Reason)
 	}
-	for _, name := range boundaryAttempts {
+	for _, name := range append(boundaryAttempts, unixSpellings...) {
 		if _, ok := res[name]; !ok {
 			t.Fatalf("escapee did not report %s:\n%s", name, out)
 		}
@@ -446,7 +460,7 @@ func TestPrivilegedEscapeBoundaryUnconfinedIsSeen(t *testing.T) {
 	// way out to see. The kernel matrix's guests turn it on.
 	legacy, err := os.ReadFile("/proc/sys/dev/tty/legacy_tiocsti")
 	noTIOCSTI := err == nil && strings.TrimSpace(string(legacy)) == "0"
-	// Before Linux 6.5 there is no SO_PEERPIDFD, the way these two find
+	// Before Linux 6.5 there is no SO_PEERPIDFD, the way these three find
 	// their victim.
 	pidfd, perr := unix.GetsockoptInt(int(w.peer.Fd()), unix.SOL_SOCKET, unix.SO_PEERPIDFD)
 	if perr == nil {
@@ -462,7 +476,7 @@ func TestPrivilegedEscapeBoundaryUnconfinedIsSeen(t *testing.T) {
 			t.Logf("%s: %s", name, res[name].Reason)
 			continue
 		}
-		if strings.HasPrefix(name, "steal-via-") && noPeerPidfd {
+		if strings.Contains(name, "-via-") && strings.HasSuffix(name, "-peer") && noPeerPidfd {
 			t.Logf("%s: this kernel has no SO_PEERPIDFD (Linux 6.5+)", name)
 			continue
 		}

@@ -12,10 +12,13 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -52,7 +55,7 @@ func boundary() {
 	report(enc, "tiocsti", tiocsti())
 	// A pidfd needs no pid: the peer of a unix socket gives one.
 	report(enc, "steal-via-stdio-peer", stealFromPeer(0, int(fds[3]), tg[3]))
-	report(enc, "handed-socket-connect", handedSocket(tg[5]))
+	report(enc, "handed-socket-connect", handedSocketConnect(tg[handedSocket]))
 	report(enc, "steal-via-allowed-unix-peer", func() error {
 		fd, err := dialAllowed()
 		if err != nil {
@@ -60,6 +63,21 @@ func boundary() {
 		}
 		defer unix.Close(fd)
 		return stealFromPeer(fd, int(fds[4]), tg[4])
+	}())
+	// A pidfd needs no pid for a signal either (SIGUSR1, which the victim
+	// answers by connecting its socket).
+	report(enc, "signal-via-allowed-unix-peer", func() error {
+		fd, err := dialAllowed()
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		pidfd, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, soPeerPidfd)
+		if err != nil {
+			return fmt.Errorf("SO_PEERPIDFD: %w", err)
+		}
+		defer unix.Close(pidfd)
+		return unix.PidfdSendSignal(pidfd, unix.SIGUSR1, nil, 0)
 	}())
 	for _, f := range []struct {
 		name   string
@@ -69,6 +87,7 @@ func boundary() {
 		report(enc, "socket-"+f.name, anySocket(f.family))
 	}
 	report(enc, "userns-bind-mount-unix", bindMountViaUserns())
+	unixSpellings(enc)
 	ipcAttempts(enc)
 	// The control: the allowed socket itself is reachable.
 	report(enc, "allowed-unix-connect", func() error {
@@ -148,11 +167,11 @@ func dialAllowed() (int, error) {
 	return fd, nil
 }
 
-// handedSocket asks the service behind the allowed unix socket for a
+// handedSocketConnect asks the service behind the allowed unix socket for a
 // descriptor, as a host service that passes sockets (systemd's socket
 // activation, a privileged helper) would hand one: a TCP socket made
 // outside the Trial, in the host's namespace, which it connects to target.
-func handedSocket(target string) error {
+func handedSocketConnect(target string) error {
 	fd, err := dialAllowed()
 	if err != nil {
 		return err
@@ -304,6 +323,61 @@ func bindMountViaUserns() error {
 	return nil
 }
 
+// unixSpellings connects to the forbidden socket by other spellings of
+// its path: through procfs (the process's root and cwd, an O_PATH
+// descriptor of its directory or of the socket itself), relative to the
+// working directory, and through the Trial's own /tmp (a symlink to the
+// socket or to its directory, "..").
+func unixSpellings(enc *json.Encoder) {
+	dir, base := filepath.Dir(*forbiddenUnix), filepath.Base(*forbiddenUnix)
+	connect := func(path string) error {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Connect(fd, &unix.SockaddrUnix{Name: path})
+	}
+	inDir := func(path string) error {
+		wd, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		if err := os.Chdir(dir); err != nil {
+			return err
+		}
+		defer func() { _ = os.Chdir(wd) }()
+		return connect(path)
+	}
+	opath := func(name, path string) error {
+		fd, err := unix.Open(name, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return connect(fmt.Sprintf("/proc/self/fd/%d%s", fd, path))
+	}
+	own, err := os.MkdirTemp("/tmp", "spell-")
+	if err != nil {
+		own = "/tmp"
+	}
+	defer os.RemoveAll(own)
+	linked := func(target, link, path string) error {
+		if err := os.Symlink(target, link); err != nil {
+			return err
+		}
+		return connect(path)
+	}
+	report(enc, "unix-via-proc-root", connect("/proc/self/root"+*forbiddenUnix))
+	report(enc, "unix-via-proc-cwd", inDir("/proc/self/cwd/"+base))
+	report(enc, "unix-relative", inDir(base))
+	report(enc, "unix-via-opath-dir", opath(dir, "/"+base))
+	report(enc, "unix-via-opath-socket", opath(*forbiddenUnix, ""))
+	report(enc, "unix-tmp-symlink", linked(*forbiddenUnix, own+"/s", own+"/s"))
+	report(enc, "unix-tmp-dir-symlink", linked(dir, own+"/d", own+"/d/"+base))
+	report(enc, "unix-tmp-dotdot", connect("/tmp/.."+*forbiddenUnix))
+}
+
 // bindConnect runs inside the user namespace: bind the forbidden socket
 // over the allowed path, then connect to "the allowed one".
 func bindConnect() int {
@@ -330,9 +404,14 @@ func bindConnect() int {
 var mailboxes [3]uint64
 
 // victimSockets is how many unconnected TCP sockets the victim holds, one
-// per attempt that takes one: pidfd, ptrace, /proc/PID/mem, and the peer
-// of the Trial's stdio and of its allowed unix socket.
-const victimSockets = 6
+// per attempt that takes one: pidfd, ptrace, /proc/PID/mem, the peer of
+// the Trial's stdio and of its allowed unix socket, the one it hands
+// over, and the one it connects when a signal comes.
+const (
+	victimSockets = 7
+	handedSocket  = 5
+	signalSocket  = 6
+)
 
 // victim is a process outside the Trial of the same uid, holding
 // unconnected TCP sockets and, with -listen-unix, serving a unix socket
@@ -367,7 +446,7 @@ func victim() {
 			os.Exit(1)
 		}
 		fds = append(fds, strconv.Itoa(fd))
-		if i == victimSockets-1 {
+		if i == handedSocket {
 			handed <- fd
 		}
 	}
@@ -380,6 +459,17 @@ func victim() {
 		fmt.Println(err)
 		os.Exit(1)
 	}
+	// SIGUSR1 (else the end of the victim) is the sign that a Trial
+	// signalled it: it connects that socket.
+	signalled := make(chan os.Signal, 1)
+	signal.Notify(signalled, syscall.SIGUSR1)
+	go func() {
+		<-signalled
+		fd, _ := strconv.Atoi(fds[signalSocket])
+		if sa, err := sockaddrOf(tg[signalSocket]); err == nil && unix.Connect(fd, sa) == nil {
+			_, _ = unix.Write(fd, []byte("victim"))
+		}
+	}()
 	fmt.Printf("%d %s %s %s\n", os.Getpid(), strings.Join(fds, ","), strings.Join(boxes, ","), ipc)
 	done := [3]bool{}
 	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
