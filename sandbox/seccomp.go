@@ -164,7 +164,11 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	a.jumpIf(bpf.JumpEqual, unix.SYS_SETSOCKOPT, "setsockopt")
 	// io_uring can create a socket of any family (IORING_OP_SOCKET)
 	// without calling socket(2): no ring, no way around the allowlist.
+	// Nor one made outside and handed in (through an allowed socket's
+	// service): its work runs as its maker's, outside the Trial.
 	a.jumpIf(bpf.JumpEqual, unix.SYS_IO_URING_SETUP, "enosys")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_IO_URING_ENTER, "enosys")
+	a.jumpIf(bpf.JumpEqual, unix.SYS_IO_URING_REGISTER, "enosys")
 	a.jumpIf(bpf.JumpEqual, unix.SYS_UNSHARE, "userns")
 	a.jumpIf(bpf.JumpEqual, unix.SYS_CLONE, "userns")
 	// clone3 passes its flags in memory, out of the filter's sight; libc
