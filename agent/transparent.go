@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/internal/lname"
@@ -61,6 +62,9 @@ type transparent struct {
 	ln        chan struct{} // closed when the proxy stops serving socks.steered
 	// held are the stub's sockets while it is paused for a hand-over.
 	held []*os.File
+	// lastAllow is the Trial's allowlist as the proxy removed it: the
+	// stub admits by it what it answers or counts after (admitter).
+	lastAllow atomic.Pointer[allow.List]
 }
 
 // transparentSockets are a Trial's transparent sockets, as one process
@@ -241,7 +245,7 @@ func (tp *transparent) startStub(a *Agent) error {
 			return fmt.Errorf("transparent names %s: %w", a.namesFile(tp.id), err)
 		}
 	}
-	cfg := dnsstub.Config{Admit: a.admitter(tp.id), Restore: restore}
+	cfg := dnsstub.Config{Admit: a.admitter(tp), Restore: restore}
 	if tp.counts != nil {
 		cfg.Counts = (*dnsstub.Counts)(unsafe.Pointer(&tp.counts[dnsCountsHeader]))
 	}
@@ -479,10 +483,16 @@ func readPool(path string, prefix netip.Prefix) (*dnsstub.Pool, error) {
 
 // admitter is the stub's policy for Trial id: its allowlist as it is at
 // each question, so that allow and deny apply to lookups at once.
-func (a *Agent) admitter(id string) func(string) bool {
+func (a *Agent) admitter(tp *transparent) func(string) bool {
 	return func(name string) bool {
-		l, ok := a.proxy.Allow(id)
-		return ok && l.AdmitsName(name)
+		l, ok := a.proxy.Allow(tp.id)
+		if !ok {
+			// Removed from the proxy as it stops: the questions the
+			// stub answers or counts until then are judged by the
+			// list it had, not refused as off it.
+			l = tp.lastAllow.Load()
+		}
+		return l != nil && l.AdmitsName(name)
 	}
 }
 

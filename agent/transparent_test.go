@@ -27,12 +27,14 @@ import (
 	"unsafe"
 
 	"github.com/miekg/dns"
+	"github.com/trialnet/trialnet/allow"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/netns"
+	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
 	trialspec "github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
@@ -774,5 +776,81 @@ func stopWithQueuedQuestions(t *testing.T, ending bool) {
 	}
 	if st == nil || st.Denied != want || queued != left {
 		t.Fatalf("final counts %+v, %d questions left queued: want %d denied, %d left", st, queued, want, left)
+	}
+}
+
+// The stub judges the questions it answers or counts as the Trial
+// stops, after the proxy has removed it, by the allowlist the Trial
+// had: an attacker's review saw every queued question for an allowed
+// name signed into the receipt as denied.
+func TestStopJudgesQueuedQuestionsByTheTrialsList(t *testing.T) {
+	a := &Agent{log: slog.New(slog.DiscardHandler), trials: make(map[string]*trial)}
+	var err error
+	a.proxy, err = proxy.New(proxy.Config{ProxySettings: config.ProxySettings{Resolver: manyAddrs(1)}, HostAddrs: noHostAddrs{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.proxy.Close() })
+	list, err := allow.Parse([]string{"allowed.example.net:443"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.proxy.AddTrial(proxy.TrialPolicy{Spec: trialspec.Spec{ID: "t1"}, Allow: list}); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := &transparent{id: "t1", stubDone: make(chan struct{}), socks: transparentSockets{udp: pc.(*net.UDPConn)}}
+	admit := a.admitter(tp)
+	inAdmit, release := make(chan struct{}), make(chan struct{})
+	var first bool
+	stub, err := dnsstub.New(dnsstub.Config{Rate: 1e6, Burst: 1e6, Admit: func(name string) bool {
+		if !first {
+			first = true
+			close(inAdmit)
+			<-release
+		}
+		return admit(name)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp.stub = stub
+	tp.last.Store(stub)
+	go func() {
+		defer close(tp.stubDone)
+		_ = stub.ServeUDP(pc)
+	}()
+	c, err := net.Dial("udp4", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const sent = 10
+	for i := range sent {
+		m := new(dns.Msg)
+		m.SetQuestion("allowed.example.net.", dns.TypeA)
+		b, err := m.Pack()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			<-inAdmit // the stub is busy: the rest queue in its socket
+		}
+	}
+	lt := &trial{a: a, info: client.TrialInfo{Spec: trialspec.Spec{ID: "t1"}}, tp: tp}
+	done := make(chan struct{})
+	go func() { defer close(done); lt.Stop() }()
+	time.Sleep(50 * time.Millisecond) // the Trial is removed from the proxy while the stub answers the first
+	close(release)
+	<-done
+	st := lt.dnsStats()
+	if st == nil || st.Denied != 0 || st.Answered != sent {
+		t.Fatalf("final counts %+v: want %d answered, none denied", st, sent)
 	}
 }

@@ -118,14 +118,17 @@ func (lt *trial) Stop() { lt.stop(true) }
 // stop is Stop; ending says the Trial ends, rather than being left to
 // the next agent, whose stub answers the questions still queued.
 func (lt *trial) stop(ending bool) {
+	lt.mu.Lock()
+	tp := lt.tp
+	lt.mu.Unlock()
+	if l, ok := lt.a.proxy.Allow(lt.info.ID); ok && tp != nil {
+		tp.lastAllow.Store(l)
+	}
 	if st, ok := lt.a.proxy.RemoveTrial(lt.info.ID); ok {
 		lt.mu.Lock()
 		lt.final = st
 		lt.mu.Unlock()
 	}
-	lt.mu.Lock()
-	tp := lt.tp
-	lt.mu.Unlock()
 	if tp == nil {
 		return
 	}
