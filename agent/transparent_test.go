@@ -673,7 +673,16 @@ func TestSweepRemovesLeftoverStubFiles(t *testing.T) {
 	a := &Agent{log: slog.New(slog.NewTextHandler(io.Discard, nil)), trials: map[string]*trial{"live": nil}}
 	dir := t.TempDir()
 	a.cfg.Host.StateDir = dir
-	for _, name := range []string{"gone" + namesSuffix, "gone" + dnsCountsSuffix, "live" + namesSuffix, "live" + dnsCountsSuffix} {
+	a.cfg.Host.NetnsDir = t.TempDir()
+	// Another process's Trial (an ephemeral run beside this one): its
+	// record, or only its namespace file while it is made.
+	for _, p := range []string{filepath.Join(dir, "other.json"), filepath.Join(a.cfg.Host.NetnsDir, "making")} {
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"gone" + namesSuffix, "gone" + dnsCountsSuffix, "live" + namesSuffix, "live" + dnsCountsSuffix,
+		"other" + namesSuffix, "making" + dnsCountsSuffix} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -690,7 +699,7 @@ func TestSweepRemovesLeftoverStubFiles(t *testing.T) {
 	for _, e := range ents {
 		left = append(left, e.Name())
 	}
-	want := []string{"live" + dnsCountsSuffix, "live" + namesSuffix, "odd" + namesSuffix}
+	want := []string{"live" + dnsCountsSuffix, "live" + namesSuffix, "making" + dnsCountsSuffix, "odd" + namesSuffix, "other.json", "other" + namesSuffix}
 	if !slices.Equal(left, want) {
 		t.Fatalf("left after the sweep: %v; want %v", left, want)
 	}

@@ -398,8 +398,9 @@ func (a *Agent) removeLedgers(id string) {
 // create (before the Trial's record) or in a destroy (after its record
 // was removed) leaves them: no record names them, and what they kept is
 // no Trial's; a later Trial given the same id would start from another's
-// names and counts. A live process's ledger is left (ledger.Lost);
-// prepared ones are sweepFiles'.
+// names and counts. A live process's ledger is left (ledger.Lost), and
+// the stub's files of a Trial still there (trialThere); prepared ones
+// are sweepFiles'.
 func (a *Agent) sweepLedgers() {
 	dir := a.cfg.Host.StateDir
 	if dir == "" {
@@ -414,7 +415,7 @@ func (a *Agent) sweepLedgers() {
 		a.mu.Lock()
 		_, adopted := a.trials[id]
 		a.mu.Unlock()
-		if adopted {
+		if adopted || kind != "tunnel ledgers" && a.trialThere(id) {
 			continue
 		}
 		a.log.Warn("removing the "+kind+" of a Trial that has no record (an agent stopped in its create or destroy)", "trial", id)
@@ -428,6 +429,18 @@ func (a *Agent) sweepLedgers() {
 			a.log.Error("remove a leftover "+kind, "trial", id, "error", err)
 		}
 	}
+}
+
+// trialThere reports whether Trial id has a record or a namespace file:
+// another process's (an ephemeral run beside this one), or one in its
+// create, whose stub's files are in use.
+func (a *Agent) trialThere(id string) bool {
+	for _, p := range []string{filepath.Join(a.cfg.Host.StateDir, id+".json"), filepath.Join(a.cfg.Host.withDefaults().NetnsDir, id)} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			return true
+		}
+	}
+	return false
 }
 
 // leftoverOf names what state directory entry e keeps for a Trial, and
