@@ -59,8 +59,12 @@ void trialnet_check_root(void) {
 	struct statx own, ns;
 	if (root >= 0 && cwd >= 0 && pidfd >= 0 && root_of(&own) && setns((int)pidfd, CLONE_NEWNS) == 0) {
 		int seen = root_of(&ns);
+		int same = seen && own.stx_mnt_id == ns.stx_mnt_id && own.stx_dev_major == ns.stx_dev_major &&
+		           own.stx_dev_minor == ns.stx_dev_minor && own.stx_ino == ns.stx_ino;
 		// setns set both to the namespace's root: this process's own back.
-		if (fchdir(root) != 0 || chroot(".") != 0)
+		// A root that was the namespace's is back already: no chroot(2),
+		// which a sandbox of the caller's may refuse (systemd's ~@mount).
+		if (!same && (fchdir(root) != 0 || chroot(".") != 0))
 			fatal("root directory", errno);
 		if (fchdir(cwd) != 0)
 			fatal("working directory", errno);
@@ -69,8 +73,7 @@ void trialnet_check_root(void) {
 			trialnet_early_root.dev_major = own.stx_dev_major;
 			trialnet_early_root.dev_minor = own.stx_dev_minor;
 			trialnet_early_root.ino = own.stx_ino;
-			trialnet_early_root.same = own.stx_mnt_id == ns.stx_mnt_id && own.stx_dev_major == ns.stx_dev_major &&
-			                           own.stx_dev_minor == ns.stx_dev_minor && own.stx_ino == ns.stx_ino;
+			trialnet_early_root.same = same;
 			trialnet_early_root.checked = 1;
 		}
 	}

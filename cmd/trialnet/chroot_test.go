@@ -8,14 +8,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/sandbox"
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -199,5 +202,59 @@ func TestPrivilegedRunsInAPivotedRoot(t *testing.T) {
 				t.Fatalf("the Trial's command did not run inside the pivoted root: %q %v", b, err)
 			}
 		})
+	}
+}
+
+// noChrootEnv set to 1 has the test binary, as trialnet, exec itself
+// again under a seccomp filter that refuses chroot(2), as a systemd unit
+// with SystemCallFilter=~@mount does.
+const noChrootEnv = "TRIALNET_TEST_NO_CHROOT"
+
+func execWithoutChroot() {
+	runtime.LockOSThread() // the filter is this thread's, which execs
+	arch := map[string]uint32{"amd64": unix.AUDIT_ARCH_X86_64, "arm64": unix.AUDIT_ARCH_AARCH64}[runtime.GOARCH]
+	prog, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 4, Size: 4}, // arch
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: arch, SkipTrue: 1},
+		bpf.RetConstant{Val: unix.SECCOMP_RET_KILL_PROCESS},
+		bpf.LoadAbsolute{Off: 0, Size: 4}, // nr
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SYS_CHROOT, SkipFalse: 1},
+		bpf.RetConstant{Val: unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)},
+		bpf.RetConstant{Val: unix.SECCOMP_RET_ALLOW},
+	})
+	if err == nil {
+		err = unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+	}
+	if err == nil {
+		fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: (*unix.SockFilter)(unsafe.Pointer(&prog[0]))}
+		if _, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog))); e != 0 {
+			err = e
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "test: refuse chroot: %v\n", err)
+		os.Exit(125)
+	}
+	env := slices.DeleteFunc(os.Environ(), func(e string) bool { return strings.HasPrefix(e, noChrootEnv+"=") })
+	err = unix.Exec("/proc/self/exe", os.Args, env)
+	fmt.Fprintf(os.Stderr, "test: exec: %v\n", err)
+	os.Exit(125)
+}
+
+// Outside any chroot, the check before the runtime has nothing to take
+// back but the working directory: trialnet runs where chroot(2) is
+// refused to it (a unit with SystemCallFilter=~@mount), rather than
+// stopping with 126 at its start, and still starts where it was.
+func TestPrivilegedStartsWhereChrootIsRefused(t *testing.T) {
+	privtest.Require(t)
+	cmd := trialnetProcess(t, "help")
+	cmd.Env = append(cmd.Env, noChrootEnv+"=1")
+	cmd.Dir = t.TempDir()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("trialnet help where chroot is refused: %v:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "run") {
+		t.Fatalf("trialnet help where chroot is refused printed no commands:\n%s", out)
 	}
 }

@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 				execInRoot()
 			}
 		}
+		if os.Getenv(noChrootEnv) == "1" {
+			execWithoutChroot()
+		}
 		if desc := os.Getenv("TRIALNET_CLI_SESSION_KEY"); desc != "" {
 			execWithSessionKey(desc)
 		}
