@@ -87,18 +87,21 @@ func (l *decisionLog) openFile(f *os.File) (int64, error) {
 		return 0, err
 	}
 	size := st.Size()
+	w := record.NewWriter(f)
 	var last [1]byte
 	if size > 0 {
 		if _, err := f.ReadAt(last[:], size-1); err == nil && last[0] != '\n' {
 			if _, err := f.Write([]byte{'\n'}); err != nil {
-				_ = f.Close()
-				return 0, err
+				// The disk still full: the first record that fits
+				// ends the line first; the Trial is not lost for it.
+				w = record.NewTornWriter(f)
+			} else {
+				size++
 			}
-			size++
 		}
 	}
 	l.mu.Lock()
-	l.file, l.w = f, record.NewWriter(f)
+	l.file, l.w = f, w
 	l.mu.Unlock()
 	return size, nil
 }

@@ -456,3 +456,50 @@ func TestPrivilegedDecisionLogDiskFull(t *testing.T) {
 		t.Fatalf("%d records read (%d after the disk had room again, want 2; error %v), %d counted unwritten, for %d refusals (the proxy counted %d)", len(recs), after, rerr, lost, refused, st.Denied)
 	}
 }
+
+// A decision log whose last record an agent's crash cut short, opened
+// again by the next agent while the disk is still full: the open does
+// not fail (it would lose the Trial's re-adoption), and the first record
+// written once there is room starts a line of its own.
+func TestPrivilegedDecisionLogTornReopenedOnAFullDisk(t *testing.T) {
+	privtest.Require(t)
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	path := filepath.Join(dir, "decisions.jsonl")
+	// Cut at a page's end: its newline needs a page the full disk lacks.
+	if err := os.WriteFile(path, []byte(`{"id":"cut`+strings.Repeat("x", 4096-10)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fill := filepath.Join(dir, "fill")
+	f, err := os.Create(fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int{4096, 1} {
+		for b := make([]byte, size); ; {
+			if _, err := f.Write(b); err != nil {
+				break
+			}
+		}
+	}
+	_ = f.Close()
+	var l decisionLog
+	if _, err := l.open(path); err != nil {
+		t.Fatalf("reopening a torn log on a full disk: %v", err)
+	}
+	defer l.close()
+	if err := os.Remove(fill); err != nil {
+		t.Fatal(err)
+	}
+	ev := record.Event{Schema: record.EventSchema, ID: "after", Time: time.Now(), Trial: "t", Method: "CONNECT", Decision: record.DecisionDeny, Reason: record.ReasonPolicyDenied, Target: "after.test:443"}
+	if err := l.add(&ev, nil); err != nil {
+		t.Fatal(err)
+	}
+	recs, _ := record.ReadFile(path)
+	if len(recs) != 1 || recs[0].ID != "after" {
+		t.Fatalf("records read after the disk had room: %+v; want the one written after", recs)
+	}
+}

@@ -27,6 +27,11 @@ type Writer struct {
 // NewWriter returns a Writer to w.
 func NewWriter(w io.Writer) *Writer { return &Writer{w: w} }
 
+// NewTornWriter returns a Writer to w, which ends in part of a record
+// whose newline could not be written yet: its first record starts with
+// one.
+func NewTornWriter(w io.Writer) *Writer { return &Writer{w: w, torn: true} }
+
 // Write writes ev's line (as a Sink gets it), or ev encoded when line is
 // nil, and a newline.
 func (w *Writer) Write(ev *Event, line []byte) error {
