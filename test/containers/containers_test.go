@@ -483,7 +483,7 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 		cfg["linux"].(map[string]any)["resources"] = map[string]any{"devices": o.devRules}
 	}
 	if !o.noSeccomp {
-		cfg["linux"].(map[string]any)["seccomp"] = ocihook.KeyCallsProfile(runtime.GOARCH)
+		cfg["linux"].(map[string]any)["seccomp"] = ocihook.ContainerProfile(runtime.GOARCH)
 	}
 	for dst, src := range o.binds {
 		cfg["mounts"] = append(cfg["mounts"].([]map[string]any), map[string]any{"destination": dst, "type": "bind", "source": src, "options": []string{"rbind", "rw"}})
