@@ -4,11 +4,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"os"
-	"os/exec"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,9 +12,7 @@ import (
 // to refuse: socket(40, …); socket(0x1_00000028, …), which the kernel
 // reads as 40 and a rule comparing all 64 bits ("!= 40") lets through;
 // and i386's socketcall(SYS_SOCKET, {40, …}), whose family is behind a
-// pointer seccomp cannot read. The last runs in a child process of its
-// own (-mode vsock-i386): a profile that leaves out the i386 ABI meets
-// libseccomp's bad-architecture action, which kills.
+// pointer seccomp cannot read (in a child: i386Attempts).
 func vsockAttempts(enc *json.Encoder) {
 	report(enc, "socket-vsock", anySocket(unix.AF_VSOCK))
 	report(enc, "socket-vsock-high-bits", func() error {
@@ -30,29 +23,5 @@ func vsockAttempts(enc *json.Encoder) {
 		_ = unix.Close(int(fd))
 		return nil
 	}())
-	report(enc, "socketcall-vsock-i386", func() error {
-		self, err := os.Executable()
-		if err != nil {
-			return errSkip(err.Error())
-		}
-		out, err := exec.Command(self, "-mode", "vsock-i386").CombinedOutput()
-		var exit *exec.ExitError
-		switch {
-		case errors.As(err, &exit) && exit.ProcessState.Sys().(syscall.WaitStatus).Signal() == syscall.SIGSYS:
-			return errors.New("killed by SIGSYS (the bad-architecture action)")
-		case err != nil:
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		var r Result
-		if err := json.Unmarshal(out, &r); err != nil {
-			return fmt.Errorf("%q: %v", out, err)
-		}
-		switch r.Result {
-		case "skipped":
-			return errSkip(r.Reason)
-		case "blocked":
-			return errors.New(r.Reason)
-		}
-		return errEscaped(r.Reason)
-	}())
+	report(enc, "socketcall-vsock-i386", inChild("socketcall-vsock-i386"))
 }
