@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -82,11 +83,26 @@ func i386Child() {
 	case err := <-done:
 		report(enc, *i386Name, err)
 	case <-time.After(i386Answer):
-		if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); errors.Is(err, fs.ErrNotExist) {
-			report(enc, *i386Name, errors.New("its thread was killed (the bad-architecture action, SIGSYS)"))
+		if state := threadState(tid); state == "gone" || state == "Z" || state == "X" {
+			report(enc, *i386Name, fmt.Errorf("its thread was killed (the bad-architecture action, SIGSYS; thread state %s)", state))
 		} else {
-			report(enc, *i386Name, fmt.Errorf("no answer in %v, its thread still there", i386Answer))
+			report(enc, *i386Name, fmt.Errorf("no answer in %v, its thread still there (state %s)", i386Answer, state))
 		}
 	}
 	os.Exit(0)
+}
+
+// threadState is thread tid's state letter as /proc has it, or "gone".
+// A killed thread that led the group stays a zombie (Z) until the others
+// exit; any other is gone at once.
+func threadState(tid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stat", tid))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "gone"
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if err != nil || i < 0 || i+2 >= len(b) {
+		return fmt.Sprintf("unknown (%v)", err)
+	}
+	return string(b[i+2])
 }
