@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -95,6 +96,20 @@ func TestPrivilegedContainerVsock(t *testing.T) {
 		t.Fatalf("without the hook, BPF LSM layer %v: socket-vsock %+v (is vsock_loopback loaded?)", lsm, r)
 	}
 
+	// Docker 23's rule, socket let run for any family but 40, compares
+	// all 64 bits: socket(0x1_00000028), family 40 to the kernel, passes.
+	docker23 := noHook
+	docker23.seccomp, docker23.cgroupsPath = dockerProfile(t, true), w.cgroup+"/vsock-docker23"
+	out, err = newRunc(w).run("vsock-docker23", docker23)
+	if err != nil {
+		t.Fatalf("Docker 23's profile without the hook: %v\n%s", err, out)
+	}
+	res := vsockResults(t, out)
+	t.Logf("Docker 23's profile without the hook: %+v", res)
+	if !lsm && (res["socket-vsock"].Result != "blocked" || res["socket-vsock-high-bits"].Result != "escaped") {
+		t.Errorf("Docker 23's profile: socket(40) %+v, socket(0x1_00000028) %+v; want the first refused, the second made", res["socket-vsock"], res["socket-vsock-high-bits"])
+	}
+
 	out, err = newRunc(w).run("vsock-open", open)
 	if lsm {
 		if err != nil {
@@ -114,15 +129,7 @@ func TestPrivilegedContainerVsock(t *testing.T) {
 	}
 
 	// Through trialnet oci-runtime, the open profile and Docker 20.10's.
-	docker, err := os.ReadFile("../../ocihook/testdata/docker-20.10.seccomp.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dockers map[string]any
-	if err := json.Unmarshal(docker, &dockers); err != nil {
-		t.Fatal(err)
-	}
-	for name, profile := range map[string]map[string]any{"vsock-wrapped": vsockOpen(), "vsock-docker": dockers} {
+	for name, profile := range map[string]map[string]any{"vsock-wrapped": vsockOpen(), "vsock-docker": dockerProfile(t, false)} {
 		r := newRunc(w)
 		r.wrapped = true
 		o := open
@@ -141,4 +148,26 @@ func TestPrivilegedContainerVsock(t *testing.T) {
 		t.Fatalf("podman run with %s: %v\n%s", w.seccomp, err, out)
 	}
 	checkVsockRefused(t, "podman with "+filepath.Base(w.seccomp), vsockResults(t, out))
+}
+
+// dockerProfile is Docker 20.10's default profile as it wrote it in a
+// container's config.json, or with v23 as Docker 23 changed it: socket
+// out of the calls let run, and let run for any family but 40.
+func dockerProfile(t *testing.T, v23 bool) map[string]any {
+	b, err := os.ReadFile("../../ocihook/testdata/docker-20.10.seccomp.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(b, &p); err != nil {
+		t.Fatal(err)
+	}
+	if v23 {
+		rules := p["syscalls"].([]any)
+		r0 := rules[0].(map[string]any)
+		r0["names"] = slices.DeleteFunc(r0["names"].([]any), func(n any) bool { return n == "socket" })
+		p["syscalls"] = append(rules, map[string]any{"names": []any{"socket"}, "action": "SCMP_ACT_ALLOW",
+			"args": []any{map[string]any{"index": 0, "value": 40, "valueTwo": 0, "op": "SCMP_CMP_NE"}}})
+	}
+	return p
 }
