@@ -454,8 +454,10 @@ func (a *Agent) Get(_ context.Context, id string) (client.TrialInfo, error) {
 // withDirs is info with the agent's own directories, wherever its config
 // puts them, for the OCI hook: it knows only their defaults, and the
 // agent's answer is one no container can change, as it could a config
-// file bound into it.
+// file bound into it. It also says whether the BPF LSM layer is
+// attached, which decides what the hook asks of a container's seccomp.
 func (a *Agent) withDirs(info client.TrialInfo) client.TrialInfo {
+	info.BPFLSM = a.host.BPF.LSM()
 	h := a.cfg.Host.withDefaults()
 	for _, d := range []string{h.StateDir, a.cfg.DataDir, filepath.Dir(a.cfg.ReceiptKey), h.NetnsDir, h.PinDir} {
 		if filepath.IsAbs(d) && !slices.Contains(info.AgentDirs, d) {

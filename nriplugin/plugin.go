@@ -7,7 +7,7 @@
 // each of the pod's containers into it before the runtime writes its
 // spec: its cgroup a child of the Trial's, its network namespace the
 // Trial's, the proxy's environment, transparent mode's resolv.conf, its
-// seccomp policy with the kernel's key calls refused, and
+// seccomp policy with the kernel's key calls and AF_VSOCK refused, and
 // trialnet oci-hook at createRuntime with trialnet.io/trial=ID, so that
 // the hook checks the container where the runtime put it. It refuses a
 // container that would leave (the hook's rules on what NRI shows of its
@@ -200,7 +200,11 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	if err != nil {
 		return refuse(err.Error())
 	}
-	return p.adjust(ctr, info), nil, nil
+	adj, err := p.adjust(ctr, info)
+	if err != nil {
+		return refuse(err.Error())
+	}
+	return adj, nil, nil
 }
 
 // ensureTrial returns the pod's Trial, made if it is not there yet.
@@ -240,7 +244,7 @@ func (p *Plugin) ensureTrial(ctx context.Context, pod *api.PodSandbox, profiles 
 }
 
 // adjust places the container in the Trial and has the hook check it.
-func (p *Plugin) adjust(ctr *api.Container, info client.TrialInfo) *api.ContainerAdjustment {
+func (p *Plugin) adjust(ctr *api.Container, info client.TrialInfo) (*api.ContainerAdjustment, error) {
 	a := &api.ContainerAdjustment{}
 	rel := "/" + strings.TrimPrefix(strings.TrimPrefix(info.Cgroup, p.cgroupMount()), "/")
 	a.SetLinuxCgroupsPath(filepath.Join(rel, "ctr-"+ctr.GetId()))
@@ -249,7 +253,11 @@ func (p *Plugin) adjust(ctr *api.Container, info client.TrialInfo) *api.Containe
 		k, v, _ := strings.Cut(kv, "=")
 		a.AddEnv(k, v)
 	}
-	if pol := keyCallsPolicy(ctr); pol != nil {
+	pol, err := containerPolicy(ctr)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", ctr.GetName(), err)
+	}
+	if pol != nil {
 		a.SetLinuxSeccompPolicy(pol)
 	}
 	if info.Transparent && p.ResolvConf != "" {
@@ -269,7 +277,7 @@ func (p *Plugin) adjust(ctr *api.Container, info client.TrialInfo) *api.Containe
 		}
 	}
 	a.AddAnnotation(ocihook.AnnotationTrial, info.ID)
-	return a
+	return a, nil
 }
 
 // StopPodSandbox destroys the pod's Trial: its containers have stopped.

@@ -125,7 +125,10 @@ func TestAdjustmentLeavesOneClaim(t *testing.T) {
 	ctr.Annotations["trialnet.io/trial"] = "someone-elses"
 	info := client.TrialInfo{Netns: "/run/trialnet/netns/k8s-x", Cgroup: "/sys/fs/cgroup/trialnet/k8s-x", ProxyURL: "http://127.0.0.1:3128"}
 	info.ID = "k8s-x"
-	adj := p.adjust(ctr, info)
+	adj, err := p.adjust(ctr, info)
+	if err != nil {
+		t.Fatal(err)
+	}
 	removed, set := []string{}, adj.GetAnnotations()
 	for k := range set {
 		if after, ok := strings.CutPrefix(k, "-"); ok { // NRI's mark for a removal

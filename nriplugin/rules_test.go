@@ -71,7 +71,11 @@ func TestRefusals(t *testing.T) {
 	}
 	// As a second plugin instance sees it during a rolling update: the
 	// first one's adjustment (its read-only resolv.conf) is not the pod's.
-	ordinary.Mounts = append(ordinary.Mounts, testPlugin.adjust(ordinary, client.TrialInfo{Spec: trial.Spec{Transparent: true}}).GetMounts()...)
+	adj, err := testPlugin.adjust(ordinary, client.TrialInfo{Spec: trial.Spec{Transparent: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ordinary.Mounts = append(ordinary.Mounts, adj.GetMounts()...)
 	if why := refusals(ordinary, testProtected, testPlugin.ownMount); len(why) > 0 {
 		t.Fatalf("a container with the plugin's own resolv.conf is refused: %q", why)
 	}

@@ -41,7 +41,7 @@ func BenchmarkReadConfig(b *testing.B) {
 			"annotations": map[string]string{AnnotationProfile: "default"},
 		}
 	}
-	large := KeyCallsProfile(runtime.GOARCH)
+	large := ContainerProfile(runtime.GOARCH)
 	var names []string
 	for i := range 300 {
 		names = append(names, fmt.Sprintf("syscall_%d", i))
@@ -50,7 +50,7 @@ func BenchmarkReadConfig(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		cfg  map[string]any
-	}{{"small", cfg(KeyCallsProfile(runtime.GOARCH))}, {"podman-size", cfg(large)}} {
+	}{{"small", cfg(ContainerProfile(runtime.GOARCH))}, {"podman-size", cfg(large)}} {
 		dir := b.TempDir()
 		doc, err := json.MarshalIndent(c.cfg, "", "  ")
 		if err != nil {

@@ -25,6 +25,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -366,6 +367,11 @@ func (h *Hook) checkProcess(st State, cfg *config, info agentwire.TrialInfo, pee
 		}
 	}
 	why := cfg.mountRefusals(st.Bundle, dirs)
+	if !info.BPFLSM {
+		if v := cfg.seccomp().vsockLetThrough(runtime.GOARCH); len(v) > 0 {
+			why = append(why, "its seccomp profile lets it open AF_VSOCK sockets ("+strings.Join(v, "; ")+"): "+vsockAdvice(DefaultSeccompProfile))
+		}
+	}
 	p := filepath.Join(h.proc(), strconv.Itoa(pid))
 	self := filepath.Join(h.proc(), "self", "ns")
 	same, err := sameFile(filepath.Join(p, "ns", "net"), info.Netns)

@@ -152,10 +152,10 @@ const DefaultSeccompProfile = "/etc/trialnet/seccomp.json"
 const DefaultSeccompBase = "/usr/share/containers/seccomp.json"
 
 // SeccompProfile is the profile for containers in a Trial: base (a
-// podman or Docker profile file) with the key calls refused, or, with no
-// base, the least profile that refuses them (KeyCallsProfile).
+// podman or Docker profile file) with the key calls and AF_VSOCK refused,
+// or, with no base, the least profile that refuses them (ContainerProfile).
 func SeccompProfile(base []byte, goarch string) ([]byte, error) {
-	profile := KeyCallsProfile(goarch)
+	profile := ContainerProfile(goarch)
 	if base != nil {
 		if err := decodeStrict(base, new(any)); err != nil {
 			return nil, err
@@ -165,6 +165,9 @@ func SeccompProfile(base []byte, goarch string) ([]byte, error) {
 		profile = nil
 		if err := d.Decode(&profile); err != nil || profile == nil {
 			return nil, fmt.Errorf("not a JSON object: %v", err)
+		}
+		if err := RefuseVsock(profile); err != nil {
+			return nil, err
 		}
 		if err := RefuseKeyCalls(profile); err != nil {
 			return nil, err

@@ -145,16 +145,17 @@ func NativeArchitectures(goarch string) []string {
 	return nil
 }
 
-// KeyCallsProfile is the least profile that keeps the key calls from a
-// container: every other call is let run, as with no profile at all. It
-// is valid both as an OCI linux.seccomp and as a podman or Docker
-// profile file.
-func KeyCallsProfile(goarch string) map[string]any {
-	return map[string]any{
-		"defaultAction": "SCMP_ACT_ALLOW",
-		"architectures": toAny(NativeArchitectures(goarch)),
-		"syscalls":      []any{keyRule()},
+// ContainerProfile is the least profile for a container in a Trial: it
+// keeps the key calls from it, and AF_VSOCK (RefuseVsock), and lets every
+// other call run, as with no profile at all. It is valid both as an OCI
+// linux.seccomp and as a podman or Docker profile file.
+func ContainerProfile(goarch string) map[string]any {
+	p := map[string]any{"defaultAction": "SCMP_ACT_ALLOW", "architectures": toAny(NativeArchitectures(goarch))}
+	if err := RefuseVsock(p); err != nil {
+		panic(err) // the profile above is well formed
 	}
+	p["syscalls"] = append(p["syscalls"].([]any), keyRule())
+	return p
 }
 
 // RefuseKeyCalls changes a seccomp profile, decoded as generic JSON (an

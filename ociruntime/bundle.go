@@ -228,23 +228,29 @@ func (b *bundle) setProxyEnv(proxyURL string) error {
 }
 
 // refuseKeyCalls makes the bundle's seccomp profile refuse the kernel's
-// key calls (ocihook.KeyCalls), which a container in a Trial must not
-// reach: Docker's default profile refuses them already, and this changes
-// nothing else of it; a container without a profile (seccomp=unconfined)
-// gets the least profile that refuses them, and every other call as it
-// had.
+// key calls (ocihook.KeyCalls) and AF_VSOCK (ocihook.RefuseVsock), which
+// a container in a Trial must not reach: Docker's default profile
+// refuses the key calls already, and from Docker 23 socket(40, …) but
+// not socket(0x1_00000028, …) nor the i386 socketcall; the rest of it is
+// unchanged. A container without a profile (seccomp=unconfined) gets the
+// least profile that refuses them, and every other call as it had. The
+// vsock refusal is made whether or not the host has the BPF LSM layer,
+// which refuses it too: the bundle does not depend on the kernel.
 func (b *bundle) refuseKeyCalls() error {
 	l, err := b.linux()
 	if err != nil {
 		return err
 	}
 	if l["seccomp"] == nil {
-		l["seccomp"] = ocihook.KeyCallsProfile(runtime.GOARCH)
+		l["seccomp"] = ocihook.ContainerProfile(runtime.GOARCH)
 		return nil
 	}
 	sc, ok := l["seccomp"].(map[string]any)
 	if !ok {
 		return fmt.Errorf("%s: linux.seccomp is not an object", b.path)
+	}
+	if err := ocihook.RefuseVsock(sc); err != nil {
+		return err
 	}
 	return ocihook.RefuseKeyCalls(sc)
 }

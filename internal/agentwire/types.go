@@ -24,6 +24,12 @@ type TrialInfo struct {
 	// pins): trialnet oci-hook refuses a container that mounts one. Only
 	// Get and ContainerTrial fill it.
 	AgentDirs []string `json:"agent_dirs,omitempty"`
+	// BPFLSM says that the agent's BPF LSM layer is attached, which
+	// refuses a Trial's containers the socket families no network
+	// namespace holds (AF_VSOCK): without it, trialnet oci-hook asks
+	// their seccomp profile to. Only Get and ContainerTrial fill it; an
+	// agent from before it leaves it false, and the hook asks.
+	BPFLSM bool `json:"bpf_lsm,omitempty"`
 }
 
 // Error is an error with a stable code, as the control API returns it.

@@ -422,9 +422,10 @@ type bundleOpts struct {
 	hooks                      []string
 	binds                      map[string]string
 	// noSeccomp leaves linux.seccomp out (runc's default), which the
-	// hook refuses; otherwise it is the least profile that keeps the key
-	// calls from the container.
+	// hook refuses; otherwise it is seccomp, or the least profile that
+	// keeps the key calls and AF_VSOCK from the container.
 	noSeccomp bool
+	seccomp   map[string]any
 	// hookBin is the hook's binary: trialnet-oci beside trialnet, as
 	// oci-hook install writes it, unless set (trialnet, as entries
 	// written before it run).
@@ -482,8 +483,11 @@ func (w *world) bundleWith(name string, o bundleOpts) string {
 	if o.devRules != nil {
 		cfg["linux"].(map[string]any)["resources"] = map[string]any{"devices": o.devRules}
 	}
-	if !o.noSeccomp {
-		cfg["linux"].(map[string]any)["seccomp"] = ocihook.KeyCallsProfile(runtime.GOARCH)
+	switch {
+	case o.seccomp != nil:
+		cfg["linux"].(map[string]any)["seccomp"] = o.seccomp
+	case !o.noSeccomp:
+		cfg["linux"].(map[string]any)["seccomp"] = ocihook.ContainerProfile(runtime.GOARCH)
 	}
 	for dst, src := range o.binds {
 		cfg["mounts"] = append(cfg["mounts"].([]map[string]any), map[string]any{"destination": dst, "type": "bind", "source": src, "options": []string{"rbind", "rw"}})

@@ -61,7 +61,7 @@ func (r *runc) Run(ctx context.Context, c Cmd) (int, error) {
 	files, argv := handDown(c)
 	cfg := r.config(c, argv, name)
 	if !c.RuntimeSeccomp {
-		cfg["linux"].(map[string]any)["seccomp"] = ocihook.KeyCallsProfile(runtime.GOARCH)
+		cfg["linux"].(map[string]any)["seccomp"] = ocihook.ContainerProfile(runtime.GOARCH)
 	}
 	if err := devices(cfg, c.Devices); err != nil {
 		return -1, err

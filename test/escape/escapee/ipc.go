@@ -133,7 +133,7 @@ func keyAttempts(enc *json.Encoder, desc string) {
 		// secret it gave the victim.
 		return errEscaped("read " + string(buf[:min(n, len(buf))]))
 	}())
-	report(enc, "keyctl-i386", keyctlI386())
+	report(enc, "keyctl-i386", inChild("keyctl-i386"))
 	// A key the kernel lacks makes it run /sbin/request-key as root in
 	// the host's namespaces, with this description: any answer but the
 	// filter's ENOSYS means the key service took the request.

@@ -45,7 +45,8 @@ var (
 	deniedName = flag.String("denied-name", "evil.example.test", "a name not on the allowlist")
 	listenFor  = flag.Duration("listen-for", time.Second, "how long the inbound listener waits")
 	inPort     = flag.Int("inbound-port", 18080, "the port the inbound listener listens on, every address")
-	mode       = flag.String("mode", "network", "network: the ways out through the network; boundary: around it, through another process, the terminal, other socket families and mounts; victim: be the process outside that holds sockets; keys: the key calls only")
+	mode       = flag.String("mode", "network", "network: the ways out through the network; boundary: around it, through another process, the terminal, other socket families and mounts; victim: be the process outside that holds sockets; keys: the key calls only; vsock: AF_VSOCK sockets only, each way a seccomp profile must refuse")
+	i386Name   = flag.String("i386", "", "i386: the attempt through the i386 entry to make (keyctl-i386, socketcall-vsock-i386)")
 	keyDesc    = flag.String("key-desc", "trialnet-escape-key", "keys: the description of the key to read from the user keyring")
 )
 
@@ -62,6 +63,11 @@ func main() {
 	case "keys":
 		keyAttempts(json.NewEncoder(os.Stdout), *keyDesc)
 		return
+	case "vsock":
+		vsockAttempts(json.NewEncoder(os.Stdout))
+		return
+	case "i386":
+		i386Child()
 	case "bindconnect":
 		os.Exit(bindConnect())
 	default:
