@@ -235,13 +235,10 @@ func TestPrivilegedTrialReachesOnlyItsAllowlist(t *testing.T) {
 	if n := w.requests.Load(); n != 3 {
 		t.Fatalf("the test host saw %d requests, want exactly the three allowed ones", n)
 	}
-	st, err := a.Stats(context.Background(), info.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.Proxy.ByReason["allowed"] != 3 || st.Proxy.ByReason["policy_denied"] != 2 || st.Proxy.ByReason["ip_literal"] != 1 {
-		t.Fatalf("proxy decisions %v", st.Proxy.ByReason)
-	}
+	// Each decision is counted as its record is written, after the answer.
+	st := waitStats(t, a, info.ID, func(st client.Stats) bool {
+		return st.Proxy.ByReason["allowed"] == 3 && st.Proxy.ByReason["policy_denied"] == 2 && st.Proxy.ByReason["ip_literal"] == 1
+	})
 	if st.Kernel["connect4_denied"] < 1 || st.Egress != 0 || !strings.HasPrefix(st.Verdict, "verdict: 0 direct egress packets") {
 		t.Fatalf("kernel %v, egress %d, verdict %q", st.Kernel, st.Egress, st.Verdict)
 	}

@@ -22,7 +22,6 @@ import (
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/netns"
-	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -219,14 +218,7 @@ func TestPrivilegedFaultTunnelLimit(t *testing.T) {
 		t.Fatalf("third tunnel: curl exit %d: %s", code, out)
 	}
 	// The refusal is counted as its record is written, after the answer.
-	var got map[record.Reason]uint64
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		st, _ := a.Stats(context.Background(), info.ID)
-		if got = st.Proxy.ByReason; got["tunnel_limit"] == 1 {
-			return
-		}
-	}
-	t.Fatalf("decisions %v, want one tunnel_limit", got)
+	waitStats(t, a, info.ID, func(st client.Stats) bool { return st.Proxy.ByReason["tunnel_limit"] == 1 })
 }
 
 // bpffs unmounted under a running agent: the programs stay attached (the

@@ -226,15 +226,12 @@ func TestPrivilegedTransparent(t *testing.T) {
 			t.Fatalf("a name the allowlist no longer names: rcode %d, want NXDOMAIN", rcode)
 		}
 	})
-	st, err := a.Stats(context.Background(), info.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Each decision is counted as its record is written, after the answer.
+	st := waitStats(t, a, info.ID, func(st client.Stats) bool {
+		return st.Proxy.ByReason[record.ReasonUnknownAddress] == 1 && st.Proxy.ByReason[record.ReasonPolicyDenied] == 1
+	})
 	if st.DNS == nil || st.DNS.Answered < 2 || st.DNS.NXDomain < 1 || st.DNS.Names != 1 {
 		t.Fatalf("stub counts %+v", st.DNS)
-	}
-	if st.Proxy.ByReason[record.ReasonUnknownAddress] != 1 || st.Proxy.ByReason[record.ReasonPolicyDenied] != 1 {
-		t.Fatalf("proxy decisions %v", st.Proxy.ByReason)
 	}
 	pin := a.host.BPF.SteerPin(info.CgroupID)
 	if _, err := os.Stat(pin + "_link"); err != nil {
