@@ -85,15 +85,15 @@ func (s argSet) may(a argOf) bool {
 		return s.max() > a.Value
 	case "SCMP_CMP_GE":
 		return s.max() >= a.Value
-	case "SCMP_CMP_MASKED_EQ": // value is the mask, valueTwo the datum
-		mhi, dhi := a.Value>>32, a.ValueTwo>>32
-		if s.lo&a.Value&math.MaxUint32 != a.ValueTwo&math.MaxUint32 {
+	case "SCMP_CMP_MASKED_EQ":
+		// value is the mask, valueTwo the datum, which libseccomp masks
+		// too (_db_node_mask_fixup): arg & mask == datum & mask, so a
+		// datum's bits past its mask are not compared.
+		m, d := a.Value, a.ValueTwo&a.Value
+		if s.lo&m&math.MaxUint32 != d&math.MaxUint32 {
 			return false
 		}
-		if s.wide {
-			return dhi&^mhi == 0
-		}
-		return dhi == 0
+		return s.wide || d>>32 == 0
 	}
 	return true // an operator this build does not know may match
 }
