@@ -213,7 +213,7 @@ func (s *seccompOf) vsockLetThrough(goarch string) []string {
 	}
 	var why []string
 	for i, b := range all {
-		if i > 0 && !slices.Contains(s.Architectures, b.arch) {
+		if i > 0 && !slices.ContainsFunc(s.Architectures, func(a string) bool { return sameArch(a, b.arch) }) {
 			continue // the bad-architecture action kills
 		}
 		fam := argSet{lo: afVsock, wide: b.wide}
@@ -267,6 +267,15 @@ func (s *seccompOf) refusal(call string, set argSet, b abi, muxed func(syscallOf
 		return ""
 	}
 	return fmt.Sprintf("no rule refuses it for every argument, and the default action %s lets it run", orNone(s.DefaultAction))
+}
+
+// sameArch says whether a runtime reads listed as arch (an SCMP_ARCH_
+// name). runc takes the names as spelt; crun strips "SCMP_ARCH_" and
+// looks up the rest lowercased, so "x86" and "SCMP_ARCH_x86" are i386
+// to it as much as SCMP_ARCH_X86.
+func sameArch(listed, arch string) bool {
+	crun := func(a string) string { return strings.ToLower(strings.TrimPrefix(a, "SCMP_ARCH_")) }
+	return crun(listed) == crun(arch)
 }
 
 func argsString(args []argOf) string {
@@ -461,7 +470,7 @@ func cloneRule(rule map[string]any) map[string]any {
 func hasArch(profile map[string]any, arch string) bool {
 	found := false
 	eachArchList(profile, func(l []any) []any {
-		found = found || slices.Contains(l, any(arch))
+		found = found || slices.ContainsFunc(l, func(a any) bool { return isArch(a, arch) })
 		return l
 	})
 	return found
@@ -469,14 +478,19 @@ func hasArch(profile map[string]any, arch string) bool {
 
 func dropArch(profile map[string]any, arch string) {
 	eachArchList(profile, func(l []any) []any {
-		return slices.DeleteFunc(slices.Clone(l), func(a any) bool { return a == arch })
+		return slices.DeleteFunc(slices.Clone(l), func(a any) bool { return isArch(a, arch) })
 	})
 	if m, ok := profile["archMap"].([]any); ok {
 		profile["archMap"] = slices.DeleteFunc(slices.Clone(m), func(e any) bool {
 			o, _ := e.(map[string]any)
-			return o != nil && o["architecture"] == arch
+			return o != nil && isArch(o["architecture"], arch)
 		})
 	}
+}
+
+func isArch(listed any, arch string) bool {
+	s, ok := listed.(string)
+	return ok && sameArch(s, arch)
 }
 
 func eachArchList(profile map[string]any, fn func([]any) []any) {

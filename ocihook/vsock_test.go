@@ -130,6 +130,13 @@ func TestVsockLetThrough(t *testing.T) {
 			[]string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET), which carries the family where seccomp cannot read it: rule 0 (SCMP_ACT_ALLOW) for socket becomes one for socketcall"}},
 		{"i386: socketcall let run", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + allX86 + `,"syscalls":[{"names":["socketcall"],"action":"SCMP_ACT_ALLOW"}]}`, []string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET)", "rule 0 (SCMP_ACT_ALLOW) lets it run"}},
 		{"i386: socketcall let run but for SYS_SOCKET", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + allX86 + `,"syscalls":[{"names":["socketcall"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":1,"op":"SCMP_CMP_NE"}]}]}`, nil},
+		// crun strips SCMP_ARCH_ and reads the rest lowercased: these are i386 to it.
+		{"i386 spelt as crun reads it", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO","architectures":["SCMP_ARCH_X86_64","x86"],"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":2,"op":"SCMP_CMP_EQ"}]}]}`,
+			[]string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET)"}},
+		{"i386 spelt lowercase after the prefix", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO","architectures":["SCMP_ARCH_X86_64","SCMP_ARCH_x86"],"syscalls":[{"names":["socketcall"],"action":"SCMP_ACT_ALLOW"}]}`,
+			[]string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET)"}},
+		{"x32 spelt as crun reads it", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO","architectures":["SCMP_ARCH_X86_64","X32"],"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":4294967336,"op":"SCMP_CMP_EQ"}]}]}`,
+			[]string{"SCMP_ARCH_X32: socket(AF_VSOCK)"}},
 		{"32-bit ARM listed", "arm64", `{"defaultAction":"SCMP_ACT_ALLOW","architectures":["SCMP_ARCH_AARCH64","SCMP_ARCH_ARM"],"syscalls":[` + refuseVsock + `]}`, nil},
 		{"a goarch the hook does not know", "riscv64", `{"defaultAction":"SCMP_ACT_ERRNO"}`, []string{"cannot judge a profile on riscv64"}},
 	} {
@@ -171,6 +178,10 @@ func TestRefuseVsock(t *testing.T) {
 		{"Docker 23's default", docker23, []string{"SCMP_ARCH_X86_64: socket(AF_VSOCK): rule 12 (SCMP_ACT_ALLOW) lets it run (its conditions arg0 NE 0x28", "SCMP_ARCH_X86: socketcall(SYS_SOCKET)"}},
 		{"podman 4.3.1's default", func(t *testing.T) map[string]any { return readProfile(t, "podman-4.3.1.seccomp.json") },
 			[]string{"SCMP_ARCH_X86_64: socket(AF_VSOCK): rule 19 (SCMP_ACT_ALLOW) lets it run (its conditions arg2 NE 0x9", "SCMP_ARCH_X86: socketcall(SYS_SOCKET), which carries the family where seccomp cannot read it: rule 1 (SCMP_ACT_ALLOW) lets it run"}},
+		{"i386 spelt as crun reads it", func(*testing.T) map[string]any {
+			return map[string]any{"defaultAction": "SCMP_ACT_ERRNO", "architectures": []any{"SCMP_ARCH_X86_64", "x86", "SCMP_ARCH_x32"},
+				"syscalls": []any{map[string]any{"names": []any{"socket"}, "action": "SCMP_ACT_ALLOW"}}}
+		}, []string{"SCMP_ARCH_X86_64: socket(AF_VSOCK): rule 0", "SCMP_ARCH_X86: socketcall(SYS_SOCKET)"}},
 		{"allow all", func(*testing.T) map[string]any { return map[string]any{"defaultAction": "SCMP_ACT_ALLOW"} }, []string{"default action SCMP_ACT_ALLOW"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
