@@ -23,6 +23,18 @@ const (
 	VsockErrno = 97 // EAFNOSUPPORT, as from trialnet's own filter
 )
 
+// UringCalls are io_uring's system calls. A ring's IORING_OP_SOCKET
+// makes a socket of any family, AF_VSOCK too, without socket(2), where
+// no seccomp filter sees it; a ring made outside and handed in works
+// too. Without the BPF LSM layer a container must be refused them all,
+// as trialnet's own filter refuses them to the commands it launches.
+var UringCalls = []string{"io_uring_setup", "io_uring_enter", "io_uring_register"}
+
+// UringErrno is what a refused io_uring call returns: ENOSYS, as from
+// trialnet's own filter, so that a program falls back to the calls it
+// would make on a kernel without io_uring.
+const UringErrno = 38
+
 // abi is one way a container's process reaches the kernel's system calls,
 // as seccomp tells them apart.
 type abi struct {
@@ -227,6 +239,11 @@ func (s *seccompOf) vsockLetThrough(goarch string) []string {
 			}
 		}
 	}
+	for _, call := range UringCalls {
+		if w := s.letsThrough(call); w != "" {
+			why = append(why, call+", whose ring makes sockets (IORING_OP_SOCKET) where seccomp cannot see them: "+w)
+		}
+	}
 	return why
 }
 
@@ -296,6 +313,7 @@ func vsockAdvice(profile string) string {
 		"Give it a profile that refuses socket(40, …) on every architecture it lists (and socketcall(1, …) where it lists SCMP_ARCH_X86): " +
 		"trialnet oci-runtime (Docker) adds the refusal itself; with podman, --security-opt seccomp=" + profile + " (written by 'trialnet oci-hook install'); " +
 		"in a bundle, a rule {\"names\":[\"socket\"],\"action\":\"SCMP_ACT_ERRNO\",\"errnoRet\":97,\"args\":[{\"index\":0,\"value\":4294967295,\"valueTwo\":40,\"op\":\"SCMP_CMP_MASKED_EQ\"}]} and no rule letting socket run for that family; " +
+		"and a rule refusing " + strings.Join(UringCalls, ", ") + " with none letting them run; " +
 		"or boot the kernel with bpf in lsm= (docs/containers.md, \"AF_VSOCK\")"
 }
 
@@ -337,6 +355,10 @@ func blockArgs(base, size uint64, conds []argOf) []argOf {
 func vsockRule() map[string]any {
 	return map[string]any{"names": []any{"socket"}, "action": "SCMP_ACT_ERRNO", "errnoRet": json.Number(fmt.Sprint(VsockErrno)),
 		"args": []any{argJSON(argOf{Index: 0, Value: math.MaxUint32, ValueTwo: afVsock, Op: "SCMP_CMP_MASKED_EQ"})}}
+}
+
+func uringRule() map[string]any {
+	return map[string]any{"names": toAny(UringCalls), "action": "SCMP_ACT_ERRNO", "errnoRet": json.Number(fmt.Sprint(UringErrno))}
 }
 
 func socketcallRule() map[string]any {
@@ -383,11 +405,13 @@ func ruleOf(rule map[string]any) (syscallOf, error) {
 //     left, or one letting socketcall run, SCMP_ARCH_X86 is taken off the
 //     profile (32-bit x86 programs then meet the bad-architecture action,
 //     as trialnet's own filter refuses them too); without, a rule refuses
-//     socketcall(SYS_SOCKET).
+//     socketcall(SYS_SOCKET);
+//   - io_uring's calls (UringCalls) are taken out of every rule and one
+//     rule refuses them.
 func RefuseVsock(profile map[string]any) error {
-	rules, ok := profile["syscalls"].([]any)
-	if !ok && profile["syscalls"] != nil {
-		return fmt.Errorf("the seccomp profile's syscalls is not a list")
+	rules, err := withoutCalls(profile, UringCalls)
+	if err != nil {
+		return err
 	}
 	// Judged as on x32: 64-bit arguments, read whole or on their low half.
 	wide, x32 := argSet{lo: afVsock, wide: true}, abi{wide: true, narrowToo: true}
@@ -453,7 +477,7 @@ func RefuseVsock(profile map[string]any) error {
 			kept = append(kept, socketcallRule())
 		}
 	}
-	profile["syscalls"] = kept
+	profile["syscalls"] = append(kept, uringRule())
 	return nil
 }
 
