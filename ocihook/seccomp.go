@@ -146,7 +146,7 @@ func NativeArchitectures(goarch string) []string {
 }
 
 // ContainerProfile is the least profile for a container in a Trial: it
-// keeps the key calls from it, and AF_VSOCK (RefuseVsock), and lets every
+// keeps the key calls from it, and AF_VSOCK and io_uring (RefuseVsock), and lets every
 // other call run, as with no profile at all. It is valid both as an OCI
 // linux.seccomp and as a podman or Docker profile file.
 func ContainerProfile(goarch string) map[string]any {
