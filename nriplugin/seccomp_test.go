@@ -22,6 +22,7 @@ func TestContainerPolicy(t *testing.T) {
 	vsock := []*api.LinuxSyscall{
 		{Names: []string{"socket"}, Action: "SCMP_ACT_ERRNO", ErrnoRet: api.UInt32(uint32(97)), Args: []*api.LinuxSeccompArg{{Index: 0, Value: 0xffffffff, ValueTwo: 40, Op: "SCMP_CMP_MASKED_EQ"}}},
 		{Names: []string{"socketcall"}, Action: "SCMP_ACT_ERRNO", ErrnoRet: api.UInt32(uint32(97)), Args: []*api.LinuxSeccompArg{{Index: 0, Value: 1, Op: "SCMP_CMP_EQ"}}},
+		{Names: ocihook.UringCalls, Action: "SCMP_ACT_ERRNO", ErrnoRet: api.UInt32(uint32(38))},
 	}
 	policy := func(ctr *api.Container) *api.LinuxSeccomp {
 		t.Helper()
@@ -46,7 +47,7 @@ func TestContainerPolicy(t *testing.T) {
 	}
 
 	ctr.Linux.SeccompPolicy.Syscalls = append(ctr.Linux.SeccompPolicy.Syscalls, &api.LinuxSyscall{Names: []string{"keyctl"}, Action: "SCMP_ACT_LOG"})
-	if got := policy(ctr).Syscalls; len(got) != 5 || !proto.Equal(got[4], refuse) {
+	if got := policy(ctr).Syscalls; len(got) != 6 || !proto.Equal(got[5], refuse) {
 		t.Errorf("a rule naming only a key call stays: %v", got)
 	}
 

@@ -146,7 +146,7 @@ func NativeArchitectures(goarch string) []string {
 }
 
 // ContainerProfile is the least profile for a container in a Trial: it
-// keeps the key calls from it, and AF_VSOCK (RefuseVsock), and lets every
+// keeps the key calls from it, and AF_VSOCK and io_uring (RefuseVsock), and lets every
 // other call run, as with no profile at all. It is valid both as an OCI
 // linux.seccomp and as a podman or Docker profile file.
 func ContainerProfile(goarch string) map[string]any {
@@ -165,27 +165,39 @@ func ContainerProfile(goarch string) map[string]any {
 // goes) and adds one rule that refuses them. A profile in the old Docker
 // form with a rule's single "name" is handled too.
 func RefuseKeyCalls(profile map[string]any) error {
+	kept, err := withoutCalls(profile, KeyCalls)
+	if err != nil {
+		return err
+	}
+	profile["syscalls"] = append(kept, keyRule())
+	return nil
+}
+
+// withoutCalls is the profile's rules with calls taken out of each (a
+// rule left with no name goes), for a rule the caller adds to refuse
+// them.
+func withoutCalls(profile map[string]any, calls []string) ([]any, error) {
 	rules, ok := profile["syscalls"].([]any)
 	if !ok && profile["syscalls"] != nil {
-		return fmt.Errorf("the seccomp profile's syscalls is not a list")
+		return nil, fmt.Errorf("the seccomp profile's syscalls is not a list")
 	}
 	kept := make([]any, 0, len(rules)+1)
 	for i, r := range rules {
 		rule, ok := r.(map[string]any)
 		if !ok {
-			return fmt.Errorf("the seccomp profile's rule %d is not an object", i)
+			return nil, fmt.Errorf("the seccomp profile's rule %d is not an object", i)
 		}
-		if name, ok := rule["name"].(string); ok && slices.Contains(KeyCalls, name) {
+		if name, ok := rule["name"].(string); ok && slices.Contains(calls, name) {
 			continue
 		}
 		if rule["names"] != nil {
 			names, ok := rule["names"].([]any)
 			if !ok {
-				return fmt.Errorf("the seccomp profile's rule %d: names is not a list", i)
+				return nil, fmt.Errorf("the seccomp profile's rule %d: names is not a list", i)
 			}
 			left := slices.DeleteFunc(slices.Clone(names), func(n any) bool {
 				s, _ := n.(string)
-				return slices.Contains(KeyCalls, s)
+				return slices.Contains(calls, s)
 			})
 			if len(left) == 0 && len(names) > 0 {
 				continue
@@ -194,8 +206,7 @@ func RefuseKeyCalls(profile map[string]any) error {
 		}
 		kept = append(kept, rule)
 	}
-	profile["syscalls"] = append(kept, keyRule())
-	return nil
+	return kept, nil
 }
 
 func toAny(s []string) []any {

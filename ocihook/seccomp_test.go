@@ -127,12 +127,13 @@ func TestSeccompProfileFromBase(t *testing.T) {
 	if err := json.Unmarshal(out, &p); err != nil {
 		t.Fatal(err)
 	}
-	// socket and socketcall(SYS_SOCKET) refused (RefuseVsock), the key
-	// calls last.
-	if p.DefaultErrnoRet != "38" || len(p.ArchMap) != 1 || len(p.Syscalls) != 5 ||
+	// socket, socketcall(SYS_SOCKET) and io_uring refused (RefuseVsock),
+	// the key calls last.
+	if p.DefaultErrnoRet != "38" || len(p.ArchMap) != 1 || len(p.Syscalls) != 6 ||
 		strings.Join(p.Syscalls[0].Names, ",") != "read,write" || p.Syscalls[1].Names[0] != "personality" ||
 		p.Syscalls[2].Names[0] != "socket" || p.Syscalls[3].Names[0] != "socketcall" ||
-		strings.Join(p.Syscalls[4].Names, ",") != strings.Join(KeyCalls, ",") || p.Syscalls[4].Action != "SCMP_ACT_ERRNO" {
+		strings.Join(p.Syscalls[4].Names, ",") != strings.Join(UringCalls, ",") ||
+		strings.Join(p.Syscalls[5].Names, ",") != strings.Join(KeyCalls, ",") || p.Syscalls[5].Action != "SCMP_ACT_ERRNO" {
 		t.Errorf("the profile from podman's:\n%s", out)
 	}
 	if _, err := SeccompProfile([]byte(`{"syscalls":{}}`), runtime.GOARCH); err == nil {

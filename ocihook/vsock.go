@@ -23,6 +23,18 @@ const (
 	VsockErrno = 97 // EAFNOSUPPORT, as from trialnet's own filter
 )
 
+// UringCalls are io_uring's system calls. A ring's IORING_OP_SOCKET
+// makes a socket of any family, AF_VSOCK too, without socket(2), where
+// no seccomp filter sees it; a ring made outside and handed in works
+// too. Without the BPF LSM layer a container must be refused them all,
+// as trialnet's own filter refuses them to the commands it launches.
+var UringCalls = []string{"io_uring_setup", "io_uring_enter", "io_uring_register"}
+
+// UringErrno is what a refused io_uring call returns: ENOSYS, as from
+// trialnet's own filter, so that a program falls back to the calls it
+// would make on a kernel without io_uring.
+const UringErrno = 38
+
 // abi is one way a container's process reaches the kernel's system calls,
 // as seccomp tells them apart.
 type abi struct {
@@ -85,15 +97,15 @@ func (s argSet) may(a argOf) bool {
 		return s.max() > a.Value
 	case "SCMP_CMP_GE":
 		return s.max() >= a.Value
-	case "SCMP_CMP_MASKED_EQ": // value is the mask, valueTwo the datum
-		mhi, dhi := a.Value>>32, a.ValueTwo>>32
-		if s.lo&a.Value&math.MaxUint32 != a.ValueTwo&math.MaxUint32 {
+	case "SCMP_CMP_MASKED_EQ":
+		// value is the mask, valueTwo the datum, which libseccomp masks
+		// too (_db_node_mask_fixup): arg & mask == datum & mask, so a
+		// datum's bits past its mask are not compared.
+		m, d := a.Value, a.ValueTwo&a.Value
+		if s.lo&m&math.MaxUint32 != d&math.MaxUint32 {
 			return false
 		}
-		if s.wide {
-			return dhi&^mhi == 0
-		}
-		return dhi == 0
+		return s.wide || d>>32 == 0
 	}
 	return true // an operator this build does not know may match
 }
@@ -213,7 +225,7 @@ func (s *seccompOf) vsockLetThrough(goarch string) []string {
 	}
 	var why []string
 	for i, b := range all {
-		if i > 0 && !slices.Contains(s.Architectures, b.arch) {
+		if i > 0 && !slices.ContainsFunc(s.Architectures, func(a string) bool { return sameArch(a, b.arch) }) {
 			continue // the bad-architecture action kills
 		}
 		fam := argSet{lo: afVsock, wide: b.wide}
@@ -225,6 +237,11 @@ func (s *seccompOf) vsockLetThrough(goarch string) []string {
 			if w := s.refusal("socketcall", argSet{lo: sysSocket}, b, mux); w != "" {
 				why = append(why, b.arch+": socketcall(SYS_SOCKET), which carries the family where seccomp cannot read it: "+w)
 			}
+		}
+	}
+	for _, call := range UringCalls {
+		if w := s.letsThrough(call); w != "" {
+			why = append(why, call+", whose ring makes sockets (IORING_OP_SOCKET) where seccomp cannot see them: "+w)
 		}
 	}
 	return why
@@ -269,6 +286,15 @@ func (s *seccompOf) refusal(call string, set argSet, b abi, muxed func(syscallOf
 	return fmt.Sprintf("no rule refuses it for every argument, and the default action %s lets it run", orNone(s.DefaultAction))
 }
 
+// sameArch says whether a runtime reads listed as arch (an SCMP_ARCH_
+// name). runc takes the names as spelt; crun strips "SCMP_ARCH_" and
+// looks up the rest lowercased, so "x86" and "SCMP_ARCH_x86" are i386
+// to it as much as SCMP_ARCH_X86.
+func sameArch(listed, arch string) bool {
+	crun := func(a string) string { return strings.ToLower(strings.TrimPrefix(a, "SCMP_ARCH_")) }
+	return crun(listed) == crun(arch)
+}
+
 func argsString(args []argOf) string {
 	var out []string
 	for _, a := range args {
@@ -287,6 +313,7 @@ func vsockAdvice(profile string) string {
 		"Give it a profile that refuses socket(40, …) on every architecture it lists (and socketcall(1, …) where it lists SCMP_ARCH_X86): " +
 		"trialnet oci-runtime (Docker) adds the refusal itself; with podman, --security-opt seccomp=" + profile + " (written by 'trialnet oci-hook install'); " +
 		"in a bundle, a rule {\"names\":[\"socket\"],\"action\":\"SCMP_ACT_ERRNO\",\"errnoRet\":97,\"args\":[{\"index\":0,\"value\":4294967295,\"valueTwo\":40,\"op\":\"SCMP_CMP_MASKED_EQ\"}]} and no rule letting socket run for that family; " +
+		"and a rule refusing " + strings.Join(UringCalls, ", ") + " with none letting them run; " +
 		"or boot the kernel with bpf in lsm= (docs/containers.md, \"AF_VSOCK\")"
 }
 
@@ -328,6 +355,10 @@ func blockArgs(base, size uint64, conds []argOf) []argOf {
 func vsockRule() map[string]any {
 	return map[string]any{"names": []any{"socket"}, "action": "SCMP_ACT_ERRNO", "errnoRet": json.Number(fmt.Sprint(VsockErrno)),
 		"args": []any{argJSON(argOf{Index: 0, Value: math.MaxUint32, ValueTwo: afVsock, Op: "SCMP_CMP_MASKED_EQ"})}}
+}
+
+func uringRule() map[string]any {
+	return map[string]any{"names": toAny(UringCalls), "action": "SCMP_ACT_ERRNO", "errnoRet": json.Number(fmt.Sprint(UringErrno))}
 }
 
 func socketcallRule() map[string]any {
@@ -374,11 +405,13 @@ func ruleOf(rule map[string]any) (syscallOf, error) {
 //     left, or one letting socketcall run, SCMP_ARCH_X86 is taken off the
 //     profile (32-bit x86 programs then meet the bad-architecture action,
 //     as trialnet's own filter refuses them too); without, a rule refuses
-//     socketcall(SYS_SOCKET).
+//     socketcall(SYS_SOCKET);
+//   - io_uring's calls (UringCalls) are taken out of every rule and one
+//     rule refuses them.
 func RefuseVsock(profile map[string]any) error {
-	rules, ok := profile["syscalls"].([]any)
-	if !ok && profile["syscalls"] != nil {
-		return fmt.Errorf("the seccomp profile's syscalls is not a list")
+	rules, err := withoutCalls(profile, UringCalls)
+	if err != nil {
+		return err
 	}
 	// Judged as on x32: 64-bit arguments, read whole or on their low half.
 	wide, x32 := argSet{lo: afVsock, wide: true}, abi{wide: true, narrowToo: true}
@@ -444,7 +477,7 @@ func RefuseVsock(profile map[string]any) error {
 			kept = append(kept, socketcallRule())
 		}
 	}
-	profile["syscalls"] = kept
+	profile["syscalls"] = append(kept, uringRule())
 	return nil
 }
 
@@ -461,7 +494,7 @@ func cloneRule(rule map[string]any) map[string]any {
 func hasArch(profile map[string]any, arch string) bool {
 	found := false
 	eachArchList(profile, func(l []any) []any {
-		found = found || slices.Contains(l, any(arch))
+		found = found || slices.ContainsFunc(l, func(a any) bool { return isArch(a, arch) })
 		return l
 	})
 	return found
@@ -469,14 +502,19 @@ func hasArch(profile map[string]any, arch string) bool {
 
 func dropArch(profile map[string]any, arch string) {
 	eachArchList(profile, func(l []any) []any {
-		return slices.DeleteFunc(slices.Clone(l), func(a any) bool { return a == arch })
+		return slices.DeleteFunc(slices.Clone(l), func(a any) bool { return isArch(a, arch) })
 	})
 	if m, ok := profile["archMap"].([]any); ok {
 		profile["archMap"] = slices.DeleteFunc(slices.Clone(m), func(e any) bool {
 			o, _ := e.(map[string]any)
-			return o != nil && o["architecture"] == arch
+			return o != nil && isArch(o["architecture"], arch)
 		})
 	}
+}
+
+func isArch(listed any, arch string) bool {
+	s, ok := listed.(string)
+	return ok && sameArch(s, arch)
 }
 
 func eachArchList(profile map[string]any, fn func([]any) []any) {

@@ -77,6 +77,7 @@ const (
 	// refuseVsock refuses socket for a family whose low 32 bits are 40.
 	refuseVsock   = `{"names":["socket"],"action":"SCMP_ACT_ERRNO","errnoRet":97,"args":[{"index":0,"value":4294967295,"valueTwo":40,"op":"SCMP_CMP_MASKED_EQ"}]}`
 	refuseSockcal = `{"names":["socketcall"],"action":"SCMP_ACT_ERRNO","errnoRet":97,"args":[{"index":0,"value":1,"op":"SCMP_CMP_EQ"}]}`
+	refuseUring   = `{"names":["io_uring_setup","io_uring_enter","io_uring_register"],"action":"SCMP_ACT_ERRNO","errnoRet":38}`
 )
 
 // The hook's judgement of whether a profile lets socket(AF_VSOCK) run,
@@ -91,10 +92,10 @@ func TestVsockLetThrough(t *testing.T) {
 		{"allow all", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW"}`, []string{"SCMP_ARCH_X86_64: socket(AF_VSOCK): no rule refuses it for every argument, and the default action SCMP_ACT_ALLOW"}},
 		{"default errno", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + allX86 + `}`, nil},
 		{"default kill, no architectures", "amd64", `{"defaultAction":"SCMP_ACT_KILL_PROCESS"}`, nil},
-		{"the refusal over allow, native only: the others meet the bad-architecture kill", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[` + refuseVsock + `]}`, nil},
+		{"the refusal over allow, native only: the others meet the bad-architecture kill", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[` + refuseVsock + `,` + refuseUring + `]}`, nil},
 		{"the refusal over allow, x86 listed, socketcall not refused", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + allX86 + `,"syscalls":[` + refuseVsock + `]}`,
 			[]string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET)", "default action SCMP_ACT_ALLOW"}},
-		{"the refusal and socketcall's over allow", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + allX86 + `,"syscalls":[` + refuseVsock + `,` + refuseSockcal + `]}`, nil},
+		{"the refusal and socketcall's over allow", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + allX86 + `,"syscalls":[` + refuseVsock + `,` + refuseSockcal + `,` + refuseUring + `]}`, nil},
 		{"EQ 40 misses 0x1_00000028", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ERRNO","args":[{"index":0,"value":40,"op":"SCMP_CMP_EQ"}]}]}`,
 			[]string{"SCMP_ARCH_X86_64: socket(AF_VSOCK): no rule refuses it"}},
 		{"a 64-bit mask misses 0x1_00000028", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ERRNO","args":[{"index":0,"value":18446744073709551615,"valueTwo":40,"op":"SCMP_CMP_MASKED_EQ"}]}]}`,
@@ -108,6 +109,12 @@ func TestVsockLetThrough(t *testing.T) {
 		{"families up to 40 let run", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":40,"op":"SCMP_CMP_LE"}]}]}`, []string{"rule 0 (SCMP_ACT_ALLOW)"}},
 		{"families past 40 let run: 0x1_00000028 is one", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":41,"op":"SCMP_CMP_GE"}]}]}`, []string{"rule 0 (SCMP_ACT_ALLOW)"}},
 		{"a masked allow of the low byte 40", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":255,"valueTwo":40,"op":"SCMP_CMP_MASKED_EQ"}]}]}`, []string{"arg0 & 0xff == 0x28"}},
+		// libseccomp compares the datum masked too ((arg & mask) == (datum &
+		// mask)), and skips a high word whose mask is 0: bits of valueTwo
+		// outside value are not compared.
+		{"a masked allow whose datum has bits outside the mask", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":255,"valueTwo":296,"op":"SCMP_CMP_MASKED_EQ"}]}]}`, []string{"rule 0 (SCMP_ACT_ALLOW)"}},
+		{"a masked allow whose datum has a high word the mask leaves out", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":4294967295,"valueTwo":4294967336,"op":"SCMP_CMP_MASKED_EQ"}]}]}`, []string{"rule 0 (SCMP_ACT_ALLOW)"}},
+		{"i386: socketcall let run by a masked datum past its mask", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + allX86 + `,"syscalls":[{"names":["socketcall"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":15,"valueTwo":17,"op":"SCMP_CMP_MASKED_EQ"}]}]}`, []string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET)"}},
 		{"a masked allow that 40 cannot meet", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":4294967288,"valueTwo":32,"op":"SCMP_CMP_MASKED_EQ"}]}]}`, nil},
 		{"a condition on another argument only", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":1,"value":1,"op":"SCMP_CMP_EQ"},{"index":0,"value":2,"op":"SCMP_CMP_EQ"}]},{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":1,"value":2,"op":"SCMP_CMP_EQ"}]}]}`, []string{"rule 1 (SCMP_ACT_ALLOW)"}},
 		{"argument 0 twice: runc adds each condition alone", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":40,"op":"SCMP_CMP_LT"},{"index":0,"value":40,"op":"SCMP_CMP_GT"}]}]}`, []string{"rule 0 (SCMP_ACT_ALLOW)"}},
@@ -119,12 +126,24 @@ func TestVsockLetThrough(t *testing.T) {
 		{"trace", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_TRACE"}]}`, []string{"rule 0 (SCMP_ACT_TRACE)"}},
 		{"notify", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"listenerPath":"/run/a.sock","syscalls":[{"names":["socket"],"action":"SCMP_ACT_NOTIFY"}]}`, []string{"rule 0 (SCMP_ACT_NOTIFY)"}},
 		{"default log", "amd64", `{"defaultAction":"SCMP_ACT_LOG",` + x86_64Only + `}`, []string{"default action SCMP_ACT_LOG"}},
-		{"trap and kill", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + x86_64Only + `,"flags":["SECCOMP_FILTER_FLAG_LOG"],"syscalls":[{"names":["socket"],"action":"SCMP_ACT_TRAP"}]}`, nil},
+		{"trap and kill", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + x86_64Only + `,"flags":["SECCOMP_FILTER_FLAG_LOG"],"syscalls":[{"names":["socket"],"action":"SCMP_ACT_TRAP"},` + refuseUring + `]}`, nil},
 		{"i386: a socket rule becomes a socketcall one", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + allX86 + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":40,"op":"SCMP_CMP_LT"}]},` + refuseSockcal + `]}`,
 			[]string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET), which carries the family where seccomp cannot read it: rule 0 (SCMP_ACT_ALLOW) for socket becomes one for socketcall"}},
 		{"i386: socketcall let run", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + allX86 + `,"syscalls":[{"names":["socketcall"],"action":"SCMP_ACT_ALLOW"}]}`, []string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET)", "rule 0 (SCMP_ACT_ALLOW) lets it run"}},
 		{"i386: socketcall let run but for SYS_SOCKET", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + allX86 + `,"syscalls":[{"names":["socketcall"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":1,"op":"SCMP_CMP_NE"}]}]}`, nil},
-		{"32-bit ARM listed", "arm64", `{"defaultAction":"SCMP_ACT_ALLOW","architectures":["SCMP_ARCH_AARCH64","SCMP_ARCH_ARM"],"syscalls":[` + refuseVsock + `]}`, nil},
+		// crun strips SCMP_ARCH_ and reads the rest lowercased: these are i386 to it.
+		{"i386 spelt as crun reads it", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO","architectures":["SCMP_ARCH_X86_64","x86"],"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":2,"op":"SCMP_CMP_EQ"}]}]}`,
+			[]string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET)"}},
+		{"i386 spelt lowercase after the prefix", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO","architectures":["SCMP_ARCH_X86_64","SCMP_ARCH_x86"],"syscalls":[{"names":["socketcall"],"action":"SCMP_ACT_ALLOW"}]}`,
+			[]string{"SCMP_ARCH_X86: socketcall(SYS_SOCKET)"}},
+		{"x32 spelt as crun reads it", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO","architectures":["SCMP_ARCH_X86_64","X32"],"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ALLOW","args":[{"index":0,"value":4294967336,"op":"SCMP_CMP_EQ"}]}]}`,
+			[]string{"SCMP_ARCH_X32: socket(AF_VSOCK)"}},
+		{"32-bit ARM listed", "arm64", `{"defaultAction":"SCMP_ACT_ALLOW","architectures":["SCMP_ARCH_AARCH64","SCMP_ARCH_ARM"],"syscalls":[` + refuseVsock + `,` + refuseUring + `]}`, nil},
+		// IORING_OP_SOCKET makes a socket of any family without socket(2).
+		{"io_uring left to an allowing default", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + x86_64Only + `,"syscalls":[` + refuseVsock + `]}`,
+			[]string{"io_uring_setup, whose ring makes sockets (IORING_OP_SOCKET) where seccomp cannot see them: the default action SCMP_ACT_ALLOW lets it run", "io_uring_enter", "io_uring_register"}},
+		{"io_uring let run by a rule", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["io_uring_enter"],"action":"SCMP_ACT_ALLOW"}]}`,
+			[]string{"io_uring_enter, whose ring makes sockets (IORING_OP_SOCKET) where seccomp cannot see them: rule 0 (SCMP_ACT_ALLOW) lets it run"}},
 		{"a goarch the hook does not know", "riscv64", `{"defaultAction":"SCMP_ACT_ERRNO"}`, []string{"cannot judge a profile on riscv64"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -165,6 +184,10 @@ func TestRefuseVsock(t *testing.T) {
 		{"Docker 23's default", docker23, []string{"SCMP_ARCH_X86_64: socket(AF_VSOCK): rule 12 (SCMP_ACT_ALLOW) lets it run (its conditions arg0 NE 0x28", "SCMP_ARCH_X86: socketcall(SYS_SOCKET)"}},
 		{"podman 4.3.1's default", func(t *testing.T) map[string]any { return readProfile(t, "podman-4.3.1.seccomp.json") },
 			[]string{"SCMP_ARCH_X86_64: socket(AF_VSOCK): rule 19 (SCMP_ACT_ALLOW) lets it run (its conditions arg2 NE 0x9", "SCMP_ARCH_X86: socketcall(SYS_SOCKET), which carries the family where seccomp cannot read it: rule 1 (SCMP_ACT_ALLOW) lets it run"}},
+		{"i386 spelt as crun reads it", func(*testing.T) map[string]any {
+			return map[string]any{"defaultAction": "SCMP_ACT_ERRNO", "architectures": []any{"SCMP_ARCH_X86_64", "x86", "SCMP_ARCH_x32"},
+				"syscalls": []any{map[string]any{"names": []any{"socket"}, "action": "SCMP_ACT_ALLOW"}}}
+		}, []string{"SCMP_ARCH_X86_64: socket(AF_VSOCK): rule 0", "SCMP_ARCH_X86: socketcall(SYS_SOCKET)"}},
 		{"allow all", func(*testing.T) map[string]any { return map[string]any{"defaultAction": "SCMP_ACT_ALLOW"} }, []string{"default action SCMP_ACT_ALLOW"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

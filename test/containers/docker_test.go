@@ -545,8 +545,8 @@ func TestPrivilegedContainerDockerKeyCalls(t *testing.T) {
 
 // mayDiffer are the attempts whose outcome the process boundary decides
 // and so may differ between trialnet's launcher and a runtime's: io_uring
-// (Docker's seccomp profile allows it, trialnet's refuses it; either
-// way nothing gets out).
+// (Docker 20.10's seccomp profile allows it, trialnet's and the wrapper's
+// rewrite refuse it; either way nothing gets out).
 var mayDiffer = []string{"io_uring-connect"}
 
 // networkAttempt are escapee's attempts through the network, each of

@@ -302,7 +302,8 @@ func TestPrivilegedEscapeBoundaryContainer(t *testing.T) {
 // container is the runtime's to decide, with why: trialnet's seccomp
 // filter and Landlock domain are a launched command's only, and a
 // container has the runtime's profile (podman's allows unshare and
-// io_uring; the hook requires only that it refuse the key calls), the
+// io_uring; the hook requires that it refuse the key calls, and without
+// the BPF LSM layer AF_VSOCK and io_uring), the
 // runtime's capabilities and session. With the BPF LSM layer, the
 // task-keyed hooks still refuse every attempt they claim; without it,
 // those are the runtime's too. The keyring attempts and socket-vsock are
