@@ -425,19 +425,7 @@ func TestPrivilegedDecisionLogDiskFull(t *testing.T) {
 		}
 	}
 	refuse("before.test:443", 3)
-	fill := filepath.Join(dir, "fill")
-	f, err := os.Create(fill)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, size := range []int{4096, 1} {
-		for b := make([]byte, size); ; {
-			if _, err := f.Write(b); err != nil {
-				break
-			}
-		}
-	}
-	_ = f.Close()
+	fill := fillDisk(t, dir)
 	refuse("during.test:443", 8)
 	if err := os.Remove(fill); err != nil {
 		t.Fatal(err)
@@ -473,19 +461,7 @@ func TestPrivilegedDecisionLogTornReopenedOnAFullDisk(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`{"id":"cut`+strings.Repeat("x", 4096-10)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fill := filepath.Join(dir, "fill")
-	f, err := os.Create(fill)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, size := range []int{4096, 1} {
-		for b := make([]byte, size); ; {
-			if _, err := f.Write(b); err != nil {
-				break
-			}
-		}
-	}
-	_ = f.Close()
+	fill := fillDisk(t, dir)
 	var l decisionLog
 	if _, err := l.open(path); err != nil {
 		t.Fatalf("reopening a torn log on a full disk: %v", err)
@@ -502,4 +478,24 @@ func TestPrivilegedDecisionLogTornReopenedOnAFullDisk(t *testing.T) {
 	if len(recs) != 1 || recs[0].ID != "after" {
 		t.Fatalf("records read after the disk had room: %+v; want the one written after", recs)
 	}
+}
+
+// fillDisk writes a file in dir until its file system has no room left,
+// a page and then a byte at a time, and returns its path.
+func fillDisk(t *testing.T, dir string) string {
+	t.Helper()
+	fill := filepath.Join(dir, "fill")
+	f, err := os.Create(fill)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, size := range []int{4096, 1} {
+		for b := make([]byte, size); ; {
+			if _, err := f.Write(b); err != nil {
+				break
+			}
+		}
+	}
+	return fill
 }

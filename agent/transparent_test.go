@@ -717,57 +717,22 @@ func TestStopCountsQueuedQuestions(t *testing.T) {
 }
 
 func stopWithQueuedQuestions(t *testing.T, ending bool) {
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kept, err := pc.(*net.UDPConn).File() // the keeper's copy
+	tp, ask, release := heldStub(t, func(*transparent) func(string) bool { return func(string) bool { return false } })
+	kept, err := tp.socks.udp.File() // the keeper's copy
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer kept.Close()
-	inAdmit, release := make(chan struct{}), make(chan struct{})
-	var first bool
-	stub, err := dnsstub.New(dnsstub.Config{Rate: 1e6, Burst: 1e6, Admit: func(string) bool {
-		if !first {
-			first = true
-			close(inAdmit)
-			<-release
-		}
-		return false
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := &transparent{stub: stub, stubDone: make(chan struct{}), socks: transparentSockets{udp: pc.(*net.UDPConn)}}
-	go func() {
-		defer close(tp.stubDone)
-		_ = stub.ServeUDP(pc)
-	}()
-	c, err := net.Dial("udp4", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	const sent = 50
-	for i := range sent {
-		m := new(dns.Msg)
-		m.SetQuestion(fmt.Sprintf("off%d.example.net.", i), dns.TypeA)
-		b, err := m.Pack()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.Write(b); err != nil {
-			t.Fatal(err)
-		}
-		if i == 0 {
-			<-inAdmit // the stub is busy: the rest queue in its socket
-		}
+	names := make([]string, sent)
+	for i := range names {
+		names[i] = fmt.Sprintf("off%d.example.net.", i)
 	}
+	ask(names)
 	final := make(chan *dnsstub.Stats, 1)
 	go func() { final <- tp.finish(ending) }()
 	time.Sleep(50 * time.Millisecond) // the stub is stopped while it answers the first
-	close(release)
+	release()
 	st := <-final
 	tp.close()
 	queued := 0
@@ -804,19 +769,43 @@ func TestStopJudgesQueuedQuestionsByTheTrialsList(t *testing.T) {
 	if err := a.proxy.AddTrial(proxy.TrialPolicy{Spec: trialspec.Spec{ID: "t1"}, Allow: list}); err != nil {
 		t.Fatal(err)
 	}
+	tp, ask, release := heldStub(t, func(tp *transparent) func(string) bool {
+		tp.id = "t1"
+		return a.admitter(tp)
+	})
+	const sent = 10
+	ask(slices.Repeat([]string{"allowed.example.net."}, sent))
+	lt := &trial{a: a, info: client.TrialInfo{Spec: trialspec.Spec{ID: "t1"}}, tp: tp}
+	done := make(chan struct{})
+	go func() { defer close(done); lt.Stop() }()
+	time.Sleep(50 * time.Millisecond) // the Trial is removed from the proxy while the stub answers the first
+	release()
+	<-done
+	st := lt.dnsStats()
+	if st == nil || st.Denied != 0 || st.Answered != sent {
+		t.Fatalf("final counts %+v: want %d answered, none denied", st, sent)
+	}
+}
+
+// heldStub serves a Trial's stub on a UDP socket of its own, admitting
+// by what admitter makes for it, but holding the stub inside the first
+// question it judges until release. ask sends an A question for each
+// name, the first alone: the rest queue in the socket behind it.
+func heldStub(t *testing.T, admitter func(*transparent) func(string) bool) (tp *transparent, ask func(names []string), release func()) {
+	t.Helper()
 	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	tp := &transparent{id: "t1", stubDone: make(chan struct{}), socks: transparentSockets{udp: pc.(*net.UDPConn)}}
-	admit := a.admitter(tp)
-	inAdmit, release := make(chan struct{}), make(chan struct{})
+	tp = &transparent{stubDone: make(chan struct{}), socks: transparentSockets{udp: pc.(*net.UDPConn)}}
+	admit := admitter(tp)
+	held, hold := make(chan struct{}), make(chan struct{})
 	var first bool
 	stub, err := dnsstub.New(dnsstub.Config{Rate: 1e6, Burst: 1e6, Admit: func(name string) bool {
 		if !first {
 			first = true
-			close(inAdmit)
-			<-release
+			close(held)
+			<-hold
 		}
 		return admit(name)
 	}})
@@ -829,34 +818,26 @@ func TestStopJudgesQueuedQuestionsByTheTrialsList(t *testing.T) {
 		defer close(tp.stubDone)
 		_ = stub.ServeUDP(pc)
 	}()
-	c, err := net.Dial("udp4", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	const sent = 10
-	for i := range sent {
-		m := new(dns.Msg)
-		m.SetQuestion("allowed.example.net.", dns.TypeA)
-		b, err := m.Pack()
+	ask = func(names []string) {
+		c, err := net.Dial("udp4", pc.LocalAddr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Write(b); err != nil {
-			t.Fatal(err)
-		}
-		if i == 0 {
-			<-inAdmit // the stub is busy: the rest queue in its socket
+		defer c.Close()
+		for i, name := range names {
+			m := new(dns.Msg)
+			m.SetQuestion(name, dns.TypeA)
+			b, err := m.Pack()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Write(b); err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				<-held // the stub is busy: the rest queue in its socket
+			}
 		}
 	}
-	lt := &trial{a: a, info: client.TrialInfo{Spec: trialspec.Spec{ID: "t1"}}, tp: tp}
-	done := make(chan struct{})
-	go func() { defer close(done); lt.Stop() }()
-	time.Sleep(50 * time.Millisecond) // the Trial is removed from the proxy while the stub answers the first
-	close(release)
-	<-done
-	st := lt.dnsStats()
-	if st == nil || st.Denied != 0 || st.Answered != sent {
-		t.Fatalf("final counts %+v: want %d answered, none denied", st, sent)
-	}
+	return tp, ask, func() { close(hold) }
 }
