@@ -141,17 +141,30 @@ func (a *Agent) containersFile(id string) string {
 
 // containers is how many containers joined lt, live or ended: the lines
 // of its records when there is a data directory (which outlives this
-// process), else this process's count.
+// process), else this process's count. Under lt.mu, as endContainer
+// moves a line from one file to the other; a line in both (an agent
+// stopped between the two writes) is one container.
 func (a *Agent) containers(lt *trial, id string) int {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
 	if a.cfg.DataDir == "" {
-		lt.mu.Lock()
-		defer lt.mu.Unlock()
 		return lt.containers
 	}
+	ended := map[string]bool{}
 	n := 0
-	for _, f := range []string{a.containersFile(id), a.endedFile(id)} {
-		if b, err := os.ReadFile(f); err == nil {
-			n += bytes.Count(b, []byte{'\n'})
+	if b, err := os.ReadFile(a.endedFile(id)); err == nil {
+		for line := range bytes.Lines(b) {
+			if bytes.HasSuffix(line, []byte{'\n'}) { // a whole record
+				ended[string(line)] = true
+				n++
+			}
+		}
+	}
+	if b, err := os.ReadFile(a.containersFile(id)); err == nil {
+		for line := range bytes.Lines(b) {
+			if bytes.HasSuffix(line, []byte{'\n'}) && !ended[string(line)] {
+				n++
+			}
 		}
 	}
 	return n

@@ -3,6 +3,8 @@
 package agent
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -43,5 +45,28 @@ func TestContainerTrialID(t *testing.T) {
 		if got := containerTrialID(cid); got == strings.ToLower(cid) || sandbox.ValidID(got) != nil {
 			t.Errorf("containerTrialID(%q) = %q, want a new valid id", cid, got)
 		}
+	}
+}
+
+// A container whose record endContainer is moving (in the ended file,
+// not yet out of the live one), or that an agent stopped between the
+// two writes left in both, is one container in the Trial's layers and
+// receipt: the hook test once saw 2 for one container at a destroy.
+func TestContainersCountsAMovedRecordOnce(t *testing.T) {
+	a := &Agent{}
+	a.cfg.DataDir = t.TempDir()
+	lt := &trial{}
+	lt.info.ID = "t1"
+	if err := os.Mkdir(filepath.Join(a.cfg.DataDir, "t1"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	one, two := `{"id":"c1","pid":10}`+"\n", `{"id":"c2","pid":11}`+"\n"
+	for path, body := range map[string]string{a.containersFile("t1"): one + two, a.endedFile("t1"): one} {
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := a.containers(lt, "t1"); n != 2 {
+		t.Fatalf("%d containers counted, want 2", n)
 	}
 }
