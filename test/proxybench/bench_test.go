@@ -6,7 +6,8 @@
 // smokescreen (a Go module at a pinned version) and a naive net/http
 // proxy, each a process started by the benchmark; and, as a reference
 // that is not a peer, a CONNECT proxy on raw epoll without any checks
-// (the "epoll ceiling"). The upstream is a test host in its own network
+// (the "epoll ceiling", and the "reuseport ceiling": one such loop per
+// CPU). The upstream is a test host in its own network
 // namespace behind a veth; the DNS server answers as a real
 // authoritative one does (NODATA with an SOA, so negative answers are
 // cached).
@@ -27,6 +28,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -58,7 +60,11 @@ const (
 var (
 	rounds   = flag.Int("rounds", 5, "interleaved rounds of BenchmarkPeers (at least 2)")
 	onlyMode = flag.String("modes", "", "comma-separated modes of BenchmarkPeers to run (default: all), for profiling one")
-	onlyPeer = flag.String("peers", "", "comma-separated routes of BenchmarkPeers to run besides trialnet and its baselines (default: all), for comparing builds quickly")
+	// reuseportThreads: the reuseport ceiling's event loops; more than
+	// the CPUs tries what more threads than cores buy in the kernel's
+	// scheduling (tinyproxy runs a thread per connection).
+	reuseportThreads = flag.Int("reuseport-threads", runtime.NumCPU(), "event loops of the reuseport ceiling route")
+	onlyPeer         = flag.String("peers", "", "comma-separated routes of BenchmarkPeers to run besides trialnet and its baselines (default: all), for comparing builds quickly")
 )
 
 // env is one run: a test host, a DNS server, and the peers' binaries and
@@ -322,7 +328,7 @@ func BenchmarkPeers(b *testing.B) {
 			}
 		}
 	}
-	order := []string{"direct", "tinyproxy", "squid", "smokescreen", "naive Go", ceilingRoute, "trialnet"}
+	order := []string{"direct", "tinyproxy", "squid", "smokescreen", "naive Go", ceilingRoute, reuseportRoute, "trialnet"}
 	for _, bl := range baselines() {
 		order = slices.Insert(order, len(order)-1, bl.route)
 	}
@@ -639,7 +645,7 @@ func (s *results) table(order []string) (string, map[string]float64) {
 		}
 		best, bold := "", "" // the best peer; the best of the peers and trialnet
 		for _, rt := range order {
-			if _, ok := med[rt]; !ok || rt == "direct" || rt == ceilingRoute || strings.HasPrefix(rt, baselinePrefix) {
+			if _, ok := med[rt]; !ok || isReference(rt) {
 				continue
 			}
 			if rt != "trialnet" && better(rt, best) {

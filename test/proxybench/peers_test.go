@@ -45,7 +45,11 @@ type peer struct {
 //   - naive Go: the address (it uses the system resolver);
 //   - epoll ceiling (not a peer: left out of the best peer and of the
 //     bold): the address; what an event loop leaves trialnet's proxy
-//     when its checks cost nothing (./epollproxy).
+//     when its checks cost nothing (./epollproxy);
+//   - reuseport ceiling (not a peer either): the same with one event
+//     loop per CPU (-reuseport-threads), each with its own SO_REUSEPORT
+//     listener: the most an event-loop design gets from the machine's
+//     cores.
 func (e *env) peers() []peer {
 	name := fmt.Sprintf("%s:%d", upstreamName, benchPort)
 	addr := e.upstream.String()
@@ -55,7 +59,8 @@ func (e *env) peers() []peer {
 		{"squid", addr, e.startSquid},
 		{"smokescreen", name, e.startSmokescreen},
 		{"naive Go", addr, e.startNaive},
-		{ceilingRoute, addr, e.startEpoll},
+		{ceilingRoute, addr, func() (*process, error) { return e.startEpoll(1) }},
+		{reuseportRoute, addr, func() (*process, error) { return e.startEpoll(*reuseportThreads) }},
 	}
 	for _, b := range baselines() {
 		ps = append(ps, peer{b.route, name, func() (*process, error) { return e.startTrialnetBin(b.bin) }})
@@ -63,8 +68,18 @@ func (e *env) peers() []peer {
 	return ps
 }
 
-// ceilingRoute is ./epollproxy's route: a reference, not a peer.
-const ceilingRoute = "epoll ceiling"
+// ceilingRoute and reuseportRoute are ./epollproxy's routes, with one
+// event loop and with one per CPU: references, not peers.
+const (
+	ceilingRoute   = "epoll ceiling"
+	reuseportRoute = "reuseport ceiling"
+)
+
+// isReference reports whether route is a reference rather than a peer:
+// left out of the best peer and of the bold.
+func isReference(route string) bool {
+	return route == "direct" || route == ceilingRoute || route == reuseportRoute || strings.HasPrefix(route, baselinePrefix)
+}
 
 // baseline is another build of trialnet run beside this tree's.
 type baseline struct{ route, bin string }
@@ -227,13 +242,14 @@ func (e *env) startNaive() (*process, error) {
 	return e.start("naiveproxy", addr, filepath.Join(e.dir, "naiveproxy"), "--listen", addr)
 }
 
-// startEpoll runs the event-loop ceiling (./epollproxy).
-func (e *env) startEpoll() (*process, error) {
+// startEpoll runs the event-loop ceiling (./epollproxy) with threads
+// event loops.
+func (e *env) startEpoll(threads int) (*process, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	return e.start("epollproxy", addr, filepath.Join(e.dir, "epollproxy"), "--listen", addr)
+	return e.start("epollproxy", addr, filepath.Join(e.dir, "epollproxy"), "--listen", addr, "--threads", strconv.Itoa(threads))
 }
 
 type process struct {

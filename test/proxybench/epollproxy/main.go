@@ -9,7 +9,10 @@
 // and writes a line per tunnel to stdout, as trialnet writes its decision
 // record. Its figures are what an event loop would leave trialnet if its
 // checks cost nothing. It dials the IPv4 address the CONNECT names; the
-// benchmark gives it one.
+// benchmark gives it one. With --threads N it runs N such loops, each on
+// its own locked OS thread with a listening socket of its own in one
+// SO_REUSEPORT group, so that the kernel spreads connections over them:
+// the best an event-loop design can do with the machine's cores.
 package main
 
 import (
@@ -22,6 +25,8 @@ import (
 	"runtime"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Keepalives as trialnet's (proxy/listen.go, proxy/dialer.go).
@@ -78,17 +83,24 @@ type proxy struct {
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:3128", "listen on ADDR:PORT (IPv4)")
+	threads := flag.Int("threads", 1, "event loops, each on an OS thread of its own with its own SO_REUSEPORT listener")
 	flag.Parse()
-	runtime.GOMAXPROCS(1)
-	runtime.LockOSThread()
-	err := run(*listen)
-	fmt.Fprintln(os.Stderr, "epollproxy:", err)
+	n := max(*threads, 1)
+	runtime.GOMAXPROCS(n)
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			runtime.LockOSThread()
+			errs <- run(*listen, n > 1)
+		}()
+	}
+	fmt.Fprintln(os.Stderr, "epollproxy:", <-errs)
 	os.Exit(1)
 }
 
 // run serves until it fails; it never returns otherwise (the benchmark
 // stops it with a signal).
-func run(listen string) error {
+func run(listen string, reusePort bool) error {
 	la, err := netip.ParseAddrPort(listen)
 	if err != nil || !la.Addr().Is4() {
 		return fmt.Errorf("--listen %q: an IPv4 ADDR:PORT is needed", listen)
@@ -97,7 +109,11 @@ func run(listen string) error {
 	if err != nil {
 		return err
 	}
-	for _, o := range listenerOpts {
+	opts := listenerOpts
+	if reusePort {
+		opts = append(opts[:len(opts):len(opts)], [3]int{syscall.SOL_SOCKET, unix.SO_REUSEPORT, 1})
+	}
+	for _, o := range opts {
 		if err := syscall.SetsockoptInt(lfd, o[0], o[1], o[2]); err != nil {
 			return err
 		}
