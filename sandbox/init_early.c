@@ -599,32 +599,31 @@ static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *
 	return sx[18];
 }
 
-// hide_v1_mount is hideV1Mount.
-static uint64_t hide_v1_mount(const char *mnt, char **own, int nown) {
+// own_group_tree is ownGroupTree: a copy of the Trial's group below the
+// cgroup v1 mount point mnt, named in own, or -1; *group is its name.
+static int own_group_tree(const char *mnt, char **own, int nown, const char **group) {
 	int tree = -1;
-	const char *group = NULL;
+	*group = NULL;
 	for (int i = 0; i < nown; i++) {
 		// One group named twice: the pids and memory controllers share
 		// this hierarchy.
-		if (!under(own[i], mnt) || !strcmp(own[i], mnt) || (tree >= 0 && !strcmp(own[i], group)))
+		if (!under(own[i], mnt) || !strcmp(own[i], mnt) || (tree >= 0 && !strcmp(own[i], *group)))
 			continue;
 		if (tree >= 0)
-			mask_fail(EINVAL, "show the Trial's cgroup v1 groups %s and %s (they share one hierarchy, whose mount point shows one group)", group, own[i]);
+			mask_fail(EINVAL, "show the Trial's cgroup v1 groups %s and %s (they share one hierarchy, whose mount point shows one group)", *group, own[i]);
 		tree = syscall(SYS_open_tree, AT_FDCWD, own[i], OPEN_TREE_CLONE | O_CLOEXEC);
 		if (tree < 0 && errno == ENOENT)
 			continue; // removed (by an operator): not there to show
 		if (tree < 0)
 			mask_fail(errno, "copy the Trial's cgroup v1 group %s (to show it alone)", own[i]);
-		group = own[i];
+		*group = own[i];
 	}
-	// Every cgroup v1 mount stacked there, and only those: what the host
-	// put over one (a tmpfs) already hides it.
-	struct statfs st;
-	while (statfs(mnt, &st) == 0 && st.f_type == CGROUP_SUPER_MAGIC)
-		if (umount2(mnt, MNT_DETACH) < 0)
-			mask_fail(errno, "detach the host's cgroup v1 hierarchy from %s (it shows every Trial's groups and the host's)", mnt);
-	if (tree < 0)
-		return 0;
+	return tree;
+}
+
+// show_v1_group is showV1Group: the copy tree of group moved to mnt,
+// read-only; its mount id.
+static uint64_t show_v1_group(int tree, const char *group, const char *mnt) {
 	uint64_t id = mount_id_at(tree, "", AT_EMPTY_PATH, group, V1_WHY);
 	if (syscall(SYS_move_mount, tree, "", AT_FDCWD, mnt, MOVE_MOUNT_F_EMPTY_PATH) < 0)
 		mask_fail(errno, "mount the Trial's cgroup v1 group %s on %s (to show it alone)", group, mnt);
@@ -635,15 +634,156 @@ static uint64_t hide_v1_mount(const char *mnt, char **own, int nown) {
 	return id;
 }
 
+// hide_v1_mount is hideV1Mount.
+static uint64_t hide_v1_mount(const char *mnt, char **own, int nown) {
+	const char *group;
+	int tree = own_group_tree(mnt, own, nown, &group);
+	// Every cgroup v1 mount stacked there, and only those: what the host
+	// put over one (a tmpfs) already hides it.
+	struct statfs st;
+	while (statfs(mnt, &st) == 0 && st.f_type == CGROUP_SUPER_MAGIC)
+		if (umount2(mnt, MNT_DETACH) < 0)
+			mask_fail(errno, "detach the host's cgroup v1 hierarchy from %s (it shows every Trial's groups and the host's)", mnt);
+	return tree < 0 ? 0 : show_v1_group(tree, group, mnt);
+}
+
+#define V1_MAX 64
+
+// A mount of the table as hide_v1_tree judges it.
+enum { MOUNT_OTHER, MOUNT_V1, MOUNT_V2, MOUNT_TMPFS, MOUNT_LONG };
+struct v1_entry {
+	uint64_t id, parent;
+	int kind;
+	char *point;
+};
+
+static int placed_in(uint64_t id, const uint64_t *placed, int nplaced) {
+	for (int i = 0; i < nplaced; i++)
+		if (placed[i] == id)
+			return 1;
+	return 0;
+}
+
+// v1_tree_alone is v1TreeAlone: whether every mount below the tmpfs
+// e[t]'s point is a cgroup one of the host's (no copy placed), on a
+// directory of that tmpfs (stacked ones too), and one at least is v1.
+static int v1_tree_alone(const struct v1_entry *e, int n, int t, const uint64_t *placed, int nplaced) {
+	const char *dir = e[t].point;
+	size_t len = strlen(dir);
+	int v1 = 0;
+	for (int j = 0; j < n; j++) {
+		const char *p = e[j].point;
+		if (!under(p, dir) || !strcmp(p, dir))
+			continue;
+		if ((e[j].kind != MOUNT_V1 && e[j].kind != MOUNT_V2) || placed_in(e[j].id, placed, nplaced) || strchr(p + len + 1, '/'))
+			return 0;
+		int on_tmpfs = e[j].parent == e[t].id;
+		for (int k = 0; !on_tmpfs && k < n; k++)
+			on_tmpfs = e[k].id == e[j].parent && !strcmp(e[k].point, p);
+		if (!on_tmpfs)
+			return 0;
+		v1 |= e[j].kind == MOUNT_V1;
+	}
+	return v1;
+}
+
+// replace_v1_tree is replaceV1Tree.
+static void replace_v1_tree(const struct v1_entry *e, int n, int t, char **own, int nown, uint64_t *placed, int *nplaced) {
+	const char *dir = e[t].point;
+	// The tmpfs alone, without what is mounted on it: its directories
+	// are the mount points the Trial sees, empty. Copied first, so that
+	// mountinfo lists it before the groups' copies mounted on it.
+	int tmp = syscall(SYS_open_tree, AT_FDCWD, dir, OPEN_TREE_CLONE | O_CLOEXEC | AT_NO_AUTOMOUNT | AT_SYMLINK_NOFOLLOW);
+	if (tmp < 0)
+		mask_fail(errno, "copy the tmpfs on %s without the cgroup hierarchies mounted on it (%s)", dir, V1_WHY);
+	int tree[V1_MAX], ntree = 0;
+	const char *group[V1_MAX], *at[V1_MAX];
+	for (int j = 0; j < n; j++) {
+		const char *p = e[j].point;
+		int seen = 0;
+		for (int k = 0; k < j; k++)
+			seen |= !strcmp(e[k].point, p);
+		struct statfs st;
+		// Only where a v1 hierarchy is on top: that is where the
+		// Trial's group path leads.
+		if (seen || !under(p, dir) || !strcmp(p, dir) || statfs(p, &st) < 0 || st.f_type != CGROUP_SUPER_MAGIC)
+			continue;
+		const char *name;
+		int g = own_group_tree(p, own, nown, &name);
+		if (g < 0)
+			continue;
+		if (*nplaced + ntree == V1_MAX)
+			mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d groups of the Trial's shown)", p, V1_MAX);
+		tree[ntree] = g;
+		group[ntree] = name;
+		at[ntree++] = p;
+	}
+	// One detach for every hierarchy: each unmount waits for an RCU
+	// grace period (docs/performance.md, "Trial start").
+	if (umount2(dir, MNT_DETACH) < 0)
+		mask_fail(errno, "detach the tmpfs on %s with the host's cgroup hierarchies on it (they show every Trial's groups and the host's)", dir);
+	if (syscall(SYS_move_mount, tmp, "", AT_FDCWD, dir, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+		mask_fail(errno, "mount the copy of the tmpfs on %s again (its directories are the cgroup mount points the Trial sees)", dir);
+	close(tmp);
+	for (int i = 0; i < ntree; i++)
+		placed[(*nplaced)++] = show_v1_group(tree[i], group[i], at[i]);
+}
+
+// hide_v1_tree is hideV1Tree: 1 when it replaced a tmpfs, -1 when the
+// table has no cgroup v1 mount of the host's left, 0 otherwise.
+static int hide_v1_tree(char **own, int nown, uint64_t *placed, int *nplaced) {
+	char *b = read_mountinfo(), *s = b, *line;
+	struct v1_entry *e = NULL;
+	struct mount_line m;
+	int n = 0, cap = 0, v1 = 0, acted = 0;
+	while ((line = next_line(&s))) {
+		if (n == cap && !(e = realloc(e, (cap = cap ? 2 * cap : 64) * sizeof *e)))
+			mask_fail(ENOMEM, "hide the cgroup v1 hierarchies");
+		char *end;
+		e[n].id = strtoull(line, &end, 10);
+		e[n].parent = strtoull(end, NULL, 10);
+		split_line(line, &m);
+		if (m.fields < 5)
+			continue;
+		e[n].kind = m.too_long ? MOUNT_LONG : !m.post ? MOUNT_OTHER : !strncmp(m.post, "cgroup ", 7) ? MOUNT_V1 : !strncmp(m.post, "cgroup2 ", 8) ? MOUNT_V2 : !strncmp(m.post, "tmpfs ", 6) ? MOUNT_TMPFS : MOUNT_OTHER;
+		// One whose point is cut short may be a v1 one: the walk fails on it.
+		v1 |= (e[n].kind == MOUNT_V1 && !placed_in(e[n].id, placed, *nplaced)) || e[n].kind == MOUNT_LONG;
+		if (!(e[n].point = strdup(m.point)))
+			mask_fail(ENOMEM, "hide the cgroup v1 hierarchies");
+		n++;
+	}
+	for (int i = 0; v1 && !acted && i < n; i++) {
+		if (e[i].kind != MOUNT_V1 || placed_in(e[i].id, placed, *nplaced))
+			continue;
+		int t = 0;
+		while (t < n && e[t].id != e[i].parent)
+			t++;
+		if (t == n || e[t].kind != MOUNT_TMPFS || !strcmp(e[t].point, "/") || !v1_tree_alone(e, n, t, placed, *nplaced) ||
+		    mount_id_at(AT_FDCWD, e[t].point, AT_SYMLINK_NOFOLLOW, e[t].point, V1_WHY) != e[t].id)
+			continue;
+		replace_v1_tree(e, n, t, own, nown, placed, nplaced);
+		acted = 1;
+	}
+	for (int i = 0; i < n; i++)
+		free(e[i].point);
+	free(e);
+	return acted ? 1 : v1 ? 0 : -1;
+}
+
 // hide_v1 is hideV1.
 static void hide_v1(char **own, int nown) {
-	uint64_t placed[64];
+	uint64_t placed[V1_MAX];
 	int nplaced = 0;
 	for (int acted = 1; acted;) {
+		int tree = hide_v1_tree(own, nown, placed, &nplaced);
+		if (tree < 0)
+			return;
+		if (tree > 0)
+			continue;
 		acted = 0;
 		char *b = read_mountinfo(), *s = b, *line;
 		struct mount_line m;
-		char *done[64];
+		char *done[V1_MAX];
 		int ndone = 0;
 		while ((line = next_line(&s))) {
 			uint64_t id = strtoull(line, NULL, 10);
@@ -652,20 +792,18 @@ static void hide_v1(char **own, int nown) {
 				continue;
 			if (m.too_long)
 				mask_fail(ENAMETOOLONG, "hide the cgroup v1 hierarchy on %s... (it shows every Trial's groups and the host's)", m.point);
-			int skip = 0;
-			for (int i = 0; i < nplaced; i++)
-				skip |= placed[i] == id;
+			int skip = placed_in(id, placed, nplaced);
 			for (int i = 0; i < ndone; i++)
 				skip |= !strcmp(done[i], m.point);
 			if (skip || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, V1_WHY) != id)
 				continue;
-			if (ndone == (int)(sizeof done / sizeof done[0]))
+			if (ndone == V1_MAX)
 				mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d cgroup v1 mount points)", m.point, ndone);
 			if (!(done[ndone++] = strdup(m.point)))
 				mask_fail(ENOMEM, "hide the cgroup v1 hierarchy on %s", m.point);
 			acted = 1;
 			uint64_t shown = hide_v1_mount(m.point, own, nown);
-			if (shown && nplaced == (int)(sizeof placed / sizeof placed[0]))
+			if (shown && nplaced == V1_MAX)
 				mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d groups of the Trial's shown)", m.point, nplaced);
 			if (shown)
 				placed[nplaced++] = shown;

@@ -182,6 +182,12 @@ func maskHost(nested bool, hide, v1 []string, hostShm uint64) error {
 // ManagementFactory threw). Nothing is left half made on a failure:
 // these mounts are the init's namespace's, which dies with it.
 //
+// Where the hierarchies are mounted on a tmpfs of their own (systemd's
+// /sys/fs/cgroup on a hybrid host), that tmpfs is detached with all of
+// them at once and a copy of it alone mounted back, its directories
+// empty mount points (hideV1Tree): each unmount waits for an RCU grace
+// period, nine of them on such a host. Elsewhere each goes on its own.
+//
 // A mount detached shows what it covered, which may be another v1
 // mount (or a directory holding some, under a v1 hierarchy mounted over
 // it): the mount table is walked again, until a walk finds no v1 mount
@@ -190,12 +196,18 @@ func maskHost(nested bool, hide, v1 []string, hostShm uint64) error {
 func hideV1(own []string) error {
 	placed := map[uint64]bool{} // the mounts of the Trial's groups
 	for {
+		acted, left, err := hideV1Tree(own, placed)
+		if err != nil || !left {
+			return err
+		}
+		if acted {
+			continue
+		}
 		// This thread's: the namespace its mounts are made in.
 		b, err := os.ReadFile("/proc/thread-self/mountinfo")
 		if err != nil {
 			return fmt.Errorf("read mountinfo: %w", err)
 		}
-		acted := false
 		done := map[string]bool{}
 		sc := bufio.NewScanner(bytes.NewReader(b))
 		for sc.Scan() {
@@ -214,7 +226,7 @@ func hideV1(own []string) error {
 			}
 			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
 			if err != nil {
-				return maskErr("find what is mounted on "+mnt, "to hide the host's cgroup v1 hierarchy there", err)
+				return maskErr("find what is mounted on "+mnt, v1Why, err)
 			}
 			if top != id {
 				continue
@@ -230,6 +242,148 @@ func hideV1(own []string) error {
 			return nil
 		}
 	}
+}
+
+const v1Why = "to hide the host's cgroup v1 hierarchy there"
+
+// v1Entry is a mount of the table as hideV1Tree judges it.
+type v1Entry struct {
+	id, parent uint64
+	fstype     string
+	point      string
+}
+
+// hideV1Tree replaces, where one is found, a tmpfs on which only the
+// host's cgroup hierarchies are mounted (v1TreeAlone) by a copy of it
+// alone, with the Trial's groups on it (replaceV1Tree). acted: it did;
+// left: the table still has a cgroup v1 mount of the host's (then the
+// walk of hideV1 goes on).
+func hideV1Tree(own []string, placed map[uint64]bool) (acted, left bool, err error) {
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return false, false, fmt.Errorf("read mountinfo: %w", err)
+	}
+	var e []v1Entry
+	for line := range strings.Lines(string(b)) {
+		pre, post, ok := strings.Cut(strings.TrimSuffix(line, "\n"), " - ")
+		f := strings.Fields(pre)
+		if len(f) < 5 {
+			continue
+		}
+		id, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return false, false, fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+		}
+		parent, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			return false, false, fmt.Errorf("read mountinfo: parent id %q: %w", f[1], err)
+		}
+		fstype, _, _ := strings.Cut(post, " ")
+		if !ok {
+			fstype = ""
+		}
+		e = append(e, v1Entry{id: id, parent: parent, fstype: fstype, point: cgroup2.UnescapeMountPath(f[4])})
+		left = left || (fstype == "cgroup" && !placed[id])
+	}
+	for _, m := range e {
+		if !left || m.fstype != "cgroup" || placed[m.id] {
+			continue
+		}
+		t := slices.IndexFunc(e, func(p v1Entry) bool { return p.id == m.parent })
+		if t < 0 || e[t].fstype != "tmpfs" || e[t].point == "/" || !v1TreeAlone(e, e[t], placed) {
+			continue
+		}
+		top, err := mountIDAt(unix.AT_FDCWD, e[t].point, unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			return false, true, maskErr("find what is mounted on "+e[t].point, v1Why, err)
+		}
+		if top != e[t].id {
+			continue
+		}
+		return true, true, replaceV1Tree(e, e[t].point, own, placed)
+	}
+	return false, left, nil
+}
+
+// v1TreeAlone reports whether every mount below the tmpfs t's point is
+// a cgroup one of the host's (no copy placed), on a directory of that
+// tmpfs (stacked ones too), and one at least is v1: what detaching t
+// takes away is then what hideV1 and dropHostCgroup2 would.
+func v1TreeAlone(e []v1Entry, t v1Entry, placed map[uint64]bool) bool {
+	v1 := false
+	for _, m := range e {
+		if !under(m.point, t.point) || m.point == t.point {
+			continue
+		}
+		if (m.fstype != "cgroup" && m.fstype != "cgroup2") || placed[m.id] || filepath.Dir(m.point) != t.point {
+			return false
+		}
+		if m.parent != t.id && !slices.ContainsFunc(e, func(p v1Entry) bool { return p.id == m.parent && p.point == m.point }) {
+			return false
+		}
+		v1 = v1 || m.fstype == "cgroup"
+	}
+	return v1
+}
+
+// replaceV1Tree detaches the tmpfs on dir with every cgroup hierarchy
+// mounted on it, in one unmount, and mounts there a copy of the tmpfs
+// alone (its directories are the mount points, empty), then the Trial's
+// group of each v1 hierarchy, read-only, as hideV1Mount does.
+func replaceV1Tree(e []v1Entry, dir string, own []string, placed map[uint64]bool) error {
+	// Copied first, so that mountinfo lists it before the groups'
+	// copies mounted on it.
+	tmp, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_NO_AUTOMOUNT|unix.AT_SYMLINK_NOFOLLOW)
+	if err != nil {
+		return maskErr("copy the tmpfs on "+dir+" without the cgroup hierarchies mounted on it", v1Why, err)
+	}
+	defer unix.Close(tmp)
+	type shown struct {
+		tree       int
+		group, mnt string
+	}
+	var groups []shown
+	defer func() {
+		for _, g := range groups {
+			_ = unix.Close(g.tree)
+		}
+	}()
+	seen := map[string]bool{}
+	for _, m := range e {
+		if seen[m.point] || !under(m.point, dir) || m.point == dir {
+			continue
+		}
+		seen[m.point] = true
+		// Only where a v1 hierarchy is on top: that is where the Trial's
+		// group path leads.
+		var st unix.Statfs_t
+		if err := unix.Statfs(m.point, &st); err != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+			continue
+		}
+		tree, group, err := ownGroupTree(m.point, own)
+		if err != nil {
+			return err
+		}
+		if tree >= 0 {
+			groups = append(groups, shown{tree, group, m.point})
+		}
+	}
+	// One detach for every hierarchy: each unmount waits for an RCU
+	// grace period (docs/performance.md, "Trial start").
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+		return maskErr("detach the tmpfs on "+dir+" with the host's cgroup hierarchies on it", "they show every Trial's groups and the host's", err)
+	}
+	if err := unix.MoveMount(tmp, "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return maskErr("mount the copy of the tmpfs on "+dir+" again", "its directories are the cgroup mount points the Trial sees", err)
+	}
+	for _, g := range groups {
+		id, err := showV1Group(g.tree, g.group, g.mnt)
+		if err != nil {
+			return err
+		}
+		placed[id] = true
+	}
+	return nil
 }
 
 // dropForeign detaches every mount of fstype but the Trial's own on
@@ -632,16 +786,13 @@ func mountIDAt(dirfd int, path string, flags int) (uint64, error) {
 	return st.Mnt_id, err
 }
 
-// hideV1Mount detaches every cgroup v1 mount stacked on mnt and moves
-// there a read-only copy of the Trial's group below it, if any; it
-// returns the copy's mount id (0: none).
-func hideV1Mount(mnt string, own []string) (uint64, error) {
-	// A copy of the group's mount, made through the host's before it
-	// goes (a bind's source must be attached; the copy is attached
-	// nowhere until moved there); a group gone (an operator removed it)
-	// is not there to show.
-	tree := -1
-	var group string
+// ownGroupTree is a copy of the Trial's group below the cgroup v1 mount
+// point mnt, named in own (-1: none), and the group's name. The copy is
+// made through the host's mount before it goes (a bind's source must be
+// attached; the copy is attached nowhere until moved); a group gone (an
+// operator removed it) is not there to show.
+func ownGroupTree(mnt string, own []string) (tree int, group string, err error) {
+	tree = -1
 	for _, g := range own {
 		// One group named twice: the pids and memory controllers share
 		// this hierarchy.
@@ -650,17 +801,45 @@ func hideV1Mount(mnt string, own []string) (uint64, error) {
 		}
 		if tree >= 0 {
 			_ = unix.Close(tree)
-			return 0, maskErr("show the Trial's cgroup v1 groups "+group+" and "+g, "they share one hierarchy, whose mount point shows one group", unix.EINVAL)
+			return -1, "", maskErr("show the Trial's cgroup v1 groups "+group+" and "+g, "they share one hierarchy, whose mount point shows one group", unix.EINVAL)
 		}
-		var err error
 		tree, err = unix.OpenTree(unix.AT_FDCWD, g, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 		if errors.Is(err, unix.ENOENT) {
+			tree = -1
 			continue
 		}
 		if err != nil {
-			return 0, maskErr("copy the Trial's cgroup v1 group "+g, "to show it alone", err)
+			return -1, "", maskErr("copy the Trial's cgroup v1 group "+g, "to show it alone", err)
 		}
 		group = g
+	}
+	return tree, group, nil
+}
+
+// showV1Group moves tree, the copy of the Trial's group, to mnt and
+// makes it read-only; it returns the copy's mount id.
+func showV1Group(tree int, group, mnt string) (uint64, error) {
+	id, err := mountIDAt(tree, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return 0, maskErr("find the mount id of the copy of the Trial's cgroup v1 group "+group, "to tell it from the host's", err)
+	}
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, mnt, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return 0, maskErr("mount the Trial's cgroup v1 group "+group+" on "+mnt, "to show it alone", err)
+	}
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := unix.Mount("", mnt, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|flags, ""); err != nil {
+		return 0, maskErr("make the Trial's cgroup v1 group on "+mnt+" read-only", "a Trial must not change its own limits", err)
+	}
+	return id, nil
+}
+
+// hideV1Mount detaches every cgroup v1 mount stacked on mnt and moves
+// there a read-only copy of the Trial's group below it, if any; it
+// returns the copy's mount id (0: none).
+func hideV1Mount(mnt string, own []string) (uint64, error) {
+	tree, group, err := ownGroupTree(mnt, own)
+	if err != nil {
+		return 0, err
 	}
 	if tree >= 0 {
 		defer unix.Close(tree)
@@ -679,18 +858,7 @@ func hideV1Mount(mnt string, own []string) (uint64, error) {
 	if tree < 0 {
 		return 0, nil
 	}
-	id, err := mountIDAt(tree, "", unix.AT_EMPTY_PATH)
-	if err != nil {
-		return 0, maskErr("find the mount id of the copy of the Trial's cgroup v1 group "+group, "to tell it from the host's", err)
-	}
-	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, mnt, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return 0, maskErr("mount the Trial's cgroup v1 group "+group+" on "+mnt, "to show it alone", err)
-	}
-	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
-	if err := unix.Mount("", mnt, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|flags, ""); err != nil {
-		return 0, maskErr("make the Trial's cgroup v1 group on "+mnt+" read-only", "a Trial must not change its own limits", err)
-	}
-	return id, nil
+	return showV1Group(tree, group, mnt)
 }
 
 func maskedProc(nested bool) []string {
