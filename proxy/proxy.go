@@ -49,6 +49,20 @@ const (
 	defaultMaxConnections = 8192             // proxy-wide, every Trial together
 )
 
+// maxClosing bounds a Trial's refused connections being closed gently
+// (lingerClose: the answer written, up to 500 ms for the client to read
+// it). Its caps no longer count them, so a Trial connecting as fast as
+// it could, past its caps, held one agent descriptor and goroutine per
+// refusal of the last half second (4,300 at 4,000 connections a second
+// here, 512 client connections its cap): past the bound a refusal is
+// closed with a reset at once.
+const maxClosing = 64
+
+// maxAdmitting bounds a Trial's connections accepted and not yet
+// admitted or refused. Accepting outran the handlers' start: 480 such
+// goroutines, each holding a descriptor, under one Trial's flood here.
+const maxAdmitting = 64
+
 // Config configures a Proxy. Nil and zero fields take the defaults.
 type Config struct {
 	// ProxySettings are the allowed CIDRs, host facts, resolver,
@@ -253,8 +267,16 @@ type trial struct {
 	// (from parse to close); client connections admitted and not yet
 	// closed; of those, the ones whose request head is not read yet.
 	tunnels, clients, pending *atomic.Int64
-	counts                    *counts.Region
-	slot                      int
+	// closing are its refused connections being closed gently
+	// (lingerClose), no longer counted in clients: at most maxClosing.
+	closing atomic.Int64
+	// admitting holds a token for each connection accepted and not yet
+	// admitted or refused (maxAdmitting): the accept loop waits for one,
+	// so that a Trial connecting faster than its handlers start queues
+	// in its own listener's backlog, not in the agent's descriptors.
+	admitting chan struct{}
+	counts    *counts.Region
+	slot      int
 	// peer is the other slot of counts while it counts too (Share): the
 	// Trial's connections another agent process serves during a hand-over.
 	peer atomic.Pointer[counts.Slot]
@@ -324,7 +346,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		tunnels: &own.Tunnels, clients: &own.Clients, pending: &own.Pending, counts: c, slot: tp.Slot,
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel, ledger: tp.Ledger,
-		hosts: make(map[uint16]netip.AddrPort, len(spec.HostServices)),
+		hosts: make(map[uint16]netip.AddrPort, len(spec.HostServices)), admitting: make(chan struct{}, maxAdmitting),
 	}
 	for _, h := range spec.HostServices {
 		t.hosts[h.Port] = netip.AddrPortFrom(h.Address, h.Port)
@@ -717,6 +739,7 @@ func (p *Proxy) serve(ln net.Listener, id string, handle func(net.Conn, *trial))
 			continue
 		}
 		p.wg.Add(1)
+		t.admitting <- struct{}{} // admit gives it back
 		go handle(c, t)
 	}
 }
@@ -854,16 +877,27 @@ func (p *Proxy) newClientConn(c net.Conn, t *trial) *clientConn {
 	k.onDone(t.handlers.Done)
 	k.onDone(func() { t.untrack(c) })
 	k.onDone(func() {
+		// A refusal answered in HTTP is closed gently, so that the client
+		// reads the answer; past the Trial's share of such closes it is
+		// reset (see maxClosing), and its record says so.
+		gentle := false
+		if ev := k.ev; ev != nil && !k.handedOff && !k.reset && ev.Decision == record.DecisionDeny {
+			if gentle = t.closing.Add(1) <= maxClosing; !gentle {
+				t.closing.Add(-1)
+				ev.Detail += fmt.Sprintf(" (closed with a reset, the answer perhaps unread: %d refused connections of this Trial were already closing, its limit; open fewer connections at once)", maxClosing)
+			}
+		}
 		if ev := k.ev; ev != nil {
 			ev.Duration = time.Since(ev.Time)
 			p.emit(t, ev)
 		}
 		switch {
 		case k.handedOff:
-		case k.reset:
+		case gentle:
+			lingerClose(c)
+			t.closing.Add(-1)
+		case k.reset || k.ev != nil && k.ev.Decision == record.DecisionDeny:
 			resetClose(c)
-		case k.ev != nil && k.ev.Decision == record.DecisionDeny:
-			lingerClose(c) // refused with an HTTP answer: let the client read it
 		default:
 			_ = c.Close()
 		}
@@ -991,6 +1025,7 @@ func startsWithConnect(br *bufio.Reader) bool {
 // its caps cannot use up the connections every Trial shares; a refused
 // connection gives back what it was charged before it is answered.
 func (p *Proxy) admit(t *trial) error {
+	defer func() { <-t.admitting }()
 	if t.clients.Add(1)+t.otherClients() > int64(t.limits.MaxClientConns) {
 		t.clients.Add(-1)
 		return record.Deny(record.ReasonTrialConnLimit, "this Trial already has %d client connections open, its limit", t.limits.MaxClientConns)
