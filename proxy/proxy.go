@@ -59,8 +59,9 @@ const (
 const maxClosing = 64
 
 // maxAdmitting bounds a Trial's connections accepted and not yet
-// admitted or refused. Accepting outran the handlers' start: 480 such
-// goroutines, each holding a descriptor, under one Trial's flood here.
+// admitted, or refused at admission and not yet closed. Accepting
+// outran the handlers' start: 480 such goroutines, each holding a
+// descriptor, under one Trial's flood here.
 const maxAdmitting = 64
 
 // Config configures a Proxy. Nil and zero fields take the defaults.
@@ -271,7 +272,8 @@ type trial struct {
 	// (lingerClose), no longer counted in clients: at most maxClosing.
 	closing atomic.Int64
 	// admitting holds a token for each connection accepted and not yet
-	// admitted or refused (maxAdmitting): the accept loop waits for one,
+	// admitted, or refused at admission and not yet closed
+	// (maxAdmitting): the accept loop waits for one,
 	// so that a Trial connecting faster than its handlers start queues
 	// in its own listener's backlog, not in the agent's descriptors.
 	admitting chan struct{}
@@ -739,7 +741,7 @@ func (p *Proxy) serve(ln net.Listener, id string, handle func(net.Conn, *trial))
 			continue
 		}
 		p.wg.Add(1)
-		t.admitting <- struct{}{} // admit gives it back
+		t.admitting <- struct{}{} // given back at admission, or at the close of a refusal
 		go handle(c, t)
 	}
 }
@@ -818,6 +820,9 @@ type clientConn struct {
 	// answered in HTTP, and must not be: a refusal resets it instead.
 	silent bool
 	reset  bool // refused silently: closed with a reset
+	// refusedAtAdmission: it holds its Trial's admitting token until it
+	// is closed.
+	refusedAtAdmission bool
 }
 
 // onDone adds f to what is undone, in reverse order, when the
@@ -846,6 +851,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 	k := p.newClientConn(c, t)
 	defer k.finish()
 	if err := p.admit(t); err != nil {
+		k.refusedAtAdmission = true
 		p.refuse(c, k.ev, err)
 		return
 	}
@@ -900,6 +906,9 @@ func (p *Proxy) newClientConn(c net.Conn, t *trial) *clientConn {
 			resetClose(c)
 		default:
 			_ = c.Close()
+		}
+		if k.refusedAtAdmission {
+			<-t.admitting
 		}
 	})
 	return k
@@ -1024,8 +1033,10 @@ func startsWithConnect(br *bufio.Reader) bool {
 // proxy-wide limit. The Trial's own caps come first, so that a Trial at
 // its caps cannot use up the connections every Trial shares; a refused
 // connection gives back what it was charged before it is answered.
+//
+// A refused connection keeps its admitting token until it is closed
+// (clientConn.refusedAtAdmission); an admitted one gives it back here.
 func (p *Proxy) admit(t *trial) error {
-	defer func() { <-t.admitting }()
 	if t.clients.Add(1)+t.otherClients() > int64(t.limits.MaxClientConns) {
 		t.clients.Add(-1)
 		return record.Deny(record.ReasonTrialConnLimit, "this Trial already has %d client connections open, its limit", t.limits.MaxClientConns)
@@ -1041,6 +1052,7 @@ func (p *Proxy) admit(t *trial) error {
 		t.clients.Add(-1)
 		return record.Deny(record.ReasonGlobalLimit, "the proxy is serving %d connections, its limit", limit)
 	}
+	<-t.admitting
 	return nil
 }
 
