@@ -11,6 +11,7 @@ import (
 	"time"
 
 	trialspec "github.com/trialnet/trialnet/trial"
+	"golang.org/x/sys/unix"
 )
 
 // TestConnectionFloodBounded: a Trial connecting as fast as it can, past
@@ -98,5 +99,76 @@ func TestConnectionFloodBounded(t *testing.T) {
 	t.Logf("t1 made %d connections; the proxy held at most %d of them at once (bound %d)", made.Load(), peak.Load(), bound)
 	if peak.Load() > bound {
 		t.Fatalf("the proxy held %d of t1's connections at once, past %d", peak.Load(), bound)
+	}
+}
+
+// TestStalledTunnelsHoldBoundedSocketMemory: tunnels whose client reads
+// nothing of what a fast upstream sends hold a bounded amount of the
+// proxy's socket memory each (clientBuffer, upstreamBuffer), not what
+// the kernel's autotuning grows to; another Trial's CONNECTs go on.
+func TestStalledTunnelsHoldBoundedSocketMemory(t *testing.T) {
+	hose := func(c *net.TCPConn) {
+		b := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(b); err != nil {
+				return
+			}
+		}
+	}
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, upstream: hose})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	t2 := tp.addTrial(t, "t2", "api.example.com:443")
+	tp.mu.Lock()
+	t1 := tp.trials["t1"]
+	tp.mu.Unlock()
+	const tunnels = 16
+	for range tunnels {
+		resp, _, _ := tp.connect(t, connectHead("api.example.com:443")) // never read again
+		if resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+	}
+	// What the proxy's sockets of t1 hold unread (its upstream sides) and
+	// unsent (its client sides), once that stops growing.
+	queued := func() int {
+		t1.mu.Lock()
+		defer t1.mu.Unlock()
+		n := 0
+		for c := range t1.conns {
+			rc, err := c.(*net.TCPConn).SyscallConn()
+			if err != nil {
+				continue
+			}
+			_ = rc.Control(func(fd uintptr) {
+				in, _ := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+				out, _ := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+				n += in + out
+			})
+		}
+		return n
+	}
+	held := 0
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(300 * time.Millisecond)
+		n := queued()
+		if n == held {
+			break
+		}
+		held = n
+	}
+	for range 5 {
+		resp, c, _ := t2.connect(t, connectHead("api.example.com:443"))
+		if resp.StatusCode != 200 {
+			t.Errorf("t2's CONNECT beside t1's stalled tunnels: %s", resp.Status)
+		}
+		_ = c.Close()
+	}
+	// Each direction's buffer holds at most twice what was set (the
+	// kernel's doubling, part of it its own overhead), and a send buffer
+	// may pass its size by the segment that filled it.
+	bound := tunnels * (2*(clientBuffer+upstreamBuffer) + 64<<10)
+	t.Logf("%d stalled tunnels hold %d KiB in the proxy's sockets (%d KiB each; bound %d KiB)", tunnels, held>>10, held/tunnels>>10, bound>>10)
+	if held > bound {
+		t.Fatalf("%d stalled tunnels hold %d KiB in the proxy's sockets, past %d KiB", tunnels, held>>10, bound>>10)
 	}
 }

@@ -64,6 +64,36 @@ const maxClosing = 64
 // descriptor, under one Trial's flood here.
 const maxAdmitting = 64
 
+// Socket buffer sizes the proxy sets on each connection it relays
+// (SO_SNDBUF and SO_RCVBUF; the kernel doubles them, and turns off its
+// autotuning), so that a relay whose reader stalls holds a bounded
+// amount of the agent's kernel memory. Autotuned, a tunnel whose client
+// never read what a fast upstream sent held up to the host's tcp_rmem
+// and tcp_wmem maxima (6 and 4 MiB by default, 32 and 4 here): 256 such
+// tunnels of one Trial held 1.6 GB of socket memory charged to the
+// agent and put the whole host's TCP under memory pressure, another
+// Trial's CONNECTs taking seconds. The client side is loopback, where
+// small buffers cost no throughput; the upstream side's bounds a
+// tunnel's window, so a download over a 100 ms path runs at about 5 to
+// 9 MB/s per tunnel.
+const (
+	clientBuffer   = 128 << 10
+	upstreamBuffer = 512 << 10
+)
+
+// boundBuffers sets c's socket buffers to n each, where c is a socket
+// (a wrapped upstream connection, through an upstream proxy, keeps the
+// kernel's).
+func boundBuffers(c net.Conn, n int) {
+	if b, ok := c.(interface {
+		SetReadBuffer(int) error
+		SetWriteBuffer(int) error
+	}); ok {
+		_ = b.SetReadBuffer(n)
+		_ = b.SetWriteBuffer(n)
+	}
+}
+
 // Config configures a Proxy. Nil and zero fields take the defaults.
 type Config struct {
 	// ProxySettings are the allowed CIDRs, host facts, resolver,
@@ -736,6 +766,7 @@ func (p *Proxy) serve(ln net.Listener, id string, handle func(net.Conn, *trial))
 			continue
 		}
 		backoff = 0
+		boundBuffers(c, clientBuffer)
 		if !t.trackClient(c) {
 			_ = c.Close()
 			continue
@@ -979,6 +1010,9 @@ func (p *Proxy) judgeAndDial(t *trial, req *wire.Request, ev *record.Event) (net
 		return nil, err
 	}
 	up, err := p.connect(t.ctx, t, req, ev)
+	if err == nil {
+		boundBuffers(up, upstreamBuffer)
+	}
 	if err != nil {
 		if t.ctx.Err() != nil {
 			err = &record.Denial{Reason: record.ReasonShutdown, Detail: "the Trial is being removed", Err: err}
