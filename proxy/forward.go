@@ -458,6 +458,9 @@ func (h *httpConn) dial(ctx context.Context, network, addr string) (net.Conn, er
 	defer context.AfterFunc(f.rctx, cancel)()
 	dev := &record.Event{} // the request may end while this dial runs: f.dialed copies
 	up, err := h.p.connect(ctx, h.t, f.req, dev)
+	if err == nil {
+		boundBuffers(up, upstreamBuffer)
+	}
 	if c := f.ot.cutBecause.Load(); c != nil && err == nil {
 		_ = up.Close()
 		err = record.Deny(c.reason, "%s while the request was being opened", c.why)

@@ -49,6 +49,51 @@ const (
 	defaultMaxConnections = 8192             // proxy-wide, every Trial together
 )
 
+// maxClosing bounds a Trial's refused connections being closed gently
+// (lingerClose: the answer written, up to 500 ms for the client to read
+// it). Its caps no longer count them, so a Trial connecting as fast as
+// it could, past its caps, held one agent descriptor and goroutine per
+// refusal of the last half second (4,300 at 4,000 connections a second
+// here, 512 client connections its cap): past the bound a refusal is
+// closed with a reset at once.
+const maxClosing = 64
+
+// maxAdmitting bounds a Trial's connections accepted and not yet
+// admitted, or refused at admission and not yet closed. Accepting
+// outran the handlers' start: 480 such goroutines, each holding a
+// descriptor, under one Trial's flood here.
+const maxAdmitting = 64
+
+// Socket buffer sizes the proxy sets on each connection it relays
+// (SO_SNDBUF and SO_RCVBUF; the kernel doubles them, and turns off its
+// autotuning), so that a relay whose reader stalls holds a bounded
+// amount of the agent's kernel memory. Autotuned, a tunnel whose client
+// never read what a fast upstream sent held up to the host's tcp_rmem
+// and tcp_wmem maxima (6 and 4 MiB by default, 32 and 4 here): 256 such
+// tunnels of one Trial held 1.6 GB of socket memory charged to the
+// agent and put the whole host's TCP under memory pressure, another
+// Trial's CONNECTs taking seconds. The client side is loopback, where
+// small buffers cost no throughput; the upstream side's bounds a
+// tunnel's window, so a download over a 100 ms path runs at about 5 to
+// 9 MB/s per tunnel.
+const (
+	clientBuffer   = 128 << 10
+	upstreamBuffer = 512 << 10
+)
+
+// boundBuffers sets c's socket buffers to n each, where c is a socket
+// (a wrapped upstream connection, through an upstream proxy, keeps the
+// kernel's).
+func boundBuffers(c net.Conn, n int) {
+	if b, ok := c.(interface {
+		SetReadBuffer(int) error
+		SetWriteBuffer(int) error
+	}); ok {
+		_ = b.SetReadBuffer(n)
+		_ = b.SetWriteBuffer(n)
+	}
+}
+
 // Config configures a Proxy. Nil and zero fields take the defaults.
 type Config struct {
 	// ProxySettings are the allowed CIDRs, host facts, resolver,
@@ -253,8 +298,17 @@ type trial struct {
 	// (from parse to close); client connections admitted and not yet
 	// closed; of those, the ones whose request head is not read yet.
 	tunnels, clients, pending *atomic.Int64
-	counts                    *counts.Region
-	slot                      int
+	// closing are its refused connections being closed gently
+	// (lingerClose), no longer counted in clients: at most maxClosing.
+	closing atomic.Int64
+	// admitting holds a token for each connection accepted and not yet
+	// admitted, or refused at admission and not yet closed
+	// (maxAdmitting): the accept loop waits for one,
+	// so that a Trial connecting faster than its handlers start queues
+	// in its own listener's backlog, not in the agent's descriptors.
+	admitting chan struct{}
+	counts    *counts.Region
+	slot      int
 	// peer is the other slot of counts while it counts too (Share): the
 	// Trial's connections another agent process serves during a hand-over.
 	peer atomic.Pointer[counts.Slot]
@@ -324,7 +378,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		tunnels: &own.Tunnels, clients: &own.Clients, pending: &own.Pending, counts: c, slot: tp.Slot,
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel, ledger: tp.Ledger,
-		hosts: make(map[uint16]netip.AddrPort, len(spec.HostServices)),
+		hosts: make(map[uint16]netip.AddrPort, len(spec.HostServices)), admitting: make(chan struct{}, maxAdmitting),
 	}
 	for _, h := range spec.HostServices {
 		t.hosts[h.Port] = netip.AddrPortFrom(h.Address, h.Port)
@@ -712,11 +766,13 @@ func (p *Proxy) serve(ln net.Listener, id string, handle func(net.Conn, *trial))
 			continue
 		}
 		backoff = 0
+		boundBuffers(c, clientBuffer)
 		if !t.trackClient(c) {
 			_ = c.Close()
 			continue
 		}
 		p.wg.Add(1)
+		t.admitting <- struct{}{} // given back at admission, or at the close of a refusal
 		go handle(c, t)
 	}
 }
@@ -795,6 +851,9 @@ type clientConn struct {
 	// answered in HTTP, and must not be: a refusal resets it instead.
 	silent bool
 	reset  bool // refused silently: closed with a reset
+	// refusedAtAdmission: it holds its Trial's admitting token until it
+	// is closed.
+	refusedAtAdmission bool
 }
 
 // onDone adds f to what is undone, in reverse order, when the
@@ -823,6 +882,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 	k := p.newClientConn(c, t)
 	defer k.finish()
 	if err := p.admit(t); err != nil {
+		k.refusedAtAdmission = true
 		p.refuse(c, k.ev, err)
 		return
 	}
@@ -854,18 +914,32 @@ func (p *Proxy) newClientConn(c net.Conn, t *trial) *clientConn {
 	k.onDone(t.handlers.Done)
 	k.onDone(func() { t.untrack(c) })
 	k.onDone(func() {
+		// A refusal answered in HTTP is closed gently, so that the client
+		// reads the answer; past the Trial's share of such closes it is
+		// reset (see maxClosing), and its record says so.
+		gentle := false
+		if ev := k.ev; ev != nil && !k.handedOff && !k.reset && ev.Decision == record.DecisionDeny {
+			if gentle = t.closing.Add(1) <= maxClosing; !gentle {
+				t.closing.Add(-1)
+				ev.Detail += fmt.Sprintf(" (closed with a reset, the answer perhaps unread: %d refused connections of this Trial were already closing, its limit; open fewer connections at once)", maxClosing)
+			}
+		}
 		if ev := k.ev; ev != nil {
 			ev.Duration = time.Since(ev.Time)
 			p.emit(t, ev)
 		}
 		switch {
 		case k.handedOff:
-		case k.reset:
+		case gentle:
+			lingerClose(c)
+			t.closing.Add(-1)
+		case k.reset || k.ev != nil && k.ev.Decision == record.DecisionDeny:
 			resetClose(c)
-		case k.ev != nil && k.ev.Decision == record.DecisionDeny:
-			lingerClose(c) // refused with an HTTP answer: let the client read it
 		default:
 			_ = c.Close()
+		}
+		if k.refusedAtAdmission {
+			<-t.admitting
 		}
 	})
 	return k
@@ -936,6 +1010,9 @@ func (p *Proxy) judgeAndDial(t *trial, req *wire.Request, ev *record.Event) (net
 		return nil, err
 	}
 	up, err := p.connect(t.ctx, t, req, ev)
+	if err == nil {
+		boundBuffers(up, upstreamBuffer)
+	}
 	if err != nil {
 		if t.ctx.Err() != nil {
 			err = &record.Denial{Reason: record.ReasonShutdown, Detail: "the Trial is being removed", Err: err}
@@ -990,6 +1067,9 @@ func startsWithConnect(br *bufio.Reader) bool {
 // proxy-wide limit. The Trial's own caps come first, so that a Trial at
 // its caps cannot use up the connections every Trial shares; a refused
 // connection gives back what it was charged before it is answered.
+//
+// A refused connection keeps its admitting token until it is closed
+// (clientConn.refusedAtAdmission); an admitted one gives it back here.
 func (p *Proxy) admit(t *trial) error {
 	if t.clients.Add(1)+t.otherClients() > int64(t.limits.MaxClientConns) {
 		t.clients.Add(-1)
@@ -1006,6 +1086,7 @@ func (p *Proxy) admit(t *trial) error {
 		t.clients.Add(-1)
 		return record.Deny(record.ReasonGlobalLimit, "the proxy is serving %d connections, its limit", limit)
 	}
+	<-t.admitting
 	return nil
 }
 

@@ -40,6 +40,7 @@ func (p *Proxy) handleTransparent(c net.Conn, t *trial, names Names) {
 	k.silent, k.ev.Transparent = true, true
 	defer k.finish()
 	if err := p.admit(t); err != nil {
+		k.refusedAtAdmission = true
 		k.deny(err)
 		return
 	}
