@@ -3,7 +3,10 @@
 package proxy
 
 import (
+	"bufio"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
@@ -87,6 +90,21 @@ func TestUpstreamProxyLearnedNamesAreChecked(t *testing.T) {
 		if code != 403 || !strings.HasPrefix(why, "address_denied") || ev.Reason != record.ReasonAddressDenied {
 			t.Errorf("learned %s: %d %q (record %s); want address_denied", name, code, why, ev.Reason)
 		}
+	}
+	// A forwarded plain-HTTP request takes the same way.
+	c, err := net.Dial("tcp", w.tp.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, "GET http://meta.example.test/latest/meta-data/ HTTP/1.1\r\nHost: meta.example.test\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := w.tp.event(t); resp.StatusCode != 403 || ev.Reason != record.ReasonAddressDenied {
+		t.Errorf("learned forwarded request to metadata: %d, record %s (%s); want address_denied", resp.StatusCode, ev.Reason, ev.Detail)
 	}
 	// Learned and resolving to a public address: the proxy is asked for
 	// that address, never the name.
