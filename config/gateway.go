@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/trialnet/trialnet/allow"
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/trial"
 )
 
@@ -170,7 +171,7 @@ var ErrSecretFile = errors.New("gateway secret file")
 // trailing white space cut, is the credential, one line of printable
 // ASCII.
 func ReadSecret(path string) ([]byte, error) {
-	real, err := rootOnlyPath(path)
+	real, err := rootdir.TrustedPath(path, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrSecretFile, path, err)
 	}
@@ -206,80 +207,6 @@ func ReadSecret(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%w %s: holds a control or non-ASCII byte; want one line of printable ASCII", ErrSecretFile, path)
 	}
 	return b, nil
-}
-
-// maxLinks bounds the links rootOnlyPath follows, as the kernel's does.
-const maxLinks = 40
-
-// rootOnlyPath resolves path checking that no one but root can change
-// what it names: each directory a name is looked up in is root's and not
-// writable by group or others (unless sticky, as /tmp is), and each link
-// followed is root's. Otherwise a user could put another root-only file
-// (another route's secret, the upstream proxy's credentials) where the
-// agent reads this one, and the gateway would send it upstream. It
-// returns the path with its links resolved; the last name is not
-// followed (ReadSecret refuses a link there).
-func rootOnlyPath(path string) (string, error) {
-	cur, rest := "/", strings.Split(strings.TrimPrefix(path, "/"), "/")
-	for links := 0; len(rest) > 0; {
-		if err := rootOnlyDir(cur); err != nil {
-			return "", err
-		}
-		name := rest[0]
-		rest = rest[1:]
-		switch {
-		case name == "" || name == ".":
-			continue
-		case name == "..":
-			cur = filepath.Dir(cur)
-			continue
-		}
-		next := filepath.Join(cur, name)
-		if len(rest) == 0 {
-			return next, nil
-		}
-		fi, err := os.Lstat(next)
-		if err != nil {
-			return "", err
-		}
-		if fi.Mode()&os.ModeSymlink == 0 {
-			cur = next
-			continue
-		}
-		if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != 0 {
-			return "", fmt.Errorf("%s is a link owned by uid %d, not root: whoever owns it can point it elsewhere (replace it with root's own)", next, uid)
-		}
-		if links++; links > maxLinks {
-			return "", fmt.Errorf("more than %d links on the way", maxLinks)
-		}
-		target, err := os.Readlink(next)
-		if err != nil {
-			return "", err
-		}
-		if filepath.IsAbs(target) {
-			cur = "/"
-		}
-		rest = append(strings.Split(strings.TrimPrefix(target, "/"), "/"), rest...)
-	}
-	return cur, nil
-}
-
-// rootOnlyDir refuses a directory someone but root can change.
-func rootOnlyDir(dir string) error {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return err
-	}
-	uid, mode := fi.Sys().(*syscall.Stat_t).Uid, fi.Mode()
-	switch {
-	case !fi.IsDir():
-		return fmt.Errorf("%s is not a directory", dir)
-	case uid != 0:
-		return fmt.Errorf("directory %s is owned by uid %d, not root: its owner could put another file there (chown root %s)", dir, uid, dir)
-	case mode.Perm()&0o022 != 0 && mode&os.ModeSticky == 0:
-		return fmt.Errorf("directory %s (mode %04o) is writable by others than root, who could put another file there (chmod go-w %s)", dir, mode.Perm(), dir)
-	}
-	return nil
 }
 
 // TrustStore is the host's trust store the gateway verifies its

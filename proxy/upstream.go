@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"syscall"
@@ -29,13 +30,27 @@ func (p *Proxy) connect(trialCtx context.Context, t *trial, req *wire.Request, e
 	if up != nil && up.DirectName(req.Host) {
 		up = nil
 	}
-	if up != nil && !up.ResolvesLocally() && !up.HasDirectCIDRs() {
+	// A name that only learning lets through was chosen by no one: handed
+	// to an upstream proxy that resolves it, it would reach wherever that
+	// proxy reaches (its network's private hosts, a metadata address),
+	// past the guard learning keeps. It is resolved and checked here, and
+	// the proxy asked for a checked address, as with resolve: local.
+	learned := up != nil && !up.ResolvesLocally() && t.learnedOnly(req)
+	byName := up != nil && !up.ResolvesLocally() && !learned
+	if byName && !up.HasDirectCIDRs() {
 		return p.dialUpstream(trialCtx, up, req.HostPort(), ev)
 	}
 	targets, err := p.resolveChecked(trialCtx, set, req, ev)
+	if learned && err != nil {
+		var d *record.Denial
+		if errors.As(err, &d) {
+			d.Detail += "; a name off the allowlist, let through only by learning, is resolved and checked here although the upstream proxy resolves listed names (add it to the allowlist to have the upstream proxy resolve it)"
+		}
+		return nil, err
+	}
 	switch {
 	case up == nil:
-	case !up.ResolvesLocally() && (err != nil || !allDirect(up, targets)):
+	case byName && (err != nil || !allDirect(up, targets)):
 		// Looked up only for the direct CIDRs, and not all in them: the
 		// upstream proxy resolves the name, as it would without them.
 		ev.Resolved = nil
@@ -47,6 +62,13 @@ func (p *Proxy) connect(trialCtx context.Context, t *trial, req *wire.Request, e
 		return nil, err
 	}
 	return p.dialChecked(trialCtx, set.dialer, targets, ev)
+}
+
+// learnedOnly reports whether req is let through by learning alone: the
+// Trial learns and no entry of its allowlist, as it is now, names it.
+func (t *trial) learnedOnly(req *wire.Request) bool {
+	_, ruled := t.allow.Load().Match(req.Host, req.Port)
+	return t.learn && !ruled
 }
 
 // allDirect reports whether every target is in one of up's direct CIDRs.

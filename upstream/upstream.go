@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/wire"
 )
@@ -144,10 +145,15 @@ func (p *Proxy) addDirect(d string) error {
 
 // readCredentials reads "user:password" from path, which must be a
 // regular file (not a link) owned by this process's user, with no group
-// or other permission bits: the agent's own secret. Its content never
+// or other permission bits: the agent's own secret, on a path only root
+// or that user can change (rootdir.TrustedPath). Its content never
 // appears in an error.
 func readCredentials(path string) (user, pass string, err error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	real, err := rootdir.TrustedPath(path, uint32(os.Geteuid()))
+	if err != nil {
+		return "", "", err
+	}
+	f, err := os.OpenFile(real, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return "", "", err
 	}

@@ -127,6 +127,65 @@ func TestCredentialsFile(t *testing.T) {
 	}
 }
 
+// A credentials file under a directory another user owns or can write,
+// or reached through that user's link, is refused: that user could swap
+// in a link to another one-line file of root's with a colon in it (a
+// git credential, another proxy's password), and the agent would send
+// its content to the upstream proxy. The agent's own directories, a
+// sticky one, and root's links are fine.
+func TestCredentialsFileRefusesAParentOthersCanChange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the checks need directories owned by root and by others: run as root")
+	}
+	dir := t.TempDir()
+	mkdir := func(name string, mode os.FileMode, uid int) string {
+		p := filepath.Join(dir, name)
+		if err := os.Mkdir(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(p, "cred"), []byte("user:pw"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	safe := mkdir("safe", 0o700, 0)
+	open := mkdir("open", 0o777, 0)
+	owned := mkdir("owned", 0o755, 65534)
+	sticky := mkdir("sticky", 0o777|os.ModeSticky, 0)
+	link := func(name string, uid int) string {
+		p := filepath.Join(dir, name)
+		if err := os.Symlink(safe, p); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(p, uid, 0); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	rootLink, userLink := link("root-link", 0), link("user-link", 65534)
+	for _, ok := range []string{safe, sticky, rootLink} {
+		if _, err := Load(Config{Address: "p.example:3128", CredentialsFile: filepath.Join(ok, "cred")}); err != nil {
+			t.Errorf("%s/cred: %v", ok, err)
+		}
+	}
+	for _, c := range []struct{ path, want string }{
+		{open, "writable by others"},
+		{owned, "owned by uid 65534"},
+		{userLink, "owned by uid 65534"},
+	} {
+		_, err := Load(Config{Address: "p.example:3128", CredentialsFile: filepath.Join(c.path, "cred")})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s/cred: got %v, want an error with %q", c.path, err, c.want)
+		}
+	}
+}
+
 func TestStatusOf(t *testing.T) {
 	for head, want := range map[string]int{
 		"HTTP/1.1 200 Connection established\r\n\r\n": 200,

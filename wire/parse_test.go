@@ -136,6 +136,24 @@ func TestParseTargetNormalises(t *testing.T) {
 	}
 }
 
+// A name that is not ASCII is refused before it is lower-cased: Go's
+// ToLower maps the Kelvin sign (U+212A) to 'k', which made a Host field
+// "\u212aey.example.com" agree with the target key.example.com.
+func TestNonASCIINameRefused(t *testing.T) {
+	for _, n := range []string{"\u212aey.example.com", "api.\u212aey.example", "b\u00fccher.example"} {
+		if got, err := NormaliseName(n); err == nil {
+			t.Errorf("NormaliseName(%+q) = %q, want a refusal", n, got)
+		}
+	}
+	head := "GET http://key.example.com/ HTTP/1.1\r\nHost: \u212aey.example.com\r\n\r\n"
+	if _, err := ParseHTTPHead([]byte(head)); err == nil {
+		t.Errorf("a Host field with a Kelvin sign agreed with the target key.example.com")
+	}
+	if _, err := ParseTransparentHead([]byte("GET / HTTP/1.1\r\nHost: \u212aey.example.com\r\n\r\n"), "key.example.com", 80); err == nil {
+		t.Errorf("a transparent Host field with a Kelvin sign agreed with key.example.com")
+	}
+}
+
 // ReadMore never holds more than MaxHelloBuffer, whatever buffer it is
 // given, and grows a small one in steps, not by doubling past the bound.
 func TestReadMoreBound(t *testing.T) {

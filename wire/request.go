@@ -332,6 +332,11 @@ func NormaliseName(s string) (string, error) {
 	if s == "" {
 		return "", record.Deny(record.ReasonBadTarget, "empty host name")
 	}
+	// Before lower-casing: strings.ToLower maps the Kelvin sign (U+212A)
+	// to 'k', so a name holding it would pass as another, ASCII, name.
+	if !IsASCII(s) {
+		return "", record.Deny(record.ReasonBadTarget, "host name %+q is not ASCII: send it in its ASCII (punycode) form", Truncate(s))
+	}
 	name := strings.ToLower(strings.TrimSuffix(s, "."))
 	if isIPLiteral(name) {
 		return "", record.Deny(record.ReasonIPLiteral, "%q is an IP address; only names on the allowlist are tunnelled", Truncate(s))
