@@ -85,6 +85,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return cli.Fail(stdout, stderr, false, code, err)
 	}
+	if len(hostOwnDirPaths(fs.Args())) > 0 {
+		// Its notes, which spec prints, come after a refusal of the user.
+		if err := userChecked(); err != nil {
+			return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, err)
+		}
+	}
 	spec, cmd, err := f.spec(fs, id, u, g, stderr)
 	if err != nil {
 		return failRun(exitUsage, err)
