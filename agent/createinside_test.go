@@ -22,7 +22,8 @@ import (
 // socket fails after its UDP one, on an address a proxy endpoint (opened
 // first) took. The proxy endpoint's listeners and the stub's UDP socket
 // are closed, the namespace and the cgroup removed, and the error says
-// which socket failed and why.
+// which socket failed and why. So does a create that fails after the
+// trip, with the sockets made.
 func TestPrivilegedCreateFailingInsideLeavesNothing(t *testing.T) {
 	privtest.Require(t)
 	sockets := func() []string {
@@ -48,21 +49,40 @@ func TestPrivilegedCreateFailingInsideLeavesNothing(t *testing.T) {
 	if _, err := a.Destroy(ctx, "inside-first"); err != nil {
 		t.Fatal(err)
 	}
-	a.host.Proxy = append(slices.Clone(a.host.Proxy), netip.MustParseAddrPort(bpf.StubAddr))
-	before := sockets()
-	_, err := a.Create(ctx, trialspec.Request{ID: "inside-fails"})
-	if err == nil {
-		t.Fatal("a Trial was made with its stub's address taken")
-	}
-	if !strings.Contains(err.Error(), "open the DNS stub's sockets") || !strings.Contains(err.Error(), "address already in use") {
-		t.Fatalf("the error does not say which socket failed, and why: %v", err)
-	}
-	if after := sockets(); len(after) != len(before) {
-		t.Fatalf("%d sockets held after the failed create (%v), %d before (%v)", len(after), after, len(before), before)
-	}
-	for _, p := range []string{filepath.Join(host.NetnsDir, "inside-fails"), filepath.Join(host.Parent, "inside-fails")} {
-		if _, err := os.Lstat(p); !os.IsNotExist(err) {
-			t.Errorf("%s is left after the failed create (%v)", p, err)
-		}
+	endpoints := a.host.Proxy
+	for _, tc := range []struct {
+		name  string
+		proxy []netip.AddrPort
+		req   trialspec.Request
+		want  []string
+	}{
+		{"the stub's address taken", append(slices.Clone(endpoints), netip.MustParseAddrPort(bpf.StubAddr)), trialspec.Request{ID: "inside-fails"},
+			[]string{"open the DNS stub's sockets", "address already in use"}},
+		// Every socket is made in the namespace, then the policy entry
+		// refuses a strict Trial with no proxy endpoint: the agent closes
+		// the transparent sockets.
+		{"the policy refused after", nil, trialspec.Request{ID: "after-fails", Strict: true}, []string{"create Trial after-fails"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a.host.Proxy = tc.proxy
+			before := sockets()
+			_, err := a.Create(ctx, tc.req)
+			if err == nil {
+				t.Fatal("the Trial was made")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("the error does not say %q: %v", w, err)
+				}
+			}
+			if after := sockets(); len(after) != len(before) {
+				t.Fatalf("%d sockets held after the failed create (%v), %d before (%v)", len(after), after, len(before), before)
+			}
+			for _, p := range []string{filepath.Join(host.NetnsDir, tc.req.ID), filepath.Join(host.Parent, tc.req.ID)} {
+				if _, err := os.Lstat(p); !os.IsNotExist(err) {
+					t.Errorf("%s is left after the failed create (%v)", p, err)
+				}
+			}
+		})
 	}
 }
