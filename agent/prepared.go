@@ -314,7 +314,7 @@ func (s transparentSockets) untouched() error {
 
 // makeTrial makes lt's sandbox from a ready shell, or, with none or one
 // that cannot be used, as Create does: a shell's failure never fails a
-// create. A shell's transparent sockets are left in lt.fromShell.
+// create. A shell's transparent sockets are left in lt.opened.
 func (a *Agent) makeTrial(lt *trial) func(trialspec.Spec, sandbox.Endpoint) (*sandbox.Trial, error) {
 	return func(spec trialspec.Spec, ep sandbox.Endpoint) (*sandbox.Trial, error) {
 		p := a.shells.take(spec.Transparent)
@@ -337,7 +337,7 @@ func (a *Agent) makeTrial(lt *trial) func(trialspec.Spec, sandbox.Endpoint) (*sa
 			p.tp.close()
 			return nil, err
 		}
-		lt.fromShell = p.tp
+		lt.opened = p.tp
 		return tr, nil
 	}
 }

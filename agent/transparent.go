@@ -558,39 +558,64 @@ func netnsCookie(c syscall.Conn) (uint64, error) {
 }
 
 // listenTransparent opens the stub's sockets and the steered listener in
-// the namespace at nsPath. The listeners are plain TCP: a sockmap holds
-// no MPTCP socket, which Go listens with by default.
+// the namespace at nsPath.
 func listenTransparent(nsPath string) (s transparentSockets, err error) {
 	err = netns.Do(nsPath, func() error {
-		var lc net.ListenConfig
-		lc.SetMultipathTCP(false)
-		ctx := context.Background()
-		pc, err := lc.ListenPacket(ctx, "udp4", dnsstub.DefaultListen)
-		if err != nil {
-			return err
-		}
-		s.udp = pc.(*net.UDPConn)
-		ln, err := lc.Listen(ctx, "tcp4", dnsstub.DefaultListen)
-		if err != nil {
-			return err
-		}
-		s.tcp = ln.(*net.TCPListener)
-		ln, err = lc.Listen(ctx, "tcp4", steeredListen)
-		if err != nil {
-			return err
-		}
-		s.steered = ln.(*net.TCPListener)
-		return nil
+		s, err = openTransparentSockets()
+		return err
 	})
 	if err != nil {
 		s.close()
-		if errors.Is(err, syscall.EACCES) {
-			// Port 53 is privileged in the Trial's namespace as anywhere.
-			return transparentSockets{}, fmt.Errorf("open the DNS stub's sockets on %s: %w: binding port 53 needs CAP_NET_BIND_SERVICE, which this agent runs without; give it the capability (deploy/trialnet.service and the Kubernetes manifest list it), or create the Trial with --no-transparent", dnsstub.DefaultListen, err)
-		}
-		return transparentSockets{}, fmt.Errorf("open the DNS stub's sockets and the transparent listener (lo needs %s): %w", netip.MustParseAddrPort(dnsstub.DefaultListen).Addr(), err)
+		return transparentSockets{}, transparentListenError(err)
 	}
 	return s, nil
+}
+
+// listenTransparentHere is listenTransparent in the calling thread's
+// namespace.
+func listenTransparentHere() (transparentSockets, error) {
+	s, err := openTransparentSockets()
+	if err != nil {
+		s.close()
+		return transparentSockets{}, transparentListenError(err)
+	}
+	return s, nil
+}
+
+// openTransparentSockets opens the stub's sockets and the steered
+// listener in the calling thread's namespace; on error, what it opened
+// is in s, for the caller to close. The listeners are plain TCP: a
+// sockmap holds no MPTCP socket, which Go listens with by default.
+func openTransparentSockets() (s transparentSockets, err error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	ctx := context.Background()
+	pc, err := lc.ListenPacket(ctx, "udp4", dnsstub.DefaultListen)
+	if err != nil {
+		return s, err
+	}
+	s.udp = pc.(*net.UDPConn)
+	ln, err := lc.Listen(ctx, "tcp4", dnsstub.DefaultListen)
+	if err != nil {
+		return s, err
+	}
+	s.tcp = ln.(*net.TCPListener)
+	ln, err = lc.Listen(ctx, "tcp4", steeredListen)
+	if err != nil {
+		return s, err
+	}
+	s.steered = ln.(*net.TCPListener)
+	return s, nil
+}
+
+// transparentListenError says why the transparent sockets could not be
+// opened, and what to do.
+func transparentListenError(err error) error {
+	if errors.Is(err, syscall.EACCES) {
+		// Port 53 is privileged in the Trial's namespace as anywhere.
+		return fmt.Errorf("open the DNS stub's sockets on %s: %w: binding port 53 needs CAP_NET_BIND_SERVICE, which this agent runs without; give it the capability (deploy/trialnet.service and the Kubernetes manifest list it), or create the Trial with --no-transparent", dnsstub.DefaultListen, err)
+	}
+	return fmt.Errorf("open the DNS stub's sockets and the transparent listener (lo needs %s): %w", netip.MustParseAddrPort(dnsstub.DefaultListen).Addr(), err)
 }
 
 // namesFile keeps, per Trial, the names its stub handed out and their

@@ -68,9 +68,10 @@ type trial struct {
 	// containers counts the containers that joined it (AddContainer)
 	// when there is no data directory to keep them; guarded by mu.
 	containers int
-	// fromShell are the transparent sockets its prepared shell had, for
-	// build to start its transparent mode on; empty without one.
-	fromShell transparentSockets
+	// opened are the transparent sockets opened before build starts its
+	// transparent mode on them: its prepared shell's, or those its create
+	// opened as its namespace was made (ListenInside); empty otherwise.
+	opened transparentSockets
 	// joined are pidfds of the inits of containers that joined it, which
 	// the agent watches to move each to the ended ones (watchContainer);
 	// guarded by mu, closed by dropJoined.
@@ -91,6 +92,22 @@ const (
 func (lt *trial) setTrial(tr *sandbox.Trial) {
 	lt.tr = tr
 	lt.info.Netns, lt.info.Cgroup, lt.info.CgroupID = tr.Netns.Path, tr.Cgroup, tr.CgroupID
+}
+
+// ListenInside opens the Trial's transparent sockets on the thread that
+// makes its network namespace, inside it, in the same trip as its proxy
+// endpoint's listeners (sandbox.NetnsEndpoint): build starts its
+// transparent mode on them.
+func (lt *trial) ListenInside() error {
+	if !lt.info.Transparent {
+		return nil
+	}
+	s, err := listenTransparentHere()
+	if err != nil {
+		return fmt.Errorf("transparent mode: %w", err)
+	}
+	lt.opened = s
+	return nil
 }
 
 // Serve serves the Trial's proxy endpoint: its listeners live in its
@@ -229,6 +246,11 @@ func (a *Agent) build(lt *trial, list *allow.List, makeIt func(trialspec.Spec, s
 	}
 	info := lt.info
 	tr, err := makeIt(info.Spec, lt)
+	if err != nil {
+		// Opened before a later step of the make failed.
+		lt.opened.close()
+		lt.opened = transparentSockets{}
+	}
 	switch {
 	case errors.Is(err, sandbox.ErrExists):
 		return errf(client.CodeDuplicateID, "%v", err)
@@ -238,8 +260,8 @@ func (a *Agent) build(lt *trial, list *allow.List, makeIt func(trialspec.Spec, s
 		return errf(client.CodeInternal, "%v", err)
 	}
 	lt.setTrial(tr)
-	inh := lt.fromShell
-	lt.fromShell = transparentSockets{}
+	inh := lt.opened
+	lt.opened = transparentSockets{}
 	inh.loaded, loaded = loaded, nil
 	if err := a.startTransparent(lt, inh); err != nil {
 		_, _ = tr.Close()
@@ -586,3 +608,7 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 	}
 	return lt, nil
 }
+
+// A create without a shell opens the Trial's transparent sockets in the
+// trip into its namespace that makes it.
+var _ sandbox.NetnsEndpoint = (*trial)(nil)

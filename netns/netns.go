@@ -47,7 +47,21 @@ var errExists = errors.New("network namespace already exists")
 // Create makes a new network namespace with lo up, bind-mounted at dir/id.
 // lo carries loAddrs besides its own 127.0.0.1/8 and ::1 (an IPv6 one is
 // left out where the kernel has no IPv6). On error nothing is left behind.
-func Create(dir, id string, loAddrs ...netip.Prefix) (_ *Namespace, err error) {
+func Create(dir, id string, loAddrs ...netip.Prefix) (*Namespace, error) {
+	return CreateIn(dir, id, loAddrs, nil)
+}
+
+// ListenFunc opens a listening socket, as Namespace.Listen does.
+type ListenFunc func(ctx context.Context, network, addr string) (net.Listener, error)
+
+// CreateIn is Create that also runs in (unless nil) on the thread that
+// made the namespace, inside it, once lo is up and before the thread goes
+// back: the sockets in opens, with listen or itself, live in the
+// namespace, and making them takes no trip of its own into it. in runs on
+// that locked thread alone: it must not unlock it, nor open its sockets
+// from another goroutine. On error the namespace is removed, and what in
+// opened, whether in failed or a step after it, is its caller's to close.
+func CreateIn(dir, id string, loAddrs []netip.Prefix, in func(listen ListenFunc) error) (_ *Namespace, err error) {
 	if err := checkName(id); err != nil {
 		return nil, err
 	}
@@ -86,13 +100,25 @@ func Create(dir, id string, loAddrs ...netip.Prefix) (_ *Namespace, err error) {
 		if err := loUp(loAddrs); err != nil {
 			return restore, err
 		}
-		ns.Cookie, err = currentCookie()
-		return restore, err
+		if ns.Cookie, err = currentCookie(); err != nil || in == nil {
+			return restore, err
+		}
+		return restore, in(ns.listenHere)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return ns, nil
+}
+
+// listenHere opens a listening socket in the calling thread's namespace,
+// which is n (CreateIn's in); it fails as Listen does.
+func (n *Namespace) listenHere(ctx context.Context, network, addr string) (net.Listener, error) {
+	ln, err := plainTCP().Listen(ctx, network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s %s in netns %s: %w", network, addr, n.ID, err)
+	}
+	return ln, nil
 }
 
 // unshareNet moves the calling thread (onNewThread's) into a new network
@@ -279,13 +305,24 @@ func (n *Namespace) Listen(ctx context.Context, network, addr string) (net.Liste
 	var ln net.Listener
 	err := n.Do(func() error {
 		var err error
-		ln, err = (&net.ListenConfig{}).Listen(ctx, network, addr)
+		ln, err = plainTCP().Listen(ctx, network, addr)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s %s in netns %s: %w", network, addr, n.ID, err)
 	}
 	return ln, nil
+}
+
+// plainTCP makes the listeners in a Trial's namespace plain TCP. Go
+// listens with MPTCP by default, which serves no Trial (its seccomp
+// filter refuses the protocol, and Go and curl fall back to TCP), and
+// whose first use in a process costs a probe: an MPTCP socket and the
+// IP stack's capabilities, about 0.2 ms here.
+func plainTCP() *net.ListenConfig {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	return &lc
 }
 
 // EnterProcess runs fn on an OS thread that has joined the mount, PID and

@@ -96,6 +96,52 @@ func TestPrivilegedCreateListenDelete(t *testing.T) {
 	}
 }
 
+// CreateIn's in runs inside the new namespace: the listener it opens
+// lives there, is plain TCP, and the thread goes back to the host's
+// namespace. When in fails, the namespace is removed.
+func TestPrivilegedCreateIn(t *testing.T) {
+	privtest.Require(t)
+	dir := t.TempDir()
+	var ln net.Listener
+	ns, err := CreateIn(dir, "in", nil, func(listen ListenFunc) (err error) {
+		ln, err = listen(context.Background(), "tcp", "127.0.0.1:0")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ns.Delete() })
+	defer ln.Close()
+	raw, err := ln.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cookie uint64
+	var proto int
+	var cerr, perr error
+	if err := raw.Control(func(fd uintptr) {
+		cookie, cerr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		proto, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	}); err != nil || cerr != nil || perr != nil {
+		t.Fatal(err, cerr, perr)
+	}
+	if cookie != ns.Cookie {
+		t.Fatalf("the listener in's namespace has cookie %d, want the new namespace's %d", cookie, ns.Cookie)
+	}
+	if proto != unix.IPPROTO_TCP {
+		t.Fatalf("the listener's protocol is %d, want plain TCP (%d): a Trial cannot open MPTCP sockets", proto, unix.IPPROTO_TCP)
+	}
+
+	failed := errors.New("in failed")
+	if _, err := CreateIn(dir, "in-fails", nil, func(ListenFunc) error { return failed }); !errors.Is(err, failed) {
+		t.Fatalf("CreateIn with in failing: %v, want in's error", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "in-fails")); !os.IsNotExist(err) {
+		t.Fatalf("the namespace of a CreateIn whose in failed is left: %v", err)
+	}
+	threadsInHost(t)
+}
+
 func TestPrivilegedNoThreadLeftBehind(t *testing.T) {
 	privtest.Require(t)
 	dir := t.TempDir()
@@ -108,7 +154,13 @@ func TestPrivilegedNoThreadLeftBehind(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Every thread of this process must be in the host namespace again.
+	threadsInHost(t)
+}
+
+// threadsInHost fails t unless every thread of this process is in the
+// host's network namespace.
+func threadsInHost(t *testing.T) {
+	t.Helper()
 	want, err := os.Readlink("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)

@@ -59,7 +59,7 @@ func (h *Held) Listen(ctx context.Context, network, addr string) (net.Listener, 
 	var ln net.Listener
 	err := Do(h.Path(), func() error {
 		var err error
-		ln, err = (&net.ListenConfig{}).Listen(ctx, network, addr)
+		ln, err = plainTCP().Listen(ctx, network, addr)
 		return err
 	})
 	if err != nil {

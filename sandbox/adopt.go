@@ -126,7 +126,7 @@ func (h *Host) Adopt(spec trial.Spec, ep Endpoint, c Container) (_ *Trial, err e
 	if err := h.BPF.AddTrial(t.CgroupID, t.policy()); err != nil {
 		return nil, fmt.Errorf("adopt a container as Trial %s: %w", spec.ID, err)
 	}
-	if err := t.serve(nil); err != nil {
+	if err := t.serve(nil, nil); err != nil {
 		return nil, err
 	}
 	if err := t.writeRecord(PhaseLive, false); err != nil {

@@ -191,10 +191,18 @@ func (h *Host) create(spec trial.Spec, ep Endpoint, s *Shell) (_ *Trial, err err
 	if t.CgroupID, err = bpf.CgroupID(t.Cgroup); err != nil {
 		return nil, err
 	}
+	// made are the endpoint's listeners opened as the namespace was
+	// made, closed here until served.
+	var made []net.Listener
+	defer func() {
+		if err != nil {
+			closeListeners(made)
+		}
+	}()
 	if s != nil {
 		err = t.takeShell(s)
 	} else {
-		err = t.makeFresh()
+		made, err = t.makeFresh()
 	}
 	if err != nil {
 		return nil, err
@@ -206,7 +214,9 @@ func (h *Host) create(spec trial.Spec, ep Endpoint, s *Shell) (_ *Trial, err err
 	if s != nil {
 		lns, s.lns = s.lns, nil
 	}
-	if err := t.serve(lns); err != nil {
+	served := made
+	made = nil // serve's from here
+	if err := t.serve(served, lns); err != nil {
 		return nil, err
 	}
 	if err := t.writeRecord(PhaseLive, false); err != nil {
@@ -218,23 +228,77 @@ func (h *Host) create(spec trial.Spec, ep Endpoint, s *Shell) (_ *Trial, err err
 // makeFresh makes the Trial's pool groups and network namespace, side by
 // side: neither needs the other, and the namespace is made on a thread of
 // its own anyway. What was made of either is the Trial's, for its Close.
-func (t *Trial) makeFresh() error {
+// On that thread, in the namespace, it opens every socket the Trial needs
+// there (listenInside): one trip into it, not one for each. It returns
+// the proxy endpoint's listeners, for serve; on error it leaves none open.
+func (t *Trial) makeFresh() ([]net.Listener, error) {
 	type made struct {
 		ns  *netns.Namespace
+		lns []net.Listener
 		err error
 	}
 	nsc := make(chan made, 1)
 	go func() {
-		ns, err := netns.Create(t.host.netnsDir(), t.ID, t.loAddrs()...)
-		nsc <- made{ns, err}
+		var m made
+		m.ns, m.err = netns.CreateIn(t.host.netnsDir(), t.ID, t.loAddrs(), func(listen netns.ListenFunc) (err error) {
+			m.lns, err = t.listenInside(listen)
+			return err
+		})
+		if m.err != nil {
+			closeListeners(m.lns) // opened, then a later step failed
+			m.lns = nil
+		}
+		nsc <- m
 	}()
 	perr := t.setupPools()
 	m := <-nsc
 	t.Netns = m.ns
 	if err := cmp.Or(perr, m.err); err != nil {
-		return fmt.Errorf("create Trial %s: %w", t.ID, err)
+		closeListeners(m.lns)
+		return nil, fmt.Errorf("create Trial %s: %w", t.ID, err)
 	}
-	return nil
+	return m.lns, nil
+}
+
+// NetnsEndpoint is an Endpoint with sockets of its own in the Trial's
+// network namespace, which a Create without a shell has it open on the
+// thread that made the namespace, while there (netns.CreateIn).
+type NetnsEndpoint interface {
+	Endpoint
+	// ListenInside opens them in the calling thread's network namespace,
+	// the Trial's: at once, on that thread (it must not unlock it), and
+	// on error leaving none open. What it opened is its own to close if
+	// the create fails after it, and Create does not say which step did.
+	ListenInside() error
+}
+
+// listenInside opens, with listen, on the calling thread (in the Trial's
+// namespace), the proxy endpoint's listeners, then the Endpoint's own
+// sockets (NetnsEndpoint). On error none it opened is left open.
+func (t *Trial) listenInside(listen netns.ListenFunc) ([]net.Listener, error) {
+	if t.endpoint == nil {
+		return nil, nil
+	}
+	var lns []net.Listener
+	if len(t.proxy) > 0 {
+		var err error
+		if lns, err = t.host.listenProxy(listen, t.proxy, t.ID); err != nil {
+			return nil, fmt.Errorf("proxy endpoint: %w", err)
+		}
+	}
+	if ne, ok := t.endpoint.(NetnsEndpoint); ok {
+		if err := ne.ListenInside(); err != nil {
+			closeListeners(lns)
+			return nil, err
+		}
+	}
+	return lns, nil
+}
+
+func closeListeners(lns []net.Listener) {
+	for _, l := range lns {
+		_ = l.Close()
+	}
 }
 
 // takeShell makes the shell's pool groups and network namespace the
@@ -291,23 +355,28 @@ func (t *Trial) policy() bpf.Policy {
 	}
 }
 
-// serve opens the proxy endpoint's listeners inside the Trial's namespace,
-// unless they were inherited from an earlier process, and hands them to
-// its Endpoint.
-func (t *Trial) serve(inherited []net.Listener) error {
+// serve hands the proxy endpoint's listeners to the Trial's Endpoint:
+// made, those opened in its namespace as it was made, or inherited, from
+// a shell or an earlier process, checked first; with neither, it opens
+// them inside the Trial's namespace.
+func (t *Trial) serve(made, inherited []net.Listener) error {
 	ep := t.endpoint
 	if ep == nil || len(t.proxy) == 0 {
-		for _, l := range inherited {
-			_ = l.Close()
+		closeListeners(made)
+		closeListeners(inherited)
+		return nil
+	}
+	if len(made) > 0 {
+		closeListeners(inherited)
+		if err := ep.Serve(made); err != nil {
+			return fmt.Errorf("serve the proxy endpoint of Trial %s: %w", t.ID, err)
 		}
 		return nil
 	}
 	if len(inherited) > 0 {
 		for _, ln := range inherited {
 			if err := t.checkInherited(ln); err != nil {
-				for _, l := range inherited {
-					_ = l.Close()
-				}
+				closeListeners(inherited)
 				return err
 			}
 		}
@@ -328,7 +397,7 @@ func (t *Trial) serve(inherited []net.Listener) error {
 
 // listenProxy opens the proxy endpoints eps with listen (in a Trial's
 // namespace), for the Trial (or shell) named who.
-func (h *Host) listenProxy(listen func(context.Context, string, string) (net.Listener, error), eps []netip.AddrPort, who string) ([]net.Listener, error) {
+func (h *Host) listenProxy(listen netns.ListenFunc, eps []netip.AddrPort, who string) ([]net.Listener, error) {
 	var lns []net.Listener
 	for i, ap := range eps {
 		ln, err := listen(context.Background(), "tcp", ap.String())
@@ -339,9 +408,7 @@ func (h *Host) listenProxy(listen func(context.Context, string, string) (net.Lis
 				h.log().Warn("no IPv6 proxy endpoint", "trial", who, "error", err)
 				continue
 			}
-			for _, l := range lns {
-				_ = l.Close()
-			}
+			closeListeners(lns)
 			return nil, err
 		}
 		lns = append(lns, ln)
@@ -648,7 +715,7 @@ func (h *Host) Open(rec Record, ep Endpoint, lns []net.Listener) (_ *Trial, err 
 	}
 	served := lns
 	lns = nil // serve's from here
-	if err := t.serve(served); err != nil {
+	if err := t.serve(nil, served); err != nil {
 		return nil, err
 	}
 	return t, nil

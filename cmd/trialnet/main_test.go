@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -107,24 +108,7 @@ func TestRunNeedsAUser(t *testing.T) {
 func TestRunRefusesAnotherGroupByDefault(t *testing.T) {
 	t.Setenv("SUDO_UID", "")
 	t.Setenv("SUDO_GID", "")
-	b, err := os.ReadFile("/etc/group")
-	if err != nil {
-		t.Skip("no /etc/group to find a group in:", err)
-	}
-	other := ""
-	for line := range strings.Lines(string(b)) {
-		f := strings.Split(line, ":")
-		if len(f) < 3 || f[2] == "0" {
-			continue
-		}
-		if u, err := user.LookupId(f[2]); err != nil || (u.Username != f[0] && u.Gid != f[2]) {
-			other = f[2]
-			break
-		}
-	}
-	if other == "" {
-		t.Skip("every group in /etc/group is its same-numbered user's own")
-	}
+	other := anotherGroup(t)
 	// Each fails just after the user is chosen, before any Trial is made:
 	// a relative report directory, an agent socket that is not there.
 	for cmd, after := range map[string][]string{"run": {"--report-dir", "relative"}, "exec": {"--trial", "x", "--socket", "/nonexistent/trialnet.sock"}} {
@@ -138,6 +122,52 @@ func TestRunRefusesAnotherGroupByDefault(t *testing.T) {
 			t.Errorf("%v --gid 65534: exit %d, %q: refused as if no --gid was given", args, code, errOut)
 		}
 	}
+}
+
+// The check of the gid taken by default runs beside the embedded agent's
+// start, and its refusal still ends the run before a Trial is made: the
+// command never runs, no report is written, and the error and exit code
+// are those of a refusal before the start.
+func TestPrivilegedRunRefusesAnotherGroupBesideTheStart(t *testing.T) {
+	privtest.Require(t)
+	t.Setenv("SUDO_UID", "")
+	t.Setenv("SUDO_GID", "")
+	other := anotherGroup(t)
+	hc := testenv.IsolatedHost(t, "usercheck")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "trialnet.yaml")
+	yaml := fmt.Sprintf("paths:\n  pin_dir: %s\n  netns_dir: %s\n  cgroup_parent: %s\n", hc.PinDir, hc.NetnsDir, hc.Parent)
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "report.json")
+	code, _, errOut := trialnet("run", "--socket", filepath.Join(dir, "no-agent.sock"), "--config", cfg, "--uid", other, "--report", report, "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, "without --gid") {
+		t.Fatalf("run --uid %s (gid %s is another group) with an embedded agent: exit %d, %q: want a usage error asking for --gid", other, other, code, errOut)
+	}
+	if _, err := os.Stat(report); !os.IsNotExist(err) {
+		t.Errorf("a refused run wrote its report (%v)", err)
+	}
+}
+
+// anotherGroup is a gid, from /etc/group, that is not the own group of
+// the user with that number.
+func anotherGroup(t *testing.T) string {
+	b, err := os.ReadFile("/etc/group")
+	if err != nil {
+		t.Skip("no /etc/group to find a group in:", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Split(line, ":")
+		if len(f) < 3 || f[2] == "0" {
+			continue
+		}
+		if u, err := user.LookupId(f[2]); err != nil || (u.Username != f[0] && u.Gid != f[2]) {
+			return f[2]
+		}
+	}
+	t.Skip("every group in /etc/group is its same-numbered user's own")
+	return ""
 }
 
 // Root is refused however it is asked for: a capability-less uid 0 still

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/trialnet/trialnet/agent"
@@ -44,21 +46,33 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	} else if err := sandbox.ValidID(id); err != nil {
 		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, usageError{"run --id: " + err.Error()})
 	}
-	u, g, err := trialUser(f.user)
+	u, g, userChecked, err := trialUserBeside(f.user)
 	if err != nil {
 		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, err)
+	}
+	// The user's check runs beside what follows, the embedded agent's
+	// start above all. Its refusal ends the run as if it came first:
+	// before any later error, before a report directory is made or a
+	// report written, before a Trial is made.
+	if *f.reportDir != "" {
+		if err := userChecked(); err != nil {
+			return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, err)
+		}
 	}
 	report, err := openReport(*f.reportFile, *f.reportDir, *f.reportFD, id, u, g)
 	if err != nil {
-		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, err)
+		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, cmp.Or(userChecked(), err))
 	}
 	if *f.asJSON && report == nil {
-		return cli.Fail(stdout, stderr, true, exitUsage, usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE, --report-dir DIR or --report-fd N"})
+		return cli.Fail(stdout, stderr, true, exitUsage, cmp.Or(userChecked(), error(usageError{"run: -j writes trialnet's result as JSON where the Trial cannot write, never on its stdout: add --report FILE, --report-dir DIR or --report-fd N"})))
 	}
 	// Every way out from here writes the report, a refusal included: a
 	// report left at FILE by an earlier run is not read as this one's. It
 	// carries no receipt: verify says the run ended without a verdict.
 	failRun := func(code int, err error) int {
+		if uerr := userChecked(); uerr != nil {
+			return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, uerr)
+		}
 		if report != nil {
 			failed := map[string]any{"trial": id, "exit_code": code, "error": err.Error()}
 			if *f.nonce != "" {
@@ -70,6 +84,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		return cli.Fail(stdout, stderr, false, code, err)
+	}
+	if len(hostOwnDirPaths(fs.Args())) > 0 {
+		// Its notes, which spec prints, come after a refusal of the user.
+		if err := userChecked(); err != nil {
+			return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, err)
+		}
 	}
 	spec, cmd, err := f.spec(fs, id, u, g, stderr)
 	if err != nil {
@@ -89,6 +109,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return failRun(code, err)
 	}
 	defer closeTrials()
+	if err := userChecked(); err != nil {
+		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, err)
+	}
 	res, err := client.Run(ctx, trials, spec)
 	// The Trial is over and its output drained: undo what it may have
 	// left the terminal in, so that what follows reads as trialnet's.
@@ -282,35 +305,57 @@ func hostOwnDirPaths(argv []string) []string {
 // likewise, for the root group's writable files. sudo from your own
 // account gives your uid.
 func trialUser(u userFlags) (uint32, uint32, error) {
+	uid, gid, defaulted, err := pickUser(u)
+	if err == nil && defaulted {
+		err = notAnotherGroup(uid)
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return uid, gid, nil
+}
+
+// trialUserBeside is trialUser with its check through NSS (0.3-0.5 ms:
+// files read, libraries loaded) run beside the caller's next steps:
+// checked waits for it and returns its refusal.
+func trialUserBeside(u userFlags) (uid, gid uint32, checked func() error, err error) {
+	uid, gid, defaulted, err := pickUser(u)
+	if err != nil || !defaulted {
+		return uid, gid, func() error { return nil }, err
+	}
+	c := make(chan error, 1)
+	go func() { c <- notAnotherGroup(uid) }()
+	return uid, gid, sync.OnceValue(func() error { return <-c }), nil
+}
+
+// pickUser is trialUser without its check through NSS; defaulted says
+// the gid is the uid's number, taken by default, which notAnotherGroup
+// checks.
+func pickUser(u userFlags) (_, _ uint32, defaulted bool, _ error) {
 	uid, gid := u.uid, u.gid
 	if !uid.set {
 		s := os.Getenv("SUDO_UID")
 		if s == "" {
-			return 0, 0, usageError{"who should CMD run as? Pass --uid N (and --gid N; a dedicated user for untrusted code is best), or run trialnet under sudo from your own account to use your uid"}
+			return 0, 0, false, usageError{"who should CMD run as? Pass --uid N (and --gid N; a dedicated user for untrusted code is best), or run trialnet under sudo from your own account to use your uid"}
 		}
 		if err := uid.Set(s); err != nil {
-			return 0, 0, usageError{fmt.Sprintf("SUDO_UID=%q is not a user id (%v); pass --uid", s, err)}
+			return 0, 0, false, usageError{fmt.Sprintf("SUDO_UID=%q is not a user id (%v); pass --uid", s, err)}
 		}
 		if uid.id == 0 {
-			return 0, 0, usageError{"SUDO_UID is 0 (sudo was run from a root shell), and a Trial never runs as root: pass --uid N for a dedicated user"}
+			return 0, 0, false, usageError{"SUDO_UID is 0 (sudo was run from a root shell), and a Trial never runs as root: pass --uid N for a dedicated user"}
 		}
 		if !gid.set {
 			_ = gid.Set(os.Getenv("SUDO_GID")) // unset or not an id: the uid's, below
 		}
 	}
-	defaulted := !gid.set
+	defaulted = !gid.set
 	if defaulted {
 		gid = uid
 	}
 	if uid.id == 0 || gid.id == 0 {
-		return 0, 0, usageError{"a Trial never runs as uid 0 or gid 0: even without capabilities, root owns the files that hold every Trial in place (trialnet's state and runtime directory, other Trials' cgroups, /proc/sys), and the root group many of them. Pass --uid N (and --gid N) for a dedicated user; what needs root (installing packages) belongs in the environment prepared before the Trial"}
+		return 0, 0, false, usageError{"a Trial never runs as uid 0 or gid 0: even without capabilities, root owns the files that hold every Trial in place (trialnet's state and runtime directory, other Trials' cgroups, /proc/sys), and the root group many of them. Pass --uid N (and --gid N) for a dedicated user; what needs root (installing packages) belongs in the environment prepared before the Trial"}
 	}
-	if defaulted {
-		if err := notAnotherGroup(uid.id); err != nil {
-			return 0, 0, err
-		}
-	}
-	return uid.id, gid.id, nil
+	return uid.id, gid.id, defaulted, nil
 }
 
 // notAnotherGroup refuses the number of uid as a gid, taken by default,
