@@ -213,7 +213,12 @@ func repeatsIndex(args []argOf) bool {
 //     libseccomp's ordering, not the profile's;
 //   - otherwise the call is refused when the default action refuses, or
 //     when one refusing rule matches it for every argument (two rules
-//     that only together cover it are not counted);
+//     that only together cover it are not counted) and no rule for the
+//     call compares an argument other than 0: libseccomp 2.5.4 compiles
+//     such a set of rules into a filter whose comparison of argument 0
+//     reads the other argument's value where their chains meet (with
+//     "arg0 > 10: KILL" and "arg0 <= 40 && arg1 >= 40: ERRNO",
+//     socket(40, 1, 0) runs: 1 is not > 10);
 //   - flags (log, spec_allow, tsync, wait_killable_recv) change no action.
 func (s *seccompOf) vsockLetThrough(goarch string) []string {
 	if s == nil {
@@ -252,11 +257,14 @@ func (s *seccompOf) vsockLetThrough(goarch string) []string {
 // replaced (socket's on socketcall): such a rule that lets a call run
 // lets this one through whatever its conditions.
 func (s *seccompOf) refusal(call string, set argSet, b abi, muxed func(syscallOf) bool) string {
-	covered := false
+	covered, other := false, -1
 	for i, r := range s.Syscalls {
 		viaMux := muxed != nil && muxed(r)
 		if !slices.Contains(r.Names, call) && !viaMux {
 			continue
+		}
+		if other < 0 && !s.asDefault(r) && slices.ContainsFunc(r.Args, func(a argOf) bool { return a.Index != 0 }) {
+			other = i
 		}
 		if !slices.Contains(refusing, r.Action) {
 			if viaMux {
@@ -280,10 +288,31 @@ func (s *seccompOf) refusal(call string, set argSet, b abi, muxed func(syscallOf
 		}
 		covered = covered || c
 	}
-	if covered || slices.Contains(refusing, s.DefaultAction) {
+	switch {
+	case slices.Contains(refusing, s.DefaultAction):
+		return ""
+	case covered && other >= 0:
+		return fmt.Sprintf("the rule that refuses it shares the call with rule %d, which compares argument %d, and the default action %s lets it run: "+
+			"libseccomp 2.5 (Debian 12's) compiles such rules into a filter that reads another argument where it compares argument 0, and lets the call run; "+
+			"make every rule for %s compare argument 0 alone, or refuse by default",
+			other, s.Syscalls[other].Args[slices.IndexFunc(s.Syscalls[other].Args, func(a argOf) bool { return a.Index != 0 })].Index, orNone(s.DefaultAction), call)
+	case covered:
 		return ""
 	}
 	return fmt.Sprintf("no rule refuses it for every argument, and the default action %s lets it run", orNone(s.DefaultAction))
+}
+
+// asDefault says whether rule r has the default action, errno and all,
+// which runc and crun both skip rather than add (a rule of no effect):
+// an errno not given is EPERM to both.
+func (s *seccompOf) asDefault(r syscallOf) bool {
+	errno := func(e *uint32) uint32 {
+		if e == nil {
+			return 1
+		}
+		return *e
+	}
+	return r.Action == s.DefaultAction && errno(r.ErrnoRet) == errno(s.DefaultErrnoRet)
 }
 
 // sameArch says whether a runtime reads listed as arch (an SCMP_ARCH_

@@ -122,6 +122,16 @@ func TestVsockLetThrough(t *testing.T) {
 		{"allow first, the refusal after", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + x86_64Only + `,"syscalls":[{"names":["socket","read"],"action":"SCMP_ACT_ALLOW"},` + refuseVsock + `]}`, []string{"rule 0 (SCMP_ACT_ALLOW) lets it run"}},
 		{"the refusal first, allow after", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[` + refuseVsock + `,{"names":["socket"],"action":"SCMP_ACT_ALLOW"}]}`, []string{"rule 1 (SCMP_ACT_ALLOW) lets it run"}},
 		{"a refusal with a condition on the type", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_ERRNO","args":[{"index":0,"value":4294967295,"valueTwo":40,"op":"SCMP_CMP_MASKED_EQ"},{"index":1,"value":1,"op":"SCMP_CMP_EQ"}]}]}`, []string{"no rule refuses it for every argument"}},
+		// libseccomp 2.5.4 compiles these two rules into a filter whose
+		// "arg0 > 10" reads argument 1 where the second rule's chain
+		// ends: socket(40, 1, 0) runs (seen with Debian 12's libseccomp2,
+		// its filter run on the call).
+		{"a refusal beside a rule that compares another argument", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_KILL","args":[{"index":0,"value":10,"op":"SCMP_CMP_GT"}]},` +
+			`{"names":["socket"],"action":"SCMP_ACT_ERRNO","args":[{"index":0,"value":40,"op":"SCMP_CMP_LE"},{"index":1,"value":40,"op":"SCMP_CMP_GE"}]},` + refuseUring + `]}`,
+			[]string{"SCMP_ARCH_X86_64: socket(AF_VSOCK): the rule that refuses it shares the call with rule 1, which compares argument 1", "make every rule for socket compare argument 0 alone"}},
+		{"a refusal beside a rule that compares argument 0 alone", "amd64", `{"defaultAction":"SCMP_ACT_ALLOW",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_KILL","args":[{"index":0,"value":10,"op":"SCMP_CMP_GT"}]},` +
+			`{"names":["socket"],"action":"SCMP_ACT_ERRNO","args":[{"index":0,"value":40,"op":"SCMP_CMP_LE"}]},` + refuseUring + `]}`, nil},
+		{"a refusing default beside a rule that compares another argument", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_KILL","args":[{"index":1,"value":10,"op":"SCMP_CMP_GT"}]}]}`, nil},
 		{"log", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_LOG"}]}`, []string{"rule 0 (SCMP_ACT_LOG)"}},
 		{"trace", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"syscalls":[{"names":["socket"],"action":"SCMP_ACT_TRACE"}]}`, []string{"rule 0 (SCMP_ACT_TRACE)"}},
 		{"notify", "amd64", `{"defaultAction":"SCMP_ACT_ERRNO",` + x86_64Only + `,"listenerPath":"/run/a.sock","syscalls":[{"names":["socket"],"action":"SCMP_ACT_NOTIFY"}]}`, []string{"rule 0 (SCMP_ACT_NOTIFY)"}},
