@@ -3,6 +3,7 @@
 package nriplugin
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	goruntime "runtime"
@@ -77,7 +78,11 @@ func refuseVsock(p *api.LinuxSeccomp) error {
 	var generic []any
 	b, err := json.Marshal(rules)
 	if err == nil {
-		err = json.Unmarshal(b, &generic)
+		// Numbers as written: through float64 a value past 2^53 would
+		// be rounded, and 2^64-1 would not read back.
+		d := json.NewDecoder(bytes.NewReader(b))
+		d.UseNumber()
+		err = d.Decode(&generic)
 	}
 	if err != nil {
 		return err

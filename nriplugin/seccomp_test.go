@@ -69,6 +69,16 @@ func TestContainerPolicy(t *testing.T) {
 		}
 	}
 
+	// A value past 2^53 stays as the runtime gave it (read through
+	// float64 it was rounded, 2^64-1 refused as out of range).
+	ctr = testContainer("c1")
+	big := &api.LinuxSyscall{Names: []string{"ioctl"}, Action: "SCMP_ACT_ERRNO",
+		Args: []*api.LinuxSeccompArg{{Index: 1, Value: 1<<53 + 1, Op: "SCMP_CMP_EQ"}, {Index: 2, Value: 1<<64 - 1, ValueTwo: 1<<63 + 1, Op: "SCMP_CMP_MASKED_EQ"}}}
+	ctr.Linux.SeccompPolicy.Syscalls = append(ctr.Linux.SeccompPolicy.Syscalls, big)
+	if got := policy(ctr).Syscalls; !slices.ContainsFunc(got, func(r *api.LinuxSyscall) bool { return proto.Equal(r, big) }) {
+		t.Errorf("a rule with values past 2^53 became %v", got)
+	}
+
 	ctr = testContainer("c2")
 	ctr.Linux.SeccompPolicy = nil
 	ctr.Linux.SeccompProfile = &api.SecurityProfile{ProfileType: api.SecurityProfile_UNCONFINED}

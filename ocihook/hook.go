@@ -207,6 +207,9 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	cfg.data = h.data
 	why := cfg.check(st.Bundle, h.protected())
 	why = append(why, cfg.procKnobRefusals()...)
+	if a := cfg.seccompAnnotations(); len(a) > 0 {
+		why = append(why, seccompAnnotationsAdvice(a))
+	}
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
 		why = append(why, "its seccomp profile lets it use the kernel's keyrings ("+strings.Join(keys, "; ")+"): "+keyCallsAdvice(DefaultSeccompProfile))
 	}

@@ -283,6 +283,14 @@ func TestHookLetsInAContainerInItsTrial(t *testing.T) {
 	if _, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"})); err != nil {
 		t.Errorf("a container in the Trial's own cgroup: %v", err)
 	}
+	// crun's annotation that only makes it refuse a profile naming a
+	// call it does not know changes no filter.
+	cfg := goodConfig()
+	cfg["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.seccomp_fail_unknown_syscall": "1"}
+	w.writeConfig(cfg)
+	if _, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"})); err != nil {
+		t.Errorf("with run.oci.seccomp_fail_unknown_syscall: %v", err)
+	}
 }
 
 // A container without the annotation never reaches the agent: the
@@ -892,6 +900,21 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "--security-opt seccomp=" + DefaultSeccompProfile},
+		// crun 1.8 loads this compiled filter (here one instruction:
+		// return SECCOMP_RET_ALLOW) in place of linux.seccomp, which
+		// refuses the key calls.
+		{"crun's compiled filter in an annotation", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.seccomp_bpf_data": "BgAAAAAA/38="}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotations run.oci.seccomp_bpf_data make crun run it with another seccomp filter"},
+		{"a seccomp notification plugin for crun", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.seccomp.plugins": "/x.so"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotations run.oci.seccomp.plugins make crun"},
 		{"a profile under a key crun does not read", func(w *world) string {
 			c := goodConfig()
 			l := c["linux"].(map[string]any)

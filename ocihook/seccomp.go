@@ -121,6 +121,35 @@ func orNone(s string) string {
 	return s
 }
 
+// seccompAnnotations are the config's annotations that make crun load
+// another filter than linux.seccomp, or answer its notifications: any
+// key of crun's run.oci.seccomp family (compared without case, which
+// refuses more than crun reads) but run.oci.seccomp_fail_unknown_syscall,
+// which only makes crun refuse a profile it cannot read. crun 1.8's
+// run.oci.seccomp_bpf_data holds a compiled filter that crun loads in
+// place of linux.seccomp: a profile the hook judged refusing, and the
+// container runs with a filter that allows everything. The hook cannot
+// read a compiled filter, and a later crun's key of this family may
+// change the filter too.
+func (c *config) seccompAnnotations() []string {
+	var out []string
+	for k := range c.Annotations {
+		lk := strings.ToLower(k)
+		if strings.HasPrefix(lk, "run.oci.seccomp") && lk != "run.oci.seccomp_fail_unknown_syscall" {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// seccompAnnotationsAdvice is what the operator of a container refused
+// for seccompAnnotations does.
+func seccompAnnotationsAdvice(keys []string) string {
+	return "its annotations " + strings.Join(keys, ", ") + " make crun run it with another seccomp filter than its linux.seccomp (run.oci.seccomp_bpf_data: a compiled filter in its place) or answer the filter's notifications, which the hook cannot judge: " +
+		"leave them out and give the container a linux.seccomp that refuses what a Trial's container must not do (docs/containers.md, \"The kernel's keyrings\")"
+}
+
 // KeyCallsErrno is what a refused key call returns: ENOSYS, as from
 // trialnet's own filter, so that a program takes the kernel for one
 // without the key service and goes on without it.

@@ -213,7 +213,15 @@ func repeatsIndex(args []argOf) bool {
 //     libseccomp's ordering, not the profile's;
 //   - otherwise the call is refused when the default action refuses, or
 //     when one refusing rule matches it for every argument (two rules
-//     that only together cover it are not counted);
+//     that only together cover it are not counted) and no rule for the
+//     call compares an argument other than 0: libseccomp 2.5.4 compiles
+//     such a set of rules into a filter whose comparison of argument 0
+//     reads the other argument's value where their chains meet (with
+//     "arg0 > 10: KILL" and "arg0 <= 40 && arg1 >= 40: ERRNO",
+//     socket(40, 1, 0) runs: 1 is not > 10). For the same reason a rule
+//     letting the call run for other families is counted as one that may
+//     let this one run where a rule for the call compares another
+//     argument: with the default refusing, only refusing rules may;
 //   - flags (log, spec_allow, tsync, wait_killable_recv) change no action.
 func (s *seccompOf) vsockLetThrough(goarch string) []string {
 	if s == nil {
@@ -252,10 +260,23 @@ func (s *seccompOf) vsockLetThrough(goarch string) []string {
 // replaced (socket's on socketcall): such a rule that lets a call run
 // lets this one through whatever its conditions.
 func (s *seccompOf) refusal(call string, set argSet, b abi, muxed func(syscallOf) bool) string {
-	covered := false
+	named := func(r syscallOf) bool { return slices.Contains(r.Names, call) || muxed != nil && muxed(r) }
+	// A rule for call that the runtime adds and that compares another
+	// argument than 0: beside it, libseccomp 2.5 may read that argument
+	// where another rule compares argument 0 (see vsockLetThrough).
+	other := slices.IndexFunc(s.Syscalls, func(r syscallOf) bool {
+		return named(r) && !s.asDefault(r) && slices.ContainsFunc(r.Args, func(a argOf) bool { return a.Index != 0 })
+	})
+	miscompiled := func(what string) string {
+		r := s.Syscalls[other]
+		return fmt.Sprintf("%s, and rule %d compares argument %d: libseccomp 2.5 (Debian 12's) compiles such rules into a filter that reads another argument where a rule compares argument 0, and may let the call run; "+
+			"make every rule for %s compare argument 0 alone, or have only rules that refuse it and a default that refuses",
+			what, other, r.Args[slices.IndexFunc(r.Args, func(a argOf) bool { return a.Index != 0 })].Index, call)
+	}
+	covered, cannot := false, -1
 	for i, r := range s.Syscalls {
 		viaMux := muxed != nil && muxed(r)
-		if !slices.Contains(r.Names, call) && !viaMux {
+		if !named(r) {
 			continue
 		}
 		if !slices.Contains(refusing, r.Action) {
@@ -269,6 +290,9 @@ func (s *seccompOf) refusal(call string, set argSet, b abi, muxed func(syscallOf
 				}
 				return fmt.Sprintf("rule %d (%s) lets it run%s", i, r.Action, cond)
 			}
+			if cannot < 0 && !s.asDefault(r) {
+				cannot = i
+			}
 			continue
 		}
 		if viaMux && !slices.Contains(r.Names, call) {
@@ -280,10 +304,30 @@ func (s *seccompOf) refusal(call string, set argSet, b abi, muxed func(syscallOf
 		}
 		covered = covered || c
 	}
-	if covered || slices.Contains(refusing, s.DefaultAction) {
+	switch {
+	case cannot >= 0 && other >= 0:
+		return miscompiled(fmt.Sprintf("rule %d (%s) lets it run for other arguments", cannot, s.Syscalls[cannot].Action))
+	case slices.Contains(refusing, s.DefaultAction):
+		return ""
+	case covered && other >= 0:
+		return miscompiled(fmt.Sprintf("the default action %s lets it run and a rule refuses it", s.DefaultAction))
+	case covered:
 		return ""
 	}
 	return fmt.Sprintf("no rule refuses it for every argument, and the default action %s lets it run", orNone(s.DefaultAction))
+}
+
+// asDefault says whether rule r has the default action, errno and all,
+// which runc and crun both skip rather than add (a rule of no effect):
+// an errno not given is EPERM to both.
+func (s *seccompOf) asDefault(r syscallOf) bool {
+	errno := func(e *uint32) uint32 {
+		if e == nil {
+			return 1
+		}
+		return *e
+	}
+	return r.Action == s.DefaultAction && errno(r.ErrnoRet) == errno(s.DefaultErrnoRet)
 }
 
 // sameArch says whether a runtime reads listed as arch (an SCMP_ARCH_
@@ -407,7 +451,13 @@ func ruleOf(rule map[string]any) (syscallOf, error) {
 //     as trialnet's own filter refuses them too); without, a rule refuses
 //     socketcall(SYS_SOCKET);
 //   - io_uring's calls (UringCalls) are taken out of every rule and one
-//     rule refuses them.
+//     rule refuses them;
+//   - a rule for socket or socketcall that compares an argument other
+//     than 0 (podman's, for NETLINK_AUDIT) is one libseccomp 2.5
+//     miscompiles beside the refusal (see vsockLetThrough): for those
+//     calls, a refusing one goes and one letting them run loses those
+//     conditions, which lets the families it let run whatever their
+//     type and protocol.
 func RefuseVsock(profile map[string]any) error {
 	rules, err := withoutCalls(profile, UringCalls)
 	if err != nil {
@@ -429,6 +479,32 @@ func RefuseVsock(profile map[string]any) error {
 		lets := !slices.Contains(refusing, r.Action)
 		if lets && slices.Contains(r.Names, "socketcall") {
 			letsSocketRun = true
+		}
+		sock := func(n string) bool { return n == "socket" || n == "socketcall" }
+		if slices.ContainsFunc(r.Names, sock) && slices.ContainsFunc(r.Args, func(a argOf) bool { return a.Index != 0 }) {
+			// libseccomp 2.5 miscompiles it beside the refusal (see
+			// vsockLetThrough): for socket and socketcall, a refusing
+			// rule goes, one letting them run keeps its conditions on
+			// argument 0 alone.
+			if rest := slices.DeleteFunc(slices.Clone(r.Names), sock); len(rest) > 0 {
+				other := cloneRule(rule)
+				delete(other, "name")
+				other["names"] = toAny(rest)
+				kept = append(kept, other)
+			}
+			if !lets {
+				continue
+			}
+			r.Names = slices.DeleteFunc(slices.Clone(r.Names), func(n string) bool { return !sock(n) })
+			r.Args = slices.DeleteFunc(r.Args, func(a argOf) bool { return a.Index != 0 })
+			rule = cloneRule(rule)
+			delete(rule, "name")
+			rule["names"] = toAny(r.Names)
+			args := make([]any, len(r.Args))
+			for i, a := range r.Args {
+				args[i] = argJSON(a)
+			}
+			rule["args"] = args
 		}
 		if !lets || !slices.Contains(r.Names, "socket") {
 			kept = append(kept, rule)
