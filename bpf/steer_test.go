@@ -80,27 +80,13 @@ func TestPrivilegedSkLookup(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = ns.Delete() })
 	ctx := context.Background()
-	mptcp, err := ns.Listen(ctx, "tcp4", "127.0.0.1:0")
+	// netns.Listen's listeners are plain TCP: sk_lookup cannot hand a
+	// connection to an MPTCP one.
+	l, err := ns.Listen(ctx, "tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = mptcp.Close() })
-	if _, err := AttachSteer(ns.Path, steerPool, mptcp.(*net.TCPListener)); err != nil {
-		t.Logf("netns.Listen's listener (Go's default, MPTCP where the kernel has it): %v", err)
-	}
-	var ln *net.TCPListener
-	err = ns.Do(func() error {
-		var lc net.ListenConfig
-		lc.SetMultipathTCP(false)
-		l, err := lc.Listen(ctx, "tcp4", "127.0.0.1:0")
-		if err == nil {
-			ln = l.(*net.TCPListener)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := l.(*net.TCPListener)
 	t.Cleanup(func() { _ = ln.Close() })
 	// A socket the Trial could bind on a pool address, hoping to be
 	// handed connections meant for the agent.
