@@ -47,10 +47,14 @@ const systemdProperty = "org.systemd.property."
 // is left to seccompAnnotations, which says what to do about a filter.
 func (c *config) runtimeAnnotationRefusals() []string {
 	var out []string
-	for k := range c.Annotations {
+	for k, v := range c.Annotations {
 		lk := strings.ToLower(k)
 		why, known := runtimeAnnotations[lk]
 		switch {
+		case lk == "run.oci.systemd.subgroup" && v == "":
+			// No subgroup: the process stays in the scope the spec
+			// names (CRI-O's default_annotations set it so).
+			continue
 		case known:
 		case strings.HasPrefix(lk, systemdProperty):
 			why = runtimeAnnotations[systemdProperty]
@@ -61,7 +65,7 @@ func (c *config) runtimeAnnotationRefusals() []string {
 		default:
 			continue
 		}
-		out = append(out, fmt.Sprintf("its annotation %s: %s; the hook judges the spec, not what the runtime makes of it: remove the annotation (the ones let through: %s)", k, why, strings.Join(harmlessRunOCI, ", ")))
+		out = append(out, fmt.Sprintf("its annotation %s: %s; the hook judges the spec, not what the runtime makes of it: remove the annotation (the ones let through: %s, and an empty run.oci.systemd.subgroup)", k, why, strings.Join(harmlessRunOCI, ", ")))
 	}
 	slices.Sort(out)
 	return out

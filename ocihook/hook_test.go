@@ -291,13 +291,14 @@ func TestHookLetsInAContainerInItsTrial(t *testing.T) {
 	if _, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"})); err != nil {
 		t.Errorf("with run.oci.seccomp_fail_unknown_syscall: %v", err)
 	}
-	// Nor do the clocks of its own time namespace, or annotations no
-	// runtime acts on (podman's, an image's).
+	// Nor do the clocks of its own time namespace, no subgroup below
+	// its systemd scope, or annotations no runtime acts on (podman's, an
+	// image's).
 	cfg["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.timens_offset": "monotonic 86400 0",
-		"io.podman.annotations.autoremove": "TRUE", "org.opencontainers.image.stopSignal": "15"}
+		"io.podman.annotations.autoremove": "TRUE", "org.opencontainers.image.stopSignal": "15", "run.oci.systemd.subgroup": ""}
 	w.writeConfig(cfg)
 	if _, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"})); err != nil {
-		t.Errorf("with run.oci.timens_offset and podman's annotations: %v", err)
+		t.Errorf("with run.oci.timens_offset, an empty run.oci.systemd.subgroup and podman's annotations: %v", err)
 	}
 }
 
@@ -948,7 +949,13 @@ func TestHookRefuses(t *testing.T) {
 			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.hooks.stderr": "/etc/x"}
 			w.writeConfig(c)
 			return w.state(trial)
-		}, "remove the annotation (the ones let through: run.oci.seccomp_fail_unknown_syscall, run.oci.timens_offset)"},
+		}, "remove the annotation (the ones let through: run.oci.seccomp_fail_unknown_syscall, run.oci.timens_offset, and an empty run.oci.systemd.subgroup)"},
+		{"a systemd subgroup below the scope", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.systemd.subgroup": "../../x"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotation run.oci.systemd.subgroup: crun moves the container's process into a cgroup below its systemd scope"},
 		{"a run.oci annotation this trialnet does not know", func(w *world) string {
 			c := goodConfig()
 			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.no_pivot": "1"}
