@@ -210,6 +210,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	if a := cfg.seccompAnnotations(); len(a) > 0 {
 		why = append(why, seccompAnnotationsAdvice(a))
 	}
+	why = append(why, cfg.runtimeAnnotationRefusals()...)
 	if keys := cfg.seccomp().keyCallsLetThrough(); len(keys) > 0 {
 		why = append(why, "its seccomp profile lets it use the kernel's keyrings ("+strings.Join(keys, "; ")+"): "+keyCallsAdvice(DefaultSeccompProfile))
 	}

@@ -291,6 +291,15 @@ func TestHookLetsInAContainerInItsTrial(t *testing.T) {
 	if _, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"})); err != nil {
 		t.Errorf("with run.oci.seccomp_fail_unknown_syscall: %v", err)
 	}
+	// Nor do the clocks of its own time namespace, no subgroup below
+	// its systemd scope, or annotations no runtime acts on (podman's, an
+	// image's).
+	cfg["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.timens_offset": "monotonic 86400 0",
+		"io.podman.annotations.autoremove": "TRUE", "org.opencontainers.image.stopSignal": "15", "run.oci.systemd.subgroup": ""}
+	w.writeConfig(cfg)
+	if _, err := w.run(w.state(map[string]string{AnnotationTrial: "eval-1"})); err != nil {
+		t.Errorf("with run.oci.timens_offset, an empty run.oci.systemd.subgroup and podman's annotations: %v", err)
+	}
 }
 
 // A container without the annotation never reaches the agent: the
@@ -915,6 +924,62 @@ func TestHookRefuses(t *testing.T) {
 			w.writeConfig(c)
 			return w.state(trial)
 		}, "its annotations run.oci.seccomp.plugins make crun"},
+		// crun 1.8 runs the process under krun, in a microVM with a
+		// kernel of its own, which the hook's judgement does not reach.
+		{"crun's handler annotation", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.handler": "krun"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotation run.oci.handler: crun runs the container's process with another handler"},
+		{"crun writing the hooks' output to a host file", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.hooks.stdout": "/etc/cron.d/x"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotation run.oci.hooks.stdout: crun, as the host's root, creates or appends to this host file"},
+		{"a crun annotation in another case", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "Run.OCI.Keep_Original_Groups": "1"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotation Run.OCI.Keep_Original_Groups: crun leaves the container's process the supplementary groups"},
+		{"a runtime annotation's refusal says what to do", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.hooks.stderr": "/etc/x"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "remove the annotation (the ones let through: run.oci.seccomp_fail_unknown_syscall, run.oci.timens_offset, and an empty run.oci.systemd.subgroup)"},
+		{"a systemd subgroup below the scope", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.systemd.subgroup": "../../x"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotation run.oci.systemd.subgroup: crun moves the container's process into a cgroup below its systemd scope"},
+		{"a run.oci annotation this trialnet does not know", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "run.oci.no_pivot": "1"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotation run.oci.no_pivot: crun reads the run.oci annotations as orders, and this trialnet does not know this one"},
+		{"a systemd unit property of the scope", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "org.systemd.property.BPFProgram": "connect4:/sys/fs/bpf/p"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotation org.systemd.property.BPFProgram: crun's and runc's systemd cgroup managers"},
+		{"runc's CRIU configuration", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "org.criu.config": "/tmp/criu.conf"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotation org.criu.config: runc hands this host file to CRIU"},
+		{"a wasm image for crun", func(w *world) string {
+			c := goodConfig()
+			c["annotations"] = map[string]string{AnnotationTrial: "eval-1", "module.wasm.image/variant": "compat"}
+			w.writeConfig(c)
+			return w.state(trial)
+		}, "its annotation module.wasm.image/variant: crun runs the container's process in a WebAssembly runtime"},
 		{"a profile under a key crun does not read", func(w *world) string {
 			c := goodConfig()
 			l := c["linux"].(map[string]any)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/trialnet/trialnet/internal/agentwire"
 )
@@ -52,6 +53,14 @@ func Precreate(ctx context.Context, p Preparer, in []byte, out io.Writer) error 
 	// profile, that the container never has.
 	if err := decodeSpec(in, &cfg); err != nil {
 		return fmt.Errorf("the config on standard input: %w", err)
+	}
+	// crun acts on some annotations before the createRuntime hook runs
+	// (run.oci.hooks.stdout: it creates the host file first): refused
+	// here, a claiming container's runtime never runs.
+	if cl, err := claimOf(nil, cfg.Annotations); err != nil || cl.any() {
+		if why := (&config{Annotations: cfg.Annotations}).runtimeAnnotationRefusals(); len(why) > 0 {
+			return fmt.Errorf("refused container: %s", strings.Join(why, "; "))
+		}
 	}
 	if profile := cfg.Annotations[AnnotationProfile]; profile != "" && cfg.Annotations[AnnotationTrial] == "" {
 		req := agentwire.ContainerPrepare{Profile: profile, CgroupsPath: cfg.Linux.CgroupsPath}

@@ -49,6 +49,20 @@ func TestPrecreate(t *testing.T) {
 			t.Errorf("%s: %v, out %q, prepared %+v", name, err, out.String(), p.got)
 		}
 	}
+	// crun creates run.oci.hooks.stdout's host file before the
+	// createRuntime hook runs: a claiming container with it is refused
+	// here, before the runtime; one that claims nothing is not judged.
+	hooksOut := `{"ociVersion":"1.0.0","process":{},"annotations":{"trialnet.io/trial":"t","run.oci.hooks.stdout":"/etc/nologin"}}`
+	p = &fakePreparer{}
+	out.Reset()
+	if err := Precreate(context.Background(), p, []byte(hooksOut), &out); err == nil || !strings.Contains(err.Error(), "its annotation run.oci.hooks.stdout: crun, as the host's root, creates") || out.Len() != 0 {
+		t.Errorf("a Trial's container with run.oci.hooks.stdout: %v, out %q; want it refused", err, out.String())
+	}
+	unclaimed := `{"ociVersion":"1.0.0","process":{},"annotations":{"run.oci.hooks.stdout":"/var/log/h"}}`
+	out.Reset()
+	if err := Precreate(context.Background(), p, []byte(unclaimed), &out); err != nil || out.String() != unclaimed {
+		t.Errorf("a container of no Trial with run.oci.hooks.stdout: %v, out %q", err, out.String())
+	}
 	p = &fakePreparer{err: errors.New("unknown profile")}
 	out.Reset()
 	if err := Precreate(context.Background(), p, []byte(cfg), &out); err == nil || !strings.Contains(err.Error(), "unknown profile") || out.Len() != 0 {
