@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/allow"
 	trialspec "github.com/trialnet/trialnet/trial"
 	"golang.org/x/sys/unix"
 )
@@ -170,5 +171,74 @@ func TestStalledTunnelsHoldBoundedSocketMemory(t *testing.T) {
 	t.Logf("%d stalled tunnels hold %d KiB in the proxy's sockets (%d KiB each; bound %d KiB)", tunnels, held>>10, held/tunnels>>10, bound>>10)
 	if held > bound {
 		t.Fatalf("%d stalled tunnels hold %d KiB in the proxy's sockets, past %d KiB", tunnels, held>>10, bound>>10)
+	}
+}
+
+// TestRemoveWhileAcceptWaits: a Trial whose accept loop waits for an
+// admitting token (maxAdmitting refusals being closed, their clients
+// neither reading nor closing) is removed at once: the refusals give
+// their tokens back as RemoveTrial closes them, the loop hands on the
+// connection it holds and ends, and no token is left taken.
+func TestRemoveWhileAcceptWaits(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}, configure: func(c *Config) { c.OnEvent = nil }})
+	al, err := allow.Parse([]string{"api.example.com:443"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := &trialspec.ProxyLimits{MaxClientConns: 1}
+	if err := tp.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "t2", Limits: proxyHalf(lim)}, Allow: al}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = tp.Serve(ln, "t2") }()
+	tp.mu.Lock()
+	t2 := tp.trials["t2"]
+	tp.mu.Unlock()
+	// One connection admitted (its head never sent), then refusals past
+	// its cap, held open and unread.
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			_ = c.Close()
+		}
+	}()
+	for range maxAdmitting + 16 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	// The loop waits: every token taken, and one more connection tracked
+	// than the admitted one and the refusals holding them.
+	tracked := func() int {
+		t2.mu.Lock()
+		defer t2.mu.Unlock()
+		return len(t2.conns)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(t2.admitting) < maxAdmitting || tracked() < maxAdmitting+2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d admitting tokens taken, %d connections tracked: want the accept loop waiting at %d", len(t2.admitting), tracked(), maxAdmitting)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	removed := make(chan struct{})
+	go func() { defer close(removed); tp.RemoveTrial("t2") }()
+	select {
+	case <-removed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("RemoveTrial still waiting 10 s after it began, the Trial's accept loop waiting for a token")
+	}
+	select {
+	case <-served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the removed Trial's accept loop still running after 10 s")
+	}
+	if n := len(t2.admitting); n != 0 {
+		t.Errorf("%d admitting tokens still taken after the Trial's removal", n)
 	}
 }
