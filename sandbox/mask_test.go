@@ -1323,3 +1323,94 @@ func TestPrivilegedHostShmUnderHugetlbfsOutOfReach(t *testing.T) {
 		t.Errorf("the Trial reading the host's shared memory at %s: %d %q, want ENOENT (the host's /dev/shm detached)", through, code, out)
 	}
 }
+
+// A tmpfs elsewhere on which only cgroup mounts are (its own, here:
+// the pids hierarchy's root on a directory whose name mountinfo
+// escapes, its release_agent bound on a file of the tmpfs, a named
+// hierarchy, the unified one) is detached whole and copied back alone,
+// by the Go set-up and by the init's (C on x86-64): none of those files
+// is reached through it, the file shows the tmpfs's own content again,
+// and mountinfo lists no cgroup mount on it. Seen red with the tmpfs
+// copied with AT_RECURSIVE in both twins (every file read, in both
+// subtests).
+func TestPrivilegedHideV1OnATmpfsElsewhere(t *testing.T) {
+	tr, _, _, mnts, _ := v1Overmountable(t)
+	cg2, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not under /tmp, which the init mounts afresh.
+	dir, err := os.MkdirTemp("/run", "trialnet-test-v1-tmpfs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(dir) })
+	filter, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const content = "the tmpfs's own"
+	layout := func() error {
+		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=16k"); err != nil {
+			return err
+		}
+		for _, d := range []string{"a b", "n", "u"} {
+			if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+				return err
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "f"), []byte(content), 0o644); err != nil {
+			return err
+		}
+		for _, b := range [][2]string{{mnts[PoolPids], "a b"}, {filepath.Join(mnts[PoolPids], "release_agent"), "f"}, {cg2, "u"}} {
+			if err := unix.Mount(b[0], filepath.Join(dir, b[1]), "", unix.MS_BIND, ""); err != nil {
+				return fmt.Errorf("bind %s on %s: %w", b[0], b[1], err)
+			}
+		}
+		// A hierarchy of its own, gone with the thread's mounts.
+		return unix.Mount("cgroup", filepath.Join(dir, "n"), "cgroup", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "none,name=trialnet-test-v1-tmpfs")
+	}
+	check := func(root, mountinfo string) (bad []string) {
+		for _, p := range []string{"a b/release_agent", "n/release_agent", "u/cgroup.procs"} {
+			if _, err := os.ReadFile(filepath.Join(root+dir, p)); !errors.Is(err, os.ErrNotExist) {
+				bad = append(bad, fmt.Sprintf("read %s: %v, want ENOENT", filepath.Join(dir, p), err))
+			}
+		}
+		if b, err := os.ReadFile(filepath.Join(root+dir, "f")); err != nil || string(b) != content {
+			bad = append(bad, fmt.Sprintf("read %s: %q %v, want %q", filepath.Join(dir, "f"), b, err, content))
+		}
+		for line := range strings.Lines(mountinfo) {
+			pre, post, _ := strings.Cut(line, " - ")
+			if f := strings.Fields(pre); len(f) >= 5 && under(cgroup2.UnescapeMountPath(f[4]), dir) && strings.HasPrefix(post, "cgroup") {
+				bad = append(bad, "still mounted: "+strings.TrimSpace(line))
+			}
+		}
+		return bad
+	}
+	t.Run("go", func(t *testing.T) {
+		inOwnMounts(t, layout, func() []string {
+			if err := hideV1(tr.v1Dirs()); err != nil {
+				return []string{err.Error()}
+			}
+			mi, err := os.ReadFile("/proc/thread-self/mountinfo")
+			if err != nil {
+				return []string{err.Error()}
+			}
+			return check("", string(mi))
+		})
+	})
+	t.Run("init", func(t *testing.T) {
+		inOwnMounts(t, layout, func() []string {
+			pid, stop, err := initHere(tr, filter)
+			if err != nil {
+				return []string{err.Error()}
+			}
+			defer stop()
+			mi, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+			if err != nil {
+				return []string{err.Error()}
+			}
+			return check(fmt.Sprintf("/proc/%d/root", pid), string(mi))
+		})
+	})
+}
