@@ -355,7 +355,7 @@ func argsString(args []argOf) string {
 func vsockAdvice(profile string) string {
 	return "without the BPF LSM layer (the agent has not attached it: the kernel boots without bpf in lsm=, or the agent is older than this hook and does not say) nothing but the container's seccomp profile keeps it from AF_VSOCK, which no network namespace holds: from a VM guest it reaches the hypervisor, and host-local vsock listeners through vsock_loopback. " +
 		"Give it a profile that refuses socket(40, …) on every architecture it lists (and socketcall(1, …) where it lists SCMP_ARCH_X86): " +
-		"trialnet oci-runtime (Docker) adds the refusal itself; with podman, --security-opt seccomp=" + profile + " (written by 'trialnet oci-hook install'); " +
+		"trialnet oci-runtime (Docker) adds the refusal itself; with podman, --security-opt seccomp=" + profile + " (written by 'trialnet oci-hook install'; one written by an earlier trialnet may no longer pass: 'trialnet oci-hook install --force' writes it again); " +
 		"in a bundle, a rule {\"names\":[\"socket\"],\"action\":\"SCMP_ACT_ERRNO\",\"errnoRet\":97,\"args\":[{\"index\":0,\"value\":4294967295,\"valueTwo\":40,\"op\":\"SCMP_CMP_MASKED_EQ\"}]} and no rule letting socket run for that family; " +
 		"and a rule refusing " + strings.Join(UringCalls, ", ") + " with none letting them run; " +
 		"or boot the kernel with bpf in lsm= (docs/containers.md, \"AF_VSOCK\")"
