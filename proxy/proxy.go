@@ -81,9 +81,10 @@ const (
 	upstreamBuffer = 512 << 10
 )
 
-// boundBuffers sets c's socket buffers to n each, where c is a socket
-// (a wrapped upstream connection, through an upstream proxy, keeps the
-// kernel's).
+// boundBuffers sets c's socket buffers to n each. Every connection the
+// proxy relays is a socket, the one to an upstream proxy too (its Dial
+// hands back the TCP connection once the CONNECT is answered); a
+// net.Conn that is none (a test's pipe) keeps what it has.
 func boundBuffers(c net.Conn, n int) {
 	if b, ok := c.(interface {
 		SetReadBuffer(int) error

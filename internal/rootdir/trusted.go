@@ -47,7 +47,7 @@ func TrustedPath(path string, owner uint32) (string, error) {
 			continue
 		}
 		if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != 0 && uid != owner {
-			return "", fmt.Errorf("%s is a link owned by uid %d, not %s: whoever owns it can point it elsewhere (replace it with %s own)", next, uid, whose(owner), whose(owner))
+			return "", fmt.Errorf("%s is a link owned by uid %d, not %s: whoever owns it can point it elsewhere (replace it with one %s owns)", next, uid, whose(owner), whose(owner))
 		}
 		if links++; links > maxLinks {
 			return "", fmt.Errorf("more than %d links on the way", maxLinks)
