@@ -50,7 +50,7 @@ func TrustedPath(path string, owner uint32) (string, error) {
 			return "", fmt.Errorf("%s is a link owned by uid %d, not %s: whoever owns it can point it elsewhere (replace it with one %s owns)", next, uid, whose(owner), whose(owner))
 		}
 		if links++; links > maxLinks {
-			return "", fmt.Errorf("more than %d links on the way", maxLinks)
+			return "", fmt.Errorf("%s: more than %d links on the way (a loop of links?): name the file by a path with fewer links", next, maxLinks)
 		}
 		target, err := os.Readlink(next)
 		if err != nil {
