@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trialnet/trialnet/internal/rootdirtest"
 	"github.com/trialnet/trialnet/trial"
 )
 
@@ -107,38 +108,8 @@ func TestReadSecretRefusesAParentOthersCanChange(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the checks need directories owned by root and by others: run as root")
 	}
-	dir := t.TempDir()
-	mkdir := func(name string, mode os.FileMode, uid int) string {
-		p := filepath.Join(dir, name)
-		if err := os.Mkdir(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(p, uid, 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(p, "key"), []byte("sk-secret"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	safe := mkdir("safe", 0o700, 0)
-	open := mkdir("open", 0o777, 0)
-	owned := mkdir("owned", 0o700, 65534)
-	sticky := mkdir("sticky", 0o777|os.ModeSticky, 0)
-	link := func(name string, uid int) string {
-		p := filepath.Join(dir, name)
-		if err := os.Symlink(safe, p); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Lchown(p, uid, 0); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	rootLink, userLink := link("root-link", 0), link("user-link", 65534)
+	p := rootdirtest.Make(t, "key", "sk-secret", 0o700)
+	safe, open, owned, sticky, rootLink, userLink := p.Safe, p.Open, p.Owned, p.Sticky, p.RootLink, p.UserLink
 	for _, ok := range []string{safe, sticky, rootLink} {
 		if b, err := ReadSecret(filepath.Join(ok, "key")); err != nil || string(b) != "sk-secret" {
 			t.Errorf("%s/key: %q %v", ok, b, err)

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/trialnet/trialnet/internal/rootdirtest"
 )
 
 func TestParse(t *testing.T) {
@@ -137,38 +139,8 @@ func TestCredentialsFileRefusesAParentOthersCanChange(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the checks need directories owned by root and by others: run as root")
 	}
-	dir := t.TempDir()
-	mkdir := func(name string, mode os.FileMode, uid int) string {
-		p := filepath.Join(dir, name)
-		if err := os.Mkdir(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chmod(p, mode); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Chown(p, uid, 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(p, "cred"), []byte("user:pw"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	safe := mkdir("safe", 0o700, 0)
-	open := mkdir("open", 0o777, 0)
-	owned := mkdir("owned", 0o755, 65534)
-	sticky := mkdir("sticky", 0o777|os.ModeSticky, 0)
-	link := func(name string, uid int) string {
-		p := filepath.Join(dir, name)
-		if err := os.Symlink(safe, p); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Lchown(p, uid, 0); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	rootLink, userLink := link("root-link", 0), link("user-link", 65534)
+	p := rootdirtest.Make(t, "cred", "user:pw", 0o755)
+	safe, open, owned, sticky, rootLink, userLink := p.Safe, p.Open, p.Owned, p.Sticky, p.RootLink, p.UserLink
 	for _, ok := range []string{safe, sticky, rootLink} {
 		if _, err := Load(Config{Address: "p.example:3128", CredentialsFile: filepath.Join(ok, "cred")}); err != nil {
 			t.Errorf("%s/cred: %v", ok, err)
