@@ -25,6 +25,7 @@ import (
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/dnsstub"
 	"github.com/trialnet/trialnet/internal/lname"
+	"github.com/trialnet/trialnet/internal/tcplisten"
 	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/netns"
 	"golang.org/x/sys/unix"
@@ -584,11 +585,11 @@ func listenTransparentHere() (transparentSockets, error) {
 
 // openTransparentSockets opens the stub's sockets and the steered
 // listener in the calling thread's namespace; on error, what it opened
-// is in s, for the caller to close. The listeners are plain TCP: a
-// sockmap holds no MPTCP socket, which Go listens with by default.
+// is in s, for the caller to close. The listeners are plain TCP (a
+// sockmap holds no MPTCP socket, which Go listens with by default) and
+// carry the clients' keepalive (tcplisten.Config).
 func openTransparentSockets() (s transparentSockets, err error) {
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(false)
+	lc := tcplisten.Config()
 	ctx := context.Background()
 	pc, err := lc.ListenPacket(ctx, "udp4", dnsstub.DefaultListen)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"runtime"
 
 	"github.com/trialnet/trialnet/internal/ident"
+	"github.com/trialnet/trialnet/internal/tcplisten"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -114,7 +115,7 @@ func CreateIn(dir, id string, loAddrs []netip.Prefix, in func(listen ListenFunc)
 // listenHere opens a listening socket in the calling thread's namespace,
 // which is n (CreateIn's in); it fails as Listen does.
 func (n *Namespace) listenHere(ctx context.Context, network, addr string) (net.Listener, error) {
-	ln, err := plainTCP().Listen(ctx, network, addr)
+	ln, err := tcplisten.Config().Listen(ctx, network, addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s %s in netns %s: %w", network, addr, n.ID, err)
 	}
@@ -305,24 +306,13 @@ func (n *Namespace) Listen(ctx context.Context, network, addr string) (net.Liste
 	var ln net.Listener
 	err := n.Do(func() error {
 		var err error
-		ln, err = plainTCP().Listen(ctx, network, addr)
+		ln, err = tcplisten.Config().Listen(ctx, network, addr)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s %s in netns %s: %w", network, addr, n.ID, err)
 	}
 	return ln, nil
-}
-
-// plainTCP makes the listeners in a Trial's namespace plain TCP. Go
-// listens with MPTCP by default, which serves no Trial (its seccomp
-// filter refuses the protocol, and Go and curl fall back to TCP), and
-// whose first use in a process costs a probe: an MPTCP socket and the
-// IP stack's capabilities, about 0.2 ms here.
-func plainTCP() *net.ListenConfig {
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(false)
-	return &lc
 }
 
 // EnterProcess runs fn on an OS thread that has joined the mount, PID and

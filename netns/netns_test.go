@@ -97,8 +97,8 @@ func TestPrivilegedCreateListenDelete(t *testing.T) {
 }
 
 // CreateIn's in runs inside the new namespace: the listener it opens
-// lives there, is plain TCP, and the thread goes back to the host's
-// namespace. When in fails, the namespace is removed.
+// lives there, is plain TCP with the clients' keepalive, and the thread
+// goes back to the host's namespace. When in fails, the namespace is removed.
 func TestPrivilegedCreateIn(t *testing.T) {
 	privtest.Require(t)
 	dir := t.TempDir()
@@ -117,19 +117,23 @@ func TestPrivilegedCreateIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	var cookie uint64
-	var proto int
-	var cerr, perr error
+	var proto, keepalive int
+	var cerr, perr, kerr error
 	if err := raw.Control(func(fd uintptr) {
 		cookie, cerr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
 		proto, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PROTOCOL)
-	}); err != nil || cerr != nil || perr != nil {
-		t.Fatal(err, cerr, perr)
+		keepalive, kerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+	}); err != nil || cerr != nil || perr != nil || kerr != nil {
+		t.Fatal(err, cerr, perr, kerr)
 	}
 	if cookie != ns.Cookie {
 		t.Fatalf("the listener in's namespace has cookie %d, want the new namespace's %d", cookie, ns.Cookie)
 	}
 	if proto != unix.IPPROTO_TCP {
 		t.Fatalf("the listener's protocol is %d, want plain TCP (%d): a Trial cannot open MPTCP sockets", proto, unix.IPPROTO_TCP)
+	}
+	if keepalive != 1 {
+		t.Fatal("the listener has no keepalive: its accepted sockets, which inherit it, would go without (Go no longer sets it per connection)")
 	}
 
 	failed := errors.New("in failed")

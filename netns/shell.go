@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/trialnet/trialnet/internal/tcplisten"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,7 +60,7 @@ func (h *Held) Listen(ctx context.Context, network, addr string) (net.Listener, 
 	var ln net.Listener
 	err := Do(h.Path(), func() error {
 		var err error
-		ln, err = plainTCP().Listen(ctx, network, addr)
+		ln, err = tcplisten.Config().Listen(ctx, network, addr)
 		return err
 	})
 	if err != nil {

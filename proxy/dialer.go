@@ -21,7 +21,7 @@ type Dialer interface {
 
 // keepalive settings for the upstream side of a tunnel: a dead peer is
 // noticed in about 2.5 minutes, while an idle but healthy tunnel (a long
-// model call) is never cut. The client side has its own (clientKeepalive).
+// model call) is never cut. The client side has its own (internal/tcplisten).
 var keepalive = net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, Interval: 10 * time.Second, Count: 9}
 
 // netDialer is the production Dialer. Its Control hook checks the address

@@ -22,6 +22,7 @@ import (
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/internal/procscale"
+	"github.com/trialnet/trialnet/internal/tcplisten"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/proxy"
 	"github.com/trialnet/trialnet/record"
@@ -79,7 +80,7 @@ func recordsTo(stdout, stderr io.Writer) record.Sink {
 func listenAll(ctx context.Context, listen []string) ([]net.Listener, error) {
 	var lns []net.Listener
 	for _, l := range listen {
-		ln, err := proxy.ListenConfig().Listen(ctx, "tcp", l)
+		ln, err := tcplisten.Config().Listen(ctx, "tcp", l)
 		if err != nil {
 			for _, o := range lns {
 				_ = o.Close()

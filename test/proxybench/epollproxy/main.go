@@ -29,7 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Keepalives as trialnet's (proxy/listen.go, proxy/dialer.go).
+// Keepalives as trialnet's (internal/tcplisten, proxy/dialer.go).
 var (
 	listenerOpts = [][3]int{
 		{syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1},

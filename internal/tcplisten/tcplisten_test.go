@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package tcplisten
 
 import (
 	"context"
@@ -11,18 +11,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestListenConfigClientKeepalive: a connection accepted on a
-// ListenConfig listener has the client side's keepalive (inherited from
+// TestConfigKeepalive: a connection accepted on a Config
+// listener has the client side's keepalive (inherited from
 // the listening socket, since Go no longer sets it per connection), and
 // the listener is plain TCP.
-func TestListenConfigClientKeepalive(t *testing.T) {
+func TestConfigKeepalive(t *testing.T) {
 	for _, network := range []string{"tcp4", "tcp6"} {
 		t.Run(network, func(t *testing.T) {
 			addr := "127.0.0.1:0"
 			if network == "tcp6" {
 				addr = "[::1]:0"
 			}
-			ln, err := ListenConfig().Listen(context.Background(), network, addr)
+			ln, err := Config().Listen(context.Background(), network, addr)
 			if err != nil {
 				t.Skipf("no %s loopback here: %v", network, err)
 			}
@@ -40,9 +40,9 @@ func TestListenConfigClientKeepalive(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer a.Close()
-			for _, o := range clientKeepalive {
-				if got := sockopt(t, a.(*net.TCPConn), o.level, o.opt); got != o.value {
-					t.Errorf("accepted socket: option %d/%d is %d, want %d", o.level, o.opt, got, o.value)
+			for _, o := range Keepalive {
+				if got := sockopt(t, a.(*net.TCPConn), o.Level, o.Opt); got != o.Value {
+					t.Errorf("accepted socket: option %d/%d is %d, want %d", o.Level, o.Opt, got, o.Value)
 				}
 			}
 		})
