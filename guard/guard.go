@@ -81,7 +81,9 @@ func classes(c addrClass, prefixes ...string) []prefixClass {
 }
 
 // metadata are well-known cloud metadata and platform service addresses;
-// they can never be allowed, whatever the configuration.
+// they can never be allowed, whatever the configuration. Most lie in
+// ranges an allowed CIDR may admit (link-local, unique-local, CGNAT), so
+// one missing here is reachable under such a CIDR.
 var metadata = classes(classMetadata,
 	"169.254.169.254/32", "169.254.169.253/32", "169.254.169.123/32", // AWS/GCP/Azure/OCI metadata, AWS DNS and time
 	"169.254.170.2/32", "169.254.170.23/32", // ECS task credentials, EKS pod identity
@@ -89,6 +91,14 @@ var metadata = classes(classMetadata,
 	"100.100.100.200/32",                                                              // Alibaba Cloud
 	"168.63.129.16/32",                                                                // Azure wireserver
 	"fd00:ec2::254/128", "fd00:ec2::253/128", "fd00:ec2::123/128", "fd00:ec2::23/128", // AWS IPv6 metadata, DNS, time, EKS
+	"169.254.42.42/32", "fd00:42::42/128", // Scaleway
+	"169.254.169.252/32",     // GKE's metadata server, behind 169.254.169.254
+	"fd20:ce::254/128",       // GCP IPv6 metadata
+	"fd00:c1::a9fe:a9fe/128", // OCI IPv6 metadata
+	"fe80::a9fe:a9fe/128",    // OpenStack IPv6 metadata
+	"fd00:a9fe:a9fe::1/128",  // Akamai (Linode) IPv6 metadata
+	"fd00:100::100:200/128",  // Alibaba Cloud IPv6 metadata
+	"192.0.0.192/32",         // Oracle Cloud Classic metadata
 )
 
 // special is the IANA special-purpose registry, most specific entries

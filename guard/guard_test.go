@@ -128,6 +128,41 @@ func TestGuardAllowCIDR(t *testing.T) {
 	}
 }
 
+// Cloud metadata addresses stay refused under allowed CIDRs that cover
+// them: Scaleway's 169.254.42.42 was reached through the proxy and
+// transparent mode under --allow-cidr 169.254.0.0/16.
+func TestGuardMetadataUnderAllowedCIDRs(t *testing.T) {
+	var allow []netip.Prefix
+	for _, s := range []string{"169.254.0.0/16", "100.64.0.0/10", "192.0.0.0/24", "fc00::/7", "fe80::/10"} {
+		p, err := CheckAllowCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allow = append(allow, p)
+	}
+	g := New(allow, fixedSet{})
+	if err := g.Check(netip.MustParseAddr("169.254.1.1")); err != nil {
+		t.Fatalf("169.254.1.1 under 169.254.0.0/16: %v (the CIDRs must admit their ranges for this test to mean anything)", err)
+	}
+	for _, addr := range []string{
+		"169.254.169.254", "169.254.169.253", "169.254.169.123", "169.254.170.2", "169.254.170.23", "169.254.0.23",
+		"100.100.100.200", "fd00:ec2::254", "fd00:ec2::23",
+		"169.254.42.42", "fd00:42::42", // Scaleway
+		"169.254.169.252",    // GKE
+		"fd20:ce::254",       // GCP IPv6
+		"fd00:c1::a9fe:a9fe", // OCI IPv6
+		"fe80::a9fe:a9fe",    // OpenStack IPv6
+		"fd00:a9fe:a9fe::1",  // Akamai (Linode) IPv6
+		"fd00:100::100:200",  // Alibaba IPv6
+		"192.0.0.192",        // Oracle Cloud Classic
+		"::ffff:169.254.42.42", "64:ff9b::169.254.42.42",
+	} {
+		if err := g.Check(netip.MustParseAddr(addr)); err == nil || !strings.Contains(err.Error(), "metadata") {
+			t.Errorf("%s: got %v, want refused as a cloud metadata address", addr, err)
+		}
+	}
+}
+
 // A host address set that cannot answer makes the guard refuse.
 func TestGuardFailsClosedWithoutHostAddrs(t *testing.T) {
 	g := New(nil, brokenSet{})
