@@ -124,6 +124,12 @@ func openReportFile(path, flag string, uid, gid uint32) (*reportSink, error) {
 		d.Close()
 		return nil, err
 	}
+	// Tried now, as the report is made when the Trial ends: a place no
+	// file can be made in is said before the Trial runs, not after it.
+	if err := rootdir.CanWriteAt(d, name); err != nil {
+		d.Close()
+		return nil, usageError{fmt.Sprintf("run: %s: trialnet cannot make a file in %s (%v), where the report is written when the Trial ends: give a directory on a filesystem root can write, such as %s", flag, strings.TrimSuffix(dir, "/"), err, suggestedReportDir)}
+	}
 	return &reportSink{path: abs, name: name, dir: d}, nil
 }
 

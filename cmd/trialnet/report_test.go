@@ -354,6 +354,34 @@ func TestPrivilegedReportOutOfTheTrialsReach(t *testing.T) {
 	})
 }
 
+// A report's place where no file can be made (a filesystem such as
+// /proc, a read-only mount) is refused before the Trial runs, not found
+// out when it ends and the run's report is lost.
+func TestPrivilegedReportPlaceTakesNoFile(t *testing.T) {
+	f := newReportFixture(t)
+	ro := privtest.SharedDir(t, "report-ro-") // root's 0755, outside /tmp: out of the Trial's reach
+	if err := unix.Chmod(ro, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", ro, "tmpfs", unix.MS_RDONLY, "size=64k,mode=755"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(ro, unix.MNT_DETACH) }) // before SharedDir's removal
+	ran := filepath.Join(f.shared, "ran")
+	for _, report := range []string{"/proc/sys/kernel/trialnet-report.json", "/proc/self/fd/1", filepath.Join(ro, "report.json")} {
+		code, _, errOut := trialnet("run", "--uid", "65534", "--report", report, "--", "touch", ran)
+		if code != exitUsage || !strings.Contains(errOut, "cannot make a file in") || !strings.Contains(errOut, suggestedReportDir) {
+			t.Errorf("--report %s: exit %d, want %d and the place named\n%s", report, code, exitUsage, errOut)
+		}
+		if _, err := os.Stat(ran); err == nil {
+			t.Fatalf("--report %s: the Trial ran", report)
+		}
+	}
+	if ents, err := os.ReadDir(ro); err != nil || len(ents) != 0 {
+		t.Fatalf("the read-only place holds %v (%v)", ents, err)
+	}
+}
+
 // A report's place moved while the Trial ran is said loudly, exit 125.
 func TestPrivilegedReportMovedDuringTheRun(t *testing.T) {
 	f := newReportFixture(t)

@@ -87,11 +87,31 @@ func WriteAt(dir *os.File, name string, data []byte, perm os.FileMode) (FileID, 
 	return writeAt(dir, name, data, perm, true)
 }
 
+// makeTemp makes a new file beside name in dfd, to be renamed to it.
+func makeTemp(dfd int, name string) (int, string, error) {
+	tmp := "." + name + ".tmp-" + rand.Text()[:8]
+	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	return fd, tmp, err
+}
+
+// CanWriteAt makes and removes the file WriteAt would first make for
+// name in dir: whether it could, told now rather than when the write
+// comes (a read-only filesystem, one such as /proc that makes no files,
+// a directory root may not write).
+func CanWriteAt(dir *os.File, name string) error {
+	dfd := int(dir.Fd())
+	fd, tmp, err := makeTemp(dfd, name)
+	if err != nil {
+		return err
+	}
+	_ = unix.Close(fd)
+	return unix.Unlinkat(dfd, tmp, 0)
+}
+
 // writeAt is WriteAt, syncing the file and the directory if durable.
 func writeAt(dir *os.File, name string, data []byte, perm os.FileMode, durable bool) (FileID, error) {
 	dfd := int(dir.Fd())
-	tmp := "." + name + ".tmp-" + rand.Text()[:8]
-	fd, err := unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	fd, tmp, err := makeTemp(dfd, name)
 	if err != nil {
 		return FileID{}, err
 	}
