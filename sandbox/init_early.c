@@ -774,7 +774,11 @@ static int hide_v1_tree(char **own, int nown, uint64_t *placed, int *nplaced) {
 static void hide_v1(char **own, int nown) {
 	uint64_t placed[V1_MAX];
 	int nplaced = 0;
-	for (int acted = 1; acted;) {
+	for (int acted = 1, pass = 0; acted; pass++) {
+		// Each pass uncovers what the last detached: a host has not this
+		// many layers, so more means a walk that no longer ends.
+		if (pass == V1_MAX)
+			mask_fail(ELOOP, "hide the cgroup v1 hierarchies (the mount table still changed after %d passes over it)", V1_MAX);
 		int tree = hide_v1_tree(own, nown, placed, &nplaced);
 		if (tree < 0)
 			return;

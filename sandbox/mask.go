@@ -195,7 +195,12 @@ func maskHost(nested bool, hide, v1 []string, hostShm uint64) error {
 // (one covered is reached once what covers it is gone).
 func hideV1(own []string) error {
 	placed := map[uint64]bool{} // the mounts of the Trial's groups
-	for {
+	for pass := 0; ; pass++ {
+		// Each pass uncovers what the last detached: a host has not this
+		// many layers, so more means a walk that no longer ends.
+		if pass == v1Max {
+			return maskErr("hide the cgroup v1 hierarchies", fmt.Sprintf("the mount table still changed after %d passes over it", v1Max), unix.ELOOP)
+		}
 		acted, left, err := hideV1Tree(own, placed)
 		if err != nil || !left {
 			return err
@@ -245,6 +250,9 @@ func hideV1(own []string) error {
 }
 
 const v1Why = "to hide the host's cgroup v1 hierarchy there"
+
+// v1Max bounds the passes of hideV1 (the init's V1_MAX).
+const v1Max = 64
 
 // v1Entry is a mount of the table as hideV1Tree judges it.
 type v1Entry struct {
