@@ -155,6 +155,11 @@ type Result struct {
 // which the hook is run for a container that ended.
 const statusStopped = "stopped"
 
+// statusRunning is the state's status once the container's process has
+// started: at poststart, never at createRuntime (runc says creating,
+// crun created).
+const statusRunning = "running"
+
 // restoring: the runtime runs the hook for a container restored from a
 // checkpoint, not for one that ended. runc runs prestart and
 // createRuntime hooks for a restore (CRIU's setup-namespaces) with the
@@ -217,6 +222,10 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		return refuse(fmt.Sprintf("it names both a Trial (%s) and a profile (%s): annotate one", AnnotationTrial, AnnotationProfile))
 	case st.Pid <= 0:
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
+	case st.Status == statusRunning:
+		// poststart (runc 1.2 and later, crun): its process has run
+		// unjudged, on whatever network its bundle gave it.
+		return refuse("the OCI state says it is running: the hook ran after its process started (poststart), and must run at the createRuntime stage, before its first instruction")
 	}
 	cfg.podShm = h.podShm(cfg.Annotations[AnnotationSandboxID])
 	h.data = &runtimeData{roots: h.storageRoots(), own: []string{st.ID}}

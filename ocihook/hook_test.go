@@ -1303,3 +1303,19 @@ func TestHookRefusesARestore(t *testing.T) {
 		t.Errorf("an unclaimed restore in a Trial: %v", err)
 	}
 }
+
+// A claimed container is judged before its first instruction: a hook
+// run at poststart (runc 1.2 and later, crun: status running) comes
+// after its process ran unjudged, and refuses it; crun's createRuntime
+// says created, runc's creating.
+func TestHookRefusesARunningContainer(t *testing.T) {
+	w := newContainerWorld(t)
+	ann := map[string]string{AnnotationTrial: "eval-1"}
+	for status, ok := range map[string]bool{"creating": true, "created": true, "running": false} {
+		b, _ := json.Marshal(State{OCIVersion: "1.0.2", ID: "c1", Status: status, Pid: testPID, Bundle: w.bundle, Annotations: ann})
+		_, err := w.run(string(b))
+		if ok != (err == nil) || err != nil && !strings.Contains(err.Error(), "must run at the createRuntime stage") {
+			t.Errorf("status %s: %v", status, err)
+		}
+	}
+}
