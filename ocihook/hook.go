@@ -223,7 +223,7 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 	case st.Pid <= 0:
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
 	case st.Status == statusRunning:
-		// poststart (runc 1.2 and later, crun): its process has run
+		// poststart (crun, runc's main branch): its process has run
 		// unjudged, on whatever network its bundle gave it.
 		return refuse("the OCI state says it is running: the hook ran after its process started (poststart), and must run at the createRuntime stage, before its first instruction")
 	}

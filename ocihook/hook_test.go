@@ -1305,7 +1305,7 @@ func TestHookRefusesARestore(t *testing.T) {
 }
 
 // A claimed container is judged before its first instruction: a hook
-// run at poststart (runc 1.2 and later, crun: status running) comes
+// run at poststart (crun, and runc's main branch: status running) comes
 // after its process ran unjudged, and refuses it; crun's createRuntime
 // says created, runc's creating.
 func TestHookRefusesARunningContainer(t *testing.T) {
