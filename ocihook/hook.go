@@ -155,6 +155,25 @@ type Result struct {
 // which the hook is run for a container that ended.
 const statusStopped = "stopped"
 
+// statusRunning is the state's status once the container's process has
+// started: at poststart, never at createRuntime (runc says creating,
+// crun created).
+const statusRunning = "running"
+
+// restoring: the runtime runs the hook for a container restored from a
+// checkpoint, not for one that ended. runc runs prestart and
+// createRuntime hooks for a restore (CRIU's setup-namespaces) with the
+// status stopped, since no init of its own is recorded yet, and the
+// restored process's pid; at poststop a runtime gives no pid (runc,
+// crun) or one that is gone.
+func (h *Hook) restoring(st State) bool {
+	if st.Status != statusStopped || st.Pid <= 0 {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(h.proc(), strconv.Itoa(st.Pid)))
+	return err == nil
+}
+
 // Run reads the runtime's state from stdin and checks the container.
 // A nil error lets the runtime start it.
 func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
@@ -182,13 +201,18 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		}
 		return Result{}, nil
 	}
+	refuse := func(reasons ...string) (Result, error) {
+		return Result{}, &Refusal{Container: st.ID, Trial: cl.trial, Reasons: reasons}
+	}
+	if h.restoring(st) {
+		// Read as a poststop, it would pass unjudged, with the network
+		// namespace and cgroup the checkpoint's and its bundle's.
+		return refuse(fmt.Sprintf("the runtime is restoring it from a checkpoint (status %s, process %d): a restored container is not judged as a created one, and neither the hook nor trialnet oci-runtime places it in its Trial; start it anew instead", st.Status, st.Pid))
+	}
 	if st.Status == statusStopped {
 		return h.ended(ctx, st)
 	}
 	h = h.resolved()
-	refuse := func(reasons ...string) (Result, error) {
-		return Result{}, &Refusal{Container: st.ID, Trial: cl.trial, Reasons: reasons}
-	}
 	switch {
 	case cfgErr != nil:
 		return refuse(cfgErr.Error())
@@ -198,6 +222,10 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 		return refuse(fmt.Sprintf("it names both a Trial (%s) and a profile (%s): annotate one", AnnotationTrial, AnnotationProfile))
 	case st.Pid <= 0:
 		return refuse(fmt.Sprintf("the OCI state has no container process (pid %d): the hook must run at the createRuntime stage", st.Pid))
+	case st.Status == statusRunning:
+		// poststart (crun, runc's main branch): its process has run
+		// unjudged, on whatever network its bundle gave it.
+		return refuse("the OCI state says it is running: the hook ran after its process started (poststart), and must run at the createRuntime stage, before its first instruction")
 	}
 	cfg.podShm = h.podShm(cfg.Annotations[AnnotationSandboxID])
 	h.data = &runtimeData{roots: h.storageRoots(), own: []string{st.ID}}
@@ -242,10 +270,10 @@ func (h *Hook) Run(ctx context.Context, stdin io.Reader) (Result, error) {
 
 // unclaimed refuses a container that claims no Trial but is in one, or
 // shares one's namespace (Places.Unclaimed): by its spec, and at
-// createRuntime by its process as the kernel has it. At poststop it
-// ended: nothing to judge.
+// createRuntime (or a restore's) by its process as the kernel has it.
+// At poststop it ended: nothing to judge.
 func (h *Hook) unclaimed(st State, cfg *config) []string {
-	if st.Status == statusStopped {
+	if st.Status == statusStopped && !h.restoring(st) {
 		return nil
 	}
 	var mount string

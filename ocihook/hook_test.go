@@ -1267,3 +1267,55 @@ func TestHookRefusesAgentDirsInTheConfig(t *testing.T) {
 		})
 	}
 }
+
+// runc runs prestart and createRuntime hooks for a restore from a
+// checkpoint with the status stopped and the restored process's pid. Read
+// as a poststop, the container would pass unjudged: a claimed one is
+// refused, an unclaimed one judged as at createRuntime.
+func TestHookRefusesARestore(t *testing.T) {
+	restore := func(w *world, ann map[string]string, pid int) string {
+		b, _ := json.Marshal(State{OCIVersion: "1.0.2", ID: "c1", Status: "stopped", Pid: pid, Bundle: w.bundle, Annotations: ann})
+		return string(b)
+	}
+	for _, ann := range []map[string]string{{AnnotationTrial: "eval-1"}, {AnnotationProfile: "claude"}} {
+		w := newContainerWorld(t)
+		c := goodConfig()
+		c["annotations"] = ann
+		w.writeConfig(c)
+		_, err := w.run(restore(w, ann, testPID))
+		if err == nil || !strings.Contains(err.Error(), "restoring it from a checkpoint") {
+			t.Errorf("%v: a restore: %v", ann, err)
+		}
+		if w.agent.calls != 0 {
+			t.Errorf("%v: a restore reached the agent %d times (ended %v)", ann, w.agent.calls, w.agent.ended)
+		}
+		// A poststop whose process is gone is one still.
+		if _, err := w.run(restore(w, ann, testPID+1)); err != nil || len(w.agent.ended) != 1 {
+			t.Errorf("%v: a poststop with a pid that is gone: %v, ended %v", ann, err, w.agent.ended)
+		}
+	}
+	// Unclaimed, its process in a Trial's cgroup.
+	w := newContainerWorld(t)
+	c := goodConfig()
+	delete(c, "annotations")
+	w.writeConfig(c)
+	if _, err := w.run(restore(w, nil, testPID)); err == nil || !strings.Contains(err.Error(), "claims no Trial but its process is in Trial eval-1") {
+		t.Errorf("an unclaimed restore in a Trial: %v", err)
+	}
+}
+
+// A claimed container is judged before its first instruction: a hook
+// run at poststart (crun, and runc's main branch: status running) comes
+// after its process ran unjudged, and refuses it; crun's createRuntime
+// says created, runc's creating.
+func TestHookRefusesARunningContainer(t *testing.T) {
+	w := newContainerWorld(t)
+	ann := map[string]string{AnnotationTrial: "eval-1"}
+	for status, ok := range map[string]bool{"creating": true, "created": true, "running": false} {
+		b, _ := json.Marshal(State{OCIVersion: "1.0.2", ID: "c1", Status: status, Pid: testPID, Bundle: w.bundle, Annotations: ann})
+		_, err := w.run(string(b))
+		if ok != (err == nil) || err != nil && !strings.Contains(err.Error(), "must run at the createRuntime stage") {
+			t.Errorf("status %s: %v", status, err)
+		}
+	}
+}

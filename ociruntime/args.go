@@ -31,11 +31,22 @@ var createOpts = sync.OnceValue(func() map[string]bool {
 	}
 })
 
+// The options of runc restore (runc 1.1), true for those that take a
+// value.
+var restoreOpts = sync.OnceValue(func() map[string]bool {
+	return map[string]bool{
+		"bundle": true, "b": true, "console-socket": true, "pid-file": true, "image-path": true, "work-path": true,
+		"manage-cgroups-mode": true, "empty-ns": true, "lsm-profile": true, "lsm-mount-context": true,
+		"tcp-established": false, "ext-unix-sk": false, "shell-job": false, "file-locks": false, "detach": false, "d": false,
+		"no-subreaper": false, "no-pivot": false, "auto-dedup": false, "lazy-pages": false, "help": false, "h": false,
+	}
+})
+
 // invocation is one runc command line as the wrapper reads it.
 type invocation struct {
 	args    []string
 	command string // "": none (runc --version)
-	// Of create and run only:
+	// Of create, run and restore only:
 	bundle  string // "": the working directory
 	id      string
 	log     string // the --log file, where the caller looks for runc's last error
@@ -48,6 +59,10 @@ type invocation struct {
 
 // creates: the command makes a container from a bundle.
 func (inv *invocation) creates() bool { return inv.command == "create" || inv.command == "run" }
+
+// restores: the command makes a container from a bundle and a
+// checkpoint's image.
+func (inv *invocation) restores() bool { return inv.command == "restore" }
 
 // option reads the option at args[i] (one or two dashes, a value after
 // = or in the next word, as Go's flag package and so runc's CLI read
@@ -73,9 +88,9 @@ func option(args []string, i int, known map[string]bool) (name, value string, la
 	return name, value, i, nil
 }
 
-// parseArgs finds the subcommand and, for create and run, the bundle,
-// the container id and the log file. Every other subcommand passes on
-// unread.
+// parseArgs finds the subcommand and, for create, run and restore, the
+// bundle, the container id and the log file. Every other subcommand
+// passes on unread.
 func parseArgs(args []string) (*invocation, error) {
 	inv := &invocation{args: args}
 	i := 0
@@ -101,7 +116,11 @@ func parseArgs(args []string) (*invocation, error) {
 	if inv.command == "exec" {
 		return inv, inv.parseExec(args[i+1:])
 	}
-	if !inv.creates() {
+	opts := createOpts()
+	switch {
+	case inv.restores():
+		opts = restoreOpts()
+	case !inv.creates():
 		return inv, nil
 	}
 	// runc reads options after the container id too (its CLI moves them
@@ -115,7 +134,7 @@ func parseArgs(args []string) (*invocation, error) {
 			}
 			i = len(args)
 		case strings.HasPrefix(a, "-") && a != "-":
-			name, value, last, err := option(args, i, createOpts())
+			name, value, last, err := option(args, i, opts)
 			if err != nil {
 				return nil, fmt.Errorf("runc %s: %w", inv.command, err)
 			}

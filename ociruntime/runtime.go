@@ -56,7 +56,8 @@ type Wrapper struct {
 
 // Prepare returns the command line to run runc with. For a create (or
 // run) of a container that names a Trial it has rewritten the bundle
-// first; an error refuses the command, which must then not run.
+// first; a restore of one it refuses. An error refuses the command,
+// which must then not run.
 func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) {
 	inv, err := parseArgs(args)
 	if err != nil {
@@ -65,7 +66,7 @@ func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) 
 	if inv.command == "exec" {
 		return args, inv.checkExec()
 	}
-	if !inv.creates() {
+	if !inv.creates() && !inv.restores() {
 		return args, nil
 	}
 	dir := inv.bundle
@@ -88,6 +89,12 @@ func (w *Wrapper) Prepare(ctx context.Context, args []string) ([]string, error) 
 			return nil, &ocihook.Refusal{Container: inv.id, Reasons: why}
 		}
 		return args, nil
+	}
+	if inv.restores() {
+		// Passed on, runc would restore it as its engine wrote the bundle
+		// (Docker's network, a cgroup outside the Trial), with no hook.
+		return nil, &ocihook.Refusal{Container: inv.id, Trial: c.trial, Reasons: []string{
+			"it claims a Trial and is being restored from a checkpoint (runc restore, docker start --checkpoint): a restored container is not placed in its Trial nor judged by the hook; start it anew instead"}}
 	}
 	out := args
 	if c.trial != "" {

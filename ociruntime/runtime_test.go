@@ -543,3 +543,37 @@ func TestPrepareRefusesAPrivilegedExec(t *testing.T) {
 		}
 	}
 }
+
+// runc restore makes a container from a bundle too (docker start
+// --checkpoint): passed on unread, one that claims a Trial would run as
+// its engine wrote it, on Docker's network and outside the Trial's
+// cgroup, with no hook. It is refused; one that claims none is judged as
+// at a create.
+func TestPrepareRefusesARestore(t *testing.T) {
+	restore := func(dir string) []string {
+		// As containerd's go-runc passes it.
+		return []string{"--root", "/r", "--log", "/l", "--log-format", "json", "restore", "--image-path", "/img", "--work-path", "/w",
+			"--tcp-established", "--pid-file", "/p", "--no-subreaper", "--detach", "--bundle", dir, ctr}
+	}
+	for _, path := range []string{"trialnet-eval-42.slice/" + ctr, "trialnet-eval-42.slice:docker:" + ctr} {
+		dir := dockerBundle(t, path, nil)
+		before := readDoc(t, dir)
+		a := &fakeAgent{info: eval42}
+		_, err := newWrapper(a).Prepare(context.Background(), restore(dir))
+		if err == nil || !strings.Contains(err.Error(), "restored from a checkpoint") {
+			t.Errorf("%s: a restore: %v", path, err)
+		}
+		if jsonOf(before) != jsonOf(readDoc(t, dir)) || len(a.asks) != 0 {
+			t.Errorf("%s: the bundle was rewritten or the agent asked (%q)", path, a.asks)
+		}
+	}
+	a := &fakeAgent{err: errors.New("no agent")}
+	dir := dockerBundle(t, "/docker/"+ctr, nil)
+	if out, err := newWrapper(a).Prepare(context.Background(), restore(dir)); err != nil || !slices.Equal(out, restore(dir)) {
+		t.Errorf("a restore that claims no Trial: %q, %v", out, err)
+	}
+	dir = dockerBundle(t, "/trialnet/eval-42/"+ctr, nil)
+	if _, err := newWrapper(a).Prepare(context.Background(), restore(dir)); err == nil || !strings.Contains(err.Error(), "in Trial eval-42's cgroup") {
+		t.Errorf("a restore that claims no Trial, in a Trial's cgroup: %v", err)
+	}
+}
