@@ -34,9 +34,16 @@ type servedAgent struct {
 
 func startServedAgent(b *testing.B, e *env) *servedAgent {
 	b.Helper()
-	dir := b.TempDir()
-	bin := filepath.Join(dir, "trialnet")
+	bin := filepath.Join(b.TempDir(), "trialnet")
 	testkit.BuildTrialnet(b, filepath.Join("..", ".."), bin)
+	return startServedAgentBin(b, e, bin)
+}
+
+// startServedAgentBin is startServedAgent with the trialnet build bin:
+// another commit's, to compare with this tree's in one run.
+func startServedAgentBin(b *testing.B, e *env, bin string) *servedAgent {
+	b.Helper()
+	dir := b.TempDir()
 	host := testenv.IsolatedHost(b, "scale")
 	// The state directory on a tmpfs, as a deployed agent's (/run) is:
 	// /tmp is ext4 here, whose inode allocation for each Trial's files
