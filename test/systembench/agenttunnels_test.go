@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,19 +45,15 @@ const (
 // opens tunnels to the test host's one-byte echo: 2,000 one at a time
 // (the agent's CPU per tunnel from its /proc/PID/stat, its threads'
 // context switches per tunnel, handshake p50), then 4,000 over 64
-// clients (tunnels/s, CPU per tunnel). Each iteration is one round with
-// both builds, the order alternated round by round; the log has every
-// round's figures and this tree's ratio to the baseline (printed), the
-// metrics the medians. Run with -benchtime Nx for N rounds.
+// clients (tunnels/s, CPU per tunnel); then, while the helper floods the
+// agent with 64 clients, another Trial's create → command → first byte
+// → destroy, four times. Each iteration is one round with both builds,
+// the order alternated round by round; every round's figures and this
+// tree's ratio to the baseline are printed, the metrics are medians. Run with -benchtime Nx for N rounds.
 func BenchmarkAgentTunnels(b *testing.B) {
 	e := setupHost(b)
 	serveOneEcho(b, e)
-	helper := filepath.Join(filepath.Dir(e.bin), "tunnels")
-	build := exec.Command("go", "build", "-o", helper, "./tunnels")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("build tunnels: %v\n%s", err, out)
-	}
+	helper := buildTunnels(b, e)
 	bin := filepath.Join(b.TempDir(), "trialnet")
 	testkit.BuildTrialnet(b, filepath.Join("..", ".."), bin)
 	builds := []*tunnelBench{{name: "this tree", bin: bin}}
@@ -74,6 +71,7 @@ func BenchmarkAgentTunnels(b *testing.B) {
 			t := builds[(i+round)%len(builds)]
 			seq, conc := t.measure(b, agentSeqTunnels, 1), t.measure(b, agentConcTunnels, agentConcClients)
 			t.rounds = append(t.rounds, [2]tunnelRun{seq, conc})
+			t.cycles = append(t.cycles, t.cyclesUnderFlood(b, round))
 		}
 		round++
 	}
@@ -92,6 +90,37 @@ func BenchmarkAgentTunnels(b *testing.B) {
 				n[0].cpuPer/o[0].cpuPer, n[0].switches/o[0].switches, n[0].p50/o[0].p50, n[1].rate/o[1].rate, n[1].cpuPer/o[1].cpuPer)
 		}
 		fmt.Println(line)
+	}
+	// Another Trial's cycle during a flood: each build's median per
+	// round, and over all rounds.
+	roundMedian := func(d []time.Duration) float64 {
+		ms := make([]float64, len(d))
+		for i, v := range d {
+			ms[i] = float64(v.Microseconds()) / 1000
+		}
+		return median(ms)
+	}
+	var cycleRatios []float64
+	for r := range round {
+		line := fmt.Sprintf("round %d, another Trial's cycle during a 64-client flood, median:", r+1)
+		for _, t := range builds {
+			line += fmt.Sprintf(" %s %.1f ms;", t.name, roundMedian(t.cycles[r]))
+		}
+		if len(builds) == 2 {
+			cycleRatios = append(cycleRatios, roundMedian(builds[0].cycles[r])/roundMedian(builds[1].cycles[r]))
+			line += fmt.Sprintf(" ratio %.2f×", cycleRatios[r])
+		}
+		fmt.Println(line)
+	}
+	for _, t := range builds {
+		prefix := ""
+		if t.name == "baseline" {
+			prefix = "baseline-"
+		}
+		b.ReportMetric(roundMedian(slices.Concat(t.cycles...)), prefix+"flood-cycle-p50-ms")
+	}
+	if len(builds) == 2 {
+		b.ReportMetric(median(cycleRatios), "ratio-flood-cycle-p50-ms")
 	}
 	figures := []struct {
 		unit string
@@ -131,7 +160,44 @@ type tunnelBench struct {
 	name, bin, helper string
 	a                 *servedAgent
 	tr                *sandbox.Launcher
-	rounds            [][2]tunnelRun // sequential, concurrent
+	rounds            [][2]tunnelRun    // sequential, concurrent
+	cycles            [][]time.Duration // per round
+}
+
+// floodCycles is how many other Trials' cycles are timed per round
+// during a flood.
+const floodCycles = 4
+
+// cyclesUnderFlood times create → command → first byte → destroy of
+// other Trials (BenchmarkScale's cycle) while the tunnels helper floods
+// the agent from t's Trial with 64 clients: the agent's own work under
+// a Trial's load.
+func (t *tunnelBench) cyclesUnderFlood(b *testing.B, round int) []time.Duration {
+	flood, err := t.tr.Start(sandbox.Command{Args: []string{t.helper, agent.ProxyEndpoints[0].String(), oneEchoTarget, "10000000", strconv.Itoa(agentConcClients)},
+		UID: 65534, GID: 65534, Stderr: io.Discard})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() { _, _ = flood.Wait(); close(ended) }()
+	time.Sleep(200 * time.Millisecond) // the flood under way
+	var out []time.Duration
+	for i := range floodCycles {
+		var took [4]time.Duration
+		t0 := time.Now()
+		if err := cycle(t.a, fmt.Sprintf("flood-%d-%d", round, i), &took); err != nil {
+			b.Fatalf("%s: a Trial's cycle during the flood: %v", t.name, err)
+		}
+		out = append(out, time.Since(t0))
+	}
+	select {
+	case <-ended:
+		b.Fatalf("%s: the flood ended before the cycles did", t.name)
+	default:
+	}
+	_ = flood.Signal(syscall.SIGKILL)
+	<-ended
+	return out
 }
 
 // tunnelRun is one batch of tunnels: the agent's CPU per tunnel, the
@@ -218,8 +284,20 @@ func procCPU(b *testing.B, pid int) time.Duration {
 	return time.Duration(ticks) * time.Second / 100 // USER_HZ: always 100 in /proc
 }
 
+// buildTunnels builds the tunnels helper beside firstbyte (static,
+// readable by everyone) and returns its path.
+func buildTunnels(tb testing.TB, e *env) string {
+	helper := filepath.Join(filepath.Dir(e.bin), "tunnels")
+	build := exec.Command("go", "build", "-o", helper, "./tunnels")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		tb.Fatalf("build tunnels: %v\n%s", err, out)
+	}
+	return helper
+}
+
 // serveOneEcho serves oneEchoPort on the test host.
-func serveOneEcho(b *testing.B, e *env) {
+func serveOneEcho(b testing.TB, e *env) {
 	ln, err := e.host.NS.Listen(context.Background(), "tcp", netip.AddrPortFrom(e.host.Addr4, oneEchoPort).String())
 	if err != nil {
 		b.Fatal(err)
