@@ -23,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/cli"
+	"github.com/trialnet/trialnet/internal/procscale"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/keeper"
@@ -116,6 +117,9 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		PIDFile:        *pidFile,
 	}
 	restarts(&sc, file, *keeperSock)
+	// One P while the Trials' load fits on one CPU, as `trialnet proxy`
+	// does: see internal/procscale and docs/performance.md.
+	go procscale.Run(ctx)
 	err = agent.Serve(ctx, sc)
 	if err != nil {
 		return cli.Fail(stdout, stderr, false, exitFailure, err)
