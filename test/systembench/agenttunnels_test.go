@@ -49,7 +49,8 @@ const (
 // agent with 64 clients, another Trial's create → command → first byte
 // → destroy, four times. Each iteration is one round with both builds,
 // the order alternated round by round; every round's figures and this
-// tree's ratio to the baseline are printed, the metrics are medians. Run with -benchtime Nx for N rounds.
+// tree's ratio to the baseline are printed, the metrics are medians.
+// Run with -benchtime Nx for N rounds.
 func BenchmarkAgentTunnels(b *testing.B) {
 	e := setupHost(b)
 	serveOneEcho(b, e)
