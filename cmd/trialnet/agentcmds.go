@@ -115,11 +115,13 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Upgrade:        usr2,
 		DrainTimeout:   *drain,
 		PIDFile:        *pidFile,
+		// One P while the Trials' load fits on one CPU, as `trialnet
+		// proxy` does (internal/procscale, docs/performance.md); from
+		// when it serves, so that loading eBPF and adopting Trials keep
+		// every P.
+		Serving: func() { go procscale.Run(ctx) },
 	}
 	restarts(&sc, file, *keeperSock)
-	// One P while the Trials' load fits on one CPU, as `trialnet proxy`
-	// does: see internal/procscale and docs/performance.md.
-	go procscale.Run(ctx)
 	err = agent.Serve(ctx, sc)
 	if err != nil {
 		return cli.Fail(stdout, stderr, false, exitFailure, err)
