@@ -174,6 +174,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 	$(GO) test -run '^$$' -bench 'NextCommand' -benchtime 500x ./test/systembench
 	$(GO) test -v -run '^$$' -bench 'Scale' -benchtime 1x -timeout 20m ./test/systembench
 	$(GO) test -run '^$$' -bench 'TransparentVsConnect' -benchtime 500x ./test/systembench
+	$(GO) test -run '^$$' -bench 'AgentTunnels' -benchtime 4x ./test/systembench
 	$(GO) test -run '^$$' -bench 'AgentRestart' -benchtime 5x ./cmd/trialnet
 	$(GO) test -run '^$$' -bench 'Keeper' -benchmem ./keeper
 	$(GO) test -run '^$$' -bench 'ContainerStart' -benchtime 20x ./test/containers

@@ -50,6 +50,9 @@ type ServeConfig struct {
 	SpawnKeeper bool
 	// PIDFile, if set, gets this process's pid once it serves.
 	PIDFile string
+	// Serving, if set, is called once the agent serves (as PIDFile is
+	// written): what should not slow its start begins there.
+	Serving func()
 	// DrainTimeout bounds how long this agent, once it has handed over,
 	// serves its open tunnels before it cuts them; 0: DefaultDrainTimeout.
 	DrainTimeout time.Duration
@@ -170,6 +173,9 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		if err := os.WriteFile(cfg.PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
 			a.log.Warn("pid file not written: health --pid-file will not find this agent ready", "path", cfg.PIDFile, "error", err)
 		}
+	}
+	if cfg.Serving != nil {
+		cfg.Serving()
 	}
 	sdNotify(fmt.Sprintf("READY=1\nMAINPID=%d", os.Getpid()))
 	a.log.Info("trialnet agent ready", "socket", d.sock, "trials", len(a.list()), "metrics", cfg.MetricsAddr, "pid", os.Getpid())

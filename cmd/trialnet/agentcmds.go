@@ -23,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/cli"
+	"github.com/trialnet/trialnet/internal/procscale"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/keeper"
@@ -114,6 +115,11 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		Upgrade:        usr2,
 		DrainTimeout:   *drain,
 		PIDFile:        *pidFile,
+		// One P while the Trials' load fits on one CPU, as `trialnet
+		// proxy` does (internal/procscale, docs/performance.md); from
+		// when it serves, so that loading eBPF and adopting Trials keep
+		// every P.
+		Serving: func() { go procscale.Run(ctx) },
 	}
 	restarts(&sc, file, *keeperSock)
 	err = agent.Serve(ctx, sc)

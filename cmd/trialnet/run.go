@@ -18,6 +18,7 @@ import (
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/cli"
+	"github.com/trialnet/trialnet/internal/procscale"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
@@ -221,7 +222,11 @@ func (f *runFlags) trials(ctx context.Context) (_ client.Trials, closeTrials fun
 	if err != nil {
 		return nil, nil, exitFailure, err
 	}
-	return a, func() { a.Close(true) }, exitOK, nil
+	// The embedded agent serves the Trial's proxy: one P while that fits
+	// on one CPU, as a running agent does.
+	scaleCtx, stopScale := context.WithCancel(ctx)
+	go procscale.Run(scaleCtx)
+	return a, func() { stopScale(); a.Close(true) }, exitOK, nil
 }
 
 // runErrCode is the exit code of a run that never got CMD going: the

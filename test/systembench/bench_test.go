@@ -92,7 +92,7 @@ var benchLimits = trial.Limits{ProxyLimits: trial.ProxyLimits{ConnectRate: 1e6, 
 
 // setupHost is the test host (echo, HTTP and DNS servers) and the
 // firstbyte binary, without an agent.
-func setupHost(b *testing.B) *env {
+func setupHost(b testing.TB) *env {
 	b.Helper()
 	privtest.Require(b)
 	e := &env{host: testhost.NewT(b, 240)}

@@ -34,9 +34,17 @@ type servedAgent struct {
 
 func startServedAgent(b *testing.B, e *env) *servedAgent {
 	b.Helper()
-	dir := b.TempDir()
-	bin := filepath.Join(dir, "trialnet")
+	bin := filepath.Join(b.TempDir(), "trialnet")
 	testkit.BuildTrialnet(b, filepath.Join("..", ".."), bin)
+	return startServedAgentBin(b, e, bin)
+}
+
+// startServedAgentBin is startServedAgent with the trialnet build bin
+// (another commit's, to compare with this tree's in one run) and more
+// arguments to its agent command.
+func startServedAgentBin(b testing.TB, e *env, bin string, args ...string) *servedAgent {
+	b.Helper()
+	dir := b.TempDir()
 	host := testenv.IsolatedHost(b, "scale")
 	// The state directory on a tmpfs, as a deployed agent's (/run) is:
 	// /tmp is ext4 here, whose inode allocation for each Trial's files
@@ -74,7 +82,7 @@ func startServedAgent(b *testing.B, e *env) *servedAgent {
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		b.Fatal(err)
 	}
-	a.cmd = exec.Command(bin, "agent", "--config", conf)
+	a.cmd = exec.Command(bin, append([]string{"agent", "--config", conf}, args...)...)
 	a.cmd.Stdout, a.cmd.Stderr = log, log
 	if err := a.cmd.Start(); err != nil {
 		b.Fatal(err)
