@@ -23,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/handover"
 	"github.com/trialnet/trialnet/internal/fdpass"
 	"github.com/trialnet/trialnet/internal/lname"
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/keeper"
 	"github.com/trialnet/trialnet/sandbox"
 )
@@ -170,7 +171,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		kc.Put([]string{lname.MetricsName().String()}, nil, []net.Listener{d.met}) // each Trial's went when it was served
 	}
 	if cfg.PIDFile != "" {
-		if err := os.WriteFile(cfg.PIDFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		if err := writePIDFile(cfg.PIDFile); err != nil {
 			a.log.Warn("pid file not written: health --pid-file will not find this agent ready", "path", cfg.PIDFile, "error", err)
 		}
 	}
@@ -601,6 +602,15 @@ func (d *daemon) spawnSuccessor() {
 			d.a.log.Error("upgrade: the new agent exited", "pid", cmd.Process.Pid, "error", err)
 		}
 	}()
+}
+
+// writePIDFile puts this process's pid in path by way of a new file
+// renamed over it: a symlink or hard link someone planted at the name (a
+// --pid-file in a directory others can write, such as /tmp) is replaced,
+// never written through, so the agent, which is root, overwrites no file
+// of its choosing.
+func writePIDFile(path string) error {
+	return rootdir.WriteFileAtomic(path, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
 }
 
 // sdNotify tells systemd (Type=notify) the agent's state, when it runs

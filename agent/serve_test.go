@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -49,5 +50,31 @@ func TestPrivilegedMetricsPortInUseFailsStart(t *testing.T) {
 	}
 	if recs, _ := os.ReadDir(host.StateDir); len(recs) > 0 {
 		t.Errorf("state left in %s: %v", host.StateDir, recs)
+	}
+}
+
+// --pid-file in a directory others can write (/tmp/agent.pid): a symlink
+// or hard link planted at the name is replaced, and the file it leads to
+// (root's /etc/passwd, for the agent) is left as it was. Seen red with
+// writePIDFile as os.WriteFile: both victims held the pid.
+func TestPIDFileFollowsNoLink(t *testing.T) {
+	for _, plant := range []func(string, string) error{os.Symlink, os.Link} {
+		dir, victim := t.TempDir(), filepath.Join(t.TempDir(), "victim")
+		if err := os.WriteFile(victim, []byte("precious\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "agent.pid")
+		if err := plant(victim, path); err != nil {
+			t.Fatal(err)
+		}
+		if err := writePIDFile(path); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(victim); err != nil || string(b) != "precious\n" {
+			t.Errorf("the pid was written through the link at %s: %q %v", path, b, err)
+		}
+		if b, err := os.ReadFile(path); err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(os.Getpid()) {
+			t.Errorf("%s: %q %v, want this pid", path, b, err)
+		}
 	}
 }

@@ -236,3 +236,23 @@ func TestPrivilegedUnreadableMapInfoSaysWhatToDo(t *testing.T) {
 		}
 	}
 }
+
+// Uninstall with a pin directory off bpffs (paths.pin_dir: /etc, in a
+// config someone else could write) removes nothing there and says why.
+// Seen red without removePins's bpffs check: the file was removed.
+func TestPrivilegedUninstallOnlyOnBPFFS(t *testing.T) {
+	privtest.Require(t)
+	dir := t.TempDir()
+	t.Cleanup(func() { _ = os.Remove(lockDir + "/" + lockName(dir)) })
+	keep := dir + "/passwd"
+	if err := os.WriteFile(keep, []byte("root:x:0:0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := Uninstall(dir)
+	if err == nil || !strings.Contains(err.Error(), "not on bpffs") {
+		t.Errorf("Uninstall(%s): %v, want a refusal naming bpffs", dir, err)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("Uninstall removed a file off bpffs: %v", err)
+	}
+}

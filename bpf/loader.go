@@ -500,7 +500,9 @@ func Uninstall(pinDir string) error {
 }
 
 // removePins removes pinDir and every pin in it; the caller holds the
-// install lock.
+// install lock. Only on bpffs: pinDir comes from a config file
+// (paths.pin_dir), and one naming /etc, or a directory a user could
+// make it lead to, would have root remove every file there.
 func removePins(pinDir string) error {
 	entries, err := os.ReadDir(pinDir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -508,6 +510,13 @@ func removePins(pinDir string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("uninstall: read %s: %w", pinDir, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(pinDir, &st); err != nil {
+		return fmt.Errorf("uninstall: %s: %w", pinDir, err)
+	}
+	if st.Type != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("uninstall: the pin directory %s is not on bpffs, so it holds no pins: nothing in it was removed (check paths.pin_dir in the config given: pins live under %s)", pinDir, bpffsRoot)
 	}
 	for _, e := range entries {
 		if err := os.Remove(filepath.Join(pinDir, e.Name())); err != nil {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -21,6 +22,7 @@ import (
 	trialspec "github.com/trialnet/trialnet/trial"
 
 	"github.com/trialnet/trialnet/agent"
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testenv"
 	"github.com/trialnet/trialnet/record"
@@ -216,6 +218,64 @@ func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left after uninstall --force --config", p)
 		}
+	}
+}
+
+// uninstall --config refuses a file someone but root could have written:
+// its paths are what uninstall removes as root. The attack: a netns_dir
+// naming root's directory and a cgroup_parent of the writer's holding a
+// directory named like a file there; uninstall --force "destroyed" that
+// Trial and removed the file. Seen red with rootsConfig returning nil:
+// the victim file was removed, exit 0.
+func TestPrivilegedUninstallRefusesAConfigNotRoots(t *testing.T) {
+	privtest.Require(t)
+	shared := privtest.SharedDir(t, "uninstall-")
+	victims, theirs := filepath.Join(shared, "victims"), filepath.Join(shared, "theirs")
+	for _, d := range []string{victims, filepath.Join(theirs, "cg", "shadow")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victim := filepath.Join(victims, "shadow")
+	if err := os.WriteFile(victim, []byte("root:secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	yaml := fmt.Sprintf("paths:\n  pin_dir: %s-none-%d\n  netns_dir: %s\n  cgroup_parent: %s\n  state_dir: %s\n  data_dir: %s\n",
+		bpf.DefaultPinDir, os.Getpid(), victims, filepath.Join(theirs, "cg"), t.TempDir(), t.TempDir())
+	for _, c := range []struct {
+		name  string
+		mode  os.FileMode
+		owner int
+		why   string
+	}{
+		{"own.yaml", 0o644, 65534, "uid 65534's"},
+		{"world.yaml", 0o666, 0, "mode 0666"},
+	} {
+		cfg := filepath.Join(theirs, c.name)
+		if err := errors.Join(os.WriteFile(cfg, []byte(yaml), c.mode), os.Chmod(cfg, c.mode), os.Chown(cfg, c.owner, c.owner)); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errOut := trialnet("uninstall", "--config", cfg, "--force")
+		if code != exitUsage || !strings.Contains(errOut, c.why) {
+			t.Errorf("uninstall --config %s: exit %d, want %d and %q: %s", c.name, code, exitUsage, c.why, errOut)
+		}
+		if _, err := os.Stat(victim); err != nil {
+			t.Fatalf("uninstall --config %s removed %s: %v", c.name, victim, err)
+		}
+	}
+	// In a directory of another user's, a root file is refused too.
+	if err := os.Chown(theirs, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(theirs, "roots.yaml")
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := trialnet("uninstall", "--config", cfg, "--force"); code != exitUsage || !strings.Contains(errOut, "owned by uid 65534") {
+		t.Errorf("uninstall --config in uid 65534's directory: exit %d, want %d: %s", code, exitUsage, errOut)
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Fatalf("uninstall removed %s: %v", victim, err)
 	}
 }
 

@@ -11,14 +11,18 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/cli"
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/sandbox"
 )
 
@@ -184,6 +188,9 @@ func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	file := &config.File{}
 	if *configPath != "" {
+		if err := rootsConfig(*configPath); err != nil {
+			return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("uninstall --config %s: %w", *configPath, err))
+		}
 		f, err := config.LoadFile(*configPath)
 		if err != nil {
 			return cli.Fail(stdout, stderr, false, exitUsage, err)
@@ -196,6 +203,33 @@ func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stdout, "removed trialnet's pins from %s; its eBPF programs are detached\n", or(cfg.PinDir, bpf.DefaultPinDir))
 	return exitOK
+}
+
+// rootsConfig refuses a config file that anyone but root could have
+// written: uninstall removes, as root, what its paths name (a netns_dir
+// of /etc and a cgroup_parent holding a directory "shadow" removed
+// /etc/shadow), so its paths must be root's word.
+func rootsConfig(path string) error {
+	if !filepath.IsAbs(path) {
+		// Not cleaned: TrustedPath takes "link/.." as the kernel does.
+		wd, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		path = wd + "/" + path
+	}
+	real, err := rootdir.TrustedPath(path, 0)
+	if err != nil {
+		return fmt.Errorf("someone but root could change what it names: %w; keep it root's (sudo install -D -m 0644 FILE /etc/trialnet/trialnet.yaml)", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(real, &st); err != nil {
+		return err
+	}
+	if st.Uid != 0 || st.Mode&0o022 != 0 {
+		return fmt.Errorf("it is uid %d's with mode %04o: someone but root could have written its paths, which uninstall removes; keep it root's and not writable by others (sudo chown root: %s; sudo chmod go-w %s)", st.Uid, st.Mode&0o7777, path, path)
+	}
+	return nil
 }
 
 // warmSignals starts the runtime's signal machinery (os/signal's loop and

@@ -131,6 +131,54 @@ func TestPrivilegedProxyCommand(t *testing.T) {
 // --pprof-dir leaves the profiles docs/performance.md was measured with.
 func TestProxyPprofDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "prof")
+	runProxyProfiled(t, dir)
+	for _, name := range profileNames {
+		if st, err := os.Stat(filepath.Join(dir, name)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+var profileNames = []string{"cpu.pprof", "trace.out", "block.pprof", "mutex.pprof"}
+
+// A --pprof-dir others can write (/tmp/prof, as the docs show) holds
+// what they planted at the profiles' names: symlinks and hard links to a
+// file of the proxy's user (root's /etc/shadow, for a proxy run by root),
+// which a profile written through them would truncate and overwrite.
+// Seen red with startProfiles's os.Create back: every victim overwritten.
+func TestProxyPprofDirFollowsNoLink(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "prof")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	victims := t.TempDir()
+	for i, name := range profileNames {
+		victim := filepath.Join(victims, name)
+		if err := os.WriteFile(victim, []byte("precious\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		plant := os.Symlink
+		if i%2 == 1 {
+			plant = os.Link
+		}
+		if err := plant(victim, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runProxyProfiled(t, dir)
+	for _, name := range profileNames {
+		if b, err := os.ReadFile(filepath.Join(victims, name)); err != nil || string(b) != "precious\n" {
+			t.Errorf("the file a link planted at %s led to was written through: %d bytes, %v", name, len(b), err)
+		}
+		if st, err := os.Lstat(filepath.Join(dir, name)); err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
+			t.Errorf("%s is no profile of its own: %v %v", name, st, err)
+		}
+	}
+}
+
+// runProxyProfiled serves one refused CONNECT with --pprof-dir dir.
+func runProxyProfiled(t *testing.T, dir string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan []net.Addr, 1)
@@ -158,10 +206,5 @@ func TestProxyPprofDir(t *testing.T) {
 	cancel()
 	if code := <-done; code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut.String())
-	}
-	for _, name := range []string{"cpu.pprof", "trace.out", "block.pprof", "mutex.pprof"} {
-		if st, err := os.Stat(filepath.Join(dir, name)); err != nil || st.Size() == 0 {
-			t.Errorf("%s: %v", name, err)
-		}
 	}
 }

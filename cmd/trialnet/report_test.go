@@ -959,3 +959,63 @@ func TestVerifyLogSaysRecordsUnwritten(t *testing.T) {
 		t.Fatalf("verify: %q, exit %d, %v: want the 3 unwritten records said", state, code, err)
 	}
 }
+
+// run --config FILE where the Trial could change FILE (the operator's
+// project, as the README's example had it) is refused before an agent
+// starts or CMD runs: a Trial that rewrote it would give the next run
+// that reads it learn: true, names of its own and a state directory of
+// its choosing, which root then makes. A file only root can change is
+// used. Seen red with configOutOfReach returning nil: each CMD ran.
+func TestPrivilegedRunConfigOutOfTheTrialsReach(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	shared := privtest.SharedDir(t, "config-")
+	sock := filepath.Join(t.TempDir(), "no-agent.sock")
+	proj, etc := filepath.Join(shared, "proj"), filepath.Join(shared, "etc")
+	for _, d := range []string{proj, etc} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(proj, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	const body = "profiles:\n  p:\n    - api.example.com:443\n"
+	write := func(path string, mode os.FileMode, owner int) string {
+		if err := os.WriteFile(path, []byte(body), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(path, owner, owner); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	ran := filepath.Join(proj, "ran")
+	runWith := func(config string) (int, string) {
+		code, _, errOut := trialnet("run", "--socket", sock, "--uid", "65534", "--gid", "65534", "--config", config, "--profile", "p",
+			"--", "sh", "-c", "touch "+ran)
+		return code, errOut
+	}
+	for _, c := range []struct{ config, why string }{
+		{write(filepath.Join(proj, "own.yaml"), 0o644, 65534), "owned by uid 65534"},
+		{write(filepath.Join(proj, "roots.yaml"), 0o644, 0), "owned by uid 65534"}, // its directory is the Trial's
+		{write(filepath.Join(etc, "world.yaml"), 0o666, 0), "may write"},
+	} {
+		code, errOut := runWith(c.config)
+		if code != exitUsage || !strings.Contains(errOut, "could change this file") || !strings.Contains(errOut, c.why) {
+			t.Errorf("--config %s: exit %d, want %d and %q\n%s", c.config, code, exitUsage, c.why, errOut)
+		}
+		if _, err := os.Stat(ran); err == nil {
+			t.Fatalf("--config %s: the Trial ran", c.config)
+		}
+	}
+	if code, errOut := runWith(write(filepath.Join(etc, "roots.yaml"), 0o644, 0)); code != exitOK {
+		t.Fatalf("--config in a directory only root can write: exit %d\n%s", code, errOut)
+	}
+	if _, err := os.Stat(ran); err != nil {
+		t.Fatalf("the Trial did not run with root's config: %v", err)
+	}
+}

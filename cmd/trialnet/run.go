@@ -19,6 +19,7 @@ import (
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/internal/procscale"
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
@@ -105,7 +106,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "trialnet: Trial %s: its report will be %s\n", id, report.path)
 		}
 	}
-	trials, closeTrials, code, err := f.trials(ctx)
+	trials, closeTrials, code, err := f.trials(ctx, u, g)
 	if err != nil {
 		return failRun(code, err)
 	}
@@ -194,8 +195,8 @@ func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writ
 // trials is the agent that serves the run: the one running on the
 // socket, or, without one, an agent embedded for the life of this
 // command, so that a laptop needs no daemon. On an error, code is the
-// exit code it calls for.
-func (f *runFlags) trials(ctx context.Context) (_ client.Trials, closeTrials func(), code int, _ error) {
+// exit code it calls for. uid and gid are the Trial's.
+func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials, closeTrials func(), code int, _ error) {
 	c := client.NewClient(*f.socket)
 	running, err := c.Running(ctx)
 	if err != nil {
@@ -207,6 +208,9 @@ func (f *runFlags) trials(ctx context.Context) (_ client.Trials, closeTrials fun
 			return nil, nil, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *f.socket + " with its own configuration; drop them or stop that agent"}
 		}
 		return c, c.Release, exitOK, nil
+	}
+	if err := configOutOfReach(f.cf.path, uid, gid); err != nil {
+		return nil, nil, exitUsage, err
 	}
 	file, cidrs, err := f.cf.load()
 	if err != nil {
@@ -227,6 +231,23 @@ func (f *runFlags) trials(ctx context.Context) (_ client.Trials, closeTrials fun
 	scaleCtx, stopScale := context.WithCancel(ctx)
 	go procscale.Run(scaleCtx)
 	return a, func() { stopScale(); a.Close(true) }, exitOK, nil
+}
+
+// configOutOfReach refuses a --config file the Trial's uid or gid could
+// change: one in the operator's project, which a Trial running as the
+// operator writes, would hand the next run that reads it whatever the
+// Trial put there (learn: true, more names, host services, a state
+// directory of its choosing that root then makes and writes).
+func configOutOfReach(path string, uid, gid uint32) error {
+	if path == "" {
+		return nil
+	}
+	if err := rootdir.FileOutOfReach(path, uid, gid); err != nil {
+		return usageError{fmt.Sprintf("run --config %s: the Trial (uid %d) could change this file, and with it the allowlist and paths of every later run that reads it: %v; "+
+			"put it where only root can write (sudo install -m 0644 %s /etc/trialnet/trialnet.yaml) and pass that, or run the Trial as a dedicated --uid and --gid",
+			path, uid, err, path)}
+	}
+	return nil
 }
 
 // runErrCode is the exit code of a run that never got CMD going: the
