@@ -81,6 +81,11 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return cli.Fail(stdout, stderr, false, exitUsage, err)
 	}
+	if cf.path != "" {
+		if err := rootsConfig(cf.path); err != nil {
+			return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("agent --config %s: %w", cf.path, err))
+		}
+	}
 	cfg := agent.AgentConfig{
 		Host:       hostConfig(file),
 		DataDir:    or(file.Paths.DataDir, agent.DefaultDataDir),

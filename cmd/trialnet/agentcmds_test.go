@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -226,7 +227,8 @@ func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 // naming root's directory and a cgroup_parent of the writer's holding a
 // directory named like a file there; uninstall --force "destroyed" that
 // Trial and removed the file. Seen red with rootsConfig returning nil:
-// the victim file was removed, exit 0.
+// the victim file was removed, exit 0. The agent refuses it too (seen
+// red without its call of rootsConfig: it went on to start, exit 1).
 func TestPrivilegedUninstallRefusesAConfigNotRoots(t *testing.T) {
 	privtest.Require(t)
 	shared := privtest.SharedDir(t, "uninstall-")
@@ -262,6 +264,7 @@ func TestPrivilegedUninstallRefusesAConfigNotRoots(t *testing.T) {
 		if _, err := os.Stat(victim); err != nil {
 			t.Fatalf("uninstall --config %s removed %s: %v", c.name, victim, err)
 		}
+		agentRefuses(t, cfg, c.why)
 	}
 	// In a directory of another user's, a root file is refused too.
 	if err := os.Chown(theirs, 65534, 65534); err != nil {
@@ -274,8 +277,28 @@ func TestPrivilegedUninstallRefusesAConfigNotRoots(t *testing.T) {
 	if code, _, errOut := trialnet("uninstall", "--config", cfg, "--force"); code != exitUsage || !strings.Contains(errOut, "owned by uid 65534") {
 		t.Errorf("uninstall --config in uid 65534's directory: exit %d, want %d: %s", code, exitUsage, errOut)
 	}
+	agentRefuses(t, cfg, "owned by uid 65534")
 	if _, err := os.Stat(victim); err != nil {
 		t.Fatalf("uninstall removed %s: %v", victim, err)
+	}
+}
+
+// agentRefuses runs an agent on config cfg, which it must refuse (exit
+// 2, saying why) before it serves: it makes, writes and removes what the
+// file's paths name, as root, and enforces its policy.
+func agentRefuses(t *testing.T, cfg, why string) {
+	t.Helper()
+	cmd := trialnetProcess(t, "agent", "--config", cfg, "--socket", filepath.Join(t.TempDir(), "agent.sock"), "--keeper", "off")
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop := time.AfterFunc(20*time.Second, func() { _ = cmd.Process.Kill() }) // one that serves never ends
+	defer stop.Stop()
+	_ = cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != exitUsage || !strings.Contains(errOut.String(), why) {
+		t.Errorf("agent --config %s: exit %d, want %d and %q: %s", cfg, code, exitUsage, why, errOut.String())
 	}
 }
 

@@ -227,7 +227,7 @@ func rootsConfig(path string) error {
 		return err
 	}
 	if st.Uid != 0 || st.Mode&0o022 != 0 {
-		return fmt.Errorf("it is uid %d's with mode %04o: someone but root could have written its paths, which uninstall removes; keep it root's and not writable by others (sudo chown root: %s; sudo chmod go-w %s)", st.Uid, st.Mode&0o7777, path, path)
+		return fmt.Errorf("it is uid %d's with mode %04o: someone but root could have written it (its paths, which trialnet makes, writes and removes as root, and its policy); keep it root's and not writable by others (sudo chown root: %s; sudo chmod go-w %s)", st.Uid, st.Mode&0o7777, path, path)
 	}
 	return nil
 }
