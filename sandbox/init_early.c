@@ -1028,6 +1028,11 @@ static void tty_majors(uint64_t set[64]) {
 	}
 }
 
+// vhost-vsock's device (misc): see vhostVsock.
+#define VHOST_VSOCK_MAJOR 10
+#define VHOST_VSOCK_MINOR 241
+#define VSOCK_WHY "any process that opens it talks to the host's vsock services as a VM, past every network layer"
+
 // hide_host_ttys is hideHostTtys.
 static void hide_host_ttys(void) {
 	uint64_t majors[64];
@@ -1051,15 +1056,17 @@ static void hide_host_ttys(void) {
 			if (e->d_type != DT_CHR)
 				continue;
 			struct stat st;
-			if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode) || !st.st_uid)
+			if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode))
 				continue;
 			unsigned int major = major(st.st_rdev);
-			if (major >= 64 * 64 || !(majors[major / 64] & (1ULL << (major % 64))))
+			int vsock = major == VHOST_VSOCK_MAJOR && minor(st.st_rdev) == VHOST_VSOCK_MINOR;
+			if (!vsock && (!st.st_uid || major >= 64 * 64 || !(majors[major / 64] & (1ULL << (major % 64)))))
 				continue;
 			char path[PATH_MAX * 2];
 			snprintf(path, sizeof path, "%s/%s", strcmp(m.point, "/") ? m.point : "", e->d_name);
 			if (mount("/dev/null", path, "", MS_BIND, "") < 0)
-				mask_fail(errno, "cover the host's terminal %s with /dev/null (%s)", path, TTYS_WHY);
+				mask_fail(errno, "cover the host's %s %s with /dev/null (%s)", vsock ? "vhost-vsock device" : "terminal",
+					  path, vsock ? VSOCK_WHY : TTYS_WHY);
 		}
 		closedir(d);
 	}

@@ -717,12 +717,31 @@ func ttyMajors() (map[uint32]bool, error) {
 	return majors, nil
 }
 
+// vhostVsock is vhost-vsock's device (misc, 10:241): a VM's end of
+// AF_VSOCK. systemd's rules make it 0666 (the static node loads the
+// driver when opened), and through it any process becomes a guest with a
+// CID of its own, talking to the host's vsock services, which no network
+// namespace holds: what the filter's refusal of AF_VSOCK keeps out.
+var vhostVsock = unix.Mkdev(10, 241)
+
+const vsockWhy = "any process that opens it talks to the host's vsock services as a VM, past every network layer"
+
+// coveredDevice says whether a host device node in a devtmpfs mount gets
+// /dev/null over it in the Trial: a terminal that is not root's, and
+// vhost-vsock's whoever owns it.
+func coveredDevice(st *unix.Stat_t, ttys map[uint32]bool) bool {
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return false
+	}
+	return st.Rdev == vhostVsock || (st.Uid != 0 && ttys[unix.Major(st.Rdev)])
+}
+
 // hideHostTtys covers with /dev/null each terminal of the host's that
 // is not root's (a virtual console or serial line that a login gave its
 // user) in every devtmpfs mount: the Trial's own pty is relayed, but a
 // Trial running as that user opened the operator's console directly,
 // read what was typed there and wrote to it. The devpts ones are
-// dropHostDevpts's.
+// dropHostDevpts's. vhost-vsock's node is covered the same way.
 func hideHostTtys() error {
 	majors, err := ttyMajors()
 	if err != nil {
@@ -761,11 +780,15 @@ func hideHostTtys() error {
 			}
 			path := filepath.Join(mnt, e.Name())
 			var st unix.Stat_t
-			if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Uid == 0 || !majors[unix.Major(st.Rdev)] {
+			if err := unix.Lstat(path, &st); err != nil || !coveredDevice(&st, majors) {
 				continue
 			}
+			what, why := "terminal", ttysWhy
+			if st.Rdev == vhostVsock {
+				what, why = "vhost-vsock device", vsockWhy
+			}
 			if err := unix.Mount("/dev/null", path, "", unix.MS_BIND, ""); err != nil {
-				return maskErr("cover the host's terminal "+path+" with /dev/null", ttysWhy, err)
+				return maskErr("cover the host's "+what+" "+path+" with /dev/null", why, err)
 			}
 		}
 	}

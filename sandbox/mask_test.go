@@ -911,16 +911,50 @@ func hostConsoleNode(t *testing.T) string {
 	return node
 }
 
+// vhost-vsock's device is a VM's end of vsock: a Trial command that
+// opens it takes a CID and talks to the host's vsock services as a guest,
+// past every network layer (systemd's rules make it 0666). It is covered
+// with /dev/null in the Trial, whoever owns it. Where the kernel has the
+// driver, the probe shows what the Trial could do with it otherwise.
+func TestPrivilegedHostVhostVsockCovered(t *testing.T) {
+	node := hostVhostVsockNode(t)
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", node); code != probeOK || strings.TrimSpace(out) != "1:3" {
+		t.Errorf("vhost-vsock's device %s in the Trial: %d %q, want /dev/null (1:3) over it", node, code, out)
+	}
+	if code, out := runProbeAs(t, tr, nobody, Command{}, "vhost-vsock", node); code == probeOK {
+		t.Errorf("a Trial command became a vsock guest through %s: %q", node, out)
+	}
+}
+
+// hostVhostVsockNode makes a node of vhost-vsock's device in the host's
+// /dev, root's and 0666 as systemd's rules make it.
+func hostVhostVsockNode(t *testing.T) string {
+	t.Helper()
+	node := "/dev/trialnet-test-vhost-vsock-" + randSuffix()
+	if err := unix.Mknod(node, unix.S_IFCHR|0o666, int(vhostVsock)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(node) })
+	// Mknod's mode is cut by the umask.
+	if err := os.Chmod(node, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	return node
+}
+
 // The Go set-up's hideHostTtys, run on a thread in a mount namespace of
-// its own: the console node is /dev/null there.
+// its own: the console node and vhost-vsock's are /dev/null there.
 func TestPrivilegedGoHideHostTtys(t *testing.T) {
 	node := hostConsoleNode(t)
+	vsock := hostVhostVsockNode(t)
 	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
 		if err := hideHostTtys(); err != nil {
 			bad = append(bad, err.Error())
 			return
 		}
-		for _, n := range []string{node, node + "-vcs"} {
+		for _, n := range []string{node, node + "-vcs", vsock} {
 			var st unix.Stat_t
 			if err := unix.Stat(n, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
 				bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", n, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
