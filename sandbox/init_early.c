@@ -1028,10 +1028,16 @@ static void tty_majors(uint64_t set[64]) {
 	}
 }
 
-// vhost-vsock's device (misc): see vhostVsock.
-#define VHOST_VSOCK_MAJOR 10
-#define VHOST_VSOCK_MINOR 241
-#define VSOCK_WHY "any process that opens it talks to the host's vsock services as a VM, past every network layer"
+// covered_misc is coveredMisc: misc devices (major 10) covered whoever
+// owns them.
+static const struct {
+	unsigned int minor;
+	const char *name, *why;
+} covered_misc[] = {
+	{241, "vhost-vsock device", "any process that opens it talks to the host's vsock services as a VM, past every network layer"},
+	{223, "uinput device", "through it a process types into the host's display and consoles"},
+	{239, "uhid device", "through it a process types into the host's display and consoles"},
+};
 
 // hide_host_ttys is hideHostTtys.
 static void hide_host_ttys(void) {
@@ -1059,14 +1065,22 @@ static void hide_host_ttys(void) {
 			if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode))
 				continue;
 			unsigned int major = major(st.st_rdev);
-			int vsock = major == VHOST_VSOCK_MAJOR && minor(st.st_rdev) == VHOST_VSOCK_MINOR;
-			if (!vsock && (!st.st_uid || major >= 64 * 64 || !(majors[major / 64] & (1ULL << (major % 64)))))
+			const char *what = NULL, *why = NULL;
+			for (size_t i = 0; i < sizeof covered_misc / sizeof covered_misc[0]; i++)
+				if (major == 10 && minor(st.st_rdev) == covered_misc[i].minor) {
+					what = covered_misc[i].name;
+					why = covered_misc[i].why;
+				}
+			if (!what && st.st_uid && major < 64 * 64 && (majors[major / 64] & (1ULL << (major % 64)))) {
+				what = "terminal";
+				why = TTYS_WHY;
+			}
+			if (!what)
 				continue;
 			char path[PATH_MAX * 2];
 			snprintf(path, sizeof path, "%s/%s", strcmp(m.point, "/") ? m.point : "", e->d_name);
 			if (mount("/dev/null", path, "", MS_BIND, "") < 0)
-				mask_fail(errno, "cover the host's %s %s with /dev/null (%s)", vsock ? "vhost-vsock device" : "terminal",
-					  path, vsock ? VSOCK_WHY : TTYS_WHY);
+				mask_fail(errno, "cover the host's %s %s with /dev/null (%s)", what, path, why);
 		}
 		closedir(d);
 	}

@@ -717,23 +717,39 @@ func ttyMajors() (map[uint32]bool, error) {
 	return majors, nil
 }
 
-// vhostVsock is vhost-vsock's device (misc, 10:241): a VM's end of
-// AF_VSOCK. systemd's rules make it 0666 (the static node loads the
-// driver when opened), and through it any process becomes a guest with a
-// CID of its own, talking to the host's vsock services, which no network
-// namespace holds: what the filter's refusal of AF_VSOCK keeps out.
-var vhostVsock = unix.Mkdev(10, 241)
+// coveredMisc are misc devices (major 10) that a Trial command must not
+// open, covered whoever owns them: a rule may make them 0666 or give the
+// seat's user an ACL on them (systemd's uaccess, which Steam's rules put
+// on uinput), and a Trial under sudo runs as that user.
+var coveredMisc = []struct {
+	minor     uint32
+	name, why string
+}{
+	// A VM's end of AF_VSOCK; systemd makes its static node 0666, and
+	// opening it loads the driver: the opener owns a guest CID and talks
+	// to the host's vsock services, which no network namespace holds.
+	{241, "vhost-vsock device", "any process that opens it talks to the host's vsock services as a VM, past every network layer"},
+	// A keyboard of its own, typing into the operator's session.
+	{223, "uinput device", "through it a process types into the host's display and consoles"},
+	{239, "uhid device", "through it a process types into the host's display and consoles"},
+}
 
-const vsockWhy = "any process that opens it talks to the host's vsock services as a VM, past every network layer"
-
-// coveredDevice says whether a host device node in a devtmpfs mount gets
-// /dev/null over it in the Trial: a terminal that is not root's, and
-// vhost-vsock's whoever owns it.
-func coveredDevice(st *unix.Stat_t, ttys map[uint32]bool) bool {
+// coveredDevice says why a host device node in a devtmpfs mount gets
+// /dev/null over it in the Trial ("" if it does not): a terminal that is
+// not root's, and the coveredMisc devices whoever owns them.
+func coveredDevice(st *unix.Stat_t, ttys map[uint32]bool) (what, why string) {
 	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-		return false
+		return "", ""
 	}
-	return st.Rdev == vhostVsock || (st.Uid != 0 && ttys[unix.Major(st.Rdev)])
+	for _, m := range coveredMisc {
+		if st.Rdev == unix.Mkdev(10, m.minor) {
+			return m.name, m.why
+		}
+	}
+	if st.Uid != 0 && ttys[unix.Major(st.Rdev)] {
+		return "terminal", ttysWhy
+	}
+	return "", ""
 }
 
 // hideHostTtys covers with /dev/null each terminal of the host's that
@@ -741,7 +757,7 @@ func coveredDevice(st *unix.Stat_t, ttys map[uint32]bool) bool {
 // user) in every devtmpfs mount: the Trial's own pty is relayed, but a
 // Trial running as that user opened the operator's console directly,
 // read what was typed there and wrote to it. The devpts ones are
-// dropHostDevpts's. vhost-vsock's node is covered the same way.
+// dropHostDevpts's. The coveredMisc devices are covered the same way.
 func hideHostTtys() error {
 	majors, err := ttyMajors()
 	if err != nil {
@@ -780,12 +796,12 @@ func hideHostTtys() error {
 			}
 			path := filepath.Join(mnt, e.Name())
 			var st unix.Stat_t
-			if err := unix.Lstat(path, &st); err != nil || !coveredDevice(&st, majors) {
+			if err := unix.Lstat(path, &st); err != nil {
 				continue
 			}
-			what, why := "terminal", ttysWhy
-			if st.Rdev == vhostVsock {
-				what, why = "vhost-vsock device", vsockWhy
+			what, why := coveredDevice(&st, majors)
+			if what == "" {
+				continue
 			}
 			if err := unix.Mount("/dev/null", path, "", unix.MS_BIND, ""); err != nil {
 				return maskErr("cover the host's "+what+" "+path+" with /dev/null", why, err)

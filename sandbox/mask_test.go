@@ -911,50 +911,84 @@ func hostConsoleNode(t *testing.T) string {
 	return node
 }
 
-// vhost-vsock's device is a VM's end of vsock: a Trial command that
-// opens it takes a CID and talks to the host's vsock services as a guest,
-// past every network layer (systemd's rules make it 0666). It is covered
-// with /dev/null in the Trial, whoever owns it. Where the kernel has the
-// driver, the probe shows what the Trial could do with it otherwise.
-func TestPrivilegedHostVhostVsockCovered(t *testing.T) {
-	node := hostVhostVsockNode(t)
+// Misc devices a Trial command must not open, whoever owns them:
+// vhost-vsock's (a VM's end of vsock: the opener takes a CID and talks to
+// the host's vsock services as a guest, past every network layer;
+// systemd's rules make it 0666), uinput's and uhid's (a keyboard of its
+// own, typing into the operator's session; Steam's rules give the seat's
+// user an ACL on uinput, and a Trial under sudo runs as that user). Each
+// is covered with /dev/null in the Trial. Where the kernel has the
+// driver, the probes show what the Trial could do otherwise.
+func TestPrivilegedHostMiscDevicesCovered(t *testing.T) {
+	nodes := hostMiscNodes(t)
 	h := newHost(t)
 	tr := newTrial(t, h, trial.Spec{})
-	if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", node); code != probeOK || strings.TrimSpace(out) != "1:3" {
-		t.Errorf("vhost-vsock's device %s in the Trial: %d %q, want /dev/null (1:3) over it", node, code, out)
-	}
-	if code, out := runProbeAs(t, tr, nobody, Command{}, "vhost-vsock", node); code == probeOK {
-		t.Errorf("a Trial command became a vsock guest through %s: %q", node, out)
+	for _, n := range nodes {
+		if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", n.path); code != probeOK || strings.TrimSpace(out) != "1:3" {
+			t.Errorf("the host's %s %s in the Trial: %d %q, want /dev/null (1:3) over it", n.name, n.path, code, out)
+		}
+		if n.probe == "" {
+			continue
+		}
+		if code, out := runProbeAs(t, tr, nobody, Command{}, n.probe, n.path); code == probeOK {
+			t.Errorf("a Trial command used the host's %s %s: %q", n.name, n.path, out)
+		}
 	}
 }
 
-// hostVhostVsockNode makes a node of vhost-vsock's device in the host's
-// /dev, root's and 0666 as systemd's rules make it.
-func hostVhostVsockNode(t *testing.T) string {
+type miscNode struct{ path, name, probe string }
+
+// hostMiscNodes makes a node of each coveredMisc device in the host's
+// /dev: vhost-vsock's root's and 0666, as systemd's rules make it,
+// uinput's and uhid's uid nobody's, as an ACL of the seat's user opens
+// them to it.
+func hostMiscNodes(t *testing.T) []miscNode {
 	t.Helper()
-	node := "/dev/trialnet-test-vhost-vsock-" + randSuffix()
-	if err := unix.Mknod(node, unix.S_IFCHR|0o666, int(vhostVsock)); err != nil {
-		t.Fatal(err)
+	suffix := randSuffix()
+	nodes := []struct {
+		miscNode
+		minor uint32
+		owner int
+		mode  uint32
+	}{
+		{miscNode{"/dev/trialnet-test-vhost-vsock-" + suffix, "vhost-vsock device", "vhost-vsock"}, 241, 0, 0o666},
+		{miscNode{"/dev/trialnet-test-uinput-" + suffix, "uinput device", "uinput"}, 223, nobody, 0o600},
+		{miscNode{"/dev/trialnet-test-uhid-" + suffix, "uhid device", ""}, 239, nobody, 0o600},
 	}
-	t.Cleanup(func() { _ = os.Remove(node) })
-	// Mknod's mode is cut by the umask.
-	if err := os.Chmod(node, 0o666); err != nil {
-		t.Fatal(err)
+	var made []miscNode
+	for _, n := range nodes {
+		if err := unix.Mknod(n.path, unix.S_IFCHR|n.mode, int(unix.Mkdev(10, n.minor))); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Remove(n.path) })
+		// Mknod's mode is cut by the umask.
+		if err := os.Chmod(n.path, os.FileMode(n.mode)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(n.path, n.owner, -1); err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, n.miscNode)
 	}
-	return node
+	return made
 }
 
 // The Go set-up's hideHostTtys, run on a thread in a mount namespace of
-// its own: the console node and vhost-vsock's are /dev/null there.
+// its own: the console node and each coveredMisc device's are /dev/null
+// there.
 func TestPrivilegedGoHideHostTtys(t *testing.T) {
 	node := hostConsoleNode(t)
-	vsock := hostVhostVsockNode(t)
+	misc := hostMiscNodes(t)
 	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
 		if err := hideHostTtys(); err != nil {
 			bad = append(bad, err.Error())
 			return
 		}
-		for _, n := range []string{node, node + "-vcs", vsock} {
+		paths := []string{node, node + "-vcs"}
+		for _, m := range misc {
+			paths = append(paths, m.path)
+		}
+		for _, n := range paths {
 			var st unix.Stat_t
 			if err := unix.Stat(n, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
 				bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", n, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))

@@ -89,6 +89,8 @@ func probe(args []string) int {
 		err = openWrite(target)
 	case "vhost-vsock":
 		err = vhostVsockGuest(target)
+	case "uinput":
+		err = uinputKeyboard(target)
 	case "read":
 		var b []byte
 		if b, err = os.ReadFile(target); err == nil {
@@ -508,6 +510,41 @@ func vhostVsockGuest(path string) error {
 		return fmt.Errorf("VHOST_VSOCK_SET_GUEST_CID: %w", errno)
 	}
 	fmt.Println("a guest of vsock, CID", cid)
+	return nil
+}
+
+// uinputKeyboard makes a keyboard through uinput's device at path, whose
+// keys would reach whatever has the focus on the host.
+func uinputKeyboard(path string) error {
+	const (
+		uiSetEvBit   = 0x40045564 // _IOW('U', 100, int)
+		uiSetKeyBit  = 0x40045565 // _IOW('U', 101, int)
+		uiDevSetup   = 0x405c5503 // _IOW('U', 3, struct uinput_setup)
+		uiDevCreate  = 0x5501     // _IO('U', 1)
+		uiDevDestroy = 0x5502     // _IO('U', 2)
+		keyA         = 30
+	)
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetInt(fd, uiSetEvBit, unix.EV_KEY); err != nil {
+		return fmt.Errorf("UI_SET_EVBIT: %w", err)
+	}
+	if err := unix.IoctlSetInt(fd, uiSetKeyBit, keyA); err != nil {
+		return fmt.Errorf("UI_SET_KEYBIT: %w", err)
+	}
+	var setup [92]byte // struct uinput_setup: input_id, name[80], ff_effects_max
+	copy(setup[8:], "trialnet-probe")
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uiDevSetup, uintptr(unsafe.Pointer(&setup[0]))); errno != 0 {
+		return fmt.Errorf("UI_DEV_SETUP: %w", errno)
+	}
+	if err := unix.IoctlSetInt(fd, uiDevCreate, 0); err != nil {
+		return fmt.Errorf("UI_DEV_CREATE: %w", err)
+	}
+	_ = unix.IoctlSetInt(fd, uiDevDestroy, 0)
+	fmt.Println("a keyboard of its own")
 	return nil
 }
 
