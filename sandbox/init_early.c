@@ -1039,6 +1039,39 @@ static const struct {
 	{239, "uhid device", "through it a process types into the host's display and consoles"},
 };
 
+// cover_devices is coverDevices.
+static void cover_devices(const char *dir, const uint64_t majors[64]) {
+	DIR *d = opendir(dir);
+	if (!d)
+		mask_fail(errno, "list %s (to cover the host's terminals there)", dir);
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_type != DT_CHR)
+			continue;
+		struct stat st;
+		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode))
+			continue;
+		unsigned int major = major(st.st_rdev);
+		const char *what = NULL, *why = NULL;
+		for (size_t i = 0; i < sizeof covered_misc / sizeof covered_misc[0]; i++)
+			if (major == 10 && minor(st.st_rdev) == covered_misc[i].minor) {
+				what = covered_misc[i].name;
+				why = covered_misc[i].why;
+			}
+		if (!what && st.st_uid && major < 64 * 64 && (majors[major / 64] & (1ULL << (major % 64)))) {
+			what = "terminal";
+			why = TTYS_WHY;
+		}
+		if (!what)
+			continue;
+		char path[PATH_MAX * 2];
+		snprintf(path, sizeof path, "%s/%s", strcmp(dir, "/") ? dir : "", e->d_name);
+		if (mount("/dev/null", path, "", MS_BIND, "") < 0)
+			mask_fail(errno, "cover the host's %s %s with /dev/null (%s)", what, path, why);
+	}
+	closedir(d);
+}
+
 // hide_host_ttys is hideHostTtys.
 static void hide_host_ttys(void) {
 	uint64_t majors[64];
@@ -1054,36 +1087,10 @@ static void hide_host_ttys(void) {
 			mask_fail(ENAMETOOLONG, "cover the host's terminals in %s... (%s)", m.point, TTYS_WHY);
 		if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, "to cover the host's terminals there") != id)
 			continue;
-		DIR *d = opendir(m.point);
-		if (!d)
-			mask_fail(errno, "list %s (to cover the host's terminals there)", m.point);
-		struct dirent *e;
-		while ((e = readdir(d))) {
-			if (e->d_type != DT_CHR)
-				continue;
-			struct stat st;
-			if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode))
-				continue;
-			unsigned int major = major(st.st_rdev);
-			const char *what = NULL, *why = NULL;
-			for (size_t i = 0; i < sizeof covered_misc / sizeof covered_misc[0]; i++)
-				if (major == 10 && minor(st.st_rdev) == covered_misc[i].minor) {
-					what = covered_misc[i].name;
-					why = covered_misc[i].why;
-				}
-			if (!what && st.st_uid && major < 64 * 64 && (majors[major / 64] & (1ULL << (major % 64)))) {
-				what = "terminal";
-				why = TTYS_WHY;
-			}
-			if (!what)
-				continue;
-			char path[PATH_MAX * 2];
-			snprintf(path, sizeof path, "%s/%s", strcmp(m.point, "/") ? m.point : "", e->d_name);
-			if (mount("/dev/null", path, "", MS_BIND, "") < 0)
-				mask_fail(errno, "cover the host's %s %s with /dev/null (%s)", what, path, why);
-		}
-		closedir(d);
+		cover_devices(m.point, majors);
 	}
+	// See hideHostTtys: /dev need not be a devtmpfs.
+	cover_devices("/dev", majors);
 }
 
 // drop_host_mounts is dropHostMounts.

@@ -754,10 +754,11 @@ func coveredDevice(st *unix.Stat_t, ttys map[uint32]bool) (what, why string) {
 
 // hideHostTtys covers with /dev/null each terminal of the host's that
 // is not root's (a virtual console or serial line that a login gave its
-// user) in every devtmpfs mount: the Trial's own pty is relayed, but a
-// Trial running as that user opened the operator's console directly,
-// read what was typed there and wrote to it. The devpts ones are
-// dropHostDevpts's. The coveredMisc devices are covered the same way.
+// user) in every devtmpfs mount, and in /dev whatever it is: the Trial's
+// own pty is relayed, but a Trial running as that user opened the
+// operator's console directly, read what was typed there and wrote to
+// it. The devpts ones are dropHostDevpts's. The coveredMisc devices are
+// covered the same way.
 func hideHostTtys() error {
 	majors, err := ttyMajors()
 	if err != nil {
@@ -786,26 +787,39 @@ func hideHostTtys() error {
 		if top != id {
 			continue
 		}
-		entries, err := os.ReadDir(mnt)
-		if err != nil {
-			return maskErr("list "+mnt, "to cover the host's terminals there", err)
+		if err := coverDevices(mnt, majors); err != nil {
+			return err
 		}
-		for _, e := range entries {
-			if e.Type()&os.ModeCharDevice == 0 {
-				continue
-			}
-			path := filepath.Join(mnt, e.Name())
-			var st unix.Stat_t
-			if err := unix.Lstat(path, &st); err != nil {
-				continue
-			}
-			what, why := coveredDevice(&st, majors)
-			if what == "" {
-				continue
-			}
-			if err := unix.Mount("/dev/null", path, "", unix.MS_BIND, ""); err != nil {
-				return maskErr("cover the host's "+what+" "+path+" with /dev/null", why, err)
-			}
+	}
+	// /dev need not be a devtmpfs: in a container (a privileged one's
+	// holds a node of each host device, numbers and owners copied) or
+	// systemd-nspawn it is a tmpfs of nodes. Covered where it is one
+	// already, a second look finds /dev/null there.
+	return coverDevices("/dev", majors)
+}
+
+// coverDevices binds /dev/null over each node directly in dir that
+// coveredDevice names.
+func coverDevices(dir string, majors map[uint32]bool) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return maskErr("list "+dir, "to cover the host's terminals there", err)
+	}
+	for _, e := range entries {
+		if e.Type()&os.ModeCharDevice == 0 {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			continue
+		}
+		what, why := coveredDevice(&st, majors)
+		if what == "" {
+			continue
+		}
+		if err := unix.Mount("/dev/null", path, "", unix.MS_BIND, ""); err != nil {
+			return maskErr("cover the host's "+what+" "+path+" with /dev/null", why, err)
 		}
 	}
 	return nil

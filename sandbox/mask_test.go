@@ -1482,3 +1482,97 @@ func TestPrivilegedHideV1OnATmpfsElsewhere(t *testing.T) {
 		})
 	})
 }
+
+// tmpfsDev mounts a tmpfs of device nodes over /dev, as a container (a
+// privileged one's holds a node of each host device, numbers and owners
+// copied) or systemd-nspawn has it, with a console node of uid nobody's
+// and a node of each coveredMisc device; it returns their paths. For a
+// thread in mounts of its own (inOwnMounts).
+func tmpfsDev() ([]string, error) {
+	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID, "mode=755"); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"pts", "shm", "mqueue"} {
+		if err := os.Mkdir(filepath.Join("/dev", d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	nodes := []struct {
+		name  string
+		dev   uint64
+		owner int
+	}{
+		{"null", unix.Mkdev(1, 3), 0}, {"zero", unix.Mkdev(1, 5), 0}, {"full", unix.Mkdev(1, 7), 0},
+		{"random", unix.Mkdev(1, 8), 0}, {"urandom", unix.Mkdev(1, 9), 0},
+		{"tty", unix.Mkdev(5, 0), 0}, {"ptmx", unix.Mkdev(5, 2), 0},
+		{"tty63", unix.Mkdev(4, 63), nobody},
+		{"vhost-vsock", unix.Mkdev(10, 241), 0}, {"uinput", unix.Mkdev(10, 223), nobody}, {"uhid", unix.Mkdev(10, 239), nobody},
+	}
+	var covered []string
+	for _, n := range nodes {
+		path := filepath.Join("/dev", n.name)
+		if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(n.dev)); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(path, 0o666); err != nil {
+			return nil, err
+		}
+		if n.owner != 0 || unix.Major(n.dev) == 10 {
+			if err := os.Chown(path, n.owner, -1); err != nil {
+				return nil, err
+			}
+			covered = append(covered, path)
+		}
+	}
+	return covered, nil
+}
+
+// A /dev that is no devtmpfs (a container's, systemd-nspawn's) holds the
+// same nodes: the init covers them there too. Seen red before the set-up
+// looked at /dev whatever it is: vhost-vsock's node kept 10:241.
+func TestPrivilegedInitCoversATmpfsDev(t *testing.T) {
+	tr := newTrial(t, newHost(t), trial.Spec{})
+	filter, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var covered []string
+	inOwnMounts(t, func() (err error) {
+		covered, err = tmpfsDev()
+		return err
+	}, func() []string {
+		pid, stop, err := initHere(tr, filter)
+		if err != nil {
+			return []string{err.Error()}
+		}
+		defer stop()
+		var bad []string
+		for _, p := range covered {
+			var st unix.Stat_t
+			if err := unix.Stat(fmt.Sprintf("/proc/%d/root%s", pid, p), &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
+				bad = append(bad, fmt.Sprintf("%s in the init's mounts: %d:%d %v, want /dev/null over it", p, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
+			}
+		}
+		return bad
+	})
+}
+
+// The Go set-up's hideHostTtys over a tmpfs /dev.
+func TestPrivilegedGoHideHostTtysInATmpfsDev(t *testing.T) {
+	var covered []string
+	inOwnMounts(t, func() (err error) {
+		covered, err = tmpfsDev()
+		return err
+	}, func() (bad []string) {
+		if err := hideHostTtys(); err != nil {
+			return []string{err.Error()}
+		}
+		for _, p := range covered {
+			var st unix.Stat_t
+			if err := unix.Stat(p, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
+				bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", p, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
+			}
+		}
+		return bad
+	})
+}
