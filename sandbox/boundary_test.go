@@ -429,6 +429,8 @@ func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 		{"perf_event_open", []string{"syscall", strconv.Itoa(unix.SYS_PERF_EVENT_OPEN)}, "ENOSYS"},
 		{"userfaultfd", []string{"syscall", strconv.Itoa(unix.SYS_USERFAULTFD)}, "ENOSYS"},
 		{"io_setup", []string{"syscall", strconv.Itoa(unix.SYS_IO_SETUP)}, "ENOSYS"},
+		// fd 0 is no pidfd: EBADF, but for the filter.
+		{"pidfd_getfd", []string{"syscall", strconv.Itoa(unix.SYS_PIDFD_GETFD)}, "ENOSYS"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, out := runProbeAs(t, tr, 0, Command{}, tc.args...)

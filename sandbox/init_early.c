@@ -1032,6 +1032,50 @@ static void tty_majors(uint64_t set[64]) {
 	}
 }
 
+// covered_misc is coveredMisc: misc devices (major 10) covered whoever
+// owns them.
+static const struct {
+	unsigned int minor;
+	const char *name, *why;
+} covered_misc[] = {
+	{241, "vhost-vsock device", "any process that opens it talks to the host's vsock services as a VM, past every network layer"},
+	{223, "uinput device", "through it a process types into the host's display and consoles"},
+	{239, "uhid device", "through it a process types into the host's display and consoles"},
+};
+
+// cover_devices is coverDevices.
+static void cover_devices(const char *dir, const uint64_t majors[64]) {
+	DIR *d = opendir(dir);
+	if (!d)
+		mask_fail(errno, "list %s (to cover the host's terminals there)", dir);
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_type != DT_CHR)
+			continue;
+		struct stat st;
+		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode))
+			continue;
+		unsigned int major = major(st.st_rdev);
+		const char *what = NULL, *why = NULL;
+		for (size_t i = 0; i < sizeof covered_misc / sizeof covered_misc[0]; i++)
+			if (major == 10 && minor(st.st_rdev) == covered_misc[i].minor) {
+				what = covered_misc[i].name;
+				why = covered_misc[i].why;
+			}
+		if (!what && st.st_uid && major < 64 * 64 && (majors[major / 64] & (1ULL << (major % 64)))) {
+			what = "terminal";
+			why = TTYS_WHY;
+		}
+		if (!what)
+			continue;
+		char path[PATH_MAX * 2];
+		snprintf(path, sizeof path, "%s/%s", strcmp(dir, "/") ? dir : "", e->d_name);
+		if (mount("/dev/null", path, "", MS_BIND, "") < 0)
+			mask_fail(errno, "cover the host's %s %s with /dev/null (%s)", what, path, why);
+	}
+	closedir(d);
+}
+
 // hide_host_ttys is hideHostTtys.
 static void hide_host_ttys(void) {
 	uint64_t majors[64];
@@ -1047,26 +1091,10 @@ static void hide_host_ttys(void) {
 			mask_fail(ENAMETOOLONG, "cover the host's terminals in %s... (%s)", m.point, TTYS_WHY);
 		if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, "to cover the host's terminals there") != id)
 			continue;
-		DIR *d = opendir(m.point);
-		if (!d)
-			mask_fail(errno, "list %s (to cover the host's terminals there)", m.point);
-		struct dirent *e;
-		while ((e = readdir(d))) {
-			if (e->d_type != DT_CHR)
-				continue;
-			struct stat st;
-			if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode) || !st.st_uid)
-				continue;
-			unsigned int major = major(st.st_rdev);
-			if (major >= 64 * 64 || !(majors[major / 64] & (1ULL << (major % 64))))
-				continue;
-			char path[PATH_MAX * 2];
-			snprintf(path, sizeof path, "%s/%s", strcmp(m.point, "/") ? m.point : "", e->d_name);
-			if (mount("/dev/null", path, "", MS_BIND, "") < 0)
-				mask_fail(errno, "cover the host's terminal %s with /dev/null (%s)", path, TTYS_WHY);
-		}
-		closedir(d);
+		cover_devices(m.point, majors);
 	}
+	// See hideHostTtys: /dev need not be a devtmpfs.
+	cover_devices("/dev", majors);
 }
 
 // drop_host_mounts is dropHostMounts.

@@ -725,12 +725,48 @@ func ttyMajors() (map[uint32]bool, error) {
 	return majors, nil
 }
 
+// coveredMisc are misc devices (major 10) that a Trial command must not
+// open, covered whoever owns them: a rule may make them 0666 or give the
+// seat's user an ACL on them (systemd's uaccess, which Steam's rules put
+// on uinput), and a Trial under sudo runs as that user.
+var coveredMisc = []struct {
+	minor     uint32
+	name, why string
+}{
+	// A VM's end of AF_VSOCK; systemd makes its static node 0666, and
+	// opening it loads the driver: the opener owns a guest CID and talks
+	// to the host's vsock services, which no network namespace holds.
+	{241, "vhost-vsock device", "any process that opens it talks to the host's vsock services as a VM, past every network layer"},
+	// A keyboard of its own, typing into the operator's session.
+	{223, "uinput device", "through it a process types into the host's display and consoles"},
+	{239, "uhid device", "through it a process types into the host's display and consoles"},
+}
+
+// coveredDevice says why a host device node in a devtmpfs mount gets
+// /dev/null over it in the Trial ("" if it does not): a terminal that is
+// not root's, and the coveredMisc devices whoever owns them.
+func coveredDevice(st *unix.Stat_t, ttys map[uint32]bool) (what, why string) {
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return "", ""
+	}
+	for _, m := range coveredMisc {
+		if st.Rdev == unix.Mkdev(10, m.minor) {
+			return m.name, m.why
+		}
+	}
+	if st.Uid != 0 && ttys[unix.Major(st.Rdev)] {
+		return "terminal", ttysWhy
+	}
+	return "", ""
+}
+
 // hideHostTtys covers with /dev/null each terminal of the host's that
 // is not root's (a virtual console or serial line that a login gave its
-// user) in every devtmpfs mount: the Trial's own pty is relayed, but a
-// Trial running as that user opened the operator's console directly,
-// read what was typed there and wrote to it. The devpts ones are
-// dropHostDevpts's.
+// user) in every devtmpfs mount, and in /dev whatever it is: the Trial's
+// own pty is relayed, but a Trial running as that user opened the
+// operator's console directly, read what was typed there and wrote to
+// it. The devpts ones are dropHostDevpts's. The coveredMisc devices are
+// covered the same way.
 func hideHostTtys() error {
 	majors, err := ttyMajors()
 	if err != nil {
@@ -759,22 +795,39 @@ func hideHostTtys() error {
 		if top != id {
 			continue
 		}
-		entries, err := os.ReadDir(mnt)
-		if err != nil {
-			return maskErr("list "+mnt, "to cover the host's terminals there", err)
+		if err := coverDevices(mnt, majors); err != nil {
+			return err
 		}
-		for _, e := range entries {
-			if e.Type()&os.ModeCharDevice == 0 {
-				continue
-			}
-			path := filepath.Join(mnt, e.Name())
-			var st unix.Stat_t
-			if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Uid == 0 || !majors[unix.Major(st.Rdev)] {
-				continue
-			}
-			if err := unix.Mount("/dev/null", path, "", unix.MS_BIND, ""); err != nil {
-				return maskErr("cover the host's terminal "+path+" with /dev/null", ttysWhy, err)
-			}
+	}
+	// /dev need not be a devtmpfs: in a container (a privileged one's
+	// holds a node of each host device, numbers and owners copied) or
+	// systemd-nspawn it is a tmpfs of nodes. Covered where it is one
+	// already, a second look finds /dev/null there.
+	return coverDevices("/dev", majors)
+}
+
+// coverDevices binds /dev/null over each node directly in dir that
+// coveredDevice names.
+func coverDevices(dir string, majors map[uint32]bool) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return maskErr("list "+dir, "to cover the host's terminals there", err)
+	}
+	for _, e := range entries {
+		if e.Type()&os.ModeCharDevice == 0 {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			continue
+		}
+		what, why := coveredDevice(&st, majors)
+		if what == "" {
+			continue
+		}
+		if err := unix.Mount("/dev/null", path, "", unix.MS_BIND, ""); err != nil {
+			return maskErr("cover the host's "+what+" "+path+" with /dev/null", why, err)
 		}
 	}
 	return nil

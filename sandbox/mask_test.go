@@ -986,16 +986,84 @@ func hostConsoleNode(t *testing.T) string {
 	return node
 }
 
+// Misc devices a Trial command must not open, whoever owns them:
+// vhost-vsock's (a VM's end of vsock: the opener takes a CID and talks to
+// the host's vsock services as a guest, past every network layer;
+// systemd's rules make it 0666), uinput's and uhid's (a keyboard of its
+// own, typing into the operator's session; Steam's rules give the seat's
+// user an ACL on uinput, and a Trial under sudo runs as that user). Each
+// is covered with /dev/null in the Trial. Where the kernel has the
+// driver, the probes show what the Trial could do otherwise.
+func TestPrivilegedHostMiscDevicesCovered(t *testing.T) {
+	nodes := hostMiscNodes(t)
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	for _, n := range nodes {
+		if code, out := runProbeAs(t, tr, nobody, Command{}, "rdev", n.path); code != probeOK || strings.TrimSpace(out) != "1:3" {
+			t.Errorf("the host's %s %s in the Trial: %d %q, want /dev/null (1:3) over it", n.name, n.path, code, out)
+		}
+		if n.probe == "" {
+			continue
+		}
+		if code, out := runProbeAs(t, tr, nobody, Command{}, n.probe, n.path); code == probeOK {
+			t.Errorf("a Trial command used the host's %s %s: %q", n.name, n.path, out)
+		}
+	}
+}
+
+type miscNode struct{ path, name, probe string }
+
+// hostMiscNodes makes a node of each coveredMisc device in the host's
+// /dev: vhost-vsock's root's and 0666, as systemd's rules make it,
+// uinput's and uhid's uid nobody's, as an ACL of the seat's user opens
+// them to it.
+func hostMiscNodes(t *testing.T) []miscNode {
+	t.Helper()
+	suffix := randSuffix()
+	nodes := []struct {
+		miscNode
+		minor uint32
+		owner int
+		mode  uint32
+	}{
+		{miscNode{"/dev/trialnet-test-vhost-vsock-" + suffix, "vhost-vsock device", "vhost-vsock"}, 241, 0, 0o666},
+		{miscNode{"/dev/trialnet-test-uinput-" + suffix, "uinput device", "uinput"}, 223, nobody, 0o600},
+		{miscNode{"/dev/trialnet-test-uhid-" + suffix, "uhid device", ""}, 239, nobody, 0o600},
+	}
+	var made []miscNode
+	for _, n := range nodes {
+		if err := unix.Mknod(n.path, unix.S_IFCHR|n.mode, int(unix.Mkdev(10, n.minor))); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Remove(n.path) })
+		// Mknod's mode is cut by the umask.
+		if err := os.Chmod(n.path, os.FileMode(n.mode)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(n.path, n.owner, -1); err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, n.miscNode)
+	}
+	return made
+}
+
 // The Go set-up's hideHostTtys, run on a thread in a mount namespace of
-// its own: the console node is /dev/null there.
+// its own: the console node and each coveredMisc device's are /dev/null
+// there.
 func TestPrivilegedGoHideHostTtys(t *testing.T) {
 	node := hostConsoleNode(t)
+	misc := hostMiscNodes(t)
 	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
 		if err := hideHostTtys(); err != nil {
 			bad = append(bad, err.Error())
 			return
 		}
-		for _, n := range []string{node, node + "-vcs"} {
+		paths := []string{node, node + "-vcs"}
+		for _, m := range misc {
+			paths = append(paths, m.path)
+		}
+		for _, n := range paths {
 			var st unix.Stat_t
 			if err := unix.Stat(n, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
 				bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", n, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
@@ -1487,5 +1555,99 @@ func TestPrivilegedHideV1OnATmpfsElsewhere(t *testing.T) {
 			}
 			return check(fmt.Sprintf("/proc/%d/root", pid), string(mi))
 		})
+	})
+}
+
+// tmpfsDev mounts a tmpfs of device nodes over /dev, as a container (a
+// privileged one's holds a node of each host device, numbers and owners
+// copied) or systemd-nspawn has it, with a console node of uid nobody's
+// and a node of each coveredMisc device; it returns their paths. For a
+// thread in mounts of its own (inOwnMounts).
+func tmpfsDev() ([]string, error) {
+	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID, "mode=755"); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"pts", "shm", "mqueue"} {
+		if err := os.Mkdir(filepath.Join("/dev", d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	nodes := []struct {
+		name  string
+		dev   uint64
+		owner int
+	}{
+		{"null", unix.Mkdev(1, 3), 0}, {"zero", unix.Mkdev(1, 5), 0}, {"full", unix.Mkdev(1, 7), 0},
+		{"random", unix.Mkdev(1, 8), 0}, {"urandom", unix.Mkdev(1, 9), 0},
+		{"tty", unix.Mkdev(5, 0), 0}, {"ptmx", unix.Mkdev(5, 2), 0},
+		{"tty63", unix.Mkdev(4, 63), nobody},
+		{"vhost-vsock", unix.Mkdev(10, 241), 0}, {"uinput", unix.Mkdev(10, 223), nobody}, {"uhid", unix.Mkdev(10, 239), nobody},
+	}
+	var covered []string
+	for _, n := range nodes {
+		path := filepath.Join("/dev", n.name)
+		if err := unix.Mknod(path, unix.S_IFCHR|0o666, int(n.dev)); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(path, 0o666); err != nil {
+			return nil, err
+		}
+		if n.owner != 0 || unix.Major(n.dev) == 10 {
+			if err := os.Chown(path, n.owner, -1); err != nil {
+				return nil, err
+			}
+			covered = append(covered, path)
+		}
+	}
+	return covered, nil
+}
+
+// A /dev that is no devtmpfs (a container's, systemd-nspawn's) holds the
+// same nodes: the init covers them there too. Seen red before the set-up
+// looked at /dev whatever it is: vhost-vsock's node kept 10:241.
+func TestPrivilegedInitCoversATmpfsDev(t *testing.T) {
+	tr := newTrial(t, newHost(t), trial.Spec{})
+	filter, err := seccompFile(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var covered []string
+	inOwnMounts(t, func() (err error) {
+		covered, err = tmpfsDev()
+		return err
+	}, func() []string {
+		pid, stop, err := initHere(tr, filter)
+		if err != nil {
+			return []string{err.Error()}
+		}
+		defer stop()
+		var bad []string
+		for _, p := range covered {
+			var st unix.Stat_t
+			if err := unix.Stat(fmt.Sprintf("/proc/%d/root%s", pid, p), &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
+				bad = append(bad, fmt.Sprintf("%s in the init's mounts: %d:%d %v, want /dev/null over it", p, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
+			}
+		}
+		return bad
+	})
+}
+
+// The Go set-up's hideHostTtys over a tmpfs /dev.
+func TestPrivilegedGoHideHostTtysInATmpfsDev(t *testing.T) {
+	var covered []string
+	inOwnMounts(t, func() (err error) {
+		covered, err = tmpfsDev()
+		return err
+	}, func() (bad []string) {
+		if err := hideHostTtys(); err != nil {
+			return []string{err.Error()}
+		}
+		for _, p := range covered {
+			var st unix.Stat_t
+			if err := unix.Stat(p, &st); err != nil || st.Rdev != unix.Mkdev(1, 3) {
+				bad = append(bad, fmt.Sprintf("%s: %d:%d %v, want /dev/null over it", p, unix.Major(st.Rdev), unix.Minor(st.Rdev), err))
+			}
+		}
+		return bad
 	})
 }

@@ -87,6 +87,10 @@ func probe(args []string) int {
 		}
 	case "open-write":
 		err = openWrite(target)
+	case "vhost-vsock":
+		err = vhostVsockGuest(target)
+	case "uinput":
+		err = uinputKeyboard(target)
 	case "read":
 		var b []byte
 		if b, err = os.ReadFile(target); err == nil {
@@ -483,6 +487,65 @@ func openWrite(path string) error {
 		_ = unix.Close(fd)
 	}
 	return err
+}
+
+// vhostVsockGuest makes the caller a vsock guest through vhost-vsock's
+// device at path: it owns the device and takes a CID, with which a VMM
+// (this process) talks to the host's vsock services.
+func vhostVsockGuest(path string) error {
+	const (
+		vhostSetOwner      = 0xaf01     // _IO(VHOST_VIRTIO, 0x01)
+		vhostVsockSetGuest = 0x4008af60 // _IOW(VHOST_VIRTIO, 0x60, __u64)
+	)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetInt(fd, vhostSetOwner, 0); err != nil {
+		return fmt.Errorf("VHOST_SET_OWNER: %w", err)
+	}
+	cid := uint64(0x7e57)
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), vhostVsockSetGuest, uintptr(unsafe.Pointer(&cid))); errno != 0 {
+		return fmt.Errorf("VHOST_VSOCK_SET_GUEST_CID: %w", errno)
+	}
+	fmt.Println("a guest of vsock, CID", cid)
+	return nil
+}
+
+// uinputKeyboard makes a keyboard through uinput's device at path, whose
+// keys would reach whatever has the focus on the host.
+func uinputKeyboard(path string) error {
+	const (
+		uiSetEvBit   = 0x40045564 // _IOW('U', 100, int)
+		uiSetKeyBit  = 0x40045565 // _IOW('U', 101, int)
+		uiDevSetup   = 0x405c5503 // _IOW('U', 3, struct uinput_setup)
+		uiDevCreate  = 0x5501     // _IO('U', 1)
+		uiDevDestroy = 0x5502     // _IO('U', 2)
+		keyA         = 30
+	)
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetInt(fd, uiSetEvBit, unix.EV_KEY); err != nil {
+		return fmt.Errorf("UI_SET_EVBIT: %w", err)
+	}
+	if err := unix.IoctlSetInt(fd, uiSetKeyBit, keyA); err != nil {
+		return fmt.Errorf("UI_SET_KEYBIT: %w", err)
+	}
+	var setup [92]byte // struct uinput_setup: input_id, name[80], ff_effects_max
+	copy(setup[8:], "trialnet-probe")
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uiDevSetup, uintptr(unsafe.Pointer(&setup[0]))); errno != 0 {
+		return fmt.Errorf("UI_DEV_SETUP: %w", errno)
+	}
+	if err := unix.IoctlSetInt(fd, uiDevCreate, 0); err != nil {
+		return fmt.Errorf("UI_DEV_CREATE: %w", err)
+	}
+	_ = unix.IoctlSetInt(fd, uiDevDestroy, 0)
+	fmt.Println("a keyboard of its own")
+	return nil
 }
 
 // openPtys opens new ptys until n are open or one fails, and says how

@@ -71,9 +71,14 @@ var (
 //   - io_setup: kernel AIO contexts come from one host-wide pool
 //     (fs.aio-max-nr) that no per-Trial limit bounds; one Trial took all
 //     65,536 and host processes got EAGAIN. glibc's POSIX AIO uses
-//     threads, and libaio users fall back on ENOSYS.
+//     threads, and libaio users fall back on ENOSYS;
+//   - pidfd_getfd: a pidfd needs no pid (SO_PEERPIDFD gives one of an
+//     allowed unix socket's server), and only Landlock, Yama or the LSM
+//     layer stand between it and a same-uid process's sockets: on 6.12
+//     with none of them in lsm= (Yama's scope 0, Debian's default) a
+//     Trial took the server's TCP socket.
 var refusedCalls = []uint32{unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEYCTL,
-	unix.SYS_BPF, unix.SYS_PERF_EVENT_OPEN, unix.SYS_USERFAULTFD, unix.SYS_IO_SETUP}
+	unix.SYS_BPF, unix.SYS_PERF_EVENT_OPEN, unix.SYS_USERFAULTFD, unix.SYS_IO_SETUP, unix.SYS_PIDFD_GETFD}
 
 // The setsockopt option ranges of netfilter's tables and IPVS (refused
 // with EPERM): IPT_SO_SET_*, ARPT_SO_SET_*, EBT_SO_SET_*, IP_VS_SO_SET_*

@@ -76,6 +76,11 @@ func testSeccomp(t *testing.T, nested bool) {
 			t.Errorf("syscall %d: filter returns %#x, want ENOSYS", nr, got)
 		}
 	}
+	// Named, not only listed: a pidfd of a host process reaches the Trial
+	// without a pid, and without Landlock nothing else refuses its fds.
+	if got := run(unix.SYS_PIDFD_GETFD, 3, 3, 0); got != retErrno|uint32(unix.ENOSYS) {
+		t.Errorf("pidfd_getfd: filter returns %#x, want ENOSYS", got)
+	}
 	for _, nr := range []uint32{unix.SYS_IO_URING_SETUP, unix.SYS_IO_URING_ENTER, unix.SYS_IO_URING_REGISTER} {
 		if got := run(nr, 3); got != retErrno|uint32(unix.ENOSYS) {
 			t.Errorf("io_uring syscall %d: filter returns %#x, want ENOSYS (a ring handed in works as its maker)", nr, got)
