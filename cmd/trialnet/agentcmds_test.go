@@ -228,7 +228,7 @@ func TestPrivilegedUninstallHonoursConfigPaths(t *testing.T) {
 // directory named like a file there; uninstall --force "destroyed" that
 // Trial and removed the file. Seen red with rootsConfig returning nil:
 // the victim file was removed, exit 0. The agent refuses it too (seen
-// red without its call of rootsConfig: it went on to start, exit 1).
+// red without its call of rootsConfig: it went on, exit 125).
 func TestPrivilegedUninstallRefusesAConfigNotRoots(t *testing.T) {
 	privtest.Require(t)
 	shared := privtest.SharedDir(t, "uninstall-")
