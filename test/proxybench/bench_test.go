@@ -39,6 +39,7 @@ import (
 
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/internal/testkit"
 )
 
 const (
@@ -673,7 +674,7 @@ func (s *results) table(order []string) (string, map[string]float64) {
 	for _, f := range figures {
 		med := map[string]float64{}
 		for rt, vs := range s.vals[f.key] {
-			med[rt] = median(vs)
+			med[rt] = testkit.Median(vs)
 		}
 		better := func(a, b string) bool {
 			return b == "" || (f.lowerBetter && med[a] < med[b]) || (!f.lowerBetter && med[a] > med[b])
@@ -744,14 +745,6 @@ func (s *results) rounds(order []string) string {
 		}
 	}
 	return b.String()
-}
-
-func median(vs []float64) float64 {
-	s := slices.Sorted(slices.Values(vs))
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // num formats v with the given decimals and thousands separators.

@@ -50,7 +50,7 @@ func TestPrivilegedAgentTakesEveryCPUUnderAFlood(t *testing.T) {
 	metrics := ln.Addr().String()
 	_ = ln.Close()
 	a := startServedAgentBin(t, e, bin, "--metrics-addr", metrics)
-	waitProcs(t, metrics, 1, "while idle")
+	waitGOMAXPROCS(t, metrics, 1, "while idle")
 
 	info, err := a.Create(context.Background(), trial.Request{ID: "flood", Allow: []string{oneEchoTarget}})
 	if err != nil {
@@ -74,7 +74,7 @@ func TestPrivilegedAgentTakesEveryCPUUnderAFlood(t *testing.T) {
 	}
 	ended := make(chan struct{})
 	go func() { _, _ = flood.Wait(); close(ended) }()
-	waitProcs(t, metrics, max, "under the flood")
+	waitGOMAXPROCS(t, metrics, max, "under the flood")
 
 	var took [4]time.Duration
 	if err := cycle(a, "beside-the-flood", &took); err != nil {
@@ -95,12 +95,12 @@ func TestPrivilegedAgentTakesEveryCPUUnderAFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-ended
-	waitProcs(t, metrics, 1, "after the flood")
+	waitGOMAXPROCS(t, metrics, 1, "after the flood")
 }
 
-// waitProcs waits up to 20 s (400 of procscale's windows) for the
+// waitGOMAXPROCS waits up to 20 s (400 of procscale's windows) for the
 // agent's metrics at addr to report want Ps.
-func waitProcs(t *testing.T, addr string, want int, when string) {
+func waitGOMAXPROCS(t *testing.T, addr string, want int, when string) {
 	t.Helper()
 	got := -1
 	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {

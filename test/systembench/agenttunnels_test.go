@@ -99,7 +99,7 @@ func BenchmarkAgentTunnels(b *testing.B) {
 		for i, v := range d {
 			ms[i] = float64(v.Microseconds()) / 1000
 		}
-		return median(ms)
+		return testkit.Median(ms)
 	}
 	var cycleRatios []float64
 	for r := range round {
@@ -121,7 +121,7 @@ func BenchmarkAgentTunnels(b *testing.B) {
 		b.ReportMetric(roundMedian(slices.Concat(t.cycles...)), prefix+"flood-cycle-p50-ms")
 	}
 	if len(builds) == 2 {
-		b.ReportMetric(median(cycleRatios), "ratio-flood-cycle-p50-ms")
+		b.ReportMetric(testkit.Median(cycleRatios), "ratio-flood-cycle-p50-ms")
 	}
 	figures := []struct {
 		unit string
@@ -143,14 +143,14 @@ func BenchmarkAgentTunnels(b *testing.B) {
 			for _, r := range t.rounds {
 				v = append(v, f.of(r))
 			}
-			b.ReportMetric(median(v), prefix+f.unit)
+			b.ReportMetric(testkit.Median(v), prefix+f.unit)
 		}
 		if len(builds) == 2 {
 			var ratios []float64
 			for r := range round {
 				ratios = append(ratios, f.of(builds[0].rounds[r])/f.of(builds[1].rounds[r]))
 			}
-			b.ReportMetric(median(ratios), "ratio-"+f.unit)
+			b.ReportMetric(testkit.Median(ratios), "ratio-"+f.unit)
 		}
 	}
 }
@@ -325,9 +325,4 @@ func serveOneEcho(b testing.TB, e *env) {
 func loadavg() string {
 	b, _ := os.ReadFile("/proc/loadavg")
 	return strings.Join(strings.Fields(string(b))[:3], " ")
-}
-
-func median(v []float64) float64 {
-	slices.Sort(v)
-	return v[len(v)/2]
 }
