@@ -165,13 +165,34 @@ const statusRunning = "running"
 // createRuntime hooks for a restore (CRIU's setup-namespaces) with the
 // status stopped, since no init of its own is recorded yet, and the
 // restored process's pid; at poststop a runtime gives no pid (runc,
-// crun) or one that is gone.
+// crun), or the init's (youki), which has exited: gone, or a zombie its
+// parent has not reaped yet (youki delete kills a created container and
+// runs poststop at once). A restore's process, which CRIU holds, is
+// never a zombie.
 func (h *Hook) restoring(st State) bool {
 	if st.Status != statusStopped || st.Pid <= 0 {
 		return false
 	}
-	_, err := os.Stat(filepath.Join(h.proc(), strconv.Itoa(st.Pid)))
-	return err == nil
+	dir := filepath.Join(h.proc(), strconv.Itoa(st.Pid))
+	if _, err := os.Stat(dir); err != nil {
+		return false
+	}
+	return !exited(dir)
+}
+
+// exited: the process at dir (/proc/PID) is a zombie or dead, as its
+// stat's state field says. One whose stat cannot be read is not known to
+// have exited.
+func exited(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return false
+	}
+	// The command name may hold spaces and parentheses: the state is
+	// the first field after the last ')'.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) > 0 && (f[0] == "Z" || f[0] == "X")
 }
 
 // Run reads the runtime's state from stdin and checks the container.
