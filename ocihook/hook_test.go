@@ -1325,17 +1325,28 @@ func TestHookRefusesARunningContainer(t *testing.T) {
 
 // youki keeps the init's pid in the state it gives a poststop, and runs
 // it at once after it kills a created container (youki delete): the
-// process is then a zombie its parent has not reaped, which ended, and
-// no restore's.
+// process is then a zombie its parent has not reaped, or still dying of
+// the SIGKILL (PF_EXITING, 0x4, in its flags), which ended, and no
+// restore's. One alive and not exiting is still read as a restore.
 func TestHookEndsAContainerWhoseProcessIsAZombie(t *testing.T) {
 	ann := map[string]string{AnnotationTrial: "eval-1"}
-	w := newContainerWorld(t)
-	if err := os.WriteFile(filepath.Join(w.proc, "4242", "stat"), []byte("4242 (sleep (1) x) Z 1 4242 4242 0 -1 4194564 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := json.Marshal(State{OCIVersion: "1.0.2", ID: "c1", Status: "stopped", Pid: testPID, Bundle: w.bundle, Annotations: ann})
-	if _, err := w.run(string(b)); err != nil || len(w.agent.ended) != 1 {
-		t.Errorf("a poststop whose process is a zombie: %v, ended %v", err, w.agent.ended)
+	for _, c := range []struct {
+		stat  string
+		ended bool
+	}{
+		{"4242 (sleep (1) x) Z 1 4242 4242 0 -1 4194564 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0\n", true},
+		{"4242 (sleep (1) x) D 1 4242 4242 0 -1 4194564 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0\n", true},
+		{"4242 (sleep (1) x) S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0\n", false},
+	} {
+		w := newContainerWorld(t)
+		if err := os.WriteFile(filepath.Join(w.proc, "4242", "stat"), []byte(c.stat), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(State{OCIVersion: "1.0.2", ID: "c1", Status: "stopped", Pid: testPID, Bundle: w.bundle, Annotations: ann})
+		_, err := w.run(string(b))
+		if c.ended != (err == nil && len(w.agent.ended) == 1) {
+			t.Errorf("a poststop whose process's stat is %q: %v, ended %v", c.stat, err, w.agent.ended)
+		}
 	}
 	// The kernel's stat of a zombie, read as the hook reads it: a child
 	// that exited and is not waited for.
