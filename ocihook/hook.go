@@ -165,13 +165,45 @@ const statusRunning = "running"
 // createRuntime hooks for a restore (CRIU's setup-namespaces) with the
 // status stopped, since no init of its own is recorded yet, and the
 // restored process's pid; at poststop a runtime gives no pid (runc,
-// crun) or one that is gone.
+// crun), or the init's (youki), which has exited: gone, a zombie its
+// parent has not reaped yet, or still exiting (youki delete kills a
+// created container and runs poststop at once). A restore's process,
+// which CRIU holds, is neither.
 func (h *Hook) restoring(st State) bool {
 	if st.Status != statusStopped || st.Pid <= 0 {
 		return false
 	}
-	_, err := os.Stat(filepath.Join(h.proc(), strconv.Itoa(st.Pid)))
-	return err == nil
+	dir := filepath.Join(h.proc(), strconv.Itoa(st.Pid))
+	if _, err := os.Stat(dir); err != nil {
+		return false
+	}
+	return !exited(dir)
+}
+
+// pfExiting is the kernel's PF_EXITING: the task is in do_exit, which a
+// fatal signal's delivery starts.
+const pfExiting = 0x4
+
+// exited: the process at dir (/proc/PID) is a zombie, dead or exiting,
+// as its stat's state and flags say. One whose stat cannot be read is
+// not known to have exited.
+func exited(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return false
+	}
+	// The command name may hold spaces and parentheses: the state is
+	// the first field after the last ')', the flags the seventh.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+		return true
+	}
+	if len(f) < 7 {
+		return false
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err == nil && flags&pfExiting != 0
 }
 
 // Run reads the runtime's state from stdin and checks the container.

@@ -7,9 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/agentwire"
@@ -1317,5 +1320,49 @@ func TestHookRefusesARunningContainer(t *testing.T) {
 		if ok != (err == nil) || err != nil && !strings.Contains(err.Error(), "must run at the createRuntime stage") {
 			t.Errorf("status %s: %v", status, err)
 		}
+	}
+}
+
+// youki keeps the init's pid in the state it gives a poststop, and runs
+// it at once after it kills a created container (youki delete): the
+// process is then a zombie its parent has not reaped, or still dying of
+// the SIGKILL (PF_EXITING, 0x4, in its flags), which ended, and no
+// restore's. One alive and not exiting is still read as a restore.
+func TestHookEndsAContainerWhoseProcessIsAZombie(t *testing.T) {
+	ann := map[string]string{AnnotationTrial: "eval-1"}
+	for _, c := range []struct {
+		stat  string
+		ended bool
+	}{
+		{"4242 (sleep (1) x) Z 1 4242 4242 0 -1 4194564 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0\n", true},
+		{"4242 (sleep (1) x) D 1 4242 4242 0 -1 4194564 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0\n", true},
+		{"4242 (sleep (1) x) S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0\n", false},
+	} {
+		w := newContainerWorld(t)
+		if err := os.WriteFile(filepath.Join(w.proc, "4242", "stat"), []byte(c.stat), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(State{OCIVersion: "1.0.2", ID: "c1", Status: "stopped", Pid: testPID, Bundle: w.bundle, Annotations: ann})
+		_, err := w.run(string(b))
+		if c.ended != (err == nil && len(w.agent.ended) == 1) {
+			t.Errorf("a poststop whose process's stat is %q: %v, ended %v", c.stat, err, w.agent.ended)
+		}
+	}
+	// The kernel's stat of a zombie, read as the hook reads it: a child
+	// that exited and is not waited for.
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Wait() }()
+	dir := filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid))
+	for i := 0; i < 500 && !exited(dir); i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !exited(dir) {
+		t.Errorf("%s: a child that exited is not read as a zombie", dir)
+	}
+	if exited("/proc/self") {
+		t.Error("this process is read as exited")
 	}
 }

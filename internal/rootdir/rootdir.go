@@ -105,7 +105,12 @@ func CanWriteAt(dir *os.File, name string) error {
 		return err
 	}
 	_ = unix.Close(fd)
-	return unix.Unlinkat(dfd, tmp, 0)
+	if err := unix.Unlinkat(dfd, tmp, 0); err != nil {
+		// An append-only directory takes a name and gives none up: the
+		// write's rename would fail the same way.
+		return fmt.Errorf("made %s there, and could not remove it (%w): remove it once the directory lets you", tmp, err)
+	}
+	return nil
 }
 
 // writeAt is WriteAt, syncing the file and the directory if durable.
