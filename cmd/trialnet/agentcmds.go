@@ -77,14 +77,18 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := timerslack.Set(timerslack.Proxy); err != nil {
 		log.Info("kept the default timer slack, which only costs CPU per CONNECT", "error", err)
 	}
+	if cf.path != "" {
+		// Checked before it is read, and read (now and on SIGHUP) by the
+		// real path checked.
+		real, err := rootsConfig(cf.path)
+		if err != nil {
+			return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("agent --config %s: %w", cf.path, err))
+		}
+		cf.path = real
+	}
 	file, cidrs, err := cf.load()
 	if err != nil {
 		return cli.Fail(stdout, stderr, false, exitUsage, err)
-	}
-	if cf.path != "" {
-		if err := rootsConfig(cf.path); err != nil {
-			return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("agent --config %s: %w", cf.path, err))
-		}
 	}
 	cfg := agent.AgentConfig{
 		Host:       hostConfig(file),
