@@ -94,6 +94,10 @@ type AgentConfig struct {
 	// ConfigPath is the file File was read from, which Reload reads
 	// again; empty: Reload refuses.
 	ConfigPath string
+	// TrustConfig, if set, judges ConfigPath before each reload and
+	// returns the path to read (the CLI's rootsConfig): a link on the way
+	// may lead elsewhere since the start, and only root's word is read.
+	TrustConfig func(path string) (string, error)
 	// PendingFor bounds how long a prepared container's pending entry
 	// waits for its hook (PrepareContainer); 0: DefaultPendingFor.
 	PendingFor time.Duration

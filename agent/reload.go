@@ -54,7 +54,13 @@ func (a *Agent) Reload(ctx context.Context, req client.ReloadRequest) (client.Re
 	if path == "" {
 		return client.ReloadResult{}, errf(client.CodeBadRequest, "this agent was started without --config: there is no file to reload")
 	}
-	f, err := config.LoadFile(path)
+	read := path
+	if a.cfg.TrustConfig != nil {
+		if read, err = a.cfg.TrustConfig(path); err != nil {
+			return client.ReloadResult{}, errf(client.CodeBadConfig, "reload refused, nothing changed: %s: %v", path, err)
+		}
+	}
+	f, err := config.LoadFile(read)
 	if err != nil {
 		return client.ReloadResult{}, errf(client.CodeBadConfig, "reload refused, nothing changed: %v", err)
 	}

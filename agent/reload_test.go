@@ -184,3 +184,37 @@ func TestPrivilegedReloadReprofile(t *testing.T) {
 	b := startAgent(t, cfg)
 	check(b, "after a restart")
 }
+
+// Each reload asks TrustConfig about the file's name and reads the path
+// it returns: the CLI's check of root's word holds for a file changed
+// or re-pointed after the start, not only at it. Seen red with Reload's
+// call of TrustConfig taken out: the refused file's profile was loaded.
+func TestPrivilegedReloadAsksTrustConfig(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 235, "upstream.example.test")
+	target := fmt.Sprintf("upstream.example.test:%d", upstreamPort)
+	cfg, path := reloadable(t, w, "profiles:\n  p1: ["+target+"]\n")
+	real := filepath.Join(t.TempDir(), "real.yaml")
+	writeConfig(t, real, "profiles:\n  p1: ["+target+"]\n  p3: ["+target+"]\n")
+	refuse := true
+	cfg.TrustConfig = func(p string) (string, error) {
+		if p != path {
+			t.Errorf("TrustConfig(%s), want %s", p, path)
+		}
+		if refuse {
+			return "", errors.New("it is uid 65534's")
+		}
+		return real, nil
+	}
+	a := startAgent(t, cfg)
+	writeConfig(t, path, "profiles:\n  p1: ["+target+"]\n  p2: ["+target+"]\n")
+	_, err := a.Reload(context.Background(), client.ReloadRequest{})
+	wantCode(t, err, client.CodeBadConfig, "uid 65534's")
+	_, err = a.Create(context.Background(), trialspec.Request{ID: "tc-p2", Profiles: []string{"p2"}})
+	wantCode(t, err, client.CodeUnknownProfile, "p2")
+	refuse = false
+	res, err := a.Reload(context.Background(), client.ReloadRequest{})
+	if err != nil || !slices.Equal(res.Profiles, []string{"p1", "p3"}) {
+		t.Fatalf("reload with the path TrustConfig returned: %+v %v; want %s's profiles p1, p3", res, err, real)
+	}
+}

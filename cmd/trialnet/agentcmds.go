@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -24,6 +23,7 @@ import (
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/internal/cli"
 	"github.com/trialnet/trialnet/internal/procscale"
+	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/keeper"
@@ -77,14 +77,22 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := timerslack.Set(timerslack.Proxy); err != nil {
 		log.Info("kept the default timer slack, which only costs CPU per CONNECT", "error", err)
 	}
+	// Checked before it is read, now and at each reload (TrustConfig),
+	// and read by the real path checked.
+	var given string
+	if cf.path != "" {
+		real, err := rootsConfig(cf.path)
+		if err != nil {
+			return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("agent --config %s: %w", cf.path, err))
+		}
+		if given, err = rootdir.Unclean(cf.path); err != nil {
+			return cli.Fail(stdout, stderr, false, exitUsage, err)
+		}
+		cf.path = real
+	}
 	file, cidrs, err := cf.load()
 	if err != nil {
 		return cli.Fail(stdout, stderr, false, exitUsage, err)
-	}
-	if cf.path != "" {
-		if err := rootsConfig(cf.path); err != nil {
-			return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("agent --config %s: %w", cf.path, err))
-		}
 	}
 	cfg := agent.AgentConfig{
 		Host:       hostConfig(file),
@@ -94,10 +102,12 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		AllowCIDRs: cidrs,
 		Logger:     log,
 	}
-	if cf.path != "" {
-		if cfg.ConfigPath, err = filepath.Abs(cf.path); err != nil {
-			return cli.Fail(stdout, stderr, false, exitUsage, err)
-		}
+	if given != "" {
+		// The name given, not the file it led to: a reload after root
+		// points a link there at a new file (as config management does)
+		// reads the new one.
+		cfg.ConfigPath = given
+		cfg.TrustConfig = rootsConfig
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()

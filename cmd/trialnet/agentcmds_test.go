@@ -501,3 +501,50 @@ func TestHealth(t *testing.T) {
 		}
 	}
 }
+
+// rootsConfig follows a link at the config's own name only as far as
+// root's word goes: a link someone else owns (in a sticky directory such
+// as /tmp) can be pointed at their file once checked, before the load or
+// a SIGHUP's reload, and a root link may lead into their directory. A
+// root link to a root file is followed, and the file's real path is what
+// gets read. Seen red with rootsConfig's Lstat made a Stat (the last
+// name followed unchecked, as before): both links were accepted, and the
+// root link returned as itself.
+func TestPrivilegedRootsConfigFollowsOnlyRootsLinks(t *testing.T) {
+	privtest.Require(t)
+	dir := t.TempDir()
+	roots, theirs, sticky := filepath.Join(dir, "roots"), filepath.Join(dir, "theirs"), filepath.Join(dir, "tmp")
+	for _, d := range []string{roots, theirs, sticky} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := errors.Join(os.Chmod(sticky, 0o777|os.ModeSticky), os.Chown(theirs, 65534, 65534)); err != nil {
+		t.Fatal(err)
+	}
+	good, inTheirs := filepath.Join(roots, "trialnet.yaml"), filepath.Join(theirs, "trialnet.yaml")
+	for _, f := range []string{good, inTheirs} {
+		if err := os.WriteFile(f, []byte("profiles: {}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := func(name, target string, owner int) string {
+		p := filepath.Join(sticky, name)
+		if err := errors.Join(os.Symlink(target, p), os.Lchown(p, owner, owner)); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, c := range []struct{ path, why string }{
+		{link("theirs-link", good, 65534), "owned by uid 65534"},
+		{link("into-theirs", inTheirs, 0), "owned by uid 65534"},
+	} {
+		if real, err := rootsConfig(c.path); err == nil || !strings.Contains(err.Error(), c.why) {
+			t.Errorf("rootsConfig(%s) = %q, %v; want it refused, saying %q", c.path, real, err, c.why)
+		}
+	}
+	p := link("roots-link", "../roots/trialnet.yaml", 0)
+	if real, err := rootsConfig(p); err != nil || real != good {
+		t.Errorf("rootsConfig(%s) = %q, %v; want %s, root's link and file", p, real, err, good)
+	}
+}

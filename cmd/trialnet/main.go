@@ -188,10 +188,11 @@ func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	file := &config.File{}
 	if *configPath != "" {
-		if err := rootsConfig(*configPath); err != nil {
+		real, err := rootsConfig(*configPath)
+		if err != nil {
 			return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("uninstall --config %s: %w", *configPath, err))
 		}
-		f, err := config.LoadFile(*configPath)
+		f, err := config.LoadFile(real)
 		if err != nil {
 			return cli.Fail(stdout, stderr, false, exitUsage, err)
 		}
@@ -208,29 +209,52 @@ func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) 
 // rootsConfig refuses a config file that anyone but root could have
 // written: uninstall removes, as root, what its paths name (a netns_dir
 // of /etc and a cgroup_parent holding a directory "shadow" removed
-// /etc/shadow), so its paths must be root's word.
-func rootsConfig(path string) error {
-	if !filepath.IsAbs(path) {
-		// Not cleaned: TrustedPath takes "link/.." as the kernel does.
-		wd, err := os.Getwd()
-		if err != nil {
-			return err
-		}
-		path = wd + "/" + path
-	}
-	real, err := rootdir.TrustedPath(path, 0)
+// /etc/shadow), so its paths must be root's word. It returns the file's
+// real path, which is what the caller reads: a link at the name is
+// followed only if root's, and to a path checked in turn, since one
+// someone else owns (in /tmp, say) could lead elsewhere once checked,
+// when the file is read or the agent's SIGHUP reads it again.
+func rootsConfig(path string) (string, error) {
+	// Not cleaned: TrustedPath takes "link/.." as the kernel does.
+	next, err := rootdir.Unclean(path)
 	if err != nil {
-		return fmt.Errorf("someone but root could change what it names: %w; keep it root's (sudo install -D -m 0644 FILE /etc/trialnet/trialnet.yaml)", err)
+		return "", err
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(real, &st); err != nil {
-		return err
+	for links := 0; ; links++ {
+		real, err := rootdir.TrustedPath(next, 0)
+		if err != nil {
+			return "", fmt.Errorf("someone but root could change what it names: %w; keep it root's (sudo install -D -m 0644 FILE /etc/trialnet/trialnet.yaml)", err)
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(real, &st); err != nil {
+			return "", err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			if st.Uid != 0 || st.Mode&0o022 != 0 {
+				return "", fmt.Errorf("it is uid %d's with mode %04o: someone but root could have written it (its paths, which trialnet makes, writes and removes as root, and its policy); keep it root's and not writable by others (sudo chown root: %s; sudo chmod go-w %s)", st.Uid, st.Mode&0o7777, real, real)
+			}
+			return real, nil
+		}
+		if st.Uid != 0 {
+			return "", fmt.Errorf("%s is a link owned by uid %d, not root: its owner can point it at another file once it is checked; pass the path of the file it leads to instead (readlink -f %s shows it)", real, st.Uid, path)
+		}
+		if links >= maxConfigLinks {
+			return "", fmt.Errorf("%s: more than %d links on the way (a loop of links?): name the file itself", real, maxConfigLinks)
+		}
+		target, err := os.Readlink(real)
+		if err != nil {
+			return "", err
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Dir(real) + "/" + target
+		}
+		next = target
 	}
-	if st.Uid != 0 || st.Mode&0o022 != 0 {
-		return fmt.Errorf("it is uid %d's with mode %04o: someone but root could have written it (its paths, which trialnet makes, writes and removes as root, and its policy); keep it root's and not writable by others (sudo chown root: %s; sudo chmod go-w %s)", st.Uid, st.Mode&0o7777, path, path)
-	}
-	return nil
 }
+
+// maxConfigLinks bounds the links rootsConfig follows at the file's own
+// name, as the kernel's limit does.
+const maxConfigLinks = 40
 
 // warmSignals starts the runtime's signal machinery (os/signal's loop and
 // the thread that keeps the signal mask) beside a run's or an exec's

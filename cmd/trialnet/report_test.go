@@ -965,7 +965,9 @@ func TestVerifyLogSaysRecordsUnwritten(t *testing.T) {
 // starts or CMD runs: a Trial that rewrote it would give the next run
 // that reads it learn: true, names of its own and a state directory of
 // its choosing, which root then makes. A file only root can change is
-// used. Seen red with configOutOfReach returning nil: each CMD ran.
+// used, through a root link too (refused before configOutOfReach
+// followed a link at the name: "not a regular file or FIFO"). Seen red
+// with configOutOfReach returning nil: each CMD ran.
 func TestPrivilegedRunConfigOutOfTheTrialsReach(t *testing.T) {
 	privtest.Require(t)
 	installedByTest(t)
@@ -993,16 +995,26 @@ func TestPrivilegedRunConfigOutOfTheTrialsReach(t *testing.T) {
 		}
 		return path
 	}
+	// A root link out of the Trial's reach, as /etc's are on NixOS, is
+	// followed, and what it leads to is judged as the file itself.
+	link := func(target, path string) string {
+		if err := os.Symlink(target, path); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
 	ran := filepath.Join(proj, "ran")
 	runWith := func(config string) (int, string) {
 		code, _, errOut := trialnet("run", "--socket", sock, "--uid", "65534", "--gid", "65534", "--config", config, "--profile", "p",
 			"--", "sh", "-c", "touch "+ran)
 		return code, errOut
 	}
+	write(filepath.Join(etc, "roots.yaml"), 0o644, 0)
 	for _, c := range []struct{ config, why string }{
 		{write(filepath.Join(proj, "own.yaml"), 0o644, 65534), "owned by uid 65534"},
 		{write(filepath.Join(proj, "roots.yaml"), 0o644, 0), "owned by uid 65534"}, // its directory is the Trial's
 		{write(filepath.Join(etc, "world.yaml"), 0o666, 0), "may write"},
+		{link(filepath.Join(proj, "roots.yaml"), filepath.Join(etc, "into-proj.yaml")), "owned by uid 65534"},
 	} {
 		code, errOut := runWith(c.config)
 		if code != exitUsage || !strings.Contains(errOut, "could change this file") || !strings.Contains(errOut, c.why) {
@@ -1012,8 +1024,8 @@ func TestPrivilegedRunConfigOutOfTheTrialsReach(t *testing.T) {
 			t.Fatalf("--config %s: the Trial ran", c.config)
 		}
 	}
-	if code, errOut := runWith(write(filepath.Join(etc, "roots.yaml"), 0o644, 0)); code != exitOK {
-		t.Fatalf("--config in a directory only root can write: exit %d\n%s", code, errOut)
+	if code, errOut := runWith(link("roots.yaml", filepath.Join(etc, "link.yaml"))); code != exitOK {
+		t.Fatalf("--config through root's link to root's file: exit %d\n%s", code, errOut)
 	}
 	if _, err := os.Stat(ran); err != nil {
 		t.Fatalf("the Trial did not run with root's config: %v", err)

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/trialnet/trialnet/agent"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/cli"
@@ -209,8 +211,12 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 		}
 		return c, c.Release, exitOK, nil
 	}
-	if err := configOutOfReach(f.cf.path, uid, gid); err != nil {
+	real, err := configOutOfReach(f.cf.path, uid, gid)
+	if err != nil {
 		return nil, nil, exitUsage, err
+	}
+	if real != "" {
+		f.cf.path = real // read what was checked
 	}
 	file, cidrs, err := f.cf.load()
 	if err != nil {
@@ -237,17 +243,54 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 // change: one in the operator's project, which a Trial running as the
 // operator writes, would hand the next run that reads it whatever the
 // Trial put there (learn: true, more names, host services, a state
-// directory of its choosing that root then makes and writes).
-func configOutOfReach(path string, uid, gid uint32) error {
+// directory of its choosing that root then makes and writes). A link at
+// the name (/etc's are links on NixOS) is followed if it and its
+// directories are out of the Trial's reach, and the file it leads to is
+// judged in turn; the path returned is that file's, the one to read.
+func configOutOfReach(path string, uid, gid uint32) (string, error) {
 	if path == "" {
-		return nil
+		return "", nil
 	}
-	if err := rootdir.FileOutOfReach(path, uid, gid); err != nil {
-		return usageError{fmt.Sprintf("run --config %s: the Trial (uid %d) could change this file, and with it the allowlist and paths of every later run that reads it: %v; "+
+	real, err := followConfigLinks(path, uid, gid)
+	if err == nil {
+		err = rootdir.FileOutOfReach(real, uid, gid)
+	}
+	if err != nil {
+		return "", usageError{fmt.Sprintf("run --config %s: the Trial (uid %d) could change this file, and with it the allowlist and paths of every later run that reads it: %v; "+
 			"put it where only root can write (sudo install -m 0644 %s /etc/trialnet/trialnet.yaml) and pass that, or run the Trial as a dedicated --uid and --gid",
 			path, uid, err, path)}
 	}
-	return nil
+	return real, nil
+}
+
+// followConfigLinks follows the links at path's last name, each checked
+// out of the Trial's reach (rootdir.OutOfReach: its directories; a link
+// cannot be changed in place, only replaced through its directory).
+func followConfigLinks(path string, uid, gid uint32) (string, error) {
+	p, err := rootdir.Unclean(path)
+	if err != nil {
+		return "", err
+	}
+	for links := 0; ; links++ {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			return p, nil // FileOutOfReach says what is wrong with it
+		}
+		if links >= maxConfigLinks {
+			return "", fmt.Errorf("%s: more than %d links on the way (a loop of links?)", path, maxConfigLinks)
+		}
+		if err := rootdir.OutOfReach(p, uid, gid); err != nil {
+			return "", err
+		}
+		target, err := os.Readlink(p)
+		if err != nil {
+			return "", err
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Dir(p) + "/" + target
+		}
+		p = target
+	}
 }
 
 // runErrCode is the exit code of a run that never got CMD going: the

@@ -23,6 +23,7 @@ type mount struct {
 	Name             string `yaml:"name"`
 	MountPath        string `yaml:"mountPath"`
 	MountPropagation string `yaml:"mountPropagation"`
+	SubPath          string `yaml:"subPath"`
 }
 
 type probe struct {
@@ -196,6 +197,31 @@ func TestAgentDaemonSet(t *testing.T) {
 	if byKind["ServiceAccount"].Metadata.Name != ps.ServiceAccountName {
 		t.Errorf("service account %q not defined", ps.ServiceAccountName)
 	}
+}
+
+// The agent's --config is the ConfigMap's file mounted by itself
+// (subPath): the agent refuses a config reached through a directory
+// others may write, and a ConfigMap's volume is an emptyDir, mode 0777,
+// so mounted as a directory at /etc/trialnet it kept the agent from
+// starting. Seen red with the old mount of the whole volume there.
+func TestAgentConfigIsAFileMount(t *testing.T) {
+	_, containers := load(t)
+	agent := containers["agent"]
+	i := slices.Index(agent.Command, "--config")
+	if i < 0 || i+1 >= len(agent.Command) {
+		t.Fatalf("the agent's command %q has no --config", agent.Command)
+	}
+	cfg := agent.Command[i+1]
+	for _, m := range agent.VolumeMounts {
+		if m.Name != "config" {
+			continue
+		}
+		if m.MountPath != cfg || m.SubPath != filepath.Base(cfg) {
+			t.Errorf("the config volume is mounted at %s (subPath %q), want the file alone at %s (subPath %s)", m.MountPath, m.SubPath, cfg, filepath.Base(cfg))
+		}
+		return
+	}
+	t.Errorf("no mount of the config volume in the agent container")
 }
 
 // A rolling update cuts no Trial: the new pod starts beside the old one

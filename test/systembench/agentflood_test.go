@@ -3,6 +3,7 @@
 package systembench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -67,14 +68,26 @@ func TestPrivilegedAgentTakesEveryCPUUnderAFlood(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Bounded by the Trial's destruction below, long before its count.
+	// Its stderr says why, should it end early: a flood that failed would
+	// otherwise show only as an agent left on one P.
+	var floodErr bytes.Buffer
 	flood, err := tr.Start(sandbox.Command{Args: []string{helper, agent.ProxyEndpoints[0].String(), oneEchoTarget, "10000000", "64"},
-		UID: 65534, GID: 65534, Stderr: io.Discard})
+		UID: 65534, GID: 65534, Stderr: &floodErr})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ended := make(chan struct{})
 	go func() { _, _ = flood.Wait(); close(ended) }()
-	waitGOMAXPROCS(t, metrics, max, "under the flood")
+	for end := time.Now().Add(20 * time.Second); gomaxprocs(t, metrics) != max; time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-ended:
+			t.Fatalf("the flood ended before the agent took every CPU: %s", floodErr.Bytes())
+		default:
+		}
+		if time.Now().After(end) {
+			t.Fatalf("under the flood the agent had %d Ps for 20 s, want %d", gomaxprocs(t, metrics), max)
+		}
+	}
 
 	var took [4]time.Duration
 	if err := cycle(a, "beside-the-flood", &took); err != nil {
