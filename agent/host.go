@@ -80,9 +80,6 @@ func OpenHost(cfg Config) (*Host, error) {
 	if nsDir == "" {
 		nsDir = netns.DefaultDir
 	}
-	if err := netns.MountDir(nsDir); err != nil {
-		return nil, err
-	}
 	l, err := bpf.Load(bpf.Options{Cgroup: parent, PinDir: cfg.PinDir})
 	if err != nil {
 		// Probing costs a few program loads: only spent to explain a failure.
@@ -92,6 +89,13 @@ func OpenHost(cfg Config) (*Host, error) {
 		if strings.Contains(err.Error(), "not on a bpf filesystem") {
 			return nil, fmt.Errorf("%w (the pin directory must be on bpffs: mount it with 'mount -t bpf bpf /sys/fs/bpf', or point paths.pin_dir there)", err)
 		}
+		return nil, err
+	}
+	// After the load, which refuses a wrong parent or pin directory: a
+	// host that cannot open leaves no mount behind. The pinned layer
+	// stays whatever follows, as it does at Close.
+	if err := netns.MountDir(nsDir); err != nil {
+		_ = l.Close()
 		return nil, err
 	}
 	return &Host{&sandbox.Host{Parent: parent, NetnsDir: cfg.NetnsDir, StateDir: cfg.StateDir, Proxy: ProxyEndpoints, BPF: l}}, nil

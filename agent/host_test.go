@@ -15,6 +15,7 @@ import (
 	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
@@ -44,6 +45,31 @@ func TestPrivilegedUninstallRefusesWhileTrialsLive(t *testing.T) {
 	for _, p := range []string{cfg.PinDir, cfg.Parent} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Fatalf("%s left after uninstall", p)
+		}
+	}
+}
+
+// A host that cannot open (its cgroup parent is not on cgroup2) leaves
+// its netns directory as it found it, not made a mount of its own. Seen
+// red with the directory mounted before the eBPF layer's load: the mount
+// was left.
+func TestPrivilegedOpenHostFailingLeavesNoMount(t *testing.T) {
+	privtest.Require(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	cfg := Config{Parent: t.TempDir(), PinDir: bpf.DefaultPinDir + "-agenttest-" + hex.EncodeToString(b[:]), NetnsDir: t.TempDir(), StateDir: t.TempDir()}
+	t.Cleanup(func() { _ = unix.Unmount(cfg.NetnsDir, unix.MNT_DETACH); _ = os.RemoveAll(cfg.PinDir) })
+	if h, err := OpenHost(cfg); err == nil {
+		_ = h.Close()
+		t.Fatalf("OpenHost with a parent not on cgroup2 (%s): no error", cfg.Parent)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(mi)) {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == cfg.NetnsDir {
+			t.Fatalf("a failed OpenHost left %s mounted: %s", cfg.NetnsDir, line)
 		}
 	}
 }
