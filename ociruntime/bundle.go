@@ -131,8 +131,26 @@ func (b *bundle) claim() (claim, error) {
 			return claim{}, fmt.Errorf("the cgroup parent %s and the annotation %s=%s name different Trials", parent, ocihook.AnnotationTrial, c.trial)
 		}
 		c.trial, c.bySlice = id, true
+	} else if near := nearSlice(cp); near != "" {
+		// Passed on as unclaimed, it would run where its engine put it
+		// (on a Docker network), while its author believes it confined.
+		return claim{}, fmt.Errorf("its cgroups path %s has %s, which looks like a Trial's cgroup parent but is not one: only a parent that is exactly %sID%s (no directory above or below it, in that case) places a container in Trial ID; give --cgroup-parent %sID%s, or a parent not spelt like one", cp, near, SlicePrefix, SliceSuffix, SlicePrefix, SliceSuffix)
 	}
 	return c, nil
+}
+
+// nearSlice is the first element of cgroups path cp (either driver's
+// spelling) that reads as a Trial's cgroup parent without regard to
+// case, where the path as a whole is not the claim: an element above or
+// below the Trial's slice, or a slice spelt in another case.
+func nearSlice(cp string) string {
+	for _, el := range strings.FieldsFunc(cp, func(r rune) bool { return r == '/' || r == ':' }) {
+		l := strings.ToLower(el)
+		if strings.HasPrefix(l, SlicePrefix) && strings.HasSuffix(l, SliceSuffix) {
+			return el
+		}
+	}
+	return ""
 }
 
 // namespaces maps the namespace types the spec names to their paths

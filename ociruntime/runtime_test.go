@@ -331,6 +331,13 @@ func TestPrepareUnclaimedAndRefused(t *testing.T) {
 	}{
 		{"unknown Trial", "trialnet-eval-42.slice/" + ctr, nil, "cannot look Trial \"eval-42\" up: no agent"},
 		{"bad id", "trialnet-Eval.42.slice/" + ctr, nil, "names no valid Trial id"},
+		// A parent that reads as a claim but is not one: passed on
+		// unclaimed, it ran on its Docker network, outside any Trial.
+		{"below a Trial's slice", "/trialnet-eval-42.slice/agents/" + ctr, nil, "looks like a Trial's cgroup parent but is not one"},
+		{"above a Trial's slice", "/evals/trialnet-eval-42.slice/" + ctr, nil, "looks like a Trial's cgroup parent but is not one"},
+		{"another case", "/Trialnet-eval-42.slice/" + ctr, nil, "looks like a Trial's cgroup parent but is not one"},
+		{"the slice as the container's own", "/trialnet-eval-42.slice", nil, "looks like a Trial's cgroup parent but is not one"},
+		{"systemd, another case", "Trialnet-eval-42.slice:docker:" + ctr, nil, "looks like a Trial's cgroup parent but is not one"},
 		{"two Trials", "trialnet-eval-42.slice/" + ctr, func(d map[string]any) {
 			d["annotations"] = map[string]any{ocihook.AnnotationTrial: "other"}
 		}, "name different Trials"},

@@ -285,6 +285,36 @@ func TestPrivilegedContainerDocker(t *testing.T) {
 	}
 }
 
+// A cgroup parent that reads as a Trial's but is not exactly one (a
+// directory below the Trial's slice, a slice in another case) is
+// refused by the wrapper, saying why: passed on as unclaimed, the
+// container ran on its Docker network, with an address of its own,
+// outside every Trial, while its author believed it confined.
+func TestPrivilegedContainerDockerNearClaim(t *testing.T) {
+	requireDocker(t)
+	w := newContainerTrial(t, "ctr-near")
+	d := startDockerd(w)
+	if out, err := d.cmd("network", "create", "--subnet", "10.231.3.0/24", "tnnear").CombinedOutput(); err != nil {
+		t.Fatalf("docker network create: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = d.cmd("network", "rm", "tnnear").Run() })
+	slice := ociruntime.SlicePrefix + w.info.ID + ociruntime.SliceSuffix
+	for _, parent := range []string{slice + "/agents", "Trialnet-" + w.info.ID + ociruntime.SliceSuffix} {
+		t.Run(parent, func(t *testing.T) {
+			t.Cleanup(func() {
+				removeTopCgroup(t, parent)
+				removeTopCgroup(t, strings.Split(parent, "/")[0])
+			})
+			flags := replaceNetwork(trialFlags(w.info.ID), "tnnear")
+			flags[slices.Index(flags, "--cgroup-parent")+1] = parent
+			out, err := d.run(flags, "cat", "/proc/net/dev")
+			if err == nil || strings.Contains(out, "eth0") || !strings.Contains(out, "looks like a Trial's cgroup parent but is not one") {
+				t.Errorf("want refused by the wrapper, saying why (%v):\n%s", err, out)
+			}
+		})
+	}
+}
+
 // A container in a Trial run on a Docker network, and connected to a
 // second one while it runs, has only the Trial namespace's loopback:
 // the wrapper took Docker's network setup hook out, so Docker's network
