@@ -612,6 +612,9 @@ func (a *Agent) Audit(_ context.Context, id string) ([]record.Event, error) {
 	if err != nil {
 		return nil, errf(client.CodeInternal, "decision log of Trial %q: %v", id, err)
 	}
+	if err := a.endedLogSigned(id); err != nil {
+		return nil, err
+	}
 	return recs, nil
 }
 

@@ -412,6 +412,46 @@ func TestPrivilegedReusedIDStartsAFreshLog(t *testing.T) {
 	}
 }
 
+// An ended Trial's decision log is audited only as its receipt signed
+// it: one with a record taken out, or one put in, was read as the whole
+// and clean account of the Trial.
+func TestPrivilegedAuditRefusesAnEndedLogChanged(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 233)
+	a := startAgent(t, w.config(t))
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: "agt-tamper"}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if code, _ := through(t, a, "agt-tamper", "http://denied.example.test:443/"); code == 0 {
+			t.Fatal("a CONNECT with an empty allowlist succeeded")
+		}
+	}
+	if _, err := a.Destroy(context.Background(), "agt-tamper"); err != nil {
+		t.Fatal(err)
+	}
+	path := a.decisionLog("agt-tamper")
+	signed, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := a.Audit(context.Background(), "agt-tamper"); err != nil || len(recs) != 2 {
+		t.Fatalf("the log as signed: %d records, %v", len(recs), err)
+	}
+	first, rest, _ := bytes.Cut(signed, []byte("\n"))
+	for name, b := range map[string][]byte{
+		"a refusal taken out": rest,
+		"a record put in":     append(slices.Clone(signed), first...),
+	} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if recs, err := a.Audit(context.Background(), "agt-tamper"); err == nil || !strings.Contains(err.Error(), "not the one its receipt was signed with") {
+			t.Errorf("%s: audited as %d records (%v)", name, len(recs), err)
+		}
+	}
+}
+
 // hold serves /hold, a request held open as a long tunnel (counted in
 // holding until its client goes), and says whether r was it.
 func (w *world) hold(rw http.ResponseWriter, r *http.Request) bool {

@@ -358,6 +358,54 @@ func (a *Agent) sign(lt *trial, st *client.Stats, exit *int) error {
 	return a.keepReceipt(st.Trial, append(b, '\n'))
 }
 
+// endedLogSigned refuses the decision log of an ended Trial that is not
+// the one its kept receipt was signed with: truncated, rotated or edited
+// after the Trial ended, it would read as a whole and clean account. A
+// Trial still in the registry (live, or ending) is still being written;
+// one that ended without a receipt (no key, or removed at an agent's
+// start) has nothing to hold its log to.
+func (a *Agent) endedLogSigned(id string) error {
+	a.mu.Lock()
+	_, present := a.trials[id]
+	a.mu.Unlock()
+	if present || a.cfg.ReceiptKey == "" {
+		return nil
+	}
+	path := filepath.Join(a.cfg.DataDir, id, "receipt.json")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	var s client.SignedReceipt
+	if err == nil {
+		err = json.Unmarshal(b, &s)
+	}
+	pub, kerr := ReadPublicKey(ReceiptPublicKey(a.cfg.ReceiptKey))
+	var r client.Receipt
+	if err = errors.Join(err, kerr); err == nil {
+		r, err = s.Verify(pub)
+	}
+	if err != nil {
+		return errf(client.CodeInternal, "Trial %q's receipt %s cannot be checked (%v), so neither can its decision log: read the log as it is with 'trialnet audit --from %s'", id, path, err, a.decisionLog(id))
+	}
+	if r.DecisionLog == nil {
+		return nil
+	}
+	d, err := DigestLog(a.decisionLog(id))
+	switch {
+	case err != nil:
+		return errf(client.CodeInternal, "digest Trial %q's decision log: %v", id, err)
+	case d == nil || d.SHA256 != r.DecisionLog.SHA256 || d.Bytes != r.DecisionLog.Bytes:
+		var now int64
+		if d != nil {
+			now = d.Bytes
+		}
+		return errf(client.CodeInternal, "Trial %q's decision log is not the one its receipt was signed with (%d bytes signed, %d now): it was changed after the Trial ended (truncated, rotated or edited), so its records are no account of the Trial; 'trialnet verify %s' says the same; read it as it is with 'trialnet audit --from %s'",
+			id, r.DecisionLog.Bytes, now, path, a.decisionLog(id))
+	}
+	return nil
+}
+
 // keepReceipt writes Trial id's receipt into the Trial's data directory,
 // durably as a whole: WriteFileAtomic syncs the directory that names the
 // receipt, and the directory's own name in DataDir, made at create, is
