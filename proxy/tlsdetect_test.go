@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,6 +13,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -214,4 +216,73 @@ func (c *reRecordConn) Write(b []byte) (int, error) {
 		}
 	}
 	return len(b), nil
+}
+
+// sniRouter is a front that routes by the ClientHello's name, in any
+// case but otherwise as sent, as nginx's ssl_preread into a map does:
+// "a.test" to its tenant, anything else to the default route, another
+// tenant's. Each route answers its
+// name and closes; the bytes the default route received are counted.
+func sniRouter(defaultGot *atomic.Int64) func(*net.TCPConn) {
+	return func(c *net.TCPConn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		hello, _, info, err := wire.ReadClientHello(c, nil, false)
+		if err != nil {
+			return
+		}
+		if strings.EqualFold(info.ServerName, "a.test") {
+			_, _ = c.Write([]byte("tenant a"))
+			return
+		}
+		defaultGot.Add(int64(len(hello)))
+		_, _ = c.Write([]byte("tenant b"))
+	}
+}
+
+// TestTLSNameWithTrailingDotRefused sends a ClientHello naming the
+// CONNECT host with a trailing dot ("a.test."), which the name check
+// once took for "a.test": a front that routes by the name as sent gives
+// it to its default route, another tenant. It is refused before anything
+// reaches the front; the name itself, in any case, still reaches its own.
+func TestTLSNameWithTrailingDotRefused(t *testing.T) {
+	var defaultGot atomic.Int64
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: sniRouter(&defaultGot)})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	send := func(hello []byte) string {
+		t.Helper()
+		resp, c, br := tp.connect(t, connectHead("a.test:443"))
+		if resp.StatusCode != 200 {
+			t.Fatal(resp.Status)
+		}
+		if _, err := c.Write(hello); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(br)
+		return string(got)
+	}
+	// crypto/tls drops a trailing dot from the name it sends: one is put
+	// in place of the last byte of a name as long.
+	dotted := tlstest.ClientHello(t, "a.testx")
+	i := bytes.Index(dotted, []byte("a.testx"))
+	if i < 0 || bytes.Count(dotted, []byte("a.testx")) != 1 {
+		t.Fatal("the server name is not in the ClientHello once")
+	}
+	dotted[i+len("a.test")] = '.'
+	if got := send(dotted); got != string(tlsAccessDenied) {
+		t.Fatalf("a trailing dot: the client got %q, want an access_denied alert", got)
+	}
+	if ev := tp.event(t); ev.Decision != record.DecisionDeny || ev.Reason != record.ReasonSNIMismatch || ev.SNI != "a.test." {
+		t.Fatalf("event %+v, want sni_mismatch", ev)
+	}
+	if n := defaultGot.Load(); n != 0 {
+		t.Fatalf("%d bytes of the ClientHello reached the front's default route", n)
+	}
+	for _, name := range []string{"a.test", "A.Test"} {
+		if got := send(tlstest.ClientHello(t, name)); got != "tenant a" {
+			t.Fatalf("%s: the client got %q, want its own tenant", name, got)
+		}
+		if ev := tp.event(t); ev.Decision != record.DecisionAllow {
+			t.Fatalf("%s: event %+v, want allow", name, ev)
+		}
+	}
 }

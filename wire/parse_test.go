@@ -54,6 +54,26 @@ func TestParseClientHello(t *testing.T) {
 	}
 }
 
+// TestCheckSNI pins which server names pass for a CONNECT host: the host
+// in any case; never with a trailing dot, which a front routing by the
+// name as sent reads as another name.
+func TestCheckSNI(t *testing.T) {
+	for sni, want := range map[string]record.Reason{
+		"api.example.com":   "",
+		"API.Example.COM":   "",
+		"api.example.com.":  record.ReasonSNIMismatch,
+		"API.EXAMPLE.COM.":  record.ReasonSNIMismatch,
+		"api.example.com..": record.ReasonSNIMismatch,
+		"other.example.com": record.ReasonSNIMismatch,
+		"":                  record.ReasonSNIMissing,
+	} {
+		err := CheckSNI(ClientHelloInfo{ServerName: sni}, "api.example.com")
+		if got := record.ReasonOf(err); got != want || (want == "") != (err == nil) {
+			t.Errorf("CheckSNI(%q) = %v, want reason %q", sni, err, want)
+		}
+	}
+}
+
 // TestClassifyStream pins which first bytes make a stream TLS.
 func TestClassifyStream(t *testing.T) {
 	for _, c := range []struct {

@@ -403,7 +403,12 @@ func parseSNI(data cursor) (string, error) {
 	return name, nil
 }
 
-// CheckSNI compares the ClientHello's name with the CONNECT host.
+// CheckSNI compares the ClientHello's name with the CONNECT host, in any
+// case. A name with a trailing dot is refused: RFC 6066 forbids it, so a
+// front that routes by name need not read it as the name without one
+// (nginx's ssl_preread into a map, HAProxy's req.ssl_sni match it as
+// sent and take the default route, another tenant's), and the
+// ClientHello goes on as the client sent it.
 func CheckSNI(info ClientHelloInfo, host string) error {
 	if info.ECH {
 		return record.Deny(record.ReasonTLSECH, "the ClientHello is encrypted (ECH), so its real server name cannot be checked against %s", host)
@@ -411,7 +416,10 @@ func CheckSNI(info ClientHelloInfo, host string) error {
 	if info.ServerName == "" {
 		return record.Deny(record.ReasonSNIMissing, "the ClientHello names no server; it must name %s", host)
 	}
-	sni := strings.ToLower(strings.TrimSuffix(info.ServerName, "."))
+	if strings.HasSuffix(info.ServerName, ".") {
+		return record.Deny(record.ReasonSNIMismatch, "the ClientHello names %q, with a trailing dot, which RFC 6066 forbids and a front may route elsewhere than %s; send the name without it", Truncate(info.ServerName), host)
+	}
+	sni := strings.ToLower(info.ServerName)
 	if sni != host {
 		return record.Deny(record.ReasonSNIMismatch, "the ClientHello names %q but the tunnel is to %s", Truncate(info.ServerName), host)
 	}
