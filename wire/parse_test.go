@@ -191,3 +191,31 @@ func TestReadMoreBound(t *testing.T) {
 		}
 	}
 }
+
+// TestJoinHello pins how a ClientHello split over records goes on: in
+// one record, with the first record's header, after any dummy
+// change_cipher_spec kept as it was; a hello in one record already is
+// passed as it is, and one too long for a record is refused.
+func TestJoinHello(t *testing.T) {
+	hello := tlstest.ClientHello(t, "api.example.com")
+	for _, n := range []int{1, 7, 100, len(hello) - 6, len(hello)} {
+		got, err := JoinHello(tlstest.ReRecord(hello, n))
+		if err != nil || !bytes.Equal(got, hello) {
+			t.Fatalf("records of %d bytes: %x, %v; want the hello in one record", n, got, err)
+		}
+	}
+	if got, _ := JoinHello(hello); &got[0] != &hello[0] {
+		t.Fatal("a hello in one record was copied")
+	}
+	ccs := []byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x01}
+	got, err := JoinHello(append(append([]byte(nil), ccs...), tlstest.ReRecord(hello, 50)...))
+	if err != nil || !bytes.Equal(got, append(append([]byte(nil), ccs...), hello...)) {
+		t.Fatalf("after a dummy change_cipher_spec: %x, %v", got, err)
+	}
+	big := []byte{0x16, 0x03, 0x01, 0x40, 0x00}
+	big = append(big, make([]byte, 1<<14)...)
+	big = append(big, 0x16, 0x03, 0x01, 0x00, 0x01, 0x00)
+	if _, err := JoinHello(big); err == nil {
+		t.Fatal("a hello over one record's length was joined")
+	}
+}

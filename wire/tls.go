@@ -184,6 +184,46 @@ func clientHelloRecords(b []byte, retry bool) ([]byte, int, error) {
 	return msg, n, err
 }
 
+// maxPlaintext is the most one TLS record carries (RFC 8446 5.1).
+const maxPlaintext = 1 << 14
+
+// JoinHello rewrites the records at the start of b, up to the end of a
+// ClientHello as ReadClientHello measured them, so that the hello travels
+// in one handshake record, as TLS stacks send it. A front that reads the
+// server name from the first record alone (HAProxy's req.ssl_sni) finds
+// none in a hello split over records and takes its default route,
+// another tenant's; record boundaries are no part of the handshake's
+// transcript, so joining them changes nothing else. Records before the
+// first fragment (dummy change_cipher_spec) are kept. b is returned as it
+// is when the hello is in one record already; a hello too long for one
+// record is refused.
+func JoinHello(b []byte) ([]byte, error) {
+	var out, msg []byte
+	var hdr [3]byte
+	frags := 0
+	for rest := b; len(rest) >= recordHeaderLen; {
+		rec := rest[:min(len(rest), recordHeaderLen+int(binary.BigEndian.Uint16(rest[3:5])))]
+		rest = rest[len(rec):]
+		if rec[0] != RecordTypeHandshake {
+			out = append(out, rec...)
+			continue
+		}
+		if frags == 0 {
+			copy(hdr[:], rec)
+		}
+		frags++
+		msg = append(msg, rec[recordHeaderLen:]...)
+	}
+	if frags <= 1 {
+		return b, nil
+	}
+	if len(msg) > maxPlaintext {
+		return nil, fmt.Errorf("a ClientHello of %d bytes does not fit in one TLS record", len(msg))
+	}
+	out = append(out, hdr[0], hdr[1], hdr[2], byte(len(msg)>>8), byte(len(msg)))
+	return append(out, msg...), nil
+}
+
 // ServerHelloRecords reassembles the server's first handshake message
 // from the records at the start of b, which must be a ServerHello, and
 // reports whether it is a HelloRetryRequest. n is the length of the
