@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,6 +13,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -189,18 +191,20 @@ type bufConn struct {
 func (c *bufConn) Read(b []byte) (int, error) { return c.r.Read(b) }
 
 // reRecordConn re-frames the client's first flight (its ClientHello
-// record) into records of n payload bytes, each written on its own.
+// record) into records of n payload bytes, each written on its own; with
+// every set, each plaintext handshake flight (a second ClientHello too).
 type reRecordConn struct {
 	net.Conn
-	n    int
-	done bool
+	n     int
+	every bool
+	done  bool
 }
 
 func (c *reRecordConn) Write(b []byte) (int, error) {
 	if c.done || len(b) < 5 || b[0] != wire.RecordTypeHandshake {
 		return c.Conn.Write(b)
 	}
-	c.done = true
+	c.done = !c.every
 	recLen := 5 + (int(b[3])<<8 | int(b[4]))
 	if recLen > len(b) {
 		recLen = len(b)
@@ -214,4 +218,107 @@ func (c *reRecordConn) Write(b []byte) (int, error) {
 		}
 	}
 	return len(b), nil
+}
+
+// sniRouter is a front that routes by the name in the ClientHello's
+// first record, in any case but otherwise as sent, as nginx's
+// ssl_preread into a map and HAProxy's req.ssl_sni do: "a.test" to its
+// tenant, anything else (a name it does not know, or none in that
+// record) to the default route, another tenant's. Each route answers its
+// name and closes; the bytes the default route received are counted.
+func sniRouter(defaultGot *atomic.Int64) func(*net.TCPConn) {
+	return func(c *net.TCPConn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		rec := make([]byte, 5)
+		if _, err := io.ReadFull(c, rec); err != nil {
+			return
+		}
+		rec = append(rec, make([]byte, int(rec[3])<<8|int(rec[4]))...)
+		if _, err := io.ReadFull(c, rec[5:]); err != nil {
+			return
+		}
+		_, _, info, err := wire.ReadClientHello(bytes.NewReader(rec), nil, false)
+		if err == nil && strings.EqualFold(info.ServerName, "a.test") {
+			_, _ = c.Write([]byte("tenant a"))
+			return
+		}
+		defaultGot.Add(int64(len(rec)))
+		_, _ = c.Write([]byte("tenant b"))
+	}
+}
+
+// frontThrough opens a tunnel to a.test, sends hello and returns what
+// the client got back, to the end.
+func frontThrough(t *testing.T, tp *testProxy, hello []byte) string {
+	t.Helper()
+	resp, c, br := tp.connect(t, connectHead("a.test:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	if _, err := c.Write(hello); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(br)
+	return string(got)
+}
+
+// TestTLSNameWithTrailingDotRefused sends a ClientHello naming the
+// CONNECT host with a trailing dot ("a.test."), which the name check
+// once took for "a.test": a front that routes by the name as sent gives
+// it to its default route, another tenant. It is refused before anything
+// reaches the front; the name itself, in any case, still reaches its own.
+func TestTLSNameWithTrailingDotRefused(t *testing.T) {
+	var defaultGot atomic.Int64
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: sniRouter(&defaultGot)})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	send := func(hello []byte) string { return frontThrough(t, tp, hello) }
+	// crypto/tls drops a trailing dot from the name it sends: one is put
+	// in place of the last byte of a name as long.
+	dotted := tlstest.ClientHello(t, "a.testx")
+	i := bytes.Index(dotted, []byte("a.testx"))
+	if i < 0 || bytes.Count(dotted, []byte("a.testx")) != 1 {
+		t.Fatal("the server name is not in the ClientHello once")
+	}
+	dotted[i+len("a.test")] = '.'
+	if got := send(dotted); got != string(tlsAccessDenied) {
+		t.Fatalf("a trailing dot: the client got %q, want an access_denied alert", got)
+	}
+	if ev := tp.event(t); ev.Decision != record.DecisionDeny || ev.Reason != record.ReasonSNIMismatch || ev.SNI != "a.test." {
+		t.Fatalf("event %+v, want sni_mismatch", ev)
+	}
+	if n := defaultGot.Load(); n != 0 {
+		t.Fatalf("%d bytes of the ClientHello reached the front's default route", n)
+	}
+	for _, name := range []string{"a.test", "A.Test"} {
+		if got := send(tlstest.ClientHello(t, name)); got != "tenant a" {
+			t.Fatalf("%s: the client got %q, want its own tenant", name, got)
+		}
+		if ev := tp.event(t); ev.Decision != record.DecisionAllow {
+			t.Fatalf("%s: event %+v, want allow", name, ev)
+		}
+	}
+}
+
+// TestTLSSplitHelloReachesTheFrontWhole sends the CONNECT host's own
+// ClientHello split over records, which the name check reassembles: a
+// front that reads the name from the first record alone found none there
+// and took its default route, another tenant's, before the proxy sent
+// the hello on in one record. Whatever the split, the front now reads it
+// whole and routes it to its own tenant.
+func TestTLSSplitHelloReachesTheFrontWhole(t *testing.T) {
+	var defaultGot atomic.Int64
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, tls: true, upstream: sniRouter(&defaultGot)})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	hello := tlstest.ClientHello(t, "a.test")
+	for _, n := range []int{1, 40, 100, len(hello) - 6} {
+		if got := frontThrough(t, tp, tlstest.ReRecord(hello, n)); got != "tenant a" {
+			t.Errorf("records of %d bytes: the client got %q, want its own tenant's answer", n, got)
+		}
+		if ev := tp.event(t); ev.Decision != record.DecisionAllow || ev.SNI != "a.test" {
+			t.Fatalf("records of %d bytes: event %+v", n, ev)
+		}
+	}
+	if n := defaultGot.Load(); n != 0 {
+		t.Fatalf("%d bytes reached the front's default route", n)
+	}
 }

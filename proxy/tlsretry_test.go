@@ -124,34 +124,48 @@ func TestTLSRetryHelloNameCheck(t *testing.T) {
 		})
 	}
 
-	t.Run("honest client through the retry", func(t *testing.T) {
-		resp, conn, br := tp.connect(t, connectHead("a.test:443"))
-		if resp.StatusCode != 200 {
-			t.Fatal(resp.Status)
-		}
-		tc := tls.Client(&bufConn{Conn: conn, r: br}, &tls.Config{ServerName: "a.test", RootCAs: ca.pool})
-		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
-		if err := tc.Handshake(); err != nil {
-			t.Fatalf("handshake: %v", err)
-		}
-		if !tc.ConnectionState().HelloRetryRequest {
-			t.Fatal("the handshake had no HelloRetryRequest: the test tests nothing")
-		}
-		if _, err := tc.Write([]byte("ping")); err != nil {
-			t.Fatal(err)
-		}
-		b := make([]byte, 4)
-		if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
-			t.Fatalf("echo %q %v", b, err)
-		}
-		_ = tc.Close()
-		if ev := tp.event(t); ev.Reason != record.ReasonAllowed || ev.SNI != "a.test" || ev.Detail != "" {
-			t.Fatalf("event %+v", ev)
-		}
-		if handshakes.Load() != 1 || retried.Load() != 1 {
-			t.Fatalf("%d handshakes, %d through a retry; want 1, 1", handshakes.Load(), retried.Load())
-		}
-	})
+	// Both ClientHellos in 1-byte records go on joined: the handshake
+	// completes as it does with each in one record.
+	for name, split := range map[string]int{"honest client through the retry": 0, "honest client through the retry, its hellos in 1-byte records": 1} {
+		t.Run(name, func(t *testing.T) { honestThroughRetry(t, tp, ca, split) })
+	}
+	if handshakes.Load() != 2 || retried.Load() != 2 {
+		t.Fatalf("%d handshakes, %d through a retry; want 2, 2", handshakes.Load(), retried.Load())
+	}
+}
+
+// honestThroughRetry completes a handshake through a HelloRetryRequest
+// to a.test, its ClientHellos split into records of split bytes (0: as
+// crypto/tls sends them), and echoes over it.
+func honestThroughRetry(t *testing.T, tp *testProxy, ca *testCA, split int) {
+	t.Helper()
+	resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	var hc net.Conn = &bufConn{Conn: conn, r: br}
+	if split > 0 {
+		hc = &reRecordConn{Conn: hc, n: split, every: true}
+	}
+	tc := tls.Client(hc, &tls.Config{ServerName: "a.test", RootCAs: ca.pool})
+	_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	if !tc.ConnectionState().HelloRetryRequest {
+		t.Fatal("the handshake had no HelloRetryRequest: the test tests nothing")
+	}
+	if _, err := tc.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
+		t.Fatalf("echo %q %v", b, err)
+	}
+	_ = tc.Close()
+	if ev := tp.event(t); ev.Reason != record.ReasonAllowed || ev.SNI != "a.test" || ev.Detail != "" {
+		t.Fatalf("event %+v", ev)
+	}
 }
 
 // Stats0 is the Trial's decisions by reason.

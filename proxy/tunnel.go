@@ -418,7 +418,8 @@ func (p *Proxy) postgresPrelude(client net.Conn, br *bufio.Reader, entry allow.E
 // CONNECT host, carried only by handshake records; first is then the
 // ClientHello's records and rest what the client sent after them. With
 // require_tls the stream must be TLS. Waiting for them costs no buffer
-// beyond br; only a ClientHello is copied out.
+// beyond br; only a ClientHello is copied out, in one record
+// (wire.JoinHello) however the client split it.
 func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry allow.Entry, req *wire.Request, ev *record.Event) (first, rest []byte, isTLS bool, err error) {
 	first, err = p.peekFirst(client, br, entry)
 	if err != nil || first == nil {
@@ -443,7 +444,14 @@ func (p *Proxy) checkFirstBytes(client net.Conn, br *bufio.Reader, entry allow.E
 		return nil, nil, false, tlsRefusal(err, "the first bytes start a TLS record but are not a well-formed ClientHello: ")
 	}
 	ev.SNI = info.ServerName
-	return hello[:n], hello[n:], true, wire.CheckSNI(info, req.Host)
+	if err := wire.CheckSNI(info, req.Host); err != nil {
+		return nil, nil, true, err
+	}
+	joined, err := wire.JoinHello(hello[:n])
+	if err != nil {
+		return nil, nil, true, tlsRefusal(err, "")
+	}
+	return joined, hello[n:], true, nil
 }
 
 // checkRetryHello reads the second ClientHello, which the client sends
@@ -469,7 +477,11 @@ func (p *Proxy) checkRetryHello(client net.Conn, br *bufio.Reader, buf []byte, r
 		}
 		return nil, nil, err
 	}
-	return buf[:n], buf[n:], nil
+	joined, err := wire.JoinHello(buf[:n])
+	if err != nil {
+		return nil, nil, tlsRefusal(err, "after a HelloRetryRequest, the second ClientHello: ")
+	}
+	return joined, buf[n:], nil
 }
 
 // tlsRefusal makes a ClientHello read error a refusal: a *Denial as it

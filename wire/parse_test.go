@@ -54,6 +54,26 @@ func TestParseClientHello(t *testing.T) {
 	}
 }
 
+// TestCheckSNI pins which server names pass for a CONNECT host: the host
+// in any case; never with a trailing dot, which a front routing by the
+// name as sent reads as another name.
+func TestCheckSNI(t *testing.T) {
+	for sni, want := range map[string]record.Reason{
+		"api.example.com":   "",
+		"API.Example.COM":   "",
+		"api.example.com.":  record.ReasonSNIMismatch,
+		"API.EXAMPLE.COM.":  record.ReasonSNIMismatch,
+		"api.example.com..": record.ReasonSNIMismatch,
+		"other.example.com": record.ReasonSNIMismatch,
+		"":                  record.ReasonSNIMissing,
+	} {
+		err := CheckSNI(ClientHelloInfo{ServerName: sni}, "api.example.com")
+		if got := record.ReasonOf(err); got != want || (want == "") != (err == nil) {
+			t.Errorf("CheckSNI(%q) = %v, want reason %q", sni, err, want)
+		}
+	}
+}
+
 // TestClassifyStream pins which first bytes make a stream TLS.
 func TestClassifyStream(t *testing.T) {
 	for _, c := range []struct {
@@ -169,5 +189,33 @@ func TestReadMoreBound(t *testing.T) {
 		if !errors.Is(err, ErrHelloBuffer) || len(buf) != MaxHelloBuffer {
 			t.Fatalf("ended with %d bytes and %v, want the bound and ErrHelloBuffer", len(buf), err)
 		}
+	}
+}
+
+// TestJoinHello pins how a ClientHello split over records goes on: in
+// one record, with the first record's header, after any dummy
+// change_cipher_spec kept as it was; a hello in one record already is
+// passed as it is, and one too long for a record is refused.
+func TestJoinHello(t *testing.T) {
+	hello := tlstest.ClientHello(t, "api.example.com")
+	for _, n := range []int{1, 7, 100, len(hello) - 6, len(hello)} {
+		got, err := JoinHello(tlstest.ReRecord(hello, n))
+		if err != nil || !bytes.Equal(got, hello) {
+			t.Fatalf("records of %d bytes: %x, %v; want the hello in one record", n, got, err)
+		}
+	}
+	if got, _ := JoinHello(hello); &got[0] != &hello[0] {
+		t.Fatal("a hello in one record was copied")
+	}
+	ccs := []byte{0x14, 0x03, 0x03, 0x00, 0x01, 0x01}
+	got, err := JoinHello(append(append([]byte(nil), ccs...), tlstest.ReRecord(hello, 50)...))
+	if err != nil || !bytes.Equal(got, append(append([]byte(nil), ccs...), hello...)) {
+		t.Fatalf("after a dummy change_cipher_spec: %x, %v", got, err)
+	}
+	big := []byte{0x16, 0x03, 0x01, 0x40, 0x00}
+	big = append(big, make([]byte, 1<<14)...)
+	big = append(big, 0x16, 0x03, 0x01, 0x00, 0x01, 0x00)
+	if _, err := JoinHello(big); err == nil {
+		t.Fatal("a hello over one record's length was joined")
 	}
 }

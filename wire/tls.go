@@ -184,6 +184,46 @@ func clientHelloRecords(b []byte, retry bool) ([]byte, int, error) {
 	return msg, n, err
 }
 
+// maxPlaintext is the most one TLS record carries (RFC 8446 5.1).
+const maxPlaintext = 1 << 14
+
+// JoinHello rewrites the records at the start of b, up to the end of a
+// ClientHello as ReadClientHello measured them, so that the hello travels
+// in one handshake record, as TLS stacks send it. A front that reads the
+// server name from the first record alone (HAProxy's req.ssl_sni) finds
+// none in a hello split over records and takes its default route,
+// another tenant's; record boundaries are no part of the handshake's
+// transcript, so joining them changes nothing else. Records before the
+// first fragment (dummy change_cipher_spec) are kept. b is returned as it
+// is when the hello is in one record already; a hello too long for one
+// record is refused.
+func JoinHello(b []byte) ([]byte, error) {
+	var out, msg []byte
+	var hdr [3]byte
+	frags := 0
+	for rest := b; len(rest) >= recordHeaderLen; {
+		rec := rest[:min(len(rest), recordHeaderLen+int(binary.BigEndian.Uint16(rest[3:5])))]
+		rest = rest[len(rec):]
+		if rec[0] != RecordTypeHandshake {
+			out = append(out, rec...)
+			continue
+		}
+		if frags == 0 {
+			copy(hdr[:], rec)
+		}
+		frags++
+		msg = append(msg, rec[recordHeaderLen:]...)
+	}
+	if frags <= 1 {
+		return b, nil
+	}
+	if len(msg) > maxPlaintext {
+		return nil, fmt.Errorf("a ClientHello of %d bytes does not fit in one TLS record", len(msg))
+	}
+	out = append(out, hdr[0], hdr[1], hdr[2], byte(len(msg)>>8), byte(len(msg)))
+	return append(out, msg...), nil
+}
+
 // ServerHelloRecords reassembles the server's first handshake message
 // from the records at the start of b, which must be a ServerHello, and
 // reports whether it is a HelloRetryRequest. n is the length of the
@@ -403,7 +443,12 @@ func parseSNI(data cursor) (string, error) {
 	return name, nil
 }
 
-// CheckSNI compares the ClientHello's name with the CONNECT host.
+// CheckSNI compares the ClientHello's name with the CONNECT host, in any
+// case. A name with a trailing dot is refused: RFC 6066 forbids it, so a
+// front that routes by name need not read it as the name without one
+// (nginx's ssl_preread into a map, HAProxy's req.ssl_sni match it as
+// sent and take the default route, another tenant's), and the
+// ClientHello goes on as the client sent it.
 func CheckSNI(info ClientHelloInfo, host string) error {
 	if info.ECH {
 		return record.Deny(record.ReasonTLSECH, "the ClientHello is encrypted (ECH), so its real server name cannot be checked against %s", host)
@@ -411,7 +456,10 @@ func CheckSNI(info ClientHelloInfo, host string) error {
 	if info.ServerName == "" {
 		return record.Deny(record.ReasonSNIMissing, "the ClientHello names no server; it must name %s", host)
 	}
-	sni := strings.ToLower(strings.TrimSuffix(info.ServerName, "."))
+	if strings.HasSuffix(info.ServerName, ".") {
+		return record.Deny(record.ReasonSNIMismatch, "the ClientHello names %q, with a trailing dot, which RFC 6066 forbids and a front may route elsewhere than %s; send the name without it", Truncate(info.ServerName), host)
+	}
+	sni := strings.ToLower(info.ServerName)
 	if sni != host {
 		return record.Deny(record.ReasonSNIMismatch, "the ClientHello names %q but the tunnel is to %s", Truncate(info.ServerName), host)
 	}
