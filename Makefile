@@ -115,13 +115,15 @@ build: ## build bin/trialnet, the NRI plugin bin/trialnet-nri and the OCI hook a
 	$(GO) build -o $(NRIBIN) ./cmd/trialnet-nri
 	CGO_ENABLED=0 $(GO) build -o $(OCIBIN) ./cmd/trialnet-oci
 
-# install(1) writes a new file in place of the old one, so a running
-# agent keeps its binary; the plugin and trialnet-oci must sit beside
-# trialnet.
+# Each binary is written beside its old one and renamed over it: a running
+# agent keeps its binary, and the path never names no file, which podman
+# and CRI-O would take for an optional hook and start containers without
+# one (SECURITY.md, "A hooks.d entry whose binary is gone"). The plugin
+# and trialnet-oci must sit beside trialnet.
 install: build ## install bin/trialnet, bin/trialnet-nri and bin/trialnet-oci side by side in $(PREFIX)/bin (PREFIX=/usr/local)
-	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/trialnet
-	install -D -m 0755 $(NRIBIN) $(DESTDIR)$(PREFIX)/bin/trialnet-nri
-	install -D -m 0755 $(OCIBIN) $(DESTDIR)$(PREFIX)/bin/trialnet-oci
+	@for b in $(BIN) $(NRIBIN) $(OCIBIN); do \
+		dst=$(DESTDIR)$(PREFIX)/bin/$$(basename $$b); \
+		install -D -m 0755 $$b $$dst.new && mv -f $$dst.new $$dst || exit 1; done
 
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
