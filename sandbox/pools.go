@@ -400,7 +400,9 @@ func boundPool(c controller, dir string, lim trial.PoolLimits) error {
 // connections over its own loopback whose receivers never read, and put
 // every TCP socket of the host, the agent's tunnels among them, under
 // memory pressure. Written, it also makes the kernel charge the group's
-// sockets at all. On cgroup v2 memory.max counts socket buffers already.
+// sockets at all (and logs once that the file is deprecated; a kernel
+// without it leaves socket buffers unbounded, as before). On cgroup v2
+// memory.max counts socket buffers already.
 const tcpLimitFile = "memory.kmem.tcp.limit_in_bytes"
 
 // socketMemoryBound is a Trial's socket buffers' bound beside its memory
