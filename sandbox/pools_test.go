@@ -410,6 +410,33 @@ func TestPrivilegedTrialMemoryBounded(t *testing.T) {
 	}
 }
 
+// A Trial's socket buffers are within its memory bound: on cgroup v1
+// they were charged only to the host's tcp_mem, and a Trial bounded at
+// 64 MiB held 1.6 GiB with 440 connections over its own loopback, every
+// TCP socket of the host under memory pressure.
+func TestPrivilegedTrialSocketMemoryBounded(t *testing.T) {
+	h := newHost(t)
+	if !poolBounded(h, PoolMemory) {
+		requireBound(t, h, PoolMemory)
+	}
+	const limit = 64 << 20
+	tr := newTrial(t, h, trial.Spec{Limits: &trial.Limits{PoolLimits: trial.PoolLimits{MaxMemory: limit}}})
+	// 64 connections hold about 240 MiB where nothing bounds them.
+	code, out := runProbeAs(t, tr, nobody, Command{}, "tcp-hold", "64")
+	if code != probeOK {
+		t.Fatalf("tcp-hold: %d %s", code, out)
+	}
+	mib, err := strconv.Atoi(strings.Fields(out)[0])
+	if err != nil {
+		t.Fatalf("tcp-hold: %q", out)
+	}
+	t.Logf("queued %d MiB", mib)
+	// Each socket keeps the few KiB the kernel guarantees it past a bound.
+	if mib > limit>>20+8 {
+		t.Fatalf("a Trial bounded at %d MiB queued %d MiB in TCP socket buffers", limit>>20, mib)
+	}
+}
+
 func poolBounded(h *Host, pool string) bool {
 	for _, b := range h.PoolBounds() {
 		if b.Pool == pool {

@@ -127,6 +127,8 @@ func probe(args []string) int {
 		err = fill(target)
 	case "alloc":
 		err = alloc(target)
+	case "tcp-hold":
+		err = tcpHold(target)
 	case "hugepage":
 		err = hugePage()
 	default:
@@ -613,6 +615,53 @@ func alloc(mib string) error {
 		keep = append(keep, b)
 	}
 	fmt.Printf("%d ", len(keep))
+	return nil
+}
+
+// tcpHold opens n TCP connections over the Trial's own loopback whose
+// receivers never read, writes into each until its buffers take no more,
+// and prints the MiB that the kernel holds queued for them.
+func tcpHold(conns string) error {
+	n, err := strconv.Atoi(conns)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	buf := make([]byte, 64<<10)
+	queued := 0
+	for range n {
+		c, err := net.Dial("tcp4", l.Addr().String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		a, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		defer a.Close()
+		raw, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			return err
+		}
+		// Until EAGAIN: send and receive buffers both full.
+		if cerr := raw.Write(func(fd uintptr) bool {
+			for {
+				w, err := unix.Write(int(fd), buf)
+				if err != nil {
+					return true
+				}
+				queued += w
+			}
+		}); cerr != nil {
+			return cerr
+		}
+	}
+	fmt.Printf("%d ", queued>>20)
 	return nil
 }
 
