@@ -137,6 +137,8 @@ func serveProxy(ctx context.Context, args []string, stdout, stderr io.Writer, re
 	cfg.OnEvent = recordsTo(stdout, stderr)
 	if err := timerslack.Set(timerslack.Proxy); err != nil {
 		fmt.Fprintf(stderr, "trialnet proxy: kept the default timer slack, which only costs CPU per CONNECT: %v\n", err)
+	} else if err := timerslack.SetMonitor(timerslack.Monitor); err != nil {
+		fmt.Fprintf(stderr, "trialnet proxy: kept the runtime monitor's timer slack, which only costs CPU per CONNECT: %v\n", err)
 	}
 	// One P while the load fits on one CPU: see internal/procscale.
 	scaleCtx, stopScale := context.WithCancel(ctx)

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -67,6 +68,35 @@ func TestPrivilegedSetEveryThread(t *testing.T) {
 	for tid, s := range got {
 		if s != "2000000" {
 			t.Errorf("thread %s has timer slack %s ns, want 2000000", tid, s)
+		}
+	}
+}
+
+// SetMonitor changes one thread's slack, the first the runtime started
+// after the main one (sysmon), and leaves every other thread's.
+func TestPrivilegedSetMonitorOneThread(t *testing.T) {
+	privtest.Require(t)
+	t.Cleanup(func() { _ = Set(50 * time.Microsecond) })
+	if err := Set(time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetMonitor(10 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	got := slacks(t)
+	first := 0
+	for tid := range got {
+		if n, _ := strconv.Atoi(tid); n != os.Getpid() && (first == 0 || n < first) {
+			first = n
+		}
+	}
+	for tid, s := range got {
+		want := "1000000"
+		if tid == strconv.Itoa(first) {
+			want = "10000000"
+		}
+		if s != want {
+			t.Errorf("thread %s (the monitor: %d) has timer slack %s ns, want %s", tid, first, s, want)
 		}
 	}
 }
