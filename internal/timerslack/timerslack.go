@@ -96,13 +96,7 @@ func SetMonitor(d time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("timer slack: list this process's threads: %w", err)
 	}
-	monitor := 0
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err == nil && tid != os.Getpid() && (monitor == 0 || tid < monitor) {
-			monitor = tid
-		}
-	}
+	monitor := monitorThread(os.Getpid(), tasks)
 	if monitor == 0 {
 		return fmt.Errorf("timer slack: this process has no thread but its first, so no monitor thread")
 	}
@@ -111,4 +105,23 @@ func SetMonitor(d time.Duration) error {
 		return fmt.Errorf("set the monitor thread %d's timer slack: %w (needs CAP_SYS_NICE)", monitor, err)
 	}
 	return nil
+}
+
+// monitorThread picks the thread started first after the main one: the
+// one whose id follows the process's id most closely. Ids are handed out
+// in turn and wrap at pid_max (at most 2^22), so the distance is taken
+// modulo 2^22: a thread whose id wrapped past pid_max counts as later.
+func monitorThread(pid int, tasks []os.DirEntry) int {
+	const idSpace = 1 << 22
+	monitor, nearest := 0, idSpace
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil || tid == pid {
+			continue
+		}
+		if dist := (tid - pid + idSpace) % idSpace; dist < nearest {
+			monitor, nearest = tid, dist
+		}
+	}
+	return monitor
 }

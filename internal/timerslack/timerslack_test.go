@@ -178,3 +178,33 @@ func TestChildSet(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The monitor is the thread started next after the main one, also when
+// thread ids wrapped at pid_max between its start and later threads'.
+func TestMonitorThreadAcrossTheWrap(t *testing.T) {
+	for _, c := range []struct {
+		pid  int
+		tids []int
+		want int
+	}{
+		{pid: 100, tids: []int{100, 101, 102, 140}, want: 101},
+		{pid: 100, tids: []int{140, 100, 103}, want: 103},
+		{pid: 32766, tids: []int{32766, 32767, 300, 301}, want: 32767},
+		{pid: 4194303, tids: []int{4194303, 2, 5}, want: 2},
+		{pid: 100, tids: []int{100}, want: 0},
+	} {
+		dir := t.TempDir()
+		for _, tid := range c.tids {
+			if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(tid)), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tasks, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := monitorThread(c.pid, tasks); got != c.want {
+			t.Errorf("process %d with threads %v: monitor %d, want %d", c.pid, c.tids, got, c.want)
+		}
+	}
+}
