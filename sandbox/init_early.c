@@ -817,57 +817,70 @@ static void hide_v1(char **own, int nown) {
 	}
 }
 
-// drop_mounts is dropMounts, its pick: a mount of fstype whose device is
-// not own and, where only is not 0, is only and whose point is beneath
-// none of the Trial's own directories.
-static void drop_mounts(const char *fstype, dev_t own, dev_t only, const char *held) {
-	char why[64], real[n_own_dirs][PATH_MAX];
-	snprintf(why, sizeof why, "to detach the host's %s there", fstype);
-	for (int i = 0; i < n_own_dirs; i++)
-		if (!only || !realpath(trialnet_init_own_dirs[i].dir, real[i]))
-			real[i][0] = 0;
-	size_t n = strlen(fstype);
-	for (int acted = 1; acted;) {
-		acted = 0;
-		char *b = read_mountinfo(), *s = b, *line;
-		struct mount_line m;
-		while ((line = next_line(&s))) {
-			// ID PARENT MAJOR:MINOR ...
-			char *e;
-			uint64_t id = strtoull(line, &e, 10);
-			strtoull(e, &e, 10);
-			unsigned long maj = strtoul(e, &e, 10);
-			if (*e != ':')
-				continue;
-			dev_t dev = makedev(maj, strtoul(e + 1, NULL, 10));
-			split_line(line, &m);
-			if (!m.post || m.fields < 5 || strncmp(m.post, fstype, n) || m.post[n] != ' ' || dev == own || (only && dev != only))
-				continue;
-			if (m.too_long)
-				mask_fail(ENAMETOOLONG, "detach the %s on %s... (%s)", fstype, m.point, held);
-			int kept = 0;
-			for (int i = 0; i < n_own_dirs; i++)
-				kept |= real[i][0] && under(m.point, real[i]);
-			// Only a mount on top at its point: umount2 takes what is on
-			// top, and one covered is out of reach until that goes.
-			if (kept || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, why) != id)
-				continue;
-			if (umount2(m.point, MNT_DETACH) < 0)
-				mask_fail(errno, "detach the %s on %s (%s)", fstype, m.point, held);
-			acted = 1;
+// A kind of mount drop_pass detaches: one of fstype whose device is not
+// own and, where only is not 0, is only and whose point is beneath none
+// of the Trial's own directories (real, their real paths).
+struct mount_drop {
+	const char *fstype;
+	dev_t own, only;
+	const char *held;
+	char (*real)[PATH_MAX];
+};
+
+// drop_pass is dropPass: one walk of the mount table that detaches each
+// mount of a kind in drops on top at its point; it says whether one was.
+static int drop_pass(const struct mount_drop *drops, int ndrops) {
+	int acted = 0;
+	char *b = read_mountinfo(), *s = b, *line;
+	struct mount_line m;
+	while ((line = next_line(&s))) {
+		// ID PARENT MAJOR:MINOR ...
+		char *e;
+		uint64_t id = strtoull(line, &e, 10);
+		strtoull(e, &e, 10);
+		unsigned long maj = strtoul(e, &e, 10);
+		if (*e != ':')
+			continue;
+		dev_t dev = makedev(maj, strtoul(e + 1, NULL, 10));
+		split_line(line, &m);
+		if (!m.post || m.fields < 5)
+			continue;
+		const struct mount_drop *d = NULL;
+		for (int i = 0; !d && i < ndrops; i++) {
+			size_t n = strlen(drops[i].fstype);
+			if (!strncmp(m.post, drops[i].fstype, n) && m.post[n] == ' ' && dev != drops[i].own && (!drops[i].only || dev == drops[i].only))
+				d = &drops[i];
 		}
+		if (!d)
+			continue;
+		if (m.too_long)
+			mask_fail(ENAMETOOLONG, "detach the %s on %s... (%s)", d->fstype, m.point, d->held);
+		int kept = 0;
+		for (int i = 0; d->real && i < n_own_dirs; i++)
+			kept |= d->real[i][0] && under(m.point, d->real[i]);
+		char why[64];
+		snprintf(why, sizeof why, "to detach the host's %s there", d->fstype);
+		// Only a mount on top at its point: umount2 takes what is on
+		// top, and one covered is out of reach until that goes.
+		if (kept || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, why) != id)
+			continue;
+		if (umount2(m.point, MNT_DETACH) < 0)
+			mask_fail(errno, "detach the %s on %s (%s)", d->fstype, m.point, d->held);
+		acted = 1;
 	}
+	return acted;
 }
 
-// drop_foreign is dropForeign.
-static void drop_foreign(const char *fstype, const char *own_path, int optional, const char *held) {
+// foreign is dropForeign's kind: fstype's mounts but the Trial's own on
+// own_path.
+static struct mount_drop foreign(const char *fstype, const char *own_path, int optional, const char *held) {
 	struct stat own;
 	if (stat(own_path, &own) < 0) {
 		if (!optional || errno != ENOENT)
 			mask_fail(errno, "find the Trial's own %s on %s (to tell the host's from it)", fstype, own_path);
 		own.st_dev = 0; // no mount has device 0:0
 	}
-	drop_mounts(fstype, own.st_dev, 0, held);
+	return (struct mount_drop){.fstype = fstype, .own = own.st_dev, .held = held};
 }
 
 // host_shm_dev is hostShmDev.
@@ -1082,6 +1095,7 @@ static void hide_host_ttys(void) {
 	tty_majors(majors);
 	char *b = read_mountinfo(), *s = b, *line;
 	struct mount_line m;
+	int dev_done = 0;
 	while ((line = next_line(&s))) {
 		uint64_t id = strtoull(line, NULL, 10);
 		split_line(line, &m);
@@ -1092,26 +1106,28 @@ static void hide_host_ttys(void) {
 		if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, "to cover the host's terminals there") != id)
 			continue;
 		cover_devices(m.point, majors);
+		dev_done |= !strcmp(m.point, "/dev");
 	}
 	// See hideHostTtys: /dev need not be a devtmpfs.
-	cover_devices("/dev", majors);
+	if (!dev_done)
+		cover_devices("/dev", majors);
 }
 
 // drop_host_mounts is dropHostMounts.
 static void drop_host_mounts(dev_t host_shm) {
-	for (size_t before = (size_t)-1;;) {
-		size_t n = 0;
-		for (const char *p = read_mountinfo(); *p; p++)
-			n += *p == '\n';
-		if (n == before)
-			return;
-		before = n;
-		drop_foreign("devpts", "/dev/pts", 0, DEVPTS_HELD);
-		drop_foreign("proc", "/proc", 0, PROC_HELD);
-		drop_foreign("mqueue", "/dev/mqueue", 1, MQUEUE_HELD);
-		if (host_shm)
-			drop_mounts("tmpfs", 0, host_shm, SHM_HELD);
-		drop_mounts("hugetlbfs", 0, 0, HUGETLBFS_HELD);
+	char real[n_own_dirs][PATH_MAX];
+	for (int i = 0; i < n_own_dirs; i++)
+		if (!host_shm || !realpath(trialnet_init_own_dirs[i].dir, real[i]))
+			real[i][0] = 0;
+	for (int acted = 1; acted;) {
+		struct mount_drop drops[5] = {
+		    foreign("devpts", "/dev/pts", 0, DEVPTS_HELD),
+		    foreign("proc", "/proc", 0, PROC_HELD),
+		    foreign("mqueue", "/dev/mqueue", 1, MQUEUE_HELD),
+		    {.fstype = "hugetlbfs", .held = HUGETLBFS_HELD},
+		    {.fstype = "tmpfs", .only = host_shm, .held = SHM_HELD, .real = real},
+		};
+		acted = drop_pass(drops, host_shm ? 5 : 4);
 	}
 }
 

@@ -406,34 +406,35 @@ func replaceV1Tree(e []v1Entry, dir string, own []string, placed map[uint64]bool
 // operator's. As hideV1, it walks the mount table until no such mount is
 // on top at its point.
 func dropForeign(fstype, ownPath string, optional bool, held string) error {
+	drop, err := foreign(fstype, ownPath, optional, held)
+	if err != nil {
+		return err
+	}
+	return dropMounts(drop)
+}
+
+// foreign is dropForeign's pick: fstype's mounts but the Trial's own on
+// ownPath.
+func foreign(fstype, ownPath string, optional bool, held string) (mountDrop, error) {
 	var own unix.Stat_t
 	if err := unix.Stat(ownPath, &own); err != nil {
 		if !optional || !errors.Is(err, unix.ENOENT) {
-			return maskErr("find the Trial's own "+fstype+" on "+ownPath, "to tell the host's from it", err)
+			return mountDrop{}, maskErr("find the Trial's own "+fstype+" on "+ownPath, "to tell the host's from it", err)
 		}
 		own.Dev = 0 // no mount has device 0:0
 	}
-	return dropMounts(fstype, held, func(dev uint64, _ string) bool { return dev != own.Dev })
+	return mountDrop{fstype, held, func(dev uint64, _ string) bool { return dev != own.Dev }}, nil
 }
 
 // dropHostMounts detaches the host's devpts, procfs, mqueue, /dev/shm
-// tmpfs (hostShm, hostShmDev's) and hugetlbfs mounts, in rounds until
-// one detaches nothing: each pass takes only mounts on top at their
-// point, and one detached may uncover another kind's that an earlier
-// pass left as covered (a bind of the host's /dev/shm under a
-// hugetlbfs). The passes only detach: each round but the last makes the
-// mount table shorter.
+// tmpfs (hostShm, hostShmDev's) and hugetlbfs mounts, each pass one walk
+// of the mount table for all five, in passes until one detaches nothing:
+// each pass takes only mounts on top at their point, and one detached may
+// uncover another kind's that it left as covered (a bind of the host's
+// /dev/shm under a hugetlbfs). Where there is none, one read of the table.
 func dropHostMounts(hostShm uint64) error {
-	for before := -1; ; {
-		b, err := os.ReadFile("/proc/thread-self/mountinfo")
-		if err != nil {
-			return fmt.Errorf("read mountinfo: %w", err)
-		}
-		n := bytes.Count(b, []byte{'\n'})
-		if n == before {
-			return nil
-		}
-		before = n
+	for {
+		var drops []mountDrop
 		for _, d := range []struct {
 			fstype, own string
 			optional    bool
@@ -443,17 +444,21 @@ func dropHostMounts(hostShm uint64) error {
 			{"proc", "/proc", false, procHeld},
 			{"mqueue", "/dev/mqueue", true, mqueueHeld},
 		} {
-			if err := dropForeign(d.fstype, d.own, d.optional, d.held); err != nil {
+			drop, err := foreign(d.fstype, d.own, d.optional, d.held)
+			if err != nil {
 				return err
 			}
+			drops = append(drops, drop)
 		}
-		if err := dropHostShm(hostShm); err != nil {
-			return err
+		if hostShm != 0 {
+			drops = append(drops, hostShmDrop(hostShm))
 		}
 		// A file of its own on the host's hugetlbfs (/dev/hugepages)
 		// would take the reserved pages that the seccomp filter's
 		// MAP_HUGETLB rule keeps from the Trial.
-		if err := dropMounts("hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }); err != nil {
+		drops = append(drops, mountDrop{"hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }})
+		acted, err := dropPass(drops)
+		if !acted || err != nil {
 			return err
 		}
 	}
@@ -468,15 +473,20 @@ func dropHostShm(host uint64) error {
 	if host == 0 {
 		return nil
 	}
+	return dropMounts(hostShmDrop(host))
+}
+
+// hostShmDrop is dropHostShm's pick.
+func hostShmDrop(host uint64) mountDrop {
 	var own []string
 	for _, d := range ownDirs {
 		if real, err := filepath.EvalSymlinks(d.dir); err == nil {
 			own = append(own, real)
 		}
 	}
-	return dropMounts("tmpfs", shmHeld, func(dev uint64, point string) bool {
+	return mountDrop{"tmpfs", shmHeld, func(dev uint64, point string) bool {
 		return dev == host && !slices.ContainsFunc(own, func(d string) bool { return under(point, d) })
-	})
+	}}
 }
 
 // hostShmDev is the device of the host's /dev/shm, read before the
@@ -517,53 +527,70 @@ func hostShmDev() (uint64, error) {
 	return 0, nil
 }
 
-// dropMounts detaches each mount of fstype on top at its point that
-// drop picks by its device and point, walking the mount table until none
-// is left (held says why each goes).
-func dropMounts(fstype, held string, drop func(dev uint64, point string) bool) error {
+// mountDrop is a kind of mount dropPass detaches: one of fstype that
+// drop picks by its device and point (held says why it goes).
+type mountDrop struct {
+	fstype, held string
+	drop         func(dev uint64, point string) bool
+}
+
+// dropMounts detaches each mount d picks on top at its point, walking the
+// mount table until none is left.
+func dropMounts(d mountDrop) error {
 	for {
-		b, err := os.ReadFile("/proc/thread-self/mountinfo")
-		if err != nil {
-			return fmt.Errorf("read mountinfo: %w", err)
-		}
-		acted := false
-		sc := bufio.NewScanner(bytes.NewReader(b))
-		for sc.Scan() {
-			pre, post, ok := strings.Cut(sc.Text(), " - ")
-			f := strings.Fields(pre)
-			if !ok || len(f) < 5 || !strings.HasPrefix(post, fstype+" ") {
-				continue
-			}
-			id, err := strconv.ParseUint(f[0], 10, 64)
-			if err != nil {
-				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
-			}
-			var maj, min uint32
-			if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
-				return fmt.Errorf("read mountinfo: device %q: %w", f[2], err)
-			}
-			mnt := cgroup2.UnescapeMountPath(f[4])
-			if !drop(unix.Mkdev(maj, min), mnt) {
-				continue
-			}
-			// Only a mount on top at its point: Unmount takes what is on
-			// top, and one covered is out of reach until that goes.
-			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
-			if err != nil {
-				return maskErr("find what is mounted on "+mnt, "to detach the host's "+fstype+" there", err)
-			}
-			if top != id {
-				continue
-			}
-			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-				return maskErr("detach the "+fstype+" on "+mnt, held, err)
-			}
-			acted = true
-		}
-		if !acted {
-			return nil
+		acted, err := dropPass([]mountDrop{d})
+		if !acted || err != nil {
+			return err
 		}
 	}
+}
+
+// dropPass walks the mount table once and detaches each mount on top at
+// its point that one of drops picks; it says whether it detached one.
+func dropPass(drops []mountDrop) (acted bool, _ error) {
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return false, fmt.Errorf("read mountinfo: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		f := strings.Fields(pre)
+		if !ok || len(f) < 5 {
+			continue
+		}
+		i := slices.IndexFunc(drops, func(d mountDrop) bool { return strings.HasPrefix(post, d.fstype+" ") })
+		if i < 0 {
+			continue
+		}
+		d := drops[i]
+		id, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return acted, fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+		}
+		var maj, min uint32
+		if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
+			return acted, fmt.Errorf("read mountinfo: device %q: %w", f[2], err)
+		}
+		mnt := cgroup2.UnescapeMountPath(f[4])
+		if !d.drop(unix.Mkdev(maj, min), mnt) {
+			continue
+		}
+		// Only a mount on top at its point: Unmount takes what is on
+		// top, and one covered is out of reach until that goes.
+		top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+		if err != nil {
+			return acted, maskErr("find what is mounted on "+mnt, "to detach the host's "+d.fstype+" there", err)
+		}
+		if top != id {
+			continue
+		}
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			return acted, maskErr("detach the "+d.fstype+" on "+mnt, d.held, err)
+		}
+		acted = true
+	}
+	return acted, nil
 }
 
 // What dropForeign's mounts hold, each the reason it is detached.
@@ -776,6 +803,7 @@ func hideHostTtys() error {
 	if err != nil {
 		return fmt.Errorf("read mountinfo: %w", err)
 	}
+	devDone := false
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		pre, post, ok := strings.Cut(sc.Text(), " - ")
@@ -798,11 +826,15 @@ func hideHostTtys() error {
 		if err := coverDevices(mnt, majors); err != nil {
 			return err
 		}
+		devDone = devDone || mnt == "/dev"
 	}
 	// /dev need not be a devtmpfs: in a container (a privileged one's
 	// holds a node of each host device, numbers and owners copied) or
-	// systemd-nspawn it is a tmpfs of nodes. Covered where it is one
-	// already, a second look finds /dev/null there.
+	// systemd-nspawn it is a tmpfs of nodes. Where it is the devtmpfs
+	// just walked, a second look would find only /dev/null there.
+	if devDone {
+		return nil
+	}
 	return coverDevices("/dev", majors)
 }
 

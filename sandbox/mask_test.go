@@ -1389,7 +1389,7 @@ func TestPrivilegedHostHugePagesOutOfReach(t *testing.T) {
 func TestPrivilegedGoDropHugetlbfs(t *testing.T) {
 	dir := hostMountElsewhere(t, "hugetlbfs", func(dir string) error { return unix.Mount("hugetlbfs", dir, "hugetlbfs", 0, "mode=0777") })
 	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
-		if err := dropMounts("hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }); err != nil {
+		if err := dropMounts(mountDrop{"hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }}); err != nil {
 			return []string{err.Error()}
 		}
 		var fs unix.Statfs_t

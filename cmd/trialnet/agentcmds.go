@@ -271,6 +271,7 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 
 func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	go warmSignals()
+	go warmPidfd()
 	fs := cli.NewFlags("exec", "exec --trial ID [--uid N] [--gid N] [--max-procs N] -- CMD [ARGS]",
 		"sudo trialnet exec --trial eval-42 -- claude -p 'fix the tests'", stderr)
 	id := fs.String("trial", "", "the Trial to run CMD in")

@@ -33,6 +33,7 @@ const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--co
 // cmdRun runs CMD in an ephemeral Trial (client.Run) and says how it went.
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	go warmSignals()
+	go warmPidfd()
 	fs := cli.NewFlags("run", runUsage, "sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
 	var f runFlags
 	f.register(fs)
