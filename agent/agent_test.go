@@ -452,6 +452,54 @@ func TestPrivilegedAuditRefusesAnEndedLogChanged(t *testing.T) {
 	}
 }
 
+// An ended Trial's log is audited only as its own receipt signed it: not
+// as another Trial's receipt and log, moved into its directory, sign
+// them (each signature and digest holds, for the other Trial), nor when
+// its receipt was signed with no log and one was put there after.
+func TestPrivilegedAuditRefusesAnotherTrialsLog(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 233)
+	a := startAgent(t, w.config(t))
+	for _, id := range []string{"agt-denied", "agt-clean", "agt-nolog"} {
+		if _, err := a.Create(context.Background(), trialspec.Request{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, _ := through(t, a, "agt-denied", "http://denied.example.test:443/"); code == 0 {
+		t.Fatal("a CONNECT with an empty allowlist succeeded")
+	}
+	if err := os.Remove(a.decisionLog("agt-nolog")); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"agt-denied", "agt-clean", "agt-nolog"} {
+		if _, err := a.Destroy(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	denied, err := os.ReadFile(a.decisionLog("agt-denied"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"receipt.json", "decisions.jsonl"} {
+		b, err := os.ReadFile(filepath.Join(a.cfg.DataDir, "agt-clean", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(a.cfg.DataDir, "agt-denied", f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if recs, err := a.Audit(context.Background(), "agt-denied"); err == nil || !strings.Contains(err.Error(), `is Trial "agt-clean"'s`) {
+		t.Errorf("another Trial's receipt and log: audited as %d records (%v)", len(recs), err)
+	}
+	if err := os.WriteFile(a.decisionLog("agt-nolog"), denied, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := a.Audit(context.Background(), "agt-nolog"); err == nil || !strings.Contains(err.Error(), "signed when it had no decision log") {
+		t.Errorf("a log put where the receipt signed none: audited as %d records (%v)", len(recs), err)
+	}
+}
+
 // hold serves /hold, a request held open as a long tunnel (counted in
 // holding until its client goes), and says whether r was it.
 func (w *world) hold(rw http.ResponseWriter, r *http.Request) bool {

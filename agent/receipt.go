@@ -388,13 +388,20 @@ func (a *Agent) endedLogSigned(id string) error {
 	if err != nil {
 		return errf(client.CodeInternal, "Trial %q's receipt %s cannot be checked (%v), so neither can its decision log: read the log as it is with 'trialnet audit --from %s'", id, path, err, a.decisionLog(id))
 	}
-	if r.DecisionLog == nil {
-		return nil
+	// Another Trial's receipt verifies as well, and holds its own log.
+	if r.Trial != id {
+		return errf(client.CodeInternal, "the receipt %s is Trial %q's, not %q's: files were moved between Trials' directories after they ended, so the decision log there is no account of %q; read it as it is with 'trialnet audit --from %s'",
+			path, r.Trial, id, id, a.decisionLog(id))
 	}
 	d, err := DigestLog(a.decisionLog(id))
 	switch {
 	case err != nil:
 		return errf(client.CodeInternal, "digest Trial %q's decision log: %v", id, err)
+	case r.DecisionLog == nil && d != nil:
+		return errf(client.CodeInternal, "Trial %q's receipt was signed when it had no decision log, so the one there now (%d bytes) was put there after the Trial ended and is no account of it; read it as it is with 'trialnet audit --from %s'",
+			id, d.Bytes, a.decisionLog(id))
+	case r.DecisionLog == nil:
+		return nil
 	case d == nil || d.SHA256 != r.DecisionLog.SHA256 || d.Bytes != r.DecisionLog.Bytes:
 		var now int64
 		if d != nil {
