@@ -448,7 +448,58 @@ func TestPrivilegedAuditRefusesAnEndedLogChanged(t *testing.T) {
 		}
 		if recs, err := a.Audit(context.Background(), "agt-tamper"); err == nil || !strings.Contains(err.Error(), "not the one its receipt was signed with") {
 			t.Errorf("%s: audited as %d records (%v)", name, len(recs), err)
+		} else if appended := strings.Contains(err.Error(), "were added after the Trial ended"); appended != (name == "a record put in") {
+			// A draining predecessor's late records are appended too.
+			t.Errorf("%s: %v; want it to say whether records were only added", name, err)
 		}
+	}
+}
+
+// An ended Trial's log is audited only as its own receipt signed it: not
+// as another Trial's receipt and log, moved into its directory, sign
+// them (each signature and digest holds, for the other Trial), nor when
+// its receipt was signed with no log and one was put there after.
+func TestPrivilegedAuditRefusesAnotherTrialsLog(t *testing.T) {
+	privtest.Require(t)
+	w := newWorld(t, 233)
+	a := startAgent(t, w.config(t))
+	for _, id := range []string{"agt-denied", "agt-clean", "agt-nolog"} {
+		if _, err := a.Create(context.Background(), trialspec.Request{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, _ := through(t, a, "agt-denied", "http://denied.example.test:443/"); code == 0 {
+		t.Fatal("a CONNECT with an empty allowlist succeeded")
+	}
+	if err := os.Remove(a.decisionLog("agt-nolog")); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"agt-denied", "agt-clean", "agt-nolog"} {
+		if _, err := a.Destroy(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	denied, err := os.ReadFile(a.decisionLog("agt-denied"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"receipt.json", "decisions.jsonl"} {
+		b, err := os.ReadFile(filepath.Join(a.cfg.DataDir, "agt-clean", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(a.cfg.DataDir, "agt-denied", f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if recs, err := a.Audit(context.Background(), "agt-denied"); err == nil || !strings.Contains(err.Error(), `is Trial "agt-clean"'s`) {
+		t.Errorf("another Trial's receipt and log: audited as %d records (%v)", len(recs), err)
+	}
+	if err := os.WriteFile(a.decisionLog("agt-nolog"), denied, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := a.Audit(context.Background(), "agt-nolog"); err == nil || !strings.Contains(err.Error(), "signed when it had no decision log") {
+		t.Errorf("a log put where the receipt signed none: audited as %d records (%v)", len(recs), err)
 	}
 }
 

@@ -388,13 +388,26 @@ func (a *Agent) endedLogSigned(id string) error {
 	if err != nil {
 		return errf(client.CodeInternal, "Trial %q's receipt %s cannot be checked (%v), so neither can its decision log: read the log as it is with 'trialnet audit --from %s'", id, path, err, a.decisionLog(id))
 	}
-	if r.DecisionLog == nil {
-		return nil
+	// Another Trial's receipt verifies as well, and holds its own log.
+	if r.Trial != id {
+		return errf(client.CodeInternal, "the receipt %s is Trial %q's, not %q's: files were moved between Trials' directories after they ended, so the decision log there is no account of %q; read it as it is with 'trialnet audit --from %s'",
+			path, r.Trial, id, id, a.decisionLog(id))
 	}
 	d, err := DigestLog(a.decisionLog(id))
 	switch {
 	case err != nil:
 		return errf(client.CodeInternal, "digest Trial %q's decision log: %v", id, err)
+	case r.DecisionLog == nil && d != nil:
+		return errf(client.CodeInternal, "Trial %q's receipt was signed when it had no decision log, so the one there now (%d bytes) was put there after the Trial ended and is no account of it; read it as it is with 'trialnet audit --from %s'",
+			id, d.Bytes, a.decisionLog(id))
+	case r.DecisionLog == nil:
+		return nil
+	case d != nil && d.Bytes > r.DecisionLog.Bytes && signedPrefix(a.decisionLog(id), r.DecisionLog):
+		// Not only an edit: a predecessor that did not confirm it ended
+		// the Trial's connections at the destroy appends their records
+		// after the receipt (DestroyExit warns of it).
+		return errf(client.CodeInternal, "Trial %q's decision log is not the one its receipt was signed with: its first %d bytes are, and %d more were added after the Trial ended, by an edit or by a draining predecessor agent (the agent warned at the destroy if it did not confirm ending the Trial's connections), so its records are no account of the Trial; 'trialnet verify %s' says the same; read it as it is with 'trialnet audit --from %s' (the signed records are the first %d bytes)",
+			id, r.DecisionLog.Bytes, d.Bytes-r.DecisionLog.Bytes, path, a.decisionLog(id), r.DecisionLog.Bytes)
 	case d == nil || d.SHA256 != r.DecisionLog.SHA256 || d.Bytes != r.DecisionLog.Bytes:
 		var now int64
 		if d != nil {
@@ -404,6 +417,21 @@ func (a *Agent) endedLogSigned(id string) error {
 			id, r.DecisionLog.Bytes, now, path, a.decisionLog(id))
 	}
 	return nil
+}
+
+// signedPrefix reports whether the first want.Bytes bytes of the log at
+// path have want's digest.
+func signedPrefix(path string, want *client.LogDigest) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyN(h, f, want.Bytes); err != nil {
+		return false
+	}
+	return hex.EncodeToString(h.Sum(nil)) == want.SHA256
 }
 
 // keepReceipt writes Trial id's receipt into the Trial's data directory,

@@ -349,3 +349,57 @@ func TestTLSSilentUpstreamIsCut(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 }
+
+// TestTLSRetryHelloReachesTheFrontWhole: after a HelloRetryRequest, the
+// second ClientHello, split over records behind a dummy
+// change_cipher_spec, reaches the upstream as the first does: the
+// change_cipher_spec as sent, then the hello in one record, which a
+// front reading the name from the first record needs. An honest
+// handshake through the retry completes either way, so only the bytes
+// the upstream read show the join.
+func TestTLSRetryHelloReachesTheFrontWhole(t *testing.T) {
+	second := tlstest.ClientHello(t, "a.test")
+	got := make(chan [][]byte, 1)
+	upstream := func(c *net.TCPConn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		var recs [][]byte
+		defer func() { got <- recs }()
+		rec := make([]byte, 5)
+		for i := 0; i < 3; i++ { // the first hello, then what follows the request
+			if _, err := io.ReadFull(c, rec[:5]); err != nil {
+				return
+			}
+			r := append(append([]byte(nil), rec...), make([]byte, int(rec[3])<<8|int(rec[4]))...)
+			if _, err := io.ReadFull(c, r[5:]); err != nil {
+				return
+			}
+			if i == 0 {
+				if _, err := c.Write(tlstest.ServerHelloRecord(true)); err != nil {
+					return
+				}
+				continue
+			}
+			recs = append(recs, r)
+		}
+	}
+	tp := newTestProxy(t, proxyOpts{allow: []string{"a.test:443"}, upstream: upstream})
+	tp.dns.set("a.test", 60, "93.184.216.34")
+	resp, conn, br := tp.connect(t, connectHead("a.test:443"))
+	if resp.StatusCode != 200 {
+		t.Fatal(resp.Status)
+	}
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := conn.Write(tlstest.ClientHello(t, "a.test")); err != nil {
+		t.Fatal(err)
+	}
+	if retry, err := wire.ParseServerHello(readRecord(t, br)[5:]); err != nil || !retry {
+		t.Fatalf("the upstream's answer: retry %v, %v; want a HelloRetryRequest", retry, err)
+	}
+	if _, err := conn.Write(append(append([]byte(nil), tlstest.DummyCCS...), tlstest.ReRecord(second, 40)...)); err != nil {
+		t.Fatal(err)
+	}
+	recs := <-got
+	if len(recs) != 2 || !bytes.Equal(recs[0], tlstest.DummyCCS) || !bytes.Equal(recs[1], second) {
+		t.Fatalf("after the HelloRetryRequest the upstream read %d records %x; want the change_cipher_spec, then the second hello in one record", len(recs), recs)
+	}
+}
