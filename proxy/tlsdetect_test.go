@@ -222,7 +222,8 @@ func (c *reRecordConn) Write(b []byte) (int, error) {
 
 // sniRouter is a front that routes by the name in the ClientHello's
 // first record, in any case but otherwise as sent, as nginx's
-// ssl_preread into a map and HAProxy's req.ssl_sni do: "a.test" to its
+// ssl_preread into a map and HAProxy's req.ssl_sni -i do (a front that
+// minds case is left to the front: SECURITY.md): "a.test" to its
 // tenant, anything else (a name it does not know, or none in that
 // record) to the default route, another tenant's. Each route answers its
 // name and closes; the bytes the default route received are counted.
