@@ -345,3 +345,16 @@ func proxyHalf(l *trialspec.ProxyLimits) *trialspec.Limits {
 	}
 	return &trialspec.Limits{ProxyLimits: *l}
 }
+
+// pingEcho sends "ping" through c and wants it back from an echoing
+// upstream.
+func pingEcho(t testing.TB, c io.ReadWriter) {
+	t.Helper()
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "ping" {
+		t.Fatalf("echo %q %v", b, err)
+	}
+}

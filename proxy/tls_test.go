@@ -90,13 +90,7 @@ func TestTLSNameCheck(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tc.Write([]byte("ping")); err != nil {
-			t.Fatal(err)
-		}
-		b := make([]byte, 4)
-		if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
-			t.Fatalf("%q %v", b, err)
-		}
+		pingEcho(t, tc)
 		_ = tc.Close()
 		if ev := tp.event(t); ev.Reason != record.ReasonAllowed || ev.SNI != "API.example.com" {
 			t.Fatalf("event %+v", ev)

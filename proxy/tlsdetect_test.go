@@ -146,13 +146,7 @@ func TestTLSDetectionCannotBeSteppedAround(t *testing.T) {
 			if err := tc.Handshake(); err != nil {
 				t.Fatalf("handshake: %v", err)
 			}
-			if _, err := tc.Write([]byte("ping")); err != nil {
-				t.Fatal(err)
-			}
-			b := make([]byte, 4)
-			if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
-				t.Fatalf("echo %q %v", b, err)
-			}
+			pingEcho(t, tc)
 			_ = tc.Close()
 			if ev := tp.event(t); ev.Reason != record.ReasonAllowed || ev.SNI != "a.test" {
 				t.Fatalf("event %+v", ev)

@@ -155,13 +155,7 @@ func honestThroughRetry(t *testing.T, tp *testProxy, ca *testCA, split int) {
 	if !tc.ConnectionState().HelloRetryRequest {
 		t.Fatal("the handshake had no HelloRetryRequest: the test tests nothing")
 	}
-	if _, err := tc.Write([]byte("ping")); err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, 4)
-	if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
-		t.Fatalf("echo %q %v", b, err)
-	}
+	pingEcho(t, tc)
 	_ = tc.Close()
 	if ev := tp.event(t); ev.Reason != record.ReasonAllowed || ev.SNI != "a.test" || ev.Detail != "" {
 		t.Fatalf("event %+v", ev)

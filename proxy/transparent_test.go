@@ -128,13 +128,7 @@ func TestTransparentTLS(t *testing.T) {
 		if err := tc.Handshake(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tc.Write([]byte("ping")); err != nil {
-			t.Fatal(err)
-		}
-		b := make([]byte, 4)
-		if _, err := io.ReadFull(tc, b); err != nil || string(b) != "ping" {
-			t.Fatalf("echo %q %v", b, err)
-		}
+		pingEcho(t, tc)
 		_ = tc.Close()
 		ev := tp.event(t)
 		if ev.Decision != record.DecisionAllow || !ev.Transparent || ev.Host != "api.example.com" || ev.Port != to.Port() ||
