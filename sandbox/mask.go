@@ -62,7 +62,7 @@ func checkUnixPathsVisible(paths []string, hidden []string) error {
 // checkUnixPathsOffHostShm refuses an allowed unix socket on a mount of
 // the host's /dev/shm tmpfs other than /dev/shm (a bind of it, a
 // chroot's /dev/shm, /run/shm where that links to /dev/shm): the init
-// detaches those (dropHostShm), and binds into the Trial's own /dev/shm
+// detaches those (hostShmDrop), and binds into the Trial's own /dev/shm
 // only the sockets named beneath it, so such a socket would be out of
 // the Trial's reach without a word. The nearest existing directory
 // stands for a socket not made yet.
@@ -464,19 +464,11 @@ func dropHostMounts(hostShm uint64) error {
 	}
 }
 
-// dropHostShm detaches every mount of the host's /dev/shm tmpfs (host,
+// hostShmDrop picks every mount of the host's /dev/shm tmpfs (host,
 // hostShmDev's) but the sockets kept in the Trial's own directories:
 // through one (a chroot's /dev/shm, a bind for a container) a Trial
 // running as the operator's uid opened the operator's POSIX shared
 // memory and semaphores. The Trial's own tmpfs covers it on /dev/shm.
-func dropHostShm(host uint64) error {
-	if host == 0 {
-		return nil
-	}
-	return dropMounts(hostShmDrop(host))
-}
-
-// hostShmDrop is dropHostShm's pick.
 func hostShmDrop(host uint64) mountDrop {
 	var own []string
 	for _, d := range ownDirs {

@@ -1304,7 +1304,7 @@ func TestPrivilegedHostShmOutOfReach(t *testing.T) {
 	}
 }
 
-// The Go set-up's dropHostShm, run on a thread in a mount namespace of
+// The Go set-up's drop of the host's /dev/shm (hostShmDrop), run on a thread in a mount namespace of
 // its own with a tmpfs of its own on /dev/shm, as the init has: the
 // host's /dev/shm is gone from its other point, a bind kept in the own
 // /dev/shm stays.
@@ -1332,7 +1332,7 @@ func TestPrivilegedGoDropHostShm(t *testing.T) {
 		if err := unix.Mount(filepath.Join(dir, filepath.Base(shm), "operator"), own, "", unix.MS_BIND, ""); err != nil {
 			return []string{err.Error()}
 		}
-		if err := dropHostShm(host); err != nil {
+		if err := dropMounts(hostShmDrop(host)); err != nil {
 			return []string{err.Error()}
 		}
 		if names, err := dirNames(dir); err != nil || names != "" {
