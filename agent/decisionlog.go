@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"sync"
 
@@ -30,6 +31,12 @@ type decisionLog struct {
 	// fwd, if set, gets each record's line once written: a draining
 	// agent's successor counts them (see forward).
 	fwd func(line []byte)
+	// own are the ids of the records written since forwarding began at
+	// size from, until the hand-over ends (nil: none kept; at most its
+	// 10 minutes of records at the Trial's rates): the others the file
+	// holds past from are the successor's (strangers).
+	own  map[string]struct{}
+	from int64
 }
 
 // forward sends each record written from now on to fn as well (nil:
@@ -38,7 +45,7 @@ type decisionLog struct {
 func (l *decisionLog) forward(fn func(line []byte)) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.fwd = fn
+	l.fwd, l.own, l.from = fn, nil, 0
 	if l.file == nil {
 		return 0
 	}
@@ -46,7 +53,41 @@ func (l *decisionLog) forward(fn func(line []byte)) int64 {
 	if err != nil {
 		return 0
 	}
+	if fn != nil {
+		l.own, l.from = make(map[string]struct{}), st.Size()
+	}
 	return st.Size()
+}
+
+// handedOver stops keeping the ids of the records written: the
+// successor serves, and strangers is not asked for.
+func (l *decisionLog) handedOver() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.own = nil
+}
+
+// strangers are the records in the file since forwarding began that
+// this process did not write: a successor's, which served the Trial
+// beside this process until its hand-over failed.
+func (l *decisionLog) strangers() ([]record.Event, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.file == nil || l.own == nil {
+		return nil, nil
+	}
+	st, err := l.file.Stat()
+	if err != nil {
+		return nil, err
+	}
+	evs, err := record.Read(io.NewSectionReader(l.file, l.from, st.Size()-l.from), l.file.Name())
+	out := evs[:0]
+	for _, ev := range evs {
+		if _, mine := l.own[ev.ID]; !mine {
+			out = append(out, ev)
+		}
+	}
+	return out, err
 }
 
 // observe hands a record that another process wrote to the watchers.
@@ -140,6 +181,9 @@ func (l *decisionLog) add(ev *record.Event, line []byte) error {
 	var err error
 	if l.w != nil {
 		err = l.w.Write(ev, line)
+	}
+	if l.own != nil {
+		l.own[ev.ID] = struct{}{}
 	}
 	if l.fwd != nil && line != nil {
 		l.fwd(line)

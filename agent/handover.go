@@ -184,12 +184,22 @@ func (g giver) Release(stopped bool) {
 		a.handedOver = true
 		g.d.srv.SetKeepAlivesEnabled(false)
 		a.proxy.StopAccepting()
+		a.forEachLog((*decisionLog).handedOver)
 		a.releaseStubs()
 		a.shells.close() // creates go to the successor now
 	} else {
 		a.proxy.Unshare() // what it had open is no more
+		// The successor, ended by now, served the Trials it had adopted
+		// on copies of their listeners: its records are in their logs,
+		// not in these counters, and the tunnels it had open died with
+		// it, kept in its ledgers, which no later adoption may read (a
+		// Trial destroyed first has its ledgers swept unread).
+		a.countStrangers()
 		a.stopForwarding()
 		a.resumeStubs()
+		for _, id := range a.ids() {
+			a.recordLost(id)
+		}
 	}
 	a.hmu.Unlock()
 }
@@ -248,6 +258,36 @@ func (a *Agent) startForwarding(fw func(id string, line []byte)) map[string]int6
 		out[id] = lt.log.forward(func(line []byte) { fw(id, line) })
 	}
 	return out
+}
+
+// countStrangers counts, in each Trial's counters, the records its log
+// got from a successor whose hand-over failed.
+func (a *Agent) countStrangers() {
+	a.mu.Lock()
+	lts := make([]*trial, 0, len(a.trials))
+	for _, lt := range a.trials {
+		lts = append(lts, lt)
+	}
+	a.mu.Unlock()
+	for _, lt := range lts {
+		evs, err := lt.log.strangers()
+		if err != nil {
+			a.log.Warn("the records a failed successor wrote are partly unreadable: the Trial's proxy counters leave those out", "trial", lt.info.ID, "error", err)
+		}
+		for i := range evs {
+			_ = a.proxy.Count(lt.info.ID, &evs[i])
+			lt.log.observe(&evs[i])
+		}
+	}
+}
+
+// forEachLog calls fn with every Trial's log.
+func (a *Agent) forEachLog(fn func(*decisionLog)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, lt := range a.trials {
+		fn(&lt.log)
+	}
 }
 
 func (a *Agent) stopForwarding() {

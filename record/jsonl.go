@@ -88,6 +88,13 @@ func ReadFilePrefix(path string, n int64) ([]Event, error) {
 	if n >= 0 {
 		r = io.LimitReader(f, n)
 	}
+	return Read(r, path)
+}
+
+// Read is ReadFile of what r reads, a part of the file at path that
+// starts at a record (path names it in errors, with lines counted from
+// r's start).
+func Read(r io.Reader, path string) ([]Event, error) {
 	var (
 		out   []Event
 		first error
