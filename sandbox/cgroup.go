@@ -228,7 +228,10 @@ func readKernfs(path string) ([]byte, error) {
 	}
 }
 
-// writeKernfs is os.WriteFile for a cgroup control file that exists.
+// writeKernfs writes a cgroup interface file that must be there. Opened
+// without O_CREAT, a missing one (its controller disabled) fails ENOENT,
+// which setupPools takes for a controller gone; creating one in cgroupfs
+// fails EACCES, which it would take for a refusal.
 func writeKernfs(path, value string) error {
 	fd, err := openKernfs(path, unix.O_WRONLY)
 	if err != nil {

@@ -166,11 +166,11 @@ func findControllers(parent string) []controller {
 
 func findController(parent, name string) controller {
 	c := controller{name: name}
-	if on, err := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control")); err == nil && slices.Contains(strings.Fields(string(on)), name) {
+	if on, err := readKernfs(filepath.Join(parent, "cgroup.subtree_control")); err == nil && slices.Contains(strings.Fields(string(on)), name) {
 		c.v2 = true // enabled already: no write, which takes the cgroup lock
 		return c
 	}
-	avail, err := os.ReadFile(filepath.Join(parent, "cgroup.controllers"))
+	avail, err := readKernfs(filepath.Join(parent, "cgroup.controllers"))
 	if err == nil && slices.Contains(strings.Fields(string(avail)), name) {
 		err = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+"+name), 0)
 		if err == nil {
@@ -382,7 +382,7 @@ func boundPool(c controller, dir string, lim trial.PoolLimits) error {
 		files = append(files, [2]string{tcpLimitFile, strconv.FormatInt(socketMemoryBound(lim.MaxMemory), 10)})
 	}
 	for _, f := range files {
-		err := writeControl(filepath.Join(dir, f[0]), f[1])
+		err := writeKernfs(filepath.Join(dir, f[0]), f[1])
 		if errors.Is(err, os.ErrNotExist) && (strings.Contains(f[0], "sw") || f[0] == tcpLimitFile) {
 			continue // no swap or socket accounting on this host: nothing to bound
 		}
@@ -410,7 +410,7 @@ const tcpLimitFile = "memory.kmem.tcp.limit_in_bytes"
 // tcp_mem low mark, below which the kernel never presses TCP, so that
 // one Trial cannot bring the host's sockets near pressure alone.
 func socketMemoryBound(maxMemory int64) int64 {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_mem")
+	b, err := readKernfs("/proc/sys/net/ipv4/tcp_mem")
 	if err != nil {
 		return maxMemory
 	}
@@ -423,19 +423,6 @@ func socketMemoryBound(maxMemory int64) int64 {
 		return maxMemory
 	}
 	return min(maxMemory, low*int64(os.Getpagesize())/4)
-}
-
-// writeControl writes an interface file that must be there. Opened
-// without O_CREAT, a missing one (its controller disabled) fails ENOENT,
-// which setupPools takes for a controller gone; creating one in cgroupfs
-// fails EACCES, which it would take for a refusal.
-func writeControl(path, value string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(value)
-	return errors.Join(err, f.Close())
 }
 
 // v1Groups are the Trial's cgroup v1 groups (on v2 the cgroup is the
