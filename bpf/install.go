@@ -287,15 +287,14 @@ func (l *Loader) adoptLSMLinks(want adoption, lsmMiss string) error {
 // pinnedMapID is the kernel's id of the pinned map name, which adopt
 // matches against the maps each pinned program uses.
 func pinnedMapID(name string, m *ebpf.Map) (ebpf.MapID, error) {
-	info, err := m.Info()
-	if err != nil {
+	var info mapInfo
+	if err := objInfo(m.FD(), unsafe.Pointer(&info), unsafe.Sizeof(info)); err != nil {
 		return 0, fmt.Errorf("map %s: read its info: %w (the pin opened, but the kernel would not describe its map: a security module denying bpf access, or memory; if it persists, 'trialnet uninstall' removes the pins, ending the enforcement of live Trials, and the next start installs them afresh)", name, err)
 	}
-	id, ok := info.ID()
-	if !ok {
+	if info.id == 0 {
 		return 0, fmt.Errorf("%w: map %s: the kernel does not report its id", errPinsDiffer, name)
 	}
-	return id, nil
+	return ebpf.MapID(info.id), nil
 }
 
 // adoptLink opens the link pinned for name and its program, and checks
@@ -366,6 +365,15 @@ type progInfo struct {
 	mapIDs                            ptr64
 }
 
+// mapInfo is the head of the kernel's struct bpf_map_info, up to the
+// name: what adopt checks, where ebpf.Map.Info also reads the map's
+// fdinfo (through os.File: nine system calls and a parse a map, seven
+// maps a start).
+type mapInfo struct {
+	typ, id, keySize, valueSize, maxEntries, flags uint32
+	name                                           [unix.BPF_OBJ_NAME_LEN]byte
+}
+
 // ptr64 is a __aligned_u64 that holds a pointer (little-endian: the
 // first word), as a pointer: the runtime keeps what it points to, and
 // adjusts it if a stack moves.
@@ -378,7 +386,7 @@ type ptr64 [8 / unsafe.Sizeof(uintptr(0))]unsafe.Pointer
 // loads and parses its BTF (1.7 ms of CPU for the ten hooks of a start).
 func tagAndMaps(prog *ebpf.Program) (string, []ebpf.MapID, error) {
 	var info progInfo
-	if err := objInfo(prog.FD(), &info); err != nil {
+	if err := objInfo(prog.FD(), unsafe.Pointer(&info), unsafe.Sizeof(info)); err != nil {
 		return "", nil, fmt.Errorf("read the program's info: %w", err)
 	}
 	if info.nrMapIDs == 0 {
@@ -386,7 +394,7 @@ func tagAndMaps(prog *ebpf.Program) (string, []ebpf.MapID, error) {
 	}
 	ids := make([]uint32, info.nrMapIDs)
 	more := progInfo{nrMapIDs: info.nrMapIDs, mapIDs: ptr64{unsafe.Pointer(&ids[0])}}
-	if err := objInfo(prog.FD(), &more); err != nil {
+	if err := objInfo(prog.FD(), unsafe.Pointer(&more), unsafe.Sizeof(more)); err != nil {
 		return "", nil, fmt.Errorf("read the program's maps: %w", err)
 	}
 	if more.nrMapIDs != info.nrMapIDs {
@@ -399,12 +407,13 @@ func tagAndMaps(prog *ebpf.Program) (string, []ebpf.MapID, error) {
 	return hex.EncodeToString(info.tag[:]), out, nil
 }
 
-// objInfo is BPF_OBJ_GET_INFO_BY_FD for the program fd into info.
-func objInfo(fd int, info *progInfo) error {
+// objInfo is BPF_OBJ_GET_INFO_BY_FD for the program or map fd into the
+// size bytes at info (a progInfo or a mapInfo).
+func objInfo(fd int, info unsafe.Pointer, size uintptr) error {
 	attr := struct {
 		fd, infoLen uint32
 		info        ptr64
-	}{uint32(fd), uint32(unsafe.Sizeof(*info)), ptr64{unsafe.Pointer(info)}}
+	}{uint32(fd), uint32(size), ptr64{info}}
 	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_OBJ_GET_INFO_BY_FD, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
 	runtime.KeepAlive(info)
 	if errno != 0 {
@@ -421,14 +430,15 @@ func sameRodata(id ebpf.MapID, want []byte) error {
 		return err
 	}
 	defer m.Close()
-	info, err := m.Info()
-	if err != nil {
+	var info mapInfo
+	if err := objInfo(m.FD(), unsafe.Pointer(&info), unsafe.Sizeof(info)); err != nil {
 		return err
 	}
-	if !strings.HasSuffix(info.Name, ".rodata") || info.Type != ebpf.Array || info.MaxEntries != 1 {
-		return fmt.Errorf("uses map %d (%s), not a pinned map", id, info.Name)
+	name := unix.ByteSliceToString(info.name[:])
+	if !strings.HasSuffix(name, ".rodata") || info.typ != unix.BPF_MAP_TYPE_ARRAY || info.maxEntries != 1 {
+		return fmt.Errorf("uses map %d (%s), not a pinned map", id, name)
 	}
-	got := make([]byte, info.ValueSize)
+	got := make([]byte, info.valueSize)
 	if err := m.Lookup(uint32(0), &got); err != nil {
 		return fmt.Errorf("read .rodata: %w", err)
 	}

@@ -256,3 +256,47 @@ func TestPrivilegedUninstallOnlyOnBPFFS(t *testing.T) {
 		t.Errorf("Uninstall removed a file off bpffs: %v", err)
 	}
 }
+
+// An adopted program's .rodata is checked by the kernel's own account of
+// the map (its name, type, entries and value size, read without the
+// map's fdinfo) and by its value: a map that is not a one-entry .rodata
+// array, or one whose constants differ, is refused.
+func TestPrivilegedSameRodataChecksTheMap(t *testing.T) {
+	privtest.Require(t)
+	want := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	for _, c := range []struct {
+		name   string
+		spec   ebpf.MapSpec
+		value  []byte
+		refuse string
+	}{
+		{"the same constants", ebpf.MapSpec{Name: "trialnet.rodata", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1}, want, ""},
+		{"other constants", ebpf.MapSpec{Name: "trialnet.rodata", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1}, []byte{1, 2, 3, 4, 5, 6, 7, 9}, "constants"},
+		{"not a .rodata", ebpf.MapSpec{Name: "trialnet_data", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1}, want, "not a pinned map"},
+		{"two entries", ebpf.MapSpec{Name: "trialnet.rodata", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 2}, want, "not a pinned map"},
+		{"a hash", ebpf.MapSpec{Name: "trialnet.rodata", Type: ebpf.Hash, KeySize: 4, ValueSize: 8, MaxEntries: 1}, want, "not a pinned map"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := ebpf.NewMap(&c.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := m.Put(uint32(0), c.value); err != nil {
+				t.Fatal(err)
+			}
+			info, err := m.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, _ := info.ID()
+			err = sameRodata(id, want)
+			if c.refuse == "" && err != nil {
+				t.Errorf("refused: %v", err)
+			}
+			if c.refuse != "" && (err == nil || !strings.Contains(err.Error(), c.refuse)) {
+				t.Errorf("got %v, want a refusal naming %q", err, c.refuse)
+			}
+		})
+	}
+}

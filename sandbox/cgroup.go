@@ -26,15 +26,17 @@ func Cgroup2Mount() (string, error) { return cgroup2.Mount() }
 func killCgroup(dir string, wait time.Duration) error {
 	// Opened before the kill, so that the change the kill brings about is
 	// one this file's poll sees (kernfs compares against the last read).
-	events, err := os.Open(filepath.Join(dir, "cgroup.events"))
+	// Raw descriptors: os.File would register each with Go's poller
+	// (kernfs files poll), and Fd take it back out, four more calls each.
+	events, err := openKernfs(filepath.Join(dir, "cgroup.events"), unix.O_RDONLY)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("kill cgroup %s: %w", dir, err)
 	}
-	defer events.Close()
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0); err != nil {
+	defer unix.Close(events)
+	if err := writeKernfs(filepath.Join(dir, "cgroup.kill"), "1"); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil
 		}
@@ -60,9 +62,9 @@ func killCgroup(dir string, wait time.Duration) error {
 
 // eventsPopulated reads an open cgroup.events from its start. A cgroup
 // removed meanwhile (ENODEV on its open file) has no processes.
-func eventsPopulated(f *os.File) (bool, error) {
+func eventsPopulated(fd int) (bool, error) {
 	var buf [256]byte
-	n, err := unix.Pread(int(f.Fd()), buf[:], 0)
+	n, err := unix.Pread(fd, buf[:], 0)
 	if errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}
@@ -98,7 +100,7 @@ const maxWatched = 64
 // watch opens a pidfd for each process cgroup.procs lists now, up to
 // maxWatched.
 func (w *exitWait) watch(dir string) {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	b, err := readKernfs(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {
 		return
 	}
@@ -121,8 +123,8 @@ func (w *exitWait) watch(dir string) {
 // await waits until cgroup.events changes, a watched process exits, or a
 // millisecond passes, whichever is first, and forgets the processes that
 // exited.
-func (w *exitWait) await(events *os.File) {
-	fds := append([]unix.PollFd{{Fd: int32(events.Fd()), Events: unix.POLLPRI}}, w.fds...)
+func (w *exitWait) await(events int) {
+	fds := append([]unix.PollFd{{Fd: int32(events), Events: unix.POLLPRI}}, w.fds...)
 	if n, err := unix.Poll(fds, 1); err != nil || n == 0 {
 		return
 	}
@@ -144,7 +146,7 @@ func (w *exitWait) close() {
 }
 
 func cgroupPopulated(dir string) (bool, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	b, err := readKernfs(filepath.Join(dir, "cgroup.events"))
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}
@@ -181,4 +183,66 @@ func removeCgroup(dir string) error {
 		return nil
 	}
 	return fmt.Errorf("remove cgroup %s: %w", dir, err)
+}
+
+// openKernfs opens a cgroup or proc file as a raw descriptor: through
+// os.File, a kernfs file is registered with Go's poller (it polls), eight
+// calls a read where three or four do (docs/performance.md, "Trial start").
+// Errors are os.ReadFile's, a *os.PathError.
+func openKernfs(path string, flags int) (int, error) {
+	for {
+		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return -1, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		return fd, nil
+	}
+}
+
+// readKernfs is os.ReadFile for cgroup and proc files.
+func readKernfs(path string) ([]byte, error) {
+	fd, err := openKernfs(path, unix.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	b := make([]byte, 0, 512)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := unix.Read(fd, b[len(b):cap(b)])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return b, nil
+		}
+		b = b[:len(b)+n]
+	}
+}
+
+// writeKernfs writes a cgroup interface file that must be there. Opened
+// without O_CREAT, a missing one (its controller disabled) fails ENOENT,
+// which setupPools takes for a controller gone; creating one in cgroupfs
+// fails EACCES, which it would take for a refusal.
+func writeKernfs(path, value string) error {
+	fd, err := openKernfs(path, unix.O_WRONLY)
+	if err != nil {
+		return err
+	}
+	_, err = unix.Write(fd, []byte(value))
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return &os.PathError{Op: "write", Path: path, Err: err}
+	}
+	return nil
 }

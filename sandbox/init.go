@@ -291,7 +291,7 @@ func RemoveLaunchLock(cgroupID uint64) {
 // for the Trial's init. It returns a pidfd of -1 when there is none. The
 // caller holds the Trial's launch lock.
 func findInit(cgroup string) (initProc, error) {
-	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	b, err := readKernfs(filepath.Join(cgroup, "cgroup.procs"))
 	if err != nil {
 		return initProc{-1, 0, nil}, fmt.Errorf("list Trial processes: %w", err)
 	}

@@ -583,6 +583,7 @@ static void mount_views(const char *dir) {
 #define MQUEUE_HELD "it holds the host's POSIX message queues"
 #define HUGETLBFS_HELD "it draws on the host's reserved huge pages, which no limit of the Trial's bounds"
 #define SHM_HELD "it is the host's /dev/shm, with its POSIX shared memory and semaphores"
+#define CGROUP2_HELD "it shows every Trial, and a subtree delegated to the Trial's uid writable"
 
 // mount_id_at is mountIDAt.
 static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *what, const char *why) {
@@ -984,28 +985,6 @@ static void hide_autofs(void) {
 	}
 }
 
-// drop_host_cgroup2 is dropHostCgroup2.
-static void drop_host_cgroup2(void) {
-	for (int acted = 1; acted;) {
-		acted = 0;
-		char *b = read_mountinfo(), *s = b, *line;
-		struct mount_line m;
-		while ((line = next_line(&s))) {
-			uint64_t id = strtoull(line, NULL, 10);
-			split_line(line, &m);
-			if (!m.post || m.fields < 5 || strncmp(m.post, "cgroup2 ", 8))
-				continue;
-			if (m.too_long)
-				mask_fail(ENAMETOOLONG, "detach the host's cgroup2 from %s... (it shows every Trial)", m.point);
-			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, "to detach the host's cgroup2 there") != id)
-				continue;
-			if (umount2(m.point, MNT_DETACH) < 0)
-				mask_fail(errno, "detach the host's cgroup2 from %s (it shows every Trial)", m.point);
-			acted = 1;
-		}
-	}
-}
-
 // vcs, vcsa, vcsu: a console's screen, which login may give its user too.
 #define VCS_MAJOR 7
 #define TTYS_WHY "a terminal login gave the Trial's uid, the operator's among them"
@@ -1120,14 +1099,15 @@ static void drop_host_mounts(dev_t host_shm) {
 		if (!host_shm || !realpath(trialnet_init_own_dirs[i].dir, real[i]))
 			real[i][0] = 0;
 	for (int acted = 1; acted;) {
-		struct mount_drop drops[5] = {
+		struct mount_drop drops[6] = {
 		    foreign("devpts", "/dev/pts", 0, DEVPTS_HELD),
 		    foreign("proc", "/proc", 0, PROC_HELD),
 		    foreign("mqueue", "/dev/mqueue", 1, MQUEUE_HELD),
 		    {.fstype = "hugetlbfs", .held = HUGETLBFS_HELD},
+		    {.fstype = "cgroup2", .held = CGROUP2_HELD},
 		    {.fstype = "tmpfs", .only = host_shm, .held = SHM_HELD, .real = real},
 		};
-		acted = drop_pass(drops, host_shm ? 5 : 4);
+		acted = drop_pass(drops, host_shm ? 6 : 5);
 	}
 }
 
@@ -1153,7 +1133,6 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1, de
 	hide_autofs();
 	hide_host_ttys();
 	read_only_sys();
-	drop_host_cgroup2();
 	if (mount("cgroup2", cg, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)
 		mask_fail(errno, "mount the Trial's own cgroup2 on %s (the host's shows every Trial)", cg);
 	if (mount("", cg, "", MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "") < 0)

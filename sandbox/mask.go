@@ -134,13 +134,11 @@ func maskHost(nested bool, hide, v1 []string, hostShm uint64) error {
 		return err
 	}
 	// Rooted at the Trial's cgroup, this shows none of its siblings nor
-	// the parent's limits. It replaces the host's mount (the kernel
-	// refuses a superblock over its own mount), mounted read-write and
-	// then made read-only by a bind remount: the superblock is the
-	// host's, and only this mount's flag may change.
-	if err := dropHostCgroup2(); err != nil {
-		return err
-	}
+	// the parent's limits. It replaces the host's mount, which
+	// dropHostMounts detached (the kernel refuses a superblock over its
+	// own mount), mounted read-write and then made read-only by a bind
+	// remount: the superblock is the host's, and only this mount's flag
+	// may change.
 	if err := unix.Mount("cgroup2", cgroup2, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return maskErr("mount the Trial's own cgroup2 on "+cgroup2, "the host's shows every Trial", err)
 	}
@@ -427,8 +425,8 @@ func foreign(fstype, ownPath string, optional bool, held string) (mountDrop, err
 }
 
 // dropHostMounts detaches the host's devpts, procfs, mqueue, /dev/shm
-// tmpfs (hostShm, hostShmDev's) and hugetlbfs mounts, each pass one walk
-// of the mount table for all five, in passes until one detaches nothing:
+// tmpfs (hostShm, hostShmDev's), hugetlbfs and cgroup2 mounts, each pass
+// one walk of the mount table for all six, in passes until one detaches nothing:
 // each pass takes only mounts on top at their point, and one detached may
 // uncover another kind's that it left as covered (a bind of the host's
 // /dev/shm under a hugetlbfs). Where there is none, one read of the table.
@@ -456,7 +454,13 @@ func dropHostMounts(hostShm uint64) error {
 		// A file of its own on the host's hugetlbfs (/dev/hugepages)
 		// would take the reserved pages that the seccomp filter's
 		// MAP_HUGETLB rule keeps from the Trial.
-		drops = append(drops, mountDrop{"hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }})
+		drops = append(drops, mountDrop{"hugetlbfs", hugetlbfsHeld, func(uint64, string) bool { return true }},
+			// Every cgroup2 mount, not only the first, which the Trial's
+			// own replaces: another (the tree bound into a chroot, a
+			// second mount of it) showed every Trial, and, outside /sys, a
+			// subtree delegated to the Trial's uid (systemd's
+			// user@UID.service) writable, its cgroup.kill among it.
+			mountDrop{"cgroup2", cgroup2Held, func(uint64, string) bool { return true }})
 		acted, err := dropPass(drops)
 		if !acted || err != nil {
 			return err
@@ -704,15 +708,6 @@ func coverAutofs(mnt, id string, b []byte) error {
 		return maskErr("make the tmpfs on "+mnt+" read-only", autofsWhy, err)
 	}
 	return nil
-}
-
-// dropHostCgroup2 detaches every cgroup2 mount, not only the first,
-// which the Trial's own replaces: another (the tree bound into a chroot,
-// a second mount of it) showed every Trial, and, outside /sys, a
-// subtree delegated to the Trial's uid (systemd's user@UID.service)
-// writable, its cgroup.kill among it. dropForeign with no own mount yet.
-func dropHostCgroup2() error {
-	return dropForeign("cgroup2", "", true, cgroup2Held)
 }
 
 const cgroup2Held = "it shows every Trial, and a subtree delegated to the Trial's uid writable"

@@ -908,7 +908,7 @@ func TestPrivilegedSecondCgroup2Detached(t *testing.T) {
 	}
 }
 
-// The Go set-up's dropHostCgroup2, run on a thread in a mount namespace of
+// The Go set-up's dropHostMounts, run on a thread in a mount namespace of
 // its own with the host's cgroup2 mounted a second time: no cgroup2 mount
 // is left for the Trial's own to replace.
 func TestPrivilegedGoDropHostCgroup2(t *testing.T) {
@@ -922,7 +922,7 @@ func TestPrivilegedGoDropHostCgroup2(t *testing.T) {
 			bad = append(bad, err.Error())
 			return
 		}
-		if err := dropHostCgroup2(); err != nil {
+		if err := dropHostMounts(0); err != nil {
 			bad = append(bad, err.Error())
 			return
 		}

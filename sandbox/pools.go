@@ -166,11 +166,11 @@ func findControllers(parent string) []controller {
 
 func findController(parent, name string) controller {
 	c := controller{name: name}
-	if on, err := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control")); err == nil && slices.Contains(strings.Fields(string(on)), name) {
+	if on, err := readKernfs(filepath.Join(parent, "cgroup.subtree_control")); err == nil && slices.Contains(strings.Fields(string(on)), name) {
 		c.v2 = true // enabled already: no write, which takes the cgroup lock
 		return c
 	}
-	avail, err := os.ReadFile(filepath.Join(parent, "cgroup.controllers"))
+	avail, err := readKernfs(filepath.Join(parent, "cgroup.controllers"))
 	if err == nil && slices.Contains(strings.Fields(string(avail)), name) {
 		err = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+"+name), 0)
 		if err == nil {
@@ -382,7 +382,7 @@ func boundPool(c controller, dir string, lim trial.PoolLimits) error {
 		files = append(files, [2]string{tcpLimitFile, strconv.FormatInt(socketMemoryBound(lim.MaxMemory), 10)})
 	}
 	for _, f := range files {
-		err := writeControl(filepath.Join(dir, f[0]), f[1])
+		err := writeKernfs(filepath.Join(dir, f[0]), f[1])
 		if errors.Is(err, os.ErrNotExist) && (strings.Contains(f[0], "sw") || f[0] == tcpLimitFile) {
 			continue // no swap or socket accounting on this host: nothing to bound
 		}
@@ -410,7 +410,7 @@ const tcpLimitFile = "memory.kmem.tcp.limit_in_bytes"
 // tcp_mem low mark, below which the kernel never presses TCP, so that
 // one Trial cannot bring the host's sockets near pressure alone.
 func socketMemoryBound(maxMemory int64) int64 {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_mem")
+	b, err := readKernfs("/proc/sys/net/ipv4/tcp_mem")
 	if err != nil {
 		return maxMemory
 	}
@@ -423,19 +423,6 @@ func socketMemoryBound(maxMemory int64) int64 {
 		return maxMemory
 	}
 	return min(maxMemory, low*int64(os.Getpagesize())/4)
-}
-
-// writeControl writes an interface file that must be there. Opened
-// without O_CREAT, a missing one (its controller disabled) fails ENOENT,
-// which setupPools takes for a controller gone; creating one in cgroupfs
-// fails EACCES, which it would take for a refusal.
-func writeControl(path, value string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(value)
-	return errors.Join(err, f.Close())
 }
 
 // v1Groups are the Trial's cgroup v1 groups (on v2 the cgroup is the
@@ -457,14 +444,17 @@ func (t *Launcher) v1Groups() ([]v1Group, error) {
 				return nil, err
 			}
 		}
+		g := v1Group{controller: c, dir: dir}
 		if c.name == PoolPids {
 			// A command in a Trial at its bound could not even start its
-			// runtime's threads: say so rather than crash.
-			if err := atPidsBound(dir); err != nil {
+			// runtime's threads: say so rather than crash. newPoolMove
+			// takes the same count.
+			g.tasks, g.bound = pidsCount(dir)
+			if err := pidsFull(g.tasks, g.bound); err != nil {
 				return nil, err
 			}
 		}
-		gs = append(gs, v1Group{c, dir})
+		gs = append(gs, g)
 	}
 	return gs, nil
 }
@@ -486,7 +476,8 @@ func (t *Launcher) v1Dirs() []string {
 
 type v1Group struct {
 	controller
-	dir string // the Trial's group
+	dir          string // the Trial's group
+	tasks, bound int64  // a pids group's pids.current and pids.max when v1Groups read them
 }
 
 // joinPools puts process pid, just cloned into the Trial's cgroup and
@@ -536,15 +527,14 @@ func newPoolMove(gs []v1Group) *poolMove {
 	if len(gs) == 0 {
 		return nil
 	}
-	own, err := os.ReadFile("/proc/self/cgroup")
+	own, err := readKernfs("/proc/self/cgroup")
 	if err != nil {
 		return nil
 	}
 	m := &poolMove{}
 	for _, g := range gs {
 		if g.name == PoolPids {
-			cur, lim := readCgroupInt(filepath.Join(g.dir, "pids.current"), ""), readCgroupInt(filepath.Join(g.dir, "pids.max"), "")
-			if lim >= 0 && cur+1 >= lim {
+			if g.bound >= 0 && g.tasks+1 >= g.bound {
 				m.close()
 				return nil
 			}
@@ -634,22 +624,27 @@ func (m *poolMove) close() {
 	})
 }
 
-// atPidsBound says, if the pids group at dir is at its bound, why a new
-// command cannot start there.
-func atPidsBound(dir string) error {
-	cur, lim := readCgroupInt(filepath.Join(dir, "pids.current"), ""), readCgroupInt(filepath.Join(dir, "pids.max"), "")
-	if lim >= 0 && cur >= lim {
-		return fmt.Errorf("the Trial has %d tasks, its bound (pids.max %d): end some of its processes, or give it a higher max_pids", cur, lim)
+// pidsCount is the pids group at dir's pids.current and pids.max, -1
+// where one cannot be read (or is "max").
+func pidsCount(dir string) (tasks, bound int64) {
+	return readCgroupInt(filepath.Join(dir, "pids.current"), ""), readCgroupInt(filepath.Join(dir, "pids.max"), "")
+}
+
+// pidsFull says, if a pids group with tasks of bound is at its bound, why
+// a new command cannot start there.
+func pidsFull(tasks, bound int64) error {
+	if bound >= 0 && tasks >= bound {
+		return fmt.Errorf("the Trial has %d tasks, its bound (pids.max %d): end some of its processes, or give it a higher max_pids", tasks, bound)
 	}
 	return nil
 }
 
-// pidsBound is atPidsBound for the Trial's pids group, wherever it is.
+// pidsBound is pidsFull for the Trial's pids group, wherever it is.
 func (t *Launcher) pidsBound() error {
 	for _, c := range t.controllers() {
 		if c.name == PoolPids && c.bounded() {
 			if dir, err := t.poolDir(c); err == nil {
-				return atPidsBound(dir)
+				return pidsFull(pidsCount(dir))
 			}
 		}
 	}
@@ -720,7 +715,7 @@ func (t *Trial) PoolUse() []trial.PoolUse {
 // readCgroupInt reads a number from a cgroup file: the whole file, or the
 // value of key in a flat-keyed file; -1 if it is not there.
 func readCgroupInt(path, key string) int64 {
-	b, err := os.ReadFile(path)
+	b, err := readKernfs(path)
 	if err != nil {
 		return -1
 	}

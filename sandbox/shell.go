@@ -230,7 +230,7 @@ func groupProcs(dir string) []int {
 }
 
 func readProcs(dir string) []int {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	b, err := readKernfs(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {
 		return nil
 	}
