@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -81,7 +82,9 @@ func (l *decisionLog) strangers() ([]record.Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	evs, err := record.Read(io.NewSectionReader(l.file, l.from, st.Size()-l.from), l.file.Name())
+	// Read counts lines from the section's start: the name says where.
+	name := fmt.Sprintf("%s past byte %d", l.file.Name(), l.from)
+	evs, err := record.Read(io.NewSectionReader(l.file, l.from, st.Size()-l.from), name)
 	// A successor killed mid-write left its last line torn: this
 	// process's next record would be glued to it, unreadable.
 	if endTornLine(l.file, st.Size()) == lineTorn {

@@ -535,7 +535,7 @@ func TestDecisionLogStrangersEndTornLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	evs, err := l.strangers()
-	if len(evs) != 1 || evs[0].ID != "theirs" || err == nil {
+	if len(evs) != 1 || evs[0].ID != "theirs" || err == nil || !strings.Contains(err.Error(), "past byte ") {
 		t.Fatalf("strangers: %+v (%v); want the successor's whole record, and an error for its torn one", evs, err)
 	}
 	l.forward(nil)
