@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -69,7 +70,8 @@ func (l *decisionLog) handedOver() {
 
 // strangers are the records in the file since forwarding began that
 // this process did not write: a successor's, which served the Trial
-// beside this process until its hand-over failed.
+// beside this process until its hand-over failed. A line it left torn
+// is ended, so that this process's next record starts its own.
 func (l *decisionLog) strangers() ([]record.Event, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -80,7 +82,15 @@ func (l *decisionLog) strangers() ([]record.Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	evs, err := record.Read(io.NewSectionReader(l.file, l.from, st.Size()-l.from), l.file.Name())
+	// Read counts lines from the section's start: the name says where.
+	name := fmt.Sprintf("%s past byte %d", l.file.Name(), l.from)
+	evs, err := record.Read(io.NewSectionReader(l.file, l.from, st.Size()-l.from), name)
+	// A successor killed mid-write left its last line torn: this
+	// process's next record would be glued to it, unreadable.
+	if endTornLine(l.file, st.Size()) == lineTorn {
+		l.unwritten += l.w.Unwritten()
+		l.w = record.NewTornWriter(l.file)
+	}
 	out := evs[:0]
 	for _, ev := range evs {
 		if _, mine := l.own[ev.ID]; !mine {
@@ -129,22 +139,41 @@ func (l *decisionLog) openFile(f *os.File) (int64, error) {
 	}
 	size := st.Size()
 	w := record.NewWriter(f)
-	var last [1]byte
-	if size > 0 {
-		if _, err := f.ReadAt(last[:], size-1); err == nil && last[0] != '\n' {
-			if _, err := f.Write([]byte{'\n'}); err != nil {
-				// The disk still full: the first record that fits
-				// ends the line first; the Trial is not lost for it.
-				w = record.NewTornWriter(f)
-			} else {
-				size++
-			}
-		}
+	switch endTornLine(f, size) {
+	case lineEnded:
+		size++
+	case lineTorn:
+		w = record.NewTornWriter(f)
 	}
 	l.mu.Lock()
 	l.file, l.w = f, w
 	l.mu.Unlock()
 	return size, nil
+}
+
+// What endTornLine found at a file's end.
+const (
+	lineWhole = iota // nothing, or a whole line
+	lineEnded        // a torn line, now ended with a newline
+	lineTorn         // a torn line, whose newline could not be written
+)
+
+// endTornLine ends with a newline the last line of f (size bytes) if a
+// process killed mid-write left it torn.
+func endTornLine(f *os.File, size int64) int {
+	var last [1]byte
+	if size == 0 {
+		return lineWhole
+	}
+	if _, err := f.ReadAt(last[:], size-1); err != nil || last[0] == '\n' {
+		return lineWhole
+	}
+	if _, err := f.Write([]byte{'\n'}); err != nil {
+		// The disk full: the first record that fits ends the line
+		// first; the Trial is not lost for it.
+		return lineTorn
+	}
+	return lineEnded
 }
 
 // close stops writing the file.

@@ -272,7 +272,7 @@ func (a *Agent) countStrangers() {
 	for _, lt := range lts {
 		evs, err := lt.log.strangers()
 		if err != nil {
-			a.log.Warn("the records a failed successor wrote are partly unreadable: the Trial's proxy counters leave those out", "trial", lt.info.ID, "error", err)
+			a.log.Warn("the records a failed successor wrote are partly unreadable (torn by its end, or of a newer schema): the Trial's counters and receipt leave those out; trialnet audit lists the log's readable records", "trial", lt.info.ID, "error", err)
 		}
 		for i := range evs {
 			_ = a.proxy.Count(lt.info.ID, &evs[i])

@@ -499,3 +499,53 @@ func fillDisk(t *testing.T, dir string) string {
 	}
 	return fill
 }
+
+// A successor killed mid-write during a failed hand-over leaves its last
+// record torn: the old agent, serving on, counts its whole records as
+// strangers (not its own), and ends the torn line, so that its own next
+// record is not glued to it and lost to every later reader.
+func TestDecisionLogStrangersEndTornLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "decisions.jsonl")
+	var l decisionLog
+	if _, err := l.open(path); err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	add := func(id string) {
+		ev := record.Event{Schema: record.EventSchema, ID: id, Time: time.Now(), Trial: "t", Method: "CONNECT", Decision: record.DecisionDeny, Reason: record.ReasonPolicyDenied, Target: id + ".test:443"}
+		if err := l.add(&ev, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("before")
+	l.forward(func([]byte) {})
+	add("mine")
+	theirs := record.Event{Schema: record.EventSchema, ID: "theirs", Time: time.Now(), Trial: "t", Method: "CONNECT", Decision: record.DecisionDeny, Reason: record.ReasonPolicyDenied, Target: "theirs.test:443"}
+	line, err := theirs.AppendJSON(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Write(append(append(line, '\n'), line[:len(line)/2]...))
+	_ = f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := l.strangers()
+	if len(evs) != 1 || evs[0].ID != "theirs" || err == nil || !strings.Contains(err.Error(), "past byte ") {
+		t.Fatalf("strangers: %+v (%v); want the successor's whole record, and an error for its torn one", evs, err)
+	}
+	l.forward(nil)
+	add("after")
+	recs, _ := record.ReadFile(path)
+	var ids []string
+	for _, ev := range recs {
+		ids = append(ids, ev.ID)
+	}
+	if strings.Join(ids, " ") != "before mine theirs after" {
+		t.Fatalf("records read after the successor's torn line: %v; want before mine theirs after", ids)
+	}
+}

@@ -77,14 +77,41 @@ func awaitExit(pidfd int) {
 	}
 }
 
+// endGrace is how long, in ms, endProcess waits before it kills (-1:
+// until the process ends by itself).
+var endGrace = 2000
+
 // endProcess waits a moment for the process of pidfd to end (a successor
 // that failed closes its copies of the listeners, says why and exits),
-// then kills it, and waits (bounded) for its end.
-func endProcess(pidfd int) {
-	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
-	if n, _ := unix.Poll(fds, 2000); n > 0 {
-		return
+// then kills it, and waits (bounded) for its end. It reports whether the
+// process has ended: only then are its ledgers and records complete.
+func endProcess(pidfd int) bool {
+	if pollEnd(pidfd, endGrace) {
+		return true
 	}
 	_ = unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
-	_, _ = unix.Poll(fds, 5000)
+	return pollEnd(pidfd, 5000)
+}
+
+// pollEnd waits up to ms milliseconds (-1: no bound) for the process of
+// pidfd to end, through the signals this process gets (poll returns
+// EINTR on each, whatever SA_RESTART says).
+func pollEnd(pidfd, ms int) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	end := time.Now().Add(time.Duration(ms) * time.Millisecond)
+	for {
+		left := -1
+		if ms >= 0 {
+			if left = int(time.Until(end).Milliseconds()); left <= 0 {
+				return false
+			}
+		}
+		n, err := unix.Poll(fds, left)
+		if n > 0 {
+			return true
+		}
+		if err != unix.EINTR {
+			return false
+		}
+	}
 }

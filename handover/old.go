@@ -127,8 +127,9 @@ func Give(c *net.UnixConn, g Giver, cfg Config) (*Successor, error) {
 	if err := s.give(g, hello.Shares); err != nil {
 		offered := s.m.state() != StateHello
 		s.m.end()
-		if offered {
-			endProcess(pidfd) // it may accept on copies of these sockets already
+		// It may accept on copies of these sockets already.
+		if offered && !endProcess(pidfd) {
+			s.log.Error("the new agent has not exited though killed: what it still serves and records reaches none of this agent's counters, and its open tunnels are recorded only by the next agent to adopt its Trials", "successor", pid)
 		}
 		g.Release(false)
 		return nil, fmt.Errorf("pid %d did not take over: %w", pid, err)
