@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"sync"
@@ -32,11 +33,11 @@ type decisionLog struct {
 	// fwd, if set, gets each record's line once written: a draining
 	// agent's successor counts them (see forward).
 	fwd func(line []byte)
-	// own are the ids of the records written since forwarding began at
-	// size from, until the hand-over ends (nil: none kept; at most its
-	// 10 minutes of records at the Trial's rates): the others the file
-	// holds past from are the successor's (strangers).
-	own  map[string]struct{}
+	// own are the keys (idKey) of the records written since forwarding
+	// began at size from, until the hand-over ends (nil: none kept; at
+	// most its 10 minutes of records at the Trial's rates): the others
+	// the file holds past from are the successor's (strangers).
+	own  map[uint64]struct{}
 	from int64
 }
 
@@ -55,7 +56,7 @@ func (l *decisionLog) forward(fn func(line []byte)) int64 {
 		return 0
 	}
 	if fn != nil {
-		l.own, l.from = make(map[string]struct{}), st.Size()
+		l.own, l.from = make(map[uint64]struct{}), st.Size()
 	}
 	return st.Size()
 }
@@ -93,7 +94,7 @@ func (l *decisionLog) strangers() ([]record.Event, error) {
 	}
 	out := evs[:0]
 	for _, ev := range evs {
-		if _, mine := l.own[ev.ID]; !mine {
+		if _, mine := l.own[idKey(ev.ID)]; !mine {
 			out = append(out, ev)
 		}
 	}
@@ -212,7 +213,7 @@ func (l *decisionLog) add(ev *record.Event, line []byte) error {
 		err = l.w.Write(ev, line)
 	}
 	if l.own != nil {
-		l.own[ev.ID] = struct{}{}
+		l.own[idKey(ev.ID)] = struct{}{}
 	}
 	if l.fwd != nil && line != nil {
 		l.fwd(line)
@@ -292,4 +293,14 @@ func (l *decisionLog) end() {
 		close(ch)
 		delete(l.watchers, ch)
 	}
+}
+
+// idKey is what the own set keeps of a record's id: 8 bytes of its hash
+// rather than the string, as a Trial refused at its record rate through
+// a long hand-over adds one a refusal. The ids are the agent's random
+// ones, so two that share a key are as likely as guessing 64 bits.
+func idKey(id string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(id))
+	return h.Sum64()
 }

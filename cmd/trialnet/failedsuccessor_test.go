@@ -23,25 +23,29 @@ import (
 
 // holdScript runs in a Trial: it opens a CONNECT to argv[1] every 50 ms
 // and holds each tunnel, with a refused CONNECT (to argv[2]) between,
-// until it holds argv[3]; then it says how many still echo and how many
-// were cut. A CONNECT not answered within 5 s (its agent stopped) is
-// given up.
+// until its stdin ends (the test's word), it holds argv[3] or 5 minutes
+// passed; then it says how many still echo and how many were cut. A
+// CONNECT not answered within 5 s (its agent stopped) is given up, one
+// whose connection breaks (its agent killed) counted as unanswered too.
 const holdScript = `
-import json, os, socket, sys, time
+import json, os, select, socket, sys, time
 host, port = os.environ["HTTPS_PROXY"].split("//", 1)[1].rstrip("/").rsplit(":", 1)
 T, X, N = sys.argv[1], sys.argv[2], int(sys.argv[3])
 held, res = [], {"alive": 0, "cut": 0, "refused": 0, "unanswered": 0}
 def connect(t):
-    s = socket.create_connection((host, int(port)), timeout=5)
-    s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (t, t)).encode())
+    s = None
     try:
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (t, t)).encode())
         return s, s.recv(4096).startswith(b"HTTP/1.1 200")
-    except socket.timeout:
-        s.close()
+    except OSError:
+        if s is not None:
+            s.close()
         res["unanswered"] += 1
         return None, False
-for _ in range(8 * N):
-    if len(held) == N:
+end = time.monotonic() + 300
+while len(held) < N and time.monotonic() < end:
+    if select.select([sys.stdin], [], [], 0)[0] and not sys.stdin.read():
         break
     s, ok = connect(T)
     if ok:
@@ -128,9 +132,13 @@ func TestPrivilegedAgentFailedSuccessorsTunnelsRecorded(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = unix.Unmount(stuck, 0) })
 	hold := trialnetProcess(t, "exec", "--socket", a.sock, "--trial", "fs", "--uid", "65534", "--gid", "65534", "--",
-		"/usr/bin/python3", "-c", holdScript, echoTarget, "other.test:9000", "100")
+		"/usr/bin/python3", "-c", holdScript, echoTarget, "other.test:9000", "400")
 	var hout bytes.Buffer
 	hold.Stdout, hold.Stderr = &hout, &hout
+	stop, err := hold.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := hold.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +184,7 @@ func TestPrivilegedAgentFailedSuccessorsTunnelsRecorded(t *testing.T) {
 			t.Fatalf("the old agent did not say the hand-over failed:\n%s", a.events())
 		}
 	}
+	_ = stop.Close()
 	if err := hold.Wait(); err != nil {
 		t.Fatalf("the load in the Trial: %v\n%s", err, hout.String())
 	}
