@@ -16,6 +16,7 @@ import (
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
@@ -48,14 +49,14 @@ func TestPrivilegedHostAddrsFollowChanges(t *testing.T) {
 		if err := nh.AddrAdd(lo, a); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return ok }, ip.String()+" to appear")
+		testkit.WaitFor(t, ip.String()+" to appear", 5*time.Second, func() bool { ok, _ := watch.Contains(ip); return ok })
 		if err := g.Check(ip); record.ReasonOf(err) != record.ReasonAddressDenied {
 			t.Fatalf("%s is now this host's own, got %v", ip, err)
 		}
 		if err := nh.AddrDel(lo, a); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return !ok }, ip.String()+" to disappear")
+		testkit.WaitFor(t, ip.String()+" to disappear", 5*time.Second, func() bool { ok, _ := watch.Contains(ip); return !ok })
 	}
 }
 
@@ -85,17 +86,6 @@ func namespaceOfItsOwn(t *testing.T, name string) (*netns.Namespace, vns.NsHandl
 		t.Fatal(err)
 	}
 	return ns, h, nh, lo
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // The production dialer's Control hook refuses a guarded address even
@@ -202,14 +192,14 @@ func TestPrivilegedHostAddrsLocalRoutes(t *testing.T) {
 		if ip.Is4() {
 			reachesHost(t, ns, ip)
 		}
-		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return ok }, ip.String()+" to appear")
+		testkit.WaitFor(t, ip.String()+" to appear", 5*time.Second, func() bool { ok, _ := watch.Contains(ip); return ok })
 		if err := g.Check(ip); record.ReasonOf(err) != record.ReasonAddressDenied {
 			t.Fatalf("%s is under a local route now, got %v", ip, err)
 		}
 		if err := nh.RouteDel(r); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool { ok, _ := watch.Contains(ip); return !ok }, ip.String()+" to disappear")
+		testkit.WaitFor(t, ip.String()+" to disappear", 5*time.Second, func() bool { ok, _ := watch.Contains(ip); return !ok })
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
+	"github.com/trialnet/trialnet/internal/testkit"
 	"github.com/trialnet/trialnet/record"
 )
 
@@ -80,17 +81,6 @@ func ledgerInUse(stateDir, id string, pid int) bool {
 		}
 	}
 	return false
-}
-
-// waitFor waits until ok, bounded: the test fails saying what did not
-// come.
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for end := time.Now().Add(2 * time.Minute); !ok(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("waited in vain for %s", what)
-		}
-	}
 }
 
 // refusals is how many refusals Trial fs's log holds, as far as it
@@ -160,13 +150,13 @@ func TestPrivilegedAgentFailedSuccessorsTunnelsRecorded(t *testing.T) {
 	// it holds a tunnel and wrote a refusal's record. Then it is killed,
 	// and the old agent goes on. Bounded, as the load is.
 	ledger := filepath.Join(a.host.StateDir, "fs.ledgers", strconv.Itoa(next.Process.Pid))
-	waitFor(t, "the successor to adopt fs", func() bool { _, err := os.Stat(ledger); return err == nil || exited(next.Process.Pid) })
+	testkit.WaitFor(t, "the successor to adopt fs", 2*time.Minute, func() bool { _, err := os.Stat(ledger); return err == nil || exited(next.Process.Pid) })
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) })
 	before := refusals(a)
-	waitFor(t, "the successor to serve a tunnel and a refusal", func() bool {
+	testkit.WaitFor(t, "the successor to serve a tunnel and a refusal", 2*time.Minute, func() bool {
 		return exited(next.Process.Pid) || ledgerInUse(a.host.StateDir, "fs", next.Process.Pid) && refusals(a) > before
 	})
 	_ = next.Process.Kill()

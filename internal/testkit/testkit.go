@@ -20,6 +20,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // RSSBytes is process pid's resident memory in bytes, or 0 once it is
@@ -166,4 +167,15 @@ func Median(vs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// WaitFor polls cond every 5 ms until it holds; past within the test
+// fails, saying what did not come.
+func WaitFor(t testing.TB, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(within); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("waited %v in vain for %s", within, what)
+		}
+	}
 }
