@@ -69,11 +69,8 @@ func closeFiles(files []*os.File) {
 // awaitExit waits until the process of pidfd has exited (-1: it had when
 // its pidfd was asked for).
 func awaitExit(pidfd int) {
-	for pidfd >= 0 {
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}, -1)
-		if n > 0 || (err != nil && err != unix.EINTR) {
-			return
-		}
+	if pidfd >= 0 {
+		pollEnd(pidfd, -1)
 	}
 }
 
