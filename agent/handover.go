@@ -246,12 +246,7 @@ func (g giver) Finish() {
 // now on, and returns each log's size at that moment: what the successor
 // replays, the rest it gets from fw. stopForwarding undoes it.
 func (a *Agent) startForwarding(fw func(id string, line []byte)) map[string]int64 {
-	a.mu.Lock()
-	lts := make([]*trial, 0, len(a.trials))
-	for _, lt := range a.trials {
-		lts = append(lts, lt)
-	}
-	a.mu.Unlock()
+	lts := a.allTrials()
 	out := make(map[string]int64, len(lts))
 	for _, lt := range lts {
 		id := lt.info.ID
@@ -263,12 +258,7 @@ func (a *Agent) startForwarding(fw func(id string, line []byte)) map[string]int6
 // countStrangers counts, in each Trial's counters, the records its log
 // got from a successor whose hand-over failed.
 func (a *Agent) countStrangers() {
-	a.mu.Lock()
-	lts := make([]*trial, 0, len(a.trials))
-	for _, lt := range a.trials {
-		lts = append(lts, lt)
-	}
-	a.mu.Unlock()
+	lts := a.allTrials()
 	for _, lt := range lts {
 		evs, err := lt.log.strangers()
 		if err != nil {
@@ -384,14 +374,7 @@ func closeFiles(files []handover.File) {
 
 // trialListeners are the endpoint listeners of every live Trial.
 func (a *Agent) trialListeners() map[string][]net.Listener {
-	a.mu.Lock()
-	lts := make([]*trial, 0, len(a.trials))
-	for _, lt := range a.trials {
-		if lt.state == stateLive {
-			lts = append(lts, lt)
-		}
-	}
-	a.mu.Unlock()
+	lts := a.liveTrials()
 	out := make(map[string][]net.Listener, len(lts))
 	for _, lt := range lts {
 		lt.mu.Lock()

@@ -830,6 +830,17 @@ func lnameStrings(ns []lname.Name) []string {
 	return out
 }
 
+// allTrials are the Trials in the registry, in whatever state.
+func (a *Agent) allTrials() []*trial {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	lts := make([]*trial, 0, len(a.trials))
+	for _, lt := range a.trials {
+		lts = append(lts, lt)
+	}
+	return lts
+}
+
 // liveTrials are the live Trials.
 func (a *Agent) liveTrials() []*trial {
 	a.mu.Lock()
