@@ -362,12 +362,7 @@ func TestPrivilegedTrialPidsBounded(t *testing.T) {
 	if _, err := tr.Start(Command{Args: []string{"true"}, Env: env, UID: nobody, GID: nobody}); err == nil || !strings.Contains(err.Error(), "pids.max") {
 		t.Fatalf("a command in a Trial at its task bound: %v, want refused naming pids.max", err)
 	}
-	var use trial.PoolUse
-	for _, u := range tr.PoolUse() {
-		if u.Pool == PoolPids {
-			use = u
-		}
-	}
+	use := poolUse(tr, PoolPids)
 	if use.Max != limit || use.Current < int64(total) || use.Events < 1 {
 		t.Fatalf("pids use %+v: want max %d, current at least %d, a refusal counted", use, limit, total)
 	}
@@ -393,12 +388,7 @@ func TestPrivilegedTrialMemoryBounded(t *testing.T) {
 	if code == probeOK {
 		t.Fatalf("a Trial bounded at 64 MiB allocated 256 MiB: %s", out)
 	}
-	var use trial.PoolUse
-	for _, u := range tr.PoolUse() {
-		if u.Pool == PoolMemory {
-			use = u
-		}
-	}
+	use := poolUse(tr, PoolMemory)
 	if use.Max != limit || use.Events < 1 || use.Peak > limit+(1<<20) {
 		t.Fatalf("memory use %+v: want max %d, an OOM kill counted, the peak within the bound", use, limit)
 	}
@@ -427,12 +417,7 @@ func TestPrivilegedTrialSocketMemoryBounded(t *testing.T) {
 		// cgroup v2 charges socket buffers to memory.max, and past it
 		// the OOM killer ends the holder: bounded, if the kill was the
 		// bound's.
-		var use trial.PoolUse
-		for _, u := range tr.PoolUse() {
-			if u.Pool == PoolMemory {
-				use = u
-			}
-		}
+		use := poolUse(tr, PoolMemory)
 		if use.Max != limit || use.Events < 1 || use.Peak > limit+(1<<20) {
 			t.Fatalf("tcp-hold killed, memory use %+v: want max %d, an OOM kill counted, the peak within the bound", use, limit)
 		}
@@ -790,4 +775,15 @@ func BenchmarkV1MountsCold(b *testing.B) {
 			}
 		}
 	}
+}
+
+// poolUse is the Trial's use of pool (its zero value where the Trial has
+// no such pool).
+func poolUse(tr *Trial, pool string) trial.PoolUse {
+	for _, u := range tr.PoolUse() {
+		if u.Pool == pool {
+			return u
+		}
+	}
+	return trial.PoolUse{}
 }
