@@ -140,13 +140,13 @@ func (b *bundle) claim() (claim, error) {
 }
 
 // nearSlice is the first element of cgroups path cp (either driver's
-// spelling) that starts as a Trial's cgroup parent does, in any case,
-// where the path as a whole is not the claim: an element above or below
-// the Trial's slice, one in another case, or one without ".slice", which
-// the cgroupfs driver takes as readily.
+// spelling) that reads as a Trial's cgroup parent without regard to
+// case, where the path as a whole is not the claim: an element above or
+// below the Trial's slice, or a slice spelt in another case.
 func nearSlice(cp string) string {
 	for _, el := range strings.FieldsFunc(cp, func(r rune) bool { return r == '/' || r == ':' }) {
-		if strings.HasPrefix(strings.ToLower(el), SlicePrefix) {
+		l := strings.ToLower(el)
+		if strings.HasPrefix(l, SlicePrefix) && strings.HasSuffix(l, SliceSuffix) {
 			return el
 		}
 	}
