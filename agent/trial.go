@@ -394,7 +394,8 @@ func (a *Agent) prepare(lt *trial, list *allow.List, stats *record.TrialStats, f
 func (a *Agent) recordLost(id string) { a.recordEvents(id, a.takeLost(id)) }
 
 // takeLost reads and removes the ledgers of Trial id that processes
-// which died left, and returns the tunnels in them as records of cuts.
+// which died left, and returns the tunnels in them as records of cuts,
+// and the summaries they kept pending.
 func (a *Agent) takeLost(id string) []record.Event {
 	if a.cfg.Host.StateDir == "" {
 		return nil
@@ -490,13 +491,22 @@ const ledgersSuffix = ".ledgers"
 // recordEvents records evs, made by no decision of this process, in
 // Trial id's log and counters.
 func (a *Agent) recordEvents(id string, evs []record.Event) {
+	var tunnels, summaries int
 	for i := range evs {
+		if evs[i].Decision == record.DecisionSuppressed {
+			summaries++
+		} else {
+			tunnels++
+		}
 		if err := a.proxy.Record(id, &evs[i]); err != nil {
-			a.log.Error("record a lost tunnel", "trial", id, "error", err)
+			a.log.Error("record what an agent that died left", "trial", id, "error", err)
 		}
 	}
-	if len(evs) > 0 {
-		a.log.Warn("tunnels lost with an agent that died are recorded as cut", "trial", id, "tunnels", len(evs))
+	if tunnels > 0 {
+		a.log.Warn("tunnels lost with an agent that died are recorded as cut", "trial", id, "tunnels", tunnels)
+	}
+	if summaries > 0 {
+		a.log.Warn("the summaries an agent that died had not written are written from its ledgers", "trial", id, "summaries", summaries)
 	}
 }
 

@@ -14,7 +14,9 @@
 // record as it stood when it was allowed. Taking a slot is a copy into
 // memory and one atomic store; nothing is written to a disk. The agent
 // that serves the Trial next finds the ledgers of processes that are
-// gone and records each tunnel left in them as cut.
+// gone and records each tunnel left in them as cut. A ledger keeps a copy
+// of the Trial's pending summary too (pending.go), which that agent
+// writes.
 package ledger
 
 import (
@@ -40,7 +42,7 @@ import (
 
 const (
 	ledgerMagic  = "TNLEDGR1"
-	ledgerHeader = 64   // magic, pid, process start time
+	ledgerHeader = 64   // magic, pid, process start time, slots (0: every 2048 bytes after the header, as before the pending summary)
 	ledgerSlot   = 2048 // state (4), length (4), the record's JSON
 )
 
@@ -51,7 +53,13 @@ type Ledger struct {
 	mem     []byte
 	mu      sync.Mutex
 	free    []int // slots not in use
+
+	pendingAt int         // where the copy of the pending summary starts (pending.go)
+	kept      pendingCopy // what is in that copy
 }
+
+// fileSize is the size of a ledger of slots slots.
+func fileSize(slots int) int { return ledgerHeader + slots*ledgerSlot + pendingSize }
 
 // trialDir is the directory of Trial id's ledgers under dir.
 func trialDir(dir, id string) string {
@@ -135,7 +143,7 @@ func create(dir, id string, slots int) (*Ledger, *os.File, error) {
 		l.unlink()
 		return nil, nil, err
 	}
-	size := ledgerHeader + slots*ledgerSlot
+	size := fileSize(slots)
 	if err := f.Truncate(int64(size)); err != nil {
 		return fail(err)
 	}
@@ -147,7 +155,8 @@ func create(dir, id string, slots int) (*Ledger, *os.File, error) {
 	copy(mem, ledgerMagic)
 	binary.LittleEndian.PutUint64(mem[8:], uint64(os.Getpid()))
 	binary.LittleEndian.PutUint64(mem[16:], start)
-	l.mem, l.free = mem, make([]int, slots)
+	binary.LittleEndian.PutUint64(mem[24:], uint64(slots))
+	l.mem, l.free, l.pendingAt = mem, make([]int, slots), ledgerHeader+slots*ledgerSlot
 	for i := range l.free {
 		l.free[i] = slots - 1 - i
 	}
@@ -248,7 +257,8 @@ func (l *Ledger) Remove() {
 
 // Lost reads and removes the ledgers of Trial id under dir that
 // belong to processes which are gone (or to pid, once it is known to
-// be), and returns the tunnels they kept, each as the record of its cut.
+// be), and returns the tunnels they kept, each as the record of its cut,
+// and the summary each kept pending (pending.go), as a summary record.
 // A ledger of a live process other than this one is left alone: an
 // agent draining after a hand-over.
 func Lost(dir, id string) ([]record.Event, error) {
@@ -327,9 +337,13 @@ func readLedger(trial *os.File, name, path string) ([]record.Event, error) {
 	if processRuns(pid, binary.LittleEndian.Uint64(mem[16:])) {
 		return nil, errLedgerLive
 	}
+	end := len(mem)
+	if slots := binary.LittleEndian.Uint64(mem[24:]); slots != 0 && slots <= uint64((len(mem)-ledgerHeader)/ledgerSlot) {
+		end = ledgerHeader + int(slots)*ledgerSlot
+	}
 	var out []record.Event
 	now := time.Now()
-	for off := ledgerHeader; off+ledgerSlot <= len(mem); off += ledgerSlot {
+	for off := ledgerHeader; off+ledgerSlot <= end; off += ledgerSlot {
 		if binary.LittleEndian.Uint32(mem[off:]) != 1 {
 			continue
 		}
@@ -349,6 +363,11 @@ func readLedger(trial *os.File, name, path string) ([]record.Event, error) {
 		}
 		ev.Duration = now.Sub(ev.Time)
 		out = append(out, ev)
+	}
+	if end < len(mem) {
+		if sum := readPending(mem[end:], pid); sum != nil {
+			out = append(out, *sum)
+		}
 	}
 	return out, nil
 }

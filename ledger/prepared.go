@@ -34,7 +34,7 @@ func Prepare(dir, name string, slots int) (*Prepared, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Prepared{l: l, f: f, size: int64(ledgerHeader + slots*ledgerSlot), header: bytes.Clone(l.mem[:ledgerHeader])}, nil
+	return &Prepared{l: l, f: f, size: int64(fileSize(slots)), header: bytes.Clone(l.mem[:ledgerHeader])}, nil
 }
 
 // Take makes the prepared ledger Trial id's: its directory is renamed to

@@ -194,13 +194,21 @@ func (p *Proxy) Count(id string, ev *record.Event) error {
 }
 
 // Record counts and records, as its own, a decision this process did not
-// make: a tunnel that a process which died left open (see Ledger).
+// make: a tunnel that a process which died left open, or the summary it
+// kept pending (see Ledger).
 func (p *Proxy) Record(id string, ev *record.Event) error {
 	p.mu.Lock()
 	t := p.trials[id]
 	p.mu.Unlock()
 	if t == nil {
 		return fmt.Errorf("proxy: Trial %q is not registered", id)
+	}
+	if ev.Decision == record.DecisionSuppressed { // a summary a process that ended kept pending
+		t.mu.Lock()
+		t.stats.Add(ev)
+		t.mu.Unlock()
+		t.records.Restore(ev)
+		return nil
 	}
 	p.emit(t, ev)
 	return nil

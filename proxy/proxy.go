@@ -281,9 +281,11 @@ type TrialPolicy struct {
 // Ledger keeps the open tunnels and requests of a Trial where they
 // outlive the process: Open is called once the request is allowed and
 // registered, with its record as it stands, and the function it returns
-// once the request ends.
+// once the request ends. It keeps the Trial's pending summary too
+// (record.Keeper).
 type Ledger interface {
 	Open(ev *record.Event) (closed func())
+	record.Keeper
 }
 
 type trial struct {
@@ -390,8 +392,12 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	if p.sharing.Load() {
 		t.peer.Store(c.Slot(1 - tp.Slot))
 	}
-	t.records = record.NewGate(spec.ID, spec.Learning, record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten,
-		LogBytes: c.LogBytes(), RateWord: c.RecordRate()},
+	bounds := record.Bounds{Rate: lim.RecordRate, Burst: lim.RecordBurst, MaxLogBytes: lim.MaxLogBytes, Written: tp.LogWritten,
+		LogBytes: c.LogBytes(), RateWord: c.RecordRate()}
+	if tp.Ledger != nil {
+		bounds.Keep = tp.Ledger
+	}
+	t.records = record.NewGate(spec.ID, spec.Learning, bounds,
 		func(ev *record.Event, line []byte) {
 			t.mu.Lock()
 			t.stats.CountWritten(ev) // as a replay of the log counts them

@@ -42,12 +42,29 @@ type Bounds struct {
 	// Written is what the log holds already (a restarted agent's), which
 	// counts against MaxLogBytes.
 	Written int64
+	// Keep, if set, keeps a copy of the pending summary (see Keeper).
+	Keep Keeper
 	// LogBytes and RateWord, if set, are the words the gate keeps the
 	// bytes written and its record rate in: memory that another process
 	// writing the same log may map too (internal/counts), and the two then
 	// keep to one budget and one rate. LogBytes is raised to Written if
 	// it holds less. nil: words of the gate's own.
 	LogBytes, RateWord *atomic.Int64
+}
+
+// A Keeper keeps a copy of a gate's pending summary outside the process
+// (ledger.Ledger: a file mapped shared on a tmpfs), where the agent that
+// serves the Trial next finds it if this process is killed before the
+// summary is written: the decisions counted only there would otherwise
+// be in no record, no counter and no receipt. It is called with the
+// gate's lock held, once per counted record, so it must be cheap and
+// never block.
+type Keeper interface {
+	// Keep is told that ev was counted in s, the pending summary (a new
+	// one if fresh), whose records started at from and ended at to.
+	Keep(s *Suppressed, ev *Event, fresh bool, from, to time.Time)
+	// Drop is told that the pending summary was taken to be written.
+	Drop()
 }
 
 // SummaryReserve is the room past MaxLogBytes that summaries of a full
@@ -217,7 +234,8 @@ func (g *Gate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 		}
 	}
 	s := g.pending
-	if s == nil {
+	fresh := s == nil
+	if fresh {
 		s = &Suppressed{ByReason: map[Reason]uint64{}, Refused: map[string]uint64{}}
 		g.pending, g.reached, g.from, g.to = s, map[reachedKey]int{}, ev.Time, ev.Time
 		if g.timer == nil {
@@ -258,6 +276,10 @@ func (g *Gate) suppress(ev *Event) (gateVerdict, *Event, []byte) {
 	}
 	if end := ev.Time.Add(ev.Duration); end.After(g.to) {
 		g.to = end
+	}
+	if g.bounds.Keep != nil {
+		s.LogFull = g.full
+		g.bounds.Keep.Keep(s, ev, fresh, g.from, g.to)
 	}
 	if done != nil {
 		return recordFlush, done, doneLine
@@ -313,7 +335,31 @@ func (g *Gate) summaryLocked(last bool) (*Event, []byte) {
 		g.written.Add(n)
 	}
 	g.pending, g.reached = nil, nil
+	if g.bounds.Keep != nil {
+		// Before the write: a process killed between the two loses the
+		// summary, as before Keeper, rather than have it written twice.
+		g.bounds.Keep.Drop()
+	}
 	return ev, line
+}
+
+// Restore writes ev, a summary that another process serving this Trial
+// kept pending (a Keeper's copy) and ended without writing, past the
+// log's bounds as the last summary is: there is at most one per process.
+func (g *Gate) Restore(ev *Event) {
+	g.flushMu.Lock()
+	defer g.flushMu.Unlock()
+	if g.closed {
+		return
+	}
+	ev.Learning = g.learn
+	line, err := ev.AppendJSON(nil)
+	if err != nil {
+		line = nil
+	} else {
+		g.written.Add(int64(len(line)) + 1)
+	}
+	g.sink(ev, line)
 }
 
 // Clip bounds the fields of ev that a Trial chose, once, before it is

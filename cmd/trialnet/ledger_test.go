@@ -15,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/privtest"
 	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/record"
+	trialspec "github.com/trialnet/trialnet/trial"
 )
 
 // holdPort is where the test host of TestPrivilegedAgentKilledLongTarget
@@ -165,4 +167,85 @@ func holdWorld(t *testing.T) *heldWorld {
 	t.Cleanup(stop)
 	w.config = fmt.Sprintf("resolvers: [%q]\nallow_cidrs: [\"198.18.0.0/15\"]\n", dnsAddr)
 	return w
+}
+
+// countScript runs in the Trial: argv[1] CONNECTs to argv[2], each
+// echoing a line and closed, then argv[3] to argv[4], each refused.
+const countScript = `
+import os, socket, sys
+host, port = os.environ["HTTPS_PROXY"].split("//", 1)[1].rstrip("/").rsplit(":", 1)
+P = (host, int(port))
+def connect(t):
+    s = socket.create_connection(P, timeout=60)
+    s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (t, t)).encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        d = s.recv(4096)
+        if not d:
+            break
+        buf += d
+    return s, buf
+for _ in range(int(sys.argv[1])):
+    s, buf = connect(sys.argv[2])
+    assert buf.startswith(b"HTTP/1.1 200"), buf
+    s.sendall(b"ping\n")
+    got = buf.split(b"\r\n\r\n", 1)[1]
+    while len(got) < 5:
+        got += s.recv(16)
+    s.close()
+for _ in range(int(sys.argv[3])):
+    s, buf = connect(sys.argv[4])
+    assert buf.startswith(b"HTTP/1.1 403"), buf
+    s.close()
+print("done", flush=True)
+`
+
+// An agent killed outright while a Trial's decisions are counted only in
+// its pending summary (its log full): the next agent writes that summary
+// from the dead one's ledger, and the log counts every decision, as do
+// the counters it rebuilds from it. Red with the gate's copy into the
+// ledger taken out: the log then counted none of the ten decisions.
+func TestPrivilegedAgentKilledPendingSummary(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	a := newAgentWithConfig(t, "killedsum", echoWorld(t))
+	a.start(t)
+	c := client.NewClient(a.sock)
+	lim := trialspec.ProxyLimits{MaxLogBytes: 1, ConnectRate: 1000, ConnectBurst: 1000}
+	if _, err := c.Create(context.Background(), trialspec.Request{ID: "ksum", Allow: []string{echoTarget}, Limits: &trialspec.Limits{ProxyLimits: lim}}); err != nil {
+		t.Fatal(err)
+	}
+	const allowed, refused = 5, 5
+	out, err := trialnetProcess(t, "exec", "--socket", a.sock, "--trial", "ksum", "--uid", "65534", "--gid", "65534", "--",
+		"/usr/bin/python3", "-c", countScript, strconv.Itoa(allowed), echoTarget, strconv.Itoa(refused), "denied.test:443").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "done") {
+		t.Fatalf("the Trial's script: %v\n%s", err, out)
+	}
+	// Within record.SummaryEvery of the first decision: the log holds only
+	// the summary written when it filled.
+	before := countDecisions(auditAll(t, a, "ksum"))
+	if before.Allowed+before.Denied >= allowed+refused {
+		t.Fatalf("the log counted all %d decisions before the agent was killed (the machine took longer than the summaries' 10 s); the test wants some pending", allowed+refused)
+	}
+	a.stop(t, syscall.SIGKILL)
+	a.start(t)
+	a.stop(t, syscall.SIGTERM)
+	recs := auditAll(t, a, "ksum")
+	after := countDecisions(recs)
+	if after.Allowed != allowed || after.Denied != refused || after.ByReason[record.ReasonPolicyDenied] != refused {
+		t.Errorf("after the agent was killed and restarted, the log counts %d allowed and %d refused (%v); want %d and %d (before the kill: %d and %d)",
+			after.Allowed, after.Denied, after.ByReason, allowed, refused, before.Allowed, before.Denied)
+	}
+	if n := len(recordsWith(recs, "had not written when it ended")); n != 1 {
+		t.Errorf("%d summaries written from the dead agent's ledger, want 1", n)
+	}
+}
+
+// countDecisions counts recs as a replay of the log does.
+func countDecisions(recs []record.Event) record.TrialStats {
+	var st record.TrialStats
+	for i := range recs {
+		st.Add(&recs[i])
+	}
+	return st
 }

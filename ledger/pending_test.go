@@ -1,0 +1,113 @@
+//go:build linux
+
+package ledger
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/trialnet/trialnet/record"
+)
+
+// The summary a gate keeps pending is in its ledger, as the gate would
+// write it: a process killed before writing it leaves it to the agent
+// that serves the Trial next (Lost), and one it wrote is not left there.
+// Red with the gate's Keep call taken out: Lost returns no summary.
+func TestLedgerKeepsThePendingSummary(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Create(dir, "ps1", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Remove)
+	var written []record.Event
+	g := record.NewGate("ps1", false, record.Bounds{Rate: 1, Burst: 1, MaxLogBytes: 1, Keep: l},
+		func(ev *record.Event, _ []byte) { written = append(written, *ev) })
+	start := time.Now().Add(-time.Minute).UTC()
+	n := 0
+	add := func(d record.Decision, r record.Reason, host string, port uint16, wouldDeny record.Reason) {
+		n++
+		ev := &record.Event{Schema: record.EventSchema, ID: fmt.Sprint("id-", n), Time: start.Add(time.Duration(n) * time.Millisecond),
+			Duration: time.Second, Trial: "ps1", Method: "CONNECT", Target: fmt.Sprintf("%s:%d", host, port), Host: host, Port: port,
+			Decision: d, Reason: r, WouldDeny: wouldDeny, BytesUp: 10, BytesDown: 20}
+		record.Clip(ev)
+		g.Record(ev, time.Now())
+	}
+	// The first record fills the log, and its summary is written at once;
+	// the next 64 hosts reached fill a summary, written when the 65th
+	// comes; the rest start the next, which stays pending.
+	for i := range 70 {
+		add(record.DecisionAllow, record.ReasonAllowed, fmt.Sprintf("h%d.test", i), 443, "")
+	}
+	if len(written) != 2 || len(written[1].Suppressed.Reached) != record.MaxSummaryReached {
+		t.Fatalf("want two summaries written, the second with %d targets: %d written", record.MaxSummaryReached, len(written))
+	}
+	add(record.DecisionAllow, record.ReasonAllowed, "h69.test", 443, record.ReasonPolicyDenied)
+	add(record.DecisionAllow, record.ReasonAllowed, "h69.test", 8443, "")
+	for i := range 20 { // past the summary's named refusals
+		add(record.DecisionDeny, record.ReasonPolicyDenied, fmt.Sprintf("r%d.test", i), 443, "")
+	}
+	add(record.DecisionDeny, record.ReasonPolicyDenied, "r3.test", 443, "")
+	add(record.DecisionDeny, record.ReasonSNIMismatch, strings.Repeat("x", 2*record.MaxRecordField), 443, "")
+	add(record.DecisionDeny, record.ReasonRateLimited, "r1.test", 443, "")
+
+	asDead(t, dir, "ps1", 1<<22-1)
+	evs, err := Lost(dir, "ps1")
+	if err != nil || len(evs) != 1 || evs[0].Decision != record.DecisionSuppressed {
+		t.Fatalf("Lost: %+v %v; want the pending summary alone", evs, err)
+	}
+	kept := evs[0]
+	g.Flush(true)
+	if len(written) != 3 {
+		t.Fatalf("the gate wrote %d summaries, want 3", len(written))
+	}
+	want := written[2]
+	if g, w := asJSON(t, kept.Suppressed), asJSON(t, want.Suppressed); g != w {
+		t.Errorf("the ledger kept\n%s\nthe gate wrote\n%s", g, w)
+	}
+	if !kept.Time.Equal(want.Time) || kept.Duration != want.Duration || kept.Trial != "ps1" || kept.Schema != record.SummarySchema ||
+		!strings.Contains(kept.Detail, "had not written when it ended") {
+		t.Errorf("the kept summary: %+v; the gate's: %+v", kept, want)
+	}
+
+	// Written, the summary is no longer kept; the next one starts afresh.
+	l2, err := Create(dir, "ps2", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l2.Remove)
+	written = nil
+	g2 := record.NewGate("ps2", false, record.Bounds{Rate: 1, Burst: 1, MaxLogBytes: 1, Keep: l2},
+		func(ev *record.Event, _ []byte) { written = append(written, *ev) })
+	g = g2
+	add(record.DecisionDeny, record.ReasonPolicyDenied, "a.test", 443, "")
+	g2.Flush(false)
+	add(record.DecisionDeny, record.ReasonBadPort, "b.test", 1, "")
+	asDead(t, dir, "ps2", 1<<22-2)
+	evs, err = Lost(dir, "ps2")
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("Lost: %+v %v", evs, err)
+	}
+	if s := evs[0].Suppressed; s.Records != 1 || len(s.ByReason) != 1 || s.ByReason[record.ReasonBadPort] != 1 || len(s.Refused) != 1 || s.Refused["b.test:1"] != 1 {
+		t.Errorf("after a written summary, the ledger kept %s; want b.test's refusal alone", asJSON(t, s))
+	}
+	g2.Flush(true)
+	if len(written) != 2 {
+		t.Fatalf("the gate wrote %d summaries, want 2", len(written))
+	}
+	if sum := readPending(l2.mem[l2.pendingAt:], 1); sum != nil {
+		t.Errorf("the last summary written, the ledger still kept %s", asJSON(t, sum.Suppressed))
+	}
+}
+
+func asJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
