@@ -27,9 +27,10 @@ import (
 // out a few bytes at a time) is not stopped, which SECURITY.md says.
 
 // gatewayRequestFields are the Trial's fields a gateway request never
-// carries upstream: a coded answer (Accept-Encoding) or a range of one
+// carries upstream: a coded answer (Accept-Encoding), one in another
+// charset (Accept-Charset: UTF-32, UTF-7, EBCDIC) or a range of one
 // (Range, If-Range) would hide an echoed secret from the check.
-var gatewayRequestFields = []string{"Accept-Encoding", "Range", "If-Range"}
+var gatewayRequestFields = []string{"Accept-Encoding", "Accept-Charset", "Range", "If-Range"}
 
 // minDerivedForm is the shortest derived spelling of a secret looked
 // for: a shorter one would match answers by chance.
@@ -37,15 +38,17 @@ const minDerivedForm = 8
 
 // secretForms are the spellings of secret an answer is searched for, in
 // lower case (answers are compared in lower case): as sent; quoted by
-// Go's %q, JSON (also with "\/") and percent-encoding; in hex; and in
-// base64, standard and URL-safe, the part of its encoding that does not
-// depend on the bytes before it, at each of the three alignments.
+// Go's %q, JSON (also with "\/") and percent-encoding; in hex; in UTF-16
+// of either byte order (an upstream whose text is UTF-16 answers in it
+// unasked); and in base64, standard and URL-safe, the part of its
+// encoding that does not depend on the bytes before it, at each of the
+// three alignments.
 func secretForms(secret Secret) [][]byte {
 	s := string(secret)
 	q := strconv.Quote(s)
 	j, _ := json.Marshal(s)
 	derived := []string{q[1 : len(q)-1], string(j[1 : len(j)-1]), strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`),
-		url.QueryEscape(s), url.PathEscape(s), hex.EncodeToString(secret)}
+		url.QueryEscape(s), url.PathEscape(s), hex.EncodeToString(secret), utf16Form(secret, false), utf16Form(secret, true)}
 	for align := range 3 {
 		enc := base64.StdEncoding.EncodeToString(append(make([]byte, align), secret...))
 		// Groups of three bytes wholly inside the secret: from the first
@@ -64,6 +67,20 @@ func secretForms(secret Secret) [][]byte {
 		}
 	}
 	return forms
+}
+
+// utf16Form is secret, printable ASCII, in UTF-16 little- or big-endian:
+// each byte beside a zero byte.
+func utf16Form(secret Secret, bigEndian bool) string {
+	b := make([]byte, 0, 2*len(secret))
+	for _, c := range secret {
+		if bigEndian {
+			b = append(b, 0, c)
+		} else {
+			b = append(b, c, 0)
+		}
+	}
+	return string(b)
 }
 
 func containsForm(forms [][]byte, f []byte) bool {

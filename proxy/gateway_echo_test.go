@@ -185,6 +185,8 @@ func TestGatewayTransformedEchoNeverReachesTheTrial(t *testing.T) {
 		},
 		"hex":       func(s string) string { return hex.EncodeToString([]byte(s)) },
 		"upper hex": func(s string) string { return strings.ToUpper(hex.EncodeToString([]byte(s))) },
+		"utf-16le":  func(s string) string { return utf16Of(s, false) },
+		"utf-16be":  func(s string) string { return utf16Of(s, true) },
 	}
 	for name, form := range forms {
 		for _, inHead := range []bool{false, true} {
@@ -228,9 +230,15 @@ func TestSecretFormsOfAnAwkwardSecret(t *testing.T) {
 // TestGatewayAsksForNoCoding: the gateway asks for identity whatever the
 // Trial asked, so that an upstream that may code its answer (no field
 // leaves any coding acceptable) answers one the check can read, and the
-// Trial gets it rather than a refusal.
+// Trial gets it rather than a refusal; nor does it pass on a charset the
+// Trial asks for (UTF-32 spells the secret in none of the forms looked
+// for).
 func TestGatewayAsksForNoCoding(t *testing.T) {
 	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
+		if cs := r.Header.Get("Accept-Charset"); cs != "" {
+			_, _ = io.WriteString(w, "in "+cs)
+			return
+		}
 		if r.Header.Get("Accept-Encoding") != "identity" {
 			w.Header().Set("Content-Encoding", "gzip")
 			zw := gzip.NewWriter(w)
@@ -240,7 +248,7 @@ func TestGatewayAsksForNoCoding(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "plain")
 	})
-	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n"} {
+	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n", "Accept-Charset: utf-32\r\n"} {
 		resp, body := g.do(t, messagesRequest("/a/v1/messages", asked))
 		if resp.StatusCode != 200 || body != "plain" {
 			t.Errorf("asking %q: %d %q %s", asked, resp.StatusCode, body, resp.Header.Get("Trialnet-Detail"))
@@ -260,4 +268,18 @@ func BenchmarkSecretFilter(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// utf16Of is ASCII s in UTF-16, little- or big-endian: what an upstream
+// that answers in the charset asked for (Accept-Charset) makes of it.
+func utf16Of(s string, bigEndian bool) string {
+	b := make([]byte, 0, 2*len(s))
+	for i := range len(s) {
+		if bigEndian {
+			b = append(b, 0, s[i])
+		} else {
+			b = append(b, s[i], 0)
+		}
+	}
+	return string(b)
 }
