@@ -219,15 +219,28 @@ func prefixTail(b, form []byte) int {
 // redactSecret takes every form of the route's secret out of an error's
 // detail, which may quote what the upstream sent (net/http quotes a
 // malformed line): the detail reaches the Trial's answer and the record.
-// The wrapped error, which holds it too, is dropped.
+// An error of the exchange with the upstream loses all it quotes, from
+// its first '"' on: quoting escapes bytes (a secret with a control byte
+// after each of its own reads as none of its forms), so no search of the
+// quote is enough. The wrapped error, which holds it too, is dropped.
 func redactSecret(err error, forms [][]byte) error {
-	if err == nil || !holdsForm(err.Error(), forms) {
-		return err
+	if err == nil {
+		return nil
 	}
 	d := &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: err.Error()}
 	var orig *record.Denial
-	if errors.As(err, &orig) {
+	// Not a denial of the proxy's: a response cut while being relayed.
+	exchange := !errors.As(err, &orig)
+	if !exchange {
 		d.Reason, d.Detail, d.DNS = orig.Reason, orig.Detail, orig.DNS
+		exchange = orig.Reason == record.ReasonUpstreamBadResponse && orig.Err != nil // upstreamError's
+	}
+	quote := strings.IndexByte(d.Detail, '"')
+	if (!exchange || quote < 0) && !holdsForm(d.Detail, forms) {
+		return err
+	}
+	if exchange && quote >= 0 {
+		d.Detail = d.Detail[:quote] + "[the upstream's bytes, not shown: they may hold the route's credential]"
 	}
 	for _, f := range forms {
 		for {
