@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/url"
@@ -304,4 +305,60 @@ func utf16Of(s string, bigEndian bool) string {
 		}
 	}
 	return string(b)
+}
+
+// TestGatewayUnsolicitedEchoNotLogged: an upstream that sends the
+// credential after the end of its answer has net/http's Transport quote
+// it in the standard log, as bytes on an idle connection; the log the
+// agent installs (QuietStdLog) says so without them.
+func TestGatewayUnsolicitedEchoNotLogged(t *testing.T) {
+	logged := make(chan string, 4)
+	prev := log.Writer()
+	log.SetOutput(quietLog{w: lineWriter(logged)})
+	t.Cleanup(func() { log.SetOutput(prev) })
+	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + "after the end " + echoed(r))
+		_ = brw.Flush()
+		_, _ = io.Copy(io.Discard, c) // until the Transport drops the connection it logged
+	})
+	c, err := net.Dial("tcp", g.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second)) // a failure's bound
+	if _, err := io.WriteString(c, "GET /a/v1/models HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
+		t.Fatalf("answer %q", b)
+	}
+	select {
+	case line := <-logged:
+		if !strings.Contains(line, "Unsolicited response") || strings.Contains(strings.ToLower(line), strings.ToLower(gwSecret)) {
+			t.Errorf("the standard log got %q", line)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("net/http logged nothing of the unsolicited bytes")
+	}
+}
+
+// lineWriter sends each write to lines.
+type lineWriter chan string
+
+func (l lineWriter) Write(p []byte) (int, error) {
+	select {
+	case l <- string(p):
+	default:
+	}
+	return len(p), nil
 }
