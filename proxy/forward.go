@@ -413,14 +413,16 @@ func (h *httpConn) respond(in *http.Request, resp *http.Response, ev *record.Eve
 	h.wmu.Lock()
 	h.responding = true
 	h.wmu.Unlock()
-	removeHopByHop(resp.Header)
 	if r := h.route; r != nil {
+		// The head as received: a Content-Encoding the Connection field
+		// names would be dropped below, and the coded body pass as plain.
 		forms := secretForms(r.Secret)
 		if err := checkGatewayHead(resp, forms); err != nil {
 			return false, err
 		}
 		resp.Body = &secretFilter{body: resp.Body, resp: resp, forms: forms}
 	}
+	removeHopByHop(resp.Header)
 	resp.ProtoMajor, resp.ProtoMinor, resp.Proto = 1, 1, "HTTP/1.1"
 	// An unsolicited 101 (Upgrade is never forwarded) switches nothing
 	// here: it is relayed, and the connection ends with it.

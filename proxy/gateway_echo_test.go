@@ -117,6 +117,15 @@ func TestGatewayUpstreamEchoNeverReachesTheTrial(t *testing.T) {
 			_, _ = io.WriteString(zw, echoed(r))
 			_ = zw.Close()
 		}},
+		{"compressed, its coding named hop-by-hop", "", func(w http.ResponseWriter, r *http.Request) {
+			// Connection: content-encoding would have the field dropped as
+			// hop-by-hop, and the coded body pass as plain.
+			w.Header().Set("Connection", "content-encoding")
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			_, _ = io.WriteString(zw, echoed(r))
+			_ = zw.Close()
+		}},
 		{"a range of it", "Range: bytes=3-12\r\n", func(w http.ResponseWriter, r *http.Request) {
 			http.ServeContent(w, r, "", time.Time{}, strings.NewReader(echoed(r)))
 		}},
