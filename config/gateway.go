@@ -175,7 +175,7 @@ func ReadSecret(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrSecretFile, path, err)
 	}
-	if err := ownDirRootsAlone(filepath.Dir(real)); err != nil {
+	if err := rootdir.ClosedDir(filepath.Dir(real)); err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrSecretFile, path, err)
 	}
 	f, err := os.OpenFile(real, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
@@ -210,23 +210,6 @@ func ReadSecret(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%w %s: holds a control or non-ASCII byte; want one line of printable ASCII", ErrSecretFile, path)
 	}
 	return b, nil
-}
-
-// ownDirRootsAlone refuses a secret file's own directory if others may
-// add names to it, sticky or not: sticky keeps root's names from them,
-// not a name that is absent (before the file is made, while it is
-// replaced), which a user may then take with a hard link to another
-// root-only file (fs.protected_hardlinks=0), whose content the gateway
-// would send upstream as this route's.
-func ownDirRootsAlone(dir string) error {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return err
-	}
-	if fi.Mode().Perm()&0o022 != 0 {
-		return fmt.Errorf("its directory %s (mode %04o) lets others add names, sticky or not: one could put a link to another root-only file where this one is read (keep it in a directory only root can write, such as /etc/trialnet/secrets)", dir, fi.Mode().Perm())
-	}
-	return nil
 }
 
 // TrustStore is the host's trust store the gateway verifies its
