@@ -18,7 +18,7 @@ import (
 	"github.com/trialnet/trialnet/wire"
 )
 
-// A gateway's answer is checked for the route's secret, because an
+// A gateway's answer is checked for its Trial's routes' secrets, because an
 // upstream that reflects the request (an echo endpoint, a debug header,
 // an error quoting the key it refused) would otherwise hand the Trial
 // the very thing the gateway keeps from it. The secret is looked for in
@@ -83,6 +83,19 @@ func utf16Form(secret Secret, bigEndian bool) string {
 	return string(b)
 }
 
+// routesForms are the forms of every route's secret.
+func routesForms(routes []GatewayRoute) [][]byte {
+	var forms [][]byte
+	for _, r := range routes {
+		for _, f := range secretForms(r.Secret) {
+			if !containsForm(forms, f) {
+				forms = append(forms, f)
+			}
+		}
+	}
+	return forms
+}
+
 func containsForm(forms [][]byte, f []byte) bool {
 	for _, g := range forms {
 		if bytes.Equal(g, f) {
@@ -129,7 +142,7 @@ func checkGatewayHead(resp *http.Response, forms [][]byte) error {
 		echo = echo || holdsForm(name, forms)
 	}
 	if echo {
-		return record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer repeats the route's credential in its head; it is not passed on")
+		return record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer repeats a gateway route's credential in its head; it is not passed on")
 	}
 	if ce := resp.Header.Values("Content-Encoding"); len(ce) > 0 && !(len(ce) == 1 && strings.EqualFold(strings.TrimSpace(ce[0]), "identity")) {
 		return record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer is coded (Content-Encoding %q), which the gateway cannot check for the route's credential; the gateway asks for none", wire.Truncate(strings.Join(ce, ", ")))
@@ -139,7 +152,7 @@ func checkGatewayHead(resp *http.Response, forms [][]byte) error {
 
 // errEchoedSecret ends an answer whose body or trailer holds the secret.
 // A literal, not record.Deny: that runs fmt, in every start of the binary.
-var errEchoedSecret = &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: "the upstream's answer repeats the route's credential; the answer was cut before it"}
+var errEchoedSecret = &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: "the upstream's answer repeats a gateway route's credential; the answer was cut before it"}
 
 // secretFilter passes an upstream's body on as it arrives, except the
 // longest tail that could begin one of the secret's forms, held until the
@@ -216,7 +229,7 @@ func prefixTail(b, form []byte) int {
 	return 0
 }
 
-// redactSecret takes every form of the route's secret out of an error's
+// redactSecret takes every form of the routes' secrets out of an error's
 // detail, which may quote what the upstream sent (net/http quotes a
 // malformed line): the detail reaches the Trial's answer and the record.
 // An error of the exchange with the upstream loses all it quotes, from

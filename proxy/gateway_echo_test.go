@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -370,4 +371,39 @@ func (l lineWriter) Write(p []byte) (int, error) {
 	default:
 	}
 	return len(p), nil
+}
+
+// TestGatewayOtherRoutesSecretNeverReachesTheTrial: two routes of one
+// Trial with two secrets and one upstream, which answers one route's
+// request with what the other's carried (a cache keyed by path alone, or
+// a connection the two share out of step): the answer is searched for
+// every secret of the Trial's routes, not only its own route's.
+func TestGatewayOtherRoutesSecretNeverReachesTheTrial(t *testing.T) {
+	const other = "sk-other-route-SECRET-9876543210"
+	var mu sync.Mutex
+	var last string // the credential of the upstream's previous request
+	g := newGatewayWorldRoutes(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		prev := last
+		last = echoed(r)
+		mu.Unlock()
+		_, _ = io.WriteString(w, "cached: "+prev+"\n")
+	}, []GatewayRoute{
+		{Path: "/a/", Host: gwHost, Port: 443, Header: "x-api-key", Secret: []byte(gwSecret)},
+		{Path: "/o/", Host: gwHost, Port: 443, Header: "authorization", Secret: []byte(other)},
+	})
+	for _, route := range []string{"/a/", "/o/", "/a/"} {
+		wireBytes, decoded := g.readAllOf(t, messagesRequest(route+"v1/messages", ""))
+		for _, s := range []string{gwSecret, other} {
+			if containsFold(wireBytes, strings.ToLower(s)) || containsFold(decoded, strings.ToLower(s)) {
+				t.Errorf("%s: the Trial got a route's secret (%q):\n%s", route, s, wireBytes)
+			}
+		}
+		if line := g.lastLine(t); strings.Contains(line, other) {
+			t.Errorf("a decision record holds the other route's secret: %s", line)
+		}
+	}
+	if n := len(g.up.Requests()); n != 3 {
+		t.Fatalf("the upstream saw %d requests, want 3", n)
+	}
 }

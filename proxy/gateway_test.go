@@ -54,6 +54,14 @@ func newGatewayWorldLimits(t testing.TB, roots func(ca []byte) *x509.CertPool, l
 // answers written by serve, after the fake provider has recorded the
 // request (nil: the fake provider answers).
 func newGatewayWorldServing(t testing.TB, roots func(ca []byte) *x509.CertPool, lim *trialspec.ProxyLimits, serve http.HandlerFunc) *gwWorld {
+	return newGatewayWorldRoutes(t, roots, lim, serve, []GatewayRoute{
+		{Path: "/a/", Host: gwHost, Port: 443, Header: "x-api-key", Secret: []byte(gwSecret)},
+		{Path: "/o/", Host: gwHost, Port: 443, Header: "authorization", Secret: []byte(gwSecret)},
+	})
+}
+
+// newGatewayWorldRoutes is newGatewayWorldServing with the Trial's routes.
+func newGatewayWorldRoutes(t testing.TB, roots func(ca []byte) *x509.CertPool, lim *trialspec.ProxyLimits, serve http.HandlerFunc, routes []GatewayRoute) *gwWorld {
 	t.Helper()
 	caPEM, cert := gwtest.NewCA(t, gwHost)
 	up := &gwtest.Upstream{}
@@ -78,10 +86,6 @@ func newGatewayWorldServing(t testing.TB, roots func(ca []byte) *x509.CertPool, 
 	list, err := allow.Parse([]string{gwHost + ":443"}, true) // require_tls: the gateway speaks TLS, so it admits a route
 	if err != nil {
 		t.Fatal(err)
-	}
-	routes := []GatewayRoute{
-		{Path: "/a/", Host: gwHost, Port: 443, Header: "x-api-key", Secret: []byte(gwSecret)},
-		{Path: "/o/", Host: gwHost, Port: 443, Header: "authorization", Secret: []byte(gwSecret)},
 	}
 	if err := tp.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "gw", Limits: proxyHalf(lim)}, Allow: list, Gateway: routes, GatewayRoots: roots(caPEM)}); err != nil {
 		t.Fatal(err)
