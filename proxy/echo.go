@@ -28,7 +28,7 @@ import (
 
 // gatewayRequestFields are the Trial's fields a gateway request never
 // carries upstream: a coded answer (Accept-Encoding), one in another
-// charset (Accept-Charset: UTF-32, UTF-7, EBCDIC) or a range of one
+// charset (Accept-Charset: UTF-7, EBCDIC) or a range of one
 // (Range, If-Range) would hide an echoed secret from the check.
 var gatewayRequestFields = []string{"Accept-Encoding", "Accept-Charset", "Range", "If-Range"}
 
@@ -39,16 +39,19 @@ const minDerivedForm = 8
 // secretForms are the spellings of secret an answer is searched for, in
 // lower case (answers are compared in lower case): as sent; quoted by
 // Go's %q, JSON (also with "\/") and percent-encoding; in hex; in UTF-16
-// of either byte order (an upstream whose text is UTF-16 answers in it
-// unasked); and in base64, standard and URL-safe, the part of its
-// encoding that does not depend on the bytes before it, at each of the
-// three alignments.
+// and UTF-32 of either byte order (an upstream whose text is so answers
+// in it unasked, or as a charset parameter of Accept asks); and in
+// base64, standard and URL-safe, the part of its encoding that does not
+// depend on the bytes before it, at each of the three alignments.
 func secretForms(secret Secret) [][]byte {
 	s := string(secret)
 	q := strconv.Quote(s)
 	j, _ := json.Marshal(s)
 	derived := []string{q[1 : len(q)-1], string(j[1 : len(j)-1]), strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`),
-		url.QueryEscape(s), url.PathEscape(s), hex.EncodeToString(secret), utf16Form(secret, false), utf16Form(secret, true)}
+		url.QueryEscape(s), url.PathEscape(s), hex.EncodeToString(secret)}
+	for _, width := range []int{2, 4} {
+		derived = append(derived, wideForm(secret, width, false), wideForm(secret, width, true))
+	}
 	for align := range 3 {
 		enc := base64.StdEncoding.EncodeToString(append(make([]byte, align), secret...))
 		// Groups of three bytes wholly inside the secret: from the first
@@ -69,15 +72,16 @@ func secretForms(secret Secret) [][]byte {
 	return forms
 }
 
-// utf16Form is secret, printable ASCII, in UTF-16 little- or big-endian:
-// each byte beside a zero byte.
-func utf16Form(secret Secret, bigEndian bool) string {
-	b := make([]byte, 0, 2*len(secret))
+// wideForm is secret, printable ASCII, in UTF-16 (width 2) or UTF-32
+// (width 4), little- or big-endian: each byte among zero bytes.
+func wideForm(secret Secret, width int, bigEndian bool) string {
+	b := make([]byte, 0, width*len(secret))
+	pad := make([]byte, width-1)
 	for _, c := range secret {
 		if bigEndian {
-			b = append(b, 0, c)
+			b = append(append(b, pad...), c)
 		} else {
-			b = append(b, c, 0)
+			b = append(append(b, c), pad...)
 		}
 	}
 	return string(b)

@@ -218,8 +218,10 @@ func TestGatewayTransformedEchoNeverReachesTheTrial(t *testing.T) {
 		},
 		"hex":       func(s string) string { return hex.EncodeToString([]byte(s)) },
 		"upper hex": func(s string) string { return strings.ToUpper(hex.EncodeToString([]byte(s))) },
-		"utf-16le":  func(s string) string { return utf16Of(s, false) },
-		"utf-16be":  func(s string) string { return utf16Of(s, true) },
+		"utf-16le":  func(s string) string { return wideOf(s, 2, false) },
+		"utf-16be":  func(s string) string { return wideOf(s, 2, true) },
+		"utf-32le":  func(s string) string { return wideOf(s, 4, false) },
+		"utf-32be":  func(s string) string { return wideOf(s, 4, true) },
 	}
 	for name, form := range forms {
 		for _, inHead := range []bool{false, true} {
@@ -303,18 +305,20 @@ func BenchmarkSecretFilter(b *testing.B) {
 	}
 }
 
-// utf16Of is ASCII s in UTF-16, little- or big-endian: what an upstream
-// that answers in the charset asked for (Accept-Charset) makes of it.
-func utf16Of(s string, bigEndian bool) string {
-	b := make([]byte, 0, 2*len(s))
+// wideOf is ASCII s in UTF-16 (width 2) or UTF-32 (width 4), little- or
+// big-endian: what an upstream that answers in the charset asked for
+// makes of it.
+func wideOf(s string, width int, bigEndian bool) string {
+	var b strings.Builder
+	pad := strings.Repeat("\x00", width-1)
 	for i := range len(s) {
 		if bigEndian {
-			b = append(b, 0, s[i])
+			b.WriteString(pad + s[i:i+1])
 		} else {
-			b = append(b, s[i], 0)
+			b.WriteString(s[i:i+1] + pad)
 		}
 	}
-	return string(b)
+	return b.String()
 }
 
 // TestGatewayUnsolicitedEchoNotLogged: an upstream that sends the
