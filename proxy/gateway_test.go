@@ -177,6 +177,33 @@ func TestGatewaySetsTheCredential(t *testing.T) {
 	}
 }
 
+// TestGatewayDropsTheTrialsVariantsOfTheField: a field whose name is
+// the route's with '_' for '-' is the same field to an upstream that reads
+// fields as CGI variables (HTTP_X_API_KEY): the Trial's value there would
+// stand beside the secret, or in its place. It is not sent on.
+func TestGatewayDropsTheTrialsVariantsOfTheField(t *testing.T) {
+	g := newGatewayWorld(t, withCA)
+	for _, c := range []struct{ path, variant string }{
+		{"/a/v1/messages", "X_Api_Key"},
+		{"/a/v1/messages", "x_API-key"},
+		{"/o/v1/chat/completions", "AUTHORIZATION"},
+	} {
+		n := len(g.up.Requests())
+		resp, body := g.do(t, messagesRequest(c.path, c.variant+": sk-the-trials-own\r\n"))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d body %q", c.variant, resp.StatusCode, body)
+		}
+		g.lastLine(t)
+		for name, vs := range g.up.Requests()[n].Header {
+			for _, v := range vs {
+				if strings.Contains(v, "sk-the-trials-own") {
+					t.Errorf("%s: the upstream got the Trial's value in %s: %q", c.variant, name, v)
+				}
+			}
+		}
+	}
+}
+
 // TestGatewayStreamsUnbuffered: the first event of a streamed answer
 // reaches the client while the upstream still holds the rest back.
 func TestGatewayStreamsUnbuffered(t *testing.T) {
