@@ -175,6 +175,9 @@ func ReadSecret(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrSecretFile, path, err)
 	}
+	if err := rootdir.ClosedDir(filepath.Dir(real)); err != nil {
+		return nil, fmt.Errorf("%w %s: %w", ErrSecretFile, path, err)
+	}
 	f, err := os.OpenFile(real, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w (create it as root with mode 0600)", ErrSecretFile, path, err)

@@ -103,26 +103,46 @@ func TestReadSecret(t *testing.T) {
 // by another user, or reached through a link another user owns) is
 // refused: that user could put another root-only file there, whose
 // content the gateway would then send upstream. A root-owned link in
-// root's directories, and a sticky directory such as /tmp, are fine.
+// root's directories, and a sticky directory such as /tmp on the way,
+// are fine; a sticky directory as the file's own is not: a user may
+// take the file's name while it is absent with a hard link to another
+// root-only file (made here by root, as a user may where
+// fs.protected_hardlinks=0).
 func TestReadSecretRefusesAParentOthersCanChange(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the checks need directories owned by root and by others: run as root")
 	}
 	p := rootdirtest.Make(t, "key", "sk-secret", 0o700)
 	safe, open, owned, sticky, rootLink, userLink := p.Safe, p.Open, p.Owned, p.Sticky, p.RootLink, p.UserLink
-	for _, ok := range []string{safe, sticky, rootLink} {
+	underSticky := filepath.Join(sticky, "keys")
+	if err := os.Mkdir(underSticky, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(underSticky, "key"), []byte("sk-secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, ok := range []string{safe, underSticky, rootLink} {
 		if b, err := ReadSecret(filepath.Join(ok, "key")); err != nil || string(b) != "sk-secret" {
 			t.Errorf("%s/key: %q %v", ok, b, err)
 		}
 	}
+	other := filepath.Join(safe, "other-route")
+	if err := os.WriteFile(other, []byte("sk-other-route"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(other, filepath.Join(sticky, "planted")); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct{ path, want string }{
-		{open, "writable by others"},
-		{owned, "owned by uid 65534"},
-		{userLink, "owned by uid 65534"},
+		{filepath.Join(open, "key"), "writable by others"},
+		{filepath.Join(owned, "key"), "owned by uid 65534"},
+		{filepath.Join(userLink, "key"), "owned by uid 65534"},
+		{filepath.Join(sticky, "key"), "lets others add names, sticky or not"},
+		{filepath.Join(sticky, "planted"), "lets others add names, sticky or not"},
 	} {
-		_, err := ReadSecret(filepath.Join(c.path, "key"))
+		b, err := ReadSecret(c.path)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s/key: got %v, want an error with %q", c.path, err, c.want)
+			t.Errorf("%s: got %q, %v; want an error with %q", c.path, b, err, c.want)
 		}
 	}
 }

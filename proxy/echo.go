@@ -18,7 +18,7 @@ import (
 	"github.com/trialnet/trialnet/wire"
 )
 
-// A gateway's answer is checked for the route's secret, because an
+// A gateway's answer is checked for its Trial's routes' secrets, because an
 // upstream that reflects the request (an echo endpoint, a debug header,
 // an error quoting the key it refused) would otherwise hand the Trial
 // the very thing the gateway keeps from it. The secret is looked for in
@@ -27,9 +27,10 @@ import (
 // out a few bytes at a time) is not stopped, which SECURITY.md says.
 
 // gatewayRequestFields are the Trial's fields a gateway request never
-// carries upstream: a coded answer (Accept-Encoding) or a range of one
+// carries upstream: a coded answer (Accept-Encoding), one in another
+// charset (Accept-Charset: UTF-7, EBCDIC) or a range of one
 // (Range, If-Range) would hide an echoed secret from the check.
-var gatewayRequestFields = []string{"Accept-Encoding", "Range", "If-Range"}
+var gatewayRequestFields = []string{"Accept-Encoding", "Accept-Charset", "Range", "If-Range"}
 
 // minDerivedForm is the shortest derived spelling of a secret looked
 // for: a shorter one would match answers by chance.
@@ -37,7 +38,9 @@ const minDerivedForm = 8
 
 // secretForms are the spellings of secret an answer is searched for, in
 // lower case (answers are compared in lower case): as sent; quoted by
-// Go's %q, JSON (also with "\/") and percent-encoding; in hex; and in
+// Go's %q, JSON (also with "\/") and percent-encoding; in hex; in UTF-16
+// and UTF-32 of either byte order (an upstream whose text is so answers
+// in it unasked, or as a charset parameter of Accept asks); and in
 // base64, standard and URL-safe, the part of its encoding that does not
 // depend on the bytes before it, at each of the three alignments.
 func secretForms(secret Secret) [][]byte {
@@ -46,6 +49,9 @@ func secretForms(secret Secret) [][]byte {
 	j, _ := json.Marshal(s)
 	derived := []string{q[1 : len(q)-1], string(j[1 : len(j)-1]), strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`),
 		url.QueryEscape(s), url.PathEscape(s), hex.EncodeToString(secret)}
+	for _, width := range []int{2, 4} {
+		derived = append(derived, wideForm(secret, width, false), wideForm(secret, width, true))
+	}
 	for align := range 3 {
 		enc := base64.StdEncoding.EncodeToString(append(make([]byte, align), secret...))
 		// Groups of three bytes wholly inside the secret: from the first
@@ -61,6 +67,34 @@ func secretForms(secret Secret) [][]byte {
 		f := []byte(strings.ToLower(d))
 		if len(f) >= minDerivedForm && !containsForm(forms, f) {
 			forms = append(forms, f)
+		}
+	}
+	return forms
+}
+
+// wideForm is secret, printable ASCII, in UTF-16 (width 2) or UTF-32
+// (width 4), little- or big-endian: each byte among zero bytes.
+func wideForm(secret Secret, width int, bigEndian bool) string {
+	b := make([]byte, 0, width*len(secret))
+	pad := make([]byte, width-1)
+	for _, c := range secret {
+		if bigEndian {
+			b = append(append(b, pad...), c)
+		} else {
+			b = append(append(b, c), pad...)
+		}
+	}
+	return string(b)
+}
+
+// routesForms are the forms of every route's secret.
+func routesForms(routes []GatewayRoute) [][]byte {
+	var forms [][]byte
+	for _, r := range routes {
+		for _, f := range secretForms(r.Secret) {
+			if !containsForm(forms, f) {
+				forms = append(forms, f)
+			}
 		}
 	}
 	return forms
@@ -112,7 +146,7 @@ func checkGatewayHead(resp *http.Response, forms [][]byte) error {
 		echo = echo || holdsForm(name, forms)
 	}
 	if echo {
-		return record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer repeats the route's credential in its head; it is not passed on")
+		return record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer repeats a gateway route's credential in its head; it is not passed on")
 	}
 	if ce := resp.Header.Values("Content-Encoding"); len(ce) > 0 && !(len(ce) == 1 && strings.EqualFold(strings.TrimSpace(ce[0]), "identity")) {
 		return record.Deny(record.ReasonUpstreamBadResponse, "the upstream's answer is coded (Content-Encoding %q), which the gateway cannot check for the route's credential; the gateway asks for none", wire.Truncate(strings.Join(ce, ", ")))
@@ -122,7 +156,7 @@ func checkGatewayHead(resp *http.Response, forms [][]byte) error {
 
 // errEchoedSecret ends an answer whose body or trailer holds the secret.
 // A literal, not record.Deny: that runs fmt, in every start of the binary.
-var errEchoedSecret = &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: "the upstream's answer repeats the route's credential; the answer was cut before it"}
+var errEchoedSecret = &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: "the upstream's answer repeats a gateway route's credential; the answer was cut before it"}
 
 // secretFilter passes an upstream's body on as it arrives, except the
 // longest tail that could begin one of the secret's forms, held until the
@@ -199,18 +233,31 @@ func prefixTail(b, form []byte) int {
 	return 0
 }
 
-// redactSecret takes every form of the route's secret out of an error's
+// redactSecret takes every form of the routes' secrets out of an error's
 // detail, which may quote what the upstream sent (net/http quotes a
 // malformed line): the detail reaches the Trial's answer and the record.
-// The wrapped error, which holds it too, is dropped.
+// An error of the exchange with the upstream loses all it quotes, from
+// its first '"' on: quoting escapes bytes (a secret with a control byte
+// after each of its own reads as none of its forms), so no search of the
+// quote is enough. The wrapped error, which holds it too, is dropped.
 func redactSecret(err error, forms [][]byte) error {
-	if err == nil || !holdsForm(err.Error(), forms) {
-		return err
+	if err == nil {
+		return nil
 	}
 	d := &record.Denial{Reason: record.ReasonUpstreamBadResponse, Detail: err.Error()}
 	var orig *record.Denial
-	if errors.As(err, &orig) {
+	// Not a denial of the proxy's: a response cut while being relayed.
+	exchange := !errors.As(err, &orig)
+	if !exchange {
 		d.Reason, d.Detail, d.DNS = orig.Reason, orig.Detail, orig.DNS
+		exchange = orig.Reason == record.ReasonUpstreamBadResponse && orig.Err != nil // upstreamError's
+	}
+	quote := strings.IndexByte(d.Detail, '"')
+	if (!exchange || quote < 0) && !holdsForm(d.Detail, forms) {
+		return err
+	}
+	if exchange && quote >= 0 {
+		d.Detail = d.Detail[:quote] + "[the upstream's bytes, not shown: they may hold the route's credential]"
 	}
 	for _, f := range forms {
 		for {

@@ -157,7 +157,7 @@ func (p *Proxy) serveConn(h *httpConn, ev *record.Event, headDone func()) *recor
 func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep bool, err error) {
 	defer func() {
 		if h.route != nil {
-			err = redactSecret(err, secretForms(h.route.Secret))
+			err = redactSecret(err, h.t.gwForms)
 		}
 	}()
 	h.wrote, h.reached = false, false
@@ -413,14 +413,16 @@ func (h *httpConn) respond(in *http.Request, resp *http.Response, ev *record.Eve
 	h.wmu.Lock()
 	h.responding = true
 	h.wmu.Unlock()
-	removeHopByHop(resp.Header)
-	if r := h.route; r != nil {
-		forms := secretForms(r.Secret)
+	if h.route != nil {
+		// The head as received: a Content-Encoding the Connection field
+		// names would be dropped below, and the coded body pass as plain.
+		forms := h.t.gwForms
 		if err := checkGatewayHead(resp, forms); err != nil {
 			return false, err
 		}
 		resp.Body = &secretFilter{body: resp.Body, resp: resp, forms: forms}
 	}
+	removeHopByHop(resp.Header)
 	resp.ProtoMajor, resp.ProtoMinor, resp.Proto = 1, 1, "HTTP/1.1"
 	// An unsolicited 101 (Upgrade is never forwarded) switches nothing
 	// here: it is relayed, and the connection ends with it.

@@ -254,7 +254,15 @@ func (h *httpConn) gatewayOutgoing(out *http.Request, in *url.URL) {
 	}
 	// No field would leave any coding acceptable (RFC 9110 12.5.3).
 	out.Header.Set("Accept-Encoding", "identity")
-	out.Header.Del(r.Header)
+	// '_' for '-' names the same field to an upstream that reads fields
+	// as CGI variables (HTTP_X_API_KEY): the Trial's value is dropped
+	// there too, not left beside the secret or in its place.
+	field := strings.ReplaceAll(r.Header, "_", "-")
+	for name := range out.Header {
+		if strings.EqualFold(strings.ReplaceAll(name, "_", "-"), field) {
+			delete(out.Header, name)
+		}
+	}
 	out.Header.Set(r.Header, r.value())
 }
 

@@ -11,11 +11,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
 	"time"
@@ -116,6 +118,15 @@ func TestGatewayUpstreamEchoNeverReachesTheTrial(t *testing.T) {
 			_, _ = io.WriteString(zw, echoed(r))
 			_ = zw.Close()
 		}},
+		{"compressed, its coding named hop-by-hop", "", func(w http.ResponseWriter, r *http.Request) {
+			// Connection: content-encoding would have the field dropped as
+			// hop-by-hop, and the coded body pass as plain.
+			w.Header().Set("Connection", "content-encoding")
+			w.Header().Set("Content-Encoding", "gzip")
+			zw := gzip.NewWriter(w)
+			_, _ = io.WriteString(zw, echoed(r))
+			_ = zw.Close()
+		}},
 		{"a range of it", "Range: bytes=3-12\r\n", func(w http.ResponseWriter, r *http.Request) {
 			http.ServeContent(w, r, "", time.Time{}, strings.NewReader(echoed(r)))
 		}},
@@ -128,6 +139,22 @@ func TestGatewayUpstreamEchoNeverReachesTheTrial(t *testing.T) {
 			_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nBad line " + echoed(r) + "\r\n\r\n")
 			_ = brw.Flush()
 		}},
+		{"quoted in net/http's error, a control byte after each", "", func(w http.ResponseWriter, r *http.Request) {
+			c, brw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			// %q spells each \x01 as four characters: the secret's own
+			// forms are nowhere in the quote, but between its escapes.
+			var spread strings.Builder
+			for _, b := range []byte(echoed(r)) {
+				spread.WriteByte(b)
+				spread.WriteByte(1)
+			}
+			_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nX-Echo: " + spread.String() + "\r\n\r\n")
+			_ = brw.Flush()
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			g := newGatewayWorldServing(t, withCA, nil, c.serve)
@@ -138,12 +165,18 @@ func TestGatewayUpstreamEchoNeverReachesTheTrial(t *testing.T) {
 				}
 				// A range of it: any ten bytes of the secret, in any case
 				// (a field's name is canonicalised), are a leak.
+				line := g.lastLine(t) // fails on a record holding the secret
+				unescaped := strings.NewReplacer(`\x01`, "", `\\x01`, "")
 				for _, s := range []string{gwSecret, gwSecret[3:13]} {
-					if containsFold(wireBytes, strings.ToLower(s)) || containsFold(decoded, strings.ToLower(s)) {
+					s = strings.ToLower(s)
+					if containsFold(wireBytes, s) || containsFold(decoded, s) || containsFold(unescaped.Replace(wireBytes), s) {
 						t.Errorf("%s: the Trial got the secret (%q):\n%s\n--- decoded:\n%s", route, s, wireBytes, decoded)
 					}
+					if containsFold(unescaped.Replace(line), s) {
+						t.Errorf("%s: the record holds the secret (%q), escaped: %s", route, s, line)
+					}
 				}
-				t.Logf("%s", g.lastLine(t)) // fails on a record holding the secret
+				t.Logf("%s", line)
 			}
 		})
 	}
@@ -185,6 +218,10 @@ func TestGatewayTransformedEchoNeverReachesTheTrial(t *testing.T) {
 		},
 		"hex":       func(s string) string { return hex.EncodeToString([]byte(s)) },
 		"upper hex": func(s string) string { return strings.ToUpper(hex.EncodeToString([]byte(s))) },
+		"utf-16le":  func(s string) string { return wideOf(s, 2, false) },
+		"utf-16be":  func(s string) string { return wideOf(s, 2, true) },
+		"utf-32le":  func(s string) string { return wideOf(s, 4, false) },
+		"utf-32be":  func(s string) string { return wideOf(s, 4, true) },
 	}
 	for name, form := range forms {
 		for _, inHead := range []bool{false, true} {
@@ -228,9 +265,15 @@ func TestSecretFormsOfAnAwkwardSecret(t *testing.T) {
 // TestGatewayAsksForNoCoding: the gateway asks for identity whatever the
 // Trial asked, so that an upstream that may code its answer (no field
 // leaves any coding acceptable) answers one the check can read, and the
-// Trial gets it rather than a refusal.
+// Trial gets it rather than a refusal; nor does it pass on a charset the
+// Trial asks for (UTF-32 spells the secret in none of the forms looked
+// for).
 func TestGatewayAsksForNoCoding(t *testing.T) {
 	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
+		if cs := r.Header.Get("Accept-Charset"); cs != "" {
+			_, _ = io.WriteString(w, "in "+cs)
+			return
+		}
 		if r.Header.Get("Accept-Encoding") != "identity" {
 			w.Header().Set("Content-Encoding", "gzip")
 			zw := gzip.NewWriter(w)
@@ -240,7 +283,7 @@ func TestGatewayAsksForNoCoding(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "plain")
 	})
-	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n"} {
+	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n", "Accept-Charset: utf-32\r\n"} {
 		resp, body := g.do(t, messagesRequest("/a/v1/messages", asked))
 		if resp.StatusCode != 200 || body != "plain" {
 			t.Errorf("asking %q: %d %q %s", asked, resp.StatusCode, body, resp.Header.Get("Trialnet-Detail"))
@@ -259,5 +302,112 @@ func BenchmarkSecretFilter(b *testing.B) {
 		if _, err := io.Copy(io.Discard, f); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// wideOf is ASCII s in UTF-16 (width 2) or UTF-32 (width 4), little- or
+// big-endian: what an upstream that answers in the charset asked for
+// makes of it.
+func wideOf(s string, width int, bigEndian bool) string {
+	var b strings.Builder
+	pad := strings.Repeat("\x00", width-1)
+	for i := range len(s) {
+		if bigEndian {
+			b.WriteString(pad + s[i:i+1])
+		} else {
+			b.WriteString(s[i:i+1] + pad)
+		}
+	}
+	return b.String()
+}
+
+// TestGatewayUnsolicitedEchoNotLogged: an upstream that sends the
+// credential after the end of its answer has net/http's Transport quote
+// it in the standard log, as bytes on an idle connection; the log the
+// agent installs (QuietStdLog) says so without them.
+func TestGatewayUnsolicitedEchoNotLogged(t *testing.T) {
+	logged := make(chan string, 4)
+	prev := log.Writer()
+	log.SetOutput(quietLog{w: lineWriter(logged)})
+	t.Cleanup(func() { log.SetOutput(prev) })
+	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + "after the end " + echoed(r))
+		_ = brw.Flush()
+		_, _ = io.Copy(io.Discard, c) // until the Transport drops the connection it logged
+	})
+	c, err := net.Dial("tcp", g.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second)) // a failure's bound
+	if _, err := io.WriteString(c, "GET /a/v1/models HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
+		t.Fatalf("answer %q", b)
+	}
+	select {
+	case line := <-logged:
+		if !strings.Contains(line, "Unsolicited response") || strings.Contains(strings.ToLower(line), strings.ToLower(gwSecret)) {
+			t.Errorf("the standard log got %q", line)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("net/http logged nothing of the unsolicited bytes")
+	}
+}
+
+// lineWriter sends each write to lines.
+type lineWriter chan string
+
+func (l lineWriter) Write(p []byte) (int, error) {
+	select {
+	case l <- string(p):
+	default:
+	}
+	return len(p), nil
+}
+
+// TestGatewayOtherRoutesSecretNeverReachesTheTrial: two routes of one
+// Trial with two secrets and one upstream, which answers one route's
+// request with what the other's carried (a cache keyed by path alone, or
+// a connection the two share out of step): the answer is searched for
+// every secret of the Trial's routes, not only its own route's.
+func TestGatewayOtherRoutesSecretNeverReachesTheTrial(t *testing.T) {
+	const other = "sk-other-route-SECRET-9876543210"
+	var mu sync.Mutex
+	var last string // the credential of the upstream's previous request
+	g := newGatewayWorldRoutes(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		prev := last
+		last = echoed(r)
+		mu.Unlock()
+		_, _ = io.WriteString(w, "cached: "+prev+"\n")
+	}, []GatewayRoute{
+		{Path: "/a/", Host: gwHost, Port: 443, Header: "x-api-key", Secret: []byte(gwSecret)},
+		{Path: "/o/", Host: gwHost, Port: 443, Header: "authorization", Secret: []byte(other)},
+	})
+	for _, route := range []string{"/a/", "/o/", "/a/"} {
+		wireBytes, decoded := g.readAllOf(t, messagesRequest(route+"v1/messages", ""))
+		for _, s := range []string{gwSecret, other} {
+			if containsFold(wireBytes, strings.ToLower(s)) || containsFold(decoded, strings.ToLower(s)) {
+				t.Errorf("%s: the Trial got a route's secret (%q):\n%s", route, s, wireBytes)
+			}
+		}
+		if line := g.lastLine(t); strings.Contains(line, other) {
+			t.Errorf("a decision record holds the other route's secret: %s", line)
+		}
+	}
+	if n := len(g.up.Requests()); n != 3 {
+		t.Fatalf("the upstream saw %d requests, want 3", n)
 	}
 }

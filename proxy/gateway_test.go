@@ -54,6 +54,14 @@ func newGatewayWorldLimits(t testing.TB, roots func(ca []byte) *x509.CertPool, l
 // answers written by serve, after the fake provider has recorded the
 // request (nil: the fake provider answers).
 func newGatewayWorldServing(t testing.TB, roots func(ca []byte) *x509.CertPool, lim *trialspec.ProxyLimits, serve http.HandlerFunc) *gwWorld {
+	return newGatewayWorldRoutes(t, roots, lim, serve, []GatewayRoute{
+		{Path: "/a/", Host: gwHost, Port: 443, Header: "x-api-key", Secret: []byte(gwSecret)},
+		{Path: "/o/", Host: gwHost, Port: 443, Header: "authorization", Secret: []byte(gwSecret)},
+	})
+}
+
+// newGatewayWorldRoutes is newGatewayWorldServing with the Trial's routes.
+func newGatewayWorldRoutes(t testing.TB, roots func(ca []byte) *x509.CertPool, lim *trialspec.ProxyLimits, serve http.HandlerFunc, routes []GatewayRoute) *gwWorld {
 	t.Helper()
 	caPEM, cert := gwtest.NewCA(t, gwHost)
 	up := &gwtest.Upstream{}
@@ -78,10 +86,6 @@ func newGatewayWorldServing(t testing.TB, roots func(ca []byte) *x509.CertPool, 
 	list, err := allow.Parse([]string{gwHost + ":443"}, true) // require_tls: the gateway speaks TLS, so it admits a route
 	if err != nil {
 		t.Fatal(err)
-	}
-	routes := []GatewayRoute{
-		{Path: "/a/", Host: gwHost, Port: 443, Header: "x-api-key", Secret: []byte(gwSecret)},
-		{Path: "/o/", Host: gwHost, Port: 443, Header: "authorization", Secret: []byte(gwSecret)},
 	}
 	if err := tp.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "gw", Limits: proxyHalf(lim)}, Allow: list, Gateway: routes, GatewayRoots: roots(caPEM)}); err != nil {
 		t.Fatal(err)
@@ -170,6 +174,33 @@ func TestGatewaySetsTheCredential(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGatewayDropsTheTrialsVariantsOfTheField: a field whose name is
+// the route's with '_' for '-' is the same field to an upstream that reads
+// fields as CGI variables (HTTP_X_API_KEY): the Trial's value there would
+// stand beside the secret, or in its place. It is not sent on.
+func TestGatewayDropsTheTrialsVariantsOfTheField(t *testing.T) {
+	g := newGatewayWorld(t, withCA)
+	for _, c := range []struct{ path, variant string }{
+		{"/a/v1/messages", "X_Api_Key"},
+		{"/a/v1/messages", "x_API-key"},
+		{"/o/v1/chat/completions", "AUTHORIZATION"},
+	} {
+		n := len(g.up.Requests())
+		resp, body := g.do(t, messagesRequest(c.path, c.variant+": sk-the-trials-own\r\n"))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d body %q", c.variant, resp.StatusCode, body)
+		}
+		g.lastLine(t)
+		for name, vs := range g.up.Requests()[n].Header {
+			for _, v := range vs {
+				if strings.Contains(v, "sk-the-trials-own") {
+					t.Errorf("%s: the upstream got the Trial's value in %s: %q", c.variant, name, v)
+				}
+			}
+		}
 	}
 }
 

@@ -321,9 +321,12 @@ type trial struct {
 	elsewhere atomic.Int64
 	ledger    Ledger
 	// gateway are its credential gateway routes, gwTLS their TLS (nil:
-	// none).
+	// none), and gwForms the forms of all their secrets, which every
+	// route's answers are searched for: an upstream two routes share may
+	// hand one route's request what the other's carried.
 	gateway []GatewayRoute
 	gwTLS   *tls.Config
+	gwForms [][]byte
 
 	handlers sync.WaitGroup // connections being handled; Add under mu, before removed is set
 	// ctx ends when the Trial is removed, cutting its DNS and dials short
@@ -387,7 +390,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		t.hosts[h.Port] = netip.AddrPortFrom(h.Address, h.Port)
 	}
 	if len(tp.Gateway) > 0 {
-		t.gateway, t.gwTLS = tp.Gateway, gatewayTLS(tp.GatewayRoots)
+		t.gateway, t.gwTLS, t.gwForms = tp.Gateway, gatewayTLS(tp.GatewayRoots), routesForms(tp.Gateway)
 	}
 	if p.sharing.Load() {
 		t.peer.Store(c.Slot(1 - tp.Slot))

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -151,6 +152,9 @@ func (p *Proxy) addDirect(d string) error {
 func readCredentials(path string) (user, pass string, err error) {
 	real, err := rootdir.TrustedPath(path, uint32(os.Geteuid()))
 	if err != nil {
+		return "", "", err
+	}
+	if err := rootdir.ClosedDir(filepath.Dir(real)); err != nil {
 		return "", "", err
 	}
 	f, err := os.OpenFile(real, os.O_RDONLY|syscall.O_NOFOLLOW, 0)

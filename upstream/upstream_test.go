@@ -134,26 +134,45 @@ func TestCredentialsFile(t *testing.T) {
 // in a link to another one-line file of root's with a colon in it (a
 // git credential, another proxy's password), and the agent would send
 // its content to the upstream proxy. The agent's own directories, a
-// sticky one, and root's links are fine.
+// sticky one on the way, and root's links are fine; a sticky one as the
+// file's own is not: a user may take the file's name while it is absent
+// with a hard link to such a file (made here by root, as a user may where
+// fs.protected_hardlinks=0).
 func TestCredentialsFileRefusesAParentOthersCanChange(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the checks need directories owned by root and by others: run as root")
 	}
 	p := rootdirtest.Make(t, "cred", "user:pw", 0o755)
 	safe, open, owned, sticky, rootLink, userLink := p.Safe, p.Open, p.Owned, p.Sticky, p.RootLink, p.UserLink
-	for _, ok := range []string{safe, sticky, rootLink} {
+	underSticky := filepath.Join(sticky, "creds")
+	if err := os.Mkdir(underSticky, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(underSticky, "cred"), []byte("user:pw"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, ok := range []string{safe, underSticky, rootLink} {
 		if _, err := Load(Config{Address: "p.example:3128", CredentialsFile: filepath.Join(ok, "cred")}); err != nil {
 			t.Errorf("%s/cred: %v", ok, err)
 		}
 	}
+	gitCred := filepath.Join(safe, "git-credential")
+	if err := os.WriteFile(gitCred, []byte("git:token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(gitCred, filepath.Join(sticky, "planted")); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct{ path, want string }{
-		{open, "writable by others"},
-		{owned, "owned by uid 65534"},
-		{userLink, "owned by uid 65534"},
+		{filepath.Join(open, "cred"), "writable by others"},
+		{filepath.Join(owned, "cred"), "owned by uid 65534"},
+		{filepath.Join(userLink, "cred"), "owned by uid 65534"},
+		{filepath.Join(sticky, "cred"), "lets others add names, sticky or not"},
+		{filepath.Join(sticky, "planted"), "lets others add names, sticky or not"},
 	} {
-		_, err := Load(Config{Address: "p.example:3128", CredentialsFile: filepath.Join(c.path, "cred")})
+		_, err := Load(Config{Address: "p.example:3128", CredentialsFile: c.path})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s/cred: got %v, want an error with %q", c.path, err, c.want)
+			t.Errorf("%s: got %v, want an error with %q", c.path, err, c.want)
 		}
 	}
 }

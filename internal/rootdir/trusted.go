@@ -82,6 +82,24 @@ func trustedDir(dir string, owner uint32) error {
 	return nil
 }
 
+// ClosedDir refuses dir, the directory of a file whose content trialnet
+// sends on (a gateway secret, the upstream proxy's credentials), if
+// others than its owner may add names to it, sticky or not: sticky keeps
+// the names there from them, not a name that is absent (before the file
+// is made, while it is replaced), which a user may then take with a hard
+// link to another's file (fs.protected_hardlinks=0) that trialnet would
+// read as this one.
+func ClosedDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("its directory %s (mode %04o) lets others add names, sticky or not: one could put a link to another file of root's where this one is read (keep it in a directory only its owner can write, such as /etc/trialnet)", dir, fi.Mode().Perm())
+	}
+	return nil
+}
+
 // whose names who may own the path's directories and links.
 func whose(owner uint32) string {
 	if owner == 0 {
