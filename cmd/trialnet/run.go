@@ -236,13 +236,24 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 		return nil, nil, nil, exitFailure, err
 	}
 	// The embedded agent serves the Trial's proxy: one P while that fits
-	// on one CPU, as a running agent does, from the command's start. Not
-	// before: the launch's thread waits in the command's vfork holding
-	// its P until the goroutine that lets the command go has run, which
-	// on one P waits for the runtime's monitor to take that P back (up to
-	// 10 ms or more, each launch).
+	// on one CPU, as a running agent does, from one window after the
+	// command's start. Not before the start: the launch's thread waits
+	// in the command's vfork holding its P until the goroutine that lets
+	// the command go has run, which on one P waits for the runtime's
+	// monitor to take that P back (up to 10 ms or more, each launch).
+	// And a window later: each change of Ps stops the world, which a
+	// command shorter than that would pay twice for nothing. Both
+	// closures run on the goroutine that runs the command.
 	scaleCtx, stopScale := context.WithCancel(ctx)
-	return a, func() { go procscale.Run(scaleCtx) }, func() { stopScale(); a.Close(true) }, exitOK, nil
+	var scale *time.Timer
+	started = func() { scale = time.AfterFunc(procscale.Window, func() { procscale.Run(scaleCtx) }) }
+	return a, started, func() {
+		if scale != nil {
+			scale.Stop()
+		}
+		stopScale()
+		a.Close(true)
+	}, exitOK, nil
 }
 
 // configOutOfReach refuses a --config file the Trial's uid or gid could
