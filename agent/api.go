@@ -53,7 +53,12 @@ func (a *Agent) Handler() http.Handler {
 			writeErr(w, errf(client.CodeBadRequest, "request body: %v", err))
 			return
 		}
-		reply(w, http.StatusCreated)(a.Create(r.Context(), req))
+		info, err := a.Create(r.Context(), req)
+		reply(w, http.StatusCreated)(info, err)
+		if err == nil {
+			_ = http.NewResponseController(w).Flush()
+			a.syncDataAhead()
+		}
 	})
 	mux.HandleFunc("GET /v1/trials", func(w http.ResponseWriter, r *http.Request) {
 		list := a.list()

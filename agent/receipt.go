@@ -355,7 +355,7 @@ func (a *Agent) sign(lt *trial, st *client.Stats, exit *int) error {
 	if err != nil {
 		return err
 	}
-	return a.keepReceipt(st.Trial, append(b, '\n'))
+	return a.keepReceipt(st.Trial, append(b, '\n'), lt.dataMade)
 }
 
 // endedLogSigned refuses the decision log of an ended Trial that is not
@@ -437,15 +437,34 @@ func signedPrefix(path string, want *client.LogDigest) bool {
 // keepReceipt writes Trial id's receipt into the Trial's data directory,
 // durably as a whole: WriteFileAtomic syncs the directory that names the
 // receipt, and the directory's own name in DataDir, made at create, is
-// synced here, by a sync of DataDir begun after the receipt's write.
-func (a *Agent) keepReceipt(id string, b []byte) error {
+// synced by a sync of DataDir begun after it was made: after the ticket
+// made-1 (the Trial's dataMade), or, made 0, after the receipt's write.
+// One begun after a create answered (syncDataAhead) is usually done.
+func (a *Agent) keepReceipt(id string, b []byte, made uint64) error {
 	if err := rootdir.WriteFileAtomic(filepath.Join(a.cfg.DataDir, id, "receipt.json"), b, 0o644); err != nil {
 		return err
 	}
-	if err := a.dataSync.after(a.cfg.DataDir, a.dataSync.ticket()); err != nil {
+	t := a.dataSync.ticket()
+	if made != 0 {
+		t = made - 1
+	}
+	if err := a.dataSync.after(a.cfg.DataDir, t); err != nil {
 		return fmt.Errorf("sync %s, which names Trial %s's data directory: %w (its receipt may not survive a crash: keep the one this destroy returns)", a.cfg.DataDir, id, err)
 	}
 	return nil
+}
+
+// syncDataAhead begins, in the background, a sync of DataDir, which
+// makes the names of the Trials' directories made so far durable: their
+// destroys then need none of their own (keepReceipt). Called once a
+// create has answered, so that it runs while the Trial does. Its error
+// is the destroy's to meet: it syncs again, and says.
+func (a *Agent) syncDataAhead() {
+	if a.cfg.DataDir == "" {
+		return
+	}
+	t := a.dataSync.ticket()
+	go func() { _ = a.dataSync.after(a.cfg.DataDir, t) }()
 }
 
 // dirSync syncs a directory for callers that each need a sync of it begun

@@ -202,11 +202,48 @@ func TestKeepReceiptSyncsTheDataDir(t *testing.T) {
 		synced = append(synced, fmt.Sprintf("%s, the receipt %q", dir, b))
 		return rootdir.SyncDir(dir)
 	}
-	if err := a.keepReceipt("t1", []byte("signed")); err != nil {
+	if err := a.keepReceipt("t1", []byte("signed"), 0); err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{data + `, the receipt "signed"`}; !slices.Equal(synced, want) {
 		t.Errorf("syncs %q, want %q", synced, want)
+	}
+}
+
+// A sync of DataDir begun after the Trial's directory was made (the
+// ticket its dataMade keeps, as syncDataAhead's after a create) is
+// enough for its receipt; one begun before it is not.
+func TestKeepReceiptTakesASyncBegunAfterTheDirectory(t *testing.T) {
+	data := t.TempDir()
+	a := &Agent{cfg: AgentConfig{DataDir: data}}
+	syncs := 0
+	a.dataSync.sync = func(dir string) error {
+		syncs++
+		return rootdir.SyncDir(dir)
+	}
+	for _, before := range []bool{false, true} {
+		id := fmt.Sprintf("t-%v", before)
+		if before { // a sync done, then the directory made
+			if err := a.dataSync.after(data, a.dataSync.ticket()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Mkdir(filepath.Join(data, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		made := a.dataSync.ticket() + 1
+		if !before { // the directory made, then a sync begun
+			if err := a.dataSync.after(data, made-1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n := syncs
+		if err := a.keepReceipt(id, []byte("signed"), made); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int{false: n, true: n + 1}[before]; syncs != want {
+			t.Errorf("a sync of DataDir done before the directory was made: %v; keepReceipt synced %d times, want %d", before, syncs-n, want-n)
+		}
 	}
 }
 
@@ -278,7 +315,7 @@ func BenchmarkKeepReceipt(b *testing.B) {
 		}
 		kept := func() {
 			t0 := time.Now()
-			if err := a.keepReceipt(id, data); err != nil {
+			if err := a.keepReceipt(id, data, 0); err != nil {
 				b.Fatal(err)
 			}
 			ta = append(ta, time.Since(t0))

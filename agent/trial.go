@@ -58,6 +58,10 @@ type trial struct {
 	// from it, counts its own; a hand-over passes them on.
 	counts *counts.Region
 	slot   int
+	// dataMade is one more than the Agent's dataSync ticket taken once
+	// the Trial's data directory was in place (0: none taken): a sync of
+	// DataDir begun after that ticket has made its name there durable.
+	dataMade uint64
 	// owner is a pidfd of an owned Trial's owner, which the agent watches
 	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
 	owner *os.File
@@ -362,6 +366,7 @@ func (a *Agent) prepare(lt *trial, list *allow.List, stats *record.TrialStats, f
 		if err != nil {
 			return err
 		}
+		lt.dataMade = a.dataSync.ticket() + 1
 	}
 	var err error
 	if lt.counts, lt.slot, err = a.countsFor(lname.CountsName(lt.info.ID)); err != nil {

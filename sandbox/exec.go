@@ -83,6 +83,9 @@ type Command struct {
 	// (the terminal's answers to the Trial's queries may still come as
 	// typed input). nil: nowhere.
 	Notices io.Writer
+	// Started, when set, is called by Exec once the command has started,
+	// before it waits for it.
+	Started func()
 }
 
 // Bounds of Command.MaxProcs.
@@ -565,6 +568,9 @@ func (t *Launcher) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (
 	p, err := t.Start(c)
 	if err != nil {
 		return -1, err
+	}
+	if c.Started != nil {
+		c.Started()
 	}
 	stop := relaySignals(ctx, p, sigs, func() { _ = p.Signal(syscall.SIGKILL) })
 	code, err := p.Wait()

@@ -583,6 +583,34 @@ func TestPrivilegedExecKillsTheCommandOnTimeout(t *testing.T) {
 	waitNoProcs(t, tr)
 }
 
+// Started is called once, after the command started and before Exec
+// waits for it; never for a command that did not start.
+func TestPrivilegedExecCallsStartedOnceStarted(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
+	env := []string{"PATH=/usr/bin:/bin"}
+	// The command ends only once Started has closed its input.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	calls := 0
+	// Bounded: without the call, the command would wait for ever.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code, err := tr.Exec(ctx, Command{Args: []string{"sh", "-c", "read -r x; exit 3"}, Env: env, Stdin: r,
+		Started: func() { calls++; _ = w.Close() }}, nil)
+	if err != nil || code != 3 || calls != 1 {
+		t.Fatalf("Exec: code %d, err %v, Started called %d times; want 3, nil, once", code, err, calls)
+	}
+	calls = 0
+	if _, err := tr.Exec(context.Background(), Command{Args: []string{"trialnet-no-such-command"}, Env: env,
+		Started: func() { calls++ }}, nil); err == nil || calls != 0 {
+		t.Fatalf("Exec of a missing command: err %v, Started called %d times; want an error, never", err, calls)
+	}
+}
+
 // waitNoProcs waits, bounded, until the Trial has no process but its init.
 func waitNoProcs(t *testing.T, tr *Trial) {
 	t.Helper()

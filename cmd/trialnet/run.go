@@ -102,18 +102,19 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var notices heldNotices
 	cmd.Notices = &notices
-	spec.Launch = agent.Launch{Command: cmd}
 	if report != nil && report.path != "" {
 		spec.Create.Report = report.path
 		if *f.reportDir != "" {
 			fmt.Fprintf(stderr, "trialnet: Trial %s: its report will be %s\n", id, report.path)
 		}
 	}
-	trials, closeTrials, code, err := f.trials(ctx, u, g)
+	trials, started, closeTrials, code, err := f.trials(ctx, u, g)
 	if err != nil {
 		return failRun(code, err)
 	}
 	defer closeTrials()
+	cmd.Started = started
+	spec.Launch = agent.Launch{Command: cmd}
 	if err := userChecked(); err != nil {
 		return cli.Fail(stdout, stderr, *f.asJSON, exitUsage, err)
 	}
@@ -197,31 +198,32 @@ func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writ
 
 // trials is the agent that serves the run: the one running on the
 // socket, or, without one, an agent embedded for the life of this
-// command, so that a laptop needs no daemon. On an error, code is the
+// command, so that a laptop needs no daemon. started is for the
+// command's start (nil: nothing to do then). On an error, code is the
 // exit code it calls for. uid and gid are the Trial's.
-func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials, closeTrials func(), code int, _ error) {
+func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials, started, closeTrials func(), code int, _ error) {
 	c := client.NewClient(*f.socket)
 	running, err := c.Running(ctx)
 	if err != nil {
-		return nil, nil, exitFailure, err
+		return nil, nil, nil, exitFailure, err
 	}
 	if running {
 		if f.cf.given() {
 			c.Release()
-			return nil, nil, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *f.socket + " with its own configuration; drop them or stop that agent"}
+			return nil, nil, nil, exitUsage, usageError{"run: --config, --resolver and --allow-cidr configure an embedded agent, but an agent is running on " + *f.socket + " with its own configuration; drop them or stop that agent"}
 		}
-		return c, c.Release, exitOK, nil
+		return c, nil, c.Release, exitOK, nil
 	}
 	real, err := configOutOfReach(f.cf.path, uid, gid)
 	if err != nil {
-		return nil, nil, exitUsage, err
+		return nil, nil, nil, exitUsage, err
 	}
 	if real != "" {
 		f.cf.path = real // read what was checked
 	}
 	file, cidrs, err := f.cf.load()
 	if err != nil {
-		return nil, nil, exitUsage, err
+		return nil, nil, nil, exitUsage, err
 	}
 	// The config's paths (pins, cgroup parent, namespaces) are honoured.
 	// Its Trials are this process's: their records, apart from the
@@ -231,13 +233,27 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 	host.StateDir += "-ephemeral"
 	a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: f.cf.resolvers, AllowCIDRs: cidrs, Ephemeral: true, SteerAhead: !*f.noTransparent})
 	if err != nil {
-		return nil, nil, exitFailure, err
+		return nil, nil, nil, exitFailure, err
 	}
 	// The embedded agent serves the Trial's proxy: one P while that fits
-	// on one CPU, as a running agent does.
+	// on one CPU, as a running agent does, from one window after the
+	// command's start. Not before the start: the launch's thread waits
+	// in the command's vfork holding its P until the goroutine that lets
+	// the command go has run, which on one P waits for the runtime's
+	// monitor to take that P back (up to 10 ms or more, each launch).
+	// And a window later: each change of Ps stops the world, which a
+	// command shorter than that would pay twice for nothing. Both
+	// closures run on the goroutine that runs the command.
 	scaleCtx, stopScale := context.WithCancel(ctx)
-	go procscale.Run(scaleCtx)
-	return a, func() { stopScale(); a.Close(true) }, exitOK, nil
+	var scale *time.Timer
+	started = func() { scale = time.AfterFunc(procscale.Window, func() { procscale.Run(scaleCtx) }) }
+	return a, started, func() {
+		if scale != nil {
+			scale.Stop()
+		}
+		stopScale()
+		a.Close(true)
+	}, exitOK, nil
 }
 
 // configOutOfReach refuses a --config file the Trial's uid or gid could
