@@ -318,6 +318,7 @@ func TestTransparentHTTPHostCheckNotSteppedAround(t *testing.T) {
 		{"HTTP/0.9 with an absolute target, uppercase", []string{"GET HTTP://other.example.com/x\n"}},
 		{"a bare CR before the version", []string{"GET http://other.example.com/x\rHost: a\r\n\r\n"}},
 		{"HTTP/0.9 with an https target", []string{"GET  https://other.example.com/x\r\n"}},
+		{"HTTP/0.9 with another scheme", []string{"GET x://other.example.com/x\r\n"}},
 		// Python's http.server splits its request line on any whitespace
 		// str.split knows, leading whitespace included.
 		{"a vertical tab first", []string{"\x0bGET" + rest}},

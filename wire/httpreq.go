@@ -253,8 +253,11 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 }
 
 // http09Target reports whether rest, the request line after its method,
-// starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI.
-// A bare CR ends the target too, as some servers end a line there.
+// starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI;
+// or is only an absolute URI of any scheme, which nginx takes as HTTP/0.9
+// and routes by its host ("GET x://other/"; with a version after it, as
+// RTSP sends, nginx refuses the line). A bare CR ends the target too, as
+// some servers end a line there.
 func http09Target(rest []byte) bool {
 	for len(rest) > 0 && lenientSpace(rest[0]) {
 		rest = rest[1:]
@@ -264,7 +267,29 @@ func http09Target(rest []byte) bool {
 		end++
 	}
 	t := bytes.ToLower(rest[:end])
-	return bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://"))
+	if bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://")) {
+		return true
+	}
+	after := rest[end:]
+	for len(after) > 0 && lenientSpace(after[0]) {
+		after = after[1:]
+	}
+	return absoluteURI(t) && (len(after) == 0 || after[0] == '\r')
+}
+
+// absoluteURI reports whether t starts with a scheme (RFC 3986: a letter,
+// then letters, digits, '+', '-' or '.') and "://", as nginx reads one.
+func absoluteURI(t []byte) bool {
+	scheme, _, ok := bytes.Cut(t, []byte("://"))
+	if !ok || len(scheme) == 0 || scheme[0] < 'a' || scheme[0] > 'z' {
+		return false
+	}
+	for _, c := range scheme {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // lenientSpace reports the bytes, other than CR and LF, that some server

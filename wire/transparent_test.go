@@ -77,6 +77,12 @@ func TestClassifyHTTP(t *testing.T) {
 		{"GET  //other.example.com/x\r\n", false, true, false},
 		{"GET /x\r\n", false, true, false},
 		{"GET http://other.example.com/\rHost: a\r\n", false, true, false},
+		// nginx takes any scheme in an HTTP/0.9 target and routes by its host.
+		{"GET x://other.example.com/\r\n", false, true, false},
+		{"GET X-y.z+1://other.example.com/\xa0\r\n", false, true, false},
+		{"GET x://other.example.com/\rHost: a\r\n", false, true, false},
+		{"OPTIONS rtsp://cam/ RTSP/1.0", true, false, false}, // a version no HTTP server takes
+		{"GET 1x://other.example.com/\r\n", false, false, false},
 		{"GET /x", true, true, false},
 		{"get /key\r\n", false, true, false}, // a memcached key like a path: the forwarder's
 		// Whitespace Python's str.split knows (http.server splits on it).
