@@ -319,6 +319,8 @@ func TestTransparentHTTPHostCheckNotSteppedAround(t *testing.T) {
 		{"a bare CR before the version", []string{"GET http://other.example.com/x\rHost: a\r\n\r\n"}},
 		{"HTTP/0.9 with an https target", []string{"GET  https://other.example.com/x\r\n"}},
 		{"HTTP/0.9 with another scheme", []string{"GET x://other.example.com/x\r\n"}},
+		// Node's parser takes RTSP's version as HTTP's and routes by Host.
+		{"an RTSP version", []string{"OPTIONS * RTSP/1.0\r\nHost: other.example.com\r\n\r\n"}},
 		// Python's http.server splits its request line on any whitespace
 		// str.split knows, leading whitespace included.
 		{"a vertical tab first", []string{"\x0bGET" + rest}},

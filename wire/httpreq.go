@@ -221,7 +221,7 @@ const h2cPreface = "PRI * HTTP/2.0"
 // pieces, so b is HTTP unless it starts with a byte no method starts
 // with, its first token ends in anything but such whitespace (a CR not
 // before LF included), or
-// its whole first line names neither an HTTP version nor a target of
+// its whole first line names neither an HTTP (or RTSP) version nor a target of
 // HTTP/0.9 ("GET /x", "GET http://host/": no version, and a front that
 // still takes it routes by the absolute target's host). The h2c preface
 // is not HTTP/1: it is tunnelled, as through CONNECT. ended says no more
@@ -249,15 +249,18 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	if string(line) == h2cPreface {
 		return false, false
 	}
-	return bytes.Contains(bytes.ToUpper(line), []byte("HTTP/")) || http09Target(line[n:]), false
+	up := bytes.ToUpper(line)
+	// RTSP's version too: Node's parser (llhttp) takes "RTSP/1.0" in a
+	// request line as HTTP's, with any target, and routes by Host.
+	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || http09Target(line[n:]), false
 }
 
 // http09Target reports whether rest, the request line after its method,
 // starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI;
 // or is only an absolute URI of any scheme, which nginx takes as HTTP/0.9
-// and routes by its host ("GET x://other/"; with a version after it, as
-// RTSP sends, nginx refuses the line). A bare CR ends the target too, as
-// some servers end a line there.
+// and routes by its host ("GET x://other/"; with another word after it,
+// nginx refuses the line). A bare CR ends the target too, as some
+// servers end a line there.
 func http09Target(rest []byte) bool {
 	for len(rest) > 0 && lenientSpace(rest[0]) {
 		rest = rest[1:]
