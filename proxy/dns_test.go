@@ -4,9 +4,13 @@ package proxy
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -290,5 +294,143 @@ func TestResolverSharedLookupSurvivesLeaderCancel(t *testing.T) {
 	<-done
 	if err != nil || len(ans.Addrs) != 1 {
 		t.Fatalf("a follower got %+v, %v after its leader gave up", ans, err)
+	}
+}
+
+// blockingResolver answers nothing until release is closed; entered gets
+// the name of each lookup it starts.
+type blockingResolver struct {
+	entered chan string
+	release chan struct{}
+}
+
+func (r blockingResolver) Resolve(ctx context.Context, name string) (resolve.Answer, error) {
+	r.entered <- name
+	select {
+	case <-r.release:
+	case <-ctx.Done():
+	}
+	return resolve.Answer{}, errors.New("no answer")
+}
+
+// TestLookupsInFlightBounded: with maxLookups of a Trial's lookups
+// waiting on the resolver, the next one asks the resolver nothing until
+// one ends, and fails when its time is up; another Trial's are not held.
+func TestLookupsInFlightBounded(t *testing.T) {
+	r := blockingResolver{entered: make(chan string, maxLookups), release: make(chan struct{})}
+	slots := lookupSlots{ch: make(chan struct{}, maxLookups)}
+	var held sync.WaitGroup
+	for i := range maxLookups {
+		held.Go(func() { _, _ = slots.resolve(context.Background(), r, fmt.Sprintf("s%d.example.com", i)) })
+	}
+	for range maxLookups {
+		<-r.entered
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := slots.resolve(gone, r, "one-more.example.com")
+	if d := (*record.Denial)(nil); !errors.As(err, &d) || d.Reason != record.ReasonDNSFailed {
+		t.Fatalf("%v; want dns_failed", err)
+	}
+	select {
+	case n := <-r.entered:
+		t.Fatalf("the resolver was asked for %s past the Trial's %d lookups in flight", n, maxLookups)
+	default:
+	}
+	// Another Trial's lookups have slots of their own.
+	other := lookupSlots{ch: make(chan struct{}, maxLookups)}
+	done := make(chan error, 1)
+	go func() { _, err := other.resolve(context.Background(), r, "other.example.com"); done <- err }()
+	if n := <-r.entered; n != "other.example.com" {
+		t.Fatalf("asked for %s", n)
+	}
+	close(r.release)
+	held.Wait()
+	<-done
+}
+
+// answerResolver answers at once with err, counting its lookups.
+type answerResolver struct {
+	err   error
+	asked *atomic.Int64
+}
+
+func (r answerResolver) Resolve(context.Context, string) (resolve.Answer, error) {
+	r.asked.Add(1)
+	return resolve.Answer{}, r.err
+}
+
+// TestLookupSlotHeldWhileItsQuestionsMayWait: a lookup that ended in a
+// timeout keeps its slot for the hold from its start, as its questions
+// may still wait at the resolver (a lookup that got its slot as its time
+// ran out sends them and returns at once); one that was answered, an
+// NXDOMAIN too, gives it back at once.
+func TestLookupSlotHeldWhileItsQuestionsMayWait(t *testing.T) {
+	var asked atomic.Int64
+	slots := lookupSlots{ch: make(chan struct{}, 2), hold: time.Hour}
+	nx := answerResolver{record.Deny(record.ReasonDNSNXDomain, "no such name"), &asked}
+	timedOut := answerResolver{&record.Denial{Reason: record.ReasonDNSFailed, DNS: record.DNSFailure{Timeout: true}}, &asked}
+	for range 3 {
+		_, _ = slots.resolve(context.Background(), nx, "nx.example.com")
+	}
+	if n := len(slots.ch); n != 0 {
+		t.Fatalf("%d slots held after answered lookups", n)
+	}
+	for range 2 {
+		_, _ = slots.resolve(context.Background(), timedOut, "slow.example.com")
+	}
+	if n := len(slots.ch); n != 2 {
+		t.Fatalf("%d slots held after 2 lookups that timed out, want 2", n)
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := slots.resolve(gone, nx, "one-more.example.com"); err == nil || asked.Load() != 5 {
+		t.Fatalf("%v after %d lookups: asked while two timed-out lookups held the slots", err, asked.Load())
+	}
+}
+
+// TestLookupNotStartedOutOfTime: a lookup whose time is up asks the
+// resolver nothing, with a slot free too (select takes the free slot or
+// the ended context at random): waiters whose time ran out as slots came
+// free sent 305 questions at once here, before.
+func TestLookupNotStartedOutOfTime(t *testing.T) {
+	var asked atomic.Int64
+	slots := lookupSlots{ch: make(chan struct{}, maxLookups)}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 64 {
+		_, _ = slots.resolve(gone, answerResolver{nil, &asked}, "late.example.com")
+	}
+	if n := asked.Load(); n != 0 || len(slots.ch) != 0 {
+		t.Fatalf("%d lookups asked after their time was up, %d slots held", n, len(slots.ch))
+	}
+}
+
+// TestTrialLookupsHeldToTheirSlots: a CONNECT whose Trial has no lookup
+// slot free is refused when its DNS time is up, and its name is never
+// asked of the resolver.
+func TestTrialLookupsHeldToTheirSlots(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"},
+		configure: func(c *Config) { c.DNSTimeout = 50 * time.Millisecond }})
+	tp.dns.set("api.example.com", 60, "93.184.216.34")
+	tp.mu.Lock()
+	tr := tp.trials["t1"]
+	tp.mu.Unlock()
+	for range maxLookups {
+		tr.lookups.ch <- struct{}{}
+	}
+	resp, c, _ := tp.connect(t, connectHead("api.example.com:443"))
+	_ = c.Close()
+	if n := tp.dns.count("api.example.com"); n != 0 || resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("%s after %d questions; want dns_failed, none asked past the Trial's slots", resp.Status, n)
+	}
+	if ev := tp.event(t); ev.Reason != record.ReasonDNSFailed {
+		t.Fatalf("record %+v; want dns_failed", ev)
+	}
+	<-tr.lookups.ch
+	resp, c, _ = tp.connect(t, connectHead("api.example.com:443"))
+	_ = c.Close()
+	if ev := tp.event(t); resp.StatusCode != 200 || ev.Decision != record.DecisionAllow {
+		t.Fatalf("%s %+v with a slot free", resp.Status, ev)
 	}
 }

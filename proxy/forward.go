@@ -116,7 +116,11 @@ func (p *Proxy) serveConn(h *httpConn, ev *record.Event, headDone func()) *recor
 			// A kept-alive connection gets HeaderTimeout for its next head.
 			_ = c.SetReadDeadline(time.Now().Add(p.cfg.HeaderTimeout))
 			ev = p.newEvent(t, c)
-			ev.Transparent = dest != nil
+		}
+		if dest != nil {
+			// A request that fails before its head is read is still
+			// recorded against the name the address stands for.
+			ev.Transparent, ev.Host, ev.Port, ev.Target = true, dest.Host, dest.Port, dest.Target
 		}
 		keep, err := h.serveOne(ev, headDone, first)
 		if errors.Is(err, wire.ErrClientDone) {

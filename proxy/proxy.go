@@ -64,6 +64,16 @@ const maxClosing = 64
 // descriptor, under one Trial's flood here.
 const maxAdmitting = 64
 
+// maxLookups bounds a Trial's DNS lookups in flight at the agent (each
+// an A and an AAAA question at the resolver). The host's resolver is
+// shared by every Trial and by the host, and may forward only so many
+// questions at once (dnsmasq: 150): one Trial connecting to names whose
+// servers never answer held 406 questions outstanding there within 2 s
+// before. A lookup past the bound waits for a slot, within the DNS
+// timeout; answers from the agent's cache take a slot only for as long
+// as a cache read.
+const maxLookups = 16
+
 // Socket buffer sizes the proxy sets on each connection it relays
 // (SO_SNDBUF and SO_RCVBUF; the kernel doubles them, and turns off its
 // autotuning), so that a relay whose reader stalls holds a bounded
@@ -310,8 +320,11 @@ type trial struct {
 	// so that a Trial connecting faster than its handlers start queues
 	// in its own listener's backlog, not in the agent's descriptors.
 	admitting chan struct{}
-	counts    *counts.Region
-	slot      int
+	// lookups holds a token for each of its DNS lookups in flight
+	// (maxLookups).
+	lookups lookupSlots
+	counts  *counts.Region
+	slot    int
 	// peer is the other slot of counts while it counts too (Share): the
 	// Trial's connections another agent process serves during a hand-over.
 	peer atomic.Pointer[counts.Slot]
@@ -385,6 +398,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel, ledger: tp.Ledger,
 		hosts: make(map[uint16]netip.AddrPort, len(spec.HostServices)), admitting: make(chan struct{}, maxAdmitting),
+		lookups: lookupSlots{make(chan struct{}, maxLookups), resolve.QueryTimeout},
 	}
 	for _, h := range spec.HostServices {
 		t.hosts[h.Port] = netip.AddrPortFrom(h.Address, h.Port)
@@ -1102,10 +1116,10 @@ func (p *Proxy) admit(t *trial) error {
 
 // resolveChecked resolves req's name and checks every address: one
 // refused answer refuses the name. It returns the addresses to dial.
-func (p *Proxy) resolveChecked(trialCtx context.Context, set *settings, req *wire.Request, ev *record.Event) ([]netip.AddrPort, error) {
+func (p *Proxy) resolveChecked(trialCtx context.Context, slots lookupSlots, set *settings, req *wire.Request, ev *record.Event) ([]netip.AddrPort, error) {
 	ctx, cancel := context.WithTimeout(trialCtx, p.cfg.DNSTimeout)
 	t0 := time.Now()
-	ans, err := set.resolver.Resolve(ctx, req.Host)
+	ans, err := slots.resolve(ctx, set.resolver, req.Host)
 	cancel()
 	ev.DNS = time.Since(t0)
 	ev.Resolved = ans.Addrs
@@ -1131,6 +1145,43 @@ func (p *Proxy) resolveChecked(trialCtx context.Context, set *settings, req *wir
 		targets = append(targets, netip.AddrPortFrom(a.Unmap(), req.Port))
 	}
 	return targets, nil
+}
+
+// lookupSlots are a Trial's DNS lookups in flight, one token each.
+type lookupSlots struct {
+	ch chan struct{}
+	// hold is how long a lookup that ended without an answer keeps its
+	// slot, from its start: its questions may still be waiting at the
+	// resolver (a lookup that got its slot as its time ran out sends
+	// them and returns at once), and they count until it gives up.
+	hold time.Duration
+}
+
+// resolve looks name up with r once a slot is free; a lookup that finds
+// none before ctx ends asks the resolver nothing.
+func (s lookupSlots) resolve(ctx context.Context, r resolve.Resolver, name string) (resolve.Answer, error) {
+	select {
+	case s.ch <- struct{}{}:
+	case <-ctx.Done():
+		return resolve.Answer{}, &record.Denial{Reason: record.ReasonDNSFailed,
+			Detail: fmt.Sprintf("resolving %s: not asked: this Trial's %d lookups in flight, its limit, had not ended (%v)", name, cap(s.ch), ctx.Err()),
+			DNS:    record.DNSFailure{Timeout: errors.Is(ctx.Err(), context.DeadlineExceeded)}, Err: ctx.Err()}
+	}
+	if err := ctx.Err(); err != nil { // a slot freed as its time ran out
+		<-s.ch
+		return resolve.Answer{}, &record.Denial{Reason: record.ReasonDNSFailed,
+			Detail: fmt.Sprintf("resolving %s: not asked: a lookup slot of this Trial's came free only as its time ran out (%v)", name, err),
+			DNS:    record.DNSFailure{Timeout: errors.Is(err, context.DeadlineExceeded)}, Err: err}
+	}
+	start := time.Now()
+	ans, err := r.Resolve(ctx, name)
+	var d *record.Denial
+	if left := s.hold - time.Since(start); left > 0 && (ctx.Err() != nil || errors.As(err, &d) && d.DNS.Timeout) {
+		time.AfterFunc(left, func() { <-s.ch })
+	} else {
+		<-s.ch
+	}
+	return ans, err
 }
 
 // dialChecked dials the first of the checked targets that answers, with

@@ -156,7 +156,6 @@ func (p *Proxy) forwardTransparent(k *clientConn, dest *wire.Request) {
 	k.br = nil
 	k.silent = false // it speaks HTTP: refusals are answered in HTTP
 	ev := p.newEvent(k.t, k.c)
-	ev.Transparent = true
 	_ = k.c.SetReadDeadline(time.Now().Add(p.cfg.HeaderTimeout))
 	k.ev = p.serveHTTP(k.c, k.t, br, ev, func() {}, dest)
 }

@@ -40,7 +40,7 @@ func (p *Proxy) connect(trialCtx context.Context, t *trial, req *wire.Request, e
 	if byName && !up.HasDirectCIDRs() {
 		return p.dialUpstream(trialCtx, up, req.HostPort(), ev)
 	}
-	targets, err := p.resolveChecked(trialCtx, set, req, ev)
+	targets, err := p.resolveChecked(trialCtx, t.lookups, set, req, ev)
 	if learned && err != nil {
 		var d *record.Denial
 		if errors.As(err, &d) {

@@ -34,8 +34,9 @@ type Answer struct {
 
 // Resolver defaults.
 const (
-	defaultQueryTimeout = 2 * time.Second // one query to one server
-	defaultMaxCNAMEs    = 8               // chain length followed before giving up
+	// QueryTimeout is how long one question to one server is waited for.
+	QueryTimeout        = 2 * time.Second
+	defaultMaxCNAMEs    = 8 // chain length followed before giving up
 	defaultCacheEntries = 4096
 	maxCacheTTL         = time.Hour
 	maxNegativeTTL      = time.Minute
@@ -85,7 +86,7 @@ func NewDNSResolver(servers []string) (*DNSResolver, error) {
 			return nil, errors.New("/etc/resolv.conf lists no nameserver; give resolvers explicitly")
 		}
 	}
-	r := &DNSResolver{timeout: defaultQueryTimeout, cache: make(map[cacheKey]cacheEntry), inflight: make(map[cacheKey]*flight)}
+	r := &DNSResolver{timeout: QueryTimeout, cache: make(map[cacheKey]cacheEntry), inflight: make(map[cacheKey]*flight)}
 	for _, s := range servers {
 		ap, err := ParseServer(s)
 		if err != nil {

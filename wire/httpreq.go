@@ -221,7 +221,7 @@ const h2cPreface = "PRI * HTTP/2.0"
 // pieces, so b is HTTP unless it starts with a byte no method starts
 // with, its first token ends in anything but such whitespace (a CR not
 // before LF included), or
-// its whole first line names neither an HTTP version nor a target of
+// its whole first line names neither an HTTP (or RTSP) version nor a target of
 // HTTP/0.9 ("GET /x", "GET http://host/": no version, and a front that
 // still takes it routes by the absolute target's host). The h2c preface
 // is not HTTP/1: it is tunnelled, as through CONNECT. ended says no more
@@ -249,12 +249,18 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	if string(line) == h2cPreface {
 		return false, false
 	}
-	return bytes.Contains(bytes.ToUpper(line), []byte("HTTP/")) || http09Target(line[n:]), false
+	up := bytes.ToUpper(line)
+	// RTSP's version too: Node's parser (llhttp) takes "RTSP/1.0" in a
+	// request line as HTTP's, with any target, and routes by Host.
+	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || http09Target(line[n:]), false
 }
 
 // http09Target reports whether rest, the request line after its method,
-// starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI.
-// A bare CR ends the target too, as some servers end a line there.
+// starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI;
+// or is only an absolute URI of any scheme, which nginx takes as HTTP/0.9
+// and routes by its host ("GET x://other/"; with another word after it,
+// nginx refuses the line). A bare CR ends the target too, as some
+// servers end a line there.
 func http09Target(rest []byte) bool {
 	for len(rest) > 0 && lenientSpace(rest[0]) {
 		rest = rest[1:]
@@ -264,7 +270,29 @@ func http09Target(rest []byte) bool {
 		end++
 	}
 	t := bytes.ToLower(rest[:end])
-	return bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://"))
+	if bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://")) {
+		return true
+	}
+	after := rest[end:]
+	for len(after) > 0 && lenientSpace(after[0]) {
+		after = after[1:]
+	}
+	return absoluteURI(t) && (len(after) == 0 || after[0] == '\r')
+}
+
+// absoluteURI reports whether t starts with a scheme (RFC 3986: a letter,
+// then letters, digits, '+', '-' or '.') and "://", as nginx reads one.
+func absoluteURI(t []byte) bool {
+	scheme, _, ok := bytes.Cut(t, []byte("://"))
+	if !ok || len(scheme) == 0 || scheme[0] < 'a' || scheme[0] > 'z' {
+		return false
+	}
+	for _, c := range scheme {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 // lenientSpace reports the bytes, other than CR and LF, that some server

@@ -67,7 +67,12 @@ func TestClassifyHTTP(t *testing.T) {
 		{"SSH-2.0-OpenSSH_9.6p1 Debian-5\r\n", false, false, false},
 		{"SSH-2.0-OpenSSH_9.6p1 Debian-5", false, true, true},
 		{"get foo\r\n", false, false, false}, // memcached
-		{"OPTIONS rtsp://cam/ RTSP/1.0\r\n", false, false, false},
+		// Node's parser (llhttp) takes RTSP's version as HTTP's, with
+		// any target, and routes by Host.
+		{"OPTIONS rtsp://cam/ RTSP/1.0\r\n", false, true, false},
+		{"GET * RTSP/1.0\r\n", false, true, false},
+		{"DESCRIBE x://a/ rtsp/2.0\n", false, true, false},
+		{"INVITE sip:bob@example.com SIP/2.0\r\n", false, false, false},
 		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false, false, false}, // h2c: tunnelled
 		{"GETX:", false, false, false},
 		// HTTP/0.9 (no version): a lenient front takes it as a request,
@@ -77,6 +82,12 @@ func TestClassifyHTTP(t *testing.T) {
 		{"GET  //other.example.com/x\r\n", false, true, false},
 		{"GET /x\r\n", false, true, false},
 		{"GET http://other.example.com/\rHost: a\r\n", false, true, false},
+		// nginx takes any scheme in an HTTP/0.9 target and routes by its host.
+		{"GET x://other.example.com/\r\n", false, true, false},
+		{"GET X-y.z+1://other.example.com/\xa0\r\n", false, true, false},
+		{"GET x://other.example.com/\rHost: a\r\n", false, true, false},
+		{"GET x://other.example.com/ SIP/2.0", true, false, false}, // a version no HTTP server takes
+		{"GET 1x://other.example.com/\r\n", false, false, false},
 		{"GET /x", true, true, false},
 		{"get /key\r\n", false, true, false}, // a memcached key like a path: the forwarder's
 		// Whitespace Python's str.split knows (http.server splits on it).
