@@ -212,6 +212,9 @@ func ParseTransparentHead(raw []byte, host string, port uint16) (*Request, error
 // h2cPreface is the first line of HTTP/2 with prior knowledge.
 const h2cPreface = "PRI * HTTP/2.0"
 
+// proxyV2Signature starts a PROXY protocol v2 header.
+const proxyV2Signature = "\r\n\r\n\x00\r\nQUIT\n"
+
 // ClassifyHTTP says whether the first bytes a client sent to a
 // transparent address may be an HTTP/1 request, which the forwarder must
 // judge: false only once b shows it is not one, more while more bytes
@@ -228,6 +231,12 @@ const h2cPreface = "PRI * HTTP/2.0"
 // bytes will come: a bare token is then no request, and the line is
 // whole.
 func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
+	// A PROXY protocol header is judged as HTTP, and so refused: a front
+	// that takes one from its client reads the request after it, with any
+	// Host, and the address the header claims.
+	if n := min(len(b), len(proxyV2Signature)); string(b[:n]) == proxyV2Signature[:n] && n > 4 {
+		return true, n < len(proxyV2Signature) && !ended
+	}
 	for len(b) > 0 && (b[0] == '\r' || b[0] == '\n' || lenientSpace(b[0])) {
 		b = b[1:]
 	}
@@ -250,6 +259,9 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 		return false, false
 	}
 	up := bytes.ToUpper(line)
+	if bytes.HasPrefix(up, []byte("PROXY ")) { // PROXY protocol v1
+		return true, false
+	}
 	// RTSP's version too: Node's parser (llhttp) takes "RTSP/1.0" in a
 	// request line as HTTP's, with any target, and routes by Host.
 	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || http09Target(line[n:]), false

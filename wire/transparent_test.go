@@ -73,6 +73,14 @@ func TestClassifyHTTP(t *testing.T) {
 		{"GET * RTSP/1.0\r\n", false, true, false},
 		{"DESCRIBE x://a/ rtsp/2.0\n", false, true, false},
 		{"INVITE sip:bob@example.com SIP/2.0\r\n", false, false, false},
+		// PROXY protocol: a front that takes it from its client reads the
+		// request after it.
+		{"PROXY TCP4 10.0.0.1 10.0.0.2 1 80\r\nGET / HTTP/1.1\r\n", false, true, false},
+		{"PROXY UNKNOWN\r\n", false, true, false},
+		{"\r\n\r\n\x00\r\nQUIT\n\x21\x11\x00\x0c", false, true, false},
+		{"\r\n\r\n\x00\r\nQU", false, true, true},
+		{"\r\n\r\n\x00\r\nQU", true, true, false},
+		{"\r\n\r\n\x00\x00\x00\x08", false, false, false},         // blank lines, then not a request
 		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false, false, false}, // h2c: tunnelled
 		{"GETX:", false, false, false},
 		// HTTP/0.9 (no version): a lenient front takes it as a request,
