@@ -118,6 +118,8 @@ func (l *Ledger) Keep(s *record.Suppressed, ev *record.Event, fresh bool, from, 
 			host := clipName(r.Host, hostName)
 			e[19] = byte(len(host))
 			copy(e[24:24+hostName], host)
+			le.PutUint64(e, r.Requests) // over an earlier summary's, before the entry is in use
+			le.PutUint64(e[8:], r.WouldDeny)
 			le.PutUint32(m[pendingInUse+8:], uint32(c.reached+1))
 		}
 		for i := range c.reached {

@@ -111,3 +111,44 @@ func asJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// A reached target joins the copy with its counts, not an earlier
+// summary's: the copy names it only once they are written, so that a
+// process killed in between leaves no stale count under its name. The
+// Keep call below leaves what such a kill would (a target added to the
+// summary whose counts the copy has not been told of by its own
+// record); red when the entry was named before its counts were written:
+// b.test kept an earlier summary's 50 requests.
+func TestLedgerNamesAReachedTargetWithItsCounts(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Create(dir, "pr1", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Remove)
+	now := time.Now()
+	allowed := func(host string) *record.Event {
+		return &record.Event{Time: now, Host: host, Port: 443, Target: host + ":443", Decision: record.DecisionAllow, Reason: record.ReasonAllowed}
+	}
+	// An earlier summary: b.test second, with 50 requests; written.
+	s := &record.Suppressed{Records: 51, ByReason: map[record.Reason]uint64{record.ReasonAllowed: 51}, Refused: map[string]uint64{},
+		Reached: []record.ReachedTarget{{Host: "a.test", Port: 443, Requests: 1}}}
+	l.Keep(s, allowed("a.test"), true, now, now)
+	s.Reached = append(s.Reached, record.ReachedTarget{Host: "b.test", Port: 443, Requests: 50})
+	l.Keep(s, allowed("b.test"), false, now, now)
+	l.Drop()
+	// The next: a.test, then c.test added as a kill would leave it.
+	s = &record.Suppressed{Records: 1, ByReason: map[record.Reason]uint64{record.ReasonAllowed: 1}, Refused: map[string]uint64{},
+		Reached: []record.ReachedTarget{{Host: "a.test", Port: 443, Requests: 1}}}
+	l.Keep(s, allowed("a.test"), true, now, now)
+	s.Reached = append(s.Reached, record.ReachedTarget{Host: "c.test", Port: 443, Requests: 1})
+	s.Records, s.ByReason[record.ReasonAllowed], s.Reached[0].Requests = 3, 3, 2
+	l.Keep(s, allowed("a.test"), false, now, now)
+	sum := readPending(l.mem[l.pendingAt:], 1)
+	if sum == nil || len(sum.Suppressed.Reached) != 2 {
+		t.Fatalf("the copy: %+v", sum)
+	}
+	if r := sum.Suppressed.Reached[1]; r.Host != "c.test" || r.Requests != 1 {
+		t.Errorf("the copy names %s with %d requests; want c.test with 1", r.Host, r.Requests)
+	}
+}

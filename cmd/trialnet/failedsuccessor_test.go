@@ -75,7 +75,12 @@ func ledgerInUse(stateDir, id string, pid int) bool {
 		return false
 	}
 	const header, slot = 64, 2048 // package ledger's layout
-	for off := header; off+slot <= len(b); off += slot {
+	if len(b) < header {
+		return false
+	}
+	// The slots, not the pending summary's copy after them.
+	end := header + int(min(binary.LittleEndian.Uint64(b[24:]), uint64((len(b)-header)/slot)))*slot
+	for off := header; off+slot <= end; off += slot {
 		if binary.LittleEndian.Uint32(b[off:]) == 1 {
 			return true
 		}
