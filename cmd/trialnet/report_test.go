@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -1029,5 +1031,67 @@ func TestPrivilegedRunConfigOutOfTheTrialsReach(t *testing.T) {
 	}
 	if _, err := os.Stat(ran); err != nil {
 		t.Fatalf("the Trial did not run with root's config: %v", err)
+	}
+}
+
+// run --config FILE that another user of the host (not the Trial's)
+// could change is refused too, as agent --config refuses it: that user
+// would have root's embedded agent take their allowlist, learn: true and
+// paths root then makes (an attacker's review: uid 65534's file in its
+// /tmp directory, root's run --uid 2001 became a learning Trial and root
+// made the state directory it named). The file of the user who ran sudo
+// (SUDO_UID), in their directory, is theirs to give. Seen red with
+// callersConfig's call taken out of run: the three refused ones ran CMD.
+func TestPrivilegedRunConfigOnlyRootsOrTheCallers(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	shared := privtest.SharedDir(t, "config-")
+	sock := filepath.Join(t.TempDir(), "no-agent.sock")
+	const other = 65533 // a host user, not the Trial's 65534
+	theirs, roots, trials := filepath.Join(shared, "theirs"), filepath.Join(shared, "roots"), filepath.Join(shared, "trial")
+	for _, d := range []string{theirs, roots, trials} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := errors.Join(os.Chown(theirs, other, other), os.Chown(trials, 65534, 65534)); err != nil {
+		t.Fatal(err)
+	}
+	ran := filepath.Join(trials, "ran")
+	write := func(path string, owner int) string {
+		err := os.WriteFile(path, []byte("profiles:\n  p:\n    - api.example.com:443\n"), 0o644)
+		if err == nil {
+			err = os.Chown(path, owner, owner)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	runWith := func(config string) (int, string) {
+		code, _, errOut := trialnet("run", "--socket", sock, "--uid", "65534", "--gid", "65534", "--config", config, "--profile", "p",
+			"--", "sh", "-c", "touch "+ran)
+		return code, errOut
+	}
+	t.Setenv("SUDO_UID", "")
+	for _, c := range []struct{ config, why string }{
+		{write(filepath.Join(theirs, "own.yaml"), other), "owned by uid 65533"},
+		{write(filepath.Join(theirs, "roots.yaml"), 0), "owned by uid 65533"},
+		{write(filepath.Join(roots, "theirs.yaml"), other), "uid 65533's"},
+	} {
+		code, errOut := runWith(c.config)
+		if code != exitUsage || !strings.Contains(errOut, "someone but root could") || !strings.Contains(errOut, c.why) {
+			t.Errorf("--config %s: exit %d, want %d and %q\n%s", c.config, code, exitUsage, c.why, errOut)
+		}
+		if _, err := os.Stat(ran); err == nil {
+			t.Fatalf("--config %s: the Trial ran", c.config)
+		}
+	}
+	t.Setenv("SUDO_UID", strconv.Itoa(other))
+	if code, errOut := runWith(filepath.Join(theirs, "own.yaml")); code != exitOK {
+		t.Fatalf("--config of the user who ran sudo: exit %d\n%s", code, errOut)
+	}
+	if _, err := os.Stat(ran); err != nil {
+		t.Fatalf("the Trial did not run with its caller's config: %v", err)
 	}
 }

@@ -213,6 +213,9 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 		return c, c.Release, exitOK, nil
 	}
 	real, err := configOutOfReach(f.cf.path, uid, gid)
+	if err == nil && f.cf.path != "" {
+		real, err = callersConfig(f.cf.path)
+	}
 	if err != nil {
 		return nil, nil, exitUsage, err
 	}
@@ -260,6 +263,26 @@ func configOutOfReach(path string, uid, gid uint32) (string, error) {
 		return "", usageError{fmt.Sprintf("run --config %s: the Trial (uid %d) could change this file, and with it the allowlist and paths of every later run that reads it: %v; "+
 			"put it where only root can write (sudo install -m 0644 %s /etc/trialnet/trialnet.yaml) and pass that, or run the Trial as a dedicated --uid and --gid",
 			path, uid, err, path)}
+	}
+	return real, nil
+}
+
+// callersConfig refuses a --config file that someone but root, or the
+// user who ran sudo, could change: out of the Trial's reach is not
+// enough, since another user of the host (a colleague, a service
+// account, whoever made /tmp/x first) who could rewrite it would have
+// root's embedded agent take their allowlist, learn: true, and paths
+// that root then makes and writes. It returns the file's real path.
+func callersConfig(path string) (string, error) {
+	var owner uint32
+	if os.Geteuid() == 0 {
+		if n, err := strconv.ParseUint(os.Getenv("SUDO_UID"), 10, 32); err == nil {
+			owner = uint32(n)
+		}
+	}
+	real, err := trustedConfig(path, owner)
+	if err != nil {
+		return "", usageError{fmt.Sprintf("run --config %s: %v", path, err)}
 	}
 	return real, nil
 }
