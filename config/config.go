@@ -6,6 +6,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -208,6 +209,17 @@ func ParseFile(data []byte) (*File, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(f); err != nil && !errors.Is(err, io.EOF) /* empty file: empty configuration */ {
 		return nil, err
+	}
+	// The decoder reads one document: a second one after "---" (limits,
+	// upstream_proxy or host_addresses appended to a file) would be
+	// dropped without a word, and the agent run without what it says.
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		line := 0
+		if err == nil {
+			line = more.Line
+		}
+		return nil, fmt.Errorf("line %d: a second YAML document (after ---), which trialnet would not read: put everything in one document (%v)", line, cmp.Or(err, errors.New("remove the --- line")))
 	}
 	if err := f.validate(); err != nil {
 		return nil, err
