@@ -1095,3 +1095,59 @@ func TestPrivilegedRunConfigOnlyRootsOrTheCallers(t *testing.T) {
 		t.Fatalf("the Trial did not run with its caller's config: %v", err)
 	}
 }
+
+// --report FILE, --report-dir DIR and --report-fd N on a file, where a
+// user of the host who is not the Trial's owns the directory: refused
+// before anything runs or is made, as that user could move the report
+// once verify has read it and put theirs at its name for the harness to
+// read (an attacker's review: uid 65534's /tmp/atkrep, root's run --uid
+// 2001 --report in it, verify passed, then uid 65534 swapped in a forged
+// verdict). The directory of the user who ran sudo (SUDO_UID) is theirs
+// to give. Seen red with OthersOutOfReach's calls taken out: each run
+// went ahead (exit 0) and wrote its report in the other user's directory.
+func TestPrivilegedReportOutOfOtherUsersReach(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	const other = 65533 // a host user, not the Trial's 65534
+	theirs := filepath.Join(privtest.SharedDir(t, "others-"), "theirs")
+	if err := os.Mkdir(theirs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, other, other); err != nil {
+		t.Fatal(err)
+	}
+	fdFile := filepath.Join(theirs, "fd.json")
+	if err := os.WriteFile(fdFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(fdFile, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	run := func(args ...string) (int, string) {
+		code, _, errOut := trialnet(append(append([]string{"run", "--uid", "65534", "--gid", "65534", "--id", "others"}, args...), "--", "true")...)
+		return code, errOut
+	}
+	t.Setenv("SUDO_UID", "")
+	for _, args := range [][]string{
+		{"--report", filepath.Join(theirs, "r.json")},
+		{"--report-dir", filepath.Join(theirs, "reports")},
+		{"--report-fd", strconv.Itoa(int(f.Fd()))},
+	} {
+		code, errOut := run(args...)
+		if code != exitUsage || !strings.Contains(errOut, "another user of this host") || !strings.Contains(errOut, "uid 65533") {
+			t.Errorf("%v: exit %d, want %d, refused as in another user's reach\n%s", args, code, exitUsage, errOut)
+		}
+	}
+	if names, _ := os.ReadDir(theirs); len(names) != 1 {
+		t.Errorf("a refused run left %v in the other user's directory", names)
+	}
+	if b, _ := os.ReadFile(fdFile); len(b) != 0 {
+		t.Errorf("a refused run wrote the report to its descriptor: %q", b)
+	}
+	t.Setenv("SUDO_UID", strconv.Itoa(other))
+	if code, errOut := run("--report", filepath.Join(theirs, "r.json")); code != exitOK {
+		t.Fatalf("--report in the directory of the user who ran sudo: exit %d\n%s", code, errOut)
+	}
+}

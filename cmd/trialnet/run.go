@@ -274,17 +274,30 @@ func configOutOfReach(path string, uid, gid uint32) (string, error) {
 // root's embedded agent take their allowlist, learn: true, and paths
 // that root then makes and writes. It returns the file's real path.
 func callersConfig(path string) (string, error) {
-	var owner uint32
-	if os.Geteuid() == 0 {
-		if n, err := strconv.ParseUint(os.Getenv("SUDO_UID"), 10, 32); err == nil {
-			owner = uint32(n)
-		}
-	}
+	owner, _ := sudoCaller()
 	real, err := trustedConfig(path, owner)
 	if err != nil {
 		return "", usageError{fmt.Sprintf("run --config %s: %v", path, err)}
 	}
 	return real, nil
+}
+
+// sudoCaller is the user who ran trialnet under sudo (SUDO_UID and
+// SUDO_GID), whose files root reads and writes for them; 0 and 0 (root
+// alone) when trialnet does not run as root through sudo.
+func sudoCaller() (uid, gid uint32) {
+	if os.Geteuid() != 0 {
+		return 0, 0
+	}
+	u, uerr := strconv.ParseUint(os.Getenv("SUDO_UID"), 10, 32)
+	g, gerr := strconv.ParseUint(os.Getenv("SUDO_GID"), 10, 32)
+	if uerr != nil {
+		return 0, 0
+	}
+	if gerr != nil {
+		g = 0
+	}
+	return uint32(u), uint32(g)
 }
 
 // followConfigLinks follows the links at path's last name, each checked
