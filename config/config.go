@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -253,6 +254,15 @@ func (f *File) validate() error {
 			return fmt.Errorf("profile %q: %w", name, err)
 		}
 		f.Profiles[name] = p
+	}
+	for _, p := range []struct{ key, path string }{{"socket", f.Paths.Socket}, {"state_dir", f.Paths.StateDir}, {"data_dir", f.Paths.DataDir},
+		{"pin_dir", f.Paths.PinDir}, {"netns_dir", f.Paths.NetnsDir}, {"cgroup_parent", f.Paths.CgroupParent}} {
+		// Relative, it would be resolved against the working directory of
+		// whoever starts trialnet: a project a Trial can write, where root
+		// would then make and read its state.
+		if p.path != "" && !filepath.IsAbs(p.path) {
+			return fmt.Errorf("paths: %s: %q is a relative path, which trialnet would resolve against the directory it is started in; give an absolute path", p.key, p.path)
+		}
 	}
 	for _, s := range f.Resolvers {
 		if _, err := resolve.ParseServer(s); err != nil {
