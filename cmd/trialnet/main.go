@@ -193,6 +193,9 @@ func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("uninstall --config %s: %w", *configPath, err))
 		}
 		f, err := config.LoadFile(real)
+		if err == nil {
+			err = pathsRootsAlone(f)
+		}
 		if err != nil {
 			return cli.Fail(stdout, stderr, false, exitUsage, err)
 		}

@@ -1151,3 +1151,40 @@ func TestPrivilegedReportOutOfOtherUsersReach(t *testing.T) {
 		t.Fatalf("--report in the directory of the user who ran sudo: exit %d\n%s", code, errOut)
 	}
 }
+
+// A config's paths: that lead into a directory another user owns (or may
+// write) are refused by run, agent and uninstall before anything is made
+// or removed there: root makes its state, namespaces and sockets at
+// those paths, and that user could put a link or a directory of their
+// own in their place. Seen red with pathsRootsAlone returning nil: run
+// made state-ephemeral in uid 65533's directory, and uninstall went on.
+func TestPrivilegedConfigPathsRootsAlone(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	shared := privtest.SharedDir(t, "paths-")
+	theirs := filepath.Join(shared, "theirs")
+	if err := os.Mkdir(theirs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, 65533, 65533); err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(shared, "trialnet.yaml")
+	body := fmt.Sprintf("profiles:\n  p: [api.example.com:443]\npaths:\n  state_dir: %s/state\n", theirs)
+	if err := os.WriteFile(config, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "no-agent.sock")
+	for _, args := range [][]string{
+		{"run", "--socket", sock, "--uid", "65534", "--gid", "65534", "--config", config, "--profile", "p", "--", "true"},
+		{"uninstall", "--config", config},
+	} {
+		code, _, errOut := trialnet(args...)
+		if code != exitUsage || !strings.Contains(errOut, "state_dir") || !strings.Contains(errOut, "owned by uid 65533") {
+			t.Errorf("%v: exit %d, want %d, the state directory refused\n%s", args[0], code, exitUsage, errOut)
+		}
+	}
+	if names, _ := os.ReadDir(theirs); len(names) != 0 {
+		t.Errorf("root made %v in uid 65533's directory", names)
+	}
+}

@@ -223,6 +223,9 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 		f.cf.path = real // read what was checked
 	}
 	file, cidrs, err := f.cf.load()
+	if err == nil {
+		err = pathsRootsAlone(file)
+	}
 	if err != nil {
 		return nil, nil, exitUsage, err
 	}
