@@ -6,11 +6,13 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -209,6 +211,17 @@ func ParseFile(data []byte) (*File, error) {
 	if err := dec.Decode(f); err != nil && !errors.Is(err, io.EOF) /* empty file: empty configuration */ {
 		return nil, err
 	}
+	// The decoder reads one document: a second one after "---" (limits,
+	// upstream_proxy or host_addresses appended to a file) would be
+	// dropped without a word, and the agent run without what it says.
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		line := 0
+		if err == nil {
+			line = more.Line
+		}
+		return nil, fmt.Errorf("line %d: a second YAML document (after ---), which trialnet would not read: put everything in one document (%v)", line, cmp.Or(err, errors.New("remove the --- line")))
+	}
 	if err := f.validate(); err != nil {
 		return nil, err
 	}
@@ -241,6 +254,15 @@ func (f *File) validate() error {
 			return fmt.Errorf("profile %q: %w", name, err)
 		}
 		f.Profiles[name] = p
+	}
+	for _, p := range []struct{ key, path string }{{"socket", f.Paths.Socket}, {"state_dir", f.Paths.StateDir}, {"data_dir", f.Paths.DataDir},
+		{"pin_dir", f.Paths.PinDir}, {"netns_dir", f.Paths.NetnsDir}, {"cgroup_parent", f.Paths.CgroupParent}} {
+		// Relative, it would be resolved against the working directory of
+		// whoever starts trialnet: a project a Trial can write, where root
+		// would then make and read its state.
+		if p.path != "" && !filepath.IsAbs(p.path) {
+			return fmt.Errorf("paths: %s: %q is a relative path, which trialnet would resolve against the directory it is started in; give an absolute path", p.key, p.path)
+		}
 	}
 	for _, s := range f.Resolvers {
 		if _, err := resolve.ParseServer(s); err != nil {

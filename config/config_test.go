@@ -47,6 +47,12 @@ func TestParseFileRefusals(t *testing.T) {
 		"negative prepared":   "prepared: -1\n",
 		"too many prepared":   "prepared: 17\n",
 		"not yaml":            "profiles: [\n",
+		// Read by no one: the agent ran without what it says.
+		"second document":     "profiles:\n  x: [a.example.com:443]\n---\nlimits: {max_tunnels: 4}\n",
+		"bad second document": "profiles:\n  x: [a.example.com:443]\n---\nlimits: [\n",
+		// Resolved against whatever directory trialnet starts in.
+		"relative state_dir": "paths: {state_dir: state}\n",
+		"relative socket":    "paths: {socket: ./agent.sock}\n",
 	} {
 		if _, err := ParseFile([]byte(doc)); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
 )
 
 // Writer writes decision records as JSON lines, each in one write call
@@ -79,11 +80,19 @@ func ReadFile(path string) ([]Event, error) { return ReadFilePrefix(path, -1) }
 // of it): the records another process had written by a moment it knows
 // the file's size at.
 func ReadFilePrefix(path string, n int64) ([]Event, error) {
-	f, err := os.Open(path)
+	// Without blocking, and a regular file only: audit --from reads a
+	// path it is given, and a FIFO there would hang it, /dev/zero fill
+	// its memory.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("decision log %s is not a regular file (%v): give the decisions.jsonl file itself", path, fi.Mode().Type())
+	}
 	var r io.Reader = f
 	if n >= 0 {
 		r = io.LimitReader(f, n)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -67,5 +69,21 @@ func TestWriterTornRecordLosesOnlyItself(t *testing.T) {
 	}
 	if got := w.Unwritten(); got != 2 {
 		t.Fatalf("%d records counted unwritten, want 2", got)
+	}
+}
+
+// ReadFile (audit --from) reads regular files only: a FIFO at the path it
+// is given would hang it, and /dev/zero fill its memory. Seen red with
+// the mode check taken out: the FIFO's read blocked the test.
+func TestReadFileRegularOnly(t *testing.T) {
+	dir := t.TempDir()
+	fifo, zero := filepath.Join(dir, "fifo"), filepath.Join(dir, "zero")
+	if err := errors.Join(syscall.Mkfifo(fifo, 0o600), os.Symlink("/dev/zero", zero)); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{fifo, zero} {
+		if recs, err := ReadFile(p); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("ReadFile(%s) = %d records, %v: want it refused as not a regular file", p, len(recs), err)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -91,6 +92,9 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		cf.path = real
 	}
 	file, cidrs, err := cf.load()
+	if err == nil {
+		err = pathsRootsAlone(file)
+	}
 	if err != nil {
 		return cli.Fail(stdout, stderr, false, exitUsage, err)
 	}
@@ -185,6 +189,26 @@ func cmdKeeper(ctx context.Context, args []string, stdout, stderr io.Writer) int
 func hostConfig(file *config.File) agent.Config {
 	return agent.Config{PinDir: file.Paths.PinDir, NetnsDir: file.Paths.NetnsDir, Parent: file.Paths.CgroupParent,
 		StateDir: or(file.Paths.StateDir, agent.DefaultStateDir)}
+}
+
+// pathsRootsAlone refuses a config whose paths: lead through, or are,
+// a directory anyone but root owns or may write (sticky ones above
+// excepted, as for a report): root makes, writes, mounts and removes
+// there, and such a user could put a link or their own directory in
+// its place (a state directory of records the agent then acts on).
+func pathsRootsAlone(file *config.File) error {
+	p := file.Paths
+	for _, c := range []struct{ key, path string }{{"socket", filepath.Dir(p.Socket)}, {"state_dir", p.StateDir}, {"data_dir", p.DataDir},
+		{"pin_dir", p.PinDir}, {"netns_dir", p.NetnsDir}, {"cgroup_parent", p.CgroupParent}} {
+		if c.path == "" || c.path == "." {
+			continue
+		}
+		// The directory itself judged as the one a file is made in.
+		if err := rootdir.OthersOutOfReach(c.path+"/_", 0, 0); err != nil {
+			return usageError{fmt.Sprintf("config paths: %s %s: %v: root makes and writes there; give a directory only root can change", c.key, c.path, err)}
+		}
+	}
+	return nil
 }
 
 func or(a, b string) string {

@@ -193,6 +193,9 @@ func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return cli.Fail(stdout, stderr, false, exitUsage, fmt.Errorf("uninstall --config %s: %w", *configPath, err))
 		}
 		f, err := config.LoadFile(real)
+		if err == nil {
+			err = pathsRootsAlone(f)
+		}
 		if err != nil {
 			return cli.Fail(stdout, stderr, false, exitUsage, err)
 		}
@@ -214,29 +217,39 @@ func cmdUninstall(ctx context.Context, args []string, stdout, stderr io.Writer) 
 // followed only if root's, and to a path checked in turn, since one
 // someone else owns (in /tmp, say) could lead elsewhere once checked,
 // when the file is read or the agent's SIGHUP reads it again.
-func rootsConfig(path string) (string, error) {
+func rootsConfig(path string) (string, error) { return trustedConfig(path, 0) }
+
+// trustedConfig is rootsConfig where the word of owner, a uid besides
+// root, is good too (0: root's alone): run's caller under sudo, whose
+// own files root reads for it.
+func trustedConfig(path string, owner uint32) (string, error) {
+	who, keep := "root", "keep it root's (sudo install -D -m 0644 FILE /etc/trialnet/trialnet.yaml)"
+	if owner != 0 {
+		who = fmt.Sprintf("root or uid %d (who ran sudo)", owner)
+		keep = fmt.Sprintf("keep it and its directories %s's alone, or install it as root's (sudo install -D -m 0644 FILE /etc/trialnet/trialnet.yaml)", who)
+	}
 	// Not cleaned: TrustedPath takes "link/.." as the kernel does.
 	next, err := rootdir.Unclean(path)
 	if err != nil {
 		return "", err
 	}
 	for links := 0; ; links++ {
-		real, err := rootdir.TrustedPath(next, 0)
+		real, err := rootdir.TrustedPath(next, owner)
 		if err != nil {
-			return "", fmt.Errorf("someone but root could change what it names: %w; keep it root's (sudo install -D -m 0644 FILE /etc/trialnet/trialnet.yaml)", err)
+			return "", fmt.Errorf("someone but %s could change what it names: %w; %s", who, err, keep)
 		}
 		var st unix.Stat_t
 		if err := unix.Lstat(real, &st); err != nil {
 			return "", err
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
-			if st.Uid != 0 || st.Mode&0o022 != 0 {
-				return "", fmt.Errorf("it is uid %d's with mode %04o: someone but root could have written it (its paths, which trialnet makes, writes and removes as root, and its policy); keep it root's and not writable by others (sudo chown root: %s; sudo chmod go-w %s)", st.Uid, st.Mode&0o7777, real, real)
+			if (st.Uid != 0 && st.Uid != owner) || st.Mode&0o022 != 0 {
+				return "", fmt.Errorf("it is uid %d's with mode %04o: someone but %s could have written it (its paths, which trialnet makes, writes and removes as root, and its policy); %s and not writable by others (sudo chmod go-w %s)", st.Uid, st.Mode&0o7777, who, keep, real)
 			}
 			return real, nil
 		}
-		if st.Uid != 0 {
-			return "", fmt.Errorf("%s is a link owned by uid %d, not root: its owner can point it at another file once it is checked; pass the path of the file it leads to instead (readlink -f %s shows it)", real, st.Uid, path)
+		if st.Uid != 0 && st.Uid != owner {
+			return "", fmt.Errorf("%s is a link owned by uid %d, not %s: its owner can point it at another file once it is checked; pass the path of the file it leads to instead (readlink -f %s shows it)", real, st.Uid, who, path)
 		}
 		if links >= maxConfigLinks {
 			return "", fmt.Errorf("%s: more than %d links on the way (a loop of links?): name the file itself", real, maxConfigLinks)

@@ -50,7 +50,7 @@ const suggestedReportDir = "/var/lib/trialnet/reports"
 
 // reportSafely is what a refusal of a report's place suggests instead.
 const reportSafely = "use --report-dir " + suggestedReportDir + " (root's; the report is DIR/ID.json, its path printed when the run starts), " +
-	"--report FILE in a directory only root or another user can write, or --report-fd 3 on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)"
+	"--report FILE in a directory only root or you can write, or --report-fd 3 on a pipe the harness reads (trialnet run --report-fd 3 ... 3>&1 1>&2 | harness)"
 
 // openReport checks the report flags before anything runs, and where
 // the report goes against the Trial's uid and gid before it makes or
@@ -98,6 +98,10 @@ func openReport(path, dir string, fd int, id string, uid, gid uint32) (*reportSi
 func checkReportPath(path string, uid, gid uint32) error {
 	if err := rootdir.OutOfReach(path, uid, gid); err != nil {
 		return usageError{fmt.Sprintf("run: the report %s could be swapped by the Trial, and a harness would read another run's: %v; %s", path, err, reportSafely)}
+	}
+	cu, cg := sudoCaller()
+	if err := rootdir.OthersOutOfReach(path, cu, cg); err != nil {
+		return usageError{fmt.Sprintf("run: the report %s could be swapped by another user of this host once verify has read it, and a harness would read theirs: %v; %s", path, err, reportSafely)}
 	}
 	return nil
 }
@@ -187,6 +191,10 @@ func openReportFd(fd int, uid, gid uint32) (*reportSink, error) {
 		}
 		if err != nil {
 			return nil, usageError{fmt.Sprintf("run: --report-fd %d is open on %s, which the Trial could replace: %v; %s", fd, p, err, reportSafely)}
+		}
+		cu, cg := sudoCaller()
+		if err := rootdir.FileOthersOutOfReach(p, cu, cg); err != nil {
+			return nil, usageError{fmt.Sprintf("run: --report-fd %d is open on %s, which another user of this host could change once verify has read it: %v; %s", fd, p, err, reportSafely)}
 		}
 		r.fdPath, r.fdID = p, rootdir.FileID{Dev: st.Dev, Ino: st.Ino}
 	}

@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -1029,5 +1031,160 @@ func TestPrivilegedRunConfigOutOfTheTrialsReach(t *testing.T) {
 	}
 	if _, err := os.Stat(ran); err != nil {
 		t.Fatalf("the Trial did not run with root's config: %v", err)
+	}
+}
+
+// run --config FILE that another user of the host (not the Trial's)
+// could change is refused too, as agent --config refuses it: that user
+// would have root's embedded agent take their allowlist, learn: true and
+// paths root then makes (an attacker's review: uid 65534's file in its
+// /tmp directory, root's run --uid 2001 became a learning Trial and root
+// made the state directory it named). The file of the user who ran sudo
+// (SUDO_UID), in their directory, is theirs to give. Seen red with
+// callersConfig's call taken out of run: the three refused ones ran CMD.
+func TestPrivilegedRunConfigOnlyRootsOrTheCallers(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	shared := privtest.SharedDir(t, "config-")
+	sock := filepath.Join(t.TempDir(), "no-agent.sock")
+	const other = 65533 // a host user, not the Trial's 65534
+	theirs, roots, trials := filepath.Join(shared, "theirs"), filepath.Join(shared, "roots"), filepath.Join(shared, "trial")
+	for _, d := range []string{theirs, roots, trials} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := errors.Join(os.Chown(theirs, other, other), os.Chown(trials, 65534, 65534)); err != nil {
+		t.Fatal(err)
+	}
+	ran := filepath.Join(trials, "ran")
+	write := func(path string, owner int) string {
+		err := os.WriteFile(path, []byte("profiles:\n  p:\n    - api.example.com:443\n"), 0o644)
+		if err == nil {
+			err = os.Chown(path, owner, owner)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	runWith := func(config string) (int, string) {
+		code, _, errOut := trialnet("run", "--socket", sock, "--uid", "65534", "--gid", "65534", "--config", config, "--profile", "p",
+			"--", "sh", "-c", "touch "+ran)
+		return code, errOut
+	}
+	t.Setenv("SUDO_UID", "")
+	for _, c := range []struct{ config, why string }{
+		{write(filepath.Join(theirs, "own.yaml"), other), "owned by uid 65533"},
+		{write(filepath.Join(theirs, "roots.yaml"), 0), "owned by uid 65533"},
+		{write(filepath.Join(roots, "theirs.yaml"), other), "uid 65533's"},
+	} {
+		code, errOut := runWith(c.config)
+		if code != exitUsage || !strings.Contains(errOut, "someone but root could") || !strings.Contains(errOut, c.why) {
+			t.Errorf("--config %s: exit %d, want %d and %q\n%s", c.config, code, exitUsage, c.why, errOut)
+		}
+		if _, err := os.Stat(ran); err == nil {
+			t.Fatalf("--config %s: the Trial ran", c.config)
+		}
+	}
+	t.Setenv("SUDO_UID", strconv.Itoa(other))
+	if code, errOut := runWith(filepath.Join(theirs, "own.yaml")); code != exitOK {
+		t.Fatalf("--config of the user who ran sudo: exit %d\n%s", code, errOut)
+	}
+	if _, err := os.Stat(ran); err != nil {
+		t.Fatalf("the Trial did not run with its caller's config: %v", err)
+	}
+}
+
+// --report FILE, --report-dir DIR and --report-fd N on a file, where a
+// user of the host who is not the Trial's owns the directory: refused
+// before anything runs or is made, as that user could move the report
+// once verify has read it and put theirs at its name for the harness to
+// read (an attacker's review: uid 65534's /tmp/atkrep, root's run --uid
+// 2001 --report in it, verify passed, then uid 65534 swapped in a forged
+// verdict). The directory of the user who ran sudo (SUDO_UID) is theirs
+// to give. Seen red with OthersOutOfReach's calls taken out: each run
+// went ahead (exit 0) and wrote its report in the other user's directory.
+func TestPrivilegedReportOutOfOtherUsersReach(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	const other = 65533 // a host user, not the Trial's 65534
+	theirs := filepath.Join(privtest.SharedDir(t, "others-"), "theirs")
+	if err := os.Mkdir(theirs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, other, other); err != nil {
+		t.Fatal(err)
+	}
+	fdFile := filepath.Join(theirs, "fd.json")
+	if err := os.WriteFile(fdFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(fdFile, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	run := func(args ...string) (int, string) {
+		code, _, errOut := trialnet(append(append([]string{"run", "--uid", "65534", "--gid", "65534", "--id", "others"}, args...), "--", "true")...)
+		return code, errOut
+	}
+	t.Setenv("SUDO_UID", "")
+	for _, args := range [][]string{
+		{"--report", filepath.Join(theirs, "r.json")},
+		{"--report-dir", filepath.Join(theirs, "reports")},
+		{"--report-fd", strconv.Itoa(int(f.Fd()))},
+	} {
+		code, errOut := run(args...)
+		if code != exitUsage || !strings.Contains(errOut, "another user of this host") || !strings.Contains(errOut, "uid 65533") {
+			t.Errorf("%v: exit %d, want %d, refused as in another user's reach\n%s", args, code, exitUsage, errOut)
+		}
+	}
+	if names, _ := os.ReadDir(theirs); len(names) != 1 {
+		t.Errorf("a refused run left %v in the other user's directory", names)
+	}
+	if b, _ := os.ReadFile(fdFile); len(b) != 0 {
+		t.Errorf("a refused run wrote the report to its descriptor: %q", b)
+	}
+	t.Setenv("SUDO_UID", strconv.Itoa(other))
+	if code, errOut := run("--report", filepath.Join(theirs, "r.json")); code != exitOK {
+		t.Fatalf("--report in the directory of the user who ran sudo: exit %d\n%s", code, errOut)
+	}
+}
+
+// A config's paths: that lead into a directory another user owns (or may
+// write) are refused by run, agent and uninstall before anything is made
+// or removed there: root makes its state, namespaces and sockets at
+// those paths, and that user could put a link or a directory of their
+// own in their place. Seen red with pathsRootsAlone returning nil: run
+// made state-ephemeral in uid 65533's directory, and uninstall went on.
+func TestPrivilegedConfigPathsRootsAlone(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	shared := privtest.SharedDir(t, "paths-")
+	theirs := filepath.Join(shared, "theirs")
+	if err := os.Mkdir(theirs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, 65533, 65533); err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(shared, "trialnet.yaml")
+	body := fmt.Sprintf("profiles:\n  p: [api.example.com:443]\npaths:\n  state_dir: %s/state\n", theirs)
+	if err := os.WriteFile(config, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "no-agent.sock")
+	for _, args := range [][]string{
+		{"run", "--socket", sock, "--uid", "65534", "--gid", "65534", "--config", config, "--profile", "p", "--", "true"},
+		{"uninstall", "--config", config},
+	} {
+		code, _, errOut := trialnet(args...)
+		if code != exitUsage || !strings.Contains(errOut, "state_dir") || !strings.Contains(errOut, "owned by uid 65533") {
+			t.Errorf("%v: exit %d, want %d, the state directory refused\n%s", args[0], code, exitUsage, errOut)
+		}
+	}
+	if names, _ := os.ReadDir(theirs); len(names) != 0 {
+		t.Errorf("root made %v in uid 65533's directory", names)
 	}
 }

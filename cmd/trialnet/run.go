@@ -215,6 +215,9 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 		return c, nil, c.Release, exitOK, nil
 	}
 	real, err := configOutOfReach(f.cf.path, uid, gid)
+	if err == nil && f.cf.path != "" {
+		real, err = callersConfig(f.cf.path)
+	}
 	if err != nil {
 		return nil, nil, nil, exitUsage, err
 	}
@@ -222,6 +225,9 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 		f.cf.path = real // read what was checked
 	}
 	file, cidrs, err := f.cf.load()
+	if err == nil {
+		err = pathsRootsAlone(file)
+	}
 	if err != nil {
 		return nil, nil, nil, exitUsage, err
 	}
@@ -278,6 +284,39 @@ func configOutOfReach(path string, uid, gid uint32) (string, error) {
 			path, uid, err, path)}
 	}
 	return real, nil
+}
+
+// callersConfig refuses a --config file that someone but root, or the
+// user who ran sudo, could change: out of the Trial's reach is not
+// enough, since another user of the host (a colleague, a service
+// account, whoever made /tmp/x first) who could rewrite it would have
+// root's embedded agent take their allowlist, learn: true, and paths
+// that root then makes and writes. It returns the file's real path.
+func callersConfig(path string) (string, error) {
+	owner, _ := sudoCaller()
+	real, err := trustedConfig(path, owner)
+	if err != nil {
+		return "", usageError{fmt.Sprintf("run --config %s: %v", path, err)}
+	}
+	return real, nil
+}
+
+// sudoCaller is the user who ran trialnet under sudo (SUDO_UID and
+// SUDO_GID), whose files root reads and writes for them; 0 and 0 (root
+// alone) when trialnet does not run as root through sudo.
+func sudoCaller() (uid, gid uint32) {
+	if os.Geteuid() != 0 {
+		return 0, 0
+	}
+	u, uerr := strconv.ParseUint(os.Getenv("SUDO_UID"), 10, 32)
+	g, gerr := strconv.ParseUint(os.Getenv("SUDO_GID"), 10, 32)
+	if uerr != nil {
+		return 0, 0
+	}
+	if gerr != nil {
+		g = 0
+	}
+	return uint32(u), uint32(g)
 }
 
 // followConfigLinks follows the links at path's last name, each checked

@@ -1,0 +1,191 @@
+//go:build linux
+
+package rootdir
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrOthersReach is wrapped by OthersOutOfReach's refusals.
+var ErrOthersReach = errors.New("in reach of another user of this host")
+
+// OthersOutOfReach is OutOfReach for everyone but root and the caller
+// (uid and gid; 0 and 0: root alone): a user of the host who is not the
+// Trial's, who owns or may write a directory on the way, may move the
+// file root writes there and put their own at its name once it has been
+// verified, before a harness reads it. Every directory the kernel
+// crosses is checked, as OutOfReach checks them: owned by root or uid,
+// on no FUSE, writable by no one else (mode bits, the group only when it
+// is gid or one this process holds, and the access ACL), but for sticky
+// ones above the file's own, where each entry on the way must be root's
+// or uid's. The file itself is not judged (OutOfReach does), and
+// directories missing on the way are root's to make.
+func OthersOutOfReach(path string, uid, gid uint32) error {
+	abs, err := Unclean(path)
+	if err != nil {
+		return err
+	}
+	trusted := func(o uint32) bool { return o == 0 || o == uid }
+	rest := strings.Split(abs, "/")
+	dir, links := "/", 0
+	for len(rest) > 0 {
+		name := rest[0]
+		rest = rest[1:]
+		if name == "" || name == "." {
+			continue
+		}
+		if err := dirOutOfOthersReach(dir, uid, gid, len(rest) == 0); err != nil {
+			return err
+		}
+		if name == ".." {
+			dir = filepath.Dir(dir)
+			continue
+		}
+		if len(rest) == 0 {
+			return nil // the file, replaced by the rename
+		}
+		next := filepath.Join(dir, name)
+		var st unix.Stat_t
+		if err := unix.Lstat(next, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil // made by root, or not at all
+			}
+			return fmt.Errorf("%s: %w", next, err)
+		}
+		if !trusted(st.Uid) {
+			return fmt.Errorf("%w: %s is owned by uid %d, who may replace it", ErrOthersReach, next, st.Uid)
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFLNK:
+			if links++; links > maxLinks {
+				return fmt.Errorf("%s: %w", abs, unix.ELOOP)
+			}
+			target, err := os.Readlink(next)
+			if err != nil {
+				return err
+			}
+			if filepath.IsAbs(target) {
+				dir = "/"
+			}
+			rest = append(strings.Split(target, "/"), rest...)
+		case unix.S_IFDIR:
+			dir = next
+		default:
+			return fmt.Errorf("%s: %w", next, unix.ENOTDIR)
+		}
+	}
+	return nil
+}
+
+// dirOutOfOthersReach refuses dir if someone but root or uid owns it, if
+// it is on FUSE, or if someone else may write it and it is the file's own
+// directory (last) or not sticky.
+func dirOutOfOthersReach(dir string, uid, gid uint32, last bool) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	if st.Uid != 0 && st.Uid != uid {
+		return fmt.Errorf("%w: %s is owned by uid %d, who may change its mode and rename what is in it", ErrOthersReach, dir, st.Uid)
+	}
+	if owner, err := fuseOwner(dir); err != nil {
+		return err
+	} else if owner != 0 {
+		return fmt.Errorf("%w: %s is on a FUSE filesystem mounted by uid %d, whose server says who owns what", ErrOthersReach, dir, owner)
+	}
+	how, err := othersWrite(dir, &st, uid, gid)
+	switch {
+	case err != nil:
+		return err
+	case how == "":
+		return nil
+	case last:
+		return fmt.Errorf("%w: %s may be written by %s, who may move the file there and put another at its name", ErrOthersReach, dir, how)
+	case st.Mode&unix.S_ISVTX == 0:
+		return fmt.Errorf("%w: %s may be written by %s, who may rename or replace what is in it", ErrOthersReach, dir, how)
+	}
+	return nil // sticky: the entry below is checked to be root's or uid's
+}
+
+// othersWrite says who but root, uid, gid and this process's groups may
+// write path (stat st), or "" if no one: by its mode bits, or by its
+// access ACL, whose named entries and group entries are under its mask.
+func othersWrite(path string, st *unix.Stat_t, uid, gid uint32) (string, error) {
+	groups, _ := unix.Getgroups()
+	ours := func(g uint32) bool {
+		return g == 0 || g == gid || g == uint32(os.Getegid()) || slices.Contains(groups, int(g))
+	}
+	buf := make([]byte, 4+8*64)
+	n, err := unix.Getxattr(path, "system.posix_acl_access", buf)
+	if errors.Is(err, unix.ERANGE) {
+		if n, err = unix.Getxattr(path, "system.posix_acl_access", nil); err == nil {
+			buf = make([]byte, n)
+			n, err = unix.Getxattr(path, "system.posix_acl_access", buf)
+		}
+	}
+	switch {
+	case errors.Is(err, unix.ENODATA), errors.Is(err, unix.EOPNOTSUPP):
+		switch {
+		case st.Mode&0o002 != 0:
+			return fmt.Sprintf("anyone (mode %04o)", st.Mode&0o7777), nil
+		case st.Mode&0o020 != 0 && !ours(st.Gid):
+			return fmt.Sprintf("the members of group %d (mode %04o)", st.Gid, st.Mode&0o7777), nil
+		}
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("read the ACL of %s: %w", path, err)
+	}
+	b := buf[:n]
+	if len(b) < 4 || binary.LittleEndian.Uint32(b) != aclVersion || (len(b)-4)%8 != 0 {
+		return "", errors.New("an access ACL trialnet cannot read: refused, as it may grant anything")
+	}
+	mask := uint16(0xffff)
+	for e := b[4:]; len(e) >= 8; e = e[8:] {
+		if binary.LittleEndian.Uint16(e) == aclMask {
+			mask = binary.LittleEndian.Uint16(e[2:])
+		}
+	}
+	for e := b[4:]; len(e) >= 8; e = e[8:] {
+		tag, perm, id := binary.LittleEndian.Uint16(e), binary.LittleEndian.Uint16(e[2:]), binary.LittleEndian.Uint32(e[4:])
+		switch {
+		case tag == aclUser && id != 0 && id != uid && perm&mask&aclWrite != 0:
+			return fmt.Sprintf("uid %d (its ACL)", id), nil
+		case tag == aclGroupObj && !ours(st.Gid) && perm&mask&aclWrite != 0:
+			return fmt.Sprintf("the members of group %d (its ACL)", st.Gid), nil
+		case tag == aclGroup && !ours(id) && perm&mask&aclWrite != 0:
+			return fmt.Sprintf("the members of group %d (its ACL)", id), nil
+		case tag == aclOther && perm&aclWrite != 0:
+			return "anyone (its ACL)", nil
+		}
+	}
+	return "", nil
+}
+
+// FileOthersOutOfReach is OthersOutOfReach for a file written in place
+// (a caller's descriptor on it): the file too must be root's or uid's,
+// and writable by no one else.
+func FileOthersOutOfReach(path string, uid, gid uint32) error {
+	if err := OthersOutOfReach(path, uid, gid); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if st.Uid != 0 && st.Uid != uid {
+		return fmt.Errorf("%w: %s is owned by uid %d, who may write it", ErrOthersReach, path, st.Uid)
+	}
+	how, err := othersWrite(path, &st, uid, gid)
+	if err == nil && how != "" {
+		err = fmt.Errorf("%w: %s may be written by %s", ErrOthersReach, path, how)
+	}
+	return err
+}
