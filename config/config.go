@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -295,6 +296,16 @@ func (f *File) validate() error {
 	if l := f.Limits; l.MaxTunnels < 0 || l.ConnectRate < 0 || l.ConnectBurst < 0 || l.MaxClientConns < 0 || l.MaxPendingHeads < 0 ||
 		l.RecordRate < 0 || l.RecordBurst < 0 || l.MaxLogBytes < 0 || l.MaxProcesses < 0 || l.MaxPids < 0 || l.MaxMemory < 0 || f.MaxConnections < 0 {
 		return errors.New("limits cannot be negative (0 means the default)")
+	}
+	// YAML spells them .nan and .inf: a NaN rate never refills its bucket
+	// (every CONNECT refused), an infinite one is no bound at all.
+	for _, r := range []struct {
+		key string
+		v   float64
+	}{{"connects_per_second", f.Limits.ConnectRate}, {"records_per_second", f.Limits.RecordRate}} {
+		if math.IsNaN(r.v) || math.IsInf(r.v, 0) {
+			return fmt.Errorf("limits: %s: %v is not a rate; give a finite number of them a second (0 means the default)", r.key, r.v)
+		}
 	}
 	if f.Retention.KeepDays < 0 || f.Retention.KeepTrials < 0 {
 		return errors.New("retention: keep_days and keep_trials cannot be negative (0 means no such limit)")

@@ -45,8 +45,12 @@ func TestParseFileRefusals(t *testing.T) {
 		"bad resolver":        "resolvers: [dns.google]\n",
 		"negative limit":      "limits: {max_tunnels: -1}\n",
 		"negative prepared":   "prepared: -1\n",
-		"too many prepared":   "prepared: 17\n",
-		"not yaml":            "profiles: [\n",
+		// A NaN rate refused every CONNECT; an infinite one bounded none.
+		"NaN rate":          "limits: {connects_per_second: .nan}\n",
+		"infinite rate":     "limits: {connects_per_second: .inf}\n",
+		"NaN records":       "limits: {records_per_second: .NaN}\n",
+		"too many prepared": "prepared: 17\n",
+		"not yaml":          "profiles: [\n",
 		// Read by no one: the agent ran without what it says.
 		"second document":     "profiles:\n  x: [a.example.com:443]\n---\nlimits: {max_tunnels: 4}\n",
 		"bad second document": "profiles:\n  x: [a.example.com:443]\n---\nlimits: [\n",
