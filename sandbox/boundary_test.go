@@ -402,6 +402,10 @@ func TestPrivilegedSeccompFamiliesAndIoctls(t *testing.T) {
 		{"vsock", []string{"socket", "40"}, "EAFNOSUPPORT"},
 		{"vsock with high bits the kernel drops", []string{"socket", "0x100000028"}, "EAFNOSUPPORT"},
 		{"packet", []string{"socket", "17"}, "EAFNOSUPPORT"},
+		// The kernel makes inet's SOCK_PACKET as AF_PACKET, whose own
+		// refusal (no CAP_NET_RAW) is EPERM: only EAFNOSUPPORT is the filter.
+		{"packet through inet's SOCK_PACKET", []string{"socket", "2", "10", "0"}, "EAFNOSUPPORT"},
+		{"SOCK_PACKET with high bits the kernel drops", []string{"socket", "2", "0x10008080a", "0"}, "EAFNOSUPPORT"},
 		{"bluetooth", []string{"socket", "31"}, "EAFNOSUPPORT"},
 		{"alg", []string{"socket", "38"}, "EAFNOSUPPORT"},
 		{"a family no kernel has yet", []string{"socket", "50"}, "EAFNOSUPPORT"},

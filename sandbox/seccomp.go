@@ -44,6 +44,8 @@ const (
 	retAllow = 0x7fff0000 // SECCOMP_RET_ALLOW
 	retErrno = 0x00050000 // SECCOMP_RET_ERRNO | errno
 	x32Bit   = 0x40000000 // __X32_SYSCALL_BIT
+
+	sockTypeMask = 0xf // SOCK_TYPE_MASK: the type without SOCK_NONBLOCK, SOCK_CLOEXEC
 )
 
 // The only sockets a Trial command can create: unix sockets; TCP, UDP and
@@ -256,7 +258,13 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	a.jumpIf(bpf.JumpEqual, unix.AF_NETLINK, "netlink")
 	a.ret(retErrno | uint32(unix.EAFNOSUPPORT))
 
+	// SOCK_PACKET asked of AF_INET is made as AF_PACKET: the kernel swaps
+	// the family before it looks it up (loading af_packet's module where
+	// it is one), so the family above is not the one the kernel makes.
 	a.label("inet")
+	a.ins(bpf.LoadAbsolute{Off: seccompArg1, Size: 4})
+	a.ins(bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: sockTypeMask})
+	a.jumpIf(bpf.JumpEqual, unix.SOCK_PACKET, "eafnosupport")
 	a.ins(bpf.LoadAbsolute{Off: seccompArg2, Size: 4})
 	for _, p := range inetProtocols {
 		a.jumpIf(bpf.JumpEqual, p, "allow")
@@ -304,6 +312,8 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 
 	a.label("eperm")
 	a.ret(retErrno | uint32(unix.EPERM))
+	a.label("eafnosupport")
+	a.ret(retErrno | uint32(unix.EAFNOSUPPORT))
 	a.label("enomem")
 	a.ret(retErrno | uint32(unix.ENOMEM))
 	a.label("eopnotsupp")

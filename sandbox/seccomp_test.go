@@ -64,6 +64,11 @@ func testSeccomp(t *testing.T, nested bool) {
 		{"netlink netfilter", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_NETFILTER, protoRefused},
 		{"netlink rdma", unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_RDMA, protoRefused},
 		{"vsock", unix.AF_VSOCK, unix.SOCK_STREAM, 0, retErrno | uint32(unix.EAFNOSUPPORT)},
+		// The kernel makes these as AF_PACKET (inet6 has no such type).
+		{"packet through inet's SOCK_PACKET", unix.AF_INET, unix.SOCK_PACKET, 0, retErrno | uint32(unix.EAFNOSUPPORT)},
+		{"SOCK_PACKET with flags", unix.AF_INET, unix.SOCK_PACKET | unix.SOCK_CLOEXEC | unix.SOCK_NONBLOCK, 0, retErrno | uint32(unix.EAFNOSUPPORT)},
+		{"SOCK_PACKET of inet6", unix.AF_INET6, unix.SOCK_PACKET, 0, retErrno | uint32(unix.EAFNOSUPPORT)},
+		{"tcp with flags", unix.AF_INET, unix.SOCK_STREAM | unix.SOCK_CLOEXEC | unix.SOCK_NONBLOCK, 0, retAllow},
 	} {
 		for _, call := range []uint32{unix.SYS_SOCKET, unix.SYS_SOCKETPAIR} {
 			if got := run(call, c.family, c.typ, c.pro); got != c.want {
