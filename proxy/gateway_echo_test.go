@@ -323,12 +323,13 @@ func wideOf(s string, width int, bigEndian bool) string {
 
 // TestGatewayUnsolicitedEchoNotLogged: an upstream that sends the
 // credential after the end of its answer has net/http's Transport quote
-// it in the standard log, as bytes on an idle connection; the log the
-// agent installs (QuietStdLog) says so without them.
+// it in the standard log, as bytes on an idle connection; the output
+// AddTrial gives the log for a Trial with routes (quietStdLog), in any
+// process that serves one, says so without them.
 func TestGatewayUnsolicitedEchoNotLogged(t *testing.T) {
 	logged := make(chan string, 4)
 	prev := log.Writer()
-	log.SetOutput(quietLog{w: lineWriter(logged)})
+	log.SetOutput(lineWriter(logged)) // the process's own, not yet quiet
 	t.Cleanup(func() { log.SetOutput(prev) })
 	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
 		c, brw, err := w.(http.Hijacker).Hijack()
