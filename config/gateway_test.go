@@ -83,6 +83,7 @@ func TestReadSecret(t *testing.T) {
 		{write("world", "sk-secret", 0o604, 0), "mode 0604"},
 		{write("other-owner", "sk-secret", 0o600, 65534), "not root"},
 		{write("empty", "\n", 0o600, 0), "empty"},
+		{write("short", "sk-1234\n", 0o600, 0), "7 bytes, under 8"},
 		{write("two-lines", "sk-a\nsk-b", 0o600, 0), "control"},
 		{filepath.Join(dir, "link"), "symbolic link"},
 		{dir, "not a regular file"},
