@@ -267,14 +267,15 @@ func TestSecretFormsOfAnAwkwardSecret(t *testing.T) {
 // leaves any coding acceptable) answers one the check can read, and the
 // Trial gets it rather than a refusal; nor does it pass on a charset the
 // Trial asks for (UTF-32 spells the secret in none of the forms looked
-// for).
+// for), in either field's name or its '_' spelling, which an upstream
+// that reads fields as CGI variables takes for it.
 func TestGatewayAsksForNoCoding(t *testing.T) {
 	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
-		if cs := r.Header.Get("Accept-Charset"); cs != "" {
-			_, _ = io.WriteString(w, "in "+cs)
+		if cs := cgiField(r, "Accept-Charset"); len(cs) > 0 {
+			_, _ = io.WriteString(w, "in "+strings.Join(cs, ", "))
 			return
 		}
-		if r.Header.Get("Accept-Encoding") != "identity" {
+		if ae := cgiField(r, "Accept-Encoding"); len(ae) != 1 || ae[0] != "identity" {
 			w.Header().Set("Content-Encoding", "gzip")
 			zw := gzip.NewWriter(w)
 			_, _ = io.WriteString(zw, "coded")
@@ -283,13 +284,27 @@ func TestGatewayAsksForNoCoding(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "plain")
 	})
-	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n", "Accept-Charset: utf-32\r\n"} {
+	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n", "Accept-Charset: utf-32\r\n",
+		"Accept_Charset: utf-32\r\n", "accept_encoding: gzip\r\n"} {
 		resp, body := g.do(t, messagesRequest("/a/v1/messages", asked))
 		if resp.StatusCode != 200 || body != "plain" {
 			t.Errorf("asking %q: %d %q %s", asked, resp.StatusCode, body, resp.Header.Get("Trialnet-Detail"))
 		}
 		g.lastLine(t)
 	}
+}
+
+// cgiField is every value of the fields of r an upstream that reads
+// fields as CGI variables (HTTP_ACCEPT_CHARSET) takes for name: any case,
+// '_' for '-'.
+func cgiField(r *http.Request, name string) []string {
+	var vs []string
+	for n, v := range r.Header {
+		if strings.EqualFold(strings.ReplaceAll(n, "_", "-"), name) {
+			vs = append(vs, v...)
+		}
+	}
+	return vs
 }
 
 // BenchmarkSecretFilter is the echo check's cost on one answer: the
