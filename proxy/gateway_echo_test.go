@@ -307,17 +307,31 @@ func cgiField(r *http.Request, name string) []string {
 	return vs
 }
 
-// BenchmarkSecretFilter is the echo check's cost on one answer: the
-// secret's forms, and a 4 KiB body passed through the filter.
+// BenchmarkSecretFilter is the echo check's cost on one 4 KiB answer,
+// with the Trial's forms made (once, when it is added): of one route,
+// and of two with their own secrets (every answer is searched for
+// both); and the making of one route's forms ("forms").
 func BenchmarkSecretFilter(b *testing.B) {
 	body := strings.Repeat(`data: {"type":"content_block_delta","delta":{"text":"hello"}}`+"\n\n", 80)[:4096]
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		f := &secretFilter{body: io.NopCloser(strings.NewReader(body)), resp: &http.Response{}, forms: secretForms(Secret(gwSecret))}
-		if _, err := io.Copy(io.Discard, f); err != nil {
-			b.Fatal(err)
-		}
+	one := []GatewayRoute{{Secret: Secret(gwSecret)}}
+	two := append(one, GatewayRoute{Secret: Secret("sk-proj-other-route-SECRET-9876543210")})
+	for name, routes := range map[string][]GatewayRoute{"answer": one, "answer-two-routes": two} {
+		b.Run(name, func(b *testing.B) {
+			forms := routesForms(routes)
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				f := &secretFilter{body: io.NopCloser(strings.NewReader(body)), resp: &http.Response{}, forms: forms}
+				if _, err := io.Copy(io.Discard, f); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
+	b.Run("forms", func(b *testing.B) {
+		for b.Loop() {
+			routesForms(one)
+		}
+	})
 }
 
 // wideOf is ASCII s in UTF-16 (width 2) or UTF-32 (width 4), little- or
