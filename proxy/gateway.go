@@ -263,7 +263,33 @@ func (h *httpConn) gatewayOutgoing(out *http.Request, in *url.URL) {
 	}
 	// No field would leave any coding acceptable (RFC 9110 12.5.3).
 	out.Header.Set("Accept-Encoding", "identity")
+	for i, v := range out.Header["Accept"] {
+		out.Header["Accept"][i] = withoutCharset(v)
+	}
 	out.Header.Set(r.Header, r.value())
+}
+
+// withoutCharset is an Accept value without its charset parameters,
+// which ask for the answer in that charset as Accept-Charset does; its
+// media ranges and other parameters are kept, and a value naming no
+// charset is kept as it is.
+func withoutCharset(v string) string {
+	if !containsFold(v, "charset") {
+		return v
+	}
+	ranges := strings.Split(v, ",")
+	for i, mr := range ranges {
+		params := strings.Split(mr, ";")
+		kept := params[:1]
+		for _, p := range params[1:] {
+			key, _, _ := strings.Cut(p, "=")
+			if !strings.EqualFold(strings.TrimSuffix(strings.TrimSpace(key), "*"), "charset") {
+				kept = append(kept, p)
+			}
+		}
+		ranges[i] = strings.Join(kept, ";")
+	}
+	return strings.Join(ranges, ",")
 }
 
 // boundedBody refuses a body past n bytes.

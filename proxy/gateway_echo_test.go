@@ -268,11 +268,16 @@ func TestSecretFormsOfAnAwkwardSecret(t *testing.T) {
 // Trial gets it rather than a refusal; nor does it pass on a charset the
 // Trial asks for (UTF-32 spells the secret in none of the forms looked
 // for), in either field's name or its '_' spelling, which an upstream
-// that reads fields as CGI variables takes for it.
+// that reads fields as CGI variables takes for it, or as a parameter of
+// Accept.
 func TestGatewayAsksForNoCoding(t *testing.T) {
 	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
 		if cs := cgiField(r, "Accept-Charset"); len(cs) > 0 {
 			_, _ = io.WriteString(w, "in "+strings.Join(cs, ", "))
+			return
+		}
+		if a := strings.Join(r.Header.Values("Accept"), ","); strings.Contains(strings.ToLower(a), "charset") {
+			_, _ = io.WriteString(w, "in "+a)
 			return
 		}
 		if ae := cgiField(r, "Accept-Encoding"); len(ae) != 1 || ae[0] != "identity" {
@@ -285,12 +290,18 @@ func TestGatewayAsksForNoCoding(t *testing.T) {
 		_, _ = io.WriteString(w, "plain")
 	})
 	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n", "Accept-Charset: utf-32\r\n",
-		"Accept_Charset: utf-32\r\n", "accept_encoding: gzip\r\n"} {
+		"Accept_Charset: utf-32\r\n", "accept_encoding: gzip\r\n", "Accept: text/plain; charset=utf-7\r\n",
+		"Accept: application/json, text/plain;q=0.5;CHARSET*=cp500\r\n", "Accept: text/plain;charset=\"utf-7\"\r\n"} {
 		resp, body := g.do(t, messagesRequest("/a/v1/messages", asked))
 		if resp.StatusCode != 200 || body != "plain" {
 			t.Errorf("asking %q: %d %q %s", asked, resp.StatusCode, body, resp.Header.Get("Trialnet-Detail"))
 		}
 		g.lastLine(t)
+	}
+	// The media ranges asked for stay.
+	reqs := g.up.Requests()
+	if got := reqs[len(reqs)-1].Header.Values("Accept"); len(got) != 1 || got[0] != "text/plain" {
+		t.Errorf("the upstream was sent Accept %q, want text/plain", got)
 	}
 }
 
