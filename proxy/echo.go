@@ -28,9 +28,10 @@ import (
 
 // gatewayRequestFields are the Trial's fields a gateway request never
 // carries upstream: a coded answer (Accept-Encoding), one in another
-// charset (Accept-Charset: UTF-7, EBCDIC) or a range of one
-// (Range, If-Range) would hide an echoed secret from the check.
-var gatewayRequestFields = []string{"Accept-Encoding", "Accept-Charset", "Range", "If-Range"}
+// charset (Accept-Charset: UTF-7, EBCDIC) or a range of one (Range,
+// If-Range, and Request-Range, which Apache httpd reads where Range is
+// absent) would hide an echoed secret from the check.
+var gatewayRequestFields = []string{"Accept-Encoding", "Accept-Charset", "Range", "If-Range", "Request-Range"}
 
 // minDerivedForm is the shortest derived spelling of a secret looked
 // for: a shorter one would match answers by chance.

@@ -130,6 +130,14 @@ func TestGatewayUpstreamEchoNeverReachesTheTrial(t *testing.T) {
 		{"a range of it", "Range: bytes=3-12\r\n", func(w http.ResponseWriter, r *http.Request) {
 			http.ServeContent(w, r, "", time.Time{}, strings.NewReader(echoed(r)))
 		}},
+		{"a range of it, asked as Request-Range", "Request-Range: bytes=3-12\r\n", func(w http.ResponseWriter, r *http.Request) {
+			// Apache httpd reads Request-Range (Netscape's draft) where
+			// Range is absent.
+			if rr := r.Header.Get("Request-Range"); rr != "" && r.Header.Get("Range") == "" {
+				r.Header.Set("Range", rr)
+			}
+			http.ServeContent(w, r, "", time.Time{}, strings.NewReader(echoed(r)))
+		}},
 		{"quoted in net/http's error", "", func(w http.ResponseWriter, r *http.Request) {
 			c, brw, err := w.(http.Hijacker).Hijack()
 			if err != nil {
