@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"log"
 	"net"
@@ -254,13 +255,16 @@ func TestGatewayTransformedEchoNeverReachesTheTrial(t *testing.T) {
 }
 
 // TestSecretFormsOfAnAwkwardSecret: a secret with characters that
-// quoting changes is found as JSON (with and without "\/"), %q and
-// percent-encoding spell it, and never let through.
+// quoting changes is found as JSON (with and without "\/"), %q,
+// percent-encoding and HTML (Go's and Python's) spell it, and never let
+// through.
 func TestSecretFormsOfAnAwkwardSecret(t *testing.T) {
 	secret := `ab/c+d"e\f=gh-0123456789`
 	j, _ := json.Marshal(secret)
 	q := strconv.Quote(secret)
-	for _, form := range []string{string(j[1 : len(j)-1]), strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`), q[1 : len(q)-1], url.QueryEscape(secret), url.PathEscape(secret)} {
+	py := strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#x27;") // Python's html.escape
+	for _, form := range []string{string(j[1 : len(j)-1]), strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`), q[1 : len(q)-1], url.QueryEscape(secret), url.PathEscape(secret),
+		html.EscapeString(secret), py.Replace(secret)} {
 		body := `{"echo":"` + form + `"}`
 		f := &secretFilter{body: io.NopCloser(strings.NewReader(body)), resp: &http.Response{}, forms: secretForms(Secret(secret))}
 		got, err := io.ReadAll(f)
