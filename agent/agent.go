@@ -175,9 +175,6 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 	if cfg.ReceiptKey == "" {
 		cfg.ReceiptKey = DefaultReceiptKey
 	}
-	// net/http's Transport quotes an upstream's unsolicited bytes in the
-	// standard log: after a gateway answer, maybe its route's secret.
-	proxy.QuietStdLog()
 	a := &Agent{cfg: cfg, log: log, trials: make(map[string]*trial), obs: newObservers(),
 		inherited: inherited, keeper: kc}
 	if pred != nil {

@@ -24,6 +24,11 @@ import (
 // bytes, a token a few kilobytes.
 const MaxSecretBytes = 16 << 10
 
+// MinSecretBytes is the shortest secret read: the gateway cuts every
+// answer of the Trial's routes that holds a route's secret, and a
+// shorter one would be in ordinary answers by chance.
+const MinSecretBytes = 8
+
 // refusedHeaders are the fields a route may not set: they frame the
 // request or name its host, which the gateway decides.
 var refusedHeaders = map[string]bool{
@@ -205,6 +210,8 @@ func ReadSecret(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%w %s: over %d bytes", ErrSecretFile, path, MaxSecretBytes)
 	case len(b) == 0:
 		return nil, fmt.Errorf("%w %s: empty", ErrSecretFile, path)
+	case len(b) < MinSecretBytes:
+		return nil, fmt.Errorf("%w %s: %d bytes, under %d: the gateway cuts any answer holding a route's secret, and one this short would be in ordinary answers by chance (write the provider's whole key)", ErrSecretFile, path, len(b), MinSecretBytes)
 	case bytes.IndexFunc(b, func(c rune) bool { return c < 0x20 || c > 0x7e }) >= 0:
 		// Never the byte itself: an error may be shown to anyone.
 		return nil, fmt.Errorf("%w %s: holds a control or non-ASCII byte; want one line of printable ASCII", ErrSecretFile, path)

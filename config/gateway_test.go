@@ -83,6 +83,7 @@ func TestReadSecret(t *testing.T) {
 		{write("world", "sk-secret", 0o604, 0), "mode 0604"},
 		{write("other-owner", "sk-secret", 0o600, 65534), "not root"},
 		{write("empty", "\n", 0o600, 0), "empty"},
+		{write("short", "sk-1234\n", 0o600, 0), "7 bytes, under 8"},
 		{write("two-lines", "sk-a\nsk-b", 0o600, 0), "control"},
 		{filepath.Join(dir, "link"), "symbolic link"},
 		{dir, "not a regular file"},
@@ -113,32 +114,17 @@ func TestReadSecretRefusesAParentOthersCanChange(t *testing.T) {
 		t.Skip("the checks need directories owned by root and by others: run as root")
 	}
 	p := rootdirtest.Make(t, "key", "sk-secret", 0o700)
-	safe, open, owned, sticky, rootLink, userLink := p.Safe, p.Open, p.Owned, p.Sticky, p.RootLink, p.UserLink
-	underSticky := filepath.Join(sticky, "keys")
-	if err := os.Mkdir(underSticky, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(underSticky, "key"), []byte("sk-secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for _, ok := range []string{safe, underSticky, rootLink} {
+	for _, ok := range []string{p.Safe, p.UnderSticky, p.RootLink} {
 		if b, err := ReadSecret(filepath.Join(ok, "key")); err != nil || string(b) != "sk-secret" {
 			t.Errorf("%s/key: %q %v", ok, b, err)
 		}
 	}
-	other := filepath.Join(safe, "other-route")
-	if err := os.WriteFile(other, []byte("sk-other-route"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Link(other, filepath.Join(sticky, "planted")); err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range []struct{ path, want string }{
-		{filepath.Join(open, "key"), "writable by others"},
-		{filepath.Join(owned, "key"), "owned by uid 65534"},
-		{filepath.Join(userLink, "key"), "owned by uid 65534"},
-		{filepath.Join(sticky, "key"), "lets others add names, sticky or not"},
-		{filepath.Join(sticky, "planted"), "lets others add names, sticky or not"},
+		{filepath.Join(p.Open, "key"), "writable by others"},
+		{filepath.Join(p.Owned, "key"), "owned by uid 65534"},
+		{filepath.Join(p.UserLink, "key"), "owned by uid 65534"},
+		{filepath.Join(p.Sticky, "key"), "(mode 1777) lets others add names, sticky or not"},
+		{p.Planted, "(mode 1777) lets others add names, sticky or not"},
 	} {
 		b, err := ReadSecret(c.path)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"html"
 	"io"
 	"net/http"
 	"net/url"
@@ -28,17 +29,23 @@ import (
 
 // gatewayRequestFields are the Trial's fields a gateway request never
 // carries upstream: a coded answer (Accept-Encoding), one in another
-// charset (Accept-Charset: UTF-7, EBCDIC) or a range of one
-// (Range, If-Range) would hide an echoed secret from the check.
-var gatewayRequestFields = []string{"Accept-Encoding", "Accept-Charset", "Range", "If-Range"}
+// charset (Accept-Charset: UTF-7, EBCDIC) or a range of one (Range,
+// If-Range, and Request-Range, which Apache httpd reads where Range is
+// absent) would hide an echoed secret from the check.
+var gatewayRequestFields = []string{"Accept-Encoding", "Accept-Charset", "Range", "If-Range", "Request-Range"}
 
 // minDerivedForm is the shortest derived spelling of a secret looked
 // for: a shorter one would match answers by chance.
 const minDerivedForm = 8
 
+// pyHTML is Python's html.escape, whose entities for " and ' are not
+// Go's.
+var pyHTML = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#x27;")
+
 // secretForms are the spellings of secret an answer is searched for, in
 // lower case (answers are compared in lower case): as sent; quoted by
-// Go's %q, JSON (also with "\/") and percent-encoding; in hex; in UTF-16
+// Go's %q, JSON (also with "\/"), percent-encoding and HTML (Go's and
+// Python's entities: an error page quoting it); in hex; in UTF-16
 // and UTF-32 of either byte order (an upstream whose text is so answers
 // in it unasked, or as a charset parameter of Accept asks); and in
 // base64, standard and URL-safe, the part of its encoding that does not
@@ -48,7 +55,7 @@ func secretForms(secret Secret) [][]byte {
 	q := strconv.Quote(s)
 	j, _ := json.Marshal(s)
 	derived := []string{q[1 : len(q)-1], string(j[1 : len(j)-1]), strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`),
-		url.QueryEscape(s), url.PathEscape(s), hex.EncodeToString(secret)}
+		url.QueryEscape(s), url.PathEscape(s), hex.EncodeToString(secret), html.EscapeString(s), pyHTML.Replace(s)}
 	for _, width := range []int{2, 4} {
 		derived = append(derived, wideForm(secret, width, false), wideForm(secret, width, true))
 	}

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -249,21 +250,46 @@ func (h *httpConn) gatewayOutgoing(out *http.Request, in *url.URL) {
 	} else {
 		out.Host = r.Host
 	}
-	for _, name := range gatewayRequestFields {
-		out.Header.Del(name)
-	}
-	// No field would leave any coding acceptable (RFC 9110 12.5.3).
-	out.Header.Set("Accept-Encoding", "identity")
-	// '_' for '-' names the same field to an upstream that reads fields
-	// as CGI variables (HTTP_X_API_KEY): the Trial's value is dropped
-	// there too, not left beside the secret or in its place.
+	// The Trial's route field and gatewayRequestFields are dropped in any
+	// spelling with '_' for '-' too: an upstream that reads fields as CGI
+	// variables (HTTP_X_API_KEY, HTTP_ACCEPT_CHARSET) takes it for the
+	// field, beside the secret or in its place, or as the charset asked.
 	field := strings.ReplaceAll(r.Header, "_", "-")
 	for name := range out.Header {
-		if strings.EqualFold(strings.ReplaceAll(name, "_", "-"), field) {
+		n := strings.ReplaceAll(name, "_", "-")
+		if strings.EqualFold(n, field) || slices.ContainsFunc(gatewayRequestFields, func(f string) bool { return strings.EqualFold(n, f) }) {
 			delete(out.Header, name)
 		}
 	}
+	// No field would leave any coding acceptable (RFC 9110 12.5.3).
+	out.Header.Set("Accept-Encoding", "identity")
+	for i, v := range out.Header["Accept"] {
+		out.Header["Accept"][i] = withoutCharset(v)
+	}
 	out.Header.Set(r.Header, r.value())
+}
+
+// withoutCharset is an Accept value without its charset parameters,
+// which ask for the answer in that charset as Accept-Charset does; its
+// media ranges and other parameters are kept, and a value naming no
+// charset is kept as it is.
+func withoutCharset(v string) string {
+	if !containsFold(v, "charset") {
+		return v
+	}
+	ranges := strings.Split(v, ",")
+	for i, mr := range ranges {
+		params := strings.Split(mr, ";")
+		kept := params[:1]
+		for _, p := range params[1:] {
+			key, _, _ := strings.Cut(p, "=")
+			if !strings.EqualFold(strings.TrimSuffix(strings.TrimSpace(key), "*"), "charset") {
+				kept = append(kept, p)
+			}
+		}
+		ranges[i] = strings.Join(kept, ";")
+	}
+	return strings.Join(ranges, ",")
 }
 
 // boundedBody refuses a body past n bytes.

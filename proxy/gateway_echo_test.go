@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"log"
 	"net"
@@ -130,6 +131,14 @@ func TestGatewayUpstreamEchoNeverReachesTheTrial(t *testing.T) {
 		{"a range of it", "Range: bytes=3-12\r\n", func(w http.ResponseWriter, r *http.Request) {
 			http.ServeContent(w, r, "", time.Time{}, strings.NewReader(echoed(r)))
 		}},
+		{"a range of it, asked as Request-Range", "Request-Range: bytes=3-12\r\n", func(w http.ResponseWriter, r *http.Request) {
+			// Apache httpd reads Request-Range (Netscape's draft) where
+			// Range is absent.
+			if rr := r.Header.Get("Request-Range"); rr != "" && r.Header.Get("Range") == "" {
+				r.Header.Set("Range", rr)
+			}
+			http.ServeContent(w, r, "", time.Time{}, strings.NewReader(echoed(r)))
+		}},
 		{"quoted in net/http's error", "", func(w http.ResponseWriter, r *http.Request) {
 			c, brw, err := w.(http.Hijacker).Hijack()
 			if err != nil {
@@ -246,13 +255,16 @@ func TestGatewayTransformedEchoNeverReachesTheTrial(t *testing.T) {
 }
 
 // TestSecretFormsOfAnAwkwardSecret: a secret with characters that
-// quoting changes is found as JSON (with and without "\/"), %q and
-// percent-encoding spell it, and never let through.
+// quoting changes is found as JSON (with and without "\/"), %q,
+// percent-encoding and HTML (Go's and Python's) spell it, and never let
+// through.
 func TestSecretFormsOfAnAwkwardSecret(t *testing.T) {
 	secret := `ab/c+d"e\f=gh-0123456789`
 	j, _ := json.Marshal(secret)
 	q := strconv.Quote(secret)
-	for _, form := range []string{string(j[1 : len(j)-1]), strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`), q[1 : len(q)-1], url.QueryEscape(secret), url.PathEscape(secret)} {
+	py := strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&#x27;") // Python's html.escape
+	for _, form := range []string{string(j[1 : len(j)-1]), strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`), q[1 : len(q)-1], url.QueryEscape(secret), url.PathEscape(secret),
+		html.EscapeString(secret), py.Replace(secret)} {
 		body := `{"echo":"` + form + `"}`
 		f := &secretFilter{body: io.NopCloser(strings.NewReader(body)), resp: &http.Response{}, forms: secretForms(Secret(secret))}
 		got, err := io.ReadAll(f)
@@ -267,14 +279,20 @@ func TestSecretFormsOfAnAwkwardSecret(t *testing.T) {
 // leaves any coding acceptable) answers one the check can read, and the
 // Trial gets it rather than a refusal; nor does it pass on a charset the
 // Trial asks for (UTF-32 spells the secret in none of the forms looked
-// for).
+// for), in either field's name or its '_' spelling, which an upstream
+// that reads fields as CGI variables takes for it, or as a parameter of
+// Accept.
 func TestGatewayAsksForNoCoding(t *testing.T) {
 	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
-		if cs := r.Header.Get("Accept-Charset"); cs != "" {
-			_, _ = io.WriteString(w, "in "+cs)
+		if cs := cgiField(r, "Accept-Charset"); len(cs) > 0 {
+			_, _ = io.WriteString(w, "in "+strings.Join(cs, ", "))
 			return
 		}
-		if r.Header.Get("Accept-Encoding") != "identity" {
+		if a := strings.Join(r.Header.Values("Accept"), ","); strings.Contains(strings.ToLower(a), "charset") {
+			_, _ = io.WriteString(w, "in "+a)
+			return
+		}
+		if ae := cgiField(r, "Accept-Encoding"); len(ae) != 1 || ae[0] != "identity" {
 			w.Header().Set("Content-Encoding", "gzip")
 			zw := gzip.NewWriter(w)
 			_, _ = io.WriteString(zw, "coded")
@@ -283,26 +301,60 @@ func TestGatewayAsksForNoCoding(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "plain")
 	})
-	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n", "Accept-Charset: utf-32\r\n"} {
+	for _, asked := range []string{"", "Accept-Encoding: gzip, br\r\n", "Accept-Charset: utf-32\r\n",
+		"Accept_Charset: utf-32\r\n", "accept_encoding: gzip\r\n", "Accept: text/plain; charset=utf-7\r\n",
+		"Accept: application/json, text/plain;q=0.5;CHARSET*=cp500\r\n", "Accept: text/plain;charset=\"utf-7\"\r\n"} {
 		resp, body := g.do(t, messagesRequest("/a/v1/messages", asked))
 		if resp.StatusCode != 200 || body != "plain" {
 			t.Errorf("asking %q: %d %q %s", asked, resp.StatusCode, body, resp.Header.Get("Trialnet-Detail"))
 		}
 		g.lastLine(t)
 	}
+	// The media ranges asked for stay.
+	reqs := g.up.Requests()
+	if got := reqs[len(reqs)-1].Header.Values("Accept"); len(got) != 1 || got[0] != "text/plain" {
+		t.Errorf("the upstream was sent Accept %q, want text/plain", got)
+	}
 }
 
-// BenchmarkSecretFilter is the echo check's cost on one answer: the
-// secret's forms, and a 4 KiB body passed through the filter.
-func BenchmarkSecretFilter(b *testing.B) {
-	body := strings.Repeat(`data: {"type":"content_block_delta","delta":{"text":"hello"}}`+"\n\n", 80)[:4096]
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		f := &secretFilter{body: io.NopCloser(strings.NewReader(body)), resp: &http.Response{}, forms: secretForms(Secret(gwSecret))}
-		if _, err := io.Copy(io.Discard, f); err != nil {
-			b.Fatal(err)
+// cgiField is every value of the fields of r an upstream that reads
+// fields as CGI variables (HTTP_ACCEPT_CHARSET) takes for name: any case,
+// '_' for '-'.
+func cgiField(r *http.Request, name string) []string {
+	var vs []string
+	for n, v := range r.Header {
+		if strings.EqualFold(strings.ReplaceAll(n, "_", "-"), name) {
+			vs = append(vs, v...)
 		}
 	}
+	return vs
+}
+
+// BenchmarkSecretFilter is the echo check's cost on one 4 KiB answer,
+// with the Trial's forms made (once, when it is added): of one route,
+// and of two with their own secrets (every answer is searched for
+// both); and the making of one route's forms ("forms").
+func BenchmarkSecretFilter(b *testing.B) {
+	body := strings.Repeat(`data: {"type":"content_block_delta","delta":{"text":"hello"}}`+"\n\n", 80)[:4096]
+	one := []GatewayRoute{{Secret: Secret(gwSecret)}}
+	two := append(one, GatewayRoute{Secret: Secret("sk-proj-other-route-SECRET-9876543210")})
+	for name, routes := range map[string][]GatewayRoute{"answer": one, "answer-two-routes": two} {
+		b.Run(name, func(b *testing.B) {
+			forms := routesForms(routes)
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				f := &secretFilter{body: io.NopCloser(strings.NewReader(body)), resp: &http.Response{}, forms: forms}
+				if _, err := io.Copy(io.Discard, f); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.Run("forms", func(b *testing.B) {
+		for b.Loop() {
+			routesForms(one)
+		}
+	})
 }
 
 // wideOf is ASCII s in UTF-16 (width 2) or UTF-32 (width 4), little- or
@@ -323,12 +375,13 @@ func wideOf(s string, width int, bigEndian bool) string {
 
 // TestGatewayUnsolicitedEchoNotLogged: an upstream that sends the
 // credential after the end of its answer has net/http's Transport quote
-// it in the standard log, as bytes on an idle connection; the log the
-// agent installs (QuietStdLog) says so without them.
+// it in the standard log, as bytes on an idle connection; the output
+// AddTrial gives the log for a Trial with routes (quietStdLog), in any
+// process that serves one, says so without them.
 func TestGatewayUnsolicitedEchoNotLogged(t *testing.T) {
 	logged := make(chan string, 4)
 	prev := log.Writer()
-	log.SetOutput(quietLog{w: lineWriter(logged)})
+	log.SetOutput(lineWriter(logged)) // the process's own, not yet quiet
 	t.Cleanup(func() { log.SetOutput(prev) })
 	g := newGatewayWorldServing(t, withCA, nil, func(w http.ResponseWriter, r *http.Request) {
 		c, brw, err := w.(http.Hijacker).Hijack()

@@ -405,6 +405,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	}
 	if len(tp.Gateway) > 0 {
 		t.gateway, t.gwTLS, t.gwForms = tp.Gateway, gatewayTLS(tp.GatewayRoots), routesForms(tp.Gateway)
+		quietStdLog()
 	}
 	if p.sharing.Load() {
 		t.peer.Store(c.Slot(1 - tp.Slot))

@@ -29,12 +29,17 @@ func (q quietLog) Write(p []byte) (int, error) {
 	return q.w.Write(p)
 }
 
-var quietOnce sync.Once
+var quietMu sync.Mutex
 
-// QuietStdLog keeps upstreams' unsolicited bytes out of the standard
-// log, where net/http's Transport quotes them; a process that serves
-// gateway routes calls it before it serves one. Only the first call
-// changes the log's output.
-func QuietStdLog() {
-	quietOnce.Do(func() { log.SetOutput(quietLog{w: log.Writer()}) })
+// quietStdLog keeps upstreams' unsolicited bytes out of the standard
+// log, where net/http's Transport quotes them. AddTrial calls it for a
+// Trial with gateway routes, so that every process that serves one (an
+// agent, `trialnet run`'s, a hand-over's successor) has it before its
+// first gateway answer; an output that is already quiet is kept.
+func quietStdLog() {
+	quietMu.Lock()
+	defer quietMu.Unlock()
+	if _, ok := log.Writer().(quietLog); !ok {
+		log.SetOutput(quietLog{w: log.Writer()})
+	}
 }

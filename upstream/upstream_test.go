@@ -143,32 +143,17 @@ func TestCredentialsFileRefusesAParentOthersCanChange(t *testing.T) {
 		t.Skip("the checks need directories owned by root and by others: run as root")
 	}
 	p := rootdirtest.Make(t, "cred", "user:pw", 0o755)
-	safe, open, owned, sticky, rootLink, userLink := p.Safe, p.Open, p.Owned, p.Sticky, p.RootLink, p.UserLink
-	underSticky := filepath.Join(sticky, "creds")
-	if err := os.Mkdir(underSticky, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(underSticky, "cred"), []byte("user:pw"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for _, ok := range []string{safe, underSticky, rootLink} {
+	for _, ok := range []string{p.Safe, p.UnderSticky, p.RootLink} {
 		if _, err := Load(Config{Address: "p.example:3128", CredentialsFile: filepath.Join(ok, "cred")}); err != nil {
 			t.Errorf("%s/cred: %v", ok, err)
 		}
 	}
-	gitCred := filepath.Join(safe, "git-credential")
-	if err := os.WriteFile(gitCred, []byte("git:token"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Link(gitCred, filepath.Join(sticky, "planted")); err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range []struct{ path, want string }{
-		{filepath.Join(open, "cred"), "writable by others"},
-		{filepath.Join(owned, "cred"), "owned by uid 65534"},
-		{filepath.Join(userLink, "cred"), "owned by uid 65534"},
-		{filepath.Join(sticky, "cred"), "lets others add names, sticky or not"},
-		{filepath.Join(sticky, "planted"), "lets others add names, sticky or not"},
+		{filepath.Join(p.Open, "cred"), "writable by others"},
+		{filepath.Join(p.Owned, "cred"), "owned by uid 65534"},
+		{filepath.Join(p.UserLink, "cred"), "owned by uid 65534"},
+		{filepath.Join(p.Sticky, "cred"), "(mode 1777) lets others add names, sticky or not"},
+		{p.Planted, "(mode 1777) lets others add names, sticky or not"},
 	} {
 		_, err := Load(Config{Address: "p.example:3128", CredentialsFile: c.path})
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -95,7 +95,9 @@ func ClosedDir(dir string) error {
 		return err
 	}
 	if fi.Mode().Perm()&0o022 != 0 {
-		return fmt.Errorf("its directory %s (mode %04o) lets others add names, sticky or not: one could put a link to another file of root's where this one is read (keep it in a directory only its owner can write, such as /etc/trialnet)", dir, fi.Mode().Perm())
+		// The mode with its sticky bit: /tmp reads 1777, not 0777.
+		mode := fi.Sys().(*syscall.Stat_t).Mode & 0o7777
+		return fmt.Errorf("its directory %s (mode %04o) lets others add names, sticky or not: one could put a link to another file of root's where this one is read (move the file to a directory only its owner can write, such as /etc/trialnet)", dir, mode)
 	}
 	return nil
 }
