@@ -223,8 +223,8 @@ const proxyV2Signature = "\r\n\r\n\x00\r\nQUIT\n"
 // for a space, before the method too) and a request line may come in
 // pieces, so b is HTTP unless it starts with a byte no method starts
 // with, its first token ends in anything but such whitespace (a CR not
-// before LF included), or
-// its whole first line names neither an HTTP (or RTSP) version nor a target of
+// before LF included), or its whole first line names neither an HTTP
+// version (nor RTSP's, nor Icecast's after SOURCE) nor a target of
 // HTTP/0.9 ("GET /x", "GET http://host/": no version, and a front that
 // still takes it routes by the absolute target's host). The h2c preface
 // is not HTTP/1: it is tunnelled, as through CONNECT. ended says no more
@@ -263,8 +263,10 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 		return true, false
 	}
 	// RTSP's version too: Node's parser (llhttp) takes "RTSP/1.0" in a
-	// request line as HTTP's, with any target, and routes by Host.
-	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || http09Target(line[n:]), false
+	// request line as HTTP's, with any target, and routes by Host; and
+	// Icecast's "ICE/1.0" after a SOURCE method ("SOURCE * ICE/1.0").
+	icecast := string(up[:n]) == "SOURCE" && bytes.Contains(up, []byte("ICE/"))
+	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || icecast || http09Target(line[n:]), false
 }
 
 // http09Target reports whether rest, the request line after its method,

@@ -73,6 +73,10 @@ func TestClassifyHTTP(t *testing.T) {
 		{"GET * RTSP/1.0\r\n", false, true, false},
 		{"DESCRIBE x://a/ rtsp/2.0\n", false, true, false},
 		{"INVITE sip:bob@example.com SIP/2.0\r\n", false, false, false},
+		// and Icecast's ICE/ with SOURCE, routed by Host too.
+		{"SOURCE * ICE/1.0\r\n", false, true, false},
+		{"source x://a/ ICE/1.0\r\n", false, true, false},
+		{"GET service/x\r\n", false, false, false}, // ICE/ with no SOURCE: no request
 		// PROXY protocol: a front that takes it from its client reads the
 		// request after it.
 		{"PROXY TCP4 10.0.0.1 10.0.0.2 1 80\r\nGET / HTTP/1.1\r\n", false, true, false},
