@@ -266,16 +266,33 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	// request line as HTTP's, with any target, and routes by Host; and
 	// Icecast's "ICE/1.0" after a SOURCE method ("SOURCE * ICE/1.0").
 	icecast := string(up[:n]) == "SOURCE" && bytes.Contains(up, []byte("ICE/"))
-	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || icecast || http09Target(line[n:]), false
+	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || icecast || http09Target(line[:n], line[n:]), false
+}
+
+// llhttpMethods are the methods Node's parser (llhttp) knows, as it
+// spells them: after one, it takes a line with no version whose target
+// starts with '*' as HTTP/0.9, reads the fields after it, and the server
+// routes by Host (Node 20 served "GET *" and "OPTIONS *x" as another
+// Host). Redis's inline "KEYS *" and memcached's "get *" are not among
+// them.
+var llhttpMethods = map[string]bool{
+	"ACL": true, "BIND": true, "CHECKOUT": true, "CONNECT": true, "COPY": true, "DELETE": true,
+	"GET": true, "HEAD": true, "LINK": true, "LOCK": true, "M-SEARCH": true, "MERGE": true,
+	"MKACTIVITY": true, "MKCALENDAR": true, "MKCOL": true, "MOVE": true, "NOTIFY": true,
+	"OPTIONS": true, "PATCH": true, "POST": true, "PRI": true, "PROPFIND": true, "PROPPATCH": true,
+	"PURGE": true, "PUT": true, "QUERY": true, "REBIND": true, "REPORT": true, "SEARCH": true,
+	"SOURCE": true, "SUBSCRIBE": true, "TRACE": true, "UNBIND": true, "UNLINK": true,
+	"UNLOCK": true, "UNSUBSCRIBE": true,
 }
 
 // http09Target reports whether rest, the request line after its method,
-// starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI;
-// or is only an absolute URI of any scheme, which nginx takes as HTTP/0.9
-// and routes by its host ("GET x://other/"; with another word after it,
-// nginx refuses the line). A bare CR ends the target too, as some
-// servers end a line there.
-func http09Target(rest []byte) bool {
+// starts with a target HTTP/0.9 has: a path, an absolute http(s) URI, or
+// after a method llhttp knows, one starting with '*'; or is only an
+// absolute URI of any scheme, which nginx takes as HTTP/0.9 and routes
+// by its host ("GET x://other/"; with another word after it, nginx
+// refuses the line). A bare CR ends the target too, as some servers end
+// a line there.
+func http09Target(method, rest []byte) bool {
 	for len(rest) > 0 && lenientSpace(rest[0]) {
 		rest = rest[1:]
 	}
@@ -284,7 +301,8 @@ func http09Target(rest []byte) bool {
 		end++
 	}
 	t := bytes.ToLower(rest[:end])
-	if bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://")) {
+	if bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://")) ||
+		bytes.HasPrefix(t, []byte("*")) && llhttpMethods[string(method)] {
 		return true
 	}
 	after := rest[end:]

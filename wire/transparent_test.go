@@ -100,6 +100,13 @@ func TestClassifyHTTP(t *testing.T) {
 		{"GET x://other.example.com/\rHost: a\r\n", false, true, false},
 		{"GET x://other.example.com/ SIP/2.0", true, false, false}, // a version no HTTP server takes
 		{"GET 1x://other.example.com/\r\n", false, false, false},
+		// Node's parser takes a target starting with '*' after a method it
+		// knows as HTTP/0.9, reads the fields after it and routes by Host.
+		{"GET *\r\n", false, true, false},
+		{"OPTIONS *x\n", false, true, false},
+		{"M-SEARCH */a\r\n", false, true, false},
+		{"KEYS *\r\n", false, false, false}, // Redis inline, which Node's parser refuses
+		{"get *\r\n", false, false, false},  // memcached; Node's methods are uppercase
 		{"GET /x", true, true, false},
 		{"get /key\r\n", false, true, false}, // a memcached key like a path: the forwarder's
 		// Whitespace Python's str.split knows (http.server splits on it).
