@@ -367,8 +367,8 @@ func (r answerResolver) Resolve(context.Context, string) (resolve.Answer, error)
 
 // TestLookupSlotHeldWhileItsQuestionsMayWait: a lookup that ended in a
 // timeout keeps its slot for the hold from its start, as its questions
-// may still wait at the resolver (a lookup that got its slot as its time
-// ran out sends them and returns at once); one that was answered, an
+// may still wait at the resolver (one whose Trial ended just after it
+// started sent them and returned at once); one that was answered, an
 // NXDOMAIN too, gives it back at once.
 func TestLookupSlotHeldWhileItsQuestionsMayWait(t *testing.T) {
 	var asked atomic.Int64

@@ -1150,8 +1150,8 @@ type lookupSlots struct {
 	ch chan struct{}
 	// hold is how long a lookup that ended without an answer keeps its
 	// slot, from its start: its questions may still be waiting at the
-	// resolver (a lookup that got its slot as its time ran out sends
-	// them and returns at once), and they count until it gives up.
+	// resolver (one whose Trial ended just after it started sent them
+	// and returned at once), and they count until it gives up.
 	hold time.Duration
 }
 
