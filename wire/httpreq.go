@@ -209,8 +209,12 @@ func ParseTransparentHead(raw []byte, host string, port uint16) (*Request, error
 	return req, checkFraming(h)
 }
 
-// h2cPreface is the first line of HTTP/2 with prior knowledge.
-const h2cPreface = "PRI * HTTP/2.0"
+// h2cPreface is the first line of HTTP/2 with prior knowledge, and
+// h2cPrefaceWhole the whole client preface it starts.
+const (
+	h2cPreface      = "PRI * HTTP/2.0"
+	h2cPrefaceWhole = h2cPreface + "\r\n\r\nSM\r\n\r\n"
+)
 
 // proxyV2Signature starts a PROXY protocol v2 header.
 const proxyV2Signature = "\r\n\r\n\x00\r\nQUIT\n"
@@ -226,10 +230,10 @@ const proxyV2Signature = "\r\n\r\n\x00\r\nQUIT\n"
 // before LF included), or its whole first line names neither an HTTP
 // version (nor RTSP's, nor Icecast's after SOURCE) nor a target of
 // HTTP/0.9 ("GET /x", "GET http://host/": no version, and a front that
-// still takes it routes by the absolute target's host). The h2c preface
-// is not HTTP/1: it is tunnelled, as through CONNECT. ended says no more
-// bytes will come: a bare token is then no request, and the line is
-// whole.
+// still takes it routes by the absolute target's host). The h2c preface,
+// all of it, is not HTTP/1: it is tunnelled, as through CONNECT. ended
+// says no more bytes will come: a bare token is then no request, and the
+// line is whole.
 func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	// A PROXY protocol header is judged as HTTP, and so refused: a front
 	// that takes one from its client reads the request after it, with any
@@ -256,6 +260,16 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	}
 	line = bytes.TrimSuffix(line, []byte("\r"))
 	if string(line) == h2cPreface {
+		// Only the whole preface is h2c: Go's net/http takes its first
+		// line with fields after it as a request, its handler seeing
+		// their Host.
+		k := min(len(b), len(h2cPrefaceWhole))
+		switch {
+		case string(b[:k]) != h2cPrefaceWhole[:k]:
+			return true, false
+		case k < len(h2cPrefaceWhole) && !ended:
+			return true, true
+		}
 		return false, false
 	}
 	up := bytes.ToUpper(line)

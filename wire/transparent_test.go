@@ -86,6 +86,13 @@ func TestClassifyHTTP(t *testing.T) {
 		{"\r\n\r\n\x00\r\nQU", true, true, false},
 		{"\r\n\r\n\x00\x00\x00\x08", false, false, false},         // blank lines, then not a request
 		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false, false, false}, // h2c: tunnelled
+		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04", false, false, false},
+		{"PRI * HTTP/2.0\r\n\r\nS", false, true, true},
+		{"PRI * HTTP/2.0\r\n", true, false, false}, // ended: no request can follow
+		// Go's net/http takes the preface's line with fields after it as
+		// a request, its handler seeing their Host.
+		{"PRI * HTTP/2.0\r\nHost: other.example.com\r\n\r\n", false, true, false},
+		{"PRI * HTTP/2.0\n\nSM\n\n", false, true, false},
 		{"GETX:", false, false, false},
 		// HTTP/0.9 (no version): a lenient front takes it as a request,
 		// routed by an absolute target.
