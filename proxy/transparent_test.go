@@ -321,6 +321,11 @@ func TestTransparentHTTPHostCheckNotSteppedAround(t *testing.T) {
 		{"HTTP/0.9 with another scheme", []string{"GET x://other.example.com/x\r\n"}},
 		// Node's parser takes RTSP's version as HTTP's and routes by Host.
 		{"an RTSP version", []string{"OPTIONS * RTSP/1.0\r\nHost: other.example.com\r\n\r\n"}},
+		{"Icecast's version", []string{"SOURCE * ICE/1.0\r\nHost: other.example.com\r\n\r\n"}},
+		{"HTTP/0.9 with an asterisk target", []string{"GET *\r\nHost: other.example.com\r\n\r\n"}},
+		// Go's net/http serves h2c's first line, with fields after it in
+		// place of the preface's rest, as a request routed by Host.
+		{"h2c's first line, then fields", []string{"PRI * HTTP/2.0\r\nHost: other.example.com\r\n\r\n"}},
 		// A front that takes a PROXY protocol header from its client
 		// reads the request after it.
 		{"a PROXY protocol v1 header first", []string{"PROXY TCP4 10.0.0.1 10.0.0.2 1 80\r\nGET" + rest}},

@@ -146,7 +146,30 @@ func (r *DNSResolver) Resolve(ctx context.Context, name string) (Answer, error) 
 		}()
 	}
 	wg.Wait()
-	ans := Answer{Cached: cached[0] && cached[1]}
+	return answer(name, res, cached[0] && cached[1])
+}
+
+// FromCache answers name from the cache alone, as Resolve would, without
+// asking anything: false unless both its A and AAAA results are cached.
+// A caller that must wait its turn to ask (a Trial's lookup slots) needs
+// no turn for these.
+func (r *DNSResolver) FromCache(name string) (Answer, bool, error) {
+	fqdn := dns.Fqdn(strings.ToLower(name))
+	var res [2]lookupResult
+	for i, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		var ok bool
+		if res[i], ok = r.cached(fqdn, qt); !ok {
+			return Answer{}, false, nil
+		}
+	}
+	ans, err := answer(name, res, true)
+	return ans, true, err
+}
+
+// answer is the Answer to name, or its refusal, from its A and AAAA
+// results.
+func answer(name string, res [2]lookupResult, cached bool) (Answer, error) {
+	ans := Answer{Cached: cached}
 	for _, x := range res {
 		ans.Addrs = append(ans.Addrs, x.addrs...)
 		if len(x.cnames) > len(ans.CNAMEs) {

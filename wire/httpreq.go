@@ -209,8 +209,12 @@ func ParseTransparentHead(raw []byte, host string, port uint16) (*Request, error
 	return req, checkFraming(h)
 }
 
-// h2cPreface is the first line of HTTP/2 with prior knowledge.
-const h2cPreface = "PRI * HTTP/2.0"
+// h2cPreface is the first line of HTTP/2 with prior knowledge, and
+// h2cPrefaceWhole the whole client preface it starts.
+const (
+	h2cPreface      = "PRI * HTTP/2.0"
+	h2cPrefaceWhole = h2cPreface + "\r\n\r\nSM\r\n\r\n"
+)
 
 // proxyV2Signature starts a PROXY protocol v2 header.
 const proxyV2Signature = "\r\n\r\n\x00\r\nQUIT\n"
@@ -223,13 +227,13 @@ const proxyV2Signature = "\r\n\r\n\x00\r\nQUIT\n"
 // for a space, before the method too) and a request line may come in
 // pieces, so b is HTTP unless it starts with a byte no method starts
 // with, its first token ends in anything but such whitespace (a CR not
-// before LF included), or
-// its whole first line names neither an HTTP (or RTSP) version nor a target of
+// before LF included), or its whole first line names neither an HTTP
+// version (nor RTSP's, nor Icecast's after SOURCE) nor a target of
 // HTTP/0.9 ("GET /x", "GET http://host/": no version, and a front that
-// still takes it routes by the absolute target's host). The h2c preface
-// is not HTTP/1: it is tunnelled, as through CONNECT. ended says no more
-// bytes will come: a bare token is then no request, and the line is
-// whole.
+// still takes it routes by the absolute target's host). The h2c preface,
+// all of it, is not HTTP/1: it is tunnelled, as through CONNECT. ended
+// says no more bytes will come: a bare token is then no request, and the
+// line is whole.
 func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	// A PROXY protocol header is judged as HTTP, and so refused: a front
 	// that takes one from its client reads the request after it, with any
@@ -256,6 +260,16 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	}
 	line = bytes.TrimSuffix(line, []byte("\r"))
 	if string(line) == h2cPreface {
+		// Only the whole preface is h2c: Go's net/http takes its first
+		// line with fields after it as a request, its handler seeing
+		// their Host.
+		k := min(len(b), len(h2cPrefaceWhole))
+		switch {
+		case string(b[:k]) != h2cPrefaceWhole[:k]:
+			return true, false
+		case k < len(h2cPrefaceWhole) && !ended:
+			return true, true
+		}
 		return false, false
 	}
 	up := bytes.ToUpper(line)
@@ -263,17 +277,36 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 		return true, false
 	}
 	// RTSP's version too: Node's parser (llhttp) takes "RTSP/1.0" in a
-	// request line as HTTP's, with any target, and routes by Host.
-	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || http09Target(line[n:]), false
+	// request line as HTTP's, with any target, and routes by Host; and
+	// Icecast's "ICE/1.0" after a SOURCE method ("SOURCE * ICE/1.0").
+	icecast := string(up[:n]) == "SOURCE" && bytes.Contains(up, []byte("ICE/"))
+	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || icecast || http09Target(line[:n], line[n:]), false
+}
+
+// llhttpMethods are the methods Node's parser (llhttp) knows, as it
+// spells them: after one, it takes a line with no version whose target
+// starts with '*' as HTTP/0.9, reads the fields after it, and the server
+// routes by Host (Node 20 served "GET *" and "OPTIONS *x" as another
+// Host). Redis's inline "KEYS *" and memcached's "get *" are not among
+// them.
+var llhttpMethods = map[string]bool{
+	"ACL": true, "BIND": true, "CHECKOUT": true, "CONNECT": true, "COPY": true, "DELETE": true,
+	"GET": true, "HEAD": true, "LINK": true, "LOCK": true, "M-SEARCH": true, "MERGE": true,
+	"MKACTIVITY": true, "MKCALENDAR": true, "MKCOL": true, "MOVE": true, "NOTIFY": true,
+	"OPTIONS": true, "PATCH": true, "POST": true, "PRI": true, "PROPFIND": true, "PROPPATCH": true,
+	"PURGE": true, "PUT": true, "QUERY": true, "REBIND": true, "REPORT": true, "SEARCH": true,
+	"SOURCE": true, "SUBSCRIBE": true, "TRACE": true, "UNBIND": true, "UNLINK": true,
+	"UNLOCK": true, "UNSUBSCRIBE": true,
 }
 
 // http09Target reports whether rest, the request line after its method,
-// starts with a target HTTP/0.9 has: a path, or an absolute http(s) URI;
-// or is only an absolute URI of any scheme, which nginx takes as HTTP/0.9
-// and routes by its host ("GET x://other/"; with another word after it,
-// nginx refuses the line). A bare CR ends the target too, as some
-// servers end a line there.
-func http09Target(rest []byte) bool {
+// starts with a target HTTP/0.9 has: a path, an absolute http(s) URI, or
+// after a method llhttp knows, one starting with '*'; or is only an
+// absolute URI of any scheme, which nginx takes as HTTP/0.9 and routes
+// by its host ("GET x://other/"; with another word after it, nginx
+// refuses the line). A bare CR ends the target too, as some servers end
+// a line there.
+func http09Target(method, rest []byte) bool {
 	for len(rest) > 0 && lenientSpace(rest[0]) {
 		rest = rest[1:]
 	}
@@ -282,7 +315,8 @@ func http09Target(rest []byte) bool {
 		end++
 	}
 	t := bytes.ToLower(rest[:end])
-	if bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://")) {
+	if bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://")) ||
+		bytes.HasPrefix(t, []byte("*")) && llhttpMethods[string(method)] {
 		return true
 	}
 	after := rest[end:]

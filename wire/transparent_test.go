@@ -73,6 +73,10 @@ func TestClassifyHTTP(t *testing.T) {
 		{"GET * RTSP/1.0\r\n", false, true, false},
 		{"DESCRIBE x://a/ rtsp/2.0\n", false, true, false},
 		{"INVITE sip:bob@example.com SIP/2.0\r\n", false, false, false},
+		// and Icecast's ICE/ with SOURCE, routed by Host too.
+		{"SOURCE * ICE/1.0\r\n", false, true, false},
+		{"source x://a/ ICE/1.0\r\n", false, true, false},
+		{"GET service/x\r\n", false, false, false}, // ICE/ with no SOURCE: no request
 		// PROXY protocol: a front that takes it from its client reads the
 		// request after it.
 		{"PROXY TCP4 10.0.0.1 10.0.0.2 1 80\r\nGET / HTTP/1.1\r\n", false, true, false},
@@ -82,6 +86,13 @@ func TestClassifyHTTP(t *testing.T) {
 		{"\r\n\r\n\x00\r\nQU", true, true, false},
 		{"\r\n\r\n\x00\x00\x00\x08", false, false, false},         // blank lines, then not a request
 		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false, false, false}, // h2c: tunnelled
+		{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04", false, false, false},
+		{"PRI * HTTP/2.0\r\n\r\nS", false, true, true},
+		{"PRI * HTTP/2.0\r\n", true, false, false}, // ended: no request can follow
+		// Go's net/http takes the preface's line with fields after it as
+		// a request, its handler seeing their Host.
+		{"PRI * HTTP/2.0\r\nHost: other.example.com\r\n\r\n", false, true, false},
+		{"PRI * HTTP/2.0\n\nSM\n\n", false, true, false},
 		{"GETX:", false, false, false},
 		// HTTP/0.9 (no version): a lenient front takes it as a request,
 		// routed by an absolute target.
@@ -96,6 +107,13 @@ func TestClassifyHTTP(t *testing.T) {
 		{"GET x://other.example.com/\rHost: a\r\n", false, true, false},
 		{"GET x://other.example.com/ SIP/2.0", true, false, false}, // a version no HTTP server takes
 		{"GET 1x://other.example.com/\r\n", false, false, false},
+		// Node's parser takes a target starting with '*' after a method it
+		// knows as HTTP/0.9, reads the fields after it and routes by Host.
+		{"GET *\r\n", false, true, false},
+		{"OPTIONS *x\n", false, true, false},
+		{"M-SEARCH */a\r\n", false, true, false},
+		{"KEYS *\r\n", false, false, false}, // Redis inline, which Node's parser refuses
+		{"get *\r\n", false, false, false},  // memcached; Node's methods are uppercase
 		{"GET /x", true, true, false},
 		{"get /key\r\n", false, true, false}, // a memcached key like a path: the forwarder's
 		// Whitespace Python's str.split knows (http.server splits on it).
