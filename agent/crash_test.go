@@ -185,19 +185,21 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 	t.Cleanup(killInits)
 
 	const iterations = 10
-	deadline := time.Now().Add(35 * time.Second)
+	start := time.Now()
+	deadline, catchUp := start.Add(35*time.Second), start.Add(2*time.Minute)
 	var (
 		agents    []*agentProc
 		agentPIDs []int // every agent's, for the shells' groups they name
 	)
 	// More iterations while none made a Trial or adopted a container (a
-	// slow guest), to the deadline.
+	// slow guest: a TCG guest beside two others adopted none in 7), to
+	// a later deadline, each giving the agent 2 s more before its kill.
 	short := func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return made == 0 || adopted == 0
 	}
-	for i := 0; (i < iterations || short()) && time.Now().Before(deadline); i++ {
+	for i := 0; i < iterations && time.Now().Before(deadline) || short() && time.Now().Before(catchUp); i++ {
 		cur := runAgent(t, bin, args...)
 		agents = append(agents, cur)
 		agentPIDs = append(agentPIDs, cur.cmd.Process.Pid)
@@ -212,6 +214,9 @@ func TestPrivilegedAgentKilledAnywhereLeavesNothing(t *testing.T) {
 		go func() { defer wg.Done(); containerChurn(stop, i, rand.New(rand.NewPCG(seed, uint64(1000+i)))) }()
 		victim := cur
 		delay := time.Duration(rng.IntN(700)) * time.Millisecond
+		if i >= iterations || time.Now().After(deadline) {
+			delay += 2 * time.Second
+		}
 		// One kill in four falls in the agent's start-up; the others
 		// count from its first answer, which a slow guest takes long
 		// to give.
