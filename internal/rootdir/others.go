@@ -139,7 +139,7 @@ func othersWrite(path string, st *unix.Stat_t, uid, gid uint32) (string, error) 
 		case st.Mode&0o002 != 0:
 			return fmt.Sprintf("anyone (mode %04o)", st.Mode&0o7777), nil
 		case st.Mode&0o020 != 0 && !ours(st.Gid):
-			return fmt.Sprintf("the members of %s (mode %04o)", groupName(st.Gid), st.Mode&0o7777), nil
+			return fmt.Sprintf("the members of %s, by its mode %04o", groupName(st.Gid), st.Mode&0o7777), nil
 		}
 		return "", nil
 	case err != nil:
@@ -161,9 +161,9 @@ func othersWrite(path string, st *unix.Stat_t, uid, gid uint32) (string, error) 
 		case tag == aclUser && id != 0 && id != uid && perm&mask&aclWrite != 0:
 			return fmt.Sprintf("uid %d (its ACL)", id), nil
 		case tag == aclGroupObj && !ours(st.Gid) && perm&mask&aclWrite != 0:
-			return fmt.Sprintf("the members of %s (its ACL)", groupName(st.Gid)), nil
+			return fmt.Sprintf("the members of %s, by its ACL", groupName(st.Gid)), nil
 		case tag == aclGroup && !ours(id) && perm&mask&aclWrite != 0:
-			return fmt.Sprintf("the members of %s (its ACL)", groupName(id)), nil
+			return fmt.Sprintf("the members of %s, by its ACL", groupName(id)), nil
 		case tag == aclOther && perm&aclWrite != 0:
 			return "anyone (its ACL)", nil
 		}
