@@ -172,17 +172,34 @@ func othersWrite(path string, st *unix.Stat_t, uid, gid uint32) (string, error) 
 }
 
 // privateGroup says whether gid is uid's own group: its primary one, named
-// as the user is (a user private group, useradd's default), which no one
-// else is given unless added to it. A primary group users share (users,
-// staff) is not: each of its members could write where it may.
+// as the user is (a user private group, useradd's default), with no one
+// else listed in groupFile as its member. A primary group users share
+// (users, staff), or one a colleague was added to, is not: each of its
+// members could write where it may.
 func privateGroup(uid, gid uint32) bool {
 	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
 	if err != nil || u.Gid != strconv.FormatUint(uint64(gid), 10) {
 		return false
 	}
 	g, err := user.LookupGroupId(u.Gid)
-	return err == nil && g.Name == u.Username
+	if err != nil || g.Name != u.Username {
+		return false
+	}
+	b, err := os.ReadFile(groupFile)
+	if err != nil {
+		return false // its members unknown
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Split(strings.TrimSpace(line), ":")
+		if len(f) == 4 && f[2] == u.Gid && f[3] != "" && f[3] != u.Username {
+			return false
+		}
+	}
+	return true
 }
+
+// groupFile lists groups' members (a test's copy in tests).
+var groupFile = "/etc/group"
 
 // groupName is "group NAME (gid N)", or "group N" where gid has no name.
 func groupName(gid uint32) string {

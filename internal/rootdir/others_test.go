@@ -90,8 +90,9 @@ func TestPrivilegedOthersOutOfReach(t *testing.T) {
 
 // SUDO_GID is the caller's group only when it is their own (a user
 // private group, named as they are): a primary group many users share
-// (users, staff, nogroup) lets each of them swap the report. Seen red
-// with privateGroup returning true: both shared cases passed.
+// (users, staff, nogroup), or one a colleague was added to, lets each of
+// them swap the report. Seen red with privateGroup returning true: the
+// three refusals passed.
 func TestPrivilegedOthersOutOfReachCallersGroup(t *testing.T) {
 	privtest.Require(t)
 	ids := func(name string) (uint32, uint32, string) {
@@ -115,6 +116,16 @@ func TestPrivilegedOthersOutOfReachCallersGroup(t *testing.T) {
 	why := fmt.Sprintf("group %s (gid %d)", name, gid)
 	t.Run("shared", func(t *testing.T) {
 		othersCase(t, chgrp("a", 0o775, int(gid)), why, uid, gid)
+	})
+	t.Run("a colleague added to it", func(t *testing.T) {
+		uid, gid, name := ids("daemon")
+		groups := filepath.Join(t.TempDir(), "group")
+		if err := os.WriteFile(groups, []byte(fmt.Sprintf("%s:x:%d:%s,sync\n", name, gid, name)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		defer func(f string) { groupFile = f }(groupFile)
+		groupFile = groups
+		othersCase(t, chgrp("a", 0o775, int(gid)), fmt.Sprintf("group %s (gid %d)", name, gid), uid, gid)
 	})
 	t.Run("shared, by its ACL", func(t *testing.T) {
 		othersCase(t, setACL("a", acl([3]uint32{aclUserObj, 7, 0}, [3]uint32{aclGroupObj, 5, 0}, [3]uint32{aclGroup, 7, gid}, [3]uint32{aclMask, 7, 0}, [3]uint32{aclOther, 5, 0})), why, uid, gid)
