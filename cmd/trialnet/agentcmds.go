@@ -106,6 +106,11 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		AllowCIDRs: cidrs,
 		Logger:     log,
 	}
+	for _, d := range [][2]string{{"state_dir", cfg.Host.StateDir}, {"data_dir", cfg.DataDir}} {
+		if code, err := madeRootsAlone(d[0], d[1]); err != nil {
+			return cli.Fail(stdout, stderr, false, code, err)
+		}
+	}
 	if given != "" {
 		// The name given, not the file it led to: a reload after root
 		// points a link there at a new file (as config management does)

@@ -1188,3 +1188,38 @@ func TestPrivilegedConfigPathsRootsAlone(t *testing.T) {
 		t.Errorf("root made %v in uid 65533's directory", names)
 	}
 }
+
+// run's state directory is state_dir's name with -ephemeral, a name
+// pathsRootsAlone never judged: beneath a sticky directory, another user
+// may make it first, and root's embedded agent would keep, read and
+// sweep its records there. run makes it, then judges what it made, and
+// refuses another user's. Seen red with the check after the make taken
+// out: run exited 0 and wrote in uid 65533's state-ephemeral.
+func TestPrivilegedRunStateDirMadeFirstByAnother(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	sticky := privtest.SharedDir(t, "paths-")
+	if err := os.Chmod(sticky, os.ModeSticky|0o777); err != nil {
+		t.Fatal(err)
+	}
+	theirs := filepath.Join(sticky, "state-ephemeral")
+	if err := os.Mkdir(theirs, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, 65533, 65533); err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(privtest.SharedDir(t, "paths-"), "trialnet.yaml")
+	body := fmt.Sprintf("profiles:\n  p: [api.example.com:443]\npaths:\n  state_dir: %s/state\n", sticky)
+	if err := os.WriteFile(config, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "no-agent.sock")
+	code, _, errOut := trialnet("run", "--socket", sock, "--uid", "65534", "--gid", "65534", "--config", config, "--profile", "p", "--", "true")
+	if code != exitUsage || !strings.Contains(errOut, "state_dir") || !strings.Contains(errOut, "owned by uid 65533") {
+		t.Errorf("exit %d, want %d, uid 65533's state-ephemeral refused\n%s", code, exitUsage, errOut)
+	}
+	if names, _ := os.ReadDir(theirs); len(names) != 0 {
+		t.Errorf("root made %v in uid 65533's directory", names)
+	}
+}

@@ -237,6 +237,9 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 	// leaves nothing that the next run does not remove.
 	host := hostConfig(file)
 	host.StateDir += "-ephemeral"
+	if code, err := madeRootsAlone("state_dir", host.StateDir); err != nil {
+		return nil, nil, nil, code, err
+	}
 	a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: f.cf.resolvers, AllowCIDRs: cidrs, Ephemeral: true, SteerAhead: !*f.noTransparent})
 	if err != nil {
 		return nil, nil, nil, exitFailure, err
@@ -260,6 +263,22 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 		stopScale()
 		a.Close(true)
 	}, exitOK, nil
+}
+
+// madeRootsAlone makes dir (0700) if it is missing and then judges it as
+// pathsRootsAlone does: what was missing there (root's to make) another
+// user may have made first beneath a sticky directory, for the agent to
+// keep, read and sweep its records in; and run's state directory is
+// state_dir's name with -ephemeral, which pathsRootsAlone never saw.
+// Judged once made, it cannot change after. The code is exit's on an error.
+func madeRootsAlone(key, dir string) (int, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return exitFailure, fmt.Errorf("config paths: %s: create %s: %w", key, dir, err)
+	}
+	if err := rootdir.OthersOutOfReach(dir+"/_", 0, 0); err != nil {
+		return exitUsage, usageError{fmt.Sprintf("config paths: %s: %s: %v: root keeps its records there; give a %s in a directory only root can change", key, dir, err, key)}
+	}
+	return exitOK, nil
 }
 
 // configOutOfReach refuses a --config file the Trial's uid or gid could

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -24,7 +26,7 @@ var ErrOthersReach = errors.New("in reach of another user of this host")
 // verified, before a harness reads it. Every directory the kernel
 // crosses is checked, as OutOfReach checks them: owned by root or uid,
 // on no FUSE, writable by no one else (mode bits, the group only when it
-// is gid or one this process holds, and the access ACL), but for sticky
+// is one this process holds or gid as uid's own private group, and the access ACL), but for sticky
 // ones above the file's own, where each entry on the way must be root's
 // or uid's. The file itself is not judged (OutOfReach does), and
 // directories missing on the way are root's to make.
@@ -121,7 +123,7 @@ func dirOutOfOthersReach(dir string, uid, gid uint32, last bool) error {
 func othersWrite(path string, st *unix.Stat_t, uid, gid uint32) (string, error) {
 	groups, _ := unix.Getgroups()
 	ours := func(g uint32) bool {
-		return g == 0 || g == gid || g == uint32(os.Getegid()) || slices.Contains(groups, int(g))
+		return g == 0 || g == uint32(os.Getegid()) || slices.Contains(groups, int(g)) || (g == gid && privateGroup(uid, gid))
 	}
 	buf := make([]byte, 4+8*64)
 	n, err := unix.Getxattr(path, "system.posix_acl_access", buf)
@@ -137,7 +139,7 @@ func othersWrite(path string, st *unix.Stat_t, uid, gid uint32) (string, error) 
 		case st.Mode&0o002 != 0:
 			return fmt.Sprintf("anyone (mode %04o)", st.Mode&0o7777), nil
 		case st.Mode&0o020 != 0 && !ours(st.Gid):
-			return fmt.Sprintf("the members of group %d (mode %04o)", st.Gid, st.Mode&0o7777), nil
+			return fmt.Sprintf("the members of %s, by its mode %04o", groupName(st.Gid), st.Mode&0o7777), nil
 		}
 		return "", nil
 	case err != nil:
@@ -159,14 +161,52 @@ func othersWrite(path string, st *unix.Stat_t, uid, gid uint32) (string, error) 
 		case tag == aclUser && id != 0 && id != uid && perm&mask&aclWrite != 0:
 			return fmt.Sprintf("uid %d (its ACL)", id), nil
 		case tag == aclGroupObj && !ours(st.Gid) && perm&mask&aclWrite != 0:
-			return fmt.Sprintf("the members of group %d (its ACL)", st.Gid), nil
+			return fmt.Sprintf("the members of %s, by its ACL", groupName(st.Gid)), nil
 		case tag == aclGroup && !ours(id) && perm&mask&aclWrite != 0:
-			return fmt.Sprintf("the members of group %d (its ACL)", id), nil
+			return fmt.Sprintf("the members of %s, by its ACL", groupName(id)), nil
 		case tag == aclOther && perm&aclWrite != 0:
 			return "anyone (its ACL)", nil
 		}
 	}
 	return "", nil
+}
+
+// privateGroup says whether gid is uid's own group: its primary one, named
+// as the user is (a user private group, useradd's default), with no one
+// else listed in groupFile as its member. A primary group users share
+// (users, staff), or one a colleague was added to, is not: each of its
+// members could write where it may.
+func privateGroup(uid, gid uint32) bool {
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil || u.Gid != strconv.FormatUint(uint64(gid), 10) {
+		return false
+	}
+	g, err := user.LookupGroupId(u.Gid)
+	if err != nil || g.Name != u.Username {
+		return false
+	}
+	b, err := os.ReadFile(groupFile)
+	if err != nil {
+		return false // its members unknown
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Split(strings.TrimSpace(line), ":")
+		if len(f) == 4 && f[2] == u.Gid && f[3] != "" && f[3] != u.Username {
+			return false
+		}
+	}
+	return true
+}
+
+// groupFile lists groups' members (a test's copy in tests).
+var groupFile = "/etc/group"
+
+// groupName is "group NAME (gid N)", or "group N" where gid has no name.
+func groupName(gid uint32) string {
+	if g, err := user.LookupGroupId(strconv.FormatUint(uint64(gid), 10)); err == nil {
+		return fmt.Sprintf("group %s (gid %d)", g.Name, gid)
+	}
+	return fmt.Sprintf("group %d", gid)
 }
 
 // FileOthersOutOfReach is OthersOutOfReach for a file written in place

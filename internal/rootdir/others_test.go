@@ -4,8 +4,11 @@ package rootdir
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -19,7 +22,7 @@ const another, caller = 4242, 4343
 // A report's path is out of every other user's reach only if no one but
 // root or the caller owns a directory it crosses or may write one that
 // is not sticky (the report's own, sticky or not), by mode or ACL; a
-// group this process holds, or the caller's, is the caller's. Each way
+// group this process holds is root's. Each way
 // another user could swap the report once verify read it is refused.
 // Seen red with dirOutOfOthersReach returning nil and the entry owner
 // check taken out: every refusal passed.
@@ -48,7 +51,6 @@ func TestPrivilegedOthersOutOfReach(t *testing.T) {
 		{"the report's directory world-writable", chmod("a/b", 0o777), "anyone (mode 0777)"},
 		{"the report's directory sticky", chmod("a/b", 0o1777), "put another at its name"},
 		{"an ancestor writable by another group", chgrp("a", 0o775, 4244), "group 4244"},
-		{"an ancestor writable by the caller's group", chgrp("a", 0o775, caller), ""},
 		{"sticky and world-writable, entries root's", chmod("a", 0o1777), ""},
 		{"another user's symlink in a sticky directory", func(t *testing.T, base string) string {
 			chmod("a", 0o1777)(t, base)
@@ -81,22 +83,73 @@ func TestPrivilegedOthersOutOfReach(t *testing.T) {
 		}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			base := t.TempDir()
-			mkdir(t, filepath.Join(base, "a"), 0o755)
-			mkdir(t, filepath.Join(base, "a", "b"), 0o755)
-			path := filepath.Join(base, "a", "b", "report.json")
-			if c.setup != nil {
-				if p := c.setup(t, base); p != "" {
-					path = p
-				}
-			}
-			err := OthersOutOfReach(path, caller, caller)
-			switch {
-			case c.why == "" && err != nil:
-				t.Fatalf("%s: %v, want out of reach", path, err)
-			case c.why != "" && (err == nil || !strings.Contains(err.Error(), c.why) || !errors.Is(err, ErrOthersReach)):
-				t.Fatalf("%s: %v, want refused: %s", path, err, c.why)
-			}
+			othersCase(t, c.setup, c.why, caller, caller)
 		})
+	}
+}
+
+// SUDO_GID is the caller's group only when it is their own (a user
+// private group, named as they are): a primary group many users share
+// (users, staff, nogroup), or one a colleague was added to, lets each of
+// them swap the report. Seen red with privateGroup returning true: the
+// three refusals passed.
+func TestPrivilegedOthersOutOfReachCallersGroup(t *testing.T) {
+	privtest.Require(t)
+	ids := func(name string) (uint32, uint32, string) {
+		u, err := user.Lookup(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := user.LookupGroupId(u.Gid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		return uint32(uid), uint32(gid), g.Name
+	}
+	// daemon:1:1, its group daemon; sync:4:65534, its group nogroup,
+	// which others share: on every Debian host and guest.
+	uid, gid, _ := ids("daemon")
+	othersCase(t, chgrp("a", 0o775, int(gid)), "", uid, gid)
+	uid, gid, name := ids("sync")
+	why := fmt.Sprintf("group %s (gid %d)", name, gid)
+	t.Run("shared", func(t *testing.T) {
+		othersCase(t, chgrp("a", 0o775, int(gid)), why, uid, gid)
+	})
+	t.Run("a colleague added to it", func(t *testing.T) {
+		uid, gid, name := ids("daemon")
+		groups := filepath.Join(t.TempDir(), "group")
+		if err := os.WriteFile(groups, []byte(fmt.Sprintf("%s:x:%d:%s,sync\n", name, gid, name)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		defer func(f string) { groupFile = f }(groupFile)
+		groupFile = groups
+		othersCase(t, chgrp("a", 0o775, int(gid)), fmt.Sprintf("group %s (gid %d)", name, gid), uid, gid)
+	})
+	t.Run("shared, by its ACL", func(t *testing.T) {
+		othersCase(t, setACL("a", acl([3]uint32{aclUserObj, 7, 0}, [3]uint32{aclGroupObj, 5, 0}, [3]uint32{aclGroup, 7, gid}, [3]uint32{aclMask, 7, 0}, [3]uint32{aclOther, 5, 0})), why, uid, gid)
+	})
+}
+
+// othersCase judges base/a/b/report.json (or the path setup returns)
+// for the caller uid and gid after setup: out of reach if why is "".
+func othersCase(t *testing.T, setup func(*testing.T, string) string, why string, uid, gid uint32) {
+	t.Helper()
+	base := t.TempDir()
+	mkdir(t, filepath.Join(base, "a"), 0o755)
+	mkdir(t, filepath.Join(base, "a", "b"), 0o755)
+	path := filepath.Join(base, "a", "b", "report.json")
+	if setup != nil {
+		if p := setup(t, base); p != "" {
+			path = p
+		}
+	}
+	err := OthersOutOfReach(path, uid, gid)
+	switch {
+	case why == "" && err != nil:
+		t.Fatalf("%s: %v, want out of reach", path, err)
+	case why != "" && (err == nil || !strings.Contains(err.Error(), why) || !errors.Is(err, ErrOthersReach)):
+		t.Fatalf("%s: %v, want refused: %s", path, err, why)
 	}
 }
