@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/user"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,56 +34,20 @@ func OthersOutOfReach(path string, uid, gid uint32) error {
 	if err != nil {
 		return err
 	}
-	trusted := func(o uint32) bool { return o == 0 || o == uid }
-	rest := strings.Split(abs, "/")
-	dir, links := "/", 0
-	for len(rest) > 0 {
-		name := rest[0]
-		rest = rest[1:]
-		if name == "" || name == "." {
-			continue
+	dir := func(d string, last bool) error { return dirOutOfOthersReach(d, uid, gid, last) }
+	return walk(abs, dir, func(next string, st *unix.Stat_t, err error, last bool) (bool, error) {
+		switch {
+		case last:
+			return true, nil // the file, replaced by the rename
+		case errors.Is(err, unix.ENOENT):
+			return true, nil // made by root, or not at all
+		case err != nil:
+			return true, fmt.Errorf("%s: %w", next, err)
+		case st.Uid != 0 && st.Uid != uid:
+			return true, fmt.Errorf("%w: %s is owned by uid %d, who may replace it", ErrOthersReach, next, st.Uid)
 		}
-		if err := dirOutOfOthersReach(dir, uid, gid, len(rest) == 0); err != nil {
-			return err
-		}
-		if name == ".." {
-			dir = filepath.Dir(dir)
-			continue
-		}
-		if len(rest) == 0 {
-			return nil // the file, replaced by the rename
-		}
-		next := filepath.Join(dir, name)
-		var st unix.Stat_t
-		if err := unix.Lstat(next, &st); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				return nil // made by root, or not at all
-			}
-			return fmt.Errorf("%s: %w", next, err)
-		}
-		if !trusted(st.Uid) {
-			return fmt.Errorf("%w: %s is owned by uid %d, who may replace it", ErrOthersReach, next, st.Uid)
-		}
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFLNK:
-			if links++; links > maxLinks {
-				return fmt.Errorf("%s: %w", abs, unix.ELOOP)
-			}
-			target, err := os.Readlink(next)
-			if err != nil {
-				return err
-			}
-			if filepath.IsAbs(target) {
-				dir = "/"
-			}
-			rest = append(strings.Split(target, "/"), rest...)
-		case unix.S_IFDIR:
-			dir = next
-		default:
-			return fmt.Errorf("%s: %w", next, unix.ENOTDIR)
-		}
-	}
-	return nil
+		return false, nil
+	})
 }
 
 // dirOutOfOthersReach refuses dir if someone but root or uid owns it, if
@@ -125,16 +88,11 @@ func othersWrite(path string, st *unix.Stat_t, uid, gid uint32) (string, error) 
 	ours := func(g uint32) bool {
 		return g == 0 || g == uint32(os.Getegid()) || slices.Contains(groups, int(g)) || (g == gid && privateGroup(uid, gid))
 	}
-	buf := make([]byte, 4+8*64)
-	n, err := unix.Getxattr(path, "system.posix_acl_access", buf)
-	if errors.Is(err, unix.ERANGE) {
-		if n, err = unix.Getxattr(path, "system.posix_acl_access", nil); err == nil {
-			buf = make([]byte, n)
-			n, err = unix.Getxattr(path, "system.posix_acl_access", buf)
-		}
-	}
+	b, err := accessACL(path)
 	switch {
-	case errors.Is(err, unix.ENODATA), errors.Is(err, unix.EOPNOTSUPP):
+	case err != nil:
+		return "", err
+	case b == nil:
 		switch {
 		case st.Mode&0o002 != 0:
 			return fmt.Sprintf("anyone (mode %04o)", st.Mode&0o7777), nil
@@ -142,10 +100,7 @@ func othersWrite(path string, st *unix.Stat_t, uid, gid uint32) (string, error) 
 			return fmt.Sprintf("the members of %s, by its mode %04o", groupName(st.Gid), st.Mode&0o7777), nil
 		}
 		return "", nil
-	case err != nil:
-		return "", fmt.Errorf("read the ACL of %s: %w", path, err)
 	}
-	b := buf[:n]
 	if len(b) < 4 || binary.LittleEndian.Uint32(b) != aclVersion || (len(b)-4)%8 != 0 {
 		return "", errors.New("an access ACL trialnet cannot read: refused, as it may grant anything")
 	}

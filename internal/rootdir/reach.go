@@ -43,45 +43,66 @@ func reach(path string, uid, gid uint32, inPlace bool) error {
 	if err != nil {
 		return err
 	}
-	rest := strings.Split(abs, "/")
-	dir, links := "/", 0
-	for len(rest) > 0 {
-		name := rest[0]
-		rest = rest[1:]
-		if name == "" || name == "." {
-			continue
-		}
-		if err := dirOutOfReach(dir, uid, gid, len(rest) == 0); err != nil {
-			return err
-		}
-		if name == ".." {
-			dir = filepath.Dir(dir)
-			continue
-		}
-		next := filepath.Join(dir, name)
-		var st unix.Stat_t
-		if err := unix.Lstat(next, &st); err != nil {
+	dir := func(d string, last bool) error { return dirOutOfReach(d, uid, gid, last) }
+	return walk(abs, dir, func(next string, st *unix.Stat_t, err error, last bool) (bool, error) {
+		if err != nil {
 			if errors.Is(err, unix.ENOENT) && !inPlace {
-				return nil // made by root, or not at all
+				return true, nil // made by root, or not at all
 			}
-			return fmt.Errorf("%s: %w", next, err)
+			return true, fmt.Errorf("%s: %w", next, err)
 		}
-		if st.Uid == uid && len(rest) > 0 {
+		if st.Uid == uid && !last {
 			// Its own entry, in a directory checked above: only a sticky
 			// one lets it get here, and there it may move this one. (The
 			// file itself is replaced, whoever owns it.)
-			return fmt.Errorf("%w: %s is owned by uid %d, the Trial's, which may replace it", ErrInReach, next, uid)
+			return true, fmt.Errorf("%w: %s is owned by uid %d, the Trial's, which may replace it", ErrInReach, next, uid)
 		}
 		kind := st.Mode & unix.S_IFMT
 		switch {
-		case len(rest) == 0 && inPlace && kind != unix.S_IFREG && kind != unix.S_IFIFO:
-			return fmt.Errorf("%s is not a regular file or FIFO (mode %o)", next, st.Mode)
-		case len(rest) == 0 && !inPlace && kind != unix.S_IFREG && kind != unix.S_IFLNK:
-			return fmt.Errorf("%s is not a regular file (mode %o): trialnet writes a report only where it may replace a file", next, st.Mode)
-		case len(rest) == 0:
-			// The file itself (or a symlink there): replaced by the
-			// rename, never written through.
-		case kind == unix.S_IFLNK:
+		case last && inPlace && kind != unix.S_IFREG && kind != unix.S_IFIFO:
+			return true, fmt.Errorf("%s is not a regular file or FIFO (mode %o)", next, st.Mode)
+		case last && !inPlace && kind != unix.S_IFREG && kind != unix.S_IFLNK:
+			return true, fmt.Errorf("%s is not a regular file (mode %o): trialnet writes a report only where it may replace a file", next, st.Mode)
+		}
+		// The file itself (or a symlink there) is replaced by the rename,
+		// never written through.
+		return last, nil
+	})
+}
+
+// walk resolves abs (absolute, not cleaned) name by name as the kernel
+// does, ".." and symlinks (at most maxLinks) included. It calls dir with
+// each directory it crosses (last: the one the final name is in), then
+// name with each name looked up there, its lstat and the lstat's error
+// (last: the final name); name says whether the walk ends there. Any
+// other name that is no symlink must be a directory.
+func walk(abs string, dir func(d string, last bool) error, name func(next string, st *unix.Stat_t, err error, last bool) (bool, error)) error {
+	rest := strings.Split(abs, "/")
+	d, links := "/", 0
+	for len(rest) > 0 {
+		n := rest[0]
+		rest = rest[1:]
+		if n == "" || n == "." {
+			continue
+		}
+		if err := dir(d, len(rest) == 0); err != nil {
+			return err
+		}
+		if n == ".." {
+			d = filepath.Dir(d)
+			continue
+		}
+		next := filepath.Join(d, n)
+		var st unix.Stat_t
+		lerr := unix.Lstat(next, &st)
+		if done, err := name(next, &st, lerr, len(rest) == 0); done || err != nil {
+			return err
+		}
+		if lerr != nil {
+			return fmt.Errorf("%s: %w", next, lerr)
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFLNK:
 			if links++; links > maxLinks {
 				return fmt.Errorf("%s: %w", abs, unix.ELOOP)
 			}
@@ -90,13 +111,13 @@ func reach(path string, uid, gid uint32, inPlace bool) error {
 				return err
 			}
 			if filepath.IsAbs(target) {
-				dir = "/"
+				d = "/"
 			}
 			rest = append(strings.Split(target, "/"), rest...)
-		case kind != unix.S_IFDIR:
-			return fmt.Errorf("%s: %w", next, unix.ENOTDIR)
+		case unix.S_IFDIR:
+			d = next
 		default:
-			dir = next
+			return fmt.Errorf("%s: %w", next, unix.ENOTDIR)
 		}
 	}
 	return nil
@@ -241,6 +262,19 @@ const (
 // entry decides alone; the group class grants if any matching group
 // entry does, masked; only then the other entry).
 func writableBy(path string, st *unix.Stat_t, uid, gid uint32) (string, error) {
+	acl, err := accessACL(path)
+	switch {
+	case err != nil:
+		return "", err
+	case acl == nil:
+		return modeWritable(st.Mode, st.Gid == gid), nil
+	}
+	return aclWritable(acl, st.Gid == gid, uid, gid)
+}
+
+// accessACL is path's access ACL as the kernel stores it, nil if it has
+// none (or its file system keeps none).
+func accessACL(path string) ([]byte, error) {
 	buf := make([]byte, 4+8*64)
 	n, err := unix.Getxattr(path, "system.posix_acl_access", buf)
 	if errors.Is(err, unix.ERANGE) {
@@ -251,11 +285,11 @@ func writableBy(path string, st *unix.Stat_t, uid, gid uint32) (string, error) {
 	}
 	switch {
 	case errors.Is(err, unix.ENODATA), errors.Is(err, unix.EOPNOTSUPP):
-		return modeWritable(st.Mode, st.Gid == gid), nil
+		return nil, nil
 	case err != nil:
-		return "", fmt.Errorf("read the ACL of %s: %w", path, err)
+		return nil, fmt.Errorf("read the ACL of %s: %w", path, err)
 	}
-	return aclWritable(buf[:n], st.Gid == gid, uid, gid)
+	return buf[:n], nil
 }
 
 func modeWritable(mode uint32, inGroup bool) string {
