@@ -283,20 +283,24 @@ func ClassifyHTTP(b []byte, ended bool) (isHTTP, more bool) {
 	return bytes.Contains(up, []byte("HTTP/")) || bytes.Contains(up, []byte("RTSP/")) || icecast || http09Target(line[:n], line[n:]), false
 }
 
-// llhttpMethods are the methods Node's parser (llhttp) knows, as it
-// spells them: after one, it takes a line with no version whose target
-// starts with '*' as HTTP/0.9, reads the fields after it, and the server
-// routes by Host (Node 20 served "GET *" and "OPTIONS *x" as another
-// Host). Redis's inline "KEYS *" and memcached's "get *" are not among
-// them.
-var llhttpMethods = map[string]bool{
-	"ACL": true, "BIND": true, "CHECKOUT": true, "CONNECT": true, "COPY": true, "DELETE": true,
-	"GET": true, "HEAD": true, "LINK": true, "LOCK": true, "M-SEARCH": true, "MERGE": true,
-	"MKACTIVITY": true, "MKCALENDAR": true, "MKCOL": true, "MOVE": true, "NOTIFY": true,
-	"OPTIONS": true, "PATCH": true, "POST": true, "PRI": true, "PROPFIND": true, "PROPPATCH": true,
-	"PURGE": true, "PUT": true, "QUERY": true, "REBIND": true, "REPORT": true, "SEARCH": true,
-	"SOURCE": true, "SUBSCRIBE": true, "TRACE": true, "UNBIND": true, "UNLINK": true,
-	"UNLOCK": true, "UNSUBSCRIBE": true,
+// llhttpMethod reports whether m is a method Node's parser (llhttp)
+// knows, as it spells it: after one, it takes a line with no version
+// whose target starts with '*' as HTTP/0.9, reads the fields after it,
+// and the server routes by Host (Node 20 served "GET *" and "OPTIONS *x"
+// as another Host). Redis's inline "KEYS *" and memcached's "get *" are
+// not among them. A switch, not a map: no table built at every start.
+func llhttpMethod(m string) bool {
+	switch m {
+	case "ACL", "BIND", "CHECKOUT", "CONNECT", "COPY", "DELETE",
+		"GET", "HEAD", "LINK", "LOCK", "M-SEARCH", "MERGE",
+		"MKACTIVITY", "MKCALENDAR", "MKCOL", "MOVE", "NOTIFY",
+		"OPTIONS", "PATCH", "POST", "PRI", "PROPFIND", "PROPPATCH",
+		"PURGE", "PUT", "QUERY", "REBIND", "REPORT", "SEARCH",
+		"SOURCE", "SUBSCRIBE", "TRACE", "UNBIND", "UNLINK",
+		"UNLOCK", "UNSUBSCRIBE":
+		return true
+	}
+	return false
 }
 
 // http09Target reports whether rest, the request line after its method,
@@ -316,7 +320,7 @@ func http09Target(method, rest []byte) bool {
 	}
 	t := bytes.ToLower(rest[:end])
 	if bytes.HasPrefix(t, []byte("/")) || bytes.HasPrefix(t, []byte("http://")) || bytes.HasPrefix(t, []byte("https://")) ||
-		bytes.HasPrefix(t, []byte("*")) && llhttpMethods[string(method)] {
+		bytes.HasPrefix(t, []byte("*")) && llhttpMethod(string(method)) {
 		return true
 	}
 	after := rest[end:]

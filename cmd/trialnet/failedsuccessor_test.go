@@ -113,15 +113,17 @@ func TestPrivilegedAgentFailedSuccessorsTunnelsRecorded(t *testing.T) {
 	a := newAgentWithConfig(t, "failedsucc", echoWorld(t)+"prepared: 0\n")
 	a.start(t)
 	createTrial(t, a.sock, "fs")
-	// A Trial the successor adopts after fs (by name), whose log it
-	// cannot open, as on a stuck disk (a FIFO over it): it serves fs
-	// and stalls there, until it is killed.
+	// A Trial the successor adopts after fs (by name), whose stub's
+	// names file it cannot open, as on a stuck disk (a FIFO over it,
+	// which its open for writing waits on): it serves fs and stalls
+	// there, until it is killed. (Its decision log is read without
+	// blocking, and refused if it is no regular file.)
 	createTrial(t, a.sock, "zz")
 	fifo := filepath.Join(t.TempDir(), "fifo")
 	if err := unix.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stuck := filepath.Join(a.data, "zz", "decisions.jsonl")
+	stuck := filepath.Join(a.host.StateDir, "zz.names")
 	if err := unix.Mount(fifo, stuck, "", unix.MS_BIND, ""); err != nil {
 		t.Fatal(err)
 	}
