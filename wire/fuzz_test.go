@@ -211,3 +211,30 @@ func FuzzGatewayHead(f *testing.F) {
 		}
 	})
 }
+
+// The forwarder classifies a transparent connection's first bytes as they
+// come, and acts on the first verdict that is not "more": a prefix judged
+// not HTTP must leave the whole not HTTP, or a client that sends the
+// prefix first has the rest (a request naming another Host) tunnelled
+// unjudged. Told the bytes ended, the classifier never asks for more.
+func FuzzClassifyHTTP(f *testing.F) {
+	for _, s := range []string{"GET / HTTP/1.1\r\nHost: a\r\n\r\n", "SSH-2.0-x\r\n", "\r\n\r\n\x00\r\nQUIT\n", "PROXY TCP4 a b 1 2\r\n",
+		"OPTIONS * RTSP/1.0\r\n", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "get foo\r\n", "\x16\x03\x01\x00", "GET x://o/\r\n", "SOURCE * ICE/1.0\r\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) > 2048 {
+			return
+		}
+		whole, _ := ClassifyHTTP(b, false)
+		ended, more := ClassifyHTTP(b, true)
+		if more {
+			t.Fatalf("%q, ended: asks for more", b)
+		}
+		for k := 0; k <= len(b); k++ {
+			if is, more := ClassifyHTTP(b[:k], false); !is && !more && (whole || ended) {
+				t.Fatalf("%q judged not HTTP, but the whole %q is HTTP (ended: %v)", b[:k], b, ended)
+			}
+		}
+	})
+}
