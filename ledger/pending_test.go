@@ -18,11 +18,7 @@ import (
 // Red with the gate's Keep call taken out: Lost returns no summary.
 func TestLedgerKeepsThePendingSummary(t *testing.T) {
 	dir := t.TempDir()
-	l, err := Create(dir, "ps1", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Remove)
+	l := testLedger(t, dir, "ps1")
 	var written []record.Event
 	g := record.NewGate("ps1", false, record.Bounds{Rate: 1, Burst: 1, MaxLogBytes: 1, Keep: l},
 		func(ev *record.Event, _ []byte) { written = append(written, *ev) })
@@ -74,11 +70,7 @@ func TestLedgerKeepsThePendingSummary(t *testing.T) {
 	}
 
 	// Written, the summary is no longer kept; the next one starts afresh.
-	l2, err := Create(dir, "ps2", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l2.Remove)
+	l2 := testLedger(t, dir, "ps2")
 	written = nil
 	g2 := record.NewGate("ps2", false, record.Bounds{Rate: 1, Burst: 1, MaxLogBytes: 1, Keep: l2},
 		func(ev *record.Event, _ []byte) { written = append(written, *ev) })
@@ -103,6 +95,18 @@ func TestLedgerKeepsThePendingSummary(t *testing.T) {
 	}
 }
 
+// testLedger is a ledger of Trial id under dir, of 4 slots, removed when
+// the test ends.
+func testLedger(t *testing.T, dir, id string) *Ledger {
+	t.Helper()
+	l, err := Create(dir, id, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Remove)
+	return l
+}
+
 func asJSON(t *testing.T, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
@@ -121,11 +125,7 @@ func asJSON(t *testing.T, v any) string {
 // b.test kept an earlier summary's 50 requests.
 func TestLedgerNamesAReachedTargetWithItsCounts(t *testing.T) {
 	dir := t.TempDir()
-	l, err := Create(dir, "pr1", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(l.Remove)
+	l := testLedger(t, dir, "pr1")
 	now := time.Now()
 	allowed := func(host string) *record.Event {
 		return &record.Event{Time: now, Host: host, Port: 443, Target: host + ":443", Decision: record.DecisionAllow, Reason: record.ReasonAllowed}
