@@ -37,10 +37,12 @@ deps: ## install the Debian packages a fresh machine lacks (clang, libbpf header
 # websockets, as Debian packages them. podman, crun, runc, docker.io (its
 # dockerd runs in the test, never as a service) and a static busybox (the
 # containers' root file system) are for test/containers, which runs in the
-# kernel matrix's guests.
+# kernel matrix's guests. fuse-overlayfs serves the FUSE mount that
+# sandbox's TestPrivilegedNoFUSELookupFromTheTrial hides from a Trial.
 TEST_DEBS := git python3-pip python3-requests nodejs openssh-client openssh-server netcat-openbsd cpio tmux redis-server bubblewrap socat \
-	openjdk-17-jdk-headless postgresql postgresql-client python3-aiohttp python3-websockets podman crun runc docker.io busybox-static
-test-deps: deps ## install the clients test/clients runs (git, pip, requests, aiohttp, websockets, node, npm, java, ssh, sshd, nc, tmux, redis, postgres, bwrap, socat), cpio, and the container runtimes test/containers runs (podman, crun, runc, docker.io, busybox)
+	openjdk-17-jdk-headless postgresql postgresql-client python3-aiohttp python3-websockets podman crun runc docker.io busybox-static \
+	fuse-overlayfs
+test-deps: deps ## install the clients test/clients runs (git, pip, requests, aiohttp, websockets, node, npm, java, ssh, sshd, nc, tmux, redis, postgres, bwrap, socat), cpio, fuse-overlayfs, and the container runtimes test/containers runs (podman, crun, runc, docker.io, busybox)
 	@missing=""; for p in $(TEST_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
@@ -93,7 +95,7 @@ test-harnesses: test-node ## install the pinned Harnesses test/gateway runs (TES
 # directory, .comment, debug info), so that check-generate rebuilds it
 # byte for byte; its symbols stay (TestEarlyInitTables reads them).
 INIT_ELF    := sandbox/init_amd64.elf
-INIT_SRCS   := init_main.c init_early.c lastcap.c
+INIT_SRCS   := init_main.c init_early.c lastcap.c mountcover.c
 INIT_CFLAGS := -static -Os -Wall -Wextra -Werror -fno-asynchronous-unwind-tables -fno-ident \
 	-ffile-prefix-map=$(CURDIR)/sandbox=. \
 	-idirafter /usr/include -idirafter /usr/include/x86_64-linux-gnu

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -82,6 +83,12 @@ type AgentConfig struct {
 	// (trialnet run without --no-transparent) loads its steering while it
 	// starts.
 	SteerAhead bool
+	// NoReceipt: the Trials' receipts are not signed, and ReceiptKey is
+	// not used. For an ephemeral agent whose caller writes no report
+	// (trialnet run without one): with no DataDir, the report is the one
+	// place a receipt goes, and signing it cost the process ed25519's
+	// tables (docs/performance.md, "Trial start").
+	NoReceipt bool
 	// File holds profiles, resolvers, allowed CIDRs and limits; nil: none.
 	File *config.File
 	// Resolvers override File's; AllowCIDRs add to File's.
@@ -172,7 +179,9 @@ func start(cfg AgentConfig, inherited map[string]*inherited, pred *handover.Pred
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.ReceiptKey == "" {
+	if cfg.NoReceipt {
+		cfg.ReceiptKey = "" // sign and warmSigner do nothing
+	} else if cfg.ReceiptKey == "" {
 		cfg.ReceiptKey = DefaultReceiptKey
 	}
 	a := &Agent{cfg: cfg, log: log, trials: make(map[string]*trial), obs: newObservers(),
@@ -418,13 +427,17 @@ func (a *Agent) Watch(ctx context.Context, id string, fn func(record.Event)) err
 // destroy: Go keeps the pipes its splice used in a pool that only a GC
 // empties (through finalizers), so after a busy Trial ends an idle agent
 // would otherwise hold thousands of pipe descriptors until the next GC.
-// Not while destroys keep coming: a forced collection marks the whole
-// heap, which grows with the live Trials (~0.1 s of CPU for the pair at
-// 1,000 here), and the runtime's own collections run meanwhile.
+// The second also gives the freed memory back to the system at once: the
+// runtime's own scavenger does it at its pace, which on a loaded host
+// left an agent idle after 100 busy Trials 17 MiB above its start 10 s
+// later (test/load). Not while destroys keep coming: a forced collection
+// marks the whole heap, which grows with the live Trials (~0.1 s of CPU
+// for the pair at 1,000 here), and the runtime's own collections run
+// meanwhile.
 func (a *Agent) releaseSoon() {
 	a.gcSoon.after(time.Second, func() {
 		runtime.GC()
-		runtime.GC()
+		debug.FreeOSMemory()
 	})
 }
 
@@ -545,7 +558,7 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (client.S
 	// still reach the log), then processes; the receipt is made while the
 	// cgroup, policy and namespaces are removed.
 	var st client.Stats
-	_, err = lt.tr.CloseWith(func(k bpf.Counters) error { return a.finish(lt, k, exit, &st) })
+	_, err = lt.tr.CloseWith(func(k bpf.Counters, unsure error) error { return a.finish(lt, k, unsure, exit, &st) })
 	lt.release()
 	a.log.Info("trial destroyed", "trial", id, "direct_egress_packets", st.Egress)
 	a.releaseSoon()
@@ -562,8 +575,9 @@ func (a *Agent) DestroyExit(ctx context.Context, id string, exit *int) (client.S
 // beside its sandbox (the keeper's copies of its listeners, its
 // steering's pins). It runs while the sandbox removes the Trial's
 // cgroups, namespace and entries (CloseWith); all of it is done before
-// the destroy answers.
-func (a *Agent) finish(lt *trial, k bpf.Counters, exit *int, st *client.Stats) error {
+// the destroy answers. unsure says why k may not hold all the Trial did:
+// then the verdict says so, and never "ok".
+func (a *Agent) finish(lt *trial, k bpf.Counters, unsure error, exit *int, st *client.Stats) error {
 	id := lt.info.ID
 	var dropped sync.WaitGroup
 	defer dropped.Wait()
@@ -574,7 +588,7 @@ func (a *Agent) finish(lt *trial, k bpf.Counters, exit *int, st *client.Stats) e
 	lt.mu.Lock()
 	pst := lt.final
 	lt.mu.Unlock()
-	*st = a.makeStats(lt, k, pst)
+	*st = a.makeStats(lt, k, pst, unsure)
 	// Ended now, not at release: the receipt hashes the whole log.
 	lt.log.end()
 	lt.log.close()

@@ -517,6 +517,75 @@ func (w *world) hold(rw http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
+// An ephemeral agent's Trial has no tunnel ledger, names file or DNS
+// counts file, which only a later agent serving the Trial reads: its
+// Trials end with it, and a run finding one that a killed run left
+// removes them unread. A daemon's Trial has them, the control. Seen red
+// with each made whatever the agent (the ephemeral Trial's file there).
+func TestPrivilegedEphemeralTrialKeepsNoFilesForASuccessor(t *testing.T) {
+	privtest.Require(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name      string
+		ephemeral bool
+	}{{"daemon", false}, {"ephemeral", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			host := isolatedHost(t)
+			a := startAgent(t, AgentConfig{Host: host, DataDir: t.TempDir(), Ephemeral: c.ephemeral, File: &config.File{}})
+			info, err := a.Create(ctx, trialspec.Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !info.Transparent {
+				t.Fatal("the Trial is not transparent: its names and DNS counts files are not made either way")
+			}
+			for _, suffix := range []string{".ledgers", namesSuffix, dnsCountsSuffix} {
+				p := filepath.Join(host.StateDir, info.ID+suffix)
+				_, err := os.Lstat(p)
+				if c.ephemeral && !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("the ephemeral agent's Trial has %s (%v), which no agent reads", p, err)
+				}
+				if !c.ephemeral && err != nil {
+					t.Errorf("the daemon's Trial has no %s: %v", suffix, err)
+				}
+			}
+			if _, err := a.Destroy(ctx, info.ID); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// An agent with NoReceipt (an embedded one whose run writes no report)
+// signs no receipt and never reads, nor makes, the receipt key; the
+// control, without it, signs with the key it makes. Seen red with
+// NoReceipt ignored (a receipt, and the key made).
+func TestPrivilegedNoReceiptSignsNothing(t *testing.T) {
+	privtest.Require(t)
+	ctx := context.Background()
+	for _, unsigned := range []bool{false, true} {
+		t.Run(fmt.Sprint("no-receipt=", unsigned), func(t *testing.T) {
+			key := filepath.Join(t.TempDir(), "receipt.key")
+			a := startAgent(t, AgentConfig{Host: isolatedHost(t), ReceiptKey: key, Ephemeral: true, NoReceipt: unsigned, File: &config.File{}})
+			info, err := a.Create(ctx, trialspec.Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := a.Destroy(ctx, info.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, kerr := os.Lstat(key)
+			if unsigned && (st.Receipt != nil || !errors.Is(kerr, os.ErrNotExist)) {
+				t.Errorf("with NoReceipt: receipt %v, key %s: %v; want neither", st.Receipt != nil, key, kerr)
+			}
+			if !unsigned && (st.Receipt == nil || kerr != nil) {
+				t.Errorf("without NoReceipt: receipt %v, key %s: %v; want both", st.Receipt != nil, key, kerr)
+			}
+		})
+	}
+}
+
 // The proxy starts beside the host's opening: a start whose host cannot
 // open (pins outside bpffs) stops the proxy it started, its netlink
 // watches and counts region among it. Start is a library call, and a

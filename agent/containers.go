@@ -43,6 +43,9 @@ func (a *Agent) AddContainer(_ context.Context, id string, c client.Container) (
 	if err := checkContainer(c); err != nil {
 		return client.TrialInfo{}, errf(client.CodeBadRequest, "container of Trial %s: %v", id, err)
 	}
+	if err := lt.tr.BoundContainerPools(c.PID); err != nil {
+		return client.TrialInfo{}, errf(client.CodeInternal, "container %s of Trial %s: %v", c.ID, id, err)
+	}
 	if err := a.keepContainer(lt, id, c); err != nil {
 		return client.TrialInfo{}, errf(client.CodeInternal, "record container %s of %s: %v", c.ID, id, err)
 	}

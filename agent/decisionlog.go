@@ -226,14 +226,13 @@ func (l *decisionLog) add(ev *record.Event, line []byte) error {
 // do. Unreadable records are left out, and returned as the error beside
 // the counters.
 func replay(path string, upTo int64) (*record.TrialStats, error) {
-	recs, err := record.ReadFilePrefix(path, upTo)
+	st := &record.TrialStats{}
+	err := record.ScanFilePrefix(path, upTo, func(ev *record.Event) {
+		st.Add(ev)
+		st.CountWritten(ev)
+	})
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
-	}
-	st := &record.TrialStats{}
-	for i := range recs {
-		st.Add(&recs[i])
-		st.CountWritten(&recs[i])
 	}
 	return st, err
 }

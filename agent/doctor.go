@@ -40,6 +40,7 @@ func Doctor() []bpf.Check {
 	checks = append(checks, bpf.Check{Name: "seccomp filters with errno", Required: true, Err: seccompErr()})
 	checks = append(checks, bpf.Check{Name: "Landlock (a domain per Trial command: no ptrace or pidfd_getfd outside it)", Required: false, Err: landlockErr()})
 	checks = append(checks, poolChecks()...)
+	checks = append(checks, twReuseCheck())
 	checks = append(checks, bpf.Check{Name: "SO_PEERPIDFD (Linux 6.5+: a run through the agent is the owner of its Trial, which ends when it dies)", Required: false, Err: HavePeerPidfd()})
 	probe := bpf.Probe()
 	if err != nil || rootErr() != nil {
@@ -137,6 +138,33 @@ func poolChecks() []bpf.Check {
 		out = append(out, bpf.Check{Name: "per-Trial " + b})
 	}
 	return out
+}
+
+// twReuseCheck says whether the host lets a new outgoing connection take
+// a port that an earlier one to the same address holds in TIME_WAIT.
+func twReuseCheck() bpf.Check {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_tw_reuse")
+	return bpf.Check{Name: "ports in TIME_WAIT reused for the agent's upstream connections (net.ipv4.tcp_tw_reuse = 1)",
+		Err: twReuseErr(strings.TrimSpace(string(b)), err)}
+}
+
+// twReuseErr judges the value v of net.ipv4.tcp_tw_reuse, read with err.
+// Where it is not 1, a tunnel the agent closes first (its client ended)
+// holds its port to that upstream address for 60 s, every Trial's
+// together: Trials opening and closing tunnels to one provider address
+// used up its ephemeral ports, and another Trial's CONNECT there failed
+// (a network namespace with 100 ports: 96 tunnels did it).
+func twReuseErr(v string, err error) error {
+	switch {
+	case err != nil:
+		return fmt.Errorf("read net.ipv4.tcp_tw_reuse: %w", err)
+	case v == "1":
+		return nil
+	}
+	return fmt.Errorf("net.ipv4.tcp_tw_reuse is %s, not 1: each tunnel the agent closes first keeps its port to that upstream address for 60 s, "+
+		"so Trials opening and closing tunnels to one provider address (50 a second each by default) can use up the host's ephemeral ports for it, "+
+		"and other Trials' CONNECTs there then fail (502, cannot assign requested address); "+
+		"set it with 'sysctl -w net.ipv4.tcp_tw_reuse=1' and in /etc/sysctl.d", v)
 }
 
 // HavePeerPidfd asks for the pidfd of a socket pair's peer, as the agent

@@ -102,30 +102,46 @@ func (d *daemon) drain() error {
 	return d.successor.Drain(giver{d}, d.drainTimeout())
 }
 
+// pathTakenBound is how long a drain waits for the successor's control
+// socket to replace this agent's at the path.
+const pathTakenBound = 30 * time.Second
+
 // stopServing closes the hand-over listener, ends the watchers and shuts
 // the control and metrics servers down, in the background: the channel
-// closes once they are. The socket paths are the successor's now (its
-// own sockets, renamed over these: neither unlinks on close). A call
-// that reached this control socket just before is still answered: it
-// closes a moment later; a call that changes Trials gets CodeHandedOver,
-// and its client retries it there. Watchers' clients follow the Trial to
-// the new agent.
+// closes once they are. The socket paths become the successor's (its
+// own sockets, renamed over these once it hears that this agent stopped:
+// neither unlinks on close). Until that rename a client dialling the path
+// reaches this control socket, which must still listen (closed, it would
+// refuse the client); after it, a call that reached this socket just
+// before is still answered for a second. A call that changes Trials gets
+// CodeHandedOver, and its client retries it there. Watchers' clients
+// follow the Trial to the new agent.
 func (d *daemon) stopServing() <-chan struct{} {
 	_ = d.hln.Close()
 	d.a.endWatchers()
 	servers := make(chan struct{})
 	go func() {
 		defer close(servers)
+		if d.msrv != nil { // its socket is the successor's too: only one serves it
+			shutdown, cancel := context.WithTimeout(context.Background(), 6*time.Second)
+			_ = d.msrv.Shutdown(shutdown)
+			cancel()
+		}
+		awaitTaken(d.sock, d.ctlFile, d.successorGone, pathTakenBound)
+		time.Sleep(time.Second)
 		shutdown, cancel := context.WithTimeout(context.Background(), 6*time.Second)
 		defer cancel()
-		if d.msrv != nil { // its socket is the successor's too: only one serves it
-			_ = d.msrv.Shutdown(shutdown)
-		}
-		time.Sleep(time.Second)
 		_ = d.srv.Shutdown(shutdown)
 	}()
 	return servers
 }
+
+// successorGone reports whether the successor is known to have ended (a
+// failed rename ends it): the hand-over was lost. A drained one is not:
+// that end is this agent's, at once when nothing was open, and says
+// nothing of the rename. A successor that ends after this agent drained
+// is not seen (the connection is closed): the wait's bound ends it.
+func (d *daemon) successorGone() bool { return d.successor.State() == handover.StateLost }
 
 // giver is the daemon as the old agent's side of a hand-over needs it.
 type giver struct{ d *daemon }

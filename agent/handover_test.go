@@ -4,6 +4,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -239,3 +240,76 @@ func drainAtOnce(ln *net.UnixListener) error {
 	}
 	return handover.Send(c, handover.Drained{})
 }
+
+// A drain with nothing open ends at once (the hand-over is then
+// "drained", an end), most often before the successor, which renames its
+// control socket over the path only once it heard "stopped", has done so.
+// That end is this agent's, not the successor's: the control socket must
+// still listen until the rename (stopServing), else clients dialling the
+// path are refused. Only a successor gone (the hand-over lost) stops the
+// wait early.
+func TestDrainedAtOnceIsNoSuccessorGone(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.handover")
+	ln, err := fdpass.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	took := make(chan error, 1)
+	go func() {
+		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sock, Net: "unixpacket"})
+		if err != nil {
+			took <- err
+			return
+		}
+		p, files, err := handover.Take(c, handover.Config{})
+		for _, f := range files {
+			_ = f.Close()
+		}
+		if err == nil {
+			err = p.Serve(idleTaker{})
+		}
+		took <- err
+	}()
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := handover.Give(c, idleGiver{}, handover.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-took; err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Drain(idleGiver{}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{successor: s}
+	if d.successorGone() {
+		t.Errorf("a successor that took over is taken as gone once this agent drained (the hand-over is %s): the control socket would close before the successor's replaced it", s.State())
+	}
+}
+
+// idleGiver is an old agent with nothing open.
+type idleGiver struct{}
+
+func (idleGiver) Hold() string { return "" }
+func (idleGiver) Offer(bool, func(string, []byte)) (handover.Goods, error) {
+	return handover.Goods{}, nil
+}
+func (idleGiver) Release(bool)                                            {}
+func (idleGiver) Open() map[string]int64                                  { return nil }
+func (idleGiver) Drained(context.Context) bool                            { return true }
+func (idleGiver) CutAll(string) int                                       { return 0 }
+func (idleGiver) SetAllow(string, json.RawMessage, []string) (int, error) { return 0, nil }
+func (idleGiver) Remove(string)                                           {}
+func (idleGiver) Finish()                                                 {}
+
+// idleTaker is a new agent that counts nothing.
+type idleTaker struct{}
+
+func (idleTaker) Counted(string, []json.RawMessage) {}
+func (idleTaker) Elsewhere(map[string]int64)        {}
+func (idleTaker) Lost()                             {}
+func (idleTaker) Followed(*handover.Predecessor)    {}

@@ -146,6 +146,17 @@ func verdictOf(c bpf.Counters, l client.Layers) string {
 	return "verdict: 0 direct egress packets, 0 foreign-socket uses (ok)"
 }
 
+// unsureVerdict is the verdict over final counters c that may not hold
+// all a Trial did (why: unsure): a process outlived the kill, stuck in
+// the kernel, and may have tried more after they were read, or they could
+// not be read at all. An ALARM they show stays one; it never says "ok".
+func unsureVerdict(c bpf.Counters, l client.Layers, unsure error) string {
+	if c.EgressOtherPackets > 0 {
+		return fmt.Sprintf("%s; and the final counters may not hold all the Trial did (%v)", verdictOf(c, l), unsure)
+	}
+	return fmt.Sprintf("verdict: UNKNOWN: the Trial's final counters may not hold all it did (%v); they show 0 direct egress packets and %d foreign-socket uses refused", unsure, c.ForeignSocketDenied)
+}
+
 // Uninstall detaches trialnet: it removes the pins (so the programs
 // detach) and the parent cgroup, and what stopped agents left of the
 // Trials they prepared ahead (shells' groups, and their files in

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -158,8 +159,8 @@ func ownerPID(o *trialspec.Owner) int {
 // otherwise or the agent stops (either closes the pidfd: dropOwner).
 func (a *Agent) watchOwner(lt *trial) {
 	a.mu.Lock()
-	pidfd := lt.owner
-	if pidfd == nil || a.closed.Load() {
+	pidfd, gone := lt.owner, lt.ownerGone
+	if pidfd == nil && !gone || a.closed.Load() {
 		a.mu.Unlock()
 		a.dropOwner(lt)
 		return
@@ -169,14 +170,20 @@ func (a *Agent) watchOwner(lt *trial) {
 	id, pid := lt.info.ID, lt.info.Owner.PID
 	go func() {
 		defer a.owners.Done()
-		rc, err := pidfd.SyscallConn()
-		if err == nil {
-			err = rc.Read(func(fd uintptr) bool { return exited(int(fd)) })
+		var err error
+		if !gone {
+			var rc syscall.RawConn
+			if rc, err = pidfd.SyscallConn(); err == nil {
+				err = rc.Read(func(fd uintptr) bool { return exited(int(fd)) })
+			}
+			a.mu.Lock()
+			dropped := lt.owner != pidfd
+			a.mu.Unlock()
+			if dropped {
+				return
+			}
 		}
-		a.mu.Lock()
-		dropped := lt.owner != pidfd
-		a.mu.Unlock()
-		if dropped || a.closed.Load() {
+		if a.closed.Load() {
 			return
 		}
 		if err != nil {
@@ -189,7 +196,12 @@ func (a *Agent) watchOwner(lt *trial) {
 			a.log.Warn("destroying a Trial whose owner exited", "trial", id, "reason", fmt.Sprintf("owner pid %d exited", pid))
 		}
 		var e *client.Error
-		if _, err := a.Destroy(context.Background(), id); err != nil && !(errors.As(err, &e) && e.Code == client.CodeUnknownTrial) {
+		_, err = a.Destroy(context.Background(), id)
+		switch {
+		case err == nil || errors.As(err, &e) && e.Code == client.CodeUnknownTrial:
+		case errors.As(err, &e) && e.Code == client.CodeHandedOver:
+			a.log.Info("a Trial whose owner exited is the new agent's to destroy", "trial", id)
+		default:
 			a.log.Error("destroy a Trial whose owner exited", "trial", id, "error", err)
 		}
 	}()

@@ -58,6 +58,11 @@ type pending struct {
 type pendings struct {
 	mu sync.Mutex
 	m  map[string]*pending
+	// dropping is read-held by each drop that a timer or a caller's exit
+	// makes, from its take to its entry's removal: dropPendingAll waits
+	// for those under way, as the agent closes the maps they remove from
+	// next.
+	dropping sync.RWMutex
 }
 
 // take removes container cid's pending entry from the set and returns
@@ -277,6 +282,8 @@ func (a *Agent) watchCaller(p *pending) {
 
 // dropPending removes p's entry and its cgroup, unless it was taken.
 func (a *Agent) dropPending(p *pending, why string) {
+	a.pend.dropping.RLock()
+	defer a.pend.dropping.RUnlock()
 	if !a.pend.takeIf(p) {
 		return
 	}
@@ -315,6 +322,10 @@ func (a *Agent) dropPendingAll(why string) {
 	for _, p := range a.pend.takeAll() {
 		a.removePending(p, why)
 	}
+	// A drop that took its entry first may still be removing it; none
+	// takes one from here on (the set is empty).
+	a.pend.dropping.Lock()
+	defer a.pend.dropping.Unlock()
 }
 
 // sweepPending removes the pending entries an agent left (it died, or

@@ -202,9 +202,18 @@ func readKey(path string) (ed25519.PrivateKey, error) {
 
 var errNotKey = errors.New("not a key")
 
+// maxKeyFile bounds what readHex reads: a key in hex is 129 bytes.
+const maxKeyFile = 4096
+
 // readHex reads a key of size bytes, in hex, from path.
 func readHex(path string, size int) ([]byte, error) {
-	b, err := os.ReadFile(path)
+	// A regular file only: verify --key reads a path it is given.
+	f, err := rootdir.OpenRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxKeyFile))
 	if err != nil {
 		return nil, err
 	}
@@ -258,19 +267,14 @@ func makeKey(path string) error {
 // none. It reads a regular file only: verify, as root, may be pointed at
 // a FIFO or a device, which would hang it or never end.
 func DigestLog(path string) (*client.LogDigest, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	f, err := rootdir.OpenRegular(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("the decision log: %w", err)
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil {
-		return nil, err
-	} else if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("the decision log %s is not a regular file (%v)", path, fi.Mode().Type())
-	}
 	h := sha256.New()
 	n, err := io.Copy(h, f)
 	if err != nil {

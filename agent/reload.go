@@ -227,9 +227,11 @@ func parseEntries(list []trialspec.AllowEntry, keep func(trialspec.AllowEntry) b
 	return out, nil
 }
 
-// writeInfo writes info (r's new or previous description) to the
-// Trial's record and its description in memory, under a.mu so that a
-// destroy cannot remove the record in between and have it written back.
+// writeInfo writes the allowlist of info (r's new or previous
+// description) to the Trial's record and its description in memory,
+// under a.mu so that a destroy cannot remove the record in between and
+// have it written back. Only the allowlist: the rest of the description,
+// which a reprofile does not change, is read without a.mu (trial.info).
 // A Trial destroyed meanwhile is skipped.
 func (a *Agent) writeInfo(r *reprofiled, info client.TrialInfo) error {
 	a.mu.Lock()
@@ -237,9 +239,11 @@ func (a *Agent) writeInfo(r *reprofiled, info client.TrialInfo) error {
 	if r.lt.state != stateLive {
 		return nil
 	}
-	if err := r.lt.tr.SetSpec(info.Spec); err != nil {
+	spec := r.lt.info.Spec
+	spec.Allow = info.Allow
+	if err := r.lt.tr.SetSpec(spec); err != nil {
 		return err
 	}
-	r.lt.info = info
+	r.lt.info.Allow = info.Allow
 	return nil
 }

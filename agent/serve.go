@@ -390,10 +390,24 @@ func (d *daemon) noteBound() {
 	d.hlnFile, _ = os.Stat(HandoverSocket(d.sock))
 }
 
+// isOwn reports whether the file at path is still own.
+func isOwn(path string, own os.FileInfo) bool {
+	now, err := os.Stat(path)
+	return err == nil && own != nil && os.SameFile(now, own)
+}
+
 // removeOwn removes path if the file there is still own.
 func removeOwn(path string, own os.FileInfo) {
-	if now, err := os.Stat(path); err == nil && own != nil && os.SameFile(now, own) {
+	if isOwn(path, own) {
 		_ = os.Remove(path)
+	}
+}
+
+// awaitTaken waits, at most bound, until the file at path is no longer
+// own or ended says the one taking it gave up.
+func awaitTaken(path string, own os.FileInfo, ended func() bool, bound time.Duration) {
+	for end := time.Now().Add(bound); isOwn(path, own) && !ended() && time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/trialnet/trialnet/internal/privtest"
@@ -77,4 +78,58 @@ func TestPIDFileFollowsNoLink(t *testing.T) {
 			t.Errorf("%s: %q %v, want this pid", path, b, err)
 		}
 	}
+}
+
+// A draining agent's control socket listens until the successor's has
+// replaced it at the path: closed while still there, it refused clients
+// (CI: "dial unix .../agent.sock: connect: connection refused" when a
+// loaded successor renamed its socket more than a second after it heard
+// the old agent stopped). It stops waiting once the successor gives up,
+// and at its bound. The waits run on synctest's clock: what is checked
+// is whether awaitTaken returns, never how soon by the wall.
+func TestDrainKeepsTheControlSocketUntilTaken(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	next, err := net.Listen("unix", path+".next")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	own, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	never := func() bool { return false }
+	synctest.Test(t, func(t *testing.T) {
+		done := make(chan struct{})
+		go func() { awaitTaken(path, own, never, time.Minute); close(done) }()
+		time.Sleep(30 * time.Second) // the bubble's clock: 3000 looks at the path
+		select {
+		case <-done:
+			t.Fatal("stopped waiting while its own socket was still at the path")
+		default:
+		}
+		if err := os.Rename(path+".next", path); err != nil {
+			t.Fatal(err)
+		}
+		<-done // before the bound, or the Fatal above would have run
+
+		// Its own again (a fresh stat), but the successor has ended.
+		own, _ := os.Stat(path)
+		start := time.Now()
+		awaitTaken(path, own, func() bool { return true }, time.Minute)
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("waited %s for a successor that had ended", waited)
+		}
+		start = time.Now()
+		awaitTaken(path, own, never, 50*time.Millisecond)
+		if waited := time.Since(start); waited > time.Second {
+			t.Errorf("waited %s past a 50 ms bound", waited)
+		}
+	})
 }

@@ -17,7 +17,9 @@ import (
 	trialspec "github.com/trialnet/trialnet/trial"
 )
 
-func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) client.Stats {
+// makeStats is lt's stats over counters k and proxy counts p. unsure,
+// at a destroy, says why k may not hold all the Trial did (nil: it does).
+func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats, unsure error) client.Stats {
 	info := a.info(lt)
 	if p.ByReason == nil {
 		p.ByReason = map[record.Reason]uint64{} // {} in JSON, never null
@@ -31,16 +33,30 @@ func (a *Agent) makeStats(lt *trial, k bpf.Counters, p record.TrialStats) client
 			l.Pools[i] = trialspec.PoolBound{Pool: l.Pools[i].Pool, Bound: "the container runtime's (--pids-limit, --memory)"}
 		}
 	}
-	v := verdictOf(k, l)
-	if info.Learning {
-		v += fmt.Sprintf("; LEARNING: the allowlist was not enforced, %d requests to names off it were let through (would_deny); the kernel layers and the address guard were", p.WouldDeny)
-	}
 	var pools []trialspec.PoolUse
 	if lt.tr != nil {
 		pools = lt.tr.PoolUse()
 	}
-	return client.Stats{Trial: info.ID, Learning: info.Learning, Kernel: k.Map(), Proxy: p, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
-		Layers: l, Pools: pools, Verdict: v, DNS: lt.dnsStats(), TopRefused: p.TopRefused(topRefused), At: time.Now().UTC()}
+	st := client.Stats{Trial: info.ID, Learning: info.Learning, Kernel: k.Map(), Proxy: p, Egress: k.EgressOtherPackets, Foreign: k.ForeignSocketDenied,
+		Layers: l, Pools: pools, Verdict: trialVerdict(k, l, unsure, info.Learning, p.WouldDeny), DNS: lt.dnsStats(), TopRefused: p.TopRefused(topRefused), At: time.Now().UTC()}
+	if unsure != nil {
+		st.Unsure = unsure.Error()
+	}
+	return st
+}
+
+// trialVerdict is the verdict over counters k (unsureVerdict's when
+// unsure), with what a learning Trial let through after it: the
+// receipt says LEARNING whatever else it says.
+func trialVerdict(k bpf.Counters, l client.Layers, unsure error, learning bool, wouldDeny uint64) string {
+	v := verdictOf(k, l)
+	if unsure != nil {
+		v = unsureVerdict(k, l, unsure)
+	}
+	if learning {
+		v += fmt.Sprintf("; LEARNING: the allowlist was not enforced, %d requests to names off it were let through (would_deny); the kernel layers and the address guard were", wouldDeny)
+	}
+	return v
 }
 
 // Stats reads a live Trial's counters; of a destroyed one, the final
@@ -58,7 +74,7 @@ func (a *Agent) Stats(_ context.Context, id string) (client.Stats, error) {
 		return client.Stats{}, errf(client.CodeInternal, "read counters of %s: %v", id, err)
 	}
 	p, _ := a.proxy.Stats(id)
-	return a.makeStats(lt, k, p), nil
+	return a.makeStats(lt, k, p, nil), nil
 }
 
 // finalStats reads the stats a destroy kept for Trial id.

@@ -204,7 +204,9 @@ func (a *Agent) openTransparent(lt *trial, inh transparentSockets) (_ *transpare
 			return nil, fmt.Errorf("transparent mode of Trial %s: %w", id, err)
 		}
 	}
-	if a.cfg.Host.StateDir != "" {
+	// Both files are for a later agent serving the Trial, which an
+	// ephemeral agent's Trial never has (as its ledger, prepare).
+	if a.cfg.Host.StateDir != "" && !a.cfg.Ephemeral {
 		if tp.names, err = os.OpenFile(a.namesFile(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err != nil {
 			return nil, fmt.Errorf("transparent names: %w", err)
 		}
@@ -750,8 +752,10 @@ func (a *Agent) dropTransparent(id string, cgroupID uint64) {
 		}
 	}
 	if a.cfg.Host.StateDir != "" {
-		_ = os.Remove(a.namesFile(id))
-		_ = os.Remove(a.dnsCountsFile(id))
+		// Files: one unlink each, where os.Remove tries an rmdir after an
+		// unlink that failed (an ephemeral agent's Trial has neither).
+		_ = unix.Unlink(a.namesFile(id))
+		_ = unix.Unlink(a.dnsCountsFile(id))
 	}
 }
 

@@ -3,12 +3,14 @@
 package agent
 
 import (
+	"cmp"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,7 +35,11 @@ import (
 // all of that is given back: after a destroy, a create or an adoption
 // that failed, and when the agent closes.
 type trial struct {
-	a     *Agent
+	a *Agent
+	// info is its description. Once it is live only its Allow and
+	// Denied change (ChangeAllow, a reload --reprofile), under
+	// Agent.mu, where they are read (Agent.info); the rest is read
+	// without it.
 	info  client.TrialInfo
 	tr    *sandbox.Trial
 	state trialState // guarded by Agent.mu
@@ -65,6 +71,9 @@ type trial struct {
 	// owner is a pidfd of an owned Trial's owner, which the agent watches
 	// (watchOwner); guarded by Agent.mu, closed by dropOwner.
 	owner *os.File
+	// ownerGone: its owner had exited when this agent, taking over,
+	// adopted it; watchOwner destroys it once the predecessor stopped.
+	ownerGone bool
 	// gw are its credential gateway routes with their secrets, and
 	// gwRoots the trust store their upstreams are verified against.
 	gw      []proxy.GatewayRoute
@@ -120,11 +129,14 @@ func (lt *trial) Serve(lns []net.Listener) error {
 	lt.mu.Lock()
 	lt.lns = lns
 	lt.mu.Unlock()
-	lt.a.keep(lt.info.ID, lt.info.Created, lns)
+	// The id, read here: a reload rewrites lt.info (writeInfo, under
+	// a.mu) while these goroutines run.
+	id := lt.info.ID
+	lt.a.keep(id, lt.info.Created, lns)
 	for _, ln := range lns {
 		go func() {
-			if err := lt.a.proxy.Serve(ln, lt.info.ID); err != nil {
-				lt.a.log.Error("proxy serve", "trial", lt.info.ID, "error", err)
+			if err := lt.a.proxy.Serve(ln, id); err != nil {
+				lt.a.log.Error("proxy serve", "trial", id, "error", err)
 			}
 		}()
 	}
@@ -221,8 +233,9 @@ func (a *Agent) create(req trialspec.Request, conn *net.UnixConn) (_ client.Tria
 	}
 	a.setState(lt, stateLive)
 	a.watchOwner(lt)
-	a.log.Info("trial created", "trial", lt.info.ID, "allow", len(lt.info.Allow), "strict", req.Strict, "learning", lt.info.Learning, "owner_pid", ownerPID(lt.info.Owner))
-	return a.info(lt), nil
+	info := a.info(lt) // live: an allow/deny may change it now
+	a.log.Info("trial created", "trial", info.ID, "allow", len(info.Allow), "strict", req.Strict, "learning", info.Learning, "owner_pid", ownerPID(info.Owner))
+	return info, nil
 }
 
 // build makes the sandbox Trial of lt, a Trial newTrial took the id of,
@@ -379,7 +392,10 @@ func (a *Agent) prepare(lt *trial, list *allow.List, stats *record.TrialStats, f
 	}
 	tp := proxy.TrialPolicy{Spec: lt.info.Spec, Allow: list, Stats: stats, LogWritten: written, Counts: lt.counts, Slot: lt.slot,
 		Gateway: lt.gw, GatewayRoots: lt.gwRoots}
-	if dir := a.cfg.Host.StateDir; dir != "" {
+	// An ephemeral agent's Trials end with it, and the run that finds
+	// one left by a run killed outright removes its ledgers unread (Sweep):
+	// a ledger there would be made, written and removed for no reader.
+	if dir := a.cfg.Host.StateDir; dir != "" && !a.cfg.Ephemeral {
 		lim := a.proxy.DefaultLimits()
 		if l := lt.info.Limits; l != nil {
 			lim = l.ProxyLimits.WithDefaults()
@@ -522,7 +538,7 @@ func (a *Agent) recordEvents(id string, evs []record.Event) {
 // Trial it serves that cannot be adopted fails the start: the hand-over
 // does not happen.
 func (a *Agent) readopt() error {
-	for _, r := range a.host.Recorded() {
+	for _, r := range a.smallestLogsFirst(a.host.Recorded()) {
 		_, served := a.inherited[r.ID]
 		var lt *trial
 		var err error
@@ -558,6 +574,25 @@ func (a *Agent) readopt() error {
 	return nil
 }
 
+// smallestLogsFirst orders recorded Trials by the size of their decision
+// logs, smallest first. Trials are adopted one after another, each
+// replaying its log first, and a Trial's CONNECTs wait until it is
+// adopted: a Trial that filled its log (64 MiB, 1.8 s to replay here)
+// held back every Trial adopted after it, in the order of their ids.
+func (a *Agent) smallestLogsFirst(recs []sandbox.Recorded) []sandbox.Recorded {
+	if a.cfg.DataDir == "" {
+		return recs
+	}
+	size := make(map[string]int64, len(recs))
+	for _, r := range recs {
+		if st, err := os.Stat(a.decisionLog(r.ID)); err == nil {
+			size[r.ID] = st.Size()
+		}
+	}
+	slices.SortStableFunc(recs, func(x, y sandbox.Recorded) int { return cmp.Compare(size[x.ID], size[y.ID]) })
+	return recs
+}
+
 // watchOwners watches the owners of every live Trial: after a hand-over,
 // once the predecessor no longer does.
 func (a *Agent) watchOwners() {
@@ -589,9 +624,19 @@ func (a *Agent) adopt(r sandbox.Recorded) (_ *trial, err error) {
 	lt := &trial{a: a, info: info}
 	if info.Owner != nil {
 		// The owner may have exited while no agent watched it.
-		if lt.owner, err = openOwner(*info.Owner); errors.Is(err, errOwnerExited) {
+		lt.owner, err = openOwner(*info.Owner)
+		_, served := a.inherited[r.ID]
+		switch {
+		case errors.Is(err, errOwnerExited) && a.takingOver() && served:
+			// It exited during the hand-over, and the running agent
+			// holds the destroy that began: refusing the Trial would
+			// fail the whole hand-over (an owner may exit at any time),
+			// so it is served here and destroyed once this agent has
+			// taken over.
+			lt.ownerGone = true
+		case errors.Is(err, errOwnerExited):
 			return nil, fmt.Errorf("owner pid %d exited", info.Owner.PID)
-		} else if err != nil {
+		case err != nil:
 			return nil, fmt.Errorf("its owner, pid %d, cannot be watched: %w", info.Owner.PID, err)
 		}
 	}

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -54,20 +55,56 @@ func TestVerdict(t *testing.T) {
 	}
 }
 
+// Over counters that may not be final the verdict is UNKNOWN, never ok,
+// and an ALARM they show stays one.
+func TestUnsureVerdict(t *testing.T) {
+	unsure := errors.New("cgroup still has processes after cgroup.kill")
+	var egress bpf.Counters
+	egress.EgressOtherPackets = 2
+	for _, l := range []client.Layers{{BPFLSM: true}, {}} {
+		if v := unsureVerdict(bpf.Counters{}, l, unsure); !strings.Contains(v, "UNKNOWN") || !strings.Contains(v, unsure.Error()) || strings.Contains(v, "(ok)") {
+			t.Errorf("clean counters, unsure: %q", v)
+		}
+		if v := unsureVerdict(egress, l, unsure); !strings.Contains(v, "ALARM: 2 direct egress packets") || !strings.Contains(v, unsure.Error()) || strings.Contains(v, "(ok)") {
+			t.Errorf("egress, unsure: %q", v)
+		}
+	}
+}
+
+// A learning Trial's verdict says LEARNING, over counters that may not
+// be final too: the allowlist went unenforced whatever the kill did.
+func TestLearningVerdictSaysSoWhenUnsure(t *testing.T) {
+	unsure := errors.New("cgroup still has processes after cgroup.kill")
+	for _, err := range []error{nil, unsure} {
+		v := trialVerdict(bpf.Counters{}, client.Layers{BPFLSM: true}, err, true, 4)
+		if !strings.Contains(v, "LEARNING: the allowlist was not enforced, 4 requests") {
+			t.Errorf("learning, unsure %v: %q says no LEARNING", err, v)
+		}
+		if err != nil && !strings.Contains(v, "UNKNOWN") {
+			t.Errorf("learning, unsure: %q says no UNKNOWN", v)
+		}
+	}
+}
+
 // The summary line's verdict says as little as the full one allows: never
 // "(ok)" alone where foreign sockets went unwatched.
 func TestBrief(t *testing.T) {
 	on := client.Layers{BPFLSM: true}
+	const v = "verdict: as the agent made it"
 	for _, tc := range []struct {
 		st   client.Stats
 		want string
 	}{
-		{client.Stats{Layers: on}, "0 direct egress packets (ok)"},
-		{client.Stats{}, "0 direct egress packets (ok; foreign sockets unwatched)"},
-		{client.Stats{Layers: on, Egress: 2}, "ALARM: 2 direct egress packets dropped"},
-		{client.Stats{Egress: 2}, "ALARM: 2 direct egress packets dropped"},
-		{client.Stats{Layers: on, Foreign: 1}, "0 direct egress packets; ALERT: 1 foreign-socket uses refused"},
-		{client.Stats{Layers: on, Learning: true}, "0 direct egress packets (ok); LEARNING: allowlist not enforced"},
+		{client.Stats{Verdict: v, Layers: on}, "0 direct egress packets (ok)"},
+		{client.Stats{Verdict: v}, "0 direct egress packets (ok; foreign sockets unwatched)"},
+		{client.Stats{Verdict: v, Layers: on, Egress: 2}, "ALARM: 2 direct egress packets dropped"},
+		{client.Stats{Verdict: v, Egress: 2}, "ALARM: 2 direct egress packets dropped"},
+		{client.Stats{Verdict: v, Layers: on, Foreign: 1}, "0 direct egress packets; ALERT: 1 foreign-socket uses refused"},
+		{client.Stats{Verdict: v, Layers: on, Learning: true}, "0 direct egress packets (ok); LEARNING: allowlist not enforced"},
+		{client.Stats{Verdict: v, Layers: on, Unsure: "cgroup still has processes"}, "UNKNOWN: the final counters may not hold all the Trial did"},
+		{client.Stats{Verdict: v, Layers: on, Egress: 1, Unsure: "cgroup still has processes"}, "ALARM: 1 direct egress packets dropped"},
+		// A destroy that failed through the control API: its error, no stats.
+		{client.Stats{}, "NO VERDICT: the agent gave no final counters"},
 	} {
 		if got := tc.st.Brief(); got != tc.want {
 			t.Errorf("%+v: %q, want %q", tc.st, got, tc.want)

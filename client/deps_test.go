@@ -15,6 +15,7 @@ var linked = []string{
 	"github.com/trialnet/trialnet/internal/agentwire",
 	"github.com/trialnet/trialnet/internal/fdpass",
 	"github.com/trialnet/trialnet/internal/ratelimit",
+	"github.com/trialnet/trialnet/internal/rootdir",
 	"github.com/trialnet/trialnet/record",
 	"github.com/trialnet/trialnet/trial",
 	"golang.org/x/sys/unix",

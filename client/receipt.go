@@ -84,18 +84,28 @@ type Stats struct {
 	// without it), since this agent process started it: a restart starts
 	// them again, except names, which the Trial keeps.
 	DNS *DNSStats `json:"dns,omitempty"`
+	// Unsure, at a destroy, is why the final counters may not hold all
+	// the Trial did (a process outlived the kill, or they could not be
+	// read); the verdict then says UNKNOWN. Empty: they do.
+	Unsure string `json:"counters_unsure,omitempty"`
 	// TopRefused are the most refused targets (host:port as asked for).
 	TopRefused []record.TargetCount `json:"top_refused"`
 	At         time.Time            `json:"at"`
 }
 
 // Brief is the verdict in a few words, for run's one summary line: what
-// verdictOf says, without the reasons.
+// verdictOf says, without the reasons. Stats without a verdict are none
+// an agent made (a destroy that failed through the control API answers
+// its error alone): their zeros are no "ok".
 func (st Stats) Brief() string {
 	v := "0 direct egress packets (ok)"
 	switch {
+	case st.Verdict == "":
+		return "NO VERDICT: the agent gave no final counters"
 	case st.Egress > 0:
 		v = fmt.Sprintf("ALARM: %d direct egress packets dropped", st.Egress)
+	case st.Unsure != "":
+		v = "UNKNOWN: the final counters may not hold all the Trial did"
 	case !st.Layers.BPFLSM:
 		v = "0 direct egress packets (ok; foreign sockets unwatched)"
 	case st.Foreign > 0:

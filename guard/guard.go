@@ -99,7 +99,19 @@ var metadata = classes(classMetadata,
 	"fd00:a9fe:a9fe::1/128",  // Akamai (Linode) IPv6 metadata
 	"fd00:100::100:200/128",  // Alibaba Cloud IPv6 metadata
 	"192.0.0.192/32",         // Oracle Cloud Classic metadata
+	"100.96.0.96/32",         // Volcengine (BytePlus) metadata and role credentials
+	"100.80.80.80/32",        // UCloud metadata and user data
 )
+
+// tunnelledHost are addresses at which a daemon of this host answers
+// through its tun device, with no interface address or local route for
+// the host set to learn: Tailscale's Quad100, intercepted by tailscaled
+// and never leaving the machine (MagicDNS on :53, its web client on :80,
+// Taildrive on :8080). Refused as the host's own whatever the allowed
+// CIDRs: 100.64.0.0/10, a tailnet's range, holds the IPv4 one.
+var tunnelledHost = []netip.Prefix{
+	netip.MustParsePrefix("100.100.100.100/32"), netip.MustParsePrefix("fd7a:115c:a1e0::53/128"),
+}
 
 // special is the IANA special-purpose registry, most specific entries
 // first where they nest. Anything in it is refused unless allowed.
@@ -349,10 +361,8 @@ func (g *Guard) judge(a, outer netip.Addr, c addrClass, facts *HostFacts) error 
 				c = classHost
 			}
 		}
-		for _, p := range facts.Addrs {
-			if p.Contains(a) {
-				c = classHost
-			}
+		if covers(facts.Addrs, a) || covers(tunnelledHost, a) {
+			c = classHost
 		}
 	}
 	if c == classPublic || c.allowable() && g.allowed(a) {
@@ -367,6 +377,11 @@ func (g *Guard) judge(a, outer netip.Addr, c addrClass, facts *HostFacts) error 
 		hint = "; allow it with an explicit CIDR if this is intended"
 	}
 	return record.Deny(record.ReasonAddressDenied, "%s is %s%s", what, c, hint)
+}
+
+// covers reports whether a prefix of ps contains a.
+func covers(ps []netip.Prefix, a netip.Addr) bool {
+	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 func (g *Guard) allowed(a netip.Addr) bool {

@@ -155,10 +155,32 @@ func TestGuardMetadataUnderAllowedCIDRs(t *testing.T) {
 		"fd00:a9fe:a9fe::1",  // Akamai (Linode) IPv6
 		"fd00:100::100:200",  // Alibaba IPv6
 		"192.0.0.192",        // Oracle Cloud Classic
-		"::ffff:169.254.42.42", "64:ff9b::169.254.42.42",
+		"100.96.0.96",        // Volcengine, BytePlus
+		"100.80.80.80",       // UCloud
+		"::ffff:169.254.42.42", "64:ff9b::169.254.42.42", "::ffff:100.96.0.96", "64:ff9b::100.80.80.80",
 	} {
 		if err := g.Check(netip.MustParseAddr(addr)); err == nil || !strings.Contains(err.Error(), "metadata") {
 			t.Errorf("%s: got %v, want refused as a cloud metadata address", addr, err)
+		}
+	}
+}
+
+// Tailscale's Quad100 addresses are answered by the host's own tailscaled
+// through its tun device (MagicDNS, its web client, Taildrive), with no
+// interface address or local route for the host set to learn: refused
+// as the host's own under the CIDRs a tailnet lives in, which still admit
+// the tailnet's other addresses.
+func TestGuardTailscaleQuad100IsTheHost(t *testing.T) {
+	allow := []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10"), netip.MustParsePrefix("fd7a:115c:a1e0::/48")}
+	g := New(allow, fixedSet{})
+	for _, ok := range []string{"100.100.100.101", "100.101.102.103", "fd7a:115c:a1e0::54"} {
+		if err := g.Check(netip.MustParseAddr(ok)); err != nil {
+			t.Fatalf("%s under the tailnet's CIDRs: %v (they must admit their ranges for this test to mean anything)", ok, err)
+		}
+	}
+	for _, addr := range []string{"100.100.100.100", "fd7a:115c:a1e0::53", "::ffff:100.100.100.100", "64:ff9b::100.100.100.100"} {
+		if err := g.Check(netip.MustParseAddr(addr)); err == nil || !strings.Contains(err.Error(), "this host's own") {
+			t.Errorf("%s: got %v, want refused as this host's own address", addr, err)
 		}
 	}
 }

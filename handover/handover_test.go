@@ -276,15 +276,16 @@ func (k *testTaker) Lost() {
 	}
 }
 
-// running reports whether process pid runs: it exists, and is not a
-// zombie (exited, not yet reaped).
+// running reports whether process pid runs: it exists, and is neither a
+// zombie (exited, not yet reaped) nor dead (X: being reaped, as the
+// test's own Wait does the moment the kill lands).
 func running(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return false
 	}
 	_, rest, _ := strings.Cut(string(b), ") ")
-	return !strings.HasPrefix(rest, "Z")
+	return !strings.HasPrefix(rest, "Z") && !strings.HasPrefix(rest, "X")
 }
 
 func (k *testTaker) Followed(*Predecessor) { close(k.followed) }

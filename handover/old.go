@@ -326,8 +326,11 @@ func (s *Successor) finish(g Giver) {
 	close(s.stopFwd)
 	<-s.sent
 	_ = s.send(Open{})
+	// Drained before it is said: the successor closes its end once it
+	// has read it, and follow, reading that, must find an end, not a
+	// loss (which would close this agent's control socket early).
+	_ = s.m.to(StateDrained)
 	_ = s.send(Drained{})
-	_ = s.m.to(StateDrained) // before the close: follow sees an end, not a loss
 	_ = s.c.Close()
 	s.log.Info("drained; this agent exits", "successor", s.pid)
 }

@@ -219,7 +219,12 @@ func slotState(mem []byte, i int) *atomic.Uint32 {
 // Trial's max_tunnels lets this process have open (the proxy frees a
 // slot before it counts its tunnel as ended), so none is left unkept.
 func (l *Ledger) Open(ev *record.Event) func() {
-	line, err := slotLine(ev, ledgerSlot-8)
+	// A record lists only the first of its name's addresses, and how many
+	// there were is not in its JSON: the slot's detail says it, which is
+	// what Lost keeps of it (the detail is the cut's).
+	slot := *ev
+	slot.Detail = record.ResolvedNote(ev)
+	line, err := slotLine(&slot, ledgerSlot-8)
 	if err != nil {
 		return func() {} // only a start time JSON cannot hold (past year 9999)
 	}
@@ -355,11 +360,14 @@ func readLedger(trial *os.File, name, path string) ([]record.Event, error) {
 		if err := ev.UnmarshalJSON(bytes.Clone(mem[off+8 : off+8+n])); err != nil {
 			continue
 		}
-		trimmed := ev.Detail == ledgerTrimmed
+		trimmed, note := ev.Detail == ledgerTrimmed, ev.Detail
 		ev.Decision, ev.Reason = record.DecisionAllow, record.ReasonAllowed
 		ev.Detail = fmt.Sprintf("tunnel cut: the agent process serving it (pid %d) ended without closing it (killed or crashed); its byte counts are unknown", pid)
 		if trimmed {
 			ev.Detail += "; its record was trimmed to fit the ledger: its resolved addresses are not kept, and a value ending in …[N bytes] was N bytes long"
+		}
+		if record.IsResolvedNote(note) { // Open's; an earlier agent's detail is not kept
+			ev.Detail += "; " + note
 		}
 		ev.Duration = now.Sub(ev.Time)
 		out = append(out, ev)

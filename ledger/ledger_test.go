@@ -321,3 +321,45 @@ func TestLedgerWritesThroughNoPlantedFile(t *testing.T) {
 		t.Errorf("the file linked at the ledger's name was written: %d bytes, %v", len(b), err)
 	}
 }
+
+// A tunnel's record lists the first 16 of its name's addresses and says
+// how many there were (record.Clip). Kept in a ledger, the record lost
+// the count: the tunnel's record kept only the 16 (Event.SetResolved),
+// and its cut, read back, listed them as if they were all. The note
+// comes back with it; a detail of any other kind is not kept, as before.
+func TestLedgerKeepsHowManyAddresses(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Create(dir, "lt6", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	many := make([]netip.Addr, 40)
+	for i := range many {
+		many[i] = netip.AddrFrom4([4]byte{93, 184, 0, byte(i)})
+	}
+	ev := &record.Event{Schema: record.EventSchema, ID: "x", Time: time.Now(), Trial: "lt6", Method: "CONNECT", Target: "many.example.com:443",
+		Decision: record.DecisionAllow}
+	ev.SetResolved(many)
+	l.Open(ev)
+	up := &record.Event{Schema: record.EventSchema, ID: "y", Time: time.Now(), Trial: "lt6", Method: "CONNECT", Target: "up.example.com:443",
+		Decision: record.DecisionAllow, Detail: "through the upstream proxy 192.0.2.1:3128, which resolved the name"}
+	l.Open(up)
+	asDead(t, dir, "lt6", 1<<22-1)
+	evs, err := Lost(dir, "lt6")
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("lost tunnels: %+v %v", evs, err)
+	}
+	for _, got := range evs {
+		record.Clip(&got) // as the proxy records it
+		switch got.Target {
+		case ev.Target:
+			if len(got.Resolved) != 16 || !strings.HasSuffix(got.Detail, "ended without closing it (killed or crashed); its byte counts are unknown; resolved to 40 addresses, the first 16 recorded") {
+				t.Errorf("the cut of a tunnel to a name of 40 addresses: %d listed, detail %q", len(got.Resolved), got.Detail)
+			}
+		default:
+			if strings.Contains(got.Detail, "upstream proxy") {
+				t.Errorf("another detail kept: %q", got.Detail)
+			}
+		}
+	}
+}

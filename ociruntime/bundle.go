@@ -40,10 +40,15 @@ type bundle struct {
 }
 
 func readBundle(dir string) (*bundle, error) {
-	path := filepath.Join(dir, "config.json")
+	return readJSONDoc(filepath.Join(dir, "config.json"))
+}
+
+// readJSONDoc reads the JSON object at path (a bundle's config.json, an
+// exec's process.json) whole, bounded, strictly.
+func readJSONDoc(path string) (*bundle, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("read the bundle's config: %w", err)
+		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxConfig+1))
@@ -232,11 +237,7 @@ func (b *bundle) setProxyEnv(proxyURL string) error {
 		return fmt.Errorf("%s: process is not an object", b.path)
 	}
 	env, _ := p["env"].([]any)
-	env = slices.DeleteFunc(slices.Clone(env), func(e any) bool {
-		s, _ := e.(string)
-		name, _, _ := strings.Cut(s, "=")
-		return slices.Contains(proxyVars, name)
-	})
+	env = slices.DeleteFunc(slices.Clone(env), isProxyVar)
 	for _, kv := range []string{"HTTPS_PROXY=" + proxyURL, "HTTP_PROXY=" + proxyURL, "https_proxy=" + proxyURL,
 		"http_proxy=" + proxyURL, "NO_PROXY=" + noProxy, "no_proxy=" + noProxy, "NODE_USE_ENV_PROXY=1"} {
 		env = append(env, kv)

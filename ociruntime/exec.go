@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -109,5 +110,53 @@ func (inv *invocation) checkExec() error {
 	if bad := ocihook.RefusedCaps(caps); len(bad) > 0 {
 		return fmt.Errorf("refused an exec into container %s of a Trial: it would hold capabilities that let it leave its Trial (docker exec --privileged or --cap-add): %s", inv.id, strings.Join(bad, "; "))
 	}
+	if inv.process == "" {
+		return nil
+	}
+	if err := trialProxyEnv(inv.process, st.Config.Labels); err != nil {
+		return fmt.Errorf("refused an exec into container %s of a Trial: %w", inv.id, err)
+	}
 	return nil
+}
+
+// trialProxyEnv gives an exec's process (its process file) the proxy
+// variables of the container's own process, as the wrapper wrote them
+// into its bundle at create, replacing its own: Docker starts an exec
+// with the environment it keeps for the container (the image's and
+// docker run -e's), so a proxy the wrapper replaced (an operator's, its
+// credentials in it) came back in every exec, where the Trial reads it.
+// labels are the container's in runc's state, its bundle among them.
+func trialProxyEnv(processFile string, labels []string) error {
+	dir := ""
+	for _, l := range labels {
+		if v, ok := strings.CutPrefix(l, "bundle="); ok {
+			dir = v
+		}
+	}
+	if dir == "" {
+		return fmt.Errorf("runc's state names no bundle, whose proxy variables its process is to have")
+	}
+	b, err := readBundle(dir)
+	if err != nil {
+		return fmt.Errorf("its bundle's proxy variables: %w", err)
+	}
+	var trial []any
+	if p := object(b.doc, "process"); p != nil {
+		env, _ := p["env"].([]any)
+		trial = slices.DeleteFunc(slices.Clone(env), func(e any) bool { return !isProxyVar(e) })
+	}
+	proc, err := readJSONDoc(processFile)
+	if err != nil {
+		return err
+	}
+	env, _ := proc.doc["env"].([]any)
+	proc.doc["env"] = append(slices.DeleteFunc(slices.Clone(env), isProxyVar), trial...)
+	return proc.write()
+}
+
+// isProxyVar: env entry e sets one of proxyVars.
+func isProxyVar(e any) bool {
+	s, _ := e.(string)
+	name, _, _ := strings.Cut(s, "=")
+	return slices.Contains(proxyVars, name)
 }

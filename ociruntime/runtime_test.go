@@ -518,9 +518,10 @@ func TestPrepareRefusesAPrivilegedExec(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	state("in", "trialnet.io/trial=eval-42", "bundle=/b")
+	bundle := execBundle(t, "HTTPS_PROXY=http://127.0.0.1:3128")
+	state("in", "trialnet.io/trial=eval-42", "bundle="+bundle)
 	state("out", "bundle=/b2")
-	state("in-case", "Trialnet.IO/trial=eval-42", "bundle=/b3") // a claim in the hook's reading
+	state("in-case", "Trialnet.IO/trial=eval-42", "bundle="+bundle) // a claim in the hook's reading
 	process := func(caps ...string) string {
 		p := filepath.Join(t.TempDir(), "process.json")
 		b, _ := json.Marshal(map[string]any{"args": []string{"sh"}, "capabilities": map[string]any{"bounding": []string{"CAP_KILL"}, "ambient": caps}})
@@ -549,6 +550,85 @@ func TestPrepareRefusesAPrivilegedExec(t *testing.T) {
 			t.Errorf("%q: got %v, want refused with %q", tc.args, err, tc.want)
 		}
 	}
+}
+
+// execBundle is a container's bundle whose process has env.
+func execBundle(t *testing.T, env ...string) string {
+	dir := t.TempDir()
+	b, _ := json.Marshal(map[string]any{"process": map[string]any{"args": []string{"sleep"}, "env": env}})
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// Docker starts an exec with the environment it keeps for the
+// container, not the bundle's: the proxy variables the wrapper replaced
+// at create (an operator's proxy, its credentials in it) came back in
+// every docker exec, where the Trial reads them. An exec into a
+// Trial's container gets the container's own, the Trial's; any other
+// keeps what it was given.
+func TestPrepareGivesAnExecTheTrialsProxy(t *testing.T) {
+	root := t.TempDir()
+	trialEnv := []string{"HTTPS_PROXY=http://127.0.0.1:3128", "https_proxy=http://127.0.0.1:3128", "NO_PROXY=127.0.0.1,localhost,::1"}
+	bundle := execBundle(t, append([]string{"PATH=/bin", "HOME=/root"}, trialEnv...)...)
+	for id, labels := range map[string][]string{"in": {"trialnet.io/trial=eval-42", "bundle=" + bundle}, "out": {"bundle=" + bundle},
+		"lost": {"trialnet.io/trial=eval-42"}} {
+		if err := os.MkdirAll(filepath.Join(root, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(map[string]any{"id": id, "config": map[string]any{"labels": labels}})
+		if err := os.WriteFile(filepath.Join(root, id, "state.json"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	given := []any{"PATH=/usr/bin", "HTTPS_PROXY=http://ops:secret@proxy.corp:3128", "ALL_PROXY=socks5://proxy.corp:1080", "TERM=xterm"}
+	process := func() string {
+		p := filepath.Join(t.TempDir(), "process.json")
+		b, _ := json.Marshal(map[string]any{"args": []string{"sh"}, "env": given, "user": map[string]any{"uid": 0, "gid": 0}})
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	w := newWrapper(&fakeAgent{info: eval42})
+	p := process()
+	if _, err := w.Prepare(context.Background(), []string{"--root", root, "exec", "--process", p, "--detach", "in"}); err != nil {
+		t.Fatal(err)
+	}
+	doc := readProcess(t, p)
+	want := []any{"PATH=/usr/bin", "TERM=xterm"}
+	for _, e := range trialEnv {
+		want = append(want, e)
+	}
+	if !slices.Equal(doc["env"].([]any), want) {
+		t.Errorf("the exec's environment: %q, want %q", doc["env"], want)
+	}
+	if doc["user"] == nil || doc["args"] == nil {
+		t.Errorf("the exec's process lost its other fields: %v", doc)
+	}
+	p = process()
+	if _, err := w.Prepare(context.Background(), []string{"--root", root, "exec", "--process", p, "out"}); err != nil ||
+		!slices.Equal(readProcess(t, p)["env"].([]any), given) {
+		t.Errorf("an exec into a container of no Trial was changed (%v): %q", err, readProcess(t, p)["env"])
+	}
+	if _, err := w.Prepare(context.Background(), []string{"--root", root, "exec", "--process", process(), "lost"}); err == nil ||
+		!strings.Contains(err.Error(), "names no bundle") {
+		t.Errorf("an exec into a Trial's container whose bundle is unknown: %v", err)
+	}
+}
+
+// readProcess reads an exec's process file.
+func readProcess(t *testing.T, p string) map[string]any {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	return doc
 }
 
 // runc restore makes a container from a bundle too (docker start

@@ -56,12 +56,21 @@ func TestDNSAnswersGuarded(t *testing.T) {
 		"cgnat.example.com":     {"100.64.1.1"},
 		"ula.example.com":       {"fd00::1"},
 		"linklocal.example.com": {"fe80::1"},
+		// Every IPv6 form that carries an IPv4 address a router or the
+		// kernel may reach, each carrying a forbidden one, behind a good A.
+		"translated.example.com": {"93.184.216.34", "::ffff:0:127.0.0.1"},
+		"nat64local.example.com": {"93.184.216.34", "64:ff9b:1::a9fe:a9fe"},
+		"6to4.example.com":       {"93.184.216.34", "2002:7f00:1::1"},
+		"teredo.example.com":     {"93.184.216.34", "2001:0:a9fe:a9fe::1"},
+		"teredoc.example.com":    {"93.184.216.34", "2001:0:5db8:d822::80ff:fffe"},
+		"isatap.example.com":     {"93.184.216.34", "2606:2800:220:1:200:5efe:a9fe:a9fe"},
+		"isatap0.example.com":    {"93.184.216.34", "2606:2800:220:1:0:5efe:" + own.String()},
 	}
 	var allow []string
 	for n := range names {
-		allow = append(allow, n+":443")
+		allow = append(allow, n+":443", n+":80")
 	}
-	allow = append(allow, "cname.example.com:443")
+	allow = append(allow, "cname.example.com:443", "cname.example.com:80")
 	tp := newTestProxy(t, proxyOpts{allow: allow, cidrs: []string{ownNet}})
 	for n, addrs := range names {
 		tp.dns.set(n, 60, addrs...)
@@ -81,6 +90,14 @@ func TestDNSAnswersGuarded(t *testing.T) {
 			ev := tp.event(t)
 			if ev.Reason != record.ReasonAddressDenied || len(ev.Resolved) == 0 || ev.Dialed.IsValid() {
 				t.Fatalf("event %+v", ev)
+			}
+			// A forwarded request takes the same guard.
+			resp, _, _ = tp.connect(t, "GET http://"+n+"/ HTTP/1.1\r\nHost: "+n+"\r\n\r\n")
+			if resp.StatusCode != 403 || record.Reason(resp.Header.Get("Trialnet-Reason")) != record.ReasonAddressDenied {
+				t.Fatalf("forwarded: got %d %s: %s", resp.StatusCode, resp.Header.Get("Trialnet-Reason"), resp.Header.Get("Trialnet-Detail"))
+			}
+			if ev := tp.event(t); ev.Reason != record.ReasonAddressDenied || ev.Dialed.IsValid() {
+				t.Fatalf("forwarded: event %+v", ev)
 			}
 		})
 	}

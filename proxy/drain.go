@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/trialnet/trialnet/record"
 )
@@ -19,7 +20,9 @@ import (
 // StopAccepting stops accepting on every Trial's listeners, closing this
 // process's descriptors of them (another process may hold the same
 // sockets), and ends each forwarding connection after its current
-// request. Open tunnels and requests go on.
+// request, or, waiting for its next, now: as a server closes an idle
+// kept-alive connection, so that the client sends its next request on a
+// new one, which the successor decides. Open tunnels and requests go on.
 func (p *Proxy) StopAccepting() {
 	p.draining.Store(true)
 	p.mu.Lock()
@@ -33,8 +36,32 @@ func (p *Proxy) StopAccepting() {
 		for ln := range t.listeners {
 			_ = ln.Close()
 		}
+		for c := range t.idle {
+			_ = c.SetReadDeadline(time.Now()) // its wait for a head ends: serveOne closes it
+		}
 		t.mu.Unlock()
 	}
+}
+
+// waitNext marks c, a kept-alive forwarding connection, as waiting for
+// its next request, unless the process drains: then it reports false,
+// and c is to close unserved. Either this sees the drain, or
+// StopAccepting (which sets it before it takes t.mu) sees c.
+func (t *trial) waitNext(p *Proxy, c net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p.draining.Load() {
+		return false
+	}
+	t.idle[c] = struct{}{}
+	return true
+}
+
+// gotNext ends waitNext: c's wait for its next head is over.
+func (t *trial) gotNext(c net.Conn) {
+	t.mu.Lock()
+	delete(t.idle, c)
+	t.mu.Unlock()
 }
 
 // Drained waits until every connection of every Trial has ended, or ctx

@@ -4,7 +4,9 @@ package proxy
 
 import (
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -171,6 +173,82 @@ func TestStalledTunnelsHoldBoundedSocketMemory(t *testing.T) {
 	t.Logf("%d stalled tunnels hold %d KiB in the proxy's sockets (%d KiB each; bound %d KiB)", tunnels, held>>10, held/tunnels>>10, bound>>10)
 	if held > bound {
 		t.Fatalf("%d stalled tunnels hold %d KiB in the proxy's sockets, past %d KiB", tunnels, held>>10, bound>>10)
+	}
+}
+
+// TestAcceptedConnectionsHaveBoundedBuffers: every client connection a
+// Trial's listener hands the proxy has the client side's buffer bounds,
+// the ones made while the listener waited to be served (queued before
+// Serve set the bounds on the listening socket, as after a hand-over)
+// and the ones made after (which inherit them from it).
+func TestAcceptedConnectionsHaveBoundedBuffers(t *testing.T) {
+	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:443"}})
+	al, err := allow.Parse([]string{"api.example.com:443"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tp.AddTrial(TrialPolicy{Spec: trialspec.Spec{ID: "t2"}, Allow: al}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const each = 4
+	var clients []net.Conn
+	defer func() {
+		for _, c := range clients {
+			_ = c.Close()
+		}
+	}()
+	dial := func() {
+		for range each {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			clients = append(clients, c)
+		}
+	}
+	dial() // queued: the kernel made them from the listener as it was
+	served := make(chan struct{})
+	go func() { defer close(served); _ = tp.Serve(ln, "t2") }()
+	defer func() { tp.RemoveTrial("t2"); <-served }()
+	tp.mu.Lock()
+	t2 := tp.trials["t2"]
+	tp.mu.Unlock()
+	tracked := func() []net.Conn {
+		t2.mu.Lock()
+		defer t2.mu.Unlock()
+		return slices.Collect(maps.Keys(t2.conns))
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(tracked()) < each; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the %d queued connections accepted after 10 s", len(tracked()), each)
+		}
+	}
+	dial() // made from the listener once Serve set its bounds
+	for deadline := time.Now().Add(10 * time.Second); len(tracked()) < 2*each; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the %d connections accepted after 10 s", len(tracked()), 2*each)
+		}
+	}
+	for _, c := range tracked() {
+		rc, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rcv, snd int
+		var rerr, serr error
+		if err := rc.Control(func(fd uintptr) {
+			rcv, rerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+			snd, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+		}); err != nil || rerr != nil || serr != nil {
+			t.Fatal(err, rerr, serr)
+		}
+		if rcv != 2*clientBuffer || snd != 2*clientBuffer { // the kernel doubles what is set
+			t.Errorf("client connection from %s: receive buffer %d, send buffer %d, want %d each", c.RemoteAddr(), rcv, snd, 2*clientBuffer)
+		}
 	}
 }
 

@@ -84,6 +84,12 @@ type httpConn struct {
 	responding bool
 }
 
+// errDrainedBetween ends a kept-alive connection that waited for its
+// next request when StopAccepting ran: it closes idle, or, its next
+// request come meanwhile, with that left unread, unrecorded, as if the
+// connection had closed before it was sent.
+var errDrainedBetween = errors.New("the agent handed over while the connection waited for its next request")
+
 // serveHTTP serves forwarded requests on c until the client or a refusal
 // ends the connection. headDone is called once the first head is in.
 // dest is the name:port of a transparent connection (nil: a proxy
@@ -123,7 +129,7 @@ func (p *Proxy) serveConn(h *httpConn, ev *record.Event, headDone func()) *recor
 			ev.Transparent, ev.Host, ev.Port, ev.Target = true, dest.Host, dest.Port, dest.Target
 		}
 		keep, err := h.serveOne(ev, headDone, first)
-		if errors.Is(err, wire.ErrClientDone) {
+		if errors.Is(err, wire.ErrClientDone) || errors.Is(err, errDrainedBetween) {
 			return nil
 		}
 		if err != nil {
@@ -168,9 +174,20 @@ func (h *httpConn) serveOne(ev *record.Event, headDone func(), first bool) (keep
 	h.wmu.Lock()
 	h.responding = false
 	h.wmu.Unlock()
+	if !first && !h.t.waitNext(h.p, h.c) {
+		return false, errDrainedBetween
+	}
 	raw, err := wire.PeekHead(h.r)
 	if first {
 		headDone()
+	} else {
+		h.t.gotNext(h.c)
+		if h.p.draining.Load() {
+			// The process handed over while this connection waited
+			// (StopAccepting ended the wait), or as its next head came:
+			// the successor decides that request, on a new connection.
+			return false, errDrainedBetween
+		}
 	}
 	if err != nil {
 		return false, err
@@ -280,7 +297,8 @@ func (f *fwdReq) dialed(dev *record.Event, err error) {
 	if f.done {
 		return
 	}
-	f.ev.DNS, f.ev.Resolved, f.ev.Dial, f.ev.Dialed = dev.DNS, dev.Resolved, dev.Dial, dev.Dialed
+	f.ev.DNS, f.ev.Dial, f.ev.Dialed = dev.DNS, dev.Dial, dev.Dialed
+	f.ev.ResolvedFrom(dev)
 	if err == nil {
 		f.ev.Rule, f.ev.Profile, f.ev.WouldDeny, f.ev.RequireTLS = dev.Rule, dev.Profile, dev.WouldDeny, dev.RequireTLS
 	}

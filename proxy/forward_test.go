@@ -49,6 +49,13 @@ func (u *httpUpstream) requests() []seen {
 // on port 80 and api.example.com on 8080.
 func newForwardProxy(t *testing.T) (*testProxy, *httpUpstream) {
 	t.Helper()
+	return newForwardProxyWith(t, nil)
+}
+
+// newForwardProxyWith is newForwardProxy with its Config changed by
+// configure (nil: none).
+func newForwardProxyWith(t *testing.T, configure func(*Config)) (*testProxy, *httpUpstream) {
+	t.Helper()
 	u := &httpUpstream{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -63,7 +70,7 @@ func newForwardProxy(t *testing.T) (*testProxy, *httpUpstream) {
 	}))
 	t.Cleanup(srv.Close)
 	tp := newTestProxy(t, proxyOpts{allow: []string{"api.example.com:80", "other.example.com:80", "api.example.com:8080"},
-		upstreamAddr: srv.Listener.Addr().String()})
+		upstreamAddr: srv.Listener.Addr().String(), configure: configure})
 	tp.dns.set("api.example.com", 60, "93.184.216.34")
 	tp.dns.set("other.example.com", 60, "93.184.216.35")
 	tp.dns.set("denied.example.com", 60, "93.184.216.36")

@@ -21,6 +21,7 @@ import (
 	"github.com/trialnet/trialnet/config"
 	"github.com/trialnet/trialnet/guard"
 	"github.com/trialnet/trialnet/internal/counts"
+	"github.com/trialnet/trialnet/internal/testhost"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/resolve"
 )
@@ -39,29 +40,12 @@ type dnsServer struct {
 func newDNSServer(t testing.TB) *dnsServer {
 	t.Helper()
 	s := &dnsServer{answers: map[string]func(dns.Question, string) (*dns.Msg, bool){}, queries: map[string]int{}}
-	// UDP and TCP on one port; retry when the TCP port happens to be taken.
-	var pc net.PacketConn
-	var ln net.Listener
-	for try := 0; ln == nil; try++ {
-		var err error
-		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
-			t.Fatal(err)
-		}
-		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err != nil {
-			_ = pc.Close()
-			if try == 20 {
-				t.Fatal(err)
-			}
-		}
+	addr, stop, err := testhost.ServeDNSHandler(dns.HandlerFunc(s.serve))
+	if err != nil {
+		t.Fatal(err)
 	}
-	s.Addr = pc.LocalAddr().String()
-	mux := dns.NewServeMux()
-	mux.HandleFunc(".", s.serve)
-	udp := &dns.Server{PacketConn: pc, Handler: mux}
-	tcp := &dns.Server{Listener: ln, Handler: mux}
-	go func() { _ = udp.ActivateAndServe() }()
-	go func() { _ = tcp.ActivateAndServe() }()
-	t.Cleanup(func() { _ = udp.Shutdown(); _ = tcp.Shutdown() })
+	t.Cleanup(stop)
+	s.Addr = addr
 	return s
 }
 

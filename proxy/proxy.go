@@ -25,6 +25,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/trialnet/trialnet/allow"
@@ -38,6 +39,7 @@ import (
 	uproxy "github.com/trialnet/trialnet/upstream"
 	"github.com/trialnet/trialnet/wire"
 	vns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Defaults for Config fields left zero.
@@ -104,6 +106,47 @@ func boundBuffers(c net.Conn, n int) {
 		_ = b.SetWriteBuffer(n)
 	}
 }
+
+// boundListener sets the client side's buffer bounds (n each) on ln's
+// socket once, so that every connection the kernel makes from it from
+// then on inherits them: two setsockopt(2) calls per listener instead of
+// per accepted connection. A connection made before (queued while the
+// listener was handed over, or before Serve) carries the listener's
+// earlier buffers: queued is how many of those the accept queue held
+// once the bounds were set, the first to be accepted (the queue is
+// first in, first out), which are bounded one by one. ok is false when
+// ln is not a listening TCP socket whose bounds could be set and whose
+// queue could be read; then every connection is bounded one by one.
+func boundListener(ln net.Listener, n int) (queued int, ok bool) {
+	sc, isSocket := ln.(syscall.Conn)
+	if !isSocket {
+		return 0, false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var info *unix.TCPInfo
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, n); serr != nil {
+			return
+		}
+		if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, n); serr != nil {
+			return
+		}
+		// Read after the bounds are set: a connection made in between
+		// is counted too, and bounded twice.
+		info, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	})
+	if err != nil || serr != nil || info.State != tcpListen {
+		return 0, false
+	}
+	return int(info.Unacked), true // a listener's tcpi_unacked is its accept queue's length
+}
+
+// tcpListen is TCP_LISTEN, a listening socket's tcpi_state.
+const tcpListen = 10
 
 // Config configures a Proxy. Nil and zero fields take the defaults.
 type Config struct {
@@ -350,9 +393,12 @@ type trial struct {
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{}
-	open      map[*openTunnel]struct{} // tunnels between their answer and their end
-	stats     record.TrialStats
-	removed   bool
+	// idle are the forwarding connections waiting for their next
+	// request, which StopAccepting ends (waitNext).
+	idle    map[net.Conn]struct{}
+	open    map[*openTunnel]struct{} // tunnels between their answer and their end
+	stats   record.TrialStats
+	removed bool
 }
 
 // AddTrial registers a Trial; its listeners are then served with Serve.
@@ -395,7 +441,7 @@ func (p *Proxy) AddTrial(tp TrialPolicy) error {
 	t := &trial{
 		id: spec.ID, learn: spec.Learning, set: set, limits: lim, bucket: ratelimit.NewShared(lim.ConnectRate, lim.ConnectBurst, c.ConnectRate()),
 		tunnels: &own.Tunnels, clients: &own.Clients, pending: &own.Pending, counts: c, slot: tp.Slot,
-		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}),
+		listeners: make(map[net.Listener]struct{}), conns: make(map[net.Conn]struct{}), idle: make(map[net.Conn]struct{}),
 		open: make(map[*openTunnel]struct{}), stats: stats, ctx: ctx, cancel: cancel, ledger: tp.Ledger,
 		hosts: make(map[uint16]netip.AddrPort, len(spec.HostServices)), admitting: make(chan struct{}, maxAdmitting),
 		lookups: lookupSlots{make(chan struct{}, maxLookups), resolve.QueryTimeout},
@@ -777,6 +823,7 @@ func (p *Proxy) serve(ln net.Listener, id string, handle func(net.Conn, *trial))
 		delete(t.listeners, ln)
 		t.mu.Unlock()
 	}()
+	queued, inherited := boundListener(ln, clientBuffer)
 	var backoff time.Duration
 	for {
 		c, err := ln.Accept()
@@ -791,7 +838,13 @@ func (p *Proxy) serve(ln net.Listener, id string, handle func(net.Conn, *trial))
 			continue
 		}
 		backoff = 0
-		boundBuffers(c, clientBuffer)
+		switch {
+		case !inherited:
+			boundBuffers(c, clientBuffer)
+		case queued > 0: // made before the listener's bounds
+			boundBuffers(c, clientBuffer)
+			queued--
+		}
 		if !t.trackClient(c) {
 			_ = c.Close()
 			continue
@@ -871,6 +924,7 @@ type clientConn struct {
 	br        *bufio.Reader // pooled; nil once given back or kept by forwarding
 	ev        *record.Event // nil: a forwarding connection ended between requests
 	undo      []func()
+	undoBuf   [10]func() // undo's first (a tunnel has nine): no slice grown
 	handedOff bool
 	// silent: a transparent connection whose client has not been
 	// answered in HTTP, and must not be: a refusal resets it instead.
@@ -935,6 +989,7 @@ func (p *Proxy) handle(c net.Conn, t *trial) {
 // handler counted out).
 func (p *Proxy) newClientConn(c net.Conn, t *trial) *clientConn {
 	k := &clientConn{p: p, t: t, c: c, ev: p.newEvent(t, c)}
+	k.undo = k.undoBuf[:0]
 	k.onDone(p.wg.Done)
 	k.onDone(t.handlers.Done)
 	k.onDone(func() { t.untrack(c) })
@@ -1121,7 +1176,7 @@ func (p *Proxy) resolveChecked(trialCtx context.Context, slots lookupSlots, set 
 	t0 := time.Now()
 	ans, err := slots.resolve(trialCtx, p.cfg.DNSTimeout, set.resolver, req.Host)
 	ev.DNS = time.Since(t0)
-	ev.Resolved = ans.Addrs
+	ev.SetResolved(ans.Addrs)
 	if err != nil {
 		if record.ReasonOf(err) == "" {
 			err = &record.Denial{Reason: record.ReasonDNSFailed, Detail: err.Error(), Err: err}

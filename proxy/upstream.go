@@ -53,7 +53,7 @@ func (p *Proxy) connect(trialCtx context.Context, t *trial, req *wire.Request, e
 	case byName && (err != nil || !allDirect(up, targets)):
 		// Looked up only for the direct CIDRs, and not all in them: the
 		// upstream proxy resolves the name, as it would without them.
-		ev.Resolved = nil
+		ev.SetResolved(nil)
 		return p.dialUpstream(trialCtx, up, req.HostPort(), ev)
 	case err == nil:
 		return p.dialChecked(trialCtx, hopDialer{direct: set.dialer, up: up}, targets, ev)

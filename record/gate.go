@@ -368,14 +368,31 @@ func Clip(ev *Event) {
 	for _, f := range []*string{&ev.Method, &ev.Target, &ev.Detail, &ev.SNI} {
 		*f = clipField(*f)
 	}
-	if n := len(ev.Resolved); n > maxRecordAddrs {
-		ev.Resolved = ev.Resolved[:maxRecordAddrs:maxRecordAddrs]
-		note := fmt.Sprintf("resolved to %d addresses, the first %d recorded", n, maxRecordAddrs)
+	if note := ResolvedNote(ev); note != "" {
+		m := min(len(ev.Resolved), maxRecordAddrs)
+		ev.Resolved, ev.resolvedAll = ev.Resolved[:m:m], 0
 		if ev.Detail != "" {
 			note = ev.Detail + "; " + note
 		}
 		ev.Detail = note
 	}
+}
+
+// ResolvedNote is what Clip adds to ev's detail when ev's name resolved
+// to more addresses than the record lists, or "".
+func ResolvedNote(ev *Event) string {
+	if n := max(len(ev.Resolved), ev.resolvedAll); n > maxRecordAddrs {
+		return fmt.Sprintf("resolved to %d addresses, the first %d recorded", n, maxRecordAddrs)
+	}
+	return ""
+}
+
+// IsResolvedNote reports whether s is a note ResolvedNote gives.
+func IsResolvedNote(s string) bool {
+	var n, m int
+	_, err := fmt.Sscanf(s, "resolved to %d addresses, the first %d recorded", &n, &m)
+	return err == nil && n > maxRecordAddrs && m == maxRecordAddrs &&
+		s == fmt.Sprintf("resolved to %d addresses, the first %d recorded", n, m)
 }
 
 // clipField cuts s to MaxRecordField bytes, on a rune boundary, and

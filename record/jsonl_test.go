@@ -82,8 +82,12 @@ func TestReadFileRegularOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{fifo, zero} {
-		if recs, err := ReadFile(p); err == nil || !strings.Contains(err.Error(), "not a regular file") {
-			t.Errorf("ReadFile(%s) = %d records, %v: want it refused as not a regular file", p, len(recs), err)
+		if recs, err := ReadFile(p); err == nil || !strings.Contains(err.Error(), "not a regular file") || !strings.Contains(err.Error(), "give the decisions.jsonl file itself") {
+			t.Errorf("ReadFile(%s) = %d records, %v: want it refused as not a regular file, the file to give named", p, len(recs), err)
 		}
+	}
+	// A missing log is one: the advice to give the file itself is not for it.
+	if _, err := ReadFile(filepath.Join(dir, "none")); !errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "give the") {
+		t.Errorf("ReadFile of a missing file: %v, want it said missing and no more", err)
 	}
 }

@@ -5,6 +5,7 @@
 package resolve
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,8 +39,19 @@ const (
 	QueryTimeout        = 2 * time.Second
 	defaultMaxCNAMEs    = 8 // chain length followed before giving up
 	defaultCacheEntries = 4096
-	maxCacheTTL         = time.Hour
-	maxNegativeTTL      = time.Minute
+	// defaultCacheAddrs bounds the addresses the cache holds, every
+	// entry together (1.5 MiB): one Trial, through names under its
+	// wildcard each answering with 4,000 addresses, held 335 MiB of the
+	// agent's memory in 4,080 entries, the bound on entries alone.
+	defaultCacheAddrs = 1 << 16
+	// maxCachedAddrs: an answer with more addresses is used once, not
+	// cached, so that a few such names do not push every other name out.
+	maxCachedAddrs = defaultCacheAddrs / 64
+	// smallAnswer: answers of at most this many addresses, as many as
+	// the entries bound leaves each, never fill the addresses bound alone.
+	smallAnswer    = defaultCacheAddrs / defaultCacheEntries
+	maxCacheTTL    = time.Hour
+	maxNegativeTTL = time.Minute
 )
 
 // DNSResolver queries A and AAAA with github.com/miekg/dns: over UDP,
@@ -51,6 +63,8 @@ type DNSResolver struct {
 	timeout  time.Duration
 	mu       sync.Mutex
 	cache    map[cacheKey]cacheEntry
+	addrs    int                  // the addresses the cache holds
+	tick     uint64               // counts cache uses: an entry's used is the last
 	inflight map[cacheKey]*flight // one query per name and type at a time
 }
 
@@ -69,6 +83,7 @@ type cacheKey struct {
 type cacheEntry struct {
 	res     lookupResult
 	expires time.Time
+	used    uint64 // the tick of its last use
 }
 
 // NewDNSResolver returns a resolver for the given servers ("host:port" or
@@ -199,12 +214,21 @@ func answer(name string, res [2]lookupResult, cached bool) (Answer, error) {
 
 func (r *DNSResolver) cached(fqdn string, qtype uint16) (lookupResult, bool) {
 	r.mu.Lock()
-	e, ok := r.cache[cacheKey{fqdn, qtype}]
-	r.mu.Unlock()
-	if ok && time.Now().Before(e.expires) {
-		return e.res, true
+	defer r.mu.Unlock()
+	return r.hit(cacheKey{fqdn, qtype})
+}
+
+// hit is key's cached result, if it has one still valid, which is then
+// marked used; r.mu is held.
+func (r *DNSResolver) hit(key cacheKey) (lookupResult, bool) {
+	e, ok := r.cache[key]
+	if !ok || !time.Now().Before(e.expires) {
+		return lookupResult{}, false
 	}
-	return lookupResult{}, false
+	r.tick++
+	e.used = r.tick
+	r.cache[key] = e
+	return e.res, true
 }
 
 // lookup answers from the cache, joins a query already in flight for the
@@ -214,9 +238,9 @@ func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lo
 	key := cacheKey{fqdn, qtype}
 	for {
 		r.mu.Lock()
-		if e, ok := r.cache[key]; ok && time.Now().Before(e.expires) {
+		if res, ok := r.hit(key); ok {
 			r.mu.Unlock()
-			return e.res, true
+			return res, true
 		}
 		f, joined := r.inflight[key]
 		if !joined {
@@ -245,11 +269,8 @@ func (r *DNSResolver) lookup(ctx context.Context, fqdn string, qtype uint16) (lo
 func (r *DNSResolver) lead(ctx context.Context, key cacheKey, f *flight) lookupResult {
 	res, ttl := r.follow(ctx, key.name, key.qtype)
 	r.mu.Lock()
-	if ttl > 0 && res.kind != lookupFailed {
-		if len(r.cache) >= defaultCacheEntries {
-			r.evict()
-		}
-		r.cache[key] = cacheEntry{res, time.Now().Add(ttl)}
+	if ttl > 0 && res.kind != lookupFailed && len(res.addrs) <= maxCachedAddrs {
+		r.store(key, res, ttl)
 	}
 	delete(r.inflight, key)
 	r.mu.Unlock()
@@ -258,17 +279,73 @@ func (r *DNSResolver) lead(ctx context.Context, key cacheKey, f *flight) lookupR
 	return res
 }
 
-// evict drops expired entries, or every entry if none has expired: a
-// small cache that is sometimes cold is better than an unbounded one.
-func (r *DNSResolver) evict() {
+// store caches res under key for ttl; r.mu is held.
+func (r *DNSResolver) store(key cacheKey, res lookupResult, ttl time.Duration) {
+	if e, ok := r.cache[key]; ok { // expired, or it would not be asked
+		r.drop(key, e)
+	}
+	r.makeRoom(len(res.addrs))
+	r.tick++
+	r.cache[key] = cacheEntry{res, time.Now().Add(ttl), r.tick}
+	r.addrs += len(res.addrs)
+}
+
+func (r *DNSResolver) drop(key cacheKey, e cacheEntry) {
+	delete(r.cache, key)
+	r.addrs -= len(e.res.addrs)
+}
+
+// makeRoom makes room for an entry of n addresses within the cache's
+// bounds: it drops the expired entries, then, if that is not enough,
+// the least recently used, down to seven eighths of each bound. The cache
+// is every Trial's: emptying it whole when full let one Trial that asks
+// for new names under its wildcard make every other Trial's names be
+// asked again; a name in use stays. Seven eighths whatever it drops: it
+// walks the whole cache under the lock every lookup takes, and stopping
+// once one entry fitted (a few expired answers) had a Trial whose names
+// live a second make each of its lookups walk it again.
+func (r *DNSResolver) makeRoom(n int) {
+	fits := func(entries, addrs int) bool { return len(r.cache) < entries && r.addrs+n <= addrs }
+	if fits(defaultCacheEntries, defaultCacheAddrs) {
+		return
+	}
 	now := time.Now()
 	for k, e := range r.cache {
 		if now.After(e.expires) {
-			delete(r.cache, k)
+			r.drop(k, e)
 		}
 	}
-	if len(r.cache) >= defaultCacheEntries {
-		clear(r.cache)
+	if fits(defaultCacheEntries*7/8, defaultCacheAddrs*7/8) {
+		return
+	}
+	type use struct {
+		key  cacheKey
+		used uint64
+	}
+	uses := make([]use, 0, len(r.cache))
+	for k, e := range r.cache {
+		uses = append(uses, use{k, e.used})
+	}
+	slices.SortFunc(uses, func(a, b use) int { return cmp.Compare(a.used, b.used) })
+	// Addresses short, large answers go first: 56 of 1,024 fill that
+	// bound, and pushed out every name least recently used before them,
+	// where answers of at most smallAnswer are pushed out only by the
+	// entries bound, some 3,500 new answers.
+	for _, u := range uses {
+		if r.addrs+n <= defaultCacheAddrs*7/8 {
+			break
+		}
+		if e := r.cache[u.key]; len(e.res.addrs) > smallAnswer {
+			r.drop(u.key, e)
+		}
+	}
+	for _, u := range uses {
+		if fits(defaultCacheEntries*7/8, defaultCacheAddrs*7/8) {
+			return
+		}
+		if e, ok := r.cache[u.key]; ok {
+			r.drop(u.key, e)
+		}
 	}
 }
 

@@ -133,7 +133,7 @@ func TestPrivilegedOrphanedInitIsReplaced(t *testing.T) {
 	defer cg.Close()
 	var orphan initProc
 	for try := 0; ; try++ {
-		p, ready, err := tr.startInit(cg)
+		p, ready, err := tr.startInit(cg, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -721,5 +721,123 @@ func TestPrivilegedLaunchesLeaveTheMainThreadAlone(t *testing.T) {
 		if after, _ := os.Readlink("/proc/self/ns/mnt"); after != before {
 			t.Fatalf("after %d launches the main thread is in %s, not the host's %s", i+1, after, before)
 		}
+	}
+}
+
+// Output to a file opened for writing alone never reaches the Trial as
+// that file: opened again through /proc/self/fd, where the kernel checks
+// the file's mode but no directory on its path, it gave the Trial what
+// earlier runs had appended to a log in a directory its uid cannot
+// enter. The command gets a pipe, and what it writes still lands in the
+// file; stdin, a file open for reading, is handed in as it is.
+func TestPrivilegedWriteOnlyStdioIsNotReadBack(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	dir := t.TempDir() // root's, 0700: nobody cannot enter it
+	log := filepath.Join(dir, "runs.log")
+	const secret = "an-earlier-run-wrote-this"
+	if err := os.WriteFile(log, []byte(secret+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.OpenFile(log, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	in, err := os.Open("/etc/hostname")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	var read bytes.Buffer
+	code, err := tr.Exec(context.Background(), Command{Args: []string{"sh", "-c",
+		"echo fds: $(readlink /proc/$$/fd/0) $(readlink /proc/$$/fd/1); exec 3</proc/self/fd/1 && cat <&3 >&2"},
+		Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdin: in, Stdout: out, Stderr: &read}, nil)
+	if err != nil {
+		t.Fatalf("exit %d, %v", code, err)
+	}
+	if strings.Contains(read.String(), secret) {
+		t.Errorf("the Trial read its output file back (exit %d): %q", code, read.String())
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "fds: /etc/hostname pipe:[") {
+		t.Errorf("want stdin handed in as the file and stdout a pipe whose output lands in the file: %q", b)
+	}
+}
+
+// A pipe is its maker's (mode 0600): one the Trial's uid made, given as
+// stdout, it could open again for reading through /proc/self/fd and take
+// what other writers of the pipe sent (same-uid Trials sharing one
+// pipe). It gets a pipe of trialnet's instead, and the reader of the
+// caller's pipe gets everything.
+func TestPrivilegedStdoutPipeOfTheTrialsUidIsNotReadBack(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if err := unix.Fchown(int(w.Fd()), nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	const other = "another-writer-sent-this"
+	if _, err := w.WriteString(other); err != nil {
+		t.Fatal(err)
+	}
+	var read bytes.Buffer
+	code, err := tr.Exec(context.Background(), Command{Args: []string{"sh", "-c",
+		fmt.Sprintf("exec 3</proc/self/fd/1 && head -c %d <&3 >&2", len(other))},
+		Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: w, Stderr: &read}, nil)
+	if err != nil {
+		t.Fatalf("exit %d, %v", code, err)
+	}
+	if strings.Contains(read.String(), other) {
+		t.Errorf("the Trial took another writer's output from its stdout pipe (exit %d): %q", code, read.String())
+	}
+	_ = w.Close()
+	got, _ := io.ReadAll(r)
+	if !strings.Contains(string(got), other) {
+		t.Errorf("the pipe's reader lost the other writer's output: %q (the Trial: exit %d, %q)", got, code, read.String())
+	}
+}
+
+// Stdout and stderr that are one file (run >log 2>&1: two descriptors,
+// two *os.File) reach a command copied through one pipe, as exec.Cmd
+// does for one writer: through two, each copied on its own, what the
+// command wrote to the one and then the other could land in the file
+// in either order.
+func TestPrivilegedOneOutputFileIsOnePipe(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	log := filepath.Join(t.TempDir(), "run.log")
+	out, err := os.OpenFile(log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	fd, err := unix.FcntlInt(out.Fd(), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := os.NewFile(uintptr(fd), log)
+	defer errs.Close()
+	code, err := tr.Exec(context.Background(), Command{Args: []string{"sh", "-c",
+		`echo "$(readlink /proc/$$/fd/1)"; echo "$(readlink /proc/$$/fd/2)" >&2`},
+		Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: out, Stderr: errs}, nil)
+	if err != nil || code != 0 {
+		t.Fatalf("exit %d, %v", code, err)
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Fields(string(b))
+	if len(lines) != 2 || lines[0] != lines[1] || !strings.HasPrefix(lines[0], "pipe:[") {
+		t.Errorf("want stdout and stderr one pipe, as the one file they are: %q", b)
 	}
 }

@@ -37,7 +37,7 @@ func killCgroup(dir string, wait time.Duration) error {
 	}
 	defer unix.Close(events)
 	if err := writeKernfs(filepath.Join(dir, "cgroup.kill"), "1"); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
+		if cgroupGone(err) {
 			return nil
 		}
 		return fmt.Errorf("kill cgroup %s: %w", dir, err)
@@ -58,6 +58,14 @@ func killCgroup(dir string, wait time.Duration) error {
 		}
 		exits.await(events)
 	}
+}
+
+// cgroupGone reports whether err says the cgroup was removed: not found
+// at open (ENOENT), or removed between the open and the write (ENODEV, as
+// a container runtime's rmdir racing the kill). Either way it holds no
+// processes, and the verdict over it is no less sure.
+func cgroupGone(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENODEV)
 }
 
 // eventsPopulated reads an open cgroup.events from its start. A cgroup

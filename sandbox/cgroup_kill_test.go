@@ -23,15 +23,8 @@ import (
 // cgroup already removed is not an error.
 func TestPrivilegedKillCgroupWaitsUntilEmpty(t *testing.T) {
 	privtest.Require(t)
-	mount, err := Cgroup2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp(mount, "trialnet-killcg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = killCgroup(dir, killWait); _ = unix.Rmdir(dir) })
+	dir := killTestCgroup(t)
+	t.Cleanup(func() { _ = killCgroup(dir, killWait) })
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +63,27 @@ func TestPrivilegedKillCgroupWaitsUntilEmpty(t *testing.T) {
 	}
 	if err := killCgroup(filepath.Join(dir, "never"), killWait); err != nil {
 		t.Errorf("killCgroup of a cgroup never made: %v, want nil", err)
+	}
+}
+
+// TestPrivilegedKillOfACgroupRemovedMidWrite: a cgroup removed between
+// killCgroup's open of cgroup.kill and its write (a runtime's rmdir)
+// fails the write with ENODEV, which says gone, as ENOENT does: no
+// error, so no verdict turns UNKNOWN over it.
+func TestPrivilegedKillOfACgroupRemovedMidWrite(t *testing.T) {
+	privtest.Require(t)
+	dir := killTestCgroup(t)
+	fd, err := openKernfs(filepath.Join(dir, "cgroup.kill"), unix.O_WRONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Rmdir(dir); err != nil {
+		t.Fatal(err)
+	}
+	_, err = unix.Write(fd, []byte("1"))
+	if err == nil || !cgroupGone(err) {
+		t.Errorf("write to cgroup.kill of a removed cgroup: %v; want an error cgroupGone takes as gone", err)
 	}
 }
 
@@ -193,7 +207,10 @@ func TestPrivilegedCloseWithRunsAfterTheKill(t *testing.T) {
 	t.Cleanup(func() { _, _ = p.Wait() })
 	errDuring := errors.New("the caller's work failed")
 	var seen []bpf.Counters
-	during := func(k bpf.Counters) error {
+	during := func(k bpf.Counters, unsure error) error {
+		if unsure != nil {
+			t.Errorf("during ran unsure of the counters (%v) after a kill that ended every process", unsure)
+		}
 		// It runs beside the removal: a cgroup already removed (ENOENT,
 		// or ENODEV for a file opened just before) held no process.
 		populated, err := cgroupPopulated(tr.Cgroup)
@@ -222,4 +239,20 @@ func TestPrivilegedCloseWithRunsAfterTheKill(t *testing.T) {
 	if len(seen) != 2 || seen[0] != k || seen[1] != k {
 		t.Fatalf("during saw %+v, want the final counters %+v twice", seen, k)
 	}
+}
+
+// killTestCgroup makes an empty cgroup for a test, removed after it (a
+// test that fills it kills it first, in a cleanup of its own).
+func killTestCgroup(t *testing.T) string {
+	t.Helper()
+	mount, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(mount, "trialnet-killcg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Rmdir(dir) })
+	return dir
 }

@@ -366,6 +366,25 @@ static void drop_privileges(uint64_t uid, uint64_t gid) {
 		fail(exit_cannot_execute, r, "trialnet-exec: set no_new_privs", NULL);
 }
 
+// reach_cwd_as_uid is exec.go's reachCwdAsUID: the working directory the
+// launcher's chdir reached as root is reached again by its path, now as
+// the command's uid, so that a link the Trial left at --workdir leads
+// nowhere that uid could not go itself (beneath root's 0700 directory).
+static void reach_cwd_as_uid(uint64_t uid) {
+	char cwd[PATH_MAX], u[21];
+	long r = sys(SYS_getcwd, cwd, sizeof cwd, 0, 0);
+	if (r < 0)
+		fail(exit_cannot_execute, r, "trialnet-exec: read the working directory's path", NULL);
+	// "(unreachable)..." would be a path relative to the directory itself.
+	if (cwd[0] != '/')
+		fail(exit_cannot_execute, ENOENT, "trialnet-exec: the working directory is outside the Trial's root", NULL);
+	if ((r = sys(SYS_chdir, cwd, 0, 0, 0)) < 0) {
+		char q[512];
+		fail(exit_cannot_execute, r, "trialnet-exec: the working directory ", quoted(q, cwd), " is not reachable as uid ",
+		     decimal(u, uid), " (give --workdir a directory that user can enter by its path)", NULL);
+	}
+}
+
 // enter_landlock is landlock.go's enterLandlock; no Landlock is not an
 // error (the layers report it).
 static void enter_landlock(int confine_sockets, int nested) {
@@ -453,6 +472,7 @@ __attribute__((noreturn)) static void trial_exec(int argc, char **argv, char **e
 	if ((r = sys(SYS_prlimit64, 0, RLIMIT_MSGQUEUE, &mq_lim, NULL)) < 0)
 		fail(exit_cannot_execute, r, "trialnet-exec: set the message queue limit", NULL);
 	drop_privileges(uid, gid);
+	reach_cwd_as_uid(uid);
 	if ((r = sys(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, 0, 0, 0)) < 0 && r != -ENOSYS)
 		fail(exit_cannot_execute, r, "trialnet-exec: join a session keyring of its own", NULL);
 	enter_landlock(confine, nested);
@@ -496,7 +516,8 @@ __attribute__((noreturn)) static void launch_child(struct trialnet_launch *l) {
 		fail_at(errfd, exit_cannot_execute, r, "trialnet-exec: setsid", NULL);
 	if (l->dir && (r = sys(SYS_chdir, l->dir, 0, 0, 0)) < 0) {
 		char q[512];
-		fail_at(errfd, exit_cannot_execute, r, "trialnet-exec: chdir ", quoted(q, l->dir), NULL);
+		fail_at(errfd, exit_cannot_execute, r, "trialnet-exec: enter the working directory ", quoted(q, l->dir),
+		        " (run/exec --workdir: a directory in the Trial's view of files, where /tmp is the Trial's own)", NULL);
 	}
 	// Out of the way first, so that no source is overwritten before it
 	// is moved.

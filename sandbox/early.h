@@ -4,6 +4,8 @@
 #ifndef TRIALNET_EARLY_H
 #define TRIALNET_EARLY_H
 
+#include <stddef.h>
+
 // A command's RLIMIT_MSGQUEUE, soft and hard: MsgQueueBytes in pools.go.
 #define TRIALNET_MSGQUEUE_BYTES 204800
 // A command's RLIMIT_CORE, soft and hard: CoreLimit in pools.go.
@@ -14,6 +16,8 @@
 // MaxPtys and trial.ResolvConf.
 #define TRIALNET_TMP_BYTES (1LL << 30)
 #define TRIALNET_SHM_BYTES (256LL << 20)
+// SharedBytes: each of sharedDirs' covers.
+#define TRIALNET_SHARED_BYTES (5LL << 20)
 #define TRIALNET_MAX_PTYS 256
 #define TRIALNET_RESOLV_CONF \
 	"# trialnet: this Trial's own DNS stub (transparent mode), in this\n" \
@@ -41,6 +45,13 @@ struct trialnet_own_dir {
 // trialnet_parse_last_cap reads /proc/sys/kernel/cap_last_cap's text, or
 // returns -1 if it is not a capability's number (Go's Atoi refuses it).
 int trialnet_parse_last_cap(const char *buf);
+
+// trialnet_mount_covered finds the mount id in table (mountinfo's text)
+// and says whether the table shows it covered (1): a mount on it, or on
+// a mount below it, at its point or at a directory above that point, the
+// mount below's point. *point (len bytes, escaped as the table prints
+// it) is id's point; -1: id is not listed; 0: the table shows it on top.
+int trialnet_mount_covered(const char *table, unsigned long long id, const char **point, size_t *len);
 
 struct trialnet_launch {
 	// trialnet-exec's arguments and environment, NULL-terminated.

@@ -11,13 +11,18 @@ package sandbox
 // and no lazy binding, whose resolver writes it (launch_cgo_test.go).
 #cgo CFLAGS: -fno-stack-protector
 #cgo LDFLAGS: -Wl,-z,now
+#include <stdlib.h>
 #include "early.h"
 extern const char *const trialnet_early_own_dirs[];
 static const char *trialnet_early_own_dir(int i) { return trialnet_early_own_dirs[i]; }
 */
 import "C"
 
-import "golang.org/x/sys/unix"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
 
 // earlyOwnDirs are the directories early.c lets a confined command make
 // sockets beneath: ownDirs' (TestEarlyOwnDirs).
@@ -27,6 +32,20 @@ func earlyOwnDirs() []string {
 		dirs = append(dirs, C.GoString(C.trialnet_early_own_dir(i)))
 	}
 	return dirs
+}
+
+// earlyMountCovered is the init's trialnet_mount_covered, which
+// TestMountCovered holds to mountCovered.
+func earlyMountCovered(table string, id uint64) (point string, listed, covered bool) {
+	t := C.CString(table)
+	defer C.free(unsafe.Pointer(t))
+	var p *C.char
+	var n C.size_t
+	r := C.trialnet_mount_covered(t, C.ulonglong(id), &p, &n)
+	if r < 0 {
+		return "", false, false
+	}
+	return C.GoStringN(p, C.int(n)), true, r == 1
 }
 
 // earlyRoot is the chroot check early.c made before the runtime started

@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/trialnet/trialnet/netns"
 	"github.com/trialnet/trialnet/trial"
@@ -149,9 +150,10 @@ func (e *StartError) StartCode() int { return e.Code }
 // socket handed in is the risk: a unix socket's peer may be a process
 // outside the Trial (SO_PEERPIDFD gives a pidfd of it, and pidfd_getfd its
 // sockets), unix sockets carry descriptors, and a socket of the host's
-// namespace is a way out that no hook of the Trial judges. It returns the
-// relay that feeds a hidden stdin, if any.
-func hideSockets(cmd *exec.Cmd) (*stdinRelay, error) {
+// namespace is a way out that no hook of the Trial judges. So is output
+// to a file the Trial could read back (readsBack). It returns the relay
+// that feeds a hidden stdin, if any.
+func hideSockets(cmd *exec.Cmd, uid, gid uint32) (*stdinRelay, error) {
 	var relay *stdinRelay
 	if f, ok := cmd.Stdin.(*os.File); ok && f != nil && !shareable(f) {
 		var err error
@@ -161,11 +163,18 @@ func hideSockets(cmd *exec.Cmd) (*stdinRelay, error) {
 		cmd.Stdin = relay.r
 	}
 	hidden := false
-	if f, ok := cmd.Stdout.(*os.File); ok && f != nil && !shareable(f) {
-		cmd.Stdout, hidden = struct{ io.Writer }{f}, true
+	out, _ := cmd.Stdout.(*os.File)
+	if out != nil && (!shareable(out) || readsBack(out, uid, gid)) {
+		cmd.Stdout, hidden = relayOutput{out}, true
 	}
-	if f, ok := cmd.Stderr.(*os.File); ok && f != nil && !shareable(f) {
-		cmd.Stderr, hidden = struct{ io.Writer }{f}, true
+	if f, ok := cmd.Stderr.(*os.File); ok && f != nil && (!shareable(f) || readsBack(f, uid, gid)) {
+		cmd.Stderr, hidden = relayOutput{f}, true
+		if cmd.Stdout != io.Writer(out) && sameOpenFile(f, out) {
+			// One file (>log 2>&1) is one pipe, as exec.Cmd makes for
+			// one writer: through two, copied each on its own, the
+			// command's output and errors lost their order.
+			cmd.Stderr = cmd.Stdout
+		}
 	}
 	if hidden {
 		// What the command left behind may hold the pipes open: its
@@ -198,12 +207,93 @@ func shareable(f *os.File) bool {
 	return false
 }
 
+// relayOutput is where a hidden stdout or stderr is copied to: f, written
+// with write(2) itself. Through f.Write, EPIPE on this process's own
+// stdout or stderr (trialnet run's, its reader gone: ... | head) raises
+// SIGPIPE here, and trialnet died of it, where the command handed the
+// pipe would have. The copy stops on the error and the command, its
+// pipe's reader gone too, gets the signal instead (see Process.Wait).
+type relayOutput struct{ f *os.File }
+
+func (w relayOutput) Write(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		m, err := unix.Write(int(w.f.Fd()), p[n:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return n, &os.PathError{Op: "write", Path: w.f.Name(), Err: err}
+		case m == 0:
+			return n, io.ErrShortWrite
+		}
+		n += m
+	}
+	return n, nil
+}
+
+// sameOpenFile says a and b hold the one file (or pipe, or socket).
+func sameOpenFile(a, b *os.File) bool {
+	sa, err1 := a.Stat()
+	sb, err2 := b.Stat()
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
+}
+
+// readsBack reports whether f, a command's stdout or stderr, is a file or
+// a named FIFO open for writing alone: handed in, the Trial could open it
+// again for reading through /proc/self/fd, where the kernel checks the
+// file's own mode but no directory on its path, and read what others
+// wrote there (a log every run appends to, in a directory the Trial's
+// uid cannot enter). Such output is copied through a pipe instead. So is
+// an anonymous pipe that the Trial's uid or gid may read by its mode (a
+// pipe is its maker's, 0600): same-uid Trials writing one pipe could
+// each take the others' output from it.
+func readsBack(f *os.File, uid, gid uint32) bool {
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		return true
+	}
+	if fl&unix.O_ACCMODE != unix.O_WRONLY {
+		return false // it reads what it may read through f itself
+	}
+	var st unix.Stat_t
+	var fs unix.Statfs_t
+	if unix.Fstat(int(f.Fd()), &st) != nil || unix.Fstatfs(int(f.Fd()), &fs) != nil {
+		return true
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return true
+	case unix.S_IFIFO:
+		if fs.Type != unix.PIPEFS_MAGIC {
+			return true
+		}
+		switch {
+		case st.Uid == uid:
+			return st.Mode&0o400 != 0
+		case st.Gid == gid:
+			return st.Mode&0o040 != 0
+		}
+		return st.Mode&0o004 != 0
+	}
+	return false
+}
+
 // Process is a command running in a Trial.
 type Process struct {
 	cmd   *exec.Cmd
 	tty   *terminal   // nil unless the caller's stdio is a terminal
 	stdin *stdinRelay // nil unless the caller's stdin was a socket
 	io    *launchIO   // nil unless startCommand copies its stdio
+	// free lets the thread that forked the command exit (spawn).
+	free func()
+	// giveUp, closed by abandonOutput, ends Wait's wait for output
+	// still being copied to a reader that does not take it.
+	giveUp     chan struct{}
+	giveUpOnce sync.Once
+	// reaped is set once Wait has reaped the command: its pid, and so
+	// the number of its group, is then free for the kernel to reuse.
+	reaped atomic.Bool
 	// initWords is the Trial init's lastWords when this launch started
 	// the init, whose stderr only this process reads.
 	initWords func() []byte
@@ -214,8 +304,15 @@ func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
 // Signal sends sig to the command's process group: the command is the
 // leader of its own session and group, so its children get it too, as
-// they would from a terminal.
+// they would from a terminal. Once the command is reaped (Wait may still
+// be copying its output) nothing is sent: the group's number is the
+// command's pid, which another process, one of the host's among them,
+// may get once the group is empty. What the command left in the Trial is
+// killed with the Trial.
 func (p *Process) Signal(sig os.Signal) error {
+	if p.reaped.Load() {
+		return os.ErrProcessDone
+	}
 	s, ok := sig.(syscall.Signal)
 	if !ok {
 		return p.cmd.Process.Signal(sig)
@@ -231,13 +328,17 @@ func (p *Process) Signal(sig os.Signal) error {
 // by a signal exits 128+signal, as in a shell.
 func (p *Process) Wait() (int, error) {
 	err := p.cmd.Wait()
-	if cerr := p.io.wait(p.cmd.WaitDelay); err == nil {
+	p.reaped.Store(true)
+	p.free()
+	if cerr := p.io.wait(p.cmd.WaitDelay, p.giveUp); err == nil {
 		err = cerr
 	}
 	p.tty.close()
 	p.stdin.stop()
-	if errors.Is(err, exec.ErrWaitDelay) {
-		err = nil // the command exited; copying what it left behind stopped
+	if errors.Is(err, exec.ErrWaitDelay) || errors.Is(err, syscall.EPIPE) {
+		// The command exited; copying what it left behind stopped, or
+		// its output's reader went away (relayOutput).
+		err = nil
 	}
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
@@ -248,6 +349,14 @@ func (p *Process) Wait() (int, error) {
 		return 128 + int(ws.Signal()), p.initDied(ws.Signal())
 	}
 	return ws.ExitStatus(), nil
+}
+
+// abandonOutput makes Wait stop waiting for the command's output to
+// be copied to a reader that does not take it (a pipe nobody reads): once
+// the command's deadline has passed, trialnet returns then, not when the
+// reader reads. exec.Cmd.Wait abandons its copies so after WaitDelay.
+func (p *Process) abandonOutput() {
+	p.giveUpOnce.Do(func() { close(p.giveUp) })
 }
 
 // printable keeps lines and tabs and replaces every other control byte:
@@ -290,7 +399,10 @@ func (p *Process) initDied(sig syscall.Signal) error {
 // byte comes once the init is ready. Stdio that is a socket is copied
 // through pipes instead of handed in (hideSockets).
 // When the caller's stdio is a terminal, the command gets a
-// pseudo-terminal relayed to it instead (see terminal).
+// pseudo-terminal relayed to it instead (see terminal). The caller must
+// Wait for the Process: besides the command, that reaps, it lets go of
+// the thread that forked it (spawn), held until then in the Trial's
+// namespaces.
 func (t *Launcher) Start(c Command) (_ *Process, err error) {
 	if c, err = c.checked(t.Spec.Pools().MaxProcesses); err != nil {
 		return nil, err
@@ -306,7 +418,7 @@ func (t *Launcher) Start(c Command) (_ *Process, err error) {
 	}
 	launched := sync.OnceFunc(end) // once the process is in the cgroup, cgroup.kill reaches it
 	defer launched()
-	init, initReady, err := t.init(cg)
+	init, initReady, err := t.init(cg, c.Dir)
 	if err != nil {
 		return nil, t.startFailed(c, err)
 	}
@@ -332,7 +444,7 @@ func (t *Launcher) Start(c Command) (_ *Process, err error) {
 	if err != nil {
 		return nil, t.startFailed(c, err)
 	}
-	stdio, err := t.spawn(cmd, init)
+	stdio, free, err := t.spawn(cmd, init)
 	launched()
 	pipes.closeChildEnds()
 	tty.started()
@@ -342,7 +454,7 @@ func (t *Launcher) Start(c Command) (_ *Process, err error) {
 		relay.stop()
 		return nil, t.startFailed(c, errors.Join(err, ready()))
 	}
-	p := &Process{cmd: cmd, tty: tty, stdin: relay, io: stdio, initWords: init.lastWords}
+	p := &Process{cmd: cmd, tty: tty, stdin: relay, io: stdio, free: free, giveUp: make(chan struct{}), initWords: init.lastWords}
 	if err := t.release(p, c, ready, pipes); err != nil {
 		return nil, err
 	}
@@ -449,7 +561,7 @@ func (t *Launcher) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, 
 // failure it has already undone what it began, pipes included, in the
 // order Start's own failures do.
 func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready func() error, pipes execPipes) (*terminal, *stdinRelay, error) {
-	relay, err := hideSockets(cmd)
+	relay, err := hideSockets(cmd, c.UID, c.GID)
 	abort := func() {
 		pipes.closeChildEnds()
 		relay.started()
@@ -476,18 +588,43 @@ func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready f
 // spawn forks trialnet-exec from a thread in the init's namespaces, in
 // the Trial's cgroup v1 groups where there are any (poolMove takes the
 // thread there, or joinPools the process after), before it may run
-// anything of the command. It returns startCommand's stdio copying.
-func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) (*launchIO, error) {
+// anything of the command. It returns startCommand's stdio copying and
+// what lets the forking thread go once the command has been reaped.
+//
+// That thread is the command's parent, and a parent-death signal the
+// command asks for (bwrap --die-with-parent, setpriv --pdeathsig,
+// supervisors) fires when the thread exits, not when this process does.
+// Discarded after the fork, it killed such a command most times under
+// load, so it is held, parked, until the command is gone.
+func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) (*launchIO, func(), error) {
 	groups, err := t.v1Groups()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	move := newPoolMove(groups)
 	var entered atomic.Bool
+	hold := make(chan struct{})
+	free := sync.OnceFunc(func() { close(hold) })
 	stdio, err := startCommand(cmd, func(fn func() error) error {
 		entered.Store(true)
-		// EnterProcess's thread is discarded after fn, as poolMove needs.
-		return netns.EnterProcess(init.pidfd, t.Netns.Path, move.around(fn))
+		forked := make(chan error, 2)
+		go func() {
+			// EnterProcess's thread is discarded after this, as poolMove
+			// needs.
+			err := netns.EnterProcess(init.pidfd, t.Netns.Path, func() error {
+				err := move.around(func() error {
+					keepStartSlack()
+					return fn()
+				})()
+				forked <- err
+				if err == nil {
+					<-hold
+				}
+				return err
+			})
+			forked <- err // when it failed before the fork; else unread
+		}()
+		return <-forked
 	})
 	if !entered.Load() {
 		move.close()
@@ -499,20 +636,22 @@ func (t *Launcher) spawn(cmd *exec.Cmd, init initProc) (*launchIO, error) {
 		}
 	}
 	if err != nil {
-		return nil, err
+		free()
+		return nil, nil, err
 	}
 	if move.Joined() {
-		return stdio, nil // born in the Trial's groups
+		return stdio, free, nil // born in the Trial's groups
 	}
 	// Before it runs anything: the byte that lets it exec comes later
 	// (release).
 	if err := joinPools(groups, cmd.Process.Pid); err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		_ = stdio.wait(cmd.WaitDelay)
-		return nil, err
+		free()
+		_ = stdio.wait(cmd.WaitDelay, nil)
+		return nil, nil, err
 	}
-	return stdio, nil
+	return stdio, free, nil
 }
 
 // release lets the started trialnet-exec exec the command once the init
@@ -572,7 +711,13 @@ func (t *Launcher) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (
 	if c.Started != nil {
 		c.Started()
 	}
-	stop := relaySignals(ctx, p, sigs, func() { _ = p.Signal(syscall.SIGKILL) })
+	// The deadline ends the wait for output too: a copy blocked on a
+	// reader that never reads (a pipe of the Trial's uid, a socket) held
+	// trialnet past --timeout, and past SIGTERM, for ever.
+	stop := relaySignals(ctx, p, sigs, func() {
+		p.abandonOutput()
+		_ = p.Signal(syscall.SIGKILL)
+	})
 	code, err := p.Wait()
 	stop()
 	if cerr := ctx.Err(); cerr != nil {
@@ -582,7 +727,8 @@ func (t *Launcher) Exec(ctx context.Context, c Command, sigs <-chan os.Signal) (
 }
 
 // relaySignals forwards each signal from sigs to p, and calls cancel once
-// if ctx ends first, until stop is called; stop waits for the relay.
+// if ctx ends first, until stop is called; stop waits for the relay. A
+// SIGTERM, SIGINT or SIGHUP also gives up p's output (abandonOutput).
 func relaySignals(ctx context.Context, p *Process, sigs <-chan os.Signal, cancel func()) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -591,6 +737,14 @@ func relaySignals(ctx context.Context, p *Process, sigs <-chan os.Signal, cancel
 			select {
 			case s := <-sigs:
 				_ = p.Signal(s)
+				if s == syscall.SIGTERM || s == syscall.SIGINT || s == syscall.SIGHUP {
+					// Asked to end: what the command left to copy to a
+					// reader that does not take it is not waited for, as
+					// a command in its place would have died of it with
+					// that output unwritten. Waited for, only SIGKILL
+					// ended trialnet, and left an embedded run's Trial.
+					p.abandonOutput()
+				}
 			case <-ctx.Done():
 				cancel()
 				return
@@ -751,6 +905,9 @@ func becomeCommand(a execArgs, path string) (int, error) {
 	if err := dropPrivileges(int(a.uid), int(a.gid)); err != nil {
 		return ExitCannotExecute, fmt.Errorf("trialnet-exec: %w", err)
 	}
+	if err := reachCwdAsUID(a.uid); err != nil {
+		return ExitCannotExecute, err
+	}
 	// A new anonymous session keyring, the Trial user's own: the
 	// launcher's (root's keys among them) is not handed in. The filter
 	// refuses the key calls too; this holds where it could not (a Trial
@@ -776,6 +933,27 @@ func becomeCommand(a execArgs, path string) (int, error) {
 		return ExitCannotExecute, fmt.Errorf("exec %s: uid %d already has %d or more processes or threads, this command's process limit, which counts all of the uid's, in every Trial and outside them (give each Trial its own uid, or raise --max-procs): %w", path, a.uid, a.nproc, err)
 	}
 	return ExitCannotExecute, fmt.Errorf("exec %s: %w", path, err)
+}
+
+// reachCwdAsUID reaches the working directory again by its path, now as
+// the command's uid: the launcher's chdir ran as root, and a link the
+// Trial left at the path given as Dir (--workdir) would start the command
+// beneath a directory its uid cannot search (root's 0700), where it reads
+// what that directory keeps from it. Raw calls only: see becomeCommand.
+func reachCwdAsUID(uid uint64) error {
+	var buf [unix.PathMax]byte
+	n, _, errno := unix.RawSyscall(unix.SYS_GETCWD, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0)
+	if errno != 0 {
+		return fmt.Errorf("trialnet-exec: read the working directory's path: %w", errno)
+	}
+	// "(unreachable)..." would be a path relative to the directory itself.
+	if n < 2 || buf[0] != '/' {
+		return fmt.Errorf("trialnet-exec: the working directory is outside the Trial's root: %w", unix.ENOENT)
+	}
+	if _, _, errno := unix.RawSyscall(unix.SYS_CHDIR, uintptr(unsafe.Pointer(&buf[0])), 0, 0); errno != 0 {
+		return fmt.Errorf("trialnet-exec: the working directory %q is not reachable as uid %d (give --workdir a directory that user can enter by its path): %w", buf[:n-1], uid, errno)
+	}
+	return nil
 }
 
 // oomFirst makes this process, and everything it starts, the kernel's

@@ -50,6 +50,9 @@
 #ifndef STATX_MNT_ID
 #define STATX_MNT_ID 0x00001000U
 #endif
+#ifndef AT_STATX_DONT_SYNC
+#define AT_STATX_DONT_SYNC 0x4000
+#endif
 #ifndef MS_NOSYMFOLLOW
 #define MS_NOSYMFOLLOW 256
 #endif
@@ -71,6 +74,22 @@ const struct trialnet_own_dir trialnet_init_own_dirs[] = {
     {"/dev/shm", "d", TRIALNET_SHM_BYTES},
 };
 enum { n_own_dirs = sizeof trialnet_init_own_dirs / sizeof trialnet_init_own_dirs[0] };
+
+// The host's shared directories: owndirs.go's sharedDirs, each covered
+// with an empty tmpfs of its mode and owner (cover_shared_dirs).
+const char *const trialnet_init_shared_dirs[] = {"/run/lock", "/var/lock", "/var/crash"};
+enum { n_shared_dirs = sizeof trialnet_init_shared_dirs / sizeof trialnet_init_shared_dirs[0] };
+__attribute__((used)) const long long trialnet_init_shared_bytes = TRIALNET_SHARED_BYTES;
+
+// The types of the file systems served outside the Trial: mask.go's
+// remoteFS (an entry ending in "." names each subtype), which
+// hide_remote_fs detaches.
+const char *const trialnet_init_remote_fs[] = {
+    "fuse", "fuse.", "fuseblk", "fuseblk.",
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "9p",
+    "ceph", "afs", "coda", "lustre", "orangefs", "beegfs", "gpfs",
+};
+enum { n_remote_fs = sizeof trialnet_init_remote_fs / sizeof trialnet_init_remote_fs[0] };
 
 const char *const trialnet_init_resolv_conf = TRIALNET_RESOLV_CONF;
 __attribute__((used)) const int trialnet_init_max_ptys = TRIALNET_MAX_PTYS;
@@ -121,8 +140,8 @@ static size_t mountinfo_kept_len, mountinfo_kept_cap;
 // on an open mountinfo reports POLLPRI once for every mount, detach,
 // move or remount in the namespace since the descriptor last polled,
 // and each read polls right before it reads. Printing the table was a
-// quarter of the init's CPU, and the set-up reads it nine times, four
-// of them with nothing changed between. What the kernel prints that no
+// quarter of the init's CPU, and the set-up reads it ten times, five
+// of them with nothing changed between (where nothing is detached). What the kernel prints that no
 // event marks stays out of the copy: propagation changes only before
 // the first read (setup_init), and the cgroup namespace's unshare, which
 // changes the roots printed for cgroup mounts, drops it
@@ -478,6 +497,29 @@ static void mount_own_dirs(char **keep, int nkeep) {
 	free(fds);
 }
 
+// cover_shared_dirs is coverSharedDirs.
+static void cover_shared_dirs(void) {
+	char real[n_shared_dirs][PATH_MAX];
+	int n = 0;
+	for (int i = 0; i < n_shared_dirs; i++) {
+		const char *dir = trialnet_init_shared_dirs[i];
+		struct stat st;
+		if (!realpath(dir, real[n]) || stat(real[n], &st) < 0 || !S_ISDIR(st.st_mode))
+			continue; // none on this host
+		int seen = 0;
+		for (int j = 0; j < n; j++)
+			seen |= !strcmp(real[j], real[n]);
+		if (seen)
+			continue; // one link to another
+		char data[128];
+		snprintf(data, sizeof data, "mode=%o,uid=%u,gid=%u,size=%lld", (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid,
+		         (unsigned)st.st_gid, trialnet_init_shared_bytes);
+		if (mount("tmpfs", real[n], "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, data) < 0)
+			init_fail(errno, NULL, "cover the host's %s with the Trial's own (so that no file outlives the Trial there)", dir);
+		n++;
+	}
+}
+
 // mount_resolv_conf is mountResolvConf at resolv_path, with run_dir
 // (free until mask_host covers it) as the scratch directory; covered says
 // mask_host covers run_dir.
@@ -541,8 +583,17 @@ static void overlay_resolv_conf(const char *dir, const char *top) {
 		          "transparent mode: this host has no %s/resolv.conf, and an overlay to give the Trial one failed", dir);
 }
 
+#ifndef MOUNT_ATTR_RDONLY
+#define MOUNT_ATTR_RDONLY 0x00000001 // linux/mount.h, which clashes with sys/mount.h
+#endif
+
 // read_only_sys is readOnlySys.
 static void read_only_sys(void) {
+	// struct mount_attr: attr_set, attr_clr, propagation, userns_fd.
+	uint64_t attr[4] = {MOUNT_ATTR_RDONLY};
+	if (syscall(SYS_mount_setattr, AT_FDCWD, "/sys", AT_RECURSIVE | AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT, attr, sizeof attr) == 0)
+		return;
+	// Before Linux 5.12, or /sys no mount of its own: mount by mount.
 	static const struct {
 		const char *opt;
 		unsigned long flag;
@@ -634,6 +685,57 @@ static uint64_t mount_id_at(int dirfd, const char *path, int flags, const char *
 	if (!(mask & TRIALNET_STATX_MNT_ID))
 		mask_fail(ENOSYS, "find what is mounted on %s (%s): the kernel gives no mount id (statx STATX_MNT_ID, Linux 5.8)", what, why);
 	return sx[18];
+}
+
+// MOVED_MAX is movedMax: mount_on_top's looks.
+#define MOVED_MAX 16
+
+// read_table is a fresh copy of the mount table, which read_mountinfo's
+// callers may be walking.
+static char *read_table(void) {
+	int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		init_fail(errno, NULL, "read mountinfo");
+	size_t cap = 64 << 10, len = 0;
+	char *b = malloc(cap);
+	for (ssize_t r = 1; b && r;) {
+		r = read(fd, b + len, cap - len - 1);
+		if (r < 0 && errno != EINTR)
+			init_fail(errno, NULL, "read mountinfo");
+		len += r > 0 ? r : 0;
+		if (cap - len < 4096)
+			b = realloc(b, cap *= 2);
+	}
+	if (!b)
+		init_fail(ENOMEM, NULL, "read mountinfo");
+	close(fd);
+	b[len] = 0;
+	return b;
+}
+
+// mount_on_top is mountOnTop; the table its caller walks is
+// read_mountinfo's last, mountinfo_kept.
+static int mount_on_top(uint64_t id, char point[PATH_MAX], int flags, const char *why) {
+	const char *p;
+	size_t len;
+	for (int look = 1;; look++) {
+		if (mount_id_at(AT_FDCWD, point, flags, point, why) == id)
+			return 1;
+		if (look == 1 && trialnet_mount_covered(mountinfo_kept, id, &p, &len))
+			return 0; // hidden, reached once what hides it goes
+		if (look == MOVED_MAX)
+			init_fail(EAGAIN, "; trialnet does not start a Trial that may see a mount it is to hide: start it again, and find what renames directories there",
+			          "find the mount on %s (%s): it was not there, nor covered, each of the %d times the init looked (a directory above it renamed meanwhile)",
+			          point, why, look);
+		char *t = read_table();
+		int covered = trialnet_mount_covered(t, id, &p, &len);
+		int cut = !covered && unescape(p, len, point, PATH_MAX);
+		free(t);
+		if (covered)
+			return 0;
+		if (cut)
+			mask_fail(ENAMETOOLONG, "find the mount on %s... (%s)", point, why);
+	}
 }
 
 // own_group_tree is ownGroupTree: a copy of the Trial's group below the
@@ -836,7 +938,7 @@ static void hide_v1(char **own, int nown) {
 			int skip = placed_in(id, placed, nplaced);
 			for (int i = 0; i < ndone; i++)
 				skip |= !strcmp(done[i], m.point);
-			if (skip || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, V1_WHY) != id)
+			if (skip || !mount_on_top(id, m.point, AT_SYMLINK_NOFOLLOW, V1_WHY))
 				continue;
 			if (ndone == V1_MAX)
 				mask_fail(E2BIG, "hide the cgroup v1 hierarchy on %s (more than %d cgroup v1 mount points)", m.point, ndone);
@@ -864,6 +966,19 @@ struct mount_drop {
 	char (*real)[PATH_MAX];
 };
 
+// mount_head reads a mountinfo line's head, "ID PARENT MAJOR:MINOR ...":
+// its mount id, always, and its device; 0 where no device is there.
+static int mount_head(const char *line, uint64_t *id, dev_t *dev) {
+	char *e;
+	*id = strtoull(line, &e, 10);
+	strtoull(e, &e, 10);
+	unsigned long maj = strtoul(e, &e, 10);
+	if (*e != ':')
+		return 0;
+	*dev = makedev(maj, strtoul(e + 1, NULL, 10));
+	return 1;
+}
+
 // drop_pass is dropPass: one walk of the mount table that detaches each
 // mount of a kind in drops on top at its point; it says whether one was.
 static int drop_pass(const struct mount_drop *drops, int ndrops) {
@@ -871,14 +986,10 @@ static int drop_pass(const struct mount_drop *drops, int ndrops) {
 	char *b = read_mountinfo(), *s = b, *line;
 	struct mount_line m;
 	while ((line = next_line(&s))) {
-		// ID PARENT MAJOR:MINOR ...
-		char *e;
-		uint64_t id = strtoull(line, &e, 10);
-		strtoull(e, &e, 10);
-		unsigned long maj = strtoul(e, &e, 10);
-		if (*e != ':')
+		uint64_t id;
+		dev_t dev;
+		if (!mount_head(line, &id, &dev))
 			continue;
-		dev_t dev = makedev(maj, strtoul(e + 1, NULL, 10));
 		split_line(line, &m);
 		if (!m.post || m.fields < 5)
 			continue;
@@ -899,7 +1010,7 @@ static int drop_pass(const struct mount_drop *drops, int ndrops) {
 		snprintf(why, sizeof why, "to detach the host's %s there", d->fstype);
 		// Only a mount on top at its point: umount2 takes what is on
 		// top, and one covered is out of reach until that goes.
-		if (kept || mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, why) != id)
+		if (kept || !mount_on_top(id, m.point, AT_SYMLINK_NOFOLLOW, why))
 			continue;
 		if (umount2(m.point, MNT_DETACH) < 0)
 			mask_fail(errno, "detach the %s on %s (%s)", d->fstype, m.point, d->held);
@@ -930,15 +1041,14 @@ static dev_t host_shm_dev(void) {
 	struct mount_line m;
 	dev_t dev = 0;
 	while (want && (line = next_line(&s))) {
-		char *e;
-		if (strtoull(line, &e, 10) != want)
+		uint64_t id;
+		dev_t d;
+		int head = mount_head(line, &id, &d);
+		if (id != want)
 			continue;
-		strtoull(e, &e, 10);
-		unsigned long maj = strtoul(e, &e, 10);
-		unsigned long min = *e == ':' ? strtoul(e + 1, NULL, 10) : 0;
 		split_line(line, &m);
-		if (*e == ':' && m.post && m.fields >= 5 && !m.too_long && !strncmp(m.post, "tmpfs ", 6) && m.root_len == 1 && m.root[0] == '/' && !strcmp(m.point, real))
-			dev = makedev(maj, min);
+		if (head && m.post && m.fields >= 5 && !m.too_long && !strncmp(m.post, "tmpfs ", 6) && m.root_len == 1 && m.root[0] == '/' && !strcmp(m.point, real))
+			dev = d;
 		break;
 	}
 	return dev;
@@ -996,6 +1106,83 @@ static void cover_autofs(const char *point, uint64_t id) {
 		mask_fail(errno, "make the tmpfs on %s read-only", point);
 }
 
+#define REMOTE_WHY                                                                                                     \
+	"every lookup, read and write beneath it is a request to a process or server outside the Trial, which sends its " \
+	"names and data past trialnet's proxy"
+#define REMOTE_MAX_PASSES 64
+#define REMOTE_MAX_KEPT 64
+
+// remote_type is remoteType: the length of the type at the start of post
+// if it is trialnet_init_remote_fs's, else 0.
+static size_t remote_type(const char *post) {
+	size_t n = strcspn(post, " ");
+	for (int i = 0; i < n_remote_fs; i++) {
+		const char *r = trialnet_init_remote_fs[i];
+		size_t rn = strlen(r);
+		if (r[rn - 1] == '.' ? n > rn && !strncmp(post, r, rn) : rn == n && !strncmp(post, r, n))
+			return n;
+	}
+	return 0;
+}
+
+// hide_remote_fs is hideRemoteFS.
+static void hide_remote_fs(void) {
+	char cwd[PATH_MAX];
+	if (!getcwd(cwd, sizeof cwd) || cwd[0] != '/')
+		strcpy(cwd, "/"); // unreachable from the Trial's root: nothing to keep
+	// The devices of the file systems on the way, / last.
+	dev_t kept[REMOTE_MAX_KEPT];
+	int nkept = 0;
+	for (char *slash = cwd + strlen(cwd);; slash = strrchr(cwd, '/'), *slash = 0) {
+		struct stat st;
+		const char *p = slash == cwd ? "/" : cwd;
+		if (stat(p, &st) < 0)
+			mask_fail(errno, "look at %s, on the way to the working directory of the Trial's first command (to keep the file system holding it)", p);
+		int seen = 0;
+		for (int i = 0; i < nkept; i++)
+			seen |= kept[i] == st.st_dev;
+		if (!seen && nkept == REMOTE_MAX_KEPT)
+			mask_fail(E2BIG, "keep the file systems on the way to the working directory of the Trial's first command: more than %d", nkept);
+		if (!seen)
+			kept[nkept++] = st.st_dev;
+		if (slash == cwd)
+			break;
+	}
+	for (int pass = 0, acted = 1; acted; pass++) {
+		if (pass == REMOTE_MAX_PASSES)
+			mask_fail(ELOOP, "detach the host's FUSE and network file-system mounts: still one after %d passes (%s)", pass, REMOTE_WHY);
+		acted = 0;
+		char *b = read_mountinfo(), *s = b, *line;
+		struct mount_line m;
+		while ((line = next_line(&s))) {
+			uint64_t id;
+			dev_t dev;
+			if (!mount_head(line, &id, &dev))
+				continue;
+			split_line(line, &m);
+			size_t n = m.post && m.fields >= 5 ? remote_type(m.post) : 0;
+			int keep = 0;
+			for (int i = 0; i < nkept; i++)
+				keep |= kept[i] == dev;
+			if (!n || keep)
+				continue; // not served outside, or the Trial's root or holding its work
+			if (m.too_long)
+				mask_fail(ENAMETOOLONG, "detach the %.*s mount on %s... (%s)", (int)n, m.post, m.point, REMOTE_WHY);
+			// Cached attributes: a server that does not answer must not
+			// hold up every Trial's start (CIFS asks its server otherwise;
+			// FUSE and NFS ask nothing for a mount id alone).
+			if (!mount_on_top(id, m.point, AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC, REMOTE_WHY))
+				continue;
+			if (umount2(m.point, MNT_DETACH) < 0)
+				mask_fail(errno, "detach the %.*s mount on %s (%s)", (int)n, m.post, m.point, REMOTE_WHY);
+			acted = 1;
+		}
+	}
+	// Not left on a host mount that the Trial's own may cover.
+	if (chdir("/") < 0)
+		mask_fail(errno, "change the init's working directory to / (it was the first command's, to keep the mounts holding it)");
+}
+
 // hide_autofs is hideAutofs.
 static void hide_autofs(void) {
 	for (int pass = 0, acted = 1; acted; pass++) {
@@ -1011,7 +1198,7 @@ static void hide_autofs(void) {
 				continue;
 			if (m.too_long)
 				mask_fail(ENAMETOOLONG, "detach the autofs on %s... (%s)", m.point, AUTOFS_WHY);
-			if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, AUTOFS_WHY) != id)
+			if (!mount_on_top(id, m.point, AT_SYMLINK_NOFOLLOW, AUTOFS_WHY))
 				continue;
 			char point[PATH_MAX];
 			snprintf(point, sizeof point, "%s", m.point);
@@ -1118,7 +1305,7 @@ static void hide_host_ttys(void) {
 			continue;
 		if (m.too_long)
 			mask_fail(ENAMETOOLONG, "cover the host's terminals in %s... (%s)", m.point, TTYS_WHY);
-		if (mount_id_at(AT_FDCWD, m.point, AT_SYMLINK_NOFOLLOW, m.point, "to cover the host's terminals there") != id)
+		if (!mount_on_top(id, m.point, AT_SYMLINK_NOFOLLOW, "to cover the host's terminals there"))
 			continue;
 		cover_devices(m.point, majors);
 		dev_done |= !strcmp(m.point, "/dev");
@@ -1166,6 +1353,9 @@ static void mask_host(int nested, char **hide, int nhide, char **v1, int nv1, de
 	// mounts below /sys that were out of reach (hide_v1).
 	hide_v1(v1, nv1);
 	drop_host_mounts(host_shm);
+	// Before the autofs mounts: a direct one is reached once what it
+	// mounted on its own point is gone.
+	hide_remote_fs();
 	hide_autofs();
 	hide_host_ttys();
 	read_only_sys();
@@ -1210,6 +1400,7 @@ static void setup_init(int nested, int transparent, const char *ns_path, char **
 		init_fail(errno, NULL, "mount the Trial's /dev/mqueue");
 	dev_t host_shm = host_shm_dev(); // before the Trial's own covers it
 	mount_own_dirs(keep, nkeep);
+	cover_shared_dirs();
 	if (unshare(CLONE_NEWCGROUP) < 0)
 		init_fail(errno, NULL, "unshare cgroup namespace");
 	mountinfo_forget(); // cgroup mounts' roots are printed from the new one

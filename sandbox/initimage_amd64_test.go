@@ -29,7 +29,7 @@ import (
 
 // earlyInitTables reads init_early.c's tables (TestEarlyInitTables) from
 // the embedded init itself, by their symbols: what it mounts with.
-func earlyInitTables() (ptys int, resolv string, dirs []string) {
+func earlyInitTables() (ptys int, resolv string, dirs, shared, remote []string) {
 	f, err := elf.NewFile(bytes.NewReader(initELF))
 	if err != nil {
 		panic(fmt.Sprintf("the embedded init: %v", err))
@@ -74,7 +74,17 @@ func earlyInitTables() (ptys int, resolv string, dirs []string) {
 		e := at(own.Value+off, 24)
 		dirs = append(dirs, fmt.Sprintf("%s=%s %d", str(le.Uint64(e)), str(le.Uint64(e[8:])), int64(le.Uint64(e[16:]))))
 	}
-	return ptys, resolv, dirs
+	// trialnet_init_shared_dirs: pointers to the directories' names.
+	sh, size := sym("trialnet_init_shared_dirs"), int64(le.Uint64(at(sym("trialnet_init_shared_bytes").Value, 8)))
+	for off := uint64(0); off < sh.Size; off += 8 {
+		shared = append(shared, fmt.Sprintf("%s %d", str(le.Uint64(at(sh.Value+off, 8))), size))
+	}
+	// trialnet_init_remote_fs: pointers to the types' names.
+	rf := sym("trialnet_init_remote_fs")
+	for off := uint64(0); off < rf.Size; off += 8 {
+		remote = append(remote, str(le.Uint64(at(rf.Value+off, 8))))
+	}
+	return ptys, resolv, dirs, shared, remote
 }
 
 // The memfd every Trial's init runs from is shared by all of this

@@ -105,6 +105,11 @@ func TestPrivilegedInitIsSetUp(t *testing.T) {
 		}
 		want(filepath.Join(rootdir.Run, d.view), "tmpfs", "nosymfollow", "nosuid", "nodev", "noexec")
 	}
+	for _, d := range sharedDirs {
+		if real, err := filepath.EvalSymlinks(d); err == nil {
+			want(real, "tmpfs", "nosuid", "nodev", "noexec")
+		}
+	}
 	for _, p := range maskedProc(false) {
 		if _, err := os.Lstat(p); err == nil {
 			want(p, "", "ro")

@@ -7,8 +7,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // launchIO is the stdio plumbing exec.Cmd.Start would have done for a
@@ -19,6 +22,7 @@ type launchIO struct {
 	child           [3]*os.File // the command's stdin, stdout and stderr
 	closeAfterStart []*os.File  // the command's ends, and /dev/null
 	parentEnds      []*os.File  // the launcher's ends, closed after Wait
+	outputs         []*os.File  // those of parentEnds the command writes to
 	copiers         []func() error
 	done            chan error
 	// launched is closed once the launch's own goroutine has let go of
@@ -92,6 +96,7 @@ func (l *launchIO) output(w io.Writer) (*os.File, error) {
 	}
 	l.closeAfterStart = append(l.closeAfterStart, pw)
 	l.parentEnds = append(l.parentEnds, pr)
+	l.outputs = append(l.outputs, pr)
 	l.copiers = append(l.copiers, func() error {
 		_, err := io.Copy(w, pr)
 		_ = pr.Close()
@@ -146,8 +151,10 @@ func (l *launchIO) closeParentEnds() {
 
 // wait waits for the copying once the command has exited, at most delay
 // (0: for ever) before it closes the pipes, as exec.Cmd.Wait does; it
-// returns the first copy error, or exec.ErrWaitDelay.
-func (l *launchIO) wait(delay time.Duration) error {
+// returns the first copy error, or exec.ErrWaitDelay. Past delay, a copy
+// still draining an output nobody holds is waited for until giveUp
+// closes (nil: for ever), then left to end with this process.
+func (l *launchIO) wait(delay time.Duration, giveUp <-chan struct{}) error {
 	if l == nil {
 		return nil
 	}
@@ -168,14 +175,48 @@ func (l *launchIO) wait(delay time.Duration) error {
 				first = err
 			}
 		case <-timeout:
+			// What the command left running holds a pipe open: what it
+			// sends is not waited for. An output pipe that no one holds
+			// any more carries what was written before, copied in full
+			// however slowly its reader takes it, as the command handed
+			// the reader's pipe would have waited: cut here, the tail was
+			// lost (run ... | less, paged after the command exited).
 			// The copies' errors are those of the closing: not reported.
-			l.closeParentEnds()
-			for range len(l.copiers) - i {
-				<-l.done
+			for _, f := range l.parentEnds {
+				if !slices.Contains(l.outputs, f) || !unheld(f) {
+					_ = f.Close()
+				}
 			}
+			for range len(l.copiers) - i {
+				select {
+				case <-l.done:
+				case <-giveUp:
+					// Blocked writing to its reader: closing what it
+					// reads does not wake it.
+					l.closeParentEnds()
+					return exec.ErrWaitDelay
+				}
+			}
+			l.closeParentEnds()
 			return exec.ErrWaitDelay
 		}
 	}
 	l.closeParentEnds()
 	return first
+}
+
+// unheld says no writer holds the pipe that f reads any more: it reads
+// what is left, then the end.
+func unheld(f *os.File) bool {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	hup := false
+	_ = rc.Control(func(fd uintptr) {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(p, 0)
+		hup = err == nil && n == 1 && p[0].Revents&unix.POLLHUP != 0
+	})
+	return hup
 }

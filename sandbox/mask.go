@@ -44,16 +44,36 @@ func under(path, dir string) bool {
 // not reach, being under a directory every Trial's mounts hide.
 func checkUnixPathsVisible(paths []string, hidden []string) error {
 	for _, p := range paths {
-		names := []string{filepath.Clean(p)}
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			names = append(names, real)
+		if d := unixPathUnder(p, hidden); d != "" {
+			return fmt.Errorf("unix path %s is under %s, which trialnet hides from every Trial (it holds trialnet's own files): put the socket elsewhere", p, d)
 		}
-		for _, n := range names {
-			for _, d := range hidden {
-				if under(n, d) {
-					return fmt.Errorf("unix path %s is under %s, which trialnet hides from every Trial (it holds trialnet's own files): put the socket elsewhere", p, d)
-				}
+	}
+	return nil
+}
+
+// unixPathUnder is the one of dirs that path is under, as named or with
+// its symlinks followed, or "".
+func unixPathUnder(path string, dirs []string) string {
+	names := []string{filepath.Clean(path)}
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		names = append(names, real)
+	}
+	for _, n := range names {
+		for _, d := range dirs {
+			if under(n, d) {
+				return d
 			}
+		}
+	}
+	return ""
+}
+
+// checkUnixPathsOffSharedDirs refuses an allowed unix socket under one
+// of sharedDirs, which every Trial has an empty one of (coverSharedDirs).
+func checkUnixPathsOffSharedDirs(paths []string) error {
+	for _, p := range paths {
+		if d := unixPathUnder(p, sharedDirs); d != "" {
+			return fmt.Errorf("unix path %s is under %s, which every Trial has an empty one of its own of (no file a Trial leaves there outlives it): put the socket elsewhere", p, d)
 		}
 	}
 	return nil
@@ -89,6 +109,64 @@ func checkUnixPathsOffHostShm(paths []string) error {
 	return nil
 }
 
+// checkUnixPathsOffRemoteFS refuses an allowed unix socket on a FUSE or
+// network file system (remoteFS) other than the root's: the init
+// detaches those (hideRemoteFS), so such a socket would be out of the
+// Trial's reach without a word. The one holding the working directory
+// of the command that starts the init is kept too, but which command
+// that is is not known here. The nearest existing path stands for a
+// socket not made yet.
+func checkUnixPathsOffRemoteFS(paths []string) error {
+	var root unix.Stat_t
+	if err := unix.Stat("/", &root); err != nil {
+		return fmt.Errorf("look at /: %w", err)
+	}
+	for _, p := range paths {
+		// One beneath an own directory too: the bind that keeps it there
+		// is of the remote file system's inode, a mount of its type.
+		var st unix.Stat_t
+		q := filepath.Clean(p)
+		for ; ; q = filepath.Dir(q) {
+			if err := unix.Stat(q, &st); err == nil || q == "/" {
+				break
+			}
+		}
+		if st.Dev == root.Dev {
+			continue
+		}
+		fstype, err := mountType(q)
+		if err != nil {
+			return fmt.Errorf("unix path %s: find the file system it is on: %w", p, err)
+		}
+		if remoteType(fstype) {
+			return fmt.Errorf("unix path %s is on a %s mount, which trialnet detaches from every Trial unless it is the root's file system (%s): put the socket on a local file system", p, fstype, remoteWhy)
+		}
+	}
+	return nil
+}
+
+// mountType is the file-system type of the mount on top at path, as
+// mountinfo names it.
+func mountType(path string) (string, error) {
+	id, err := mountIDAt(unix.AT_FDCWD, path, 0)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	want := strconv.FormatUint(id, 10)
+	for line := range strings.Lines(string(b)) {
+		pre, post, ok := strings.Cut(line, " - ")
+		if f := strings.Fields(pre); ok && len(f) > 0 && f[0] == want {
+			fstype, _, _ := strings.Cut(post, " ")
+			return fstype, nil
+		}
+	}
+	return "", fmt.Errorf("mount %d of %s is not in mountinfo", id, path)
+}
+
 // maskHost narrows what the Trial's mount namespace shows of the host:
 // kernel settings and sysfs read-only, a cgroup2 mount rooted at the
 // Trial's own cgroup (the caller has unshared the cgroup namespace), the
@@ -122,6 +200,11 @@ func maskHost(nested bool, hide, v1 []string, hostShm uint64) error {
 		return err
 	}
 	if err := dropHostMounts(hostShm); err != nil {
+		return err
+	}
+	// Before the autofs mounts: a direct one is reached once what it
+	// mounted on its own point is gone.
+	if err := hideRemoteFS(); err != nil {
 		return err
 	}
 	if err := hideAutofs(); err != nil {
@@ -227,11 +310,11 @@ func hideV1(own []string) error {
 			if placed[id] || done[mnt] {
 				continue
 			}
-			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+			mnt, top, err := mountOnTop(b, id, mnt, unix.AT_SYMLINK_NOFOLLOW, v1Why)
 			if err != nil {
-				return maskErr("find what is mounted on "+mnt, v1Why, err)
+				return err
 			}
-			if top != id {
+			if !top {
 				continue
 			}
 			done[mnt], acted = true, true
@@ -574,11 +657,11 @@ func dropPass(drops []mountDrop) (acted bool, _ error) {
 		}
 		// Only a mount on top at its point: Unmount takes what is on
 		// top, and one covered is out of reach until that goes.
-		top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+		mnt, top, err := mountOnTop(b, id, mnt, unix.AT_SYMLINK_NOFOLLOW, "to detach the host's "+d.fstype+" there")
 		if err != nil {
-			return acted, maskErr("find what is mounted on "+mnt, "to detach the host's "+d.fstype+" there", err)
+			return acted, err
 		}
-		if top != id {
+		if !top {
 			continue
 		}
 		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
@@ -610,7 +693,8 @@ const (
 // which acts on it outside the Trial: the -hosts map resolves it by DNS
 // and asks that host for its exports, a wildcard map asks the NFS server
 // for it, an LDAP map the directory; a name is data. What was already
-// mounted there (a home on NFS) stays, on a read-only tmpfs; nothing new
+// mounted there stays, on a read-only tmpfs (a home on NFS only where
+// hideRemoteFS kept it); nothing new
 // is mounted for the Trial. As hideV1, it walks the mount table until no
 // autofs mount is on top at its point (a copy kept may hold one).
 func hideAutofs() error {
@@ -635,12 +719,19 @@ func hideAutofs() error {
 				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
 			}
 			mnt := cgroup2.UnescapeMountPath(f[4])
-			top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+			listed := mnt
+			mnt, top, err := mountOnTop(b, id, mnt, unix.AT_SYMLINK_NOFOLLOW, autofsWhy)
 			if err != nil {
-				return maskErr("find what is mounted on "+mnt, autofsWhy, err)
+				return err
 			}
-			if top != id {
+			if !top {
 				continue
+			}
+			// Moved: b lists what is mounted beneath it elsewhere.
+			if mnt != listed {
+				if b, err = os.ReadFile("/proc/thread-self/mountinfo"); err != nil {
+					return fmt.Errorf("read mountinfo: %w", err)
+				}
 			}
 			if err := coverAutofs(mnt, f[0], b); err != nil {
 				return err
@@ -706,6 +797,119 @@ func coverAutofs(mnt, id string, b []byte) error {
 	}
 	if err := unix.Mount("", mnt, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "mode=0755,size=4k"); err != nil {
 		return maskErr("make the tmpfs on "+mnt+" read-only", autofsWhy, err)
+	}
+	return nil
+}
+
+// remoteFS are the types of the file systems a process or server
+// outside the Trial serves: FUSE (an entry ending in "." names each
+// subtype, "fuse.sshfs") and the network ones. The init's table
+// (init_early.c's trialnet_init_remote_fs) is this one
+// (TestEarlyInitTables). A hypervisor's shared folders (virtiofs,
+// vboxsf, prl_fs, vmhgfs) are not in it: their one server is the VM's
+// host, the machine the operator runs the VM on, as its disk is; a VM
+// whose root or work is one (lima, Docker Desktop, vmtest's guests)
+// would lose its files. 9p is in it: it runs over TCP too.
+var remoteFS = []string{
+	"fuse", "fuse.", "fuseblk", "fuseblk.",
+	"nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "9p",
+	"ceph", "afs", "coda", "lustre", "orangefs", "beegfs", "gpfs",
+}
+
+// remoteType reports whether a mount of fstype is remoteFS's.
+func remoteType(fstype string) bool {
+	return slices.ContainsFunc(remoteFS, func(r string) bool {
+		if strings.HasSuffix(r, ".") {
+			return strings.HasPrefix(fstype, r) && len(fstype) > len(r)
+		}
+		return fstype == r
+	})
+}
+
+const (
+	remoteWhy = "every lookup, read and write beneath it is a request to a process or server outside the Trial, which sends its names and data past trialnet's proxy"
+	// remoteMaxPasses bounds hideRemoteFS's walks (the init's REMOTE_MAX_PASSES).
+	remoteMaxPasses = 64
+)
+
+// hideRemoteFS detaches every FUSE and network file-system mount
+// (remoteFS) but those of the file systems on the way to the init's
+// working directory, the first command's (initDir), / among them: the
+// Trial's root and its work (a bind of the same file system elsewhere,
+// an NFS root bound on a second path, asks the same server
+// nothing new). Through any other, a lookup hands a name to a FUSE
+// daemon or a file server in the host's namespaces (sshfs, rclone or
+// s3fs send it to their remote, NFS to its server), around the proxy.
+// Detached, not covered: the mount point shows the directory beneath,
+// as on a host where nothing is mounted there, and what was mounted
+// under it goes too. As hideV1, it walks the mount table until no such
+// mount is on top at its point. The init's working directory is / after.
+func hideRemoteFS() error {
+	cwd, err := unix.Getwd()
+	if err != nil {
+		cwd = "/" // unreachable from the Trial's root: nothing to keep
+	}
+	kept := map[uint64]bool{} // the devices of the file systems on the way
+	for p := cwd; ; p = filepath.Dir(p) {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return maskErr("look at "+p+", on the way to the working directory of the Trial's first command", "to keep the file system holding it", err)
+		}
+		kept[st.Dev] = true
+		if p == "/" {
+			break
+		}
+	}
+	for pass := 0; ; pass++ {
+		if pass == remoteMaxPasses {
+			return maskErr("detach the host's FUSE and network file-system mounts", remoteWhy, fmt.Errorf("still one after %d passes: %w", pass, unix.ELOOP))
+		}
+		b, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return fmt.Errorf("read mountinfo: %w", err)
+		}
+		acted := false
+		for line := range strings.Lines(string(b)) {
+			pre, post, ok := strings.Cut(strings.TrimSuffix(line, "\n"), " - ")
+			f := strings.Fields(pre)
+			fstype, _, _ := strings.Cut(post, " ")
+			if !ok || len(f) < 5 || !remoteType(fstype) {
+				continue
+			}
+			var maj, min uint32
+			if _, err := fmt.Sscanf(f[2], "%d:%d", &maj, &min); err != nil {
+				return fmt.Errorf("read mountinfo: device %q: %w", f[2], err)
+			}
+			if kept[unix.Mkdev(maj, min)] {
+				continue // the Trial's root, or holding its work
+			}
+			mnt := cgroup2.UnescapeMountPath(f[4])
+			id, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
+			}
+			// Cached attributes: a server that does not answer must not
+			// hold up every Trial's start (CIFS asks its server otherwise;
+			// FUSE and NFS ask nothing for a mount id alone).
+			mnt, top, err := mountOnTop(b, id, mnt, unix.AT_SYMLINK_NOFOLLOW|unix.AT_STATX_DONT_SYNC, remoteWhy)
+			if err != nil {
+				return err
+			}
+			if !top {
+				continue
+			}
+			if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+				return maskErr("detach the "+fstype+" mount on "+mnt, remoteWhy, err)
+			}
+			acted = true
+		}
+		if !acted {
+			break
+		}
+	}
+	// Not left on a host mount that the Trial's own may cover.
+	if err := unix.Chdir("/"); err != nil {
+		return maskErr("change the init's working directory to /", "it was the first command's, to keep the mounts holding it", err)
 	}
 	return nil
 }
@@ -803,11 +1007,11 @@ func hideHostTtys() error {
 			return fmt.Errorf("read mountinfo: mount id %q: %w", f[0], err)
 		}
 		mnt := cgroup2.UnescapeMountPath(f[4])
-		top, err := mountIDAt(unix.AT_FDCWD, mnt, unix.AT_SYMLINK_NOFOLLOW)
+		mnt, top, err := mountOnTop(b, id, mnt, unix.AT_SYMLINK_NOFOLLOW, "to cover the host's terminals there")
 		if err != nil {
-			return maskErr("find what is mounted on "+mnt, "to cover the host's terminals there", err)
+			return err
 		}
-		if top != id {
+		if !top {
 			continue
 		}
 		if err := coverDevices(mnt, majors); err != nil {
@@ -851,6 +1055,110 @@ func coverDevices(dir string, majors map[uint32]bool) error {
 	}
 	return nil
 }
+
+// movedMax bounds mountOnTop's looks (the init's MOVED_MAX).
+const movedMax = 16
+
+// topMountID is mountIDAt; a test stands in for a host process that
+// renames a directory above a mount each time the init looks.
+var topMountID = mountIDAt
+
+// mountOnTop says whether the mount id, which the mount table (table,
+// its walk's) listed on mnt, is on top at its point, and where that
+// point is now. A walk finds a mount by its listed point: a host process
+// that renames a directory above its own mount (a FUSE one in its home,
+// a chroot's /proc) in the instant between the read and the look makes
+// the point lead elsewhere, and the mount, left in the Trial's view,
+// seemed covered. A rename moves no mount (and the set-up's propagation
+// is private: only it mounts here), so a mount the table shows covered
+// (a mount on it or over a directory above it: reached once that goes)
+// is; one it does not is looked for where a fresh table lists it, and
+// movedMax looks that miss it refuse the Trial.
+func mountOnTop(table []byte, id uint64, mnt string, flags int, why string) (string, bool, error) {
+	for look := 1; ; look++ {
+		top, err := topMountID(unix.AT_FDCWD, mnt, flags)
+		if err != nil {
+			return mnt, false, maskErr("find what is mounted on "+mnt, why, err)
+		}
+		if top == id {
+			return mnt, true, nil
+		}
+		if _, _, covered := mountCovered(string(table), id); look == 1 && covered {
+			return mnt, false, nil // hidden, reached once what hides it goes
+		}
+		if look == movedMax {
+			return mnt, false, fmt.Errorf("find the mount on %s (%s): it was not there, nor covered, each of the %d times the init looked (a directory above it renamed meanwhile): %w; trialnet does not start a Trial that may see a mount it is to hide: start it again, and find what renames directories there", mnt, why, look, unix.EAGAIN)
+		}
+		if table, err = os.ReadFile("/proc/thread-self/mountinfo"); err != nil {
+			return mnt, false, fmt.Errorf("read mountinfo: %w", err)
+		}
+		point, listed, covered := mountCovered(string(table), id)
+		if !listed || covered {
+			return mnt, false, nil
+		}
+		mnt = cgroup2.UnescapeMountPath(point)
+	}
+}
+
+// mountCovered finds the mount id in table (mountinfo's text): its point
+// as the table prints it, whether it is listed, and whether the table
+// shows it covered: a mount on it, or on a mount below it, at its point
+// or at a directory above that point, the mount below's (the init's
+// trialnet_mount_covered, TestMountCovered). Escaped as the table prints
+// them, points compare as the paths do: no escape holds a '/'.
+func mountCovered(table string, id uint64) (point string, listed, covered bool) {
+	type ref struct {
+		id, parent uint64
+		point      string
+	}
+	var refs []ref
+	byID := map[uint64]ref{}
+	for line := range strings.Lines(table) {
+		f := strings.Split(strings.TrimSuffix(line, "\n"), " ")
+		if len(f) < 5 || f[4] == "" {
+			continue
+		}
+		mid, err1 := strconv.ParseUint(f[0], 10, 64)
+		parent, err2 := strconv.ParseUint(f[1], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		r := ref{mid, parent, f[4]}
+		refs = append(refs, r)
+		if _, dup := byID[mid]; !dup {
+			byID[mid] = r
+		}
+	}
+	m, listed := byID[id]
+	if !listed {
+		return "", false, false
+	}
+	// The chain of mounts below id's (the init follows chainMax).
+	chain := []ref{m}
+	for r := m; len(chain) < chainMax && r.parent != r.id; {
+		var ok bool
+		if r, ok = byID[r.parent]; !ok {
+			break
+		}
+		chain = append(chain, r)
+	}
+	atOrAbove := func(dir, path string) bool { return dir == "/" || under(path, dir) }
+	for _, c := range refs {
+		if slices.ContainsFunc(chain, func(r ref) bool { return r.id == c.id }) {
+			continue
+		}
+		for k, r := range chain {
+			if c.parent == r.id && atOrAbove(c.point, chain[max(k-1, 0)].point) {
+				return m.point, true, true
+			}
+		}
+	}
+	return m.point, true, false
+}
+
+// chainMax is the init's CHAIN_MAX: the mounts below one that
+// mountCovered follows.
+const chainMax = 64
 
 // mountIDAt is the id (mountinfo's) of the mount on top at path; 0 when
 // path cannot be reached (a mount over a directory above it hides it).
@@ -948,10 +1256,26 @@ func maskedProc(nested bool) []string {
 	return []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"}
 }
 
-// readOnlySys bind-remounts /sys and every mount below it read-only,
-// keeping each one's other flags (a bind remount sets them all).
+// readOnlySys makes /sys and every mount below it read-only, keeping
+// each one's other flags: in one mount_setattr over the tree on /sys
+// (Linux 5.12), which also reaches the mounts that others cover there,
+// else by a bind remount of each mount the table lists.
 func readOnlySys() error {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	// Whatever the refusal (a kernel before 5.12, a /sys that is no
+	// mount's root, a filter that does not know the call), the walk makes
+	// every mount a path reaches read-only, or fails naming the one it
+	// could not.
+	ro := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	if unix.MountSetattr(unix.AT_FDCWD, "/sys", unix.AT_RECURSIVE|unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT, ro) == nil {
+		return nil
+	}
+	return readOnlySysEach()
+}
+
+// readOnlySysEach bind-remounts /sys and every mount below it read-only,
+// keeping each one's other flags (a bind remount sets them all).
+func readOnlySysEach() error {
+	b, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return fmt.Errorf("read mountinfo: %w", err)
 	}

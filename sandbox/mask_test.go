@@ -109,6 +109,150 @@ func TestPrivilegedMountsHideTheHost(t *testing.T) {
 	}
 }
 
+// Every mount on /sys and below it is read-only in the Trial, those that
+// others cover there too: out of a Trial's reach, but in every copy its
+// mount namespace is made into. Here two tmpfs stacked on the tracefs
+// directory, in a mount namespace of the test's own. Seen red with the
+// remounts by path of before (in the init, the Go set-up, and its
+// fall-back still): the two mounts covered there stayed read-write.
+func TestPrivilegedSysReadOnlyCovered(t *testing.T) {
+	const dir = "/sys/kernel/tracing"
+	if _, err := os.Stat(dir); err != nil {
+		t.Skipf("no %s on this kernel, the directory the test stacks mounts on: %v", dir, err)
+	}
+	stack := func() error {
+		for range 2 {
+			if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, "size=4k"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// writable lists the mounts on /sys or below it in mountinfo b that
+	// are not read-only; covered counts those on dir.
+	writable := func(b []byte) (bad []string, covered int) {
+		for line := range strings.Lines(string(b)) {
+			f := strings.Fields(line)
+			if len(f) < 6 || !under(cgroup2.UnescapeMountPath(f[4]), "/sys") {
+				continue
+			}
+			if f[4] == dir {
+				covered++
+			}
+			if !strings.HasPrefix(f[5], "ro,") && f[5] != "ro" {
+				bad = append(bad, fmt.Sprintf("%s (mount %s) is %s, want read-only", f[4], f[0], f[5]))
+			}
+		}
+		return bad, covered
+	}
+	t.Run("init", func(t *testing.T) {
+		tr := newTrial(t, newHost(t), trial.Spec{})
+		filter, err := seccompFile(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inOwnMounts(t, stack, func() []string {
+			pid, stop, err := initHere(tr, filter)
+			if err != nil {
+				return []string{err.Error()}
+			}
+			defer stop()
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+			if err != nil {
+				return []string{err.Error()}
+			}
+			bad, covered := writable(b)
+			if covered < 2 {
+				bad = append(bad, fmt.Sprintf("the init's mount table lists %d mounts on %s, want the two stacked there at least", covered, dir))
+			}
+			return bad
+		})
+	})
+	for _, c := range []struct {
+		name     string
+		readOnly func() error
+		covered  bool
+	}{{"go", readOnlySys, true}, {"go-each", readOnlySysEach, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			privtest.Require(t)
+			inOwnMounts(t, stack, func() []string {
+				if err := c.readOnly(); err != nil {
+					return []string{err.Error()}
+				}
+				b, err := os.ReadFile("/proc/thread-self/mountinfo")
+				if err != nil {
+					return []string{err.Error()}
+				}
+				bad, _ := writable(b)
+				if c.covered {
+					return bad
+				}
+				// The remount by path reaches only the mount on top.
+				var top []string
+				for _, b := range bad {
+					if !strings.HasPrefix(b, dir+" ") {
+						top = append(top, b)
+					}
+				}
+				var st unix.Statfs_t
+				if err := unix.Statfs(dir, &st); err != nil || st.Flags&unix.ST_RDONLY == 0 {
+					top = append(top, fmt.Sprintf("the mount on top at %s: flags %#x %v, want read-only", dir, st.Flags, err))
+				}
+				return top
+			})
+		})
+	}
+}
+
+// The set-up's walks read the mount table of the thread that runs them,
+// not the thread group leader's, which in a Go process may be in another
+// mount namespace (the host's, here): a mount below /sys that only this
+// thread's namespace has must still be made read-only, and an nsfs mount
+// only it has detached. Seen red with /proc/self/mountinfo: the host's
+// table, read instead, lists neither.
+func TestPrivilegedSetupWalksItsThreadsTable(t *testing.T) {
+	privtest.Require(t)
+	host, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := ""
+	for _, d := range []string{"/sys/kernel/mm", "/sys/kernel/irq", "/sys/power", "/sys/block"} {
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() && !strings.Contains(string(host), " "+d+" ") {
+			dir = d
+			break
+		}
+	}
+	if dir == "" {
+		t.Fatal("every candidate directory below /sys is a mount point on this host: the test needs one that is not")
+	}
+	nsFile := filepath.Join(t.TempDir(), "ns")
+	if err := os.WriteFile(nsFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inOwnMounts(t, func() error {
+		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=4k"); err != nil {
+			return err
+		}
+		return unix.Mount("/proc/thread-self/ns/uts", nsFile, "", unix.MS_BIND, "")
+	}, func() (bad []string) {
+		if err := readOnlySysEach(); err != nil {
+			return []string{err.Error()}
+		}
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil || st.Flags&unix.ST_RDONLY == 0 {
+			bad = append(bad, fmt.Sprintf("the tmpfs on %s only this thread's namespace has: flags %#x %v, want read-only", dir, st.Flags, err))
+		}
+		if err := dropNsMounts(""); err != nil {
+			return append(bad, err.Error())
+		}
+		if err := unix.Statfs(nsFile, &st); err != nil || st.Type == unix.NSFS_MAGIC {
+			bad = append(bad, fmt.Sprintf("the nsfs mount on %s only this thread's namespace has: type %#x %v, want it detached", nsFile, st.Type, err))
+		}
+		return bad
+	})
+}
+
 // mountTracefs makes sure a mount below /sys exists before the Trials are
 // made, for a host (like these machines and their CI) that has none of its
 // own there: tracefs, at the place the kernel keeps for it, taken down after.

@@ -110,6 +110,44 @@ func mountOwnDirs(keep []string) error {
 	return nil
 }
 
+// sharedDirs are the host's directories, besides those a Trial has its
+// own of, where every user may make files by convention: lock files
+// (/run/lock, and /var/lock where it is no link to it) and crash reports
+// (/var/crash, whose reports Ubuntu's whoopsie uploads). A file a Trial
+// left there outlived it, for any other Trial, of any uid, to read: a way
+// out through a Trial with a wider allowlist, or a host program that acts
+// on the file. Each is covered with an empty tmpfs of the host
+// directory's mode and owner, in the Trial's mount namespace only
+// (coverSharedDirs). This table and init_early.c's
+// trialnet_init_shared_dirs are the same list (TestEarlyInitTables).
+var sharedDirs = []string{"/run/lock", "/var/lock", "/var/crash"}
+
+// SharedBytes bounds each covered shared directory: Debian's /run/lock
+// is as large. What a tmpfs holds is the host's memory.
+const SharedBytes = 5 << 20
+
+// coverSharedDirs covers each of sharedDirs the host has, where it leads,
+// with an empty tmpfs of its mode and owner.
+func coverSharedDirs() error {
+	covered := map[string]bool{}
+	for _, d := range sharedDirs {
+		real, err := filepath.EvalSymlinks(d)
+		if err != nil || covered[real] {
+			continue // none on this host, or one link to another
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(real, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		data := fmt.Sprintf("mode=%o,uid=%d,gid=%d,size=%d", st.Mode&0o7777, st.Uid, st.Gid, SharedBytes)
+		if err := unix.Mount("tmpfs", real, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, data); err != nil {
+			return fmt.Errorf("cover the host's %s with the Trial's own (so that no file outlives the Trial there): %w", d, err)
+		}
+		covered[real] = true
+	}
+	return nil
+}
+
 // mountID is the id of the mount path (followed) is on.
 func mountID(path string) (uint64, error) {
 	var st unix.Statx_t

@@ -509,8 +509,10 @@ func joinPools(gs []v1Group, pid int) error {
 // memory. It is never an OOM victim there: the memory controller's OOM
 // killer looks at thread-group leaders only (mem_cgroup_scan_tasks,
 // CSS_TASK_ITER_PROCS), and the launching thread is never the main one
-// (netns.EnterProcess). That thread is discarded after the launch: a
-// move back that fails cannot leave it in the Trial.
+// (netns.EnterProcess). It moves back before it is parked (spawn): it is
+// discarded only once the command has been reaped, and a move back that
+// fails leaves it counted in the Trial's groups until then, one task
+// more beside the command, which is there as long.
 type poolMove struct {
 	into, back []int // the tasks files of the Trial's groups and of the launcher's own
 	joined     atomic.Bool
@@ -737,4 +739,77 @@ func readCgroupInt(path, key string) int64 {
 		}
 	}
 	return -1
+}
+
+// BoundContainerPools holds a container of the Trial, its init pid, to
+// the Trial's pool bounds on a host whose pids or memory controller is on
+// cgroup v1. runc places a container at the same path (its cgroupsPath)
+// in every hierarchy, so on v1 its tasks were at the Trial's cgroup path
+// there, outside the Trial's pool groups (named by the cgroup's id) and
+// bounded by nothing: a container in a Trial bounded at 16 tasks ran 49.
+// The group at the Trial's path in each such hierarchy gets the Trial's
+// bounds: one bound for all its containers and whatever runc exec puts
+// in them, beside the one of the commands the Trial launches, while each
+// container's own limits stay on its own group below. An init that a
+// runtime left elsewhere in a v1 hierarchy is moved into the Trial's own
+// pool group there. Nothing to do on v2, where the container's cgroup
+// is under the Trial's, nor for a Trial made around a container, whose
+// pool bounds are its runtime's (a container that joins it is at that
+// container's path, below them).
+func (t *Trial) BoundContainerPools(pid int) error {
+	if t.adopted {
+		return nil
+	}
+	gs, err := t.v1Groups()
+	if err != nil || len(gs) == 0 {
+		return err
+	}
+	mount, err := cgroup2.Mount()
+	if err != nil {
+		return err
+	}
+	rel, ok := strings.CutPrefix(t.Cgroup, mount)
+	if !ok || !strings.HasPrefix(rel, "/") {
+		return fmt.Errorf("the Trial's cgroup %s is not under the cgroup2 mount %s", t.Cgroup, mount)
+	}
+	own, err := readKernfs(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
+	if err != nil {
+		return fmt.Errorf("read the container's cgroups: %w", err)
+	}
+	lim := t.poolLimits()
+	for _, g := range gs {
+		path, ok := v1Path(string(own), g.name)
+		if !ok {
+			return fmt.Errorf("the container's init is in no cgroup v1 %s group, which the Trial's %s is bounded by", g.name, g.name)
+		}
+		mnt, err := cachedV1Mount(g.name)
+		if err != nil {
+			return err
+		}
+		dir := filepath.Join(mnt, rel)
+		if path != rel && !strings.HasPrefix(path, rel+"/") || dir == g.dir {
+			if err := writeKernfs(filepath.Join(g.dir, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+				return fmt.Errorf("put the container's init in the Trial's %s group: %w", g.name, err)
+			}
+			continue
+		}
+		if n, ok := strings.CutPrefix(filepath.Base(dir), "trialnet-"); ok && filepath.Dir(dir) == filepath.Dir(g.dir) && strings.Trim(n, "0123456789") == "" {
+			// Another Trial's pool group (poolDir): its bound is not this
+			// Trial's to write, nor its tasks this Trial's to count.
+			return fmt.Errorf("the container's cgroup v1 %s group %s is in another Trial's pool group: give the Trial an id not spelt trialnet-NUMBER", g.name, path)
+		}
+		if err := boundPool(g.controller, dir, lim); err != nil {
+			return fmt.Errorf("the Trial's containers' %s: %w", g.name, err)
+		}
+		if g.name == PoolMemory && path != rel {
+			// cgroup v1 charges a socket's buffers only where the group
+			// the socket is made in has a socket bound written: then up
+			// its parents, so to the bound above.
+			err := writeKernfs(filepath.Join(mnt, path, tcpLimitFile), strconv.FormatInt(socketMemoryBound(lim.MaxMemory), 10))
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("bound the container's socket buffers: %w", err)
+			}
+		}
+	}
+	return nil
 }

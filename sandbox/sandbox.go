@@ -124,6 +124,8 @@ type Trial struct {
 
 	closeOnce sync.Once
 	final     bpf.Counters
+	// unsure is why final may not hold all the Trial did (nil: it does).
+	unsure error
 	// finalPools is the Trial's pool use as the teardown found it.
 	finalPools atomic.Pointer[[]trial.PoolUse]
 	closeErr   error
@@ -325,6 +327,12 @@ func (h *Host) checkSpec(spec trial.Spec) error {
 	if err := checkUnixPathsOffHostShm(spec.UnixAllow); err != nil {
 		return fmt.Errorf("create Trial %s: %w", spec.ID, err)
 	}
+	if err := checkUnixPathsOffSharedDirs(spec.UnixAllow); err != nil {
+		return fmt.Errorf("create Trial %s: %w", spec.ID, err)
+	}
+	if err := checkUnixPathsOffRemoteFS(spec.UnixAllow); err != nil {
+		return fmt.Errorf("create Trial %s: %w", spec.ID, err)
+	}
 	if spec.Nested {
 		if err := h.canNest(); err != nil {
 			return fmt.Errorf("create Trial %s: %w", spec.ID, err)
@@ -467,20 +475,23 @@ func (t *Trial) Close() (bpf.Counters, error) { return t.CloseWith(nil) }
 // record), so that a caller's own work at the Trial's end (its receipt,
 // made durable) overlaps them; the teardown returns when both are done.
 // After an earlier Close it runs on its own, with that Close's counters.
-func (t *Trial) CloseWith(during func(bpf.Counters) error) (bpf.Counters, error) {
+// unsure, given to during, says why the counters may not hold all the
+// Trial did: its processes outlived the kill (one stuck in the kernel),
+// or the counters could not be read; nil when they do.
+func (t *Trial) CloseWith(during func(final bpf.Counters, unsure error) error) (bpf.Counters, error) {
 	var derr error
-	do := func(final bpf.Counters) {
+	do := func(final bpf.Counters, unsure error) {
 		if during != nil {
-			derr = during(final)
+			derr = during(final, unsure)
 		}
 	}
 	ran := false
 	t.closeOnce.Do(func() {
 		ran = true
-		t.final, t.closeErr = t.teardown(do)
+		t.final, t.unsure, t.closeErr = t.teardown(do)
 	})
 	if !ran {
-		do(t.final)
+		do(t.final, t.unsure)
 	}
 	return t.final, errors.Join(t.closeErr, derr)
 }
@@ -519,10 +530,11 @@ func sameSandbox(was, now trial.Spec) error {
 
 // teardown ends the Trial in Close's order: stop reads what the Trial
 // ended with, then remove takes it apart while during runs.
-func (t *Trial) teardown(during func(bpf.Counters)) (bpf.Counters, error) {
+func (t *Trial) teardown(during func(bpf.Counters, error)) (bpf.Counters, error, error) {
 	final, errs := t.stop()
+	unsure := errors.Join(errs...)
 	var beside sync.WaitGroup
-	beside.Go(func() { during(final) })
+	beside.Go(func() { during(final, unsure) })
 	errs = append(errs, t.remove()...)
 	beside.Wait()
 	// Last, once what runs beside is done too: until then a successor
@@ -530,9 +542,9 @@ func (t *Trial) teardown(during func(bpf.Counters)) (bpf.Counters, error) {
 	// left of the Trial, the agent's own (its steering's pins) with it.
 	t.removeRecord()
 	if err := errors.Join(errs...); err != nil {
-		return final, fmt.Errorf("close Trial %s: %w", t.ID, err)
+		return final, unsure, fmt.Errorf("close Trial %s: %w", t.ID, err)
 	}
-	return final, nil
+	return final, unsure, nil
 }
 
 // stop ends everything that runs in the Trial and reads what it ended
@@ -574,11 +586,11 @@ func (t *Trial) remove() []error {
 	var errs []error
 	// An adopted cgroup is its runtime's to remove, emptied here; with
 	// no policy entry left, the eBPF programs deny it everything.
-	cgroupGone := true
+	removed := true
 	if !t.adopted {
 		if err := removeCgroup(t.Cgroup); err != nil {
 			errs = append(errs, err)
-			cgroupGone = false
+			removed = false
 		}
 		if err := t.removePools(); err != nil {
 			errs = append(errs, err)
@@ -592,7 +604,7 @@ func (t *Trial) remove() []error {
 	if err := netns.Delete(t.host.netnsDir(), t.ID); err != nil {
 		errs = append(errs, err)
 	}
-	if cgroupGone {
+	if removed {
 		// With the cgroup still there, its locks stay too: the join
 		// lock's closing mark keeps launchers out of what is left.
 		RemoveLaunchLock(t.CgroupID)

@@ -82,16 +82,29 @@ var (
 var refusedCalls = []uint32{unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY, unix.SYS_KEYCTL,
 	unix.SYS_BPF, unix.SYS_PERF_EVENT_OPEN, unix.SYS_USERFAULTFD, unix.SYS_IO_SETUP, unix.SYS_PIDFD_GETFD}
 
-// The setsockopt option ranges of netfilter's tables and IPVS (refused
-// with EPERM): IPT_SO_SET_*, ARPT_SO_SET_*, EBT_SO_SET_*, IP_VS_SO_SET_*
-// on SOL_IP; IP6T_SO_SET_* on SOL_IPV6. No socket option a program
-// needs lies in them.
-var netfilterOpts = []struct {
+// The setsockopt option ranges refused with EPERM. Netfilter's tables
+// and IPVS: IPT_SO_SET_*, ARPT_SO_SET_*, EBT_SO_SET_*, IP_VS_SO_SET_* on
+// SOL_IP; IP6T_SO_SET_* on SOL_IPV6. TCP-AO's keys (TCP_AO_ADD_KEY 38 to
+// TCP_AO_REPAIR 42 on SOL_TCP; x/sys has no names for them): a key names
+// its hash algorithm, and one the kernel lacks is a
+// request_module("crypto-<name>") for any caller, the module loading that
+// AF_ALG (refused) would give. IPv6 routing headers, which any uid may
+// set: IPV6_RTHDR (a segment routing header), and IPV6_2292PKTOPTIONS,
+// whose control messages stick to the socket, TCP's too (a Mobile IPv6
+// type 2 header on kernels built with CONFIG_IPV6_MIP6, Debian's). The
+// kernel sends to the header's address, not to the one connect and
+// sendmsg name, so a socket the connect6 hook let through to [::1] sends
+// to any address (the namespace and the egress hook stop it there).
+// IPV6_2292RTHDR is only the old API's ask to receive them. No socket
+// option a program needs lies in them.
+var refusedOpts = []struct {
 	level uint32
 	opts  [][2]uint32
 }{
 	{unix.SOL_IP, [][2]uint32{{64, 67}, {96, 99}, {128, 131}, {1152, 1167}}},
-	{unix.SOL_IPV6, [][2]uint32{{64, 65}}}, // 66, 67: IPV6_RECVTCLASS, IPV6_TCLASS
+	// 66, 67: IPV6_RECVTCLASS, IPV6_TCLASS
+	{unix.SOL_IPV6, [][2]uint32{{unix.IPV6_2292PKTOPTIONS, unix.IPV6_2292PKTOPTIONS}, {unix.IPV6_RTHDR, unix.IPV6_RTHDR}, {64, 65}}},
+	{unix.SOL_TCP, [][2]uint32{{38, 42}}},
 }
 
 // netConfigIoctls are the socket ioctls that change the network (routes,
@@ -295,13 +308,14 @@ func seccompProgram(userns bool) ([]bpf.RawInstruction, error) {
 	// ebtables) and IPVS, through setsockopt on any IPv4 or IPv6 socket:
 	// reachable with CAP_NET_ADMIN over a network namespace a nested
 	// Trial made, and a classic way from a user namespace to the kernel.
+	// And TCP-AO's keys (refusedOpts).
 	a.label("setsockopt")
 	a.ins(bpf.LoadAbsolute{Off: seccompArg1, Size: 4})
-	for _, l := range netfilterOpts {
+	for _, l := range refusedOpts {
 		a.jumpIf(bpf.JumpEqual, l.level, fmt.Sprintf("sockopt_%d", l.level))
 	}
 	a.ret(retAllow)
-	for _, l := range netfilterOpts {
+	for _, l := range refusedOpts {
 		a.label(fmt.Sprintf("sockopt_%d", l.level))
 		a.ins(bpf.LoadAbsolute{Off: seccompArg2, Size: 4})
 		for i, r := range l.opts {

@@ -121,6 +121,10 @@ func testSeccomp(t *testing.T, nested bool) {
 		{unix.SOL_IP, 128, retErrno | uint32(unix.EPERM)},  // EBT_SO_SET_ENTRIES
 		{unix.SOL_IP, 1153, retErrno | uint32(unix.EPERM)}, // IP_VS_SO_SET_ADD
 		{unix.SOL_IPV6, 64, retErrno | uint32(unix.EPERM)}, // IP6T_SO_SET_REPLACE
+		{unix.SOL_IPV6, unix.IPV6_RTHDR, retErrno | uint32(unix.EPERM)},
+		{unix.SOL_IPV6, unix.IPV6_2292PKTOPTIONS, retErrno | uint32(unix.EPERM)},
+		{unix.SOL_IPV6, unix.IPV6_2292RTHDR, retAllow},    // 5: a receive flag
+		{unix.SOL_IPV6, unix.IPV6_RTHDRDSTOPTS, retAllow}, // 55, beside 57: CAP_NET_RAW's
 		{unix.SOL_IPV6, unix.IPV6_TCLASS, retAllow},
 		{unix.SOL_IPV6, unix.IPV6_RECVTCLASS, retAllow},
 		{unix.SOL_IP, 1167, retErrno | uint32(unix.EPERM)}, // IP_VS_SO_SET_ZERO
@@ -130,6 +134,11 @@ func testSeccomp(t *testing.T, nested bool) {
 		{unix.SOL_IPV6, unix.IPV6_V6ONLY, retAllow},
 		{unix.SOL_IPV6, unix.IPV6_TRANSPARENT, retAllow},
 		{unix.SOL_TCP, 64, retAllow},
+		{unix.SOL_TCP, 37, retAllow},                      // TCP_TX_DELAY
+		{unix.SOL_TCP, 38, retErrno | uint32(unix.EPERM)}, // TCP_AO_ADD_KEY
+		{unix.SOL_TCP, 42, retErrno | uint32(unix.EPERM)}, // TCP_AO_REPAIR
+		{unix.SOL_TCP, unix.TCP_MD5SIG, retAllow},
+		{unix.SOL_TCP, unix.TCP_NODELAY, retAllow},
 		{unix.SOL_SOCKET, unix.SO_REUSEADDR, retAllow},
 	} {
 		if got := run(unix.SYS_SETSOCKOPT, 3, c.level, c.opt); got != c.want {

@@ -301,13 +301,15 @@ func cmdCreate(ctx context.Context, args []string, stdout, stderr io.Writer) int
 func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	go warmSignals()
 	go warmPidfd()
-	fs := cli.NewFlags("exec", "exec --trial ID [--uid N] [--gid N] [--max-procs N] -- CMD [ARGS]",
+	fs := cli.NewFlags("exec", "exec --trial ID [--uid N] [--gid N] [--max-procs N] [--workdir DIR] -- CMD [ARGS]",
 		"sudo trialnet exec --trial eval-42 -- claude -p 'fix the tests'", stderr)
 	id := fs.String("trial", "", "the Trial to run CMD in")
 	var user userFlags
 	user.register(fs)
 	var procs procsFlag
 	procs.register(fs, "the Trial's")
+	var workdir workdirFlag
+	workdir.register(fs)
 	socket := cli.SocketFlag(fs)
 	// Flags end at CMD (or "--"): everything from CMD on is its own.
 	if err := fs.Parse(args); err != nil {
@@ -329,7 +331,7 @@ func cmdExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer stopSignals()
 	var notices heldNotices
 	code, err := agent.ExecIn(ctx, info, sandbox.Command{
-		Args: fs.Args(), Env: os.Environ(), UID: u, GID: g, MaxProcs: int(procs),
+		Args: fs.Args(), Env: os.Environ(), UID: u, GID: g, MaxProcs: int(procs), Dir: string(workdir),
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Notices: &notices,
 	}, sigs)
 	notices.say(stderr, true)

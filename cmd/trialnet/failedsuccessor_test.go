@@ -101,6 +101,42 @@ func refusals(a *agentUnderTest) int {
 	return n
 }
 
+// refuseOnceScript runs in a Trial: one CONNECT its allowlist refuses.
+const refuseOnceScript = `
+import os, socket
+host, port = os.environ["HTTPS_PROXY"].split("//", 1)[1].rstrip("/").rsplit(":", 1)
+s = socket.create_connection((host, int(port)), timeout=5)
+s.sendall(b"CONNECT other.test:9000 HTTP/1.1\r\nHost: other.test:9000\r\n\r\n")
+s.recv(4096)
+`
+
+// padDecisionLog makes Trial id's decision log at least n bytes: the
+// record of one refused CONNECT, written by the agent, copied until it
+// is, so that the log replays as that many refusals.
+func padDecisionLog(t *testing.T, a *agentUnderTest, id string, n int) {
+	t.Helper()
+	if code, out, errOut := trialnet("exec", "--socket", a.sock, "--trial", id, "--uid", "65534", "--gid", "65534", "--",
+		"/usr/bin/python3", "-c", refuseOnceScript); code != exitOK {
+		t.Fatalf("a refused CONNECT in %s: exit %d\n%s%s", id, code, out, errOut)
+	}
+	path := filepath.Join(a.data, id, "decisions.jsonl")
+	var line []byte
+	testkit.WaitFor(t, "the refusal's record in "+id+"'s log", time.Minute, func() bool {
+		b, _ := os.ReadFile(path)
+		line, _, _ = bytes.Cut(b, []byte("\n"))
+		return bytes.Contains(b, []byte("\n"))
+	})
+	line = append(line, '\n')
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(bytes.Repeat(line, n/len(line)+1)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A successor that adopted a Trial, served tunnels of it beside the old
 // agent, and died before it said serving: the old agent serves on, and
 // the tunnels that died with the successor are in the Trial's log, each
@@ -113,12 +149,15 @@ func TestPrivilegedAgentFailedSuccessorsTunnelsRecorded(t *testing.T) {
 	a := newAgentWithConfig(t, "failedsucc", echoWorld(t)+"prepared: 0\n")
 	a.start(t)
 	createTrial(t, a.sock, "fs")
-	// A Trial the successor adopts after fs (by name), whose stub's
-	// names file it cannot open, as on a stuck disk (a FIFO over it,
-	// which its open for writing waits on): it serves fs and stalls
-	// there, until it is killed. (Its decision log is read without
-	// blocking, and refused if it is no regular file.)
+	// A Trial the successor adopts after fs, whose stub's names file it
+	// cannot open, as on a stuck disk (a FIFO over it, which its open
+	// for writing waits on): it serves fs and stalls there, until it is
+	// killed. (Its decision log is read without blocking, and refused if
+	// it is no regular file.) Trials are adopted smallest decision log
+	// first: zz's is made larger than fs's will be, a record of its own
+	// copied many times over.
 	createTrial(t, a.sock, "zz")
+	padDecisionLog(t, a, "zz", 4<<20)
 	fifo := filepath.Join(t.TempDir(), "fifo")
 	if err := unix.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)

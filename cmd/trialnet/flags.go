@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -144,4 +145,27 @@ type userFlags struct{ uid, gid idFlag }
 func (u *userFlags) register(fs *flag.FlagSet) {
 	fs.Var(&u.uid, "uid", "run CMD as this user id `N` (default: $SUDO_UID under sudo; required otherwise; never 0: root owns the files that hold Trials in place)")
 	fs.Var(&u.gid, "gid", "run CMD with this group id `N` (default: $SUDO_GID under sudo, else the number of the uid, refused where that number is another group, such as 6, disk, which reads raw disks: then pass --gid)")
+}
+
+// workdirFlag is --workdir: the directory CMD starts in, in the Trial
+// ("" for /).
+type workdirFlag string
+
+func (f *workdirFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return string(*f)
+}
+
+func (f *workdirFlag) Set(s string) error {
+	if !filepath.IsAbs(s) {
+		return errors.New("give an absolute path: CMD starts in the Trial, where the caller's directory means nothing")
+	}
+	*f = workdirFlag(s)
+	return nil
+}
+
+func (f *workdirFlag) register(fs *flag.FlagSet) {
+	fs.Var(f, "workdir", "start CMD in `DIR`, an absolute path, in the Trial (default: /); a FUSE or network file system (NFS, sshfs) holding DIR stays in the Trial's view when CMD is the Trial's first command, where every other one is detached")
 }

@@ -9,6 +9,7 @@ package main
 // first.
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -17,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/trialnet/trialnet/bpf"
 	"github.com/trialnet/trialnet/client"
 	"github.com/trialnet/trialnet/internal/termsafe"
 	"github.com/trialnet/trialnet/record"
@@ -105,8 +107,38 @@ func summary(st client.Stats, code int, took time.Duration) string {
 	if st.DNS != nil && st.DNS.Denied > 0 {
 		names = fmt.Sprintf("names: %d refused by the DNS stub; ", st.DNS.Denied)
 	}
-	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s%s",
-		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused, names, st.Brief())
+	return fmt.Sprintf("trialnet: Trial %s: exit %d after %s; tunnels: %d allowed, %s; %s%s%s",
+		termsafe.String(st.Trial), code, took.Round(time.Millisecond), st.Proxy.Allowed, refused, names, kernelRefused(st.Kernel), st.Brief())
+}
+
+// kernelRefused says what the kernel refused the Trial, by counter: a
+// client that ignores the proxy (a direct connect, a datagram sent
+// anywhere) is stopped there, before any tunnel or lookup, and is as much
+// a refused attempt as a refused CONNECT. "" when it refused nothing.
+func kernelRefused(kernel map[string]uint64) string {
+	var total uint64
+	var by []bpf.Field
+	for name, n := range kernel {
+		if n == 0 || !strings.HasSuffix(name, "_denied") {
+			continue
+		}
+		total += n
+		by = append(by, bpf.Field{Name: name, Value: n})
+	}
+	if total == 0 {
+		return ""
+	}
+	slices.SortFunc(by, func(x, y bpf.Field) int {
+		if x.Value != y.Value {
+			return cmp.Compare(y.Value, x.Value)
+		}
+		return strings.Compare(x.Name, y.Name)
+	})
+	each := make([]string, len(by))
+	for i, f := range by {
+		each[i] = fmt.Sprintf("%s ×%d", termsafe.String(f.Name), f.Value)
+	}
+	return fmt.Sprintf("kernel: %d refused (%s); ", total, strings.Join(each, ", "))
 }
 
 // shorten cuts s to at most n runes, marking the cut.

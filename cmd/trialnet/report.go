@@ -441,7 +441,9 @@ func verifyReceipt(path, key, nonce, trial string) (client.Receipt, int, error) 
 	if err := bareReceiptOnly(fields); err != nil {
 		return client.Receipt{}, exitFailure, err
 	}
-	if _, ok := fields[reportSignatureKey]; ok && fields["receipt"] == nil {
+	// No receipt, or none given (null: run's destroy failed through a
+	// running agent, which answers its error alone).
+	if _, ok := fields[reportSignatureKey]; ok && (fields["receipt"] == nil || string(fields["receipt"]) == "null") {
 		code, err := failedRun(fields, pub, nonce, trial)
 		return client.Receipt{}, code, err
 	}
@@ -502,18 +504,14 @@ const maxReceiptFile = 4 << 20
 // of at most maxReceiptFile bytes: a FIFO would hang verify, and
 // /dev/zero fill its memory.
 func readReceiptFile(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	f, err := rootdir.OpenRegular(path)
+	if errors.Is(err, rootdir.ErrNotRegular) {
+		return nil, fmt.Errorf("%w: a receipt or report is one", err)
+	}
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	switch {
-	case err != nil:
-		return nil, err
-	case !fi.Mode().IsRegular():
-		return nil, fmt.Errorf("it is not a regular file (%v): a receipt or report is one", fi.Mode().Type())
-	}
 	b, err := io.ReadAll(io.LimitReader(f, maxReceiptFile+1))
 	if err == nil && len(b) > maxReceiptFile {
 		err = fmt.Errorf("it is larger than %d bytes, which no receipt or report is", maxReceiptFile)

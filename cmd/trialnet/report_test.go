@@ -4,8 +4,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -752,9 +754,9 @@ func TestPrivilegedReportDirDotDotAfterSymlink(t *testing.T) {
 	}
 }
 
-// verify reads regular files only: a receipt or decision log that is a
-// FIFO (or a symlink to /dev/zero) where a Trial could put one would hang
-// verify, run as root, or fill its memory, and the harness with it.
+// verify reads regular files only: a receipt, decision log or key that is
+// a FIFO (or a symlink to /dev/zero) where a Trial could put one would
+// hang verify, run as root, or fill its memory, and the harness with it.
 func TestPrivilegedVerifyReadsRegularFilesOnly(t *testing.T) {
 	privtest.Require(t)
 	installedByTest(t)
@@ -771,7 +773,7 @@ func TestPrivilegedVerifyReadsRegularFilesOnly(t *testing.T) {
 	if code, _, errOut := trialnet("run", "--uid", "65534", "--report", report, "--", "true"); code != 0 {
 		t.Fatalf("run: exit %d\n%s", code, errOut)
 	}
-	for _, args := range [][]string{{fifo}, {zero}, {"--log", fifo, report}, {"--log", zero, report}} {
+	for _, args := range [][]string{{fifo}, {zero}, {"--log", fifo, report}, {"--log", zero, report}, {"--key", fifo, report}, {"--key", zero, report}} {
 		code, out, errOut := trialnet(append([]string{"verify"}, args...)...)
 		if code == exitOK || !strings.Contains(errOut, "not a regular file") {
 			t.Errorf("verify %q: exit %d, want refused as not a regular file\n%s%s", args, code, out, errOut)
@@ -938,6 +940,209 @@ func TestPrivilegedReceiptCountsNamesTheStubRefused(t *testing.T) {
 	}
 	if rc.DNS == nil || rc.DNS.Denied != 1 {
 		t.Errorf("the signed receipt's dns: %+v; want 1 name denied", rc.DNS)
+	}
+}
+
+// A connect or datagram the kernel refused is a refused attempt as much
+// as a refused CONNECT: a client that ignores the proxy is stopped there,
+// before any tunnel or lookup. The summary says so, each counter by name,
+// and says nothing of a Trial the kernel refused nothing.
+func TestSummaryCountsKernelRefusals(t *testing.T) {
+	st := client.Stats{Trial: "t1", Kernel: map[string]uint64{"connect4_allowed": 7, "connect4_denied": 5, "sendmsg4_denied": 3,
+		"egress_loopback_packets": 40, "netns_mismatch": 0, "pty_denied": 0}}
+	const want = "kernel: 8 refused (connect4_denied ×5, sendmsg4_denied ×3); "
+	if got := summary(st, 0, time.Second); !strings.Contains(got, want) {
+		t.Errorf("summary %q: want %q in it", got, want)
+	}
+	st.Kernel = map[string]uint64{"connect4_allowed": 7, "connect4_denied": 0}
+	if got := summary(st, 0, time.Second); strings.Contains(got, "kernel:") {
+		t.Errorf("summary %q names kernel refusals where there were none", got)
+	}
+}
+
+// A destroy that fails through a running agent answers its error alone
+// (the control API sends no stats with an error): the Trial's processes
+// outlived the kill, or its counters could not be read. run's summary
+// then has no verdict to say, and must not make "ok" of the zeros.
+func TestSummaryOfAFailedDestroyIsNoVerdict(t *testing.T) {
+	var f runFlags
+	f.register(flag.NewFlagSet("run", flag.ContinueOnError))
+	var stderr bytes.Buffer
+	res := client.RunResult{Exit: 1,
+		DestroyErr: errors.New("destroy t1: close Trial t1: cgroup still has processes 10s after cgroup.kill")}
+	res.Info.ID = "t1"
+	if code := f.finish(res, "cmd", nil, &stderr); code != 1 {
+		t.Errorf("run's exit %d, want CMD's 1", code)
+	}
+	if out := stderr.String(); strings.Contains(out, "(ok") || !strings.Contains(out, "NO VERDICT") || !strings.Contains(out, "Trial t1: exit 1") {
+		t.Errorf("run over a failed destroy said:\n%s", out)
+	}
+}
+
+// signedWith writes report, signed as run signs it but with the key at
+// key (made there), and returns its path.
+func signedWith(t *testing.T, key string, report map[string]any) string {
+	t.Helper()
+	b, err := json.Marshal(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		t.Fatal(err)
+	}
+	c, err := canonicalReport(fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := agent.SignReport(key, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fields[reportSignatureKey], err = json.Marshal(sig); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = json.Marshal(fields); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "report.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// The report of a run whose destroy failed through a running agent holds
+// no receipt (null): verify says this run ended without a verdict, and
+// why, as for any run that did; not that the file is no receipt, nor,
+// for want of the nonce the receipt would have carried, another run's.
+func TestVerifyFailedDestroyReportIsNoVerdict(t *testing.T) {
+	var f runFlags
+	f.register(flag.NewFlagSet("run", flag.ContinueOnError))
+	*f.nonce = "n-42"
+	res := client.RunResult{Exit: 1, DestroyErr: errors.New("destroy t1: close Trial t1: cgroup still has processes 10s after cgroup.kill")}
+	res.Info.ID = "t1"
+	key := filepath.Join(t.TempDir(), "keys", "receipt.key")
+	report := signedWith(t, key, f.result(res, client.Stats{Trial: "t1"}, 1))
+	code, _, errOut := trialnet("verify", "--key", agent.ReceiptPublicKey(key), "--nonce", "n-42", "--trial", "t1", report)
+	if code != exitNoVerdict || !strings.Contains(errOut, "no verdict") || !strings.Contains(errOut, "still has processes") {
+		t.Errorf("verify: exit %d, %q; want %d, no verdict and the destroy's error", code, errOut, exitNoVerdict)
+	}
+}
+
+// A run the deadline ended is no failure of trialnet's: the report says
+// timed_out, and its error only what did fail (the destroy), not the
+// kill the deadline made ("context deadline exceeded"), which a harness
+// would read as trialnet failing around CMD.
+func TestReportOfATimeoutHasNoError(t *testing.T) {
+	var f runFlags
+	f.register(flag.NewFlagSet("run", flag.ContinueOnError))
+	killed := fmt.Errorf("the command was killed: %w", context.DeadlineExceeded)
+	res := client.RunResult{Exit: client.ExitTimeout, TimedOut: true, Err: killed}
+	if r := f.result(res, client.Stats{}, client.ExitTimeout); r["error"] != nil || r["timed_out"] != true {
+		t.Errorf("a timeout's report: error %v, timed_out %v; want none, true", r["error"], r["timed_out"])
+	}
+	res.DestroyErr = errors.New("destroy: close Trial: cgroup still has processes")
+	if r := f.result(res, client.Stats{}, client.ExitTimeout); r["error"] != res.DestroyErr.Error() {
+		t.Errorf("a timeout whose destroy failed: error %v; want the destroy's", r["error"])
+	}
+	res = client.RunResult{Exit: 1, Err: killed}
+	if r := f.result(res, client.Stats{}, 1); r["error"] != killed.Error() {
+		t.Errorf("a run killed before its deadline: error %v; want the kill", r["error"])
+	}
+}
+
+// The report says counters_unsure beside counters that may not be
+// final, as stats do: a harness reading its fields, not the verdict's
+// words, must not take their zeros for a clean run's.
+func TestReportSaysCountersUnsure(t *testing.T) {
+	var f runFlags
+	f.register(flag.NewFlagSet("run", flag.ContinueOnError))
+	st := client.Stats{Trial: "t1", Verdict: "verdict: UNKNOWN: ...", Unsure: "counters: no Trial with cgroup id 7 is known to the eBPF maps"}
+	if r := f.result(client.RunResult{}, st, 0); r["counters_unsure"] != st.Unsure {
+		t.Errorf("the report's counters_unsure %v, want %q", r["counters_unsure"], st.Unsure)
+	}
+	st.Unsure = ""
+	if r := f.result(client.RunResult{}, st, 0); r["counters_unsure"] != nil {
+		t.Errorf("final counters, and the report says counters_unsure %v", r["counters_unsure"])
+	}
+}
+
+// directConnects is a Trial that ignores the proxy: a TCP connect and a
+// datagram to a loopback port strict mode refuses, twice each.
+const directConnects = `
+import socket
+for _ in range(2):
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        s = socket.socket(socket.AF_INET, kind)
+        try:
+            s.connect(("127.0.0.1", 9)) if kind == socket.SOCK_STREAM else s.sendto(b"x", ("127.0.0.1", 9))
+        except PermissionError:
+            pass
+        else:
+            raise SystemExit("not refused")
+        s.close()
+`
+
+// The kernel's refusals reach the report's summary and run's line, not
+// only its counters: a run whose Trial tried to connect around the proxy
+// reads "kernel: 4 refused", where it read "0 refused ... (ok)".
+func TestPrivilegedSummaryCountsKernelRefusals(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "python3")
+	installedByTest(t)
+	report := filepath.Join(t.TempDir(), "report.json")
+	code, _, errOut := trialnet("run", "--strict", "--uid", "65534", "--report", report, "--", "/usr/bin/python3", "-c", directConnects)
+	if code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, errOut)
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r runReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	const said = "kernel: 4 refused (connect4_denied ×2, sendmsg4_denied ×2)"
+	if !strings.Contains(r.Summary, said) || !strings.Contains(errOut, said) {
+		t.Errorf("summary %q, stderr %q: want %q", r.Summary, errOut, said)
+	}
+}
+
+// CMD can exit 124 (or 125) itself: the report says apart whether the
+// run timed out, so that a Trial cannot pass its own failure off as the
+// harness's timeout, nor a timeout as its own code.
+func TestPrivilegedReportSaysTimedOutApart(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	for _, tc := range []struct {
+		name    string
+		timeout string
+		cmd     string
+		timed   bool
+	}{
+		{"CMD exits 124", "1h", "exit 124", false},
+		{"the timeout passes", "1s", "exec sleep 60", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			report := filepath.Join(t.TempDir(), "report.json")
+			code, _, errOut := trialnet("run", "--uid", "65534", "--timeout", tc.timeout, "--report", report, "--", "/bin/sh", "-c", tc.cmd)
+			if code != client.ExitTimeout {
+				t.Fatalf("run: exit %d, want %d\n%s", code, client.ExitTimeout, errOut)
+			}
+			b, err := os.ReadFile(report)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r map[string]json.RawMessage
+			if err := json.Unmarshal(b, &r); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := string(r["timed_out"]), strconv.FormatBool(tc.timed); got != want || string(r["exit_code"]) != "124" {
+				t.Errorf("the report's timed_out %s, exit_code %s; want %s, 124", got, r["exit_code"], want)
+			}
+		})
 	}
 }
 
@@ -1221,5 +1426,21 @@ func TestPrivilegedRunStateDirMadeFirstByAnother(t *testing.T) {
 	}
 	if names, _ := os.ReadDir(theirs); len(names) != 0 {
 		t.Errorf("root made %v in uid 65533's directory", names)
+	}
+}
+
+// verify's refusal of what is not a regular file says what a receipt is;
+// a missing receipt is said missing, without it.
+func TestReadReceiptFileSaysWhatIsWrong(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readReceiptFile(fifo); err == nil || !strings.Contains(err.Error(), "not a regular file") || !strings.Contains(err.Error(), "a receipt or report is one") {
+		t.Errorf("a FIFO: %v, want refused as not a regular file, which a receipt is", err)
+	}
+	if _, err := readReceiptFile(filepath.Join(dir, "none")); !errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "a receipt or report is one") {
+		t.Errorf("a missing file: %v, want it said missing and no more", err)
 	}
 }

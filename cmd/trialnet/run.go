@@ -23,17 +23,21 @@ import (
 	"github.com/trialnet/trialnet/internal/procscale"
 	"github.com/trialnet/trialnet/internal/rootdir"
 	"github.com/trialnet/trialnet/internal/termsafe"
+	"github.com/trialnet/trialnet/internal/timerslack"
 	"github.com/trialnet/trialnet/record"
 	"github.com/trialnet/trialnet/sandbox"
 	trialspec "github.com/trialnet/trialnet/trial"
 )
 
-const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--no-transparent] [--show-refusals] [--id ID] [--nonce STR] [--report FILE | --report-dir DIR | --report-fd N] [-v] [-j] -- CMD [ARGS]"
+const runUsage = "run [--allow HOST:PORT]... [--profile NAME]... [--learn] [--config F] [--resolver ADDR]... [--allow-cidr CIDR]... [--strict] [--uid N] [--gid N] [--max-procs N] [--workdir DIR] [--timeout D] [--unix-allow PATH]... [--no-unix-confine] [--nested] [--no-transparent] [--show-refusals] [--id ID] [--nonce STR] [--report FILE | --report-dir DIR | --report-fd N] [-v] [-j] -- CMD [ARGS]"
 
 // cmdRun runs CMD in an ephemeral Trial (client.Run) and says how it went.
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	go warmSignals()
 	go warmPidfd()
+	// Only sysmon's thread: the launch's threads fork the Trial, which
+	// would inherit a slack. Without CAP_SYS_NICE the run is as before.
+	go func() { _ = timerslack.SetMonitor(timerslack.Launcher) }()
 	fs := cli.NewFlags("run", runUsage, "sudo trialnet run --allow api.anthropic.com:443 --timeout 30m -- claude -p 'fix the failing test'", stderr)
 	var f runFlags
 	f.register(fs)
@@ -108,7 +112,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "trialnet: Trial %s: its report will be %s\n", id, report.path)
 		}
 	}
-	trials, started, closeTrials, code, err := f.trials(ctx, u, g)
+	trials, started, closeTrials, code, err := f.trials(ctx, u, g, report != nil)
 	if err != nil {
 		return failRun(code, err)
 	}
@@ -135,6 +139,7 @@ type runFlags struct {
 	cf                            configFlags
 	user                          userFlags
 	procs                         procsFlag
+	workdir                       workdirFlag
 	strict, learn, noUnix, nested *bool
 	noTransparent                 *bool
 	asJSON, verbose, showRefusals *bool
@@ -152,6 +157,7 @@ func (f *runFlags) register(fs *flag.FlagSet) {
 	f.cf.register(fs, "profiles, resolvers, allowed CIDRs and limits (for the agent run embeds when none is running)")
 	f.user.register(fs)
 	f.procs.register(fs, "limits.max_processes of the agent's config, else "+procsDefault)
+	f.workdir.register(fs)
 	f.timeout = fs.Duration("timeout", 0, "kill everything in the Trial after this long, wall-clock, suspended (^Z) or not (0: no limit)")
 	f.unixAllow, f.noUnix = unixFlags(fs)
 	f.nested = nestedFlag(fs)
@@ -192,7 +198,7 @@ func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writ
 			}
 		}
 	}
-	cmd := sandbox.Command{Args: argv, Env: os.Environ(), UID: u, GID: g, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}
+	cmd := sandbox.Command{Args: argv, Env: os.Environ(), UID: u, GID: g, Dir: string(f.workdir), Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}
 	return spec, cmd, err
 }
 
@@ -200,8 +206,10 @@ func (f *runFlags) spec(fs *flag.FlagSet, id string, u, g uint32, stderr io.Writ
 // socket, or, without one, an agent embedded for the life of this
 // command, so that a laptop needs no daemon. started is for the
 // command's start (nil: nothing to do then). On an error, code is the
-// exit code it calls for. uid and gid are the Trial's.
-func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials, started, closeTrials func(), code int, _ error) {
+// exit code it calls for. uid and gid are the Trial's; reported says a
+// report takes the receipt, which an embedded agent signs only then (it
+// keeps no data directory: the report is the one place a receipt goes).
+func (f *runFlags) trials(ctx context.Context, uid, gid uint32, reported bool) (_ client.Trials, started, closeTrials func(), code int, _ error) {
 	c := client.NewClient(*f.socket)
 	running, err := c.Running(ctx)
 	if err != nil {
@@ -240,7 +248,8 @@ func (f *runFlags) trials(ctx context.Context, uid, gid uint32) (_ client.Trials
 	if code, err := madeRootsAlone("state_dir", host.StateDir); err != nil {
 		return nil, nil, nil, code, err
 	}
-	a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: f.cf.resolvers, AllowCIDRs: cidrs, Ephemeral: true, SteerAhead: !*f.noTransparent})
+	a, err := agent.Start(agent.AgentConfig{Host: host, File: file, Resolvers: f.cf.resolvers, AllowCIDRs: cidrs, Ephemeral: true, SteerAhead: !*f.noTransparent,
+		NoReceipt: !reported})
 	if err != nil {
 		return nil, nil, nil, exitFailure, err
 	}
@@ -401,13 +410,13 @@ func (f *runFlags) finish(res client.RunResult, cmd string, report *reportSink, 
 		}
 	}
 	st := res.Stats
+	if st.Trial == "" { // no stats came with a failed destroy
+		st.Trial = res.Info.ID
+	}
 	if report != nil {
-		result := map[string]any{"trial": res.Info.ID, "learning": st.Learning, "exit_code": code, "counters": st.Kernel, "proxy": st.Proxy, "dns": st.DNS,
-			"pools": st.Pools, "direct_egress_packets": st.Egress, "foreign_socket_uses": st.Foreign, "layers": st.Layers,
-			"verdict": st.Verdict, "receipt": st.Receipt, "summary": summary(st, code, res.Took)}
 		// Whatever CMD's code: a harness must not take the run for one
 		// with a verdict (CMD can exit 125 too: verify is the gate).
-		if err := report.write(result); err != nil {
+		if err := report.write(f.result(res, st, code)); err != nil {
 			fmt.Fprintf(stderr, "trialnet: %v\n", err)
 			code = exitFailure
 		}
@@ -419,6 +428,35 @@ func (f *runFlags) finish(res client.RunResult, cmd string, report *reportSink, 
 		fmt.Fprintln(stderr, summary(st, code, res.Took))
 	}
 	return code
+}
+
+// result is the report of a run that got CMD going, st its final stats.
+func (f *runFlags) result(res client.RunResult, st client.Stats, code int) map[string]any {
+	// exit_code is CMD's own unless trialnet's: CMD may exit 124 or
+	// 125 itself, so what trialnet did is said on its own.
+	result := map[string]any{"trial": res.Info.ID, "learning": st.Learning, "exit_code": code, "timed_out": res.TimedOut, "counters": st.Kernel, "proxy": st.Proxy, "dns": st.DNS,
+		"pools": st.Pools, "direct_egress_packets": st.Egress, "foreign_socket_uses": st.Foreign, "layers": st.Layers,
+		"verdict": st.Verdict, "receipt": st.Receipt, "summary": summary(st, code, res.Took)}
+	// Counters that may not be final (UNKNOWN) are said beside them, not
+	// only in the verdict's words: their zeros are no clean run's.
+	if st.Unsure != "" {
+		result["counters_unsure"] = st.Unsure
+	}
+	// The deadline's kill is no failure around CMD: timed_out says it,
+	// as the terminal's line does.
+	runErr := res.Err
+	if res.TimedOut {
+		runErr = nil
+	}
+	if err := errors.Join(runErr, res.DestroyErr); err != nil {
+		result["error"] = err.Error()
+	}
+	// The receipt carries the nonce; without one (a destroy that failed
+	// through a running agent gives none), verify checks the report's.
+	if *f.nonce != "" {
+		result["nonce"] = *f.nonce
+	}
+	return result
 }
 
 // hostOwnDirPaths are the paths among CMD's arguments (whole, or after

@@ -61,6 +61,29 @@ func wrappedTrialnet(t testing.TB, wrapper []string, args ...string) *exec.Cmd {
 	return cmd
 }
 
+// startRunReady starts cmd with its output kept (what it printed before
+// "ready" too) and waits for its "ready" line; a failed test shows its
+// stderr.
+func startRunReady(t *testing.T, cmd *exec.Cmd) (out, errOut *privtest.SyncBuffer) {
+	t.Helper()
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut = &privtest.SyncBuffer{}, &privtest.SyncBuffer{}
+	cmd.Stderr = errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("trialnet's stderr:\n%.2000s", errOut.String())
+		}
+	})
+	waitLine(t, io.TeeReader(pipe, out), "ready", 60*time.Second)
+	return out, errOut
+}
+
 // waitLine reads r until a line equal to want, bounded by d.
 func waitLine(t *testing.T, r io.Reader, want string, d time.Duration) {
 	t.Helper()
@@ -93,36 +116,16 @@ func TestPrivilegedRunForwardsSIGINT(t *testing.T) {
 	installedByTest(t)
 	cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sh", "-c",
 		"trap 'echo got-int; exit 42' INT; echo ready; while :; do sleep 0.05; done")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	rest := &bytes.Buffer{}
-	r := io.TeeReader(out, rest)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("trialnet run's stderr:\n%s", errOut.String())
-		}
-	})
-	waitLine(t, r, "ready", 20*time.Second)
+	_, errOut := startRunReady(t, cmd)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 42 {
-			t.Fatalf("trialnet run after SIGINT: %v, want exit 42 (the command's INT trap)\n%s", err, errOut.String())
-		}
-	case <-time.After(20 * time.Second):
+	code, ok, err := exitWithin(cmd, 20*time.Second)
+	if !ok {
 		t.Fatal("SIGINT did not end the command")
+	}
+	if code != 42 {
+		t.Fatalf("trialnet run after SIGINT: %v, want exit 42 (the command's INT trap)\n%s", err, errOut.String())
 	}
 }
 
@@ -165,7 +168,7 @@ func TestPrivilegedRunOnATerminalStopsAndContinues(t *testing.T) {
 	installedByTest(t)
 	cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sh", "-c", "echo ready; while :; do echo tick; sleep 0.1; done")
 	m, lines := onTerminal(t, cmd)
-	expectLine(t, lines, "ready", 20*time.Second)
+	expectLine(t, lines, "ready", 60*time.Second)
 	if _, err := m.Write([]byte{0x1a}); err != nil { // ^Z
 		t.Fatal(err)
 	}
@@ -189,16 +192,33 @@ func TestPrivilegedRunOnATerminalStopsAndContinues(t *testing.T) {
 	if _, err := m.Write([]byte{3}); err != nil { // ^C
 		t.Fatal(err)
 	}
+	code, ok, err := exitWithin(cmd, 20*time.Second)
+	if !ok {
+		t.Fatal("^C did not end the command")
+	}
+	if code != 128+int(syscall.SIGINT) {
+		t.Fatalf("after ^C: %v, want exit 130", err)
+	}
+}
+
+// exitWithin waits at most d for cmd, started, to exit: its exit code (0
+// when Wait returned nil, -1 for an error that is no exit), whether it
+// exited in time, and Wait's error.
+func exitWithin(cmd *exec.Cmd, d time.Duration) (int, bool, error) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
 		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 128+int(syscall.SIGINT) {
-			t.Fatalf("after ^C: %v, want exit 130", err)
+		switch {
+		case err == nil:
+			return 0, true, nil
+		case errors.As(err, &ee):
+			return ee.ExitCode(), true, err
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("^C did not end the command")
+		return -1, true, err
+	case <-time.After(d):
+		return 0, false, nil
 	}
 }
 
@@ -258,23 +278,35 @@ func TestPrivilegedRunKilledIsCleanedUpByTheNext(t *testing.T) {
 	killed, gone := start()
 	live, kept := start()
 	// What the agent keeps beside the sandbox's: the transparent mode's
-	// pinned steering and names file, the tunnel ledger.
+	// pinned steering; and, as a run of an earlier build left them, a
+	// names file and a tunnel ledger (this build's runs make neither:
+	// no agent after them reads them).
 	var st unix.Stat_t
 	if err := unix.Stat(filepath.Join(parent, gone), &st); err != nil {
 		t.Fatal(err)
 	}
 	stateDir := agent.DefaultStateDir + "-ephemeral"
-	kept2 := []string{filepath.Join(bpf.DefaultPinDir, fmt.Sprintf("steer_%d_link", st.Ino)), filepath.Join(stateDir, gone+".names")}
+	pin := filepath.Join(bpf.DefaultPinDir, fmt.Sprintf("steer_%d_link", st.Ino))
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		_, err1 := os.Stat(kept2[0])
-		_, err2 := os.Stat(kept2[1])
-		if err1 == nil && err2 == nil {
+		_, err := os.Stat(pin)
+		if err == nil {
 			break
 		}
 		if time.Now().After(end) {
-			t.Fatalf("the run's Trial has no steering pin or names file (%v, %v): the test cannot tell", err1, err2)
+			t.Fatalf("the run's Trial has no steering pin (%v): the test cannot tell", err)
 		}
 	}
+	names, ledgers := filepath.Join(stateDir, gone+".names"), filepath.Join(stateDir, gone+".ledgers")
+	if err := os.WriteFile(names, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(ledgers, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ledgers, "1"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kept2 := []string{pin, names}
 	_ = killed.Process.Kill()
 	_, _ = killed.Process.Wait()
 	if !trials()[gone] {
@@ -290,7 +322,7 @@ func TestPrivilegedRunKilledIsCleanedUpByTheNext(t *testing.T) {
 	if !now[kept] {
 		t.Errorf("the next run removed a live run's Trial %s", kept)
 	}
-	for _, p := range append(kept2, filepath.Join(stateDir, gone+".ledgers")) {
+	for _, p := range append(kept2, ledgers) {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("the killed run's %s is still there after the next run removed its Trial", p)
 		}
@@ -344,5 +376,129 @@ func TestPrivilegedRunHasItsOwnSessionKeyring(t *testing.T) {
 	}
 	if strings.Contains(string(out), desc) {
 		t.Fatalf("the Trial possesses the launcher's session key:\n%s", out)
+	}
+}
+
+// A pipe of the Trial's uid given as stdout (sudo trialnet run ... |
+// head: the pipe is the caller's shell's) is copied through a pipe of
+// trialnet's. When the reader has gone, the copy's write fails with
+// EPIPE: on run's own stdout, Go raised SIGPIPE in trialnet itself, which
+// died of it, the Trial not torn down and no summary said, where the
+// command handed the pipe would have had the signal. The command's exit
+// is reported, and trialnet lives on.
+func TestPrivilegedRunOutlivesItsStdoutReader(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fchown(int(w.Fd()), 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close() // the reader has gone
+	cmd := trialnetProcess(t, "run", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--uid", "65534", "--gid", "65534", "--",
+		"sh", "-c", "echo the-reader-has-gone")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = w, &stderr
+	err = cmd.Run()
+	_ = w.Close()
+	if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() || !strings.Contains(stderr.String(), "trialnet: Trial ") {
+		t.Fatalf("trialnet run with its stdout's reader gone: %v; stderr:\n%s", err, stderr.String())
+	}
+	if err != nil {
+		t.Errorf("the command wrote its line and exited 0; run: %v; stderr:\n%s", err, stderr.String())
+	}
+}
+
+// A command started with SIGHUP or SIGINT ignored (nohup; a script's
+// `cmd &`, which ignores SIGINT) keeps them ignored through run, as a
+// plain exec would, and run does not forward them: caught to be
+// forwarded, they reached the command with their defaults, and a hang-up
+// of the terminal killed a `nohup trialnet run` job that nohup alone kept.
+// What run was never told to ignore (SIGTERM) still reaches the command.
+func TestPrivilegedRunKeepsSignalsIgnoredAtStart(t *testing.T) {
+	privtest.Require(t)
+	privtest.RequireTool(t, "nohup")
+	installedByTest(t)
+	// nohup ignores SIGHUP; the shell's trap '' ignores SIGINT for what it execs.
+	cmd := wrappedTrialnet(t, []string{"nohup", "sh", "-c", `trap '' INT; exec "$0" "$@"`}, "run", "--uid", "65534", "--",
+		"sh", "-c", `trap 'echo got-term; exit 7' TERM; grep SigIgn /proc/self/status; echo ready; while :; do sleep 0.05; done`)
+	rest, errOut := startRunReady(t, cmd)
+	var ignored uint64
+	for line := range strings.Lines(rest.String()) {
+		if v, ok := strings.CutPrefix(line, "SigIgn:"); ok {
+			fmt.Sscanf(strings.TrimSpace(v), "%x", &ignored)
+		}
+	}
+	if want := uint64(1)<<(syscall.SIGHUP-1) | 1<<(syscall.SIGINT-1); ignored&want != want {
+		t.Errorf("the command started with ignored signals %#x, want SIGHUP and SIGINT among them, as trialnet run was started", ignored)
+	}
+	for _, s := range []syscall.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM} {
+		if err := cmd.Process.Signal(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, ok, err := exitWithin(cmd, 20*time.Second)
+	if !ok {
+		t.Fatal("SIGTERM did not end the command")
+	}
+	if code != 7 {
+		t.Errorf("trialnet run after SIGHUP, SIGINT, SIGTERM: %v, want exit 7 (the command's TERM trap; the others ignored)\n%s%s", err, rest.String(), errOut.String())
+	}
+}
+
+// SIGQUIT, SIGUSR1 and SIGUSR2 sent to trialnet run reach the command, as
+// they reach a command run plainly (a JVM's thread dump, dd's progress,
+// timeout -s QUIT): the Go runtime's defaults had SIGQUIT end run with a
+// goroutine dump, leaving the command untouched and its Trial behind until
+// the next run, and swallow the other two.
+func TestPrivilegedRunForwardsQuitAndUserSignals(t *testing.T) {
+	privtest.Require(t)
+	installedByTest(t)
+	for i, s := range []syscall.Signal{syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2} {
+		name := strings.TrimPrefix(unix.SignalName(s), "SIG")
+		code := 50 + i
+		cmd := trialnetProcess(t, "run", "--uid", "65534", "--", "sh", "-c",
+			fmt.Sprintf("trap 'exit %d' %s; echo ready; while :; do sleep 0.05; done", code, name))
+		_, errOut := startRunReady(t, cmd)
+		if err := cmd.Process.Signal(s); err != nil {
+			t.Fatal(err)
+		}
+		got, ok, err := exitWithin(cmd, 20*time.Second)
+		if !ok {
+			t.Errorf("%v did not reach the command", s)
+		} else if got != code {
+			t.Errorf("trialnet run after %v: %v, want exit %d (the command's trap)\n%.2000s", s, err, code, errOut.String())
+		}
+	}
+}
+
+// Signals that reach run or exec before the relay passes them on (while
+// the command starts) wait as the kernel keeps them pending: one of each
+// kind, none displacing another. The relay's queue held four of any kind
+// and dropped what came next: with SIGUSR1 forwarded (dd's progress,
+// asked for again and again), a SIGTERM sent after four of them was lost
+// and the command ran on.
+func TestForwardedSignalsKeepOneOfEachPending(t *testing.T) {
+	in := make(chan os.Signal) // each send returns once the relay has it
+	out := make(chan os.Signal, 4)
+	done := make(chan struct{})
+	defer close(done)
+	go relayPending(in, out, done)
+	sent := []os.Signal{syscall.SIGUSR1, syscall.SIGUSR1, syscall.SIGUSR1, syscall.SIGUSR1, syscall.SIGUSR1, syscall.SIGTERM, syscall.SIGUSR1}
+	for _, s := range sent {
+		in <- s
+	}
+	// The last send returned: the relay is done with the SIGTERM before.
+	var got []os.Signal
+	guard := time.After(10 * time.Second) // ends the wait for one dropped
+	for !slices.Contains(got, os.Signal(syscall.SIGTERM)) {
+		select {
+		case s := <-out:
+			got = append(got, s)
+		case <-guard:
+			t.Fatalf("the relay was given %v before anything was taken from it, and passed on %v: the SIGTERM was dropped", sent, got)
+		}
 	}
 }

@@ -4,11 +4,13 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,6 +27,18 @@ import (
 func TestTrialnetLinksNoPluginDeps(t *testing.T) {
 	testkit.LinksNoModules(t, "trialnet", "github.com/containerd", "github.com/tetratelabs/wazero",
 		"google.golang.org/protobuf", "google.golang.org/grpc", "github.com/prometheus")
+}
+
+// No start of trialnet samples its allocations for a heap profile that no
+// command takes (main's init): -test.memprofile, which asks for one, sets
+// the rate again.
+func TestStartSamplesNoAllocations(t *testing.T) {
+	if f := flag.Lookup("test.memprofile"); f != nil && f.Value.String() != "" {
+		t.Skip("-test.memprofile samples allocations")
+	}
+	if runtime.MemProfileRate != 0 {
+		t.Fatalf("runtime.MemProfileRate = %d, want 0", runtime.MemProfileRate)
+	}
 }
 
 // 'trialnet nri' execs trialnet-nri from beside the binary's real path,

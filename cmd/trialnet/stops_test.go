@@ -28,9 +28,11 @@ import (
 
 // The --timeout every test here gives, and how long after it trialnet
 // must be gone: the watchdog's kill and the teardown take well under a
-// second.
+// second. The timeout runs from the Trial's creation, and the command
+// must be well past its first line by then: a loaded TCG guest once took
+// over 3 s to launch it, and the run ended 124 before "ready".
 const (
-	stopTimeout = 3 * time.Second
+	stopTimeout = 6 * time.Second
 	stopGrace   = 10 * time.Second
 )
 
@@ -59,18 +61,72 @@ func onTerminal(t *testing.T, cmd *exec.Cmd) (*os.File, <-chan string) {
 // expectLine reads lines until one equal to want, bounded by d.
 func expectLine(t *testing.T, lines <-chan string, want string, d time.Duration) {
 	t.Helper()
+	expectLineOf(t, lines, want, d, nil, nil)
+}
+
+// expectLineOf is expectLine for the trialnet process cmd on that
+// terminal, whose end comes on exited (put back when the line came
+// first). Past d it is sent SIGABRT, and the goroutines it prints then
+// are in the failure, with every line the terminal showed. A run that
+// ends first fails at once, with its exit and those lines: the test holds
+// the terminal open, so its lines never end, and a run gone is no hang (a
+// launch that outlasts --timeout ends 124 before its command prints).
+func expectLineOf(t *testing.T, lines <-chan string, want string, d time.Duration, cmd *exec.Cmd, exited chan error) {
+	t.Helper()
 	deadline := time.After(d)
+	var seen []string
 	for {
 		select {
 		case l, ok := <-lines:
 			if !ok {
-				t.Fatalf("terminal closed before %q", want)
+				t.Fatalf("terminal closed before %q; it showed %q", want, seen)
 			}
 			if l == want {
 				return
 			}
+			seen = append(seen, l)
+		case err := <-exited:
+			// The line may be in, unread: then the end is the caller's.
+			end := time.After(time.Second)
+			for {
+				select {
+				case l, ok := <-lines:
+					if ok && l == want {
+						exited <- err
+						return
+					}
+					if ok {
+						seen = append(seen, l)
+						continue
+					}
+				case <-end:
+				}
+				t.Fatalf("trialnet ended (%v) before %q; the terminal showed:\n%s", err, want, strings.Join(seen, "\n"))
+			}
 		case <-deadline:
-			t.Fatalf("no %q within %v", want, d)
+			if cmd != nil {
+				// Not reaped: exited has not come.
+				_ = cmd.Process.Signal(syscall.SIGABRT)
+				seen = append(seen, drainLines(lines, 5*time.Second)...)
+			}
+			t.Fatalf("no %q within %v; the terminal showed:\n%s", want, d, strings.Join(seen, "\n"))
+		}
+	}
+}
+
+// drainLines returns the lines that come within d, or until the end.
+func drainLines(lines <-chan string, d time.Duration) []string {
+	var out []string
+	end := time.After(d)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return out
+			}
+			out = append(out, l)
+		case <-end:
+			return out
 		}
 	}
 }
@@ -182,7 +238,7 @@ func TestPrivilegedRunTimeoutWhenTheTrialStopsItself(t *testing.T) {
 			_, lines := onTerminal(t, cmd)
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
-			expectLine(t, lines, "ready", 20*time.Second)
+			expectLineOf(t, lines, "ready", 60*time.Second, cmd, exited)
 			tr := trialOf(t, cmd.Process.Pid)
 			// trialnet must never stop: watched until it is gone.
 			stopped := make(chan byte, 1)
@@ -242,7 +298,7 @@ func TestPrivilegedRunTimeoutWhileTrialnetIsStopped(t *testing.T) {
 			m, lines := onTerminal(t, cmd)
 			exited := make(chan error, 1)
 			go func() { exited <- cmd.Wait() }()
-			expectLine(t, lines, "ready", 20*time.Second)
+			expectLineOf(t, lines, "ready", 60*time.Second, cmd, exited)
 			tr := trialOf(t, cmd.Process.Pid)
 			if err := tc.stop(m, cmd.Process.Pid); err != nil {
 				t.Fatal(err)
@@ -356,7 +412,7 @@ func TestPrivilegedRunContinuedInTheBackgroundKeepsItsInput(t *testing.T) {
 	m, lines := onTerminal(t, sh)
 	var pid int
 	t.Cleanup(func() { endShell(sh, pid) })
-	expectLine(t, lines, "ready", 20*time.Second)
+	expectLine(t, lines, "ready", 60*time.Second)
 	children, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", sh.Process.Pid, sh.Process.Pid))
 	pid, _ = strconv.Atoi(strings.TrimSpace(string(children)))
 	if err != nil || pid == 0 {
@@ -398,7 +454,7 @@ func TestPrivilegedRunTeardownPastABlockedTerminal(t *testing.T) {
 				m, lines := onTerminal(t, cmd)
 				exited := make(chan error, 1)
 				go func() { exited <- cmd.Wait() }()
-				expectLine(t, lines, "ready", 20*time.Second)
+				expectLineOf(t, lines, "ready", 60*time.Second, cmd, exited)
 				tr := trialOf(t, cmd.Process.Pid)
 				// Far more lines than the Trial's terminal holds.
 				line := append(bytes.Repeat([]byte("x"), 1023), '\r')
@@ -519,7 +575,7 @@ func TestPrivilegedRunKilledWithATimeoutKillsItsTrial(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitLine(t, out, "ready", 20*time.Second)
+	waitLine(t, out, "ready", 60*time.Second)
 	tr := trialOf(t, cmd.Process.Pid)
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
@@ -551,7 +607,7 @@ func TestPrivilegedRunTrialCannotChooseTheSuspendKey(t *testing.T) {
 	m, lines := onTerminal(t, cmd)
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	expectLine(t, lines, "ready", 20*time.Second)
+	expectLineOf(t, lines, "ready", 60*time.Second, cmd, exited)
 	if _, err := m.Write([]byte("q\n")); err != nil {
 		t.Fatal(err)
 	}

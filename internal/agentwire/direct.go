@@ -164,10 +164,13 @@ func (c *Direct) do(ctx context.Context, method, path string, body, out any) err
 }
 
 // Call is one control API call as both clients make it: body as JSON,
-// ctx bounded by DefaultCallTimeout where it has no deadline, and once
-// tried again (after handedOver, if any) while the agent answers that it
-// handed over: it did nothing of the call, and its successor, on the
-// same socket, serves it.
+// ctx bounded by DefaultCallTimeout where it has no deadline, and tried
+// again (after handedOver, if any) while the agent answers that it
+// handed over: it did nothing of the call, and its successor serves it
+// once its socket replaces the old one's at the path, which may take
+// seconds on a loaded host (the old agent answers until then, then
+// closes: bounded). ctx bounds the tries; a call it ends while the
+// answer is still handed_over says that no successor answered.
 func Call(ctx context.Context, body any, once func(ctx context.Context, body []byte) error, handedOver func()) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -181,16 +184,18 @@ func Call(ctx context.Context, body any, once func(ctx context.Context, body []b
 			return err
 		}
 	}
-	for attempt := 1; ; attempt++ {
+	for {
 		err := once(ctx, b)
 		var e *Error
-		if attempt < 5 && errors.As(err, &e) && e.Code == CodeHandedOver {
+		if errors.As(err, &e) && e.Code == CodeHandedOver {
 			if handedOver != nil {
 				handedOver()
 			}
 			select {
 			case <-ctx.Done():
-				return err
+				// The old agent's "the new agent serves a retry" is
+				// what every retry disproved.
+				return fmt.Errorf("%w; tried again until the call ended (%w), but no new agent answered at the socket: it is still starting (loading eBPF, re-adopting Trials) or it failed; its log says which (journalctl -u trialnet, or kubectl logs)", err, ctx.Err())
 			case <-time.After(100 * time.Millisecond):
 			}
 			continue

@@ -7,6 +7,7 @@ package rootdir
 
 import (
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -166,3 +167,40 @@ func SyncDir(path string) error {
 // fsync is File.Sync: a test reads through it the order in which files
 // and directories are synced.
 var fsync = (*os.File).Sync
+
+// ErrNotRegular is OpenRegular's refusal of what is not a regular file.
+var ErrNotRegular = errors.New("not a regular file")
+
+// OpenRegular opens path for reading, and only if it is a regular file:
+// paths a command is given (verify's receipt, log and key, audit --from)
+// may name a FIFO, which would hang it, or a device such as /dev/zero,
+// which would never end. What it names is looked at through an O_PATH
+// descriptor, which opens nothing, and the file reopened through that
+// descriptor only once it is known to be regular: opening a device as
+// root is itself an act (a watchdog armed, a terminal made the caller's).
+func OpenRegular(path string) (*os.File, error) {
+	p, err := os.OpenFile(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	fi, err := p.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is %w (%v)", path, ErrNotRegular, fi.Mode().Type())
+	}
+	sc, err := p.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var f *os.File
+	cerr := sc.Control(func(fd uintptr) {
+		f, err = os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	})
+	if err = errors.Join(cerr, err); err != nil {
+		return nil, fmt.Errorf("reopen %s, a regular file: %w", path, err)
+	}
+	return f, nil
+}

@@ -71,6 +71,31 @@ func serveDNS(lookup func(fqdn string) (netip.Addr, bool)) (string, func(), erro
 	return pc.LocalAddr().String(), func() { _ = srv.Shutdown() }, nil
 }
 
+// ServeDNSHandler serves h on 127.0.0.1, UDP and TCP on one port (tried
+// again when the TCP port of a free UDP one is taken), and returns its
+// address and a function that stops it.
+func ServeDNSHandler(h dns.Handler) (string, func(), error) {
+	var pc net.PacketConn
+	var ln net.Listener
+	for try := 0; ln == nil; try++ {
+		var err error
+		if pc, err = net.ListenPacket("udp", "127.0.0.1:0"); err != nil {
+			return "", nil, err
+		}
+		if ln, err = net.Listen("tcp", pc.LocalAddr().String()); err != nil {
+			_ = pc.Close()
+			if try == 20 {
+				return "", nil, err
+			}
+		}
+	}
+	udp := &dns.Server{PacketConn: pc, Handler: h}
+	tcp := &dns.Server{Listener: ln, Handler: h}
+	go func() { _ = udp.ActivateAndServe() }()
+	go func() { _ = tcp.ActivateAndServe() }()
+	return pc.LocalAddr().String(), func() { _ = udp.Shutdown(); _ = tcp.Shutdown() }, nil
+}
+
 // DNSLog is every question a test host's DNS server was asked, UDP and
 // TCP, in arrival order.
 type DNSLog struct {

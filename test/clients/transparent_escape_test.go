@@ -32,7 +32,8 @@ const echoPort = 8443
 // mode from inside: hiding data in DNS names, fronting another name
 // through an allowed name's pool address, connecting to a pool address
 // never handed out, to an allowed name on a port not allowed, exhausting
-// the pool, and binding the stub's or a pool address itself to intercept.
+// the pool, binding the stub's or a pool address itself to intercept, and
+// datagrams (QUIC) to an allowed name's address.
 // Each asserts the refusal and that nothing reached the test host.
 func TestPrivilegedTransparentRefusals(t *testing.T) {
 	privtest.Require(t)
@@ -51,6 +52,7 @@ func TestPrivilegedTransparentRefusals(t *testing.T) {
 	t.Run("bind-stub-and-pool-address", func(t *testing.T) { bindToIntercept(t, w, &echoes) })
 	t.Run("port-not-allowed", func(t *testing.T) { portNotAllowed(t, w, &echoes) })
 	t.Run("pool-exhaustion", func(t *testing.T) { poolExhaustion(t, w) })
+	t.Run("udp-to-pool", func(t *testing.T) { udpToPool(t, w) })
 }
 
 // probe runs transprobe in the Trial and decodes its JSON report.
@@ -360,5 +362,44 @@ func poolExhaustion(t *testing.T, w *world) {
 	if len(upstream) != 0 {
 		slices.Sort(upstream)
 		t.Errorf("%d names the Trial only looked up were asked upstream, e.g. %s", len(upstream), upstream[0])
+	}
+}
+
+// udpToPool: datagrams to an allowed name's pool address and port (a
+// QUIC client's first flight among them), unconnected from IPv4 and from
+// IPv6 by the mapped form, and on a connected socket: nothing steers UDP,
+// so none leaves the Trial's loopback, none is relayed or recorded, and
+// the connected socket hears ICMP port unreachable, as QUIC clients
+// expect before they fall back to TCP.
+func udpToPool(t *testing.T, w *world) {
+	name := "quic." + domain
+	tc := w.newTrial(t, "tp-udp", nobody, fmt.Sprintf("%s:%d", name, echoPort))
+	t.Cleanup(tc.logDecisions)
+	before := tc.received()
+	var rep struct {
+		Resolved string            `json:"resolved"`
+		Resolve  string            `json:"resolve_err"`
+		Sent     map[string]string `json:"sent"`
+		ReadErr  string            `json:"read_err"`
+	}
+	tc.probe(&rep, "udp", fmt.Sprintf("%s:%d", name, echoPort))
+	if a, err := netip.ParseAddr(rep.Resolved); err != nil || !pool.Contains(a) {
+		t.Errorf("%s resolved to %q (%s), want a pool address", name, rep.Resolved, rep.Resolve)
+	}
+	for _, how := range []string{"sendto4", "sendto6-mapped", "connected-quic"} {
+		if err, ok := rep.Sent[how]; !ok || err != "" {
+			t.Errorf("%s: %q, want sent (to the Trial's own loopback, where it finds no socket)", how, err)
+		}
+	}
+	if !strings.Contains(rep.ReadErr, "connection refused") {
+		t.Errorf("the connected socket's read after its datagram: %q, want connection refused (ICMP port unreachable)", rep.ReadErr)
+	}
+	if got := tc.received() - before; got != 0 {
+		t.Errorf("the test host received %d connections or datagrams", got)
+	}
+	for _, e := range tc.decisions() {
+		if e.Host == name {
+			t.Errorf("a decision for %s: %+v; datagrams are never relayed", name, e)
+		}
 	}
 }

@@ -318,7 +318,8 @@ func TestPrivilegedContainerDockerNearClaim(t *testing.T) {
 }
 
 // A container in a Trial run on a Docker network, and connected to a
-// second one while it runs, has only the Trial namespace's loopback:
+// second one while it runs, has only the Trial namespace's loopback
+// (and a process docker exec starts in it, the Trial's proxy):
 // the wrapper took Docker's network setup hook out, so Docker's network
 // controller never reaches the Trial's namespace (its records say
 // otherwise; --network none keeps them true).
@@ -330,7 +331,9 @@ func dockerNetworkStaysOut(t *testing.T, d *dockerd, flags []string) {
 		}
 		t.Cleanup(func() { _ = d.cmd("network", "rm", name).Run() })
 	}
-	out, err := d.cmd(append(append([]string{"run", "-d", "--name", "on-a-network"}, replaceNetwork(flags, "tn0")...), dockerImage, "sleep", "600")...).CombinedOutput()
+	// An operator's proxy, which the wrapper replaces with the Trial's.
+	out, err := d.cmd(append(append([]string{"run", "-d", "--name", "on-a-network", "-e", "HTTPS_PROXY=http://ops:secret@proxy.corp.test:3128"},
+		replaceNetwork(flags, "tn0")...), dockerImage, "sleep", "600")...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("docker run on a network: %v\n%s", err, out)
 	}
@@ -347,6 +350,12 @@ func dockerNetworkStaysOut(t *testing.T, d *dockerd, flags []string) {
 	}
 	if err != nil || !slices.Equal(ifaces, []string{"lo"}) {
 		t.Errorf("the container's interfaces: %q (%v), want only lo:\n%s", ifaces, err, out)
+	}
+	// Docker gives an exec the environment it keeps for the container:
+	// the wrapper gives it the Trial's proxy, as it gave the container.
+	out, err = d.cmd("exec", "on-a-network", "sh", "-c", "echo proxy=$HTTPS_PROXY").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "proxy="+proxyURL {
+		t.Errorf("docker exec's HTTPS_PROXY (%v): %s, want the Trial's, %s", err, out, proxyURL)
 	}
 	// runc runs no hook for an exec: the wrapper refuses one that would
 	// give a process in the Trial what the hook refused at its start.
@@ -495,13 +504,19 @@ func TestPrivilegedContainerDockerEscape(t *testing.T) {
 		}
 	}
 	// The same refusals counted by the same hooks: the connect and
-	// sendmsg counters agree, but for io_uring's connect, which only the
-	// container could try (sock_create differs as well: the process
-	// Trial's seccomp filter refuses raw and packet sockets before the
-	// hook, Docker's profile leaves them to it).
+	// sendmsg counters agree, but for io_uring's connect and a datagram
+	// with an IPv6 routing header, which only the container could try
+	// (the process Trial's seccomp filter refuses io_uring and the header's
+	// setsockopt; Docker's profile leaves both to the hooks). sock_create
+	// differs as well: the process Trial's filter refuses raw and packet
+	// sockets before the hook, Docker's profile leaves them to it.
 	for _, k := range []string{"connect4_denied", "connect6_denied", "sendmsg4_denied", "sendmsg6_denied", "egress_other_packets"} {
 		want := pst.Kernel[k]
 		if k == "connect4_denied" && inDocker["io_uring-connect"].Result == "blocked" && inProc["io_uring-connect"].Result == "skipped" {
+			want++
+		}
+		if c, p := inDocker["udp6-routing-header"], inProc["udp6-routing-header"]; k == "sendmsg6_denied" && c.Result == "blocked" &&
+			!strings.HasPrefix(c.Reason, "setsockopt: ") && strings.HasPrefix(p.Reason, "setsockopt: ") {
 			want++
 		}
 		if dst.Kernel[k] != want {

@@ -41,7 +41,7 @@ import (
 // vsock or other socket is the way out, there is nothing to send to.
 var boundaryAttempts = []string{"steal-socket-pidfd", "victim-ptrace-poke", "victim-proc-mem", "tiocsti",
 	"steal-via-stdio-peer", "steal-via-allowed-unix-peer", "signal-via-allowed-unix-peer", "handed-socket-connect", "socket-vsock", "userns-bind-mount-unix",
-	"ipc-sysv-shm", "ipc-posix-shm", "ipc-mqueue", "keyring-read", "keyctl-i386", "request-key-upcall"}
+	"ipc-sysv-shm", "ipc-posix-shm", "ipc-mqueue", "keyring-read", "keyctl-i386", "request-key-upcall", "shared-dir-file"}
 
 // unixSpellings are the forbidden socket's path spelled otherwise by
 // escapee (procfs, relative, an O_PATH descriptor, the Trial's own /tmp).
@@ -56,7 +56,7 @@ var unixSpellings = []string{"unix-via-proc-root", "unix-via-proc-cwd", "unix-re
 // namespace and those below it: EINVAL; the layer has no task_kill
 // program) stop them, and the LSM-only configuration has none of those.
 var beyondLSM = map[string]bool{"signal-via-allowed-unix-peer": true, "ipc-sysv-shm": true, "ipc-posix-shm": true, "ipc-mqueue": true,
-	"keyring-read": true, "keyctl-i386": true, "request-key-upcall": true}
+	"keyring-read": true, "keyctl-i386": true, "request-key-upcall": true, "shared-dir-file": true}
 
 // needLSM are the attempts only the BPF LSM layer refuses: a socket made
 // outside the Trial, handed in over an allowed unix socket, is judged by
@@ -94,6 +94,9 @@ type boundaryWorld struct {
 	shmID           int
 	shmFile, mqName string
 	keySecret       string
+	// shared is a file the Trial makes in the host's /run/lock, where
+	// every user may write and another Trial would read it.
+	shared string
 }
 
 func newBoundaryWorld(t *testing.T) *boundaryWorld {
@@ -121,7 +124,28 @@ func newBoundaryWorld(t *testing.T) *boundaryWorld {
 	go countAccepts(ln, &w.reachedUnix)
 	w.startVictim(t, dir)
 	w.operator, w.opSlave = testpty.Open(t, 24, 80)
+	w.shared = sharedLockFile(t)
 	return w
+}
+
+// sharedLockFile names a file, not made, in the host's /run/lock (made
+// 1777 where the host has none, as a VM guest's initramfs), removed at
+// cleanup.
+func sharedLockFile(t *testing.T) string {
+	t.Helper()
+	const dir = "/run/lock"
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		if err := os.Chmod(dir, 0o1777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := filepath.Join(dir, fmt.Sprintf("trialnet-escape-%d", time.Now().UnixNano()))
+	t.Cleanup(func() { _ = os.Remove(p) })
+	return p
 }
 
 func countAccepts(ln net.Listener, n *atomic.Int64) {
@@ -202,7 +226,7 @@ func (w *boundaryWorld) startVictim(t *testing.T, dir string) {
 func (w *boundaryWorld) args(t *testing.T) []string {
 	return []string{escapee(t), "-mode", "boundary", "-victim-pid", strconv.Itoa(w.pid), "-victim-fds", w.fds,
 		"-victim-boxes", w.boxes, "-targets", strings.Join(w.targets, ","),
-		"-allowed-unix", w.allowed, "-forbidden-unix", w.forbidden, "-victim-ipc", w.ipc}
+		"-allowed-unix", w.allowed, "-forbidden-unix", w.forbidden, "-victim-ipc", w.ipc, "-shared-file", w.shared}
 }
 
 // ipcMarked says whether the Trial's mark reached the victim's segment,
@@ -267,7 +291,9 @@ func (w *boundaryWorld) operatorTyped() string {
 func (w *boundaryWorld) receivers(res map[string]Result) map[string]bool {
 	time.Sleep(300 * time.Millisecond) // the victim polls its mailboxes every 5 ms
 	shm, file, mq := w.ipcMarked()
+	left, _ := os.ReadFile(w.shared)
 	arrived := map[string]bool{
+		"shared-dir-file":              bytes.Contains(left, []byte(ipcMark)),
 		"ipc-sysv-shm":                 shm,
 		"ipc-posix-shm":                file,
 		"ipc-mqueue":                   mq,

@@ -109,7 +109,7 @@ func TestPrivilegedLoad(t *testing.T) {
 		sock, dir, dir, host.PinDir, host.NetnsDir, host.Parent)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var agentErr strings.Builder
+	var agentErr privtest.SyncBuffer // read while the agent writes it
 	proc := exec.Command(bin, "agent", "--config", cfgFile, "--resolver", dnsAddr, "--allow-cidr", "198.18.0.0/15", "--teardown-on-exit")
 	proc.Stderr = &agentErr
 	if err := proc.Start(); err != nil {

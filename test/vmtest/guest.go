@@ -198,7 +198,11 @@ func switchToHostRoot() error {
 			return err
 		}
 	}
+	// As Debian's systemd makes them (tmpfiles.d's legacy.conf gives
+	// /run/lock 1777): the boundary suite's shared-dir-file leaves a
+	// file there, as any user may on a host.
 	_ = os.Chmod(nr+"/var/tmp", 0o1777)
+	_ = os.Chmod(nr+"/run/lock", 0o1777)
 	_ = os.Symlink("/run", nr+"/var/run")
 	_ = os.Symlink("/run/lock", nr+"/var/lock")
 	for i, k := range keeps {

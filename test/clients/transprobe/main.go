@@ -12,6 +12,7 @@
 //	transprobe exhaust -suffix S -max N           # distinct names until the stub refuses
 //	transprobe intercept -listen A:P -connect H:P # listen on addresses, then connect
 //	transprobe dial NAME:PORT                     # resolve, connect, send, read
+//	transprobe udp NAME:PORT                      # resolve, then datagrams to the address
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -42,9 +44,9 @@ const stub = "127.0.0.53:53"
 
 func main() {
 	if len(os.Args) < 2 {
-		fail(errors.New("usage: transprobe grpc|exfil|exhaust|intercept|dial ARGS"))
+		fail(errors.New("usage: transprobe grpc|exfil|exhaust|intercept|dial|udp ARGS"))
 	}
-	cmds := map[string]func([]string) error{"grpc": grpcCheck, "exfil": exfil, "exhaust": exhaust, "intercept": intercept, "dial": dial}
+	cmds := map[string]func([]string) error{"grpc": grpcCheck, "exfil": exfil, "exhaust": exhaust, "intercept": intercept, "dial": dial, "udp": udp}
 	cmd, ok := cmds[os.Args[1]]
 	if !ok {
 		fail(fmt.Errorf("unknown command %q", os.Args[1]))
@@ -422,4 +424,75 @@ func dialOnce(target string) DialReport {
 	b, err := io.ReadAll(io.LimitReader(c, 256))
 	rep.Read, rep.ReadErr = string(b), errString(err)
 	return rep
+}
+
+// UDPReport is what udp did: each way of sending, with its error ("" for
+// sent), and how the connected socket's read after its send ended.
+type UDPReport struct {
+	Resolved string            `json:"resolved"`
+	Resolve  string            `json:"resolve_err,omitempty"`
+	Sent     map[string]string `json:"sent"`
+	ReadErr  string            `json:"read_err"`
+}
+
+// quicInitial starts like a QUIC v1 Initial packet (long header, version
+// 1, empty connection IDs), padded as a client pads its first datagram.
+var quicInitial = append([]byte{0xc3, 0, 0, 0, 1, 0, 0}, make([]byte, 1193)...)
+
+// udp resolves target's host and sends datagrams to its address and
+// port: unconnected from IPv4 and from IPv6 (the IPv4-mapped form), and
+// on a connected socket a QUIC Initial, whose read then says what came
+// back (ICMP port unreachable: connection refused).
+func udp(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: transprobe udp NAME:PORT")
+	}
+	rep := UDPReport{Sent: map[string]string{}}
+	host, port, err := net.SplitHostPort(args[0])
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupHost(ctx, host)
+	if err != nil || len(addrs) == 0 {
+		rep.Resolve = fmt.Sprint("no address: ", err)
+		return emit(rep)
+	}
+	rep.Resolved = addrs[0]
+	to := net.JoinHostPort(addrs[0], port)
+	ap, err := netip.ParseAddrPort(to)
+	if err != nil {
+		return err
+	}
+	mapped := netip.AddrFrom16(ap.Addr().As16())
+	for _, w := range []struct {
+		name   string
+		family int
+		sa     unix.Sockaddr
+	}{
+		{"sendto4", unix.AF_INET, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}},
+		{"sendto6-mapped", unix.AF_INET6, &unix.SockaddrInet6{Port: int(ap.Port()), Addr: mapped.As16()}},
+	} {
+		rep.Sent[w.name] = func() string {
+			fd, err := unix.Socket(w.family, unix.SOCK_DGRAM, 0)
+			if err != nil {
+				return err.Error()
+			}
+			defer unix.Close(fd)
+			return errString(unix.Sendto(fd, []byte("x\n"), 0, w.sa))
+		}()
+	}
+	c, err := net.Dial("udp4", to)
+	if err != nil {
+		rep.Sent["connected-quic"] = err.Error()
+		return emit(rep)
+	}
+	defer c.Close()
+	_, err = c.Write(quicInitial)
+	rep.Sent["connected-quic"] = errString(err)
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = c.Read(make([]byte, 1500))
+	rep.ReadErr = errString(err)
+	return emit(rep)
 }

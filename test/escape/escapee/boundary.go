@@ -35,6 +35,7 @@ var (
 	forbiddenUnix = flag.String("forbidden-unix", "", "boundary: a unix socket it may not")
 	victimIPC     = flag.String("victim-ipc", "", "boundary: the victim's IPC objects, shmid,shmfile,mqname,keydesc")
 	keySecret     = flag.String("key-secret", "", "victim: the payload of its user key")
+	sharedFile    = flag.String("shared-file", "", "boundary: a file to make in the host's /run/lock, where another Trial would read it")
 )
 
 // The message typed into a terminal by TIOCSTI; the test looks for it in
@@ -89,6 +90,14 @@ func boundary() {
 	report(enc, "userns-bind-mount-unix", bindMountViaUserns())
 	unixSpellings(enc)
 	ipcAttempts(enc)
+	report(enc, "shared-dir-file", func() error {
+		f, err := os.OpenFile(*sharedFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString(ipcMark)
+		return errors.Join(err, f.Close())
+	}())
 	// The control: the allowed socket itself is reachable.
 	report(enc, "allowed-unix-connect", func() error {
 		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)

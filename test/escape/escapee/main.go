@@ -42,10 +42,12 @@ var (
 	dnsPort    = flag.Int("dns-port", 53, "canary DNS port (UDP and TCP)")
 	loopPort   = flag.Int("loopback-port", 0, "a loopback port that is not the proxy's (0: skip)")
 	proxyAddr  = flag.String("proxy", "", "the Trial's proxy host:port (empty: skip the CONNECT attempt)")
+	allowed4   = flag.String("allowed4", "127.0.0.1:3128", "an IPv4 address and port the Trial may connect to by TCP (the proxy endpoint): the source-routed attempt aims there")
+	allowed6   = flag.String("allowed6", "[::1]:3128", "an IPv6 address and port the Trial may connect to by TCP (the proxy endpoint): the routing-header attempt aims there")
 	deniedName = flag.String("denied-name", "evil.example.test", "a name not on the allowlist")
 	listenFor  = flag.Duration("listen-for", time.Second, "how long the inbound listener waits")
 	inPort     = flag.Int("inbound-port", 18080, "the port the inbound listener listens on, every address")
-	mode       = flag.String("mode", "network", "network: the ways out through the network; boundary: around it, through another process, the terminal, other socket families and mounts; victim: be the process outside that holds sockets; keys: the key calls only; vsock: AF_VSOCK sockets only, each way a seccomp profile must refuse")
+	mode       = flag.String("mode", "network", "network: the ways out through the network; boundary: around it, through another process, the terminal, other socket families and mounts; victim: be the process outside that holds sockets; user-wide: the calls that act on every process of a uid (setpriority, ioprio_set); kill-all: kill -1; keys: the key calls only; vsock: AF_VSOCK sockets only, each way a seccomp profile must refuse")
 	i386Name   = flag.String("i386", "", "i386: the attempt through the i386 entry to make (keyctl-i386, socketcall-vsock-i386)")
 	keyDesc    = flag.String("key-desc", "trialnet-escape-key", "keys: the description of the key to read from the user keyring")
 )
@@ -59,6 +61,12 @@ func main() {
 		return
 	case "victim":
 		victim()
+		return
+	case "user-wide":
+		userWide()
+		return
+	case "kill-all":
+		killAll()
 		return
 	case "keys":
 		keyAttempts(json.NewEncoder(os.Stdout), *keyDesc)
@@ -119,6 +127,10 @@ func main() {
 		}},
 		{"inbound-listener", inbound},
 		{"io_uring-connect", func() error { return uringConnect(t4) }},
+		{"tcp4-fastopen-connect", func() error { return tcpFastOpenConnect(t4) }},
+		{"tcp4-source-route", func() error { return tcp4SourceRoute(netip.MustParseAddrPort(*allowed4), t4) }},
+		{"tcp6-routing-header", func() error { return tcp6RoutingHeader(netip.MustParseAddrPort(*allowed6), t6) }},
+		{"udp6-routing-header", func() error { return udp6RoutingHeader(t6) }},
 		{"connect-denied-name-via-proxy", connectViaProxy},
 	}
 	for _, at := range attempts {
