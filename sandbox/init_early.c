@@ -1136,10 +1136,14 @@ static void hide_remote_fs(void) {
 	for (char *slash = cwd + strlen(cwd);; slash = strrchr(cwd, '/'), *slash = 0) {
 		struct stat st;
 		const char *p = slash == cwd ? "/" : cwd;
-		if (stat(p, &st) < 0)
+		// Not found: under a mount of the Trial's own (its /tmp), out of its
+		// view, so there is nothing to keep; the launch says why the command
+		// cannot start there.
+		int found = stat(p, &st) == 0;
+		if (!found && errno != ENOENT && errno != ENOTDIR)
 			mask_fail(errno, "look at %s, on the way to the working directory of the Trial's first command (to keep the file system holding it)", p);
-		int seen = 0;
-		for (int i = 0; i < nkept; i++)
+		int seen = !found;
+		for (int i = 0; found && i < nkept; i++)
 			seen |= kept[i] == st.st_dev;
 		if (!seen && nkept == REMOTE_MAX_KEPT)
 			mask_fail(E2BIG, "keep the file systems on the way to the working directory of the Trial's first command: more than %d", nkept);

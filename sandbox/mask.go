@@ -852,10 +852,15 @@ func hideRemoteFS() error {
 	kept := map[uint64]bool{} // the devices of the file systems on the way
 	for p := cwd; ; p = filepath.Dir(p) {
 		var st unix.Stat_t
-		if err := unix.Stat(p, &st); err != nil {
+		switch err := unix.Stat(p, &st); {
+		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+			// Under a mount of the Trial's own (its /tmp), out of its view:
+			// nothing to keep; the launch says why the command cannot start there.
+		case err != nil:
 			return maskErr("look at "+p+", on the way to the working directory of the Trial's first command", "to keep the file system holding it", err)
+		default:
+			kept[st.Dev] = true
 		}
-		kept[st.Dev] = true
 		if p == "/" {
 			break
 		}

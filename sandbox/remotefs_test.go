@@ -196,6 +196,38 @@ func TestPrivilegedGoHideRemoteFS(t *testing.T) {
 	})
 }
 
+// Its working directory under a mount that covers it (the Trial's own
+// /tmp over a host directory there) is out of view: nothing of it to
+// keep, and the FUSE mounts are detached all the same; the walk failed
+// the start.
+func TestPrivilegedGoHideRemoteFSCoveredWorkdir(t *testing.T) {
+	other := newFUSEMount(t)
+	top := t.TempDir()
+	dir := filepath.Join(top, "work")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inOwnNamespaces(t, unix.CLONE_NEWNS, func() (bad []string) {
+		if err := unix.Chdir(dir); err != nil {
+			return []string{err.Error()}
+		}
+		if err := unix.Mount("tmpfs", top, "tmpfs", 0, "size=4k"); err != nil {
+			return []string{err.Error()}
+		}
+		if err := hideRemoteFS(); err != nil {
+			return []string{err.Error()}
+		}
+		mi, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return []string{err.Error()}
+		}
+		if mounted(string(mi), other.dir) {
+			bad = append(bad, "a FUSE mount is left: "+other.dir)
+		}
+		return bad
+	})
+}
+
 // A FUSE daemon that does not answer (stopped here; a network file
 // server gone away is the same) holds up no Trial's start: the init
 // finds what is mounted on its point from cached attributes, asking

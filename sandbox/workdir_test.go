@@ -75,3 +75,36 @@ func TestPrivilegedWorkdirIsReachedAsTheUid(t *testing.T) {
 		}
 	}
 }
+
+// A working directory the Trial's own mounts cover (a host directory
+// under /tmp, the Trial's own tmpfs) is not in its view. The init's walk
+// to keep the file systems on the way there stopped at it and failed the
+// whole start with a message about mounting; the command is refused
+// instead, saying where its working directory must be, and the Trial
+// goes on.
+func TestPrivilegedWorkdirTheTrialCovers(t *testing.T) {
+	h := newHost(t)
+	dir, err := os.MkdirTemp("/tmp", "trialnet-covered-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
+	for i := range 2 {
+		var out strings.Builder
+		code, err := tr.Exec(context.Background(), Command{Args: []string{"/bin/pwd"}, Dir: dir,
+			Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &out, Stderr: &out}, nil)
+		if err == nil || !strings.Contains(err.Error(), "a directory in the Trial's view of files") {
+			t.Fatalf("command %d with its working directory %s under /tmp: exit %d, %v, %q; want it refused saying /tmp is the Trial's own", i, dir, code, err, out.String())
+		}
+	}
+	var out strings.Builder
+	code, err := tr.Exec(context.Background(), Command{Args: []string{"/bin/pwd"}, Dir: "/",
+		Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdout: &out, Stderr: &out}, nil)
+	if err != nil || code != 0 || out.String() != "/\n" {
+		t.Fatalf("a command in / after the refusals: exit %d, %v, %q; want the Trial still running it", code, err, out.String())
+	}
+}
