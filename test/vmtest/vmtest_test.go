@@ -185,7 +185,7 @@ func TestStepTail(t *testing.T) {
 // replaces every entry's own: then each package runs once per guest.
 func TestPlanKernelEntries(t *testing.T) {
 	b := &built{tests: []builtTest{{pkg: "./p", run: "TestA", timeout: time.Minute},
-		{pkg: "./p", run: "TestB", kernel: "6.12", timeout: time.Minute}}}
+		{pkg: "./p", run: "TestB", kernels: []string{"6.12"}, timeout: time.Minute}}}
 	runs := func(k string, o *options) []string {
 		var out []string
 		for _, s := range b.plan(kernel{Name: k}, o).Steps {
@@ -204,6 +204,53 @@ func TestPlanKernelEntries(t *testing.T) {
 		got := runs(tc.kernel, &options{run: tc.run, noDemo: true, count: 1})
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("kernel %s, -run %q: steps %v, want %v", tc.kernel, tc.run, got, tc.want)
+		}
+	}
+}
+
+// -suite ci narrows entries to their ci guests and patterns; the whole
+// suite keeps each entry's own.
+func TestCISuiteEntries(t *testing.T) {
+	find := func(ts []builtTest, pkg, run string) *builtTest {
+		for i := range ts {
+			if ts[i].pkg == pkg && strings.HasPrefix(ts[i].run, run) {
+				return &ts[i]
+			}
+		}
+		t.Fatalf("no %s %s in %v", pkg, run, ts)
+		return nil
+	}
+	full, ci := (&options{}).tests(), (&options{ci: true}).tests()
+	if a := find(full, "./agent", ""); a.kernels != nil {
+		t.Errorf("the whole suite runs ./agent in %v, want every guest", a.kernels)
+	}
+	if a := find(ci, "./agent", ""); !slices.Equal(a.kernels, []string{"6.1"}) {
+		t.Errorf("-suite ci runs ./agent in %v, want 6.1's", a.kernels)
+	}
+	if s := find(ci, "./sandbox", ""); s.kernels != nil {
+		t.Errorf("-suite ci runs ./sandbox in %v, want every guest", s.kernels)
+	}
+	if c := find(full, "./test/clients", "TestPrivilegedContainerClients"); c.run != "TestPrivilegedContainerClients" || !slices.Equal(c.kernels, []string{"6.12"}) {
+		t.Errorf("the whole suite's container clients: %q in %v", c.run, c.kernels)
+	}
+	if c := find(ci, "./test/clients", "TestPrivilegedContainerClients"); c.run == "TestPrivilegedContainerClients" {
+		t.Errorf("-suite ci runs every container client: %q", c.run)
+	}
+}
+
+// Under -suite ci every package of the suite still runs in a guest with
+// the BPF LSM active: the host's suite runs each only without it.
+func TestCISuiteMeetsTheLSM(t *testing.T) {
+	for _, s := range suite {
+		guests := s.kernels
+		if s.ci != nil {
+			guests = s.ci
+		}
+		lsm := slices.ContainsFunc(matrix, func(k kernel) bool {
+			return k.LSM && (guests == nil || slices.Contains(guests, k.Name))
+		})
+		if !lsm {
+			t.Errorf("-suite ci runs %s (%s) only in %v: no guest with the BPF LSM", s.pkg, s.run, guests)
 		}
 	}
 }
