@@ -312,18 +312,29 @@ func (t *terminal) relay(p *Process) {
 func (t *terminal) copyInput(pid int) {
 	defer t.input.close()
 	buf := make([]byte, 4096)
+	retried := false
 	for {
 		n, err := t.input.Read(buf)
 		if errors.Is(err, unix.EIO) && !t.foreground() {
 			// Read from the background (SIGTTIN is ignored): the
 			// keystrokes are the shell's until this process is in the
 			// foreground again.
+			retried = false
 			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if errors.Is(err, unix.EIO) && !retried {
+			// Read from the background, then brought to the foreground
+			// (fg) before the check: read again. A terminal whose other
+			// side is gone gives EIO in the foreground too; it ends the
+			// relay at the second.
+			retried = true
 			continue
 		}
 		if err != nil {
 			return
 		}
+		retried = false
 		in := buf[:n]
 		t.answered.Add(int64(t.answers.Scan(in)))
 		if i := t.suspendAt(in, pid); i >= 0 {
