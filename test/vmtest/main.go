@@ -154,9 +154,9 @@ func parseFlags() (*options, error) {
 	flag.StringVar(&o.out, "out", "bin/vmtest", "output directory: binaries, plans, results and console logs")
 	// Two at once: under TCG each guest runs on one host thread
 	// (accel.arg), one per core here. Three at once gave each two thirds
-	// of a core, and a terminal test timed out in one (2026-12-07,
-	// cmd/trialnet's TestPrivilegedRunContinuedInTheBackgroundKeepsItsInput
-	// on 6.12, -suite ci: 29 minutes against about 33 two at a time).
+	// of a core, timings no test had met before (a race in the terminal
+	// relay showed there first: ca9b2e9), for little: -suite ci took 29
+	// minutes so, against about 33 two at a time.
 	flag.IntVar(&o.parallel, "parallel", 2, "guests booted at once")
 	suiteName := flag.String("suite", "full", "full: every package in every guest; ci: the kernel-facing core in every guest, the rest in one or two (about half the time)")
 	flag.StringVar(&o.mem, "mem", "2G", "guest memory")
