@@ -156,7 +156,8 @@ func parseFlags() (*options, error) {
 	// (accel.arg), one per core here. Three at once gave each two thirds
 	// of a core, timings no test had met before (a race in the terminal
 	// relay showed there first: ca9b2e9), for little: -suite ci took 29
-	// minutes so, against about 33 two at a time.
+	// minutes so, against 42 two at a time with the fuzzers beside it
+	// for 11.
 	flag.IntVar(&o.parallel, "parallel", 2, "guests booted at once")
 	suiteName := flag.String("suite", "full", "full: every package in every guest; ci: the kernel-facing core in every guest, the rest in one or two (about half the time)")
 	flag.StringVar(&o.mem, "mem", "2G", "guest memory")
