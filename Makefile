@@ -189,7 +189,7 @@ bench: deps bench-deps ## run the benchmarks side by side with their references
 FUZZTIME ?= 50000x
 FUZZTIME_FORWARD ?= 5000x
 fuzz: ## run each fuzz target for FUZZTIME (default 50000x, executions not seconds: a -fuzztime duration races Go 1.26's fuzz coordinator, golang/go#75804) from its committed seed corpus (minimizing large inputs stalls the fuzzer: bounded to 1s)
-	for t in wire:FuzzParseRequest wire:FuzzClassifyHTTP wire:FuzzClientHello wire:FuzzServerHello wire:FuzzRetryClientHello wire:FuzzHTTPHead wire:FuzzGatewayHead proxy:FuzzPlaceholder guard:FuzzGuard record:FuzzEventJSON ledger:FuzzLedgerSlot dnsstub:FuzzStub internal/termquery:FuzzOutput internal/termquery:FuzzAnswers ocihook:FuzzDecodeStrictRefusesEveryDuplicate ocihook:FuzzVsockJudgement; do \
+	for t in wire:FuzzParseRequest wire:FuzzClassifyHTTP wire:FuzzClientHello wire:FuzzServerHello wire:FuzzRetryClientHello wire:FuzzHTTPHead wire:FuzzGatewayHead proxy:FuzzPlaceholder guard:FuzzGuard record:FuzzEventJSON ledger:FuzzLedgerSlot dnsstub:FuzzStub internal/termquery:FuzzOutput internal/termquery:FuzzAnswers internal/termquery:FuzzGuard ocihook:FuzzDecodeStrictRefusesEveryDuplicate ocihook:FuzzVsockJudgement; do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./$${t%%:*} || exit 1; done
 	# The forwarder end to end (a proxy, an upstream and a client per input: ~150-1000/s).
 	for f in FuzzForwardRequest FuzzForwardResponse; do \

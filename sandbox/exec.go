@@ -144,44 +144,92 @@ func (e *StartError) Error() string { return e.Msg }
 // client.Run matches without linking the sandbox.
 func (e *StartError) StartCode() int { return e.Code }
 
-// hideSockets keeps every stdio descriptor that is not a pipe, FIFO,
-// regular file or character device (a terminal among them, which becomes a
-// pty) out of the Trial: such stdio is copied through a pipe instead. A
-// socket handed in is the risk: a unix socket's peer may be a process
-// outside the Trial (SO_PEERPIDFD gives a pidfd of it, and pidfd_getfd its
-// sockets), unix sockets carry descriptors, and a socket of the host's
-// namespace is a way out that no hook of the Trial judges. So is output
-// to a file the Trial could read back (readsBack). It returns the relay
-// that feeds a hidden stdin, if any.
-func hideSockets(cmd *exec.Cmd, uid, gid uint32) (*stdinRelay, error) {
-	var relay *stdinRelay
-	if f, ok := cmd.Stdin.(*os.File); ok && f != nil && !shareable(f) {
-		var err error
-		if relay, err = newStdinRelay(f); err != nil {
+// hideStdio keeps the caller's stdio out of the Trial but for a
+// terminal, which becomes a pty of the Trial's, and a device such as
+// /dev/null: stdin, stdout and stderr that are a pipe, FIFO, file or
+// socket reach the command through pipes of trialnet's. Handed in, a
+// socket's peer may be a process outside the Trial (SO_PEERPIDFD gives
+// a pidfd of it), unix sockets carry descriptors, and a socket of the
+// host's namespace is a way out that no hook of the Trial judges. A pipe
+// or file could be opened again through /proc/self/fd, where the kernel
+// checks the file's mode but no directory on its path: output read back
+// (a log every run appends to, other writers of a pipe of the Trial's
+// uid), stdin written (see stdinRelay). And an open file the Trial
+// shares with the caller is the caller's too: its offset moved back, its
+// reads and writes made non-blocking (O_NONBLOCK is the open file's),
+// the caller's next read or write after trialnet met EAGAIN. It returns
+// the relay that feeds stdin, if any.
+func hideStdio(cmd *exec.Cmd, gid uint32) (_ *hiddenStdio, err error) {
+	h := &hiddenStdio{gid: gid}
+	defer func() {
+		if err != nil {
+			h.stop()
+		}
+	}()
+	if f, ok := cmd.Stdin.(*os.File); ok && f != nil {
+		if mode, ok := relayed(f); ok {
+			if h.in, err = newStdinRelay(f, mode, gid); err != nil {
+				return nil, err
+			}
+			cmd.Stdin = h.in.r
+		}
+	}
+	out, _ := cmd.Stdout.(*os.File)
+	if _, ok := relayed(out); ok {
+		if cmd.Stdout, err = h.output(out); err != nil {
 			return nil, err
 		}
-		cmd.Stdin = relay.r
 	}
-	hidden := false
-	out, _ := cmd.Stdout.(*os.File)
-	if out != nil && (!shareable(out) || readsBack(out, uid, gid)) {
-		cmd.Stdout, hidden = relayOutput{out}, true
-	}
-	if f, ok := cmd.Stderr.(*os.File); ok && f != nil && (!shareable(f) || readsBack(f, uid, gid)) {
-		cmd.Stderr, hidden = relayOutput{f}, true
-		if cmd.Stdout != io.Writer(out) && sameOpenFile(f, out) {
-			// One file (>log 2>&1) is one pipe, as exec.Cmd makes for
-			// one writer: through two, copied each on its own, the
-			// command's output and errors lost their order.
-			cmd.Stderr = cmd.Stdout
+	if f, _ := cmd.Stderr.(*os.File); f != nil {
+		if _, ok := relayed(f); ok {
+			if cmd.Stdout != io.Writer(out) && sameOpenFile(f, out) {
+				// One file (>log 2>&1) is one pipe, as exec.Cmd makes for
+				// one writer: through two, copied each on its own, the
+				// command's output and errors lost their order.
+				cmd.Stderr = cmd.Stdout
+			} else if cmd.Stderr, err = h.output(f); err != nil {
+				return nil, err
+			}
 		}
 	}
-	if hidden {
+	if len(h.outs) > 0 {
 		// What the command left behind may hold the pipes open: its
 		// output after it exits is not waited for.
 		cmd.WaitDelay = time.Second
 	}
-	return relay, nil
+	return h, nil
+}
+
+// output is where a hidden output f is copied to.
+func (h *hiddenStdio) output(f *os.File) (io.Writer, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		return nil, fmt.Errorf("output %s: %w", f.Name(), err)
+	}
+	dup := os.NewFile(uintptr(fd), f.Name())
+	h.outs = append(h.outs, dup)
+	return relayOutput{dup, h.gid}, nil
+}
+
+// relayed says how stdio f reaches the command: through a pipe of
+// trialnet's (see hideStdio; for stdin, the relay's mode), or, for a
+// terminal or a device such as /dev/null, as it is (ok false). A nil f
+// is none.
+func relayed(f *os.File) (_ relayMode, ok bool) {
+	if f == nil {
+		return 0, false
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || !shareable(f) {
+		return relaySocket, true
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFIFO:
+		return relayPipe, true
+	case unix.S_IFREG:
+		return relayFile, true
+	}
+	return 0, false
 }
 
 func shareable(f *os.File) bool {
@@ -207,29 +255,55 @@ func shareable(f *os.File) bool {
 	return false
 }
 
-// relayOutput is where a hidden stdout or stderr is copied to: f, written
-// with write(2) itself. Through f.Write, EPIPE on this process's own
-// stdout or stderr (trialnet run's, its reader gone: ... | head) raises
-// SIGPIPE here, and trialnet died of it, where the command handed the
-// pipe would have. The copy stops on the error and the command, its
-// pipe's reader gone too, gets the signal instead (see Process.Wait).
-type relayOutput struct{ f *os.File }
+// relayOutput is where a hidden stdout or stderr is copied to: a
+// duplicate of the caller's descriptor, as the caller may close its own
+// once the command started. Written through its number, 1 or 2, EPIPE
+// on this process's own stdout or stderr (trialnet run's, its reader
+// gone: ... | head) raised SIGPIPE here, and trialnet died of it, where
+// the command handed the pipe would have; os.File does so for 1 and 2
+// alone, never for a duplicate. The copy stops on the error and the
+// command, its pipe's reader gone too, gets the signal instead (see
+// Process.Wait).
+//
+// The pipe the command writes is root's and the command's group's, which
+// may write it alone (pipeGroup), as a terminal's pty lets it write: `echo
+// >/dev/stderr` opens it again, as it could the caller's pipe; reading its
+// own output back, or changing the pipe's mode, it cannot.
+type relayOutput struct {
+	f   *os.File
+	gid uint32
+}
 
-func (w relayOutput) Write(p []byte) (int, error) {
-	n := 0
-	for n < len(p) {
-		m, err := unix.Write(int(w.f.Fd()), p[n:])
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err != nil:
-			return n, &os.PathError{Op: "write", Path: w.f.Name(), Err: err}
-		case m == 0:
-			return n, io.ErrShortWrite
-		}
-		n += m
+func (w relayOutput) Write(p []byte) (int, error) { return w.f.Write(p) }
+
+func (w relayOutput) pipeGroup() (gid uint32, mode uint32) { return w.gid, 0o620 }
+
+// hiddenStdio is what hideStdio set up: the relay that feeds stdin, if
+// any, and the duplicates of the caller's outputs.
+type hiddenStdio struct {
+	in   *stdinRelay
+	outs []*os.File
+	gid  uint32 // the command's: its pipes' group
+}
+
+// started lets stdin's relay copy once the command holds its pipe.
+func (h *hiddenStdio) started() {
+	if h != nil {
+		h.in.started()
 	}
-	return n, nil
+}
+
+// stop ends stdin's relay and lets the outputs go, once what was copied
+// to them is done with or given up (Process.Wait).
+func (h *hiddenStdio) stop() {
+	if h == nil {
+		return
+	}
+	h.in.stop()
+	for _, f := range h.outs {
+		_ = f.Close()
+	}
+	h.outs = nil
 }
 
 // sameOpenFile says a and b hold the one file (or pipe, or socket).
@@ -239,52 +313,12 @@ func sameOpenFile(a, b *os.File) bool {
 	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
 }
 
-// readsBack reports whether f, a command's stdout or stderr, is a file or
-// a named FIFO open for writing alone: handed in, the Trial could open it
-// again for reading through /proc/self/fd, where the kernel checks the
-// file's own mode but no directory on its path, and read what others
-// wrote there (a log every run appends to, in a directory the Trial's
-// uid cannot enter). Such output is copied through a pipe instead. So is
-// an anonymous pipe that the Trial's uid or gid may read by its mode (a
-// pipe is its maker's, 0600): same-uid Trials writing one pipe could
-// each take the others' output from it.
-func readsBack(f *os.File, uid, gid uint32) bool {
-	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
-	if err != nil {
-		return true
-	}
-	if fl&unix.O_ACCMODE != unix.O_WRONLY {
-		return false // it reads what it may read through f itself
-	}
-	var st unix.Stat_t
-	var fs unix.Statfs_t
-	if unix.Fstat(int(f.Fd()), &st) != nil || unix.Fstatfs(int(f.Fd()), &fs) != nil {
-		return true
-	}
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFREG:
-		return true
-	case unix.S_IFIFO:
-		if fs.Type != unix.PIPEFS_MAGIC {
-			return true
-		}
-		switch {
-		case st.Uid == uid:
-			return st.Mode&0o400 != 0
-		case st.Gid == gid:
-			return st.Mode&0o040 != 0
-		}
-		return st.Mode&0o004 != 0
-	}
-	return false
-}
-
 // Process is a command running in a Trial.
 type Process struct {
 	cmd   *exec.Cmd
-	tty   *terminal   // nil unless the caller's stdio is a terminal
-	stdin *stdinRelay // nil unless the caller's stdin was a socket
-	io    *launchIO   // nil unless startCommand copies its stdio
+	tty   *terminal    // nil unless the caller's stdio is a terminal
+	stdio *hiddenStdio // nil unless the caller's stdio is copied
+	io    *launchIO    // nil unless startCommand copies its stdio
 	// free lets the thread that forked the command exit (spawn).
 	free func()
 	// giveUp, closed by abandonOutput, ends Wait's wait for output
@@ -334,7 +368,7 @@ func (p *Process) Wait() (int, error) {
 		err = cerr
 	}
 	p.tty.close()
-	p.stdin.stop()
+	p.stdio.stop()
 	if errors.Is(err, exec.ErrWaitDelay) || errors.Is(err, syscall.EPIPE) {
 		// The command exited; copying what it left behind stopped, or
 		// its output's reader went away (relayOutput).
@@ -396,8 +430,8 @@ func (p *Process) initDied(sig syscall.Signal) error {
 // every capability, enters a Landlock domain of its own, installs the
 // seccomp filter and execs the command, but only on a byte from this
 // launcher: a Trial's first command starts beside its new init, and the
-// byte comes once the init is ready. Stdio that is a socket is copied
-// through pipes instead of handed in (hideSockets).
+// byte comes once the init is ready. Stdio that is a pipe, file or
+// socket is copied through pipes of trialnet's instead (hideStdio).
 // When the caller's stdio is a terminal, the command gets a
 // pseudo-terminal relayed to it instead (see terminal). The caller must
 // Wait for the Process: besides the command, that reaps, it lets go of
@@ -454,7 +488,7 @@ func (t *Launcher) Start(c Command) (_ *Process, err error) {
 		relay.stop()
 		return nil, t.startFailed(c, errors.Join(err, ready()))
 	}
-	p := &Process{cmd: cmd, tty: tty, stdin: relay, io: stdio, free: free, giveUp: make(chan struct{}), initWords: init.lastWords}
+	p := &Process{cmd: cmd, tty: tty, stdio: relay, io: stdio, free: free, giveUp: make(chan struct{}), initWords: init.lastWords}
 	if err := t.release(p, c, ready, pipes); err != nil {
 		return nil, err
 	}
@@ -556,12 +590,13 @@ func (t *Launcher) execCmd(c Command, cg *os.File, pipes execPipes) (*exec.Cmd, 
 	}, nil
 }
 
-// prepareStdio sets up cmd's stdio before the fork: sockets go through
-// pipes (hideSockets) and a terminal becomes a pty of the Trial's. On
+// prepareStdio sets up cmd's stdio before the fork: pipes, files and
+// sockets go through pipes (hideStdio) and a terminal becomes a pty of
+// the Trial's. On
 // failure it has already undone what it began, pipes included, in the
 // order Start's own failures do.
-func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready func() error, pipes execPipes) (*terminal, *stdinRelay, error) {
-	relay, err := hideSockets(cmd, c.UID, c.GID)
+func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready func() error, pipes execPipes) (*terminal, *hiddenStdio, error) {
+	relay, err := hideStdio(cmd, c.GID)
 	abort := func() {
 		pipes.closeChildEnds()
 		relay.started()

@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -29,6 +30,7 @@ type launchIO struct {
 	// what it held (its end of the started pipe): wait waits for it, so
 	// that no descriptor outlives the command's Wait.
 	launched chan struct{}
+	waited   bool // a second Wait finds the copies done
 }
 
 // newLaunchIO sets up cmd's stdio; on failure it leaves nothing open.
@@ -94,6 +96,13 @@ func (l *launchIO) output(w io.Writer) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o, ok := w.(interface{ pipeGroup() (uint32, uint32) }); ok {
+		gid, mode := o.pipeGroup()
+		if err := givePipe(int(pw.Fd()), gid, mode); err != nil {
+			_, _ = pr.Close(), pw.Close()
+			return nil, fmt.Errorf("the command's output pipe: %w", err)
+		}
+	}
 	l.closeAfterStart = append(l.closeAfterStart, pw)
 	l.parentEnds = append(l.parentEnds, pr)
 	l.outputs = append(l.outputs, pr)
@@ -155,9 +164,10 @@ func (l *launchIO) closeParentEnds() {
 // still draining an output nobody holds is waited for until giveUp
 // closes (nil: for ever), then left to end with this process.
 func (l *launchIO) wait(delay time.Duration, giveUp <-chan struct{}) error {
-	if l == nil {
+	if l == nil || l.waited {
 		return nil
 	}
+	l.waited = true
 	if l.launched != nil {
 		<-l.launched
 	}
@@ -219,4 +229,17 @@ func unheld(f *os.File) bool {
 		hup = err == nil && n == 1 && p[0].Revents&unix.POLLHUP != 0
 	})
 	return hup
+}
+
+// givePipe makes the pipe fd root's and group gid's, with mode: the
+// command's group may open it again through /proc/self/fd as mode lets
+// it, and cannot change the mode, which only the owner may.
+func givePipe(fd int, gid, mode uint32) error {
+	if err := unix.Fchown(fd, 0, int(gid)); err != nil {
+		return fmt.Errorf("give it to group %d: %w", gid, err)
+	}
+	if err := unix.Fchmod(fd, mode); err != nil {
+		return fmt.Errorf("mode %#o: %w", mode, err)
+	}
+	return nil
 }

@@ -91,6 +91,8 @@ func probe(args []string) int {
 		err = vhostVsockGuest(target)
 	case "uinput":
 		err = uinputKeyboard(target)
+	case "stdin-tamper":
+		return stdinTamper()
 	case "read":
 		var b []byte
 		if b, err = os.ReadFile(target); err == nil {
@@ -773,4 +775,26 @@ func unixBind(path string) error {
 	}
 	defer unix.Close(fd)
 	return unix.Bind(fd, &unix.SockaddrUnix{Name: path})
+}
+
+// stdinTamper tries what a Trial could do to the caller's stdin, were it
+// handed in: open it again for writing and put a line in it, move its
+// offset back, and make it non-blocking for whoever reads it next.
+func stdinTamper() int {
+	var out []string
+	f, err := os.OpenFile("/proc/self/fd/0", os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.WriteString("INJECTED\n")
+		_ = f.Close()
+	}
+	out = append(out, fmt.Sprintf("write-back: %v", err))
+	_, err = unix.Seek(0, 0, io.SeekStart)
+	out = append(out, fmt.Sprintf("seek: %v", err))
+	fl, err := unix.FcntlInt(0, unix.F_GETFL, 0)
+	if err == nil {
+		_, err = unix.FcntlInt(0, unix.F_SETFL, fl|unix.O_NONBLOCK)
+	}
+	out = append(out, fmt.Sprintf("nonblock: %v", err))
+	fmt.Println(strings.Join(out, "; "))
+	return probeOK
 }

@@ -60,7 +60,8 @@ type terminal struct {
 	// and its answers come back on its input.
 	tty     *os.File
 	scanMu  sync.Mutex
-	scan    termquery.Output // what the Trial wrote to tty
+	scan    termquery.Output // what the Trial wrote to tty, as guard let it through
+	guard   termquery.Guard  // no clipboard writes reach the caller's terminal
 	answers termquery.Answers
 	// answered counts the status reports relayed to the Trial: answers
 	// to status requests of its own, which no fence waits for.
@@ -96,23 +97,24 @@ const (
 const outChunk = 4096
 
 // scanner notes what the Trial writes to the caller's terminal, then
-// writes it.
+// writes it, without the clipboard writes that termquery.Guard stops.
 type scanner struct{ t *terminal }
 
 func (s scanner) Write(p []byte) (int, error) {
 	s.t.scanMu.Lock()
-	_, _ = s.t.scan.Write(p)
+	q := s.t.guard.Filter(make([]byte, 0, len(p)+8), p)
+	_, _ = s.t.scan.Write(q)
 	s.t.scanMu.Unlock()
 	n := 0
-	for n < len(p) {
-		m, err := s.t.out.Write(p[n:min(len(p), n+outChunk)])
+	for n < len(q) {
+		m, err := s.t.out.Write(q[n:min(len(q), n+outChunk)])
 		n += m
 		s.t.wrote.Add(int64(m))
 		if err != nil {
-			return n, err
+			return min(n, len(p)), err
 		}
 	}
-	return n, nil
+	return len(p), nil
 }
 
 // patience bounds a wait at the end that goes on while the terminal
@@ -302,7 +304,7 @@ func (t *terminal) relay(p *Process) {
 		return
 	}
 	var err error
-	if t.input, err = newStoppable(t.in); err == nil {
+	if t.input, err = newStoppable(int(t.in.Fd())); err == nil {
 		t.wg.Go(func() { t.copyInput(p.Pid()) })
 	}
 }

@@ -308,17 +308,7 @@ func TestPrivilegedLateTerminalAnswersAreDropped(t *testing.T) {
 func TestPrivilegedTerminalAnswersReachTheTrial(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
-	master, slave := testpty.Open(t, 24, 80)
-	if _, err := term.MakeRaw(int(slave.Fd())); err != nil {
-		t.Fatal(err)
-	}
-	a := newAnswering(t, master, 0, 0, false)
-	script := `stty raw -echo; printf '\033[6n\033[5n'; head -c 15 | od -An -c | tr -d ' \n'; echo; echo done`
-	p, err := tr.Start(Command{Args: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody,
-		Stdin: slave, Stdout: slave, Stderr: slave})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, p, master, slave := startOnTerminal(t, tr, `stty raw -echo; printf '\033[6n\033[5n'; head -c 15 | od -An -c | tr -d ' \n'; echo; echo done`)
 	a.await(t, "answers", func() bool { return a.sent == 2 })
 	if _, err := master.WriteString("hello"); err != nil {
 		t.Fatal(err)
@@ -336,4 +326,45 @@ func TestPrivilegedTerminalAnswersReachTheTrial(t *testing.T) {
 	if left := a.leftFor(t, slave); left != "" {
 		t.Fatalf("left for the shell: %q", left)
 	}
+}
+
+// A Trial on a terminal cannot set the operator's clipboard (OSC 52): the
+// operator's next paste ran its text in a shell outside the Trial, in an
+// attacker's review. The sequence reaches the terminal cut short by CAN,
+// and its text shows as text.
+func TestPrivilegedTerminalClipboardWriteIsStopped(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
+	// "curl x | sh" in base64, for the clipboard, then the title (passed).
+	a, p, _, _ := startOnTerminal(t, tr, `printf '\033]52;c;Y3VybCB4IHwgc2gK\007\033]2;a-title\007'; echo done`)
+	if code, err := p.Wait(); code != 0 || err != nil {
+		t.Fatalf("the script: %d %v", code, err)
+	}
+	a.await(t, "done", func() bool { return strings.Contains(a.out.String(), "done") })
+	a.mu.Lock()
+	out := a.out.String()
+	a.mu.Unlock()
+	if strings.Contains(out, "\x1b]52;") || !strings.Contains(out, "\x1b]52\x18;c;Y3VybCB4IHwgc2gK") {
+		t.Errorf("the terminal read %q: want the clipboard write cut short by CAN before its ';'", out)
+	}
+	if !strings.Contains(out, "\x1b]2;a-title\x07") {
+		t.Errorf("the terminal read %q: want the title passed", out)
+	}
+}
+
+// startOnTerminal starts script in tr on a test pty in raw mode, whose
+// master an answering terminal reads.
+func startOnTerminal(t *testing.T, tr *Trial, script string) (a *answering, p *Process, master, slave *os.File) {
+	t.Helper()
+	master, slave = testpty.Open(t, 24, 80)
+	if _, err := term.MakeRaw(int(slave.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	a = newAnswering(t, master, 0, 0, false)
+	p, err := tr.Start(Command{Args: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody,
+		Stdin: slave, Stdout: slave, Stderr: slave})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, p, master, slave
 }

@@ -308,9 +308,16 @@ func (r *reportSink) write(v any) error {
 }
 
 // terminalReset undoes what a Trial may leave a terminal in: autowrap
-// off, the cursor hidden or moved, colours and attributes, the alternate
-// screen, a scroll region; then starts a fresh line.
-const terminalReset = "\x1b[?1049l\x1b[r\x1b[0m\x1b[?7h\x1b[?25h\r\n"
+// off, the cursor hidden or moved, attributes, the alternate screen, a
+// scroll region; the line-drawing character set (G0 and G1, and shifted
+// to G1), insert, reverse-screen and origin modes, the keypad's
+// application mode, xterm's modifyOtherKeys and kitty's keyboard flags;
+// the default colours and the palette (OSC 10, 11, 4: text drawn in the
+// background's colour, or in line-drawing glyphs, hid trialnet's summary
+// after a fake one, in an attacker's review); then starts a fresh line.
+const terminalReset = "\x1b[?1049l\x1b[r\x1b[0m\x1b[?7h\x1b[?25h" +
+	"\x0f\x1b(B\x1b)B\x1b[4l\x1b[?5l\x1b[?6l\x1b[?1l\x1b>\x1b[>4m\x1b[=0;1u" +
+	"\x1b]104\x1b\\\x1b]110\x1b\\\x1b]111\x1b\\\x1b]112\x1b\\\r\n"
 
 // resetTerminal writes terminalReset to w if it is a terminal.
 func resetTerminal(w io.Writer) {

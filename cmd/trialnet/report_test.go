@@ -496,19 +496,19 @@ func processWith(s string) bool {
 }
 
 // After the Trial, a terminal gets back autowrap, the cursor, plain
-// attributes and the main screen, and a fresh line, before trialnet's
-// own lines.
+// attributes, the main screen, ASCII in G0 and G1, its default colours
+// and palette, and a fresh line, before trialnet's own lines.
 func TestResetTerminal(t *testing.T) {
 	master, slave := testpty.Open(t, 24, 80)
 	resetTerminal(slave)
 	resetTerminal(&bytes.Buffer{}) // not a terminal: nothing
-	buf := make([]byte, 64)
+	buf := make([]byte, 512)
 	n, err := master.Read(buf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := string(buf[:n])
-	for _, want := range []string{"\x1b[?7h", "\x1b[?25h", "\x1b[0m", "\x1b[?1049l"} {
+	for _, want := range []string{"\x1b[?7h", "\x1b[?25h", "\x1b[0m", "\x1b[?1049l", "\x0f", "\x1b(B", "\x1b)B", "\x1b]104", "\x1b]110", "\x1b]111"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("reset %q lacks %q", got, want)
 		}
@@ -976,6 +976,13 @@ func TestSummaryOfAFailedDestroyIsNoVerdict(t *testing.T) {
 	}
 	if out := stderr.String(); strings.Contains(out, "(ok") || !strings.Contains(out, "NO VERDICT") || !strings.Contains(out, "Trial t1: exit 1") {
 		t.Errorf("run over a failed destroy said:\n%s", out)
+	}
+	// The report says no counter either: a harness reading
+	// direct_egress_packets alone must not read a clean zero.
+	r := f.result(res, client.Stats{Trial: "t1"}, 1)
+	if r["direct_egress_packets"] != nil || r["foreign_socket_uses"] != nil || r["counters_unsure"] == nil {
+		t.Errorf("the report of a run over a failed destroy: direct_egress_packets %v, foreign_socket_uses %v, counters_unsure %v; want null, null and why",
+			r["direct_egress_packets"], r["foreign_socket_uses"], r["counters_unsure"])
 	}
 }
 
