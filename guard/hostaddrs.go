@@ -19,7 +19,11 @@ import (
 // learned with netlink and kept current: the addresses of its interfaces,
 // and every route of type local in any table, so an AnyIP prefix ("ip
 // route add local 198.51.100.0/24 dev lo"), which makes the host answer
-// for a whole range it configured on no interface, is refused too. If a
+// for a whole range it configured on no interface, is refused too; and
+// the broadcast and anycast routes the kernel adds beside an interface's
+// addresses (a subnet's broadcast address; IPv6's subnet-router anycast,
+// where the host forwards), which deliver to the host itself: refused
+// here as its own, where the kernel would only have failed the dial. If a
 // netlink subscription breaks (for example the kernel drops events under
 // load), the set is unknown until it has been listed again, and Contains
 // reports an error so that the guard refuses rather than guesses.
@@ -35,7 +39,8 @@ type HostAddrs struct {
 	wg    sync.WaitGroup
 }
 
-// localRoute is a route of type local: its table and destination.
+// localRoute is a route to the host itself (local, broadcast, anycast):
+// its table and destination.
 type localRoute struct {
 	table int
 	dst   netip.Prefix
@@ -105,7 +110,8 @@ func (s *subscription) end() {
 	}
 }
 
-// list reads the addresses and the local routes of every table.
+// list reads the addresses and the routes to the host itself of every
+// table.
 func list(ns vns.NsHandle) (map[netip.Addr]struct{}, map[localRoute]struct{}, error) {
 	hd := &netlink.Handle{}
 	if ns.IsOpen() {
@@ -126,9 +132,9 @@ func list(ns vns.NsHandle) (map[netip.Addr]struct{}, map[localRoute]struct{}, er
 	if err != nil {
 		return nil, nil, err
 	}
-	filter := &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Type: unix.RTN_LOCAL} // every table
+	filter := &netlink.Route{Table: unix.RT_TABLE_UNSPEC} // every table; toLocalRoute keeps the host's own
 	for range 5 {
-		if routes, err = hd.RouteListFiltered(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_TYPE); !errors.Is(err, netlink.ErrDumpInterrupted) {
+		if routes, err = hd.RouteListFiltered(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_TABLE); !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}
 	}
@@ -150,9 +156,10 @@ func list(ns vns.NsHandle) (map[netip.Addr]struct{}, map[localRoute]struct{}, er
 	return addrs, locals, nil
 }
 
-// toLocalRoute is r's table and destination if r is of type local.
+// toLocalRoute is r's table and destination if r delivers to the host
+// itself: a route of type local, broadcast or anycast.
 func toLocalRoute(r netlink.Route) (localRoute, bool) {
-	if r.Type != unix.RTN_LOCAL || r.Dst == nil {
+	if r.Type != unix.RTN_LOCAL && r.Type != unix.RTN_BROADCAST && r.Type != unix.RTN_ANYCAST || r.Dst == nil {
 		return localRoute{}, false
 	}
 	ip, ok := netip.AddrFromSlice(r.Dst.IP)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -222,5 +223,62 @@ func reachesHost(t *testing.T, ns *netns.Namespace, ip netip.Addr) {
 	})
 	if err != nil {
 		t.Fatalf("a connection to %s inside the namespace: %v; want it accepted by a listener on 0.0.0.0", ip, err)
+	}
+}
+
+// The broadcast and anycast routes the kernel adds beside an interface's
+// addresses deliver to the host too: a subnet's broadcast address, and,
+// where the host forwards IPv6, the subnet-router anycast address. They
+// are in the set, so the guard refuses them as the host's own (an
+// attacker's review found them judged public, though the kernel then
+// failed the dial).
+func TestPrivilegedHostAddrsBroadcastAndAnycast(t *testing.T) {
+	ns, h, nh, _ := namespaceOfItsOwn(t, "proxybcast")
+	if err := ns.Do(func() error {
+		return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "bc0"}, PeerName: "bc1"}
+	if err := nh.LinkAdd(veth); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	watch, err := guard.WatchHostAddrs(ctx, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); watch.Wait() })
+	g := guard.New(nil, watch)
+	broadcast, anycast := netip.MustParseAddr("93.184.216.255"), netip.MustParseAddr("2a00:1450:4001::")
+	for _, ip := range []netip.Addr{broadcast, anycast} {
+		if err := g.Check(ip); err != nil {
+			t.Fatalf("%s refused before any address was added: %v", ip, err)
+		}
+	}
+	for _, cidr := range []string{"93.184.216.1/24", "2a00:1450:4001::1/64"} {
+		a, err := netlink.ParseAddr(cidr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Flags = unix.IFA_F_NODAD
+		if err := nh.AddrAdd(veth, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"bc0", "bc1"} {
+		l, err := nh.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nh.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ip := range []netip.Addr{broadcast, anycast} {
+		testkit.WaitFor(t, ip.String()+" to appear", 5*time.Second, func() bool { ok, _ := watch.Contains(ip); return ok })
+		if err := g.Check(ip); record.ReasonOf(err) != record.ReasonAddressDenied {
+			t.Errorf("%s delivers to the host now, got %v", ip, err)
+		}
 	}
 }
