@@ -80,7 +80,8 @@ func (a *Agent) Handler() http.Handler {
 			}
 			exit = &n
 		}
-		reply(w, http.StatusOK)(a.DestroyExit(r.Context(), r.PathValue("id"), exit))
+		st, err := a.DestroyExit(r.Context(), r.PathValue("id"), exit)
+		reply(w, http.StatusOK)(st, withStats(err, st))
 	})
 	mux.HandleFunc("GET /v1/trials/{id}/stats", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusOK)(a.Stats(r.Context(), r.PathValue("id")))
@@ -184,6 +185,22 @@ func (a *Agent) serveDecisions(w http.ResponseWriter, r *http.Request) {
 			_ = rc.Flush()
 		}
 	})
+}
+
+// withStats gives a failed destroy's error the final stats it made all
+// the same (an UNKNOWN or ALARM verdict, signed), which an error alone
+// would have hidden: run's report then says what the agent signed.
+func withStats(err error, st client.Stats) error {
+	if err == nil || st.Verdict == "" {
+		return err
+	}
+	var e *client.Error
+	if !errors.As(err, &e) {
+		e = &client.Error{Code: client.CodeInternal, Message: err.Error()}
+	}
+	with := *e
+	with.Stats, _ = json.Marshal(st)
+	return &with
 }
 
 func reply(w http.ResponseWriter, status int) func(v any, err error) {

@@ -5,7 +5,10 @@ package agent
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -71,6 +74,32 @@ func TestPrivilegedDestroyUnreadCountersAreNoVerdict(t *testing.T) {
 		t.Error("destroy: no error for counters it could not read")
 	}
 	requireUnsureVerdict(t, a, st)
+
+	// Through the control API the error carries those stats: alone, it
+	// hid the signed UNKNOWN (or ALARM) behind run's NO VERDICT.
+	const viaAPI = "unsure-read-api"
+	if _, err := a.Create(context.Background(), trialspec.Request{ID: viaAPI}); err != nil {
+		t.Fatal(err)
+	}
+	if lt, err = a.lookup(viaAPI); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.host.BPF.RemoveTrial(lt.tr.CgroupID); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodDelete, "/v1/trials/"+viaAPI+"?exit_code=0", nil))
+	var answer struct {
+		Error *client.Error `json:"error"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &answer); err != nil || answer.Error == nil {
+		t.Fatalf("destroy through the API answered %d %q: want an error (%v)", rec.Code, rec.Body.String(), err)
+	}
+	var sent client.Stats
+	if err := json.Unmarshal(answer.Error.Stats, &sent); err != nil {
+		t.Fatalf("the destroy's error carried no stats: %q (%v)", rec.Body.String(), err)
+	}
+	requireUnsureVerdict(t, a, sent)
 }
 
 // stuckInFUSE starts a process in cgroup that the kernel will not let

@@ -231,7 +231,8 @@ func (c *Client) Stats(ctx context.Context, id string) (Stats, error) {
 // Destroy tears a Trial down and returns its final stats.
 func (c *Client) Destroy(ctx context.Context, id string) (Stats, error) {
 	var out Stats
-	return out, c.do(ctx, http.MethodDelete, "/v1/trials/"+url.PathEscape(id), nil, &out)
+	err := c.do(ctx, http.MethodDelete, "/v1/trials/"+url.PathEscape(id), nil, &out)
+	return failedStats(out, err)
 }
 
 // DestroyExit is Destroy saying how the Trial's command ended, for the
@@ -241,7 +242,18 @@ func (c *Client) DestroyExit(ctx context.Context, id string, exit *int) (Stats, 
 		return c.Destroy(ctx, id)
 	}
 	var out Stats
-	return out, c.do(ctx, http.MethodDelete, "/v1/trials/"+url.PathEscape(id)+"?exit_code="+strconv.Itoa(*exit), nil, &out)
+	err := c.do(ctx, http.MethodDelete, "/v1/trials/"+url.PathEscape(id)+"?exit_code="+strconv.Itoa(*exit), nil, &out)
+	return failedStats(out, err)
+}
+
+// failedStats is a destroy's answer: out, or, when it failed, the final
+// stats the agent made all the same and sent with its error (Error.Stats).
+func failedStats(out Stats, err error) (Stats, error) {
+	var e *Error
+	if errors.As(err, &e) && len(e.Stats) > 0 {
+		_ = json.Unmarshal(e.Stats, &out)
+	}
+	return out, err
 }
 
 // Watch calls fn with each decision of a live Trial as the agent makes

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -65,5 +66,30 @@ func TestPrivilegedRunningConnectionServesNextCall(t *testing.T) {
 	}
 	if n := conns.Load(); n != 3 {
 		t.Errorf("%d connections in all; want 3 (after Release, List dials its own)", n)
+	}
+}
+
+// A destroy that failed sends the final stats it made all the same with
+// its error (an UNKNOWN or ALARM verdict, signed): DestroyExit returns
+// them beside the error, where they were lost.
+func TestPrivilegedFailedDestroyKeepsItsStats(t *testing.T) {
+	privtest.Require(t) // the peer check passes root's listeners only
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const body = `{"error":{"code":"internal","message":"destroy t1: close Trial t1: cgroup still has processes","stats":{"trial":"t1","direct_egress_packets":3,"verdict":"ALARM: 3 direct egress packets dropped"}}}`
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write([]byte(body))
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	exit := 0
+	st, err := NewClient(sock).DestroyExit(context.Background(), "t1", &exit)
+	if err == nil || st.Egress != 3 || !strings.HasPrefix(st.Verdict, "ALARM") {
+		t.Errorf("DestroyExit = %+v, %v; want the ALARM stats beside the error", st, err)
 	}
 }

@@ -95,8 +95,8 @@ type Stats struct {
 
 // Brief is the verdict in a few words, for run's one summary line: what
 // verdictOf says, without the reasons. Stats without a verdict are none
-// an agent made (a destroy that failed through the control API answers
-// its error alone): their zeros are no "ok".
+// an agent made (a destroy that failed through an older agent's control
+// API answered its error alone): their zeros are no "ok".
 func (st Stats) Brief() string {
 	v := "0 direct egress packets (ok)"
 	switch {

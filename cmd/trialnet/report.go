@@ -449,7 +449,7 @@ func verifyReceipt(path, key, nonce, trial string) (client.Receipt, int, error) 
 		return client.Receipt{}, exitFailure, err
 	}
 	// No receipt, or none given (null: run's destroy failed through a
-	// running agent, which answers its error alone).
+	// running agent that answered its error alone, an older one).
 	if _, ok := fields[reportSignatureKey]; ok && (fields["receipt"] == nil || string(fields["receipt"]) == "null") {
 		code, err := failedRun(fields, pub, nonce, trial)
 		return client.Receipt{}, code, err

@@ -960,8 +960,8 @@ func TestSummaryCountsKernelRefusals(t *testing.T) {
 	}
 }
 
-// A destroy that fails through a running agent answers its error alone
-// (the control API sends no stats with an error): the Trial's processes
+// A destroy that failed through a running agent older than its stats
+// beside the error answered the error alone: the Trial's processes
 // outlived the kill, or its counters could not be read. run's summary
 // then has no verdict to say, and must not make "ok" of the zeros.
 func TestSummaryOfAFailedDestroyIsNoVerdict(t *testing.T) {

@@ -442,8 +442,9 @@ func (f *runFlags) result(res client.RunResult, st client.Stats, code int) map[s
 	if st.Unsure != "" {
 		result["counters_unsure"] = st.Unsure
 	}
-	// No verdict (a destroy that failed through a running agent answers
-	// its error alone): no counter is known, and a zero is no count.
+	// No verdict (a destroy that failed through an older running agent,
+	// which answered its error alone): no counter is known, and a zero is
+	// no count.
 	if st.Verdict == "" {
 		result["direct_egress_packets"], result["foreign_socket_uses"] = nil, nil
 		result["counters_unsure"] = "no final counters came with the Trial's failed destroy; the agent's data directory has the stats and receipt it made, if any ('trialnet audit' for the decisions)"

@@ -1,6 +1,7 @@
 package agentwire
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -36,6 +37,11 @@ type TrialInfo struct {
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// Stats, with a destroy that failed (a process outlived the kill, the
+	// counters could not be read), are the final stats it made all the
+	// same: an UNKNOWN or ALARM verdict and its signed receipt, which the
+	// error must not hide. Raw: this package links no client types.
+	Stats json.RawMessage `json:"stats,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }
