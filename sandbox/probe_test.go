@@ -93,6 +93,8 @@ func probe(args []string) int {
 		err = uinputKeyboard(target)
 	case "stdin-tamper":
 		return stdinTamper()
+	case "stdin-grow":
+		return stdinGrow()
 	case "read":
 		var b []byte
 		if b, err = os.ReadFile(target); err == nil {
@@ -796,5 +798,28 @@ func stdinTamper() int {
 	}
 	out = append(out, fmt.Sprintf("nonblock: %v", err))
 	fmt.Println(strings.Join(out, "; "))
+	return probeOK
+}
+
+// stdinGrow makes its stdin pipe longer, as any holder of a pipe may,
+// gives the relay time to see room in it, then reads one line of it, a
+// byte at a time, as a shell's read does.
+func stdinGrow() int {
+	if _, err := unix.FcntlInt(0, unix.F_SETPIPE_SZ, 1<<20); err != nil {
+		fmt.Println("grow:", err)
+		return probeOther
+	}
+	time.Sleep(200 * time.Millisecond)
+	var line []byte
+	b := make([]byte, 1)
+	for {
+		if n, err := unix.Read(0, b); n != 1 || err != nil {
+			break
+		}
+		if line = append(line, b[0]); b[0] == '\n' {
+			break
+		}
+	}
+	fmt.Print(string(line))
 	return probeOK
 }

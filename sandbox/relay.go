@@ -116,11 +116,6 @@ const (
 // changing the mode (root's), it cannot.
 const stdinMode = 0o440
 
-// stdinPipeSize is the size of the command's pipe for a relayed pipe: one
-// page, one slot, so that it has room again only once the command has
-// read all of a chunk.
-const stdinPipeSize = 4096
-
 func newStdinRelay(src *os.File, mode relayMode, gid uint32) (_ *stdinRelay, err error) {
 	s := &stdinRelay{mode: mode, src: -1, wfd: -1, devNull: -1}
 	defer func() {
@@ -156,10 +151,11 @@ func newStdinRelay(src *os.File, mode relayMode, gid uint32) (_ *stdinRelay, err
 		}
 		return s, unix.SetNonblock(s.wfd, true)
 	}
-	if _, err := unix.FcntlInt(uintptr(s.wfd), unix.F_SETPIPE_SZ, stdinPipeSize); err != nil {
+	page := os.Getpagesize()
+	if _, err := unix.FcntlInt(uintptr(s.wfd), unix.F_SETPIPE_SZ, page); err != nil {
 		return nil, fmt.Errorf("stdin: make the command's pipe one page long: %w", err)
 	}
-	if n, err := unix.FcntlInt(uintptr(s.wfd), unix.F_GETPIPE_SZ, 0); err != nil || n != stdinPipeSize {
+	if n, err := unix.FcntlInt(uintptr(s.wfd), unix.F_GETPIPE_SZ, 0); err != nil || n != page {
 		return nil, fmt.Errorf("stdin: the command's pipe is %d bytes long, not one page (%v)", n, err)
 	}
 	if s.devNull, err = unix.Open("/dev/null", unix.O_WRONLY|unix.O_CLOEXEC, 0); err != nil {
@@ -218,23 +214,42 @@ func (s *stdinRelay) started() {
 func (s *stdinRelay) copyPipe() {
 	src := s.src
 	for {
-		if !s.in.wait(src, unix.POLLIN) {
-			return
+		for s.chunk == 0 {
+			// tee first: it ends at once where no writer is (a FIFO that
+			// never had one reports no hang-up to poll).
+			n, err := unix.Tee(src, s.wfd, math.MaxInt32, unix.SPLICE_F_NONBLOCK)
+			switch {
+			case err == unix.EAGAIN:
+				if !s.in.wait(src, unix.POLLIN) {
+					return
+				}
+			case err == unix.EINTR:
+			case err != nil || n == 0:
+				return // the caller's input ended
+			default:
+				s.chunk = int(n)
+			}
 		}
-		n, err := unix.Tee(src, s.wfd, math.MaxInt32, unix.SPLICE_F_NONBLOCK)
-		if err == unix.EAGAIN || err == unix.EINTR {
-			continue // another reader took it first
-		}
-		if err != nil || n == 0 {
-			return // the caller's input ended
-		}
-		s.chunk = int(n)
 		if !s.in.wait(s.wfd, unix.POLLOUT) {
 			return // stop settles the chunk
 		}
-		take(src, s.devNull, s.chunk)
-		s.chunk = 0
+		unread, err := s.unread()
+		if err != nil {
+			return
+		}
+		take(src, s.devNull, s.chunk-unread)
+		if s.chunk = unread; unread > 0 {
+			// Room with bytes unread: the command made its pipe longer
+			// (F_SETPIPE_SZ needs only a descriptor of it). One page
+			// again, so that room means all of it was read.
+			_, _ = unix.FcntlInt(uintptr(s.wfd), unix.F_SETPIPE_SZ, os.Getpagesize())
+		}
 	}
+}
+
+// unread is what the command left in its pipe (TIOCINQ is FIONREAD).
+func (s *stdinRelay) unread() (int, error) {
+	return unix.IoctlGetInt(int(s.r.Fd()), unix.TIOCINQ)
 }
 
 // copyFile passes the caller's file on from its offset, which it leaves
@@ -297,8 +312,7 @@ func (s *stdinRelay) stop() {
 	}
 	s.wg.Wait()
 	if s.mode != relaySocket {
-		// TIOCINQ is FIONREAD: the bytes the command left in its pipe.
-		if unread, err := unix.IoctlGetInt(int(s.r.Fd()), unix.TIOCINQ); err == nil {
+		if unread, err := s.unread(); err == nil {
 			if s.mode == relayPipe {
 				take(s.src, s.devNull, s.chunk-unread)
 			} else {

@@ -190,3 +190,23 @@ func TestPrivilegedStdioPipesOpenAgain(t *testing.T) {
 		t.Fatalf("exit %d, %v: stdout %q, stderr %q; want /dev/stdin, /dev/stdout and /dev/stderr opened again", code, err, out, b)
 	}
 }
+
+// A command may make its stdin pipe longer (F_SETPIPE_SZ needs only a
+// descriptor of it): room in it then no longer means that it read all
+// that was passed on, and the caller's pipe must still move on by what it
+// read, not by what it was given.
+func TestPrivilegedStdinPipeGrownByTheCommand(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	r, w := callerPipe(t)
+	if _, err := w.WriteString("a\nb\nc\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	if code, out := runProbeAs(t, tr, nobody, Command{Stdin: r}, "stdin-grow"); code != probeOK || out != "a" {
+		t.Fatalf("the probe: exit %d, %q; want the first line", code, out)
+	}
+	if rest, _ := io.ReadAll(r); string(rest) != "b\nc\n" {
+		t.Errorf("the caller's pipe holds %q after the command read one line of a pipe it made longer, want %q", rest, "b\nc\n")
+	}
+}

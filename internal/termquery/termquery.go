@@ -380,8 +380,8 @@ func (m *machine) oscUnit(r rune) {
 		m.st = ground
 		return
 	}
-	if m.st == oscString || r < 0x20 {
-		return
+	if m.st == oscString || r < 0x20 || r == 0x7f {
+		return // DEL and C0 inside the number are skipped, as kitty does
 	}
 	if r >= '0' && r <= '9' {
 		m.osc = min(m.osc*10+int(r-'0'), maxParam)
