@@ -43,14 +43,20 @@ func TestPreparedLedgerTaken(t *testing.T) {
 // refused and removed, and a Trial whose ledger directory exists is not
 // given one.
 func TestPreparedLedgerTouchedIsRefused(t *testing.T) {
+	// write changes the byte at off: one written over with its own
+	// value (a header byte that happened to be 1) was no change at all.
 	write := func(off int64) func(t *testing.T, path string) {
 		return func(t *testing.T, path string) {
-			f, err := os.OpenFile(path, os.O_WRONLY, 0)
+			f, err := os.OpenFile(path, os.O_RDWR, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			if _, err := f.WriteAt([]byte{1}, off); err != nil {
+			b := make([]byte, 1)
+			if _, err := f.ReadAt(b, off); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt([]byte{^b[0]}, off); err != nil {
 				t.Fatal(err)
 			}
 		}
