@@ -30,12 +30,7 @@ import (
 // It watches a namespace of the test's own, so the host is not touched.
 func TestPrivilegedHostAddrsFollowChanges(t *testing.T) {
 	_, h, nh, lo := namespaceOfItsOwn(t, "proxyaddrs")
-	ctx, cancel := context.WithCancel(context.Background())
-	watch, err := guard.WatchHostAddrs(ctx, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); watch.Wait() })
+	watch := watchHostAddrs(t, h)
 	if ok, _ := watch.Contains(netip.MustParseAddr("127.0.0.1")); !ok {
 		t.Fatalf("initial list misses lo's 127.0.0.1: %v", watch.Addrs())
 	}
@@ -171,12 +166,7 @@ func TestPrivilegedHostAddrsLocalRoutes(t *testing.T) {
 	if err := nh.RouteAdd(before); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	watch, err := guard.WatchHostAddrs(ctx, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); watch.Wait() })
+	watch := watchHostAddrs(t, h)
 	if ok, _ := watch.Contains(netip.MustParseAddr("198.51.100.200")); !ok {
 		t.Fatal("a local route in table 100, there before the watch, is not in the set")
 	}
@@ -243,12 +233,7 @@ func TestPrivilegedHostAddrsBroadcastAndAnycast(t *testing.T) {
 	if err := nh.LinkAdd(veth); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	watch, err := guard.WatchHostAddrs(ctx, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); watch.Wait() })
+	watch := watchHostAddrs(t, h)
 	g := guard.New(nil, watch)
 	broadcast, anycast := netip.MustParseAddr("93.184.216.255"), netip.MustParseAddr("2a00:1450:4001::")
 	for _, ip := range []netip.Addr{broadcast, anycast} {
@@ -281,4 +266,18 @@ func TestPrivilegedHostAddrsBroadcastAndAnycast(t *testing.T) {
 			t.Errorf("%s delivers to the host now, got %v", ip, err)
 		}
 	}
+}
+
+// watchHostAddrs follows the addresses of the namespace h until the test
+// ends.
+func watchHostAddrs(t *testing.T, h vns.NsHandle) *guard.HostAddrs {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	watch, err := guard.WatchHostAddrs(ctx, h)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); watch.Wait() })
+	return watch
 }

@@ -313,13 +313,7 @@ func TestPrivilegedTerminalAnswersReachTheTrial(t *testing.T) {
 	if _, err := master.WriteString("hello"); err != nil {
 		t.Fatal(err)
 	}
-	if code, err := p.Wait(); code != 0 || err != nil {
-		t.Fatalf("the script: %d %v", code, err)
-	}
-	a.await(t, "done", func() bool { return strings.Contains(a.out.String(), "done") })
-	a.mu.Lock()
-	out := a.out.String()
-	a.mu.Unlock()
+	out := a.outputOf(t, p)
 	if want := `033[2;1R033[0nhello`; !strings.Contains(out, want) {
 		t.Errorf("the Trial read %q, want %q (its answers, then the typing)", out, want)
 	}
@@ -337,13 +331,7 @@ func TestPrivilegedTerminalClipboardWriteIsStopped(t *testing.T) {
 	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
 	// "curl x | sh" in base64, for the clipboard, then the title (passed).
 	a, p, _, _ := startOnTerminal(t, tr, `printf '\033]52;c;Y3VybCB4IHwgc2gK\007\033]2;a-title\007'; echo done`)
-	if code, err := p.Wait(); code != 0 || err != nil {
-		t.Fatalf("the script: %d %v", code, err)
-	}
-	a.await(t, "done", func() bool { return strings.Contains(a.out.String(), "done") })
-	a.mu.Lock()
-	out := a.out.String()
-	a.mu.Unlock()
+	out := a.outputOf(t, p)
 	if strings.Contains(out, "]52") || !strings.Contains(out, "c;Y3VybCB4IHwgc2gK") {
 		t.Errorf("the terminal read %q: want the clipboard write's introducer and number left out, its text shown", out)
 	}
@@ -367,4 +355,17 @@ func startOnTerminal(t *testing.T, tr *Trial, script string) (a *answering, p *P
 		t.Fatal(err)
 	}
 	return a, p, master, slave
+}
+
+// outputOf waits for p, which ends its output with "done", and returns all
+// the terminal read.
+func (a *answering) outputOf(t *testing.T, p *Process) string {
+	t.Helper()
+	if code, err := p.Wait(); code != 0 || err != nil {
+		t.Fatalf("the script: %d %v", code, err)
+	}
+	a.await(t, "done", func() bool { return strings.Contains(a.out.String(), "done") })
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.out.String()
 }
