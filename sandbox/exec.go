@@ -482,7 +482,6 @@ func (t *Launcher) Start(c Command) (_ *Process, err error) {
 	launched()
 	pipes.closeChildEnds()
 	tty.started()
-	relay.started()
 	if err != nil {
 		tty.close()
 		relay.stop()
@@ -492,6 +491,9 @@ func (t *Launcher) Start(c Command) (_ *Process, err error) {
 	if err := t.release(p, c, ready, pipes); err != nil {
 		return nil, err
 	}
+	// Only once the command runs: a socket's bytes, copied as they come,
+	// were lost to the caller when it could not start.
+	relay.started()
 	tty.relay(p)
 	return p, nil
 }
@@ -599,7 +601,6 @@ func (t *Launcher) prepareStdio(cmd *exec.Cmd, c Command, init initProc, ready f
 	relay, err := hideStdio(cmd, c.GID)
 	abort := func() {
 		pipes.closeChildEnds()
-		relay.started()
 		relay.stop()
 	}
 	if err == nil && (c.Dir != "" || wantsTerminal(cmd)) {

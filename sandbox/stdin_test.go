@@ -5,6 +5,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -208,5 +209,32 @@ func TestPrivilegedStdinPipeGrownByTheCommand(t *testing.T) {
 	}
 	if rest, _ := io.ReadAll(r); string(rest) != "b\nc\n" {
 		t.Errorf("the caller's pipe holds %q after the command read one line of a pipe it made longer, want %q", rest, "b\nc\n")
+	}
+}
+
+// A command that cannot start reads nothing of its stdin: a socket's
+// bytes, copied as they come, are copied only once it runs, so the caller
+// still has them after a refused start.
+func TestPrivilegedSocketStdinKeptWhenTheCommandCannotStart(t *testing.T) {
+	h := newHost(t)
+	tr := newTrial(t, h, trial.Spec{})
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer, reader := os.NewFile(uintptr(pair[0]), "writer"), os.NewFile(uintptr(pair[1]), "reader")
+	defer writer.Close()
+	defer reader.Close()
+	if _, err := writer.Write([]byte("for-whoever-reads-next\n")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tr.Start(Command{Args: []string{"/no/such/command"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdin: reader})
+	var se *StartError
+	if !errors.As(err, &se) {
+		t.Fatalf("start: %v; want a StartError", err)
+	}
+	_ = writer.Close()
+	if rest, _ := io.ReadAll(reader); string(rest) != "for-whoever-reads-next\n" {
+		t.Errorf("the caller's socket holds %q after a start that failed, want its line", rest)
 	}
 }
