@@ -671,13 +671,7 @@ func TestPrivilegedUnixAllowPathsOnlyRootCanChange(t *testing.T) {
 func TestPrivilegedSocketStdioIsCopiedNotHandedIn(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, trial.Spec{UnixOpen: true})
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ours, theirs := os.NewFile(uintptr(pair[0]), "ours"), os.NewFile(uintptr(pair[1]), "theirs")
-	defer ours.Close()
-	defer theirs.Close()
+	ours, theirs := streamPair(t)
 	if _, err := ours.Write([]byte("from-outside\n")); err != nil {
 		t.Fatal(err)
 	}

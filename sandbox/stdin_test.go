@@ -218,17 +218,11 @@ func TestPrivilegedStdinPipeGrownByTheCommand(t *testing.T) {
 func TestPrivilegedSocketStdinKeptWhenTheCommandCannotStart(t *testing.T) {
 	h := newHost(t)
 	tr := newTrial(t, h, trial.Spec{})
-	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writer, reader := os.NewFile(uintptr(pair[0]), "writer"), os.NewFile(uintptr(pair[1]), "reader")
-	defer writer.Close()
-	defer reader.Close()
+	writer, reader := streamPair(t)
 	if _, err := writer.Write([]byte("for-whoever-reads-next\n")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = tr.Start(Command{Args: []string{"/no/such/command"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdin: reader})
+	_, err := tr.Start(Command{Args: []string{"/no/such/command"}, Env: []string{"PATH=/usr/bin:/bin"}, UID: nobody, GID: nobody, Stdin: reader})
 	var se *StartError
 	if !errors.As(err, &se) {
 		t.Fatalf("start: %v; want a StartError", err)
@@ -237,4 +231,17 @@ func TestPrivilegedSocketStdinKeptWhenTheCommandCannotStart(t *testing.T) {
 	if rest, _ := io.ReadAll(reader); string(rest) != "for-whoever-reads-next\n" {
 		t.Errorf("the caller's socket holds %q after a start that failed, want its line", rest)
 	}
+}
+
+// streamPair is a connected pair of unix stream sockets, closed when the
+// test ends.
+func streamPair(t *testing.T) (a, b *os.File) {
+	t.Helper()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b = os.NewFile(uintptr(pair[0]), "a"), os.NewFile(uintptr(pair[1]), "b")
+	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
+	return a, b
 }

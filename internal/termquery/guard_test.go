@@ -2,6 +2,7 @@ package termquery
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 )
 
@@ -148,6 +149,24 @@ func TestGuardStopsClipboardWrites(t *testing.T) {
 	}
 }
 
+// A clipboard write wrapped for a terminal multiplexer's passthrough
+// (tmux's DCS tmux;, its ESCs doubled), which an outer terminal would get
+// unwrapped, is stopped too: the ESC inside the string ends it, in every
+// reading, and begins the OSC.
+func TestGuardStopsPassedThroughClipboardWrites(t *testing.T) {
+	for _, in := range []string{
+		"\x1bPtmux;\x1b\x1b]52;c;Y3VybA==\x07\x1b\\",
+		"\x1bPtmux;\x1b\x1b]52;c;Y3VybA==\x1b\x1b\\\x1b\\",
+		"\x90tmux;\x1b\x1b]52;c;eA==\x07\x9c",
+	} {
+		splits(t, in, func(parts []string) {
+			if out := guarded(parts...); bytes.Contains(out, []byte("]52")) {
+				t.Fatalf("%q in %d parts: the passthrough still carries the clipboard write: %q", in, len(parts), out)
+			}
+		})
+	}
+}
+
 // Everything else passes unchanged: titles, hyperlinks, colours, other
 // sequences, text with C1 bytes inside UTF-8 characters, a lone ESC at
 // the end of one write and its sequence in the next.
@@ -187,4 +206,32 @@ func FuzzGuard(f *testing.F) {
 			t.Fatalf("%q: whole %q, split at %d %q", b, whole, i, out)
 		}
 	})
+}
+
+// Guard on the terminal's output path, against Output (which reads every
+// byte there already): text in ASCII, text in UTF-8 (Cyrillic, CJK), and
+// a TUI's output heavy with sequences.
+func BenchmarkGuard(b *testing.B) {
+	for _, c := range []struct{ name, text string }{
+		{"ascii", "the quick brown fox jumps over the lazy dog, 0123456789\r\n"},
+		{"utf-8", "Лето в городе: жарко. 夏天的城市很热。 ünïcödé ✓\r\n"},
+		{"sequences", "\x1b[1;32mok\x1b[0m \x1b[38;2;10;20;30mx\x1b[K\x1b]0;t\x07\x1b[2;5H|\r\n"},
+	} {
+		in := []byte(strings.Repeat(c.text, 32<<10/len(c.text)))
+		b.Run(c.name+"/output", func(b *testing.B) {
+			var o Output
+			b.SetBytes(int64(len(in)))
+			for b.Loop() {
+				_, _ = o.Write(in)
+			}
+		})
+		b.Run(c.name+"/guard", func(b *testing.B) {
+			var g Guard
+			out := make([]byte, 0, len(in))
+			b.SetBytes(int64(len(in)))
+			for b.Loop() {
+				out = g.Filter(out[:0], in)
+			}
+		})
+	}
 }
