@@ -158,7 +158,7 @@ func (e *StartError) StartCode() int { return e.Code }
 // shares with the caller is the caller's too: its offset moved back, its
 // reads and writes made non-blocking (O_NONBLOCK is the open file's),
 // the caller's next read or write after trialnet met EAGAIN. It returns
-// the relay that feeds stdin, if any.
+// what it set up: stdin's relay and the outputs' duplicates.
 func hideStdio(cmd *exec.Cmd, gid uint32) (_ *hiddenStdio, err error) {
 	h := &hiddenStdio{gid: gid}
 	defer func() {

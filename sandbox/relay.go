@@ -164,7 +164,8 @@ func newStdinRelay(src *os.File, mode relayMode, gid uint32) (_ *stdinRelay, err
 	return s, nil
 }
 
-// release closes what the relay holds but the caller's stdin.
+// release closes what the relay holds, its duplicate of the caller's
+// stdin among it (the caller's own stays open).
 func (s *stdinRelay) release() {
 	if s.in != nil {
 		s.in.stop()
